@@ -1,0 +1,52 @@
+"""The ``"coil"`` backend: AOT autograd, then coil's own kernels for each ATen graph.
+
+``coil(gm, example_inputs)`` = ``aot_compile(gm, example_inputs, fw_compiler=K,
+bw_compiler=K)`` with ``K = compile_aten_graph`` (loop IR → scheduler → Triton on
+CUDA tensors, C++/OpenMP on CPU tensors by default).
+
+If code generation fails for one ATen graph (an internal error in coil), that graph
+runs through the FX interpreter instead, and the compile log records why
+(event ``codegen_fallback``); results stay correct, only slower.
+"""
+from __future__ import annotations
+
+import traceback
+from typing import Callable
+
+import torch
+
+from coil import trace
+from coil.backends.registry import register_backend
+
+
+def _graph_device(example_inputs: list) -> torch.device:
+    for x in example_inputs:
+        if isinstance(x, torch.Tensor) and x.device.type != "cpu":
+            return x.device
+    return torch.device("cpu")
+
+
+def kernel_compiler(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
+    """Compile one functional ATen graph to generated kernels, falling back to the
+    FX interpreter (logged, with a warning) if code generation raises."""
+    from coil.codegen import compile_aten_graph
+
+    try:
+        return compile_aten_graph(gm, example_inputs, _graph_device(example_inputs))
+    except Exception as e:  # an internal failure: stay correct, say so
+        trace.log("codegen_fallback", stage="codegen", error=f"{type(e).__name__}: {e}",
+                  traceback=traceback.format_exc())
+        import warnings
+
+        warnings.warn(f"coil: code generation failed ({type(e).__name__}: {e}); "
+                      "running this graph with the FX interpreter instead")
+        return gm.forward
+
+
+@register_backend("coil")
+def coil(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
+    """The whole pipeline's backend (see module docstring)."""
+    from coil.aot import aot_compile
+
+    return aot_compile(gm, example_inputs, fw_compiler=kernel_compiler,
+                       bw_compiler=kernel_compiler)

@@ -1,0 +1,71 @@
+"""The backend registry: name → compiler function (see :mod:`coil.backends`)."""
+from __future__ import annotations
+
+import importlib
+from typing import Callable, Union
+
+import torch
+
+Backend = Callable[[torch.fx.GraphModule, list], Callable]
+
+_BACKENDS: dict[str, Backend] = {}
+# Backends defined in layers that import heavy modules are loaded on first use.
+_LAZY: dict[str, str] = {
+    "aot_eager": "coil.aot.backend:aot_eager",
+    "coil": "coil.backends.coil_backend:coil",
+}
+
+
+def register_backend(name: str) -> Callable[[Backend], Backend]:
+    """Decorator: ``@register_backend("mine") def mine(gm, example_inputs): ...``."""
+
+    def deco(fn: Backend) -> Backend:
+        _BACKENDS[name] = fn
+        _LAZY.pop(name, None)
+        return fn
+
+    return deco
+
+
+def list_backends() -> list[str]:
+    """Names of the registered backends, sorted."""
+    return sorted(set(_BACKENDS) | set(_LAZY))
+
+
+def lookup_backend(backend: Union[str, Backend]) -> Backend:
+    """Resolve a backend name (or pass a callable through).
+
+    Raises ``ValueError`` listing the valid names for an unknown one.
+    """
+    if callable(backend):
+        return backend
+    if backend in _BACKENDS:
+        return _BACKENDS[backend]
+    if backend in _LAZY:
+        module, attr = _LAZY[backend].split(":")
+        fn = getattr(importlib.import_module(module), attr)
+        _BACKENDS[backend] = fn
+        return fn
+    raise ValueError(
+        f"unknown backend {backend!r}; valid backends are: {', '.join(list_backends())} "
+        "(or pass a callable backend(gm, example_inputs) -> callable)"
+    )
+
+
+@register_backend("eager")
+def eager(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
+    """Run the captured graph as it is."""
+    return gm.forward
+
+
+@register_backend("inductor")
+def inductor(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
+    """Hand the graph to torch's Inductor (for comparisons; needs torch's compiler)."""
+    from torch._inductor.compile_fx import compile_fx  # allowed here: comparison backend
+
+    return compile_fx(gm, example_inputs)
+
+
+def coil_backend_entry(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
+    """Entry point for ``torch.compile(model, backend="coil")``."""
+    return lookup_backend("coil")(gm, example_inputs)

@@ -1,0 +1,126 @@
+"""One registry of coil's options (STYLE.md §9).
+
+Every option is a typed, documented field of :class:`Config`. The defaults can be
+overridden three ways, later ones winning:
+
+1. environment variables ``COIL_<NAME>`` (read once at import: ``COIL_CPU_BACKEND=triton``),
+2. assignment on the global object (``coil.config.config.cpu_backend = "triton"``),
+3. per compile, ``coil.compile(fn, options={"cpu_backend": "triton"})``, or in a block,
+   ``with coil.config.patch(fallback_random=True): ...``.
+
+Unknown option names raise ``ValueError`` listing the valid ones. The options in
+force for a compilation are written to the compile log (event ``config``).
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+from dataclasses import dataclass, field, fields
+from typing import Any, Iterator
+
+
+@dataclass
+class Config:
+    """coil's options. Field docs are the user-facing documentation."""
+
+    #: CPU code generator for the "coil" backend: "cpp" (C++/OpenMP kernels) or
+    #: "triton" (Triton kernels run by the CPU interpreter; for tests).
+    cpu_backend: str = "cpp"
+    #: Call the ATen random ops instead of in-kernel RNG, so results equal eager
+    #: bit for bit given the same seed.
+    fallback_random: bool = False
+    #: Recompiles of one code object after which it runs eagerly from then on.
+    recompile_limit: int = 8
+    #: Check IR nodes as they are built (slower; for compiler development).
+    check_ir: bool = False
+    #: Autotune Triton kernels over block sizes on first launch (GPU only).
+    autotune: bool = True
+    #: Use the min-cut partitioner for training graphs ("min_cut") or save what the
+    #: backward reads ("default").
+    partitioner: str = "min_cut"
+    #: Directory of the on-disk kernel cache; empty means ~/.cache/coil.
+    cache_dir: str = ""
+    #: Inline constant-sized pointwise bodies into their users until a body
+    #: reads more than this many buffers (a realization heuristic).
+    max_inline_reads: int = 8
+    #: Fuse nodes in the scheduler. Off gives one kernel per buffer (debugging).
+    fusion: bool = True
+    #: Record CUDA graphs (mode="reduce-overhead" turns this on).
+    cudagraphs: bool = False
+    #: Compiles with dynamic shapes: None (static first, dynamic on recompile),
+    #: True, or False.
+    dynamic: Any = None
+    #: Extra C++ compiler flags appended to the defaults.
+    cpp_extra_flags: str = ""
+    #: OpenMP threads for C++ kernels; 0 follows torch.get_num_threads().
+    cpp_threads: int = 0
+    #: Print graph breaks to stderr as they happen (they are always logged).
+    verbose: bool = False
+    extra: dict = field(default_factory=dict, repr=False)
+
+    def replace(self, **changes: Any) -> "Config":
+        """Return a copy with ``changes`` applied; raises ValueError on unknown keys."""
+        check_option_names(changes)
+        return dataclasses.replace(self, **changes)
+
+    def as_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}
+
+
+def option_names() -> list[str]:
+    """The valid option names, sorted."""
+    return sorted(f.name for f in fields(Config) if f.name != "extra")
+
+
+def check_option_names(options: dict) -> None:
+    """Raise ``ValueError`` naming every unknown key of ``options`` and the valid ones."""
+    unknown = sorted(set(options) - set(option_names()))
+    if unknown:
+        raise ValueError(
+            f"unknown coil option(s) {unknown}; valid options are: {', '.join(option_names())}"
+        )
+
+
+def _coerce(value: str, default: Any) -> Any:
+    if isinstance(default, bool):
+        return value.strip().lower() in ("1", "true", "yes", "on")
+    if isinstance(default, int):
+        return int(value)
+    if default is None:
+        low = value.strip().lower()
+        return {"1": True, "true": True, "0": False, "false": False}.get(low, None)
+    return value
+
+
+def _from_env() -> Config:
+    cfg = Config()
+    for f in fields(Config):
+        if f.name == "extra":
+            continue
+        raw = os.environ.get("COIL_" + f.name.upper())
+        if raw is not None:
+            setattr(cfg, f.name, _coerce(raw, getattr(cfg, f.name)))
+    return cfg
+
+
+#: The options in force. Per-compile options are applied with :func:`patch`.
+config: Config = _from_env()
+
+
+@contextlib.contextmanager
+def patch(**changes: Any) -> Iterator[Config]:
+    """Temporarily change options: ``with coil.config.patch(fusion=False): ...``.
+
+    Raises ValueError on unknown option names.
+    """
+    global config
+    check_option_names(changes)
+    old = {k: getattr(config, k) for k in changes}
+    for k, v in changes.items():
+        setattr(config, k, v)
+    try:
+        yield config
+    finally:
+        for k, v in old.items():
+            setattr(config, k, v)

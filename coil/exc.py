@@ -1,0 +1,99 @@
+"""coil's errors, in one place.
+
+- :class:`CoilError` is the base of everything coil raises on purpose.
+- :class:`Unsupported` is what capture raises internally for a construct it cannot
+  trace; the translator turns it into a graph break (or a :class:`UserError` under
+  ``fullgraph=True``).
+- :class:`UserError` is for bad input: it carries the user's source location
+  (file, line and that line's text) and says what to do.
+- :class:`BackendCompilerFailed` wraps an exception raised by a backend, naming it.
+
+Messages say what happened *and* what to do about it (STYLE.md §6).
+"""
+from __future__ import annotations
+
+import linecache
+from dataclasses import dataclass
+from typing import Optional
+
+
+class CoilError(RuntimeError):
+    """Base class of all errors coil raises on purpose."""
+
+
+@dataclass
+class SourceLocation:
+    """A position in the user's source: ``filename:lineno`` and that line's text."""
+
+    filename: str
+    lineno: int
+    text: str = ""
+
+    @classmethod
+    def of(cls, filename: str, lineno: int) -> "SourceLocation":
+        return cls(filename, lineno, linecache.getline(filename, lineno).strip())
+
+    def __str__(self) -> str:
+        s = f"{self.filename}:{self.lineno}"
+        return f"{s}\n    {self.text}" if self.text else s
+
+
+class Unsupported(CoilError):
+    """A construct capture cannot trace. Becomes a graph break.
+
+    ``reason`` is a short, stable description ("call to print", "data-dependent
+    branch on a tensor"), ``hint`` what a user can do instead.
+    """
+
+    def __init__(self, reason: str, hint: str = "", location: Optional[SourceLocation] = None):
+        self.reason = reason
+        self.hint = hint
+        self.location = location
+        super().__init__(self._message())
+
+    def _message(self) -> str:
+        msg = self.reason
+        if self.location is not None:
+            msg += f"\n  at {self.location}"
+        if self.hint:
+            msg += f"\n  hint: {self.hint}"
+        return msg
+
+
+class UserError(CoilError):
+    """Bad input from the user; names their source line and what to do."""
+
+    def __init__(self, message: str, location: Optional[SourceLocation] = None, hint: str = ""):
+        self.location = location
+        self.hint = hint
+        text = message
+        if location is not None:
+            text += f"\n  at {location}"
+        if hint:
+            text += f"\n  what to do: {hint}"
+        super().__init__(text)
+
+
+class GraphBreakInFullgraph(UserError):
+    """A graph break happened under ``fullgraph=True``."""
+
+
+class BackendCompilerFailed(CoilError):
+    """A backend raised while compiling a graph.
+
+    Attributes: ``backend_name`` (str) and ``inner`` (the original exception).
+    """
+
+    def __init__(self, backend_name: str, inner: BaseException):
+        self.backend_name = backend_name
+        self.inner = inner
+        super().__init__(
+            f"backend {backend_name!r} failed to compile a graph: "
+            f"{type(inner).__name__}: {inner}\n"
+            "  what to do: try backend='aot_eager' or 'eager' to narrow it down, "
+            "and set COIL_TRACE=<dir> to see the graph it was given."
+        )
+
+
+class InternalError(CoilError):
+    """A bug in coil. Optional optimisations catch these and fall back."""

@@ -1,0 +1,167 @@
+"""The structured compile log (``COIL_TRACE=<dir>``) and its HTML report.
+
+Every stage of coil writes what it took in, what it produced and what it decided
+through two calls::
+
+    from coil import trace
+    trace.log("fusion", stage="schedule", decision="fused", nodes=["buf0", "buf1"])
+    trace.artifact("wrapper", source_code, kind="python")
+
+and times itself with ``with trace.stage("aot"): ...``.
+
+When ``COIL_TRACE`` is unset (and :func:`set_dir` was not called) each of these
+is one attribute test and a return: nothing is formatted or written. When set, each
+process appends JSON objects, one a line, to ``<dir>/coil_trace_<pid>.jsonl``.
+The schema (documented in docs/compile_log.md):
+
+``{"ts": <unix s>, "pid": int, "compile_id": "<frame>/<attempt>" | null,
+"event": str, "stage": str | null, "duration_ms": float | null, ...payload}``
+
+Artifacts are events with ``event == "artifact"`` and fields ``name``, ``kind``
+(``python``, ``cpp``, ``triton``, ``text``, ``json``) and ``text``.
+``coil report <dir>`` (:mod:`coil.trace.report`) renders the log as HTML.
+"""
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import os
+import threading
+import time
+from typing import Any, Callable, Iterator, Optional
+
+__all__ = [
+    "enabled", "log", "artifact", "stage", "compile_context", "current_compile_id",
+    "next_frame_id", "set_dir", "trace_dir", "add_stage_listener", "remove_stage_listener",
+]
+
+
+class _State:
+    def __init__(self) -> None:
+        self.dir: Optional[str] = os.environ.get("COIL_TRACE") or None
+        self.file = None
+        self.lock = threading.Lock()
+        self.compile_ids: list[str] = []
+        self.stage_stack: list[str] = []
+        self.listeners: list[Callable[[str, str, Optional[float]], None]] = []
+        self.frame_counter = itertools.count()
+
+
+_state = _State()
+
+
+def enabled() -> bool:
+    """True when the compile log is being written."""
+    return _state.dir is not None
+
+
+def trace_dir() -> Optional[str]:
+    """The directory the log is written to, or None."""
+    return _state.dir
+
+
+def set_dir(path: Optional[str]) -> None:
+    """Start (or with ``None`` stop) writing the log to ``path`` from this process."""
+    with _state.lock:
+        if _state.file is not None:
+            _state.file.close()
+            _state.file = None
+        _state.dir = path
+
+
+def next_frame_id() -> int:
+    """A fresh frame number for :func:`compile_context` (0, 1, 2, ... per process)."""
+    return next(_state.frame_counter)
+
+
+def current_compile_id() -> Optional[str]:
+    """The innermost active compile id (``"frame/attempt"``) or None."""
+    return _state.compile_ids[-1] if _state.compile_ids else None
+
+
+@contextlib.contextmanager
+def compile_context(frame_id: int, attempt: int) -> Iterator[str]:
+    """Tag every event inside the block with compile id ``f"{frame_id}/{attempt}"``."""
+    cid = f"{frame_id}/{attempt}"
+    _state.compile_ids.append(cid)
+    try:
+        yield cid
+    finally:
+        _state.compile_ids.pop()
+
+
+def _write(record: dict) -> None:
+    line = json.dumps(record, default=_jsonable)
+    with _state.lock:
+        if _state.dir is None:
+            return
+        if _state.file is None:
+            os.makedirs(_state.dir, exist_ok=True)
+            path = os.path.join(_state.dir, f"coil_trace_{os.getpid()}.jsonl")
+            _state.file = open(path, "a", buffering=1)
+        _state.file.write(line + "\n")
+
+
+def _jsonable(obj: Any) -> Any:
+    return str(obj)
+
+
+def log(event: str, *, stage: Optional[str] = None, duration_ms: Optional[float] = None,
+        **payload: Any) -> None:
+    """Append one event. ``payload`` must be JSON-serialisable (else ``str()`` is used)."""
+    if _state.dir is None:
+        return
+    record = {
+        "ts": time.time(),
+        "pid": os.getpid(),
+        "compile_id": current_compile_id(),
+        "event": event,
+        "stage": stage if stage is not None else (_state.stage_stack[-1] if _state.stage_stack else None),
+        "duration_ms": duration_ms,
+    }
+    record.update(payload)
+    _write(record)
+
+
+def artifact(name: str, text: Any, kind: str = "text", **payload: Any) -> None:
+    """Append a text artifact (source, graph code, guards, kernel...).
+
+    ``text`` may be a zero-argument callable, called only when the log is on, so that
+    costly formatting is skipped when it is off.
+    """
+    if _state.dir is None:
+        return
+    if callable(text):
+        text = text()
+    log("artifact", name=name, kind=kind, text=str(text), **payload)
+
+
+def add_stage_listener(fn: Callable[[str, str, Optional[float]], None]) -> None:
+    """Call ``fn(stage, "start"|"end", duration_ms)`` around every stage (progress bars)."""
+    _state.listeners.append(fn)
+
+
+def remove_stage_listener(fn: Callable) -> None:
+    if fn in _state.listeners:
+        _state.listeners.remove(fn)
+
+
+@contextlib.contextmanager
+def stage(name: str, **payload: Any) -> Iterator[None]:
+    """Time a compile stage; logs event ``stage`` with ``duration_ms`` (wall clock, ms)."""
+    if _state.dir is None and not _state.listeners:
+        yield
+        return
+    for fn in _state.listeners:
+        fn(name, "start", None)
+    _state.stage_stack.append(name)
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        ms = (time.perf_counter() - t0) * 1e3
+        _state.stage_stack.pop()
+        log("stage", stage=name, duration_ms=ms, **payload)
+        for fn in _state.listeners:
+            fn(name, "end", ms)

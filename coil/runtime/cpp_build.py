@@ -1,0 +1,234 @@
+"""Build and load C++ kernels: system compiler → shared object → ctypes, with a disk cache.
+
+Design note
+-----------
+The C++ code generator (``coil/codegen/cpp``) produces C++ source text; this module
+turns source text into callable functions and knows nothing about kernels.
+
+- **Compiler.** ``$CXX`` or the first of ``g++``, ``c++``, ``clang++`` on ``PATH``.
+  Default flags: ``-O3 -march=native -fopenmp -shared -fPIC -std=c++17`` plus
+  ``config.cpp_extra_flags``. No ``-ffast-math``: kernels must keep IEEE NaN/inf
+  semantics to agree with eager.
+- **Cache key.** sha256 of (source, compiler path, compiler ``--version`` text,
+  flags). The shared object lives at ``<cache_dir>/cpp/<key[:2]>/<key>.so`` where
+  ``cache_dir`` is ``config.cache_dir`` or ``~/.cache/coil``. Writes go to a
+  temporary file and are renamed into place, so concurrent processes never see a
+  half-written object. A second build of the same key in one process returns the
+  already-loaded library (``dlopen`` is not repeated).
+- **Warm calls never invoke the compiler**: when ``<key>.so`` exists, it is loaded.
+  (The compiler's ``--version`` is asked once per process, lazily, to form the key.)
+- **Parallel builds.** :func:`build_many` compiles the sources of one graph with a
+  thread pool (each compile is a subprocess, so threads suffice).
+- **Failures.** A missing compiler raises :class:`CompilerNotFound`, a failing
+  compile :class:`CppCompileError` (with the compiler's stderr); both subclass
+  :class:`CppBuildError`, which the code generator turns into an extern fallback
+  for the graph with a logged reason.
+- **Threads.** OpenMP kernels use :func:`num_threads` threads:
+  ``config.cpp_threads`` or, when that is 0, ``torch.get_num_threads()``. The
+  libgomp already loaded by torch is reused (same soname), so there is one
+  OpenMP runtime in the process.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shlex
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Optional, Sequence
+
+from coil import trace
+from coil.exc import CoilError
+
+__all__ = [
+    "CppBuildError", "CompilerNotFound", "CppCompileError", "compiler", "compile_flags",
+    "cache_key", "cache_root", "build", "build_many", "num_threads", "stats",
+]
+
+DEFAULT_FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17",
+                 "-fno-strict-aliasing", "-Wno-unused-variable", "-Wno-unused-but-set-variable")
+
+
+class CppBuildError(CoilError):
+    """A C++ kernel could not be built; ``reason`` is a one-line summary."""
+
+    def __init__(self, reason: str, detail: str = ""):
+        self.reason = reason
+        self.detail = detail
+        msg = reason + (f"\n{detail}" if detail else "")
+        super().__init__(msg)
+
+
+class CompilerNotFound(CppBuildError):
+    """No C++ compiler on this machine (set ``CXX`` or install g++)."""
+
+
+class CppCompileError(CppBuildError):
+    """The compiler rejected the source; ``detail`` holds its stderr."""
+
+
+_lock = threading.Lock()
+_compiler: Optional[tuple[str, str]] = None  # (path, version text)
+_loaded: dict[str, ctypes.CDLL] = {}
+#: Counters for tests and the compile log: compiler invocations, disk hits, memory hits.
+stats = {"compiles": 0, "disk_hits": 0, "memory_hits": 0}
+
+
+def compiler() -> tuple[str, str]:
+    """The C++ compiler ``(path, version text)``; raises :class:`CompilerNotFound`.
+
+    ``$CXX`` wins when set (it may be a name on PATH or a path). Asked once per
+    process (the answer is cached until :func:`_reset_compiler`).
+    """
+    global _compiler
+    with _lock:
+        if _compiler is not None:
+            return _compiler
+        env = os.environ.get("CXX")
+        candidates = [env] if env else ["g++", "c++", "clang++"]
+        for name in candidates:
+            path = shutil.which(name) if name else None
+            if path is None:
+                continue
+            try:
+                out = subprocess.run([path, "--version"], capture_output=True, text=True,
+                                     timeout=30)
+            except (OSError, subprocess.TimeoutExpired) as e:
+                raise CompilerNotFound(f"C++ compiler {path!r} could not run: {e}") from e
+            if out.returncode != 0:
+                raise CompilerNotFound(f"C++ compiler {path!r} --version failed",
+                                       out.stderr[-2000:])
+            _compiler = (path, out.stdout.strip())
+            return _compiler
+        raise CompilerNotFound(
+            f"no C++ compiler found (tried {', '.join(c for c in candidates if c)}); "
+            "install g++ or set CXX, or use options={'cpu_backend': 'triton'}")
+
+
+def _reset_compiler() -> None:
+    """Forget the detected compiler (tests that change ``CXX``)."""
+    global _compiler
+    with _lock:
+        _compiler = None
+
+
+def compile_flags(extra: Sequence[str] = ()) -> list[str]:
+    """The full flag list: defaults, then ``config.cpp_extra_flags``, then ``extra``."""
+    from coil.config import config
+
+    return [*DEFAULT_FLAGS, *shlex.split(config.cpp_extra_flags or ""), *extra]
+
+
+def cache_root() -> str:
+    """``<config.cache_dir or ~/.cache/coil>/cpp``."""
+    from coil.config import config
+
+    base = config.cache_dir or os.path.join(os.path.expanduser("~"), ".cache", "coil")
+    return os.path.join(base, "cpp")
+
+
+def cache_key(source: str, flags: Sequence[str]) -> str:
+    """sha256 hex of the source, compiler path and version, and the flags."""
+    path, version = compiler()
+    h = hashlib.sha256()
+    for part in (source, path, version, "\0".join(flags)):
+        h.update(part.encode())
+        h.update(b"\1")
+    return h.hexdigest()
+
+
+def num_threads() -> int:
+    """OpenMP threads for kernels: ``config.cpp_threads`` or ``torch.get_num_threads()``."""
+    from coil.config import config
+
+    if config.cpp_threads > 0:
+        return config.cpp_threads
+    import torch
+
+    return max(1, torch.get_num_threads())
+
+
+def _so_path(key: str) -> str:
+    return os.path.join(cache_root(), key[:2], key + ".so")
+
+
+def _compile_to(source: str, flags: list[str], so_path: str) -> None:
+    path, _ = compiler()
+    d = os.path.dirname(so_path)
+    os.makedirs(d, exist_ok=True)
+    fd, tmp_so = tempfile.mkstemp(suffix=".so", dir=d)
+    os.close(fd)
+    src_path = so_path[:-3] + ".cpp"
+    tmp_src = tmp_so[:-3] + ".cpp"
+    try:
+        with open(tmp_src, "w") as f:
+            f.write(source)
+        cmd = [path, *flags, tmp_src, "-o", tmp_so]
+        t0 = time.perf_counter()
+        try:
+            out = subprocess.run(cmd, capture_output=True, text=True)
+        except OSError as e:
+            raise CompilerNotFound(f"C++ compiler {path!r} could not run: {e}") from e
+        with _lock:
+            stats["compiles"] += 1
+        if out.returncode != 0:
+            raise CppCompileError(
+                f"C++ compile failed (exit {out.returncode}): {shlex.join(cmd)}",
+                out.stderr[-6000:])
+        trace.log("cpp_compile", stage="codegen", so=so_path,
+                  duration_ms=round((time.perf_counter() - t0) * 1e3, 2))
+        os.replace(tmp_src, src_path)  # keep the source next to the object for reading
+        os.replace(tmp_so, so_path)
+    finally:
+        for p in (tmp_so, tmp_src):
+            if os.path.exists(p):
+                os.unlink(p)
+
+
+def build(source: str, extra_flags: Sequence[str] = ()) -> ctypes.CDLL:
+    """Compile ``source`` (unless cached) and return the loaded library.
+
+    Raises :class:`CompilerNotFound` or :class:`CppCompileError`. Repeated calls with
+    the same source and flags return the same ``ctypes.CDLL`` object.
+    """
+    flags = compile_flags(extra_flags)
+    key = cache_key(source, flags)
+    lib = _loaded.get(key)
+    if lib is not None:
+        with _lock:
+            stats["memory_hits"] += 1
+        return lib
+    so = _so_path(key)
+    if os.path.exists(so):
+        with _lock:
+            stats["disk_hits"] += 1
+    else:
+        _compile_to(source, flags, so)
+    try:
+        lib = ctypes.CDLL(so)
+    except OSError as e:
+        raise CppCompileError(f"could not load compiled kernel {so}: {e}") from e
+    with _lock:
+        lib = _loaded.setdefault(key, lib)
+    return lib
+
+
+def build_many(sources: Sequence[str], extra_flags: Sequence[str] = (),
+               max_workers: Optional[int] = None) -> list[ctypes.CDLL]:
+    """Build several sources in parallel (one compiler process per uncached source).
+
+    Returns the libraries in the order of ``sources``; raises the first
+    :class:`CppBuildError` met (the others still finish, and stay cached).
+    """
+    if len(sources) <= 1:
+        return [build(s, extra_flags) for s in sources]
+    compiler()  # fail fast, once, if there is none
+    workers = max_workers or max(1, min(len(sources), os.cpu_count() or 1))
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        futures = [pool.submit(build, s, extra_flags) for s in sources]
+        return [f.result() for f in futures]

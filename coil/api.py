@@ -16,7 +16,9 @@ from typing import Any, Callable, Optional, Union
 import torch
 
 from coil import config as _config
+from coil import trace
 from coil.backends import list_backends, lookup_backend
+from coil.exc import BackendCompilerFailed, UserError
 
 MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
@@ -29,15 +31,33 @@ _MODE_OPTIONS = {
 }
 
 
-def _with_options(backend: Callable, options: dict) -> Callable:
-    """Wrap a backend so it compiles with ``options`` patched into coil.config."""
-    if not options:
+def _backend_name(backend: Union[str, Callable]) -> str:
+    if isinstance(backend, str):
         return backend
+    return getattr(backend, "__name__", None) or type(backend).__name__
+
+
+def _wrap_backend(backend: Callable, name: str, options: dict) -> Callable:
+    """The backend as capture calls it: compiles with ``options`` patched into
+    coil.config, times itself as compile-log stage ``backend`` (with event ``config``:
+    the options in force), and turns an exception raised by the backend into
+    :class:`coil.exc.BackendCompilerFailed` naming it (``.inner`` is the original).
+    :class:`coil.exc.UserError` and ``BackendCompilerFailed`` pass through unchanged."""
 
     @functools.wraps(backend)
-    def compile_with_options(gm, example_inputs):
+    def compile_graph(gm, example_inputs):
         with _config.patch(**options):
-            compiled = backend(gm, example_inputs)
+            with trace.stage("backend", backend=name):
+                if trace.enabled():
+                    trace.log("config", backend=name, options=_config.config.as_dict())
+                try:
+                    compiled = backend(gm, example_inputs)
+                except (UserError, BackendCompilerFailed):
+                    raise
+                except Exception as e:
+                    raise BackendCompilerFailed(name, e) from e
+        if not options:
+            return compiled
 
         @functools.wraps(compiled)
         def run(*args):
@@ -46,18 +66,26 @@ def _with_options(backend: Callable, options: dict) -> Callable:
 
         return run
 
-    return compile_with_options
+    compile_graph.coil_backend_name = name
+    return compile_graph
 
 
 class OptimizedModule(torch.nn.Module):
-    """A compiled ``nn.Module``: shares the original's parameters, buffers and
-    ``state_dict`` (same keys, same tensors), forwards attribute access to it and
-    follows ``train()``/``eval()``. ``_orig_mod`` is the original module."""
+    """A compiled ``nn.Module``.
+
+    It shares the original's parameters, buffers and ``state_dict`` (same keys as the
+    original, no ``_orig_mod.`` prefix, the very same tensors, so an optimizer built
+    on either trains both), forwards attribute reads it does not have to the original,
+    and follows ``train()``/``eval()``: ``training`` is the original's flag, set by
+    calling ``train``/``eval`` on either object. ``_orig_mod`` is the original module.
+    """
 
     def __init__(self, mod: torch.nn.Module, compiled_call: Callable):
         super().__init__()
         self._orig_mod = mod
         self._compiled_call = compiled_call
+        # `training` lives on the original only; reads fall through __getattr__.
+        del self.__dict__["training"]
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         return self._compiled_call(*args, **kwargs)
@@ -66,13 +94,33 @@ class OptimizedModule(torch.nn.Module):
         try:
             return super().__getattr__(name)
         except AttributeError:
-            return getattr(self._modules["_orig_mod"], name)
+            modules = self.__dict__.get("_modules")
+            if modules is None or "_orig_mod" not in modules:  # half-built (unpickling)
+                raise
+            return getattr(modules["_orig_mod"], name)
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "training":
+            self._orig_mod.training = value
+            return
+        super().__setattr__(name, value)
+
+    def train(self, mode: bool = True) -> "OptimizedModule":
+        self._orig_mod.train(mode)
+        return self
+
+    # Names and state as the original reports them (no "_orig_mod." prefix).
     def state_dict(self, *args: Any, **kwargs: Any):
         return self._orig_mod.state_dict(*args, **kwargs)
 
     def load_state_dict(self, *args: Any, **kwargs: Any):
         return self._orig_mod.load_state_dict(*args, **kwargs)
+
+    def named_parameters(self, *args: Any, **kwargs: Any):
+        return self._orig_mod.named_parameters(*args, **kwargs)
+
+    def named_buffers(self, *args: Any, **kwargs: Any):
+        return self._orig_mod.named_buffers(*args, **kwargs)
 
     def __repr__(self) -> str:
         return f"OptimizedModule({self._orig_mod!r})"
@@ -105,7 +153,7 @@ def compile(fn_or_module: Union[Callable, torch.nn.Module, None] = None, *,
     merged = {**_MODE_OPTIONS[mode], **options}
     if dynamic is not None:
         merged.setdefault("dynamic", dynamic)
-    backend_fn = _with_options(backend_fn, merged)
+    backend_fn = _wrap_backend(backend_fn, _backend_name(backend), merged)
 
     def wrap(target):
         from coil import capture

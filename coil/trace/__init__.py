@@ -149,12 +149,15 @@ def remove_stage_listener(fn: Callable) -> None:
 
 @contextlib.contextmanager
 def stage(name: str, **payload: Any) -> Iterator[None]:
-    """Time a compile stage; logs event ``stage`` with ``duration_ms`` (wall clock, ms)."""
+    """Time a compile stage; logs event ``stage`` with ``duration_ms`` (wall clock, ms)
+    and ``parent`` (the enclosing stage's name, or None for a top-level stage, so the
+    report can add up top-level stages without counting nested ones twice)."""
     if _state.dir is None and not _state.listeners:
         yield
         return
     for fn in _state.listeners:
         fn(name, "start", None)
+    parent = _state.stage_stack[-1] if _state.stage_stack else None
     _state.stage_stack.append(name)
     t0 = time.perf_counter()
     try:
@@ -162,6 +165,6 @@ def stage(name: str, **payload: Any) -> Iterator[None]:
     finally:
         ms = (time.perf_counter() - t0) * 1e3
         _state.stage_stack.pop()
-        log("stage", stage=name, duration_ms=ms, **payload)
+        log("stage", stage=name, duration_ms=ms, parent=parent, **payload)
         for fn in _state.listeners:
             fn(name, "end", ms)

@@ -1,0 +1,515 @@
+"""``coil report <dir> [-o out]``: render a compile log as a static HTML site.
+
+Design note
+-----------
+The input is every ``*.jsonl`` file under ``<dir>`` (one per process, written by
+:mod:`coil.trace`; the schema is in docs/compile_log.md). The output is a folder of
+plain HTML files with no JavaScript and no network access, so it opens from disk:
+
+- ``index.html``: every compile id (``frame/attempt``, per process) with its total
+  compile time, time per stage, counts of graph breaks / recompiles / artifacts, and
+  a compile-time breakdown summed over the whole log.
+- ``compile_<pid>_<frame>_<attempt>.html``: one page per compile id: the stage timings,
+  then every event grouped by event name (graph breaks and recompiles first, then in
+  order of first appearance), then every artifact, syntax-highlighted by its ``kind``.
+- ``no_compile_id.html``: events logged outside any compile context.
+
+Events are rendered *generically*: a group of events with the same name becomes a
+table whose columns are the union of their payload keys. Values get a readable
+form by shape (multi-line strings as code, a list of stack frames as a user stack,
+lists as bullet lists, dicts as nested tables), so a new stage's events appear in
+the report without any change here. Lines that are not valid JSON are counted and
+reported on the index page rather than failing the whole report.
+
+Entry points: :func:`write_report` (library) and :func:`main` (``coil report``;
+``python -m coil.trace.report`` works too).
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import html
+import json
+import os
+from collections import OrderedDict, defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Optional
+
+import jinja2
+
+# Fields every record has; the rest is the event's payload.
+COMMON_FIELDS = ("ts", "pid", "compile_id", "event", "stage", "duration_ms")
+# Event groups shown first on a compile page, in this order.
+FIRST_EVENTS = ("graph_break", "recompile", "guards", "codegen_fallback")
+# Counted in the index's columns.
+COUNTED_EVENTS = ("graph_break", "recompile", "codegen_fallback")
+NO_COMPILE_ID_PAGE = "no_compile_id.html"
+
+
+# --------------------------------------------------------------------------- reading
+
+@dataclass
+class Compile:
+    """Everything logged under one compile id of one process."""
+
+    pid: int
+    compile_id: str
+    events: list = field(default_factory=list)      # non-stage, non-artifact records
+    stages: list = field(default_factory=list)      # "stage" records
+    artifacts: list = field(default_factory=list)   # "artifact" records
+
+    @property
+    def page(self) -> str:
+        return "compile_%s_%s.html" % (self.pid, self.compile_id.replace("/", "_"))
+
+    @property
+    def sort_key(self) -> tuple:
+        parts = []
+        for p in self.compile_id.split("/"):
+            parts.append((0, int(p), "") if p.isdigit() else (1, 0, p))
+        return (self.pid, tuple(parts))
+
+    def stage_totals(self) -> "OrderedDict[str, float]":
+        """Milliseconds per stage name (nested stages are listed under their own name)."""
+        totals: OrderedDict[str, float] = OrderedDict()
+        for r in self.stages:
+            name = r.get("stage") or "?"
+            totals[name] = totals.get(name, 0.0) + float(r.get("duration_ms") or 0.0)
+        return totals
+
+    def total_ms(self) -> float:
+        """Wall time of the top-level stages (those with no ``parent``)."""
+        return sum(float(r.get("duration_ms") or 0.0) for r in self.stages if not r.get("parent"))
+
+    def count(self, event: str) -> int:
+        return sum(1 for r in self.events if r.get("event") == event)
+
+    def title(self) -> str:
+        """A human name for the compile: the captured function, if any event names it."""
+        for r in self.events + self.stages:
+            for key in ("fn", "function", "co_name", "name"):
+                v = r.get(key)
+                if isinstance(v, str) and v and r.get("event") != "artifact":
+                    loc = ""
+                    if isinstance(r.get("filename"), str) and r.get("lineno") is not None:
+                        loc = f" ({os.path.basename(r['filename'])}:{r['lineno']})"
+                    return v + loc
+        return ""
+
+
+@dataclass
+class Log:
+    """A parsed compile log directory."""
+
+    compiles: list           # list[Compile], sorted
+    loose: list              # records with no compile id
+    files: list              # the .jsonl files read
+    bad_lines: int = 0
+
+    @property
+    def pids(self) -> list:
+        return sorted({c.pid for c in self.compiles} | {r.get("pid") for r in self.loose
+                                                        if r.get("pid") is not None})
+
+
+def read_log(log_dir: str) -> Log:
+    """Parse every ``*.jsonl`` file under ``log_dir`` (recursively).
+
+    Raises:
+        FileNotFoundError: ``log_dir`` does not exist or holds no ``.jsonl`` file.
+    """
+    if not os.path.isdir(log_dir):
+        raise FileNotFoundError(f"no such log directory: {log_dir!r} "
+                                "(run with COIL_TRACE=<dir> to write one)")
+    files = sorted(glob.glob(os.path.join(log_dir, "**", "*.jsonl"), recursive=True))
+    if not files:
+        raise FileNotFoundError(f"no .jsonl compile log under {log_dir!r} "
+                                "(run with COIL_TRACE=<dir> to write one)")
+    records, bad = [], 0
+    for path in files:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                line = line.strip()
+                if not line:
+                    continue
+                try:
+                    r = json.loads(line)
+                except json.JSONDecodeError:
+                    bad += 1
+                    continue
+                if not isinstance(r, dict) or "event" not in r:
+                    bad += 1
+                    continue
+                records.append(r)
+    records.sort(key=lambda r: (r.get("ts") or 0.0))  # stable: file order within a tie
+    by_id: dict = {}
+    loose = []
+    for r in records:
+        cid = r.get("compile_id")
+        if cid is None:
+            loose.append(r)
+            continue
+        key = (r.get("pid") or 0, str(cid))
+        c = by_id.get(key)
+        if c is None:
+            c = by_id[key] = Compile(pid=key[0], compile_id=key[1])
+        ev = r.get("event")
+        if ev == "stage":
+            c.stages.append(r)
+        elif ev == "artifact":
+            c.artifacts.append(r)
+        else:
+            c.events.append(r)
+    for c in by_id.values():  # stage events are written at their end: order by start
+        c.stages.sort(key=lambda r: (r.get("ts") or 0.0) - (r.get("duration_ms") or 0.0) / 1e3)
+    compiles = sorted(by_id.values(), key=lambda c: c.sort_key)
+    return Log(compiles=compiles, loose=loose, files=files, bad_lines=bad)
+
+
+# ------------------------------------------------------------------- highlighting
+
+_LEXERS = {"python": "python", "py": "python", "triton": "python", "fx": "python",
+           "cpp": "cpp", "c++": "cpp", "c": "c", "json": "json", "text": None,
+           "bytecode": None, "diff": "diff"}
+
+
+def highlight(text: str, kind: str) -> str:
+    """HTML for ``text`` as code of ``kind`` (python, triton, cpp, json, diff, text).
+
+    Uses pygments (classes styled by the report's stylesheet); unknown kinds and
+    very large texts (> 2 MB) are escaped without colour.
+    """
+    lexer_name = _LEXERS.get(kind, None)
+    if lexer_name is None or len(text) > 2_000_000:
+        return '<pre class="code">%s</pre>' % html.escape(text)
+    from pygments import highlight as _hl
+    from pygments.formatters import HtmlFormatter
+    from pygments.lexers import get_lexer_by_name
+
+    formatter = HtmlFormatter(cssclass="code hl", linenos=False, nowrap=False)
+    return _hl(text, get_lexer_by_name(lexer_name, stripnl=False), formatter)
+
+
+def _pygments_css() -> str:
+    try:
+        from pygments.formatters import HtmlFormatter
+
+        return HtmlFormatter(style="default").get_style_defs(".hl")
+    except Exception:  # pragma: no cover - pygments is a dependency
+        return ""
+
+
+# ---------------------------------------------------------------- value rendering
+
+def _is_frame(v: Any) -> bool:
+    return isinstance(v, dict) and "filename" in v and ("lineno" in v or "line" in v)
+
+
+def render_stack(frames: list) -> str:
+    """A user stack (list of ``{filename, lineno, name, line}``, innermost last)."""
+    lines = []
+    for fr in frames:
+        where = "%s:%s" % (fr.get("filename"), fr.get("lineno", "?"))
+        name = fr.get("name")
+        head = f'<span class="loc">{html.escape(where)}</span>'
+        if name:
+            head += f' in <span class="fn">{html.escape(str(name))}</span>'
+        text = fr.get("line") or ""
+        body = f'\n    <span class="srcline">{html.escape(str(text).strip())}</span>' if text else ""
+        lines.append(head + body)
+    return '<pre class="stack">%s</pre>' % "\n".join(lines)
+
+
+def render_value(v: Any, key: str = "") -> str:
+    """HTML for one payload value, chosen by its shape (see module note)."""
+    if v is None:
+        return '<span class="none">—</span>'
+    if isinstance(v, bool):
+        return str(v).lower()
+    if isinstance(v, float):
+        return "%.3f" % v if key.endswith("_ms") else html.escape(repr(v))
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, str):
+        if key in ("traceback", "code", "source", "guard_code") or "\n" in v:
+            kind = "python" if key in ("code", "source", "guard_code") else "text"
+            return highlight(v, kind)
+        return html.escape(v)
+    if isinstance(v, list):
+        if not v:
+            return '<span class="none">[]</span>'
+        if all(_is_frame(x) for x in v):
+            return render_stack(v)
+        if all(isinstance(x, str) for x in v) and key in ("guards", "failed_guards"):
+            return '<pre class="code">%s</pre>' % html.escape("\n".join(v))
+        if len(v) <= 200 and all(isinstance(x, (str, int, float, bool)) for x in v) \
+                and sum(len(str(x)) for x in v) < 120:
+            return html.escape(", ".join(str(x) for x in v))
+        items = "".join("<li>%s</li>" % render_value(x, key) for x in v[:1000])
+        more = f"<li>… {len(v) - 1000} more</li>" if len(v) > 1000 else ""
+        return f"<ul>{items}{more}</ul>"
+    if isinstance(v, dict):
+        if _is_frame(v):
+            return render_stack([v])
+        rows = "".join('<tr><th>%s</th><td>%s</td></tr>' % (html.escape(str(k)),
+                                                             render_value(x, str(k)))
+                       for k, x in v.items())
+        return f'<table class="kv">{rows}</table>'
+    return html.escape(json.dumps(v, default=str))
+
+
+def payload(record: dict) -> dict:
+    """The event-specific fields of a record (everything but :data:`COMMON_FIELDS`)."""
+    return {k: v for k, v in record.items() if k not in COMMON_FIELDS}
+
+
+def group_events(events: Iterable[dict]) -> "OrderedDict[str, list]":
+    """Events grouped by name: :data:`FIRST_EVENTS` first, then by first appearance."""
+    groups: OrderedDict[str, list] = OrderedDict((name, []) for name in FIRST_EVENTS)
+    for r in events:
+        groups.setdefault(str(r.get("event")), []).append(r)
+    return OrderedDict((k, v) for k, v in groups.items() if v)
+
+
+def event_table(records: list) -> dict:
+    """Columns (union of payload keys, first-seen order) and rendered rows of a group."""
+    cols: list = []
+    for r in records:
+        for k in payload(r):
+            if k not in cols:
+                cols.append(k)
+    show_stage = any(r.get("stage") for r in records)
+    show_ms = any(r.get("duration_ms") is not None for r in records)
+    head = (["stage"] if show_stage else []) + (["ms"] if show_ms else []) + cols
+    rows = []
+    for r in records:
+        cells = []
+        if show_stage:
+            cells.append(html.escape(str(r.get("stage") or "")))
+        if show_ms:
+            cells.append(render_value(r.get("duration_ms"), "duration_ms"))
+        p = payload(r)
+        cells += [render_value(p[c], c) if c in p else "" for c in cols]
+        rows.append(cells)
+    return {"head": head, "rows": rows}
+
+
+# ------------------------------------------------------------------------ templates
+
+_CSS = """
+body { font-family: system-ui, sans-serif; margin: 1.5em; color: #222; }
+h1 { font-size: 1.4em; } h2 { font-size: 1.15em; margin-top: 1.6em; border-bottom: 1px solid #ccc; }
+table { border-collapse: collapse; margin: .5em 0; }
+th, td { border: 1px solid #ddd; padding: 3px 7px; vertical-align: top; text-align: left; font-size: .9em; }
+th { background: #f3f3f3; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; }
+table.kv th { background: #fafafa; font-weight: normal; color: #555; }
+pre { margin: 0; font-size: .85em; white-space: pre; overflow-x: auto; }
+pre.code, div.hl pre { background: #f8f8f8; padding: .4em; border: 1px solid #eee; }
+pre.stack { background: #fff8f0; padding: .4em; border: 1px solid #f0e0c8; }
+.loc { color: #05a; } .fn { color: #a50; } .srcline { color: #333; }
+.none { color: #aaa; } .warn { color: #b00; }
+.bar { display: inline-block; height: .8em; background: #6a9fd8; }
+details { margin: .4em 0; } summary { cursor: pointer; font-family: monospace; }
+nav a { margin-right: 1em; }
+"""
+
+_BASE = """<!doctype html>
+<html><head><meta charset="utf-8"><title>{{ title }}</title>
+<style>{{ css }}{{ pygments_css }}</style></head>
+<body>
+<nav><a href="index.html">index</a><a href="{{ loose_page }}">events without compile id</a></nav>
+{% block body %}{% endblock %}
+</body></html>
+"""
+
+_BREAKDOWN = """
+{% macro breakdown(rows) -%}
+<table><tr><th>stage</th><th>ms</th><th>%</th><th></th></tr>
+{% for r in rows %}<tr><td>{{ r.name }}</td><td class="num">{{ "%.2f"|format(r.ms) }}</td>
+<td class="num">{{ "%.1f"|format(r.pct) }}</td>
+<td><span class="bar" style="width: {{ (r.pct * 3)|round|int }}px"></span></td></tr>
+{% endfor %}</table>
+{%- endmacro %}
+{% macro events_section(groups) -%}
+{% for name, t in groups %}
+<h2 id="ev-{{ name }}">{{ name }} ({{ t.rows|length }})</h2>
+<table><tr>{% for h in t.head %}<th>{{ h }}</th>{% endfor %}</tr>
+{% for row in t.rows %}<tr>{% for c in row %}<td>{{ c|safe }}</td>{% endfor %}</tr>
+{% endfor %}</table>
+{% endfor %}
+{%- endmacro %}
+"""
+
+_INDEX = """{% extends "base" %}{% import "macros" as m %}{% block body %}
+<h1>coil compile log</h1>
+<p>{{ n_compiles }} compile id(s) from {{ files|length }} log file(s) in <code>{{ log_dir }}</code>;
+total top-level compile time {{ "%.1f"|format(total_ms) }} ms.
+{% if bad_lines %}<span class="warn">{{ bad_lines }} unreadable line(s) skipped.</span>{% endif %}</p>
+<h2>Compiles</h2>
+<table><tr>{% if multi_pid %}<th>pid</th>{% endif %}<th>compile id</th><th>what</th><th>total ms</th>
+{% for s in stage_names %}<th>{{ s }} ms</th>{% endfor %}
+<th>graph breaks</th><th>recompiles</th><th>fallbacks</th><th>events</th><th>artifacts</th></tr>
+{% for c in compiles %}<tr>{% if multi_pid %}<td>{{ c.pid }}</td>{% endif %}
+<td><a href="{{ c.page }}">{{ c.compile_id }}</a></td><td>{{ c.title }}</td>
+<td class="num">{{ "%.2f"|format(c.total) }}</td>
+{% for s in stage_names %}<td class="num">{% if s in c.stages %}{{ "%.2f"|format(c.stages[s]) }}{% endif %}</td>{% endfor %}
+<td class="num">{{ c.graph_break }}</td><td class="num">{{ c.recompile }}</td>
+<td class="num">{{ c.codegen_fallback }}</td>
+<td class="num">{{ c.n_events }}</td><td class="num">{{ c.n_artifacts }}</td></tr>
+{% endfor %}</table>
+<h2>Compile-time breakdown (all compiles)</h2>
+<p>Milliseconds per stage summed over every compile; a nested stage's time is also
+inside its parent's, so the percentages are of the top-level total.</p>
+{{ m.breakdown(breakdown) }}
+<h2>Events without a compile id</h2>
+<p><a href="{{ loose_page }}">{{ n_loose }} event(s)</a></p>
+{% endblock %}
+"""
+
+_COMPILE = """{% extends "base" %}{% import "macros" as m %}{% block body %}
+<h1>compile {{ c.compile_id }}{% if multi_pid %} (pid {{ c.pid }}){% endif %}{% if title %}: {{ title }}{% endif %}</h1>
+<p>total {{ "%.2f"|format(total) }} ms;
+{% for name, t in groups %}<a href="#ev-{{ name }}">{{ name }} ({{ t.rows|length }})</a>{% if not loop.last %}, {% endif %}{% endfor %}
+{% if artifacts %}; <a href="#artifacts">{{ artifacts|length }} artifact(s)</a>{% endif %}</p>
+<h2>Stage timings</h2>
+{{ m.breakdown(breakdown) }}
+{{ m.events_section(groups) }}
+{% if artifacts %}<h2 id="artifacts">Artifacts</h2>
+{% for a in artifacts %}<details{% if a.open %} open{% endif %} id="art-{{ loop.index }}">
+<summary>{{ a.name }} <small>[{{ a.kind }}{% if a.stage %}, stage {{ a.stage }}{% endif %}, {{ a.lines }} lines]</small></summary>
+{% if a.extra %}{{ a.extra|safe }}{% endif %}
+{{ a.html|safe }}
+</details>
+{% endfor %}{% endif %}
+{% endblock %}
+"""
+
+_LOOSE = """{% extends "base" %}{% import "macros" as m %}{% block body %}
+<h1>Events without a compile id</h1>
+<p>Events logged outside any <code>trace.compile_context</code> (process start-up,
+cache hits, runtime events, tests calling <code>trace.log</code> directly).</p>
+{{ m.events_section(groups) }}
+{% if artifacts %}<h2 id="artifacts">Artifacts</h2>
+{% for a in artifacts %}<details><summary>{{ a.name }} <small>[{{ a.kind }}, {{ a.lines }} lines]</small></summary>
+{{ a.html|safe }}</details>{% endfor %}{% endif %}
+{% endblock %}
+"""
+
+
+def _env() -> jinja2.Environment:
+    loader = jinja2.DictLoader({"base": _BASE, "macros": _BREAKDOWN, "index": _INDEX,
+                                "compile": _COMPILE, "loose": _LOOSE})
+    return jinja2.Environment(loader=loader, autoescape=True, undefined=jinja2.StrictUndefined)
+
+
+def _breakdown_rows(totals: dict, top_total: float) -> list:
+    denom = top_total if top_total > 0 else (sum(totals.values()) or 1.0)
+    return [{"name": k, "ms": v, "pct": 100.0 * v / denom} for k, v in totals.items()]
+
+
+def _artifact_views(records: list) -> list:
+    views = []
+    for a in records:
+        text = str(a.get("text", ""))
+        extra = {k: v for k, v in payload(a).items() if k not in ("name", "kind", "text")}
+        views.append({
+            "name": str(a.get("name", "?")), "kind": str(a.get("kind", "text")),
+            "stage": a.get("stage"), "lines": text.count("\n") + 1,
+            "html": highlight(text, str(a.get("kind", "text"))),
+            "extra": render_value(extra) if extra else "",
+            "open": len(records) <= 3 and len(text) < 20_000,
+        })
+    return views
+
+
+def _group_tables(events: list) -> list:
+    return [(name, event_table(recs)) for name, recs in group_events(events).items()]
+
+
+def write_report(log_dir: str, out_dir: Optional[str] = None) -> str:
+    """Render the compile log in ``log_dir`` as HTML in ``out_dir``.
+
+    Args:
+        log_dir: a directory written by ``COIL_TRACE=<dir>`` (``*.jsonl`` files).
+        out_dir: where to write; default ``<log_dir>/report``. Created if missing;
+            existing pages of the same names are overwritten.
+
+    Returns:
+        The path of ``index.html``.
+
+    Raises:
+        FileNotFoundError: ``log_dir`` is missing or has no ``.jsonl`` file.
+    """
+    log = read_log(log_dir)
+    out_dir = out_dir or os.path.join(log_dir, "report")
+    os.makedirs(out_dir, exist_ok=True)
+    env = _env()
+    common = {"css": _CSS, "pygments_css": _pygments_css(), "loose_page": NO_COMPILE_ID_PAGE}
+    multi_pid = len({c.pid for c in log.compiles}) > 1
+
+    stage_names: list = []
+    all_totals: OrderedDict = OrderedDict()
+    rows = []
+    grand_total = 0.0
+    for c in log.compiles:
+        totals = c.stage_totals()
+        for k, v in totals.items():
+            if k not in stage_names:
+                stage_names.append(k)
+            all_totals[k] = all_totals.get(k, 0.0) + v
+        total = c.total_ms()
+        grand_total += total
+        row = {"pid": c.pid, "compile_id": c.compile_id, "page": c.page, "title": c.title(),
+               "total": total, "stages": totals, "n_events": len(c.events),
+               "n_artifacts": len(c.artifacts)}
+        row.update({ev: c.count(ev) for ev in COUNTED_EVENTS})
+        rows.append(row)
+
+        page = env.get_template("compile").render(
+            title=row["title"] or f"compile {c.compile_id}", c=c, multi_pid=multi_pid,
+            total=total, breakdown=_breakdown_rows(totals, total),
+            groups=_group_tables(c.events), artifacts=_artifact_views(c.artifacts), **common)
+        _write(os.path.join(out_dir, c.page), page)
+
+    loose_events = [r for r in log.loose if r.get("event") not in ("artifact",)]
+    loose_artifacts = [r for r in log.loose if r.get("event") == "artifact"]
+    _write(os.path.join(out_dir, NO_COMPILE_ID_PAGE), env.get_template("loose").render(
+        title="events without compile id", groups=_group_tables(loose_events),
+        artifacts=_artifact_views(loose_artifacts), **common))
+
+    index = env.get_template("index").render(
+        title="coil compile log", log_dir=log_dir, files=log.files, bad_lines=log.bad_lines,
+        n_compiles=len(log.compiles), compiles=rows, stage_names=stage_names,
+        multi_pid=multi_pid, total_ms=grand_total,
+        breakdown=_breakdown_rows(all_totals, grand_total), n_loose=len(log.loose), **common)
+    index_path = os.path.join(out_dir, "index.html")
+    _write(index_path, index)
+    return index_path
+
+
+def _write(path: str, text: str) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+
+
+def main(argv: Optional[list] = None) -> int:
+    """``coil report <dir> [-o out]``; returns a process exit code (0 ok, 2 no log)."""
+    parser = argparse.ArgumentParser(
+        prog="coil report",
+        description="Render a coil compile log (written with COIL_TRACE=<dir>) as static HTML.")
+    parser.add_argument("log_dir", help="directory holding coil_trace_<pid>.jsonl files")
+    parser.add_argument("-o", "--out", default=None,
+                        help="output directory (default: <log_dir>/report)")
+    args = parser.parse_args(argv)
+    try:
+        index = write_report(args.log_dir, args.out)
+    except FileNotFoundError as e:
+        print(f"coil report: {e}")
+        return 2
+    print(f"wrote {index}")
+    return 0
+
+
+if __name__ == "__main__":  # python -m coil.trace.report <dir> [-o out]
+    raise SystemExit(main())

@@ -1,0 +1,252 @@
+"""The compile log (coil.trace) and ``coil report`` (issue 2, item 5)."""
+import html.parser
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+import coil
+from coil import trace
+from coil.trace import report
+
+
+def _records(d):
+    out = []
+    for name in sorted(os.listdir(d)):
+        with open(os.path.join(d, name)) as f:
+            out += [json.loads(line) for line in f]
+    return out
+
+
+def test_one_jsonl_file_per_process_with_schema(trace_dir):
+    frame = trace.next_frame_id()
+    with trace.compile_context(frame, 1) as cid:
+        assert cid == f"{frame}/1" and trace.current_compile_id() == cid
+        with trace.stage("capture"):
+            with trace.stage("aot"):
+                trace.log("aot_partition", saved=["a"])
+    assert trace.current_compile_id() is None
+    assert os.listdir(trace_dir) == [f"coil_trace_{os.getpid()}.jsonl"]
+    recs = _records(trace_dir)
+    for r in recs:
+        assert {"ts", "pid", "compile_id", "event", "stage", "duration_ms"} <= set(r)
+        assert r["compile_id"] == f"{frame}/1" and r["pid"] == os.getpid()
+    part, aot, cap = recs
+    assert part["event"] == "aot_partition" and part["stage"] == "aot"
+    assert aot["event"] == "stage" and aot["stage"] == "aot" and aot["parent"] == "capture"
+    assert cap["stage"] == "capture" and cap["parent"] is None
+    assert cap["duration_ms"] >= aot["duration_ms"] >= 0
+
+
+def test_artifact_text_or_callable(trace_dir):
+    trace.artifact("graph", "def f(): pass", kind="python")
+    trace.artifact("kernel", lambda: "void k() {}", kind="cpp", kernel_name="k")
+    a, b = _records(trace_dir)
+    assert (a["event"], a["name"], a["kind"], a["text"]) == ("artifact", "graph", "python",
+                                                             "def f(): pass")
+    assert b["text"] == "void k() {}" and b["kernel_name"] == "k"
+
+
+def test_unserialisable_payload_is_stringified(trace_dir):
+    trace.log("odd", dtype=torch.float32, shape=torch.Size([2, 3]))
+    (r,) = _records(trace_dir)
+    assert r["dtype"] == "torch.float32"
+
+
+def test_trace_off_does_not_call_artifact_callables():
+    assert not trace.enabled() or os.environ.get("COIL_TRACE")
+    if trace.enabled():
+        pytest.skip("COIL_TRACE is set for this run")
+    called = []
+    trace.artifact("x", lambda: called.append(1) or "text")
+    trace.log("y", payload=1)
+    with trace.stage("z"):
+        pass
+    assert called == []
+
+
+def test_trace_off_costs_under_a_microsecond_per_call():
+    if trace.enabled():
+        pytest.skip("COIL_TRACE is set for this run")
+    n = 20000
+    best = float("inf")
+    text = lambda: "x" * 10_000  # noqa: E731
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for i in range(n):
+            trace.log("fusion", decision="fused", nodes=("a", "b"), score=i)
+            trace.artifact("kernel", text, kind="cpp")
+        best = min(best, (time.perf_counter() - t0) / (2 * n))
+    assert best < 1e-6, f"trace call with tracing off took {best * 1e9:.0f} ns"
+
+
+def test_stage_listeners_see_start_and_end_without_a_log():
+    seen = []
+    listener = lambda *a: seen.append(a)  # noqa: E731
+    trace.add_stage_listener(listener)
+    try:
+        with trace.stage("codegen"):
+            pass
+    finally:
+        trace.remove_stage_listener(listener)
+    assert seen[0] == ("codegen", "start", None)
+    assert seen[1][:2] == ("codegen", "end") and seen[1][2] >= 0
+
+
+def test_coil_trace_environment_variable_turns_the_log_on(tmp_path):
+    d = tmp_path / "envlog"
+    code = ("from coil import trace\n"
+            "with trace.compile_context(0, 0):\n"
+            "    trace.log('capture', fn='f')\n")
+    env = dict(os.environ, COIL_TRACE=str(d))
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=120)
+    (r,) = _records(d)
+    assert r["event"] == "capture" and r["compile_id"] == "0/0"
+
+
+# ------------------------------------------------------------------------- report
+
+class _Links(html.parser.HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.links, self.text = [], []
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "a":
+            self.links.append(dict(attrs).get("href"))
+
+    def handle_data(self, data):
+        self.text.append(data)
+
+
+def _parse(path):
+    p = _Links()
+    with open(path, encoding="utf-8") as f:
+        p.feed(f.read())
+    return p.links, "".join(p.text)
+
+
+def _check_links_resolve(out_dir):
+    for name in os.listdir(out_dir):
+        links, _ = _parse(os.path.join(out_dir, name))
+        for link in links:
+            target = link.split("#")[0]
+            if target:
+                assert os.path.exists(os.path.join(out_dir, target)), (name, link)
+
+
+def test_report_renders_a_log_written_by_a_real_compile(fake_capture, trace_dir, tmp_path):
+    """Compile and run through coil.compile (fake capture, eager backend) with the log
+    on, then render it: index, a page per compile id, the no-compile-id page."""
+    def f(x, y):
+        return torch.relu(x) @ y + 1
+
+    cf = coil.compile(f, backend="eager")
+    x, y = torch.randn(3, 4), torch.randn(4, 2)
+    torch.testing.assert_close(cf(x, y), f(x, y))
+    g = coil.compile(torch.nn.Linear(4, 4), backend="eager", options={"fusion": False})
+    g(x)
+    trace.log("process_note", what="outside any compile")
+
+    out = tmp_path / "site"
+    index = report.write_report(str(trace_dir), str(out))
+    assert index == str(out / "index.html")
+    pages = sorted(os.listdir(out))
+    compile_pages = [p for p in pages if p.startswith("compile_")]
+    assert len(compile_pages) == 2 and report.NO_COMPILE_ID_PAGE in pages
+    links, text = _parse(index)
+    assert set(compile_pages) <= set(links)
+    assert "capture ms" in text and "backend ms" in text and "Compile-time breakdown" in text
+
+    page = out / sorted(compile_pages)[0]
+    _, ptext = _parse(page)
+    assert "Stage timings" in ptext and "fx_graph" in ptext and "config" in ptext
+    assert 'class="code hl"' in page.read_text()  # the FX code is syntax-highlighted
+    assert "relu" in ptext
+    _, ltext = _parse(out / report.NO_COMPILE_ID_PAGE)
+    assert "process_note" in ltext and "outside any compile" in ltext
+    _check_links_resolve(out)
+
+
+def _synthetic_log(d):
+    trace.set_dir(str(d))
+    try:
+        with trace.compile_context(0, 0):
+            with trace.stage("capture"):
+                trace.log("graph_break", reason="call to print",
+                          user_stack=[{"filename": "model.py", "lineno": 7, "name": "forward",
+                                       "line": "print(x)"}],
+                          hint="move the print out of the model")
+                trace.log("guards", guards=["x.size(0) == 4", "x.dtype == torch.float32"])
+            with trace.stage("schedule"):
+                trace.log("fusion", decision="fused", nodes=["buf0", "buf1"], score=3)
+                trace.log("fusion", decision="rejected", nodes=["buf1", "buf2"],
+                          reason="different ranges")
+            trace.log("brand_new_event", widget={"a": 1, "b": [1, 2]})
+            trace.artifact("kernel_0", "extern \"C\" void k(float* p) { p[0] = 1; }",
+                           kind="cpp")
+        with trace.compile_context(0, 1):
+            trace.log("recompile", reason="guard failed", failed_guards=["x.size(0) == 4"])
+    finally:
+        trace.set_dir(None)
+
+
+def test_report_renders_breaks_recompiles_and_unknown_events(tmp_path):
+    log = tmp_path / "log"
+    _synthetic_log(log)
+    with open(next(log.iterdir()), "a") as f:
+        f.write("{not json\n")
+    out = tmp_path / "site"
+    assert report.main([str(log), "-o", str(out)]) == 0
+    _, itext = _parse(out / "index.html")
+    assert "1 unreadable line" in itext
+    p0 = (out / [p for p in os.listdir(out) if p.endswith("_0_0.html")][0])
+    p1 = (out / [p for p in os.listdir(out) if p.endswith("_0_1.html")][0])
+    _, t0 = _parse(p0)
+    # graph break with its user stack and hint
+    assert "graph_break (1)" in t0 and "model.py:7" in t0 and "print(x)" in t0
+    assert "move the print out of the model" in t0
+    # guards, fusion decisions (both rows), an event no stage of the report knows about
+    assert "x.size(0) == 4" in t0 and "fusion (2)" in t0 and "different ranges" in t0
+    assert "brand_new_event (1)" in t0 and "widget" in t0
+    assert t0.index("graph_break (1)") < t0.index("fusion (2)")  # breaks come first
+    _, t1 = _parse(p1)
+    assert "recompile (1)" in t1 and "guard failed" in t1 and "x.size(0) == 4" in t1
+    _check_links_resolve(out)
+
+
+def test_report_escapes_html_in_payloads(tmp_path):
+    log = tmp_path / "log"
+    trace.set_dir(str(log))
+    try:
+        with trace.compile_context(0, 0):
+            trace.log("graph_break", reason="<script>alert(1)</script>")
+            trace.artifact("src", "a < b and c > d", kind="text")
+    finally:
+        trace.set_dir(None)
+    out = tmp_path / "site"
+    report.write_report(str(log), str(out))
+    page = next(p for p in out.iterdir() if p.name.startswith("compile_")).read_text()
+    assert "<script>" not in page and "&lt;script&gt;" in page
+    assert "a &lt; b and c &gt; d" in page
+
+
+def test_report_missing_log_is_a_clear_error(tmp_path, capsys):
+    assert report.main([str(tmp_path / "nowhere")]) == 2
+    assert "COIL_TRACE" in capsys.readouterr().out
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="no .jsonl"):
+        report.write_report(str(tmp_path / "empty"))
+
+
+def test_report_module_runs_as_a_command(tmp_path):
+    log = tmp_path / "log"
+    _synthetic_log(log)
+    r = subprocess.run([sys.executable, "-m", "coil.trace.report", str(log)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert (log / "report" / "index.html").exists()

@@ -39,6 +39,9 @@ class Config:
     #: Use the min-cut partitioner for training graphs ("min_cut") or save what the
     #: backward reads ("default").
     partitioner: str = "min_cut"
+    #: AOT min-cut partitioner: a reduction is recomputed in the backward (instead of
+    #: saved) only if its input has at most this many elements.
+    aot_max_recompute_reduction: int = 4096
     #: Directory of the on-disk kernel cache; empty means ~/.cache/coil.
     cache_dir: str = ""
     #: Inline constant-sized pointwise bodies into their users until a body

@@ -5,13 +5,27 @@ Graphs handed to code generators contain only *core ATen* ops
 loop-level lowering beats a library call: softmax, log_softmax, layer_norm,
 gelu, silu, dropout... become pointwise ops and reductions that the scheduler fuses.
 
+Invariant: **no ``prims.*`` op reaches a compiler.** Several of torch's own
+decompositions (``var_mean``, ``native_layer_norm``, ``_to_copy``...) are written
+with ``torch._refs`` and produce prims; for those, coil registers its own small
+decompositions below (:data:`COIL_DECOMPOSITIONS`, one function per op, added with
+``@register``), written with aten ops only, in the two-pass form
+(``mean``, then ``sum((x - mean)**2)``) that fuses into one reduction kernel each.
+``tests/aot/test_decompositions.py`` checks every one against eager and checks
+that no prims appear for a list of common modules.
+
 Kept whole (extern kernels, or lowered directly by the IR), listed in
 :data:`KEEP_WHOLE`: matrix products, convolutions, scaled-dot-product attention,
-sorting, and the random ops the IR lowers itself. docs/aot.md lists the set.
+sorting, scans, dtype conversion (``_to_copy``).
+
+Random ops: with ``coil.config.config.fallback_random`` the random ops
+(:data:`RANDOM_OPS`) are *not* decomposed, so the graph calls the same ATen
+kernel eager calls and draws the same numbers from the same generator.
+docs/aot.md lists the sets.
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Optional, Sequence
 
 import torch
 import torch._decomp as _decomp
@@ -21,17 +35,17 @@ aten = torch.ops.aten
 #: Core ATen ops that are decomposed further for fusion.
 EXTRA_DECOMPOSE = [
     aten._softmax, aten._log_softmax, aten._softmax_backward_data,
-    aten._log_softmax_backward_data, aten.native_layer_norm,
+    aten._log_softmax_backward_data,
     aten.native_layer_norm_backward, aten.gelu, aten.gelu_backward,
     aten.silu, aten.silu_backward, aten.native_dropout, aten.native_dropout_backward,
     aten.hardtanh, aten.hardswish, aten.hardsigmoid, aten.mish, aten.softplus,
-    aten.leaky_relu, aten.elu, aten.var_mean, aten.native_batch_norm,
+    aten.leaky_relu, aten.elu, aten.native_batch_norm,
     aten._native_batch_norm_legit, aten._native_batch_norm_legit_no_training,
     aten._native_batch_norm_legit_functional, aten.native_batch_norm_backward,
     aten.embedding_dense_backward, aten.nll_loss_forward, aten.nll_loss_backward,
     aten.rsub, aten.addcmul, aten.addcdiv, aten.lerp, aten.logsumexp,
     aten.tanh_backward, aten.sigmoid_backward, aten.threshold_backward,
-    aten._to_copy, aten.linalg_vector_norm,
+    aten.linalg_vector_norm,
 ]
 
 #: Ops never decomposed: they run as extern kernels or have their own lowering.
@@ -40,18 +54,166 @@ KEEP_WHOLE = [
     aten.convolution_backward, aten._scaled_dot_product_efficient_attention,
     aten._scaled_dot_product_flash_attention, aten._scaled_dot_product_cudnn_attention,
     aten._scaled_dot_product_flash_attention_for_cpu,
-    aten.sort, aten.topk, aten.cumsum, aten.cumprod,
+    aten.sort, aten.topk, aten.cumsum, aten.cumprod, aten._to_copy,
 ]
 
+#: Random ops kept as ATen calls under ``fallback_random`` (bit-exact with eager).
+RANDOM_OPS = [
+    aten.native_dropout, aten.bernoulli, aten.bernoulli_, aten.rand, aten.rand_like,
+    aten.randn, aten.randn_like, aten.randint, aten.randint_like, aten.rrelu,
+    aten.normal, aten.uniform, aten.exponential, aten.multinomial,
+]
 
-def get_decompositions() -> dict[torch._ops.OpOverload, Callable]:
-    """The table ``{OpOverload: decomposition}`` that ``make_fx`` applies in aot/."""
-    table = dict(_decomp.core_aten_decompositions().items())
-    table.update(_decomp.get_decompositions(EXTRA_DECOMPOSE))
-    keep = set()
-    for packet in KEEP_WHOLE:
+#: coil's own decompositions: ``{OpOverload: fn}``; each fn uses aten ops only.
+COIL_DECOMPOSITIONS: dict = {}
+
+
+def register(*ops: torch._ops.OpOverload) -> Callable:
+    """Decorator: ``@register(aten.var.correction) def var(...)`` adds a decomposition."""
+
+    def deco(fn: Callable) -> Callable:
+        for op in ops:
+            COIL_DECOMPOSITIONS[op] = fn
+        return fn
+
+    return deco
+
+
+def _reduction_dims(x: torch.Tensor, dim: Optional[Sequence[int]]) -> list[int]:
+    if dim is None or (isinstance(dim, (list, tuple)) and len(dim) == 0):
+        return list(range(x.dim()))
+    if isinstance(dim, int):
+        dim = [dim]
+    return [d % max(x.dim(), 1) for d in dim]
+
+
+def _count(x: torch.Tensor, dims: list[int]):
+    n = 1
+    for d in dims:
+        n = n * x.shape[d]
+    return n
+
+
+def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def _var_and_mean(x, dim, correction, keepdim):
+    """Two-pass variance: mean = sum(x)/n; var = sum((x - mean)^2) / max(n - c, 0).
+
+    Computed in float32 for half inputs; returns (var, mean) in x's dtype.
+    """
+    dims = _reduction_dims(x, dim)
+    c = 1 if correction is None else correction
+    n = _count(x, dims)
+    xa = aten._to_copy.default(x, dtype=_acc_dtype(x.dtype)) if _acc_dtype(x.dtype) != x.dtype else x
+    mean = aten.div.Scalar(aten.sum.dim_IntList(xa, dims, True), n)
+    centered = aten.sub.Tensor(xa, mean)
+    sq = aten.sum.dim_IntList(aten.mul.Tensor(centered, centered), dims, keepdim)
+    # eager returns nan/inf for n - c <= 0 (division by zero); match it
+    denom = n - c
+    if isinstance(denom, (int, float)):
+        denom = max(denom, 0)
+    var = aten.div.Scalar(sq, denom)
+    if not keepdim:
+        mean = aten.squeeze.dims(mean, dims) if dims else mean
+    if xa.dtype != x.dtype:
+        var = aten._to_copy.default(var, dtype=x.dtype)
+        mean = aten._to_copy.default(mean, dtype=x.dtype)
+    return var, mean
+
+
+@register(aten.var_mean.correction)
+def var_mean_correction(x, dim=None, *, correction=None, keepdim=False):
+    return _var_and_mean(x, dim, correction, keepdim)
+
+
+@register(aten.var_mean.dim)
+def var_mean_dim(x, dim, unbiased=True, keepdim=False):
+    return _var_and_mean(x, dim, 1 if unbiased else 0, keepdim)
+
+
+@register(aten.var.correction)
+def var_correction(x, dim=None, *, correction=None, keepdim=False):
+    return _var_and_mean(x, dim, correction, keepdim)[0]
+
+
+@register(aten.var.dim)
+def var_dim(x, dim, unbiased=True, keepdim=False):
+    return _var_and_mean(x, dim, 1 if unbiased else 0, keepdim)[0]
+
+
+@register(aten.std.correction)
+def std_correction(x, dim=None, *, correction=None, keepdim=False):
+    return aten.sqrt.default(_var_and_mean(x, dim, correction, keepdim)[0])
+
+
+@register(aten.std_mean.correction)
+def std_mean_correction(x, dim=None, *, correction=None, keepdim=False):
+    var, mean = _var_and_mean(x, dim, correction, keepdim)
+    return aten.sqrt.default(var), mean
+
+
+@register(aten.native_layer_norm.default)
+def native_layer_norm(x, normalized_shape, weight, bias, eps):
+    """out = (x - mean) * rsqrt(var + eps) * w + b over the trailing dims.
+
+    Returns (out, mean, rstd); mean/rstd have x's shape with the normalized dims
+    set to 1, in float32 (x's dtype for half inputs on CPU, as ATen does).
+    """
+    axis = x.dim() - len(normalized_shape)
+    dims = list(range(axis, x.dim()))
+    acc = _acc_dtype(x.dtype)
+    xa = aten._to_copy.default(x, dtype=acc) if acc != x.dtype else x
+    n = _count(x, dims)
+    mean = aten.div.Scalar(aten.sum.dim_IntList(xa, dims, True), n)
+    centered = aten.sub.Tensor(xa, mean)
+    var = aten.div.Scalar(aten.sum.dim_IntList(aten.mul.Tensor(centered, centered), dims, True), n)
+    rstd = aten.rsqrt.default(aten.add.Scalar(var, eps))
+    out = aten.mul.Tensor(centered, rstd)
+    if weight is not None:
+        out = aten.mul.Tensor(out, weight)
+    if bias is not None:
+        out = aten.add.Tensor(out, bias)
+    if out.dtype != x.dtype:
+        out = aten._to_copy.default(out, dtype=x.dtype)
+    stat_dtype = x.dtype if x.device.type == "cpu" else acc
+    if stat_dtype != mean.dtype:
+        mean = aten._to_copy.default(mean, dtype=stat_dtype)
+        rstd = aten._to_copy.default(rstd, dtype=stat_dtype)
+    return out, mean, rstd
+
+
+def _overloads(packets) -> set:
+    out = set()
+    for packet in packets:
         for name in packet.overloads():
-            keep.add(getattr(packet, name))
-    for op in keep:
-        table.pop(op, None)
-    return table
+            out.add(getattr(packet, name))
+    return out
+
+
+def get_decompositions(fallback_random: Optional[bool] = None) -> dict:
+    """The table ``{OpOverload: decomposition}`` that ``make_fx`` applies in aot/.
+
+    ``fallback_random`` (default: ``coil.config.config.fallback_random``) keeps the
+    random ops of :data:`RANDOM_OPS` whole.
+    """
+    if fallback_random is None:
+        from coil.config import config
+
+        fallback_random = config.fallback_random
+    key = bool(fallback_random)
+    if key not in _TABLES:
+        table = dict(_decomp.core_aten_decompositions().items())
+        table.update(_decomp.get_decompositions(EXTRA_DECOMPOSE))
+        for op in _overloads(KEEP_WHOLE):
+            table.pop(op, None)
+        if key:
+            for op in _overloads(RANDOM_OPS):
+                table.pop(op, None)
+        table.update(COIL_DECOMPOSITIONS)
+        _TABLES[key] = table
+    return _TABLES[key]
+
+
+_TABLES: dict = {}

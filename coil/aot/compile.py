@@ -1,0 +1,118 @@
+"""``aot_compile``: the driver of coil's ahead-of-time autograd.
+
+    torch-level GraphModule + example inputs
+      → fakeify inputs (reuse their FakeTensorMode if already fake)
+      → analyze (one functional fake run: mutations, aliasing, requires_grad)
+      → inference path: trace one functional ATen graph → fw_compiler
+        training path: trace the joint graph once → partition_fn → fw/bw compilers
+      → runtime wrapper (coil.aot.runtime)
+
+Parameters and buffers that are still attributes of ``gm`` (e.g. a
+``torch.fx.symbolic_trace``d module) are lifted to extra leading inputs, so they
+get gradients and their mutations (BatchNorm statistics) are replayed.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable, Optional
+
+import torch
+import torch.fx
+
+from coil import trace
+from coil.aot.decompositions import get_decompositions
+from coil.aot.functional import analyze, fakeify, trace_inference, trace_joint
+from coil.aot.partition import default_partition, min_cut_partition
+from coil.aot.runtime import inference_runner, training_runner
+
+
+def _placeholder_fakes(gm: torch.fx.GraphModule) -> list:
+    return [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
+
+
+def _graph_text(gm: torch.fx.GraphModule, header: str) -> Callable[[], str]:
+    return lambda: f"# {header}\n" + gm.print_readable(print_output=False)
+
+
+def aot_compile(gm: Callable, example_inputs: list, fw_compiler: Callable,
+                bw_compiler: Optional[Callable] = None,
+                partition_fn: Callable = min_cut_partition,
+                decompositions: Optional[dict] = None) -> Callable:
+    """Compile ``gm`` (a torch-level ``torch.fx.GraphModule`` or any traceable
+    callable taking tensors positionally) ahead of time, autograd included.
+
+    - ``example_inputs``: real or fake tensors (and ints) matching ``gm``'s
+      placeholders; only their metadata is used.
+    - ``fw_compiler(aten_gm, fake_inputs) -> callable`` compiles the forward (or
+      inference) graph, ``bw_compiler`` (default: ``fw_compiler``) the backward.
+    - ``partition_fn(joint_gm, joint_info) -> Partition``: :func:`min_cut_partition`
+      (default; ``config.partitioner == "default"`` switches it to
+      :func:`default_partition`) or your own.
+    - ``decompositions``: the table for ``make_fx``; default
+      :func:`coil.aot.decompositions.get_decompositions`.
+
+    Returns a callable with ``gm``'s calling convention. The inference path
+    (one graph) is taken when grad mode is off at compile time or no input (or
+    no output) requires grad; otherwise the training path. Shapes are
+    specialized to the example inputs unless these are fake tensors with
+    symbolic sizes. Raises :class:`coil.exc.CoilError` for programs it cannot
+    handle (metadata mutation of inputs).
+    """
+    bw_compiler = bw_compiler or fw_compiler
+    if partition_fn is min_cut_partition:
+        from coil.config import config
+
+        if config.partitioner == "default":
+            partition_fn = default_partition
+    lifted: list = []
+    fn = gm
+    if isinstance(gm, torch.nn.Module):
+        named = list(gm.named_parameters(remove_duplicate=False)) + list(gm.named_buffers(remove_duplicate=False))
+        if named:
+            names = [n for n, _ in named]
+            lifted = [t for _, t in named]
+            n_lift = len(names)
+
+            def fn(*args):
+                return torch.func.functional_call(gm, dict(zip(names, args[:n_lift])),
+                                                  tuple(args[n_lift:]), tie_weights=False, strict=True)
+            example_inputs = lifted + list(example_inputs)
+
+    t0 = time.perf_counter()
+    with trace.stage("aot"):
+        run = _compile(fn, list(example_inputs), fw_compiler, bw_compiler, partition_fn, decompositions)
+    trace.log("aot_done", stage="aot", path=run._coil_aot_path,
+              compile_ms=(time.perf_counter() - t0) * 1e3)
+    if not lifted:
+        return run
+
+    def run_lifted(*args):
+        return run(*lifted, *args)
+
+    run_lifted._coil_aot_path = run._coil_aot_path  # type: ignore[attr-defined]
+    return run_lifted
+
+
+def _compile(fn, example_inputs, fw_compiler, bw_compiler, partition_fn, decompositions):
+    decomps = get_decompositions() if decompositions is None else decompositions
+    fake_mode, fake_args = fakeify(example_inputs)
+    grad = torch.is_grad_enabled()
+    info = analyze(fn, fake_args, fake_mode, grad)
+    trace.log("aot_analysis", stage="aot",
+              mutated_inputs=info.mutated_inputs,
+              outputs=[(o.kind, o.index) for o in info.outputs],
+              fw_out_requires_grad=info.fw_out_requires_grad)
+    training = grad and any(x.requires_grad for x in info.inputs) and any(info.fw_out_requires_grad)
+    if not training:
+        fw_gm = trace_inference(fn, fake_args, info, decomps, fake_mode)
+        trace.artifact("aot_inference_graph", _graph_text(fw_gm, "aot inference graph (ATen)"), kind="python")
+        compiled = fw_compiler(fw_gm, _placeholder_fakes(fw_gm))
+        return inference_runner(compiled, info)
+    joint, jinfo = trace_joint(fn, fake_args, info, decomps, fake_mode)
+    trace.artifact("aot_joint_graph", _graph_text(joint, "aot joint graph (ATen)"), kind="python")
+    part = partition_fn(joint, jinfo)
+    trace.artifact("aot_forward_graph", _graph_text(part.fw, "aot forward graph (ATen)"), kind="python")
+    trace.artifact("aot_backward_graph", _graph_text(part.bw, "aot backward graph (ATen)"), kind="python")
+    compiled_fw = fw_compiler(part.fw, _placeholder_fakes(part.fw))
+    compiled_bw = bw_compiler(part.bw, _placeholder_fakes(part.bw))
+    return training_runner(compiled_fw, compiled_bw, info, jinfo, part.num_saved)

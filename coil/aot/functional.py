@@ -1,0 +1,326 @@
+"""Tracing a torch-level program to functional ATen graphs.
+
+Two steps, both on fake tensors:
+
+1. :func:`analyze` runs the program once under torch's functionalization
+   (``FunctionalTensorMode``) *without* recording a graph, and writes down what the
+   runtime wrapper must do around the compiled graph (:class:`ProgramInfo`): which
+   inputs are mutated (data mutations only; metadata mutations such as ``t_`` are
+   refused), which outputs are inputs, views of inputs, or views of other outputs,
+   and which outputs require grad.
+
+2. :func:`trace_inference` / :func:`trace_joint` run the program again under
+   ``make_fx`` + functionalization + coil's decomposition table and return one
+   flat-argument ATen GraphModule:
+
+   - inference: ``(*inputs) -> (*mutated_input_values, *graph_outputs)``
+   - joint: ``(*primals, *tangents) -> (*mutated_input_values, *graph_outputs,
+     *input_grads)``; tangents exist for the forward outputs that require grad,
+     grads for the inputs that require grad (unused ones are dropped and listed in
+     ``JointInfo.grad_is_none``).
+
+Invariants of the graphs returned: no mutation, no aliasing op whose result is
+written, no ``prims.*`` ops (see :mod:`coil.aot.decompositions`), every node has
+``meta["val"]`` (a fake tensor or SymInt).
+
+"Graph outputs" are the user outputs that own their storage (or the first
+output of a group sharing one intermediate's storage); everything that aliases is
+regenerated outside the graph by :mod:`coil.aot.runtime` as a real view.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Optional
+
+import torch
+import torch.fx
+import torch.utils._pytree as pytree
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.multiprocessing.reductions import StorageWeakRef
+
+from coil.exc import CoilError
+
+aten = torch.ops.aten
+
+
+# --------------------------------------------------------------------------- metadata
+
+@dataclasses.dataclass
+class InputInfo:
+    """One flat input. ``mutated``: its data is changed in place by the program;
+    ``mutation_hidden``: every mutation happened under no_grad (so the runtime
+    replays it without recording autograd history)."""
+
+    is_tensor: bool
+    requires_grad: bool = False
+    mutated: bool = False
+    mutation_hidden: bool = False
+
+
+@dataclasses.dataclass
+class OutputInfo:
+    """One flat user output and how the runtime produces it.
+
+    ``kind``: ``"graph"`` (``index`` = position among the graph outputs),
+    ``"input"`` (the input object ``index`` itself), ``"alias_of_input"`` (a view of
+    input ``index``), ``"alias_of_output"`` (a view of the graph output ``index``),
+    ``"alias_of_base"`` (a view of the extra graph output ``index`` holding an
+    intermediate base), ``"constant"`` (``value``).
+    ``size/stride/offset`` describe the view (elements; offset is absolute in the
+    storage). ``requires_grad``: the eager output requires grad.
+    """
+
+    kind: str
+    index: int = -1
+    size: tuple = ()
+    stride: tuple = ()
+    offset: int = 0
+    requires_grad: bool = False
+    value: Any = None
+
+
+@dataclasses.dataclass
+class ProgramInfo:
+    """What :func:`analyze` learned; drives tracing and the runtime wrapper."""
+
+    inputs: list
+    outputs: list
+    out_spec: Any
+    #: user-output positions computed by the graph, in graph-output order
+    graph_outputs: list
+    #: user-output positions whose ``_base`` is an extra graph output (intermediate bases)
+    base_sources: list
+    #: per forward graph output (mutated inputs, graph outputs, bases): requires grad?
+    fw_out_requires_grad: list = dataclasses.field(default_factory=list)
+    #: per forward graph output: (shape, dtype, device), to build tangents
+    fw_out_meta: list = dataclasses.field(default_factory=list)
+
+    @property
+    def mutated_inputs(self) -> list:
+        return [i for i, x in enumerate(self.inputs) if x.mutated]
+
+    @property
+    def num_fw_outputs(self) -> int:
+        return len(self.mutated_inputs) + len(self.graph_outputs) + len(self.base_sources)
+
+
+def fake_mode_of(example_inputs: list) -> Optional[FakeTensorMode]:
+    """The FakeTensorMode of the first fake tensor in ``example_inputs`` (or None)."""
+    for x in example_inputs:
+        if isinstance(x, FakeTensor):
+            return x.fake_mode
+    return None
+
+
+def fakeify(example_inputs: list) -> tuple[FakeTensorMode, list]:
+    """Fake versions of ``example_inputs`` (same sizes, strides, storage offsets,
+    dtypes, devices, requires_grad, leafness); reuses the inputs' fake mode if
+    they are already fake. Non-tensors pass through."""
+    mode = fake_mode_of(example_inputs)
+    if mode is not None:
+        return mode, list(example_inputs)
+    mode = FakeTensorMode(allow_non_fake_inputs=False)
+    out = [mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in example_inputs]
+    return mode, out
+
+
+def _to_functional(x: Any) -> Any:
+    return FunctionalTensor.to_functional(x) if isinstance(x, torch.Tensor) else x
+
+
+def _from_functional(x: Any) -> Any:
+    return x.from_functional() if isinstance(x, FunctionalTensor) else x
+
+
+def _is_differentiable(t: torch.Tensor) -> bool:
+    return t.requires_grad and (t.is_floating_point() or t.is_complex())
+
+
+def analyze(fn: Callable, fake_args: list, fake_mode: FakeTensorMode, grad: bool) -> ProgramInfo:
+    """Run ``fn`` once on functional fake tensors and describe its mutations and aliasing.
+
+    Raises :class:`CoilError` for metadata mutation of an input (``t_``, ``as_strided_``...).
+    """
+    with fake_mode, torch.set_grad_enabled(grad):
+        with FunctionalTensorMode():
+            f_args = [_to_functional(a) for a in fake_args]
+            outs = fn(*f_args)
+        flat_outs, spec = pytree.tree_flatten(outs)
+        inputs = []
+        input_storage = {}
+        for i, (a, fa) in enumerate(zip(fake_args, f_args)):
+            if not isinstance(a, torch.Tensor):
+                inputs.append(InputInfo(is_tensor=False))
+                continue
+            torch._sync(fa)
+            if torch._functionalize_has_metadata_mutation(fa.elem):
+                raise CoilError(
+                    f"coil.aot: graph input {i} has its metadata (sizes/strides) changed in "
+                    "place (t_, transpose_, as_strided_, squeeze_...); this is not supported.\n"
+                    "  what to do: use the out-of-place op (x = x.t()) instead.")
+            mutated = torch._functionalize_has_data_mutation(fa.elem)
+            hidden = mutated and torch._functionalize_are_all_mutations_under_no_grad_or_inference_mode(fa.elem)
+            inputs.append(InputInfo(True, _is_differentiable(a), mutated, hidden))
+            input_storage.setdefault(StorageWeakRef(fa.untyped_storage()), i)
+
+        outputs: list = []
+        graph_outputs: list = []
+        groups: dict = {}  # storage -> user-output positions computed from it
+        for k, o in enumerate(flat_outs):
+            if not isinstance(o, torch.Tensor):
+                outputs.append(OutputInfo("constant", value=o))
+                continue
+            meta = dict(size=tuple(o.shape), stride=tuple(o.stride()), offset=o.storage_offset(),
+                        requires_grad=_is_differentiable(o))
+            same = [j for j, fa in enumerate(f_args) if fa is o]
+            if same:
+                outputs.append(OutputInfo("input", same[0], **meta))
+                continue
+            st = StorageWeakRef(o.untyped_storage())
+            if st in input_storage:
+                outputs.append(OutputInfo("alias_of_input", input_storage[st], **meta))
+                continue
+            outputs.append(OutputInfo("graph", -1, **meta))
+            groups.setdefault(st, []).append(k)
+
+        base_sources: list = []
+        for members in groups.values():
+            first = members[0]
+            if len(members) == 1:
+                continue
+            owner = next((k for k in members if flat_outs[k]._base is None), None)
+            if owner is not None:
+                # one output owns the storage: the others are views of it
+                for k in members:
+                    if k != owner:
+                        outputs[k].kind, outputs[k].index = "alias_of_output", owner
+            else:
+                # all are views of an intermediate: return that base too
+                base_sources.append(first)
+                for k in members:
+                    outputs[k].kind, outputs[k].index = "alias_of_base", len(base_sources) - 1
+        for k, info in enumerate(outputs):
+            if info.kind == "graph":
+                info.index = len(graph_outputs)
+                graph_outputs.append(k)
+        # storage offsets relative to the tensor each alias is regenerated from
+        for k, o in enumerate(outputs):
+            if o.kind == "alias_of_input":
+                o.offset -= fake_args[o.index].storage_offset()
+            elif o.kind == "alias_of_output":
+                o.offset -= flat_outs[o.index].storage_offset()
+            elif o.kind == "alias_of_base":
+                o.offset -= flat_outs[base_sources[o.index]]._base.storage_offset()
+        for o in outputs:  # alias_of_output: index → graph-output position of the owner
+            if o.kind == "alias_of_output":
+                o.index = outputs[o.index].index
+
+        info = ProgramInfo(inputs, outputs, spec, graph_outputs, base_sources)
+        rg = [inputs[i].requires_grad and not inputs[i].mutation_hidden and grad
+              for i in info.mutated_inputs]
+        # a mutated input's new value requires grad if the program made it so
+        for pos, i in enumerate(info.mutated_inputs):
+            rg[pos] = grad and not inputs[i].mutation_hidden and _is_differentiable(f_args[i])
+        rg += [outputs[k].requires_grad for k in graph_outputs]
+        rg += [_is_differentiable(flat_outs[k]._base) for k in base_sources]
+        info.fw_out_requires_grad = rg
+        fw_vals = ([f_args[i] for i in info.mutated_inputs] + [flat_outs[k] for k in graph_outputs]
+                   + [flat_outs[k]._base for k in base_sources])
+        info.fw_out_meta = [(tuple(v.shape), v.dtype, v.device) for v in fw_vals]
+    return info
+
+
+# --------------------------------------------------------------------------- tracing
+
+def _forward_values(fn, args, info: ProgramInfo):
+    outs = fn(*args)
+    flat, _ = pytree.tree_flatten(outs)
+    vals = [args[i] for i in info.mutated_inputs]
+    vals += [flat[k] for k in info.graph_outputs]
+    vals += [flat[k]._base for k in info.base_sources]
+    return vals
+
+
+def _flatten_signature(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """Drop make_fx's pytree codegen: the module takes flat placeholders, returns a list."""
+    gm.graph._codegen = torch.fx.graph.CodeGen()
+    out = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    flat, _ = pytree.tree_flatten(out.args[0])
+    out.args = (list(flat),)
+    _cleanup(gm.graph)
+    gm.recompile()
+    return gm
+
+
+def _cleanup(graph: torch.fx.Graph) -> None:
+    """Replace ``aten.alias`` (a no-op in a functional graph) by its input."""
+    for node in list(graph.nodes):
+        if node.op == "call_function" and node.target is aten.alias.default:
+            node.replace_all_uses_with(node.args[0])
+            graph.erase_node(node)
+
+
+def _make_fx(fn: Callable, args: list, decompositions: dict, fake_mode: FakeTensorMode):
+    with fake_mode:
+        return make_fx(fn, decomposition_table=decompositions)(*args)
+
+
+def trace_inference(fn: Callable, fake_args: list, info: ProgramInfo, decompositions: dict,
+                    fake_mode: FakeTensorMode) -> torch.fx.GraphModule:
+    """Functional ATen graph ``(*inputs) -> [*mutated_input_values, *graph_outputs, *bases]``."""
+
+    def inference(primals):
+        with torch.no_grad():
+            with FunctionalTensorMode():
+                f_args = [_to_functional(a) for a in primals]
+                vals = _forward_values(fn, f_args, info)
+            return [_from_functional(v) for v in vals]
+
+    return _flatten_signature(_make_fx(inference, [list(fake_args)], decompositions, fake_mode))
+
+
+@dataclasses.dataclass
+class JointInfo:
+    """Shape of a joint graph: ``num_primals`` primals, then one tangent per forward
+    output that requires grad; outputs are ``num_fw_outputs`` forward values, then
+    one grad per input in ``grad_inputs`` whose grad is not None."""
+
+    num_primals: int
+    num_fw_outputs: int
+    grad_inputs: list  # input indices that require grad
+    grad_is_none: list  # per grad_inputs entry: the gradient is None (unused input)
+
+
+def trace_joint(fn: Callable, fake_args: list, info: ProgramInfo, decompositions: dict,
+                fake_mode: FakeTensorMode) -> tuple[torch.fx.GraphModule, JointInfo]:
+    """Trace forward + backward into one functional ATen graph (see module docstring)."""
+    grad_inputs = [i for i, x in enumerate(info.inputs) if x.requires_grad]
+    clone = {i for i in info.mutated_inputs if info.inputs[i].requires_grad}
+    with fake_mode:
+        tangents = []
+        for (shape, dtype, device), rg in zip(info.fw_out_meta, info.fw_out_requires_grad):
+            if rg:
+                tangents.append(torch.empty(shape, dtype=dtype, device=device))
+    grad_is_none: list = []
+
+    def joint(primals, tangents):
+        with torch.enable_grad():
+            with FunctionalTensorMode():
+                f_primals = [_to_functional(a) for a in primals]
+                f_tangents = [_to_functional(t) for t in tangents]
+                # a mutated input that requires grad is cloned first, so that its
+                # gradient is taken w.r.t. its value before the mutation
+                args = [a.clone() if i in clone else a for i, a in enumerate(f_primals)]
+                vals = _forward_values(fn, args, info)
+                diff = [v for v, rg in zip(vals, info.fw_out_requires_grad) if rg]
+                wrt = [f_primals[i] for i in grad_inputs]
+                grads = torch.autograd.grad(diff, wrt, f_tangents, allow_unused=True) if diff else [None] * len(wrt)
+            grad_is_none[:] = [g is None for g in grads]
+            return [_from_functional(v) for v in vals], [_from_functional(g) for g in grads if g is not None]
+
+    gm = _make_fx(joint, [list(fake_args), tangents], decompositions, fake_mode)
+    gm = _flatten_signature(gm)
+    return gm, JointInfo(len(fake_args), info.num_fw_outputs, grad_inputs, list(grad_is_none))
+

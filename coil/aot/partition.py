@@ -1,0 +1,287 @@
+"""Splitting a joint forward+backward graph into a forward and a backward graph.
+
+Input: the joint graph from :func:`coil.aot.functional.trace_joint` and its
+:class:`~coil.aot.functional.JointInfo`. Output: a :class:`Partition` with
+
+- ``fw``: ``(*primals) -> [*forward_outputs, *saved]``
+- ``bw``: ``(*saved, *tangents) -> [*grads]``
+
+The nodes of the joint graph fall in two regions: the *backward region* (nodes that
+depend on a tangent) and the *forward region* (everything else). The backward
+graph needs some forward-region values; a partitioner decides which of them are
+*saved* (computed in the forward, kept alive until the backward) and which are
+*recomputed* in the backward from saved ones.
+
+- :func:`default_partition` saves every forward-region value the backward region
+  reads (what eager autograd does, roughly).
+- :func:`min_cut_partition` saves the set of tensors with the fewest bytes that
+  still lets the backward compute everything it needs, recomputing cheap ops.
+  It is a minimum s-t cut: each forward-region node ``n`` becomes an edge
+  ``n_in -> n_out`` whose capacity is ``bytes(n)`` (cutting it = saving ``n``),
+  data edges have infinite capacity, the source feeds the graph inputs and every
+  node that must not be recomputed (matmuls, convolutions, attention, random ops,
+  reductions over more than ``config.aot_max_recompute_reduction`` elements, and
+  any op not known to be cheap), and every value read by the backward region feeds
+  the sink. Max-flow/min-cut by networkx (``nx.minimum_cut``; Edmonds-Karp /
+  preflow-push). The idea is the one of Chen et al. (2016) and of AOTAutograd's
+  partitioner; this is our own formulation.
+
+Both log every decision to the compile log (event ``aot_partition``): each saved
+value with its bytes and the reason, each recomputed node, the totals.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import operator
+from typing import Any, Optional
+
+import torch
+import torch.fx
+
+from coil import trace
+from coil.aot.functional import JointInfo
+from coil.exc import InternalError
+
+aten = torch.ops.aten
+
+
+@dataclasses.dataclass
+class Partition:
+    """The result of a partitioner (see module docstring)."""
+
+    fw: torch.fx.GraphModule
+    bw: torch.fx.GraphModule
+    num_saved: int
+    saved_bytes: int
+    #: per saved value: ``{"name", "bytes", "reason"}``
+    saved: list
+    #: names of forward-region nodes recomputed in the backward
+    recomputed: list
+
+
+# --------------------------------------------------------------------------- helpers
+
+def node_bytes(node: torch.fx.Node) -> int:
+    """Bytes of a node's value (a tensor: numel * itemsize, symbolic sizes by their
+    hint; a SymInt/int/float: 8; anything else: 0)."""
+    val = node.meta.get("val")
+    if isinstance(val, torch.Tensor):
+        numel = val.numel()
+        if isinstance(numel, torch.SymInt):
+            numel = numel.node.hint if numel.node.has_hint() else 4096
+        return int(numel) * val.element_size()
+    if isinstance(val, (torch.SymInt, torch.SymFloat, int, float, bool)):
+        return 8
+    return 0
+
+
+def _saveable(node: torch.fx.Node) -> bool:
+    val = node.meta.get("val")
+    return isinstance(val, (torch.Tensor, torch.SymInt, torch.SymFloat, int, float, bool))
+
+
+_VIEW_OPS = {
+    aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.permute.default,
+    aten.expand.default, aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default,
+    aten.unsqueeze.default, aten.slice.Tensor, aten.select.int, aten.t.default,
+    aten.transpose.int, aten.as_strided.default, aten.alias.default, aten.detach.default,
+    aten.unbind.int, aten.split.Tensor, aten.split_with_sizes.default,
+}
+_CHEAP_OPS = {
+    aten._to_copy.default, aten.clone.default, aten.cat.default, aten.where.self,
+    aten.full.default, aten.full_like.default, aten.zeros.default, aten.ones.default,
+    aten.zeros_like.default, aten.ones_like.default, aten.empty.memory_format,
+    aten.scalar_tensor.default, aten.arange.start_step, aten.arange.default,
+    aten.arange.start, aten.lift_fresh_copy.default, aten.constant_pad_nd.default,
+    aten.slice_scatter.default, aten.select_scatter.default,
+}
+_REDUCTIONS = {
+    aten.sum.dim_IntList, aten.sum.default, aten.mean.dim, aten.mean.default,
+    aten.amax.default, aten.amin.default, aten.max.dim, aten.min.dim, aten.max.default,
+    aten.min.default, aten.prod.dim_int, aten.prod.default, aten.any.dim, aten.any.default,
+    aten.all.dim, aten.all.default, aten.argmax.default, aten.argmin.default,
+}
+
+
+def recompute_ban_reason(node: torch.fx.Node) -> Optional[str]:
+    """Why ``node`` must not be recomputed in the backward (None: it may be).
+
+    Cheap = pointwise ops (``torch.Tag.pointwise``), views, constants, casts, cat,
+    ``getitem`` of a cheap node, and reductions over at most
+    ``config.aot_max_recompute_reduction`` input elements.
+    """
+    from coil.config import config
+
+    if node.op == "placeholder":
+        return "graph input"
+    if node.op == "get_attr":
+        return None
+    if node.op != "call_function":
+        return f"{node.op} node"
+    target = node.target
+    if target is operator.getitem:
+        return recompute_ban_reason(node.args[0])
+    if not isinstance(target, torch._ops.OpOverload):
+        return None if target in (operator.add, operator.mul, operator.sub, operator.floordiv) else f"call to {target}"
+    if torch.Tag.nondeterministic_seeded in target.tags:
+        return "random op (recomputing would draw a different mask)"
+    if target in _VIEW_OPS or target in _CHEAP_OPS or torch.Tag.pointwise in target.tags:
+        return None
+    if target in _REDUCTIONS:
+        src = node.args[0]
+        n = node_bytes(src) // max(src.meta["val"].element_size(), 1) if isinstance(src, torch.fx.Node) else 0
+        if n <= config.aot_max_recompute_reduction:
+            return None
+        return f"reduction over {n} elements"
+    name = target._schema.name.split("::")[-1]
+    if name in ("mm", "addmm", "bmm", "baddbmm", "matmul"):
+        return "matmul"
+    if "convolution" in name:
+        return "convolution"
+    if "attention" in name:
+        return "attention"
+    return f"not known to be cheap ({name})"
+
+
+class _Regions:
+    """Forward/backward regions of a joint graph."""
+
+    def __init__(self, joint: torch.fx.GraphModule, info: JointInfo):
+        nodes = list(joint.graph.nodes)
+        placeholders = [n for n in nodes if n.op == "placeholder"]
+        self.primals = placeholders[: info.num_primals]
+        self.tangents = placeholders[info.num_primals:]
+        self.output = nodes[-1]
+        outs = list(self.output.args[0])
+        self.fw_outputs = outs[: info.num_fw_outputs]
+        self.grads = outs[info.num_fw_outputs:]
+        self.bw = set(self.tangents)
+        for n in nodes:
+            if n.op == "call_function" and any(a in self.bw for a in n.all_input_nodes):
+                self.bw.add(n)
+        self.fw_needed = _ancestors(self.fw_outputs, stop=set())
+        self.bw_needed = _ancestors(self.grads, stop=set())
+        self.order = {n: i for i, n in enumerate(nodes)}
+
+    def read_by_backward(self) -> list:
+        """Forward-region nodes the backward region reads (plus grads computed in the forward)."""
+        out = set()
+        for n in self.bw_needed:
+            if n in self.bw:
+                out.update(a for a in n.all_input_nodes if a not in self.bw)
+        out.update(g for g in self.grads if isinstance(g, torch.fx.Node) and g not in self.bw)
+        return sorted(out, key=self.order.__getitem__)
+
+
+def _ancestors(roots, stop: set) -> set:
+    seen: set = set()
+    stack = [r for r in roots if isinstance(r, torch.fx.Node)]
+    while stack:
+        n = stack.pop()
+        if n in seen or n in stop:
+            continue
+        seen.add(n)
+        stack.extend(n.all_input_nodes)
+    return seen
+
+
+def _extract(joint: torch.fx.GraphModule, inputs: list, outputs: list, what: str) -> torch.fx.GraphModule:
+    """A GraphModule computing ``outputs`` from ``inputs`` with the joint graph's nodes."""
+    g = torch.fx.Graph()
+    env: dict = {}
+    for n in inputs:
+        p = g.placeholder(n.name)
+        p.meta = dict(n.meta)
+        env[n] = p
+    needed = _ancestors(outputs, stop=set(env))
+    for n in joint.graph.nodes:
+        if n in needed and n not in env:
+            if n.op == "placeholder":
+                raise InternalError(f"aot partition: the {what} graph needs {n.name}, "
+                                    "which is neither saved nor one of its inputs")
+            env[n] = g.node_copy(n, env.__getitem__)
+    g.output([env[o] if isinstance(o, torch.fx.Node) else o for o in outputs])
+    return torch.fx.GraphModule(joint, g)
+
+
+def _build(joint, info: JointInfo, regions: _Regions, saved: list, reasons: dict, kind: str) -> Partition:
+    fw = _extract(joint, regions.primals, regions.fw_outputs + saved, "forward")
+    bw = _extract(joint, saved + regions.tangents, regions.grads, "backward")
+    saved_info = [{"name": n.name, "bytes": node_bytes(n), "reason": reasons.get(n, "")} for n in saved]
+    bw_nodes = {n.name for n in bw.graph.nodes if n.op == "call_function"}
+    recomputed = [n.name for n in joint.graph.nodes
+                  if n.op == "call_function" and n not in regions.bw and n.name in bw_nodes]
+    total = sum(s["bytes"] for s in saved_info)
+    part = Partition(fw, bw, len(saved), total, saved_info, recomputed)
+    trace.log("aot_partition", stage="aot", partitioner=kind, saved=saved_info,
+              saved_bytes=total, recomputed=recomputed, num_saved=len(saved))
+    return part
+
+
+# --------------------------------------------------------------------------- partitioners
+
+def default_partition(joint: torch.fx.GraphModule, info: JointInfo) -> Partition:
+    """Save every forward-region value the backward reads; recompute nothing.
+
+    Returns a :class:`Partition`. Tuple-valued nodes are never saved (their
+    ``getitem`` users are).
+    """
+    regions = _Regions(joint, info)
+    saved = []
+    for n in regions.read_by_backward():
+        if _saveable(n):
+            saved.append(n)
+        else:
+            saved.extend(u for u in n.users if u not in regions.bw and _saveable(u))
+    saved = sorted(set(saved), key=regions.order.__getitem__)
+    reasons = {n: "read by the backward" for n in saved}
+    return _build(joint, info, regions, saved, reasons, "default")
+
+
+def min_cut_partition(joint: torch.fx.GraphModule, info: JointInfo) -> Partition:
+    """Save the fewest bytes that let the backward run; recompute cheap chains.
+
+    See the module docstring for the flow network. Returns a :class:`Partition`.
+    Raises :class:`InternalError` if the cut is infinite (a bug: something the
+    backward needs can neither be saved nor recomputed).
+    """
+    import networkx as nx
+
+    regions = _Regions(joint, info)
+    sinks = regions.read_by_backward()
+    candidates = _ancestors(sinks, stop=regions.bw)
+    inf = math.inf
+    g = nx.DiGraph()
+    g.add_node("source")
+    g.add_node("sink")
+    bans = {}
+    for n in candidates:
+        ban = recompute_ban_reason(n)
+        bans[n] = ban
+        cap = float(node_bytes(n)) if _saveable(n) else inf
+        # a tiny tie-breaker prefers saving values the forward computes anyway
+        if cap != inf and n not in regions.fw_needed and n.op != "placeholder":
+            cap += 0.5
+        g.add_edge(n.name + "_in", n.name + "_out", capacity=cap)
+        if ban is not None:
+            g.add_edge("source", n.name + "_in", capacity=inf)
+        for a in n.all_input_nodes:
+            if a in candidates:
+                g.add_edge(a.name + "_out", n.name + "_in", capacity=inf)
+    for n in sinks:
+        g.add_edge(n.name + "_out", "sink", capacity=inf)
+    cut_value, (reachable, _) = nx.minimum_cut(g, "source", "sink")
+    if cut_value == inf:
+        raise InternalError("aot min-cut: no finite cut (a value the backward needs can be "
+                            "neither saved nor recomputed)")
+    saved = sorted((n for n in candidates
+                    if n.name + "_in" in reachable and n.name + "_out" not in reachable),
+                   key=regions.order.__getitem__)
+    reasons = {}
+    for n in saved:
+        if bans[n] is not None:
+            reasons[n] = f"not recomputable: {bans[n]}"
+        else:
+            reasons[n] = "min cut: cheaper to save than to recompute from saved values"
+    return _build(joint, info, regions, saved, reasons, "min_cut")

@@ -1,0 +1,187 @@
+"""Runtime wrappers: make compiled functional graphs behave like the eager program.
+
+Around the compiled forward (and backward) this module
+
+- replays input mutations: the graph returns the new values of mutated inputs
+  and the wrapper copies them into the real inputs in place (``inp.copy_(new)``),
+  under ``no_grad`` when every mutation happened under no_grad in the program
+  (BatchNorm running statistics, optimizer-style updates), with autograd
+  recording otherwise (so a mutated non-leaf input gets eager's history);
+- regenerates aliased outputs as real views: an output that is an input is that
+  input object; one that is a view of an input, of another output, or of an
+  intermediate base returned by the graph is ``torch.as_strided`` of it with the
+  traced sizes/strides and the storage offset relative to its source;
+- in training, runs the forward/backward pair inside a ``torch.autograd.Function``:
+  saved values go through ``ctx.save_for_backward`` (so ``retain_graph`` and
+  version-counter checks behave as in eager), outputs that are not
+  differentiable are marked so, ``None`` incoming gradients become zeros
+  (autograd materializes them), tangents are made contiguous (they were traced
+  contiguous), unused inputs get ``None`` gradients, and differentiating the
+  gradients again (double backward) raises :data:`DOUBLE_BACKWARD_MESSAGE` when it
+  is attempted.
+
+Per-call work is index shuffling precomputed at compile time; see
+``benchmarks/aot_overhead.py`` for the measured cost.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.utils._pytree as pytree
+
+from coil.aot.functional import JointInfo, ProgramInfo
+
+DOUBLE_BACKWARD_MESSAGE = (
+    "coil.aot: double backward through a compiled graph is not supported (its backward "
+    "graph was compiled without a backward of its own). What to do: compute higher-order "
+    "gradients outside the compiled region, or run this part eagerly "
+    "(coil.disable / torch.compiler.disable).")
+
+
+def _make_epilogue(info: ProgramInfo, args_index_of_output=None) -> Callable:
+    """``epilogue(args, fw_values) -> user outputs`` (mutations + aliases, see module doc)."""
+    mutated = info.mutated_inputs
+    hidden = [info.inputs[i].mutation_hidden for i in mutated]
+    n_mut = len(mutated)
+    n_graph = len(info.graph_outputs)
+    spec = info.out_spec
+    flat_tuple = spec.num_leaves == spec.num_nodes - 1 and spec.type in (tuple, list)
+
+    plan = []
+    for o in info.outputs:
+        if o.kind == "graph":
+            plan.append((0, n_mut + o.index, None))
+        elif o.kind == "input":
+            plan.append((1, o.index, None))
+        elif o.kind == "alias_of_input":
+            plan.append((2, o.index, o))
+        elif o.kind == "alias_of_output":
+            plan.append((3, n_mut + o.index, o))
+        elif o.kind == "alias_of_base":
+            plan.append((3, n_mut + n_graph + o.index, o))
+        else:
+            plan.append((4, None, o.value))
+    simple = not mutated and all(p[0] == 0 for p in plan) and flat_tuple and \
+        [p[1] for p in plan] == list(range(len(plan)))
+    container = spec.type if flat_tuple else None
+
+    def view(src: torch.Tensor, o) -> torch.Tensor:
+        out = torch.as_strided(src, o.size, o.stride, src.storage_offset() + o.offset)
+        if not o.requires_grad and out.requires_grad:
+            out = out.detach()
+        return out
+
+    def epilogue(args, vals):
+        if simple:
+            return container(vals[: len(plan)]) if container is not list else list(vals[: len(plan)])
+        for pos in range(n_mut):
+            inp = args[mutated[pos]]
+            if hidden[pos] or not torch.is_grad_enabled():
+                with torch.no_grad():
+                    inp.copy_(vals[pos])
+            else:
+                inp.copy_(vals[pos])
+        flat = []
+        for kind, idx, extra in plan:
+            if kind == 0:
+                flat.append(vals[idx])
+            elif kind == 1:
+                flat.append(args[idx])
+            elif kind == 2:
+                flat.append(view(args[idx], extra))
+            elif kind == 3:
+                flat.append(view(vals[idx], extra))
+            else:
+                flat.append(extra)
+        if container is not None:
+            return container(flat)
+        return pytree.tree_unflatten(flat, spec)
+
+    return epilogue
+
+
+def inference_runner(compiled_fw: Callable, info: ProgramInfo) -> Callable:
+    """The callable for the inference path: one graph plus the epilogue."""
+    epilogue = _make_epilogue(info)
+
+    def run(*args):
+        return epilogue(args, compiled_fw(*args))
+
+    run._coil_aot_path = "inference"  # type: ignore[attr-defined]
+    return run
+
+
+def _delay_error(grads: list) -> list:
+    """Make differentiating ``grads`` again raise DOUBLE_BACKWARD_MESSAGE."""
+    idx = [k for k, g in enumerate(grads) if isinstance(g, torch.Tensor)]
+    if not idx:
+        return grads
+    err = torch._C._functions.DelayedError(DOUBLE_BACKWARD_MESSAGE, len(idx))
+    marked = []
+    for k in idx:
+        g = grads[k].detach()
+        g.requires_grad_(True)
+        marked.append(g)
+    wrapped = err(*marked)
+    if isinstance(wrapped, torch.Tensor):
+        wrapped = (wrapped,)
+    out = list(grads)
+    for k, g in zip(idx, wrapped):
+        out[k] = g
+    return out
+
+
+def training_runner(compiled_fw: Callable, compiled_bw: Callable, info: ProgramInfo,
+                    jinfo: JointInfo, num_saved: int) -> Callable:
+    """The callable for the training path (see module docstring)."""
+    epilogue = _make_epilogue(info)
+    n_fw = info.num_fw_outputs
+    n_in = len(info.inputs)
+    nondiff = [k for k, rg in enumerate(info.fw_out_requires_grad) if not rg]
+    tangent_pos = [k for k, rg in enumerate(info.fw_out_requires_grad) if rg]
+    grad_slots = [i for i, none in zip(jinfo.grad_inputs, jinfo.grad_is_none) if not none]
+
+    class CompiledFunction(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, *args):
+            vals = compiled_fw(*args)
+            saved = vals[n_fw: n_fw + num_saved]
+            tensor_mask = [isinstance(s, torch.Tensor) for s in saved]
+            ctx.tensor_mask = tensor_mask
+            ctx.others = [s for s, t in zip(saved, tensor_mask) if not t]
+            ctx.save_for_backward(*[s for s, t in zip(saved, tensor_mask) if t])
+            outs = tuple(vals[:n_fw])
+            if nondiff:
+                ctx.mark_non_differentiable(*[outs[k] for k in nondiff])
+            return outs
+
+        @staticmethod
+        def backward(ctx, *grad_outs):
+            tensors = iter(ctx.saved_tensors)
+            others = iter(ctx.others)
+            saved = [next(tensors) if t else next(others) for t in ctx.tensor_mask]
+            tangents = []
+            for k in tangent_pos:
+                g = grad_outs[k]
+                if g is None:
+                    raise RuntimeError("coil.aot: internal error: missing gradient for output "
+                                       f"{k} (materialize_grads is off?)")
+                tangents.append(g.contiguous())
+            with torch.no_grad():
+                grads = compiled_bw(*saved, *tangents)
+            result: list = [None] * n_in
+            for slot, g in zip(grad_slots, grads):
+                result[slot] = g
+            if torch.is_grad_enabled():
+                result = _delay_error(result)
+            return tuple(result)
+
+    CompiledFunction.__name__ = "CoilCompiledFunction"
+
+    def run(*args):
+        vals = CompiledFunction.apply(*args)
+        return epilogue(args, vals)
+
+    run._coil_aot_path = "training"  # type: ignore[attr-defined]
+    return run

@@ -1,0 +1,150 @@
+"""Index expressions → C++ for the C++ backend, with loop splitting.
+
+A kernel iterates a flat ``xindex`` (and ``rindex``); index expressions reach it as
+sympy expressions in those symbols, using :class:`coil.ir.symbols.FloorDiv` and
+:class:`coil.ir.symbols.Mod` to recover tensor dims. Printed literally that is one
+division and one modulo per element per dim — the main cost of naive CPU kernels.
+
+:func:`split_plan` looks at every expression of a kernel and, when each use of the
+flat symbol is ``s // p``, ``s % p`` or ``(s // a) % b`` with split points that form a
+divisibility chain ``1 < p1 | p2 | ... | pk | numel``, replaces the flat symbol by
+nested loop variables ``v0`` (innermost, extent ``p1``), ``v1`` (``p2/p1``) ... so
+``s // pj`` becomes ``sum_{i>=j} v_i * (p_i/p_j)`` and ``s % pj`` becomes
+``sum_{i<j} v_i * p_i``: no division left in the inner loop. Anything else (an
+unrecognized use of the symbol) keeps the flat loop.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Optional
+
+import sympy
+
+from coil.ir.symbols import FloorDiv, Mod
+
+
+@dataclass
+class Split:
+    """Loop split of one flat symbol: ``points`` = [1, p1, ..., pk], extents of the vars."""
+
+    symbol: sympy.Symbol
+    numel: int
+    points: list = field(default_factory=lambda: [1])
+    prefix: str = "x"
+
+    @property
+    def vars(self) -> list:
+        return [sympy.Symbol(f"{self.prefix}{i}", integer=True, nonnegative=True)
+                for i in range(len(self.points))]
+
+    @property
+    def extents(self) -> list[int]:
+        pts = self.points + [self.numel]
+        return [pts[i + 1] // pts[i] for i in range(len(self.points))]
+
+    def flat(self) -> sympy.Expr:
+        return sum((v * p for v, p in zip(self.vars, self.points)), sympy.Integer(0))
+
+    def div(self, p: int) -> sympy.Expr:
+        return sum((v * (q // p) for v, q in zip(self.vars, self.points) if q >= p),
+                   sympy.Integer(0))
+
+    def mod(self, p: int) -> sympy.Expr:
+        return sum((v * q for v, q in zip(self.vars, self.points) if q < p), sympy.Integer(0))
+
+    def divmod(self, a: int, b: int) -> sympy.Expr:
+        return sum((v * (q // a) for v, q in zip(self.vars, self.points) if a <= q < a * b),
+                   sympy.Integer(0))
+
+    def substitute(self, e: sympy.Expr) -> sympy.Expr:
+        s = self.symbol
+        if not e.has(s):
+            return e
+        if len(self.points) == 1:
+            return e.xreplace({s: self.vars[0]})
+        e = e.replace(lambda t: isinstance(t, Mod) and isinstance(t.args[0], FloorDiv)
+                      and t.args[0].args[0] == s,
+                      lambda t: self.divmod(int(t.args[0].args[1]), int(t.args[1])))
+        e = e.replace(lambda t: isinstance(t, FloorDiv) and t.args[0] == s,
+                      lambda t: self.div(int(t.args[1])))
+        e = e.replace(lambda t: isinstance(t, Mod) and t.args[0] == s,
+                      lambda t: self.mod(int(t.args[1])))
+        return e.xreplace({s: self.flat()})
+
+
+def _collect(e: sympy.Expr, s: sympy.Symbol, points: set) -> bool:
+    """Add the split points used by ``e``; False if ``s`` is used in another way."""
+    if not e.has(s):
+        return True
+    if e == s:
+        return True
+    if isinstance(e, Mod) and isinstance(e.args[0], FloorDiv) and e.args[0].args[0] == s:
+        a, b = e.args[0].args[1], e.args[1]
+        if not (a.is_Integer and b.is_Integer):
+            return False
+        points.update((int(a), int(a) * int(b)))
+        return True
+    if isinstance(e, (FloorDiv, Mod)):
+        if e.args[0] == s and e.args[1].is_Integer:
+            points.add(int(e.args[1]))
+            return True
+        return False
+    if e.is_Add or e.is_Mul:
+        return all(_collect(a, s, points) for a in e.args)
+    return False
+
+
+def split_plan(exprs: Iterable[sympy.Expr], symbol: sympy.Symbol, numel: int,
+               prefix: str) -> Split:
+    """The finest loop split of ``symbol`` (extent ``numel``) valid for all ``exprs``."""
+    points: set = set()
+    for e in exprs:
+        if not _collect(e, symbol, points):
+            return Split(symbol, numel, [1], prefix)
+    pts = sorted(p for p in points if 1 < p < numel)
+    chain = [1] + pts
+    if any(chain[i + 1] % chain[i] for i in range(len(chain) - 1)) or numel % chain[-1]:
+        return Split(symbol, numel, [1], prefix)
+    return Split(symbol, numel, chain, prefix)
+
+
+def cexpr(e: sympy.Expr) -> str:
+    """Print an integer index expression as C++ (int64_t arithmetic)."""
+    if e.is_Integer:
+        v = int(e)
+        return f"{v}LL" if abs(v) >= 2 ** 31 else str(v)
+    if e.is_Symbol:
+        return e.name
+    if isinstance(e, FloorDiv):
+        return f"({cexpr(e.args[0])} / {cexpr(e.args[1])})"
+    if isinstance(e, Mod):
+        return f"({cexpr(e.args[0])} % {cexpr(e.args[1])})"
+    if e.is_Add:
+        terms = sorted(e.args, key=lambda t: (t.is_Integer, sympy.default_sort_key(t)))
+        out = cexpr(terms[0])
+        for t in terms[1:]:
+            c, _ = t.as_coeff_Mul()
+            out += f" - {cexpr(-t)}" if (c.is_Integer and int(c) < 0) else f" + {cexpr(t)}"
+        return out
+    if e.is_Mul:
+        c, rest = e.as_coeff_Mul()
+        parts = [_paren(a) for a in sorted(sympy.Mul.make_args(rest), key=sympy.default_sort_key)]
+        if c == -1:
+            return "-" + " * ".join(parts)
+        if c != 1:
+            parts = [cexpr(c)] + parts
+        return " * ".join(parts)
+    if e.is_Pow and e.args[1].is_Integer and int(e.args[1]) > 0:
+        return " * ".join([_paren(e.args[0])] * int(e.args[1]))
+    if isinstance(e, (sympy.Min, sympy.Max)):
+        fn = "std::min" if isinstance(e, sympy.Min) else "std::max"
+        out = cexpr(e.args[0])
+        for a in e.args[1:]:
+            out = f"{fn}<int64_t>({out}, {cexpr(a)})"
+        return out
+    raise NotImplementedError(f"C++ backend cannot print index expression {e!r}")
+
+
+def _paren(e: sympy.Expr) -> str:
+    s = cexpr(e)
+    return f"({s})" if e.is_Add else s

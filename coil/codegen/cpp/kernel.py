@@ -1,0 +1,587 @@
+"""The C++ ops handler and kernel assembler: one C++ function per fused group.
+
+Design note
+-----------
+``CppKernel(plan, name).source()`` runs every planned node's define-by-run body with
+this module's handler installed. Each op appends one C++ statement ``T tmpN = ...;``
+to the current *block* and returns a :class:`CppVar` (CSE: the same expression in the
+same scope returns the same variable). Index expressions are recorded as tokens and
+printed only at the end, once :mod:`coil.codegen.cpp.indexing` has chosen how to split
+``xindex``/``rindex`` into nested loops without per-element division.
+
+Kernel shapes (``numel`` = xnumel, ``rnumel``):
+
+* pointwise (``rnumel == 1``)::
+
+      #pragma omp parallel for  (only when numel >= PARALLEL_MIN)
+      for xo:                       outer split vars x1.. from xo (one div per row)
+        #pragma omp simd            (unless the kernel has bounds checks or atomics)
+        for x0 in [0, inner):       body
+
+* reduction: an outer (parallel) loop over ``xindex``; inside it, in plan order,
+  *sections* (one per ``loop_id``: a loop over ``rindex``) and per-x code (nodes with
+  ``in_loop == False`` and the code after a reduction). A section with reductions keeps
+  ``LANES`` partial accumulators: the loop body runs in ``#pragma omp simd`` chunks of
+  LANES elements, lane ``l`` accumulating elements ``l, l+LANES, ...``; a scalar tail
+  handles the rest; lanes then tail are combined in a fixed order, so results are
+  deterministic (independent of thread count) and vectorized.
+
+All index arithmetic is ``int64_t``. fp16/bf16 are loaded and stored as 16-bit values
+and computed in float. Indirect indices are bounds-checked: an out-of-range index
+writes an error record that the launcher turns into ``IndexError``.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+import re
+from typing import Any, Optional
+
+import sympy
+import torch
+
+from coil.codegen.cpp import ops as cops
+from coil.codegen.cpp.indexing import Split, cexpr, split_plan
+from coil.ir.symbols import RINDEX, XINDEX
+from coil.ir.virtualized import OpsHandler
+
+LANES = 8
+PARALLEL_MIN = 32768  # elements of work before a kernel uses OpenMP threads
+
+
+class CppVar:
+    """A C++ variable holding an op's value; ``dtype`` is its compute dtype."""
+
+    __slots__ = ("name", "dtype")
+
+    def __init__(self, name: str, dtype: torch.dtype):
+        self.name, self.dtype = name, dtype
+
+    def __str__(self) -> str:
+        return self.name
+
+    def __repr__(self) -> str:
+        return f"CppVar({self.name}, {self.dtype})"
+
+
+class _Section:
+    """One loop over rindex inside the x loop."""
+
+    def __init__(self, loop_id):
+        self.loop_id = loop_id
+        self.body: list[str] = []
+        self.post: list[str] = []
+        self.accs: list[tuple[str, str, list]] = []  # (name, reduction_type, fields)
+        self.cse: dict = {}
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def _float_literal(v: float, dtype: torch.dtype) -> str:
+    ct = cops.compute_ctype(dtype)
+    if math.isnan(v):
+        return f"std::numeric_limits<{ct}>::quiet_NaN()"
+    if math.isinf(v):
+        return f"{'-' if v < 0 else ''}std::numeric_limits<{ct}>::infinity()"
+    s = repr(float(v))
+    if "e" not in s and "." not in s:
+        s += ".0"
+    return s + ("f" if ct == "float" else "")
+
+
+class CppKernel(OpsHandler):
+    """Generate the C++ source of one fused group (see module docstring)."""
+
+    def __init__(self, plan, name: str, num_threads: int = 1):
+        self.plan, self.name, self.num_threads = plan, name, num_threads
+        self.numel = int(plan.numel)
+        self.rnumel = int(plan.rnumel)
+        self.is_reduction = self.rnumel != 1
+        self.counter = itertools.count()
+        self.indices: list[sympy.Expr] = []
+        self.index_of: dict = {}
+        self.items: list = []  # str lines (per x) and _Section objects
+        self.cur: list[str] = self.items  # where statements go
+        self.section: Optional[_Section] = None
+        self.outer_cse: dict = {}
+        self.scopes: list[dict] = [self.outer_cse]
+        self.has_checks = False
+        self.has_atomics = False
+        self.check_sites = 0
+        self.removed = set(getattr(plan, "removed_names", ()) or ())
+        self.read: list[str] = []
+        self.written: list[str] = []
+        self.needs_rindex = False
+
+    # ------------------------------------------------------------------ plumbing
+    def _new(self, prefix: str = "tmp") -> str:
+        return f"{prefix}{next(self.counter)}"
+
+    def _lookup(self, key):
+        for scope in reversed(self.scopes):
+            if key in scope:
+                return scope[key]
+        return None
+
+    def _emit(self, expr: str, dtype: torch.dtype, key=None) -> CppVar:
+        if key is None:
+            key = expr
+        hit = self._lookup(key)
+        if hit is not None:
+            return hit
+        var = CppVar(self._new(), dtype)
+        self.cur.append(f"{cops.compute_ctype(dtype)} {var.name} = {expr};")
+        self.scopes[-1][key] = var
+        return var
+
+    def _idx(self, expr) -> str:
+        expr = sympy.sympify(expr)
+        if expr not in self.index_of:
+            self.index_of[expr] = len(self.indices)
+            self.indices.append(expr)
+        if expr.has(RINDEX):
+            self.needs_rindex = True
+        return f"@I{self.index_of[expr]}@"
+
+    def _val(self, v, dtype=None) -> CppVar:
+        if isinstance(v, CppVar):
+            return v
+        if isinstance(v, bool):
+            return self.constant(v, torch.bool)
+        if isinstance(v, int):
+            return self.constant(v, dtype if dtype is not None and not dtype.is_floating_point else torch.int64)
+        if isinstance(v, float):
+            return self.constant(v, dtype if dtype is not None and dtype.is_floating_point else torch.float32)
+        if isinstance(v, sympy.Basic):
+            return self.index_expr(v, torch.int64)
+        raise NotImplementedError(f"C++ backend: unexpected value {v!r}")
+
+    def _arg(self, name: str, write: bool) -> str:
+        lst = self.written if write else self.read
+        if name not in lst:
+            lst.append(name)
+        return f"p_{name}"
+
+    # ------------------------------------------------------------------ memory
+    def load(self, name, index):
+        cached = self._lookup(("store", name, sympy.sympify(index)))
+        if cached is not None:
+            return cached
+        if name in self.removed:
+            raise NotImplementedError(f"C++ backend: load of removed buffer {name} not served "
+                                      "by an earlier store in the same loop")
+        dtype = self.plan.buffer(name).get_dtype()
+        ptr = self._arg(name, write=False)
+        raw = f"{ptr}[{self._idx(index)}]"
+        if dtype == torch.bfloat16:
+            raw = f"coil_bf16_to_float({raw})"
+        elif dtype == torch.float16:
+            raw = f"coil_f16_to_float({raw})"
+        return self._emit(raw, _compute_dtype(dtype), key=("load", name, sympy.sympify(index)))
+
+    def _convert_store(self, dtype, value: CppVar) -> str:
+        if dtype == torch.bfloat16:
+            return f"coil_float_to_bf16({value})"
+        if dtype == torch.float16:
+            return f"coil_float_to_f16({value})"
+        if dtype == torch.bool:
+            return f"({value} != 0)" if value.dtype != torch.bool else value.name
+        if value.dtype == dtype:
+            return value.name
+        return f"static_cast<{cops.ctype(dtype)}>({value})"
+
+    def store(self, name, index, value, mode=None):
+        buf_dtype = self.plan.buffer(name).get_dtype()
+        value = self._val(value, _compute_dtype(buf_dtype))
+        index = sympy.sympify(index)
+        if mode is None:
+            self.scopes[-1][("store", name, index)] = value
+        if name in self.removed:
+            return None
+        ptr = self._arg(name, write=True)
+        target = f"{ptr}[{self._idx(index)}]"
+        if mode in ("atomic_add", "add"):
+            self.has_atomics = True
+            if buf_dtype in (torch.float16, torch.bfloat16):
+                raise NotImplementedError("C++ backend: atomic add into fp16/bf16")
+            self.cur.append("#pragma omp atomic")
+            self.cur.append(f"{target} += {self._convert_store(buf_dtype, value)};")
+        elif mode is None:
+            self.cur.append(f"{target} = {self._convert_store(buf_dtype, value)};")
+        else:
+            raise NotImplementedError(f"C++ backend: store mode {mode!r}")
+        return None
+
+    def store_reduction(self, name, index, value):
+        return self.store(name, index, value)
+
+    # ------------------------------------------------------------------ values
+    def constant(self, value, dtype):
+        cd = _compute_dtype(dtype)
+        if cd == torch.bool:
+            lit = "true" if value else "false"
+        elif cd.is_floating_point:
+            lit = _float_literal(float(value), cd)
+        else:
+            v = int(value)
+            lit = f"static_cast<{cops.ctype(cd)}>({v}LL)" if abs(v) >= 2 ** 31 else f"static_cast<{cops.ctype(cd)}>({v})"
+        return self._emit(lit, cd)
+
+    def index_expr(self, expr, dtype):
+        cd = _compute_dtype(dtype)
+        return self._emit(f"static_cast<{cops.compute_ctype(cd)}>({self._idx(expr)})", cd)
+
+    def to_dtype(self, x, dtype, src_dtype=None, use_compute_types=True):
+        x = self._val(x, src_dtype)
+        if dtype == torch.bool:
+            return x if x.dtype == torch.bool else self._emit(f"({x} != 0)", torch.bool)
+        if dtype == torch.bfloat16:
+            return self._emit(f"coil_bf16_to_float(coil_float_to_bf16(static_cast<float>({x})))", torch.float32)
+        if dtype == torch.float16:
+            return self._emit(f"coil_f16_to_float(coil_float_to_f16(static_cast<float>({x})))", torch.float32)
+        if x.dtype == dtype:
+            return x
+        return self._emit(f"static_cast<{cops.ctype(dtype)}>({x})", dtype)
+
+    def to_dtype_bitcast(self, x, dtype, src_dtype):
+        x = self._val(x, src_dtype)
+        src = x.name
+        if src_dtype in (torch.float16, torch.bfloat16):
+            conv = "coil_float_to_bf16" if src_dtype == torch.bfloat16 else "coil_float_to_f16"
+            src = f"{conv}({x})"
+        out = f"coil_bitcast<{cops.ctype(dtype)}>(static_cast<{cops.ctype(src_dtype)}>({src}))"
+        if dtype == torch.bfloat16:
+            out = f"coil_bf16_to_float({out})"
+        elif dtype == torch.float16:
+            out = f"coil_f16_to_float({out})"
+        return self._emit(out, _compute_dtype(dtype))
+
+    def indirect_indexing(self, x, size, check=True, wrap_neg=True):
+        x = self._val(x)
+        name = self._new("ind")
+        s = cexpr(sympy.sympify(size))
+        self.cur.append(f"int64_t {name} = static_cast<int64_t>({x});")
+        if wrap_neg:
+            self.cur.append(f"{name} = {name} < 0 ? {name} + {s} : {name};")
+        if check:
+            self.has_checks = True
+            site = self.check_sites
+            self.check_sites += 1
+            self.cur.append(f"if ({name} < 0 || {name} >= {s}) "
+                            f"{{ coil_report_oob(coil_err, {name}, {s}, {site}); {name} = 0; }}")
+        return sympy.Symbol(name, integer=True)
+
+    def masked(self, mask, body, other):
+        mask = self._val(mask)
+        outer = self.cur
+        inner: list[str] = []
+        self.cur = inner
+        self.scopes.append({})
+        try:
+            result = self._val(body())
+        finally:
+            self.scopes.pop()
+            self.cur = outer
+        var = self._new()
+        other_v = _float_literal(float(other), result.dtype) if result.dtype.is_floating_point and \
+            isinstance(other, (int, float)) else (str(other).lower() if isinstance(other, bool) else
+                                                  (str(other) if isinstance(other, (int, CppVar)) else None))
+        if other_v is None:
+            raise NotImplementedError(f"C++ backend: masked other={other!r}")
+        self.cur.append(f"{cops.compute_ctype(result.dtype)} {var} = {other_v};")
+        self.cur.append(f"if ({mask}) {{")
+        self.cur.extend("    " + l for l in inner)
+        self.cur.append(f"    {var} = {result};")
+        self.cur.append("}")
+        return CppVar(var, result.dtype)
+
+    def where(self, c, a, b):
+        a_dt = a.dtype if isinstance(a, CppVar) else (b.dtype if isinstance(b, CppVar) else None)
+        c, a, b = self._val(c), self._val(a, a_dt), self._val(b, a_dt)
+        return self._emit(f"({c} ? {a} : {b})", a.dtype)
+
+    def load_seed(self, name, offset):
+        ptr = self._arg(name, write=False)
+        return self._emit(f"{ptr}[{self._idx(offset)}]", torch.int64,
+                          key=("load", name, sympy.sympify(offset)))
+
+    def rand(self, seed, offset):
+        return self._emit(f"coil_rand(static_cast<uint64_t>({seed}), static_cast<uint64_t>({self._val(offset)}))",
+                          torch.float32)
+
+    def randn(self, seed, offset):
+        return self._emit(f"coil_randn(static_cast<uint64_t>({seed}), static_cast<uint64_t>({self._val(offset)}))",
+                          torch.float32)
+
+    def __getattr__(self, op: str):
+        if op.startswith("_"):
+            raise AttributeError(op)
+        if op in cops.UNARY:
+            def unary(x):
+                x = self._val(x)
+                out_dt = torch.bool if op in cops.BOOL_RESULT else x.dtype
+                e = cops.UNARY[op]([x.name], x.dtype)
+                if op in cops.INT_WRAP and not x.dtype.is_floating_point and x.dtype != torch.int64:
+                    e = f"static_cast<{cops.compute_ctype(x.dtype)}>({e})"
+                return self._emit(e, out_dt)
+            return unary
+        if op in cops.BINARY:
+            def binary(a, b):
+                dt = a.dtype if isinstance(a, CppVar) else (b.dtype if isinstance(b, CppVar) else None)
+                a, b = self._val(a, dt), self._val(b, dt)
+                out_dt = torch.bool if op in cops.BOOL_RESULT else a.dtype
+                e = cops.BINARY[op]([a.name, b.name], a.dtype)
+                if op in cops.INT_WRAP and not a.dtype.is_floating_point and a.dtype not in (torch.int64, torch.bool):
+                    e = f"static_cast<{cops.compute_ctype(a.dtype)}>({e})"
+                if a.dtype == torch.bool and op in ("add", "mul", "maximum", "minimum"):
+                    e = {"add": f"({a} || {b})", "mul": f"({a} && {b})",
+                         "maximum": f"({a} || {b})", "minimum": f"({a} && {b})"}[op]
+                return self._emit(e, out_dt)
+            return binary
+        raise NotImplementedError(f"C++ backend does not implement ops.{op}")
+
+    # ------------------------------------------------------------------ reductions
+    def reduction(self, dtype, src_dtype, reduction_type, value):
+        if self.section is None:
+            raise NotImplementedError("C++ backend: reduction outside a reduction loop")
+        sec = self.section
+        value = self._val(value, _compute_dtype(src_dtype))
+        acc = self._new("acc")
+        vt = cops.compute_ctype(value.dtype)
+        at = cops.compute_ctype(_compute_dtype(dtype))
+        rt = reduction_type
+        fp = value.dtype.is_floating_point
+        if rt == "sum":
+            fields = [("", at, "0")]
+            upd = [f"{acc}@ = {acc}@ + static_cast<{at}>({value});"]
+        elif rt == "prod":
+            fields = [("", at, "1")]
+            upd = [f"{acc}@ = {acc}@ * static_cast<{at}>({value});"]
+        elif rt in ("max", "min"):
+            lim = ("-" if rt == "max" else "") + f"std::numeric_limits<{at}>::infinity()" if fp else \
+                (f"std::numeric_limits<{at}>::lowest()" if rt == "max" else f"std::numeric_limits<{at}>::max()")
+            fields = [("", at, lim)]
+            if fp:
+                upd = [f"{acc}@ = coil_{rt}_prop_({acc}@, static_cast<{at}>({value}));"]
+            else:
+                op = ">" if rt == "max" else "<"
+                upd = [f"{acc}@ = ({value} {op} {acc}@) ? static_cast<{at}>({value}) : {acc}@;"]
+        elif rt == "any":
+            fields = [("", "bool", "false")]
+            upd = [f"{acc}@ = {acc}@ || ({value} != 0);"]
+        elif rt in ("argmax", "argmin"):
+            lim = ("-" if rt == "argmax" else "") + f"std::numeric_limits<{vt}>::infinity()" if fp else \
+                (f"std::numeric_limits<{vt}>::lowest()" if rt == "argmax" else f"std::numeric_limits<{vt}>::max()")
+            fields = [("_v", vt, lim), ("_i", "int64_t", "INT64_MAX")]
+            self.needs_rindex = True
+            upd = [f"{{ bool b_ = coil_{rt}_better({value}, rindex, {acc}_v@, {acc}_i@);",
+                   f"  {acc}_v@ = b_ ? {value} : {acc}_v@; {acc}_i@ = b_ ? rindex : {acc}_i@; }}"]
+        elif rt == "welford_reduce":
+            fields = [("_m", "float", "0"), ("_m2", "float", "0"), ("_w", "float", "0")]
+            upd = [f"{{ float v_ = static_cast<float>({value}); {acc}_w@ += 1.0f;",
+                   f"  float d_ = v_ - {acc}_m@; {acc}_m@ += d_ / {acc}_w@;",
+                   f"  {acc}_m2@ += d_ * (v_ - {acc}_m@); }}"]
+        else:
+            raise NotImplementedError(f"C++ backend: reduction {rt!r}")
+        sec.accs.append((acc, rt, fields))
+        self.cur.extend(upd)
+        # code after the reduction (store_reduction, epilogue math) runs once per x
+        self.cur = sec.post
+        self.scopes = [self.outer_cse]
+        if rt == "welford_reduce":
+            return (CppVar(f"{acc}_m", torch.float32), CppVar(f"{acc}_m2", torch.float32),
+                    CppVar(f"{acc}_w", torch.float32))
+        if rt in ("argmax", "argmin"):
+            return CppVar(f"{acc}_i", torch.int64)
+        return CppVar(acc, _compute_dtype(dtype) if rt != "any" else torch.bool)
+
+    # ------------------------------------------------------------------ driving
+    def run_nodes(self) -> None:
+        for node in self.plan.nodes:
+            if self.is_reduction and node.in_loop:
+                last = self.items[-1] if self.items else None
+                if not (isinstance(last, _Section) and last.loop_id == node.loop_id):
+                    last = _Section(node.loop_id)
+                    self.items.append(last)
+                self.section = last
+                self.cur = last.body
+                self.scopes = [self.outer_cse, last.cse]
+            else:
+                self.section = None
+                self.cur = self.items
+                self.scopes = [self.outer_cse]
+            node.run(self)
+            self.section = None
+            self.cur = self.items
+            self.scopes = [self.outer_cse]
+
+    # ------------------------------------------------------------------ assembly
+    def source(self) -> str:
+        """Run the bodies and return the kernel's C++ function (without the prelude)."""
+        self.run_nodes()
+        xs = split_plan(self.indices, XINDEX, self.numel, "x")
+        rs = split_plan(self.indices, RINDEX, self.rnumel, "r") if self.is_reduction else None
+        rendered = []
+        for e in self.indices:
+            e = xs.substitute(e)
+            if rs is not None:
+                e = rs.substitute(e)
+            rendered.append(cexpr(e))
+        self._rendered = rendered
+        simd = not (self.has_checks or self.has_atomics)
+        self._simd = "#pragma omp simd" if simd else ""
+        out = [self._signature() + " {"]
+        body = self._pointwise(xs) if not self.is_reduction else self._reduction(xs, rs)
+        out.extend("  " + l if l else l for l in body)
+        out.append("  return coil_err ? coil_err[0] : 0;" if self.has_checks else "  return 0;")
+        out.append("}")
+        return "\n".join(l for l in out if l.strip() != "" or l == "")
+
+    def arg_names(self) -> list[str]:
+        """Buffer names in the order the C++ function takes them."""
+        return self.read + [n for n in self.written if n not in self.read]
+
+    def _signature(self) -> str:
+        params = []
+        for n in self.arg_names():
+            t = cops.ctype(self.plan.buffer(n).get_dtype())
+            if n in self.written and n in self.read:
+                params.append(f"{t}* p_{n}")
+            elif n in self.written:
+                params.append(f"{t}* __restrict__ p_{n}")
+            else:
+                params.append(f"const {t}* __restrict__ p_{n}")
+        params.append("int64_t* coil_err")
+        return f'extern "C" int64_t {self.name}({", ".join(params)})'
+
+    def _fix(self, line: str) -> str:
+        return re.sub(r"@I(\d+)@", lambda m: self._rendered[int(m.group(1))], line)
+
+    def _omp(self, work: int, extra: str = "") -> str:
+        if work < PARALLEL_MIN or self.num_threads <= 1:
+            return ""
+        return f"#pragma omp parallel for{extra} num_threads({self.num_threads}) schedule(static)"
+
+    def _pointwise(self, xs: Split) -> list[str]:
+        lines = [self._fix(l) for l in self.items]
+        if self.numel == 0:
+            return []
+        ext = xs.extents
+        if len(ext) == 1:
+            omp = self._omp(self.numel, " simd" if self._simd else "")
+            return [omp or self._simd, f"for (int64_t x0 = 0; x0 < {ext[0]}; ++x0) {{",
+                    *("  " + l for l in lines), "}"]
+        outer = self.numel // ext[0]
+        decl = []
+        q = 1
+        for i in range(1, len(ext)):
+            e = f"(xo / {q})" if q != 1 else "xo"
+            decl.append(f"int64_t x{i} = {e}" + (f" % {ext[i]};" if i < len(ext) - 1 else ";"))
+            q *= ext[i]
+        par_outer = outer >= 2 * self.num_threads
+        out = [self._omp(self.numel) if par_outer else "",
+               f"for (int64_t xo = 0; xo < {outer}; ++xo) {{", *("  " + d for d in decl),
+               "  " + ((self._omp(self.numel, " simd" if self._simd else "") or self._simd)
+                       if not par_outer else self._simd),
+               f"  for (int64_t x0 = 0; x0 < {ext[0]}; ++x0) {{",
+               *("    " + l for l in lines), "  }", "}"]
+        return out
+
+    def _xdecls(self, xs: Split) -> list[str]:
+        ext = xs.extents
+        if len(ext) == 1:
+            return ["int64_t x0 = xindex;"]
+        out = []
+        for i, p in enumerate(xs.points):
+            e = f"(xindex / {p})" if p != 1 else "xindex"
+            out.append(f"int64_t x{i} = {e}" + (f" % {ext[i]};" if i < len(ext) - 1 else ";"))
+        return out
+
+    def _reduction(self, xs: Split, rs: Split) -> list[str]:
+        if self.numel == 0:
+            return []
+        body: list[str] = []
+        for item in self.items:
+            if isinstance(item, _Section):
+                body.extend(self._section(item, rs))
+            else:
+                body.append(self._fix(item))
+        return [self._omp(self.numel * max(self.rnumel, 1)) if self.numel >= 2 else "",
+                f"for (int64_t xindex = 0; xindex < {self.numel}; ++xindex) {{",
+                *("  " + d for d in self._xdecls(xs)), *("  " + l for l in body), "}"]
+
+    def _rindex_decl(self, rs: Split) -> list[str]:
+        if not self.needs_rindex:
+            return []
+        return [f"int64_t rindex = {cexpr(rs.flat())};"]
+
+    def _section(self, sec: _Section, rs: Split) -> list[str]:
+        body = [self._fix(l) for l in sec.body]
+        post = [self._fix(l) for l in sec.post]
+        ext = rs.extents
+        opens, closes = [], []
+        for i in range(len(ext) - 1, 0, -1):
+            opens.append(f"for (int64_t r{i} = 0; r{i} < {ext[i]}; ++r{i}) {{")
+            closes.append("}")
+        ind = "  " * len(opens)
+        if not sec.accs:
+            out = ["{"] + ["  " + o for o in opens]
+            out += [f"  {ind}{self._simd}", f"  {ind}for (int64_t r0 = 0; r0 < {ext[0]}; ++r0) {{"]
+            out += [f"  {ind}  {l}" for l in self._rindex_decl(rs) + body]
+            out += [f"  {ind}}}"] + ["  " + c for c in closes] + ["}"]
+            return out + post
+        out = []
+        for acc, rt, fields in sec.accs:
+            for suf, t, init in fields:
+                out.append(f"{t} {acc}{suf}_lane[{LANES}];")
+                out.append(f"for (int l = 0; l < {LANES}; ++l) {acc}{suf}_lane[l] = {init};")
+                out.append(f"{t} {acc}{suf}_tail = {init};")
+        out += ["{"] + ["  " + o for o in opens]
+        lane_body = [l.replace("@", "_lane[l]") for l in body]
+        tail_body = [l.replace("@", "_tail") for l in body]
+        out += [f"  {ind}int64_t rb = 0;",
+                f"  {ind}for (; rb + {LANES} <= {ext[0]}; rb += {LANES}) {{",
+                f"  {ind}  {self._simd}",
+                f"  {ind}  for (int64_t l = 0; l < {LANES}; ++l) {{",
+                f"  {ind}    int64_t r0 = rb + l;"]
+        out += [f"  {ind}    {l}" for l in self._rindex_decl(rs) + lane_body]
+        out += [f"  {ind}  }}", f"  {ind}}}",
+                f"  {ind}for (int64_t r0 = rb; r0 < {ext[0]}; ++r0) {{"]
+        out += [f"  {ind}  {l}" for l in self._rindex_decl(rs) + tail_body]
+        out += [f"  {ind}}}"] + ["  " + c for c in closes] + ["}"]
+        # combine lanes, then the tail, in a fixed order
+        for acc, rt, fields in sec.accs:
+            for suf, t, init in fields:
+                out.append(f"{t} {acc}{suf} = {init};")
+            out += self._combine(acc, rt, fields)
+        return out + post
+
+    def _combine(self, acc: str, rt: str, fields) -> list[str]:
+        srcs = [("_lane[l]", f"for (int l = 0; l < {LANES}; ++l) "), ("_tail", "")]
+        out = []
+        for s, loop in srcs:
+            if rt == "sum":
+                out.append(f"{loop}{acc} = {acc} + {acc}{s};")
+            elif rt == "prod":
+                out.append(f"{loop}{acc} = {acc} * {acc}{s};")
+            elif rt in ("max", "min"):
+                t = fields[0][1]
+                if t in ("float", "double"):
+                    out.append(f"{loop}{acc} = coil_{rt}_prop_({acc}, {acc}{s});")
+                else:
+                    op = ">" if rt == "max" else "<"
+                    out.append(f"{loop}{acc} = ({acc}{s} {op} {acc}) ? {acc}{s} : {acc};")
+            elif rt == "any":
+                out.append(f"{loop}{acc} = {acc} || {acc}{s};")
+            elif rt in ("argmax", "argmin"):
+                out.append(f"{loop}{{ if (coil_{rt}_better({acc}_v{s}, {acc}_i{s}, {acc}_v, {acc}_i)) "
+                           f"{{ {acc}_v = {acc}_v{s}; {acc}_i = {acc}_i{s}; }} }}")
+            elif rt == "welford_reduce":
+                out.append(f"{loop}{{ coil_welford a_ = {{{acc}_m, {acc}_m2, {acc}_w}}, "
+                           f"b_ = {{{acc}_m{s}, {acc}_m2{s}, {acc}_w{s}}}; a_ = coil_welford_combine(a_, b_); "
+                           f"{acc}_m = a_.mean; {acc}_m2 = a_.m2; {acc}_w = a_.weight; }}")
+        if rt in ("argmax", "argmin"):
+            out.append(f"if ({acc}_i == INT64_MAX) {acc}_i = 0;")
+        return out

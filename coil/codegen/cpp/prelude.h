@@ -1,0 +1,299 @@
+// coil C++ kernel prelude: included (as text) at the top of every generated source.
+//
+// - fp16/bf16 are stored as 16-bit values and computed in float:
+//   coil_f16 is _Float16 where the compiler has it (vectorized by F16C), else a bit
+//   pattern; coil_bf16 is a bit pattern with round-to-nearest-even conversion.
+// - coil_exp/log/tanh/erf/sigmoid are branch-free float versions the compiler can
+//   vectorize (glibc only offers vector math under -ffast-math, which coil avoids to
+//   keep IEEE semantics). Algorithms: Cephes expf/logf/tanhf polynomials (S. Moshier),
+//   erf: Taylor series near 0, Abramowitz & Stegun 7.1.26 elsewhere (abs err < 2e-7).
+// - Reductions combine values with coil_combine_* functions; NaN propagates in
+//   max/min like torch.
+// - coil_rand: Philox-4x32-10 (Salmon et al., SC'11) keyed by (seed, offset):
+//   a counter-based generator, so every element's value depends only on its index.
+// - Kernels report errors (indirect index out of bounds) through coil_error:
+//   the first failing kernel writes a code and the offending index, the Python
+//   wrapper raises IndexError.
+#include <cstdint>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <algorithm>
+#include <omp.h>
+
+#define COIL_INLINE static inline __attribute__((always_inline))
+
+typedef uint16_t coil_bf16;
+#if defined(__FLT16_MAX__)
+typedef _Float16 coil_f16;
+COIL_INLINE float coil_f16_to_float(coil_f16 v) { return (float)v; }
+COIL_INLINE coil_f16 coil_float_to_f16(float v) { return (coil_f16)v; }
+#else
+typedef uint16_t coil_f16;
+COIL_INLINE float coil_f16_to_float(coil_f16 h) {
+  uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
+  uint32_t bits;
+  if (exp == 0) {
+    float f = (float)man * 5.9604644775390625e-8f;  // subnormal: man * 2^-24
+    std::memcpy(&bits, &f, 4); bits |= sign;
+  } else if (exp == 31) {
+    bits = sign | 0x7f800000u | (man << 13);
+  } else {
+    bits = sign | ((exp + 112) << 23) | (man << 13);
+  }
+  float out; std::memcpy(&out, &bits, 4); return out;
+}
+COIL_INLINE coil_f16 coil_float_to_f16(float f) {
+  uint32_t x; std::memcpy(&x, &f, 4);
+  uint32_t sign = (x >> 16) & 0x8000; uint32_t ax = x & 0x7fffffffu;
+  if (ax >= 0x7f800000u) return (coil_f16)(sign | 0x7c00 | (ax > 0x7f800000u ? 0x200 : 0));
+  if (ax >= 0x477ff000u) return (coil_f16)(sign | 0x7c00);
+  if (ax < 0x38800000u) {  // subnormal half
+    float a; std::memcpy(&a, &ax, 4);
+    return (coil_f16)(sign | (uint32_t)std::nearbyint(a * 16777216.0f));
+  }
+  uint32_t r = ax + 0xfff + ((ax >> 13) & 1) - (112u << 23);
+  return (coil_f16)(sign | (r >> 13));
+}
+#endif
+
+COIL_INLINE float coil_bf16_to_float(coil_bf16 v) {
+  uint32_t bits = ((uint32_t)v) << 16; float f; std::memcpy(&f, &bits, 4); return f;
+}
+COIL_INLINE coil_bf16 coil_float_to_bf16(float f) {
+  uint32_t u; std::memcpy(&u, &f, 4);
+  uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  return (coil_bf16)((f != f) ? 0x7fc0u : r);
+}
+
+// ---- vectorizable float math ------------------------------------------------
+COIL_INLINE float coil_bits_f(int32_t i) { float f; std::memcpy(&f, &i, 4); return f; }
+COIL_INLINE int32_t coil_f_bits(float f) { int32_t i; std::memcpy(&i, &f, 4); return i; }
+
+COIL_INLINE float coil_exp(float x) {
+  float xc = x < -104.0f ? -104.0f : (x > 89.0f ? 89.0f : x);
+  float n = __builtin_rintf(xc * 1.44269504088896341f);
+  float r = std::fma(n, -0.693359375f, xc);
+  r = std::fma(n, 2.12194440e-4f, r);
+  float p = 1.9875691500E-4f;
+  p = std::fma(p, r, 1.3981999507E-3f);
+  p = std::fma(p, r, 8.3334519073E-3f);
+  p = std::fma(p, r, 4.1665795894E-2f);
+  p = std::fma(p, r, 1.6666665459E-1f);
+  p = std::fma(p, r, 5.0000001201E-1f);
+  float y = std::fma(p * r, r, r) + 1.0f;
+  int32_t ni = (int32_t)n;
+  int32_t n1 = ni >> 1, n2 = ni - n1;
+  y = y * coil_bits_f((n1 + 127) << 23) * coil_bits_f((n2 + 127) << 23);
+  y = x > 88.72283935546875f ? std::numeric_limits<float>::infinity() : y;
+  y = x < -103.97208f ? 0.0f : y;
+  return x != x ? x : y;
+}
+
+COIL_INLINE float coil_expm1(float x) {
+  // small |x|: Taylor to x^7 (rel err < 1e-8 for |x| < 0.1); else exp(x) - 1
+  float p = x * (1.0f + x * (0.5f + x * (1.0f / 6 + x * (1.0f / 24 + x * (1.0f / 120 + x * (1.0f / 720 + x * (1.0f / 5040)))))));
+  float e = coil_exp(x) - 1.0f;
+  return std::fabs(x) < 0.1f ? p : e;
+}
+
+COIL_INLINE float coil_log(float x) {
+  float xs = x < 1.17549435e-38f ? x * 8388608.0f : x;  // scale subnormals by 2^23
+  float eadj = x < 1.17549435e-38f ? -23.0f : 0.0f;
+  int32_t bits = coil_f_bits(xs);
+  float e = (float)(((bits >> 23) & 0xff) - 126) + eadj;
+  float m = coil_bits_f((bits & 0x007fffff) | 0x3f000000);
+  bool small = m < 0.707106781186547524f;
+  e = small ? e - 1.0f : e;
+  m = small ? (m + m - 1.0f) : (m - 1.0f);
+  float z = m * m;
+  float y = 7.0376836292E-2f;
+  y = std::fma(y, m, -1.1514610310E-1f);
+  y = std::fma(y, m, 1.1676998740E-1f);
+  y = std::fma(y, m, -1.2420140846E-1f);
+  y = std::fma(y, m, 1.4249322787E-1f);
+  y = std::fma(y, m, -1.6668057665E-1f);
+  y = std::fma(y, m, 2.0000714765E-1f);
+  y = std::fma(y, m, -2.4999993993E-1f);
+  y = std::fma(y, m, 3.3333331174E-1f);
+  y = y * m * z;
+  y = std::fma(e, -2.12194440e-4f, y);
+  y = std::fma(z, -0.5f, y);
+  float r = m + y;
+  r = std::fma(e, 0.693359375f, r);
+  r = x == 0.0f ? -std::numeric_limits<float>::infinity() : r;
+  r = x < 0.0f ? std::numeric_limits<float>::quiet_NaN() : r;
+  r = x == std::numeric_limits<float>::infinity() ? x : r;
+  return x != x ? x : r;
+}
+
+COIL_INLINE float coil_tanh(float x) {
+  float ax = std::fabs(x);
+  float z = x * x;
+  float p = -5.70498872745E-3f;
+  p = std::fma(p, z, 2.06390887954E-2f);
+  p = std::fma(p, z, -5.37397155531E-2f);
+  p = std::fma(p, z, 1.33314422036E-1f);
+  p = std::fma(p, z, -3.33332819422E-1f);
+  float small = std::fma(p * z, x, x);
+  float t = coil_exp(2.0f * (ax > 9.0f ? 9.0f : ax));
+  float big = 1.0f - 2.0f / (t + 1.0f);
+  big = std::copysign(big, x);
+  float r = ax < 0.625f ? small : big;
+  return x != x ? x : r;
+}
+
+COIL_INLINE float coil_sigmoid(float x) { return 1.0f / (1.0f + coil_exp(-x)); }
+
+COIL_INLINE float coil_erf(float x) {
+  float ax = std::fabs(x);
+  float z = x * x;
+  // Taylor: 2/sqrt(pi) * sum (-1)^n x^(2n+1) / (n! (2n+1)), n <= 6
+  float s = 1.0f / 9360.0f;
+  s = std::fma(s, z, -1.0f / 1320.0f);
+  s = std::fma(s, z, 1.0f / 216.0f);
+  s = std::fma(s, z, -1.0f / 42.0f);
+  s = std::fma(s, z, 1.0f / 10.0f);
+  s = std::fma(s, z, -1.0f / 3.0f);
+  s = std::fma(s, z, 1.0f);
+  float small = 1.1283791670955126f * x * s;
+  // A&S 7.1.26
+  float t = 1.0f / std::fma(0.3275911f, ax, 1.0f);
+  float q = 1.061405429f;
+  q = std::fma(q, t, -1.453152027f);
+  q = std::fma(q, t, 1.421413741f);
+  q = std::fma(q, t, -0.284496736f);
+  q = std::fma(q, t, 0.254829592f);
+  float big = 1.0f - q * t * coil_exp(-z);
+  big = std::copysign(big, x);
+  float r = ax < 0.5f ? small : big;
+  return x != x ? x : r;
+}
+
+// ---- reductions -------------------------------------------------------------
+template <typename T> COIL_INLINE T coil_max(T a, T b) { return (a != a || a > b) ? a : b; }
+template <typename T> COIL_INLINE T coil_min(T a, T b) { return (a != a || a < b) ? a : b; }
+// accumulate b into a, NaN propagating (the reduction update)
+template <typename T> COIL_INLINE T coil_max_prop_(T a, T b) { return (b != b || b > a) ? b : a; }
+template <typename T> COIL_INLINE T coil_min_prop_(T a, T b) { return (b != b || b < a) ? b : a; }
+
+struct coil_welford { float mean; float m2; float weight; };
+COIL_INLINE coil_welford coil_welford_combine(coil_welford a, coil_welford b) {
+  float w = a.weight + b.weight;
+  float delta = b.mean - a.mean;
+  float wb = w == 0.0f ? 0.0f : b.weight / w;
+  coil_welford r;
+  r.mean = a.mean + delta * wb;
+  r.m2 = a.m2 + b.m2 + delta * delta * a.weight * wb;
+  r.weight = w;
+  return r;
+}
+
+// argmax/argmin: ties keep the smaller index; NaN wins (like torch).
+template <typename T> COIL_INLINE bool coil_argmax_better(T v, int64_t i, T bv, int64_t bi) {
+  if (bv != bv) return v != v && i < bi;
+  if (v != v) return true;
+  return v > bv || (v == bv && i < bi);
+}
+template <typename T> COIL_INLINE bool coil_argmin_better(T v, int64_t i, T bv, int64_t bi) {
+  if (bv != bv) return v != v && i < bi;
+  if (v != v) return true;
+  return v < bv || (v == bv && i < bi);
+}
+
+// ---- integer helpers (Python floor semantics) ---------------------------------
+template <typename T> COIL_INLINE T coil_floordiv(T a, T b) {
+  T q = a / b; T r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? q - 1 : q;
+}
+template <typename T> COIL_INLINE T coil_mod(T a, T b) {
+  T r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
+}
+COIL_INLINE float coil_fmod_py(float a, float b) {  // torch.remainder for floats
+  float r = std::fmod(a, b);
+  return (r != 0.0f && ((r < 0.0f) != (b < 0.0f))) ? r + b : r;
+}
+COIL_INLINE double coil_fmod_py(double a, double b) {
+  double r = std::fmod(a, b);
+  return (r != 0.0 && ((r < 0.0) != (b < 0.0))) ? r + b : r;
+}
+
+// ---- random numbers: Philox-4x32-10 ------------------------------------------
+COIL_INLINE uint32_t coil_mulhilo(uint32_t a, uint32_t b, uint32_t* hi) {
+  uint64_t p = (uint64_t)a * (uint64_t)b; *hi = (uint32_t)(p >> 32); return (uint32_t)p;
+}
+// One 32-bit random word for (seed, offset): counter = offset, key = seed.
+COIL_INLINE uint32_t coil_philox(uint64_t seed, uint64_t offset) {
+  uint32_t c0 = (uint32_t)offset, c1 = (uint32_t)(offset >> 32), c2 = 0, c3 = 0;
+  uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32);
+  for (int i = 0; i < 10; ++i) {
+    uint32_t hi0, hi1;
+    uint32_t lo0 = coil_mulhilo(0xD2511F53u, c0, &hi0);
+    uint32_t lo1 = coil_mulhilo(0xCD9E8D57u, c2, &hi1);
+    uint32_t n0 = hi1 ^ c1 ^ k0, n1 = lo1, n2 = hi0 ^ c3 ^ k1, n3 = lo0;
+    c0 = n0; c1 = n1; c2 = n2; c3 = n3;
+    k0 += 0x9E3779B9u; k1 += 0xBB67AE85u;
+  }
+  return c0;
+}
+// uniform in [0, 1)
+COIL_INLINE float coil_rand(uint64_t seed, uint64_t offset) {
+  return (float)(coil_philox(seed, offset) >> 8) * (1.0f / 16777216.0f);
+}
+// standard normal by Box-Muller on two words
+COIL_INLINE float coil_randn(uint64_t seed, uint64_t offset) {
+  uint32_t a = coil_philox(seed, offset * 2), b = coil_philox(seed, offset * 2 + 1);
+  float u1 = ((float)(a >> 8) + 1.0f) * (1.0f / 16777216.0f);  // (0, 1]
+  float u2 = (float)(b >> 8) * (1.0f / 16777216.0f);
+  return std::sqrt(-2.0f * std::log(u1)) * std::cos(6.283185307179586f * u2);
+}
+COIL_INLINE int64_t coil_randint64(uint64_t seed, uint64_t offset, int64_t low, int64_t high) {
+  uint64_t w = ((uint64_t)coil_philox(seed, offset * 2) << 32) | coil_philox(seed, offset * 2 + 1);
+  return low + (int64_t)(w % (uint64_t)(high - low));
+}
+
+// ---- errors ---------------------------------------------------------------------
+// err[0]: 0 = ok, 1 = index out of bounds; err[1]: the index; err[2]: the size;
+// err[3]: which check (numbered by codegen).
+COIL_INLINE void coil_report_oob(int64_t* err, int64_t idx, int64_t size, int64_t site) {
+  int64_t expected = 0;
+  if (__atomic_compare_exchange_n(&err[0], &expected, (int64_t)1, false, __ATOMIC_SEQ_CST,
+                                  __ATOMIC_SEQ_CST)) {
+    err[1] = idx; err[2] = size; err[3] = site;
+  }
+}
+
+// ---- misc ------------------------------------------------------------------------
+template <typename T> COIL_INLINE T coil_ipow(T a, T b) {
+  if (b < 0) return (a == 1) ? 1 : ((a == -1) ? ((b & 1) ? -1 : 1) : 0);
+  T r = 1;
+  while (b) { if (b & 1) r *= a; a *= a; b >>= 1; }
+  return r;
+}
+template <typename To, typename From> COIL_INLINE To coil_bitcast(From x) {
+  static_assert(sizeof(To) == sizeof(From), "bitcast between different sizes");
+  To y; std::memcpy(&y, &x, sizeof(To)); return y;
+}
+// erfinv: M. Giles, "Approximating the erfinv function" (GPU Computing Gems, 2011),
+// single precision version, then one Newton step for accuracy.
+COIL_INLINE float coil_erfinv(float x) {
+  float w = -std::log((1.0f - x) * (1.0f + x)), p;
+  if (w < 5.0f) {
+    w = w - 2.5f;
+    p = 2.81022636e-08f; p = 3.43273939e-07f + p * w; p = -3.5233877e-06f + p * w;
+    p = -4.39150654e-06f + p * w; p = 0.00021858087f + p * w; p = -0.00125372503f + p * w;
+    p = -0.00417768164f + p * w; p = 0.246640727f + p * w; p = 1.50140941f + p * w;
+  } else {
+    w = std::sqrt(w) - 3.0f;
+    p = -0.000200214257f; p = 0.000100950558f + p * w; p = 0.00134934322f + p * w;
+    p = -0.00367342844f + p * w; p = 0.00573950773f + p * w; p = -0.0076224613f + p * w;
+    p = 0.00943887047f + p * w; p = 1.00167406f + p * w; p = 2.83297682f + p * w;
+  }
+  float y = p * x;
+  if (std::fabs(x) < 1.0f) {
+    double yd = y, err = std::erf(yd) - (double)x;
+    yd -= err / (1.1283791670955126 * std::exp(-yd * yd));
+    y = (float)yd;
+  }
+  return std::fabs(x) == 1.0f ? std::copysign(std::numeric_limits<float>::infinity(), x) : y;
+}
+COIL_INLINE double coil_erfinv(double x) { return (double)coil_erfinv((float)x); }

@@ -1,0 +1,183 @@
+"""C++ kernels from hand-written plans (no lowering/scheduler involved): pointwise with
+loop splitting and bf16 loads, looped reductions (max, sum, argmax, welford) with
+epilogues, gathers with bounds checks, math functions of the prelude."""
+import ctypes
+
+import pytest
+import sympy
+import torch
+
+pytest.importorskip("coil.ir.symbols")  # the loop IR (issue 5) may land after this file
+pytest.importorskip("coil.codegen.backend")
+
+from coil.codegen.cpp.kernel import CppKernel
+from coil.codegen.cpp.launch import CppLauncher, prelude
+from coil.ir.symbols import RINDEX as R, XINDEX as X, FloorDiv, Mod
+from coil.ir.virtualized import ops, set_ops_handler
+
+
+class _Buf:
+    def __init__(self, dtype):
+        self.dtype = dtype
+
+    def get_dtype(self):
+        return self.dtype
+
+
+class _Node:
+    def __init__(self, fn, in_loop=True, loop_id=0):
+        self.fn, self.in_loop, self.loop_id = fn, in_loop, loop_id
+
+    def run(self, h):
+        with set_ops_handler(h):
+            self.fn()
+
+
+class _Plan:
+    def __init__(self, numel, rnumel, nodes, bufs, removed=()):
+        self.numel, self.rnumel = sympy.Integer(numel), sympy.Integer(rnumel)
+        self.nodes, self.bufs, self.removed_names = nodes, bufs, list(removed)
+
+    def buffer(self, n):
+        return _Buf(self.bufs[n])
+
+
+def _run(plan, tensors, name="k", threads=2):
+    k = CppKernel(plan, name, threads)
+    src = k.source()
+    launch = CppLauncher(prelude() + src, name, len(k.arg_names()), k.has_checks)
+    launch(*[tensors[n] for n in k.arg_names()])
+    return src, launch, k
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_pointwise_permute_split(dtype):
+    B, S, H = 4, 8, 16
+
+    def body():
+        b, s, h = FloorDiv(X, S * H), Mod(FloorDiv(X, H), S), Mod(X, H)
+        v = ops.load("x", b * H * S + h * S + s)
+        ops.store("out", X, ops.add(ops.mul(v, ops.constant(2.0, torch.float32)), ops.load("bias", h)))
+
+    x, bias = torch.randn(B, H, S).to(dtype), torch.randn(H)
+    t = {"x": x, "bias": bias, "out": torch.empty(B, S, H, dtype=dtype)}
+    src, _, _ = _run(_Plan(B * S * H, 1, [_Node(body)], {"x": dtype, "bias": torch.float32, "out": dtype}), t)
+    assert "/" not in src.split("#pragma omp simd")[1]  # no division in the inner loop
+    ref = (x.float().permute(0, 2, 1) * 2 + bias).to(dtype)
+    torch.testing.assert_close(t["out"], ref)
+
+
+def test_looped_reductions_and_epilogue():
+    N, C = 37, 100
+
+    def sm_max():
+        ops.store_reduction("mx", X, ops.reduction(torch.float32, torch.float32, "max", ops.load("a", X * C + R)))
+
+    def sm_sum():
+        e = ops.exp(ops.sub(ops.load("a", X * C + R), ops.load("mx", X)))
+        ops.store_reduction("sm", X, ops.reduction(torch.float32, torch.float32, "sum", e))
+
+    def sm_out():
+        e = ops.exp(ops.sub(ops.load("a", X * C + R), ops.load("mx", X)))
+        ops.store("o", X * C + R, ops.truediv(e, ops.load("sm", X)))
+
+    def am():
+        ops.store_reduction("am", X, ops.reduction(torch.int64, torch.float32, "argmax", ops.load("a", X * C + R)))
+
+    def wf():
+        m, m2, w = ops.reduction(torch.float32, torch.float32, "welford_reduce", ops.load("a", X * C + R))
+        ops.store_reduction("mean", X, m)
+        ops.store_reduction("var", X, ops.truediv(m2, w))
+
+    def epi():
+        ops.store("e", X, ops.add(ops.load("mean", X), ops.load("var", X)))
+
+    bufs = {"a": torch.float32, "mx": torch.float32, "sm": torch.float32, "o": torch.float32,
+            "am": torch.int64, "mean": torch.float32, "var": torch.float32, "e": torch.float32}
+    plan = _Plan(N, C, [_Node(sm_max, True, 0), _Node(sm_sum, True, 1), _Node(sm_out, True, 2),
+                        _Node(am, True, 0), _Node(wf, True, 0), _Node(epi, False, 3)], bufs,
+                 removed=["mx", "sm"])
+    a = torch.randn(N, C)
+    a[3, 7] = 100
+    a[4, :] = 1.0  # argmax ties: first index
+    t = {"a": a, "o": torch.empty(N, C), "am": torch.empty(N, dtype=torch.int64),
+         "mean": torch.empty(N), "var": torch.empty(N), "e": torch.empty(N)}
+    _run(plan, t)
+    torch.testing.assert_close(t["o"], a.softmax(-1))
+    assert torch.equal(t["am"], a.argmax(-1))
+    torch.testing.assert_close(t["mean"], a.mean(-1))
+    torch.testing.assert_close(t["var"], a.var(-1, unbiased=False))
+    torch.testing.assert_close(t["e"], a.mean(-1) + a.var(-1, unbiased=False))
+
+
+def test_max_propagates_nan_and_threads_do_not_change_sums():
+    N, C = 64, 1000
+
+    def s():
+        ops.store_reduction("s", X, ops.reduction(torch.float32, torch.float32, "sum", ops.load("a", X * C + R)))
+        
+    def m():
+        ops.store_reduction("m", X, ops.reduction(torch.float32, torch.float32, "max", ops.load("a", X * C + R)))
+
+    a = torch.randn(N, C)
+    a[5, 17] = float("nan")
+    outs = []
+    for threads in (1, 2):
+        t = {"a": a, "s": torch.empty(N), "m": torch.empty(N)}
+        _run(_Plan(N, C, [_Node(s), _Node(m)], {"a": torch.float32, "s": torch.float32, "m": torch.float32}),
+             t, name=f"k{threads}", threads=threads)
+        outs.append(t)
+    torch.testing.assert_close(outs[0]["s"], a.sum(-1), equal_nan=True, atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(outs[0]["m"], a.amax(-1), equal_nan=True)
+    assert torch.equal(outs[0]["s"].nan_to_num(), outs[1]["s"].nan_to_num())
+
+
+def test_gather_bounds_check_raises():
+    def g():
+        j = ops.indirect_indexing(ops.load("idx", X), 10)
+        ops.store("go", X, ops.load("tab", j))
+
+    plan = _Plan(5, 1, [_Node(g)], {"idx": torch.int64, "tab": torch.float32, "go": torch.float32})
+    tab, idx = torch.randn(10), torch.tensor([1, -1, 3, 4, 9])
+    t = {"idx": idx, "tab": tab, "go": torch.empty(5)}
+    _, launch, k = _run(plan, t)
+    assert torch.equal(t["go"], tab[idx])
+    idx[2] = 11
+    with pytest.raises(IndexError, match="out of bounds"):
+        launch(*[t[n] for n in k.arg_names()])
+    idx[2] = 2  # the error record is reset: the next call works
+    launch(*[t[n] for n in k.arg_names()])
+    assert torch.equal(t["go"], tab[idx])
+
+
+@pytest.mark.parametrize("op", ["exp", "log", "tanh", "erf", "sigmoid", "expm1", "sqrt", "sin", "erfinv",
+                                "floor", "round", "sign", "relu", "abs"])
+def test_unary_math(op):
+    def body():
+        ops.store("y", X, getattr(ops, op)(ops.load("x", X)))
+
+    x = torch.cat([torch.randn(3000) * s for s in (0.1, 1, 5, 50)] +
+                  [torch.tensor([0.0, -0.0, float("inf"), -float("inf"), float("nan"), 2.5, -2.5])])
+    if op in ("log", "sqrt"):
+        x = x.abs()
+    if op == "erfinv":
+        x = torch.rand(4000) * 2 - 1
+    t = {"x": x, "y": torch.empty_like(x)}
+    _run(_Plan(x.numel(), 1, [_Node(body)], {"x": torch.float32, "y": torch.float32}), t, name=f"u_{op}")
+    ref = getattr(torch, op)(x.double()).float() if op != "relu" else torch.relu(x)
+    torch.testing.assert_close(t["y"], ref, equal_nan=True, atol=1e-5, rtol=3e-6)
+
+
+def test_rand_is_uniform_and_counter_based():
+    def body():
+        seed = ops.load_seed("seed", 0)
+        ops.store("y", X, ops.rand(seed, ops.index_expr(X, torch.int64)))
+
+    seed = torch.tensor([1234], dtype=torch.int64)
+    t = {"seed": seed, "y": torch.empty(100000)}
+    _run(_Plan(100000, 1, [_Node(body)], {"seed": torch.int64, "y": torch.float32}), t)
+    y = t["y"]
+    assert 0 <= y.min() and y.max() < 1 and abs(y.mean().item() - 0.5) < 0.01
+    t2 = {"seed": seed, "y": torch.empty(100000)}
+    _run(_Plan(100000, 1, [_Node(body)], {"seed": torch.int64, "y": torch.float32}), t2, threads=1)
+    assert torch.equal(y, t2["y"])

@@ -15,10 +15,12 @@ from coil.trace import report
 
 
 def _records(d):
+    """Every record of every .jsonl file in ``d``."""
     out = []
     for name in sorted(os.listdir(d)):
-        with open(os.path.join(d, name)) as f:
-            out += [json.loads(line) for line in f]
+        if name.endswith(".jsonl"):
+            with open(os.path.join(d, name)) as f:
+                out += [json.loads(line) for line in f]
     return out
 
 
@@ -97,15 +99,24 @@ def test_stage_listeners_see_start_and_end_without_a_log():
     assert seen[1][:2] == ("codegen", "end") and seen[1][2] >= 0
 
 
-def test_coil_trace_environment_variable_turns_the_log_on(tmp_path):
+def test_coil_trace_environment_variable_and_report_command(tmp_path):
+    """One subprocess (importing torch costs seconds): COIL_TRACE=<dir> turns the log on
+    at import, then ``python -m coil.trace.report <dir>`` renders it."""
     d = tmp_path / "envlog"
-    code = ("from coil import trace\n"
+    code = ("import runpy, sys\n"
+            "from coil import trace\n"
             "with trace.compile_context(0, 0):\n"
-            "    trace.log('capture', fn='f')\n")
+            "    trace.log('capture', fn='f')\n"
+            "trace.set_dir(None)\n"
+            f"sys.argv = ['report', {str(d)!r}]\n"
+            "runpy.run_module('coil.trace.report', run_name='__main__')\n")
     env = dict(os.environ, COIL_TRACE=str(d))
-    subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=120)
+    r = subprocess.run([sys.executable, "-c", code], env=env, timeout=120,
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
     (r,) = _records(d)
     assert r["event"] == "capture" and r["compile_id"] == "0/0"
+    assert (d / "report" / "index.html").exists()
 
 
 # ------------------------------------------------------------------------- report
@@ -243,10 +254,18 @@ def test_report_missing_log_is_a_clear_error(tmp_path, capsys):
         report.write_report(str(tmp_path / "empty"))
 
 
-def test_report_module_runs_as_a_command(tmp_path):
+def test_report_keeps_processes_apart(tmp_path):
+    """pytest-xdist workers each write a file; the same compile id in two processes
+    gets two pages and a pid column."""
     log = tmp_path / "log"
     _synthetic_log(log)
-    r = subprocess.run([sys.executable, "-m", "coil.trace.report", str(log)],
-                       capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
-    assert (log / "report" / "index.html").exists()
+    (src,) = list(log.iterdir())
+    other = [dict(json.loads(line), pid=1) for line in src.read_text().splitlines()]
+    (log / "coil_trace_1.jsonl").write_text("".join(json.dumps(r) + "\n" for r in other))
+    out = tmp_path / "site"
+    report.write_report(str(log), str(out))
+    pages = [p for p in os.listdir(out) if p.endswith("_0_0.html")]
+    assert len(pages) == 2 and "compile_1_0_0.html" in pages
+    _, itext = _parse(out / "index.html")
+    assert "pid" in itext
+    _check_links_resolve(out)

@@ -1,0 +1,65 @@
+"""coil's own decompositions equal eager, and no prims reach compilers."""
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from coil.aot.decompositions import COIL_DECOMPOSITIONS, get_decompositions
+
+aten = torch.ops.aten
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("dim,correction,keepdim", [(None, 1, False), ([1], 0, True), ([0, 2], 1, False)])
+def test_var_std_family(dtype, dim, correction, keepdim):
+    x = (torch.randn(3, 5, 4) * 2 + 1).to(dtype)
+    tol = dict(rtol=2e-2, atol=2e-2) if dtype == torch.bfloat16 else {}
+    for op in (aten.var_mean.correction, aten.var.correction, aten.std.correction, aten.std_mean.correction):
+        ref = op(x, dim, correction=correction, keepdim=keepdim)
+        got = COIL_DECOMPOSITIONS[op](x, dim, correction=correction, keepdim=keepdim)
+        torch.testing.assert_close(got, ref, **tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_native_layer_norm(dtype):
+    x = torch.randn(2, 3, 8).to(dtype)
+    w, b = torch.randn(8).to(dtype), torch.randn(8).to(dtype)
+    tol = dict(rtol=2e-2, atol=2e-2) if dtype == torch.bfloat16 else {}
+    ref = aten.native_layer_norm.default(x, [8], w, b, 1e-5)
+    got = COIL_DECOMPOSITIONS[aten.native_layer_norm.default](x, [8], w, b, 1e-5)
+    for r, g in zip(ref, got):
+        assert r.dtype == g.dtype and r.shape == g.shape
+        torch.testing.assert_close(g, r, **tol)
+
+
+CASES = {
+    "var_mean": lambda x: sum(torch.var_mean(x, 1)),
+    "std": lambda x: torch.std(x, 0),
+    "layer_norm": lambda x: F.layer_norm(x, (8,)),
+    "batch_norm": lambda x: F.batch_norm(x, None, None, training=True),
+    "softmax": lambda x: F.log_softmax(x, -1) + F.softmax(x, 0),
+    "gelu_silu": lambda x: F.gelu(x) + F.silu(x),
+    "cross_entropy": lambda x: F.cross_entropy(x, torch.tensor([1, 2, 3, 0])),
+    "to_half": lambda x: x.half().float(),
+    "norm": lambda x: torch.linalg.vector_norm(x, dim=1),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_no_prims_forward_and_backward(name):
+    f = CASES[name]
+
+    def fwbw(x):
+        out = f(x)
+        return out, torch.autograd.grad(out.sum(), x)
+
+    x = torch.randn(4, 8, requires_grad=True)
+    gm = make_fx(fwbw, decomposition_table=get_decompositions(), tracing_mode="fake")(x)
+    prims = [n.format_node() for n in gm.graph.nodes
+             if n.op == "call_function" and str(n.target).startswith("prims.")]
+    assert not prims
+
+
+def test_fallback_random_keeps_random_ops():
+    assert aten.bernoulli.default in get_decompositions(fallback_random=False)
+    assert aten.bernoulli.default not in get_decompositions(fallback_random=True)

@@ -1,0 +1,440 @@
+"""Eager semantics through aot_compile: mutation, aliasing, grad paths, edge cases."""
+import pytest
+import torch
+import torch.fx
+import torch.nn as nn
+
+from coil.aot import aot_compile, default_partition, min_cut_partition
+from coil.aot.backend import run_graph
+from coil.exc import CoilError
+
+
+class Recorder:
+    """A fw/bw compiler that checks the functional-graph invariants and records graphs."""
+
+    def __init__(self):
+        self.graphs = []
+
+    def __call__(self, gm, example_inputs):
+        for node in gm.graph.nodes:
+            if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
+                assert node.target.namespace != "prims", node.format_node()
+                assert not node.target._schema.is_mutable, node.format_node()
+                assert node.target is not torch.ops.aten.alias.default
+        for x in example_inputs:
+            assert not isinstance(x, torch.Tensor) or type(x).__name__ == "FakeTensor"
+        self.graphs.append(gm)
+        return gm.forward
+
+
+def compile_fn(fn, *args, partition_fn=min_cut_partition, symbolic_trace=True):
+    gm = torch.fx.symbolic_trace(fn) if symbolic_trace else fn
+    rec = Recorder()
+    out = aot_compile(gm, list(args), rec, rec, partition_fn=partition_fn)
+    out.recorder = rec
+    return out
+
+
+def clones(*args):
+    out = []
+    for a in args:
+        c = a.detach().clone()
+        c.requires_grad_(a.requires_grad)
+        out.append(c)
+    return out
+
+
+# --------------------------------------------------------------------------- mutation
+
+def test_input_mutation_applied_in_place():
+    def f(x, y):
+        x.add_(y)
+        return x * 2
+
+    x, y = torch.randn(4), torch.randn(4)
+    c = compile_fn(f, x, y)
+    x1, x2 = x.clone(), x.clone()
+    ptr = x2.data_ptr()
+    torch.testing.assert_close(c(x2, y), f(x1, y))
+    torch.testing.assert_close(x2, x1)
+    assert x2.data_ptr() == ptr
+
+
+def test_mutation_of_view_of_input():
+    def f(x):
+        x[0].mul_(2)
+        x.view(-1)[-3:].zero_()
+        return x.sum(0)
+
+    x = torch.randn(3, 4)
+    c = compile_fn(f, x)
+    a, b = x.clone(), x.clone()
+    torch.testing.assert_close(c(b), f(a))
+    torch.testing.assert_close(b, a)
+
+
+def test_mutated_input_that_is_a_view_updates_its_base():
+    def f(x):
+        x.mul_(3)
+        return x + 1
+
+    base = torch.randn(4, 4)
+    c = compile_fn(f, base[1:3])
+    b1, b2 = base.clone(), base.clone()
+    torch.testing.assert_close(c(b2[1:3]), f(b1[1:3]))
+    torch.testing.assert_close(b2, b1)
+
+
+def test_copy_into_input():
+    def f(buf, x):
+        buf.copy_(x.sin())
+        return x.cos()
+
+    buf, x = torch.zeros(5), torch.randn(5)
+    c = compile_fn(f, buf, x)
+    out = c(buf, x)
+    torch.testing.assert_close(buf, x.sin())
+    torch.testing.assert_close(out, x.cos())
+
+
+def test_batchnorm_running_stats_and_counter():
+    torch.manual_seed(0)
+    bn = nn.BatchNorm1d(6)
+    bn_ref = nn.BatchNorm1d(6)
+    x = torch.randn(8, 6) * 3 + 1
+    c = aot_compile(bn, [x], run_graph)  # any traceable module works
+    for _ in range(2):
+        torch.testing.assert_close(c(x), bn_ref(x))
+    torch.testing.assert_close(bn.running_mean, bn_ref.running_mean)
+    torch.testing.assert_close(bn.running_var, bn_ref.running_var)
+    assert bn.num_batches_tracked.item() == 2
+
+
+def test_mutation_under_no_grad_of_param_like_input():
+    def f(p, g):
+        with torch.no_grad():
+            p.sub_(0.1 * g)
+        return (p * 2).sum()
+
+    p = torch.randn(4, requires_grad=True)
+    g = torch.randn(4)
+    c = compile_fn(f, p, g, symbolic_trace=False)  # symbolic_trace drops `with no_grad()`
+    p1, p2 = clones(p, p)
+    f(p1, g).backward()
+    c(p2, g).backward()
+    torch.testing.assert_close(p2, p1)
+    torch.testing.assert_close(p2.grad, p1.grad)
+
+
+def test_mutation_of_nonleaf_input_requiring_grad():
+    def f(x, w):
+        x.mul_(w)
+        return (x * x).sum()
+
+    w = torch.randn(5, requires_grad=True)
+    a = torch.randn(5, requires_grad=True)
+    c = compile_fn(f, a * 1, w)
+    a1, w1, a2, w2 = clones(a, w, a, w)
+    x1, x2 = a1 * 1, a2 * 1
+    f(x1, w1).backward()
+    c(x2, w2).backward()
+    torch.testing.assert_close(x2, x1)
+    torch.testing.assert_close(a2.grad, a1.grad)
+    torch.testing.assert_close(w2.grad, w1.grad)
+
+
+def test_metadata_mutation_is_refused():
+    def f(x):
+        x.t_()
+        return x + 1
+
+    with pytest.raises(CoilError, match="metadata"):
+        compile_fn(f, torch.randn(2, 3))
+
+
+# --------------------------------------------------------------------------- aliasing
+
+def test_output_is_input_and_view_of_input():
+    def f(x):
+        return x, x.view(-1)[2:], x.t()
+
+    x = torch.randn(3, 4)
+    c = compile_fn(f, x)
+    a, b, t = c(x)
+    assert a is x
+    assert b._base is x and b.data_ptr() == x.view(-1)[2:].data_ptr()
+    assert t._base is x and t.stride() == x.t().stride()
+    x.add_(1)  # views see later writes
+    torch.testing.assert_close(b, x.view(-1)[2:])
+
+
+def test_view_of_mutated_input():
+    def f(x):
+        x.mul_(2)
+        return x[1]
+
+    x = torch.randn(3, 4)
+    ref = x.clone()
+    c = compile_fn(f, x)
+    out = c(x)
+    torch.testing.assert_close(out, f(ref))
+    assert out._base is x
+
+
+def test_outputs_aliasing_each_other():
+    def f(x):
+        y = x * 2
+        return y, y.t(), y[0]
+
+    x = torch.randn(3, 4)
+    c = compile_fn(f, x)
+    y, yt, y0 = c(x)
+    torch.testing.assert_close(y, x * 2)
+    assert yt._base is y and y0._base is y
+    y.zero_()
+    assert yt.abs().sum() == 0 and y0.abs().sum() == 0
+
+
+def test_outputs_views_of_an_intermediate():
+    def f(x):
+        y = x + 1
+        return y[0], y[1:]
+
+    x = torch.randn(3, 4, requires_grad=True)
+    c = compile_fn(f, x)
+    a, b = c(x)
+    torch.testing.assert_close(a, x[0] + 1)
+    torch.testing.assert_close(b, x[1:] + 1)
+    assert a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+    (a.sum() * 2 + (b * b).sum()).backward()
+    x2 = x.detach().clone().requires_grad_()
+    a2, b2 = f(x2)
+    (a2.sum() * 2 + (b2 * b2).sum()).backward()
+    torch.testing.assert_close(x.grad, x2.grad)
+
+
+def test_view_of_input_requiring_grad_backprops():
+    def f(x):
+        return x[1:], (x * 3).sum()
+
+    x = torch.randn(4, 3, requires_grad=True)
+    c = compile_fn(f, x)
+    v, s = c(x)
+    (v.pow(2).sum() + s).backward()
+    x2 = x.detach().clone().requires_grad_()
+    v2, s2 = f(x2)
+    (v2.pow(2).sum() + s2).backward()
+    torch.testing.assert_close(x.grad, x2.grad)
+
+
+# --------------------------------------------------------------------------- grad paths
+
+def test_no_grad_takes_inference_path():
+    def f(x, w):
+        return (x @ w).relu()
+
+    x, w = torch.randn(3, 4), torch.randn(4, 5, requires_grad=True)
+    with torch.no_grad():
+        c = compile_fn(f, x, w)
+        assert c._coil_aot_path == "inference" and len(c.recorder.graphs) == 1
+        out = c(x, w)
+    assert not out.requires_grad
+    torch.testing.assert_close(out, f(x, w).detach())
+    c2 = compile_fn(f, x, w.detach())
+    assert c2._coil_aot_path == "inference"
+    c3 = compile_fn(f, x, w)
+    assert c3._coil_aot_path == "training" and len(c3.recorder.graphs) == 2
+
+
+@pytest.mark.parametrize("partition_fn", [min_cut_partition, default_partition])
+def test_requires_grad_on_some_inputs_only(partition_fn):
+    def f(x, w, b):
+        return ((x @ w).tanh() + b).sum(1)
+
+    x, w, b = torch.randn(3, 4), torch.randn(4, 5, requires_grad=True), torch.randn(5)
+    c = compile_fn(f, x, w, b, partition_fn=partition_fn)
+    w1, w2 = clones(w, w)
+    f(x, w1, b).pow(2).sum().backward()
+    out = c(x, w2, b)
+    assert out.requires_grad
+    out.pow(2).sum().backward()
+    torch.testing.assert_close(w2.grad, w1.grad)
+
+
+def test_detach_inside_graph():
+    def f(x):
+        y = x.sin()
+        return y * y.detach(), x.detach()
+
+    x = torch.randn(5, requires_grad=True)
+    c = compile_fn(f, x)
+    out, xd = c(x)
+    assert not xd.requires_grad and xd.data_ptr() == x.data_ptr()
+    out.sum().backward()
+    torch.testing.assert_close(x.grad, x.detach().sin() * x.detach().cos())
+
+
+def test_integer_and_bool_inputs_and_outputs():
+    def f(x, idx, mask):
+        y = x[idx] * mask.float()
+        return y, y.argmax(), mask.logical_not()
+
+    x = torch.randn(6, 3, requires_grad=True)
+    idx = torch.tensor([0, 2, 5])
+    mask = torch.rand(3, 3) > 0.5
+    c = compile_fn(f, x, idx, mask)
+    y, am, nm = c(x, idx, mask)
+    ry, ram, rnm = f(x, idx, mask)
+    torch.testing.assert_close(y, ry)
+    assert am.item() == ram.item() and am.dtype == torch.int64
+    assert torch.equal(nm, rnm) and not nm.requires_grad and not am.requires_grad
+    y.sum().backward()
+    g = x.grad.clone()
+    x.grad = None
+    ry.sum().backward()
+    torch.testing.assert_close(g, x.grad)
+
+
+def test_scalar_output_and_autograd_grad():
+    def f(x, w):
+        return (x * w).sum(), (x - w).abs().mean()
+
+    x, w = torch.randn(7, requires_grad=True), torch.randn(7, requires_grad=True)
+    c = compile_fn(f, x, w)
+    s, m = c(x, w)
+    assert s.dim() == 0
+    gx, gw = torch.autograd.grad(s + 2 * m, [x, w])
+    rs, rm = f(x, w)
+    rgx, rgw = torch.autograd.grad(rs + 2 * rm, [x, w])
+    torch.testing.assert_close(gx, rgx)
+    torch.testing.assert_close(gw, rgw)
+
+
+def test_unused_input_gets_none_grad():
+    def f(x, unused):
+        return x.exp().sum()
+
+    x, u = torch.randn(3, requires_grad=True), torch.randn(3, requires_grad=True)
+    c = compile_fn(f, x, u)
+    c(x, u).backward()
+    assert u.grad is None
+    torch.testing.assert_close(x.grad, x.detach().exp())
+
+
+def test_one_output_unused_in_loss():
+    def f(x):
+        return x.sin(), x.cos()
+
+    x = torch.randn(4, requires_grad=True)
+    c = compile_fn(f, x)
+    a, _ = c(x)
+    a.sum().backward()
+    torch.testing.assert_close(x.grad, x.detach().cos())
+
+
+def test_retain_graph():
+    def f(x):
+        return (x.sigmoid() * x).sum()
+
+    x = torch.randn(6, requires_grad=True)
+    c = compile_fn(f, x)
+    out = c(x)
+    out.backward(retain_graph=True)
+    out.backward()
+    x2 = x.detach().clone().requires_grad_()
+    r = f(x2)
+    r.backward(retain_graph=True)
+    r.backward()
+    torch.testing.assert_close(x.grad, x2.grad)
+    out = c(x)
+    out.backward()
+    with pytest.raises(RuntimeError, match="second time"):
+        out.backward()
+
+
+def test_double_backward_is_refused_clearly():
+    def f(x):
+        return (x ** 3).sum()
+
+    x = torch.randn(3, requires_grad=True)
+    c = compile_fn(f, x)
+    (g,) = torch.autograd.grad(c(x), x, create_graph=True)
+    torch.testing.assert_close(g, 3 * x.detach() ** 2)
+    with pytest.raises(RuntimeError, match="double backward"):
+        g.sum().backward()
+
+
+def test_non_contiguous_incoming_grad():
+    def f(x):
+        return x.exp() * 2
+
+    x = torch.randn(4, 3, requires_grad=True)
+    c = compile_fn(f, x)
+    go = torch.randn(3, 4).t()
+    c(x).backward(go)
+    torch.testing.assert_close(x.grad, x.detach().exp() * 2 * go)
+
+
+def test_parameters_of_symbolic_traced_module_are_lifted():
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    ref = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    ref.load_state_dict(m.state_dict())
+    x = torch.randn(3, 4)
+    c = aot_compile(torch.fx.symbolic_trace(m), [x], run_graph)
+    c(x).sum().backward()
+    ref(x).sum().backward()
+    for p, q in zip(m.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad)
+
+
+def test_fake_example_inputs_are_accepted():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    def f(x, y):
+        return (x * y).sum(0)
+
+    mode = FakeTensorMode()
+    fx_, fy = mode.from_tensor(torch.randn(3, 4)), mode.from_tensor(torch.randn(3, 4))
+    c = compile_fn(f, fx_, fy)
+    x, y = torch.randn(3, 4), torch.randn(3, 4)
+    torch.testing.assert_close(c(x, y), f(x, y))
+
+
+# --------------------------------------------------------------------------- randomness
+
+def test_fallback_random_is_bit_exact_and_mask_consistent():
+    from coil.config import patch
+
+    def f(x):
+        return torch.nn.functional.dropout(x, 0.5, training=True) * 3
+
+    x = torch.randn(64, requires_grad=True)
+    with patch(fallback_random=True):
+        c = compile_fn(f, x)
+    torch.manual_seed(123)
+    out = c(x)
+    torch.manual_seed(123)
+    ref = f(x)
+    assert torch.equal(out, ref)
+    out.sum().backward()
+    mask = (out != 0).float()
+    torch.testing.assert_close(x.grad, mask * 6)
+
+
+def test_random_mask_not_recomputed_in_backward():
+    def f(x):
+        return torch.nn.functional.dropout(x.sin(), 0.5, training=True).sum()
+
+    x = torch.randn(256, requires_grad=True)
+    c = compile_fn(f, x)
+    fw, bw = c.recorder.graphs
+    random = [n for n in bw.graph.nodes if n.op == "call_function"
+              and torch.Tag.nondeterministic_seeded in getattr(n.target, "tags", ())]
+    assert not random
+    out = c(x)
+    out.backward()
+    # grad is 2*cos(x) where kept, 0 where dropped: half kept on average
+    kept = x.grad != 0
+    torch.testing.assert_close(x.grad[kept], 2 * x.detach().cos()[kept])
+    assert 0.3 < kept.float().mean() < 0.7

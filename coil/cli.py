@@ -1,0 +1,183 @@
+"""The ``coil`` command: ``coil demo``, ``coil bench``, ``coil conformance``, ``coil report``.
+
+Each subcommand is a thin argparse front over a library function (:mod:`coil.bench.demo`,
+:mod:`coil.bench.suite`, :mod:`coil.bench.conformance`, :mod:`coil.trace.report`), so
+everything the command does is callable from Python too. ``main(argv)`` returns the exit
+status: 0 on success; for bench/conformance 0 even when rows fail (failures are results),
+unless ``--strict`` asks for 1 on any non-passing row.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Optional, Sequence
+
+
+def _add_bench(sub) -> None:
+    from coil.bench.compilers import BENCH_DEFAULT, COMPILERS
+    from coil.bench.models import MODELS
+    from coil.bench.suite import MODES
+
+    p = sub.add_parser("bench", help="model suite: correctness, speedup, compile time",
+                       description="Run the model suite. Models: " + ", ".join(MODELS)
+                       + ". Compilers: " + ", ".join(COMPILERS) + ".")
+    p.add_argument("--model", nargs="+", help="models to run (default: all available)")
+    p.add_argument("--mode", nargs="+", default=list(MODES), choices=MODES)
+    p.add_argument("--compiler", nargs="+", default=list(BENCH_DEFAULT),
+                   help=f"compilers (default: {' '.join(BENCH_DEFAULT)}); also "
+                        "'package.module:attr' naming a coil.bench.compilers.Compiler")
+    p.add_argument("--device", default="auto", help="cpu, cuda or auto (default)")
+    p.add_argument("--size", choices=["small", "full"], help="model sizes (default: small on "
+                   "CPU, full on CUDA)")
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--repeat", type=int, default=10, help="timed interleaved rounds")
+    p.add_argument("--no-warm-compile", action="store_true",
+                   help="skip the second (warm-cache) compile")
+    p.add_argument("--keep-caches", action="store_true",
+                   help="use the existing on-disk compile caches (default: fresh empty ones)")
+    p.add_argument("--row-timeout", type=float, default=600.0, help="seconds per row")
+    p.add_argument("--budget", type=float, help="total seconds; rows not started by then "
+                   "are reported as skipped")
+    p.add_argument("--isolate", action="store_true",
+                   help="run each model in its own subprocess")
+    p.add_argument("--json", metavar="PATH", help="write rows as JSON ('-' for stdout)")
+    p.add_argument("--markdown", metavar="PATH", help="write a markdown block ('-' for stdout)")
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--quiet", action="store_true", help="no table on stdout")
+    p.add_argument("--strict", action="store_true", help="exit 1 unless every row passes")
+
+
+def _run_bench(a) -> int:
+    from coil.bench import suite
+
+    opts = suite.BenchOptions(models=a.model, modes=a.mode, compilers=a.compiler,
+                              device=a.device, size=a.size, warmup=a.warmup, repeat=a.repeat,
+                              warm_compile=not a.no_warm_compile, row_timeout=a.row_timeout,
+                              budget_s=a.budget, progress=not a.no_progress,
+                              fresh_caches=not a.keep_caches)
+    if a.isolate:
+        common = ["--mode", *a.mode, "--compiler", *a.compiler, "--device", a.device,
+                  "--warmup", str(a.warmup), "--repeat", str(a.repeat),
+                  "--row-timeout", str(a.row_timeout)]
+        if a.size:
+            common += ["--size", a.size]
+        if a.no_warm_compile:
+            common.append("--no-warm-compile")
+        if a.keep_caches:
+            common.append("--keep-caches")
+        result = suite.run_bench_isolated(opts, common)
+    else:
+        result = suite.run_bench(opts)
+    _emit(a.json, json.dumps(result, indent=1))
+    if a.markdown:
+        _emit(a.markdown, suite.format_markdown(result))
+    if not a.quiet:
+        print(suite.format_text(result))
+    if a.strict and any(r["status"] != "pass" for r in result["rows"]):
+        return 1
+    return 0
+
+
+def _add_conformance(sub) -> None:
+    p = sub.add_parser("conformance", help="OpInfo operator conformance vs eager")
+    p.add_argument("--compiler", default="coil",
+                   help="coil (default), aot_eager, inductor, torch+coil, coil+eager, ...")
+    p.add_argument("--dtype", nargs="+", default=["float32"])
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--backward", action="store_true", help="also compare gradients")
+    p.add_argument("--samples", choices=["first", "all"], default="first")
+    p.add_argument("--ops", nargs="+", help="OpInfo names (default: all of op_db)")
+    p.add_argument("--shard", default=None, help="i/n: run the i-th of n slices (0-based)")
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds per op")
+    p.add_argument("--no-isolate", action="store_true",
+                   help="run in this process (per-op SIGALRM timeout only)")
+    p.add_argument("--json", metavar="PATH", help="write results as JSON ('-' for stdout)")
+    p.add_argument("--markdown", metavar="PATH", help="write a markdown summary")
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--quiet", action="store_true")
+    p.add_argument("--strict", action="store_true", help="exit 1 unless every op passes")
+
+
+def _run_conformance(a) -> int:
+    from coil.bench import conformance
+
+    opts = conformance.ConformanceOptions(
+        compiler=a.compiler, dtypes=a.dtype, device=a.device, backward=a.backward,
+        samples=a.samples, ops=a.ops, shard=a.shard, timeout=a.timeout,
+        isolate=not a.no_isolate, progress=not a.no_progress)
+    result = conformance.run_conformance(opts)
+    _emit(a.json, json.dumps(result, indent=1))
+    if a.markdown:
+        _emit(a.markdown, conformance.format_markdown(result))
+    if not a.quiet:
+        print(conformance.format_text(result))
+    if a.strict and any(r["status"] not in ("pass", "unsupported-by-eager", "skipped")
+                        for r in result["ops"]):
+        return 1
+    return 0
+
+
+def _add_demo(sub) -> None:
+    p = sub.add_parser("demo", help="compile GPT-2 (random weights), eager vs coil, report")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--out", default="coil_demo", help="directory for the log and report")
+    p.add_argument("--backend", default="coil", help="coil backend to demo (default coil)")
+    p.add_argument("--repeat", type=int, default=10)
+
+
+def _run_demo(a) -> int:
+    from coil.bench import demo
+
+    return demo.main(device=a.device, out_dir=a.out, backend=a.backend, repeat=a.repeat)
+
+
+def _add_report(sub) -> None:
+    p = sub.add_parser("report", help="render a compile log directory as HTML")
+    p.add_argument("log_dir")
+    p.add_argument("-o", "--out", default=None, help="output directory")
+
+
+def _run_report(a) -> int:
+    try:
+        from coil.trace import report
+    except ImportError:
+        print("coil report: coil.trace.report is not available in this build", file=sys.stderr)
+        return 2
+    if hasattr(report, "main"):
+        argv = [a.log_dir] + (["-o", a.out] if a.out else [])
+        rc = report.main(argv)
+        return int(rc or 0)
+    out = a.out or (a.log_dir.rstrip("/") + "_report")
+    path = report.write_report(a.log_dir, out)
+    print(f"report: {path}")
+    return 0
+
+
+def _emit(dest: Optional[str], text: str) -> None:
+    if not dest:
+        return
+    if dest == "-":
+        print(text)
+        return
+    with open(dest, "w") as f:
+        f.write(text + "\n")
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Entry point of the ``coil`` console script."""
+    parser = argparse.ArgumentParser(prog="coil", description="coil: a readable PyTorch "
+                                     "2-style compiler. Subcommands run its yardsticks.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_demo(sub)
+    _add_bench(sub)
+    _add_conformance(sub)
+    _add_report(sub)
+    a = parser.parse_args(argv)
+    runner = {"demo": _run_demo, "bench": _run_bench, "conformance": _run_conformance,
+              "report": _run_report}[a.command]
+    return runner(a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,109 @@
+"""coil.bench.measure: the correctness rule, speedup math and time limits, on fake data."""
+import time
+
+import pytest
+import torch
+
+from coil.bench import measure
+
+
+def _triplet(noise_eager, noise_res, shape=(64, 32), seed=0):
+    g = torch.Generator().manual_seed(seed)
+    ref = torch.randn(shape, generator=g, dtype=torch.float64)
+    eager = (ref + noise_eager * torch.randn(shape, generator=g, dtype=torch.float64)).float()
+    res = (ref + noise_res * torch.randn(shape, generator=g, dtype=torch.float64)).float()
+    return [ref], [eager], [res]
+
+
+def test_compare_accepts_error_like_eagers():
+    v = measure.compare(*_triplet(1e-3, 1.5e-3))
+    assert v.ok and 1.0 < v.worst_ratio < 2.0
+
+
+def test_compare_rejects_error_far_above_eagers():
+    v = measure.compare(*_triplet(1e-3, 1e-2))
+    assert not v.ok and "rmse" in v.reason
+
+
+def test_compare_rejects_constant_offset():
+    ref, eager, _ = _triplet(1e-6, 0.0)
+    v = measure.compare(ref, eager, [eager[0] + 0.1])
+    assert not v.ok
+
+
+def test_compare_atol_allows_tiny_error_when_eager_is_exact():
+    ref = [torch.randn(10, dtype=torch.float64)]
+    v = measure.compare(ref, [ref[0].clone()], [ref[0] + 1e-7])
+    assert v.ok
+
+
+def test_compare_shape_count_nan_and_int():
+    ref, eager, res = _triplet(1e-4, 1e-4)
+    assert "shape" in measure.compare(ref, eager, [res[0].t()]).reason
+    assert "count" in measure.compare(ref, eager, res + res).reason
+    bad = res[0].clone()
+    bad[0, 0] = float("nan")
+    assert "non-finite" in measure.compare(ref, eager, [bad]).reason
+    ints = [torch.tensor([1, 2, 3])]
+    assert measure.compare(ints, ints, [torch.tensor([1, 2, 3])]).ok
+    assert not measure.compare(ints, ints, [torch.tensor([1, 2, 4])]).ok
+
+
+def test_compare_bf16_uses_wider_factor():
+    g = torch.Generator().manual_seed(0)
+    ref = torch.randn(1000, generator=g, dtype=torch.float64)
+    eager = ref.bfloat16()
+    # 2.5x eager's error: fails at fp32's factor 2, passes at bf16's 3
+    noise = (eager.double() - ref) * 2.5
+    res = (ref + noise).bfloat16()
+    e_err, r_err = measure.rmse(ref, eager), measure.rmse(ref, res)
+    assert 2 * e_err + 1e-5 < r_err <= 3 * e_err  # fixture: between the two factors
+    assert measure.compare([ref], [eager], [res]).ok
+    assert not measure.compare([ref], [eager], [res.float()]).ok  # fp32 result: factor 2
+
+
+def test_summarize_median_and_speedup():
+    s = measure.summarize([10, 11, 50, 9, 10], [5, 5, 6, 4, 100])
+    assert s.eager_s == 10 and s.compiled_s == 5 and s.speedup == 2.0
+    with pytest.raises(ValueError):
+        measure.summarize([], [1.0])
+    with pytest.raises(ValueError):
+        measure.summarize([1.0], [0.0])
+
+
+def test_time_interleaved_alternates():
+    order = []
+    fake_times = iter([1.0, 2.0, 3.0, 4.0, 5.0, 6.0])
+
+    def timer(fn):
+        fn()
+        return next(fake_times)
+
+    out = measure.time_interleaved([lambda: order.append("e"), lambda: order.append("c")], 3, timer)
+    assert order == ["e", "c"] * 3
+    assert out == [[1.0, 3.0, 5.0], [2.0, 4.0, 6.0]]
+
+
+def test_geomean():
+    assert measure.geomean([2.0, 8.0]) == pytest.approx(4.0)
+    assert measure.geomean([None, 4.0]) == pytest.approx(4.0)
+    assert measure.geomean([]) is None
+
+
+def test_time_limit_interrupts_python():
+    t0 = time.perf_counter()
+    with pytest.raises(measure.RowTimeout):
+        with measure.time_limit(0.2):
+            time.sleep(5)
+    assert time.perf_counter() - t0 < 2
+
+
+def test_short_error_includes_cause():
+    try:
+        try:
+            raise ValueError("inner problem")
+        except ValueError as e:
+            raise RuntimeError("backend raised:\n") from e
+    except RuntimeError as e:
+        text = measure.short_error(e)
+    assert "RuntimeError" in text and "inner problem" in text

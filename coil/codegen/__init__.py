@@ -1,0 +1,109 @@
+"""Code generation: ``compile_aten_graph(gm, example_inputs, device) -> callable``.
+
+The whole of coil's Inductor role in one call (docs/codegen.md):
+
+1. :class:`coil.ir.graph.GraphLowering` lowers the ATen graph to loop IR;
+2. :class:`coil.schedule.Scheduler` fuses buffers into kernel groups;
+3. a :class:`coil.codegen.backend.KernelBackend` (Triton for CUDA tensors;
+   ``config.cpu_backend`` for CPU: "cpp" or "triton" under the interpreter) writes and
+   loads one kernel per group;
+4. :class:`coil.codegen.wrapper.WrapperCodegen` writes the Python wrapper, which is
+   exec'd and returned. The returned callable takes the placeholders positionally and
+   returns a tuple of what the graph returns.
+
+Everything goes to the compile log: the loop IR, fusion decisions, kernel sources,
+the wrapper.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import torch
+
+from coil import trace
+from coil.codegen.backend import GeneratedKernel, get_kernel_backend
+from coil.codegen.common import KernelPlan
+from coil.config import config
+
+__all__ = ["compile_aten_graph", "CompiledGraph"]
+
+
+@dataclasses.dataclass
+class _Kernel:
+    plan: KernelPlan
+    generated: GeneratedKernel
+
+
+class CompiledGraph:
+    """The callable ``compile_aten_graph`` returns; ``.source`` is the wrapper text,
+    ``.kernels`` the generated kernels, ``.fallbacks`` the ops run as extern kernels."""
+
+    def __init__(self, call, source, kernels, fallbacks, scheduler):
+        self.call, self.source, self.kernels = call, source, kernels
+        self.fallbacks, self.scheduler = fallbacks, scheduler
+        self.__call__ = call
+
+    def __call__(self, *args):
+        return self.call(*args)
+
+    @property
+    def kernel_count(self) -> int:
+        return len(self.kernels)
+
+
+def _pick_backend(device: torch.device):
+    if device.type != "cpu":
+        return get_kernel_backend("triton")
+    be = get_kernel_backend(config.cpu_backend)
+    return be if be is not None else get_kernel_backend("triton")
+
+
+def compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: list, device) -> Callable:
+    """Compile one functional ATen graph to generated kernels (see module docstring).
+
+    ``example_inputs``: fake or real tensors (shapes, strides, dtypes, devices are used,
+    values are not). Raises whatever lowering/codegen raises (the "coil" backend catches
+    it and falls back to the FX interpreter)."""
+    from coil.ir.graph import GraphLowering
+    from coil.schedule.scheduler import FusedGroup, Scheduler
+    from coil.codegen.wrapper import WrapperCodegen
+
+    device = torch.device(device)
+    with trace.stage("codegen_graph"):
+        graph = GraphLowering(gm, example_inputs, device).lower()
+        sched = Scheduler(graph)
+        backend = _pick_backend(device)
+        readers: dict[str, set] = {}
+        for s in sched.steps:
+            for n in s.read_names():
+                readers.setdefault(n, set()).add(id(s))
+        out_names = {o.name for o in graph.outputs if o.name is not None}
+        kernels: dict[int, _Kernel] = {}
+        ki = 0
+        with trace.stage("kernels"):
+            for s in sched.steps:
+                if not isinstance(s, FusedGroup):
+                    continue
+                live = {n for n in s.names if n in out_names or readers.get(n, set()) - {id(s)}}
+                plan = KernelPlan(s, graph, live, backend.persistent_rnumel)
+                kind = "pointwise" if plan.rnumel == 1 else ("per" if plan.persistent else "red")
+                kind = {"pointwise": "poi"}.get(kind, kind)
+                name = f"{backend.name}_{kind}_{ki}_{'_'.join(s.names[:3])}"
+                gen = backend.generate(plan, name)
+                kernels[id(s)] = _Kernel(plan, gen)
+                ki += 1
+                if trace.enabled():
+                    trace.artifact(f"kernel {name}", lambda g=gen: g.source, kind=backend.name)
+        for k in kernels.values():  # join background builds (C++): failures surface here
+            wait = getattr(k.generated.launcher, "wait", None)
+            if wait is not None:
+                wait()
+        source, glb = WrapperCodegen(graph, sched.steps, kernels).generate()
+        if trace.enabled():
+            trace.artifact("wrapper", lambda: source, kind="python")
+        code = compile(source, "<coil wrapper>", "exec")
+        exec(code, glb)
+        call = glb["call"]
+    return CompiledGraph(call, source, [k.generated for k in kernels.values()],
+                         dict(graph.fallbacks), sched)

@@ -1,0 +1,100 @@
+"""KernelPlan: everything a kernel backend needs about one fused group, precomputed.
+
+See docs/codegen.md for the contract. Built from a scheduler FusedGroup:
+
+- each node's loop variables in kernel symbols (``xindex``/``rindex``) and whether it
+  runs inside the reduction loop (``in_loop``);
+- loop sections: consecutive in-loop nodes share one loop over ``rindex``; a node that
+  reads a reduction result of this kernel, or an out-of-loop node, starts after the loop
+  it depends on. With ``persistent`` (the whole reduction fits in one block) there is a
+  single section and no loop;
+- which buffers must be stored (read after the kernel, graph outputs, or read in a later
+  loop section of a looped reduction) and which are removed (live only in registers).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+from coil.ir.nodes import ComputedBuffer
+from coil.ir.virtualized import set_ops_handler
+from coil.schedule.indexing import kernel_deps, kernel_index
+
+#: Reductions up to this many elements run as one block per output ("persistent").
+PERSISTENT_RNUMEL = 4096
+
+
+@dataclasses.dataclass
+class PlannedNode:
+    buffer: ComputedBuffer
+    index: list
+    rindex: list
+    in_loop: bool
+    loop_id: int
+
+    @property
+    def name(self) -> str:
+        return self.buffer.get_name()
+
+    def run(self, handler) -> None:
+        """Run this node's body on ``handler`` (indices already in kernel symbols)."""
+        with set_ops_handler(handler):
+            self.buffer.store_body(self.index, self.rindex)
+
+
+class KernelPlan:
+    """One kernel's plan (see module docstring)."""
+
+    def __init__(self, group, graph, live_after: set, persistent_limit: int = PERSISTENT_RNUMEL):
+        self.numel, self.rnumel = int(group.numel), int(group.rnumel)
+        self.graph = graph
+        self.persistent = self.rnumel <= persistent_limit
+        self.nodes: list[PlannedNode] = []
+        own = {n.get_name() for n in group.nodes}
+        reduction_section: dict[str, int] = {}
+        produced_in: dict[str, int] = {}
+        section = 0
+        section_has_loop = False
+        cross_section: set[str] = set()
+        for buf in group.nodes:
+            index, rindex, in_loop = kernel_index(buf, self.numel, self.rnumel)
+            deps = kernel_deps(buf, self.numel, self.rnumel)
+            reads_own = [n for n, _ in deps.loads if n in own]
+            if self.rnumel > 1 and not self.persistent:
+                if in_loop:
+                    if any(reduction_section.get(n) == section for n in reads_own):
+                        section += 1
+                        section_has_loop = False
+                    section_has_loop = True
+                else:
+                    if section_has_loop:
+                        section += 1
+                        section_has_loop = False
+                for n in reads_own:
+                    producer = self._node(n)
+                    if (produced_in[n] != section and producer.in_loop
+                            and not producer.buffer.is_reduction()):
+                        cross_section.add(n)  # in-loop value re-read by a later loop
+            self.nodes.append(PlannedNode(buf, index, rindex, in_loop, section))
+            produced_in[buf.get_name()] = section
+            if buf.is_reduction():
+                reduction_section[buf.get_name()] = section
+        self.section_count = section + 1
+        self.input_names = list(dict.fromkeys(
+            n for pn in self.nodes for n, _ in kernel_deps(pn.buffer, self.numel, self.rnumel).loads
+            if n not in own))
+        self.output_names = [pn.name for pn in self.nodes
+                             if pn.name in live_after or pn.name in cross_section]
+        self.removed_names = [pn.name for pn in self.nodes if pn.name not in self.output_names]
+
+    def _node(self, name) -> PlannedNode:
+        return next(p for p in self.nodes if p.name == name)
+
+    def buffer(self, name: str):
+        return self.graph.name_to_buffer[name]
+
+    def describe(self) -> str:
+        kind = "pointwise" if self.rnumel == 1 else ("persistent reduction" if self.persistent
+                                                     else "looped reduction")
+        return (f"{kind} numel={self.numel} rnumel={self.rnumel} nodes="
+                f"{[p.name for p in self.nodes]} stores={self.output_names} removed={self.removed_names}")

@@ -1,0 +1,1 @@
+"""Triton code generation (GPU; CPU tests run it under ``TRITON_INTERPRET=1``)."""

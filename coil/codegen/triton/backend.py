@@ -1,0 +1,60 @@
+"""The Triton kernel backend: KernelPlan -> kernel source -> TritonLauncher."""
+from __future__ import annotations
+
+from coil.codegen.backend import GeneratedKernel, KernelBackend, register_kernel_backend
+from coil.codegen.triton.kernel import PRELUDE, TritonKernel
+
+
+def _indent(lines, n):
+    return [" " * n + l for l in lines]
+
+
+def kernel_source(plan, name: str) -> tuple[str, list[str]]:
+    """(module source, argument buffer names) for ``plan``."""
+    k = TritonKernel(plan, name)
+    for pn in plan.nodes:
+        k.begin(pn)
+        pn.run(k)
+    arg_names = list(plan.input_names) + list(plan.output_names)
+    params = [k.args[n] for n in arg_names]
+    red = plan.rnumel > 1
+    consts = ["XBLOCK: tl.constexpr"] + (["RBLOCK: tl.constexpr"] if red else [])
+    out = ["@triton.jit", f"def {name}({', '.join(params + consts)}):"]
+    body = [f"xnumel = {plan.numel}"]
+    pid = "tl.program_id(0).to(tl.int64)" if k.index_dtype == "tl.int64" else "tl.program_id(0)"
+    body.append(f"xoffset = {pid} * XBLOCK")
+    body.append("xindex = xoffset + tl.arange(0, XBLOCK)" + ("[:, None]" if red else ""))
+    body.append("xmask = xindex < xnumel")
+    if red:
+        body.append(f"rnumel = {plan.rnumel}")
+        body.append("rbase = tl.arange(0, RBLOCK)[None, :]")
+    if not k.looped:
+        if red:
+            body += ["rindex = rbase", "rmask = rindex < rnumel"]
+        body += k.body
+    else:
+        for sec in k.sections:
+            body += sec["pre"] + sec["init"]
+            if sec["loop"]:
+                body.append("for roffset in range(0, rnumel, RBLOCK):")
+                body += _indent(["rindex = roffset + rbase", "rmask = rindex < rnumel"] + sec["loop"], 4)
+            body += sec["post"]
+    out += _indent(body, 4)
+    header = ["import triton", "import triton.language as tl",
+              "from coil.runtime.triton_libdevice import libdevice", "", f"# {plan.describe()}"]
+    return "\n".join(header + PRELUDE.split("\n") + ["", ""] + out) + "\n", arg_names
+
+
+@register_kernel_backend("triton")
+class TritonBackend(KernelBackend):
+    """Triton kernels; on CPU tensors they run under the Triton interpreter."""
+
+    name = "triton"
+
+    def generate(self, plan, kernel_name: str) -> GeneratedKernel:
+        from coil.runtime.triton_runtime import TritonLauncher
+        source, arg_names = kernel_source(plan, kernel_name)
+        dev = plan.buffer(plan.nodes[0].name).get_device()
+        launcher = TritonLauncher(kernel_name, source, plan.numel, plan.rnumel, plan.persistent,
+                                  dev.type)
+        return GeneratedKernel(kernel_name, source, arg_names, launcher, "triton")

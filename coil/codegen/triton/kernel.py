@@ -1,0 +1,475 @@
+"""TritonKernel: the ops handler that writes one Triton kernel for a KernelPlan.
+
+Kernel shape (see docs/codegen.md for the plan contract):
+
+- pointwise: ``xindex = xoffset + tl.arange(0, XBLOCK)`` (1-D), one mask ``xmask``;
+- reduction: ``xindex`` is ``[XBLOCK, 1]``, ``rindex`` is ``[1, RBLOCK]``; *persistent*
+  kernels hold a whole row (``RBLOCK >= rnumel``) and reduce once; *looped* kernels run
+  ``for roffset in range(0, rnumel, RBLOCK)`` once per loop section, accumulating in
+  ``[XBLOCK, RBLOCK]`` registers and reducing after the loop.
+
+Values are common-subexpression-eliminated (``tmpN``); loads of fp16/bf16 are upcast to
+fp32 and stores round once. Loads of a buffer this kernel stored at the same (canonical)
+index are served from registers, which is what lets fused intermediates disappear.
+Numel and strides are literals: the source is specialized to the shapes, deterministic,
+and the launcher passes only pointers.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Optional
+
+import sympy
+import torch
+
+from coil.ir.symbols import RINDEX, XINDEX, pyexpr, simplify_index, sym
+from coil.ir.virtualized import OpsHandler, compute_dtype
+
+TL_DTYPE = {
+    torch.float32: "tl.float32", torch.float16: "tl.float16", torch.bfloat16: "tl.bfloat16",
+    torch.float64: "tl.float64", torch.int64: "tl.int64", torch.int32: "tl.int32",
+    torch.int16: "tl.int16", torch.int8: "tl.int8", torch.uint8: "tl.uint8", torch.bool: "tl.int1",
+}
+
+
+class TVal:
+    """A value in the kernel: an expression name, its dtype, which axes it varies on."""
+
+    __slots__ = ("name", "dtype", "dims", "const")
+
+    def __init__(self, name: str, dtype: torch.dtype, dims: frozenset, const=None):
+        self.name, self.dtype, self.dims, self.const = name, dtype, dims, const
+
+    def __str__(self):
+        return self.name
+
+
+def _lit(value, dtype) -> str:
+    if dtype == torch.bool:
+        return "True" if value else "False"
+    if dtype.is_floating_point:
+        v = float(value)
+        if math.isnan(v):
+            return 'float("nan")'
+        if math.isinf(v):
+            return 'float("inf")' if v > 0 else 'float("-inf")'
+        return repr(v)
+    return str(int(value))
+
+
+class TritonKernel(OpsHandler):
+    """Generate one kernel (``source()``) from a :class:`KernelPlan`."""
+
+    def __init__(self, plan, name: str):
+        self.plan, self.name = plan, name
+        self.red = plan.rnumel > 1
+        self.looped = self.red and not plan.persistent
+        big = max([plan.numel * plan.rnumel] + [int(plan.buffer(n).layout.storage_numel())
+                                                 for n in plan.input_names + plan.output_names])
+        self.index_dtype = "tl.int64" if big >= 2 ** 31 - 1 else "tl.int32"
+        self.args: dict[str, str] = {}
+        for i, n in enumerate(plan.input_names):
+            self.args[n] = f"in_ptr{i}"
+        for i, n in enumerate(plan.output_names):
+            self.args[n] = f"out_ptr{i}"
+        self.counter = itertools.count()
+        # per section: pre / init / loop / post line lists
+        self.sections = [dict(pre=[], init=[], loop=[], post=[]) for _ in range(plan.section_count)]
+        self.body: list[str] = []       # persistent / pointwise straight-line code
+        self.outer_cse: dict[str, TVal] = {}
+        self.loop_cse: dict[str, TVal] = {}
+        self.store_cache: dict[tuple, TVal] = {}
+        self.loop_store_cache: dict[tuple, TVal] = {}
+        self.mask_stack: list[TVal] = []
+        self.indirect_dims: dict[str, frozenset] = {}
+        self.cur = None
+        self.cur_section = -1
+
+    # ----------------------------------------------------------------- structure
+    def begin(self, pn) -> None:
+        self.cur = pn
+        if self.looped and pn.loop_id != self.cur_section:
+            self.cur_section = pn.loop_id
+            self.loop_cse = {}
+            self.loop_store_cache = {}
+
+    def _in_loop(self) -> bool:
+        return self.looped and self.cur.in_loop
+
+    def _lines(self) -> list[str]:
+        if not self.looped:
+            return self.body
+        sec = self.sections[self.cur.loop_id]
+        return sec["loop"] if self.cur.in_loop else sec["pre"]
+
+    def _cse_dict(self):
+        return self.loop_cse if self._in_loop() else self.outer_cse
+
+    def _store_cache(self):
+        return self.loop_store_cache if self._in_loop() else self.store_cache
+
+    def _lookup_store(self, key):
+        if key in self.store_cache:
+            return self.store_cache[key]
+        if self._in_loop():
+            return self.loop_store_cache.get(key)
+        return None
+
+    def cse(self, expr: str, dtype, dims, lines=None) -> TVal:
+        d = self._cse_dict()
+        if expr in d:
+            return d[expr]
+        v = TVal(f"tmp{next(self.counter)}", dtype, frozenset(dims))
+        (lines if lines is not None else self._lines()).append(f"{v.name} = {expr}")
+        d[expr] = v
+        return v
+
+    # ----------------------------------------------------------------- index helpers
+    def _dims_of_index(self, e) -> frozenset:
+        dims = set()
+        for s in sympy.sympify(e).free_symbols:
+            if s == XINDEX:
+                dims.add("x")
+            elif s == RINDEX:
+                dims.add("r")
+            else:
+                dims |= self.indirect_dims.get(s.name, frozenset())
+        return frozenset(dims)
+
+    def _shape(self, dims) -> str:
+        if not self.red:
+            return "[XBLOCK]" if "x" in dims else "[1]"
+        return f"[{'XBLOCK' if 'x' in dims else '1'}, {'RBLOCK' if 'r' in dims else '1'}]"
+
+    def _mask(self, dims, extra: Optional[TVal] = None) -> tuple[Optional[str], frozenset]:
+        parts, mdims = [], set()
+        if "x" in dims:
+            parts.append("xmask")
+            mdims.add("x")
+        if "r" in dims:
+            parts.append("rmask")
+            mdims.add("r")
+        for m in self.mask_stack + ([extra] if extra is not None else []):
+            parts.append(m.name)
+            mdims |= m.dims
+        return (" & ".join(parts) if parts else None), frozenset(mdims)
+
+    def _index_str(self, e) -> str:
+        return pyexpr(simplify_index(sympy.sympify(e), {XINDEX: self.plan.numel, RINDEX: self.plan.rnumel}))
+
+    # ----------------------------------------------------------------- memory
+    def load(self, name, index):
+        e = simplify_index(sympy.sympify(index), {XINDEX: self.plan.numel, RINDEX: self.plan.rnumel})
+        key = (name, e)
+        hit = self._lookup_store(key)
+        if hit is not None:
+            return hit
+        buf_dtype = self.plan.buffer(name).get_dtype()
+        dims = self._dims_of_index(e)
+        mask, mdims = self._mask(dims)
+        ptr = f"{self.args[name]} + ({pyexpr(e)})" if e != 0 else self.args[name]
+        if mdims - dims:
+            ptr = f"tl.broadcast_to({ptr}, {self._shape(dims | mdims)})"
+            dims = dims | mdims
+        other = ", other=0.0" if mask else ""
+        expr = f"tl.load({ptr}{', ' + mask if mask else ''}{other})"
+        if buf_dtype == torch.bool:
+            expr = f"{expr}.to(tl.int1)"
+        cdt = compute_dtype(buf_dtype)
+        if cdt != buf_dtype:
+            expr = f"{expr}.to({TL_DTYPE[cdt]})"
+        return self.cse(expr, cdt, dims)
+
+    def store(self, name, index, value):
+        e = simplify_index(sympy.sympify(index), {XINDEX: self.plan.numel, RINDEX: self.plan.rnumel})
+        value = self._tensor(value)
+        self._store_cache()[(name, e)] = value
+        if name not in self.args:
+            return  # removed buffer: lives in registers only
+        self._emit_store(name, e, value, self._lines())
+
+    def _emit_store(self, name, e, value, lines):
+        dims = self._dims_of_index(e)
+        mask, mdims = self._mask(dims | value.dims)
+        buf_dtype = self.plan.buffer(name).get_dtype()
+        v = value.name if value.dtype == buf_dtype or buf_dtype == torch.bool and value.dtype == torch.bool \
+            else f"{value.name}.to({TL_DTYPE[buf_dtype]})"
+        ptr = f"{self.args[name]} + ({pyexpr(e)})"
+        if (value.dims | mdims) - dims:
+            ptr = f"tl.broadcast_to({ptr}, {self._shape(dims | value.dims | mdims)})"
+        lines.append(f"tl.store({ptr}, {v}{', ' + mask if mask else ''})")
+
+    def store_reduction(self, name, index, value):
+        e = simplify_index(sympy.sympify(index), {XINDEX: self.plan.numel, RINDEX: self.plan.rnumel})
+        self.store_cache[(name, e)] = value
+        if name not in self.args:
+            return
+        lines = self.sections[self.cur.loop_id]["post"] if self.looped else self.body
+        self._emit_store(name, e, value, lines)
+
+    # ----------------------------------------------------------------- reductions
+    _DEFAULT = {"sum": 0, "prod": 1, "any": 0, "max": "-inf", "min": "inf",
+                "argmax": "-inf", "argmin": "inf"}
+
+    def reduction(self, dtype, src_dtype, reduction_type, value):
+        value = self._tensor(value)
+        acc_dt = compute_dtype(dtype) if reduction_type not in ("argmax", "argmin") else value.dtype
+        if reduction_type == "any":
+            acc_dt = torch.int8
+        tdt = TL_DTYPE[acc_dt if reduction_type not in ("argmax", "argmin") else value.dtype]
+        default = self._DEFAULT[reduction_type]
+        if default in ("inf", "-inf"):
+            default = f'float("{default}")' if value.dtype.is_floating_point else (
+                str(torch.iinfo(value.dtype).min) if default == "-inf" else str(torch.iinfo(value.dtype).max))
+        v = value.name
+        if reduction_type == "any":
+            v = f"({v} != 0).to(tl.int8)"
+        elif value.dtype != acc_dt and reduction_type not in ("argmax", "argmin"):
+            v = f"{v}.to({tdt})"
+        full = "[XBLOCK, RBLOCK]"
+        if value.dims != frozenset({"x", "r"}):
+            v = f"tl.broadcast_to({v}, {full})"
+        out_dims = frozenset({"x"})
+        if not self.looped:
+            lines = self.body
+            masked = self.cse(f"tl.where(xmask & rmask, {v}, {default})", acc_dt, {"x", "r"})
+            if reduction_type in ("argmax", "argmin"):
+                best = self.cse(f"{self._final('max' if reduction_type == 'argmax' else 'min', masked.name)}[:, None]",
+                                value.dtype, out_dims, lines=lines)
+                r = (f"tl.reduce(tl.where({masked} == {best}, tl.broadcast_to(rindex, {full}), 2147483647), 1, "
+                     f"_min_combine)[:, None].to(tl.int64)")
+            else:
+                r = f"{self._final(reduction_type, masked.name)}[:, None]"
+            res = self.cse(r, acc_dt if reduction_type not in ("argmax", "argmin") else torch.int64,
+                           out_dims, lines=lines)
+            return self._after_reduction(res, reduction_type)
+        sec = self.sections[self.cur.loop_id]
+        acc = f"acc{next(self.counter)}"
+        sec["init"].append(f"{acc} = tl.full({full}, {default}, {tdt})")
+        loop = sec["loop"]
+        if reduction_type in ("argmax", "argmin"):
+            idx = f"{acc}_idx"
+            sec["init"].append(f"{idx} = tl.full({full}, 2147483647, tl.int64)")
+            cmp = ">" if reduction_type == "argmax" else "<"
+            loop.append(f"{acc}_take = xmask & rmask & ({v} {cmp} {acc})")
+            loop.append(f"{acc} = tl.where({acc}_take, {v}, {acc})")
+            loop.append(f"{idx} = tl.where({acc}_take, tl.broadcast_to(rindex.to(tl.int64), {full}), {idx})")
+            post = sec["post"]
+            best = "max" if reduction_type == "argmax" else "min"
+            post.append(f"{acc}_best = {self._final(best, acc)}[:, None]")
+            post.append(f"{acc}_res = tl.reduce(tl.where({acc} == {acc}_best, {idx}, 2147483647), 1, _min_combine)[:, None]")
+            return TVal(f"{acc}_res", torch.int64, out_dims)
+        combine = {"sum": f"{acc} + {v}", "prod": f"{acc} * {v}", "any": f"{acc} | {v}",
+                   "max": f"tl.maximum({acc}, {v})", "min": f"tl.minimum({acc}, {v})"}[reduction_type]
+        loop.append(f"{acc} = tl.where(xmask & rmask, {combine}, {acc})")
+        sec["post"].append(f"{acc}_res = {self._final(reduction_type, acc)}[:, None]")
+        return self._after_reduction(TVal(f"{acc}_res", acc_dt, out_dims), reduction_type)
+
+    def _after_reduction(self, res: TVal, reduction_type) -> TVal:
+        if reduction_type == "any":
+            return TVal(f"({res.name} != 0)", torch.bool, res.dims)
+        return res
+
+    @staticmethod
+    def _final(reduction_type, v) -> str:
+        # tl.reduce with our own combine functions (not tl.sum/tl.max, which are
+        # library @jit functions the interpreter cannot run if triton was imported first)
+        comb = {"sum": "_sum_combine", "max": "_max_combine", "min": "_min_combine",
+                "any": "_max_combine", "prod": "_prod_combine"}[reduction_type]
+        return f"tl.reduce({v}, 1, {comb})"
+
+    # ----------------------------------------------------------------- values
+    def _tensor(self, v) -> TVal:
+        """Make constants real tensors (so ``.to`` and reductions work on them)."""
+        if isinstance(v, TVal) and v.const is not None:
+            shape = "[1]" if not self.red else "[1, 1]"
+            return self.cse(f"tl.full({shape}, {v.name}, {TL_DTYPE[v.dtype]})", v.dtype, frozenset())
+        return v
+
+    def constant(self, value, dtype):
+        dtype = compute_dtype(dtype)
+        return TVal(_lit(value, dtype), dtype, frozenset(), const=value)
+
+    def index_expr(self, expr, dtype):
+        e = simplify_index(sympy.sympify(expr), {XINDEX: self.plan.numel, RINDEX: self.plan.rnumel})
+        if e.is_Integer:
+            return self.constant(int(e), dtype)
+        dims = self._dims_of_index(e)
+        return self.cse(f"({pyexpr(e)}).to({TL_DTYPE[dtype]})", dtype, dims)
+
+    def to_dtype(self, x, dtype, src_dtype=None):
+        dtype = compute_dtype(dtype)
+        if isinstance(x, TVal) and x.const is not None:
+            return self.constant(x.const, dtype)
+        if x.dtype == dtype:
+            return x
+        if dtype == torch.bool:
+            return self.cse(f"({x} != 0)", torch.bool, x.dims)
+        return self.cse(f"{x}.to({TL_DTYPE[dtype]})", dtype, x.dims)
+
+    def to_dtype_bitcast(self, x, dtype, src_dtype):
+        x = self._tensor(x)
+        return self.cse(f"{x}.to({TL_DTYPE[dtype]}, bitcast=True)", dtype, x.dims)
+
+    def indirect_indexing(self, x, size, check=True):
+        x = self._tensor(x)
+        size = int(size)
+        v = self.cse(f"tl.where({x} < 0, {x} + {size}, {x})", x.dtype, x.dims)
+        if check:
+            mask, _ = self._mask(x.dims)
+            cond = f"(0 <= {v}) & ({v} < {size})"
+            if mask:
+                cond = f"({cond}) | ~({mask})"
+            self._lines().append(f'tl.device_assert({cond}, "index out of bounds: 0 <= {v} < {size}")')
+        self.indirect_dims[v.name] = x.dims
+        return sym(v.name)
+
+    def masked(self, mask, body, other):
+        mask = self._tensor(mask)
+        self.mask_stack.append(mask)
+        try:
+            result = body()
+        finally:
+            self.mask_stack.pop()
+        other_v = self.constant(other, result.dtype) if not isinstance(other, TVal) else other
+        return self.where(mask, result, other_v)
+
+    def where(self, c, a, b):
+        dt = a.dtype if (isinstance(a, TVal) and a.const is None) else b.dtype
+        return self._op(f"tl.where({c}, {a}, {b})", dt, c, a, b)
+
+    def load_seed(self, name, offset):
+        return self.cse(f"tl.load({self.args[name]} + {offset})", torch.int64, frozenset())
+
+    def rand(self, seed, offset):
+        offset = self._tensor(offset)
+        return self.cse(f"tl.rand({seed}, ({offset}).to(tl.uint32))", torch.float32, offset.dims)
+
+    def randn(self, seed, offset):
+        offset = self._tensor(offset)
+        return self.cse(f"tl.randn({seed}, ({offset}).to(tl.uint32))", torch.float32, offset.dims)
+
+    def _op(self, expr, dtype, *args) -> TVal:
+        dims = frozenset().union(*[a.dims for a in args if isinstance(a, TVal)])
+        if all(isinstance(a, TVal) and a.const is not None for a in args):
+            # constant expression: still a Triton expression, but make it a tensor
+            return self.cse(f"tl.full({'[1]' if not self.red else '[1, 1]'}, {expr}, {TL_DTYPE[dtype]})", dtype, dims)
+        return self.cse(expr, dtype, dims)
+
+    def __getattr__(self, op):
+        if op in _BIN:
+            fmt = _BIN[op]
+            def f(a, b):
+                dt = torch.bool if op in _BOOL_OUT else (a.dtype if a.const is None else b.dtype)
+                if op in ("maximum", "minimum") and dt.is_floating_point:
+                    return self._op(f"tl.{op}({self._tensor(a)}, {self._tensor(b)}, propagate_nan=tl.PropagateNan.ALL)", dt, a, b)
+                if op in _FUNC_BIN:
+                    a, b = self._tensor(a), self._tensor(b)
+                kind = "float" if dt.is_floating_point else "int"
+                return self._op(fmt.format(a=a, b=b, kind=kind), dt, a, b)
+            return f
+        if op in _UN:
+            fmt = _UN[op]
+            def g(x):
+                dt = torch.bool if op in _BOOL_OUT else x.dtype
+                if op in _FUNC_UN:
+                    x = self._tensor(x)
+                return self._op(fmt.format(x=x, z=_lit(0, x.dtype)), dt, x)
+            return g
+        raise NotImplementedError(f"Triton codegen: ops.{op}")
+
+
+_BOOL_OUT = {"eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_xor",
+             "logical_not", "isnan", "isinf", "signbit"}
+_BIN = {
+    "add": "({a} + {b})", "sub": "({a} - {b})", "mul": "({a} * {b})", "truediv": "({a} / {b})",
+    "eq": "({a} == {b})", "ne": "({a} != {b})", "lt": "({a} < {b})", "le": "({a} <= {b})",
+    "gt": "({a} > {b})", "ge": "({a} >= {b})", "logical_and": "({a} & {b})",
+    "logical_or": "({a} | {b})", "logical_xor": "({a} ^ {b})", "bitwise_and": "({a} & {b})",
+    "bitwise_or": "({a} | {b})", "bitwise_xor": "({a} ^ {b})", "left_shift": "({a} << {b})",
+    "right_shift": "({a} >> {b})", "maximum": "tl.maximum({a}, {b})",
+    "minimum": "tl.minimum({a}, {b})", "pow": "libdevice.pow({a}, {b})",
+    "atan2": "libdevice.atan2({a}, {b})", "hypot": "libdevice.hypot({a}, {b})",
+    "copysign": "libdevice.copysign({a}, {b})", "nextafter": "libdevice.nextafter({a}, {b})",
+    "fmod": "libdevice.fmod({a}, {b})",
+    "truncdiv": "_truncdiv({a}, {b})", "floordiv": "_floordiv({a}, {b})",
+    "remainder": "_remainder_{kind}({a}, {b})", "mod": "_remainder_{kind}({a}, {b})",
+}
+_FUNC_BIN = {"pow", "atan2", "hypot", "copysign", "nextafter", "fmod", "truncdiv", "floordiv",
+             "remainder", "mod", "maximum", "minimum"}
+_UN = {
+    "abs": "tl.abs({x})", "neg": "(-{x})", "exp": "tl.exp({x})", "exp2": "libdevice.exp2({x})",
+    "expm1": "libdevice.expm1({x})", "log": "tl.log({x})", "log2": "libdevice.log2({x})",
+    "log10": "libdevice.log10({x})", "log1p": "libdevice.log1p({x})", "sqrt": "tl.sqrt({x})",
+    "rsqrt": "tl.rsqrt({x})", "sin": "tl.sin({x})", "cos": "tl.cos({x})",
+    "tan": "libdevice.tan({x})", "asin": "libdevice.asin({x})", "acos": "libdevice.acos({x})",
+    "atan": "libdevice.atan({x})", "sinh": "libdevice.sinh({x})", "cosh": "libdevice.cosh({x})",
+    "tanh": "libdevice.tanh({x})", "asinh": "libdevice.asinh({x})",
+    "acosh": "libdevice.acosh({x})", "atanh": "libdevice.atanh({x})", "erf": "tl.erf({x})",
+    "erfc": "libdevice.erfc({x})", "erfinv": "libdevice.erfinv({x})",
+    "sigmoid": "_sigmoid({x})", "relu": "tl.where({x} < {z}, {z}, {x})",
+    "floor": "tl.floor({x})", "ceil": "tl.ceil({x})", "round": "libdevice.nearbyint({x})",
+    "trunc": "libdevice.trunc({x})", "sign": "_sign({x})", "reciprocal": "(1.0 / {x})",
+    "square": "({x} * {x})", "bitwise_not": "(~{x})", "logical_not": "({x} == 0)",
+    "isnan": "({x} != {x})", "isinf": "libdevice.isinf({x})", "lgamma": "libdevice.lgamma({x})",
+    "signbit": "libdevice.signbit({x})", "frac": "({x} - libdevice.trunc({x}))",
+}
+_FUNC_UN = {k for k, v in _UN.items() if not v.startswith("(")} | {"frac"}
+
+#: Helpers every kernel module defines (integer division with Python semantics etc.).
+PRELUDE = '''
+@triton.jit
+def _sum_combine(a, b):
+    return a + b
+
+
+@triton.jit
+def _prod_combine(a, b):
+    return a * b
+
+
+@triton.jit
+def _max_combine(a, b):
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def _min_combine(a, b):
+    return tl.minimum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def _sigmoid(x):
+    return 1.0 / (1.0 + tl.exp(-x))
+
+
+@triton.jit
+def _truncdiv(a, b):
+    q = a // b
+    return q
+
+
+@triton.jit
+def _floordiv(a, b):
+    q = a // b
+    r = a - q * b
+    return tl.where((r != 0) & ((r < 0) != (b < 0)), q - 1, q)
+
+
+@triton.jit
+def _remainder_int(a, b):
+    r = a - _floordiv(a, b) * b
+    return r
+
+
+@triton.jit
+def _remainder_float(a, b):
+    r = libdevice.fmod(a, b)
+    return tl.where((r != 0) & ((r < 0) != (b < 0)), r + b, r)
+
+
+@triton.jit
+def _sign(x):
+    return (x > 0).to(x.dtype) - (x < 0).to(x.dtype)
+'''

@@ -1,0 +1,155 @@
+"""The generated Python wrapper: one function per graph that allocates, launches, frees.
+
+``WrapperCodegen(graph, steps, kernels).generate()`` returns (source, globals). The
+wrapper is straight-line code with everything decided at compile time:
+
+- kernel outputs are allocated with ``empty_strided`` (eager's strides for graph outputs);
+- extern kernels are called with their ATen op (strided views passed via
+  ``reinterpret``);
+- memory planning: a buffer is released right after its last reader; if a later
+  allocation has the same size, stride, dtype and device, the freed buffer is reused
+  (``buf7 = buf2  # reuse``) instead of allocating again.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from coil.ir.nodes import (Buffer, ComputedBuffer, ConstantBuffer, ExternKernel, InputBuffer,
+                           MultiOutput, ReinterpretView)
+from coil.ir.symbols import pyexpr
+from coil.schedule.scheduler import ExternStep, FusedGroup
+
+
+def reinterpret(t: torch.Tensor, size, stride, offset: int) -> torch.Tensor:
+    """``t`` viewed with ``size``/``stride`` at ``offset`` elements past its start."""
+    return t.as_strided(size, stride, t.storage_offset() + offset)
+
+
+def _tuple(xs) -> str:
+    items = [pyexpr(x) if not isinstance(x, int) else str(x) for x in xs]
+    return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
+
+
+class WrapperCodegen:
+    """Build the wrapper source for scheduled steps (see module docstring)."""
+
+    def __init__(self, graph, steps: list, kernels: dict):
+        self.graph, self.steps, self.kernels = graph, steps, kernels
+        self.globals: dict[str, Any] = {"torch": torch, "empty_strided": torch.empty_strided,
+                                        "reinterpret": reinterpret}
+        self.lines: list[str] = []
+        self._extern_ids: dict[Any, str] = {}
+
+    def _global(self, prefix: str, value) -> str:
+        key = (prefix, id(value))
+        if key not in self._extern_ids:
+            name = f"{prefix}{len(self._extern_ids)}"
+            self._extern_ids[key] = name
+            self.globals[name] = value
+        return self._extern_ids[key]
+
+    def _dev(self, device: torch.device) -> str:
+        name = f"dev_{device.type}{device.index if device.index is not None else ''}"
+        self.globals[name] = device
+        return name
+
+    def _arg(self, a) -> str:
+        if isinstance(a, ReinterpretView):
+            l = a.layout
+            return f"reinterpret({a.data.get_name()}, {_tuple(l.size)}, {_tuple(l.stride)}, {pyexpr(l.offset)})"
+        if isinstance(a, Buffer):
+            return a.get_name()
+        if isinstance(a, (list, tuple)):
+            inner = ", ".join(self._arg(x) for x in a)
+            return f"[{inner}]"
+        if isinstance(a, torch.dtype):
+            return str(a)
+        if isinstance(a, torch.device):
+            return self._dev(a)
+        if isinstance(a, (torch.memory_format, torch.layout)):
+            return self._global("c", a)
+        if isinstance(a, float) and (a != a or a in (float("inf"), float("-inf"))):
+            return f"float('{a}')"
+        if isinstance(a, (int, float, bool, str, type(None))):
+            return repr(a)
+        return self._global("c", a)
+
+    def generate(self) -> tuple[str, dict]:
+        g = self.graph
+        out_names = {o.name for o in g.outputs if o.name is not None}
+        # allocations and reads per step
+        allocs: list[list[Buffer]] = []
+        reads: list[list[str]] = []
+        for s in self.steps:
+            if isinstance(s, FusedGroup):
+                k = self.kernels[id(s)]
+                allocs.append([g.name_to_buffer[n] for n in k.plan.output_names])
+                reads.append(list(k.plan.input_names))
+            else:
+                allocs.append([])
+                reads.append(s.read_names())
+        last_use: dict[str, int] = {}
+        for i, rs in enumerate(reads):
+            for n in rs:
+                last_use[n] = i
+        def key(b: Buffer):
+            l = b.layout
+            return (tuple(map(int, l.size)), tuple(map(int, l.stride)), l.dtype, str(l.device))
+        future_keys = [set() for _ in self.steps]
+        acc: set = set()
+        for i in range(len(self.steps) - 1, -1, -1):
+            future_keys[i] = set(acc)
+            for b in allocs[i]:
+                acc.add(key(b))
+        pool: dict[tuple, list[str]] = {}
+        ours: set[str] = set()
+        params = ", ".join(g.placeholder_names)
+        L = self.lines
+        L.append(f"def call({params}):")
+        for name, c in g.constants.items():
+            self.globals[name] = c
+        for i, s in enumerate(self.steps):
+            for b in allocs[i]:
+                k = key(b)
+                if pool.get(k):
+                    old = pool[k].pop()
+                    L.append(f"    {b.name} = {old}  # reuse")
+                else:
+                    l = b.layout
+                    L.append(f"    {b.name} = empty_strided({_tuple(l.size)}, {_tuple(l.stride)}, "
+                             f"device={self._dev(l.device)}, dtype={l.dtype})")
+                ours.add(b.name)
+            if isinstance(s, FusedGroup):
+                k = self.kernels[id(s)]
+                if k.plan.numel > 0:
+                    kname = self._global("k", k.generated.launcher)
+                    L.append(f"    {kname}({', '.join(k.generated.arg_names)})  # {k.generated.name}")
+            else:
+                b = s.buffer
+                if isinstance(b, ExternKernel):
+                    op = self._global("extern", b.op)
+                    args = [self._arg(a) for a in b.args]
+                    args += [f"{k_}={self._arg(v)}" for k_, v in b.kwargs.items()]
+                    L.append(f"    {b.name} = {op}({', '.join(args)})  # {b.op}")
+                elif isinstance(b, MultiOutput):
+                    L.append(f"    {b.name} = {b.parent.name}{''.join(f'[{i}]' for i in b.path)}")
+                ours.add(b.name)
+            for n in dict.fromkeys(reads[i]):
+                if last_use.get(n) == i and n in ours and n not in out_names:
+                    b = g.name_to_buffer.get(n)
+                    if isinstance(b, ComputedBuffer) and key(b) in future_keys[i]:
+                        pool.setdefault(key(b), []).append(n)
+                    else:
+                        L.append(f"    del {n}")
+        outs = []
+        for o in g.outputs:
+            if o.kind == "buffer":
+                outs.append(o.name)
+            elif o.kind == "view":
+                outs.append(f"reinterpret({o.name}, {_tuple(o.size)}, {_tuple(o.stride)}, {pyexpr(o.offset)})")
+            else:
+                outs.append(self._arg(o.value))
+        L.append(f"    return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
+        return "\n".join(L) + "\n", self.globals

@@ -1,0 +1,240 @@
+"""GraphLowering: interpret a functional ATen FX graph into coil's loop IR.
+
+Input: ``gm`` (ATen ops after coil's decompositions) and example inputs (fake or real).
+Output: ``self.buffers`` (ComputedBuffer / ExternKernel / MultiOutput in creation
+order, which is a valid execution order), ``self.graph_inputs`` (InputBuffer per
+tensor placeholder), ``self.outputs`` (an :class:`OutputSpec` per graph output).
+
+Decisions made here (all logged): which ops fell back to extern kernels (event
+``lowering_fallbacks``), and when an unrealized pointwise value is realized (stored
+to memory) instead of inlined into readers: graph outputs, inputs of extern kernels,
+values with several readers whose body is expensive (more loads than
+``config.max_inline_reads`` or more than :data:`MAX_INLINE_OPS` ops), and bodies
+that grew larger than :data:`MAX_BODY_OPS` ops.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import operator
+from collections import Counter
+from typing import Any, Optional
+
+import sympy
+import torch
+import torch.fx
+
+from coil import trace
+from coil.config import config
+from coil.ir import lowering as L
+from coil.ir import lowering_views  # noqa: F401  (registers view/index lowerings)
+from coil.ir.nodes import (Buffer, ComputedBuffer, ConstantBuffer, ExternKernel, GenericView,
+                           InputBuffer, Layout, MultiOutput, Pointwise, ReinterpretView,
+                           StorageBox, TensorBox, V)
+from coil.ir.symbols import as_expr
+
+MAX_INLINE_OPS = 64
+MAX_BODY_OPS = 256
+
+
+@dataclasses.dataclass
+class OutputSpec:
+    """How the wrapper produces graph output k: ``kind`` is "buffer" (``name``),
+    "view" (``as_strided(name, size, stride, offset)``), or "value" (a Python value)."""
+
+    kind: str
+    name: Optional[str] = None
+    size: Optional[list] = None
+    stride: Optional[list] = None
+    offset: Any = 0
+    value: Any = None
+
+
+def _fake_layout(t: torch.Tensor, device=None) -> Layout:
+    return Layout(device or t.device, t.dtype, [as_expr(s) for s in t.shape],
+                  [as_expr(s) for s in t.stride()], sympy.Integer(0))
+
+
+class GraphLowering(torch.fx.Interpreter):
+    """Lower one ATen graph (see module docstring)."""
+
+    def __init__(self, gm: torch.fx.GraphModule, example_inputs: list, device: torch.device):
+        super().__init__(gm, garbage_collect_values=False)
+        self.gm, self.example_inputs, self.device = gm, list(example_inputs), torch.device(device)
+        self.buffers: list[Buffer] = []
+        self.name_to_buffer: dict[str, Buffer] = {}
+        self.graph_inputs: dict[str, InputBuffer] = {}
+        self.placeholder_names: list[str] = []
+        self.constants: dict[str, torch.Tensor] = {}
+        self.outputs: list[OutputSpec] = []
+        self.fallbacks: Counter = Counter()
+        self.native: Counter = Counter()
+        self.current_node: Optional[torch.fx.Node] = None
+        self._counter = itertools.count()
+        self._inputs_iter = iter(self.example_inputs)
+
+    # -- registry ---------------------------------------------------------------------------
+    def new_buffer_name(self) -> str:
+        return f"buf{next(self._counter)}"
+
+    def register_buffer(self, buf: Buffer) -> None:
+        self.buffers.append(buf)
+        self.name_to_buffer[buf.name] = buf
+
+    def device_for_node(self) -> torch.device:
+        v = self.current_node.meta.get("val") if self.current_node is not None else None
+        if isinstance(v, (list, tuple)):
+            v = next((t for t in v if isinstance(t, torch.Tensor)), None)
+        return v.device if isinstance(v, torch.Tensor) else self.device
+
+    # -- running --------------------------------------------------------------------------
+    def lower(self) -> "GraphLowering":
+        prev = V.graph
+        V.graph = self
+        try:
+            with trace.stage("lowering"):
+                self.run(*self.example_inputs)
+        finally:
+            V.graph = prev
+        if trace.enabled():
+            trace.log("lowering_fallbacks", stage="lowering",
+                      fallbacks=dict(self.fallbacks), native=dict(self.native))
+            trace.artifact("loop_ir", lambda: self.format_ir(), kind="text")
+        return self
+
+    def run_node(self, n: torch.fx.Node) -> Any:
+        self.current_node = n
+        out = super().run_node(n)
+        if n.op == "call_function" and isinstance(out, TensorBox):
+            self._maybe_realize(n, out)
+        return out
+
+    def placeholder(self, target, args, kwargs):
+        value = next(self._inputs_iter)
+        name = self.current_node.name
+        self.placeholder_names.append(name)
+        if isinstance(value, torch.Tensor):
+            buf = InputBuffer(name, _fake_layout(value))
+            self.graph_inputs[name] = buf
+            self.name_to_buffer[name] = buf
+            return TensorBox(StorageBox(buf))
+        return value
+
+    def get_attr(self, target, args, kwargs):
+        value = super().get_attr(target, args, kwargs)
+        if isinstance(value, torch.Tensor):
+            name = f"const_{target.replace('.', '_')}"
+            buf = ConstantBuffer(name, _fake_layout(value), value)
+            self.constants[name] = value
+            self.name_to_buffer[name] = buf
+            return TensorBox(StorageBox(buf))
+        return value
+
+    def call_function(self, target, args, kwargs):
+        if target is operator.getitem:
+            return args[0][args[1]]
+        fn = L.get_lowering(target)
+        if fn is not None:
+            try:
+                out = fn(*args, **kwargs)
+                self.native[str(target)] += 1
+                return out
+            except L.FallbackToExtern:
+                pass
+        self.fallbacks[str(target)] += 1
+        return self.make_extern(target, args, kwargs)
+
+    def output(self, target, args, kwargs):
+        results = args[0]
+        flat = list(results) if isinstance(results, (list, tuple)) else [results]
+        metas = [a.meta.get("val") if isinstance(a, torch.fx.Node) else None
+                 for a in (self.current_node.args[0] if isinstance(self.current_node.args[0], (list, tuple))
+                           else [self.current_node.args[0]])]
+        for r, meta in zip(flat, metas):
+            self.outputs.append(self._output_spec(r, meta))
+        return results
+
+    # -- helpers --------------------------------------------------------------------------
+    def _output_spec(self, r, meta) -> OutputSpec:
+        if not isinstance(r, TensorBox):
+            return OutputSpec("value", value=r)
+        d = r.data
+        if isinstance(d, ReinterpretView):
+            return OutputSpec("view", d.data.get_name(), list(d.layout.size), list(d.layout.stride),
+                              d.layout.offset)
+        if isinstance(d, StorageBox) and d.is_realized():
+            return OutputSpec("buffer", d.data.get_name())
+        stride = None
+        if isinstance(meta, torch.Tensor) and _dense_non_overlapping(meta):
+            stride = [as_expr(s) for s in meta.stride()]
+        if isinstance(d, StorageBox):
+            return OutputSpec("buffer", d.realize(stride).get_name())
+        box = TensorBox.create(Pointwise(r.get_device(), r.get_dtype(), r.make_loader(), r.get_size()))
+        return OutputSpec("buffer", box.data.realize(stride).get_name())
+
+    def _maybe_realize(self, n: torch.fx.Node, box: TensorBox) -> None:
+        sb = box.data
+        if not isinstance(sb, StorageBox) or not isinstance(sb.data, Pointwise):
+            return
+        users = len(n.users)
+        from coil.ir.handlers import count_ops
+        nops, nreads = count_ops(sb.data)
+        if nops > MAX_BODY_OPS or (users > 1 and (nreads > config.max_inline_reads or nops > MAX_INLINE_OPS)):
+            sb.realize()
+
+    def realize_input(self, x: TensorBox):
+        """A realized buffer or strided view to hand to an extern kernel."""
+        d = x.data
+        if isinstance(d, ReinterpretView):
+            return d
+        if isinstance(d, StorageBox):
+            return d.realize()
+        box = TensorBox.create(Pointwise(x.get_device(), x.get_dtype(), x.make_loader(), x.get_size()))
+        return box.data.realize()
+
+    def make_extern(self, target, args, kwargs):
+        conv = lambda a: self.realize_input(a) if isinstance(a, TensorBox) else a
+        args = torch.fx.node.map_aggregate(args, conv)
+        kwargs = torch.fx.node.map_aggregate(kwargs, conv)
+        meta = self.current_node.meta.get("val")
+        name = self.new_buffer_name()
+        if isinstance(meta, torch.Tensor):
+            ek = ExternKernel(name, _fake_layout(meta), target, args, kwargs)
+            self.register_buffer(ek)
+            return TensorBox(StorageBox(ek))
+        ek = ExternKernel(name, None, target, args, kwargs)
+        self.register_buffer(ek)
+
+        def build(v, path):
+            if isinstance(v, torch.Tensor):
+                mo = MultiOutput(self.new_buffer_name(), _fake_layout(v), ek, path)
+                self.register_buffer(mo)
+                return TensorBox(StorageBox(mo))
+            if isinstance(v, (list, tuple)):
+                return type(v)(build(x, path + (i,)) for i, x in enumerate(v))
+            return v
+        return build(meta, ())
+
+    def format_ir(self) -> str:
+        from coil.ir.handlers import TextPrinter
+        lines = []
+        for name, b in self.graph_inputs.items():
+            lines.append(f"{name}: input {b.get_dtype()} size={b.get_size()} stride={b.get_stride()}")
+        for b in self.buffers:
+            if isinstance(b, ComputedBuffer):
+                lines.append(TextPrinter.format(b))
+            elif isinstance(b, ExternKernel):
+                lines.append(f"{b.name}: extern {b.op}({', '.join(sorted(b.input_names()))})")
+            elif isinstance(b, MultiOutput):
+                lines.append(f"{b.name}: {b.parent.name}{''.join(f'[{i}]' for i in b.path)}")
+        return "\n".join(lines)
+
+
+def _dense_non_overlapping(t: torch.Tensor) -> bool:
+    pairs = sorted((st, s) for s, st in zip(t.shape, t.stride()) if s != 1)
+    expect = 1
+    for st, s in pairs:
+        if st != expect:
+            return False
+        expect *= s
+    return True

@@ -1,0 +1,292 @@
+"""Three ops handlers that define and inspect loop bodies without any codegen.
+
+- :class:`TextPrinter` prints a body as straight-line ``ops.*`` code (compile log).
+- :class:`DependencyRecorder` records reads/writes with their index expressions (the
+  scheduler's dependency source) and counts ops (inlining heuristics).
+- :class:`ReferenceInterpreter` *executes* a body with torch ops over the whole
+  iteration space at once; it is the living definition of the loop IR: every lowering
+  is tested against it and against eager PyTorch.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Any, Callable, Optional
+
+import sympy
+import torch
+
+from coil.ir.symbols import pyexpr, sym
+from coil.ir.virtualized import BINARY_OPS, UNARY_OPS, OpsHandler, compute_dtype, set_ops_handler
+
+
+def _fmt(v) -> str:
+    if isinstance(v, sympy.Basic):
+        return pyexpr(v)
+    if isinstance(v, torch.dtype):
+        return str(v).replace("torch.", "torch.")
+    return str(v)
+
+
+class _Recording(OpsHandler):
+    """Every op returns a fresh name ``tmpN`` and appends a line of text."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.counter = itertools.count()
+        self.indirect = itertools.count()
+        self.loads: list[tuple[str, sympy.Expr]] = []
+        self.stores: list[tuple[str, sympy.Expr]] = []
+        self.reduction_types: list[str] = []
+        self.num_ops = 0
+
+    def _emit(self, op: str, *args) -> str:
+        name = f"tmp{next(self.counter)}"
+        self.num_ops += 1
+        self.lines.append(f"{name} = ops.{op}({', '.join(_fmt(a) for a in args)})")
+        return name
+
+    def load(self, name, index):
+        self.loads.append((name, index))
+        return self._emit("load", name, index)
+
+    def store(self, name, index, value):
+        self.stores.append((name, index))
+        self.lines.append(f"ops.store({name}, {_fmt(index)}, {value})")
+
+    def store_reduction(self, name, index, value):
+        self.stores.append((name, index))
+        self.lines.append(f"ops.store_reduction({name}, {_fmt(index)}, {value})")
+
+    def reduction(self, dtype, src_dtype, reduction_type, value):
+        self.reduction_types.append(reduction_type)
+        return self._emit("reduction", dtype, src_dtype, repr(reduction_type), value)
+
+    def indirect_indexing(self, x, size, check=True):
+        s = sym(f"indirect{next(self.indirect)}")
+        self.lines.append(f"{s} = ops.indirect_indexing({x}, {_fmt(size)}, check={check})")
+        return s
+
+    def masked(self, mask, body, other):
+        self.lines.append(f"with ops.masked({mask}):")
+        n = len(self.lines)
+        result = body()
+        for i in range(n, len(self.lines)):
+            self.lines[i] = "    " + self.lines[i]
+        return self._emit("masked_result", mask, result, other)
+
+    def __getattr__(self, op: str) -> Callable:
+        if op.startswith("_"):
+            raise AttributeError(op)
+        return lambda *args: self._emit(op, *args)
+
+
+class TextPrinter(_Recording):
+    """Print a buffer's body: ``TextPrinter.format(buf)`` -> str."""
+
+    @staticmethod
+    def format(buf) -> str:
+        h = TextPrinter()
+        index, rindex = buf.make_symbolic_index()
+        with set_ops_handler(h):
+            buf.store_body(index, rindex)
+        ranges = ", ".join(_fmt(r) for r in buf.get_ranges())
+        head = f"{buf.name}: {type(buf.data).__name__}[{ranges}]"
+        if buf.is_reduction():
+            head += f" reduce[{', '.join(_fmt(r) for r in buf.get_reduction_ranges())}]"
+        head += f" {buf.get_dtype()} size={list(map(_fmt, buf.get_size()))} stride={list(map(_fmt, buf.get_stride()))}"
+        return head + "\n" + "\n".join("    " + l for l in h.lines)
+
+
+class DependencyRecorder(_Recording):
+    """Reads and writes of a body, with index expressions in the buffer's loop symbols."""
+
+    @staticmethod
+    def record(buf, index=None, rindex=None) -> "DependencyRecorder":
+        h = DependencyRecorder()
+        if index is None:
+            index, rindex = buf.make_symbolic_index()
+        with set_ops_handler(h):
+            buf.store_body(index, rindex)
+        return h
+
+    def read_names(self) -> list[str]:
+        return list(dict.fromkeys(n for n, _ in self.loads))
+
+
+def count_ops(loops) -> tuple[int, int]:
+    """(number of ops, number of loads) of a Pointwise body, inlined readers included."""
+    h = DependencyRecorder()
+    index = [sym(f"i{d}") for d in range(len(loops.ranges))]
+    with set_ops_handler(h):
+        loops.inner_fn(index)
+    return h.num_ops, len(h.loads)
+
+
+# ----------------------------------------------------------------------------- reference
+
+_TORCH_UNARY = {
+    "neg": torch.neg, "relu": torch.relu, "reciprocal": torch.reciprocal,
+    "square": torch.square, "logical_not": torch.logical_not, "bitwise_not": torch.bitwise_not,
+}
+_TORCH_BINARY = {
+    "truediv": torch.true_divide, "floordiv": lambda a, b: torch.div(a, b, rounding_mode="floor"),
+    "truncdiv": lambda a, b: torch.div(a, b, rounding_mode="trunc"), "mod": torch.remainder,
+    "maximum": torch.maximum, "minimum": torch.minimum,
+}
+
+
+class ReferenceInterpreter(OpsHandler):
+    """Execute loop bodies with torch ops over the whole iteration space.
+
+    ``env`` maps buffer names to flat 1-D storage tensors (element ``i`` of the flat
+    tensor is storage element ``i``). Values are tensors broadcastable to the iteration
+    shape ``ranges + reduction_ranges``. fp16/bf16 values are computed in fp32.
+    """
+
+    def __init__(self, env: dict[str, torch.Tensor], var_values: dict, n_red_dims: int,
+                 iter_shape: tuple):
+        self.env, self.var_values = env, dict(var_values)
+        self.n_red, self.iter_shape = n_red_dims, iter_shape
+        self.masks: list[torch.Tensor] = []
+        self.indirect = itertools.count()
+
+    @staticmethod
+    def run(buf, env: dict[str, torch.Tensor]) -> None:
+        """Compute ComputedBuffer ``buf`` into ``env[buf.name]`` (allocated if missing)."""
+        index, rindex = buf.make_symbolic_index()
+        sizes = [int(s) for s in list(buf.get_ranges()) + list(buf.get_reduction_ranges())]
+        dev = buf.get_device()
+        values = {}
+        for d, (s, n) in enumerate(zip(list(index) + list(rindex), sizes)):
+            shape = [1] * len(sizes)
+            shape[d] = n
+            values[s] = torch.arange(n, device=dev).reshape(shape)
+        if buf.name not in env:
+            env[buf.name] = torch.empty(int(buf.layout.storage_numel()), dtype=buf.get_dtype(), device=dev)
+        h = ReferenceInterpreter(env, values, len(rindex), tuple(sizes))
+        with set_ops_handler(h):
+            buf.store_body(index, rindex)
+
+    # index arithmetic
+    def _eval(self, expr) -> torch.Tensor:
+        if isinstance(expr, (int,)):
+            return torch.tensor(expr)
+        ns = {s.name: v for s, v in self.var_values.items()}
+        v = eval(pyexpr(sympy.sympify(expr)), {"min": torch.minimum, "max": torch.maximum}, ns)
+        return v if isinstance(v, torch.Tensor) else torch.tensor(v)
+
+    def load(self, name, index):
+        idx = self._eval(index)
+        flat = self.env[name]
+        if self.masks:
+            m = self.masks[-1]
+            idx = torch.where(m, idx, torch.zeros_like(idx))
+        v = flat[idx.long()]
+        return v.to(compute_dtype(v.dtype))
+
+    def store(self, name, index, value):
+        idx = self._eval(index)
+        out = self.env[name]
+        full = torch.broadcast_shapes(idx.shape, torch.as_tensor(value).shape, self.iter_shape)
+        idx = idx.expand(full).reshape(-1).long()
+        val = torch.as_tensor(value).to(out.dtype).expand(full).reshape(-1)
+        out[idx] = val
+
+    def store_reduction(self, name, index, value):
+        idx = self._eval(index)
+        out = self.env[name]
+        full = torch.broadcast_shapes(idx.shape, torch.as_tensor(value).shape,
+                                      self.iter_shape[: len(self.iter_shape) - self.n_red])
+        out[idx.expand(full).reshape(-1).long()] = torch.as_tensor(value).to(out.dtype).expand(full).reshape(-1)
+
+    def reduction(self, dtype, src_dtype, reduction_type, value):
+        v = torch.as_tensor(value).expand(self.iter_shape)
+        nd = len(self.iter_shape)
+        dims = list(range(nd - self.n_red, nd))
+        v = v.reshape(*self.iter_shape[: nd - self.n_red], -1)
+        if reduction_type == "sum":
+            r = v.sum(-1, dtype=compute_dtype(dtype) if dtype.is_floating_point else None)
+        elif reduction_type == "prod":
+            r = v.prod(-1)
+        elif reduction_type == "max":
+            r = v.amax(-1)
+        elif reduction_type == "min":
+            r = v.amin(-1)
+        elif reduction_type == "argmax":
+            r = v.argmax(-1)
+        elif reduction_type == "argmin":
+            r = v.argmin(-1)
+        elif reduction_type == "any":
+            r = v.bool().any(-1)
+        elif reduction_type == "welford_reduce":
+            vf = v.float()
+            mean = vf.mean(-1)
+            m2 = ((vf - mean[..., None]) ** 2).sum(-1)
+            return mean, m2, torch.full_like(mean, v.shape[-1])
+        else:
+            raise NotImplementedError(reduction_type)
+        return r
+
+    def constant(self, value, dtype):
+        return torch.tensor(value, dtype=dtype)
+
+    def index_expr(self, expr, dtype):
+        return self._eval(expr).to(dtype)
+
+    def to_dtype(self, x, dtype, src_dtype=None):
+        return torch.as_tensor(x).to(compute_dtype(dtype))
+
+    def to_dtype_bitcast(self, x, dtype, src_dtype):
+        return torch.as_tensor(x).to(src_dtype).view(dtype)
+
+    def indirect_indexing(self, x, size, check=True):
+        s = sym(f"indirect{next(self.indirect)}")
+        x = torch.as_tensor(x).long()
+        x = torch.where(x < 0, x + int(size), x)
+        if check and self.masks == [] and x.numel() and (x.min() < 0 or x.max() >= int(size)):
+            raise IndexError(f"index out of bounds for size {size}")
+        self.var_values[s] = x
+        return s
+
+    def masked(self, mask, body, other):
+        mask = torch.as_tensor(mask).bool()
+        if self.masks:
+            mask = mask & self.masks[-1]
+        self.masks.append(mask)
+        try:
+            result = torch.as_tensor(body())
+        finally:
+            self.masks.pop()
+        return torch.where(mask, result, torch.as_tensor(other, dtype=result.dtype))
+
+    def where(self, c, a, b):
+        return torch.where(torch.as_tensor(c).bool(), torch.as_tensor(a), torch.as_tensor(b))
+
+    def load_seed(self, name, offset):
+        return self.env[name][offset]
+
+    def rand(self, seed, offset):
+        g = torch.Generator().manual_seed(int(seed))
+        off = torch.as_tensor(offset)
+        return torch.rand(off.shape, generator=g)
+
+    def randn(self, seed, offset):
+        g = torch.Generator().manual_seed(int(seed))
+        off = torch.as_tensor(offset)
+        return torch.randn(off.shape, generator=g)
+
+    def __getattr__(self, op: str):
+        if op in _TORCH_UNARY:
+            return lambda x: _TORCH_UNARY[op](torch.as_tensor(x))
+        if op in _TORCH_BINARY:
+            return lambda a, b: _TORCH_BINARY[op](torch.as_tensor(a), torch.as_tensor(b))
+        if op in UNARY_OPS and hasattr(torch, op):
+            f = getattr(torch, op)
+            return lambda x: f(torch.as_tensor(x))
+        if op in BINARY_OPS and hasattr(torch, op):
+            f = getattr(torch, op)
+            return lambda a, b: f(torch.as_tensor(a), torch.as_tensor(b))
+        if op == "special_erfcx":
+            return lambda x: torch.special.erfcx(x)
+        raise NotImplementedError(f"ReferenceInterpreter: ops.{op}")

@@ -1,0 +1,461 @@
+"""The lowering registry: one small function per ATen op, added with one decorator.
+
+``@register_lowering(aten.add)`` registers a function that takes the op's arguments with
+tensors replaced by :class:`~coil.ir.nodes.TensorBox` and returns a TensorBox (or a
+tuple of them). Ops without a lowering run as extern kernels (the ATen op itself); the
+graph logs which ops fell back.
+
+Lowerings know the node's output dtype/shape from fake-tensor metadata
+(:func:`out_meta`), so type promotion follows eager exactly: arithmetic runs in
+``compute_dtype(out_dtype)`` (fp32 for fp16/bf16) and the store rounds once.
+
+Pointwise math is table-driven (:data:`UNARY`, :data:`BINARY`); views, indexing,
+concatenation and creation ops live in :mod:`coil.ir.lowering_views`; reductions below.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Optional, Sequence
+
+import sympy
+import torch
+
+from coil.ir.nodes import (Pointwise, Reduction, TensorBox, current_graph)
+from coil.ir.symbols import as_expr
+from coil.ir.virtualized import compute_dtype, ops
+
+aten = torch.ops.aten
+prims = torch.ops.prims
+
+#: OpOverload (or OpOverloadPacket) -> lowering function.
+LOWERINGS: dict[Any, Callable] = {}
+
+
+def register_lowering(*ops_: Any) -> Callable:
+    """Decorator: register ``fn`` as the lowering of every overload of each op given."""
+    def deco(fn):
+        for op in ops_:
+            if isinstance(op, torch._ops.OpOverloadPacket):
+                for name in op.overloads():
+                    LOWERINGS.setdefault(getattr(op, name), fn)
+            else:
+                LOWERINGS[op] = fn
+        return fn
+    return deco
+
+
+class FallbackToExtern(Exception):
+    """Raised by a lowering for argument combinations it does not handle natively."""
+
+
+_fallback_marker = FallbackToExtern
+
+
+def get_lowering(target) -> Optional[Callable]:
+    return LOWERINGS.get(target)
+
+
+def out_meta():
+    """Fake-tensor value of the FX node being lowered (tensor or tuple)."""
+    return current_graph().current_node.meta.get("val")
+
+
+def out_dtype() -> torch.dtype:
+    v = out_meta()
+    if isinstance(v, (tuple, list)):
+        v = v[0]
+    return v.dtype
+
+
+def out_size() -> list:
+    v = out_meta()
+    if isinstance(v, (tuple, list)):
+        v = v[0]
+    return [as_expr(s) for s in v.shape]
+
+
+def device() -> torch.device:
+    return current_graph().device_for_node()
+
+
+# ---------------------------------------------------------------------------- helpers
+
+def is_box(x) -> bool:
+    return isinstance(x, TensorBox)
+
+
+def broadcast_loader(x, size: Sequence) -> Callable:
+    """Loader of ``x`` (TensorBox or scalar) broadcast to ``size``; scalar -> None."""
+    xs = list(x.get_size())
+    off = len(size) - len(xs)
+    inner = x.make_loader()
+
+    def load(index):
+        idx = [sympy.Integer(0) if xs[d] == 1 and size[d + off] != 1 else index[d + off]
+               for d in range(len(xs))]
+        return inner(idx)
+
+    return load
+
+
+def loader_as(x, size, dtype) -> Callable:
+    """Loader of tensor-or-scalar ``x`` broadcast to ``size`` and cast to ``dtype``."""
+    if is_box(x):
+        load = broadcast_loader(x, size)
+        src = x.get_dtype()
+        if compute_dtype(src) == dtype:
+            return load
+        return lambda index: ops.to_dtype(load(index), dtype, compute_dtype(src))
+    value = x
+    if dtype == torch.bool:
+        value = bool(value)
+    elif not dtype.is_floating_point and not dtype.is_complex:
+        value = int(value)
+    else:
+        value = float(value)
+    return lambda index: ops.constant(value, dtype)
+
+
+def make_pointwise_box(fn: Callable, args: Sequence, size, out_dt, in_dt) -> TensorBox:
+    """A Pointwise TensorBox computing ``fn(*loaded args)`` with args cast to ``in_dt``."""
+    loaders = [loader_as(a, size, in_dt) for a in args]
+    dev = device()
+
+    def inner(index):
+        return fn(*[l(index) for l in loaders])
+
+    return TensorBox.create(Pointwise(dev, out_dt, inner, size))
+
+
+def pointwise_lowering(op_name: str, kind: str = "arith") -> Callable:
+    """A lowering that applies ``ops.<op_name>`` elementwise.
+
+    kind: "arith" (inputs cast to the output's compute dtype), "compare" (inputs cast
+    to the promoted compute dtype; bool out), "logical" (inputs cast to bool), "float"
+    (inputs cast to the float output dtype: sin of an int tensor)."""
+    def lower(*args, **kwargs):
+        size, odt = out_size(), out_dtype()
+        tensors = [a for a in args if is_box(a)]
+        if kind == "compare":
+            in_dt = compute_dtype(_promote(args))
+        elif kind == "logical":
+            in_dt = torch.bool
+        else:
+            in_dt = compute_dtype(odt)
+        f = getattr(ops, op_name)
+        return make_pointwise_box(f, args, size, odt, in_dt)
+    lower.__name__ = f"lower_{op_name}"
+    return lower
+
+
+def _promote(args) -> torch.dtype:
+    tensors = [torch.empty((1,) * max(len(a.get_size()), 1) if a.get_size() else (), dtype=a.get_dtype(),
+                           device="meta") for a in args if is_box(a)]
+    scalars = [a for a in args if isinstance(a, (bool, int, float))]
+    items = tensors + scalars
+    dt = torch.result_type(items[0], items[1]) if len(items) > 1 else (
+        items[0].dtype if isinstance(items[0], torch.Tensor) else torch.tensor(items[0]).dtype)
+    for it in items[2:]:
+        dt = torch.result_type(torch.empty((1,), dtype=dt, device="meta"), it)
+    return dt
+
+
+UNARY = {
+    aten.abs: "abs", aten.neg: "neg", aten.exp: "exp", aten.exp2: "exp2", aten.expm1: "expm1",
+    aten.log: "log", aten.log2: "log2", aten.log10: "log10", aten.log1p: "log1p",
+    aten.sqrt: "sqrt", aten.rsqrt: "rsqrt", aten.sin: "sin", aten.cos: "cos", aten.tan: "tan",
+    aten.asin: "asin", aten.acos: "acos", aten.atan: "atan", aten.sinh: "sinh",
+    aten.cosh: "cosh", aten.tanh: "tanh", aten.asinh: "asinh", aten.acosh: "acosh",
+    aten.atanh: "atanh", aten.erf: "erf", aten.erfc: "erfc", aten.erfinv: "erfinv",
+    aten.sigmoid: "sigmoid", aten.relu: "relu", aten.floor: "floor", aten.ceil: "ceil",
+    aten.round: "round", aten.trunc: "trunc", aten.sign: "sign", aten.reciprocal: "reciprocal",
+    aten.bitwise_not: "bitwise_not", aten.lgamma: "lgamma", aten.frac: "frac",
+    prims.sqrt: "sqrt", prims.rsqrt: "rsqrt", prims.exp: "exp", prims.neg: "neg",
+}
+BINARY = {
+    aten.add: "add", aten.sub: "sub", aten.mul: "mul", aten.maximum: "maximum",
+    aten.minimum: "minimum", aten.atan2: "atan2", aten.pow: "pow", aten.hypot: "hypot",
+    aten.copysign: "copysign", aten.fmod: "fmod", aten.remainder: "remainder",
+    aten.bitwise_and: "bitwise_and", aten.bitwise_or: "bitwise_or",
+    aten.bitwise_xor: "bitwise_xor", aten.bitwise_left_shift: "left_shift",
+    aten.bitwise_right_shift: "right_shift", aten.nextafter: "nextafter",
+    prims.add: "add", prims.sub: "sub", prims.mul: "mul", prims.maximum: "maximum",
+    prims.minimum: "minimum", prims.pow: "pow",
+}
+COMPARE = {aten.eq: "eq", aten.ne: "ne", aten.lt: "lt", aten.le: "le", aten.gt: "gt",
+           aten.ge: "ge", prims.eq: "eq", prims.ne: "ne", prims.lt: "lt", prims.le: "le",
+           prims.gt: "gt", prims.ge: "ge"}
+LOGICAL = {aten.logical_and: "logical_and", aten.logical_or: "logical_or",
+           aten.logical_xor: "logical_xor", aten.logical_not: "logical_not"}
+PREDICATES = {aten.isnan: "isnan", aten.isinf: "isinf", aten.signbit: "signbit"}
+
+for _op, _name in UNARY.items():
+    register_lowering(_op)(pointwise_lowering(_name))
+for _op, _name in BINARY.items():
+    register_lowering(_op)(pointwise_lowering(_name))
+for _op, _name in COMPARE.items():
+    register_lowering(_op)(pointwise_lowering(_name, "compare"))
+for _op, _name in LOGICAL.items():
+    register_lowering(_op)(pointwise_lowering(_name, "logical"))
+for _op, _name in PREDICATES.items():
+    register_lowering(_op)(pointwise_lowering(_name, "compare"))
+
+
+@register_lowering(aten.add.Tensor, aten.add.Scalar, aten.sub.Tensor, aten.sub.Scalar)
+def _add_sub(a, b, alpha=1):
+    name = "add" if current_graph().current_node.target in (aten.add.Tensor, aten.add.Scalar) else "sub"
+    if alpha != 1:
+        return make_pointwise_box(lambda x, y, s: getattr(ops, name)(x, ops.mul(y, s)),
+                                  [a, b, alpha], out_size(), out_dtype(), compute_dtype(out_dtype()))
+    return pointwise_lowering(name)(a, b)
+
+
+@register_lowering(aten.div.Tensor, aten.div.Scalar, prims.div)
+def _div(a, b):
+    odt = out_dtype()
+    if odt.is_floating_point or current_graph().current_node.target in (aten.div.Tensor, aten.div.Scalar):
+        return pointwise_lowering("truediv")(a, b)
+    return pointwise_lowering("truncdiv")(a, b)
+
+
+@register_lowering(aten.div.Tensor_mode, aten.div.Scalar_mode)
+def _div_mode(a, b, rounding_mode=None):
+    odt = out_dtype()
+    if rounding_mode is None:
+        return pointwise_lowering("truediv")(a, b)
+    if odt.is_floating_point:
+        def f(x, y):
+            q = ops.truediv(x, y)
+            return ops.floor(q) if rounding_mode == "floor" else ops.trunc(q)
+        return make_pointwise_box(f, [a, b], out_size(), odt, compute_dtype(odt))
+    return pointwise_lowering("floordiv" if rounding_mode == "floor" else "truncdiv")(a, b)
+
+
+@register_lowering(aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther,
+                   aten.where.Scalar, prims.where)
+def _where(cond, a, b):
+    size, odt = out_size(), out_dtype()
+    cdt = compute_dtype(odt)
+    c = loader_as(cond, size, torch.bool)
+    la, lb = loader_as(a, size, cdt), loader_as(b, size, cdt)
+    return TensorBox.create(Pointwise(device(), odt, lambda i: ops.where(c(i), la(i), lb(i)), size))
+
+
+@register_lowering(aten.clamp, aten.clamp_min, aten.clamp_max, aten.clamp.Tensor)
+def _clamp(x, min=None, max=None):
+    target = current_graph().current_node.target
+    if target in (aten.clamp_max.default, aten.clamp_max.Tensor):
+        min, max = None, min
+    size, odt = out_size(), out_dtype()
+    cdt = compute_dtype(odt)
+    lx = loader_as(x, size, cdt)
+    lmin = loader_as(min, size, cdt) if min is not None else None
+    lmax = loader_as(max, size, cdt) if max is not None else None
+
+    def inner(i):
+        v = lx(i)
+        if lmin is not None:
+            v = ops.maximum(v, lmin(i))
+        if lmax is not None:
+            v = ops.minimum(v, lmax(i))
+        return v
+
+    return TensorBox.create(Pointwise(device(), odt, inner, size))
+
+
+@register_lowering(aten._to_copy, prims.convert_element_type, aten.clone, aten.alias,
+                   aten.lift_fresh_copy, aten.copy)
+def _to_copy(x, *args, **kwargs):
+    if current_graph().current_node.target == aten.copy.default:
+        x = args[0]
+    if not is_box(x):
+        return _full(out_size(), x, out_dtype())
+    size, odt = out_size(), out_dtype()
+    load = x.make_loader()
+    src = x.get_dtype()
+    if compute_dtype(src) == compute_dtype(odt):
+        inner = load
+    else:
+        inner = lambda i: ops.to_dtype(load(i), odt, compute_dtype(src))
+    return TensorBox.create(Pointwise(device(), odt, inner, size))
+
+
+def _full(size, value, dtype) -> TensorBox:
+    cdt = compute_dtype(dtype)
+    v = bool(value) if dtype == torch.bool else (float(value) if cdt.is_floating_point else int(value))
+    return TensorBox.create(Pointwise(device(), dtype, lambda i: ops.constant(v, cdt), size))
+
+
+# --------------------------------------------------------------------------- reductions
+
+def _norm_dims(dims, ndim) -> list[int]:
+    if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
+        return list(range(ndim))
+    if isinstance(dims, int):
+        dims = [dims]
+    return sorted({d % max(ndim, 1) for d in dims})
+
+
+def make_reduction(x: TensorBox, dims, keepdim: bool, reduction_type: str,
+                   dtype: torch.dtype, transform: Optional[Callable] = None,
+                   src_dtype: Optional[torch.dtype] = None) -> TensorBox:
+    """Reduce ``x`` over ``dims``; the result is realized (a ComputedBuffer).
+
+    ``transform(value, full_index)`` may rewrite each element before reducing.
+    Arg reductions return int64 positions within the reduced dims (row-major)."""
+    size = list(x.get_size())
+    nd = len(size)
+    dims = _norm_dims(dims, nd)
+    kept = [d for d in range(nd) if d not in dims]
+    ranges = [size[d] for d in kept]
+    rranges = [size[d] for d in dims]
+    sdt = src_dtype or compute_dtype(dtype if reduction_type not in ("argmax", "argmin", "any")
+                                     else x.get_dtype())
+    load = x.make_loader()
+    xdt = x.get_dtype()
+
+    def inner(index, rindex):
+        full = [None] * nd
+        for d, i in zip(kept, index):
+            full[d] = i
+        for d, r in zip(dims, rindex):
+            full[d] = r
+        v = load(full)
+        if compute_dtype(xdt) != sdt and reduction_type != "any":
+            v = ops.to_dtype(v, sdt, compute_dtype(xdt))
+        if transform is not None:
+            v = transform(v, full)
+        if reduction_type in ("argmax", "argmin") and len(dims) > 1:
+            pass
+        return v
+
+    from coil.ir.nodes import StorageBox
+    dev = x.get_device()
+    numel_r = 1
+    for r in rranges:
+        numel_r *= int(r)
+    if numel_r == 1 and reduction_type not in ("argmax", "argmin"):
+        red = Pointwise(dev, dtype, lambda index: _cast(inner(index, [0] * len(dims)), sdt, dtype, reduction_type), ranges)
+        box = TensorBox(StorageBox(red))
+    elif numel_r == 0:
+        init = {"sum": 0, "prod": 1, "any": False}.get(reduction_type, float("nan"))
+        return _full(_kept_size(size, dims, keepdim), init, dtype)
+    else:
+        red = Reduction(dev, dtype, inner, ranges, rranges, reduction_type, sdt)
+        box = TensorBox(StorageBox(red))
+        box.data.realize()
+    if keepdim:
+        from coil.ir.lowering_views import view_reshape
+        box = view_reshape(box, _kept_size(size, dims, True))
+    return box
+
+
+def _cast(v, sdt, dtype, reduction_type):
+    if reduction_type == "any":
+        return ops.ne(v, ops.constant(0, sdt)) if sdt != torch.bool else v
+    if compute_dtype(dtype) != sdt:
+        return ops.to_dtype(v, dtype, sdt)
+    return v
+
+
+def _kept_size(size, dims, keepdim):
+    if keepdim:
+        return [sympy.Integer(1) if d in dims else s for d, s in enumerate(size)]
+    return [s for d, s in enumerate(size) if d not in dims]
+
+
+@register_lowering(aten.sum.dim_IntList, aten.sum.default, prims.sum)
+def _sum(x, dim=None, keepdim=False, *, dtype=None, output_dtype=None):
+    return make_reduction(x, dim, keepdim, "sum", out_dtype())
+
+
+@register_lowering(aten.prod.dim_int, aten.prod.default)
+def _prod(x, dim=None, keepdim=False, *, dtype=None):
+    return make_reduction(x, dim, keepdim, "prod", out_dtype())
+
+
+@register_lowering(aten.amax, prims.amax)
+def _amax(x, dim=(), keepdim=False):
+    return make_reduction(x, dim, keepdim, "max", out_dtype())
+
+
+@register_lowering(aten.amin, prims.amin)
+def _amin(x, dim=(), keepdim=False):
+    return make_reduction(x, dim, keepdim, "min", out_dtype())
+
+
+@register_lowering(aten.max.dim, aten.min.dim)
+def _max_min_dim(x, dim, keepdim=False):
+    is_max = current_graph().current_node.target == aten.max.dim
+    vals = make_reduction(x, dim, keepdim, "max" if is_max else "min", x.get_dtype())
+    idx = make_reduction(x, dim, keepdim, "argmax" if is_max else "argmin", torch.int64)
+    return vals, idx
+
+
+@register_lowering(aten.argmax, aten.argmin)
+def _argmax(x, dim=None, keepdim=False):
+    t = "argmax" if current_graph().current_node.target == aten.argmax.default else "argmin"
+    if dim is None:
+        from coil.ir.lowering_views import view_reshape
+        x = view_reshape(x, [x.get_numel()])
+        dim = 0
+        r = make_reduction(x, [0], False, t, torch.int64)
+        return view_reshape(r, out_size()) if keepdim else r
+    return make_reduction(x, [dim], keepdim, t, torch.int64)
+
+
+@register_lowering(aten.any.dim, aten.any.default, aten.any.dims)
+def _any(x, dim=None, keepdim=False):
+    return make_reduction(x, dim, keepdim, "any", torch.bool, src_dtype=torch.bool)
+
+
+@register_lowering(aten.mean.dim, aten.mean.default)
+def _mean(x, dim=None, keepdim=False, *, dtype=None):
+    odt = out_dtype()
+    size = x.get_size()
+    dims = _norm_dims(dim, len(size))
+    n = 1
+    for d in dims:
+        n *= int(size[d])
+    s = make_reduction(x, dims, keepdim, "sum", odt)
+    cdt = compute_dtype(odt)
+    return make_pointwise_box(lambda v: ops.truediv(v, ops.constant(float(n), cdt)), [s],
+                              out_size(), odt, cdt)
+
+
+@register_lowering(aten.var.correction, prims.var, aten.var.dim)
+def _var(x, dims=None, correction=None, keepdim=False, **kwargs):
+    """Two-pass variance: mean (a reduction), then sum((x - mean)^2) / (n - correction)."""
+    target = current_graph().current_node.target
+    if target == prims.var.default:
+        correction = dims_correction = correction if correction is not None else kwargs.get("correction", 1)
+    if target == aten.var.dim:
+        correction = 1 if (correction is None or correction) else 0
+    if correction is None:
+        correction = kwargs.get("correction", 1) if kwargs.get("correction") is not None else 1
+    odt = out_dtype()
+    cdt = compute_dtype(odt)
+    size = list(x.get_size())
+    rdims = _norm_dims(dims, len(size))
+    n = 1
+    for d in rdims:
+        n *= int(size[d])
+    total = make_reduction(x, rdims, True, "sum", odt)
+    mean_load = broadcast_loader(total, size)
+
+    def centered_sq(v, full):
+        m = ops.truediv(mean_load(full), ops.constant(float(n), cdt))
+        m = m if compute_dtype(odt) == cdt else m
+        d = ops.sub(v, ops.to_dtype(m, cdt, cdt) if False else m)
+        return ops.mul(d, d)
+
+    ss = make_reduction(x, rdims, keepdim, "sum", odt, transform=centered_sq)
+    denom = float(max(n - float(correction), 0))
+    return make_pointwise_box(lambda v: ops.truediv(v, ops.constant(denom, cdt)), [ss],
+                              out_size(), odt, cdt)
+
+
+@register_lowering(aten.var_mean.correction)
+def _var_mean(x, dims=None, *, correction=None, keepdim=False):
+    v = _var(x, dims, correction if correction is not None else 1, keepdim)
+    m = _mean(x, dims, keepdim)
+    return v, m

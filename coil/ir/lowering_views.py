@@ -1,0 +1,474 @@
+"""Lowerings that re-index instead of computing: views, indexing, concatenation,
+padding, scatter-into-slice, creation ops.
+
+Views of realized buffers become :class:`ReinterpretView` (a new strided layout on the
+same storage: extern kernels can take them as ``as_strided`` tensors); views of
+unrealized bodies become :class:`GenericView` (an index function), so a chain of
+views costs nothing until a kernel reads it.
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional, Sequence
+
+import sympy
+import torch
+
+from coil.ir.lowering import (_full, broadcast_loader, device, is_box, loader_as, out_dtype,
+                              out_size, register_lowering)
+from coil.ir.nodes import (GenericView, Layout, Pointwise, ReinterpretView, StorageBox,
+                           TensorBox, current_graph)
+from coil.ir.symbols import FloorDiv, Mod, as_expr, contiguous_strides, linear_index, unflatten
+from coil.ir.virtualized import compute_dtype, ops
+
+aten = torch.ops.aten
+prims = torch.ops.prims
+
+
+def strided_base(x: TensorBox):
+    """(buffer, layout) when ``x`` is a realized buffer or a strided view of one."""
+    d = x.data
+    if isinstance(d, StorageBox) and d.is_realized():
+        return d.data, d.data.layout
+    if isinstance(d, ReinterpretView):
+        return d.data, d.layout
+    return None
+
+
+def make_view(x: TensorBox, size, reindex: Callable, restride: Optional[Callable]) -> TensorBox:
+    """View ``x`` with ``size``: ``new[index] = x[reindex(index)]``. ``restride(layout)``
+    gives the strided layout of the view of a realized buffer, or None if not expressible."""
+    size = [as_expr(s) for s in size]
+    base = strided_base(x)
+    if base is not None and restride is not None:
+        buf, layout = base
+        new = restride(layout)
+        if new is not None:
+            return TensorBox(ReinterpretView(buf, new))
+    return TensorBox(GenericView(x.data, size, reindex))
+
+
+def _lay(layout, size, stride, offset=None) -> Layout:
+    return Layout(layout.device, layout.dtype, list(size), list(stride),
+                  layout.offset if offset is None else offset)
+
+
+def view_reshape(x: TensorBox, new_size) -> TensorBox:
+    """``x.view(new_size)`` (any logical reshape; -1 allowed)."""
+    old = list(x.get_size())
+    new_size = [as_expr(s) for s in new_size]
+    if any(s == -1 for s in new_size):
+        known = 1
+        for s in new_size:
+            if s != -1:
+                known *= s
+        total = 1
+        for s in old:
+            total *= s
+        new_size = [total // known if s == -1 else s for s in new_size]
+    if [s for s in old if s != 1] == [s for s in new_size if s != 1]:
+        # only size-1 dims move: a pure unsqueeze/squeeze pattern
+        kept_old = [d for d, s in enumerate(old) if s != 1]
+        kept_new = [d for d, s in enumerate(new_size) if s != 1]
+
+        def reindex(index):
+            out = [sympy.Integer(0)] * len(old)
+            for do, dn in zip(kept_old, kept_new):
+                out[do] = index[dn]
+            return out
+
+        def restride(layout):
+            stride = [sympy.Integer(1)] * len(new_size)
+            for do, dn in zip(kept_old, kept_new):
+                stride[dn] = layout.stride[do]
+            return _lay(layout, new_size, stride)
+        return make_view(x, new_size, reindex, restride)
+
+    def reindex(index):
+        return unflatten(linear_index(index, new_size), old)
+
+    def restride(layout):
+        if all(st == c or s == 1 for s, st, c in zip(layout.size, layout.stride,
+                                                      contiguous_strides(layout.size))):
+            return _lay(layout, new_size, contiguous_strides(new_size))
+        return None
+    return make_view(x, new_size, reindex, restride)
+
+
+@register_lowering(aten.view, aten._unsafe_view, aten.reshape, aten.view.dtype)
+def _view(x, size):
+    if isinstance(size, torch.dtype):
+        from coil.ir.lowering import _fallback_marker
+        raise _fallback_marker()
+    return view_reshape(x, out_size())
+
+
+@register_lowering(aten.permute)
+def _permute(x, dims):
+    nd = len(x.get_size())
+    dims = [d % nd for d in dims]
+    size = [x.get_size()[d] for d in dims]
+
+    def reindex(index):
+        out = [None] * nd
+        for i, d in enumerate(dims):
+            out[d] = index[i]
+        return out
+
+    return make_view(x, size, reindex,
+                     lambda l: _lay(l, size, [l.stride[d] for d in dims]))
+
+
+@register_lowering(aten.t, aten.transpose.int)
+def _transpose(x, d0=0, d1=1):
+    nd = len(x.get_size())
+    dims = list(range(nd))
+    if nd >= 2:
+        dims[d0 % nd], dims[d1 % nd] = dims[d1 % nd], dims[d0 % nd]
+    return _permute(x, dims)
+
+
+@register_lowering(aten.expand, aten.broadcast_to)
+def _expand(x, size, implicit=False):
+    size = out_size()
+    old = list(x.get_size())
+    off = len(size) - len(old)
+
+    def reindex(index):
+        return [sympy.Integer(0) if old[d] == 1 and size[d + off] != 1 else index[d + off]
+                for d in range(len(old))]
+
+    def restride(l):
+        stride = [sympy.Integer(0)] * off + [
+            sympy.Integer(0) if old[d] == 1 and size[d + off] != 1 else l.stride[d]
+            for d in range(len(old))]
+        return _lay(l, size, stride)
+    return make_view(x, size, reindex, restride)
+
+
+@register_lowering(prims.broadcast_in_dim)
+def _broadcast_in_dim(x, shape, broadcast_dimensions):
+    size = out_size()
+    bdims = list(broadcast_dimensions)
+    old = list(x.get_size())
+
+    def reindex(index):
+        return [sympy.Integer(0) if old[i] == 1 and size[d] != 1 else index[d]
+                for i, d in enumerate(bdims)]
+
+    def restride(l):
+        stride = [sympy.Integer(0)] * len(size)
+        for i, d in enumerate(bdims):
+            stride[d] = sympy.Integer(0) if old[i] == 1 and size[d] != 1 else l.stride[i]
+        return _lay(l, size, stride)
+    return make_view(x, size, reindex, restride)
+
+
+@register_lowering(aten.unsqueeze, aten.squeeze, prims.squeeze)
+def _unsqueeze_squeeze(x, *args):
+    return view_reshape(x, out_size())
+
+
+@register_lowering(aten.slice.Tensor)
+def _slice(x, dim=0, start=None, end=None, step=1):
+    size_in = list(x.get_size())
+    nd = len(size_in)
+    dim = dim % nd
+    n = int(size_in[dim])
+    start = 0 if start is None else start
+    end = n if end is None else end
+    start = max(min(start + n if start < 0 else start, n), 0)
+    end = max(min(end + n if end < 0 else end, n), 0)
+    size = out_size()
+
+    def reindex(index):
+        out = list(index)
+        out[dim] = index[dim] * step + start
+        return out
+
+    def restride(l):
+        stride = list(l.stride)
+        stride[dim] = l.stride[dim] * step
+        return _lay(l, size, stride, l.offset + start * l.stride[dim])
+    return make_view(x, size, reindex, restride)
+
+
+@register_lowering(aten.select.int)
+def _select(x, dim, idx):
+    size_in = list(x.get_size())
+    nd = len(size_in)
+    dim = dim % nd
+    idx = idx + int(size_in[dim]) if idx < 0 else idx
+    size = out_size()
+
+    def reindex(index):
+        out = list(index)
+        out.insert(dim, sympy.Integer(idx))
+        return out
+
+    def restride(l):
+        stride = list(l.stride)
+        del stride[dim]
+        return _lay(l, size, stride, l.offset + idx * l.stride[dim])
+    return make_view(x, size, reindex, restride)
+
+
+@register_lowering(aten.as_strided)
+def _as_strided(x, size, stride, storage_offset=None):
+    base = strided_base(x)
+    if base is None:
+        x.data.realize() if isinstance(x.data, StorageBox) else None
+        base = strided_base(x)
+    if base is None:
+        x = TensorBox.create(Pointwise(x.get_device(), x.get_dtype(), x.make_loader(), x.get_size()))
+        x.data.realize()
+        base = strided_base(x)
+    buf, layout = base
+    off = layout.offset if storage_offset is None else as_expr(storage_offset)
+    return TensorBox(ReinterpretView(buf, _lay(layout, [as_expr(s) for s in size],
+                                               [as_expr(s) for s in stride], off)))
+
+
+# ------------------------------------------------------------------------ concatenation
+
+def _idx(e):
+    return ops.index_expr(e, torch.int64)
+
+
+def _c(v):
+    return ops.constant(int(v), torch.int64)
+
+
+@register_lowering(aten.cat)
+def _cat(tensors, dim=0):
+    size, odt = out_size(), out_dtype()
+    cdt = compute_dtype(odt)
+    dim = dim % len(size)
+    parts = []
+    offset = 0
+    for t in tensors:
+        if len(t.get_size()) == 1 and t.get_size()[0] == 0 and len(size) > 1:
+            continue  # legacy empty tensor
+        n = int(t.get_size()[dim])
+        parts.append((offset, n, t))
+        offset += n
+
+    def inner(index):
+        result = None
+        for k, (o, n, t) in enumerate(parts):
+            load = loader_as(t, t.get_size(), cdt)
+
+            def body(load=load, o=o):
+                i = list(index)
+                i[dim] = index[dim] - o
+                return load(i)
+            if k == len(parts) - 1:
+                v = ops.masked(ops.ge(_idx(index[dim]), _c(o)), body, 0.0 if cdt.is_floating_point else 0) \
+                    if result is not None else body()
+            else:
+                cond = ops.logical_and(ops.ge(_idx(index[dim]), _c(o)), ops.lt(_idx(index[dim]), _c(o + n))) \
+                    if o > 0 else ops.lt(_idx(index[dim]), _c(o + n))
+                v = ops.masked(cond, body, 0.0 if cdt.is_floating_point else 0)
+            if result is None:
+                result = v
+            else:
+                in_part = ops.lt(_idx(index[dim]), _c(o))
+                result = ops.where(in_part, result, v)
+        return result
+
+    return TensorBox.create(Pointwise(device(), odt, inner, size))
+
+
+@register_lowering(aten.constant_pad_nd)
+def _pad(x, pad, value=0.0):
+    size, odt = out_size(), out_dtype()
+    cdt = compute_dtype(odt)
+    old = list(x.get_size())
+    nd = len(old)
+    lows = [0] * nd
+    for k in range(len(pad) // 2):
+        lows[nd - 1 - k] = pad[2 * k]
+    load = loader_as(x, old, cdt)
+    fill = float(value) if cdt.is_floating_point else int(value)
+
+    def inner(index):
+        src = [index[d] - lows[d] for d in range(nd)]
+        cond = None
+        for d in range(nd):
+            if lows[d] == 0 and int(size[d]) <= int(old[d]):
+                continue
+            ok = ops.logical_and(ops.ge(_idx(src[d]), _c(0)), ops.lt(_idx(src[d]), _c(old[d])))
+            cond = ok if cond is None else ops.logical_and(cond, ok)
+        if cond is None:
+            return load(src)
+        return ops.masked(cond, lambda: load(src), fill)
+
+    return TensorBox.create(Pointwise(device(), odt, inner, size))
+
+
+@register_lowering(aten.slice_scatter)
+def _slice_scatter(x, src, dim=0, start=None, end=None, step=1):
+    size, odt = out_size(), out_dtype()
+    cdt = compute_dtype(odt)
+    dim = dim % len(size)
+    n = int(size[dim])
+    start = 0 if start is None else (start + n if start < 0 else start)
+    end = n if end is None else (end + n if end < 0 else min(end, n))
+    lx, ls = loader_as(x, size, cdt), loader_as(src, src.get_size(), cdt)
+
+    def inner(index):
+        i = _idx(index[dim])
+        cond = ops.logical_and(ops.ge(i, _c(start)), ops.lt(i, _c(end)))
+        if step != 1:
+            cond = ops.logical_and(cond, ops.eq(_idx(Mod(index[dim] + (step - start % step) % step, step)), _c(0)))
+
+        def body():
+            j = list(index)
+            j[dim] = FloorDiv(index[dim] + (step - start % step) % step, step) - (start + (step - start % step) % step) // step \
+                if step != 1 else index[dim] - start
+            return ls(j)
+        return ops.where(cond, ops.masked(cond, body, 0), lx(index))
+
+    return TensorBox.create(Pointwise(device(), odt, inner, size))
+
+
+@register_lowering(aten.select_scatter)
+def _select_scatter(x, src, dim, idx):
+    size, odt = out_size(), out_dtype()
+    cdt = compute_dtype(odt)
+    dim = dim % len(size)
+    idx = idx + int(size[dim]) if idx < 0 else idx
+    lx, ls = loader_as(x, size, cdt), loader_as(src, src.get_size(), cdt)
+
+    def inner(index):
+        cond = ops.eq(_idx(index[dim]), _c(idx))
+        j = [i for d, i in enumerate(index) if d != dim]
+        return ops.where(cond, ops.masked(cond, lambda: ls(j), 0), lx(index))
+
+    return TensorBox.create(Pointwise(device(), odt, inner, size))
+
+
+# ----------------------------------------------------------------------------- indexing
+
+def _indirect(load, index, size):
+    return ops.indirect_indexing(load(index), size)
+
+
+@register_lowering(aten.embedding)
+def _embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
+    size, odt = out_size(), out_dtype()
+    wl, il = weight.make_loader(), indices.make_loader()
+    nidx = len(indices.get_size())
+    num = weight.get_size()[0]
+
+    def inner(index):
+        row = ops.indirect_indexing(il(index[:nidx]), num)
+        return wl([row] + list(index[nidx:]))
+
+    return TensorBox.create(Pointwise(device(), odt, inner, size))
+
+
+@register_lowering(aten.index.Tensor)
+def _index(x, indices):
+    size, odt = out_size(), out_dtype()
+    xs = list(x.get_size())
+    nd = len(xs)
+    indices = list(indices) + [None] * (nd - len(indices))
+    pos = [d for d, t in enumerate(indices) if t is not None]
+    if any(indices[d].get_dtype() in (torch.bool, torch.uint8) for d in pos):
+        from coil.ir.lowering import _fallback_marker
+        raise _fallback_marker()
+    adjacent = pos == list(range(pos[0], pos[-1] + 1))
+    bshape = list(torch.broadcast_shapes(*[tuple(int(s) for s in indices[d].get_size()) for d in pos]))
+    nb = len(bshape)
+    xl = x.make_loader()
+    loaders = {d: broadcast_loader(indices[d], [as_expr(s) for s in bshape]) for d in pos}
+    first = pos[0] if adjacent else 0
+
+    def inner(index):
+        bidx = list(index[first:first + nb])
+        rest = list(index[:first]) + list(index[first + nb:])
+        src = []
+        it = iter(rest)
+        for d in range(nd):
+            if d in loaders:
+                src.append(ops.indirect_indexing(loaders[d](bidx), xs[d]))
+            else:
+                src.append(next(it))
+        return xl(src)
+
+    return TensorBox.create(Pointwise(device(), odt, inner, size))
+
+
+@register_lowering(aten.index_select)
+def _index_select(x, dim, index):
+    size, odt = out_size(), out_dtype()
+    dim = dim % max(len(x.get_size()), 1)
+    xl, il = x.make_loader(), index.make_loader()
+    n = x.get_size()[dim] if x.get_size() else 1
+
+    def inner(idx):
+        j = list(idx)
+        if j:
+            j[dim] = ops.indirect_indexing(il([idx[dim]] if index.get_size() else []), n)
+        return xl(j)
+
+    return TensorBox.create(Pointwise(device(), odt, inner, size))
+
+
+@register_lowering(aten.gather)
+def _gather(x, dim, index, sparse_grad=False):
+    size, odt = out_size(), out_dtype()
+    dim = dim % max(len(x.get_size()), 1)
+    xl, il = x.make_loader(), index.make_loader()
+    n = x.get_size()[dim] if x.get_size() else 1
+
+    def inner(idx):
+        j = list(idx)
+        if j:
+            j[dim] = ops.indirect_indexing(il(idx), n)
+        return xl(j)
+
+    return TensorBox.create(Pointwise(device(), odt, inner, size))
+
+
+# ----------------------------------------------------------------------------- creation
+
+@register_lowering(aten.full, aten.full_like, aten.zeros, aten.ones, aten.zeros_like,
+                   aten.ones_like, aten.empty, aten.empty_like, aten.empty_strided,
+                   aten.scalar_tensor, aten.new_zeros, aten.new_ones, aten.new_full,
+                   aten.new_empty, aten.new_empty_strided, prims.full, aten.fill.Scalar)
+def _creation(*args, **kwargs):
+    target = current_graph().current_node.target
+    name = target._overloadpacket.__name__ if hasattr(target, "_overloadpacket") else str(target)
+    if name in ("full", "full_like", "new_full", "fill"):
+        value = args[1]
+    elif name == "scalar_tensor":
+        value = args[0]
+    elif "ones" in name:
+        value = 1
+    else:
+        value = 0
+    return _full(out_size(), value, out_dtype())
+
+
+@register_lowering(aten.arange.start_step, aten.arange.start, aten.arange.default, prims.iota)
+def _arange(*args, **kwargs):
+    target = current_graph().current_node.target
+    if target == prims.iota.default:
+        start, step = kwargs.get("start", 0), kwargs.get("step", 1)
+    elif target == aten.arange.default:
+        start, step = 0, 1
+    else:
+        start = args[0]
+        step = args[2] if len(args) > 2 else kwargs.get("step", 1)
+    size, odt = out_size(), out_dtype()
+    cdt = compute_dtype(odt)
+
+    def inner(index):
+        if cdt.is_floating_point:
+            v = ops.index_expr(index[0], torch.int64)
+            v = ops.to_dtype(v, cdt, torch.int64)
+            return ops.add(ops.mul(v, ops.constant(float(step), cdt)), ops.constant(float(start), cdt))
+        return ops.index_expr(index[0] * int(step) + int(start), cdt)
+
+    return TensorBox.create(Pointwise(device(), odt, inner, size))

@@ -1,0 +1,395 @@
+"""IR nodes of coil's loop-level IR.
+
+What a lowering returns is a :class:`TensorBox` (the IR value of one ATen tensor). Its
+chain is ``TensorBox → (views) → StorageBox → data``:
+
+- ``TensorBox.data`` is a view (:class:`ReinterpretView`, :class:`GenericView`) or a
+  :class:`StorageBox`. Views change *indexing*, never copy.
+- ``StorageBox.data`` is either unrealized loops (:class:`Pointwise`,
+  :class:`Reduction`: a define-by-run body, inlined into every reader) or a realized
+  :class:`Buffer`: :class:`InputBuffer`, :class:`ComputedBuffer` (a named buffer whose
+  body the scheduler turns into kernels), :class:`ExternKernel` (an ATen call).
+  ``StorageBox.realize()`` turns loops into a ComputedBuffer registered with the graph.
+
+Invariants: sizes/strides/index expressions are sympy expressions; a Buffer's
+``layout`` is fixed once created; every realized buffer has a unique name ``bufN`` (or
+the placeholder name for inputs); a body only reads buffers created before it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import threading
+from typing import Any, Callable, Optional, Sequence
+
+import sympy
+import torch
+
+from coil.ir.symbols import as_expr, contiguous_strides, product, sym
+from coil.ir.virtualized import ops
+
+
+class _Current(threading.local):
+    graph = None
+
+
+V = _Current()
+
+
+def current_graph():
+    """The GraphLowering being built (buffers register themselves with it)."""
+    if V.graph is None:
+        raise RuntimeError("no GraphLowering is active")
+    return V.graph
+
+
+@dataclasses.dataclass
+class Layout:
+    """A strided layout: element ``index`` lives at ``offset + sum(index[d]*stride[d])``."""
+
+    device: torch.device
+    dtype: torch.dtype
+    size: list
+    stride: list
+    offset: sympy.Expr = sympy.Integer(0)
+
+    def make_indexer(self) -> Callable[[Sequence[sympy.Expr]], sympy.Expr]:
+        size, stride, offset = list(self.size), list(self.stride), self.offset
+
+        def indexer(index):
+            assert len(index) == len(size), (index, size)
+            e = offset
+            for i, sz, st in zip(index, size, stride):
+                if sz != 1:
+                    e = e + i * st
+            return e
+
+        return indexer
+
+    def storage_numel(self) -> sympy.Expr:
+        """Elements of storage this layout touches (offset + extent)."""
+        if any(s == 0 for s in self.size):
+            return sympy.Integer(0)
+        return self.offset + 1 + sum((s - 1) * st for s, st in zip(self.size, self.stride))
+
+    def is_contiguous(self) -> bool:
+        return all(st == c or s == 1 for s, st, c in
+                   zip(self.size, self.stride, contiguous_strides(self.size))) and self.offset == 0
+
+    @staticmethod
+    def contiguous(device, dtype, size) -> "Layout":
+        size = [as_expr(s) for s in size]
+        return Layout(device, dtype, size, contiguous_strides(size))
+
+
+class IRNode:
+    """Base of all IR values."""
+
+    def get_size(self) -> list:
+        raise NotImplementedError
+
+    def get_dtype(self) -> torch.dtype:
+        raise NotImplementedError
+
+    def get_device(self) -> torch.device:
+        raise NotImplementedError
+
+    def make_loader(self) -> Callable:
+        """``loader(index) -> ops value`` for element ``index`` of this tensor."""
+        raise NotImplementedError
+
+    def get_numel(self) -> sympy.Expr:
+        return product(self.get_size())
+
+
+# ---------------------------------------------------------------------------- loops
+
+class Loops(IRNode):
+    """A define-by-run body over ``ranges``: ``inner_fn(index) -> ops value``."""
+
+    def __init__(self, device, dtype, inner_fn, ranges):
+        self.device, self.dtype, self.inner_fn = device, dtype, inner_fn
+        self.ranges = [as_expr(r) for r in ranges]
+
+    def get_size(self):
+        return self.ranges
+
+    def get_dtype(self):
+        return self.dtype
+
+    def get_device(self):
+        return self.device
+
+
+class Pointwise(Loops):
+    """Elementwise body: element ``index`` of the result is ``inner_fn(index)``."""
+
+    def make_loader(self):
+        return self.inner_fn
+
+
+class Reduction(Loops):
+    """``out[index] = reduce_{r in reduction_ranges} inner_fn(index, r)``.
+
+    ``reduction_type`` is one of :data:`coil.ir.virtualized.REDUCTION_TYPES`; ``dtype``
+    is the output dtype, ``src_dtype`` the dtype of ``inner_fn``'s values.
+    """
+
+    def __init__(self, device, dtype, inner_fn, ranges, reduction_ranges, reduction_type,
+                 src_dtype):
+        super().__init__(device, dtype, inner_fn, ranges)
+        self.reduction_ranges = [as_expr(r) for r in reduction_ranges]
+        self.reduction_type = reduction_type
+        self.src_dtype = src_dtype
+
+    def make_loader(self):
+        raise RuntimeError("a Reduction must be realized before it is read")
+
+
+# ---------------------------------------------------------------------------- buffers
+
+class Buffer(IRNode):
+    """A named tensor in memory with a fixed :class:`Layout`."""
+
+    def __init__(self, name: str, layout: Layout):
+        self.name, self.layout = name, layout
+
+    def get_name(self) -> str:
+        return self.name
+
+    def get_size(self):
+        return self.layout.size
+
+    def get_stride(self):
+        return self.layout.stride
+
+    def get_dtype(self):
+        return self.layout.dtype
+
+    def get_device(self):
+        return self.layout.device
+
+    def make_loader(self):
+        name, indexer = self.name, self.layout.make_indexer()
+        return lambda index: ops.load(name, indexer(index))
+
+    def __repr__(self):
+        return f"{type(self).__name__}({self.name}, size={self.layout.size}, dtype={self.layout.dtype})"
+
+
+class InputBuffer(Buffer):
+    """A graph placeholder."""
+
+
+class ConstantBuffer(InputBuffer):
+    """A tensor constant of the graph (``get_attr``); ``value`` is the real tensor."""
+
+    def __init__(self, name, layout, value):
+        super().__init__(name, layout)
+        self.value = value
+
+
+class ComputedBuffer(Buffer):
+    """A buffer computed by a loop body (``data`` is Pointwise or Reduction)."""
+
+    def __init__(self, name: str, layout: Layout, data: Loops):
+        super().__init__(name, layout)
+        self.data = data
+        self._reads = None
+
+    def is_reduction(self) -> bool:
+        return isinstance(self.data, Reduction)
+
+    def get_ranges(self) -> list:
+        return self.data.ranges
+
+    def get_reduction_ranges(self) -> list:
+        return self.data.reduction_ranges if self.is_reduction() else []
+
+    def store_body(self, index: Sequence, rindex: Sequence = ()) -> None:
+        """Run the body for output ``index`` (and reduction ``rindex``) on the current
+        ops handler, ending in ``ops.store`` / ``ops.store_reduction``."""
+        indexer = self.layout.make_indexer()
+        out_index = indexer(list(index))
+        if isinstance(self.data, Reduction):
+            value = self.data.inner_fn(list(index), list(rindex))
+            red = ops.reduction(self.data.dtype, self.data.src_dtype, self.data.reduction_type,
+                                value)
+            ops.store_reduction(self.name, out_index, red)
+        else:
+            ops.store(self.name, out_index, self.data.inner_fn(list(index)))
+
+    def make_symbolic_index(self):
+        """Fresh loop symbols ``(index, rindex)`` named i0.. / r0.. for this buffer."""
+        index = [sym(f"i{d}") for d in range(len(self.get_ranges()))]
+        rindex = [sym(f"r{d}") for d in range(len(self.get_reduction_ranges()))]
+        return index, rindex
+
+    def get_read_names(self) -> list[str]:
+        """Names of buffers the body loads, in first-read order (cached)."""
+        if self._reads is None:
+            from coil.ir.handlers import DependencyRecorder
+            self._reads = DependencyRecorder.record(self).read_names()
+        return self._reads
+
+
+class ExternKernel(Buffer):
+    """An ATen op run as-is. ``args``/``kwargs`` hold IR tensors (realized buffers or
+    ReinterpretViews) and plain Python values; ``layout`` is None when the op returns
+    several tensors (read them through :class:`MultiOutput`)."""
+
+    def __init__(self, name, layout, op, args, kwargs):
+        super().__init__(name, layout)
+        self.op, self.args, self.kwargs = op, args, kwargs
+
+    def input_names(self) -> list[str]:
+        names = []
+
+        def visit(a):
+            if isinstance(a, (list, tuple)):
+                for x in a:
+                    visit(x)
+            elif isinstance(a, ReinterpretView):
+                names.append(a.data.get_name())
+            elif isinstance(a, Buffer):
+                names.append(a.get_name())
+
+        visit(list(self.args) + list(self.kwargs.values()))
+        return list(dict.fromkeys(names))
+
+    def get_read_names(self):
+        return self.input_names()
+
+
+class MultiOutput(Buffer):
+    """Output ``path`` (tuple of indices) of a multi-output ExternKernel."""
+
+    def __init__(self, name, layout, parent: ExternKernel, path: tuple):
+        super().__init__(name, layout)
+        self.parent, self.path = parent, path
+
+    def get_read_names(self):
+        return [self.parent.get_name()]
+
+
+# ---------------------------------------------------------------------------- views
+
+class ReinterpretView(IRNode):
+    """A strided view of a realized buffer: same storage, another layout."""
+
+    def __init__(self, data: Buffer, layout: Layout):
+        assert isinstance(data, Buffer)
+        self.data, self.layout = data, layout
+
+    def get_size(self):
+        return self.layout.size
+
+    def get_stride(self):
+        return self.layout.stride
+
+    def get_dtype(self):
+        return self.layout.dtype
+
+    def get_device(self):
+        return self.layout.device
+
+    def get_name(self):
+        return self.data.get_name()
+
+    def make_loader(self):
+        name, indexer = self.data.get_name(), self.layout.make_indexer()
+        return lambda index: ops.load(name, indexer(index))
+
+
+class GenericView(IRNode):
+    """A view of any IR value by re-indexing: ``self[index] = data[reindex(index)]``."""
+
+    def __init__(self, data: IRNode, size, reindex: Callable):
+        self.data, self.size, self.reindex = data, [as_expr(s) for s in size], reindex
+
+    def get_size(self):
+        return self.size
+
+    def get_dtype(self):
+        return self.data.get_dtype()
+
+    def get_device(self):
+        return self.data.get_device()
+
+    def make_loader(self):
+        inner, reindex = self.data.make_loader(), self.reindex
+        return lambda index: inner(reindex(list(index)))
+
+
+# ---------------------------------------------------------------------------- boxes
+
+class StorageBox(IRNode):
+    """Holds either unrealized loops or a realized buffer; ``realize`` converts."""
+
+    def __init__(self, data: IRNode):
+        self.data = data
+
+    def get_size(self):
+        return self.data.get_size()
+
+    def get_dtype(self):
+        return self.data.get_dtype()
+
+    def get_device(self):
+        return self.data.get_device()
+
+    def make_loader(self):
+        return self.data.make_loader()
+
+    def is_realized(self) -> bool:
+        return isinstance(self.data, Buffer)
+
+    def realize(self, stride: Optional[list] = None) -> Buffer:
+        """Make this value a named ComputedBuffer (contiguous unless ``stride``)."""
+        if isinstance(self.data, Buffer):
+            return self.data
+        assert isinstance(self.data, Loops)
+        g = current_graph()
+        size = self.data.get_size()
+        layout = (Layout(self.data.device, self.data.dtype, list(size), list(stride))
+                  if stride is not None else Layout.contiguous(self.data.device, self.data.dtype, size))
+        buf = ComputedBuffer(g.new_buffer_name(), layout, self.data)
+        g.register_buffer(buf)
+        self.data = buf
+        return buf
+
+    def num_reads(self) -> int:
+        from coil.ir.handlers import count_ops
+        return count_ops(self.data)[1] if isinstance(self.data, Pointwise) else 1
+
+
+class TensorBox(IRNode):
+    """The IR value of one ATen tensor (what lowerings take and return)."""
+
+    def __init__(self, data: IRNode):
+        self.data = data
+
+    @staticmethod
+    def create(data: IRNode) -> "TensorBox":
+        return TensorBox(StorageBox(data))
+
+    def get_size(self):
+        return self.data.get_size()
+
+    def get_dtype(self):
+        return self.data.get_dtype()
+
+    def get_device(self):
+        return self.data.get_device()
+
+    def make_loader(self):
+        return self.data.make_loader()
+
+    def __repr__(self):
+        return f"TensorBox({self.data!r})"
+
+
+def unwrap_view_chain(x: IRNode) -> IRNode:
+    """Strip TensorBox/StorageBox wrappers."""
+    while isinstance(x, (TensorBox, StorageBox)):
+        x = x.data
+    return x

@@ -1,0 +1,86 @@
+"""``libdevice`` for generated Triton kernels: the real one on GPUs, a NumPy shim under
+``TRITON_INTERPRET=1`` (the interpreter cannot run libdevice calls).
+
+Generated kernels do ``from coil.runtime.triton_libdevice import libdevice`` and call
+``libdevice.tanh(x)`` etc.; kernel source is the same on both paths.
+"""
+from __future__ import annotations
+
+import os
+import types
+
+import numpy as np
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def _make_shim():
+    import triton.language as tl
+    from triton.runtime.interpreter import TensorHandle
+
+    def wrap(npfn, out_bool=False):
+        def f(*args):
+            ref = next(a for a in args if isinstance(a, tl.core.tensor))
+            datas = [a.handle.data if isinstance(a, tl.core.tensor) else a for a in args]
+            with np.errstate(all="ignore"):
+                out = npfn(*datas)
+            if out_bool:
+                ty = ref.type.with_element_ty(tl.int1) if ref.type.is_block() else tl.int1
+                return tl.core.tensor(TensorHandle(np.asarray(out, dtype=np.bool_), tl.int1), ty)
+            out = np.asarray(out).astype(ref.handle.data.dtype)
+            return tl.core.tensor(TensorHandle(out, ref.handle.dtype.scalar), ref.type)
+        return f
+
+    vec = lambda f: np.vectorize(f, otypes=[np.float64])
+    import math
+    table = {
+        "tanh": np.tanh, "log1p": np.log1p, "expm1": np.expm1, "pow": np.power,
+        "nearbyint": np.rint, "atan2": np.arctan2, "trunc": np.trunc, "asin": np.arcsin,
+        "acos": np.arccos, "atan": np.arctan, "sinh": np.sinh, "cosh": np.cosh,
+        "asinh": np.arcsinh, "acosh": np.arccosh, "atanh": np.arctanh, "tan": np.tan,
+        "exp2": np.exp2, "log2": np.log2, "log10": np.log10, "fmod": np.fmod,
+        "hypot": np.hypot, "copysign": np.copysign, "nextafter": np.nextafter,
+        "erfc": vec(math.erfc), "lgamma": vec(math.lgamma), "erf": vec(math.erf),
+        "erfinv": vec(_erfinv), "signbit": None, "isinf": None, "isnan": None,
+    }
+    ns = types.SimpleNamespace()
+    for k, v in table.items():
+        if v is not None:
+            setattr(ns, k, wrap(v))
+    ns.signbit = wrap(np.signbit, True)
+    ns.isinf = wrap(np.isinf, True)
+    ns.isnan = wrap(np.isnan, True)
+    return ns
+
+
+def _erfinv(y: float) -> float:
+    """Inverse error function by Newton iterations (interpreter only)."""
+    import math
+    if y <= -1:
+        return -math.inf if y == -1 else math.nan
+    if y >= 1:
+        return math.inf if y == 1 else math.nan
+    a = 0.147
+    ln = math.log(1 - y * y)
+    t = 2 / (math.pi * a) + ln / 2
+    x = math.copysign(math.sqrt(math.sqrt(t * t - ln / a) - t), y)
+    for _ in range(3):
+        x -= (math.erf(x) - y) / (2 / math.sqrt(math.pi) * math.exp(-x * x))
+    return x
+
+
+def __getattr__(name):
+    if name == "libdevice":
+        if interpreting():
+            global _SHIM
+            if _SHIM is None:
+                _SHIM = _make_shim()
+            return _SHIM
+        from triton.language.extra import libdevice as real
+        return real
+    raise AttributeError(name)
+
+
+_SHIM = None

@@ -1,0 +1,195 @@
+"""Loading and launching generated Triton kernels; autotuning with a disk cache.
+
+A kernel's source is written to ``<cache>/triton/<sha256 of source>.py`` and imported
+(Triton's JIT needs a real file). On CPU tensors the module is imported with
+``TRITON_INTERPRET=1`` so Triton's interpreter runs it.
+
+:class:`TritonLauncher` holds the precomputed grid and launch options, so a call is one
+Triton launch. On a GPU with ``config.autotune`` the first call times each candidate
+config (block sizes, warps) with ``triton.testing.do_bench`` on the real arguments,
+keeps the fastest, and records it in ``<cache>/triton/<sha>.tune.json`` for later
+processes; kernels only write their output buffers, so re-running them is safe.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import sys
+import threading
+from typing import Optional
+
+from coil import trace
+from coil.config import config
+
+
+def _ensure_interpreter_if_no_gpu() -> None:
+    """Triton decides at import time whether its own library functions (tl.sum...) are
+    interpreted: with no CUDA device, turn the interpreter on before triton loads."""
+    if "triton" in sys.modules:
+        return
+    import torch
+    if not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+_ensure_interpreter_if_no_gpu()
+
+_lock = threading.Lock()
+_modules: dict[tuple, object] = {}
+
+
+def cache_dir() -> str:
+    d = config.cache_dir or os.path.join(os.path.expanduser("~"), ".cache", "coil")
+    path = os.path.join(d, "triton")
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
+def source_key(source: str) -> str:
+    return hashlib.sha256(source.encode()).hexdigest()[:32]
+
+
+def load_module(source: str, interpret: bool):
+    """Import kernel ``source`` as a module (cached per process)."""
+    key = (source_key(source), interpret)
+    with _lock:
+        if key in _modules:
+            return _modules[key]
+        path = os.path.join(cache_dir(), f"k{key[0]}.py")
+        if not os.path.exists(path):
+            tmp = f"{path}.{os.getpid()}.tmp"
+            with open(tmp, "w") as f:
+                f.write(source)
+            os.replace(tmp, path)
+        modname = f"coil_triton_{key[0]}_{int(interpret)}"
+        old = os.environ.get("TRITON_INTERPRET")
+        if interpret:
+            os.environ["TRITON_INTERPRET"] = "1"
+        try:
+            spec = importlib.util.spec_from_file_location(modname, path)
+            mod = importlib.util.module_from_spec(spec)
+            sys.modules[modname] = mod
+            spec.loader.exec_module(mod)
+        finally:
+            if interpret:
+                if old is None:
+                    os.environ.pop("TRITON_INTERPRET", None)
+                else:
+                    os.environ["TRITON_INTERPRET"] = old
+        _modules[key] = mod
+        return mod
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(int(n) - 1, 0).bit_length()
+
+
+def candidate_configs(numel: int, rnumel: int, persistent: bool, gpu: bool) -> list[dict]:
+    """Launch configs to try: dicts with XBLOCK, (RBLOCK), num_warps."""
+    xcap = _pow2(numel)
+    if rnumel == 1:
+        if not gpu:
+            return [dict(XBLOCK=min(xcap, 4096), num_warps=4)]
+        out = []
+        for xb, nw in ((1024, 4), (512, 4), (2048, 8), (256, 2), (4096, 8)):
+            xb = min(xb, max(xcap, 128))
+            c = dict(XBLOCK=xb, num_warps=min(nw, max(1, xb // 128)))
+            if c not in out:
+                out.append(c)
+        return out
+    if persistent:
+        rb = _pow2(rnumel)
+        if not gpu:
+            return [dict(XBLOCK=max(1, min(xcap, 8192 // rb)), RBLOCK=rb, num_warps=4)]
+        out = []
+        for elems in (1024, 2048, 4096, 8192):
+            xb = max(1, min(xcap, elems // rb))
+            nw = max(1, min(16, (xb * rb) // 256))
+            c = dict(XBLOCK=xb, RBLOCK=rb, num_warps=nw)
+            if c not in out:
+                out.append(c)
+        return out
+    if not gpu:
+        return [dict(XBLOCK=min(xcap, 8), RBLOCK=1024, num_warps=4)]
+    out = []
+    for xb, rb, nw in ((1, 2048, 8), (1, 1024, 4), (4, 512, 4), (8, 256, 4), (16, 128, 4), (64, 64, 8)):
+        c = dict(XBLOCK=min(xb, xcap), RBLOCK=min(rb, _pow2(rnumel)), num_warps=nw)
+        if c not in out:
+            out.append(c)
+    return out
+
+
+class TritonLauncher:
+    """Callable ``launcher(*tensors)`` running one generated kernel."""
+
+    def __init__(self, name: str, source: str, numel: int, rnumel: int, persistent: bool,
+                 device_type: str):
+        self.name, self.source = name, source
+        self.interpret = device_type == "cpu"
+        self.gpu = not self.interpret
+        self.numel, self.rnumel = numel, rnumel
+        self.configs = candidate_configs(numel, rnumel, persistent, self.gpu)
+        self.fn = getattr(load_module(source, self.interpret), name)
+        self.key = source_key(source)
+        self.chosen: Optional[dict] = None
+        tuned = self._read_tuned() if self.gpu else None
+        if tuned is not None:
+            self._choose(tuned)
+        elif len(self.configs) == 1 or not (config.autotune and self.gpu):
+            self._choose(self.configs[0])
+
+    def _choose(self, cfg: dict) -> None:
+        self.chosen = dict(cfg)
+        kwargs = dict(cfg)
+        grid = (_cdiv(self.numel, cfg["XBLOCK"]),)
+        launch = self.fn[grid]
+        if self.interpret:
+            kwargs.pop("num_warps", None)
+        self._call = lambda *args: launch(*args, **kwargs)
+
+    def __call__(self, *args):
+        if self.chosen is None:
+            self._autotune(args)
+        return self._call(*args)
+
+    # -------------------------------------------------------------- autotuning
+    def _tune_path(self) -> str:
+        import torch
+        dev = torch.cuda.get_device_name().replace(" ", "_") if self.gpu else "cpu"
+        return os.path.join(cache_dir(), f"k{self.key}.{dev}.tune.json")
+
+    def _read_tuned(self) -> Optional[dict]:
+        try:
+            with open(self._tune_path()) as f:
+                cfg = json.load(f)
+            return cfg if cfg in self.configs else None
+        except (OSError, ValueError):
+            return None
+
+    def _autotune(self, args) -> None:
+        from triton.testing import do_bench
+        timings = []
+        for cfg in self.configs:
+            self._choose(cfg)
+            try:
+                ms = do_bench(lambda: self._call(*args), warmup=3, rep=10)
+            except Exception as e:  # a config that does not compile (registers, smem)
+                trace.log("autotune_error", stage="runtime", kernel=self.name, config=cfg, error=str(e))
+                continue
+            timings.append((ms, cfg))
+        timings.sort(key=lambda t: t[0])
+        best = timings[0][1]
+        self._choose(best)
+        trace.log("autotune", stage="runtime", kernel=self.name,
+                  timings=[{"config": c, "ms": m} for m, c in timings], chosen=best)
+        try:
+            with open(self._tune_path(), "w") as f:
+                json.dump(best, f)
+        except OSError:
+            pass

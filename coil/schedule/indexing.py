@@ -1,0 +1,132 @@
+"""Map a buffer's loop variables onto a kernel's iteration space.
+
+A kernel iterates ``xindex in [0, numel)`` and, for reductions, ``rindex in [0, rnumel)``
+(coil.ir.symbols.XINDEX / RINDEX). :func:`kernel_index` expresses one ComputedBuffer's
+loop variables in those two symbols for a given ``(numel, rnumel)``:
+
+- a reduction over ``ranges | reduction_ranges``: ranges from xindex, reduction ranges
+  from rindex (``prod(ranges) == numel``, ``prod(reduction_ranges) == rnumel``);
+- a pointwise buffer of ``numel`` elements: all ranges from xindex ("out of loop" when
+  the kernel is a reduction, i.e. once per xindex);
+- a pointwise buffer of ``numel * rnumel`` elements inside a reduction kernel ("in
+  loop"): the trailing dims that multiply to ``rnumel`` come from rindex, the leading
+  ones from xindex; one dim may be split in two (``i = outer * f + inner``).
+
+Dependencies (:func:`kernel_deps`) are the buffer's loads and stores with index
+expressions in kernel symbols, canonicalized by :func:`coil.ir.symbols.simplify_index`:
+two equal expressions denote the same element, which is what fusion legality and the
+kernels' store→load forwarding rely on.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Optional
+
+import sympy
+
+from coil.ir.symbols import RINDEX, XINDEX, FloorDiv, Mod, product, simplify_index
+
+
+def decompose(var: sympy.Symbol, sizes: list) -> list:
+    """Row-major per-dim indices of flat index ``var`` over ``sizes``."""
+    out = []
+    n = len(sizes)
+    for d, s in enumerate(sizes):
+        if s == 1:
+            out.append(sympy.Integer(0))
+            continue
+        stride = product(sizes[d + 1:])
+        v = FloorDiv(var, stride) if stride != 1 else var
+        if d > 0 and any(x != 1 for x in sizes[:d]):
+            v = Mod(v, s)
+        out.append(v)
+    return out
+
+
+def split_ranges(sizes: list, rnumel) -> Optional[tuple[list, list, Optional[int]]]:
+    """Split ``sizes`` into (x_sizes, r_sizes, split_dim) with ``prod(r_sizes) == rnumel``.
+    ``split_dim`` is the dim cut in two (its outer part ends x_sizes, inner part starts
+    r_sizes), or None. Returns None when impossible."""
+    rem = int(rnumel)
+    r_sizes: list = []
+    d = len(sizes) - 1
+    while rem > 1 and d >= 0:
+        s = int(sizes[d])
+        if s == 1:
+            r_sizes.insert(0, sympy.Integer(1))
+        elif rem % s == 0:
+            r_sizes.insert(0, sympy.Integer(s))
+            rem //= s
+        elif s % rem == 0:
+            return list(sizes[:d]) + [sympy.Integer(s // rem)], [sympy.Integer(rem)] + r_sizes, d
+        else:
+            return None
+        d -= 1
+    if rem != 1:
+        return None
+    return list(sizes[: d + 1]), r_sizes, None
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel_index_cached(ranges: tuple, rranges: tuple, is_red: bool, numel, rnumel):
+    numel, rnumel = int(numel), int(rnumel)
+    if is_red:
+        if int(product(ranges)) != numel or int(product(rranges)) != rnumel:
+            return None
+        return decompose(XINDEX, list(ranges)), decompose(RINDEX, list(rranges)), True
+    n = int(product(ranges))
+    if n == numel:
+        return decompose(XINDEX, list(ranges)), [], rnumel == 1
+    if rnumel > 1 and n == numel * rnumel:
+        sp = split_ranges(list(ranges), rnumel)
+        if sp is None:
+            return None
+        xs, rs, split = sp
+        xv, rv = decompose(XINDEX, xs), decompose(RINDEX, rs)
+        if split is None:
+            return xv + rv, [], True
+        merged = xv[:-1] + [xv[-1] * rs[0] + rv[0]] + rv[1:]
+        return merged, [], True
+    return None
+
+
+def kernel_index(buf, numel, rnumel):
+    """(index, rindex, in_loop) for ``buf`` in a kernel of (numel, rnumel), or None."""
+    return _kernel_index_cached(tuple(buf.get_ranges()), tuple(buf.get_reduction_ranges()),
+                                buf.is_reduction(), sympy.Integer(numel), sympy.Integer(rnumel))
+
+
+class KernelDeps:
+    """Loads/stores of one buffer in kernel symbols (canonical index expressions)."""
+
+    def __init__(self, loads, stores, in_loop):
+        self.loads, self.stores, self.in_loop = loads, stores, in_loop
+
+    def loads_of(self, name):
+        return [e for n, e in self.loads if n == name]
+
+
+_deps_cache: dict = {}
+
+
+def kernel_deps(buf, numel, rnumel) -> Optional[KernelDeps]:
+    key = (id(buf), int(numel), int(rnumel))
+    if key in _deps_cache and _deps_cache[key][0] is buf:
+        return _deps_cache[key][1]
+    ki = kernel_index(buf, numel, rnumel)
+    if ki is None:
+        res = None
+    else:
+        from coil.ir.handlers import DependencyRecorder
+        index, rindex, in_loop = ki
+        rec = DependencyRecorder.record(buf, index, rindex)
+        bounds = {XINDEX: int(numel), RINDEX: int(rnumel)}
+        res = KernelDeps([(n, simplify_index(sympy.sympify(e), bounds)) for n, e in rec.loads],
+                         [(n, simplify_index(sympy.sympify(e), bounds)) for n, e in rec.stores],
+                         in_loop)
+    _deps_cache[key] = (buf, res)
+    return res
+
+
+def clear_cache() -> None:
+    _deps_cache.clear()

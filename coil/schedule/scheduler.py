@@ -1,0 +1,303 @@
+"""The scheduler: from IR buffers to an ordered list of fused kernels and extern calls.
+
+Input: a lowered :class:`~coil.ir.graph.GraphLowering`. Output: ``self.steps``, a list of
+:class:`FusedGroup` (one generated kernel each) and :class:`ExternStep` (an ATen call or
+a MultiOutput unpacking), in a valid execution order.
+
+Fusion (``config.fusion``): start with one group per ComputedBuffer; candidate pairs are
+groups connected by a buffer (vertical: one reads what the other writes) or sharing a
+read (horizontal). Each candidate is scored by the memory traffic it saves (bytes of
+the intermediate written and read again, or of the shared read); candidates are tried
+best first, and a fusion is made when:
+
+1. the iteration spaces agree: pointwise (N) with pointwise (N); reduction (X, R) with
+   reduction (X, R); pointwise with a reduction (X, R) when N == X*R (it runs inside
+   the reduction loop: a producer, or an epilogue over the same elements) or N == X
+   (once per output element: a reduction epilogue);
+2. no path between the two groups leaves them (that would create a cycle);
+3. every element a node reads from the other group's buffers is the element the same
+   kernel iteration wrote (kernel-level index expressions are equal), and nothing
+   reads, once per output element, a value only computed inside the loop.
+
+Every decision is logged (event ``fusion``: made / refused, with the reason).
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+from typing import Optional
+
+import sympy
+import torch
+
+from coil import trace
+from coil.config import config
+from coil.ir.nodes import Buffer, ComputedBuffer, ExternKernel, MultiOutput
+from coil.ir.symbols import product
+from coil.schedule.indexing import kernel_deps, kernel_index
+
+
+@dataclasses.dataclass
+class ExternStep:
+    """One ExternKernel (or MultiOutput unpacking) in execution order."""
+
+    buffer: Buffer
+    order: int
+
+    @property
+    def names(self):
+        return [self.buffer.get_name()]
+
+    def read_names(self):
+        return self.buffer.get_read_names()
+
+
+class FusedGroup:
+    """ComputedBuffers generated as one kernel over (numel, rnumel)."""
+
+    def __init__(self, nodes: list[ComputedBuffer], numel: int, rnumel: int, order: int):
+        self.nodes, self.numel, self.rnumel, self.order = nodes, int(numel), int(rnumel), order
+
+    @property
+    def names(self):
+        return [n.get_name() for n in self.nodes]
+
+    def read_names(self):
+        own = set(self.names)
+        out = []
+        for n in self.nodes:
+            out += [r for r in n.get_read_names() if r not in own]
+        return list(dict.fromkeys(out))
+
+    def is_reduction(self):
+        return self.rnumel > 1
+
+    def __repr__(self):
+        return f"FusedGroup({self.names}, numel={self.numel}, rnumel={self.rnumel})"
+
+
+def node_group(buf: ComputedBuffer) -> tuple[int, int]:
+    if buf.is_reduction():
+        return int(product(buf.get_ranges())), int(product(buf.get_reduction_ranges()))
+    return int(product(buf.get_ranges())), 1
+
+
+def _bytes(buf: Buffer) -> int:
+    try:
+        return int(product(buf.get_size())) * buf.get_dtype().itemsize
+    except Exception:
+        return 0
+
+
+class Scheduler:
+    """Build, fuse and order kernel groups (see module docstring)."""
+
+    def __init__(self, graph):
+        self.graph = graph
+        self.output_names = {o.name for o in graph.outputs if o.name is not None}
+        self.steps: list = []
+        self.decisions: list[dict] = []
+        groups: list = []
+        for i, b in enumerate(graph.buffers):
+            if isinstance(b, ComputedBuffer):
+                numel, rnumel = node_group(b)
+                groups.append(FusedGroup([b], numel, rnumel, i))
+            else:
+                groups.append(ExternStep(b, i))
+        self.groups = groups
+        self.order_of = {b.get_name(): i for i, b in enumerate(graph.buffers)}
+        self.users: dict[str, set] = defaultdict(set)   # buffer -> reader buffer names
+        for b in graph.buffers:
+            for r in b.get_read_names():
+                self.users[r].add(b.get_name())
+        with trace.stage("schedule"):
+            if config.fusion:
+                self.fuse()
+            self.steps = sorted(self.groups, key=lambda g: g.order)
+        if trace.enabled():
+            trace.log("schedule", stage="schedule", kernels=sum(isinstance(s, FusedGroup) for s in self.steps),
+                      externs=sum(isinstance(s, ExternStep) for s in self.steps),
+                      groups=[s.names for s in self.steps])
+
+    # ------------------------------------------------------------------ graph helpers
+    def _owner_map(self) -> dict[str, object]:
+        m = {}
+        for g in self.groups:
+            for n in g.names:
+                m[n] = g
+        return m
+
+    def _reaches(self, src, dst, owner, skip_direct: bool) -> bool:
+        """True if a path src -> ... -> dst exists through some other group."""
+        succ = self._succ_cache
+        stack = [g for g in succ(src, owner) if g is not dst] if skip_direct else [src]
+        seen = set()
+        while stack:
+            g = stack.pop()
+            if id(g) in seen:
+                continue
+            seen.add(id(g))
+            if g is dst:
+                return True
+            if g.order > dst.order and not isinstance(dst, ExternStep) and False:
+                continue
+            stack.extend(succ(g, owner))
+        return False
+
+    def _succ_cache(self, g, owner):
+        out = []
+        for n in g.names:
+            for u in self.users.get(n, ()):
+                og = owner.get(u)
+                if og is not None and og is not g:
+                    out.append(og)
+        return out
+
+    # ------------------------------------------------------------------ fusion
+    def fuse(self) -> None:
+        for _ in range(8):
+            if not self._fuse_round():
+                break
+
+    def _candidates(self) -> list[tuple[int, object, object, str]]:
+        owner = self._owner_map()
+        kernels = [g for g in self.groups if isinstance(g, FusedGroup)]
+        seen = set()
+        cands = []
+        readers: dict[str, list] = defaultdict(list)
+        for g in kernels:
+            for r in g.read_names():
+                readers[r].append(g)
+        for g in kernels:
+            for n in g.names:
+                for u in self.users.get(n, ()):
+                    h = owner.get(u)
+                    if isinstance(h, FusedGroup) and h is not g:
+                        key = (id(g), id(h))
+                        if key not in seen:
+                            seen.add(key)
+                            cands.append((self._score(g, h), g, h, "vertical"))
+        for name, gs in readers.items():
+            for i in range(len(gs)):
+                for j in range(i + 1, len(gs)):
+                    a, b = sorted((gs[i], gs[j]), key=lambda g: g.order)
+                    key = (id(a), id(b))
+                    if key not in seen:
+                        seen.add(key)
+                        cands.append((self._score(a, b), a, b, "horizontal"))
+        cands.sort(key=lambda c: (-c[0], c[1].order, c[2].order))
+        return cands
+
+    def _score(self, a: FusedGroup, b: FusedGroup) -> int:
+        """Bytes of memory traffic saved by running a and b as one kernel."""
+        names_a, names_b = set(a.names), set(b.names)
+        saved = 0
+        both = names_a | names_b
+        for n in a.nodes + b.nodes:
+            name = n.get_name()
+            readers = self.users.get(name, set())
+            crosses = (name in names_a and readers & names_b) or (name in names_b and readers & names_a)
+            if crosses:
+                saved += _bytes(n)  # the read
+                if readers <= both and name not in self.output_names:
+                    saved += _bytes(n)  # the write
+        shared = set(a.read_names()) & set(b.read_names())
+        for s in shared:
+            buf = self.graph.name_to_buffer.get(s)
+            saved += _bytes(buf) if buf is not None else 0
+        return saved + 1
+
+    def _fuse_round(self) -> bool:
+        changed = False
+        for score, a, b, kind in self._candidates():
+            if a not in self.groups or b not in self.groups:
+                continue
+            reason = self._why_not(a, b)
+            rec = {"decision": "refused" if reason else "fused", "kind": kind, "a": a.names,
+                   "b": b.names, "bytes_saved": score - 1}
+            if reason:
+                rec["reason"] = reason
+            self.decisions.append(rec)
+            trace.log("fusion", stage="schedule", **rec)
+            if reason is None:
+                self._merge(a, b)
+                changed = True
+        return changed
+
+    def combined_group(self, a: FusedGroup, b: FusedGroup) -> Optional[tuple[int, int]]:
+        if a.rnumel > 1 and b.rnumel > 1:
+            return (a.numel, a.rnumel) if (a.numel, a.rnumel) == (b.numel, b.rnumel) else None
+        if a.rnumel == 1 and b.rnumel == 1:
+            return (a.numel, 1) if a.numel == b.numel else None
+        red, pw = (a, b) if a.rnumel > 1 else (b, a)
+        if pw.numel in (red.numel, red.numel * red.rnumel):
+            return red.numel, red.rnumel
+        return None
+
+    def _why_not(self, a: FusedGroup, b: FusedGroup) -> Optional[str]:
+        grp = self.combined_group(a, b)
+        if grp is None:
+            return f"iteration spaces differ ({a.numel}x{a.rnumel} vs {b.numel}x{b.rnumel})"
+        numel, rnumel = grp
+        for n in a.nodes + b.nodes:
+            if kernel_index(n, numel, rnumel) is None:
+                return f"{n.get_name()} cannot be split into {numel}x{rnumel}"
+        owner = self._owner_map()
+        first, second = sorted((a, b), key=lambda g: g.order)
+        if self._reaches(first, second, owner, skip_direct=True):
+            return "a path between them leaves the pair (would create a cycle)"
+        if self._reaches(second, first, owner, skip_direct=True):
+            return "a path between them leaves the pair (would create a cycle)"
+        # element-wise agreement of every cross read
+        for prod_g, cons_g in ((a, b), (b, a)):
+            produced = {n.get_name(): n for n in prod_g.nodes}
+            for c in cons_g.nodes:
+                cdeps = kernel_deps(c, numel, rnumel)
+                for name in set(c.get_read_names()) & set(produced):
+                    p = produced[name]
+                    pdeps = kernel_deps(p, numel, rnumel)
+                    store = pdeps.stores[0][1]
+                    p_in_loop = pdeps.in_loop and not p.is_reduction()
+                    if p_in_loop and not cdeps.in_loop and rnumel > 1:
+                        return f"{c.get_name()} reads {name} once per output but it is computed in the loop"
+                    for e in cdeps.loads_of(name):
+                        if e != store:
+                            return f"{c.get_name()} reads {name}[{e}] but it is written at [{store}]"
+        return None
+
+    def _merge(self, a: FusedGroup, b: FusedGroup) -> None:
+        numel, rnumel = self.combined_group(a, b)
+        nodes = sorted(a.nodes + b.nodes, key=lambda n: self.order_of[n.get_name()])
+        g = FusedGroup(nodes, numel, rnumel, min(a.order, b.order))
+        # keep the merged group where its last producer was, so the order stays valid
+        g.order = min(a.order, b.order)
+        self.groups.remove(a)
+        self.groups.remove(b)
+        self.groups.append(g)
+        self._reorder()
+
+    def _reorder(self) -> None:
+        """Topologically order groups (stable by original order)."""
+        owner = self._owner_map()
+        indeg = {id(g): 0 for g in self.groups}
+        succs = {id(g): [] for g in self.groups}
+        for g in self.groups:
+            for s in set(map(id, self._succ_cache(g, owner))):
+                succs[id(g)].append(s)
+                indeg[s] += 1
+        byid = {id(g): g for g in self.groups}
+        import heapq
+        heap = [(g.order, i, id(g)) for i, g in enumerate(self.groups) if indeg[id(g)] == 0]
+        heapq.heapify(heap)
+        out = []
+        while heap:
+            _, _, gid = heapq.heappop(heap)
+            out.append(byid[gid])
+            for s in succs[gid]:
+                indeg[s] -= 1
+                if indeg[s] == 0:
+                    heapq.heappush(heap, (byid[s].order, len(out), s))
+        assert len(out) == len(self.groups), "cycle in fused groups"
+        for i, g in enumerate(out):
+            g.order = i
+        self.groups = out

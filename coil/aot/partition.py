@@ -53,8 +53,10 @@ class Partition:
     fw: torch.fx.GraphModule
     bw: torch.fx.GraphModule
     num_saved: int
+    #: bytes of the distinct storages saved (views of one input count it once)
     saved_bytes: int
-    #: per saved value: ``{"name", "bytes", "reason"}``
+    #: per saved value: ``{"name", "bytes", "reason"}`` (+ ``"aliases_input"``: the
+    #: graph input it is a view of, if any)
     saved: list
     #: names of forward-region nodes recomputed in the backward
     recomputed: list
@@ -174,6 +176,14 @@ class _Regions:
         return sorted(out, key=self.order.__getitem__)
 
 
+def _view_root(node: torch.fx.Node) -> torch.fx.Node:
+    """Follow view ops back to the node that owns the storage."""
+    while node.op == "call_function" and node.target in _VIEW_OPS and node.args \
+            and isinstance(node.args[0], torch.fx.Node):
+        node = node.args[0]
+    return node
+
+
 def _ancestors(roots, stop: set) -> set:
     seen: set = set()
     stack = [r for r in roots if isinstance(r, torch.fx.Node)]
@@ -208,11 +218,20 @@ def _extract(joint: torch.fx.GraphModule, inputs: list, outputs: list, what: str
 def _build(joint, info: JointInfo, regions: _Regions, saved: list, reasons: dict, kind: str) -> Partition:
     fw = _extract(joint, regions.primals, regions.fw_outputs + saved, "forward")
     bw = _extract(joint, saved + regions.tangents, regions.grads, "backward")
-    saved_info = [{"name": n.name, "bytes": node_bytes(n), "reason": reasons.get(n, "")} for n in saved]
+    saved_info = []
+    storages: dict = {}
+    for n in saved:
+        root = _view_root(n)
+        entry = {"name": n.name, "bytes": node_bytes(n), "reason": reasons.get(n, "")}
+        if root.op == "placeholder":
+            entry["aliases_input"] = root.name
+        saved_info.append(entry)
+        storages[root] = node_bytes(root) if root is not n else entry["bytes"]
     bw_nodes = {n.name for n in bw.graph.nodes if n.op == "call_function"}
     recomputed = [n.name for n in joint.graph.nodes
                   if n.op == "call_function" and n not in regions.bw and n.name in bw_nodes]
-    total = sum(s["bytes"] for s in saved_info)
+    # bytes of distinct storages: a saved view of an input costs its input once
+    total = sum(storages.values())
     part = Partition(fw, bw, len(saved), total, saved_info, recomputed)
     trace.log("aot_partition", stage="aot", partitioner=kind, saved=saved_info,
               saved_bytes=total, recomputed=recomputed, num_saved=len(saved))

@@ -62,7 +62,8 @@ def _make_epilogue(info: ProgramInfo, args_index_of_output=None) -> Callable:
             plan.append((3, n_mut + n_graph + o.index, o))
         else:
             plan.append((4, None, o.value))
-    simple = not mutated and all(p[0] == 0 for p in plan) and flat_tuple and \
+    single_leaf = spec.num_nodes == 1  # the program returns one tensor, not a tuple
+    simple = not mutated and all(p[0] == 0 for p in plan) and (flat_tuple or single_leaf) and \
         [p[1] for p in plan] == list(range(len(plan)))
     container = spec.type if flat_tuple else None
 
@@ -74,6 +75,8 @@ def _make_epilogue(info: ProgramInfo, args_index_of_output=None) -> Callable:
 
     def epilogue(args, vals):
         if simple:
+            if single_leaf:
+                return vals[0]
             return container(vals[: len(plan)]) if container is not list else list(vals[: len(plan)])
         for pos in range(n_mut):
             inp = args[mutated[pos]]
@@ -96,6 +99,8 @@ def _make_epilogue(info: ProgramInfo, args_index_of_output=None) -> Callable:
                 flat.append(extra)
         if container is not None:
             return container(flat)
+        if single_leaf:
+            return flat[0]
         return pytree.tree_unflatten(flat, spec)
 
     return epilogue

@@ -42,8 +42,8 @@ class _State:
         self.dir: Optional[str] = os.environ.get("COIL_TRACE") or None
         self.file = None
         self.lock = threading.Lock()
-        self.compile_ids: list[str] = []
-        self.stage_stack: list[str] = []
+        self.compile_ids: list[str] = []   # every active compile id, all threads
+        self.local = threading.local()      # .compile_ids, .stage_stack per thread
         self.listeners: list[Callable[[str, str, Optional[float]], None]] = []
         self.frame_counter = itertools.count()
 
@@ -77,18 +77,44 @@ def next_frame_id() -> int:
 
 def current_compile_id() -> Optional[str]:
     """The innermost active compile id (``"frame/attempt"``) or None."""
-    return _state.compile_ids[-1] if _state.compile_ids else None
+    own = getattr(_state.local, "compile_ids", None)
+    if own:
+        return own[-1]
+    ids = _state.compile_ids  # a helper thread (e.g. a parallel kernel build) with no
+    return ids[-1] if ids else None  # compile of its own works for the latest one
 
 
 @contextlib.contextmanager
 def compile_context(frame_id: int, attempt: int) -> Iterator[str]:
-    """Tag every event inside the block with compile id ``f"{frame_id}/{attempt}"``."""
+    """Tag every event inside the block with compile id ``f"{frame_id}/{attempt}"``.
+
+    Compile contexts and stages are per thread; a thread that has no compile context of
+    its own (a worker building kernels for the compile in progress) logs under the most
+    recently entered compile id of any thread."""
     cid = f"{frame_id}/{attempt}"
-    _state.compile_ids.append(cid)
+    own = _thread_list("compile_ids")
+    own.append(cid)
+    with _state.lock:
+        _state.compile_ids.append(cid)
     try:
         yield cid
     finally:
-        _state.compile_ids.pop()
+        own.pop()
+        with _state.lock:
+            _state.compile_ids.remove(cid)
+
+
+def _thread_list(name: str) -> list:
+    lst = getattr(_state.local, name, None)
+    if lst is None:
+        lst = []
+        setattr(_state.local, name, lst)
+    return lst
+
+
+def _current_stage() -> Optional[str]:
+    stack = getattr(_state.local, "stage_stack", None)
+    return stack[-1] if stack else None
 
 
 def _write(record: dict) -> None:
@@ -117,7 +143,7 @@ def log(event: str, *, stage: Optional[str] = None, duration_ms: Optional[float]
         "pid": os.getpid(),
         "compile_id": current_compile_id(),
         "event": event,
-        "stage": stage if stage is not None else (_state.stage_stack[-1] if _state.stage_stack else None),
+        "stage": stage if stage is not None else _current_stage(),
         "duration_ms": duration_ms,
     }
     record.update(payload)
@@ -157,14 +183,15 @@ def stage(name: str, **payload: Any) -> Iterator[None]:
         return
     for fn in _state.listeners:
         fn(name, "start", None)
-    parent = _state.stage_stack[-1] if _state.stage_stack else None
-    _state.stage_stack.append(name)
+    parent = _current_stage()
+    stack = _thread_list("stage_stack")
+    stack.append(name)
     t0 = time.perf_counter()
     try:
         yield
     finally:
         ms = (time.perf_counter() - t0) * 1e3
-        _state.stage_stack.pop()
+        stack.pop()
         log("stage", stage=name, duration_ms=ms, parent=parent, **payload)
         for fn in _state.listeners:
             fn(name, "end", ms)

@@ -71,19 +71,35 @@ def test_trace_off_does_not_call_artifact_callables():
     assert called == []
 
 
+def _noop(event, **payload):
+    return None
+
+
+def _noop_artifact(name, text, kind="text"):
+    return None
+
+
 def test_trace_off_costs_under_a_microsecond_per_call():
+    """Best of several runs (robust to a loaded machine): < 1 µs a call, or, if the
+    machine is so loaded that even an empty call is slow, < 3x an empty function."""
     if trace.enabled():
         pytest.skip("COIL_TRACE is set for this run")
-    n = 20000
-    best = float("inf")
+    n = 10000
     text = lambda: "x" * 10_000  # noqa: E731
-    for _ in range(5):
+
+    def per_call(log, art):
         t0 = time.perf_counter()
         for i in range(n):
-            trace.log("fusion", decision="fused", nodes=("a", "b"), score=i)
-            trace.artifact("kernel", text, kind="cpp")
-        best = min(best, (time.perf_counter() - t0) / (2 * n))
-    assert best < 1e-6, f"trace call with tracing off took {best * 1e9:.0f} ns"
+            log("fusion", decision="fused", nodes=("a", "b"), score=i)
+            art("kernel", text, kind="cpp")
+        return (time.perf_counter() - t0) / (2 * n)
+
+    best = base = float("inf")
+    for _ in range(9):
+        best = min(best, per_call(trace.log, trace.artifact))
+        base = min(base, per_call(_noop, _noop_artifact))
+    assert best < 1e-6 or best < 3 * base, \
+        f"trace call with tracing off took {best * 1e9:.0f} ns (empty call: {base * 1e9:.0f} ns)"
 
 
 def test_stage_listeners_see_start_and_end_without_a_log():
@@ -269,3 +285,23 @@ def test_report_keeps_processes_apart(tmp_path):
     _, itext = _parse(out / "index.html")
     assert "pid" in itext
     _check_links_resolve(out)
+
+
+def test_threads_keep_their_own_stages_and_workers_inherit_the_compile_id(trace_dir):
+    import threading
+
+    def worker():
+        trace.log("cpp_compile", so="k.so")  # no context of its own
+        with trace.stage("build"):
+            pass
+
+    with trace.compile_context(5, 0):
+        with trace.stage("codegen"):
+            t = threading.Thread(target=worker)
+            t.start()
+            t.join()
+    recs = {r["event"] + ":" + str(r.get("stage")): r for r in _records(trace_dir)}
+    assert recs["cpp_compile:None"]["compile_id"] == "5/0"  # not the main thread's stage
+    assert recs["stage:build"]["parent"] is None and recs["stage:build"]["compile_id"] == "5/0"
+    assert recs["stage:codegen"]["parent"] is None
+    assert trace.current_compile_id() is None

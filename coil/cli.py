@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from typing import Optional, Sequence
 
 
@@ -43,6 +44,7 @@ def _add_bench(sub) -> None:
                    help="run each model in its own subprocess")
     p.add_argument("--json", metavar="PATH", help="write rows as JSON ('-' for stdout)")
     p.add_argument("--markdown", metavar="PATH", help="write a markdown block ('-' for stdout)")
+    p.add_argument("--rows-jsonl", metavar="PATH", help=argparse.SUPPRESS)
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--quiet", action="store_true", help="no table on stdout")
     p.add_argument("--strict", action="store_true", help="exit 1 unless every row passes")
@@ -55,7 +57,7 @@ def _run_bench(a) -> int:
                               device=a.device, size=a.size, warmup=a.warmup, repeat=a.repeat,
                               warm_compile=not a.no_warm_compile, row_timeout=a.row_timeout,
                               budget_s=a.budget, progress=not a.no_progress,
-                              fresh_caches=not a.keep_caches)
+                              fresh_caches=not a.keep_caches, rows_jsonl=a.rows_jsonl)
     if a.isolate:
         common = ["--mode", *a.mode, "--compiler", *a.compiler, "--device", a.device,
                   "--warmup", str(a.warmup), "--repeat", str(a.repeat),
@@ -92,6 +94,8 @@ def _add_conformance(sub) -> None:
     p.add_argument("--timeout", type=float, default=60.0, help="seconds per op")
     p.add_argument("--no-isolate", action="store_true",
                    help="run in this process (per-op SIGALRM timeout only)")
+    p.add_argument("--budget", type=float, help="total seconds; ops not started by then "
+                   "are reported as skipped")
     p.add_argument("--json", metavar="PATH", help="write results as JSON ('-' for stdout)")
     p.add_argument("--markdown", metavar="PATH", help="write a markdown summary")
     p.add_argument("--no-progress", action="store_true")
@@ -105,7 +109,8 @@ def _run_conformance(a) -> int:
     opts = conformance.ConformanceOptions(
         compiler=a.compiler, dtypes=a.dtype, device=a.device, backward=a.backward,
         samples=a.samples, ops=a.ops, shard=a.shard, timeout=a.timeout,
-        isolate=not a.no_isolate, progress=not a.no_progress)
+        isolate=not a.no_isolate, progress=not a.no_progress,
+        deadline=(time.time() + a.budget) if a.budget else None)
     result = conformance.run_conformance(opts)
     _emit(a.json, json.dumps(result, indent=1))
     if a.markdown:

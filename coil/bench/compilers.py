@@ -19,7 +19,7 @@ Counting. ``graphs`` is the number of graphs handed to a backend (each backend c
 counted by a wrapper, so it means the same thing for both captures; for ``inductor`` it
 is Dynamo's ``unique_graphs`` counter because the backend is passed by name). Graph
 breaks come from the capture layer: ``torch._dynamo.utils.counters["graph_break"]`` for
-torch's capture and ``coil.capture.counters`` (when the capture layer provides it) for
+torch's capture and ``coil.capture.stats["graph_breaks"]`` (when the capture layer provides it) for
 coil's; when a capture layer offers no count the value is ``None`` and is printed as
 "—", never as a number.
 
@@ -94,7 +94,9 @@ def _coil_graph_breaks() -> Optional[int]:
         from coil import capture
     except Exception:
         return None
-    counters = getattr(capture, "counters", None)
+    counters = getattr(capture, "stats", None)
+    if not isinstance(counters, dict):
+        counters = getattr(capture, "counters", None)
     if counters is None:
         return None
     for key in ("graph_breaks", "graph_break"):

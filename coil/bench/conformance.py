@@ -11,7 +11,7 @@ inputs for fixed random cotangents) are compared with eager's by
 Status of a sample: ``pass``; ``mismatch`` (values, shapes or dtypes differ; the
 message says how); ``error`` (compiling or running raised; its message);
 ``unsupported-by-eager`` (eager itself raised, or the OpInfo does not list the dtype);
-``timeout``. An op's status is the worst of its samples' (timeout > error > mismatch >
+``timeout``; ``skipped`` (the ``--budget`` ran out before it started). An op's status is the worst of its samples' (timeout > error > mismatch >
 pass); ``unsupported-by-eager`` only when no sample ran in eager. RNG: both runs start
 from ``torch.manual_seed(0)`` and compile with ``fallback_random`` (coil and Inductor),
 so random ops are comparable.
@@ -47,6 +47,7 @@ from coil.bench import measure
 from coil.bench.output import Progress, machine_info, meta_markdown, render_markdown, render_table
 
 STATUS_ORDER = ["pass", "mismatch", "error", "timeout"]
+ALL_STATUSES = STATUS_ORDER + ["unsupported-by-eager", "skipped"]
 TOLERANCES = {  # dtype -> (rtol, atol)
     torch.float64: (1e-7, 1e-7), torch.complex128: (1e-7, 1e-7),
     torch.float32: (1e-4, 1e-5), torch.complex64: (1e-4, 1e-5),
@@ -68,6 +69,8 @@ class ConformanceOptions:
     watchdog_grace: float = 60.0
     isolate: bool = True
     progress: bool = True
+    #: wall-clock deadline (``time.time()``); ops not started by then are ``skipped``
+    deadline: Optional[float] = None
 
 
 # ---------------------------------------------------------------- op selection
@@ -350,6 +353,9 @@ def _run_in_process(keys, table, opts, on_start, on_result) -> None:
     compiler, records = conformance_compiler(opts.compiler)
     for k in keys:
         on_start(k)
+        if opts.deadline is not None and time.time() > opts.deadline:
+            on_result({"op": k, "status": "skipped", "message": "time budget used up"})
+            continue
         try:
             with measure.time_limit(opts.timeout):
                 res = check_op(table[k], opts, compiler, records)
@@ -506,12 +512,12 @@ def format_markdown(result: dict) -> str:
     rate = s["pass_rate_of_eager_supported"]
     lines = [meta_markdown(m), "",
              render_markdown(["compiler", "dtypes", "backward", "samples", "ops"]
-                             + [k for k in STATUS_ORDER + ["unsupported-by-eager"]]
+                             + ALL_STATUSES
                              + ["pass rate", "native/mixed/extern"],
                              [[m["compiler"], ",".join(m["dtypes"]), str(m["backward"]),
                                m["samples"], str(s["ops"])]
                               + [str(s["counts"].get(k, 0))
-                                 for k in STATUS_ORDER + ["unsupported-by-eager"]]
+                                 for k in ALL_STATUSES]
                               + ["—" if rate is None else f"{100 * rate:.1f}%",
                                  "/".join(str(s["kinds"].get(k, 0))
                                           for k in ("native", "mixed", "extern"))]])]

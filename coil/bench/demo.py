@@ -50,7 +50,7 @@ class StageProgress:
         if self.stack and self.stack[-1] == stage:
             self.stack.pop()
         self.counts[stage] = self.counts.get(stage, 0) + 1
-        if not self.tty and len(self.stack) <= 1:
+        if not self.tty and len(self.stack) <= 1 and (ms or 0) >= 20:
             self.stream.write(f"  {'  ' * len(self.stack)}{stage}: {ms:.0f} ms\n")
             self.stream.flush()
 
@@ -139,6 +139,8 @@ def main(device: str = "auto", out_dir: str = "coil_demo", backend: str = "coil"
         rows += [["compile", "FAILED: " + measure.short_error(error, 500)]]
     trace.set_dir(None)
     print(render_table(["", ""], rows))
+    if error is None and counts.graphs == 0:
+        print("note: coil compiled no graph, so the model ran eagerly; the compile log says why")
 
     report_path = None
     try:

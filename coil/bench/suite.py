@@ -62,6 +62,9 @@ class BenchOptions:
     budget_s: Optional[float] = None
     progress: bool = True
     fresh_caches: bool = True
+    #: append each finished row as one JSON line here (so a parent process keeps the
+    #: rows finished before a crash or a hang)
+    rows_jsonl: Optional[str] = None
 
 
 @dataclasses.dataclass
@@ -178,6 +181,8 @@ def run_row(compiler: Compiler, module: torch.nn.Module, args: tuple, kwargs: di
     row.accuracy_ratio = verdict.worst_ratio
     if not verdict.ok:
         row.error = verdict.reason
+    elif compiler.name != "eager" and counts.graphs == 0:
+        row.error = "note: no graph was compiled (the model ran eagerly)"
     del first
 
     for _ in range(opts.warmup):
@@ -219,6 +224,9 @@ def _rows_for(spec: ModelSpec, mode: str, device: torch.device, compilers: list[
 
     def finish(row: Row, label: str) -> None:
         progress.advance(f"{spec.name}/{mode}/{row.compiler}: {label}")
+        if opts.rows_jsonl:
+            with open(opts.rows_jsonl, "a") as f:
+                f.write(json.dumps(dataclasses.asdict(row)) + "\n")
 
     if deadline is not None and time.monotonic() > deadline:
         for r in rows:
@@ -317,10 +325,18 @@ def run_bench(opts: BenchOptions) -> dict:
     return {"meta": meta, "rows": [dataclasses.asdict(r) for r in rows]}
 
 
-def run_bench_isolated(opts: BenchOptions, argv_common: list[str],
-                       model_timeout: float = 600.0) -> dict:
-    """Run each model in its own ``coil bench`` subprocess (a crash or hang loses only
-    that model's rows, reported as errors)."""
+def _child_env() -> dict:
+    """This process's environment with its ``sys.path`` as PYTHONPATH (so compilers
+    named ``module:attr`` resolve in the child the same way)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
+    return env
+
+
+def run_bench_isolated(opts: BenchOptions, argv_common: list[str]) -> dict:
+    """Run each model in its own ``coil bench`` subprocess. Rows stream back through a
+    JSON-lines file, so a crash or a hang loses only the rows not finished yet, which
+    are reported as ``error`` / ``timeout`` with the reason."""
     device = resolve_device(opts.device)
     specs = select_models(opts.models)
     meta = machine_info()
@@ -329,6 +345,7 @@ def run_bench_isolated(opts: BenchOptions, argv_common: list[str],
     deadline = time.monotonic() + opts.budget_s if opts.budget_s else None
     rows: list[dict] = []
     progress = Progress(len(specs), opts.progress)
+    per_model = len(opts.modes) * len(opts.compilers) * (opts.row_timeout or 600.0) + 120
     for spec in specs:
         left = None if deadline is None else deadline - time.monotonic()
         if left is not None and left <= 0:
@@ -338,28 +355,38 @@ def run_bench_isolated(opts: BenchOptions, argv_common: list[str],
             progress.advance(f"{spec.name}: skipped")
             continue
         with tempfile.TemporaryDirectory() as tmp:
-            out = os.path.join(tmp, "rows.json")
+            out = os.path.join(tmp, "rows.jsonl")
             cmd = [sys.executable, "-m", "coil.cli", "bench", "--model", spec.name,
-                   "--json", out, "--no-progress", "--quiet", *argv_common]
+                   "--rows-jsonl", out, "--no-progress", "--quiet", *argv_common]
             if left is not None:
                 cmd += ["--budget", str(int(left))]
-            timeout = model_timeout if left is None else min(model_timeout, left + 90)
+            timeout = per_model if left is None else min(per_model, left + 90)
             progress.show(f"{spec.name}: running in a subprocess")
-            err = None
+            err, status = None, "error"
             try:
-                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-                if proc.returncode != 0 or not os.path.exists(out):
-                    err = f"subprocess exited {proc.returncode}: " + proc.stderr.strip()[-300:]
+                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                                      env=_child_env())
+                if proc.returncode != 0:
+                    tail = " ".join(proc.stderr.strip().splitlines()[-3:])[-300:]
+                    err = f"subprocess exited {proc.returncode}: {tail}"
             except subprocess.TimeoutExpired:
-                err = f"subprocess timed out after {timeout:.0f} s"
-            if err is None:
+                err, status = f"subprocess timed out after {timeout:.0f} s", "timeout"
+            got = []
+            if os.path.exists(out):
                 with open(out) as f:
-                    rows += json.load(f)["rows"]
-            else:
-                rows += [dataclasses.asdict(Row(spec.name, m, device.type, c,
-                                                status="timeout" if "timed out" in err else "error",
-                                                error=err))
-                         for m in opts.modes for c in opts.compilers]
+                    got = [json.loads(line) for line in f if line.strip()]
+            have = {(r["mode"], r["compiler"]) for r in got}
+            for m in opts.modes:
+                for c in opts.compilers:
+                    name = c.split(":")[-1]
+                    if not any(k[0] == m and (k[1] == c or k[1].lower() == name.lower())
+                               for k in have):
+                        got.append(dataclasses.asdict(Row(
+                            spec.name, m, device.type, c, status=status,
+                            error=err or "no result from the subprocess")))
+            mode_rank = {m: i for i, m in enumerate(opts.modes)}
+            got.sort(key=lambda r: mode_rank.get(r["mode"], 99))
+            rows += got
         progress.advance(f"{spec.name}: done")
     progress.close()
     return {"meta": meta, "rows": rows}
@@ -406,7 +433,7 @@ def format_text(result: dict) -> str:
           str(s["mismatches"]), fmt(s["geomean_speedup"], ".2f")] for s in summ])
     errors = [r for r in rows if r["error"] and r["status"] != "skipped"]
     if errors:
-        text += "\n\nerrors:\n" + "\n".join(
+        text += "\n\nerrors, mismatches and notes:\n" + "\n".join(
             f"  {r['model']}/{r['mode']}/{r['compiler']}: {r['error']}" for r in errors)
     return text
 
@@ -423,6 +450,6 @@ def format_markdown(result: dict) -> str:
              "", render_markdown(HEADERS, [_cells(r) for r in rows])]
     errors = [r for r in rows if r["error"] and r["status"] != "skipped"]
     if errors:
-        parts += ["", "Errors and mismatches:", ""]
+        parts += ["", "Errors, mismatches and notes:", ""]
         parts += [f"- `{r['model']}/{r['mode']}/{r['compiler']}`: {r['error']}" for r in errors]
     return "\n".join(parts)

@@ -61,6 +61,11 @@ def _by_op(fn, probe):
     return fn
 
 
+def _crash(fn, probe):
+    os._exit(5)
+
+
+CRASH = Compiler("crash", "none", "kills the process", _crash)
 WRONG = Compiler("wrong", "none", "adds 0.1 to outputs", _wrong)
 RAISES = Compiler("raises", "none", "raises NotImplementedError", _raises)
 SLOW = Compiler("slow", "none", "sleeps 20 ms per call", _slow)

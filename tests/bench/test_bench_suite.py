@@ -97,3 +97,16 @@ def test_cli_json_and_markdown(tmp_path, capsys):
     assert "| mlp | fp32 | wrong | mismatch |" in md and "command:" in md
     assert main(["bench", "--model", "mlp", "--mode", "fp32", "--compiler", "fake_compilers:WRONG",
                  "--repeat", "1", "--no-progress", "--keep-caches", "--quiet", "--strict"]) == 1
+
+
+def test_isolated_run_keeps_rows_finished_before_a_crash(tmp_path):
+    j = tmp_path / "r.json"
+    rc = main(["bench", "--isolate", "--model", "mlp", "--mode", "fp32", "--compiler", "eager",
+               "fake_compilers:CRASH", "--repeat", "1", "--warmup", "0", "--no-progress",
+               "--keep-caches", "--quiet", "--json", str(j)])
+    assert rc == 0
+    rows = {r["compiler"]: r for r in json.loads(j.read_text())["rows"]}
+    assert rows["eager"]["status"] == "pass" and rows["eager"]["eager_ms"] > 0
+    crash = rows["fake_compilers:CRASH"]
+    assert crash["status"] == "error" and "exited 5" in crash["error"]
+    assert crash["speedup"] is None

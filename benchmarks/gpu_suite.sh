@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# The whole GPU suite in one command, for the lent GPU machine (Python 3.12, torch 2.11,
+# transformers and timm preinstalled, no network). Runs in under 9 minutes: every step has
+# a time budget (rows/ops not started in time are reported as "skipped") and a hard
+# `timeout`. Results go to $OUT (default ./gpu_results):
+#   machine.txt, demo.txt, demo/{trace,report}/, bench_*.{json,md,txt,log},
+#   conformance_*.{json,md,txt,log}, summary.md (all markdown blocks, for BENCHMARKS.md).
+# Usage:  bash benchmarks/gpu_suite.sh        (from anywhere; it cd's to the repo root)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT="${OUT:-./gpu_results}"
+mkdir -p "$OUT"
+START=$(date +%s)
+left() { echo $(( ${1} - ($(date +%s) - START) )); }
+
+# coil without network: the bytecode wheel travels in .whl/; coil itself via PYTHONPATH.
+if ls .whl/*.whl >/dev/null 2>&1; then
+  pip install --no-index --no-deps .whl/*.whl >"$OUT/setup.log" 2>&1 || echo "wheel install failed (see setup.log)"
+fi
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export TOKENIZERS_PARALLELISM=false TRANSFORMERS_OFFLINE=1 HF_HUB_OFFLINE=1
+{ date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1
+  python -c "import sys, torch, triton; print(sys.version); print('torch', torch.__version__, 'triton', triton.__version__)" 2>&1
+  python -c "import transformers, timm; print('transformers', transformers.__version__, 'timm', timm.__version__)" 2>&1
+  git log -1 --oneline 2>/dev/null; } >"$OUT/machine.txt"
+python -c "import coil, coil.cli" || { echo "coil does not import; see above"; exit 1; }
+COIL="python -m coil.cli"
+
+# 1. demo (GPT-2 124M config, eager vs coil, compile log + HTML report)    ~1.5 min max
+timeout -k 5 100 $COIL demo --out "$OUT/demo" >"$OUT/demo.txt" 2>&1
+echo "demo exit $?" >>"$OUT/demo.txt"
+
+# 2. bench, main table: every model, bf16 inference + train step, eager/coil/inductor.
+#    One subprocess per model (a crash loses only that model). Cold compile only.
+B=$(( $(left 400) - 40 ))
+timeout -k 5 $(( B + 60 )) $COIL bench --isolate --budget "$B" --mode bf16 train \
+  --compiler eager coil inductor --repeat 20 --row-timeout 150 --no-warm-compile \
+  --json "$OUT/bench_main.json" --markdown "$OUT/bench_main.md" --no-progress \
+  >"$OUT/bench_main.txt" 2>"$OUT/bench_main.log"
+
+# 3. bench, crossings and warm compile: fp32 inference on two models, all five compilers.
+B=$(( $(left 455) - 15 ))
+if [ "$B" -gt 20 ]; then
+  timeout -k 5 $(( B + 45 )) $COIL bench --isolate --budget "$B" --mode fp32 \
+    --model small_gpt hf_gpt2 --repeat 20 --row-timeout 120 \
+    --json "$OUT/bench_cross.json" --markdown "$OUT/bench_cross.md" --no-progress \
+    >"$OUT/bench_cross.txt" 2>"$OUT/bench_cross.log"
+fi
+
+# 4. conformance on a fixed shard of op_db (every 8th op), coil then torch.compile.
+for C in coil inductor; do
+  B=$(( $(left 520) - 10 ))
+  [ "$C" = coil ] && B=$(( B / 2 ))
+  if [ "$B" -gt 15 ]; then
+    timeout -k 5 $(( B + 20 )) $COIL conformance --device cuda --dtype float32 --shard 0/8 \
+      --compiler "$C" --timeout 30 --budget "$B" --no-progress \
+      --json "$OUT/conformance_$C.json" --markdown "$OUT/conformance_$C.md" \
+      >"$OUT/conformance_$C.txt" 2>"$OUT/conformance_$C.log"
+  fi
+done
+
+{ echo "# GPU suite results"; echo; cat "$OUT/machine.txt" | sed 's/^/    /'; echo
+  for f in demo.txt; do echo "## demo"; echo; echo '```'; tail -20 "$OUT/$f"; echo '```'; echo; done
+  for f in bench_main bench_cross conformance_coil conformance_inductor; do
+    [ -f "$OUT/$f.md" ] && { echo "## $f"; echo; cat "$OUT/$f.md"; echo; }
+  done; } >"$OUT/summary.md"
+echo "gpu_suite: done in $(( $(date +%s) - START )) s; results in $OUT (summary.md)"

@@ -44,6 +44,8 @@ FIRST_EVENTS = ("graph_break", "recompile", "guards", "codegen_fallback")
 # Counted in the index's columns.
 COUNTED_EVENTS = ("graph_break", "recompile", "codegen_fallback")
 NO_COMPILE_ID_PAGE = "no_compile_id.html"
+# Payload keys holding a stack: a list of frame dicts or of traceback-style strings.
+STACK_KEYS = ("user_stack", "stack", "traceback")
 
 
 # --------------------------------------------------------------------------- reading
@@ -87,7 +89,7 @@ class Compile:
     def title(self) -> str:
         """A human name for the compile: the captured function, if any event names it."""
         for r in self.events + self.stages:
-            for key in ("fn", "function", "co_name", "name"):
+            for key in ("fn", "function", "co_name", "frame", "name"):
                 v = r.get(key)
                 if isinstance(v, str) and v and r.get("event") != "artifact":
                     loc = ""
@@ -214,7 +216,7 @@ def render_stack(frames: list) -> str:
         head = f'<span class="loc">{html.escape(where)}</span>'
         if name:
             head += f' in <span class="fn">{html.escape(str(name))}</span>'
-        text = fr.get("line") or ""
+        text = fr.get("line") or fr.get("text") or ""
         body = f'\n    <span class="srcline">{html.escape(str(text).strip())}</span>' if text else ""
         lines.append(head + body)
     return '<pre class="stack">%s</pre>' % "\n".join(lines)
@@ -242,6 +244,8 @@ def render_value(v: Any, key: str = "") -> str:
             return render_stack(v)
         if all(isinstance(x, str) for x in v) and key in ("guards", "failed_guards"):
             return '<pre class="code">%s</pre>' % html.escape("\n".join(v))
+        if all(isinstance(x, str) for x in v) and key in STACK_KEYS:  # traceback lines
+            return '<pre class="stack">%s</pre>' % html.escape("\n".join(x.rstrip() for x in v))
         if len(v) <= 200 and all(isinstance(x, (str, int, float, bool)) for x in v) \
                 and sum(len(str(x)) for x in v) < 120:
             return html.escape(", ".join(str(x) for x in v))

@@ -216,6 +216,8 @@ def _synthetic_log(d):
             trace.log("brand_new_event", widget={"a": 1, "b": [1, 2]})
             trace.artifact("kernel_0", "extern \"C\" void k(float* p) { p[0] = 1; }",
                            kind="cpp")
+            trace.log("graph_break", reason="call to input",
+                      user_stack=['File "model.py", line 9, in forward', "    input()"])
         with trace.compile_context(0, 1):
             trace.log("recompile", reason="guard failed", failed_guards=["x.size(0) == 4"])
     finally:
@@ -235,12 +237,13 @@ def test_report_renders_breaks_recompiles_and_unknown_events(tmp_path):
     p1 = (out / [p for p in os.listdir(out) if p.endswith("_0_1.html")][0])
     _, t0 = _parse(p0)
     # graph break with its user stack and hint
-    assert "graph_break (1)" in t0 and "model.py:7" in t0 and "print(x)" in t0
+    assert "graph_break (2)" in t0 and "model.py:7" in t0 and "print(x)" in t0
+    assert 'File "model.py", line 9, in forward\n    input()' in t0  # string stacks too
     assert "move the print out of the model" in t0
     # guards, fusion decisions (both rows), an event no stage of the report knows about
     assert "x.size(0) == 4" in t0 and "fusion (2)" in t0 and "different ranges" in t0
     assert "brand_new_event (1)" in t0 and "widget" in t0
-    assert t0.index("graph_break (1)") < t0.index("fusion (2)")  # breaks come first
+    assert t0.index("graph_break (2)") < t0.index("fusion (2)")  # breaks come first
     _, t1 = _parse(p1)
     assert "recompile (1)" in t1 and "guard failed" in t1 and "x.size(0) == 4" in t1
     _check_links_resolve(out)

@@ -308,3 +308,25 @@ def test_threads_keep_their_own_stages_and_workers_inherit_the_compile_id(trace_
     assert recs["stage:build"]["parent"] is None and recs["stage:build"]["compile_id"] == "5/0"
     assert recs["stage:codegen"]["parent"] is None
     assert trace.current_compile_id() is None
+
+
+@pytest.mark.xfail(raises=NotImplementedError, reason="needs coil.capture", strict=False)
+def test_report_of_a_real_capture_with_a_graph_break(trace_dir, tmp_path):
+    def f(x):
+        y = torch.tanh(x) * 2
+        print("graph break here")  # capture breaks the graph at this call
+        return y + 1
+
+    coil.reset()
+    cf = coil.compile(f, backend="aot_eager")
+    x = torch.randn(4)
+    torch.testing.assert_close(cf(x), f(x))
+    cf(torch.randn(6))  # a new shape: a recompile (or a dynamic graph)
+    out = tmp_path / "site"
+    report.write_report(str(trace_dir), str(out))
+    _, itext = _parse(out / "index.html")
+    assert "capture ms" in itext and "aot ms" in itext
+    texts = [_parse(out / p)[1] for p in os.listdir(out) if p.startswith("compile_")]
+    with_break = [t for t in texts if "graph_break (" in t]
+    assert with_break and os.path.basename(__file__) in with_break[0]
+    _check_links_resolve(out)

@@ -29,6 +29,7 @@ and, where the numbers differ, ``torch_graphs=``/``torch_breaks=`` for the oracl
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
@@ -65,11 +66,13 @@ class CountingBackend:
 
 
 class Args:
-    """Positional and keyword arguments from an inputs factory: ``Args(x, y, scale=2)``."""
+    """Positional and keyword arguments from an inputs factory: ``Args(x, y, scale=2)``.
+    ``Args(x, _ctx=torch.no_grad)`` makes the call inside that context (ambient state)."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, _ctx: Optional[Callable] = None, **kwargs: Any) -> None:
         self.args = args
         self.kwargs = kwargs
+        self.ctx = _ctx
 
 
 @dataclasses.dataclass
@@ -165,6 +168,13 @@ def assert_same(a: Any, b: Any, path: str = "out", rtol=None, atol=None) -> None
         for k in sa:
             assert_same(sa[k], sb[k], f"{path}.{k}", rtol, atol)
         _same_plain_attrs(a, b, path, rtol, atol)
+        return
+    if type(a).__module__ == "numpy" and hasattr(a, "shape"):
+        import numpy as np
+
+        assert type(a) is type(b), f"{path}: type {type(a).__name__} vs {type(b).__name__}"
+        assert a.dtype == b.dtype and a.shape == b.shape, f"{path}: {a.dtype}{a.shape} vs {b.dtype}{b.shape}"
+        np.testing.assert_allclose(b, a, rtol=rtol or 1.3e-6, atol=atol or 1e-5, err_msg=path)
         return
     if isinstance(a, torch.Generator):
         assert isinstance(b, torch.Generator) and torch.equal(a.get_state(), b.get_state()), \
@@ -263,14 +273,14 @@ def graph_break_count(target: Callable, args: tuple, kwargs: dict) -> int:
     return coil.explain(target, *args, **kwargs).graph_break_count
 
 
-def _as_args(value: Any) -> tuple[tuple, dict]:
+def _as_args(value: Any) -> tuple[tuple, dict, Optional[Callable]]:
     if value is None:
-        return (), {}
+        return (), {}, None
     if isinstance(value, Args):
-        return value.args, value.kwargs
+        return value.args, value.kwargs, value.ctx
     if isinstance(value, tuple):
-        return value, {}
-    return (value,), {}
+        return value, {}, None
+    return (value,), {}, None
 
 
 def _build(case: Case) -> Callable:
@@ -280,10 +290,11 @@ def _build(case: Case) -> Callable:
     return target
 
 
-def _call(fn: Callable, args: tuple, kwargs: dict, seed: int):
+def _call(fn: Callable, args: tuple, kwargs: dict, seed: int, ctx: Optional[Callable] = None):
     torch.manual_seed(seed)
     try:
-        return fn(*args, **kwargs), None
+        with (ctx() if ctx is not None else contextlib.nullcontext()):
+            return fn(*args, **kwargs), None
     except Exception as e:  # compared with eager's below
         return None, e
 
@@ -296,8 +307,8 @@ def _run_all(case: Case, target: Callable, compiled: Callable) -> list:
         case.setup()
     for i, step in enumerate(steps):
         torch.manual_seed(BUILD_SEED + 1 + i)
-        args, kwargs = _as_args(step(target))
-        out, err = _call(compiled, args, kwargs, RUN_SEED + i)
+        args, kwargs, ctx = _as_args(step(target))
+        out, err = _call(compiled, args, kwargs, RUN_SEED + i, ctx)
         rng = torch.get_rng_state()
         observed = case.observe() if case.observe else None
         records.append((args, kwargs, out, err, rng, observed))
@@ -395,8 +406,9 @@ def run_case(case: Case, backend_factory: Callable[[], CountingBackend] = Counti
             case.setup()
         steps = case.steps or [lambda _t: case.inputs() if case.inputs else ()]
         torch.manual_seed(BUILD_SEED + 1)
-        args, kwargs = _as_args(steps[0](target_x))
+        args, kwargs, ctx = _as_args(steps[0](target_x))
         torch.manual_seed(RUN_SEED)
-        n = graph_break_count(target_x, args, kwargs)
+        with (ctx() if ctx is not None else contextlib.nullcontext()):
+            n = graph_break_count(target_x, args, kwargs)
         assert n in allowed, f"graph breaks: expected {want_breaks}, got {n}"
     reset()

@@ -78,14 +78,29 @@ class OptimizedModule(torch.nn.Module):
     on either trains both), forwards attribute reads it does not have to the original,
     and follows ``train()``/``eval()``: ``training`` is the original's flag, set by
     calling ``train``/``eval`` on either object. ``_orig_mod`` is the original module.
+    ``copy.deepcopy`` copies the original and compiles the copy afresh, so the copy
+    runs its own weights.
     """
 
-    def __init__(self, mod: torch.nn.Module, compiled_call: Callable):
+    def __init__(self, mod: torch.nn.Module, compiled_call: Callable,
+                 rewrap: Optional[Callable[[torch.nn.Module], Callable]] = None):
         super().__init__()
         self._orig_mod = mod
         self._compiled_call = compiled_call
+        # rewrap(module) -> compiled call: used by copy.deepcopy so that a copy
+        # compiles and runs *its own* module, not the original's.
+        self._rewrap = rewrap
         # `training` lives on the original only; reads fall through __getattr__.
         del self.__dict__["training"]
+
+    def __deepcopy__(self, memo: dict) -> "OptimizedModule":
+        import copy
+
+        mod = copy.deepcopy(self._orig_mod, memo)
+        if self._rewrap is None:
+            raise TypeError("this OptimizedModule cannot be copied (built without rewrap); "
+                            "copy the original module and compile the copy")
+        return OptimizedModule(mod, self._rewrap(mod), self._rewrap)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         return self._compiled_call(*args, **kwargs)
@@ -158,11 +173,13 @@ def compile(fn_or_module: Union[Callable, torch.nn.Module, None] = None, *,
     def wrap(target):
         from coil import capture
 
-        compiled = capture.wrap_callable(target, backend=backend_fn, fullgraph=fullgraph,
+        def capture_it(t):
+            return capture.wrap_callable(t, backend=backend_fn, fullgraph=fullgraph,
                                          dynamic=dynamic)
+
         if isinstance(target, torch.nn.Module):
-            return OptimizedModule(target, compiled)
-        return compiled
+            return OptimizedModule(target, capture_it(target), capture_it)
+        return capture_it(target)
 
     if fn_or_module is None:
         return wrap

@@ -106,7 +106,16 @@ def test_optimized_module_repr_and_deepcopy(fake_capture):
     opt = coil.compile(Net(), backend="eager")
     assert "Net" in repr(opt)
     cp = copy.deepcopy(opt)
+    assert isinstance(cp, OptimizedModule) and cp._orig_mod is not opt._orig_mod
     assert list(cp.state_dict()) == list(opt.state_dict())
+    x = torch.randn(4, 6)
+    opt.eval(), cp.eval()
+    torch.testing.assert_close(cp(x), opt(x))
+    with torch.no_grad():
+        cp.lin.weight.add_(1.0)  # the copy runs its own weights, the original is untouched
+    torch.testing.assert_close(cp(x), cp._orig_mod(x))
+    torch.testing.assert_close(opt(x), opt._orig_mod(x))
+    assert not torch.allclose(cp(x), opt(x))
 
 
 # ------------------------------------------------------------------ decorator forms

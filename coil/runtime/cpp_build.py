@@ -8,7 +8,8 @@ turns source text into callable functions and knows nothing about kernels.
 - **Compiler.** ``$CXX`` or the first of ``g++``, ``c++``, ``clang++`` on ``PATH``.
   Default flags: ``-O3 -march=native -fopenmp -shared -fPIC -std=c++17`` plus
   ``config.cpp_extra_flags``. No ``-ffast-math``: kernels must keep IEEE NaN/inf
-  semantics to agree with eager.
+  semantics to agree with eager (``-fno-math-errno -fno-trapping-math`` change no
+  results; they let ``sqrt`` vectorize and invariant math be hoisted).
 - **Cache key.** sha256 of (source, compiler path, compiler ``--version`` text,
   flags). The shared object lives at ``<cache_dir>/cpp/<key[:2]>/<key>.so`` where
   ``cache_dir`` is ``config.cache_dir`` or ``~/.cache/coil``. Writes go to a
@@ -51,7 +52,8 @@ __all__ = [
 ]
 
 DEFAULT_FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17",
-                 "-fno-strict-aliasing", "-Wno-unused-variable", "-Wno-unused-but-set-variable")
+                 "-fno-strict-aliasing",
+                 "-fno-math-errno", "-fno-trapping-math", "-Wno-unused-variable", "-Wno-unused-but-set-variable")
 
 
 class CppBuildError(CoilError):

@@ -20,7 +20,32 @@ from typing import Iterable, Optional
 
 import sympy
 
-from coil.ir.symbols import FloorDiv, Mod
+from coil.ir.symbols import FloorDiv, Mod, simplify_index
+
+
+def canonicalize(e: sympy.Expr, bounds: dict) -> sympy.Expr:
+    """Simplify ``e`` bottom-up so split analysis sees plain ``s // p`` / ``s % p``.
+
+    Applies :func:`coil.ir.symbols.simplify_index` inside every FloorDiv/Mod argument
+    (it folds ``128*(x//128) + x%128 -> x`` only at the top of an expression) and
+    ``(a % m) // d -> (a // d) % (m/d)`` when ``d | m``, ``(a % m1) % m2 -> a % m2``
+    when ``m2 | m1``. ``bounds`` maps symbols to exclusive upper bounds.
+    """
+    if not isinstance(e, sympy.Basic) or e.is_Atom:
+        return e
+    args = [canonicalize(a, bounds) for a in e.args]
+    if isinstance(e, (FloorDiv, Mod)):
+        a, b = simplify_index(args[0], bounds), args[1]
+        if b.is_Integer and isinstance(a, Mod) and a.args[1].is_Integer:
+            m = int(a.args[1])
+            if isinstance(e, FloorDiv) and m % int(b) == 0:
+                return simplify_index(Mod(FloorDiv(a.args[0], b), m // int(b)), bounds)
+            if isinstance(e, Mod) and m % int(b) == 0:
+                return simplify_index(Mod(a.args[0], b), bounds)
+        return simplify_index(type(e)(a, b), bounds)
+    if args != list(e.args):
+        e = e.func(*args)
+    return e
 
 
 @dataclass
@@ -116,9 +141,9 @@ def cexpr(e: sympy.Expr) -> str:
     if e.is_Symbol:
         return e.name
     if isinstance(e, FloorDiv):
-        return f"({cexpr(e.args[0])} / {cexpr(e.args[1])})"
+        return f"({_paren(e.args[0])} / {_paren(e.args[1])})"
     if isinstance(e, Mod):
-        return f"({cexpr(e.args[0])} % {cexpr(e.args[1])})"
+        return f"({_paren(e.args[0])} % {_paren(e.args[1])})"
     if e.is_Add:
         terms = sorted(e.args, key=lambda t: (t.is_Integer, sympy.default_sort_key(t)))
         out = cexpr(terms[0])
@@ -147,4 +172,4 @@ def cexpr(e: sympy.Expr) -> str:
 
 def _paren(e: sympy.Expr) -> str:
     s = cexpr(e)
-    return f"({s})" if e.is_Add else s
+    return f"({s})" if (e.is_Add or (e.is_Mul and not isinstance(e, (FloorDiv, Mod)))) else s

@@ -41,8 +41,8 @@ import sympy
 import torch
 
 from coil.codegen.cpp import ops as cops
-from coil.codegen.cpp.indexing import Split, cexpr, split_plan
-from coil.ir.symbols import RINDEX, XINDEX
+from coil.codegen.cpp.indexing import Split, canonicalize, cexpr, split_plan
+from coil.ir.symbols import RINDEX, XINDEX, simplify_index
 from coil.ir.virtualized import OpsHandler
 
 LANES = 8
@@ -70,6 +70,7 @@ class _Section:
     def __init__(self, loop_id):
         self.loop_id = loop_id
         self.body: list[str] = []
+        self.pre: list[str] = []  # loop-invariant statements, hoisted before the loop
         self.post: list[str] = []
         self.accs: list[tuple[str, str, list]] = []  # (name, reduction_type, fields)
         self.cse: dict = {}
@@ -114,6 +115,7 @@ class CppKernel(OpsHandler):
         self.read: list[str] = []
         self.written: list[str] = []
         self.needs_rindex = False
+        self.rdep: set[str] = {"rindex", "r0"}
 
     # ------------------------------------------------------------------ plumbing
     def _new(self, prefix: str = "tmp") -> str:
@@ -132,9 +134,31 @@ class CppKernel(OpsHandler):
         if hit is not None:
             return hit
         var = CppVar(self._new(), dtype)
-        self.cur.append(f"{cops.compute_ctype(dtype)} {var.name} = {expr};")
+        line = f"{cops.compute_ctype(dtype)} {var.name} = {expr};"
+        sec = self.section
+        if sec is not None and self.cur is sec.body:
+            if self._depends_on_r(expr):
+                self.rdep.add(var.name)
+            else:  # loop-invariant: compute once per x, before the section's loop
+                sec.pre.append(line)
+                self.outer_cse[key] = var
+                return var
+        self.cur.append(line)
         self.scopes[-1][key] = var
         return var
+
+    def _depends_on_r(self, expr: str) -> bool:
+        for m in re.finditer(r"@I(\d+)@", expr):
+            e = self.indices[int(m.group(1))]
+            if e.has(RINDEX) or any(s.name in self.rdep for s in e.free_symbols):
+                return True
+        return any(w in self.rdep for w in re.findall(r"[A-Za-z_]\w*", expr))
+
+    def _mark_local(self, name: str) -> None:
+        """A variable defined by a raw statement: inside a section body, treat it as
+        depending on the loop (never hoist what uses it)."""
+        if self.section is not None:
+            self.rdep.add(name)
 
     def _idx(self, expr) -> str:
         expr = sympy.sympify(expr)
@@ -262,6 +286,7 @@ class CppKernel(OpsHandler):
         x = self._val(x)
         name = self._new("ind")
         s = cexpr(sympy.sympify(size))
+        self._mark_local(name)
         self.cur.append(f"int64_t {name} = static_cast<int64_t>({x});")
         if wrap_neg:
             self.cur.append(f"{name} = {name} < 0 ? {name} + {s} : {name};")
@@ -285,17 +310,27 @@ class CppKernel(OpsHandler):
             self.scopes.pop()
             self.cur = outer
         var = self._new()
-        other_v = _float_literal(float(other), result.dtype) if result.dtype.is_floating_point and \
-            isinstance(other, (int, float)) else (str(other).lower() if isinstance(other, bool) else
-                                                  (str(other) if isinstance(other, (int, CppVar)) else None))
-        if other_v is None:
-            raise NotImplementedError(f"C++ backend: masked other={other!r}")
+        other_v = self._literal(other, result.dtype)
+        self._mark_local(var)
         self.cur.append(f"{cops.compute_ctype(result.dtype)} {var} = {other_v};")
         self.cur.append(f"if ({mask}) {{")
         self.cur.extend("    " + l for l in inner)
         self.cur.append(f"    {var} = {result};")
         self.cur.append("}")
         return CppVar(var, result.dtype)
+
+    def _literal(self, v, dtype: torch.dtype) -> str:
+        """A C++ literal of Python scalar (or CppVar) ``v`` in compute dtype ``dtype``."""
+        if isinstance(v, CppVar):
+            return v.name
+        if dtype == torch.bool:
+            return "true" if v else "false"
+        if dtype.is_floating_point:
+            return _float_literal(float(v), dtype)
+        if isinstance(v, float) and (math.isinf(v) or math.isnan(v)):
+            t = cops.ctype(dtype)
+            return f"std::numeric_limits<{t}>::{'lowest' if v < 0 else 'max'}()" if not math.isnan(v) else "0"
+        return f"static_cast<{cops.ctype(dtype)}>({int(v)}LL)"
 
     def where(self, c, a, b):
         a_dt = a.dtype if isinstance(a, CppVar) else (b.dtype if isinstance(b, CppVar) else None)
@@ -421,6 +456,8 @@ class CppKernel(OpsHandler):
     def source(self) -> str:
         """Run the bodies and return the kernel's C++ function (without the prelude)."""
         self.run_nodes()
+        bounds = {XINDEX: self.numel, RINDEX: max(self.rnumel, 1)}
+        self.indices = [simplify_index(canonicalize(e, bounds), bounds) for e in self.indices]
         xs = split_plan(self.indices, XINDEX, self.numel, "x")
         rs = split_plan(self.indices, RINDEX, self.rnumel, "r") if self.is_reduction else None
         rendered = []
@@ -526,13 +563,14 @@ class CppKernel(OpsHandler):
             opens.append(f"for (int64_t r{i} = 0; r{i} < {ext[i]}; ++r{i}) {{")
             closes.append("}")
         ind = "  " * len(opens)
+        pre = [self._fix(l) for l in sec.pre]
         if not sec.accs:
-            out = ["{"] + ["  " + o for o in opens]
+            out = pre + ["{"] + ["  " + o for o in opens]
             out += [f"  {ind}{self._simd}", f"  {ind}for (int64_t r0 = 0; r0 < {ext[0]}; ++r0) {{"]
             out += [f"  {ind}  {l}" for l in self._rindex_decl(rs) + body]
             out += [f"  {ind}}}"] + ["  " + c for c in closes] + ["}"]
             return out + post
-        out = []
+        out = list(pre)
         for acc, rt, fields in sec.accs:
             for suf, t, init in fields:
                 out.append(f"{t} {acc}{suf}_lane[{LANES}];")

@@ -1,0 +1,26 @@
+"""Regressions found by the lead while running whole models (smallest failing inputs).
+
+GPT-2 via torch.compile(backend="coil") gave wrong logits (max error 0.3): the
+CPU flash-attention extern kernel returns a non-contiguous output (strides of a
+(B, L, H, E) layout transposed to (B, H, L, E)), and a view of it was indexed as if
+it were contiguous. Extern outputs must take their layout from the op's real
+(fake-tensor) strides.
+"""
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from coil.aot.decompositions import get_decompositions
+from coil.codegen import compile_aten_graph
+
+
+def test_view_of_noncontiguous_extern_output():
+    def f(q, k, v):
+        o = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default(
+            q, k, v, 0.0, True, scale=0.25)[0]
+        return (o.view(2, 4, 16, 16) * 2, o.transpose(1, 2).reshape(2, 16, 64) + 1)
+
+    args = [torch.randn(2, 4, 16, 16) for _ in range(3)]
+    gm = make_fx(f, decomposition_table=get_decompositions())(*args)
+    out = compile_aten_graph(gm, args, torch.device("cpu"))(*args)
+    for a, b in zip(out, f(*args)):
+        torch.testing.assert_close(a, b)

@@ -30,24 +30,35 @@ COIL="python -m coil.cli"
 timeout -k 5 100 $COIL demo --out "$OUT/demo" >"$OUT/demo.txt" 2>&1
 echo "demo exit $?" >>"$OUT/demo.txt"
 
-# 2. bench, main table: every model, bf16 inference + train step, eager/coil/inductor.
-#    One subprocess per model (a crash loses only that model). Cold compile only.
-B=$(( $(left 400) - 40 ))
-timeout -k 5 $(( B + 60 )) $COIL bench --isolate --budget "$B" --mode bf16 train \
-  --compiler eager coil inductor --repeat 20 --row-timeout 150 --no-warm-compile \
-  --json "$OUT/bench_main.json" --markdown "$OUT/bench_main.md" --no-progress \
-  >"$OUT/bench_main.txt" 2>"$OUT/bench_main.log"
+# 2. bench: bf16 inference on every model (transformers and timm first), eager/coil/inductor.
+#    One subprocess per model (a crash loses only that model's unfinished rows).
+MODELS="hf_gpt2 hf_llama hf_bert hf_t5 hf_vit timm_resnet50 timm_vit_b16 small_gpt convnet mlp"
+B=$(( $(left 300) - 20 ))
+timeout -k 5 $(( B + 60 )) $COIL bench --isolate --budget "$B" --mode bf16 --model $MODELS \
+  --compiler eager coil inductor --repeat 20 --row-timeout 120 --no-warm-compile \
+  --json "$OUT/bench_bf16.json" --markdown "$OUT/bench_bf16.md" --no-progress \
+  >"$OUT/bench_bf16.txt" 2>"$OUT/bench_bf16.log"
 
-# 3. bench, crossings and warm compile: fp32 inference on two models, all five compilers.
-B=$(( $(left 455) - 15 ))
+# 3. bench: training step (autocast bf16) on three models, eager/coil/inductor.
+B=$(( $(left 390) - 15 ))
+if [ "$B" -gt 20 ]; then
+  timeout -k 5 $(( B + 60 )) $COIL bench --isolate --budget "$B" --mode train \
+    --model hf_gpt2 small_gpt convnet --compiler eager coil inductor --repeat 20 \
+    --row-timeout 120 --no-warm-compile --json "$OUT/bench_train.json" \
+    --markdown "$OUT/bench_train.md" --no-progress \
+    >"$OUT/bench_train.txt" 2>"$OUT/bench_train.log"
+fi
+
+# 4. bench: the crossings and warm compile, fp32 inference on small_gpt, all five compilers.
+B=$(( $(left 450) - 15 ))
 if [ "$B" -gt 20 ]; then
   timeout -k 5 $(( B + 45 )) $COIL bench --isolate --budget "$B" --mode fp32 \
-    --model small_gpt hf_gpt2 --repeat 20 --row-timeout 120 \
+    --model small_gpt hf_gpt2 --repeat 20 --row-timeout 100 \
     --json "$OUT/bench_cross.json" --markdown "$OUT/bench_cross.md" --no-progress \
     >"$OUT/bench_cross.txt" 2>"$OUT/bench_cross.log"
 fi
 
-# 4. conformance on a fixed shard of op_db (every 8th op), coil then torch.compile.
+# 5. conformance on a fixed shard of op_db (every 8th op), coil then torch.compile.
 for C in coil inductor; do
   B=$(( $(left 520) - 10 ))
   [ "$C" = coil ] && B=$(( B / 2 ))
@@ -61,7 +72,7 @@ done
 
 { echo "# GPU suite results"; echo; cat "$OUT/machine.txt" | sed 's/^/    /'; echo
   for f in demo.txt; do echo "## demo"; echo; echo '```'; tail -20 "$OUT/$f"; echo '```'; echo; done
-  for f in bench_main bench_cross conformance_coil conformance_inductor; do
+  for f in bench_bf16 bench_train bench_cross conformance_coil conformance_inductor; do
     [ -f "$OUT/$f.md" ] && { echo "## $f"; echo; cat "$OUT/$f.md"; echo; }
   done; } >"$OUT/summary.md"
 echo "gpu_suite: done in $(( $(date +%s) - START )) s; results in $OUT (summary.md)"

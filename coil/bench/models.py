@@ -308,13 +308,14 @@ _add(ModelSpec("timm_vit_b16", "timm", _timm_build("vit_base_patch16_224", 224),
 
 
 def select_models(names: Optional[list[str]] = None) -> list[ModelSpec]:
-    """The specs named (all if None), in suite order. Raises ValueError on unknown names."""
+    """The specs named, in the order given (all, in suite order, if None). Raises
+    ValueError on unknown names."""
     if not names:
         return list(MODELS.values())
     unknown = [n for n in names if n not in MODELS]
     if unknown:
         raise ValueError(f"unknown model(s) {unknown}; valid: {', '.join(MODELS)}")
-    return [MODELS[n] for n in MODELS if n in names]
+    return [MODELS[n] for n in dict.fromkeys(names)]
 
 
 def flatten_outputs(out: Any) -> list[torch.Tensor]:

@@ -1,26 +1,120 @@
-"""Capture (Dynamo's role) — seam only; the InstructionTranslator lands here.
+"""Capture: Python bytecode → FX graphs (Dynamo's role in coil).
 
-Contract used by :mod:`coil.api`:
+What goes in: a Python function or ``nn.Module`` and a backend
+(``backend(gm, example_inputs) -> callable``). What comes out: a wrapper that, on
+each call, either runs a cached compiled entry whose guards pass, or translates the
+frame again.
 
-- ``wrap_callable(fn_or_module, *, backend, fullgraph, dynamic) -> callable``
-- ``reset()``, ``disable(fn) -> fn``, ``explain(fn, *args, **kwargs)``.
+How a frame is captured (one module per step):
 
-TEMPORARY (replaced by the capture layer): no bytecode capture yet.
+1. :mod:`.frame` — the wrapper binds the call's arguments and checks the cache of
+   (guard, entry) pairs kept per code object (weakly: a freed function or model frees
+   its entries). A miss translates the frame.
+2. :mod:`.translator` + :mod:`.opcodes` — symbolic execution of the CPython 3.11/3.12
+   bytecode over :mod:`.variables` trackers. Torch calls become nodes of a torch-level
+   ``fx.Graph`` run on fake tensors (:mod:`.variables.tensor`); Python functions and
+   ``nn.Module.forward`` are inlined; parameters and buffers become graph inputs.
+3. :mod:`.guards` — every real value read adds checks on its :mod:`.source`; the
+   checks are generated as one Python function (printed into the compile log).
+4. :mod:`.output` — the graph goes to the backend; an entry function is generated as
+   Python source: call the compiled graph, replay side effects, rebuild the outputs.
+5. Graph breaks — an unsupported instruction ends the graph; the entry runs that
+   instruction in plain Python and continues in a resume function made with the
+   ``bytecode`` library (:mod:`.resume`), itself captured and cached in turn.
+
+Invariants: the compiled entry is observationally the frame (same outputs, same
+mutations in the same order, same exceptions); anything capture cannot prove is a
+graph break or an eager fallback, never a silent difference.
+
+Public seam (used by :mod:`coil.api`): :func:`wrap_callable`, :func:`reset`,
+:func:`disable`, :func:`explain`.
 """
 from __future__ import annotations
 
+import types
+from dataclasses import dataclass, field
+from typing import Any, Callable
 
-def wrap_callable(fn, *, backend, fullgraph=False, dynamic=None):
-    raise NotImplementedError("coil.capture is not built yet")
+import torch
 
-
-def reset() -> None:
-    pass
-
-
-def disable(fn):
-    return fn
+from coil.capture.frame import (CaptureConfig, break_log, capture_callable, disable,  # noqa: F401
+                                reset, reset_stats, stats, wrap_function, wrap_module)
 
 
-def explain(fn, *args, **kwargs):
-    raise NotImplementedError("coil.capture is not built yet")
+def wrap_callable(fn_or_module, *, backend: Callable, fullgraph: bool = False, dynamic=None):
+    """Return a callable that captures ``fn_or_module`` on each call (see module docstring).
+
+    Args:
+        fn_or_module: a Python function, bound method or ``nn.Module``.
+        backend: ``backend(gm, example_inputs) -> callable`` (torch.compile's contract).
+        fullgraph: raise :class:`coil.exc.UserError` at a graph break.
+        dynamic: accepted for API compatibility; shapes are static in this version.
+
+    Callables capture cannot translate (builtins, classes) are returned wrapped so
+    that they simply run eagerly.
+    """
+    cfg = CaptureConfig(backend, fullgraph, dynamic)
+    if isinstance(fn_or_module, torch.nn.Module):
+        return wrap_module(fn_or_module, cfg)
+    if isinstance(fn_or_module, types.MethodType) and isinstance(fn_or_module.__func__, types.FunctionType):
+        inner = wrap_function(fn_or_module.__func__, cfg)
+        return types.MethodType(inner, fn_or_module.__self__)
+    if isinstance(fn_or_module, types.FunctionType):
+        return wrap_function(fn_or_module, cfg)
+    if callable(fn_or_module):
+        return fn_or_module
+    raise TypeError(f"coil.compile expects a function or nn.Module, got {type(fn_or_module).__name__}")
+
+
+@dataclass
+class ExplainOutput:
+    """What :func:`explain` found: counts, break reasons with user stacks, graphs and
+    guards (as Python source)."""
+
+    graph_count: int
+    graph_break_count: int
+    break_reasons: list = field(default_factory=list)
+    graphs: list = field(default_factory=list)
+    guards: list = field(default_factory=list)
+    entries: list = field(default_factory=list)
+    result: Any = None
+
+    def __str__(self) -> str:
+        lines = [f"Graph count: {self.graph_count}", f"Graph break count: {self.graph_break_count}"]
+        for i, b in enumerate(self.break_reasons):
+            lines.append(f"Break {i + 1}: {b['reason']}")
+            lines.extend("    " + s for s in b["user_stack"])
+        for i, g in enumerate(self.graphs):
+            lines.append(f"--- graph {i} ---")
+            lines.append(g.code.strip())
+        return "\n".join(lines)
+
+
+def explain(fn, *args, **kwargs) -> ExplainOutput:
+    """Capture ``fn(*args, **kwargs)`` with a recording eager backend and report the
+    graphs, graph breaks (reason and user stack) and guards."""
+    from coil.capture import frame as _frame
+
+    graphs, guards, entries = [], [], []
+
+    def backend(gm, example_inputs):
+        return gm.forward
+
+    def listener(kind, *payload):
+        if kind == "graph":
+            graphs.append(payload[0])
+        else:
+            guards.append(payload[1])
+            entries.append(payload[2])
+
+    n_breaks = len(_frame.break_log)
+    _frame._listeners.append(listener)
+    try:
+        result = wrap_callable(fn, backend=backend)(*args, **kwargs)
+    finally:
+        _frame._listeners.remove(listener)
+    breaks = list(_frame.break_log[n_breaks:])
+    return ExplainOutput(len(graphs), len(breaks), breaks, graphs, guards, entries, result)
+
+
+__all__ = ["wrap_callable", "reset", "disable", "explain", "ExplainOutput", "stats"]

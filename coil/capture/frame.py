@@ -1,0 +1,548 @@
+"""Frame entry: the wrapper ``coil.compile`` returns, the per-code-object cache of
+(guard, entry) pairs, recompiles, graph-break plans and eager fallbacks.
+
+Calling a wrapped function binds its arguments (a generated binder with the same
+signature: CPython does the binding), then tries each cache entry of the function's
+code object: the first whose guard returns True runs its entry. A miss translates
+the frame (:func:`_translate`), compiles the graph with the backend and appends a
+new entry; a recompile logs the first failing guard with old and new values. After
+``config.recompile_limit`` entries the code object runs eagerly (logged). Any
+internal error falls back to eager for that code object (logged), or raises under
+``fullgraph=True``.
+"""
+from __future__ import annotations
+
+import dis
+import functools
+import inspect
+import itertools
+import time
+import traceback
+import types
+import weakref
+from typing import Any, Callable, Optional
+
+import torch
+import torch.fx
+
+from coil import config as _config
+from coil import trace
+from coil.exc import (BackendCompilerFailed, GraphBreakInFullgraph, SourceLocation,
+                      Unsupported, UserError)
+from coil.capture.output import EntryCodegen, OutputGraph, collect_tensors
+from coil.capture.resume import make_resume_function
+from coil.capture.source import ClosureSource, LocalSource
+from coil.capture.translator import InstructionTranslator, RestartAnalysis, instructions_of
+from coil.capture.variables.base import NullVariable
+from coil.capture.variables.builder import wrap
+from coil.capture.variables.tensor import UserCodeError
+
+# ------------------------------------------------------------------------------------
+# global state
+
+_disabled_fns: "weakref.WeakSet" = weakref.WeakSet()
+_disabled_codes: "weakref.WeakSet" = weakref.WeakSet()
+_caches: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_fn_wrappers: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_module_wrappers: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_frame_ids = itertools.count()
+
+#: Counters for tests and ``explain``: reset by :func:`reset_stats`.
+stats: dict = {}
+#: Graph break records: dicts with reason, user_stack, code name.
+break_log: list = []
+_listeners: list = []
+
+
+def reset_stats() -> None:
+    stats.clear()
+    stats.update(frames=0, graphs=0, graph_breaks=0, recompiles=0, fallbacks=0, eager_limit=0)
+    break_log.clear()
+
+
+reset_stats()
+
+
+def is_disabled(fn) -> bool:
+    try:
+        return fn in _disabled_fns or getattr(fn, "__code__", None) in _disabled_codes
+    except TypeError:
+        return False
+
+
+def disable(fn):
+    """Never capture ``fn``: calls to it run eagerly, and inside captured code they are
+    graph breaks."""
+    try:
+        _disabled_fns.add(fn)
+        if hasattr(fn, "__code__"):
+            _disabled_codes.add(fn.__code__)
+    except TypeError:
+        pass
+    return fn
+
+
+def reset() -> None:
+    """Drop every compiled frame and wrapper cache."""
+    _caches.clear()
+    _fn_wrappers.clear()
+    _module_wrappers.clear()
+    reset_stats()
+
+
+class CaptureConfig:
+    """What a wrapper compiles with: backend, fullgraph, dynamic."""
+
+    def __init__(self, backend: Callable, fullgraph: bool, dynamic):
+        self.backend = backend
+        self.fullgraph = fullgraph
+        self.dynamic = dynamic
+        self.backend_name = getattr(backend, "__name__", str(backend))
+
+
+class CacheEntry:
+    __slots__ = ("guard", "entry", "guards", "guard_src", "argnames", "config")
+
+    def __init__(self, guard, entry, guards, guard_src, argnames, config):
+        self.guard = guard
+        self.entry = entry
+        self.guards = guards
+        self.guard_src = guard_src
+        self.argnames = argnames
+        self.config = config
+
+
+class FrameCache:
+    """Everything compiled for one code object."""
+
+    def __init__(self):
+        self.entries: list[CacheEntry] = []
+        self.eager_reason: Optional[str] = None
+        self.frame_id = next(_frame_ids)
+        self.attempts = 0
+
+
+# ------------------------------------------------------------------------------------
+# binding arguments
+
+
+def _argnames(code: types.CodeType) -> list[str]:
+    n = code.co_argcount + code.co_kwonlyargcount
+    n += bool(code.co_flags & 0x04) + bool(code.co_flags & 0x08)
+    return list(code.co_varnames[:n])
+
+
+def make_binder(fn: types.FunctionType):
+    """A function with ``fn``'s signature returning the frame's arguments as a tuple
+    in ``co_varnames`` order (CPython does the binding, at C speed)."""
+    code = fn.__code__
+    names = code.co_varnames
+    npos, nposonly, nkw = code.co_argcount, code.co_posonlyargcount, code.co_kwonlyargcount
+    defaults = fn.__defaults__ or ()
+    kwdefaults = fn.__kwdefaults__ or {}
+    ns: dict[str, Any] = {}
+    parts = []
+    first_default = npos - len(defaults)
+    for i in range(npos):
+        name = names[i]
+        if i >= first_default:
+            ns[f"___d{i}"] = defaults[i - first_default]
+            parts.append(f"{name}=___d{i}")
+        else:
+            parts.append(name)
+        if nposonly and i == nposonly - 1:
+            parts.append("/")
+    idx = npos + nkw
+    if code.co_flags & 0x04:
+        parts.append("*" + names[idx])
+    elif nkw:
+        parts.append("*")
+    for j in range(nkw):
+        name = names[npos + j]
+        if name in kwdefaults:
+            ns[f"___kd{j}"] = kwdefaults[name]
+            parts.append(f"{name}=___kd{j}")
+        else:
+            parts.append(name)
+    if code.co_flags & 0x08:
+        parts.append("**" + names[idx + bool(code.co_flags & 0x04)])
+    all_names = _argnames(code)
+    body = "(" + "".join(n + ", " for n in all_names) + ")"
+    src = f"def ___bind({', '.join(parts)}):\n    return {body}\n"
+    exec(compile(src, "<coil binder>", "exec"), ns)
+    return ns["___bind"]
+
+
+# ------------------------------------------------------------------------------------
+# the wrapper
+
+
+def wrap_function(fn: types.FunctionType, cfg: CaptureConfig, capture_exec: bool = True):
+    """The capturing wrapper of a Python function (see module docstring)."""
+    code = fn.__code__
+    if code.co_flags & (0x20 | 0x80 | 0x200):
+        return fn  # generators and coroutines run eagerly
+    binder = make_binder(fn)
+
+    def coil_wrapper(*args, **kwargs):
+        try:
+            bound = binder(*args, **kwargs)
+        except TypeError:
+            return fn(*args, **kwargs)
+        cache = _caches.get(code)
+        if cache is not None:
+            if cache.eager_reason is not None:
+                return fn(*args, **kwargs)
+            for e in cache.entries:
+                if e.config is cfg:
+                    try:
+                        ok = e.guard(*bound, fn)
+                    except Exception:  # noqa: BLE001 - a failing access is a miss
+                        ok = False
+                    if ok:
+                        return e.entry(*bound, fn)
+        return _miss(fn, code, cfg, bound, args, kwargs)
+
+    coil_wrapper.__wrapped__ = fn
+    coil_wrapper.__name__ = getattr(fn, "__name__", "coil_wrapper")
+    coil_wrapper.__qualname__ = getattr(fn, "__qualname__", "coil_wrapper")
+    coil_wrapper.__doc__ = fn.__doc__
+    coil_wrapper._coil_config = cfg
+    return coil_wrapper
+
+
+def _module_call_code(mod: torch.nn.Module) -> types.CodeType:
+    def forward_call(self, *args, **kwargs):
+        return self(*args, **kwargs)
+
+    return forward_call.__code__.replace(co_name=f"{type(mod).__name__}_call_{id(mod):x}")
+
+
+def wrap_module(mod: torch.nn.Module, cfg: CaptureConfig):
+    """Capture ``mod(*args, **kwargs)`` as one frame whose local ``self`` is the module:
+    hooks and ``forward`` are inlined, parameters and buffers are graph inputs."""
+    code = _module_call_code(mod)
+    fn = types.FunctionType(code, {"__name__": "coil.capture.frame"}, code.co_name)
+    inner = wrap_function(fn, cfg)
+    mod_ref = weakref.ref(mod)
+
+    def coil_module_wrapper(*args, **kwargs):
+        m = mod_ref()
+        return inner(m, *args, **kwargs)
+
+    coil_module_wrapper._coil_code = code  # keeps the cache alive as long as the wrapper
+    return coil_module_wrapper
+
+
+def capture_callable(fn, cfg: CaptureConfig):
+    """Wrapper for a callee of a graph break: Python functions, bound methods and modules
+    are captured on their own; anything else is returned unchanged."""
+    if isinstance(fn, types.FunctionType) and not is_disabled(fn):
+        if fn.__code__.co_flags & (0x20 | 0x80 | 0x200):
+            return fn
+        key = fn
+        per = _fn_wrappers.get(key)
+        if per is None:
+            per = _fn_wrappers[key] = {}
+        w = per.get(id(cfg))
+        if w is None:
+            w = per[id(cfg)] = wrap_function(fn, cfg)
+        return w
+    if isinstance(fn, types.MethodType) and isinstance(fn.__func__, types.FunctionType):
+        inner = capture_callable(fn.__func__, cfg)
+        if inner is fn.__func__:
+            return fn
+        return types.MethodType(inner, fn.__self__)
+    if isinstance(fn, torch.nn.Module) and type(fn).__call__ is torch.nn.Module.__call__:
+        return functools.partial(_call_module_captured, fn, cfg)
+    return fn
+
+
+def _call_module_captured(mod, cfg, *args, **kwargs):
+    """``mod(*args, **kwargs)`` with ``forward`` captured on its own frame (hooks, if
+    any, make the whole call run eagerly)."""
+    from torch.nn.modules import module as _mm
+
+    if (mod._forward_hooks or mod._forward_pre_hooks or mod._backward_hooks or
+            _mm._global_forward_hooks or _mm._global_forward_pre_hooks):
+        return mod(*args, **kwargs)
+    forward = type(mod).forward
+    if not isinstance(forward, types.FunctionType):
+        return mod(*args, **kwargs)
+    return capture_callable(forward, cfg)(mod, *args, **kwargs)
+
+
+def _call_captured(cfg):
+    def ___call(fn, args, kwargs):
+        return capture_callable(fn, cfg)(*args, **kwargs)
+    return ___call
+
+
+# ------------------------------------------------------------------------------------
+# compiling a frame
+
+
+def _miss(fn, code, cfg, bound, args, kwargs):
+    cache = _caches.get(code)
+    if cache is None:
+        cache = _caches[code] = FrameCache()
+    if cache.eager_reason is not None:
+        return fn(*args, **kwargs)
+    mine = [e for e in cache.entries if e.config is cfg]
+    if len(mine) >= _config.config.recompile_limit:
+        cache.eager_reason = (f"recompile limit ({_config.config.recompile_limit}) reached for "
+                              f"{code.co_name} ({code.co_filename}:{code.co_firstlineno})")
+        stats["eager_limit"] += 1
+        trace.log("recompile_limit", stage="capture", frame=code.co_name, reason=cache.eager_reason)
+        if _config.config.verbose:
+            print(f"coil: {cache.eager_reason}; running it eagerly from now on")
+        return fn(*args, **kwargs)
+    cache.attempts += 1
+    with trace.compile_context(cache.frame_id, cache.attempts - 1):
+        if mine:
+            stats["recompiles"] += 1
+            old = mine[-1]
+            reason = old.guards.first_failure(old.argnames, tuple(bound) + (fn,))
+            trace.log("recompile", stage="capture", frame=code.co_name, reason=reason)
+            if _config.config.verbose:
+                print(f"coil: recompiling {code.co_name}: {reason}")
+        try:
+            with trace.stage("capture", frame=code.co_name):
+                entry = _translate(fn, code, cfg, bound)
+        except (UserError, BackendCompilerFailed):
+            raise
+        except Exception as e:  # noqa: BLE001 - internal error or user error: run eagerly
+            if cfg.fullgraph and not isinstance(e, UserCodeError):
+                raise
+            reason = f"{type(e).__name__}: {e}"
+            stats["fallbacks"] += 1
+            trace.log("capture_fallback", stage="capture", frame=code.co_name, reason=reason,
+                      traceback=traceback.format_exc())
+            if _config.config.verbose:
+                print(f"coil: running {code.co_name} eagerly: {reason}")
+            cache.eager_reason = reason
+            return fn(*args, **kwargs)
+    cache.entries.append(entry)
+    return entry.entry(*bound, fn)
+
+
+def _translate(fn, code, cfg, bound) -> CacheEntry:
+    from coil.capture.variables.base import SourcedCellVariable  # noqa: F401
+
+    stats["frames"] += 1
+    argnames = _argnames(code)
+    trace.artifact("capture_source", lambda: _source_of(fn), kind="python", frame=code.co_name)
+    trace.artifact("capture_bytecode", lambda: _dis_text(code), kind="text", frame=code.co_name)
+    break_at: dict = {}
+    for _ in range(64):
+        output = OutputGraph(fn.__globals__, argnames)
+        output.guards.add("___f.__globals__ is ___G")
+        cells = {}
+        tx = InstructionTranslator(code, fn.__globals__, output, {}, cells, break_at, cfg.fullgraph)
+        if fn.__closure__:
+            for i, (name, cell) in enumerate(zip(code.co_freevars, fn.__closure__)):
+                tx.cells[name] = output.sourced_cell(cell, ClosureSource(i))
+        try:
+            for name, value in zip(argnames, bound):
+                tx.locals[name] = wrap(tx, value, LocalSource(name))
+            tx.run()
+        except RestartAnalysis:
+            continue
+        except Unsupported as e:
+            if cfg.fullgraph:
+                loc = e.location or tx.location()
+                raise GraphBreakInFullgraph(
+                    f"graph break under fullgraph=True: {e.reason}", loc,
+                    hint=e.hint or "remove the construct or use fullgraph=False") from e
+            raise
+        finally:
+            output.restore_global_state()
+        return _build_entry(tx, output, cfg, fn, code, argnames)
+    raise Unsupported("too many graph-break restarts")
+
+
+def _source_of(fn) -> str:
+    try:
+        return inspect.getsource(fn)
+    except (OSError, TypeError):
+        return f"<source unavailable for {fn.__code__.co_name}>"
+
+
+def _dis_text(code) -> str:
+    import io
+
+    buf = io.StringIO()
+    dis.dis(code, file=buf, depth=0)
+    return buf.getvalue()
+
+
+def _in_exception_block(code, offset: int) -> bool:
+    try:
+        table = dis._parse_exception_table(code)
+    except Exception:  # noqa: BLE001
+        return False
+    return any(e.start <= offset < e.end for e in table)
+
+
+def _build_entry(tx, output: OutputGraph, cfg: CaptureConfig, fn, code, argnames) -> CacheEntry:
+    from coil.capture.opcodes import split_call
+
+    kind = tx.result[0]
+    se = output.side_effects
+    plan = None
+    if kind == "return":
+        ret = tx.result[1]
+        values = [ret] + se.values()
+    else:
+        info, inst = tx.result[1], tx.result[2]
+        stats["graph_breaks"] += 1
+        rec = {"reason": info.reason, "user_stack": info.stack, "frame": code.co_name,
+               "offset": info.offset}
+        break_log.append(rec)
+        trace.log("graph_break", stage="capture", **rec)
+        if _config.config.verbose:
+            print(f"coil: graph break in {code.co_name}: {info.reason}\n  " + "\n  ".join(info.stack))
+        if _in_exception_block(code, inst.offset):
+            raise Unsupported(f"graph break inside a try/with block ({info.reason})")
+        index = tx.offset_to_index[inst.offset]
+        name = inst.opname
+        if name in ("CALL", "CALL_FUNCTION_EX"):
+            if name == "CALL":
+                call_fn, call_args, call_kwargs = split_call(tx, inst.arg)
+                star = None
+            else:
+                kwv = tx.pop() if inst.arg & 1 else None
+                argv = tx.pop()
+                call_fn = tx.pop()
+                if tx.stack and isinstance(tx.stack[-1], NullVariable):
+                    tx.pop()
+                call_args, call_kwargs, star = None, None, (argv, kwv)
+            plan = ("call", index + 1, call_fn, call_args, call_kwargs, star)
+        elif name.startswith("POP_JUMP") and "NONE" not in name:
+            cond = tx.pop()
+            jump_if_true = "TRUE" in name
+            target = tx.offset_to_index[inst.argval]
+            plan = ("branch", cond, jump_if_true, target, index + 1)
+        else:
+            plan = ("generic", index)
+        live_locals = {k: v for k, v in tx.locals.items() if not k.startswith("___stack")}
+        for cname, cell in tx.cells.items():
+            if cname in code.co_cellvars and getattr(cell, "content", None) is not None:
+                live_locals[cname] = cell.content
+        values = list(tx.stack) + list(live_locals.values()) + se.values()
+        if plan[0] == "call":
+            values += [plan[2]] + list(plan[3] or []) + list((plan[4] or {}).values()) + \
+                [v for v in (plan[5] or ()) if v is not None]
+        elif plan[0] == "branch":
+            values.append(plan[1])
+    graph_outs: list = []
+    collect_tensors(values, graph_outs, set())
+    graph = output.graph
+    graph.output(tuple(t.node for t in graph_outs))
+    gm = torch.fx.GraphModule(torch.nn.Module(), graph)
+    needs_graph = bool(graph_outs) or output.count_calls() > 0
+    cg = EntryCodegen(output, graph_outs)
+    lines = cg.lines
+    if needs_graph:
+        stats["graphs"] += 1
+        example_inputs = [real for (_, real, _) in output.inputs]
+        trace.artifact("captured_graph", lambda: gm.print_readable(print_output=False),
+                       kind="python", frame=code.co_name)
+        t0 = time.perf_counter()
+        try:
+            compiled = cfg.backend(gm, example_inputs)
+        except Exception as e:  # noqa: BLE001
+            raise BackendCompilerFailed(cfg.backend_name, e) from e
+        trace.log("backend_compile", stage="capture", backend=cfg.backend_name,
+                  duration_ms=(time.perf_counter() - t0) * 1e3)
+        for listener in _listeners:
+            listener("graph", gm, example_inputs)
+        cg.ns["___graph"] = compiled
+        inputs = ", ".join(src.expr() for (src, _, _) in output.inputs)
+        lines.append(f"___o = ___graph({inputs}{',' if len(output.inputs) == 1 else ''})")
+    body_start = len(lines)  # noqa: F841
+    cg.side_effect_lines(se)
+    if plan is None:
+        ret_expr = cg.reconstruct(tx.result[1])
+        lines.append(f"return {ret_expr}")
+    else:
+        _emit_break(cg, tx, plan, fn, code, cfg, live_locals)
+    params = ", ".join(argnames + ["___f"])
+    src = f"def ___entry({params}):\n" + "".join(f"    {ln}\n" for ln in lines)
+    try:
+        exec(compile(src, f"<coil entry {code.co_name}>", "exec"), cg.ns)
+    except SyntaxError as e:
+        raise SyntaxError(f"{e}\n{src}") from None
+    entry_fn = cg.ns["___entry"]
+    guard_fn, guard_src = output.guards.build(argnames)
+    trace.artifact("guards", guard_src, kind="python", frame=code.co_name)
+    trace.artifact("entry", src, kind="python", frame=code.co_name)
+    for listener in _listeners:
+        listener("frame", code, guard_src, src)
+    return CacheEntry(guard_fn, entry_fn, output.guards, guard_src, argnames, cfg)
+
+
+def _emit_break(cg: EntryCodegen, tx, plan, fn, code, cfg, live_locals: dict) -> None:
+    lines = cg.lines
+    stack = list(tx.stack)
+    local_names = tuple(live_locals)
+    local_exprs = [cg.reconstruct(v) for v in live_locals.values()]
+
+    def stack_exprs(items):
+        return [cg.reconstruct(v) for v in items if not isinstance(v, NullVariable)]
+
+    def resume(index, items, captured=True):
+        null_mask = tuple(isinstance(v, NullVariable) for v in items)
+        rfn = make_resume_function(fn.__globals__, fn.__closure__, code, index, null_mask,
+                                   local_names)
+        target = capture_callable(rfn, cfg) if captured else rfn
+        cg_name = cg.const_expr(_Holder(target)) + ".fn"
+        return cg_name
+
+    if plan[0] == "call":
+        _, next_index, call_fn, call_args, call_kwargs, star = plan
+        cg.ns["___call"] = _call_captured(cfg)
+        fexpr = cg.reconstruct(call_fn)
+        if star is None:
+            aexpr = "(" + "".join(cg.reconstruct(a) + ", " for a in call_args) + ")"
+            kexpr = "{" + ", ".join(f"{k!r}: {cg.reconstruct(v)}" for k, v in call_kwargs.items()) + "}"
+        else:
+            aexpr = f"tuple({cg.reconstruct(star[0])})"
+            kexpr = cg.reconstruct(star[1]) if star[1] is not None else "{}"
+        sexprs = stack_exprs(stack)
+        lines.append(f"___r = ___call({fexpr}, {aexpr}, {kexpr})")
+        rname = resume(next_index, stack + [_RESULT])
+        args = sexprs + ["___r"] + local_exprs
+        lines.append(f"return {rname}({', '.join(args)})")
+    elif plan[0] == "branch":
+        _, cond, jump_if_true, target, fallthrough = plan
+        cexpr = cg.reconstruct(cond)
+        sexprs = stack_exprs(stack)
+        args = ", ".join(sexprs + local_exprs)
+        t_name = resume(target, stack)
+        f_name = resume(fallthrough, stack)
+        first, second = (t_name, f_name) if jump_if_true else (f_name, t_name)
+        lines.append(f"if {cexpr}:")
+        lines.append(f"    return {first}({args})")
+        lines.append(f"return {second}({args})")
+    else:
+        _, index = plan
+        sexprs = stack_exprs(stack)
+        rname = resume(index, stack, captured=False)
+        lines.append(f"return {rname}({', '.join(sexprs + local_exprs)})")
+
+
+class _Holder:
+    """Holds a resume function for the entry's namespace (a stable attribute load)."""
+
+    __slots__ = ("fn",)
+
+    def __init__(self, fn):
+        self.fn = fn
+
+
+_RESULT = object.__new__(type("ResultSlot", (), {}))
+
+
+__all__ = ["wrap_function", "wrap_module", "disable", "reset", "stats", "CaptureConfig",
+           "SourceLocation", "instructions_of"]

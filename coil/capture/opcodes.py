@@ -1,0 +1,742 @@
+"""One handler per opcode, registered for the CPython versions it serves.
+
+Each handler is ``handler(tx, inst)`` where ``inst`` is a :class:`dis.Instruction`
+(``argval`` already decoded by :mod:`dis`; jump targets are byte offsets). The
+registry is ``HANDLERS[opname]`` for the running interpreter. To add an opcode:
+write the function next to its neighbours, decorate it with
+``@op("NAME", versions)``, and link the ``dis`` documentation of the version(s).
+
+Reference: https://docs.python.org/3.11/library/dis.html and
+https://docs.python.org/3.12/library/dis.html (sections "Python Bytecode Instructions").
+"""
+from __future__ import annotations
+
+import dis
+import operator
+import sys
+
+from coil.exc import Unsupported
+from coil.capture.variables.base import (CellVariable, ConstantVariable, NullVariable,
+                                         SourcedCellVariable)
+from coil.capture.variables.containers import (DictVariable, ListIteratorVariable, ListVariable,
+                                               SetVariable, SliceVariable, TupleVariable)
+from coil.capture.variables.functions import NestedFunctionVariable
+from coil.capture.variables.tensor import TensorVariable, UserCodeError
+
+PY = sys.version_info[:2]
+HANDLERS: dict = {}
+PY311 = ((3, 11),)
+PY312 = ((3, 12),)
+BOTH = ((3, 11), (3, 12))
+
+
+def op(name: str, versions=BOTH):
+    """Register ``fn`` as the handler of opcode ``name`` on ``versions``."""
+    def deco(fn):
+        if PY in versions:
+            HANDLERS[name] = fn
+        return fn
+    return deco
+
+
+class ReturnValue(Exception):
+    pass
+
+
+def _return(tx, value):
+    from coil.capture.translator import ReturnValue as RV
+
+    raise RV(value)
+
+
+# --- no-ops -------------------------------------------------------------------------------
+# dis: NOP, RESUME, PRECALL (3.11), CACHE, EXTENDED_ARG, COPY_FREE_VARS (cells set up at entry)
+@op("NOP")
+@op("RESUME")
+@op("PRECALL", PY311)
+@op("CACHE")
+@op("COPY_FREE_VARS")
+@op("EXTENDED_ARG")
+def _nop(tx, inst):
+    pass
+
+
+# --- stack manipulation -----------------------------------------------------------------
+# https://docs.python.org/3.11/library/dis.html#opcode-POP_TOP
+@op("POP_TOP")
+def POP_TOP(tx, inst):
+    tx.pop()
+
+
+# https://docs.python.org/3.11/library/dis.html#opcode-PUSH_NULL
+@op("PUSH_NULL")
+def PUSH_NULL(tx, inst):
+    tx.push(NullVariable())
+
+
+# https://docs.python.org/3.11/library/dis.html#opcode-COPY
+@op("COPY")
+def COPY(tx, inst):
+    tx.push(tx.stack[-inst.arg])
+
+
+# https://docs.python.org/3.11/library/dis.html#opcode-SWAP
+@op("SWAP")
+def SWAP(tx, inst):
+    i = inst.arg
+    tx.stack[-1], tx.stack[-i] = tx.stack[-i], tx.stack[-1]
+
+
+# https://docs.python.org/3.12/library/dis.html#opcode-END_FOR
+@op("END_FOR", PY312)
+def END_FOR(tx, inst):
+    tx.popn(2)
+
+
+# --- constants, locals, globals, cells ----------------------------------------------
+# https://docs.python.org/3.11/library/dis.html#opcode-LOAD_CONST
+@op("LOAD_CONST")
+def LOAD_CONST(tx, inst):
+    tx.push(ConstantVariable(inst.argval))
+
+
+# https://docs.python.org/3.12/library/dis.html#opcode-RETURN_CONST
+@op("RETURN_CONST", PY312)
+def RETURN_CONST(tx, inst):
+    _return(tx, ConstantVariable(inst.argval))
+
+
+# https://docs.python.org/3.11/library/dis.html#opcode-LOAD_FAST
+@op("LOAD_FAST")
+@op("LOAD_FAST_CHECK", PY312)
+def LOAD_FAST(tx, inst):
+    name = inst.argval
+    if name not in tx.locals:
+        raise UserCodeError(f"UnboundLocalError: local variable '{name}' referenced before assignment")
+    tx.push(tx.locals[name])
+
+
+# https://docs.python.org/3.12/library/dis.html#opcode-LOAD_FAST_AND_CLEAR
+@op("LOAD_FAST_AND_CLEAR", PY312)
+def LOAD_FAST_AND_CLEAR(tx, inst):
+    tx.push(tx.locals.pop(inst.argval, NullVariable()))
+
+
+# https://docs.python.org/3.11/library/dis.html#opcode-STORE_FAST
+@op("STORE_FAST")
+def STORE_FAST(tx, inst):
+    v = tx.pop()
+    if isinstance(v, NullVariable):
+        tx.locals.pop(inst.argval, None)
+    else:
+        tx.locals[inst.argval] = v
+
+
+# https://docs.python.org/3.11/library/dis.html#opcode-DELETE_FAST
+@op("DELETE_FAST")
+def DELETE_FAST(tx, inst):
+    tx.locals.pop(inst.argval, None)
+
+
+# https://docs.python.org/3.11/library/dis.html#opcode-LOAD_GLOBAL
+# (3.11/3.12: the low bit of the argument pushes a NULL first)
+@op("LOAD_GLOBAL")
+def LOAD_GLOBAL(tx, inst):
+    if inst.arg & 1:
+        tx.push(NullVariable())
+    tx.push(tx.load_global(inst.argval))
+
+
+# https://docs.python.org/3.11/library/dis.html#opcode-STORE_GLOBAL
+@op("STORE_GLOBAL")
+def STORE_GLOBAL(tx, inst):
+    tx.store_global(inst.argval, tx.pop())
+
+
+# https://docs.python.org/3.11/library/dis.html#opcode-MAKE_CELL
+@op("MAKE_CELL")
+def MAKE_CELL(tx, inst):
+    name = inst.argval
+    if name in tx.cells:  # already set up (freevar)
+        return
+    tx.cells[name] = CellVariable(tx.locals.pop(name, None))
+
+
+# https://docs.python.org/3.11/library/dis.html#opcode-LOAD_DEREF
+@op("LOAD_DEREF")
+def LOAD_DEREF(tx, inst):
+    tx.push(tx.load_cell(inst.argval))
+
+
+# https://docs.python.org/3.11/library/dis.html#opcode-STORE_DEREF
+@op("STORE_DEREF")
+def STORE_DEREF(tx, inst):
+    tx.store_cell(inst.argval, tx.pop())
+
+
+# https://docs.python.org/3.11/library/dis.html#opcode-LOAD_CLOSURE
+@op("LOAD_CLOSURE")
+def LOAD_CLOSURE(tx, inst):
+    tx.push(tx.cells[inst.argval])
+
+
+# https://docs.python.org/3.11/library/dis.html#opcode-LOAD_CLASSDEREF
+@op("LOAD_CLASSDEREF", PY311)
+def LOAD_CLASSDEREF(tx, inst):
+    raise Unsupported("class body")
+
+
+# --- attributes -----------------------------------------------------------------------
+# https://docs.python.org/3.11/library/dis.html#opcode-LOAD_ATTR
+# 3.12: the low bit of the argument means "method load" (pushes NULL + attribute here)
+@op("LOAD_ATTR")
+def LOAD_ATTR(tx, inst):
+    obj = tx.pop()
+    if PY >= (3, 12) and inst.arg & 1:
+        tx.push(NullVariable())
+    tx.push(tx.getattr(obj, inst.argval))
+
+
+# https://docs.python.org/3.11/library/dis.html#opcode-LOAD_METHOD
+@op("LOAD_METHOD", PY311)
+def LOAD_METHOD(tx, inst):
+    obj = tx.pop()
+    tx.push(NullVariable())
+    tx.push(tx.getattr(obj, inst.argval))
+
+
+# https://docs.python.org/3.12/library/dis.html#opcode-LOAD_SUPER_ATTR
+@op("LOAD_SUPER_ATTR", PY312)
+def LOAD_SUPER_ATTR(tx, inst):
+    self_, cls, glob_super = tx.popn(3)
+    if inst.arg & 2:
+        sup = tx.call(glob_super, [cls, self_], {})
+    else:
+        sup = tx.call(glob_super, [], {})
+    if inst.arg & 1:
+        tx.push(NullVariable())
+    tx.push(tx.getattr(sup, inst.argval))
+
+
+# https://docs.python.org/3.11/library/dis.html#opcode-STORE_ATTR
+@op("STORE_ATTR")
+def STORE_ATTR(tx, inst):
+    obj = tx.pop()
+    value = tx.pop()
+    tx.store_attr(obj, inst.argval, value)
+
+
+@op("DELETE_ATTR")
+def DELETE_ATTR(tx, inst):
+    raise Unsupported("del of an attribute")
+
+
+# --- calls ------------------------------------------------------------------------------
+# https://docs.python.org/3.11/library/dis.html#opcode-KW_NAMES
+@op("KW_NAMES")
+def KW_NAMES(tx, inst):
+    tx.kw_names = inst.argval if isinstance(inst.argval, tuple) else tx.code.co_consts[inst.arg]
+
+
+def split_call(tx, argc: int):
+    """Pop a CALL's operands: returns (fn, args, kwargs) (3.11/3.12 layout:
+    ``NULL, callable, args`` or ``callable, self, args``)."""
+    kw_names = tx.kw_names
+    tx.kw_names = ()
+    items = tx.popn(argc + 2)
+    if isinstance(items[0], NullVariable):
+        fn, args = items[1], items[2:]
+    else:
+        fn, args = items[0], items[1:]
+    kwargs = {}
+    if kw_names:
+        kv = args[len(args) - len(kw_names):]
+        args = args[:len(args) - len(kw_names)]
+        kwargs = dict(zip(kw_names, kv))
+    return fn, list(args), kwargs
+
+
+# https://docs.python.org/3.11/library/dis.html#opcode-CALL
+@op("CALL")
+def CALL(tx, inst):
+    fn, args, kwargs = split_call(tx, inst.arg)
+    tx.push(tx.call(fn, args, kwargs))
+
+
+# https://docs.python.org/3.11/library/dis.html#opcode-CALL_FUNCTION_EX
+@op("CALL_FUNCTION_EX")
+def CALL_FUNCTION_EX(tx, inst):
+    kwargs = tx.pop() if inst.arg & 1 else None
+    args = tx.pop()
+    fn = tx.pop()
+    if tx.stack and isinstance(tx.stack[-1], NullVariable):
+        tx.pop()
+    kw = {}
+    if kwargs is not None:
+        if not isinstance(kwargs, DictVariable):
+            raise Unsupported("** of a non-dict")
+        kw = dict(kwargs.items)
+    tx.push(tx.call(fn, tx.unpack(args), kw))
+
+
+# https://docs.python.org/3.11/library/dis.html#opcode-MAKE_FUNCTION
+@op("MAKE_FUNCTION")
+def MAKE_FUNCTION(tx, inst):
+    code = tx.pop().as_python_constant()
+    flags = inst.arg
+    closure = tx.unpack(tx.pop()) if flags & 0x08 else []
+    if flags & 0x04:
+        tx.pop()  # annotations
+    kwdefaults = dict(tx.pop().items) if flags & 0x02 else {}
+    defaults = tx.unpack(tx.pop()) if flags & 0x01 else []
+    tx.push(NestedFunctionVariable(code, code.co_name, tx.f_globals, defaults, kwdefaults, closure))
+
+
+# https://docs.python.org/3.12/library/dis.html#opcode-CALL_INTRINSIC_1
+@op("CALL_INTRINSIC_1", PY312)
+def CALL_INTRINSIC_1(tx, inst):
+    name = dis._intrinsic1_descs[inst.arg] if hasattr(dis, "_intrinsic1_descs") else str(inst.argval)
+    v = tx.pop()
+    if "LIST_TO_TUPLE" in name:
+        tx.push(TupleVariable(tx.unpack(v)))
+    elif "UNARY_POSITIVE" in name:
+        tx.push(tx.unary_op(operator.pos, v))
+    elif "STOPITERATION_ERROR" in name:
+        raise Unsupported("StopIteration inside a generator")
+    else:
+        raise Unsupported(f"intrinsic {name}")
+
+
+# --- operators -----------------------------------------------------------------------
+_BINARY = {
+    "+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv,
+    "//": operator.floordiv, "%": operator.mod, "**": operator.pow, "@": operator.matmul,
+    "&": operator.and_, "|": operator.or_, "^": operator.xor, "<<": operator.lshift,
+    ">>": operator.rshift,
+    "+=": operator.iadd, "-=": operator.isub, "*=": operator.imul, "/=": operator.itruediv,
+    "//=": operator.ifloordiv, "%=": operator.imod, "**=": operator.ipow, "@=": operator.imatmul,
+    "&=": operator.iand, "|=": operator.ior, "^=": operator.ixor, "<<=": operator.ilshift,
+    ">>=": operator.irshift,
+}
+
+
+# https://docs.python.org/3.11/library/dis.html#opcode-BINARY_OP
+@op("BINARY_OP")
+def BINARY_OP(tx, inst):
+    b = tx.pop()
+    a = tx.pop()
+    sym = dis._nb_ops[inst.arg][1]
+    tx.push(tx.binary_op(_BINARY[sym], a, b))
+
+
+_COMPARE = {"<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operator.ne,
+            ">": operator.gt, ">=": operator.ge}
+
+
+# https://docs.python.org/3.11/library/dis.html#opcode-COMPARE_OP
+@op("COMPARE_OP")
+def COMPARE_OP(tx, inst):
+    b = tx.pop()
+    a = tx.pop()
+    tx.push(tx.binary_op(_COMPARE[inst.argval], a, b))
+
+
+# https://docs.python.org/3.11/library/dis.html#opcode-IS_OP
+@op("IS_OP")
+def IS_OP(tx, inst):
+    b = tx.pop()
+    a = tx.pop()
+    tx.push(tx.binary_op(operator.is_not if inst.arg else operator.is_, a, b))
+
+
+# https://docs.python.org/3.11/library/dis.html#opcode-CONTAINS_OP
+@op("CONTAINS_OP")
+def CONTAINS_OP(tx, inst):
+    container = tx.pop()
+    item = tx.pop()
+    res = tx.contains_op(container, item)
+    if inst.arg:
+        res = ConstantVariable(not tx.truthy(res))
+    tx.push(res)
+
+
+# https://docs.python.org/3.11/library/dis.html#opcode-UNARY_NEGATIVE
+@op("UNARY_NEGATIVE")
+def UNARY_NEGATIVE(tx, inst):
+    tx.push(tx.unary_op(operator.neg, tx.pop()))
+
+
+@op("UNARY_POSITIVE", PY311)
+def UNARY_POSITIVE(tx, inst):
+    tx.push(tx.unary_op(operator.pos, tx.pop()))
+
+
+@op("UNARY_NOT")
+def UNARY_NOT(tx, inst):
+    tx.push(tx.unary_op(operator.not_, tx.pop()))
+
+
+@op("UNARY_INVERT")
+def UNARY_INVERT(tx, inst):
+    tx.push(tx.unary_op(operator.invert, tx.pop()))
+
+
+# --- subscripts and slices --------------------------------------------------------------
+# https://docs.python.org/3.11/library/dis.html#opcode-BINARY_SUBSCR
+@op("BINARY_SUBSCR")
+def BINARY_SUBSCR(tx, inst):
+    key = tx.pop()
+    obj = tx.pop()
+    tx.push(tx.getitem(obj, key))
+
+
+# https://docs.python.org/3.11/library/dis.html#opcode-STORE_SUBSCR
+@op("STORE_SUBSCR")
+def STORE_SUBSCR(tx, inst):
+    key = tx.pop()
+    obj = tx.pop()
+    value = tx.pop()
+    tx.call_dunder(obj, "__setitem__", [key, value])
+
+
+# https://docs.python.org/3.11/library/dis.html#opcode-DELETE_SUBSCR
+@op("DELETE_SUBSCR")
+def DELETE_SUBSCR(tx, inst):
+    key = tx.pop()
+    obj = tx.pop()
+    tx.call_dunder(obj, "__delitem__", [key])
+
+
+# https://docs.python.org/3.12/library/dis.html#opcode-BINARY_SLICE
+@op("BINARY_SLICE", PY312)
+def BINARY_SLICE(tx, inst):
+    end = tx.pop()
+    start = tx.pop()
+    obj = tx.pop()
+    tx.push(tx.getitem(obj, SliceVariable([start, end])))
+
+
+# https://docs.python.org/3.12/library/dis.html#opcode-STORE_SLICE
+@op("STORE_SLICE", PY312)
+def STORE_SLICE(tx, inst):
+    end = tx.pop()
+    start = tx.pop()
+    obj = tx.pop()
+    value = tx.pop()
+    tx.call_dunder(obj, "__setitem__", [SliceVariable([start, end]), value])
+
+
+# https://docs.python.org/3.11/library/dis.html#opcode-BUILD_SLICE
+@op("BUILD_SLICE")
+def BUILD_SLICE(tx, inst):
+    tx.push(SliceVariable(tx.popn(inst.arg)))
+
+
+# --- building containers ------------------------------------------------------------------
+@op("BUILD_TUPLE")
+def BUILD_TUPLE(tx, inst):
+    tx.push(TupleVariable(tx.popn(inst.arg)))
+
+
+@op("BUILD_LIST")
+def BUILD_LIST(tx, inst):
+    tx.push(ListVariable(tx.popn(inst.arg)))
+
+
+@op("BUILD_SET")
+def BUILD_SET(tx, inst):
+    tx.push(SetVariable([v.as_python_constant() for v in tx.popn(inst.arg)]))
+
+
+# https://docs.python.org/3.11/library/dis.html#opcode-BUILD_MAP
+@op("BUILD_MAP")
+def BUILD_MAP(tx, inst):
+    items = tx.popn(2 * inst.arg)
+    d = {}
+    for k, v in zip(items[::2], items[1::2]):
+        d[DictVariable.key_of(k)] = v
+    tx.push(DictVariable(d))
+
+
+@op("BUILD_CONST_KEY_MAP")
+def BUILD_CONST_KEY_MAP(tx, inst):
+    keys = tx.pop().as_python_constant()
+    values = tx.popn(inst.arg)
+    tx.push(DictVariable(dict(zip(keys, values))))
+
+
+# https://docs.python.org/3.11/library/dis.html#opcode-BUILD_STRING
+@op("BUILD_STRING")
+def BUILD_STRING(tx, inst):
+    parts = tx.popn(inst.arg)
+    tx.push(ConstantVariable("".join(p.as_python_constant() for p in parts)))
+
+
+@op("LIST_APPEND")
+def LIST_APPEND(tx, inst):
+    v = tx.pop()
+    tx.stack[-inst.arg].items.append(v)
+
+
+@op("SET_ADD")
+def SET_ADD(tx, inst):
+    v = tx.pop()
+    tx.stack[-inst.arg].items.add(v.as_python_constant())
+
+
+@op("MAP_ADD")
+def MAP_ADD(tx, inst):
+    v = tx.pop()
+    k = tx.pop()
+    tx.stack[-inst.arg].items[DictVariable.key_of(k)] = v
+
+
+@op("LIST_EXTEND")
+def LIST_EXTEND(tx, inst):
+    v = tx.pop()
+    tx.stack[-inst.arg].items.extend(tx.unpack(v))
+
+
+@op("SET_UPDATE")
+def SET_UPDATE(tx, inst):
+    v = tx.pop()
+    tx.stack[-inst.arg].items.update(x.as_python_constant() for x in tx.unpack(v))
+
+
+@op("DICT_UPDATE")
+@op("DICT_MERGE")
+def DICT_UPDATE(tx, inst):
+    v = tx.pop()
+    target = tx.stack[-inst.arg]
+    if isinstance(v, DictVariable):
+        target.items.update(v.items)
+    else:
+        keys = tx.unpack(v)
+        for k in keys:
+            target.items[DictVariable.key_of(k)] = tx.getitem(v, k)
+
+
+@op("LIST_TO_TUPLE", PY311)
+def LIST_TO_TUPLE(tx, inst):
+    tx.push(TupleVariable(tx.unpack(tx.pop())))
+
+
+# https://docs.python.org/3.11/library/dis.html#opcode-UNPACK_SEQUENCE
+@op("UNPACK_SEQUENCE")
+def UNPACK_SEQUENCE(tx, inst):
+    items = tx.unpack(tx.pop())
+    if len(items) != inst.arg:
+        raise UserCodeError(f"ValueError: expected {inst.arg} values to unpack, got {len(items)}")
+    for v in reversed(items):
+        tx.push(v)
+
+
+# https://docs.python.org/3.11/library/dis.html#opcode-UNPACK_EX
+@op("UNPACK_EX")
+def UNPACK_EX(tx, inst):
+    before, after = inst.arg & 0xFF, inst.arg >> 8
+    items = tx.unpack(tx.pop())
+    if len(items) < before + after:
+        raise UserCodeError("ValueError: not enough values to unpack")
+    head = items[:before]
+    mid = items[before:len(items) - after]
+    tail = items[len(items) - after:]
+    for v in reversed(head + [ListVariable(mid)] + tail):
+        tx.push(v)
+
+
+# https://docs.python.org/3.11/library/dis.html#opcode-FORMAT_VALUE
+@op("FORMAT_VALUE")
+def FORMAT_VALUE(tx, inst):
+    fmt = tx.pop().as_python_constant() if (inst.arg & 0x04) else ""
+    v = tx.pop()
+    conv = inst.arg & 0x03
+    if isinstance(v, TensorVariable):
+        raise Unsupported("formatting a tensor into a string reads its data")
+    value = v.as_python_constant()
+    value = {0: value, 1: str(value), 2: repr(value), 3: ascii(value)}[conv]
+    tx.push(ConstantVariable(format(value, fmt)))
+
+
+# https://docs.python.org/3.11/library/dis.html#opcode-GET_LEN
+@op("GET_LEN")
+def GET_LEN(tx, inst):
+    tx.push(tx.call_dunder(tx.stack[-1], "__len__", []))
+
+
+# --- control flow -----------------------------------------------------------------------
+# https://docs.python.org/3.11/library/dis.html#opcode-RETURN_VALUE
+@op("RETURN_VALUE")
+def RETURN_VALUE(tx, inst):
+    _return(tx, tx.pop())
+
+
+@op("JUMP_FORWARD")
+@op("JUMP_BACKWARD")
+@op("JUMP_BACKWARD_NO_INTERRUPT")
+@op("JUMP", PY312)
+def JUMP(tx, inst):
+    tx.jump(inst.argval)
+
+
+def _cond_jump(jump_if_true: bool):
+    def handler(tx, inst):
+        cond = tx.pop()
+        if tx.truthy(cond) == jump_if_true:
+            tx.jump(inst.argval)
+    return handler
+
+
+def _none_jump(jump_if_none: bool):
+    def handler(tx, inst):
+        v = tx.pop()
+        is_none = isinstance(v, ConstantVariable) and v.value is None
+        if is_none == jump_if_none:
+            tx.jump(inst.argval)
+    return handler
+
+
+# https://docs.python.org/3.11/library/dis.html#opcode-POP_JUMP_FORWARD_IF_TRUE
+for _name in ("POP_JUMP_FORWARD_IF_TRUE", "POP_JUMP_BACKWARD_IF_TRUE"):
+    op(_name, PY311)(_cond_jump(True))
+for _name in ("POP_JUMP_FORWARD_IF_FALSE", "POP_JUMP_BACKWARD_IF_FALSE"):
+    op(_name, PY311)(_cond_jump(False))
+for _name in ("POP_JUMP_FORWARD_IF_NONE", "POP_JUMP_BACKWARD_IF_NONE"):
+    op(_name, PY311)(_none_jump(True))
+for _name in ("POP_JUMP_FORWARD_IF_NOT_NONE", "POP_JUMP_BACKWARD_IF_NOT_NONE"):
+    op(_name, PY311)(_none_jump(False))
+# https://docs.python.org/3.12/library/dis.html#opcode-POP_JUMP_IF_TRUE
+op("POP_JUMP_IF_TRUE", PY312)(_cond_jump(True))
+op("POP_JUMP_IF_FALSE", PY312)(_cond_jump(False))
+op("POP_JUMP_IF_NONE", PY312)(_none_jump(True))
+op("POP_JUMP_IF_NOT_NONE", PY312)(_none_jump(False))
+
+
+# https://docs.python.org/3.11/library/dis.html#opcode-JUMP_IF_TRUE_OR_POP
+@op("JUMP_IF_TRUE_OR_POP", PY311)
+def JUMP_IF_TRUE_OR_POP(tx, inst):
+    if tx.truthy(tx.stack[-1]):
+        tx.jump(inst.argval)
+    else:
+        tx.pop()
+
+
+@op("JUMP_IF_FALSE_OR_POP", PY311)
+def JUMP_IF_FALSE_OR_POP(tx, inst):
+    if not tx.truthy(tx.stack[-1]):
+        tx.jump(inst.argval)
+    else:
+        tx.pop()
+
+
+# https://docs.python.org/3.11/library/dis.html#opcode-GET_ITER
+@op("GET_ITER")
+def GET_ITER(tx, inst):
+    tx.push(tx.get_iter(tx.pop()))
+
+
+# https://docs.python.org/3.11/library/dis.html#opcode-FOR_ITER
+# 3.11: exhausted -> pop the iterator, jump to the target.
+# 3.12: exhausted -> pop the iterator, jump past the END_FOR at the target.
+@op("FOR_ITER")
+def FOR_ITER(tx, inst):
+    it = tx.stack[-1]
+    if not isinstance(it, ListIteratorVariable):
+        raise Unsupported(f"iteration over {it}")
+    v = it.next(tx)
+    if v is None:
+        tx.pop()
+        tx.jump(inst.argval)
+        if PY >= (3, 12):
+            tx.ip += 1
+    else:
+        tx.push(v)
+
+
+# --- generators (inlined generator functions collect what they yield) -----------------------
+@op("RETURN_GENERATOR")
+def RETURN_GENERATOR(tx, inst):
+    if tx.generated is None:
+        raise Unsupported("generator in the root frame")
+    tx.push(ConstantVariable(None))
+
+
+# https://docs.python.org/3.11/library/dis.html#opcode-YIELD_VALUE
+@op("YIELD_VALUE")
+def YIELD_VALUE(tx, inst):
+    if tx.generated is None:
+        raise Unsupported("yield in the root frame")
+    tx.generated.append(tx.pop())
+    tx.push(ConstantVariable(None))
+
+
+# --- with blocks, exceptions, asserts ---------------------------------------------------
+# https://docs.python.org/3.11/library/dis.html#opcode-BEFORE_WITH
+@op("BEFORE_WITH")
+def BEFORE_WITH(tx, inst):
+    from coil.capture.variables.functions import BoundMethodVariable
+    from coil.capture.variables.torchfn import ContextManagerVariable
+
+    ctx = tx.pop()
+    if isinstance(ctx, ContextManagerVariable):
+        tx.push(BoundMethodVariable(ctx, "__exit__"))
+        tx.push(ctx.enter(tx))
+        return
+    exit_ = tx.getattr(ctx, "__exit__")
+    enter = tx.getattr(ctx, "__enter__")
+    tx.push(exit_)
+    tx.push(tx.call(enter, [], {}))
+
+
+# https://docs.python.org/3.11/library/dis.html#opcode-LOAD_ASSERTION_ERROR
+@op("LOAD_ASSERTION_ERROR")
+def LOAD_ASSERTION_ERROR(tx, inst):
+    from coil.capture.variables.objects import UserDefinedClassVariable
+
+    tx.push(UserDefinedClassVariable(AssertionError))
+
+
+# https://docs.python.org/3.11/library/dis.html#opcode-RAISE_VARARGS
+@op("RAISE_VARARGS")
+def RAISE_VARARGS(tx, inst):
+    raise Unsupported("raise statement", hint="the exception is raised outside the graph")
+
+
+@op("PUSH_EXC_INFO")
+@op("POP_EXCEPT")
+@op("CHECK_EXC_MATCH")
+@op("RERAISE")
+@op("WITH_EXCEPT_START")
+@op("CLEANUP_THROW", PY312)
+def _exception_path(tx, inst):
+    raise Unsupported("exception handling path")
+
+
+# --- imports -------------------------------------------------------------------------
+# https://docs.python.org/3.11/library/dis.html#opcode-IMPORT_NAME
+@op("IMPORT_NAME")
+def IMPORT_NAME(tx, inst):
+    import importlib
+    import sys as _sys
+
+    fromlist = tx.pop().as_python_constant()
+    level = tx.pop().as_python_constant()
+    name = inst.argval
+    if level != 0:
+        raise Unsupported("relative import inside the frame")
+    if name not in _sys.modules:
+        raise Unsupported(f"import of {name} (not imported yet)")
+    mod = importlib.import_module(name)
+    if not fromlist:
+        mod = _sys.modules[name.split(".")[0]]
+    from coil.capture.variables.builder import wrap
+
+    tx.push(wrap(tx, mod, None))
+
+
+@op("IMPORT_FROM")
+def IMPORT_FROM(tx, inst):
+    tx.push(tx.getattr(tx.stack[-1], inst.argval))
+
+
+_ = (SourcedCellVariable,)

@@ -1,0 +1,337 @@
+"""OutputGraph: the FX graph being built, its inputs, the side effects, and the
+generated entry function that replaces the frame.
+
+After translation the output is compiled into a :class:`CompiledFrame`:
+
+1. every tensor tracker the frame's results need (return value, values written by
+   side effects, and at a graph break the live stack and locals) becomes a graph
+   output; the graph goes to the backend with real example inputs;
+2. an entry function is generated as Python source (printed into the compile log)::
+
+       def ___entry(x, y, ___f):
+           ___o = ___graph(x, y._modules['fc']._parameters['weight'])
+           ___G['counter'] = 3                # side effects, in program order
+           return (___o[0], {'k': ___o[1]})   # outputs rebuilt from trackers
+
+   At a graph break the entry instead rebuilds the stack and locals, runs the
+   instruction that could not be traced (a call, or a branch on a tensor) in plain
+   Python, and returns what the generated resume function returns.
+"""
+from __future__ import annotations
+
+import math
+import operator
+import types
+from typing import Any, Optional
+
+import torch
+import torch.fx
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from coil.exc import Unsupported
+from coil.capture.guards import GuardSet
+from coil.capture.source import ConstSource
+from coil.capture.variables.base import (CellVariable, ConstantVariable, SourcedCellVariable,
+                                         VariableTracker)
+from coil.capture.variables.tensor import TensorVariable
+
+
+def _make_function(code, globals_, name, defaults, closure):
+    return types.FunctionType(code, globals_, name, defaults, closure)
+
+
+def _new_object(cls, attrs):
+    obj = cls.__new__(cls)
+    obj.__dict__.update(attrs)
+    return obj
+
+
+def _make_cell(value):
+    return (lambda: value).__closure__[0]
+
+
+class SideEffects:
+    """Mutations of objects that exist outside the frame, in program order."""
+
+    def __init__(self):
+        self.order: list[tuple] = []  # ("container", vt) / ("attr", obj_vt, name) / ("global", gname, name) / ("cell", cell_vt)
+        self._seen: set = set()
+        self.attrs: dict[tuple[int, str], VariableTracker] = {}
+        self.globals: dict[tuple[int, str], VariableTracker] = {}
+        self.cells: dict[int, VariableTracker] = {}
+
+    def mutated(self, vt) -> None:
+        if vt.source is None:
+            return
+        key = ("container", id(vt))
+        if key not in self._seen:
+            self._seen.add(key)
+            self.order.append(("container", vt))
+
+    def store_attr(self, obj_vt, name, value) -> None:
+        self.attrs[(id(obj_vt.value), name)] = value
+        key = ("attr", id(obj_vt.value), name)
+        if key not in self._seen:
+            self._seen.add(key)
+            self.order.append(("attr", obj_vt, name))
+
+    def pending_attr(self, obj, name) -> Optional[VariableTracker]:
+        if not self.attrs:
+            return None
+        return self.attrs.get((id(obj), name))
+
+    def store_global(self, gdict, gname, name, value) -> None:
+        self.globals[(id(gdict), name)] = value
+        key = ("global", id(gdict), name)
+        if key not in self._seen:
+            self._seen.add(key)
+            self.order.append(("global", gdict, gname, name))
+
+    def pending_global(self, gdict, name) -> Optional[VariableTracker]:
+        return self.globals.get((id(gdict), name))
+
+    def store_cell(self, cell_vt, value) -> None:
+        self.cells[id(cell_vt)] = value
+        key = ("cell", id(cell_vt))
+        if key not in self._seen:
+            self._seen.add(key)
+            self.order.append(("cell", cell_vt))
+
+    def values(self) -> list:
+        out = []
+        for item in self.order:
+            if item[0] == "container":
+                out.append(item[1])
+            elif item[0] == "attr":
+                out.append(self.attrs[(id(item[1].value), item[2])])
+            elif item[0] == "global":
+                out.append(self.globals[(id(item[1]), item[3])])
+            else:
+                out.append(self.cells[id(item[1])])
+        return out
+
+
+class OutputGraph:
+    """The graph and bookkeeping shared by the root translator and everything it inlines."""
+
+    def __init__(self, f_globals: dict, argnames: list[str]):
+        self.graph = torch.fx.Graph()
+        self.fake_mode = FakeTensorMode()
+        self.guards = GuardSet(f_globals)
+        self.f_globals = f_globals
+        self.argnames = argnames
+        self.inputs: list[tuple[Any, Any, torch.fx.Node]] = []  # (source, real, node)
+        self.input_vts: dict[int, TensorVariable] = {}
+        self.wrapped: dict[int, tuple[Any, VariableTracker]] = {}
+        self.side_effects = SideEffects()
+        self.sourced_cells: dict[int, SourcedCellVariable] = {}
+        self.open_contexts: list = []
+        self.initial_grad = torch.is_grad_enabled()
+        self._const_count = 0
+        self._last_placeholder = None
+        self._placeholder_names: set = set()
+        self.guards.add(f"___grad_enabled() is {self.initial_grad!r}", "___grad_enabled()",
+                        self.initial_grad)
+
+    # --- inputs --------------------------------------------------------------------
+    def _placeholder(self, name: str):
+        base = "".join(c if c.isalnum() else "_" for c in name).strip("_")[-60:] or "arg"
+        base = "L_" + base
+        if base in self._placeholder_names:
+            base = f"{base}_{len(self._placeholder_names)}"
+        self._placeholder_names.add(base)
+        if self._last_placeholder is None:
+            first = next(iter(self.graph.nodes), None)
+            ctx = self.graph.inserting_before(first) if first is not None else None
+        else:
+            ctx = self.graph.inserting_after(self._last_placeholder)
+        if ctx is None:
+            node = self.graph.placeholder(base)
+        else:
+            with ctx:
+                node = self.graph.placeholder(base)
+        self._last_placeholder = node
+        return node
+
+    def add_input(self, tx, value: torch.Tensor, source) -> TensorVariable:
+        hit = self.input_vts.get(id(value))
+        if hit is not None:
+            return hit
+        node = self._placeholder(source.expr())
+        fake = self.fake_mode.from_tensor(value, static_shapes=True)
+        node.meta["example_value"] = fake
+        node.meta["source"] = source.expr()
+        vt = TensorVariable(node, fake, source, cls=type(value))
+        self.inputs.append((source, value, node))
+        self.input_vts[id(value)] = vt
+        return vt
+
+    def lift_constant_tensor(self, tx, value: torch.Tensor) -> TensorVariable:
+        """A real tensor with no source (made at compile time): an input the entry
+        passes from its namespace."""
+        name = self.guards.const(value)
+        return self.add_input(tx, value, ConstSource(name))
+
+    def sourced_cell(self, cell, source) -> SourcedCellVariable:
+        hit = self.sourced_cells.get(id(cell))
+        if hit is None:
+            hit = self.sourced_cells[id(cell)] = SourcedCellVariable(cell, source)
+        return hit
+
+    # --- global state ----------------------------------------------------------------
+    def set_grad_mode(self, tx, mode: bool) -> None:
+        self.graph.create_node("call_function", torch._C._set_grad_enabled, (mode,), {})
+        torch._C._set_grad_enabled(mode)
+
+    def restore_global_state(self) -> None:
+        torch._C._set_grad_enabled(self.initial_grad)
+        for ctx in reversed(self.open_contexts):
+            try:
+                ctx.real.__exit__(None, None, None)
+            except Exception:  # noqa: BLE001
+                pass
+        self.open_contexts.clear()
+
+    def count_calls(self) -> int:
+        return sum(1 for n in self.graph.nodes if n.op in ("call_function", "call_method", "call_module"))
+
+
+class EntryCodegen:
+    """Builds the entry function's Python source (see module docstring)."""
+
+    def __init__(self, output: OutputGraph, graph_outputs: list[TensorVariable]):
+        self.output = output
+        self.ns = dict(output.guards.ns)
+        self.ns.update(___make_function=_make_function, ___new_object=_new_object,
+                       ___make_cell=_make_cell, ___MethodType=types.MethodType,
+                       ___partial=__import__("functools").partial)
+        self.lines: list[str] = []
+        self.memo: dict[int, str] = {}
+        self._tmp = 0
+        self.out_index = {id(t.node): i for i, t in enumerate(graph_outputs)}
+        self._const_ids: dict[int, str] = {}
+
+    def tmp(self) -> str:
+        self._tmp += 1
+        return f"___t{self._tmp}"
+
+    def const_expr(self, value) -> str:
+        if value is None or type(value) in (bool, str, bytes, int):
+            return repr(value)
+        if type(value) is float and math.isfinite(value):
+            return repr(value)
+        if type(value) is tuple and all(type(v) in (int, str, bool, type(None)) for v in value):
+            return repr(value)
+        name = self._const_ids.get(id(value))
+        if name is None:
+            name = f"___k{len(self._const_ids)}"
+            self._const_ids[id(value)] = name
+            self.ns[name] = value
+        return name
+
+    def source_expr(self, source) -> str:
+        return source.expr()
+
+    def graph_output(self, t: TensorVariable) -> str:
+        if t.node.op == "placeholder" and t.source is not None:
+            return t.source.expr()
+        idx = self.out_index.get(id(t.node))
+        if idx is None:
+            raise Unsupported("internal: tensor missing from graph outputs")
+        return f"___o[{idx}]"
+
+    def reconstruct(self, vt: VariableTracker) -> str:
+        key = id(vt)
+        if key in self.memo:
+            return self.memo[key]
+        return vt.reconstruct(self)
+
+    def bind(self, vt, expr: str) -> str:
+        name = self.tmp()
+        self.lines.append(f"{name} = {expr}")
+        self.memo[id(vt)] = name
+        return name
+
+    def reconstruct_container(self, vt) -> str:
+        if vt.source is not None:
+            return self.source_expr(vt.source)
+        return self.bind(vt, vt.build_expr(self))
+
+    def reconstruct_cell(self, cell) -> str:
+        if isinstance(cell, SourcedCellVariable):
+            return self.const_expr(cell.cell)
+        if isinstance(cell, CellVariable):
+            if id(cell) in self.memo:
+                return self.memo[id(cell)]
+            content = self.reconstruct(cell.content) if cell.content is not None else "None"
+            return self.bind(cell, f"___make_cell({content})")
+        raise Unsupported("unknown cell")
+
+    def side_effect_lines(self, se: SideEffects) -> None:
+        from coil.capture.variables.containers import DictVariable, ListVariable, SetVariable
+
+        for item in se.order:
+            kind = item[0]
+            if kind == "container":
+                vt = item[1]
+                src = self.source_expr(vt.source)
+                if isinstance(vt, ListVariable):
+                    self.lines.append(f"{src}[:] = {vt.build_expr(self)}")
+                elif isinstance(vt, DictVariable):
+                    body = "{" + ", ".join(f"{self.const_expr(k)}: {self.reconstruct(v)}"
+                                           for k, v in vt.items.items()) + "}"
+                    t = self.tmp()
+                    self.lines.append(f"{t} = {body}")
+                    self.lines.append(f"{src}.clear(); {src}.update({t})")
+                elif isinstance(vt, SetVariable):
+                    self.lines.append(f"{src}.clear(); {src}.update({vt.build_expr(self)})")
+                else:
+                    raise Unsupported(f"mutation of {vt}")
+            elif kind == "attr":
+                obj_vt, name = item[1], item[2]
+                value = se.attrs[(id(obj_vt.value), name)]
+                self.lines.append(f"setattr({self.reconstruct(obj_vt)}, {name!r}, "
+                                  f"{self.reconstruct(value)})")
+            elif kind == "global":
+                gdict, gname, name = item[1], item[2], item[3]
+                value = se.globals[(id(gdict), name)]
+                self.lines.append(f"{gname}[{name!r}] = {self.reconstruct(value)}")
+            else:
+                cell_vt = item[1]
+                self.lines.append(f"{self.const_expr(cell_vt.cell)}.cell_contents = "
+                                  f"{self.reconstruct(se.cells[id(cell_vt)])}")
+
+
+def collect_tensors(vts: list, out: list, seen: set) -> None:
+    """Tensor trackers reachable from ``vts`` (graph outputs), in first-seen order."""
+    stack = list(reversed(vts))
+    visited = set()
+    while stack:
+        v = stack.pop()
+        if v is None or id(v) in visited:
+            continue
+        visited.add(id(v))
+        if isinstance(v, TensorVariable):
+            if v.node.op != "placeholder" and id(v.node) not in seen:
+                seen.add(id(v.node))
+                out.append(v)
+            continue
+        if isinstance(v, CellVariable):
+            stack.append(v.content)
+            continue
+        kids = v.children() if isinstance(v, VariableTracker) else []
+        for k in reversed(kids):
+            stack.append(k)
+        cl = getattr(v, "closure", None)
+        if cl:
+            stack.extend(cl)
+        for attr in ("obj", "fn"):
+            sub = getattr(v, attr, None)
+            if isinstance(sub, VariableTracker):
+                stack.append(sub)
+        defaults = getattr(v, "defaults", None)
+        if isinstance(defaults, list):
+            stack.extend(defaults)
+
+
+_ = (operator, ConstantVariable)

@@ -1,0 +1,136 @@
+"""Sources: where a traced value came from, as a Python expression.
+
+Every :class:`~coil.capture.variables.base.VariableTracker` built from a real value
+carries a ``Source``. A source prints as a Python expression over the frame's
+arguments (by name), ``___G`` (the function's globals) and ``___f`` (the function
+object itself, for closure cells), so the same text serves three purposes:
+
+- guards: ``type(x) is ___Tensor and x.dtype is ___c3 ...`` (see :mod:`.guards`);
+- graph inputs: the generated entry fetches each lifted input by evaluating it;
+- reconstruction: the entry rebuilds output values that were only read.
+
+Sources into ``nn.Module`` internals (``_modules``, ``_parameters``, ``_buffers``)
+print as dict lookups, which is much cheaper than ``Module.__getattr__``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+class Source:
+    """Base class: ``expr()`` is the Python expression text for the value."""
+
+    def expr(self) -> str:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def is_root_local(self) -> bool:
+        return False
+
+    def __str__(self) -> str:
+        return self.expr()
+
+
+@dataclass(frozen=True)
+class LocalSource(Source):
+    """A frame argument, by name (the guard and entry functions take them as parameters)."""
+    name: str
+
+    def expr(self) -> str:
+        return self.name
+
+    def is_root_local(self) -> bool:
+        return True
+
+
+@dataclass(frozen=True)
+class GlobalSource(Source):
+    """``globals[name]``: ``___G`` is the root function's globals; inlined functions
+    from other modules use a namespace-held dict (``gname``)."""
+    name: str
+    gname: str = "___G"
+
+    def expr(self) -> str:
+        return f"{self.gname}[{self.name!r}]"
+
+
+@dataclass(frozen=True)
+class BuiltinSource(Source):
+    """A name of the builtins module."""
+    name: str
+
+    def expr(self) -> str:
+        return f"___builtins.{self.name}"
+
+
+@dataclass(frozen=True)
+class ClosureSource(Source):
+    """The content of the root function's ``index``-th closure cell."""
+    index: int
+
+    def expr(self) -> str:
+        return f"___f.__closure__[{self.index}].cell_contents"
+
+
+@dataclass(frozen=True)
+class AttrSource(Source):
+    """``base.attr`` (plain attribute access)."""
+    base: Source
+    attr: str
+
+    def expr(self) -> str:
+        return f"{self.base.expr()}.{self.attr}"
+
+
+@dataclass(frozen=True)
+class ModuleDictSource(Source):
+    """``base.<dict_name>[key]`` for an nn.Module's ``_modules``/``_parameters``/``_buffers``
+    (or ``__dict__``)."""
+    base: Source
+    dict_name: str
+    key: str
+
+    def expr(self) -> str:
+        return f"{self.base.expr()}.{self.dict_name}[{self.key!r}]"
+
+
+@dataclass(frozen=True)
+class GetItemSource(Source):
+    """``base[key]`` with a constant key (int, str, ...)."""
+    base: Source
+    key: Any
+
+    def expr(self) -> str:
+        return f"{self.base.expr()}[{self.key!r}]"
+
+
+@dataclass(frozen=True)
+class DefaultsSource(Source):
+    """A default argument value of a function reached through ``fn_source``."""
+    fn_source: Source
+    index: int
+    kw: bool = False
+
+    def expr(self) -> str:
+        if self.kw:
+            return f"{self.fn_source.expr()}.__kwdefaults__[{self.index!r}]"
+        return f"{self.fn_source.expr()}.__defaults__[{self.index}]"
+
+
+@dataclass(frozen=True)
+class TypeSource(Source):
+    """``type(base)``."""
+    base: Source
+
+    def expr(self) -> str:
+        return f"type({self.base.expr()})"
+
+
+@dataclass(frozen=True)
+class ConstSource(Source):
+    """A value the generated code holds directly (namespace name ``name``); used for
+    values such as closure cells of inlined functions that are guarded by identity."""
+    name: str
+
+    def expr(self) -> str:
+        return self.name

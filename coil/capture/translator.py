@@ -1,0 +1,721 @@
+"""InstructionTranslator: symbolic execution of CPython 3.11/3.12 bytecode.
+
+The translator walks a frame's instructions (from :func:`dis.get_instructions`)
+with a stack and locals of :class:`VariableTracker`s; each opcode has one small
+handler in :mod:`coil.capture.opcodes`. Calls to Python functions and
+``nn.Module.forward`` are inlined by an :class:`InliningTranslator` that shares the
+:class:`~coil.capture.output.OutputGraph`.
+
+Graph breaks: when an instruction raises :class:`coil.exc.Unsupported` (directly or
+anywhere inside an inlined call), the root translator remembers the offset and
+restarts from scratch (:class:`RestartAnalysis`); on the second pass it stops *before*
+that instruction (:meth:`InstructionTranslator.break_graph`), so the graph holds only
+what ran before it and the stack/locals at that point are known exactly.
+
+This module also holds the Python semantics shared by the handlers: binary and unary
+operators, attribute access, calls, ``nn.Module`` calls with hooks, object
+construction, iteration and truthiness.
+"""
+from __future__ import annotations
+
+import dis
+import operator
+import sys
+import types
+from typing import Any, Optional
+
+import torch
+
+from coil import config
+from coil.exc import Unsupported
+from coil.capture.source import BuiltinSource, GlobalSource, LocalSource
+from coil.capture.variables.base import (CellVariable, ConstantVariable, NullVariable,
+                                         SourcedCellVariable, VariableTracker)
+from coil.capture.variables.builder import wrap, wrap_constant_result
+from coil.capture.variables.containers import (BaseListVariable, DictVariable,
+                                               ListIteratorVariable, ListVariable,
+                                               NamedTupleVariable, SetVariable, TupleVariable)
+from coil.capture.variables.functions import (BaseFunctionVariable, TypeErrorInCall,
+                                              UserFunctionVariable, UserMethodVariable)
+from coil.capture.variables.objects import (AttributeMissing, DataClassDictVariable,
+                                            NewObjectVariable, NNModuleVariable,
+                                            ObjectVariableBase, UserDefinedClassVariable,
+                                            UserDefinedObjectVariable, is_model_output_class,
+                                            _static_lookup, _SENTINEL)
+from coil.capture.variables.tensor import TensorVariable, UserCodeError, call_op
+
+PY = sys.version_info[:2]
+CO_GENERATOR = 0x20
+CO_COROUTINE = 0x80
+CO_ASYNC_GENERATOR = 0x200
+MAX_INLINE_DEPTH = 48
+MAX_STEPS = 2_000_000
+
+#: Modules whose functions are never inlined (a call is a graph break).
+SKIP_MODULES = ("logging", "warnings", "inspect", "threading", "traceback", "pdb", "copy",
+                "importlib", "os", "sys", "io", "pickle", "weakref", "random", "time")
+
+
+_INPLACE_TO_OUT = {operator.iadd: operator.add, operator.isub: operator.sub,
+                   operator.imul: operator.mul, operator.itruediv: operator.truediv,
+                   operator.ifloordiv: operator.floordiv, operator.imod: operator.mod,
+                   operator.ipow: operator.pow, operator.imatmul: operator.matmul,
+                   operator.iand: operator.and_, operator.ior: operator.or_,
+                   operator.ixor: operator.xor, operator.ilshift: operator.lshift,
+                   operator.irshift: operator.rshift}
+
+
+class RestartAnalysis(Exception):
+    """Translate the frame again (a graph break was found at a new offset)."""
+
+
+class BreakInfo:
+    """Where and why the root frame breaks: ``offset``, ``reason``, user ``stack``."""
+
+    def __init__(self, offset: int, reason: str, stack: list[str], exc: Unsupported):
+        self.offset = offset
+        self.reason = reason
+        self.stack = stack
+        self.exc = exc
+
+
+class ReturnValue(Exception):
+    def __init__(self, value):
+        self.value = value
+
+
+def instructions_of(code: types.CodeType) -> list:
+    return [i for i in dis.get_instructions(code) if i.opname != "EXTENDED_ARG"]
+
+
+def offset_map(code: types.CodeType) -> dict:
+    """Byte offset → instruction index; an EXTENDED_ARG maps to the instruction it
+    extends (jumps may target it)."""
+    out, pending, idx = {}, [], 0
+    for inst in dis.get_instructions(code):
+        if inst.opname == "EXTENDED_ARG":
+            pending.append(inst.offset)
+            continue
+        for off in pending:
+            out[off] = idx
+        pending.clear()
+        out[inst.offset] = idx
+        idx += 1
+    return out
+
+
+class InstructionTranslatorBase:
+    """State and semantics shared by the root and inlining translators."""
+
+    def __init__(self, code: types.CodeType, f_globals: dict, output, symbolic_locals: dict,
+                 cells: dict, parent: Optional["InstructionTranslatorBase"] = None,
+                 fn_name: str = ""):
+        from coil.capture import opcodes
+
+        self.code = code
+        self.f_globals = f_globals
+        self.output = output
+        self.parent = parent
+        self.instructions = instructions_of(code)
+        self.offset_to_index = offset_map(code)
+        self.ip = 0
+        self.stack: list[VariableTracker] = []
+        self.locals: dict[str, VariableTracker] = dict(symbolic_locals)
+        self.cells: dict[str, Any] = dict(cells)
+        self.kw_names: tuple = ()
+        self.current = None
+        self.depth = 0 if parent is None else parent.depth + 1
+        self.handlers = opcodes.HANDLERS
+        self.generated: Optional[list] = [] if code.co_flags & CO_GENERATOR else None
+        self.fn_name = fn_name or code.co_name
+        if f_globals is output.f_globals:
+            self.gname = "___G"
+        else:
+            self.gname = output.guards.const(f_globals)
+
+    # --- stack -------------------------------------------------------------------------
+    def push(self, v: VariableTracker) -> None:
+        self.stack.append(v)
+
+    def pop(self) -> VariableTracker:
+        return self.stack.pop()
+
+    def popn(self, n: int) -> list:
+        if n == 0:
+            return []
+        items = self.stack[-n:]
+        del self.stack[-n:]
+        return items
+
+    def jump(self, offset: int) -> None:
+        self.ip = self.offset_to_index[offset]
+
+    # --- the loop ---------------------------------------------------------------------
+    def step(self, inst) -> None:
+        self.current = inst
+        h = self.handlers.get(inst.opname)
+        if h is None:
+            raise Unsupported(f"opcode {inst.opname} is not supported",
+                              hint="add a handler in coil/capture/opcodes.py")
+        try:
+            h(self, inst)
+        except Unsupported as e:
+            if getattr(e, "user_stack", None) is None:
+                e.user_stack = self.user_stack()
+                if e.location is None:
+                    e.location = self.location()
+            raise
+
+    def user_stack(self) -> list[str]:
+        frames = []
+        tx = self
+        while tx is not None:
+            inst = tx.current
+            line = inst.positions.lineno if inst is not None and inst.positions else None
+            if line is None and inst is not None:
+                line = inst.starts_line
+            frames.append(f'File "{tx.code.co_filename}", line {line}, in {tx.code.co_name}')
+            tx = tx.parent
+        return list(reversed(frames))
+
+    def user_stack_summary(self) -> str:
+        return " <- ".join(reversed(self.user_stack()[-3:]))
+
+    def location(self):
+        from coil.exc import SourceLocation
+
+        inst = self.current
+        line = inst.positions.lineno if inst is not None and inst.positions else self.code.co_firstlineno
+        return SourceLocation.of(self.code.co_filename, line or self.code.co_firstlineno)
+
+    # --- loading names ----------------------------------------------------------------
+    def load_global(self, name: str) -> VariableTracker:
+        pending = self.output.side_effects.pending_global(self.f_globals, name)
+        if pending is not None:
+            return pending
+        if name in self.f_globals:
+            return wrap(self, self.f_globals[name], GlobalSource(name, self.gname))
+        builtins_ = self.f_globals.get("__builtins__", __builtins__)
+        bdict = builtins_ if isinstance(builtins_, dict) else builtins_.__dict__
+        if name in bdict:
+            return wrap(self, bdict[name], BuiltinSource(name), guard=False)
+        raise UserCodeError(f"NameError: name '{name}' is not defined")
+
+    def store_global(self, name: str, value: VariableTracker) -> None:
+        self.output.side_effects.store_global(self.f_globals, self.gname, name, value)
+
+    def load_cell(self, name: str) -> VariableTracker:
+        cell = self.cells[name]
+        if isinstance(cell, CellVariable):
+            if cell.content is None:
+                raise UserCodeError(f"NameError: free variable '{name}' referenced before assignment")
+            return cell.content
+        pending = self.output.side_effects.cells.get(id(cell))
+        if pending is not None:
+            return pending
+        try:
+            value = cell.cell.cell_contents
+        except ValueError:
+            raise UserCodeError(f"NameError: free variable '{name}' referenced before assignment")
+        return wrap(self, value, cell.source, guard=cell.source is not None)
+
+    def store_cell(self, name: str, value: VariableTracker) -> None:
+        cell = self.cells[name]
+        if isinstance(cell, CellVariable):
+            cell.content = value
+        else:
+            self.output.side_effects.store_cell(cell, value)
+
+    # --- Python semantics ---------------------------------------------------------------
+    def truthy(self, v: VariableTracker) -> bool:
+        return v.truthy(self)
+
+    def getattr(self, obj: VariableTracker, name: str) -> VariableTracker:
+        return obj.var_getattr(self, name)
+
+    def store_attr(self, obj: VariableTracker, name: str, value: VariableTracker,
+                   plain: bool = False) -> None:
+        if isinstance(obj, NewObjectVariable) and plain:
+            obj.attrs[name] = value
+            return
+        if isinstance(obj, (NewObjectVariable, DataClassDictVariable)):
+            obj.set_attr(self, name, value)
+            return
+        if isinstance(obj, ObjectVariableBase) and obj.value is not None and not isinstance(
+                obj, UserDefinedClassVariable):
+            cls = type(obj.value)
+            setattr_fn = _static_lookup(cls, "__setattr__")
+            if not plain and setattr_fn not in (object.__setattr__, torch.nn.Module.__setattr__):
+                if isinstance(setattr_fn, types.FunctionType):
+                    self.call(UserMethodVariable(setattr_fn, obj), [ConstantVariable(name), value], {})
+                    return
+                raise Unsupported(f"custom __setattr__ of {cls.__name__}")
+            if isinstance(obj.value, torch.nn.Module) and isinstance(value, TensorVariable) and \
+                    (name in obj.value._parameters):
+                raise Unsupported("assigning a tensor to a registered parameter inside the frame")
+            self.output.side_effects.store_attr(obj, name, value)
+            return
+        if isinstance(obj, TensorVariable):
+            raise Unsupported(f"setting attribute {name} on a tensor")
+        raise Unsupported(f"setting attribute {name} on {obj}")
+
+    def call(self, fn: VariableTracker, args: list, kwargs: dict) -> VariableTracker:
+        return fn.call_function(self, list(args), dict(kwargs))
+
+    def call_dunder(self, obj: VariableTracker, name: str, args: list) -> VariableTracker:
+        return obj.call_method(self, name, list(args), {})
+
+    def getitem(self, obj, key):
+        if isinstance(obj, (UserDefinedClassVariable,)):
+            cga = _static_lookup(type(obj.value), "__class_getitem__")
+            if cga is not _SENTINEL or True:
+                return wrap_constant_result(self, obj.value[key.as_python_constant()])
+        if isinstance(obj, ConstantVariable) and isinstance(key, TensorVariable):
+            raise Unsupported("indexing a constant with a tensor")
+        return obj.call_method(self, "__getitem__", [key], {})
+
+    def get_iter(self, v: VariableTracker) -> VariableTracker:
+        if isinstance(v, ListIteratorVariable) and v.kind == "iterator":
+            return v
+        if isinstance(v, (UserDefinedObjectVariable, NewObjectVariable)):
+            it = self.call_dunder(v, "__iter__", [])
+            return self.get_iter(it) if not isinstance(it, ListIteratorVariable) else it
+        return ListIteratorVariable(self.unpack(v))
+
+    def unpack(self, v: VariableTracker) -> list:
+        return v.unpack(self)
+
+    def contains(self, items: list, v: VariableTracker) -> bool:
+        for it in items:
+            if self.values_equal(it, v):
+                return True
+        return False
+
+    def contains_op(self, container, item) -> VariableTracker:
+        if isinstance(container, ConstantVariable) and isinstance(item, ConstantVariable):
+            return ConstantVariable(item.value in container.value)
+        if isinstance(container, TensorVariable):
+            raise Unsupported("`in` on a tensor depends on its data")
+        return container.call_method(self, "__contains__", [item], {})
+
+    def values_equal(self, a, b) -> bool:
+        if a is b:
+            return True
+        return self.truthy(self.binary_op(operator.eq, a, b))
+
+    def sorted_items(self, items, key, reverse):
+        keyed = []
+        for it in items:
+            k = self.call(key, [it], {}) if key is not None and not (
+                isinstance(key, ConstantVariable) and key.value is None) else it
+            keyed.append((k.as_python_constant(), it))
+        keyed.sort(key=lambda p: p[0], reverse=reverse)
+        return [it for _, it in keyed]
+
+    def is_same(self, a, b) -> bool:
+        if a is b:
+            return True
+        if isinstance(a, ConstantVariable) and isinstance(b, ConstantVariable):
+            return a.value is b.value
+        va, vb = getattr(a, "value", _SENTINEL), getattr(b, "value", _SENTINEL)
+        if isinstance(a, ObjectVariableBase) and isinstance(b, ObjectVariableBase):
+            return va is vb
+        fa, fb = getattr(a, "fn", _SENTINEL), getattr(b, "fn", _SENTINEL)
+        if fa is not _SENTINEL and fa is fb and type(a) is type(b) and not hasattr(a, "obj"):
+            return True
+        if isinstance(a, TensorVariable) and isinstance(b, TensorVariable):
+            return a.node is b.node
+        return False
+
+    def binary_op(self, op, a: VariableTracker, b: VariableTracker) -> VariableTracker:
+        if op is operator.is_:
+            return ConstantVariable(self.is_same(a, b))
+        if op is operator.is_not:
+            return ConstantVariable(not self.is_same(a, b))
+        if isinstance(a, TensorVariable) or isinstance(b, TensorVariable):
+            if isinstance(a, (NNModuleVariable, UserDefinedObjectVariable, NewObjectVariable)) or \
+                    isinstance(b, (NNModuleVariable, UserDefinedObjectVariable, NewObjectVariable)):
+                res = self._user_binary(op, a, b)
+                if res is not None:
+                    return res
+            if op in (operator.eq, operator.ne) and (
+                    (isinstance(a, ConstantVariable) and a.value is None) or
+                    (isinstance(b, ConstantVariable) and b.value is None)):
+                return ConstantVariable(op is operator.ne)
+            if not isinstance(a, TensorVariable) and op in _INPLACE_TO_OUT:
+                op = _INPLACE_TO_OUT[op]
+            return call_op(self, "call_function", op, [a, b], {})
+        if a.is_python_constant() and b.is_python_constant() and not isinstance(
+                a, (BaseFunctionVariable, UserDefinedClassVariable)):
+            ca, cb = a.as_python_constant(), b.as_python_constant()
+            try:
+                return wrap_constant_result(self, op(ca, cb))
+            except Exception as e:  # noqa: BLE001
+                raise UserCodeError(f"{type(e).__name__}: {e}") from e
+        if isinstance(a, BaseListVariable) and isinstance(b, BaseListVariable):
+            if op in (operator.add, operator.iadd) and type(a.python_type()) is type(b.python_type()):
+                if op is operator.iadd and isinstance(a, ListVariable):
+                    return a.call_method(self, "__iadd__", [b], {})
+                cls = ListVariable if isinstance(a, ListVariable) else TupleVariable
+                return cls(a.items + b.items)
+            if op in (operator.eq, operator.ne):
+                eq = len(a.items) == len(b.items) and all(
+                    self.values_equal(x, y) for x, y in zip(a.items, b.items))
+                return ConstantVariable(eq if op is operator.eq else not eq)
+        if isinstance(a, BaseListVariable) and op in (operator.mul, operator.imul) and b.is_python_constant():
+            cls = ListVariable if isinstance(a, ListVariable) else TupleVariable
+            return cls(a.items * b.as_python_constant())
+        if isinstance(a, ListVariable) and op is operator.iadd:
+            return a.call_method(self, "__iadd__", [b], {})
+        if isinstance(a, DictVariable) and isinstance(b, DictVariable) and op in (operator.or_, operator.ior):
+            if op is operator.ior:
+                a.call_method(self, "update", [b], {})
+                return a
+            return DictVariable({**a.items, **b.items}, a.user_cls)
+        res = self._user_binary(op, a, b)
+        if res is not None:
+            return res
+        if op in (operator.eq, operator.ne):
+            same = self.is_same(a, b)
+            if same or not (isinstance(a, ConstantVariable) and isinstance(b, ConstantVariable)):
+                return ConstantVariable(same if op is operator.eq else not same)
+        raise Unsupported(f"operator {op.__name__} on {a} and {b}")
+
+    _DUNDER = {operator.add: ("__add__", "__radd__"), operator.sub: ("__sub__", "__rsub__"),
+               operator.mul: ("__mul__", "__rmul__"), operator.truediv: ("__truediv__", "__rtruediv__"),
+               operator.matmul: ("__matmul__", "__rmatmul__"), operator.eq: ("__eq__", "__eq__"),
+               operator.ne: ("__ne__", "__ne__"), operator.lt: ("__lt__", "__gt__"),
+               operator.gt: ("__gt__", "__lt__"), operator.le: ("__le__", "__ge__"),
+               operator.ge: ("__ge__", "__le__"), operator.floordiv: ("__floordiv__", "__rfloordiv__"),
+               operator.mod: ("__mod__", "__rmod__"), operator.pow: ("__pow__", "__rpow__"),
+               operator.iadd: ("__iadd__", "__radd__"), operator.imul: ("__imul__", "__rmul__"),
+               operator.isub: ("__isub__", "__rsub__"), operator.and_: ("__and__", "__rand__"),
+               operator.or_: ("__or__", "__ror__")}
+
+    def _user_binary(self, op, a, b):
+        names = self._DUNDER.get(op)
+        if names is None:
+            return None
+        for obj, other, name in ((a, b, names[0]), (b, a, names[1])):
+            cls = None
+            if isinstance(obj, NewObjectVariable):
+                cls = obj.cls
+            elif isinstance(obj, (UserDefinedObjectVariable, NNModuleVariable)):
+                cls = type(obj.value)
+            if cls is None:
+                continue
+            fn = _static_lookup(cls, name)
+            if fn is _SENTINEL and op is operator.iadd:
+                fn = _static_lookup(cls, "__add__")
+            if isinstance(fn, types.FunctionType):
+                res = self.call(UserMethodVariable(fn, obj), [other], {})
+                if not (isinstance(res, ConstantVariable) and res.value is NotImplemented):
+                    return res
+        return None
+
+    def unary_op(self, op, a: VariableTracker) -> VariableTracker:
+        if op in (operator.not_,):
+            return ConstantVariable(not self.truthy(a))
+        if op is operator.truth:
+            return ConstantVariable(self.truthy(a))
+        if isinstance(a, TensorVariable):
+            return call_op(self, "call_function", op, [a], {})
+        if a.is_python_constant():
+            try:
+                return wrap_constant_result(self, op(a.as_python_constant()))
+            except Exception as e:  # noqa: BLE001
+                raise UserCodeError(f"{type(e).__name__}: {e}") from e
+        name = {operator.neg: "__neg__", operator.pos: "__pos__", operator.invert: "__invert__",
+                operator.abs: "__abs__"}.get(op)
+        if name is not None:
+            return self.call_dunder(a, name, [])
+        raise Unsupported(f"unary {op.__name__} on {a}")
+
+    # --- calls ----------------------------------------------------------------------
+    def inline_call(self, fn: BaseFunctionVariable, args: list, kwargs: dict) -> VariableTracker:
+        code = fn.get_code()
+        if self.depth >= MAX_INLINE_DEPTH:
+            raise Unsupported("inlining too deep (recursion?)")
+        if code.co_flags & (CO_COROUTINE | CO_ASYNC_GENERATOR):
+            raise Unsupported("call to a coroutine function")
+        mod = fn.get_globals().get("__name__", "") or ""
+        if mod.split(".")[0] in SKIP_MODULES or mod.startswith(("torch._dynamo", "coil.")):
+            raise Unsupported(f"call to {mod}.{fn.fn_name()} (not traced)",
+                              hint="functions from this module run outside the graph")
+        try:
+            bound = fn.bind_args(self, list(args), dict(kwargs))
+        except TypeErrorInCall as e:
+            raise UserCodeError(f"TypeError: {e}") from e
+        sub = InliningTranslator(code, fn.get_globals(), self.output, bound,
+                                 fn.closure_cells(self), parent=self, fn_name=fn.fn_name())
+        return sub.run_inline()
+
+    def call_module(self, mod_vt: NNModuleVariable, args: list, kwargs: dict) -> VariableTracker:
+        m = mod_vt.value
+        cls = type(m)
+        if cls.__call__ is not torch.nn.Module.__call__:
+            return self.call(UserMethodVariable(cls.__call__, mod_vt), args, kwargs)
+        from torch.nn.modules import module as _mm
+
+        if (_mm._global_forward_hooks or _mm._global_forward_pre_hooks or
+                _mm._global_backward_hooks or getattr(_mm, "_global_backward_pre_hooks", None)):
+            raise Unsupported("global nn.Module hooks are registered")
+        if m._backward_hooks or getattr(m, "_backward_pre_hooks", None):
+            raise Unsupported("module backward hooks")
+        src = mod_vt.source
+        gs = self.output.guards
+        if src is not None:
+            for hname in ("_forward_pre_hooks", "_forward_hooks"):
+                hooks = getattr(m, hname)
+                gs.add(f"len({src.expr()}.{hname}) == {len(hooks)}",
+                       f"len({src.expr()}.{hname})", len(hooks))
+        for hid, hook in list(m._forward_pre_hooks.items()):
+            hook_vt = wrap(self, hook, None)
+            if hid in m._forward_pre_hooks_with_kwargs:
+                res = self.call(hook_vt, [mod_vt, TupleVariable(args), DictVariable(kwargs)], {})
+                if not (isinstance(res, ConstantVariable) and res.value is None):
+                    a, k = self.unpack(res)
+                    args, kwargs = self.unpack(a), dict(k.items)
+            else:
+                res = self.call(hook_vt, [mod_vt, TupleVariable(args)], {})
+                if not (isinstance(res, ConstantVariable) and res.value is None):
+                    args = self.unpack(res) if isinstance(res, TupleVariable) else [res]
+        forward = _static_lookup(cls, "forward")
+        if not isinstance(forward, types.FunctionType):
+            raise Unsupported(f"{cls.__name__}.forward is not a Python function")
+        out = self.call(UserMethodVariable(forward, mod_vt), args, kwargs)
+        for hid, hook in list(m._forward_hooks.items()):
+            hook_vt = wrap(self, hook, None)
+            if hid in m._forward_hooks_with_kwargs:
+                res = self.call(hook_vt, [mod_vt, TupleVariable(args), DictVariable(kwargs), out], {})
+            else:
+                res = self.call(hook_vt, [mod_vt, TupleVariable(args), out], {})
+            if not (isinstance(res, ConstantVariable) and res.value is None):
+                out = res
+        return out
+
+    def construct_object(self, cls_vt: UserDefinedClassVariable, args: list, kwargs: dict):
+        from coil.capture.variables.torchfn import CONTEXT_CLASSES, make_context
+
+        cls = cls_vt.value
+        if cls in CONTEXT_CLASSES:
+            return make_context(self, cls, args, kwargs)
+        if isinstance(cls, type) and issubclass(cls, BaseException):
+            return ExceptionVariable(cls, args)
+        if is_model_output_class(cls):
+            return DataClassDictVariable.create(self, cls, args, kwargs)
+        if isinstance(cls, type) and issubclass(cls, tuple) and hasattr(cls, "_fields"):
+            fields = cls._fields
+            values = dict(zip(fields, args))
+            values.update(kwargs)
+            defaults = getattr(cls, "_field_defaults", {})
+            items = []
+            for f in fields:
+                if f in values:
+                    items.append(values[f])
+                elif f in defaults:
+                    items.append(wrap_constant_result(self, defaults[f]))
+                else:
+                    raise UserCodeError(f"TypeError: missing field {f}")
+            return NamedTupleVariable(items, cls)
+        if isinstance(cls, type) and issubclass(cls, torch.nn.Module):
+            raise Unsupported(f"creating a {cls.__name__} module inside the frame")
+        if isinstance(cls, type) and issubclass(cls, torch.Tensor):
+            raise Unsupported(f"constructing {cls.__name__} inside the frame")
+        if cls in (torch.device, torch.Size, torch.finfo, torch.iinfo, torch.dtype) or \
+                (isinstance(cls, type) and issubclass(cls, __import__("enum").Enum)):
+            c = [a.as_python_constant() for a in args]
+            kw = {k: v.as_python_constant() for k, v in kwargs.items()}
+            return wrap_constant_result(self, cls(*c, **kw))
+        if isinstance(cls, type) and issubclass(cls, dict) and cls.__init__ is dict.__init__:
+            d = DictVariable({}, cls)
+            d.call_method(self, "update", args, kwargs)
+            return d
+        new = _static_lookup(cls, "__new__")
+        if new not in (object.__new__, _SENTINEL) and not isinstance(new, staticmethod):
+            raise Unsupported(f"constructing {cls.__qualname__} (custom __new__)")
+        if isinstance(new, staticmethod) and new.__func__ is not object.__new__:
+            raise Unsupported(f"constructing {cls.__qualname__} (custom __new__)")
+        if not all(isinstance(k.__dict__.get("__init__", object.__init__), types.FunctionType) or
+                   "__init__" not in k.__dict__ for k in cls.__mro__[:-1]):
+            raise Unsupported(f"constructing {cls.__qualname__} (C __init__)")
+        obj = NewObjectVariable(cls)
+        init = _static_lookup(cls, "__init__")
+        if isinstance(init, types.FunctionType):
+            self.call(UserMethodVariable(init, obj), args, kwargs)
+        elif args or kwargs:
+            raise UserCodeError(f"TypeError: {cls.__name__}() takes no arguments")
+        return obj
+
+    def make_super(self, args):
+        if args:
+            cls = args[0].as_python_constant()
+            obj = args[1]
+        else:
+            if "__class__" not in self.cells:
+                raise Unsupported("super() without __class__ cell")
+            cls = self.load_cell("__class__").as_python_constant()
+            first = self.code.co_varnames[0]
+            obj = self.locals.get(first)
+            if obj is None and first in self.cells:
+                obj = self.load_cell(first)
+        return SuperVariable(cls, obj)
+
+    def wrap_object_key(self, k):
+        raise Unsupported("non-constant dict key")
+
+    def wrap(self, value, source):
+        return wrap(self, value, source)
+
+
+class SuperVariable(VariableTracker):
+    """``super()`` / ``super(cls, obj)``: looks attributes up after ``cls`` in the MRO."""
+
+    def __init__(self, cls, obj):
+        super().__init__(None)
+        self.cls = cls
+        self.obj = obj
+
+    def var_getattr(self, tx, name):
+        mro = self.obj.python_type().__mro__ if not isinstance(self.obj, UserDefinedClassVariable) \
+            else self.obj.value.__mro__
+        idx = mro.index(self.cls) + 1
+        for klass in mro[idx:]:
+            if name in klass.__dict__:
+                attr = klass.__dict__[name]
+                if attr is object.__init__:
+                    return _NoOp()
+                if attr is torch.nn.Module.__getattr__:
+                    return _ModuleGetattr(self.obj)
+                if isinstance(attr, classmethod):
+                    return UserMethodVariable(attr.__func__, UserDefinedClassVariable(type(self.obj.value)))
+                if isinstance(attr, staticmethod):
+                    return wrap(tx, attr.__func__, None)
+                if isinstance(attr, types.FunctionType):
+                    return UserMethodVariable(attr, self.obj)
+                if isinstance(attr, property):
+                    return tx.call(UserFunctionVariable(attr.fget), [self.obj], {})
+                if isinstance(self.obj, DictVariable) and klass in (dict, __import__("collections").OrderedDict):
+                    return _BaseMethod(self.obj, name)
+                if attr is object.__setattr__:
+                    return _ObjectSetattr(self.obj)
+                if attr is dict.__init__:
+                    raise Unsupported(f"super().{name} (C slot)")
+                raise Unsupported(f"super().{name} of type {type(attr).__name__}")
+        raise AttributeMissing(name)
+
+    def call_method(self, tx, name, args, kwargs):
+        return tx.call(self.var_getattr(tx, name), args, kwargs)
+
+
+class _BaseMethod(VariableTracker):
+    """``super().name`` resolving to the builtin container's own method."""
+
+    def __init__(self, obj, name):
+        super().__init__(None)
+        self.obj = obj
+        self.name = name
+
+    def call_function(self, tx, args, kwargs):
+        return self.obj.call_method_base(tx, self.name, args, kwargs)
+
+
+class _ObjectSetattr(VariableTracker):
+    """``object.__setattr__(obj, name, value)`` reached through ``super()``."""
+
+    def __init__(self, obj):
+        super().__init__(None)
+        self.obj = obj
+
+    def call_function(self, tx, args, kwargs):
+        name, value = args[0].as_python_constant(), args[1]
+        tx.store_attr(self.obj, name, value, plain=True)
+        return ConstantVariable(None)
+
+
+class _NoOp(VariableTracker):
+    def call_function(self, tx, args, kwargs):
+        return ConstantVariable(None)
+
+
+class _ModuleGetattr(VariableTracker):
+    def __init__(self, obj):
+        super().__init__(None)
+        self.obj = obj
+
+    def call_function(self, tx, args, kwargs):
+        return self.obj.var_getattr(tx, args[0].as_python_constant())
+
+
+class ExceptionVariable(VariableTracker):
+    """An exception object constructed in the frame (raised: a graph break)."""
+
+    def __init__(self, cls, args):
+        super().__init__(None)
+        self.cls = cls
+        self.args = args
+
+    def python_type(self):
+        return self.cls
+
+    def reconstruct(self, cg):
+        return f"{cg.const_expr(self.cls)}({', '.join(cg.reconstruct(a) for a in self.args)})"
+
+
+class InliningTranslator(InstructionTranslatorBase):
+    """Translates a called function's frame into the caller's graph."""
+
+    def run_inline(self) -> VariableTracker:
+        steps = 0
+        try:
+            while True:
+                inst = self.instructions[self.ip]
+                self.ip += 1
+                self.step(inst)
+                steps += 1
+                if steps > MAX_STEPS:
+                    raise Unsupported("too many instructions (infinite loop?)")
+        except ReturnValue as r:
+            if self.generated is not None:
+                return ListIteratorVariable(self.generated)
+            return r.value
+
+
+class InstructionTranslator(InstructionTranslatorBase):
+    """The root frame's translator; owns the OutputGraph and handles graph breaks."""
+
+    def __init__(self, code, f_globals, output, symbolic_locals, cells, break_at: dict,
+                 fullgraph: bool):
+        super().__init__(code, f_globals, output, symbolic_locals, cells)
+        self.break_at = break_at
+        self.fullgraph = fullgraph
+        self.result = None          # ("return", vt) or ("break", BreakInfo, inst)
+
+    def run(self) -> None:
+        steps = 0
+        try:
+            while True:
+                inst = self.instructions[self.ip]
+                if inst.offset in self.break_at:
+                    self.current = inst
+                    self.result = ("break", self.break_at[inst.offset], inst)
+                    return
+                self.ip += 1
+                try:
+                    self.step(inst)
+                except Unsupported as e:
+                    if self.fullgraph:
+                        raise
+                    self.break_at[inst.offset] = BreakInfo(inst.offset, e.reason, self.user_stack_at(e), e)
+                    raise RestartAnalysis() from e
+                steps += 1
+                if steps > MAX_STEPS:
+                    raise Unsupported("too many instructions (infinite loop?)")
+        except ReturnValue as r:
+            self.result = ("return", r.value)
+
+    def user_stack_at(self, e) -> list[str]:
+        return getattr(e, "user_stack", None) or self.user_stack()
+
+
+_ = (config, LocalSource, SetVariable, SourcedCellVariable, NullVariable, PY)

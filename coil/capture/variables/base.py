@@ -1,0 +1,202 @@
+"""VariableTracker: the symbolic value the translator pushes on its stack.
+
+Every Python value seen while translating a frame is a tracker. Subclasses decide
+what the operations on it mean: a :class:`~.tensor.TensorVariable` turns calls into
+FX nodes, a :class:`ConstantVariable` folds them, containers hold trackers, and
+objects we know nothing about raise :class:`coil.exc.Unsupported` (a graph break).
+
+The interface (all optional; the defaults raise ``Unsupported``):
+
+- ``python_type()``: the type the real value would have (``isinstance`` uses it);
+- ``as_python_constant()``: the real value, when it is known at compile time;
+- ``var_getattr(tx, name)``, ``call_function(tx, args, kwargs)``,
+  ``call_method(tx, name, args, kwargs)``: Python semantics, symbolically;
+- ``unpack(tx)``: the items, for iteration and ``*`` unpacking;
+- ``reconstruct(cg)``: Python expression text that rebuilds the value in the
+  generated entry function (sourced values are simply re-read from their source).
+
+``source`` says where a value came from (:mod:`coil.capture.source`).
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+
+from coil.exc import Unsupported
+
+
+class VariableTracker:
+    """Base class of all trackers (see module docstring)."""
+
+    source = None
+
+    def __init__(self, source=None):
+        self.source = source
+
+    # --- introspection -------------------------------------------------------------
+    def python_type(self) -> type:
+        raise Unsupported(f"type of {self} is unknown")
+
+    def as_python_constant(self) -> Any:
+        raise Unsupported(f"{self} is not a compile-time constant")
+
+    def is_python_constant(self) -> bool:
+        try:
+            self.as_python_constant()
+            return True
+        except Unsupported:
+            return False
+
+    def truthy(self, tx) -> bool:
+        """``bool(value)`` known at compile time, or Unsupported."""
+        return bool(self.as_python_constant())
+
+    # --- operations ----------------------------------------------------------------
+    def var_getattr(self, tx, name: str) -> "VariableTracker":
+        raise Unsupported(f"attribute {name!r} of {self}")
+
+    def call_function(self, tx, args: list, kwargs: dict) -> "VariableTracker":
+        raise Unsupported(f"call to {self}")
+
+    def call_method(self, tx, name: str, args: list, kwargs: dict) -> "VariableTracker":
+        return self.var_getattr(tx, name).call_function(tx, args, kwargs)
+
+    def unpack(self, tx) -> list:
+        raise Unsupported(f"iteration over {self}")
+
+    def has_len(self) -> bool:
+        return False
+
+    # --- output --------------------------------------------------------------------
+    def reconstruct(self, cg) -> str:
+        if self.source is not None:
+            return cg.source_expr(self.source)
+        raise Unsupported(f"cannot rebuild {self} outside the graph")
+
+    def children(self) -> list:
+        """Trackers held inside this one (for collecting graph outputs)."""
+        return []
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.source})" if self.source else type(self).__name__
+
+
+#: Values a ConstantVariable may hold: immutable, printable or namespace-held.
+CONSTANT_TYPES = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device,
+                  torch.layout, torch.memory_format, type(Ellipsis), type(NotImplemented),
+                  torch.finfo, torch.iinfo, torch.Size, range, slice, frozenset)
+
+
+def is_literal(value: Any) -> bool:
+    import enum
+
+    if isinstance(value, (tuple, frozenset)) and type(value) in (tuple, frozenset):
+        return all(is_literal(v) for v in value)
+    if isinstance(value, enum.Enum):
+        return True
+    return type(value) in CONSTANT_TYPES
+
+
+class ConstantVariable(VariableTracker):
+    """A value known at compile time (int, str, dtype, None, Size, enum member...)."""
+
+    def __init__(self, value: Any, source=None):
+        super().__init__(source)
+        self.value = value
+
+    def python_type(self):
+        return type(self.value)
+
+    def as_python_constant(self):
+        return self.value
+
+    def var_getattr(self, tx, name):
+        from coil.capture.variables.builder import wrap_constant_result
+
+        if name.startswith("__") and name not in ("__name__", "__class__", "__doc__"):
+            raise Unsupported(f"attribute {name} of constant {self.value!r}")
+        try:
+            value = getattr(self.value, name)
+        except AttributeError:
+            from coil.capture.variables.objects import AttributeMissing
+
+            raise AttributeMissing(name)
+        return wrap_constant_result(tx, value)
+
+    def call_method(self, tx, name, args, kwargs):
+        from coil.capture.variables.builder import wrap_constant_result
+
+        try:
+            cargs = [a.as_python_constant() for a in args]
+            ckw = {k: v.as_python_constant() for k, v in kwargs.items()}
+        except Unsupported:
+            # e.g. int * tensor: let the other side decide
+            if name.startswith("__r") or name.startswith("__"):
+                raise
+            raise
+        import inspect
+        import types as _types
+
+        if name == "__len__":
+            return wrap_constant_result(tx, len(self.value))
+        if name == "__getitem__":
+            return wrap_constant_result(tx, self.value[cargs[0]])
+        if name == "__contains__":
+            return wrap_constant_result(tx, cargs[0] in self.value)
+        method = getattr(self.value, name)
+        if isinstance(self.value, (str, bytes, int, float, complex, bool, type(None), torch.Size,
+                                   torch.dtype, torch.device, range, slice, tuple, frozenset,
+                                   inspect.Signature, inspect.Parameter, _types.MappingProxyType,
+                                   _types.CodeType)):
+            return wrap_constant_result(tx, method(*cargs, **ckw))
+        raise Unsupported(f"method {name} of {type(self.value).__name__} constant")
+
+    def unpack(self, tx):
+        import types as _types
+
+        if isinstance(self.value, (str, tuple, range, torch.Size, frozenset, bytes,
+                                   _types.MappingProxyType)):
+            from coil.capture.variables.builder import wrap_constant_result
+
+            return [wrap_constant_result(tx, v) for v in self.value]
+        raise Unsupported(f"iteration over {self.value!r}")
+
+    def has_len(self):
+        return hasattr(self.value, "__len__")
+
+    def reconstruct(self, cg):
+        return cg.const_expr(self.value)
+
+    def __repr__(self):
+        return f"Const({self.value!r})"
+
+
+class NullVariable(VariableTracker):
+    """The NULL CPython pushes below a callable (``PUSH_NULL``, ``LOAD_GLOBAL`` bit 0)."""
+
+    def reconstruct(self, cg):
+        raise Unsupported("NULL on the stack cannot be rebuilt as a value")
+
+
+class CellVariable(VariableTracker):
+    """A closure cell created inside the traced frame (``MAKE_CELL``)."""
+
+    def __init__(self, content: Optional[VariableTracker] = None):
+        super().__init__(None)
+        self.content = content
+
+
+class SourcedCellVariable(VariableTracker):
+    """A real closure cell of a function that existed before tracing.
+
+    Reads are guarded values; writes are side effects replayed on the real cell.
+    """
+
+    def __init__(self, cell, source):
+        super().__init__(source)
+        self.cell = cell
+
+
+def const(value: Any) -> ConstantVariable:
+    return ConstantVariable(value)

@@ -1,0 +1,228 @@
+"""VariableBuilder: real value + source → tracker, adding the guards its use needs.
+
+:func:`wrap` is the only way real objects enter a translation. It de-duplicates by
+identity (one tracker per real object, so aliasing and mutation stay consistent;
+two sources reaching the same tensor get an ``a is b`` guard), chooses the tracker
+class, and adds guards on the value's source:
+
+============================  ===========================================
+value                          guard
+============================  ===========================================
+tensor / parameter / buffer    type, dtype, device, shape, stride, requires_grad
+None, bool, Ellipsis           ``x is v``
+int, float, str, ...           ``type(x) is T and x == v``
+dtype, device, enum, class     ``x is ___cN`` (``==`` for devices)
+tuple / list / dict            type and length (items guarded as read)
+function                       ``x.__code__ is ___cN``
+nn.Module / object             ``type(x) is ___cN``
+Python module                  ``x is ___cN``
+============================  ===========================================
+"""
+from __future__ import annotations
+
+import builtins
+import collections
+import enum
+import functools
+import os
+import types
+from typing import Any
+
+import torch
+
+from coil.exc import Unsupported
+from coil.capture.guards import tensor_guard
+from coil.capture.source import GetItemSource, AttrSource
+from coil.capture.variables.base import ConstantVariable, VariableTracker, is_literal
+from coil.capture.variables.containers import (DictVariable, ListVariable, NamedTupleVariable,
+                                               SetVariable, TupleVariable)
+from coil.capture.variables.functions import PartialVariable, UserFunctionVariable, UserMethodVariable
+from coil.capture.variables.objects import (NNModuleVariable, PythonModuleVariable,
+                                            UserDefinedClassVariable, UserDefinedObjectVariable)
+from coil.capture.variables.torchfn import TorchFunctionVariable, is_torch_function
+
+
+def wrap_constant_result(tx, value: Any) -> VariableTracker:
+    """Wrap a value computed at compile time (no source, no guard)."""
+    import inspect
+
+    if is_literal(value) or isinstance(value, (inspect.Signature, inspect.Parameter,
+                                               types.MappingProxyType, types.CodeType)):
+        return ConstantVariable(value)
+    return wrap(tx, value, None)
+
+
+def _guard_literal(gs, expr, value):
+    if value is None or isinstance(value, bool) or value is Ellipsis:
+        gs.add(f"{expr} is {value!r}", expr, value)
+    elif isinstance(value, (torch.dtype, enum.Enum, torch.layout, torch.memory_format)):
+        gs.add(f"{expr} is {gs.const(value)}", expr, value)
+    elif isinstance(value, torch.device):
+        gs.add(f"{expr} == {gs.const(value)}", expr, value)
+    elif isinstance(value, float) and value != value:
+        gs.add(f"type({expr}) is float and {expr} != {expr}", expr, value)
+    elif type(value) in (int, float, str, bytes, complex):
+        gs.add(f"type({expr}) is {type(value).__name__} and {expr} == {value!r}", expr, value)
+    else:
+        gs.add(f"type({expr}) is {gs.const(type(value))} and {expr} == {gs.const(value)}",
+               expr, value)
+
+
+def wrap(tx, value: Any, source, guard: bool = True) -> VariableTracker:
+    """The tracker for real ``value`` read from ``source`` (see module docstring)."""
+    out = tx.output
+    literal = is_literal(value)
+    if not literal:
+        hit = out.wrapped.get(id(value))
+        if hit is not None:
+            vt = hit[1]
+            if guard and source is not None and vt.source is not None and source != vt.source:
+                out.guards.add(f"{source.expr()} is {vt.source.expr()}")
+            return vt
+    gs = out.guards if (guard and source is not None) else None
+    vt = _build(tx, value, source, gs)
+    if not literal:
+        out.wrapped[id(value)] = (value, vt)
+    return vt
+
+
+def _build(tx, value, source, gs) -> VariableTracker:
+    from coil.capture.variables import builtins as bi
+    from coil.capture.variables.torchfn import CONTEXT_CLASSES
+
+    expr = source.expr() if source is not None else None
+    if is_literal(value):
+        if gs is not None:
+            _guard_literal(gs, expr, value)
+        return ConstantVariable(value, source)
+    if isinstance(value, torch.Tensor):
+        if gs is not None:
+            tensor_guard(gs, expr, value)
+        if source is None:
+            return tx.output.lift_constant_tensor(tx, value)
+        return tx.output.add_input(tx, value, source)
+    if isinstance(value, torch.nn.Module):
+        if gs is not None:
+            gs.add(f"type({expr}) is {gs.const(type(value))}", f"type({expr})", type(value))
+        return NNModuleVariable(value, source)
+    t = type(value)
+    if t in (tuple, list) or (isinstance(value, tuple) and hasattr(t, "_fields")):
+        if gs is not None:
+            gs.add(f"type({expr}) is {gs.const(t)} and len({expr}) == {len(value)}",
+                   f"len({expr})", len(value))
+        items = [wrap(tx, v, GetItemSource(source, i) if source is not None else None,
+                      guard=gs is not None)
+                 for i, v in enumerate(value)]
+        if t is list:
+            return ListVariable(items, source)
+        if t is tuple:
+            return TupleVariable(items, source)
+        return NamedTupleVariable(items, t, source)
+    if t in (dict, collections.OrderedDict) or (isinstance(value, dict) and t.__module__ != "builtins"
+                                                and t.__init__ is dict.__init__
+                                                and all(is_literal(k) for k in value)):
+        if not all(is_literal(k) for k in value):
+            return UserDefinedObjectVariable(value, source)
+        if gs is not None:
+            gs.add(f"type({expr}) is {gs.const(t)} and list({expr}) == {list(value)!r}",
+                   f"list({expr})", list(value))
+        items = {k: wrap(tx, v, GetItemSource(source, k) if source is not None else None,
+                         guard=gs is not None) for k, v in value.items()}
+        return DictVariable(items, t, source)
+    if t in (set, frozenset):
+        if not all(is_literal(k) for k in value):
+            raise Unsupported("set of non-constants")
+        if gs is not None:
+            gs.add(f"{expr} == {gs.const(value)}", expr, value)
+        return SetVariable(value, source) if t is set else ConstantVariable(value)
+    if value is os.environ:
+        return EnvironVariable(source)
+    if isinstance(value, types.ModuleType):
+        if gs is not None:
+            gs.add(f"{expr} is {gs.const(value)}")
+        return PythonModuleVariable(value, source)
+    if value in CONTEXT_CLASSES if isinstance(value, type) else False:
+        return UserDefinedClassVariable(value, source)
+    if bi.is_builtin(value):
+        if gs is not None:
+            gs.add(f"{expr} is {gs.const(value)}")
+        return bi.BuiltinVariable(value, source)
+    if is_torch_function(value):
+        if gs is not None:
+            gs.add(f"{expr} is {gs.const(value)}")
+        return TorchFunctionVariable(value, source)
+    if isinstance(value, types.FunctionType):
+        from coil.capture import frame as _frame
+
+        if _frame.is_disabled(value):
+            return bi.DisabledFunctionVariable(value, source)
+        if gs is not None:
+            gs.add(f"{expr}.__code__ is {gs.const(value.__code__)}")
+        return UserFunctionVariable(value, source)
+    if isinstance(value, types.MethodType):
+        self_src = AttrSource(source, "__self__") if source is not None else None
+        fn_src = AttrSource(source, "__func__") if source is not None else None
+        fn_vt = wrap(tx, value.__func__, fn_src, guard=gs is not None)
+        self_vt = wrap(tx, value.__self__, self_src, guard=gs is not None)
+        if isinstance(fn_vt, UserFunctionVariable):
+            return UserMethodVariable(value.__func__, self_vt, source)
+        raise Unsupported(f"bound method {value!r}")
+    if isinstance(value, functools.partial):
+        src = source
+        fn = wrap(tx, value.func, AttrSource(src, "func") if src is not None else None,
+                  guard=gs is not None)
+        args = [wrap(tx, a, GetItemSource(AttrSource(src, "args"), i) if src is not None else None,
+                     guard=gs is not None) for i, a in enumerate(value.args)]
+        kwargs = {k: wrap(tx, a, GetItemSource(AttrSource(src, "keywords"), k) if src is not None
+                          else None, guard=gs is not None) for k, a in value.keywords.items()}
+        return PartialVariable(fn, args, kwargs, source)
+    if isinstance(value, type):
+        if gs is not None:
+            gs.add(f"{expr} is {gs.const(value)}")
+        return UserDefinedClassVariable(value, source)
+    if isinstance(value, (types.BuiltinFunctionType, types.MethodWrapperType,
+                          types.MethodDescriptorType, types.WrapperDescriptorType)):
+        mod = getattr(value, "__module__", None) or ""
+        if mod in ("math", "_operator", "operator", "cmath") or bi.is_pure_builtin_method(value):
+            if gs is not None:
+                gs.add(f"{expr} is {gs.const(value)}")
+            return bi.PureFunctionVariable(value, source)
+        raise Unsupported(f"call into C function {getattr(value, '__qualname__', value)}",
+                          hint="functions not known to be safe run outside the graph")
+    if isinstance(value, (torch.Generator, torch.Stream if hasattr(torch, "Stream") else ())):
+        raise Unsupported(f"{type(value).__name__} object")
+    if gs is not None:
+        gs.add(f"type({expr}) is {gs.const(t)}", f"type({expr})", t)
+    return UserDefinedObjectVariable(value, source)
+
+
+def builtins_dict():
+    return builtins.__dict__
+
+
+class EnvironVariable(VariableTracker):
+    """``os.environ``: reads become constants guarded on the variable's current value."""
+
+    def __init__(self, source=None):
+        super().__init__(source)
+
+    def var_getattr(self, tx, name):
+        from coil.capture.variables.functions import BoundMethodVariable
+
+        return BoundMethodVariable(self, name)
+
+    def call_method(self, tx, name, args, kwargs):
+        gs = tx.output.guards
+        env = gs.const(os.environ)
+        if name in ("get", "__getitem__", "__contains__"):
+            key = args[0].as_python_constant()
+            value = os.environ.get(key)
+            gs.add(f"{env}.get({key!r}) == {value!r}", f"{env}.get({key!r})", value)
+            if name == "__contains__":
+                return ConstantVariable(value is not None)
+            if value is None:
+                if name == "get":
+                    return args[1] if len(args) > 1 else ConstantVariable(None)
+                raise Unsupported(f"KeyError: {key!r} (raised by user code)")
+            return ConstantVariable(value)
+        raise Unsupported(f"os.environ.{name}")

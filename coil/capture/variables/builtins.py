@@ -1,0 +1,512 @@
+"""Builtins (``len``, ``isinstance``, ``getattr``, ``range``, ``zip``, ``min``...) and
+pure C functions (``math.*``, ``operator.*``).
+
+One registry, one small function per builtin::
+
+    @builtin(len)
+    def _len(tx, args, kwargs): ...
+
+A builtin without a handler is constant-folded when all its arguments are
+compile-time constants and it is in ``_FOLDABLE``; otherwise it is a graph break.
+"""
+from __future__ import annotations
+
+import builtins
+import functools
+import inspect
+import math
+import operator
+import types
+from typing import Callable
+
+import torch
+
+from coil.exc import Unsupported
+from coil.capture.variables.base import ConstantVariable, VariableTracker
+from coil.capture.variables.containers import (BaseListVariable, DictVariable, ListIteratorVariable,
+                                               ListVariable, SetVariable, SliceVariable,
+                                               TupleVariable)
+
+_HANDLERS: dict[Callable, Callable] = {}
+_FOLDABLE = {abs, bool, int, float, str, round, divmod, pow, ord, chr, hex, oct, bin, hash,
+             complex, repr, format, ascii, callable}
+
+
+def builtin(*fns):
+    def deco(handler):
+        for f in fns:
+            _HANDLERS[f] = handler
+        return handler
+    return deco
+
+
+def is_builtin(value) -> bool:
+    try:
+        return value in _HANDLERS or value in _FOLDABLE or value is print or value in _BREAK
+    except TypeError:
+        return False
+
+
+_BREAK = {print: "call to print", input: "call to input", open: "call to open",
+          id: "id() of a traced value", exec: "exec", eval: "eval", globals: "globals()",
+          locals: "locals()", vars: "vars()", breakpoint: "breakpoint()"}
+
+
+def is_pure_builtin_method(value) -> bool:
+    self_ = getattr(value, "__self__", None)
+    return isinstance(self_, (str, int, float, tuple)) or self_ is None and \
+        getattr(value, "__objclass__", None) in (str, int, float, dict, list, tuple)
+
+
+class BuiltinVariable(VariableTracker):
+    """A Python builtin function or type (``len``, ``list``, ``isinstance``...)."""
+
+    def __init__(self, fn, source=None):
+        super().__init__(source)
+        self.fn = fn
+
+    def python_type(self):
+        return type(self.fn)
+
+    def as_python_constant(self):
+        return self.fn
+
+    def call_function(self, tx, args, kwargs):
+        fn = self.fn
+        if fn in _BREAK:
+            raise Unsupported(_BREAK[fn], hint="it runs outside the graph")
+        h = _HANDLERS.get(fn)
+        if h is not None:
+            return h(tx, list(args), dict(kwargs))
+        if fn in _FOLDABLE:
+            return _fold(tx, fn, args, kwargs)
+        raise Unsupported(f"builtin {fn.__name__}")
+
+    def var_getattr(self, tx, name):
+        if name == "__name__":
+            return ConstantVariable(self.fn.__name__)
+        if isinstance(self.fn, type):
+            from coil.capture.variables.objects import UserDefinedClassVariable
+
+            return UserDefinedClassVariable(self.fn).var_getattr(tx, name)
+        raise Unsupported(f"attribute {name} of builtin {self.fn}")
+
+    def reconstruct(self, cg):
+        return f"___builtins.{self.fn.__name__}"
+
+    def __repr__(self):
+        return f"BuiltinVariable({self.fn.__name__})"
+
+
+def _fold(tx, fn, args, kwargs):
+    from coil.capture.variables.builder import wrap_constant_result
+    from coil.capture.variables.tensor import TensorVariable, UserCodeError
+
+    if fn in (int, float, bool, complex) and args and isinstance(args[0], TensorVariable):
+        dunder = {int: "__int__", float: "__float__", bool: "__bool__", complex: "__complex__"}[fn]
+        return args[0].call_method(tx, dunder, [], {})
+    if fn is bool and len(args) == 1:
+        return ConstantVariable(tx.truthy(args[0]))
+    if fn is callable and len(args) == 1 and not args[0].is_python_constant():
+        return ConstantVariable(_is_callable(args[0]))
+    try:
+        c = [a.as_python_constant() for a in args]
+        kw = {k: v.as_python_constant() for k, v in kwargs.items()}
+    except Unsupported:
+        if fn is abs and args:
+            return tx.call_dunder(args[0], "__abs__", [])
+        if fn is round and args:
+            return tx.call_dunder(args[0], "__round__", list(args[1:]))
+        if fn is pow:
+            return tx.binary_op(operator.pow, args[0], args[1])
+        raise
+    try:
+        return wrap_constant_result(tx, fn(*c, **kw))
+    except Exception as e:  # noqa: BLE001
+        raise UserCodeError(f"{type(e).__name__}: {e}") from e
+
+
+def _is_callable(v):
+    from coil.capture.variables.functions import (BaseFunctionVariable, BoundMethodVariable,
+                                                  PartialVariable)
+    from coil.capture.variables.objects import NNModuleVariable, UserDefinedClassVariable
+    from coil.capture.variables.torchfn import TorchFunctionVariable
+
+    return isinstance(v, (BaseFunctionVariable, BoundMethodVariable, PartialVariable,
+                          NNModuleVariable, UserDefinedClassVariable, TorchFunctionVariable,
+                          BuiltinVariable, PureFunctionVariable))
+
+
+class DisabledFunctionVariable(VariableTracker):
+    """A function marked with ``coil.disable``: calling it is a graph break."""
+
+    def __init__(self, fn, source=None):
+        super().__init__(source)
+        self.fn = fn
+
+    def call_function(self, tx, args, kwargs):
+        raise Unsupported(f"call to {self.fn.__qualname__}, disabled with coil.disable")
+
+    def reconstruct(self, cg):
+        return cg.const_expr(self.fn)
+
+
+_OPERATOR_BINARY = {operator.add, operator.sub, operator.mul, operator.truediv, operator.floordiv,
+                    operator.mod, operator.pow, operator.matmul, operator.and_, operator.or_,
+                    operator.xor, operator.lshift, operator.rshift, operator.eq, operator.ne,
+                    operator.lt, operator.le, operator.gt, operator.ge, operator.iadd,
+                    operator.isub, operator.imul, operator.itruediv, operator.ifloordiv,
+                    operator.imod, operator.ipow, operator.imatmul, operator.iand, operator.ior,
+                    operator.ixor, operator.ilshift, operator.irshift, operator.is_,
+                    operator.is_not, operator.contains}
+_OPERATOR_UNARY = {operator.neg, operator.pos, operator.invert, operator.not_, operator.truth,
+                   operator.abs, operator.index}
+
+
+class PureFunctionVariable(VariableTracker):
+    """``math.*``, ``operator.*`` and other side-effect-free C functions."""
+
+    def __init__(self, fn, source=None):
+        super().__init__(source)
+        self.fn = fn
+
+    def python_type(self):
+        return type(self.fn)
+
+    def as_python_constant(self):
+        return self.fn
+
+    def call_function(self, tx, args, kwargs):
+        fn = self.fn
+        if fn in _OPERATOR_BINARY and len(args) == 2:
+            if fn is operator.contains:
+                return tx.contains_op(args[1], args[0])
+            return tx.binary_op(fn, args[0], args[1])
+        if fn in _OPERATOR_UNARY and len(args) == 1:
+            return tx.unary_op(fn, args[0])
+        if fn is operator.getitem:
+            return tx.getitem(args[0], args[1])
+        if fn is operator.setitem:
+            return tx.call_dunder(args[0], "__setitem__", [args[1], args[2]])
+        if isinstance(fn, operator.attrgetter):
+            raise Unsupported("operator.attrgetter object")
+        try:
+            c = [a.as_python_constant() for a in args]
+            kw = {k: v.as_python_constant() for k, v in kwargs.items()}
+        except Unsupported:
+            raise Unsupported(f"{getattr(fn, '__qualname__', fn)} on non-constant arguments")
+        from coil.capture.variables.builder import wrap_constant_result
+        from coil.capture.variables.tensor import UserCodeError
+
+        try:
+            return wrap_constant_result(tx, fn(*c, **kw))
+        except Exception as e:  # noqa: BLE001
+            raise UserCodeError(f"{type(e).__name__}: {e}") from e
+
+    def reconstruct(self, cg):
+        return cg.const_expr(self.fn)
+
+
+# ---------------------------------------------------------------------------------------
+# handlers
+
+
+@builtin(len)
+def _len(tx, args, kwargs):
+    return tx.call_dunder(args[0], "__len__", [])
+
+
+@builtin(isinstance)
+def _isinstance(tx, args, kwargs):
+    obj, cls = args
+    t = obj.python_type()
+    classes = cls.as_python_constant()
+    try:
+        return ConstantVariable(issubclass(t, classes))
+    except TypeError as e:
+        from coil.capture.variables.tensor import UserCodeError
+
+        raise UserCodeError(f"TypeError: {e}") from e
+
+
+@builtin(issubclass)
+def _issubclass(tx, args, kwargs):
+    return ConstantVariable(issubclass(args[0].as_python_constant(), args[1].as_python_constant()))
+
+
+@builtin(type)
+def _type(tx, args, kwargs):
+    from coil.capture.variables.builder import wrap
+
+    if len(args) != 1:
+        raise Unsupported("type() with 3 arguments")
+    return wrap(tx, args[0].python_type(), None)
+
+
+@builtin(getattr)
+def _getattr(tx, args, kwargs):
+    from coil.capture.variables.objects import AttributeMissing
+
+    obj, name = args[0], args[1].as_python_constant()
+    try:
+        return tx.getattr(obj, name)
+    except AttributeMissing:
+        if len(args) > 2:
+            return args[2]
+        raise
+
+
+@builtin(hasattr)
+def _hasattr(tx, args, kwargs):
+    from coil.capture.variables.objects import AttributeMissing
+
+    try:
+        tx.getattr(args[0], args[1].as_python_constant())
+        return ConstantVariable(True)
+    except AttributeMissing:
+        return ConstantVariable(False)
+
+
+@builtin(setattr)
+def _setattr(tx, args, kwargs):
+    tx.store_attr(args[0], args[1].as_python_constant(), args[2])
+    return ConstantVariable(None)
+
+
+@builtin(delattr)
+def _delattr(tx, args, kwargs):
+    raise Unsupported("delattr")
+
+
+@builtin(range)
+def _range(tx, args, kwargs):
+    return ConstantVariable(range(*[a.as_python_constant() for a in args]))
+
+
+@builtin(slice)
+def _slice(tx, args, kwargs):
+    return SliceVariable(args)
+
+
+@builtin(list)
+def _list(tx, args, kwargs):
+    return ListVariable(tx.unpack(args[0]) if args else [])
+
+
+@builtin(tuple)
+def _tuple(tx, args, kwargs):
+    return TupleVariable(tx.unpack(args[0]) if args else [])
+
+
+@builtin(set, frozenset)
+def _set(tx, args, kwargs):
+    items = [a.as_python_constant() for a in tx.unpack(args[0])] if args else []
+    return SetVariable(items)
+
+
+@builtin(dict)
+def _dict(tx, args, kwargs):
+    d = DictVariable({})
+    if args:
+        src = args[0]
+        if isinstance(src, DictVariable):
+            d.items.update(src.items)
+        else:
+            for pair in tx.unpack(src):
+                k, v = tx.unpack(pair)
+                d.items[DictVariable.key_of(k)] = v
+    d.items.update(kwargs)
+    return d
+
+
+@builtin(iter)
+def _iter(tx, args, kwargs):
+    return tx.get_iter(args[0])
+
+
+@builtin(next)
+def _next(tx, args, kwargs):
+    it = args[0]
+    if not isinstance(it, ListIteratorVariable):
+        it = tx.get_iter(it)
+    v = it.next(tx)
+    if v is None:
+        if len(args) > 1:
+            return args[1]
+        raise Unsupported("StopIteration from next() (raised by user code)")
+    return v
+
+
+@builtin(enumerate)
+def _enumerate(tx, args, kwargs):
+    start = (args[1] if len(args) > 1 else kwargs.get("start", ConstantVariable(0))).as_python_constant()
+    return ListIteratorVariable([TupleVariable([ConstantVariable(i + start), v])
+                                 for i, v in enumerate(tx.unpack(args[0]))])
+
+
+@builtin(zip)
+def _zip(tx, args, kwargs):
+    seqs = [tx.unpack(a) for a in args]
+    if kwargs.get("strict") is not None and kwargs["strict"].as_python_constant():
+        if len({len(s) for s in seqs}) > 1:
+            raise Unsupported("zip(strict=True) length mismatch (raised by user code)")
+    return ListIteratorVariable([TupleVariable(list(t)) for t in zip(*seqs)])
+
+
+@builtin(reversed)
+def _reversed(tx, args, kwargs):
+    return ListIteratorVariable(list(reversed(tx.unpack(args[0]))))
+
+
+@builtin(sorted)
+def _sorted(tx, args, kwargs):
+    rev = kwargs.get("reverse", ConstantVariable(False)).as_python_constant()
+    return ListVariable(tx.sorted_items(tx.unpack(args[0]), kwargs.get("key"), rev))
+
+
+@builtin(map)
+def _map(tx, args, kwargs):
+    fn, seqs = args[0], [tx.unpack(a) for a in args[1:]]
+    return ListIteratorVariable([tx.call(fn, list(t), {}) for t in zip(*seqs)])
+
+
+@builtin(filter)
+def _filter(tx, args, kwargs):
+    fn, items = args[0], tx.unpack(args[1])
+    out = []
+    for it in items:
+        keep = tx.truthy(it) if (isinstance(fn, ConstantVariable) and fn.value is None) \
+            else tx.truthy(tx.call(fn, [it], {}))
+        if keep:
+            out.append(it)
+    return ListIteratorVariable(out)
+
+
+def _minmax(tx, args, kwargs, op):
+    items = tx.unpack(args[0]) if len(args) == 1 else list(args)
+    key = kwargs.get("key")
+    if not items:
+        if "default" in kwargs:
+            return kwargs["default"]
+        raise Unsupported("min/max of an empty sequence (raised by user code)")
+    best = items[0]
+    bestk = tx.call(key, [best], {}) if key is not None else best
+    for it in items[1:]:
+        k = tx.call(key, [it], {}) if key is not None else it
+        if tx.truthy(tx.binary_op(op, k, bestk)):
+            best, bestk = it, k
+    return best
+
+
+@builtin(min)
+def _min(tx, args, kwargs):
+    return _minmax(tx, args, kwargs, operator.lt)
+
+
+@builtin(max)
+def _max(tx, args, kwargs):
+    return _minmax(tx, args, kwargs, operator.gt)
+
+
+@builtin(sum)
+def _sum(tx, args, kwargs):
+    items = tx.unpack(args[0])
+    total = args[1] if len(args) > 1 else kwargs.get("start", ConstantVariable(0))
+    for it in items:
+        total = tx.binary_op(operator.add, total, it)
+    return total
+
+
+@builtin(any)
+def _any(tx, args, kwargs):
+    for it in tx.unpack(args[0]):
+        if tx.truthy(it):
+            return ConstantVariable(True)
+    return ConstantVariable(False)
+
+
+@builtin(all)
+def _all(tx, args, kwargs):
+    for it in tx.unpack(args[0]):
+        if not tx.truthy(it):
+            return ConstantVariable(False)
+    return ConstantVariable(True)
+
+
+@builtin(super)
+def _super(tx, args, kwargs):
+    return tx.make_super(args)
+
+
+@builtin(object)
+def _object(tx, args, kwargs):
+    from coil.capture.variables.objects import NewObjectVariable
+
+    return NewObjectVariable(object)
+
+
+@builtin(functools.partial)
+def _partial(tx, args, kwargs):
+    from coil.capture.variables.functions import PartialVariable
+
+    return PartialVariable(args[0], args[1:], kwargs)
+
+
+@builtin(functools.reduce)
+def _reduce(tx, args, kwargs):
+    fn, items = args[0], tx.unpack(args[1])
+    if len(args) > 2:
+        acc = args[2]
+    else:
+        acc, items = items[0], items[1:]
+    for it in items:
+        acc = tx.call(fn, [acc, it], {})
+    return acc
+
+
+@builtin(functools.wraps, functools.update_wrapper)
+def _wraps(tx, args, kwargs):
+    return _WrapsDecorator(args[0]) if len(args) == 1 else args[0]
+
+
+class _WrapsDecorator(VariableTracker):
+    """``functools.wraps(wrapped)``: returns the decorated function unchanged (its
+    metadata is not copied inside the trace)."""
+
+    def __init__(self, wrapped):
+        super().__init__(None)
+        self.wrapped = wrapped
+
+    def call_function(self, tx, args, kwargs):
+        from coil.capture.variables.functions import NestedFunctionVariable
+
+        if isinstance(args[0], NestedFunctionVariable):
+            args[0].wrapped_fn = self.wrapped
+        return args[0]
+
+
+@builtin(inspect.signature)
+def _signature(tx, args, kwargs):
+    from coil.capture.variables.functions import (NestedFunctionVariable, UserFunctionVariable,
+                                                  UserMethodVariable)
+    from coil.capture.variables.objects import NNModuleVariable
+
+    f = args[0]
+    if isinstance(f, UserFunctionVariable):
+        return ConstantVariable(inspect.signature(f.fn))
+    if isinstance(f, UserMethodVariable):
+        return ConstantVariable(inspect.signature(types.MethodType(f.fn, object())))
+    if isinstance(f, NestedFunctionVariable):
+        cells = tuple(types.CellType(None) for _ in f.code.co_freevars) or None
+        dummy = types.FunctionType(f.code, {}, f.name, None, cells)
+        return ConstantVariable(inspect.signature(dummy))
+    if isinstance(f, NNModuleVariable):
+        return ConstantVariable(inspect.signature(f.value))
+    raise Unsupported(f"inspect.signature of {f}")
+
+
+def register_extra():
+    """Builtins found outside ``builtins`` (call once at import)."""
+
+
+_ = (math, types, torch, BaseListVariable)

@@ -1,0 +1,497 @@
+"""Trackers for tuples, lists, dicts (incl. OrderedDict), sets, slices and iterators.
+
+Containers hold trackers. Lists, dicts and sets are mutable: a mutation inside the
+frame changes the tracker in place (so aliases see it), and when the container
+existed before the frame (it has a ``source``) the mutation is recorded as a side
+effect; the entry function then writes the final contents back into the real
+object (``src[:] = [...]``, ``src.clear(); src.update(...)``).
+"""
+from __future__ import annotations
+
+import collections
+import operator
+from typing import Any
+
+import torch
+
+from coil.exc import Unsupported
+from coil.capture.variables.base import ConstantVariable, VariableTracker
+
+
+def _const_index(tx, v: VariableTracker):
+    if isinstance(v, SliceVariable):
+        return slice(*[p.as_python_constant() for p in v.parts])
+    c = v.as_python_constant()
+    if isinstance(c, bool) or not isinstance(c, (int, slice)):
+        if hasattr(c, "__index__"):
+            return operator.index(c)
+        raise Unsupported(f"sequence index {c!r}")
+    return c
+
+
+class BaseListVariable(VariableTracker):
+    """Shared code of tuples and lists (``items`` is a Python list of trackers)."""
+
+    mutable = False
+
+    def __init__(self, items, source=None):
+        super().__init__(source)
+        self.items = list(items)
+
+    def children(self):
+        return list(self.items)
+
+    def unpack(self, tx):
+        return list(self.items)
+
+    def has_len(self):
+        return True
+
+    def as_python_constant(self):
+        return self.python_type()(i.as_python_constant() for i in self.items)
+
+    def truthy(self, tx):
+        return bool(self.items)
+
+    def getitem(self, tx, index: VariableTracker):
+        idx = _const_index(tx, index)
+        if isinstance(idx, slice):
+            return type(self)(self.items[idx]) if not isinstance(self, NamedTupleVariable) \
+                else TupleVariable(self.items[idx])
+        try:
+            return self.items[idx]
+        except IndexError:
+            raise Unsupported("index out of range (raised by user code)")
+
+    def call_method(self, tx, name, args, kwargs):
+        from coil.capture.variables.builder import wrap_constant_result
+
+        if name == "__getitem__":
+            return self.getitem(tx, args[0])
+        if name == "__len__":
+            return ConstantVariable(len(self.items))
+        if name == "__contains__":
+            return ConstantVariable(tx.contains(self.items, args[0]))
+        if name == "index":
+            for i, it in enumerate(self.items):
+                if tx.values_equal(it, args[0]):
+                    return ConstantVariable(i)
+            raise Unsupported("list.index: value not found")
+        if name == "count":
+            return ConstantVariable(sum(tx.values_equal(it, args[0]) for it in self.items))
+        if name in ("__add__",) and isinstance(args[0], BaseListVariable):
+            return type(self)(self.items + args[0].items)
+        if name == "__mul__":
+            return type(self)(self.items * args[0].as_python_constant())
+        if name == "__iter__":
+            return ListIteratorVariable(list(self.items))
+        raise Unsupported(f"{self.python_type().__name__}.{name}")
+
+    def reconstruct(self, cg):
+        if self.source is not None and not self.mutable:
+            return cg.source_expr(self.source)
+        return cg.reconstruct_container(self)
+
+
+class TupleVariable(BaseListVariable):
+    def python_type(self):
+        return tuple
+
+    def var_getattr(self, tx, name):
+        raise Unsupported(f"tuple attribute {name}")
+
+    def build_expr(self, cg):
+        parts = [cg.reconstruct(i) for i in self.items]
+        return "(" + "".join(p + ", " for p in parts) + ")"
+
+
+class SizeVariable(TupleVariable):
+    """``torch.Size`` whose items may be non-constant (kept for ``x.shape`` results)."""
+
+    def python_type(self):
+        return torch.Size
+
+    def build_expr(self, cg):
+        return f"{cg.const_expr(torch.Size)}({TupleVariable.build_expr(self, cg)})"
+
+
+class NamedTupleVariable(TupleVariable):
+    """An instance of a ``collections.namedtuple`` / ``typing.NamedTuple`` class."""
+
+    def __init__(self, items, tuple_cls, source=None):
+        super().__init__(items, source)
+        self.tuple_cls = tuple_cls
+
+    def python_type(self):
+        return self.tuple_cls
+
+    def as_python_constant(self):
+        return self.tuple_cls(*[i.as_python_constant() for i in self.items])
+
+    def var_getattr(self, tx, name):
+        fields = self.tuple_cls._fields
+        if name in fields:
+            return self.items[fields.index(name)]
+        from coil.capture.variables.objects import wrap_class_attr
+
+        return wrap_class_attr(tx, self, self.tuple_cls, name)
+
+    def build_expr(self, cg):
+        return f"{cg.const_expr(self.tuple_cls)}(*{TupleVariable.build_expr(self, cg)})"
+
+
+class ListVariable(BaseListVariable):
+    mutable = True
+
+    def python_type(self):
+        return list
+
+    def as_python_constant(self):
+        raise Unsupported("a list is not a compile-time constant")
+
+    def var_getattr(self, tx, name):
+        from coil.capture.variables.functions import BoundMethodVariable
+
+        return BoundMethodVariable(self, name)
+
+    def _mutated(self, tx):
+        tx.output.side_effects.mutated(self)
+
+    def call_method(self, tx, name, args, kwargs):
+        items = self.items
+        if name == "append":
+            self._mutated(tx)
+            items.append(args[0])
+            return ConstantVariable(None)
+        if name == "extend":
+            self._mutated(tx)
+            items.extend(tx.unpack(args[0]))
+            return ConstantVariable(None)
+        if name == "insert":
+            self._mutated(tx)
+            items.insert(args[0].as_python_constant(), args[1])
+            return ConstantVariable(None)
+        if name == "pop":
+            self._mutated(tx)
+            return items.pop(args[0].as_python_constant() if args else -1)
+        if name == "clear":
+            self._mutated(tx)
+            items.clear()
+            return ConstantVariable(None)
+        if name == "reverse":
+            self._mutated(tx)
+            items.reverse()
+            return ConstantVariable(None)
+        if name == "remove":
+            for i, it in enumerate(items):
+                if tx.values_equal(it, args[0]):
+                    self._mutated(tx)
+                    del items[i]
+                    return ConstantVariable(None)
+            raise Unsupported("list.remove: value not found")
+        if name == "copy":
+            return ListVariable(list(items))
+        if name == "sort":
+            key = kwargs.get("key")
+            rev = kwargs.get("reverse", ConstantVariable(False)).as_python_constant()
+            new = tx.sorted_items(items, key, rev)
+            self._mutated(tx)
+            items[:] = new
+            return ConstantVariable(None)
+        if name == "__setitem__":
+            self._mutated(tx)
+            idx = _const_index(tx, args[0])
+            if isinstance(idx, slice):
+                items[idx] = tx.unpack(args[1])
+            else:
+                items[idx] = args[1]
+            return ConstantVariable(None)
+        if name == "__delitem__":
+            self._mutated(tx)
+            del items[_const_index(tx, args[0])]
+            return ConstantVariable(None)
+        if name == "__iadd__":
+            self._mutated(tx)
+            items.extend(tx.unpack(args[0]))
+            return self
+        return super().call_method(tx, name, args, kwargs)
+
+    def build_expr(self, cg):
+        return "[" + ", ".join(cg.reconstruct(i) for i in self.items) + "]"
+
+
+class DictVariable(VariableTracker):
+    """A dict (or OrderedDict / other dict subclass) with compile-time-constant keys."""
+
+    mutable = True
+
+    def __init__(self, items: dict, user_cls=dict, source=None):
+        super().__init__(source)
+        self.items: dict[Any, VariableTracker] = dict(items)
+        self.user_cls = user_cls
+
+    def python_type(self):
+        return self.user_cls
+
+    def children(self):
+        return list(self.items.values())
+
+    def has_len(self):
+        return True
+
+    def truthy(self, tx):
+        return bool(self.items)
+
+    def unpack(self, tx):
+        return [ConstantVariable(k) if not isinstance(k, VariableTracker) else k for k in self.items]
+
+    @staticmethod
+    def key_of(v: VariableTracker):
+        from coil.capture.variables.objects import ObjectVariableBase
+
+        if isinstance(v, ObjectVariableBase) and v.value is not None:
+            return v.value
+        return v.as_python_constant()
+
+    def wrap_key(self, tx, k):
+        if isinstance(k, (str, int, float, bool, type(None), tuple, torch.dtype)):
+            return ConstantVariable(k)
+        return tx.wrap_object_key(k)
+
+    def _mutated(self, tx):
+        tx.output.side_effects.mutated(self)
+
+    def getitem(self, tx, key):
+        k = self.key_of(key)
+        if k not in self.items:
+            raise Unsupported(f"KeyError {k!r} (raised by user code)")
+        return self.items[k]
+
+    def var_getattr(self, tx, name):
+        from coil.capture.variables.functions import BoundMethodVariable
+
+        return BoundMethodVariable(self, name)
+
+    def call_method(self, tx, name, args, kwargs):
+        if self.user_cls not in (dict, collections.OrderedDict) and type(self) is DictVariable:
+            import types as _types
+
+            from coil.capture.variables.functions import UserMethodVariable
+            from coil.capture.variables.objects import _static_lookup
+
+            fn = _static_lookup(self.user_cls, name)
+            if isinstance(fn, _types.FunctionType):
+                return tx.call(UserMethodVariable(fn, self), args, kwargs)
+        return self.call_method_base(tx, name, args, kwargs)
+
+    def call_method_base(self, tx, name, args, kwargs):
+        items = self.items
+        if name == "__getitem__":
+            return self.getitem(tx, args[0])
+        if name == "__len__":
+            return ConstantVariable(len(items))
+        if name == "__contains__":
+            return ConstantVariable(self.key_of(args[0]) in items)
+        if name == "get":
+            k = self.key_of(args[0])
+            if k in items:
+                return items[k]
+            return args[1] if len(args) > 1 else kwargs.get("default", ConstantVariable(None))
+        if name == "keys":
+            return ListIteratorVariable(self.unpack(tx), kind="keys")
+        if name == "values":
+            return ListIteratorVariable(list(items.values()), kind="values")
+        if name == "items":
+            return ListIteratorVariable([TupleVariable([self.wrap_key(tx, k), v])
+                                         for k, v in items.items()], kind="items")
+        if name == "__iter__":
+            return ListIteratorVariable(self.unpack(tx))
+        if name == "__setitem__":
+            self._mutated(tx)
+            items[self.key_of(args[0])] = args[1]
+            return ConstantVariable(None)
+        if name == "__delitem__":
+            self._mutated(tx)
+            del items[self.key_of(args[0])]
+            return ConstantVariable(None)
+        if name == "pop":
+            k = self.key_of(args[0])
+            if k in items:
+                self._mutated(tx)
+                return items.pop(k)
+            if len(args) > 1:
+                return args[1]
+            raise Unsupported(f"KeyError {k!r} (raised by user code)")
+        if name == "setdefault":
+            k = self.key_of(args[0])
+            if k not in items:
+                self._mutated(tx)
+                items[k] = args[1] if len(args) > 1 else ConstantVariable(None)
+            return items[k]
+        if name == "update":
+            self._mutated(tx)
+            if args:
+                other = args[0]
+                if isinstance(other, DictVariable):
+                    items.update(other.items)
+                else:
+                    for pair in tx.unpack(other):
+                        k, v = tx.unpack(pair)
+                        items[self.key_of(k)] = v
+            for k, v in kwargs.items():
+                items[k] = v
+            return ConstantVariable(None)
+        if name == "copy":
+            return DictVariable(dict(items), self.user_cls)
+        if name == "clear":
+            self._mutated(tx)
+            items.clear()
+            return ConstantVariable(None)
+        if name == "__or__" and isinstance(args[0], DictVariable):
+            return DictVariable({**items, **args[0].items}, self.user_cls)
+        raise Unsupported(f"dict.{name}")
+
+    def build_expr(self, cg):
+        body = "{" + ", ".join(f"{cg.const_expr(k)}: {cg.reconstruct(v)}"
+                               for k, v in self.items.items()) + "}"
+        if self.user_cls is dict:
+            return body
+        return f"{cg.const_expr(self.user_cls)}({body})"
+
+    def reconstruct(self, cg):
+        return cg.reconstruct_container(self)
+
+
+class SetVariable(VariableTracker):
+    """A set of compile-time constants."""
+
+    mutable = True
+
+    def __init__(self, items, source=None):
+        super().__init__(source)
+        self.items = set(items)
+
+    def python_type(self):
+        return set
+
+    def as_python_constant(self):
+        return set(self.items)
+
+    def has_len(self):
+        return True
+
+    def unpack(self, tx):
+        return [ConstantVariable(v) for v in self.items]
+
+    def var_getattr(self, tx, name):
+        from coil.capture.variables.functions import BoundMethodVariable
+
+        return BoundMethodVariable(self, name)
+
+    def call_method(self, tx, name, args, kwargs):
+        if name in ("add", "discard", "remove", "update", "clear", "difference_update",
+                    "intersection_update"):
+            tx.output.side_effects.mutated(self)
+            cargs = [set(a.as_python_constant()) if name.endswith("update")
+                     else a.as_python_constant() for a in args]
+            getattr(self.items, name)(*cargs)
+            return ConstantVariable(None)
+        if name == "__contains__":
+            return ConstantVariable(args[0].as_python_constant() in self.items)
+        if name == "__len__":
+            return ConstantVariable(len(self.items))
+        cargs = [a.as_python_constant() for a in args]
+        res = getattr(self.items, name)(*cargs)
+        if isinstance(res, set):
+            return SetVariable(res)
+        return ConstantVariable(res)
+
+    def build_expr(self, cg):
+        if not self.items:
+            return "set()"
+        return "{" + ", ".join(cg.const_expr(v) for v in self.items) + "}"
+
+    def reconstruct(self, cg):
+        return cg.reconstruct_container(self)
+
+
+class SliceVariable(VariableTracker):
+    """``slice(start, stop, step)``; parts may be trackers of ints or None."""
+
+    def __init__(self, parts):
+        super().__init__(None)
+        self.parts = list(parts)
+
+    def python_type(self):
+        return slice
+
+    def as_python_constant(self):
+        return slice(*[p.as_python_constant() for p in self.parts])
+
+    def children(self):
+        return list(self.parts)
+
+    def reconstruct(self, cg):
+        return f"slice({', '.join(cg.reconstruct(p) for p in self.parts)})"
+
+
+class ListIteratorVariable(VariableTracker):
+    """An iterator over known items (lists, tuples, ranges, zip/enumerate results,
+    dict views). ``next`` advances ``index``; iteration never touches real objects."""
+
+    mutable = True
+
+    def __init__(self, items, kind="iterator"):
+        super().__init__(None)
+        self.items = list(items)
+        self.index = 0
+        self.kind = kind
+
+    def python_type(self):
+        return {"keys": type({}.keys()), "values": type({}.values()),
+                "items": type({}.items())}.get(self.kind, type(iter([])))
+
+    def children(self):
+        return self.items[self.index:]
+
+    def has_len(self):
+        return self.kind != "iterator"
+
+    def next(self, tx):
+        if self.index >= len(self.items):
+            return None
+        v = self.items[self.index]
+        self.index += 1
+        return v
+
+    def unpack(self, tx):
+        rest = self.items[self.index:]
+        if self.kind == "iterator":
+            self.index = len(self.items)
+        return rest
+
+    def var_getattr(self, tx, name):
+        from coil.capture.variables.functions import BoundMethodVariable
+
+        return BoundMethodVariable(self, name)
+
+    def call_method(self, tx, name, args, kwargs):
+        if name == "__len__":
+            return ConstantVariable(len(self.items) - self.index)
+        if name == "__contains__":
+            return ConstantVariable(tx.contains(self.items[self.index:], args[0]))
+        if name == "__iter__":
+            return self if self.kind == "iterator" else ListIteratorVariable(self.items)
+        raise Unsupported(f"iterator method {name}")
+
+    def reconstruct(self, cg):
+        inner = "(" + "".join(cg.reconstruct(i) + ", " for i in self.items[self.index:]) + ")"
+        if self.kind == "iterator":
+            return f"iter({inner})"
+        if self.kind == "items":
+            return f"dict({inner}).items()"
+        return f"list({inner})"
+
+
+def ordered_dict_types():
+    return (dict, collections.OrderedDict)

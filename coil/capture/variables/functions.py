@@ -1,0 +1,316 @@
+"""Trackers for callables written in Python: functions, closures, bound methods,
+``functools.partial``. Calling one inlines its bytecode into the current graph
+(:meth:`InstructionTranslator.inline_call`); a graph break inside an inlined call
+breaks at the call in the root frame, whose callee is then captured on its own.
+"""
+from __future__ import annotations
+
+import types
+from typing import Any, Optional
+
+from coil.exc import Unsupported
+from coil.capture.source import AttrSource, DefaultsSource, GetItemSource
+from coil.capture.variables.base import (CellVariable, ConstantVariable, SourcedCellVariable,
+                                         VariableTracker)
+from coil.capture.variables.containers import DictVariable, TupleVariable
+
+
+class BaseFunctionVariable(VariableTracker):
+    """Something with a code object the translator can inline."""
+
+    def get_code(self) -> types.CodeType:
+        raise NotImplementedError
+
+    def get_globals(self) -> dict:
+        raise NotImplementedError
+
+    def closure_cells(self, tx) -> dict:
+        return {}
+
+    def bind_args(self, tx, args: list, kwargs: dict) -> dict:
+        raise NotImplementedError
+
+    def fn_name(self) -> str:
+        return self.get_code().co_name
+
+    def call_function(self, tx, args, kwargs):
+        return tx.inline_call(self, args, kwargs)
+
+
+def bind_arguments(code: types.CodeType, name: str, args: list, kwargs: dict,
+                   defaults: list, kwdefaults: dict) -> dict:
+    """Bind trackers to a code object's parameters, as CPython would.
+
+    ``defaults`` are trackers for the trailing positional defaults, ``kwdefaults`` a
+    dict name → tracker. Raises Unsupported (TypeError in eager) on a bad call.
+    """
+    nargs = code.co_argcount
+    nposonly = code.co_posonlyargcount
+    nkwonly = code.co_kwonlyargcount
+    varnames = code.co_varnames
+    pos_names = varnames[:nargs]
+    kwonly_names = varnames[nargs:nargs + nkwonly]
+    has_varargs = bool(code.co_flags & 0x04)
+    has_varkw = bool(code.co_flags & 0x08)
+    out: dict[str, VariableTracker] = {}
+    for i, a in enumerate(args[:nargs]):
+        out[pos_names[i]] = a
+    extra = list(args[nargs:])
+    if extra and not has_varargs:
+        raise TypeErrorInCall(f"{name}() takes {nargs} positional arguments but {len(args)} were given")
+    varkw = {}
+    for k, v in kwargs.items():
+        if k in out:
+            raise TypeErrorInCall(f"{name}() got multiple values for argument '{k}'")
+        if (k in pos_names and pos_names.index(k) >= nposonly) or k in kwonly_names:
+            out[k] = v
+        elif has_varkw:
+            varkw[k] = v
+        else:
+            raise TypeErrorInCall(f"{name}() got an unexpected keyword argument '{k}'")
+    ndef = len(defaults)
+    for i, pname in enumerate(pos_names):
+        if pname not in out:
+            j = i - (nargs - ndef)
+            if j < 0:
+                raise TypeErrorInCall(f"{name}() missing required positional argument: '{pname}'")
+            out[pname] = defaults[j]
+    for kname in kwonly_names:
+        if kname not in out:
+            if kname not in kwdefaults:
+                raise TypeErrorInCall(f"{name}() missing required keyword-only argument: '{kname}'")
+            out[kname] = kwdefaults[kname]
+    idx = nargs + nkwonly
+    if has_varargs:
+        out[varnames[idx]] = TupleVariable(extra)
+        idx += 1
+    if has_varkw:
+        out[varnames[idx]] = DictVariable(varkw)
+    return out
+
+
+class TypeErrorInCall(Exception):
+    """A call's arguments do not fit the signature (eager raises TypeError)."""
+
+
+class UserFunctionVariable(BaseFunctionVariable):
+    """A Python function object that existed before tracing."""
+
+    def __init__(self, fn: types.FunctionType, source=None):
+        super().__init__(source)
+        self.fn = fn
+
+    def python_type(self):
+        return types.FunctionType
+
+    def as_python_constant(self):
+        return self.fn
+
+    def get_code(self):
+        return self.fn.__code__
+
+    def get_globals(self):
+        return self.fn.__globals__
+
+    def closure_cells(self, tx):
+        cells = {}
+        if self.fn.__closure__:
+            for i, (name, cell) in enumerate(zip(self.fn.__code__.co_freevars, self.fn.__closure__)):
+                src = None
+                if self.source is not None:
+                    src = AttrSource(GetItemSource(AttrSource(self.source, "__closure__"), i),
+                                     "cell_contents")
+                cells[name] = tx.output.sourced_cell(cell, src)
+        return cells
+
+    def bind_args(self, tx, args, kwargs):
+        from coil.capture.variables.builder import wrap
+
+        defaults = []
+        for i, d in enumerate(self.fn.__defaults__ or ()):
+            src = DefaultsSource(self.source, i) if self.source is not None else None
+            defaults.append(wrap(tx, d, src))
+        kwdefaults = {}
+        for k, d in (self.fn.__kwdefaults__ or {}).items():
+            src = DefaultsSource(self.source, k, kw=True) if self.source is not None else None
+            kwdefaults[k] = wrap(tx, d, src)
+        return bind_arguments(self.fn.__code__, self.fn.__name__, args, kwargs, defaults, kwdefaults)
+
+    def var_getattr(self, tx, name):
+        from coil.capture.variables.builder import wrap
+
+        if name in ("__name__", "__qualname__", "__module__", "__doc__", "__code__"):
+            return ConstantVariable(getattr(self.fn, name))
+        if name in ("__defaults__", "__kwdefaults__") and self.source is not None:
+            return wrap(tx, getattr(self.fn, name), AttrSource(self.source, name))
+        if name in self.fn.__dict__:
+            src = AttrSource(self.source, name) if self.source is not None else None
+            return wrap(tx, self.fn.__dict__[name], src)
+        raise Unsupported(f"function attribute {name}")
+
+    def __repr__(self):
+        return f"UserFunctionVariable({self.fn.__qualname__})"
+
+
+class NestedFunctionVariable(BaseFunctionVariable):
+    """A function created inside the traced frame (``MAKE_FUNCTION``)."""
+
+    def __init__(self, code, name, globals_, defaults, kwdefaults, closure, annotations=None):
+        super().__init__(None)
+        self.code = code
+        self.name = name
+        self.globals = globals_
+        self.defaults = defaults or []
+        self.kwdefaults = kwdefaults or {}
+        self.closure = closure or []  # CellVariable / SourcedCellVariable list
+        self.wrapped_fn = None  # set by functools.wraps
+
+    def python_type(self):
+        return types.FunctionType
+
+    def get_code(self):
+        return self.code
+
+    def get_globals(self):
+        return self.globals
+
+    def closure_cells(self, tx):
+        return dict(zip(self.code.co_freevars, self.closure))
+
+    def bind_args(self, tx, args, kwargs):
+        return bind_arguments(self.code, self.name, args, kwargs, self.defaults, self.kwdefaults)
+
+    def var_getattr(self, tx, name):
+        if name in ("__name__", "__qualname__"):
+            return ConstantVariable(self.name)
+        if name == "__code__":
+            return ConstantVariable(self.code)
+        raise Unsupported(f"attribute {name} of a nested function")
+
+    def reconstruct(self, cg):
+        if self.closure and not all(isinstance(c, SourcedCellVariable) for c in self.closure):
+            cells = ", ".join(cg.reconstruct_cell(c) for c in self.closure)
+            closure = f"({cells},)"
+        elif self.closure:
+            closure = "(" + ", ".join(cg.reconstruct_cell(c) for c in self.closure) + ",)"
+        else:
+            closure = "None"
+        defaults = "(" + "".join(cg.reconstruct(d) + ", " for d in self.defaults) + ")" \
+            if self.defaults else "None"
+        fn = (f"___make_function({cg.const_expr(self.code)}, {cg.const_expr(self.globals)}, "
+              f"{self.name!r}, {defaults}, {closure})")
+        return cg.bind(self, fn)
+
+    def __repr__(self):
+        return f"NestedFunctionVariable({self.name})"
+
+
+class UserMethodVariable(BaseFunctionVariable):
+    """A Python function bound to ``obj`` (a tracker): ``obj.method``."""
+
+    def __init__(self, fn: types.FunctionType, obj: VariableTracker, source=None):
+        super().__init__(source)
+        self.fn = fn
+        self.obj = obj
+
+    def python_type(self):
+        return types.MethodType
+
+    def get_code(self):
+        return self.fn.__code__
+
+    def get_globals(self):
+        return self.fn.__globals__
+
+    def closure_cells(self, tx):
+        return UserFunctionVariable(self.fn).closure_cells(tx)
+
+    def bind_args(self, tx, args, kwargs):
+        return UserFunctionVariable(self.fn).bind_args(tx, [self.obj] + list(args), kwargs)
+
+    def var_getattr(self, tx, name):
+        if name == "__self__":
+            return self.obj
+        if name == "__func__":
+            return UserFunctionVariable(self.fn)
+        if name in ("__name__", "__qualname__"):
+            return ConstantVariable(getattr(self.fn, name))
+        raise Unsupported(f"method attribute {name}")
+
+    def reconstruct(self, cg):
+        if self.source is not None:
+            return cg.source_expr(self.source)
+        return f"___MethodType({cg.const_expr(self.fn)}, {cg.reconstruct(self.obj)})"
+
+    def __repr__(self):
+        return f"UserMethodVariable({self.fn.__qualname__})"
+
+
+class BoundMethodVariable(VariableTracker):
+    """``obj.name`` where ``obj``'s tracker implements the method itself
+    (tensor, list, dict methods): calling it is ``obj.call_method(name, ...)``."""
+
+    def __init__(self, obj: VariableTracker, name: str):
+        super().__init__(None)
+        self.obj = obj
+        self.name = name
+
+    def python_type(self):
+        return types.BuiltinMethodType
+
+    def call_function(self, tx, args, kwargs):
+        return self.obj.call_method(tx, self.name, list(args), dict(kwargs))
+
+    def var_getattr(self, tx, name):
+        if name == "__self__":
+            return self.obj
+        if name == "__name__":
+            return ConstantVariable(self.name)
+        raise Unsupported(f"attribute {name} of a bound method")
+
+    def reconstruct(self, cg):
+        return f"{cg.reconstruct(self.obj)}.{self.name}"
+
+    def __repr__(self):
+        return f"BoundMethodVariable({self.obj!r}.{self.name})"
+
+
+class PartialVariable(VariableTracker):
+    """``functools.partial(fn, *args, **kwargs)``."""
+
+    def __init__(self, fn: VariableTracker, args: list, kwargs: dict, source=None):
+        super().__init__(source)
+        self.fn = fn
+        self.args = list(args)
+        self.kwargs = dict(kwargs)
+
+    def python_type(self):
+        import functools
+
+        return functools.partial
+
+    def call_function(self, tx, args, kwargs):
+        return tx.call(self.fn, self.args + list(args), {**self.kwargs, **kwargs})
+
+    def var_getattr(self, tx, name):
+        if name == "func":
+            return self.fn
+        if name == "args":
+            return TupleVariable(self.args)
+        if name == "keywords":
+            return DictVariable(self.kwargs)
+        raise Unsupported(f"partial attribute {name}")
+
+    def children(self):
+        return [self.fn] + self.args + list(self.kwargs.values())
+
+    def reconstruct(self, cg):
+        if self.source is not None:
+            return cg.source_expr(self.source)
+        parts = [cg.reconstruct(self.fn)] + [cg.reconstruct(a) for a in self.args]
+        parts += [f"{k}={cg.reconstruct(v)}" for k, v in self.kwargs.items()]
+        return f"___partial({', '.join(parts)})"
+
+
+def is_cell(v: Any) -> bool:
+    return isinstance(v, (CellVariable, SourcedCellVariable))

@@ -1,0 +1,489 @@
+"""Trackers for objects: nn.Modules, user-defined objects and classes, Python modules,
+objects created inside the frame, and ``ModelOutput``-style dataclass dicts.
+
+Attribute reads follow Python's lookup order statically (:func:`lookup_attr`):
+pending writes made earlier in the frame, data descriptors (properties are inlined),
+the instance ``__dict__``, ``nn.Module``'s ``_parameters``/``_buffers``/``_modules``,
+then class attributes (functions become bound methods) and finally a user
+``__getattr__`` (inlined). Values read from real objects are wrapped with a source so
+guards cover them; parameters and buffers become graph inputs.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import enum
+import inspect
+import types
+from typing import Any
+
+import torch
+
+from coil.exc import Unsupported
+from coil.capture.source import AttrSource, ModuleDictSource
+from coil.capture.variables.base import ConstantVariable, VariableTracker
+from coil.capture.variables.containers import (DictVariable, ListIteratorVariable,
+                                               NamedTupleVariable, TupleVariable)
+from coil.capture.variables.functions import (UserFunctionVariable, UserMethodVariable)
+
+
+class AttributeMissing(Exception):
+    """Attribute lookup failed (AttributeError in eager); ``getattr(o, n, default)``
+    and ``hasattr`` catch it."""
+
+
+_SENTINEL = object()
+
+
+def _static_lookup(cls: type, name: str):
+    for klass in cls.__mro__:
+        if name in klass.__dict__:
+            return klass.__dict__[name]
+    return _SENTINEL
+
+
+def wrap_class_attr(tx, obj_vt: VariableTracker, cls: type, name: str, source=None):
+    """A class attribute seen through an instance (methods get bound to ``obj_vt``)."""
+    from coil.capture.variables.builder import wrap
+
+    attr = _static_lookup(cls, name)
+    if attr is _SENTINEL:
+        raise AttributeMissing(name)
+    if isinstance(attr, staticmethod):
+        return wrap(tx, attr.__func__, source)
+    if isinstance(attr, classmethod):
+        return UserMethodVariable(attr.__func__, UserDefinedClassVariable(cls))
+    if isinstance(attr, property):
+        if attr.fget is None:
+            raise AttributeMissing(name)
+        return tx.call(UserFunctionVariable(attr.fget), [obj_vt], {})
+    if isinstance(attr, types.FunctionType):
+        return UserMethodVariable(attr, obj_vt, source)
+    if isinstance(attr, (types.BuiltinFunctionType, types.MethodDescriptorType,
+                         types.WrapperDescriptorType)):
+        from coil.capture.variables.functions import BoundMethodVariable
+
+        return BoundMethodVariable(obj_vt, name)
+    if hasattr(type(attr), "__get__") and not isinstance(attr, (type,)):
+        if obj_vt.source is None or getattr(obj_vt, "value", None) is None:
+            raise Unsupported(f"descriptor {type(attr).__name__} {name!r} on a new object")
+        return wrap(tx, getattr(obj_vt.value, name), source)
+    return wrap(tx, attr, source)
+
+
+class ObjectVariableBase(VariableTracker):
+    """A tracker for a real (pre-existing) Python object ``value``."""
+
+    def __init__(self, value, source=None):
+        super().__init__(source)
+        self.value = value
+
+    def python_type(self):
+        return type(self.value)
+
+    def attr_source(self, name):
+        return AttrSource(self.source, name) if self.source is not None else None
+
+    def var_getattr(self, tx, name):
+        return lookup_attr(tx, self, name)
+
+    def reconstruct(self, cg):
+        if self.source is not None:
+            return cg.source_expr(self.source)
+        return cg.const_expr(self.value)
+
+    def __repr__(self):
+        return f"{type(self).__name__}({type(self.value).__name__}, {self.source})"
+
+
+def lookup_attr(tx, vt: ObjectVariableBase, name: str):
+    """Python attribute lookup on a real object, symbolically (see module docstring)."""
+    from coil.capture.variables.builder import wrap
+
+    obj = vt.value
+    pending = tx.output.side_effects.pending_attr(obj, name)
+    if pending is not None:
+        return pending
+    if name == "__class__":
+        return wrap(tx, type(obj), None)
+    if name == "__dict__":
+        raise Unsupported("reading __dict__ of an object")
+    cls = type(obj)
+    getattribute = cls.__getattribute__
+    if getattribute is not object.__getattribute__ and getattribute is not torch.nn.Module.__getattribute__:
+        # custom __getattribute__ (e.g. transformers configs): read it for real
+        try:
+            value = getattr(obj, name)
+        except AttributeError:
+            raise AttributeMissing(name)
+        if isinstance(value, types.MethodType) and value.__self__ is obj:
+            return UserMethodVariable(value.__func__, vt)
+        return wrap(tx, value, vt.attr_source(name))
+    cls_attr = _static_lookup(cls, name)
+    is_data_descr = cls_attr is not _SENTINEL and (
+        isinstance(cls_attr, property) or hasattr(type(cls_attr), "__set__"))
+    if is_data_descr and not isinstance(cls_attr, property):
+        try:
+            return wrap(tx, getattr(obj, name), vt.attr_source(name))
+        except AttributeError:
+            raise AttributeMissing(name)
+    if not is_data_descr:
+        d = getattr(obj, "__dict__", None)
+        if d is not None and name in d:
+            return wrap(tx, d[name], vt.attr_source(name))
+        if isinstance(obj, torch.nn.Module):
+            for dname in ("_parameters", "_buffers", "_modules"):
+                sub = obj.__dict__.get(dname)
+                if sub is not None and name in sub:
+                    src = ModuleDictSource(vt.source, dname, name) if vt.source is not None else None
+                    return wrap(tx, sub[name], src)
+    if cls_attr is not _SENTINEL:
+        return wrap_class_attr(tx, vt, cls, name, vt.attr_source(name))
+    getattr_fn = _static_lookup(cls, "__getattr__")
+    if getattr_fn is not _SENTINEL and getattr_fn is not torch.nn.Module.__getattr__:
+        if isinstance(getattr_fn, types.FunctionType):
+            return tx.call(UserFunctionVariable(getattr_fn), [vt, ConstantVariable(name)], {})
+    raise AttributeMissing(name)
+
+
+class UserDefinedObjectVariable(ObjectVariableBase):
+    """An instance of a user class that existed before the frame ran."""
+
+    def call_function(self, tx, args, kwargs):
+        call = _static_lookup(type(self.value), "__call__")
+        if isinstance(call, types.FunctionType):
+            return tx.call(UserMethodVariable(call, self), args, kwargs)
+        raise Unsupported(f"call to a {type(self.value).__name__} object")
+
+    def call_method(self, tx, name, args, kwargs):
+        return tx.call(self.var_getattr(tx, name), args, kwargs)
+
+    def truthy(self, tx):
+        cls = type(self.value)
+        if _static_lookup(cls, "__bool__") is _SENTINEL and _static_lookup(cls, "__len__") is _SENTINEL:
+            return True
+        raise Unsupported(f"bool() of a {cls.__name__} object")
+
+    def unpack(self, tx):
+        it = _static_lookup(type(self.value), "__iter__")
+        if isinstance(it, types.FunctionType):
+            return tx.unpack(tx.call(UserMethodVariable(it, self), [], {}))
+        raise Unsupported(f"iteration over a {type(self.value).__name__} object")
+
+
+class NNModuleVariable(ObjectVariableBase):
+    """An ``nn.Module``. Calls run hooks and inline ``forward``; parameters and buffers
+    read through it become graph inputs with sources like
+    ``self._modules['fc']._parameters['weight']``."""
+
+    def call_function(self, tx, args, kwargs):
+        return tx.call_module(self, list(args), dict(kwargs))
+
+    def has_len(self):
+        return isinstance(self.value, (torch.nn.ModuleList, torch.nn.Sequential,
+                                       torch.nn.ModuleDict, torch.nn.ParameterList,
+                                       torch.nn.ParameterDict))
+
+    def _sub(self, tx, key):
+        from coil.capture.variables.builder import wrap
+
+        m = self.value
+        d = m._parameters if isinstance(m, (torch.nn.ParameterList, torch.nn.ParameterDict)) else m._modules
+        dname = "_parameters" if d is m._parameters else "_modules"
+        src = ModuleDictSource(self.source, dname, key) if self.source is not None else None
+        return wrap(tx, d[key], src)
+
+    def _keys(self):
+        m = self.value
+        if isinstance(m, (torch.nn.ParameterList, torch.nn.ParameterDict)):
+            return list(m._parameters.keys())
+        return list(m._modules.keys())
+
+    def unpack(self, tx):
+        m = self.value
+        if isinstance(m, (torch.nn.ModuleDict, torch.nn.ParameterDict)):
+            return [ConstantVariable(k) for k in self._keys()]
+        if self.has_len():
+            return [self._sub(tx, k) for k in self._keys()]
+        it = _static_lookup(type(m), "__iter__")
+        if isinstance(it, types.FunctionType):
+            return tx.unpack(tx.call(UserMethodVariable(it, self), [], {}))
+        raise Unsupported(f"iteration over {type(m).__name__}")
+
+    def _named(self, tx, kind, prefix_arg=None, recurse=True):
+        from coil.capture.source import GetItemSource  # noqa: F401
+        from coil.capture.variables.builder import wrap
+
+        m = self.value
+        if kind == "named_parameters":
+            pairs = list(m.named_parameters(recurse=recurse))
+        elif kind == "named_buffers":
+            pairs = list(m.named_buffers(recurse=recurse))
+        elif kind == "named_children":
+            pairs = list(m.named_children())
+        else:
+            pairs = list(m.named_modules())
+        out = []
+        for qual, value in pairs:
+            src = self.source
+            if src is not None and qual:
+                *mods, leaf = qual.split(".")
+                for part in mods:
+                    src = ModuleDictSource(src, "_modules", part)
+                dname = {"named_parameters": "_parameters", "named_buffers": "_buffers"}.get(
+                    kind, "_modules")
+                src = ModuleDictSource(src, dname, leaf)
+            out.append((qual, wrap(tx, value, src)))
+        return out
+
+    def call_method(self, tx, name, args, kwargs):
+        m = self.value
+        if name in ("__len__",) and self.has_len():
+            return ConstantVariable(len(self._keys()))
+        if name == "__getitem__" and self.has_len():
+            key = args[0].as_python_constant()
+            keys = self._keys()
+            if isinstance(m, (torch.nn.ModuleDict, torch.nn.ParameterDict)):
+                return self._sub(tx, key)
+            if isinstance(key, slice):
+                from coil.capture.variables.builder import wrap
+
+                return wrap(tx, m[key], None)
+            return self._sub(tx, keys[key])
+        if name == "__contains__" and isinstance(m, torch.nn.ModuleDict):
+            return ConstantVariable(args[0].as_python_constant() in m._modules)
+        if name == "__iter__" and self.has_len():
+            return ListIteratorVariable(self.unpack(tx))
+        if isinstance(m, (torch.nn.ModuleDict, torch.nn.ParameterDict)) and name in ("keys", "values", "items"):
+            keys = self._keys()
+            if name == "keys":
+                return ListIteratorVariable([ConstantVariable(k) for k in keys], kind="keys")
+            if name == "values":
+                return ListIteratorVariable([self._sub(tx, k) for k in keys], kind="values")
+            return ListIteratorVariable([TupleVariable([ConstantVariable(k), self._sub(tx, k)])
+                                         for k in keys], kind="items")
+        if name in ("parameters", "buffers", "children", "modules"):
+            kind = {"parameters": "named_parameters", "buffers": "named_buffers",
+                    "children": "named_children", "modules": "named_modules"}[name]
+            rec = kwargs.get("recurse", ConstantVariable(True)).as_python_constant()
+            return ListIteratorVariable([v for _, v in self._named(tx, kind, recurse=rec)])
+        if name in ("named_parameters", "named_buffers", "named_children", "named_modules"):
+            return ListIteratorVariable([TupleVariable([ConstantVariable(q), v])
+                                         for q, v in self._named(tx, name)])
+        if name == "forward" and type(m).forward is torch.nn.Module.forward:
+            raise Unsupported("module has no forward")
+        return tx.call(self.var_getattr(tx, name), args, kwargs)
+
+
+class UserDefinedClassVariable(ObjectVariableBase):
+    """A class object (user classes, torch classes, builtin types not handled as
+    builtins). Calling it builds the instance symbolically where possible."""
+
+    def python_type(self):
+        return type(self.value)
+
+    def as_python_constant(self):
+        return self.value
+
+    def var_getattr(self, tx, name):
+        from coil.capture.variables.builder import wrap
+
+        cls = self.value
+        if name in ("__name__", "__qualname__", "__module__"):
+            return ConstantVariable(getattr(cls, name))
+        attr = _static_lookup(cls, name)
+        if attr is _SENTINEL:
+            if name == "__mro__":
+                return TupleVariable([wrap(tx, c, None) for c in cls.__mro__])
+            raise AttributeMissing(name)
+        if isinstance(attr, staticmethod):
+            return wrap(tx, attr.__func__, None)
+        if isinstance(attr, classmethod):
+            return UserMethodVariable(attr.__func__, self)
+        if isinstance(attr, types.FunctionType):
+            return UserFunctionVariable(attr)
+        return wrap(tx, getattr(cls, name), self.attr_source(name))
+
+    def call_function(self, tx, args, kwargs):
+        return tx.construct_object(self, list(args), dict(kwargs))
+
+
+class PythonModuleVariable(ObjectVariableBase):
+    """A Python module (``torch``, ``math``, ``torch.nn.functional``, user modules)."""
+
+    TRUSTED = ("torch", "math", "operator", "functools", "itertools", "collections", "typing",
+               "dataclasses", "builtins", "enum", "inspect", "warnings", "numbers", "abc",
+               "transformers", "numpy")
+
+    def var_getattr(self, tx, name):
+        from coil.capture.variables.builder import wrap
+
+        try:
+            value = getattr(self.value, name)
+        except AttributeError:
+            raise AttributeMissing(name)
+        root = self.value.__name__.split(".")[0]
+        src = self.attr_source(name)
+        if root in self.TRUSTED:
+            return wrap(tx, value, src, guard=False)
+        return wrap(tx, value, src)
+
+    def call_method(self, tx, name, args, kwargs):
+        return tx.call(self.var_getattr(tx, name), args, kwargs)
+
+
+class NewObjectVariable(VariableTracker):
+    """An instance of a plain user class created inside the frame. Its attributes are
+    trackers; if it escapes, the entry rebuilds it with ``cls.__new__`` and the
+    attribute values."""
+
+    mutable = True
+
+    def __init__(self, cls: type):
+        super().__init__(None)
+        self.cls = cls
+        self.attrs: dict[str, VariableTracker] = {}
+        self.value = None
+
+    def python_type(self):
+        return self.cls
+
+    def children(self):
+        return list(self.attrs.values())
+
+    def var_getattr(self, tx, name):
+        if name in self.attrs:
+            attr = _static_lookup(self.cls, name)
+            if not (isinstance(attr, property) or hasattr(type(attr), "__set__")) or attr is _SENTINEL:
+                return self.attrs[name]
+        if name == "__class__":
+            return UserDefinedClassVariable(self.cls)
+        if name == "__dict__":
+            return DictVariable(dict(self.attrs))
+        try:
+            return wrap_class_attr(tx, self, self.cls, name)
+        except AttributeMissing:
+            getattr_fn = _static_lookup(self.cls, "__getattr__")
+            if isinstance(getattr_fn, types.FunctionType):
+                return tx.call(UserFunctionVariable(getattr_fn), [self, ConstantVariable(name)], {})
+            raise
+
+    def set_attr(self, tx, name, value):
+        attr = _static_lookup(self.cls, name)
+        if isinstance(attr, property):
+            if attr.fset is None:
+                raise Unsupported(f"can't set property {name}")
+            tx.call(UserFunctionVariable(attr.fset), [self, value], {})
+            return
+        setattr_fn = _static_lookup(self.cls, "__setattr__")
+        if setattr_fn is not object.__setattr__ and isinstance(setattr_fn, types.FunctionType):
+            tx.call(UserFunctionVariable(setattr_fn), [self, ConstantVariable(name), value], {})
+            return
+        self.attrs[name] = value
+
+    def call_function(self, tx, args, kwargs):
+        call = _static_lookup(self.cls, "__call__")
+        if isinstance(call, types.FunctionType):
+            return tx.call(UserMethodVariable(call, self), args, kwargs)
+        raise Unsupported(f"call to a {self.cls.__name__} object")
+
+    def call_method(self, tx, name, args, kwargs):
+        return tx.call(self.var_getattr(tx, name), args, kwargs)
+
+    def truthy(self, tx):
+        if _static_lookup(self.cls, "__bool__") is _SENTINEL and _static_lookup(self.cls, "__len__") is _SENTINEL:
+            return True
+        for dunder in ("__bool__", "__len__"):
+            fn = _static_lookup(self.cls, dunder)
+            if isinstance(fn, types.FunctionType):
+                return tx.call(UserMethodVariable(fn, self), [], {}).truthy(tx)
+        raise Unsupported("bool() of object")
+
+    def reconstruct(self, cg):
+        attrs = "{" + ", ".join(f"{k!r}: {cg.reconstruct(v)}" for k, v in self.attrs.items()) + "}"
+        return cg.bind(self, f"___new_object({cg.const_expr(self.cls)}, {attrs})")
+
+
+def is_model_output_class(cls) -> bool:
+    """Dataclasses that are also OrderedDicts (``transformers.utils.ModelOutput``)."""
+    return (isinstance(cls, type) and issubclass(cls, collections.OrderedDict)
+            and dataclasses.is_dataclass(cls))
+
+
+class DataClassDictVariable(DictVariable):
+    """A ``ModelOutput``-style object built in the frame: a dataclass whose non-None
+    fields are also its dict items (keys in field order). Supports attribute and
+    item access, ``to_tuple()``, and is rebuilt as ``cls(**items)``."""
+
+    def __init__(self, cls, items: dict):
+        super().__init__(items, user_cls=cls)
+        self.fields = [f.name for f in dataclasses.fields(cls)]
+
+    @classmethod
+    def create(cls, tx, klass, args, kwargs):
+        names = [f.name for f in dataclasses.fields(klass)]
+        values = {}
+        for n, a in zip(names, args):
+            values[n] = a
+        values.update(kwargs)
+        for f in dataclasses.fields(klass):
+            if f.name not in values:
+                if f.default is not dataclasses.MISSING:
+                    values[f.name] = ConstantVariable(f.default) if f.default is None else \
+                        tx.wrap(f.default, None)
+                else:
+                    values[f.name] = ConstantVariable(None)
+        items = {n: values[n] for n in names
+                 if not (isinstance(values[n], ConstantVariable) and values[n].value is None)}
+        return cls(klass, items)
+
+    def var_getattr(self, tx, name):
+        if name in self.items:
+            return self.items[name]
+        if name in self.fields:
+            return ConstantVariable(None)
+        return super().var_getattr(tx, name)
+
+    def getitem(self, tx, key):
+        k = key.as_python_constant()
+        if isinstance(k, (int, slice)):
+            values = list(self.items.values())
+            return TupleVariable(values[k]) if isinstance(k, slice) else values[k]
+        return super().getitem(tx, key)
+
+    def call_method(self, tx, name, args, kwargs):
+        if name == "to_tuple":
+            return TupleVariable(list(self.items.values()))
+        if name == "__getitem__":
+            return self.getitem(tx, args[0])
+        if name in ("__setitem__",):
+            super().call_method(tx, name, args, kwargs)
+            return ConstantVariable(None)
+        return super().call_method(tx, name, args, kwargs)
+
+    def set_attr(self, tx, name, value):
+        if name in self.fields:
+            if not (isinstance(value, ConstantVariable) and value.value is None):
+                self.items[name] = value
+            else:
+                self.items.pop(name, None)
+            return
+        raise Unsupported(f"setting non-field attribute {name} on {self.user_cls.__name__}")
+
+    def unpack(self, tx):
+        return [ConstantVariable(k) for k in self.items]
+
+    def build_expr(self, cg):
+        body = ", ".join(f"{k}={cg.reconstruct(v)}" for k, v in self.items.items())
+        return f"{cg.const_expr(self.user_cls)}({body})"
+
+
+def is_enum_member(v) -> bool:
+    return isinstance(v, enum.Enum)
+
+
+def signature_of(cls):
+    try:
+        return inspect.signature(cls)
+    except (TypeError, ValueError):
+        return None

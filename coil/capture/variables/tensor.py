@@ -1,0 +1,265 @@
+"""Tensor trackers: every operation on a tensor becomes an FX node.
+
+A :class:`TensorVariable` holds an ``fx.Node`` and the FakeTensor that running the
+node on fake inputs produced (shape, dtype, strides, device, requires_grad: all
+static in this version). :func:`call_op` is the single place where a torch call
+enters the graph: it maps trackers to node arguments and to fake values, runs the
+op under the output graph's ``FakeTensorMode``, and wraps what comes back:
+
+- tensors become TensorVariables;
+- tuples/lists of tensors become containers of ``getitem`` nodes;
+- anything else (ints, bools, ``torch.Size``) is a compile-time constant and the
+  node is removed again (static shapes: ``x.size(0)`` is a Python int).
+
+Data-dependent results (``.item()``, ``nonzero``) raise Unsupported: a graph break.
+"""
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import torch
+from torch._subclasses.fake_tensor import (DataDependentOutputException,
+                                           DynamicOutputShapeException, FakeTensor)
+
+from coil.exc import Unsupported
+from coil.capture.variables.base import ConstantVariable, VariableTracker
+from coil.capture.variables.containers import (DictVariable, ListVariable,
+                                               NamedTupleVariable, SliceVariable,
+                                               TupleVariable)
+
+
+class UserCodeError(Exception):
+    """An op raised on fake tensors: eager would raise too. The frame falls back to
+    eager, which raises the real error with its own type and message."""
+
+
+def _map(v, fn):
+    """Map trackers inside ``v`` (trackers, lists, tuples, dicts) with ``fn``."""
+    if isinstance(v, VariableTracker):
+        return fn(v)
+    if isinstance(v, (list, tuple)):
+        return type(v)(_map(x, fn) for x in v)
+    if isinstance(v, dict):
+        return {k: _map(x, fn) for k, x in v.items()}
+    return v
+
+
+def to_node_arg(v: VariableTracker):
+    if isinstance(v, TensorVariable):
+        return v.node
+    if isinstance(v, ListVariable):
+        return [to_node_arg(i) for i in v.items]
+    if isinstance(v, TupleVariable) and not isinstance(v, NamedTupleVariable):
+        return tuple(to_node_arg(i) for i in v.items)
+    if isinstance(v, SliceVariable):
+        return slice(*[to_node_arg(p) for p in v.parts])
+    if isinstance(v, DictVariable):
+        return {k: to_node_arg(x) for k, x in v.items.items()}
+    from coil.capture.variables.objects import NNModuleVariable
+
+    if isinstance(v, NNModuleVariable):
+        raise Unsupported("passing an nn.Module to a torch function")
+    c = v.as_python_constant()
+    if isinstance(c, torch.Size):
+        return tuple(c)
+    return c
+
+
+def to_fake(v: VariableTracker):
+    if isinstance(v, TensorVariable):
+        return v.fake
+    if isinstance(v, (TupleVariable, ListVariable)) and not isinstance(v, NamedTupleVariable):
+        return (list if isinstance(v, ListVariable) else tuple)(to_fake(i) for i in v.items)
+    if isinstance(v, SliceVariable):
+        return slice(*[to_fake(p) for p in v.parts])
+    if isinstance(v, DictVariable):
+        return {k: to_fake(x) for k, x in v.items.items()}
+    return v.as_python_constant()
+
+
+def contains_tensor(v) -> bool:
+    if isinstance(v, TensorVariable):
+        return True
+    if isinstance(v, (list, tuple)):
+        return any(contains_tensor(x) for x in v)
+    if isinstance(v, dict):
+        return any(contains_tensor(x) for x in v.values())
+    if isinstance(v, (TupleVariable, ListVariable)):
+        return any(contains_tensor(x) for x in v.items)
+    if isinstance(v, DictVariable):
+        return any(contains_tensor(x) for x in v.items.values())
+    if isinstance(v, SliceVariable):
+        return any(contains_tensor(x) for x in v.parts)
+    return False
+
+
+def call_op(tx, kind: str, target, args: list, kwargs: dict) -> VariableTracker:
+    """Add ``target(*args, **kwargs)`` to the graph and run it on fake tensors."""
+    out = tx.output
+    node_args = tuple(_map(a, to_node_arg) for a in args)
+    node_kwargs = {k: _map(v, to_node_arg) for k, v in kwargs.items()}
+    fake_args = [_map(a, to_fake) for a in args]
+    fake_kwargs = {k: _map(v, to_fake) for k, v in kwargs.items()}
+    node = out.graph.create_node(kind, target, node_args, node_kwargs)
+    node.meta["stack"] = tx.user_stack_summary()
+    try:
+        with out.fake_mode:
+            if kind == "call_method":
+                result = getattr(fake_args[0], target)(*fake_args[1:], **fake_kwargs)
+            else:
+                result = target(*fake_args, **fake_kwargs)
+    except (DataDependentOutputException, DynamicOutputShapeException) as e:
+        out.graph.erase_node(node)
+        raise Unsupported(f"data-dependent operation {_name(target)} ({type(e).__name__})",
+                          hint="the value depends on tensor data; it runs outside the graph")
+    except Unsupported:
+        out.graph.erase_node(node)
+        raise
+    except NotImplementedError as e:
+        out.graph.erase_node(node)
+        raise Unsupported(f"{_name(target)} cannot run on fake tensors: {e}")
+    except Exception as e:  # noqa: BLE001 - eager would raise the same
+        out.graph.erase_node(node)
+        if "data-dependent" in str(e) or "DataDependent" in type(e).__name__:
+            raise Unsupported(f"data-dependent operation {_name(target)}")
+        raise UserCodeError(f"{type(e).__name__}: {e}") from e
+    return wrap_result(tx, node, result)
+
+
+def _name(target) -> str:
+    return target if isinstance(target, str) else getattr(target, "__name__", str(target))
+
+
+def wrap_result(tx, node, result) -> VariableTracker:
+    out = tx.output
+    if isinstance(result, torch.Tensor):
+        if not isinstance(result, FakeTensor):
+            # a real tensor (e.g. returned from a constant) is lifted as a constant input
+            out.graph.erase_node(node)
+            return out.lift_constant_tensor(tx, result)
+        node.meta["example_value"] = result
+        return TensorVariable(node, result)
+    if isinstance(result, (tuple, list)) and any(isinstance(r, torch.Tensor) for r in result):
+        node.meta["example_value"] = result
+        items = []
+        for i, r in enumerate(result):
+            if isinstance(r, torch.Tensor):
+                sub = out.graph.create_node("call_function", operator.getitem, (node, i), {})
+                sub.meta["example_value"] = r
+                items.append(TensorVariable(sub, r))
+            else:
+                items.append(ConstantVariable(r))
+        if hasattr(type(result), "_fields"):
+            return NamedTupleVariable(items, type(result))
+        return ListVariable(items) if isinstance(result, list) else TupleVariable(items)
+    if len(node.users) == 0:
+        out.graph.erase_node(node)
+    if isinstance(result, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        raise Unsupported("symbolic size")
+    from coil.capture.variables.builder import wrap_constant_result
+
+    return wrap_constant_result(tx, result)
+
+
+#: Tensor methods/attributes whose value is static metadata (read from the fake tensor).
+_META_METHODS = {"size", "dim", "ndimension", "numel", "nelement", "element_size", "stride",
+                 "is_contiguous", "is_floating_point", "is_complex", "get_device",
+                 "storage_offset", "is_inference", "is_signed", "has_names"}
+_META_ATTRS = {"shape", "dtype", "device", "ndim", "requires_grad", "is_leaf", "layout",
+               "is_cuda", "is_cpu", "is_sparse", "is_quantized", "is_meta", "is_mkldnn",
+               "is_nested", "itemsize", "nbytes", "names", "is_mps", "is_xpu"}
+_TENSOR_ATTRS = {"T", "mT", "H", "mH", "real", "imag"}
+_BREAK_METHODS = {"item": "Tensor.item() reads tensor data",
+                  "tolist": "Tensor.tolist() reads tensor data",
+                  "numpy": "Tensor.numpy() leaves torch",
+                  "__bool__": "bool() of a tensor depends on its data",
+                  "data_ptr": "Tensor.data_ptr()", "backward": "Tensor.backward() inside the frame",
+                  "register_hook": "Tensor.register_hook", "__array__": "numpy conversion",
+                  "untyped_storage": "storage access", "storage": "storage access",
+                  "__index__": "tensor used as a Python index", "__int__": "int() of a tensor",
+                  "__float__": "float() of a tensor"}
+
+
+class TensorVariable(VariableTracker):
+    """A tensor in the graph: ``node`` (fx.Node) and ``fake`` (its FakeTensor)."""
+
+    def __init__(self, node, fake, source=None, cls=torch.Tensor):
+        super().__init__(source)
+        self.node = node
+        self.fake = fake
+        self.cls = cls
+
+    def python_type(self):
+        return self.cls
+
+    def truthy(self, tx):
+        raise Unsupported("bool() of a tensor depends on its data",
+                          hint="data-dependent control flow runs outside the graph")
+
+    def has_len(self):
+        return True
+
+    def unpack(self, tx):
+        if self.fake.dim() == 0:
+            raise Unsupported("iteration over a 0-d tensor (raised by user code)")
+        return [call_op(tx, "call_function", operator.getitem, [self, ConstantVariable(i)], {})
+                for i in range(self.fake.shape[0])]
+
+    def var_getattr(self, tx, name):
+        from coil.capture.variables.functions import BoundMethodVariable
+
+        if name in _META_ATTRS:
+            v = getattr(self.fake, name)
+            return ConstantVariable(v)
+        if name in _TENSOR_ATTRS:
+            return call_op(tx, "call_function", getattr, [self, ConstantVariable(name)], {})
+        if name == "data":
+            return call_op(tx, "call_method", "detach", [self], {})
+        if name == "grad":
+            raise Unsupported("Tensor.grad inside a compiled frame")
+        if name == "__class__":
+            from coil.capture.variables.builder import wrap_constant_result
+
+            return wrap_constant_result(tx, self.cls)
+        if name in ("grad_fn", "_base", "_version"):
+            raise Unsupported(f"Tensor.{name} inside a compiled frame")
+        if hasattr(torch.Tensor, name) and callable(getattr(torch.Tensor, name)):
+            return BoundMethodVariable(self, name)
+        if not hasattr(torch.Tensor, name):
+            from coil.capture.variables.objects import AttributeMissing
+
+            raise AttributeMissing(name)
+        raise Unsupported(f"Tensor attribute {name}")
+
+    def call_method(self, tx, name, args, kwargs):
+        if name in _BREAK_METHODS:
+            raise Unsupported(_BREAK_METHODS[name], hint="it runs outside the graph")
+        if name in _META_METHODS:
+            fargs = [to_fake(a) for a in args]
+            fkw = {k: to_fake(v) for k, v in kwargs.items()}
+            return ConstantVariable(getattr(self.fake, name)(*fargs, **fkw))
+        if name == "type" and not args and not kwargs:
+            return ConstantVariable(self.fake.type().replace("Fake", ""))
+        if name == "__len__":
+            if self.fake.dim() == 0:
+                raise UserCodeError("TypeError: len() of a 0-d tensor")
+            return ConstantVariable(self.fake.shape[0])
+        if name == "__getitem__":
+            return call_op(tx, "call_function", operator.getitem, [self, args[0]], {})
+        if name == "__setitem__":
+            call_op(tx, "call_function", operator.setitem, [self, args[0], args[1]], {})
+            return ConstantVariable(None)
+        if name == "__contains__":
+            raise Unsupported("`in` on a tensor depends on its data")
+        if name in ("requires_grad_",) and self.source is None:
+            return call_op(tx, "call_method", name, [self] + list(args), kwargs)
+        if name == "new_tensor" or name == "tolist":
+            raise Unsupported(f"Tensor.{name}")
+        return call_op(tx, "call_method", name, [self] + list(args), kwargs)
+
+    def reconstruct(self, cg):
+        return cg.graph_output(self)
+
+    def __repr__(self):
+        return f"TensorVariable({self.node.name}, {tuple(self.fake.shape)}, {self.fake.dtype})"

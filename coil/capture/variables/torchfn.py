@@ -1,0 +1,280 @@
+"""Trackers for torch functions and torch's global-state context managers.
+
+- :class:`TorchFunctionVariable`: ``torch.*``, ``torch.nn.functional.*``,
+  ``torch.Tensor.*`` and friends. A call becomes an FX node (``call_op``) except for
+  a short table of functions answered at compile time (``torch.is_grad_enabled``,
+  ``torch.compiler.is_compiling``...) and a deny list that changes global state
+  (``torch.manual_seed``...), which is a graph break.
+- :class:`GradModeVariable`: ``torch.no_grad()``, ``torch.enable_grad()``,
+  ``torch.set_grad_enabled(b)``, ``torch.inference_mode()`` (captured as no_grad).
+  Entering emits ``torch._C._set_grad_enabled(mode)`` into the graph and switches the
+  compiler's own grad mode so fake tensors get eager's ``requires_grad``.
+- :class:`AutocastVariable`: ``torch.autocast(...)`` emits the enter/exit calls of
+  ``torch.amp.autocast_mode`` into the graph.
+"""
+from __future__ import annotations
+
+import torch
+
+from coil.exc import Unsupported
+from coil.capture.variables.base import ConstantVariable, VariableTracker
+from coil.capture.variables.tensor import call_op
+
+_COMPILE_TIME = {}
+
+
+def _register_compile_time():
+    c = _COMPILE_TIME
+    c[torch.is_grad_enabled] = lambda tx: torch.is_grad_enabled()
+    c[torch.get_default_dtype] = lambda tx: torch.get_default_dtype()
+    c[torch.jit.is_scripting] = lambda tx: False
+    c[torch.jit.is_tracing] = lambda tx: False
+    c[torch._C._get_tracing_state] = lambda tx: None
+    c[torch.is_inference_mode_enabled] = lambda tx: torch.is_inference_mode_enabled()
+    if hasattr(torch, "compiler"):
+        c[torch.compiler.is_compiling] = lambda tx: True
+        if hasattr(torch.compiler, "is_dynamo_compiling"):
+            c[torch.compiler.is_dynamo_compiling] = lambda tx: True
+        if hasattr(torch.compiler, "is_exporting"):
+            c[torch.compiler.is_exporting] = lambda tx: False
+    c[torch.is_autocast_enabled] = None  # handled with arguments below
+    c[torch.cuda.is_available] = lambda tx: torch.cuda.is_available()
+
+
+_register_compile_time()
+
+_DENY = {torch.manual_seed, torch.seed, torch.set_rng_state, torch.get_rng_state,
+         torch.set_default_dtype, torch.use_deterministic_algorithms, torch.set_printoptions,
+         torch.save, torch.load, torch.set_num_threads, torch.autograd.grad,
+         torch.autograd.backward}
+
+
+def is_torch_function(value) -> bool:
+    """Callables that should become graph nodes rather than be inlined."""
+    if isinstance(value, type):
+        return False
+    mod = getattr(value, "__module__", None) or ""
+    if mod.startswith(("torch.nn.modules", "torch.utils", "torch._dynamo", "torch.fx",
+                       "torch.autograd.function", "torch.nn.utils", "torch.optim",
+                       "torch.distributed", "torch.compiler", "torch._tensor", "torch.testing",
+                       "torch.backends", "torch.overrides", "torch.amp", "torch.cuda")):
+        return value in _COMPILE_TIME
+    if mod.startswith("torch") or mod == "torch._C._nn" or mod == "torch._C._linalg":
+        return True
+    name = getattr(value, "__name__", None)
+    if name and getattr(torch.Tensor, name, None) is value:
+        return True
+    # builtins defined by torch's C extension (torch._C._VariableFunctions...)
+    if type(value).__name__ == "builtin_function_or_method":
+        self_mod = getattr(getattr(value, "__self__", None), "__name__", "") or ""
+        if str(self_mod).startswith("torch"):
+            return True
+    return False
+
+
+class TorchFunctionVariable(VariableTracker):
+    """A torch function: calls become graph nodes (see module docstring)."""
+
+    def __init__(self, fn, source=None):
+        super().__init__(source)
+        self.fn = fn
+
+    def python_type(self):
+        return type(self.fn)
+
+    def as_python_constant(self):
+        return self.fn
+
+    def call_function(self, tx, args, kwargs):
+        fn = self.fn
+        if fn in _DENY:
+            raise Unsupported(f"call to {fn.__module__}.{fn.__name__} changes global state",
+                              hint="call it outside the compiled function")
+        if fn is torch.is_autocast_enabled:
+            return ConstantVariable(fn(*[a.as_python_constant() for a in args]))
+        if fn in _COMPILE_TIME:
+            return ConstantVariable(_COMPILE_TIME[fn](tx))
+        if fn is torch.set_grad_enabled:
+            mode = args[0].as_python_constant()
+            ctx = GradModeVariable(mode)
+            ctx.enter(tx)  # set_grad_enabled acts immediately when called as a function
+            ctx.called_as_function = True
+            return ctx
+        if fn is torch.is_tensor:
+            from coil.capture.variables.tensor import TensorVariable
+
+            return ConstantVariable(isinstance(args[0], TensorVariable))
+        name = getattr(fn, "__name__", None)
+        if name and getattr(torch.Tensor, name, None) is fn:
+            return call_op(tx, "call_method", name, list(args), kwargs)
+        return call_op(tx, "call_function", fn, list(args), kwargs)
+
+    def var_getattr(self, tx, name):
+        if name in ("__name__", "__qualname__", "__module__"):
+            return ConstantVariable(getattr(self.fn, name))
+        raise Unsupported(f"attribute {name} of {self.fn}")
+
+    def reconstruct(self, cg):
+        return cg.const_expr(self.fn)
+
+    def __repr__(self):
+        return f"TorchFunctionVariable({getattr(self.fn, '__name__', self.fn)})"
+
+
+class ContextManagerVariable(VariableTracker):
+    """Base of the context managers capture understands."""
+
+    def enter(self, tx):
+        raise NotImplementedError
+
+    def exit(self, tx):
+        raise NotImplementedError
+
+    def var_getattr(self, tx, name):
+        from coil.capture.variables.functions import BoundMethodVariable
+
+        if name in ("__enter__", "__exit__", "clone"):
+            return BoundMethodVariable(self, name)
+        raise Unsupported(f"attribute {name} of {type(self).__name__}")
+
+    def call_method(self, tx, name, args, kwargs):
+        if name == "__enter__":
+            return self.enter(tx)
+        if name == "__exit__":
+            self.exit(tx)
+            return ConstantVariable(None)
+        if name == "clone":
+            return type(self)(*self.ctor_args())
+        raise Unsupported(f"{type(self).__name__}.{name}")
+
+    def call_function(self, tx, args, kwargs):
+        # used as a decorator: ``@torch.no_grad()``
+        from coil.capture.variables.functions import BaseFunctionVariable
+
+        if len(args) == 1 and isinstance(args[0], BaseFunctionVariable):
+            return DecoratedFunctionVariable(self, args[0])
+        raise Unsupported(f"call to {type(self).__name__}")
+
+
+class GradModeVariable(ContextManagerVariable):
+    """``torch.no_grad()`` / ``enable_grad()`` / ``set_grad_enabled(b)`` /
+    ``inference_mode()`` (captured with no_grad semantics)."""
+
+    def __init__(self, mode: bool, kind: str = "set_grad_enabled"):
+        super().__init__(None)
+        self.mode = mode
+        self.kind = kind
+        self.prev = None
+        self.called_as_function = False
+
+    def ctor_args(self):
+        return (self.mode, self.kind)
+
+    def python_type(self):
+        return {"no_grad": torch.no_grad, "enable_grad": torch.enable_grad,
+                "inference_mode": torch.inference_mode}.get(self.kind, torch.set_grad_enabled)
+
+    def enter(self, tx):
+        if self.called_as_function and self.prev is not None:
+            return ConstantVariable(None)
+        self.prev = torch.is_grad_enabled()
+        tx.output.set_grad_mode(tx, self.mode)
+        return ConstantVariable(None)
+
+    def exit(self, tx):
+        tx.output.set_grad_mode(tx, self.prev)
+
+    def reconstruct(self, cg):
+        if self.kind == "no_grad":
+            return f"{cg.const_expr(torch.no_grad)}()"
+        if self.kind == "enable_grad":
+            return f"{cg.const_expr(torch.enable_grad)}()"
+        if self.kind == "inference_mode":
+            return f"{cg.const_expr(torch.inference_mode)}({self.mode!r})"
+        return f"{cg.const_expr(torch.set_grad_enabled)}({self.mode!r})"
+
+
+class AutocastVariable(ContextManagerVariable):
+    """``torch.autocast(device_type, dtype=None, enabled=True, cache_enabled=None)``."""
+
+    def __init__(self, args: tuple):
+        super().__init__(None)
+        self.args = args
+        self.handle = None
+
+    def ctor_args(self):
+        return (self.args,)
+
+    def python_type(self):
+        return torch.autocast
+
+    def enter(self, tx):
+        from torch.amp.autocast_mode import _enter_autocast
+
+        device_type, dtype, enabled, cache = self.args
+        self.handle = tx.output.graph.create_node(
+            "call_function", _enter_autocast, (device_type, dtype, enabled, cache), {})
+        self.real = torch.autocast(device_type, dtype=dtype, enabled=enabled, cache_enabled=cache)
+        self.real.__enter__()
+        tx.output.open_contexts.append(self)
+        return ConstantVariable(None)
+
+    def exit(self, tx):
+        from torch.amp.autocast_mode import _exit_autocast
+
+        tx.output.graph.create_node("call_function", _exit_autocast, (self.handle,), {})
+        self.real.__exit__(None, None, None)
+        tx.output.open_contexts.remove(self)
+
+    def reconstruct(self, cg):
+        raise Unsupported("graph break inside torch.autocast")
+
+
+class DecoratedFunctionVariable(VariableTracker):
+    """``ctx(fn)``: calling it runs ``fn`` inside the context manager."""
+
+    def __init__(self, ctx, fn):
+        super().__init__(None)
+        self.ctx = ctx
+        self.fn = fn
+
+    def call_function(self, tx, args, kwargs):
+        ctx = type(self.ctx)(*self.ctx.ctor_args())
+        ctx.enter(tx)
+        try:
+            return tx.call(self.fn, args, kwargs)
+        finally:
+            ctx.exit(tx)
+
+
+def make_context(tx, cls, args, kwargs):
+    """Construct a supported context manager from its class, or None."""
+    c = [a.as_python_constant() for a in args]
+    kw = {k: v.as_python_constant() for k, v in kwargs.items()}
+    if cls is torch.no_grad:
+        return GradModeVariable(False, "no_grad")
+    if cls is torch.enable_grad:
+        return GradModeVariable(True, "enable_grad")
+    if cls is torch.inference_mode:
+        mode = c[0] if c else kw.get("mode", True)
+        return GradModeVariable(not mode, "inference_mode")
+    if cls is torch.set_grad_enabled:
+        v = GradModeVariable(c[0] if c else kw["mode"])
+        v.enter(tx)
+        v.called_as_function = True
+        return v
+    if cls in (torch.autocast, getattr(torch.amp, "autocast", None)):
+        device_type = c[0] if c else kw["device_type"]
+        dtype = kw.get("dtype", c[1] if len(c) > 1 else None)
+        if dtype is None:
+            dtype = torch.get_autocast_dtype(device_type)
+        enabled = kw.get("enabled", c[2] if len(c) > 2 else True)
+        cache = kw.get("cache_enabled", c[3] if len(c) > 3 else None)
+        if cache is None:
+            cache = torch.is_autocast_cache_enabled()
+        return AutocastVariable((device_type, dtype, enabled, cache))
+    return None
+
+
+CONTEXT_CLASSES = (torch.no_grad, torch.enable_grad, torch.inference_mode, torch.set_grad_enabled,
+                   torch.autocast)

@@ -30,6 +30,28 @@ def _placeholder_fakes(gm: torch.fx.GraphModule) -> list:
     return [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
 
 
+def _symbolic_placeholder_values(gm: torch.fx.GraphModule) -> Optional[list]:
+    """The capture's fake placeholder values (``meta["example_value"]`` or
+    ``meta["val"]``) when some are symbolic (dynamic shapes), else None.
+
+    Tracing with them keeps sizes symbolic; tracing with the real example inputs
+    would specialize the graphs to the first call's sizes.
+    """
+    vals = []
+    symbolic = False
+    for n in gm.graph.nodes:
+        if n.op != "placeholder":
+            continue
+        v = n.meta.get("example_value", n.meta.get("val"))
+        if isinstance(v, torch.SymInt) or (
+                isinstance(v, torch.Tensor) and any(isinstance(d, torch.SymInt) for d in v.shape)):
+            symbolic = True
+        elif not isinstance(v, (torch.Tensor, int, float, bool)):
+            return None
+        vals.append(v)
+    return vals if symbolic else None
+
+
 def _graph_text(gm: torch.fx.GraphModule, header: str) -> Callable[[], str]:
     return lambda: f"# {header}\n" + gm.print_readable(print_output=False)
 
@@ -77,6 +99,11 @@ def aot_compile(gm: Callable, example_inputs: list, fw_compiler: Callable,
                 return torch.func.functional_call(gm, dict(zip(names, args[:n_lift])),
                                                   tuple(args[n_lift:]), tie_weights=False, strict=True)
             example_inputs = lifted + list(example_inputs)
+
+    if not lifted and isinstance(gm, torch.fx.GraphModule):
+        symbolic = _symbolic_placeholder_values(gm)
+        if symbolic is not None:
+            example_inputs = symbolic
 
     t0 = time.perf_counter()
     with trace.stage("aot"):

@@ -262,9 +262,21 @@ def _cleanup(graph: torch.fx.Graph) -> None:
             graph.erase_node(node)
 
 
+def _is_symbolic(args) -> bool:
+    for a in pytree.tree_leaves(args):
+        if isinstance(a, torch.SymInt):
+            return True
+        if isinstance(a, torch.Tensor) and any(isinstance(d, torch.SymInt) for d in a.shape):
+            return True
+    return False
+
+
 def _make_fx(fn: Callable, args: list, decompositions: dict, fake_mode: FakeTensorMode):
+    # symbolic sizes are traced as sym_size nodes only in "symbolic" mode (which
+    # reuses the inputs' fake mode and ShapeEnv); static inputs trace in "real" mode
+    mode = "symbolic" if _is_symbolic(args) else "real"
     with fake_mode:
-        return make_fx(fn, decomposition_table=decompositions)(*args)
+        return make_fx(fn, decomposition_table=decompositions, tracing_mode=mode)(*args)
 
 
 def trace_inference(fn: Callable, fake_args: list, info: ProgramInfo, decompositions: dict,

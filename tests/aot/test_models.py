@@ -107,15 +107,19 @@ def test_small_gpt_training():
     check_module(model, idx, torch.randint(0, 50, (2, 12)), loss_fn=lambda loss: loss, steps=2)
 
 
+LAYERS = [1, pytest.param(2, marks=pytest.mark.slow)]
+
+
 def _hf(name):
     transformers = pytest.importorskip("transformers")
     return transformers
 
 
-def test_hf_gpt2_training():
+@pytest.mark.parametrize("layers", LAYERS)
+def test_hf_gpt2_training(layers):
     tf = _hf("gpt2")
     torch.manual_seed(0)
-    cfg = tf.GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=64, n_positions=32,
+    cfg = tf.GPT2Config(n_layer=layers, n_head=2, n_embd=32, vocab_size=64, n_positions=32,
                         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
     model = tf.GPT2LMHeadModel(cfg)
     ids = torch.randint(0, 64, (2, 10))
@@ -123,10 +127,11 @@ def test_hf_gpt2_training():
                  rtol=1e-4, atol=1e-5)
 
 
-def test_hf_bert_training():
+@pytest.mark.parametrize("layers", LAYERS)
+def test_hf_bert_training(layers):
     tf = _hf("bert")
     torch.manual_seed(0)
-    cfg = tf.BertConfig(num_hidden_layers=2, num_attention_heads=2, hidden_size=32,
+    cfg = tf.BertConfig(num_hidden_layers=layers, num_attention_heads=2, hidden_size=32,
                         intermediate_size=64, vocab_size=64, max_position_embeddings=32,
                         hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     model = tf.BertModel(cfg)
@@ -135,10 +140,11 @@ def test_hf_bert_training():
                  rtol=1e-4, atol=1e-5)
 
 
-def test_hf_llama_training():
+@pytest.mark.parametrize("layers", LAYERS)
+def test_hf_llama_training(layers):
     tf = _hf("llama")
     torch.manual_seed(0)
-    cfg = tf.LlamaConfig(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+    cfg = tf.LlamaConfig(num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
                          hidden_size=32, intermediate_size=64, vocab_size=64,
                          max_position_embeddings=32)
     model = tf.LlamaForCausalLM(cfg)

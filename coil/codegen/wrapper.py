@@ -27,6 +27,16 @@ def reinterpret(t: torch.Tensor, size, stride, offset: int) -> torch.Tensor:
     return t.as_strided(size, stride, t.storage_offset() + offset)
 
 
+def ensure_layout(t: torch.Tensor, size, stride) -> torch.Tensor:
+    """``t`` if its strides are ``stride`` (ignoring size-1 dims), else a copy that has
+    them: extern kernels may pick another output layout than fake tensors predicted."""
+    if all(a == b or n == 1 for a, b, n in zip(t.stride(), stride, size)):
+        return t
+    out = torch.empty_strided(size, stride, dtype=t.dtype, device=t.device)
+    out.copy_(t)
+    return out
+
+
 def _tuple(xs) -> str:
     items = [pyexpr(x) if not isinstance(x, int) else str(x) for x in xs]
     return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
@@ -38,7 +48,8 @@ class WrapperCodegen:
     def __init__(self, graph, steps: list, kernels: dict):
         self.graph, self.steps, self.kernels = graph, steps, kernels
         self.globals: dict[str, Any] = {"torch": torch, "empty_strided": torch.empty_strided,
-                                        "reinterpret": reinterpret}
+                                        "reinterpret": reinterpret,
+                                        "ensure_layout": ensure_layout}
         self.lines: list[str] = []
         self._extern_ids: dict[Any, str] = {}
 
@@ -133,8 +144,13 @@ class WrapperCodegen:
                     args = [self._arg(a) for a in b.args]
                     args += [f"{k_}={self._arg(v)}" for k_, v in b.kwargs.items()]
                     L.append(f"    {b.name} = {op}({', '.join(args)})  # {b.op}")
+                    if b.layout is not None:
+                        L.append(f"    {b.name} = ensure_layout({b.name}, {_tuple(b.layout.size)}, "
+                                 f"{_tuple(b.layout.stride)})")
                 elif isinstance(b, MultiOutput):
-                    L.append(f"    {b.name} = {b.parent.name}{''.join(f'[{i}]' for i in b.path)}")
+                    L.append(f"    {b.name} = ensure_layout({b.parent.name}"
+                             f"{''.join(f'[{i}]' for i in b.path)}, {_tuple(b.layout.size)}, "
+                             f"{_tuple(b.layout.stride)})")
                 ours.add(b.name)
             for n in dict.fromkeys(reads[i]):
                 if last_use.get(n) == i and n in ours and n not in out_names:

@@ -182,20 +182,35 @@ class GraphLowering(torch.fx.Interpreter):
         if nops > MAX_BODY_OPS or (users > 1 and (nreads > config.max_inline_reads or nops > MAX_INLINE_OPS)):
             sb.realize()
 
-    def realize_input(self, x: TensorBox):
-        """A realized buffer or strided view to hand to an extern kernel."""
+    def realize_input(self, x: TensorBox, meta=None):
+        """A realized buffer or strided view to hand to an extern kernel. A value that
+        must be materialized gets the strides eager had (``meta``), since extern ops
+        choose their output layout from their inputs' strides."""
+        stride = None
+        if isinstance(meta, torch.Tensor) and _dense_non_overlapping(meta) and \
+                list(meta.shape) == [int(s) for s in x.get_size()]:
+            stride = [as_expr(s) for s in meta.stride()]
         d = x.data
         if isinstance(d, ReinterpretView):
             return d
         if isinstance(d, StorageBox):
-            return d.realize()
+            return d.realize(stride)
         box = TensorBox.create(Pointwise(x.get_device(), x.get_dtype(), x.make_loader(), x.get_size()))
-        return box.data.realize()
+        return box.data.realize(stride)
 
     def make_extern(self, target, args, kwargs):
-        conv = lambda a: self.realize_input(a) if isinstance(a, TensorBox) else a
-        args = torch.fx.node.map_aggregate(args, conv)
-        kwargs = torch.fx.node.map_aggregate(kwargs, conv)
+        def conv(a, fa):
+            if isinstance(a, TensorBox):
+                meta = fa.meta.get("val") if isinstance(fa, torch.fx.Node) else None
+                return self.realize_input(a, meta)
+            if isinstance(a, (list, tuple)):
+                fas = fa if isinstance(fa, (list, tuple)) and len(fa) == len(a) else [None] * len(a)
+                return type(a)(conv(x, f) for x, f in zip(a, fas))
+            return a
+
+        n = self.current_node
+        args = conv(tuple(args), tuple(n.args))
+        kwargs = {k: conv(v, n.kwargs.get(k)) for k, v in kwargs.items()}
         meta = self.current_node.meta.get("val")
         name = self.new_buffer_name()
         if isinstance(meta, torch.Tensor):

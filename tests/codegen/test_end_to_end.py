@@ -99,3 +99,14 @@ def test_extern_fallback_sort_and_bmm():
         return torch.bmm(x, y).relu(), torch.sort(x, -1)[0] + 1
     c = check(f, r(2, 3, 4), r(2, 4, 3), atol=1e-5)
     assert "aten.bmm.default" in c.fallbacks and "aten.sort.default" in c.fallbacks
+
+
+def test_extern_input_keeps_eager_strides():
+    """Regression: SDPA picks its output layout from the query's strides; a
+    materialized permuted query must keep eager's strides (and the wrapper re-checks
+    extern output strides)."""
+    def f(x):
+        q = (x * 2).transpose(1, 2)
+        o = F.scaled_dot_product_attention(q, q, q, is_causal=True)
+        return o.transpose(1, 2).reshape(2, 16, 64) + 1
+    check(f, r(2, 16, 4, 16), atol=1e-5)

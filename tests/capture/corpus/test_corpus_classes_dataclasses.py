@@ -1,6 +1,9 @@
 """Corpus: plain user classes (attributes, methods, properties, class/static methods,
 inheritance, super(), __call__), dataclasses, objects created inside and returned,
-attribute writes on objects passed in (side effects)."""
+attribute writes on objects passed in (side effects).
+
+PYTEST_DONT_REWRITE: the corpus programs must stay plain Python (no assertion rewriting).
+"""
 import dataclasses
 from typing import Optional
 

@@ -1,5 +1,8 @@
 """Corpus: nested functions, closures and cells (read and write), lambdas, default
-arguments, keyword-only arguments, functools.partial, decorators, recursion."""
+arguments, keyword-only arguments, functools.partial, decorators, recursion.
+
+PYTEST_DONT_REWRITE: the corpus programs must stay plain Python (no assertion rewriting).
+"""
 import functools
 
 import pytest

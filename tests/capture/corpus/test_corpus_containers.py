@@ -1,5 +1,8 @@
 """Corpus: tuples, lists, dicts, sets, namedtuples; building, indexing, slicing, mutation
-(of locals and of inputs), comprehensions, unpacking, *args and **kwargs."""
+(of locals and of inputs), comprehensions, unpacking, *args and **kwargs.
+
+PYTEST_DONT_REWRITE: the corpus programs must stay plain Python (no assertion rewriting).
+"""
 import collections
 
 import pytest

@@ -1,5 +1,8 @@
 """Corpus: grad mode, autocast and inference mode entered and left inside the frame,
-user context managers, `with` blocks around traceable code."""
+user context managers, `with` blocks around traceable code.
+
+PYTEST_DONT_REWRITE: the corpus programs must stay plain Python (no assertion rewriting).
+"""
 import contextlib
 
 import pytest

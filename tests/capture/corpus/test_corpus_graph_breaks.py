@@ -4,6 +4,8 @@ print, logging, data-dependent control flow, .item(), .tolist(), .numpy(), calls
 C functions and libraries not known to be safe, generators that escape, frame
 inspection; breaks inside called functions, loops, with-blocks and try-blocks;
 several breaks in one frame; side effects on both sides of a break.
+
+PYTEST_DONT_REWRITE: the corpus programs must stay plain Python (no assertion rewriting).
 """
 import copy
 import inspect

@@ -4,6 +4,8 @@ number of graphs says whether a recompile happened.
 
 A step is ``lambda original: args``: it may change the world first (a global, a
 closure cell, the module's training flag, a parameter) and returns the call's inputs.
+
+PYTEST_DONT_REWRITE: the corpus programs must stay plain Python (no assertion rewriting).
 """
 import dataclasses
 import enum

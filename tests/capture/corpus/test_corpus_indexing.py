@@ -1,4 +1,7 @@
-"""Corpus: tensor indexing and setitem (slices, ellipsis, None, ints, bool and tensor indices)."""
+"""Corpus: tensor indexing and setitem (slices, ellipsis, None, ints, bool and tensor indices).
+
+PYTEST_DONT_REWRITE: the corpus programs must stay plain Python (no assertion rewriting).
+"""
 import pytest
 import torch
 

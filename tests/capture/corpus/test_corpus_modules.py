@@ -4,6 +4,8 @@ self.training branches, hooks registered before compile, attribute writes, backw
 Each row's ``fn`` is a zero-argument factory (``module=True``) so eager and compiled
 each get their own identically initialised module; the module's state (parameters,
 buffers such as BatchNorm running stats, plain attributes) is compared after the call.
+
+PYTEST_DONT_REWRITE: the corpus programs must stay plain Python (no assertion rewriting).
 """
 import pytest
 import torch

@@ -1,5 +1,8 @@
 """Corpus: Python constants, operators, builtins, math/operator modules, enums, globals,
-try/except/finally and assert around traceable code."""
+try/except/finally and assert around traceable code.
+
+PYTEST_DONT_REWRITE: the corpus programs must stay plain Python (no assertion rewriting).
+"""
 import enum
 import math
 import operator

@@ -1,6 +1,9 @@
 """Corpus: RNG ops inside the frame. Eager and compiled runs start from the same global
 generator seed; the outputs must be the same numbers and the global generator must be
-advanced exactly as eager advanced it (the harness compares torch.get_rng_state())."""
+advanced exactly as eager advanced it (the harness compares torch.get_rng_state()).
+
+PYTEST_DONT_REWRITE: the corpus programs must stay plain Python (no assertion rewriting).
+"""
 import pytest
 import torch
 import torch.nn as nn

@@ -1,4 +1,7 @@
-"""Corpus: torch functions, nn.functional, Tensor methods, attributes and operators."""
+"""Corpus: torch functions, nn.functional, Tensor methods, attributes and operators.
+
+PYTEST_DONT_REWRITE: the corpus programs must stay plain Python (no assertion rewriting).
+"""
 import math
 
 import pytest

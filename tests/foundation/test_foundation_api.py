@@ -358,3 +358,13 @@ def test_torch_compile_backend_coil_runs():
 
     x = torch.randn(16)
     torch.testing.assert_close(torch.compile(f, backend="coil")(x), f(x))
+
+
+@pytest.mark.slow
+def test_inductor_backend_hands_the_graph_to_torch(fake_capture):
+    """Runs torch's Inductor (C++ codegen on CPU: tens of seconds), so outside CI."""
+    def f(x):
+        return torch.nn.functional.silu(x) * 3
+
+    x = torch.randn(32)
+    torch.testing.assert_close(coil.compile(f, backend="inductor")(x), f(x))

@@ -16,10 +16,12 @@ pass); ``unsupported-by-eager`` only when no sample ran in eager. RNG: both runs
 from ``torch.manual_seed(0)`` and compile with ``fallback_random`` (coil and Inductor),
 so random ops are comparable.
 
-Native vs extern (compilers using coil's kernels: ``coil``, ``torch+coil``): the ATen
-graphs handed to code generation are recorded and each op is looked up in the IR's
-lowering registry (:data:`coil.ir.lowering.LOWERINGS`); an op without a lowering runs
-as an extern kernel. Here ``compile_aten_graph`` is called directly, so a code
+Native vs extern (compilers using coil's kernels: ``coil``, ``torch+coil``): the IR's
+``GraphLowering`` counts, per ATen op, lowerings done natively and ops that fell back to
+an extern kernel (no lowering in :data:`coil.ir.lowering.LOWERINGS`, or a lowering that
+declined with ``FallbackToExtern``); the harness reads those counts after each
+``lower()``. If the IR offers no counts, each op of the recorded ATen graphs is looked
+up in the registry instead. Here ``compile_aten_graph`` is called directly, so a code
 generation failure that the ``coil`` backend would hide by falling back to the FX
 interpreter counts as an ``error``.
 
@@ -242,6 +244,35 @@ def worst(statuses: list) -> str:
 # ---------------------------------------------------------------- native vs extern
 
 _RECORDED: list = []
+_LOWERED: list = []  # (native counts, fallback counts) per GraphLowering run
+
+
+class _ObserveLowering:
+    """While active, record each ``coil.ir.graph.GraphLowering``'s ``native`` and
+    ``fallbacks`` op counts after ``lower()`` (read only; a no-op if the IR lacks them)."""
+
+    def __enter__(self):
+        self.cls = self.orig = None
+        try:
+            from coil.ir.graph import GraphLowering
+        except Exception:
+            return self
+        self.cls, self.orig = GraphLowering, GraphLowering.lower
+        orig = self.orig
+
+        def lower(graph_self, *a, **k):
+            out = orig(graph_self, *a, **k)
+            native, fallbacks = getattr(graph_self, "native", None), getattr(graph_self, "fallbacks", None)
+            if native is not None and fallbacks is not None:
+                _LOWERED.append((dict(native), dict(fallbacks)))
+            return out
+
+        GraphLowering.lower = lower
+        return self
+
+    def __exit__(self, *exc):
+        if self.cls is not None:
+            self.cls.lower = self.orig
 
 
 def _lowering_table():
@@ -254,6 +285,16 @@ def _lowering_table():
     except Exception:
         pass
     return lowering.LOWERINGS
+
+
+def observed_kinds() -> Optional[dict]:
+    """{"native": [...], "extern": [...]} from what the IR actually did (lowered vs fell
+    back to an extern kernel, including lowerings that declined with FallbackToExtern)."""
+    if not _LOWERED:
+        return None
+    native = sorted({k for n, _ in _LOWERED for k in n})
+    extern = sorted({k for _, f in _LOWERED for k in f})
+    return {"native": native, "extern": extern}
 
 
 def classify_ops(targets) -> Optional[dict]:
@@ -307,6 +348,7 @@ def check_op(op, opts: ConformanceOptions, compiler, records: bool) -> dict:
     supported = op.supported_dtypes(device)
     per_dtype, statuses, first_msg = {}, [], None
     _RECORDED.clear()
+    _LOWERED.clear()
     for dname in opts.dtypes:
         dtype = getattr(torch, dname)
         if dtype not in supported:
@@ -327,7 +369,8 @@ def check_op(op, opts: ConformanceOptions, compiler, records: bool) -> dict:
                                 "message": "sample_inputs failed: " + measure.short_error(e)}
             statuses.append("unsupported-by-eager")
             continue
-        results = [check_sample(op, s, dtype, compiler, bwd) for s in samples]
+        with _ObserveLowering():
+            results = [check_sample(op, s, dtype, compiler, bwd) for s in samples]
         st = worst([r["status"] for r in results])
         msg = next((r["message"] for r in results if r["status"] == st and "message" in r), None)
         per_dtype[dname] = {"status": st, "samples": len(results), "message": msg,
@@ -339,7 +382,7 @@ def check_op(op, opts: ConformanceOptions, compiler, records: bool) -> dict:
     out = {"op": op_key(op), "status": status, "message": first_msg if status != "pass" else None,
            "dtypes": per_dtype, "seconds": round(time.perf_counter() - t0, 3)}
     if records:
-        lowering = classify_ops(set(_RECORDED)) if _RECORDED else None
+        lowering = observed_kinds() or (classify_ops(set(_RECORDED)) if _RECORDED else None)
         out["lowering"] = lowering
         if lowering is not None:
             out["kind"] = ("native" if not lowering["extern"] else

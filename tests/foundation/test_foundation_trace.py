@@ -84,7 +84,7 @@ def test_trace_off_costs_under_a_microsecond_per_call():
     machine is so loaded that even an empty call is slow, < 3x an empty function."""
     if trace.enabled():
         pytest.skip("COIL_TRACE is set for this run")
-    n = 10000
+    n = 2000  # short runs, many of them: the best one escapes the machine's load
     text = lambda: "x" * 10_000  # noqa: E731
 
     def per_call(log, art):
@@ -95,7 +95,7 @@ def test_trace_off_costs_under_a_microsecond_per_call():
         return (time.perf_counter() - t0) / (2 * n)
 
     best = base = float("inf")
-    for _ in range(9):
+    for _ in range(40):
         best = min(best, per_call(trace.log, trace.artifact))
         base = min(base, per_call(_noop, _noop_artifact))
     assert best < 1e-6 or best < 3 * base, \

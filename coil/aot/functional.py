@@ -179,11 +179,14 @@ def analyze(fn: Callable, fake_args: list, fake_mode: FakeTensorMode, grad: bool
                 outputs.append(OutputInfo("input", same[0], **meta))
                 continue
             st = StorageWeakRef(o.untyped_storage())
-            if st in input_storage:
+            # a view that changes dtype (view_as_complex, view(dtype)) cannot be
+            # regenerated with as_strided: the graph computes it (a copy)
+            if st in input_storage and fake_args[input_storage[st]].dtype == o.dtype:
                 outputs.append(OutputInfo("alias_of_input", input_storage[st], **meta))
                 continue
             outputs.append(OutputInfo("graph", -1, **meta))
-            groups.setdefault(st, []).append(k)
+            if st not in input_storage:
+                groups.setdefault((st, o.dtype), []).append(k)
 
         base_sources: list = []
         for members in groups.values():

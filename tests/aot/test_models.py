@@ -8,18 +8,21 @@ import torch.nn.functional as F
 
 from helpers import check_module, compile_aot
 
+CAPTURES = ["torch", "coil"]
 
-def test_mlp_training():
+
+@pytest.mark.parametrize("capture", CAPTURES)
+def test_mlp_training(capture):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 32), nn.Tanh(), nn.Linear(32, 4))
-    check_module(model, torch.randn(8, 16), steps=2)
+    check_module(model, torch.randn(8, 16), steps=2, capture=capture)
 
 
 def test_mlp_inference_no_grad():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
     x = torch.randn(8, 16)
-    compiled = compile_aot(model)
+    compiled, _ = compile_aot(model)
     with torch.no_grad():
         out = compiled(x)
         torch.testing.assert_close(out, model(x))
@@ -44,17 +47,18 @@ class ConvNet(nn.Module):
         return self.fc(x)
 
 
-def test_convnet_batchnorm_training():
+@pytest.mark.parametrize("capture", CAPTURES)
+def test_convnet_batchnorm_training(capture):
     torch.manual_seed(0)
     model = ConvNet()
-    check_module(model, torch.randn(4, 3, 8, 8), steps=2, rtol=1e-4, atol=1e-4)
+    check_module(model, torch.randn(4, 3, 8, 8), steps=2, rtol=1e-4, atol=1e-4, capture=capture)
 
 
 def test_convnet_eval():
     torch.manual_seed(0)
     model = ConvNet().eval()
     x = torch.randn(2, 3, 8, 8)
-    compiled = compile_aot(model)
+    compiled, _ = compile_aot(model)
     torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
 
 
@@ -100,11 +104,12 @@ class TinyGPT(nn.Module):
         return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
 
 
-def test_small_gpt_training():
+@pytest.mark.parametrize("capture", CAPTURES)
+def test_small_gpt_training(capture):
     torch.manual_seed(0)
     model = TinyGPT()
     idx = torch.randint(0, 50, (2, 12))
-    check_module(model, idx, torch.randint(0, 50, (2, 12)), loss_fn=lambda loss: loss, steps=2)
+    check_module(model, idx, torch.randint(0, 50, (2, 12)), loss_fn=lambda loss: loss, steps=2, capture=capture)
 
 
 LAYERS = [1, pytest.param(2, marks=pytest.mark.slow)]
@@ -116,7 +121,8 @@ def _hf(name):
 
 
 @pytest.mark.parametrize("layers", LAYERS)
-def test_hf_gpt2_training(layers):
+@pytest.mark.parametrize("capture", CAPTURES)
+def test_hf_gpt2_training(layers, capture):
     tf = _hf("gpt2")
     torch.manual_seed(0)
     cfg = tf.GPT2Config(n_layer=layers, n_head=2, n_embd=32, vocab_size=64, n_positions=32,
@@ -124,11 +130,12 @@ def test_hf_gpt2_training(layers):
     model = tf.GPT2LMHeadModel(cfg)
     ids = torch.randint(0, 64, (2, 10))
     check_module(model, ids, loss_fn=lambda out: out.logits.float().pow(2).mean(),
-                 rtol=1e-4, atol=1e-5)
+                 rtol=1e-4, atol=1e-5, capture=capture)
 
 
 @pytest.mark.parametrize("layers", LAYERS)
-def test_hf_bert_training(layers):
+@pytest.mark.parametrize("capture", CAPTURES)
+def test_hf_bert_training(layers, capture):
     tf = _hf("bert")
     torch.manual_seed(0)
     cfg = tf.BertConfig(num_hidden_layers=layers, num_attention_heads=2, hidden_size=32,
@@ -137,11 +144,12 @@ def test_hf_bert_training(layers):
     model = tf.BertModel(cfg)
     ids = torch.randint(0, 64, (2, 10))
     check_module(model, ids, loss_fn=lambda out: out.last_hidden_state.pow(2).mean(),
-                 rtol=1e-4, atol=1e-5)
+                 rtol=1e-4, atol=1e-5, capture=capture)
 
 
 @pytest.mark.parametrize("layers", LAYERS)
-def test_hf_llama_training(layers):
+@pytest.mark.parametrize("capture", CAPTURES)
+def test_hf_llama_training(layers, capture):
     tf = _hf("llama")
     torch.manual_seed(0)
     cfg = tf.LlamaConfig(num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
@@ -150,4 +158,4 @@ def test_hf_llama_training(layers):
     model = tf.LlamaForCausalLM(cfg)
     ids = torch.randint(0, 64, (2, 10))
     check_module(model, ids, loss_fn=lambda out: out.logits.float().pow(2).mean(),
-                 rtol=1e-4, atol=1e-5)
+                 rtol=1e-4, atol=1e-5, capture=capture)

@@ -133,6 +133,7 @@ _TORCH_BINARY = {
     "truediv": torch.true_divide, "floordiv": lambda a, b: torch.div(a, b, rounding_mode="floor"),
     "truncdiv": lambda a, b: torch.div(a, b, rounding_mode="trunc"), "mod": torch.remainder,
     "maximum": torch.maximum, "minimum": torch.minimum,
+    "left_shift": torch.bitwise_left_shift, "right_shift": torch.bitwise_right_shift,
 }
 
 
@@ -195,6 +196,8 @@ class ReferenceInterpreter(OpsHandler):
 
     def store_reduction(self, name, index, value):
         idx = self._eval(index)
+        if idx.dim() == len(self.iter_shape) and self.n_red:
+            idx = idx.reshape(idx.shape[: idx.dim() - self.n_red])
         out = self.env[name]
         full = torch.broadcast_shapes(idx.shape, torch.as_tensor(value).shape,
                                       self.iter_shape[: len(self.iter_shape) - self.n_red])

@@ -472,3 +472,53 @@ def _arange(*args, **kwargs):
         return ops.index_expr(index[0] * int(step) + int(start), cdt)
 
     return TensorBox.create(Pointwise(device(), odt, inner, size))
+
+
+@register_lowering(aten.split_with_sizes, aten.split.Tensor, aten.split.sizes)
+def _split(x, sizes, dim=0):
+    """Splits are slices (views); returns a list like ATen."""
+    size = list(x.get_size())
+    dim = dim % len(size)
+    n = int(size[dim])
+    if isinstance(sizes, int):
+        sizes = [min(sizes, n - s) for s in range(0, n, sizes)] or [0]
+    out, start = [], 0
+    for s in sizes:
+        out.append(_slice_view(x, dim, start, start + s))
+        start += s
+    return out
+
+
+@register_lowering(aten.unbind.int)
+def _unbind(x, dim=0):
+    size = list(x.get_size())
+    dim = dim % len(size)
+    return [_select_view(x, dim, i) for i in range(int(size[dim]))]
+
+
+def _slice_view(x, dim, start, end):
+    size = list(x.get_size())
+    size[dim] = sympy.Integer(end - start)
+
+    def reindex(index):
+        out = list(index)
+        out[dim] = index[dim] + start
+        return out
+
+    def restride(l):
+        return _lay(l, size, list(l.stride), l.offset + start * l.stride[dim])
+    return make_view(x, size, reindex, restride)
+
+
+def _select_view(x, dim, idx):
+    size = [s for d, s in enumerate(x.get_size()) if d != dim]
+
+    def reindex(index):
+        out = list(index)
+        out.insert(dim, sympy.Integer(idx))
+        return out
+
+    def restride(l):
+        stride = [s for d, s in enumerate(l.stride) if d != dim]
+        return _lay(l, size, stride, l.offset + idx * l.stride[dim])
+    return make_view(x, size, reindex, restride)

@@ -33,7 +33,13 @@ def _make_shim():
             return tl.core.tensor(TensorHandle(out, ref.handle.dtype.scalar), ref.type)
         return f
 
-    vec = lambda f: np.vectorize(f, otypes=[np.float64])
+    def vec(f):
+        def safe(x):
+            try:
+                return f(x)
+            except (ValueError, OverflowError):
+                return math.inf
+        return np.vectorize(safe, otypes=[np.float64])
     import math
     table = {
         "tanh": np.tanh, "log1p": np.log1p, "expm1": np.expm1, "pow": np.power,

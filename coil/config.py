@@ -36,6 +36,9 @@ class Config:
     check_ir: bool = False
     #: Autotune Triton kernels over block sizes on first launch (GPU only).
     autotune: bool = True
+    #: Launch compiled Triton kernels through their low-level launcher after the first
+    #: call (skips Triton's per-call argument binding; GPU only).
+    triton_fast_launch: bool = True
     #: Use the min-cut partitioner for training graphs ("min_cut") or save what the
     #: backward reads ("default").
     partitioner: str = "min_cut"

@@ -381,7 +381,7 @@ _COMPILE = """{% extends "base" %}{% import "macros" as m %}{% block body %}
 {{ m.events_section(groups) }}
 {% if artifacts %}<h2 id="artifacts">Artifacts</h2>
 {% for a in artifacts %}<details{% if a.open %} open{% endif %} id="art-{{ loop.index }}">
-<summary>{{ a.name }} <small>[{{ a.kind }}{% if a.stage %}, stage {{ a.stage }}{% endif %}, {{ a.lines }} lines]</small></summary>
+<summary>{{ a.name }} <small>[{{ a.kind }}{% if a.stage %}, stage {{ a.stage }}{% endif %}, {{ a.lines }} lines{% if a.times > 1 %}, logged {{ a.times }} times{% endif %}]</small></summary>
 {% if a.extra %}{{ a.extra|safe }}{% endif %}
 {{ a.html|safe }}
 </details>
@@ -413,17 +413,24 @@ def _breakdown_rows(totals: dict, top_total: float) -> list:
 
 
 def _artifact_views(records: list) -> list:
-    views = []
+    """One view per distinct artifact; an identical one logged again (same name, kind
+    and text, e.g. by two layers) is shown once with a count."""
+    views, seen = [], {}
     for a in records:
         text = str(a.get("text", ""))
+        key = (a.get("name"), a.get("kind"), text)
+        if key in seen:
+            seen[key]["times"] += 1
+            continue
         extra = {k: v for k, v in payload(a).items() if k not in ("name", "kind", "text")}
         views.append({
-            "name": str(a.get("name", "?")), "kind": str(a.get("kind", "text")),
-            "stage": a.get("stage"), "lines": text.count("\n") + 1,
+            "name": str(a.get("name", "?")), "kind": str(a.get("kind", "text")), "times": 1,
+            "stage": a.get("stage"), "lines": len(text.splitlines()),
             "html": highlight(text, str(a.get("kind", "text"))),
             "extra": render_value(extra) if extra else "",
             "open": len(records) <= 3 and len(text) < 20_000,
         })
+        seen[key] = views[-1]
     return views
 
 

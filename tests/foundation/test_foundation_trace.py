@@ -214,8 +214,9 @@ def _synthetic_log(d):
                 trace.log("fusion", decision="rejected", nodes=["buf1", "buf2"],
                           reason="different ranges")
             trace.log("brand_new_event", widget={"a": 1, "b": [1, 2]})
-            trace.artifact("kernel_0", "extern \"C\" void k(float* p) { p[0] = 1; }",
-                           kind="cpp")
+            for _ in range(2):  # two layers logging the same kernel: shown once
+                trace.artifact("kernel_0", "extern \"C\" void k(float* p) { p[0] = 1; }",
+                               kind="cpp")
             trace.log("graph_break", reason="call to input",
                       user_stack=['File "model.py", line 9, in forward', "    input()"])
         with trace.compile_context(0, 1):
@@ -243,6 +244,7 @@ def test_report_renders_breaks_recompiles_and_unknown_events(tmp_path):
     # guards, fusion decisions (both rows), an event no stage of the report knows about
     assert "x.size(0) == 4" in t0 and "fusion (2)" in t0 and "different ranges" in t0
     assert "brand_new_event (1)" in t0 and "widget" in t0
+    assert t0.count("kernel_0") == 1 and "logged 2 times" in t0
     assert t0.index("graph_break (2)") < t0.index("fusion (2)")  # breaks come first
     _, t1 = _parse(p1)
     assert "recompile (1)" in t1 and "guard failed" in t1 and "x.size(0) == 4" in t1

@@ -238,7 +238,8 @@ class ReferenceInterpreter(OpsHandler):
         return self._eval(expr).to(dtype)
 
     def to_dtype(self, x, dtype, src_dtype=None):
-        return torch.as_tensor(x).to(compute_dtype(dtype))
+        # round to ``dtype`` (fp16/bf16 included), then hold the value in its compute dtype
+        return torch.as_tensor(x).to(dtype).to(compute_dtype(dtype))
 
     def to_dtype_bitcast(self, x, dtype, src_dtype):
         return torch.as_tensor(x).to(src_dtype).view(dtype)

@@ -272,8 +272,8 @@ def _to_copy(x, *args, **kwargs):
     size, odt = out_size(), out_dtype()
     load = x.make_loader()
     src = x.get_dtype()
-    if compute_dtype(src) == compute_dtype(odt):
-        inner = load
+    if src == odt or (compute_dtype(src) == compute_dtype(odt) and src.itemsize <= odt.itemsize):
+        inner = load  # exact: no rounding to do
     else:
         inner = lambda i: ops.to_dtype(load(i), odt, compute_dtype(src))
     return TensorBox.create(Pointwise(device(), odt, inner, size))

@@ -52,7 +52,8 @@ class OpsHandler:
       store_reduction(name, index, value)  store a reduction result at (output) ``index``
     Values:
       constant(value, dtype) -> value; index_expr(expr, dtype) -> value (the integer
-      value of a sympy index expression); to_dtype(x, dtype, src_dtype=None) -> value;
+      value of a sympy index expression); to_dtype(x, dtype, src_dtype=None) -> value
+      (rounds to ``dtype``, fp16/bf16 included, then holds it in compute_dtype(dtype));
       to_dtype_bitcast(x, dtype, src_dtype) -> value
       indirect_indexing(x, size, check=True) -> sympy.Symbol: use the integer value ``x``
       inside index expressions; negative values wrap by ``size``; with ``check`` out of

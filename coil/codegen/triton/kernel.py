@@ -299,6 +299,11 @@ class TritonKernel(OpsHandler):
         return self.cse(f"({pyexpr(e)}).to({TL_DTYPE[dtype]})", dtype, dims)
 
     def to_dtype(self, x, dtype, src_dtype=None):
+        if compute_dtype(dtype) != dtype and isinstance(x, TVal) and x.const is None \
+                and x.dtype != dtype:
+            # explicit cast to fp16/bf16: round, then compute in fp32 again
+            return self.cse(f"{x}.to({TL_DTYPE[dtype]}).to({TL_DTYPE[compute_dtype(dtype)]})",
+                            compute_dtype(dtype), x.dims)
         dtype = compute_dtype(dtype)
         if isinstance(x, TVal) and x.const is not None:
             return self.constant(x.const, dtype)

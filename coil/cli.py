@@ -101,6 +101,8 @@ def _add_conformance(sub) -> None:
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--quiet", action="store_true")
     p.add_argument("--strict", action="store_true", help="exit 1 unless every op passes")
+    p.add_argument("--merge", nargs="+", metavar="JSON",
+                   help="do not run: merge result files (e.g. shards) and report them")
 
 
 def _run_conformance(a) -> int:
@@ -111,7 +113,14 @@ def _run_conformance(a) -> int:
         samples=a.samples, ops=a.ops, shard=a.shard, timeout=a.timeout,
         isolate=not a.no_isolate, progress=not a.no_progress,
         deadline=(time.time() + a.budget) if a.budget else None)
-    result = conformance.run_conformance(opts)
+    if a.merge:
+        results = []
+        for path in a.merge:
+            with open(path) as f:
+                results.append(json.load(f))
+        result = conformance.merge(results)
+    else:
+        result = conformance.run_conformance(opts)
     _emit(a.json, json.dumps(result, indent=1))
     if a.markdown:
         _emit(a.markdown, conformance.format_markdown(result))

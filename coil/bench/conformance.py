@@ -530,6 +530,16 @@ def run_conformance(opts: ConformanceOptions) -> dict:
     return {"meta": meta, "summary": summarize(results), "ops": results}
 
 
+def merge(results: list) -> dict:
+    """One result from several (e.g. the shards of one run): ops concatenated, summary
+    recomputed, meta of the first with ``shard`` set to the shards merged."""
+    ops = [o for r in results for o in r["ops"]]
+    meta = dict(results[0]["meta"])
+    meta["shard"] = "+".join(str(r["meta"].get("shard")) for r in results)
+    meta["command"] = " ; ".join(r["meta"].get("command", "") for r in results)
+    return {"meta": meta, "summary": summarize(ops), "ops": ops}
+
+
 def summarize(results: list) -> dict:
     counts = collections.Counter(r["status"] for r in results)
     kinds = collections.Counter(r.get("kind") for r in results if r.get("kind"))

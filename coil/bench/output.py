@@ -5,6 +5,7 @@ a number.
 """
 from __future__ import annotations
 
+import collections
 import datetime
 import os
 import platform
@@ -133,8 +134,9 @@ def _git_commit() -> Optional[str]:
 
 def meta_markdown(meta: dict) -> str:
     """One paragraph saying when, where and how numbers were made."""
-    gpu = f", GPU {meta['gpu']}" if meta.get("gpu") else ""
-    return (f"*{meta['date']}; {meta['cpu']} ({meta['cpu_count']} cores){gpu}; "
-            f"Python {meta['python']}, torch {meta['torch']}, transformers "
-            f"{meta.get('transformers')}, triton {meta.get('triton')}; coil commit "
-            f"{meta.get('commit')}; command: `{meta['command']}`*")
+    m = collections.defaultdict(lambda: "?", meta)
+    gpu = f", GPU {m['gpu']}" if meta.get("gpu") else ""
+    return (f"*{m['date']}; {m['cpu']} ({m['cpu_count']} cores){gpu}; "
+            f"Python {m['python']}, torch {m['torch']}, transformers "
+            f"{m['transformers']}, triton {m['triton']}; coil commit "
+            f"{m['commit']}; command: `{m['command']}`*")

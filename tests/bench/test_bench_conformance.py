@@ -80,3 +80,15 @@ def test_fixed_sample_through_coil(tmp_path):
     for op in ("add", "mul", "sin", "exp"):
         assert got[op]["status"] == "pass", got[op]
         assert got[op]["kind"] == "native", got[op]
+
+
+def test_merge_shards_recounts(tmp_path):
+    a = {"meta": {"shard": "0/2", "command": "x", "compiler": "c", "dtypes": ["float32"],
+                  "backward": False, "samples": "first"},
+         "ops": [{"op": "a", "status": "pass"}, {"op": "b", "status": "error", "kind": "native"}]}
+    b = dict(a, meta=dict(a["meta"], shard="1/2"), ops=[{"op": "c", "status": "mismatch"}])
+    m = conf.merge([a, b])
+    assert m["summary"]["ops"] == 3
+    assert m["summary"]["counts"] == {"pass": 1, "error": 1, "mismatch": 1}
+    assert m["summary"]["pass_rate_of_eager_supported"] == pytest.approx(1 / 3)
+    assert "| c | float32 |" in conf.format_markdown(m)

@@ -6,7 +6,8 @@ For every op in ``torch.testing._internal.common_methods_invocations.op_db`` tha
 supports autograd and float32: take its first sample input (CPU, float32,
 requires_grad), compile ``op(sample)`` with ``aot_compile(..., run_graph)``, run
 forward and backward with a random cotangent, and compare values and input
-gradients with eager (``torch.testing.assert_close`` defaults for float32).
+gradients with eager (``torch.testing.assert_close`` defaults for float32), with
+``coil.config.fallback_random=True`` so random ops draw eager's numbers.
 
 Each op ends in one of: ``pass``, ``skip`` (no sample / eager backward fails /
 no differentiable output), ``compile_error``, ``run_error``, ``value_mismatch``,
@@ -77,7 +78,11 @@ def check_op(op) -> tuple[str, str]:
         return "skip", "eager backward fails: " + _first_line(e)
 
     try:
-        compiled = aot_compile(fn, fresh(), run_graph)
+        from coil.config import patch
+
+        # random ops: compare bit for bit with eager, so call the ATen RNG ops
+        with patch(fallback_random=True):
+            compiled = aot_compile(fn, fresh(), run_graph)
     except Exception as e:  # noqa: BLE001
         return "compile_error", _first_line(e)
     try:

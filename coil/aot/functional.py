@@ -39,6 +39,7 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from coil.exc import CoilError
 
@@ -96,6 +97,9 @@ class ProgramInfo:
     fw_out_requires_grad: list = dataclasses.field(default_factory=list)
     #: per forward graph output: (shape, dtype, device), to build tangents
     fw_out_meta: list = dataclasses.field(default_factory=list)
+    #: the program calls ops with side effects that functionalization cannot thread
+    #: (``aten._linalg_check_errors``); they are dropped while tracing
+    drop_error_checks: bool = False
 
     @property
     def mutated_inputs(self) -> list:
@@ -134,6 +138,27 @@ def _from_functional(x: Any) -> Any:
     return x.from_functional() if isinstance(x, FunctionalTensor) else x
 
 
+class _DropErrorChecks(TorchDispatchMode):
+    """Drops ``aten._linalg_check_errors`` (an ordered side effect that
+    functionalization refuses without effect tokens). Compiled graphs then do not
+    raise for singular inputs; they return what the kernels compute (inf/nan)."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func in _ERROR_CHECK_OPS:
+            return None
+        return func(*args, **(kwargs or {}))
+
+
+_ERROR_CHECK_OPS = {aten._linalg_check_errors.default}
+
+
+def _call(fn: Callable, args: list, drop_error_checks: bool):
+    if not drop_error_checks:
+        return fn(*args)
+    with _DropErrorChecks():
+        return fn(*args)
+
+
 def _is_differentiable(t: torch.Tensor) -> bool:
     return t.requires_grad and (t.is_floating_point() or t.is_complex())
 
@@ -143,10 +168,19 @@ def analyze(fn: Callable, fake_args: list, fake_mode: FakeTensorMode, grad: bool
 
     Raises :class:`CoilError` for metadata mutation of an input (``t_``, ``as_strided_``...).
     """
+    try:
+        return _analyze(fn, fake_args, fake_mode, grad, drop_error_checks=False)
+    except AssertionError as e:
+        if "token for effect" not in str(e):
+            raise
+        return _analyze(fn, fake_args, fake_mode, grad, drop_error_checks=True)
+
+
+def _analyze(fn, fake_args, fake_mode, grad, drop_error_checks) -> ProgramInfo:
     with fake_mode, torch.set_grad_enabled(grad):
         with FunctionalTensorMode():
             f_args = [_to_functional(a) for a in fake_args]
-            outs = fn(*f_args)
+            outs = _call(fn, f_args, drop_error_checks)
         flat_outs, spec = pytree.tree_flatten(outs)
         inputs = []
         input_storage = {}
@@ -220,7 +254,8 @@ def analyze(fn: Callable, fake_args: list, fake_mode: FakeTensorMode, grad: bool
             if o.kind == "alias_of_output":
                 o.index = outputs[o.index].index
 
-        info = ProgramInfo(inputs, outputs, spec, graph_outputs, base_sources)
+        info = ProgramInfo(inputs, outputs, spec, graph_outputs, base_sources,
+                           drop_error_checks=drop_error_checks)
         rg = [inputs[i].requires_grad and not inputs[i].mutation_hidden and grad
               for i in info.mutated_inputs]
         # a mutated input's new value requires grad if the program made it so
@@ -238,7 +273,7 @@ def analyze(fn: Callable, fake_args: list, fake_mode: FakeTensorMode, grad: bool
 # --------------------------------------------------------------------------- tracing
 
 def _forward_values(fn, args, info: ProgramInfo):
-    outs = fn(*args)
+    outs = _call(fn, args, info.drop_error_checks)
     flat, _ = pytree.tree_flatten(outs)
     vals = [args[i] for i in info.mutated_inputs]
     vals += [flat[k] for k in info.graph_outputs]
@@ -331,11 +366,23 @@ def trace_joint(fn: Callable, fake_args: list, info: ProgramInfo, decompositions
                 vals = _forward_values(fn, args, info)
                 diff = [v for v, rg in zip(vals, info.fw_out_requires_grad) if rg]
                 wrt = [f_primals[i] for i in grad_inputs]
-                grads = torch.autograd.grad(diff, wrt, f_tangents, allow_unused=True) if diff else [None] * len(wrt)
+                if not diff:
+                    grads = [None] * len(wrt)
+                elif info.drop_error_checks:
+                    with _DropErrorChecks():
+                        grads = torch.autograd.grad(diff, wrt, f_tangents, allow_unused=True)
+                else:
+                    grads = torch.autograd.grad(diff, wrt, f_tangents, allow_unused=True)
             grad_is_none[:] = [g is None for g in grads]
             return [_from_functional(v) for v in vals], [_from_functional(g) for g in grads if g is not None]
 
-    gm = _make_fx(joint, [list(fake_args), tangents], decompositions, fake_mode)
+    try:
+        gm = _make_fx(joint, [list(fake_args), tangents], decompositions, fake_mode)
+    except AssertionError as e:  # an error check only in the backward (see _DropErrorChecks)
+        if "token for effect" not in str(e) or info.drop_error_checks:
+            raise
+        info.drop_error_checks = True
+        gm = _make_fx(joint, [list(fake_args), tangents], decompositions, fake_mode)
     gm = _flatten_signature(gm)
     return gm, JointInfo(len(fake_args), info.num_fw_outputs, grad_inputs, list(grad_is_none))
 

@@ -438,3 +438,39 @@ def test_random_mask_not_recomputed_in_backward():
     kept = x.grad != 0
     torch.testing.assert_close(x.grad[kept], 2 * x.detach().cos()[kept])
     assert 0.3 < kept.float().mean() < 0.7
+
+
+# --------------------------------------------------------------------------- regressions
+
+def test_linalg_error_checks_do_not_block_tracing():
+    # aten._linalg_check_errors is an ordered side effect functionalization refuses
+    def f(a, b):
+        return torch.linalg.solve(a, b).sum() + torch.linalg.inv(a).sum()
+
+    a = torch.randn(3, 3) + 3 * torch.eye(3)
+    a.requires_grad_()
+    b = torch.randn(3, 2, requires_grad=True)
+    c = compile_fn(f, a, b, symbolic_trace=False)
+    out = c(a, b)
+    ga, gb = torch.autograd.grad(out, [a, b])
+    ref = f(a, b)
+    rga, rgb = torch.autograd.grad(ref, [a, b])
+    torch.testing.assert_close(out, ref)
+    torch.testing.assert_close(ga, rga)
+    torch.testing.assert_close(gb, rgb)
+
+
+def test_dtype_changing_view_of_input():
+    def f(x):
+        return torch.view_as_complex(x)
+
+    x = torch.randn(4, 2, requires_grad=True)
+    c = compile_fn(f, x, symbolic_trace=False)
+    out = c(x)
+    assert out.dtype == torch.complex64
+    torch.testing.assert_close(out, torch.view_as_complex(x))
+    out.abs().sum().backward()
+    g = x.grad.clone()
+    x.grad = None
+    torch.view_as_complex(x).abs().sum().backward()
+    torch.testing.assert_close(g, x.grad)

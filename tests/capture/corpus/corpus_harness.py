@@ -33,6 +33,7 @@ import contextlib
 import dataclasses
 import math
 import os
+import sys
 from typing import Any, Callable, Optional, Sequence, Union
 
 import pytest
@@ -114,14 +115,19 @@ def R(fn: Callable, steps: Sequence[Callable[[Any], Any]], graphs, breaks=0, **k
 
 
 def cases(*rows: Case) -> list:
-    """pytest parameters with readable ids; rows with ``xfail=`` are marked."""
+    """pytest parameters with readable ids. Rows with ``xfail=`` or listed in
+    known_failures.KNOWN_FAILURES (keyed ``"<group>::<id>"``) are marked xfail."""
+    from known_failures import KNOWN_FAILURES
+
+    group = sys._getframe(1).f_globals.get("__name__", "").rsplit(".", 1)[-1].replace("test_corpus_", "")
     out, seen = [], {}
     for row in rows:
         name = row.name or getattr(row.fn, "__name__", "case")
         seen[name] = seen.get(name, 0) + 1
         if seen[name] > 1:
             name = f"{name}_{seen[name]}"
-        marks = [pytest.mark.xfail(strict=False, reason=row.xfail)] if row.xfail else []
+        reason = row.xfail or KNOWN_FAILURES.get(f"{group}::{name}")
+        marks = [pytest.mark.xfail(strict=False, reason=reason)] if reason and not ORACLE else []
         if ORACLE and row.torch_wrong:
             marks = [pytest.mark.skip(reason="torch.compile gets it wrong: " + row.torch_wrong)]
         out.append(pytest.param(row, id=name, marks=marks))
@@ -257,8 +263,9 @@ def reset() -> None:
         coil.reset()
 
 
-def graph_break_count(target: Callable, args: tuple, kwargs: dict) -> int:
-    """Breaks of one fresh capture of ``target(*args, **kwargs)`` (explain's field)."""
+def graph_break_count(target: Callable, args: tuple, kwargs: dict) -> tuple[int, list]:
+    """Breaks of one fresh capture of ``target(*args, **kwargs)`` (explain's field) and
+    their reasons (short strings)."""
     reset()
     if ORACLE:
         import torch._dynamo
@@ -267,10 +274,12 @@ def graph_break_count(target: Callable, args: tuple, kwargs: dict) -> int:
         # explain()'s graph_break_count is only graph_count - 1; count the breaks taken.
         counters.clear()
         torch.compile(target, backend="eager", dynamic=False)(*args, **kwargs)
-        return sum(counters["graph_break"].values())
+        return sum(counters["graph_break"].values()), [k.splitlines()[0] for k in counters["graph_break"]]
     import coil
 
-    return coil.explain(target, *args, **kwargs).graph_break_count
+    out = coil.explain(target, *args, **kwargs)
+    reasons = [(r.get("reason") if isinstance(r, dict) else str(getattr(r, "reason", r))) for r in out.break_reasons]
+    return out.graph_break_count, [str(r).splitlines()[0] if r else "?" for r in reasons]
 
 
 def _as_args(value: Any) -> tuple[tuple, dict, Optional[Callable]]:
@@ -373,7 +382,8 @@ def run_case(case: Case, backend_factory: Callable[[], CountingBackend] = Counti
             else:
                 assert isinstance(err_c, type(err_e)), f"{where}exception type {type(err_e).__name__} vs {type(err_c).__name__}: {err_c}"
         elif err_c is not None:
-            raise AssertionError(f"{where}compiled raised but eager did not") from err_c
+            raise AssertionError(f"{where}compiled raised but eager did not: {type(err_c).__name__}: "
+                                 f"{str(err_c).splitlines()[0] if str(err_c) else ''}") from err_c
         else:
             assert_same(out_e, out_c, f"{where}output", **tol)
         assert_same(list(args_e), list(args_c), f"{where}inputs after the call", **tol)
@@ -393,11 +403,7 @@ def run_case(case: Case, backend_factory: Callable[[], CountingBackend] = Counti
             if ge is not None:
                 assert_same(ge, gc, f"grad {j}", **tol)
 
-    want_graphs = case.torch_graphs if (ORACLE and case.torch_graphs is not None) else case.graphs
-    allowed = want_graphs if isinstance(want_graphs, tuple) else (want_graphs,)
-    assert counter.graphs in allowed, f"graphs: expected {want_graphs}, got {counter.graphs} (ops per graph {counter.ops_per_graph})"
-    assert all(n > 0 for n in counter.ops_per_graph), f"an empty graph reached the backend: {counter.ops_per_graph}"
-
+    reasons: list = []
     if eager[0][3] is None and not case.fullgraph:
         want_breaks = case.torch_breaks if (ORACLE and case.torch_breaks is not None) else case.breaks
         allowed = want_breaks if isinstance(want_breaks, tuple) else (want_breaks,)
@@ -409,6 +415,16 @@ def run_case(case: Case, backend_factory: Callable[[], CountingBackend] = Counti
         args, kwargs, ctx = _as_args(steps[0](target_x))
         torch.manual_seed(RUN_SEED)
         with (ctx() if ctx is not None else contextlib.nullcontext()):
-            n = graph_break_count(target_x, args, kwargs)
-        assert n in allowed, f"graph breaks: expected {want_breaks}, got {n}"
+            n, reasons = graph_break_count(target_x, args, kwargs)
+        breaks_ok = n in allowed
+        breaks_msg = f"graph breaks: expected {want_breaks}, got {n}: {reasons}"
+    else:
+        breaks_ok, breaks_msg = True, ""
+
+    want_graphs = case.torch_graphs if (ORACLE and case.torch_graphs is not None) else case.graphs
+    allowed = want_graphs if isinstance(want_graphs, tuple) else (want_graphs,)
+    assert counter.graphs in allowed, (f"graphs: expected {want_graphs}, got {counter.graphs} "
+                                       f"(ops per graph {counter.ops_per_graph}); breaks: {reasons}")
+    assert all(n > 0 for n in counter.ops_per_graph), f"an empty graph reached the backend: {counter.ops_per_graph}"
+    assert breaks_ok, breaks_msg
     reset()

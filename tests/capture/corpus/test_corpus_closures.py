@@ -10,8 +10,6 @@ import torch
 
 from corpus_harness import Args, C, CountingBackend, cases, compile_fn, randn
 
-pytestmark = pytest.mark.xfail(strict=False, reason="capture in progress")
-
 
 def x34():
     return (randn(3, 4),)

@@ -10,8 +10,6 @@ import torch
 
 from corpus_harness import Args, C, cases, randn
 
-pytestmark = pytest.mark.xfail(strict=False, reason="capture in progress")
-
 
 def x34():
     return (randn(3, 4),)

@@ -7,8 +7,6 @@ import torch
 
 from corpus_harness import C, cases, randint, randn
 
-pytestmark = pytest.mark.xfail(strict=False, reason="capture in progress")
-
 
 def x345():
     return (randn(3, 4, 5),)

@@ -14,8 +14,6 @@ import torch.nn.functional as F
 
 from corpus_harness import C, cases, randint, randn
 
-pytestmark = pytest.mark.xfail(strict=False, reason="capture in progress")
-
 
 def M(factory, inputs, graphs=1, breaks=0, **kw):
     """A module row: ``factory()`` builds the module (under the build seed)."""

@@ -12,8 +12,6 @@ import torch
 
 from corpus_harness import C, cases, randn
 
-pytestmark = pytest.mark.xfail(strict=False, reason="capture in progress")
-
 
 def x34():
     return (randn(3, 4),)

@@ -1,6 +1,6 @@
 """Fixtures for the foundation tests.
 
-``fake_capture`` stands in for coil.capture (being written in parallel) where the
+``fake_capture`` stands in for coil.capture where the
 point of a test is the API wrapper, not capture: it traces the function with
 ``torch.fx.symbolic_trace`` on the first call, hands the graph to the backend inside
 a compile context (so the compile log gets a compile id and a ``capture`` stage),

@@ -1,8 +1,7 @@
 """coil.compile / OptimizedModule / reset / disable / backends (issue 2, items 3-4).
 
 Most tests use the ``fake_capture`` fixture (conftest.py): they test the API wrapper,
-not capture. Tests marked ``xfail(raises=NotImplementedError)`` run the real capture
-and start passing when it lands.
+not capture; the ``test_real_*`` tests run the real capture.
 """
 import importlib.metadata
 
@@ -278,7 +277,6 @@ def test_explain_delegates_to_capture(fake_capture):
     assert coil.explain(lambda x: x, torch.randn(1)) == "explained"
 
 
-@pytest.mark.xfail(raises=NotImplementedError, reason="needs coil.capture", strict=False)
 def test_real_capture_reset_and_disable():
     cnt = CompileCounter()
 
@@ -301,7 +299,6 @@ def test_real_capture_reset_and_disable():
     assert cnt.frame_count > n
 
 
-@pytest.mark.xfail(raises=NotImplementedError, reason="needs coil.capture", strict=False)
 def test_real_capture_module_wrapper():
     model = Net().eval()
     opt = coil.compile(model, backend="eager")
@@ -349,7 +346,6 @@ def test_entry_point_registers_coil_with_torch_compile():
     assert torch._dynamo.lookup_backend("coil") is coil_backend_entry
 
 
-@pytest.mark.xfail(reason="needs the whole pipeline (aot + codegen)", strict=False)
 def test_torch_compile_backend_coil_runs():
     torch._dynamo.reset()
 

@@ -312,7 +312,6 @@ def test_threads_keep_their_own_stages_and_workers_inherit_the_compile_id(trace_
     assert trace.current_compile_id() is None
 
 
-@pytest.mark.xfail(raises=NotImplementedError, reason="needs coil.capture", strict=False)
 def test_report_of_a_real_capture_with_a_graph_break(trace_dir, tmp_path):
     def f(x):
         y = torch.tanh(x) * 2

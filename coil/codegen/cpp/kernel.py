@@ -380,7 +380,7 @@ class CppKernel(OpsHandler):
     # ------------------------------------------------------------------ reductions
     def reduction(self, dtype, src_dtype, reduction_type, value):
         if self.section is None:
-            raise NotImplementedError("C++ backend: reduction outside a reduction loop")
+            return self._reduce_one(dtype, src_dtype, reduction_type, value)
         sec = self.section
         value = self._val(value, _compute_dtype(src_dtype))
         acc = self._new("acc")
@@ -431,6 +431,20 @@ class CppKernel(OpsHandler):
         if rt in ("argmax", "argmin"):
             return CppVar(f"{acc}_i", torch.int64)
         return CppVar(acc, _compute_dtype(dtype) if rt != "any" else torch.bool)
+
+    def _reduce_one(self, dtype, src_dtype, rt, value):
+        """A reduction over one element (``rnumel == 1``: a pointwise kernel)."""
+        value = self._val(value, _compute_dtype(src_dtype))
+        if rt in ("argmax", "argmin"):
+            return self.constant(0, torch.int64)
+        if rt == "any":
+            return self.to_dtype(value, torch.bool)
+        if rt == "welford_reduce":
+            return (self.to_dtype(value, torch.float32), self.constant(0.0, torch.float32),
+                    self.constant(1.0, torch.float32))
+        if rt in ("sum", "prod", "max", "min"):
+            return self.to_dtype(value, _compute_dtype(dtype))
+        raise NotImplementedError(f"C++ backend: reduction {rt!r}")
 
     # ------------------------------------------------------------------ driving
     def run_nodes(self) -> None:

@@ -181,3 +181,14 @@ def test_rand_is_uniform_and_counter_based():
     t2 = {"seed": seed, "y": torch.empty(100000)}
     _run(_Plan(100000, 1, [_Node(body)], {"seed": torch.int64, "y": torch.float32}), t2, threads=1)
     assert torch.equal(y, t2["y"])
+
+
+def test_reduction_over_one_element_regression():
+    # argmax over a dim of size 1 plans a reduction with rnumel == 1: a pointwise
+    # kernel whose body still calls ops.reduction (used to raise NotImplementedError).
+    import sys, os
+    sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
+    from codegen_helpers import check
+
+    x = torch.randn(5, 1)
+    check(lambda x: (torch.argmax(x, 1), x.sum(1), x.amax(1)), x, backend="cpp")

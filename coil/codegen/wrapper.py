@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from coil.ir.nodes import (Buffer, ComputedBuffer, ConstantBuffer, ExternKernel, InputBuffer,
-                           MultiOutput, ReinterpretView)
+                           MultiOutput, ReinterpretView, ScatterBuffer)
 from coil.ir.symbols import pyexpr
 from coil.schedule.scheduler import ExternStep, FusedGroup
 
@@ -115,6 +115,7 @@ class WrapperCodegen:
             for b in allocs[i]:
                 acc.add(key(b))
         pool: dict[tuple, list[str]] = {}
+        scatter_targets = {b.target.get_name() for b in g.buffers if isinstance(b, ScatterBuffer)}
         ours: set[str] = set()
         params = ", ".join(g.placeholder_names)
         L = self.lines
@@ -124,6 +125,10 @@ class WrapperCodegen:
         for i, s in enumerate(self.steps):
             for b in allocs[i]:
                 k = key(b)
+                if isinstance(b, ScatterBuffer):
+                    L.append(f"    {b.name} = {b.target.get_name()}  # scatter into its target")
+                    ours.add(b.name)
+                    continue
                 if pool.get(k):
                     old = pool[k].pop()
                     L.append(f"    {b.name} = {old}  # reuse")
@@ -155,7 +160,8 @@ class WrapperCodegen:
             for n in dict.fromkeys(reads[i]):
                 if last_use.get(n) == i and n in ours and n not in out_names:
                     b = g.name_to_buffer.get(n)
-                    if isinstance(b, ComputedBuffer) and key(b) in future_keys[i]:
+                    if isinstance(b, ComputedBuffer) and key(b) in future_keys[i] and \
+                            n not in scatter_targets:
                         pool.setdefault(key(b), []).append(n)
                     else:
                         L.append(f"    del {n}")

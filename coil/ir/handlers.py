@@ -50,9 +50,10 @@ class _Recording(OpsHandler):
         self.loads.append((name, index))
         return self._emit("load", name, index)
 
-    def store(self, name, index, value):
+    def store(self, name, index, value, mode=None):
         self.stores.append((name, index))
-        self.lines.append(f"ops.store({name}, {_fmt(index)}, {value})")
+        extra = f", mode={mode!r}" if mode else ""
+        self.lines.append(f"ops.store({name}, {_fmt(index)}, {value}{extra})")
 
     def store_reduction(self, name, index, value):
         self.stores.append((name, index))
@@ -186,13 +187,16 @@ class ReferenceInterpreter(OpsHandler):
         v = flat[idx.long()]
         return v.to(compute_dtype(v.dtype))
 
-    def store(self, name, index, value):
+    def store(self, name, index, value, mode=None):
         idx = self._eval(index)
         out = self.env[name]
         full = torch.broadcast_shapes(idx.shape, torch.as_tensor(value).shape, self.iter_shape)
         idx = idx.expand(full).reshape(-1).long()
         val = torch.as_tensor(value).to(out.dtype).expand(full).reshape(-1)
-        out[idx] = val
+        if mode == "atomic_add":
+            out.index_add_(0, idx, val)
+        else:
+            out[idx] = val
 
     def store_reduction(self, name, index, value):
         idx = self._eval(index)

@@ -522,3 +522,71 @@ def _select_view(x, dim, idx):
         stride = [s for d, s in enumerate(l.stride) if d != dim]
         return _lay(l, size, stride, l.offset + idx * l.stride[dim])
     return make_view(x, size, reindex, restride)
+
+
+# ----------------------------------------------------------------------------- scatter
+
+def _fresh_copy(x: TensorBox):
+    from coil.ir.nodes import ComputedBuffer
+    box = TensorBox.create(Pointwise(x.get_device(), x.get_dtype(), x.make_loader(), x.get_size()))
+    return box.data.realize()
+
+
+def _scatter_box(x, ranges, dest_fn, value_fn, mode) -> TensorBox:
+    from coil.ir.nodes import ScatterBuffer
+    target = _fresh_copy(x)
+    g = current_graph()
+    sb = ScatterBuffer(g.new_buffer_name(), target, ranges, dest_fn, value_fn, mode)
+    g.register_buffer(sb)
+    return TensorBox(StorageBox(sb))
+
+
+@register_lowering(aten.index_put, aten._unsafe_index_put)
+def _index_put(x, indices, values, accumulate=False):
+    """``out = x.clone(); out[indices] = values`` (``+=`` with accumulate, atomically)."""
+    xs = list(x.get_size())
+    nd = len(xs)
+    indices = list(indices) + [None] * (nd - len(indices))
+    pos = [d for d, t in enumerate(indices) if t is not None]
+    if not pos or any(indices[d].get_dtype() in (torch.bool, torch.uint8) for d in pos):
+        from coil.ir.lowering import FallbackToExtern
+        raise FallbackToExtern()
+    meta = torch.empty([int(s) for s in xs], device="meta")
+    midx = [None if t is None else torch.zeros([int(s) for s in t.get_size()], dtype=torch.long, device="meta")
+            for t in indices]
+    rshape = [as_expr(s) for s in meta[tuple(slice(None) if t is None else t for t in midx)].shape]
+    adjacent = pos == list(range(pos[0], pos[-1] + 1))
+    bshape = [as_expr(s) for s in torch.broadcast_shapes(*[tuple(int(s) for s in indices[d].get_size()) for d in pos])]
+    nb = len(bshape)
+    first = pos[0] if adjacent else 0
+    loaders = {d: broadcast_loader(indices[d], bshape) for d in pos}
+    cdt = compute_dtype(x.get_dtype())
+    vload = loader_as(values, rshape, cdt)
+
+    def dest(index):
+        bidx = list(index[first:first + nb])
+        rest = iter(list(index[:first]) + list(index[first + nb:]))
+        return [ops.indirect_indexing(loaders[d](bidx), xs[d]) if d in loaders else next(rest)
+                for d in range(nd)]
+
+    return _scatter_box(x, rshape, dest, vload, "atomic_add" if accumulate else None)
+
+
+@register_lowering(aten.scatter.src, aten.scatter.value, aten.scatter_add)
+def _scatter(x, dim, index, src):
+    target = current_graph().current_node.target
+    xs = list(x.get_size())
+    dim = dim % max(len(xs), 1)
+    isize = list(index.get_size())
+    il = index.make_loader()
+    cdt = compute_dtype(x.get_dtype())
+    vload = loader_as(src, isize, cdt) if not is_box(src) else (
+        lambda i, l=loader_as(src, src.get_size(), cdt): l(i))
+
+    def dest(i):
+        d = list(i)
+        d[dim] = ops.indirect_indexing(il(i), xs[dim])
+        return d
+
+    mode = "atomic_add" if target == aten.scatter_add.default else None
+    return _scatter_box(x, isize, dest, vload, mode)

@@ -232,6 +232,30 @@ class ComputedBuffer(Buffer):
         return self._reads
 
 
+class ScatterBuffer(ComputedBuffer):
+    """Writes into a fresh copy of a tensor at computed (often indirect) positions:
+    ``index_put``, ``scatter``, ``scatter_add``.
+
+    Its storage *is* the storage of ``target`` (a ComputedBuffer made for this purpose
+    by the lowering, read by nothing else): the wrapper aliases it (``buf7 = buf5``)
+    instead of allocating. The body iterates over ``ranges`` (the scattered elements);
+    ``dest_fn(index)`` gives the destination index in the target's shape and
+    ``value_fn(index)`` the value; ``mode`` is None (overwrite) or "atomic_add".
+    """
+
+    def __init__(self, name, target: ComputedBuffer, ranges, dest_fn, value_fn, mode):
+        data = Pointwise(target.get_device(), target.get_dtype(), value_fn, ranges)
+        super().__init__(name, target.layout, data)
+        self.target, self.dest_fn, self.value_fn, self.mode = target, dest_fn, value_fn, mode
+
+    def store_body(self, index, rindex=()):
+        dest = self.dest_fn(list(index))
+        ops.store(self.name, self.layout.make_indexer()(dest), self.value_fn(list(index)), self.mode)
+
+    def get_read_names(self):
+        return list(dict.fromkeys(super().get_read_names() + [self.target.get_name()]))
+
+
 class ExternKernel(Buffer):
     """An ATen op run as-is. ``args``/``kwargs`` hold IR tensors (realized buffers or
     ReinterpretViews) and plain Python values; ``layout`` is None when the op returns

@@ -12,7 +12,7 @@ import torch
 
 from coil.ir.handlers import ReferenceInterpreter
 from coil.ir.nodes import (Buffer, ComputedBuffer, ExternKernel, Layout, MultiOutput,
-                           ReinterpretView)
+                           ReinterpretView, ScatterBuffer)
 
 
 def _flat(t: torch.Tensor, layout: Layout) -> torch.Tensor:
@@ -52,6 +52,8 @@ def run_reference(graph, args: list) -> tuple:
 
     for b in graph.buffers:
         if isinstance(b, ComputedBuffer):
+            if isinstance(b, ScatterBuffer):
+                env[b.name] = env[b.target.get_name()]  # writes into its target's storage
             ReferenceInterpreter.run(b, env)
             tensors[b.name] = _view(env[b.name], b.layout)
         elif isinstance(b, ExternKernel):

@@ -32,7 +32,7 @@ import torch
 
 from coil import trace
 from coil.config import config
-from coil.ir.nodes import Buffer, ComputedBuffer, ExternKernel, MultiOutput
+from coil.ir.nodes import Buffer, ComputedBuffer, ExternKernel, MultiOutput, ScatterBuffer
 from coil.ir.symbols import product
 from coil.schedule.indexing import kernel_deps, kernel_index
 
@@ -235,6 +235,8 @@ class Scheduler:
         return None
 
     def _why_not(self, a: FusedGroup, b: FusedGroup) -> Optional[str]:
+        if any(isinstance(n, ScatterBuffer) for n in a.nodes + b.nodes):
+            return "a scatter writes into its target's storage and runs as its own kernel"
         grp = self.combined_group(a, b)
         if grp is None:
             return f"iteration spaces differ ({a.numel}x{a.rnumel} vs {b.numel}x{b.rnumel})"

@@ -14,7 +14,8 @@ from codegen_helpers import check  # noqa: E402
 FAST = ["add", "int_remainder", "floor_divide", "where", "sum", "argmax", "amax", "prod", "any",
         "var_mean", "softmax", "layer_norm", "cross_entropy", "cat", "pad", "slice_scatter_step",
         "select_scatter", "embedding", "index_2d", "gather", "split", "tanh", "erfinv", "pow",
-        "isnan", "to_half", "reshape", "as_strided", "arange_float"]
+        "isnan", "to_half", "reshape", "as_strided", "arange_float", "index_put_acc", "scatter",
+        "scatter_add", "embedding_backward"]
 
 
 def _run(name):

@@ -108,6 +108,14 @@ CASES = {
     "index_middle": (lambda a, i: a[:, i[0] % 7], X, IDX),
     "gather": (lambda a, i: torch.gather(a, 1, i % 7), X, IDX),
     "index_select": (lambda a, i: torch.index_select(a, 1, i[0]), X, IDX),
+    # scatter
+    "index_put": (lambda a, i, v: torch.index_put(a, (i[0],), v[:4]), X, IDX, Y),
+    "index_put_acc": (lambda a, i, v: torch.index_put(a, (i[:, 0],), v[:3], accumulate=True), X, IDX, Y),
+    "index_put_2d": (lambda a, i, v: torch.index_put(a, (i[0], i[1] % 7), v[0, :4], accumulate=True), X, IDX, Y),
+    "scatter": (lambda a, i, v: torch.scatter(a, 1, i % 7, v[:3, :4]), X, torch.stack([torch.randperm(7)[:4] for _ in range(3)]), Y),
+    "scatter_value": (lambda a, i: torch.scatter(a, 0, i % 5, 2.5), X, IDX),
+    "scatter_add": (lambda a, i, v: torch.scatter_add(a, 1, i % 7, v[:3, :4]), X, IDX, Y),
+    "embedding_backward": (lambda g, i: torch.ops.aten.embedding_dense_backward(g, i, 10, -1, False), r(3, 4, 7), IDX),
     # creation
     "arange": (lambda a: a + torch.arange(7), X), "full": (lambda a: a * torch.full((5, 7), 2.0), X),
     "zeros_like": (lambda a: torch.zeros_like(a) + a, X), "ones": (lambda a: torch.ones(7) - a, X),
@@ -127,7 +135,7 @@ def test_lowering_reference(name):
         torch.testing.assert_close(o, e, atol=1e-5, rtol=1e-5, equal_nan=True)
 
 
-NATIVE = ["add", "softmax", "layer_norm", "cat", "pad", "embedding", "index", "gather", "split",
+NATIVE = ["index_put_acc", "scatter_add", "add", "softmax", "layer_norm", "cat", "pad", "embedding", "index", "gather", "split",
           "slice_scatter", "where", "var", "argmax", "arange"]
 
 

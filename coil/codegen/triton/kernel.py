@@ -181,15 +181,16 @@ class TritonKernel(OpsHandler):
             expr = f"{expr}.to({TL_DTYPE[cdt]})"
         return self.cse(expr, cdt, dims)
 
-    def store(self, name, index, value):
+    def store(self, name, index, value, mode=None):
         e = simplify_index(sympy.sympify(index), {XINDEX: self.plan.numel, RINDEX: self.plan.rnumel})
         value = self._tensor(value)
-        self._store_cache()[(name, e)] = value
+        if mode is None:
+            self._store_cache()[(name, e)] = value
         if name not in self.args:
             return  # removed buffer: lives in registers only
-        self._emit_store(name, e, value, self._lines())
+        self._emit_store(name, e, value, self._lines(), mode)
 
-    def _emit_store(self, name, e, value, lines):
+    def _emit_store(self, name, e, value, lines, mode=None):
         dims = self._dims_of_index(e)
         mask, mdims = self._mask(dims | value.dims)
         buf_dtype = self.plan.buffer(name).get_dtype()
@@ -198,7 +199,10 @@ class TritonKernel(OpsHandler):
         ptr = f"{self.args[name]} + ({pyexpr(e)})"
         if (value.dims | mdims) - dims:
             ptr = f"tl.broadcast_to({ptr}, {self._shape(dims | value.dims | mdims)})"
-        lines.append(f"tl.store({ptr}, {v}{', ' + mask if mask else ''})")
+        fn = "tl.atomic_add" if mode == "atomic_add" else "tl.store"
+        if mode not in (None, "atomic_add"):
+            raise NotImplementedError(f"Triton codegen: store mode {mode!r}")
+        lines.append(f"{fn}({ptr}, {v}{', ' + mask if mask else ''})")
 
     def store_reduction(self, name, index, value):
         e = simplify_index(sympy.sympify(index), {XINDEX: self.plan.numel, RINDEX: self.plan.rnumel})

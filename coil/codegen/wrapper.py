@@ -29,7 +29,13 @@ def reinterpret(t: torch.Tensor, size, stride, offset: int) -> torch.Tensor:
 
 def ensure_layout(t: torch.Tensor, size, stride) -> torch.Tensor:
     """``t`` if its strides are ``stride`` (ignoring size-1 dims), else a copy that has
-    them: extern kernels may pick another output layout than fake tensors predicted."""
+    them: extern kernels may pick another output layout than fake tensors predicted.
+
+    ``t`` may be None: CUDA attention kernels return undefined tensors (None in Python)
+    for outputs whose fake version is an empty tensor (e.g. a debug mask); those are
+    never read, so None passes through."""
+    if t is None:
+        return t
     if all(a == b or n == 1 for a, b, n in zip(t.stride(), stride, size)):
         return t
     out = torch.empty_strided(size, stride, dtype=t.dtype, device=t.device)
@@ -122,6 +128,10 @@ class WrapperCodegen:
         L.append(f"def call({params}):")
         for name, c in g.constants.items():
             self.globals[name] = c
+        if g.seed_count:
+            self.globals["randint"] = torch.randint
+            L.append(f"    seeds = randint({2 ** 31 - 1}, ({g.seed_count},), device={self._dev(g.device)}, "
+                     f"dtype=torch.int64)")
         for i, s in enumerate(self.steps):
             for b in allocs[i]:
                 k = key(b)

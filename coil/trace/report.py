@@ -10,8 +10,9 @@ plain HTML files with no JavaScript and no network access, so it opens from disk
   compile time, time per stage, counts of graph breaks / recompiles / artifacts, and
   a compile-time breakdown summed over the whole log.
 - ``compile_<pid>_<frame>_<attempt>.html``: one page per compile id: the stage timings,
-  then every event grouped by event name (graph breaks and recompiles first, then in
-  order of first appearance), then every artifact, syntax-highlighted by its ``kind``.
+  for a recompile, a diff of each artifact against the frame's previous attempt; then
+  every event grouped by event name (graph breaks and recompiles first, then in order
+  of first appearance), then every artifact, syntax-highlighted by its ``kind``.
 - ``no_compile_id.html``: events logged outside any compile context.
 
 Events are rendered *generically*: a group of events with the same name becomes a
@@ -27,6 +28,7 @@ Entry points: :func:`write_report` (library) and :func:`main` (``coil report``;
 from __future__ import annotations
 
 import argparse
+import difflib
 import glob
 import html
 import json
@@ -378,6 +380,11 @@ _COMPILE = """{% extends "base" %}{% import "macros" as m %}{% block body %}
 {% if artifacts %}; <a href="#artifacts">{{ artifacts|length }} artifact(s)</a>{% endif %}</p>
 <h2>Stage timings</h2>
 {{ m.breakdown(breakdown) }}
+{% if diffs %}<h2 id="changes">Changes since <a href="{{ prev_page }}">compile {{ prev_id }}</a></h2>
+<p>Artifacts of the previous attempt of this frame that differ in this one (a recompile:
+what the new guards and graphs assume differently).</p>
+{% for d in diffs %}<details open><summary>{{ d.name }}</summary>{{ d.html|safe }}</details>
+{% endfor %}{% endif %}
 {{ m.events_section(groups) }}
 {% if artifacts %}<h2 id="artifacts">Artifacts</h2>
 {% for a in artifacts %}<details{% if a.open %} open{% endif %} id="art-{{ loop.index }}">
@@ -434,6 +441,39 @@ def _artifact_views(records: list) -> list:
     return views
 
 
+def previous_attempts(compiles: list) -> dict:
+    """``(pid, "f/a") -> Compile`` of ``"f/(a-1)"`` (the same frame's previous attempt)."""
+    by_id = {(c.pid, c.compile_id): c for c in compiles}
+    out = {}
+    for c in compiles:
+        frame, _, attempt = c.compile_id.rpartition("/")
+        if attempt.isdigit() and int(attempt) > 0:
+            prev = by_id.get((c.pid, f"{frame}/{int(attempt) - 1}"))
+            if prev is not None:
+                out[(c.pid, c.compile_id)] = prev
+    return out
+
+
+def artifact_diffs(prev: Compile, cur: Compile) -> list:
+    """Unified diffs of the artifacts both compiles logged under one name whose text
+    differs (first artifact of each name), as ``[{"name", "html"}]``."""
+    def first_by_name(c: Compile) -> dict:
+        out: dict = {}
+        for a in c.artifacts:
+            out.setdefault(str(a.get("name")), str(a.get("text", "")))
+        return out
+
+    old, new = first_by_name(prev), first_by_name(cur)
+    diffs = []
+    for name, text in new.items():
+        if name in old and old[name] != text:
+            lines = difflib.unified_diff(old[name].splitlines(), text.splitlines(),
+                                         f"{prev.compile_id}/{name}",
+                                         f"{cur.compile_id}/{name}", lineterm="", n=2)
+            diffs.append({"name": name, "html": highlight("\n".join(lines), "diff")})
+    return diffs
+
+
 def _group_tables(events: list) -> list:
     return [(name, event_table(recs)) for name, recs in group_events(events).items()]
 
@@ -459,6 +499,7 @@ def write_report(log_dir: str, out_dir: Optional[str] = None) -> str:
     common = {"css": _CSS, "pygments_css": _pygments_css(), "loose_page": NO_COMPILE_ID_PAGE}
     multi_pid = len({c.pid for c in log.compiles}) > 1
 
+    previous = previous_attempts(log.compiles)
     stage_names: list = []
     all_totals: OrderedDict = OrderedDict()
     rows = []
@@ -477,10 +518,14 @@ def write_report(log_dir: str, out_dir: Optional[str] = None) -> str:
         row.update({ev: c.count(ev) for ev in COUNTED_EVENTS})
         rows.append(row)
 
+        prev = previous.get((c.pid, c.compile_id))
+        diffs = artifact_diffs(prev, c) if prev is not None else []
         page = env.get_template("compile").render(
             title=row["title"] or f"compile {c.compile_id}", c=c, multi_pid=multi_pid,
             total=total, breakdown=_breakdown_rows(totals, total),
-            groups=_group_tables(c.events), artifacts=_artifact_views(c.artifacts), **common)
+            groups=_group_tables(c.events), artifacts=_artifact_views(c.artifacts),
+            diffs=diffs, prev_page=prev.page if prev else "",
+            prev_id=prev.compile_id if prev else "", **common)
         _write(os.path.join(out_dir, c.page), page)
 
     loose_events = [r for r in log.loose if r.get("event") not in ("artifact",)]

@@ -219,8 +219,10 @@ def _synthetic_log(d):
                                kind="cpp")
             trace.log("graph_break", reason="call to input",
                       user_stack=['File "model.py", line 9, in forward', "    input()"])
+            trace.artifact("guards", "def guard(x):\n    return x.size(0) == 4\n", kind="python")
         with trace.compile_context(0, 1):
             trace.log("recompile", reason="guard failed", failed_guards=["x.size(0) == 4"])
+            trace.artifact("guards", "def guard(x):\n    return x.size(0) == 8\n", kind="python")
     finally:
         trace.set_dir(None)
 
@@ -248,6 +250,10 @@ def test_report_renders_breaks_recompiles_and_unknown_events(tmp_path):
     assert t0.index("graph_break (2)") < t0.index("fusion (2)")  # breaks come first
     _, t1 = _parse(p1)
     assert "recompile (1)" in t1 and "guard failed" in t1 and "x.size(0) == 4" in t1
+    # the recompile's page diffs its artifacts against the previous attempt's
+    assert "Changes since compile 0/0" in t1
+    assert "-    return x.size(0) == 4\n+    return x.size(0) == 8" in t1
+    assert "Changes since" not in t0
     _check_links_resolve(out)
 
 

@@ -474,3 +474,55 @@ def test_dtype_changing_view_of_input():
     x.grad = None
     torch.view_as_complex(x).abs().sum().backward()
     torch.testing.assert_close(g, x.grad)
+
+
+def test_partition_decisions_are_logged(tmp_path):
+    import json
+
+    from coil import trace
+
+    def f(x, w):
+        return (x @ w).relu().sin().sum()
+
+    x, w = torch.randn(8, 16), torch.randn(16, 16, requires_grad=True)
+    trace.set_dir(str(tmp_path))
+    try:
+        c = compile_fn(f, x, w)
+    finally:
+        trace.set_dir(None)
+    records = [json.loads(line) for p in tmp_path.iterdir() for line in p.read_text().splitlines()]
+    (part,) = [r for r in records if r["event"] == "aot_partition"]
+    assert part["partitioner"] == "min_cut" and part["saved"]
+    for s in part["saved"]:
+        assert s["bytes"] > 0 and s["reason"]
+    assert not [n for n in part["recomputed"] if n.startswith("mm")]  # matmuls never recomputed
+    assert isinstance(part["recomputed"], list)
+    names = {r.get("name") for r in records if r["event"] == "artifact"}
+    assert {"aot_joint_graph", "aot_forward_graph", "aot_backward_graph"} <= names
+    c(x, w).backward()
+
+
+def test_min_cut_saves_no_more_than_default():
+    from coil.aot.partition import default_partition, min_cut_partition
+
+    def f(x, w1, w2):
+        h = torch.nn.functional.gelu(x @ w1)
+        return torch.nn.functional.layer_norm(h @ w2, (16,)).tanh().sum()
+
+    args = [torch.randn(32, 16), torch.randn(16, 64, requires_grad=True), torch.randn(64, 16, requires_grad=True)]
+    got = {}
+    for pf in (min_cut_partition, default_partition):
+        parts = []
+
+        def rec(j, i, pf=pf):
+            parts.append(pf(j, i))
+            return parts[-1]
+
+        c = aot_compile(f, args, run_graph, partition_fn=rec)
+        out = c(*args)
+        grads = torch.autograd.grad(out, args[1:])
+        ref = torch.autograd.grad(f(*args), args[1:])
+        for a, b in zip(grads, ref):
+            torch.testing.assert_close(a, b)
+        got[pf.__name__] = parts[0].saved_bytes
+    assert got["min_cut_partition"] <= got["default_partition"]

@@ -71,11 +71,22 @@ class GraphLowering(torch.fx.Interpreter):
         self.native: Counter = Counter()
         self.current_node: Optional[torch.fx.Node] = None
         self._counter = itertools.count()
+        #: random ops lowered natively; the wrapper draws this many seeds per call
+        #: into the int64 buffer ``seeds`` (one Philox stream per op)
+        self.seed_count = 0
         self._inputs_iter = iter(self.example_inputs)
 
     # -- registry ---------------------------------------------------------------------------
     def new_buffer_name(self) -> str:
         return f"buf{next(self._counter)}"
+
+    def new_seed_index(self) -> int:
+        """Index of a fresh seed in the per-call ``seeds`` buffer (registered lazily)."""
+        if self.seed_count == 0:
+            self.name_to_buffer["seeds"] = InputBuffer(
+                "seeds", Layout(self.device, torch.int64, [sympy.Integer(1 << 20)], [sympy.Integer(1)]))
+        self.seed_count += 1
+        return self.seed_count - 1
 
     def register_buffer(self, buf: Buffer) -> None:
         self.buffers.append(buf)

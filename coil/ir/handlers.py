@@ -63,6 +63,10 @@ class _Recording(OpsHandler):
         self.reduction_types.append(reduction_type)
         return self._emit("reduction", dtype, src_dtype, repr(reduction_type), value)
 
+    def load_seed(self, name, offset):
+        self.loads.append((name, offset))
+        return self._emit("load_seed", name, offset)
+
     def indirect_indexing(self, x, size, check=True):
         s = sym(f"indirect{next(self.indirect)}")
         self.lines.append(f"{s} = ops.indirect_indexing({x}, {_fmt(size)}, check={check})")
@@ -272,17 +276,21 @@ class ReferenceInterpreter(OpsHandler):
         return torch.where(torch.as_tensor(c).bool(), torch.as_tensor(a), torch.as_tensor(b))
 
     def load_seed(self, name, offset):
-        return self.env[name][offset]
+        return self.env[name][int(offset)]
 
     def rand(self, seed, offset):
+        """Uniform [0, 1) per element, a function of (seed, offset) only (like Philox;
+        not the same numbers as Triton's ``tl.rand``)."""
+        off = torch.as_tensor(offset).long()
         g = torch.Generator().manual_seed(int(seed))
-        off = torch.as_tensor(offset)
-        return torch.rand(off.shape, generator=g)
+        table = torch.rand(int(off.max()) + 1 if off.numel() else 1, generator=g)
+        return table[off]
 
     def randn(self, seed, offset):
+        off = torch.as_tensor(offset).long()
         g = torch.Generator().manual_seed(int(seed))
-        off = torch.as_tensor(offset)
-        return torch.randn(off.shape, generator=g)
+        table = torch.randn(int(off.max()) + 1 if off.numel() else 1, generator=g)
+        return table[off]
 
     def __getattr__(self, op: str):
         if op in _TORCH_UNARY:

@@ -436,7 +436,8 @@ def _gather(x, dim, index, sparse_grad=False):
 @register_lowering(aten.full, aten.full_like, aten.zeros, aten.ones, aten.zeros_like,
                    aten.ones_like, aten.empty, aten.empty_like, aten.empty_strided,
                    aten.scalar_tensor, aten.new_zeros, aten.new_ones, aten.new_full,
-                   aten.new_empty, aten.new_empty_strided, prims.full, aten.fill.Scalar)
+                   aten.new_empty, aten.new_empty_strided, prims.full, aten.fill.Scalar,
+                   aten.empty_permuted)
 def _creation(*args, **kwargs):
     target = current_graph().current_node.target
     name = target._overloadpacket.__name__ if hasattr(target, "_overloadpacket") else str(target)
@@ -590,3 +591,46 @@ def _scatter(x, dim, index, src):
 
     mode = "atomic_add" if target == aten.scatter_add.default else None
     return _scatter_box(x, isize, dest, vload, mode)
+
+
+# ----------------------------------------------------------------------------- random
+
+@register_lowering(aten.rand, aten.rand_like, aten.randn, aten.randn_like, aten.bernoulli.p,
+                   aten.bernoulli.default)
+def _random(*args, **kwargs):
+    """In-kernel Philox random numbers (``tl.rand``/``tl.randn``): one seed per op per
+    call from the wrapper's ``seeds`` buffer, offset = the element's flat index. The
+    stream differs from eager's; ``config.fallback_random`` runs the ATen op instead."""
+    from coil.config import config
+    from coil.ir.lowering import FallbackToExtern
+    if config.fallback_random:
+        raise FallbackToExtern()
+    g = current_graph()
+    target = g.current_node.target
+    name = target._overloadpacket.__name__
+    size, odt = out_size(), out_dtype()
+    cdt = compute_dtype(odt)
+    k = g.new_seed_index()
+    p_load = None
+    if name == "bernoulli":
+        if target == aten.bernoulli.p:
+            p = float(args[1] if len(args) > 1 else kwargs.get("p", 0.5))
+            p_load = lambda i: ops.constant(p, torch.float32)
+        else:
+            l = loader_as(args[0], size, torch.float32)
+            p_load = l
+
+    def inner(index):
+        seed = ops.load_seed("seeds", k)
+        off = ops.index_expr(linear_index(index, size), torch.int32)
+        if name.startswith("randn"):
+            v = ops.randn(seed, off)
+        else:
+            v = ops.rand(seed, off)
+        if p_load is not None:
+            v = ops.to_dtype(ops.lt(v, p_load(index)), odt, torch.bool)
+        elif cdt != torch.float32:
+            v = ops.to_dtype(v, odt, torch.float32)
+        return v
+
+    return TensorBox.create(Pointwise(device(), odt, inner, size))

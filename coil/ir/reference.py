@@ -35,6 +35,8 @@ def run_reference(graph, args: list) -> tuple:
         if name in graph.graph_inputs:
             tensors[name] = a
             env[name] = _flat(a, graph.graph_inputs[name].layout)
+    if graph.seed_count:
+        env["seeds"] = torch.randint(2 ** 31 - 1, (graph.seed_count,), dtype=torch.int64)
     for name, c in graph.constants.items():
         tensors[name] = c
         env[name] = _flat(c, graph.name_to_buffer[name].layout)

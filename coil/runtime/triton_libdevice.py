@@ -77,7 +77,38 @@ def _erfinv(y: float) -> float:
     return x
 
 
+def _make_rng_shim():
+    """``rand``/``randn`` of (seed, offset) under the interpreter: a NumPy generator per
+    seed indexed by offset (a function of seed and offset, like Philox; other numbers)."""
+    import triton.language as tl
+    from triton.runtime.interpreter import TensorHandle
+
+    def make(kind):
+        def f(seed, offset):
+            sd = int(np.asarray(seed.handle.data if isinstance(seed, tl.core.tensor) else seed).reshape(-1)[0])
+            off = offset.handle.data.astype(np.int64)
+            gen = np.random.default_rng(sd & 0x7FFFFFFF)
+            n = int(off.max()) + 1 if off.size else 1
+            table = gen.random(n) if kind == "rand" else gen.standard_normal(n)
+            out = table[off].astype(np.float32)
+            return tl.core.tensor(TensorHandle(out, tl.float32), offset.type.with_element_ty(tl.float32)
+                                  if offset.type.is_block() else tl.float32)
+        return f
+
+    mod = types.ModuleType("coil_rng_shim")
+    mod.rand, mod.randn = make("rand"), make("randn")
+    return mod
+
+
 def __getattr__(name):
+    if name == "rng":
+        if interpreting():
+            global _RNG
+            if _RNG is None:
+                _RNG = _make_rng_shim()
+            return _RNG
+        import triton.language as tl
+        return tl
     if name == "libdevice":
         if interpreting():
             global _SHIM
@@ -90,3 +121,4 @@ def __getattr__(name):
 
 
 _SHIM = None
+_RNG = None

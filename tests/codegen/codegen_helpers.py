@@ -10,7 +10,9 @@ from coil.config import patch
 
 
 def aten_graph(fn, *args):
-    return make_fx(fn, decomposition_table=get_decompositions())(*args)
+    """Functional ATen graph of ``fn`` (in-place ops removed, like aot/ produces)."""
+    return make_fx(torch.func.functionalize(fn, remove="mutations"),
+                   decomposition_table=get_decompositions())(*args)
 
 
 def compile_fn(fn, *args, backend="triton", **options):

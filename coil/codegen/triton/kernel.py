@@ -349,15 +349,15 @@ class TritonKernel(OpsHandler):
         return self._op(f"tl.where({c}, {a}, {b})", dt, c, a, b)
 
     def load_seed(self, name, offset):
-        return self.cse(f"tl.load({self.args[name]} + {offset})", torch.int64, frozenset())
+        return self.cse(f"tl.load({self.args[name]} + {int(offset)})", torch.int64, frozenset())
 
     def rand(self, seed, offset):
         offset = self._tensor(offset)
-        return self.cse(f"tl.rand({seed}, ({offset}).to(tl.uint32))", torch.float32, offset.dims)
+        return self.cse(f"rng.rand({seed}, ({offset}).to(tl.uint32))", torch.float32, offset.dims)
 
     def randn(self, seed, offset):
         offset = self._tensor(offset)
-        return self.cse(f"tl.randn({seed}, ({offset}).to(tl.uint32))", torch.float32, offset.dims)
+        return self.cse(f"rng.randn({seed}, ({offset}).to(tl.uint32))", torch.float32, offset.dims)
 
     def _op(self, expr, dtype, *args) -> TVal:
         dims = frozenset().union(*[a.dims for a in args if isinstance(a, TVal)])

@@ -52,6 +52,29 @@ def _symbolic_placeholder_values(gm: torch.fx.GraphModule) -> Optional[list]:
     return vals if symbolic else None
 
 
+def _refuse_mutated_aliased_inputs(example_inputs: list, mutated: list) -> None:
+    """Inputs sharing memory are traced as independent tensors; that is only wrong
+    when one of them is mutated, so refuse exactly that case (CoilError)."""
+    if not mutated:
+        return
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    from coil.exc import CoilError
+
+    owners: dict = {}
+    for i, x in enumerate(example_inputs):
+        if isinstance(x, torch.Tensor):
+            owners.setdefault(StorageWeakRef(x.untyped_storage()), []).append(i)
+    for group in owners.values():
+        if len(group) > 1 and any(i in mutated for i in group):
+            raise CoilError(
+                f"coil.aot: graph inputs {group} share memory and input "
+                f"{[i for i in group if i in mutated]} is mutated in place; coil traces inputs "
+                "as independent tensors, so the other views would not see the write.\n"
+                "  what to do: pass only the base tensor (and index it inside the function), "
+                "or clone one of the inputs before the call.")
+
+
 def _graph_text(gm: torch.fx.GraphModule, header: str) -> Callable[[], str]:
     return lambda: f"# {header}\n" + gm.print_readable(print_output=False)
 
@@ -129,6 +152,7 @@ def _compile(fn, example_inputs, fw_compiler, bw_compiler, partition_fn, decompo
               mutated_inputs=info.mutated_inputs,
               outputs=[(o.kind, o.index) for o in info.outputs],
               fw_out_requires_grad=info.fw_out_requires_grad)
+    _refuse_mutated_aliased_inputs(example_inputs, info.mutated_inputs)
     training = grad and any(x.requires_grad for x in info.inputs) and any(info.fw_out_requires_grad)
     if not training:
         fw_gm = trace_inference(fn, fake_args, info, decomps, fake_mode)

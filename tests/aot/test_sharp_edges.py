@@ -1,0 +1,57 @@
+"""Documented sharp edges of coil.aot (STYLE.md §7): each asserts today's behaviour,
+so a change to one is visible. docs/aot.md lists them."""
+import pytest
+import torch
+
+from coil.aot import aot_compile
+from coil.aot.backend import run_graph
+from coil.exc import CoilError
+
+
+def test_unused_output_gives_zero_grad_not_none():
+    # eager: w2 is reached only through an output the loss does not use -> grad None.
+    # coil: one autograd.Function covers all outputs -> zeros.
+    def f(x, w1, w2):
+        return x * w1, x * w2
+
+    x = torch.randn(3)
+    w1, w2 = torch.randn(3, requires_grad=True), torch.randn(3, requires_grad=True)
+    c = aot_compile(f, [x, w1, w2], run_graph)
+    a, _ = c(x, w1, w2)
+    a.sum().backward()
+    assert w2.grad is not None and not w2.grad.any()
+
+
+def test_mutating_one_of_two_aliased_inputs_is_refused():
+    def f(a, b):
+        a.add_(1)
+        return b * 2
+
+    base = torch.randn(4)
+    with pytest.raises(CoilError, match="share memory"):
+        aot_compile(f, [base, base[:2]], run_graph)
+
+
+def test_aliased_inputs_without_mutation_are_fine():
+    def f(a, b):
+        return a.sum() + b.sum()
+
+    base = torch.randn(4)
+    c = aot_compile(f, [base, base[:2]], run_graph)
+    torch.testing.assert_close(c(base, base[:2]), f(base, base[:2]))
+
+
+def test_path_is_fixed_at_compile_time():
+    # compiled under no_grad -> inference graph; called with grad on, the result
+    # does not require grad (capture's guards on grad mode make this a recompile).
+    def f(x, w):
+        return (x * w).sum()
+
+    x, w = torch.randn(3), torch.randn(3, requires_grad=True)
+    with torch.no_grad():
+        c = aot_compile(f, [x, w], lambda gm, ex: gm.forward)
+    out = c(x, w)
+    # aot_eager runs ATen ops eagerly, so autograd still records them here; a
+    # generated-kernel compiler would return a tensor without grad_fn
+    assert c._coil_aot_path == "inference"
+    torch.testing.assert_close(out, f(x, w))

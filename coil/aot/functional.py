@@ -68,7 +68,8 @@ class OutputInfo:
     ``"input"`` (the input object ``index`` itself), ``"alias_of_input"`` (a view of
     input ``index``), ``"alias_of_output"`` (a view of the graph output ``index``),
     ``"alias_of_base"`` (a view of the extra graph output ``index`` holding an
-    intermediate base), ``"constant"`` (``value``).
+    intermediate base), ``"same_as_output"`` (the user output ``index`` again),
+    ``"constant"`` (``value``).
     ``size/stride/offset`` describe the view (elements; offset is absolute in the
     storage). ``requires_grad``: the eager output requires grad.
     """
@@ -211,6 +212,10 @@ def _analyze(fn, fake_args, fake_mode, grad, drop_error_checks) -> ProgramInfo:
             same = [j for j, fa in enumerate(f_args) if fa is o]
             if same:
                 outputs.append(OutputInfo("input", same[0], **meta))
+                continue
+            earlier = [j for j in range(k) if flat_outs[j] is o]
+            if earlier:  # the same tensor returned twice: the same object twice
+                outputs.append(OutputInfo("same_as_output", earlier[0], **meta))
                 continue
             st = StorageWeakRef(o.untyped_storage())
             # a view that changes dtype (view_as_complex, view(dtype)) cannot be

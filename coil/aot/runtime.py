@@ -60,6 +60,8 @@ def _make_epilogue(info: ProgramInfo, args_index_of_output=None) -> Callable:
             plan.append((3, n_mut + o.index, o))
         elif o.kind == "alias_of_base":
             plan.append((3, n_mut + n_graph + o.index, o))
+        elif o.kind == "same_as_output":
+            plan.append((5, o.index, None))
         else:
             plan.append((4, None, o.value))
     single_leaf = spec.num_nodes == 1  # the program returns one tensor, not a tuple
@@ -95,6 +97,8 @@ def _make_epilogue(info: ProgramInfo, args_index_of_output=None) -> Callable:
                 flat.append(view(args[idx], extra))
             elif kind == 3:
                 flat.append(view(vals[idx], extra))
+            elif kind == 5:
+                flat.append(flat[idx])
             else:
                 flat.append(extra)
         if container is not None:

@@ -526,3 +526,16 @@ def test_min_cut_saves_no_more_than_default():
             torch.testing.assert_close(a, b)
         got[pf.__name__] = parts[0].saved_bytes
     assert got["min_cut_partition"] <= got["default_partition"]
+
+
+def test_same_tensor_returned_twice_is_the_same_object():
+    def f(x):
+        y = x.exp()
+        return y, y, x
+
+    x = torch.randn(3, requires_grad=True)
+    c = compile_fn(f, x)
+    a, b, xx = c(x)
+    assert a is b and xx is x
+    (a.sum() + 2 * b.sum()).backward()
+    torch.testing.assert_close(x.grad, 3 * x.detach().exp())

@@ -205,17 +205,7 @@ def LOAD_METHOD(tx, inst):
     tx.push(tx.getattr(obj, inst.argval))
 
 
-# https://docs.python.org/3.12/library/dis.html#opcode-LOAD_SUPER_ATTR
-@op("LOAD_SUPER_ATTR", PY312)
-def LOAD_SUPER_ATTR(tx, inst):
-    self_, cls, glob_super = tx.popn(3)
-    if inst.arg & 2:
-        sup = tx.call(glob_super, [cls, self_], {})
-    else:
-        sup = tx.call(glob_super, [], {})
-    if inst.arg & 1:
-        tx.push(NullVariable())
-    tx.push(tx.getattr(sup, inst.argval))
+# LOAD_SUPER_ATTR (3.12): coil/capture/opcodes312.py
 
 
 # https://docs.python.org/3.11/library/dis.html#opcode-STORE_ATTR
@@ -292,19 +282,7 @@ def MAKE_FUNCTION(tx, inst):
     tx.push(NestedFunctionVariable(code, code.co_name, tx.f_globals, defaults, kwdefaults, closure))
 
 
-# https://docs.python.org/3.12/library/dis.html#opcode-CALL_INTRINSIC_1
-@op("CALL_INTRINSIC_1", PY312)
-def CALL_INTRINSIC_1(tx, inst):
-    name = dis._intrinsic1_descs[inst.arg] if hasattr(dis, "_intrinsic1_descs") else str(inst.argval)
-    v = tx.pop()
-    if "LIST_TO_TUPLE" in name:
-        tx.push(TupleVariable(tx.unpack(v)))
-    elif "UNARY_POSITIVE" in name:
-        tx.push(tx.unary_op(operator.pos, v))
-    elif "STOPITERATION_ERROR" in name:
-        raise Unsupported("StopIteration inside a generator")
-    else:
-        raise Unsupported(f"intrinsic {name}")
+# CALL_INTRINSIC_1/2 and the other 3.12-only opcodes: coil/capture/opcodes312.py
 
 
 # --- operators -----------------------------------------------------------------------
@@ -740,3 +718,6 @@ def IMPORT_FROM(tx, inst):
 
 
 _ = (SourcedCellVariable,)
+
+# 3.12-only handlers register themselves (last, so they win on 3.12).
+from coil.capture import opcodes312  # noqa: E402,F401

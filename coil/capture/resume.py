@@ -16,6 +16,7 @@ other frame.
 """
 from __future__ import annotations
 
+import sys
 import types
 from typing import Optional
 
@@ -60,6 +61,8 @@ def make_resume_code(code: types.CodeType, index: int, null_mask: tuple, local_n
         else:
             prologue.append(Instr("LOAD_FAST", name, lineno=lineno))
     prologue.append(Instr("JUMP_FORWARD", label, lineno=lineno))
+    if sys.version_info[:2] >= (3, 12):
+        _two_arg_super(bc)
     new = list(bc[:resume_pos + 1]) + prologue + list(bc[resume_pos + 1:insert_at]) + [label] + \
         list(bc[insert_at:])
     args = [n for n, is_null in zip(stack_names, null_mask) if not is_null] + list(local_names)
@@ -80,6 +83,23 @@ def make_resume_code(code: types.CodeType, index: int, null_mask: tuple, local_n
     new_code = out.to_code()
     _CACHE[key] = new_code
     return new_code
+
+
+def _two_arg_super(bc) -> None:
+    """3.12: turn every zero-argument ``LOAD_SUPER_ATTR`` into its two-argument form.
+
+    Both forms find ``super``, ``__class__`` and ``self`` on the stack, but the
+    zero-argument one calls ``super()`` with no arguments, which reads the *frame's first
+    local* -- in a resume function that is ``___stack0``, not ``self``. Setting the
+    two-argument flag makes it ``super(__class__, self)``, the same lookup.
+    (``bytecode`` spells the argument ``(method_load, two_arg, name)``.)
+    https://docs.python.org/3.12/library/dis.html#opcode-LOAD_SUPER_ATTR
+    """
+    for ins in bc:
+        if isinstance(ins, Instr) and ins.name == "LOAD_SUPER_ATTR":
+            method, two_arg, name = ins.arg
+            if not two_arg:
+                ins.arg = (method, True, name)
 
 
 def make_resume_function(fn_globals: dict, closure: Optional[tuple], code: types.CodeType,

@@ -340,12 +340,74 @@ def make_reduction(x: TensorBox, dims, keepdim: bool, reduction_type: str,
         init = {"sum": 0, "prod": 1, "any": False}.get(reduction_type, float("nan"))
         return _full(_kept_size(size, dims, keepdim), init, dtype)
     else:
-        red = Reduction(dev, dtype, inner, ranges, rranges, reduction_type, sdt)
-        box = TensorBox(StorageBox(red))
-        box.data.realize()
+        split = _split_factor(ranges, numel_r, reduction_type)
+        if split > 1:
+            box = _split_reduction(dev, dtype, sdt, inner, ranges, rranges, numel_r, split,
+                                   reduction_type, leading=dims[-1] < (kept[0] if kept else nd))
+        else:
+            red = Reduction(dev, dtype, inner, ranges, rranges, reduction_type, sdt)
+            box = TensorBox(StorageBox(red))
+            box.data.realize()
     if keepdim:
         from coil.ir.lowering_views import view_reshape
         box = view_reshape(box, _kept_size(size, dims, True))
+    return box
+
+
+#: Reductions that combine associatively, so they can be split in two stages.
+SPLITTABLE = {"sum": "sum", "prod": "prod", "max": "max", "min": "min", "any": "any"}
+
+
+def _split_factor(ranges, numel_r: int, reduction_type: str) -> int:
+    """How many partial reductions to run per output (1: no split).
+
+    Few outputs with long reductions (a full ``x.sum()``, ``bias_grad = g.sum(0)``)
+    would run on too few programs; split the reduction in ``S`` chunks (a power of
+    two dividing it) so there are ~8k partial results of >= 512 elements each."""
+    if reduction_type not in SPLITTABLE or numel_r < 4096:
+        return 1
+    numel_out = 1
+    for r in ranges:
+        numel_out *= int(r)
+    if numel_out >= 4096:
+        return 1
+    s = 1
+    while numel_r % (s * 2) == 0 and numel_out * s * 2 <= 8192 and numel_r // (s * 2) >= 512:
+        s *= 2
+    return s if s >= 4 else 1
+
+
+def _split_reduction(dev, dtype, sdt, inner, ranges, rranges, numel_r, split, reduction_type,
+                     leading: bool) -> TensorBox:
+    """Two-stage reduction: ``split`` partial results per output, then reduce those.
+
+    With ``leading`` (the reduced dims come before the kept ones, e.g. ``sum(0)``) the
+    chunk index is the outer dim of the partial buffer so that neighbouring programs
+    read neighbouring memory."""
+    from coil.ir.nodes import StorageBox
+    from coil.ir.symbols import unflatten
+    chunk = numel_r // split
+    nk = len(ranges)
+    part_ranges = ([split] + list(ranges)) if leading else (list(ranges) + [split])
+    acc_dt = sdt if reduction_type != "any" else torch.bool
+
+    def stage1(index, rindex):
+        s, idx = (index[0], index[1:]) if leading else (index[nk], index[:nk])
+        flat = s * chunk + rindex[0]
+        return inner(list(idx), unflatten(flat, rranges))
+
+    part = Reduction(dev, acc_dt, stage1, part_ranges, [chunk], reduction_type, sdt)
+    pbox = TensorBox(StorageBox(part))
+    pbuf = pbox.data.realize()
+    load = pbuf.make_loader()
+
+    def stage2(index, rindex):
+        return load(([rindex[0]] + list(index)) if leading else (list(index) + [rindex[0]]))
+
+    final = Reduction(dev, dtype, stage2, ranges, [split], reduction_type, compute_dtype(acc_dt)
+                      if reduction_type != "any" else torch.bool)
+    box = TensorBox(StorageBox(final))
+    box.data.realize()
     return box
 
 

@@ -55,7 +55,16 @@ def test_reductions(fn):
 
 
 def test_looped_reduction():
-    check(lambda x: (x.sum(1), torch.softmax(x, -1)), r(3, 5000), atol=1e-4, rtol=1e-4)
+    # 5003 is prime: no split reduction, so these run as looped (non-persistent) kernels
+    check(lambda x: (x.sum(1), torch.softmax(x, -1), x.argmax(1), x.amin(1)), r(3, 5003),
+          atol=1e-4, rtol=1e-4)
+
+
+def test_split_reductions():
+    """Few outputs with long reductions run in two stages (partial sums, then a sum)."""
+    c = check(lambda x: (x.sum(0), x.amax(), (x > 2).any()), r(8192, 6), atol=1e-3, rtol=1e-4)
+    assert c.kernel_count >= 4
+    check(lambda x: x.var(0), r(4096, 5), atol=1e-4, rtol=1e-4)
 
 
 def test_views():

@@ -19,7 +19,8 @@ def _cases():
         "softmax": (lambda x: torch.softmax(x, -1), (r(8, 100),), 1),
         "gelu_addmm": (lambda x, w, b: F.gelu(x @ w + b), (r(8, 32), r(32, 16), r(16)), 1),
         "residual_tail": (lambda x, y, w, b: F.layer_norm(x + y, (32,), w, b), (r(4, 32), r(4, 32), r(32), r(32)), 1),
-        "sum_dim0_looped": (lambda x: x.sum(0), (r(5000, 3),), 1),
+        "sum_dim0_split": (lambda x: x.sum(0), (r(8192, 3),), 2),
+        "softmax_looped": (lambda x: torch.softmax(x, -1), (r(3, 5003),), 1),
         "pointwise_chain": (lambda x, y: torch.sigmoid(x * y) + y.half().float(), (r(3, 50), r(50)), 1),
     }
 

@@ -349,7 +349,7 @@ def _translate(fn, code, cfg, bound) -> CacheEntry:
         except RestartAnalysis:
             continue
         except Unsupported as e:
-            if cfg.fullgraph:
+            if cfg.fullgraph and not isinstance(e, UserCodeError):
                 loc = e.location or tx.location()
                 raise GraphBreakInFullgraph(
                     f"graph break under fullgraph=True: {e.reason}", loc,

@@ -36,6 +36,10 @@ from coil.capture.variables.base import (CellVariable, ConstantVariable, Sourced
 from coil.capture.variables.tensor import TensorVariable
 
 
+def _autocast_devices():
+    return ("cpu", "cuda") if torch.cuda.is_available() else ("cpu",)
+
+
 def _make_function(code, globals_, name, defaults, closure):
     return types.FunctionType(code, globals_, name, defaults, closure)
 
@@ -132,6 +136,11 @@ class OutputGraph:
         self._placeholder_names: set = set()
         self.guards.add(f"___grad_enabled() is {self.initial_grad!r}", "___grad_enabled()",
                         self.initial_grad)
+        for dev in _autocast_devices():
+            state = torch.is_autocast_enabled(dev)
+            self.guards.ns["___autocast_enabled"] = torch.is_autocast_enabled
+            self.guards.add(f"___autocast_enabled({dev!r}) is {state!r}",
+                            f"___autocast_enabled({dev!r})", state)
 
     # --- inputs --------------------------------------------------------------------
     def _placeholder(self, name: str):

@@ -18,6 +18,7 @@ construction, iteration and truthiness.
 """
 from __future__ import annotations
 
+import collections
 import dis
 import operator
 import sys
@@ -63,6 +64,15 @@ _INPLACE_TO_OUT = {operator.iadd: operator.add, operator.isub: operator.sub,
                    operator.iand: operator.and_, operator.ior: operator.or_,
                    operator.ixor: operator.xor, operator.ilshift: operator.lshift,
                    operator.irshift: operator.rshift}
+
+
+def const_value(v):
+    """The Python value of a tracker made only of constants (lists and dicts included)."""
+    if isinstance(v, (ListVariable, TupleVariable)) and not isinstance(v, NamedTupleVariable):
+        return (list if isinstance(v, ListVariable) else tuple)(const_value(i) for i in v.items)
+    if isinstance(v, DictVariable):
+        return {k: const_value(x) for k, x in v.items.items()}
+    return v.as_python_constant()
 
 
 class RestartAnalysis(Exception):
@@ -244,6 +254,14 @@ class InstructionTranslatorBase:
         if isinstance(obj, ObjectVariableBase) and obj.value is not None and not isinstance(
                 obj, UserDefinedClassVariable):
             cls = type(obj.value)
+            cls_attr = _static_lookup(cls, name)
+            if isinstance(cls_attr, property) and not plain:
+                if cls_attr.fset is None:
+                    raise UserCodeError(f"AttributeError: can't set attribute '{name}'")
+                self.call(UserFunctionVariable(cls_attr.fset), [obj, value], {})
+                return
+            if cls_attr is not _SENTINEL and hasattr(type(cls_attr), "__set__") and not plain:
+                raise Unsupported(f"setting data descriptor {name} of {cls.__name__}")
             setattr_fn = _static_lookup(cls, "__setattr__")
             if not plain and setattr_fn not in (object.__setattr__, torch.nn.Module.__setattr__):
                 if isinstance(setattr_fn, types.FunctionType):
@@ -328,6 +346,18 @@ class InstructionTranslatorBase:
         return False
 
     def binary_op(self, op, a: VariableTracker, b: VariableTracker) -> VariableTracker:
+        if isinstance(a, BaseListVariable) and isinstance(b, ConstantVariable) and type(b.value) is tuple:
+            b = TupleVariable([ConstantVariable(v) for v in b.value])
+        if isinstance(b, BaseListVariable) and isinstance(a, ConstantVariable) and type(a.value) is tuple:
+            a = TupleVariable([ConstantVariable(v) for v in a.value])
+        if isinstance(a, ListIteratorVariable) and a.kind in ("keys", "items") and op in (
+                operator.and_, operator.or_, operator.sub, operator.xor):
+            a = SetVariable([v.as_python_constant() for v in a.items])
+        if isinstance(a, SetVariable) and isinstance(b, (SetVariable, ListIteratorVariable)) and op in (
+                operator.and_, operator.or_, operator.sub, operator.xor):
+            other = b.as_python_constant() if isinstance(b, SetVariable) else \
+                {v.as_python_constant() for v in b.items}
+            return SetVariable(op(set(a.items), set(other)))
         if op is operator.is_:
             return ConstantVariable(self.is_same(a, b))
         if op is operator.is_not:
@@ -524,12 +554,19 @@ class InstructionTranslatorBase:
             raise Unsupported(f"constructing {cls.__name__} inside the frame")
         if cls in (torch.device, torch.Size, torch.finfo, torch.iinfo, torch.dtype) or \
                 (isinstance(cls, type) and issubclass(cls, __import__("enum").Enum)):
-            c = [a.as_python_constant() for a in args]
-            kw = {k: v.as_python_constant() for k, v in kwargs.items()}
+            c = [const_value(a) for a in args]
+            kw = {k: const_value(v) for k, v in kwargs.items()}
             return wrap_constant_result(self, cls(*c, **kw))
-        if isinstance(cls, type) and issubclass(cls, dict) and cls.__init__ is dict.__init__:
+        if cls is collections.defaultdict:
             d = DictVariable({}, cls)
-            d.call_method(self, "update", args, kwargs)
+            d.default_factory = args[0] if args else None
+            if len(args) > 1:
+                d.call_method_base(self, "update", args[1:], kwargs)
+            return d
+        if isinstance(cls, type) and issubclass(cls, dict) and (
+                cls.__init__ in (dict.__init__, collections.OrderedDict.__init__)):
+            d = DictVariable({}, cls)
+            d.call_method_base(self, "update", args, kwargs)
             return d
         new = _static_lookup(cls, "__new__")
         if new not in (object.__new__, _SENTINEL) and not isinstance(new, staticmethod):

@@ -170,3 +170,27 @@ def test_guard_function_is_printable_python():
 
     e = explain(f, torch.randn(2))
     assert e.guards and e.guards[0].startswith("def ___guard(")
+
+
+def test_setitem_node_is_kept():
+    # regression: in-place nodes returning None were erased as "constant results"
+    def f(x):
+        y = x.clone()
+        y[0] = 1.5
+        y[1:, 0] *= 3
+        return y
+
+    _check(f, torch.randn(3, 4), graphs=1, breaks=0)
+
+
+def test_user_error_after_graph_runs_side_effects():
+    log = []
+
+    def f(x):
+        log.append("before")
+        y = x + 1
+        return y @ torch.randn(7, 7)
+
+    with pytest.raises(RuntimeError):
+        coil.compile(f, backend="eager")(torch.randn(3, 4))
+    assert log == ["before"]

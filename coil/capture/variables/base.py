@@ -41,6 +41,12 @@ class VariableTracker:
     def as_python_constant(self) -> Any:
         raise Unsupported(f"{self} is not a compile-time constant")
 
+    def as_python_constant_or_none(self):
+        try:
+            return self.as_python_constant()
+        except Unsupported:
+            return None
+
     def is_python_constant(self) -> bool:
         try:
             self.as_python_constant()
@@ -148,7 +154,7 @@ class ConstantVariable(VariableTracker):
         if isinstance(self.value, (str, bytes, int, float, complex, bool, type(None), torch.Size,
                                    torch.dtype, torch.device, range, slice, tuple, frozenset,
                                    inspect.Signature, inspect.Parameter, _types.MappingProxyType,
-                                   _types.CodeType)):
+                                   _types.CodeType, __import__("dataclasses").Field)):
             return wrap_constant_result(tx, method(*cargs, **ckw))
         raise Unsupported(f"method {name} of {type(self.value).__name__} constant")
 

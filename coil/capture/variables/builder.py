@@ -47,7 +47,8 @@ def wrap_constant_result(tx, value: Any) -> VariableTracker:
     import inspect
 
     if is_literal(value) or isinstance(value, (inspect.Signature, inspect.Parameter,
-                                               types.MappingProxyType, types.CodeType)):
+                                               types.MappingProxyType, types.CodeType,
+                                               __import__("dataclasses").Field)):
         return ConstantVariable(value)
     return wrap(tx, value, None)
 

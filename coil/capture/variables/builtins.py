@@ -12,6 +12,7 @@ compile-time constants and it is in ``_FOLDABLE``; otherwise it is a graph break
 from __future__ import annotations
 
 import builtins
+import dataclasses
 import functools
 import inspect
 import math
@@ -503,6 +504,53 @@ def _signature(tx, args, kwargs):
     if isinstance(f, NNModuleVariable):
         return ConstantVariable(inspect.signature(f.value))
     raise Unsupported(f"inspect.signature of {f}")
+
+
+@builtin(object.__setattr__)
+def _object_setattr(tx, args, kwargs):
+    tx.store_attr(args[0], args[1].as_python_constant(), args[2], plain=True)
+    return ConstantVariable(None)
+
+
+@builtin(dataclasses.fields)
+def _dc_fields(tx, args, kwargs):
+    cls = args[0].python_type() if not isinstance(args[0].as_python_constant_or_none(), type) \
+        else args[0].as_python_constant()
+    return ConstantVariable(dataclasses.fields(cls))
+
+
+@builtin(dataclasses.asdict)
+def _dc_asdict(tx, args, kwargs):
+    from coil.capture.variables.tensor import TensorVariable, call_op
+
+    def conv(v):
+        t = v.python_type()
+        if dataclasses.is_dataclass(t) and not isinstance(t, type(None)):
+            return DictVariable({f.name: conv(tx.getattr(v, f.name)) for f in dataclasses.fields(t)})
+        if isinstance(v, TensorVariable):
+            return call_op(tx, "call_method", "clone", [v], {})
+        if isinstance(v, (ListVariable, TupleVariable)):
+            return type(v)([conv(i) for i in v.items])
+        if isinstance(v, DictVariable):
+            return DictVariable({k: conv(x) for k, x in v.items.items()})
+        v.as_python_constant()
+        return v
+
+    return conv(args[0])
+
+
+@builtin(dataclasses.replace)
+def _dc_replace(tx, args, kwargs):
+    from coil.capture.variables.objects import UserDefinedClassVariable
+
+    obj = args[0]
+    cls = obj.python_type()
+    values = {}
+    for f in dataclasses.fields(cls):
+        if not f.init:
+            continue
+        values[f.name] = kwargs[f.name] if f.name in kwargs else tx.getattr(obj, f.name)
+    return tx.construct_object(UserDefinedClassVariable(cls), [], values)
 
 
 def register_extra():

@@ -129,14 +129,39 @@ class NamedTupleVariable(TupleVariable):
         return self.tuple_cls(*[i.as_python_constant() for i in self.items])
 
     def var_getattr(self, tx, name):
-        fields = self.tuple_cls._fields
+        fields = getattr(self.tuple_cls, "_fields", ())
         if name in fields:
             return self.items[fields.index(name)]
+        if name in ("_replace", "_asdict"):
+            from coil.capture.variables.functions import BoundMethodVariable
+
+            return BoundMethodVariable(self, name)
+        if name == "_fields":
+            return ConstantVariable(tuple(fields))
+        if not fields and hasattr(self.tuple_cls, "n_fields") and not name.startswith("_"):
+            # torch.return_types structseq: find the field's position with a probe instance
+            probe = self.tuple_cls(tuple(range(len(self.items))))
+            idx = getattr(probe, name, None)
+            if isinstance(idx, int):
+                return self.items[idx]
         from coil.capture.variables.objects import wrap_class_attr
 
         return wrap_class_attr(tx, self, self.tuple_cls, name)
 
+    def call_method(self, tx, name, args, kwargs):
+        fields = getattr(self.tuple_cls, "_fields", ())
+        if name == "_replace":
+            items = list(self.items)
+            for k, v in kwargs.items():
+                items[fields.index(k)] = v
+            return NamedTupleVariable(items, self.tuple_cls)
+        if name == "_asdict":
+            return DictVariable(dict(zip(fields, self.items)))
+        return super().call_method(tx, name, args, kwargs)
+
     def build_expr(self, cg):
+        if not hasattr(self.tuple_cls, "_fields"):
+            return f"{cg.const_expr(self.tuple_cls)}({TupleVariable.build_expr(self, cg)})"
         return f"{cg.const_expr(self.tuple_cls)}(*{TupleVariable.build_expr(self, cg)})"
 
 
@@ -261,8 +286,13 @@ class DictVariable(VariableTracker):
     def _mutated(self, tx):
         tx.output.side_effects.mutated(self)
 
+    default_factory = None
+
     def getitem(self, tx, key):
         k = self.key_of(key)
+        if k not in self.items and self.default_factory is not None:
+            self._mutated(tx)
+            self.items[k] = tx.call(self.default_factory, [], {})
         if k not in self.items:
             raise Unsupported(f"KeyError {k!r} (raised by user code)")
         return self.items[k]
@@ -343,6 +373,20 @@ class DictVariable(VariableTracker):
             return ConstantVariable(None)
         if name == "copy":
             return DictVariable(dict(items), self.user_cls)
+        if name == "move_to_end":
+            k = self.key_of(args[0])
+            last = (args[1] if len(args) > 1 else kwargs.get("last", ConstantVariable(True))).as_python_constant()
+            self._mutated(tx)
+            v = items.pop(k)
+            if last:
+                items[k] = v
+            else:
+                self.items = {k: v, **items}
+            return ConstantVariable(None)
+        if name == "popitem":
+            self._mutated(tx)
+            k, v = items.popitem()
+            return TupleVariable([self.wrap_key(tx, k), v])
         if name == "clear":
             self._mutated(tx)
             items.clear()
@@ -356,6 +400,8 @@ class DictVariable(VariableTracker):
                                for k, v in self.items.items()) + "}"
         if self.user_cls is dict:
             return body
+        if self.default_factory is not None:
+            return f"{cg.const_expr(self.user_cls)}({cg.reconstruct(self.default_factory)}, {body})"
         return f"{cg.const_expr(self.user_cls)}({body})"
 
     def reconstruct(self, cg):

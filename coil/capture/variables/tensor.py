@@ -29,9 +29,13 @@ from coil.capture.variables.containers import (DictVariable, ListVariable,
                                                TupleVariable)
 
 
-class UserCodeError(Exception):
-    """An op raised on fake tensors: eager would raise too. The frame falls back to
-    eager, which raises the real error with its own type and message."""
+class UserCodeError(Unsupported):
+    """User code raises here (eager would raise too). A graph break at that point:
+    everything before it runs (with its side effects) and the instruction itself runs
+    in plain Python, raising the real error with its own type and message."""
+
+    def __init__(self, message: str):
+        super().__init__(f"user code raises {message}")
 
 
 def _map(v, fn):
@@ -150,10 +154,13 @@ def wrap_result(tx, node, result) -> VariableTracker:
                 items.append(TensorVariable(sub, r))
             else:
                 items.append(ConstantVariable(r))
-        if hasattr(type(result), "_fields"):
+        if hasattr(type(result), "_fields") or hasattr(type(result), "n_fields"):
             return NamedTupleVariable(items, type(result))
         return ListVariable(items) if isinstance(result, list) else TupleVariable(items)
-    if len(node.users) == 0:
+    name = _name(node.target)
+    side_effecting = (result is None or node.target is operator.setitem or name.endswith("_")
+                      or "out" in node.kwargs)
+    if len(node.users) == 0 and not side_effecting:
         out.graph.erase_node(node)
     if isinstance(result, (torch.SymInt, torch.SymFloat, torch.SymBool)):
         raise Unsupported("symbolic size")

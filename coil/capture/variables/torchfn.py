@@ -14,6 +14,8 @@
 """
 from __future__ import annotations
 
+import types
+
 import torch
 
 from coil.exc import Unsupported
@@ -52,6 +54,11 @@ _DENY = {torch.manual_seed, torch.seed, torch.set_rng_state, torch.get_rng_state
 def is_torch_function(value) -> bool:
     """Callables that should become graph nodes rather than be inlined."""
     if isinstance(value, type):
+        return False
+    if not isinstance(value, (types.FunctionType, types.BuiltinFunctionType, types.BuiltinMethodType,
+                              types.MethodDescriptorType, types.WrapperDescriptorType,
+                              types.MethodWrapperType, torch._ops.OpOverload,
+                              torch._ops.OpOverloadPacket)):
         return False
     mod = getattr(value, "__module__", None) or ""
     if mod.startswith(("torch.nn.modules", "torch.utils", "torch._dynamo", "torch.fx",

@@ -162,10 +162,10 @@ def cexpr(e: sympy.Expr) -> str:
     if e.is_Pow and e.args[1].is_Integer and int(e.args[1]) > 0:
         return " * ".join([_paren(e.args[0])] * int(e.args[1]))
     if isinstance(e, (sympy.Min, sympy.Max)):
-        fn = "std::min" if isinstance(e, sympy.Min) else "std::max"
+        fn = "coil_imin" if isinstance(e, sympy.Min) else "coil_imax"
         out = cexpr(e.args[0])
         for a in e.args[1:]:
-            out = f"{fn}<int64_t>({out}, {cexpr(a)})"
+            out = f"{fn}({out}, {cexpr(a)})"
         return out
     raise NotImplementedError(f"C++ backend cannot print index expression {e!r}")
 

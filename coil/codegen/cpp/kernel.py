@@ -83,9 +83,9 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
 def _float_literal(v: float, dtype: torch.dtype) -> str:
     ct = cops.compute_ctype(dtype)
     if math.isnan(v):
-        return f"std::numeric_limits<{ct}>::quiet_NaN()"
+        return f"coil_lim<{ct}>::nan()"
     if math.isinf(v):
-        return f"{'-' if v < 0 else ''}std::numeric_limits<{ct}>::infinity()"
+        return f"{'-' if v < 0 else ''}coil_lim<{ct}>::inf()"
     s = repr(float(v))
     if "e" not in s and "." not in s:
         s += ".0"
@@ -329,7 +329,7 @@ class CppKernel(OpsHandler):
             return _float_literal(float(v), dtype)
         if isinstance(v, float) and (math.isinf(v) or math.isnan(v)):
             t = cops.ctype(dtype)
-            return f"std::numeric_limits<{t}>::{'lowest' if v < 0 else 'max'}()" if not math.isnan(v) else "0"
+            return f"coil_lim<{t}>::{'lowest' if v < 0 else 'max'}()" if not math.isnan(v) else "0"
         return f"static_cast<{cops.ctype(dtype)}>({int(v)}LL)"
 
     def where(self, c, a, b):
@@ -395,8 +395,8 @@ class CppKernel(OpsHandler):
             fields = [("", at, "1")]
             upd = [f"{acc}@ = {acc}@ * static_cast<{at}>({value});"]
         elif rt in ("max", "min"):
-            lim = ("-" if rt == "max" else "") + f"std::numeric_limits<{at}>::infinity()" if fp else \
-                (f"std::numeric_limits<{at}>::lowest()" if rt == "max" else f"std::numeric_limits<{at}>::max()")
+            lim = ("-" if rt == "max" else "") + f"coil_lim<{at}>::inf()" if fp else \
+                (f"coil_lim<{at}>::lowest()" if rt == "max" else f"coil_lim<{at}>::max()")
             fields = [("", at, lim)]
             if fp:
                 upd = [f"{acc}@ = coil_{rt}_prop_({acc}@, static_cast<{at}>({value}));"]
@@ -407,8 +407,8 @@ class CppKernel(OpsHandler):
             fields = [("", "bool", "false")]
             upd = [f"{acc}@ = {acc}@ || ({value} != 0);"]
         elif rt in ("argmax", "argmin"):
-            lim = ("-" if rt == "argmax" else "") + f"std::numeric_limits<{vt}>::infinity()" if fp else \
-                (f"std::numeric_limits<{vt}>::lowest()" if rt == "argmax" else f"std::numeric_limits<{vt}>::max()")
+            lim = ("-" if rt == "argmax" else "") + f"coil_lim<{vt}>::inf()" if fp else \
+                (f"coil_lim<{vt}>::lowest()" if rt == "argmax" else f"coil_lim<{vt}>::max()")
             fields = [("_v", vt, lim), ("_i", "int64_t", "INT64_MAX")]
             self.needs_rindex = True
             upd = [f"{{ bool b_ = coil_{rt}_better({value}, rindex, {acc}_v@, {acc}_i@);",

@@ -45,18 +45,18 @@ def _fn(f32name: str, stdname: str):
 
 
 def _std(name: str):
-    return lambda a, dtype: f"std::{name}({', '.join(a)})"
+    return lambda a, dtype: f"cm::{name}({', '.join(a)})"
 
 
 def _cast_std(name: str):
     # integer arguments to float-only functions: torch promotes to float before
     # calling these (lowerings insert to_dtype), so ints here are rare; cast anyway.
-    return lambda a, dtype: f"std::{name}({', '.join(a)})"
+    return lambda a, dtype: f"cm::{name}({', '.join(a)})"
 
 
 def _abs(a, dtype):
     if dtype.is_floating_point:
-        return f"std::fabs({a[0]})"
+        return f"cm::fabs({a[0]})"
     if dtype == torch.bool or not dtype.is_signed:
         return a[0]
     return f"({a[0]} < 0 ? -{a[0]} : {a[0]})"
@@ -74,7 +74,7 @@ def _sign(a, dtype):
 
 def _rsqrt(a, dtype):
     one = "1.0f" if _f32(dtype) else "1.0"
-    return f"({one} / std::sqrt({a[0]}))"
+    return f"({one} / cm::sqrt({a[0]}))"
 
 
 def _reciprocal(a, dtype):
@@ -94,33 +94,33 @@ def _floor_int(f):
 UNARY = {
     "abs": _abs,
     "neg": lambda a, d: f"(-{a[0]})",
-    "exp": _fn("coil_exp", "std::exp"),
+    "exp": _fn("coil_exp", "cm::exp"),
     "exp2": _std("exp2"),
-    "expm1": _fn("coil_expm1", "std::expm1"),
-    "log": _fn("coil_log", "std::log"),
+    "expm1": _fn("coil_expm1", "cm::expm1"),
+    "log": _fn("coil_log", "cm::log"),
     "log2": _std("log2"), "log10": _std("log10"), "log1p": _std("log1p"),
     "sqrt": _std("sqrt"), "rsqrt": _rsqrt,
     "sin": _std("sin"), "cos": _std("cos"), "tan": _std("tan"), "asin": _std("asin"),
     "acos": _std("acos"), "atan": _std("atan"), "sinh": _std("sinh"), "cosh": _std("cosh"),
-    "tanh": _fn("coil_tanh", "std::tanh"), "asinh": _std("asinh"), "acosh": _std("acosh"),
-    "atanh": _std("atanh"), "erf": _fn("coil_erf", "std::erf"), "erfc": _std("erfc"),
+    "tanh": _fn("coil_tanh", "cm::tanh"), "asinh": _std("asinh"), "acosh": _std("acosh"),
+    "atanh": _std("atanh"), "erf": _fn("coil_erf", "cm::erf"), "erfc": _std("erfc"),
     "erfinv": lambda a, d: f"coil_erfinv({a[0]})",
-    "sigmoid": lambda a, d: (f"coil_sigmoid({a[0]})" if _f32(d) else f"(1.0 / (1.0 + std::exp(-{a[0]})))"),
+    "sigmoid": lambda a, d: (f"coil_sigmoid({a[0]})" if _f32(d) else f"(1.0 / (1.0 + cm::exp(-{a[0]})))"),
     "relu": _relu,
-    "floor": _floor_int(lambda a, d: f"std::floor({a[0]})"),
-    "ceil": _floor_int(lambda a, d: f"std::ceil({a[0]})"),
-    "round": _floor_int(lambda a, d: f"std::nearbyint({a[0]})"),
-    "trunc": _floor_int(lambda a, d: f"std::trunc({a[0]})"),
+    "floor": _floor_int(lambda a, d: f"cm::floor({a[0]})"),
+    "ceil": _floor_int(lambda a, d: f"cm::ceil({a[0]})"),
+    "round": _floor_int(lambda a, d: f"cm::nearbyint({a[0]})"),
+    "trunc": _floor_int(lambda a, d: f"cm::trunc({a[0]})"),
     "sign": _sign,
     "reciprocal": _reciprocal,
     "square": lambda a, d: f"({a[0]} * {a[0]})",
     "bitwise_not": lambda a, d: f"(!{a[0]})" if d == torch.bool else f"(({compute_ctype(d)})~{a[0]})",
     "logical_not": lambda a, d: f"(!{a[0]})",
     "isnan": lambda a, d: f"({a[0]} != {a[0]})" if d.is_floating_point else "false",
-    "isinf": lambda a, d: f"std::isinf({a[0]})" if d.is_floating_point else "false",
+    "isinf": lambda a, d: f"cm::isinf({a[0]})" if d.is_floating_point else "false",
     "lgamma": _std("lgamma"),
-    "signbit": lambda a, d: f"std::signbit({a[0]})" if d.is_floating_point else (f"({a[0]} < 0)" if d.is_signed else "false"),
-    "frac": lambda a, d: f"({a[0]} - std::trunc({a[0]}))",
+    "signbit": lambda a, d: f"cm::signbit({a[0]})" if d.is_floating_point else (f"({a[0]} < 0)" if d.is_signed else "false"),
+    "frac": lambda a, d: f"({a[0]} - cm::trunc({a[0]}))",
 }
 
 
@@ -130,13 +130,13 @@ def _div(a, dtype):
 
 def _floordiv(a, dtype):
     if dtype.is_floating_point:
-        return f"std::floor({a[0]} / {a[1]})"
+        return f"cm::floor({a[0]} / {a[1]})"
     return f"coil_floordiv<{compute_ctype(dtype)}>({a[0]}, {a[1]})"
 
 
 def _truncdiv(a, dtype):
     if dtype.is_floating_point:
-        return f"std::trunc({a[0]} / {a[1]})"
+        return f"cm::trunc({a[0]} / {a[1]})"
     return f"({a[0]} / {a[1]})"
 
 
@@ -148,13 +148,13 @@ def _remainder(a, dtype):
 
 def _fmod(a, dtype):
     if dtype.is_floating_point:
-        return f"std::fmod({a[0]}, {a[1]})"
+        return f"cm::fmod({a[0]}, {a[1]})"
     return f"({a[0]} % {a[1]})"
 
 
 def _pow(a, dtype):
     if dtype.is_floating_point:
-        return f"std::pow({a[0]}, {a[1]})"
+        return f"cm::pow({a[0]}, {a[1]})"
     return f"coil_ipow<{compute_ctype(dtype)}>({a[0]}, {a[1]})"
 
 

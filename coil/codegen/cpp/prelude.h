@@ -14,14 +14,56 @@
 // - Kernels report errors (indirect index out of bounds) through coil_error:
 //   the first failing kernel writes a code and the offending index, the Python
 //   wrapper raises IndexError.
+// Only <cstdint> is included: <cmath>/<algorithm>/<limits> cost ~0.3 s of compile time
+// per kernel; math goes through GCC/Clang builtins instead (namespace cm, coil_lim).
 #include <cstdint>
-#include <cmath>
-#include <cstring>
-#include <limits>
-#include <algorithm>
-#include <omp.h>
 
 #define COIL_INLINE static inline __attribute__((always_inline))
+
+namespace cm {
+#define COIL_M1(n) COIL_INLINE float n(float x) { return __builtin_##n##f(x); } \
+                   COIL_INLINE double n(double x) { return __builtin_##n(x); }
+#define COIL_M2(n) COIL_INLINE float n(float x, float y) { return __builtin_##n##f(x, y); } \
+                   COIL_INLINE double n(double x, double y) { return __builtin_##n(x, y); }
+COIL_M1(exp) COIL_M1(exp2) COIL_M1(expm1) COIL_M1(log) COIL_M1(log2) COIL_M1(log10)
+COIL_M1(log1p) COIL_M1(sqrt) COIL_M1(sin) COIL_M1(cos) COIL_M1(tan) COIL_M1(asin)
+COIL_M1(acos) COIL_M1(atan) COIL_M1(sinh) COIL_M1(cosh) COIL_M1(tanh) COIL_M1(asinh)
+COIL_M1(acosh) COIL_M1(atanh) COIL_M1(erf) COIL_M1(erfc) COIL_M1(lgamma) COIL_M1(floor)
+COIL_M1(ceil) COIL_M1(trunc) COIL_M1(nearbyint) COIL_M1(fabs) COIL_M1(rint)
+COIL_M2(fmod) COIL_M2(pow) COIL_M2(atan2) COIL_M2(hypot) COIL_M2(copysign) COIL_M2(nextafter)
+COIL_INLINE float fma(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
+COIL_INLINE double fma(double a, double b, double c) { return __builtin_fma(a, b, c); }
+COIL_INLINE bool isinf(float x) { return __builtin_isinf(x); }
+COIL_INLINE bool isinf(double x) { return __builtin_isinf(x); }
+COIL_INLINE bool signbit(float x) { return __builtin_signbit(x); }
+COIL_INLINE bool signbit(double x) { return __builtin_signbit(x); }
+#undef COIL_M1
+#undef COIL_M2
+}  // namespace cm
+
+template <typename T> struct coil_lim;
+template <> struct coil_lim<float> {
+  static constexpr float inf() { return __builtin_inff(); }
+  static constexpr float nan() { return __builtin_nanf(""); }
+  static constexpr float lowest() { return -__FLT_MAX__; }
+  static constexpr float max() { return __FLT_MAX__; }
+};
+template <> struct coil_lim<double> {
+  static constexpr double inf() { return __builtin_inf(); }
+  static constexpr double nan() { return __builtin_nan(""); }
+  static constexpr double lowest() { return -__DBL_MAX__; }
+  static constexpr double max() { return __DBL_MAX__; }
+};
+#define COIL_ILIM(T, LO, HI) template <> struct coil_lim<T> { \
+  static constexpr T lowest() { return LO; } static constexpr T max() { return HI; } };
+COIL_ILIM(bool, false, true) COIL_ILIM(int8_t, INT8_MIN, INT8_MAX)
+COIL_ILIM(uint8_t, 0, UINT8_MAX) COIL_ILIM(int16_t, INT16_MIN, INT16_MAX)
+COIL_ILIM(uint16_t, 0, UINT16_MAX) COIL_ILIM(int32_t, INT32_MIN, INT32_MAX)
+COIL_ILIM(uint32_t, 0, UINT32_MAX) COIL_ILIM(int64_t, INT64_MIN, INT64_MAX)
+COIL_ILIM(uint64_t, 0, UINT64_MAX)
+#undef COIL_ILIM
+COIL_INLINE int64_t coil_imin(int64_t a, int64_t b) { return a < b ? a : b; }
+COIL_INLINE int64_t coil_imax(int64_t a, int64_t b) { return a > b ? a : b; }
 
 typedef uint16_t coil_bf16;
 #if defined(__FLT16_MAX__)
@@ -35,22 +77,22 @@ COIL_INLINE float coil_f16_to_float(coil_f16 h) {
   uint32_t bits;
   if (exp == 0) {
     float f = (float)man * 5.9604644775390625e-8f;  // subnormal: man * 2^-24
-    std::memcpy(&bits, &f, 4); bits |= sign;
+    __builtin_memcpy(&bits, &f, 4); bits |= sign;
   } else if (exp == 31) {
     bits = sign | 0x7f800000u | (man << 13);
   } else {
     bits = sign | ((exp + 112) << 23) | (man << 13);
   }
-  float out; std::memcpy(&out, &bits, 4); return out;
+  float out; __builtin_memcpy(&out, &bits, 4); return out;
 }
 COIL_INLINE coil_f16 coil_float_to_f16(float f) {
-  uint32_t x; std::memcpy(&x, &f, 4);
+  uint32_t x; __builtin_memcpy(&x, &f, 4);
   uint32_t sign = (x >> 16) & 0x8000; uint32_t ax = x & 0x7fffffffu;
   if (ax >= 0x7f800000u) return (coil_f16)(sign | 0x7c00 | (ax > 0x7f800000u ? 0x200 : 0));
   if (ax >= 0x477ff000u) return (coil_f16)(sign | 0x7c00);
   if (ax < 0x38800000u) {  // subnormal half
-    float a; std::memcpy(&a, &ax, 4);
-    return (coil_f16)(sign | (uint32_t)std::nearbyint(a * 16777216.0f));
+    float a; __builtin_memcpy(&a, &ax, 4);
+    return (coil_f16)(sign | (uint32_t)cm::nearbyint(a * 16777216.0f));
   }
   uint32_t r = ax + 0xfff + ((ax >> 13) & 1) - (112u << 23);
   return (coil_f16)(sign | (r >> 13));
@@ -58,34 +100,34 @@ COIL_INLINE coil_f16 coil_float_to_f16(float f) {
 #endif
 
 COIL_INLINE float coil_bf16_to_float(coil_bf16 v) {
-  uint32_t bits = ((uint32_t)v) << 16; float f; std::memcpy(&f, &bits, 4); return f;
+  uint32_t bits = ((uint32_t)v) << 16; float f; __builtin_memcpy(&f, &bits, 4); return f;
 }
 COIL_INLINE coil_bf16 coil_float_to_bf16(float f) {
-  uint32_t u; std::memcpy(&u, &f, 4);
+  uint32_t u; __builtin_memcpy(&u, &f, 4);
   uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
   return (coil_bf16)((f != f) ? 0x7fc0u : r);
 }
 
 // ---- vectorizable float math ------------------------------------------------
-COIL_INLINE float coil_bits_f(int32_t i) { float f; std::memcpy(&f, &i, 4); return f; }
-COIL_INLINE int32_t coil_f_bits(float f) { int32_t i; std::memcpy(&i, &f, 4); return i; }
+COIL_INLINE float coil_bits_f(int32_t i) { float f; __builtin_memcpy(&f, &i, 4); return f; }
+COIL_INLINE int32_t coil_f_bits(float f) { int32_t i; __builtin_memcpy(&i, &f, 4); return i; }
 
 COIL_INLINE float coil_exp(float x) {
   float xc = x < -104.0f ? -104.0f : (x > 89.0f ? 89.0f : x);
   float n = __builtin_rintf(xc * 1.44269504088896341f);
-  float r = std::fma(n, -0.693359375f, xc);
-  r = std::fma(n, 2.12194440e-4f, r);
+  float r = cm::fma(n, -0.693359375f, xc);
+  r = cm::fma(n, 2.12194440e-4f, r);
   float p = 1.9875691500E-4f;
-  p = std::fma(p, r, 1.3981999507E-3f);
-  p = std::fma(p, r, 8.3334519073E-3f);
-  p = std::fma(p, r, 4.1665795894E-2f);
-  p = std::fma(p, r, 1.6666665459E-1f);
-  p = std::fma(p, r, 5.0000001201E-1f);
-  float y = std::fma(p * r, r, r) + 1.0f;
+  p = cm::fma(p, r, 1.3981999507E-3f);
+  p = cm::fma(p, r, 8.3334519073E-3f);
+  p = cm::fma(p, r, 4.1665795894E-2f);
+  p = cm::fma(p, r, 1.6666665459E-1f);
+  p = cm::fma(p, r, 5.0000001201E-1f);
+  float y = cm::fma(p * r, r, r) + 1.0f;
   int32_t ni = (int32_t)n;
   int32_t n1 = ni >> 1, n2 = ni - n1;
   y = y * coil_bits_f((n1 + 127) << 23) * coil_bits_f((n2 + 127) << 23);
-  y = x > 88.72283935546875f ? std::numeric_limits<float>::infinity() : y;
+  y = x > 88.72283935546875f ? __builtin_inff() : y;
   y = x < -103.97208f ? 0.0f : y;
   return x != x ? x : y;
 }
@@ -94,7 +136,7 @@ COIL_INLINE float coil_expm1(float x) {
   // small |x|: Taylor to x^7 (rel err < 1e-8 for |x| < 0.1); else exp(x) - 1
   float p = x * (1.0f + x * (0.5f + x * (1.0f / 6 + x * (1.0f / 24 + x * (1.0f / 120 + x * (1.0f / 720 + x * (1.0f / 5040)))))));
   float e = coil_exp(x) - 1.0f;
-  return std::fabs(x) < 0.1f ? p : e;
+  return cm::fabs(x) < 0.1f ? p : e;
 }
 
 COIL_INLINE float coil_log(float x) {
@@ -108,37 +150,37 @@ COIL_INLINE float coil_log(float x) {
   m = small ? (m + m - 1.0f) : (m - 1.0f);
   float z = m * m;
   float y = 7.0376836292E-2f;
-  y = std::fma(y, m, -1.1514610310E-1f);
-  y = std::fma(y, m, 1.1676998740E-1f);
-  y = std::fma(y, m, -1.2420140846E-1f);
-  y = std::fma(y, m, 1.4249322787E-1f);
-  y = std::fma(y, m, -1.6668057665E-1f);
-  y = std::fma(y, m, 2.0000714765E-1f);
-  y = std::fma(y, m, -2.4999993993E-1f);
-  y = std::fma(y, m, 3.3333331174E-1f);
+  y = cm::fma(y, m, -1.1514610310E-1f);
+  y = cm::fma(y, m, 1.1676998740E-1f);
+  y = cm::fma(y, m, -1.2420140846E-1f);
+  y = cm::fma(y, m, 1.4249322787E-1f);
+  y = cm::fma(y, m, -1.6668057665E-1f);
+  y = cm::fma(y, m, 2.0000714765E-1f);
+  y = cm::fma(y, m, -2.4999993993E-1f);
+  y = cm::fma(y, m, 3.3333331174E-1f);
   y = y * m * z;
-  y = std::fma(e, -2.12194440e-4f, y);
-  y = std::fma(z, -0.5f, y);
+  y = cm::fma(e, -2.12194440e-4f, y);
+  y = cm::fma(z, -0.5f, y);
   float r = m + y;
-  r = std::fma(e, 0.693359375f, r);
-  r = x == 0.0f ? -std::numeric_limits<float>::infinity() : r;
-  r = x < 0.0f ? std::numeric_limits<float>::quiet_NaN() : r;
-  r = x == std::numeric_limits<float>::infinity() ? x : r;
+  r = cm::fma(e, 0.693359375f, r);
+  r = x == 0.0f ? -__builtin_inff() : r;
+  r = x < 0.0f ? __builtin_nanf("") : r;
+  r = x == __builtin_inff() ? x : r;
   return x != x ? x : r;
 }
 
 COIL_INLINE float coil_tanh(float x) {
-  float ax = std::fabs(x);
+  float ax = cm::fabs(x);
   float z = x * x;
   float p = -5.70498872745E-3f;
-  p = std::fma(p, z, 2.06390887954E-2f);
-  p = std::fma(p, z, -5.37397155531E-2f);
-  p = std::fma(p, z, 1.33314422036E-1f);
-  p = std::fma(p, z, -3.33332819422E-1f);
-  float small = std::fma(p * z, x, x);
+  p = cm::fma(p, z, 2.06390887954E-2f);
+  p = cm::fma(p, z, -5.37397155531E-2f);
+  p = cm::fma(p, z, 1.33314422036E-1f);
+  p = cm::fma(p, z, -3.33332819422E-1f);
+  float small = cm::fma(p * z, x, x);
   float t = coil_exp(2.0f * (ax > 9.0f ? 9.0f : ax));
   float big = 1.0f - 2.0f / (t + 1.0f);
-  big = std::copysign(big, x);
+  big = cm::copysign(big, x);
   float r = ax < 0.625f ? small : big;
   return x != x ? x : r;
 }
@@ -146,26 +188,26 @@ COIL_INLINE float coil_tanh(float x) {
 COIL_INLINE float coil_sigmoid(float x) { return 1.0f / (1.0f + coil_exp(-x)); }
 
 COIL_INLINE float coil_erf(float x) {
-  float ax = std::fabs(x);
+  float ax = cm::fabs(x);
   float z = x * x;
   // Taylor: 2/sqrt(pi) * sum (-1)^n x^(2n+1) / (n! (2n+1)), n <= 6
   float s = 1.0f / 9360.0f;
-  s = std::fma(s, z, -1.0f / 1320.0f);
-  s = std::fma(s, z, 1.0f / 216.0f);
-  s = std::fma(s, z, -1.0f / 42.0f);
-  s = std::fma(s, z, 1.0f / 10.0f);
-  s = std::fma(s, z, -1.0f / 3.0f);
-  s = std::fma(s, z, 1.0f);
+  s = cm::fma(s, z, -1.0f / 1320.0f);
+  s = cm::fma(s, z, 1.0f / 216.0f);
+  s = cm::fma(s, z, -1.0f / 42.0f);
+  s = cm::fma(s, z, 1.0f / 10.0f);
+  s = cm::fma(s, z, -1.0f / 3.0f);
+  s = cm::fma(s, z, 1.0f);
   float small = 1.1283791670955126f * x * s;
   // A&S 7.1.26
-  float t = 1.0f / std::fma(0.3275911f, ax, 1.0f);
+  float t = 1.0f / cm::fma(0.3275911f, ax, 1.0f);
   float q = 1.061405429f;
-  q = std::fma(q, t, -1.453152027f);
-  q = std::fma(q, t, 1.421413741f);
-  q = std::fma(q, t, -0.284496736f);
-  q = std::fma(q, t, 0.254829592f);
+  q = cm::fma(q, t, -1.453152027f);
+  q = cm::fma(q, t, 1.421413741f);
+  q = cm::fma(q, t, -0.284496736f);
+  q = cm::fma(q, t, 0.254829592f);
   float big = 1.0f - q * t * coil_exp(-z);
-  big = std::copysign(big, x);
+  big = cm::copysign(big, x);
   float r = ax < 0.5f ? small : big;
   return x != x ? x : r;
 }
@@ -209,11 +251,11 @@ template <typename T> COIL_INLINE T coil_mod(T a, T b) {
   T r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
 }
 COIL_INLINE float coil_fmod_py(float a, float b) {  // torch.remainder for floats
-  float r = std::fmod(a, b);
+  float r = cm::fmod(a, b);
   return (r != 0.0f && ((r < 0.0f) != (b < 0.0f))) ? r + b : r;
 }
 COIL_INLINE double coil_fmod_py(double a, double b) {
-  double r = std::fmod(a, b);
+  double r = cm::fmod(a, b);
   return (r != 0.0 && ((r < 0.0) != (b < 0.0))) ? r + b : r;
 }
 
@@ -244,7 +286,7 @@ COIL_INLINE float coil_randn(uint64_t seed, uint64_t offset) {
   uint32_t a = coil_philox(seed, offset * 2), b = coil_philox(seed, offset * 2 + 1);
   float u1 = ((float)(a >> 8) + 1.0f) * (1.0f / 16777216.0f);  // (0, 1]
   float u2 = (float)(b >> 8) * (1.0f / 16777216.0f);
-  return std::sqrt(-2.0f * std::log(u1)) * std::cos(6.283185307179586f * u2);
+  return cm::sqrt(-2.0f * cm::log(u1)) * cm::cos(6.283185307179586f * u2);
 }
 COIL_INLINE int64_t coil_randint64(uint64_t seed, uint64_t offset, int64_t low, int64_t high) {
   uint64_t w = ((uint64_t)coil_philox(seed, offset * 2) << 32) | coil_philox(seed, offset * 2 + 1);
@@ -271,29 +313,29 @@ template <typename T> COIL_INLINE T coil_ipow(T a, T b) {
 }
 template <typename To, typename From> COIL_INLINE To coil_bitcast(From x) {
   static_assert(sizeof(To) == sizeof(From), "bitcast between different sizes");
-  To y; std::memcpy(&y, &x, sizeof(To)); return y;
+  To y; __builtin_memcpy(&y, &x, sizeof(To)); return y;
 }
 // erfinv: M. Giles, "Approximating the erfinv function" (GPU Computing Gems, 2011),
 // single precision version, then one Newton step for accuracy.
 COIL_INLINE float coil_erfinv(float x) {
-  float w = -std::log((1.0f - x) * (1.0f + x)), p;
+  float w = -cm::log((1.0f - x) * (1.0f + x)), p;
   if (w < 5.0f) {
     w = w - 2.5f;
     p = 2.81022636e-08f; p = 3.43273939e-07f + p * w; p = -3.5233877e-06f + p * w;
     p = -4.39150654e-06f + p * w; p = 0.00021858087f + p * w; p = -0.00125372503f + p * w;
     p = -0.00417768164f + p * w; p = 0.246640727f + p * w; p = 1.50140941f + p * w;
   } else {
-    w = std::sqrt(w) - 3.0f;
+    w = cm::sqrt(w) - 3.0f;
     p = -0.000200214257f; p = 0.000100950558f + p * w; p = 0.00134934322f + p * w;
     p = -0.00367342844f + p * w; p = 0.00573950773f + p * w; p = -0.0076224613f + p * w;
     p = 0.00943887047f + p * w; p = 1.00167406f + p * w; p = 2.83297682f + p * w;
   }
   float y = p * x;
-  if (std::fabs(x) < 1.0f) {
-    double yd = y, err = std::erf(yd) - (double)x;
-    yd -= err / (1.1283791670955126 * std::exp(-yd * yd));
+  if (cm::fabs(x) < 1.0f) {
+    double yd = y, err = cm::erf(yd) - (double)x;
+    yd -= err / (1.1283791670955126 * cm::exp(-yd * yd));
     y = (float)yd;
   }
-  return std::fabs(x) == 1.0f ? std::copysign(std::numeric_limits<float>::infinity(), x) : y;
+  return cm::fabs(x) == 1.0f ? cm::copysign(__builtin_inff(), x) : y;
 }
 COIL_INLINE double coil_erfinv(double x) { return (double)coil_erfinv((float)x); }

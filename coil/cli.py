@@ -33,6 +33,8 @@ def _add_bench(sub) -> None:
                    "CPU, full on CUDA)")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--repeat", type=int, default=10, help="timed interleaved rounds")
+    p.add_argument("--max-timing", type=float, default=60.0, help="seconds of timed runs "
+                   "per row after which the rounds stop early (at least 3 rounds)")
     p.add_argument("--no-warm-compile", action="store_true",
                    help="skip the second (warm-cache) compile")
     p.add_argument("--keep-caches", action="store_true",
@@ -42,6 +44,8 @@ def _add_bench(sub) -> None:
                    "are reported as skipped")
     p.add_argument("--isolate", action="store_true",
                    help="run each model in its own subprocess")
+    p.add_argument("--threads", type=int, help="torch.set_num_threads(N) for the run "
+                   "(CPU; coil's C++ kernels follow it)")
     p.add_argument("--json", metavar="PATH", help="write rows as JSON ('-' for stdout)")
     p.add_argument("--markdown", metavar="PATH", help="write a markdown block ('-' for stdout)")
     p.add_argument("--rows-jsonl", metavar="PATH", help=argparse.SUPPRESS)
@@ -53,14 +57,21 @@ def _add_bench(sub) -> None:
 def _run_bench(a) -> int:
     from coil.bench import suite
 
+    if a.threads:
+        import torch
+
+        torch.set_num_threads(a.threads)
+
     opts = suite.BenchOptions(models=a.model, modes=a.mode, compilers=a.compiler,
                               device=a.device, size=a.size, warmup=a.warmup, repeat=a.repeat,
+                              max_timing_s=a.max_timing,
                               warm_compile=not a.no_warm_compile, row_timeout=a.row_timeout,
                               budget_s=a.budget, progress=not a.no_progress,
                               fresh_caches=not a.keep_caches, rows_jsonl=a.rows_jsonl)
     if a.isolate:
         common = ["--mode", *a.mode, "--compiler", *a.compiler, "--device", a.device,
                   "--warmup", str(a.warmup), "--repeat", str(a.repeat),
+                  "--max-timing", str(a.max_timing),
                   "--row-timeout", str(a.row_timeout)]
         if a.size:
             common += ["--size", a.size]
@@ -68,6 +79,8 @@ def _run_bench(a) -> int:
             common.append("--no-warm-compile")
         if a.keep_caches:
             common.append("--keep-caches")
+        if a.threads:
+            common += ["--threads", str(a.threads)]
         result = suite.run_bench_isolated(opts, common)
     else:
         result = suite.run_bench(opts)

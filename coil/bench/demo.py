@@ -127,18 +127,22 @@ def main(device: str = "auto", out_dir: str = "coil_demo", backend: str = "coil"
         for _ in range(2):
             eager_step(), step()
         timer = lambda fn: measure.time_once(fn, dev)  # noqa: E731
-        e_t, c_t = measure.time_interleaved([eager_step, step], repeat, timer)
+        e_t, c_t = measure.time_interleaved([eager_step, step], repeat, timer, max_seconds=15.0)
         speed = measure.summarize(e_t, c_t)
         rows += [["compile time (first call)", f"{compile_s:.2f} s"],
                  ["eager time (median)", f"{speed.eager_s * 1e3:.2f} ms"],
                  [f"{backend} time (median)", f"{speed.compiled_s * 1e3:.2f} ms"],
-                 ["speedup", f"{speed.speedup:.2f}x"],
+                 ["speedup", f"{speed.speedup:.2f}x ({len(e_t)} interleaved rounds)"],
                  ["outputs match eager", ("yes" if ok else "NO: " + verdict.reason)
                   + f" (max abs diff {maxdiff:.2e})"]]
     else:
         rows += [["compile", "FAILED: " + measure.short_error(error, 500)]]
     trace.set_dir(None)
     print(render_table(["", ""], rows))
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    if load > (os.cpu_count() or 1):
+        print(f"note: this machine is busy (load average {load:.1f} on {os.cpu_count()} cores); "
+              "times are not reliable")
     if error is None and counts.graphs == 0:
         print("note: coil compiled no graph, so the model ran eagerly; the compile log says why")
 

@@ -123,12 +123,20 @@ def time_once(fn: Callable[[], object], device: torch.device) -> float:
 
 
 def time_interleaved(fns: Sequence[Callable[[], object]], repeat: int,
-                     timer: Callable[[Callable[[], object]], float]) -> list[list[float]]:
-    """Run ``fns[0], fns[1], ..., fns[0], fns[1], ...`` ``repeat`` rounds; per-fn seconds."""
+                     timer: Callable[[Callable[[], object]], float],
+                     max_seconds: Optional[float] = None, min_rounds: int = 3) -> list[list[float]]:
+    """Run ``fns[0], fns[1], ..., fns[0], fns[1], ...`` ``repeat`` rounds; per-fn seconds.
+    With ``max_seconds``, stop early once the timed calls add up to more than that (but
+    after at least ``min_rounds`` rounds)."""
     out: list[list[float]] = [[] for _ in fns]
-    for _ in range(repeat):
+    total = 0.0
+    for r in range(repeat):
         for i, fn in enumerate(fns):
-            out[i].append(timer(fn))
+            t = timer(fn)
+            out[i].append(t)
+            total += t
+        if max_seconds is not None and total > max_seconds and r + 1 >= min_rounds:
+            break
     return out
 
 

@@ -102,6 +102,7 @@ def machine_info() -> dict:
         "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "command": " ".join(["coil"] + sys.argv[1:]) if sys.argv else "",
         "commit": _git_commit(),
+        "load_average": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
     }
     for pkg in ("transformers", "timm", "triton"):
         try:
@@ -139,4 +140,5 @@ def meta_markdown(meta: dict) -> str:
     return (f"*{m['date']}; {m['cpu']} ({m['cpu_count']} cores){gpu}; "
             f"Python {m['python']}, torch {m['torch']}, transformers "
             f"{m['transformers']}, triton {m['triton']}; coil commit "
-            f"{m['commit']}; command: `{m['command']}`*")
+            f"{m['commit']}; load average at start {m['load_average']}; command: "
+            f"`{m['command']}`*")

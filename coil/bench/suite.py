@@ -57,6 +57,8 @@ class BenchOptions:
     size: Optional[str] = None  # None: default_size(device)
     warmup: int = 2
     repeat: int = 10
+    #: stop the timed rounds early (after >= 3) once they add up to this many seconds
+    max_timing_s: Optional[float] = 60.0
     warm_compile: bool = True
     row_timeout: Optional[float] = 600.0
     budget_s: Optional[float] = None
@@ -188,7 +190,8 @@ def run_row(compiler: Compiler, module: torch.nn.Module, args: tuple, kwargs: di
     for _ in range(opts.warmup):
         eager_step()
         step()
-    eager_t, comp_t = measure.time_interleaved([eager_step, step], opts.repeat, timer)
+    eager_t, comp_t = measure.time_interleaved([eager_step, step], opts.repeat, timer,
+                                               max_seconds=opts.max_timing_s)
     speed = measure.summarize(eager_t, comp_t)
     row.eager_ms, row.compiled_ms, row.speedup = speed.eager_s * 1e3, speed.compiled_s * 1e3, speed.speedup
     after = probe.read()

@@ -107,3 +107,11 @@ def test_short_error_includes_cause():
     except RuntimeError as e:
         text = measure.short_error(e)
     assert "RuntimeError" in text and "inner problem" in text
+
+
+def test_time_interleaved_stops_at_max_seconds_after_min_rounds():
+    out = measure.time_interleaved([lambda: None, lambda: None], 100, lambda fn: 1.0,
+                                   max_seconds=5.0, min_rounds=3)
+    assert len(out[0]) == len(out[1]) == 3
+    out = measure.time_interleaved([lambda: None], 100, lambda fn: 0.001, max_seconds=5.0)
+    assert len(out[0]) == 100

@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from corpus_harness import ORACLE, Args, R, cases, randn
+from corpus_harness import ORACLE, Args, CountingBackend, R, cases, compile_fn, randn
 
 
 def f_pointwise(x):
@@ -237,6 +237,10 @@ def _swap_submodule(m):
     return x4()
 
 
+def f_module_arg(x, m):
+    return m(x).relu()
+
+
 def f_int_loop(x, n):
     for _ in range(n):
         x = x + 1
@@ -305,6 +309,10 @@ ROWS = [
       note="buffers are graph inputs in torch (1 graph); an identity guard (2) is also fine"),
     R(f_int_loop, [(lambda k: (lambda f: (randn(3), k)))(k) for k in range(1, 11)], graphs=8, dynamic=False,
       name="recompile_limit_then_eager", note="after 8 graphs for one code object, later calls run eagerly"),
+    R(f_module_arg, [lambda f: (randn(2, 4), nn.Linear(4, 3)), lambda f: (randn(2, 4), nn.Linear(4, 3))], graphs=(1, 2),
+      name="different_module_instance_arg", note="parameters as graph inputs (1 graph) or an identity guard (2)"),
+    R(f_module_arg, [lambda f: (randn(2, 4), nn.Linear(4, 3)), lambda f: (randn(2, 4), nn.Linear(4, 5))], graphs=2,
+      name="different_module_shape_arg"),
     R(f_matmul, [lambda f: (randn(2, 4), randn(4, 3)), lambda f: (randn(2, 4), randn(4, 3, dtype=torch.float64))],
       graphs=2, error="type", name="dtype_mismatch_second_call_raises_like_eager"),
 ]
@@ -322,3 +330,38 @@ def test_hook_added_after_compile_is_honoured(check):
     """A forward hook registered after the first compiled call must run on later calls
     (a hook is never silently skipped; torch 2.13 gets this wrong)."""
     check(R(net, [lambda m: x4(), _add_hook_later], graphs=(1, 2), module=True, name="hook_added_later"))
+
+
+def test_freed_module_frees_compiled_entries():
+    """Caches hold modules weakly: dropping the model (and its compiled wrapper) frees it."""
+    import gc
+    import weakref
+
+    m = Net()
+    compiled = compile_fn(m, CountingBackend(), R(net, [], graphs=1))
+    compiled(randn(2, 4))
+    ref = weakref.ref(m)
+    del m, compiled
+    gc.collect()
+    assert ref() is None, "a compiled entry keeps the freed module alive"
+
+
+def test_freed_function_frees_compiled_entries():
+    import gc
+    import weakref
+
+    def make():
+        k = torch.randn(3)
+
+        def f(x):
+            return x * k
+
+        return f
+
+    f = make()
+    compiled = compile_fn(f, CountingBackend(), R(f, [], graphs=1))
+    compiled(randn(3))
+    ref = weakref.ref(f)
+    del f, compiled
+    gc.collect()
+    assert ref() is None, "a compiled entry keeps the freed function alive"

@@ -14,7 +14,8 @@ message says how); ``error`` (compiling or running raised; its message);
 ``timeout``; ``skipped`` (the ``--budget`` ran out before it started). An op's status is the worst of its samples' (timeout > error > mismatch >
 pass); ``unsupported-by-eager`` only when no sample ran in eager. RNG: both runs start
 from ``torch.manual_seed(0)`` and compile with ``fallback_random`` (coil and Inductor),
-so random ops are comparable.
+so random ops are comparable. Ops returning uninitialized memory (:data:`UNINITIALIZED`,
+e.g. ``empty``) are compared by shape, dtype and device only.
 
 Native vs extern (compilers using coil's kernels: ``coil``, ``torch+coil``): the IR's
 ``GraphLowering`` counts, per ATen op, lowerings done natively and ops that fell back to
@@ -50,6 +51,9 @@ from coil.bench.output import Progress, machine_info, meta_markdown, render_mark
 
 STATUS_ORDER = ["pass", "mismatch", "error", "timeout"]
 ALL_STATUSES = STATUS_ORDER + ["unsupported-by-eager", "skipped"]
+#: Ops whose outputs are uninitialized memory: only shapes, dtypes and devices compare.
+UNINITIALIZED = {"empty", "empty_like", "empty_strided", "empty_permuted", "new_empty",
+                 "new_empty_strided"}
 TOLERANCES = {  # dtype -> (rtol, atol)
     torch.float64: (1e-7, 1e-7), torch.complex128: (1e-7, 1e-7),
     torch.float32: (1e-4, 1e-5), torch.complex64: (1e-4, 1e-5),
@@ -191,8 +195,19 @@ def run_forward_backward(call, tensors, backward: bool, seed: int = 0):
     return out, list(grads)
 
 
-def compare_results(expected, actual, dtype) -> Optional[str]:
-    """None when ``actual`` matches ``expected``; else a one-line reason."""
+def _metadata_only(x):
+    from torch.utils._pytree import tree_map
+
+    return tree_map(lambda t: (tuple(t.shape), t.dtype, t.device.type)
+                    if isinstance(t, torch.Tensor) else t, x)
+
+
+def compare_results(expected, actual, dtype, values: bool = True) -> Optional[str]:
+    """None when ``actual`` matches ``expected``; else a one-line reason. With
+    ``values=False`` only shapes, dtypes and devices are compared."""
+    if not values:
+        e, a = _metadata_only(expected), _metadata_only(actual)
+        return None if e == a else f"metadata differs: {a} != {e}"[:300]
     rtol, atol = TOLERANCES.get(dtype, (0.0, 0.0))
     try:
         torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol, equal_nan=True,
@@ -221,7 +236,7 @@ def check_sample(op, sample, dtype, compiler, backward: bool) -> dict:
         return {"status": "error", "message": measure.short_error(e)}
     finally:
         compiler.reset()
-    reason = compare_results(exp_out, out, dtype)
+    reason = compare_results(exp_out, out, dtype, values=op.name not in UNINITIALIZED)
     if reason is None and backward and exp_grads is not None:
         if grads is None:
             reason = "compiled result has no gradient"
@@ -573,7 +588,8 @@ def format_markdown(result: dict) -> str:
                                  for k in ALL_STATUSES]
                               + ["—" if rate is None else f"{100 * rate:.1f}%",
                                  "/".join(str(s["kinds"].get(k, 0))
-                                          for k in ("native", "mixed", "extern"))]])]
+                                          for k in ("native", "mixed", "extern"))
+                                 if s["kinds"] else "—"]])]
     return "\n".join(lines)
 
 

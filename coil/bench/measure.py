@@ -195,6 +195,18 @@ def time_limit(seconds: Optional[float]) -> Iterator[None]:
         signal.signal(signal.SIGALRM, old)
 
 
+def is_timeout(e: BaseException) -> bool:
+    """True for :class:`RowTimeout`, also when a compiler re-raised it wrapped in its own
+    exception type (Inductor does)."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, RowTimeout) or "RowTimeout:" in str(e):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
 def short_error(e: BaseException, limit: int = 300) -> str:
     """``Type: message`` on one line (plus the innermost ``__cause__``), cut to ``limit``
     characters."""

@@ -277,10 +277,10 @@ def _rows_for(spec: ModelSpec, mode: str, device: torch.device, compilers: list[
             with measure.time_limit(limit):
                 run_row(compiler, built.module, built.args, built.kwargs, mode, device, ref,
                         eager_out, opts, row)
-        except measure.RowTimeout as e:
-            row.status, row.error = "timeout", str(e)
         except Exception as e:
-            row.status, row.error = "error", measure.short_error(e)
+            timed_out = measure.is_timeout(e)
+            row.status = "timeout" if timed_out else "error"
+            row.error = f"timed out after {limit:.0f} s" if timed_out else measure.short_error(e)
             row.traceback = traceback.format_exc()[-4000:]
         finally:
             compiler.reset()

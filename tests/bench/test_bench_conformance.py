@@ -92,3 +92,11 @@ def test_merge_shards_recounts(tmp_path):
     assert m["summary"]["counts"] == {"pass": 1, "error": 1, "mismatch": 1}
     assert m["summary"]["pass_rate_of_eager_supported"] == pytest.approx(1 / 3)
     assert "| c | float32 |" in conf.format_markdown(m)
+
+
+def test_uninitialized_ops_compare_metadata_only():
+    a, b = torch.empty(3, 4).fill_(1.0), torch.empty(3, 4).fill_(2.0)
+    assert conf.compare_results(a, b, torch.float32, values=False) is None
+    assert conf.compare_results(a, b, torch.float32) is not None
+    assert conf.compare_results(a, torch.empty(4, 3), torch.float32, values=False)
+    assert "empty" in conf.UNINITIALIZED

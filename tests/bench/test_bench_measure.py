@@ -115,3 +115,14 @@ def test_time_interleaved_stops_at_max_seconds_after_min_rounds():
     assert len(out[0]) == len(out[1]) == 3
     out = measure.time_interleaved([lambda: None], 100, lambda fn: 0.001, max_seconds=5.0)
     assert len(out[0]) == 100
+
+
+def test_is_timeout_sees_through_wrappers():
+    try:
+        try:
+            raise measure.RowTimeout("timed out after 1 s")
+        except measure.RowTimeout as e:
+            raise RuntimeError("InductorError: RowTimeout: timed out after 1 s") from e
+    except RuntimeError as e:
+        assert measure.is_timeout(e)
+    assert not measure.is_timeout(ValueError("x"))

@@ -100,7 +100,37 @@ def _make_rng_shim():
     return mod
 
 
+def _make_red_shim():
+    """NumPy reductions over interpreter tensors (see coil.runtime.triton_reductions)."""
+    import triton.language as tl
+    from triton.runtime.interpreter import TensorHandle
+
+    def make(npfn):
+        def f(x, axis):
+            axis = int(getattr(axis, "value", axis))
+            data = x.handle.data
+            with np.errstate(all="ignore"):
+                out = np.asarray(npfn(data, axis=axis)).astype(data.dtype)
+            shape = list(x.type.shape)
+            del shape[axis]
+            ty = tl.block_type(x.dtype, shape) if shape else x.dtype
+            return tl.core.tensor(TensorHandle(out, x.handle.dtype.scalar), ty)
+        return f
+
+    mod = types.ModuleType("coil_red_shim")
+    mod.sum, mod.prod, mod.max, mod.min = make(np.sum), make(np.prod), make(np.max), make(np.min)
+    return mod
+
+
 def __getattr__(name):
+    if name == "red":
+        if interpreting():
+            global _RED
+            if _RED is None:
+                _RED = _make_red_shim()
+            return _RED
+        import coil.runtime.triton_reductions as red
+        return red
     if name == "rng":
         if interpreting():
             global _RNG
@@ -122,3 +152,4 @@ def __getattr__(name):
 
 _SHIM = None
 _RNG = None
+_RED = None

@@ -41,7 +41,7 @@ def kernel_source(plan, name: str) -> tuple[str, list[str]]:
             body += sec["post"]
     out += _indent(body, 4)
     header = ["import triton", "import triton.language as tl",
-              "from coil.runtime.triton_libdevice import libdevice, rng", "", f"# {plan.describe()}"]
+              "from coil.runtime.triton_libdevice import libdevice, red, rng", "", f"# {plan.describe()}"]
     return "\n".join(header + PRELUDE.split("\n") + ["", ""] + out) + "\n", arg_names
 
 

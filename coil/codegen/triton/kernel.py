@@ -241,8 +241,8 @@ class TritonKernel(OpsHandler):
             if reduction_type in ("argmax", "argmin"):
                 best = self.cse(f"{self._final('max' if reduction_type == 'argmax' else 'min', masked.name)}[:, None]",
                                 value.dtype, out_dims, lines=lines)
-                r = (f"tl.reduce(tl.where({masked} == {best}, tl.broadcast_to(rindex, {full}), 2147483647), 1, "
-                     f"_min_combine)[:, None].to(tl.int64)")
+                r = (f"red.min(tl.where({masked} == {best}, tl.broadcast_to(rindex, {full}), 2147483647), 1)"
+                     f"[:, None].to(tl.int64)")
             else:
                 r = f"{self._final(reduction_type, masked.name)}[:, None]"
             res = self.cse(r, acc_dt if reduction_type not in ("argmax", "argmin") else torch.int64,
@@ -262,7 +262,7 @@ class TritonKernel(OpsHandler):
             post = sec["post"]
             best = "max" if reduction_type == "argmax" else "min"
             post.append(f"{acc}_best = {self._final(best, acc)}[:, None]")
-            post.append(f"{acc}_res = tl.reduce(tl.where({acc} == {acc}_best, {idx}, 2147483647), 1, _min_combine)[:, None]")
+            post.append(f"{acc}_res = red.min(tl.where({acc} == {acc}_best, {idx}, 2147483647), 1)[:, None]")
             return TVal(f"{acc}_res", torch.int64, out_dims)
         combine = {"sum": f"{acc} + {v}", "prod": f"{acc} * {v}", "any": f"{acc} | {v}",
                    "max": f"tl.maximum({acc}, {v})", "min": f"tl.minimum({acc}, {v})"}[reduction_type]
@@ -277,11 +277,10 @@ class TritonKernel(OpsHandler):
 
     @staticmethod
     def _final(reduction_type, v) -> str:
-        # tl.reduce with our own combine functions (not tl.sum/tl.max, which are
-        # library @jit functions the interpreter cannot run if triton was imported first)
-        comb = {"sum": "_sum_combine", "max": "_max_combine", "min": "_min_combine",
-                "any": "_max_combine", "prod": "_prod_combine"}[reduction_type]
-        return f"tl.reduce({v}, 1, {comb})"
+        # red.*: NaN-propagating tl.reduce on GPUs, NumPy under the interpreter
+        # (coil.runtime.triton_reductions / triton_libdevice)
+        fn = {"sum": "sum", "max": "max", "min": "min", "any": "max", "prod": "prod"}[reduction_type]
+        return f"red.{fn}({v}, 1)"
 
     # ----------------------------------------------------------------- values
     def _tensor(self, v) -> TVal:
@@ -428,26 +427,6 @@ _FUNC_UN = {k for k, v in _UN.items() if not v.startswith("(")} | {"frac"}
 
 #: Helpers every kernel module defines (integer division with Python semantics etc.).
 PRELUDE = '''
-@triton.jit
-def _sum_combine(a, b):
-    return a + b
-
-
-@triton.jit
-def _prod_combine(a, b):
-    return a * b
-
-
-@triton.jit
-def _max_combine(a, b):
-    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
-
-
-@triton.jit
-def _min_combine(a, b):
-    return tl.minimum(a, b, propagate_nan=tl.PropagateNan.ALL)
-
-
 @triton.jit
 def _sigmoid(x):
     return 1.0 / (1.0 + tl.exp(-x))

@@ -81,6 +81,20 @@ class Compile:
             totals[name] = totals.get(name, 0.0) + float(r.get("duration_ms") or 0.0)
         return totals
 
+    def stage_self_totals(self) -> "OrderedDict[str, float]":
+        """Milliseconds per stage name *excluding* nested stages (self time): a
+        record's duration minus its direct children's. These add up to
+        :meth:`total_ms`, so they are the compile-time breakdown."""
+        selfs: OrderedDict[str, float] = OrderedDict()
+        for r in self.stages:
+            name = r.get("stage") or "?"
+            selfs[name] = selfs.get(name, 0.0) + float(r.get("duration_ms") or 0.0)
+        for r in self.stages:
+            parent = r.get("parent")
+            if parent:
+                selfs[parent] = selfs.get(parent, 0.0) - float(r.get("duration_ms") or 0.0)
+        return selfs
+
     def total_ms(self) -> float:
         """Wall time of the top-level stages (those with no ``parent``)."""
         return sum(float(r.get("duration_ms") or 0.0) for r in self.stages if not r.get("parent"))
@@ -331,9 +345,9 @@ _BASE = """<!doctype html>
 
 _BREAKDOWN = """
 {% macro breakdown(rows) -%}
-<table><tr><th>stage</th><th>ms</th><th>%</th><th></th></tr>
+<table><tr><th>stage</th><th>ms (incl. nested)</th><th>self ms</th><th>self %</th><th></th></tr>
 {% for r in rows %}<tr><td>{{ r.name }}</td><td class="num">{{ "%.2f"|format(r.ms) }}</td>
-<td class="num">{{ "%.1f"|format(r.pct) }}</td>
+<td class="num">{{ "%.2f"|format(r.self_ms) }}</td><td class="num">{{ "%.1f"|format(r.pct) }}</td>
 <td><span class="bar" style="width: {{ (r.pct * 3)|round|int }}px"></span></td></tr>
 {% endfor %}</table>
 {%- endmacro %}
@@ -365,8 +379,8 @@ total top-level compile time {{ "%.1f"|format(total_ms) }} ms.
 <td class="num">{{ c.n_events }}</td><td class="num">{{ c.n_artifacts }}</td></tr>
 {% endfor %}</table>
 <h2>Compile-time breakdown (all compiles)</h2>
-<p>Milliseconds per stage summed over every compile; a nested stage's time is also
-inside its parent's, so the percentages are of the top-level total.</p>
+<p>Milliseconds per stage summed over every compile: including the stages nested in it,
+and its self time (without them). Self times add up to the total; percentages are of it.</p>
 {{ m.breakdown(breakdown) }}
 <h2>Events without a compile id</h2>
 <p><a href="{{ loose_page }}">{{ n_loose }} event(s)</a></p>
@@ -414,9 +428,10 @@ def _env() -> jinja2.Environment:
     return jinja2.Environment(loader=loader, autoescape=True, undefined=jinja2.StrictUndefined)
 
 
-def _breakdown_rows(totals: dict, top_total: float) -> list:
-    denom = top_total if top_total > 0 else (sum(totals.values()) or 1.0)
-    return [{"name": k, "ms": v, "pct": 100.0 * v / denom} for k, v in totals.items()]
+def _breakdown_rows(totals: dict, selfs: dict, top_total: float) -> list:
+    denom = top_total if top_total > 0 else (sum(selfs.values()) or 1.0)
+    return [{"name": k, "ms": v, "self_ms": max(selfs.get(k, 0.0), 0.0),
+             "pct": 100.0 * max(selfs.get(k, 0.0), 0.0) / denom} for k, v in totals.items()]
 
 
 def _artifact_views(records: list) -> list:
@@ -502,6 +517,7 @@ def write_report(log_dir: str, out_dir: Optional[str] = None) -> str:
     previous = previous_attempts(log.compiles)
     stage_names: list = []
     all_totals: OrderedDict = OrderedDict()
+    all_selfs: dict = {}
     rows = []
     grand_total = 0.0
     for c in log.compiles:
@@ -510,6 +526,9 @@ def write_report(log_dir: str, out_dir: Optional[str] = None) -> str:
             if k not in stage_names:
                 stage_names.append(k)
             all_totals[k] = all_totals.get(k, 0.0) + v
+        selfs = c.stage_self_totals()
+        for k, v in selfs.items():
+            all_selfs[k] = all_selfs.get(k, 0.0) + v
         total = c.total_ms()
         grand_total += total
         row = {"pid": c.pid, "compile_id": c.compile_id, "page": c.page, "title": c.title(),
@@ -522,7 +541,7 @@ def write_report(log_dir: str, out_dir: Optional[str] = None) -> str:
         diffs = artifact_diffs(prev, c) if prev is not None else []
         page = env.get_template("compile").render(
             title=row["title"] or f"compile {c.compile_id}", c=c, multi_pid=multi_pid,
-            total=total, breakdown=_breakdown_rows(totals, total),
+            total=total, breakdown=_breakdown_rows(totals, selfs, total),
             groups=_group_tables(c.events), artifacts=_artifact_views(c.artifacts),
             diffs=diffs, prev_page=prev.page if prev else "",
             prev_id=prev.compile_id if prev else "", **common)
@@ -538,7 +557,7 @@ def write_report(log_dir: str, out_dir: Optional[str] = None) -> str:
         title="coil compile log", log_dir=log_dir, files=log.files, bad_lines=log.bad_lines,
         n_compiles=len(log.compiles), compiles=rows, stage_names=stage_names,
         multi_pid=multi_pid, total_ms=grand_total,
-        breakdown=_breakdown_rows(all_totals, grand_total), n_loose=len(log.loose), **common)
+        breakdown=_breakdown_rows(all_totals, all_selfs, grand_total), n_loose=len(log.loose), **common)
     index_path = os.path.join(out_dir, "index.html")
     _write(index_path, index)
     return index_path

@@ -337,3 +337,24 @@ def test_report_of_a_real_capture_with_a_graph_break(trace_dir, tmp_path):
     with_break = [t for t in texts if "graph_break (" in t]
     assert with_break and os.path.basename(__file__) in with_break[0]
     _check_links_resolve(out)
+
+
+def test_compile_time_breakdown_uses_self_times(tmp_path):
+    log = tmp_path / "log"
+    log.mkdir()
+    recs = [  # written at each stage's end, as trace.stage does
+        {"event": "stage", "stage": "lowering", "parent": "aot", "duration_ms": 20.0, "ts": 0.95},
+        {"event": "stage", "stage": "aot", "parent": "capture", "duration_ms": 60.0, "ts": 0.98},
+        {"event": "stage", "stage": "capture", "parent": None, "duration_ms": 100.0, "ts": 1.0},
+    ]
+    with open(log / "coil_trace_7.jsonl", "w") as f:
+        for r in recs:
+            f.write(json.dumps(dict(r, pid=7, compile_id="0/0")) + "\n")
+    (c,) = report.read_log(str(log)).compiles
+    assert list(c.stage_totals()) == ["capture", "aot", "lowering"]  # by start time
+    assert c.stage_self_totals() == {"capture": 40.0, "aot": 40.0, "lowering": 20.0}
+    assert c.total_ms() == 100.0
+    out = tmp_path / "site"
+    report.write_report(str(log), str(out))
+    _, text = _parse(out / "compile_7_0_0.html")
+    assert "40.00" in text and "40.0" in text and "100.00" in text

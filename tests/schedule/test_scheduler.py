@@ -1,0 +1,66 @@
+"""Scheduler: fusion decisions (made and refused, with reasons), ordering, memory reuse."""
+import torch
+import torch.nn.functional as F
+
+from codegen_helpers import check, compile_fn
+from coil.config import patch
+from coil.ir.symbols import FloorDiv, Mod, XINDEX, simplify_index
+from coil.schedule.indexing import split_ranges
+
+
+def r(*s):
+    return torch.randn(*s)
+
+
+def test_transposed_read_is_refused_with_reason():
+    def f(x):
+        y = (x * 2).exp()          # realized: read twice in different orders
+        return y + 1, (y.t() * 3).contiguous()
+    c = check(f, r(16, 16), atol=1e-4, max_inline_reads=0)   # realize y
+    refused = [d for d in c.scheduler.decisions if d["decision"] == "refused"]
+    assert any("written at" in d.get("reason", "") or "iteration spaces" in d.get("reason", "")
+               for d in refused), c.scheduler.decisions
+
+
+def test_every_decision_logged_with_bytes_saved():
+    c = check(lambda x, w, b: F.layer_norm(x.relu() + 1, (32,), w, b), r(8, 32), r(32), r(32))
+    assert c.kernel_count == 1
+    for d in c.scheduler.decisions:
+        assert d["decision"] in ("fused", "refused") and "bytes_saved" in d
+
+
+def test_fusion_off_gives_one_kernel_per_buffer():
+    f = lambda x: torch.softmax(x, -1)
+    c = check(f, r(4, 8), fusion=False)
+    assert c.kernel_count > 1
+
+
+def test_reduction_epilogue_and_horizontal_fusion():
+    def f(x, y):
+        return x.sum(1) * 2, (x * y).sum(1), x.amax(1)   # three reductions over one read of x
+    c = check(f, r(8, 64), r(8, 64), atol=1e-4)
+    assert c.kernel_count == 1
+
+
+def test_no_cycle_through_extern():
+    def f(x, w):
+        a = x.relu()
+        b = a @ w              # extern between a and the add below
+        return a.sum(1, keepdim=True) + b.sum(1, keepdim=True)
+    check(f, r(8, 16), r(16, 4), atol=1e-4)
+
+
+def test_buffer_reuse_in_wrapper():
+    def f(x, w):
+        a = (x @ w).relu()
+        b = (a @ w).sigmoid()
+        c = (b @ w).tanh()
+        return (c @ w) + 1
+    c = check(f, r(8, 8), r(8, 8), atol=1e-4)
+    assert "# reuse" in c.source or "del " in c.source, c.source
+
+
+def test_simplify_and_split_helpers():
+    b = {XINDEX: 64}
+    assert simplify_index(FloorDiv(XINDEX, 16) * 16 + Mod(FloorDiv(XINDEX, 4), 4) * 4 + Mod(XINDEX, 4), b) == XINDEX
+    assert split_ranges([4, 8], 4) is not None and split_ranges([3, 5], 2) is None

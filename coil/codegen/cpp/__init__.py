@@ -23,7 +23,7 @@ from __future__ import annotations
 from coil import trace
 from coil.codegen.backend import GeneratedKernel, KernelBackend, register_kernel_backend
 from coil.codegen.cpp.kernel import CppKernel
-from coil.codegen.cpp.launch import CppLauncher, prelude
+from coil.codegen.cpp.launch import CppLauncher
 from coil.runtime import cpp_build
 
 __all__ = ["CppBackend", "CppKernel", "CppLauncher"]
@@ -48,8 +48,7 @@ class CppBackend(KernelBackend):
         cpp_build.compiler()
         k = CppKernel(plan, kernel_name, cpp_build.num_threads())
         body = k.source()
-        source = prelude() + "\n" + body + "\n"
-        launcher = CppLauncher(source, kernel_name, len(k.arg_names()), k.has_checks)
+        launcher = CppLauncher(body, kernel_name, len(k.arg_names()), k.has_checks, batch=True)
         trace.artifact(f"kernel {kernel_name}", lambda: body, kind="cpp")
         return GeneratedKernel(name=kernel_name, source=body, arg_names=k.arg_names(),
                                launcher=launcher, language="cpp")

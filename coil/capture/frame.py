@@ -16,6 +16,7 @@ import dis
 import functools
 import inspect
 import itertools
+import sys
 import time
 import traceback
 import types
@@ -182,6 +183,8 @@ def wrap_function(fn: types.FunctionType, cfg: CaptureConfig, capture_exec: bool
     code = fn.__code__
     if code.co_flags & (0x20 | 0x80 | 0x200):
         return fn  # generators and coroutines run eagerly
+    if not all(n.isidentifier() for n in _argnames(code)):
+        return fn  # 3.11 comprehension frames (argument ``.0``) run eagerly
     binder = make_binder(fn)
 
     def coil_wrapper(*args, **kwargs):
@@ -381,7 +384,32 @@ def _in_exception_block(code, offset: int) -> bool:
         table = dis._parse_exception_table(code)
     except Exception:  # noqa: BLE001
         return False
-    return any(e.start <= offset < e.end for e in table)
+    for e in table:
+        if e.start <= offset < e.end:
+            if _is_comprehension_cleanup(code, e.target):
+                # py3.12: the handler only restores the names an inlined comprehension
+                # shadowed and re-raises; the break is in a user block only if the
+                # handler itself is.
+                return _in_exception_block(code, e.target)
+            return True
+    return False
+
+
+def _is_comprehension_cleanup(code, target: int) -> bool:
+    """3.12 (PEP 709): is the handler at ``target`` an inlined comprehension's cleanup
+    (``SWAP``/``POP_TOP``/``STORE_FAST`` only, then ``RERAISE``)? Such a handler restores
+    locals that die with the exception anyway, so breaking the graph inside the
+    comprehension is safe. https://peps.python.org/pep-0709/"""
+    if sys.version_info[:2] < (3, 12):
+        return False
+    for inst in dis.get_instructions(code):
+        if inst.offset < target:
+            continue
+        if inst.opname == "RERAISE":
+            return inst.offset > target
+        if inst.opname not in ("SWAP", "POP_TOP", "STORE_FAST"):
+            return False
+    return False
 
 
 def _build_entry(tx, output: OutputGraph, cfg: CaptureConfig, fn, code, argnames) -> CacheEntry:

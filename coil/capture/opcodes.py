@@ -450,35 +450,44 @@ def BUILD_STRING(tx, inst):
     tx.push(ConstantVariable("".join(p.as_python_constant() for p in parts)))
 
 
+def _build_target(tx, depth: int):
+    """The container a LIST_APPEND-style instruction adds to. It is normally built in
+    this frame; in a 3.12 resume function that continues an inlined comprehension it is
+    a ``___stack`` input, so record the mutation to replay it (py3.12)."""
+    target = tx.stack[-depth]
+    tx.output.side_effects.mutated(target)
+    return target
+
+
 @op("LIST_APPEND")
 def LIST_APPEND(tx, inst):
     v = tx.pop()
-    tx.stack[-inst.arg].items.append(v)
+    _build_target(tx, inst.arg).items.append(v)
 
 
 @op("SET_ADD")
 def SET_ADD(tx, inst):
     v = tx.pop()
-    tx.stack[-inst.arg].items.add(v.as_python_constant())
+    _build_target(tx, inst.arg).items.add(v.as_python_constant())
 
 
 @op("MAP_ADD")
 def MAP_ADD(tx, inst):
     v = tx.pop()
     k = tx.pop()
-    tx.stack[-inst.arg].items[DictVariable.key_of(k)] = v
+    _build_target(tx, inst.arg).items[DictVariable.key_of(k)] = v
 
 
 @op("LIST_EXTEND")
 def LIST_EXTEND(tx, inst):
     v = tx.pop()
-    tx.stack[-inst.arg].items.extend(tx.unpack(v))
+    _build_target(tx, inst.arg).items.extend(tx.unpack(v))
 
 
 @op("SET_UPDATE")
 def SET_UPDATE(tx, inst):
     v = tx.pop()
-    tx.stack[-inst.arg].items.update(x.as_python_constant() for x in tx.unpack(v))
+    _build_target(tx, inst.arg).items.update(x.as_python_constant() for x in tx.unpack(v))
 
 
 @op("DICT_UPDATE")

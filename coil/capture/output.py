@@ -253,6 +253,9 @@ class EntryCodegen:
         key = id(vt)
         if key in self.memo:
             return self.memo[key]
+        if isinstance(vt, ConstantVariable) and type(vt.value) in (tuple, frozenset, torch.Size):
+            # one object per tracker, so identity (``id``/``is``) survives a graph break
+            return self.bind(vt, vt.reconstruct(self))
         return vt.reconstruct(self)
 
     def bind(self, vt, expr: str) -> str:

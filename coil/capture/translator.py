@@ -72,6 +72,10 @@ def const_value(v):
         return (list if isinstance(v, ListVariable) else tuple)(const_value(i) for i in v.items)
     if isinstance(v, DictVariable):
         return {k: const_value(x) for k, x in v.items.items()}
+    if isinstance(v, ListIteratorVariable):
+        return [const_value(x) for x in v.items[v.index:]]
+    if isinstance(v, SetVariable):
+        return set(v.items)
     return v.as_python_constant()
 
 
@@ -260,7 +264,8 @@ class InstructionTranslatorBase:
                     raise UserCodeError(f"AttributeError: can't set attribute '{name}'")
                 self.call(UserFunctionVariable(cls_attr.fset), [obj, value], {})
                 return
-            if cls_attr is not _SENTINEL and hasattr(type(cls_attr), "__set__") and not plain:
+            if cls_attr is not _SENTINEL and hasattr(type(cls_attr), "__set__") and not plain and \
+                    not isinstance(cls_attr, types.MemberDescriptorType):
                 raise Unsupported(f"setting data descriptor {name} of {cls.__name__}")
             setattr_fn = _static_lookup(cls, "__setattr__")
             if not plain and setattr_fn not in (object.__setattr__, torch.nn.Module.__setattr__):

@@ -133,9 +133,11 @@ class ConstantVariable(VariableTracker):
     def call_method(self, tx, name, args, kwargs):
         from coil.capture.variables.builder import wrap_constant_result
 
+        from coil.capture.translator import const_value
+
         try:
-            cargs = [a.as_python_constant() for a in args]
-            ckw = {k: v.as_python_constant() for k, v in kwargs.items()}
+            cargs = [const_value(a) for a in args]
+            ckw = {k: const_value(v) for k, v in kwargs.items()}
         except Unsupported:
             # e.g. int * tensor: let the other side decide
             if name.startswith("__r") or name.startswith("__"):
@@ -172,6 +174,8 @@ class ConstantVariable(VariableTracker):
         return hasattr(self.value, "__len__")
 
     def reconstruct(self, cg):
+        if self.source is not None and type(self.value) not in (int, float, bool, str, type(None)):
+            return cg.source_expr(self.source)  # keeps the object's identity
         return cg.const_expr(self.value)
 
     def __repr__(self):

@@ -181,7 +181,7 @@ class PureFunctionVariable(VariableTracker):
         fn = self.fn
         if fn in _OPERATOR_BINARY and len(args) == 2:
             if fn is operator.contains:
-                return tx.contains_op(args[1], args[0])
+                return tx.contains_op(args[0], args[1])
             return tx.binary_op(fn, args[0], args[1])
         if fn in _OPERATOR_UNARY and len(args) == 1:
             return tx.unary_op(fn, args[0])
@@ -191,9 +191,11 @@ class PureFunctionVariable(VariableTracker):
             return tx.call_dunder(args[0], "__setitem__", [args[1], args[2]])
         if isinstance(fn, operator.attrgetter):
             raise Unsupported("operator.attrgetter object")
+        from coil.capture.translator import const_value
+
         try:
-            c = [a.as_python_constant() for a in args]
-            kw = {k: v.as_python_constant() for k, v in kwargs.items()}
+            c = [const_value(a) for a in args]
+            kw = {k: const_value(v) for k, v in kwargs.items()}
         except Unsupported:
             raise Unsupported(f"{getattr(fn, '__qualname__', fn)} on non-constant arguments")
         from coil.capture.variables.builder import wrap_constant_result
@@ -551,6 +553,41 @@ def _dc_replace(tx, args, kwargs):
             continue
         values[f.name] = kwargs[f.name] if f.name in kwargs else tx.getattr(obj, f.name)
     return tx.construct_object(UserDefinedClassVariable(cls), [], values)
+
+
+class GetterVariable(VariableTracker):
+    """``operator.itemgetter(*keys)`` / ``operator.attrgetter(*names)``."""
+
+    def __init__(self, kind, keys):
+        super().__init__(None)
+        self.kind = kind
+        self.keys = keys
+
+    def python_type(self):
+        return operator.itemgetter if self.kind == "item" else operator.attrgetter
+
+    def call_function(self, tx, args, kwargs):
+        obj = args[0]
+        out = []
+        for k in self.keys:
+            if self.kind == "item":
+                out.append(tx.getitem(obj, k))
+            else:
+                v = obj
+                for part in k.as_python_constant().split("."):
+                    v = tx.getattr(v, part)
+                out.append(v)
+        return out[0] if len(out) == 1 else TupleVariable(out)
+
+
+@builtin(operator.itemgetter)
+def _itemgetter(tx, args, kwargs):
+    return GetterVariable("item", list(args))
+
+
+@builtin(operator.attrgetter)
+def _attrgetter(tx, args, kwargs):
+    return GetterVariable("attr", list(args))
 
 
 def register_extra():

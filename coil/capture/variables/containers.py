@@ -477,6 +477,22 @@ class SliceVariable(VariableTracker):
     def children(self):
         return list(self.parts)
 
+    def var_getattr(self, tx, name):
+        parts = list(self.parts) if len(self.parts) != 1 else [ConstantVariable(None)] + self.parts
+        parts += [ConstantVariable(None)] * (3 - len(parts))
+        if name in ("start", "stop", "step"):
+            return parts[("start", "stop", "step").index(name)]
+        from coil.capture.variables.functions import BoundMethodVariable
+
+        return BoundMethodVariable(self, name)
+
+    def call_method(self, tx, name, args, kwargs):
+        from coil.capture.variables.builder import wrap_constant_result
+
+        if name == "indices":
+            return wrap_constant_result(tx, self.as_python_constant().indices(args[0].as_python_constant()))
+        raise Unsupported(f"slice.{name}")
+
     def reconstruct(self, cg):
         return f"slice({', '.join(cg.reconstruct(p) for p in self.parts)})"
 

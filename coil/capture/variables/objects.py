@@ -176,8 +176,19 @@ class NNModuleVariable(ObjectVariableBase):
     read through it become graph inputs with sources like
     ``self._modules['fc']._parameters['weight']``."""
 
+    _SPECIAL = ("parameters", "buffers", "children", "modules", "named_parameters",
+                "named_buffers", "named_children", "named_modules")
+
     def call_function(self, tx, args, kwargs):
         return tx.call_module(self, list(args), dict(kwargs))
+
+    def var_getattr(self, tx, name):
+        if name in self._SPECIAL and _static_lookup(type(self.value), name) is getattr(
+                torch.nn.Module, name):
+            from coil.capture.variables.functions import BoundMethodVariable
+
+            return BoundMethodVariable(self, name)
+        return lookup_attr(tx, self, name)
 
     def has_len(self):
         return isinstance(self.value, (torch.nn.ModuleList, torch.nn.Sequential,
@@ -306,6 +317,21 @@ class UserDefinedClassVariable(ObjectVariableBase):
 
     def call_function(self, tx, args, kwargs):
         return tx.construct_object(self, list(args), dict(kwargs))
+
+    def unpack(self, tx):
+        if isinstance(self.value, enum.EnumMeta):
+            return [ConstantVariable(m) for m in self.value]
+        raise Unsupported(f"iteration over class {self.value.__name__}")
+
+    def has_len(self):
+        return isinstance(self.value, enum.EnumMeta)
+
+    def call_method(self, tx, name, args, kwargs):
+        if name == "__len__" and isinstance(self.value, enum.EnumMeta):
+            return ConstantVariable(len(self.value))
+        if name == "__contains__" and isinstance(self.value, enum.EnumMeta):
+            return ConstantVariable(args[0].as_python_constant() in self.value)
+        return tx.call(self.var_getattr(tx, name), args, kwargs)
 
 
 class PythonModuleVariable(ObjectVariableBase):

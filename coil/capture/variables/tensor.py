@@ -261,8 +261,8 @@ class TensorVariable(VariableTracker):
             raise Unsupported("`in` on a tensor depends on its data")
         if name in ("requires_grad_",) and self.source is None:
             return call_op(tx, "call_method", name, [self] + list(args), kwargs)
-        if name == "new_tensor" or name == "tolist":
-            raise Unsupported(f"Tensor.{name}")
+        if name == "new_tensor" and contains_tensor(list(args)):
+            raise Unsupported("Tensor.new_tensor of a tensor")
         return call_op(tx, "call_method", name, [self] + list(args), kwargs)
 
     def reconstruct(self, cg):

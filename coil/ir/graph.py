@@ -107,6 +107,9 @@ class GraphLowering(torch.fx.Interpreter):
                 self.run(*self.example_inputs)
         finally:
             V.graph = prev
+        if config.verbose and self.fallbacks:
+            import sys
+            print(f"coil: extern kernels in this graph: {dict(self.fallbacks)}", file=sys.stderr)
         if trace.enabled():
             trace.log("lowering_fallbacks", stage="lowering",
                       fallbacks=dict(self.fallbacks), native=dict(self.native))

@@ -250,3 +250,46 @@ def test_yield_from_is_a_graph_break_not_a_crash():
     out = coil.compile(f, backend="eager")(x)
     torch.testing.assert_close(out, f(x))
     assert len(ref) == 2
+
+
+def _eager_equal(fn, *args):
+    ref = fn(*args)
+    out = coil.compile(fn, backend="eager")(*args)
+    torch.testing.assert_close(out, ref)
+    return out
+
+
+def test_graph_break_inside_list_comprehension():
+    # 3.12 (PEP 709): the comprehension is inlined, so the break happens in the frame itself
+    # with the list under construction on the stack; the resume function's LIST_APPENDs to
+    # that (input) list must be replayed (regression: silently lost an element). On 3.11 the
+    # comprehension frame (argument ``.0``) runs eagerly (regression: SyntaxError in binder).
+    def f(x):
+        i = 10
+        ys = [print("item", i) or x * i for i in range(3)]
+        return ys, i
+
+    _eager_equal(f, torch.randn(4))
+    assert stats["fallbacks"] == 0, stats
+
+
+def test_graph_break_inside_dict_and_set_comprehension():
+    def f(x):
+        d = {k: (print(k) or x + k) for k in range(3)}
+        s = {len(str(print(k))) + k for k in range(3)}
+        return d, sorted(s)
+
+    _eager_equal(f, torch.randn(4))
+    assert stats["fallbacks"] == 0, stats
+
+
+def test_graph_break_in_comprehension_inside_try_runs_correctly():
+    # The comprehension's own cleanup handler does not hide an enclosing user ``try``.
+    def f(x):
+        try:
+            ys = [print(i) or x * i for i in range(2)]
+        except ValueError:
+            ys = []
+        return ys
+
+    _eager_equal(f, torch.randn(4))

@@ -270,7 +270,8 @@ def _to_copy(x, *args, **kwargs):
     if not is_box(x):
         return _full(out_size(), x, out_dtype())
     size, odt = out_size(), out_dtype()
-    load = x.make_loader()
+    # aten.copy(self, src) broadcasts src to self's shape (e.g. ``y[:, 0] = 0``)
+    load = broadcast_loader(x, size) if list(x.get_size()) != list(size) else x.make_loader()
     src = x.get_dtype()
     if src == odt or (compute_dtype(src) == compute_dtype(odt) and src.itemsize <= odt.itemsize):
         inner = load  # exact: no rounding to do

@@ -116,6 +116,7 @@ class CppKernel(OpsHandler):
         self.written: list[str] = []
         self.needs_rindex = False
         self.rdep: set[str] = {"rindex", "r0"}
+        self.const_val: dict[str, Any] = {}  # variables known to hold a constant
 
     # ------------------------------------------------------------------ plumbing
     def _new(self, prefix: str = "tmp") -> str:
@@ -251,7 +252,9 @@ class CppKernel(OpsHandler):
         else:
             v = int(value)
             lit = f"static_cast<{cops.ctype(cd)}>({v}LL)" if abs(v) >= 2 ** 31 else f"static_cast<{cops.ctype(cd)}>({v})"
-        return self._emit(lit, cd)
+        var = self._emit(lit, cd)
+        self.const_val[var.name] = value
+        return var
 
     def index_expr(self, expr, dtype):
         cd = _compute_dtype(dtype)
@@ -367,6 +370,13 @@ class CppKernel(OpsHandler):
                 dt = a.dtype if isinstance(a, CppVar) else (b.dtype if isinstance(b, CppVar) else None)
                 a, b = self._val(a, dt), self._val(b, dt)
                 out_dt = torch.bool if op in cops.BOOL_RESULT else a.dtype
+                if op == "pow" and a.dtype.is_floating_point:
+                    k = self.const_val.get(b.name)
+                    if isinstance(k, (int, float)) and float(k).is_integer() and 1 <= abs(k) <= 4:
+                        # x ** 3 as multiplies: pow() is a scalar libm call in the loop
+                        prod = " * ".join([a.name] * int(abs(k)))
+                        one = "1.0f" if cops.compute_ctype(a.dtype) == "float" else "1.0"
+                        return self._emit(f"({prod})" if k > 0 else f"({one} / ({prod}))", out_dt)
                 e = cops.BINARY[op]([a.name, b.name], a.dtype)
                 if op in cops.INT_WRAP and not a.dtype.is_floating_point and a.dtype not in (torch.int64, torch.bool):
                     e = f"static_cast<{cops.compute_ctype(a.dtype)}>({e})"

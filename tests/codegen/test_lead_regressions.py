@@ -35,3 +35,26 @@ def test_ensure_layout_passes_none_through():
     t = torch.randn(3, 4).t()
     out = ensure_layout(t, (4, 3), (3, 1))
     assert out.stride() == (3, 1) and torch.equal(out, t)
+
+
+def test_identical_triton_kernels_share_one_compiled_module():
+    """GPT-2 (12 layers) on an H200 took 86 s to compile: the same fused body in every
+    layer was compiled and autotuned once per layer because kernel names differ."""
+    from coil.runtime.triton_runtime import TritonLauncher
+
+    body = '''import triton
+import triton.language as tl
+
+@triton.jit
+def {name}(in_ptr0, out_ptr0, XBLOCK: tl.constexpr):
+    xindex = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)
+    xmask = xindex < 64
+    tl.store(out_ptr0 + xindex, tl.load(in_ptr0 + xindex, xmask) * 2.0, xmask)
+'''
+    a = TritonLauncher("triton_poi_0_buf1", body.format(name="triton_poi_0_buf1"), 64, 1, False, "cpu")
+    b = TritonLauncher("triton_poi_5_buf9", body.format(name="triton_poi_5_buf9"), 64, 1, False, "cpu")
+    assert a.fn is b.fn and a.key == b.key
+    x = torch.randn(64)
+    out = torch.empty(64)
+    b(x, out)
+    torch.testing.assert_close(out, x * 2)

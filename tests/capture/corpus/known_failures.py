@@ -5,7 +5,6 @@
 """
 
 KNOWN_FAILURES: dict[str, str] = {
-    'classes_dataclasses::slots_object': "at HEAD a96e4b4 (passes in the capture helper's uncommitted tree at 23:55): AssertionError: graphs: expected 1, got 0 (ops per graph []); breaks: ['setting data descriptor a of WithSlots']",
     'context_managers::contextlib_contextmanager': "AssertionError: graphs: expected 1, got 0 (ops per graph []); breaks: ['del of an attribute']",
     'context_managers::with_exception_suppressed': 'AssertionError: graphs: expected 1, got 0 (ops per graph []); breaks: ["KeyError \'missing\' (raised by user code)"]',
     'errors::caught_then_continue': "AssertionError: graphs: expected 1, got 0 (ops per graph []); breaks: ['index out of range (raised by user code)']",
@@ -17,18 +16,10 @@ KNOWN_FAILURES: dict[str, str] = {
     'graph_breaks::sys_getframe': 'AssertionError: output: Tensor-likes are not close!',
     'graph_breaks::unsupported_c_function': "AssertionError: graphs: expected 2, got 1 (ops per graph [1]); breaks: ['call into C function getrefcount']",
     'indexing::index_with_int_tensor_scalar': "AssertionError: graphs: expected 1, got 0 (ops per graph []); breaks: ['data-dependent operation getitem (DataDependentOutputException)']",
-    'modules::param_iteration': "at HEAD a96e4b4 (passes in the capture helper's uncommitted tree at 23:55): AssertionError: graphs: expected 1, got 0 (ops per graph []); breaks: ['NNModuleVariable(ParamIteration, self) is not a compile-time constant', 'NNModuleVariable(ParamIteration, self) is not a compile-time constant', 'ca",
     'python_builtins::builtins_id_hash': "AssertionError: graphs: expected 1, got 2 (ops per graph [1, 1]); breaks: ['id() of a traced value', 'id() of a traced value']",
-    'python_builtins::enum_in_dict': 'at HEAD a96e4b4 (passes in the capture helper\'s uncommitted tree at 23:55): AssertionError: graph breaks: expected 0, got 1: ["iteration over UserDefinedClassVariable(EnumType, ___G[\'Mode\'])"]',
-    'python_builtins::math_module': "at HEAD a96e4b4 (passes in the capture helper's uncommitted tree at 23:55): AssertionError: graph breaks: expected 0, got 1: ['prod on non-constant arguments']",
-    'python_builtins::operator_inplace': "at HEAD a96e4b4 (passes in the capture helper's uncommitted tree at 23:55): AssertionError: graph breaks: expected 0, got 1: ['a list is not a compile-time constant']",
-    'python_builtins::operator_module': "at HEAD a96e4b4 (passes in the capture helper's uncommitted tree at 23:55): AssertionError: graphs: expected 1, got 2 (ops per graph [5, 2]); breaks: ['constructing itemgetter (custom __new__)', 'call to a itemgetter object', 'constructing attrgetter (custom __new__)', 'call to a attrgetter obje",
-    'python_builtins::slice_builtin': 'at HEAD a96e4b4 (passes in the capture helper\'s uncommitted tree at 23:55): AssertionError: graph breaks: expected 0, got 1: ["attribute \'start\' of SliceVariable"]',
-    'python_builtins::str_methods': "at HEAD a96e4b4 (passes in the capture helper's uncommitted tree at 23:55): AssertionError: graph breaks: expected 0, got 1: ['str.join on non-constant arguments']",
     'python_builtins::try_except_caught': "AssertionError: graphs: expected 1, got 0 (ops per graph []); breaks: ['raise statement']",
     'python_builtins::try_except_keyerror': 'AssertionError: graphs: expected 1, got 0 (ops per graph []); breaks: ["KeyError \'b\' (raised by user code)"]',
     'python_builtins::try_nested': "AssertionError: graphs: expected 1, got 0 (ops per graph []); breaks: ['raise statement']",
     'rng::rng_with_generator_arg': 'AssertionError: graphs: expected 1, got 0 (ops per graph []); breaks: []',
-    'sharp_edges::manual_seed_inside_frame': "AssertionError: graphs: expected (1, 2), got 0 (ops per graph []); breaks: ['Generator object', 'attribute __dynamo_disable of <function manual_seed at 0x7f7eb1b33600>', 'call to torch._dynamo.eval_frame._fn (not traced)",
-    'tensors::torch_constants': "at HEAD a96e4b4 (passes in the capture helper's uncommitted tree at 23:55): AssertionError: graphs: expected 1, got 2 (ops per graph [2, 1]); breaks: ['Tensor.new_tensor']",
+    'sharp_edges::manual_seed_inside_frame': "AssertionError: graphs: expected (1, 2), got 0 (ops per graph []); breaks: ['Generator object', 'attribute __dynamo_disable of <function manual_seed at 0x7f270e033600>', 'call to torch._dynamo.eval_frame._fn (not traced)",
 }

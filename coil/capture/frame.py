@@ -234,6 +234,7 @@ def wrap_module(mod: torch.nn.Module, cfg: CaptureConfig):
         return inner(m, *args, **kwargs)
 
     coil_module_wrapper._coil_code = code  # keeps the cache alive as long as the wrapper
+    coil_module_wrapper._coil_fn = fn
     return coil_module_wrapper
 
 
@@ -486,7 +487,11 @@ def _build_entry(tx, output: OutputGraph, cfg: CaptureConfig, fn, code, argnames
         for listener in _listeners:
             listener("graph", gm, example_inputs)
         cg.ns["___graph"] = compiled
-        inputs = ", ".join(src.expr() for (src, _, _) in output.inputs)
+        from coil.capture.guards import Hoister
+
+        hoister = Hoister("___i")
+        inputs = ", ".join(hoister.hoist(src.expr(), lines, indent="")
+                           for (src, _, _) in output.inputs)
         lines.append(f"___o = ___graph({inputs}{',' if len(output.inputs) == 1 else ''})")
     body_start = len(lines)  # noqa: F841
     cg.side_effect_lines(se)

@@ -27,12 +27,39 @@ import torch
 
 
 class Guard:
-    __slots__ = ("code", "value_expr", "expected")
+    __slots__ = ("code", "value_expr", "expected", "src")
 
-    def __init__(self, code: str, value_expr: Optional[str], expected: Any):
+    def __init__(self, code: str, value_expr: Optional[str], expected: Any, src: Optional[str] = None):
         self.code = code
         self.value_expr = value_expr
         self.expected = expected
+        self.src = src
+
+
+class Hoister:
+    """Common-prefix elimination for source expressions in generated code: each distinct
+    source gets a local variable, computed from the longest already-hoisted prefix, so
+    ``self._modules['h']._modules['0']._parameters['weight']`` costs one dict lookup once
+    ``self._modules['h']._modules['0']`` is known."""
+
+    def __init__(self, prefix: str):
+        self.prefix = prefix
+        self.names: dict[str, str] = {}
+
+    def hoist(self, expr: str, lines: list, indent: str = "    ") -> str:
+        if expr in self.names:
+            return self.names[expr]
+        if expr.isidentifier():
+            return expr
+        rhs = expr
+        for i in range(len(expr) - 1, 0, -1):
+            if expr[i] in ".[" and expr[:i] in self.names:
+                rhs = self.names[expr[:i]] + expr[i:]
+                break
+        name = f"{self.prefix}{len(self.names)}"
+        lines.append(f"{indent}{name} = {rhs}")
+        self.names[expr] = name
+        return name
 
 
 class GuardSet:
@@ -61,19 +88,26 @@ class GuardSet:
             self.ns[name] = obj
         return name
 
-    def add(self, code: str, value_expr: Optional[str] = None, expected: Any = None) -> None:
+    def add(self, code: str, value_expr: Optional[str] = None, expected: Any = None,
+            src: Optional[str] = None) -> None:
         """Add ``code`` (a boolean expression). ``value_expr``/``expected`` describe the
-        guarded value for recompile messages."""
+        guarded value for recompile messages; ``src`` is the source expression the code
+        reads (hoisted into a local variable in the generated function)."""
         if code in self._seen:
             return
         self._seen.add(code)
-        self.guards.append(Guard(code, value_expr, expected))
+        self.guards.append(Guard(code, value_expr, expected, src))
 
     def source_text(self, argnames: list[str]) -> str:
         params = ", ".join(list(argnames) + ["___f"])
         lines = [f"def ___guard({params}):"]
+        hoister = Hoister("___v")
         for g in self.guards:
-            lines.append(f"    if not ({g.code}): return False")
+            code = g.code
+            if g.src is not None and not g.src.isidentifier():
+                var = hoister.hoist(g.src, lines)
+                code = code.replace(g.src, var)
+            lines.append(f"    if not ({code}): return False")
         lines.append("    return True")
         return "\n".join(lines) + "\n"
 
@@ -108,9 +142,11 @@ class GuardSet:
 
 def tensor_guard(gs: GuardSet, expr: str, t: torch.Tensor) -> None:
     """Guard a tensor's type, dtype, device, sizes, strides and requires_grad."""
-    gs.add(f"type({expr}) is {gs.const(type(t))}", f"type({expr})", type(t))
-    gs.add(f"{expr}.dtype is {gs.const(t.dtype)}", f"{expr}.dtype", t.dtype)
-    gs.add(f"{expr}.device == {gs.const(t.device)}", f"{expr}.device", t.device)
-    gs.add(f"{expr}.shape == {tuple(t.shape)!r}", f"tuple({expr}.shape)", tuple(t.shape))
-    gs.add(f"{expr}.stride() == {tuple(t.stride())!r}", f"{expr}.stride()", tuple(t.stride()))
-    gs.add(f"{expr}.requires_grad is {t.requires_grad!r}", f"{expr}.requires_grad", t.requires_grad)
+    gs.add(f"type({expr}) is {gs.const(type(t))}", f"type({expr})", type(t), src=expr)
+    gs.add(f"{expr}.dtype is {gs.const(t.dtype)}", f"{expr}.dtype", t.dtype, src=expr)
+    gs.add(f"{expr}.device == {gs.const(t.device)}", f"{expr}.device", t.device, src=expr)
+    gs.add(f"{expr}.shape == {tuple(t.shape)!r}", f"tuple({expr}.shape)", tuple(t.shape), src=expr)
+    gs.add(f"{expr}.stride() == {tuple(t.stride())!r}", f"{expr}.stride()", tuple(t.stride()),
+           src=expr)
+    gs.add(f"{expr}.requires_grad is {t.requires_grad!r}", f"{expr}.requires_grad", t.requires_grad,
+           src=expr)

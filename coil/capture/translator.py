@@ -500,10 +500,14 @@ class InstructionTranslatorBase:
         src = mod_vt.source
         gs = self.output.guards
         if src is not None:
+            e = src.expr()
+            if not m._forward_pre_hooks and not m._forward_hooks:
+                gs.add(f"not {e}._forward_pre_hooks and not {e}._forward_hooks",
+                       f"len({e}._forward_pre_hooks) + len({e}._forward_hooks)", 0, src=e)
             for hname in ("_forward_pre_hooks", "_forward_hooks"):
                 hooks = getattr(m, hname)
-                gs.add(f"len({src.expr()}.{hname}) == {len(hooks)}",
-                       f"len({src.expr()}.{hname})", len(hooks))
+                if hooks:
+                    gs.add(f"len({e}.{hname}) == {len(hooks)}", f"len({e}.{hname})", len(hooks), src=e)
         for hid, hook in list(m._forward_pre_hooks.items()):
             hook_vt = wrap(self, hook, None)
             if hid in m._forward_pre_hooks_with_kwargs:

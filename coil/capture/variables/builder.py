@@ -55,15 +55,16 @@ def wrap_constant_result(tx, value: Any) -> VariableTracker:
 
 def _guard_literal(gs, expr, value):
     if value is None or isinstance(value, bool) or value is Ellipsis:
-        gs.add(f"{expr} is {value!r}", expr, value)
+        gs.add(f"{expr} is {value!r}", expr, value, src=expr)
     elif isinstance(value, (torch.dtype, enum.Enum, torch.layout, torch.memory_format)):
-        gs.add(f"{expr} is {gs.const(value)}", expr, value)
+        gs.add(f"{expr} is {gs.const(value)}", expr, value, src=expr)
     elif isinstance(value, torch.device):
-        gs.add(f"{expr} == {gs.const(value)}", expr, value)
+        gs.add(f"{expr} == {gs.const(value)}", expr, value, src=expr)
     elif isinstance(value, float) and value != value:
         gs.add(f"type({expr}) is float and {expr} != {expr}", expr, value)
     elif type(value) in (int, float, str, bytes, complex):
-        gs.add(f"type({expr}) is {type(value).__name__} and {expr} == {value!r}", expr, value)
+        gs.add(f"type({expr}) is {type(value).__name__} and {expr} == {value!r}", expr, value,
+               src=expr)
     else:
         gs.add(f"type({expr}) is {gs.const(type(value))} and {expr} == {gs.const(value)}",
                expr, value)
@@ -104,7 +105,8 @@ def _build(tx, value, source, gs) -> VariableTracker:
         return tx.output.add_input(tx, value, source)
     if isinstance(value, torch.nn.Module):
         if gs is not None:
-            gs.add(f"type({expr}) is {gs.const(type(value))}", f"type({expr})", type(value))
+            gs.add(f"type({expr}) is {gs.const(type(value))}", f"type({expr})", type(value),
+                   src=expr)
         return NNModuleVariable(value, source)
     t = type(value)
     if t in (tuple, list) or (isinstance(value, tuple) and hasattr(t, "_fields")):
@@ -158,7 +160,7 @@ def _build(tx, value, source, gs) -> VariableTracker:
         if _frame.is_disabled(value):
             return bi.DisabledFunctionVariable(value, source)
         if gs is not None:
-            gs.add(f"{expr}.__code__ is {gs.const(value.__code__)}")
+            gs.add(f"{expr}.__code__ is {gs.const(value.__code__)}", src=expr)
         return UserFunctionVariable(value, source)
     if isinstance(value, types.MethodType):
         self_src = AttrSource(source, "__self__") if source is not None else None
@@ -193,7 +195,7 @@ def _build(tx, value, source, gs) -> VariableTracker:
     if isinstance(value, (torch.Generator, torch.Stream if hasattr(torch, "Stream") else ())):
         raise Unsupported(f"{type(value).__name__} object")
     if gs is not None:
-        gs.add(f"type({expr}) is {gs.const(t)}", f"type({expr})", t)
+        gs.add(f"type({expr}) is {gs.const(t)}", f"type({expr})", t, src=expr)
     return UserDefinedObjectVariable(value, source)
 
 

@@ -34,7 +34,7 @@ echo "demo exit $?" >>"$OUT/demo.txt"
 #    One subprocess per model (a crash loses only that model's unfinished rows).
 MODELS="hf_gpt2 hf_llama hf_bert hf_t5 hf_vit timm_resnet50 timm_vit_b16 small_gpt convnet mlp"
 B=$(( $(left 300) - 20 ))
-timeout -k 5 $(( B + 60 )) $COIL bench --isolate --budget "$B" --mode bf16 --model $MODELS \
+timeout -k 5 $(( B + 75 )) $COIL bench --isolate --budget "$B" --mode bf16 --model $MODELS \
   --compiler eager coil inductor --repeat 20 --row-timeout 120 --no-warm-compile \
   --json "$OUT/bench_bf16.json" --markdown "$OUT/bench_bf16.md" --no-progress \
   >"$OUT/bench_bf16.txt" 2>"$OUT/bench_bf16.log"
@@ -42,7 +42,7 @@ timeout -k 5 $(( B + 60 )) $COIL bench --isolate --budget "$B" --mode bf16 --mod
 # 3. bench: training step (autocast bf16) on three models, eager/coil/inductor.
 B=$(( $(left 390) - 15 ))
 if [ "$B" -gt 20 ]; then
-  timeout -k 5 $(( B + 60 )) $COIL bench --isolate --budget "$B" --mode train \
+  timeout -k 5 $(( B + 75 )) $COIL bench --isolate --budget "$B" --mode train \
     --model hf_gpt2 small_gpt convnet --compiler eager coil inductor --repeat 20 \
     --row-timeout 120 --no-warm-compile --json "$OUT/bench_train.json" \
     --markdown "$OUT/bench_train.md" --no-progress \
@@ -52,7 +52,7 @@ fi
 # 4. bench: the crossings and warm compile, fp32 inference on small_gpt, all five compilers.
 B=$(( $(left 450) - 15 ))
 if [ "$B" -gt 20 ]; then
-  timeout -k 5 $(( B + 45 )) $COIL bench --isolate --budget "$B" --mode fp32 \
+  timeout -k 5 $(( B + 60 )) $COIL bench --isolate --budget "$B" --mode fp32 \
     --model small_gpt hf_gpt2 --repeat 20 --row-timeout 100 \
     --json "$OUT/bench_cross.json" --markdown "$OUT/bench_cross.md" --no-progress \
     >"$OUT/bench_cross.txt" 2>"$OUT/bench_cross.log"
@@ -60,10 +60,10 @@ fi
 
 # 5. conformance on a fixed shard of op_db (every 8th op), coil then torch.compile.
 for C in coil inductor; do
-  B=$(( $(left 520) - 10 ))
+  B=$(( $(left 500) - 10 ))
   [ "$C" = coil ] && B=$(( B / 2 ))
   if [ "$B" -gt 15 ]; then
-    timeout -k 5 $(( B + 20 )) $COIL conformance --device cuda --dtype float32 --shard 0/8 \
+    timeout -k 5 $(( B + 30 )) $COIL conformance --device cuda --dtype float32 --shard 0/8 \
       --compiler "$C" --timeout 30 --budget "$B" --no-progress \
       --json "$OUT/conformance_$C.json" --markdown "$OUT/conformance_$C.md" \
       >"$OUT/conformance_$C.txt" 2>"$OUT/conformance_$C.log"

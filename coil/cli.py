@@ -81,7 +81,12 @@ def _run_bench(a) -> int:
             common.append("--keep-caches")
         if a.threads:
             common += ["--threads", str(a.threads)]
-        result = suite.run_bench_isolated(opts, common)
+        def write_partial(partial):
+            _emit(a.json, json.dumps(partial, indent=1), quiet_stdout=True)
+            if a.markdown:
+                _emit(a.markdown, suite.format_markdown(partial), quiet_stdout=True)
+
+        result = suite.run_bench_isolated(opts, common, on_model=write_partial)
     else:
         result = suite.run_bench(opts)
     _emit(a.json, json.dumps(result, indent=1))
@@ -126,6 +131,12 @@ def _run_conformance(a) -> int:
         samples=a.samples, ops=a.ops, shard=a.shard, timeout=a.timeout,
         isolate=not a.no_isolate, progress=not a.no_progress,
         deadline=(time.time() + a.budget) if a.budget else None)
+    def write_partial(partial):
+        _emit(a.json, json.dumps(partial, indent=1), quiet_stdout=True)
+        if a.markdown:
+            _emit(a.markdown, conformance.format_markdown(partial), quiet_stdout=True)
+
+    opts.on_partial = write_partial
     if a.merge:
         results = []
         for path in a.merge:
@@ -181,8 +192,8 @@ def _run_report(a) -> int:
     return 0
 
 
-def _emit(dest: Optional[str], text: str) -> None:
-    if not dest:
+def _emit(dest: Optional[str], text: str, quiet_stdout: bool = False) -> None:
+    if not dest or (quiet_stdout and dest == "-"):
         return
     if dest == "-":
         print(text)

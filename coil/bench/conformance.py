@@ -77,6 +77,8 @@ class ConformanceOptions:
     progress: bool = True
     #: wall-clock deadline (``time.time()``); ops not started by then are ``skipped``
     deadline: Optional[float] = None
+    #: called with the result so far every ~20 ops (so a killed run leaves results)
+    on_partial: Any = dataclasses.field(default=None, repr=False, compare=False)
 
 
 # ---------------------------------------------------------------- op selection
@@ -461,7 +463,8 @@ def _run_isolated(opts: ConformanceOptions, progress_cb) -> list:
         remaining = None if keys is None else [k for k in keys if k not in done]
         if remaining is not None and not remaining:
             return results
-        spec = {"opts": dataclasses.asdict(opts), "keys": remaining, "sys_path": sys.path}
+        spec = {"opts": {k: v for k, v in dataclasses.asdict(opts).items() if k != "on_partial"},
+                "keys": remaining, "sys_path": sys.path}
         proc = subprocess.Popen([sys.executable, "-m", "coil.bench.conformance", "--worker"],
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
@@ -523,11 +526,16 @@ def run_conformance(opts: ConformanceOptions) -> dict:
             raise ValueError(f"unknown dtype {d!r}")
     bar = Progress(1, opts.progress)
 
+    seen: list = []
+
     def progress_cb(item):
         if isinstance(item, tuple):
             bar.total = max(item[1], 1)
-        else:
-            bar.advance(f"{item['op']}: {item['status']}")
+            return
+        bar.advance(f"{item['op']}: {item['status']}")
+        seen.append(item)
+        if opts.on_partial is not None and len(seen) % 20 == 0:
+            opts.on_partial(_result(opts, list(seen)))
 
     if opts.isolate:
         results = _run_isolated(opts, progress_cb)
@@ -539,9 +547,13 @@ def run_conformance(opts: ConformanceOptions) -> dict:
         _run_in_process(keys, table, opts, lambda k: bar.show(k),
                         lambda r: (results.append(r), progress_cb(r)))
     bar.close()
+    return _result(opts, results)
+
+
+def _result(opts: ConformanceOptions, results: list) -> dict:
     meta = machine_info()
-    meta.update({k: v for k, v in dataclasses.asdict(opts).items()
-                 if k in ("compiler", "dtypes", "device", "backward", "samples", "shard")})
+    meta.update({k: getattr(opts, k) for k in
+                 ("compiler", "dtypes", "device", "backward", "samples", "shard")})
     return {"meta": meta, "summary": summarize(results), "ops": results}
 
 

@@ -336,7 +336,8 @@ def _child_env() -> dict:
     return env
 
 
-def run_bench_isolated(opts: BenchOptions, argv_common: list[str]) -> dict:
+def run_bench_isolated(opts: BenchOptions, argv_common: list[str],
+                       on_model: Optional[Callable[[dict], None]] = None) -> dict:
     """Run each model in its own ``coil bench`` subprocess. Rows stream back through a
     JSON-lines file, so a crash or a hang loses only the rows not finished yet, which
     are reported as ``error`` / ``timeout`` with the reason."""
@@ -363,7 +364,7 @@ def run_bench_isolated(opts: BenchOptions, argv_common: list[str]) -> dict:
                    "--rows-jsonl", out, "--no-progress", "--quiet", *argv_common]
             if left is not None:
                 cmd += ["--budget", str(int(left))]
-            timeout = per_model if left is None else min(per_model, left + 90)
+            timeout = per_model if left is None else min(per_model, left + 45)
             progress.show(f"{spec.name}: running in a subprocess")
             err, status = None, "error"
             try:
@@ -391,6 +392,8 @@ def run_bench_isolated(opts: BenchOptions, argv_common: list[str]) -> dict:
             got.sort(key=lambda r: mode_rank.get(r["mode"], 99))
             rows += got
         progress.advance(f"{spec.name}: done")
+        if on_model is not None:  # partial results survive a kill of this process
+            on_model({"meta": meta, "rows": list(rows)})
     progress.close()
     return {"meta": meta, "rows": rows}
 

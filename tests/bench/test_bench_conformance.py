@@ -100,3 +100,16 @@ def test_uninitialized_ops_compare_metadata_only():
     assert conf.compare_results(a, b, torch.float32) is not None
     assert conf.compare_results(a, torch.empty(4, 3), torch.float32, values=False)
     assert "empty" in conf.UNINITIALIZED
+
+
+def test_partial_results_every_20_ops():
+    names = ["abs", "acos", "acosh", "asin", "asinh", "atan", "atanh", "ceil", "cos", "cosh",
+             "exp", "expm1", "floor", "frac", "log", "log10", "log1p", "log2", "neg", "sin",
+             "sinh", "sqrt"]
+    partials = []
+    opts = conf.ConformanceOptions(compiler="fake_compilers:IDENTITY", ops=names, isolate=False,
+                                   progress=False)
+    opts.on_partial = partials.append
+    res = conf.run_conformance(opts)
+    assert len(partials) == 1 and partials[0]["summary"]["ops"] == 20
+    assert res["summary"]["ops"] == len(res["ops"]) >= 22

@@ -230,9 +230,13 @@ class CppKernel(OpsHandler):
         if mode in ("atomic_add", "add"):
             self.has_atomics = True
             if buf_dtype in (torch.float16, torch.bfloat16):
-                raise NotImplementedError("C++ backend: atomic add into fp16/bf16")
-            self.cur.append("#pragma omp atomic")
-            self.cur.append(f"{target} += {self._convert_store(buf_dtype, value)};")
+                # no 16-bit float atomics: read-add-round-write under a critical section
+                up = "coil_bf16_to_float" if buf_dtype == torch.bfloat16 else "coil_f16_to_float"
+                self.cur.append("#pragma omp critical(coil_atomic16)")
+                self.cur.append(f"{{ {target} = {self._convert_store(buf_dtype, CppVar(f'({up}({target}) + {value})', torch.float32))}; }}")
+            else:
+                self.cur.append("#pragma omp atomic")
+                self.cur.append(f"{target} += {self._convert_store(buf_dtype, value)};")
         elif mode is None:
             self.cur.append(f"{target} = {self._convert_store(buf_dtype, value)};")
         else:

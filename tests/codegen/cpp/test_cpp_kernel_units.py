@@ -206,3 +206,15 @@ def test_pow_by_small_integer_is_multiplies():
               backend="cpp")
     src = "\n".join(k.source for k in c.kernels)
     assert src.count("cm::pow") == 1  # only the non-integer exponent
+
+
+def test_atomic_add_into_bf16_regression():
+    # index_add / scatter_add into bf16 used to raise NotImplementedError (no 16-bit atomics).
+    import sys, os
+    sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
+    from codegen_helpers import check
+
+    x = torch.randn(6, 4).bfloat16()
+    idx = torch.tensor([0, 2, 2, 5])
+    src = torch.randn(4, 4).bfloat16()
+    check(lambda x, i, s: (x.index_add(0, i, s),), x, idx, src, backend="cpp", atol=1e-2, rtol=1e-2)

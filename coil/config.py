@@ -36,6 +36,9 @@ class Config:
     check_ir: bool = False
     #: Autotune Triton kernels over block sizes on first launch (GPU only).
     autotune: bool = True
+    #: Threads compiling a kernel's candidate autotuning configs in parallel before they
+    #: are timed (GPU only; 1 or 0: compile each config when it is first timed).
+    autotune_compile_threads: int = 8
     #: Launch compiled Triton kernels through their low-level launcher after the first
     #: call (skips Triton's per-call argument binding; GPU only).
     triton_fast_launch: bool = True

@@ -48,6 +48,7 @@ class KernelPlan:
     def __init__(self, group, graph, live_after: set, persistent_limit: int = PERSISTENT_RNUMEL):
         self.numel, self.rnumel = int(group.numel), int(group.rnumel)
         self.graph = graph
+        self.group, self.live_after = group, live_after
         self.persistent = self.rnumel <= persistent_limit
         self.nodes: list[PlannedNode] = []
         own = {n.get_name() for n in group.nodes}
@@ -86,6 +87,11 @@ class KernelPlan:
         self.output_names = [pn.name for pn in self.nodes
                              if pn.name in live_after or pn.name in cross_section]
         self.removed_names = [pn.name for pn in self.nodes if pn.name not in self.output_names]
+
+    def replan(self, persistent_limit: int) -> "KernelPlan":
+        """The same group planned with another persistent-reduction limit (a backend
+        that finds, while generating, that a persistent tile would be too large)."""
+        return KernelPlan(self.group, self.graph, self.live_after, persistent_limit)
 
     def _node(self, name) -> PlannedNode:
         return next(p for p in self.nodes if p.name == name)

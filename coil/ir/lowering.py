@@ -341,10 +341,11 @@ def make_reduction(x: TensorBox, dims, keepdim: bool, reduction_type: str,
         init = {"sum": 0, "prod": 1, "any": False}.get(reduction_type, float("nan"))
         return _full(_kept_size(size, dims, keepdim), init, dtype)
     else:
-        split = _split_factor(ranges, numel_r, reduction_type)
+        leading = dims[-1] < (kept[0] if kept else nd)
+        split = _split_factor(ranges, numel_r, reduction_type, leading)
         if split > 1:
             box = _split_reduction(dev, dtype, sdt, inner, ranges, rranges, numel_r, split,
-                                   reduction_type, leading=dims[-1] < (kept[0] if kept else nd))
+                                   reduction_type, leading=leading)
         else:
             red = Reduction(dev, dtype, inner, ranges, rranges, reduction_type, sdt)
             box = TensorBox(StorageBox(red))
@@ -359,17 +360,28 @@ def make_reduction(x: TensorBox, dims, keepdim: bool, reduction_type: str,
 SPLITTABLE = {"sum": "sum", "prod": "prod", "max": "max", "min": "min", "any": "any"}
 
 
-def _split_factor(ranges, numel_r: int, reduction_type: str) -> int:
+def _split_factor(ranges, numel_r: int, reduction_type: str, leading: bool = False) -> int:
     """How many partial reductions to run per output (1: no split).
 
     Few outputs with long reductions (a full ``x.sum()``, ``bias_grad = g.sum(0)``)
     would run on too few programs; split the reduction in ``S`` chunks (a power of
-    two dividing it) so there are ~8k partial results of >= 512 elements each."""
+    two dividing it) so there are ~8k partial results of >= 512 elements each.
+
+    ``leading`` (the reduced dims come first: ``x.sum(0)`` of a tall matrix): the
+    kernel tiles ~64-256 outputs per program along the contiguous dim, so even 4k-32k
+    outputs are too few programs (``x[32768, 4096].sum(0)``: 32-64 programs on a
+    132-SM H200, 51% of copy bandwidth); split up to 64k partial results of >= 1024
+    rows each (the partials add 2 * 64k * 4 bytes of traffic)."""
     if reduction_type not in SPLITTABLE or numel_r < 4096:
         return 1
     numel_out = 1
     for r in ranges:
         numel_out *= int(r)
+    if leading and 4096 <= numel_out < 32768:
+        s = 1
+        while numel_r % (s * 2) == 0 and numel_out * s * 2 <= 65536 and numel_r // (s * 2) >= 1024:
+            s *= 2
+        return s if s >= 2 else 1
     if numel_out >= 4096:
         return 1
     s = 1

@@ -107,51 +107,64 @@ def _pow2(n: int) -> int:
     return 1 << max(int(n) - 1, 0).bit_length()
 
 
-def candidate_configs(numel: int, rnumel: int, persistent: bool, gpu: bool) -> list[dict]:
-    """Launch configs to try: dicts with XBLOCK, (RBLOCK), num_warps."""
+def candidate_configs(numel: int, rnumel: int, persistent: bool, gpu: bool,
+                      outer: bool = False) -> list[dict]:
+    """Launch configs to try, best guess first: dicts with XBLOCK, (RBLOCK), num_warps.
+
+    At most 3 for pointwise kernels and 4 for reductions (each candidate is one Triton
+    compilation: GPT-2 spent most of its 86 s first-call compile autotuning 6 configs
+    per kernel). ``outer``: a reduction whose loads are contiguous along x (``x.sum(0)``),
+    tiled wide along x and short along r so that a warp reads consecutive addresses.
+    On CPU (Triton interpreter) one config, sized for NumPy."""
     xcap = _pow2(numel)
+    out: list[dict] = []
+
+    def add(c):
+        if c not in out:
+            out.append(c)
+
     if rnumel == 1:
         if not gpu:
             return [dict(XBLOCK=min(xcap, 4096), num_warps=4)]
-        out = []
-        for xb, nw in ((1024, 4), (512, 4), (2048, 8), (256, 2), (4096, 8)):
+        # small kernels: smaller blocks keep more SMs busy
+        sizes = ((1024, 4), (512, 4), (2048, 8)) if numel >= 1 << 20 else ((512, 4), (256, 2), (1024, 4))
+        for xb, nw in sizes:
             xb = min(xb, max(xcap, 128))
-            c = dict(XBLOCK=xb, num_warps=min(nw, max(1, xb // 128)))
-            if c not in out:
-                out.append(c)
+            add(dict(XBLOCK=xb, num_warps=min(nw, max(1, xb // 128))))
         return out
     if persistent:
         rb = _pow2(rnumel)
         if not gpu:
             return [dict(XBLOCK=max(1, min(xcap, 8192 // rb)), RBLOCK=rb, num_warps=4)]
-        out = []
         for elems in (1024, 2048, 4096, 8192):
             xb = max(1, min(xcap, elems // rb))
             nw = max(1, min(16, (xb * rb) // 256))
-            c = dict(XBLOCK=xb, RBLOCK=rb, num_warps=nw)
-            if c not in out:
-                out.append(c)
-        return out
+            add(dict(XBLOCK=xb, RBLOCK=rb, num_warps=nw))
+        if len(out) < 4 and out[0]["num_warps"] > 2:  # long rows: also fewer warps per row
+            add(dict(out[0], num_warps=out[0]["num_warps"] // 2))
+        return out[:4]
     if not gpu:
         return [dict(XBLOCK=min(xcap, 8), RBLOCK=1024, num_warps=4)]
-    out = []
-    for xb, rb, nw in ((1, 2048, 8), (1, 1024, 4), (4, 512, 4), (8, 256, 4), (16, 128, 4), (64, 64, 8)):
-        c = dict(XBLOCK=min(xb, xcap), RBLOCK=min(rb, _pow2(rnumel)), num_warps=nw)
-        if c not in out:
-            out.append(c)
-    return out
+    rcap = _pow2(rnumel)
+    if outer:
+        for xb, rb, nw in ((128, 16, 4), (64, 32, 4), (256, 16, 8), (32, 64, 4)):
+            add(dict(XBLOCK=min(xb, xcap), RBLOCK=min(rb, rcap), num_warps=nw))
+        return out[:4]
+    for xb, rb, nw in ((1, 2048, 8), (1, 1024, 4), (4, 512, 4), (8, 256, 4)):
+        add(dict(XBLOCK=min(xb, xcap), RBLOCK=min(rb, rcap), num_warps=nw))
+    return out[:4]
 
 
 class TritonLauncher:
     """Callable ``launcher(*tensors)`` running one generated kernel."""
 
     def __init__(self, name: str, source: str, numel: int, rnumel: int, persistent: bool,
-                 device_type: str):
+                 device_type: str, outer: bool = False):
         self.name, self.source = name, source
         self.interpret = device_type == "cpu"
         self.gpu = not self.interpret
         self.numel, self.rnumel = numel, rnumel
-        self.configs = candidate_configs(numel, rnumel, persistent, self.gpu)
+        self.configs = candidate_configs(numel, rnumel, persistent, self.gpu, outer)
         # Kernels whose bodies are identical (the same block in every transformer layer)
         # share one module, one JIT-compiled binary and one autotuning result: the
         # name is replaced by a fixed one before hashing.
@@ -226,8 +239,35 @@ class TritonLauncher:
         except (OSError, ValueError):
             return None
 
+    def _precompile(self, args) -> None:
+        """Compile every candidate config in a thread pool before timing them (Triton's
+        MLIR passes and ptxas run outside the GIL), through ``JITFunction.warmup`` (Triton
+        3.x: ``warmup(*args, grid=..., **constexprs_and_options)``); the timed launches
+        then hit Triton's in-memory cache. Any failure (another Triton API, a config
+        that does not compile) only loses the overlap: timing compiles serially."""
+        if len(self.configs) < 2 or config.autotune_compile_threads < 2:
+            return
+        from concurrent.futures import ThreadPoolExecutor
+
+        def one(cfg):
+            self.fn.warmup(*args, grid=(1,), **cfg)
+
+        try:
+            n = min(len(self.configs), config.autotune_compile_threads)
+            with ThreadPoolExecutor(max_workers=n) as pool:
+                errors = [f.exception() for f in [pool.submit(one, c) for c in self.configs]]
+            bad = [str(e) for e in errors if e is not None]
+            if bad:
+                trace.log("autotune_precompile_error", stage="runtime", kernel=self.name,
+                          errors=bad[:2])
+        except Exception as e:  # noqa: BLE001 - an API we do not know: compile serially
+            trace.log("autotune_precompile_unavailable", stage="runtime", kernel=self.name,
+                      error=str(e))
+
     def _autotune(self, args) -> None:
         from triton.testing import do_bench
+        with trace.stage("autotune_compile"):
+            self._precompile(args)
         timings = []
         for cfg in self.configs:
             self._choose(cfg)

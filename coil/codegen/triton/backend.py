@@ -5,12 +5,21 @@ from coil.codegen.backend import GeneratedKernel, KernelBackend, register_kernel
 from coil.codegen.triton.kernel import PRELUDE, TritonKernel
 
 
+#: Outer reductions (loads contiguous along x) longer than this run looped.
+OUTER_PERSISTENT_RNUMEL = 64
+
+
 def _indent(lines, n):
     return [" " * n + l for l in lines]
 
 
 def kernel_source(plan, name: str) -> tuple[str, list[str]]:
     """(module source, argument buffer names) for ``plan``."""
+    source, arg_names, _ = _kernel_source(plan, name)
+    return source, arg_names
+
+
+def _kernel_source(plan, name: str) -> tuple[str, list[str], TritonKernel]:
     k = TritonKernel(plan, name)
     for pn in plan.nodes:
         k.begin(pn)
@@ -42,7 +51,10 @@ def kernel_source(plan, name: str) -> tuple[str, list[str]]:
     out += _indent(body, 4)
     header = ["import triton", "import triton.language as tl",
               "from coil.runtime.triton_libdevice import libdevice, red, rng", "", f"# {plan.describe()}"]
-    return "\n".join(header + PRELUDE.split("\n") + ["", ""] + out) + "\n", arg_names
+    if k.outer_reduction:
+        # r walks rows of a row-major input: tiles are XBLOCK wide along memory
+        header.append("# outer reduction: loads contiguous along x")
+    return "\n".join(header + PRELUDE.split("\n") + ["", ""] + out) + "\n", arg_names, k
 
 
 @register_kernel_backend("triton")
@@ -53,8 +65,13 @@ class TritonBackend(KernelBackend):
 
     def generate(self, plan, kernel_name: str) -> GeneratedKernel:
         from coil.runtime.triton_runtime import TritonLauncher
-        source, arg_names = kernel_source(plan, kernel_name)
+        source, arg_names, k = _kernel_source(plan, kernel_name)
+        if k.outer_reduction and plan.persistent and plan.rnumel > OUTER_PERSISTENT_RNUMEL:
+            # x-contiguous reductions tile wide along x: a whole column per program would
+            # not fit in registers, so loop over r in short steps instead
+            plan = plan.replan(OUTER_PERSISTENT_RNUMEL)
+            source, arg_names, k = _kernel_source(plan, kernel_name)
         dev = plan.buffer(plan.nodes[0].name).get_device()
         launcher = TritonLauncher(kernel_name, source, plan.numel, plan.rnumel, plan.persistent,
-                                  dev.type)
+                                  dev.type, outer=k.outer_reduction)
         return GeneratedKernel(kernel_name, source, arg_names, launcher, "triton")

@@ -85,6 +85,10 @@ class TritonKernel(OpsHandler):
         self.indirect_dims: dict[str, frozenset] = {}
         self.cur = None
         self.cur_section = -1
+        # loads of a reduction whose address steps by 1 along x and by more along r
+        # (``x.sum(0)``): the runtime then tries wide-XBLOCK, short-RBLOCK tiles
+        self.x_contiguous_loads = 0
+        self.r_contiguous_loads = 0
 
     # ----------------------------------------------------------------- structure
     def begin(self, pn) -> None:
@@ -167,6 +171,8 @@ class TritonKernel(OpsHandler):
             return hit
         buf_dtype = self.plan.buffer(name).get_dtype()
         dims = self._dims_of_index(e)
+        if self.red:
+            self._note_strides(e)
         mask, mdims = self._mask(dims)
         ptr = f"{self.args[name]} + ({pyexpr(e)})" if e != 0 else self.args[name]
         if mdims - dims:
@@ -180,6 +186,27 @@ class TritonKernel(OpsHandler):
         if cdt != buf_dtype:
             expr = f"{expr}.to({TL_DTYPE[cdt]})"
         return self.cse(expr, cdt, dims)
+
+    def _note_strides(self, e) -> None:
+        """Count loads that are contiguous along x (stride 1 in x, > 1 in r) or along r,
+        from the address at (x, r) = (0, 0), (1, 0), (0, 1); indirect loads are skipped."""
+        if not e.free_symbols <= {XINDEX, RINDEX}:
+            return
+        try:
+            at = lambda xv, rv: int(e.subs({XINDEX: xv, RINDEX: rv}))
+            base = at(0, 0)
+            dx, dr = at(1, 0) - base, at(0, 1) - base
+        except (TypeError, ValueError):
+            return
+        if dx == 1 and abs(dr) > 1:
+            self.x_contiguous_loads += 1
+        elif dr == 1:
+            self.r_contiguous_loads += 1
+
+    @property
+    def outer_reduction(self) -> bool:
+        """A reduction over a non-contiguous dim (most loads contiguous along x)."""
+        return self.red and self.x_contiguous_loads > self.r_contiguous_loads
 
     def store(self, name, index, value, mode=None):
         e = simplify_index(sympy.sympify(index), {XINDEX: self.plan.numel, RINDEX: self.plan.rnumel})

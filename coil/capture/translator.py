@@ -602,6 +602,11 @@ class InstructionTranslatorBase:
                 raise Unsupported("super() without __class__ cell")
             cls = self.load_cell("__class__").as_python_constant()
             first = self.code.co_varnames[0]
+            if self.code.co_name.startswith("__resume_at_"):
+                # a resume function's first arguments are stack slots (___stackN); the
+                # method's own first argument comes after them
+                first = next((n for n in self.code.co_varnames if not n.startswith("___stack")),
+                             first)
             obj = self.locals.get(first)
             if obj is None and first in self.cells:
                 obj = self.load_cell(first)

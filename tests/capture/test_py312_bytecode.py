@@ -109,6 +109,23 @@ def test_zero_arg_super_runs_in_resume_function():
         assert stats["fallbacks"] == 0, stats
 
 
+class _BreakBeforeSuper(_Base):
+    def forward(self, x):
+        x = x + 1
+        print("break")
+        return super().forward(x) + 1
+
+
+def test_zero_arg_super_after_graph_break():
+    # The resume function is captured; zero-argument super() must find ``self``, not the
+    # resume function's first argument ``___stack0`` (3.11 regression: AttributeError).
+    m = _BreakBeforeSuper()
+    x = torch.randn(3, 4)
+    out = coil.compile(m, backend="eager")(x)
+    torch.testing.assert_close(out, m(x))
+    assert stats["graph_breaks"] >= 1 and stats["fallbacks"] == 0, stats
+
+
 def test_inlined_comprehension_shadows_local():
     # 3.12 (PEP 709): LOAD_FAST_AND_CLEAR / STORE_FAST around an inlined list comprehension;
     # the outer ``i`` must survive the comprehension's own ``i``.

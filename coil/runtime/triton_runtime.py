@@ -253,9 +253,17 @@ class TritonLauncher:
             self.fn.warmup(*args, grid=(1,), **cfg)
 
         try:
-            n = min(len(self.configs), config.autotune_compile_threads)
+            # the first one alone: Triton creates its per-device kernel cache lazily, and
+            # threads racing on that would each fill a different cache
+            try:
+                one(self.configs[0])
+                errors = []
+            except Exception as e:  # noqa: BLE001 - config too large, or another API
+                errors = [e]
+            rest = self.configs[1:]
+            n = min(len(rest), config.autotune_compile_threads)
             with ThreadPoolExecutor(max_workers=n) as pool:
-                errors = [f.exception() for f in [pool.submit(one, c) for c in self.configs]]
+                errors += [f.exception() for f in [pool.submit(one, c) for c in rest]]
             bad = [str(e) for e in errors if e is not None]
             if bad:
                 trace.log("autotune_precompile_error", stage="runtime", kernel=self.name,

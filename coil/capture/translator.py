@@ -50,6 +50,9 @@ CO_GENERATOR = 0x20
 CO_COROUTINE = 0x80
 CO_ASYNC_GENERATOR = 0x200
 MAX_INLINE_DEPTH = 48
+#: coil modules holding user-level model code (the bench suite's own models) that are
+#: traced like user code; the rest of coil is compiler code and runs outside graphs.
+TRACED_COIL_MODULES = ("coil.bench.models",)
 MAX_STEPS = 2_000_000
 
 #: Modules whose functions are never inlined (a call is a graph break).
@@ -474,7 +477,8 @@ class InstructionTranslatorBase:
         if code.co_flags & (CO_COROUTINE | CO_ASYNC_GENERATOR):
             raise Unsupported("call to a coroutine function")
         mod = fn.get_globals().get("__name__", "") or ""
-        if mod.split(".")[0] in SKIP_MODULES or mod.startswith(("torch._dynamo", "coil.")):
+        if mod.split(".")[0] in SKIP_MODULES or (
+                mod.startswith(("torch._dynamo", "coil.")) and not mod.startswith(TRACED_COIL_MODULES)):
             raise Unsupported(f"call to {mod}.{fn.fn_name()} (not traced)",
                               hint="functions from this module run outside the graph")
         try:

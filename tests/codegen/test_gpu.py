@@ -42,13 +42,18 @@ def _cases():
                           (r(128, 32000), torch.randint(0, 32000, (128,), device="cuda"))),
         "embedding_backward": (lambda g, i: torch.ops.aten.embedding_dense_backward(g, i, 1000, -1, False),
                                (r(8, 64, 32), torch.randint(0, 1000, (8, 64), device="cuda"))),
+        "sum_first_tall": (lambda x: x.sum(0), (r(8192, 4096),)),
+        "sum_first_outer_looped": (lambda x: (x.sum(0), x.amax(0)), (r(3000, 333),)),
+        "rms_norm": (lambda x, w: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w,
+                     (r(1024, 4096), r(4096))),
         "cat_pad_index": (lambda x, i: (torch.cat([x, x * 2], 1), F.pad(x, (1, 2)), x[i]),
                           (r(64, 32), torch.randint(0, 64, (16,), device="cuda"))),
     }
 
 
 NAMES = ["softmax", "layer_norm_bf16", "gelu_addmm", "sum_first_split", "full_sum_split",
-         "looped_rows", "cross_entropy", "embedding_backward", "cat_pad_index"]
+         "looped_rows", "cross_entropy", "embedding_backward", "cat_pad_index",
+         "sum_first_tall", "sum_first_outer_looped", "rms_norm"]
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -64,3 +69,19 @@ def test_gpu_dropout_rng():
     c = compile_aten_graph(gm, [x], torch.device("cuda"))
     (y,) = c(x)
     assert abs((y != 0).float().mean().item() - 0.9) < 0.01
+
+
+def test_gpu_autotune_precompiles_in_parallel(monkeypatch, tmp_path):
+    """Autotuning compiles its candidates through JITFunction.warmup without errors
+    (a Triton API change shows up as autotune_precompile_* events)."""
+    from coil import trace
+    events = []
+    real_log = trace.log
+    monkeypatch.setattr(trace, "log", lambda ev, **kw: (events.append((ev, kw)), real_log(ev, **kw)))
+    from coil.config import patch
+    x = r(4096, 1000)
+    with patch(cache_dir=str(tmp_path)):  # no tuning result from an earlier run
+        _check(lambda t: torch.softmax(t * 3, -1), x, atol=1e-4, rtol=1e-4)
+    bad = [e for e in events if "precompile" in e[0]]
+    assert not bad, bad
+    assert any(e[0] == "autotune" for e in events), [e[0] for e in events]

@@ -15,6 +15,8 @@ Data-dependent results (``.item()``, ``nonzero``) raise Unsupported: a graph bre
 """
 from __future__ import annotations
 
+import contextlib
+import logging
 import operator
 from typing import Any
 
@@ -98,6 +100,30 @@ def contains_tensor(v) -> bool:
     return False
 
 
+class _QuietMetaFailures(logging.Filter):
+    """Drops FakeTensorMode's ERROR-level traceback for an op that fails on fake tensors
+    (e.g. a shape mismatch): capture turns the error into a graph break and eager
+    raises the user's own error, so the 40-line log before it is noise."""
+
+    active = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (self.active and str(record.msg).startswith("failed while attempting"))
+
+
+_quiet = _QuietMetaFailures()
+logging.getLogger("torch._subclasses.fake_tensor").addFilter(_quiet)
+
+
+@contextlib.contextmanager
+def _quiet_meta_failures():
+    _quiet.active += 1
+    try:
+        yield
+    finally:
+        _quiet.active -= 1
+
+
 def call_op(tx, kind: str, target, args: list, kwargs: dict) -> VariableTracker:
     """Add ``target(*args, **kwargs)`` to the graph and run it on fake tensors."""
     out = tx.output
@@ -108,7 +134,7 @@ def call_op(tx, kind: str, target, args: list, kwargs: dict) -> VariableTracker:
     node = out.graph.create_node(kind, target, node_args, node_kwargs)
     node.meta["stack"] = tx.user_stack_summary()
     try:
-        with out.fake_mode:
+        with out.fake_mode, _quiet_meta_failures():  # fix from user testing
             if kind == "call_method":
                 result = getattr(fake_args[0], target)(*fake_args[1:], **fake_kwargs)
             else:

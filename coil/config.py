@@ -39,6 +39,9 @@ class Config:
     #: Threads compiling a kernel's candidate autotuning configs in parallel before they
     #: are timed (GPU only; 1 or 0: compile each config when it is first timed).
     autotune_compile_threads: int = 8
+    #: Triton: fuse softmax's sum(exp(x - max)) into the max loop of looped reductions
+    #: (running max and rescaled running sum; one read of x fewer).
+    triton_online_softmax: bool = True
     #: Launch compiled Triton kernels through their low-level launcher after the first
     #: call (skips Triton's per-call argument binding; GPU only).
     triton_fast_launch: bool = True

@@ -23,6 +23,7 @@ from typing import Optional
 import sympy
 import torch
 
+from coil.config import config
 from coil.ir.symbols import RINDEX, XINDEX, pyexpr, simplify_index, sym
 from coil.ir.virtualized import OpsHandler, compute_dtype
 
@@ -87,6 +88,7 @@ class TritonKernel(OpsHandler):
         self.cur_section = -1
         # loads of a reduction whose address steps by 1 along x and by more along r
         # (``x.sum(0)``): the runtime then tries wide-XBLOCK, short-RBLOCK tiles
+        self.max_accs: dict[str, tuple] = {}  # acc<N>_res -> (acc, value, section)
         self.x_contiguous_loads = 0
         self.r_contiguous_loads = 0
 
@@ -275,9 +277,15 @@ class TritonKernel(OpsHandler):
             res = self.cse(r, acc_dt if reduction_type not in ("argmax", "argmin") else torch.int64,
                            out_dims, lines=lines)
             return self._after_reduction(res, reduction_type)
+        if reduction_type == "sum" and config.triton_online_softmax:
+            fused = self._online_sum_exp(value, v, acc_dt, tdt, full)
+            if fused is not None:
+                return self._after_reduction(fused, reduction_type)
         sec = self.sections[self.cur.loop_id]
         acc = f"acc{next(self.counter)}"
         sec["init"].append(f"{acc} = tl.full({full}, {default}, {tdt})")
+        if reduction_type == "max" and acc_dt.is_floating_point:
+            self.max_accs[f"{acc}_res"] = (acc, v, self.cur.loop_id)
         loop = sec["loop"]
         if reduction_type in ("argmax", "argmin"):
             idx = f"{acc}_idx"
@@ -296,6 +304,60 @@ class TritonKernel(OpsHandler):
         loop.append(f"{acc} = tl.where(xmask & rmask, {combine}, {acc})")
         sec["post"].append(f"{acc}_res = {self._final(reduction_type, acc)}[:, None]")
         return self._after_reduction(TVal(f"{acc}_res", acc_dt, out_dims), reduction_type)
+
+    def _online_sum_exp(self, value, v: str, acc_dt, tdt: str, full: str) -> Optional[TVal]:
+        """``sum(exp(x - m))`` in the loop after the one computing ``m = max(x)`` (softmax,
+        log_softmax, cross-entropy, logsumexp over long rows): compute it in the max's
+        loop instead, with a running max per lane (the "online softmax" of Milakov &
+        Gimelshein, 2018): ``s = s * exp(m_old - m_new) + exp(x - m_new)``, and after the
+        loop ``sum(s * exp(m - max(m)))``. Saves one pass over ``x``. Lanes whose max is
+        still -inf contribute 0 (a row of only -inf sums to 0 here, NaN in two passes).
+        Returns None unless the pattern matches exactly (same load in both loops)."""
+        import re
+        sid = self.cur.loop_id
+        if not self.cur.in_loop or sid == 0 or v != value.name \
+                or value.dims != frozenset({"x", "r"}) or acc_dt != torch.float32:
+            return None
+        loop = self.sections[sid]["loop"]
+        defs = {l.split(" = ", 1)[0]: (i, l.split(" = ", 1)[1]) for i, l in enumerate(loop)
+                if " = " in l}
+        m = re.fullmatch(r"tl\.exp\((tmp\d+)\)", defs.get(value.name, (0, ""))[1])
+        sub = m and re.fullmatch(r"\((tmp\d+) - (acc\d+_res)\)", defs.get(m.group(1), (0, ""))[1])
+        if not sub or sub.group(2) not in self.max_accs:
+            return None
+        load_name, mres = sub.group(1), sub.group(2)
+        acc_m, v_m, msid = self.max_accs[mres]
+        prev = self.sections[msid]
+        load_rhs = defs.get(load_name, (0, ""))[1]
+        if msid != sid - 1 or not load_rhs.startswith("tl.load("):
+            return None
+        prev_defs = {l.split(" = ", 1)[0]: l.split(" = ", 1)[1] for l in prev["loop"] if " = " in l}
+        if prev_defs.get(v_m) != load_rhs:
+            return None
+        chain = {value.name, m.group(1), load_name}
+        if any(re.search(rf"\b{n}\b", l) for l in loop for n in chain
+               if not l.startswith(tuple(f"{c} = " for c in chain))):
+            return None  # another value of this loop uses the chain
+        combine = f"{acc_m} = tl.where(xmask & rmask, tl.maximum({acc_m}, {v_m}), {acc_m})"
+        if combine not in prev["loop"]:
+            return None
+        # rewrite: drop the chain from this loop, update a running sum in the max's loop
+        self.sections[sid]["loop"] = [l for l in loop if not l.startswith(tuple(f"{c} = " for c in chain))]
+        for k in [k for k, tv in self.loop_cse.items() if tv.name in chain]:
+            del self.loop_cse[k]
+        acc = f"acc{next(self.counter)}"
+        prev["init"].append(f"{acc} = tl.full({full}, 0, {tdt})")
+        i = prev["loop"].index(combine)
+        ninf = 'float("-inf")'
+        prev["loop"][i:i + 1] = [
+            f"{acc_m}_prev = {acc_m}",
+            combine,
+            f"{acc} = tl.where(xmask & rmask, tl.where({acc_m} == {ninf}, 0.0, "
+            f"{acc} * tl.exp({acc_m}_prev - {acc_m}) + tl.exp({v_m} - {acc_m})), {acc})",
+        ]
+        prev["post"].append(f"{acc}_res = red.sum(tl.where({acc_m} == {ninf}, 0.0, "
+                            f"{acc} * tl.exp({acc_m} - {mres})), 1)[:, None]")
+        return TVal(f"{acc}_res", acc_dt, frozenset({"x"}))
 
     def _after_reduction(self, res: TVal, reduction_type) -> TVal:
         if reduction_type == "any":

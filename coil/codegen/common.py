@@ -88,10 +88,12 @@ class KernelPlan:
                              if pn.name in live_after or pn.name in cross_section]
         self.removed_names = [pn.name for pn in self.nodes if pn.name not in self.output_names]
 
-    def replan(self, persistent_limit: int) -> "KernelPlan":
-        """The same group planned with another persistent-reduction limit (a backend
-        that finds, while generating, that a persistent tile would be too large)."""
-        return KernelPlan(self.group, self.graph, self.live_after, persistent_limit)
+    def replan(self, persistent_limit: int) -> None:
+        """Plan the same group again, in place, with another persistent-reduction limit
+        (a backend that finds, while generating, that a persistent tile would be too
+        large). In place because the wrapper reads this object's output/input names
+        (a looped plan may store extra cross-loop buffers)."""
+        self.__init__(self.group, self.graph, self.live_after, persistent_limit)
 
     def _node(self, name) -> PlannedNode:
         return next(p for p in self.nodes if p.name == name)

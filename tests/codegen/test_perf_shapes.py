@@ -159,3 +159,11 @@ def test_online_softmax_can_be_turned_off():
     c = check(lambda a: torch.softmax(a, -1), x, triton_online_softmax=False)
     assert "_prev = acc" not in c.kernels[0].source
     assert c.kernels[0].source.count("for roffset") == 3
+
+
+def test_outer_reduction_replan_with_cross_loop_buffer():
+    """An outer reduction re-planned as looped may need an extra stored buffer (a value
+    computed in one loop and re-read by a later loop); the wrapper must allocate it."""
+    x = torch.randn(200, 48)
+    fn = lambda t: ((t.exp() * 2).sum(0), ((t.exp() * 2) - (t.exp() * 2).sum(0)).amax(0))
+    check(fn, x, atol=1e-4, rtol=1e-4)

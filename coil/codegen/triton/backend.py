@@ -69,7 +69,7 @@ class TritonBackend(KernelBackend):
         if k.outer_reduction and plan.persistent and plan.rnumel > OUTER_PERSISTENT_RNUMEL:
             # x-contiguous reductions tile wide along x: a whole column per program would
             # not fit in registers, so loop over r in short steps instead
-            plan = plan.replan(OUTER_PERSISTENT_RNUMEL)
+            plan.replan(OUTER_PERSISTENT_RNUMEL)
             source, arg_names, k = _kernel_source(plan, kernel_name)
         dev = plan.buffer(plan.nodes[0].name).get_device()
         launcher = TritonLauncher(kernel_name, source, plan.numel, plan.rnumel, plan.persistent,

@@ -152,7 +152,9 @@ def compile(fn_or_module: Union[Callable, torch.nn.Module, None] = None, *,
         backend: a registered name (``coil.list_backends()``) or a callable
             ``backend(gm, example_inputs) -> callable``.
         mode: None, "reduce-overhead" (CUDA graphs) or "max-autotune".
-        dynamic: None (static, then dynamic on a shape recompile), True, False.
+        dynamic: accepted for torch.compile compatibility but not implemented yet:
+            shapes are static, so each new input shape recompiles the frame, up to
+            ``recompile_limit`` compiles; after that the frame runs eagerly.
         fullgraph: raise :class:`coil.exc.UserError` at a graph break instead of breaking.
         options: coil.config options for this compile (``coil.config.option_names()``).
 

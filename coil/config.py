@@ -60,8 +60,8 @@ class Config:
     fusion: bool = True
     #: Record CUDA graphs (mode="reduce-overhead" turns this on).
     cudagraphs: bool = False
-    #: Compiles with dynamic shapes: None (static first, dynamic on recompile),
-    #: True, or False.
+    #: Dynamic shapes: None, True or False. Not implemented yet: accepted and
+    #: ignored (shapes are static; docs/capture.md).
     dynamic: Any = None
     #: Extra C++ compiler flags appended to the defaults.
     cpp_extra_flags: str = ""

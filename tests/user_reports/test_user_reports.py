@@ -82,3 +82,18 @@ def test_metadata_mutation_of_input():
         return x + 1
 
     assert_same_as_eager(f, (torch.randn(2, 3),), backend="aot_eager")
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
+    "capture: dynamic=True is accepted and ignored (static shapes only, docs/capture.md); "
+    "every batch size recompiles, and after recompile_limit (8) sizes the frame silently "
+    "runs eagerly (only a trace event / verbose print, no warning)"))
+def test_dynamic_true_compiles_once_for_several_batch_sizes():
+    from coil import capture
+
+    coil.reset()
+    capture.reset_stats()
+    f = coil.compile(torch.nn.Linear(8, 8), backend="eager", dynamic=True)
+    for bs in (2, 3, 5):
+        f(torch.randn(bs, 8))
+    assert capture.stats["graphs"] == 1

@@ -368,8 +368,8 @@ def _split_factor(ranges, numel_r: int, reduction_type: str, leading: bool = Fal
     two dividing it) so there are ~8k partial results of >= 512 elements each.
 
     ``leading`` (the reduced dims come first: ``x.sum(0)`` of a tall matrix): the
-    kernel tiles ~64-256 outputs per program along the contiguous dim, so even 4k-32k
-    outputs are too few programs (``x[32768, 4096].sum(0)``: 32-64 programs on a
+    kernel tiles ~64-256 outputs per program along the contiguous dim, so even 1k-32k
+    outputs (bias gradients of a [8192, 3072] activation) are too few programs (``x[32768, 4096].sum(0)``: 32-64 programs on a
     132-SM H200, 51% of copy bandwidth); split up to 64k partial results of >= 1024
     rows each (the partials add 2 * 64k * 4 bytes of traffic)."""
     if reduction_type not in SPLITTABLE or numel_r < 4096:
@@ -377,7 +377,7 @@ def _split_factor(ranges, numel_r: int, reduction_type: str, leading: bool = Fal
     numel_out = 1
     for r in ranges:
         numel_out *= int(r)
-    if leading and 4096 <= numel_out < 32768:
+    if leading and 1024 <= numel_out < 32768:
         s = 1
         while numel_r % (s * 2) == 0 and numel_out * s * 2 <= 65536 and numel_r // (s * 2) >= 1024:
             s *= 2

@@ -167,3 +167,14 @@ def test_outer_reduction_replan_with_cross_loop_buffer():
     x = torch.randn(200, 48)
     fn = lambda t: ((t.exp() * 2).sum(0), ((t.exp() * 2) - (t.exp() * 2).sum(0)).amax(0))
     check(fn, x, atol=1e-4, rtol=1e-4)
+
+
+def test_split_factor_leading_reductions():
+    """Leading (outer) reductions with 1k..32k outputs are split into <= 64k partials of
+    >= 1024 rows; others keep the generic rule."""
+    from coil.ir.lowering import _split_factor
+    assert _split_factor([4096], 32768, "sum", leading=True) == 16
+    assert _split_factor([3072], 8192, "sum", leading=True) == 8
+    assert _split_factor([3072], 8192, "sum", leading=False) == 1
+    assert _split_factor([40000], 8192, "sum", leading=True) == 1
+    assert _split_factor([4096], 1000, "sum", leading=True) == 1

@@ -683,17 +683,92 @@ def LOAD_ASSERTION_ERROR(tx, inst):
     tx.push(UserDefinedClassVariable(AssertionError))
 
 
+# --- exceptions raised and handled inside traced code ----------------------------------
+# A raise goes through InstructionTranslatorBase.step: the frame's exception table
+# (dis._parse_exception_table) names the handler; without one the caller's frame tries at
+# its call instruction; an exception no traced frame handles is a graph break where it was
+# first raised. tx.exc_stack holds the exceptions being handled (sys.exc_info()).
+def _exception_of(tx, v):
+    from coil.capture.exceptions import ExceptionVariable
+    from coil.capture.variables.objects import UserDefinedClassVariable
+
+    if isinstance(v, ExceptionVariable):
+        return v
+    if isinstance(v, UserDefinedClassVariable) and isinstance(v.value, type) and \
+            issubclass(v.value, BaseException):
+        exc = tx.call(v, [], {})
+        if isinstance(exc, ExceptionVariable):
+            return exc
+    raise Unsupported(f"raise of {v}", hint="the exception is raised outside the graph")
+
+
 # https://docs.python.org/3.11/library/dis.html#opcode-RAISE_VARARGS
 @op("RAISE_VARARGS")
 def RAISE_VARARGS(tx, inst):
-    raise Unsupported("raise statement", hint="the exception is raised outside the graph")
+    if inst.arg == 0:
+        if not tx.exc_stack:
+            raise Unsupported("bare raise outside an except block")
+        tx.exc_stack[-1].raise_()
+    args = tx.popn(inst.arg)
+    _exception_of(tx, args[0]).raise_()      # ``raise e from cause``: the cause is not kept
 
 
+# https://docs.python.org/3.11/library/dis.html#opcode-PUSH_EXC_INFO
 @op("PUSH_EXC_INFO")
+def PUSH_EXC_INFO(tx, inst):
+    exc = tx.pop()
+    tx.push(tx.exc_stack[-1] if tx.exc_stack else ConstantVariable(None))
+    tx.push(exc)
+    tx.exc_stack.append(exc)
+
+
+# https://docs.python.org/3.11/library/dis.html#opcode-POP_EXCEPT
 @op("POP_EXCEPT")
+def POP_EXCEPT(tx, inst):
+    tx.pop()
+    if tx.exc_stack:
+        tx.exc_stack.pop()
+
+
+# https://docs.python.org/3.11/library/dis.html#opcode-CHECK_EXC_MATCH
 @op("CHECK_EXC_MATCH")
+def CHECK_EXC_MATCH(tx, inst):
+    from coil.capture.exceptions import ExceptionVariable
+    from coil.capture.translator import const_value
+
+    want = tx.pop()
+    exc = tx.stack[-1]
+    if not isinstance(exc, ExceptionVariable):
+        raise Unsupported(f"except clause matching {exc}")
+    try:
+        cls = const_value(want)
+        tx.push(ConstantVariable(issubclass(exc.cls, tuple(cls) if isinstance(cls, list) else cls)))
+    except (TypeError, NotImplementedError) as e:
+        raise Unsupported(f"except clause with {want}") from e
+
+
+# https://docs.python.org/3.11/library/dis.html#opcode-RERAISE
 @op("RERAISE")
+def RERAISE(tx, inst):
+    exc = tx.pop()
+    if inst.arg:
+        tx.pop()
+    _exception_of(tx, exc).raise_()
+
+
+# https://docs.python.org/3.11/library/dis.html#opcode-WITH_EXCEPT_START
+# Stack: [..., __exit__, lasti, previous exception, exception]; push __exit__(type, value, tb).
 @op("WITH_EXCEPT_START")
+def WITH_EXCEPT_START(tx, inst):
+    from coil.capture.exceptions import ExceptionVariable
+    from coil.capture.variables.objects import UserDefinedClassVariable
+
+    exc = tx.stack[-1]
+    if not isinstance(exc, ExceptionVariable):
+        raise Unsupported(f"with block exiting on {exc}")
+    tx.push(tx.call(tx.stack[-4], [UserDefinedClassVariable(exc.cls), exc, ConstantVariable(None)], {}))
+
+
 @op("CLEANUP_THROW", PY312)
 def _exception_path(tx, inst):
     raise Unsupported("exception handling path")

@@ -44,6 +44,8 @@ from coil.capture.variables.objects import (AttributeMissing, DataClassDictVaria
                                             UserDefinedObjectVariable, is_model_output_class,
                                             _static_lookup, _SENTINEL)
 from coil.capture.variables.tensor import TensorVariable, UserCodeError, call_op
+from coil.capture.exceptions import (ExceptionVariable, RaisedException,  # noqa: F401
+                                     exception_table, exception_tracker)
 
 PY = sys.version_info[:2]
 CO_GENERATOR = 0x20
@@ -145,6 +147,7 @@ class InstructionTranslatorBase:
         self.handlers = opcodes.HANDLERS
         self.generated: Optional[list] = [] if code.co_flags & CO_GENERATOR else None
         self.fn_name = fn_name or code.co_name
+        self.exc_stack: list[VariableTracker] = []     # exceptions being handled
         if f_globals is output.f_globals:
             self.gname = "___G"
         else:
@@ -167,6 +170,22 @@ class InstructionTranslatorBase:
     def jump(self, offset: int) -> None:
         self.ip = self.offset_to_index[offset]
 
+    # --- exceptions raised and caught in traced code ---------------------------------
+    def handle_exception(self, inst, exc_vt: "ExceptionVariable") -> bool:
+        """Route a Python-level exception raised at ``inst`` to this frame's handler
+        (CPython's exception table): truncate the stack to the entry's depth, push the
+        raising offset if ``lasti``, push the exception, jump. False: no handler here
+        (the caller's frame tries next, at its call instruction)."""
+        for entry in exception_table(self.code):
+            if entry.start <= inst.offset < entry.end:
+                del self.stack[entry.depth:]
+                if entry.lasti:
+                    self.push(ConstantVariable(inst.offset))
+                self.push(exc_vt)
+                self.jump(entry.target)
+                return True
+        return False
+
     # --- the loop ---------------------------------------------------------------------
     def step(self, inst) -> None:
         self.current = inst
@@ -177,6 +196,11 @@ class InstructionTranslatorBase:
         try:
             h(self, inst)
         except Unsupported as e:
+            if self.parent is None and getattr(e, "root_offset", None) is None:
+                e.root_offset = inst.offset      # an unhandled raise breaks the graph here
+            exc_vt = exception_tracker(e)
+            if exc_vt is not None and self.handle_exception(inst, exc_vt):
+                return
             if getattr(e, "user_stack", None) is None:
                 e.user_stack = self.user_stack()
                 if e.location is None:
@@ -702,21 +726,6 @@ class _ModuleGetattr(VariableTracker):
         return self.obj.var_getattr(tx, args[0].as_python_constant())
 
 
-class ExceptionVariable(VariableTracker):
-    """An exception object constructed in the frame (raised: a graph break)."""
-
-    def __init__(self, cls, args):
-        super().__init__(None)
-        self.cls = cls
-        self.args = args
-
-    def python_type(self):
-        return self.cls
-
-    def reconstruct(self, cg):
-        return f"{cg.const_expr(self.cls)}({', '.join(cg.reconstruct(a) for a in self.args)})"
-
-
 class InliningTranslator(InstructionTranslatorBase):
     """Translates a called function's frame into the caller's graph."""
 
@@ -734,6 +743,12 @@ class InliningTranslator(InstructionTranslatorBase):
             if self.generated is not None:
                 return ListIteratorVariable(self.generated)
             return r.value
+        except Unsupported as e:
+            if self.generated is not None and exception_tracker(e) is not None:
+                # the generator runs eagerly here, at its creation; Python raises at the
+                # iteration that reaches the raise, so no handler around the call may see it
+                raise Unsupported(f"{e.reason} escaping a generator") from e
+            raise
 
 
 class InstructionTranslator(InstructionTranslatorBase):
@@ -761,7 +776,11 @@ class InstructionTranslator(InstructionTranslatorBase):
                 except Unsupported as e:
                     if self.fullgraph:
                         raise
-                    self.break_at[inst.offset] = BreakInfo(inst.offset, e.reason, self.user_stack_at(e), e)
+                    # an exception caught and re-raised in this frame breaks where it
+                    # was first raised (the handler then runs in plain Python)
+                    off = getattr(e, "root_offset", None)
+                    off = inst.offset if off is None else off
+                    self.break_at[off] = BreakInfo(off, e.reason, self.user_stack_at(e), e)
                     raise RestartAnalysis() from e
                 steps += 1
                 if steps > MAX_STEPS:

@@ -88,3 +88,42 @@ def test_train_step_gradients(name, backend):
         if n in ref_grads:
             torch.testing.assert_close(p.grad, ref_grads[n], msg=n)
     assert stats["graphs"] == 1 and stats["graph_breaks"] == 0
+
+
+def _cache_tensors(cache):
+    """The key/value tensors of a transformers cache (DynamicCache layers or legacy tuples)."""
+    if hasattr(cache, "layers"):
+        return [t for layer in cache.layers for t in (layer.keys, layer.values)]
+    if hasattr(cache, "key_cache"):
+        return list(cache.key_cache) + list(cache.value_cache)
+    return [t for layer in cache for t in layer]
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_eval_default_config_use_cache_one_graph(name):
+    # user report: with the DEFAULT config (use_cache=True) DynamicCache.__init__ iterates a
+    # config Sequence whose __iter__ stops on IndexError from __getitem__; the caught
+    # IndexError was a graph break that ran the whole model eagerly.
+    torch.manual_seed(0)
+    if name == "gpt2":
+        cfg = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=128,
+                                      n_positions=64)
+        model = transformers.GPT2LMHeadModel(cfg)
+    else:
+        cfg = transformers.LlamaConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4,
+                                       num_key_value_heads=2, intermediate_size=128,
+                                       vocab_size=128, max_position_embeddings=64)
+        model = transformers.LlamaForCausalLM(cfg)
+    assert cfg.use_cache
+    model.eval()
+    ids = torch.randint(0, 128, (2, 16))
+    compiled = coil.compile(model, backend="eager", fullgraph=True)
+    with torch.no_grad():
+        ref = model(input_ids=ids)
+        out = compiled(input_ids=ids)
+    torch.testing.assert_close(out.logits, ref.logits)
+    ref_kv, out_kv = _cache_tensors(ref.past_key_values), _cache_tensors(out.past_key_values)
+    assert len(out_kv) == len(ref_kv) == 4
+    for a, b in zip(out_kv, ref_kv):
+        torch.testing.assert_close(a, b)
+    assert stats["graphs"] == 1 and stats["graph_breaks"] == 0 and stats["fallbacks"] == 0

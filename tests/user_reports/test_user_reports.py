@@ -41,12 +41,6 @@ def test_setitem_scalar_into_input_slice():
 _CONFIG = {"a": 1}
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "capture: an exception raised and caught inside traced code (try/except KeyError, "
-    "or Sequence.__iter__ stopping on IndexError) is a graph break that drops the whole "
-    "frame to eager. Hits every HF decoder with the default use_cache=True "
-    "(DynamicCache.__init__ iterates a config Sequence): GPT-2/LLaMA eval compile to a "
-    "6-node graph and run eagerly, silently"))
 def test_caught_exception_is_not_a_graph_break():
     def f(x):
         try:

@@ -120,6 +120,8 @@ def _fold(tx, fn, args, kwargs):
             return tx.call_dunder(args[0], "__round__", list(args[1:]))
         if fn is pow:
             return tx.binary_op(operator.pow, args[0], args[1])
+        if fn in (str, repr) and len(args) == 1 and hasattr(args[0], "exception_value"):
+            return ConstantVariable(fn(args[0].exception_value()))     # str(caught_exc)
         raise
     try:
         return wrap_constant_result(tx, fn(*c, **kw))

@@ -6,8 +6,6 @@
 
 KNOWN_FAILURES: dict[str, str] = {
     'context_managers::contextlib_contextmanager': "AssertionError: graphs: expected 1, got 0 (ops per graph []); breaks: ['del of an attribute']",
-    'context_managers::with_exception_suppressed': 'AssertionError: graphs: expected 1, got 0 (ops per graph []); breaks: ["KeyError \'missing\' (raised by user code)"]',
-    'errors::caught_then_continue': "AssertionError: graphs: expected 1, got 0 (ops per graph []); breaks: ['index out of range (raised by user code)']",
     'graph_breaks::break_in_with_no_grad': "AssertionError: graphs: expected 2, got 0 (ops per graph []); breaks: ['call to print']",
     'graph_breaks::copy_deepcopy_tensor': "AssertionError: graph breaks: expected 1, got 3: ['call to copy.deepcopy (not traced)', 'id() of a traced value', 'call into C function dict.get']",
     'graph_breaks::generator_escapes': 'AssertionError: output[1]: generator vs tuple_iterator',
@@ -17,9 +15,6 @@ KNOWN_FAILURES: dict[str, str] = {
     'graph_breaks::unsupported_c_function': "AssertionError: graphs: expected 2, got 1 (ops per graph [1]); breaks: ['call into C function getrefcount']",
     'indexing::index_with_int_tensor_scalar': "AssertionError: graphs: expected 1, got 0 (ops per graph []); breaks: ['data-dependent operation getitem (DataDependentOutputException)']",
     'python_builtins::builtins_id_hash': "AssertionError: graphs: expected 1, got 2 (ops per graph [1, 1]); breaks: ['id() of a traced value', 'id() of a traced value']",
-    'python_builtins::try_except_caught': "AssertionError: graphs: expected 1, got 0 (ops per graph []); breaks: ['raise statement']",
-    'python_builtins::try_except_keyerror': 'AssertionError: graphs: expected 1, got 0 (ops per graph []); breaks: ["KeyError \'b\' (raised by user code)"]',
-    'python_builtins::try_nested': "AssertionError: graphs: expected 1, got 0 (ops per graph []); breaks: ['raise statement']",
     'rng::rng_with_generator_arg': 'AssertionError: graphs: expected 1, got 0 (ops per graph []); breaks: []',
     'sharp_edges::manual_seed_inside_frame': "AssertionError: graphs: expected (1, 2), got 0 (ops per graph []); breaks: ['Generator object', 'attribute __dynamo_disable of <function manual_seed at 0x7f270e033600>', 'call to torch._dynamo.eval_frame._fn (not traced)",
 }

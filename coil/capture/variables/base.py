@@ -182,6 +182,21 @@ class ConstantVariable(VariableTracker):
         return f"Const({self.value!r})"
 
 
+class KnownCallableVariable(VariableTracker):
+    """Base of trackers that stand for one known Python callable ``fn`` (a builtin, a
+    ``math``/``operator`` function, a torch function): the callable is its constant."""
+
+    def __init__(self, fn, source=None):
+        super().__init__(source)
+        self.fn = fn
+
+    def python_type(self):
+        return type(self.fn)
+
+    def as_python_constant(self):
+        return self.fn
+
+
 class NullVariable(VariableTracker):
     """The NULL CPython pushes below a callable (``PUSH_NULL``, ``LOAD_GLOBAL`` bit 0)."""
 

@@ -23,7 +23,7 @@ from typing import Callable
 import torch
 
 from coil.exc import Unsupported
-from coil.capture.variables.base import ConstantVariable, VariableTracker
+from coil.capture.variables.base import ConstantVariable, KnownCallableVariable, VariableTracker
 from coil.capture.variables.containers import (BaseListVariable, DictVariable, ListIteratorVariable,
                                                ListVariable, SetVariable, SliceVariable,
                                                TupleVariable)
@@ -59,18 +59,8 @@ def is_pure_builtin_method(value) -> bool:
         getattr(value, "__objclass__", None) in (str, int, float, dict, list, tuple)
 
 
-class BuiltinVariable(VariableTracker):
+class BuiltinVariable(KnownCallableVariable):
     """A Python builtin function or type (``len``, ``list``, ``isinstance``...)."""
-
-    def __init__(self, fn, source=None):
-        super().__init__(source)
-        self.fn = fn
-
-    def python_type(self):
-        return type(self.fn)
-
-    def as_python_constant(self):
-        return self.fn
 
     def call_function(self, tx, args, kwargs):
         fn = self.fn
@@ -166,18 +156,8 @@ _OPERATOR_UNARY = {operator.neg, operator.pos, operator.invert, operator.not_, o
                    operator.abs, operator.index}
 
 
-class PureFunctionVariable(VariableTracker):
+class PureFunctionVariable(KnownCallableVariable):
     """``math.*``, ``operator.*`` and other side-effect-free C functions."""
-
-    def __init__(self, fn, source=None):
-        super().__init__(source)
-        self.fn = fn
-
-    def python_type(self):
-        return type(self.fn)
-
-    def as_python_constant(self):
-        return self.fn
 
     def call_function(self, tx, args, kwargs):
         fn = self.fn

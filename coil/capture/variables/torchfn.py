@@ -19,7 +19,7 @@ import types
 import torch
 
 from coil.exc import Unsupported
-from coil.capture.variables.base import ConstantVariable, VariableTracker
+from coil.capture.variables.base import ConstantVariable, KnownCallableVariable, VariableTracker
 from coil.capture.variables.tensor import call_op
 
 _COMPILE_TIME = {}
@@ -79,18 +79,8 @@ def is_torch_function(value) -> bool:
     return False
 
 
-class TorchFunctionVariable(VariableTracker):
+class TorchFunctionVariable(KnownCallableVariable):
     """A torch function: calls become graph nodes (see module docstring)."""
-
-    def __init__(self, fn, source=None):
-        super().__init__(source)
-        self.fn = fn
-
-    def python_type(self):
-        return type(self.fn)
-
-    def as_python_constant(self):
-        return self.fn
 
     def call_function(self, tx, args, kwargs):
         fn = self.fn

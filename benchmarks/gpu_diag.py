@@ -1,0 +1,142 @@
+"""GPU diagnostics for the lent machine: where coil's training rows go wrong and where its
+bf16 inference time goes, in one process.
+
+    python benchmarks/gpu_diag.py grads small_gpt hf_llama   # per-gradient error vs fp64
+    python benchmarks/gpu_diag.py profile hf_gpt2            # top CUDA kernels per compiler
+
+``grads``: builds the model, runs one autocast-bf16 training step with eager, with coil's
+``aot_eager`` backend (capture + AOT, no codegen) and with the full ``coil`` backend, and
+prints for each the loss and, per gradient, max|g - g_fp64| divided by eager's own error
+(so a ratio near 1 means "as accurate as eager"). The worst tensors are listed; a full
+traceback is printed for a failing backend.
+
+``profile``: times ``bf16`` inference with ``torch.profiler`` for eager, coil and
+torch.compile and prints the 25 most expensive CUDA kernels of each (µs per step), and
+the number of kernel launches per step.
+"""
+from __future__ import annotations
+
+import copy
+import sys
+import traceback
+
+import torch
+
+from coil.bench.models import default_size, flatten_outputs, reduce_to_scalar_loss, select_models
+
+
+def _cast(obj, dtype):
+    if isinstance(obj, torch.Tensor):
+        return obj.to(dtype) if obj.is_floating_point() else obj
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_cast(o, dtype) for o in obj)
+    if isinstance(obj, dict):
+        return {k: _cast(v, dtype) for k, v in obj.items()}
+    return obj
+
+
+def _compile(m, how):
+    if how == "eager":
+        return m
+    if how == "inductor":
+        return torch.compile(m)
+    import coil
+    return coil.compile(m, backend=how)
+
+
+def _train_step(fn, module, args, kwargs, autocast):
+    for p in module.parameters():
+        p.grad = None
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+        loss = reduce_to_scalar_loss(fn(*args, **kwargs))
+    loss.backward()
+    return loss.detach().double(), {n: (p.grad.double() if p.grad is not None else None)
+                                    for n, p in module.named_parameters()}
+
+
+def grads(name: str) -> None:
+    dev = torch.device("cuda")
+    spec = select_models([name])[0]
+    built = spec.build(dev, default_size(dev))
+    base = built.module.train()
+    ref_m = copy.deepcopy(base).double()
+    ref_loss, ref_g = _train_step(ref_m, ref_m, _cast(built.args, torch.float64),
+                                  _cast(built.kwargs, torch.float64), False)
+    results = {}
+    for how in ("eager", "aot_eager", "coil"):
+        import coil
+        coil.reset()
+        m = copy.deepcopy(base)
+        try:
+            fn = _compile(m, how)
+            out = [_train_step(fn, m, built.args, built.kwargs, True) for _ in range(2)]
+            results[how] = out[-1]
+            d = (out[0][0] - out[1][0]).abs().item()
+            print(f"[{name}] {how}: loss {out[-1][0].item():.6f} (ref {ref_loss.item():.6f}); "
+                  f"call1 vs call2 loss diff {d:.3g}")
+        except Exception:
+            print(f"[{name}] {how}: FAILED\n{traceback.format_exc()[-6000:]}")
+    if "eager" not in results:
+        return
+    e_loss, e_g = results["eager"]
+    for how in ("aot_eager", "coil"):
+        if how not in results:
+            continue
+        loss, g = results[how]
+        rows = []
+        for k, r in ref_g.items():
+            if r is None:
+                continue
+            if g.get(k) is None:
+                rows.append((float("inf"), k, "missing grad"))
+                continue
+            ee = (e_g[k] - r).abs().max().item() + 1e-12
+            ce = (g[k] - r).abs().max().item()
+            rows.append((ce / ee, k, f"err {ce:.3g} eager_err {ee:.3g} |ref|max {r.abs().max().item():.3g}"))
+        rows.sort(reverse=True)
+        print(f"[{name}] {how}: worst gradient error ratios (coil err / eager err):")
+        for ratio, k, txt in rows[:12]:
+            print(f"    {ratio:10.2f}  {k}: {txt}")
+
+
+def profile(name: str) -> None:
+    from torch.profiler import ProfilerActivity, profile as prof
+
+    dev = torch.device("cuda")
+    spec = select_models([name])[0]
+    built = spec.build(dev, default_size(dev))
+    base = built.module.eval().to(torch.bfloat16)
+    args, kwargs = _cast(built.args, torch.bfloat16), _cast(built.kwargs, torch.bfloat16)
+    for how in ("eager", "coil", "inductor"):
+        import coil
+        coil.reset()
+        torch._dynamo.reset()
+        fn = _compile(copy.deepcopy(base), how)
+        with torch.no_grad():
+            for _ in range(3):
+                flatten_outputs(fn(*args, **kwargs))
+            torch.cuda.synchronize()
+            steps = 10
+            with prof(activities=[ProfilerActivity.CUDA]) as p:
+                for _ in range(steps):
+                    fn(*args, **kwargs)
+                torch.cuda.synchronize()
+        evs = [e for e in p.key_averages() if e.device_type.name == "CUDA" or
+               getattr(e, "self_device_time_total", 0) > 0]
+        key = "self_device_time_total" if hasattr(evs[0], "self_device_time_total") else "self_cuda_time_total"
+        evs.sort(key=lambda e: -getattr(e, key))
+        total = sum(getattr(e, key) for e in evs) / steps
+        launches = sum(e.count for e in evs) / steps
+        print(f"\n[{name} bf16] {how}: {total:.0f} µs CUDA per step, {launches:.0f} kernels per step")
+        for e in evs[:25]:
+            print(f"    {getattr(e, key) / steps:9.1f} µs  x{e.count // steps:<4d} {e.key[:110]}")
+
+
+def main(argv: list[str]) -> None:
+    what, names = argv[0], argv[1:]
+    for n in names:
+        {"grads": grads, "profile": profile}[what](n)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -170,6 +170,8 @@ class ReferenceInterpreter(OpsHandler):
             values[s] = torch.arange(n, device=dev).reshape(shape)
         if buf.name not in env:
             env[buf.name] = torch.empty(int(buf.layout.storage_numel()), dtype=buf.get_dtype(), device=dev)
+        if any(n == 0 for n in sizes):  # empty iteration space: nothing to compute
+            return
         h = ReferenceInterpreter(env, values, len(rindex), tuple(sizes))
         with set_ops_handler(h):
             buf.store_body(index, rindex)

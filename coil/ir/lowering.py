@@ -209,6 +209,29 @@ def _add_sub(a, b, alpha=1):
     return pointwise_lowering(name)(a, b)
 
 
+@register_lowering(aten.round.decimals)
+def _round_decimals(x, *, decimals=0):
+    """``round(x, decimals)`` as ATen computes it: ``rint(x * 10^d) / 10^d`` for
+    ``d >= 0``, ``rint(x / 10^-d) * 10^-d`` for ``d < 0`` (half to even), with the
+    power of ten in the compute dtype (ATen's round_decimals_kernel)."""
+    odt = out_dtype()
+    cdt = compute_dtype(odt)
+    if not odt.is_floating_point:
+        raise FallbackToExtern
+    if decimals == 0:
+        return pointwise_lowering("round")(x)
+    neg = decimals < 0
+    p = float(10.0 ** abs(decimals))
+
+    def f(v):
+        c = ops.constant(p, cdt)
+        if neg:
+            return ops.mul(ops.round(ops.truediv(v, c)), c)
+        return ops.truediv(ops.round(ops.mul(v, c)), c)
+
+    return make_pointwise_box(f, [x], out_size(), odt, cdt)
+
+
 @register_lowering(aten.div.Tensor, aten.div.Scalar, prims.div)
 def _div(a, b):
     odt = out_dtype()
@@ -289,6 +312,10 @@ def _full(size, value, dtype) -> TensorBox:
 # --------------------------------------------------------------------------- reductions
 
 def _norm_dims(dims, ndim) -> list[int]:
+    """Sorted non-negative reduction dims; a 0-d tensor has none (``dim=0`` or
+    ``dim=-1`` of a scalar is allowed by ATen and reduces over nothing)."""
+    if ndim == 0:
+        return []
     if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
         return list(range(ndim))
     if isinstance(dims, int):
@@ -334,7 +361,9 @@ def make_reduction(x: TensorBox, dims, keepdim: bool, reduction_type: str,
     numel_r = 1
     for r in rranges:
         numel_r *= int(r)
-    if numel_r == 1 and reduction_type not in ("argmax", "argmin"):
+    if numel_r == 1 and reduction_type in ("argmax", "argmin"):
+        return _full(_kept_size(size, dims, keepdim), 0, dtype)
+    if numel_r == 1:
         red = Pointwise(dev, dtype, lambda index: _cast(inner(index, [0] * len(dims)), sdt, dtype, reduction_type), ranges)
         box = TensorBox(StorageBox(red))
     elif numel_r == 0:

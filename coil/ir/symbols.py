@@ -241,7 +241,12 @@ def linear_index(index: Sequence[sympy.Expr], size: Sequence[sympy.Expr]) -> sym
 
 
 def unflatten(flat: sympy.Expr, size: Sequence[sympy.Expr]) -> list[sympy.Expr]:
-    """Inverse of :func:`linear_index`: per-dim indices of flat position ``flat``."""
+    """Inverse of :func:`linear_index`: per-dim indices of flat position ``flat``.
+
+    A ``size`` with a zero extent has no elements, so no index is ever evaluated:
+    every dim gets 0 (instead of a division by zero)."""
+    if any(s == 0 for s in size):
+        return [sympy.Integer(0)] * len(size)
     out = []
     stride = product(size)
     for i, s in enumerate(size):

@@ -28,7 +28,10 @@ from coil.ir.symbols import RINDEX, XINDEX, FloorDiv, Mod, product, simplify_ind
 
 
 def decompose(var: sympy.Symbol, sizes: list) -> list:
-    """Row-major per-dim indices of flat index ``var`` over ``sizes``."""
+    """Row-major per-dim indices of flat index ``var`` over ``sizes`` (all 0 when a
+    size is 0: an empty iteration space evaluates no index)."""
+    if any(s == 0 for s in sizes):
+        return [sympy.Integer(0)] * len(sizes)
     out = []
     n = len(sizes)
     for d, s in enumerate(sizes):

@@ -226,7 +226,9 @@ class TritonKernel(OpsHandler):
         v = value.name if value.dtype == buf_dtype or buf_dtype == torch.bool and value.dtype == torch.bool \
             else f"{value.name}.to({TL_DTYPE[buf_dtype]})"
         ptr = f"{self.args[name]} + ({pyexpr(e)})"
-        if (value.dims | mdims) - dims:
+        if (value.dims | mdims) - dims or not dims:
+            # a constant index gives a scalar pointer, but the value may be a [1] block
+            # (``tl.full([1], ...)``): store through a block pointer of the value's shape
             ptr = f"tl.broadcast_to({ptr}, {self._shape(dims | value.dims | mdims)})"
         fn = "tl.atomic_add" if mode == "atomic_add" else "tl.store"
         if mode not in (None, "atomic_add"):

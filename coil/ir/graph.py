@@ -148,6 +148,8 @@ class GraphLowering(torch.fx.Interpreter):
         if target is operator.getitem:
             return args[0][args[1]]
         fn = L.get_lowering(target)
+        if fn is not None and self._has_complex(args, kwargs):
+            fn = None  # no kernel backend has complex dtypes: run the ATen op
         if fn is not None:
             try:
                 out = fn(*args, **kwargs)
@@ -169,6 +171,18 @@ class GraphLowering(torch.fx.Interpreter):
         return results
 
     # -- helpers --------------------------------------------------------------------------
+    def _has_complex(self, args, kwargs) -> bool:
+        """Whether the node being lowered reads or produces a complex tensor."""
+        def walk(v):
+            if isinstance(v, (list, tuple)):
+                return any(walk(x) for x in v)
+            if isinstance(v, dict):
+                return any(walk(x) for x in v.values())
+            if isinstance(v, (TensorBox, torch.Tensor)):
+                return v.get_dtype().is_complex if isinstance(v, TensorBox) else v.dtype.is_complex
+            return isinstance(v, torch.dtype) and v.is_complex
+        return walk(self.current_node.meta.get("val")) or walk(list(args)) or walk(kwargs)
+
     def _output_spec(self, r, meta) -> OutputSpec:
         if not isinstance(r, TensorBox):
             return OutputSpec("value", value=r)

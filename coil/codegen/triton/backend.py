@@ -9,6 +9,22 @@ from coil.codegen.triton.kernel import PRELUDE, TritonKernel
 OUTER_PERSISTENT_RNUMEL = 64
 
 
+def stream_elem_bytes(plan) -> int:
+    """Widest element size (bytes) of the buffers this kernel streams: inputs/outputs
+    with as many elements as its iteration space (4 when there are none). The runtime
+    sizes blocks by it: a bf16-only kernel needs twice the elements per thread."""
+    full = plan.numel * plan.rnumel
+    sizes = []
+    for n in list(plan.input_names) + list(plan.output_names):
+        b = plan.buffer(n)
+        numel = 1
+        for s in b.get_size():
+            numel *= int(s)
+        if numel >= full:
+            sizes.append(b.get_dtype().itemsize)
+    return max(sizes) if sizes else 4
+
+
 def _indent(lines, n):
     return [" " * n + l for l in lines]
 
@@ -73,5 +89,5 @@ class TritonBackend(KernelBackend):
             source, arg_names, k = _kernel_source(plan, kernel_name)
         dev = plan.buffer(plan.nodes[0].name).get_device()
         launcher = TritonLauncher(kernel_name, source, plan.numel, plan.rnumel, plan.persistent,
-                                  dev.type, outer=k.outer_reduction)
+                                  dev.type, outer=k.outer_reduction, elem_bytes=stream_elem_bytes(plan))
         return GeneratedKernel(kernel_name, source, arg_names, launcher, "triton")

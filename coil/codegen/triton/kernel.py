@@ -83,6 +83,8 @@ class TritonKernel(OpsHandler):
         self.store_cache: dict[tuple, TVal] = {}
         self.loop_store_cache: dict[tuple, TVal] = {}
         self.mask_stack: list[TVal] = []
+        #: fp32 value name -> (name of the value it rounds, fp16/bf16 dtype), for stores
+        self.rounded: dict[str, tuple] = {}
         self.indirect_dims: dict[str, frozenset] = {}
         self.cur = None
         self.cur_section = -1
@@ -225,6 +227,10 @@ class TritonKernel(OpsHandler):
         buf_dtype = self.plan.buffer(name).get_dtype()
         v = value.name if value.dtype == buf_dtype or buf_dtype == torch.bool and value.dtype == torch.bool \
             else f"{value.name}.to({TL_DTYPE[buf_dtype]})"
+        if self.rounded.get(value.name, (None, None))[1] == buf_dtype:
+            # a value rounded to the buffer's dtype: store the rounding itself
+            # (``x.to(bf16)``), not ``x.to(bf16).to(fp32).to(bf16)``
+            v = f"{self.rounded[value.name][0]}.to({TL_DTYPE[buf_dtype]})"
         ptr = f"{self.args[name]} + ({pyexpr(e)})"
         if (value.dims | mdims) - dims or not dims:
             # a constant index gives a scalar pointer, but the value may be a [1] block
@@ -311,9 +317,10 @@ class TritonKernel(OpsHandler):
         """``sum(exp(x - m))`` in the loop after the one computing ``m = max(x)`` (softmax,
         log_softmax, cross-entropy, logsumexp over long rows): compute it in the max's
         loop instead, with a running max per lane (the "online softmax" of Milakov &
-        Gimelshein, 2018): ``s = s * exp(m_old - m_new) + exp(x - m_new)``, and after the
-        loop ``sum(s * exp(m - max(m)))``. Saves one pass over ``x``. Lanes whose max is
-        still -inf contribute 0 (a row of only -inf sums to 0 here, NaN in two passes).
+        Gimelshein, 2018): ``s = s * exp(m_old - m_new) + exp(x - m_new)``, written with
+        one exp per element (``e = exp(-|x - m_old|)``; ``s*e + 1`` if ``x > m_old``
+        else ``s + e``), and after the loop ``sum(s * exp(m - max(m)))``. Saves one pass
+        over ``x``. Lanes whose max is still -inf contribute 0 (a row of only -inf sums to 0 here, NaN in two passes).
         Returns None unless the pattern matches exactly (same load in both loops)."""
         import re
         sid = self.cur.loop_id
@@ -351,11 +358,15 @@ class TritonKernel(OpsHandler):
         prev["init"].append(f"{acc} = tl.full({full}, 0, {tdt})")
         i = prev["loop"].index(combine)
         ninf = 'float("-inf")'
+        # one exp per element: of (x, m_prev) one is the new max, so the update is
+        # s * exp(m_prev - x) + 1 when x > m_prev, else s + exp(x - m_prev); both
+        # exponents are -|x - m_prev| (half the exps of the two-exp form)
         prev["loop"][i:i + 1] = [
             f"{acc_m}_prev = {acc_m}",
             combine,
+            f"{acc}_e = tl.exp(-tl.abs({v_m} - {acc_m}_prev))",
             f"{acc} = tl.where(xmask & rmask, tl.where({acc_m} == {ninf}, 0.0, "
-            f"{acc} * tl.exp({acc_m}_prev - {acc_m}) + tl.exp({v_m} - {acc_m})), {acc})",
+            f"tl.where({v_m} > {acc_m}_prev, {acc} * {acc}_e + 1.0, {acc} + {acc}_e)), {acc})",
         ]
         prev["post"].append(f"{acc}_res = red.sum(tl.where({acc_m} == {ninf}, 0.0, "
                             f"{acc} * tl.exp({acc_m} - {mres})), 1)[:, None]")
@@ -396,8 +407,10 @@ class TritonKernel(OpsHandler):
         if compute_dtype(dtype) != dtype and isinstance(x, TVal) and x.const is None \
                 and x.dtype != dtype:
             # explicit cast to fp16/bf16: round, then compute in fp32 again
-            return self.cse(f"{x}.to({TL_DTYPE[dtype]}).to({TL_DTYPE[compute_dtype(dtype)]})",
-                            compute_dtype(dtype), x.dims)
+            v = self.cse(f"{x}.to({TL_DTYPE[dtype]}).to({TL_DTYPE[compute_dtype(dtype)]})",
+                         compute_dtype(dtype), x.dims)
+            self.rounded[v.name] = (x.name, dtype)
+            return v
         dtype = compute_dtype(dtype)
         if isinstance(x, TVal) and x.const is not None:
             return self.constant(x.const, dtype)

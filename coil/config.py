@@ -53,9 +53,14 @@ class Config:
     aot_max_recompute_reduction: int = 4096
     #: Directory of the on-disk kernel cache; empty means ~/.cache/coil.
     cache_dir: str = ""
-    #: Inline constant-sized pointwise bodies into their users until a body
-    #: reads more than this many buffers (a realization heuristic).
-    max_inline_reads: int = 8
+    #: A pointwise value with more than one user is realized (computed once into a
+    #: buffer) when its body reads more than this many buffers; below that it is
+    #: inlined into each user. 4 keeps transformer residual streams from being
+    #: recomputed by every later layer (the same threshold as Inductor's).
+    max_inline_reads: int = 4
+    #: CUDA fp16/bf16 mm/addmm outputs whose row length is not a multiple of 8 get a
+    #: padded row stride, so cuBLAS can use its aligned kernels (see ir/graph.py).
+    pad_matmul_outputs: bool = True
     #: Fuse nodes in the scheduler. Off gives one kernel per buffer (debugging).
     fusion: bool = True
     #: Record CUDA graphs (mode="reduce-overhead" turns this on).

@@ -155,10 +155,17 @@ class WrapperCodegen:
             else:
                 b = s.buffer
                 if isinstance(b, ExternKernel):
-                    op = self._global("extern", b.op)
+                    out_variant = getattr(b, "out_variant", None)
+                    op = self._global("extern", out_variant or b.op)
                     args = [self._arg(a) for a in b.args]
                     args += [f"{k_}={self._arg(v)}" for k_, v in b.kwargs.items()]
-                    L.append(f"    {b.name} = {op}({', '.join(args)})  # {b.op}")
+                    if out_variant is not None:  # write into a buffer of the IR's layout
+                        l = b.layout
+                        L.append(f"    {b.name} = empty_strided({_tuple(l.size)}, {_tuple(l.stride)}, "
+                                 f"device={self._dev(l.device)}, dtype={l.dtype})")
+                        L.append(f"    {op}({', '.join(args + [f'out={b.name}'])})  # {out_variant}")
+                    else:
+                        L.append(f"    {b.name} = {op}({', '.join(args)})  # {b.op}")
                     if b.layout is not None:
                         L.append(f"    {b.name} = ensure_layout({b.name}, {_tuple(b.layout.size)}, "
                                  f"{_tuple(b.layout.stride)})")

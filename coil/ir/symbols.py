@@ -16,6 +16,7 @@ Sizes, strides and index expressions are sympy expressions everywhere in coil's 
 from __future__ import annotations
 
 import functools
+import math
 from typing import Iterable, Sequence
 
 import sympy
@@ -152,15 +153,51 @@ def _is_nonneg(e: sympy.Expr) -> bool:
     return False
 
 
+def _split_small(a: sympy.Expr, b, bounds: dict):
+    """Write ``a = g*w + r`` with ``g`` dividing ``b``, ``w >= 0`` and ``0 <= r < g``
+    (``r`` from terms whose loop bounds keep them small): returns ``(g, w, r)`` with the
+    largest such ``g``, or None."""
+    if not (b.is_Integer and a.is_Add):
+        return None
+    terms = sympy.Add.make_args(a)
+    gs = set()
+    for t in terms:
+        c, _ = t.as_coeff_Mul()
+        if c.is_Integer and math.gcd(int(c), int(b)) > 1:
+            gs.add(math.gcd(int(c), int(b)))
+    for g in sorted(gs, reverse=True):
+        whole, rest = [], []
+        for t in terms:
+            c, _ = t.as_coeff_Mul()
+            (whole if c.is_Integer and int(c) % g == 0 else rest).append(t)
+        if whole and rest:
+            w, r = sympy.Add(*[t / g for t in whole]), sympy.Add(*rest)
+            if _is_nonneg(w) and _nonneg_below(r, sympy.Integer(g), bounds):
+                return g, w, r
+    return None
+
+
 def _range_rules(e: sympy.Expr, bounds: dict) -> sympy.Expr:
+    """``a // b -> 0`` and ``a % b -> a`` when ``0 <= a < b``; for ``a = g*w + r`` with
+    ``g | b`` and ``0 <= r < g`` (from the loop bounds), ``a // b -> w // (b/g)`` and
+    ``a % b -> g*(w % (b/g)) + r`` (e.g. ``(rindex + 128*xindex) // 8192 -> xindex // 64``
+    for ``rindex < 128``)."""
     def fd(a, b):
         if _nonneg_below(a, b, bounds):
             return sympy.Integer(0)
+        sp = _split_small(a, b, bounds)
+        if sp is not None:
+            g, w, _ = sp
+            return FloorDiv(w, sympy.Integer(int(b) // g))
         return FloorDiv(a, b)
 
     def md(a, b):
         if _nonneg_below(a, b, bounds):
             return a
+        sp = _split_small(a, b, bounds)
+        if sp is not None:
+            g, w, r = sp
+            return g * Mod(w, sympy.Integer(int(b) // g)) + r
         return Mod(a, b)
 
     return e.replace(lambda x: isinstance(x, FloorDiv), lambda x: fd(*x.args)).replace(

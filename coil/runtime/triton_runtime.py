@@ -283,18 +283,31 @@ class TritonLauncher:
                       error=str(e))
 
     def _autotune(self, args) -> None:
+        """Time every candidate config and keep the fastest.
+
+        The timed launches run on *copies* of the tensor arguments: a kernel that
+        accumulates into its output (atomic scatter-add, embedding backward) or updates
+        a buffer in place would otherwise be applied once per timed launch, and the
+        caller's real launch would start from a corrupted buffer. Raises RuntimeError
+        (naming the kernel and each config's error) when no candidate compiles."""
         from triton.testing import do_bench
+        scratch = tuple(a.clone() if hasattr(a, "clone") else a for a in args)
         with trace.stage("autotune_compile"):
-            self._precompile(args)
-        timings = []
+            self._precompile(scratch)
+        timings, errors = [], []
         for cfg in self.configs:
             self._choose(cfg)
             try:
-                ms = do_bench(lambda: self._slow(*args), warmup=3, rep=10)
+                ms = do_bench(lambda: self._slow(*scratch), warmup=3, rep=10)
             except Exception as e:  # a config that does not compile (registers, smem)
                 trace.log("autotune_error", stage="runtime", kernel=self.name, config=cfg, error=str(e))
+                errors.append(f"{cfg}: {type(e).__name__}: {str(e)[:300]}")
                 continue
             timings.append((ms, cfg))
+        del scratch
+        if not timings:
+            raise RuntimeError(f"coil: no launch config of Triton kernel {self.name} compiled:\n  "
+                               + "\n  ".join(errors))
         timings.sort(key=lambda t: t[0])
         best = timings[0][1]
         self._choose(best)

@@ -190,8 +190,15 @@ class CppKernel(OpsHandler):
         return f"p_{name}"
 
     # ------------------------------------------------------------------ memory
+    def _key_index(self, index) -> sympy.Expr:
+        """``index`` simplified with the kernel's loop bounds, so a load written as
+        ``(rindex + 128*xindex) // 128`` finds the value stored at ``xindex``."""
+        return simplify_index(sympy.sympify(index),
+                              {XINDEX: self.numel, RINDEX: max(self.rnumel, 1)})
+
     def load(self, name, index):
-        cached = self._lookup(("store", name, sympy.sympify(index)))
+        index = self._key_index(index)
+        cached = self._lookup(("store", name, index))
         if cached is not None:
             return cached
         if name in self.removed:
@@ -220,7 +227,7 @@ class CppKernel(OpsHandler):
     def store(self, name, index, value, mode=None):
         buf_dtype = self.plan.buffer(name).get_dtype()
         value = self._val(value, _compute_dtype(buf_dtype))
-        index = sympy.sympify(index)
+        index = self._key_index(index)
         if mode is None:
             self.scopes[-1][("store", name, index)] = value
         if name in self.removed:

@@ -31,7 +31,9 @@ from coil import trace
 from coil.exc import (BackendCompilerFailed, GraphBreakInFullgraph, SourceLocation,
                       Unsupported, UserError)
 from coil.capture.output import EntryCodegen, OutputGraph, collect_tensors
-from coil.capture.resume import make_resume_function
+from coil.capture.inspection import frame_result_ok, is_frame_function
+from coil.capture.resume import label as _label
+from coil.capture.resume import make_call_stub, make_resume_function
 from coil.capture.source import ClosureSource, LocalSource
 from coil.capture.translator import InstructionTranslator, RestartAnalysis, instructions_of
 from coil.capture.variables.base import NullVariable
@@ -244,6 +246,8 @@ def capture_callable(fn, cfg: CaptureConfig):
     if isinstance(fn, types.FunctionType) and not is_disabled(fn):
         if fn.__code__.co_flags & (0x20 | 0x80 | 0x200):
             return fn
+        if _skipped_module(fn):
+            return fn          # library code the translator never traces (logging, copy...)
         key = fn
         per = _fn_wrappers.get(key)
         if per is None:
@@ -262,6 +266,13 @@ def capture_callable(fn, cfg: CaptureConfig):
     return fn
 
 
+def _skipped_module(fn) -> bool:
+    from coil.capture.translator import SKIP_MODULES
+
+    mod = fn.__globals__.get("__name__", "") or ""
+    return mod.split(".")[0] in SKIP_MODULES
+
+
 def _call_module_captured(mod, cfg, *args, **kwargs):
     """``mod(*args, **kwargs)`` with ``forward`` captured on its own frame (hooks, if
     any, make the whole call run eagerly)."""
@@ -276,10 +287,10 @@ def _call_module_captured(mod, cfg, *args, **kwargs):
     return capture_callable(forward, cfg)(mod, *args, **kwargs)
 
 
-def _call_captured(cfg):
-    def ___call(fn, args, kwargs):
-        return capture_callable(fn, cfg)(*args, **kwargs)
-    return ___call
+def _capturer(cfg):
+    def ___cap(fn):
+        return capture_callable(fn, cfg)
+    return ___cap
 
 
 # ------------------------------------------------------------------------------------
@@ -297,7 +308,7 @@ def _miss(fn, code, cfg, bound, args, kwargs):
         cache.eager_reason = (f"recompile limit ({_config.config.recompile_limit}) reached for "
                               f"{code.co_name} ({code.co_filename}:{code.co_firstlineno})")
         stats["eager_limit"] += 1
-        trace.log("recompile_limit", stage="capture", frame=code.co_name, reason=cache.eager_reason)
+        trace.log("recompile_limit", stage="capture", frame=_label(code), reason=cache.eager_reason)
         if _config.config.verbose:
             print(f"coil: {cache.eager_reason}; running it eagerly from now on")
         return fn(*args, **kwargs)
@@ -307,11 +318,11 @@ def _miss(fn, code, cfg, bound, args, kwargs):
             stats["recompiles"] += 1
             old = mine[-1]
             reason = old.guards.first_failure(old.argnames, tuple(bound) + (fn,))
-            trace.log("recompile", stage="capture", frame=code.co_name, reason=reason)
+            trace.log("recompile", stage="capture", frame=_label(code), reason=reason)
             if _config.config.verbose:
-                print(f"coil: recompiling {code.co_name}: {reason}")
+                print(f"coil: recompiling {_label(code)}: {reason}")
         try:
-            with trace.stage("capture", frame=code.co_name):
+            with trace.stage("capture", frame=_label(code)):
                 entry = _translate(fn, code, cfg, bound)
         except (UserError, BackendCompilerFailed):
             raise
@@ -320,10 +331,10 @@ def _miss(fn, code, cfg, bound, args, kwargs):
                 raise
             reason = f"{type(e).__name__}: {e}"
             stats["fallbacks"] += 1
-            trace.log("capture_fallback", stage="capture", frame=code.co_name, reason=reason,
+            trace.log("capture_fallback", stage="capture", frame=_label(code), reason=reason,
                       traceback=traceback.format_exc())
             if _config.config.verbose:
-                print(f"coil: running {code.co_name} eagerly: {reason}")
+                print(f"coil: running {_label(code)} eagerly: {reason}")
             cache.eager_reason = reason
             return fn(*args, **kwargs)
     cache.entries.append(entry)
@@ -335,8 +346,8 @@ def _translate(fn, code, cfg, bound) -> CacheEntry:
 
     stats["frames"] += 1
     argnames = _argnames(code)
-    trace.artifact("capture_source", lambda: _source_of(fn), kind="python", frame=code.co_name)
-    trace.artifact("capture_bytecode", lambda: _dis_text(code), kind="text", frame=code.co_name)
+    trace.artifact("capture_source", lambda: _source_of(fn), kind="python", frame=_label(code))
+    trace.artifact("capture_bytecode", lambda: _dis_text(code), kind="text", frame=_label(code))
     break_at: dict = {}
     for _ in range(64):
         output = OutputGraph(fn.__globals__, argnames)
@@ -425,12 +436,12 @@ def _build_entry(tx, output: OutputGraph, cfg: CaptureConfig, fn, code, argnames
     else:
         info, inst = tx.result[1], tx.result[2]
         stats["graph_breaks"] += 1
-        rec = {"reason": info.reason, "user_stack": info.stack, "frame": code.co_name,
+        rec = {"reason": info.reason, "user_stack": info.stack, "frame": _label(code),
                "offset": info.offset}
         break_log.append(rec)
         trace.log("graph_break", stage="capture", **rec)
         if _config.config.verbose:
-            print(f"coil: graph break in {code.co_name}: {info.reason}\n  " + "\n  ".join(info.stack))
+            print(f"coil: graph break in {_label(code)}: {info.reason}\n  " + "\n  ".join(info.stack))
         if _in_exception_block(code, inst.offset):
             raise Unsupported(f"graph break inside a try/with block ({info.reason})")
         index = tx.offset_to_index[inst.offset]
@@ -446,7 +457,18 @@ def _build_entry(tx, output: OutputGraph, cfg: CaptureConfig, fn, code, argnames
                 if tx.stack and isinstance(tx.stack[-1], NullVariable):
                     tx.pop()
                 call_args, call_kwargs, star = None, None, (argv, kwv)
-            plan = ("call", index + 1, call_fn, call_args, call_kwargs, star)
+            # a frame-inspecting call inside an inlined callee: run the callee as plain
+            # Python from the call stub, so its view of the calling frame is exact
+            direct = bool(getattr(info.exc, "frame_inspection", False))
+            target = getattr(call_fn, "fn", None)
+            if is_frame_function(target):
+                ok, why = frame_result_ok(tx.instructions, index, target, call_args or [])
+                if not ok:
+                    raise FrameInspectionFallback(
+                        f"frame inspection at {code.co_filename}:{_line_of(inst)}: {why}; "
+                        f"the frame runs eagerly")
+            plan = ("call", index + 1, call_fn, call_args, call_kwargs, star, direct,
+                    _line_of(inst))
         elif name.startswith("POP_JUMP") and "NONE" not in name:
             cond = tx.pop()
             jump_if_true = "TRUE" in name
@@ -476,7 +498,7 @@ def _build_entry(tx, output: OutputGraph, cfg: CaptureConfig, fn, code, argnames
         stats["graphs"] += 1
         example_inputs = [real for (_, real, _) in output.inputs]
         trace.artifact("captured_graph", lambda: gm.print_readable(print_output=False),
-                       kind="python", frame=code.co_name)
+                       kind="python", frame=_label(code))
         t0 = time.perf_counter()
         try:
             compiled = cfg.backend(gm, example_inputs)
@@ -508,8 +530,8 @@ def _build_entry(tx, output: OutputGraph, cfg: CaptureConfig, fn, code, argnames
         raise SyntaxError(f"{e}\n{src}") from None
     entry_fn = cg.ns["___entry"]
     guard_fn, guard_src = output.guards.build(argnames)
-    trace.artifact("guards", guard_src, kind="python", frame=code.co_name)
-    trace.artifact("entry", src, kind="python", frame=code.co_name)
+    trace.artifact("guards", guard_src, kind="python", frame=_label(code))
+    trace.artifact("entry", src, kind="python", frame=_label(code))
     for listener in _listeners:
         listener("frame", code, guard_src, src)
     return CacheEntry(guard_fn, entry_fn, output.guards, guard_src, argnames, cfg)
@@ -533,8 +555,8 @@ def _emit_break(cg: EntryCodegen, tx, plan, fn, code, cfg, live_locals: dict) ->
         return cg_name
 
     if plan[0] == "call":
-        _, next_index, call_fn, call_args, call_kwargs, star = plan
-        cg.ns["___call"] = _call_captured(cfg)
+        _, next_index, call_fn, call_args, call_kwargs, star, direct, lineno = plan
+        cg.ns["___cap"] = _capturer(cfg)
         fexpr = cg.reconstruct(call_fn)
         if star is None:
             aexpr = "(" + "".join(cg.reconstruct(a) + ", " for a in call_args) + ")"
@@ -543,7 +565,12 @@ def _emit_break(cg: EntryCodegen, tx, plan, fn, code, cfg, live_locals: dict) ->
             aexpr = f"tuple({cg.reconstruct(star[0])})"
             kexpr = cg.reconstruct(star[1]) if star[1] is not None else "{}"
         sexprs = stack_exprs(stack)
-        lines.append(f"___r = ___call({fexpr}, {aexpr}, {kexpr})")
+        # the call runs in a stub frame that looks like the user's (name, file, line,
+        # locals): see coil/capture/inspection.py
+        stub = cg.const_expr(make_call_stub(code, lineno, local_names, fn.__globals__))
+        callee = fexpr if direct else f"___cap({fexpr})"
+        lines.append(f"___r = {stub}({callee}, {aexpr}, {kexpr}"
+                     f"{''.join(', ' + e for e in local_exprs)})")
         rname = resume(next_index, stack + [_RESULT])
         args = sexprs + ["___r"] + local_exprs
         lines.append(f"return {rname}({', '.join(args)})")
@@ -563,6 +590,16 @@ def _emit_break(cg: EntryCodegen, tx, plan, fn, code, cfg, live_locals: dict) ->
         sexprs = stack_exprs(stack)
         rname = resume(index, stack, captured=False)
         lines.append(f"return {rname}({', '.join(sexprs + local_exprs)})")
+
+
+def _line_of(inst):
+    line = inst.positions.lineno if inst.positions is not None else None
+    return line if line is not None else inst.starts_line
+
+
+class FrameInspectionFallback(Unsupported):
+    """Frame inspection whose result a call stub cannot answer exactly: the frame runs
+    eagerly (never a stale frame value)."""
 
 
 class _Holder:

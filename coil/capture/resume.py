@@ -3,7 +3,7 @@
 ``make_resume_function(fn_code, index, stack_len, null_mask, local_names, ...)``
 returns a new function whose code is the original code object with a prologue::
 
-    def __resume_at_<offset>_<name>(___stack0, ..., local_a, local_b):
+    def <name>(___stack0, ..., local_a, local_b):      # label __resume_at_<index>_<name>
         <push ___stack0 ...>          # PUSH_NULL where the stack held a NULL
         JUMP_FORWARD to <instruction index>
         <the original bytecode, unchanged>
@@ -13,6 +13,16 @@ line numbers, the exception table and loop structure without any analysis. The c
 object is produced with the ``bytecode`` library. Resume functions are cached per
 (code object, target, stack layout, locals) so they are captured and cached like any
 other frame.
+
+A resume code object keeps the original ``co_name``/``co_qualname``/``co_filename``:
+code that looks at its own frame (``sys._getframe().f_code.co_name``, logging's
+``funcName``, tracebacks) sees the user's function, as in eager. The compile log names
+it by :func:`label` (``__resume_at_<index>_<name>``); :func:`origin` gives the user's
+code object.
+
+``make_call_stub`` builds the frame a graph-break call runs in: a function with the
+original code's names, file, first line and the call's line number, whose locals are
+the frame's live locals (see :func:`make_call_stub`).
 """
 from __future__ import annotations
 
@@ -24,6 +34,9 @@ from bytecode import Bytecode, Instr, Label
 from bytecode.instr import CellVar, FreeVar  # noqa: F401
 
 _CACHE: dict = {}
+#: resume code object -> (original user code object, label)
+_ORIGIN: "dict" = {}
+_STUBS: dict = {}
 
 CO_VARARGS = 0x04
 CO_VARKEYWORDS = 0x08
@@ -67,7 +80,8 @@ def make_resume_code(code: types.CodeType, index: int, null_mask: tuple, local_n
         list(bc[insert_at:])
     args = [n for n, is_null in zip(stack_names, null_mask) if not is_null] + list(local_names)
     out = Bytecode(new)
-    out.name = f"__resume_at_{index}_{code.co_name}"
+    root = origin(code)
+    out.name = root.co_name
     out.filename = code.co_filename
     out.first_lineno = code.co_firstlineno
     out.argnames = args
@@ -79,10 +93,70 @@ def make_resume_code(code: types.CodeType, index: int, null_mask: tuple, local_n
     out.freevars = list(bc.freevars)
     out.docstring = None
     if hasattr(bc, "qualname"):
-        out.qualname = out.name
+        out.qualname = getattr(root, "co_qualname", root.co_name)
     new_code = out.to_code()
     _CACHE[key] = new_code
+    _ORIGIN[new_code] = (root, f"__resume_at_{index}_{root.co_name}")
     return new_code
+
+
+def origin(code: types.CodeType) -> types.CodeType:
+    """The user's code object a resume code object continues (``code`` itself otherwise)."""
+    hit = _ORIGIN.get(code)
+    return hit[0] if hit is not None else code
+
+
+def is_resume(code: types.CodeType) -> bool:
+    return code in _ORIGIN
+
+
+def label(code: types.CodeType) -> str:
+    """Name for logs: ``__resume_at_<index>_<name>`` for resume code, else ``co_name``."""
+    hit = _ORIGIN.get(code)
+    return hit[1] if hit is not None else code.co_name
+
+
+def make_call_stub(code: types.CodeType, lineno: Optional[int], local_names: tuple,
+                   fn_globals: dict):
+    """The function a graph-break call runs in, standing in for the user's frame.
+
+    ``stub(fn, args, kwargs, *locals)`` returns ``fn(*args, **kwargs)`` from a frame whose
+    code has the user's ``co_name``, ``co_qualname``, ``co_filename`` and
+    ``co_firstlineno``, whose current line is the call's line ``lineno``, whose
+    ``f_globals`` are the frame's globals and whose ``f_locals`` are exactly the live
+    locals (the three helper arguments are deleted before the call). So
+    ``sys._getframe()``, ``inspect.currentframe()`` (and ``.f_code.co_name``,
+    ``.f_lineno``, ``.f_locals``), ``warnings.warn`` and logging locations and tracebacks
+    of an exception raised by the call look as in eager. ``f_back`` is coil's entry
+    function (as torch.compile's frames sit under its own wrapper).
+    """
+    code = origin(code)
+    first = code.co_firstlineno
+    line = lineno if lineno is not None and lineno >= first else first
+    key = (code, line, local_names)
+    hit = _STUBS.get(key)
+    if hit is None:
+        params = ", ".join(("___fn", "___args", "___kwargs") + tuple(local_names))
+        body = "return ___fn(*___args, **___kwargs)"
+        if line == first:
+            src = "\n" * (first - 1) + f"def ___stub({params}): {body}\n"
+        else:
+            src = "\n" * (first - 1) + f"def ___stub({params}):\n" + \
+                "\n" * (line - first - 1) + f"    {body}\n"
+        ns: dict = {}
+        exec(compile(src, code.co_filename, "exec"), ns)
+        bc = Bytecode.from_code(ns["___stub"].__code__)
+        for pos, ins in enumerate(bc):
+            if isinstance(ins, Instr) and ins.name == "CALL_FUNCTION_EX":
+                dels = [Instr("DELETE_FAST", n, lineno=ins.lineno)
+                        for n in ("___fn", "___args", "___kwargs")]
+                bc[pos:pos] = dels
+                break
+        stub_code = bc.to_code().replace(co_name=code.co_name)
+        if hasattr(code, "co_qualname"):
+            stub_code = stub_code.replace(co_qualname=code.co_qualname)
+        hit = _STUBS[key] = stub_code
+    return types.FunctionType(hit, fn_globals, code.co_name)
 
 
 def _two_arg_super(bc) -> None:

@@ -34,7 +34,7 @@ from coil.capture.variables.base import (CellVariable, ConstantVariable, NullVar
                                          SourcedCellVariable, VariableTracker)
 from coil.capture.variables.builder import wrap, wrap_constant_result
 from coil.capture.variables.containers import (BaseListVariable, DictVariable,
-                                               ListIteratorVariable, ListVariable,
+                                               GeneratorVariable, ListIteratorVariable, ListVariable,
                                                NamedTupleVariable, SetVariable, TupleVariable)
 from coil.capture.variables.functions import (BaseFunctionVariable, TypeErrorInCall,
                                               UserFunctionVariable, UserMethodVariable)
@@ -503,14 +503,25 @@ class InstructionTranslatorBase:
         mod = fn.get_globals().get("__name__", "") or ""
         if mod.split(".")[0] in SKIP_MODULES or (
                 mod.startswith(("torch._dynamo", "coil.")) and not mod.startswith(TRACED_COIL_MODULES)):
-            raise Unsupported(f"call to {mod}.{fn.fn_name()} (not traced)",
-                              hint="functions from this module run outside the graph")
+            from coil.capture.inspection import frame_unsupported
+
+            raise frame_unsupported(f"call to {mod}.{fn.fn_name()} (not traced)",
+                                    getattr(fn, "fn", None),
+                                    hint="functions from this module run outside the graph")
         try:
             bound = fn.bind_args(self, list(args), dict(kwargs))
         except TypeErrorInCall as e:
             raise UserCodeError(f"TypeError: {e}") from e
-        sub = InliningTranslator(code, fn.get_globals(), self.output, bound,
-                                 fn.closure_cells(self), parent=self, fn_name=fn.fn_name())
+        cells = fn.closure_cells(self)
+        if code.co_flags & CO_GENERATOR:
+            # lazy: the body is inlined at the first iteration (GeneratorVariable)
+            def materialize(tx):
+                sub = InliningTranslator(code, fn.get_globals(), tx.output, bound, cells,
+                                         parent=tx, fn_name=fn.fn_name())
+                return sub.run_inline().items
+            return GeneratorVariable(self, fn, args, kwargs, materialize)
+        sub = InliningTranslator(code, fn.get_globals(), self.output, bound, cells,
+                                 parent=self, fn_name=fn.fn_name())
         return sub.run_inline()
 
     def call_module(self, mod_vt: NNModuleVariable, args: list, kwargs: dict) -> VariableTracker:
@@ -630,7 +641,9 @@ class InstructionTranslatorBase:
                 raise Unsupported("super() without __class__ cell")
             cls = self.load_cell("__class__").as_python_constant()
             first = self.code.co_varnames[0]
-            if self.code.co_name.startswith("__resume_at_"):
+            from coil.capture.resume import is_resume
+
+            if is_resume(self.code):
                 # a resume function's first arguments are stack slots (___stackN); the
                 # method's own first argument comes after them
                 first = next((n for n in self.code.co_varnames if not n.startswith("___stack")),

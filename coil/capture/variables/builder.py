@@ -190,10 +190,17 @@ def _build(tx, value, source, gs) -> VariableTracker:
             if gs is not None:
                 gs.add(f"{expr} is {gs.const(value)}")
             return bi.PureFunctionVariable(value, source)
-        raise Unsupported(f"call into C function {getattr(value, '__qualname__', value)}",
-                          hint="functions not known to be safe run outside the graph")
+        from coil.capture.inspection import OpaqueCallableVariable
+
+        return OpaqueCallableVariable(value, source)   # calling it is the graph break
     if isinstance(value, (torch.Generator, torch.Stream if hasattr(torch, "Stream") else ())):
         raise Unsupported(f"{type(value).__name__} object")
+    if t is types.FrameType:
+        from coil.capture.inspection import FrameVariable
+
+        if gs is not None:
+            gs.add(f"type({expr}) is {gs.const(t)}", f"type({expr})", t, src=expr)
+        return FrameVariable(value, source)
     if gs is not None:
         gs.add(f"type({expr}) is {gs.const(t)}", f"type({expr})", t, src=expr)
     return UserDefinedObjectVariable(value, source)

@@ -9,6 +9,7 @@ object (``src[:] = [...]``, ``src.clear(); src.update(...)``).
 from __future__ import annotations
 
 import collections
+import types
 import operator
 from typing import Any
 
@@ -553,6 +554,64 @@ class ListIteratorVariable(VariableTracker):
         if self.kind == "items":
             return f"dict({inner}).items()"
         return f"list({inner})"
+
+
+class GeneratorVariable(ListIteratorVariable):
+    """A generator object made by calling a Python generator function in traced code.
+
+    Lazy: the generator's body is inlined (its yields collected, as for any finite,
+    fully consumed generator) only when the generator is first iterated, so the body's
+    effects happen where eager Python runs them. A generator never iterated in the frame
+    that *escapes* (returned, stored, live at a graph break) is rebuilt by calling the
+    real generator function with the same arguments: the caller gets a real generator
+    object. One that escapes after traced code iterated it cannot be rebuilt (its
+    position lives in a real frame): ``reconstruct`` raises ``Unsupported`` and the
+    frame runs eagerly (logged)."""
+
+    def __init__(self, tx, fn, args, kwargs, materialize):
+        VariableTracker.__init__(self, None)
+        self._tx = tx
+        self.fn = fn
+        self.args = list(args)
+        self.kwargs = dict(kwargs)
+        self._materialize = materialize
+        self._items = None
+        self.index = 0
+        self.kind = "iterator"
+
+    @property
+    def items(self):
+        if self._items is None:
+            self._items = list(self._materialize(self._tx))
+        return self._items
+
+    @items.setter
+    def items(self, value):
+        self._items = list(value)
+
+    def python_type(self):
+        return types.GeneratorType
+
+    def children(self):
+        if self._items is None:
+            return [self.fn] + self.args + list(self.kwargs.values())
+        return super().children()
+
+    def call_method(self, tx, name, args, kwargs):
+        if name in ("send", "throw", "close", "gi_frame"):
+            raise Unsupported(f"generator.{name}")
+        return super().call_method(tx, name, args, kwargs)
+
+    def reconstruct(self, cg):
+        if self._items is not None:
+            raise Unsupported("a generator iterated in traced code escapes the frame",
+                              hint="the frame runs eagerly")
+        args = "".join(cg.reconstruct(a) + ", " for a in self.args)
+        kwargs = "".join(f"{k}={cg.reconstruct(v)}, " for k, v in self.kwargs.items())
+        return f"{cg.reconstruct(self.fn)}({args}{kwargs})"
+
+    def __repr__(self):
+        return f"GeneratorVariable({self.fn!r})"
 
 
 def ordered_dict_types():

@@ -7,12 +7,7 @@
 KNOWN_FAILURES: dict[str, str] = {
     'context_managers::contextlib_contextmanager': "AssertionError: graphs: expected 1, got 0 (ops per graph []); breaks: ['del of an attribute']",
     'graph_breaks::break_in_with_no_grad': "AssertionError: graphs: expected 2, got 0 (ops per graph []); breaks: ['call to print']",
-    'graph_breaks::copy_deepcopy_tensor': "AssertionError: graph breaks: expected 1, got 3: ['call to copy.deepcopy (not traced)', 'id() of a traced value', 'call into C function dict.get']",
-    'graph_breaks::generator_escapes': 'AssertionError: output[1]: generator vs tuple_iterator',
-    'graph_breaks::inspect_frame': 'AssertionError: output[0]: Tensor-likes are not close!',
     'graph_breaks::python_random_module': "AssertionError: graphs: expected 1, got 0 (ops per graph []); breaks: ['constructing Random (custom __new__)']",
-    'graph_breaks::sys_getframe': 'AssertionError: output: Tensor-likes are not close!',
-    'graph_breaks::unsupported_c_function': "AssertionError: graphs: expected 2, got 1 (ops per graph [1]); breaks: ['call into C function getrefcount']",
     'indexing::index_with_int_tensor_scalar': "AssertionError: graphs: expected 1, got 0 (ops per graph []); breaks: ['data-dependent operation getitem (DataDependentOutputException)']",
     'python_builtins::builtins_id_hash': "AssertionError: graphs: expected 1, got 2 (ops per graph [1, 1]); breaks: ['id() of a traced value', 'id() of a traced value']",
     'rng::rng_with_generator_arg': 'AssertionError: graphs: expected 1, got 0 (ops per graph []); breaks: []',

@@ -1,0 +1,170 @@
+"""Frame inspection and opaque C callables.
+
+Design note. Code that looks at Python frames (``sys._getframe``,
+``inspect.currentframe``/``stack``, ``traceback.extract_stack``, logging's caller
+lookup, ``warnings.warn``'s location) cannot be traced: the answer depends on the
+frame it runs in. Such a call is a graph break, and the entry runs it inside a *call
+stub* (:func:`coil.capture.resume.make_call_stub`): a frame with the user's code name,
+file, line and live locals, so ``frame.f_code.co_name``, ``f_lineno``, ``f_locals`` and
+``f_globals`` read as in eager.
+
+Two rules keep the answers exact:
+
+* A frame-inspecting call found *inside an inlined callee* breaks the root frame at
+  the call to that callee, and the entry calls the callee **uncaptured** (plain Python)
+  from the stub, so the callee's ``sys._getframe(1)`` is the stub, which looks like the
+  caller. The ``Unsupported`` carries ``frame_inspection = True`` for this.
+* A frame object obtained *in the root frame itself* lives on after the stub returns
+  (the rest of the frame runs in a resume function). Only ``frame.f_code`` (fixed for a
+  frame's life) is exact then; :func:`frame_result_ok` checks the bytecode after the
+  call: the result must be dropped, or be used only as ``.f_code`` (directly or through
+  a local that is only ever read as ``.f_code``). Anything else (``f_locals``,
+  ``f_lineno`` later, ``f_back``, ``inspect.stack()`` lists, frames walked outward) makes
+  the whole frame run eagerly, with the reason logged: never a stale value.
+
+Frames above the compiled function are coil's (its wrapper), as under torch.compile.
+
+:class:`OpaqueCallableVariable` stands for a C function or method not known to be
+safe (``sys.getrefcount``, ``random.Random().random``): loading it is fine, *calling*
+it is the graph break, so the break lands on the ``CALL`` and the rest of the frame is
+captured in a resume function.
+"""
+from __future__ import annotations
+
+import inspect
+import sys
+import traceback
+import types
+
+from coil.exc import Unsupported
+from coil.capture.variables.base import ConstantVariable, VariableTracker
+
+
+def _frame_functions() -> set:
+    fns = {sys._getframe, inspect.currentframe, inspect.stack, inspect.trace,
+           inspect.getouterframes, inspect.getframeinfo, traceback.extract_stack,
+           traceback.format_stack, traceback.print_stack, traceback.walk_stack}
+    if hasattr(sys, "_getframemodulename"):
+        fns.add(sys._getframemodulename)
+    return fns
+
+
+FRAME_FUNCTIONS = _frame_functions()
+#: calls whose result is the calling frame itself (with no argument / argument 0)
+_CURRENT_FRAME = (sys._getframe, inspect.currentframe)
+
+
+def is_frame_function(fn) -> bool:
+    try:
+        return fn in FRAME_FUNCTIONS
+    except TypeError:
+        return False
+
+
+def frame_unsupported(reason: str, fn, hint: str = "it runs outside the graph") -> Unsupported:
+    """An ``Unsupported`` for a call of ``fn``, marked when ``fn`` inspects frames."""
+    e = Unsupported(reason, hint=hint)
+    if is_frame_function(fn):
+        e.frame_inspection = True
+    return e
+
+
+_LOADS = ("LOAD_FAST", "LOAD_FAST_CHECK")
+
+
+def _used_as_f_code(instructions: list, i: int) -> bool:
+    nxt = instructions[i + 1] if i + 1 < len(instructions) else None
+    return nxt is not None and nxt.opname == "LOAD_ATTR" and nxt.argval == "f_code"
+
+
+def frame_result_ok(instructions: list, index: int, fn, args) -> tuple[bool, str]:
+    """Whether the result of the frame-inspecting call at ``instructions[index]`` (the
+    root frame's own ``CALL``) is used only in ways a call stub answers exactly (see
+    the module docstring). Returns ``(ok, why_not)``."""
+    name = getattr(fn, "__qualname__", repr(fn))
+    if fn not in _CURRENT_FRAME:
+        return False, f"{name}() lists the calling frames, which include coil's"
+    if args:
+        a = args[0]
+        if len(args) > 1 or not a.is_python_constant() or a.as_python_constant() != 0:
+            return False, f"{name}(n) walks to a calling frame"
+    nxt = instructions[index + 1] if index + 1 < len(instructions) else None
+    if nxt is None:
+        return False, "frame object returned"
+    if nxt.opname == "POP_TOP" or _used_as_f_code(instructions, index):
+        return True, ""
+    if nxt.opname == "STORE_FAST":
+        var = nxt.argval
+        for i, ins in enumerate(instructions):
+            if ins.argval != var:
+                continue
+            if ins.opname in _LOADS and not _used_as_f_code(instructions, i):
+                return False, f"frame object in local {var!r} is used beyond .f_code"
+            if ins.opname not in _LOADS + ("STORE_FAST", "DELETE_FAST"):
+                return False, f"frame object in local {var!r} is used by {ins.opname}"
+        return True, ""
+    return False, f"frame object used by {nxt.opname} {nxt.argrepr}".rstrip()
+
+
+class FrameVariable(VariableTracker):
+    """A real frame object reaching a captured frame (the result of a frame-inspecting
+    call that ran in a call stub). ``f_code`` is a guarded constant; every other
+    attribute is a graph break (its value can change as the frame runs)."""
+
+    def __init__(self, value: types.FrameType, source=None):
+        super().__init__(source)
+        self.value = value
+
+    def python_type(self):
+        return types.FrameType
+
+    def var_getattr(self, tx, name):
+        if name == "f_code":
+            code = self.value.f_code
+            if self.source is not None:
+                gs = tx.output.guards
+                e = self.source.expr()
+                gs.add(f"{e}.f_code is {gs.const(code)}", f"{e}.f_code", code, src=e)
+            return ConstantVariable(code)
+        raise frame_unsupported(f"frame attribute {name}", sys._getframe)
+
+    def call_method(self, tx, name, args, kwargs):
+        raise frame_unsupported(f"frame method {name}", sys._getframe)
+
+    def reconstruct(self, cg):
+        if self.source is not None:
+            return cg.source_expr(self.source)
+        return cg.const_expr(self.value)
+
+    def __repr__(self):
+        return "FrameVariable()"
+
+
+class OpaqueCallableVariable(VariableTracker):
+    """A C function or method not known to be safe: calling it is a graph break (at the
+    ``CALL``; the entry runs it for real). Never evaluated at compile time, so it needs
+    no guard: the entry reads it from its source at run time."""
+
+    def __init__(self, fn, source=None):
+        super().__init__(source)
+        self.fn = fn
+
+    def python_type(self):
+        return type(self.fn)
+
+    def call_function(self, tx, args, kwargs):
+        name = getattr(self.fn, "__qualname__", None) or getattr(self.fn, "__name__", repr(self.fn))
+        raise frame_unsupported(f"call into C function {name}", self.fn)
+
+    def var_getattr(self, tx, name):
+        if name in ("__name__", "__qualname__", "__module__") and hasattr(self.fn, name):
+            return ConstantVariable(getattr(self.fn, name))
+        raise Unsupported(f"attribute {name} of C function {self.fn!r}")
+
+    def reconstruct(self, cg):
+        if self.source is not None:
+            return cg.source_expr(self.source)
+        return cg.const_expr(self.fn)
+
+    def __repr__(self):
+        return f"OpaqueCallableVariable({getattr(self.fn, '__qualname__', self.fn)})"

@@ -1,0 +1,170 @@
+"""Frame inspection in captured code: values equal eager (issue 3, "code that inspects
+frames must be a graph break and work").
+
+A frame-inspecting call runs in a call stub (the user's name, file, line, live locals);
+a frame object used beyond ``.f_code`` makes the frame run eagerly. Each test compares
+with the same function run eagerly on random data."""
+import inspect
+import logging
+import sys
+import warnings
+
+import pytest
+import torch
+
+import coil
+from coil.capture import frame as cframe
+
+
+class Counter:
+    def __init__(self):
+        self.graphs = 0
+
+    def __call__(self, gm, example_inputs):
+        self.graphs += 1
+        return gm.forward
+
+
+def _run(fn, *args):
+    cnt = Counter()
+    out = coil.compile(fn, backend=cnt)(*args)
+    return out, cnt
+
+
+def getframe_name(x):
+    y = x.sin()
+    return y * len(sys._getframe().f_code.co_name)
+
+
+def currentframe_local(x):
+    fr = inspect.currentframe()
+    name = fr.f_code.co_name
+    return x * len(name), name, fr.f_code.co_filename
+
+
+def _caller_info():
+    fr = sys._getframe(1)
+    return fr.f_code.co_name, fr.f_locals["marker"], fr.f_lineno
+
+
+def helper_reads_caller(x):
+    marker = 7
+    y = x * 2
+    info = _caller_info()
+    return y + info[1], info
+
+
+def _caller_name_via_inspect():
+    return inspect.currentframe().f_back.f_code.co_name
+
+
+def helper_inspect_back(x):
+    return x * 3, _caller_name_via_inspect()
+
+
+def frame_locals_later(x):
+    fr = sys._getframe()
+    a = x * 2
+    b = 5
+    return a + b, sorted(k for k in fr.f_locals if not k.startswith("___"))
+
+
+def frame_lineno(x):
+    y = x + 1
+    line = sys._getframe().f_lineno
+    return y, line
+
+
+def break_then_getframe(x):
+    y = x.cos()
+    print("coil-frames", end="\r")
+    return y * 2, sys._getframe().f_code.co_name, sys._getframe().f_code.co_qualname
+
+
+@pytest.mark.parametrize("fn,graphs", [
+    (getframe_name, 2),
+    (currentframe_local, 1),
+    (helper_reads_caller, 2),
+    (helper_inspect_back, 1),
+    (frame_locals_later, 0),       # f_locals later: the frame runs eagerly
+    (frame_lineno, 0),             # f_lineno: eagerly
+    (break_then_getframe, None),
+])
+def test_frame_values_equal_eager(fn, graphs):
+    x = torch.randn(3, 4)
+    want = fn(x)
+    got, cnt = _run(fn, x)
+    for w, g in zip(want if isinstance(want, tuple) else (want,),
+                    got if isinstance(got, tuple) else (got,)):
+        if isinstance(w, torch.Tensor):
+            torch.testing.assert_close(g, w)
+        else:
+            assert g == w
+    if graphs is not None:
+        assert cnt.graphs == graphs
+    # the second call hits the cache and stays right
+    got2 = coil.compile(fn, backend="eager")(x)
+    assert repr(got2) == repr(got) or isinstance(got2, torch.Tensor)
+
+
+def test_frame_fallback_is_logged():
+    x = torch.randn(3)
+    coil.compile(frame_locals_later, backend="eager")(x)
+    assert cframe.stats["fallbacks"] == 1
+
+
+def logs_inside(x, logger):
+    y = x * 2
+    logger.warning("from captured code")
+    return y + 1
+
+
+def test_logging_location_is_users():
+    records = []
+
+    class H(logging.Handler):
+        def emit(self, record):
+            records.append((record.funcName, record.lineno, record.pathname))
+
+    logger = logging.getLogger("coil.test_frames")
+    logger.addHandler(H())
+    logger.propagate = False
+    x = torch.randn(3)
+    logs_inside(x, logger)
+    out, cnt = _run(logs_inside, x, logger)
+    torch.testing.assert_close(out, x * 2 + 1)
+    assert records[0] == records[1]
+    assert cnt.graphs == 2
+
+
+def warns_inside(x):
+    y = x * 2
+    warnings.warn("coil frames test")
+    return y
+
+
+def test_warning_location_is_users():
+    x = torch.randn(3)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        warns_inside(x)
+        coil.compile(warns_inside, backend="eager")(x)
+    assert [(i.filename, i.lineno) for i in w][0] == [(i.filename, i.lineno) for i in w][1]
+
+
+def _boom(t):
+    raise ValueError("boom")
+
+
+def raises_in_break_call(x):
+    y = x + 1
+    print("before", end="\r")
+    return _boom(y)
+
+
+def test_traceback_names_users_function():
+    x = torch.randn(3)
+    with pytest.raises(ValueError) as ei:
+        coil.compile(raises_in_break_call, backend="eager")(x)
+    names = [fr.name for fr in __import__("traceback").extract_tb(ei.value.__traceback__)]
+    assert "raises_in_break_call" in names and "_boom" in names

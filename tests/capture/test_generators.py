@@ -1,0 +1,96 @@
+"""Generators made in captured code: lazy inlining, and escaping generators come back as
+real generator objects (issue 3: "generators that escape" must work)."""
+import types
+
+import torch
+
+import coil
+
+
+class Counter:
+    def __init__(self):
+        self.graphs = 0
+
+    def __call__(self, gm, example_inputs):
+        self.graphs += 1
+        return gm.forward
+
+
+def returns_generator(x, log):
+    def gen():
+        log.append("first")
+        yield x * 2
+        log.append("second")
+        yield torch.rand(2)
+
+    return x + 1, gen()
+
+
+def test_escaping_generator_is_real_and_lazy():
+    x = torch.randn(3)
+    cnt = Counter()
+    log_c = []
+    torch.manual_seed(1)
+    y, g = coil.compile(returns_generator, backend=cnt)(x, log_c)
+    assert isinstance(g, types.GeneratorType)
+    assert log_c == []                       # nothing ran before iteration, as in eager
+    first = next(g)
+    assert log_c == ["first"]
+    second = next(g)
+    torch.manual_seed(1)
+    log_e = []
+    y_e, g_e = returns_generator(x, log_e)
+    items_e = list(g_e)
+    torch.testing.assert_close(y, y_e)
+    torch.testing.assert_close(first, items_e[0])
+    torch.testing.assert_close(second, items_e[1])   # RNG advanced once, as eager
+    assert log_c == log_e
+    assert cnt.graphs == 1
+
+
+def consumed_generators(x):
+    def squares(n):
+        for i in range(n):
+            yield x * i
+
+    return sum(squares(3)), max(v for v in (1, 5, 2)), list(squares(2))
+
+
+def test_consumed_generators_one_graph():
+    x = torch.randn(4)
+    e = coil.explain(consumed_generators, x)
+    assert e.graph_count == 1 and e.graph_break_count == 0, e.break_reasons
+    out = coil.compile(consumed_generators, backend="eager", fullgraph=True)(x)
+    want = consumed_generators(x)
+    torch.testing.assert_close(out[0], want[0])
+    assert out[1] == want[1]
+    torch.testing.assert_close(out[2], want[2])
+
+
+def partially_consumed_escapes(x):
+    g = (x * i for i in range(3))
+    first = next(g)
+    return first, g
+
+
+def test_partially_consumed_generator_runs_eagerly():
+    x = torch.randn(3)
+    first, g = coil.compile(partially_consumed_escapes, backend="eager")(x)
+    assert isinstance(g, types.GeneratorType)
+    rest = list(g)
+    torch.testing.assert_close(first, x * 0)
+    torch.testing.assert_close(rest[0], x * 1)
+    torch.testing.assert_close(rest[1], x * 2)
+    assert coil.capture.stats["fallbacks"] == 1
+
+
+def generator_across_break(x):
+    g = (x * i for i in range(1, 3))
+    print("coil-gen", end="\r")
+    return sum(g)
+
+
+def test_generator_live_at_a_break():
+    x = torch.randn(3)
+    torch.testing.assert_close(coil.compile(generator_across_break, backend="eager")(x),
+                               generator_across_break(x))

@@ -73,3 +73,14 @@ def test_stream_elem_bytes_and_bf16_store():
     src = c16.kernels[0].source
     store = [l for l in src.splitlines() if "tl.store(" in l][0]
     assert ".to(tl.float32).to(tl.bfloat16)" not in store and "to(tl.bfloat16)" in store, src
+
+
+def test_interpreter_bf16_cast_rounds_to_nearest_even():
+    """fp32 -> bf16 under the Triton interpreter rounds like the GPU (and eager); the
+    interpreter alone truncates (conformance op ``bfloat16``: -8.4784 -> -8.4375)."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(4096, generator=g) * 10
+    x[:3] = torch.tensor([-8.4784, float("nan"), float("-inf")])
+    c = check(lambda a: (a * 3).bfloat16(), x, atol=0, rtol=0)
+    out = c(x)[0]
+    assert torch.equal(out.float().nan_to_num(), (x * 3).bfloat16().float().nan_to_num())

@@ -442,6 +442,11 @@ def _build_entry(tx, output: OutputGraph, cfg: CaptureConfig, fn, code, argnames
         trace.log("graph_break", stage="capture", **rec)
         if _config.config.verbose:
             print(f"coil: graph break in {_label(code)}: {info.reason}\n  " + "\n  ".join(info.stack))
+        if output.index_copies:
+            from coil.capture.variables.tensor import IndexCopyAliasing
+
+            raise IndexCopyAliasing("graph break after indexing with a 0-d integer tensor (a "
+                                    "view in eager, a copy in the graph): the frame runs eagerly")
         if _in_exception_block(code, inst.offset):
             raise Unsupported(f"graph break inside a try/with block ({info.reason})")
         index = tx.offset_to_index[inst.offset]

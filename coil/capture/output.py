@@ -130,6 +130,7 @@ class OutputGraph:
         self.side_effects = SideEffects()
         self.sourced_cells: dict[int, SourcedCellVariable] = {}
         self.open_contexts: list = []
+        self.index_copies = 0       # x[i] with 0-d int tensors traced as copies (tensor.py)
         self.initial_grad = torch.is_grad_enabled()
         self._const_count = 0
         self._last_placeholder = None

@@ -131,6 +131,10 @@ def call_op(tx, kind: str, target, args: list, kwargs: dict) -> VariableTracker:
     node_kwargs = {k: _map(v, to_node_arg) for k, v in kwargs.items()}
     fake_args = [_map(a, to_fake) for a in args]
     fake_kwargs = {k: _map(v, to_fake) for k, v in kwargs.items()}
+    if out.index_copies and _is_inplace(kind, target, kwargs):
+        raise IndexCopyAliasing(
+            f"in-place {_name(target)} after indexing with a 0-d integer tensor (a view in "
+            f"eager, a copy in the graph): the frame runs eagerly")
     node = out.graph.create_node(kind, target, node_args, node_kwargs)
     node.meta["stack"] = tx.user_stack_summary()
     try:
@@ -214,6 +218,87 @@ _BREAK_METHODS = {"item": "Tensor.item() reads tensor data",
                   "__float__": "float() of a tensor"}
 
 
+def _is_int_scalar_tensor(v) -> bool:
+    return isinstance(v, TensorVariable) and v.fake.dim() == 0 and \
+        not v.fake.dtype.is_floating_point and not v.fake.dtype.is_complex and \
+        v.fake.dtype is not torch.bool
+
+
+def _split_scalar_tensor_index(t: "TensorVariable", idx):
+    """``x[..., i, ...]`` with 0-d integer tensors ``i`` (and otherwise only ints, slices,
+    ``None``, ``...``): the basic index with each such ``i`` replaced by ``:``, and the
+    dims ``(position, i)`` of that view that ``i`` then picks. ``None`` when the index has
+    no 0-d integer tensor or has anything else (lists, other tensors, bools)."""
+    items = list(idx.items) if isinstance(idx, TupleVariable) and not isinstance(
+        idx, NamedTupleVariable) else [idx]
+    if not any(_is_int_scalar_tensor(v) for v in items):
+        return None
+    consumed = 0
+    for v in items:
+        if _is_int_scalar_tensor(v) or isinstance(v, SliceVariable):
+            consumed += 1
+        elif isinstance(v, ConstantVariable) and (
+                isinstance(v.value, slice) or type(v.value) is int):
+            consumed += 1
+        elif not (isinstance(v, ConstantVariable) and (v.value is None or v.value is Ellipsis)):
+            return None
+    r, basic, picks = 0, [], []
+    for v in items:
+        if _is_int_scalar_tensor(v):
+            basic.append(ConstantVariable(slice(None)))
+            picks.append((r, v))
+            r += 1
+        elif isinstance(v, ConstantVariable) and v.value is Ellipsis:
+            basic.append(v)
+            r += t.fake.dim() - consumed
+        elif isinstance(v, ConstantVariable) and type(v.value) is int:
+            basic.append(v)
+        else:
+            basic.append(v)
+            r += 1
+    return TupleVariable(basic), picks
+
+
+def _index_list(view: "TensorVariable", picks) -> ListVariable:
+    slots: list = [ConstantVariable(None)] * (max(p for p, _ in picks) + 1)
+    for p, i in picks:
+        slots[p] = i
+    return ListVariable(slots)
+
+
+def _index_with_scalar_tensors(tx, t: "TensorVariable", basic, picks) -> VariableTracker:
+    """``x[i]`` with a 0-d integer tensor ``i``: the basic view, then ``aten.index`` with
+    the tensors (no ``.item()``, no graph break). Eager returns a view here, the graph a
+    copy: the output graph remembers it, and an in-place op later in the frame (or a
+    graph break with it live) makes the frame run eagerly (:class:`IndexCopyAliasing`)."""
+    view = call_op(tx, "call_function", operator.getitem, [t, basic], {})
+    out = call_op(tx, "call_function", torch.ops.aten.index.Tensor,
+                  [view, _index_list(view, picks)], {})
+    tx.output.index_copies += 1
+    return out
+
+
+class IndexCopyAliasing(Exception):
+    """A tensor indexed with a 0-d integer tensor (a view in eager, a copy in the graph)
+    may be written through: the frame runs eagerly (never a lost write)."""
+
+
+_NOT_MUTATING = {"requires_grad_", "retain_grad_"}
+
+
+def _is_inplace(kind: str, target, kwargs) -> bool:
+    if target is operator.setitem or "out" in kwargs:
+        return True
+    name = _name(target)
+    if isinstance(target, torch._ops.OpOverload):
+        return target._schema.is_mutable
+    if name in _NOT_MUTATING:
+        return False
+    return name.endswith("_") and not name.endswith("__") or name in (
+        "iadd", "isub", "imul", "itruediv", "ifloordiv", "imod", "ipow", "imatmul", "iand",
+        "ior", "ixor", "ilshift", "irshift")
+
+
 class TensorVariable(VariableTracker):
     """A tensor in the graph: ``node`` (fx.Node) and ``fake`` (its FakeTensor)."""
 
@@ -279,8 +364,23 @@ class TensorVariable(VariableTracker):
                 raise UserCodeError("TypeError: len() of a 0-d tensor")
             return ConstantVariable(self.fake.shape[0])
         if name == "__getitem__":
+            split = _split_scalar_tensor_index(self, args[0])
+            if split is not None:
+                return _index_with_scalar_tensors(tx, self, *split)
             return call_op(tx, "call_function", operator.getitem, [self, args[0]], {})
         if name == "__setitem__":
+            split = _split_scalar_tensor_index(self, args[0])
+            if split is not None:
+                view = call_op(tx, "call_function", operator.getitem, [self, split[0]], {})
+                value = args[1]
+                if not isinstance(value, TensorVariable):
+                    value = call_op(tx, "call_function", torch.full,
+                                    [ConstantVariable(()), value],
+                                    {"dtype": ConstantVariable(self.fake.dtype),
+                                     "device": ConstantVariable(self.fake.device)})
+                call_op(tx, "call_function", torch.ops.aten.index_put_.default,
+                        [view, _index_list(view, split[1]), value], {})
+                return ConstantVariable(None)
             call_op(tx, "call_function", operator.setitem, [self, args[0], args[1]], {})
             return ConstantVariable(None)
         if name == "__contains__":

@@ -84,3 +84,15 @@ def test_interpreter_bf16_cast_rounds_to_nearest_even():
     c = check(lambda a: (a * 3).bfloat16(), x, atol=0, rtol=0)
     out = c(x)[0]
     assert torch.equal(out.float().nan_to_num(), (x * 3).bfloat16().float().nan_to_num())
+
+
+def test_tune_cache_key_includes_candidate_set():
+    """A stored autotune winner is only reused for the same candidate set: changing
+    candidate_configs (e.g. wider bf16 blocks) re-tunes unchanged kernel sources."""
+    from coil.runtime.triton_runtime import TritonLauncher
+    la = TritonLauncher.__new__(TritonLauncher)
+    la.gpu, la.key = False, "abc"
+    la.configs = [dict(XBLOCK=1024, num_warps=4)]
+    p1 = la._tune_path()
+    la.configs = [dict(XBLOCK=2048, num_warps=4), dict(XBLOCK=1024, num_warps=4)]
+    assert la._tune_path() != p1 and "kabc." in p1

@@ -15,7 +15,9 @@ Kernel shapes (``numel`` = xnumel, ``rnumel``):
 
       #pragma omp parallel for  (only when numel >= PARALLEL_MIN)
       for xo:                       outer split vars x1.. from xo (one div per row)
-        #pragma omp simd            (unless the kernel has bounds checks or atomics)
+        per-row statements          (declarations not depending on x0: gather
+                                     indices and their bounds checks, broadcasts)
+        #pragma omp simd            (unless the loop body has a bounds check or atomic)
         for x0 in [0, inner):       body
 
 * reduction: an outer (parallel) loop over ``xindex``; inside it, in plan order,
@@ -27,8 +29,11 @@ Kernel shapes (``numel`` = xnumel, ``rnumel``):
   deterministic (independent of thread count) and vectorized.
 
 All index arithmetic is ``int64_t``. fp16/bf16 are loaded and stored as 16-bit values
-and computed in float. Indirect indices are bounds-checked: an out-of-range index
-writes an error record that the launcher turns into ``IndexError``.
+and computed in float. Indirect indices are bounds-checked (``coil_ind_checked``, one
+CSE'd expression, hoisted with the rest of the loop-invariant code): an out-of-range
+index writes an error record that the launcher turns into ``IndexError``. Index
+expressions are simplified with the loop bounds when recorded, so CSE and the
+loop-invariance test see ``(128*xindex + rindex) // 128`` as ``xindex``.
 """
 from __future__ import annotations
 
@@ -117,6 +122,7 @@ class CppKernel(OpsHandler):
         self.needs_rindex = False
         self.rdep: set[str] = {"rindex", "r0"}
         self.const_val: dict[str, Any] = {}  # variables known to hold a constant
+        self.locals: set[str] = set()  # variables assigned by raw statements (never hoisted)
 
     # ------------------------------------------------------------------ plumbing
     def _new(self, prefix: str = "tmp") -> str:
@@ -158,11 +164,14 @@ class CppKernel(OpsHandler):
     def _mark_local(self, name: str) -> None:
         """A variable defined by a raw statement: inside a section body, treat it as
         depending on the loop (never hoist what uses it)."""
+        self.locals.add(name)
         if self.section is not None:
             self.rdep.add(name)
 
     def _idx(self, expr) -> str:
-        expr = sympy.sympify(expr)
+        # canonical at record time: CSE keys and the loop-invariance test (``has(RINDEX)``)
+        # must see ``(128*xindex + rindex) // 128`` as ``xindex``
+        expr = simplify_index(sympy.sympify(expr), {XINDEX: self.numel, RINDEX: max(self.rnumel, 1)})
         if expr not in self.index_of:
             self.index_of[expr] = len(self.indices)
             self.indices.append(expr)
@@ -297,20 +306,27 @@ class CppKernel(OpsHandler):
         return self._emit(out, _compute_dtype(dtype))
 
     def indirect_indexing(self, x, size, check=True, wrap_neg=True):
+        """An index read from a tensor, as one CSE'd expression (so a gather whose
+        index does not depend on the loop variable is computed, and checked, once per
+        row before the loop, and the loop stays ``omp simd``)."""
         x = self._val(x)
-        name = self._new("ind")
         s = cexpr(sympy.sympify(size))
-        self._mark_local(name)
-        self.cur.append(f"int64_t {name} = static_cast<int64_t>({x});")
-        if wrap_neg:
-            self.cur.append(f"{name} = {name} < 0 ? {name} + {s} : {name};")
+        key = ("ind", x.name, s, bool(check), bool(wrap_neg))
+        hit = self._lookup(key)
+        if hit is not None:
+            return sympy.Symbol(hit.name, integer=True)
+        i = f"static_cast<int64_t>({x})"
         if check:
             self.has_checks = True
             site = self.check_sites
             self.check_sites += 1
-            self.cur.append(f"if ({name} < 0 || {name} >= {s}) "
-                            f"{{ coil_report_oob(coil_err, {name}, {s}, {site}); {name} = 0; }}")
-        return sympy.Symbol(name, integer=True)
+            expr = f"coil_ind_checked({i}, {s}, {int(bool(wrap_neg))}, coil_err, {site})"
+        elif wrap_neg:
+            expr = f"coil_ind_wrap({i}, {s})"
+        else:
+            expr = i
+        var = self._emit(expr, torch.int64, key=key)
+        return sympy.Symbol(var.name, integer=True)
 
     def masked(self, mask, body, other):
         mask = self._val(mask)
@@ -502,8 +518,6 @@ class CppKernel(OpsHandler):
                 e = rs.substitute(e)
             rendered.append(cexpr(e))
         self._rendered = rendered
-        simd = not (self.has_checks or self.has_atomics)
-        self._simd = "#pragma omp simd" if simd else ""
         out = [self._signature() + " {"]
         body = self._pointwise(xs) if not self.is_reduction else self._reduction(xs, rs)
         out.extend("  " + l if l else l for l in body)
@@ -536,15 +550,48 @@ class CppKernel(OpsHandler):
             return ""
         return f"#pragma omp parallel for{extra} num_threads({self.num_threads}) schedule(static)"
 
+    @staticmethod
+    def _simd_for(lines: list[str]) -> str:
+        """``#pragma omp simd`` unless the loop body has a bounds check or an atomic
+        store (checks hoisted out of the loop do not count)."""
+        if any("coil_ind_checked(" in l or "omp atomic" in l or "omp critical" in l for l in lines):
+            return ""
+        return "#pragma omp simd"
+
+    def _hoist(self, lines: list[str], inner_var: str) -> tuple[list[str], list[str]]:
+        """Split a pointwise body into (per-row, per-element) statements: declarations
+        that depend neither on ``inner_var`` nor on a per-element value (a row's gather
+        index and its bounds check, a broadcast load) move out of the inner loop.
+        Loads of buffers this kernel writes stay inside (a store may precede them)."""
+        outer, inner = [], []
+        inner_names = {inner_var}
+        written = {f"p_{n}" for n in self.written}
+        depth = 0
+        for l in lines:
+            m = re.match(r"^([A-Za-z_][\w:<>]*) ([A-Za-z_]\w*) = (.*);$", l)
+            toks = set(re.findall(r"[A-Za-z_]\w*", l))
+            if (depth == 0 and m is not None and m.group(2) not in self.locals
+                    and not (toks & inner_names) and not (toks & written)):
+                outer.append(l)
+            else:
+                inner.append(l)
+                if m is not None:
+                    inner_names.add(m.group(2))
+            depth += l.count("{") - l.count("}")
+        return outer, inner
+
     def _pointwise(self, xs: Split) -> list[str]:
         lines = [self._fix(l) for l in self.items]
         if self.numel == 0:
             return []
         ext = xs.extents
         if len(ext) == 1:
-            omp = self._omp(self.numel, " simd" if self._simd else "")
-            return [omp or self._simd, f"for (int64_t x0 = 0; x0 < {ext[0]}; ++x0) {{",
+            simd = self._simd_for(lines)
+            omp = self._omp(self.numel, " simd" if simd else "")
+            return [omp or simd, f"for (int64_t x0 = 0; x0 < {ext[0]}; ++x0) {{",
                     *("  " + l for l in lines), "}"]
+        hoisted, lines = self._hoist(lines, "x0")
+        simd = self._simd_for(lines)
         outer = self.numel // ext[0]
         decl = []
         q = 1
@@ -555,8 +602,9 @@ class CppKernel(OpsHandler):
         par_outer = outer >= 2 * self.num_threads
         out = [self._omp(self.numel) if par_outer else "",
                f"for (int64_t xo = 0; xo < {outer}; ++xo) {{", *("  " + d for d in decl),
-               "  " + ((self._omp(self.numel, " simd" if self._simd else "") or self._simd)
-                       if not par_outer else self._simd),
+               *("  " + l for l in hoisted),
+               "  " + ((self._omp(self.numel, " simd" if simd else "") or simd)
+                       if not par_outer else simd),
                f"  for (int64_t x0 = 0; x0 < {ext[0]}; ++x0) {{",
                *("    " + l for l in lines), "  }", "}"]
         return out
@@ -601,7 +649,7 @@ class CppKernel(OpsHandler):
         pre = [self._fix(l) for l in sec.pre]
         if not sec.accs:
             out = pre + ["{"] + ["  " + o for o in opens]
-            out += [f"  {ind}{self._simd}", f"  {ind}for (int64_t r0 = 0; r0 < {ext[0]}; ++r0) {{"]
+            out += [f"  {ind}{self._simd_for(body)}", f"  {ind}for (int64_t r0 = 0; r0 < {ext[0]}; ++r0) {{"]
             out += [f"  {ind}  {l}" for l in self._rindex_decl(rs) + body]
             out += [f"  {ind}}}"] + ["  " + c for c in closes] + ["}"]
             return out + post
@@ -616,7 +664,7 @@ class CppKernel(OpsHandler):
         tail_body = [l.replace("@", "_tail") for l in body]
         out += [f"  {ind}int64_t rb = 0;",
                 f"  {ind}for (; rb + {LANES} <= {ext[0]}; rb += {LANES}) {{",
-                f"  {ind}  {self._simd}",
+                f"  {ind}  {self._simd_for(body)}",
                 f"  {ind}  for (int64_t l = 0; l < {LANES}; ++l) {{",
                 f"  {ind}    int64_t r0 = rb + l;"]
         out += [f"  {ind}    {l}" for l in self._rindex_decl(rs) + lane_body]

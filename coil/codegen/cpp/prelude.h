@@ -307,6 +307,16 @@ COIL_INLINE void coil_report_oob(int64_t* err, int64_t idx, int64_t size, int64_
   }
 }
 
+// An index read from a tensor: negative values wrap (Python semantics); out of range
+// records the error (first one wins) and returns 0, so the kernel never reads outside
+// the buffer and the launcher raises IndexError after the call.
+COIL_INLINE int64_t coil_ind_wrap(int64_t i, int64_t size) { return i < 0 ? i + size : i; }
+COIL_INLINE int64_t coil_ind_checked(int64_t i, int64_t size, int wrap, int64_t* err, int64_t site) {
+  int64_t j = (wrap && i < 0) ? i + size : i;
+  if (__builtin_expect(j < 0 || j >= size, 0)) { coil_report_oob(err, j, size, site); return 0; }
+  return j;
+}
+
 // ---- misc ------------------------------------------------------------------------
 template <typename T> COIL_INLINE T coil_ipow(T a, T b) {
   if (b < 0) return (a == 1) ? 1 : ((a == -1) ? ((b & 1) ? -1 : 1) : 0);

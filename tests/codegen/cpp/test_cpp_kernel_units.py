@@ -248,3 +248,40 @@ def test_exp_of_minus_inf_is_fast_regression():
     assert torch.equal(y, torch.zeros(n))
     normal, _ = _exp_kernel_us(torch.randn(n))
     assert masked < 2.0 * normal + 5, (masked, normal)
+
+
+def test_row_gather_check_hoisted_and_simd_regression():
+    # An embedding lookup: the index depends on the row only. Its bounds check used to
+    # run per element inside the inner loop, which also lost "#pragma omp simd" for
+    # the whole kernel (LayerNorm-after-embedding kernels of every transformer).
+    D = 16
+
+    def emb():
+        j = ops.indirect_indexing(ops.load("idx", FloorDiv(X, D)), 10)
+        ops.store("out", X, ops.load("tab", j * D + Mod(X, D)))
+
+    plan = _Plan(5 * D, 1, [_Node(emb)], {"idx": torch.int64, "tab": torch.float32, "out": torch.float32})
+    tab, idx = torch.randn(10, D), torch.tensor([1, -1, 3, 4, 9])
+    t = {"idx": idx, "tab": tab, "out": torch.empty(5, D)}
+    src, launch, k = _run(plan, t, name="row_gather")
+    assert torch.equal(t["out"], tab[idx])
+    inner = src[src.index("for (int64_t x0"):]
+    assert "coil_ind_checked" in src and "coil_ind_checked" not in inner, src
+    assert "#pragma omp simd\n" in src, src
+    idx[3] = 10
+    with pytest.raises(IndexError, match="out of bounds"):
+        launch(*[t[n] for n in k.arg_names()])
+
+    # in a reduction: the gather index is computed once per row, before the loop
+    def red():
+        j = ops.indirect_indexing(ops.load("idx", X), 10)
+        v = ops.reduction(torch.float32, torch.float32, "sum", ops.load("tab", j * D + R))
+        ops.store_reduction("s", X, v)
+
+    idx[3] = 4
+    plan = _Plan(5, D, [_Node(red)], {"idx": torch.int64, "tab": torch.float32, "s": torch.float32})
+    t = {"idx": idx, "tab": tab, "s": torch.empty(5)}
+    src, _, _ = _run(plan, t, name="row_gather_sum")
+    torch.testing.assert_close(t["s"], tab[idx].sum(1))
+    assert src.count("coil_ind_checked") == 1 and src.index("coil_ind_checked") < src.index("for (int64_t r"), src
+    assert "#pragma omp simd" in src, src

@@ -400,7 +400,12 @@ def _split_factor(ranges, numel_r: int, reduction_type: str, leading: bool = Fal
     kernel tiles ~64-256 outputs per program along the contiguous dim, so even 1k-32k
     outputs (bias gradients of a [8192, 3072] activation) are too few programs (``x[32768, 4096].sum(0)``: 32-64 programs on a
     132-SM H200, 51% of copy bandwidth); split up to 64k partial results of >= 1024
-    rows each (the partials add 2 * 64k * 4 bytes of traffic)."""
+    rows each (the partials add 2 * 64k * 4 bytes of traffic).
+
+    For leading reductions and for at most :data:`RAGGED_SPLIT_MAX_OUTPUTS` outputs,
+    ``S`` need not divide the reduction: the last chunk is then ragged (masked in
+    :func:`_split_reduction`), so ``x[32001, 4096].sum(0)`` or a full sum over an odd
+    count are split too (they ran on 32 programs, resp. one)."""
     if reduction_type not in SPLITTABLE or numel_r < 4096:
         return 1
     numel_out = 1
@@ -408,15 +413,25 @@ def _split_factor(ranges, numel_r: int, reduction_type: str, leading: bool = Fal
         numel_out *= int(r)
     if leading and 1024 <= numel_out < 32768:
         s = 1
-        while numel_r % (s * 2) == 0 and numel_out * s * 2 <= 65536 and numel_r // (s * 2) >= 1024:
+        while numel_out * s * 2 <= 65536 and numel_r // (s * 2) >= 1024:
             s *= 2
         return s if s >= 2 else 1
     if numel_out >= 4096:
         return 1
+    # chunks of equal size; a ragged last chunk only for full reductions (one output:
+    # unsplit, one program does all the work). A few long rows keep the exact rule, so
+    # their reductions stay fused (softmax's max and sum in one kernel)
+    exact = numel_out > RAGGED_SPLIT_MAX_OUTPUTS
     s = 1
-    while numel_r % (s * 2) == 0 and numel_out * s * 2 <= 8192 and numel_r // (s * 2) >= 512:
+    while (not exact or numel_r % (s * 2) == 0) and numel_out * s * 2 <= 8192 \
+            and numel_r // (s * 2) >= 512:
         s *= 2
     return s if s >= 4 else 1
+
+
+#: Non-leading reductions with at most this many outputs may split into a ragged last
+#: chunk (see :func:`_split_factor`).
+RAGGED_SPLIT_MAX_OUTPUTS = 1
 
 
 def _split_reduction(dev, dtype, sdt, inner, ranges, rranges, numel_r, split, reduction_type,
@@ -428,15 +443,22 @@ def _split_reduction(dev, dtype, sdt, inner, ranges, rranges, numel_r, split, re
     read neighbouring memory."""
     from coil.ir.nodes import StorageBox
     from coil.ir.symbols import unflatten
-    chunk = numel_r // split
+    chunk = -(-numel_r // split)
+    ragged = chunk * split != numel_r
     nk = len(ranges)
     part_ranges = ([split] + list(ranges)) if leading else (list(ranges) + [split])
     acc_dt = sdt if reduction_type != "any" else torch.bool
+    identity = _identity(reduction_type, sdt)
 
     def stage1(index, rindex):
         s, idx = (index[0], index[1:]) if leading else (index[nk], index[:nk])
         flat = s * chunk + rindex[0]
-        return inner(list(idx), unflatten(flat, rranges))
+        if not ragged:
+            return inner(list(idx), unflatten(flat, rranges))
+        # the last chunk runs past the reduction: those lanes give the identity
+        idt = torch.int32 if numel_r < 2 ** 31 - 1 else torch.int64
+        valid = ops.lt(ops.index_expr(flat, idt), ops.constant(numel_r, idt))
+        return ops.masked(valid, lambda: inner(list(idx), unflatten(flat, rranges)), identity)
 
     part = Reduction(dev, acc_dt, stage1, part_ranges, [chunk], reduction_type, sdt)
     pbox = TensorBox(StorageBox(part))
@@ -451,6 +473,22 @@ def _split_reduction(dev, dtype, sdt, inner, ranges, rranges, numel_r, split, re
     box = TensorBox(StorageBox(final))
     box.data.realize()
     return box
+
+
+def _identity(reduction_type: str, dtype: torch.dtype):
+    """The neutral element of a splittable reduction in ``dtype`` (a Python scalar)."""
+    if reduction_type == "sum":
+        return 0.0 if dtype.is_floating_point else 0
+    if reduction_type == "prod":
+        return 1.0 if dtype.is_floating_point else 1
+    if reduction_type == "any":
+        return False
+    if dtype.is_floating_point:
+        return float("-inf") if reduction_type == "max" else float("inf")
+    if dtype == torch.bool:
+        return reduction_type == "min"
+    info = torch.iinfo(dtype)
+    return info.min if reduction_type == "max" else info.max
 
 
 def _cast(v, sdt, dtype, reduction_type):

@@ -151,7 +151,7 @@ def candidate_configs(numel: int, rnumel: int, persistent: bool, gpu: bool,
             add(dict(out[0], num_warps=out[0]["num_warps"] // 2))
         return out[:4]
     if not gpu:
-        return [dict(XBLOCK=min(xcap, 8), RBLOCK=1024, num_warps=4)]
+        return [dict(XBLOCK=min(xcap, 64), RBLOCK=1024, num_warps=4)]  # NumPy: big tiles
     rcap = _pow2(rnumel)
     if outer:
         for xb, rb, nw in ((128, 16, 4), (64, 32, 4), (256, 16, 8), (32, 64, 4)):
@@ -206,7 +206,12 @@ class TritonLauncher:
         """Launch through Triton's JIT once, then switch to the compiled kernel's own
         launcher (same args, grid and constexprs; re-checked pointer alignment, since
         Triton specializes on 16-byte alignment)."""
-        kernel = self._slow(*args)
+        try:
+            kernel = self._slow(*args)
+        except Exception as e:  # the GPU compiler rejected the kernel
+            from coil.exc import KernelCompileError
+            raise KernelCompileError(f"Triton kernel {self.name} failed to compile: "
+                                     f"{type(e).__name__}: {str(e)[-1500:]}") from e
         try:
             self._call = self._make_fast(kernel, args)
         except Exception as e:  # an unexpected Triton version: stay on the slow path
@@ -292,8 +297,9 @@ class TritonLauncher:
         The timed launches run on *copies* of the tensor arguments: a kernel that
         accumulates into its output (atomic scatter-add, embedding backward) or updates
         a buffer in place would otherwise be applied once per timed launch, and the
-        caller's real launch would start from a corrupted buffer. Raises RuntimeError
-        (naming the kernel and each config's error) when no candidate compiles."""
+        caller's real launch would start from a corrupted buffer. Raises
+        KernelCompileError (naming the kernel and each config's error) when no candidate
+        compiles."""
         from triton.testing import do_bench
         scratch = tuple(a.clone() if hasattr(a, "clone") else a for a in args)
         with trace.stage("autotune_compile"):
@@ -305,12 +311,15 @@ class TritonLauncher:
                 ms = do_bench(lambda: self._slow(*scratch), warmup=3, rep=10)
             except Exception as e:  # a config that does not compile (registers, smem)
                 trace.log("autotune_error", stage="runtime", kernel=self.name, config=cfg, error=str(e))
-                errors.append(f"{cfg}: {type(e).__name__}: {str(e)[:300]}")
+                msg = str(e)  # Triton puts the source excerpt first and the reason last
+                errors.append(f"{cfg}: {type(e).__name__}: "
+                              f"{msg if len(msg) < 1500 else msg[:300] + ' ... ' + msg[-1200:]}")
                 continue
             timings.append((ms, cfg))
         del scratch
         if not timings:
-            raise RuntimeError(f"coil: no launch config of Triton kernel {self.name} compiled:\n  "
+            from coil.exc import KernelCompileError
+            raise KernelCompileError(f"no launch config of Triton kernel {self.name} compiled:\n  "
                                + "\n  ".join(errors))
         timings.sort(key=lambda t: t[0])
         best = timings[0][1]

@@ -119,7 +119,7 @@ UNARY = {
     "isnan": lambda a, d: f"({a[0]} != {a[0]})" if d.is_floating_point else "false",
     "isinf": lambda a, d: f"cm::isinf({a[0]})" if d.is_floating_point else "false",
     "lgamma": _std("lgamma"),
-    "signbit": lambda a, d: f"cm::signbit({a[0]})" if d.is_floating_point else (f"({a[0]} < 0)" if d.is_signed else "false"),
+    "signbit": lambda a, d: f"coil_signbit({a[0]})" if d.is_floating_point else (f"({a[0]} < 0)" if d.is_signed else "false"),
     "frac": lambda a, d: f"({a[0]} - cm::trunc({a[0]}))",
 }
 

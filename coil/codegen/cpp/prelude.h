@@ -318,6 +318,10 @@ COIL_INLINE int64_t coil_ind_checked(int64_t i, int64_t size, int wrap, int64_t*
 }
 
 // ---- misc ------------------------------------------------------------------------
+// signbit through the bit pattern: GCC 12 crashes (ICE "unrecognizable insn") when it
+// vectorizes __builtin_signbit next to bf16 loads.
+COIL_INLINE bool coil_signbit(float x) { int32_t i; __builtin_memcpy(&i, &x, 4); return i < 0; }
+COIL_INLINE bool coil_signbit(double x) { int64_t i; __builtin_memcpy(&i, &x, 8); return i < 0; }
 template <typename T> COIL_INLINE T coil_ipow(T a, T b) {
   if (b < 0) return (a == 1) ? 1 : ((a == -1) ? ((b & 1) ? -1 : 1) : 0);
   T r = 1;

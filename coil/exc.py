@@ -97,3 +97,8 @@ class BackendCompilerFailed(CoilError):
 
 class InternalError(CoilError):
     """A bug in coil. Optional optimisations catch these and fall back."""
+
+
+class KernelCompileError(InternalError):
+    """A generated kernel that its compiler (Triton for the GPU) rejected at first launch;
+    ``coil.codegen.CompiledGraph`` catches it and runs the graph with ATen ops."""

@@ -25,6 +25,7 @@ from coil import trace
 from coil.codegen.backend import GeneratedKernel, get_kernel_backend
 from coil.codegen.common import KernelPlan
 from coil.config import config
+from coil.exc import KernelCompileError
 
 __all__ = ["compile_aten_graph", "CompiledGraph"]
 
@@ -39,13 +40,28 @@ class CompiledGraph:
     """The callable ``compile_aten_graph`` returns; ``.source`` is the wrapper text,
     ``.kernels`` the generated kernels, ``.fallbacks`` the ops run as extern kernels."""
 
-    def __init__(self, call, source, kernels, fallbacks, scheduler):
+    def __init__(self, call, source, kernels, fallbacks, scheduler, gm=None):
         self.call, self.source, self.kernels = call, source, kernels
         self.fallbacks, self.scheduler = fallbacks, scheduler
+        self.gm = gm
         self.__call__ = call
 
     def __call__(self, *args):
-        return self.call(*args)
+        try:
+            return self.call(*args)
+        except KernelCompileError as e:
+            # A generated kernel that the GPU compiler rejects (found on first launch,
+            # where kernels are compiled). The graph is functional, so running it again
+            # from the start with ATen ops gives the right result.
+            if self.gm is None:
+                raise
+            import warnings
+            trace.log("kernel_compile_fallback", stage="runtime", error=str(e)[:4000])
+            warnings.warn(f"coil: a generated kernel failed to compile ({str(e)[:500]}); "
+                          "running this graph with ATen ops instead (slower, same results)")
+            gm = self.gm
+            self.call = lambda *a: tuple(gm(*a))
+            return self.call(*args)
 
     @property
     def kernel_count(self) -> int:
@@ -106,4 +122,4 @@ def compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: list, device) -
         exec(code, glb)
         call = glb["call"]
     return CompiledGraph(call, source, [k.generated for k in kernels.values()],
-                         dict(graph.fallbacks), sched)
+                         dict(graph.fallbacks), sched, gm)

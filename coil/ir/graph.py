@@ -56,31 +56,55 @@ def _fake_layout(t: torch.Tensor, device=None) -> Layout:
 
 
 _PAD_DEVICES = ("cuda",)  # tests add "cpu" to exercise the path without a GPU
-_PADDABLE_MATMULS = {torch.ops.aten.mm.default: torch.ops.aten.mm.out,
-                     torch.ops.aten.addmm.default: torch.ops.aten.addmm.out}
+_PADDABLE_MATMULS = (torch.ops.aten.mm.default, torch.ops.aten.addmm.default)
+
+
+def _misaligned_ld(x) -> bool:
+    """Whether 2-D operand ``x``'s BLAS leading dimension is not a multiple of 8."""
+    try:
+        s0, s1 = (int(v) for v in x.get_stride())
+    except (TypeError, ValueError, AttributeError):
+        return False
+    ld = s0 if s1 == 1 else s1 if s0 == 1 else None
+    return ld is not None and ld % 8 != 0
 
 
 def _maybe_pad_matmul_output(ek: ExternKernel, meta: torch.Tensor) -> None:
-    """Give a CUDA fp16/bf16 ``mm``/``addmm`` whose output rows are not 16-byte aligned
-    (``N % 8 != 0``, e.g. GPT-2's 50257-word vocabulary) a row stride padded to a multiple
-    of 8: cuBLAS then picks its fast tensor-core kernels instead of an ``align1`` one
-    (GPT-2's LM head on an H200: 3.4 ms -> about 0.45 ms). The op runs through its
-    ``.out`` variant into the padded buffer (``ek.out_variant``); a graph output gets a
-    contiguous copy (see ``_output_spec``). Same idea as Inductor's mm padding."""
+    """Pad a CUDA fp16/bf16 ``mm``/``addmm`` whose rows are not 16-byte aligned
+    (``N % 8 != 0`` or ``K % 8 != 0``, e.g. GPT-2's 50257-word vocabulary): cuBLAS then
+    picks its fast tensor-core kernels instead of an ``align1`` one (GPT-2's LM head on an
+    H200: 3.4 ms, against about 0.45 ms aligned). The wrapper runs the op through
+    ``matmul_padded`` (codegen/wrapper.py), which copies the operands (and the bias) into
+    zero-padded buffers; for a padded N the result keeps a padded row stride
+    (``ek.padded_output``) and a graph output gets a contiguous copy (see
+    ``_output_spec``). The same idea as Inductor's mm padding. Only plain
+    (alpha = beta = 1) calls are padded."""
     if (ek.op not in _PADDABLE_MATMULS or meta.device.type not in _PAD_DEVICES or meta.dim() != 2
             or meta.dtype not in (torch.float16, torch.bfloat16) or not meta.is_contiguous()
-            or not config.pad_matmul_outputs):
+            or not config.pad_matmul_outputs or ek.kwargs):
         return
+    a, b = ek.args[1:3] if ek.op is torch.ops.aten.addmm.default else ek.args[0:2]
     m, n = (int(s) for s in meta.shape)
-    if n % 8 == 0 or m * n < (1 << 20) or n < 64:
+    k = int(a.get_size()[1])
+    big = m * n >= (1 << 20) or m * k >= (1 << 20) or k * n >= (1 << 20)
+    pad_n = n % 8 != 0 and n >= 64 and big
+    # an operand whose leading dimension (row stride, or column stride when transposed)
+    # is not a multiple of 8: K % 8, or a transposed operand with M % 8 / N % 8
+    pad_k = big and min(m, n, k) >= 64 and (_misaligned_ld(a) or _misaligned_ld(b))
+    if not (pad_n or pad_k):
         return
-    npad = -(-n // 8) * 8
-    ek.layout = Layout(meta.device, meta.dtype, [as_expr(m), as_expr(n)],
-                       [as_expr(npad), sympy.Integer(1)], sympy.Integer(0))
-    ek.out_variant = _PADDABLE_MATMULS[ek.op]
-    ek.padded_output = True
-    trace.log("pad_matmul_output", stage="lowering", buffer=ek.name, op=str(ek.op),
-              size=[m, n], row_stride=npad)
+    if ek.op is torch.ops.aten.addmm.default:
+        bias_size = [int(x) for x in ek.args[0].get_size()] if hasattr(ek.args[0], "get_size") else None
+        if bias_size not in ([n], [1, n], [1], []):
+            return
+    ek.padded_matmul = True
+    npad = -(-n // 8) * 8 if pad_n else n
+    if pad_n:
+        ek.layout = Layout(meta.device, meta.dtype, [as_expr(m), as_expr(n)],
+                           [as_expr(npad), sympy.Integer(1)], sympy.Integer(0))
+        ek.padded_output = True
+    trace.log("pad_matmul", stage="lowering", buffer=ek.name, op=str(ek.op),
+              m=m, n=n, k=k, pad_n=pad_n, pad_k=pad_k, row_stride=npad)
 
 
 class GraphLowering(torch.fx.Interpreter):

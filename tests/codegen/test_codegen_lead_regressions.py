@@ -137,8 +137,60 @@ def test_padded_matmul_output(backend, monkeypatch):
     w = torch.randn(1027, 64, dtype=torch.bfloat16)
     b = torch.randn(1027, dtype=torch.bfloat16)
     c = compile_fn(f, x, w, b, backend=backend)
-    assert "out=" in c.source, c.source
+    assert c.source.count("matmul_padded(") == 2, c.source
     out, ref = c(x, w, b), f(x, w, b)
     for o, r in zip(out, ref):
         assert o.stride() == r.stride(), (o.stride(), r.stride())
         torch.testing.assert_close(o.float(), r.float(), atol=0.1, rtol=0.02)
+
+
+@pytest.mark.parametrize("backend", ["cpp", "triton"])
+def test_padded_matmul_k(backend, monkeypatch):
+    """The backward of GPT-2's LM head multiplies by the (M, 50257) logits gradient: K is
+    not a multiple of 8 either (align1 GEMMs on the GPU). K is zero-padded too; the
+    output stays contiguous."""
+    import coil.ir.graph as G
+    from codegen_helpers import compile_fn
+
+    monkeypatch.setattr(G, "_PAD_DEVICES", ("cuda", "cpu"))
+
+    def f(g, w, x):
+        return g @ w, g.t() @ x, torch.addmm(w[0], g, w) * 2
+
+    g = torch.randn(1024, 1027, dtype=torch.bfloat16)
+    w = torch.randn(1027, 64, dtype=torch.bfloat16)
+    x = torch.randn(1024, 72, dtype=torch.bfloat16)
+    c = compile_fn(f, g, w, x, backend=backend)
+    assert c.source.count("matmul_padded(") == 3, c.source
+    out, ref = c(g, w, x), f(g, w, x)
+    for o, r in zip(out, ref):
+        assert o.stride() == r.stride(), (o.stride(), r.stride())
+        torch.testing.assert_close(o.float(), r.float(), atol=0.5, rtol=0.02)
+
+
+def test_kernel_compile_error_falls_back_to_aten():
+    """hf_llama training on an H200 hit a Triton kernel that did not compile for any
+    launch config; the whole step failed. Now the graph runs with ATen ops, with a
+    warning, and gives eager's values."""
+    import warnings
+    from codegen_helpers import compile_fn
+    from coil.exc import KernelCompileError
+
+    def f(x, y):
+        return (torch.sin(x) + y).sum(-1), x * y
+
+    x, y = torch.randn(8, 16), torch.randn(8, 16)
+    c = compile_fn(f, x, y, backend="cpp")
+
+    def broken(*a):
+        raise KernelCompileError("test: kernel rejected")
+
+    c.call = broken
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        out = c(x, y)
+    assert any("failed to compile" in str(m.message) for m in w)
+    for o, r in zip(out, f(x, y)):
+        torch.testing.assert_close(o, r)
+    for o, r in zip(c(x, y), f(x, y)):  # later calls stay on the fallback
+        torch.testing.assert_close(o, r)

@@ -370,7 +370,9 @@ def make_reduction(x: TensorBox, dims, keepdim: bool, reduction_type: str,
         init = {"sum": 0, "prod": 1, "any": False}.get(reduction_type, float("nan"))
         return _full(_kept_size(size, dims, keepdim), init, dtype)
     else:
-        leading = dims[-1] < (kept[0] if kept else nd)
+        # "leading": the reduction is not over the innermost dim, so the kernel tiles
+        # many outputs along contiguous memory (x.sum(0), x[a, r, c].sum(1))
+        leading = dims[-1] < (kept[0] if kept else nd) or (kept[-1] == nd - 1 if kept else False)
         split = _split_factor(ranges, numel_r, reduction_type, leading)
         if split > 1:
             box = _split_reduction(dev, dtype, sdt, inner, ranges, rranges, numel_r, split,

@@ -17,6 +17,7 @@ g = torch.Generator().manual_seed(0)
 TALL = torch.randn(4097, 1024, generator=g)          # odd row count, 1024 outputs: leading
 FLAT = torch.randn(12297, generator=g)               # odd count, one output
 FEW = torch.randn(3, 6001, generator=g)              # a few odd-length rows
+MID = torch.randn(4, 4097, 256, generator=g)         # middle dim: 1024 outputs, contiguous
 
 CASES = {
     "sum0_odd_rows": (lambda a: a.sum(0), TALL),
@@ -29,11 +30,13 @@ CASES = {
     "int_sum_odd": (lambda a: (a * 10).to(torch.int32).sum(), FLAT),
     "int_max_odd": (lambda a: (a * 10 - 1000).to(torch.int32).amax(), FLAT),
     "rows_sum_odd": (lambda a: a.sum(1), FEW),
+    "mid_sum_odd": (lambda a: a.sum(1), MID),
 }
 
 
 def test_ragged_split_factors():
     assert _split_factor([1024], 4097, "sum", leading=True) > 1
+    assert _split_factor([4, 256], 4097, "sum", leading=True) > 1
     assert _split_factor([], 12297, "sum") > 1
     # several outputs keep the exact-division rule (odd lengths are not split)
     assert _split_factor([3], 6001, "sum") == 1

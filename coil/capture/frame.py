@@ -270,7 +270,7 @@ def _skipped_module(fn) -> bool:
     from coil.capture.translator import SKIP_MODULES
 
     mod = fn.__globals__.get("__name__", "") or ""
-    return mod.split(".")[0] in SKIP_MODULES
+    return mod.split(".")[0] in SKIP_MODULES or mod.startswith("torch.")
 
 
 def _call_module_captured(mod, cfg, *args, **kwargs):
@@ -447,11 +447,11 @@ def _build_entry(tx, output: OutputGraph, cfg: CaptureConfig, fn, code, argnames
 
             raise IndexCopyAliasing("graph break after indexing with a 0-d integer tensor (a "
                                     "view in eager, a copy in the graph): the frame runs eagerly")
-        if _in_exception_block(code, inst.offset):
-            raise Unsupported(f"graph break inside a try/with block ({info.reason})")
+        in_block = _in_exception_block(code, inst.offset)
         index = tx.offset_to_index[inst.offset]
         name = inst.opname
         if name in ("CALL", "CALL_FUNCTION_EX"):
+            full_stack = list(tx.stack)
             if name == "CALL":
                 call_fn, call_args, call_kwargs = split_call(tx, inst.arg)
                 star = None
@@ -474,6 +474,12 @@ def _build_entry(tx, output: OutputGraph, cfg: CaptureConfig, fn, code, argnames
                         f"the frame runs eagerly")
             plan = ("call", index + 1, call_fn, call_args, call_kwargs, star, direct,
                     _line_of(inst))
+            if in_block:
+                # inside try/with: the call must run under the frame's exception table
+                start = index
+                while start > 0 and tx.instructions[start - 1].opname in ("PRECALL", "KW_NAMES"):
+                    start -= 1
+                plan = plan + (full_stack, start, index)
         elif name.startswith("POP_JUMP") and "NONE" not in name:
             cond = tx.pop()
             jump_if_true = "TRUE" in name
@@ -494,6 +500,7 @@ def _build_entry(tx, output: OutputGraph, cfg: CaptureConfig, fn, code, argnames
     graph_outs: list = []
     collect_tensors(values, graph_outs, set())
     graph = output.graph
+    lift_grad = _balance_grad_mode(output)
     graph.output(tuple(t.node for t in graph_outs))
     gm = torch.fx.GraphModule(torch.nn.Module(), graph)
     needs_graph = bool(graph_outs) or output.count_calls() > 0
@@ -519,7 +526,22 @@ def _build_entry(tx, output: OutputGraph, cfg: CaptureConfig, fn, code, argnames
         hoister = Hoister("___i")
         inputs = ", ".join(hoister.hoist(src.expr(), lines, indent="")
                            for (src, _, _) in output.inputs)
+        if lift_grad:
+            cg.ns["___set_grad"] = torch._C._set_grad_enabled
+            lines.append("___set_grad(True)")
         lines.append(f"___o = ___graph({inputs}{',' if len(output.inputs) == 1 else ''})")
+        if _has_grad_switch(output.graph):
+            # outputs made under no_grad inside the graph: the backend's autograd wrapper
+            # must not hand them back requiring grad (eager's requires_grad is the rule)
+            nograd = tuple(i for i, t in enumerate(graph_outs) if not t.fake.requires_grad)
+            if nograd:
+                cg.ns["___detach_outs"] = _detach_outs
+                lines.append(f"___o = ___detach_outs(___o, {nograd!r})")
+    if output.final_grad != output.initial_grad or (needs_graph and lift_grad):
+        # the frame left (or broke with) a different grad mode: set it here, since a
+        # backend (AOT) runs the graph's own grad-mode switches only inside the graph
+        cg.ns["___set_grad"] = torch._C._set_grad_enabled
+        lines.append(f"___set_grad({output.final_grad!r})")
     body_start = len(lines)  # noqa: F841
     cg.side_effect_lines(se)
     if plan is None:
@@ -542,6 +564,37 @@ def _build_entry(tx, output: OutputGraph, cfg: CaptureConfig, fn, code, argnames
     return CacheEntry(guard_fn, entry_fn, output.guards, guard_src, argnames, cfg)
 
 
+def _has_grad_switch(graph) -> bool:
+    return any(n.op == "call_function" and n.target is torch._C._set_grad_enabled
+               for n in graph.nodes)
+
+
+def _detach_outs(outs, idxs):
+    outs = list(outs)
+    for i in idxs:
+        if outs[i].requires_grad:
+            outs[i] = outs[i].detach()
+    return outs
+
+
+def _balance_grad_mode(output: OutputGraph) -> bool:
+    """Make the graph's grad-mode switches self-contained: a graph that ends in another
+    mode than it started (a break inside ``with no_grad()``, ``set_grad_enabled(b)``
+    called as a function, a resume inside ``no_grad`` leaving the block) switches back
+    at its end, and the entry sets the final mode itself: AOT (coil.aot) runs the
+    graph's switches only inside the graph and decides outputs' ``requires_grad`` with
+    the graph's final mode equal to the mode it was called in. Returns whether the entry
+    must call the graph with grad enabled (never, today)."""
+    graph = output.graph
+    setter = torch._C._set_grad_enabled
+    switches = [n for n in graph.nodes if n.op == "call_function" and n.target is setter]
+    if not switches:
+        return False
+    if output.final_grad != output.initial_grad:
+        graph.create_node("call_function", setter, (output.initial_grad,), {})
+    return False
+
+
 def _emit_break(cg: EntryCodegen, tx, plan, fn, code, cfg, live_locals: dict) -> None:
     lines = cg.lines
     stack = list(tx.stack)
@@ -559,7 +612,9 @@ def _emit_break(cg: EntryCodegen, tx, plan, fn, code, cfg, live_locals: dict) ->
         cg_name = cg.const_expr(_Holder(target)) + ".fn"
         return cg_name
 
-    if plan[0] == "call":
+    if plan[0] == "call" and len(plan) > 8:
+        _emit_trampoline(cg, tx, plan, fn, code, cfg, local_names, local_exprs, resume)
+    elif plan[0] == "call":
         _, next_index, call_fn, call_args, call_kwargs, star, direct, lineno = plan
         cg.ns["___cap"] = _capturer(cfg)
         fexpr = cg.reconstruct(call_fn)
@@ -595,6 +650,39 @@ def _emit_break(cg: EntryCodegen, tx, plan, fn, code, cfg, live_locals: dict) ->
         sexprs = stack_exprs(stack)
         rname = resume(index, stack, captured=False)
         lines.append(f"return {rname}({', '.join(sexprs + local_exprs)})")
+
+
+def _emit_trampoline(cg, tx, plan, fn, code, cfg, local_names, local_exprs, resume) -> None:
+    """A graph-break call inside a ``try``/``with`` block: the entry returns
+    ``trampoline(*stack, *locals)``, a resume-style function that runs the call under
+    the frame's own exception table and then returns the captured resume function's
+    result for the rest (``coil/capture/resume.py``, ``make_resume_code(tail=...)``)."""
+    (_, next_index, call_fn, call_args, _kw, star, direct, _line,
+     full_stack, start, call_index) = plan
+    below = list(tx.stack)
+    if any(isinstance(v, NullVariable) for v in below):
+        raise Unsupported("graph break inside a try/with block with a pending call below it")
+    rname = resume(next_index, below + [_RESULT])      # "<holder>.fn"
+    next_fn = cg.ns[rname.split(".")[0]].fn
+    cell_names = set(code.co_cellvars)
+    null_mask = tuple(isinstance(v, NullVariable) for v in full_stack)
+    tramp = make_resume_function(fn.__globals__, fn.__closure__, code, start, null_mask,
+                                 local_names,
+                                 tail=(call_index, len(below), cell_names, next_fn, local_names))
+    # the callee is captured on its own frame unless it inspects frames
+    n_call = len(full_stack) - len(below)
+    exprs = []
+    for pos, v in enumerate(full_stack):
+        if isinstance(v, NullVariable):
+            continue
+        e = cg.reconstruct(v)
+        is_callee = pos == len(below) + (1 if isinstance(full_stack[len(below)], NullVariable) else 0)
+        if is_callee and not direct and n_call > 0:
+            cg.ns["___cap"] = _capturer(cfg)
+            e = f"___cap({e})"
+        exprs.append(e)
+    lines = cg.lines
+    lines.append(f"return {cg.const_expr(tramp)}({', '.join(exprs + local_exprs)})")
 
 
 def _line_of(inst):

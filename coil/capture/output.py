@@ -137,6 +137,10 @@ class OutputGraph:
         self._placeholder_names: set = set()
         self.guards.add(f"___grad_enabled() is {self.initial_grad!r}", "___grad_enabled()",
                         self.initial_grad)
+        self.final_grad = self.initial_grad
+        inference = torch.is_inference_mode_enabled()
+        self.guards.ns["___inference_mode"] = torch.is_inference_mode_enabled
+        self.guards.add(f"___inference_mode() is {inference!r}", "___inference_mode()", inference)
         for dev in _autocast_devices():
             state = torch.is_autocast_enabled(dev)
             self.guards.ns["___autocast_enabled"] = torch.is_autocast_enabled
@@ -194,6 +198,7 @@ class OutputGraph:
         torch._C._set_grad_enabled(mode)
 
     def restore_global_state(self) -> None:
+        self.final_grad = torch.is_grad_enabled()   # the entry sets it (backends may not)
         torch._C._set_grad_enabled(self.initial_grad)
         for ctx in reversed(self.open_contexts):
             try:

@@ -43,11 +43,19 @@ CO_VARKEYWORDS = 0x08
 
 
 def make_resume_code(code: types.CodeType, index: int, null_mask: tuple, local_names: tuple,
-                     tag: str) -> types.CodeType:
+                     tag: str, tail: Optional[tuple] = None) -> types.CodeType:
     """Code for a resume function starting at the ``index``-th instruction (counting
-    :func:`dis.get_instructions` entries without EXTENDED_ARG)."""
+    :func:`dis.get_instructions` entries without EXTENDED_ARG).
+
+    ``tail = (call_index, n_below, cell_names, next_fn)`` makes a *trampoline* instead
+    (a graph-break call inside a ``try``/``with`` block): it starts at ``index`` (the
+    call's first instruction), runs the call instruction ``call_index`` under the frame's
+    own exception table (so the user's ``except``/``finally``/``__exit__`` see an
+    exception it raises), then leaves the table's range and returns
+    ``next_fn(*<n_below stack items>, <result>, *local_names)`` -- the captured resume
+    function for the rest. Not cached (``next_fn`` is new on each compile)."""
     key = (code, index, null_mask, local_names)
-    hit = _CACHE.get(key)
+    hit = _CACHE.get(key) if tail is None else None
     if hit is not None:
         return hit
     bc = Bytecode.from_code(code)
@@ -78,6 +86,8 @@ def make_resume_code(code: types.CodeType, index: int, null_mask: tuple, local_n
         _two_arg_super(bc)
     new = list(bc[:resume_pos + 1]) + prologue + list(bc[resume_pos + 1:insert_at]) + [label] + \
         list(bc[insert_at:])
+    if tail is not None:
+        new = _with_tail(bc, new, tail)
     args = [n for n, is_null in zip(stack_names, null_mask) if not is_null] + list(local_names)
     out = Bytecode(new)
     root = origin(code)
@@ -95,9 +105,51 @@ def make_resume_code(code: types.CodeType, index: int, null_mask: tuple, local_n
     if hasattr(bc, "qualname"):
         out.qualname = getattr(root, "co_qualname", root.co_name)
     new_code = out.to_code()
-    _CACHE[key] = new_code
-    _ORIGIN[new_code] = (root, f"__resume_at_{index}_{root.co_name}")
+    if tail is None:
+        _CACHE[key] = new_code
+    kind = "__resume_at" if tail is None else "__trampoline_at"
+    _ORIGIN[new_code] = (root, f"{kind}_{index}_{root.co_name}")
     return new_code
+
+
+def _with_tail(bc, new: list, tail: tuple) -> list:
+    """Insert the trampoline's tail after the call instruction (see make_resume_code)."""
+    from bytecode import TryBegin, TryEnd
+    from bytecode.instr import CellVar
+
+    call_index, n_below, cell_names, next_fn, local_names = tail
+    count, call_ins = -1, None
+    for ins in bc:
+        if isinstance(ins, Instr):
+            count += 1
+            if count == call_index:
+                call_ins = ins
+                break
+    pos = next(i for i, ins in enumerate(new) if ins is call_ins)
+    active = None
+    for ins in new[:pos]:
+        if isinstance(ins, TryBegin):
+            active = ins
+        elif isinstance(ins, TryEnd) and ins.entry is active:
+            active = None
+    loc = call_ins.location
+    mk = lambda name, arg=None: Instr(name, arg, location=loc) if arg is not None else \
+        Instr(name, location=loc)  # noqa: E731
+    load = "LOAD_FAST_CHECK" if sys.version_info[:2] >= (3, 12) else "LOAD_FAST"
+    seq = [mk("BUILD_TUPLE", n_below + 1)]
+    for name in local_names:
+        seq.append(mk("LOAD_DEREF", CellVar(name)) if name in cell_names else mk(load, name))
+    seq += [mk("BUILD_TUPLE", len(local_names)), mk("BINARY_OP", 0),       # NB_ADD
+            mk("PUSH_NULL"), mk("SWAP", 2), mk("LOAD_CONST", next_fn), mk("SWAP", 2),
+            mk("CALL_FUNCTION_EX", 0), mk("RETURN_VALUE")]
+    if active is None:
+        return new[:pos + 1] + seq + new[pos + 1:]
+    reopen = TryBegin(active.target, active.push_lasti, active.stack_depth)
+    for ins in new[pos + 1:]:
+        if isinstance(ins, TryEnd) and ins.entry is active:
+            ins.entry = reopen
+            break
+    return new[:pos + 1] + [TryEnd(active)] + seq + [reopen] + new[pos + 1:]
 
 
 def origin(code: types.CodeType) -> types.CodeType:
@@ -177,6 +229,7 @@ def _two_arg_super(bc) -> None:
 
 
 def make_resume_function(fn_globals: dict, closure: Optional[tuple], code: types.CodeType,
-                         index: int, null_mask: tuple, local_names: tuple, tag: str = ""):
-    new_code = make_resume_code(code, index, null_mask, local_names, tag)
+                         index: int, null_mask: tuple, local_names: tuple, tag: str = "",
+                         tail: Optional[tuple] = None):
+    new_code = make_resume_code(code, index, null_mask, local_names, tag, tail)
     return types.FunctionType(new_code, fn_globals, new_code.co_name, None, closure)

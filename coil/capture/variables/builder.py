@@ -162,6 +162,25 @@ def _build(tx, value, source, gs) -> VariableTracker:
         if gs is not None:
             gs.add(f"{expr}.__code__ is {gs.const(value.__code__)}", src=expr)
         return UserFunctionVariable(value, source)
+    if isinstance(value, torch.inference_mode):
+        raise Unsupported("torch.inference_mode object (its block runs outside the graph)")
+    if isinstance(value, types.MethodType) and value.__name__ == "__exit__" and \
+            type(value.__self__) in (torch.no_grad, torch.enable_grad, torch.set_grad_enabled) \
+            and isinstance(getattr(value.__self__, "prev", None), bool):
+        # the __exit__ of a grad-mode block a graph break resumed inside (torchfn.reenter_grad)
+        from coil.capture.variables.functions import BoundMethodVariable
+        from coil.capture.variables.torchfn import ResumedGradModeVariable
+
+        obj = value.__self__
+        if gs is not None:
+            gs.add(f"type({expr}.__self__) is {gs.const(type(obj))} and "
+                   f"{expr}.__self__.prev is {obj.prev!r}", f"{expr}.__self__.prev", obj.prev,
+                   src=expr)
+        kind = {torch.no_grad: "no_grad", torch.enable_grad: "enable_grad"}.get(
+            type(obj), "set_grad_enabled")
+        ctx = ResumedGradModeVariable(getattr(obj, "mode", kind == "enable_grad"), kind)
+        ctx.prev = obj.prev
+        return BoundMethodVariable(ctx, "__exit__")
     if isinstance(value, types.MethodType):
         self_src = AttrSource(source, "__self__") if source is not None else None
         fn_src = AttrSource(source, "__func__") if source is not None else None

@@ -6,7 +6,8 @@
   ``torch.compiler.is_compiling``...) and a deny list that changes global state
   (``torch.manual_seed``...), which is a graph break.
 - :class:`GradModeVariable`: ``torch.no_grad()``, ``torch.enable_grad()``,
-  ``torch.set_grad_enabled(b)``, ``torch.inference_mode()`` (captured as no_grad).
+  ``torch.set_grad_enabled(b)``. ``torch.inference_mode()`` is a graph break (its
+  tensors are inference tensors; the block runs as eager Python).
   Entering emits ``torch._C._set_grad_enabled(mode)`` into the graph and switches the
   compiler's own grad mode so fake tensors get eager's ``requires_grad``.
 - :class:`AutocastVariable`: ``torch.autocast(...)`` emits the enter/exit calls of
@@ -162,6 +163,7 @@ class GradModeVariable(ContextManagerVariable):
         self.mode = mode
         self.kind = kind
         self.prev = None
+        self.exited = False
         self.called_as_function = False
 
     def ctor_args(self):
@@ -180,8 +182,14 @@ class GradModeVariable(ContextManagerVariable):
 
     def exit(self, tx):
         tx.output.set_grad_mode(tx, self.prev)
+        self.exited = True
 
     def reconstruct(self, cg):
+        if self.prev is not None and not self.exited and self.kind != "inference_mode":
+            # entered and live at a graph break (inside its ``with`` block): a real context
+            # object in the entered state; the entry has already set the grad mode
+            return cg.bind(self, f"{cg.const_expr(reenter_grad)}({self.kind!r}, {self.mode!r}, "
+                                 f"{self.prev!r})")
         if self.kind == "no_grad":
             return f"{cg.const_expr(torch.no_grad)}()"
         if self.kind == "enable_grad":
@@ -244,6 +252,33 @@ class DecoratedFunctionVariable(VariableTracker):
             ctx.exit(tx)
 
 
+class ResumedGradModeVariable(GradModeVariable):
+    """A grad-mode block entered before a graph break and left in a resume function.
+    Leaving it is traced, except when it turns grad back *on* in a graph called with
+    grad off: that exit is a graph break (the real ``__exit__`` runs), so every graph's
+    grad-enabled regions start in the mode it is called in (what AOT supports)."""
+
+    def exit(self, tx):
+        if self.prev and not torch.is_grad_enabled() and not tx.output.initial_grad:
+            raise Unsupported("leaving a no_grad block a graph break resumed inside",
+                              hint="grad turns back on: the __exit__ runs outside the graph")
+        super().exit(tx)
+
+
+def reenter_grad(kind: str, mode: bool, prev: bool):
+    """A real ``no_grad``/``enable_grad``/``set_grad_enabled`` object in the state its
+    ``__enter__`` leaves it (``prev`` = the grad mode to restore on ``__exit__``), for a
+    ``with`` block a graph break resumes inside. Does not change the grad mode itself."""
+    cls = {"no_grad": torch.no_grad, "enable_grad": torch.enable_grad}.get(kind)
+    if cls is not None:
+        obj = cls()
+    else:
+        obj = object.__new__(torch.set_grad_enabled)
+        obj.mode = mode
+    obj.prev = prev
+    return obj
+
+
 def make_context(tx, cls, args, kwargs):
     """Construct a supported context manager from its class, or None."""
     c = [a.as_python_constant() for a in args]
@@ -253,8 +288,10 @@ def make_context(tx, cls, args, kwargs):
     if cls is torch.enable_grad:
         return GradModeVariable(True, "enable_grad")
     if cls is torch.inference_mode:
-        mode = c[0] if c else kw.get("mode", True)
-        return GradModeVariable(not mode, "inference_mode")
+        # tensors made inside are inference tensors (is_inference() True), which a
+        # traced graph cannot produce: the block runs outside the graph, as eager
+        raise Unsupported("torch.inference_mode: tensors made inside are inference tensors",
+                          hint="the with block runs outside the graph")
     if cls is torch.set_grad_enabled:
         v = GradModeVariable(c[0] if c else kw["mode"])
         v.enter(tx)

@@ -163,6 +163,7 @@ def assert_same(a: Any, b: Any, path: str = "out", rtol=None, atol=None) -> None
         assert a.dtype == b.dtype, f"{path}: dtype {a.dtype} vs {b.dtype}"
         assert a.device == b.device, f"{path}: device {a.device} vs {b.device}"
         assert a.requires_grad == b.requires_grad, f"{path}: requires_grad {a.requires_grad} vs {b.requires_grad}"
+        assert a.is_inference() == b.is_inference(), f"{path}: is_inference {a.is_inference()} vs {b.is_inference()}"
         torch.testing.assert_close(b.detach(), a.detach(), rtol=rtol, atol=atol, equal_nan=True,
                                    msg=lambda m: f"{path}: {m}")
         return

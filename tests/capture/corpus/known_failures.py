@@ -6,7 +6,6 @@
 
 KNOWN_FAILURES: dict[str, str] = {
     'context_managers::contextlib_contextmanager': "AssertionError: graphs: expected 1, got 0 (ops per graph []); breaks: ['del of an attribute']",
-    'graph_breaks::break_in_with_no_grad': "AssertionError: graphs: expected 2, got 0 (ops per graph []); breaks: ['call to print']",
     'graph_breaks::python_random_module': "AssertionError: graphs: expected 1, got 0 (ops per graph []); breaks: ['constructing Random (custom __new__)']",
     'python_builtins::builtins_id_hash': "AssertionError: graphs: expected 1, got 2 (ops per graph [1, 1]); breaks: ['id() of a traced value', 'id() of a traced value']",
     'rng::rng_with_generator_arg': 'AssertionError: graphs: expected 1, got 0 (ops per graph []); breaks: []',

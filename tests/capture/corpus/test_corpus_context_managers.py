@@ -78,6 +78,12 @@ def inference_mode_block(x):
     return y + 0
 
 
+def inference_mode_tensor_escapes(x):
+    with torch.inference_mode():
+        y = x * 2
+    return y, y.is_inference()
+
+
 def inference_mode_false(x):
     with torch.inference_mode(False):
         y = x.cos()
@@ -196,8 +202,12 @@ CASES = cases(
     C(autocast_bf16, lambda: (randn(3, 4), randn(4, 5))),
     C(autocast_disabled_inside, lambda: (randn(3, 4), randn(4, 5))),
     C(autocast_query, lambda: (randn(3, 4),)),
-    C(inference_mode_block, lambda: (randn(3, 4),)),
-    C(inference_mode_false, lambda: (randn(3, 4),)),
+    C(inference_mode_block, lambda: (randn(3, 4),), graphs=0, breaks=1, torch_graphs=1, torch_breaks=0,
+      note="inference_mode is a graph break in coil (its tensors are inference tensors); torch traces it"),
+    C(inference_mode_tensor_escapes, lambda: (randn(3, 4),), graphs=0, breaks=1, torch_graphs=1,
+      torch_breaks=0, note="the returned tensor is an inference tensor, as eager"),
+    C(inference_mode_false, lambda: (randn(3, 4),), graphs=0, breaks=1, torch_graphs=1, torch_breaks=0,
+      note="inference_mode is a graph break in coil; torch traces it"),
     C(user_context_manager, lambda: (randn(3, 4), Recorder()), torch_graphs=0,
       note="torch 2.13 runs this frame eagerly (user context manager object passed in); coil should inline it"),
     C(user_cm_created_inside, lambda: (randn(3, 4),)),

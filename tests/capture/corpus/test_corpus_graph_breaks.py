@@ -306,7 +306,9 @@ CASES = cases(
     C(two_breaks, x34, graphs=3, breaks=2),
     C(break_in_loop, x34, graphs=(0, 1, 2, 3), breaks=(0, 1, 2), torch_graphs=0, torch_breaks=0,
       note="torch runs a frame with a break inside a for loop eagerly; resuming inside the loop is a design choice"),
-    C(break_in_with_no_grad, lambda: (randn(3, 4, requires_grad=True),), graphs=2, breaks=1),
+    C(break_in_with_no_grad, lambda: (randn(3, 4, requires_grad=True),), graphs=2, breaks=(1, 2),
+      torch_breaks=1, note="coil resumes inside the no_grad block (graph 2); leaving the block turns grad "
+                           "back on, which coil runs outside the graph (a second break, no graph)"),
     C(break_in_try, x34, graphs=(0, 2), breaks=(0, 1), torch_graphs=0, torch_breaks=0,
       note="torch runs a frame with a break inside try/finally eagerly; resuming inside the block is a design choice"),
     C(side_effects_around_break, lambda: (randn(3, 4), []), graphs=2, breaks=1),

@@ -25,6 +25,7 @@ Per-call work is index shuffling precomputed at compile time; see
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Callable
 
 import torch
@@ -110,9 +111,30 @@ def _make_epilogue(info: ProgramInfo, args_index_of_output=None) -> Callable:
     return epilogue
 
 
+_AUTOCAST_DEVICES = ("cuda", "cpu")
+
+
+def without_autocast(fn: Callable) -> Callable:
+    """``fn`` run with autocast off: a traced graph already holds autocast's casts as
+    explicit ``_to_copy`` ops, so running its ATen ops (extern kernels, or the FX
+    interpreter) under the caller's still-active ``torch.autocast`` would cast again:
+    LLaMA's rotary ``inv_freq @ position_ids`` (float32 in eager, which turns autocast
+    off around it) came out bf16, and a kernel compiled for a float32 input failed."""
+    def call(*args):
+        on = [d for d in _AUTOCAST_DEVICES if torch.is_autocast_enabled(d)]
+        if not on:
+            return fn(*args)
+        with contextlib.ExitStack() as stack:
+            for d in on:
+                stack.enter_context(torch.autocast(d, enabled=False))
+            return fn(*args)
+    return call
+
+
 def inference_runner(compiled_fw: Callable, info: ProgramInfo) -> Callable:
     """The callable for the inference path: one graph plus the epilogue."""
     epilogue = _make_epilogue(info)
+    compiled_fw = without_autocast(compiled_fw)
 
     def run(*args):
         return epilogue(args, compiled_fw(*args))
@@ -145,6 +167,7 @@ def training_runner(compiled_fw: Callable, compiled_bw: Callable, info: ProgramI
                     jinfo: JointInfo, num_saved: int) -> Callable:
     """The callable for the training path (see module docstring)."""
     epilogue = _make_epilogue(info)
+    compiled_fw, compiled_bw = without_autocast(compiled_fw), without_autocast(compiled_bw)
     n_fw = info.num_fw_outputs
     n_in = len(info.inputs)
     nondiff = [k for k, rg in enumerate(info.fw_out_requires_grad) if not rg]

@@ -1,0 +1,28 @@
+"""A compiled graph must not be autocast a second time at run time.
+
+Found on an H200: LLaMA's rotary embedding turns autocast off and computes
+``inv_freq @ position_ids`` in float32; the traced graph holds that as an fp32 ``bmm``.
+Run under the caller's still-active ``torch.autocast``, the extern ``bmm`` came out bf16
+(wrong dtype and precision), and a Triton kernel compiled for float32 failed."""
+import torch
+
+import coil
+
+
+def f(x, w, inv):
+    y = x @ w  # autocast: bf16
+    with torch.autocast("cpu", enabled=False):
+        fr = inv.float() @ x.float()[..., :1].transpose(-1, -2)  # float32 on purpose
+    return y, fr.cos()
+
+
+def test_graph_casts_are_not_applied_twice():
+    x, w, inv = torch.randn(4, 16, 16), torch.randn(16, 16), torch.randn(8, 1)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ref = f(x, w, inv)
+        for backend in ("aot_eager", "coil"):
+            coil.reset()
+            out = coil.compile(f, backend=backend)(x, w, inv)
+            for o, r in zip(out, ref):
+                assert o.dtype == r.dtype, (backend, o.dtype, r.dtype)
+                torch.testing.assert_close(o.float(), r.float(), atol=2e-2, rtol=2e-2)

@@ -20,6 +20,7 @@ import sys
 import time
 import traceback
 import types
+import warnings
 import weakref
 from typing import Any, Callable, Optional
 
@@ -93,14 +94,37 @@ def reset() -> None:
     reset_stats()
 
 
+_COIL_DIR = __file__.rsplit("/capture/", 1)[0]
+
+
+def _warn_user(msg: str) -> None:
+    """``warnings.warn`` attributed to the first frame outside coil (the user's call)."""
+    level, f = 2, sys._getframe(1)
+    while f is not None and (f.f_code.co_filename.startswith(_COIL_DIR) or
+                             f.f_code.co_filename.startswith("<coil")):
+        level += 1
+        f = f.f_back
+    warnings.warn(msg, UserWarning, stacklevel=level)
+
+
 class CaptureConfig:
-    """What a wrapper compiles with: backend, fullgraph, dynamic."""
+    """What a wrapper compiles with: backend, fullgraph, dynamic.
+
+    ``dynamic=True`` is not implemented (shapes are static): it warns once, here, so a
+    user asking for dynamic shapes is not misled."""
 
     def __init__(self, backend: Callable, fullgraph: bool, dynamic):
         self.backend = backend
         self.fullgraph = fullgraph
         self.dynamic = dynamic
         self.backend_name = getattr(backend, "__name__", str(backend))
+        if dynamic:
+            msg = ("coil.compile(dynamic=True): dynamic shapes are not implemented; shapes are "
+                   "specialized and each new input size recompiles (up to "
+                   f"recompile_limit={_config.config.recompile_limit} per function, then it "
+                   "runs eagerly)")
+            trace.log("dynamic_ignored", stage="capture", message=msg)
+            _warn_user(msg)
 
 
 class CacheEntry:
@@ -305,10 +329,15 @@ def _miss(fn, code, cfg, bound, args, kwargs):
         return fn(*args, **kwargs)
     mine = [e for e in cache.entries if e.config is cfg]
     if len(mine) >= _config.config.recompile_limit:
+        fails = mine[-1].guards.failures(mine[-1].argnames, tuple(bound) + (fn,), limit=4)
+        last = fails[0]["text"] if fails else "unknown"
         cache.eager_reason = (f"recompile limit ({_config.config.recompile_limit}) reached for "
                               f"{code.co_name} ({code.co_filename}:{code.co_firstlineno})")
         stats["eager_limit"] += 1
-        trace.log("recompile_limit", stage="capture", frame=_label(code), reason=cache.eager_reason)
+        trace.log("recompile_limit", stage="capture", frame=_label(code), reason=cache.eager_reason,
+                  failed_guards=fails)
+        _warn_user(f"coil: {cache.eager_reason}; it runs eagerly from now on. Last failed "
+                   f"guard: {last}")
         if _config.config.verbose:
             print(f"coil: {cache.eager_reason}; running it eagerly from now on")
         return fn(*args, **kwargs)
@@ -317,8 +346,10 @@ def _miss(fn, code, cfg, bound, args, kwargs):
         if mine:
             stats["recompiles"] += 1
             old = mine[-1]
-            reason = old.guards.first_failure(old.argnames, tuple(bound) + (fn,))
-            trace.log("recompile", stage="capture", frame=_label(code), reason=reason)
+            fails = old.guards.failures(old.argnames, tuple(bound) + (fn,))
+            reason = fails[0]["text"] if fails else None
+            trace.log("recompile", stage="capture", frame=_label(code), reason=reason,
+                      failed_guards=fails)
             if _config.config.verbose:
                 print(f"coil: recompiling {_label(code)}: {reason}")
         try:

@@ -121,23 +121,39 @@ class GuardSet:
     def first_failure(self, argnames: list[str], values: tuple) -> Optional[str]:
         """Describe the first guard that fails for ``values`` (the bound frame arguments
         followed by the function), with the old and new value."""
+        fails = self.failures(argnames, values, limit=1)
+        return fails[0]["text"] if fails else None
+
+    def failures(self, argnames: list[str], values: tuple, limit: int = 16) -> list[dict]:
+        """The guards that fail for ``values`` (at most ``limit``), each a dict:
+        ``guard`` (its code), ``value`` (the expression it checks, or None),
+        ``expected`` and ``got`` (reprs), ``text`` (one line for people). A guard that
+        raises counts as failed (``got`` names the exception)."""
         ns = dict(self.ns)
         ns.update(zip(list(argnames) + ["___f"], values))
+        out: list[dict] = []
         for g in self.guards:
             try:
                 ok = eval(g.code, ns)
             except Exception as e:  # noqa: BLE001 - a failing access is a failed guard
-                return f"{g.code}  (raised {type(e).__name__}: {e})"
-            if not ok:
-                msg = g.code
+                out.append({"guard": g.code, "value": g.value_expr, "expected": repr(g.expected),
+                            "got": f"<raised {type(e).__name__}: {e}>",
+                            "text": f"{g.code}  (raised {type(e).__name__}: {e})"})
+            else:
+                if ok:
+                    continue
+                text, got = g.code, None
                 if g.value_expr is not None:
                     try:
-                        new = eval(g.value_expr, ns)
+                        got = repr(eval(g.value_expr, ns))
                     except Exception as e:  # noqa: BLE001
-                        new = f"<{type(e).__name__}>"
-                    msg += f"  ({g.value_expr}: expected {g.expected!r}, got {new!r})"
-                return msg
-        return None
+                        got = f"<{type(e).__name__}>"
+                    text += f"  ({g.value_expr}: expected {g.expected!r}, got {got})"
+                out.append({"guard": g.code, "value": g.value_expr, "expected": repr(g.expected),
+                            "got": got, "text": text})
+            if len(out) >= limit:
+                break
+        return out
 
 
 def tensor_guard(gs: GuardSet, expr: str, t: torch.Tensor) -> None:

@@ -57,6 +57,8 @@ MAX_INLINE_DEPTH = 48
 TRACED_COIL_MODULES = ("coil.bench.models",)
 MAX_STEPS = 2_000_000
 
+_CAPTURE_DIR = __file__.rsplit("/", 1)[0] + "/"
+
 #: Modules whose functions are never inlined (a call is a graph break).
 SKIP_MODULES = ("logging", "warnings", "inspect", "threading", "traceback", "pdb", "copy",
                 "importlib", "os", "sys", "io", "pickle", "weakref", "random", "time")
@@ -208,9 +210,14 @@ class InstructionTranslatorBase:
             raise
 
     def user_stack(self) -> list[str]:
+        """``File ..., line ..., in ...`` lines, outermost first: the user's frames only
+        (coil's own module-call wrapper frame, ``coil/capture/frame.py``, is left out)."""
         frames = []
         tx = self
         while tx is not None:
+            if tx.code.co_filename.startswith(_CAPTURE_DIR):
+                tx = tx.parent
+                continue
             inst = tx.current
             line = inst.positions.lineno if inst is not None and inst.positions else None
             if line is None and inst is not None:

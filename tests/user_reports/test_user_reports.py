@@ -80,8 +80,9 @@ def test_metadata_mutation_of_input():
 
 @pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
     "capture: dynamic=True is accepted and ignored (static shapes only, docs/capture.md); "
-    "every batch size recompiles, and after recompile_limit (8) sizes the frame silently "
-    "runs eagerly (only a trace event / verbose print, no warning)"))
+    "every batch size recompiles, and after recompile_limit (8) sizes the frame runs "
+    "eagerly. Since the capture fix, dynamic=True and the recompile limit each emit a "
+    "UserWarning (tests/capture/test_recompile_reporting.py); the shapes stay static"))
 def test_dynamic_true_compiles_once_for_several_batch_sizes():
     from coil import capture
 

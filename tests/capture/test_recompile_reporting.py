@@ -1,0 +1,72 @@
+"""What a user is told about shapes and recompiles: ``dynamic=True`` warns that shapes
+are specialized; hitting the recompile limit warns with function, file:line, limit and
+the last failed guard; ``recompile`` trace events carry a structured list of failed
+guards; a graph break's user stack starts in user code (not coil's module wrapper)."""
+import json
+import os
+import warnings
+
+import torch
+
+import coil
+from coil import trace
+
+
+def _double(x):
+    return x * 2
+
+
+def test_dynamic_true_warns_once():
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        f = coil.compile(_double, backend="eager", dynamic=True)
+        f(torch.randn(2))
+        f(torch.randn(3))
+    msgs = [str(i.message) for i in w if "dynamic=True" in str(i.message)]
+    assert len(msgs) == 1 and "recompiles" in msgs[0]
+    assert w[0].filename == __file__          # attributed to the user's coil.compile call
+
+
+def test_recompile_limit_warns_with_guard():
+    f = coil.compile(_double, backend="eager")
+    limit = coil.config.config.recompile_limit
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        for n in range(1, limit + 3):
+            x = torch.randn(n)
+            torch.testing.assert_close(f(x), x * 2)
+    msgs = [str(i.message) for i in w if "recompile limit" in str(i.message)]
+    assert len(msgs) == 1
+    m = msgs[0]
+    assert "_double" in m and __file__ in m and str(limit) in m and "x.shape" in m
+
+
+def test_recompile_event_has_structured_guards(tmp_path):
+    trace.set_dir(str(tmp_path))
+    try:
+        f = coil.compile(_double, backend="eager")
+        f(torch.randn(2))
+        f(torch.randn(3))
+    finally:
+        trace.set_dir(None)
+    records = []
+    for name in os.listdir(tmp_path):
+        with open(tmp_path / name) as fh:
+            records += [json.loads(line) for line in fh]
+    rec = [r for r in records if r.get("event") == "recompile"]
+    assert rec, [r.get("event") for r in records]
+    fails = rec[-1]["failed_guards"]
+    assert fails[0]["guard"] == "x.shape == (2,)"
+    assert fails[0]["expected"] == "(2,)" and fails[0]["got"] == "(3,)"
+
+
+class _Printer(torch.nn.Module):
+    def forward(self, x):
+        print("coil-stack", end="\r")
+        return x * 2
+
+
+def test_break_stack_starts_in_user_code():
+    e = coil.explain(_Printer(), torch.randn(3))
+    stack = e.break_reasons[0]["user_stack"]
+    assert "coil/capture" not in stack[0] and __file__ in stack[0], stack

@@ -48,12 +48,35 @@ def _cases():
                      (r(1024, 4096), r(4096))),
         "cat_pad_index": (lambda x, i: (torch.cat([x, x * 2], 1), F.pad(x, (1, 2)), x[i]),
                           (r(64, 32), torch.randint(0, 64, (16,), device="cuda"))),
+        # one-exp online softmax (rows > 4096, >= 4096 rows: not split), with -inf lanes
+        "cross_entropy_online": (lambda l, t: F.cross_entropy(l, t, reduction="none"),
+                                 (_special_rows(4096, 4099), torch.randint(0, 4099, (4096,), device="cuda"))),
+        "softmax_online": (lambda x: torch.softmax(x, -1), (_special_rows(4096, 4099),)),
+        "cross_entropy_bf16": (lambda l, t: F.cross_entropy(l.float(), t),
+                               (r(4096, 4099, dtype=torch.bfloat16),
+                                torch.randint(0, 4099, (4096,), device="cuda"))),
+        # 2-byte streams: wider block candidates (16 elements per thread)
+        "gelu_bias_bf16": (lambda x, b: F.gelu(x + b), (r(2048, 4096, dtype=torch.bfloat16),
+                                                       r(4096, dtype=torch.bfloat16))),
+        # ragged split reductions and middle-dim reductions split like leading ones
+        "sum_first_odd_rows": (lambda x: x.sum(0), (r(8193, 1024),)),
+        "full_sum_odd": (lambda x: x.sum(), (r(1000003),)),
+        "sum_middle": (lambda x: x.sum(1), (r(16, 4096, 128),)),
     }
+
+
+def _special_rows(n, m):
+    x = r(n, m) * 4
+    x[1, :3000] = float("-inf")
+    x[2, 100:200] = 60.0
+    return x
 
 
 NAMES = ["softmax", "layer_norm_bf16", "gelu_addmm", "sum_first_split", "full_sum_split",
          "looped_rows", "cross_entropy", "embedding_backward", "cat_pad_index",
-         "sum_first_tall", "sum_first_outer_looped", "rms_norm"]
+         "sum_first_tall", "sum_first_outer_looped", "rms_norm", "cross_entropy_online",
+         "softmax_online", "cross_entropy_bf16", "gelu_bias_bf16", "sum_first_odd_rows",
+         "full_sum_odd", "sum_middle"]
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -168,3 +168,35 @@ class OpaqueCallableVariable(VariableTracker):
 
     def __repr__(self):
         return f"OpaqueCallableVariable({getattr(self.fn, '__qualname__', self.fn)})"
+
+
+class OpaqueObjectVariable(VariableTracker):
+    """A real object capture can hold but not use (``torch.Generator``, streams): it may
+    be stored, passed and returned; any use (an attribute, a method, an argument of a
+    traced call such as ``torch.rand(..., generator=g)``) is a graph break, so the use
+    runs for real (the generator's state advances as in eager)."""
+
+    def __init__(self, value, source=None):
+        super().__init__(source)
+        self.value = value
+
+    def python_type(self):
+        return type(self.value)
+
+    def as_python_constant(self):
+        raise Unsupported(f"{type(self.value).__name__} object used in traced code",
+                          hint="the call using it runs outside the graph")
+
+    def var_getattr(self, tx, name):
+        self.as_python_constant()
+
+    def call_method(self, tx, name, args, kwargs):
+        self.as_python_constant()
+
+    def reconstruct(self, cg):
+        if self.source is not None:
+            return cg.source_expr(self.source)
+        return cg.const_expr(self.value)
+
+    def __repr__(self):
+        return f"OpaqueObjectVariable({type(self.value).__name__})"

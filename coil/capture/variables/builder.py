@@ -213,7 +213,12 @@ def _build(tx, value, source, gs) -> VariableTracker:
 
         return OpaqueCallableVariable(value, source)   # calling it is the graph break
     if isinstance(value, (torch.Generator, torch.Stream if hasattr(torch, "Stream") else ())):
-        raise Unsupported(f"{type(value).__name__} object")
+        # may be held and passed around; using it (e.g. ``generator=g``) is a graph break
+        from coil.capture.inspection import OpaqueObjectVariable
+
+        if gs is not None:
+            gs.add(f"type({expr}) is {gs.const(t)}", f"type({expr})", t, src=expr)
+        return OpaqueObjectVariable(value, source)
     if t is types.FrameType:
         from coil.capture.inspection import FrameVariable
 

@@ -156,7 +156,15 @@ class UserDefinedObjectVariable(ObjectVariableBase):
         raise Unsupported(f"call to a {type(self.value).__name__} object")
 
     def call_method(self, tx, name, args, kwargs):
-        return tx.call(self.var_getattr(tx, name), args, kwargs)
+        from coil.capture.variables.functions import BoundMethodVariable
+
+        method = self.var_getattr(tx, name)
+        if isinstance(method, BoundMethodVariable) and method.obj is self and method.name == name:
+            # a C method of the object (e.g. random.Random().random): not traceable, and
+            # asking this tracker again would recurse
+            raise Unsupported(f"call to C method {type(self.value).__name__}.{name}",
+                              hint="it runs outside the graph")
+        return tx.call(method, args, kwargs)
 
     def truthy(self, tx):
         cls = type(self.value)

@@ -321,7 +321,8 @@ CASES = cases(
     C(item_then_tensor_creation, x34, graphs=2, breaks=1),
     C(hasattr_on_tensor_data_dependent_print, lambda: (randn(3, 4), _Opaque()), graphs=2, breaks=1),
     C(nonzero_count_then_use, x34, graphs=2, breaks=1),
-    C(python_random_module, x34, graphs=1, breaks=(0, 1), torch_breaks=0, note="torch traces random.Random; coil may break at it"),
+    C(python_random_module, x34, graphs=1, breaks=(0, 1, 2), torch_breaks=0,
+      note="torch traces random.Random; coil breaks at its constructor and at rng.random() (a C method)"),
     C(tensor_repr_str, x34, graphs=2, breaks=1),
     C(global_print_fn, x34, graphs=1, breaks=2, note="break at the call + the print in the callee's frame"),
 )

@@ -1,0 +1,74 @@
+"""Objects capture holds but does not trace (torch.Generator, C methods of user objects,
+unknown C functions): using them is one graph break at the call, the rest is captured,
+and RNG/generator state advances as in eager."""
+import random
+import sys
+
+import torch
+
+import coil
+
+
+class Counter:
+    def __init__(self):
+        self.graphs = 0
+
+    def __call__(self, gm, example_inputs):
+        self.graphs += 1
+        return gm.forward
+
+
+def with_generator(x, g):
+    return x + torch.rand(3, generator=g), g
+
+
+def test_generator_argument_is_a_break_and_advances_it():
+    x = torch.randn(3)
+    g1, g2 = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+    want, _ = with_generator(x, g1)
+    cnt = Counter()
+    got, g_out = coil.compile(with_generator, backend=cnt)(x, g2)
+    torch.testing.assert_close(got, want)
+    assert g_out is g2 and torch.equal(g1.get_state(), g2.get_state())
+    assert cnt.graphs == 1
+
+
+def seeds_inside(x):
+    torch.manual_seed(5)
+    return x + torch.rand(3)
+
+
+def test_manual_seed_inside_frame():
+    x = torch.randn(3)
+    want = seeds_inside(x)
+    after_eager = torch.get_rng_state()
+    got = coil.compile(seeds_inside, backend="eager")(x)
+    torch.testing.assert_close(got, want)
+    assert torch.equal(after_eager, torch.get_rng_state())
+    assert coil.capture.stats["fallbacks"] == 0
+
+
+def c_method_of_object(x, rng):
+    return x * rng.random()
+
+
+def test_c_method_of_an_object_breaks_at_the_call():
+    x = torch.randn(3)
+    want = c_method_of_object(x, random.Random(1))
+    got = coil.compile(c_method_of_object, backend="eager")(x, random.Random(1))
+    torch.testing.assert_close(got, want)
+    assert coil.capture.stats["fallbacks"] == 0
+
+
+def c_function_then_more(x):
+    y = x * 2
+    n = sys.getrefcount(y)
+    return y + 1, n > 0
+
+
+def test_unknown_c_function_resume_is_captured():
+    cnt = Counter()
+    x = torch.randn(3)
+    got = coil.compile(c_function_then_more, backend=cnt)(x)
+    torch.testing.assert_close(got[0], x * 2 + 1)
+    assert got[1] is True and cnt.graphs == 2

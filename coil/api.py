@@ -13,6 +13,8 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable, Optional, Union
 
+import warnings
+
 import torch
 
 from coil import config as _config
@@ -151,7 +153,9 @@ def compile(fn_or_module: Union[Callable, torch.nn.Module, None] = None, *,
         fn_or_module: what to compile; omitted, returns a decorator.
         backend: a registered name (``coil.list_backends()``) or a callable
             ``backend(gm, example_inputs) -> callable``.
-        mode: None, "reduce-overhead" (CUDA graphs) or "max-autotune".
+        mode: None, "reduce-overhead" or "max-autotune". CUDA graphs (which
+            "reduce-overhead" stands for in torch.compile) are not implemented yet: such
+            a mode warns and runs like the default one.
         dynamic: accepted for torch.compile compatibility but not implemented yet:
             shapes are static, so each new input shape recompiles the frame, up to
             ``recompile_limit`` compiles; after that the frame runs eagerly.
@@ -168,6 +172,11 @@ def compile(fn_or_module: Union[Callable, torch.nn.Module, None] = None, *,
     _config.check_option_names(options)
     backend_fn = lookup_backend(backend)
     merged = {**_MODE_OPTIONS[mode], **options}
+    if merged.get("cudagraphs"):
+        warnings.warn(f"coil: CUDA graphs (mode={mode!r} / option cudagraphs) are not "
+                      "implemented yet; kernels are launched one by one as in the default mode",
+                      stacklevel=2)
+        trace.log("option_not_implemented", option="cudagraphs", mode=mode)
     if dynamic is not None:
         merged.setdefault("dynamic", dynamic)
     backend_fn = _wrap_backend(backend_fn, _backend_name(backend), merged)

@@ -63,7 +63,8 @@ class Config:
     pad_matmul_outputs: bool = True
     #: Fuse nodes in the scheduler. Off gives one kernel per buffer (debugging).
     fusion: bool = True
-    #: Record CUDA graphs (mode="reduce-overhead" turns this on).
+    #: Record CUDA graphs (mode="reduce-overhead" turns this on). Not implemented yet:
+    #: coil.compile warns and launches kernels one by one.
     cudagraphs: bool = False
     #: Dynamic shapes: None, True or False. Not implemented yet: accepted and
     #: ignored (shapes are static; docs/capture.md).

@@ -364,3 +364,14 @@ def test_inductor_backend_hands_the_graph_to_torch(fake_capture):
 
     x = torch.randn(32)
     torch.testing.assert_close(coil.compile(f, backend="inductor")(x), f(x))
+
+
+def test_cudagraph_modes_warn_that_they_are_not_implemented(fake_capture):
+    """mode="reduce-overhead" used to turn on an option nothing read: a user expecting
+    CUDA graphs got none and no word about it."""
+    with pytest.warns(UserWarning, match="CUDA graphs"):
+        coil.compile(lambda x: x, mode="reduce-overhead", backend="eager")
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        coil.compile(lambda x: x, mode="max-autotune-no-cudagraphs", backend="eager")

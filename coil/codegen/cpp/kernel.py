@@ -339,15 +339,37 @@ class CppKernel(OpsHandler):
         finally:
             self.scopes.pop()
             self.cur = outer
-        var = self._new()
         other_v = self._literal(other, result.dtype)
+        key = self._masked_key(mask, inner, result, other_v)
+        hit = self._lookup(key) if key is not None else None
+        if hit is not None:  # the same guarded computation again (torch.cat/pad bodies)
+            return hit
+        var = self._new()
         self._mark_local(var)
         self.cur.append(f"{cops.compute_ctype(result.dtype)} {var} = {other_v};")
         self.cur.append(f"if ({mask}) {{")
         self.cur.extend("    " + l for l in inner)
         self.cur.append(f"    {var} = {result};")
         self.cur.append("}")
-        return CppVar(var, result.dtype)
+        out = CppVar(var, result.dtype)
+        if key is not None:
+            self.scopes[-1][key] = out
+        return out
+
+    def _masked_key(self, mask, inner: list[str], result, other_v: str):
+        """A CSE key for a masked block: its text with the variables it defines renamed
+        in order ($0, $1, ...), so two identical guarded computations share one
+        variable. None (no CSE) when the block stores or has other side effects."""
+        if any("p_" in l.split("=")[0] or "#pragma" in l for l in inner):
+            return None
+        names = {}
+        for l in inner:
+            m = re.match(r"^\s*[A-Za-z_][\w:<>]* ([A-Za-z_]\w*) = ", l)
+            if m:
+                names[m.group(1)] = f"${len(names)}"
+        canon = re.sub(r"[A-Za-z_]\w*", lambda m: names.get(m.group(0), m.group(0)),
+                       "\n".join(inner) + "\n" + result.name)
+        return ("masked", mask.name, canon, other_v, result.dtype)
 
     def _literal(self, v, dtype: torch.dtype) -> str:
         """A C++ literal of Python scalar (or CppVar) ``v`` in compute dtype ``dtype``."""

@@ -100,7 +100,7 @@ UNARY = {
     "log": _fn("coil_log", "cm::log"),
     "log2": _std("log2"), "log10": _std("log10"), "log1p": _std("log1p"),
     "sqrt": _std("sqrt"), "rsqrt": _rsqrt,
-    "sin": _std("sin"), "cos": _std("cos"), "tan": _std("tan"), "asin": _std("asin"),
+    "sin": _fn("coil_sin", "cm::sin"), "cos": _fn("coil_cos", "cm::cos"), "tan": _std("tan"), "asin": _std("asin"),
     "acos": _std("acos"), "atan": _std("atan"), "sinh": _std("sinh"), "cosh": _std("cosh"),
     "tanh": _fn("coil_tanh", "cm::tanh"), "asinh": _std("asinh"), "acosh": _std("acosh"),
     "atanh": _std("atanh"), "erf": _fn("coil_erf", "cm::erf"), "erfc": _std("erfc"),

@@ -188,6 +188,43 @@ COIL_INLINE float coil_tanh(float x) {
   return x != x ? x : r;
 }
 
+// sin/cos: quadrant j = rint(x * 2/pi) and r = x - j*pi/2 in double, pi/2 split in
+// three parts (fdlibm's pio2_1/2/2t) subtracted with fma (exact products); then Cephes
+// sinf/cosf polynomials on |r| <= pi/4. Error: ~1 ulp for |x| < 1e12, < 1e-5 absolute up
+// to 1e18; |x| >= 1e18 gives NaN (outside the supported range; eager is exact there).
+// Branch-free, so RoPE-style kernels vectorize (libm's sinf is a scalar call: 10x slower).
+COIL_INLINE void coil_sincos_r(float x, float* sr, float* cr, int32_t* q) {
+  double xd = cm::fabs(x) < 1e18f ? (double)x : 0.0;
+  double j = __builtin_rint(xd * 0.63661977236758134308);
+  double rd = __builtin_fma(j, -1.57079632673412561417e+00, xd);
+  rd = __builtin_fma(j, -6.07710050650619224932e-11, rd);
+  rd = __builtin_fma(j, -2.02226624879595063154e-21, rd);
+  float r = (float)rd, z = r * r;
+  float sp = -1.9515295891E-4f;
+  sp = cm::fma(sp, z, 8.3321608736E-3f);
+  sp = cm::fma(sp, z, -1.6666654611E-1f);
+  *sr = cm::fma(sp * z, r, r);
+  float cp = 2.443315711809948E-5f;
+  cp = cm::fma(cp, z, -1.388731625493765E-3f);
+  cp = cm::fma(cp, z, 4.166664568298827E-2f);
+  *cr = cm::fma(cp * z, z, cm::fma(-0.5f, z, 1.0f));
+  // j mod 4 in double: AVX2 has no vector double -> int64 conversion
+  *q = (int32_t)(j - 4.0 * __builtin_floor(j * 0.25));
+}
+COIL_INLINE float coil_sin(float x) {
+  float s, c; int32_t q; coil_sincos_r(x, &s, &c, &q);
+  float v = (q & 1) ? c : s;
+  v = (q & 2) ? -v : v;
+  v = x == 0.0f ? x : v;  // sin(-0) = -0
+  return cm::fabs(x) < 1e18f ? v : __builtin_nanf("");
+}
+COIL_INLINE float coil_cos(float x) {
+  float s, c; int32_t q; coil_sincos_r(x, &s, &c, &q);
+  float v = (q & 1) ? s : c;
+  v = ((q + 1) & 2) ? -v : v;
+  return cm::fabs(x) < 1e18f ? v : __builtin_nanf("");
+}
+
 COIL_INLINE float coil_sigmoid(float x) { return 1.0f / (1.0f + coil_exp(-x)); }
 
 COIL_INLINE float coil_erf(float x) {

@@ -150,7 +150,7 @@ def test_gather_bounds_check_raises():
     assert torch.equal(t["go"], tab[idx])
 
 
-@pytest.mark.parametrize("op", ["exp", "log", "tanh", "erf", "sigmoid", "expm1", "sqrt", "sin", "erfinv",
+@pytest.mark.parametrize("op", ["exp", "log", "tanh", "erf", "sigmoid", "expm1", "sqrt", "sin", "cos", "erfinv",
                                 "floor", "round", "sign", "relu", "abs"])
 def test_unary_math(op):
     def body():
@@ -298,3 +298,43 @@ def test_signbit_bf16_compiles_regression(dtype):
     x = torch.randn(5, 5).to(dtype)
     x[0, 0], x[0, 1], x[0, 2] = -0.0, float("nan"), -float("nan")
     check(lambda t: torch.signbit(t), x, backend="cpp")
+
+
+@pytest.mark.parametrize("op", ["sin", "cos"])
+def test_sin_cos_vectorizable_and_accurate_regression(op):
+    # RoPE (LLaMA) computes cos/sin per element: libm's scalar sinf/cosf kept those
+    # kernels from vectorizing (5x slower than the rest of the kernel). coil_sin/cos
+    # reduce in double and stay within ~1 ulp up to |x| = 1e12; signed zero, inf, NaN.
+    def body():
+        ops.store("y", X, getattr(ops, op)(ops.load("x", X)))
+
+    scales = (1e-3, 1, 100, 1e4, 1e6, 1e9, 1e12)
+    x = torch.cat([torch.randn(2000) * s for s in scales] +
+                  [torch.tensor([0.0, -0.0, float("inf"), -float("inf"), float("nan")])])
+    t = {"x": x, "y": torch.empty_like(x)}
+    src, _, _ = _run(_Plan(x.numel(), 1, [_Node(body)], {"x": torch.float32, "y": torch.float32}), t,
+                     name=f"trig_{op}")
+    assert f"coil_{op}(" in src
+    ref = getattr(torch, op)(x.double()).float()
+    torch.testing.assert_close(t["y"], ref, equal_nan=True, atol=2e-7, rtol=0)
+    if op == "sin":
+        assert torch.equal(t["y"][-4].signbit(), torch.tensor(True))  # sin(-0) = -0
+
+
+def test_identical_masked_blocks_share_one_variable_regression():
+    # torch.cat bodies are masked loads; RoPE's cos/sin of the same cat ran 4x (q and k):
+    # two identical guarded computations now reuse the first one's variable.
+    def body():
+        def piece():
+            return ops.mul(ops.load("x", X), ops.constant(2.0, torch.float32))
+        m = ops.lt(ops.index_expr(X, torch.int64), ops.constant(5, torch.int64))
+        a = ops.masked(m, piece, 0.0)
+        b = ops.masked(m, piece, 0.0)
+        ops.store("y", X, ops.add(ops.cos(a), ops.sin(b)))
+
+    x = torch.randn(12)
+    t = {"x": x, "y": torch.empty(12)}
+    src, _, _ = _run(_Plan(12, 1, [_Node(body)], {"x": torch.float32, "y": torch.float32}), t, name="masked_cse")
+    assert src.count("if (") == 1, src
+    v = torch.where(torch.arange(12) < 5, x * 2, torch.zeros(12))
+    torch.testing.assert_close(t["y"], v.cos() + v.sin())

@@ -273,9 +273,11 @@ class GraphLowering(torch.fx.Interpreter):
         must be materialized gets the strides eager had (``meta``), since extern ops
         choose their output layout from their inputs' strides."""
         stride = None
-        if isinstance(meta, torch.Tensor) and _dense_non_overlapping(meta) and \
-                list(meta.shape) == [int(s) for s in x.get_size()]:
-            stride = [as_expr(s) for s in meta.stride()]
+        if isinstance(meta, torch.Tensor) and list(meta.shape) == [int(s) for s in x.get_size()]:
+            if _dense_non_overlapping(meta):
+                stride = [as_expr(s) for s in meta.stride()]
+            else:  # e.g. q/k/v: permuted slices of one projection
+                stride = [as_expr(s) for s in _dense_strides_like(meta)]
         d = x.data
         if isinstance(d, ReinterpretView):
             return d
@@ -330,6 +332,21 @@ class GraphLowering(torch.fx.Interpreter):
             elif isinstance(b, MultiOutput):
                 lines.append(f"{b.name}: {b.parent.name}{''.join(f'[{i}]' for i in b.path)}")
         return "\n".join(lines)
+
+
+def _dense_strides_like(t: torch.Tensor) -> list[int]:
+    """Dense strides for ``t``'s shape with the dims in ``t``'s memory order (largest
+    stride outermost; ties keep dim order). An extern op given a tensor laid out in this
+    order picks the output layout fake tracing predicted from ``t``: attention fed
+    contiguous (B, H, S, D) copies of q/k/v where eager had (B, S, H, D)-ordered views
+    returned another output layout, and every layer paid a copy to fix it up."""
+    order = sorted(range(t.dim()), key=lambda d: (-t.stride(d), d))
+    strides = [0] * t.dim()
+    acc = 1
+    for d in reversed(order):
+        strides[d] = acc
+        acc *= max(int(t.shape[d]), 1)
+    return strides
 
 
 def _dense_non_overlapping(t: torch.Tensor) -> bool:

@@ -194,3 +194,38 @@ def test_kernel_compile_error_falls_back_to_aten():
         torch.testing.assert_close(o, r)
     for o, r in zip(c(x, y), f(x, y)):  # later calls stay on the fallback
         torch.testing.assert_close(o, r)
+
+
+def test_extern_inputs_keep_eagers_memory_order():
+    """q/k/v as permuted slices of one projection were materialized contiguous in
+    (B, H, S, D) order for attention; the attention kernel then returned another output
+    layout than fake tracing predicted and every layer paid an ensure_layout copy
+    (12 copies per GPT-2 step on an H200). Inputs keep the view's memory order now."""
+    import coil.codegen.wrapper as W
+    from codegen_helpers import compile_fn
+
+    def f(x, w):  # GPT-2's Conv1D + split + view + transpose
+        qkv = torch.addmm(w[0], x.view(-1, 32), w).view(2, 16, 96)
+        q, k, v = (t.view(2, 16, 4, 8).transpose(1, 2) for t in qkv.split(32, dim=2))
+        o = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default(
+            q, k, v, 0.0, True, scale=0.25)[0]
+        return o.transpose(1, 2).reshape(2, 16, 32) + 1
+
+    x, w = torch.randn(2, 16, 32), torch.randn(32, 96)
+    copies = []
+    orig = W.ensure_layout
+
+    def counting(t, size, stride):
+        out = orig(t, size, stride)
+        if out is not t:
+            copies.append((size, stride))
+        return out
+
+    W.ensure_layout = counting
+    try:
+        c = compile_fn(f, x, w, backend="cpp")
+        out = c(x, w)
+    finally:
+        W.ensure_layout = orig
+    torch.testing.assert_close(out[0], f(x, w), atol=1e-4, rtol=1e-4)
+    assert copies == [], copies

@@ -397,6 +397,14 @@ class InstructionTranslatorBase:
             other = b.as_python_constant() if isinstance(b, SetVariable) else \
                 {v.as_python_constant() for v in b.items}
             return SetVariable(op(set(a.items), set(other)))
+        from coil.capture.variables.builtins import IdVariable
+
+        if isinstance(a, IdVariable) or isinstance(b, IdVariable):
+            if isinstance(a, IdVariable) and isinstance(b, IdVariable) and op in (operator.eq,
+                                                                                  operator.ne):
+                same = self.is_same(a.target, b.target)
+                return ConstantVariable(same if op is operator.eq else not same)
+            raise Unsupported("id() of a traced value used in arithmetic")
         if op is operator.is_:
             return ConstantVariable(self.is_same(a, b))
         if op is operator.is_not:

@@ -72,3 +72,18 @@ def test_unknown_c_function_resume_is_captured():
     got = coil.compile(c_function_then_more, backend=cnt)(x)
     torch.testing.assert_close(got[0], x * 2 + 1)
     assert got[1] is True and cnt.graphs == 2
+
+
+def id_of_constants(x):
+    a = (1, 2)
+    b = a
+    return x + (id(a) == id(b)) + (id(a) != id(a)), id(x) > 0
+
+
+def test_id_of_constants_folds_and_id_of_tensor_breaks():
+    x = torch.randn(3)
+    e = coil.explain(id_of_constants, x)
+    assert e.graph_break_count == 1 and "id()" in e.break_reasons[0]["reason"]
+    got = coil.compile(id_of_constants, backend="eager")(x)
+    torch.testing.assert_close(got[0], x + 1)
+    assert got[1] is True

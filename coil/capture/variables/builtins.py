@@ -49,7 +49,7 @@ def is_builtin(value) -> bool:
 
 
 _BREAK = {print: "call to print", input: "call to input", open: "call to open",
-          id: "id() of a traced value", exec: "exec", eval: "eval", globals: "globals()",
+          exec: "exec", eval: "eval", globals: "globals()",
           locals: "locals()", vars: "vars()", breakpoint: "breakpoint()"}
 
 
@@ -194,6 +194,25 @@ class PureFunctionVariable(KnownCallableVariable):
 
 # ---------------------------------------------------------------------------------------
 # handlers
+
+
+class IdVariable(VariableTracker):
+    """``id(c)`` of a constant: usable only in ``==``/``!=`` with another ``id()`` (folded
+    to whether the two trackers are the same object); any other use is a graph break."""
+
+    def __init__(self, target):
+        super().__init__(None)
+        self.target = target
+
+    def reconstruct(self, cg):
+        raise Unsupported("id() of a traced value escapes the frame")
+
+
+@builtin(id)
+def _id(tx, args, kwargs):
+    if len(args) == 1 and not kwargs and isinstance(args[0], ConstantVariable):
+        return IdVariable(args[0])
+    raise Unsupported("id() of a traced value", hint="it runs outside the graph")
 
 
 @builtin(len)

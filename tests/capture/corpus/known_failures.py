@@ -6,5 +6,4 @@
 
 KNOWN_FAILURES: dict[str, str] = {
     'context_managers::contextlib_contextmanager': "AssertionError: graphs: expected 1, got 0 (ops per graph []); breaks: ['del of an attribute']",
-    'python_builtins::builtins_id_hash': "AssertionError: graphs: expected 1, got 2 (ops per graph [1, 1]); breaks: ['id() of a traced value', 'id() of a traced value']",
 }

@@ -527,6 +527,12 @@ def _amin(x, dim=(), keepdim=False):
     return make_reduction(x, dim, keepdim, "min", out_dtype())
 
 
+@register_lowering(aten.max.default, aten.min.default)
+def _max_min_all(x):
+    is_max = current_graph().current_node.target == aten.max.default
+    return make_reduction(x, None, False, "max" if is_max else "min", out_dtype())
+
+
 @register_lowering(aten.max.dim, aten.min.dim)
 def _max_min_dim(x, dim, keepdim=False):
     is_max = current_graph().current_node.target == aten.max.dim

@@ -212,6 +212,55 @@ def _select(x, dim, idx):
     return make_view(x, size, reindex, restride)
 
 
+@register_lowering(aten.diagonal)
+def _diagonal(x, offset=0, dim1=0, dim2=1):
+    """A view: the diagonal's position is the last dim (strided: stride1 + stride2)."""
+    nd = len(x.get_size())
+    d1, d2 = dim1 % nd, dim2 % nd
+    size = out_size()
+    o1, o2 = max(-offset, 0), max(offset, 0)
+    rest = [d for d in range(nd) if d not in (d1, d2)]
+
+    def reindex(index):
+        out = [None] * nd
+        for i, d in enumerate(rest):
+            out[d] = index[i]
+        out[d1] = index[-1] + o1
+        out[d2] = index[-1] + o2
+        return out
+
+    def restride(l):
+        stride = [l.stride[d] for d in rest] + [l.stride[d1] + l.stride[d2]]
+        return _lay(l, size, stride, l.offset + o1 * l.stride[d1] + o2 * l.stride[d2])
+    return make_view(x, size, reindex, restride)
+
+
+@register_lowering(aten.flip)
+def _flip(x, dims):
+    """Re-indexing (``i -> n - 1 - i`` along ``dims``); read through its loader."""
+    size = list(x.get_size())
+    nd = len(size)
+    flipped = {d % nd for d in dims} if nd else set()
+
+    def reindex(index):
+        return [size[d] - 1 - i if d in flipped else i for d, i in enumerate(index)]
+    return make_view(x, size, reindex, None)
+
+
+@register_lowering(aten.repeat)
+def _repeat(x, repeats):
+    """Tiling by re-indexing: ``out[..., i, ...] = x[..., i % n, ...]`` (leading new dims
+    of ``repeats`` index nothing)."""
+    xs = list(x.get_size())
+    extra = len(repeats) - len(xs)
+    size = out_size()
+
+    def reindex(index):
+        return [sympy.Integer(0) if xs[d] == 1 else Mod(index[d + extra], xs[d])
+                for d in range(len(xs))]
+    return make_view(x, size, reindex, None)
+
+
 @register_lowering(aten.as_strided)
 def _as_strided(x, size, stride, storage_offset=None):
     base = strided_base(x)

@@ -32,6 +32,9 @@ CASES = {
     "eye_empty": (lambda a: torch.eye(0) + a.sum(), S),
     "unfold_empty": (lambda a: F.unfold(a, 2, 1, 0, 1), E),
     "reshape_empty": (lambda a: a.reshape(0, 25).t() * 2, E),
+    # ops that ran as extern kernels, now native views / reductions
+    "flip_diag_repeat": (lambda a: a.reshape(4, 5).flip(1).diagonal(1) + a.reshape(4, 5).repeat(2, 1)[5, :4], X),
+    "max_min_all": (lambda a: (torch.max(a), torch.min(a * 2)), X),
     # complex values: no kernel backend has complex dtypes; ops on them run as ATen ops
     "to_complex": (lambda a: a.to(torch.complex64) * 2, X),
     "fft_then_abs": (lambda a: torch.fft.fft(a.reshape(4, 5) + 1).abs() * 3, X),

@@ -70,7 +70,7 @@ CASES = {
     # reductions
     "sum": (lambda a: a.sum(1), X), "sum_all": (torch.sum, X), "mean": (lambda a: a.mean(0), X),
     "amax": (lambda a: a.amax(1, keepdim=True), X), "amin": (lambda a: a.amin(0), X),
-    "prod": (lambda a: a.prod(1), X), "argmax": (lambda a: a.argmax(1), X),
+    "prod": (lambda a: a.prod(1), X), "max_all": (torch.max, X), "min_all": (torch.min, I), "argmax": (lambda a: a.argmax(1), X),
     "argmin": (lambda a: a.argmin(0), X), "any": (lambda a: (a > 1).any(1), X),
     "var": (lambda a: a.var(1), X), "std": (lambda a: a.std(0, correction=0), X),
     "var_mean": (lambda a: torch.var_mean(a, 1), X), "max_dim": (lambda a: a.max(1), X),
@@ -90,6 +90,10 @@ CASES = {
     "squeeze": (lambda a: a[:1].squeeze(0) + 0, X),
     "view_of_permute": (lambda a: a.t().reshape(35) + 0, X),
     "as_strided": (lambda a: a.as_strided((3, 3), (2, 1)) + 0, X),
+    "diagonal": (lambda a: a.diagonal(1) * 2, X), "diagonal_view": (lambda a: a.diagonal(-2), X),
+    "diagonal_3d": (lambda a: torch.diagonal(a.reshape(5, 7, 1) * a.reshape(5, 1, 7), 0, 2, 1) + 1, X),
+    "flip": (lambda a: a.flip(0, 1) * 2, X), "flip_view": (lambda a: (a * 2).flip(-1), X),
+    "repeat": (lambda a: a.repeat(2, 1, 3) + 1, X), "repeat_2d": (lambda a: a[:, :1].repeat(1, 4) * 3, X),
     "split": (lambda a: [t + 0 for t in a.split([2, 5], 1)], X),
     "unbind": (lambda a: [t * 1 for t in a.unbind(0)], X),
     "chunk": (lambda a: [t * 1 for t in a.chunk(3, 1)], X),
@@ -136,7 +140,8 @@ def test_lowering_reference(name):
 
 
 NATIVE = ["index_put_acc", "scatter_add", "add", "softmax", "layer_norm", "cat", "pad", "embedding", "index", "gather", "split",
-          "slice_scatter", "where", "var", "argmax", "arange"]
+          "slice_scatter", "where", "var", "argmax", "arange", "diagonal", "flip", "repeat",
+          "max_all"]
 
 
 @pytest.mark.parametrize("name", NATIVE)

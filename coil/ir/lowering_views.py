@@ -261,6 +261,28 @@ def _repeat(x, repeats):
     return make_view(x, size, reindex, None)
 
 
+@register_lowering(aten.unfold)
+def _unfold(x, dimension, size, step):
+    """``x.unfold(d, size, step)``: windows along ``d`` as a strided view (window index
+    at ``d``, position in the window last)."""
+    nd = len(x.get_size())
+    out = out_size()
+    if nd == 0:
+        return make_view(x, out, lambda index: [], lambda l: _lay(l, out, [sympy.Integer(1)]))
+    d = dimension % nd
+
+    def reindex(index):
+        idx = list(index[:-1])
+        idx[d] = index[d] * step + index[-1]
+        return idx
+
+    def restride(l):
+        stride = list(l.stride)
+        stride[d] = l.stride[d] * step
+        return _lay(l, out, stride + [l.stride[d]])
+    return make_view(x, out, reindex, restride)
+
+
 @register_lowering(aten.as_strided)
 def _as_strided(x, size, stride, storage_offset=None):
     base = strided_base(x)

@@ -93,6 +93,7 @@ CASES = {
     "diagonal": (lambda a: a.diagonal(1) * 2, X), "diagonal_view": (lambda a: a.diagonal(-2), X),
     "diagonal_3d": (lambda a: torch.diagonal(a.reshape(5, 7, 1) * a.reshape(5, 1, 7), 0, 2, 1) + 1, X),
     "flip": (lambda a: a.flip(0, 1) * 2, X), "flip_view": (lambda a: (a * 2).flip(-1), X),
+    "unfold": (lambda a: a.unfold(1, 3, 2) * 2, X), "unfold_view": (lambda a: a.unfold(0, 2, 1), X),
     "repeat": (lambda a: a.repeat(2, 1, 3) + 1, X), "repeat_2d": (lambda a: a[:, :1].repeat(1, 4) * 3, X),
     "split": (lambda a: [t + 0 for t in a.split([2, 5], 1)], X),
     "unbind": (lambda a: [t * 1 for t in a.unbind(0)], X),

@@ -218,6 +218,15 @@ def STORE_ATTR(tx, inst):
 
 @op("DELETE_ATTR")
 def DELETE_ATTR(tx, inst):
+    from coil.capture.variables.objects import NewObjectVariable
+    from coil.capture.variables.tensor import UserCodeError
+
+    obj = tx.pop()
+    if isinstance(obj, NewObjectVariable) and type(getattr(obj, "attrs", None)) is dict:
+        if inst.argval not in obj.attrs:
+            raise UserCodeError(f"AttributeError: {inst.argval}")
+        del obj.attrs[inst.argval]       # an object made in the frame: no side effect
+        return
     raise Unsupported("del of an attribute")
 
 

@@ -529,12 +529,11 @@ class InstructionTranslatorBase:
             raise UserCodeError(f"TypeError: {e}") from e
         cells = fn.closure_cells(self)
         if code.co_flags & CO_GENERATOR:
-            # lazy: the body is inlined at the first iteration (GeneratorVariable)
-            def materialize(tx):
-                sub = InliningTranslator(code, fn.get_globals(), tx.output, bound, cells,
-                                         parent=tx, fn_name=fn.fn_name())
-                return sub.run_inline().items
-            return GeneratorVariable(self, fn, args, kwargs, materialize)
+            # lazy: the body runs yield by yield as it is iterated (GeneratorVariable)
+            def start(tx):
+                return InliningTranslator(code, fn.get_globals(), tx.output, bound, cells,
+                                          parent=tx, fn_name=fn.fn_name())
+            return GeneratorVariable(self, fn, args, kwargs, start)
         sub = InliningTranslator(code, fn.get_globals(), self.output, bound, cells,
                                  parent=self, fn_name=fn.fn_name())
         return sub.run_inline()
@@ -775,6 +774,27 @@ class InliningTranslator(InstructionTranslatorBase):
             if self.generated is not None and exception_tracker(e) is not None:
                 # the generator runs eagerly here, at its creation; Python raises at the
                 # iteration that reaches the raise, so no handler around the call may see it
+                raise Unsupported(f"{e.reason} escaping a generator") from e
+            raise
+
+
+    def run_until_yield(self):
+        """Generator bodies: run to the next ``yield``; ``(value,)`` or None at return."""
+        steps = 0
+        try:
+            while True:
+                inst = self.instructions[self.ip]
+                self.ip += 1
+                self.step(inst)
+                if inst.opname == "YIELD_VALUE":
+                    return (self.generated[-1],)
+                steps += 1
+                if steps > MAX_STEPS:
+                    raise Unsupported("too many instructions (infinite loop?)")
+        except ReturnValue:
+            return None
+        except Unsupported as e:
+            if exception_tracker(e) is not None:
                 raise Unsupported(f"{e.reason} escaping a generator") from e
             raise
 

@@ -2,6 +2,8 @@
 real generator objects (issue 3: "generators that escape" must work)."""
 import types
 
+import pytest
+
 import torch
 
 import coil
@@ -94,3 +96,68 @@ def test_generator_live_at_a_break():
     x = torch.randn(3)
     torch.testing.assert_close(coil.compile(generator_across_break, backend="eager")(x),
                                generator_across_break(x))
+
+
+import contextlib  # noqa: E402
+
+
+@contextlib.contextmanager
+def _tagged(log, tag):
+    log.append(f"enter {tag}")
+    try:
+        yield len(tag)
+    finally:
+        log.append(f"exit {tag}")
+
+
+def uses_contextmanager(x, log):
+    with _tagged(log, "ab") as k:
+        log.append("body")
+        y = x * k
+    log.append("after")
+    return y
+
+
+def contextmanager_with_break(x, log):
+    with _tagged(log, "abc") as k:
+        y = x * k
+        print("coil-cm", end="\r")
+        log.append("body")
+    return y + 1
+
+
+def contextmanager_body_raises(x, log):
+    with _tagged(log, "a"):
+        y = x * 2
+        raise KeyError("inside")
+    return y
+
+
+def test_contextmanager_order_of_effects_one_graph():
+    x = torch.randn(3)
+    log_e, log_c = [], []
+    want = uses_contextmanager(x, log_e)
+    cnt = Counter()
+    got = coil.compile(uses_contextmanager, backend=cnt)(x, log_c)
+    torch.testing.assert_close(got, want)
+    assert log_c == log_e == ["enter ab", "body", "exit ab", "after"]
+    assert cnt.graphs == 1 and coil.capture.stats["graph_breaks"] == 0
+
+
+@pytest.mark.parametrize("fn", [contextmanager_with_break, contextmanager_body_raises])
+def test_contextmanager_break_or_raise_equals_eager(fn):
+    x = torch.randn(3)
+    log_e, log_c = [], []
+    err_e = err_c = None
+    try:
+        want = fn(x, log_e)
+    except KeyError as e:
+        err_e = e
+    try:
+        got = coil.compile(fn, backend="eager")(x, log_c)
+    except KeyError as e:
+        err_c = e
+    assert log_c == log_e
+    assert repr(err_c) == repr(err_e)
+    if err_e is None:
+        torch.testing.assert_close(got, want)

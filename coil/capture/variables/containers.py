@@ -559,35 +559,68 @@ class ListIteratorVariable(VariableTracker):
 class GeneratorVariable(ListIteratorVariable):
     """A generator object made by calling a Python generator function in traced code.
 
-    Lazy: the generator's body is inlined (its yields collected, as for any finite,
-    fully consumed generator) only when the generator is first iterated, so the body's
-    effects happen where eager Python runs them. A generator never iterated in the frame
-    that *escapes* (returned, stored, live at a graph break) is rebuilt by calling the
-    real generator function with the same arguments: the caller gets a real generator
-    object. One that escapes after traced code iterated it cannot be rebuilt (its
-    position lives in a real frame): ``reconstruct`` raises ``Unsupported`` and the
-    frame runs eagerly (logged)."""
+    Lazy and incremental: the generator's body is inlined by a suspended
+    ``InliningTranslator`` that runs to its next ``yield`` each time a value is needed
+    (``next``, ``FOR_ITER``), so the body's effects happen where eager Python runs them
+    (``@contextlib.contextmanager``: the code after ``yield`` runs at ``__exit__``). Uses
+    that need all items (``list(g)``, ``sum(g)``, unpacking: the ``items`` property) run it
+    to the end. A generator never started that *escapes* (returned, stored, live at a
+    graph break) is rebuilt by calling the real generator function with the same
+    arguments: the caller gets a real generator object. One that traced code started
+    cannot be rebuilt (its position lives in a real frame): ``reconstruct`` raises
+    ``Unsupported`` and the frame runs eagerly (logged)."""
 
-    def __init__(self, tx, fn, args, kwargs, materialize):
+    def __init__(self, tx, fn, args, kwargs, start):
         VariableTracker.__init__(self, None)
         self._tx = tx
         self.fn = fn
         self.args = list(args)
         self.kwargs = dict(kwargs)
-        self._materialize = materialize
-        self._items = None
+        self._start = start          # tx -> a suspended InliningTranslator over the body
+        self._sub = None
+        self._items = None           # values yielded so far (None: never started)
+        self._done = False
         self.index = 0
         self.kind = "iterator"
 
+    def _advance(self, tx) -> bool:
+        """Run the body to its next yield; False when it returned."""
+        if self._done:
+            return False
+        if self._sub is None:
+            self._sub = self._start(tx)
+            self._items = []
+        self._sub.parent = tx
+        got = self._sub.run_until_yield()
+        if got is None:
+            self._done = True
+            return False
+        self._items.append(got[0])
+        return True
+
     @property
     def items(self):
-        if self._items is None:
-            self._items = list(self._materialize(self._tx))
+        while self._advance(self._tx):
+            pass
         return self._items
 
     @items.setter
     def items(self, value):
         self._items = list(value)
+        self._done = True
+
+    def next(self, tx):
+        if self._items is None or self.index >= len(self._items):
+            if not self._advance(tx):
+                return None
+        v = self._items[self.index]
+        self.index += 1
+        return v
+
+    def unpack(self, tx):
+        while self._advance(tx):
+            pass
+        return super().unpack(tx)
 
     def python_type(self):
         return types.GeneratorType
@@ -595,7 +628,7 @@ class GeneratorVariable(ListIteratorVariable):
     def children(self):
         if self._items is None:
             return [self.fn] + self.args + list(self.kwargs.values())
-        return super().children()
+        return self._items[self.index:]
 
     def call_method(self, tx, name, args, kwargs):
         if name in ("send", "throw", "close", "gi_frame"):
@@ -604,7 +637,7 @@ class GeneratorVariable(ListIteratorVariable):
 
     def reconstruct(self, cg):
         if self._items is not None:
-            raise Unsupported("a generator iterated in traced code escapes the frame",
+            raise Unsupported("a generator started in traced code escapes the frame",
                               hint="the frame runs eagerly")
         args = "".join(cg.reconstruct(a) + ", " for a in self.args)
         kwargs = "".join(f"{k}={cg.reconstruct(v)}, " for k, v in self.kwargs.items())

@@ -5,5 +5,4 @@
 """
 
 KNOWN_FAILURES: dict[str, str] = {
-    'context_managers::contextlib_contextmanager': "AssertionError: graphs: expected 1, got 0 (ops per graph []); breaks: ['del of an attribute']",
 }

@@ -13,6 +13,7 @@ get gradients and their mutations (BatchNorm statistics) are replayed.
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Callable, Optional
 
@@ -129,7 +130,7 @@ def aot_compile(gm: Callable, example_inputs: list, fw_compiler: Callable,
             example_inputs = symbolic
 
     t0 = time.perf_counter()
-    with trace.stage("aot"):
+    with trace.stage("aot"), preserve_global_state():
         run = _compile(fn, list(example_inputs), fw_compiler, bw_compiler, partition_fn, decompositions)
     trace.log("aot_done", stage="aot", path=run._coil_aot_path,
               compile_ms=(time.perf_counter() - t0) * 1e3)
@@ -141,6 +142,37 @@ def aot_compile(gm: Callable, example_inputs: list, fw_compiler: Callable,
 
     run_lifted._coil_aot_path = run._coil_aot_path  # type: ignore[attr-defined]
     return run_lifted
+
+
+_AUTOCAST_DEVICES = ("cpu", "cuda")
+
+
+@contextlib.contextmanager
+def preserve_global_state():
+    """Restore grad mode and every device's autocast state (enabled, dtype, nesting)
+    after tracing. A captured graph that ends inside a ``with torch.autocast(...)`` block
+    (a graph break there) holds an ``_enter_autocast`` with no exit; tracing executes it
+    for real, and without this the caller's code after the compiling call silently ran
+    in low precision (or, for an ``enabled=False`` island, in fp32)."""
+    grad = torch.is_grad_enabled()
+    saved = [(d, torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in _AUTOCAST_DEVICES]
+    cache = torch.is_autocast_cache_enabled()
+    nesting = torch.autocast_increment_nesting() - 1
+    torch.autocast_decrement_nesting()
+    try:
+        yield
+    finally:
+        torch.set_grad_enabled(grad)
+        for d, enabled, dtype in saved:
+            torch.set_autocast_enabled(d, enabled)
+            torch.set_autocast_dtype(d, dtype)
+        torch.set_autocast_cache_enabled(cache)
+        now = torch.autocast_increment_nesting() - 1
+        torch.autocast_decrement_nesting()
+        while now > nesting:
+            now = torch.autocast_decrement_nesting()
+        while now < nesting:
+            now = torch.autocast_increment_nesting()
 
 
 def _compile(fn, example_inputs, fw_compiler, bw_compiler, partition_fn, decompositions):

@@ -26,3 +26,24 @@ def test_graph_casts_are_not_applied_twice():
             for o, r in zip(out, ref):
                 assert o.dtype == r.dtype, (backend, o.dtype, r.dtype)
                 torch.testing.assert_close(o.float(), r.float(), atol=2e-2, rtol=2e-2)
+
+
+def _break_inside_autocast(x):
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = x @ x
+        print("graph break")
+        y = y @ x
+    return y
+
+
+def test_graph_break_inside_autocast_does_not_leak_autocast():
+    """The graph before a break inside ``with torch.autocast`` ends with an unmatched
+    ``_enter_autocast``; AOT tracing executed it and left autocast on in the caller
+    (found by the user-testing pass: tests/user_reports/test_user_reports_2.py)."""
+    for backend in ("aot_eager", "coil"):
+        coil.reset()
+        f = coil.compile(_break_inside_autocast, backend=backend)
+        x = torch.randn(4, 4)
+        assert f(x).dtype == torch.bfloat16
+        assert not torch.is_autocast_enabled("cpu"), backend
+        assert (x @ x).dtype == torch.float32

@@ -286,12 +286,8 @@ def test_sum0_power_of_two_rows_matches_eager():
 # 3. Crashes in capture
 # ---------------------------------------------------------------------------------
 
-# Non-strict: failed at HEAD 2ac1b57 (01:55 UTC); the capture owner's uncommitted
-# incremental-generator work (02:13 UTC) makes it pass. Make it a plain test once landed.
-@pytest.mark.xfail(strict=False, reason=(
-    "capture: generator.send() after next() on a generator created in the frame: "
-    "TypeError \"can't send non-None value to a just-started generator\" (also with "
-    "backend='eager' and in coil.explain); eager works"))
+# Failed at 2ac1b57 (TypeError "can't send non-None value to a just-started
+# generator"); fixed by 9f8a735 (generators run yield by yield).
 def test_generator_send_after_next():
     def f(x):
         def g(t):

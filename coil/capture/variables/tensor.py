@@ -165,6 +165,31 @@ def _name(target) -> str:
     return target if isinstance(target, str) else getattr(target, "__name__", str(target))
 
 
+def _holds_tensor(v) -> bool:
+    if isinstance(v, torch.Tensor):
+        return True
+    return isinstance(v, (tuple, list)) and any(_holds_tensor(x) for x in v)
+
+
+def _wrap_sequence(out, node, result) -> VariableTracker:
+    """Trackers for a tuple/list/structseq result of graph node ``node``: each tensor,
+    at any depth (``histogramdd``'s ``bin_edges`` is a list inside a structseq), becomes
+    a ``getitem`` node of its own; a fake tensor must never reach user code as a
+    constant."""
+    items = []
+    for i, r in enumerate(result):
+        if isinstance(r, torch.Tensor) or (isinstance(r, (tuple, list)) and _holds_tensor(r)):
+            sub = out.graph.create_node("call_function", operator.getitem, (node, i), {})
+            sub.meta["example_value"] = r
+            items.append(TensorVariable(sub, r) if isinstance(r, torch.Tensor)
+                         else _wrap_sequence(out, sub, r))
+        else:
+            items.append(ConstantVariable(r))
+    if hasattr(type(result), "_fields") or hasattr(type(result), "n_fields"):
+        return NamedTupleVariable(items, type(result))
+    return ListVariable(items) if isinstance(result, list) else TupleVariable(items)
+
+
 def wrap_result(tx, node, result) -> VariableTracker:
     out = tx.output
     if isinstance(result, torch.Tensor):
@@ -174,19 +199,9 @@ def wrap_result(tx, node, result) -> VariableTracker:
             return out.lift_constant_tensor(tx, result)
         node.meta["example_value"] = result
         return TensorVariable(node, result)
-    if isinstance(result, (tuple, list)) and any(isinstance(r, torch.Tensor) for r in result):
+    if isinstance(result, (tuple, list)) and _holds_tensor(result):
         node.meta["example_value"] = result
-        items = []
-        for i, r in enumerate(result):
-            if isinstance(r, torch.Tensor):
-                sub = out.graph.create_node("call_function", operator.getitem, (node, i), {})
-                sub.meta["example_value"] = r
-                items.append(TensorVariable(sub, r))
-            else:
-                items.append(ConstantVariable(r))
-        if hasattr(type(result), "_fields") or hasattr(type(result), "n_fields"):
-            return NamedTupleVariable(items, type(result))
-        return ListVariable(items) if isinstance(result, list) else TupleVariable(items)
+        return _wrap_sequence(out, node, result)
     name = _name(node.target)
     side_effecting = (result is None or node.target is operator.setitem or name.endswith("_")
                       or "out" in node.kwargs)

@@ -22,6 +22,7 @@ import torch.fx
 
 from coil import trace
 from coil.aot.decompositions import get_decompositions
+from coil.aot.cse import cse_graph
 from coil.aot.functional import analyze, fakeify, trace_inference, trace_joint
 from coil.aot.partition import default_partition, min_cut_partition
 from coil.aot.runtime import inference_runner, training_runner
@@ -188,12 +189,15 @@ def _compile(fn, example_inputs, fw_compiler, bw_compiler, partition_fn, decompo
     training = grad and any(x.requires_grad for x in info.inputs) and any(info.fw_out_requires_grad)
     if not training:
         fw_gm = trace_inference(fn, fake_args, info, decomps, fake_mode)
+        cse_graph(fw_gm)
         trace.artifact("aot_inference_graph", _graph_text(fw_gm, "aot inference graph (ATen)"), kind="python")
         compiled = fw_compiler(fw_gm, _placeholder_fakes(fw_gm))
         return inference_runner(compiled, info)
     joint, jinfo = trace_joint(fn, fake_args, info, decomps, fake_mode)
     trace.artifact("aot_joint_graph", _graph_text(joint, "aot joint graph (ATen)"), kind="python")
     part = partition_fn(joint, jinfo)
+    cse_graph(part.fw)
+    cse_graph(part.bw)
     trace.artifact("aot_forward_graph", _graph_text(part.fw, "aot forward graph (ATen)"), kind="python")
     trace.artifact("aot_backward_graph", _graph_text(part.bw, "aot backward graph (ATen)"), kind="python")
     compiled_fw = fw_compiler(part.fw, _placeholder_fakes(part.fw))

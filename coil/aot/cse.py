@@ -1,0 +1,78 @@
+"""Common-subexpression elimination on functional ATen graphs.
+
+Transformer code often computes the same value once per layer: Hugging Face models
+slice and expand the attention mask inside every attention call, so a 12-layer GPT-2
+graph held 12 identical ``slice``/``expand`` chains, and code generation materialized
+12 identical (B, 1, S, S) masks for the attention kernels. This pass keeps the first of
+every set of nodes that call the same pure op on the same arguments and points the
+users of the others at it.
+
+A node is merged only if its target is an ``OpOverload`` that neither mutates nor
+draws random numbers (``torch.Tag.nondeterministic_seeded``) and only if the duplicate
+is not itself a graph output (two outputs stay two tensors, as in eager); placeholders
+and everything else are left alone. Arguments are compared structurally (nodes by
+identity after earlier merges, Python values by equality and type).
+"""
+from __future__ import annotations
+
+import torch
+import torch.fx
+
+from coil import trace
+
+__all__ = ["cse_graph"]
+
+
+def _is_pure(target) -> bool:
+    if not isinstance(target, torch._ops.OpOverload):
+        return False
+    if target._schema.is_mutable or torch.Tag.nondeterministic_seeded in target.tags:
+        return False
+    return not any(a.alias_info is not None and a.alias_info.is_write
+                   for a in target._schema.arguments)
+
+
+def _key(value):
+    """A hashable, type-exact key for a node argument (None if it cannot be keyed)."""
+    if isinstance(value, torch.fx.Node):
+        return ("node", id(value))
+    if isinstance(value, (list, tuple)):
+        parts = tuple(_key(v) for v in value)
+        return None if any(p is None for p in parts) else (type(value).__name__, parts)
+    if isinstance(value, dict):
+        parts = tuple((k, _key(v)) for k, v in sorted(value.items()))
+        return None if any(p[1] is None for p in parts) else ("dict", parts)
+    if isinstance(value, (bool, int, float, str, type(None), torch.dtype, torch.device,
+                          torch.layout, torch.memory_format)):
+        if isinstance(value, float) and value != value:  # NaN != NaN: never merge
+            return None
+        return (type(value).__name__, value)
+    return None
+
+
+def cse_graph(gm: torch.fx.GraphModule) -> int:
+    """Merge duplicate pure nodes of ``gm`` in place; returns how many were removed
+    (logged as event ``aot_cse``)."""
+    seen: dict = {}
+    removed = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or not _is_pure(node.target):
+            continue
+        args, kwargs = _key(node.args), _key(node.kwargs)
+        if args is None or kwargs is None:
+            continue
+        key = (node.target, args, kwargs)
+        first = seen.get(key)
+        if first is None:
+            seen[key] = node
+            continue
+        if any(u.op == "output" for u in node.users):
+            continue  # two outputs must stay two tensors, as in eager
+        node.replace_all_uses_with(first)
+        gm.graph.erase_node(node)
+        removed += 1
+    if removed:
+        gm.graph.lint()
+        gm.recompile()
+    trace.log("aot_cse", stage="aot", removed=removed)
+    return removed

@@ -20,7 +20,6 @@ of threads. See docs/cpp_backend.md.
 """
 from __future__ import annotations
 
-from coil import trace
 from coil.codegen.backend import GeneratedKernel, KernelBackend, register_kernel_backend
 from coil.codegen.cpp.kernel import CppKernel
 from coil.codegen.cpp.launch import CppLauncher
@@ -49,6 +48,5 @@ class CppBackend(KernelBackend):
         k = CppKernel(plan, kernel_name, cpp_build.num_threads())
         body = k.source()
         launcher = CppLauncher(body, kernel_name, len(k.arg_names()), k.has_checks, batch=True)
-        trace.artifact(f"kernel {kernel_name}", lambda: body, kind="cpp")
         return GeneratedKernel(name=kernel_name, source=body, arg_names=k.arg_names(),
                                launcher=launcher, language="cpp")

@@ -47,7 +47,10 @@ class ExceptionVariable(VariableTracker):
         if name == "args":
             return TupleVariable(list(self.args))
         if name in ("__traceback__", "__cause__", "__context__"):
-            return ConstantVariable(None)
+            if self.origin is None:         # never raised: None, as in eager
+                return ConstantVariable(None)
+            # raised symbolically: eager has a real traceback / chained exception here
+            raise Unsupported(f"{name} of an exception raised in the frame")
         if name == "__class__":
             return UserDefinedClassVariable(self.cls)
         raise Unsupported(f"attribute {name} of a {self.cls.__name__} raised in the frame")

@@ -217,6 +217,8 @@ def wrap_function(fn: types.FunctionType, cfg: CaptureConfig, capture_exec: bool
         try:
             bound = binder(*args, **kwargs)
         except TypeError:
+            bound = None
+        if bound is None:          # outside the except: no __context__ leaks into the error
             return fn(*args, **kwargs)
         cache = _caches.get(code)
         if cache is not None:
@@ -367,7 +369,11 @@ def _miss(fn, code, cfg, bound, args, kwargs):
             if _config.config.verbose:
                 print(f"coil: running {_label(code)} eagerly: {reason}")
             cache.eager_reason = reason
-            return fn(*args, **kwargs)
+            entry = None
+    if entry is None:
+        # outside the except block: the user's code must not see coil's exception as
+        # sys.exc_info() or as the __context__ of what it raises
+        return fn(*args, **kwargs)
     cache.entries.append(entry)
     return entry.entry(*bound, fn)
 
@@ -478,6 +484,11 @@ def _build_entry(tx, output: OutputGraph, cfg: CaptureConfig, fn, code, argnames
 
             raise IndexCopyAliasing("graph break after indexing with a 0-d integer tensor (a "
                                     "view in eager, a copy in the graph): the frame runs eagerly")
+        if tx.exc_stack:
+            # inside an except block of an exception raised and caught symbolically: the
+            # handler's rest would see no real exception (sys.exc_info(), bare raise)
+            raise Unsupported("graph break inside an except block of an exception caught "
+                              "in traced code: the frame runs eagerly")
         in_block = _in_exception_block(code, inst.offset)
         index = tx.offset_to_index[inst.offset]
         name = inst.opname
@@ -498,7 +509,8 @@ def _build_entry(tx, output: OutputGraph, cfg: CaptureConfig, fn, code, argnames
             direct = bool(getattr(info.exc, "frame_inspection", False))
             target = getattr(call_fn, "fn", None)
             if is_frame_function(target):
-                ok, why = frame_result_ok(tx.instructions, index, target, call_args or [])
+                ok, why = frame_result_ok(tx.instructions, index, target, call_args or [],
+                                          call_kwargs or {})
                 if not ok:
                     raise FrameInspectionFallback(
                         f"frame inspection at {code.co_filename}:{_line_of(inst)}: {why}; "

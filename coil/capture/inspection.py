@@ -35,6 +35,7 @@ import inspect
 import sys
 import traceback
 import types
+import warnings
 
 from coil.exc import Unsupported
 from coil.capture.variables.base import ConstantVariable, VariableTracker
@@ -43,7 +44,8 @@ from coil.capture.variables.base import ConstantVariable, VariableTracker
 def _frame_functions() -> set:
     fns = {sys._getframe, inspect.currentframe, inspect.stack, inspect.trace,
            inspect.getouterframes, inspect.getframeinfo, traceback.extract_stack,
-           traceback.format_stack, traceback.print_stack, traceback.walk_stack}
+           traceback.format_stack, traceback.print_stack, traceback.walk_stack,
+           warnings.warn}
     if hasattr(sys, "_getframemodulename"):
         fns.add(sys._getframemodulename)
     return fns
@@ -77,11 +79,17 @@ def _used_as_f_code(instructions: list, i: int) -> bool:
     return nxt is not None and nxt.opname == "LOAD_ATTR" and nxt.argval == "f_code"
 
 
-def frame_result_ok(instructions: list, index: int, fn, args) -> tuple[bool, str]:
+def frame_result_ok(instructions: list, index: int, fn, args, kwargs=None) -> tuple[bool, str]:
     """Whether the result of the frame-inspecting call at ``instructions[index]`` (the
     root frame's own ``CALL``) is used only in ways a call stub answers exactly (see
-    the module docstring). Returns ``(ok, why_not)``."""
+    the module docstring). ``warnings.warn`` is exact with ``stacklevel`` 1 (the stub is
+    the user's frame); a higher level names a frame above it. Returns ``(ok, why_not)``."""
     name = getattr(fn, "__qualname__", repr(fn))
+    if fn is warnings.warn:
+        level = (kwargs or {}).get("stacklevel", args[2] if len(args) > 2 else None)
+        if level is None or (level.is_python_constant() and level.as_python_constant() == 1):
+            return True, ""
+        return False, "warnings.warn(stacklevel > 1) names a calling frame"
     if fn not in _CURRENT_FRAME:
         return False, f"{name}() lists the calling frames, which include coil's"
     if args:

@@ -229,3 +229,47 @@ def test_exception_leaving_no_grad_block_restores_grad_mode():
     out, ref = coil.compile(f, backend="eager", fullgraph=True)(x), f(x)
     torch.testing.assert_close(out[0], ref[0])
     assert out[0].requires_grad and out[1] is ref[1] is True
+
+
+def _exc_info_after_break(x):
+    try:
+        {}["k"]
+    except KeyError:
+        return x + (__import__("sys").exc_info()[0] is KeyError)
+
+
+def _traceback_in_handler(x):
+    try:
+        {}["k"]
+    except KeyError as e:
+        return x + (e.__traceback__ is None) + (e.__context__ is None)
+
+
+def _warns_level2(x):
+    import warnings
+
+    warnings.warn("coil-level2", UserWarning, stacklevel=2)
+    return x * 2
+
+
+def _calls_warns_level2(x):
+    return _warns_level2(x + 1)
+
+
+@pytest.mark.parametrize("fn", [_exc_info_after_break, _traceback_in_handler])
+def test_handler_state_after_break_is_eagers(fn):
+    """A break inside the except block of an exception caught symbolically runs the frame
+    eagerly (sys.exc_info(), __traceback__ are real there), never a silent None."""
+    x = torch.randn(3)
+    torch.testing.assert_close(coil.compile(fn, backend="eager")(x), fn(x))
+
+
+def test_warn_stacklevel_2_from_callee_names_users_line():
+    import warnings
+
+    x = torch.randn(3)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        _calls_warns_level2(x)
+        coil.compile(_calls_warns_level2, backend="eager")(x)
+    assert [(r.filename, r.lineno) for r in w][0] == [(r.filename, r.lineno) for r in w][1]

@@ -6,6 +6,7 @@ Each test is the smallest program that showed a defect (``xfail(strict=True)`` w
 diagnosis, so it flips when fixed) or a plain test for something verified to work.
 """
 import copy
+import inspect
 import sys
 import warnings
 
@@ -202,6 +203,21 @@ def test_warning_stacklevel_points_at_user_code():
         warnings.simplefilter("always")
         coil.compile(_calls_warns)(torch.randn(3))
     assert [r.filename for r in w] == [__file__]
+
+
+def _caller_names(x):
+    return x.cos(), [fi.function for fi in inspect.stack()[1:2]]
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "capture (frame.py entry trampoline): inspect.stack() / traceback.extract_stack() in "
+    "compiled code show coil's '_miss' / 'coil_wrapper' frames as the caller instead of "
+    "the user's calling function"))
+def test_inspect_stack_caller_is_user_code():
+    coil.reset()
+    f = coil.compile(_caller_names)
+    _, names = f(torch.randn(3))                     # eager: this test function's name
+    assert names == ["test_inspect_stack_caller_is_user_code"]
 
 
 # ---------------------------------------------------------------------------------

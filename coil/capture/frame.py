@@ -296,6 +296,10 @@ def _skipped_module(fn) -> bool:
     from coil.capture.translator import SKIP_MODULES
 
     mod = fn.__globals__.get("__name__", "") or ""
+    # torch's own functions called at a break (grad-mode/autocast helpers, hooks, the
+    # optimizer's step wrapper...) run as plain Python. Capturing torch.optim's step on its
+    # own frame makes graphs with no outputs (in-place parameter updates), which the AOT
+    # runtime cannot run today (IndexError in its epilogue).
     return mod.split(".")[0] in SKIP_MODULES or mod.startswith("torch.")
 
 

@@ -177,6 +177,10 @@ def native_layer_norm(x, normalized_shape, weight, bias, eps):
         out = aten.add.Tensor(out, bias)
     if out.dtype != x.dtype:
         out = aten._to_copy.default(out, dtype=x.dtype)
+    if not out.is_contiguous():
+        # ATen's layer_norm returns a contiguous result whatever x's layout; the
+        # pointwise ops above follow x's (e.g. transposed) layout instead
+        out = aten.clone.default(out, memory_format=torch.contiguous_format)
     stat_dtype = x.dtype if x.device.type == "cpu" else acc
     if stat_dtype != mean.dtype:
         mean = aten._to_copy.default(mean, dtype=stat_dtype)

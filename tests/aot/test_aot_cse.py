@@ -53,3 +53,23 @@ def test_compiled_outputs_stay_distinct_and_right():
         ref[2].sum().backward()
         torch.testing.assert_close(g, x.grad)
         x.grad = None
+
+
+def test_layer_norm_of_transposed_input_returns_contiguous():
+    """User report 2: F.layer_norm of a transposed input came back with the input's
+    transposed strides (the decomposition's pointwise ops follow the input layout);
+    eager's layer_norm result is contiguous, and out.view(-1) after the call raised."""
+    import torch.nn.functional as F
+
+    x, w, b = torch.randn(7, 3, 100), torch.randn(100), torch.randn(100)
+
+    def f(x):
+        return F.layer_norm(x.transpose(0, 1), (100,), w, b)
+
+    for backend in ("aot_eager", "coil"):
+        coil.reset()
+        out = coil.compile(f, backend=backend)(x)
+        ref = f(x)
+        assert out.stride() == ref.stride(), (backend, out.stride(), ref.stride())
+        torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+        out.view(-1)

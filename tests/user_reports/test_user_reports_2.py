@@ -224,11 +224,6 @@ def test_inspect_stack_caller_is_user_code():
 # 1c. Strides eager promises
 # ---------------------------------------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason=(
-    "ir (layer_norm lowering / output layout): F.layer_norm of a transposed 3-D input "
-    "returns a non-contiguous tensor (strides (100, 300, 1) for [3, 7, 100]); eager's "
-    "native_layer_norm returns a contiguous one, so user code doing out.view(...) after "
-    "the compiled call raises. assert_same_as_eager does not compare strides"))
 def test_layer_norm_of_transposed_input_is_contiguous():
     def f(x, w, b):
         return F.layer_norm(x.transpose(0, 1), (100,), w, b)

@@ -159,9 +159,8 @@ def _exc_info_in_handler(x):
         return x + (sys.exc_info()[0] is KeyError)   # graph break: call into exc_info
 
 
-# Failed at a2060dd; the capture owner's uncommitted exceptions/frame/inspection work
-# (02:25 UTC) makes it pass: non-strict until that lands, then plain.
-@pytest.mark.xfail(strict=False, reason="capture: sys.exc_info() empty in a compiled except block after a break")
+# Failed at a2060dd (sys.exc_info() empty in a compiled except block after a break);
+# fixed by 359dbb3 (capture).
 def test_sys_exc_info_inside_except_block():
     coil.reset()
     x = torch.randn(3)
@@ -175,9 +174,8 @@ def _traceback_of_caught(x):
         return x + (e.__traceback__ is None)
 
 
-# Failed at a2060dd; the capture owner's uncommitted exceptions/frame/inspection work
-# (02:25 UTC) makes it pass: non-strict until that lands, then plain.
-@pytest.mark.xfail(strict=False, reason="capture: caught exception's __traceback__ is None")
+# Failed at a2060dd (caught exception's __traceback__ is None);
+# fixed by 359dbb3 (capture).
 def test_caught_exception_has_traceback():
     coil.reset()
     x = torch.randn(3)
@@ -194,9 +192,8 @@ def _calls_warns(x):
     return _warns(x + 1)                                  # the line stacklevel=2 names
 
 
-# Failed at a2060dd; the capture owner's uncommitted exceptions/frame/inspection work
-# (02:25 UTC) makes it pass: non-strict until that lands, then plain.
-@pytest.mark.xfail(strict=False, reason="capture: warnings stacklevel=2 names '<coil entry ...>'")
+# Failed at a2060dd (warnings stacklevel=2 names '<coil entry ...>');
+# fixed by 359dbb3 (capture).
 def test_warning_stacklevel_points_at_user_code():
     coil.reset()
     with warnings.catch_warnings(record=True) as w:

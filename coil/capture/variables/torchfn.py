@@ -15,6 +15,7 @@
 """
 from __future__ import annotations
 
+import contextlib
 import types
 
 import torch
@@ -279,10 +280,37 @@ def reenter_grad(kind: str, mode: bool, prev: bool):
     return obj
 
 
+class ProfilerRangeVariable(ContextManagerVariable):
+    """``torch.autograd.profiler.record_function(name)``: a profiler label. Inside a
+    captured region it adds no graph node (the profiler shows the compiled kernels
+    instead); optimizers wrap every ``step`` in one, which made ``step`` uncapturable."""
+
+    def __init__(self, name):
+        super().__init__(None)
+        self.name = name
+
+    def ctor_args(self):
+        return (self.name,)
+
+    def python_type(self):
+        return torch.autograd.profiler.record_function
+
+    def enter(self, tx):
+        return self
+
+    def exit(self, tx):
+        pass
+
+    def reconstruct(self, cg):
+        return f"{cg.const_expr(contextlib.nullcontext)}()"
+
+
 def make_context(tx, cls, args, kwargs):
     """Construct a supported context manager from its class, or None."""
     c = [a.as_python_constant() for a in args]
     kw = {k: v.as_python_constant() for k, v in kwargs.items()}
+    if cls is torch.autograd.profiler.record_function:
+        return ProfilerRangeVariable(c[0] if c else kw.get("name"))
     if cls is torch.no_grad:
         return GradModeVariable(False, "no_grad")
     if cls is torch.enable_grad:
@@ -311,4 +339,4 @@ def make_context(tx, cls, args, kwargs):
 
 
 CONTEXT_CLASSES = (torch.no_grad, torch.enable_grad, torch.inference_mode, torch.set_grad_enabled,
-                   torch.autocast)
+                   torch.autograd.profiler.record_function, torch.autocast)

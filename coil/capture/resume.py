@@ -59,6 +59,7 @@ def make_resume_code(code: types.CodeType, index: int, null_mask: tuple, local_n
     if hit is not None:
         return hit
     bc = Bytecode.from_code(code)
+    _copy_exception_depths(bc, code)       # before the tail copies a TryBegin
     label = Label()
     count = -1
     insert_at = None
@@ -104,7 +105,13 @@ def make_resume_code(code: types.CodeType, index: int, null_mask: tuple, local_n
     out.docstring = None
     if hasattr(bc, "qualname"):
         out.qualname = getattr(root, "co_qualname", root.co_name)
-    new_code = out.to_code()
+    # The resume code jumps over the start of any try block it resumes inside, so the
+    # bytecode library's flow analysis sees those TryBegins (and their handlers) as dead:
+    # their depth would be a sentinel and their stack use uncounted. The depths come from
+    # the original exception table (_copy_exception_depths above) and the stack size
+    # from the original code.
+    stacksize = code.co_stacksize + len(null_mask) + len(local_names) + 8
+    new_code = out.to_code(stacksize=stacksize, compute_exception_stack_depths=False)
     if tail is None:
         _CACHE[key] = new_code
     kind = "__resume_at" if tail is None else "__trampoline_at"
@@ -150,6 +157,22 @@ def _with_tail(bc, new: list, tail: tuple) -> list:
             ins.entry = reopen
             break
     return new[:pos + 1] + [TryEnd(active)] + seq + [reopen] + new[pos + 1:]
+
+
+def _copy_exception_depths(bc, code: types.CodeType) -> None:
+    """Set each ``TryBegin.stack_depth`` of ``bc`` (``Bytecode.from_code(code)``, whose
+    TryBegins follow the exception table's order) to the depth CPython recorded."""
+    import dis
+
+    from bytecode import TryBegin
+
+    table = dis._parse_exception_table(code)
+    tbs = [ins for ins in bc if isinstance(ins, TryBegin)]
+    if len(tbs) != len(table):
+        raise ValueError(f"exception table of {code.co_name}: {len(table)} entries, "
+                         f"{len(tbs)} TryBegin")
+    for tb, entry in zip(tbs, table):
+        tb.stack_depth = entry.depth
 
 
 def origin(code: types.CodeType) -> types.CodeType:

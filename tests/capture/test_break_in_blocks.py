@@ -156,3 +156,77 @@ def test_called_inside_inference_mode_recompiles():
     assert not cf(x).is_inference()
     with torch.inference_mode():
         assert cf(x).is_inference()
+
+
+class _CM:
+    def __init__(self, log):
+        self.log = log
+
+    def __enter__(self):
+        self.log.append("in")
+        return 2
+
+    def __exit__(self, typ, val, tb):
+        self.log.append(("out", typ is None))
+        return False
+
+
+def user_cm_with_break(x, log):
+    with _CM(log) as k:
+        y = x * k
+        print("coil-block", end="\r")
+        y = y + 1
+    return y
+
+
+def _raise_after_print():
+    print("coil-block", end="\r")
+    raise ValueError("v")
+
+
+def user_cm_exception_through_break(x, log):
+    try:
+        with _CM(log):
+            y = x * 2
+            _raise_after_print()
+    except ValueError:
+        y = x * 3
+    return y
+
+
+@pytest.mark.parametrize("fn", [user_cm_with_break, user_cm_exception_through_break])
+def test_user_context_manager_with_break(fn):
+    x = torch.randn(3)
+    log_e, log_c = [], []
+    want = fn(x, log_e)
+    got = coil.compile(fn, backend="eager")(x, log_c)
+    torch.testing.assert_close(got, want)
+    assert log_c == log_e
+    assert coil.capture.stats["fallbacks"] == 0
+
+
+def _bad_if(cond):
+    if cond:
+        raise ValueError("bad")
+    return 2.0
+
+
+def loop_try_break_unwinds(x):
+    out = x
+    for i in range(3):
+        try:
+            out = out + 1
+            print("coil-block", end="\r")
+            out = torch.add(out, out * _bad_if(i == 1))   # raises with items on the stack
+        except ValueError:
+            out = out - 1
+    return out
+
+
+def test_exception_unwinds_stack_in_resumed_try():
+    """Resume code starts inside try blocks: the exception table depths must be the
+    original ones (the handler pops the stack to them), and the stack sized for them."""
+    x = torch.randn(3)
+    want = loop_try_break_unwinds(x)
+    for _ in range(2):
+        torch.testing.assert_close(coil.compile(loop_try_break_unwinds, backend="eager")(x), want)

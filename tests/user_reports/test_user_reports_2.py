@@ -283,11 +283,6 @@ def test_compiled_adamw_step_values():
 # 2. Accuracy: unsplit reductions over long odd-length dims
 # ---------------------------------------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason=(
-    "ir/codegen-cpp: x.sum(0) on [100003, 3] (few outputs, long odd reduction) runs one "
-    "8-lane sequential accumulation per output (no split, no pairwise/cascade sum): "
-    "~25x eager's error vs fp64; [32001, 37] already fails assert_same_as_eager's fp32 "
-    "tolerance"))
 def test_sum0_long_odd_reduction_is_as_accurate_as_eager():
     g = torch.Generator().manual_seed(0)
     x = torch.randn(100003, 3, generator=g)

@@ -137,6 +137,13 @@ def inference_runner(compiled_fw: Callable, info: ProgramInfo) -> Callable:
     compiled_fw = without_autocast(compiled_fw)
 
     def run(*args):
+        # No output of this path requires grad (that is why it was chosen), but the
+        # graph's ATen ops run in the caller's grad mode: ``with no_grad(): return x*2``
+        # on an x that requires grad came back with requires_grad=True.
+        if torch.is_grad_enabled():
+            with torch.no_grad():
+                vals = compiled_fw(*args)
+            return epilogue(args, vals)
         return epilogue(args, compiled_fw(*args))
 
     run._coil_aot_path = "inference"  # type: ignore[attr-defined]

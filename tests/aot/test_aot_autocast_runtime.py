@@ -47,3 +47,25 @@ def test_graph_break_inside_autocast_does_not_leak_autocast():
         assert f(x).dtype == torch.bfloat16
         assert not torch.is_autocast_enabled("cpu"), backend
         assert (x @ x).dtype == torch.float32
+
+
+def test_inference_path_outputs_do_not_require_grad():
+    """A graph computed entirely under no_grad (capture emits _set_grad_enabled nodes)
+    takes the inference path, but its ATen ops ran in the caller's grad mode:
+    ``with torch.no_grad(): return x * 2`` came back with requires_grad=True (found by
+    the capture helper; capture had worked around it)."""
+    import operator
+    import torch.fx as fx
+    from coil.aot import aot_compile
+
+    g = fx.Graph()
+    x = g.placeholder("x")
+    g.call_function(torch._C._set_grad_enabled, (False,))
+    y = g.call_function(operator.mul, (x, 2))
+    g.call_function(torch._C._set_grad_enabled, (True,))
+    g.output((y,))
+    gm = fx.GraphModule(torch.nn.Module(), g)
+    x = torch.randn(3, requires_grad=True)
+    out = aot_compile(gm, [x], lambda g, a: g)(x)
+    assert not out[0].requires_grad
+    torch.testing.assert_close(out[0], x.detach() * 2)

@@ -18,6 +18,7 @@ import torch
 
 from coil.ir.nodes import (Buffer, ComputedBuffer, ConstantBuffer, ExternKernel, InputBuffer,
                            MultiOutput, ReinterpretView, ScatterBuffer)
+from coil.ir.graph import misaligned_leading_dim
 from coil.ir.symbols import pyexpr
 from coil.schedule.scheduler import ExternStep, FusedGroup
 
@@ -50,12 +51,6 @@ def empty_row_padded(size, row_stride: int, device, dtype) -> torch.Tensor:
     return torch.empty((m, row_stride), device=device, dtype=dtype)[:, :n]
 
 
-def _bad_ld(x: torch.Tensor) -> bool:
-    s0, s1 = x.stride()
-    ld = s0 if s1 == 1 else s1 if s0 == 1 else 8
-    return ld % 8 != 0
-
-
 def matmul_padded(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
                   bias: Optional[torch.Tensor] = None) -> None:
     """``out = a @ b (+ bias)`` with every operand cuBLAS sees 16-byte aligned.
@@ -71,13 +66,13 @@ def matmul_padded(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
     p = out.stride(0) if n > 1 else n
     kp = -(-k // 8) * 8
     full = out.as_strided((m, p), (p, 1)) if p != n else out
-    if kp != k or _bad_ld(a):
+    if kp != k or misaligned_leading_dim(a.stride()):
         ap = torch.empty((m, kp), device=a.device, dtype=a.dtype)
         ap[:, :k].copy_(a)
         ap[:, k:].zero_()
     else:
         ap = a
-    if kp != k or p != n or _bad_ld(b):
+    if kp != k or p != n or misaligned_leading_dim(b.stride()):
         bp = torch.empty((p, kp), device=b.device, dtype=b.dtype)
         bp[:n, :k].copy_(b.t())
         bp[n:].zero_()

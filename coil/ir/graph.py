@@ -59,14 +59,21 @@ _PAD_DEVICES = ("cuda",)  # tests add "cpu" to exercise the path without a GPU
 _PADDABLE_MATMULS = (torch.ops.aten.mm.default, torch.ops.aten.addmm.default)
 
 
-def _misaligned_ld(x) -> bool:
-    """Whether 2-D operand ``x``'s BLAS leading dimension is not a multiple of 8."""
-    try:
-        s0, s1 = (int(v) for v in x.get_stride())
-    except (TypeError, ValueError, AttributeError):
-        return False
+def misaligned_leading_dim(strides) -> bool:
+    """Whether a 2-D matrix with ``strides`` has a BLAS leading dimension (its row
+    stride, or its column stride when transposed) that is not a multiple of 8 elements.
+    Matrices with neither stride 1 are copied by ATen anyway: False."""
+    s0, s1 = (int(v) for v in strides)
     ld = s0 if s1 == 1 else s1 if s0 == 1 else None
     return ld is not None and ld % 8 != 0
+
+
+def _misaligned_ld(x) -> bool:
+    """:func:`misaligned_leading_dim` of IR operand ``x`` (False if it has no strides)."""
+    try:
+        return misaligned_leading_dim(x.get_stride())
+    except (TypeError, ValueError, AttributeError):
+        return False
 
 
 def _maybe_pad_matmul_output(ek: ExternKernel, meta: torch.Tensor) -> None:

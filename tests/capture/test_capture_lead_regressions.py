@@ -54,3 +54,20 @@ def test_record_function_block_is_captured():
     assert e.graph_count == 1 and e.graph_break_count == 0, e
     coil.reset()
     torch.testing.assert_close(coil.compile(f)(x), f(x))
+
+
+def test_itertools_chain_is_traced():
+    """itertools.chain was an unsupported class construction (a graph break); optimizers
+    use it over their step hooks."""
+    import itertools
+
+    import coil
+
+    def f(a, b):
+        return sum(itertools.chain([a, b], (a * 2,)))
+
+    x, y = torch.randn(3), torch.randn(3)
+    e = coil.explain(f, x, y)
+    assert e.graph_count == 1 and e.graph_break_count == 0, e
+    coil.reset()
+    torch.testing.assert_close(coil.compile(f)(x, y), f(x, y))

@@ -15,6 +15,7 @@ import builtins
 import dataclasses
 import functools
 import inspect
+import itertools
 import math
 import operator
 import types
@@ -355,6 +356,15 @@ def _zip(tx, args, kwargs):
         if len({len(s) for s in seqs}) > 1:
             raise Unsupported("zip(strict=True) length mismatch (raised by user code)")
     return ListIteratorVariable([TupleVariable(list(t)) for t in zip(*seqs)])
+
+
+@builtin(itertools.chain)
+def _chain(tx, args, kwargs):
+    """``itertools.chain(*iterables)`` over iterables with known items (optimizers
+    chain their global and per-instance step hooks)."""
+    if kwargs:
+        raise Unsupported("itertools.chain with keyword arguments")
+    return ListIteratorVariable([v for a in args for v in tx.unpack(a)])
 
 
 @builtin(reversed)

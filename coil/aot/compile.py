@@ -25,7 +25,7 @@ from coil.aot.decompositions import get_decompositions
 from coil.aot.cse import cse_graph
 from coil.aot.functional import analyze, fakeify, trace_inference, trace_joint
 from coil.aot.partition import default_partition, min_cut_partition
-from coil.aot.runtime import inference_runner, training_runner
+from coil.aot.runtime import AUTOCAST_DEVICES, inference_runner, training_runner
 
 
 def _placeholder_fakes(gm: torch.fx.GraphModule) -> list:
@@ -145,9 +145,6 @@ def aot_compile(gm: Callable, example_inputs: list, fw_compiler: Callable,
     return run_lifted
 
 
-_AUTOCAST_DEVICES = ("cpu", "cuda")
-
-
 @contextlib.contextmanager
 def preserve_global_state():
     """Restore grad mode and every device's autocast state (enabled, dtype, nesting)
@@ -156,7 +153,7 @@ def preserve_global_state():
     for real, and without this the caller's code after the compiling call silently ran
     in low precision (or, for an ``enabled=False`` island, in fp32)."""
     grad = torch.is_grad_enabled()
-    saved = [(d, torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in _AUTOCAST_DEVICES]
+    saved = [(d, torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in AUTOCAST_DEVICES]
     cache = torch.is_autocast_cache_enabled()
     nesting = torch.autocast_increment_nesting() - 1
     torch.autocast_decrement_nesting()

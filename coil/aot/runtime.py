@@ -111,7 +111,8 @@ def _make_epilogue(info: ProgramInfo, args_index_of_output=None) -> Callable:
     return epilogue
 
 
-_AUTOCAST_DEVICES = ("cuda", "cpu")
+#: Device types whose autocast state coil saves, restores or turns off.
+AUTOCAST_DEVICES = ("cuda", "cpu")
 
 
 def without_autocast(fn: Callable) -> Callable:
@@ -121,7 +122,7 @@ def without_autocast(fn: Callable) -> Callable:
     LLaMA's rotary ``inv_freq @ position_ids`` (float32 in eager, which turns autocast
     off around it) came out bf16, and a kernel compiled for a float32 input failed."""
     def call(*args):
-        on = [d for d in _AUTOCAST_DEVICES if torch.is_autocast_enabled(d)]
+        on = [d for d in AUTOCAST_DEVICES if torch.is_autocast_enabled(d)]
         if not on:
             return fn(*args)
         with contextlib.ExitStack() as stack:

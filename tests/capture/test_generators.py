@@ -7,15 +7,7 @@ import pytest
 import torch
 
 import coil
-
-
-class Counter:
-    def __init__(self):
-        self.graphs = 0
-
-    def __call__(self, gm, example_inputs):
-        self.graphs += 1
-        return gm.forward
+from coil.testing import CompileCounter
 
 
 def returns_generator(x, log):
@@ -30,7 +22,7 @@ def returns_generator(x, log):
 
 def test_escaping_generator_is_real_and_lazy():
     x = torch.randn(3)
-    cnt = Counter()
+    cnt = CompileCounter()
     log_c = []
     torch.manual_seed(1)
     y, g = coil.compile(returns_generator, backend=cnt)(x, log_c)
@@ -47,7 +39,7 @@ def test_escaping_generator_is_real_and_lazy():
     torch.testing.assert_close(first, items_e[0])
     torch.testing.assert_close(second, items_e[1])   # RNG advanced once, as eager
     assert log_c == log_e
-    assert cnt.graphs == 1
+    assert cnt.frame_count == 1
 
 
 def consumed_generators(x):
@@ -137,11 +129,11 @@ def test_contextmanager_order_of_effects_one_graph():
     x = torch.randn(3)
     log_e, log_c = [], []
     want = uses_contextmanager(x, log_e)
-    cnt = Counter()
+    cnt = CompileCounter()
     got = coil.compile(uses_contextmanager, backend=cnt)(x, log_c)
     torch.testing.assert_close(got, want)
     assert log_c == log_e == ["enter ab", "body", "exit ab", "after"]
-    assert cnt.graphs == 1 and coil.capture.stats["graph_breaks"] == 0
+    assert cnt.frame_count == 1 and coil.capture.stats["graph_breaks"] == 0
 
 
 @pytest.mark.parametrize("fn", [contextmanager_with_break, contextmanager_body_raises])

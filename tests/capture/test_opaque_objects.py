@@ -7,15 +7,7 @@ import sys
 import torch
 
 import coil
-
-
-class Counter:
-    def __init__(self):
-        self.graphs = 0
-
-    def __call__(self, gm, example_inputs):
-        self.graphs += 1
-        return gm.forward
+from coil.testing import CompileCounter
 
 
 def with_generator(x, g):
@@ -26,11 +18,11 @@ def test_generator_argument_is_a_break_and_advances_it():
     x = torch.randn(3)
     g1, g2 = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
     want, _ = with_generator(x, g1)
-    cnt = Counter()
+    cnt = CompileCounter()
     got, g_out = coil.compile(with_generator, backend=cnt)(x, g2)
     torch.testing.assert_close(got, want)
     assert g_out is g2 and torch.equal(g1.get_state(), g2.get_state())
-    assert cnt.graphs == 1
+    assert cnt.frame_count == 1
 
 
 def seeds_inside(x):
@@ -67,11 +59,11 @@ def c_function_then_more(x):
 
 
 def test_unknown_c_function_resume_is_captured():
-    cnt = Counter()
+    cnt = CompileCounter()
     x = torch.randn(3)
     got = coil.compile(c_function_then_more, backend=cnt)(x)
     torch.testing.assert_close(got[0], x * 2 + 1)
-    assert got[1] is True and cnt.graphs == 2
+    assert got[1] is True and cnt.frame_count == 2
 
 
 def id_of_constants(x):

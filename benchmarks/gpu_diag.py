@@ -3,6 +3,7 @@ bf16 inference time goes, in one process.
 
     python benchmarks/gpu_diag.py grads small_gpt hf_llama   # per-gradient error vs fp64
     python benchmarks/gpu_diag.py profile hf_gpt2            # top CUDA kernels per compiler
+    python benchmarks/gpu_diag.py profile-train hf_gpt2      # the same for a training step
 
 ``grads``: builds the model, runs one autocast-bf16 training step with eager, with coil's
 ``aot_eager`` backend (capture + AOT, no codegen) and with the full ``coil`` backend, and
@@ -99,43 +100,71 @@ def grads(name: str) -> None:
             print(f"    {ratio:10.2f}  {k}: {txt}")
 
 
-def profile(name: str) -> None:
+def profile(name: str, train: bool = False) -> None:
+    """Top CUDA kernels per step for eager, coil and torch.compile.
+
+    ``train=False``: bf16 inference (model cast to bf16, no_grad). ``train=True``: one
+    training step (forward under autocast bf16, backward) like ``coil bench --mode train``.
+    Prints, per compiler: CUDA kernel time per step (µs), launches per step, wall time per
+    step (ms, host clock after synchronize), and the 25 most expensive kernels.
+    """
+    import time
     from torch.profiler import ProfilerActivity, profile as prof
 
     dev = torch.device("cuda")
     spec = select_models([name])[0]
     built = spec.build(dev, default_size(dev))
-    base = built.module.eval().to(torch.bfloat16)
-    args, kwargs = _cast(built.args, torch.bfloat16), _cast(built.kwargs, torch.bfloat16)
+    if train:
+        base = built.module.train()
+        args, kwargs = built.args, built.kwargs
+    else:
+        base = built.module.eval().to(torch.bfloat16)
+        args, kwargs = _cast(built.args, torch.bfloat16), _cast(built.kwargs, torch.bfloat16)
+    tag = "train" if train else "bf16"
     for how in ("eager", "coil", "inductor"):
         import coil
         coil.reset()
         torch._dynamo.reset()
-        fn = _compile(copy.deepcopy(base), how)
-        with torch.no_grad():
-            for _ in range(3):
-                flatten_outputs(fn(*args, **kwargs))
+        m = copy.deepcopy(base)
+        fn = _compile(m, how)
+
+        def step():
+            if train:
+                _train_step(fn, m, args, kwargs, True)
+            else:
+                with torch.no_grad():
+                    flatten_outputs(fn(*args, **kwargs))
+
+        for _ in range(3):
+            step()
+        torch.cuda.synchronize()
+        steps = 10
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+        wall = (time.perf_counter() - t0) / steps * 1e3
+        with prof(activities=[ProfilerActivity.CUDA]) as p:
+            for _ in range(steps):
+                step()
             torch.cuda.synchronize()
-            steps = 10
-            with prof(activities=[ProfilerActivity.CUDA]) as p:
-                for _ in range(steps):
-                    fn(*args, **kwargs)
-                torch.cuda.synchronize()
         evs = [e for e in p.key_averages() if e.device_type.name == "CUDA" or
                getattr(e, "self_device_time_total", 0) > 0]
         key = "self_device_time_total" if hasattr(evs[0], "self_device_time_total") else "self_cuda_time_total"
         evs.sort(key=lambda e: -getattr(e, key))
         total = sum(getattr(e, key) for e in evs) / steps
         launches = sum(e.count for e in evs) / steps
-        print(f"\n[{name} bf16] {how}: {total:.0f} µs CUDA per step, {launches:.0f} kernels per step")
-        for e in evs[:25]:
-            print(f"    {getattr(e, key) / steps:9.1f} µs  x{e.count // steps:<4d} {e.key[:110]}")
+        print(f"\n[{name} {tag}] {how}: {total:.0f} µs CUDA per step, {launches:.0f} kernels per step, "
+              f"wall {wall:.2f} ms per step")
+        for e in evs[:30]:
+            print(f"    {getattr(e, key) / steps:9.1f} µs  x{e.count // steps:<4d} {e.key[:150]}")
 
 
 def main(argv: list[str]) -> None:
     what, names = argv[0], argv[1:]
     for n in names:
-        {"grads": grads, "profile": profile}[what](n)
+        {"grads": grads, "profile": profile,
+         "profile-train": lambda n: profile(n, train=True)}[what](n)
 
 
 if __name__ == "__main__":

@@ -126,6 +126,9 @@ class GraphLowering(torch.fx.Interpreter):
         self.placeholder_names: list[str] = []
         self.constants: dict[str, torch.Tensor] = {}
         self.outputs: list[OutputSpec] = []
+        # (id of a view's IR node, strides) -> (the node, its materialized buffer): a value
+        # handed to an extern kernel and also returned is copied once, not twice
+        self._materialized: dict = {}
         self.fallbacks: Counter = Counter()
         self.native: Counter = Counter()
         self.current_node: Optional[torch.fx.Node] = None
@@ -258,12 +261,27 @@ class GraphLowering(torch.fx.Interpreter):
                 return OutputSpec("buffer", copy.data.realize(stride).get_name())
             return OutputSpec("buffer", d.data.get_name())
         stride = None
-        if isinstance(meta, torch.Tensor) and _dense_non_overlapping(meta):
-            stride = [as_expr(s) for s in meta.stride()]
+        if isinstance(meta, torch.Tensor):
+            # eager's strides; a non-dense view (a slice) keeps its memory order: the
+            # backward graph was traced with the forward's fake strides, so extern ops
+            # there (attention backward) pick their output layout from this order
+            stride = [as_expr(s) for s in (meta.stride() if _dense_non_overlapping(meta)
+                                           else _dense_strides_like(meta))]
         if isinstance(d, StorageBox):
             return OutputSpec("buffer", d.realize(stride).get_name())
-        box = TensorBox.create(Pointwise(r.get_device(), r.get_dtype(), r.make_loader(), r.get_size()))
-        return OutputSpec("buffer", box.data.realize(stride).get_name())
+        return OutputSpec("buffer", self._materialize(r, stride).get_name())
+
+    def _materialize(self, x: TensorBox, stride) -> Buffer:
+        """A ComputedBuffer holding view ``x`` (strides ``stride`` or contiguous), made
+        once per (view, strides)."""
+        key = (id(x.data), None if stride is None else tuple(stride))
+        hit = self._materialized.get(key)
+        if hit is not None and hit[0] is x.data:
+            return hit[1]
+        box = TensorBox.create(Pointwise(x.get_device(), x.get_dtype(), x.make_loader(), x.get_size()))
+        buf = box.data.realize(stride)
+        self._materialized[key] = (x.data, buf)
+        return buf
 
     def _maybe_realize(self, n: torch.fx.Node, box: TensorBox) -> None:
         sb = box.data
@@ -290,8 +308,7 @@ class GraphLowering(torch.fx.Interpreter):
             return d
         if isinstance(d, StorageBox):
             return d.realize(stride)
-        box = TensorBox.create(Pointwise(x.get_device(), x.get_dtype(), x.make_loader(), x.get_size()))
-        return box.data.realize(stride)
+        return self._materialize(x, stride)
 
     def make_extern(self, target, args, kwargs):
         def conv(a, fa):

@@ -90,8 +90,55 @@ def view_reshape(x: TensorBox, new_size) -> TensorBox:
         if all(st == c or s == 1 for s, st, c in zip(layout.size, layout.stride,
                                                       contiguous_strides(layout.size))):
             return _lay(layout, new_size, contiguous_strides(new_size))
-        return None
+        stride = view_strides(layout.size, layout.stride, new_size)
+        return _lay(layout, new_size, stride) if stride is not None else None
     return make_view(x, new_size, reindex, restride)
+
+
+def view_strides(old_size, old_stride, new_size) -> Optional[list]:
+    """Strides of ``new_size`` viewing a tensor of ``old_size``/``old_stride`` without a
+    copy, or None when no strides can (``Tensor.view``'s rule: each run of old dims that
+    are contiguous with each other may be split or merged, never crossed).
+
+    E.g. a (32, 32) slice with strides (96, 1) of a (32, 96) matmul output viewed as
+    (2, 16, 4, 8) gets strides (1536, 96, 8, 1): GPT-2's q/k/v reach attention as views
+    of the QKV projection, like in eager, instead of copies. Integer sizes only (a
+    symbolic size returns None)."""
+    try:
+        osz = [int(s) for s in old_size]
+        ost = [int(s) for s in old_stride]
+        nsz = [int(s) for s in new_size]
+    except TypeError:
+        return None
+    # chunks of old dims (innermost first): (numel, stride of the innermost dim)
+    chunks = []
+    for s, st in reversed([(s, st) for s, st in zip(osz, ost) if s != 1]):
+        if chunks and st == chunks[-1][1] * chunks[-1][0]:
+            chunks[-1] = (chunks[-1][0] * s, chunks[-1][1])
+        else:
+            chunks.append((s, st))
+    out = [None] * len(nsz)
+    d = len(nsz) - 1
+    for numel, base in chunks:
+        acc = 1
+        while d >= 0 and (acc < numel or nsz[d] == 1):
+            if nsz[d] != 1:
+                out[d] = base * acc
+                acc *= nsz[d]
+            d -= 1
+        if acc != numel:
+            return None
+    while d >= 0:
+        if nsz[d] != 1:
+            return None
+        d -= 1
+    # size-1 dims: the stride of the next dim (as contiguous_strides gives them)
+    nxt = 1
+    for i in reversed(range(len(nsz))):
+        if out[i] is None:
+            out[i] = nxt
+        nxt = out[i] * nsz[i]
+    return [sympy.Integer(v) for v in out]
 
 
 @register_lowering(aten.view, aten._unsafe_view, aten.reshape, aten.view.dtype)

@@ -251,11 +251,13 @@ class Scheduler:
         if self._reaches(second, first, owner, skip_direct=True):
             return "a path between them leaves the pair (would create a cycle)"
         # element-wise agreement of every cross read
+        crossing = False
         for prod_g, cons_g in ((a, b), (b, a)):
             produced = {n.get_name(): n for n in prod_g.nodes}
             for c in cons_g.nodes:
                 cdeps = kernel_deps(c, numel, rnumel)
                 for name in set(c.get_read_names()) & set(produced):
+                    crossing = True
                     p = produced[name]
                     pdeps = kernel_deps(p, numel, rnumel)
                     store = pdeps.stores[0][1]
@@ -265,7 +267,25 @@ class Scheduler:
                     for e in cdeps.loads_of(name):
                         if e != store:
                             return f"{c.get_name()} reads {name}[{e}] but it is written at [{store}]"
+        if not crossing and not self._shares_an_element(a, b, numel, rnumel):
+            return "their shared reads are of different elements per iteration (nothing reused)"
         return None
+
+    @staticmethod
+    def _shares_an_element(a: FusedGroup, b: FusedGroup, numel: int, rnumel: int) -> bool:
+        """Whether some buffer both groups read is read at the same kernel index by both
+        (a horizontal fusion only saves traffic then: e.g. a gelu backward over
+        ``(x, r)`` rows and a bias-gradient sum over columns of the same inputs load
+        different elements per iteration, and fusing them forced one access pattern
+        onto both: uncoalesced loads, 2-3x slower on an H200)."""
+        def loads(g):
+            out = set()
+            for n in g.nodes:
+                deps = kernel_deps(n, numel, rnumel)
+                if deps is not None:
+                    out.update((name, e) for name, e in deps.loads)
+            return out
+        return bool(loads(a) & loads(b))
 
     def _merge(self, a: FusedGroup, b: FusedGroup) -> None:
         numel, rnumel = self.combined_group(a, b)

@@ -111,3 +111,22 @@ def test_view_strides_match_tensor_view():
         else:
             assert got is not None, (t.shape, t.stride(), new, ref)
             assert all(int(a) == b for a, b, s in zip(got, ref, new) if s != 1)
+
+
+def test_horizontal_fusion_needs_a_shared_element():
+    """A pointwise over (rows, cols) and a column sum of the same inputs read different
+    elements per kernel iteration; fusing them (GPT-2's gelu backward with its bias
+    gradient) imposed one access pattern on both. The scheduler refuses and says why."""
+    from codegen_helpers import compile_fn
+
+    def f(x, y):
+        return torch.sigmoid(x) * y, (torch.sigmoid(x) * y).sum(0)
+
+    x, y = torch.randn(4096, 256), torch.randn(4096, 256)
+    c = compile_fn(f, x, y, backend="triton")
+    for o, r in zip(c(x, y), f(x, y)):
+        torch.testing.assert_close(o, r, atol=1e-3, rtol=1e-4)
+    pointwise = [g for g in c.scheduler.steps if getattr(g, "rnumel", 0) == 1]
+    assert pointwise and all(len(g.nodes) == 1 for g in pointwise), c.scheduler.steps
+    assert any(d.get("reason", "").startswith("their shared reads are of different elements")
+               for d in c.scheduler.decisions), c.scheduler.decisions

@@ -121,7 +121,8 @@ def profile(name: str, train: bool = False) -> None:
         base = built.module.eval().to(torch.bfloat16)
         args, kwargs = _cast(built.args, torch.bfloat16), _cast(built.kwargs, torch.bfloat16)
     tag = "train" if train else "bf16"
-    for how in ("eager", "coil", "inductor"):
+    import os
+    for how in os.environ.get("DIAG_COMPILERS", "eager coil inductor").split():
         import coil
         coil.reset()
         torch._dynamo.reset()

@@ -130,3 +130,40 @@ def test_horizontal_fusion_needs_a_shared_element():
     assert pointwise and all(len(g.nodes) == 1 for g in pointwise), c.scheduler.steps
     assert any(d.get("reason", "").startswith("their shared reads are of different elements")
                for d in c.scheduler.decisions), c.scheduler.decisions
+
+
+@pytest.mark.parametrize("backend", ["cpp", "triton"])
+def test_tied_lm_head_training_with_padded_matmuls(backend, monkeypatch):
+    """A tied LM head with a 1027-word vocabulary in bf16 (GPT-2's 50257 in small): the
+    logits come from a row-padded matmul, and the forward returned a *view* of that
+    padded buffer as a saved tensor, while the backward was traced with contiguous
+    strides (gradients off by 1e9). Saved outputs now always have their fake strides.
+    Also covers the shared padded copy of the logits gradient (``g @ W``, ``g.t() @ h``).
+    Padding is CUDA-only; the CPU device is allowed here to exercise it."""
+    import copy
+    import coil
+    import coil.ir.graph as G
+    monkeypatch.setattr(G, "_PAD_DEVICES", ("cuda", "cpu"))
+
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.ln = torch.nn.Embedding(1027, 64), torch.nn.LayerNorm(64)
+
+        def forward(self, ids):
+            h = self.ln(self.emb(ids))
+            logits = h @ self.emb.weight.t()
+            return F.cross_entropy(logits.float().view(-1, 1027), ids.roll(1).view(-1))
+
+    torch.manual_seed(0)
+    m = M().to(torch.bfloat16)
+    ids = torch.randint(0, 1027, (8, 128))
+    m2 = copy.deepcopy(m)
+    coil.reset()
+    f = coil.compile(m2, options={"cpu_backend": backend})
+    l1, l2 = m(ids), f(ids)
+    l1.backward()
+    l2.backward()
+    torch.testing.assert_close(l2, l1, atol=1e-3, rtol=1e-3)
+    for (n, p), (_, p2) in zip(m.named_parameters(), m2.named_parameters()):
+        torch.testing.assert_close(p2.grad.float(), p.grad.float(), atol=0.06, rtol=0.05, msg=n)

@@ -442,31 +442,23 @@ class GraphLowering(torch.fx.Interpreter):
         hit = self._materialized.get(key)
         if hit is not None:
             return hit[1]
-        r = int(lay.size[0])
-        load = x.make_loader()
-        idt = torch.int32
-
-        def inner(index):
-            i, j = index
-            ok = ops.lt(ops.index_expr(j, idt), ops.constant(c, idt))
-            return ops.masked(ok, lambda: load([i, j]), 0.0)
-
-        buf = TensorBox.create(Pointwise(x.get_device(), x.get_dtype(), inner, [r, cp])).data.realize()
+        buf = self._padded_rows(x, c, cp, dim=1)
         self._materialized[key] = (None, buf)
         return buf
 
-    def _padded_rows(self, x, k: int, kp: int) -> Buffer:
-        """A contiguous (kp, N) copy of 2-D ``x`` (k, N) with zero rows k..kp."""
-        nn = int(x.get_size()[1])
+    def _padded_rows(self, x, k: int, kp: int, dim: int = 0) -> Buffer:
+        """A contiguous copy of 2-D ``x`` with dim ``dim`` grown from ``k`` to ``kp``
+        (zeros beyond ``k``): rows for ``dim=0``, columns for ``dim=1``."""
+        size = [int(v) for v in x.get_size()]
+        size[dim] = kp
         load = x.make_loader()
         idt = torch.int32
 
         def inner(index):
-            i, j = index
-            ok = ops.lt(ops.index_expr(i, idt), ops.constant(k, idt))
-            return ops.masked(ok, lambda: load([i, j]), 0.0)
+            ok = ops.lt(ops.index_expr(index[dim], idt), ops.constant(k, idt))
+            return ops.masked(ok, lambda: load(list(index)), 0.0)
 
-        return TensorBox.create(Pointwise(x.get_device(), x.get_dtype(), inner, [kp, nn])).data.realize()
+        return TensorBox.create(Pointwise(x.get_device(), x.get_dtype(), inner, size)).data.realize()
 
     def format_ir(self) -> str:
         from coil.ir.handlers import TextPrinter

@@ -82,21 +82,36 @@ def load_module(source: str, interpret: bool):
         return mod
 
 
-#: The name every kernel is given in the module that is compiled (see canonical_source).
+#: The placeholder name a kernel's body is hashed under (see canonical_source).
 CANONICAL_NAME = "coil_kernel"
 #: Autotuning results of this process, by canonical source key.
 _tuned_in_process: dict[str, dict] = {}
 
 
-def canonical_source(source: str, name: str) -> str:
-    """``source`` with its kernel's name replaced by :data:`CANONICAL_NAME`.
+def canonical_name(source: str, name: str) -> str:
+    """The name kernel ``name`` is compiled under: ``coil_<kind>_<hash of its body>``,
+    e.g. ``coil_poi_3f2a91c0d4`` (``kind`` from ``triton_<kind>_...``).
 
     Generated names carry buffer names (``triton_poi_3_buf17``), so the same fused body
     in twelve layers would otherwise be twelve modules, twelve compilations and twelve
-    autotuning runs. Only whole-word occurrences of ``name`` are replaced."""
+    autotuning runs; the body's hash (with the name replaced by :data:`CANONICAL_NAME`)
+    gives them one name, while different bodies stay distinguishable in profiler
+    output (every kernel used to show up as ``coil_kernel``). The ``autotune`` event
+    records which generated kernel runs under which name."""
     import re
 
-    return re.sub(rf"\b{re.escape(name)}\b", CANONICAL_NAME, source)
+    placeholder = re.sub(rf"\b{re.escape(name)}\b", CANONICAL_NAME, source)
+    parts = name.split("_")
+    kind = parts[1] if len(parts) > 2 and parts[0] == "triton" else "kernel"
+    return f"coil_{kind}_{source_key(placeholder)[:10]}"
+
+
+def canonical_source(source: str, name: str) -> str:
+    """``source`` with its kernel's name replaced by :func:`canonical_name` (whole-word
+    occurrences only)."""
+    import re
+
+    return re.sub(rf"\b{re.escape(name)}\b", canonical_name(source, name), source)
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -178,8 +193,9 @@ class TritonLauncher:
         # Kernels whose bodies are identical (the same block in every transformer layer)
         # share one module, one JIT-compiled binary and one autotuning result: the
         # name is replaced by a fixed one before hashing.
+        self.compiled_name = canonical_name(source, name)
         canonical = canonical_source(source, name)
-        self.fn = getattr(load_module(canonical, self.interpret), CANONICAL_NAME)
+        self.fn = getattr(load_module(canonical, self.interpret), self.compiled_name)
         self.key = source_key(canonical)
         self.chosen: Optional[dict] = None
         tuned = _tuned_in_process.get(self.key) if self.gpu else None
@@ -325,7 +341,7 @@ class TritonLauncher:
         best = timings[0][1]
         self._choose(best)
         _tuned_in_process[self.key] = best
-        trace.log("autotune", stage="runtime", kernel=self.name,
+        trace.log("autotune", stage="runtime", kernel=self.name, compiled_name=self.compiled_name,
                   timings=[{"config": c, "ms": m} for m, c in timings], chosen=best)
         try:
             with open(self._tune_path(), "w") as f:

@@ -61,7 +61,9 @@ def _kernel_source(plan, name: str) -> tuple[str, list[str], TritonKernel]:
         for sec in k.sections:
             body += sec["pre"] + sec["init"]
             if sec["loop"]:
-                body.append("for roffset in range(0, rnumel, RBLOCK):")
+                # the trip count as a literal: Triton 3.6's interpreter cannot index a
+                # local int variable in range() ("only 0-dimensional arrays ...")
+                body.append(f"for roffset in range(0, {plan.rnumel}, RBLOCK):")
                 body += _indent(["rindex = roffset + rbase", "rmask = rindex < rnumel"] + sec["loop"], 4)
             body += sec["post"]
     out += _indent(body, 4)

@@ -5,7 +5,7 @@ Kernel shape (see docs/codegen.md for the plan contract):
 - pointwise: ``xindex = xoffset + tl.arange(0, XBLOCK)`` (1-D), one mask ``xmask``;
 - reduction: ``xindex`` is ``[XBLOCK, 1]``, ``rindex`` is ``[1, RBLOCK]``; *persistent*
   kernels hold a whole row (``RBLOCK >= rnumel``) and reduce once; *looped* kernels run
-  ``for roffset in range(0, rnumel, RBLOCK)`` once per loop section, accumulating in
+  ``for roffset in range(0, <rnumel>, RBLOCK)`` once per loop section, accumulating in
   ``[XBLOCK, RBLOCK]`` registers and reducing after the loop.
 
 Values are common-subexpression-eliminated (``tmpN``); loads of fp16/bf16 are upcast to

@@ -188,6 +188,7 @@ def _compile(fn, example_inputs, fw_compiler, bw_compiler, partition_fn, decompo
         fw_gm = trace_inference(fn, fake_args, info, decomps, fake_mode)
         cse_graph(fw_gm)
         trace.artifact("aot_inference_graph", _graph_text(fw_gm, "aot inference graph (ATen)"), kind="python")
+        fw_gm.meta["coil_aot_graph"] = "inference"
         compiled = fw_compiler(fw_gm, _placeholder_fakes(fw_gm))
         return inference_runner(compiled, info)
     joint, jinfo = trace_joint(fn, fake_args, info, decomps, fake_mode)
@@ -197,6 +198,10 @@ def _compile(fn, example_inputs, fw_compiler, bw_compiler, partition_fn, decompo
     cse_graph(part.bw)
     trace.artifact("aot_forward_graph", _graph_text(part.fw, "aot forward graph (ATen)"), kind="python")
     trace.artifact("aot_backward_graph", _graph_text(part.bw, "aot backward graph (ATen)"), kind="python")
+    # what the graph is, for compilers that choose layouts: a forward's saved outputs
+    # and a backward's inputs must keep the strides the joint graph was traced with
+    part.fw.meta["coil_aot_graph"] = "forward"
+    part.bw.meta["coil_aot_graph"] = "backward"
     compiled_fw = fw_compiler(part.fw, _placeholder_fakes(part.fw))
     compiled_bw = bw_compiler(part.bw, _placeholder_fakes(part.bw))
     return training_runner(compiled_fw, compiled_bw, info, jinfo, part.num_saved)

@@ -57,6 +57,27 @@ def _fake_layout(t: torch.Tensor, device=None) -> Layout:
 
 
 _PAD_DEVICES = ("cuda",)  # tests add "cpu" to exercise the path without a GPU
+_CHANNELS_LAST_DEVICES = ("cuda",)  # likewise
+
+_aten = torch.ops.aten
+#: extern ops that run channels-last when their 4-D inputs are (config.conv_channels_last)
+_CHANNELS_LAST_OPS = (_aten.convolution.default, _aten.max_pool2d_with_indices.default,
+                      _aten.avg_pool2d.default, _aten._adaptive_avg_pool2d.default)
+
+
+def _channels_last_strides(size) -> list:
+    """(N, C, H, W) strides of an (N, H, W, C)-ordered dense layout."""
+    n, c, h, w = size
+    return [c * h * w, sympy.Integer(1), w * c, c]
+
+
+def _is_channels_last(layout: Layout) -> bool:
+    try:
+        return len(layout.size) == 4 and all(
+            s == 1 or int(a) == int(b)
+            for s, a, b in zip(layout.size, layout.stride, _channels_last_strides(layout.size)))
+    except TypeError:
+        return False
 _PADDABLE_MATMULS = (torch.ops.aten.mm.default, torch.ops.aten.addmm.default)
 
 
@@ -138,6 +159,43 @@ class GraphLowering(torch.fx.Interpreter):
         #: into the int64 buffer ``seeds`` (one Philox stream per op)
         self.seed_count = 0
         self._inputs_iter = iter(self.example_inputs)
+        self.channels_last = self._use_channels_last()
+
+    def _use_channels_last(self) -> bool:
+        """Whether this graph runs its convolutions channels-last (logged)."""
+        if not config.conv_channels_last or self.device.type not in _CHANNELS_LAST_DEVICES:
+            return False
+        convs = sum(1 for n in self.gm.graph.nodes if n.target is _aten.convolution.default
+                    and isinstance(n.meta.get("val"), torch.Tensor) and n.meta["val"].dim() == 4)
+        kind = self.gm.meta.get("coil_aot_graph") if hasattr(self.gm, "meta") else None
+        # a training forward's saved outputs and a backward's inputs keep the strides the
+        # joint graph was traced with, so channels-last there would add copies
+        use = convs > 0 and kind not in ("forward", "backward")
+        if convs:
+            trace.log("layout_channels_last", stage="lowering", enabled=use, convolutions=convs,
+                      graph=kind or "unknown")
+        return use
+
+    def default_strides(self, loops) -> Optional[list]:
+        """Strides for a value realized without a requested layout (None: contiguous).
+        In a channels-last graph, a 4-D pointwise value that reads a channels-last buffer
+        of its own size is channels-last too (BatchNorm + ReLU after a convolution), so
+        the next convolution gets it without a transpose."""
+        if not self.channels_last or not isinstance(loops, Pointwise) or len(loops.get_size()) != 4:
+            return None
+        from coil.ir.handlers import DependencyRecorder
+        h = DependencyRecorder()
+        index = [sympy.Symbol(f"i{d}") for d in range(4)]
+        from coil.ir.virtualized import set_ops_handler
+        with set_ops_handler(h):
+            loops.inner_fn(index)
+        size = [str(v) for v in loops.get_size()]
+        for name in h.read_names():
+            b = self.name_to_buffer.get(name)
+            if (b is not None and b.layout is not None and _is_channels_last(b.layout)
+                    and [str(v) for v in b.layout.size] == size):
+                return _channels_last_strides(loops.get_size())
+        return None
 
     # -- registry ---------------------------------------------------------------------------
     def new_buffer_name(self) -> str:
@@ -260,11 +318,16 @@ class GraphLowering(torch.fx.Interpreter):
             return OutputSpec("view", d.data.get_name(), list(d.layout.size), list(d.layout.stride),
                               d.layout.offset)
         if isinstance(d, StorageBox) and d.is_realized():
-            if getattr(d.data, "padded_output", False) and isinstance(meta, torch.Tensor):
-                # a padded matmul result: hand the user eager's (contiguous) strides
+            lay = d.data.layout
+            if isinstance(meta, torch.Tensor) and lay is not None and (
+                    getattr(d.data, "padded_output", False) or not _same_strides(lay, meta)):
+                # a padded matmul result, a channels-last convolution output: hand the
+                # caller (the user, or the backward graph traced with these strides)
+                # eager's strides
+                stride = [as_expr(s) for s in (meta.stride() if _dense_non_overlapping(meta)
+                                               else _dense_strides_like(meta))]
                 copy = TensorBox.create(Pointwise(r.get_device(), r.get_dtype(), r.make_loader(),
                                                   r.get_size()))
-                stride = [as_expr(s) for s in meta.stride()]
                 return OutputSpec("buffer", copy.data.realize(stride).get_name())
             return OutputSpec("buffer", d.data.get_name())
         stride = None
@@ -318,9 +381,13 @@ class GraphLowering(torch.fx.Interpreter):
         return self._materialize(x, stride)
 
     def make_extern(self, target, args, kwargs):
+        cl = self.channels_last and target in _CHANNELS_LAST_OPS
+
         def conv(a, fa):
             if isinstance(a, TensorBox):
                 meta = fa.meta.get("val") if isinstance(fa, torch.fx.Node) else None
+                if cl and len(a.get_size()) == 4:
+                    return self._channels_last_input(a)
                 return self.realize_input(a, meta)
             if isinstance(a, (list, tuple)):
                 fas = fa if isinstance(fa, (list, tuple)) and len(fa) == len(a) else [None] * len(a)
@@ -337,7 +404,7 @@ class GraphLowering(torch.fx.Interpreter):
         kwargs = {k: conv(v, n.kwargs.get(k)) for k, v in kwargs.items()}
         name = self.new_buffer_name()
         if isinstance(meta, torch.Tensor):
-            ek = ExternKernel(name, _fake_layout(meta), target, args, kwargs)
+            ek = ExternKernel(name, self._extern_layout(meta, cl), target, args, kwargs)
             _maybe_pad_matmul_output(ek, meta)
             self.register_buffer(ek)
             return TensorBox(StorageBox(ek))
@@ -346,13 +413,38 @@ class GraphLowering(torch.fx.Interpreter):
 
         def build(v, path):
             if isinstance(v, torch.Tensor):
-                mo = MultiOutput(self.new_buffer_name(), _fake_layout(v), ek, path)
+                mo = MultiOutput(self.new_buffer_name(), self._extern_layout(v, cl), ek, path)
                 self.register_buffer(mo)
                 return TensorBox(StorageBox(mo))
             if isinstance(v, (list, tuple)):
                 return type(v)(build(x, path + (i,)) for i, x in enumerate(v))
             return v
         return build(meta, ())
+
+    # -- channels-last convolutions -----------------------------------------------------
+    def _channels_last_input(self, x: TensorBox):
+        """4-D ``x`` as a channels-last buffer or view (a copy only if it is not one)."""
+        d = x.data
+        if isinstance(d, ReinterpretView) and _is_channels_last(d.layout):
+            return d
+        if isinstance(d, StorageBox) and d.is_realized() and d.data.layout is not None \
+                and _is_channels_last(d.data.layout):
+            return d.data
+        stride = _channels_last_strides(x.get_size())
+        if isinstance(d, StorageBox) and not d.is_realized():
+            return d.realize(stride)
+        return self._materialize(x, stride)
+
+    @staticmethod
+    def _extern_layout(meta: torch.Tensor, channels_last: bool) -> Layout:
+        """The layout an extern kernel's output is given: the fake tensor's, or
+        channels-last for a 4-D output of a channels-last op (ATen's convolution and
+        pooling return the memory format of their input). A wrong guess costs a copy
+        (``ensure_layout``), never a wrong value."""
+        lay = _fake_layout(meta)
+        if channels_last and meta.dim() == 4:
+            lay = Layout(lay.device, lay.dtype, lay.size, _channels_last_strides(lay.size), lay.offset)
+        return lay
 
     # -- matmul operands with a misaligned leading dimension ----------------------------
     def _mm_with_padded_operand(self, args, meta) -> Optional[TensorBox]:

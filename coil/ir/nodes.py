@@ -419,6 +419,8 @@ class StorageBox(IRNode):
         assert isinstance(self.data, Loops)
         g = current_graph()
         size = self.data.get_size()
+        if stride is None and hasattr(g, "default_strides"):
+            stride = g.default_strides(self.data)
         layout = (Layout(self.data.device, self.data.dtype, list(size), list(stride))
                   if stride is not None else Layout.contiguous(self.data.device, self.data.dtype, size))
         buf = ComputedBuffer(g.new_buffer_name(), layout, self.data)

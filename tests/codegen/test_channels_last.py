@@ -1,0 +1,105 @@
+"""Channels-last convolutions (``config.conv_channels_last``, CUDA inference graphs; the
+CPU device is allowed here to exercise the path). cuDNN transposed ResNet-50's NCHW
+activations to NHWC and back around every convolution (0.58 ms of a 2.47 ms bf16 step on
+an H200, BENCHMARKS.md); with the option on, convolution and pooling inputs, their
+outputs and the pointwise buffers made from them are (N, H, W, C) in memory."""
+import pytest
+import torch
+
+import coil
+import coil.codegen.wrapper as W
+import coil.ir.graph as G
+
+
+class Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c1 = torch.nn.Conv2d(3, 16, 3, padding=1, bias=False)
+        self.b1 = torch.nn.BatchNorm2d(16)
+        self.pool = torch.nn.MaxPool2d(3, 2, 1)
+        self.c2 = torch.nn.Conv2d(16, 16, 3, padding=1, bias=False)
+        self.b2 = torch.nn.BatchNorm2d(16)
+        self.c3 = torch.nn.Conv2d(16, 32, 1)
+        self.fc = torch.nn.Linear(32, 10)
+
+    def forward(self, x):
+        h = self.pool(torch.relu(self.b1(self.c1(x))))
+        h = torch.relu(self.b2(self.c2(h)) + h)
+        h = self.c3(h)
+        return self.fc(h.mean((2, 3))), h
+
+
+def _block():
+    torch.manual_seed(0)
+    m = Block().eval()
+    for mod in m.modules():
+        if isinstance(mod, torch.nn.BatchNorm2d):
+            mod.running_mean.normal_()
+            mod.running_var.uniform_(0.5, 2)
+    return m
+
+
+@pytest.mark.parametrize("backend", ["triton", "cpp"])
+def test_resnet_block_runs_channels_last_without_copies(backend, monkeypatch):
+    monkeypatch.setattr(G, "_CHANNELS_LAST_DEVICES", ("cuda", "cpu"))
+    copies = []
+    orig = W.ensure_layout
+
+    def counting(t, size, stride):
+        out = orig(t, size, stride)
+        if out is not t:
+            copies.append((tuple(size), tuple(stride), t.stride()))
+        return out
+
+    monkeypatch.setattr(W, "ensure_layout", counting)
+    m, x = _block(), torch.randn(2, 3, 32, 32)
+    coil.reset()
+    f = coil.compile(m, options={"cpu_backend": backend, "conv_channels_last": True})
+    with torch.no_grad():
+        out, ref = f(x), m(x)
+    for o, r in zip(out, ref):
+        torch.testing.assert_close(o, r, atol=1e-4, rtol=1e-4)
+        assert o.stride() == r.stride()  # the 4-D output comes back NCHW, like eager
+    assert copies == [], copies  # every extern output had the predicted (NHWC) layout
+
+
+def test_channels_last_layouts_in_the_wrapper(monkeypatch):
+    """Convolution outputs and the BatchNorm+ReLU buffers after them are NHWC; the kernel
+    between two convolutions reads and writes consecutive addresses."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from coil.aot.decompositions import get_decompositions
+    from coil.codegen import compile_aten_graph
+    from coil.config import patch
+    monkeypatch.setattr(G, "_CHANNELS_LAST_DEVICES", ("cuda", "cpu"))
+    m, x = _block(), torch.randn(2, 3, 32, 32)
+    params = dict(m.named_parameters(), **dict(m.named_buffers()))
+
+    def fn(x):
+        return torch.func.functional_call(m, params, (x,))
+
+    with torch.no_grad():
+        gm = make_fx(fn, decomposition_table=get_decompositions())(x)
+        with patch(cpu_backend="triton", conv_channels_last=True):
+            c = compile_aten_graph(gm, [x], torch.device("cpu"))
+        out = c(x)
+    torch.testing.assert_close(out[0], m(x)[0], atol=1e-4, rtol=1e-4)
+    assert "(16384, 1, 512, 16)" in c.source, c.source  # conv1 output, NHWC
+    pw = [k for k in c.kernels if "triton_poi" in k.name and "in_ptr5" in k.source]
+    assert pw, c.source
+    assert "tl.store(out_ptr0 + (xindex)" in pw[0].source, pw[0].source
+
+
+def test_channels_last_is_off_for_training_graphs(monkeypatch):
+    """A training forward's saved outputs must keep the traced strides: the option does
+    not apply there (and the results match eager)."""
+    monkeypatch.setattr(G, "_CHANNELS_LAST_DEVICES", ("cuda", "cpu"))
+    m, x = _block().train(), torch.randn(2, 3, 32, 32)
+    import copy
+    m2 = copy.deepcopy(m)
+    coil.reset()
+    f = coil.compile(m2, options={"cpu_backend": "cpp", "conv_channels_last": True})
+    out, ref = f(x), m(x)
+    (out[0].sum() + out[1].mean()).backward()
+    (ref[0].sum() + ref[1].mean()).backward()
+    for (n, p), (_, p2) in zip(m.named_parameters(), m2.named_parameters()):
+        torch.testing.assert_close(p2.grad, p.grad, atol=1e-4, rtol=1e-4, msg=n)

@@ -42,6 +42,9 @@ class Config:
     #: Triton: fuse softmax's sum(exp(x - max)) into the max loop of looped reductions
     #: (running max and rescaled running sum; one read of x fewer).
     triton_online_softmax: bool = True
+    #: Triton: run a pointwise kernel whose loads/stores are contiguous along different
+    #: dims (a transpose) as 2-D tiles on a 2-D grid (codegen/tiling.py).
+    triton_tile_2d: bool = True
     #: Launch compiled Triton kernels through their low-level launcher after the first
     #: call (skips Triton's per-call argument binding; GPU only).
     triton_fast_launch: bool = True

@@ -75,6 +75,18 @@ def _pick_backend(device: torch.device):
     return be if be is not None else get_kernel_backend("triton")
 
 
+def _tiling(group, backend):
+    """(Y, X) when ``group`` runs as a 2-D tiled pointwise kernel (Triton only), else None."""
+    from coil.schedule.scheduler import FusedGroup
+    if backend.name != "triton" or not config.triton_tile_2d or not isinstance(group, FusedGroup):
+        return None
+    from coil.codegen.tiling import tile_pointwise
+    tiled = tile_pointwise(group)
+    if tiled is not None:
+        trace.log("tile_2d", stage="codegen", group=group.names, y=tiled[0], x=tiled[1])
+    return tiled
+
+
 def compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: list, device) -> Callable:
     """Compile one functional ATen graph to generated kernels (see module docstring).
 
@@ -102,9 +114,18 @@ def compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: list, device) -
                 if not isinstance(s, FusedGroup):
                     continue
                 live = {n for n in s.names if n in out_names or readers.get(n, set()) - {id(s)}}
-                plan = KernelPlan(s, graph, live, backend.persistent_rnumel)
+                tiled = _tiling(s, backend)
+                if tiled is not None:
+                    # a 2-D tiled pointwise kernel: planned like a persistent reduction
+                    # kernel without reductions over (Y, X); the Triton backend gives it
+                    # a 2-D grid instead of a loop (codegen/tiling.py)
+                    plan = KernelPlan(FusedGroup(s.nodes, tiled[0], tiled[1], s.order), graph, live,
+                                      persistent_limit=1 << 62)
+                    plan.tiled = True
+                else:
+                    plan = KernelPlan(s, graph, live, backend.persistent_rnumel)
                 kind = "pointwise" if plan.rnumel == 1 else ("per" if plan.persistent else "red")
-                kind = {"pointwise": "poi"}.get(kind, kind)
+                kind = "til" if tiled is not None else {"pointwise": "poi"}.get(kind, kind)
                 name = f"{backend.name}_{kind}_{ki}_{'_'.join(s.names[:3])}"
                 gen = backend.generate(plan, name)
                 kernels[id(s)] = _Kernel(plan, gen)

@@ -47,6 +47,8 @@ class KernelPlan:
 
     def __init__(self, group, graph, live_after: set, persistent_limit: int = PERSISTENT_RNUMEL):
         self.numel, self.rnumel = int(group.numel), int(group.rnumel)
+        #: a 2-D tiled pointwise kernel over (numel, rnumel) (codegen/tiling.py)
+        self.tiled = getattr(self, "tiled", False)
         self.graph = graph
         self.group, self.live_after = group, live_after
         self.persistent = self.rnumel <= persistent_limit

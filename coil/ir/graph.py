@@ -305,38 +305,33 @@ class GraphLowering(torch.fx.Interpreter):
         return walk(self.current_node.meta.get("val")) or walk(list(args)) or walk(kwargs)
 
     def _output_spec(self, r, meta) -> OutputSpec:
+        """How graph output ``r`` (fake tensor ``meta``) is returned. Every tensor output
+        has exactly ``meta``'s strides (storage offset 0 for a copy): the caller may be
+        the backward graph, which was traced with these fake strides and indexes its
+        inputs with them (a slice saved for the backward, ``(x * 2)[:, 1:5]`` with
+        strides (7, 1), came back dense and the backward read the wrong elements), and
+        for a user the strides are eager's. A view whose strides already agree is
+        returned as a view; anything else is written into a buffer with those strides
+        (a non-dense one keeps its gaps; stride-0 dims are written once per element)."""
         if not isinstance(r, TensorBox):
             return OutputSpec("value", value=r)
         d = r.data
+        stride = [as_expr(s) for s in meta.stride()] if isinstance(meta, torch.Tensor) else None
         if isinstance(d, ReinterpretView):
-            if isinstance(meta, torch.Tensor) and not _same_strides(d.layout, meta):
-                # e.g. a view of a row-padded matmul result: the graph that reads this
-                # output (the backward) was traced with the fake strides, so hand it those
-                stride = [as_expr(s) for s in (meta.stride() if _dense_non_overlapping(meta)
-                                               else _dense_strides_like(meta))]
+            if stride is not None and not _same_strides(d.layout, meta):
+                # e.g. a view of a row-padded matmul result
                 return OutputSpec("buffer", self._materialize(r, stride).get_name())
             return OutputSpec("view", d.data.get_name(), list(d.layout.size), list(d.layout.stride),
                               d.layout.offset)
         if isinstance(d, StorageBox) and d.is_realized():
             lay = d.data.layout
-            if isinstance(meta, torch.Tensor) and lay is not None and (
+            if stride is not None and lay is not None and (
                     getattr(d.data, "padded_output", False) or not _same_strides(lay, meta)):
-                # a padded matmul result, a channels-last convolution output: hand the
-                # caller (the user, or the backward graph traced with these strides)
-                # eager's strides
-                stride = [as_expr(s) for s in (meta.stride() if _dense_non_overlapping(meta)
-                                               else _dense_strides_like(meta))]
+                # a padded matmul result, a channels-last convolution output
                 copy = TensorBox.create(Pointwise(r.get_device(), r.get_dtype(), r.make_loader(),
                                                   r.get_size()))
                 return OutputSpec("buffer", copy.data.realize(stride).get_name())
             return OutputSpec("buffer", d.data.get_name())
-        stride = None
-        if isinstance(meta, torch.Tensor):
-            # eager's strides; a non-dense view (a slice) keeps its memory order: the
-            # backward graph was traced with the forward's fake strides, so extern ops
-            # there (attention backward) pick their output layout from this order
-            stride = [as_expr(s) for s in (meta.stride() if _dense_non_overlapping(meta)
-                                           else _dense_strides_like(meta))]
         if isinstance(d, StorageBox):
             return OutputSpec("buffer", d.realize(stride).get_name())
         return OutputSpec("buffer", self._materialize(r, stride).get_name())

@@ -122,6 +122,22 @@ def _pow2(n: int) -> int:
     return 1 << max(int(n) - 1, 0).bit_length()
 
 
+def tiled_configs(numel: int, rnumel: int, gpu: bool) -> list[dict]:
+    """Launch configs of a 2-D tiled pointwise kernel over (numel, rnumel) = (Y, X):
+    square-ish tiles of 1k-4k elements (each side a power of two no larger than its
+    axis needs), best guess first; one config on CPU."""
+    ycap, xcap = _pow2(numel), _pow2(rnumel)
+    if not gpu:
+        return [dict(XBLOCK=min(ycap, 32), RBLOCK=min(xcap, 32), num_warps=4)]
+    out: list[dict] = []
+    for yb, xb, nw in ((32, 32, 4), (64, 64, 8), (16, 128, 4), (128, 16, 4)):
+        c = dict(XBLOCK=min(yb, ycap), RBLOCK=min(xb, xcap), num_warps=nw)
+        c["num_warps"] = max(1, min(nw, c["XBLOCK"] * c["RBLOCK"] // 128))
+        if c not in out:
+            out.append(c)
+    return out
+
+
 def candidate_configs(numel: int, rnumel: int, persistent: bool, gpu: bool,
                       outer: bool = False, elem_bytes: int = 4) -> list[dict]:
     """Launch configs to try, best guess first: dicts with XBLOCK, (RBLOCK), num_warps.
@@ -184,12 +200,14 @@ class TritonLauncher:
     """Callable ``launcher(*tensors)`` running one generated kernel."""
 
     def __init__(self, name: str, source: str, numel: int, rnumel: int, persistent: bool,
-                 device_type: str, outer: bool = False, elem_bytes: int = 4):
+                 device_type: str, outer: bool = False, elem_bytes: int = 4, tiled: bool = False):
         self.name, self.source = name, source
         self.interpret = device_type == "cpu"
         self.gpu = not self.interpret
         self.numel, self.rnumel, self.elem_bytes = numel, rnumel, elem_bytes
-        self.configs = candidate_configs(numel, rnumel, persistent, self.gpu, outer, elem_bytes)
+        self.tiled = tiled
+        self.configs = (tiled_configs(numel, rnumel, self.gpu) if tiled else
+                        candidate_configs(numel, rnumel, persistent, self.gpu, outer, elem_bytes))
         # Kernels whose bodies are identical (the same block in every transformer layer)
         # share one module, one JIT-compiled binary and one autotuning result: the
         # name is replaced by a fixed one before hashing.
@@ -209,7 +227,7 @@ class TritonLauncher:
     def _choose(self, cfg: dict) -> None:
         self.chosen = dict(cfg)
         kwargs = dict(cfg)
-        grid = (_cdiv(self.numel, cfg["XBLOCK"]),)
+        grid = self._grid(cfg)
         launch = self.fn[grid]
         if self.interpret:
             kwargs.pop("num_warps", None)
@@ -217,6 +235,12 @@ class TritonLauncher:
         self._call = self._slow
         if self.gpu and config.triton_fast_launch:
             self._call = self._first_call
+
+    def _grid(self, cfg: dict) -> tuple:
+        """Programs per axis: x blocks, and for a tiled kernel r blocks too."""
+        if self.tiled:
+            return (_cdiv(self.numel, cfg["XBLOCK"]), _cdiv(self.rnumel, cfg["RBLOCK"]))
+        return (_cdiv(self.numel, cfg["XBLOCK"]),)
 
     def _first_call(self, *args):
         """Launch through Triton's JIT once, then switch to the compiled kernel's own
@@ -239,7 +263,8 @@ class TritonLauncher:
         from triton.runtime.driver import driver
         cfg = self.chosen
         consts = [cfg["XBLOCK"]] + ([cfg["RBLOCK"]] if "RBLOCK" in cfg else [])
-        g0 = _cdiv(self.numel, cfg["XBLOCK"])
+        grid = self._grid(cfg)
+        g0, g1 = grid[0], (grid[1] if len(grid) > 1 else 1)
         aligned = tuple(a.data_ptr() % 16 == 0 for a in args)
         run, function, packed = kernel.run, kernel.function, kernel.packed_metadata
         get_stream, device = driver.active.get_current_stream, driver.active.get_current_device()
@@ -248,7 +273,7 @@ class TritonLauncher:
         def fast(*a):
             if tuple(t.data_ptr() % 16 == 0 for t in a) != aligned:
                 return slow(*a)
-            run(g0, 1, 1, get_stream(device), function, packed, None, None, None, *a, *consts)
+            run(g0, g1, 1, get_stream(device), function, packed, None, None, None, *a, *consts)
         return fast
 
     def __call__(self, *args):

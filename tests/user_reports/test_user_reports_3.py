@@ -86,12 +86,10 @@ def pad_on_cpu(monkeypatch):
 
 
 # ---------------------------------------------------------------------------------
-# Open defects (xfail strict)
+# Fixed defects (were xfail strict; fixed by the exact-strides rule of
+# GraphLowering._output_spec): plain regression tests now
 # ---------------------------------------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason="ir/graph.py _output_spec: a non-dense saved output (slice of a "
-                   "pointwise value) is written dense but the backward reads it with the fake strides: "
-                   "silently wrong gradients")
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_saved_slice_of_pointwise_gives_wrong_grad(backend):
     # forward returns [sin, slice_1] with slice_1 = (x*2)[:, 1:5] materialized (6, 4) with
@@ -101,9 +99,6 @@ def test_saved_slice_of_pointwise_gives_wrong_grad(backend):
     _check(lambda x: (x * 2)[:, 1:5].sin(), [_r(6, 7, grad=True)], backend, grads=True)
 
 
-@pytest.mark.xfail(strict=True, raises=RuntimeError,
-                   reason="ir/graph.py _output_spec: a non-dense saved output is written dense; the "
-                   "backward mm's reinterpret() with the fake strides goes out of bounds")
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_saved_slice_of_pointwise_into_mm_crashes_backward(backend):
     # RuntimeError: setStorage: sizes [4, 6], strides [1, 7] ... out of bounds for storage of size 96
@@ -111,8 +106,6 @@ def test_saved_slice_of_pointwise_into_mm_crashes_backward(backend):
            grads=True)
 
 
-@pytest.mark.xfail(strict=True, reason="ir/graph.py _output_spec: SwiGLU's chunks of a pointwise value "
-                   "are saved dense, read by the backward with the fake (non-dense) strides: wrong grads")
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_swiglu_chunk_of_pointwise_grads(backend):
     # the everyday form of the defect above: a pointwise op (scale + bias) before .chunk(2, -1)
@@ -125,8 +118,6 @@ def test_swiglu_chunk_of_pointwise_grads(backend):
            grads=True)
 
 
-@pytest.mark.xfail(strict=True, reason="ir/graph.py _output_spec: halves / strided rows of a pointwise "
-                   "value saved for the backward are written dense, read with the fake strides: wrong grads")
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("prog", ["halves", "step"])
 def test_rotary_halves_and_step_slice_of_pointwise_grads(backend, prog):
@@ -138,8 +129,6 @@ def test_rotary_halves_and_step_slice_of_pointwise_grads(backend, prog):
     _check(fns[prog], [_r(2, 3, 8, grad=True)], backend, grads=True)
 
 
-@pytest.mark.xfail(strict=True, reason="ir/graph.py _output_spec: a non-dense view of a row-padded mm "
-                   "result is saved with dense strides, not the fake ones the backward was traced with")
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_padded_logits_slice_saved_for_backward(backend, pad_on_cpu):
     # 72e8cd9 copies a view output of a padded matmul with the fake strides only when the

@@ -53,7 +53,11 @@ def _kernel_source(plan, name: str) -> tuple[str, list[str], TritonKernel]:
     if red:
         body.append(f"rnumel = {plan.rnumel}")
         body.append("rbase = tl.arange(0, RBLOCK)[None, :]")
-    if not k.looped:
+    if getattr(plan, "tiled", False):
+        pid1 = "tl.program_id(1).to(tl.int64)" if k.index_dtype == "tl.int64" else "tl.program_id(1)"
+        body += [f"rindex = {pid1} * RBLOCK + rbase", "rmask = rindex < rnumel"]
+        body += k.body
+    elif not k.looped:
         if red:
             body += ["rindex = rbase", "rmask = rindex < rnumel"]
         body += k.body
@@ -84,12 +88,14 @@ class TritonBackend(KernelBackend):
     def generate(self, plan, kernel_name: str) -> GeneratedKernel:
         from coil.runtime.triton_runtime import TritonLauncher
         source, arg_names, k = _kernel_source(plan, kernel_name)
-        if k.outer_reduction and plan.persistent and plan.rnumel > OUTER_PERSISTENT_RNUMEL:
+        tiled = getattr(plan, "tiled", False)
+        if k.outer_reduction and plan.persistent and plan.rnumel > OUTER_PERSISTENT_RNUMEL and not tiled:
             # x-contiguous reductions tile wide along x: a whole column per program would
             # not fit in registers, so loop over r in short steps instead
             plan.replan(OUTER_PERSISTENT_RNUMEL)
             source, arg_names, k = _kernel_source(plan, kernel_name)
         dev = plan.buffer(plan.nodes[0].name).get_device()
         launcher = TritonLauncher(kernel_name, source, plan.numel, plan.rnumel, plan.persistent,
-                                  dev.type, outer=k.outer_reduction, elem_bytes=stream_elem_bytes(plan))
+                                  dev.type, outer=k.outer_reduction and not tiled,
+                                  elem_bytes=stream_elem_bytes(plan), tiled=tiled)
         return GeneratedKernel(kernel_name, source, arg_names, launcher, "triton")

@@ -1,0 +1,76 @@
+"""2-D tiling of pointwise kernels whose accesses disagree about the contiguous dim.
+
+A pointwise group is one flat loop ``xindex in [0, numel)``. When one access walks
+memory with ``xindex`` and another with a stride (a transpose: ``out[j, i] = f(in[i, j])``,
+an NCHW -> NHWC copy), a 1-D kernel coalesces only one of them: the other touches one
+element per 32-byte sector per lane. :func:`tile_pointwise` re-plans such a group over
+a 2-D space ``(Y, X)``: ``X`` is the innermost loop range of the group's first stored
+buffer (after its loop order, docs/ir.md), ``Y = numel / X``. The kernel then runs
+``[XBLOCK, RBLOCK]`` tiles on a 2-D grid (x = the Y axis, r = the X axis, no loop;
+the reduction machinery's in-loop pointwise indexing does the mapping), and Triton's
+coalescing pass gives each load and store the layout of its own contiguous axis,
+converting between them through shared memory. Inductor tiles pointwise kernels the
+same way (its "tiling" of ``(y, x)`` ranges).
+
+Applies to the Triton backend only (``config.triton_tile_2d``); logged as event
+``tile_2d``.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from coil.ir.symbols import RINDEX, XINDEX
+from coil.schedule.indexing import kernel_deps, kernel_index
+
+#: Grid y dimension limit of CUDA (tiles along X must fit in it).
+_MAX_GRID_Y = 65535
+
+
+def _contiguous_axis(e) -> Optional[str]:
+    """"x" or "r" for an index expression that steps by 1 along that kernel axis and by
+    more along the other, else None (indirect, broadcast, or contiguous in neither)."""
+    if not e.free_symbols <= {XINDEX, RINDEX}:
+        return None
+    try:
+        at = lambda xv, rv: int(e.subs({XINDEX: xv, RINDEX: rv}))
+        base = at(0, 0)
+        dx, dr = at(1, 0) - base, at(0, 1) - base
+    except (TypeError, ValueError):
+        return None
+    if dx == 1 and abs(dr) > 1:
+        return "x"
+    if dr == 1 and abs(dx) > 1:
+        return "r"
+    return None
+
+
+def tile_pointwise(group) -> Optional[tuple[int, int]]:
+    """``(Y, X)`` to run pointwise ``group`` (a scheduler FusedGroup with ``rnumel == 1``)
+    as a 2-D tiled kernel, or None when a flat kernel coalesces every access already.
+
+    Tiled when, over ``(Y, X)``, some access is contiguous along x and another along r
+    (each access is a load or store with an affine index in the kernel symbols)."""
+    if group.rnumel != 1 or not group.nodes:
+        return None
+    numel = int(group.numel)
+    try:
+        x = int(group.nodes[0].get_ranges()[-1])
+    except (IndexError, TypeError):
+        return None
+    if x < 8 or numel % x or numel // x < 8 or -(-x // 16) > _MAX_GRID_Y:
+        return None
+    y = numel // x
+    axes = set()
+    for n in group.nodes:
+        if kernel_index(n, y, x) is None:
+            return None
+        deps = kernel_deps(n, y, x)
+        if deps is None or not deps.in_loop:
+            return None
+        for _, e in list(deps.loads) + list(deps.stores):
+            a = _contiguous_axis(e)
+            if a is not None:
+                axes.add(a)
+    if axes != {"x", "r"}:
+        return None
+    return y, x

@@ -4,7 +4,7 @@
 # 9): every step has a time budget (rows/ops not started in time are reported as
 # "skipped") and a hard `timeout`. Results go to $OUT (default ./gpu_results):
 #   machine.txt, gpu_tests.txt, microbench.md, demo.txt, demo/{trace,report}/,
-#   bench_*.{json,md,txt,log}, conformance_*.{json,md,txt,log}, summary.md (all markdown
+#   bench_*.{json,md,txt,log} (bench_cl: channels-last convolutions on), conformance_*.{json,md,txt,log}, summary.md (all markdown
 #   blocks, for BENCHMARKS.md). GPU_SUITE_TAR=1 packs all but summary.md into all.tgz.
 # Usage:  bash benchmarks/gpu_suite.sh        (from anywhere; it cd's to the repo root)
 set -uo pipefail
@@ -35,7 +35,8 @@ QUICK="${QUICK:-0}"
 
 # 0. GPU kernel tests and memory-bound microbenchmarks                       ~1.5 min max
 timeout -k 5 120 "$PY" -m pytest -q -p no:cacheprovider tests/codegen/test_gpu.py \
-  tests/codegen/test_codegen_lead_regressions.py >"$OUT/gpu_tests.txt" 2>&1
+  tests/codegen/test_codegen_lead_regressions.py tests/codegen/test_training_layouts.py \
+  tests/codegen/test_tiling.py tests/codegen/test_channels_last.py >"$OUT/gpu_tests.txt" 2>&1
 timeout -k 5 150 "$PY" benchmarks/microbench.py >"$OUT/microbench.md" 2>&1
 
 # 1. demo (GPT-2 124M config, eager vs coil, compile log + HTML report)    ~1.5 min max
@@ -52,6 +53,16 @@ timeout -k 5 $(( B + 75 )) $COIL bench --isolate --budget "$B" --mode bf16 --mod
   --compiler eager coil inductor --repeat 20 --row-timeout 120 --no-warm-compile \
   --json "$OUT/bench_bf16.json" --markdown "$OUT/bench_bf16.md" --no-progress \
   >"$OUT/bench_bf16.txt" 2>"$OUT/bench_bf16.log"
+
+# 2b. channels-last convolutions (config.conv_channels_last, off by default until this
+#     row shows it helps): ResNet-50 and the conv net, bf16, coil with the option on.
+B=$(( $(left 450) - 15 ))
+if [ "$B" -gt 20 ]; then
+  COIL_CONV_CHANNELS_LAST=1 timeout -k 5 $(( B + 60 )) $COIL bench --isolate --budget "$B" --mode bf16 \
+    --model timm_resnet50 convnet --compiler eager coil --repeat 20 --row-timeout 100 \
+    --no-warm-compile --json "$OUT/bench_cl.json" --markdown "$OUT/bench_cl.md" --no-progress \
+    >"$OUT/bench_cl.txt" 2>"$OUT/bench_cl.log"
+fi
 
 # 3. bench: training step (autocast bf16) on three models, eager/coil/inductor.
 B=$(( $(left 540) - 15 ))
@@ -88,7 +99,7 @@ done
   echo "## GPU tests"; echo; echo '```'; tail -5 "$OUT/gpu_tests.txt"; echo '```'; echo
   echo "## microbench"; echo; cat "$OUT/microbench.md"; echo
   [ -f "$OUT/demo.txt" ] && { echo "## demo"; echo; echo '```'; tail -20 "$OUT/demo.txt"; echo '```'; echo; }
-  for f in bench_bf16 bench_train bench_cross conformance_coil conformance_inductor; do
+  for f in bench_bf16 bench_cl bench_train bench_cross conformance_coil conformance_inductor; do
     [ -f "$OUT/$f.md" ] && { echo "## $f"; echo; cat "$OUT/$f.md"; echo; }
   done; } >"$OUT/summary.md"
 # the device tool brings back at most 8 files: everything but the summary in one archive

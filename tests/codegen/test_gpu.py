@@ -62,6 +62,11 @@ def _cases():
         "sum_first_odd_rows": (lambda x: x.sum(0), (r(8193, 1024),)),
         "full_sum_odd": (lambda x: x.sum(), (r(1000003),)),
         "sum_middle": (lambda x: x.sum(1), (r(16, 4096, 128),)),
+        # 2-D tiled pointwise kernels (codegen/tiling.py): transposes, fp32 and bf16
+        "transpose_add_tiled": (lambda x, y: (x.t() * 2).contiguous() + y,
+                                (r(3000, 4099), r(4099, 3000))),
+        "nchw_to_nhwc_tiled_bf16": (lambda x: x.permute(0, 2, 3, 1).contiguous() * 2,
+                                    (r(8, 64, 56, 56, dtype=torch.bfloat16),)),
     }
 
 
@@ -76,7 +81,7 @@ NAMES = ["softmax", "layer_norm_bf16", "gelu_addmm", "sum_first_split", "full_su
          "looped_rows", "cross_entropy", "embedding_backward", "cat_pad_index",
          "sum_first_tall", "sum_first_outer_looped", "rms_norm", "cross_entropy_online",
          "softmax_online", "cross_entropy_bf16", "gelu_bias_bf16", "sum_first_odd_rows",
-         "full_sum_odd", "sum_middle"]
+         "full_sum_odd", "sum_middle", "transpose_add_tiled", "nchw_to_nhwc_tiled_bf16"]
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -108,3 +113,36 @@ def test_gpu_autotune_precompiles_in_parallel(monkeypatch, tmp_path):
     bad = [e for e in events if "precompile" in e[0]]
     assert not bad, bad
     assert any(e[0] == "autotune" for e in events), [e[0] for e in events]
+
+
+def test_gpu_tiled_kernels_are_tiled():
+    x, y = r(3000, 4099), r(4099, 3000)
+    c = _check(lambda x, y: (x.t() * 2).contiguous() + y, x, y)
+    assert [k.name.split("_")[1] for k in c.kernels] == ["til"], [k.name for k in c.kernels]
+
+
+def test_gpu_channels_last_resnet_block(monkeypatch):
+    """config.conv_channels_last on CUDA: values match and no extern output needs a
+    layout copy (cuDNN returns what _extern_layout predicted)."""
+    import coil
+    import coil.codegen.wrapper as W
+    copies = []
+    orig = W.ensure_layout
+
+    def counting(t, size, stride):
+        out = orig(t, size, stride)
+        if out is not t:
+            copies.append((tuple(size), tuple(stride), t.stride()))
+        return out
+
+    monkeypatch.setattr(W, "ensure_layout", counting)
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Conv2d(64, 64, 3, padding=1, bias=False),
+                            torch.nn.BatchNorm2d(64), torch.nn.ReLU(),
+                            torch.nn.MaxPool2d(3, 2, 1), torch.nn.Conv2d(64, 128, 1)).cuda().eval()
+    x = r(8, 64, 56, 56)
+    coil.reset()
+    f = coil.compile(m, options={"conv_channels_last": True})
+    with torch.no_grad():
+        torch.testing.assert_close(f(x), m(x), atol=2e-3, rtol=2e-3)
+    assert copies == [], copies

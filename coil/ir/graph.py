@@ -466,7 +466,7 @@ class GraphLowering(torch.fx.Interpreter):
         if not (isinstance(a, TensorBox) and isinstance(b, TensorBox)):
             return None
         try:
-            (m, k), (k2, nn) = [int(v) for v in a.get_size()], [int(v) for v in b.get_size()]
+            (m, k), (_, nn) = [int(v) for v in a.get_size()], [int(v) for v in b.get_size()]
         except TypeError:
             return None
         if nn % 8 != 0 or min(m, k, nn) < 64 or m * k < (1 << 20):

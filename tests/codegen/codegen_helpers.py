@@ -39,3 +39,21 @@ def check(fn, *args, kernels=None, atol=1e-5, rtol=1e-5, backend="triton", **opt
     if kernels is not None:
         assert compiled.kernel_count == kernels, (compiled.kernel_count, compiled.source)
     return compiled
+
+
+def count_layout_copies(monkeypatch) -> list:
+    """Record every ``ensure_layout`` call that had to copy (an extern kernel returned
+    another layout than predicted): a list of (size, stride, actual stride) tuples that
+    fills as compiled graphs run."""
+    import coil.codegen.wrapper as W
+    copies: list = []
+    orig = W.ensure_layout
+
+    def counting(t, size, stride):
+        out = orig(t, size, stride)
+        if out is not t:
+            copies.append((tuple(size), tuple(stride), t.stride()))
+        return out
+
+    monkeypatch.setattr(W, "ensure_layout", counting)
+    return copies

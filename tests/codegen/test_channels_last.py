@@ -7,7 +7,6 @@ import pytest
 import torch
 
 import coil
-import coil.codegen.wrapper as W
 import coil.ir.graph as G
 
 
@@ -42,16 +41,8 @@ def _block():
 @pytest.mark.parametrize("backend", ["triton", "cpp"])
 def test_resnet_block_runs_channels_last_without_copies(backend, monkeypatch):
     monkeypatch.setattr(G, "_CHANNELS_LAST_DEVICES", ("cuda", "cpu"))
-    copies = []
-    orig = W.ensure_layout
-
-    def counting(t, size, stride):
-        out = orig(t, size, stride)
-        if out is not t:
-            copies.append((tuple(size), tuple(stride), t.stride()))
-        return out
-
-    monkeypatch.setattr(W, "ensure_layout", counting)
+    from codegen_helpers import count_layout_copies
+    copies = count_layout_copies(monkeypatch)
     m, x = _block(), torch.randn(2, 3, 32, 32)
     coil.reset()
     f = coil.compile(m, options={"cpu_backend": backend, "conv_channels_last": True})

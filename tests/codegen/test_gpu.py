@@ -125,17 +125,8 @@ def test_gpu_channels_last_resnet_block(monkeypatch):
     """config.conv_channels_last on CUDA: values match and no extern output needs a
     layout copy (cuDNN returns what _extern_layout predicted)."""
     import coil
-    import coil.codegen.wrapper as W
-    copies = []
-    orig = W.ensure_layout
-
-    def counting(t, size, stride):
-        out = orig(t, size, stride)
-        if out is not t:
-            copies.append((tuple(size), tuple(stride), t.stride()))
-        return out
-
-    monkeypatch.setattr(W, "ensure_layout", counting)
+    from codegen_helpers import count_layout_copies
+    copies = count_layout_copies(monkeypatch)
     torch.manual_seed(0)
     m = torch.nn.Sequential(torch.nn.Conv2d(64, 64, 3, padding=1, bias=False),
                             torch.nn.BatchNorm2d(64), torch.nn.ReLU(),

@@ -356,7 +356,16 @@ class GraphLowering(torch.fx.Interpreter):
         from coil.ir.handlers import count_ops
         nops, nreads = count_ops(sb.data)
         if nops > MAX_BODY_OPS or (users > 1 and (nreads > config.max_inline_reads or nops > MAX_INLINE_OPS)):
-            sb.realize()
+            # eager's layout when it is a dense permutation (the value may also be a graph
+            # output, which must have the fake strides: no copy then); contiguous ones
+            # go through the default (channels-last graphs choose their own)
+            meta = n.meta.get("val")
+            stride = None
+            if (isinstance(meta, torch.Tensor) and _dense_non_overlapping(meta)
+                    and not meta.is_contiguous()
+                    and list(meta.shape) == [int(v) for v in sb.data.get_size()]):
+                stride = [as_expr(v) for v in meta.stride()]
+            sb.realize(stride)
 
     def realize_input(self, x: TensorBox, meta=None):
         """A realized buffer or strided view to hand to an extern kernel. A value that

@@ -65,7 +65,8 @@ def _make_epilogue(info: ProgramInfo, args_index_of_output=None) -> Callable:
             plan.append((5, o.index, None))
         else:
             plan.append((4, None, o.value))
-    single_leaf = spec.num_nodes == 1  # the program returns one tensor, not a tuple
+    # the program returns one leaf, not a container (an empty tuple is one node too)
+    single_leaf = spec.num_nodes == 1 and spec.num_leaves == 1
     simple = not mutated and all(p[0] == 0 for p in plan) and (flat_tuple or single_leaf) and \
         [p[1] for p in plan] == list(range(len(plan)))
     container = spec.type if flat_tuple else None

@@ -92,11 +92,7 @@ def _helper_that_breaks(x):
 
 
 @pytest.mark.parametrize("backend", ["aot_eager", "coil"])
-@pytest.mark.xfail(strict=True, raises=IndexError, reason=(
-    "aot/runtime.py _make_epilogue: a captured graph with no outputs (only the "
-    "no_grad switches before a break inside an inlined call) has out_spec () with "
-    "num_nodes == 1, so single_leaf is True and the epilogue returns vals[0] of an "
-    "empty tuple: IndexError"))
+# fixed (aot/runtime.py _make_epilogue: single_leaf needs one leaf): regression test
 def test_break_in_inlined_call_under_no_grad(backend):
     def f(x):
         with torch.no_grad():
@@ -108,11 +104,7 @@ def test_break_in_inlined_call_under_no_grad(backend):
     torch.testing.assert_close(out, f(x))
 
 
-@pytest.mark.xfail(strict=True, raises=IndexError, reason=(
-    "aot/runtime.py _make_epilogue: same defect, everyday form: nn.Conv2d with "
-    "padding_mode='reflect' graph-breaks in _pair(0) (itertools.repeat, inlined from "
-    "_conv_forward); called under no_grad the first graph holds only the grad-mode "
-    "switches, has no outputs, and the epilogue reads vals[0]"))
+# fixed (aot/runtime.py _make_epilogue: single_leaf needs one leaf): regression test
 def test_reflect_padded_conv_module_under_no_grad():
     torch.manual_seed(0)
     m = nn.Conv2d(4, 6, 3, padding=1, padding_mode="reflect").eval()

@@ -54,17 +54,18 @@ class FloorDiv(sympy.Function):
         if isinstance(a, FloorDiv):
             return FloorDiv(a.args[0], a.args[1] * b)
         if b.is_Integer:
-            # (k*b*y + rest) // b -> k*y + rest // b   when all of rest's terms are
-            # multiples of nothing we can say; only pull out exact multiples.
+            # (k*b*y + rest) // b -> k*y + rest // b: exact for integers (floor division
+            # of m*b + r is m + r // b), so exact multiples of b always come out
+            # ((rindex + 1024*(xindex // 3072)) // 512 in split bias-gradient
+            # reductions became 2*(xindex // 3072) + rindex // 512)
             if a.is_Add:
                 whole, rest = [], []
                 for t in a.args:
                     c, _ = t.as_coeff_Mul()
                     (whole if c.is_Integer and int(c) % int(b) == 0 else rest).append(t)
-                if whole and rest and _nonneg_below(sympy.Add(*rest), b, {}):
-                    return sympy.Add(*[t / b for t in whole])
-                if whole and not rest:
-                    return sympy.Add(*[t / b for t in whole])
+                if whole:
+                    out = sympy.Add(*[t / b for t in whole])
+                    return out + FloorDiv(sympy.Add(*rest), b) if rest else out
             c, rest = a.as_coeff_Mul()
             if c.is_Integer and int(c) % int(b) == 0:
                 return (c / b) * rest

@@ -64,3 +64,21 @@ def test_simplify_and_split_helpers():
     b = {XINDEX: 64}
     assert simplify_index(FloorDiv(XINDEX, 16) * 16 + Mod(FloorDiv(XINDEX, 4), 4) * 4 + Mod(XINDEX, 4), b) == XINDEX
     assert split_ranges([4, 8], 4) is not None and split_ranges([3, 5], 2) is None
+
+
+def test_floordiv_pulls_out_exact_multiples():
+    """``(r + 1024*(x // 3072)) // 512`` (GPT-2's split bias-gradient reductions on an
+    H200) keeps the multiple of 512 inside the division unless the rest is provably
+    below 512; floor division of ``m*b + rest`` is ``m + rest // b`` for any integer
+    ``rest``, so it comes out, and the whole load index then folds to
+    ``3072*r + 3145728*(x // 3072) + x % 3072``."""
+    import random
+    from coil.ir.symbols import RINDEX as r, XINDEX as x, FloorDiv, Mod, simplify_index
+    e = 1572864 * FloorDiv(r + 1024 * FloorDiv(x, 3072), 512) + 3072 * Mod(r, 512) + Mod(x, 3072)
+    s = simplify_index(e, {x: 12288, r: 1024})
+    assert str(s) == "3072*rindex + 3145728*(xindex // 3072) + (xindex % 3072)", s
+    rng = random.Random(0)
+    for _ in range(300):
+        xv, rv = rng.randrange(12288), rng.randrange(1024)
+        assert int(s.subs({x: xv, r: rv})) == \
+            1572864 * ((rv + 1024 * (xv // 3072)) // 512) + 3072 * (rv % 512) + xv % 3072

@@ -402,13 +402,14 @@ def _split_factor(ranges, numel_r: int, reduction_type: str, leading: bool = Fal
     kernel tiles ~64-256 outputs per program along the contiguous dim, so even 1k-32k
     outputs (bias gradients of a [8192, 3072] activation) are too few programs (``x[32768, 4096].sum(0)``: 32-64 programs on a
     132-SM H200, 51% of copy bandwidth); split up to 64k partial results of >= 1024
-    rows each (the partials add 2 * 64k * 4 bytes of traffic).
+    rows each (the partials add 2 * 64k * 4 bytes of traffic); with fewer than 4k
+    partials that way, partials of >= 512 rows (from 2048 rows on).
 
     For leading reductions and for at most :data:`RAGGED_SPLIT_MAX_OUTPUTS` outputs,
     ``S`` need not divide the reduction: the last chunk is then ragged (masked in
     :func:`_split_reduction`), so ``x[32001, 4096].sum(0)`` or a full sum over an odd
     count are split too (they ran on 32 programs, resp. one)."""
-    if reduction_type not in SPLITTABLE or numel_r < 4096:
+    if reduction_type not in SPLITTABLE or numel_r < (2048 if leading else 4096):
         return 1
     numel_out = 1
     for r in ranges:
@@ -416,6 +417,11 @@ def _split_factor(ranges, numel_r: int, reduction_type: str, leading: bool = Fal
     if leading and 1024 <= numel_out < 32768:
         s = 1
         while numel_out * s * 2 <= 65536 and numel_r // (s * 2) >= 1024:
+            s *= 2
+        # fewer than ~4k partial results (about 128 programs of 32 outputs): partials of
+        # >= 512 rows. LLaMA's RMSNorm weight gradients (1024 outputs over 2048 rows)
+        # ran unsplit on 32 programs of a 132-SM H200 (~0.9 TB/s)
+        while numel_out * s < 4096 and numel_r // (s * 2) >= 512:
             s *= 2
         return s if s >= 2 else 1
     if numel_out >= 4096:

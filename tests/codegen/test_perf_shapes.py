@@ -178,3 +178,25 @@ def test_split_factor_leading_reductions():
     assert _split_factor([3072], 8192, "sum", leading=False) == 1
     assert _split_factor([40000], 8192, "sum", leading=True) == 1
     assert _split_factor([4096], 1000, "sum", leading=True) == 1
+
+
+def test_split_factor_few_outputs_short_columns():
+    """LLaMA's RMSNorm weight gradient (1024 outputs, 2048 rows) ran unsplit on 32
+    programs of an H200; leading reductions whose 1024-row rule leaves fewer than 4k
+    partial results split further, into partials of >= 512 rows."""
+    from coil.ir.lowering import _split_factor
+    assert _split_factor([1024], 2048, "sum", leading=True) == 4
+    assert _split_factor([2048], 4096, "sum", leading=True) == 4
+    assert _split_factor([1024], 1500, "sum", leading=True) == 1  # too short
+    assert _split_factor([3072], 8192, "sum", leading=True) == 8  # unchanged
+
+
+def test_rms_norm_weight_grad_split_is_correct():
+    from codegen_helpers import check
+
+    def f(g, x, w):
+        xh = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+        return (g * xh).sum((0, 1)), g.sum((0, 1))
+
+    check(f, torch.randn(2, 1024, 1024), torch.randn(2, 1024, 1024), torch.randn(1024),
+          atol=2e-3, rtol=1e-4)

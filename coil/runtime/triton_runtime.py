@@ -221,7 +221,8 @@ class TritonLauncher:
             tuned = self._read_tuned()
         if tuned is not None:
             self._choose(tuned)
-        elif len(self.configs) == 1 or not (config.autotune and self.gpu):
+        elif len(self.configs) == 1 or not (config.autotune and self.gpu) \
+                or numel * rnumel < config.autotune_min_elements:
             self._choose(self.configs[0])
 
     def _choose(self, cfg: dict) -> None:

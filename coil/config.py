@@ -69,10 +69,11 @@ class Config:
     #: CUDA fp16/bf16 mm/addmm outputs whose row length is not a multiple of 8 get a
     #: padded row stride, so cuBLAS can use its aligned kernels (see ir/graph.py).
     pad_matmul_outputs: bool = True
-    #: CUDA inference graphs with 2-D convolutions run them channels-last: convolution
-    #: and pooling inputs, their outputs and the pointwise buffers computed from them
-    #: are laid out (N, H, W, C) in memory, so cuDNN needs no NCHW<->NHWC transposes
-    #: (see ir/graph.py). Off by default until measured on a GPU (BENCHMARKS.md).
+    #: CUDA graphs with 2-D convolutions run them channels-last: convolution and pooling
+    #: inputs, their outputs and the pointwise buffers computed from them are laid out
+    #: (N, H, W, C) in memory, so cuDNN needs no NCHW<->NHWC transposes; in training the
+    #: saved activations stay NHWC and the backward is compiled for that (see
+    #: ir/graph.py, docs/ir.md). Off by default until measured on a GPU (BENCHMARKS.md).
     conv_channels_last: bool = False
     #: Fuse nodes in the scheduler. Off gives one kernel per buffer (debugging).
     fusion: bool = True

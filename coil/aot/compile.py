@@ -32,6 +32,32 @@ def _placeholder_fakes(gm: torch.fx.GraphModule) -> list:
     return [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
 
 
+def _output_nodes(gm: torch.fx.GraphModule) -> list:
+    out = next(n for n in gm.graph.nodes if n.op == "output")
+    args = out.args[0]
+    return list(args) if isinstance(args, (list, tuple)) else [args]
+
+
+def _saved_layouts(bw_fakes: list, fw_strides, start: int, num_saved: int, fake_mode) -> list:
+    """The backward's example inputs, the saved ones re-strided to the strides the
+    compiled forward returns them with (``fw_strides[start + i]``); unchanged when the
+    forward compiler reports none (e.g. the FX interpreter). Logged as
+    ``aot_saved_layouts`` (how many saved tensors changed layout)."""
+    if fw_strides is None:
+        return bw_fakes
+    out, changed = list(bw_fakes), 0
+    for i in range(num_saved):
+        f, st = out[i], fw_strides[start + i] if start + i < len(fw_strides) else None
+        if isinstance(f, torch.Tensor) and st is not None and len(st) == f.dim() \
+                and tuple(f.stride()) != tuple(st):
+            with fake_mode:
+                out[i] = torch.empty_strided(tuple(f.shape), tuple(st), dtype=f.dtype, device=f.device)
+            changed += 1
+    if changed:
+        trace.log("aot_saved_layouts", stage="aot", changed=changed, saved=num_saved)
+    return out
+
+
 def _symbolic_placeholder_values(gm: torch.fx.GraphModule) -> Optional[list]:
     """The capture's fake placeholder values (``meta["example_value"]`` or
     ``meta["val"]``) when some are symbolic (dynamic shapes), else None.
@@ -202,6 +228,13 @@ def _compile(fn, example_inputs, fw_compiler, bw_compiler, partition_fn, decompo
     # and a backward's inputs must keep the strides the joint graph was traced with
     part.fw.meta["coil_aot_graph"] = "forward"
     part.bw.meta["coil_aot_graph"] = "backward"
+    n_out = len(_output_nodes(part.fw))
+    # outputs [n_out - num_saved, n_out) are saved for the backward: a compiler that
+    # returns them in another layout than traced reports it (``output_strides``) and
+    # the backward is compiled for that layout
+    part.fw.meta["coil_saved_outputs"] = (n_out - part.num_saved, n_out)
     compiled_fw = fw_compiler(part.fw, _placeholder_fakes(part.fw))
-    compiled_bw = bw_compiler(part.bw, _placeholder_fakes(part.bw))
+    bw_fakes = _saved_layouts(_placeholder_fakes(part.bw), getattr(compiled_fw, "output_strides", None),
+                              n_out - part.num_saved, part.num_saved, fake_mode)
+    compiled_bw = bw_compiler(part.bw, bw_fakes)
     return training_runner(compiled_fw, compiled_bw, info, jinfo, part.num_saved)

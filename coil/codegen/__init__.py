@@ -40,10 +40,13 @@ class CompiledGraph:
     """The callable ``compile_aten_graph`` returns; ``.source`` is the wrapper text,
     ``.kernels`` the generated kernels, ``.fallbacks`` the ops run as extern kernels."""
 
-    def __init__(self, call, source, kernels, fallbacks, scheduler, gm=None):
+    def __init__(self, call, source, kernels, fallbacks, scheduler, gm=None, output_strides=None):
         self.call, self.source, self.kernels = call, source, kernels
         self.fallbacks, self.scheduler = fallbacks, scheduler
         self.gm = gm
+        #: per graph output, the strides it is returned with (None: not a tensor); aot
+        #: compiles a backward for the saved outputs' real strides (ir/graph.py)
+        self.output_strides = output_strides
         self.__call__ = call
 
     def __call__(self, *args):
@@ -59,8 +62,24 @@ class CompiledGraph:
             trace.log("kernel_compile_fallback", stage="runtime", error=str(e)[:4000])
             warnings.warn(f"coil: a generated kernel failed to compile ({str(e)[:500]}); "
                           "running this graph with ATen ops instead (slower, same results)")
-            gm = self.gm
-            self.call = lambda *a: tuple(gm(*a))
+            gm, strides = self.gm, self.output_strides
+
+            def run_aten(*a):
+                # outputs in the strides this graph promised (the backward may have been
+                # compiled for a saved tensor's channels-last layout)
+                outs = tuple(gm(*a))
+                if strides is None:
+                    return outs
+                fixed = []
+                for o, st in zip(outs, strides):
+                    if isinstance(o, torch.Tensor) and st is not None and o.dim() == len(st) \
+                            and tuple(o.stride()) != st:
+                        t = torch.empty_strided(o.shape, st, dtype=o.dtype, device=o.device)
+                        t.copy_(o)
+                        o = t
+                    fixed.append(o)
+                return tuple(fixed)
+            self.call = run_aten
             return self.call(*args)
 
     @property
@@ -143,4 +162,4 @@ def compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: list, device) -
         exec(code, glb)
         call = glb["call"]
     return CompiledGraph(call, source, [k.generated for k in kernels.values()],
-                         dict(graph.fallbacks), sched, gm)
+                         dict(graph.fallbacks), sched, gm, graph.output_strides)

@@ -62,7 +62,11 @@ _CHANNELS_LAST_DEVICES = ("cuda",)  # likewise
 _aten = torch.ops.aten
 #: extern ops that run channels-last when their 4-D inputs are (config.conv_channels_last)
 _CHANNELS_LAST_OPS = (_aten.convolution.default, _aten.max_pool2d_with_indices.default,
-                      _aten.avg_pool2d.default, _aten._adaptive_avg_pool2d.default)
+                      _aten.avg_pool2d.default, _aten._adaptive_avg_pool2d.default,
+                      _aten.convolution_backward.default,
+                      _aten.max_pool2d_with_indices_backward.default,
+                      _aten.avg_pool2d_backward.default,
+                      _aten._adaptive_avg_pool2d_backward.default)
 
 
 def _channels_last_strides(size) -> list:
@@ -160,17 +164,27 @@ class GraphLowering(torch.fx.Interpreter):
         self.seed_count = 0
         self._inputs_iter = iter(self.example_inputs)
         self.channels_last = self._use_channels_last()
+        #: a channels-last forward returns its saved tensors in the layout it computed
+        #: them in; aot compiles the backward with those strides (``output_strides``)
+        self.free_saved_layouts = (self.channels_last and
+                                   self.gm.meta.get("coil_aot_graph") == "forward"
+                                   and self.gm.meta.get("coil_saved_outputs") is not None)
+        self.output_strides: list = []
 
     def _use_channels_last(self) -> bool:
         """Whether this graph runs its convolutions channels-last (logged)."""
         if not config.conv_channels_last or self.device.type not in _CHANNELS_LAST_DEVICES:
             return False
-        convs = sum(1 for n in self.gm.graph.nodes if n.target is _aten.convolution.default
-                    and isinstance(n.meta.get("val"), torch.Tensor) and n.meta["val"].dim() == 4)
+        convs = sum(1 for n in self.gm.graph.nodes
+                    if (n.target is _aten.convolution.default
+                        and isinstance(n.meta.get("val"), torch.Tensor) and n.meta["val"].dim() == 4)
+                    or (n.target is _aten.convolution_backward.default
+                        and isinstance(n.args[0].meta.get("val"), torch.Tensor)
+                        and n.args[0].meta["val"].dim() == 4))
         kind = self.gm.meta.get("coil_aot_graph") if hasattr(self.gm, "meta") else None
-        # a training forward's saved outputs and a backward's inputs keep the strides the
-        # joint graph was traced with, so channels-last there would add copies
-        use = convs > 0 and kind not in ("forward", "backward")
+        # a training forward may only return saved tensors channels-last when aot
+        # compiles the backward with the strides it reports (coil_saved_outputs is set)
+        use = convs > 0 and (kind != "forward" or self.gm.meta.get("coil_saved_outputs") is not None)
         if convs:
             trace.log("layout_channels_last", stage="lowering", enabled=use, convolutions=convs,
                       graph=kind or "unknown")
@@ -287,9 +301,40 @@ class GraphLowering(torch.fx.Interpreter):
         metas = [a.meta.get("val") if isinstance(a, torch.fx.Node) else None
                  for a in (self.current_node.args[0] if isinstance(self.current_node.args[0], (list, tuple))
                            else [self.current_node.args[0]])]
-        for r, meta in zip(flat, metas):
-            self.outputs.append(self._output_spec(r, meta))
+        saved = self.gm.meta.get("coil_saved_outputs") if self.free_saved_layouts else None
+        for i, (r, meta) in enumerate(zip(flat, metas)):
+            if saved is not None and saved[0] <= i < saved[1]:
+                spec = self._saved_output_spec(r)
+            else:
+                spec = self._output_spec(r, meta)
+            self.outputs.append(spec)
+        self.output_strides = [self._spec_strides(o) for o in self.outputs]
         return results
+
+    def _saved_output_spec(self, r) -> OutputSpec:
+        """A saved-for-backward output of a forward whose backward is compiled with the
+        strides this graph reports (``output_strides``): it keeps the layout it has
+        (a channels-last activation stays NHWC instead of being copied to NCHW)."""
+        if not isinstance(r, TensorBox):
+            return OutputSpec("value", value=r)
+        d = r.data
+        if isinstance(d, ReinterpretView):
+            return OutputSpec("view", d.data.get_name(), list(d.layout.size), list(d.layout.stride),
+                              d.layout.offset)
+        if isinstance(d, StorageBox):
+            return OutputSpec("buffer", d.realize().get_name())
+        return OutputSpec("buffer", self._materialize(r, None).get_name())
+
+    def _spec_strides(self, o: OutputSpec):
+        """The strides output ``o`` is returned with (ints), or None (not a tensor)."""
+        try:
+            if o.kind == "view":
+                return tuple(int(v) for v in o.stride)
+            if o.kind == "buffer":
+                return tuple(int(v) for v in self.name_to_buffer[o.name].get_stride())
+        except (TypeError, KeyError, AttributeError):
+            return None
+        return None
 
     # -- helpers --------------------------------------------------------------------------
     def _has_complex(self, args, kwargs) -> bool:
@@ -321,8 +366,9 @@ class GraphLowering(torch.fx.Interpreter):
             if stride is not None and not _same_strides(d.layout, meta):
                 # e.g. a view of a row-padded matmul result
                 return OutputSpec("buffer", self._materialize(r, stride).get_name())
-            return OutputSpec("view", d.data.get_name(), list(d.layout.size), list(d.layout.stride),
-                              d.layout.offset)
+            # (strides that differ only on size-1 dims: the same memory, the fake strides)
+            return OutputSpec("view", d.data.get_name(), list(d.layout.size),
+                              stride if stride is not None else list(d.layout.stride), d.layout.offset)
         if isinstance(d, StorageBox) and d.is_realized():
             lay = d.data.layout
             if stride is not None and lay is not None and (
@@ -331,6 +377,11 @@ class GraphLowering(torch.fx.Interpreter):
                 copy = TensorBox.create(Pointwise(r.get_device(), r.get_dtype(), r.make_loader(),
                                                   r.get_size()))
                 return OutputSpec("buffer", copy.data.realize(stride).get_name())
+            if stride is not None and lay is not None and lay.offset == 0 and \
+                    [str(v) for v in lay.stride] != [str(v) for v in stride]:
+                # strides that differ only on size-1 dims: an as_strided view with the
+                # fake strides (same memory, no copy)
+                return OutputSpec("view", d.data.get_name(), list(lay.size), stride, sympy.Integer(0))
             return OutputSpec("buffer", d.data.get_name())
         if isinstance(d, StorageBox):
             return OutputSpec("buffer", d.realize(stride).get_name())

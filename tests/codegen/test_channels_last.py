@@ -80,17 +80,50 @@ def test_channels_last_layouts_in_the_wrapper(monkeypatch):
     assert "tl.store(out_ptr0 + (xindex)" in pw[0].source, pw[0].source
 
 
-def test_channels_last_is_off_for_training_graphs(monkeypatch):
-    """A training forward's saved outputs must keep the traced strides: the option does
-    not apply there (and the results match eager)."""
+def _train_both(backend, monkeypatch, **options):
+    import copy
     monkeypatch.setattr(G, "_CHANNELS_LAST_DEVICES", ("cuda", "cpu"))
     m, x = _block().train(), torch.randn(2, 3, 32, 32)
-    import copy
     m2 = copy.deepcopy(m)
     coil.reset()
-    f = coil.compile(m2, options={"cpu_backend": "cpp", "conv_channels_last": True})
+    f = coil.compile(m2, options={"cpu_backend": backend, "conv_channels_last": True, **options})
     out, ref = f(x), m(x)
     (out[0].sum() + out[1].mean()).backward()
     (ref[0].sum() + ref[1].mean()).backward()
+    for o, r in zip(out, ref):
+        torch.testing.assert_close(o, r, atol=1e-4, rtol=1e-4)
+        assert o.stride() == r.stride()
     for (n, p), (_, p2) in zip(m.named_parameters(), m2.named_parameters()):
         torch.testing.assert_close(p2.grad, p.grad, atol=1e-4, rtol=1e-4, msg=n)
+        assert p2.grad.stride() == p.grad.stride(), n
+    for (n, b), (_, b2) in zip(m.named_buffers(), m2.named_buffers()):
+        torch.testing.assert_close(b2, b, atol=1e-5, rtol=1e-5, msg=n)  # BN running stats
+
+
+@pytest.mark.parametrize("backend", ["triton", "cpp"])
+def test_channels_last_training_step(backend, monkeypatch):
+    """Training graphs run channels-last too: the forward returns its saved activations
+    NHWC (aot compiles the backward for the strides it reports, event
+    aot_saved_layouts), convolution/pooling backward take and return NHWC, gradients
+    and BatchNorm running stats match eager, and no extern output needs a layout copy."""
+    from codegen_helpers import count_layout_copies
+    copies = count_layout_copies(monkeypatch)
+    _train_both(backend, monkeypatch)
+    assert copies == [], copies
+
+
+def test_channels_last_training_survives_the_aten_fallback(monkeypatch):
+    """If generated kernels fail to compile (the graph then runs with ATen ops), the
+    forward still returns its saved tensors in the strides the backward was compiled
+    for."""
+    from coil.exc import KernelCompileError
+    from coil.runtime import triton_runtime
+
+    def broken(self, *args):
+        raise KernelCompileError(f"test: {self.name} does not compile")
+
+    monkeypatch.setattr(triton_runtime.TritonLauncher, "__call__", broken)
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _train_both("triton", monkeypatch)

@@ -54,16 +54,17 @@ class FloorDiv(sympy.Function):
         if isinstance(a, FloorDiv):
             return FloorDiv(a.args[0], a.args[1] * b)
         if b.is_Integer:
-            # (k*b*y + rest) // b -> k*y + rest // b: exact for integers (floor division
-            # of m*b + r is m + r // b), so exact multiples of b always come out
-            # ((rindex + 1024*(xindex // 3072)) // 512 in split bias-gradient
-            # reductions became 2*(xindex // 3072) + rindex // 512)
+            # (k*b*y + rest) // b -> k*y + rest // b when rest >= 0 ((rindex + 1024*(xindex
+            # // 3072)) // 512 in split bias-gradient reductions became 2*(xindex // 3072)
+            # + rindex // 512). Only for a provably non-negative rest: the generated code
+            # divides with C's / and Triton's //, which truncate, and a negative rest
+            # ((30 - i) // 6 -> 5 + (-i) // 6) gave wrong indices (user report 5)
             if a.is_Add:
                 whole, rest = [], []
                 for t in a.args:
                     c, _ = t.as_coeff_Mul()
                     (whole if c.is_Integer and int(c) % int(b) == 0 else rest).append(t)
-                if whole:
+                if whole and (not rest or _is_nonneg(sympy.Add(*rest))):
                     out = sympy.Add(*[t / b for t in whole])
                     return out + FloorDiv(sympy.Add(*rest), b) if rest else out
             c, rest = a.as_coeff_Mul()
@@ -89,9 +90,12 @@ class Mod(sympy.Function):
         if a.is_Integer and b.is_Integer:
             return sympy.Integer(int(a) % int(b))
         if b.is_Integer and a.is_Add:
+            # drop multiples of b, unless what is left may be negative: the generated
+            # code's % (C, Triton) keeps the sign of the dividend, so Mod(30 - i, 6) ->
+            # Mod(-i, 6) gave negative indices (user report 5)
             kept = [t for t in a.args
                     if not (t.as_coeff_Mul()[0].is_Integer and int(t.as_coeff_Mul()[0]) % int(b) == 0)]
-            if len(kept) < len(a.args):
+            if len(kept) < len(a.args) and (not kept or _is_nonneg(sympy.Add(*kept))):
                 return Mod(sympy.Add(*kept), b)
         if b.is_Integer:
             c, rest = a.as_coeff_Mul()
@@ -147,8 +151,7 @@ def _is_nonneg(e: sympy.Expr) -> bool:
     if e.is_Symbol or isinstance(e, (Mod, FloorDiv)):
         return True
     if e.is_Mul:
-        c, rest = e.as_coeff_Mul()
-        return c >= 0 and _is_nonneg(rest)
+        return all(_is_nonneg(t) for t in e.args)
     if e.is_Add:
         return all(_is_nonneg(t) for t in e.args)
     return False

@@ -281,25 +281,20 @@ def test_size1_outputs_exact_strides(backend):
 
 # -- failures ------------------------------------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason="ir/symbols.py FloorDiv: (6*k + rest) // 6 -> k + rest // 6 "
-                   "with a rest that can be negative (flip), printed as truncating division: "
-                   "wrong values (new in 19cd433)")
+# fixed (lead, same day): regression test
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_floordiv_pulls_multiple_out_of_negative_rest(backend):
     # index into x: (30 - i) // 6 became 5 + (-i) // 6; C++ '/' and Triton '//' truncate
     _check(lambda x: x.expand(6, 6).reshape(36).flip(0)[5:] * 2, [torch.randn(6, 1)], backend)
 
 
-@pytest.mark.xfail(strict=True, reason="ir/symbols.py Mod: Mod(6*k + rest, 6) -> Mod(rest, 6) with a "
-                   "rest that can be negative (flip), printed as C/Triton remainder: wrong values "
-                   "(older than this round)")
+# fixed (lead, same day): regression test
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_mod_drops_multiple_from_negative_rest(backend):
     _check(lambda x: x.expand(6, 6).reshape(36).flip(0)[5:] * 2, [torch.randn(1, 6)], backend)
 
 
-@pytest.mark.xfail(strict=True, reason="codegen/triton: a constant-folded 0/0 (mean over an empty "
-                   "dim) is printed as the Python expression (0.0 / 0.0): ZeroDivisionError")
+# fixed (lead, same day): regression test
 def test_triton_mean_over_empty_dim():
     _check(lambda a: (a * 2).mean(0), [torch.randn(0, 3, 4)], "triton")
 

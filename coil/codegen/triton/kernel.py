@@ -510,7 +510,10 @@ class TritonKernel(OpsHandler):
                 dt = torch.bool if op in _BOOL_OUT else (a.dtype if a.const is None else b.dtype)
                 if op in ("maximum", "minimum") and dt.is_floating_point:
                     return self._op(f"tl.{op}({self._tensor(a)}, {self._tensor(b)}, propagate_nan=tl.PropagateNan.ALL)", dt, a, b)
-                if op in _FUNC_BIN:
+                if op in _FUNC_BIN or (op == "truediv" and b.const is not None and b.const == 0):
+                    # (a constant 0 divisor as a tensor: 0.0 / 0.0 in the source is a
+                    # Python ZeroDivisionError, a tensor division gives IEEE nan/inf;
+                    # mean over an empty dim)
                     a, b = self._tensor(a), self._tensor(b)
                 kind = "float" if dt.is_floating_point else "int"
                 return self._op(fmt.format(a=a, b=b, kind=kind), dt, a, b)
@@ -519,7 +522,7 @@ class TritonKernel(OpsHandler):
             fmt = _UN[op]
             def g(x):
                 dt = torch.bool if op in _BOOL_OUT else x.dtype
-                if op in _FUNC_UN:
+                if op in _FUNC_UN or (op == "reciprocal" and x.const is not None and x.const == 0):
                     x = self._tensor(x)
                 return self._op(fmt.format(x=x, z=_lit(0, x.dtype)), dt, x)
             return g

@@ -50,8 +50,9 @@ def tile_pointwise(group) -> Optional[tuple[int, int]]:
 
     Tiled when, over ``(Y, X)``, some access is contiguous along x and another along r
     (each access is a load or store with an affine index in the kernel symbols)."""
-    if group.rnumel != 1 or not group.nodes:
-        return None
+    from coil.ir.nodes import ScatterBuffer
+    if group.rnumel != 1 or not group.nodes or any(isinstance(n, ScatterBuffer) for n in group.nodes):
+        return None  # (a scatter's iteration space is its source elements, not a layout)
     numel = int(group.numel)
     try:
         x = int(group.nodes[0].get_ranges()[-1])

@@ -59,3 +59,13 @@ def test_tiled_configs():
             assert c["RBLOCK"] <= max(16, 1 << (x - 1).bit_length())
             assert c["XBLOCK"] * c["RBLOCK"] // max(c["num_warps"], 1) >= 32
     assert len(tiled_configs(3072, 4096, gpu=False)) == 1
+
+
+def test_scatter_of_transposed_values_is_not_tiled():
+    def f(x, idx, v):
+        return torch.index_put(x, (idx,), v.t(), accumulate=True)
+
+    x, v = torch.randn(50, 64), torch.randn(64, 40)
+    idx = torch.randint(0, 50, (40,))
+    c = check(f, x, idx, v, atol=1e-4, rtol=1e-4)
+    assert "til" not in _kinds(c), [k.name for k in c.kernels]

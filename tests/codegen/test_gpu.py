@@ -135,5 +135,6 @@ def test_gpu_channels_last_resnet_block(monkeypatch):
     coil.reset()
     f = coil.compile(m, options={"conv_channels_last": True})
     with torch.no_grad():
-        torch.testing.assert_close(f(x), m(x), atol=2e-3, rtol=2e-3)
+        # (TF32 convolutions may pick other algorithms for NHWC than for NCHW)
+        torch.testing.assert_close(f(x), m(x), atol=2e-2, rtol=2e-2)
     assert copies == [], copies

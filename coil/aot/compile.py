@@ -32,12 +32,6 @@ def _placeholder_fakes(gm: torch.fx.GraphModule) -> list:
     return [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
 
 
-def _output_nodes(gm: torch.fx.GraphModule) -> list:
-    out = next(n for n in gm.graph.nodes if n.op == "output")
-    args = out.args[0]
-    return list(args) if isinstance(args, (list, tuple)) else [args]
-
-
 def _saved_layouts(bw_fakes: list, fw_strides, start: int, num_saved: int, fake_mode) -> list:
     """The backward's example inputs, the saved ones re-strided to the strides the
     compiled forward returns them with (``fw_strides[start + i]``); unchanged when the
@@ -228,13 +222,13 @@ def _compile(fn, example_inputs, fw_compiler, bw_compiler, partition_fn, decompo
     # and a backward's inputs must keep the strides the joint graph was traced with
     part.fw.meta["coil_aot_graph"] = "forward"
     part.bw.meta["coil_aot_graph"] = "backward"
-    n_out = len(_output_nodes(part.fw))
-    # outputs [n_out - num_saved, n_out) are saved for the backward: a compiler that
-    # returns them in another layout than traced reports it (``output_strides``) and
-    # the backward is compiled for that layout
-    part.fw.meta["coil_saved_outputs"] = (n_out - part.num_saved, n_out)
+    # forward outputs [n_fw, n_fw + num_saved) are saved for the backward (the slice
+    # training_runner hands it): a compiler that returns them in another layout than
+    # traced reports it (``output_strides``) and the backward is compiled for that layout
+    n_fw = info.num_fw_outputs
+    part.fw.meta["coil_saved_outputs"] = (n_fw, n_fw + part.num_saved)
     compiled_fw = fw_compiler(part.fw, _placeholder_fakes(part.fw))
     bw_fakes = _saved_layouts(_placeholder_fakes(part.bw), getattr(compiled_fw, "output_strides", None),
-                              n_out - part.num_saved, part.num_saved, fake_mode)
+                              n_fw, part.num_saved, fake_mode)
     compiled_bw = bw_compiler(part.bw, bw_fakes)
     return training_runner(compiled_fw, compiled_bw, info, jinfo, part.num_saved)

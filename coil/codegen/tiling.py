@@ -19,8 +19,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from coil.ir.symbols import RINDEX, XINDEX
-from coil.schedule.indexing import kernel_deps, kernel_index
+from coil.schedule.indexing import axis_steps, kernel_deps, kernel_index
 
 #: Grid y dimension limit of CUDA (tiles along X must fit in it).
 _MAX_GRID_Y = 65535
@@ -29,14 +28,10 @@ _MAX_GRID_Y = 65535
 def _contiguous_axis(e) -> Optional[str]:
     """"x" or "r" for an index expression that steps by 1 along that kernel axis and by
     more along the other, else None (indirect, broadcast, or contiguous in neither)."""
-    if not e.free_symbols <= {XINDEX, RINDEX}:
+    steps = axis_steps(e)
+    if steps is None:
         return None
-    try:
-        at = lambda xv, rv: int(e.subs({XINDEX: xv, RINDEX: rv}))
-        base = at(0, 0)
-        dx, dr = at(1, 0) - base, at(0, 1) - base
-    except (TypeError, ValueError):
-        return None
+    dx, dr = steps
     if dx == 1 and abs(dr) > 1:
         return "x"
     if dr == 1 and abs(dx) > 1:

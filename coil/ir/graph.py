@@ -76,12 +76,8 @@ def _channels_last_strides(size) -> list:
 
 
 def _is_channels_last(layout: Layout) -> bool:
-    try:
-        return len(layout.size) == 4 and all(
-            s == 1 or int(a) == int(b)
-            for s, a, b in zip(layout.size, layout.stride, _channels_last_strides(layout.size)))
-    except TypeError:
-        return False
+    return len(layout.size) == 4 and _strides_agree(layout.size, layout.stride,
+                                                    _channels_last_strides(layout.size), False)
 _PADDABLE_MATMULS = (torch.ops.aten.mm.default, torch.ops.aten.addmm.default)
 
 
@@ -197,14 +193,9 @@ class GraphLowering(torch.fx.Interpreter):
         the next convolution gets it without a transpose."""
         if not self.channels_last or not isinstance(loops, Pointwise) or len(loops.get_size()) != 4:
             return None
-        from coil.ir.handlers import DependencyRecorder
-        h = DependencyRecorder()
-        index = [sympy.Symbol(f"i{d}") for d in range(4)]
-        from coil.ir.virtualized import set_ops_handler
-        with set_ops_handler(h):
-            loops.inner_fn(index)
+        from coil.ir.handlers import record_pointwise
         size = [str(v) for v in loops.get_size()]
-        for name in h.read_names():
+        for name in record_pointwise(loops).read_names():
             b = self.name_to_buffer.get(name)
             if (b is not None and b.layout is not None and _is_channels_last(b.layout)
                     and [str(v) for v in b.layout.size] == size):
@@ -637,12 +628,19 @@ def _dense_strides_like(t: torch.Tensor) -> list[int]:
     return strides
 
 
-def _same_strides(layout: Layout, t: torch.Tensor) -> bool:
-    """Whether ``layout`` has ``t``'s strides (size-1 dims ignored)."""
+def _strides_agree(size, a, b, symbolic: bool) -> bool:
+    """Whether strides ``a`` and ``b`` of a tensor of ``size`` agree on every dim that is
+    not of size 1; ``symbolic`` is the answer when some value is not an integer."""
     try:
-        return all(s == 1 or int(a) == b for s, a, b in zip(t.shape, layout.stride, t.stride()))
+        return all(s == 1 or int(x) == int(y) for s, x, y in zip(size, a, b))
     except TypeError:
-        return True  # symbolic strides: nothing to compare against
+        return symbolic
+
+
+def _same_strides(layout: Layout, t: torch.Tensor) -> bool:
+    """Whether ``layout`` has ``t``'s strides (size-1 dims ignored; symbolic strides:
+    nothing to compare against, True)."""
+    return _strides_agree(t.shape, layout.stride, t.stride(), True)
 
 
 def _dense_non_overlapping(t: torch.Tensor) -> bool:

@@ -119,12 +119,19 @@ class DependencyRecorder(_Recording):
         return list(dict.fromkeys(n for n, _ in self.loads))
 
 
-def count_ops(loops) -> tuple[int, int]:
-    """(number of ops, number of loads) of a Pointwise body, inlined readers included."""
+def record_pointwise(loops) -> DependencyRecorder:
+    """The loads and op count of a Pointwise body (inlined readers included), over fresh
+    loop symbols ``i0..``."""
     h = DependencyRecorder()
     index = [sym(f"i{d}") for d in range(len(loops.ranges))]
     with set_ops_handler(h):
         loops.inner_fn(index)
+    return h
+
+
+def count_ops(loops) -> tuple[int, int]:
+    """(number of ops, number of loads) of a Pointwise body, inlined readers included."""
+    h = record_pointwise(loops)
     return h.num_ops, len(h.loads)
 
 

@@ -225,8 +225,7 @@ class ComputedBuffer(Buffer):
         super().__init__(name, layout)
         self.data = data
         self._reads = None
-        self.loop_order = (memory_loop_order(layout)
-                           if isinstance(data, Pointwise) and not isinstance(data, Reduction) else None)
+        self.loop_order = memory_loop_order(layout) if isinstance(data, Pointwise) else None
 
     def is_reduction(self) -> bool:
         return isinstance(self.data, Reduction)

@@ -93,6 +93,20 @@ def _kernel_index_cached(ranges: tuple, rranges: tuple, is_red: bool, numel, rnu
     return None
 
 
+def axis_steps(e) -> Optional[tuple[int, int]]:
+    """``(dx, dr)``: how far kernel-level index expression ``e`` moves for one step of
+    ``xindex`` and of ``rindex`` from (0, 0), or None for an indirect or non-integer
+    index. Used to tell which kernel axis a load or store is contiguous along."""
+    if not e.free_symbols <= {XINDEX, RINDEX}:
+        return None
+    try:
+        at = lambda xv, rv: int(e.subs({XINDEX: xv, RINDEX: rv}))
+        base = at(0, 0)
+        return at(1, 0) - base, at(0, 1) - base
+    except (TypeError, ValueError):
+        return None
+
+
 def kernel_index(buf, numel, rnumel):
     """(index, rindex, in_loop) for ``buf`` in a kernel of (numel, rnumel), or None."""
     return _kernel_index_cached(tuple(buf.get_ranges()), tuple(buf.get_reduction_ranges()),

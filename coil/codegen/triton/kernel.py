@@ -26,6 +26,7 @@ import torch
 from coil.config import config
 from coil.ir.symbols import RINDEX, XINDEX, pyexpr, simplify_index, sym
 from coil.ir.virtualized import OpsHandler, compute_dtype
+from coil.schedule.indexing import axis_steps
 
 TL_DTYPE = {
     torch.float32: "tl.float32", torch.float16: "tl.float16", torch.bfloat16: "tl.bfloat16",
@@ -194,14 +195,10 @@ class TritonKernel(OpsHandler):
     def _note_strides(self, e) -> None:
         """Count loads that are contiguous along x (stride 1 in x, > 1 in r) or along r,
         from the address at (x, r) = (0, 0), (1, 0), (0, 1); indirect loads are skipped."""
-        if not e.free_symbols <= {XINDEX, RINDEX}:
+        steps = axis_steps(e)
+        if steps is None:
             return
-        try:
-            at = lambda xv, rv: int(e.subs({XINDEX: xv, RINDEX: rv}))
-            base = at(0, 0)
-            dx, dr = at(1, 0) - base, at(0, 1) - base
-        except (TypeError, ValueError):
-            return
+        dx, dr = steps
         if dx == 1 and abs(dr) > 1:
             self.x_contiguous_loads += 1
         elif dr == 1:

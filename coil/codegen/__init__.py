@@ -139,8 +139,7 @@ def compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: list, device) -
                     # kernel without reductions over (Y, X); the Triton backend gives it
                     # a 2-D grid instead of a loop (codegen/tiling.py)
                     plan = KernelPlan(FusedGroup(s.nodes, tiled[0], tiled[1], s.order), graph, live,
-                                      persistent_limit=1 << 62)
-                    plan.tiled = True
+                                      tiled=True)
                 else:
                     plan = KernelPlan(s, graph, live, backend.persistent_rnumel)
                 kind = "pointwise" if plan.rnumel == 1 else ("per" if plan.persistent else "red")

@@ -45,13 +45,15 @@ class PlannedNode:
 class KernelPlan:
     """One kernel's plan (see module docstring)."""
 
-    def __init__(self, group, graph, live_after: set, persistent_limit: int = PERSISTENT_RNUMEL):
+    def __init__(self, group, graph, live_after: set, persistent_limit: int = PERSISTENT_RNUMEL,
+                 tiled: bool = False):
         self.numel, self.rnumel = int(group.numel), int(group.rnumel)
-        #: a 2-D tiled pointwise kernel over (numel, rnumel) (codegen/tiling.py)
-        self.tiled = getattr(self, "tiled", False)
+        #: a 2-D tiled pointwise kernel over (numel, rnumel) (codegen/tiling.py): one
+        #: section like a persistent reduction, each program one [XBLOCK, RBLOCK] tile
+        self.tiled = tiled
         self.graph = graph
         self.group, self.live_after = group, live_after
-        self.persistent = self.rnumel <= persistent_limit
+        self.persistent = tiled or self.rnumel <= persistent_limit
         self.nodes: list[PlannedNode] = []
         own = {n.get_name() for n in group.nodes}
         reduction_section: dict[str, int] = {}
@@ -95,7 +97,7 @@ class KernelPlan:
         (a backend that finds, while generating, that a persistent tile would be too
         large). In place because the wrapper reads this object's output/input names
         (a looped plan may store extra cross-loop buffers)."""
-        self.__init__(self.group, self.graph, self.live_after, persistent_limit)
+        self.__init__(self.group, self.graph, self.live_after, persistent_limit, self.tiled)
 
     def _node(self, name) -> PlannedNode:
         return next(p for p in self.nodes if p.name == name)

@@ -53,7 +53,7 @@ def _kernel_source(plan, name: str) -> tuple[str, list[str], TritonKernel]:
     if red:
         body.append(f"rnumel = {plan.rnumel}")
         body.append("rbase = tl.arange(0, RBLOCK)[None, :]")
-    if getattr(plan, "tiled", False):
+    if plan.tiled:
         pid1 = "tl.program_id(1).to(tl.int64)" if k.index_dtype == "tl.int64" else "tl.program_id(1)"
         body += [f"rindex = {pid1} * RBLOCK + rbase", "rmask = rindex < rnumel"]
         body += k.body
@@ -88,7 +88,7 @@ class TritonBackend(KernelBackend):
     def generate(self, plan, kernel_name: str) -> GeneratedKernel:
         from coil.runtime.triton_runtime import TritonLauncher
         source, arg_names, k = _kernel_source(plan, kernel_name)
-        tiled = getattr(plan, "tiled", False)
+        tiled = plan.tiled
         if k.outer_reduction and plan.persistent and plan.rnumel > OUTER_PERSISTENT_RNUMEL and not tiled:
             # x-contiguous reductions tile wide along x: a whole column per program would
             # not fit in registers, so loop over r in short steps instead

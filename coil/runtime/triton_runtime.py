@@ -82,7 +82,7 @@ def load_module(source: str, interpret: bool):
         return mod
 
 
-#: The placeholder name a kernel's body is hashed under (see canonical_source).
+#: The placeholder name a kernel's body is hashed under (see canonical_name).
 CANONICAL_NAME = "coil_kernel"
 #: Autotuning results of this process, by canonical source key.
 _tuned_in_process: dict[str, dict] = {}
@@ -106,12 +106,13 @@ def canonical_name(source: str, name: str) -> str:
     return f"coil_{kind}_{source_key(placeholder)[:10]}"
 
 
-def canonical_source(source: str, name: str) -> str:
-    """``source`` with its kernel's name replaced by :func:`canonical_name` (whole-word
-    occurrences only)."""
+def canonical_source(source: str, name: str) -> tuple[str, str]:
+    """``(source with its kernel's name replaced by the compiled name, that name)``
+    (:func:`canonical_name`; whole-word occurrences only)."""
     import re
 
-    return re.sub(rf"\b{re.escape(name)}\b", canonical_name(source, name), source)
+    compiled = canonical_name(source, name)
+    return re.sub(rf"\b{re.escape(name)}\b", compiled, source), compiled
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -211,8 +212,7 @@ class TritonLauncher:
         # Kernels whose bodies are identical (the same block in every transformer layer)
         # share one module, one JIT-compiled binary and one autotuning result: the
         # name is replaced by a fixed one before hashing.
-        self.compiled_name = canonical_name(source, name)
-        canonical = canonical_source(source, name)
+        canonical, self.compiled_name = canonical_source(source, name)
         self.fn = getattr(load_module(canonical, self.interpret), self.compiled_name)
         self.key = source_key(canonical)
         self.chosen: Optional[dict] = None

@@ -7,7 +7,6 @@ Each test is the smallest program that showed a defect (``xfail(strict=True)`` w
 diagnosis, so it flips when fixed) or a plain test for a pattern verified to work.
 CPU only, both kernel backends ("cpp" and "triton" through its interpreter).
 """
-import itertools
 
 import pytest
 import torch
@@ -15,6 +14,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import coil
+from report_helpers import arg_copies, assert_arg_grads, backward_both, rand, run_both
 import coil.codegen as CG
 import coil.ir.graph as G
 
@@ -27,16 +27,8 @@ def _check(fn, args, backend, *, grads=False, atol=1e-4, rtol=1e-4, options=None
     (values, dtype, shape, strides of every non-size-1 dim), mutated inputs and, with
     ``grads``, the gradients of the arguments that require grad (same random
     cotangents)."""
-    def copies():
-        return [a.detach().clone().requires_grad_(a.requires_grad) if isinstance(a, torch.Tensor)
-                else a for a in args]
-
-    a_ref, a_out = copies(), copies()
-    coil.reset()
-    ref = fn(*a_ref)
-    out = coil.compile(fn, options={"cpu_backend": backend, **(options or {})})(*a_out)
-    refs = ref if isinstance(ref, (tuple, list)) else (ref,)
-    outs = out if isinstance(out, (tuple, list)) else (out,)
+    a_ref, a_out = arg_copies(args), arg_copies(args)
+    outs, refs = run_both(fn, a_ref, a_out, backend, options)
     assert len(outs) == len(refs)
     for i, (o, r) in enumerate(zip(outs, refs)):
         assert o.shape == r.shape and o.dtype == r.dtype, (i, o.shape, r.shape, o.dtype, r.dtype)
@@ -48,21 +40,12 @@ def _check(fn, args, backend, *, grads=False, atol=1e-4, rtol=1e-4, options=None
             torch.testing.assert_close(x.detach(), y.detach(), atol=atol, rtol=rtol,
                                        msg=lambda m: f"input {i}: {m}")
     if grads:
-        torch.manual_seed(99)
-        pairs = [(o, r) for o, r in zip(outs, refs) if r.requires_grad]
-        cot = [torch.randn_like(r) for _, r in pairs]
-        torch.autograd.backward([r for _, r in pairs], cot)
-        torch.autograd.backward([o for o, _ in pairs], cot)
-        for i, (x, y) in enumerate(zip(a_ref, a_out)):
-            if isinstance(x, torch.Tensor) and x.requires_grad:
-                assert y.grad is not None, f"grad of arg {i} is None"
-                torch.testing.assert_close(y.grad, x.grad, atol=atol * 10, rtol=rtol * 10,
-                                           msg=lambda m: f"grad of arg {i}: {m}")
+        backward_both(outs, refs)
+        assert_arg_grads(a_ref, a_out, atol * 10, rtol * 10)
     return outs
 
 
-def _r(*size, grad=False, dtype=torch.float32):
-    return torch.randn(*size).to(dtype).requires_grad_(grad)
+_r = rand
 
 
 @pytest.fixture

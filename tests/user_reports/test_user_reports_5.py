@@ -17,6 +17,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import coil
+from report_helpers import backward_both, run_both
 import coil.ir.graph as G
 
 BACKENDS = ["cpp", "triton"]
@@ -35,22 +36,14 @@ def _check(fn, args, backend, *, grads=False, atol=1e-4, rtol=1e-4, exact_stride
         return all(x == y for x, y, n in zip(a.stride(), b.stride(), b.shape) if n != 1)
 
     a_ref, a_out = copies(), copies()
-    coil.reset()
-    ref = fn(*a_ref)
-    out = coil.compile(fn, options={"cpu_backend": backend})(*a_out)
-    refs = ref if isinstance(ref, (tuple, list)) else (ref,)
-    outs = out if isinstance(out, (tuple, list)) else (out,)
+    outs, refs = run_both(fn, a_ref, a_out, backend)
     for i, (o, r) in enumerate(zip(outs, refs)):
         assert o.shape == r.shape and o.dtype == r.dtype, (i, o.shape, r.shape, o.dtype, r.dtype)
         torch.testing.assert_close(o, r, atol=atol, rtol=rtol, equal_nan=True,
                                    msg=lambda m: f"output {i}: {m}")
         assert same(o, r), (i, o.stride(), r.stride())
     if grads:
-        torch.manual_seed(99)
-        pairs = [(o, r) for o, r in zip(outs, refs) if r.requires_grad]
-        cot = [torch.randn_like(r) for _, r in pairs]
-        torch.autograd.backward([r for _, r in pairs], cot)
-        torch.autograd.backward([o for o, _ in pairs], cot)
+        backward_both(outs, refs)
         for i, (x, y) in enumerate(zip(a_ref, a_out)):
             if x.requires_grad:
                 torch.testing.assert_close(y.grad, x.grad, atol=atol * 10, rtol=rtol * 10,

@@ -1,0 +1,50 @@
+"""Shared pieces of the user-report repro files (test_user_reports_3/4/5.py): run a
+function eagerly and compiled on separate copies of its arguments, and backpropagate
+the same random cotangents through both. Each file keeps its own assertions."""
+from __future__ import annotations
+
+import torch
+
+import coil
+
+
+def run_both(fn, a_ref: list, a_out: list, backend: str, options: dict | None = None):
+    """``(compiled outputs, eager outputs)`` as tuples: ``fn(*a_ref)`` eagerly and
+    ``coil.compile(fn, options={"cpu_backend": backend, **options})(*a_out)``."""
+    coil.reset()
+    ref = fn(*a_ref)
+    out = coil.compile(fn, options={"cpu_backend": backend, **(options or {})})(*a_out)
+    as_tuple = lambda v: v if isinstance(v, (tuple, list)) else (v,)
+    return as_tuple(out), as_tuple(ref)
+
+
+def backward_both(outs, refs) -> None:
+    """Backward through every output whose eager counterpart needs grad, with the same
+    random cotangents (seed 99) for eager and compiled."""
+    torch.manual_seed(99)
+    pairs = [(o, r) for o, r in zip(outs, refs) if r.requires_grad]
+    cot = [torch.randn_like(r) for _, r in pairs]
+    torch.autograd.backward([r for _, r in pairs], cot)
+    torch.autograd.backward([o for o, _ in pairs], cot)
+
+
+def rand(*size, grad: bool = False, dtype=torch.float32) -> torch.Tensor:
+    """Standard-normal tensor of ``size`` in ``dtype``, optionally requiring grad."""
+    return torch.randn(*size).to(dtype).requires_grad_(grad)
+
+
+def assert_arg_grads(a_ref, a_out, atol: float, rtol: float) -> None:
+    """Each argument that requires grad got a gradient in the compiled run, close to
+    eager's (tolerances ``atol``/``rtol``)."""
+    for i, (x, y) in enumerate(zip(a_ref, a_out)):
+        if isinstance(x, torch.Tensor) and x.requires_grad:
+            assert y.grad is not None, f"grad of arg {i} is None"
+            torch.testing.assert_close(y.grad, x.grad, atol=atol, rtol=rtol,
+                                       msg=lambda m: f"grad of arg {i}: {m}")
+
+
+def arg_copies(args) -> list:
+    """Detached copies of the tensor arguments (keeping ``requires_grad``); other values
+    as they are."""
+    return [a.detach().clone().requires_grad_(a.requires_grad) if isinstance(a, torch.Tensor)
+            else a for a in args]

@@ -362,9 +362,8 @@ class GraphLowering(torch.fx.Interpreter):
                               stride if stride is not None else list(d.layout.stride), d.layout.offset)
         if isinstance(d, StorageBox) and d.is_realized():
             lay = d.data.layout
-            if stride is not None and lay is not None and (
-                    getattr(d.data, "padded_output", False) or not _same_strides(lay, meta)):
-                # a padded matmul result, a channels-last convolution output
+            if stride is not None and lay is not None and not _same_strides(lay, meta):
+                # a padded matmul result (its row stride), a channels-last convolution output
                 copy = TensorBox.create(Pointwise(r.get_device(), r.get_dtype(), r.make_loader(),
                                                   r.get_size()))
                 return OutputSpec("buffer", copy.data.realize(stride).get_name())

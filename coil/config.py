@@ -50,6 +50,11 @@ class Config:
     #: Triton: run a pointwise kernel whose loads/stores are contiguous along different
     #: dims (a transpose) as 2-D tiles on a 2-D grid (codegen/tiling.py).
     triton_tile_2d: bool = True
+    #: Triton: leave ``xmask`` / ``rmask`` out of loads, stores and reduction guards when
+    #: every launch config's XBLOCK / RBLOCK divides numel / rnumel (all lanes in range;
+    #: decided per kernel from the runtime's candidate configs, logged in the kernel's
+    #: ``# masks:`` header line). Off: every kernel masks as before.
+    triton_exact_masks: bool = True
     #: Launch compiled Triton kernels through their low-level launcher after the first
     #: call (skips Triton's per-call argument binding; GPU only).
     triton_fast_launch: bool = True

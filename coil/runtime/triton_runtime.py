@@ -197,6 +197,31 @@ def candidate_configs(numel: int, rnumel: int, persistent: bool, gpu: bool,
     return out[:4]
 
 
+def launch_configs(numel: int, rnumel: int, persistent: bool, gpu: bool, outer: bool = False,
+                   elem_bytes: int = 4, tiled: bool = False) -> list[dict]:
+    """Every launch config the runtime may run a kernel with: :func:`tiled_configs` for
+    a 2-D tiled kernel, else :func:`candidate_configs`. :class:`TritonLauncher` chooses
+    only among these (a disk-cached autotuning result outside them is ignored), so the
+    code generator may rely on properties all of them share (:func:`blocks_divide`)."""
+    if tiled:
+        return tiled_configs(numel, rnumel, gpu)
+    return candidate_configs(numel, rnumel, persistent, gpu, outer, elem_bytes)
+
+
+def blocks_divide(configs: list[dict], numel, rnumel) -> tuple[bool, bool]:
+    """``(x exact, r exact)``: whether every config's XBLOCK divides ``numel`` (the grid
+    then covers exactly ``numel``, so ``xmask`` is all true) and, for kernels with an r
+    axis, every RBLOCK divides ``rnumel`` (a persistent block is the whole row, each
+    loop step / r tile is full). Symbolic (non-integer) sizes are never exact."""
+    def static(n):
+        return isinstance(n, int) or getattr(n, "is_Integer", False)
+
+    x = static(numel) and all(int(numel) % c["XBLOCK"] == 0 for c in configs)
+    r = static(rnumel) and int(rnumel) > 1 and all(
+        "RBLOCK" in c and int(rnumel) % c["RBLOCK"] == 0 for c in configs)
+    return bool(configs) and x, bool(configs) and r
+
+
 class TritonLauncher:
     """Callable ``launcher(*tensors)`` running one generated kernel."""
 
@@ -207,8 +232,9 @@ class TritonLauncher:
         self.gpu = not self.interpret
         self.numel, self.rnumel, self.elem_bytes = numel, rnumel, elem_bytes
         self.tiled = tiled
-        self.configs = (tiled_configs(numel, rnumel, self.gpu) if tiled else
-                        candidate_configs(numel, rnumel, persistent, self.gpu, outer, elem_bytes))
+        # the code generator dropped masks that are redundant for all of these
+        # (codegen/triton/backend.py, mask_exactness): only they may run
+        self.configs = launch_configs(numel, rnumel, persistent, self.gpu, outer, elem_bytes, tiled)
         # Kernels whose bodies are identical (the same block in every transformer layer)
         # share one module, one JIT-compiled binary and one autotuning result: the
         # name is replaced by a fixed one before hashing.
@@ -217,6 +243,8 @@ class TritonLauncher:
         self.key = source_key(canonical)
         self.chosen: Optional[dict] = None
         tuned = _tuned_in_process.get(self.key) if self.gpu else None
+        if tuned is not None and tuned not in self.configs:
+            tuned = None  # tuned for another candidate set (the source is not all the key)
         if tuned is None and self.gpu:
             tuned = self._read_tuned()
         if tuned is not None:

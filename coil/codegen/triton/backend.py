@@ -1,8 +1,11 @@
 """The Triton kernel backend: KernelPlan -> kernel source -> TritonLauncher."""
 from __future__ import annotations
 
+from typing import Optional
+
 from coil.codegen.backend import GeneratedKernel, KernelBackend, register_kernel_backend
 from coil.codegen.triton.kernel import PRELUDE, TritonKernel
+from coil.config import config
 
 
 #: Outer reductions (loads contiguous along x) longer than this run looped.
@@ -29,17 +32,60 @@ def _indent(lines, n):
     return [" " * n + l for l in lines]
 
 
-def kernel_source(plan, name: str) -> tuple[str, list[str]]:
-    """(module source, argument buffer names) for ``plan``."""
-    source, arg_names, _ = _kernel_source(plan, name)
+def _plan_gpu(plan) -> bool:
+    """Whether ``plan`` runs on a GPU (else Triton's CPU interpreter), as the launcher
+    decides it: from the device of its first node's buffer."""
+    return plan.buffer(plan.nodes[0].name).get_device().type != "cpu"
+
+
+def launch_args(plan, gpu: bool, outer: bool) -> dict:
+    """The keyword arguments of :func:`coil.runtime.triton_runtime.launch_configs` (and
+    of :class:`TritonLauncher`) for ``plan``: one place, so that the mask decision and
+    the launcher see the same candidate configs."""
+    return dict(numel=plan.numel, rnumel=plan.rnumel, persistent=plan.persistent, gpu=gpu,
+                outer=outer and not plan.tiled, elem_bytes=stream_elem_bytes(plan),
+                tiled=plan.tiled)
+
+
+def mask_exactness(plan, gpu: bool, outer: bool = False) -> tuple[bool, bool]:
+    """``(x exact, r exact)`` for ``plan``: whether ``xmask`` / ``rmask`` are all true
+    for every launch config the runtime may choose (every XBLOCK divides numel, every
+    RBLOCK divides rnumel); such masks are left out of loads, stores and reduction
+    guards. ``(False, False)`` with ``config.triton_exact_masks`` off."""
+    from coil.runtime.triton_runtime import blocks_divide, launch_configs
+    if not config.triton_exact_masks:
+        return False, False
+    return blocks_divide(launch_configs(**launch_args(plan, gpu, outer)), plan.numel, plan.rnumel)
+
+
+def kernel_source(plan, name: str, gpu: Optional[bool] = None) -> tuple[str, list[str]]:
+    """(module source, argument buffer names) for ``plan``; ``gpu`` overrides the device
+    the masks are decided for (default: the plan's)."""
+    source, arg_names, _ = _kernel_source(plan, name, gpu)
     return source, arg_names
 
 
-def _kernel_source(plan, name: str) -> tuple[str, list[str], TritonKernel]:
-    k = TritonKernel(plan, name)
+def _kernel_source(plan, name: str, gpu: Optional[bool] = None) -> tuple[str, list[str], TritonKernel]:
+    gpu = _plan_gpu(plan) if gpu is None else gpu
+    exact = mask_exactness(plan, gpu)
+    k = _run_kernel(plan, name, exact)
+    if k.outer_reduction and mask_exactness(plan, gpu, True) != exact:
+        # the outer-reduction candidates differ; it is known only after generating
+        # (from the loads' strides, which do not depend on the masks)
+        exact = mask_exactness(plan, gpu, True)
+        k = _run_kernel(plan, name, exact)
+    return _module_source(plan, name, k, exact)
+
+
+def _run_kernel(plan, name: str, exact: tuple[bool, bool]) -> TritonKernel:
+    k = TritonKernel(plan, name, x_exact=exact[0], r_exact=exact[1])
     for pn in plan.nodes:
         k.begin(pn)
         pn.run(k)
+    return k
+
+
+def _module_source(plan, name: str, k: TritonKernel, exact) -> tuple[str, list[str], TritonKernel]:
     arg_names = list(plan.input_names) + list(plan.output_names)
     params = [k.args[n] for n in arg_names]
     red = plan.rnumel > 1
@@ -49,17 +95,20 @@ def _kernel_source(plan, name: str) -> tuple[str, list[str], TritonKernel]:
     pid = "tl.program_id(0).to(tl.int64)" if k.index_dtype == "tl.int64" else "tl.program_id(0)"
     body.append(f"xoffset = {pid} * XBLOCK")
     body.append("xindex = xoffset + tl.arange(0, XBLOCK)" + ("[:, None]" if red else ""))
-    body.append("xmask = xindex < xnumel")
+    # a mask that is all true for every launch config is not computed (mask_exactness)
+    xmask = [] if exact[0] else ["xmask = xindex < xnumel"]
+    rmask = [] if exact[1] else ["rmask = rindex < rnumel"]
+    body += xmask
     if red:
         body.append(f"rnumel = {plan.rnumel}")
         body.append("rbase = tl.arange(0, RBLOCK)[None, :]")
     if plan.tiled:
         pid1 = "tl.program_id(1).to(tl.int64)" if k.index_dtype == "tl.int64" else "tl.program_id(1)"
-        body += [f"rindex = {pid1} * RBLOCK + rbase", "rmask = rindex < rnumel"]
+        body += [f"rindex = {pid1} * RBLOCK + rbase"] + rmask
         body += k.body
     elif not k.looped:
         if red:
-            body += ["rindex = rbase", "rmask = rindex < rnumel"]
+            body += ["rindex = rbase"] + rmask
         body += k.body
     else:
         for sec in k.sections:
@@ -68,7 +117,7 @@ def _kernel_source(plan, name: str) -> tuple[str, list[str], TritonKernel]:
                 # the trip count as a literal: Triton 3.6's interpreter cannot index a
                 # local int variable in range() ("only 0-dimensional arrays ...")
                 body.append(f"for roffset in range(0, {plan.rnumel}, RBLOCK):")
-                body += _indent(["rindex = roffset + rbase", "rmask = rindex < rnumel"] + sec["loop"], 4)
+                body += _indent(["rindex = roffset + rbase"] + rmask + sec["loop"], 4)
             body += sec["post"]
     out += _indent(body, 4)
     header = ["import triton", "import triton.language as tl",
@@ -76,6 +125,9 @@ def _kernel_source(plan, name: str) -> tuple[str, list[str], TritonKernel]:
     if k.outer_reduction:
         # r walks rows of a row-major input: tiles are XBLOCK wide along memory
         header.append("# outer reduction: loads contiguous along x")
+    word = lambda e: "exact" if e else "masked"
+    header.append(f"# masks: x {word(exact[0])}" + (f", r {word(exact[1])}" if red else "")
+                  + ("" if config.triton_exact_masks else " (triton_exact_masks off)"))
     return "\n".join(header + PRELUDE.split("\n") + ["", ""] + out) + "\n", arg_names, k
 
 
@@ -86,7 +138,7 @@ class TritonBackend(KernelBackend):
     name = "triton"
 
     def generate(self, plan, kernel_name: str) -> GeneratedKernel:
-        from coil.runtime.triton_runtime import TritonLauncher
+        from coil.runtime.triton_runtime import TritonLauncher, blocks_divide
         source, arg_names, k = _kernel_source(plan, kernel_name)
         tiled = plan.tiled
         if k.outer_reduction and plan.persistent and plan.rnumel > OUTER_PERSISTENT_RNUMEL and not tiled:
@@ -95,7 +147,12 @@ class TritonBackend(KernelBackend):
             plan.replan(OUTER_PERSISTENT_RNUMEL)
             source, arg_names, k = _kernel_source(plan, kernel_name)
         dev = plan.buffer(plan.nodes[0].name).get_device()
-        launcher = TritonLauncher(kernel_name, source, plan.numel, plan.rnumel, plan.persistent,
-                                  dev.type, outer=k.outer_reduction and not tiled,
-                                  elem_bytes=stream_elem_bytes(plan), tiled=tiled)
+        a = launch_args(plan, _plan_gpu(plan), k.outer_reduction)
+        launcher = TritonLauncher(kernel_name, source, a["numel"], a["rnumel"], a["persistent"],
+                                  dev.type, outer=a["outer"], elem_bytes=a["elem_bytes"],
+                                  tiled=a["tiled"])
+        ok = blocks_divide(launcher.configs, plan.numel, plan.rnumel)
+        if (k.x_exact and not ok[0]) or (k.r_exact and not ok[1]):
+            raise AssertionError(f"{kernel_name}: masks dropped for configs the launcher "
+                                 f"does not use ({launcher.configs})")
         return GeneratedKernel(kernel_name, source, arg_names, launcher, "triton")

@@ -2,7 +2,8 @@
 
 Kernel shape (see docs/codegen.md for the plan contract):
 
-- pointwise: ``xindex = xoffset + tl.arange(0, XBLOCK)`` (1-D), one mask ``xmask``;
+- pointwise: ``xindex = xoffset + tl.arange(0, XBLOCK)`` (1-D), one mask ``xmask``
+  (left out when it is all true for every launch config: ``x_exact`` / ``r_exact``);
 - reduction: ``xindex`` is ``[XBLOCK, 1]``, ``rindex`` is ``[1, RBLOCK]``; *persistent*
   kernels hold a whole row (``RBLOCK >= rnumel``) and reduce once; *looped* kernels run
   ``for roffset in range(0, <rnumel>, RBLOCK)`` once per loop section, accumulating in
@@ -63,8 +64,11 @@ def _lit(value, dtype) -> str:
 class TritonKernel(OpsHandler):
     """Generate one kernel (``source()``) from a :class:`KernelPlan`."""
 
-    def __init__(self, plan, name: str):
+    def __init__(self, plan, name: str, x_exact: bool = False, r_exact: bool = False):
         self.plan, self.name = plan, name
+        #: ``xmask`` / ``rmask`` are all true for every launch config the runtime may
+        #: choose (backend.mask_exactness): they are left out of loads, stores and guards
+        self.x_exact, self.r_exact = x_exact, r_exact
         self.red = plan.rnumel > 1
         self.looped = self.red and not plan.persistent
         big = max([plan.numel * plan.rnumel] + [int(plan.buffer(n).layout.storage_numel())
@@ -153,16 +157,27 @@ class TritonKernel(OpsHandler):
 
     def _mask(self, dims, extra: Optional[TVal] = None) -> tuple[Optional[str], frozenset]:
         parts, mdims = [], set()
-        if "x" in dims:
+        if "x" in dims and not self.x_exact:
             parts.append("xmask")
             mdims.add("x")
-        if "r" in dims:
+        if "r" in dims and not self.r_exact:
             parts.append("rmask")
             mdims.add("r")
         for m in self.mask_stack + ([extra] if extra is not None else []):
             parts.append(m.name)
             mdims |= m.dims
         return (" & ".join(parts) if parts else None), frozenset(mdims)
+
+    def _block_guard(self) -> Optional[str]:
+        """The mask of a ``[XBLOCK, RBLOCK]`` tile's padded lanes (``xmask & rmask``, less
+        the exact ones), or None when every lane is in range."""
+        parts = [m for m, exact in (("xmask", self.x_exact), ("rmask", self.r_exact)) if not exact]
+        return " & ".join(parts) if self.red and parts else None
+
+    def _guarded(self, acc: str, update: str) -> str:
+        """``acc = update`` on the tile's in-range lanes only."""
+        g = self._block_guard()
+        return f"{acc} = tl.where({g}, {update}, {acc})" if g else f"{acc} = {update}"
 
     def _index_str(self, e) -> str:
         return pyexpr(simplify_index(sympy.sympify(e), {XINDEX: self.plan.numel, RINDEX: self.plan.rnumel}))
@@ -271,7 +286,11 @@ class TritonKernel(OpsHandler):
         out_dims = frozenset({"x"})
         if not self.looped:
             lines = self.body
-            masked = self.cse(f"tl.where(xmask & rmask, {v}, {default})", acc_dt, {"x", "r"})
+            g = self._block_guard()
+            if g:  # padded lanes must not pollute the result
+                masked = self.cse(f"tl.where({g}, {v}, {default})", acc_dt, {"x", "r"})
+            else:
+                masked = value if v == value.name else self.cse(v, acc_dt, {"x", "r"})
             if reduction_type in ("argmax", "argmin"):
                 best = self.cse(f"{self._final('max' if reduction_type == 'argmax' else 'min', masked.name)}[:, None]",
                                 value.dtype, out_dims, lines=lines)
@@ -296,7 +315,8 @@ class TritonKernel(OpsHandler):
             idx = f"{acc}_idx"
             sec["init"].append(f"{idx} = tl.full({full}, 2147483647, tl.int64)")
             cmp = ">" if reduction_type == "argmax" else "<"
-            loop.append(f"{acc}_take = xmask & rmask & ({v} {cmp} {acc})")
+            g = self._block_guard()
+            loop.append(f"{acc}_take = {g + ' & ' if g else ''}({v} {cmp} {acc})")
             loop.append(f"{acc} = tl.where({acc}_take, {v}, {acc})")
             loop.append(f"{idx} = tl.where({acc}_take, tl.broadcast_to(rindex.to(tl.int64), {full}), {idx})")
             post = sec["post"]
@@ -306,7 +326,7 @@ class TritonKernel(OpsHandler):
             return TVal(f"{acc}_res", torch.int64, out_dims)
         combine = {"sum": f"{acc} + {v}", "prod": f"{acc} * {v}", "any": f"{acc} | {v}",
                    "max": f"tl.maximum({acc}, {v})", "min": f"tl.minimum({acc}, {v})"}[reduction_type]
-        loop.append(f"{acc} = tl.where(xmask & rmask, {combine}, {acc})")
+        loop.append(self._guarded(acc, combine))
         sec["post"].append(f"{acc}_res = {self._final(reduction_type, acc)}[:, None]")
         return self._after_reduction(TVal(f"{acc}_res", acc_dt, out_dims), reduction_type)
 
@@ -344,7 +364,7 @@ class TritonKernel(OpsHandler):
         if any(re.search(rf"\b{n}\b", l) for l in loop for n in chain
                if not l.startswith(tuple(f"{c} = " for c in chain))):
             return None  # another value of this loop uses the chain
-        combine = f"{acc_m} = tl.where(xmask & rmask, tl.maximum({acc_m}, {v_m}), {acc_m})"
+        combine = self._guarded(acc_m, f"tl.maximum({acc_m}, {v_m})")
         if combine not in prev["loop"]:
             return None
         # rewrite: drop the chain from this loop, update a running sum in the max's loop
@@ -362,8 +382,8 @@ class TritonKernel(OpsHandler):
             f"{acc_m}_prev = {acc_m}",
             combine,
             f"{acc}_e = tl.exp(-tl.abs({v_m} - {acc_m}_prev))",
-            f"{acc} = tl.where(xmask & rmask, tl.where({acc_m} == {ninf}, 0.0, "
-            f"tl.where({v_m} > {acc_m}_prev, {acc} * {acc}_e + 1.0, {acc} + {acc}_e)), {acc})",
+            self._guarded(acc, f"tl.where({acc_m} == {ninf}, 0.0, "
+                               f"tl.where({v_m} > {acc_m}_prev, {acc} * {acc}_e + 1.0, {acc} + {acc}_e))"),
         ]
         prev["post"].append(f"{acc}_res = red.sum(tl.where({acc_m} == {ninf}, 0.0, "
                             f"{acc} * tl.exp({acc_m} - {mres})), 1)[:, None]")

@@ -123,32 +123,28 @@ def test_view_chains_floordiv_mod(backend):
 
 # -- failures ------------------------------------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason="codegen/triton/kernel.py reduction(): argmax/argmin pick "
-                   "the index where value == max, but NaN != NaN, so a row holding NaN returns "
-                   "2147483647 (eager: the index of the first NaN); persistent and looped paths, "
-                   "also max(dim).indices")
-def test_triton_argmax_with_nan():
-    x = torch.tensor([[float("nan"), 1.0]])
-    _check(lambda x: x.argmax(1), [x], "triton")
+# fixed: codegen/triton/kernel.py reduction() matched lanes by value == max, and NaN != NaN
+@pytest.mark.parametrize("op", ["argmax", "argmin", "max_indices"])
+@pytest.mark.parametrize("cols", [2, 3000])  # persistent and looped reductions
+def test_triton_argmax_with_nan(op, cols):
+    torch.manual_seed(0)
+    x = torch.randn(3, cols)
+    x[0, 0] = x[1, cols // 2] = x[1, cols - 1] = float("nan")
+    f = {"argmax": lambda x: x.argmax(1), "argmin": lambda x: x.argmin(1),
+         "max_indices": lambda x: x.max(1).indices}[op]
+    _check(f, [x], "triton")
 
 
-@pytest.mark.xfail(strict=True, reason="C++ backend, full float reduction of x.flip(-1) (index "
-                   "-r0 + 2*r1 + 1) over >= 17 rows of width < 8: the lane loop never runs and "
-                   "the scalar tail's in-order float sum over the reversed inner loop is "
-                   "miscompiled by g++ 12.2 at -O3 (loop vectorizer; -fno-tree-loop-vectorize "
-                   "or -O2 gives the right sum): wrong value, no error")
 def test_cpp_full_sum_of_last_dim_flip():
     torch.manual_seed(0)
     _check(lambda x: x.flip(-1).sum(), [torch.randn(17, 2)], "cpp")
 
 
-@pytest.mark.xfail(strict=True, reason="codegen/triton/kernel.py to_dtype(): emits "
-                   "x.to(tl.bfloat16) straight from bool/int/float64; the Triton interpreter "
-                   "converts only float32 (and fp16) to bf16 correctly, other sources give "
-                   "denormals/NaN (cast through tl.float32 first)")
+# fixed: codegen/triton/kernel.py to_dtype() now casts through tl.float32 (as eager does)
+@pytest.mark.parametrize("dst", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("src", [torch.bool, torch.int32, torch.float64])
-def test_triton_cast_to_bf16_from_non_fp32(src):
+def test_triton_cast_to_bf16_from_non_fp32(src, dst):
     torch.manual_seed(0)
     x = torch.randn(4) * 10
     x = x > 0 if src == torch.bool else x.to(src)
-    _check(lambda x: x.to(torch.bfloat16), [x], "triton")
+    _check(lambda x: x.to(dst), [x], "triton")

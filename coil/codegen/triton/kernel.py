@@ -88,7 +88,7 @@ class TritonKernel(OpsHandler):
         self.store_cache: dict[tuple, TVal] = {}
         self.loop_store_cache: dict[tuple, TVal] = {}
         self.mask_stack: list[TVal] = []
-        #: fp32 value name -> (name of the value it rounds, fp16/bf16 dtype), for stores
+        #: fp32 value name -> (expression of the value it rounds, fp16/bf16 dtype), for stores
         self.rounded: dict[str, tuple] = {}
         self.indirect_dims: dict[str, frozenset] = {}
         self.cur = None
@@ -294,8 +294,8 @@ class TritonKernel(OpsHandler):
             if reduction_type in ("argmax", "argmin"):
                 best = self.cse(f"{self._final('max' if reduction_type == 'argmax' else 'min', masked.name)}[:, None]",
                                 value.dtype, out_dims, lines=lines)
-                r = (f"red.min(tl.where({masked} == {best}, tl.broadcast_to(rindex, {full}), 2147483647), 1)"
-                     f"[:, None].to(tl.int64)")
+                r = (f"red.min(tl.where({self._arg_match(masked.name, best.name, value.dtype)}, "
+                     f"tl.broadcast_to(rindex, {full}), 2147483647), 1)[:, None].to(tl.int64)")
             else:
                 r = f"{self._final(reduction_type, masked.name)}[:, None]"
             res = self.cse(r, acc_dt if reduction_type not in ("argmax", "argmin") else torch.int64,
@@ -316,19 +316,32 @@ class TritonKernel(OpsHandler):
             sec["init"].append(f"{idx} = tl.full({full}, 2147483647, tl.int64)")
             cmp = ">" if reduction_type == "argmax" else "<"
             g = self._block_guard()
-            loop.append(f"{acc}_take = {g + ' & ' if g else ''}({v} {cmp} {acc})")
+            take = f"({v} {cmp} {acc})"
+            if value.dtype.is_floating_point:  # the first NaN wins, as in eager
+                take = f"({take} | (({v} != {v}) & ({acc} == {acc})))"
+            loop.append(f"{acc}_take = {g + ' & ' if g else ''}{take}")
             loop.append(f"{acc} = tl.where({acc}_take, {v}, {acc})")
             loop.append(f"{idx} = tl.where({acc}_take, tl.broadcast_to(rindex.to(tl.int64), {full}), {idx})")
             post = sec["post"]
             best = "max" if reduction_type == "argmax" else "min"
             post.append(f"{acc}_best = {self._final(best, acc)}[:, None]")
-            post.append(f"{acc}_res = red.min(tl.where({acc} == {acc}_best, {idx}, 2147483647), 1)[:, None]")
+            post.append(f"{acc}_res = red.min(tl.where({self._arg_match(acc, acc + '_best', value.dtype)}, "
+                        f"{idx}, 2147483647), 1)[:, None]")
             return TVal(f"{acc}_res", torch.int64, out_dims)
         combine = {"sum": f"{acc} + {v}", "prod": f"{acc} * {v}", "any": f"{acc} | {v}",
                    "max": f"tl.maximum({acc}, {v})", "min": f"tl.minimum({acc}, {v})"}[reduction_type]
         loop.append(self._guarded(acc, combine))
         sec["post"].append(f"{acc}_res = {self._final(reduction_type, acc)}[:, None]")
         return self._after_reduction(TVal(f"{acc}_res", acc_dt, out_dims), reduction_type)
+
+    @staticmethod
+    def _arg_match(vals: str, best: str, dtype) -> str:
+        """Lanes of ``vals`` holding the reduced ``best`` (argmax/argmin). ``red.max`` /
+        ``red.min`` return NaN when a row holds one, and NaN != NaN: then the NaN lanes
+        match (eager returns the first NaN's index)."""
+        if not dtype.is_floating_point:
+            return f"({vals} == {best})"
+        return f"(({vals} == {best}) | (({best} != {best}) & ({vals} != {vals})))"
 
     def _online_sum_exp(self, value, v: str, acc_dt, tdt: str, full: str) -> Optional[TVal]:
         """``sum(exp(x - m))`` in the loop after the one computing ``m = max(x)`` (softmax,
@@ -423,10 +436,13 @@ class TritonKernel(OpsHandler):
     def to_dtype(self, x, dtype, src_dtype=None):
         if compute_dtype(dtype) != dtype and isinstance(x, TVal) and x.const is None \
                 and x.dtype != dtype:
-            # explicit cast to fp16/bf16: round, then compute in fp32 again
-            v = self.cse(f"{x}.to({TL_DTYPE[dtype]}).to({TL_DTYPE[compute_dtype(dtype)]})",
+            # explicit cast to fp16/bf16: round, then compute in fp32 again. From other
+            # types than fp32/fp16 through fp32 first, as eager's conversions do (Triton's
+            # CPU interpreter turns bool/int/fp64 -> bf16 into garbage)
+            src = x.name if x.dtype in (torch.float32, torch.float16) else f"{x}.to(tl.float32)"
+            v = self.cse(f"{src}.to({TL_DTYPE[dtype]}).to({TL_DTYPE[compute_dtype(dtype)]})",
                          compute_dtype(dtype), x.dims)
-            self.rounded[v.name] = (x.name, dtype)
+            self.rounded[v.name] = (src, dtype)
             return v
         dtype = compute_dtype(dtype)
         if isinstance(x, TVal) and x.const is not None:

@@ -44,6 +44,13 @@ class Config:
     #: Threads compiling a kernel's candidate autotuning configs in parallel before they
     #: are timed (GPU only; 1 or 0: compile each config when it is first timed).
     autotune_compile_threads: int = 8
+    #: Worker processes that compile every Triton kernel's launch configs as soon as
+    #: code generation creates it, into Triton's disk cache (runtime/compile_pool.py;
+    #: GPU only). Negative: half the CPU cores, at most 8; 0: off.
+    autotune_compile_processes: int = -1
+    #: Seconds a launcher waits for its configs that a worker process is compiling
+    #: before it compiles them itself.
+    autotune_compile_timeout: float = 120.0
     #: Triton: fuse softmax's sum(exp(x - max)) into the max loop of looped reductions
     #: (running max and rescaled running sum; one read of x fewer).
     triton_online_softmax: bool = True
@@ -124,6 +131,8 @@ def _coerce(value: str, default: Any) -> Any:
         return value.strip().lower() in ("1", "true", "yes", "on")
     if isinstance(default, int):
         return int(value)
+    if isinstance(default, float):
+        return float(value)
     if default is None:
         low = value.strip().lower()
         return {"1": True, "true": True, "0": False, "false": False}.get(low, None)

@@ -51,19 +51,24 @@ def source_key(source: str) -> str:
     return hashlib.sha256(source.encode()).hexdigest()[:32]
 
 
+def module_location(source: str, interpret: bool) -> tuple[str, str]:
+    """``(file path, module name)`` kernel ``source`` is imported from and as."""
+    key = source_key(source)
+    return os.path.join(cache_dir(), f"k{key}.py"), f"coil_triton_{key}_{int(interpret)}"
+
+
 def load_module(source: str, interpret: bool):
     """Import kernel ``source`` as a module (cached per process)."""
     key = (source_key(source), interpret)
     with _lock:
         if key in _modules:
             return _modules[key]
-        path = os.path.join(cache_dir(), f"k{key[0]}.py")
+        path, modname = module_location(source, interpret)
         if not os.path.exists(path):
             tmp = f"{path}.{os.getpid()}.tmp"
             with open(tmp, "w") as f:
                 f.write(source)
             os.replace(tmp, path)
-        modname = f"coil_triton_{key[0]}_{int(interpret)}"
         old = os.environ.get("TRITON_INTERPRET")
         if interpret:
             os.environ["TRITON_INTERPRET"] = "1"
@@ -86,6 +91,9 @@ def load_module(source: str, interpret: bool):
 CANONICAL_NAME = "coil_kernel"
 #: Autotuning results of this process, by canonical source key.
 _tuned_in_process: dict[str, dict] = {}
+#: Compile-worker pool jobs by canonical source key (runtime/compile_pool.py); an
+#: empty list once claimed, so each body is queued once per process.
+_pool_jobs: dict[str, list] = {}
 
 
 def canonical_name(source: str, name: str) -> str:
@@ -226,7 +234,8 @@ class TritonLauncher:
     """Callable ``launcher(*tensors)`` running one generated kernel."""
 
     def __init__(self, name: str, source: str, numel: int, rnumel: int, persistent: bool,
-                 device_type: str, outer: bool = False, elem_bytes: int = 4, tiled: bool = False):
+                 device_type: str, outer: bool = False, elem_bytes: int = 4, tiled: bool = False,
+                 arg_dtypes: Optional[list] = None):
         self.name, self.source = name, source
         self.interpret = device_type == "cpu"
         self.gpu = not self.interpret
@@ -252,6 +261,29 @@ class TritonLauncher:
         elif len(self.configs) == 1 or not (config.autotune and self.gpu) \
                 or numel * rnumel < config.autotune_min_elements:
             self._choose(self.configs[0])
+        if self.gpu and arg_dtypes is not None and self.key not in _pool_jobs:
+            self._submit_to_pool(canonical, arg_dtypes)
+
+    def _submit_to_pool(self, canonical: str, arg_dtypes: list) -> None:
+        """Queue the configs this kernel will be compiled with (all candidates, or the
+        one chosen) to the compile-worker pool (runtime/compile_pool.py)."""
+        from coil.runtime import compile_pool
+        path, module = module_location(canonical, self.interpret)
+        todo = [self.chosen] if self.chosen is not None else self.configs
+        names = [str(d).replace("torch.", "") for d in arg_dtypes]
+        try:
+            _pool_jobs[self.key] = compile_pool.submit(path, module, self.compiled_name, names, todo)
+        except Exception as e:  # noqa: BLE001 - optional: the launcher compiles itself
+            _pool_jobs[self.key] = []
+            trace.log("compile_pool_broken", stage="runtime", kernel=self.name, error=str(e))
+
+    def _claim_pool_jobs(self) -> None:
+        """Before compiling here: take back or wait for this body's pool jobs."""
+        jobs = _pool_jobs.get(self.key)
+        if jobs:
+            from coil.runtime import compile_pool
+            _pool_jobs[self.key] = []
+            compile_pool.claim(self.name, jobs)
 
     def _choose(self, cfg: dict) -> None:
         self.chosen = dict(cfg)
@@ -275,6 +307,7 @@ class TritonLauncher:
         """Launch through Triton's JIT once, then switch to the compiled kernel's own
         launcher (same args, grid and constexprs; re-checked pointer alignment, since
         Triton specializes on 16-byte alignment)."""
+        self._claim_pool_jobs()
         try:
             kernel = self._slow(*args)
         except Exception as e:  # the GPU compiler rejected the kernel
@@ -373,6 +406,7 @@ class TritonLauncher:
         from triton.testing import do_bench
         scratch = tuple(a.clone() if hasattr(a, "clone") else a for a in args)
         with trace.stage("autotune_compile"):
+            self._claim_pool_jobs()
             self._precompile(scratch)
         timings, errors = [], []
         for cfg in self.configs:

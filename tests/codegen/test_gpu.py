@@ -138,3 +138,25 @@ def test_gpu_channels_last_resnet_block(monkeypatch):
         # (TF32 convolutions may pick other algorithms for NHWC than for NCHW)
         torch.testing.assert_close(f(x), m(x), atol=2e-2, rtol=2e-2)
     assert copies == [], copies
+
+
+def test_gpu_compile_pool_fills_triton_cache(monkeypatch, tmp_path):
+    """Worker processes compile a kernel's candidate configs without errors (a Triton
+    API change shows up as compile_pool_job errors), and the launcher claims them."""
+    from coil import trace
+    from coil.config import patch
+    from coil.runtime import compile_pool
+    events = []
+    real_log = trace.log
+    monkeypatch.setattr(trace, "log", lambda ev, **kw: (events.append((ev, kw)), real_log(ev, **kw)))
+    with patch(cache_dir=str(tmp_path), autotune_compile_processes=2):
+        pool = compile_pool.get_pool()
+        assert pool is not None and pool.wait_ready(120)
+        _check(lambda t: torch.softmax(t * 5 + 1, -1), r(8192, 777))
+    jobs = [kw for ev, kw in events if ev == "compile_pool_job"]
+    claims = [kw for ev, kw in events if ev == "compile_pool_claim"]
+    assert jobs and all(j["error"] is None for j in jobs), jobs
+    assert claims and claims[0]["errors"] == [], claims
+    stages = [kw.get("duration_ms") for ev, kw in events
+              if ev == "stage" and kw.get("stage") == "autotune_compile"]
+    print("pool jobs", [(j["config"], j["seconds"]) for j in jobs], "claims", claims, stages)

@@ -150,7 +150,8 @@ class TritonBackend(KernelBackend):
         a = launch_args(plan, _plan_gpu(plan), k.outer_reduction)
         launcher = TritonLauncher(kernel_name, source, a["numel"], a["rnumel"], a["persistent"],
                                   dev.type, outer=a["outer"], elem_bytes=a["elem_bytes"],
-                                  tiled=a["tiled"])
+                                  tiled=a["tiled"],
+                                  arg_dtypes=[plan.buffer(n).get_dtype() for n in arg_names])
         ok = blocks_divide(launcher.configs, plan.numel, plan.rnumel)
         if (k.x_exact and not ok[0]) or (k.r_exact and not ok[1]):
             raise AssertionError(f"{kernel_name}: masks dropped for configs the launcher "

@@ -1,0 +1,210 @@
+"""Compiling Triton kernels in worker processes, ahead of their first launch.
+
+Triton compiles a kernel in Python and C++ that mostly holds the GIL, so the thread pool
+of ``TritonLauncher._precompile`` overlaps little, and a launcher only starts compiling
+when the wrapper first reaches it: on an H200 a cold GPT-2 / LLaMA compile spent 20-35 s
+in Triton compilations one kernel after another. Here every launcher, as soon as code
+generation creates it, queues one job per candidate config (:func:`submit`) to a few
+``python -m coil.runtime.compile_worker`` processes. They compile into Triton's on-disk
+cache, which this process shares; when the launcher then compiles the same config
+itself (autotuning, or its first launch) Triton finds the binary on disk. Inductor
+does the same with its compile-worker subprocesses.
+
+Nothing here can change results: a worker only fills a cache whose keys Triton computes
+(source, signature, 16-byte alignment, options, target). If a key differs (an argument
+that is not 16-byte aligned, say), the launcher's compile simply misses and compiles as
+before. :func:`claim` is called before the launcher compiles: a job that no worker has
+started yet is taken back (the launcher compiles it now rather than waiting for a worker
+that may still be starting up), and a job in a worker is waited for (up to
+``config.autotune_compile_timeout`` seconds). Workers are plain subprocesses started with
+``-m`` (not ``multiprocessing``, which re-imports the user's ``__main__`` script) and
+each holds a CUDA context (about 0.5 GB of GPU memory) until the process exits.
+Events in the compile log: ``compile_pool_start``, ``compile_pool_job`` (per job:
+seconds in the worker, or its error), ``compile_pool_claim`` (per launcher: how many jobs
+were taken back / waited for) and ``compile_pool_broken``.
+"""
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+from typing import Optional
+
+from coil import trace
+from coil.config import config
+
+QUEUED, RUNNING, DONE, CLAIMED = "queued", "running", "done", "claimed"
+
+
+class _Job:
+    __slots__ = ("id", "payload", "state", "done", "result")
+
+    def __init__(self, jid: int, payload: dict):
+        self.id, self.payload, self.state = jid, payload, QUEUED
+        self.done = threading.Event()
+        self.result: Optional[dict] = None
+
+
+class CompilePool:
+    """``workers`` compile-worker subprocesses fed from one FIFO queue by one thread
+    each. :meth:`submit` never blocks; :meth:`claim` takes back or waits for jobs."""
+
+    def __init__(self, workers: int):
+        self._lock = threading.Lock()
+        self._queue: "queue.Queue[_Job]" = queue.Queue()
+        self._next = 0
+        self._procs: list[subprocess.Popen] = []
+        self._ready = threading.Event()
+        self.alive = 0
+        env = dict(os.environ)
+        env.pop("TRITON_INTERPRET", None)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+        for _ in range(workers):
+            try:
+                p = subprocess.Popen([sys.executable, "-m", "coil.runtime.compile_worker"],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.DEVNULL, env=env, text=True, bufsize=1)
+            except OSError as e:
+                trace.log("compile_pool_broken", stage="runtime", error=str(e))
+                break
+            self._procs.append(p)
+            self.alive += 1
+            threading.Thread(target=self._serve, args=(p,), daemon=True).start()
+        atexit.register(self.close)
+        trace.log("compile_pool_start", stage="runtime", workers=len(self._procs))
+
+    def submit(self, payload: dict) -> _Job:
+        with self._lock:
+            job = _Job(self._next, payload)
+            self._next += 1
+        if self.alive == 0:
+            job.state = CLAIMED
+            job.done.set()
+        else:
+            self._queue.put(job)
+        return job
+
+    def wait_ready(self, timeout: float) -> bool:
+        """Wait until a worker has started (imported torch and Triton); True if one has."""
+        return self._ready.wait(timeout)
+
+    def claim(self, jobs: list[_Job], timeout: float) -> tuple[int, int]:
+        """Take back the jobs no worker has started; wait for the running ones (until
+        ``timeout`` seconds in all). Returns (taken back, waited for)."""
+        taken = waited = 0
+        running = []
+        with self._lock:
+            for j in jobs:
+                if j.state == QUEUED:
+                    j.state = CLAIMED
+                    taken += 1
+                elif j.state == RUNNING:
+                    running.append(j)
+        deadline = time.monotonic() + timeout
+        for j in running:
+            waited += 1
+            if not j.done.wait(max(0.0, deadline - time.monotonic())):
+                break
+        return taken, waited
+
+    def _serve(self, proc: subprocess.Popen) -> None:
+        try:
+            ready = proc.stdout.readline()
+            if not ready:
+                raise EOFError("worker exited while starting")
+            self._ready.set()
+            while True:
+                job = self._queue.get()
+                if job is None:
+                    return
+                with self._lock:
+                    if job.state != QUEUED:  # taken back by its launcher
+                        continue
+                    job.state = RUNNING
+                try:
+                    proc.stdin.write(json.dumps(dict(job.payload, id=job.id)) + "\n")
+                    proc.stdin.flush()
+                    line = proc.stdout.readline()
+                    if not line:
+                        raise EOFError("worker exited")
+                    job.result = json.loads(line)
+                finally:
+                    job.state = DONE
+                    job.done.set()
+                r = job.result or {}
+                trace.log("compile_pool_job", stage="runtime", kernel=job.payload["name"],
+                          config=job.payload["config"], seconds=r.get("seconds"),
+                          error=r.get("error"))
+        except Exception as e:  # noqa: BLE001 - a dead worker: the launchers compile themselves
+            with self._lock:
+                self.alive -= 1
+            trace.log("compile_pool_broken", stage="runtime", error=f"{type(e).__name__}: {e}")
+
+    def close(self) -> None:
+        for _ in self._procs:
+            self._queue.put(None)
+        for p in self._procs:
+            try:
+                p.stdin.close()
+            except OSError:
+                pass
+        for p in self._procs:
+            try:
+                p.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        self._procs = []
+        self.alive = 0
+
+
+_pool: Optional[CompilePool] = None
+_pool_lock = threading.Lock()
+
+
+def workers() -> int:
+    """Worker processes to use: ``config.autotune_compile_processes``; a negative value
+    means half the CPU cores, at most 8; 0 turns the pool off."""
+    n = config.autotune_compile_processes
+    if n < 0:
+        n = min(8, (os.cpu_count() or 2) // 2)
+    return max(0, n)
+
+
+def get_pool() -> Optional[CompilePool]:
+    """The process's pool, started on first use; None when turned off."""
+    global _pool
+    if workers() == 0:
+        return None
+    with _pool_lock:
+        if _pool is None:
+            _pool = CompilePool(workers())
+        return _pool if _pool.alive > 0 else None
+
+
+def submit(path: str, module: str, name: str, dtypes: list[str], configs: list[dict]) -> list:
+    """Queue one compile job per config of kernel ``name`` (module file ``path``, to be
+    imported as ``module``; ``dtypes`` one torch dtype name per argument). Returns the
+    job handles for :func:`claim` (empty when the pool is off)."""
+    pool = get_pool()
+    if pool is None:
+        return []
+    return [pool.submit(dict(path=path, module=module, name=name, dtypes=dtypes, config=c))
+            for c in configs]
+
+
+def claim(name: str, jobs: list) -> None:
+    """Before compiling ``jobs``' kernel in this process: take back the jobs no worker
+    has started and wait for the running ones (logged as ``compile_pool_claim``)."""
+    if not jobs or _pool is None:
+        return
+    t0 = time.perf_counter()
+    taken, waited = _pool.claim(jobs, config.autotune_compile_timeout)
+    failed = [j.result.get("error") for j in jobs if j.result and not j.result.get("ok")]
+    trace.log("compile_pool_claim", stage="runtime", kernel=name, jobs=len(jobs),
+              taken_back=taken, waited=waited, wait_s=round(time.perf_counter() - t0, 4),
+              errors=failed[:2])

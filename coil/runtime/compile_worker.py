@@ -1,0 +1,70 @@
+"""A process that compiles Triton kernels into Triton's on-disk cache, for compile_pool.
+
+Run as ``python -m coil.runtime.compile_worker``. It reads one JSON job per line on
+stdin and answers one JSON line per job on stdout, in order::
+
+    {"id": 7, "path": ".../k3f2a....py", "module": "coil_triton_3f2a..._0",
+     "name": "coil_poi_3f2a91c0d4", "dtypes": ["float32", "bfloat16"],
+     "config": {"XBLOCK": 1024, "num_warps": 4}}
+    -> {"id": 7, "ok": true, "seconds": 0.41}
+    -> {"id": 7, "ok": false, "error": "OutOfResources: ..."}
+
+Each job is ``JITFunction.warmup(*dtypes, grid=(1,), **config)`` (Triton 3.x: torch
+dtypes stand for 16-byte-aligned tensors of that dtype): it compiles without launching
+and writes the binary to Triton's cache directory, which the parent process shares, so
+the parent's own compile of the same kernel, signature and options loads it from disk.
+The module is imported under the parent's module name so that everything Triton hashes
+is the same in both processes. stdout carries only the answers (anything else a kernel
+module prints goes to stderr).
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+import time
+
+
+def _load(path: str, module: str, cache: dict):
+    if path not in cache:
+        spec = importlib.util.spec_from_file_location(module, path)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[module] = mod
+        spec.loader.exec_module(mod)
+        cache[path] = mod
+    return cache[path]
+
+
+def run_job(job: dict, modules: dict) -> dict:
+    """Compile one (kernel, config); returns the answer dict (never raises)."""
+    import torch
+
+    t0 = time.perf_counter()
+    try:
+        fn = getattr(_load(job["path"], job["module"], modules), job["name"])
+        dtypes = [getattr(torch, d) for d in job["dtypes"]]
+        fn.warmup(*dtypes, grid=(1,), **job["config"])
+        return {"id": job["id"], "ok": True, "seconds": time.perf_counter() - t0}
+    except BaseException as e:  # noqa: BLE001 - reported to the parent, which compiles itself
+        return {"id": job["id"], "ok": False, "error": f"{type(e).__name__}: {str(e)[-500:]}"}
+
+
+def main() -> int:
+    out = sys.stdout
+    sys.stdout = sys.stderr  # kernel modules or Triton printing must not corrupt the answers
+    import torch
+    if torch.cuda.is_available():
+        torch.cuda.init()
+    out.write(json.dumps({"ready": True}) + "\n")
+    out.flush()
+    modules: dict = {}
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        out.write(json.dumps(run_job(json.loads(line), modules)) + "\n")
+        out.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

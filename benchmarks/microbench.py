@@ -8,7 +8,9 @@ code generation alone (``--capture coil`` uses coil's capture instead).
 
 Usage:  python benchmarks/microbench.py [--device cuda] [--json out.json]
 Prints a markdown table: case, shape, GB/s and % of copy bandwidth for coil and
-inductor, and coil/inductor time ratio (< 1 means coil is faster).
+inductor, and coil/inductor time ratio (< 1 means coil is faster); then the same
+function captured in a CUDA graph and replayed (µs per replay, and the ratio): the
+kernels' own time, since small shapes' default-mode times are mostly host work.
 """
 from __future__ import annotations
 
@@ -60,6 +62,28 @@ def _bytes(args, out) -> int:
     return sum(t.numel() * t.element_size() for t in list(args) + list(outs) if isinstance(t, torch.Tensor))
 
 
+def _graph_ms(cfn, inputs, do_bench):
+    """Median time (ms) of one CUDA-graph replay of ``cfn(*inputs)``: the kernels alone,
+    without the host's per-call work (guards, wrapper, launches), which decides the
+    small shapes' default-mode times. None off CUDA or when capture fails."""
+    if not torch.cuda.is_available():
+        return None
+    try:
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(3):
+                cfn(*inputs)
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            cfn(*inputs)
+        return do_bench(g.replay, return_mode="median")
+    except Exception as e:  # noqa: BLE001 - report, keep going
+        print(f"    graph capture failed: {type(e).__name__}: {str(e)[:200]}", file=sys.stderr)
+        return None
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -78,8 +102,9 @@ def main(argv=None) -> int:
     del copy_src, copy_dst
     rows = []
     print(f"copy bandwidth: {copy_bw:.0f} GB/s")
-    print("| case | shape | coil GB/s | coil % copy | inductor GB/s | inductor % copy | coil/inductor time |")
-    print("|---|---|---|---|---|---|---|")
+    print("| case | shape | coil GB/s | coil % copy | inductor GB/s | inductor % copy | coil/inductor time "
+          "| graph replay µs coil / inductor | graph coil/inductor |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for large in (True, False):
         for name, shape, fn, inputs in _cases(dev, large):
             row = {"case": name, "shape": list(shape)}
@@ -97,7 +122,8 @@ def main(argv=None) -> int:
                     refs = ref if isinstance(ref, (tuple, list)) else [ref]
                     ok = all(torch.allclose(a.float(), b.float(), rtol=2e-2, atol=2e-2) for a, b in zip(outs, refs))
                     ms = do_bench(lambda: cfn(*inputs), return_mode="median")
-                    row[comp] = {"ms": ms, "gbps": nbytes / (ms * 1e-3) / 1e9, "correct": ok}
+                    row[comp] = {"ms": ms, "gbps": nbytes / (ms * 1e-3) / 1e9, "correct": ok,
+                                 "graph_ms": _graph_ms(cfn, inputs, do_bench)}
                 except Exception as e:  # report, keep going
                     row[comp] = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
             rows.append(row)
@@ -108,7 +134,10 @@ def main(argv=None) -> int:
                 mark = "" if x["correct"] else " (WRONG)"
                 return f"{x['gbps']:.0f}{mark}", f"{100 * x['gbps'] / copy_bw:.0f}%"
             ratio = f"{c['ms'] / i['ms']:.2f}" if "ms" in c and "ms" in i else "—"
-            print(f"| {name} | {'x'.join(map(str, shape))} | {' | '.join(fmt(c))} | {' | '.join(fmt(i))} | {ratio} |")
+            gc, gi = c.get("graph_ms"), i.get("graph_ms")
+            graph = (f"{gc * 1e3:.1f} / {gi * 1e3:.1f} | {gc / gi:.2f}" if gc and gi else "— | —")
+            print(f"| {name} | {'x'.join(map(str, shape))} | {' | '.join(fmt(c))} | {' | '.join(fmt(i))} "
+                  f"| {ratio} | {graph} |")
             if "error" in c:
                 print(f"    coil error: {c['error']}", file=sys.stderr)
     if args.json:

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Focused experiments for the lent GPU machine, in one call of under 8 minutes (each
+# step has a hard `timeout`). Results go to $OUT (default ./gpu_results):
+#   tests.txt       GPU tests (test_gpu.py, the exact-mask and compile-pool tests)
+#   bench_cold.*    bf16 GPT-2 with fresh coil/Triton caches: cold compile with the
+#                   compile-worker pool (config.autotune_compile_processes), coil vs torch.compile
+#   kernels_on.txt / kernels_off.txt   benchmarks/gpu_kernels.py on the large microbench
+#                   cases with config.triton_exact_masks on / off
+#   diag_gpt2.txt   top CUDA kernels of bf16 GPT-2 inference, coil vs torch.compile
+#   diag_cl_off.txt / diag_cl_on.txt   ResNet-50 bf16 kernels, conv_channels_last off / on
+# Usage: bash benchmarks/gpu_experiments.sh
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT="${OUT:-./gpu_results}"; mkdir -p "$OUT"
+PY="$(command -v python3 || command -v python)"
+SITE=/tmp/coil_site
+if ls .whl/*.whl >/dev/null 2>&1; then
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target "$SITE" .whl/*.whl >"$OUT/setup.log" 2>&1 || echo "wheel install failed"
+fi
+export PYTHONPATH="$PWD:$SITE${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+export TOKENIZERS_PARALLELISM=false TRANSFORMERS_OFFLINE=1 HF_HUB_OFFLINE=1
+START=$(date +%s)
+step() { echo "=== $1 at $(( $(date +%s) - START )) s"; }
+
+step tests
+timeout -k 5 150 "$PY" -m pytest -q -p no:cacheprovider -s tests/codegen/test_gpu.py \
+  tests/codegen/test_exact_masks.py tests/codegen/test_compile_pool.py >"$OUT/tests.txt" 2>&1
+tail -3 "$OUT/tests.txt"
+
+step "cold compile (fresh caches)"
+COIL_CACHE_DIR=/tmp/cold_coil TRITON_CACHE_DIR=/tmp/cold_triton TORCHINDUCTOR_CACHE_DIR=/tmp/cold_ind \
+  timeout -k 5 150 "$PY" -m coil.cli bench --isolate --budget 130 --mode bf16 --model hf_gpt2 \
+  --compiler eager coil inductor --repeat 10 --row-timeout 100 --no-warm-compile \
+  --markdown "$OUT/bench_cold.md" --no-progress >"$OUT/bench_cold.txt" 2>"$OUT/bench_cold.log"
+grep -E "hf_gpt2" "$OUT/bench_cold.md"
+
+for m in on off; do
+  step "kernels masks $m"
+  v=1; [ "$m" = off ] && v=0
+  COIL_TRITON_EXACT_MASKS=$v timeout -k 5 75 "$PY" benchmarks/gpu_kernels.py layer_norm rms_norm \
+    "gelu bf16" >"$OUT/kernels_$m.txt" 2>&1
+  grep "^===" "$OUT/kernels_$m.txt"
+done
+
+step "profile GPT-2 bf16"
+DIAG_COMPILERS="coil inductor" timeout -k 5 110 "$PY" benchmarks/gpu_diag.py profile hf_gpt2 \
+  >"$OUT/diag_gpt2.txt" 2>&1
+grep "^\[" "$OUT/diag_gpt2.txt"
+
+for cl in off on; do
+  step "profile ResNet-50 channels-last $cl"
+  v=0; [ "$cl" = on ] && v=1
+  COIL_CONV_CHANNELS_LAST=$v DIAG_COMPILERS=coil timeout -k 5 70 "$PY" benchmarks/gpu_diag.py \
+    profile timm_resnet50 >"$OUT/diag_cl_$cl.txt" 2>&1
+  grep "^\[" "$OUT/diag_cl_$cl.txt"
+done
+step done

@@ -25,7 +25,8 @@ Kernel shapes (``numel`` = xnumel, ``rnumel``):
   ``in_loop == False`` and the code after a reduction). A section with reductions keeps
   ``LANES`` partial accumulators: the loop body runs in ``#pragma omp simd`` chunks of
   LANES elements, lane ``l`` accumulating elements ``l, l+LANES, ...``; a scalar tail
-  handles the rest; lanes then tail are combined in a fixed order, so results are
+  handles the rest of the row as a partial chunk (its element ``rb + l`` goes to lane
+  ``l``, no separate tail accumulator); lanes are combined in a fixed order, so results are
   deterministic (independent of thread count) and vectorized.
 
 All index arithmetic is ``int64_t``. fp16/bf16 are loaded and stored as 16-bit values
@@ -681,7 +682,6 @@ class CppKernel(OpsHandler):
             for suf, t, init in fields:
                 out.append(f"{t} {acc}{suf}_lane[{LANES}];")
                 out.append(f"for (int l = 0; l < {LANES}; ++l) {acc}{suf}_lane[l] = {init};")
-                out.append(f"{t} {acc}{suf}_tail = {init};")
         # Floating-point sums over long rows accumulate in blocks of SUM_BLOCK elements
         # (per-lane block partials added to the lane totals after each block): one
         # running sum per lane over 12500 elements was 25x less accurate than eager's
@@ -699,7 +699,17 @@ class CppKernel(OpsHandler):
             for acc in blocked:
                 l = l.replace(f"{acc}@", f"{acc}_blk[l]")
             lane_body.append(l.replace("@", "_lane[l]"))
-        tail_body = [l.replace("@", "_tail") for l in body]
+        # The scalar tail (the last ext0 % LANES elements of each row, from
+        # tail0 = ext0 - ext0 % LANES, where the lane loop leaves rb) is a partial lane
+        # chunk: element tail0 + l goes to lane l (constant bounds, so it unrolls).
+        # There is no separate in-order tail accumulator: g++ 12.2 -O3 miscompiles the
+        # loop vectorization of an in-order float sum over reversed accesses
+        # (x.flip(-1).sum() on (17, 2), where the lane loop never runs and the whole row
+        # is tail; docs/cpp_backend.md), and with independent lanes a row shorter than
+        # LANES vectorizes without reassociation.
+        n_tail = int(ext[0]) % LANES
+        tail0 = int(ext[0]) - n_tail
+        tail_body = [l.replace("@", "_lane[l]") for l in body]
         if blocked:
             out += [f"  {ind}int64_t rb = 0;",
                     f"  {ind}for (int64_t rb0 = 0; rb0 + {LANES} <= {ext[0]}; rb0 += {SUM_BLOCK}) {{"]
@@ -721,10 +731,13 @@ class CppKernel(OpsHandler):
                     f"  {ind}    int64_t r0 = rb + l;"]
             out += [f"  {ind}    {l}" for l in self._rindex_decl(rs) + lane_body]
             out += [f"  {ind}  }}", f"  {ind}}}"]
-        out += [f"  {ind}for (int64_t r0 = rb; r0 < {ext[0]}; ++r0) {{"]
-        out += [f"  {ind}  {l}" for l in self._rindex_decl(rs) + tail_body]
-        out += [f"  {ind}}}"] + ["  " + c for c in closes] + ["}"]
-        # combine lanes, then the tail, in a fixed order
+        if n_tail:
+            out += [f"  {ind}for (int64_t l = 0; l < {n_tail}; ++l) {{",
+                    f"  {ind}  int64_t r0 = {tail0} + l;"]
+            out += [f"  {ind}  {l}" for l in self._rindex_decl(rs) + tail_body]
+            out += [f"  {ind}}}"]
+        out += ["  " + c for c in closes] + ["}"]
+        # combine the lanes in a fixed order
         for acc, rt, fields in sec.accs:
             for suf, t, init in fields:
                 out.append(f"{t} {acc}{suf} = {init};")
@@ -732,7 +745,7 @@ class CppKernel(OpsHandler):
         return out + post
 
     def _combine(self, acc: str, rt: str, fields) -> list[str]:
-        srcs = [("_lane[l]", f"for (int l = 0; l < {LANES}; ++l) "), ("_tail", "")]
+        srcs = [("_lane[l]", f"for (int l = 0; l < {LANES}; ++l) ")]
         out = []
         for s, loop in srcs:
             if rt == "sum":

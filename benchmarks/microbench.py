@@ -52,6 +52,9 @@ def _cases(dev: str, large: bool):
         return p - 1e-3 * m2 / (v2.sqrt() + 1e-8), m2, v2
 
     cases.append(("adam_update", (n * d // 4,), adam, [p, gr, m1, m2]))
+    lr, lc = (8192, 32768) if large else (256, 8192)  # rows an LM's vocabulary long: looped
+    xl = r(lr, lc)
+    cases.append(("softmax(long rows)", (lr, lc), lambda x: torch.softmax(x, -1), [xl]))
     cases.append(("sum(last)", (n, d), lambda x: x.sum(-1), [x]))
     cases.append(("sum(first)", (n, d), lambda x: x.sum(0), [x]))
     return cases

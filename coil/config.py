@@ -57,6 +57,12 @@ class Config:
     #: Triton: run a pointwise kernel whose loads/stores are contiguous along different
     #: dims (a transpose) as 2-D tiles on a 2-D grid (codegen/tiling.py).
     triton_tile_2d: bool = True
+    #: Triton: L2 eviction hints in looped reductions that walk a row more than once
+    #: (codegen/triton/eviction.py): keep it for the next walk, drop it after the last.
+    triton_eviction_hints: bool = True
+    #: Triton: reductions of at most this many elements per output run persistent (one
+    #: block holds the whole row); longer ones loop over the row.
+    triton_persistent_rnumel: int = 4096
     #: Triton: leave ``xmask`` / ``rmask`` out of loads, stores and reduction guards when
     #: every launch config's XBLOCK / RBLOCK divides numel / rnumel (all lanes in range;
     #: decided per kernel from the runtime's candidate configs, logged in the kernel's

@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Optional
 
 from coil.codegen.backend import GeneratedKernel, KernelBackend, register_kernel_backend
+from coil.codegen.triton.eviction import add_eviction_hints
 from coil.codegen.triton.kernel import PRELUDE, TritonKernel
 from coil.config import config
 
@@ -111,13 +112,16 @@ def _module_source(plan, name: str, k: TritonKernel, exact) -> tuple[str, list[s
             body += ["rindex = rbase"] + rmask
         body += k.body
     else:
-        for sec in k.sections:
+        loops = [sec["loop"] for sec in k.sections]
+        if config.triton_eviction_hints:
+            loops = add_eviction_hints(loops)
+        for sec, loop in zip(k.sections, loops):
             body += sec["pre"] + sec["init"]
-            if sec["loop"]:
+            if loop:
                 # the trip count as a literal: Triton 3.6's interpreter cannot index a
                 # local int variable in range() ("only 0-dimensional arrays ...")
                 body.append(f"for roffset in range(0, {plan.rnumel}, RBLOCK):")
-                body += _indent(["rindex = roffset + rbase"] + rmask + sec["loop"], 4)
+                body += _indent(["rindex = roffset + rbase"] + rmask + loop, 4)
             body += sec["post"]
     out += _indent(body, 4)
     header = ["import triton", "import triton.language as tl",
@@ -136,6 +140,10 @@ class TritonBackend(KernelBackend):
     """Triton kernels; on CPU tensors they run under the Triton interpreter."""
 
     name = "triton"
+
+    @property
+    def persistent_rnumel(self) -> int:
+        return config.triton_persistent_rnumel
 
     def generate(self, plan, kernel_name: str) -> GeneratedKernel:
         from coil.runtime.triton_runtime import TritonLauncher, blocks_divide

@@ -48,6 +48,13 @@ class TVal:
         return self.name
 
 
+def _nan(dtype) -> str:
+    """The extra argument making ``tl.maximum`` / ``tl.minimum`` return NaN when either
+    side is NaN, as torch's max/amax/clamp do (Triton's default returns the other
+    operand on a GPU)."""
+    return ", propagate_nan=tl.PropagateNan.ALL" if dtype.is_floating_point else ""
+
+
 def _lit(value, dtype) -> str:
     if dtype == torch.bool:
         return "True" if value else "False"
@@ -329,7 +336,8 @@ class TritonKernel(OpsHandler):
                         f"{idx}, 2147483647), 1)[:, None]")
             return TVal(f"{acc}_res", torch.int64, out_dims)
         combine = {"sum": f"{acc} + {v}", "prod": f"{acc} * {v}", "any": f"{acc} | {v}",
-                   "max": f"tl.maximum({acc}, {v})", "min": f"tl.minimum({acc}, {v})"}[reduction_type]
+                   "max": f"tl.maximum({acc}, {v}{_nan(acc_dt)})",
+                   "min": f"tl.minimum({acc}, {v}{_nan(acc_dt)})"}[reduction_type]
         loop.append(self._guarded(acc, combine))
         sec["post"].append(f"{acc}_res = {self._final(reduction_type, acc)}[:, None]")
         return self._after_reduction(TVal(f"{acc}_res", acc_dt, out_dims), reduction_type)
@@ -377,7 +385,7 @@ class TritonKernel(OpsHandler):
         if any(re.search(rf"\b{n}\b", l) for l in loop for n in chain
                if not l.startswith(tuple(f"{c} = " for c in chain))):
             return None  # another value of this loop uses the chain
-        combine = self._guarded(acc_m, f"tl.maximum({acc_m}, {v_m})")
+        combine = self._guarded(acc_m, f"tl.maximum({acc_m}, {v_m}{_nan(torch.float32)})")
         if combine not in prev["loop"]:
             return None
         # rewrite: drop the chain from this loop, update a running sum in the max's loop
@@ -542,7 +550,7 @@ class TritonKernel(OpsHandler):
                         return small
                 dt = torch.bool if op in _BOOL_OUT else (a.dtype if a.const is None else b.dtype)
                 if op in ("maximum", "minimum") and dt.is_floating_point:
-                    return self._op(f"tl.{op}({self._tensor(a)}, {self._tensor(b)}, propagate_nan=tl.PropagateNan.ALL)", dt, a, b)
+                    return self._op(f"tl.{op}({self._tensor(a)}, {self._tensor(b)}{_nan(dt)})", dt, a, b)
                 if op in _FUNC_BIN or (op == "truediv" and b.const is not None and b.const == 0):
                     # (a constant 0 divisor as a tensor: 0.0 / 0.0 in the source is a
                     # Python ZeroDivisionError, a tensor division gives IEEE nan/inf;

@@ -4,8 +4,8 @@
 #   tests.txt       GPU tests (test_gpu.py, the exact-mask and compile-pool tests)
 #   bench_cold.*    bf16 GPT-2 with fresh coil/Triton caches: cold compile with the
 #                   compile-worker pool (config.autotune_compile_processes), coil vs torch.compile
-#   kernels_on.txt / kernels_off.txt   benchmarks/gpu_kernels.py on the large microbench
-#                   cases with config.triton_exact_masks on / off
+#   kernels.txt     benchmarks/gpu_kernels.py on large layer_norm / rms_norm (both codes)
+#   overhead.txt    python -m coil.runtime.overhead (host µs per call, coil vs inductor)
 #   diag_gpt2.txt   top CUDA kernels of bf16 GPT-2 inference, coil vs torch.compile
 #   diag_cl_off.txt / diag_cl_on.txt   ResNet-50 bf16 kernels, conv_channels_last off / on
 # Usage: bash benchmarks/gpu_experiments.sh
@@ -35,13 +35,16 @@ COIL_CACHE_DIR=/tmp/cold_coil TRITON_CACHE_DIR=/tmp/cold_triton TORCHINDUCTOR_CA
   --markdown "$OUT/bench_cold.md" --no-progress >"$OUT/bench_cold.txt" 2>"$OUT/bench_cold.log"
 grep -E "hf_gpt2" "$OUT/bench_cold.md"
 
-for m in on off; do
-  step "kernels masks $m"
-  v=1; [ "$m" = off ] && v=0
-  COIL_TRITON_EXACT_MASKS=$v timeout -k 5 75 "$PY" benchmarks/gpu_kernels.py layer_norm rms_norm \
-    "gelu bf16" >"$OUT/kernels_$m.txt" 2>&1
-  grep "^===" "$OUT/kernels_$m.txt"
-done
+# later steps reuse the caches the cold run filled
+export COIL_CACHE_DIR=/tmp/cold_coil TRITON_CACHE_DIR=/tmp/cold_triton TORCHINDUCTOR_CACHE_DIR=/tmp/cold_ind
+
+step "kernels"
+timeout -k 5 75 "$PY" benchmarks/gpu_kernels.py layer_norm rms_norm >"$OUT/kernels.txt" 2>&1
+grep "^===" "$OUT/kernels.txt"
+
+step "host overhead"
+timeout -k 5 60 "$PY" -m coil.runtime.overhead >"$OUT/overhead.txt" 2>&1
+tail -8 "$OUT/overhead.txt"
 
 step "profile GPT-2 bf16"
 DIAG_COMPILERS="coil inductor" timeout -k 5 110 "$PY" benchmarks/gpu_diag.py profile hf_gpt2 \

@@ -51,7 +51,17 @@ if [ "$B" -gt 30 ]; then
     --no-progress >"$OUT/bench_train.txt" 2>"$OUT/bench_train.log"
   grep -E "^\| (hf|timm)" "$OUT/bench_train.md"
 fi
+# extras while time remains (the call's limit is ~560 s): ResNet-50 with channels-last
+# convolutions (config.conv_channels_last, off by default), coil only
+L=$(( 530 - ($(date +%s) - START) ))
+if [ "$L" -gt 60 ]; then
+  step "bench bf16 channels-last"
+  COIL_CONV_CHANNELS_LAST=1 timeout -k 5 $(( L - 5 )) $COIL bench --isolate --budget $(( L - 50 )) \
+    --mode bf16 --model timm_resnet50 --compiler eager coil --repeat 20 --row-timeout 90 \
+    --no-warm-compile --markdown "$OUT/bench_cl.md" --no-progress >"$OUT/bench_cl.txt" 2>&1
+  grep -E "^\| (hf|timm)" "$OUT/bench_cl.md"
+fi
 { cat "$OUT/machine.txt"; echo; tail -1 "$OUT/tests.txt"; echo; cat "$OUT/microbench.md"; echo
-  for f in bench_bf16 bench_train; do [ -f "$OUT/$f.md" ] && { cat "$OUT/$f.md"; echo; }; done
+  for f in bench_bf16 bench_train bench_cl; do [ -f "$OUT/$f.md" ] && { cat "$OUT/$f.md"; echo; }; done
 } >"$OUT/summary.md"
 step done

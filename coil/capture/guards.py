@@ -5,10 +5,14 @@ expressions while a frame is translated (each ``wrap`` of a real value adds the
 checks its use relies on), then :meth:`GuardSet.build` turns them into::
 
     def ___guard(x, y, ___f):
-        if not (type(x) is ___Tensor): return False
-        if not (x.dtype is ___c0 and x.shape == (4, 8) and ...): return False
+        if not ((type(x) is ___c0) and (x.dtype is ___c1) and ... and (x.shape == (4, 8))
+                and (x.layout is ___c3 and x.is_contiguous()) and ...): return False
+        ___v0 = y._modules
         ...
         return True
+
+(the checks of one tensor are one ``if``; source prefixes are read once, into locals:
+see :func:`_emit_guards`).
 
 The function is printed into the compile log (``artifact guards``) and can be
 called on its own. Objects the guards compare against live in the function's
@@ -27,13 +31,21 @@ import torch
 
 
 class Guard:
-    __slots__ = ("code", "value_expr", "expected", "src")
+    """One check. ``code`` is what :meth:`GuardSet.failures` evaluates (and names);
+    ``fast`` is an equivalent expression the generated function uses instead, valid only
+    after the guards before it in the same ``group`` passed (e.g. ``t.is_contiguous()``
+    for ``t.stride() == (8, 1)`` once ``t.shape == (4, 8)`` held); ``group`` joins the
+    consecutive checks of one tensor into one generated ``if``."""
+    __slots__ = ("code", "value_expr", "expected", "src", "fast", "group")
 
-    def __init__(self, code: str, value_expr: Optional[str], expected: Any, src: Optional[str] = None):
+    def __init__(self, code: str, value_expr: Optional[str], expected: Any, src: Optional[str] = None,
+                 fast: Optional[str] = None, group: Optional[str] = None):
         self.code = code
         self.value_expr = value_expr
         self.expected = expected
         self.src = src
+        self.fast = fast
+        self.group = group
 
 
 class Hoister:
@@ -89,25 +101,22 @@ class GuardSet:
         return name
 
     def add(self, code: str, value_expr: Optional[str] = None, expected: Any = None,
-            src: Optional[str] = None) -> None:
+            src: Optional[str] = None, fast: Optional[str] = None,
+            group: Optional[str] = None) -> None:
         """Add ``code`` (a boolean expression). ``value_expr``/``expected`` describe the
         guarded value for recompile messages; ``src`` is the source expression the code
-        reads (hoisted into a local variable in the generated function)."""
+        reads (hoisted into a local variable in the generated function); ``fast`` and
+        ``group``: see :class:`Guard`."""
         if code in self._seen:
             return
         self._seen.add(code)
-        self.guards.append(Guard(code, value_expr, expected, src))
+        self.guards.append(Guard(code, value_expr, expected, src, fast, group))
 
     def source_text(self, argnames: list[str]) -> str:
+        """The guard function's source (see :func:`_emit_guards` for what is hoisted)."""
         params = ", ".join(list(argnames) + ["___f"])
         lines = [f"def ___guard({params}):"]
-        hoister = Hoister("___v")
-        for g in self.guards:
-            code = g.code
-            if g.src is not None and not g.src.isidentifier():
-                var = hoister.hoist(g.src, lines)
-                code = code.replace(g.src, var)
-            lines.append(f"    if not ({code}): return False")
+        _emit_guards(self.guards, lines)
         lines.append("    return True")
         return "\n".join(lines) + "\n"
 
@@ -156,13 +165,202 @@ class GuardSet:
         return out
 
 
+def _contiguous_strides(shape: tuple) -> tuple:
+    out, step = [], 1
+    for n in reversed(shape):
+        out.append(step)
+        step *= n
+    return tuple(reversed(out))
+
+
 def tensor_guard(gs: GuardSet, expr: str, t: torch.Tensor) -> None:
-    """Guard a tensor's type, dtype, device, sizes, strides and requires_grad."""
-    gs.add(f"type({expr}) is {gs.const(type(t))}", f"type({expr})", type(t), src=expr)
-    gs.add(f"{expr}.dtype is {gs.const(t.dtype)}", f"{expr}.dtype", t.dtype, src=expr)
-    gs.add(f"{expr}.device == {gs.const(t.device)}", f"{expr}.device", t.device, src=expr)
-    gs.add(f"{expr}.shape == {tuple(t.shape)!r}", f"tuple({expr}.shape)", tuple(t.shape), src=expr)
-    gs.add(f"{expr}.stride() == {tuple(t.stride())!r}", f"{expr}.stride()", tuple(t.stride()),
-           src=expr)
+    """Guard a tensor's type, dtype, device, sizes, strides and requires_grad.
+
+    The six checks stay separate guards (recompile reasons name the one that failed) but
+    are generated as one ``if`` (``group``). Strides: for an exact ``torch.Tensor`` /
+    ``nn.Parameter`` whose sizes are all >= 2 and whose strides are the contiguous ones,
+    the generated code asks ``t.is_contiguous()`` (no tuple built) after the type and
+    shape checks passed: with those sizes, "contiguous" holds exactly when every stride is
+    the product of the later sizes (c10's ``compute_contiguous``), i.e. the same test. The
+    layout is checked too: an MKLDNN tensor (type ``torch.Tensor``) says contiguous with
+    strides ``(1, 0)``."""
+    shape, stride = tuple(t.shape), tuple(t.stride())
+    grp = expr
+    gs.add(f"type({expr}) is {gs.const(type(t))}", f"type({expr})", type(t), src=expr, group=grp)
+    gs.add(f"{expr}.dtype is {gs.const(t.dtype)}", f"{expr}.dtype", t.dtype, src=expr, group=grp)
+    gs.add(f"{expr}.device == {gs.const(t.device)}", f"{expr}.device", t.device, src=expr,
+           group=grp)
+    gs.add(f"{expr}.shape == {shape!r}", f"tuple({expr}.shape)", shape, src=expr, group=grp)
+    fast = None
+    if (type(t) in (torch.Tensor, torch.nn.Parameter) and t.layout is torch.strided
+            and all(n >= 2 for n in shape) and stride == _contiguous_strides(shape)):
+        fast = f"{expr}.layout is {gs.const(torch.strided)} and {expr}.is_contiguous()"
+    gs.add(f"{expr}.stride() == {stride!r}", f"{expr}.stride()", stride, src=expr, fast=fast,
+           group=grp)
     gs.add(f"{expr}.requires_grad is {t.requires_grad!r}", f"{expr}.requires_grad", t.requires_grad,
-           src=expr)
+           src=expr, group=grp)
+
+
+# ------------------------------------------------------------------------------------
+# generating the guard function
+#
+# Every guard becomes ``if not (<code>): return False`` in the order it was added, with
+# source expressions read through locals. A guard's code is parsed (``ast``) to find its
+# *chains*: ``name``, ``.attr`` and ``[constant]`` steps (``self._modules['h']._parameters
+# ['w']``). The chain a guard evaluates first, unconditionally (the left operand of its
+# first comparison, ``type(X)``'s argument, the object of ``X.stride()``), and every prefix
+# of it, is safe to compute one line earlier: it is hoisted into a local when it is the
+# guard's ``src`` or when more than one chain in the function starts with it. Any other
+# chain (read only if an earlier ``and`` operand held) is not computed earlier; only its
+# longest prefix that is already a local is replaced. So each guard evaluates what it did
+# before, in the same order, each shared prefix once.
+
+
+def _chain_steps(node) -> Optional[list]:
+    """The nodes of a chain, root first (a Name, then Attribute / Subscript-by-constant
+    steps), or None if ``node`` is not a chain."""
+    import ast
+
+    steps = []
+    while True:
+        steps.append(node)
+        if isinstance(node, ast.Name):
+            return steps[::-1]
+        if isinstance(node, ast.Attribute):
+            node = node.value
+        elif isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
+            node = node.value
+        else:
+            return None
+
+
+def _first_chain(node):
+    """The chain node ``node`` evaluates before anything else, if any."""
+    import ast
+
+    while True:
+        if isinstance(node, ast.Expression):
+            node = node.body
+        elif isinstance(node, ast.BoolOp):
+            node = node.values[0]
+        elif isinstance(node, ast.Compare):
+            node = node.left
+        elif isinstance(node, ast.UnaryOp):
+            node = node.operand
+        elif isinstance(node, ast.Call):
+            if isinstance(node.func, ast.Name):
+                if not node.args or isinstance(node.args[0], ast.Starred):
+                    return None
+                node = node.args[0]
+            elif isinstance(node.func, ast.Attribute):
+                node = node.func.value       # x.stride(): x first, the bound method is not kept
+            else:
+                return None
+        elif isinstance(node, (ast.Attribute, ast.Subscript)):
+            return node if _chain_steps(node) is not None else None
+        else:
+            return None
+
+
+class _Parsed:
+    """One guard's code: its text (UTF-8, for ast's byte offsets), maximal chains as
+    lists of prefix texts with their byte spans, and the first-evaluated chain."""
+    __slots__ = ("raw", "chains", "first")
+
+    def __init__(self, code: str):
+        import ast
+
+        self.raw = code.encode("utf-8")
+        tree = ast.parse(code, mode="eval")
+        inner: set = set()
+        func_attrs: set = set()
+        for n in ast.walk(tree):
+            if isinstance(n, (ast.Attribute, ast.Subscript)):
+                inner.add(id(n.value))
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute):
+                func_attrs.add(id(n.func))
+        first = _first_chain(tree)
+        self.first = None
+        self.chains = []     # [(start, [(prefix_text, end), ...])], prefixes shortest first
+        for n in ast.walk(tree):
+            if id(n) in inner or not isinstance(n, (ast.Attribute, ast.Subscript)):
+                continue
+            steps = _chain_steps(n)
+            if steps is None:
+                continue
+            if id(n) in func_attrs:      # a method: the chain is its object
+                steps = steps[:-1]
+            if len(steps) < 2:
+                continue
+            start = steps[0].col_offset
+            prefixes = [(self.raw[start:s.end_col_offset].decode("utf-8"), s.end_col_offset)
+                        for s in steps[1:]]
+            entry = (start, prefixes)
+            self.chains.append(entry)
+            if first is not None and (first is n or (id(n) in func_attrs and first is n.value)):
+                self.first = entry
+
+
+def _emit_guards(guards: list, lines: list) -> None:
+    parsed: list = []
+    counts: dict[str, int] = {}
+    for g in guards:
+        code = g.fast if g.fast is not None else g.code
+        try:
+            p = _Parsed(code) if "\n" not in code else None
+        except (SyntaxError, ValueError):
+            p = None
+        parsed.append(p)
+        if p is not None:
+            for _, prefixes in p.chains:
+                for text, _ in prefixes:
+                    counts[text] = counts.get(text, 0) + 1
+    names: dict[str, str] = {}
+    pending: list = []          # conditions of the current group, joined into one ``if``
+    pending_group = [None]
+
+    def flush():
+        if pending:
+            cond = pending[0] if len(pending) == 1 else " and ".join(f"({c})" for c in pending)
+            lines.append(f"    if not ({cond}): return False")
+            pending.clear()
+        pending_group[0] = None
+
+    def local(text: str, rhs: str) -> str:
+        flush()
+        name = f"___v{len(names)}"
+        lines.append(f"    {name} = {rhs}")
+        names[text] = name
+        return name
+
+    for g, p in zip(guards, parsed):
+        code = g.fast if g.fast is not None else g.code
+        if p is None:               # not parseable as expected: the plain text, as before
+            flush()
+            lines.append(f"    if not ({code}): return False")
+            continue
+        # hoist the first-evaluated chain's shared prefixes (and the src itself)
+        if p.first is not None:
+            prev_name, prev_end = None, None
+            for text, end in p.first[1]:
+                if text not in names and (counts.get(text, 0) >= 2 or text == g.src):
+                    rhs = text if prev_name is None else \
+                        prev_name + p.raw[prev_end:end].decode("utf-8")
+                    local(text, rhs)
+                if text in names:
+                    prev_name, prev_end = names[text], end
+        # replace each chain's longest hoisted prefix, right to left (byte offsets)
+        raw = p.raw
+        for start, prefixes in sorted(p.chains, key=lambda c: c[0], reverse=True):
+            for text, end in reversed(prefixes):
+                if text in names:
+                    raw = raw[:start] + names[text].encode("utf-8") + raw[end:]
+                    break
+        cond = raw.decode("utf-8")
+        if g.group is None or g.group != pending_group[0]:
+            flush()
+        pending.append(cond)
+        pending_group[0] = g.group
+        if g.group is None:
+            flush()
+    flush()

@@ -240,16 +240,37 @@ def _div(a, b):
     return pointwise_lowering("truncdiv")(a, b)
 
 
+def _float_floordiv(cdt):
+    """Python's float floor division, as eager computes it: ``floor(a / b)`` rounds the
+    quotient first (``1.0 // 0.1`` would be 10, Python and eager give 9; ``inf // 2``
+    would be inf, not NaN). With ``m = fmod(a, b)`` (exact), ``d = (a - m) / b`` is an
+    integer up to rounding, corrected by 1 when ``m`` and ``b`` have opposite signs,
+    then rounded to the nearest integer; a zero result takes the sign of ``a / b``, and
+    ``b == 0`` gives IEEE ``a / b`` (CPython's ``float_floor_div``)."""
+    def f(x, y):
+        zero, one, half = (ops.constant(v, cdt) for v in (0.0, 1.0, 0.5))
+        m = ops.fmod(x, y)
+        d = ops.truediv(ops.sub(x, m), y)
+        opposite = ops.logical_and(ops.ne(m, zero), ops.ne(ops.lt(y, zero), ops.lt(m, zero)))
+        d = ops.where(opposite, ops.sub(d, one), d)
+        fl = ops.floor(d)
+        fl = ops.where(ops.gt(ops.sub(d, fl), half), ops.add(fl, one), fl)
+        q = ops.truediv(x, y)
+        r = ops.where(ops.eq(d, zero), ops.copysign(zero, q), fl)
+        return ops.where(ops.eq(y, zero), q, r)
+    return f
+
+
 @register_lowering(aten.div.Tensor_mode, aten.div.Scalar_mode)
 def _div_mode(a, b, rounding_mode=None):
     odt = out_dtype()
     if rounding_mode is None:
         return pointwise_lowering("truediv")(a, b)
     if odt.is_floating_point:
-        def f(x, y):
-            q = ops.truediv(x, y)
-            return ops.floor(q) if rounding_mode == "floor" else ops.trunc(q)
-        return make_pointwise_box(f, [a, b], out_size(), odt, compute_dtype(odt))
+        cdt = compute_dtype(odt)
+        f = _float_floordiv(cdt) if rounding_mode == "floor" else (
+            lambda x, y: ops.trunc(ops.truediv(x, y)))
+        return make_pointwise_box(f, [a, b], out_size(), odt, cdt)
     return pointwise_lowering("floordiv" if rounding_mode == "floor" else "truncdiv")(a, b)
 
 

@@ -143,31 +143,36 @@ def test_empty_and_size1_reductions(backend):
 
 # -- failures ------------------------------------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason="ir/lowering.py _div_mode: float floor division is "
-                   "floor(a / b), eager uses fmod-based div_floor (Python semantics): "
-                   "1.0 // 0.1 gives 10 (eager 9), inf // 2 gives inf (eager nan), "
-                   "5 // -inf gives -0 (eager -1)")
+# fixed: ir/lowering.py _div_mode computed floor(a / b); now _float_floordiv (eager's and
+# CPython's fmod-based floor division): 1.0 // 0.1 was 10 (eager 9), inf // 2 inf (nan)
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_float_floor_division(backend):
-    a = torch.tensor([1.0, 0.7, INF, 5.0])
-    b = torch.tensor([0.1, 0.1, 2.0, -INF])
+    a = torch.tensor([1.0, 0.7, INF, 5.0, -7.5, 0.0, -0.0, 3.0])
+    b = torch.tensor([0.1, 0.1, 2.0, -INF, 2.0, -3.0, 2.0, 0.0])
     _check(lambda a, b: (a // b, torch.floor_divide(a, b), torch.div(a, b, rounding_mode="floor"),
                          a // 0.1), [a, b], backend)
 
 
-@pytest.mark.parametrize("backend", _triton_only(
-    "codegen/triton/kernel.py _BIN['add']: bool + bool is emitted as int1 addition, so "
-    "True + True wraps to False (eager: logical or)"))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])  # (bf16: eager rounds each step to bf16)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_float_floor_division_random(backend, dtype):
+    torch.manual_seed(0)
+    a = (torch.randn(4096) * 10).to(dtype)
+    b = (torch.randn(4096) * 3).to(dtype)
+    _check(lambda a, b: (a // b, torch.remainder(a, b), a // -0.3), [a, b], backend)
+
+
+# fixed: Triton emitted bool + bool as int1 addition (True + True wrapped to False)
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_bool_add(backend):
     a = torch.tensor([True, True, False, False])
     b = torch.tensor([True, False, True, False])
     _check(lambda a, b: (a + b, a + True, a.clone().add_(b)), [a, b], backend)
 
 
-@pytest.mark.parametrize("backend", _triton_only(
-    "codegen/triton/kernel.py reduction(), looped argmax/argmin: acc starts at -inf (+inf, "
-    "iinfo.min/max) with idx 2147483647 and take = v > acc, so a row whose every value "
-    "equals the start value never takes one and returns 2147483647 (eager: 0)"))
+# fixed: Triton's looped argmax/argmin never took an element equal to the start value
+# (-inf rows for argmax, iinfo.min for ints) and returned 2147483647
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_looped_argmax_of_row_at_the_init_value(backend):
     x = torch.randn(3, 4097)  # > triton_persistent_rnumel: looped; odd: not split
     x[0] = -INF

@@ -326,6 +326,9 @@ class TritonKernel(OpsHandler):
             take = f"({v} {cmp} {acc})"
             if value.dtype.is_floating_point:  # the first NaN wins, as in eager
                 take = f"({take} | (({v} != {v}) & ({acc} == {acc})))"
+            # a lane's first element is always taken: a row equal to the start value
+            # (all -inf for argmax, iinfo.min for ints) would never be taken otherwise
+            take = f"({take} | ({idx} == 2147483647))"
             loop.append(f"{acc}_take = {g + ' & ' if g else ''}{take}")
             loop.append(f"{acc} = tl.where({acc}_take, {v}, {acc})")
             loop.append(f"{idx} = tl.where({acc}_take, tl.broadcast_to(rindex.to(tl.int64), {full}), {idx})")
@@ -549,6 +552,8 @@ class TritonKernel(OpsHandler):
                     if small is not None:
                         return small
                 dt = torch.bool if op in _BOOL_OUT else (a.dtype if a.const is None else b.dtype)
+                if op == "add" and dt == torch.bool:  # bool + bool is logical or in torch
+                    return self._op(f"({self._tensor(a)} | {self._tensor(b)})", dt, a, b)
                 if op in ("maximum", "minimum") and dt.is_floating_point:
                     return self._op(f"tl.{op}({self._tensor(a)}, {self._tensor(b)}{_nan(dt)})", dt, a, b)
                 if op in _FUNC_BIN or (op == "truediv" and b.const is not None and b.const == 0):

@@ -361,7 +361,8 @@ class TritonKernel(OpsHandler):
         Gimelshein, 2018): ``s = s * exp(m_old - m_new) + exp(x - m_new)``, written with
         one exp per element (``e = exp(-|x - m_old|)``; ``s*e + 1`` if ``x > m_old``
         else ``s + e``), and after the loop ``sum(s * exp(m - max(m)))``. Saves one pass
-        over ``x``. Lanes whose max is still -inf contribute 0 (a row of only -inf sums to 0 here, NaN in two passes).
+        over ``x``. Lanes whose max is still -inf contribute 0; a row of only -inf sums to
+        NaN, as in two passes.
         Returns None unless the pattern matches exactly (same load in both loops)."""
         import re
         sid = self.cur.loop_id
@@ -409,8 +410,10 @@ class TritonKernel(OpsHandler):
             self._guarded(acc, f"tl.where({acc_m} == {ninf}, 0.0, "
                                f"tl.where({v_m} > {acc_m}_prev, {acc} * {acc}_e + 1.0, {acc} + {acc}_e))"),
         ]
-        prev["post"].append(f"{acc}_res = red.sum(tl.where({acc_m} == {ninf}, 0.0, "
-                            f"{acc} * tl.exp({acc_m} - {mres})), 1)[:, None]")
+        # a row of only -inf: eager's exp(-inf - -inf) is NaN in every element
+        prev["post"].append(f"{acc}_res = tl.where({mres} == {ninf}, float('nan'), "
+                            f"red.sum(tl.where({acc_m} == {ninf}, 0.0, "
+                            f"{acc} * tl.exp({acc_m} - {mres})), 1)[:, None])")
         return TVal(f"{acc}_res", acc_dt, frozenset({"x"}))
 
     def _after_reduction(self, res: TVal, reduction_type) -> TVal:

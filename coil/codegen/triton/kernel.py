@@ -65,7 +65,10 @@ def _lit(value, dtype) -> str:
         if math.isinf(v):
             return 'float("inf")' if v > 0 else 'float("-inf")'
         return repr(v)
-    return str(int(value))
+    info = torch.iinfo(dtype)
+    # wrapped into the dtype's range, as eager converts the scalar (uint8 + 300 adds 44)
+    v = (int(value) - info.min) % (info.max - info.min + 1) + info.min
+    return str(v)
 
 
 class TritonKernel(OpsHandler):
@@ -555,6 +558,10 @@ class TritonKernel(OpsHandler):
                     if small is not None:
                         return small
                 dt = torch.bool if op in _BOOL_OUT else (a.dtype if a.const is None else b.dtype)
+                if op == "pow" and not dt.is_floating_point and dt != torch.bool:
+                    # libdevice.pow is for floats (Triton rejects ints; the interpreter
+                    # raises for negative exponents)
+                    return self._op(f"_pow_int({self._tensor(a)}, {self._tensor(b)})", dt, a, b)
                 if op == "add" and dt == torch.bool:  # bool + bool is logical or in torch
                     return self._op(f"({self._tensor(a)} | {self._tensor(b)})", dt, a, b)
                 if op in ("maximum", "minimum") and dt.is_floating_point:
@@ -645,6 +652,23 @@ def _remainder_int(a, b):
 def _remainder_float(a, b):
     r = libdevice.fmod(a, b)
     return tl.where((r != 0) & ((r < 0) != (b < 0)), r + b, r)
+
+
+@triton.jit
+def _pow_int(a, b):
+    # integer power by squaring over the exponent's bits, wrapping like eager; a negative
+    # exponent gives 1 for a == 1, +-1 for a == -1 and 0 otherwise (as eager)
+    a, b = tl.broadcast(a, b)
+    r = a * 0 + 1
+    base = a
+    e = b
+    for _ in tl.static_range(64):
+        r = tl.where((e & 1) != 0, r * base, r)
+        base = base * base
+        e = e >> 1
+    neg = tl.where((b & 1) != 0, -1, 1).to(a.dtype)
+    rn = tl.where(a == 1, 1, tl.where(a == -1, neg, 0)).to(a.dtype)
+    return tl.where(b < 0, rn, r)
 
 
 @triton.jit

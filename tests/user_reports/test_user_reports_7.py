@@ -181,10 +181,10 @@ def test_looped_argmax_of_row_at_the_init_value(backend):
            [x, y], backend)
 
 
-@pytest.mark.parametrize("backend", _cpp_only(
-    "codegen/cpp/prelude.h coil_tanh: |x| is clamped to 9 before exp, so tanh never reaches "
-    "+-1 (+-0.99999994 for |x| >= 9); gelu(approximate='tanh') of large negative x is "
-    "x * 3e-8 instead of -0 (-8.9e30 for -3e38), and -inf instead of NaN at -inf"))
+# fixed: codegen/cpp/prelude.h coil_tanh clamped |x| to 9 before exp, so tanh never reached
+# +-1 and gelu(approximate='tanh') of -1e7 was -0.298 (eager -0); now exactly +-1 from eager's
+# saturation point on (tests/codegen/cpp/test_cpp_int_edge.py has the dense sweep)
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_cpp_tanh_saturation(backend):
     x = torch.tensor([-3e38, -1e7, -INF, 20.0, -20.0, INF])
     out, = _check(lambda x: F.gelu(x, approximate="tanh"), [x], backend)
@@ -192,32 +192,30 @@ def test_cpp_tanh_saturation(backend):
     assert torch.equal(o[0], r[0]), (o[0].tolist(), r[0].tolist())
 
 
-@pytest.mark.parametrize("backend", _triton_only(
-    "codegen/triton/kernel.py _online_sum_exp: lanes whose running max is -inf contribute 0, "
-    "so sum(exp(x - amax(x))) over a looped row of only -inf is 0 (eager: "
-    "exp(-inf - -inf) = NaN); softmax/logsumexp are right"))
+# fixed: Triton's online sum(exp(x - max)) gave 0 for a looped row of only -inf (eager NaN)
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_online_sum_exp_of_all_neg_inf_row(backend):
     x = torch.randn(2, 4097)  # looped, not split
     x[0] = -INF
     _check(lambda x: (x - x.amax(1, keepdim=True)).exp().sum(1), [x], backend)
 
 
-@pytest.mark.parametrize("backend", _triton_only(
-    "codegen/triton/kernel.py: Python int scalars are emitted as literals of the tensor's "
-    "dtype; Triton rejects 300 for uint8, 1000 for int8 and -1 * uint8 (InterpreterError), "
-    "eager wraps around"))
+# fixed: Triton emitted Python int scalars unwrapped (300 as a uint8 literal was rejected);
+# _lit wraps them into the dtype's range as eager converts the scalar
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_small_int_with_out_of_range_scalar(backend):
     u = torch.tensor([0, 1, 200, 255], dtype=torch.uint8)
     i = torch.tensor([-128, -1, 0, 127], dtype=torch.int8)
     _check(lambda u, i: (u + 300, u * -1, i + 1000), [u, i], backend)
 
 
-@pytest.mark.parametrize("backend", _triton_only(
-    "codegen/triton/kernel.py _BIN['pow']: int ** negative int tensor goes to libdevice.pow, "
-    "which raises 'Integers to negative integer powers are not allowed' (eager: 1, +-1 or 0)"))
-def test_int_pow_negative_int_tensor(backend):
-    a = torch.tensor([1, -1, 2, 3, -2], dtype=torch.int32)
-    e = torch.tensor([-1, -3, -1, -2, -1], dtype=torch.int32)
+# fixed: Triton sent int ** int tensor to libdevice.pow (floats only; the interpreter raised
+# for negative exponents); now _pow_int (squaring, wrapping, eager's negative-exponent rule)
+@pytest.mark.parametrize("dtype", [torch.int8, torch.int32, torch.int64])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_int_pow_negative_int_tensor(backend, dtype):
+    a = torch.tensor([1, -1, 2, 3, -2, 0, 5, 7], dtype=dtype)
+    e = torch.tensor([-1, -3, -1, -2, -1, 3, 13, 40], dtype=dtype)
     _check(lambda a, e: a ** e, [a, e], backend)
 
 
@@ -230,10 +228,10 @@ assert all(torch.equal(o, r) for o, r in zip(out, f(a, b))), (out, f(a, b))
 """
 
 
-@pytest.mark.parametrize("backend", _cpp_only(
-    "codegen/cpp/prelude.h coil_floordiv / coil_mod and the C++ '%' of fmod: "
-    "INT_MIN / -1 (int32, int64) traps with SIGFPE and kills the process (eager: INT_MIN, 0); "
-    "an integer tensor divisor of 0 crashes the same way (eager raises ZeroDivisionError)"))
+# fixed: codegen/cpp/prelude.h coil_floordiv / coil_mod and the C++ '%' of fmod trapped
+# (SIGFPE) on INT_MIN / -1 and on a divisor of 0; now INT_MIN, 0 and 0 for a divisor of 0
+# (tests/codegen/cpp/test_cpp_int_edge.py has the int8..int64 edge cases)
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_int_min_divided_by_minus_one(backend):
     # in a subprocess: the C++ kernel kills the interpreter
     p = subprocess.run([sys.executable, "-c", _INT_MIN_DIV.replace("BACKEND", backend)], capture_output=True,

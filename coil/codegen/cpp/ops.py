@@ -137,7 +137,7 @@ def _floordiv(a, dtype):
 def _truncdiv(a, dtype):
     if dtype.is_floating_point:
         return f"cm::trunc({a[0]} / {a[1]})"
-    return f"({a[0]} / {a[1]})"
+    return f"coil_truncdiv<{compute_ctype(dtype)}>({a[0]}, {a[1]})"
 
 
 def _remainder(a, dtype):
@@ -149,7 +149,7 @@ def _remainder(a, dtype):
 def _fmod(a, dtype):
     if dtype.is_floating_point:
         return f"cm::fmod({a[0]}, {a[1]})"
-    return f"({a[0]} % {a[1]})"
+    return f"coil_fmod_int<{compute_ctype(dtype)}>({a[0]}, {a[1]})"
 
 
 def _pow(a, dtype):

@@ -181,8 +181,12 @@ COIL_INLINE float coil_tanh(float x) {
   p = cm::fma(p, z, 1.33314422036E-1f);
   p = cm::fma(p, z, -3.33332819422E-1f);
   float small = cm::fma(p * z, x, x);
-  float t = coil_exp(2.0f * (ax > 9.0f ? 9.0f : ax));
+  // |x| >= 9.01084041595459f: exactly +-1, like eager (measured: torch 2.13 CPU fp32 tanh is
+  // 1.0f from 9.01084041595459f on, 0.99999994f below; the formula alone reaches 1.0f
+  // only at ~9.01091). The clamp only keeps exp finite; it no longer sets the result.
+  float t = coil_exp(2.0f * (ax > 9.5f ? 9.5f : ax));
   float big = 1.0f - 2.0f / (t + 1.0f);
+  big = ax >= 9.01084041595459f ? 1.0f : big;
   big = cm::copysign(big, x);
   float r = ax < 0.625f ? small : big;
   return x != x ? x : r;
@@ -284,11 +288,40 @@ template <typename T> COIL_INLINE bool coil_argmin_better(T v, int64_t i, T bv, 
 }
 
 // ---- integer helpers (Python floor semantics) ---------------------------------
-template <typename T> COIL_INLINE T coil_floordiv(T a, T b) {
-  T q = a / b; T r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? q - 1 : q;
+// x86 idiv traps (SIGFPE, killing the process) on b == 0 and on INT_MIN / -1, so the
+// divisor is replaced by 1 there (branch-free selects; with a constant b everything folds
+// away and the division by a constant still vectorizes):
+// - b == -1: the quotient is -a wrapped (computed in uint64_t: no signed overflow), the
+//   remainder 0, like eager (two's-complement wrap: INT64_MIN // -1 == INT64_MIN).
+// - b == 0: quotient and remainder 0. Eager raises ZeroDivisionError; a kernel cannot
+//   raise, so the value is defined instead of crashing (Triton gives 0 too).
+template <typename T> COIL_INLINE bool coil_idiv_special(T b) {
+  return b == (T)0 || ((T)-1 < (T)0 && b == (T)-1);  // -1 only for signed T
 }
-template <typename T> COIL_INLINE T coil_mod(T a, T b) {
-  T r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
+template <typename T> COIL_INLINE T coil_wrap_neg(T a) { return (T)((uint64_t)0 - (uint64_t)a); }
+template <typename T> COIL_INLINE T coil_floordiv(T a, T b) {
+  bool sp = coil_idiv_special(b);
+  T d = sp ? (T)1 : b;
+  T q = a / d; T r = a % d;
+  q = (r != 0 && ((r < 0) != (d < 0))) ? q - 1 : q;
+  return sp ? (b == (T)0 ? (T)0 : coil_wrap_neg(a)) : q;
+}
+template <typename T> COIL_INLINE T coil_truncdiv(T a, T b) {  // C++ a / b, made safe
+  bool sp = coil_idiv_special(b);
+  T q = a / (sp ? (T)1 : b);
+  return sp ? (b == (T)0 ? (T)0 : coil_wrap_neg(a)) : q;
+}
+template <typename T> COIL_INLINE T coil_mod(T a, T b) {  // torch.remainder
+  bool sp = coil_idiv_special(b);
+  T d = sp ? (T)1 : b;
+  T r = a % d;
+  r = (r != 0 && ((r < 0) != (d < 0))) ? r + d : r;
+  return sp ? (T)0 : r;
+}
+template <typename T> COIL_INLINE T coil_fmod_int(T a, T b) {  // torch.fmod: C++ a % b, made safe
+  bool sp = coil_idiv_special(b);
+  T r = a % (sp ? (T)1 : b);
+  return sp ? (T)0 : r;
 }
 COIL_INLINE float coil_fmod_py(float a, float b) {  // torch.remainder for floats
   float r = cm::fmod(a, b);

@@ -10,14 +10,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-./gpu_results}"; mkdir -p "$OUT"
-PY="$(command -v python3 || command -v python)"
-SITE=/tmp/coil_site
-if ls .whl/*.whl >/dev/null 2>&1; then
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target "$SITE" .whl/*.whl >"$OUT/setup.log" 2>&1 || echo "wheel install failed"
-fi
-export PYTHONPATH="$PWD:$SITE${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-export TOKENIZERS_PARALLELISM=false TRANSFORMERS_OFFLINE=1 HF_HUB_OFFLINE=1
+. benchmarks/gpu_env.sh
 START=$(date +%s)
 step() { echo "=== $1 at $(( $(date +%s) - START )) s"; }
 { date -u; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1

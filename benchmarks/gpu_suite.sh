@@ -16,14 +16,7 @@ START=$(date +%s)
 left() { echo $(( ${1} - ($(date +%s) - START) )); }
 
 # coil without network: the bytecode wheel travels in .whl/; coil itself via PYTHONPATH.
-PY="$(command -v python3 || command -v python)"
-SITE=/tmp/coil_site
-if ls .whl/*.whl >/dev/null 2>&1; then
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target "$SITE" .whl/*.whl >"$OUT/setup.log" 2>&1 || echo "wheel install failed (see setup.log)"
-fi
-export PYTHONPATH="$PWD:$SITE${PYTHONPATH:+:$PYTHONPATH}"
-export TOKENIZERS_PARALLELISM=false TRANSFORMERS_OFFLINE=1 HF_HUB_OFFLINE=1
+. benchmarks/gpu_env.sh
 { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1
   "$PY" -c "import sys, torch, triton; print(sys.version); print('torch', torch.__version__, 'triton', triton.__version__)" 2>&1
   "$PY" -c "import transformers, timm; print('transformers', transformers.__version__, 'timm', timm.__version__)" 2>&1

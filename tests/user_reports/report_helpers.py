@@ -1,6 +1,6 @@
-"""Shared pieces of the user-report repro files (test_user_reports_3/4/5.py): run a
-function eagerly and compiled on separate copies of its arguments, and backpropagate
-the same random cotangents through both. Each file keeps its own assertions."""
+"""Shared pieces of the user-report repro files (test_user_reports_3..7.py): run a
+function eagerly and compiled on separate copies of its arguments, backpropagate the
+same random cotangents through both, and compare outputs and gradients."""
 from __future__ import annotations
 
 import torch
@@ -48,3 +48,27 @@ def arg_copies(args) -> list:
     as they are."""
     return [a.detach().clone().requires_grad_(a.requires_grad) if isinstance(a, torch.Tensor)
             else a for a in args]
+
+
+def strides_agree(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal strides on every dim of size > 1 (a size-1 dim's stride is arbitrary)."""
+    return all(x == y for x, y, n in zip(a.stride(), b.stride(), b.shape) if n != 1)
+
+
+def assert_outputs_match(outs, refs, atol: float, rtol: float, same=strides_agree) -> None:
+    """Compiled ``outs`` vs eager ``refs``: shape, dtype, values (NaN where eager has NaN)
+    and strides by ``same``."""
+    for i, (o, r) in enumerate(zip(outs, refs)):
+        assert o.shape == r.shape and o.dtype == r.dtype, (i, o.shape, r.shape, o.dtype, r.dtype)
+        torch.testing.assert_close(o, r, atol=atol, rtol=rtol, equal_nan=True,
+                                   msg=lambda m: f"output {i}: {m}")
+        assert same(o, r), (i, o.stride(), r.stride())
+
+
+def assert_grads_match(a_ref, a_out, atol: float, rtol: float, same=strides_agree) -> None:
+    """Gradients of the arguments that require grad: values and strides by ``same``."""
+    for i, (x, y) in enumerate(zip(a_ref, a_out)):
+        if x.requires_grad:
+            torch.testing.assert_close(y.grad, x.grad, atol=atol, rtol=rtol,
+                                       msg=lambda m: f"grad of arg {i}: {m}")
+            assert same(y.grad, x.grad), (i, y.grad.stride(), x.grad.stride())

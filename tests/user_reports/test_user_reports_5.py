@@ -17,7 +17,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import coil
-from report_helpers import backward_both, run_both
+from report_helpers import assert_grads_match, assert_outputs_match, backward_both, run_both, strides_agree
 import coil.ir.graph as G
 
 BACKENDS = ["cpp", "triton"]
@@ -33,22 +33,14 @@ def _check(fn, args, backend, *, grads=False, atol=1e-4, rtol=1e-4, exact_stride
     def same(a, b):
         if exact_strides:
             return a.stride() == b.stride()
-        return all(x == y for x, y, n in zip(a.stride(), b.stride(), b.shape) if n != 1)
+        return strides_agree(a, b)
 
     a_ref, a_out = copies(), copies()
     outs, refs = run_both(fn, a_ref, a_out, backend)
-    for i, (o, r) in enumerate(zip(outs, refs)):
-        assert o.shape == r.shape and o.dtype == r.dtype, (i, o.shape, r.shape, o.dtype, r.dtype)
-        torch.testing.assert_close(o, r, atol=atol, rtol=rtol, equal_nan=True,
-                                   msg=lambda m: f"output {i}: {m}")
-        assert same(o, r), (i, o.stride(), r.stride())
+    assert_outputs_match(outs, refs, atol, rtol, same)
     if grads:
         backward_both(outs, refs)
-        for i, (x, y) in enumerate(zip(a_ref, a_out)):
-            if x.requires_grad:
-                torch.testing.assert_close(y.grad, x.grad, atol=atol * 10, rtol=rtol * 10,
-                                           msg=lambda m: f"grad of arg {i}: {m}")
-                assert same(y.grad, x.grad), (i, y.grad.stride(), x.grad.stride())
+        assert_grads_match(a_ref, a_out, atol * 10, rtol * 10, same)
     return outs
 
 

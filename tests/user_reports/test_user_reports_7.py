@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from report_helpers import run_both
+from report_helpers import assert_outputs_match, run_both
 
 BACKENDS = ["cpp", "triton"]
 NAN, INF = float("nan"), float("inf")
@@ -24,17 +24,10 @@ NAN, INF = float("nan"), float("inf")
 def _check(fn, args, backend, *, atol=1e-4, rtol=1e-4):
     """Eager vs compiled on copies of ``args``: values (NaN where eager has NaN), dtype,
     shape, strides of every non-size-1 dim, and the arguments after the call (mutation)."""
-    def same(a, b):
-        return all(x == y for x, y, n in zip(a.stride(), b.stride(), b.shape) if n != 1)
-
     a_ref = [a.clone() for a in args]
     a_out = [a.clone() for a in args]
     outs, refs = run_both(fn, a_ref, a_out, backend)
-    for i, (o, r) in enumerate(zip(outs, refs)):
-        assert o.shape == r.shape and o.dtype == r.dtype, (i, o.shape, r.shape, o.dtype, r.dtype)
-        torch.testing.assert_close(o, r, atol=atol, rtol=rtol, equal_nan=True,
-                                   msg=lambda m: f"output {i}: {m}")
-        assert same(o, r), (i, o.stride(), r.stride())
+    assert_outputs_match(outs, refs, atol, rtol)
     for i, (x, y) in enumerate(zip(a_ref, a_out)):
         torch.testing.assert_close(y, x, atol=0, rtol=0, equal_nan=True,
                                    msg=lambda m: f"argument {i} after the call: {m}")

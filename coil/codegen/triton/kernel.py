@@ -577,6 +577,8 @@ class TritonKernel(OpsHandler):
         if op in _UN:
             fmt = _UN[op]
             def g(x):
+                if op in ("floor", "ceil", "round", "trunc") and not x.dtype.is_floating_point:
+                    return x  # identity on integers (libdevice's versions are float-only)
                 dt = torch.bool if op in _BOOL_OUT else x.dtype
                 if op in _FUNC_UN or (op == "reciprocal" and x.const is not None and x.const == 0):
                     x = self._tensor(x)

@@ -1,6 +1,7 @@
-"""NaN through Triton reductions: torch's max/min/amax/softmax/logsumexp return NaN for a
-row holding one; looped reductions combined with ``tl.maximum`` without NaN propagation
-silently dropped it (Triton's default returns the other operand)."""
+"""Edge semantics of generated kernels against eager, both CPU backends. NaN through
+reductions: torch's max/min/amax/softmax/logsumexp return NaN for a row holding one;
+Triton's looped reductions combined with ``tl.maximum`` without NaN propagation silently
+dropped it (Triton's default returns the other operand). Rounding ops on integers."""
 import pytest
 import torch
 
@@ -35,3 +36,12 @@ def test_nan_propagates_in_looped_rows(name):
     x[3, 100] = x[7, 4099] = float("nan")
     c = check(CASES[name], x, atol=1e-4, rtol=1e-4, backend="triton")
     assert any("for roffset in range" in k.source for k in c.kernels)
+
+
+@pytest.mark.parametrize("op", [torch.floor, torch.ceil, torch.round, torch.trunc])
+@pytest.mark.parametrize("dtype", [torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8])
+@pytest.mark.parametrize("backend", ["triton", "cpp"])
+def test_rounding_of_integers_is_identity(op, dtype, backend):
+    """Triton raised 'Expected dtype fp32/fp64' for floor/ceil of an integer tensor."""
+    x = torch.randint(0, 100, (64,)).to(dtype)
+    check(lambda x: op(x) * 2 + 1, x, backend=backend)

@@ -45,3 +45,13 @@ def test_rounding_of_integers_is_identity(op, dtype, backend):
     """Triton raised 'Expected dtype fp32/fp64' for floor/ceil of an integer tensor."""
     x = torch.randint(0, 100, (64,)).to(dtype)
     check(lambda x: op(x) * 2 + 1, x, backend=backend)
+
+
+@pytest.mark.parametrize("backend", ["triton", "cpp"])
+def test_full_min_of_empty_raises_like_eager(backend):
+    """x.min() of an empty tensor returned NaN; eager raises (no identity for min)."""
+    import coil
+    coil.reset()
+    f = coil.compile(lambda x: x.min() + 1, options={"cpu_backend": backend})
+    with pytest.raises(RuntimeError, match="numel\\(\\) == 0"):
+        f(torch.randn(0, 3))

@@ -43,6 +43,19 @@ def register_lowering(*ops_: Any) -> Callable:
     return deco
 
 
+def require_scalars_fit(dtype, *values) -> None:
+    """Raise FallbackToExtern when a Python number in ``values`` does not fit integer
+    ``dtype``: ops that store a scalar as it is (fill, full, masked_fill, where, clamp)
+    raise in eager ("value cannot be converted to type uint8_t without overflow"), so the
+    ATen op runs and raises at call time. (Arithmetic with a scalar wraps instead.)"""
+    if dtype.is_floating_point or dtype.is_complex or dtype == torch.bool:
+        return
+    info = torch.iinfo(dtype)
+    for v in values:
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and not info.min <= v <= info.max:
+            raise FallbackToExtern()
+
+
 class FallbackToExtern(Exception):
     """Raised by a lowering for argument combinations it does not handle natively."""
 
@@ -278,6 +291,7 @@ def _div_mode(a, b, rounding_mode=None):
                    aten.where.Scalar, prims.where)
 def _where(cond, a, b):
     size, odt = out_size(), out_dtype()
+    require_scalars_fit(odt, a, b)
     cdt = compute_dtype(odt)
     c = loader_as(cond, size, torch.bool)
     la, lb = loader_as(a, size, cdt), loader_as(b, size, cdt)
@@ -290,6 +304,7 @@ def _clamp(x, min=None, max=None):
     if target in (aten.clamp_max.default, aten.clamp_max.Tensor):
         min, max = None, min
     size, odt = out_size(), out_dtype()
+    require_scalars_fit(odt, min, max)
     cdt = compute_dtype(odt)
     lx = loader_as(x, size, cdt)
     lmin = loader_as(min, size, cdt) if min is not None else None

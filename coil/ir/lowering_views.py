@@ -567,6 +567,8 @@ def _creation(*args, **kwargs):
         value = 1
     else:
         value = 0
+    from coil.ir.lowering import require_scalars_fit
+    require_scalars_fit(out_dtype(), value)
     return _full(out_size(), value, out_dtype())
 
 

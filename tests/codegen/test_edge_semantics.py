@@ -55,3 +55,28 @@ def test_full_min_of_empty_raises_like_eager(backend):
     f = coil.compile(lambda x: x.min() + 1, options={"cpu_backend": backend})
     with pytest.raises(RuntimeError, match="numel\\(\\) == 0"):
         f(torch.randn(0, 3))
+
+
+SCALAR_STORES = {
+    "masked_fill": lambda u, m: u.masked_fill(m, 300),
+    "full": lambda u, m: torch.full((2,), 300, dtype=torch.uint8) + u,
+    "where": lambda u, m: torch.where(m, u, 300),
+    "fill_": lambda u, m: u.clone().fill_(300),
+    "clamp": lambda u, m: u.clamp(max=300),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SCALAR_STORES))
+@pytest.mark.parametrize("backend", ["triton", "cpp"])
+def test_scalar_out_of_dtype_range_raises_like_eager(name, backend):
+    """Ops that store a scalar as it is raise in eager when it does not fit the dtype;
+    the kernels wrapped it (uint8 fill of 300 gave 44). Arithmetic still wraps."""
+    import coil
+    coil.reset()
+    u, m = torch.tensor([1, 200], dtype=torch.uint8), torch.tensor([True, False])
+    with pytest.raises(RuntimeError, match="overflow"):
+        SCALAR_STORES[name](u, m)
+    f = coil.compile(SCALAR_STORES[name], options={"cpu_backend": backend})
+    with pytest.raises(RuntimeError, match="overflow"):
+        f(u, m)
+    check(lambda u, m: u.masked_fill(m, 7) + 300, u, m, backend=backend)

@@ -67,9 +67,10 @@ class _Recording(OpsHandler):
         self.loads.append((name, offset))
         return self._emit("load_seed", name, offset)
 
-    def indirect_indexing(self, x, size, check=True):
+    def indirect_indexing(self, x, size, check=True, wrap_neg=True):
         s = sym(f"indirect{next(self.indirect)}")
-        self.lines.append(f"{s} = ops.indirect_indexing({x}, {_fmt(size)}, check={check})")
+        wrap = "" if wrap_neg else ", wrap_neg=False"
+        self.lines.append(f"{s} = ops.indirect_indexing({x}, {_fmt(size)}, check={check}{wrap})")
         return s
 
     def masked(self, mask, body, other):
@@ -261,10 +262,11 @@ class ReferenceInterpreter(OpsHandler):
     def to_dtype_bitcast(self, x, dtype, src_dtype):
         return torch.as_tensor(x).to(src_dtype).view(dtype)
 
-    def indirect_indexing(self, x, size, check=True):
+    def indirect_indexing(self, x, size, check=True, wrap_neg=True):
         s = sym(f"indirect{next(self.indirect)}")
         x = torch.as_tensor(x).long()
-        x = torch.where(x < 0, x + int(size), x)
+        if wrap_neg:
+            x = torch.where(x < 0, x + int(size), x)
         if check and self.masks == [] and x.numel() and (x.min() < 0 or x.max() >= int(size)):
             raise IndexError(f"index out of bounds for size {size}")
         self.var_values[s] = x

@@ -527,7 +527,9 @@ def _index_select(x, dim, index):
     def inner(idx):
         j = list(idx)
         if j:
-            j[dim] = ops.indirect_indexing(il([idx[dim]] if index.get_size() else []), n)
+            # eager rejects negative indices here (only x[idx] wraps them)
+            j[dim] = ops.indirect_indexing(il([idx[dim]] if index.get_size() else []), n,
+                                           wrap_neg=False)
         return xl(j)
 
     return TensorBox.create(Pointwise(device(), odt, inner, size))
@@ -543,7 +545,7 @@ def _gather(x, dim, index, sparse_grad=False):
     def inner(idx):
         j = list(idx)
         if j:
-            j[dim] = ops.indirect_indexing(il(idx), n)
+            j[dim] = ops.indirect_indexing(il(idx), n, wrap_neg=False)  # eager rejects < 0
         return xl(j)
 
     return TensorBox.create(Pointwise(device(), odt, inner, size))
@@ -706,7 +708,7 @@ def _scatter(x, dim, index, src):
 
     def dest(i):
         d = list(i)
-        d[dim] = ops.indirect_indexing(il(i), xs[dim])
+        d[dim] = ops.indirect_indexing(il(i), xs[dim], wrap_neg=False)  # eager rejects < 0
         return d
 
     mode = "atomic_add" if target == aten.scatter_add.default else None

@@ -55,9 +55,11 @@ class OpsHandler:
       value of a sympy index expression); to_dtype(x, dtype, src_dtype=None) -> value
       (rounds to ``dtype``, fp16/bf16 included, then holds it in compute_dtype(dtype));
       to_dtype_bitcast(x, dtype, src_dtype) -> value
-      indirect_indexing(x, size, check=True) -> sympy.Symbol: use the integer value ``x``
-      inside index expressions; negative values wrap by ``size``; with ``check`` out of
-      range values are an error where the backend can tell.
+      indirect_indexing(x, size, check=True, wrap_neg=True) -> sympy.Symbol: use the
+      integer value ``x`` inside index expressions; with ``wrap_neg`` negative values wrap
+      by ``size`` (advanced indexing ``x[idx]``), without it they are out of range
+      (index_select, gather, scatter: eager raises); with ``check`` out of range values
+      are an error where the backend can tell.
       masked(mask, body, other) -> value: ``body()`` evaluated only where ``mask`` (loads
       inside are masked), ``other`` elsewhere.
       where(cond, a, b), clamp via maximum/minimum, and UNARY_OPS / BINARY_OPS.

@@ -474,9 +474,12 @@ class TritonKernel(OpsHandler):
         x = self._tensor(x)
         return self.cse(f"{x}.to({TL_DTYPE[dtype]}, bitcast=True)", dtype, x.dims)
 
-    def indirect_indexing(self, x, size, check=True):
+    def indirect_indexing(self, x, size, check=True, wrap_neg=True):
         x = self._tensor(x)
         size = int(size)
+        # negative indices always wrap here, ``wrap_neg`` or not: the bounds check below is
+        # a tl.device_assert, active only in Triton's debug mode, so an index that eager
+        # would reject must at least not address memory before the tensor
         v = self.cse(f"tl.where({x} < 0, {x} + {size}, {x})", x.dtype, x.dims)
         if check:
             mask, _ = self._mask(x.dims)

@@ -51,6 +51,9 @@ class Config:
     #: Seconds a launcher waits for its configs that a worker process is compiling
     #: before it compiles them itself.
     autotune_compile_timeout: float = 120.0
+    #: Seconds without compile jobs after which the worker processes exit (each holds a
+    #: CUDA context, about 0.5 GB of GPU memory); the next compile starts them again.
+    autotune_compile_idle_s: float = 30.0
     #: Triton: fuse softmax's sum(exp(x - max)) into the max loop of looped reductions
     #: (running max and rescaled running sum; one read of x fewer).
     triton_online_softmax: bool = True

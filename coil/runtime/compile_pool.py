@@ -18,10 +18,11 @@ started yet is taken back (the launcher compiles it now rather than waiting for 
 that may still be starting up), and a job in a worker is waited for (up to
 ``config.autotune_compile_timeout`` seconds). Workers are plain subprocesses started with
 ``-m`` (not ``multiprocessing``, which re-imports the user's ``__main__`` script) and
-each holds a CUDA context (about 0.5 GB of GPU memory) until the process exits.
+each holds a CUDA context (about 0.5 GB of GPU memory) until the pool has been idle for
+``config.autotune_compile_idle_s`` seconds (then it closes; a later compile starts another).
 Events in the compile log: ``compile_pool_start``, ``compile_pool_job`` (per job:
 seconds in the worker, or its error), ``compile_pool_claim`` (per launcher: how many jobs
-were taken back / waited for) and ``compile_pool_broken``.
+were taken back / waited for), ``compile_pool_stop`` and ``compile_pool_broken``.
 """
 from __future__ import annotations
 
@@ -42,10 +43,10 @@ QUEUED, RUNNING, DONE, CLAIMED = "queued", "running", "done", "claimed"
 
 
 class _Job:
-    __slots__ = ("id", "payload", "state", "done", "result")
+    __slots__ = ("id", "payload", "state", "done", "result", "pool")
 
-    def __init__(self, jid: int, payload: dict):
-        self.id, self.payload, self.state = jid, payload, QUEUED
+    def __init__(self, jid: int, payload: dict, pool: "CompilePool"):
+        self.id, self.payload, self.state, self.pool = jid, payload, QUEUED, pool
         self.done = threading.Event()
         self.result: Optional[dict] = None
 
@@ -61,6 +62,9 @@ class CompilePool:
         self._procs: list[subprocess.Popen] = []
         self._ready = threading.Event()
         self.alive = 0
+        #: jobs queued or running; time of the last submit or finished job
+        self._pending, self._last = 0, time.monotonic()
+        self.closed = False
         env = dict(os.environ)
         env.pop("TRITON_INTERPRET", None)
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
@@ -76,13 +80,33 @@ class CompilePool:
             self.alive += 1
             threading.Thread(target=self._serve, args=(p,), daemon=True).start()
         atexit.register(self.close)
+        threading.Thread(target=self._stop_when_idle, daemon=True).start()
         trace.log("compile_pool_start", stage="runtime", workers=len(self._procs))
+
+    def _stop_when_idle(self) -> None:
+        """Close the workers (and their CUDA contexts, ~0.5 GB of GPU memory each) once no
+        job has been queued or running for ``config.autotune_compile_idle_s`` seconds;
+        :func:`get_pool` starts a new pool for later compiles."""
+        while not self.closed:
+            idle = max(0.1, config.autotune_compile_idle_s)
+            time.sleep(min(1.0, idle))
+            with self._lock:
+                stop = self._pending == 0 and time.monotonic() - self._last > idle
+                if stop:
+                    self.closed = True  # submit() now refuses, before the workers go
+            if stop:
+                trace.log("compile_pool_stop", stage="runtime", reason="idle", idle_s=idle)
+                self.close()
 
     def submit(self, payload: dict) -> _Job:
         with self._lock:
-            job = _Job(self._next, payload)
+            job = _Job(self._next, payload, self)
             self._next += 1
-        if self.alive == 0:
+            refuse = self.alive == 0 or self.closed
+            if not refuse:
+                self._pending += 1
+                self._last = time.monotonic()
+        if refuse:
             job.state = CLAIMED
             job.done.set()
         else:
@@ -102,6 +126,7 @@ class CompilePool:
             for j in jobs:
                 if j.state == QUEUED:
                     j.state = CLAIMED
+                    self._pending -= 1
                     taken += 1
                 elif j.state == RUNNING:
                     running.append(j)
@@ -134,7 +159,10 @@ class CompilePool:
                         raise EOFError("worker exited")
                     job.result = json.loads(line)
                 finally:
-                    job.state = DONE
+                    with self._lock:
+                        job.state = DONE
+                        self._pending -= 1
+                        self._last = time.monotonic()
                     job.done.set()
                 r = job.result or {}
                 trace.log("compile_pool_job", stage="runtime", kernel=job.payload["name"],
@@ -146,6 +174,7 @@ class CompilePool:
             trace.log("compile_pool_broken", stage="runtime", error=f"{type(e).__name__}: {e}")
 
     def close(self) -> None:
+        self.closed = True
         for _ in self._procs:
             self._queue.put(None)
         for p in self._procs:
@@ -181,7 +210,7 @@ def get_pool() -> Optional[CompilePool]:
     if workers() == 0:
         return None
     with _pool_lock:
-        if _pool is None:
+        if _pool is None or _pool.closed:
             _pool = CompilePool(workers())
         return _pool if _pool.alive > 0 else None
 
@@ -200,10 +229,10 @@ def submit(path: str, module: str, name: str, dtypes: list[str], configs: list[d
 def claim(name: str, jobs: list) -> None:
     """Before compiling ``jobs``' kernel in this process: take back the jobs no worker
     has started and wait for the running ones (logged as ``compile_pool_claim``)."""
-    if not jobs or _pool is None:
+    if not jobs:
         return
     t0 = time.perf_counter()
-    taken, waited = _pool.claim(jobs, config.autotune_compile_timeout)
+    taken, waited = jobs[0].pool.claim(jobs, config.autotune_compile_timeout)
     failed = [j.result.get("error") for j in jobs if j.result and not j.result.get("ok")]
     trace.log("compile_pool_claim", stage="runtime", kernel=name, jobs=len(jobs),
               taken_back=taken, waited=waited, wait_s=round(time.perf_counter() - t0, 4),

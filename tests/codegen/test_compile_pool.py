@@ -107,3 +107,39 @@ def test_workers_option():
 def test_timeout_option_reads_float_from_env():
     from coil.config import _coerce
     assert _coerce("2.5", config.autotune_compile_timeout) == 2.5
+
+
+def test_idle_pool_closes_and_a_new_one_starts(tmp_path):
+    """Workers hold a CUDA context each on a GPU: an idle pool closes itself, and
+    get_pool() starts a new one for later compiles."""
+    with patch(autotune_compile_idle_s=0.5, autotune_compile_processes=1):
+        pool = CompilePool(1)
+        try:
+            job = pool.submit(_job(tmp_path))
+            assert job.done.wait(120)
+            deadline = time.monotonic() + 30
+            while (not pool.closed or pool.alive) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert pool.closed and pool.alive == 0
+            assert pool.submit(_job(tmp_path)).state == CLAIMED  # refused once closed
+        finally:
+            pool.close()
+        old, compile_pool._pool = compile_pool._pool, pool
+        try:
+            fresh = compile_pool.get_pool()
+            assert fresh is not None and fresh is not pool and not fresh.closed
+            fresh.close()
+        finally:
+            compile_pool._pool = old
+
+
+def test_busy_pool_does_not_close(tmp_path):
+    with patch(autotune_compile_idle_s=0.3):
+        pool = CompilePool(1)  # still starting: its queued job keeps it open
+        try:
+            job = pool.submit(_job(tmp_path))
+            time.sleep(1.0)
+            assert not pool.closed or job.done.is_set()
+            assert job.done.wait(120)
+        finally:
+            pool.close()

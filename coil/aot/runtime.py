@@ -84,7 +84,10 @@ def _make_epilogue(info: ProgramInfo, args_index_of_output=None) -> Callable:
             return container(vals[: len(plan)]) if container is not list else list(vals[: len(plan)])
         for pos in range(n_mut):
             inp = args[mutated[pos]]
-            if hidden[pos] or not torch.is_grad_enabled():
+            # a leaf that requires grad can only have been mutated outside autograd (a
+            # differentiable in-place op on it fails while tracing, as in eager): through
+            # .detach(), e.g. F.embedding's max_norm renorm
+            if hidden[pos] or not torch.is_grad_enabled() or (inp.is_leaf and inp.requires_grad):
                 with torch.no_grad():
                     inp.copy_(vals[pos])
             else:

@@ -245,11 +245,10 @@ def test_bf16_index_put_accumulate(backend):
             torch.tensor([0.5, 1.0, 2.0], dtype=torch.bfloat16)], backend, atol=0, rtol=0)
 
 
-# 5. F.embedding(max_norm=...) with a weight that requires grad (every nn.Embedding with
-# max_norm) fails: the runtime writes the renormalised weight back with grad enabled
-# (coil/aot/runtime.py epilogue), because the mutation is not detected as happening under
-# no_grad (coil/aot/functional.py, mutation_hidden). Eager renormalises in place.
-@pytest.mark.xfail(strict=True, reason="embedding max_norm: write-back to a leaf that requires grad")
+# 5. fixed: F.embedding(max_norm=...) renormalises through weight.detach(), so the mutation
+# is not under no_grad; the runtime wrote it back to the grad-requiring leaf with autograd
+# on and failed. Leaves that require grad are now written back under no_grad
+# (coil/aot/runtime.py epilogue): a differentiable in-place op on one fails while tracing.
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_embedding_max_norm_weight_requires_grad(backend):
     torch.manual_seed(0)
@@ -257,8 +256,23 @@ def test_embedding_max_norm_weight_requires_grad(backend):
     m2 = copy.deepcopy(m1)
     i = torch.tensor([1, 2, 2, 7])
     out = _compiled(m2, backend)(i)
-    torch.testing.assert_close(out, m1(i))
+    ref = m1(i)
+    torch.testing.assert_close(out, ref)
     torch.testing.assert_close(m2.weight, m1.weight)
+    out.sum().backward()
+    ref.sum().backward()
+    torch.testing.assert_close(m2.weight.grad, m1.weight.grad)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_direct_in_place_on_grad_leaf_still_raises(backend):
+    w = nn.Parameter(torch.randn(3))
+
+    def f(x, w):
+        w.add_(1)
+        return x * w
+    with pytest.raises(RuntimeError, match="leaf Variable"):
+        _compiled(f, backend)(torch.randn(3), w)
 
 
 # 6. Negative indices to index_select / gather / index_add / scatter are wrapped (the

@@ -222,11 +222,9 @@ def test_out_of_range_index_raises(backend):
         cf(torch.randn(8, 3), torch.tensor([8]))
 
 
-# 3. scatter_add in bfloat16/float16 accumulates in the low precision; eager's CPU
-# scatter_add (and scatter_reduce "sum", which coil gets right) accumulates in float32.
-# 512 x 0.1 in bf16: eager 51.25, coil 32. Triton bf16 additionally fails with
-# "ValueError: Unsupported data type" (no bf16 atomic add in the interpreter).
-@pytest.mark.xfail(strict=True, reason="scatter_add accumulates in bf16/fp16, eager in fp32")
+# 3. fixed: scatter_add in bfloat16/float16 accumulated in the low precision; eager's CPU
+# scatter_add accumulates in float32 (512 x 0.1 in bf16: eager 51.25, coil gave 32). On CPU
+# coil now scatters into an fp32 copy (coil/ir/lowering_views.py _scatter).
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_scatter_add_low_precision_accumulation(backend, dtype):

@@ -146,6 +146,13 @@ class OutputGraph:
             self.guards.ns["___autocast_enabled"] = torch.is_autocast_enabled
             self.guards.add(f"___autocast_enabled({dev!r}) is {state!r}",
                             f"___autocast_enabled({dev!r})", state)
+            if state:  # the graph was traced in this autocast dtype (bf16 vs fp16)
+                dtype = torch.get_autocast_dtype(dev)
+                const = f"___autocast_dtype_{dev}"
+                self.guards.ns["___autocast_dtype"] = torch.get_autocast_dtype
+                self.guards.ns[const] = dtype
+                self.guards.add(f"___autocast_dtype({dev!r}) is {const}",
+                                f"___autocast_dtype({dev!r})", dtype)
 
     # --- inputs --------------------------------------------------------------------
     def _placeholder(self, name: str):

@@ -13,8 +13,6 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-./gpu_results}"; mkdir -p "$OUT"
 . benchmarks/gpu_env.sh
-START=$(date +%s)
-step() { echo "=== $1 at $(( $(date +%s) - START )) s"; }
 
 step tests
 timeout -k 5 150 "$PY" -m pytest -q -p no:cacheprovider -s tests/codegen/test_gpu.py \

@@ -11,8 +11,6 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-./gpu_results}"; mkdir -p "$OUT"
 . benchmarks/gpu_env.sh
-START=$(date +%s)
-step() { echo "=== $1 at $(( $(date +%s) - START )) s"; }
 { date -u; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1
   "$PY" -c "import sys, torch, triton; print(sys.version.split()[0], 'torch', torch.__version__, 'triton', triton.__version__)"
 } >"$OUT/machine.txt" 2>&1

@@ -12,11 +12,9 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-./gpu_results}"
 mkdir -p "$OUT"
-START=$(date +%s)
-left() { echo $(( ${1} - ($(date +%s) - START) )); }
-
 # coil without network: the bytecode wheel travels in .whl/; coil itself via PYTHONPATH.
-. benchmarks/gpu_env.sh
+. benchmarks/gpu_env.sh  # (also sets START)
+left() { echo $(( ${1} - ($(date +%s) - START) )); }
 { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1
   "$PY" -c "import sys, torch, triton; print(sys.version); print('torch', torch.__version__, 'triton', triton.__version__)" 2>&1
   "$PY" -c "import transformers, timm; print('transformers', transformers.__version__, 'timm', timm.__version__)" 2>&1

@@ -55,14 +55,25 @@ def strides_agree(a: torch.Tensor, b: torch.Tensor) -> bool:
     return all(x == y for x, y, n in zip(a.stride(), b.stride(), b.shape) if n != 1)
 
 
-def assert_outputs_match(outs, refs, atol: float, rtol: float, same=strides_agree) -> None:
-    """Compiled ``outs`` vs eager ``refs``: shape, dtype, values (NaN where eager has NaN)
-    and strides by ``same``."""
+def assert_outputs_match(outs, refs, atol: float, rtol: float, same=strides_agree,
+                         equal_nan: bool = True) -> None:
+    """Compiled ``outs`` vs eager ``refs``: shape, dtype, values (NaN where eager has NaN,
+    with ``equal_nan``) and strides by ``same`` (None: not compared)."""
     for i, (o, r) in enumerate(zip(outs, refs)):
         assert o.shape == r.shape and o.dtype == r.dtype, (i, o.shape, r.shape, o.dtype, r.dtype)
-        torch.testing.assert_close(o, r, atol=atol, rtol=rtol, equal_nan=True,
+        torch.testing.assert_close(o, r, atol=atol, rtol=rtol, equal_nan=equal_nan,
                                    msg=lambda m: f"output {i}: {m}")
-        assert same(o, r), (i, o.stride(), r.stride())
+        if same is not None:
+            assert same(o, r), (i, o.stride(), r.stride())
+
+
+def assert_args_match(a_ref, a_out, atol: float, rtol: float, equal_nan: bool = False) -> None:
+    """The tensor arguments after the call (in-place mutations), compiled vs eager."""
+    for i, (x, y) in enumerate(zip(a_ref, a_out)):
+        if isinstance(x, torch.Tensor):
+            torch.testing.assert_close(y.detach(), x.detach(), atol=atol, rtol=rtol,
+                                       equal_nan=equal_nan,
+                                       msg=lambda m: f"argument {i} after the call: {m}")
 
 
 def assert_grads_match(a_ref, a_out, atol: float, rtol: float, same=strides_agree) -> None:

@@ -14,7 +14,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import coil
-from report_helpers import arg_copies, assert_arg_grads, backward_both, rand, run_both
+from report_helpers import (arg_copies, assert_arg_grads, assert_args_match, assert_outputs_match,
+                            backward_both, rand, run_both)
 import coil.codegen as CG
 import coil.ir.graph as G
 
@@ -30,15 +31,8 @@ def _check(fn, args, backend, *, grads=False, atol=1e-4, rtol=1e-4, options=None
     a_ref, a_out = arg_copies(args), arg_copies(args)
     outs, refs = run_both(fn, a_ref, a_out, backend, options)
     assert len(outs) == len(refs)
-    for i, (o, r) in enumerate(zip(outs, refs)):
-        assert o.shape == r.shape and o.dtype == r.dtype, (i, o.shape, r.shape, o.dtype, r.dtype)
-        torch.testing.assert_close(o, r, atol=atol, rtol=rtol, msg=lambda m: f"output {i}: {m}")
-        assert all(a == b for a, b, n in zip(o.stride(), r.stride(), r.shape) if n != 1), \
-            (i, o.stride(), r.stride())
-    for i, (x, y) in enumerate(zip(a_out, a_ref)):
-        if isinstance(x, torch.Tensor):
-            torch.testing.assert_close(x.detach(), y.detach(), atol=atol, rtol=rtol,
-                                       msg=lambda m: f"input {i}: {m}")
+    assert_outputs_match(outs, refs, atol, rtol, equal_nan=False)
+    assert_args_match(a_ref, a_out, atol, rtol)
     if grads:
         backward_both(outs, refs)
         assert_arg_grads(a_ref, a_out, atol * 10, rtol * 10)

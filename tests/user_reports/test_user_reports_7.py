@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from report_helpers import assert_outputs_match, run_both
+from report_helpers import assert_args_match, assert_outputs_match, run_both
 
 BACKENDS = ["cpp", "triton"]
 NAN, INF = float("nan"), float("inf")
@@ -28,9 +28,7 @@ def _check(fn, args, backend, *, atol=1e-4, rtol=1e-4):
     a_out = [a.clone() for a in args]
     outs, refs = run_both(fn, a_ref, a_out, backend)
     assert_outputs_match(outs, refs, atol, rtol)
-    for i, (x, y) in enumerate(zip(a_ref, a_out)):
-        torch.testing.assert_close(y, x, atol=0, rtol=0, equal_nan=True,
-                                   msg=lambda m: f"argument {i} after the call: {m}")
+    assert_args_match(a_ref, a_out, 0, 0, equal_nan=True)
     return outs
 
 

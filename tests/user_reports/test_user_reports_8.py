@@ -14,7 +14,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import coil
-from report_helpers import arg_copies, assert_arg_grads, backward_both, run_both
+from report_helpers import (arg_copies, assert_arg_grads, assert_args_match, assert_outputs_match,
+                            backward_both, run_both)
 
 BACKENDS = ["cpp", "triton"]
 
@@ -24,13 +25,8 @@ def _check(fn, args, backend, *, grad=False, atol=1e-4, rtol=1e-4, options=None)
     call (mutation) and, with ``grad``, the arguments' gradients."""
     a_ref, a_out = arg_copies(args), arg_copies(args)
     outs, refs = run_both(fn, a_ref, a_out, backend, options)
-    for i, (o, r) in enumerate(zip(outs, refs)):
-        assert o.shape == r.shape and o.dtype == r.dtype, (i, o.shape, r.shape, o.dtype, r.dtype)
-        torch.testing.assert_close(o, r, atol=atol, rtol=rtol, msg=lambda m: f"output {i}: {m}")
-    for i, (x, y) in enumerate(zip(a_ref, a_out)):
-        if isinstance(x, torch.Tensor):
-            torch.testing.assert_close(y.detach(), x.detach(), atol=atol, rtol=rtol,
-                                       msg=lambda m: f"argument {i} after the call: {m}")
+    assert_outputs_match(outs, refs, atol, rtol, same=None, equal_nan=False)
+    assert_args_match(a_ref, a_out, atol, rtol)
     if grad:
         backward_both(outs, refs)
         assert_arg_grads(a_ref, a_out, atol, rtol)

@@ -44,6 +44,11 @@ def _add_bench(sub) -> None:
                    "are reported as skipped")
     p.add_argument("--isolate", action="store_true",
                    help="run each model in its own subprocess")
+    p.add_argument("--paired", action="store_true",
+                   help="per model and mode, time every compiler in the same interleaved "
+                        "rounds against one shared eager series (speedups comparable "
+                        "across compilers); with --isolate, each model's subprocess runs "
+                        "its compilers paired")
     p.add_argument("--threads", type=int, help="torch.set_num_threads(N) for the run "
                    "(CPU; coil's C++ kernels follow it)")
     p.add_argument("--json", metavar="PATH", help="write rows as JSON ('-' for stdout)")
@@ -67,7 +72,8 @@ def _run_bench(a) -> int:
                               max_timing_s=a.max_timing,
                               warm_compile=not a.no_warm_compile, row_timeout=a.row_timeout,
                               budget_s=a.budget, progress=not a.no_progress,
-                              fresh_caches=not a.keep_caches, rows_jsonl=a.rows_jsonl)
+                              fresh_caches=not a.keep_caches, rows_jsonl=a.rows_jsonl,
+                              paired=a.paired)
     if a.isolate:
         common = ["--mode", *a.mode, "--compiler", *a.compiler, "--device", a.device,
                   "--warmup", str(a.warmup), "--repeat", str(a.repeat),
@@ -81,6 +87,8 @@ def _run_bench(a) -> int:
             common.append("--keep-caches")
         if a.threads:
             common += ["--threads", str(a.threads)]
+        if a.paired:
+            common.append("--paired")
         def write_partial(partial):
             _emit(a.json, json.dumps(partial, indent=1), quiet_stdout=True)
             if a.markdown:

@@ -13,6 +13,21 @@ For one model and mode the runner builds the model once, then
    the first call of a fresh compile again (``warm_compile_s``: in-process reset,
    on-disk caches kept: Inductor's FX graph and kernel caches, coil's kernel cache).
 
+Paired timing (``paired=True``, ``coil bench --paired``). Timing each compiler against
+its own eager copy makes every row's baseline a separate measurement; on a noisy machine
+two rows' eager medians differ by tens of percent, so a ratio of two rows' speedups is
+mostly noise. Paired, for each model and mode every compiler is first compiled on its
+own copy and its first call timed and checked (as above); then all of them are warmed up
+and timed in the same rounds, ``eager, compiled_1, compiled_2, ...``, so every row's
+``speedup`` divides the same ``median(eager)`` (the rows' ``eager_ms`` are equal). A
+compiler that raises (at compile, first call, warm-up or timing) gets its error row and
+the others are timed without it; a mismatching one is timed, as unpaired. Peak memory
+and the warm compile follow per row. Each compile (first call, warm compile) runs under
+``row_timeout``; the shared warm-up + timing under ``row_timeout × (compilers timed)``
+(a compiled step still running when it fires makes its row ``timeout``, and the others
+are timed again without it). The rounds stop early after ``max_timing_s × (compilers
+timed)`` seconds of timed calls (the same time per compiler as unpaired).
+
 Every failure is confined to its row: an exception (``NotImplementedError`` from a
 layer not built yet, a backend failure, a mismatch in shapes) makes that row
 ``status="error"`` with the message; a row past ``row_timeout`` becomes
@@ -41,7 +56,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 
 from coil.bench import measure
-from coil.bench.compilers import BENCH_DEFAULT, Compiler, resolve_compiler
+from coil.bench.compilers import BENCH_DEFAULT, Compiler, StatsProbe, resolve_compiler
 from coil.bench.models import ModelSpec, default_size, flatten_outputs, reduce_to_scalar_loss, select_models
 from coil.bench.output import Progress, fmt, machine_info, meta_markdown, render_markdown, render_table
 
@@ -67,6 +82,9 @@ class BenchOptions:
     #: append each finished row as one JSON line here (so a parent process keeps the
     #: rows finished before a crash or a hang)
     rows_jsonl: Optional[str] = None
+    #: time all compilers of a model and mode in the same rounds, against one shared
+    #: eager series (see the module docstring)
+    paired: bool = False
 
 
 @dataclasses.dataclass
@@ -92,6 +110,9 @@ class Row:
     peak_mem_gb: Optional[float] = None
     eager_peak_mem_gb: Optional[float] = None
     traceback: Optional[str] = None
+    #: timed with ``--paired`` (eager_ms is the one eager series shared by the rows of
+    #: its model and mode)
+    paired: bool = False
 
 
 def resolve_device(device: str) -> torch.device:
@@ -149,29 +170,70 @@ def _detach(ts: list) -> list:
     return [t.detach().clone() for t in ts]
 
 
-# ---------------------------------------------------------------- one row
+# ---------------------------------------------------------------- one row, in pieces
 
-def run_row(compiler: Compiler, module: torch.nn.Module, args: tuple, kwargs: dict, mode: str,
-            device: torch.device, ref: list, eager_out: list, opts: BenchOptions,
-            row: Row) -> Row:
-    """Measure one compiler on one prepared model (see the module docstring). Fills
-    ``row`` in place and returns it; raises on failure (the caller records it)."""
-    dtype = _mode_dtype(mode)
-    eager_mod = _prepared_copy(module, mode, dtype)
-    test_mod = _prepared_copy(module, mode, dtype)
-    a, kw = _cast_inputs(args, dtype), _cast_inputs(kwargs, dtype)
-    eager_step = make_step(eager_mod, [p for p in eager_mod.parameters() if p.requires_grad],
-                           a, kw, mode, device)
-    params = [p for p in test_mod.parameters() if p.requires_grad]
-    timer = lambda fn: measure.time_once(fn, device)  # noqa: E731
+def _trainable(module: torch.nn.Module) -> list[torch.nn.Parameter]:
+    return [p for p in module.parameters() if p.requires_grad]
 
-    compiled, probe = compiler.compile(test_mod)
-    step = make_step(compiled, params, a, kw, mode, device)
+
+def _step_on_copy(module: torch.nn.Module, args: tuple, kwargs: dict, mode: str,
+                  device: torch.device, dtype: Optional[torch.dtype] = None,
+                  autocast: bool = True) -> Callable[[], list]:
+    """An eager step (see :func:`make_step`) on a fresh copy of ``module`` cast to
+    ``dtype`` (default: the mode's precision), inputs cast alike."""
+    dtype = dtype or _mode_dtype(mode)
+    m = _prepared_copy(module, mode, dtype)
+    return make_step(m, _trainable(m), _cast_inputs(args, dtype), _cast_inputs(kwargs, dtype),
+                     mode, device, autocast=autocast)
+
+
+def _timed_first_call(step: Callable[[], list], device: torch.device) -> tuple[float, list]:
+    """(seconds, outputs) of one call of ``step``, synchronized on both sides."""
     measure.synchronize(device)
     t0 = time.perf_counter()
-    first = step()
+    out = step()
     measure.synchronize(device)
-    cold = time.perf_counter() - t0
+    return time.perf_counter() - t0, out
+
+
+@dataclasses.dataclass
+class Prepared:
+    """One compiler's compiled step on its own copy of the model, after its first call
+    (made by :func:`prepare_row`); timing, memory and the warm compile start from it."""
+
+    compiler: Compiler
+    row: Row
+    module: torch.nn.Module  # the compiler's copy (the warm compile compiles it again)
+    make: Callable[[Any], Callable[[], list]]  # compiled callable -> step on the copy's inputs
+    step: Optional[Callable[[], list]]  # None once dropped (before the warm compile)
+    probe: StatsProbe
+    #: graphs compiled after the first call (None when the probe cannot count graphs)
+    recompiles: Optional[int] = None
+    #: what the step raised (or the RowTimeout that stopped it) in warm-up or timing
+    failure: Optional[BaseException] = None
+
+
+def prepare_row(compiler: Compiler, module: torch.nn.Module, args: tuple, kwargs: dict,
+                mode: str, device: torch.device, ref: list, eager_out: list,
+                row: Row) -> Prepared:
+    """Compile ``compiler`` on a fresh copy of ``module``, time and check its first call.
+
+    ``ref`` / ``eager_out`` are the float64 reference and the eager result (lists of
+    tensors, as a step returns them). Fills ``row``: ``cold_compile_s`` (seconds:
+    capture + compile + one run; not for ``eager``), ``graphs``, ``graph_breaks``,
+    ``status`` (pass | mismatch), ``accuracy_ratio`` and ``error`` (the mismatch, or
+    the no-graph note). Raises whatever compiling or the first call raises."""
+    dtype = _mode_dtype(mode)
+    test_mod = _prepared_copy(module, mode, dtype)
+    a, kw = _cast_inputs(args, dtype), _cast_inputs(kwargs, dtype)
+    params = _trainable(test_mod)
+
+    def make(compiled: Any) -> Callable[[], list]:
+        return make_step(compiled, params, a, kw, mode, device)
+
+    compiled, probe = compiler.compile(test_mod)
+    step = make(compiled)
+    cold, first = _timed_first_call(step, device)
     first = _detach(first)
     counts = probe.read()
     if compiler.name != "eager":
@@ -185,45 +247,233 @@ def run_row(compiler: Compiler, module: torch.nn.Module, args: tuple, kwargs: di
         row.error = verdict.reason
     elif compiler.name != "eager" and counts.graphs == 0:
         row.error = "note: no graph was compiled (the model ran eagerly)"
-    del first
+    return Prepared(compiler, row, test_mod, make, step, probe,
+                    recompiles=0 if counts.graphs is not None else None)
 
+
+def _counted(prep: Optional[Prepared], call: Callable[[], Any]) -> Any:
+    """``call()`` (which runs ``prep``'s step, or the eager step for ``prep=None``),
+    adding the graphs compiled meanwhile to ``prep.recompiles`` (the probe is read
+    outside ``call``, so outside any timer inside it) and keeping an exception raised
+    meanwhile (a RowTimeout included) in ``prep.failure``. Re-raises."""
+    if prep is None:
+        return call()
+    before = prep.probe.read().graphs
+    try:
+        return call()
+    except Exception as e:
+        prep.failure = e
+        raise
+    finally:
+        after = prep.probe.read().graphs
+        if prep.recompiles is not None and before is not None and after is not None:
+            prep.recompiles += after - before
+
+
+def time_steps(eager_step: Callable[[], list], preps: Sequence[Prepared], opts: BenchOptions,
+               device: torch.device) -> None:
+    """Warm up, then time ``eager_step`` and every prepared step in the same rounds
+    (``eager, step_1, step_2, ...``; ``opts.warmup`` untimed rounds, then up to
+    ``opts.repeat`` timed ones, stopped early once the timed calls add up to
+    ``opts.max_timing_s × len(preps)`` seconds, after at least 3 rounds).
+
+    Fills each row's ``eager_ms`` (median of the one eager series, ms; the same number
+    in every row), ``compiled_ms``, ``speedup = median(eager) / median(compiled)`` and
+    ``recompiles``. Raises what a step raises (a compiled step's exception, a RowTimeout
+    included, is also kept in its ``failure``) and ValueError for non-positive timings."""
+    steps = [eager_step] + [p.step for p in preps]
+    owner = {p.step: p for p in preps}
     for _ in range(opts.warmup):
-        eager_step()
-        step()
-    eager_t, comp_t = measure.time_interleaved([eager_step, step], opts.repeat, timer,
-                                               max_seconds=opts.max_timing_s)
-    speed = measure.summarize(eager_t, comp_t)
-    row.eager_ms, row.compiled_ms, row.speedup = speed.eager_s * 1e3, speed.compiled_s * 1e3, speed.speedup
-    after = probe.read()
-    if after.graphs is not None and counts.graphs is not None:
-        row.recompiles = after.graphs - counts.graphs
+        for fn in steps:
+            _counted(owner.get(fn), fn)
 
-    if device.type == "cuda":
-        for fn, attr in ((eager_step, "eager_peak_mem_gb"), (step, "peak_mem_gb")):
-            measure.synchronize(device)
-            torch.cuda.reset_peak_memory_stats(device)
-            fn()
-            measure.synchronize(device)
-            setattr(row, attr, torch.cuda.max_memory_allocated(device) / 2**30)
+    def timer(fn):
+        return _counted(owner.get(fn), lambda: measure.time_once(fn, device))
 
-    if opts.warm_compile and compiler.name != "eager":
-        del compiled, step
-        compiler.reset()
-        compiled2, _ = compiler.compile(test_mod)
-        step2 = make_step(compiled2, params, a, kw, mode, device)
-        measure.synchronize(device)
-        t0 = time.perf_counter()
-        step2()
-        measure.synchronize(device)
-        row.warm_compile_s = time.perf_counter() - t0
+    max_s = None if opts.max_timing_s is None else opts.max_timing_s * len(preps)
+    times = measure.time_interleaved(steps, opts.repeat, timer, max_seconds=max_s)
+    for p, compiled_t in zip(preps, times[1:]):
+        speed = measure.summarize(times[0], compiled_t)
+        p.row.eager_ms, p.row.compiled_ms = speed.eager_s * 1e3, speed.compiled_s * 1e3
+        p.row.speedup, p.row.recompiles = speed.speedup, p.recompiles
+
+
+def _peak_gb(step: Callable[[], list], device: torch.device) -> float:
+    """Peak CUDA memory allocated during one call of ``step``, GiB."""
+    measure.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    step()
+    measure.synchronize(device)
+    return torch.cuda.max_memory_allocated(device) / 2**30
+
+
+def measure_memory(eager_step: Callable[[], list], preps: Sequence[Prepared],
+                   device: torch.device) -> None:
+    """Fill ``eager_peak_mem_gb`` (one eager step, the same number in every row) and
+    ``peak_mem_gb`` (one step of each prep), GiB. Does nothing off CUDA."""
+    if device.type != "cuda":
+        return
+    eager = _peak_gb(eager_step, device)
+    for p in preps:
+        p.row.eager_peak_mem_gb, p.row.peak_mem_gb = eager, _peak_gb(p.step, device)
+
+
+def warm_compile(prep: Prepared, opts: BenchOptions, device: torch.device) -> None:
+    """``warm_compile_s``: seconds of the first call of a fresh compile after
+    ``compiler.reset()`` (in-memory caches dropped, disk caches kept). Drops
+    ``prep.step``. Skipped for ``eager`` and without ``opts.warm_compile``; raises what
+    compiling or the call raises."""
+    prep.step = None
+    if not opts.warm_compile or prep.compiler.name == "eager":
+        return
+    prep.compiler.reset()
+    compiled, _ = prep.compiler.compile(prep.module)
+    prep.row.warm_compile_s, _ = _timed_first_call(prep.make(compiled), device)
+
+
+def run_row(compiler: Compiler, module: torch.nn.Module, args: tuple, kwargs: dict, mode: str,
+            device: torch.device, ref: list, eager_out: list, opts: BenchOptions,
+            row: Row) -> Row:
+    """Measure one compiler on one model against its own eager copy (see the module
+    docstring). Fills ``row`` in place and returns it; raises on failure (the caller
+    records it)."""
+    eager_step = _step_on_copy(module, args, kwargs, mode, device)
+    prep = prepare_row(compiler, module, args, kwargs, mode, device, ref, eager_out, row)
+    time_steps(eager_step, [prep], opts, device)
+    measure_memory(eager_step, [prep], device)
+    warm_compile(prep, opts, device)
     return row
+
+
+# ---------------------------------------------------------------- failures and limits
+
+def _time_limit_s(opts: BenchOptions, deadline: Optional[float], rows: int = 1) -> Optional[float]:
+    """Seconds allowed for work standing for ``rows`` rows: ``row_timeout × rows``,
+    capped at the time left before ``deadline`` (monotonic) + 60 s. None: no limit."""
+    limit = opts.row_timeout * rows if opts.row_timeout else None
+    if deadline is not None:
+        limit = min(limit or 1e9, max(deadline - time.monotonic(), 1.0) + 60.0)
+    return limit
+
+
+def _record_failure(row: Row, e: BaseException, limit: Optional[float]) -> None:
+    """Make ``row`` ``timeout`` (``e`` is a RowTimeout, maybe wrapped) or ``error``,
+    with the one-line message and the traceback's last 4000 characters."""
+    timed_out = measure.is_timeout(e)
+    row.status = "timeout" if timed_out else "error"
+    row.error = (f"timed out after {limit or 0:.0f} s" if timed_out
+                 else measure.short_error(e))
+    row.traceback = "".join(traceback.format_exception(e))[-4000:]
+
+
+def _past(deadline: Optional[float]) -> bool:
+    return deadline is not None and time.monotonic() > deadline
+
+
+def _cleanup(compilers: Sequence[Compiler], device: torch.device) -> None:
+    """Drop the compilers' in-memory caches and free memory between rows."""
+    for c in compilers:
+        c.reset()
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+# ---------------------------------------------------------------- --paired
+
+def _time_paired(eager_step: Callable[[], list], preps: Sequence[Prepared],
+                 opts: BenchOptions, device: torch.device,
+                 deadline: Optional[float]) -> list[Prepared]:
+    """:func:`time_steps` over ``preps`` under ``row_timeout × len(preps)`` seconds. A
+    compiled step that raises or runs past the limit makes its row ``error`` /
+    ``timeout`` and the rest are timed again without it (with a new limit); a failure
+    of no single compiled step (the eager step) fails every row still in. Returns the
+    preps timed; raises nothing."""
+    live = list(preps)
+    while live:
+        limit = _time_limit_s(opts, deadline, len(live))
+        try:
+            with measure.time_limit(limit):
+                time_steps(eager_step, live, opts, device)
+            return live
+        except Exception as e:
+            culprits = [p for p in live if p.failure is not None] or list(live)
+            for p in culprits:
+                _record_failure(p.row, p.failure or e, limit)
+                live.remove(p)
+    return live
+
+
+def _paired_rows(built: Any, mode: str, device: torch.device, compilers: Sequence[Compiler],
+                 rows: Sequence[Row], ref: list, eager_out: list, opts: BenchOptions,
+                 deadline: Optional[float], progress: Progress) -> None:
+    """``--paired``: fill ``rows`` (one per compiler, same order) for one built model
+    (``built.module/args/kwargs``) and mode; ``ref`` / ``eager_out`` as for
+    :func:`prepare_row`. Failures stay in their rows; nothing is raised.
+
+    1. each compiler, under the row time limit: :func:`prepare_row` (a failure makes
+       that row error/timeout and leaves it out of the rest);
+    2. warm-up and timing of the eager step and all prepared steps in the same rounds
+       (:func:`_time_paired`: one shared eager series), then peak memory, each under
+       ``row_timeout × (compilers timed)``;
+    3. each timed row's warm compile, under the row time limit (skipped past the
+       budget's deadline)."""
+    label = f"{rows[0].model}/{mode}" if rows else mode
+    eager_step = _step_on_copy(built.module, built.args, built.kwargs, mode, device)
+    preps: list[Prepared] = []
+    for compiler, row in zip(compilers, rows):
+        if _past(deadline):
+            row.status, row.error = "skipped", "time budget used up"
+            continue
+        progress.show(f"{label}/{compiler.name}: compiling")
+        limit = _time_limit_s(opts, deadline)
+        try:
+            with measure.time_limit(limit):
+                preps.append(prepare_row(compiler, built.module, built.args, built.kwargs,
+                                         mode, device, ref, eager_out, row))
+        except Exception as e:
+            _record_failure(row, e, limit)
+    if preps:
+        progress.show(f"{label}: timing {len(preps)} compilers in shared rounds")
+        preps = _time_paired(eager_step, preps, opts, device, deadline)
+    if preps:
+        limit = _time_limit_s(opts, deadline, len(preps))
+        try:
+            with measure.time_limit(limit):
+                measure_memory(eager_step, preps, device)
+        except Exception as e:
+            for p in preps:
+                _record_failure(p.row, e, limit)
+            preps = []
+    for p in preps:
+        p.step = None  # free the compiled models before compiling again
+    for p in preps:
+        if _past(deadline):
+            p.row.error = p.row.error or "note: warm compile skipped (time budget used up)"
+            continue
+        progress.show(f"{label}/{p.compiler.name}: warm compile")
+        limit = _time_limit_s(opts, deadline)
+        try:
+            with measure.time_limit(limit):
+                warm_compile(p, opts, device)
+        except Exception as e:
+            _record_failure(p.row, e, limit)
 
 
 # ---------------------------------------------------------------- the suite
 
+def _reference_outputs(built: Any, mode: str, device: torch.device) -> tuple[list, list]:
+    """(float64 reference, eager result in the mode's precision): detached lists of
+    tensors from one step of fresh copies of ``built.module``."""
+    ref = _detach(_step_on_copy(built.module, built.args, built.kwargs, mode, device,
+                                torch.float64, autocast=False)())
+    eager_out = _detach(_step_on_copy(built.module, built.args, built.kwargs, mode, device)())
+    return ref, eager_out
+
+
 def _rows_for(spec: ModelSpec, mode: str, device: torch.device, compilers: list[Compiler],
               opts: BenchOptions, deadline: Optional[float], progress: Progress) -> list[Row]:
-    rows = [Row(spec.name, mode, device.type, c.name) for c in compilers]
+    rows = [Row(spec.name, mode, device.type, c.name, paired=opts.paired) for c in compilers]
 
     def finish(row: Row, label: str) -> None:
         progress.advance(f"{spec.name}/{mode}/{row.compiler}: {label}")
@@ -231,7 +481,7 @@ def _rows_for(spec: ModelSpec, mode: str, device: torch.device, compilers: list[
             with open(opts.rows_jsonl, "a") as f:
                 f.write(json.dumps(dataclasses.asdict(row)) + "\n")
 
-    if deadline is not None and time.monotonic() > deadline:
+    if _past(deadline):
         for r in rows:
             r.status, r.error = "skipped", "time budget used up"
             finish(r, "skipped")
@@ -244,49 +494,41 @@ def _rows_for(spec: ModelSpec, mode: str, device: torch.device, compilers: list[
     progress.show(f"{spec.name}/{mode}: building, fp64 reference")
     try:
         built = spec.build(device, opts.size or default_size(device))
-        dtype = _mode_dtype(mode)
-        ref_mod = _prepared_copy(built.module, mode, torch.float64)
-        ref = _detach(make_step(ref_mod, [p for p in ref_mod.parameters() if p.requires_grad],
-                                _cast_inputs(built.args, torch.float64),
-                                _cast_inputs(built.kwargs, torch.float64), mode, device,
-                                autocast=False)())
-        del ref_mod
-        low = _prepared_copy(built.module, mode, dtype)
-        eager_out = _detach(make_step(low, [p for p in low.parameters() if p.requires_grad],
-                                      _cast_inputs(built.args, dtype),
-                                      _cast_inputs(built.kwargs, dtype), mode, device)())
-        del low
+        ref, eager_out = _reference_outputs(built, mode, device)
     except Exception as e:
         for r in rows:
             r.status, r.error = "error", "eager/reference run failed: " + measure.short_error(e)
             r.traceback = traceback.format_exc()[-4000:]
             finish(r, "error")
         return rows
+    for row in rows:
+        row.config = built.config
+
+    if opts.paired:
+        try:
+            _paired_rows(built, mode, device, compilers, rows, ref, eager_out, opts, deadline,
+                         progress)
+        finally:
+            _cleanup(compilers, device)
+        for row in rows:
+            finish(row, row.status)
+        return rows
 
     for compiler, row in zip(compilers, rows):
-        row.config = built.config
-        if deadline is not None and time.monotonic() > deadline:
+        if _past(deadline):
             row.status, row.error = "skipped", "time budget used up"
             finish(row, "skipped")
             continue
         progress.show(f"{spec.name}/{mode}/{compiler.name}: compiling")
-        limit = opts.row_timeout
-        if deadline is not None:
-            limit = min(limit or 1e9, max(deadline - time.monotonic(), 1.0) + 60.0)
+        limit = _time_limit_s(opts, deadline)
         try:
             with measure.time_limit(limit):
                 run_row(compiler, built.module, built.args, built.kwargs, mode, device, ref,
                         eager_out, opts, row)
         except Exception as e:
-            timed_out = measure.is_timeout(e)
-            row.status = "timeout" if timed_out else "error"
-            row.error = f"timed out after {limit:.0f} s" if timed_out else measure.short_error(e)
-            row.traceback = traceback.format_exc()[-4000:]
+            _record_failure(row, e, limit)
         finally:
-            compiler.reset()
-            gc.collect()
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
+            _cleanup([compiler], device)
         finish(row, row.status)
     return rows
 
@@ -313,7 +555,7 @@ def run_bench(opts: BenchOptions) -> dict:
             raise ValueError(f"unknown mode {m!r}; valid: {', '.join(MODES)}")
     meta = machine_info()
     meta.update(device=device.type, size=opts.size or default_size(device), repeat=opts.repeat,
-                warmup=opts.warmup)
+                warmup=opts.warmup, paired=opts.paired)
     if opts.fresh_caches:
         meta["cache_dir"] = _fresh_caches()
     deadline = time.monotonic() + opts.budget_s if opts.budget_s else None
@@ -340,21 +582,25 @@ def run_bench_isolated(opts: BenchOptions, argv_common: list[str],
                        on_model: Optional[Callable[[dict], None]] = None) -> dict:
     """Run each model in its own ``coil bench`` subprocess. Rows stream back through a
     JSON-lines file, so a crash or a hang loses only the rows not finished yet, which
-    are reported as ``error`` / ``timeout`` with the reason."""
+    are reported as ``error`` / ``timeout`` with the reason. All compilers of a model share
+    its subprocess, so ``argv_common`` may carry ``--paired`` (then a model's watchdog
+    allows 3 × row_timeout per row: each row's compile, its share of the timing rounds
+    and its warm compile have a row_timeout each)."""
     device = resolve_device(opts.device)
     specs = select_models(opts.models)
     meta = machine_info()
     meta.update(device=device.type, size=opts.size or default_size(device), isolated=True,
-                repeat=opts.repeat, warmup=opts.warmup)
+                repeat=opts.repeat, warmup=opts.warmup, paired=opts.paired)
     deadline = time.monotonic() + opts.budget_s if opts.budget_s else None
     rows: list[dict] = []
     progress = Progress(len(specs), opts.progress)
-    per_model = len(opts.modes) * len(opts.compilers) * (opts.row_timeout or 600.0) + 120
+    per_row = (opts.row_timeout or 600.0) * (3 if opts.paired else 1)
+    per_model = len(opts.modes) * len(opts.compilers) * per_row + 120
     for spec in specs:
         left = None if deadline is None else deadline - time.monotonic()
         if left is not None and left <= 0:
             rows += [dataclasses.asdict(Row(spec.name, m, device.type, c, status="skipped",
-                                            error="time budget used up"))
+                                            error="time budget used up", paired=opts.paired))
                      for m in opts.modes for c in opts.compilers]
             progress.advance(f"{spec.name}: skipped")
             continue
@@ -387,7 +633,8 @@ def run_bench_isolated(opts: BenchOptions, argv_common: list[str],
                                for k in have):
                         got.append(dataclasses.asdict(Row(
                             spec.name, m, device.type, c, status=status,
-                            error=err or "no result from the subprocess")))
+                            error=err or "no result from the subprocess",
+                            paired=opts.paired)))
             mode_rank = {m: i for i, m in enumerate(opts.modes)}
             got.sort(key=lambda r: mode_rank.get(r["mode"], 99))
             rows += got
@@ -429,9 +676,22 @@ def summary(rows: list[dict]) -> list[dict]:
     return out
 
 
+PAIRED_NOTE = ("timing: paired (--paired): per model and mode, one eager series and every "
+               "compiler's steps timed in the same interleaved rounds; the speedups share "
+               "that baseline")
+
+
+def is_paired(result: dict) -> bool:
+    """Whether ``result``'s rows were timed paired (its meta says so, or any row does)."""
+    return bool(result.get("meta", {}).get("paired")
+                or any(r.get("paired") for r in result["rows"]))
+
+
 def format_text(result: dict) -> str:
     rows = result["rows"]
     text = render_table(HEADERS, [_cells(r) for r in rows])
+    if is_paired(result):
+        text = PAIRED_NOTE + "\n\n" + text
     summ = summary(rows)
     text += "\n\n" + render_table(
         ["mode", "compiler", "pass", "errors", "mismatch", "geomean speedup"],
@@ -447,13 +707,15 @@ def format_text(result: dict) -> str:
 def format_markdown(result: dict) -> str:
     rows = result["rows"]
     summ = summary(rows)
-    parts = [meta_markdown(result["meta"]), "",
-             render_markdown(["mode", "compiler", "pass", "errors", "mismatch",
-                              "geomean speedup (passing rows)"],
-                             [[s["mode"], s["compiler"], f"{s['pass']}/{s['rows']}",
-                               str(s["errors"]), str(s["mismatches"]),
-                               fmt(s["geomean_speedup"], ".2f")] for s in summ]),
-             "", render_markdown(HEADERS, [_cells(r) for r in rows])]
+    parts = [meta_markdown(result["meta"]), ""]
+    if is_paired(result):
+        parts += [f"**{PAIRED_NOTE}.**", ""]
+    parts += [render_markdown(["mode", "compiler", "pass", "errors", "mismatch",
+                               "geomean speedup (passing rows)"],
+                              [[s["mode"], s["compiler"], f"{s['pass']}/{s['rows']}",
+                                str(s["errors"]), str(s["mismatches"]),
+                                fmt(s["geomean_speedup"], ".2f")] for s in summ]),
+              "", render_markdown(HEADERS, [_cells(r) for r in rows])]
     errors = [r for r in rows if r["error"] and r["status"] != "skipped"]
     if errors:
         parts += ["", "Errors, mismatches and notes:", ""]

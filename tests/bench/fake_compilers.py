@@ -65,6 +65,44 @@ def _crash(fn, probe):
     os._exit(5)
 
 
+def _after_first_call(then):
+    """A compile_with whose functions run correctly once, then call ``then(n)`` first
+    on every later (n-th) call."""
+    def compile_with(fn, probe):
+        calls = [0]
+
+        def run(*a, **k):
+            calls[0] += 1
+            if calls[0] > 1:
+                then(calls[0])
+            return fn(*a, **k)
+        return run
+    return compile_with
+
+
+def _raise_on(n):
+    raise RuntimeError(f"fails on call {n}")
+
+
+def _hangs(fn, probe):
+    """Compiles for 30 s (interruptible by the row's SIGALRM)."""
+    time.sleep(30)
+    return fn
+
+
+#: the tag of every call of a RECORD_A / RECORD_B compiled function, in order
+CALLS = []
+
+
+def _recorder(tag):
+    def compile_with(fn, probe):
+        def run(*a, **k):
+            CALLS.append(tag)
+            return fn(*a, **k)
+        return run
+    return compile_with
+
+
 CRASH = Compiler("crash", "none", "kills the process", _crash)
 WRONG = Compiler("wrong", "none", "adds 0.1 to outputs", _wrong)
 RAISES = Compiler("raises", "none", "raises NotImplementedError", _raises)
@@ -72,3 +110,10 @@ SLOW = Compiler("slow", "none", "sleeps 20 ms per call", _slow)
 IDENTITY = Compiler("identity", "none", "no compilation", _identity)
 TORCH_EAGER = Compiler("torch_eager", "torch", "torch capture, eager backend", _torch_eager)
 BY_OP = Compiler("by_op", "none", "crash on cos, hang on tan", _by_op)
+FAILS_LATER = Compiler("fails_later", "none", "raises from the second call on",
+                       _after_first_call(_raise_on))
+HANGS_LATER = Compiler("hangs_later", "none", "sleeps 30 s from the second call on",
+                       _after_first_call(lambda n: time.sleep(30)))
+HANGS = Compiler("hangs", "none", "compiles for 30 s", _hangs)
+RECORD_A = Compiler("record_a", "none", "appends 'a' to CALLS per call", _recorder("a"))
+RECORD_B = Compiler("record_b", "none", "appends 'b' to CALLS per call", _recorder("b"))

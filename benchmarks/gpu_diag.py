@@ -14,6 +14,11 @@ traceback is printed for a failing backend.
 ``profile``: times ``bf16`` inference with ``torch.profiler`` for eager, coil and
 torch.compile and prints the 25 most expensive CUDA kernels of each (µs per step), and
 the number of kernel launches per step.
+
+``host``: bf16 inference wall and host time per step for coil and torch.compile, and
+coil's cProfile (own time per function) — where the launch overhead goes.
+``hostab``: the same host times for torch.compile and coil variants, timed in shared
+rounds in one process (an A/B that the host CPU's drift cannot skew).
 """
 from __future__ import annotations
 
@@ -161,10 +166,146 @@ def profile(name: str, train: bool = False) -> None:
             print(f"    {getattr(e, key) / steps:9.1f} µs  x{e.count // steps:<4d} {e.key[:150]}")
 
 
+def host(name: str) -> None:
+    """Where the host time of a bf16 inference step goes, per compiler.
+
+    Prints, per compiler in ``DIAG_COMPILERS``: wall ms per step (synchronized), host ms
+    per step (the Python call alone, queued behind an idle GPU: what the CPU spends
+    launching) and, for coil, the 30 functions with the most own time under cProfile
+    (tottime per step, µs), so the cost per launch, per extern call, per allocation and
+    of guards can be read off."""
+    import cProfile
+    import io
+    import os
+    import pstats
+    import time
+
+    dev = torch.device("cuda")
+    spec = select_models([name])[0]
+    built = spec.build(dev, default_size(dev))
+    base = built.module.eval().to(torch.bfloat16)
+    args, kwargs = _cast(built.args, torch.bfloat16), _cast(built.kwargs, torch.bfloat16)
+    for how in os.environ.get("DIAG_COMPILERS", "coil inductor").split():
+        import coil
+        coil.reset()
+        torch._dynamo.reset()
+        m = copy.deepcopy(base)
+        fn = _compile(m, how)
+
+        def step():
+            with torch.no_grad():
+                return fn(*args, **kwargs)
+
+        for _ in range(5):
+            step()
+        torch.cuda.synchronize()
+        steps = 30
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+        wall = (time.perf_counter() - t0) / steps * 1e3
+        hosts = []
+        for _ in range(steps):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            step()
+            hosts.append(time.perf_counter() - t0)
+        torch.cuda.synchronize()
+        hosts.sort()
+        print(f"\n[{name} host] {how}: wall {wall:.2f} ms per step, host {hosts[len(hosts) // 2] * 1e3:.2f} ms "
+              f"per step (median; min {hosts[0] * 1e3:.2f})")
+        if how == "inductor":
+            continue
+        pr = cProfile.Profile()
+        pr.enable()
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+        pr.disable()
+        buf = io.StringIO()
+        st = pstats.Stats(pr, stream=buf)
+        st.sort_stats("tottime").print_stats(30)
+        for line in buf.getvalue().splitlines():
+            print("    " + line)
+
+
+def hostab(name: str) -> None:
+    """A/B of host time per bf16 inference step in one process, timed in rounds so that
+    the host CPU's drift hits every variant alike: torch.compile, coil, coil with
+    ``conv_channels_last``, coil without ``triton_direct_launch``. Prints per variant the
+    median wall ms (synchronized) and host ms (the Python call alone) over 40 rounds,
+    and the guard's own time per call (µs, coil). For ResNet-50 also the host µs per
+    ``torch.convolution`` call, NCHW vs channels-last, on a 3x3 bf16 layer."""
+    import statistics
+    import time
+    import coil
+    from coil.config import config
+
+    dev = torch.device("cuda")
+    spec = select_models([name])[0]
+    built = spec.build(dev, default_size(dev))
+    base = built.module.eval().to(torch.bfloat16)
+    args, kwargs = _cast(built.args, torch.bfloat16), _cast(built.kwargs, torch.bfloat16)
+    variants = {"inductor": {}, "coil": {}, "coil_cl": {"conv_channels_last": True},
+                "coil_nodirect": {"triton_direct_launch": False}}
+    fns = {}
+    for tag, opts in variants.items():
+        m = copy.deepcopy(base)
+        f = eval("lambda *a, **k: m(*a, **k)", {"m": m})  # a code object of its own
+        fn = torch.compile(f) if tag == "inductor" else coil.compile(f)
+        old = {k: getattr(config, k) for k in opts}
+        for k, v in opts.items():
+            setattr(config, k, v)
+        try:
+            with torch.no_grad():
+                for _ in range(3):
+                    fn(*args, **kwargs)
+        finally:
+            for k, v in old.items():
+                setattr(config, k, v)
+        torch.cuda.synchronize()
+        fns[tag] = fn
+    wall = {t: [] for t in fns}
+    host = {t: [] for t in fns}
+    with torch.no_grad():
+        for _ in range(40):
+            for t, fn in fns.items():
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                fn(*args, **kwargs)
+                t1 = time.perf_counter()
+                torch.cuda.synchronize()
+                t2 = time.perf_counter()
+                host[t].append(t1 - t0)
+                wall[t].append(t2 - t0)
+    for t in fns:
+        print(f"[{name} hostab] {t}: wall {statistics.median(wall[t]) * 1e3:.2f} ms, "
+              f"host {statistics.median(host[t]) * 1e3:.2f} ms (median of 40 rounds)")
+    if "resnet" in name:
+        x = torch.randn(32, 256, 14, 14, device=dev, dtype=torch.bfloat16)
+        w = torch.randn(256, 256, 3, 3, device=dev, dtype=torch.bfloat16)
+        for tag, xx, ww in (("nchw", x, w),
+                            ("channels_last", x.to(memory_format=torch.channels_last),
+                             w.to(memory_format=torch.channels_last))):
+            with torch.no_grad():
+                for _ in range(20):
+                    torch.convolution(xx, ww, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                for _ in range(200):
+                    torch.convolution(xx, ww, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
+                t1 = time.perf_counter()
+                torch.cuda.synchronize()
+                t2 = time.perf_counter()
+            print(f"[conv host] {tag}: host {(t1 - t0) / 200 * 1e6:.1f} µs per call, "
+                  f"wall {(t2 - t0) / 200 * 1e6:.1f} µs per call")
+
+
 def main(argv: list[str]) -> None:
     what, names = argv[0], argv[1:]
     for n in names:
-        {"grads": grads, "profile": profile,
+        {"grads": grads, "profile": profile, "host": host, "hostab": hostab,
          "profile-train": lambda n: profile(n, train=True)}[what](n)
 
 

@@ -74,6 +74,11 @@ class Config:
     #: Launch compiled Triton kernels through their low-level launcher after the first
     #: call (skips Triton's per-call argument binding; GPU only).
     triton_fast_launch: bool = True
+    #: With ``triton_fast_launch``: after a first call with every pointer 16-byte
+    #: aligned, launch through generated code of the kernel's arity (one ``|`` of the
+    #: data pointers as the alignment check) and, on Triton versions where that is
+    #: possible, call the C launch function directly (runtime/triton_runtime.py).
+    triton_direct_launch: bool = True
     #: Use the min-cut partitioner for training graphs ("min_cut") or save what the
     #: backward reads ("default").
     partitioner: str = "min_cut"
@@ -94,8 +99,10 @@ class Config:
     #: inputs, their outputs and the pointwise buffers computed from them are laid out
     #: (N, H, W, C) in memory, so cuDNN needs no NCHW<->NHWC transposes; in training the
     #: saved activations stay NHWC and the backward is compiled for that (see
-    #: ir/graph.py, docs/ir.md). Off by default until measured on a GPU (BENCHMARKS.md).
-    conv_channels_last: bool = False
+    #: ir/graph.py, docs/ir.md). On by default since session 5's A/B on an H200
+    #: (BENCHMARKS.md): ResNet-50 bf16 inference 3.03 -> 2.64 ms per step; cuDNN's host
+    #: time per 3x3 bf16 convolution is 15 µs channels-last against 28 µs NCHW.
+    conv_channels_last: bool = True
     #: Fuse nodes in the scheduler. Off gives one kernel per buffer (debugging).
     fusion: bool = True
     #: Record CUDA graphs (mode="reduce-overhead" turns this on). Not implemented yet:

@@ -37,7 +37,10 @@ def ensure_layout(t: torch.Tensor, size, stride) -> torch.Tensor:
     never read, so None passes through."""
     if t is None:
         return t
-    if all(a == b or n == 1 for a, b, n in zip(t.stride(), stride, size)):
+    st = t.stride()
+    if st == stride:  # the common case: one tuple comparison
+        return t
+    if all(a == b or n == 1 for a, b, n in zip(st, stride, size)):
         return t
     out = torch.empty_strided(size, stride, dtype=t.dtype, device=t.device)
     out.copy_(t)
@@ -203,7 +206,10 @@ class WrapperCodegen:
                 b = s.buffer
                 if isinstance(b, ExternKernel):
                     padded = getattr(b, "padded_matmul", False)
-                    op = self._global("extern", b.op)
+                    # an OpOverload's __call__ only forwards to its C++ ``_op``: bind
+                    # that directly (one Python frame less per extern call)
+                    op = self._global("extern", getattr(b.op, "_op", b.op)
+                                      if isinstance(b.op, torch._ops.OpOverload) else b.op)
                     args = [self._arg(a) for a in b.args]
                     args += [f"{k_}={self._arg(v)}" for k_, v in b.kwargs.items()]
                     if padded:  # mm/addmm into a row-padded buffer (ir/graph.py)

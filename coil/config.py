@@ -66,6 +66,12 @@ class Config:
     #: Triton: reductions of at most this many elements per output run persistent (one
     #: block holds the whole row); longer ones loop over the row.
     triton_persistent_rnumel: int = 4096
+    #: Streaming multiprocessors the CUDA split-reduction rule plans for: a reduction
+    #: over the innermost dims with at least this many output rows is not split into
+    #: partial reductions (``_split_decision`` in ir/lowering.py, docs/codegen.md). 0: the
+    #: device's own count (``torch.cuda.get_device_properties``), or 132 (an H200) when
+    #: no CUDA device can be asked.
+    gpu_sm_count: int = 0
     #: Triton: leave ``xmask`` / ``rmask`` out of loads, stores and reduction guards when
     #: every launch config's XBLOCK / RBLOCK divides numel / rnumel (all lanes in range;
     #: decided per kernel from the runtime's candidate configs, logged in the kernel's

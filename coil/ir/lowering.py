@@ -14,11 +14,14 @@ concatenation and creation ops live in :mod:`coil.ir.lowering_views`; reductions
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, Optional, Sequence
 
 import sympy
 import torch
 
+from coil import trace
+from coil.config import config
 from coil.ir.nodes import (Pointwise, Reduction, TensorBox, current_graph)
 from coil.ir.symbols import as_expr
 from coil.ir.virtualized import compute_dtype, ops
@@ -409,7 +412,7 @@ def make_reduction(x: TensorBox, dims, keepdim: bool, reduction_type: str,
         # "leading": the reduction is not over the innermost dim, so the kernel tiles
         # many outputs along contiguous memory (x.sum(0), x[a, r, c].sum(1))
         leading = dims[-1] < (kept[0] if kept else nd) or (kept[-1] == nd - 1 if kept else False)
-        split = _split_factor(ranges, numel_r, reduction_type, leading)
+        split, reason = _split_decision(ranges, numel_r, reduction_type, leading, dev)
         if split > 1:
             box = _split_reduction(dev, dtype, sdt, inner, ranges, rranges, numel_r, split,
                                    reduction_type, leading=leading)
@@ -417,6 +420,8 @@ def make_reduction(x: TensorBox, dims, keepdim: bool, reduction_type: str,
             red = Reduction(dev, dtype, inner, ranges, rranges, reduction_type, sdt)
             box = TensorBox(StorageBox(red))
             box.data.realize()
+        if reason not in _UNLOGGED_SPLIT_REASONS and trace.enabled():
+            _log_split(box, dev, reduction_type, ranges, numel_r, leading, split, reason)
     if keepdim:
         from coil.ir.lowering_views import view_reshape
         box = view_reshape(box, _kept_size(size, dims, True))
@@ -427,8 +432,16 @@ def make_reduction(x: TensorBox, dims, keepdim: bool, reduction_type: str,
 SPLITTABLE = {"sum": "sum", "prod": "prod", "max": "max", "min": "min", "any": "any"}
 
 
-def _split_factor(ranges, numel_r: int, reduction_type: str, leading: bool = False) -> int:
-    """How many partial reductions to run per output (1: no split).
+def _split_factor(ranges, numel_r: int, reduction_type: str, leading: bool = False,
+                  device: Optional[torch.device] = None) -> int:
+    """How many partial reductions to run per output (1: no split); see
+    :func:`_split_decision`."""
+    return _split_decision(ranges, numel_r, reduction_type, leading, device)[0]
+
+
+def _split_decision(ranges, numel_r: int, reduction_type: str, leading: bool = False,
+                    device: Optional[torch.device] = None) -> tuple[int, str]:
+    """``(S, reason)``: ``S`` partial reductions per output (1: no split) and why.
 
     Few outputs with long reductions (a full ``x.sum()``, ``bias_grad = g.sum(0)``)
     would run on too few programs; split the reduction in ``S`` chunks (a power of
@@ -444,12 +457,23 @@ def _split_factor(ranges, numel_r: int, reduction_type: str, leading: bool = Fal
     For leading reductions and for at most :data:`RAGGED_SPLIT_MAX_OUTPUTS` outputs,
     ``S`` need not divide the reduction: the last chunk is then ragged (masked in
     :func:`_split_reduction`), so ``x[32001, 4096].sum(0)`` or a full sum over an odd
-    count are split too (they ran on 32 programs, resp. one)."""
-    if reduction_type not in SPLITTABLE or numel_r < (2048 if leading else 4096):
-        return 1
-    numel_out = 1
-    for r in ranges:
-        numel_out *= int(r)
+    count are split too (they ran on 32 programs, resp. one).
+
+    On a GPU (:data:`_GPU_SPLIT_DEVICES`) a reduction over the innermost dims (not
+    ``leading``: one program walks one output row) is split only when its rows cannot
+    fill the GPU and are long: fewer rows than SMs (:func:`gpu_sm_count`) and at
+    least :data:`GPU_SPLIT_MIN_RNUMEL` elements per row. With a row for every SM,
+    every SM streams from the first moment, and a split only adds launches, a round
+    trip of the partials through memory, and unfuses the row's other reductions
+    (softmax of 256 x 8192 fp32 on an H200: coil's split plan ran 1.86x slower in
+    CUDA-graph replay than torch.compile's single unsplit looped kernel, one program
+    per row). Leading and full reductions keep the rules above, and so does every
+    reduction on the CPU."""
+    if reduction_type not in SPLITTABLE:
+        return 1, "not_splittable"
+    if numel_r < (2048 if leading else 4096):
+        return 1, "short_reduction"
+    numel_out = _numel(ranges)
     if leading and 1024 <= numel_out < 32768:
         s = 1
         while numel_out * s * 2 <= 65536 and numel_r // (s * 2) >= 1024:
@@ -459,9 +483,14 @@ def _split_factor(ranges, numel_r: int, reduction_type: str, leading: bool = Fal
         # ran unsplit on 32 programs of a 132-SM H200 (~0.9 TB/s)
         while numel_out * s < 4096 and numel_r // (s * 2) >= 512:
             s *= 2
-        return s if s >= 2 else 1
+        return (s if s >= 2 else 1), "leading_few_programs"
     if numel_out >= 4096:
-        return 1
+        return 1, "many_outputs"
+    if not leading and _gpu_split_rule(device):
+        if numel_out >= gpu_sm_count(device):
+            return 1, "gpu_rows_fill_sms"
+        if numel_r < GPU_SPLIT_MIN_RNUMEL:
+            return 1, "gpu_rows_short"
     # chunks of equal size; a ragged last chunk only for full reductions (one output:
     # unsplit, one program does all the work). A few long rows keep the exact rule, so
     # their reductions stay fused (softmax's max and sum in one kernel)
@@ -470,7 +499,64 @@ def _split_factor(ranges, numel_r: int, reduction_type: str, leading: bool = Fal
     while (not exact or numel_r % (s * 2) == 0) and numel_out * s * 2 <= 8192 \
             and numel_r // (s * 2) >= 512:
         s *= 2
-    return s if s >= 4 else 1
+    return (s if s >= 4 else 1), "few_outputs"
+
+
+def _numel(ranges) -> int:
+    n = 1
+    for r in ranges:
+        n *= int(r)
+    return n
+
+
+#: Device types whose reductions follow the GPU split rule (:func:`_split_decision`);
+#: tests add "cpu" to plan a CPU graph like a CUDA one.
+_GPU_SPLIT_DEVICES = ("cuda",)
+
+#: On a GPU, rows shorter than this are not split even when there are fewer rows than
+#: SMs. With fewer rows than SMs every program runs at once, so the unsplit kernel
+#: takes about as long as one program streaming one row (latency-bound, proportional
+#: to the row's length), while a split plan of such small tensors costs mostly its
+#: extra launches. On an H200, softmax over 256 rows of 8192 fp32 (32 KiB) ran 1.86x
+#: faster as one unsplit kernel (torch.compile) than as coil's split plan, so the
+#: break-even is estimated near 1.86 * 8192 ~ 15k elements; from 16384 elements on,
+#: a few rows are split (128 x 32768, 64 x 65536; neither measured).
+GPU_SPLIT_MIN_RNUMEL = 16384
+
+#: SMs assumed when no CUDA device can be asked (an H200; ``config.gpu_sm_count``).
+DEFAULT_SM_COUNT = 132
+
+#: Decisions not logged as ``reduction_split`` events (every small reduction has one).
+_UNLOGGED_SPLIT_REASONS = ("not_splittable", "short_reduction")
+
+
+def _log_split(box, dev, reduction_type, ranges, numel_r, leading, split, reason) -> None:
+    """The ``reduction_split`` compile-log event of one reduction (``box``: its result)."""
+    gpu = _gpu_split_rule(dev)
+    trace.log("reduction_split", stage="lowering", buffer=box.data.realize().get_name(),
+              device=str(dev), reduction_type=reduction_type, outputs=_numel(ranges),
+              rnumel=numel_r, leading=leading, split=split, chunk=-(-numel_r // split),
+              rule="gpu" if gpu else "cpu", sm_count=gpu_sm_count(dev) if gpu else None,
+              reason=reason)
+
+
+def _gpu_split_rule(device: Optional[torch.device]) -> bool:
+    return device is not None and torch.device(device).type in _GPU_SPLIT_DEVICES
+
+
+def gpu_sm_count(device: Optional[torch.device]) -> int:
+    """The SM count the GPU split rule plans ``device``'s reductions for."""
+    if config.gpu_sm_count > 0:
+        return config.gpu_sm_count
+    dev = torch.device(device) if device is not None else None
+    if dev is None or dev.type != "cuda" or not torch.cuda.is_available():
+        return DEFAULT_SM_COUNT
+    return _cuda_sm_count(dev.index if dev.index is not None else torch.cuda.current_device())
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 #: Non-leading reductions with at most this many outputs may split into a ragged last

@@ -232,10 +232,11 @@ def host(name: str) -> None:
 
 def hostab(name: str) -> None:
     """A/B of host time per bf16 inference step in one process, timed in rounds so that
-    the host CPU's drift hits every variant alike: torch.compile, coil, coil with
-    ``conv_channels_last``, coil without ``triton_direct_launch``. Prints per variant the
-    median wall ms (synchronized) and host ms (the Python call alone) over 40 rounds,
-    and the guard's own time per call (µs, coil). For ResNet-50 also the host µs per
+    the host CPU's drift hits every variant alike: torch.compile and coil variants named
+    by ``DIAG_VARIANTS`` (e.g. "inductor coil coil_nocl coil_clw coil_nodirect
+    coil_nopad", coil with one option changed each; see ``known``). Prints per variant
+    the median wall ms (synchronized) and host ms (the Python call alone) over 40
+    rounds. For ResNet-50 also the host µs per
     ``torch.convolution`` call, NCHW vs channels-last, on a 3x3 bf16 layer."""
     import statistics
     import time
@@ -247,8 +248,13 @@ def hostab(name: str) -> None:
     built = spec.build(dev, default_size(dev))
     base = built.module.eval().to(torch.bfloat16)
     args, kwargs = _cast(built.args, torch.bfloat16), _cast(built.kwargs, torch.bfloat16)
-    variants = {"inductor": {}, "coil": {}, "coil_cl": {"conv_channels_last": True},
-                "coil_nodirect": {"triton_direct_launch": False}}
+    known = {"inductor": {}, "coil": {}, "coil_nocl": {"conv_channels_last": False},
+             "coil_clw": {"conv_channels_last_weights": False},
+             "coil_nodirect": {"triton_direct_launch": False},
+             "coil_nopad": {"pad_matmul_outputs": False}}
+    import os
+    variants = {t: known[t] for t in os.environ.get(
+        "DIAG_VARIANTS", "inductor coil coil_nocl coil_nodirect").split()}
     fns = {}
     for tag, opts in variants.items():
         m = copy.deepcopy(base)

@@ -109,6 +109,10 @@ class Config:
     #: (BENCHMARKS.md): ResNet-50 bf16 inference 3.03 -> 2.64 ms per step; cuDNN's host
     #: time per 3x3 bf16 convolution is 15 µs channels-last against 28 µs NCHW.
     conv_channels_last: bool = True
+    #: With ``conv_channels_last``: a convolution weight that is a graph input (a
+    #: module's parameter) is copied channels-last by a generated kernel (True) or
+    #: passed as it is, so that ATen's convolution makes the copy in C++ (False).
+    conv_channels_last_weights: bool = True
     #: Fuse nodes in the scheduler. Off gives one kernel per buffer (debugging).
     fusion: bool = True
     #: Record CUDA graphs (mode="reduce-overhead" turns this on). Not implemented yet:

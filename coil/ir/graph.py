@@ -445,7 +445,16 @@ class GraphLowering(torch.fx.Interpreter):
             padded = self._mm_with_padded_operand(args, meta)
             if padded is not None:
                 return padded
-        args = conv(tuple(args), tuple(n.args))
+        weight = None
+        if cl and target is _aten.convolution.default and not config.conv_channels_last_weights \
+                and len(args) > 1 and self._is_graph_input(args[1]):
+            # the weight as it comes: ATen's convolution makes the channels-last copy
+            # itself (in C++, cheaper on the host than a generated kernel's launch)
+            weight = self.realize_input(args[1], n.args[1].meta.get("val"))
+            args = tuple(conv(a, fa) if i != 1 else weight
+                         for i, (a, fa) in enumerate(zip(args, n.args)))
+        else:
+            args = conv(tuple(args), tuple(n.args))
         kwargs = {k: conv(v, n.kwargs.get(k)) for k, v in kwargs.items()}
         name = self.new_buffer_name()
         if isinstance(meta, torch.Tensor):
@@ -467,6 +476,12 @@ class GraphLowering(torch.fx.Interpreter):
         return build(meta, ())
 
     # -- channels-last convolutions -----------------------------------------------------
+    @staticmethod
+    def _is_graph_input(x) -> bool:
+        """Whether TensorBox ``x`` is a graph input as it was passed (no view, no copy)."""
+        d = getattr(x, "data", None)
+        return isinstance(d, StorageBox) and isinstance(d.data, InputBuffer)
+
     def _channels_last_input(self, x: TensorBox):
         """4-D ``x`` as a channels-last buffer or view (a copy only if it is not one)."""
         d = x.data

@@ -252,27 +252,40 @@ def _direct_launch(run):
 
 
 def _specialized_launch(run, arity: int, grid: tuple, consts: list, function, packed,
-                        get_stream, device, slow):
+                        get_stream, device, slow, pointers_as_ints: bool = False):
     """Generated ``fast(a0, ..., aN)`` for a kernel whose pointers were all 16-byte
     aligned on its first call: ``slow`` (the JIT) when any pointer is not, else one
-    launch through :func:`_direct_launch`'s C function or, failing that, ``run``."""
+    launch through :func:`_direct_launch`'s C function or, failing that, ``run``.
+
+    ``pointers_as_ints`` (every argument was a CUDA tensor on the first call; the
+    graph's guards keep the devices): the direct launch gets the data pointers the
+    alignment check already read, as ints. Triton's C launcher then skips, per
+    pointer, a ``data_ptr()`` method call and a ``cuPointerGetAttribute`` driver call
+    (its check that the memory is device memory)."""
     names = [f"a{i}" for i in range(arity)]
     params = ", ".join(names)
-    check = " | ".join(f"{n}.data_ptr()" for n in names) or "0"
-    tail = ", ".join(names + [repr(int(c)) for c in consts])
     direct = _direct_launch(run)
     env = dict(slow=slow, get_stream=get_stream, device=device, function=function,
                packed=packed, g0=grid[0], g1=grid[1])
+    as_ints = pointers_as_ints and direct is not None and arity > 0
+    if as_ints:
+        ptrs = [f"p{i}" for i in range(arity)]
+        body = [f"    {p} = {n}.data_ptr()" for p, n in zip(ptrs, names)]
+        body.append(f"    if ({' | '.join(ptrs)}) & 15:")
+        passed = ptrs
+    else:
+        body = [f"    if ({' | '.join(f'{n}.data_ptr()' for n in names) or '0'}) & 15:"]
+        passed = names
+    tail = ", ".join(passed + [repr(int(c)) for c in consts])
     if direct is not None:
         env.update(launch=direct[0], coop=direct[1], pdl=direct[2])
-        call = f"launch(g0, g1, 1, get_stream(device), function, coop, pdl, None, None, packed, None, None, None, {tail})"
+        call = ("launch(g0, g1, 1, get_stream(device), function, coop, pdl, None, None, "
+                f"packed, None, None, None, {tail})")
     else:
         env.update(run=run)
         call = f"run(g0, g1, 1, get_stream(device), function, packed, None, None, None, {tail})"
-    src = (f"def fast({params}):\n"
-           f"    if ({check}) & 15:\n"
-           f"        return slow({params})\n"
-           f"    {call}\n")
+    src = "\n".join([f"def fast({params}):"] + body +
+                     [f"        return slow({params})", f"    {call}", ""])
     exec(compile(src, "<coil launcher>", "exec"), env)
     return env["fast"]
 
@@ -395,8 +408,9 @@ class TritonLauncher:
                     return slow(*a)
                 run(g0, g1, 1, get_stream(device), function, packed, None, None, None, *a, *consts)
             return fast
+        on_gpu = all(getattr(a, "is_cuda", False) for a in args)
         return _specialized_launch(run, len(args), (g0, g1), consts, function, packed,
-                                   get_stream, device, slow)
+                                   get_stream, device, slow, pointers_as_ints=on_gpu)
 
     def __call__(self, *args):
         if self.chosen is None:

@@ -54,6 +54,55 @@ def test_resnet_block_runs_channels_last_without_copies(backend, monkeypatch):
     assert copies == [], copies  # every extern output had the predicted (NHWC) layout
 
 
+@pytest.mark.parametrize("backend", ["triton", "cpp"])
+def test_weights_passed_as_they_are(backend, monkeypatch):
+    """``conv_channels_last_weights=False``: no kernel copies a parameter channels-last
+    (ATen's convolution does), the outputs still come back in the predicted layout and
+    the values match eager, in inference and in training (gradients too)."""
+    monkeypatch.setattr(G, "_CHANNELS_LAST_DEVICES", ("cuda", "cpu"))
+    from codegen_helpers import count_layout_copies
+    copies = count_layout_copies(monkeypatch)
+    m, x = _block(), torch.randn(2, 3, 32, 32)
+    coil.reset()
+    f = coil.compile(m, options={"cpu_backend": backend, "conv_channels_last": True,
+                                 "conv_channels_last_weights": False})
+    with torch.no_grad():
+        out, ref = f(x), m(x)
+    for o, r in zip(out, ref):
+        torch.testing.assert_close(o, r, atol=1e-4, rtol=1e-4)
+        assert o.stride() == r.stride()
+    assert copies == [], copies
+    _train_both(backend, monkeypatch, conv_channels_last_weights=False)
+
+
+def test_weight_copies_in_the_wrapper(monkeypatch):
+    """The 3x3 weights get a generated channels-last copy by default, none with
+    ``conv_channels_last_weights=False``."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from coil.aot.decompositions import get_decompositions
+    from coil.codegen import compile_aten_graph
+    from coil.config import patch
+    monkeypatch.setattr(G, "_CHANNELS_LAST_DEVICES", ("cuda", "cpu"))
+    m, x = _block(), torch.randn(2, 3, 32, 32)
+    params = dict(m.named_parameters(), **dict(m.named_buffers()))
+    names = list(params)
+
+    def fn_inputs(x, *ps):  # the parameters as graph inputs, as aot passes them
+        return torch.func.functional_call(m, dict(zip(names, ps)), (x,))
+
+    kernels = {}
+    with torch.no_grad():
+        ps = [params[n] for n in names]
+        gm = make_fx(fn_inputs, decomposition_table=get_decompositions())(x, *ps)
+        for weights in (True, False):
+            with patch(cpu_backend="triton", conv_channels_last=True,
+                       conv_channels_last_weights=weights):
+                c = compile_aten_graph(gm, [x, *ps], torch.device("cpu"))
+            torch.testing.assert_close(c(x, *ps)[0], m(x)[0], atol=1e-4, rtol=1e-4)
+            kernels[weights] = len(c.kernels)
+    assert kernels[True] == kernels[False] + 2, kernels  # c1's and c2's 3x3 weights
+
+
 def test_channels_last_layouts_in_the_wrapper(monkeypatch):
     """Convolution outputs and the BatchNorm+ReLU buffers after them are NHWC; the kernel
     between two convolutions reads and writes consecutive addresses."""

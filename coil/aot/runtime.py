@@ -125,10 +125,12 @@ def without_autocast(fn: Callable) -> Callable:
     interpreter) under the caller's still-active ``torch.autocast`` would cast again:
     LLaMA's rotary ``inv_freq @ position_ids`` (float32 in eager, which turns autocast
     off around it) came out bf16, and a kernel compiled for a float32 input failed."""
+    is_on = torch.is_autocast_enabled
+
     def call(*args):
-        on = [d for d in AUTOCAST_DEVICES if torch.is_autocast_enabled(d)]
-        if not on:
+        if not (is_on("cuda") or is_on("cpu")):  # AUTOCAST_DEVICES, unrolled (per call)
             return fn(*args)
+        on = [d for d in AUTOCAST_DEVICES if is_on(d)]
         with contextlib.ExitStack() as stack:
             for d in on:
                 stack.enter_context(torch.autocast(d, enabled=False))
@@ -140,14 +142,19 @@ def inference_runner(compiled_fw: Callable, info: ProgramInfo) -> Callable:
     """The callable for the inference path: one graph plus the epilogue."""
     epilogue = _make_epilogue(info)
     compiled_fw = without_autocast(compiled_fw)
+    grad_enabled, set_grad_enabled = torch.is_grad_enabled, torch._C._set_grad_enabled
 
     def run(*args):
         # No output of this path requires grad (that is why it was chosen), but the
         # graph's ATen ops run in the caller's grad mode: ``with no_grad(): return x*2``
         # on an x that requires grad came back with requires_grad=True.
-        if torch.is_grad_enabled():
-            with torch.no_grad():
+        if grad_enabled():
+            # torch.no_grad() without its Python context-manager objects (~1 µs a call)
+            set_grad_enabled(False)
+            try:
                 vals = compiled_fw(*args)
+            finally:
+                set_grad_enabled(True)
             return epilogue(args, vals)
         return epilogue(args, compiled_fw(*args))
 

@@ -86,8 +86,13 @@ def disable(fn):
     return fn
 
 
+#: Bumped by :func:`reset`: a wrapper's remembered FrameCache is stale once it changes.
+_generation = [0]
+
+
 def reset() -> None:
     """Drop every compiled frame and wrapper cache."""
+    _generation[0] += 1
     _caches.clear()
     _fn_wrappers.clear()
     _module_wrappers.clear()
@@ -212,6 +217,10 @@ def wrap_function(fn: types.FunctionType, cfg: CaptureConfig, capture_exec: bool
     if not all(n.isidentifier() for n in _argnames(code)):
         return fn  # 3.11 comprehension frames (argument ``.0``) run eagerly
     binder = make_binder(fn)
+    # this code object's FrameCache and the reset generation it was read in: a
+    # WeakKeyDictionary lookup per call costs about 0.5 µs
+    known = [None, -1]
+    generation = _generation
 
     def coil_wrapper(*args, **kwargs):
         try:
@@ -220,7 +229,10 @@ def wrap_function(fn: types.FunctionType, cfg: CaptureConfig, capture_exec: bool
             bound = None
         if bound is None:          # outside the except: no __context__ leaks into the error
             return fn(*args, **kwargs)
-        cache = _caches.get(code)
+        cache = known[0]
+        if cache is None or known[1] != generation[0]:
+            cache = _caches.get(code)
+            known[0], known[1] = cache, generation[0]
         if cache is not None:
             if cache.eager_reason is not None:
                 return fn(*args, **kwargs)

@@ -433,7 +433,10 @@ class GraphLowering(torch.fx.Interpreter):
                 meta = fa.meta.get("val") if isinstance(fa, torch.fx.Node) else None
                 if cl and len(a.get_size()) == 4:
                     return self._channels_last_input(a)
-                return self.realize_input(a, meta)
+                r = self.realize_input(a, meta)
+                if self.channels_last and not cl:
+                    r = self._traced_layout_input(a, r, meta)
+                return r
             if isinstance(a, (list, tuple)):
                 fas = fa if isinstance(fa, (list, tuple)) and len(fa) == len(a) else [None] * len(a)
                 return type(a)(conv(x, f) for x, f in zip(a, fas))
@@ -481,6 +484,24 @@ class GraphLowering(torch.fx.Interpreter):
         """Whether TensorBox ``x`` is a graph input as it was passed (no view, no copy)."""
         d = getattr(x, "data", None)
         return isinstance(d, StorageBox) and isinstance(d.data, InputBuffer)
+
+    def _traced_layout_input(self, x: TensorBox, r, meta):
+        """In a channels-last graph, ``r`` (the realized ``x`` for an extern op that is
+        not one of the channels-last ops) with the strides the op was traced with when
+        ``r`` is a channels-last 4-D buffer or view and the traced input was not: some
+        ATen kernels give other values for such input (``_weight_norm_interface_backward``
+        on a channels-last ``convolution_backward`` weight gradient did), and the fake
+        outputs the rest of the graph relies on came from the traced strides."""
+        lay = getattr(r, "layout", None)
+        if (not isinstance(meta, torch.Tensor) or meta.dim() != 4 or lay is None
+                or len(lay.size) != 4 or not _is_channels_last(lay)
+                or not _dense_non_overlapping(meta)
+                or list(meta.shape) != [int(v) for v in x.get_size()]):
+            return r
+        want = [as_expr(v) for v in meta.stride()]
+        if all(str(a) == str(b) or int(n) == 1 for a, b, n in zip(lay.stride, want, meta.shape)):
+            return r
+        return self._materialize(x, want)
 
     def _channels_last_input(self, x: TensorBox):
         """4-D ``x`` as a channels-last buffer or view (a copy only if it is not one)."""

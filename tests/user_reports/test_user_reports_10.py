@@ -131,16 +131,13 @@ def test_channels_last_weight_mutated_between_calls(channels_last, backend, weig
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("weights", [True, False])
-@pytest.mark.xfail(strict=True, reason=(
-    "channels-last training with a weight-normalized convolution (nn.utils.parametrizations."
-    "weight_norm, torch._weight_norm) gives wrong gradients for g and v: the backward's "
-    "convolution_backward returns grad_weight channels-last (_extern_layout predicts NHWC for "
-    "every 4-D output of a _CHANNELS_LAST_OPS op) and GraphLowering.realize_input hands that "
-    "already-realized buffer as it is to the extern aten._weight_norm_interface_backward, "
-    "whose traced (fake) input was contiguous; ATen's CPU kernel reads a channels-last "
-    "grad_w as if it were contiguous. Non-channels-last extern ops must get their inputs in "
-    "the traced strides (a copy), not the channels-last ones"))
 def test_weight_norm_conv_gradients_channels_last(channels_last, backend, weights):
+    """Fixed: channels-last training with a weight-normalized convolution gave wrong
+    gradients for g and v. convolution_backward's grad_weight is channels-last, and it
+    was handed as it was to the extern aten._weight_norm_interface_backward, traced with
+    a contiguous input (ATen's CPU kernel read it as if contiguous); extern ops outside
+    the channels-last set now get their 4-D inputs in the traced strides
+    (GraphLowering._traced_layout_input)."""
     torch.manual_seed(0)
 
     def f(x, v, g):

@@ -115,6 +115,12 @@ class Config:
     conv_channels_last_weights: bool = True
     #: Fuse nodes in the scheduler. Off gives one kernel per buffer (debugging).
     fusion: bool = True
+    #: Fuse pointwise kernels that read only graph inputs (parameter casts under
+    #: autocast, channels-last weight copies) and have the same size and access pattern
+    #: into one kernel, to save launches, when each has at most this many elements;
+    #: 0 turns it off (schedule/scheduler.py). The fused kernel runs where the first of
+    #: them ran, so its outputs live longer: the cap bounds that.
+    launch_fusion_max_numel: int = 1 << 24
     #: Record CUDA graphs (mode="reduce-overhead" turns this on). Not implemented yet:
     #: coil.compile warns and launches kernels one by one.
     cudagraphs: bool = False

@@ -19,6 +19,11 @@ best first, and a fusion is made when:
    kernel iteration wrote (kernel-level index expressions are equal), and nothing
    reads, once per output element, a value only computed inside the loop.
 
+Launch-saving horizontal fusion: pointwise groups that read only graph inputs (autocast
+casts of parameters, channels-last copies of convolution weights) with the same size and
+access pattern are fused too, although they share no read (``config.launch_fusion_max_numel``;
+candidates of kind ``horizontal (launch)``, tried after every traffic-saving one).
+
 Every decision is logged (event ``fusion``: made / refused, with the reason).
 """
 from __future__ import annotations
@@ -32,7 +37,8 @@ import torch
 
 from coil import trace
 from coil.config import config
-from coil.ir.nodes import Buffer, ComputedBuffer, ExternKernel, MultiOutput, ScatterBuffer
+from coil.ir.nodes import (Buffer, ComputedBuffer, ExternKernel, InputBuffer, MultiOutput,
+                           ScatterBuffer)
 from coil.ir.symbols import product
 from coil.schedule.indexing import kernel_deps, kernel_index
 
@@ -185,8 +191,51 @@ class Scheduler:
                     if key not in seen:
                         seen.add(key)
                         cands.append((self._score(a, b), a, b, "horizontal"))
+        cands += [(1, a, b, "horizontal (launch)") for a, b in self._launch_candidates(kernels)
+                  if (id(a), id(b)) not in seen]
         cands.sort(key=lambda c: (-c[0], c[1].order, c[2].order))
         return cands
+
+    # ---------------------------------------------- launch-saving horizontal fusion
+    def _input_only_pattern(self, g: FusedGroup) -> Optional[tuple]:
+        """The access pattern of a pointwise group that reads only graph inputs (a
+        parameter's autocast cast, a weight's channels-last copy) and is small enough
+        for ``config.launch_fusion_max_numel``: ``(numel, (load index expressions,
+        store index expressions))`` with buffer names dropped, when all its nodes share
+        one such pattern; else None. Such groups depend on nothing computed in the
+        graph, so they can run at any point before their first reader."""
+        limit = config.launch_fusion_max_numel
+        if g.rnumel != 1 or limit <= 0 or g.numel > limit:
+            return None
+        for r in g.read_names():
+            if r == "seeds" or not isinstance(self.graph.name_to_buffer.get(r), InputBuffer):
+                return None
+        pats = set()
+        for n in g.nodes:
+            deps = kernel_deps(n, g.numel, 1)
+            if deps is None:
+                return None
+            pats.add((tuple(sorted(str(e) for _, e in deps.loads)),
+                      tuple(sorted(str(e) for _, e in deps.stores))))
+        if len(pats) != 1:
+            return None
+        return g.numel, pats.pop()
+
+    def _launch_candidates(self, kernels: list) -> list[tuple]:
+        """Pairs of input-only groups with the same pattern (:meth:`_input_only_pattern`),
+        consecutive in program order: fusing them saves a kernel launch (host time,
+        which bounds small-batch inference and training steps) and no memory traffic;
+        each round halves a bucket, so the rounds of :meth:`fuse` merge it into one."""
+        buckets: dict[tuple, list] = defaultdict(list)
+        for g in kernels:
+            pat = self._input_only_pattern(g)
+            if pat is not None:
+                buckets[pat].append(g)
+        out = []
+        for gs in buckets.values():
+            gs.sort(key=lambda g: g.order)
+            out += [(gs[i], gs[i + 1]) for i in range(0, len(gs) - 1)]
+        return out
 
     def _score(self, a: FusedGroup, b: FusedGroup) -> int:
         """Bytes of memory traffic saved by running a and b as one kernel."""
@@ -268,7 +317,9 @@ class Scheduler:
                         if e != store:
                             return f"{c.get_name()} reads {name}[{e}] but it is written at [{store}]"
         if not crossing and not self._shares_an_element(a, b, numel, rnumel):
-            return "their shared reads are of different elements per iteration (nothing reused)"
+            pa = self._input_only_pattern(a)
+            if pa is None or pa != self._input_only_pattern(b):
+                return "their shared reads are of different elements per iteration (nothing reused)"
         return None
 
     @staticmethod

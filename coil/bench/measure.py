@@ -124,14 +124,20 @@ def time_once(fn: Callable[[], object], device: torch.device) -> float:
 
 def time_interleaved(fns: Sequence[Callable[[], object]], repeat: int,
                      timer: Callable[[Callable[[], object]], float],
-                     max_seconds: Optional[float] = None, min_rounds: int = 3) -> list[list[float]]:
+                     max_seconds: Optional[float] = None, min_rounds: int = 3,
+                     rotate: bool = False) -> list[list[float]]:
     """Run ``fns[0], fns[1], ..., fns[0], fns[1], ...`` ``repeat`` rounds; per-fn seconds.
     With ``max_seconds``, stop early once the timed calls add up to more than that (but
-    after at least ``min_rounds`` rounds)."""
+    after at least ``min_rounds`` rounds). ``rotate``: round ``r`` starts at ``fns[r %
+    len(fns)]``, so that no fn always runs right after the same other one (a slow
+    neighbour's leftover GPU queue or cache state would otherwise always fall on it)."""
     out: list[list[float]] = [[] for _ in fns]
     total = 0.0
+    n = len(fns)
     for r in range(repeat):
-        for i, fn in enumerate(fns):
+        start = r % n if rotate and n else 0
+        for i in [(start + k) % n for k in range(n)]:
+            fn = fns[i]
             t = timer(fn)
             out[i].append(t)
             total += t

@@ -273,7 +273,8 @@ def _counted(prep: Optional[Prepared], call: Callable[[], Any]) -> Any:
 def time_steps(eager_step: Callable[[], list], preps: Sequence[Prepared], opts: BenchOptions,
                device: torch.device) -> None:
     """Warm up, then time ``eager_step`` and every prepared step in the same rounds
-    (``eager, step_1, step_2, ...``; ``opts.warmup`` untimed rounds, then up to
+    (``eager, step_1, step_2, ...``, rotated by one each round when there are several
+    prepared steps; ``opts.warmup`` untimed rounds, then up to
     ``opts.repeat`` timed ones, stopped early once the timed calls add up to
     ``opts.max_timing_s × len(preps)`` seconds, after at least 3 rounds).
 
@@ -291,7 +292,10 @@ def time_steps(eager_step: Callable[[], list], preps: Sequence[Prepared], opts: 
         return _counted(owner.get(fn), lambda: measure.time_once(fn, device))
 
     max_s = None if opts.max_timing_s is None else opts.max_timing_s * len(preps)
-    times = measure.time_interleaved(steps, opts.repeat, timer, max_seconds=max_s)
+    # rotated rounds when several compilers share them (paired): no compiled step
+    # always follows the same neighbour
+    times = measure.time_interleaved(steps, opts.repeat, timer, max_seconds=max_s,
+                                     rotate=len(steps) > 2)
     for p, compiled_t in zip(preps, times[1:]):
         speed = measure.summarize(times[0], compiled_t)
         p.row.eager_ms, p.row.compiled_ms = speed.eager_s * 1e3, speed.compiled_s * 1e3

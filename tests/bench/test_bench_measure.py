@@ -84,6 +84,14 @@ def test_time_interleaved_alternates():
     assert out == [[1.0, 3.0, 5.0], [2.0, 4.0, 6.0]]
 
 
+def test_time_interleaved_rotates():
+    order = []
+    fns = [lambda k=k: order.append(k) for k in "eab"]
+    out = measure.time_interleaved(fns, 4, lambda fn: (fn(), 1.0)[1], rotate=True)
+    assert "".join(order) == "eab" + "abe" + "bea" + "eab"
+    assert out == [[1.0] * 4] * 3   # per fn, whatever position it ran in
+
+
 def test_geomean():
     assert measure.geomean([2.0, 8.0]) == pytest.approx(4.0)
     assert measure.geomean([None, 4.0]) == pytest.approx(4.0)

@@ -41,8 +41,9 @@ def test_paired_steps_alternate_within_rounds_unpaired_do_not():
     names = ["fake_compilers:RECORD_A", "fake_compilers:RECORD_B"]
     fake_compilers.CALLS.clear()
     _bench(names, warmup=1, repeat=3)
-    # first calls a, b; 1 warm-up + 3 timed rounds of (eager, a, b); warm compiles a, b
-    assert fake_compilers.CALLS == ["a", "b"] * 6
+    # first calls a, b; 1 warm-up round (eager, a, b); 3 timed rounds rotated by one each:
+    # (eager, a, b), (a, b, eager), (b, eager, a); warm compiles a, b
+    assert fake_compilers.CALLS == ["a", "b"] * 2 + ["a", "b", "a", "b", "b", "a"] + ["a", "b"]
     fake_compilers.CALLS.clear()
     opts = suite.BenchOptions(models=["mlp"], modes=["fp32"], compilers=names, device="cpu",
                               repeat=3, warmup=1, progress=False, fresh_caches=False)

@@ -109,6 +109,10 @@ class Config:
     #: (BENCHMARKS.md): ResNet-50 bf16 inference 3.03 -> 2.64 ms per step; cuDNN's host
     #: time per 3x3 bf16 convolution is 15 µs channels-last against 28 µs NCHW.
     conv_channels_last: bool = True
+    #: ``conv_channels_last`` in training graphs too (the forward and backward of a
+    #: graph that requires grad). Off by default: a paired A/B on an H200 (BENCHMARKS.md,
+    #: session 5) gave ResNet-50's training step 29.5 ms channels-last vs 27.2 ms NCHW.
+    conv_channels_last_training: bool = False
     #: With ``conv_channels_last``: a convolution weight that is a graph input (a
     #: module's parameter) is copied channels-last by a generated kernel (True) or
     #: passed as it is, so that ATen's convolution makes the copy in C++ (False).

@@ -178,12 +178,16 @@ class GraphLowering(torch.fx.Interpreter):
                         and isinstance(n.args[0].meta.get("val"), torch.Tensor)
                         and n.args[0].meta["val"].dim() == 4))
         kind = self.gm.meta.get("coil_aot_graph") if hasattr(self.gm, "meta") else None
+        training = kind in ("forward", "backward")
         # a training forward may only return saved tensors channels-last when aot
         # compiles the backward with the strides it reports (coil_saved_outputs is set)
         use = convs > 0 and (kind != "forward" or self.gm.meta.get("coil_saved_outputs") is not None)
+        use = use and (config.conv_channels_last_training or not training)
         if convs:
             trace.log("layout_channels_last", stage="lowering", enabled=use, convolutions=convs,
-                      graph=kind or "unknown")
+                      graph=kind or "unknown",
+                      reason=None if use or not training or config.conv_channels_last_training
+                      else "training graph (config.conv_channels_last_training is off)")
         return use
 
     def default_strides(self, loops) -> Optional[list]:

@@ -45,7 +45,7 @@ def test_resnet_block_runs_channels_last_without_copies(backend, monkeypatch):
     copies = count_layout_copies(monkeypatch)
     m, x = _block(), torch.randn(2, 3, 32, 32)
     coil.reset()
-    f = coil.compile(m, options={"cpu_backend": backend, "conv_channels_last": True})
+    f = coil.compile(m, options={"cpu_backend": backend, "conv_channels_last": True, "conv_channels_last_training": True})
     with torch.no_grad():
         out, ref = f(x), m(x)
     for o, r in zip(out, ref):
@@ -64,7 +64,7 @@ def test_weights_passed_as_they_are(backend, monkeypatch):
     copies = count_layout_copies(monkeypatch)
     m, x = _block(), torch.randn(2, 3, 32, 32)
     coil.reset()
-    f = coil.compile(m, options={"cpu_backend": backend, "conv_channels_last": True,
+    f = coil.compile(m, options={"cpu_backend": backend, "conv_channels_last": True, "conv_channels_last_training": True,
                                  "conv_channels_last_weights": False})
     with torch.no_grad():
         out, ref = f(x), m(x)
@@ -95,7 +95,7 @@ def test_weight_copies_in_the_wrapper(monkeypatch):
         ps = [params[n] for n in names]
         gm = make_fx(fn_inputs, decomposition_table=get_decompositions())(x, *ps)
         for weights in (True, False):
-            with patch(cpu_backend="triton", conv_channels_last=True,
+            with patch(cpu_backend="triton", conv_channels_last=True, conv_channels_last_training=True,
                        conv_channels_last_weights=weights):
                 c = compile_aten_graph(gm, [x, *ps], torch.device("cpu"))
             torch.testing.assert_close(c(x, *ps)[0], m(x)[0], atol=1e-4, rtol=1e-4)
@@ -119,7 +119,7 @@ def test_channels_last_layouts_in_the_wrapper(monkeypatch):
 
     with torch.no_grad():
         gm = make_fx(fn, decomposition_table=get_decompositions())(x)
-        with patch(cpu_backend="triton", conv_channels_last=True):
+        with patch(cpu_backend="triton", conv_channels_last=True, conv_channels_last_training=True):
             c = compile_aten_graph(gm, [x], torch.device("cpu"))
         out = c(x)
     torch.testing.assert_close(out[0], m(x)[0], atol=1e-4, rtol=1e-4)
@@ -135,7 +135,7 @@ def _train_both(backend, monkeypatch, **options):
     m, x = _block().train(), torch.randn(2, 3, 32, 32)
     m2 = copy.deepcopy(m)
     coil.reset()
-    f = coil.compile(m2, options={"cpu_backend": backend, "conv_channels_last": True, **options})
+    f = coil.compile(m2, options={"cpu_backend": backend, "conv_channels_last": True, "conv_channels_last_training": True, **options})
     out, ref = f(x), m(x)
     (out[0].sum() + out[1].mean()).backward()
     (ref[0].sum() + ref[1].mean()).backward()
@@ -176,3 +176,32 @@ def test_channels_last_training_survives_the_aten_fallback(monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         _train_both("triton", monkeypatch)
+
+
+@pytest.mark.parametrize("training", [False, True])
+def test_training_graphs_stay_nchw_by_default(training, monkeypatch, tmp_path):
+    """``conv_channels_last`` (on by default) covers inference graphs; training graphs
+    follow ``conv_channels_last_training`` (off by default: slower on an H200)."""
+    import json
+    from coil import trace
+    monkeypatch.setattr(G, "_CHANNELS_LAST_DEVICES", ("cuda", "cpu"))
+    m, x = _block().train(training), torch.randn(2, 3, 32, 32)
+    old = trace.trace_dir()
+    trace.set_dir(str(tmp_path))
+    try:
+        coil.reset()
+        f = coil.compile(m, options={"cpu_backend": "cpp"})
+        if training:
+            out = f(x)
+            (out[0].sum() + out[1].mean()).backward()
+        else:
+            with torch.no_grad():
+                f(x)
+    finally:
+        trace.set_dir(old)
+    events = [json.loads(line) for p in tmp_path.iterdir() for line in p.read_text().splitlines()]
+    enabled = {e["graph"]: e["enabled"] for e in events if e["event"] == "layout_channels_last"}
+    if training:
+        assert enabled == {"forward": False, "backward": False}, enabled
+    else:
+        assert enabled == {"inference": True}, enabled

@@ -133,7 +133,7 @@ def test_gpu_channels_last_resnet_block(monkeypatch):
                             torch.nn.MaxPool2d(3, 2, 1), torch.nn.Conv2d(64, 128, 1)).cuda().eval()
     x = r(8, 64, 56, 56)
     coil.reset()
-    f = coil.compile(m, options={"conv_channels_last": True})
+    f = coil.compile(m, options={"conv_channels_last": True, "conv_channels_last_training": True})
     with torch.no_grad():
         # (TF32 convolutions may pick other algorithms for NHWC than for NCHW)
         torch.testing.assert_close(f(x), m(x), atol=2e-2, rtol=2e-2)

@@ -103,7 +103,7 @@ def test_channels_last_conv_variants_train(channels_last, backend, weights):
             torch.randn(8, 2, 3, 3, requires_grad=True), torch.randn(16, 1, 3, 3, requires_grad=True),
             torch.randn(4, 16, 1, 1, requires_grad=True), torch.randn(4, 3, 2, 2, requires_grad=True),
             torch.randn(8, requires_grad=True))
-    out, ref, a_out, a_ref = _run(f, args, backend, conv_channels_last=True,
+    out, ref, a_out, a_ref = _run(f, args, backend, conv_channels_last=True, conv_channels_last_training=True,
                                   conv_channels_last_weights=weights)
     assert_outputs_match(out, ref, atol=1e-4, rtol=1e-4)
     backward_both(out, ref)
@@ -117,7 +117,7 @@ def test_channels_last_weight_mutated_between_calls(channels_last, backend, weig
     m = nn.Conv2d(8, 16, 3, padding=1).eval()
     x = torch.randn(2, 8, 12, 12)
     coil.reset()
-    c = coil.compile(m, options={"cpu_backend": backend, "conv_channels_last": True,
+    c = coil.compile(m, options={"cpu_backend": backend, "conv_channels_last": True, "conv_channels_last_training": True,
                                  "conv_channels_last_weights": weights})
     with torch.no_grad():
         assert_outputs_match((c(x),), (m(x),), atol=1e-4, rtol=1e-4)
@@ -145,7 +145,7 @@ def test_weight_norm_conv_gradients_channels_last(channels_last, backend, weight
 
     args = (torch.randn(1, 2, 4, 4), torch.randn(2, 2, 3, 3, requires_grad=True),
             torch.randn(2, 1, 1, 1, requires_grad=True))
-    out, ref, a_out, a_ref = _run(f, args, backend, conv_channels_last=True,
+    out, ref, a_out, a_ref = _run(f, args, backend, conv_channels_last=True, conv_channels_last_training=True,
                                   conv_channels_last_weights=weights)
     assert_outputs_match(out, ref, atol=1e-5, rtol=1e-5)
     backward_both(out, ref)

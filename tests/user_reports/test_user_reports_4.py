@@ -342,7 +342,7 @@ def test_channels_last_conv_programs(name, backend, cl_on_cpu):
     torch.manual_seed(0)
     tol = 2e-2 if name == "bf16" else 1e-4
     _check(_no_grad(CONV_PROGRAMS[name]), [_r(2, 3, 9, 10)], backend, atol=tol, rtol=tol,
-           options={"conv_channels_last": True})
+           options={"conv_channels_last": True, "conv_channels_last_training": True})
 
 
 def _bn_net():
@@ -361,7 +361,7 @@ def test_channels_last_batchnorm_modes(backend, mode, cl_on_cpu):
         m1.eval(), m2.eval()
         ctx = torch.inference_mode
     coil.reset()
-    c = coil.compile(m2, options={"cpu_backend": backend, "conv_channels_last": True})
+    c = coil.compile(m2, options={"cpu_backend": backend, "conv_channels_last": True, "conv_channels_last_training": True})
     x = torch.randn(2, 3, 11, 10)
     with ctx():
         for s in (1.0, 2.0):

@@ -54,7 +54,7 @@ def _train(make, xshape, backend, monkeypatch, *, steps=3, input_grad=True, cl_i
     m = make().train()
     m2 = copy.deepcopy(m)
     coil.reset()
-    f = coil.compile(m2, options={"cpu_backend": backend, "conv_channels_last": True})
+    f = coil.compile(m2, options={"cpu_backend": backend, "conv_channels_last": True, "conv_channels_last_training": True})
     o1 = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
     o2 = torch.optim.SGD(m2.parameters(), lr=0.05, momentum=0.9)
     fmt = torch.channels_last if cl_input else torch.contiguous_format

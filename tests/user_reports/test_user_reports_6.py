@@ -65,7 +65,7 @@ def test_cl_conv_function_outputs_views_grads(backend, monkeypatch):
         y = F.conv2d(x, w, padding=1, stride=(2, 1), dilation=(1, 2))
         return y, y.flatten(1) * 2, y[:, 1:3].sigmoid(), y.permute(0, 2, 3, 1).relu()
     _check(f, [torch.randn(2, 3, 7, 9), torch.randn(4, 3, 3, 3)], backend, grads=True,
-           options={"conv_channels_last": True})
+           options={"conv_channels_last": True, "conv_channels_last_training": True})
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -75,7 +75,7 @@ def test_cl_training_grouped_bn_running_stats(backend, monkeypatch):
     m = nn.Sequential(nn.Conv2d(4, 6, 3, 2, 1, groups=2), nn.BatchNorm2d(6), nn.ReLU()).train()
     m2 = copy.deepcopy(m)
     coil.reset()
-    f = coil.compile(m2, options={"cpu_backend": backend, "conv_channels_last": True})
+    f = coil.compile(m2, options={"cpu_backend": backend, "conv_channels_last": True, "conv_channels_last_training": True})
     x = torch.randn(2, 4, 9, 7)
     xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
     r, o = m(xa), f(xb)

@@ -1,0 +1,24 @@
+"""coil with one option changed, as bench compilers for A/B rows in one paired run:
+
+    coil bench --paired --mode train --model timm_resnet50 \
+        --compiler eager coil benchmarks.bench_variants:COIL_NOCL benchmarks.bench_variants:COIL_NOLF
+
+(run from the repository root, so that ``benchmarks`` is importable).
+"""
+from coil.bench.compilers import Compiler, StatsProbe
+
+
+def _coil_with(**options):
+    def compile_with(fn, probe: StatsProbe):
+        import coil
+        from coil.backends import lookup_backend
+        return coil.compile(fn, backend=probe.counting(lookup_backend("coil")), options=options)
+    return compile_with
+
+
+#: conv_channels_last off (NCHW convolutions)
+COIL_NOCL = Compiler("coil_nocl", "coil", "coil, conv_channels_last=False",
+                     _coil_with(conv_channels_last=False))
+#: launch-saving horizontal fusion off
+COIL_NOLF = Compiler("coil_nolf", "coil", "coil, launch_fusion_max_numel=0",
+                     _coil_with(launch_fusion_max_numel=0))

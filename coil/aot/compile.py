@@ -231,7 +231,11 @@ def _compile(fn, example_inputs, fw_compiler, bw_compiler, partition_fn, decompo
               outputs=[(o.kind, o.index) for o in info.outputs],
               fw_out_requires_grad=info.fw_out_requires_grad)
     _refuse_mutated_aliased_inputs(example_inputs, info.mutated_inputs)
-    training = grad and any(x.requires_grad for x in info.inputs) and any(info.fw_out_requires_grad)
+    # the fake run executed the program's own grad-mode changes: under no_grad, an output
+    # that requires grad was computed in a ``with torch.enable_grad()`` region, and needs
+    # the training path as much as under grad mode (training_runner turns grad on)
+    training = (any(x.requires_grad for x in info.inputs) and any(info.fw_out_requires_grad)
+                and (grad or not torch.is_inference_mode_enabled()))
     if not training:
         fw_gm = trace_inference(fn, fake_args, info, decomps, fake_mode)
         cse_graph(fw_gm)

@@ -21,6 +21,7 @@ import time
 import traceback
 import types
 import warnings
+import threading
 import weakref
 from typing import Any, Callable, Optional
 
@@ -339,13 +340,21 @@ def _capturer(cfg):
 # compiling a frame
 
 
-def _miss(fn, code, cfg, bound, args, kwargs):
+def _miss_entry(fn, code, cfg, bound):
+    """The cache entry to run for this call, compiled now if needed; None: run ``fn``
+    eagerly. Called with ``_compile_lock`` held."""
     cache = _caches.get(code)
     if cache is None:
         cache = _caches[code] = FrameCache()
     if cache.eager_reason is not None:
-        return fn(*args, **kwargs)
+        return None
     mine = [e for e in cache.entries if e.config is cfg]
+    for e in mine:  # compiled by another thread while this one waited for the lock
+        try:
+            if e.guard(*bound, fn):
+                return e
+        except Exception:  # noqa: BLE001 - a failing access is a miss
+            pass
     if len(mine) >= _config.config.recompile_limit:
         fails = mine[-1].guards.failures(mine[-1].argnames, tuple(bound) + (fn,), limit=4)
         last = fails[0]["text"] if fails else "unknown"
@@ -358,7 +367,7 @@ def _miss(fn, code, cfg, bound, args, kwargs):
                    f"guard: {last}")
         if _config.config.verbose:
             print(f"coil: {cache.eager_reason}; running it eagerly from now on")
-        return fn(*args, **kwargs)
+        return None
     cache.attempts += 1
     with trace.compile_context(cache.frame_id, cache.attempts - 1):
         if mine:
@@ -386,11 +395,26 @@ def _miss(fn, code, cfg, bound, args, kwargs):
                 print(f"coil: running {_label(code)} eagerly: {reason}")
             cache.eager_reason = reason
             entry = None
+    if entry is not None:
+        cache.entries.append(entry)
+    return entry
+
+
+#: Held while a frame is compiled: torch.fx's tracer (make_fx) is not thread-safe, and
+#: concurrent first calls of one function from several threads raised inside it. The
+#: compiled or eager code itself runs outside the lock. Re-entrant: compiling may run
+#: nested compiled frames on the same thread.
+_compile_lock = threading.RLock()
+
+
+def _miss(fn, code, cfg, bound, args, kwargs):
+    """A cache miss: compile (one thread at a time) and run this call."""
+    with _compile_lock:
+        entry = _miss_entry(fn, code, cfg, bound)
     if entry is None:
         # outside the except block: the user's code must not see coil's exception as
         # sys.exc_info() or as the __context__ of what it raises
         return fn(*args, **kwargs)
-    cache.entries.append(entry)
     return entry.entry(*bound, fn)
 
 

@@ -161,7 +161,9 @@ class Scheduler:
 
     # ------------------------------------------------------------------ fusion
     def fuse(self) -> None:
-        for _ in range(8):
+        """Fusion rounds until one fuses nothing (at most 32: a launch-fusion bucket
+        halves per round, so 2**32 kernels; ordinary graphs stop after a few)."""
+        for _ in range(32):
             if not self._fuse_round():
                 break
 

@@ -81,6 +81,42 @@ def _is_channels_last(layout: Layout) -> bool:
 _PADDABLE_MATMULS = (torch.ops.aten.mm.default, torch.ops.aten.addmm.default)
 
 
+class _BernoulliInLayout:
+    """``torch.empty_like(x).bernoulli_(p)``, which the extern kernel of ``bernoulli.p`` /
+    ``bernoulli.Tensor`` runs when ``x`` is an uninitialized buffer (``_EMPTY_OPS``): that
+    is the functionalized form of an in-place fill (eager's CPU dropout is
+    ``empty_like(x).bernoulli_(1 - p)``, traced as ``bernoulli.p(empty_permuted(...))``),
+    which draws in the memory order of its buffer, while ATen's functional ``bernoulli``
+    allocates contiguous and draws in logical order: with ``fallback_random``, dropout of
+    a transposed tensor got another mask than eager (user report 9). A ``bernoulli.p`` of
+    any other tensor is the user's functional ``torch.bernoulli(x, p)`` and runs as is."""
+
+    def __call__(self, x, p=0.5, *, generator=None):
+        return torch.empty_like(x).bernoulli_(p, generator=generator)
+
+    def __repr__(self):
+        return "empty_like(x).bernoulli_(p)"
+
+
+bernoulli_in_layout = _BernoulliInLayout()
+_INPLACE_BERNOULLI = (torch.ops.aten.bernoulli.p, torch.ops.aten.bernoulli.Tensor)
+_EMPTY_OPS = (torch.ops.aten.empty_permuted.default, torch.ops.aten.empty_like.default,
+              torch.ops.aten.empty_strided.default, torch.ops.aten.empty.memory_format,
+              torch.ops.aten.new_empty.default, torch.ops.aten.new_empty_strided.default)
+
+
+def _empty_like_layout(lay: Optional[Layout], out: Layout) -> Layout:
+    """``out`` with the strides ``torch.empty_like`` gives a tensor of layout ``lay``
+    (its own when dense; ``out`` unchanged when ``lay`` is unknown or symbolic)."""
+    if lay is None or list(lay.size) != list(out.size) or not all(
+            isinstance(v, (int, sympy.Integer)) for v in list(lay.size) + list(lay.stride)):
+        return out
+    like = torch.empty_like(torch.empty_strided([int(v) for v in lay.size],
+                                                [int(v) for v in lay.stride], device="meta"))
+    return Layout(out.device, out.dtype, list(out.size), [sympy.Integer(v) for v in like.stride()],
+                  sympy.Integer(0))
+
+
 def misaligned_leading_dim(strides) -> bool:
     """Whether a 2-D matrix with ``strides`` has a BLAS leading dimension (its row
     stride, or its column stride when transposed) that is not a multiple of 8 elements.
@@ -297,6 +333,13 @@ class GraphLowering(torch.fx.Interpreter):
                  for a in (self.current_node.args[0] if isinstance(self.current_node.args[0], (list, tuple))
                            else [self.current_node.args[0]])]
         saved = self.gm.meta.get("coil_saved_outputs") if self.free_saved_layouts else None
+        out_nodes = self.current_node.args[0]
+        out_nodes = list(out_nodes) if isinstance(out_nodes, (list, tuple)) else [out_nodes]
+        memo: dict = {}
+        for i, (a, m) in enumerate(zip(out_nodes, metas)):
+            if isinstance(m, torch.Tensor) and m.numel() == 0 and isinstance(a, torch.fx.Node):
+                e = _empty_eager(a, memo)  # eager's strides for an empty output
+                metas[i] = m if e is None else e
         for i, (r, meta) in enumerate(zip(flat, metas)):
             if saved is not None and saved[0] <= i < saved[1]:
                 spec = self._saved_output_spec(r)
@@ -464,6 +507,14 @@ class GraphLowering(torch.fx.Interpreter):
             args = conv(tuple(args), tuple(n.args))
         kwargs = {k: conv(v, n.kwargs.get(k)) for k, v in kwargs.items()}
         name = self.new_buffer_name()
+        if target in _INPLACE_BERNOULLI and isinstance(meta, torch.Tensor) and args and \
+                isinstance(n.args[0], torch.fx.Node) and n.args[0].target in _EMPTY_OPS:
+            # eager's in-place bernoulli_ of a fresh buffer, made functional by tracing
+            ek = ExternKernel(name, _empty_like_layout(getattr(args[0], "layout", None),
+                                                       self._extern_layout(meta, cl)),
+                              bernoulli_in_layout, args, kwargs)
+            self.register_buffer(ek)
+            return TensorBox(StorageBox(ek))
         if isinstance(meta, torch.Tensor):
             ek = ExternKernel(name, self._extern_layout(meta, cl), target, args, kwargs)
             _maybe_pad_matmul_output(ek, meta)
@@ -674,6 +725,45 @@ def _strides_agree(size, a, b, symbolic: bool) -> bool:
         return all(s == 1 or int(x) == int(y) for s, x, y in zip(size, a, b))
     except TypeError:
         return symbolic
+
+
+def _empty_eager(node: torch.fx.Node, memo: dict) -> Optional[torch.Tensor]:
+    """Zero-element ``node`` as eager computes it: its ATen op run (free) on empty tensors
+    that have the strides eager gives its inputs, so a zero-element graph output gets
+    eager's strides, which fake tensors do not always give (``x.t().contiguous() + 1`` of
+    a (0, 17) ``x``: eager (1, 17), fake (1, 1), since fake's elementwise rule takes every
+    empty tensor as contiguous; user report 4). A graph input, a value computed from
+    tensors with elements (``x[:, :0]``), a random op, or an op that fails on empty
+    tensors stands for itself with its fake strides. None when ``node`` is not a
+    zero-element tensor with static sizes."""
+    if node in memo:
+        return memo[node]
+    memo[node] = None
+    val = node.meta.get("val")
+    if not isinstance(val, torch.Tensor) or val.numel() != 0 or any(
+            not isinstance(v, int) for v in list(val.shape) + list(val.stride())):
+        return None
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    out = None
+    with unset_fake_temporarily(), torch.no_grad():
+        if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload) \
+                and torch.Tag.nondeterministic_seeded not in node.target.tags:
+            ins = {a: _empty_eager(a, memo) for a in node.all_input_nodes}
+            if all(t is not None for t in ins.values()):
+                try:
+                    out = node.target(*torch.fx.node.map_arg(node.args, ins.__getitem__),
+                                      **torch.fx.node.map_arg(node.kwargs, ins.__getitem__))
+                except Exception:  # an op that needs more than empty tensors
+                    out = None
+        if not isinstance(out, torch.Tensor) or list(out.shape) != list(val.shape) \
+                or out.dtype != val.dtype:
+            try:
+                out = torch.empty_strided(tuple(val.shape), val.stride(), dtype=val.dtype,
+                                          device=val.device)
+            except Exception:  # e.g. a device this process cannot allocate on
+                out = None
+    memo[node] = out
+    return out
 
 
 def _same_strides(layout: Layout, t: torch.Tensor) -> bool:

@@ -106,18 +106,35 @@ def test_graph_break_in_inlined_call_with_grad_enabled_is_fine():
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.xfail(strict=True, reason=(
-    "ir/graph.py _output_spec / wrapper: a zero-element output is allocated with "
-    "contiguous strides (1, 1) instead of its fake strides (1, 17) (eager's "
-    "x.t().contiguous() of a (0, 17) tensor is the transposed view): the 'exactly the "
-    "fake strides' rule does not hold for empty outputs (harmless for values)"))
 def test_empty_transposed_output_strides(backend):
+    """Fixed (session 5, ir/graph.py ``_empty_eager``): zero-element outputs get eager's strides."""
     coil.reset()
     x = torch.randn(0, 17)
     f = lambda x: x.t().contiguous() + 1
     out, ref = coil.compile(f, options={"cpu_backend": backend})(x), f(x)
     assert out.shape == ref.shape
     assert out.stride() == ref.stride(), (out.stride(), ref.stride())
+
+
+EMPTY_PROGRAMS = {
+    "permute_sin_add": (lambda x: x.permute(2, 0, 1).sin() + 1, lambda: [torch.randn(3, 0, 5)]),
+    "several_outputs": (lambda x: (x + 1, x.t() - 1, x.t().softmax(-1)), lambda: [torch.randn(0, 4)]),
+    "slice_of_nonempty": (lambda x: x[:, :0].t() + 1, lambda: [torch.randn(4, 3)]),
+    "cast_and_cat": (lambda x: torch.cat([x.t(), x.t()]).to(torch.float64) * 2, lambda: [torch.randn(0, 3)]),
+}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", sorted(EMPTY_PROGRAMS))
+def test_empty_outputs_have_eager_strides(backend, name):
+    """Zero-element outputs take the strides of eager's ATen ops (run on empty tensors)."""
+    fn, make = EMPTY_PROGRAMS[name]
+    coil.reset()
+    args = make()
+    outs, refs = coil.compile(fn, options={"cpu_backend": backend})(*args), fn(*args)
+    outs, refs = (outs, refs) if isinstance(refs, tuple) else ((outs,), (refs,))
+    for o, r in zip(outs, refs):
+        assert (o.shape, o.stride(), o.dtype) == (r.shape, r.stride(), r.dtype)
 
 
 # ---------------------------------------------------------------------------------

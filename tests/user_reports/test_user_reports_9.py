@@ -241,19 +241,36 @@ def test_autocast_dtype_change_recompiles(backend):
         assert cf(x, w).dtype == torch.bfloat16  # the first graph is still found
 
 
-# 2. With fallback_random (documented: random ops equal eager bit for bit given the same
-# seed), dropout of a non-contiguous tensor draws a different mask from eager's. Eager's
-# CPU dropout fills empty_like(x) (x's strides) with bernoulli_, so draws follow x's
-# memory order; coil lowers empty_permuted / empty_like as a contiguous buffer before the
-# ATen bernoulli_ fallback, so draws follow the logical order. This is seen with
+# 2. fixed: with fallback_random (documented: random ops equal eager bit for bit given the
+# same seed), dropout of a non-contiguous tensor drew a different mask from eager's. Eager's
+# CPU dropout fills empty_like(x) (x's strides) with bernoulli_, so draws follow x's memory
+# order; functionalization turns that into bernoulli.p(empty_permuted(...)), and ATen's
+# functional bernoulli allocates contiguous, so draws followed the logical order (the
+# empty_permuted buffer itself already had eager's strides). The extern now runs
+# empty_like(x).bernoulli_(p) (ir/graph.py _BernoulliInLayout), as Inductor does. Seen with
 # nn.TransformerEncoderLayer(batch_first=True) in training (its attention output is
-# transposed): losses differ from eager from step 1 with fallback_random=True.
+# transposed): losses differed from eager from step 1 with fallback_random=True.
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.xfail(strict=True, reason="fallback_random dropout of a non-contiguous tensor: "
-                   "empty_permuted lowered contiguous (coil/ir/lowering_views.py _creation)")
 def test_fallback_random_dropout_of_transposed_tensor(backend):
+    """Fixed (session 5, ir/graph.py ``_BernoulliInLayout``): bernoulli draws in its input's memory order."""
     f = lambda x: F.dropout(x.transpose(0, 1), 0.5)
     x = torch.randn(6, 4, 16)
+    cf = _compiled(f, backend, fallback_random=True)
+    torch.manual_seed(0)
+    ref = f(x)
+    torch.manual_seed(0)
+    torch.testing.assert_close(cf(x), ref)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("layout", ["permuted_4d", "channels_last"])
+def test_fallback_random_dropout_follows_memory_order(backend, layout):
+    if layout == "channels_last":
+        x = torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last)
+        f = lambda x: F.dropout(x, 0.3) * 2
+    else:
+        x = torch.randn(2, 3, 4, 5)
+        f = lambda x: F.dropout(x.permute(0, 3, 1, 2), 0.3) + 1
     cf = _compiled(f, backend, fallback_random=True)
     torch.manual_seed(0)
     ref = f(x)

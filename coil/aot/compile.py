@@ -231,13 +231,20 @@ def _compile(fn, example_inputs, fw_compiler, bw_compiler, partition_fn, decompo
               outputs=[(o.kind, o.index) for o in info.outputs],
               fw_out_requires_grad=info.fw_out_requires_grad)
     _refuse_mutated_aliased_inputs(example_inputs, info.mutated_inputs)
-    # Under the caller's no_grad this is the inference path even when the program turns
-    # grad on itself (``with torch.enable_grad():``): its outputs come back detached (user
-    # report 11, a strict xfail). Taking the training path there (tried in session 5)
-    # differentiated values the caller computed under no_grad (the joint trace runs the
-    # whole program with grad on: wrong gradients, user report 12) and crashed on views
-    # and on inputs updated after being saved, so it was reverted.
     training = grad and any(x.requires_grad for x in info.inputs) and any(info.fw_out_requires_grad)
+    # Under the caller's no_grad, an output that requires grad in the fake run comes from
+    # the program's own ``torch.enable_grad()`` region: the training path, with the joint
+    # graph traced in the caller's grad mode so that values computed outside the region
+    # are not differentiated. If that trace fails (autograd's checks see what eager only
+    # meets at backward time), the inference path runs it with detached outputs.
+    joint = None
+    if (not training and not grad and not torch.is_inference_mode_enabled()
+            and any(x.requires_grad for x in info.inputs) and any(info.fw_out_requires_grad)):
+        try:
+            joint, jinfo = trace_joint(fn, fake_args, info, decomps, fake_mode, grad=False)
+            training = True
+        except Exception as e:  # noqa: BLE001 - optional: the inference path is the fallback
+            trace.log("aot_enable_grad_region_fallback", stage="aot", error=str(e)[:2000])
     if not training:
         fw_gm = trace_inference(fn, fake_args, info, decomps, fake_mode)
         cse_graph(fw_gm)
@@ -245,7 +252,8 @@ def _compile(fn, example_inputs, fw_compiler, bw_compiler, partition_fn, decompo
         fw_gm.meta["coil_aot_graph"] = "inference"
         compiled = fw_compiler(fw_gm, _placeholder_fakes(fw_gm))
         return _check_aliasing_per_call(inference_runner(compiled, info), fn, info.mutated_inputs)
-    joint, jinfo = trace_joint(fn, fake_args, info, decomps, fake_mode)
+    if joint is None:
+        joint, jinfo = trace_joint(fn, fake_args, info, decomps, fake_mode)
     trace.artifact("aot_joint_graph", _graph_text(joint, "aot joint graph (ATen)"), kind="python")
     part = partition_fn(joint, jinfo)
     cse_graph(part.fw)

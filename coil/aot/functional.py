@@ -349,8 +349,12 @@ class JointInfo:
 
 
 def trace_joint(fn: Callable, fake_args: list, info: ProgramInfo, decompositions: dict,
-                fake_mode: FakeTensorMode) -> tuple[torch.fx.GraphModule, JointInfo]:
-    """Trace forward + backward into one functional ATen graph (see module docstring)."""
+                fake_mode: FakeTensorMode, grad: bool = True) -> tuple[torch.fx.GraphModule, JointInfo]:
+    """Trace forward + backward into one functional ATen graph (see module docstring).
+
+    ``grad``: the caller's grad mode, which the program runs in (its own
+    ``torch.enable_grad()`` / ``no_grad`` regions then decide what is differentiable, as
+    in eager); False only for a program called under no_grad that turns grad on itself."""
     grad_inputs = [i for i, x in enumerate(info.inputs) if x.requires_grad]
     clone = {i for i in info.mutated_inputs if info.inputs[i].requires_grad}
     with fake_mode:
@@ -368,7 +372,8 @@ def trace_joint(fn: Callable, fake_args: list, info: ProgramInfo, decompositions
                 # a mutated input that requires grad is cloned first, so that its
                 # gradient is taken w.r.t. its value before the mutation
                 args = [a.clone() if i in clone else a for i, a in enumerate(f_primals)]
-                vals = _forward_values(fn, args, info)
+                with torch.set_grad_enabled(grad):
+                    vals = _forward_values(fn, args, info)
                 diff = [v for v, rg in zip(vals, info.fw_out_requires_grad) if rg]
                 wrt = [f_primals[i] for i in grad_inputs]
                 if not diff:

@@ -231,7 +231,14 @@ def training_runner(compiled_fw: Callable, compiled_bw: Callable, info: ProgramI
     CompiledFunction.__name__ = "CoilCompiledFunction"
 
     def run(*args):
-        vals = CompiledFunction.apply(*args)
+        if torch.is_grad_enabled():
+            vals = CompiledFunction.apply(*args)
+        else:
+            # compiled under no_grad for a program with its own enable_grad region (aot
+            # compile.py): autograd must record this call; outputs computed with grad off
+            # are marked non-differentiable
+            with torch.enable_grad():
+                vals = CompiledFunction.apply(*args)
         return epilogue(args, vals)
 
     run._coil_aot_path = "training"  # type: ignore[attr-defined]

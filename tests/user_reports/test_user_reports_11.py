@@ -229,13 +229,10 @@ def test_channels_last_weight_norm_modules_train(channels_last, backend, dim):
 
 # -- defects ------------------------------------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason=(
-    "outputs computed under torch.enable_grad() inside a function called under no_grad come back detached: aot takes the inference path under the caller's no_grad (coil/aot/compile.py _compile). Session 5 took the training path there and reverted it: the joint trace runs the whole program with grad on, which differentiated values the caller computed under no_grad (wrong gradients, user report 12) and crashed on views and on inputs updated after being saved"))
 @pytest.mark.parametrize("backend", ["cpp"])
 def test_enable_grad_inside_compiled_fn_called_under_no_grad(backend):
-    """An output computed under ``with torch.enable_grad()`` inside the compiled
-    function, called under no_grad, comes back detached (a fix was tried in session 5
-    and reverted; see the reason)."""
+    """Fixed (session 5): under the caller's no_grad, aot traces the joint graph in that grad mode and training_runner turns grad on (coil/aot/compile.py _compile). An output computed under ``with torch.enable_grad()`` inside the compiled
+    function, called under no_grad, came back detached."""
     def f(x):
         with torch.enable_grad():
             y = x.sin() * 2
@@ -313,11 +310,9 @@ def test_concurrent_first_calls_from_threads_compile_once():
     assert not errors, errors[:2]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "outputs computed under torch.enable_grad() inside a function called under no_grad come back detached: aot takes the inference path under the caller's no_grad (coil/aot/compile.py _compile). Session 5 took the training path there and reverted it: the joint trace runs the whole program with grad on, which differentiated values the caller computed under no_grad (wrong gradients, user report 12) and crashed on views and on inputs updated after being saved"))
 @pytest.mark.parametrize("backend", ["cpp", "triton"])
 def test_mixed_grad_regions_under_no_grad(backend):
-    """Under no_grad, a program with an enable_grad region and a plain region: only the
+    """Fixed (session 5): under the caller's no_grad, aot traces the joint graph in that grad mode and training_runner turns grad on (coil/aot/compile.py _compile). Under no_grad, a program with an enable_grad region and a plain region: only the
     enable_grad output requires grad, gradients reach x through it, and a program with
     no enable_grad region still returns detached outputs."""
     def f(x):

@@ -256,11 +256,9 @@ def _check_grad_outputs(out, ref):
 
 # -- verified to work -----------------------------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason=(
-    "outputs computed under torch.enable_grad() inside a function called under no_grad come back detached: aot takes the inference path under the caller's no_grad (coil/aot/compile.py _compile). Session 5 took the training path there and reverted it: the joint trace runs the whole program with grad on, which differentiated values the caller computed under no_grad (wrong gradients, user report 12) and crashed on views and on inputs updated after being saved"))
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_enable_grad_regions_under_no_grad(backend):
-    """Mixed outputs, nested no_grad, set_grad_enabled, a buffer mutated outside and
+    """Fixed (session 5): under the caller's no_grad, aot traces the joint graph in that grad mode and training_runner turns grad on (coil/aot/compile.py _compile). Mixed outputs, nested no_grad, set_grad_enabled, a buffer mutated outside and
     inside the region, an input returned as is."""
     r = _gen(12)
 
@@ -283,9 +281,8 @@ def test_enable_grad_regions_under_no_grad(backend):
     assert_grads_match(a_ref, a_out, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "outputs computed under torch.enable_grad() inside a function called under no_grad come back detached: aot takes the inference path under the caller's no_grad (coil/aot/compile.py _compile). Session 5 took the training path there and reverted it: the joint trace runs the whole program with grad on, which differentiated values the caller computed under no_grad (wrong gradients, user report 12) and crashed on views and on inputs updated after being saved"))
 def test_enable_grad_region_graph_break_and_modes():
+    """Fixed (session 5): under the caller's no_grad, aot traces the joint graph in that grad mode and training_runner turns grad on (coil/aot/compile.py _compile)."""
     r = _gen(13)
 
     def f(x):
@@ -312,11 +309,8 @@ def test_enable_grad_region_graph_break_and_modes():
 
 # -- failures -------------------------------------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a value computed under the caller's no_grad before the enable_grad region is "
-    "differentiable in coil's joint graph (trace_joint traces with grad on?): "
-    "a = x * 2; with enable_grad(): b = a * x gives x.grad = 4x*g, eager 2x*g"))
 def test_no_grad_value_used_inside_enable_grad_region():
+    """Fixed (session 5): under the caller's no_grad, aot traces the joint graph in that grad mode and training_runner turns grad on (coil/aot/compile.py _compile)."""
     r = _gen(14)
 
     def f(x):
@@ -330,10 +324,8 @@ def test_no_grad_value_used_inside_enable_grad_region():
     assert_grads_match(a_ref, a_out, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "same cause as above, as a frozen layer: a Linear run under no_grad before an "
-    "enable_grad head gets weight.grad (eager: None) and the head's grads are wrong"))
 def test_frozen_layer_before_enable_grad_head_gets_no_grad():
+    """Fixed (session 5): under the caller's no_grad, aot traces the joint graph in that grad mode and training_runner turns grad on (coil/aot/compile.py _compile)."""
     torch.manual_seed(15)
     lin, head = nn.Linear(4, 4), nn.Linear(4, 2)
 
@@ -378,7 +370,7 @@ def test_view_of_input_inside_enable_grad_region():
 
 
 def test_view_of_enable_grad_value_as_only_output():
-    """Crashed compilation while aot took the training path under no_grad (session 5, reverted); compiles again, values match (the output is detached, see above)."""
+    """Crashed compilation with a first version of the enable_grad-under-no_grad path; that joint trace now falls back to the inference path (detached output) when it fails."""
     r = _gen(17)
 
     def f(x):
@@ -391,7 +383,7 @@ def test_view_of_enable_grad_value_as_only_output():
 
 
 def test_saved_input_mutated_after_region_compiles():
-    """Crashed compilation while aot took the training path under no_grad (session 5, reverted); compiles again, values match (the output is detached, see above)."""
+    """Crashed compilation with a first version of the enable_grad-under-no_grad path; that joint trace now falls back to the inference path (detached output) when it fails."""
     r = _gen(18)
 
     def f(x, w):

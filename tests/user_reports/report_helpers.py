@@ -18,6 +18,29 @@ def run_both(fn, a_ref: list, a_out: list, backend: str, options: dict | None = 
     return as_tuple(out), as_tuple(ref)
 
 
+def run_on_copies(fn, args, backend: str = "cpp", seed=None, ctx=None, **options):
+    """``(compiled outputs, eager outputs, compiled args, eager args)``: ``fn`` run eagerly
+    and through ``coil.compile(fn, options={"cpu_backend": backend, **options})`` on
+    separate copies of ``args`` (:func:`arg_copies`), outputs as tuples. ``seed``:
+    ``torch.manual_seed(seed)`` before each run; ``ctx``: a context factory (e.g.
+    ``torch.no_grad``) both runs are called under."""
+    a_ref, a_out = arg_copies(args), arg_copies(args)
+    coil.reset()
+    cf = coil.compile(fn, options={"cpu_backend": backend, **options})
+    as_tuple = lambda v: tuple(v) if isinstance(v, (tuple, list)) else (v,)  # noqa: E731
+    outs = []
+    for f, a in ((fn, a_ref), (cf, a_out)):
+        if seed is not None:
+            torch.manual_seed(seed)
+        if ctx is None:
+            outs.append(as_tuple(f(*a)))
+        else:
+            with ctx():
+                outs.append(as_tuple(f(*a)))
+    ref, out = outs
+    return out, ref, a_out, a_ref
+
+
 def backward_both(outs, refs) -> None:
     """Backward through every output whose eager counterpart needs grad, with the same
     random cotangents (seed 99) for eager and compiled."""

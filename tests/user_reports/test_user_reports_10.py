@@ -14,11 +14,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import coil
-import coil.ir.graph as G
 import coil.ir.lowering as L
 from coil.config import patch
 
-from report_helpers import arg_copies, assert_grads_match, assert_outputs_match, backward_both
+from report_helpers import assert_grads_match, assert_outputs_match, backward_both, run_on_copies
 
 BACKENDS = ["cpp", "triton"]
 
@@ -32,19 +31,8 @@ def gpu_plan(monkeypatch):
         yield
 
 
-@pytest.fixture
-def channels_last(monkeypatch):
-    monkeypatch.setattr(G, "_CHANNELS_LAST_DEVICES", ("cuda", "cpu"))
 
 
-def _run(fn, args, backend, **options):
-    """(compiled outputs, eager outputs) on separate copies of ``args``."""
-    a_ref, a_out = arg_copies(args), arg_copies(args)
-    coil.reset()
-    ref = fn(*a_ref)
-    out = coil.compile(fn, options={"cpu_backend": backend, **options})(*a_out)
-    tup = lambda v: tuple(v) if isinstance(v, (tuple, list)) else (v,)
-    return tup(out), tup(ref), a_out, a_ref
 
 
 # -- verified to work (compact versions of what was tried; FINDINGS_10.md lists more) -----
@@ -67,7 +55,7 @@ def test_gpu_plan_row_reductions_around_the_thresholds(gpu_plan, backend, rows, 
         return (a.sum(-1), a.amax(-1, keepdim=True), torch.softmax(b, -1), b.argmax(-1),
                 (b + 100).var(-1), torch.logsumexp(b, -1), (b > 0).sum(-1), (b > 3).any(-1),
                 F.cross_entropy(b, torch.arange(rows) * 7))
-    out, ref, _, _ = _run(f, (x, y), backend)
+    out, ref, _, _ = run_on_copies(f, (x, y), backend)
     assert_outputs_match(out, ref, atol=1e-4, rtol=1e-4)
 
 
@@ -81,7 +69,7 @@ def test_gpu_plan_low_precision_and_strided_inputs(gpu_plan, backend):
         return (a.half().sum(-1), a.bfloat16().amax(-1), torch.softmax(a.half(), -1),
                 b.t().sum(-1), torch.softmax(b.t(), -1), a[:, ::2].mean(-1),
                 a.view(5, 128, 256).var((1, 2)), (a.sin() * 2).sum(-1).relu())
-    out, ref, _, _ = _run(f, (x, t), backend)
+    out, ref, _, _ = run_on_copies(f, (x, t), backend)
     assert_outputs_match(out, ref, atol=2e-3, rtol=2e-3)
 
 
@@ -103,7 +91,7 @@ def test_channels_last_conv_variants_train(channels_last, backend, weights):
             torch.randn(8, 2, 3, 3, requires_grad=True), torch.randn(16, 1, 3, 3, requires_grad=True),
             torch.randn(4, 16, 1, 1, requires_grad=True), torch.randn(4, 3, 2, 2, requires_grad=True),
             torch.randn(8, requires_grad=True))
-    out, ref, a_out, a_ref = _run(f, args, backend, conv_channels_last=True, conv_channels_last_training=True,
+    out, ref, a_out, a_ref = run_on_copies(f, args, backend, conv_channels_last=True, conv_channels_last_training=True,
                                   conv_channels_last_weights=weights)
     assert_outputs_match(out, ref, atol=1e-4, rtol=1e-4)
     backward_both(out, ref)
@@ -145,7 +133,7 @@ def test_weight_norm_conv_gradients_channels_last(channels_last, backend, weight
 
     args = (torch.randn(1, 2, 4, 4), torch.randn(2, 2, 3, 3, requires_grad=True),
             torch.randn(2, 1, 1, 1, requires_grad=True))
-    out, ref, a_out, a_ref = _run(f, args, backend, conv_channels_last=True, conv_channels_last_training=True,
+    out, ref, a_out, a_ref = run_on_copies(f, args, backend, conv_channels_last=True, conv_channels_last_training=True,
                                   conv_channels_last_weights=weights)
     assert_outputs_match(out, ref, atol=1e-5, rtol=1e-5)
     backward_both(out, ref)

@@ -20,30 +20,18 @@ import torch.nn.functional as F
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import coil
-import coil.ir.graph as G
 from coil.aot.decompositions import get_decompositions
 from coil.codegen import compile_aten_graph
 from coil.config import patch
 
-from report_helpers import (arg_copies, assert_args_match, assert_grads_match,
-                            assert_outputs_match, backward_both)
+from report_helpers import (assert_args_match, assert_grads_match, assert_outputs_match,
+                            backward_both, run_on_copies)
 
 BACKENDS = ["cpp", "triton"]
 
 
-@pytest.fixture
-def channels_last(monkeypatch):
-    monkeypatch.setattr(G, "_CHANNELS_LAST_DEVICES", ("cuda", "cpu"))
 
 
-def _run(fn, args, backend, **options):
-    """(compiled outputs, eager outputs, compiled args, eager args) on separate copies."""
-    a_ref, a_out = arg_copies(args), arg_copies(args)
-    coil.reset()
-    ref = fn(*a_ref)
-    out = coil.compile(fn, options={"cpu_backend": backend, **options})(*a_out)
-    tup = lambda v: tuple(v) if isinstance(v, (tuple, list)) else (v,)  # noqa: E731
-    return tup(out), tup(ref), a_out, a_ref
 
 
 def _gen(seed):
@@ -66,7 +54,7 @@ def test_launch_fusion_with_mutated_and_aliased_inputs(backend):
                 w[1:].half(), w.half(), (w > 0).int(), z.double())
 
     args = (r(5, 5), r(5, 5).half(), r(5, 5), r(6, 5)[:5])
-    out, ref, a_out, a_ref = _run(f, args, backend)
+    out, ref, a_out, a_ref = run_on_copies(f, args, backend)
     assert_outputs_match(out, ref, atol=1e-2, rtol=1e-2)
     assert_args_match(a_ref, a_out, atol=1e-5, rtol=1e-5)
 
@@ -82,7 +70,7 @@ def test_launch_fusion_training_many_parameter_casts(backend):
         return h, ws[0].half().sum(-1), ws[1].sin()
 
     args = (r(4, 16).requires_grad_(), *[r(16, 16).requires_grad_() for _ in range(6)])
-    out, ref, a_out, a_ref = _run(f, args, backend)
+    out, ref, a_out, a_ref = run_on_copies(f, args, backend)
     assert_outputs_match(out, ref, atol=1e-2, rtol=1e-2)
     backward_both(out, ref)
     assert_grads_match(a_ref, a_out, atol=1e-2, rtol=1e-2)
@@ -199,7 +187,7 @@ def test_channels_last_externs_between_convs_train(channels_last, backend, op):
     r = _gen(7)
     args = (r(2, 3, 5, 5).requires_grad_(), r(4, 3, 3, 3).requires_grad_(),
             r(2, 4, 3, 3).requires_grad_())
-    out, ref, a_out, a_ref = _run(f, args, backend, conv_channels_last=True,
+    out, ref, a_out, a_ref = run_on_copies(f, args, backend, conv_channels_last=True,
                                   conv_channels_last_training=True)
     assert_outputs_match(out, ref, atol=1e-4, rtol=1e-4)
     backward_both(out, ref)
@@ -279,7 +267,7 @@ def test_launch_fusion_merges_more_than_256_casts_into_one_kernel():
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_roll_of_channels_last_tensor_keeps_strides(backend):
     x = _gen(12)(2, 4, 5, 5).contiguous(memory_format=torch.channels_last)
-    out, ref, _, _ = _run(lambda t: torch.roll(t, 1, 2), (x,), backend)
+    out, ref, _, _ = run_on_copies(lambda t: torch.roll(t, 1, 2), (x,), backend)
     assert_outputs_match(out, ref, atol=0, rtol=0)
 
 

@@ -17,31 +17,12 @@ import torch.nn.functional as F
 
 import coil
 
-from report_helpers import (arg_copies, assert_args_match, assert_grads_match,
-                            assert_outputs_match, backward_both)
+from report_helpers import (assert_args_match, assert_grads_match, assert_outputs_match,
+                            backward_both, run_on_copies)
 
 BACKENDS = ["cpp", "triton"]
 
 
-def _run(fn, args, backend="cpp", seed=None, ctx=None, **options):
-    """(compiled outputs, eager outputs, compiled args, eager args) on separate copies;
-    ``seed``: torch.manual_seed(seed) before each run; ``ctx``: a grad-mode context
-    factory both runs are called under."""
-    a_ref, a_out = arg_copies(args), arg_copies(args)
-    coil.reset()
-    cf = coil.compile(fn, options={"cpu_backend": backend, **options})
-    tup = lambda v: tuple(v) if isinstance(v, (tuple, list)) else (v,)  # noqa: E731
-    outs = []
-    for f, a in ((fn, a_ref), (cf, a_out)):
-        if seed is not None:
-            torch.manual_seed(seed)
-        if ctx is None:
-            outs.append(tup(f(*a)))
-        else:
-            with ctx():
-                outs.append(tup(f(*a)))
-    ref, out = outs
-    return out, ref, a_out, a_ref
 
 
 def _gen(seed):
@@ -73,7 +54,7 @@ def test_empty_outputs_match_eager_strides(backend):
 
     args = (r(0, 17), r(5, 4), r(2, 3, 0, 4).to(memory_format=torch.channels_last), r(3, 4, 0),
             torch.zeros(0, 5, dtype=torch.bool), idx)
-    out, ref, a_out, a_ref = _run(f, args, backend)
+    out, ref, a_out, a_ref = run_on_copies(f, args, backend)
     assert_outputs_match(out, ref, atol=0, rtol=0)
 
 
@@ -85,7 +66,7 @@ def test_empty_outputs_training_backward(backend):
         return x.t().contiguous() * 2, (x @ w).t(), (x.t() * y.t()).exp(), x.sum()
 
     args = (r(0, 17, grad=True), r(17, 5, grad=True), r(0, 17, grad=True))
-    out, ref, a_out, a_ref = _run(f, args, backend)
+    out, ref, a_out, a_ref = run_on_copies(f, args, backend)
     assert_outputs_match(out, ref, atol=1e-5, rtol=1e-5)
     backward_both(out, ref)
     assert_grads_match(a_ref, a_out, atol=1e-5, rtol=1e-5)
@@ -99,7 +80,7 @@ def test_empty_outputs_training_backward(backend):
     "is non-empty: x.t() * s of a (0, 17) x gave (1, 1), eager (1, 17)"))
 def test_empty_output_with_0d_tensor_operand():
     r = _gen(2)
-    out, ref, _, _ = _run(lambda x, s: (x.t() * s, torch.where(x.t() > 0, x.t(), 0.)),
+    out, ref, _, _ = run_on_copies(lambda x, s: (x.t() * s, torch.where(x.t() > 0, x.t(), 0.)),
                           (r(0, 17), torch.tensor(3.0)))
     assert_outputs_match(out, ref, atol=0, rtol=0)
 
@@ -109,7 +90,7 @@ def test_empty_output_with_0d_tensor_operand():
     "contiguous strides: x.t() * y, x (0, 17), y (17, 1), gave (1, 1), eager (1, 17)"))
 def test_empty_output_with_nonempty_broadcast_operand():
     r = _gen(3)
-    out, ref, _, _ = _run(lambda x, y: x.t() * y, (r(0, 17), r(17, 1)))
+    out, ref, _, _ = run_on_copies(lambda x, y: x.t() * y, (r(0, 17), r(17, 1)))
     assert_outputs_match(out, ref, atol=0, rtol=0)
 
 
@@ -119,7 +100,7 @@ def test_empty_output_with_nonempty_broadcast_operand():
     "(1, 1), eager (1, 17)"))
 def test_empty_tuple_op_outputs():
     r = _gen(4)
-    out, ref, _, _ = _run(lambda x: tuple(torch.sort(x.t(), dim=1)), (r(0, 17),))
+    out, ref, _, _ = run_on_copies(lambda x: tuple(torch.sort(x.t(), dim=1)), (r(0, 17),))
     assert_outputs_match(out, ref, atol=0, rtol=0)
 
 
@@ -129,7 +110,7 @@ def test_empty_tuple_op_outputs():
     "node for real cannot recover eager's (1, 3)"))
 def test_empty_like_of_empty_transposed():
     r = _gen(5)
-    out, ref, _, _ = _run(lambda x: torch.empty_like(x.t()).fill_(1), (r(0, 3),))
+    out, ref, _, _ = run_on_copies(lambda x: torch.empty_like(x.t()).fill_(1), (r(0, 3),))
     assert_outputs_match(out, ref, atol=0, rtol=0)
 
 
@@ -179,7 +160,7 @@ def test_dropouts_match_eager_under_seed_with_grads(backend, layout):
         return tuple(outs + [torch.bernoulli(x.sigmoid()),
                              torch.empty_like(x).bernoulli_(x.sigmoid())])
 
-    out, ref, a_out, a_ref = _run(f, (x,), backend, seed=7, fallback_random=True)
+    out, ref, a_out, a_ref = run_on_copies(f, (x,), backend, seed=7, fallback_random=True)
     assert_outputs_match(out, ref, atol=1e-5, rtol=1e-5)
     backward_both(out, ref)
     assert_grads_match(a_ref, a_out, atol=1e-5, rtol=1e-5)
@@ -197,7 +178,7 @@ def test_inplace_bernoulli_of_nonempty_transposed(op):
     r = _gen(8)
     f = {"clone": lambda x: x.clone().bernoulli_(0.4),
          "zeros_like": lambda x: torch.zeros_like(x).bernoulli_(0.4)}[op]
-    out, ref, _, _ = _run(f, (r(8, 6).t(),), seed=0, fallback_random=True)
+    out, ref, _, _ = run_on_copies(f, (r(8, 6).t(),), seed=0, fallback_random=True)
     assert_outputs_match(out, ref, atol=0, rtol=0)
 
 
@@ -207,7 +188,7 @@ def test_inplace_bernoulli_of_nonempty_transposed(op):
     "from eager's memory-order draw"))
 def test_inplace_bernoulli_of_transposed_input():
     r = _gen(9)
-    out, ref, a_out, a_ref = _run(lambda x: x.bernoulli_(0.3), (r(8, 6).t(),), seed=0,
+    out, ref, a_out, a_ref = run_on_copies(lambda x: x.bernoulli_(0.3), (r(8, 6).t(),), seed=0,
                                   fallback_random=True)
     assert_args_match(a_ref, a_out, atol=0, rtol=0)
 
@@ -218,7 +199,7 @@ def test_inplace_bernoulli_of_transposed_input():
     "returns the empty_like buffer, (1, 6)"))
 def test_inplace_bernoulli_of_empty_like_strides():
     r = _gen(10)
-    out, ref, _, _ = _run(lambda x: torch.empty_like(x).bernoulli_(0.3), (r(8, 6).t(),),
+    out, ref, _, _ = run_on_copies(lambda x: torch.empty_like(x).bernoulli_(0.3), (r(8, 6).t(),),
                           seed=0, fallback_random=True)
     assert_outputs_match(out, ref, atol=0, rtol=0)
 
@@ -229,7 +210,7 @@ def test_inplace_bernoulli_of_empty_like_strides():
     "functional bernoulli allocates contiguous and draws in logical order: other mask"))
 def test_functional_bernoulli_of_empty_like_transposed():
     r = _gen(11)
-    out, ref, _, _ = _run(lambda x: torch.empty_like(x).bernoulli(0.3), (r(8, 6).t(),),
+    out, ref, _, _ = run_on_copies(lambda x: torch.empty_like(x).bernoulli(0.3), (r(8, 6).t(),),
                           seed=0, fallback_random=True)
     assert_outputs_match(out, ref, atol=0, rtol=0)
 
@@ -241,7 +222,7 @@ def test_functional_bernoulli_of_empty_like_transposed():
     "(x.sigmoid()), so both get other numbers than eager under the same seed"))
 def test_random_op_order_with_dropout_after():
     r = _gen(20)
-    out, ref, _, _ = _run(lambda x: (torch.rand_like(x.sigmoid()), F.dropout(x, 0.3)),
+    out, ref, _, _ = run_on_copies(lambda x: (torch.rand_like(x.sigmoid()), F.dropout(x, 0.3)),
                           (r(6, 8),), seed=0, fallback_random=True)
     assert_outputs_match(out, ref, atol=0, rtol=0)
 
@@ -272,7 +253,7 @@ def test_enable_grad_regions_under_no_grad(backend):
         return w, z, x * 3, x
 
     args = (r(4, grad=True), r(4))
-    out, ref, a_out, a_ref = _run(f, args, backend, ctx=torch.no_grad)
+    out, ref, a_out, a_ref = run_on_copies(f, args, backend, ctx=torch.no_grad)
     assert_outputs_match(out, ref, atol=1e-5, rtol=1e-5)
     assert_args_match(a_ref, a_out, atol=1e-6, rtol=1e-6)
     _check_grad_outputs(out, ref)
@@ -319,7 +300,7 @@ def test_no_grad_value_used_inside_enable_grad_region():
             b = a * x
         return b
 
-    out, ref, a_out, a_ref = _run(f, (r(4, grad=True),), ctx=torch.no_grad)
+    out, ref, a_out, a_ref = run_on_copies(f, (r(4, grad=True),), ctx=torch.no_grad)
     backward_both(out, ref)
     assert_grads_match(a_ref, a_out, atol=1e-5, rtol=1e-5)
 
@@ -363,7 +344,7 @@ def test_view_of_input_inside_enable_grad_region():
             y = x.t()
         return y
 
-    out, ref, a_out, a_ref = _run(f, (r(3, 4, grad=True),), ctx=torch.no_grad)
+    out, ref, a_out, a_ref = run_on_copies(f, (r(3, 4, grad=True),), ctx=torch.no_grad)
     _check_grad_outputs(out, ref)
     backward_both(out, ref)
     assert_grads_match(a_ref, a_out, atol=0, rtol=0)
@@ -378,7 +359,7 @@ def test_view_of_enable_grad_value_as_only_output():
             y = x * 2
         return y.view(-1)
 
-    out, ref, _, _ = _run(f, (r(3, 4, grad=True),), ctx=torch.no_grad)
+    out, ref, _, _ = run_on_copies(f, (r(3, 4, grad=True),), ctx=torch.no_grad)
     assert_outputs_match(out, ref, atol=0, rtol=0)
 
 
@@ -392,6 +373,6 @@ def test_saved_input_mutated_after_region_compiles():
         w.add_(1)
         return y
 
-    out, ref, a_out, a_ref = _run(f, (r(4, grad=True), r(4, grad=True)), ctx=torch.no_grad)
+    out, ref, a_out, a_ref = run_on_copies(f, (r(4, grad=True), r(4, grad=True)), ctx=torch.no_grad)
     assert_outputs_match(out, ref, atol=1e-6, rtol=1e-6)
     assert_args_match(a_ref, a_out, atol=1e-6, rtol=1e-6)

@@ -231,15 +231,15 @@ def _compile(fn, example_inputs, fw_compiler, bw_compiler, partition_fn, decompo
               outputs=[(o.kind, o.index) for o in info.outputs],
               fw_out_requires_grad=info.fw_out_requires_grad)
     _refuse_mutated_aliased_inputs(example_inputs, info.mutated_inputs)
-    training = grad and any(x.requires_grad for x in info.inputs) and any(info.fw_out_requires_grad)
+    needs_grad = any(x.requires_grad for x in info.inputs) and any(info.fw_out_requires_grad)
+    training = grad and needs_grad
     # Under the caller's no_grad, an output that requires grad in the fake run comes from
     # the program's own ``torch.enable_grad()`` region: the training path, with the joint
     # graph traced in the caller's grad mode so that values computed outside the region
     # are not differentiated. If that trace fails (autograd's checks see what eager only
     # meets at backward time), the inference path runs it with detached outputs.
     joint = None
-    if (not training and not grad and not torch.is_inference_mode_enabled()
-            and any(x.requires_grad for x in info.inputs) and any(info.fw_out_requires_grad)):
+    if needs_grad and not grad and not torch.is_inference_mode_enabled():
         try:
             joint, jinfo = trace_joint(fn, fake_args, info, decomps, fake_mode, grad=False)
             training = True

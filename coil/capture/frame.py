@@ -237,14 +237,9 @@ def wrap_function(fn: types.FunctionType, cfg: CaptureConfig, capture_exec: bool
         if cache is not None:
             if cache.eager_reason is not None:
                 return fn(*args, **kwargs)
-            for e in cache.entries:
-                if e.config is cfg:
-                    try:
-                        ok = e.guard(*bound, fn)
-                    except Exception:  # noqa: BLE001 - a failing access is a miss
-                        ok = False
-                    if ok:
-                        return e.entry(*bound, fn)
+            e = _find_entry(cache, cfg, bound, fn)
+            if e is not None:
+                return e.entry(*bound, fn)
         return _miss(fn, code, cfg, bound, args, kwargs)
 
     coil_wrapper.__wrapped__ = fn
@@ -340,6 +335,20 @@ def _capturer(cfg):
 # compiling a frame
 
 
+def _find_entry(cache: "FrameCache", cfg, bound, fn):
+    """The first entry of ``cache`` compiled for ``cfg`` whose guard accepts this call
+    (a guard that raises is a miss), or None."""
+    for e in cache.entries:
+        if e.config is cfg:
+            try:
+                ok = e.guard(*bound, fn)
+            except Exception:  # noqa: BLE001 - a failing access is a miss
+                ok = False
+            if ok:
+                return e
+    return None
+
+
 def _miss_entry(fn, code, cfg, bound):
     """The cache entry to run for this call, compiled now if needed; None: run ``fn``
     eagerly. Called with ``_compile_lock`` held."""
@@ -348,13 +357,10 @@ def _miss_entry(fn, code, cfg, bound):
         cache = _caches[code] = FrameCache()
     if cache.eager_reason is not None:
         return None
+    hit = _find_entry(cache, cfg, bound, fn)  # compiled by another thread meanwhile
+    if hit is not None:
+        return hit
     mine = [e for e in cache.entries if e.config is cfg]
-    for e in mine:  # compiled by another thread while this one waited for the lock
-        try:
-            if e.guard(*bound, fn):
-                return e
-        except Exception:  # noqa: BLE001 - a failing access is a miss
-            pass
     if len(mine) >= _config.config.recompile_limit:
         fails = mine[-1].guards.failures(mine[-1].argnames, tuple(bound) + (fn,), limit=4)
         last = fails[0]["text"] if fails else "unknown"

@@ -105,6 +105,29 @@ def grads(name: str) -> None:
             print(f"    {ratio:10.2f}  {k}: {txt}")
 
 
+def _bf16_model(name: str):
+    """``(module, args, kwargs)`` of bench model ``name`` on CUDA for bf16 inference
+    (module in eval mode cast to bf16, floating inputs cast to bf16)."""
+    dev = torch.device("cuda")
+    built = select_models([name])[0].build(dev, default_size(dev))
+    return (built.module.eval().to(torch.bfloat16), _cast(built.args, torch.bfloat16),
+            _cast(built.kwargs, torch.bfloat16))
+
+
+def _wall_ms(step, warmup: int, steps: int) -> float:
+    """Wall ms per call of ``step`` over ``steps`` calls after ``warmup`` untimed ones,
+    with a CUDA synchronize before and after."""
+    import time
+    for _ in range(warmup):
+        step()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / steps * 1e3
+
+
 def profile(name: str, train: bool = False) -> None:
     """Top CUDA kernels per step for eager, coil and torch.compile.
 
@@ -113,18 +136,14 @@ def profile(name: str, train: bool = False) -> None:
     Prints, per compiler: CUDA kernel time per step (µs), launches per step, wall time per
     step (ms, host clock after synchronize), and the 25 most expensive kernels.
     """
-    import time
     from torch.profiler import ProfilerActivity, profile as prof
 
-    dev = torch.device("cuda")
-    spec = select_models([name])[0]
-    built = spec.build(dev, default_size(dev))
     if train:
-        base = built.module.train()
-        args, kwargs = built.args, built.kwargs
+        dev = torch.device("cuda")
+        built = select_models([name])[0].build(dev, default_size(dev))
+        base, args, kwargs = built.module.train(), built.args, built.kwargs
     else:
-        base = built.module.eval().to(torch.bfloat16)
-        args, kwargs = _cast(built.args, torch.bfloat16), _cast(built.kwargs, torch.bfloat16)
+        base, args, kwargs = _bf16_model(name)
     tag = "train" if train else "bf16"
     import os
     for how in os.environ.get("DIAG_COMPILERS", "eager coil inductor").split():
@@ -141,15 +160,8 @@ def profile(name: str, train: bool = False) -> None:
                 with torch.no_grad():
                     flatten_outputs(fn(*args, **kwargs))
 
-        for _ in range(3):
-            step()
-        torch.cuda.synchronize()
         steps = 10
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            step()
-        torch.cuda.synchronize()
-        wall = (time.perf_counter() - t0) / steps * 1e3
+        wall = _wall_ms(step, 3, steps)
         with prof(activities=[ProfilerActivity.CUDA]) as p:
             for _ in range(steps):
                 step()
@@ -180,11 +192,7 @@ def host(name: str) -> None:
     import pstats
     import time
 
-    dev = torch.device("cuda")
-    spec = select_models([name])[0]
-    built = spec.build(dev, default_size(dev))
-    base = built.module.eval().to(torch.bfloat16)
-    args, kwargs = _cast(built.args, torch.bfloat16), _cast(built.kwargs, torch.bfloat16)
+    base, args, kwargs = _bf16_model(name)
     for how in os.environ.get("DIAG_COMPILERS", "coil inductor").split():
         import coil
         coil.reset()
@@ -196,15 +204,8 @@ def host(name: str) -> None:
             with torch.no_grad():
                 return fn(*args, **kwargs)
 
-        for _ in range(5):
-            step()
-        torch.cuda.synchronize()
         steps = 30
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            step()
-        torch.cuda.synchronize()
-        wall = (time.perf_counter() - t0) / steps * 1e3
+        wall = _wall_ms(step, 5, steps)
         hosts = []
         for _ in range(steps):
             torch.cuda.synchronize()
@@ -244,10 +245,7 @@ def hostab(name: str) -> None:
     from coil.config import config
 
     dev = torch.device("cuda")
-    spec = select_models([name])[0]
-    built = spec.build(dev, default_size(dev))
-    base = built.module.eval().to(torch.bfloat16)
-    args, kwargs = _cast(built.args, torch.bfloat16), _cast(built.kwargs, torch.bfloat16)
+    base, args, kwargs = _bf16_model(name)
     known = {"inductor": {}, "coil": {}, "coil_nocl": {"conv_channels_last": False},
              "coil_clw": {"conv_channels_last_weights": False},
              "coil_nodirect": {"triton_direct_launch": False},

@@ -5,20 +5,11 @@
 
 (run from the repository root, so that ``benchmarks`` is importable).
 """
-from coil.bench.compilers import Compiler, StatsProbe
-
-
-def _coil_with(**options):
-    def compile_with(fn, probe: StatsProbe):
-        import coil
-        from coil.backends import lookup_backend
-        return coil.compile(fn, backend=probe.counting(lookup_backend("coil")), options=options)
-    return compile_with
-
+from coil.bench.compilers import Compiler, _compile_coil
 
 #: conv_channels_last off (NCHW convolutions)
 COIL_NOCL = Compiler("coil_nocl", "coil", "coil, conv_channels_last=False",
-                     _coil_with(conv_channels_last=False))
+                     _compile_coil("coil", conv_channels_last=False))
 #: launch-saving horizontal fusion off
 COIL_NOLF = Compiler("coil_nolf", "coil", "coil, launch_fusion_max_numel=0",
-                     _coil_with(launch_fusion_max_numel=0))
+                     _compile_coil("coil", launch_fusion_max_numel=0))

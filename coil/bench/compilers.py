@@ -157,11 +157,14 @@ def _compile_eager(fn, probe):
     return fn
 
 
-def _compile_coil(backend_name: str):
+def _compile_coil(backend_name: str, **options):
+    """``compile_with`` for coil's capture with backend ``backend_name``; ``options``:
+    coil.config options for the compile (benchmarks/bench_variants.py's A/B rows)."""
     def compile_with(fn, probe):
         import coil
 
-        return coil.compile(fn, backend=probe.counting(_coil_backend(backend_name)))
+        return coil.compile(fn, backend=probe.counting(_coil_backend(backend_name)),
+                            options=options or None)
 
     return compile_with
 

@@ -15,6 +15,11 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-./gpu_results}"; mkdir -p "$OUT"
 PART="${PART:-all}"
+# the rows (override to run others, e.g. TRAIN_MODELS="timm_vit_b16 hf_bert")
+INFER_MODELS="${INFER_MODELS:-hf_gpt2 hf_llama timm_resnet50 hf_bert}"
+TRAIN_MODELS="${TRAIN_MODELS:-hf_gpt2 timm_resnet50 hf_llama}"
+# seconds of the device call's 600 this script may use (less when run after other steps)
+CALL_BUDGET="${CALL_BUDGET:-500}"
 . benchmarks/gpu_env.sh
 { date -u; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1
   "$PY" -c "import sys, torch, triton; print(sys.version.split()[0], 'torch', torch.__version__, 'triton', triton.__version__)"
@@ -34,19 +39,19 @@ if [ "$PART" != train ]; then
 
   step "bench bf16"
   timeout -k 5 240 $COIL bench --isolate --paired --budget 190 --mode bf16 \
-    --model hf_gpt2 hf_llama timm_resnet50 hf_bert --compiler eager coil inductor --repeat 20 \
+    --model $INFER_MODELS --compiler eager coil inductor --repeat 20 \
     --row-timeout 100 --no-warm-compile --json "$OUT/bench_bf16.json" \
     --markdown "$OUT/bench_bf16.md" --no-progress >"$OUT/bench_bf16.txt" 2>"$OUT/bench_bf16.log"
   grep -E "^\| (hf|timm)" "$OUT/bench_bf16.md"
 fi
 
 if [ "$PART" != infer ]; then
-  B=$(( 500 - ($(date +%s) - START) ))
+  B=$(( CALL_BUDGET - ($(date +%s) - START) ))
   [ "$B" -gt 260 ] && B=260
   if [ "$B" -gt 30 ]; then
     step "bench train"
     timeout -k 5 $(( B + 40 )) $COIL bench --isolate --paired --budget "$B" --mode train \
-      --model hf_gpt2 timm_resnet50 hf_llama --compiler eager coil inductor --repeat 10 \
+      --model $TRAIN_MODELS --compiler eager coil inductor --repeat 10 \
       --row-timeout 110 --no-warm-compile --json "$OUT/bench_train.json" \
       --markdown "$OUT/bench_train.md" --no-progress >"$OUT/bench_train.txt" 2>"$OUT/bench_train.log"
     grep -E "^\| (hf|timm)" "$OUT/bench_train.md"

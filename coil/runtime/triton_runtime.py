@@ -6,8 +6,8 @@ A kernel's source is written to ``<cache>/triton/<sha256 of source>.py`` and imp
 
 :class:`TritonLauncher` holds the precomputed grid and launch options, so a call is one
 Triton launch. On a GPU with ``config.autotune`` the first call times each candidate
-config (block sizes, warps) with ``triton.testing.do_bench`` on the real arguments,
-keeps the fastest, and records it in ``<cache>/triton/<sha>.tune.json`` for later
+config (block sizes, warps) on the real arguments (:func:`time_launches`: back-to-back
+launches in a CUDA graph), keeps the fastest, and records it in ``<cache>/triton/<sha>.tune.json`` for later
 processes; kernels only write their output buffers, so re-running them is safe.
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ import json
 import os
 import sys
 import threading
-from typing import Optional
+from typing import Callable, Optional
 
 from coil import trace
 from coil.config import config
@@ -197,11 +197,16 @@ def candidate_configs(numel: int, rnumel: int, persistent: bool, gpu: bool,
         for xb, rb, nw in ((128, 16, 4), (64, 32, 4), (256, 16, 8), (32, 64, 4)):
             add(dict(XBLOCK=min(xb, xcap), RBLOCK=min(rb, rcap), num_warps=nw))
         return out[:4]
-    looped = ((1, 2048, 8), (1, 1024, 4), (4, 512, 4), (8, 256, 4))
-    if wide:
-        looped = ((1, 4096, 8), (1, 2048, 8), (1, 2048, 4), (2, 1024, 4))
+    # one row per program with 16-32 warps: an H200 sweep (benchmarks/gpu_sweep.py,
+    # BENCHMARKS.md session 6) timed 8192x32768 softmax 548 µs at (1, 2048, 32) against
+    # 746 µs at the earlier best (1, 2048, 8), and 32768x4096 layer_norm 251 µs at
+    # (1, 4096, 16) against 262 µs; blocks of several short rows were slower on all rows
+    looped = ((1, 2048, 16), (1, 4096, 16), (1, 2048, 32), (1, 1024, 8))
+    if wide:  # 2-byte streams: the same bytes per thread take twice the elements
+        looped = ((1, 4096, 16), (1, 4096, 8), (1, 4096, 32), (1, 8192, 16))
     for xb, rb, nw in looped:
-        add(dict(XBLOCK=min(xb, xcap), RBLOCK=min(rb, rcap), num_warps=nw))
+        xb, rb = min(xb, xcap), min(rb, rcap)
+        add(dict(XBLOCK=xb, RBLOCK=rb, num_warps=max(1, min(nw, xb * rb // 64))))
     return out[:4]
 
 
@@ -288,6 +293,55 @@ def _specialized_launch(run, arity: int, grid: tuple, consts: list, function, pa
                      [f"        return slow({params})", f"    {call}", ""])
     exec(compile(src, "<coil launcher>", "exec"), env)
     return env["fast"]
+
+
+def time_launches(launch: Callable[[], object], budget_ms: float = 2.0, rounds: int = 5) -> float:
+    """Milliseconds one call of ``launch`` (a kernel launch) takes on the GPU, for
+    autotuning: ``launch`` is captured ``n`` times back to back in a CUDA graph (``n``
+    sized so that one replay takes about ``budget_ms``) and the median replay of
+    ``rounds`` is divided by ``n``.
+
+    Timing single launches between CUDA events (``triton.testing.do_bench``) measures
+    the host's launch latency instead of the kernel whenever the kernel is shorter than
+    it: autotuning a 3 µs kernel through Triton's JIT launcher read 16-38 µs per config
+    on an H200 and chose by noise (BENCHMARKS.md, session 6). In the graph the kernels
+    run back to back, L2-warm as in a model where the producer has just written the
+    input. Falls back to ``do_bench`` when capture fails (e.g. a kernel that syncs)."""
+    import torch
+    launch()  # compiled and warm
+    torch.cuda.synchronize()
+    try:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(3):
+            launch()
+        end.record()
+        torch.cuda.synchronize()
+        est = max(start.elapsed_time(end) / 3, 1e-3)  # host-bound for short kernels: an upper bound
+        n = int(min(max(budget_ms / est, 3), 200))
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.stream(stream):
+            with torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
+                for _ in range(n):
+                    launch()
+            graph.replay()  # warm
+            times = []
+            for _ in range(rounds):
+                start.record(stream)
+                graph.replay()
+                end.record(stream)
+                end.synchronize()
+                times.append(start.elapsed_time(end) / n)
+        torch.cuda.current_stream().wait_stream(stream)
+        del graph
+        times.sort()
+        return times[len(times) // 2]
+    except Exception as e:  # noqa: BLE001 - capture unsupported here: time launches singly
+        trace.log("autotune_graph_timing_unavailable", stage="runtime", error=str(e)[:300])
+        from triton.testing import do_bench
+        return do_bench(launch, warmup=3, rep=10)
 
 
 class TritonLauncher:
@@ -477,7 +531,6 @@ class TritonLauncher:
         caller's real launch would start from a corrupted buffer. Raises
         KernelCompileError (naming the kernel and each config's error) when no candidate
         compiles."""
-        from triton.testing import do_bench
         scratch = tuple(a.clone() if hasattr(a, "clone") else a for a in args)
         with trace.stage("autotune_compile"):
             self._claim_pool_jobs()
@@ -486,7 +539,7 @@ class TritonLauncher:
         for cfg in self.configs:
             self._choose(cfg)
             try:
-                ms = do_bench(lambda: self._slow(*scratch), warmup=3, rep=10)
+                ms = time_launches(lambda: self._slow(*scratch))
             except Exception as e:  # a config that does not compile (registers, smem)
                 trace.log("autotune_error", stage="runtime", kernel=self.name, config=cfg, error=str(e))
                 msg = str(e)  # Triton puts the source excerpt first and the reason last

@@ -43,8 +43,8 @@ def _per_thread(cfg):
 
 
 def test_bf16_streams_get_wider_blocks():
-    """GPU candidates for kernels streaming only 2-byte data hold 16 elements (32 bytes)
-    per thread in their first guess; fp32 kernels keep 8 (32 bytes)."""
+    """GPU candidates for kernels streaming only 2-byte data hold twice the elements per
+    thread of fp32 kernels in their first guess (the same bytes per thread)."""
     from coil.runtime.triton_runtime import candidate_configs
     n = 32768 * 4096
     f32 = candidate_configs(n, 1, False, gpu=True, elem_bytes=4)
@@ -53,7 +53,9 @@ def test_bf16_streams_get_wider_blocks():
     assert len(bf16) <= 3 and dict(XBLOCK=1024, num_warps=4) in bf16   # old best stays
     red32 = candidate_configs(8192, 32000, False, gpu=True, elem_bytes=4)
     red16 = candidate_configs(8192, 32000, False, gpu=True, elem_bytes=2)
-    assert _per_thread(red32[0]) == 8 and _per_thread(red16[0]) == 16 and len(red16) <= 4
+    # looped reductions: one row per program and 16 warps first (H200 sweep, session 6),
+    # 2-byte rows with twice the elements per thread
+    assert _per_thread(red32[0]) == 4 and _per_thread(red16[0]) == 8 and len(red16) <= 4
     per16 = candidate_configs(32768, 4096, True, gpu=True, elem_bytes=2)
     assert _per_thread(per16[0]) == 16 and len(per16) <= 4
     # CPU (interpreter): one config whatever the dtype

@@ -539,3 +539,46 @@ def test_same_tensor_returned_twice_is_the_same_object():
     assert a is b and xx is x
     (a.sum() + 2 * b.sum()).backward()
     torch.testing.assert_close(x.grad, 3 * x.detach().exp())
+
+
+def test_nondiff_outputs_get_no_zero_filled_grads():
+    """Mutated buffers are non-differentiable forward outputs: backward gets no
+    zero-filled gradient for them (materialize_grads off: one fill launch each per step
+    on CUDA), and a differentiable output left out of the loss still gets zeros."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class CountFills(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.fills = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.overloadpacket in (torch.ops.aten.zeros, torch.ops.aten.fill_,
+                                       torch.ops.aten.zero_, torch.ops.aten.zeros_like):
+                self.fills += 1
+            return func(*args, **(kwargs or {}))
+
+    def f(x, b1, b2, b3):
+        with torch.no_grad():
+            b1.mul_(0.9)
+            b2.add_(x.detach().mean())
+            b3.add_(1)
+        return x.sin(), x.cos() * 2
+
+    torch.manual_seed(0)
+    x = torch.randn(5, requires_grad=True)
+    bufs = [torch.randn(3), torch.randn(3), torch.zeros((), dtype=torch.long)]
+    c = compile_fn(f, x, *bufs, symbolic_trace=False)
+    xr, = clones(x)
+    ref_bufs = [b.clone() for b in bufs]
+    a, _ = f(xr, *ref_bufs)
+    a.sum().backward()
+    ca, cb = c(x, *bufs)
+    mode = CountFills()
+    with mode:
+        ca.sum().backward()
+    torch.testing.assert_close(x.grad, xr.grad)
+    for got, want in zip(bufs, ref_bufs):
+        torch.testing.assert_close(got, want)
+    assert mode.fills == 1, mode.fills  # the zeros tangent of the unused cos output
+

@@ -15,7 +15,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-./gpu_results}"; mkdir -p "$OUT"
 PART="${PART:-all}"
-# the rows (override to run others, e.g. TRAIN_MODELS="timm_vit_b16 hf_bert")
+# the rows (override to run others, e.g. TRAIN_MODELS="timm_vit_b16 hf_bert"); TESTS=0 and
+# MICRO=0 skip the GPU tests and the microbenchmarks (models only, in one call)
 INFER_MODELS="${INFER_MODELS:-hf_gpt2 hf_llama timm_resnet50 hf_bert}"
 TRAIN_MODELS="${TRAIN_MODELS:-hf_gpt2 timm_resnet50 hf_llama}"
 # seconds of the device call's 600 this script may use (less when run after other steps)
@@ -28,14 +29,18 @@ CALL_BUDGET="${CALL_BUDGET:-500}"
 COIL="$PY -m coil.cli"
 
 if [ "$PART" != train ]; then
+  if [ "${TESTS:-1}" = 1 ]; then
   step tests
   timeout -k 5 60 "$PY" -m pytest -q -p no:cacheprovider tests/codegen/test_gpu.py tests/runtime \
     -k "case or pool or tiled or dropout or launch or channels" >"$OUT/tests.txt" 2>&1
   tail -1 "$OUT/tests.txt"
+  fi
 
+  if [ "${MICRO:-1}" = 1 ]; then
   step microbench
   timeout -k 5 150 "$PY" benchmarks/microbench.py >"$OUT/microbench.md" 2>"$OUT/microbench.log"
   cat "$OUT/microbench.md"
+  fi
 
   step "bench bf16"
   timeout -k 5 240 $COIL bench --isolate --paired --budget 190 --mode bf16 \
@@ -47,7 +52,7 @@ fi
 
 if [ "$PART" != infer ]; then
   B=$(( CALL_BUDGET - ($(date +%s) - START) ))
-  [ "$B" -gt 260 ] && B=260
+  [ "$B" -gt "${TRAIN_CAP:-260}" ] && B="${TRAIN_CAP:-260}"
   if [ "$B" -gt 30 ]; then
     step "bench train"
     timeout -k 5 $(( B + 40 )) $COIL bench --isolate --paired --budget "$B" --mode train \

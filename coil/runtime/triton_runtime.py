@@ -147,6 +147,11 @@ def tiled_configs(numel: int, rnumel: int, gpu: bool) -> list[dict]:
     return out
 
 
+#: Grids of fewer programs than this (about an H200's 132 SMs) cannot fill the GPU; their
+#: persistent reductions get more warps per row (:func:`candidate_configs`).
+FEW_PROGRAMS = 128
+
+
 def candidate_configs(numel: int, rnumel: int, persistent: bool, gpu: bool,
                       outer: bool = False, elem_bytes: int = 4) -> list[dict]:
     """Launch configs to try, best guess first: dicts with XBLOCK, (RBLOCK), num_warps.
@@ -185,7 +190,13 @@ def candidate_configs(numel: int, rnumel: int, persistent: bool, gpu: bool,
             return [dict(XBLOCK=max(1, min(xcap, 8192 // rb)), RBLOCK=rb, num_warps=4)]
         for elems in (1024, 2048, 4096, 8192):
             xb = max(1, min(xcap, elems // rb))
-            nw = max(1, min(16, (xb * rb) // (512 if wide else 256)))
+            per_thread = 16 if wide else 8
+            if _cdiv(numel, xb) < FEW_PROGRAMS:
+                # too few programs to fill the GPU (a final reduction over a few hundred
+                # partials, one loss value): latency-bound, so more warps each with a
+                # shorter chain of loads (2 elements per thread)
+                per_thread = 2
+            nw = max(1, min(16, (xb * rb) // (32 * per_thread)))
             add(dict(XBLOCK=xb, RBLOCK=rb, num_warps=nw))
         if len(out) < 4 and out[0]["num_warps"] > 2:  # long rows: also fewer warps per row
             add(dict(out[0], num_warps=out[0]["num_warps"] // 2))

@@ -98,3 +98,14 @@ def test_tune_cache_key_includes_candidate_set():
     p1 = la._tune_path()
     la.configs = [dict(XBLOCK=2048, num_warps=4), dict(XBLOCK=1024, num_warps=4)]
     assert la._tune_path() != p1 and "kabc." in p1
+
+
+def test_persistent_reductions_on_few_programs_get_more_warps():
+    """A persistent reduction whose grid cannot fill the GPU (a loss's final mean over
+    256 rows: one program) gets 2 elements per thread, not 8: it is latency-bound and is
+    below autotune_min_elements, so its first candidate is what runs."""
+    from coil.runtime.triton_runtime import FEW_PROGRAMS, candidate_configs
+    tiny = candidate_configs(1, 256, True, gpu=True)
+    assert _per_thread(tiny[0]) == 2, tiny
+    many = candidate_configs(FEW_PROGRAMS * 4, 1024, True, gpu=True)
+    assert _per_thread(many[0]) == 8, many  # grids that fill the GPU keep 8

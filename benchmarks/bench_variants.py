@@ -13,3 +13,6 @@ COIL_NOCL = Compiler("coil_nocl", "coil", "coil, conv_channels_last=False",
 #: launch-saving horizontal fusion off
 COIL_NOLF = Compiler("coil_nolf", "coil", "coil, launch_fusion_max_numel=0",
                      _compile_coil("coil", launch_fusion_max_numel=0))
+#: channels-last convolutions in training graphs too
+COIL_CLT = Compiler("coil_clt", "coil", "coil, conv_channels_last_training=True",
+                    _compile_coil("coil", conv_channels_last_training=True))

@@ -105,6 +105,39 @@ def _refuse_mutated_aliased_inputs(example_inputs: list, mutated: list) -> None:
                 "or clone one of the inputs before the call.")
 
 
+def _clone_saved_mutated_inputs(fw: torch.fx.GraphModule, info, n_fw: int, num_saved: int) -> None:
+    """Save a copy of a mutated input that the backward reads, not the input itself.
+
+    The backward of ``y.mul_(x)`` (``y`` mutated, ``x`` requiring grad) reads ``y``'s
+    value before the mutation; the partitioner saves that value as the forward's input
+    ``y``, which the epilogue then overwrites in place (and whose version bump made
+    every backward raise "modified by an inplace operation"). Eager autograd saves the
+    original the same way: a clone before the in-place op. Rewrites ``fw`` in place."""
+    places = [n for n in fw.graph.nodes if n.op == "placeholder"]
+    if len(places) != len(info.inputs) or not info.mutated_inputs:
+        return
+    mutated = {places[i] for i in info.mutated_inputs}
+    out = next(n for n in fw.graph.nodes if n.op == "output")
+    args = list(out.args[0])
+    changed = []
+    for k in range(n_fw, n_fw + num_saved):
+        if args[k] in mutated:
+            with fw.graph.inserting_before(out):
+                c = fw.graph.call_function(torch.ops.aten.clone.default, (args[k],))
+            c.meta.update(args[k].meta)
+            v = args[k].meta.get("val")
+            mode = getattr(v, "fake_mode", None)
+            if mode is not None:  # the clone's own strides (dense, in the input's order)
+                with mode:
+                    c.meta["val"] = torch.ops.aten.clone.default(v)
+            changed.append(args[k].name)
+            args[k] = c
+    if changed:
+        out.args = (args,) + tuple(out.args[1:])
+        fw.recompile()
+        trace.log("aot_clone_saved_mutated_inputs", stage="aot", inputs=changed)
+
+
 def _check_aliasing_per_call(runner: Callable, gm: Callable, mutated: list) -> Callable:
     """``runner``, except on calls whose inputs share memory with a mutated input (the
     check of :func:`_refuse_mutated_aliased_inputs`, about 0.1 µs per tensor input and
@@ -271,6 +304,7 @@ def _compile(fn, example_inputs, fw_compiler, bw_compiler, partition_fn, decompo
     # training_runner hands it): a compiler that returns them in another layout than
     # traced reports it (``output_strides``) and the backward is compiled for that layout
     n_fw = info.num_fw_outputs
+    _clone_saved_mutated_inputs(part.fw, info, n_fw, part.num_saved)
     part.fw.meta["coil_saved_outputs"] = (n_fw, n_fw + part.num_saved)
     compiled_fw = fw_compiler(part.fw, _placeholder_fakes(part.fw))
     bw_fakes = _saved_layouts(_placeholder_fakes(part.bw), getattr(compiled_fw, "output_strides", None),

@@ -369,6 +369,15 @@ def make_reduction(x: TensorBox, dims, keepdim: bool, reduction_type: str,
 
     ``transform(value, full_index)`` may rewrite each element before reducing.
     Arg reductions return int64 positions within the reduced dims (row-major)."""
+    if x.get_dtype() == torch.bool and reduction_type in ("max", "min", "argmax", "argmin"):
+        # reduced as uint8 0/1 (the same order): code generators need the identity of
+        # max/min in the value's dtype, and bool has none (no iinfo)
+        as_u8 = make_pointwise_box(lambda v: v, [x], list(x.get_size()), torch.uint8, torch.uint8)
+        r = make_reduction(as_u8, dims, keepdim, reduction_type,
+                           torch.uint8 if dtype == torch.bool else dtype, transform, src_dtype)
+        if dtype != torch.bool:
+            return r
+        return make_pointwise_box(lambda v: v, [r], list(r.get_size()), torch.bool, torch.bool)
     size = list(x.get_size())
     nd = len(size)
     dims = _norm_dims(dims, nd)
@@ -697,8 +706,10 @@ def _mean(x, dim=None, keepdim=False, *, dtype=None):
     n = 1
     for d in dims:
         n *= int(size[d])
-    s = make_reduction(x, dims, keepdim, "sum", odt)
     cdt = compute_dtype(odt)
+    # the sum stays in the compute dtype (fp32 for fp16/bf16) until divided, as eager's
+    # accumulation does: an fp16 sum of 4096 values ~16 is inf before the division
+    s = make_reduction(x, dims, keepdim, "sum", cdt if odt.is_floating_point else odt)
     return make_pointwise_box(lambda v: ops.truediv(v, ops.constant(float(n), cdt)), [s],
                               out_size(), odt, cdt)
 
@@ -720,16 +731,16 @@ def _var(x, dims=None, correction=None, keepdim=False, **kwargs):
     n = 1
     for d in rdims:
         n *= int(size[d])
-    total = make_reduction(x, rdims, True, "sum", odt)
+    # sums in the compute dtype (fp32 for fp16/bf16) until divided (see _mean)
+    acc = cdt if odt.is_floating_point else odt
+    total = make_reduction(x, rdims, True, "sum", acc)
     mean_load = broadcast_loader(total, size)
 
     def centered_sq(v, full):
-        m = ops.truediv(mean_load(full), ops.constant(float(n), cdt))
-        m = m if compute_dtype(odt) == cdt else m
-        d = ops.sub(v, ops.to_dtype(m, cdt, cdt) if False else m)
+        d = ops.sub(v, ops.truediv(mean_load(full), ops.constant(float(n), cdt)))
         return ops.mul(d, d)
 
-    ss = make_reduction(x, rdims, keepdim, "sum", odt, transform=centered_sq)
+    ss = make_reduction(x, rdims, keepdim, "sum", acc, transform=centered_sq)
     denom = float(max(n - float(correction), 0))
     return make_pointwise_box(lambda v: ops.truediv(v, ops.constant(denom, cdt)), [ss],
                               out_size(), odt, cdt)

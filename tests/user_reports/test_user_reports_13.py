@@ -390,13 +390,11 @@ def test_view_of_grad_leaf_mutated_under_no_grad():
 
 # -- defects ----------------------------------------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason="a mutated input that does not require grad, updated "
-                   "by an op that saves it (mul_/div_ by a tensor that requires grad), is "
-                   "saved as the primal itself; the epilogue's tracked inp.copy_ then bumps "
-                   "its version, so every backward through the graph raises 'modified by an "
-                   "inplace operation' (eager saves the original value)")
 @pytest.mark.parametrize("op", ["mul_", "div_"])
 def test_inplace_mul_of_input_by_grad_tensor_backward(op):
+    """Fixed: the forward saves a clone of a mutated input that the backward reads
+    (aot/compile.py ``_clone_saved_mutated_inputs``); it saved the input itself, which
+    the epilogue then overwrote."""
     def f(x, y):
         getattr(y, op)(x)
         return x.cos()
@@ -555,23 +553,18 @@ def test_looped_training_and_other_layouts(n):
 
 # -- defects ----------------------------------------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason="Triton's reduction() takes torch.iinfo of the "
-                   "value dtype for the max/min default; torch.bool has no iinfo, so code "
-                   "generation fails (TypeError) and the graph runs in the FX interpreter "
-                   "with a warning (the C++ backend compiles it)")
 def test_triton_bool_amax_compiles():
+    """Fixed: bool max/min/argmax/argmin reduce as uint8 (ir/lowering.py
+    ``make_reduction``); Triton's codegen took torch.iinfo(torch.bool)."""
     x = torch.rand(3, 3000, generator=torch.Generator().manual_seed(0)) > 0.7
     _check(lambda x: (x.amax(-1), x.amin(-1)), [x])
 
 
-@pytest.mark.xfail(strict=True, reason="_mean lowers to a 'sum' reduction in the output "
-                   "dtype (fp16) and divides afterwards; when the sum is split in two stages "
-                   "(rows >= 4096, or leading/full reductions from 2048 elements) the second "
-                   "stage stores the un-divided sum as fp16, which overflows to inf before the "
-                   "division (eager divides in fp32)")
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("case", ["row_4096", "full_2048"])
 def test_fp16_mean_of_split_reduction_overflows(backend, case):
+    """Fixed: mean/var sum in the compute dtype (fp32) until divided (ir/lowering.py
+    ``_mean`` / ``_var``); the fp16 sum overflowed before the division."""
     g = torch.Generator().manual_seed(0)
     if case == "row_4096":
         x = (torch.randn(3, 4096, generator=g) * 0.5 + 100).half()

@@ -20,6 +20,7 @@ from typing import Callable, Optional
 
 import torch
 import torch.fx
+from torch._subclasses.fake_tensor import FakeTensor
 
 from coil import trace
 from coil.aot.decompositions import get_decompositions
@@ -84,6 +85,10 @@ def _refuse_mutated_aliased_inputs(example_inputs: list, mutated: list) -> None:
     if not mutated:
         return
     tensors = [x for x in example_inputs if isinstance(x, torch.Tensor)]
+    if any(isinstance(x, FakeTensor) for x in tensors):
+        # fake example inputs (torch.compile's recompile for new sizes) have no data
+        # pointers; aliasing is checked on the real tensors of every call
+        return
     if len({x.untyped_storage().data_ptr() for x in tensors}) == len(tensors):
         return  # every storage distinct (the per-call common case: one set, ~0.1 µs a tensor)
     from coil.exc import CoilError
@@ -111,17 +116,24 @@ def _clone_saved_mutated_inputs(fw: torch.fx.GraphModule, info, n_fw: int, num_s
     The backward of ``y.mul_(x)`` (``y`` mutated, ``x`` requiring grad) reads ``y``'s
     value before the mutation; the partitioner saves that value as the forward's input
     ``y``, which the epilogue then overwrites in place (and whose version bump made
-    every backward raise "modified by an inplace operation"). Eager autograd saves the
-    original the same way: a clone before the in-place op. Rewrites ``fw`` in place."""
+    every backward raise "modified by an inplace operation"); the same for a saved view
+    of it (``y[0].mul_(x)`` saves ``select(y)``). Eager autograd saves the original the
+    same way: a clone before the in-place op. Rewrites ``fw`` in place."""
     places = [n for n in fw.graph.nodes if n.op == "placeholder"]
     if len(places) != len(info.inputs) or not info.mutated_inputs:
         return
     mutated = {places[i] for i in info.mutated_inputs}
+
+    def of_mutated(n) -> bool:  # the input itself or a view of it (y[0], y.t(), ...)
+        while n.op == "call_function" and getattr(n.target, "is_view", False) and n.args:
+            n = n.args[0]
+        return n in mutated
+
     out = next(n for n in fw.graph.nodes if n.op == "output")
     args = list(out.args[0])
     changed = []
     for k in range(n_fw, n_fw + num_saved):
-        if args[k] in mutated:
+        if isinstance(args[k], torch.fx.Node) and of_mutated(args[k]):
             with fw.graph.inserting_before(out):
                 c = fw.graph.call_function(torch.ops.aten.clone.default, (args[k],))
             c.meta.update(args[k].meta)

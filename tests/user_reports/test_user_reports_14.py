@@ -338,24 +338,18 @@ def _v_t(x, y):
 VIEW_MUT = {"select": _v_select, "flat": _v_flat, "t": _v_t}
 
 
-@pytest.mark.xfail(strict=True, reason="a plain input mutated through a view by an op whose "
-                   "backward reads it (y[0].mul_(x[0])) is saved as a view of the input "
-                   "(aten.select/view of the primal); _clone_saved_mutated_inputs only clones "
-                   "saved placeholders, so the backward unpacks a no_grad view whose base the "
-                   "epilogue overwrote and raises 'A view was created in no_grad mode ...'")
 @pytest.mark.parametrize("backend,name", [("cpp", "select"), ("cpp", "flat"), ("cpp", "t"),
                                           ("triton", "select"), ("aot_eager", "select")])
 def test_mutation_through_view_saved_for_backward(backend, name):
+    """Fixed: a saved view of a mutated input is cloned too (aot/compile.py
+    ``_clone_saved_mutated_inputs``)."""
     r = _gen(10)
     _check_mutation(VIEW_MUT[name], [r(4, 5, grad=True), r(4, 5)], backend)
 
 
-@pytest.mark.xfail(strict=True, reason="under torch.compile(backend='coil'), dynamo's "
-                   "recompile for a second shape passes symbolic fake example inputs; "
-                   "_refuse_mutated_aliased_inputs calls untyped_storage().data_ptr() on them "
-                   "and raises 'Cannot access data pointer of Tensor' for any program that "
-                   "mutates an input (the same program without the mutation recompiles fine)")
 def test_torch_compile_recompile_with_mutated_input():
+    """Fixed: the compile-time aliasing check skips fake example inputs (the per-call
+    check sees the real tensors)."""
     import torch._dynamo
     torch._dynamo.reset()
 

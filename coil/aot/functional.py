@@ -178,7 +178,7 @@ def analyze(fn: Callable, fake_args: list, fake_mode: FakeTensorMode, grad: bool
 
 
 def _analyze(fn, fake_args, fake_mode, grad, drop_error_checks) -> ProgramInfo:
-    with fake_mode, torch.set_grad_enabled(grad):
+    with fake_mode, torch.set_grad_enabled(grad), without_cudnn_choices():
         with FunctionalTensorMode():
             f_args = [_to_functional(a) for a in fake_args]
             outs = _call(fn, f_args, drop_error_checks)
@@ -318,8 +318,18 @@ def _make_fx(fn: Callable, args: list, decompositions: dict, fake_mode: FakeTens
     # symbolic sizes are traced as sym_size nodes only in "symbolic" mode (which
     # reuses the inputs' fake mode and ShapeEnv); static inputs trace in "real" mode
     mode = "symbolic" if _is_symbolic(args) else "real"
-    with fake_mode:
+    with fake_mode, without_cudnn_choices():
         return make_fx(fn, decomposition_table=decompositions, tracing_mode=mode)(*args)
+
+
+def without_cudnn_choices():
+    """cuDNN off while tracing (fake tensors: no kernel runs), so that composite ops
+    that pick a cuDNN-specific ATen op by the global flag trace their portable form:
+    ``batch_norm`` on CUDA picks ``cudnn_batch_norm``, whose schema does not mark the
+    running statistics as mutated, and the joint graph lost their update (the running
+    mean and variance of every BatchNorm stayed 0 and 1 in CUDA training, while
+    ``native_batch_norm`` traces the update). Extern kernels still run cuDNN at run time."""
+    return torch.backends.cudnn.flags(enabled=False)
 
 
 def trace_inference(fn: Callable, fake_args: list, info: ProgramInfo, decompositions: dict,

@@ -582,3 +582,22 @@ def test_nondiff_outputs_get_no_zero_filled_grads():
         torch.testing.assert_close(got, want)
     assert mode.fills == 1, mode.fills  # the zeros tangent of the unused cos output
 
+
+
+def test_tracing_runs_with_cudnn_off():
+    """The program is traced with cuDNN off (aot/functional.py without_cudnn_choices):
+    on CUDA, batch_norm picks cudnn_batch_norm by that flag, and that op's schema hides
+    the running-statistics update, which the traced graph then lost (BatchNorm running
+    mean/var stayed 0/1 in CUDA training). The flag is restored afterwards."""
+    seen = []
+
+    def f(x, w):
+        seen.append(torch.backends.cudnn.enabled)
+        return (x * w).sum()
+
+    before = torch.backends.cudnn.enabled
+    x, w = torch.randn(3), torch.randn(3, requires_grad=True)
+    c = compile_fn(f, x, w, symbolic_trace=False)
+    c(x, w).backward()
+    assert seen and not any(seen), seen
+    assert torch.backends.cudnn.enabled == before

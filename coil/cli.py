@@ -166,10 +166,11 @@ def _run_conformance(a) -> int:
 
 def _add_demo(sub) -> None:
     p = sub.add_parser("demo", help="compile GPT-2 (random weights), eager vs coil, report")
-    p.add_argument("--device", default="auto")
+    p.add_argument("--device", default="auto", help="cpu, cuda or auto (default: cuda if available)")
     p.add_argument("--out", default="coil_demo", help="directory for the log and report")
     p.add_argument("--backend", default="coil", help="coil backend to demo (default coil)")
-    p.add_argument("--repeat", type=int, default=10)
+    p.add_argument("--repeat", type=int, default=10,
+                   help="timed interleaved rounds of eager and coil (medians reported; default 10)")
 
 
 def _run_demo(a) -> int:

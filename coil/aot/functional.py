@@ -29,6 +29,7 @@ regenerated outside the graph by :mod:`coil.aot.runtime` as a real view.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from typing import Any, Callable, Optional
 
@@ -328,8 +329,22 @@ def without_cudnn_choices():
     ``batch_norm`` on CUDA picks ``cudnn_batch_norm``, whose schema does not mark the
     running statistics as mutated, and the joint graph lost their update (the running
     mean and variance of every BatchNorm stayed 0 and 1 in CUDA training, while
-    ``native_batch_norm`` traces the update). Extern kernels still run cuDNN at run time."""
-    return torch.backends.cudnn.flags(enabled=False)
+    ``native_batch_norm`` traces the update). Extern kernels still run cuDNN at run time.
+
+    Only the ``enabled`` flag is touched, and restored on exit. It is process-global:
+    eager CUDA work in *other* threads during a trace runs without cuDNN (correct
+    values, slower kernels) until the trace ends."""
+    return _cudnn_enabled(False)
+
+
+@contextlib.contextmanager
+def _cudnn_enabled(on: bool):
+    before = torch.backends.cudnn.enabled
+    torch.backends.cudnn.enabled = on
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.enabled = before
 
 
 def trace_inference(fn: Callable, fake_args: list, info: ProgramInfo, decompositions: dict,

@@ -339,12 +339,14 @@ def without_cudnn_choices():
 
 @contextlib.contextmanager
 def _cudnn_enabled(on: bool):
-    before = torch.backends.cudnn.enabled
-    torch.backends.cudnn.enabled = on
+    # the C setter: torch.backends.cudnn.enabled = ... raises after
+    # torch.backends.disable_global_flags() (torch's test utilities call it on import)
+    before = torch._C._get_cudnn_enabled()
+    torch._C._set_cudnn_enabled(on)
     try:
         yield
     finally:
-        torch.backends.cudnn.enabled = before
+        torch._C._set_cudnn_enabled(before)
 
 
 def trace_inference(fn: Callable, fake_args: list, info: ProgramInfo, decompositions: dict,

@@ -601,3 +601,16 @@ def test_tracing_runs_with_cudnn_off():
     c(x, w).backward()
     assert seen and not any(seen), seen
     assert torch.backends.cudnn.enabled == before
+
+
+def test_tracing_with_cudnn_flags_locked():
+    """torch.backends.disable_global_flags() (called by torch's test utilities on
+    import) makes assigning torch.backends.cudnn.enabled raise; tracing still works."""
+    import torch.backends as backends
+    was = backends.__allow_nonbracketed_mutation_flag
+    backends.disable_global_flags()
+    try:
+        c = compile_fn(lambda x: x.sin() * 2, torch.randn(4))
+        torch.testing.assert_close(c(torch.ones(4)), torch.ones(4).sin() * 2)
+    finally:
+        backends.__allow_nonbracketed_mutation_flag = was

@@ -51,7 +51,9 @@ class StageProgress:
             self.stack.pop()
         self.counts[stage] = self.counts.get(stage, 0) + 1
         if not self.tty and len(self.stack) <= 1 and (ms or 0) >= 20:
-            self.stream.write(f"  {'  ' * len(self.stack)}{stage}: {ms:.0f} ms\n")
+            # a stage ends before its parent: name the parent ("capture > backend")
+            path = " > ".join(self.stack + [stage])
+            self.stream.write(f"  {path}: {ms:.0f} ms\n")
             self.stream.flush()
 
     def close(self) -> None:
@@ -138,7 +140,7 @@ def main(device: str = "auto", out_dir: str = "coil_demo", backend: str = "coil"
     else:
         rows += [["compile", "FAILED: " + measure.short_error(error, 500)]]
     trace.set_dir(None)
-    print(render_table(["", ""], rows))
+    print(render_table(["result", ""], rows))
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
     if load > (os.cpu_count() or 1):
         print(f"note: this machine is busy (load average {load:.1f} on {os.cpu_count()} cores); "

@@ -262,6 +262,9 @@ def wrap_module(mod: torch.nn.Module, cfg: CaptureConfig):
     hooks and ``forward`` are inlined, parameters and buffers are graph inputs."""
     code = _module_call_code(mod)
     fn = types.FunctionType(code, {"__name__": "coil.capture.frame"}, code.co_name)
+    # the compile log shows the module's forward as this frame's source (the frame
+    # itself is the generated ``self(*args, **kwargs)``)
+    fn._coil_source_of = (type(mod).__name__, type(mod).forward)
     inner = wrap_function(fn, cfg)
     mod_ref = weakref.ref(mod)
 
@@ -460,6 +463,14 @@ def _translate(fn, code, cfg, bound) -> CacheEntry:
 
 
 def _source_of(fn) -> str:
+    module_call = getattr(fn, "_coil_source_of", None)
+    if module_call is not None:  # a module's call frame (wrap_module)
+        name, forward = module_call
+        try:
+            return (f"# {name}.__call__: hooks, then {name}.forward:\n"
+                    + inspect.getsource(forward))
+        except (OSError, TypeError):
+            return f"<source unavailable for {name}.forward>"
     try:
         return inspect.getsource(fn)
     except (OSError, TypeError):

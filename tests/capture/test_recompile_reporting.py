@@ -70,3 +70,25 @@ def test_break_stack_starts_in_user_code():
     e = coil.explain(_Printer(), torch.randn(3))
     stack = e.break_reasons[0]["user_stack"]
     assert "coil/capture" not in stack[0] and __file__ in stack[0], stack
+
+
+class _SinPlusOne(torch.nn.Module):
+    def forward(self, x):
+        return x.sin() + 1
+
+
+def test_module_frame_source_artifact_is_its_forward(tmp_path):
+    """A compiled module's frame is coil's generated ``self(*args)`` call; the compile
+    log's ``capture_source`` artifact shows the module's own forward instead."""
+    trace.set_dir(str(tmp_path))
+    try:
+        m = coil.compile(_SinPlusOne(), backend="eager")
+        m(torch.randn(3))
+    finally:
+        trace.set_dir(None)
+    records = []
+    for name in os.listdir(tmp_path):
+        with open(tmp_path / name) as fh:
+            records += [json.loads(line) for line in fh]
+    src = [r["text"] for r in records if r.get("name") == "capture_source"]
+    assert src and "return x.sin() + 1" in src[0] and "_SinPlusOne.forward" in src[0], src

@@ -16,6 +16,15 @@ def _double(x):
     return x * 2
 
 
+def _records(log_dir) -> list:
+    """Every event of the compile logs in ``log_dir``."""
+    records = []
+    for name in os.listdir(log_dir):
+        with open(log_dir / name) as fh:
+            records += [json.loads(line) for line in fh]
+    return records
+
+
 def test_dynamic_true_warns_once():
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
@@ -49,10 +58,7 @@ def test_recompile_event_has_structured_guards(tmp_path):
         f(torch.randn(3))
     finally:
         trace.set_dir(None)
-    records = []
-    for name in os.listdir(tmp_path):
-        with open(tmp_path / name) as fh:
-            records += [json.loads(line) for line in fh]
+    records = _records(tmp_path)
     rec = [r for r in records if r.get("event") == "recompile"]
     assert rec, [r.get("event") for r in records]
     fails = rec[-1]["failed_guards"]
@@ -86,9 +92,6 @@ def test_module_frame_source_artifact_is_its_forward(tmp_path):
         m(torch.randn(3))
     finally:
         trace.set_dir(None)
-    records = []
-    for name in os.listdir(tmp_path):
-        with open(tmp_path / name) as fh:
-            records += [json.loads(line) for line in fh]
+    records = _records(tmp_path)
     src = [r["text"] for r in records if r.get("name") == "capture_source"]
     assert src and "return x.sin() + 1" in src[0] and "_SinPlusOne.forward" in src[0], src

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import threading
 from typing import Any, Callable, Optional
 
 import torch
@@ -337,16 +338,28 @@ def without_cudnn_choices():
     return _cudnn_enabled(False)
 
 
+_cudnn_lock = threading.Lock()
+_cudnn_users = [0, True]  # traces inside without_cudnn_choices; the flag before the first
+
+
 @contextlib.contextmanager
 def _cudnn_enabled(on: bool):
-    # the C setter: torch.backends.cudnn.enabled = ... raises after
-    # torch.backends.disable_global_flags() (torch's test utilities call it on import)
-    before = torch._C._get_cudnn_enabled()
-    torch._C._set_cudnn_enabled(on)
+    """The cuDNN flag set to ``on`` while any trace (in any thread, nested or not) is
+    inside; the first one in saves the user's value and the last one out restores it.
+    Uses the C setter: ``torch.backends.cudnn.enabled = ...`` raises after
+    ``torch.backends.disable_global_flags()`` (torch's test utilities call it on import)."""
+    with _cudnn_lock:
+        if _cudnn_users[0] == 0:
+            _cudnn_users[1] = torch._C._get_cudnn_enabled()
+            torch._C._set_cudnn_enabled(on)
+        _cudnn_users[0] += 1
     try:
         yield
     finally:
-        torch._C._set_cudnn_enabled(before)
+        with _cudnn_lock:
+            _cudnn_users[0] -= 1
+            if _cudnn_users[0] == 0:
+                torch._C._set_cudnn_enabled(_cudnn_users[1])
 
 
 def trace_inference(fn: Callable, fake_args: list, info: ProgramInfo, decompositions: dict,

@@ -614,3 +614,30 @@ def test_tracing_with_cudnn_flags_locked():
         torch.testing.assert_close(c(torch.ones(4)), torch.ones(4).sin() * 2)
     finally:
         backends.__allow_nonbracketed_mutation_flag = was
+
+
+def test_cudnn_flag_restored_after_overlapping_traces_in_threads():
+    """Traces overlapping in two threads: the last one out restores the user's flag
+    (each saving and restoring its own 'before' value left it off)."""
+    import threading
+    from coil.aot.functional import without_cudnn_choices
+    before = torch.backends.cudnn.enabled
+    inside, release = threading.Barrier(2), threading.Event()
+    seen = []
+
+    def trace_like():
+        with without_cudnn_choices():
+            inside.wait()
+            seen.append(torch.backends.cudnn.enabled)
+            release.wait(5)
+
+    ts = [threading.Thread(target=trace_like) for _ in range(2)]
+    for t in ts:
+        t.start()
+    import time
+    time.sleep(0.2)  # both threads inside (the barrier), then both leave
+    release.set()
+    for t in ts:
+        t.join()
+    assert seen == [False, False]
+    assert torch.backends.cudnn.enabled == before

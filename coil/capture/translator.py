@@ -582,10 +582,26 @@ class InstructionTranslatorBase:
                 res = self.call(hook_vt, [mod_vt, TupleVariable(args)], {})
                 if not (isinstance(res, ConstantVariable) and res.value is None):
                     args = self.unpack(res) if isinstance(res, TupleVariable) else [res]
-        forward = _static_lookup(cls, "forward")
-        if not isinstance(forward, types.FunctionType):
-            raise Unsupported(f"{cls.__name__}.forward is not a Python function")
-        out = self.call(UserMethodVariable(forward, mod_vt), args, kwargs)
+        inst_forward = m.__dict__.get("forward")
+        if inst_forward is not None:
+            # ``m.forward = f`` shadows the class's forward, as in Module.__call__; guarded
+            # on that object. (A forward assigned on the instance only after the first
+            # compile is not seen: modules without one are not guarded, for speed.)
+            if src is not None:
+                e = src.expr()
+                gs.add(f"{e}.__dict__.get('forward') is {gs.const(inst_forward)}",
+                       f"{e}.__dict__.get('forward')", inst_forward, src=e)
+            out = self.call(wrap(self, inst_forward, None), args, kwargs)
+        else:
+            if src is not None and src.expr() == "self":
+                # the compiled module itself (one guard per frame): a forward assigned
+                # on it later recompiles
+                gs.add("'forward' not in self.__dict__", "'forward' in self.__dict__", False,
+                       src="self")
+            forward = _static_lookup(cls, "forward")
+            if not isinstance(forward, types.FunctionType):
+                raise Unsupported(f"{cls.__name__}.forward is not a Python function")
+            out = self.call(UserMethodVariable(forward, mod_vt), args, kwargs)
         for hid, hook in list(m._forward_hooks.items()):
             hook_vt = wrap(self, hook, None)
             if hid in m._forward_hooks_with_kwargs:

@@ -607,13 +607,17 @@ def test_tracing_with_cudnn_flags_locked():
     """torch.backends.disable_global_flags() (called by torch's test utilities on
     import) makes assigning torch.backends.cudnn.enabled raise; tracing still works."""
     import torch.backends as backends
-    was = backends.__allow_nonbracketed_mutation_flag
+    flags = backends.flags_frozen.__globals__  # the module's real globals (see below)
+    was = flags["__allow_nonbracketed_mutation_flag"]
     backends.disable_global_flags()
     try:
         c = compile_fn(lambda x: x.sin() * 2, torch.randn(4))
         torch.testing.assert_close(c(torch.ones(4)), torch.ones(4).sin() * 2)
     finally:
-        backends.__allow_nonbracketed_mutation_flag = was
+        # an attribute assignment on torch.backends does not reach that global: the
+        # lock stayed on for every later test in the worker
+        flags["__allow_nonbracketed_mutation_flag"] = was
+    assert backends.flags_frozen() == (not was)
 
 
 def test_cudnn_flag_restored_after_overlapping_traces_in_threads():

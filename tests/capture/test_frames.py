@@ -168,3 +168,16 @@ def test_traceback_names_users_function():
         coil.compile(raises_in_break_call, backend="eager")(x)
     names = [fr.name for fr in __import__("traceback").extract_tb(ei.value.__traceback__)]
     assert "raises_in_break_call" in names and "_boom" in names
+
+
+def test_forward_assigned_on_compiled_module_after_first_call_recompiles():
+    """``m.forward = f`` after the first call: the compiled module's frame guards
+    ``'forward' not in self.__dict__``, so the next call uses the new forward."""
+    import coil
+    m = torch.nn.Linear(3, 3)
+    cm = coil.compile(m)
+    x = torch.randn(2, 3)
+    torch.testing.assert_close(cm(x), m(x))
+    orig = torch.nn.Linear.forward.__get__(m)
+    m.forward = lambda t: orig(t) * 10
+    torch.testing.assert_close(cm(x), orig(x) * 10)

@@ -46,6 +46,9 @@ def _restore_cudnn_flag():
     # flags_frozen() reads, so restore it through that function's globals
     flag_globals = torch.backends.flags_frozen.__globals__
     locked = flag_globals["__allow_nonbracketed_mutation_flag"]
+    # unlocked for the test: importing torch.testing._internal (the conformance tests
+    # in this worker) calls disable_global_flags(), and the tests assign the flag
+    flag_globals["__allow_nonbracketed_mutation_flag"] = True
     # torch.fx's own "is tracing" flag is saved/restored per trace like cuDNN's was: two
     # overlapping make_fx calls in threads (the thread tests below) leave it set
     import torch.fx._symbolic_trace as st
@@ -648,12 +651,10 @@ def _replace_method(x):
     return m
 
 
-@pytest.mark.xfail(strict=True, reason="capture ignores a forward assigned on the instance "
-                   "(m.forward = f): frame.py wrap_module / translator.py call_module look "
-                   "up type(mod).forward, so the class forward runs -> silently wrong "
-                   "values (torch.compile(backend='coil') uses the instance's forward)")
 @pytest.mark.parametrize("make", [_replace_top, _replace_sub, _replace_method])
 def test_instance_forward_replacement_is_used(make):
+    """Fixed: capture calls a forward assigned on the instance (translator.py
+    call_module, guarded on it; frame.py runs such a callee as is)."""
     _quiet()
     x = torch.randn(4, 3)
     m = make(x)

@@ -164,12 +164,21 @@ def _run_conformance(a) -> int:
     return 0
 
 
+def _positive_int(text: str) -> int:
+    """argparse type: an int >= 1 (``coil demo --repeat 0`` compiled, then crashed)."""
+    import argparse
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
+    return n
+
+
 def _add_demo(sub) -> None:
     p = sub.add_parser("demo", help="compile GPT-2 (random weights), eager vs coil, report")
     p.add_argument("--device", default="auto", help="cpu, cuda or auto (default: cuda if available)")
     p.add_argument("--out", default="coil_demo", help="directory for the log and report")
     p.add_argument("--backend", default="coil", help="coil backend to demo (default coil)")
-    p.add_argument("--repeat", type=int, default=10,
+    p.add_argument("--repeat", type=_positive_int, default=10,
                    help="timed interleaved rounds of eager and coil (medians reported; default 10)")
 
 

@@ -702,10 +702,8 @@ def test_stage_progress_lines():
     assert p.counts == {"aot": 1, "backend": 1, "capture": 2, "report": 1}
 
 
-@pytest.mark.xfail(strict=True, reason="coil demo --repeat 0 compiles the model and then "
-                   "crashes with a traceback (measure.summarize: ValueError 'no timings'); "
-                   "argparse accepts any int for --repeat")
 def test_demo_repeat_zero_is_refused_or_handled(tmp_path):
+    """Fixed: argparse refuses --repeat below 1 (cli.py _positive_int)."""
     _quiet()
     from coil.cli import main
     try:

@@ -107,6 +107,18 @@ class OptimizedModule(torch.nn.Module):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         return self._compiled_call(*args, **kwargs)
 
+    def __reduce__(self):
+        """Pickling (``pickle``, ``torch.save``) saves the original module and the
+        ``coil.compile`` arguments; unpickling compiles the loaded module again (compiled
+        code is not saved). Raises ``pickle.PicklingError`` when the arguments cannot be
+        pickled (a backend given as a local function)."""
+        args = self.__dict__.get("_compile_args")
+        if args is None:
+            import pickle
+            raise pickle.PicklingError("this OptimizedModule was not built by coil.compile; "
+                                       "pickle its _orig_mod and compile it after loading")
+        return (_compile_unpickled, (self._orig_mod, args))
+
     def __getattr__(self, name: str) -> Any:
         try:
             return super().__getattr__(name)
@@ -141,6 +153,10 @@ class OptimizedModule(torch.nn.Module):
 
     def __repr__(self) -> str:
         return f"OptimizedModule({self._orig_mod!r})"
+
+
+def _compile_unpickled(mod: torch.nn.Module, args: dict) -> "OptimizedModule":
+    return compile(mod, **args)
 
 
 def compile(fn_or_module: Union[Callable, torch.nn.Module, None] = None, *,
@@ -189,7 +205,11 @@ def compile(fn_or_module: Union[Callable, torch.nn.Module, None] = None, *,
                                          dynamic=dynamic)
 
         if isinstance(target, torch.nn.Module):
-            return OptimizedModule(target, capture_it(target), capture_it)
+            om = OptimizedModule(target, capture_it(target), capture_it)
+            # what pickling needs to compile the unpickled module again
+            om.__dict__["_compile_args"] = dict(backend=backend, mode=mode, fullgraph=fullgraph,
+                                                dynamic=dynamic, options=options or None)
+            return om
         return capture_it(target)
 
     if fn_or_module is None:

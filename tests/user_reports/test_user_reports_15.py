@@ -777,12 +777,10 @@ def test_no_grad_inference_state_dict_and_deepcopy():
     torch.testing.assert_close(cb(xb), bn(xb), rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.xfail(strict=True, reason="a coil.compile'd module cannot be pickled or "
-                   "torch.save'd: its forward is the local closure "
-                   "wrap_module.<locals>.coil_module_wrapper (torch.compile's OptimizedModule, "
-                   "also with backend='coil', pickles)")
 @pytest.mark.parametrize("how", ["pickle", "torch.save"])
 def test_compiled_module_pickles(how):
+    """Fixed: OptimizedModule.__reduce__ saves the original module and the compile
+    arguments; loading compiles it again (api.py)."""
     _quiet()
     m = _mlp()
     c = coil.compile(m)

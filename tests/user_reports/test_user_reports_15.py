@@ -239,10 +239,9 @@ def test_cudnn_flag_set_by_other_thread_during_trace_is_kept():
     assert _get() is False
 
 
-@pytest.mark.xfail(strict=True, reason="capture reads torch.backends.cudnn.enabled as a "
-                   "constant without a guard: after the user turns cuDNN off, the cached "
-                   "graph still takes the cudnn-on branch (torch.compile re-evaluates it)")
 def test_cudnn_flag_read_in_compiled_function_is_guarded():
+    """Fixed: bool/int/float/str attributes of torch.backends modules are guarded when
+    read (capture/variables/objects.py)."""
     _quiet()
 
     def f(x):

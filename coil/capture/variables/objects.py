@@ -358,7 +358,11 @@ class PythonModuleVariable(ObjectVariableBase):
             raise AttributeMissing(name)
         root = self.value.__name__.split(".")[0]
         src = self.attr_source(name)
-        if root in self.TRUSTED:
+        # torch's switches (torch.backends.cudnn.enabled, ...matmul.allow_tf32) change at
+        # run time: a branch on one is guarded like any user global
+        switch = self.value.__name__.startswith("torch.backends") and isinstance(
+            value, (bool, int, float, str))
+        if root in self.TRUSTED and not switch:
             return wrap(tx, value, src, guard=False)
         return wrap(tx, value, src)
 

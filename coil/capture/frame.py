@@ -264,7 +264,11 @@ def wrap_module(mod: torch.nn.Module, cfg: CaptureConfig):
     fn = types.FunctionType(code, {"__name__": "coil.capture.frame"}, code.co_name)
     # the compile log shows the module's forward as this frame's source (the frame
     # itself is the generated ``self(*args, **kwargs)``)
-    fn._coil_source_of = (type(mod).__name__, type(mod).forward)
+    cls = type(mod)
+    if cls.__call__ is not torch.nn.Module.__call__:  # an overridden __call__ is what runs
+        fn._coil_source_of = (cls.__name__, "__call__", cls.__call__)
+    else:
+        fn._coil_source_of = (cls.__name__, "forward", cls.forward)
     inner = wrap_function(fn, cfg)
     mod_ref = weakref.ref(mod)
 
@@ -465,12 +469,13 @@ def _translate(fn, code, cfg, bound) -> CacheEntry:
 def _source_of(fn) -> str:
     module_call = getattr(fn, "_coil_source_of", None)
     if module_call is not None:  # a module's call frame (wrap_module)
-        name, forward = module_call
+        name, attr, target = module_call
+        head = (f"# {name}.__call__: hooks, then {name}.forward:\n" if attr == "forward"
+                else f"# {name}.__call__ (overridden):\n")
         try:
-            return (f"# {name}.__call__: hooks, then {name}.forward:\n"
-                    + inspect.getsource(forward))
+            return head + inspect.getsource(target)
         except (OSError, TypeError):
-            return f"<source unavailable for {name}.forward>"
+            return f"<source unavailable for {name}.{attr}>"
     try:
         return inspect.getsource(fn)
     except (OSError, TypeError):

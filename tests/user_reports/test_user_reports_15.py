@@ -614,10 +614,9 @@ def test_module_resume_frame_source_is_not_the_generated_call(tmp_path):
     assert src and not any("forward_call" in t for t in src.values()), src
 
 
-@pytest.mark.xfail(strict=True, reason="_source_of labels every module frame '__call__: "
-                   "hooks, then forward' with type(mod).forward's source, also for a module "
-                   "whose class overrides __call__ (the code that actually runs)")
 def test_call_override_source_artifact_shows_call(tmp_path):
+    """Fixed: a class that overrides __call__ shows that method as the frame's source
+    (frame.py wrap_module / _source_of)."""
     _quiet()
     trace.set_dir(str(tmp_path))
     try:

@@ -82,19 +82,11 @@ def sweep_configs(numel, rnumel, persistent, gpu, outer=False, elem_bytes=4):
 
 
 def _graph_us(fn, inputs, do_bench):
-    """µs per CUDA-graph replay of ``fn(*inputs)``; None off CUDA."""
-    if not torch.cuda.is_available():
-        return None
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn(*inputs)
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn(*inputs)
-    return do_bench(g.replay, return_mode="median") * 1e3
+    """µs per CUDA-graph replay of ``fn(*inputs)`` (microbench.py's timing); None off
+    CUDA or when capture fails."""
+    from microbench import _graph_ms
+    ms = _graph_ms(fn, inputs, do_bench)
+    return None if ms is None else ms * 1e3
 
 
 def _coil(fn, inputs, options, grid: bool):

@@ -85,13 +85,16 @@ class OptimizedModule(torch.nn.Module):
     """
 
     def __init__(self, mod: torch.nn.Module, compiled_call: Callable,
-                 rewrap: Optional[Callable[[torch.nn.Module], Callable]] = None):
+                 rewrap: Optional[Callable[[torch.nn.Module], Callable]] = None,
+                 compile_args: Optional[dict] = None):
         super().__init__()
         self._orig_mod = mod
         self._compiled_call = compiled_call
         # rewrap(module) -> compiled call: used by copy.deepcopy so that a copy
         # compiles and runs *its own* module, not the original's.
         self._rewrap = rewrap
+        # coil.compile's keyword arguments: pickling compiles the loaded module with them
+        self._compile_args = compile_args
         # `training` lives on the original only; reads fall through __getattr__.
         del self.__dict__["training"]
 
@@ -102,7 +105,7 @@ class OptimizedModule(torch.nn.Module):
         if self._rewrap is None:
             raise TypeError("this OptimizedModule cannot be copied (built without rewrap); "
                             "copy the original module and compile the copy")
-        return OptimizedModule(mod, self._rewrap(mod), self._rewrap)
+        return OptimizedModule(mod, self._rewrap(mod), self._rewrap, self._compile_args)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         return self._compiled_call(*args, **kwargs)
@@ -112,7 +115,7 @@ class OptimizedModule(torch.nn.Module):
         ``coil.compile`` arguments; unpickling compiles the loaded module again (compiled
         code is not saved). Raises ``pickle.PicklingError`` when the arguments cannot be
         pickled (a backend given as a local function)."""
-        args = self.__dict__.get("_compile_args")
+        args = self._compile_args
         if args is None:
             import pickle
             raise pickle.PicklingError("this OptimizedModule was not built by coil.compile; "
@@ -205,11 +208,9 @@ def compile(fn_or_module: Union[Callable, torch.nn.Module, None] = None, *,
                                          dynamic=dynamic)
 
         if isinstance(target, torch.nn.Module):
-            om = OptimizedModule(target, capture_it(target), capture_it)
-            # what pickling needs to compile the unpickled module again
-            om.__dict__["_compile_args"] = dict(backend=backend, mode=mode, fullgraph=fullgraph,
-                                                dynamic=dynamic, options=options or None)
-            return om
+            return OptimizedModule(target, capture_it(target), capture_it,
+                                   dict(backend=backend, mode=mode, fullgraph=fullgraph,
+                                        dynamic=dynamic, options=options or None))
         return capture_it(target)
 
     if fn_or_module is None:

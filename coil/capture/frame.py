@@ -17,11 +17,11 @@ import functools
 import inspect
 import itertools
 import sys
+import threading
 import time
 import traceback
 import types
 import warnings
-import threading
 import weakref
 from typing import Any, Callable, Optional
 

@@ -585,8 +585,8 @@ class InstructionTranslatorBase:
         inst_forward = m.__dict__.get("forward")
         if inst_forward is not None:
             # ``m.forward = f`` shadows the class's forward, as in Module.__call__; guarded
-            # on that object. (A forward assigned on the instance only after the first
-            # compile is not seen: modules without one are not guarded, for speed.)
+            # on that object. (On a submodule, a forward assigned only after the first
+            # compile is not seen: submodules without one are not guarded, for speed.)
             if src is not None:
                 e = src.expr()
                 gs.add(f"{e}.__dict__.get('forward') is {gs.const(inst_forward)}",

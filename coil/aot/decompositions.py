@@ -3,7 +3,9 @@
 Graphs handed to code generators contain only *core ATen* ops
 (``torch._decomp.core_aten_decompositions()``), further decomposed where a fused
 loop-level lowering beats a library call: softmax, log_softmax, layer_norm,
-gelu, silu, dropout... become pointwise ops and reductions that the scheduler fuses.
+silu, dropout... become pointwise ops and reductions that the scheduler fuses (gelu
+and its backward are lowered whole by ``coil/ir/lowering_activations.py``, which writes
+them with the normal CDF).
 
 Invariant: **no ``prims.*`` op reaches a compiler.** Several of torch's own
 decompositions (``var_mean``, ``native_layer_norm``, ``_to_copy``...) are written
@@ -36,7 +38,7 @@ aten = torch.ops.aten
 EXTRA_DECOMPOSE = [
     aten._softmax, aten._log_softmax, aten._softmax_backward_data,
     aten._log_softmax_backward_data,
-    aten.native_layer_norm_backward, aten.gelu, aten.gelu_backward,
+    aten.native_layer_norm_backward,
     aten.silu, aten.silu_backward, aten.native_dropout, aten.native_dropout_backward,
     aten.hardtanh, aten.hardswish, aten.hardsigmoid, aten.mish, aten.softplus,
     aten.leaky_relu, aten.elu, aten.native_batch_norm,

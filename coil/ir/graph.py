@@ -27,6 +27,7 @@ import torch.fx
 from coil import trace
 from coil.config import config
 from coil.ir import lowering as L
+from coil.ir import lowering_activations  # noqa: F401  (registers gelu lowerings)
 from coil.ir import lowering_views  # noqa: F401  (registers view/index lowerings)
 from coil.ir.nodes import (Buffer, ComputedBuffer, ConstantBuffer, ExternKernel, GenericView,
                            InputBuffer, Layout, MultiOutput, Pointwise, ReinterpretView,

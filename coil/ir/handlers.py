@@ -141,6 +141,7 @@ def count_ops(loops) -> tuple[int, int]:
 _TORCH_UNARY = {
     "neg": torch.neg, "relu": torch.relu, "reciprocal": torch.reciprocal,
     "square": torch.square, "logical_not": torch.logical_not, "bitwise_not": torch.bitwise_not,
+    "ndtr": torch.special.ndtr,
 }
 _TORCH_BINARY = {
     "truediv": torch.true_divide, "floordiv": lambda a, b: torch.div(a, b, rounding_mode="floor"),

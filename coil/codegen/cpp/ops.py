@@ -105,6 +105,7 @@ UNARY = {
     "tanh": _fn("coil_tanh", "cm::tanh"), "asinh": _std("asinh"), "acosh": _std("acosh"),
     "atanh": _std("atanh"), "erf": _fn("coil_erf", "cm::erf"), "erfc": _std("erfc"),
     "erfinv": lambda a, d: f"coil_erfinv({a[0]})",
+    "ndtr": lambda a, d: f"coil_ndtr({a[0]})",
     "sigmoid": lambda a, d: (f"coil_sigmoid({a[0]})" if _f32(d) else f"(1.0 / (1.0 + cm::exp(-{a[0]})))"),
     "relu": _relu,
     "floor": _floor_int(lambda a, d: f"cm::floor({a[0]})"),

@@ -256,6 +256,11 @@ COIL_INLINE float coil_erf(float x) {
   return x != x ? x : r;
 }
 
+// the standard normal CDF (exact GELU is x * coil_ndtr(x)): the erf form eager's CPU
+// kernels use
+COIL_INLINE float coil_ndtr(float x) { return 0.5f * (1.0f + coil_erf(x * 0.70710678118654752f)); }
+COIL_INLINE double coil_ndtr(double x) { return 0.5 * (1.0 + cm::erf(x * 0.70710678118654752)); }
+
 // ---- reductions -------------------------------------------------------------
 template <typename T> COIL_INLINE T coil_max(T a, T b) { return (a != a || a > b) ? a : b; }
 template <typename T> COIL_INLINE T coil_min(T a, T b) { return (a != a || a < b) ? a : b; }

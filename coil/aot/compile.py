@@ -54,12 +54,13 @@ def _saved_layouts(bw_fakes: list, fw_strides, start: int, num_saved: int, fake_
     return out
 
 
-def _symbolic_placeholder_values(gm: torch.fx.GraphModule) -> Optional[list]:
-    """The capture's fake placeholder values (``meta["example_value"]`` or
-    ``meta["val"]``) when some are symbolic (dynamic shapes), else None.
+def _symbolic_placeholder_values(gm: torch.fx.GraphModule, example_inputs: list) -> Optional[list]:
+    """The fake inputs to trace with when the capture's placeholder values
+    (``meta["example_value"]`` or ``meta["val"]``) are symbolic (dynamic shapes), else None.
 
     Tracing with them keeps sizes symbolic; tracing with the real example inputs
-    would specialize the graphs to the first call's sizes.
+    would specialize the graphs to the first call's sizes. Real example inputs that
+    torch's capture recorded are faked again (:func:`_fake_as_at_call`).
     """
     vals = []
     symbolic = False
@@ -73,7 +74,37 @@ def _symbolic_placeholder_values(gm: torch.fx.GraphModule) -> Optional[list]:
         elif not isinstance(v, (torch.Tensor, int, float, bool)):
             return None
         vals.append(v)
-    return vals if symbolic else None
+    return _fake_as_at_call(vals, example_inputs) if symbolic else None
+
+
+def _fake_as_at_call(vals: list, example_inputs: list) -> list:
+    """``vals`` (the capture's placeholder values) with each tensor replaced by a fake of
+    the real example input, made in the FakeTensorMode torch hands backends
+    (``TracingContext.fake_mode``, on the capture's ShapeEnv), with the capture's symbols.
+
+    The capture ran the program on its placeholder fakes, so they describe the inputs
+    as the program *left* them: after ``y.mul_(x)`` with ``x`` requiring grad, ``y``'s
+    fake requires grad and has a ``grad_fn`` from the capture's trace, and it belongs to
+    the capture's own FakeTensorMode. Analysing with it treated ``y`` as a
+    differentiable input, and ``make_fx`` (which fakes its arguments again in the
+    backend mode) failed with "Mixing fake modes NYI". ``FakeTensorMode.from_tensor``
+    of a real tensor the capture recorded (``TracingContext.tensor_to_context``) reuses
+    the symbols the capture gave it, so the graph's SymInt placeholders stay valid.
+    Unchanged (``vals``) outside torch's capture, or when some tensor input was not
+    recorded by it."""
+    from torch._guards import TracingContext  # torch's capture → backend seam, not torch._dynamo
+
+    ctx = TracingContext.try_get()
+    mode = getattr(ctx, "fake_mode", None)
+    if mode is None or mode.shape_env is None or len(vals) != len(example_inputs):
+        return vals
+    recorded = ctx.tensor_to_context
+    for v, x in zip(vals, example_inputs):
+        if isinstance(v, torch.Tensor) and not (
+                isinstance(x, torch.Tensor) and not isinstance(x, FakeTensor) and x in recorded):
+            return vals
+    return [mode.from_tensor(x) if isinstance(v, torch.Tensor) else v
+            for v, x in zip(vals, example_inputs)]
 
 
 def _refuse_mutated_aliased_inputs(example_inputs: list, mutated: list) -> None:
@@ -222,7 +253,7 @@ def aot_compile(gm: Callable, example_inputs: list, fw_compiler: Callable,
             example_inputs = lifted + list(example_inputs)
 
     if not lifted and isinstance(gm, torch.fx.GraphModule):
-        symbolic = _symbolic_placeholder_values(gm)
+        symbolic = _symbolic_placeholder_values(gm, list(example_inputs))
         if symbolic is not None:
             example_inputs = symbolic
 

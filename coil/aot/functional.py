@@ -103,6 +103,10 @@ class ProgramInfo:
     #: the program calls ops with side effects that functionalization cannot thread
     #: (``aten._linalg_check_errors``); they are dropped while tracing
     drop_error_checks: bool = False
+    #: the fake inputs analysed, kept only when their sizes are symbolic
+    #: (``torch.compile(dynamic=...)``): the SymInts above (alias layouts, ``fw_out_meta``)
+    #: are expressions in their symbols, which the runtime binds to each call's inputs
+    fake_inputs: Optional[list] = None
 
     @property
     def mutated_inputs(self) -> list:
@@ -262,7 +266,8 @@ def _analyze(fn, fake_args, fake_mode, grad, drop_error_checks) -> ProgramInfo:
                 o.index = outputs[o.index].index
 
         info = ProgramInfo(inputs, outputs, spec, graph_outputs, base_sources,
-                           drop_error_checks=drop_error_checks)
+                           drop_error_checks=drop_error_checks,
+                           fake_inputs=list(fake_args) if _is_symbolic(fake_args) else None)
         rg = [inputs[i].requires_grad and not inputs[i].mutation_hidden and grad
               for i in info.mutated_inputs]
         # a mutated input's new value requires grad if the program made it so

@@ -10,7 +10,10 @@ Around the compiled forward (and backward) this module
 - regenerates aliased outputs as real views: an output that is an input is that
   input object; one that is a view of an input, of another output, or of an
   intermediate base returned by the graph is ``torch.as_strided`` of it with the
-  traced sizes/strides and the storage offset relative to its source;
+  traced sizes/strides and the storage offset relative to its source; with symbolic
+  sizes (``torch.compile(dynamic=...)``) those are expressions in the inputs' size
+  symbols, evaluated for each call by a generated function
+  (:func:`symbolic_evaluator`, logged as the ``aot_symbolic_layouts`` artifact);
 - in training, runs the forward/backward pair inside a ``torch.autograd.Function``:
   saved values go through ``ctx.save_for_backward`` (so ``retain_graph`` and
   version-counter checks behave as in eager), outputs that are not
@@ -26,11 +29,14 @@ Per-call work is index shuffling precomputed at compile time; see
 from __future__ import annotations
 
 import contextlib
-from typing import Callable
+import math
+from typing import Any, Callable, Sequence
 
+import sympy
 import torch
 import torch.utils._pytree as pytree
 
+from coil import trace
 from coil.aot.functional import JointInfo, ProgramInfo
 
 DOUBLE_BACKWARD_MESSAGE = (
@@ -59,6 +65,87 @@ def _copy_untracked(dsts: list, srcs: list) -> None:
     srcs.clear()
 
 
+def _has_symint(v: Any) -> bool:
+    return any(isinstance(x, torch.SymInt) for x in pytree.tree_leaves(v))
+
+
+def _expr(v) -> sympy.Expr:
+    """An int or SymInt as a sympy expression (a SymInt's, after the ShapeEnv's
+    replacements)."""
+    return v.node.expr if isinstance(v, torch.SymInt) else sympy.Integer(int(v))
+
+
+def symbolic_evaluator(items: Any, fake_inputs: Sequence, value_shapes: Sequence = ()) -> Callable:
+    """``fn(args, vals) -> items`` with every SymInt in ``items`` (nested tuples and lists
+    of ints and SymInts) replaced by its value for one call.
+
+    A SymInt from a symbolic trace is an expression in the ShapeEnv's symbols
+    (``s0*s1``, ``s1 - 1``, ``(s0 + 1)//2``); each symbol is bound to where it sits in
+    ``fake_inputs`` (a SymInt input, or a size, stride or storage offset of a tensor
+    input), else in ``value_shapes`` (the sizes of the graph's values ``vals``: sizes
+    known only once the graph has run). The function is generated Python (torch's
+    ``PythonPrinter``), so a call costs a few integer operations; its source is the
+    ``aot_symbolic_layouts`` artifact. Raises :class:`coil.exc.CoilError` for a symbol
+    found in neither."""
+    from torch.utils._sympy.printers import PythonPrinter
+
+    needed: set = set()
+    for leaf in pytree.tree_leaves(items):
+        if isinstance(leaf, torch.SymInt):
+            needed |= _expr(leaf).free_symbols
+    where: dict = {}
+
+    def bind(v, code: str) -> None:
+        if isinstance(v, torch.SymInt):
+            e = _expr(v)
+            if isinstance(e, sympy.Symbol) and e in needed and e not in where:
+                where[e] = code
+
+    for i, f in enumerate(fake_inputs):
+        if isinstance(f, torch.SymInt):
+            bind(f, f"args[{i}]")
+        elif isinstance(f, torch.Tensor):
+            for d, v in enumerate(f.shape):
+                bind(v, f"args[{i}].size({d})")
+            for d, v in enumerate(f.stride()):
+                bind(v, f"args[{i}].stride({d})")
+            bind(f.storage_offset(), f"args[{i}].storage_offset()")
+    for k, shape in enumerate(value_shapes):
+        for d, v in enumerate(shape):
+            bind(v, f"vals[{k}].size({d})")
+    missing = needed - set(where)
+    if missing:
+        from coil.exc import CoilError
+
+        raise CoilError(
+            f"coil.aot: the symbolic sizes {sorted(map(str, missing))} of an aliased output "
+            "are not sizes of the graph's inputs or values, so the output cannot be rebuilt "
+            "as a view for each call.\n  what to do: return a copy (.clone()) of that "
+            "output, or compile with static shapes (dynamic=False).")
+    names = {sym: sympy.Symbol(f"_s{n}", integer=True)
+             for n, sym in enumerate(sorted(where, key=str))}
+    printer = PythonPrinter()
+
+    def render(v) -> str:
+        if isinstance(v, list):
+            return "[" + ", ".join(render(x) for x in v) + "]"
+        if isinstance(v, tuple):
+            return "(" + ", ".join(render(x) for x in v) + ("," if len(v) == 1 else "") + ")"
+        if isinstance(v, torch.SymInt):
+            return printer.doprint(_expr(v).xreplace(names))
+        return repr(int(v))
+
+    lines = ["def layouts(args, vals):"]
+    lines += [f"    {names[sym]} = {where[sym]}  # {sym}" for sym in sorted(where, key=str)]
+    lines.append(f"    return {render(items)}")
+    src = "\n".join(lines) + "\n"
+    trace.artifact("aot_symbolic_layouts", "# aot: symbolic layouts, evaluated per call\n" + src,
+                   kind="python")
+    ns: dict = {"math": math}
+    exec(compile(src, "<coil.aot symbolic layouts>", "exec"), ns)
+    return ns["layouts"]
+
+
 def _make_epilogue(info: ProgramInfo, args_index_of_output=None) -> Callable:
     """``epilogue(args, fw_values) -> user outputs`` (mutations + aliases, see module doc)."""
     mutated = info.mutated_inputs
@@ -75,11 +162,11 @@ def _make_epilogue(info: ProgramInfo, args_index_of_output=None) -> Callable:
         elif o.kind == "input":
             plan.append((1, o.index, None))
         elif o.kind == "alias_of_input":
-            plan.append((2, o.index, o))
+            plan.append((2, o.index, (o.size, o.stride, o.offset, o.requires_grad)))
         elif o.kind == "alias_of_output":
-            plan.append((3, n_mut + o.index, o))
+            plan.append((3, n_mut + o.index, (o.size, o.stride, o.offset, o.requires_grad)))
         elif o.kind == "alias_of_base":
-            plan.append((3, n_mut + n_graph + o.index, o))
+            plan.append((3, n_mut + n_graph + o.index, (o.size, o.stride, o.offset, o.requires_grad)))
         elif o.kind == "same_as_output":
             plan.append((5, o.index, None))
         else:
@@ -89,10 +176,20 @@ def _make_epilogue(info: ProgramInfo, args_index_of_output=None) -> Callable:
     simple = not mutated and all(p[0] == 0 for p in plan) and (flat_tuple or single_leaf) and \
         [p[1] for p in plan] == list(range(len(plan)))
     container = spec.type if flat_tuple else None
+    # symbolic layouts (dynamic shapes): kinds 6 and 7 are kinds 2 and 3 whose size,
+    # stride and offset are the call's entry ``j`` of ``layouts(args, vals)``
+    sym = [k for k, p in enumerate(plan) if p[0] in (2, 3) and _has_symint(p[2][:3])]
+    layouts = None
+    if sym:
+        layouts = symbolic_evaluator([plan[k][2][:3] for k in sym], info.fake_inputs or (),
+                                     [m[0] for m in info.fw_out_meta])
+        for j, k in enumerate(sym):
+            kind, idx, (_, _, _, rg) = plan[k]
+            plan[k] = (kind + 4, idx, (j, rg))
 
-    def view(src: torch.Tensor, o) -> torch.Tensor:
-        out = torch.as_strided(src, o.size, o.stride, src.storage_offset() + o.offset)
-        if not o.requires_grad and out.requires_grad:
+    def view(src: torch.Tensor, size, stride, offset, requires_grad) -> torch.Tensor:
+        out = torch.as_strided(src, size, stride, src.storage_offset() + offset)
+        if not requires_grad and out.requires_grad:
             out = out.detach()
         return out
 
@@ -115,6 +212,7 @@ def _make_epilogue(info: ProgramInfo, args_index_of_output=None) -> Callable:
                 _copy_untracked(batch_dst, batch_src)  # keep the program's order
                 inp.copy_(vals[pos])
         _copy_untracked(batch_dst, batch_src)
+        lay = layouts(args, vals) if layouts is not None else None
         flat = []
         for kind, idx, extra in plan:
             if kind == 0:
@@ -122,11 +220,15 @@ def _make_epilogue(info: ProgramInfo, args_index_of_output=None) -> Callable:
             elif kind == 1:
                 flat.append(args[idx])
             elif kind == 2:
-                flat.append(view(args[idx], extra))
+                flat.append(view(args[idx], *extra))
             elif kind == 3:
-                flat.append(view(vals[idx], extra))
+                flat.append(view(vals[idx], *extra))
             elif kind == 5:
                 flat.append(flat[idx])
+            elif kind == 6:
+                flat.append(view(args[idx], *lay[extra[0]], extra[1]))
+            elif kind == 7:
+                flat.append(view(vals[idx], *lay[extra[0]], extra[1]))
             else:
                 flat.append(extra)
         if container is not None:
@@ -215,6 +317,9 @@ def training_runner(compiled_fw: Callable, compiled_bw: Callable, info: ProgramI
     nondiff = [k for k, rg in enumerate(info.fw_out_requires_grad) if not rg]
     tangent_pos = [k for k, rg in enumerate(info.fw_out_requires_grad) if rg]
     grad_slots = [i for i, none in zip(jinfo.grad_inputs, jinfo.grad_is_none) if not none]
+    # differentiable outputs whose traced shape is symbolic: a missing gradient's zeros take
+    # the shape the output had in this call (kept on ctx by forward)
+    sym_shape = [k for k in tangent_pos if _has_symint(info.fw_out_meta[k][0])] if nondiff else []
 
     class CompiledFunction(torch.autograd.Function):
         @staticmethod
@@ -233,6 +338,8 @@ def training_runner(compiled_fw: Callable, compiled_bw: Callable, info: ProgramI
                 # running statistics); backward makes zeros only for the tangents its
                 # graph reads
                 ctx.set_materialize_grads(False)
+                if sym_shape:
+                    ctx.out_shapes = {k: outs[k].shape for k in sym_shape}
             return outs
 
         @staticmethod
@@ -245,6 +352,8 @@ def training_runner(compiled_fw: Callable, compiled_bw: Callable, info: ProgramI
                 g = grad_outs[k]
                 if g is None:  # an output that got no gradient (materialize_grads off)
                     shape, dtype, device = info.fw_out_meta[k]
+                    if sym_shape and k in ctx.out_shapes:
+                        shape = ctx.out_shapes[k]
                     g = torch.zeros(shape, dtype=dtype, device=device)
                 tangents.append(g.contiguous())
             with torch.no_grad():

@@ -55,3 +55,42 @@ def test_batchnorm_module_buffers_through_dynamo():
         torch.testing.assert_close(c(x), ref(x))
     for (name, b), r in zip(m.named_buffers(), ref.buffers()):
         torch.testing.assert_close(b, r, msg=name)
+
+
+def test_dynamic_shapes_outputs_that_are_views():
+    """Symbolic sizes: a view of an input, of another output and of an input with a
+    size-dependent offset are rebuilt with each call's sizes (they were as_strided with
+    the trace's SymInts: "SymIntArrayRef expected to contain only concrete integers")."""
+    def f(x):
+        z = x.exp()
+        return z, z.t(), x.t(), x[1:]
+
+    c = _compile(f, dynamic=True)
+    for shape in ((4, 5), (3, 2)):
+        x = torch.randn(*shape)
+        out, ref = c(x), f(x)
+        for o, r in zip(out, ref):
+            torch.testing.assert_close(o, r)
+            assert o.stride() == r.stride() and o.storage_offset() == r.storage_offset()
+        assert out[2]._base is x and out[3]._base is x and out[1]._base is out[0]
+
+
+def test_dynamic_shapes_training_mutation_from_grad_input():
+    """Symbolic sizes: ``y.mul_(x)`` with ``x`` requiring grad. The capture's fake ``y``
+    requires grad after its trace; faked from the real input it does not ("Mixing fake
+    modes NYI" in trace_joint). A bool output makes the mutated ``y``'s missing gradient
+    zeros of the call's shape (not the traced symbolic one)."""
+    def f(x, y):
+        y.mul_(x)
+        return x.sin() + y, x > 0
+
+    c = _compile(f, dynamic=True)
+    for shape in ((4, 5), (3, 2)):
+        x, y = torch.randn(*shape, requires_grad=True), torch.randn(*shape)
+        xr, yr = x.detach().clone().requires_grad_(), y.clone()
+        out, ref = c(x, y), f(xr, yr)
+        torch.testing.assert_close(out[0], ref[0])
+        torch.testing.assert_close(y, yr)
+        out[0].sum().backward()
+        ref[0].sum().backward()
+        torch.testing.assert_close(x.grad, xr.grad)

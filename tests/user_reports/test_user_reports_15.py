@@ -466,21 +466,12 @@ def test_torch_compile_mutated_input_training_static_and_constant_update():
         _run_torch_compile(_mut_fns()["scale"], dyn, train=True)
 
 
-@pytest.mark.xfail(strict=True, reason="torch.compile(backend='coil') with symbolic shapes "
-                   "(dynamic=True, or the automatic-dynamic recompile): a mutated input "
-                   "updated from a grad-requiring input fails in trace_joint with 'Mixing "
-                   "fake modes NYI' (BackendCompilerFailed)")
 @pytest.mark.parametrize("dynamic", [None, True])
 def test_torch_compile_dynamic_training_mutation_from_grad_input(dynamic):
     _quiet()
     _run_torch_compile(_mut_fns()["by_x"], dynamic, train=True)
 
 
-@pytest.mark.xfail(strict=True, reason="torch.compile(backend='coil') with symbolic shapes: "
-                   "an output that is a view of an input (or of another output) is rebuilt "
-                   "by the epilogue with torch.as_strided(src, o.size, o.stride) where "
-                   "o.size/o.stride are the trace's SymInts -> RuntimeError 'SymIntArrayRef "
-                   "expected to contain only concrete integers' at call time")
 @pytest.mark.parametrize("dynamic", [None, True])
 def test_torch_compile_dynamic_output_view_of_input(dynamic):
     _quiet()

@@ -4,7 +4,7 @@
 # CUDA tensors), the memory-bound microbenchmarks, then training steps (paired, fresh
 # caches) for $TRAIN_MODELS with what is left. Files in $OUT: tests.txt, micro.md,
 # train.md, train.json, logs.txt.
-# Usage: TRAIN_MODELS="timm_resnet50 hf_gpt2" bash benchmarks/gpu_verify.sh
+# Usage: TRAIN_MODELS="timm_resnet50 hf_gpt2" bash benchmarks/gpu_verify.sh   (MICRO=0: no microbench)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-./gpu_results}"; mkdir -p "$OUT"
@@ -18,8 +18,10 @@ step tests
 timeout -k 5 170 "$PY" -m pytest -q -p no:cacheprovider -p no:randomly --durations=5 \
   tests/codegen/test_gpu.py >"$OUT/tests.txt" 2>&1
 tail -3 "$OUT/tests.txt"
-step microbench
-timeout -k 5 130 "$PY" benchmarks/microbench.py >"$OUT/micro.md" 2>>"$LOGS"; cat "$OUT/micro.md"
+if [ "${MICRO:-1}" = 1 ]; then
+  step microbench
+  timeout -k 5 130 "$PY" benchmarks/microbench.py >"$OUT/micro.md" 2>>"$LOGS"; cat "$OUT/micro.md"
+fi
 LEFT=$(( 570 - ($(date +%s) - START) ))
 if [ "$LEFT" -gt 60 ]; then
   step "bench train"

@@ -53,7 +53,8 @@ def _compile(m, how):
 def _train_step(fn, module, args, kwargs, autocast):
     for p in module.parameters():
         p.grad = None
-    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+    dev_type = next(module.parameters()).device.type
+    with torch.autocast(dev_type, dtype=torch.bfloat16, enabled=autocast):
         loss = reduce_to_scalar_loss(fn(*args, **kwargs))
     loss.backward()
     return loss.detach().double(), {n: (p.grad.double() if p.grad is not None else None)
@@ -61,7 +62,8 @@ def _train_step(fn, module, args, kwargs, autocast):
 
 
 def grads(name: str) -> None:
-    dev = torch.device("cuda")
+    import os
+    dev = torch.device(os.environ.get("DIAG_DEVICE", "cuda"))  # DIAG_DEVICE=cpu: CPU autocast
     spec = select_models([name])[0]
     built = spec.build(dev, default_size(dev))
     base = built.module.train()

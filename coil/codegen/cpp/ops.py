@@ -83,8 +83,9 @@ def _reciprocal(a, dtype):
 
 
 def _relu(a, dtype):
+    # a select, not max(x, 0): keeps -0.0 (and NaN) as eager does
     z = f"({compute_ctype(dtype)})0"
-    return f"coil_max({a[0]}, {z})" if dtype.is_floating_point else f"({a[0]} < 0 ? {z} : {a[0]})"
+    return f"({a[0]} < 0 ? {z} : {a[0]})"
 
 
 def _floor_int(f):
@@ -162,7 +163,9 @@ def _pow(a, dtype):
 def _minmax(fn):
     def emit(a, dtype):
         if dtype.is_floating_point:
-            return f"{fn}({a[0]}, {a[1]})"
+            # NaN from either side; a tie (-0.0 vs 0.0) gives the first operand, as
+            # eager's clamp(x, min=0) keeps -0.0
+            return f"{fn}_prop_({a[0]}, {a[1]})"
         op = ">" if fn == "coil_max" else "<"
         return f"({a[0]} {op} {a[1]} ? {a[0]} : {a[1]})"
     return emit

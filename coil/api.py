@@ -20,6 +20,7 @@ import torch
 from coil import config as _config
 from coil import trace
 from coil.backends import list_backends, lookup_backend
+from coil.backends.registry import log_backend_failure
 from coil.exc import BackendCompilerFailed, UserError
 
 MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
@@ -57,6 +58,7 @@ def _wrap_backend(backend: Callable, name: str, options: dict) -> Callable:
                 except (UserError, BackendCompilerFailed):
                     raise
                 except Exception as e:
+                    log_backend_failure(name, e)
                     raise BackendCompilerFailed(name, e) from e
         if not options:
             return compiled

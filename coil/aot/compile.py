@@ -25,8 +25,9 @@ from torch._subclasses.fake_tensor import FakeTensor
 from coil import trace
 from coil.aot.decompositions import get_decompositions
 from coil.aot.cse import cse_graph
-from coil.aot.functional import analyze, fakeify, trace_inference, trace_joint
+from coil.aot.functional import analyze, fakeify, item_memo, trace_inference, trace_joint
 from coil.aot.partition import default_partition, min_cut_partition
+from coil.aot.scalars import tensorize_scalar_reads
 from coil.aot.runtime import AUTOCAST_DEVICES, inference_runner, training_runner
 
 
@@ -56,7 +57,9 @@ def _saved_layouts(bw_fakes: list, fw_strides, start: int, num_saved: int, fake_
 
 def _symbolic_placeholder_values(gm: torch.fx.GraphModule, example_inputs: list) -> Optional[list]:
     """The fake inputs to trace with when the capture's placeholder values
-    (``meta["example_value"]`` or ``meta["val"]``) are symbolic (dynamic shapes), else None.
+    (``meta["example_value"]`` or ``meta["val"]``) are symbolic (dynamic shapes, or a
+    0-d tensor holding a Python float the capture made symbolic, read with ``.item()``:
+    :func:`coil.aot.functional.item_memo`), else None.
 
     Tracing with them keeps sizes symbolic; tracing with the real example inputs
     would specialize the graphs to the first call's sizes. Real example inputs that
@@ -69,7 +72,8 @@ def _symbolic_placeholder_values(gm: torch.fx.GraphModule, example_inputs: list)
             continue
         v = n.meta.get("example_value", n.meta.get("val"))
         if isinstance(v, torch.SymInt) or (
-                isinstance(v, torch.Tensor) and any(isinstance(d, torch.SymInt) for d in v.shape)):
+                isinstance(v, torch.Tensor) and (any(isinstance(d, torch.SymInt) for d in v.shape)
+                                                 or item_memo(v) is not None)):
             symbolic = True
         elif not isinstance(v, (torch.Tensor, int, float, bool)):
             return None
@@ -326,6 +330,7 @@ def _compile(fn, example_inputs, fw_compiler, bw_compiler, partition_fn, decompo
             trace.log("aot_enable_grad_region_fallback", stage="aot", error=str(e)[:2000])
     if not training:
         fw_gm = trace_inference(fn, fake_args, info, decomps, fake_mode)
+        tensorize_scalar_reads(fw_gm, "inference")
         cse_graph(fw_gm)
         trace.artifact("aot_inference_graph", _graph_text(fw_gm, "aot inference graph (ATen)"), kind="python")
         fw_gm.meta["coil_aot_graph"] = "inference"
@@ -333,6 +338,7 @@ def _compile(fn, example_inputs, fw_compiler, bw_compiler, partition_fn, decompo
         return _check_aliasing_per_call(inference_runner(compiled, info), fn, info.mutated_inputs)
     if joint is None:
         joint, jinfo = trace_joint(fn, fake_args, info, decomps, fake_mode)
+    tensorize_scalar_reads(joint, "joint")
     trace.artifact("aot_joint_graph", _graph_text(joint, "aot joint graph (ATen)"), kind="python")
     part = partition_fn(joint, jinfo)
     cse_graph(part.fw)

@@ -31,11 +31,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import threading
 from typing import Any, Callable, Optional
 
 import torch
 import torch.fx
+import torch.fx.traceback as fx_traceback
 import torch.utils._pytree as pytree
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
@@ -284,8 +286,8 @@ def _analyze(fn, fake_args, fake_mode, grad, drop_error_checks) -> ProgramInfo:
 
 # --------------------------------------------------------------------------- tracing
 
-def _forward_values(fn, args, info: ProgramInfo):
-    outs = _call(fn, args, info.drop_error_checks)
+def _forward_values(fn, args, info: ProgramInfo, label_autograd: bool = False):
+    outs = _call(_located(fn, label_autograd), args, info.drop_error_checks)
     flat, _ = pytree.tree_flatten(outs)
     vals = [args[i] for i in info.mutated_inputs]
     vals += [flat[k] for k in info.graph_outputs]
@@ -312,21 +314,128 @@ def _cleanup(graph: torch.fx.Graph) -> None:
             graph.erase_node(node)
 
 
+def item_memo(t: Any) -> Optional[Any]:
+    """The symbolic number ``t.item()`` returns for a fake tensor, or None.
+
+    torch's capture with ``dynamic=True`` (or after a float argument changed) passes a
+    Python float (``LayerNorm.eps``, a temperature) as a 0-d float64 tensor input that
+    the graph reads with ``.item()``; its fake carries the SymFloat the capture made for
+    the float as ``item_memo``, which the fake ``aten._local_scalar_dense`` returns.
+    Without it that op raises ``DataDependentOutputException``."""
+    m = getattr(t, "item_memo", None) if isinstance(t, FakeTensor) else None
+    return m if isinstance(m, (torch.SymInt, torch.SymFloat, torch.SymBool)) else None
+
+
 def _is_symbolic(args) -> bool:
     for a in pytree.tree_leaves(args):
         if isinstance(a, torch.SymInt):
             return True
-        if isinstance(a, torch.Tensor) and any(isinstance(d, torch.SymInt) for d in a.shape):
+        if isinstance(a, torch.Tensor) and (any(isinstance(d, torch.SymInt) for d in a.shape)
+                                            or item_memo(a) is not None):
             return True
     return False
+
+
+def _with_item_memos(fn: Callable, args: list) -> Callable:
+    """``fn`` that first gives its tensor arguments the ``item_memo`` of the fakes in
+    ``args`` they were made from. In "symbolic" mode make_fx fakes its arguments again
+    (same sizes and symbols) and the copies lose the memo, so ``.item()`` of a capture's
+    0-d float input raised inside the trace; with it, ``.item()`` returns the capture's
+    SymFloat, traced as ``aten._local_scalar_dense`` of the input (which
+    :mod:`coil.aot.scalars` then replaces by reading the tensor)."""
+    memos = [item_memo(a) for a in pytree.tree_leaves(args)]
+    if all(m is None for m in memos):
+        return fn
+
+    @functools.wraps(fn)  # make_fx reads the signature (placeholders)
+    def traced(*inner):
+        for a, m in zip(pytree.tree_leaves(inner), memos):
+            if m is not None and isinstance(a, FakeTensor) and item_memo(a) is None:
+                a.item_memo = m
+        return fn(*inner)
+
+    return traced
 
 
 def _make_fx(fn: Callable, args: list, decompositions: dict, fake_mode: FakeTensorMode):
     # symbolic sizes are traced as sym_size nodes only in "symbolic" mode (which
     # reuses the inputs' fake mode and ShapeEnv); static inputs trace in "real" mode
     mode = "symbolic" if _is_symbolic(args) else "real"
-    with fake_mode, without_cudnn_choices():
-        return make_fx(fn, decomposition_table=decompositions, tracing_mode=mode)(*args)
+    with fake_mode, without_cudnn_choices(), fx_traceback.preserve_node_meta():
+        return make_fx(_with_item_memos(fn, args), decomposition_table=decompositions,
+                       tracing_mode=mode)(*args)
+
+
+# --------------------------------------------------------------------------- source locations
+
+class _LocatingInterpreter(torch.fx.Interpreter):
+    """Runs a torch-level GraphModule node by node while ``make_fx`` traces it, each
+    node's meta being the current one (``Interpreter`` sets it under
+    ``preserve_node_meta``): make_fx copies its ``stack_trace`` (the user's source
+    lines, from coil's capture or Dynamo) onto the ATen nodes it becomes. With
+    ``label_autograd``, the autograd nodes a graph node creates are labelled with the
+    same trace, for :func:`_locate_backward`."""
+
+    def __init__(self, gm: torch.fx.GraphModule, label_autograd: bool):
+        super().__init__(gm)
+        self.extra_traceback = False  # errors keep their own message
+        self.label_autograd = label_autograd
+
+    def run(self, *args):
+        if self.label_autograd:
+            _label_grad_fns(args, "")  # made before the program (input clones): no line
+        return super().run(*args)
+
+    def run_node(self, n: torch.fx.Node) -> Any:
+        out = super().run_node(n)
+        if self.label_autograd:
+            _label_grad_fns(out, n.meta.get("stack_trace", ""))
+        return out
+
+
+def _located(fn: Callable, label_autograd: bool) -> Callable:
+    """``fn``, run by :class:`_LocatingInterpreter` if it is a plain GraphModule."""
+    if isinstance(fn, torch.fx.GraphModule) and "forward" not in vars(fn):
+        return _LocatingInterpreter(fn, label_autograd).run
+    return fn
+
+
+_TRACE_KEY = "coil_stack_trace"  # in grad_fn.metadata
+
+
+def _label_grad_fns(value: Any, trace: str) -> None:
+    """Label every autograd node reachable from the tensors in ``value`` and not labelled
+    yet (those the last graph node created) with ``trace``."""
+    todo = [t.grad_fn for t in pytree.tree_leaves(value) if isinstance(t, torch.Tensor)]
+    while todo:
+        node = todo.pop()
+        if node is None or _TRACE_KEY in node.metadata:
+            continue
+        node.metadata[_TRACE_KEY] = trace
+        todo.extend(fn for fn, _ in node.next_functions)
+
+
+def _locate_backward(outputs: list) -> None:
+    """Before ``autograd.grad`` in a joint trace: each labelled autograd node sets the
+    current stack trace when its backward starts, so the backward's ATen nodes carry the
+    line of the forward op they differentiate (gradient sums: the consumer's line)."""
+    seen: set = set()
+    todo = [t.grad_fn for t in outputs if isinstance(t, torch.Tensor)]
+    while todo:
+        node = todo.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        trace = node.metadata.get(_TRACE_KEY)
+        if trace is not None:
+            node.register_prehook(_stack_trace_setter(trace))
+        todo.extend(fn for fn, _ in node.next_functions)
+
+
+def _stack_trace_setter(trace: str) -> Callable:
+    def prehook(grad_outputs):
+        fx_traceback.set_stack_trace([trace] if trace else [])
+    return prehook
 
 
 def without_cudnn_choices():
@@ -418,9 +527,10 @@ def trace_joint(fn: Callable, fake_args: list, info: ProgramInfo, decompositions
                 # gradient is taken w.r.t. its value before the mutation
                 args = [a.clone() if i in clone else a for i, a in enumerate(f_primals)]
                 with torch.set_grad_enabled(grad):
-                    vals = _forward_values(fn, args, info)
+                    vals = _forward_values(fn, args, info, label_autograd=True)
                 diff = [v for v, rg in zip(vals, info.fw_out_requires_grad) if rg]
                 wrt = [f_primals[i] for i in grad_inputs]
+                _locate_backward(diff)
                 if not diff:
                     grads = [None] * len(wrt)
                 elif info.drop_error_checks:
@@ -428,6 +538,7 @@ def trace_joint(fn: Callable, fake_args: list, info: ProgramInfo, decompositions
                         grads = torch.autograd.grad(diff, wrt, f_tangents, allow_unused=True)
                 else:
                     grads = torch.autograd.grad(diff, wrt, f_tangents, allow_unused=True)
+                fx_traceback.set_stack_trace([])
             grad_is_none[:] = [g is None for g in grads]
             return [_from_functional(v) for v in vals], [_from_functional(g) for g in grads if g is not None]
 

@@ -67,5 +67,23 @@ def inductor(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
 
 
 def coil_backend_entry(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
-    """Entry point for ``torch.compile(model, backend="coil")``."""
-    return lookup_backend("coil")(gm, example_inputs)
+    """Entry point for ``torch.compile(model, backend="coil")``.
+
+    An exception is logged (event ``backend_failed``: the error and its traceback)
+    before it propagates: torch's capture turns it into a warning and runs the graph
+    eagerly, so the compile log is the only record of why nothing was compiled."""
+    try:
+        return lookup_backend("coil")(gm, example_inputs)
+    except Exception as e:
+        log_backend_failure("coil", e)
+        raise
+
+
+def log_backend_failure(name: str, e: BaseException) -> None:
+    """Log event ``backend_failed`` for backend ``name`` raising ``e`` (in an except block)."""
+    import traceback
+
+    from coil import trace
+
+    trace.log("backend_failed", stage="backend", backend=name, error=f"{type(e).__name__}: {e}"[:4000],
+              traceback=traceback.format_exc())

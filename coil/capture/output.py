@@ -201,7 +201,7 @@ class OutputGraph:
 
     # --- global state ----------------------------------------------------------------
     def set_grad_mode(self, tx, mode: bool) -> None:
-        self.graph.create_node("call_function", torch._C._set_grad_enabled, (mode,), {})
+        tx.locate_node(self.graph.create_node("call_function", torch._C._set_grad_enabled, (mode,), {}))
         torch._C._set_grad_enabled(mode)
 
     def restore_global_state(self) -> None:

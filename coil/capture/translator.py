@@ -21,6 +21,7 @@ from __future__ import annotations
 import collections
 import dis
 import functools
+import linecache
 import operator
 import sys
 import types
@@ -59,6 +60,25 @@ TRACED_COIL_MODULES = ("coil.bench.models",)
 MAX_STEPS = 2_000_000
 
 _CAPTURE_DIR = __file__.rsplit("/", 1)[0] + "/"
+
+
+def _stack_lines(frames) -> list[str]:
+    return [f'File "{f}", line {line}, in {name}' for f, line, name in frames]
+
+
+def _stack_summary(lines: list[str]) -> str:
+    return " <- ".join(reversed(lines[-3:]))
+
+
+def _stack_trace(frames) -> str:
+    parts = []
+    for f, line, name in frames:
+        parts.append(f'  File "{f}", line {line}, in {name}\n')
+        src = linecache.getline(f, line).strip() if line else ""
+        if src:
+            parts.append(f"    {src}\n")
+    return "".join(parts)
+
 
 #: Modules whose functions are never inlined (a call is a graph break).
 SKIP_MODULES = ("logging", "warnings", "inspect", "threading", "traceback", "pdb", "copy",
@@ -219,9 +239,9 @@ class InstructionTranslatorBase:
                     e.location = self.location()
             raise
 
-    def user_stack(self) -> list[str]:
-        """``File ..., line ..., in ...`` lines, outermost first: the user's frames only
-        (coil's own module-call wrapper frame, ``coil/capture/frame.py``, is left out)."""
+    def user_frames(self) -> list[tuple[str, Optional[int], str]]:
+        """``(filename, line, function)`` of the user's frames, outermost first (coil's own
+        module-call wrapper frame, ``coil/capture/frame.py``, is left out)."""
         frames = []
         tx = self
         while tx is not None:
@@ -232,12 +252,29 @@ class InstructionTranslatorBase:
             line = inst.positions.lineno if inst is not None and inst.positions else None
             if line is None and inst is not None:
                 line = inst.starts_line
-            frames.append(f'File "{tx.code.co_filename}", line {line}, in {tx.code.co_name}')
+            frames.append((tx.code.co_filename, line, tx.code.co_name))
             tx = tx.parent
         return list(reversed(frames))
 
+    def user_stack(self) -> list[str]:
+        """``File ..., line ..., in ...`` lines, outermost first: the user's frames only."""
+        return _stack_lines(self.user_frames())
+
     def user_stack_summary(self) -> str:
-        return " <- ".join(reversed(self.user_stack()[-3:]))
+        return _stack_summary(self.user_stack())
+
+    def locate_node(self, node: torch.fx.Node) -> None:
+        """Record where the user's code made graph node ``node``: ``meta["stack"]`` (short,
+        innermost frame first, for coil's messages) and ``meta["stack_trace"]``, the user's
+        frames as traceback text, outermost first (per frame ``  File "m.py", line 5, in f``
+        and the source line indented by four): the key torch.fx's ``print_readable``,
+        ``make_fx`` (which copies it into the ATen graphs) and torch's backends read; a
+        kernel's failed bounds check names its innermost line."""
+        frames = self.user_frames()
+        node.meta["stack"] = _stack_summary(_stack_lines(frames))
+        trace = _stack_trace(frames)
+        if trace:
+            node.meta["stack_trace"] = trace
 
     def location(self):
         from coil.exc import SourceLocation

@@ -18,6 +18,8 @@ the placeholder name for inputs); a body only reads buffers created before it.
 from __future__ import annotations
 
 import dataclasses
+import os
+import re
 import threading
 from typing import Any, Callable, Optional, Sequence
 
@@ -30,6 +32,8 @@ from coil.ir.virtualized import ops
 
 class _Current(threading.local):
     graph = None
+    #: the origin (see :attr:`Loops.origin`) of the body running now on an ops handler
+    origin = None
 
 
 V = _Current()
@@ -40,6 +44,63 @@ def current_graph():
     if V.graph is None:
         raise RuntimeError("no GraphLowering is active")
     return V.graph
+
+
+# ---------------------------------------------------------------------------- origins
+#
+# Every Loops records the user's source location of the ATen node whose lowering made it
+# (``node.meta["stack_trace"]``, which capture sets and make_fx copies into the ATen
+# graphs). While a body runs on an ops handler, ``V.origin`` is the origin of the
+# innermost body running (a loader of an inlined producer sets its own), so a handler
+# can tell which user line an op came from: the C++ kernel names it in the IndexError of
+# a failed bounds check. Only codegen pays for it, never a kernel call.
+
+def _node_origin() -> Optional[str]:
+    node = getattr(V.graph, "current_node", None)
+    meta = getattr(node, "meta", None)
+    if not meta:
+        return None
+    return meta.get("stack_trace") or meta.get("stack")
+
+
+def current_origin() -> Optional[str]:
+    """The stack trace of the user code behind the body running now (or None)."""
+    return V.origin
+
+
+def _run_from(origin: Optional[str], fn: Callable, *args):
+    saved = V.origin
+    V.origin = origin
+    try:
+        return fn(*args)
+    finally:
+        V.origin = saved
+
+
+_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+
+
+def describe_origin(origin: Optional[str]) -> Optional[str]:
+    """``"m.py:5 in f: <source line>"`` for the innermost frame of ``origin`` (a
+    ``stack_trace``, or capture's ``meta["stack"]`` summary) outside torch's own
+    modules; None if it names no frame."""
+    if not origin:
+        return None
+    frames = []  # (file, line, function, source), outermost first
+    lines = origin.splitlines()
+    for k, line in enumerate(lines):
+        for m in _FRAME.finditer(line):
+            nxt = lines[k + 1].strip() if k + 1 < len(lines) else ""
+            src = nxt if nxt and not _FRAME.search(nxt) else ""
+            frames.append((m.group(1), m.group(2), m.group(3), src))
+    if " <- " in origin:  # capture's summary lists the innermost frame first
+        frames.reverse()
+    if not frames:
+        return None
+    user = [f for f in frames if not f[0].startswith(_TORCH_DIR)] or frames
+    file, line, fn, src = user[-1]
+    return f"{file}:{line} in {fn}" + (f": {src}" if src else "")
 
 
 @dataclasses.dataclass
@@ -109,6 +170,8 @@ class Loops(IRNode):
     def __init__(self, device, dtype, inner_fn, ranges):
         self.device, self.dtype, self.inner_fn = device, dtype, inner_fn
         self.ranges = [as_expr(r) for r in ranges]
+        #: the user code whose ATen node's lowering made this body (see "origins" above)
+        self.origin = _node_origin()
 
     def get_size(self):
         return self.ranges
@@ -124,7 +187,10 @@ class Pointwise(Loops):
     """Elementwise body: element ``index`` of the result is ``inner_fn(index)``."""
 
     def make_loader(self):
-        return self.inner_fn
+        inner, origin = self.inner_fn, self.origin
+        if origin is None:
+            return inner
+        return lambda index: _run_from(origin, inner, index)
 
 
 class Reduction(Loops):
@@ -250,6 +316,9 @@ class ComputedBuffer(Buffer):
     def store_body(self, index: Sequence, rindex: Sequence = ()) -> None:
         """Run the body for output ``index`` (and reduction ``rindex``) on the current
         ops handler, ending in ``ops.store`` / ``ops.store_reduction``."""
+        _run_from(self.data.origin, self._store_body, index, rindex)
+
+    def _store_body(self, index, rindex) -> None:
         indexer = self.layout.make_indexer()
         index = self._logical_index(index)
         out_index = indexer(list(index))
@@ -292,7 +361,7 @@ class ScatterBuffer(ComputedBuffer):
         self.loop_order = None  # ranges are the scattered elements, not the layout's dims
         self.target, self.dest_fn, self.value_fn, self.mode = target, dest_fn, value_fn, mode
 
-    def store_body(self, index, rindex=()):
+    def _store_body(self, index, rindex) -> None:
         dest = self.dest_fn(list(index))
         ops.store(self.name, self.layout.make_indexer()(dest), self.value_fn(list(index)), self.mode)
 

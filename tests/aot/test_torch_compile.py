@@ -1,8 +1,15 @@
-"""aot_eager under torch's capture: dynamic shapes, input mutation, aliasing."""
+"""aot_eager and coil under torch's capture: dynamic shapes, input mutation, aliasing,
+symbolic Python floats."""
+import json
+
+import pytest
 import torch
+import torch._dynamo
 import torch.nn as nn
 
+from coil import trace
 from coil.aot.backend import aot_eager
+from coil.backends import registry
 
 
 def _compile(fn, **kw):
@@ -94,3 +101,168 @@ def test_dynamic_shapes_training_mutation_from_grad_input():
         out[0].sum().backward()
         ref[0].sum().backward()
         torch.testing.assert_close(x.grad, xr.grad)
+
+
+# ---------------------------------------------------------------- symbolic Python floats
+# torch's capture passes a float it made symbolic (dynamic=True, or the recompile after a
+# float argument changed) as a 0-d float64 tensor read with .item() in the graph
+
+
+def _counting_coil(errors: list, calls: list):
+    def be(gm, example_inputs):
+        calls.append(1)
+        try:
+            return registry.coil_backend_entry(gm, example_inputs)
+        except Exception as e:  # torch's capture would run the graph eagerly
+            errors.append(f"{type(e).__name__}: {e}")
+            raise
+    return be
+
+
+def test_symbolic_float_argument_reads_the_tensor_at_each_call():
+    """A temperature: the recompile for the second value makes it symbolic (torch does
+    the same); the graph then reads the 0-d tensor, so a third value neither recompiles
+    nor reuses the old value (it failed with DataDependentOutputException, then was
+    specialized to the first value)."""
+    errors, calls = [], []
+    torch._dynamo.reset()
+    c = torch.compile(lambda x, t: (x / t).softmax(-1) * t, backend=_counting_coil(errors, calls))
+    x = torch.randn(3, 4)
+    for t, n_compiles in ((0.7, 1), (1.3, 2), (2.0, 2), (0.25, 2)):
+        torch.testing.assert_close(c(x, t), (x / t).softmax(-1) * t)
+        assert len(calls) == n_compiles
+    assert errors == []
+
+
+def test_symbolic_float_dynamic_true_two_shapes_two_values():
+    errors, calls = [], []
+    torch._dynamo.reset()
+    w = torch.randn(4, requires_grad=True)
+    f = lambda x, t: (x * w / t).softmax(-1) + 1.0 / t  # noqa: E731
+    c = torch.compile(f, backend=_counting_coil(errors, calls), dynamic=True)
+    for n in (3, 5):
+        before = None
+        for t in (0.7, 1.3):
+            x = torch.randn(n, 4)
+            out, ref = c(x, t), f(x, t)
+            torch.testing.assert_close(out, ref)
+            (g,) = torch.autograd.grad(out.sum(), w)
+            (rg,) = torch.autograd.grad(ref.sum(), w)
+            torch.testing.assert_close(g, rg)
+            assert before is None or len(calls) == before  # a new value: no recompile
+            before = len(calls)
+    assert errors == []
+
+
+def test_layer_norm_dynamic_true():
+    """LayerNorm.eps becomes a symbolic float; native_layer_norm takes a C++ double, so
+    the trace specializes it (as torch's AOTAutograd does) and the graph compiles."""
+    errors, calls = [], []
+    torch._dynamo.reset()
+    ln = nn.LayerNorm(4)
+    c = torch.compile(ln, backend=_counting_coil(errors, calls), dynamic=True)
+    for n in (3, 5):
+        x = torch.randn(n, 4)
+        out, ref = c(x), ln(x)
+        torch.testing.assert_close(out, ref)
+        gw = torch.autograd.grad(out.sum(), ln.weight)
+        rw = torch.autograd.grad(ref.sum(), ln.weight)
+        torch.testing.assert_close(gw, rw)
+    assert errors == [] and calls
+
+
+class _RMSNorm(nn.Module):
+    """transformers' LlamaRMSNorm."""
+
+    def __init__(self, d, eps=1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(1 + 0.1 * torch.randn(d))
+        self.variance_epsilon = eps
+
+    def forward(self, h):
+        dtype = h.dtype
+        h = h.to(torch.float32)
+        variance = h.pow(2).mean(-1, keepdim=True)
+        h = h * torch.rsqrt(variance + self.variance_epsilon)
+        return self.weight * h.to(dtype)
+
+
+def test_hf_rms_norm_dynamic_true_reads_eps_at_each_call(tmp_path):
+    """variance + self.variance_epsilon reads the 0-d tensor (event aot_scalar_inputs),
+    so a new eps does not recompile; the backward compiles too."""
+    errors, calls = [], []
+    torch._dynamo.reset()
+    m = _RMSNorm(8)
+    c = torch.compile(m, backend=_counting_coil(errors, calls), dynamic=True)
+    old = trace.trace_dir()
+    trace.set_dir(str(tmp_path))
+    try:
+        for n in (3, 5):
+            for eps in (1e-6, 0.5):  # a new eps on the same shape: no recompile
+                m.variance_epsilon = eps
+                x = torch.randn(n, 8)
+                before = len(calls)
+                torch.testing.assert_close(c(x), m(x))
+                assert eps == 1e-6 or len(calls) == before
+        x = torch.randn(3, 8, requires_grad=True)
+        xr = x.detach().clone().requires_grad_()
+        c(x).sum().backward()
+        m(xr).sum().backward()
+        torch.testing.assert_close(x.grad, xr.grad)
+    finally:
+        trace.set_dir(old)
+    assert errors == []
+    scalars = [e for e in _events(tmp_path) if e["event"] == "aot_scalar_inputs"]
+    assert scalars and all(e["tensorized"] == ["aten.add.Tensor"] and e["specialized"] == [] for e in scalars)
+
+
+def _events(d) -> list:
+    return [json.loads(line) for p in d.glob("*.jsonl") for line in p.read_text().splitlines()]
+
+
+def test_backend_failure_under_torch_compile_is_logged(tmp_path, monkeypatch):
+    """torch's capture turns a backend exception into a warning and runs eagerly; the
+    compile log must say why (it had only the ``aot`` stage)."""
+
+    def boom(gm, example_inputs):
+        raise RuntimeError("no kernels today")
+
+    monkeypatch.setitem(registry._BACKENDS, "coil", boom)
+    old = trace.trace_dir()
+    trace.set_dir(str(tmp_path))
+    try:
+        gm = torch.fx.symbolic_trace(lambda x: x + 1)
+        try:
+            registry.coil_backend_entry(gm, [torch.randn(2)])
+        except RuntimeError as e:
+            assert "no kernels today" in str(e)
+        else:
+            raise AssertionError("the entry swallowed the backend's exception")
+    finally:
+        trace.set_dir(old)
+    failed = [e for e in _events(tmp_path) if e["event"] == "backend_failed"]
+    assert len(failed) == 1 and failed[0]["backend"] == "coil"
+    assert "RuntimeError: no kernels today" in failed[0]["error"] and "boom" in failed[0]["traceback"]
+
+
+@pytest.mark.parametrize("f", [
+    lambda x, t: x * (t * 2 + 1) - t ** 2 + 1.0 / t,     # float arithmetic, in float64
+    lambda x, t: x.clamp(min=t),                          # clamp → clamp.Tensor
+    lambda x, t: torch.where(x > t, x, t),                # scalar_tensor
+    lambda x, t: torch.full_like(x, t) + torch.lerp(x, 2 * x, t),  # full_like, full
+    lambda x, t: (x * 4).long() + t,                      # an int tensor: promotes to float
+    lambda x, t: x.masked_fill(x > 0, t) + x.pow(t),
+    lambda x, t: x.add(x.sin(), alpha=-t),                # p.add_(g, alpha=-lr)
+], ids=["arith", "clamp", "where", "full", "int", "masked_fill_pow", "alpha"])
+def test_symbolic_float_uses_read_the_tensor(f):
+    """Each use of the number reads the 0-d tensor (coil/aot/scalars.py): a second value
+    is right and does not recompile."""
+    errors, calls = [], []
+    torch._dynamo.reset()
+    c = torch.compile(f, backend=_counting_coil(errors, calls), dynamic=True)
+    x = torch.randn(3, 4).abs() + 0.1
+    for t in (0.7, 1.3):
+        out, ref = c(x, t), f(x, t)
+        assert out.dtype == ref.dtype
+        torch.testing.assert_close(out, ref)
+    assert errors == [] and len(calls) == 1

@@ -12,6 +12,8 @@ op under the output graph's ``FakeTensorMode``, and wraps what comes back:
   node is removed again (static shapes: ``x.size(0)`` is a Python int).
 
 Data-dependent results (``.item()``, ``nonzero``) raise Unsupported: a graph break.
+Ops that make a new autograd leaf (``requires_grad_()``, ``requires_grad=True``
+factories) or ``retain_grad()`` are graph breaks too (:func:`_autograd_state_change`).
 """
 from __future__ import annotations
 
@@ -25,6 +27,8 @@ from torch._subclasses.fake_tensor import (DataDependentOutputException,
                                            DynamicOutputShapeException, FakeTensor)
 
 from coil.exc import Unsupported
+from coil.capture.meta_checks import check_call
+from coil.capture.substitutes import substitute
 from coil.capture.variables.base import ConstantVariable, VariableTracker
 from coil.capture.variables.containers import (DictVariable, ListVariable,
                                                NamedTupleVariable, SliceVariable,
@@ -124,9 +128,58 @@ def _quiet_meta_failures():
         _quiet.active -= 1
 
 
+def _requires_grad_flag(v: VariableTracker):
+    """The Python bool a ``requires_grad`` argument holds, or None if it is not a constant."""
+    try:
+        return bool(v.as_python_constant())
+    except Unsupported:  # a tensor: not known at compile time
+        return None
+
+
+def _autograd_state_change(kind: str, target, args: list, kwargs: dict) -> bool:
+    """Graph breaks for ops that change which tensors autograd tracks.
+
+    AOT turns a whole graph into one autograd node of its *inputs*: a tensor made to
+    require grad inside the graph (``t.requires_grad_()``, ``torch.zeros(3,
+    requires_grad=True)``) would come out as an output of that node, not a leaf, and
+    nothing computed from it would reach it in backward (silently missing grads);
+    ``retain_grad()`` on a fake tensor retains nothing. So these ops raise Unsupported,
+    a graph break: the op runs eagerly and the rest of the frame is captured with the
+    tensor as an input (what torch.compile does).
+
+    Returns True for ``requires_grad_(b)`` on a tensor whose ``requires_grad`` is
+    already ``b``: eager returns the tensor and changes nothing, so no node is needed."""
+    name = _name(target)
+    if kind == "call_method" and name == "requires_grad_":
+        flag = args[1] if len(args) > 1 else kwargs.get("requires_grad")
+        want = True if flag is None else _requires_grad_flag(flag)
+        t = args[0]
+        if want is not None and isinstance(t, TensorVariable) and t.fake.requires_grad == want:
+            return True
+        what = ("makes an autograd leaf" if want else
+                "changes whether a tensor requires grad")
+        raise Unsupported(f"Tensor.requires_grad_({'' if want else want}) {what} inside "
+                          f"the frame", hint=_LEAF_HINT)
+    if kind == "call_method" and name == "retain_grad":
+        raise Unsupported("Tensor.retain_grad() inside the frame",
+                          hint="it runs outside the graph, so backward fills .grad")
+    if "requires_grad" in kwargs and _requires_grad_flag(kwargs["requires_grad"]) is not False:
+        raise Unsupported(f"{name}(..., requires_grad=True) makes an autograd leaf inside "
+                          f"the frame", hint=_LEAF_HINT)
+    return False
+
+
+_LEAF_HINT = ("it runs outside the graph; the rest of the frame is captured with the tensor "
+              "as an input, so backward reaches it")
+
+
 def call_op(tx, kind: str, target, args: list, kwargs: dict) -> VariableTracker:
     """Add ``target(*args, **kwargs)`` to the graph and run it on fake tensors."""
     out = tx.output
+    if _autograd_state_change(kind, target, args, kwargs):
+        return args[0]  # requires_grad_ that changes nothing
+    if kind == "call_function":
+        target = substitute(target)  # checked equivalents (F.one_hot)
     node_args = tuple(_map(a, to_node_arg) for a in args)
     node_kwargs = {k: _map(v, to_node_arg) for k, v in kwargs.items()}
     fake_args = [_map(a, to_fake) for a in args]
@@ -136,9 +189,10 @@ def call_op(tx, kind: str, target, args: list, kwargs: dict) -> VariableTracker:
             f"in-place {_name(target)} after indexing with a 0-d integer tensor (a view in "
             f"eager, a copy in the graph): the frame runs eagerly")
     node = out.graph.create_node(kind, target, node_args, node_kwargs)
-    node.meta["stack"] = tx.user_stack_summary()
+    tx.locate_node(node)
     try:
         with out.fake_mode, _quiet_meta_failures():  # fix from user testing
+            check_call(kind, target, fake_args, fake_kwargs)  # what eager refuses, meta not
             if kind == "call_method":
                 result = getattr(fake_args[0], target)(*fake_args[1:], **fake_kwargs)
             else:
@@ -181,6 +235,7 @@ def _wrap_sequence(out, node, result) -> VariableTracker:
         if isinstance(r, torch.Tensor) or (isinstance(r, (tuple, list)) and _holds_tensor(r)):
             sub = out.graph.create_node("call_function", operator.getitem, (node, i), {})
             sub.meta["example_value"] = r
+            _copy_location(node, sub)
             items.append(TensorVariable(sub, r) if isinstance(r, torch.Tensor)
                          else _wrap_sequence(out, sub, r))
         else:
@@ -188,6 +243,12 @@ def _wrap_sequence(out, node, result) -> VariableTracker:
     if hasattr(type(result), "_fields") or hasattr(type(result), "n_fields"):
         return NamedTupleVariable(items, type(result))
     return ListVariable(items) if isinstance(result, list) else TupleVariable(items)
+
+
+def _copy_location(src, dst) -> None:
+    for key in ("stack", "stack_trace"):
+        if key in src.meta:
+            dst.meta[key] = src.meta[key]
 
 
 def wrap_result(tx, node, result) -> VariableTracker:
@@ -298,17 +359,12 @@ class IndexCopyAliasing(Exception):
     may be written through: the frame runs eagerly (never a lost write)."""
 
 
-_NOT_MUTATING = {"requires_grad_", "retain_grad_"}
-
-
 def _is_inplace(kind: str, target, kwargs) -> bool:
     if target is operator.setitem or "out" in kwargs:
         return True
     name = _name(target)
     if isinstance(target, torch._ops.OpOverload):
         return target._schema.is_mutable
-    if name in _NOT_MUTATING:
-        return False
     return name.endswith("_") and not name.endswith("__") or name in (
         "iadd", "isub", "imul", "itruediv", "ifloordiv", "imod", "ipow", "imatmul", "iand",
         "ior", "ixor", "ilshift", "irshift")
@@ -400,8 +456,6 @@ class TensorVariable(VariableTracker):
             return ConstantVariable(None)
         if name == "__contains__":
             raise Unsupported("`in` on a tensor depends on its data")
-        if name in ("requires_grad_",) and self.source is None:
-            return call_op(tx, "call_method", name, [self] + list(args), kwargs)
         if name == "new_tensor" and contains_tensor(list(args)):
             raise Unsupported("Tensor.new_tensor of a tensor")
         return call_op(tx, "call_method", name, [self] + list(args), kwargs)

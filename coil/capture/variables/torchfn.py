@@ -220,6 +220,7 @@ class AutocastVariable(ContextManagerVariable):
         device_type, dtype, enabled, cache = self.args
         self.handle = tx.output.graph.create_node(
             "call_function", _enter_autocast, (device_type, dtype, enabled, cache), {})
+        tx.locate_node(self.handle)
         self.real = torch.autocast(device_type, dtype=dtype, enabled=enabled, cache_enabled=cache)
         self.real.__enter__()
         tx.output.open_contexts.append(self)
@@ -228,7 +229,7 @@ class AutocastVariable(ContextManagerVariable):
     def exit(self, tx):
         from torch.amp.autocast_mode import _exit_autocast
 
-        tx.output.graph.create_node("call_function", _exit_autocast, (self.handle,), {})
+        tx.locate_node(tx.output.graph.create_node("call_function", _exit_autocast, (self.handle,), {}))
         self.real.__exit__(None, None, None)
         tx.output.open_contexts.remove(self)
 

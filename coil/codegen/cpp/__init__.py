@@ -47,6 +47,7 @@ class CppBackend(KernelBackend):
         cpp_build.compiler()
         k = CppKernel(plan, kernel_name, cpp_build.num_threads())
         body = k.source()
-        launcher = CppLauncher(body, kernel_name, len(k.arg_names()), k.has_checks, batch=True)
+        launcher = CppLauncher(body, kernel_name, len(k.arg_names()), k.has_checks, batch=True,
+                               check_origins=k.check_origins)
         return GeneratedKernel(name=kernel_name, source=body, arg_names=k.arg_names(),
                                launcher=launcher, language="cpp")

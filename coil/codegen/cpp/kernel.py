@@ -48,6 +48,7 @@ import torch
 
 from coil.codegen.cpp import ops as cops
 from coil.codegen.cpp.indexing import Split, canonicalize, cexpr, split_plan
+from coil.ir.nodes import current_origin, describe_origin
 from coil.ir.symbols import RINDEX, XINDEX, simplify_index
 from coil.ir.virtualized import OpsHandler
 
@@ -118,6 +119,8 @@ class CppKernel(OpsHandler):
         self.has_checks = False
         self.has_atomics = False
         self.check_sites = 0
+        #: per check site: the user's line behind it (``nodes.describe_origin``) or None
+        self.check_origins: list[Optional[str]] = []
         self.removed = set(getattr(plan, "removed_names", ()) or ())
         self.read: list[str] = []
         self.written: list[str] = []
@@ -322,6 +325,7 @@ class CppKernel(OpsHandler):
             self.has_checks = True
             site = self.check_sites
             self.check_sites += 1
+            self.check_origins.append(describe_origin(current_origin()))
             expr = f"coil_ind_checked({i}, {s}, {int(bool(wrap_neg))}, coil_err, {site})"
         elif wrap_neg:
             expr = f"coil_ind_wrap({i}, {s})"

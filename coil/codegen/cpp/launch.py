@@ -22,7 +22,7 @@ import ctypes
 import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 from coil.runtime import cpp_build
 
@@ -53,11 +53,14 @@ class CppLauncher:
     """A compiled (or compiling) C++ kernel callable as ``launcher(*tensors)``."""
 
     def __init__(self, source: str, func_name: str, n_args: int, has_checks: bool,
-                 describe: str = "", batch: bool = False):
+                 describe: str = "", batch: bool = False, check_origins: Sequence = ()):
         self.source = source
         self.func_name = func_name
         self.n_args = n_args
         self.has_checks = has_checks
+        #: per bounds-check site ``#n``: the user's line it checks (``"m.py:5 in f: ..."``)
+        #: or None; read only when a check fails
+        self.check_origins = list(check_origins)
         self.describe = describe or func_name
         self._future: Optional[Future] = None
         self._call: Optional[Callable] = None
@@ -99,8 +102,12 @@ class CppLauncher:
         idx, size, site = err[1], err[2], err[3]
         for i in range(4):
             err[i] = 0
-        raise IndexError(f"index {idx} is out of bounds for dimension with size {size} "
-                         f"(coil C++ kernel {self.func_name}, check #{site})")
+        msg = (f"index {idx} is out of bounds for dimension with size {size} "
+               f"(coil C++ kernel {self.func_name}, check #{site})")
+        origin = self.check_origins[site] if 0 <= site < len(self.check_origins) else None
+        if origin:
+            msg += f" -- from {origin}"
+        raise IndexError(msg)
 
     def __call__(self, *tensors):
         if self._call is None:

@@ -1,0 +1,62 @@
+"""Argument checks that eager kernels make and torch's meta (fake-tensor) kernels skip.
+
+Capture runs every torch call on fake tensors to learn its result; an error there is the
+user's error, reported at the user's line (:class:`~coil.capture.exceptions.UserCodeError`).
+A few meta kernels accept arguments eager refuses: ``index_add`` with a source of
+another dtype (an autocast region's bf16 into an fp32 buffer) gave a silently cast
+result. :func:`check_call` raises eager's error for those, before the fake run.
+Add a check by adding a function to :data:`CHECKS` under the op's name (no trailing
+``_``); it receives the call's fake arguments.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+
+def _type_name(dtype: torch.dtype) -> str:
+    """ATen's scalar-type name: torch.float32 -> "Float", torch.bfloat16 -> "BFloat16"."""
+    return torch.empty(0, dtype=dtype, device="meta").type().rsplit(".", 1)[-1].replace("Tensor", "")
+
+
+def _arg(args, kwargs, i: int, name: str):
+    return args[i] if len(args) > i else kwargs.get(name)
+
+
+def _index_add(args, kwargs) -> None:
+    self, source = _arg(args, kwargs, 0, "input"), _arg(args, kwargs, 3, "source")
+    if isinstance(self, torch.Tensor) and isinstance(source, torch.Tensor) and self.dtype != source.dtype:
+        raise RuntimeError(f"index_add_(): self ({_type_name(self.dtype)}) and source "
+                           f"({_type_name(source.dtype)}) must have the same scalar type")
+
+
+def _index_copy(args, kwargs) -> None:
+    self, source = _arg(args, kwargs, 0, "input"), _arg(args, kwargs, 3, "source")
+    if isinstance(self, torch.Tensor) and isinstance(source, torch.Tensor) and self.dtype != source.dtype:
+        raise RuntimeError(f"index_copy_(): self and source expected to have the same dtype, but "
+                           f"got (self) {_type_name(self.dtype)} and (source) {_type_name(source.dtype)}")
+
+
+def _index_put(args, kwargs) -> None:
+    self, values = _arg(args, kwargs, 0, "input"), _arg(args, kwargs, 2, "values")
+    if isinstance(self, torch.Tensor) and isinstance(values, torch.Tensor) and self.dtype != values.dtype:
+        raise RuntimeError(f"Index put requires the source and destination dtypes match, got "
+                           f"{_type_name(self.dtype)} for the destination and "
+                           f"{_type_name(values.dtype)} for the source.")
+
+
+#: op name (method or function, no trailing ``_``) -> check of its fake arguments
+CHECKS: dict[str, Callable] = {
+    "index_add": _index_add, "index_copy": _index_copy, "index_put": _index_put,
+}
+
+
+def check_call(kind: str, target, args: list, kwargs: dict) -> None:
+    """Raise eager's error if ``target(*args, **kwargs)`` (fake arguments; ``kind`` is the
+    FX node kind, ``args[0]`` the tensor for a method) is refused by eager but not by its
+    meta kernel. Raises RuntimeError."""
+    name = target if isinstance(target, str) else getattr(target, "__name__", "")
+    check = CHECKS.get(name.rstrip("_")) if name else None
+    if check is not None:
+        check(args, kwargs)

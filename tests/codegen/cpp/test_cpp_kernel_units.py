@@ -369,3 +369,19 @@ def test_relu_and_clamp_keep_negative_zero(fn):
     out, ref = coil.compile(fn, options={"cpu_backend": "cpp"})(x), fn(x)
     torch.testing.assert_close(out, ref, equal_nan=True)
     assert torch.equal(out.signbit(), ref.signbit())
+
+
+@pytest.mark.parametrize("backend", ["cpp", "triton"])
+def test_max_of_empty_bool_dim_raises_eagers_error_without_codegen_failure(backend):
+    """bool max.dim over a 0-length dim passes capture (its meta kernel allows it); the
+    lowering used to build a NaN fill and fail code generation (ValueError, FX-interpreter
+    fallback with a warning). It now runs the ATen op, which raises eager's IndexError."""
+    import warnings
+
+    import coil
+    e = torch.zeros(3, 0, dtype=torch.bool)
+    coil.reset()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(IndexError, match="non-zero size"):
+            coil.compile(lambda x: x.max(-1), options={"cpu_backend": backend})(e)

@@ -41,6 +41,7 @@ from coil.capture.variables.containers import (BaseListVariable, DictVariable,
 from coil.capture.variables.functions import (BaseFunctionVariable, TypeErrorInCall,
                                               UserFunctionVariable, UserMethodVariable)
 from coil.capture.variables.objects import (AttributeMissing, DataClassDictVariable,
+                                            InFrameModuleVariable,
                                             NewObjectVariable, NNModuleVariable,
                                             ObjectVariableBase, UserDefinedClassVariable,
                                             UserDefinedObjectVariable, is_model_output_class,
@@ -336,6 +337,9 @@ class InstructionTranslatorBase:
         if isinstance(obj, (NewObjectVariable, DataClassDictVariable)):
             obj.set_attr(self, name, value)
             return
+        if isinstance(obj, InFrameModuleVariable):
+            # rebuilt from its arguments at a graph break: a write would be lost
+            raise Unsupported(f"setting attribute {name} on a module created inside the frame")
         if isinstance(obj, ObjectVariableBase) and obj.value is not None and not isinstance(
                 obj, UserDefinedClassVariable):
             cls = type(obj.value)
@@ -674,7 +678,7 @@ class InstructionTranslatorBase:
                     raise UserCodeError(f"TypeError: missing field {f}")
             return NamedTupleVariable(items, cls)
         if isinstance(cls, type) and issubclass(cls, torch.nn.Module):
-            raise Unsupported(f"creating a {cls.__name__} module inside the frame")
+            return InFrameModuleVariable.create(cls, args, kwargs)
         if isinstance(cls, type) and issubclass(cls, torch.Tensor):
             raise Unsupported(f"constructing {cls.__name__} inside the frame")
         if cls in (torch.device, torch.Size, torch.finfo, torch.iinfo, torch.dtype) or \

@@ -622,12 +622,6 @@ def test_torch_compile_dynamic_true_without_floats(dynamo_reset):
 # graph breaks that real models hit
 # --------------------------------------------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason=(
-    "constructing a parameter-free module inside forward (loss_fct = nn.CrossEntropyLoss() "
-    "in most HF heads with labels: BART, T5's and every *ForSequenceClassification; "
-    "nn.ReLU()(x) in DistilBERT's classifier) is a graph break 'creating a "
-    "CrossEntropyLoss module inside the frame' (coil/capture); Dynamo traces it in "
-    "fullgraph mode"))
 def test_module_constructed_inside_forward_is_captured():
     def f(logits, y):
         return nn.CrossEntropyLoss()(logits, y) + nn.ReLU()(logits).mean()

@@ -15,6 +15,7 @@ import dataclasses
 import enum
 import inspect
 import types
+import warnings
 from typing import Any
 
 import torch
@@ -292,6 +293,76 @@ class NNModuleVariable(ObjectVariableBase):
         if name == "forward" and type(m).forward is torch.nn.Module.forward:
             raise Unsupported("module has no forward")
         return tx.call(self.var_getattr(tx, name), args, kwargs)
+
+
+def _holds_tensor(value) -> bool:
+    if isinstance(value, torch.Tensor):
+        return True
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return any(_holds_tensor(v) for v in value)
+    if isinstance(value, dict):
+        return any(_holds_tensor(v) for v in value.values())
+    return False
+
+
+class InFrameModuleVariable(NNModuleVariable):
+    """A parameter-free ``torch.nn`` module built inside the frame from constant
+    arguments (``nn.CrossEntropyLoss(ignore_index=-100)(logits, y)``, ``nn.ReLU()(x)``).
+
+    The instance is built for real at trace time and used like a sourceless submodule:
+    its forward is inlined and its attributes are constants. Nothing is guarded on it:
+    the compiled code never sees it, and a rebuild (at a graph break, or when it escapes
+    the frame) constructs a fresh one from the same arguments, as each eager call does.
+    Only classes defined in ``torch.nn.modules`` qualify (their ``__init__`` has no side
+    effects); one that gets parameters or buffers, or a tensor argument, is a graph break.
+    """
+
+    def __init__(self, value, args: tuple, kwargs: dict):
+        super().__init__(value, None)
+        self.args = args
+        self.kwargs = kwargs
+
+    @classmethod
+    def create(cls, mod_cls: type, args: list, kwargs: dict) -> "InFrameModuleVariable":
+        from coil.capture.translator import const_value
+
+        what = f"creating a {mod_cls.__name__} module inside the frame"
+        if not (mod_cls.__module__ or "").startswith("torch.nn.modules."):
+            raise Unsupported(what, hint="only parameter-free torch.nn modules are traced; "
+                                         "create the module in __init__")
+        try:
+            c = tuple(const_value(a) for a in args)
+            kw = {k: const_value(v) for k, v in kwargs.items()}
+        except Unsupported:
+            raise Unsupported(what + " (a tensor or other non-constant argument)",
+                              hint="create the module in __init__") from None
+        if _holds_tensor(c) or _holds_tensor(kw):
+            raise Unsupported(what + " (a tensor argument)", hint="create the module in "
+                              "__init__, or call the torch.nn.functional form")
+        try:
+            # first on the meta device: a module with parameters costs no memory and
+            # draws nothing from the RNG before it is refused
+            with torch.random.fork_rng(devices=[]), torch.device("meta"), \
+                    warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # the real build below warns once
+                probe = mod_cls(*c, **kw)
+            stateful = _has_state(probe)
+            m = None if stateful else mod_cls(*c, **kw)
+        except Exception as e:  # the eager call raises it again, outside the graph
+            raise Unsupported(what + f" (its constructor raised {type(e).__name__})") from None
+        if stateful or _has_state(m):
+            raise Unsupported(what + " (it has parameters or buffers)",
+                              hint="create the module in __init__")
+        return cls(m, c, kw)
+
+    def reconstruct(self, cg):
+        args = ", ".join([cg.const_expr(a) for a in self.args] +
+                         [f"{k}={cg.const_expr(v)}" for k, v in self.kwargs.items()])
+        return cg.bind(self, f"{cg.const_expr(type(self.value))}({args})")
+
+
+def _has_state(m: torch.nn.Module) -> bool:
+    return any(True for _ in m.parameters()) or any(True for _ in m.buffers())
 
 
 class UserDefinedClassVariable(ObjectVariableBase):

@@ -313,12 +313,18 @@ def _clamp(x, min=None, max=None):
     lmin = loader_as(min, size, cdt) if min is not None else None
     lmax = loader_as(max, size, cdt) if max is not None else None
 
+    # a Python-number bound as a select: a tie keeps x (clamp(-0.0, min=0) is -0.0 in
+    # eager; max.f32 / numpy's maximum give +0.0) and a NaN x stays NaN; a tensor bound
+    # (which may hold NaN, propagated by eager) keeps maximum/minimum
+    sel_min = isinstance(min, (int, float)) and not isinstance(min, bool) and min == min
+    sel_max = isinstance(max, (int, float)) and not isinstance(max, bool) and max == max
+
     def inner(i):
         v = lx(i)
         if lmin is not None:
-            v = ops.maximum(v, lmin(i))
+            v = ops.where(ops.lt(v, lmin(i)), lmin(i), v) if sel_min else ops.maximum(v, lmin(i))
         if lmax is not None:
-            v = ops.minimum(v, lmax(i))
+            v = ops.where(ops.gt(v, lmax(i)), lmax(i), v) if sel_max else ops.minimum(v, lmax(i))
         return v
 
     return TensorBox.create(Pointwise(device(), odt, inner, size))

@@ -361,12 +361,15 @@ def test_long_sum_is_blocked_for_accuracy():
 @pytest.mark.parametrize("fn", [torch.relu, torch.nn.functional.relu6,
                                 lambda x: x.clamp(min=0), lambda x: x.clamp(max=0),
                                 lambda x: torch.nn.functional.hardtanh(x, 0.0, 6.0)])
-def test_relu_and_clamp_keep_negative_zero(fn):
-    """relu(-0.0) is -0.0 in eager (a select, not max(x, 0)); clamp's bound ties keep x
-    (user report 16: the C++ kernels returned +0.0). NaN stays NaN."""
+@pytest.mark.parametrize("backend", ["cpp", "triton"])
+def test_relu_and_clamp_keep_negative_zero(fn, backend):
+    """relu(-0.0) is -0.0 in eager (a select, not max(x, 0)); clamp's scalar-bound ties
+    keep x (user report 16: the C++ kernels returned +0.0; Triton's clamp too, through
+    tl.maximum). NaN stays NaN."""
     import coil
-    x = torch.tensor([-0.0, 0.0, float("nan"), -1.5, 2.5] * 7)
-    out, ref = coil.compile(fn, options={"cpu_backend": "cpp"})(x), fn(x)
+    coil.reset()
+    x = torch.tensor([-0.0, 0.0, float("nan"), -1.5, 2.5, 7.0] * 7)
+    out, ref = coil.compile(fn, options={"cpu_backend": backend})(x), fn(x)
     torch.testing.assert_close(out, ref, equal_nan=True)
     assert torch.equal(out.signbit(), ref.signbit())
 

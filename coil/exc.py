@@ -102,3 +102,12 @@ class InternalError(CoilError):
 class KernelCompileError(InternalError):
     """A generated kernel that its compiler (Triton for the GPU) rejected at first launch;
     ``coil.codegen.CompiledGraph`` catches it and runs the graph with ATen ops."""
+
+
+class KernelIndexError(IndexError, RuntimeError):
+    """An index that a generated kernel's bounds check found out of range (``x[i]``,
+    gather, scatter, embedding, one_hot, nll_loss targets...). Eager raises IndexError
+    for some of these ops and RuntimeError for others, and a kernel check does not know
+    which op it guards, so this is both: ``except IndexError`` and ``except
+    RuntimeError`` each catch it. The message names the kernel, the check site and,
+    where known, the user's source line."""

@@ -256,6 +256,14 @@ def aot_compile(gm: Callable, example_inputs: list, fw_compiler: Callable,
                                                   tuple(args[n_lift:]), tie_weights=False, strict=True)
             example_inputs = lifted + list(example_inputs)
 
+    if isinstance(gm, torch.fx.GraphModule):
+        # a torch-level graph from torch's capture did not get coil's capture-time checks
+        # (eager's dtype errors) and checked substitutes (F.one_hot); coil's own graphs
+        # already have them, and a second pass changes nothing
+        from coil.capture.meta_checks import check_graph
+        from coil.capture.substitutes import substitute_graph
+        check_graph(gm)
+        substitute_graph(gm)
     if not lifted and isinstance(gm, torch.fx.GraphModule):
         symbolic = _symbolic_placeholder_values(gm, list(example_inputs))
         if symbolic is not None:

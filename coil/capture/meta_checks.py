@@ -46,10 +46,52 @@ def _index_put(args, kwargs) -> None:
                            f"{_type_name(values.dtype)} for the source.")
 
 
+def _tensors_in(index) -> list:
+    items = index if isinstance(index, (tuple, list)) else [index]
+    return [i for i in items if isinstance(i, torch.Tensor)]
+
+
+def _setitem(args, kwargs) -> None:
+    """``x[idx] = v`` with a tensor in ``idx`` is ``index_put_``, which refuses a ``v`` of
+    another dtype; a 0-d ``v`` with a lone bool mask is a masked fill (allowed), and
+    basic indexing is a ``copy_`` (casts)."""
+    if len(args) < 3:
+        return
+    self, index, value = args[0], args[1], args[2]
+    if not (isinstance(self, torch.Tensor) and isinstance(value, torch.Tensor)) \
+            or self.dtype == value.dtype:
+        return
+    tensors = _tensors_in(index)
+    if not tensors:
+        return
+    lone_mask = len(tensors) == 1 and tensors[0].dtype == torch.bool and not isinstance(index, (tuple, list))
+    if lone_mask and value.dim() == 0:
+        return
+    _index_put([self, None, value], {})
+
+
 #: op name (method or function, no trailing ``_``) -> check of its fake arguments
 CHECKS: dict[str, Callable] = {
     "index_add": _index_add, "index_copy": _index_copy, "index_put": _index_put,
+    "setitem": _setitem, "__setitem__": _setitem,
 }
+
+
+def check_graph(gm: torch.fx.GraphModule) -> None:
+    """:func:`check_call` on every call in a torch-level FX graph from another capture
+    (``torch.compile(backend="coil")``: torch's capture runs meta kernels, so these
+    checks never ran), with the nodes' example values. Raises RuntimeError."""
+    def val(a):
+        if isinstance(a, torch.fx.Node):
+            return a.meta.get("example_value", a.meta.get("val"))
+        if isinstance(a, (tuple, list)):
+            return type(a)(val(x) for x in a)
+        return a
+
+    for node in gm.graph.nodes:
+        if node.op in ("call_function", "call_method"):
+            check_call(node.op, node.target, [val(a) for a in node.args],
+                       {k: val(v) for k, v in node.kwargs.items()})
 
 
 def check_call(kind: str, target, args: list, kwargs: dict) -> None:
@@ -57,6 +99,6 @@ def check_call(kind: str, target, args: list, kwargs: dict) -> None:
     FX node kind, ``args[0]`` the tensor for a method) is refused by eager but not by its
     meta kernel. Raises RuntimeError."""
     name = target if isinstance(target, str) else getattr(target, "__name__", "")
-    check = CHECKS.get(name.rstrip("_")) if name else None
+    check = (CHECKS.get(name) or CHECKS.get(name.rstrip("_"))) if name else None
     if check is not None:
         check(args, kwargs)

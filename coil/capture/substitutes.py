@@ -24,6 +24,9 @@ def one_hot(x: torch.Tensor, num_classes: int = -1) -> torch.Tensor:
     ``F.one_hot`` itself."""
     if not isinstance(num_classes, int) or num_classes < 0 or x.dtype != torch.int64:
         return torch.nn.functional.one_hot(x, num_classes)
+    if num_classes == 0 and x.numel() != 0:
+        # every class is out of range, and the gather below would be empty (no check)
+        raise RuntimeError("Class values must be smaller than num_classes.")
     iota = torch.arange(num_classes, device=x.device)
     eye = (iota.unsqueeze(1) == iota).long()
     return torch.index_select(eye, 0, x.reshape(-1)).reshape(*x.shape, num_classes)
@@ -31,6 +34,19 @@ def one_hot(x: torch.Tensor, num_classes: int = -1) -> torch.Tensor:
 
 #: torch function -> the function capture records in its place
 SUBSTITUTES: dict[Callable, Callable] = {torch.nn.functional.one_hot: one_hot}
+
+
+def substitute_graph(gm: torch.fx.GraphModule) -> None:
+    """Apply :func:`substitute` to a torch-level FX graph from another capture
+    (``torch.compile(backend="coil")``), in place."""
+    changed = False
+    for node in gm.graph.nodes:
+        if node.op == "call_function":
+            new = substitute(node.target)
+            if new is not node.target:
+                node.target, changed = new, True
+    if changed:
+        gm.recompile()
 
 
 def substitute(target):

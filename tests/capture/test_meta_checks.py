@@ -38,3 +38,39 @@ def test_error_names_the_user_line():
         coil.compile(user_fn)(torch.randn(4, 8), torch.randn(4, 8).bfloat16())
     text = "".join(traceback.format_exception(ei.value))
     assert "y = t.index_add(0, I, h)   # the line" in text
+
+
+@pytest.mark.parametrize("idx, value, raises", [
+    ("long", (2,), True), ("long", (), True), ("tuple", (2,), True), ("mask", (2,), True),
+    ("mask", (), False), ("slice", (2,), False)])
+def test_setitem_dtype_mismatch_like_eager(idx, value, raises):
+    """``x[idx] = v`` with a tensor index is index_put_ (eager refuses another dtype),
+    except a 0-d value with a lone bool mask (a masked fill) and basic slicing (copy_)."""
+    index = {"long": torch.tensor([0, 2]), "tuple": (torch.tensor([0, 2]),),
+             "mask": torch.tensor([True, False, True, False]), "slice": slice(0, 2)}[idx]
+    v = torch.randn(value, generator=torch.Generator().manual_seed(2)).double()
+
+    def f(x, v):
+        y = x.clone()
+        y[index] = v
+        return y
+    x = torch.randn(4)
+    if raises:
+        with pytest.raises(RuntimeError, match="Index put requires"):
+            f(x, v)
+        with pytest.raises(RuntimeError, match="Index put requires"):
+            coil.compile(f)(x, v)
+    else:
+        torch.testing.assert_close(coil.compile(f)(x, v), f(x, v))
+
+
+def test_checks_run_on_torch_compile_graphs():
+    """torch.compile(backend="coil"): torch's capture runs meta kernels only; coil's AOT
+    entry runs the same checks on its graph (user report 17)."""
+    torch._dynamo.reset()
+    try:
+        t, h = torch.randn(4, 8), torch.randn(4, 8).bfloat16()
+        with pytest.raises(RuntimeError, match="same scalar type"):
+            torch.compile(lambda t, h: t.index_add(0, I, h), backend="coil")(t, h)
+    finally:
+        torch._dynamo.reset()

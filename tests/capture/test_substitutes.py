@@ -43,3 +43,22 @@ def test_one_hot_empty_and_data_dependent_classes():
 def test_one_hot_substitute_is_one_kernel():
     i = torch.randint(0, 6, (7,), generator=torch.Generator().manual_seed(1))
     check(lambda v: one_hot(v, 6).float() * 2, i, kernels=1)
+
+
+def test_one_hot_zero_classes_and_torch_compile():
+    """num_classes=0 with a non-empty index raises (every class is out of range; the
+    gather is empty, so no kernel check runs); under torch.compile(backend="coil") the
+    substitute applies too, and the kernel error is also a RuntimeError (user report 17)."""
+    with pytest.raises(RuntimeError):
+        F.one_hot(torch.tensor([0]), 0)
+    with pytest.raises(RuntimeError, match="smaller than num_classes"):
+        coil.compile(lambda v: F.one_hot(v, 0))(torch.tensor([0]))
+    assert coil.compile(lambda v: F.one_hot(v, 0))(torch.empty(0, dtype=torch.long)).shape == (0, 0)
+    torch._dynamo.reset()
+    try:
+        with pytest.raises(RuntimeError, match="out of bounds"):
+            torch.compile(lambda v: F.one_hot(v, 3), backend="coil")(torch.tensor([0, 4]))
+    finally:
+        torch._dynamo.reset()
+    with pytest.raises(RuntimeError):   # coil.exc.KernelIndexError: IndexError and RuntimeError
+        coil.compile(lambda v: F.one_hot(v, 3))(torch.tensor([0, 4]))

@@ -14,7 +14,8 @@ Launch cost is what matters for small models: the ctypes function gets its
 ``argtypes``/``restype`` once; a call is ``fn(t0.data_ptr(), t1.data_ptr(), ...)``
 through a small Python function generated for the kernel's arity (no ``*args``
 list building). Kernels that bounds-check indirect indices take an ``int64[4]``
-error record and return nonzero on error; the launcher then raises ``IndexError``.
+error record and return nonzero on error; the launcher then raises
+``coil.exc.KernelIndexError`` (an IndexError and a RuntimeError).
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable, Optional, Sequence
 
+from coil.exc import KernelIndexError
 from coil.runtime import cpp_build
 
 _PRELUDE: Optional[str] = None
@@ -107,7 +109,7 @@ class CppLauncher:
         origin = self.check_origins[site] if 0 <= site < len(self.check_origins) else None
         if origin:
             msg += f" -- from {origin}"
-        raise IndexError(msg)
+        raise KernelIndexError(msg)
 
     def __call__(self, *tensors):
         if self._call is None:

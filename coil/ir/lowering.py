@@ -313,11 +313,13 @@ def _clamp(x, min=None, max=None):
     lmin = loader_as(min, size, cdt) if min is not None else None
     lmax = loader_as(max, size, cdt) if max is not None else None
 
-    # a Python-number bound as a select: a tie keeps x (clamp(-0.0, min=0) is -0.0 in
-    # eager; max.f32 / numpy's maximum give +0.0) and a NaN x stays NaN; a tensor bound
-    # (which may hold NaN, propagated by eager) keeps maximum/minimum
-    sel_min = isinstance(min, (int, float)) and not isinstance(min, bool) and min == min
-    sel_max = isinstance(max, (int, float)) and not isinstance(max, bool) and max == max
+    # on CPU a Python-number bound is a select: a tie keeps x (eager's CPU clamp(-0.0,
+    # min=0) is -0.0; numpy's maximum, which Triton's interpreter uses, gives +0.0) and a
+    # NaN x stays NaN. Eager's CUDA clamp gives +0.0 there, as max.f32 does, so CUDA keeps
+    # maximum/minimum; so does a tensor bound (it may hold NaN, which eager propagates)
+    on_cpu = device().type == "cpu"
+    sel_min = on_cpu and isinstance(min, (int, float)) and not isinstance(min, bool) and min == min
+    sel_max = on_cpu and isinstance(max, (int, float)) and not isinstance(max, bool) and max == max
 
     def inner(i):
         v = lx(i)

@@ -233,3 +233,15 @@ def test_gpu_ndtr_gelu_ulp_against_float64():
     assert err[left].max() <= 20, err[left].max()
     eager = (F.gelu(x).double().cpu() - truth).abs() / ulp
     assert eager[left].max() > err[left].max()
+
+
+def test_gpu_relu_clamp_signed_zero_match_eager():
+    """Eager's CUDA clamp(-0.0, min=0) and relu6 give +0.0 (max.f32), relu keeps -0.0;
+    its CPU clamp keeps -0.0. coil follows the device's eager (coil/ir/lowering.py _clamp)."""
+    import coil
+    x = torch.tensor([-0.0, 0.0, float("nan"), -1.5, 2.5, 7.0] * 70, device="cuda")
+    for f in (torch.relu, lambda t: t.clamp(min=0), F.relu6, lambda t: t.clamp(-1, 1)):
+        coil.reset()
+        out, ref = coil.compile(f)(x), f(x)
+        torch.testing.assert_close(out, ref, equal_nan=True)
+        assert torch.equal(out.signbit(), ref.signbit())

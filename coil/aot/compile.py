@@ -25,7 +25,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from coil import trace
 from coil.aot.decompositions import get_decompositions
 from coil.aot.cse import cse_graph
-from coil.aot.functional import analyze, fakeify, item_memo, trace_inference, trace_joint
+from coil.aot.functional import is_symbolic, analyze, fakeify, trace_inference, trace_joint
 from coil.aot.partition import default_partition, min_cut_partition
 from coil.aot.scalars import tensorize_scalar_reads
 from coil.aot.runtime import AUTOCAST_DEVICES, inference_runner, training_runner
@@ -71,9 +71,7 @@ def _symbolic_placeholder_values(gm: torch.fx.GraphModule, example_inputs: list)
         if n.op != "placeholder":
             continue
         v = n.meta.get("example_value", n.meta.get("val"))
-        if isinstance(v, torch.SymInt) or (
-                isinstance(v, torch.Tensor) and (any(isinstance(d, torch.SymInt) for d in v.shape)
-                                                 or item_memo(v) is not None)):
+        if is_symbolic([v]):
             symbolic = True
         elif not isinstance(v, (torch.Tensor, int, float, bool)):
             return None
@@ -256,14 +254,6 @@ def aot_compile(gm: Callable, example_inputs: list, fw_compiler: Callable,
                                                   tuple(args[n_lift:]), tie_weights=False, strict=True)
             example_inputs = lifted + list(example_inputs)
 
-    if isinstance(gm, torch.fx.GraphModule):
-        # a torch-level graph from torch's capture did not get coil's capture-time checks
-        # (eager's dtype errors) and checked substitutes (F.one_hot); coil's own graphs
-        # already have them, and a second pass changes nothing
-        from coil.capture.meta_checks import check_graph
-        from coil.capture.substitutes import substitute_graph
-        check_graph(gm)
-        substitute_graph(gm)
     if not lifted and isinstance(gm, torch.fx.GraphModule):
         symbolic = _symbolic_placeholder_values(gm, list(example_inputs))
         if symbolic is not None:

@@ -269,7 +269,7 @@ def _analyze(fn, fake_args, fake_mode, grad, drop_error_checks) -> ProgramInfo:
 
         info = ProgramInfo(inputs, outputs, spec, graph_outputs, base_sources,
                            drop_error_checks=drop_error_checks,
-                           fake_inputs=list(fake_args) if _is_symbolic(fake_args) else None)
+                           fake_inputs=list(fake_args) if is_symbolic(fake_args) else None)
         rg = [inputs[i].requires_grad and not inputs[i].mutation_hidden and grad
               for i in info.mutated_inputs]
         # a mutated input's new value requires grad if the program made it so
@@ -326,7 +326,10 @@ def item_memo(t: Any) -> Optional[Any]:
     return m if isinstance(m, (torch.SymInt, torch.SymFloat, torch.SymBool)) else None
 
 
-def _is_symbolic(args) -> bool:
+def is_symbolic(args) -> bool:
+    """Whether ``args`` (nested) holds a SymInt, a tensor with a symbolic size, or a 0-d
+    fake tensor holding a symbolic number (:func:`item_memo`): tracing must then be
+    symbolic."""
     for a in pytree.tree_leaves(args):
         if isinstance(a, torch.SymInt):
             return True
@@ -360,7 +363,7 @@ def _with_item_memos(fn: Callable, args: list) -> Callable:
 def _make_fx(fn: Callable, args: list, decompositions: dict, fake_mode: FakeTensorMode):
     # symbolic sizes are traced as sym_size nodes only in "symbolic" mode (which
     # reuses the inputs' fake mode and ShapeEnv); static inputs trace in "real" mode
-    mode = "symbolic" if _is_symbolic(args) else "real"
+    mode = "symbolic" if is_symbolic(args) else "real"
     with fake_mode, without_cudnn_choices(), fx_traceback.preserve_node_meta():
         return make_fx(_with_item_memos(fn, args), decomposition_table=decompositions,
                        tracing_mode=mode)(*args)

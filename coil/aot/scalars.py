@@ -62,10 +62,10 @@ def tensorize_scalar_reads(gm: torch.fx.GraphModule, graph: str) -> dict:
     place) to read the tensor (module docstring). ``graph`` names the graph in the log.
     Returns ``{"tensorized": [op, ...], "specialized": [op, ...]}`` (empty lists when
     the graph reads no scalar)."""
-    rw = _Rewriter(gm)
     reads = [n for n in gm.graph.nodes if _is_scalar_read(n)]
     if not reads:
         return {"tensorized": [], "specialized": []}
+    rw = _Rewriter(gm)
     for node in list(gm.graph.nodes):
         if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload) \
                 and node.target is not aten._local_scalar_dense.default \
@@ -250,21 +250,19 @@ class _Rewriter:
             return
         if not self._same_device(node, [self.tensor_of(given[names[i]]) for i in positions]):
             return
-        new = dict(given)
-        made_before = set(self.made)
-        for i in positions:
-            new[names[i]] = self.cast(self.tensor_of(given[names[i]]), compute, node)
-        args, kwargs = _call_args(new_op, new)
-        try:
+        def build():
+            new = dict(given)
+            for i in positions:
+                new[names[i]] = self.cast(self.tensor_of(given[names[i]]), compute, node)
+            args, kwargs = _call_args(new_op, new)
             with self.fake_mode:
                 val = new_op(*[_val(a) for a in args], **{k: _val(v) for k, v in kwargs.items()})
-            ok = _same_meta(val, node.meta.get("val"))
-        except Exception:  # noqa: BLE001 - the rewrite does not apply here
-            ok = False
-        if not ok:
-            self._drop_made_since(made_before)
+            return (args, kwargs), val
+
+        done = self._attempt(build, node.meta.get("val"))
+        if done is None:
             return
-        node.target, node.args, node.kwargs = new_op, args, kwargs
+        node.target, (node.args, node.kwargs) = new_op, done
         self.tensorized.append(str(op))
 
     def _same_device(self, node: torch.fx.Node, tensors: list) -> bool:
@@ -274,6 +272,21 @@ class _Rewriter:
         vals = [_val(a) for a in _flat_args(node)] + [node.meta.get("val")]
         devs = {v.device for v in pytree.tree_leaves(vals) if isinstance(v, torch.Tensor)}
         return all(devs <= {t.meta["val"].device} for t in tensors)
+
+    def _attempt(self, build, expected) -> Any:
+        """``build()`` -> ``(result, fake value)``, which adds nodes for one rewrite; the
+        result if that ran and its fake value has ``expected``'s dtype, sizes and strides,
+        else None with the nodes it added removed (the use keeps its SymFloat)."""
+        made_before = set(self.made)
+        try:
+            result, val = build()
+            ok = _same_meta(val, expected)
+        except Exception:  # noqa: BLE001 - the rewrite does not apply here
+            ok = False
+        if not ok:
+            self._drop_made_since(made_before)
+            return None
+        return result
 
     def _drop_made_since(self, before: set) -> None:
         for n in reversed(list(self.gm.graph.nodes)):  # nodes made for one failed rewrite
@@ -291,16 +304,13 @@ class _Rewriter:
             return
         compute, _ = elementwise_dtypes(_val(y), _SAMPLE[type(_val(given["alpha"]))],
                                         type_promotion_kind=ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT)
-        made_before = set(self.made)
-        try:
+        def build():
             scaled = self._new(node, aten.mul.Tensor, (y, self.cast(t, compute, node)))
             with self.fake_mode:
-                val = node.target(_val(given["self"]), scaled.meta["val"])
-            ok = _same_meta(val, node.meta.get("val"))
-        except Exception:  # noqa: BLE001 - the rewrite does not apply here
-            ok = False
-        if not ok:
-            self._drop_made_since(made_before)
+                return scaled, node.target(_val(given["self"]), scaled.meta["val"])
+
+        scaled = self._attempt(build, node.meta.get("val"))
+        if scaled is None:
             return
         node.args, node.kwargs = (given["self"], scaled), {}
         self.tensorized.append(str(node.target))
@@ -312,8 +322,7 @@ class _Rewriter:
         out = node.meta.get("val")
         if not isinstance(out, torch.Tensor) or not self._same_device(node, [t]):
             return
-        made_before = set(self.made)
-        try:
+        def build():
             rep = self._new(node, aten._to_copy.default, (t,), {"dtype": out.dtype})
             if node.target is aten.full_like.default:  # 1 * v is v (-0.0, inf, nan, ints, bools)
                 ones = self._new(node, aten.ones_like.default, (node.args[0],), dict(node.kwargs))
@@ -322,11 +331,10 @@ class _Rewriter:
                 size = node.args[0] if node.target is aten.full.default else node.args[1]
                 rep = self._new(node, aten.expand.default, (rep, size))
                 rep = self._new(node, aten.clone.default, (rep,), {"memory_format": torch.contiguous_format})
-            ok = _same_meta(rep.meta["val"], out)
-        except Exception:  # noqa: BLE001 - the rewrite does not apply here
-            ok = False
-        if not ok:
-            self._drop_made_since(made_before)
+            return rep, rep.meta["val"]
+
+        rep = self._attempt(build, out)
+        if rep is None:
             return
         self.tensorized.append(str(node.target))
         node.replace_all_uses_with(rep)

@@ -24,26 +24,28 @@ def _arg(args, kwargs, i: int, name: str):
     return args[i] if len(args) > i else kwargs.get(name)
 
 
+def _check_same_dtype(message: str, self, other) -> None:
+    """RuntimeError ``message`` (formatted with the ATen type names ``a`` and ``b``) when
+    tensors ``self`` and ``other`` differ in dtype."""
+    if isinstance(self, torch.Tensor) and isinstance(other, torch.Tensor) and self.dtype != other.dtype:
+        raise RuntimeError(message.format(a=_type_name(self.dtype), b=_type_name(other.dtype)))
+
+
 def _index_add(args, kwargs) -> None:
-    self, source = _arg(args, kwargs, 0, "input"), _arg(args, kwargs, 3, "source")
-    if isinstance(self, torch.Tensor) and isinstance(source, torch.Tensor) and self.dtype != source.dtype:
-        raise RuntimeError(f"index_add_(): self ({_type_name(self.dtype)}) and source "
-                           f"({_type_name(source.dtype)}) must have the same scalar type")
+    _check_same_dtype("index_add_(): self ({a}) and source ({b}) must have the same scalar type",
+                      _arg(args, kwargs, 0, "input"), _arg(args, kwargs, 3, "source"))
 
 
 def _index_copy(args, kwargs) -> None:
-    self, source = _arg(args, kwargs, 0, "input"), _arg(args, kwargs, 3, "source")
-    if isinstance(self, torch.Tensor) and isinstance(source, torch.Tensor) and self.dtype != source.dtype:
-        raise RuntimeError(f"index_copy_(): self and source expected to have the same dtype, but "
-                           f"got (self) {_type_name(self.dtype)} and (source) {_type_name(source.dtype)}")
+    _check_same_dtype("index_copy_(): self and source expected to have the same dtype, but got "
+                      "(self) {a} and (source) {b}",
+                      _arg(args, kwargs, 0, "input"), _arg(args, kwargs, 3, "source"))
 
 
 def _index_put(args, kwargs) -> None:
-    self, values = _arg(args, kwargs, 0, "input"), _arg(args, kwargs, 2, "values")
-    if isinstance(self, torch.Tensor) and isinstance(values, torch.Tensor) and self.dtype != values.dtype:
-        raise RuntimeError(f"Index put requires the source and destination dtypes match, got "
-                           f"{_type_name(self.dtype)} for the destination and "
-                           f"{_type_name(values.dtype)} for the source.")
+    _check_same_dtype("Index put requires the source and destination dtypes match, got {a} for "
+                      "the destination and {b} for the source.",
+                      _arg(args, kwargs, 0, "input"), _arg(args, kwargs, 2, "values"))
 
 
 def _tensors_in(index) -> list:

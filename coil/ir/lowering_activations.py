@@ -18,8 +18,8 @@ import math
 
 import torch
 
-from coil.ir.lowering import device, loader_as, out_dtype, out_size, register_lowering
-from coil.ir.nodes import Pointwise, TensorBox
+from coil.ir.lowering import make_pointwise_box, out_dtype, out_size, register_lowering
+from coil.ir.nodes import TensorBox
 from coil.ir.virtualized import compute_dtype, ops
 
 aten = torch.ops.aten
@@ -41,11 +41,10 @@ def _tanh_inner(x, dt):
 
 
 def _pointwise(fn, args) -> TensorBox:
-    size, odt = out_size(), out_dtype()
+    """``fn(*loaded args, compute dtype)`` elementwise, in the node's output dtype."""
+    odt = out_dtype()
     cdt = compute_dtype(odt)
-    loaders = [loader_as(a, size, cdt) for a in args]
-    return TensorBox.create(Pointwise(device(), odt,
-                                      lambda i: fn(*[l(i) for l in loaders], cdt), size))
+    return make_pointwise_box(lambda *v: fn(*v, cdt), args, out_size(), odt, cdt)
 
 
 @register_lowering(aten.gelu)

@@ -202,7 +202,7 @@ def test_one_hot_in_a_loss_with_grads():
            torch.randn(6, 5, requires_grad=True), grad=True)
 
 
-# fixed: the substitute is applied to torch's graphs too (coil/aot/compile.py); coil's bounds-check message, not eager's text
+# fixed: the substitute is applied to torch's graphs too (coil/backends/registry.py); coil's bounds-check message, not eager's text
 def test_one_hot_out_of_range_raises_under_torch_compile(dynamo_reset):
     with pytest.raises(RuntimeError, match="out of bounds"):   # eager: "smaller than num_classes"
         torch.compile(lambda i: F.one_hot(i, 3), backend="coil")(torch.tensor([0, 4]))
@@ -278,7 +278,7 @@ def test_setitem_advanced_index_dtype_mismatch_raises():
         coil.compile(f)(_X.clone(), _I, _S.double())
 
 
-# fixed: coil/aot/compile.py runs capture's meta_checks on torch's graphs
+# fixed: coil/backends/registry.py runs capture's meta_checks on torch's graphs
 def test_index_add_dtype_mismatch_raises_under_torch_compile(dynamo_reset):
     with pytest.raises(Exception, match="same scalar type"):
         torch.compile(lambda x, i, s: x.index_add(0, i, s), backend="coil")(

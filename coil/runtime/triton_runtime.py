@@ -6,9 +6,10 @@ A kernel's source is written to ``<cache>/triton/<sha256 of source>.py`` and imp
 
 :class:`TritonLauncher` holds the precomputed grid and launch options, so a call is one
 Triton launch. On a GPU with ``config.autotune`` the first call times each candidate
-config (block sizes, warps) on the real arguments (:func:`time_launches`: back-to-back
-launches in a CUDA graph), keeps the fastest, and records it in ``<cache>/triton/<sha>.tune.json`` for later
-processes; kernels only write their output buffers, so re-running them is safe.
+config (block sizes, warps) on copies of the arguments with the same layout
+(:func:`scratch_copies`; :func:`time_launches`: back-to-back launches in a CUDA graph),
+keeps the fastest, and records it in ``<cache>/triton/<sha>.tune.json`` for later
+processes.
 """
 from __future__ import annotations
 
@@ -355,6 +356,36 @@ def time_launches(launch: Callable[[], object], budget_ms: float = 2.0, rounds: 
         return do_bench(launch, warmup=3, rep=10)
 
 
+def scratch_copies(args) -> tuple:
+    """Copies of a kernel's arguments for timed launches that index exactly like the
+    originals: each tensor keeps its size, strides and storage offset over a copy of
+    its whole storage, and arguments that share a storage share one copy (a kernel
+    reading a view of a buffer it also writes sees the same aliasing). Non-tensors are
+    passed through.
+
+    ``Tensor.clone()`` is not enough: a clone of a non-dense view (input ids
+    ``ids[:, :128]`` of an ``(8, 512)`` tensor) is contiguous and smaller, while the
+    kernel was generated for the view's strides (``in_ptr0 + 512 * (x // 128) + x % 128``)
+    and reads past the clone's end (an illegal memory access on a GPU)."""
+    import torch
+
+    storages: dict[tuple, object] = {}
+    out = []
+    for a in args:
+        if not isinstance(a, torch.Tensor):
+            out.append(a)
+            continue
+        st = a.untyped_storage()
+        key = (a.device, st.data_ptr(), st.nbytes())
+        copy = storages.get(key)
+        if copy is None:
+            copy = storages[key] = st.clone()
+        t = torch.empty(0, dtype=a.dtype, device=a.device)
+        t.set_(copy, a.storage_offset(), a.size(), a.stride())
+        out.append(t)
+    return tuple(out)
+
+
 class TritonLauncher:
     """Callable ``launcher(*tensors)`` running one generated kernel."""
 
@@ -536,13 +567,15 @@ class TritonLauncher:
     def _autotune(self, args) -> None:
         """Time every candidate config and keep the fastest.
 
-        The timed launches run on *copies* of the tensor arguments: a kernel that
-        accumulates into its output (atomic scatter-add, embedding backward) or updates
-        a buffer in place would otherwise be applied once per timed launch, and the
-        caller's real launch would start from a corrupted buffer. Raises
+        The timed launches run on *copies* of the tensor arguments
+        (:func:`scratch_copies`: same size, strides and storage offset, over a copy of
+        the whole storage): a kernel that accumulates into its output (atomic
+        scatter-add, embedding backward) or updates a buffer in place would otherwise be
+        applied once per timed launch, and the caller's real launch would start from a
+        corrupted buffer. Raises
         KernelCompileError (naming the kernel and each config's error) when no candidate
         compiles."""
-        scratch = tuple(a.clone() if hasattr(a, "clone") else a for a in args)
+        scratch = scratch_copies(args)
         with trace.stage("autotune_compile"):
             self._claim_pool_jobs()
             self._precompile(scratch)

@@ -245,3 +245,28 @@ def test_gpu_relu_clamp_signed_zero_match_eager():
         out, ref = coil.compile(f)(x), f(x)
         torch.testing.assert_close(out, ref, equal_nan=True)
         assert torch.equal(out.signbit(), ref.signbit())
+
+
+@pytest.mark.parametrize("entry", ["coil", "torch"])
+def test_gpu_autotune_sliced_input_ids_gpt2(entry, tmp_path):
+    """GPT-2 (2 layers, bf16) called with input ids that are a slice of a larger tensor
+    (``ids[:, :128]`` of ``(8, 512)``): the fused embedding kernel indexes the ids with
+    the view's strides, so autotuning's timed launches must run on copies with the same
+    layout (triton_runtime.scratch_copies), not on smaller contiguous clones (an illegal
+    memory access before). Through coil.compile and torch.compile(backend="coil")."""
+    transformers = pytest.importorskip("transformers")
+    import coil
+    from coil.config import patch
+    cfg = transformers.GPT2Config(n_layer=2, n_embd=768, n_head=12, n_positions=512,
+                                  resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    torch.manual_seed(0)
+    m = transformers.GPT2Model(cfg).cuda().to(torch.bfloat16).eval()
+    ids = torch.randint(0, cfg.vocab_size, (8, 512), device="cuda")[:, :128]
+    assert not ids.is_contiguous()
+    coil.reset()
+    with patch(cache_dir=str(tmp_path), autotune=True), torch.no_grad():
+        f = coil.compile(m) if entry == "coil" else torch.compile(m, backend="coil")
+        out = f(input_ids=ids).last_hidden_state
+        torch.cuda.synchronize()
+        ref = m(input_ids=ids).last_hidden_state
+    torch.testing.assert_close(out.float(), ref.float(), atol=0.1, rtol=0.05)

@@ -1,0 +1,48 @@
+"""Autotuning's timed launches run on copies of the kernel arguments that index exactly
+like the originals (runtime/triton_runtime.py, ``scratch_copies``): a copy of a
+non-dense view made with ``clone()`` is contiguous and smaller, and a kernel generated
+for the view's strides read past its end (illegal memory access on an H200, GPT-2 called
+with ``ids[:, :128]`` of an ``(8, 512)`` tensor)."""
+import torch
+
+from coil.runtime.triton_runtime import scratch_copies
+
+
+def _same_layout(copy, orig):
+    assert copy.shape == orig.shape and copy.stride() == orig.stride()
+    assert copy.storage_offset() == orig.storage_offset()
+    assert copy.dtype == orig.dtype and copy.device == orig.device
+    assert copy.untyped_storage().nbytes() == orig.untyped_storage().nbytes()
+    assert copy.untyped_storage().data_ptr() != orig.untyped_storage().data_ptr()
+    assert torch.equal(copy, orig)
+
+
+def test_scratch_copies_keep_layout_of_sliced_ids():
+    ids = torch.randint(0, 50257, (8, 512))
+    view = ids[:, :128]
+    (copy,) = scratch_copies((view,))
+    _same_layout(copy, view)
+    # what a kernel generated for the view reads: in_ptr0 + 512 * (x // 128) + x % 128
+    x = torch.arange(8 * 128)
+    flat = torch.empty(0, dtype=copy.dtype).set_(copy.untyped_storage())
+    assert torch.equal(flat[512 * (x // 128) + x % 128], view.reshape(-1))
+
+
+def test_scratch_copies_offsets_transposes_aliases_and_scalars():
+    base = torch.randn(6, 10, dtype=torch.bfloat16)
+    args = (base[2:, 3:7], base.t(), base[1], 7, 0.5, base.as_strided((3, 2), (0, 5), 4))
+    out = scratch_copies(args)
+    for c, a in zip(out, args):
+        if isinstance(a, torch.Tensor):
+            _same_layout(c, a)
+        else:
+            assert c is a
+    # views of one storage share one copy (the kernel sees the same aliasing)
+    ptrs = {c.untyped_storage().data_ptr() for c in out if isinstance(c, torch.Tensor)}
+    assert len(ptrs) == 1
+    # writes to the copies never reach the originals
+    before = base.clone()
+    for c in out:
+        if isinstance(c, torch.Tensor):
+            c.fill_(3)
+    assert torch.equal(base, before)

@@ -388,6 +388,11 @@ class InstructionTranslatorBase:
         if isinstance(v, (UserDefinedObjectVariable, NewObjectVariable)):
             it = self.call_dunder(v, "__iter__", [])
             return self.get_iter(it) if not isinstance(it, ListIteratorVariable) else it
+        if isinstance(v, ListIteratorVariable):
+            return v.iterate()
+        if type(v) in (ListVariable, DictVariable, SetVariable):
+            # CPython semantics on mutation during the loop (see ListIteratorVariable)
+            return ListIteratorVariable(self.unpack(v), container=v)
         return ListIteratorVariable(self.unpack(v))
 
     def unpack(self, v: VariableTracker) -> list:

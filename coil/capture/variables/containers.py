@@ -85,7 +85,7 @@ class BaseListVariable(VariableTracker):
         if name == "__mul__":
             return type(self)(self.items * args[0].as_python_constant())
         if name == "__iter__":
-            return ListIteratorVariable(list(self.items))
+            return ListIteratorVariable(self.items, container=self if self.mutable else None)
         raise Unsupported(f"{self.python_type().__name__}.{name}")
 
     def reconstruct(self, cg):
@@ -329,14 +329,14 @@ class DictVariable(VariableTracker):
                 return items[k]
             return args[1] if len(args) > 1 else kwargs.get("default", ConstantVariable(None))
         if name == "keys":
-            return ListIteratorVariable(self.unpack(tx), kind="keys")
+            return ListIteratorVariable(self.unpack(tx), kind="keys", container=self)
         if name == "values":
-            return ListIteratorVariable(list(items.values()), kind="values")
+            return ListIteratorVariable(list(items.values()), kind="values", container=self)
         if name == "items":
             return ListIteratorVariable([TupleVariable([self.wrap_key(tx, k), v])
-                                         for k, v in items.items()], kind="items")
+                                         for k, v in items.items()], kind="items", container=self)
         if name == "__iter__":
-            return ListIteratorVariable(self.unpack(tx))
+            return ListIteratorVariable(self.unpack(tx), container=self)
         if name == "__setitem__":
             self._mutated(tx)
             items[self.key_of(args[0])] = args[1]
@@ -503,12 +503,29 @@ class ListIteratorVariable(VariableTracker):
     dict views). ``next`` advances ``index``; iteration never touches real objects."""
 
     mutable = True
+    container = None     # ListVariable read live; DictVariable/SetVariable whose size is fixed
+    size = None
 
-    def __init__(self, items, kind="iterator"):
+    def __init__(self, items, kind="iterator", container=None, view="keys"):
         super().__init__(None)
         self.items = list(items)
         self.index = 0
         self.kind = kind
+        if container is not None:
+            self.container = container
+            self.size = len(container.items)
+            self.view = kind if kind in ("keys", "values", "items") else view
+
+    @property
+    def items(self):
+        """The items iterated. Over a list they are the list's own (CPython's list
+        iterator sees items appended or removed during the loop) until exhausted."""
+        c = self.container
+        return c.items if isinstance(c, ListVariable) else self._items
+
+    @items.setter
+    def items(self, value):
+        self._items = list(value)
 
     def python_type(self):
         return {"keys": type({}.keys()), "values": type({}.values()),
@@ -520,17 +537,34 @@ class ListIteratorVariable(VariableTracker):
     def has_len(self):
         return self.kind != "iterator"
 
+    def _check_size(self):
+        c = self.container
+        if c is not None and not isinstance(c, ListVariable) and len(c.items) != self.size:
+            # eager raises RuntimeError here; the frame runs eagerly so that it does
+            what = "dictionary" if isinstance(c, DictVariable) else "Set"
+            raise Unsupported(f"{what} changed size during iteration (raised by user code)",
+                              hint="the frame runs eagerly")
+
+    def _exhaust(self):
+        if isinstance(self.container, ListVariable):
+            self._items = list(self.container.items)   # CPython drops the list
+            self.container = None
+
     def next(self, tx):
+        self._check_size()
         if self.index >= len(self.items):
+            self._exhaust()
             return None
         v = self.items[self.index]
         self.index += 1
         return v
 
     def unpack(self, tx):
+        self._check_size()
         rest = self.items[self.index:]
         if self.kind == "iterator":
             self.index = len(self.items)
+            self._exhaust()
         return rest
 
     def var_getattr(self, tx, name):
@@ -544,16 +578,37 @@ class ListIteratorVariable(VariableTracker):
         if name == "__contains__":
             return ConstantVariable(tx.contains(self.items[self.index:], args[0]))
         if name == "__iter__":
-            return self if self.kind == "iterator" else ListIteratorVariable(self.items)
+            return self if self.kind == "iterator" else self.iterate()
         raise Unsupported(f"iterator method {name}")
 
+    def iterate(self):
+        """A fresh iterator over this dict view (sharing its dict's size check)."""
+        c = self.container
+        return ListIteratorVariable(self.items, container=c, view=self.view) if c is not None \
+            else ListIteratorVariable(self.items)
+
     def reconstruct(self, cg):
+        c = self.container
+        self._check_size()
+        if c is not None and self.kind == "iterator":
+            # a real iterator over the real container, advanced to this one's position, so
+            # later mutations behave as in eager (list appends seen, dict resizes raise)
+            obj = cg.reconstruct(c)
+            it = f"iter({obj}.{self.view}())" if isinstance(c, DictVariable) else f"iter({obj})"
+            return f"{cg.const_expr(advanced)}({it}, {self.index})"
         inner = "(" + "".join(cg.reconstruct(i) + ", " for i in self.items[self.index:]) + ")"
         if self.kind == "iterator":
             return f"iter({inner})"
         if self.kind == "items":
             return f"dict({inner}).items()"
         return f"list({inner})"
+
+
+def advanced(it, n: int):
+    """``it`` after ``n`` calls of ``next`` (rebuilds an iterator at a graph break)."""
+    for _ in range(n):
+        next(it)
+    return it
 
 
 class GeneratorVariable(ListIteratorVariable):

@@ -1,0 +1,114 @@
+"""Issue 16: capture bugs and graph breaks where torch.compile captures.
+
+Each test is the smallest input that showed the bug, compared with eager PyTorch."""
+import pytest
+import torch
+
+import coil
+from coil.testing import CompileCounter, assert_same_as_eager
+
+
+def _eager_and_compiled(fn, *args, backend="eager"):
+    """(eager result or exception repr, compiled result or exception repr)."""
+    out = []
+    for f in (fn, coil.compile(fn, backend=backend)):
+        try:
+            out.append(f(*[a.clone() for a in args]))
+        except Exception as e:  # noqa: BLE001
+            out.append(repr(e))
+    return out
+
+
+# --- 1. iterating a container that the loop body mutates --------------------------------
+
+def test_for_loop_sees_items_appended_to_its_list():
+    def f(x):
+        xs = [x, x + 1]
+        for t in xs:
+            if len(xs) < 5:
+                xs.append(t * 2)
+        return sum(xs)
+
+    assert_same_as_eager(f, (torch.randn(3),), backend="eager")
+
+
+def test_genexpr_sees_items_appended_to_its_list():
+    def f(x):
+        xs = [x, x + 1]
+        return list(xs.append(t * 2) or t for t in xs if len(xs) < 6)
+
+    assert_same_as_eager(f, (torch.randn(3),), backend="eager")
+
+
+def test_for_loop_over_list_shrunk_by_body():
+    def f(x):
+        xs = [x, x + 1, x + 2]
+        out = []
+        for t in xs:
+            out.append(t)
+            xs.pop()
+        return out
+
+    assert_same_as_eager(f, (torch.randn(3),), backend="eager")
+
+
+def test_list_iterator_live_across_graph_break():
+    def f(x):
+        xs = [x, x + 1]
+        it = iter(xs)
+        a = next(it)
+        print("", end="")       # graph break with the iterator live
+        xs.append(x * 3)
+        return [a] + list(it)
+
+    e, c = _eager_and_compiled(f, torch.randn(3))
+    assert len(c) == len(e) == 3
+    for a, b in zip(e, c):
+        torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("kind", ["dict", "set", "dict_after_break", "dict_items"])
+def test_container_resized_during_iteration_raises(kind):
+    def f_dict(x):
+        d = {"a": x}
+        for k in d:
+            d["b"] = x
+        return d
+
+    def f_set(x):
+        s = {1, 2}
+        for k in s:
+            s.add(k + 10)
+        return x
+
+    def f_dict_after_break(x):
+        d = {"a": x}
+        it = iter(d)
+        next(it)
+        print("", end="")
+        d["b"] = x
+        return list(it)
+
+    def f_dict_items(x):
+        d = {"a": x, "b": x + 1}
+        for k, v in d.items():
+            d.pop("b")
+        return x
+
+    fn = {"dict": f_dict, "set": f_set, "dict_after_break": f_dict_after_break,
+          "dict_items": f_dict_items}[kind]
+    e, c = _eager_and_compiled(fn, torch.randn(3))
+    assert isinstance(e, str) and "changed size during iteration" in e
+    assert c == e
+
+
+def test_dict_iteration_without_resize_stays_one_graph():
+    def f(x):
+        d = {"a": x, "b": x + 1}
+        for k in d:
+            d[k] = d[k] * 2           # same size: allowed
+        return d["a"] + d["b"]
+
+    cnt = CompileCounter()
+    assert_same_as_eager(f, (torch.randn(3),), backend=cnt)
+    assert cnt.frame_count == 1

@@ -396,6 +396,8 @@ class TritonLauncher:
         self.interpret = device_type == "cpu"
         self.gpu = not self.interpret
         self.numel, self.rnumel, self.elem_bytes = numel, rnumel, elem_bytes
+        #: dtypes of the tensor arguments, in order (None if the caller did not say)
+        self.arg_dtypes = list(arg_dtypes) if arg_dtypes is not None else None
         self.tiled = tiled
         # the code generator dropped masks that are redundant for all of these
         # (codegen/triton/backend.py, mask_exactness): only they may run

@@ -565,6 +565,12 @@ class TritonKernel(OpsHandler):
                     # libdevice.pow is for floats (Triton rejects ints; the interpreter
                     # raises for negative exponents)
                     return self._op(f"_pow_int({self._tensor(a)}, {self._tensor(b)})", dt, a, b)
+                if op == "fmod" and not dt.is_floating_point:
+                    # libdevice.fmod is float-only (the GPU compiler rejects int64, the
+                    # interpreter does not); Triton's integer % truncates like C's, as
+                    # torch.fmod does. Tensors on both sides: a Python % would floor.
+                    a, b = self._tensor(a), self._tensor(b)
+                    return self._op(f"({a} % {b})", dt, a, b)
                 if op == "add" and dt == torch.bool:  # bool + bool is logical or in torch
                     return self._op(f"({self._tensor(a)} | {self._tensor(b)})", dt, a, b)
                 if op in ("maximum", "minimum") and dt.is_floating_point:
@@ -582,6 +588,9 @@ class TritonKernel(OpsHandler):
             def g(x):
                 if op in ("floor", "ceil", "round", "trunc") and not x.dtype.is_floating_point:
                     return x  # identity on integers (libdevice's versions are float-only)
+                if op in _INT_UN and not x.dtype.is_floating_point:
+                    # libdevice's versions are float-only: the GPU compiler rejects ints
+                    return self._op(_INT_UN[op].format(x=self._tensor(x)), torch.bool, x)
                 dt = torch.bool if op in _BOOL_OUT else x.dtype
                 if op == "ndtr" and dt == torch.float64:  # _ndtr is fp32-accurate
                     return self._op(f"(0.5 * libdevice.erfc({self._tensor(x)} * -0.7071067811865476))", dt, x)
@@ -629,6 +638,8 @@ _UN = {
     "ndtr": "_ndtr({x})",
 }
 _FUNC_UN = {k for k, v in _UN.items() if not v.startswith("(")} | {"frac"}
+#: Integer and bool spellings of float-only libdevice predicates.
+_INT_UN = {"isinf": "({x} != {x})", "signbit": "({x} < 0)"}
 
 #: Helpers every kernel module defines (integer division with Python semantics etc.).
 PRELUDE = '''

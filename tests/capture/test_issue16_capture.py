@@ -112,3 +112,69 @@ def test_dict_iteration_without_resize_stays_one_graph():
     cnt = CompileCounter()
     assert_same_as_eager(f, (torch.randn(3),), backend=cnt)
     assert cnt.frame_count == 1
+
+
+# --- 4. torch.compiler.nested_compile_region helpers (inlined) ---------------------------
+
+import dataclasses  # noqa: E402
+
+
+@dataclasses.dataclass
+class _Cfg:
+    scale: float
+
+
+_CFG = _Cfg(1.0)
+
+
+@torch.compiler.nested_compile_region
+def _region_helper(x):
+    return x * _CFG.scale
+
+
+def test_nested_compile_region_reads_global_rebound_in_loop():
+    def f(x):
+        global _CFG
+        out = x
+        for i in range(3):
+            _CFG = _Cfg(float(i + 2))
+            out = _region_helper(out)
+        return out
+
+    cnt = CompileCounter()
+    assert_same_as_eager(f, (torch.randn(4),), backend=cnt)
+    assert cnt.frame_count == 1
+    assert _CFG.scale == 4.0
+    assert_same_as_eager(f, (torch.randn(4, requires_grad=True),), check_grads=True)
+
+
+def test_nested_compile_region_method_and_rebinding():
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+
+        @torch.compiler.nested_compile_region
+        def block(self, x):
+            return torch.relu(self.lin(x))
+
+        def forward(self, x):
+            return self.block(self.block(x))
+
+    assert_same_as_eager(M(), (torch.randn(2, 4),), check_grads=True)
+
+    global _region_helper
+    saved = _region_helper
+
+    def g(x):
+        return _region_helper(x)
+
+    try:
+        cg = coil.compile(g, backend="eager")
+        x = torch.randn(3)
+        _CFG.scale = 3.0
+        torch.testing.assert_close(cg(x), x * 3.0)
+        _region_helper = torch.compiler.nested_compile_region(lambda x: x + 1)
+        torch.testing.assert_close(cg(x), x + 1)      # a different region: recompiled
+    finally:
+        _region_helper = saved

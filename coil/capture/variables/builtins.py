@@ -358,6 +358,22 @@ def _zip(tx, args, kwargs):
     return ListIteratorVariable([TupleVariable(list(t)) for t in zip(*seqs)])
 
 
+def _invoke_subgraph_placeholder():
+    import sys
+
+    import torch._higher_order_ops.invoke_subgraph  # noqa: F401
+    # (the package attribute of that name is the operator, not the module)
+    m = sys.modules["torch._higher_order_ops.invoke_subgraph"]
+    return getattr(m, "invoke_subgraph_placeholder", None) or _invoke_subgraph_placeholder
+
+
+@builtin(_invoke_subgraph_placeholder())
+def _nested_compile_region_call(tx, args, kwargs):
+    """A ``torch.compiler.nested_compile_region`` function is inlined as the plain call
+    it is in eager (regional compilation, one compiled subgraph reused, is not done)."""
+    return tx.call(args[0], args[1:], kwargs)
+
+
 @builtin(itertools.chain)
 def _chain(tx, args, kwargs):
     """``itertools.chain(*iterables)`` over iterables with known items (optimizers

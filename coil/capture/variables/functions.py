@@ -146,6 +146,12 @@ class UserFunctionVariable(BaseFunctionVariable):
         if name in self.fn.__dict__:
             src = AttrSource(self.source, name) if self.source is not None else None
             return wrap(tx, self.fn.__dict__[name], src)
+        if not hasattr(self.fn, name):
+            from coil.capture.variables.objects import AttributeMissing
+
+            if self.source is not None:   # absent now; guard that it stays absent
+                tx.output.guards.add(f"not hasattr({self.source.expr()}, {name!r})")
+            raise AttributeMissing(name)
         raise Unsupported(f"function attribute {name}")
 
     def __repr__(self):

@@ -134,6 +134,12 @@ class Config:
     #: Dynamic shapes: None, True or False. Not implemented yet: accepted and
     #: ignored (shapes are static; docs/capture.md).
     dynamic: Any = None
+    #: Turn every fallback from coil's own kernels to ATen ops or the FX interpreter
+    #: caused by an internal failure (a graph whose code generation raised, a kernel the
+    #: GPU compiler rejected) into a ``coil.exc.StrictCodegenError`` instead of a
+    #: warning (``coil.exc.refuse_fallback``). Ops without a lowering still run as
+    #: extern kernels: that is by design, not a failure. For tests and the bench.
+    strict_codegen: bool = False
     #: Extra C++ compiler flags appended to the defaults.
     cpp_extra_flags: str = ""
     #: OpenMP threads for C++ kernels; 0 follows torch.get_num_threads().

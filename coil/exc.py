@@ -104,6 +104,25 @@ class KernelCompileError(InternalError):
     ``coil.codegen.CompiledGraph`` catches it and runs the graph with ATen ops."""
 
 
+class StrictCodegenError(InternalError):
+    """A fallback from coil's own kernels to ATen ops / the FX interpreter that
+    ``config.strict_codegen`` turned into an error (:func:`refuse_fallback`)."""
+
+
+def refuse_fallback(event: str, error: BaseException | str) -> None:
+    """Called where coil is about to run a graph with ATen ops or the FX interpreter
+    instead of its own kernels because of an internal failure (``event``: the compile-log
+    event it logs, e.g. ``codegen_fallback``). With ``config.strict_codegen`` on, raise
+    :class:`StrictCodegenError` from ``error`` instead; otherwise return."""
+    from coil.config import config
+
+    if not config.strict_codegen:
+        return
+    msg = f"{type(error).__name__}: {error}" if isinstance(error, BaseException) else str(error)
+    raise StrictCodegenError(f"{event} refused (strict_codegen): {msg}") from (
+        error if isinstance(error, BaseException) else None)
+
+
 class KernelIndexError(IndexError, RuntimeError):
     """An index that a generated kernel's bounds check found out of range (``x[i]``,
     gather, scatter, embedding, one_hot, nll_loss targets...). Eager raises IndexError

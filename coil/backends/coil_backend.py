@@ -28,7 +28,8 @@ def _graph_device(example_inputs: list) -> torch.device:
 
 def kernel_compiler(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
     """Compile one functional ATen graph to generated kernels, falling back to the
-    FX interpreter (logged, with a warning) if code generation raises."""
+    FX interpreter (logged, with a warning) if code generation raises; with
+    ``config.strict_codegen`` the failure raises ``coil.exc.StrictCodegenError``."""
     from coil.codegen import compile_aten_graph
 
     try:
@@ -36,6 +37,8 @@ def kernel_compiler(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
     except Exception as e:  # an internal failure: stay correct, say so
         trace.log("codegen_fallback", stage="codegen", error=f"{type(e).__name__}: {e}",
                   traceback=traceback.format_exc())
+        from coil.exc import refuse_fallback
+        refuse_fallback("codegen_fallback", e)  # config.strict_codegen: an error instead
         import warnings
 
         warnings.warn(f"coil: code generation failed ({type(e).__name__}: {e}); "

@@ -60,6 +60,8 @@ class CompiledGraph:
                 raise
             import warnings
             trace.log("kernel_compile_fallback", stage="runtime", error=str(e)[:4000])
+            from coil.exc import refuse_fallback
+            refuse_fallback("kernel_compile_fallback", e)  # config.strict_codegen
             warnings.warn(f"coil: a generated kernel failed to compile ({str(e)[:500]}); "
                           "running this graph with ATen ops instead (slower, same results)")
             gm, strides = self.gm, self.output_strides

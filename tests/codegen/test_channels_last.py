@@ -172,6 +172,8 @@ def test_channels_last_training_survives_the_aten_fallback(monkeypatch):
         raise KernelCompileError(f"test: {self.name} does not compile")
 
     monkeypatch.setattr(triton_runtime.TritonLauncher, "__call__", broken)
+    from coil.config import config
+    monkeypatch.setattr(config, "strict_codegen", False)  # the fallback is the subject
     import warnings
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -10,8 +10,9 @@ Every stage writes to the compile log (:mod:`coil.trace`, ``COIL_TRACE=<dir>``).
 See docs/architecture.md for the whole picture.
 """
 from coil import config, exc, trace  # noqa: F401
-from coil.api import OptimizedModule, compile, disable, explain, list_backends, reset  # noqa: F401
+from coil.api import (OptimizedModule, compile, cudagraph_mark_step_begin, disable, explain,  # noqa: F401
+                      list_backends, reset)
 
 __version__ = "0.1.0"
 __all__ = ["compile", "reset", "disable", "explain", "list_backends", "config", "exc", "trace",
-           "OptimizedModule"]
+           "OptimizedModule", "cudagraph_mark_step_begin"]

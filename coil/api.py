@@ -13,8 +13,6 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable, Optional, Union
 
-import warnings
-
 import torch
 
 from coil import config as _config
@@ -174,9 +172,9 @@ def compile(fn_or_module: Union[Callable, torch.nn.Module, None] = None, *,
         fn_or_module: what to compile; omitted, returns a decorator.
         backend: a registered name (``coil.list_backends()``) or a callable
             ``backend(gm, example_inputs) -> callable``.
-        mode: None, "reduce-overhead" or "max-autotune". CUDA graphs (which
-            "reduce-overhead" stands for in torch.compile) are not implemented yet: such
-            a mode warns and runs like the default one.
+        mode: None, "reduce-overhead" or "max-autotune". "reduce-overhead" (and
+            "max-autotune") replay each compiled graph on CUDA from a CUDA graph, the
+            graphs of a device sharing one memory pool (docs/cudagraphs.md).
         dynamic: accepted for torch.compile compatibility but not implemented yet:
             shapes are static, so each new input shape recompiles the frame, up to
             ``recompile_limit`` compiles; after that the frame runs eagerly.
@@ -193,11 +191,6 @@ def compile(fn_or_module: Union[Callable, torch.nn.Module, None] = None, *,
     _config.check_option_names(options)
     backend_fn = lookup_backend(backend)
     merged = {**_MODE_OPTIONS[mode], **options}
-    if merged.get("cudagraphs"):
-        warnings.warn(f"coil: CUDA graphs (mode={mode!r} / option cudagraphs) are not "
-                      "implemented yet; kernels are launched one by one as in the default mode",
-                      stacklevel=2)
-        trace.log("option_not_implemented", option="cudagraphs", mode=mode)
     if dynamic is not None:
         merged.setdefault("dynamic", dynamic)
     backend_fn = _wrap_backend(backend_fn, _backend_name(backend), merged)
@@ -221,10 +214,23 @@ def compile(fn_or_module: Union[Callable, torch.nn.Module, None] = None, *,
 
 
 def reset() -> None:
-    """Drop every cache: compiled frames, guards, kernel caches in memory."""
+    """Drop every cache: compiled frames, guards, kernel caches in memory, recorded
+    CUDA graphs."""
     from coil import capture
+    from coil.runtime import cudagraph_trees
 
     capture.reset()
+    cudagraph_trees.reset()
+
+
+def cudagraph_mark_step_begin() -> None:
+    """Mark the start of a new iteration for ``mode="reduce-overhead"``: the next
+    compiled call starts again from the roots of the CUDA graph tree, so its replays
+    may overwrite the outputs of the previous iteration (reading those then raises;
+    clone what you keep)."""
+    from coil.runtime import cudagraph_trees
+
+    cudagraph_trees.mark_step_begin()
 
 
 def disable(fn: Callable) -> Callable:
@@ -241,4 +247,5 @@ def explain(fn: Callable, *args: Any, **kwargs: Any):
     return capture.explain(fn, *args, **kwargs)
 
 
-__all__ = ["compile", "reset", "disable", "explain", "list_backends", "OptimizedModule"]
+__all__ = ["compile", "reset", "disable", "explain", "list_backends", "OptimizedModule",
+           "cudagraph_mark_step_begin"]

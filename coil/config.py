@@ -128,9 +128,13 @@ class Config:
     #: 0 turns it off (schedule/scheduler.py). The fused kernel runs where the first of
     #: them ran, so its outputs live longer: the cap bounds that.
     launch_fusion_max_numel: int = 1 << 24
-    #: Record CUDA graphs (mode="reduce-overhead" turns this on). Not implemented yet:
-    #: coil.compile warns and launches kernels one by one.
+    #: Record each compiled graph on CUDA as a CUDA graph and replay it, all graphs
+    #: of a device sharing one memory pool (mode="reduce-overhead" turns this on;
+    #: docs/cudagraphs.md).
     cudagraphs: bool = False
+    #: Recordings of one compiled graph (new sizes, moved static inputs, new places
+    #: in a step) after which new ones run without a CUDA graph (logged).
+    cudagraph_record_limit: int = 8
     #: Dynamic shapes: None, True or False. Not implemented yet: accepted and
     #: ignored (shapes are static; docs/capture.md).
     dynamic: Any = None

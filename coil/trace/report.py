@@ -42,7 +42,7 @@ import jinja2
 # Fields every record has; the rest is the event's payload.
 COMMON_FIELDS = ("ts", "pid", "compile_id", "event", "stage", "duration_ms")
 # Event groups shown first on a compile page, in this order.
-FIRST_EVENTS = ("graph_break", "recompile", "guards", "codegen_fallback")
+FIRST_EVENTS = ("graph_break", "recompile", "guards", "codegen_fallback", "cudagraph_skip")
 # Counted in the index's columns.
 COUNTED_EVENTS = ("graph_break", "recompile", "codegen_fallback")
 NO_COMPILE_ID_PAGE = "no_compile_id.html"

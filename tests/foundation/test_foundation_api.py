@@ -366,12 +366,12 @@ def test_inductor_backend_hands_the_graph_to_torch(fake_capture):
     torch.testing.assert_close(coil.compile(f, backend="inductor")(x), f(x))
 
 
-def test_cudagraph_modes_warn_that_they_are_not_implemented(fake_capture):
-    """mode="reduce-overhead" used to turn on an option nothing read: a user expecting
-    CUDA graphs got none and no word about it."""
-    with pytest.warns(UserWarning, match="CUDA graphs"):
-        coil.compile(lambda x: x, mode="reduce-overhead", backend="eager")
+def test_cudagraph_modes_compile_without_warning(fake_capture):
+    """mode="reduce-overhead" is implemented (coil/runtime/cudagraph_trees.py): it no
+    longer warns that it is not, and it turns on the cudagraphs option."""
     import warnings
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        coil.compile(lambda x: x, mode="max-autotune-no-cudagraphs", backend="eager")
+        for mode in ("reduce-overhead", "max-autotune-no-cudagraphs"):
+            coil.compile(lambda x: x, mode=mode, backend="eager")
+    assert callable(coil.cudagraph_mark_step_begin)

@@ -1,0 +1,222 @@
+"""One recorded CUDA graph: capture, the plans that map a call's arguments onto it and
+its memory back onto fresh output tensors, and what cannot be captured.
+
+Used by :mod:`coil.runtime.cudagraph_trees` (docs/cudagraphs.md). A *recorder* does the
+device side and has one interface with two implementations:
+
+- :class:`CudaRecorder`: ``torch.cuda.CUDAGraph`` captured into one memory pool (one
+  ``graph_pool_handle`` for the whole tree), replayed on the current stream; a stale
+  output is poisoned with ``torch._C._set_storage_access_error_msg`` so that touching
+  its data raises;
+- :class:`FakeRecorder`: the same contract on any device without CUDA (the tree's tests
+  run on CPU): capture runs the function once and keeps its outputs; replay runs it
+  again and copies the results into those outputs, so replays write the recorded
+  memory as a CUDA graph does; poisoned outputs are remembered in ``stale``.
+
+Outputs come back as *fresh storages over the recorded memory* on every replay
+(``torch._C._construct_storage_from_data_pointer``): the node keeps the tensors made
+during capture (so the pool never hands that memory out again), the caller gets
+tensors whose storage belongs to this replay alone, whose liveness can be watched with
+a weak reference and which can be poisoned when a later replay overwrites them.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+import torch
+from torch.multiprocessing.reductions import StorageWeakRef
+
+#: ATen ops whose result the host must read (a device sync) or whose output size
+#: depends on the data; a graph holding one is not recorded.
+SYNC_OPS = frozenset({
+    "aten::_local_scalar_dense", "aten::item", "aten::nonzero", "aten::nonzero_static",
+    "aten::masked_select", "aten::_unique", "aten::_unique2", "aten::unique_dim",
+    "aten::unique_consecutive", "aten::equal", "aten::is_nonzero", "aten::bincount",
+    "aten::repeat_interleave", "aten::_assert_scalar", "aten::histogram",
+})
+
+STALE_MESSAGE = (
+    "coil: this tensor is an output of a CUDA graph (mode=\"reduce-overhead\") and a "
+    "later replay of that graph has overwritten it. Outputs of a replay live in the CUDA "
+    "graph pool until the same graph runs again. What to do: clone what you keep across "
+    "calls (out.clone()), or call coil.cudagraph_mark_step_begin() where a new "
+    "iteration starts, before the next call.")
+
+
+class SkipGraph(Exception):
+    """This graph cannot be recorded; ``str(exc)`` is the reason (it runs un-graphed)."""
+
+
+def _op_name(target) -> str:
+    schema = getattr(target, "_schema", None)
+    return schema.name if schema is not None else ""
+
+
+def ungraphable_reason(gm: Optional[torch.fx.GraphModule]) -> Optional[str]:
+    """Why the ATen graph ``gm`` cannot be captured as a CUDA graph, or None.
+
+    Host syncs and data-dependent sizes (:data:`SYNC_OPS`, unbacked symbols in a
+    node's value), CPU tensors computed inside the graph, and random ops drawing from
+    an explicit ``torch.Generator`` (only the default CUDA generator is graph-safe:
+    its Philox offset advances on every replay)."""
+    if gm is None:
+        return None
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        name = _op_name(node.target)
+        if name in SYNC_OPS:
+            return f"op {name} syncs with the host or has a data-dependent shape ({node.name})"
+        val = node.meta.get("val")
+        try:
+            if val is not None and free_unbacked_symbols(val):
+                return f"data-dependent shape at {node.name} ({name or node.target})"
+        except Exception:  # noqa: BLE001 - a value free_unbacked_symbols cannot walk
+            pass
+        if isinstance(val, torch.Tensor) and val.device.type == "cpu":
+            return f"CPU tensor computed in the graph at {node.name} ({name or node.target})"
+        if node.kwargs.get("generator") is not None:
+            return f"unsupported RNG: {node.name} draws from an explicit torch.Generator"
+    return None
+
+
+class CudaRecorder:
+    """Captures into one memory pool shared by every graph it records."""
+
+    device_type = "cuda"
+
+    def __init__(self, device: torch.device):
+        self.device = torch.device(device)
+        self.pool = torch.cuda.graph_pool_handle()
+
+    def capture(self, fn: Callable, args: list) -> tuple[Any, Any]:
+        """``(graph, outputs)`` of capturing ``fn(*args)`` (nothing runs yet)."""
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.device(self.device):
+            torch.cuda.synchronize()
+            try:
+                with torch.cuda.graph(graph, pool=self.pool):
+                    outs = fn(*args)
+            except Exception as e:  # noqa: BLE001 - the reason goes to the log
+                torch.cuda.synchronize()
+                raise SkipGraph(f"capture failed: {type(e).__name__}: {str(e)[:300]}") from e
+        return graph, outs
+
+    def replay(self, graph) -> None:
+        """Run a captured graph on the current stream."""
+        graph.replay()
+
+    def poison(self, t: torch.Tensor, message: str) -> None:
+        """Make reading ``t``'s storage raise ``message``."""
+        torch._C._set_storage_access_error_msg(t, message)
+
+
+class FakeRecorder:
+    """The recorder contract without CUDA (see module docstring); for tests."""
+
+    def __init__(self, device_type: str = "cpu"):
+        self.device_type = device_type
+        self.captures = 0
+        self.replays = 0
+        #: poisoned storages (their StorageImpl address) -> the message
+        self.stale: dict = {}
+
+    def capture(self, fn: Callable, args: list) -> tuple[Any, Any]:
+        """Run ``fn`` once for the outputs' memory; replay reruns it into them."""
+        self.captures += 1
+        outs = fn(*args)
+        return (fn, args, outs), outs
+
+    def replay(self, graph) -> None:
+        """Recompute and write into the captured outputs."""
+        fn, args, outs = graph
+        self.replays += 1
+        inputs = {a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor)}
+        with torch.no_grad():
+            for o, n in zip(outs, fn(*args)):
+                if isinstance(o, torch.Tensor) and o.untyped_storage().data_ptr() not in inputs:
+                    o.copy_(n)
+
+    def poison(self, t: torch.Tensor, message: str) -> None:
+        """Remember ``t``'s storage as stale."""
+        self.stale[t.untyped_storage()._cdata] = message
+
+    def is_stale(self, t: torch.Tensor) -> bool:
+        """Whether ``t`` lives in memory a later replay overwrote."""
+        return t.untyped_storage()._cdata in self.stale
+
+
+class OutputPlan:
+    """How a recorded graph's outputs are rebuilt after each replay.
+
+    Each output is a constant (not a tensor), a view of one of the call's arguments
+    (the graph returned an input or a view of it: rebuilt on the argument of this call),
+    or a view into a *slot*: one storage the graph wrote, rebuilt over the recorded
+    memory as a fresh storage per replay (module docstring)."""
+
+    def __init__(self, outs, static_args: list, device_type: str):
+        arg_of = {}
+        for i, a in enumerate(static_args):
+            if isinstance(a, torch.Tensor):
+                arg_of.setdefault(a.untyped_storage().data_ptr(), i)
+        self.slots: list = []  # (data_ptr, nbytes, device)
+        slot_of: dict = {}
+        self.items: list = []
+        self.is_tuple = isinstance(outs, tuple)
+        for o in outs:
+            if not isinstance(o, torch.Tensor):
+                self.items.append(("const", o))
+                continue
+            if o.device.type != device_type:
+                raise SkipGraph(f"an output is a {o.device.type} tensor")
+            st = o.untyped_storage()
+            key = st.data_ptr()
+            meta = (o.dtype, tuple(o.shape), tuple(o.stride()))
+            if key in arg_of:
+                i = arg_of[key]
+                self.items.append(("arg", i, meta, o.data_ptr() - static_args[i].data_ptr()))
+                continue
+            if key not in slot_of:
+                slot_of[key] = len(self.slots)
+                self.slots.append((key, st.nbytes(), o.device))
+            self.items.append(("slot", slot_of[key], meta, o.storage_offset()))
+        #: the tensors made during capture, kept so the pool never reuses their memory
+        self.owned = [o for o in outs if isinstance(o, torch.Tensor)]
+
+    def build(self, args) -> tuple[list, list]:
+        """``(outputs, weak refs of this replay's slot storages)``."""
+        storages = [torch._C._construct_storage_from_data_pointer(p, dev, n)
+                    for p, n, dev in self.slots]
+        refs = [StorageWeakRef(s) for s in storages]
+        outs = []
+        for item in self.items:
+            if item[0] == "const":
+                outs.append(item[1])
+                continue
+            (dtype, size, stride) = item[2]
+            if item[0] == "slot":
+                storage, offset = storages[item[1]], item[3]
+            else:
+                base = args[item[1]]
+                storage = base.untyped_storage()
+                delta = base.data_ptr() - storage.data_ptr() + item[3]
+                offset = delta // torch.empty((), dtype=dtype).element_size()
+            outs.append(torch.empty((0,), dtype=dtype, device=storage.device).set_(
+                storage, offset, size, stride))
+        return outs, refs
+
+    def slots_of(self, start: int, stop: int) -> set:
+        """The slots holding outputs ``start..stop-1``."""
+        return {it[1] for it in self.items[start:stop] if it[0] == "slot"}
+
+
+def revive(ref: StorageWeakRef, device) -> Optional[torch.Tensor]:
+    """A byte tensor over the storage behind ``ref`` if something still holds it."""
+    if ref.expired():
+        return None
+    st = torch.UntypedStorage._new_with_weak_ptr(ref.cdata)
+    if st is None:
+        return None
+    return torch.empty((0,), dtype=torch.uint8, device=device).set_(st)

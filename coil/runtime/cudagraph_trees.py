@@ -1,0 +1,282 @@
+"""CUDA graph trees: ``mode="reduce-overhead"`` (docs/cudagraphs.md).
+
+Every compiled graph on a device (forwards, backwards, inference graphs, the graphs
+of resume functions, one per size under dynamic shapes) is replayed from a CUDA graph
+recorded into one memory pool per device. The recorded graphs form a tree of the paths
+a step takes: a node is one recording; its children are the graphs recorded to run
+after it within the same step. A call is served by a child of the last node run in
+this step (or by a root) with the same graph, argument sizes and argument addresses;
+when there is none, execution has diverged and a new node is recorded there.
+
+Memory. A node keeps the tensors its capture made as its outputs, so their memory is
+its own for as long as the tree lives; everything else a capture allocated
+(intermediates) returns to the pool when the capture ends and is reused by every later
+recording of the tree. Replaying a node overwrites only its own outputs, so the
+outputs the caller still holds from its previous replay are the only ones that can go
+stale: they are poisoned (reading them raises :data:`STALE_MESSAGE`), never silently
+wrong. Nodes at one place of a step are reused from step to step (a new step starts
+again from the roots), which is why outputs from one step stay valid through the next
+step only if they are cloned.
+
+Steps. A new step starts (the path goes back to the roots) at
+:func:`mark_step_begin`, or automatically when a forward or inference graph already
+on the current path is called again while no forward on the path still waits for its
+backward (the tensors it saved are dead): the next iteration of a training loop
+(forward after backward) or of an inference / decoding loop.
+
+Inputs. An argument whose storage is a node's output (fed back from an earlier replay)
+and parameters, buffers and any argument passed as the same tensor object on the
+warm-up call are read in place, guarded by address; the others are copied into
+placeholders the node owns. A guard that fails records a new node that copies the
+moved argument (logged ``cudagraph_rerecord``). Input mutations need no care here:
+coil's graphs are functional and the AOT runtime copies new values into inputs after
+the replay.
+
+Fallbacks (``cudagraph_skip``, with a reason) run the compiled graph without a CUDA
+graph: CPU tensors, host syncs and data-dependent sizes, explicit RNG generators, a
+capture that fails, and more than ``config.cudagraph_record_limit`` recordings of one
+graph (new recordings only; recorded nodes keep replaying).
+"""
+from __future__ import annotations
+
+import itertools
+import weakref
+from typing import Callable, Optional
+
+import torch
+
+from coil import trace
+from coil.runtime.cudagraph_record import (STALE_MESSAGE, CudaRecorder, OutputPlan, SkipGraph,
+                                           revive, ungraphable_reason)
+
+__all__ = ["cudagraphify", "mark_step_begin", "reset", "GraphFunction", "Tree", "Node"]
+
+_ids = itertools.count()
+
+
+class Node:
+    """One recorded graph: its placeholders, guards and output plan (module docstring)."""
+
+    def __init__(self, tree: "Tree", fn: "GraphFunction", sig: tuple, parent: Optional["Node"],
+                 graph, plan: OutputPlan, copied: list, placeholders: list, inplace: list):
+        self.tree, self.fn, self.sig, self.parent = tree, fn, sig, parent
+        self.graph, self.plan = graph, plan
+        self.copied, self.placeholders = copied, placeholders
+        #: (argument index, data pointer) read in place
+        self.inplace = inplace
+        self.children: list = []
+        self.depth = 0 if parent is None else parent.depth + 1
+        #: weak refs of the slot storages handed out by the last replay
+        self.live: list = []
+        self.saved_slots = plan.slots_of(*fn.saved) if fn.saved else set()
+
+    def moved(self, args) -> list:
+        """Indices of in-place arguments not at their recorded address."""
+        return [i for i, p in self.inplace if args[i].data_ptr() != p]
+
+    def pending_backward(self) -> bool:
+        """A forward whose saved tensors from the last replay are still held."""
+        return any(not self.live[s].expired() for s in self.saved_slots) if self.live else False
+
+    def replay(self, args):
+        """Copy the arguments in, poison what the last replay handed out, replay."""
+        if self.copied:
+            srcs = [args[i] for i in self.copied]
+            with torch.no_grad():
+                if len(srcs) == 1:
+                    self.placeholders[0].copy_(srcs[0])
+                else:
+                    torch._foreach_copy_(self.placeholders, srcs)
+        for ref, (_, _, dev) in zip(self.live, self.plan.slots):
+            t = revive(ref, dev)
+            if t is not None:
+                self.tree.recorder.poison(t, STALE_MESSAGE)
+        self.tree.recorder.replay(self.graph)
+        outs, self.live = self.plan.build(args)
+        return tuple(outs) if self.plan.is_tuple else outs
+
+
+class Tree:
+    """The recorded graphs of one device, their shared pool and the current path."""
+
+    def __init__(self, recorder):
+        self.recorder = recorder
+        self.roots: list = []
+        self.path: list = []
+        self.step_begin = False
+        #: storage data pointer of every node output -> node
+        self.pool_storages: dict = {}
+        self.steps = 0
+        self.nodes = 0
+        _ALL_TREES.add(self)
+
+    def new_step(self) -> None:
+        """Go back to the roots: the next call starts a step."""
+        self.path = []
+        self.step_begin = False
+        self.steps += 1
+
+    def run(self, fn: "GraphFunction", args: tuple):
+        """Serve one call of ``fn`` (module docstring)."""
+        sig = _signature(args)
+        warm = fn.warm.get(sig)
+        if warm is None:
+            reason = _device_reason(args, self.recorder.device_type)
+            if reason is not None:
+                fn.skip_with(reason)
+            else:
+                fn.warm[sig] = [weakref.ref(a) if isinstance(a, torch.Tensor) else None for a in args]
+            return fn.fn(*args)
+        if self.step_begin or (self.path and fn.kind != "backward" and
+                               any(n.fn is fn for n in self.path) and
+                               not any(n.pending_backward() for n in self.path)):
+            self.new_step()
+        siblings = self.path[-1].children if self.path else self.roots
+        node = None
+        for cand in siblings:
+            if cand.fn is fn and cand.sig == sig:
+                moved = cand.moved(args)
+                if not moved:
+                    node = cand
+                    break
+                fn.copy_always.setdefault(sig, set()).update(moved)
+                trace.log("cudagraph_rerecord", stage="runtime", graph=fn.name,
+                          reason=f"arguments {moved} moved since recording")
+        if node is None:
+            node = self.record(fn, sig, args, warm)
+            if node is None:
+                return fn.fn(*args)
+        self.path.append(node)
+        return node.replay(args)
+
+    def record(self, fn: "GraphFunction", sig: tuple, args: tuple, warm: list) -> Optional[Node]:
+        """Record ``fn`` for these arguments as a child of the path's last node."""
+        if fn.records >= fn.limit:
+            if not fn.limit_logged:
+                fn.limit_logged = True
+                trace.log("cudagraph_skip", stage="runtime", graph=fn.name,
+                          reason=f"record limit: {fn.records} recordings "
+                                 "(config.cudagraph_record_limit); new ones run without a CUDA graph")
+            return None
+        forced = fn.copy_always.get(sig, ())
+        static_args = list(args)
+        copied, placeholders, inplace = [], [], []
+        for i, a in enumerate(args):
+            if not isinstance(a, torch.Tensor):
+                continue
+            same = warm[i] is not None and warm[i]() is a
+            if i not in forced and (a.untyped_storage().data_ptr() in self.pool_storages or
+                                    isinstance(a, torch.nn.Parameter) or same):
+                inplace.append((i, a.data_ptr()))
+                continue
+            p = torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device=a.device)
+            copied.append(i)
+            placeholders.append(p)
+            static_args[i] = p
+        parent = self.path[-1] if self.path else None
+        try:
+            graph, outs = self.recorder.capture(fn.fn, static_args)
+            plan = OutputPlan(outs, static_args, self.recorder.device_type)
+        except SkipGraph as e:
+            fn.skip_with(str(e))
+            return None
+        fn.records += 1
+        node = Node(self, fn, sig, parent, graph, plan, copied, placeholders, inplace)
+        (parent.children if parent is not None else self.roots).append(node)
+        for ptr, _, _ in plan.slots:
+            self.pool_storages[ptr] = node
+        self.nodes += 1
+        trace.log("cudagraph_record", stage="runtime", graph=fn.name, kind=fn.kind,
+                  depth=node.depth, recording=fn.records, copied_inputs=len(copied),
+                  inplace_inputs=len(inplace), outputs=len(plan.items))
+        return node
+
+
+class GraphFunction:
+    """A compiled graph as the tree sees it: ``kind`` is ``"inference"``, ``"forward"``
+    (``saved``: the range of its outputs saved for the backward) or ``"backward"``."""
+
+    def __init__(self, fn: Callable, kind: str, saved: Optional[tuple] = None,
+                 tree: Optional[Tree] = None, name: Optional[str] = None, limit: int = 8):
+        self.fn, self.kind, self.saved, self.tree = fn, kind, saved, tree
+        self.name = name or f"{kind}_{next(_ids)}"
+        self.limit = limit
+        self.skip: Optional[str] = None
+        self.warm: dict = {}
+        self.copy_always: dict = {}
+        self.records = 0
+        self.limit_logged = False
+
+    def skip_with(self, reason: str) -> None:
+        """Run un-graphed from now on, logged once."""
+        self.skip = reason
+        trace.log("cudagraph_skip", stage="runtime", graph=self.name, reason=reason)
+
+    def __call__(self, *args):
+        if self.skip is not None:
+            return self.fn(*args)
+        tree = self.tree
+        if tree is None:
+            dev = next((a.device for a in args if isinstance(a, torch.Tensor) and a.is_cuda), None)
+            if dev is None:
+                self.skip_with("CPU tensors: no CUDA tensor among the inputs")
+                return self.fn(*args)
+            tree = self.tree = tree_for(dev)
+        return tree.run(self, args)
+
+
+def _signature(args) -> tuple:
+    return tuple((a.shape, a.stride(), a.dtype) if isinstance(a, torch.Tensor) and
+                 not isinstance(a, torch.nn.Parameter) else
+                 (None if isinstance(a, torch.Tensor) else a) for a in args)
+
+
+def _device_reason(args, device_type: str) -> Optional[str]:
+    for i, a in enumerate(args):
+        if isinstance(a, torch.Tensor) and a.device.type != device_type:
+            return f"CPU tensors: input {i} is on {a.device}" if a.device.type == "cpu" else \
+                f"input {i} is on {a.device}"
+    return None
+
+
+_TREES: dict = {}
+_ALL_TREES: "weakref.WeakSet[Tree]" = weakref.WeakSet()
+
+
+def tree_for(device: torch.device) -> Tree:
+    """The tree (and pool) of one CUDA device."""
+    key = torch.device(device).index or 0
+    tree = _TREES.get(key)
+    if tree is None:
+        tree = _TREES[key] = Tree(CudaRecorder(torch.device("cuda", key)))
+    return tree
+
+
+def cudagraphify(fn: Callable, kind: str, saved: Optional[tuple] = None) -> Callable:
+    """``fn`` (one compiled graph) replayed from CUDA graphs when ``config.cudagraphs``
+    is on, else ``fn`` itself. Called by the AOT runtime for each graph it runs."""
+    from coil.config import config
+
+    if not config.cudagraphs:
+        return fn
+    gf = GraphFunction(fn, kind, saved, limit=config.cudagraph_record_limit)
+    gm = getattr(fn, "gm", None) or getattr(fn, "__self__", None)
+    reason = ungraphable_reason(gm if isinstance(gm, torch.fx.GraphModule) else None)
+    if reason is not None:
+        gf.skip_with(reason)
+    elif not torch.cuda.is_available():
+        gf.skip_with("CUDA is not available")
+    return gf
+
+
+def mark_step_begin() -> None:
+    """Start a new step: the next compiled call starts again from the tree's roots,
+    and outputs of the last step become stale once their graphs replay (clone what
+    you keep)."""
+    for tree in list(_ALL_TREES):
+        tree.step_begin = True
+
+
+def reset() -> None:
+    """Forget every recorded graph and pool."""
+    _TREES.clear()

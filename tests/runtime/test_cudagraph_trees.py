@@ -1,0 +1,225 @@
+"""The bookkeeping of CUDA graph trees (coil/runtime/cudagraph_trees.py) on CPU, with
+the fake recorder (a "replay" recomputes into the recorded output memory): warm-up,
+recording, paths, divergence, steps, pending backwards, in-place and copied inputs,
+stale outputs, record limits and fallback reasons."""
+import json
+import os
+import types
+
+import pytest
+import torch
+
+import coil
+from coil import trace
+from coil.runtime.cudagraph_record import FakeRecorder, ungraphable_reason
+from coil.runtime.cudagraph_trees import GraphFunction, Tree
+
+
+@pytest.fixture
+def log_dir(tmp_path):
+    old = trace.trace_dir()
+    trace.set_dir(str(tmp_path))
+    yield tmp_path
+    trace.set_dir(old)
+
+
+def events(d, name):
+    out = []
+    for f in os.listdir(d):
+        if f.endswith(".jsonl"):
+            with open(os.path.join(d, f)) as fh:
+                out += [r for r in map(json.loads, fh) if r["event"] == name]
+    return out
+
+
+def make(kind="inference", saved=None, limit=8, body=None, device_type="cpu"):
+    tree = Tree(FakeRecorder(device_type))
+    body = body or (lambda x, w: (x @ w + 1,))
+    return tree, GraphFunction(body, kind, saved, tree=tree, limit=limit)
+
+
+def test_warm_up_then_record_then_replay_equal_eager():
+    tree, f = make()
+    w = torch.randn(4, 4)
+    for step in range(4):
+        x = torch.randn(3, 4)
+        (out,) = f(x, w)
+        torch.testing.assert_close(out, x @ w + 1)
+    rec = tree.recorder
+    assert rec.captures == 1 and rec.replays == 3
+    assert tree.nodes == 1 and tree.roots[0].copied == [0]
+    # w is the same object as on the warm-up call: read in place, guarded by address
+    assert tree.roots[0].inplace == [(1, w.data_ptr())]
+
+
+def test_outputs_live_in_recorded_memory_and_stale_ones_are_poisoned():
+    tree, f = make()
+    w = torch.randn(4, 4)
+    f(torch.randn(2, 4), w)                      # warm-up
+    (a,) = f(torch.randn(2, 4), w)               # recorded
+    x = torch.randn(2, 4)
+    (b,) = f(x, w)                                # a new step: the root replays over a
+    assert a.data_ptr() == b.data_ptr()
+    assert tree.recorder.is_stale(a) and not tree.recorder.is_stale(b)
+    torch.testing.assert_close(b, x @ w + 1)
+    del a
+    (c,) = f(torch.randn(2, 4), w)
+    assert tree.recorder.is_stale(b) and not tree.recorder.is_stale(c)
+
+
+def test_dropped_outputs_are_not_poisoned():
+    tree, f = make()
+    w = torch.randn(4, 4)
+    for _ in range(3):
+        f(torch.randn(2, 4), w)
+    assert tree.recorder.stale == {}
+
+
+def test_divergence_records_a_new_path_and_steps_restart_at_the_root():
+    tree = Tree(FakeRecorder())
+    f = GraphFunction(lambda x: (x * 2,), "inference", tree=tree)
+    g = GraphFunction(lambda x: (x + 1,), "inference", tree=tree)
+    h = GraphFunction(lambda x: (x - 1,), "inference", tree=tree)
+    x = torch.randn(5)
+    for _ in range(3):                           # path f -> g
+        (y,) = f(x)
+        (z,) = g(y)
+        torch.testing.assert_close(z, x * 2 + 1)
+    for _ in range(3):                           # diverges after f: f -> h
+        (y,) = f(x)
+        (z,) = h(y)
+        torch.testing.assert_close(z, x * 2 - 1)
+    assert len(tree.roots) == 1
+    root = tree.roots[0]
+    assert [c.fn for c in root.children] == [g, h]
+    assert tree.nodes == 3 and tree.recorder.captures == 3
+    # g and h read f's output in place (it lives in the pool at its recorded address)
+    assert all(c.copied == [] and c.inplace[0][0] == 0 for c in root.children)
+
+
+def test_same_graph_twice_in_a_step_while_a_backward_is_pending_gets_a_child():
+    tree, f = make(kind="forward", saved=(1, 2), body=lambda x: (x.sin(), x.cos()))
+    x1, x2 = torch.randn(3), torch.randn(3)
+    f(x1)                                        # warm-up
+    a, sa = f(x1)                                # root; sa is "saved for backward"
+    b, sb = f(x2)                                # sa still held: a child, a stays valid
+    assert tree.path[-1].depth == 1
+    torch.testing.assert_close(a, x1.sin())
+    torch.testing.assert_close(b, x2.sin())
+    assert tree.recorder.stale == {}
+    del sa, sb                                   # "backward ran": a new step from the root
+    c, sc = f(x1)
+    assert tree.path == [tree.roots[0]] and tree.steps == 1
+    torch.testing.assert_close(c, x1.sin())
+
+
+def test_mark_step_begin_restarts_even_with_pending_backward():
+    tree, f = make(kind="forward", saved=(1, 2), body=lambda x: (x.sin(), x.cos()))
+    x = torch.randn(3)
+    f(x)
+    keep = f(x)
+    coil.cudagraph_mark_step_begin()
+    f(x)
+    assert tree.nodes == 1 and tree.steps == 1
+    assert tree.recorder.is_stale(keep[0])
+
+
+def test_backward_is_never_a_new_step():
+    tree = Tree(FakeRecorder())
+    fw = GraphFunction(lambda x: (x * 3, x), "forward", (1, 2), tree=tree)
+    bw = GraphFunction(lambda s, g: (g * 3,), "backward", tree=tree)
+    x = torch.randn(4)
+    for _ in range(4):
+        out, saved = fw(x)
+        (gx,) = bw(saved, torch.ones(4))
+        del out, saved
+        torch.testing.assert_close(gx, torch.full((4,), 3.0))
+    assert tree.nodes == 2 and tree.roots[0].children[0].fn is bw
+
+
+def test_output_fed_back_is_copied_then_poisoned():
+    """A decoding loop ``x = f(x)``: the previous output is copied into the placeholder
+    before the replay overwrites it."""
+    tree, f = make(body=lambda x: (x * 0.5 + 1,))
+    x = torch.randn(6)
+    ref = x.clone()
+    for _ in range(5):
+        (x,) = f(x)
+        ref = ref * 0.5 + 1
+    torch.testing.assert_close(x, ref)
+
+
+def test_moved_static_input_rerecords_with_a_copy(log_dir):
+    tree, f = make()
+    w = torch.randn(4, 4)
+    x = torch.randn(2, 4)
+    f(x, w)
+    f(x, w)
+    w2 = torch.randn(4, 4)                       # another tensor at that argument
+    (out,) = f(x, w2)
+    torch.testing.assert_close(out, x @ w2 + 1)
+    assert tree.nodes == 2 and 1 in tree.roots[1].copied
+    (out,) = f(x, torch.randn(4, 4) + 0)         # copied from now on: no new recording
+    assert tree.nodes == 2
+    assert events(log_dir, "cudagraph_rerecord")[0]["reason"].startswith("arguments [1]")
+
+
+def test_record_limit_bounds_recordings_per_graph(log_dir):
+    tree, f = make(limit=2, body=lambda x: (x + 1,))
+    for n in (1, 2, 3, 4):
+        for _ in range(2):
+            x = torch.randn(n)
+            (out,) = f(x)
+            torch.testing.assert_close(out, x + 1)
+    assert tree.nodes == 2
+    skips = events(log_dir, "cudagraph_skip")
+    assert len(skips) == 1 and "record limit" in skips[0]["reason"]
+
+
+def test_outputs_aliasing_inputs_are_views_of_this_calls_argument():
+    tree, f = make(body=lambda x: (x, x.t(), x[1:] * 2))
+    for _ in range(3):
+        x = torch.randn(3, 4)
+        a, b, c = f(x)
+        assert a.data_ptr() == x.data_ptr() and b.data_ptr() == x.data_ptr()
+        assert b.shape == (4, 3)
+        torch.testing.assert_close(c, x[1:] * 2)
+
+
+def test_cpu_tensors_fall_back_with_a_reason(log_dir):
+    tree, f = make(device_type="cuda")
+    x, w = torch.randn(2, 4), torch.randn(4, 4)
+    for _ in range(3):
+        torch.testing.assert_close(f(x, w)[0], x @ w + 1)
+    assert tree.nodes == 0 and f.skip.startswith("CPU tensors")
+    assert [e["reason"] for e in events(log_dir, "cudagraph_skip")] == [f.skip]
+
+
+def _graph(op, **kwargs):
+    g = torch.fx.Graph()
+    x = g.placeholder("x")
+    g.output((g.call_function(op, (x,), kwargs),))
+    return types.SimpleNamespace(graph=g)  # a GraphModule cannot print a Generator
+
+
+def test_ungraphable_reasons():
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    aten = torch.ops.aten
+    assert "_local_scalar_dense" in ungraphable_reason(_graph(aten._local_scalar_dense.default))
+    assert "nonzero" in ungraphable_reason(_graph(aten.nonzero.default))
+    assert "RNG" in ungraphable_reason(_graph(aten.bernoulli.default, generator=torch.Generator()))
+    assert "CPU tensor" in ungraphable_reason(make_fx(lambda x: x.sin() + 1)(torch.randn(3)))
+    assert ungraphable_reason(make_fx(lambda x: x.sin() + 1)(torch.randn(3, device="meta"))) is None
+
+
+def test_compile_reduce_overhead_on_cpu_runs_compiled_and_logs_why(log_dir):
+    """Graphs of CPU tensors are not recorded; they still run compiled."""
+    def f(x):
+        return torch.relu(x) * 2
+
+    cf = coil.compile(f, mode="reduce-overhead")
+    x = torch.randn(8)
+    torch.testing.assert_close(cf(x), f(x))
+    reasons = [e["reason"] for e in events(log_dir, "cudagraph_skip")]
+    assert reasons and all("CUDA" in r or "CPU" in r for r in reasons)

@@ -38,6 +38,7 @@ import torch.utils._pytree as pytree
 
 from coil import trace
 from coil.aot.functional import JointInfo, ProgramInfo
+from coil.runtime.cudagraph_trees import cudagraphify
 
 DOUBLE_BACKWARD_MESSAGE = (
     "coil.aot: double backward through a compiled graph is not supported (its backward "
@@ -266,7 +267,7 @@ def without_autocast(fn: Callable) -> Callable:
 def inference_runner(compiled_fw: Callable, info: ProgramInfo) -> Callable:
     """The callable for the inference path: one graph plus the epilogue."""
     epilogue = _make_epilogue(info)
-    compiled_fw = without_autocast(compiled_fw)
+    compiled_fw = without_autocast(cudagraphify(compiled_fw, "inference"))
     grad_enabled, set_grad_enabled = torch.is_grad_enabled, torch._C._set_grad_enabled
 
     def run(*args):
@@ -311,8 +312,9 @@ def training_runner(compiled_fw: Callable, compiled_bw: Callable, info: ProgramI
                     jinfo: JointInfo, num_saved: int) -> Callable:
     """The callable for the training path (see module docstring)."""
     epilogue = _make_epilogue(info)
-    compiled_fw, compiled_bw = without_autocast(compiled_fw), without_autocast(compiled_bw)
     n_fw = info.num_fw_outputs
+    compiled_fw = without_autocast(cudagraphify(compiled_fw, "forward", (n_fw, n_fw + num_saved)))
+    compiled_bw = without_autocast(cudagraphify(compiled_bw, "backward"))
     n_in = len(info.inputs)
     nondiff = [k for k, rg in enumerate(info.fw_out_requires_grad) if not rg]
     tangent_pos = [k for k, rg in enumerate(info.fw_out_requires_grad) if rg]

@@ -11,8 +11,9 @@ See docs/architecture.md for the whole picture.
 """
 from coil import config, exc, trace  # noqa: F401
 from coil.api import (OptimizedModule, compile, cudagraph_mark_step_begin, disable, explain,  # noqa: F401
-                      list_backends, reset)
+                      list_backends, mark_dynamic, mark_static, mark_unbacked, reset)
 
 __version__ = "0.1.0"
 __all__ = ["compile", "reset", "disable", "explain", "list_backends", "config", "exc", "trace",
-           "OptimizedModule", "cudagraph_mark_step_begin"]
+           "OptimizedModule", "cudagraph_mark_step_begin", "mark_dynamic", "mark_static",
+           "mark_unbacked"]

@@ -213,6 +213,9 @@ def compile(fn_or_module: Union[Callable, torch.nn.Module, None] = None, *,
     return wrap(fn_or_module)
 
 
+from coil.capture.dynamic import mark_dynamic, mark_static, mark_unbacked  # noqa: E402
+
+
 def reset() -> None:
     """Drop every cache: compiled frames, guards, kernel caches in memory, recorded
     CUDA graphs."""
@@ -248,4 +251,5 @@ def explain(fn: Callable, *args: Any, **kwargs: Any):
 
 
 __all__ = ["compile", "reset", "disable", "explain", "list_backends", "OptimizedModule",
+           "mark_dynamic", "mark_static", "mark_unbacked",
            "cudagraph_mark_step_begin"]

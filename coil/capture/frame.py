@@ -114,35 +114,29 @@ def _warn_user(msg: str) -> None:
 
 
 class CaptureConfig:
-    """What a wrapper compiles with: backend, fullgraph, dynamic.
-
-    ``dynamic=True`` is not implemented (shapes are static): it warns once, here, so a
-    user asking for dynamic shapes is not misled."""
+    """What a wrapper compiles with: backend, fullgraph, dynamic (``None``: automatic
+    dynamic, ``True``: every input dim symbolic, ``False``: only marked dims;
+    docs/dynamic_shapes.md)."""
 
     def __init__(self, backend: Callable, fullgraph: bool, dynamic):
         self.backend = backend
         self.fullgraph = fullgraph
         self.dynamic = dynamic
         self.backend_name = getattr(backend, "__name__", str(backend))
-        if dynamic:
-            msg = ("coil.compile(dynamic=True): dynamic shapes are not implemented; shapes are "
-                   "specialized and each new input size recompiles (up to "
-                   f"recompile_limit={_config.config.recompile_limit} per function, then it "
-                   "runs eagerly)")
-            trace.log("dynamic_ignored", stage="capture", message=msg)
-            _warn_user(msg)
 
 
 class CacheEntry:
-    __slots__ = ("guard", "entry", "guards", "guard_src", "argnames", "config")
+    __slots__ = ("guard", "entry", "guards", "guard_src", "argnames", "config", "input_shapes")
 
-    def __init__(self, guard, entry, guards, guard_src, argnames, config):
+    def __init__(self, guard, entry, guards, guard_src, argnames, config, input_shapes=None):
         self.guard = guard
         self.entry = entry
         self.guards = guards
         self.guard_src = guard_src
         self.argnames = argnames
         self.config = config
+        #: source expression -> shape of each tensor input at compile time (automatic dynamic)
+        self.input_shapes = input_shapes or {}
 
 
 class FrameCache:
@@ -153,6 +147,8 @@ class FrameCache:
         self.eager_reason: Optional[str] = None
         self.frame_id = next(_frame_ids)
         self.attempts = 0
+        #: source expression -> dims seen with more than one size (automatic dynamic)
+        self.auto_dynamic: dict = {}
 
 
 # ------------------------------------------------------------------------------------
@@ -390,11 +386,13 @@ def _miss_entry(fn, code, cfg, bound):
             reason = fails[0]["text"] if fails else None
             trace.log("recompile", stage="capture", frame=_label(code), reason=reason,
                       failed_guards=fails)
+            if cfg.dynamic is None:
+                _note_changed_sizes(cache, old, bound, fn)
             if _config.config.verbose:
                 print(f"coil: recompiling {_label(code)}: {reason}")
         try:
             with trace.stage("capture", frame=_label(code)):
-                entry = _translate(fn, code, cfg, bound)
+                entry = _translate(fn, code, cfg, bound, cache.auto_dynamic)
         except (UserError, BackendCompilerFailed):
             raise
         except Exception as e:  # noqa: BLE001 - internal error or user error: run eagerly
@@ -431,7 +429,25 @@ def _miss(fn, code, cfg, bound, args, kwargs):
     return entry.entry(*bound, fn)
 
 
-def _translate(fn, code, cfg, bound) -> CacheEntry:
+def _note_changed_sizes(cache: FrameCache, old: CacheEntry, bound, fn) -> None:
+    """Automatic dynamic: remember the dims of tensor inputs whose size differs from
+    ``old``'s compile (the next translation makes them symbolic)."""
+    from coil.capture.dynamic import changed_dims
+
+    ns = dict(old.guards.ns)
+    ns.update(zip(list(old.argnames) + ["___f"], tuple(bound) + (fn,)))
+    values = {}
+    for expr in old.input_shapes:
+        try:
+            values[expr] = eval(expr, ns)
+        except Exception:  # noqa: BLE001 - unreadable now: not a size change
+            pass
+    for expr, dims in changed_dims(old.input_shapes, values).items():
+        cache.auto_dynamic.setdefault(expr, set()).update(dims)
+
+
+def _translate(fn, code, cfg, bound, auto_dynamic=None) -> CacheEntry:
+    from coil.capture.dynamic import DynamicPolicy
     from coil.capture.variables.base import SourcedCellVariable  # noqa: F401
 
     stats["frames"] += 1
@@ -441,6 +457,7 @@ def _translate(fn, code, cfg, bound) -> CacheEntry:
     break_at: dict = {}
     for _ in range(64):
         output = OutputGraph(fn.__globals__, argnames)
+        output.dynamic = DynamicPolicy(cfg.dynamic, auto_dynamic)
         output.guards.add("___f.__globals__ is ___G")
         cells = {}
         tx = InstructionTranslator(code, fn.__globals__, output, {}, cells, break_at, cfg.fullgraph)
@@ -611,6 +628,9 @@ def _build_entry(tx, output: OutputGraph, cfg: CaptureConfig, fn, code, argnames
     needs_graph = bool(graph_outs) or output.count_calls() > 0
     cg = EntryCodegen(output, graph_outs)
     lines = cg.lines
+    from coil.capture.dynamic import check_marked
+
+    check_marked(output.shape_env, output.dynamic, output.sites)
     if needs_graph:
         stats["graphs"] += 1
         example_inputs = [real for (_, real, _) in output.inputs]
@@ -661,12 +681,28 @@ def _build_entry(tx, output: OutputGraph, cfg: CaptureConfig, fn, code, argnames
     except SyntaxError as e:
         raise SyntaxError(f"{e}\n{src}") from None
     entry_fn = cg.ns["___entry"]
+    _add_shape_guards(output)      # after the backend: guards it added count too
     guard_fn, guard_src = output.guards.build(argnames)
     trace.artifact("guards", guard_src, kind="python", frame=_label(code))
     trace.artifact("entry", src, kind="python", frame=_label(code))
     for listener in _listeners:
         listener("frame", code, guard_src, src)
-    return CacheEntry(guard_fn, entry_fn, output.guards, guard_src, argnames, cfg)
+    shapes = {src.expr(): tuple(real.shape) for (src, real, _) in output.inputs
+              if isinstance(real, torch.Tensor)}
+    return CacheEntry(guard_fn, entry_fn, output.guards, guard_src, argnames, cfg, shapes)
+
+
+def _add_shape_guards(output: OutputGraph) -> None:
+    """The ShapeEnv's guards over the symbolic inputs, into the frame's guard set."""
+    from coil.capture.dynamic import SymbolSource, is_symbolic_value, readable, shape_guards
+
+    inputs = [(src.expr(), node.meta["example_value"]) for (src, _, node) in output.inputs
+              if not isinstance(src, SymbolSource) and is_symbolic_value(node.meta["example_value"])]
+    if not inputs:
+        return
+    prelude, exprs, names = shape_guards(output.shape_env, inputs)
+    output.guards.set_shape_guards(prelude, exprs, names)
+    trace.log("shape_guards", stage="capture", guards=[readable(e, names) for e in exprs])
 
 
 def _has_grad_switch(graph) -> bool:

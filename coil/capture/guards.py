@@ -89,6 +89,16 @@ class GuardSet:
             "___id": id,
         }
         self._const_ids: dict[int, str] = {}
+        # shape guards of a dynamic entry (coil/capture/dynamic.py): locals reading sizes,
+        # then conditions over them; checked after every other guard
+        self.shape_prelude: list[str] = []
+        self.shape_exprs: list[str] = []
+        self.shape_names: dict[str, str] = {}
+
+    def set_shape_guards(self, prelude: list, exprs: list, names: dict) -> None:
+        """The ShapeEnv's relations (``2 <= ___z0``, ``___z0 == ___z1``) and the
+        ``prelude`` lines reading the sizes they name into locals ``___zN``."""
+        self.shape_prelude, self.shape_exprs, self.shape_names = list(prelude), list(exprs), dict(names)
 
     def const(self, obj: Any) -> str:
         """A namespace name holding ``obj`` (for ``is`` comparisons)."""
@@ -117,6 +127,10 @@ class GuardSet:
         params = ", ".join(list(argnames) + ["___f"])
         lines = [f"def ___guard({params}):"]
         _emit_guards(self.guards, lines)
+        if self.shape_exprs:
+            lines.extend(f"    {ln}" for ln in self.shape_prelude)
+            cond = " and ".join(f"({e})" for e in self.shape_exprs)
+            lines.append(f"    if not ({cond}): return False")
         lines.append("    return True")
         return "\n".join(lines) + "\n"
 
@@ -162,6 +176,34 @@ class GuardSet:
                             "got": got, "text": text})
             if len(out) >= limit:
                 break
+        if self.shape_exprs and len(out) < limit:
+            out.extend(self._shape_failures(ns, limit - len(out)))
+        return out
+
+    def _shape_failures(self, ns: dict, limit: int) -> list[dict]:
+        from coil.capture.dynamic import readable
+
+        try:
+            for ln in self.shape_prelude:
+                exec(ln, ns)
+        except Exception as e:  # noqa: BLE001 - an earlier guard failed already
+            return [{"guard": "shape guards", "value": None, "expected": "True",
+                     "got": f"<raised {type(e).__name__}: {e}>",
+                     "text": f"shape guards (raised {type(e).__name__}: {e})"}]
+        out = []
+        for e in self.shape_exprs:
+            try:
+                ok = eval(e, ns)
+            except Exception:  # noqa: BLE001
+                ok = False
+            if not ok:
+                text = readable(e, self.shape_names)
+                got = {self.shape_names[n]: ns.get(n) for n in sorted(set(
+                    __import__("re").findall(r"___z\d+", e)))}
+                out.append({"guard": text, "value": None, "expected": "True", "got": repr(got),
+                            "text": f"{text}  (sizes: {got})"})
+                if len(out) >= limit:
+                    break
         return out
 
 
@@ -173,7 +215,7 @@ def _contiguous_strides(shape: tuple) -> tuple:
     return tuple(reversed(out))
 
 
-def tensor_guard(gs: GuardSet, expr: str, t: torch.Tensor) -> None:
+def tensor_guard(gs: GuardSet, expr: str, t: torch.Tensor, fake=None) -> None:
     """Guard a tensor's type, dtype, device, sizes, strides and requires_grad.
 
     The six checks stay separate guards (recompile reasons name the one that failed) but
@@ -184,6 +226,8 @@ def tensor_guard(gs: GuardSet, expr: str, t: torch.Tensor) -> None:
     the product of the later sizes (c10's ``compute_contiguous``), i.e. the same test. The
     layout is checked too: an MKLDNN tensor (type ``torch.Tensor``) says contiguous with
     strides ``(1, 0)``."""
+    if fake is not None and _symbolic(fake):
+        return _dynamic_tensor_guard(gs, expr, t, fake)
     shape, stride = tuple(t.shape), tuple(t.stride())
     grp = expr
     gs.add(f"type({expr}) is {gs.const(type(t))}", f"type({expr})", type(t), src=expr, group=grp)
@@ -199,6 +243,38 @@ def tensor_guard(gs: GuardSet, expr: str, t: torch.Tensor) -> None:
            group=grp)
     gs.add(f"{expr}.requires_grad is {t.requires_grad!r}", f"{expr}.requires_grad", t.requires_grad,
            src=expr, group=grp)
+
+
+def _symbolic(fake) -> bool:
+    return any(isinstance(s, torch.SymInt) for s in (*fake.shape, *fake.stride()))
+
+
+def _dynamic_tensor_guard(gs: GuardSet, expr: str, t: torch.Tensor, fake) -> None:
+    """:func:`tensor_guard` for an input with symbolic sizes or strides: the rank and the
+    static sizes and strides are checked here; the symbolic ones by the shape guards
+    (``GuardSet.shape_exprs``, from the ShapeEnv). A contiguous input whose sizes are all
+    >= 2 (symbols are >= 2 by the shape guards) is checked with ``is_contiguous()``:
+    its strides are the contiguous products of its sizes, symbolic or not."""
+    grp = expr
+    gs.add(f"type({expr}) is {gs.const(type(t))}", f"type({expr})", type(t), src=expr, group=grp)
+    gs.add(f"{expr}.dtype is {gs.const(t.dtype)}", f"{expr}.dtype", t.dtype, src=expr, group=grp)
+    gs.add(f"{expr}.device == {gs.const(t.device)}", f"{expr}.device", t.device, src=expr,
+           group=grp)
+    shape = tuple(None if isinstance(s, torch.SymInt) else int(s) for s in fake.shape)
+    code = f"{expr}.dim() == {len(shape)}" + "".join(
+        f" and {expr}.shape[{i}] == {n}" for i, n in enumerate(shape) if n is not None)
+    gs.add(code, f"tuple({expr}.shape)", shape, src=expr, group=grp)
+    if (t.layout is torch.strided and all(n >= 2 for n in t.shape)
+            and t.stride() == _contiguous_strides(tuple(t.shape))):
+        gs.add(f"{expr}.layout is {gs.const(torch.strided)} and {expr}.is_contiguous()",
+               f"{expr}.stride()", "contiguous", src=expr, group=grp)
+    else:
+        stride = [None if isinstance(s, torch.SymInt) else int(s) for s in fake.stride()]
+        checks = [f"{expr}.stride()[{i}] == {v}" for i, v in enumerate(stride) if v is not None]
+        if checks:
+            gs.add(" and ".join(checks), f"{expr}.stride()", tuple(stride), src=expr, group=grp)
+    gs.add(f"{expr}.requires_grad is {t.requires_grad!r}", f"{expr}.requires_grad",
+           t.requires_grad, src=expr, group=grp)
 
 
 # ------------------------------------------------------------------------------------

@@ -119,8 +119,20 @@ class OutputGraph:
     """The graph and bookkeeping shared by the root translator and everything it inlines."""
 
     def __init__(self, f_globals: dict, argnames: list[str]):
+        from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+        from coil.capture.dynamic import DynamicPolicy, SiteRecorder
+
         self.graph = torch.fx.Graph()
-        self.fake_mode = FakeTensorMode()
+        # sizes of dynamic inputs are symbols of this ShapeEnv (coil/capture/dynamic.py);
+        # data-dependent outputs stay graph breaks unless the options allow them
+        self.shape_env = ShapeEnv(allow_scalar_outputs=False,
+                                  allow_dynamic_output_shape_ops=False)
+        self.fake_mode = FakeTensorMode(shape_env=self.shape_env)
+        self.dynamic = DynamicPolicy(None)
+        self.sites = SiteRecorder()
+        self.current_tx = None          # the translator running an instruction (where())
+        self.symbol_nodes: dict = {}    # sympy symbol -> SymInt placeholder
         self.guards = GuardSet(f_globals)
         self.f_globals = f_globals
         self.argnames = argnames
@@ -178,14 +190,55 @@ class OutputGraph:
         hit = self.input_vts.get(id(value))
         if hit is not None:
             return hit
-        node = self._placeholder(source.expr())
-        fake = self.fake_mode.from_tensor(value, static_shapes=True)
+        expr = source.expr()
+        is_param = isinstance(value, torch.nn.Parameter) or "._buffers[" in expr or \
+            isinstance(source, ConstSource)
+        fake = self.dynamic.fake_input(self.fake_mode, expr, value, is_param,
+                                       tx.location() if tx is not None else None)
+        node = self._placeholder(expr)
         node.meta["example_value"] = fake
         node.meta["source"] = source.expr()
         vt = TensorVariable(node, fake, source, cls=type(value))
         self.inputs.append((source, value, node))
         self.input_vts[id(value)] = vt
         return vt
+
+    def symbol_input(self, value) -> Optional[torch.fx.Node]:
+        """The SymInt placeholder for ``value`` when it is a bare symbol named by an input's
+        size or stride (made once per symbol; the entry passes ``x.size()[0]``), else
+        None."""
+        from coil.capture.dynamic import SymbolSource, _symbol, source_name
+
+        sym = _symbol(value)
+        if sym is None:
+            return None
+        node = self.symbol_nodes.get(sym)
+        if node is not None:
+            return node
+        srcs = self.shape_env.var_to_sources.get(sym)
+        if not srcs:
+            return None
+        text = source_name(srcs[0])
+        node = self._placeholder(str(sym))
+        node.meta["example_value"] = value
+        node.meta["source"] = text
+        vals = getattr(self.shape_env, "backed_var_to_val", None)
+        if vals is None:
+            vals = self.shape_env.var_to_val
+        self.inputs.append((SymbolSource(text), int(vals[sym]), node))
+        self.symbol_nodes[sym] = node
+        return node
+
+    def where(self) -> str:
+        """``file:line`` of the user code being translated (for specialization logs)."""
+        tx = self.current_tx
+        if tx is None:
+            return "?"
+        frames = tx.user_frames()
+        if not frames:
+            return "?"
+        f, line, name = frames[-1]
+        return f"{f}:{line} in {name}"
 
     def lift_constant_tensor(self, tx, value: torch.Tensor) -> TensorVariable:
         """A real tensor with no source (made at compile time): an input the entry

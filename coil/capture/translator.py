@@ -47,6 +47,8 @@ from coil.capture.variables.objects import (AttributeMissing, DataClassDictVaria
                                             UserDefinedObjectVariable, is_model_output_class,
                                             _static_lookup, _SENTINEL)
 from coil.capture.variables.tensor import TensorVariable, UserCodeError, call_op
+from coil.capture.variables.symbolic import SymNodeVariable
+from coil.capture.variables.symbolic import binary as sym_binary, unary as sym_unary
 from coil.capture.exceptions import (ExceptionVariable, RaisedException,  # noqa: F401
                                      exception_table, exception_tracker)
 
@@ -222,6 +224,7 @@ class InstructionTranslatorBase:
     # --- the loop ---------------------------------------------------------------------
     def step(self, inst) -> None:
         self.current = inst
+        self.output.current_tx = self
         h = self.handlers.get(inst.opname)
         if h is None:
             raise Unsupported(f"opcode {inst.opname} is not supported",
@@ -461,6 +464,10 @@ class InstructionTranslatorBase:
                 same = self.is_same(a.target, b.target)
                 return ConstantVariable(same if op is operator.eq else not same)
             raise Unsupported("id() of a traced value used in arithmetic")
+        if isinstance(a, SymNodeVariable) or isinstance(b, SymNodeVariable):
+            res = sym_binary(self, op, a, b)     # sizes stay symbolic (variables/symbolic.py)
+            if res is not None:
+                return res
         if op is operator.is_:
             return ConstantVariable(self.is_same(a, b))
         if op is operator.is_not:
@@ -553,6 +560,8 @@ class InstructionTranslatorBase:
             return ConstantVariable(self.truthy(a))
         if isinstance(a, TensorVariable):
             return call_op(self, "call_function", op, [a], {})
+        if isinstance(a, SymNodeVariable) and op in (operator.neg, operator.pos, operator.abs):
+            return sym_unary(self, op, a)
         if a.is_python_constant():
             try:
                 return wrap_constant_result(self, op(a.as_python_constant()))

@@ -98,11 +98,12 @@ def _build(tx, value, source, gs) -> VariableTracker:
             _guard_literal(gs, expr, value)
         return ConstantVariable(value, source)
     if isinstance(value, torch.Tensor):
-        if gs is not None:
-            tensor_guard(gs, expr, value)
         if source is None:
             return tx.output.lift_constant_tensor(tx, value)
-        return tx.output.add_input(tx, value, source)
+        vt = tx.output.add_input(tx, value, source)
+        if gs is not None:
+            tensor_guard(gs, expr, value, vt.fake)
+        return vt
     if isinstance(value, torch.nn.Module):
         if gs is not None:
             gs.add(f"type({expr}) is {gs.const(type(value))}", f"type({expr})", type(value),

@@ -33,6 +33,7 @@ from coil.capture.variables.base import ConstantVariable, VariableTracker
 from coil.capture.variables.containers import (DictVariable, ListVariable,
                                                NamedTupleVariable, SliceVariable,
                                                TupleVariable)
+from coil.capture.variables.symbolic import SymNodeVariable, tensor_meta, wrap_sym
 
 
 class UserCodeError(Unsupported):
@@ -58,6 +59,8 @@ def _map(v, fn):
 def to_node_arg(v: VariableTracker):
     if isinstance(v, TensorVariable):
         return v.node
+    if isinstance(v, SymNodeVariable):
+        return v.as_node()
     if isinstance(v, ListVariable):
         return [to_node_arg(i) for i in v.items]
     if isinstance(v, TupleVariable) and not isinstance(v, NamedTupleVariable):
@@ -77,8 +80,10 @@ def to_node_arg(v: VariableTracker):
 
 
 def to_fake(v: VariableTracker):
-    if isinstance(v, TensorVariable):
+    if isinstance(v, (TensorVariable)):
         return v.fake
+    if isinstance(v, SymNodeVariable):
+        return v.value
     if isinstance(v, (TupleVariable, ListVariable)) and not isinstance(v, NamedTupleVariable):
         return (list if isinstance(v, ListVariable) else tuple)(to_fake(i) for i in v.items)
     if isinstance(v, SliceVariable):
@@ -190,6 +195,7 @@ def call_op(tx, kind: str, target, args: list, kwargs: dict) -> VariableTracker:
             f"eager, a copy in the graph): the frame runs eagerly")
     node = out.graph.create_node(kind, target, node_args, node_kwargs)
     tx.locate_node(node)
+    guards_before = len(out.shape_env.guards)
     try:
         with out.fake_mode, _quiet_meta_failures():  # fix from user testing
             check_call(kind, target, fake_args, fake_kwargs)  # what eager refuses, meta not
@@ -212,6 +218,8 @@ def call_op(tx, kind: str, target, args: list, kwargs: dict) -> VariableTracker:
         if "data-dependent" in str(e) or "DataDependent" in type(e).__name__:
             raise Unsupported(f"data-dependent operation {_name(target)}")
         raise UserCodeError(f"{type(e).__name__}: {e}") from e
+    if len(out.shape_env.guards) > guards_before:
+        out.sites.note(out.shape_env, guards_before, out.where(), reason=_name(target))
     return wrap_result(tx, node, result)
 
 
@@ -263,13 +271,14 @@ def wrap_result(tx, node, result) -> VariableTracker:
     if isinstance(result, (tuple, list)) and _holds_tensor(result):
         node.meta["example_value"] = result
         return _wrap_sequence(out, node, result)
+    if isinstance(result, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        node.meta["example_value"] = result
+        return wrap_sym(out, result, ("node", node))
     name = _name(node.target)
     side_effecting = (result is None or node.target is operator.setitem or name.endswith("_")
                       or "out" in node.kwargs)
     if len(node.users) == 0 and not side_effecting:
         out.graph.erase_node(node)
-    if isinstance(result, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-        raise Unsupported("symbolic size")
     from coil.capture.variables.builder import wrap_constant_result
 
     return wrap_constant_result(tx, result)
@@ -392,15 +401,17 @@ class TensorVariable(VariableTracker):
     def unpack(self, tx):
         if self.fake.dim() == 0:
             raise Unsupported("iteration over a 0-d tensor (raised by user code)")
+        n = wrap_sym(tx.output, self.fake.shape[0], ("size", self, 0))
+        n = n.evaluate("iteration over a tensor") if isinstance(n, SymNodeVariable) else n.value
         return [call_op(tx, "call_function", operator.getitem, [self, ConstantVariable(i)], {})
-                for i in range(self.fake.shape[0])]
+                for i in range(n)]
 
     def var_getattr(self, tx, name):
         from coil.capture.variables.functions import BoundMethodVariable
 
         if name in _META_ATTRS:
             v = getattr(self.fake, name)
-            return ConstantVariable(v)
+            return tensor_meta(tx, self, name, v)
         if name in _TENSOR_ATTRS:
             return call_op(tx, "call_function", getattr, [self, ConstantVariable(name)], {})
         if name == "data":
@@ -427,13 +438,18 @@ class TensorVariable(VariableTracker):
         if name in _META_METHODS:
             fargs = [to_fake(a) for a in args]
             fkw = {k: to_fake(v) for k, v in kwargs.items()}
-            return ConstantVariable(getattr(self.fake, name)(*fargs, **fkw))
+            res = getattr(self.fake, name)(*fargs, **fkw)
+            if name in ("size", "stride") and isinstance(res, torch.SymInt):
+                d = fargs[0] if fargs else fkw.get("dim")
+                d = d % self.fake.dim() if isinstance(d, int) else d
+                return wrap_sym(tx.output, res, (name, self, d))
+            return tensor_meta(tx, self, name, res)
         if name == "type" and not args and not kwargs:
             return ConstantVariable(self.fake.type().replace("Fake", ""))
         if name == "__len__":
             if self.fake.dim() == 0:
                 raise UserCodeError("TypeError: len() of a 0-d tensor")
-            return ConstantVariable(self.fake.shape[0])
+            return wrap_sym(tx.output, self.fake.shape[0], ("size", self, 0))
         if name == "__getitem__":
             split = _split_scalar_tensor_index(self, args[0])
             if split is not None:

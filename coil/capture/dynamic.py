@@ -1,0 +1,400 @@
+"""Dynamic shapes in capture: which sizes are symbolic, the marks users put on
+tensors, where specializations come from, and the shape guards.
+
+Sizes are symbols of the frame's ``ShapeEnv`` (torch.fx.experimental.symbolic_shapes),
+owned by the :class:`~coil.capture.output.OutputGraph`'s FakeTensorMode. A tensor
+input gets a symbol for a dimension when
+
+- the user marked it (:func:`mark_dynamic`), reason ``marked``;
+- ``coil.compile(dynamic=True)``: every dim of every input that is not a parameter or
+  buffer, reason ``dynamic=True``;
+- ``dynamic=None`` (default): the frame was compiled before with another size in that
+  dim (``FrameCache.auto_dynamic``), reason ``automatic``.
+
+``mark_static`` and ``dynamic=False`` keep a dim static (marks still apply under
+``dynamic=False``). Sizes 0 and 1 stay static even then: the ShapeEnv assumes a
+symbol is >= 2 (docs/dynamic_shapes.md says why).
+
+Guards: after the backend compiled the graph, :func:`shape_guards` asks the ShapeEnv
+for the relations the graph relied on (its simplified guards plus the ranges and
+equalities of the inputs' symbols) as Python over the frame's sources.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any, Optional
+
+import torch
+from torch._guards import GuardSource, Source as _TorchSource
+
+from coil import trace
+from coil.exc import UserError
+
+# ------------------------------------------------------------------------------------
+# marks (stored on the tensor object, like torch's own marks)
+
+_DYN, _STATIC, _UNBACKED = "_coil_dynamic_dims", "_coil_static_dims", "_coil_unbacked_dims"
+
+
+def _dims(t: torch.Tensor, dim) -> list:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"expected a tensor, got {type(t).__name__}")
+    dims = list(dim) if isinstance(dim, (list, tuple)) else [dim]
+    out = []
+    for d in dims:
+        if not isinstance(d, int) or not -t.dim() <= d < max(t.dim(), 1):
+            raise IndexError(f"dim {d!r} out of range for a {t.dim()}-d tensor")
+        out.append(d % t.dim())
+    return out
+
+
+def mark_dynamic(t: torch.Tensor, dim, min: Optional[int] = None, max: Optional[int] = None):
+    """Compile ``t``'s dimension(s) ``dim`` with a symbolic size from the first call.
+
+    ``min``/``max`` bound the size: a call with a size outside raises
+    :class:`coil.exc.UserError`, and so does a program that forces the dim to a
+    constant. Sizes 0 and 1 still compile their own entries."""
+    for d in _dims(t, dim):
+        if min is not None and max is not None and min > max:
+            raise ValueError(f"mark_dynamic: min={min} > max={max}")
+        getattr(t, _STATIC, set()).discard(d)
+        marks = dict(getattr(t, _DYN, {}))
+        marks[d] = (min, max)
+        setattr(t, _DYN, marks)
+    return t
+
+
+def mark_static(t: torch.Tensor, dim):
+    """Keep ``t``'s dimension(s) ``dim`` static (never symbolic, even under
+    ``dynamic=True`` or after a size change)."""
+    for d in _dims(t, dim):
+        marks = dict(getattr(t, _DYN, {}))
+        marks.pop(d, None)
+        setattr(t, _DYN, marks)
+        setattr(t, _STATIC, set(getattr(t, _STATIC, set())) | {d})
+    return t
+
+
+def mark_unbacked(t: torch.Tensor, dim):
+    """Compile ``t``'s dimension(s) ``dim`` as a symbol with no 0/1 specialization (sizes
+    0 and 1 share the entry). Branching on such a size raises."""
+    for d in _dims(t, dim):
+        setattr(t, _UNBACKED, set(getattr(t, _UNBACKED, set())) | {d})
+    return t
+
+
+# ------------------------------------------------------------------------------------
+# sources as the ShapeEnv sees them
+
+
+@dataclasses.dataclass(frozen=True)
+class ShapeSource(_TorchSource):
+    """A coil source expression as a ``torch._guards.Source`` (the ShapeEnv names
+    symbols after sources: ``x.size()[0]``)."""
+    text: str
+
+    @property
+    def _name_template(self) -> str:
+        return self.text
+
+    @property
+    def guard_source(self) -> GuardSource:
+        return GuardSource.LOCAL
+
+
+def source_name(src) -> str:
+    """The Python text of a torch ``Source`` (``name`` is a property in recent torch, a
+    method in older ones)."""
+    n = src.name
+    return n() if callable(n) else n
+
+
+# ------------------------------------------------------------------------------------
+# which dims are symbolic
+
+
+class DynamicPolicy:
+    """Decides the symbolic dims of one translation's inputs (see module docstring).
+
+    ``mode`` is ``coil.compile``'s ``dynamic``; ``auto`` maps a source expression to the
+    dims that changed size between calls (automatic dynamic)."""
+
+    def __init__(self, mode: Optional[bool], auto: Optional[dict] = None):
+        self.mode = mode
+        self.auto = auto or {}
+        self.marked: dict = {}      # symbol -> (source expr, dim, (min, max))
+        self.logged: set = set()
+
+    def dims_for(self, expr: str, t: torch.Tensor, is_param: bool) -> dict:
+        """``{dim: reason}`` of ``t``'s symbolic dims, read from source ``expr``."""
+        out = {}
+        static = getattr(t, _STATIC, ())
+        marks = getattr(t, _DYN, {})
+        for d in marks:
+            if d < t.dim():
+                out[d] = "marked"
+        for d in getattr(t, _UNBACKED, ()):
+            if d < t.dim():
+                out[d] = "unbacked"
+        if self.mode is True and not is_param:
+            for d in range(t.dim()):
+                out.setdefault(d, "dynamic=True")
+        elif self.mode is None:
+            for d in self.auto.get(expr, ()):
+                if d < t.dim():
+                    out.setdefault(d, "automatic")
+        for d in static:
+            out.pop(d, None)
+        return out
+
+    def fake_input(self, fake_mode, expr: str, value: torch.Tensor, is_param: bool, loc):
+        """The FakeTensor for input ``value`` (symbolic in the dims :meth:`dims_for`
+        picks), after checking ``mark_dynamic`` ranges (:class:`UserError` naming the dim
+        and the call)."""
+        from torch.fx.experimental.symbolic_shapes import DimDynamic, StatelessSymbolicContext
+
+        dyn = self.dims_for(expr, value, is_param) if not _is_wrapper(value) else {}
+        if not dyn:
+            return fake_mode.from_tensor(value, static_shapes=True)
+        marks = getattr(value, _DYN, {})
+        for d, (lo, hi) in marks.items():
+            n = value.shape[d]
+            if (lo is not None and n < lo) or (hi is not None and n > hi):
+                raise UserError(
+                    f"size {n} of dim {d} of {expr} is outside the range "
+                    f"[{lo if lo is not None else 0}, {hi if hi is not None else 'inf'}] given "
+                    f"to coil.mark_dynamic", loc,
+                    hint=f"pass a tensor whose dim {d} is in range, or widen the range in "
+                         f"coil.mark_dynamic({expr}, {d}, min=..., max=...)")
+        kinds = []
+        for d in range(value.dim()):
+            if d not in dyn:
+                kinds.append(DimDynamic.STATIC)
+            elif dyn[d] == "unbacked":
+                kinds.append(DimDynamic.SIZE_LIKE_UNBACKED)
+            else:
+                kinds.append(DimDynamic.DYNAMIC)
+        # strides follow from the sizes where the input is contiguous (INFER_STRIDE)
+        ctx = StatelessSymbolicContext(dynamic_sizes=kinds,
+                                       dynamic_strides=[DimDynamic.INFER_STRIDE] * value.dim())
+        fake = fake_mode.from_tensor(value, symbolic_context=ctx, source=ShapeSource(expr))
+        env = fake_mode.shape_env
+        for d, reason in dyn.items():
+            s = fake.shape[d]
+            sym = _symbol(s)
+            key = (expr, d)
+            if key not in self.logged:
+                self.logged.add(key)
+                trace.log("dynamic_dim", stage="capture", source=expr, dim=d, reason=reason,
+                          size=int(value.shape[d]), symbol=str(sym) if sym is not None else None,
+                          specialized=sym is None)
+            if sym is None:
+                continue
+            if d in marks:
+                lo, hi = marks[d]
+                if lo is not None or hi is not None:
+                    vr = env.var_to_range[sym]
+                    env.constrain_symbol_range(sym, max(lo if lo is not None else 2, 2),
+                                               hi if hi is not None else vr.upper)
+                self.marked[sym] = (expr, d, marks[d])
+        return fake
+
+
+def _is_wrapper(t) -> bool:
+    return type(t) not in (torch.Tensor, torch.nn.Parameter) and not isinstance(
+        t, torch.nn.parameter.Buffer if hasattr(torch.nn.parameter, "Buffer") else ())
+
+
+def _symbol(s):
+    """The sympy symbol of a SymInt that is a bare symbol, else None."""
+    import sympy
+
+    if isinstance(s, torch.SymInt):
+        e = s.node.expr
+        if isinstance(e, sympy.Symbol):
+            return e
+    return None
+
+
+def changed_dims(old_shapes: dict, values: dict) -> dict:
+    """Automatic dynamic: ``{source expr: {dims}}`` of tensor inputs whose sizes differ
+    from the ones a cache entry was compiled for (same rank only). ``values`` maps a
+    source expression to this call's value (missing: unreadable)."""
+    out: dict = {}
+    for expr, shape in old_shapes.items():
+        v = values.get(expr)
+        if isinstance(v, torch.Tensor) and v.dim() == len(shape):
+            dims = {i for i, (a, b) in enumerate(zip(shape, v.shape)) if a != b}
+            if dims:
+                out[expr] = dims
+    return out
+
+
+# ------------------------------------------------------------------------------------
+# where a guard came from
+
+
+class SiteRecorder:
+    """Remembers the user location that added each ShapeEnv guard (the line of the op or
+    Python expression that was being traced), for specialization messages."""
+
+    def __init__(self):
+        self.sites: list = []       # (guard index, "file:line")
+        self.specializations: list = []
+
+    def note(self, env, start: int, where: str, reason: Optional[str] = None) -> None:
+        """Attribute the ShapeEnv guards added since index ``start`` to user line
+        ``where``; log each (``specialization`` when it pins a symbol to a value, else
+        ``shape_guard``) with ``reason``."""
+        for i in range(start, len(env.guards)):
+            self.sites.append((i, where))
+            expr = env.guards[i].expr
+            pinned = _pinned_symbol(expr)
+            if pinned is not None:
+                self.specializations.append((pinned, str(expr), where))
+                trace.log("specialization", stage="capture", symbol=str(pinned[0]),
+                          value=pinned[1], guard=str(expr), user_line=where, reason=reason)
+            else:
+                trace.log("shape_guard", stage="capture", guard=str(expr), user_line=where,
+                          reason=reason)
+
+    def site_of(self, index: int) -> Optional[str]:
+        for i, w in self.sites:
+            if i == index:
+                return w
+        return None
+
+
+def _pinned_symbol(expr):
+    """``(symbol, value)`` when guard ``expr`` is ``Eq(symbol, integer)``."""
+    import sympy
+
+    if isinstance(expr, sympy.Eq):
+        a, b = expr.args
+        if isinstance(a, sympy.Symbol) and isinstance(b, sympy.Integer):
+            return a, int(b)
+        if isinstance(b, sympy.Symbol) and isinstance(a, sympy.Integer):
+            return b, int(a)
+    return None
+
+
+def check_marked(env, policy: DynamicPolicy, sites: SiteRecorder) -> None:
+    """Raise :class:`UserError` when the program forced a ``mark_dynamic`` dim to a
+    constant (naming the dim, the user line and what to do)."""
+    import sympy
+
+    for sym, (expr, d, _rng) in policy.marked.items():
+        rep = env.replacements.get(sym)
+        value = None
+        if isinstance(rep, sympy.Integer):
+            value = int(rep)
+        else:
+            vr = env.var_to_range.get(sym)
+            if vr is not None and vr.is_singleton():
+                value = int(vr.lower)
+        if value is None:
+            continue
+        where = None
+        for (s, _g, w) in sites.specializations:
+            if s[0] == sym:
+                where = w
+                break
+        if where is None:
+            for i, g in enumerate(env.guards):
+                if sym in g.expr.free_symbols:
+                    where = sites.site_of(i)
+                    if where:
+                        break
+        raise UserError(
+            f"dim {d} of {expr} was marked dynamic (coil.mark_dynamic), but the program "
+            f"forces it to the constant {value}"
+            + (f" at {where}" if where else ""),
+            hint=f"remove the mark (coil.mark_dynamic({expr}, {d})) or change the code at "
+                 f"that line so the size is not required to be {value}")
+
+
+# ------------------------------------------------------------------------------------
+# shape guards
+
+
+_LOCAL = re.compile(r"___z\d+")
+
+
+def shape_guards(env, inputs: list) -> tuple:
+    """The ShapeEnv's guards over ``inputs`` (``[(source expr, fake)]``: tensors with
+    symbolic sizes or strides, SymInt scalars) as ``(prelude, exprs, names)``:
+    ``prelude`` reads each size the guards use into a local (``___z0 = x.size()[0]``),
+    ``exprs`` are Python conditions over those locals, ``names`` maps a local back to its
+    source text (for recompile messages)."""
+    if not inputs:
+        return [], [], {}
+    prelude: list = []
+    names: dict = {}
+    by_text: dict = {}
+
+    def ref(src) -> str:
+        return ref_text(source_name(src))
+
+    def ref_text(text: str) -> str:
+        name = by_text.get(text)
+        if name is None:
+            name = by_text[text] = f"___z{len(by_text)}"
+            prelude.append(f"{name} = {text}")
+            names[name] = text
+        return name
+
+    fakes = [f for _, f in inputs]
+    sources = [ShapeSource(e) for e, _ in inputs]
+    helpers = env.produce_guards_verbose(fakes, sources, source_ref=ref, langs=("python",))
+    exprs = list(helpers[0].exprs)
+    # sizes the program pinned to a constant (``range(x.size(0))``): the ShapeEnv leaves
+    # static values to the caller (``ignore_static``); a symbolic dim's is checked here
+    for text, fake in inputs:
+        if not isinstance(fake, torch.Tensor):
+            continue
+        for kind, vals in (("size", fake.shape), ("stride", fake.stride())):
+            for i, v in enumerate(vals):
+                if isinstance(v, torch.SymInt):
+                    c = env.simplify(v.node.expr)
+                    if getattr(c, "is_number", False):
+                        exprs.append(f"{ref_text(f'{text}.{kind}()[{i}]')} == {int(c)}")
+    # a storage offset's 0/1 bound only: graphs never read offsets, so an input that is
+    # a slice at offset 0 and one at offset 24 share the entry
+    exprs = [e for e in exprs
+             if not (re.fullmatch(r"2 <= ___z\d+", e) and
+                     names[e.split()[-1]].endswith(".storage_offset()"))]
+    used = set(_LOCAL.findall(" ".join(exprs)))      # sizes no guard reads are not read
+    prelude = [ln for ln in prelude if ln.split(" ", 1)[0] in used]
+    return prelude, exprs, names
+
+
+def readable(expr: str, names: dict) -> str:
+    """A shape guard with its locals replaced by the source text they read."""
+    return _LOCAL.sub(lambda m: names.get(m.group(0), m.group(0)), expr)
+
+
+def is_symbolic_value(v: Any) -> bool:
+    """Does a fake tensor (sizes, strides, offset) or scalar hold a symbol?"""
+    if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return True
+    if isinstance(v, torch.Tensor):
+        return any(isinstance(s, torch.SymInt) for s in (*v.shape, *v.stride(),
+                                                          v.storage_offset()))
+    return False
+
+
+@dataclasses.dataclass(frozen=True)
+class SymbolSource:
+    """The entry's expression for a SymInt graph input (``x.size()[0]``): a coil source."""
+    text: str
+
+    def expr(self) -> str:
+        return self.text
+
+    def is_root_local(self) -> bool:
+        return False
+
+
+__all__ = ["mark_dynamic", "mark_static", "mark_unbacked", "DynamicPolicy", "ShapeSource",
+           "shape_guards", "changed_dims", "check_marked", "SiteRecorder"]

@@ -1,0 +1,210 @@
+"""Symbolic Python numbers: sizes of dynamic tensors and arithmetic on them.
+
+A :class:`SymNodeVariable` holds a ``torch.SymInt`` / ``SymFloat`` / ``SymBool`` of the
+frame's ShapeEnv (``x.shape[0]``, ``x.size(1) // 2``, ``x.numel() * 4``). Arithmetic
+and comparisons stay symbolic. Its graph node is made only when a graph op uses it:
+
+- a bare symbol that an input's size names (``s0`` from ``x.size()[0]``) is a SymInt
+  placeholder of the graph (as torch's capture makes them), fed by the entry from
+  that source;
+- any other size of a tensor is ``aten.sym_size.int(t, d)`` (``sym_stride``,
+  ``sym_numel``);
+- arithmetic is an ``operator`` call on the operands' nodes.
+
+Python that needs a concrete value (``range(n)``, indexing a list, ``if n > 4``)
+evaluates the symbol through the ShapeEnv: that adds a guard (a *specialization* when
+it pins the symbol to one value), logged with the user's line
+(:class:`coil.capture.dynamic.SiteRecorder`).
+"""
+from __future__ import annotations
+
+import operator
+import re
+
+import torch
+
+from coil.exc import Unsupported
+from coil.capture.variables.base import ConstantVariable, VariableTracker
+
+_SYM = (torch.SymInt, torch.SymFloat, torch.SymBool)
+
+#: Binary operators evaluated symbolically (in-place ones act like the plain op on ints).
+_BINARY = {operator.add: operator.add, operator.iadd: operator.add, operator.sub: operator.sub,
+           operator.isub: operator.sub, operator.mul: operator.mul, operator.imul: operator.mul,
+           operator.floordiv: operator.floordiv, operator.ifloordiv: operator.floordiv,
+           operator.truediv: operator.truediv, operator.itruediv: operator.truediv,
+           operator.mod: operator.mod, operator.imod: operator.mod, operator.pow: operator.pow,
+           operator.ipow: operator.pow, operator.lt: operator.lt, operator.le: operator.le,
+           operator.gt: operator.gt, operator.ge: operator.ge, operator.eq: operator.eq,
+           operator.ne: operator.ne}
+_UNARY = (operator.neg, operator.pos, abs, operator.abs)
+
+
+class SymNodeVariable(VariableTracker):
+    """A symbolic int/float/bool (see module docstring). ``recipe`` makes its graph node
+    on first use: ``("size"|"stride", tensor_vt, dim)``, ``("numel", tensor_vt)``,
+    ``("op", fn, operands)`` or ``("node", node)``."""
+
+    def __init__(self, output, value, recipe):
+        super().__init__(None)
+        self.output = output
+        self.value = value
+        self.recipe = recipe
+        self._node = None
+
+    def python_type(self):
+        return {torch.SymInt: int, torch.SymFloat: float, torch.SymBool: bool}[type(self.value)]
+
+    # --- concrete values: guards --------------------------------------------------
+    def evaluate(self, why: str):
+        """The concrete value, guarded in the ShapeEnv (logged with the user's line)."""
+        out = self.output
+        env = out.shape_env
+        start = len(env.guards)
+        try:
+            value = self.python_type()(self.value)
+        except Exception as e:  # noqa: BLE001 - e.g. an unbacked symbol
+            raise Unsupported(f"{why}: the value of a symbolic size is needed ({e})",
+                              hint="torch._check(...) the condition, or mark the dim static")
+        out.sites.note(env, start, out.where(), reason=why)
+        return value
+
+    def as_python_constant(self):
+        return self.evaluate("Python needs a concrete value")
+
+    def truthy(self, tx):
+        return bool(self.evaluate("Python control flow on a symbolic size"))
+
+    # --- graph ----------------------------------------------------------------------
+    def as_node(self):
+        """The graph node computing this value (made on first use)."""
+        if self._node is not None:
+            return self._node
+        out = self.output
+        kind = self.recipe[0]
+        graph = out.graph
+        if kind == "node":
+            node = self.recipe[1]
+        elif kind in ("size", "stride"):
+            t, d = self.recipe[1], self.recipe[2]
+            node = out.symbol_input(self.value)
+            if node is None:
+                op = torch.ops.aten.sym_size.int if kind == "size" else torch.ops.aten.sym_stride.int
+                node = graph.create_node("call_function", op, (t.node, d), {})
+        elif kind == "numel":
+            node = graph.create_node("call_function", torch.ops.aten.sym_numel.default,
+                                     (self.recipe[1].node,), {})
+        else:
+            fn, operands = self.recipe[1], self.recipe[2]
+            args = tuple(a.as_node() if isinstance(a, SymNodeVariable) else a for a in operands)
+            node = graph.create_node("call_function", fn, args, {})
+        node.meta.setdefault("example_value", self.value)
+        self._node = node
+        return node
+
+    def reconstruct(self, cg):
+        """Python text over the frame's sources (``(x.size()[0] // 2)``)."""
+        return python_text(self.output.shape_env, self.value)
+
+    def __repr__(self):
+        return f"SymNodeVariable({self.value})"
+
+
+def python_text(env, value) -> str:
+    """``value`` (a Sym*) as Python over the sources of its symbols."""
+    from torch.utils._sympy.printers import PythonPrinter
+
+    from coil.capture.dynamic import source_name
+
+    expr = value.node.expr
+    text = PythonPrinter().doprint(expr)
+    names = {}
+    for s in expr.free_symbols:
+        srcs = env.var_to_sources.get(s)
+        if not srcs:
+            raise Unsupported(f"symbolic value {expr} has no source (data-dependent)")
+        names[str(s)] = f"({source_name(srcs[0])})"
+    return re.sub(r"\b[a-z]+\d+\b", lambda m: names.get(m.group(0), m.group(0)), text)
+
+
+def wrap_sym(output, value, recipe) -> VariableTracker:
+    """A tracker for ``value``: a SymNodeVariable when it is symbolic, else a constant."""
+    if isinstance(value, _SYM):
+        expr = value.node.expr
+        if getattr(expr, "is_number", False):      # simplified to a constant
+            return ConstantVariable(value.node.pytype(expr))
+        return SymNodeVariable(output, value, recipe)
+    return ConstantVariable(value)
+
+
+def binary(tx, op, a: VariableTracker, b: VariableTracker):
+    """``a <op> b`` with at least one symbolic operand and the other a number (or
+    symbolic): a symbolic result. None: not ours (tensors, lists...)."""
+    fn = _BINARY.get(op)
+    if fn is None:
+        return None
+    vals = []
+    for v in (a, b):
+        if isinstance(v, SymNodeVariable):
+            vals.append(v.value)
+        elif isinstance(v, ConstantVariable) and type(v.value) in (int, float, bool):
+            vals.append(v.value)
+        else:
+            return None
+    out = a.output if isinstance(a, SymNodeVariable) else b.output
+    env = out.shape_env
+    start = len(env.guards)
+    try:
+        res = fn(*vals)
+    except ZeroDivisionError as e:
+        from coil.capture.variables.tensor import UserCodeError
+
+        raise UserCodeError(f"ZeroDivisionError: {e}") from e
+    out.sites.note(env, start, out.where(), reason=f"symbolic {fn.__name__}")
+    operands = [v if isinstance(v, SymNodeVariable) else v.value for v in (a, b)]
+    return wrap_sym(out, res, ("op", fn, operands))
+
+
+def unary(tx, op, a: "SymNodeVariable"):
+    """``-a``, ``+a``, ``abs(a)`` of a symbolic number."""
+    fn = operator.abs if op is abs else op
+    return wrap_sym(a.output, fn(a.value), ("op", fn, [a]))
+
+
+def tensor_meta(tx, t, name: str, result):
+    """The tracker for metadata ``name`` (``size``, ``stride``, ``numel``, ``shape``) of
+    tensor tracker ``t`` whose fake value is ``result``: constants when static, symbolic
+    items otherwise."""
+    from coil.capture.variables.containers import TupleVariable
+
+    out = tx.output
+    if name in ("size", "shape", "stride") and isinstance(result, (tuple, torch.Size)):
+        if not any(isinstance(s, torch.SymInt) for s in result):
+            return ConstantVariable(result)
+        kind = "stride" if name == "stride" else "size"
+        items = [wrap_sym(out, s, (kind, t, i)) for i, s in enumerate(result)]
+        return SizeVariable(items) if kind == "size" else TupleVariable(items)
+    if isinstance(result, _SYM):
+        return wrap_sym(out, result, ("numel", t) if name in ("numel", "nelement") else
+                        ("node", _meta_node(out, t, name)))
+    return ConstantVariable(result)
+
+
+def _meta_node(out, t, name):
+    return out.graph.create_node("call_method", name, (t.node,), {})
+
+
+def _size_variable_class():
+    from coil.capture.variables.containers import TupleVariable
+
+    class SizeVariable(TupleVariable):
+        """``x.shape`` of a tensor with symbolic sizes: a tuple of int trackers whose
+        Python type is ``torch.Size``."""
+
+        def python_type(self):
+            return torch.Size
+
+    return SizeVariable
+
+
+SizeVariable = _size_variable_class()

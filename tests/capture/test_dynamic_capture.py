@@ -1,0 +1,317 @@
+"""Dynamic shapes in coil's capture (docs/dynamic_shapes.md): symbolic input sizes
+(``dynamic=True``, automatic dynamic, ``coil.mark_dynamic``), sizes used as Python ints,
+0/1 specialization, shape guards, marks and their errors. Every result is compared with
+eager; compiles are counted at the backend (``eager`` and ``aot_eager``)."""
+import json
+import os
+
+import pytest
+import torch
+
+import coil
+from coil import trace
+from coil.backends import lookup_backend
+from coil.capture.frame import _caches
+from coil.exc import UserError
+
+BACKENDS = ["eager", "aot_eager"]
+
+
+class Counting:
+    """A registered backend that counts the graphs it compiles."""
+
+    def __init__(self, name):
+        self.inner = lookup_backend(name)
+        self.graphs = []
+        self.__name__ = f"counting_{name}"
+
+    def __call__(self, gm, example_inputs):
+        self.graphs.append((gm, list(example_inputs)))
+        return self.inner(gm, example_inputs)
+
+    @property
+    def n(self):
+        return len(self.graphs)
+
+
+def _entries(fn):
+    return sum(len(c.entries) for c in _caches.values())
+
+
+def _records(log_dir) -> list:
+    out = []
+    for name in os.listdir(log_dir):
+        with open(os.path.join(log_dir, name)) as fh:
+            out += [json.loads(line) for line in fh]
+    return out
+
+
+@pytest.fixture(autouse=True)
+def _fresh():
+    coil.reset()
+    yield
+    coil.reset()
+
+
+def _mlp(x, w):
+    h = (x @ w).relu()
+    return h.view(x.shape[0], h.shape[1] // 2, -1).sum(1) * x.size(0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_batch_sizes_2_to_9_one_dynamic_compile(backend):
+    cnt = Counting(backend)
+    f = coil.compile(_mlp, backend=cnt, dynamic=True)
+    w = torch.randn(8, 6)
+    for b in range(2, 10):
+        x = torch.randn(b, 8)
+        torch.testing.assert_close(f(x, w), _mlp(x, w))
+    assert cnt.n == 1
+    ph = [n for n in cnt.graphs[0][0].graph.nodes if n.op == "placeholder"]
+    vals = [n.meta["example_value"] for n in ph]
+    # placeholders are FakeTensors with SymInt sizes, SymInt placeholders for sizes used as ints
+    assert any(isinstance(v, torch.SymInt) for v in vals)
+    assert any(isinstance(v, torch.Tensor) and isinstance(v.shape[0], torch.SymInt) for v in vals)
+    ex = cnt.graphs[0][1]
+    assert all(type(e) in (int, torch.Tensor) for e in ex)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_automatic_dynamic_recompiles_once(backend, tmp_path):
+    cnt = Counting(backend)
+    f = coil.compile(_mlp, backend=cnt)
+    w = torch.randn(8, 6)
+    trace.set_dir(str(tmp_path))
+    try:
+        for b in range(2, 10):
+            x = torch.randn(b, 8)
+            torch.testing.assert_close(f(x, w), _mlp(x, w))
+    finally:
+        trace.set_dir(None)
+    assert cnt.n == 2                      # static first, then one dynamic graph
+    recs = _records(tmp_path)
+    dyn = [r for r in recs if r.get("event") == "dynamic_dim"]
+    assert dyn and all(r["reason"] == "automatic" for r in dyn)
+    assert {(r["source"], r["dim"]) for r in dyn} == {("x", 0)}
+    guards = [r for r in recs if r.get("name") == "guards"]
+    assert any("x.size()[0]" in r["text"] or "___z" in r["text"] for r in guards)
+
+
+def test_dynamic_false_recompiles_each_size():
+    cnt = Counting("eager")
+    f = coil.compile(lambda x: x * 2, backend=cnt, dynamic=False)
+    for b in range(2, 5):
+        f(torch.randn(b))
+    assert cnt.n == 3
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_last_partial_batch(backend):
+    cnt = Counting(backend)
+    lin = torch.nn.Linear(5, 3)
+    f = coil.compile(lambda x: torch.log_softmax(lin(x), -1).mean(0), backend=cnt)
+    data = torch.randn(29, 5)
+    for i in range(0, 29, 8):
+        x = data[i:i + 8]
+        torch.testing.assert_close(f(x), torch.log_softmax(lin(x), -1).mean(0))
+    assert cnt.n == 2                      # 8 (static), 5 (dynamic)
+    f(data[:3])
+    assert cnt.n == 2
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sizes_0_and_1_are_their_own_entries(backend):
+    cnt = Counting(backend)
+    f = coil.compile(lambda x: (x + 1).sum(0), backend=cnt, dynamic=True)
+    for n in (4, 7, 1, 0, 1, 0, 9):
+        x = torch.randn(n, 3)
+        torch.testing.assert_close(f(x), (x + 1).sum(0))
+    assert cnt.n == 3                      # n >= 2, n == 1, n == 0
+
+
+def test_size_one_broadcasting_stays_static():
+    """A size-1 dim broadcasts; a symbolic one (>= 2) would not: 1 is its own entry."""
+    cnt = Counting("eager")
+    f = coil.compile(lambda x, y: x + y, backend=cnt, dynamic=True)
+    y = torch.randn(5, 3)
+    for n in (5, 1):
+        x = torch.randn(n, 3)
+        torch.testing.assert_close(f(x, y), x + y)
+    assert cnt.n == 2
+
+
+def test_alternating_sizes_at_most_two_entries():
+    cnt = Counting("eager")
+    f = coil.compile(lambda x: x.cumsum(0), backend=cnt)
+    for n in (4, 6, 4, 6, 4, 11, 4, 6):
+        x = torch.randn(n)
+        torch.testing.assert_close(f(x), x.cumsum(0))
+    assert cnt.n == 2
+    assert _entries(f) == 2
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_shape_arithmetic_in_views(backend):
+    def fn(x):
+        b, t, c = x.shape
+        h = x.view(b, t, 2, c // 2).transpose(1, 2)
+        return h.reshape(b * 2, t, -1).mean(1) + x.size(1) * 4 + len(x)
+
+    cnt = Counting(backend)
+    f = coil.compile(fn, backend=cnt, dynamic=True)
+    for shape in ((2, 3, 4), (3, 5, 8), (4, 7, 6)):
+        x = torch.randn(shape)
+        torch.testing.assert_close(f(x), fn(x))
+    assert cnt.n == 1
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_reductions_over_dynamic_dims(backend):
+    def fn(x):
+        return x.sum(0), x.mean(1), x.softmax(-1), x.amax((0, 1)), x.var(0)
+
+    cnt = Counting(backend)
+    f = coil.compile(fn, backend=cnt, dynamic=True)
+    for shape in ((2, 3), (5, 9), (7, 4)):
+        x = torch.randn(shape)
+        for a, b in zip(f(x), fn(x)):
+            torch.testing.assert_close(a, b)
+    assert cnt.n == 1
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_slices_of_a_larger_tensor(backend):
+    emb = torch.nn.Embedding(50, 4)
+
+    def fn(ids):
+        return emb(ids).sum(1)
+
+    cnt = Counting(backend)
+    f = coil.compile(fn, backend=cnt)
+    ids = torch.randint(0, 50, (3, 16))
+    for L in range(3, 12):
+        x = ids[:, :L]
+        torch.testing.assert_close(f(x), fn(x))
+    assert cnt.n == 2
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gradients_with_dynamic_sizes(backend):
+    w = torch.randn(6, 4, requires_grad=True)
+
+    def fn(x):
+        return ((x @ w).tanh() * x.shape[0]).sum()
+
+    cnt = Counting(backend)
+    f = coil.compile(fn, backend=cnt, dynamic=True)
+    for n in (3, 5, 8):
+        x = torch.randn(n, 6, requires_grad=True)
+        x2 = x.detach().clone().requires_grad_()
+        w.grad = None
+        f(x).backward()
+        gw = w.grad.clone()
+        w.grad = None
+        fn(x2).backward()
+        torch.testing.assert_close(x.grad, x2.grad)
+        torch.testing.assert_close(gw, w.grad)
+    assert cnt.n == 1
+
+
+def test_python_control_flow_on_a_size_guards():
+    def fn(x):
+        if x.shape[0] > 4:
+            return x * 2
+        return x - 1
+
+    cnt = Counting("eager")
+    f = coil.compile(fn, backend=cnt, dynamic=True)
+    for n in (5, 6, 9, 3, 2, 4):
+        x = torch.randn(n)
+        torch.testing.assert_close(f(x), fn(x))
+    assert cnt.n == 2                      # one graph for > 4, one for <= 4
+
+
+def test_range_over_a_size_specializes_with_the_user_line(tmp_path):
+    def fn(x):
+        out = x[0]
+        for i in range(x.size(0)):
+            out = out + x[i]
+        return out
+
+    cnt = Counting("eager")
+    f = coil.compile(fn, backend=cnt, dynamic=True)
+    trace.set_dir(str(tmp_path))
+    try:
+        for n in (3, 3, 4):
+            x = torch.randn(n, 2)
+            torch.testing.assert_close(f(x), fn(x))
+    finally:
+        trace.set_dir(None)
+    assert cnt.n == 2
+    spec = [r for r in _records(tmp_path) if r.get("event") == "specialization"]
+    assert spec and __file__ in spec[0]["user_line"]
+
+
+def test_mark_dynamic_compiles_symbolic_from_the_first_call(tmp_path):
+    cnt = Counting("eager")
+    f = coil.compile(lambda x: x.sum(1), backend=cnt)
+    trace.set_dir(str(tmp_path))
+    try:
+        for n in (3, 5, 7):
+            x = torch.randn(4, n)
+            coil.mark_dynamic(x, 1)
+            torch.testing.assert_close(f(x), x.sum(1))
+    finally:
+        trace.set_dir(None)
+    assert cnt.n == 1
+    dyn = [r for r in _records(tmp_path) if r.get("event") == "dynamic_dim"]
+    assert [(r["dim"], r["reason"]) for r in dyn] == [(1, "marked")]
+
+
+def test_mark_static_under_dynamic_true():
+    cnt = Counting("eager")
+    f = coil.compile(lambda x: x.sum(1), backend=cnt, dynamic=True)
+    for n in (3, 5):
+        x = torch.randn(n, 4)
+        coil.mark_static(x, 0)
+        torch.testing.assert_close(f(x), x.sum(1))
+    assert cnt.n == 2
+
+
+def test_mark_dynamic_range_error_names_dim():
+    f = coil.compile(lambda x: x * 2, backend="eager")
+    x = torch.randn(3, 100)
+    coil.mark_dynamic(x, 1, min=2, max=64)
+    with pytest.raises(UserError, match=r"dim 1 of x.*\[2, 64\]"):
+        f(x)
+
+
+def test_marked_dim_forced_constant_raises_with_user_line():
+    def fn(x):
+        return x + torch.ones(8)          # forces x.shape[0] == 8
+
+    f = coil.compile(fn, backend="eager")
+    x = torch.randn(8)
+    coil.mark_dynamic(x, 0)
+    with pytest.raises(UserError) as e:
+        f(x)
+    msg = str(e.value)
+    assert "dim 0 of x" in msg and "constant 8" in msg and __file__ in msg
+
+
+def test_recompile_on_violated_shape_guard_names_it():
+    cnt = Counting("eager")
+
+    def fn(x, y):
+        return x + y
+
+    f = coil.compile(fn, backend=cnt, dynamic=True)
+    f(torch.randn(3), torch.randn(3))
+    f(torch.randn(5), torch.randn(5))
+    assert cnt.n == 1
+    e = next(iter(_caches.values())).entries[0]
+    assert "___z" in e.guard_src
+    fails = e.guards.failures(e.argnames, (torch.randn(4), torch.randn(5), fn))
+    assert fails and "size()" in fails[0]["text"]
+    x, y = torch.randn(4, 1), torch.randn(5)          # broadcasting is another entry
+    torch.testing.assert_close(f(x, y), x + y)

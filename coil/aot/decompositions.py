@@ -82,6 +82,8 @@ def register(*ops: torch._ops.OpOverload) -> Callable:
 
 
 def _reduction_dims(x: torch.Tensor, dim: Optional[Sequence[int]]) -> list[int]:
+    if x.dim() == 0:
+        return []  # dim=0 / -1 of a 0-d tensor reduces over nothing
     if dim is None or (isinstance(dim, (list, tuple)) and len(dim) == 0):
         return list(range(x.dim()))
     if isinstance(dim, int):
@@ -100,15 +102,31 @@ def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
-def _var_and_mean(x, dim, correction, keepdim):
+def _stat_dtype(x: torch.Tensor) -> torch.dtype:
+    """Accumulation dtype of mean/variance statistics (see docs/ir.md, "Numerics").
+
+    On CPU float64, as eager's CPU var/std kernels accumulate in double: the squares of
+    float32 values above ~1.8e19 overflow in float32 while ``x.std()`` of them is finite
+    (``torch.std(torch.tensor([1e20, -1e20]))`` is 1.41e20). Elsewhere float32 for half
+    inputs, else x's dtype, as eager's CUDA kernels do."""
+    if x.device.type == "cpu" and x.dtype.is_floating_point:
+        return torch.float64
+    return _acc_dtype(x.dtype)
+
+
+def _var_and_mean(x, dim, correction, keepdim, take_sqrt=False):
     """Two-pass variance: mean = sum(x)/n; var = sum((x - mean)^2) / max(n - c, 0).
 
-    Computed in float32 for half inputs; returns (var, mean) in x's dtype.
+    Computed in :func:`_stat_dtype` (float64 on CPU); returns (var, mean) in x's dtype,
+    the standard deviation instead of the variance with ``take_sqrt`` (taken before
+    rounding to x's dtype, so a variance beyond float32's range still gives a finite
+    standard deviation, as eager).
     """
     dims = _reduction_dims(x, dim)
     c = 1 if correction is None else correction
     n = _count(x, dims)
-    xa = aten._to_copy.default(x, dtype=_acc_dtype(x.dtype)) if _acc_dtype(x.dtype) != x.dtype else x
+    sdt = _stat_dtype(x)
+    xa = aten._to_copy.default(x, dtype=sdt) if sdt != x.dtype else x
     mean = aten.div.Scalar(aten.sum.dim_IntList(xa, dims, True), n)
     centered = aten.sub.Tensor(xa, mean)
     sq = aten.sum.dim_IntList(aten.mul.Tensor(centered, centered), dims, keepdim)
@@ -117,6 +135,8 @@ def _var_and_mean(x, dim, correction, keepdim):
     if isinstance(denom, (int, float)):
         denom = max(denom, 0)
     var = aten.div.Scalar(sq, denom)
+    if take_sqrt:
+        var = aten.sqrt.default(var)
     if not keepdim:
         mean = aten.squeeze.dims(mean, dims) if dims else mean
     if xa.dtype != x.dtype:
@@ -147,13 +167,12 @@ def var_dim(x, dim, unbiased=True, keepdim=False):
 
 @register(aten.std.correction)
 def std_correction(x, dim=None, *, correction=None, keepdim=False):
-    return aten.sqrt.default(_var_and_mean(x, dim, correction, keepdim)[0])
+    return _var_and_mean(x, dim, correction, keepdim, take_sqrt=True)[0]
 
 
 @register(aten.std_mean.correction)
 def std_mean_correction(x, dim=None, *, correction=None, keepdim=False):
-    var, mean = _var_and_mean(x, dim, correction, keepdim)
-    return aten.sqrt.default(var), mean
+    return _var_and_mean(x, dim, correction, keepdim, take_sqrt=True)
 
 
 @register(aten.native_layer_norm.default)
@@ -162,16 +181,25 @@ def native_layer_norm(x, normalized_shape, weight, bias, eps):
 
     Returns (out, mean, rstd); mean/rstd have x's shape with the normalized dims
     set to 1, in float32 (x's dtype for half inputs on CPU, as ATen does).
+    Computed in :func:`_stat_dtype` (float64 on CPU): float32 rows of values near
+    1e20 and beyond, whose squares overflow float32, normalize to finite values close
+    to float64's where eager's CPU kernel gives NaN (docs/ir.md, "Numerics").
     """
     axis = x.dim() - len(normalized_shape)
     dims = list(range(axis, x.dim()))
-    acc = _acc_dtype(x.dtype)
-    xa = aten._to_copy.default(x, dtype=acc) if acc != x.dtype else x
+    acc, sdt = _acc_dtype(x.dtype), _stat_dtype(x)
+    xs = aten._to_copy.default(x, dtype=sdt) if sdt != x.dtype else x
     n = _count(x, dims)
-    mean = aten.div.Scalar(aten.sum.dim_IntList(xa, dims, True), n)
-    centered = aten.sub.Tensor(xa, mean)
+    mean = aten.div.Scalar(aten.sum.dim_IntList(xs, dims, True), n)
+    centered = aten.sub.Tensor(xs, mean)
     var = aten.div.Scalar(aten.sum.dim_IntList(aten.mul.Tensor(centered, centered), dims, True), n)
     rstd = aten.rsqrt.default(aten.add.Scalar(var, eps))
+    if sdt != acc:
+        # the statistics in float64, the normalization in float32 (twice as fast on
+        # CPU; rstd stays a normal float32 up to |x| ~ 1e37)
+        xa = aten._to_copy.default(x, dtype=acc) if acc != x.dtype else x
+        mean, rstd = (aten._to_copy.default(t, dtype=acc) for t in (mean, rstd))
+        centered = aten.sub.Tensor(xa, mean)
     out = aten.mul.Tensor(centered, rstd)
     if weight is not None:
         out = aten.mul.Tensor(out, weight)

@@ -23,7 +23,7 @@ import torch
 from coil import trace
 from coil.config import config
 from coil.ir.nodes import (Pointwise, Reduction, TensorBox, current_graph)
-from coil.ir.symbols import as_expr
+from coil.ir.symbols import as_expr, as_size, is_static
 from coil.ir.virtualized import compute_dtype, ops
 
 aten = torch.ops.aten
@@ -416,11 +416,14 @@ def make_reduction(x: TensorBox, dims, keepdim: bool, reduction_type: str,
     dev = x.get_device()
     numel_r = 1
     for r in rranges:
-        numel_r *= int(r)
+        numel_r *= as_size(r)  # an int; a size expression with dynamic shapes
     if numel_r == 1 and reduction_type in ("argmax", "argmin"):
         return _full(_kept_size(size, dims, keepdim), 0, dtype)
     if numel_r == 1:
-        red = Pointwise(dev, dtype, lambda index: _cast(inner(index, [0] * len(dims)), sdt, dtype, reduction_type), ranges)
+        # a reduction over one element is that element, converted as the reduction's
+        # result would be (``any`` of -3 is True, not -3)
+        vdt = compute_dtype(xdt) if reduction_type == "any" else sdt
+        red = Pointwise(dev, dtype, lambda index: _cast(inner(index, [0] * len(dims)), vdt, dtype, reduction_type), ranges)
         box = TensorBox(StorageBox(red))
     elif numel_r == 0:
         if reduction_type not in ("sum", "prod", "any", "welford_reduce"):
@@ -434,7 +437,10 @@ def make_reduction(x: TensorBox, dims, keepdim: bool, reduction_type: str,
         # "leading": the reduction is not over the innermost dim, so the kernel tiles
         # many outputs along contiguous memory (x.sum(0), x[a, r, c].sum(1))
         leading = dims[-1] < (kept[0] if kept else nd) or (kept[-1] == nd - 1 if kept else False)
-        split, reason = _split_decision(ranges, numel_r, reduction_type, leading, dev)
+        if not all(is_static(r) for r in list(ranges) + [numel_r]):
+            split, reason = 1, "symbolic_sizes"  # one kernel for every size: never split
+        else:
+            split, reason = _split_decision(ranges, numel_r, reduction_type, leading, dev)
         if split > 1:
             box = _split_reduction(dev, dtype, sdt, inner, ranges, rranges, numel_r, split,
                                    reduction_type, leading=leading)
@@ -442,7 +448,7 @@ def make_reduction(x: TensorBox, dims, keepdim: bool, reduction_type: str,
             red = Reduction(dev, dtype, inner, ranges, rranges, reduction_type, sdt)
             box = TensorBox(StorageBox(red))
             box.data.realize()
-        if reason not in _UNLOGGED_SPLIT_REASONS and trace.enabled():
+        if reason not in _UNLOGGED_SPLIT_REASONS + ("symbolic_sizes",) and trace.enabled():
             _log_split(box, dev, reduction_type, ranges, numel_r, leading, split, reason)
     if keepdim:
         from coil.ir.lowering_views import view_reshape
@@ -644,6 +650,7 @@ def _identity(reduction_type: str, dtype: torch.dtype):
 
 
 def _cast(v, sdt, dtype, reduction_type):
+    """The result of reducing one element ``v`` (of compute dtype ``sdt``) to ``dtype``."""
     if reduction_type == "any":
         return ops.ne(v, ops.constant(0, sdt)) if sdt != torch.bool else v
     if compute_dtype(dtype) != sdt:
@@ -708,7 +715,12 @@ def _argmax(x, dim=None, keepdim=False):
 
 @register_lowering(aten.any.dim, aten.any.default, aten.any.dims)
 def _any(x, dim=None, keepdim=False):
-    return make_reduction(x, dim, keepdim, "any", torch.bool, src_dtype=torch.bool)
+    r = make_reduction(x, dim, keepdim, "any", torch.bool, src_dtype=torch.bool)
+    odt = out_dtype()
+    if odt == torch.bool:
+        return r
+    # eager's any/all of a uint8 tensor is uint8 (0/1)
+    return make_pointwise_box(lambda v: v, [r], out_size(), odt, compute_dtype(odt))
 
 
 @register_lowering(aten.mean.dim, aten.mean.default)

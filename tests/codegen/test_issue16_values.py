@@ -1,0 +1,97 @@
+"""Silent wrong values in lowering and code generation (issue 16), each with its smallest
+input, checked against eager through both CPU kernel backends (C++ and Triton's
+interpreter).
+
+- reductions over one element (0-d input, a size-1 dim) returned the raw element
+  where the reduction converts it (``any`` of -3 is True);
+- ``any`` of a uint8 tensor is uint8 in eager (was bool);
+- var/std/layer_norm statistics: float64 on CPU, as eager's CPU var/std kernels
+  (``std`` of values near 1e35 was inf; float32 ``layer_norm`` of values near 1e30 gave
+  zeros: it now matches float64, where eager's CPU kernel gives NaN, docs/ir.md
+  "Numerics");
+- ``var``/``std`` of a 0-d tensor over ``dim=0`` failed to compile.
+"""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import coil
+from coil.config import patch
+from coil.testing import assert_same_as_eager
+
+BACKENDS = ["cpp", "triton"]
+
+
+def same(fn, *args, backend, **kw):
+    """assert_same_as_eager with the CPU kernel backend ``backend``."""
+    coil.reset()
+    with patch(cpu_backend=backend):
+        return assert_same_as_eager(fn, args, **kw)
+
+
+def compiled(fn, *args, backend):
+    coil.reset()
+    return coil.compile(fn, options={"cpu_backend": backend})(*args)
+
+
+ONE_ELEMENT = {
+    "any_size1_dim": (lambda t: torch.any(t, 2).float(), torch.tensor([[[-3]], [[2]]])),
+    "any_0d": (lambda t: torch.any(t).double(), torch.tensor(0.5)),
+    "any_0d_dim": (lambda t: torch.any(t, 0).int(), torch.tensor(-2)),
+    "any_one_elem": (lambda t: t.any().float(), torch.tensor([7])),
+    "any_keepdim": (lambda t: t.any(1, keepdim=True).float(), torch.tensor([[0.0], [0.25]])),
+    "all_size1": (lambda t: t.all(1).float(), torch.tensor([[-3], [0]])),
+    "any_bool_size1": (lambda t: t.any(0), torch.tensor([True, False]).view(1, 2)),
+    "sum_bool_size1": (lambda t: (t > 0).sum(1), torch.tensor([[-1.0], [2.0]])),
+    "prod_size1": (lambda t: t.prod(1), torch.tensor([[3], [-2]], dtype=torch.int8)),
+    "amax_bool_size1": (lambda t: (t > 0).amax(1).float(), torch.tensor([[-1.0], [2.0]])),
+    "argmax_size1": (lambda t: t.argmax(1), torch.tensor([[5.0], [-1.0]])),
+    "count_nonzero_size1": (lambda t: torch.count_nonzero(t, 1), torch.tensor([[-0.5], [0.0]])),
+}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", sorted(ONE_ELEMENT))
+def test_reduction_over_one_element(name, backend):
+    fn, x = ONE_ELEMENT[name]
+    same(fn, x, backend=backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("op", ["any", "all"])
+def test_any_all_uint8_keep_uint8(op, backend):
+    x = torch.tensor([[0, 3], [0, 0], [1, 2]], dtype=torch.uint8)
+    same(lambda t: getattr(t, op)(1), x, backend=backend)
+    same(lambda t: getattr(t, op)(), x, backend=backend)
+    same(lambda t: getattr(t, op)(1), x[:, :1], backend=backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_std_of_values_whose_squares_overflow(backend):
+    x = torch.full((3, 4), 80.)
+    same(lambda t: torch.std(torch.cosh(t + torch.arange(4.)), 1), x, backend=backend)
+    same(lambda t: torch.std_mean(t * 1e20, 1), torch.randn(3, 5), backend=backend)
+    # the variance itself is beyond float32's range: inf, as eager
+    same(lambda t: torch.var(t * 1e20, 1), torch.randn(3, 5), backend=backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_var_std_of_0d_over_dim0(backend):
+    x = torch.tensor(1.5)
+    same(lambda t: torch.std(t, 0, correction=0), x, backend=backend)
+    same(lambda t: torch.var_mean(t, 0, correction=0), x, backend=backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_layer_norm_of_huge_float32_matches_float64(backend):
+    """Eager's CPU float32 kernel gives NaN here; coil follows float64 (docs/ir.md)."""
+    torch.manual_seed(0)
+    x = torch.randn(4, 8) * 1e30
+    w, b = torch.randn(8), torch.randn(8)
+    out = compiled(lambda t: F.layer_norm(t, (8,), w, b), x, backend=backend)
+    ref = F.layer_norm(x.double(), (8,), w.double(), b.double())
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
+    # ordinary values still agree with eager, forward and backward
+    same(lambda t: F.layer_norm(t, (8,), w, b), torch.randn(4, 8, requires_grad=True),
+         backend=backend, check_grads=True)

@@ -45,7 +45,6 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from coil.exc import CoilError
 
 aten = torch.ops.aten
 
@@ -56,12 +55,16 @@ aten = torch.ops.aten
 class InputInfo:
     """One flat input. ``mutated``: its data is changed in place by the program;
     ``mutation_hidden``: every mutation happened under no_grad (so the runtime
-    replays it without recording autograd history)."""
+    replays it without recording autograd history). ``layout``: set when the program
+    changes the input's metadata in place (``t_``, ``squeeze_``, ``as_strided_``...):
+    its final ``(size, stride, offset)``, the offset relative to its storage offset
+    before the call (the runtime applies it with ``as_strided_``)."""
 
     is_tensor: bool
     requires_grad: bool = False
     mutated: bool = False
     mutation_hidden: bool = False
+    layout: Optional[tuple] = None
 
 
 @dataclasses.dataclass
@@ -113,6 +116,11 @@ class ProgramInfo:
     @property
     def mutated_inputs(self) -> list:
         return [i for i, x in enumerate(self.inputs) if x.mutated]
+
+    @property
+    def restrided_inputs(self) -> list:
+        """Inputs whose metadata the program changes in place."""
+        return [i for i, x in enumerate(self.inputs) if x.layout is not None]
 
     @property
     def num_fw_outputs(self) -> int:
@@ -175,7 +183,10 @@ def _is_differentiable(t: torch.Tensor) -> bool:
 def analyze(fn: Callable, fake_args: list, fake_mode: FakeTensorMode, grad: bool) -> ProgramInfo:
     """Run ``fn`` once on functional fake tensors and describe its mutations and aliasing.
 
-    Raises :class:`CoilError` for metadata mutation of an input (``t_``, ``as_strided_``...).
+    Views of inputs the program mutates (data or metadata) and the inputs' final
+    metadata are taken from a second, plain fake run (:func:`eager_layouts`): under
+    functionalization a mutated input is replaced by its new value, whose layout is the
+    out-of-place op's (contiguous), not the one eager writes into.
     """
     try:
         return _analyze(fn, fake_args, fake_mode, grad, drop_error_checks=False)
@@ -189,7 +200,11 @@ def _analyze(fn, fake_args, fake_mode, grad, drop_error_checks) -> ProgramInfo:
     with fake_mode, torch.set_grad_enabled(grad), without_cudnn_choices():
         with FunctionalTensorMode():
             f_args = [_to_functional(a) for a in fake_args]
+            before = _aliases_before(f_args)
             outs = _call(fn, f_args, drop_error_checks)
+        for t in before:
+            if isinstance(t, torch.Tensor):
+                torch._sync(t)
         flat_outs, spec = pytree.tree_flatten(outs)
         inputs = []
         input_storage = {}
@@ -198,14 +213,11 @@ def _analyze(fn, fake_args, fake_mode, grad, drop_error_checks) -> ProgramInfo:
                 inputs.append(InputInfo(is_tensor=False))
                 continue
             torch._sync(fa)
-            if torch._functionalize_has_metadata_mutation(fa.elem):
-                raise CoilError(
-                    f"coil.aot: graph input {i} has its metadata (sizes/strides) changed in "
-                    "place (t_, transpose_, as_strided_, squeeze_...); this is not supported.\n"
-                    "  what to do: use the out-of-place op (x = x.t()) instead.")
             mutated = torch._functionalize_has_data_mutation(fa.elem)
             hidden = mutated and torch._functionalize_are_all_mutations_under_no_grad_or_inference_mode(fa.elem)
             inputs.append(InputInfo(True, _is_differentiable(a), mutated, hidden))
+            if torch._functionalize_has_metadata_mutation(fa.elem):
+                inputs[-1].layout = ()  # filled in from eager_layouts below
             input_storage.setdefault(StorageWeakRef(fa.untyped_storage()), i)
 
         outputs: list = []
@@ -255,6 +267,17 @@ def _analyze(fn, fake_args, fake_mode, grad, drop_error_checks) -> ProgramInfo:
             if info.kind == "graph":
                 info.index = len(graph_outputs)
                 graph_outputs.append(k)
+        changed = {i for i, x in enumerate(inputs) if x.mutated or x.layout is not None}
+        if any(x.layout is not None for x in inputs) or any(
+                o.kind == "alias_of_input" and o.index in changed for o in outputs):
+            in_lay, out_lay = eager_layouts(fn, fake_args, fake_mode, drop_error_checks)
+            for i in changed:
+                if inputs[i].layout is not None:
+                    size, stride, off = in_lay[i]
+                    inputs[i].layout = (size, stride, off - fake_args[i].storage_offset())
+            for k, o in enumerate(outputs):
+                if o.kind == "alias_of_input" and o.index in changed and out_lay[k] is not None:
+                    o.size, o.stride, o.offset = out_lay[k]
         # storage offsets relative to the tensor each alias is regenerated from
         for k, o in enumerate(outputs):
             if o.kind == "alias_of_input":
@@ -278,7 +301,7 @@ def _analyze(fn, fake_args, fake_mode, grad, drop_error_checks) -> ProgramInfo:
         rg += [outputs[k].requires_grad for k in graph_outputs]
         rg += [_is_differentiable(flat_outs[k]._base) for k in base_sources]
         info.fw_out_requires_grad = rg
-        fw_vals = ([f_args[i] for i in info.mutated_inputs] + [flat_outs[k] for k in graph_outputs]
+        fw_vals = ([before[i] for i in info.mutated_inputs] + [flat_outs[k] for k in graph_outputs]
                    + [flat_outs[k]._base for k in base_sources])
         info.fw_out_meta = [(tuple(v.shape), v.dtype, v.device) for v in fw_vals]
     return info
@@ -286,10 +309,40 @@ def _analyze(fn, fake_args, fake_mode, grad, drop_error_checks) -> ProgramInfo:
 
 # --------------------------------------------------------------------------- tracing
 
+def _aliases_before(f_args: list) -> list:
+    """An alias of each functional tensor input, taken before the program runs: after it,
+    the alias holds the input's new value *in the input's original layout*, also when
+    the program changed the input's metadata (``x.t_(); x.add_(1)``), which is the value
+    the runtime copies into the caller's tensor before restriding it."""
+    return [aten.alias.default(a) if isinstance(a, torch.Tensor) else a for a in f_args]
+
+
+def eager_layouts(fn: Callable, fake_args: list, fake_mode: FakeTensorMode,
+                  drop_error_checks: bool = False) -> tuple[list, list]:
+    """Run ``fn`` on plain (not functional) fakes of ``fake_args`` and return each input's
+    and each flat output's ``(size, stride, storage_offset)`` afterwards (None for
+    non-tensors): the layouts eager gives. Fake tensors model in-place ops as eager
+    does (``x.index_add_`` keeps a transposed ``x``'s strides, ``x.t_()`` restrides
+    ``x``), while under functionalization a mutated input becomes a new (contiguous)
+    value. Each input is a fresh tensor object on the same fake storage (``detach``), so
+    metadata changes leave ``fake_args`` as they are; runs under no_grad (layouts do not
+    depend on it, and no autograd check is wanted here: the functional run made them)."""
+    with fake_mode, torch.no_grad(), without_cudnn_choices():
+        args = [a.detach() if isinstance(a, torch.Tensor) else a for a in fake_args]
+        outs = _call(fn, list(args), drop_error_checks)
+
+    def lay(t):
+        if not isinstance(t, torch.Tensor):
+            return None
+        return tuple(t.shape), tuple(t.stride()), t.storage_offset()
+    return [lay(a) for a in args], [lay(o) for o in pytree.tree_leaves(outs)]
+
+
 def _forward_values(fn, args, info: ProgramInfo, label_autograd: bool = False):
+    before = _aliases_before(args) if info.restrided_inputs else args
     outs = _call(_located(fn, label_autograd), args, info.drop_error_checks)
     flat, _ = pytree.tree_flatten(outs)
-    vals = [args[i] for i in info.mutated_inputs]
+    vals = [before[i] for i in info.mutated_inputs]
     vals += [flat[k] for k in info.graph_outputs]
     vals += [flat[k]._base for k in info.base_sources]
     return vals
@@ -513,7 +566,7 @@ def trace_joint(fn: Callable, fake_args: list, info: ProgramInfo, decompositions
     ``torch.enable_grad()`` / ``no_grad`` regions then decide what is differentiable, as
     in eager); False only for a program called under no_grad that turns grad on itself."""
     grad_inputs = [i for i, x in enumerate(info.inputs) if x.requires_grad]
-    clone = {i for i in info.mutated_inputs if info.inputs[i].requires_grad}
+    clone = {i for i in info.mutated_inputs + info.restrided_inputs if info.inputs[i].requires_grad}
     with fake_mode:
         tangents = []
         for (shape, dtype, device), rg in zip(info.fw_out_meta, info.fw_out_requires_grad):
@@ -526,8 +579,9 @@ def trace_joint(fn: Callable, fake_args: list, info: ProgramInfo, decompositions
             with FunctionalTensorMode():
                 f_primals = [_to_functional(a) for a in primals]
                 f_tangents = [_to_functional(t) for t in tangents]
-                # a mutated input that requires grad is cloned first, so that its
-                # gradient is taken w.r.t. its value before the mutation
+                # a mutated (or restrided) input that requires grad is cloned first, so
+                # that its gradient is taken w.r.t. its value (and layout) before the
+                # mutation
                 args = [a.clone() if i in clone else a for i, a in enumerate(f_primals)]
                 with torch.set_grad_enabled(grad):
                     vals = _forward_values(fn, args, info, label_autograd=True)

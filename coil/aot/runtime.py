@@ -177,16 +177,20 @@ def _make_epilogue(info: ProgramInfo, args_index_of_output=None) -> Callable:
     simple = not mutated and all(p[0] == 0 for p in plan) and (flat_tuple or single_leaf) and \
         [p[1] for p in plan] == list(range(len(plan)))
     container = spec.type if flat_tuple else None
+    # inputs whose metadata the program changes in place: (input, size, stride, offset)
+    restride = [(i, *info.inputs[i].layout) for i in info.restrided_inputs]
     # symbolic layouts (dynamic shapes): kinds 6 and 7 are kinds 2 and 3 whose size,
-    # stride and offset are the call's entry ``j`` of ``layouts(args, vals)``
+    # stride and offset are the call's entry ``j`` of ``layouts(args, vals)``; a
+    # restrided input's layout is entry ``len(sym) + r``
     sym = [k for k, p in enumerate(plan) if p[0] in (2, 3) and _has_symint(p[2][:3])]
     layouts = None
-    if sym:
-        layouts = symbolic_evaluator([plan[k][2][:3] for k in sym], info.fake_inputs or (),
-                                     [m[0] for m in info.fw_out_meta])
+    if sym or _has_symint([r[1:] for r in restride]):
+        layouts = symbolic_evaluator([plan[k][2][:3] for k in sym] + [r[1:] for r in restride],
+                                     info.fake_inputs or (), [m[0] for m in info.fw_out_meta])
         for j, k in enumerate(sym):
             kind, idx, (_, _, _, rg) = plan[k]
             plan[k] = (kind + 4, idx, (j, rg))
+    n_sym = len(sym)
 
     def view(src: torch.Tensor, size, stride, offset, requires_grad) -> torch.Tensor:
         out = torch.as_strided(src, size, stride, src.storage_offset() + offset)
@@ -195,7 +199,7 @@ def _make_epilogue(info: ProgramInfo, args_index_of_output=None) -> Callable:
         return out
 
     def epilogue(args, vals):
-        if simple:
+        if simple and not restride:
             if single_leaf:
                 return vals[0]
             return container(vals[: len(plan)]) if container is not list else list(vals[: len(plan)])
@@ -232,6 +236,12 @@ def _make_epilogue(info: ProgramInfo, args_index_of_output=None) -> Callable:
                 flat.append(view(vals[idx], *lay[extra[0]], extra[1]))
             else:
                 flat.append(extra)
+        for r, (i, size, stride, offset) in enumerate(restride):
+            if lay is not None:
+                size, stride, offset = lay[n_sym + r]
+            # the program's t_ / squeeze_ / as_strided_ on the caller's tensor, after its
+            # data was written and its views were taken with the layout it had
+            args[i].as_strided_(size, stride, args[i].storage_offset() + offset)
         if container is not None:
             return container(flat)
         if single_leaf:

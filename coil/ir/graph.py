@@ -296,6 +296,9 @@ class GraphLowering(torch.fx.Interpreter):
         self.placeholder_names.append(name)
         if isinstance(value, torch.Tensor):
             buf = InputBuffer(name, _fake_layout(value))
+            # where the input starts in its storage: layouts are relative to it, ATen's
+            # as_strided offsets are absolute (lowering_views._as_strided)
+            buf.storage_offset = as_expr(value.storage_offset())
             self.graph_inputs[name] = buf
             self.name_to_buffer[name] = buf
             return TensorBox(StorageBox(buf))
@@ -709,8 +712,19 @@ def _dense_strides_like(t: torch.Tensor) -> list[int]:
     stride outermost; ties keep dim order). An extern op given a tensor laid out in this
     order picks the output layout fake tracing predicted from ``t``: attention fed
     contiguous (B, H, S, D) copies of q/k/v where eager had (B, S, H, D)-ordered views
-    returned another output layout, and every layer paid a copy to fix it up."""
-    order = sorted(range(t.dim()), key=lambda d: (-t.stride(d), d))
+    returned another output layout, and every layer paid a copy to fix it up.
+
+    A broadcast (stride-0) dim sits just outside the dims after it, as in a contiguous
+    layout: ranked by its stride it would become the innermost dim, and ATen kernels
+    that read the last dim as contiguous without checking (the CPU flash attention of
+    SDPA, fed a K/V expanded over heads: Gemma's single KV head) computed garbage."""
+    def rank(d):
+        if t.stride(d) != 0:
+            return t.stride(d)
+        inner = [t.stride(e) * t.shape[e] for e in range(d + 1, t.dim()) if t.stride(e) != 0]
+        return max(inner, default=1)
+
+    order = sorted(range(t.dim()), key=lambda d: (-rank(d), d))
     strides = [0] * t.dim()
     acc = 1
     for d in reversed(order):

@@ -341,7 +341,10 @@ def _as_strided(x, size, stride, storage_offset=None):
         x.data.realize()
         base = strided_base(x)
     buf, layout = base
-    off = layout.offset if storage_offset is None else as_expr(storage_offset)
+    # ATen's offset is absolute in the storage; a layout's is relative to the buffer's
+    # start, which for a graph input is the input's own storage offset
+    off = layout.offset if storage_offset is None else \
+        as_expr(storage_offset) - getattr(buf, "storage_offset", 0)
     return TensorBox(ReinterpretView(buf, _lay(layout, [as_expr(s) for s in size],
                                                [as_expr(s) for s in stride], off)))
 

@@ -6,7 +6,6 @@ import torch.nn as nn
 
 from coil.aot import aot_compile, default_partition, min_cut_partition
 from coil.aot.backend import run_graph
-from coil.exc import CoilError
 
 
 class Recorder:
@@ -143,13 +142,18 @@ def test_mutation_of_nonleaf_input_requiring_grad():
     torch.testing.assert_close(w2.grad, w1.grad)
 
 
-def test_metadata_mutation_is_refused():
+def test_metadata_mutation_of_input_is_replayed():
+    # the caller's tensor takes eager's new sizes/strides (docs/aot.md, issue 16)
     def f(x):
         x.t_()
         return x + 1
 
-    with pytest.raises(CoilError, match="metadata"):
-        compile_fn(f, torch.randn(2, 3))
+    x, ref = torch.randn(2, 3), None
+    y = x.clone()
+    ref = f(y)
+    out = compile_fn(f, x)(x)
+    assert x.shape == y.shape and x.stride() == y.stride()
+    torch.testing.assert_close(out, ref)
 
 
 # --------------------------------------------------------------------------- aliasing

@@ -65,11 +65,8 @@ def test_wrong_shape_error_is_eagers_without_log_spam(caplog):
     assert not spam, spam[0].getMessage()
 
 
-@pytest.mark.xfail(strict=True, raises=coil.exc.BackendCompilerFailed, reason=(
-    "aot: an input whose sizes/strides change in place (x.t_(), x.squeeze_()) is refused "
-    "with CoilError; eager and torch.compile run it. The error also says 'try "
-    "backend=aot_eager' when already on aot_eager, and nests 'backend ... failed to "
-    "compile a graph: BackendCompilerFailed: backend ... failed' twice"))
+# fixed: the runtime applies the input's new sizes/strides with as_strided_
+# (tests/aot/test_issue16_mutation.py)
 def test_metadata_mutation_of_input():
     def f(x):
         x.t_()

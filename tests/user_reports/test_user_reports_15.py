@@ -104,13 +104,12 @@ def test_cudnn_flag_restored_after_compiles_that_raise():
     with pytest.raises(_Interrupt):
         coil.compile(lambda x: _boom_in_aot(x).sin())(torch.randn(3))
     assert _get() is True
-    # a CoilError (metadata mutation of an input)
+    # a CoilError raised while the program is analysed
 
-    def meta(x, y):
-        y.t_()
-        return x + 1
-    with pytest.raises(Exception, match="metadata"):
-        coil.compile(meta)(torch.randn(3, 3), torch.randn(3, 3))
+    def refused(x):
+        raise coil.exc.CoilError("refused")
+    with pytest.raises(coil.exc.CoilError, match="refused"):
+        aot_compile(refused, [torch.randn(3)], run_graph)
     assert _get() is True
     from coil.aot import functional as Fn
     assert Fn._cudnn_users[0] == 0

@@ -611,8 +611,9 @@ def _build_entry(tx, output: OutputGraph, cfg: CaptureConfig, fn, code, argnames
             plan = ("generic", index)
         live_locals = {k: v for k, v in tx.locals.items() if not k.startswith("___stack")}
         for cname, cell in tx.cells.items():
-            if cname in code.co_cellvars and getattr(cell, "content", None) is not None:
-                live_locals[cname] = cell.content
+            if cname in code.co_cellvars:
+                # the cell itself: closures made before the break share it (resume.py)
+                live_locals[cname] = cell
         values = list(tx.stack) + list(live_locals.values()) + se.values()
         if plan[0] == "call":
             values += [plan[2]] + list(plan[3] or []) + list((plan[4] or {}).values()) + \

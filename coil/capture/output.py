@@ -50,8 +50,9 @@ def _new_object(cls, attrs):
     return obj
 
 
-def _make_cell(value):
-    return (lambda: value).__closure__[0]
+def _make_cell(*value):
+    """A new cell holding ``value``, or an empty one."""
+    return types.CellType(*value)
 
 
 class SideEffects:
@@ -337,13 +338,22 @@ class EntryCodegen:
 
     def reconstruct_cell(self, cell) -> str:
         if isinstance(cell, SourcedCellVariable):
-            return self.const_expr(cell.cell)
+            return self.cell_expr(cell)
         if isinstance(cell, CellVariable):
             if id(cell) in self.memo:
                 return self.memo[id(cell)]
-            content = self.reconstruct(cell.content) if cell.content is not None else "None"
+            content = self.reconstruct(cell.content) if cell.content is not None else ""
             return self.bind(cell, f"___make_cell({content})")
         raise Unsupported("unknown cell")
+
+    def cell_expr(self, cell) -> str:
+        """The real cell a ``SourcedCellVariable`` stands for, reached through its source
+        (``<src>.cell_contents`` is its content's source); the traced object otherwise."""
+        if cell.source is not None:
+            expr = self.source_expr(cell.source)
+            if expr.endswith(".cell_contents"):
+                return expr[:-len(".cell_contents")]
+        return self.const_expr(cell.cell)
 
     def side_effect_lines(self, se: SideEffects) -> None:
         from coil.capture.variables.containers import DictVariable, ListVariable, SetVariable
@@ -376,7 +386,7 @@ class EntryCodegen:
                 self.lines.append(f"{gname}[{name!r}] = {self.reconstruct(value)}")
             else:
                 cell_vt = item[1]
-                self.lines.append(f"{self.const_expr(cell_vt.cell)}.cell_contents = "
+                self.lines.append(f"{self.cell_expr(cell_vt)}.cell_contents = "
                                   f"{self.reconstruct(se.cells[id(cell_vt)])}")
 
 

@@ -88,7 +88,9 @@ def make_resume_code(code: types.CodeType, index: int, null_mask: tuple, local_n
     new = list(bc[:resume_pos + 1]) + prologue + list(bc[resume_pos + 1:insert_at]) + [label] + \
         list(bc[insert_at:])
     if tail is not None:
-        new = _with_tail(bc, new, tail)
+        # the frame's cells are plain locals of the resume code (below): pass them on as is
+        new = _with_tail(bc, new, tail[:2] + (set(),) + tail[3:])
+    new = _cells_as_locals(new, set(bc.cellvars))
     args = [n for n, is_null in zip(stack_names, null_mask) if not is_null] + list(local_names)
     out = Bytecode(new)
     root = origin(code)
@@ -100,7 +102,7 @@ def make_resume_code(code: types.CodeType, index: int, null_mask: tuple, local_n
     out.posonlyargcount = 0
     out.kwonlyargcount = 0
     out.flags = bc.flags & ~(CO_VARARGS | CO_VARKEYWORDS)
-    out.cellvars = list(bc.cellvars)
+    out.cellvars = []
     out.freevars = list(bc.freevars)
     out.docstring = None
     if hasattr(bc, "qualname"):
@@ -117,6 +119,41 @@ def make_resume_code(code: types.CodeType, index: int, null_mask: tuple, local_n
     kind = "__resume_at" if tail is None else "__trampoline_at"
     _ORIGIN[new_code] = (root, f"{kind}_{index}_{root.co_name}")
     return new_code
+
+
+def _cells_as_locals(new: list, names: set) -> list:
+    """The frame's cell variables become plain locals holding the cells themselves.
+
+    A resume function receives the frame's cells as arguments (not their contents), so
+    closures made before the break and code after it share each cell, as in eager (a
+    closure may read a variable bound only after the break). ``LOAD_DEREF c`` becomes
+    ``c.cell_contents``, ``STORE_DEREF``/``DELETE_DEREF`` set/delete it, ``LOAD_CLOSURE c``
+    pushes the cell, ``MAKE_CELL c`` goes. Reading an empty cell raises ValueError where
+    eager raises NameError."""
+    if not names:
+        return new
+    out = []
+    attr = (False, "cell_contents") if sys.version_info[:2] >= (3, 12) else "cell_contents"
+    for ins in new:
+        arg = getattr(ins, "arg", None)
+        if not (isinstance(ins, Instr) and isinstance(arg, CellVar) and arg.name in names):
+            out.append(ins)
+            continue
+        mk = lambda name, a: Instr(name, a, location=ins.location)  # noqa: E731
+        load = mk("LOAD_FAST", arg.name)
+        if ins.name == "MAKE_CELL":
+            continue
+        if ins.name == "LOAD_CLOSURE":
+            out.append(load)
+        elif ins.name == "LOAD_DEREF":
+            out += [load, mk("LOAD_ATTR", attr)]
+        elif ins.name == "STORE_DEREF":
+            out += [load, mk("STORE_ATTR", "cell_contents")]
+        elif ins.name == "DELETE_DEREF":
+            out += [load, mk("DELETE_ATTR", "cell_contents")]
+        else:
+            raise ValueError(f"resume code: {ins.name} of cell variable {arg.name}")
+    return out
 
 
 def _with_tail(bc, new: list, tail: tuple) -> list:

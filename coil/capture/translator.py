@@ -304,7 +304,10 @@ class InstructionTranslatorBase:
         self.output.side_effects.store_global(self.f_globals, self.gname, name, value)
 
     def load_cell(self, name: str) -> VariableTracker:
-        cell = self.cells[name]
+        return self.read_cell(self.cells[name], name)
+
+    def read_cell(self, cell, name: str) -> VariableTracker:
+        """The content of a cell tracker (``name`` for the NameError of an empty one)."""
         if isinstance(cell, CellVariable):
             if cell.content is None:
                 raise UserCodeError(f"NameError: free variable '{name}' referenced before assignment")
@@ -319,7 +322,10 @@ class InstructionTranslatorBase:
         return wrap(self, value, cell.source, guard=cell.source is not None)
 
     def store_cell(self, name: str, value: VariableTracker) -> None:
-        cell = self.cells[name]
+        self.write_cell(self.cells[name], value)
+
+    def write_cell(self, cell, value: VariableTracker) -> None:
+        """Set a cell tracker's content (a side effect on a real cell)."""
         if isinstance(cell, CellVariable):
             cell.content = value
         else:
@@ -334,6 +340,9 @@ class InstructionTranslatorBase:
 
     def store_attr(self, obj: VariableTracker, name: str, value: VariableTracker,
                    plain: bool = False) -> None:
+        if isinstance(obj, (CellVariable, SourcedCellVariable)) and name == "cell_contents":
+            self.write_cell(obj, value)
+            return
         if isinstance(obj, NewObjectVariable) and plain:
             obj.attrs[name] = value
             return

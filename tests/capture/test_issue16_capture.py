@@ -178,3 +178,52 @@ def test_nested_compile_region_method_and_rebinding():
         torch.testing.assert_close(cg(x), x + 1)      # a different region: recompiled
     finally:
         _region_helper = saved
+
+
+# --- 3. closures share their cells with the code after a graph break ---------------------
+
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_closure_reads_variable_bound_after_data_dependent_branch(sign):
+    def f(x):
+        def g(y):
+            return y.mul_(w)
+        if x.sum() > 0:
+            x = x + 1
+        w = x * 2
+        return g(x.clone())
+
+    assert_same_as_eager(f, (torch.rand(4) * sign,), backend="eager")
+
+
+def test_closure_writes_nonlocal_across_break_and_in_try():
+    def f(x):
+        n = 0
+
+        def bump(t):
+            nonlocal n
+            n += 1
+            return t + n
+        x = bump(x)
+        print("", end="")          # a graph break (call)
+        x = bump(x)
+        try:
+            print("", end="")      # a graph break inside a try block (trampoline)
+            x = bump(x)
+        finally:
+            x = x * n
+        return x, n
+
+    assert_same_as_eager(f, (torch.randn(3),), backend="eager")
+
+
+def test_parameter_cell_rebound_after_break():
+    def f(x, k):
+        def g():
+            return x * k
+        if x.sum() > 0:
+            k = k + 1
+        x = x - 1
+        return g()
+
+    for s in (1.0, -1.0):
+        assert_same_as_eager(f, (torch.rand(3) * s, 2), backend="eager")

@@ -204,7 +204,23 @@ class NullVariable(VariableTracker):
         raise Unsupported("NULL on the stack cannot be rebuilt as a value")
 
 
-class CellVariable(VariableTracker):
+class _CellBase(VariableTracker):
+    """A closure cell as a value (a resume function gets its frame's cells as arguments:
+    ``cell.cell_contents`` reads and writes, resume.py)."""
+
+    def python_type(self):
+        return type((lambda: self).__closure__[0])
+
+    def var_getattr(self, tx, name):
+        if name != "cell_contents":
+            raise Unsupported(f"cell attribute {name}")
+        return tx.read_cell(self, "cell_contents")
+
+    def reconstruct(self, cg):
+        return cg.reconstruct_cell(self)
+
+
+class CellVariable(_CellBase):
     """A closure cell created inside the traced frame (``MAKE_CELL``)."""
 
     def __init__(self, content: Optional[VariableTracker] = None):
@@ -212,7 +228,7 @@ class CellVariable(VariableTracker):
         self.content = content
 
 
-class SourcedCellVariable(VariableTracker):
+class SourcedCellVariable(_CellBase):
     """A real closure cell of a function that existed before tracing.
 
     Reads are guarded values; writes are side effects replayed on the real cell.

@@ -221,6 +221,11 @@ def _build(tx, value, source, gs) -> VariableTracker:
         if gs is not None:
             gs.add(f"type({expr}) is {gs.const(t)}", f"type({expr})", t, src=expr)
         return OpaqueObjectVariable(value, source)
+    if t is types.CellType and source is not None:
+        # a frame's cell handed to its resume function (resume.py): content read on use
+        if gs is not None:
+            gs.add(f"type({expr}) is {gs.const(t)}", f"type({expr})", t, src=expr)
+        return tx.output.sourced_cell(value, AttrSource(source, "cell_contents"))
     if t is types.FrameType:
         from coil.capture.inspection import FrameVariable
 

@@ -272,6 +272,7 @@ class GraphLowering(torch.fx.Interpreter):
         try:
             with trace.stage("lowering"):
                 self.run(*self.example_inputs)
+            self._order_buffers()
         finally:
             V.graph = prev
         if config.verbose and self.fallbacks:
@@ -282,6 +283,41 @@ class GraphLowering(torch.fx.Interpreter):
                       fallbacks=dict(self.fallbacks), native=dict(self.native))
             trace.artifact("loop_ir", lambda: self.format_ir(), kind="text")
         return self
+
+    def _order_buffers(self) -> None:
+        """Put every buffer after the buffers it reads (stable: a valid creation order
+        is kept as it is).
+
+        Bodies are define-by-run, so a body whose loader is made when it runs reads
+        what its input is *then*: ``y = x * 2; return cat([y, x]), y`` lowered the cat
+        (buf0) while ``y`` was an inlined body; ``y`` became buf1 as a graph output, and
+        the cat's body then loaded buf1, which ran after it (the wrapper read an
+        unassigned buf1)."""
+        import heapq
+        pos = {b.get_name(): i for i, b in enumerate(self.buffers)}
+        deps = [{pos[r] for r in b.get_read_names() if r in pos and r != b.get_name()}
+                for b in self.buffers]
+        if all(d < i for i, ds in enumerate(deps) for d in ds):
+            return
+        users: dict = {}
+        for i, ds in enumerate(deps):
+            for d in ds:
+                users.setdefault(d, []).append(i)
+        missing = [len(ds) for ds in deps]
+        ready = [i for i, m in enumerate(missing) if m == 0]
+        heapq.heapify(ready)
+        order = []
+        while ready:
+            i = heapq.heappop(ready)
+            order.append(i)
+            for u in users.get(i, ()):
+                missing[u] -= 1
+                if missing[u] == 0:
+                    heapq.heappush(ready, u)
+        assert len(order) == len(self.buffers), "cyclic buffer reads"
+        trace.log("buffer_order", stage="lowering",
+                  moved=[self.buffers[i].get_name() for k, i in enumerate(order) if i != k])
+        self.buffers = [self.buffers[i] for i in order]
 
     def run_node(self, n: torch.fx.Node) -> Any:
         self.current_node = n

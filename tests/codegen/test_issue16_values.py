@@ -95,3 +95,20 @@ def test_layer_norm_of_huge_float32_matches_float64(backend):
     # ordinary values still agree with eager, forward and backward
     same(lambda t: F.layer_norm(t, (8,), w, b), torch.randn(4, 8, requires_grad=True),
          backend=backend, check_grads=True)
+
+
+READ_BEFORE_REALIZED = {
+    # the cat's body loaded y's buffer, realized later as a graph output, and ran
+    # before it (UnboundLocalError: bufN in the wrapper)
+    "cat_and_operand_returned": lambda x: (lambda y: (torch.cat([y, x]), y))(x * 2),
+    "stack_and_operand_returned": lambda x: (lambda y: (torch.stack([y, x]), y))(x.sin()),
+    "cat_three_returned": lambda x: (lambda y, z: (torch.cat([z, y, x]), y, z))(x * 2, x - 1),
+    "cat_then_mm": lambda x: (lambda y: (torch.cat([y, x]) @ x.t(), y))(x * 2),
+    "cat_half": lambda x: (lambda y: (torch.cat([y, x.half()]), y))(x.half() * 2),
+}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", sorted(READ_BEFORE_REALIZED))
+def test_buffer_read_by_a_body_made_before_it_was_realized(name, backend):
+    same(READ_BEFORE_REALIZED[name], torch.randn(4, 3), backend=backend)

@@ -112,10 +112,10 @@ def linear4():
 
 
 ROWS = [
-    R(f_batch, [(lambda n: (lambda f: (randn(n, 4),)))(n) for n in range(1, 11)], graphs=8,
+    R(f_batch, [(lambda n: (lambda f: (randn(n, 4),)))(n) for n in range(1, 11)], graphs=2,
       name="every_new_batch_size_recompiles",
-      note="static shapes: each new size is a new graph until the 8-graph limit, then eager (torch with "
-           "dynamic=None would turn the size dynamic after the first change: 2 graphs)"),
+      note="automatic dynamic (dynamic=None): size 1 compiles its own static graph, the first other "
+           "size one dynamic graph that serves every later size (2 graphs, as torch)"),
     R(f_float_arg, [(lambda a: (lambda f: (randn(3), a)))(a / 10) for a in range(1, 11)], graphs=8, torch_graphs=(1, 2, 8),
       name="every_new_float_arg_recompiles",
       note="Python floats are baked into the graph as constants and guarded"),

@@ -319,8 +319,10 @@ def _call_module_captured(mod, cfg, *args, **kwargs):
     any, make the whole call run eagerly)."""
     from torch.nn.modules import module as _mm
 
-    if (mod._forward_hooks or mod._forward_pre_hooks or mod._backward_hooks or
-            _mm._global_forward_hooks or _mm._global_forward_pre_hooks):
+    from coil.capture.translator import _GLOBAL_HOOKS, _MODULE_HOOKS
+
+    if any(getattr(mod, h, None) for h in _MODULE_HOOKS) or \
+            any(getattr(_mm, h, None) for h in _GLOBAL_HOOKS):
         return mod(*args, **kwargs)
     forward = type(mod).forward
     if not isinstance(forward, types.FunctionType) or "forward" in mod.__dict__:

@@ -110,6 +110,11 @@ def const_value(v):
     return v.as_python_constant()
 
 
+#: nn.Module hook dicts a traced module call depends on (per module, and global)
+_MODULE_HOOKS = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
+_GLOBAL_HOOKS = tuple("_global" + h for h in _MODULE_HOOKS)
+
+
 class RestartAnalysis(Exception):
     """Translate the frame again (a graph break was found at a new offset)."""
 
@@ -619,22 +624,29 @@ class InstructionTranslatorBase:
             return self.call(UserMethodVariable(cls.__call__, mod_vt), args, kwargs)
         from torch.nn.modules import module as _mm
 
-        if (_mm._global_forward_hooks or _mm._global_forward_pre_hooks or
-                _mm._global_backward_hooks or getattr(_mm, "_global_backward_pre_hooks", None)):
+        gs = self.output.guards
+        # hooks registered later must be seen: the hook dicts are guarded (a new hook
+        # recompiles, the recompile event naming the dict)
+        glob = [g for g in _GLOBAL_HOOKS if hasattr(_mm, g)]
+        if any(getattr(_mm, g) for g in glob):
             raise Unsupported("global nn.Module hooks are registered")
+        mm = gs.const(_mm)
+        gs.add(" and ".join(f"not {mm}.{g}" for g in glob),
+               f"sum(map(len, ({''.join(f'{mm}.{g}, ' for g in glob)})))", 0)
         if m._backward_hooks or getattr(m, "_backward_pre_hooks", None):
             raise Unsupported("module backward hooks")
         src = mod_vt.source
-        gs = self.output.guards
         if src is not None:
             e = src.expr()
-            if not m._forward_pre_hooks and not m._forward_hooks:
-                gs.add(f"not {e}._forward_pre_hooks and not {e}._forward_hooks",
-                       f"len({e}._forward_pre_hooks) + len({e}._forward_hooks)", 0, src=e)
-            for hname in ("_forward_pre_hooks", "_forward_hooks"):
+            names = [h for h in _MODULE_HOOKS if hasattr(m, h)]
+            if not any(getattr(m, h) for h in names):
+                gs.add(" and ".join(f"not {e}.{h}" for h in names),
+                       f"sum(map(len, ({''.join(f'{e}.{h}, ' for h in names)})))", 0, src=e)
+            for hname in names:
                 hooks = getattr(m, hname)
-                if hooks:
-                    gs.add(f"len({e}.{hname}) == {len(hooks)}", f"len({e}.{hname})", len(hooks), src=e)
+                if hooks:      # the same hooks (handle ids), not just as many
+                    gs.add(f"tuple({e}.{hname}) == {tuple(hooks)!r}", f"tuple({e}.{hname})",
+                           tuple(hooks), src=e)
         for hid, hook in list(m._forward_pre_hooks.items()):
             hook_vt = wrap(self, hook, None)
             if hid in m._forward_pre_hooks_with_kwargs:

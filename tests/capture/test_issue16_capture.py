@@ -227,3 +227,61 @@ def test_parameter_cell_rebound_after_break():
 
     for s in (1.0, -1.0):
         assert_same_as_eager(f, (torch.rand(3) * s, 2), backend="eager")
+
+
+# --- 2. hooks registered after the first compiled call ----------------------------------
+
+def _hook_run(kind, compiled, where):
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.ReLU(), torch.nn.Linear(3, 2))
+    f = coil.compile(m, backend="eager") if compiled else m
+    x = torch.randn(4, 3, requires_grad=True)
+    f(x).sum().backward()                      # first call: compiled without hooks
+    target = m if where == "top" else m[0]
+    mm = torch.nn.modules.module
+    handles = []
+    if kind == "backward_pre":
+        handles.append(target.register_full_backward_pre_hook(lambda mod, go: (go[0] * 10,)))
+    elif kind == "backward":
+        handles.append(target.register_full_backward_hook(lambda mod, gi, go: (gi[0] * 3,)))
+    elif kind == "forward_pre":
+        handles.append(target.register_forward_pre_hook(lambda mod, a: (a[0] * 2,)))
+    elif kind == "forward":
+        handles.append(target.register_forward_hook(lambda mod, a, o: o + 1))
+    elif kind == "global_forward":
+        handles.append(mm.register_module_forward_hook(
+            lambda mod, a, o: o * 2 if isinstance(mod, torch.nn.ReLU) else None))
+    elif kind == "global_backward":
+        handles.append(mm.register_module_full_backward_hook(
+            lambda mod, gi, go: (gi[0] * 5,) if isinstance(mod, torch.nn.ReLU) else None))
+    elif kind == "param_tensor":
+        handles.append(m[0].weight.register_hook(lambda g: g * 7))
+    try:
+        x.grad = None
+        m.zero_grad()
+        out = f(x)
+        out.sum().backward()
+        return out.detach(), x.grad.clone(), m[0].weight.grad.clone()
+    finally:
+        for h in handles:
+            h.remove()
+
+
+@pytest.mark.parametrize("where", ["inner", "top"])
+@pytest.mark.parametrize("kind", ["backward_pre", "backward", "forward_pre", "forward",
+                                  "global_forward", "global_backward", "param_tensor"])
+def test_hook_registered_after_first_compiled_call_is_honoured(kind, where):
+    e, c = _hook_run(kind, False, where), _hook_run(kind, True, where)
+    for a, b in zip(e, c):
+        torch.testing.assert_close(b, a)
+
+
+def test_replaced_forward_hook_recompiles():
+    m = torch.nn.Linear(3, 3)
+    f = coil.compile(m, backend="eager")
+    x = torch.randn(2, 3)
+    h = m.register_forward_hook(lambda mod, a, o: o + 1)
+    torch.testing.assert_close(f(x), m(x))
+    h.remove()
+    m.register_forward_hook(lambda mod, a, o: o * 3)   # as many hooks, another one
+    torch.testing.assert_close(f(x), m(x))

@@ -668,7 +668,14 @@ def _sum(x, dim=None, keepdim=False, *, dtype=None, output_dtype=None):
 
 @register_lowering(aten.prod.dim_int, aten.prod.default)
 def _prod(x, dim=None, keepdim=False, *, dtype=None):
-    return make_reduction(x, dim, keepdim, "prod", out_dtype())
+    """On CPU a float32/fp16/bf16 product accumulates in float64 (docs/ir.md, Numerics):
+    partial products of another order than eager's overflowed in one lane and underflowed
+    in another, and inf * 0 gave NaN where eager gave inf."""
+    odt = out_dtype()
+    if device().type != "cpu" or odt not in (torch.float32, torch.float16, torch.bfloat16):
+        return make_reduction(x, dim, keepdim, "prod", odt)
+    r = make_reduction(x, dim, keepdim, "prod", torch.float64)
+    return make_pointwise_box(lambda v: v, [r], out_size(), odt, compute_dtype(odt))
 
 
 @register_lowering(aten.amax, prims.amax)

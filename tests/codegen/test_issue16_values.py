@@ -112,3 +112,22 @@ READ_BEFORE_REALIZED = {
 @pytest.mark.parametrize("name", sorted(READ_BEFORE_REALIZED))
 def test_buffer_read_by_a_body_made_before_it_was_realized(name, backend):
     same(READ_BEFORE_REALIZED[name], torch.randn(4, 3), backend=backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_prod_partial_products_overflow_and_underflow(backend):
+    """Eager gives inf here (its own order overflows; x.repeat(4).prod() is NaN in eager);
+    coil multiplies float32 in float64 on CPU and gives the product rounded to float32
+    (2.0, 4.0), not NaN."""
+    e = torch.tensor([100, -100, 100, -100, 100, 100, -100, -100, 90, 90, -90, -90,
+                      80, 80, -80, -80, 1], dtype=torch.int32)
+    for fn in (lambda t: (2.0 ** t).prod(0), lambda t: (2.0 ** t).repeat(2).prod(),
+               lambda t: (2.0 ** t).view(1, -1).expand(3, -1).prod(1, keepdim=True)):
+        out = compiled(fn, e, backend=backend)
+        truth = fn(e.double()).float()  # 2.0 ** e and its products are exact in float64
+        assert out.dtype == torch.float32 and out.shape == truth.shape
+        torch.testing.assert_close(out, truth)
+    # ordinary products agree with eager (float and int dtypes)
+    same(lambda t: t.prod(1), torch.randn(5, 37), backend=backend)
+    same(lambda t: t.prod(), torch.randint(-3, 4, (9,), dtype=torch.int32), backend=backend)
+    same(lambda t: t.prod(0), torch.randn(6, 3).bfloat16(), backend=backend)

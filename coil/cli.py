@@ -17,14 +17,19 @@ from typing import Optional, Sequence
 
 def _add_bench(sub) -> None:
     from coil.bench.compilers import BENCH_DEFAULT, COMPILERS
-    from coil.bench.models import MODELS
+    from coil.bench.models import MODELS, SUITES
     from coil.bench.suite import MODES
 
     p = sub.add_parser("bench", help="model suite: correctness, speedup, compile time",
                        description="Run the model suite. Models: " + ", ".join(MODELS)
                        + ". Compilers: " + ", ".join(COMPILERS) + ".")
-    p.add_argument("--model", nargs="+", help="models to run (default: all available)")
-    p.add_argument("--mode", nargs="+", default=list(MODES), choices=MODES)
+    p.add_argument("--model", nargs="+", help="models to run, from any suite (default: "
+                   "all of --suite)")
+    p.add_argument("--suite", default="default", choices=list(SUITES),
+                   help="default: the models above; broad: coil/bench/broad.py (47 "
+                        "transformers and timm models; default modes bf16 train)")
+    p.add_argument("--mode", nargs="+", choices=MODES,
+                   help=f"modes (default: {' '.join(MODES)}; broad suite: bf16 train)")
     p.add_argument("--compiler", nargs="+", default=list(BENCH_DEFAULT),
                    help=f"compilers (default: {' '.join(BENCH_DEFAULT)}); also "
                         "'package.module:attr' naming a coil.bench.compilers.Compiler")
@@ -62,12 +67,15 @@ def _add_bench(sub) -> None:
 def _run_bench(a) -> int:
     from coil.bench import suite
 
+    if a.mode is None:
+        from coil.bench.broad import BROAD_MODES
+        a.mode = list(BROAD_MODES if a.suite == "broad" else suite.MODES)
     if a.threads:
         import torch
 
         torch.set_num_threads(a.threads)
 
-    opts = suite.BenchOptions(models=a.model, modes=a.mode, compilers=a.compiler,
+    opts = suite.BenchOptions(models=a.model, suite=a.suite, modes=a.mode, compilers=a.compiler,
                               device=a.device, size=a.size, warmup=a.warmup, repeat=a.repeat,
                               max_timing_s=a.max_timing,
                               warm_compile=not a.no_warm_compile, row_timeout=a.row_timeout,

@@ -13,6 +13,7 @@ Messages say what happened *and* what to do about it (STYLE.md §6).
 from __future__ import annotations
 
 import linecache
+from collections import Counter
 from dataclasses import dataclass
 from typing import Optional
 
@@ -109,13 +110,19 @@ class StrictCodegenError(InternalError):
     ``config.strict_codegen`` turned into an error (:func:`refuse_fallback`)."""
 
 
+#: Fallbacks to ATen ops / the FX interpreter this process took, by compile-log event
+#: (:func:`refuse_fallback` counts them; the bench reports them per row).
+fallback_counts: Counter = Counter()
+
+
 def refuse_fallback(event: str, error: BaseException | str) -> None:
-    """Called where coil is about to run a graph with ATen ops or the FX interpreter
+    """Count a fallback (:data:`fallback_counts`). Called where coil is about to run a graph with ATen ops or the FX interpreter
     instead of its own kernels because of an internal failure (``event``: the compile-log
     event it logs, e.g. ``codegen_fallback``). With ``config.strict_codegen`` on, raise
     :class:`StrictCodegenError` from ``error`` instead; otherwise return."""
     from coil.config import config
 
+    fallback_counts[event] += 1
     if not config.strict_codegen:
         return
     msg = f"{type(error).__name__}: {error}" if isinstance(error, BaseException) else str(error)

@@ -121,6 +121,9 @@ class Compiler:
     capture: str  # "none" | "coil" | "torch"
     description: str
     compile_with: Callable[[Any, StatsProbe], Any]
+    #: whether its graphs run through coil's backend (rows then count coil's codegen
+    #: fallbacks, ``coil.exc.fallback_counts``; None for other compilers)
+    coil_kernels: bool = False
 
     def compile(self, fn: Any) -> tuple[Any, StatsProbe]:
         probe = StatsProbe(self.capture)
@@ -185,12 +188,12 @@ def _compile_torch_coil(fn, probe):
 COMPILERS: dict[str, Compiler] = {c.name: c for c in [
     Compiler("eager", "none", "eager PyTorch (the reference)", _compile_eager),
     Compiler("coil", "coil", "coil capture + coil backend (the whole pipeline)",
-             _compile_coil("coil")),
+             _compile_coil("coil"), coil_kernels=True),
     Compiler("inductor", "torch", "torch.compile (Dynamo + Inductor)", _compile_torch_inductor),
     Compiler("coil+inductor", "coil", "coil capture + torch's Inductor backend",
              _compile_coil("inductor")),
     Compiler("torch+coil", "torch", "torch.compile's capture + coil's backend",
-             _compile_torch_coil),
+             _compile_torch_coil, coil_kernels=True),
     Compiler("aot_eager", "coil", "coil capture + coil AOT autograd, FX-interpreted",
              _compile_coil("aot_eager")),
     Compiler("coil+eager", "coil", "coil capture only (graphs run as captured)",

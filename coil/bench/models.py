@@ -307,15 +307,33 @@ _add(ModelSpec("timm_vit_b16", "timm", _timm_build("vit_base_patch16_224", 224),
                "timm ViT-B/16"))
 
 
-def select_models(names: Optional[list[str]] = None) -> list[ModelSpec]:
-    """The specs named, in the order given (all, in suite order, if None). Raises
-    ValueError on unknown names."""
+#: Suite names ``coil bench --suite`` accepts: "default" (:data:`MODELS`) and "broad"
+#: (coil/bench/broad.py).
+SUITES = ("default", "broad")
+
+
+def all_models() -> dict[str, ModelSpec]:
+    """Every model of every suite by name (the default suite's first)."""
+    from coil.bench.broad import BROAD_MODELS
+
+    return {**MODELS, **BROAD_MODELS}
+
+
+def select_models(names: Optional[list[str]] = None, suite: str = "default") -> list[ModelSpec]:
+    """The specs named (from any suite), in the order given; all of ``suite``, in suite
+    order, if None. Raises ValueError on unknown names or suites."""
+    if suite not in SUITES:
+        raise ValueError(f"unknown suite {suite!r}; valid: {', '.join(SUITES)}")
+    known = all_models()
     if not names:
+        if suite == "broad":
+            from coil.bench.broad import BROAD
+            return [known[n] for n in BROAD]
         return list(MODELS.values())
-    unknown = [n for n in names if n not in MODELS]
+    unknown = [n for n in names if n not in known]
     if unknown:
-        raise ValueError(f"unknown model(s) {unknown}; valid: {', '.join(MODELS)}")
-    return [MODELS[n] for n in dict.fromkeys(names)]
+        raise ValueError(f"unknown model(s) {unknown}; valid: {', '.join(known)}")
+    return [known[n] for n in dict.fromkeys(names)]
 
 
 def flatten_outputs(out: Any) -> list[torch.Tensor]:

@@ -66,6 +66,8 @@ MODES = ("fp32", "bf16", "train")
 @dataclasses.dataclass
 class BenchOptions:
     models: Optional[list[str]] = None
+    #: the suite whose models run when ``models`` is None ("default" or "broad")
+    suite: str = "default"
     modes: Sequence[str] = MODES
     compilers: Sequence[str] = tuple(BENCH_DEFAULT)
     device: str = "auto"
@@ -109,6 +111,10 @@ class Row:
     recompiles: Optional[int] = None
     peak_mem_gb: Optional[float] = None
     eager_peak_mem_gb: Optional[float] = None
+    #: graphs (or kernels) that ran with ATen ops / the FX interpreter instead of coil's
+    #: kernels because code generation failed, during compile and first call
+    #: (``coil.exc.fallback_counts``; None for compilers that do not use coil's backend)
+    codegen_fallbacks: Optional[int] = None
     traceback: Optional[str] = None
     #: timed with ``--paired`` (eager_ms is the one eager series shared by the rows of
     #: its model and mode)
@@ -231,11 +237,15 @@ def prepare_row(compiler: Compiler, module: torch.nn.Module, args: tuple, kwargs
     def make(compiled: Any) -> Callable[[], list]:
         return make_step(compiled, params, a, kw, mode, device)
 
+    from coil.exc import fallback_counts
+    fallbacks_before = sum(fallback_counts.values())
     compiled, probe = compiler.compile(test_mod)
     step = make(compiled)
     cold, first = _timed_first_call(step, device)
     first = _detach(first)
     counts = probe.read()
+    if getattr(compiler, "coil_kernels", False):
+        row.codegen_fallbacks = sum(fallback_counts.values()) - fallbacks_before
     if compiler.name != "eager":
         row.cold_compile_s = cold
     row.graphs, row.graph_breaks = counts.graphs, counts.graph_breaks
@@ -552,7 +562,7 @@ def _fresh_caches() -> str:
 def run_bench(opts: BenchOptions) -> dict:
     """Run the suite; returns ``{"meta": ..., "rows": [Row as dict, ...]}``."""
     device = resolve_device(opts.device)
-    specs = select_models(opts.models)
+    specs = select_models(opts.models, opts.suite)
     compilers = [resolve_compiler(c) for c in opts.compilers]
     for m in opts.modes:
         if m not in MODES:
@@ -591,7 +601,7 @@ def run_bench_isolated(opts: BenchOptions, argv_common: list[str],
     allows 3 × row_timeout per row: each row's compile, its share of the timing rounds
     and its warm compile have a row_timeout each)."""
     device = resolve_device(opts.device)
-    specs = select_models(opts.models)
+    specs = select_models(opts.models, opts.suite)
     meta = machine_info()
     meta.update(device=device.type, size=opts.size or default_size(device), isolated=True,
                 repeat=opts.repeat, warmup=opts.warmup, paired=opts.paired)
@@ -652,7 +662,7 @@ def run_bench_isolated(opts: BenchOptions, argv_common: list[str],
 # ---------------------------------------------------------------- reporting
 
 HEADERS = ["model", "mode", "compiler", "status", "speedup", "eager ms", "compiled ms",
-           "cold s", "warm s", "graphs", "breaks", "recomp", "peak GB", "acc ratio"]
+           "cold s", "warm s", "graphs", "breaks", "recomp", "fallbacks", "peak GB", "acc ratio"]
 
 
 def _cells(r: dict) -> list[str]:
@@ -660,7 +670,8 @@ def _cells(r: dict) -> list[str]:
             fmt(r["eager_ms"], ".2f"), fmt(r["compiled_ms"], ".2f"),
             fmt(r["cold_compile_s"], ".1f"), fmt(r["warm_compile_s"], ".1f"),
             fmt(r["graphs"]), fmt(r["graph_breaks"]), fmt(r["recompiles"]),
-            fmt(r["peak_mem_gb"], ".2f"), fmt(r["accuracy_ratio"], ".2f")]
+            fmt(r.get("codegen_fallbacks")), fmt(r["peak_mem_gb"], ".2f"),
+            fmt(r["accuracy_ratio"], ".2f")]
 
 
 def summary(rows: list[dict]) -> list[dict]:
@@ -678,6 +689,47 @@ def summary(rows: list[dict]) -> list[dict]:
                     "errors": sum(r["status"] in ("error", "timeout") for r in sel),
                     "mismatches": sum(r["status"] == "mismatch" for r in sel)})
     return out
+
+
+def versus(rows: list[dict], a: str = "coil", b: str = "inductor") -> list[dict]:
+    """Per mode: ``speedup(a) / speedup(b)`` over the models where both rows pass
+    (geomean, worst model and value, models below 0.9), and how many rows of ``a`` are
+    not passing or took codegen fallbacks. Empty if either compiler has no rows."""
+    out = []
+    modes = list(dict.fromkeys(r["mode"] for r in rows))
+    for mode in modes:
+        sel = {(r["model"], r["compiler"]): r for r in rows if r["mode"] == mode}
+        models = list(dict.fromkeys(m for m, c in sel if c == a))
+        if not models or not any(c == b for _, c in sel):
+            continue
+        ratios = {}
+        for m in models:
+            ra, rb = sel.get((m, a)), sel.get((m, b))
+            if ra and rb and ra["status"] == rb["status"] == "pass" and ra["speedup"] \
+                    and rb["speedup"]:
+                ratios[m] = ra["speedup"] / rb["speedup"]
+        worst = min(ratios, key=ratios.get) if ratios else None
+        out.append({"mode": mode, "models": len(models), "compared": len(ratios),
+                    "geomean_ratio": measure.geomean(list(ratios.values())),
+                    "worst_model": worst, "worst_ratio": ratios.get(worst),
+                    "below_0_9": sorted(m for m, v in ratios.items() if v < 0.9),
+                    "not_passing": sum(sel[(m, a)]["status"] != "pass" for m in models),
+                    "with_fallbacks": sum(bool(sel[(m, a)].get("codegen_fallbacks"))
+                                          for m in models)})
+    return out
+
+
+def _versus_table(rows: list[dict]) -> Optional[tuple[list[str], list[list[str]]]]:
+    vs = versus(rows)
+    if not vs:
+        return None
+    head = ["mode", "coil/inductor geomean", "compared", "worst", "below 0.9",
+            "coil not passing", "coil rows with fallbacks"]
+    body = [[v["mode"], fmt(v["geomean_ratio"], ".2f"), f"{v['compared']}/{v['models']}",
+             f"{v['worst_model']} {fmt(v['worst_ratio'], '.2f')}" if v["worst_model"] else "—",
+             str(len(v["below_0_9"])), str(v["not_passing"]), str(v["with_fallbacks"])]
+            for v in vs]
+    return head, body
 
 
 PAIRED_NOTE = ("timing: paired (--paired): per model and mode, one eager series and every "
@@ -701,6 +753,9 @@ def format_text(result: dict) -> str:
         ["mode", "compiler", "pass", "errors", "mismatch", "geomean speedup"],
         [[s["mode"], s["compiler"], f"{s['pass']}/{s['rows']}", str(s["errors"]),
           str(s["mismatches"]), fmt(s["geomean_speedup"], ".2f")] for s in summ])
+    vs = _versus_table(rows)
+    if vs:
+        text += "\n\n" + render_table(*vs)
     errors = [r for r in rows if r["error"] and r["status"] != "skipped"]
     if errors:
         text += "\n\nerrors, mismatches and notes:\n" + "\n".join(
@@ -720,6 +775,9 @@ def format_markdown(result: dict) -> str:
                                 str(s["errors"]), str(s["mismatches"]),
                                 fmt(s["geomean_speedup"], ".2f")] for s in summ]),
               "", render_markdown(HEADERS, [_cells(r) for r in rows])]
+    vs = _versus_table(rows)
+    if vs:
+        parts += ["", render_markdown(*vs)]
     errors = [r for r in rows if r["error"] and r["status"] != "skipped"]
     if errors:
         parts += ["", "Errors, mismatches and notes:", ""]

@@ -1,0 +1,663 @@
+"""Differential fuzzer: random straight-line programs, eager vs coil, with a minimizer.
+
+Run ``python -m coil.testing.fuzz --time 3600 --seed 0 --backends cpp,triton,aot_eager
+--out fuzz-out`` (or ``--count N``; ``--index I`` replays one program). docs/fuzzing.md
+has the details.
+
+A :class:`Program` is 1-4 inputs (exact values and a layout suffix such as ``.t()``
+or ``[1:5:2]``) and 2-8 statements of Python source drawn from the op families in
+:mod:`coil.testing.fuzz_ops`; it prints as a runnable repro. :func:`check` runs a
+function eagerly and compiled (on separate fresh inputs, twice: the second call
+goes through the compiled cache) and classifies the result:
+
+- ``ok``; ``both_raise`` (eager and compiled both raise: fine);
+- ``mismatch``: a silently wrong output value/dtype/shape, an output that is a view
+  of an input in one and not the other (or at another stride/offset), or an input
+  left with other values or size/stride/offset;
+- ``error``: compiled raises where eager runs; ``missing_error``: the reverse;
+- ``hang``: compiled ran past the time limit.
+
+Floating values are compared NaN-aware with :data:`coil.testing.TOLERANCES`. When the
+program involves fp16/bf16, an fp32 *reference* (the same source with those dtypes
+replaced by fp32, on upcast inputs) also accepts a compiled element that is at most
+``LOW_PRECISION_MARGIN`` times further from it than eager's (compiled kernels may
+keep intermediates in fp32).
+
+:func:`minimize` shrinks a failing program (drops statements, returns and inputs,
+makes inputs contiguous and smaller, simplifies dtypes and values) while the failure
+keeps its :attr:`Result.signature` (outcome, backend, mismatch kind or error site).
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import contextlib
+import dataclasses
+import gc
+import hashlib
+import inspect
+import linecache
+import math
+import os
+import random
+import signal
+import sys
+import textwrap
+import time
+import traceback
+import warnings
+from collections import Counter, defaultdict
+from typing import Callable, Optional
+
+import torch
+import torch.utils._pytree as pytree
+
+from coil.testing import LOW_PRECISION_MARGIN, TOLERANCES
+from coil.testing.fuzz_ops import (DTYPES, FAMILIES, FAMILY_WEIGHTS, Ctx, Skip, gen_layout,
+                                   gen_shapes, gen_values, literal)
+
+__all__ = ["Program", "Input", "Stmt", "Result", "generate", "check", "check_program",
+           "minimize", "replay", "main", "OUTCOMES", "BACKENDS"]
+
+OUTCOMES = ("ok", "mismatch", "error", "missing_error", "both_raise", "hang")
+FAILURES = ("mismatch", "error", "missing_error", "hang")
+BACKENDS = ("cpp", "triton", "aot_eager", "torch_aot_eager")
+_LOW = (torch.float16, torch.bfloat16)
+
+
+# ------------------------------------------------------------------ programs
+
+@dataclasses.dataclass
+class Input:
+    """One argument: contiguous ``base`` values and a layout ``suffix`` applied to them."""
+    name: str
+    base: torch.Tensor
+    suffix: str = ""
+
+    def make(self) -> torch.Tensor:
+        return eval("x" + self.suffix, {"x": self.base.clone(), "torch": torch})
+
+    def source(self) -> str:
+        return f"{self.name} = {literal(self.base)}{self.suffix}"
+
+
+@dataclasses.dataclass
+class Stmt:
+    """One line of the program body and the op family it came from."""
+    text: str
+    family: str
+
+    @property
+    def defs(self) -> set:
+        node = ast.parse(self.text).body[0]
+        if not isinstance(node, ast.Assign):
+            return set()
+        return {n.id for t in node.targets for n in ast.walk(t)
+                if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+
+    @property
+    def uses(self) -> set:
+        return {n.id for n in ast.walk(ast.parse(self.text))
+                if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+
+
+@dataclasses.dataclass
+class Program:
+    """A straight-line program: inputs, statements and the names it returns."""
+    inputs: list
+    stmts: list
+    returns: list
+    label: str = ""
+
+    def fn_source(self) -> str:
+        ret = ", ".join(self.returns) + ("," if len(self.returns) == 1 else "")
+        body = [s.text for s in self.stmts] + [f"return ({ret})"]
+        args = ", ".join(i.name for i in self.inputs)
+        return f"def fn({args}):\n" + "".join(f"    {line}\n" for line in body)
+
+    def function(self) -> Callable:
+        """The program as a Python function (its source is registered with linecache)."""
+        src = self.fn_source()
+        filename = f"<coil-fuzz {hashlib.sha1(src.encode()).hexdigest()[:12]}>"
+        linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
+        ns = {"torch": torch, "nan": math.nan, "inf": math.inf}
+        exec(compile(src, filename, "exec"), ns)
+        return ns["fn"]
+
+    def make_inputs(self) -> list:
+        return [i.make() for i in self.inputs]
+
+    def families(self) -> set:
+        return {s.family for s in self.stmts}
+
+    def source(self, result: Optional["Result"] = None) -> str:
+        """A runnable repro module (``python repro.py`` replays it)."""
+        head = [f"# coil fuzz repro {self.label}".rstrip()]
+        if result is not None:
+            head.append(f"# {result.outcome} on backend {result.backend}: {result.kind}")
+            head += ["#   " + line for line in result.detail.splitlines()[:6]]
+        inputs = "".join(f"    {i.source()}\n" for i in self.inputs)
+        names = ", ".join(i.name for i in self.inputs)
+        backend = result.backend if result is not None else "cpp"
+        return ("\n".join(head) + "\nimport torch\nfrom math import inf, nan\n\n\n"
+                + self.fn_source() + "\n\ndef make_inputs():\n" + inputs
+                + f"    return [{names}]\n\n\nif __name__ == \"__main__\":\n"
+                "    from coil.testing.fuzz import replay\n"
+                f"    replay(fn, make_inputs, {backend!r})\n")
+
+
+@contextlib.contextmanager
+def _quiet():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
+
+
+def _replay_env(inputs: list, stmts: list) -> dict:
+    env = {"torch": torch}
+    env.update({i.name: i.make() for i in inputs})
+    with _quiet():
+        for s in stmts:
+            exec(s.text, env)
+    return env
+
+
+def generate(seed: int, index: int, families: Optional[list] = None,
+             max_stmts: int = 8) -> Program:
+    """Program number ``index`` of ``seed`` (independent of the others: replayable alone)."""
+    rng = random.Random(f"coil-fuzz:{seed}:{index}")
+    fams = [f for f in FAMILY_WEIGHTS if not families or f in families]
+    if not fams:
+        raise ValueError(f"no such op family in {families}; known: {sorted(FAMILY_WEIGHTS)}")
+    for _ in range(50):
+        prog = _build(rng, fams, max_stmts)
+        prog.label = f"seed {seed} index {index}"
+        if prog.stmts and _deterministic(prog):
+            return prog
+    raise RuntimeError(f"could not build a program for seed {seed} index {index}")
+
+
+def _build(rng: random.Random, fams: list, max_stmts: int) -> Program:
+    n = rng.randint(1, 4)
+    primary = rng.choices(DTYPES, [1, 1, 5, 1, 1, 1, 2, 1])[0]
+    inputs = []
+    for name, shape in zip("abcd", gen_shapes(rng, n)):
+        dt = primary if rng.random() < 0.7 else rng.choice(DTYPES)
+        kind = rng.choices(["normal", "special", "extreme", "ints"], [6, 2, 1, 2])[0]
+        base_shape, suffix = gen_layout(rng, shape)
+        inputs.append(Input(name, gen_values(rng, base_shape, dt, kind), suffix))
+    env, stmts = _replay_env(inputs, []), []
+    target, tries = rng.randint(2, max_stmts), 0
+    while len(stmts) < target and tries < 100:
+        tries += 1
+        fam = rng.choices(fams, [FAMILY_WEIGHTS[f] for f in fams])[0]
+        gens = FAMILIES[fam]
+        gen = rng.choices([g for _, g in gens], [w for w, _ in gens])[0]
+        before = set(env)
+        try:
+            lines = gen(Ctx(rng, env, [i.name for i in inputs]))
+        except Exception:  # Skip, or parameters eager's own helpers reject
+            lines = None
+        for k in set(env) - before:
+            del env[k]
+        if not lines:
+            continue
+        new = [Stmt(line, fam) for line in ([lines] if isinstance(lines, str) else lines)]
+        try:
+            with _quiet():
+                for s in new:
+                    exec(s.text, env)
+            stmts += new
+        except Exception as e:  # eager rejects it: keep it now and then (a missing error?)
+            if stmts and rng.random() < 0.04 and "ZeroDivision" not in str(e):
+                stmts += new
+                break
+            env = _replay_env(inputs, stmts)
+    defined = [d for s in stmts for d in sorted(s.defs)]
+    used = {u for s in stmts for u in s.uses}
+    rets = [d for d in defined if d not in used or rng.random() < 0.3]
+    if rng.random() < 0.15:
+        rets.append(rng.choice(inputs).name)
+    return Program(inputs, stmts, rets)
+
+
+def _same_bits(a, b) -> bool:
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        return a.shape == b.shape and a.dtype == b.dtype and bool(
+            ((a == b) | (a != a) & (b != b)).all())
+    return type(a) is type(b)
+
+
+def _deterministic(prog: Program) -> bool:
+    """Eager gives bit-identical results twice (rejects order-dependent programs)."""
+    runs = []
+    for _ in range(2):
+        args = prog.make_inputs()
+        try:
+            with _quiet():
+                out = prog.function()(*args)
+        except Exception as e:
+            out = e
+        runs.append(pytree.tree_leaves((out, args)))
+    return len(runs[0]) == len(runs[1]) and all(map(_same_bits, *runs))
+
+
+# ------------------------------------------------------------------ checking
+
+@dataclasses.dataclass
+class Result:
+    """What :func:`check` found. ``kind``: the mismatch kind or the error's site."""
+    outcome: str
+    backend: str
+    kind: str = ""
+    detail: str = ""
+
+    @property
+    def signature(self) -> str:
+        return f"{self.outcome}:{self.backend}:{self.kind}"
+
+
+class _Hang(BaseException):
+    pass
+
+
+@contextlib.contextmanager
+def _deadline(seconds: float):
+    if not seconds or not hasattr(signal, "setitimer"):
+        yield
+        return
+
+    def fire(*_):
+        raise _Hang()
+    try:
+        old = signal.signal(signal.SIGALRM, fire)
+    except ValueError:  # not the main thread
+        yield
+        return
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def compile_for(fn: Callable, backend) -> Callable:
+    """``fn`` compiled by one of :data:`BACKENDS` (``cpp``/``triton``: coil's kernels).
+
+    A callable ``backend`` is used as ``backend(fn)`` (tests plant fake compilers so)."""
+    import coil
+    if callable(backend):
+        return backend(fn)
+    if backend == "cpp":
+        return coil.compile(fn, options={"cpu_backend": "cpp"})
+    if backend == "triton":
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+        return coil.compile(fn, options={"cpu_backend": "triton"})
+    if backend == "aot_eager":
+        return coil.compile(fn, backend="aot_eager")
+    if backend == "torch_aot_eager":
+        return torch.compile(fn, backend="aot_eager")
+    raise ValueError(f"unknown backend {backend!r}; choose from {BACKENDS}")
+
+
+def _reset(backend: str) -> None:
+    import coil
+    coil.reset()
+    if str(backend).startswith("torch"):
+        torch.compiler.reset()
+
+
+def _site(exc: BaseException) -> str:
+    """``Type@coil/file.py:function`` of the innermost coil frame of the root cause."""
+    while exc.__cause__ is not None:
+        exc = exc.__cause__
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if "/coil/" in f.filename and "/coil/testing/" not in f.filename]
+    where = ""
+    if frames:
+        f = frames[-1]
+        where = "@" + f.filename[f.filename.rindex("/coil/") + 1:] + ":" + f.name
+    return type(exc).__name__ + where
+
+
+def _reference(fn: Callable, make_inputs: Callable, e_out) -> Optional[tuple]:
+    """(outputs, inputs) of the fp32 version of a low-precision program, or None."""
+    try:
+        src = textwrap.dedent(inspect.getsource(fn))
+    except (OSError, TypeError):
+        return None
+    args = make_inputs()
+    leaves = pytree.tree_leaves((args, e_out))
+    if not ("float16" in src or any(isinstance(x, torch.Tensor) and x.dtype in _LOW
+                                      for x in leaves)):
+        return None
+    src = src.replace("torch.bfloat16", "torch.float32").replace("torch.float16", "torch.float32")
+    ns = dict(fn.__globals__)
+    try:
+        exec(src, ns)
+        up = [x.float() if x.dtype in _LOW else x for x in args]
+        return ns[fn.__name__](*up), up
+    except Exception:
+        return None
+
+
+def _compare_tensor(what: str, c, e, r) -> Optional[tuple]:
+    """(kind, message) when compiled ``c`` differs from eager ``e`` (``r``: fp32 reference)."""
+    if not isinstance(e, torch.Tensor) or not isinstance(c, torch.Tensor):
+        same = _same_bits(c, e) if isinstance(c, torch.Tensor) == isinstance(e, torch.Tensor) \
+            else False
+        same = same and (c == e or c != c and e != e) if not isinstance(e, torch.Tensor) else same
+        return None if same else ("value", f"{what}: {c!r} vs eager {e!r}")
+    if c.shape != e.shape:
+        return "shape", f"{what}: shape {tuple(c.shape)} vs eager {tuple(e.shape)}"
+    if c.dtype != e.dtype:
+        return "dtype", f"{what}: dtype {c.dtype} vs eager {e.dtype}"
+    a, b = c.detach().double(), e.detach().double()
+    if e.is_floating_point():
+        at, rt = TOLERANCES.get(e.dtype, (0.0, 0.0))
+        close = torch.isclose(a, b, rtol=rt, atol=at, equal_nan=True)
+    else:
+        at, close = 0.0, a == b
+    if isinstance(r, torch.Tensor) and r.shape == c.shape and not close.all():
+        ref = r.detach().double()
+        closer = (a - ref).abs() <= LOW_PRECISION_MARGIN * (b - ref).abs() + at
+        close = close | (a == ref) | (a.isnan() & ref.isnan()) | closer
+    if bool(close.all()):
+        return None
+    bad = (~close).nonzero()[0].tolist()
+    i = tuple(bad)
+    return "value", (f"{what}: {int((~close).sum())} of {c.numel()} differ ({c.dtype}); first at "
+                     f"{i}: compiled {c[i].item()!r} vs eager {e[i].item()!r}")
+
+
+def _alias_of(t, args) -> Optional[int]:
+    if not isinstance(t, torch.Tensor) or t.untyped_storage().nbytes() == 0:
+        return None
+    ptr = t.untyped_storage().data_ptr()
+    for j, a in enumerate(args):
+        if isinstance(a, torch.Tensor) and a.untyped_storage().data_ptr() == ptr:
+            return j
+    return None
+
+
+def _layout(t: torch.Tensor) -> tuple:
+    """(strides, storage offset) where they matter: strides of size-1 dims are free."""
+    if t.numel() == 0:
+        return (), 0
+    return tuple(st if n > 1 else None for n, st in zip(t.shape, t.stride())), t.storage_offset()
+
+
+def _compare(c_out, e_out, c_args, e_args, ref) -> list:
+    """Every (kind, message) by which the compiled call differs from eager's."""
+    c_leaves, c_spec = pytree.tree_flatten(c_out)
+    e_leaves, e_spec = pytree.tree_flatten(e_out)
+    if c_spec != e_spec:
+        return [("out-structure", f"outputs {c_spec} vs eager {e_spec}")]
+    r_leaves, r_args = [None] * len(e_leaves), [None] * len(e_args)
+    if ref is not None and len(pytree.tree_leaves(ref[0])) == len(e_leaves):
+        r_leaves, r_args = pytree.tree_leaves(ref[0]), ref[1]
+    problems = []
+    for i, (c, e, r) in enumerate(zip(c_leaves, e_leaves, r_leaves)):
+        p = _compare_tensor(f"output {i}", c, e, r)
+        if p:
+            problems.append(("out-" + p[0], p[1]))
+        ej, cj = _alias_of(e, e_args), _alias_of(c, c_args)
+        if ej != cj:
+            problems.append(("out-alias", f"output {i}: eager's is a view of input {ej}, "
+                                          f"compiled's of {cj}"))
+        elif ej is not None and _layout(c) != _layout(e):
+            problems.append(("out-stride", f"output {i} (a view of input {ej}): stride "
+                             f"{c.stride()} offset {c.storage_offset()} vs eager {e.stride()} "
+                             f"offset {e.storage_offset()}"))
+    for j, (c, e, r) in enumerate(zip(c_args, e_args, r_args)):
+        meta_c, meta_e = (tuple(c.shape),) + _layout(c), (tuple(e.shape),) + _layout(e)
+        if meta_c != meta_e:
+            problems.append(("input-meta", f"input {j} (size, stride, offset) {meta_c} vs "
+                                           f"eager {meta_e}"))
+            continue
+        p = _compare_tensor(f"input {j} after the call", c, e, r)
+        if p:
+            problems.append(("input-" + p[0], p[1]))
+    return problems
+
+
+def check(fn: Callable, make_inputs: Callable, backend: str = "cpp",
+          timeout: float = 120.0) -> Result:
+    """Run ``fn`` eagerly and compiled by ``backend`` on fresh ``make_inputs()``; classify."""
+    name = backend if isinstance(backend, str) else getattr(backend, "__name__", "custom")
+    with _quiet():
+        e_args = make_inputs()
+        try:
+            e_out, e_err = fn(*e_args), None
+        except Exception as err:
+            e_out, e_err = None, err
+        ref = _reference(fn, make_inputs, e_out) if e_err is None else None
+        _reset(backend)
+        try:
+            with _deadline(timeout):
+                compiled = compile_for(fn, backend)
+                for call in range(1 if e_err is not None else 2):
+                    c_args = make_inputs()
+                    c_out = compiled(*c_args)
+                    if e_err is None:
+                        problems = _compare(c_out, e_out, c_args, e_args, ref)
+                        if problems:
+                            kind = ("2nd-call " if call else "") + problems[0][0]
+                            return Result("mismatch", name, kind,
+                                          "\n".join(m for _, m in problems))
+        except _Hang:
+            return Result("hang", name, "timeout", f"ran past {timeout}s")
+        except Exception as err:
+            if e_err is not None:
+                return Result("both_raise", name, type(err).__name__, str(err)[:500])
+            return Result("error", name, _site(err),
+                          f"{type(err).__name__}: {err}"[:2000])
+        finally:
+            _reset(backend)
+        if e_err is not None:
+            return Result("missing_error", name, type(e_err).__name__,
+                          f"eager raised {type(e_err).__name__}: {e_err}"[:1000])
+        return Result("ok", name)
+
+
+def check_program(prog: Program, backend: str = "cpp", timeout: float = 120.0) -> Result:
+    """:func:`check` for a :class:`Program`."""
+    return check(prog.function(), prog.make_inputs, backend, timeout)
+
+
+def replay(fn: Callable, make_inputs: Callable, backend: str = "cpp") -> Result:
+    """Check a repro's ``fn``/``make_inputs`` and print what was found."""
+    r = check(fn, make_inputs, backend)
+    print(f"{r.outcome} on {backend}: {r.kind}\n{r.detail}".rstrip())
+    return r
+
+
+# ------------------------------------------------------------------ minimizer
+
+def _simple(t: torch.Tensor) -> torch.Tensor:
+    """Elements that are small integers (what the minimizer shrinks values towards)."""
+    x = t.double()
+    return (x == x.round()) & (x.abs() <= 9)
+
+
+def _measure(p: Program) -> int:
+    m = 1000 * len(p.stmts) + 200 * len(p.inputs) + 100 * len(p.returns)
+    for i in p.inputs:
+        m += 20 * bool(i.suffix) + 3 * i.base.numel() + 5 * i.base.dim() + \
+            int((~_simple(i.base)).sum()) + 2 * (i.base.dtype not in (torch.float32, torch.int64,
+                                                                      torch.bool))
+    return m
+
+
+def _drop(p: Program, k: int) -> Program:
+    """``p`` without statement ``k`` and everything that reads what it defined; values
+    nothing reads any more are returned instead of those gone."""
+    gone, keep = set(p.stmts[k].defs), []
+    for j, s in enumerate(p.stmts):
+        if j == k:
+            continue
+        if j > k and s.uses & gone:
+            gone |= s.defs
+        else:
+            keep.append(s)
+    rets = [r for r in p.returns if r not in gone]
+    if len(rets) < len(p.returns):
+        used = {u for s in keep for u in s.uses}
+        rets += [d for s in keep for d in sorted(s.defs) if d not in used and d not in rets]
+    return dataclasses.replace(p, stmts=keep, returns=rets)
+
+
+def _prune(p: Program) -> Program:
+    """Drop inputs that nothing reads."""
+    used = {u for s in p.stmts for u in s.uses} | set(p.returns)
+    return dataclasses.replace(p, inputs=[i for i in p.inputs if i.name in used])
+
+
+def _with_input(p: Program, k: int, base: torch.Tensor, suffix: str = "") -> Program:
+    inputs = list(p.inputs)
+    inputs[k] = Input(inputs[k].name, base.contiguous(), suffix)
+    return dataclasses.replace(p, inputs=inputs)
+
+
+def _candidates(p: Program):
+    """Smaller variants of ``p``, boldest first."""
+    for k in reversed(range(len(p.stmts))):
+        yield _drop(p, k)
+    for r in p.returns:
+        yield dataclasses.replace(p, returns=[x for x in p.returns if x != r])
+    for k, inp in enumerate(p.inputs):
+        if inp.suffix:
+            yield _with_input(p, k, inp.make())
+            continue
+        b = inp.base
+        for d in range(b.dim()):
+            for n in sorted({1, b.shape[d] // 2, b.shape[d] - 1}):
+                if 0 < n < b.shape[d]:
+                    yield _with_input(p, k, b.narrow(d, 0, n))
+            if b.shape[d]:
+                yield _with_input(p, k, b.select(d, 0))
+        if b.dtype in (torch.float16, torch.bfloat16, torch.float64):
+            yield _with_input(p, k, b.float())
+        elif b.dtype in (torch.int32, torch.uint8):
+            yield _with_input(p, k, b.long())
+        if b.dtype is torch.bool or bool(_simple(b).all()):
+            continue
+        ints = b.dtype in (torch.uint8, torch.int32, torch.int64)
+        fills = [1] if ints and any(x in p.fn_source() for x in ("//", "%", "fmod", "remainder")) \
+            else [1, 0]
+        for v in fills:
+            yield _with_input(p, k, torch.full_like(b, v))
+        yield _with_input(p, k, torch.where(_simple(b), b, torch.ones_like(b)))
+        flat = b.flatten()
+        for j in [j for j in range(flat.numel()) if not _simple(flat[j])][:32]:
+            for v in fills:
+                f = flat.clone()
+                f[j] = v
+                yield _with_input(p, k, f.view(b.shape))
+
+
+def minimize(prog: Program, backend: str = "cpp", signature: Optional[str] = None,
+             budget_s: float = 180.0, timeout: float = 60.0) -> Program:
+    """Greedy shrinking of ``prog`` while :func:`check_program` keeps ``signature``."""
+    stop = time.time() + budget_s
+    if signature is None:
+        signature = check_program(prog, backend, timeout).signature
+    prog, progress = _prune(prog), True
+    while progress and time.time() < stop:
+        progress = False
+        for cand in _candidates(prog):
+            if time.time() > stop:
+                break
+            cand = _prune(cand)
+            if _measure(cand) >= _measure(prog):
+                continue
+            try:
+                same = check_program(cand, backend, timeout).signature == signature
+            except Exception:
+                same = False
+            if same:
+                prog, progress = cand, True
+                break
+    return prog
+
+
+# ------------------------------------------------------------------------ CLI
+
+def _table(stats: dict) -> str:
+    fams = sorted({f for f, _ in stats})
+    rows = [["family"] + list(OUTCOMES)]
+    for f in fams + ["all programs"]:
+        rows.append([f] + [str(stats.get((f, o), 0)) for o in OUTCOMES])
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows)
+
+
+def main(argv: Optional[list] = None) -> int:
+    """Command line: fuzz for ``--time`` seconds or ``--count`` programs; print a summary."""
+    ap = argparse.ArgumentParser(prog="python -m coil.testing.fuzz", description=__doc__.split("\n")[0])
+    ap.add_argument("--time", type=float, default=600.0, help="seconds to run (default 600)")
+    ap.add_argument("--count", type=int, default=None, help="stop after N programs")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--start", type=int, default=0, help="first program index")
+    ap.add_argument("--index", type=int, default=None, help="run only program INDEX, verbosely")
+    ap.add_argument("--backends", default="cpp", help=f"comma list of {', '.join(BACKENDS)}")
+    ap.add_argument("--family", default="", help=f"comma list of {', '.join(FAMILY_WEIGHTS)}")
+    ap.add_argument("--out", default="fuzz-out", help="where failures' repro files go")
+    ap.add_argument("--no-minimize", action="store_true")
+    ap.add_argument("--minimize-time", type=float, default=180.0)
+    ap.add_argument("--per-class", type=int, default=2,
+                    help="minimize at most this many failures of one signature")
+    ap.add_argument("--torch-ref", action="store_true",
+                    help="also run failures through torch.compile(backend='aot_eager')")
+    ap.add_argument("--timeout", type=float, default=120.0, help="seconds a compiled run may take")
+    a = ap.parse_args(argv)
+    import coil.trace as trace
+
+    backends = [b for b in a.backends.split(",") if b]
+    families = [f for f in a.family.split(",") if f] or None
+    os.makedirs(a.out, exist_ok=True)
+    stats, classes, start = Counter(), defaultdict(list), time.time()
+    indices = [a.index] if a.index is not None else range(a.start, sys.maxsize)
+    for n, i in enumerate(indices):
+        if a.count is not None and n >= a.count or a.index is None and time.time() - start > a.time:
+            break
+        prog = generate(a.seed, i, families)
+        if a.index is not None:
+            print(prog.source())
+        with open(os.path.join(a.out, "_in_flight.py"), "w") as f:
+            f.write(prog.source())  # left behind if a compiled kernel kills the process
+        for b in backends:
+            r = check_program(prog, b, a.timeout)
+            trace.log("fuzz_result", stage="testing", program=prog.label, backend=b,
+                      outcome=r.outcome, kind=r.kind, families=sorted(prog.families()))
+            for fam in prog.families() | {"all programs"}:
+                stats[(fam, r.outcome)] += 1
+            if r.outcome not in FAILURES:
+                if a.index is not None:
+                    print(f"{b}: {r.outcome} {r.kind}")
+                continue
+            small = prog
+            if not a.no_minimize and len(classes[r.signature]) < a.per_class:
+                small = minimize(prog, b, r.signature, a.minimize_time, a.timeout)
+            note = ""
+            if a.torch_ref:
+                note = f"\n#   torch.compile(backend='aot_eager'): " \
+                       f"{check_program(small, 'torch_aot_eager', a.timeout).outcome}"
+            path = os.path.join(a.out, f"{r.outcome}-{b}-s{a.seed}-{i}.py")
+            with open(path, "w") as f:
+                f.write(small.source(r).replace("\nimport torch", note + "\nimport torch", 1))
+            classes[r.signature].append(path)
+            print(f"[{time.time() - start:7.0f}s] {prog.label}: {r.outcome} on {b}: {r.kind} -> {path}",
+                  flush=True)
+        if n % 20 == 19:
+            gc.collect()
+    print("\n" + _table(stats))
+    print(f"\n{len(classes)} distinct failure signature(s):")
+    for sig, paths in sorted(classes.items()):
+        print(f"  {len(paths):4d}  {sig}\n        e.g. {paths[0]}")
+    return 1 if classes else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -100,7 +100,10 @@ class CudaRecorder:
                 with torch.cuda.graph(graph, pool=self.pool):
                     outs = fn(*args)
             except Exception as e:  # noqa: BLE001 - the reason goes to the log
-                torch.cuda.synchronize()
+                try:
+                    torch.cuda.synchronize()
+                except RuntimeError:
+                    pass
                 raise SkipGraph(f"capture failed: {type(e).__name__}: {str(e)[:300]}") from e
         return graph, outs
 
@@ -110,7 +113,9 @@ class CudaRecorder:
 
     def poison(self, t: torch.Tensor, message: str) -> None:
         """Make reading ``t``'s storage raise ``message``."""
-        torch._C._set_storage_access_error_msg(t, message)
+        poison = getattr(torch._C, "_set_storage_access_error_msg", None)
+        if poison is not None:  # CUDA builds
+            poison(t, message)
 
 
 class FakeRecorder:
@@ -124,10 +129,12 @@ class FakeRecorder:
         self.stale: dict = {}
 
     def capture(self, fn: Callable, args: list) -> tuple[Any, Any]:
-        """Run ``fn`` once for the outputs' memory; replay reruns it into them."""
+        """Run ``fn`` once for the outputs' memory; replay reruns it into them, reading
+        its tensor arguments by address as a CUDA graph does (holding them would keep
+        them alive)."""
         self.captures += 1
         outs = fn(*args)
-        return (fn, args, outs), outs
+        return (fn, [_by_address(a) if isinstance(a, torch.Tensor) else a for a in args], outs), outs
 
     def replay(self, graph) -> None:
         """Recompute and write into the captured outputs."""
@@ -146,6 +153,14 @@ class FakeRecorder:
     def is_stale(self, t: torch.Tensor) -> bool:
         """Whether ``t`` lives in memory a later replay overwrote."""
         return t.untyped_storage()._cdata in self.stale
+
+
+def _by_address(t: torch.Tensor) -> torch.Tensor:
+    """A tensor over ``t``'s memory that does not keep ``t``'s storage alive."""
+    st = t.untyped_storage()
+    alias = torch._C._construct_storage_from_data_pointer(st.data_ptr(), t.device, st.nbytes())
+    return torch.empty((0,), dtype=t.dtype, device=t.device).set_(
+        alias, t.storage_offset(), t.shape, t.stride())
 
 
 class OutputPlan:
@@ -176,7 +191,13 @@ class OutputPlan:
             meta = (o.dtype, tuple(o.shape), tuple(o.stride()))
             if key in arg_of:
                 i = arg_of[key]
-                self.items.append(("arg", i, meta, o.data_ptr() - static_args[i].data_ptr()))
+                a = static_args[i]
+                if o.data_ptr() == a.data_ptr() and meta == (a.dtype, tuple(a.shape), tuple(a.stride())):
+                    # the argument itself (a forward saving a parameter for the backward):
+                    # handed back as the caller's object, so it stays a Parameter there
+                    self.items.append(("self", i))
+                else:
+                    self.items.append(("arg", i, meta, o.data_ptr() - a.data_ptr()))
                 continue
             if key not in slot_of:
                 slot_of[key] = len(self.slots)
@@ -194,6 +215,9 @@ class OutputPlan:
         for item in self.items:
             if item[0] == "const":
                 outs.append(item[1])
+                continue
+            if item[0] == "self":
+                outs.append(args[item[1]])
                 continue
             (dtype, size, stride) = item[2]
             if item[0] == "slot":

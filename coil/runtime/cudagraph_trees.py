@@ -68,7 +68,10 @@ class Node:
         self.depth = 0 if parent is None else parent.depth + 1
         #: weak refs of the slot storages handed out by the last replay
         self.live: list = []
-        self.saved_slots = plan.slots_of(*fn.saved) if fn.saved else set()
+        # storages only the backward holds: one that also backs a user output may be
+        # kept by the caller long after the backward ran
+        self.saved_slots = plan.slots_of(*fn.saved) - plan.slots_of(0, fn.saved[0]) \
+            if fn.saved else set()
 
     def moved(self, args) -> list:
         """Indices of in-place arguments not at their recorded address."""
@@ -92,6 +95,7 @@ class Node:
             if t is not None:
                 self.tree.recorder.poison(t, STALE_MESSAGE)
         self.tree.recorder.replay(self.graph)
+        self.tree.replays += 1
         outs, self.live = self.plan.build(args)
         return tuple(outs) if self.plan.is_tuple else outs
 
@@ -106,8 +110,12 @@ class Tree:
         self.step_begin = False
         #: storage data pointer of every node output -> node
         self.pool_storages: dict = {}
+        #: storage data pointers some node reads in place (parameters, buffers): a view
+        #: of them (a forward saving ``weight.t()``) is read in place too
+        self.stable_storages: set = set()
         self.steps = 0
         self.nodes = 0
+        self.replays = 0
         _ALL_TREES.add(self)
 
     def new_step(self) -> None:
@@ -165,9 +173,12 @@ class Tree:
             if not isinstance(a, torch.Tensor):
                 continue
             same = warm[i] is not None and warm[i]() is a
-            if i not in forced and (a.untyped_storage().data_ptr() in self.pool_storages or
+            sp = a.untyped_storage().data_ptr()
+            if i not in forced and (sp in self.pool_storages or sp in self.stable_storages or
                                     isinstance(a, torch.nn.Parameter) or same):
                 inplace.append((i, a.data_ptr()))
+                if sp not in self.pool_storages:
+                    self.stable_storages.add(sp)
                 continue
             p = torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device=a.device)
             copied.append(i)
@@ -217,11 +228,10 @@ class GraphFunction:
             return self.fn(*args)
         tree = self.tree
         if tree is None:
-            dev = next((a.device for a in args if isinstance(a, torch.Tensor) and a.is_cuda), None)
-            if dev is None:
+            tree = self.tree = pick_tree(args)
+            if tree is None:
                 self.skip_with("CPU tensors: no CUDA tensor among the inputs")
                 return self.fn(*args)
-            tree = self.tree = tree_for(dev)
         return tree.run(self, args)
 
 
@@ -243,13 +253,21 @@ _TREES: dict = {}
 _ALL_TREES: "weakref.WeakSet[Tree]" = weakref.WeakSet()
 
 
-def tree_for(device: torch.device) -> Tree:
-    """The tree (and pool) of one CUDA device."""
-    key = torch.device(device).index or 0
+def pick_tree(args) -> Optional[Tree]:
+    """The tree (and pool) of the CUDA device of the first CUDA tensor in ``args``."""
+    dev = next((a.device for a in args if isinstance(a, torch.Tensor) and a.is_cuda), None)
+    if dev is None:
+        return None
+    key = dev.index or 0
     tree = _TREES.get(key)
     if tree is None:
         tree = _TREES[key] = Tree(CudaRecorder(torch.device("cuda", key)))
     return tree
+
+
+def cuda_available() -> bool:
+    """Whether CUDA graphs can be recorded in this process."""
+    return torch.cuda.is_available()
 
 
 def cudagraphify(fn: Callable, kind: str, saved: Optional[tuple] = None) -> Callable:
@@ -264,7 +282,7 @@ def cudagraphify(fn: Callable, kind: str, saved: Optional[tuple] = None) -> Call
     reason = ungraphable_reason(gm if isinstance(gm, torch.fx.GraphModule) else None)
     if reason is not None:
         gf.skip_with(reason)
-    elif not torch.cuda.is_available():
+    elif not cuda_available():
         gf.skip_with("CUDA is not available")
     return gf
 

@@ -181,7 +181,7 @@ def test_outputs_aliasing_inputs_are_views_of_this_calls_argument():
     for _ in range(3):
         x = torch.randn(3, 4)
         a, b, c = f(x)
-        assert a.data_ptr() == x.data_ptr() and b.data_ptr() == x.data_ptr()
+        assert a is x and b.data_ptr() == x.data_ptr()
         assert b.shape == (4, 3)
         torch.testing.assert_close(c, x[1:] * 2)
 
@@ -223,3 +223,77 @@ def test_compile_reduce_overhead_on_cpu_runs_compiled_and_logs_why(log_dir):
     torch.testing.assert_close(cf(x), f(x))
     reasons = [e["reason"] for e in events(log_dir, "cudagraph_skip")]
     assert reasons and all("CUDA" in r or "CPU" in r for r in reasons)
+
+
+def test_a_saved_tensor_that_is_also_a_user_output_does_not_hold_the_step():
+    """The caller may keep an output the backward also saved: the forward is not
+    pending because of it, so the next call still starts a new step."""
+    tree, f = make(kind="forward", saved=(1, 2), body=lambda x: (x * 2,) * 2)
+    x = torch.randn(3)
+    kept = [f(x)[0] for _ in range(4)]
+    assert tree.nodes == 1 and tree.steps == 2
+    assert tree.recorder.is_stale(kept[1]) and not tree.recorder.is_stale(kept[3])
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    """The AOT runtime's graphs go to a tree with the fake recorder on CPU."""
+    from coil.runtime import cudagraph_trees
+
+    tree = Tree(FakeRecorder())
+    monkeypatch.setattr(cudagraph_trees, "cuda_available", lambda: True)
+    monkeypatch.setattr(cudagraph_trees, "ungraphable_reason", lambda gm: None)
+    monkeypatch.setattr(cudagraph_trees, "pick_tree", lambda args: tree)
+    coil.reset()
+    yield tree
+    coil.reset()
+
+
+def test_aot_inference_through_the_tree(fake_cuda):
+    m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+    cm = coil.compile(m, mode="reduce-overhead")
+    with torch.no_grad():
+        for _ in range(4):
+            x = torch.randn(3, 8)
+            torch.testing.assert_close(cm(x), m(x))
+    root = fake_cuda.roots[0]
+    assert fake_cuda.nodes == 1 and len(root.copied) == 1 and len(root.inplace) == 4
+    assert fake_cuda.replays == 3
+
+
+def test_aot_training_through_the_tree(fake_cuda):
+    import copy
+
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    m2 = copy.deepcopy(m)
+    cm = coil.compile(m2, mode="reduce-overhead")
+    opts = [torch.optim.AdamW(p.parameters(), lr=1e-2) for p in (m, m2)]
+    for _ in range(5):
+        x = torch.randn(4, 8)
+        for model, opt in zip((m, cm), opts):
+            opt.zero_grad()
+            model(x).square().mean().backward()
+            opt.step()
+    for p, p2 in zip(m.parameters(), m2.parameters()):
+        torch.testing.assert_close(p2, p, atol=1e-5, rtol=1e-4)
+    fw = fake_cuda.roots[0]
+    assert fw.fn.kind == "forward" and [c.fn.kind for c in fw.children] == ["backward"]
+    bw = fw.children[0]
+    # the backward reads the forward's saved activations and the parameters in place
+    assert fake_cuda.nodes == 2 and fake_cuda.replays == 8  # 4 steps after the warm-up
+    assert len(bw.copied) <= 2, bw.copied
+
+
+def test_aot_mutated_input_through_the_tree(fake_cuda):
+    def f(x, buf):
+        buf.add_(x)
+        return buf * 2
+
+    cf = coil.compile(f, mode="reduce-overhead")
+    buf, ref = torch.zeros(5), torch.zeros(5)
+    for _ in range(4):
+        x = torch.randn(5)
+        torch.testing.assert_close(cf(x, buf), f(x, ref))
+        torch.testing.assert_close(buf, ref)
+    assert fake_cuda.nodes == 1

@@ -1,0 +1,189 @@
+"""CUDA graph trees on a GPU (``mode="reduce-overhead"``; coil/runtime/cudagraph_trees.py):
+replays equal eager for inference and training, stale outputs raise, recordings are
+bounded, one pool serves a whole tree, fallbacks say why, dropout draws fresh masks.
+Skipped without CUDA (marked ``gpu``)."""
+import copy
+import gc
+import json
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import coil
+from coil import trace
+from coil.bench.models import SmallGPT
+from coil.runtime import cudagraph_trees
+from coil.runtime.cudagraph_record import CudaRecorder
+from coil.runtime.cudagraph_trees import GraphFunction, Tree
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(autouse=True)
+def fresh():
+    coil.reset()
+    yield
+    coil.reset()
+
+
+@pytest.fixture
+def log_dir(tmp_path):
+    old = trace.trace_dir()
+    trace.set_dir(str(tmp_path))
+    yield tmp_path
+    trace.set_dir(old)
+
+
+def events(d, name):
+    out = []
+    for f in os.listdir(d):
+        if f.endswith(".jsonl"):
+            with open(os.path.join(d, f)) as fh:
+                out += [r for r in map(json.loads, fh) if r["event"] == name]
+    return out
+
+
+def tree():
+    return cudagraph_trees._TREES[0]
+
+
+def gpt():
+    torch.manual_seed(0)
+    return SmallGPT(vocab=256, d=64, heads=4, layers=2, max_seq=32).cuda()
+
+
+def test_gpu_inference_replays_equal_eager():
+    m = gpt().eval()
+    cm = coil.compile(m, mode="reduce-overhead")
+    with torch.no_grad():
+        for _ in range(5):
+            idx = torch.randint(0, 256, (2, 16), device="cuda")
+            torch.testing.assert_close(cm(idx), m(idx), atol=1e-4, rtol=1e-4)
+    assert tree().nodes >= 1 and tree().replays >= 3
+
+
+def test_gpu_training_five_adamw_steps_equal_eager():
+    m = gpt()
+    m2, m3 = copy.deepcopy(m), copy.deepcopy(m)
+    runs = [(m, m), (coil.compile(m2, mode="reduce-overhead"), m2), (coil.compile(m3), m3)]
+    opts = [torch.optim.AdamW(p.parameters(), lr=1e-3) for _, p in runs]
+    for _ in range(5):
+        idx = torch.randint(0, 256, (2, 16), device="cuda")
+        for (model, _), o in zip(runs, opts):
+            o.zero_grad()
+            loss = F.cross_entropy(model(idx).flatten(0, 1), idx.flatten())
+            loss.backward()
+            o.step()
+    for (n, p), p2, p3 in zip(m.named_parameters(), m2.parameters(), m3.parameters()):
+        torch.testing.assert_close(p2, p3, atol=1e-5, rtol=1e-5, msg=n)  # same kernels
+        torch.testing.assert_close(p2, p, atol=1e-3, rtol=1e-2, msg=n)
+    kinds = {n.fn.kind for n in tree().roots} | {c.fn.kind for n in tree().roots for c in n.children}
+    assert {"forward", "backward"} <= kinds and tree().replays >= 4
+
+
+def test_gpu_stale_output_raises_and_mark_step_begin_and_clone_work():
+    f = coil.compile(lambda x: torch.sin(x) * 2, mode="reduce-overhead")
+    xs = [torch.randn(64, device="cuda") for _ in range(5)]
+    f(xs[0])
+    f(xs[1])
+    a = f(xs[2])
+    kept = a.clone()
+    b = f(xs[3])                     # the same graph again: a new step overwrites a
+    with pytest.raises(RuntimeError, match="cudagraph_mark_step_begin"):
+        print(a + 1)
+    torch.testing.assert_close(kept, torch.sin(xs[2]) * 2)
+    torch.testing.assert_close(b, torch.sin(xs[3]) * 2)
+    coil.cudagraph_mark_step_begin()
+    c = f(xs[4])
+    torch.testing.assert_close(c, torch.sin(xs[4]) * 2)
+    assert tree().nodes == 1
+
+
+def test_gpu_decode_loop_feeds_outputs_back():
+    f = coil.compile(lambda x: torch.tanh(x) * 0.9 + 0.1, mode="reduce-overhead")
+    x = torch.randn(128, device="cuda")
+    ref = x.clone()
+    for _ in range(8):
+        x = f(x)
+        ref = torch.tanh(ref) * 0.9 + 0.1
+    torch.testing.assert_close(x, ref)
+    assert tree().nodes == 1
+
+
+def test_gpu_recordings_per_graph_are_bounded(log_dir):
+    t = Tree(CudaRecorder(torch.device("cuda")))
+    f = GraphFunction(lambda x: (x.cos() + 1,), "inference", tree=t, limit=3)
+    for n in range(1, 7):
+        for _ in range(3):
+            x = torch.randn(n * 8, device="cuda")
+            torch.testing.assert_close(f(x)[0], x.cos() + 1)
+    assert t.nodes == 3
+    assert any("record limit" in e["reason"] for e in events(log_dir, "cudagraph_skip"))
+
+
+def _pool_bytes(shared: bool, n: int = 4) -> int:
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    before = torch.cuda.memory_reserved()
+    t = Tree(CudaRecorder(torch.device("cuda"))) if shared else None
+    gc.collect()
+    fns = [GraphFunction(lambda x, k=k: (((x * k).exp() + 1).sum(0, keepdim=True),), "inference",
+                         tree=t or Tree(CudaRecorder(torch.device("cuda")))) for k in range(n)]
+    x = torch.randn(4096, 4096, device="cuda")  # 64 MiB; every intermediate as large
+    for _ in range(3):
+        for f in fns:
+            f(x)
+    torch.cuda.synchronize()
+    used = torch.cuda.memory_reserved() - before
+    del fns, t
+    return used
+
+
+def test_gpu_one_pool_serves_the_whole_tree():
+    shared = _pool_bytes(True)
+    separate = _pool_bytes(False)
+    assert shared < 0.6 * separate, (shared, separate)
+
+
+def test_gpu_dropout_draws_fresh_masks_per_replay():
+    f = coil.compile(lambda x: F.dropout(x, 0.5, training=True), mode="reduce-overhead")
+    x = torch.ones(4096, device="cuda")
+    outs = [f(x).clone() for _ in range(5)]
+    assert tree().replays >= 3
+    for o in outs:
+        assert set(o.unique().tolist()) <= {0.0, 2.0}
+        assert 0.4 < (o == 0).float().mean().item() < 0.6
+    masks = {tuple((o == 0).nonzero().flatten()[:64].tolist()) for o in outs[1:]}
+    assert len(masks) == 4  # the recording call and each replay drew new numbers
+
+
+def test_gpu_mutated_input_is_replayed_outside_the_graph():
+    def f(x, buf):
+        buf.add_(x)
+        return buf * 2
+
+    cf = coil.compile(f, mode="reduce-overhead")
+    buf, ref = torch.zeros(32, device="cuda"), torch.zeros(32, device="cuda")
+    for _ in range(5):
+        x = torch.randn(32, device="cuda")
+        out = cf(x, buf)
+        torch.testing.assert_close(out, f(x, ref))
+        torch.testing.assert_close(buf, ref)
+
+
+def test_gpu_fallbacks_log_reasons(log_dir):
+    f = coil.compile(lambda x, s: x * s, mode="reduce-overhead")
+    x, s = torch.randn(16, device="cuda"), torch.tensor(3.0)
+    for _ in range(3):
+        torch.testing.assert_close(f(x, s), x * 3)
+    t = Tree(CudaRecorder(torch.device("cuda")))
+    g = GraphFunction(lambda x: (x * x.sum().item(),), "inference", tree=t)  # syncs
+    for _ in range(3):
+        torch.testing.assert_close(g(x)[0], x * x.sum().item())
+    reasons = [e["reason"] for e in events(log_dir, "cudagraph_skip")]
+    assert any("CPU" in r for r in reasons), reasons
+    assert any("capture failed" in r for r in reasons), reasons
+    y = torch.randn(8, device="cuda")
+    torch.testing.assert_close(coil.compile(lambda y: y.exp(), mode="reduce-overhead")(y), y.exp())

@@ -175,9 +175,10 @@ def compile(fn_or_module: Union[Callable, torch.nn.Module, None] = None, *,
         mode: None, "reduce-overhead" or "max-autotune". "reduce-overhead" (and
             "max-autotune") replay each compiled graph on CUDA from a CUDA graph, the
             graphs of a device sharing one memory pool (docs/cudagraphs.md).
-        dynamic: accepted for torch.compile compatibility but not implemented yet:
-            shapes are static, so each new input shape recompiles the frame, up to
-            ``recompile_limit`` compiles; after that the frame runs eagerly.
+        dynamic: None (default): compile static first, then make the sizes (and Python
+            numbers) that changed symbolic on the recompile; True: every input dim and
+            number argument symbolic from the first compile; False: only dims marked
+            with :func:`mark_dynamic` (docs/dynamic_shapes.md).
         fullgraph: raise :class:`coil.exc.UserError` at a graph break instead of breaking.
         options: coil.config options for this compile (``coil.config.option_names()``).
 

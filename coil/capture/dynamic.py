@@ -125,6 +125,55 @@ class DynamicPolicy:
         self.auto = auto or {}
         self.marked: dict = {}      # symbol -> (source expr, dim, (min, max))
         self.logged: set = set()
+        self.scalars: dict = {}     # source expr -> int/float value read (automatic dynamic)
+
+    def scalar_input(self, tx, value, source):
+        """The tracker for a Python int/float read from ``source`` when it is a graph
+        input (a symbol of the ShapeEnv), else None (a guarded constant).
+
+        Symbolic when the source's value changed between calls (``automatic``) or, under
+        ``dynamic=True``, for the frame's own arguments. An int is a SymInt placeholder
+        (0 and 1 stay constants); a float is a 0-d float64 tensor input read with
+        ``.item()`` (its fake's ``item_memo`` is the SymFloat: coil/aot/scalars.py), as in
+        torch's capture."""
+        from torch.fx.experimental.symbolic_shapes import DimDynamic
+
+        from coil.capture.source import LocalSource
+        from coil.capture.variables.symbolic import SymNodeVariable
+
+        expr = source.expr()
+        self.scalars[expr] = value
+        if type(value) not in (int, float) or value != value:
+            return None
+        if not ("value" in self.auto.get(expr, ()) and self.mode is not False) and not (
+                self.mode is True and isinstance(source, LocalSource)):
+            return None
+        out = tx.output
+        env = out.shape_env
+        src = ShapeSource(expr)
+        if type(value) is int:
+            sym = env.create_unspecified_symint_and_symbol(value, src, DimDynamic.DYNAMIC)
+            if not isinstance(sym, torch.SymInt):
+                return None                       # 0 / 1: specialized
+            node = out._placeholder(expr)
+            node.meta["example_value"] = sym
+            out.inputs.append((source, value, node))
+        else:
+            s = env.create_unspecified_symbol(value, src, dynamic_dim=DimDynamic.DYNAMIC)
+            sym = env.create_symfloatnode(s, hint=value, source=src)
+            real = torch.tensor(value, dtype=torch.float64)
+            fake = out.fake_mode.from_tensor(real, static_shapes=True)
+            fake.item_memo = sym
+            out.guards.ns["___scalar_tensor"] = _scalar_tensor
+            node = out._placeholder(expr)
+            node.meta["example_value"] = fake
+            out.inputs.append((ScalarTensorSource(expr), real, node))
+            out.scalar_floats.append((expr, sym))
+            node = out.graph.create_node("call_method", "item", (node,), {})
+            node.meta["example_value"] = sym
+        trace.log("dynamic_scalar", stage="capture", source=expr, type=type(value).__name__,
+                  reason="automatic" if self.mode is None else "dynamic=True")
+        return SymNodeVariable(out, sym, ("node", node))
 
     def dims_for(self, expr: str, t: torch.Tensor, is_param: bool) -> dict:
         """``{dim: reason}`` of ``t``'s symbolic dims, read from source ``expr``."""
@@ -391,6 +440,22 @@ class SymbolSource:
 
     def expr(self) -> str:
         return self.text
+
+    def is_root_local(self) -> bool:
+        return False
+
+
+def _scalar_tensor(value) -> torch.Tensor:
+    return torch.tensor(value, dtype=torch.float64)
+
+
+@dataclasses.dataclass(frozen=True)
+class ScalarTensorSource:
+    """The entry's 0-d float64 tensor for a symbolic Python float read from ``text``."""
+    text: str
+
+    def expr(self) -> str:
+        return f"___scalar_tensor({self.text})"
 
     def is_root_local(self) -> bool:
         return False

@@ -126,9 +126,11 @@ class CaptureConfig:
 
 
 class CacheEntry:
-    __slots__ = ("guard", "entry", "guards", "guard_src", "argnames", "config", "input_shapes")
+    __slots__ = ("guard", "entry", "guards", "guard_src", "argnames", "config", "input_shapes",
+                 "input_scalars")
 
-    def __init__(self, guard, entry, guards, guard_src, argnames, config, input_shapes=None):
+    def __init__(self, guard, entry, guards, guard_src, argnames, config, input_shapes=None,
+                 input_scalars=None):
         self.guard = guard
         self.entry = entry
         self.guards = guards
@@ -137,6 +139,8 @@ class CacheEntry:
         self.config = config
         #: source expression -> shape of each tensor input at compile time (automatic dynamic)
         self.input_shapes = input_shapes or {}
+        #: source expression -> Python int/float the frame read (automatic dynamic)
+        self.input_scalars = input_scalars or {}
 
 
 class FrameCache:
@@ -446,6 +450,13 @@ def _note_changed_sizes(cache: FrameCache, old: CacheEntry, bound, fn) -> None:
             pass
     for expr, dims in changed_dims(old.input_shapes, values).items():
         cache.auto_dynamic.setdefault(expr, set()).update(dims)
+    for expr, value in old.input_scalars.items():     # Python ints/floats that changed
+        try:
+            new = eval(expr, ns)
+        except Exception:  # noqa: BLE001
+            continue
+        if type(new) is type(value) and new != value:
+            cache.auto_dynamic.setdefault(expr, set()).add("value")
 
 
 def _translate(fn, code, cfg, bound, auto_dynamic=None) -> CacheEntry:
@@ -692,7 +703,8 @@ def _build_entry(tx, output: OutputGraph, cfg: CaptureConfig, fn, code, argnames
         listener("frame", code, guard_src, src)
     shapes = {src.expr(): tuple(real.shape) for (src, real, _) in output.inputs
               if isinstance(real, torch.Tensor)}
-    return CacheEntry(guard_fn, entry_fn, output.guards, guard_src, argnames, cfg, shapes)
+    return CacheEntry(guard_fn, entry_fn, output.guards, guard_src, argnames, cfg, shapes,
+                      dict(output.dynamic.scalars))
 
 
 def _add_shape_guards(output: OutputGraph) -> None:
@@ -701,6 +713,7 @@ def _add_shape_guards(output: OutputGraph) -> None:
 
     inputs = [(src.expr(), node.meta["example_value"]) for (src, _, node) in output.inputs
               if not isinstance(src, SymbolSource) and is_symbolic_value(node.meta["example_value"])]
+    inputs += output.scalar_floats
     if not inputs:
         return
     prelude, exprs, names = shape_guards(output.shape_env, inputs)

@@ -87,6 +87,7 @@ class GuardSet:
             "___builtins": builtins,
             "___grad_enabled": torch.is_grad_enabled,
             "___id": id,
+            "math": __import__("math"),     # shape guards on floats (math.isnan)
         }
         self._const_ids: dict[int, str] = {}
         # shape guards of a dynamic entry (coil/capture/dynamic.py): locals reading sizes,

@@ -134,6 +134,7 @@ class OutputGraph:
         self.sites = SiteRecorder()
         self.current_tx = None          # the translator running an instruction (where())
         self.symbol_nodes: dict = {}    # sympy symbol -> SymInt placeholder
+        self.scalar_floats: list = []   # (source expr, SymFloat) of float inputs
         self.guards = GuardSet(f_globals)
         self.f_globals = f_globals
         self.argnames = argnames

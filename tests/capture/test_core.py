@@ -157,7 +157,7 @@ def test_recompile_limit_runs_eagerly():
     def f(x, n):
         return x + n
 
-    cf = coil.compile(f, backend="eager")
+    cf = coil.compile(f, backend="eager", dynamic=False)   # (else n becomes a graph input)
     with coil.config.patch(recompile_limit=2):
         for n in range(5):
             torch.testing.assert_close(cf(torch.ones(2), n), torch.ones(2) + n)

@@ -315,3 +315,62 @@ def test_recompile_on_violated_shape_guard_names_it():
     assert fails and "size()" in fails[0]["text"]
     x, y = torch.randn(4, 1), torch.randn(5)          # broadcasting is another entry
     torch.testing.assert_close(f(x, y), x + y)
+
+
+# ------------------------------------------------------------------ symbolic scalars
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_changing_float_and_int_arguments_are_graph_inputs(backend):
+    def fn(x, temperature, n):
+        return (x / temperature).softmax(-1) * n + temperature * 2
+
+    cnt = Counting(backend)
+    f = coil.compile(fn, backend=cnt)
+    x = torch.randn(3, 5)
+    for t, n in [(0.5, 3), (0.7, 4), (1.5, 5), (2.25, 7), (0.1, 9), (0.5, 2)]:
+        torch.testing.assert_close(f(x, t, n), fn(x, t, n))
+    assert cnt.n == 2                      # constants first, then inputs
+    gm = cnt.graphs[-1][0]
+    assert any(n.op == "call_method" and n.target == "item" for n in gm.graph.nodes)
+
+
+def test_dynamic_true_float_argument_compiles_once():
+    cnt = Counting("aot_eager")
+    f = coil.compile(lambda x, lr: x - lr * x.sin(), backend=cnt, dynamic=True)
+    x = torch.randn(4)
+    for lr in (0.1, 0.01, 0.3):
+        torch.testing.assert_close(f(x, lr), x - lr * x.sin())
+    assert cnt.n == 1
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_item_result_passed_to_the_resume_function(backend):
+    def fn(x):
+        s = x.sum().item()                 # graph break; s is an argument of the resume
+        return x * s + 1
+
+    cnt = Counting(backend)
+    f = coil.compile(fn, backend=cnt)
+    for _ in range(6):
+        x = torch.randn(4)
+        torch.testing.assert_close(f(x), fn(x))
+    assert cnt.n <= 3                      # the first graph, the resume static then symbolic
+
+
+def test_random_random_value_does_not_recompile():
+    import random
+
+    def fn(x):
+        p = random.random()
+        return x * p
+
+    cnt = Counting("eager")
+    f = coil.compile(fn, backend=cnt)
+    random.seed(0)
+    outs = [f(torch.ones(2)) for _ in range(6)]
+    random.seed(0)
+    refs = [fn(torch.ones(2)) for _ in range(6)]
+    for a, b in zip(outs, refs):
+        torch.testing.assert_close(a, b)
+    assert cnt.n <= 2

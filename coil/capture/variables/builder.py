@@ -94,6 +94,12 @@ def _build(tx, value, source, gs) -> VariableTracker:
 
     expr = source.expr() if source is not None else None
     if is_literal(value):
+        if gs is not None and type(value) in (int, float):
+            sym = tx.output.dynamic.scalar_input(tx, value, source)   # dynamic.py
+            if sym is not None:
+                gs.add(f"type({expr}) is {type(value).__name__}", f"type({expr})",
+                       type(value), src=expr)
+                return sym
         if gs is not None:
             _guard_literal(gs, expr, value)
         return ConstantVariable(value, source)

@@ -370,9 +370,10 @@ def check_marked(env, policy: DynamicPolicy, sites: SiteRecorder) -> None:
 _LOCAL = re.compile(r"___z\d+")
 
 
-def shape_guards(env, inputs: list) -> tuple:
+def shape_guards(env, inputs: list, contiguous: set = frozenset()) -> tuple:
     """The ShapeEnv's guards over ``inputs`` (``[(source expr, fake)]``: tensors with
-    symbolic sizes or strides, SymInt scalars) as ``(prelude, exprs, names)``:
+    symbolic sizes or strides, SymInt scalars) as ``(prelude, exprs, names)``
+    (``contiguous``: sources whose tensor check asks ``is_contiguous()``):
     ``prelude`` reads each size the guards use into a local (``___z0 = x.size()[0]``),
     ``exprs`` are Python conditions over those locals, ``names`` maps a local back to its
     source text (for recompile messages)."""
@@ -393,6 +394,7 @@ def shape_guards(env, inputs: list) -> tuple:
             names[name] = text
         return name
 
+    ranks = {text: fake.dim() for text, fake in inputs if isinstance(fake, torch.Tensor)}
     fakes = [f for _, f in inputs]
     sources = [ShapeSource(e) for e, _ in inputs]
     helpers = env.produce_guards_verbose(fakes, sources, source_ref=ref, langs=("python",))
@@ -413,9 +415,47 @@ def shape_guards(env, inputs: list) -> tuple:
     exprs = [e for e in exprs
              if not (re.fullmatch(r"2 <= ___z\d+", e) and
                      names[e.split()[-1]].endswith(".storage_offset()"))]
+    # a stride symbol of a contiguous input equals the product of the later sizes: the
+    # tensor check's is_contiguous() (sizes >= 2) already says so
+    exprs = [e for e in exprs if not _implied_by_contiguity(e, names, contiguous)]
     used = set(_LOCAL.findall(" ".join(exprs)))      # sizes no guard reads are not read
-    prelude = [ln for ln in prelude if ln.split(" ", 1)[0] in used]
-    return prelude, exprs, names
+    return _unpacked_prelude(used, names, ranks), exprs, names
+
+
+_PROP = re.compile(r"^(.*)\.(size|stride)\(\)\[(\d+)\]$")
+
+
+def _implied_by_contiguity(expr: str, names: dict, contiguous: set) -> bool:
+    m = re.fullmatch(r"(___z\d+) == (___z\d+)|2 <= (___z\d+)", expr)
+    if m is None:
+        return False
+    for local in filter(None, m.groups()):
+        p = _PROP.match(names[local])
+        if p and p.group(2) == "stride" and p.group(1) in contiguous:
+            return True
+    return False
+
+
+def _unpacked_prelude(used: set, names: dict, ranks: dict) -> list:
+    """Lines reading the used sizes: one ``a, _, b = x.shape`` per tensor (one Size object
+    instead of one ``x.size()[i]`` call per dim), other sources one by one."""
+    groups: dict = {}
+    lines = []
+    for local in sorted(used, key=lambda n: int(n[4:])):
+        p = _PROP.match(names[local])
+        if p is None:
+            lines.append(f"{local} = {names[local]}")
+            continue
+        groups.setdefault((p.group(1), p.group(2)), {})[int(p.group(3))] = local
+    for (base, kind), dims in groups.items():
+        rank = ranks.get(base)
+        if rank is None or kind == "stride" and len(dims) == 1:
+            lines += [f"{loc} = {base}.{kind}()[{d}]" for d, loc in dims.items()]
+            continue
+        targets = ", ".join(dims.get(d, "_") for d in range(rank))
+        read = f"{base}.shape" if kind == "size" else f"{base}.stride()"
+        lines.append(f"{targets}{',' if rank == 1 else ''} = {read}")
+    return lines
 
 
 def readable(expr: str, names: dict) -> str:

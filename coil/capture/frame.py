@@ -716,7 +716,7 @@ def _add_shape_guards(output: OutputGraph) -> None:
     inputs += output.scalar_floats
     if not inputs:
         return
-    prelude, exprs, names = shape_guards(output.shape_env, inputs)
+    prelude, exprs, names = shape_guards(output.shape_env, inputs, output.guards.contiguous)
     output.guards.set_shape_guards(prelude, exprs, names)
     trace.log("shape_guards", stage="capture", guards=[readable(e, names) for e in exprs])
 

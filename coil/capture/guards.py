@@ -95,6 +95,7 @@ class GuardSet:
         self.shape_prelude: list[str] = []
         self.shape_exprs: list[str] = []
         self.shape_names: dict[str, str] = {}
+        self.contiguous: set = set()    # dynamic tensors checked with is_contiguous()
 
     def set_shape_guards(self, prelude: list, exprs: list, names: dict) -> None:
         """The ShapeEnv's relations (``2 <= ___z0``, ``___z0 == ___z1``) and the
@@ -269,6 +270,7 @@ def _dynamic_tensor_guard(gs: GuardSet, expr: str, t: torch.Tensor, fake) -> Non
             and t.stride() == _contiguous_strides(tuple(t.shape))):
         gs.add(f"{expr}.layout is {gs.const(torch.strided)} and {expr}.is_contiguous()",
                f"{expr}.stride()", "contiguous", src=expr, group=grp)
+        gs.contiguous.add(expr)
     else:
         stride = [None if isinstance(s, torch.SymInt) else int(s) for s in fake.stride()]
         checks = [f"{expr}.stride()[{i}] == {v}" for i, v in enumerate(stride) if v is not None]

@@ -374,3 +374,43 @@ def test_random_random_value_does_not_recompile():
     for a, b in zip(outs, refs):
         torch.testing.assert_close(a, b)
     assert cnt.n <= 2
+
+
+# ------------------------------------------------------------------ guard function
+
+
+def _dyn_entry():
+    def fn(x, y, w):
+        return (x @ w + y).relu()
+
+    f = coil.compile(fn, backend="eager", dynamic=True)
+    f(torch.randn(8, 16), torch.randn(8, 32), torch.randn(16, 32))
+    return fn, next(iter(_caches.values())).entries[0]
+
+
+def test_dynamic_guard_reads_each_shape_once():
+    """The per-call cost: one ``x.shape`` per dynamic tensor, no stride relation for a
+    contiguous input (its ``is_contiguous()`` check implies them)."""
+    _, e = _dyn_entry()
+    src = e.guard_src
+    assert src.count("x.shape") == 1 and ".stride()" not in src and ".size()" not in src
+    assert "(2 <= ___z" in src
+
+
+@pytest.mark.parametrize("args", [
+    lambda: (torch.randn(5, 16), torch.randn(5, 32), torch.randn(16, 32)),      # passes
+    lambda: (torch.randn(1, 16), torch.randn(1, 32), torch.randn(16, 32)),      # 0/1
+    lambda: (torch.randn(5, 16), torch.randn(4, 32), torch.randn(16, 32)),      # relation
+    lambda: (torch.randn(5, 16, 1), torch.randn(5, 32), torch.randn(16, 32)),   # rank
+    lambda: (torch.randn(16, 5).t(), torch.randn(5, 32), torch.randn(16, 32)),  # strides
+    lambda: (torch.randn(5, 16), torch.randn(5, 32), torch.randn(12, 32)),      # matmul
+])
+def test_dynamic_guard_function_agrees_with_guard_list(args):
+    fn, e = _dyn_entry()
+    bound = args() + (fn,)
+    try:
+        ok = bool(e.guard(*bound))
+    except Exception:  # noqa: BLE001 - a raising guard is a miss
+        ok = False
+    fails = e.guards.failures(e.argnames, bound)
+    assert ok == (not fails), (ok, fails)

@@ -807,6 +807,8 @@ class SuperVariable(VariableTracker):
                     return _BaseMethod(self.obj, name)
                 if attr is object.__setattr__:
                     return _ObjectSetattr(self.obj)
+                if attr is object.__getattribute__ and isinstance(self.obj, ObjectVariableBase):
+                    return _ObjectGetattribute(self.obj)
                 if attr is dict.__init__:
                     raise Unsupported(f"super().{name} (C slot)")
                 raise Unsupported(f"super().{name} of type {type(attr).__name__}")
@@ -839,6 +841,20 @@ class _ObjectSetattr(VariableTracker):
         name, value = args[0].as_python_constant(), args[1]
         tx.store_attr(self.obj, name, value, plain=True)
         return ConstantVariable(None)
+
+
+class _ObjectGetattribute(VariableTracker):
+    """``object.__getattribute__(obj, name)`` reached through ``super()`` (a class with
+    its own ``__getattribute__`` reading past it: transformers' configs)."""
+
+    def __init__(self, obj):
+        super().__init__(None)
+        self.obj = obj
+
+    def call_function(self, tx, args, kwargs):
+        from coil.capture.variables.objects import lookup_attr
+
+        return lookup_attr(tx, self.obj, args[0].as_python_constant(), generic=True)
 
 
 class _NoOp(VariableTracker):

@@ -285,3 +285,165 @@ def test_replaced_forward_hook_recompiles():
     h.remove()
     m.register_forward_hook(lambda mod, a, o: o * 3)   # as many hooks, another one
     torch.testing.assert_close(f(x), m(x))
+
+
+# --- 5b. functools.lru_cache functions ----------------------------------------------------
+
+import functools  # noqa: E402
+
+_LRU_CALLS = []
+_LRU_FLAG = {"on": True}
+
+
+@functools.lru_cache
+def _lru_flag(name):
+    _LRU_CALLS.append(name)          # eager runs the body once per key
+    return _LRU_FLAG["on"] and name == "yes"
+
+
+def test_lru_cache_function_with_constant_args_one_graph():
+    def f(x):
+        if _lru_flag("yes"):
+            x = x + 1
+        if _lru_flag("no"):
+            x = x * 100
+        return x * 2
+
+    _lru_flag.cache_clear()
+    _LRU_CALLS.clear()
+    cnt = CompileCounter()
+    cf = coil.compile(f, backend=cnt)
+    x = torch.randn(3)
+    for _ in range(3):
+        torch.testing.assert_close(cf(x), (x + 1) * 2)
+    assert cnt.frame_count == 1
+    assert _LRU_CALLS == ["yes", "no"]          # the body ran once per key, as in eager
+    _LRU_FLAG["on"] = False
+    try:
+        _lru_flag.cache_clear()                 # a new cached result: recompiled
+        torch.testing.assert_close(cf(x), x * 2)
+        assert cnt.frame_count == 2
+    finally:
+        _LRU_FLAG["on"] = True
+        _lru_flag.cache_clear()
+
+
+@functools.lru_cache
+def _lru_tensor(n):
+    return torch.ones(n)
+
+
+def test_lru_cache_returning_tensor_stays_correct():
+    def f(x):
+        return x + _lru_tensor(3)
+
+    _lru_tensor.cache_clear()
+    assert_same_as_eager(f, (torch.randn(3),), backend="eager")
+
+
+# --- 5c. dict lookups keyed by types; object.__getattribute__ past a custom one ----------
+
+_BY_TYPE = {list: "list", tuple: "tuple"}
+
+
+def test_dict_get_with_type_keys_is_traced_and_guarded():
+    def f(x, kind):
+        v = _BY_TYPE.get(kind)
+        if v == "list":
+            return x + 1
+        if list in _BY_TYPE and _BY_TYPE[tuple] == "tuple":
+            return x - 1
+        return x
+
+    cnt = CompileCounter()
+    cf = coil.compile(f, backend=cnt)
+    x = torch.randn(3)
+    torch.testing.assert_close(cf(x, list), x + 1)
+    assert cnt.frame_count == 1
+    torch.testing.assert_close(cf(x, tuple), x - 1)
+    _BY_TYPE[list] = "changed"
+    try:
+        torch.testing.assert_close(cf(x, list), x - 1)       # guard on the found value
+    finally:
+        _BY_TYPE[list] = "list"
+
+
+class _Shadowing:
+    attribute_map = {"a": "b"}
+
+    def __init__(self):
+        self.b = 2.0
+
+    def __getattribute__(self, key):
+        d = super().__getattribute__("__dict__")
+        if key != "attribute_map" and key in super().__getattribute__("attribute_map"):
+            key = super().__getattribute__("attribute_map")[key]
+        if d.get("missing") is not None:
+            raise AssertionError
+        return super().__getattribute__(key)
+
+
+def test_object_getattribute_through_super():
+    obj = _Shadowing()
+
+    def f(x):
+        return x * obj.a + obj.b
+
+    cnt = CompileCounter()
+    assert_same_as_eager(f, (torch.randn(3),), backend=cnt)
+    assert cnt.frame_count == 1
+
+
+# --- 5b/5c on transformers models ---------------------------------------------------------
+
+def _hf_check(model, args, kwargs):
+    """Compiled (backend 'eager') gives eager's loss/output and gradients; one graph."""
+    import copy
+
+    ref = copy.deepcopy(model)
+    cnt = CompileCounter()
+    outs = []
+    for m, fn in ((ref, ref), (model, coil.compile(model, backend=cnt))):
+        torch.manual_seed(0)
+        out = fn(*args, **kwargs)
+        val = out.loss if getattr(out, "loss", None) is not None else out.last_hidden_state
+        val.sum().backward()
+        outs.append((val.detach(), [p.grad for p in m.parameters()], m.config.problem_type
+                     if hasattr(m.config, "problem_type") else None))
+    (ve, ge, pe), (vc, gc, pc) = outs
+    torch.testing.assert_close(vc, ve)
+    for a, b in zip(gc, ge):
+        torch.testing.assert_close(a, b)
+    assert pc == pe
+    return cnt
+
+
+@pytest.mark.parametrize("arch", ["vit", "convnext"])
+def test_hf_image_classification_with_labels_one_graph(arch):
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    if arch == "vit":
+        cfg = transformers.ViTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                     intermediate_size=37, image_size=16, patch_size=8,
+                                     num_labels=3)
+        model = transformers.ViTForImageClassification(cfg)
+    else:
+        cfg = transformers.ConvNextConfig(num_channels=3, hidden_sizes=[8, 16], depths=[1, 1], num_stages=2,
+                                          image_size=16, num_labels=3)
+        model = transformers.ConvNextForImageClassification(cfg)
+    model.train()
+    px, labels = torch.randn(2, 3, 16, 16), torch.tensor([0, 2])
+    cnt = _hf_check(model, (px,), {"labels": labels})
+    assert cnt.frame_count == 1
+
+
+def test_hf_wav2vec2_one_graph():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.Wav2Vec2Config(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                      intermediate_size=37, conv_dim=(8, 8), conv_stride=(5, 2),
+                                      conv_kernel=(10, 3), num_conv_pos_embeddings=16,
+                                      num_conv_pos_embedding_groups=2)
+    model = transformers.Wav2Vec2Model(cfg).eval()
+    cnt = _hf_check(model, (torch.randn(1, 400),), {})
+    assert cnt.frame_count == 1

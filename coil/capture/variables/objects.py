@@ -13,6 +13,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import enum
+import functools
 import inspect
 import types
 import warnings
@@ -97,8 +98,9 @@ class ObjectVariableBase(VariableTracker):
         return f"{type(self).__name__}({type(self.value).__name__}, {self.source})"
 
 
-def lookup_attr(tx, vt: ObjectVariableBase, name: str):
-    """Python attribute lookup on a real object, symbolically (see module docstring)."""
+def lookup_attr(tx, vt: ObjectVariableBase, name: str, generic: bool = False):
+    """Python attribute lookup on a real object, symbolically (see module docstring);
+    ``generic``: ``object.__getattribute__(obj, name)``, past a custom ``__getattribute__``."""
     from coil.capture.variables.builder import wrap
 
     obj = vt.value
@@ -108,10 +110,16 @@ def lookup_attr(tx, vt: ObjectVariableBase, name: str):
     if name == "__class__":
         return wrap(tx, type(obj), None)
     if name == "__dict__":
-        raise Unsupported("reading __dict__ of an object")
+        d = getattr(obj, "__dict__", None)
+        if not (generic and type(d) is dict and vt.source is not None) or any(
+                k[0] == id(obj) for k in tx.output.side_effects.attrs):
+            raise Unsupported("reading __dict__ of an object")
+        # read-only use (``d.get(k)``, ``k in d``: guarded lookups, _dict_lookup)
+        return UserDefinedObjectVariable(d, AttrSource(vt.source, "__dict__"))
     cls = type(obj)
     getattribute = cls.__getattribute__
-    if getattribute is not object.__getattribute__ and getattribute is not torch.nn.Module.__getattribute__:
+    if not generic and getattribute is not object.__getattribute__ and \
+            getattribute is not torch.nn.Module.__getattribute__:
         # custom __getattribute__ (e.g. transformers configs): read it for real
         try:
             value = getattr(obj, name)
@@ -147,18 +155,99 @@ def lookup_attr(tx, vt: ObjectVariableBase, name: str):
     raise AttributeMissing(name)
 
 
+def _call_lru_cached(tx, vt, args, kwargs):
+    """A ``functools.lru_cache`` function called with constant arguments
+    (transformers' ``is_torch_distributed_available()``): called for real at trace time,
+    as eager calls it, and guarded by calling it again, a cache hit, which must give the
+    same object. Its body runs where eager's first call runs it, never once per compiled
+    call. Other arguments, or a result holding a tensor, stay a graph break."""
+    from coil.capture.variables.builder import wrap
+
+    if vt.source is None or not all(isinstance(a, ConstantVariable)
+                                    for a in list(args) + list(kwargs.values())):
+        raise Unsupported(f"call to an lru_cache function {vt.value!r} with non-constant "
+                          "arguments")
+    cargs = [a.value for a in args]
+    ckw = {k: v.value for k, v in kwargs.items()}
+    try:
+        result = vt.value(*cargs, **ckw)
+    except Exception as e:  # noqa: BLE001 - raised again by eager at the break
+        raise Unsupported(f"lru_cache function {vt.value!r} raised {type(e).__name__}") from e
+    if _holds_tensor(result) or isinstance(result, (list, dict, set)):
+        raise Unsupported(f"lru_cache function {vt.value!r} returned a tensor or a mutable "
+                          "container")
+    gs = tx.output.guards
+    src = vt.source.expr()
+    call = f"{src}({''.join(gs.const(a) + ', ' for a in cargs)}" + \
+        "".join(f"{k}={gs.const(v)}, " for k, v in ckw.items()) + ")"
+    gs.add(f"{call} is {gs.const(result)}", call, result, src=src)
+    return wrap(tx, result, None)
+
+
+_MISSING = object()
+_DICT_READS = ("get", "__getitem__", "__contains__")
+
+
+def _dict_lookup(tx, vt, name, args, kwargs):
+    """``d.get(k)`` / ``d[k]`` / ``k in d`` on a pre-existing dict whose keys are not all
+    literals (huggingface_hub's validator table keyed by types): looked up in the real
+    dict, guarded on what the lookup found (the same object, or still missing). None when
+    it does not apply (new dicts, unhashable or traced keys, tensor results)."""
+    from coil.capture.variables.builder import wrap
+
+    d = vt.value
+    if vt.source is None or kwargs or not args or type(d).__getitem__ is not dict.__getitem__ \
+            or (name == "get" and type(d).get is not dict.get):
+        return None
+    kv = args[0]
+    key = kv.value if isinstance(kv, (ConstantVariable, ObjectVariableBase)) else _MISSING
+    if key is _MISSING or isinstance(key, torch.Tensor):
+        return None
+    try:
+        found = d.get(key, _MISSING)
+    except TypeError:           # unhashable key: eager raises
+        return None
+    if isinstance(found, torch.Tensor):
+        return None
+    gs = tx.output.guards
+    src = vt.source.expr()
+    gs.add(f"{src}.get({gs.const(key)}, {gs.const(_MISSING)}) is {gs.const(found)}",
+           f"{src}.get({gs.const(key)})", found, src=src)
+    if name == "__contains__":
+        return ConstantVariable(found is not _MISSING)
+    if found is _MISSING:
+        if name == "get":
+            return args[1] if len(args) > 1 else ConstantVariable(None)
+        return None             # KeyError: a graph break, eager raises
+    return wrap(tx, found, None)
+
+
 class UserDefinedObjectVariable(ObjectVariableBase):
     """An instance of a user class that existed before the frame ran."""
 
     def call_function(self, tx, args, kwargs):
+        if isinstance(self.value, functools._lru_cache_wrapper):
+            return _call_lru_cached(tx, self, args, kwargs)
         call = _static_lookup(type(self.value), "__call__")
         if isinstance(call, types.FunctionType):
             return tx.call(UserMethodVariable(call, self), args, kwargs)
         raise Unsupported(f"call to a {type(self.value).__name__} object")
 
+    def var_getattr(self, tx, name):
+        if isinstance(self.value, dict) and name in _DICT_READS and self.source is not None \
+                and getattr(type(self.value), name) is getattr(dict, name):
+            from coil.capture.variables.functions import BoundMethodVariable
+
+            return BoundMethodVariable(self, name)      # call_method: _dict_lookup
+        return super().var_getattr(tx, name)
+
     def call_method(self, tx, name, args, kwargs):
         from coil.capture.variables.functions import BoundMethodVariable
 
+        if isinstance(self.value, dict) and name in _DICT_READS:
+            found = _dict_lookup(tx, self, name, args, kwargs)
+            if found is not None:
+                return found
         method = self.var_getattr(tx, name)
         if isinstance(method, BoundMethodVariable) and method.obj is self and method.name == name:
             # a C method of the object (e.g. random.Random().random): not traceable, and

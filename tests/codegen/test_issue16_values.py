@@ -131,3 +131,14 @@ def test_prod_partial_products_overflow_and_underflow(backend):
     same(lambda t: t.prod(1), torch.randn(5, 37), backend=backend)
     same(lambda t: t.prod(), torch.randint(-3, 4, (9,), dtype=torch.int32), backend=backend)
     same(lambda t: t.prod(0), torch.randn(6, 3).bfloat16(), backend=backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("rows", [8, 64])
+def test_half_layer_norm_into_cat(rows, backend):
+    """Reported as values of magnitude 1.001 (an fp16-rounded intermediate) on 8 rows;
+    a layer_norm over 2 elements is within [-1, 1]."""
+    torch.manual_seed(0)
+    fn = lambda x: (lambda v: torch.cat([v, v]))(F.layer_norm(x.half(), (2,)))
+    out = same(fn, torch.randn(rows, 2), backend=backend)
+    assert out.abs().max().item() <= 1.0

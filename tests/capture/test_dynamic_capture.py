@@ -414,3 +414,67 @@ def test_dynamic_guard_function_agrees_with_guard_list(args):
         ok = False
     fails = e.guards.failures(e.argnames, bound)
     assert ok == (not fails), (ok, fails)
+
+
+# ------------------------------------------------------------------ the whole pipeline
+
+
+class _Block(torch.nn.Module):
+    def __init__(self, d=32, h=4):
+        super().__init__()
+        self.h = h
+        self.ln1, self.ln2 = torch.nn.LayerNorm(d), torch.nn.LayerNorm(d)
+        self.qkv, self.proj = torch.nn.Linear(d, 3 * d), torch.nn.Linear(d, d)
+        self.mlp = torch.nn.Sequential(torch.nn.Linear(d, 4 * d), torch.nn.GELU(),
+                                       torch.nn.Linear(4 * d, d))
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(C, dim=2)
+        q, k, v = (t.view(B, T, self.h, C // self.h).transpose(1, 2) for t in (q, k, v))
+        att = (q @ k.transpose(-2, -1)) * (1.0 / (C // self.h) ** 0.5)
+        mask = torch.ones(T, T, dtype=torch.bool).tril()
+        att = att.masked_fill(~mask, float("-inf")).softmax(-1)
+        y = (att @ v).transpose(1, 2).contiguous().view(B, T, C)
+        x = x + self.proj(y)
+        return x + self.mlp(self.ln2(x))
+
+
+def _transformer():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Embedding(100, 32), _Block(), _Block(),
+                               torch.nn.LayerNorm(32), torch.nn.Linear(32, 100)).eval()
+
+
+def _run_lengths(cpu_backend, lengths, mark):
+    from coil import exc
+
+    m = _transformer()
+    cnt = Counting("coil")
+    cm = coil.compile(m, backend=cnt, options={"cpu_backend": cpu_backend})
+    before = sum(exc.fallback_counts.values())
+    with torch.no_grad():
+        for T in lengths:
+            ids = torch.randint(0, 100, (2, T))
+            if mark:
+                coil.mark_dynamic(ids, 1)
+            torch.testing.assert_close(cm(ids), m(ids), atol=1e-4, rtol=1e-4)
+    assert sum(exc.fallback_counts.values()) == before        # generated kernels ran
+    return cnt.n
+
+
+@pytest.mark.parametrize("mark", [True, False])
+def test_transformer_lengths_cpp(mark):
+    n = _run_lengths("cpp", (7, 33, 128, 500), mark)
+    assert n == (1 if mark else 2)        # marked: one dynamic graph; else static 7 + one
+
+
+def test_transformer_lengths_triton(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert _run_lengths("triton", (7, 33, 61), True) == 1
+
+
+@pytest.mark.slow
+def test_transformer_lengths_triton_long(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert _run_lengths("triton", (7, 33, 128, 500), True) == 1

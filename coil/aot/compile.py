@@ -23,6 +23,7 @@ import torch.fx
 from torch._subclasses.fake_tensor import FakeTensor
 
 from coil import trace
+from coil.aot.aliasing import OverlappingWrite, input_groups
 from coil.aot.decompositions import get_decompositions
 from coil.aot.cse import cse_graph
 from coil.aot.functional import is_symbolic, analyze, fakeify, trace_inference, trace_joint
@@ -306,7 +307,20 @@ def _compile(fn, example_inputs, fw_compiler, bw_compiler, partition_fn, decompo
     decomps = get_decompositions() if decompositions is None else decompositions
     fake_mode, fake_args = fakeify(example_inputs)
     grad = torch.is_grad_enabled()
-    info = analyze(fn, fake_args, fake_mode, grad)
+    user_fn = fn
+    try:
+        info = analyze(fn, fake_args, fake_mode, grad)
+        groups = input_groups(fake_args, info.mutated_inputs)
+        if groups is not None:
+            # inputs sharing memory with a mutated one: traced through synthetic bases
+            fn = groups.wrap(fn)
+            fake_args = groups.fake_args(fake_args, fake_mode)
+            example_inputs = fake_args
+            info = analyze(fn, fake_args, fake_mode, grad)
+    except OverlappingWrite as e:
+        # eager raises at that op: run the program eagerly, every call
+        trace.log("aot_overlapping_write_eager", stage="aot", reason=str(e))
+        return _eager(user_fn)
     trace.log("aot_analysis", stage="aot",
               mutated_inputs=info.mutated_inputs,
               outputs=[(o.kind, o.index) for o in info.outputs],
@@ -333,7 +347,8 @@ def _compile(fn, example_inputs, fw_compiler, bw_compiler, partition_fn, decompo
         trace.artifact("aot_inference_graph", _graph_text(fw_gm, "aot inference graph (ATen)"), kind="python")
         fw_gm.meta["coil_aot_graph"] = "inference"
         compiled = fw_compiler(fw_gm, _placeholder_fakes(fw_gm))
-        return _check_aliasing_per_call(inference_runner(compiled, info), fn, info.mutated_inputs)
+        run = _check_aliasing_per_call(inference_runner(compiled, info), fn, info.mutated_inputs)
+        return run if groups is None else _with_input_groups(run, groups, user_fn)
     if joint is None:
         joint, jinfo = trace_joint(fn, fake_args, info, decomps, fake_mode)
     tensorize_scalar_reads(joint, "joint")
@@ -357,5 +372,30 @@ def _compile(fn, example_inputs, fw_compiler, bw_compiler, partition_fn, decompo
     bw_fakes = _saved_layouts(_placeholder_fakes(part.bw), getattr(compiled_fw, "output_strides", None),
                               n_fw, part.num_saved, fake_mode)
     compiled_bw = bw_compiler(part.bw, bw_fakes)
-    return _check_aliasing_per_call(training_runner(compiled_fw, compiled_bw, info, jinfo, part.num_saved),
-                                    fn, info.mutated_inputs)
+    run = _check_aliasing_per_call(training_runner(compiled_fw, compiled_bw, info, jinfo, part.num_saved),
+                                   fn, info.mutated_inputs)
+    return run if groups is None else _with_input_groups(run, groups, user_fn)
+
+
+def _eager(fn: Callable) -> Callable:
+    def run(*args):
+        return fn(*args)
+    run._coil_aot_path = "eager"  # type: ignore[attr-defined]
+    return run
+
+
+def _with_input_groups(runner: Callable, groups, fn: Callable) -> Callable:
+    """``runner`` (compiled over the kept inputs and the synthetic bases of ``groups``,
+    :mod:`coil.aot.aliasing`) called with the user's inputs; a call whose inputs share
+    memory otherwise than the compiled ones runs ``fn`` eagerly
+    (``aot_input_groups_eager``)."""
+
+    @functools.wraps(runner)
+    def run(*args):
+        new = groups.call_args(args)
+        if new is None:
+            trace.log("aot_input_groups_eager", stage="aot",
+                      reason="inputs share memory otherwise than in the compiled call")
+            return fn(*args)
+        return runner(*new)
+    return run

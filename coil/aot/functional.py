@@ -46,6 +46,8 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 
 
+from coil.aot.aliasing import OverlapGuard
+
 aten = torch.ops.aten
 
 
@@ -201,7 +203,8 @@ def _analyze(fn, fake_args, fake_mode, grad, drop_error_checks) -> ProgramInfo:
         with FunctionalTensorMode():
             f_args = [_to_functional(a) for a in fake_args]
             before = _aliases_before(f_args)
-            outs = _call(fn, f_args, drop_error_checks)
+            with OverlapGuard():  # eager's refusal of writes to overlapping memory
+                outs = _call(fn, f_args, drop_error_checks)
         for t in before:
             if isinstance(t, torch.Tensor):
                 torch._sync(t)

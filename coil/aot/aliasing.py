@@ -1,0 +1,214 @@
+"""Graph inputs that share memory, when the program writes to one of them.
+
+Functionalization treats every input as its own storage: a write to ``a`` in
+``f(a, a[0])`` would not be seen through ``a[0]``, and a write through a
+non-overlapping view of an expanded input (``x.select(1, 0).mul_(2)`` with
+``x = b.expand(3, 4)``) is undone into the overlapping ``x``, which has no single
+new value. Both are handled the same way: the inputs of one storage (a *group*) are
+replaced by one **synthetic base**, a 1-D tensor spanning the memory they cover, and
+the program is traced as ``wrapped(*other_inputs, *bases)`` that first rebuilds each
+member as an ``as_strided`` view of its base. Writes then go to the base (one graph
+output, copied back into the caller's memory by the runtime's input-mutation
+epilogue) and every member sees them, as in eager.
+
+While the program runs, :class:`OverlapGuard` (a dispatch mode under
+functionalization) re-expresses each view of a tensor whose elements overlap
+(``expand``, stride 0) directly as an ``as_strided`` view of the base, so a write
+through it scatters into the base without going through the overlapping tensor, and
+raises :class:`OverlappingWrite` for an in-place write *to* overlapping memory (the
+program is then run eagerly, which raises eager's error).
+
+At run time each call's inputs are checked against the group structure compiled
+for (same storage, same sizes, strides and offsets relative to the base): a call
+that differs runs the program eagerly (event ``aot_input_groups_eager``).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Optional
+
+import torch
+import torch.utils._pytree as pytree
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from coil import trace
+from coil.exc import CoilError
+
+OVERLAP_MESSAGE = ("unsupported operation: more than one element of the written-to tensor "
+                   "refers to a single memory location. Please clone() the tensor before "
+                   "performing the operation.")
+
+
+class OverlappingWrite(CoilError):
+    """The program writes in place to memory that several of a tensor's elements share,
+    which eager refuses at that op; ``aot_compile`` then runs the program eagerly, so
+    the call raises eager's error after eager's side effects."""
+
+
+def _overlaps(t: torch.Tensor) -> bool:
+    return torch._debug_has_internal_overlap(t) == 1
+
+
+def _static(*vals) -> bool:
+    return all(isinstance(v, int) for v in pytree.tree_leaves(vals))
+
+
+@dataclasses.dataclass
+class _Group:
+    """Inputs ``members`` of one storage: each ``(input index, size, stride, offset)``,
+    the offset relative to the lowest element the group covers; ``span`` elements."""
+
+    members: list
+    span: int
+    dtype: torch.dtype
+
+
+def _extent(t: torch.Tensor) -> tuple[int, int]:
+    """[first, last + 1) storage elements ``t`` covers (empty: (offset, offset))."""
+    lo = t.storage_offset()
+    if t.numel() == 0:
+        return lo, lo
+    return lo, lo + sum((s - 1) * st for s, st in zip(t.shape, t.stride())) + 1
+
+
+class InputGroups:
+    """The synthetic bases of one compiled program (see module docstring)."""
+
+    def __init__(self, groups: list, n_inputs: int):
+        self.groups = groups
+        grouped = {m[0] for g in groups for m in g.members}
+        #: original input positions passed through as they are, in order
+        self.kept = [i for i in range(n_inputs) if i not in grouped]
+        self.n_inputs = n_inputs
+
+    # -- compile time ---------------------------------------------------------------
+    def fake_args(self, fake_args: list, fake_mode) -> list:
+        """The traced program's inputs: the kept ones, then one fake base per group."""
+        out = [fake_args[i] for i in self.kept]
+        with fake_mode:
+            for g in self.groups:
+                first = fake_args[g.members[0][0]]
+                base = torch.empty(g.span, dtype=g.dtype, device=first.device)
+                rg = [fake_args[m[0]].requires_grad for m in g.members]
+                if any(rg):
+                    base.requires_grad_(True)
+                    if not all(fake_args[m[0]].is_leaf for m, r in zip(g.members, rg) if r):
+                        base = base.clone()  # written by the program: not a leaf, as in eager
+                out.append(base)
+        return out
+
+    def wrap(self, fn: Callable) -> Callable:
+        """``fn`` over the kept inputs and the bases (rebuilds the members)."""
+        groups, kept, n = self.groups, self.kept, self.n_inputs
+
+        def with_bases(*args):
+            full: list = [None] * n
+            for i, a in zip(kept, args):
+                full[i] = a
+            bases = args[len(kept):]
+            for g, base in zip(groups, bases):
+                for i, size, stride, off in g.members:
+                    full[i] = torch.as_strided(base, size, stride, off)
+            with OverlapGuard(bases):
+                return fn(*full)
+        return with_bases
+
+    # -- run time -------------------------------------------------------------------
+    def call_args(self, args) -> Optional[list]:
+        """This call's arguments for the traced program, or None when its inputs do not
+        share memory the way the compiled ones did."""
+        out = [args[i] for i in self.kept]
+        for g in self.groups:
+            ts = [args[m[0]] for m in g.members]
+            if not all(isinstance(t, torch.Tensor) for t in ts):
+                return None
+            ptr = ts[0].untyped_storage().data_ptr()
+            lo = min(t.storage_offset() for t in ts)
+            for t, (_, size, stride, off) in zip(ts, g.members):
+                if (t.untyped_storage().data_ptr() != ptr or t.dtype != g.dtype
+                        or tuple(t.shape) != size or t.stride() != stride
+                        or t.storage_offset() - lo != off):
+                    return None
+            src = _covering(ts, lo, lo + g.span)
+            if src is None:
+                return None
+            out.append(torch.as_strided(src, (g.span,), (1,), lo))
+        return out
+
+
+def _covering(ts: list, lo: int, hi: int) -> Optional[torch.Tensor]:
+    """The tensor to take a group's base from: a member, or the tensor the members are
+    autograd views of, that covers storage elements [lo, hi), so that gradients of the
+    base flow to all of it (``as_strided`` of ``x[0]`` differentiates only into ``x[0]``).
+    Without gradients, any member. None when gradients are needed and none covers."""
+    if not torch.is_grad_enabled() or not any(t.requires_grad for t in ts):
+        return ts[0]
+    for t in ts + [t._base for t in ts if t._base is not None]:
+        first, end = _extent(t)
+        if t.requires_grad and first <= lo and end >= hi:
+            return t
+    return None
+
+
+def input_groups(fake_args: list, mutated: list) -> Optional[InputGroups]:
+    """The groups to trace through synthetic bases: storages holding a mutated input
+    together with another input, or a mutated input whose elements overlap. None when
+    there are none, or when some group cannot have one (symbolic layouts, several
+    dtypes on one storage): the caller then keeps inputs independent (and refuses or
+    runs aliased calls eagerly)."""
+    if not mutated:
+        return None
+    by_storage: dict = {}
+    for i, a in enumerate(fake_args):
+        if isinstance(a, torch.Tensor) and a.untyped_storage().nbytes() != 0:
+            by_storage.setdefault(StorageWeakRef(a.untyped_storage()), []).append(i)
+    groups = []
+    for members in by_storage.values():
+        if not any(i in mutated for i in members):
+            continue
+        ts = [fake_args[i] for i in members]
+        if len(members) == 1 and not (_static(ts[0].shape, ts[0].stride()) and _overlaps(ts[0])):
+            continue
+        if not all(_static(t.shape, t.stride(), t.storage_offset()) for t in ts) or \
+                len({t.dtype for t in ts}) != 1:
+            return None
+        extents = [_extent(t) for t in ts]
+        lo = min(e[0] for e in extents)
+        span = max(e[1] for e in extents) - lo
+        groups.append(_Group([(i, tuple(t.shape), tuple(t.stride()), t.storage_offset() - lo)
+                              for i, t in zip(members, ts)], span, ts[0].dtype))
+    if not groups:
+        return None
+    trace.log("aot_input_groups", stage="aot",
+              groups=[{"inputs": [m[0] for m in g.members], "span": g.span} for g in groups])
+    return InputGroups(groups, len(fake_args))
+
+
+class OverlapGuard(TorchDispatchMode):
+    """While a program runs under functionalization: an in-place write to overlapping
+    memory raises :class:`OverlappingWrite` (``analyze`` runs every program with it);
+    with ``bases`` (the wrapped program of :class:`InputGroups`), a view of a tensor
+    whose elements overlap becomes an ``as_strided`` view of its synthetic base (same
+    sizes, strides, offset)."""
+
+    def __init__(self, bases=()):
+        super().__init__()
+        self.bases = {StorageWeakRef(b.untyped_storage()): b for b in bases}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        schema = func._schema
+        if torch.Tag.inplace_view not in func.tags:
+            for a, arg in zip(schema.arguments, args):
+                if a.alias_info is not None and a.alias_info.is_write and \
+                        isinstance(arg, torch.Tensor) and _overlaps(arg):
+                    raise OverlappingWrite(OVERLAP_MESSAGE)
+        out = func(*args, **kwargs)
+        src = args[0] if args else None
+        if (func.is_view and isinstance(out, torch.Tensor) and isinstance(src, torch.Tensor)
+                and _overlaps(src) and not _overlaps(out)):
+            base = self.bases.get(StorageWeakRef(src.untyped_storage()))
+            if base is not None:
+                return torch.as_strided(base, out.shape, out.stride(), out.storage_offset())
+        return out

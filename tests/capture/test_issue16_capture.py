@@ -447,3 +447,128 @@ def test_hf_wav2vec2_one_graph():
     model = transformers.Wav2Vec2Model(cfg).eval()
     cnt = _hf_check(model, (torch.randn(1, 400),), {})
     assert cnt.frame_count == 1
+
+
+# --- 5a. custom torch.autograd.Function: traced, with the user's backward ----------------
+
+class _TanhGelu(torch.autograd.Function):
+    """BLOOM-style GeLU whose backward is deliberately *not* the derivative of forward
+    (scaled by 3), so a compiled gradient from autograd's derivative would be caught."""
+
+    @staticmethod
+    def forward(ctx, x, bias, scale):
+        ctx.save_for_backward(x, bias)
+        ctx.scale = scale
+        y = x + bias
+        return y * 0.5 * (1.0 + torch.tanh(0.79788456 * y * (1 + 0.044715 * y * y)))
+
+    @staticmethod
+    def backward(ctx, g):
+        x, bias = ctx.saved_tensors
+        y = x + bias
+        t = torch.tanh(0.79788456 * y * (1 + 0.044715 * y * y))
+        d = 0.5 * y * ((1 - t * t) * (0.79788456 + 0.1070322243 * y * y)) + 0.5 * (1 + t)
+        return d * g * ctx.scale, d * g, None
+
+
+class _SplitFn(torch.autograd.Function):
+    """Two outputs, one non-differentiable; setup_context style."""
+
+    @staticmethod
+    def forward(x):
+        return x * 2, (x > 0).to(x.dtype)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.mark_non_differentiable(output[1])
+
+    @staticmethod
+    def backward(ctx, g, g_mask):
+        return g * 5
+
+
+class _ItemInBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return g * float(x.sum().item() > 0)      # not traceable: stays a graph break
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager", "coil"])
+def test_autograd_function_traced_with_user_backward(backend):
+    def f(x, b):
+        return _TanhGelu.apply(x * 2, b, 3.0).sum()
+
+    cnt = CompileCounter()
+    coil.compile(f, backend=cnt)(torch.randn(4), torch.randn(4))
+    assert cnt.frame_count == 1
+    x, b = torch.randn(4, requires_grad=True), torch.randn(4, requires_grad=True)
+    assert_same_as_eager(f, (x, b), backend=backend, check_grads=True)
+    # the gradient is the user's (3x the true derivative), not autograd's of forward
+    x.grad = None
+    coil.compile(f, backend=backend)(x, b).backward()
+    y = (x * 2 + b).detach().requires_grad_()
+    torch.nn.functional.gelu(y, approximate="tanh").sum().backward()
+    torch.testing.assert_close(x.grad, y.grad * 2 * 3, atol=1e-5, rtol=1e-4)
+
+
+def test_autograd_function_setup_context_two_outputs():
+    def f(x):
+        a, mask = _SplitFn.apply(x)
+        return (a * mask).sum() + a.sum()
+
+    cnt = CompileCounter()
+    coil.compile(f, backend=cnt)(torch.randn(5))
+    assert cnt.frame_count == 1
+    assert_same_as_eager(f, (torch.randn(5, requires_grad=True),), backend="aot_eager",
+                         check_grads=True)
+
+
+def test_autograd_function_untraceable_backward_stays_a_break():
+    def f(x):
+        return _ItemInBackward.apply(x * 2).sum()
+
+    ex = coil.explain(f, torch.randn(3, requires_grad=True))
+    assert ex.graph_break_count == 1 and "cannot be traced" in ex.break_reasons[0]["reason"]
+    assert_same_as_eager(f, (torch.randn(3, requires_grad=True),), backend="aot_eager",
+                         check_grads=True)
+
+
+def test_autograd_function_redefined_backward_recompiles():
+    class Fn(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 1.0
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * 2
+
+    def f(x):
+        return Fn.apply(x).sum()
+
+    cf = coil.compile(f, backend="aot_eager")
+    x = torch.randn(3, requires_grad=True)
+    cf(x).backward()
+    torch.testing.assert_close(x.grad, torch.full((3,), 2.0))
+    Fn.backward = staticmethod(lambda ctx, g: g * 7)
+    x.grad = None
+    cf(x).backward()
+    torch.testing.assert_close(x.grad, torch.full((3,), 7.0))
+
+
+def test_hf_bloom_gelu_training_one_graph():
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.bloom.modeling_bloom import BloomGelu
+
+    m = BloomGelu().train()
+    cnt = CompileCounter()
+    coil.compile(m, backend=cnt)(torch.randn(2, 8))
+    assert cnt.frame_count == 1
+    assert_same_as_eager(m, (torch.randn(2, 8, requires_grad=True),), backend="aot_eager",
+                         check_grads=True)

@@ -17,6 +17,7 @@ import functools
 import inspect
 import types
 import warnings
+import weakref
 from typing import Any
 
 import torch
@@ -454,6 +455,71 @@ def _has_state(m: torch.nn.Module) -> bool:
     return any(True for _ in m.parameters()) or any(True for _ in m.buffers())
 
 
+class AutogradFunctionApplyVariable(VariableTracker):
+    """``MyFn.apply`` of a custom ``torch.autograd.Function``: the call is one graph node
+    whose target is ``MyFn.apply``. AOT's joint trace runs it under ``make_fx``, so the
+    user's ``forward`` becomes the forward graph's ops and the user's ``backward`` (run by
+    ``autograd.grad`` in the joint trace) the backward graph's: gradients are the user's,
+    never autograd's derivative of ``forward``. At capture the forward and a backward are
+    run once on fake tensors; if either cannot run there (data-dependent code, non-tensor
+    work), or an argument is not a tensor or a constant, the call stays a graph break.
+    ``forward``/``backward`` are guarded by identity; globals they read are not."""
+
+    def __init__(self, cls_vt):
+        super().__init__(None)
+        self.cls_vt = cls_vt
+
+    def python_type(self):
+        return types.MethodType
+
+    def call_function(self, tx, args, kwargs):
+        from coil.capture.variables.tensor import TensorVariable, call_op, to_fake
+
+        cls = self.cls_vt.value
+        name = cls.__name__
+        if kwargs or not all(isinstance(a, (TensorVariable, ConstantVariable)) for a in args):
+            raise Unsupported(f"{name}.apply with arguments other than tensors and constants")
+        gs = tx.output.guards
+        src = self.cls_vt.source.expr()
+        for meth in ("forward", "backward", "setup_context"):
+            fn = getattr(cls, meth, None)
+            gs.add(f"{src}.{meth} is {gs.const(fn)}", f"{src}.{meth}", fn, src=src)
+        try:
+            with tx.output.fake_mode, torch.enable_grad():
+                fakes = [to_fake(a) for a in args]
+                res = cls.apply(*fakes)
+                outs = [o for o in (res if isinstance(res, (tuple, list)) else [res])
+                        if isinstance(o, torch.Tensor) and o.requires_grad]
+                ins = [a for a in fakes if isinstance(a, torch.Tensor) and a.requires_grad]
+                if outs and ins:
+                    torch.autograd.grad(outs, ins, [torch.ones_like(o) for o in outs],
+                                        allow_unused=True)
+        except Unsupported:
+            raise
+        except Exception as e:  # noqa: BLE001 - eager runs it at the break
+            raise Unsupported(f"{name}.apply cannot be traced ({type(e).__name__}: {e})",
+                              hint="its forward or backward runs outside the graph") from e
+        return call_op(tx, "call_function", _apply_target(cls), list(args), {})
+
+
+_APPLY_TARGETS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _apply_target(cls):
+    """The graph target for ``cls.apply``: a plain function named after the class (a
+    bound ``apply`` would print as an import from ``torch.autograd.function``)."""
+    fn = _APPLY_TARGETS.get(cls)
+    if fn is None:
+        ref = weakref.ref(cls)
+
+        def apply(*args):
+            return ref().apply(*args)
+        apply.__name__ = apply.__qualname__ = f"{cls.__name__}_apply"
+        apply.__module__ = "coil.capture.autograd_function"
+        fn = _APPLY_TARGETS[cls] = apply
+    return fn
+
+
 class UserDefinedClassVariable(ObjectVariableBase):
     """A class object (user classes, torch classes, builtin types not handled as
     builtins). Calling it builds the instance symbolically where possible."""
@@ -478,6 +544,9 @@ class UserDefinedClassVariable(ObjectVariableBase):
         if isinstance(attr, staticmethod):
             return wrap(tx, attr.__func__, None)
         if isinstance(attr, classmethod):
+            if name == "apply" and isinstance(cls, type) and \
+                    issubclass(cls, torch.autograd.Function) and self.source is not None:
+                return AutogradFunctionApplyVariable(self)
             return UserMethodVariable(attr.__func__, self)
         if isinstance(attr, types.FunctionType):
             return UserFunctionVariable(attr)

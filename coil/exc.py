@@ -116,9 +116,10 @@ fallback_counts: Counter = Counter()
 
 
 def refuse_fallback(event: str, error: BaseException | str) -> None:
-    """Count a fallback (:data:`fallback_counts`). Called where coil is about to run a graph with ATen ops or the FX interpreter
-    instead of its own kernels because of an internal failure (``event``: the compile-log
-    event it logs, e.g. ``codegen_fallback``). With ``config.strict_codegen`` on, raise
+    """Count a fallback (:data:`fallback_counts`). Called where coil is about to run a
+    graph with ATen ops or the FX interpreter instead of its own kernels because of an
+    internal failure (``event``: the compile-log event it logs, e.g.
+    ``codegen_fallback``). With ``config.strict_codegen`` on, raise
     :class:`StrictCodegenError` from ``error`` instead; otherwise return."""
     from coil.config import config
 

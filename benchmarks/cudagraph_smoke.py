@@ -57,6 +57,11 @@ def main() -> None:
             ms = median_ms(fn, x)
             rows.append((name, ms, compile_s, err))
             print(f"{name:32s} {ms:8.3f} ms   first call {compile_s:6.1f} s   rel err {err:.1e}", flush=True)
+            if name == "coil reduce-overhead":
+                from coil.runtime import cudagraph_trees
+                t = cudagraph_trees._TREES.get(0)
+                print(f"  coil tree: {t.nodes if t else 0} recorded graphs, "
+                      f"{t.replays if t else 0} replays", flush=True)
     base = rows[0][1]
     print(f"\nSmallGPT d=512 layers={a.layers} vocab=8192, batch 1 x 64 tokens, bf16, "
           f"{torch.cuda.get_device_name()}, torch {torch.__version__}")

@@ -6,8 +6,8 @@ device side and has one interface with two implementations:
 
 - :class:`CudaRecorder`: ``torch.cuda.CUDAGraph`` captured into one memory pool (one
   ``graph_pool_handle`` for the whole tree), replayed on the current stream; a stale
-  output is poisoned with ``torch._C._set_storage_access_error_msg`` so that touching
-  its data raises;
+  output's storage is poisoned with ``torch._C._set_storage_data_ptr_access_error_msg``
+  so that touching its data, through any view, raises;
 - :class:`FakeRecorder`: the same contract on any device without CUDA (the tree's tests
   run on CPU): capture runs the function once and keeps its outputs; replay runs it
   again and copies the results into those outputs, so replays write the recorded
@@ -92,30 +92,63 @@ class CudaRecorder:
         self.pool = torch.cuda.graph_pool_handle()
 
     def capture(self, fn: Callable, args: list) -> tuple[Any, Any]:
-        """``(graph, outputs)`` of capturing ``fn(*args)`` (nothing runs yet)."""
-        graph = torch.cuda.CUDAGraph()
+        """``(graph, outputs)`` of capturing ``fn(*args)``; ``args`` hold real values.
+
+        First a dry run with ``torch.cuda.set_sync_debug_mode("error")``: a host sync
+        (``.item()``, a copy to pageable host memory, an op with a data-dependent size)
+        raises there, outside any capture, and the graph is skipped cleanly. A capture
+        that still fails is skipped too (:meth:`_recover`)."""
         with torch.cuda.device(self.device):
+            mode = torch.cuda.get_sync_debug_mode()
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                fn(*args)
+            except Exception as e:  # noqa: BLE001 - the reason goes to the log
+                raise SkipGraph(f"syncs with the host or fails (dry run): {type(e).__name__}: "
+                                f"{str(e)[:300]}") from e
+            finally:
+                torch.cuda.set_sync_debug_mode(mode)
+            graph = torch.cuda.CUDAGraph()
             torch.cuda.synchronize()
+            stream = torch.cuda.current_stream()
             try:
                 with torch.cuda.graph(graph, pool=self.pool):
                     outs = fn(*args)
             except Exception as e:  # noqa: BLE001 - the reason goes to the log
-                try:
-                    torch.cuda.synchronize()
-                except RuntimeError:
-                    pass
+                self._recover(stream)
                 raise SkipGraph(f"capture failed: {type(e).__name__}: {str(e)[:300]}") from e
         return graph, outs
+
+    def _recover(self, stream) -> None:
+        """Undo what a failed capture leaves behind: its ``capture_end`` raised before
+        making the capture stream current again and before taking the default CUDA
+        generator out of capture mode (every later random op then raised "Offset
+        increment outside graph capture"). A tiny capture that succeeds does both."""
+        torch.cuda.set_stream(stream)
+        try:
+            torch.cuda.synchronize()
+            probe = torch.empty(1, device=self.device)
+            with torch.cuda.graph(torch.cuda.CUDAGraph()):
+                probe.add_(1)
+            torch.cuda.synchronize()
+        except Exception as e:  # noqa: BLE001 - best effort; the skip is logged anyway
+            from coil import trace
+
+            trace.log("cudagraph_recover_failed", stage="runtime", error=str(e)[:300])
+        finally:
+            torch.cuda.set_stream(stream)
 
     def replay(self, graph) -> None:
         """Run a captured graph on the current stream."""
         graph.replay()
 
-    def poison(self, t: torch.Tensor, message: str) -> None:
-        """Make reading ``t``'s storage raise ``message``."""
-        poison = getattr(torch._C, "_set_storage_access_error_msg", None)
-        if poison is not None:  # CUDA builds
-            poison(t, message)
+    def poison(self, ref: StorageWeakRef, message: str) -> None:
+        """Make reading the (live) storage behind ``ref`` raise ``message``; every
+        tensor over it, views included, sees the error. The storage does not own its
+        memory (:meth:`OutputPlan.build`), so releasing its data frees nothing."""
+        poison = getattr(torch._C, "_set_storage_data_ptr_access_error_msg", None)
+        if poison is not None and not ref.expired():  # CUDA builds have it
+            poison(ref.cdata, message)
 
 
 class FakeRecorder:
@@ -146,9 +179,10 @@ class FakeRecorder:
                 if isinstance(o, torch.Tensor) and o.untyped_storage().data_ptr() not in inputs:
                     o.copy_(n)
 
-    def poison(self, t: torch.Tensor, message: str) -> None:
-        """Remember ``t``'s storage as stale."""
-        self.stale[t.untyped_storage()._cdata] = message
+    def poison(self, ref: StorageWeakRef, message: str) -> None:
+        """Remember the storage behind ``ref`` as stale."""
+        if not ref.expired():
+            self.stale[ref.cdata] = message
 
     def is_stale(self, t: torch.Tensor) -> bool:
         """Whether ``t`` lives in memory a later replay overwrote."""
@@ -234,13 +268,3 @@ class OutputPlan:
     def slots_of(self, start: int, stop: int) -> set:
         """The slots holding outputs ``start..stop-1``."""
         return {it[1] for it in self.items[start:stop] if it[0] == "slot"}
-
-
-def revive(ref: StorageWeakRef, device) -> Optional[torch.Tensor]:
-    """A byte tensor over the storage behind ``ref`` if something still holds it."""
-    if ref.expired():
-        return None
-    st = torch.UntypedStorage._new_with_weak_ptr(ref.cdata)
-    if st is None:
-        return None
-    return torch.empty((0,), dtype=torch.uint8, device=device).set_(st)

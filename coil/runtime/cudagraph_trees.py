@@ -13,8 +13,8 @@ its own for as long as the tree lives; everything else a capture allocated
 (intermediates) returns to the pool when the capture ends and is reused by every later
 recording of the tree. Replaying a node overwrites only its own outputs, so the
 outputs the caller still holds from its previous replay are the only ones that can go
-stale: they are poisoned (reading them raises :data:`STALE_MESSAGE`), never silently
-wrong. Nodes at one place of a step are reused from step to step (a new step starts
+stale: their storages are poisoned (reading them or any view of them raises
+:data:`STALE_MESSAGE`), never silently wrong. Nodes at one place of a step are reused from step to step (a new step starts
 again from the roots), which is why outputs from one step stay valid through the next
 step only if they are cloned.
 
@@ -47,7 +47,7 @@ import torch
 
 from coil import trace
 from coil.runtime.cudagraph_record import (STALE_MESSAGE, CudaRecorder, OutputPlan, SkipGraph,
-                                           revive, ungraphable_reason)
+                                           ungraphable_reason)
 
 __all__ = ["cudagraphify", "mark_step_begin", "reset", "GraphFunction", "Tree", "Node"]
 
@@ -90,10 +90,9 @@ class Node:
                     self.placeholders[0].copy_(srcs[0])
                 else:
                     torch._foreach_copy_(self.placeholders, srcs)
-        for ref, (_, _, dev) in zip(self.live, self.plan.slots):
-            t = revive(ref, dev)
-            if t is not None:
-                self.tree.recorder.poison(t, STALE_MESSAGE)
+        for ref in self.live:
+            if not ref.expired():
+                self.tree.recorder.poison(ref, STALE_MESSAGE)
         self.tree.recorder.replay(self.graph)
         self.tree.replays += 1
         outs, self.live = self.plan.build(args)
@@ -181,6 +180,8 @@ class Tree:
                     self.stable_storages.add(sp)
                 continue
             p = torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device=a.device)
+            with torch.no_grad():
+                p.copy_(a)  # the recorder may run the function once before capturing it
             copied.append(i)
             placeholders.append(p)
             static_args[i] = p

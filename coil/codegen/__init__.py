@@ -26,6 +26,7 @@ from coil.codegen.backend import GeneratedKernel, get_kernel_backend
 from coil.codegen.common import KernelPlan
 from coil.config import config
 from coil.exc import KernelCompileError
+from coil.ir.symbols import shape_env_scope
 
 __all__ = ["compile_aten_graph", "CompiledGraph"]
 
@@ -119,6 +120,29 @@ def compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: list, device) -
     from coil.codegen.wrapper import WrapperCodegen
 
     device = torch.device(device)
+    env = _shape_env(example_inputs)
+    with shape_env_scope(env):
+        return _compile(gm, example_inputs, device, env)
+
+
+def _shape_env(example_inputs: list):
+    """The ShapeEnv of symbolic example inputs (SymInts, fake tensors with SymInt sizes
+    or strides), or None for static ones."""
+    for x in example_inputs:
+        if isinstance(x, torch.SymInt):
+            return x.node.shape_env
+        if isinstance(x, torch.Tensor) and any(isinstance(v, torch.SymInt)
+                                               for v in list(x.shape) + list(x.stride())):
+            return next(v for v in list(x.shape) + list(x.stride())
+                        if isinstance(v, torch.SymInt)).node.shape_env
+    return None
+
+
+def _compile(gm, example_inputs, device, env) -> "CompiledGraph":
+    from coil.ir.graph import GraphLowering
+    from coil.schedule.scheduler import FusedGroup, Scheduler
+    from coil.codegen.wrapper import WrapperCodegen
+
     with trace.stage("codegen_graph"):
         graph = GraphLowering(gm, example_inputs, device).lower()
         sched = Scheduler(graph)

@@ -17,6 +17,7 @@ import dataclasses
 from typing import Optional
 
 from coil.ir.nodes import ComputedBuffer
+from coil.ir.symbols import RINDEX, XINDEX, as_size, is_static
 from coil.ir.virtualized import set_ops_handler
 from coil.schedule.indexing import kernel_deps, kernel_index
 
@@ -47,13 +48,15 @@ class KernelPlan:
 
     def __init__(self, group, graph, live_after: set, persistent_limit: int = PERSISTENT_RNUMEL,
                  tiled: bool = False):
-        self.numel, self.rnumel = int(group.numel), int(group.rnumel)
+        # ints; sympy expressions in the ShapeEnv's symbols when sizes are dynamic
+        self.numel, self.rnumel = as_size(group.numel), as_size(group.rnumel)
         #: a 2-D tiled pointwise kernel over (numel, rnumel) (codegen/tiling.py): one
         #: section like a persistent reduction, each program one [XBLOCK, RBLOCK] tile
         self.tiled = tiled
         self.graph = graph
         self.group, self.live_after = group, live_after
-        self.persistent = tiled or self.rnumel <= persistent_limit
+        # a symbolic row length loops (a persistent block's RBLOCK would follow it)
+        self.persistent = tiled or (is_static(self.rnumel) and self.rnumel <= persistent_limit)
         self.nodes: list[PlannedNode] = []
         own = {n.get_name() for n in group.nodes}
         reduction_section: dict[str, int] = {}
@@ -65,7 +68,7 @@ class KernelPlan:
             index, rindex, in_loop = kernel_index(buf, self.numel, self.rnumel)
             deps = kernel_deps(buf, self.numel, self.rnumel)
             reads_own = [n for n, _ in deps.loads if n in own]
-            if self.rnumel > 1 and not self.persistent:
+            if self.rnumel != 1 and not self.persistent:
                 if in_loop:
                     if any(reduction_section.get(n) == section for n in reads_own):
                         section += 1
@@ -98,6 +101,29 @@ class KernelPlan:
         large). In place because the wrapper reads this object's output/input names
         (a looped plan may store extra cross-loop buffers)."""
         self.__init__(self.group, self.graph, self.live_after, persistent_limit, self.tiled)
+
+    @property
+    def symbolic(self) -> bool:
+        """Whether this kernel's sizes or indices hold size symbols (dynamic shapes)."""
+        return bool(self.size_symbols())
+
+    def size_symbols(self) -> list:
+        """The ShapeEnv symbols this kernel needs at run time (numel, rnumel, index
+        expressions, sizes of indirect-index bounds), sorted by name: backends take them
+        as kernel arguments, the wrapper passes their values."""
+        if getattr(self, "_size_symbols", None) is None:
+            from coil.ir.handlers import DependencyRecorder
+            syms = set()
+            for e in (self.numel, self.rnumel):
+                syms |= getattr(e, "free_symbols", set())
+            for pn in self.nodes:
+                rec = DependencyRecorder.record(pn.buffer, pn.index, pn.rindex)
+                for _, e in list(rec.loads) + list(rec.stores):
+                    syms |= getattr(e, "free_symbols", set())
+                syms |= rec.size_symbols
+            self._size_symbols = sorted((s for s in syms if s.is_positive and s not in (XINDEX, RINDEX)),
+                                        key=lambda s: s.name)
+        return self._size_symbols
 
     def _node(self, name) -> PlannedNode:
         return next(p for p in self.nodes if p.name == name)

@@ -48,6 +48,8 @@ def tile_pointwise(group) -> Optional[tuple[int, int]]:
     from coil.ir.nodes import ScatterBuffer
     if group.rnumel != 1 or not group.nodes or any(isinstance(n, ScatterBuffer) for n in group.nodes):
         return None  # (a scatter's iteration space is its source elements, not a layout)
+    if not isinstance(group.numel, int):
+        return None  # symbolic sizes: flat kernels (tiles are planned for known extents)
     numel = int(group.numel)
     try:
         x = int(group.nodes[0].get_ranges()[-1])

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 from typing import Optional, Any
 
+import sympy
 import torch
 
-from coil.ir.nodes import (Buffer, ComputedBuffer, ConstantBuffer, ExternKernel, InputBuffer,
+from coil.ir.nodes import (Buffer, ComputedBuffer, ConstantBuffer, ExternKernel, InputBuffer, Layout,
                            MultiOutput, ReinterpretView, ScatterBuffer)
 from coil.ir.graph import misaligned_leading_dim
-from coil.ir.symbols import pyexpr
+from coil.ir.symbols import as_expr, as_size, pyexpr
 from coil.schedule.scheduler import ExternStep, FusedGroup
 
 
@@ -96,6 +97,48 @@ def _tuple(xs) -> str:
     return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
 
 
+def _free_size_symbols(x, out: set) -> None:
+    """Add the size symbols in ``x`` (sympy expressions, nested lists/tuples/dicts, IR
+    views and buffers with layouts) to ``out``."""
+    if isinstance(x, sympy.Basic):
+        out.update(s for s in x.free_symbols if s.is_positive)
+    elif isinstance(x, (list, tuple)):
+        for v in x:
+            _free_size_symbols(v, out)
+    elif isinstance(x, dict):
+        _free_size_symbols(list(x.values()), out)
+    elif isinstance(getattr(x, "layout", None), Layout):
+        l = x.layout
+        _free_size_symbols([l.size, l.stride, l.offset], out)
+
+
+def symbol_bindings(graph, needed: set) -> list[str]:
+    """Wrapper lines binding every size symbol in ``needed`` from the call's arguments,
+    once per call: a SymInt placeholder that is the symbol (``s0 = arg0``), else a size,
+    stride or storage offset of a tensor input that is exactly the symbol
+    (``s1 = primals_3.size(1)``). Raises NotImplementedError for a symbol no input
+    defines alone (the "coil" backend then falls back, logged)."""
+    sources: dict = {}
+    for name, value in zip(graph.placeholder_names, graph.example_inputs):
+        if isinstance(value, torch.SymInt) and as_expr(value).is_Symbol:
+            sources.setdefault(as_expr(value), name)
+    for name in graph.placeholder_names:
+        b = graph.graph_inputs.get(name)
+        if b is None:
+            continue
+        for d, e in enumerate(b.layout.size):
+            if e.is_Symbol:
+                sources.setdefault(e, f"{name}.size({d})")
+        for d, e in enumerate(b.layout.stride):
+            if e.is_Symbol:
+                sources.setdefault(e, f"{name}.stride({d})")
+    missing = sorted(str(s) for s in needed if s not in sources)
+    if missing:
+        raise NotImplementedError(f"coil wrapper: size symbols {missing} are not a size, stride "
+                                  "or SymInt input of this graph")
+    return [f"    {s.name} = {sources[s]}" for s in sorted(needed, key=lambda s: s.name)]
+
+
 class WrapperCodegen:
     """Build the wrapper source for scheduled steps (see module docstring)."""
 
@@ -137,6 +180,8 @@ class WrapperCodegen:
             return self._dev(a)
         if isinstance(a, (torch.memory_format, torch.layout)):
             return self._global("c", a)
+        if isinstance(a, sympy.Basic) and not a.is_number:
+            return pyexpr(a)  # a symbolic size: its value this call
         if isinstance(a, float) and (a != a or a in (float("inf"), float("-inf"))):
             return f"float('{a}')"
         if isinstance(a, (int, float, bool, str, type(None))):
@@ -163,7 +208,7 @@ class WrapperCodegen:
                 last_use[n] = i
         def key(b: Buffer):
             l = b.layout
-            return (tuple(map(int, l.size)), tuple(map(int, l.stride)), l.dtype, str(l.device))
+            return (tuple(map(as_size, l.size)), tuple(map(as_size, l.stride)), l.dtype, str(l.device))
         future_keys = [set() for _ in self.steps]
         acc: set = set()
         for i in range(len(self.steps) - 1, -1, -1):
@@ -199,9 +244,10 @@ class WrapperCodegen:
                 ours.add(b.name)
             if isinstance(s, FusedGroup):
                 k = self.kernels[id(s)]
-                if k.plan.numel > 0:
+                if not (isinstance(k.plan.numel, int) and k.plan.numel == 0):
                     kname = self._global("k", k.generated.launcher)
-                    L.append(f"    {kname}({', '.join(k.generated.arg_names)})  # {k.generated.name}")
+                    args = list(k.generated.arg_names) + [pyexpr(sympy.sympify(e)) for e in k.generated.size_args]
+                    L.append(f"    {kname}({', '.join(args)})  # {k.generated.name}")
             else:
                 b = s.buffer
                 if isinstance(b, ExternKernel):
@@ -249,4 +295,14 @@ class WrapperCodegen:
             else:
                 outs.append(self._arg(o.value))
         L.append(f"    return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
+        needed: set = set()
+        _free_size_symbols([list(g.buffers)] + [[o.size, o.stride, o.offset, o.value] for o in g.outputs],
+                           needed)
+        for k in self.kernels.values():
+            _free_size_symbols(k.generated.size_args, needed)
+        for b in g.buffers:
+            if isinstance(b, ExternKernel):
+                _free_size_symbols([b.args, b.kwargs], needed)
+        if needed:  # dynamic shapes: bind the symbols once per call, before any use
+            L[1:1] = symbol_bindings(g, needed)
         return "\n".join(L) + "\n", self.globals

@@ -32,7 +32,7 @@ from coil.ir import lowering_views  # noqa: F401  (registers view/index lowering
 from coil.ir.nodes import (Buffer, ComputedBuffer, ConstantBuffer, ExternKernel, GenericView,
                            InputBuffer, Layout, MultiOutput, Pointwise, ReinterpretView,
                            StorageBox, TensorBox, V)
-from coil.ir.symbols import as_expr
+from coil.ir.symbols import as_expr, current_shape_env
 from coil.ir.virtualized import ops
 
 MAX_INLINE_OPS = 64
@@ -147,7 +147,8 @@ def _maybe_pad_matmul_output(ek: ExternKernel, meta: torch.Tensor) -> None:
     (alpha = beta = 1) calls are padded."""
     if (ek.op not in _PADDABLE_MATMULS or meta.device.type not in _PAD_DEVICES or meta.dim() != 2
             or meta.dtype not in (torch.float16, torch.bfloat16) or not meta.is_contiguous()
-            or not config.pad_matmul_outputs or ek.kwargs):
+            or not config.pad_matmul_outputs or ek.kwargs
+            or not all(isinstance(v, int) for v in list(meta.shape) + list(meta.stride()))):
         return
     a, b = ek.args[1:3] if ek.op is torch.ops.aten.addmm.default else ek.args[0:2]
     m, n = (int(s) for s in meta.shape)
@@ -338,6 +339,8 @@ class GraphLowering(torch.fx.Interpreter):
             self.graph_inputs[name] = buf
             self.name_to_buffer[name] = buf
             return TensorBox(StorageBox(buf))
+        if isinstance(value, torch.SymInt):
+            return as_expr(value)  # a size the graph uses as an int: its expression
         return value
 
     def get_attr(self, target, args, kwargs):
@@ -353,6 +356,11 @@ class GraphLowering(torch.fx.Interpreter):
     def call_function(self, target, args, kwargs):
         if target is operator.getitem:
             return args[0][args[1]]
+        val = self.current_node.meta.get("val")
+        if isinstance(val, torch.SymInt):
+            # size arithmetic (sym_size, operator.mul, floordiv ...): the fake trace's
+            # result is already the expression in the ShapeEnv's symbols
+            return as_expr(val)
         fn = L.get_lowering(target)
         if fn is not None and self._has_complex(args, kwargs):
             fn = None  # no kernel backend has complex dtypes: run the ATen op
@@ -363,6 +371,13 @@ class GraphLowering(torch.fx.Interpreter):
                 return out
             except L.FallbackToExtern:
                 pass
+            except TypeError as e:
+                # a lowering that needs an int size got a symbolic one (dynamic shapes):
+                # the ATen op runs as an extern kernel instead (values stay exact)
+                if current_shape_env() is None:
+                    raise
+                trace.log("dynamic_lowering_fallback", stage="lowering", op=str(target),
+                          error=str(e)[:500])
         self.fallbacks[str(target)] += 1
         return self.make_extern(target, args, kwargs)
 
@@ -491,7 +506,7 @@ class GraphLowering(torch.fx.Interpreter):
             stride = None
             if (isinstance(meta, torch.Tensor) and _dense_non_overlapping(meta)
                     and not meta.is_contiguous()
-                    and list(meta.shape) == [int(v) for v in sb.data.get_size()]):
+                    and _same_size(meta, sb.data.get_size())):
                 stride = [as_expr(v) for v in meta.stride()]
             sb.realize(stride)
 
@@ -500,7 +515,7 @@ class GraphLowering(torch.fx.Interpreter):
         must be materialized gets the strides eager had (``meta``), since extern ops
         choose their output layout from their inputs' strides."""
         stride = None
-        if isinstance(meta, torch.Tensor) and list(meta.shape) == [int(s) for s in x.get_size()]:
+        if isinstance(meta, torch.Tensor) and _same_size(meta, x.get_size()):
             if _dense_non_overlapping(meta):
                 stride = [as_expr(s) for s in meta.stride()]
             else:  # e.g. q/k/v: permuted slices of one projection
@@ -743,6 +758,11 @@ class GraphLowering(torch.fx.Interpreter):
         return "\n".join(lines)
 
 
+def _same_size(meta: torch.Tensor, size) -> bool:
+    """Whether fake tensor ``meta`` has IR size ``size`` (sizes compared as expressions)."""
+    return [as_expr(v) for v in meta.shape] == list(size)
+
+
 def _dense_strides_like(t: torch.Tensor) -> list[int]:
     """Dense strides for ``t``'s shape with the dims in ``t``'s memory order (largest
     stride outermost; ties keep dim order). An extern op given a tensor laid out in this
@@ -765,16 +785,20 @@ def _dense_strides_like(t: torch.Tensor) -> list[int]:
     acc = 1
     for d in reversed(order):
         strides[d] = acc
-        acc *= max(int(t.shape[d]), 1)
+        n = t.shape[d]
+        # a symbolic size (>= 2) multiplies as its expression: int() would specialize it
+        acc = acc * (max(int(n), 1) if isinstance(n, int) else as_expr(n))
     return strides
 
 
 def _strides_agree(size, a, b, symbolic: bool) -> bool:
     """Whether strides ``a`` and ``b`` of a tensor of ``size`` agree on every dim that is
-    not of size 1; ``symbolic`` is the answer when some value is not an integer."""
+    not of size 1. Symbolic strides (dynamic shapes) agree when their expressions are
+    equal; ``symbolic`` is the answer when a value is neither an int nor a size."""
     try:
-        return all(s == 1 or int(x) == int(y) for s, x, y in zip(size, a, b))
-    except TypeError:
+        return all(s == 1 or as_expr(x) == as_expr(y) or sympy.expand(as_expr(x) - as_expr(y)) == 0
+                   for s, x, y in zip(size, a, b))
+    except (TypeError, ValueError):
         return symbolic
 
 
@@ -818,8 +842,8 @@ def _empty_eager(node: torch.fx.Node, memo: dict) -> Optional[torch.Tensor]:
 
 
 def _same_strides(layout: Layout, t: torch.Tensor) -> bool:
-    """Whether ``layout`` has ``t``'s strides (size-1 dims ignored; symbolic strides:
-    nothing to compare against, True)."""
+    """Whether ``layout`` has ``t``'s strides (size-1 dims ignored; symbolic strides are
+    compared as expressions)."""
     return _strides_agree(t.shape, layout.stride, t.stride(), True)
 
 

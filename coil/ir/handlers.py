@@ -39,8 +39,13 @@ class _Recording(OpsHandler):
         self.stores: list[tuple[str, sympy.Expr]] = []
         self.reduction_types: list[str] = []
         self.num_ops = 0
+        #: every symbol in an expression argument of an op (index_expr, indirect bounds)
+        self.size_symbols: set = set()
 
     def _emit(self, op: str, *args) -> str:
+        for a in args:
+            if isinstance(a, sympy.Basic):
+                self.size_symbols |= a.free_symbols
         name = f"tmp{next(self.counter)}"
         self.num_ops += 1
         self.lines.append(f"{name} = ops.{op}({', '.join(_fmt(a) for a in args)})")
@@ -69,6 +74,8 @@ class _Recording(OpsHandler):
 
     def indirect_indexing(self, x, size, check=True, wrap_neg=True):
         s = sym(f"indirect{next(self.indirect)}")
+        if isinstance(size, sympy.Basic):
+            self.size_symbols |= size.free_symbols
         wrap = "" if wrap_neg else ", wrap_neg=False"
         self.lines.append(f"{s} = ops.indirect_indexing({x}, {_fmt(size)}, check={check}{wrap})")
         return s

@@ -23,7 +23,7 @@ import torch
 from coil import trace
 from coil.config import config
 from coil.ir.nodes import (Pointwise, Reduction, TensorBox, current_graph)
-from coil.ir.symbols import as_expr
+from coil.ir.symbols import as_expr, as_size, is_static
 from coil.ir.virtualized import compute_dtype, ops
 
 aten = torch.ops.aten
@@ -416,7 +416,7 @@ def make_reduction(x: TensorBox, dims, keepdim: bool, reduction_type: str,
     dev = x.get_device()
     numel_r = 1
     for r in rranges:
-        numel_r *= int(r)
+        numel_r *= as_size(r)  # an int; a size expression with dynamic shapes
     if numel_r == 1 and reduction_type in ("argmax", "argmin"):
         return _full(_kept_size(size, dims, keepdim), 0, dtype)
     if numel_r == 1:
@@ -437,7 +437,10 @@ def make_reduction(x: TensorBox, dims, keepdim: bool, reduction_type: str,
         # "leading": the reduction is not over the innermost dim, so the kernel tiles
         # many outputs along contiguous memory (x.sum(0), x[a, r, c].sum(1))
         leading = dims[-1] < (kept[0] if kept else nd) or (kept[-1] == nd - 1 if kept else False)
-        split, reason = _split_decision(ranges, numel_r, reduction_type, leading, dev)
+        if not all(is_static(r) for r in list(ranges) + [numel_r]):
+            split, reason = 1, "symbolic_sizes"  # one kernel for every size: never split
+        else:
+            split, reason = _split_decision(ranges, numel_r, reduction_type, leading, dev)
         if split > 1:
             box = _split_reduction(dev, dtype, sdt, inner, ranges, rranges, numel_r, split,
                                    reduction_type, leading=leading)
@@ -445,7 +448,7 @@ def make_reduction(x: TensorBox, dims, keepdim: bool, reduction_type: str,
             red = Reduction(dev, dtype, inner, ranges, rranges, reduction_type, sdt)
             box = TensorBox(StorageBox(red))
             box.data.realize()
-        if reason not in _UNLOGGED_SPLIT_REASONS and trace.enabled():
+        if reason not in _UNLOGGED_SPLIT_REASONS + ("symbolic_sizes",) and trace.enabled():
             _log_split(box, dev, reduction_type, ranges, numel_r, leading, split, reason)
     if keepdim:
         from coil.ir.lowering_views import view_reshape

@@ -15,8 +15,10 @@ Sizes, strides and index expressions are sympy expressions everywhere in coil's 
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
+import threading
 from typing import Iterable, Sequence
 
 import sympy
@@ -31,10 +33,127 @@ def sym(name: str) -> sympy.Symbol:
 
 
 def as_expr(x) -> sympy.Expr:
-    """Convert an int / SymInt-free value to a sympy expression."""
+    """An int, a sympy expression or a SymInt as a sympy expression. A SymInt (dynamic
+    shapes) becomes its expression in its ShapeEnv's symbols (``s0``, ``s1``...), after
+    the ShapeEnv's replacements, without a guard: coil's IR indexes with the ShapeEnv's
+    own symbols (docs/dynamic_shapes.md)."""
     if isinstance(x, sympy.Basic):
         return x
+    node = getattr(x, "node", None)
+    if node is not None and hasattr(node, "expr"):  # torch.SymInt
+        env = getattr(node, "shape_env", None)
+        expr = node.expr
+        return from_torch_sympy(env.replace(expr) if env is not None else expr)
     return sympy.Integer(int(x))
+
+
+def from_torch_sympy(e: sympy.Expr) -> sympy.Expr:
+    """A ShapeEnv expression with torch's integer functions (``FloorDiv``, ``CleanDiv``,
+    ``ModularIndexing``, ``PythonMod``, ``Mod``, ``CeilDiv``, ``PowByNatural``) rewritten into
+    coil's (sizes are non-negative, so floor and truncating division agree); other
+    functions stay and make printing fail (the graph then falls back, logged)."""
+    if e.is_Atom or not any(type(a).__module__ == "torch.utils._sympy.functions"
+                            for a in sympy.preorder_traversal(e)):
+        return e
+    args = [from_torch_sympy(a) for a in e.args]
+    name = type(e).__name__
+    if type(e).__module__ == "torch.utils._sympy.functions":
+        if name in ("FloorDiv", "CleanDiv"):
+            return FloorDiv(*args)
+        if name in ("Mod", "PythonMod"):
+            return Mod(*args)
+        if name == "ModularIndexing":
+            return Mod(FloorDiv(args[0], args[1]), args[2])
+        if name == "CeilDiv":
+            return FloorDiv(args[0] + args[1] - 1, args[1])
+        if name == "PowByNatural":
+            return sympy.Pow(*args)
+        return e
+    return e.func(*args)
+
+
+class _ShapeEnvScope(threading.local):
+    env = None
+
+
+_SCOPE = _ShapeEnvScope()
+
+
+@contextlib.contextmanager
+def shape_env_scope(env):
+    """Make ``env`` (a ShapeEnv or None) the one :func:`hint` and :func:`guard_true`
+    consult while one graph is compiled."""
+    prev = _SCOPE.env
+    _SCOPE.env = env
+    try:
+        yield
+    finally:
+        _SCOPE.env = prev
+
+
+def current_shape_env():
+    """The ShapeEnv of the graph being compiled (None for static graphs)."""
+    return _SCOPE.env
+
+
+def is_static(e) -> bool:
+    """Whether ``e`` (int or sympy expression) is a plain integer."""
+    return isinstance(e, int) or getattr(e, "is_Integer", False) or (
+        isinstance(e, sympy.Basic) and e.is_number)
+
+
+def as_size(e):
+    """A size for plans and kernels: an int when static, else the expanded sympy
+    expression (dynamic shapes). Static graphs keep ints, so their kernels, plans and
+    golden sources are unchanged."""
+    if isinstance(e, int):
+        return e
+    e = sympy.sympify(e)
+    return int(e) if e.is_Integer else sympy.expand(e)
+
+
+def hint(e) -> int:
+    """The value of size expression ``e`` for the example inputs (the ShapeEnv's hint):
+    for performance heuristics only (block sizes, persistent or looped reductions,
+    autotuning buckets), never for a decision that values depend on. Adds no guard."""
+    if isinstance(e, int):
+        return e
+    if getattr(e, "is_Integer", False):
+        return int(e)
+    env = _SCOPE.env
+    if env is None:
+        raise TypeError(f"size {e} is symbolic and no ShapeEnv is active")
+    e = sympy.sympify(e)
+    if hasattr(env, "optimization_hint"):  # torch >= 2.12 (a non-guarding hint)
+        return int(env.optimization_hint(e))
+    return int(env.size_hint(e))
+
+
+def guard_true(cond) -> bool:
+    """Decide the size relation ``cond`` (a sympy boolean) for correctness: static
+    relations are evaluated, symbolic ones go through the ShapeEnv, which records the
+    answer as a guard (a call whose sizes decide otherwise recompiles)."""
+    cond = sympy.sympify(cond)
+    if cond in (sympy.true, sympy.false):
+        return bool(cond)
+    env = _SCOPE.env
+    if env is None:
+        raise TypeError(f"size relation {cond} is symbolic and no ShapeEnv is active")
+    return bool(env.evaluate_expr(_to_torch_sympy(cond)))
+
+
+def _to_torch_sympy(e):
+    """Inverse of :func:`from_torch_sympy` (coil's FloorDiv/Mod into torch's), for
+    expressions handed to the ShapeEnv."""
+    if e.is_Atom or not e.has(FloorDiv, Mod):
+        return e
+    from torch.utils._sympy import functions as tf
+    args = [_to_torch_sympy(a) for a in e.args]
+    if isinstance(e, FloorDiv):
+        return tf.FloorDiv(*args)
+    if isinstance(e, Mod):
+        return tf.Mod(*args)
+    return e.func(*args)
 
 
 class FloorDiv(sympy.Function):
@@ -53,27 +172,33 @@ class FloorDiv(sympy.Function):
             return sympy.Integer(int(a) // int(b))
         if isinstance(a, FloorDiv):
             return FloorDiv(a.args[0], a.args[1] * b)
-        if b.is_Integer:
+        if a.is_Add:
             # (k*b*y + rest) // b -> k*y + rest // b when rest >= 0 ((rindex + 1024*(xindex
             # // 3072)) // 512 in split bias-gradient reductions became 2*(xindex // 3072)
             # + rindex // 512). Only for a provably non-negative rest: the generated code
             # divides with C's / and Triton's //, which truncate, and a negative rest
             # ((30 - i) // 6 -> 5 + (-i) // 6) gave wrong indices (user report 5)
-            if a.is_Add:
-                whole, rest = [], []
-                for t in a.args:
-                    c, _ = t.as_coeff_Mul()
-                    (whole if c.is_Integer and int(c) % int(b) == 0 else rest).append(t)
-                if whole and (not rest or _is_nonneg(sympy.Add(*rest))):
-                    out = sympy.Add(*[t / b for t in whole])
-                    return out + FloorDiv(sympy.Add(*rest), b) if rest else out
-            c, rest = a.as_coeff_Mul()
-            if c.is_Integer and int(c) % int(b) == 0:
-                return (c / b) * rest
+            whole, rest = [], []
+            for t in a.args:
+                (whole if _divides(b, t) else rest).append(t)
+            if whole and (not rest or _is_nonneg(sympy.Add(*rest))):
+                out = sympy.Add(*[t / b for t in whole])
+                return out + FloorDiv(sympy.Add(*rest), b) if rest else out
+        if _divides(b, a):
+            return a / b
         return None
 
     def _sympystr(self, printer):
         return f"({printer._print(self.args[0])} // {printer._print(self.args[1])})"
+
+
+def _divides(b, t) -> bool:
+    """Whether size ``b`` divides term ``t`` exactly (an integer coefficient multiple of
+    an integer ``b``; for a symbolic ``b``, ``t / b`` without a denominator)."""
+    if b.is_Integer:
+        c, _ = t.as_coeff_Mul()
+        return c.is_Integer and int(c) % int(b) == 0
+    return sympy.denom(t / b) == 1
 
 
 class Mod(sympy.Function):
@@ -89,18 +214,15 @@ class Mod(sympy.Function):
             return sympy.Integer(0)
         if a.is_Integer and b.is_Integer:
             return sympy.Integer(int(a) % int(b))
-        if b.is_Integer and a.is_Add:
+        if a.is_Add:
             # drop multiples of b, unless what is left may be negative: the generated
             # code's % (C, Triton) keeps the sign of the dividend, so Mod(30 - i, 6) ->
             # Mod(-i, 6) gave negative indices (user report 5)
-            kept = [t for t in a.args
-                    if not (t.as_coeff_Mul()[0].is_Integer and int(t.as_coeff_Mul()[0]) % int(b) == 0)]
+            kept = [t for t in a.args if not _divides(b, t)]
             if len(kept) < len(a.args) and (not kept or _is_nonneg(sympy.Add(*kept))):
                 return Mod(sympy.Add(*kept), b)
-        if b.is_Integer:
-            c, rest = a.as_coeff_Mul()
-            if c.is_Integer and int(c) % int(b) == 0:
-                return sympy.Integer(0)
+        if _divides(b, a):
+            return sympy.Integer(0)
         return None
 
     def _sympystr(self, printer):
@@ -109,26 +231,35 @@ class Mod(sympy.Function):
 
 def upper_bound(e: sympy.Expr, bounds: dict):
     """An exclusive upper bound of a non-negative index expression, or None.
-    ``bounds`` maps loop symbols to their exclusive upper bounds."""
+    ``bounds`` maps loop symbols to their exclusive upper bounds (ints or size
+    expressions); a symbol not in ``bounds`` that is positive (a ShapeEnv size symbol)
+    is a constant. The bound is an int, or a size expression when sizes are symbolic."""
     if e.is_Integer:
         return int(e) + 1
     if e.is_Symbol:
-        return bounds.get(e)
+        if e in bounds:
+            return bounds[e]
+        return e + 1 if e.is_positive else None
     if isinstance(e, Mod):
         b = e.args[1]
-        return int(b) if b.is_Integer else None
+        return int(b) if b.is_Integer else b
     if isinstance(e, FloorDiv):
         ub = upper_bound(e.args[0], bounds)
         b = e.args[1]
-        if ub is None or not b.is_Integer:
+        if ub is None:
             return None
-        return (ub - 1) // int(b) + 1
+        if b.is_Integer and isinstance(ub, int):
+            return (ub - 1) // int(b) + 1
+        q = sympy.expand(ub / b)
+        return q if sympy.denom(q) == 1 else None
     if e.is_Mul:
-        c, rest = e.as_coeff_Mul()
-        if c.is_Integer and int(c) >= 0:
-            ub = upper_bound(rest, bounds)
-            return None if ub is None else (ub - 1) * int(c) + 1
-        return None
+        out = 1
+        for t in e.args:
+            ub = upper_bound(t, bounds)
+            if ub is None or not _is_nonneg(t):
+                return None
+            out = out * (ub - 1)
+        return out + 1
     if e.is_Add:
         total = 0
         for t in e.args:
@@ -140,9 +271,16 @@ def upper_bound(e: sympy.Expr, bounds: dict):
     return None
 
 
+def _known_le(a, b) -> bool:
+    """``a <= b`` for sure (ints, or size expressions in positive symbols)."""
+    if isinstance(a, int) and getattr(b, "is_Integer", False):
+        return a <= int(b)
+    return bool(sympy.expand(b - a).is_nonnegative)
+
+
 def _nonneg_below(e: sympy.Expr, b, bounds: dict) -> bool:
     ub = upper_bound(e, bounds)
-    return ub is not None and b.is_Integer and ub <= int(b) and _is_nonneg(e)
+    return ub is not None and _known_le(ub, b) and _is_nonneg(e)
 
 
 def _is_nonneg(e: sympy.Expr) -> bool:
@@ -208,6 +346,23 @@ def _range_rules(e: sympy.Expr, bounds: dict) -> sympy.Expr:
         lambda x: isinstance(x, Mod), lambda x: md(*x.args))
 
 
+def _coeff_atom(t: sympy.Expr):
+    """``t = c * a``: ``c`` the number and size symbols (positive ShapeEnv symbols) of
+    term ``t``, ``a`` the rest (loop symbols, FloorDiv, Mod)."""
+    c, rest = t.as_coeff_Mul()
+    if not rest.free_symbols or not any(getattr(x, "is_positive", False) for x in rest.free_symbols):
+        return c, rest
+    cs, atoms = [c], []
+    for f in sympy.Mul.make_args(rest):
+        size = (f.is_Symbol or f.is_Pow) and all(x.is_positive for x in f.free_symbols)
+        (cs if size else atoms).append(f)
+    return sympy.Mul(*cs), sympy.Mul(*atoms)
+
+
+def _same(a, b) -> bool:
+    return a == b or sympy.expand(a - b) == 0
+
+
 def _fold_pairs(e: sympy.Expr) -> sympy.Expr:
     """Fold split-and-relinearize patterns until nothing changes:
     ``Mod(y,b)*k + FloorDiv(y,b)*b*k -> y*k`` and
@@ -217,20 +372,20 @@ def _fold_pairs(e: sympy.Expr) -> sympy.Expr:
         changed = False
         terms: dict = {}
         for t in sympy.Add.make_args(sympy.expand(e)):
-            c, a = t.as_coeff_Mul()
+            c, a = _coeff_atom(t)
             terms[a] = terms.get(a, 0) + c
         for atom, k in list(terms.items()):
             if not isinstance(atom, Mod):
                 continue
             y, b = atom.args
             partner = FloorDiv(y, b)
-            if terms.get(partner) == k * b:
+            if partner in terms and _same(terms[partner], k * b):
                 del terms[atom], terms[partner]
                 terms[y] = terms.get(y, 0) + k
                 changed = True
                 break
             for other, ok in terms.items():
-                if (isinstance(other, Mod) and other.args[0] == partner and ok == k * b):
+                if isinstance(other, Mod) and other.args[0] == partner and _same(ok, k * b):
                     del terms[atom], terms[other]
                     new = Mod(y, b * other.args[1])
                     terms[new] = terms.get(new, 0) + k
@@ -247,7 +402,8 @@ def simplify_index(e: sympy.Expr, bounds: dict | None = None) -> sympy.Expr:
     loop symbols to exclusive upper bounds (enables ``x // b -> 0`` for ``x < b``)."""
     if e.is_Integer or e.is_Symbol:
         return e
-    return _simplify(e, tuple(sorted(((k, int(v)) for k, v in (bounds or {}).items()), key=str)))
+    return _simplify(e, tuple(sorted(((k, v if isinstance(v, sympy.Basic) and not v.is_Integer else int(v))
+                                      for k, v in (bounds or {}).items()), key=str)))
 
 
 @functools.lru_cache(maxsize=65536)
@@ -307,9 +463,9 @@ def pyexpr(e: sympy.Expr) -> str:
     if e.is_Symbol:
         return e.name
     if isinstance(e, FloorDiv):
-        return f"({_paren(e.args[0])} // {_paren(e.args[1])})"
+        return f"({_paren(e.args[0])} // {_paren(e.args[1], True)})"
     if isinstance(e, Mod):
-        return f"({_paren(e.args[0])} % {_paren(e.args[1])})"
+        return f"({_paren(e.args[0])} % {_paren(e.args[1], True)})"
     if e.is_Add:
         terms = sorted(e.args, key=lambda t: (t.is_Integer, sympy.default_sort_key(t)))
         out = pyexpr(terms[0])
@@ -344,6 +500,6 @@ def _nest(fn, args):
     return out
 
 
-def _paren(e: sympy.Expr) -> str:
+def _paren(e: sympy.Expr, divisor: bool = False) -> str:
     s = pyexpr(e)
-    return f"({s})" if e.is_Add else s
+    return f"({s})" if e.is_Add or (divisor and (e.is_Mul or e.is_Pow)) else s

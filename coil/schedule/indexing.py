@@ -24,7 +24,8 @@ from typing import Optional
 
 import sympy
 
-from coil.ir.symbols import RINDEX, XINDEX, FloorDiv, Mod, product, simplify_index
+from coil.ir.symbols import (RINDEX, XINDEX, FloorDiv, Mod, as_size, current_shape_env, hint,
+                             is_static, product, simplify_index)
 
 
 def decompose(var: sympy.Symbol, sizes: list) -> list:
@@ -50,6 +51,8 @@ def split_ranges(sizes: list, rnumel) -> Optional[tuple[list, list, Optional[int
     """Split ``sizes`` into (x_sizes, r_sizes, split_dim) with ``prod(r_sizes) == rnumel``.
     ``split_dim`` is the dim cut in two (its outer part ends x_sizes, inner part starts
     r_sizes), or None. Returns None when impossible."""
+    if not all(is_static(s) for s in list(sizes) + [rnumel]):
+        return _split_ranges_symbolic(sizes, rnumel)
     rem = int(rnumel)
     r_sizes: list = []
     d = len(sizes) - 1
@@ -70,17 +73,41 @@ def split_ranges(sizes: list, rnumel) -> Optional[tuple[list, list, Optional[int
     return list(sizes[: d + 1]), r_sizes, None
 
 
+def _split_ranges_symbolic(sizes: list, rnumel):
+    """:func:`split_ranges` for symbolic sizes: whole trailing dims only (a dim is cut
+    in two only when the quotient is an exact expression)."""
+    rem = sympy.sympify(rnumel)
+    r_sizes: list = []
+    d = len(sizes) - 1
+    while rem != 1 and d >= 0:
+        s = sympy.sympify(sizes[d])
+        q = sympy.expand(rem / s)
+        if s == 1:
+            r_sizes.insert(0, sympy.Integer(1))
+        elif sympy.denom(q) == 1:
+            r_sizes.insert(0, s)
+            rem = q
+        elif sympy.denom(sympy.expand(s / rem)) == 1:
+            return list(sizes[:d]) + [sympy.expand(s / rem)], [rem] + r_sizes, d
+        else:
+            return None
+        d -= 1
+    if rem != 1:
+        return None
+    return list(sizes[: d + 1]), r_sizes, None
+
+
 @functools.lru_cache(maxsize=None)
 def _kernel_index_cached(ranges: tuple, rranges: tuple, is_red: bool, numel, rnumel):
-    numel, rnumel = int(numel), int(rnumel)
+    numel, rnumel = as_size(numel), as_size(rnumel)
     if is_red:
-        if int(product(ranges)) != numel or int(product(rranges)) != rnumel:
+        if as_size(product(ranges)) != numel or as_size(product(rranges)) != rnumel:
             return None
         return decompose(XINDEX, list(ranges)), decompose(RINDEX, list(rranges)), True
-    n = int(product(ranges))
+    n = as_size(product(ranges))
     if n == numel:
         return decompose(XINDEX, list(ranges)), [], rnumel == 1
-    if rnumel > 1 and n == numel * rnumel:
+    if rnumel != 1 and n == as_size(numel * rnumel):
         sp = split_ranges(list(ranges), rnumel)
         if sp is None:
             return None
@@ -97,6 +124,10 @@ def axis_steps(e) -> Optional[tuple[int, int]]:
     """``(dx, dr)``: how far kernel-level index expression ``e`` moves for one step of
     ``xindex`` and of ``rindex`` from (0, 0), or None for an indirect or non-integer
     index. Used to tell which kernel axis a load or store is contiguous along."""
+    sizes = {s for s in e.free_symbols if s not in (XINDEX, RINDEX) and s.is_positive}
+    if sizes and current_shape_env() is not None:
+        # symbolic strides: the example sizes tell the axis (a heuristic)
+        e = e.subs({s: hint(s) for s in sizes})
     if not e.free_symbols <= {XINDEX, RINDEX}:
         return None
     try:
@@ -110,7 +141,7 @@ def axis_steps(e) -> Optional[tuple[int, int]]:
 def kernel_index(buf, numel, rnumel):
     """(index, rindex, in_loop) for ``buf`` in a kernel of (numel, rnumel), or None."""
     return _kernel_index_cached(tuple(buf.get_ranges()), tuple(buf.get_reduction_ranges()),
-                                buf.is_reduction(), sympy.Integer(numel), sympy.Integer(rnumel))
+                                buf.is_reduction(), sympy.sympify(numel), sympy.sympify(rnumel))
 
 
 class KernelDeps:
@@ -127,7 +158,8 @@ _deps_cache: dict = {}
 
 
 def kernel_deps(buf, numel, rnumel) -> Optional[KernelDeps]:
-    key = (id(buf), int(numel), int(rnumel))
+    numel, rnumel = as_size(numel), as_size(rnumel)
+    key = (id(buf), numel, rnumel)
     if key in _deps_cache and _deps_cache[key][0] is buf:
         return _deps_cache[key][1]
     ki = kernel_index(buf, numel, rnumel)
@@ -137,7 +169,7 @@ def kernel_deps(buf, numel, rnumel) -> Optional[KernelDeps]:
         from coil.ir.handlers import DependencyRecorder
         index, rindex, in_loop = ki
         rec = DependencyRecorder.record(buf, index, rindex)
-        bounds = {XINDEX: int(numel), RINDEX: int(rnumel)}
+        bounds = {XINDEX: numel, RINDEX: rnumel}
         res = KernelDeps([(n, simplify_index(sympy.sympify(e), bounds)) for n, e in rec.loads],
                          [(n, simplify_index(sympy.sympify(e), bounds)) for n, e in rec.stores],
                          in_loop)

@@ -39,7 +39,7 @@ from coil import trace
 from coil.config import config
 from coil.ir.nodes import (Buffer, ComputedBuffer, ExternKernel, InputBuffer, MultiOutput,
                            ScatterBuffer)
-from coil.ir.symbols import product
+from coil.ir.symbols import as_size, hint, product
 from coil.schedule.indexing import kernel_deps, kernel_index
 
 
@@ -62,7 +62,8 @@ class FusedGroup:
     """ComputedBuffers generated as one kernel over (numel, rnumel)."""
 
     def __init__(self, nodes: list[ComputedBuffer], numel: int, rnumel: int, order: int):
-        self.nodes, self.numel, self.rnumel, self.order = nodes, int(numel), int(rnumel), order
+        # ints, or sympy expressions with symbolic sizes (coil.ir.symbols.as_size)
+        self.nodes, self.numel, self.rnumel, self.order = nodes, as_size(numel), as_size(rnumel), order
 
     @property
     def names(self):
@@ -76,7 +77,7 @@ class FusedGroup:
         return list(dict.fromkeys(out))
 
     def is_reduction(self):
-        return self.rnumel > 1
+        return self.rnumel != 1  # a symbolic size is >= 2
 
     def __repr__(self):
         return f"FusedGroup({self.names}, numel={self.numel}, rnumel={self.rnumel})"
@@ -84,13 +85,13 @@ class FusedGroup:
 
 def node_group(buf: ComputedBuffer) -> tuple[int, int]:
     if buf.is_reduction():
-        return int(product(buf.get_ranges())), int(product(buf.get_reduction_ranges()))
-    return int(product(buf.get_ranges())), 1
+        return as_size(product(buf.get_ranges())), as_size(product(buf.get_reduction_ranges()))
+    return as_size(product(buf.get_ranges())), 1
 
 
 def _bytes(buf: Buffer) -> int:
     try:
-        return int(product(buf.get_size())) * buf.get_dtype().itemsize
+        return hint(product(buf.get_size())) * buf.get_dtype().itemsize
     except Exception:
         return 0
 
@@ -207,7 +208,7 @@ class Scheduler:
         one such pattern; else None. Such groups depend on nothing computed in the
         graph, so they can run at any point before their first reader."""
         limit = config.launch_fusion_max_numel
-        if g.rnumel != 1 or limit <= 0 or g.numel > limit:
+        if g.rnumel != 1 or limit <= 0 or hint(g.numel) > limit:
             return None
         for r in g.read_names():
             if r == "seeds" or not isinstance(self.graph.name_to_buffer.get(r), InputBuffer):
@@ -276,12 +277,12 @@ class Scheduler:
         return changed
 
     def combined_group(self, a: FusedGroup, b: FusedGroup) -> Optional[tuple[int, int]]:
-        if a.rnumel > 1 and b.rnumel > 1:
+        if a.rnumel != 1 and b.rnumel != 1:
             return (a.numel, a.rnumel) if (a.numel, a.rnumel) == (b.numel, b.rnumel) else None
         if a.rnumel == 1 and b.rnumel == 1:
             return (a.numel, 1) if a.numel == b.numel else None
-        red, pw = (a, b) if a.rnumel > 1 else (b, a)
-        if pw.numel in (red.numel, red.numel * red.rnumel):
+        red, pw = (a, b) if a.rnumel != 1 else (b, a)
+        if pw.numel in (red.numel, as_size(red.numel * red.rnumel)):
             return red.numel, red.rnumel
         return None
 
@@ -313,7 +314,7 @@ class Scheduler:
                     pdeps = kernel_deps(p, numel, rnumel)
                     store = pdeps.stores[0][1]
                     p_in_loop = pdeps.in_loop and not p.is_reduction()
-                    if p_in_loop and not cdeps.in_loop and rnumel > 1:
+                    if p_in_loop and not cdeps.in_loop and rnumel != 1:
                         return f"{c.get_name()} reads {name} once per output but it is computed in the loop"
                     for e in cdeps.loads_of(name):
                         if e != store:

@@ -48,6 +48,6 @@ class CppBackend(KernelBackend):
         k = CppKernel(plan, kernel_name, cpp_build.num_threads())
         body = k.source()
         launcher = CppLauncher(body, kernel_name, len(k.arg_names()), k.has_checks, batch=True,
-                               check_origins=k.check_origins)
+                               check_origins=k.check_origins, n_sizes=len(k.size_symbols))
         return GeneratedKernel(name=kernel_name, source=body, arg_names=k.arg_names(),
-                               launcher=launcher, language="cpp")
+                               launcher=launcher, language="cpp", size_args=list(k.size_symbols))

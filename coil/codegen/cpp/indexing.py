@@ -64,6 +64,8 @@ class Split:
 
     @property
     def extents(self) -> list[int]:
+        if self.points == [1]:
+            return [self.numel]
         pts = self.points + [self.numel]
         return [pts[i + 1] // pts[i] for i in range(len(self.points))]
 
@@ -122,6 +124,8 @@ def _collect(e: sympy.Expr, s: sympy.Symbol, points: set) -> bool:
 def split_plan(exprs: Iterable[sympy.Expr], symbol: sympy.Symbol, numel: int,
                prefix: str) -> Split:
     """The finest loop split of ``symbol`` (extent ``numel``) valid for all ``exprs``."""
+    if not isinstance(numel, int) and not getattr(numel, "is_Integer", False):
+        return Split(symbol, numel, [1], prefix)  # a symbolic extent: one flat loop
     points: set = set()
     for e in exprs:
         if not _collect(e, symbol, points):
@@ -172,4 +176,4 @@ def cexpr(e: sympy.Expr) -> str:
 
 def _paren(e: sympy.Expr) -> str:
     s = cexpr(e)
-    return f"({s})" if (e.is_Add or (e.is_Mul and not isinstance(e, (FloorDiv, Mod)))) else s
+    return f"({s})" if (e.is_Add or e.is_Pow or (e.is_Mul and not isinstance(e, (FloorDiv, Mod)))) else s

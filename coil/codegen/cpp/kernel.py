@@ -49,7 +49,7 @@ import torch
 from coil.codegen.cpp import ops as cops
 from coil.codegen.cpp.indexing import Split, canonicalize, cexpr, split_plan
 from coil.ir.nodes import current_origin, describe_origin
-from coil.ir.symbols import RINDEX, XINDEX, simplify_index
+from coil.ir.symbols import RINDEX, XINDEX, as_size, hint, is_static, simplify_index
 from coil.ir.virtualized import OpsHandler
 
 SUM_BLOCK = 1024  # elements per blocked-sum partial (see _section)
@@ -84,6 +84,12 @@ class _Section:
         self.cse: dict = {}
 
 
+def _c(e) -> str:
+    """A loop bound in C++: an int literal, or a size expression over the function's
+    size arguments."""
+    return str(e) if isinstance(e, int) else cexpr(sympy.sympify(e))
+
+
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
@@ -105,9 +111,13 @@ class CppKernel(OpsHandler):
 
     def __init__(self, plan, name: str, num_threads: int = 1):
         self.plan, self.name, self.num_threads = plan, name, num_threads
-        self.numel = int(plan.numel)
-        self.rnumel = int(plan.rnumel)
+        # ints, or size expressions (dynamic shapes: the symbols are function arguments)
+        self.numel = as_size(plan.numel)
+        self.rnumel = as_size(plan.rnumel)
         self.is_reduction = self.rnumel != 1
+        self.bounds = {XINDEX: self.numel,
+                       RINDEX: max(self.rnumel, 1) if isinstance(self.rnumel, int) else self.rnumel}
+        self.size_symbols = list(plan.size_symbols())
         self.counter = itertools.count()
         self.indices: list[sympy.Expr] = []
         self.index_of: dict = {}
@@ -176,7 +186,7 @@ class CppKernel(OpsHandler):
     def _idx(self, expr) -> str:
         # canonical at record time: CSE keys and the loop-invariance test (``has(RINDEX)``)
         # must see ``(128*xindex + rindex) // 128`` as ``xindex``
-        expr = simplify_index(sympy.sympify(expr), {XINDEX: self.numel, RINDEX: max(self.rnumel, 1)})
+        expr = simplify_index(sympy.sympify(expr), self.bounds)
         if expr not in self.index_of:
             self.index_of[expr] = len(self.indices)
             self.indices.append(expr)
@@ -207,8 +217,7 @@ class CppKernel(OpsHandler):
     def _key_index(self, index) -> sympy.Expr:
         """``index`` simplified with the kernel's loop bounds, so a load written as
         ``(rindex + 128*xindex) // 128`` finds the value stored at ``xindex``."""
-        return simplify_index(sympy.sympify(index),
-                              {XINDEX: self.numel, RINDEX: max(self.rnumel, 1)})
+        return simplify_index(sympy.sympify(index), self.bounds)
 
     def load(self, name, index):
         index = self._key_index(index)
@@ -535,7 +544,7 @@ class CppKernel(OpsHandler):
     def source(self) -> str:
         """Run the bodies and return the kernel's C++ function (without the prelude)."""
         self.run_nodes()
-        bounds = {XINDEX: self.numel, RINDEX: max(self.rnumel, 1)}
+        bounds = self.bounds
         self.indices = [simplify_index(canonicalize(e, bounds), bounds) for e in self.indices]
         xs = split_plan(self.indices, XINDEX, self.numel, "x")
         rs = split_plan(self.indices, RINDEX, self.rnumel, "r") if self.is_reduction else None
@@ -567,16 +576,19 @@ class CppKernel(OpsHandler):
                 params.append(f"{t}* __restrict__ p_{n}")
             else:
                 params.append(f"const {t}* __restrict__ p_{n}")
+        params += [f"int64_t {s.name}" for s in self.size_symbols]  # dynamic sizes
         params.append("int64_t* coil_err")
         return f'extern "C" int64_t {self.name}({", ".join(params)})'
 
     def _fix(self, line: str) -> str:
         return re.sub(r"@I(\d+)@", lambda m: self._rendered[int(m.group(1))], line)
 
-    def _omp(self, work: int, extra: str = "") -> str:
-        if work < PARALLEL_MIN or self.num_threads <= 1:
+    def _omp(self, work, extra: str = "") -> str:
+        if self.num_threads <= 1 or (is_static(work) and int(work) < PARALLEL_MIN):
             return ""
-        return f"#pragma omp parallel for{extra} num_threads({self.num_threads}) schedule(static)"
+        # a symbolic amount of work decides at run time (OpenMP's if clause)
+        cond = "" if is_static(work) else f" if({_c(work)} >= {PARALLEL_MIN})"
+        return f"#pragma omp parallel for{extra} num_threads({self.num_threads}) schedule(static){cond}"
 
     @staticmethod
     def _simd_for(lines: list[str]) -> str:
@@ -616,7 +628,7 @@ class CppKernel(OpsHandler):
         if len(ext) == 1:
             simd = self._simd_for(lines)
             omp = self._omp(self.numel, " simd" if simd else "")
-            return [omp or simd, f"for (int64_t x0 = 0; x0 < {ext[0]}; ++x0) {{",
+            return [omp or simd, f"for (int64_t x0 = 0; x0 < {_c(ext[0])}; ++x0) {{",
                     *("  " + l for l in lines), "}"]
         hoisted, lines = self._hoist(lines, "x0")
         simd = self._simd_for(lines)
@@ -625,7 +637,7 @@ class CppKernel(OpsHandler):
         q = 1
         for i in range(1, len(ext)):
             e = f"(xo / {q})" if q != 1 else "xo"
-            decl.append(f"int64_t x{i} = {e}" + (f" % {ext[i]};" if i < len(ext) - 1 else ";"))
+            decl.append(f"int64_t x{i} = {e}" + (f" % {_c(ext[i])};" if i < len(ext) - 1 else ";"))
             q *= ext[i]
         par_outer = outer >= 2 * self.num_threads
         out = [self._omp(self.numel) if par_outer else "",
@@ -633,7 +645,7 @@ class CppKernel(OpsHandler):
                *("  " + l for l in hoisted),
                "  " + ((self._omp(self.numel, " simd" if simd else "") or simd)
                        if not par_outer else simd),
-               f"  for (int64_t x0 = 0; x0 < {ext[0]}; ++x0) {{",
+               f"  for (int64_t x0 = 0; x0 < {_c(ext[0])}; ++x0) {{",
                *("    " + l for l in lines), "  }", "}"]
         return out
 
@@ -644,7 +656,7 @@ class CppKernel(OpsHandler):
         out = []
         for i, p in enumerate(xs.points):
             e = f"(xindex / {p})" if p != 1 else "xindex"
-            out.append(f"int64_t x{i} = {e}" + (f" % {ext[i]};" if i < len(ext) - 1 else ";"))
+            out.append(f"int64_t x{i} = {e}" + (f" % {_c(ext[i])};" if i < len(ext) - 1 else ";"))
         return out
 
     def _reduction(self, xs: Split, rs: Split) -> list[str]:
@@ -656,8 +668,8 @@ class CppKernel(OpsHandler):
                 body.extend(self._section(item, rs))
             else:
                 body.append(self._fix(item))
-        return [self._omp(self.numel * max(self.rnumel, 1)) if self.numel >= 2 else "",
-                f"for (int64_t xindex = 0; xindex < {self.numel}; ++xindex) {{",
+        return [self._omp(self.numel * self.bounds[RINDEX]) if not is_static(self.numel) or self.numel >= 2 else "",
+                f"for (int64_t xindex = 0; xindex < {_c(self.numel)}; ++xindex) {{",
                 *("  " + d for d in self._xdecls(xs)), *("  " + l for l in body), "}"]
 
     def _rindex_decl(self, rs: Split) -> list[str]:
@@ -671,13 +683,13 @@ class CppKernel(OpsHandler):
         ext = rs.extents
         opens, closes = [], []
         for i in range(len(ext) - 1, 0, -1):
-            opens.append(f"for (int64_t r{i} = 0; r{i} < {ext[i]}; ++r{i}) {{")
+            opens.append(f"for (int64_t r{i} = 0; r{i} < {_c(ext[i])}; ++r{i}) {{")
             closes.append("}")
         ind = "  " * len(opens)
         pre = [self._fix(l) for l in sec.pre]
         if not sec.accs:
             out = pre + ["{"] + ["  " + o for o in opens]
-            out += [f"  {ind}{self._simd_for(body)}", f"  {ind}for (int64_t r0 = 0; r0 < {ext[0]}; ++r0) {{"]
+            out += [f"  {ind}{self._simd_for(body)}", f"  {ind}for (int64_t r0 = 0; r0 < {_c(ext[0])}; ++r0) {{"]
             out += [f"  {ind}  {l}" for l in self._rindex_decl(rs) + body]
             out += [f"  {ind}}}"] + ["  " + c for c in closes] + ["}"]
             return out + post
@@ -692,7 +704,7 @@ class CppKernel(OpsHandler):
         # cascade sum on x[100003, 3].sum(0).
         blocked = [acc for acc, rt, fields in sec.accs
                    if rt == "sum" and fields[0][1] in ("float", "double")]
-        if int(ext[0]) <= SUM_BLOCK:
+        if is_static(ext[0]) and int(ext[0]) <= SUM_BLOCK:
             blocked = []
         for acc, rt, fields in sec.accs:
             if acc in blocked:
@@ -711,14 +723,18 @@ class CppKernel(OpsHandler):
         # (x.flip(-1).sum() on (17, 2), where the lane loop never runs and the whole row
         # is tail; docs/cpp_backend.md), and with independent lanes a row shorter than
         # LANES vectorizes without reassociation.
-        n_tail = int(ext[0]) % LANES
-        tail0 = int(ext[0]) - n_tail
+        if is_static(ext[0]):
+            n_tail = int(ext[0]) % LANES
+            tail0 = int(ext[0]) - n_tail
+        else:  # a symbolic row: the tail's length is known at run time only
+            n_tail = f"({_c(ext[0])} % {LANES})"
+            tail0 = f"({_c(ext[0])} - {n_tail})"
         tail_body = [l.replace("@", "_lane[l]") for l in body]
         if blocked:
             out += [f"  {ind}int64_t rb = 0;",
-                    f"  {ind}for (int64_t rb0 = 0; rb0 + {LANES} <= {ext[0]}; rb0 += {SUM_BLOCK}) {{"]
+                    f"  {ind}for (int64_t rb0 = 0; rb0 + {LANES} <= {_c(ext[0])}; rb0 += {SUM_BLOCK}) {{"]
             out += [f"  {ind}  for (int l = 0; l < {LANES}; ++l) {acc}_blk[l] = 0;" for acc in blocked]
-            out += [f"  {ind}  for (rb = rb0; rb + {LANES} <= {ext[0]} && rb < rb0 + {SUM_BLOCK}; rb += {LANES}) {{",
+            out += [f"  {ind}  for (rb = rb0; rb + {LANES} <= {_c(ext[0])} && rb < rb0 + {SUM_BLOCK}; rb += {LANES}) {{",
                     f"  {ind}    {self._simd_for(body)}",
                     f"  {ind}    for (int64_t l = 0; l < {LANES}; ++l) {{",
                     f"  {ind}      int64_t r0 = rb + l;"]
@@ -729,7 +745,7 @@ class CppKernel(OpsHandler):
             out += [f"  {ind}}}"]
         else:
             out += [f"  {ind}int64_t rb = 0;",
-                    f"  {ind}for (; rb + {LANES} <= {ext[0]}; rb += {LANES}) {{",
+                    f"  {ind}for (; rb + {LANES} <= {_c(ext[0])}; rb += {LANES}) {{",
                     f"  {ind}  {self._simd_for(body)}",
                     f"  {ind}  for (int64_t l = 0; l < {LANES}; ++l) {{",
                     f"  {ind}    int64_t r0 = rb + l;"]

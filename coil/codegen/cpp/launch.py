@@ -55,10 +55,13 @@ class CppLauncher:
     """A compiled (or compiling) C++ kernel callable as ``launcher(*tensors)``."""
 
     def __init__(self, source: str, func_name: str, n_args: int, has_checks: bool,
-                 describe: str = "", batch: bool = False, check_origins: Sequence = ()):
+                 describe: str = "", batch: bool = False, check_origins: Sequence = (),
+                 n_sizes: int = 0):
         self.source = source
         self.func_name = func_name
         self.n_args = n_args
+        #: int64 size arguments after the tensors (dynamic shapes)
+        self.n_sizes = n_sizes
         self.has_checks = has_checks
         #: per bounds-check site ``#n``: the user's line it checks (``"m.py:5 in f: ..."``)
         #: or None; read only when a check fails
@@ -79,14 +82,16 @@ class CppLauncher:
                 _flush()
             lib = self._future.result()
             fn = getattr(lib, self.func_name)
-            fn.argtypes = [ctypes.c_void_p] * self.n_args + [ctypes.c_void_p]
+            fn.argtypes = ([ctypes.c_void_p] * self.n_args + [ctypes.c_int64] * self.n_sizes
+                           + [ctypes.c_void_p])
             fn.restype = ctypes.c_int64
             self._call = self._make_call(fn)
         return self
 
     def _make_call(self, fn) -> Callable:
         names = [f"a{i}" for i in range(self.n_args)]
-        ptrs = ", ".join(f"{n}.data_ptr()" for n in names)
+        ptrs = ", ".join([f"{n}.data_ptr()" for n in names] + [f"n{i}" for i in range(self.n_sizes)])
+        names += [f"n{i}" for i in range(self.n_sizes)]
         ns = {"fn": fn}
         if self.has_checks:
             err = (ctypes.c_int64 * 4)()

@@ -7,6 +7,7 @@ from coil.codegen.backend import GeneratedKernel, KernelBackend, register_kernel
 from coil.codegen.triton.eviction import add_eviction_hints
 from coil.codegen.triton.kernel import PRELUDE, TritonKernel
 from coil.config import config
+from coil.ir.symbols import hint
 
 
 #: Outer reductions (loads contiguous along x) longer than this run looped.
@@ -17,16 +18,32 @@ def stream_elem_bytes(plan) -> int:
     """Widest element size (bytes) of the buffers this kernel streams: inputs/outputs
     with as many elements as its iteration space (4 when there are none). The runtime
     sizes blocks by it: a bf16-only kernel needs twice the elements per thread."""
-    full = plan.numel * plan.rnumel
+    full = hint(plan.numel * plan.rnumel)
     sizes = []
     for n in list(plan.input_names) + list(plan.output_names):
         b = plan.buffer(n)
         numel = 1
         for s in b.get_size():
-            numel *= int(s)
+            numel *= hint(s)
         if numel >= full:
             sizes.append(b.get_dtype().itemsize)
     return max(sizes) if sizes else 4
+
+
+def size_params(plan) -> list[str]:
+    """The integer parameters of a kernel with symbolic sizes: ``xnumel``, ``rnumel``
+    (reductions) and the size symbols its indices use ([] for static sizes)."""
+    syms = plan.size_symbols()
+    if not syms:
+        return []
+    return ["xnumel"] + (["rnumel"] if plan.rnumel != 1 else []) + [s.name for s in syms]
+
+
+def size_values(plan) -> list:
+    """The expressions the wrapper passes for :func:`size_params`, in order."""
+    if not plan.size_symbols():
+        return []
+    return [plan.numel] + ([plan.rnumel] if plan.rnumel != 1 else []) + list(plan.size_symbols())
 
 
 def _indent(lines, n):
@@ -43,7 +60,7 @@ def launch_args(plan, gpu: bool, outer: bool) -> dict:
     """The keyword arguments of :func:`coil.runtime.triton_runtime.launch_configs` (and
     of :class:`TritonLauncher`) for ``plan``: one place, so that the mask decision and
     the launcher see the same candidate configs."""
-    return dict(numel=plan.numel, rnumel=plan.rnumel, persistent=plan.persistent, gpu=gpu,
+    return dict(numel=hint(plan.numel), rnumel=hint(plan.rnumel), persistent=plan.persistent, gpu=gpu,
                 outer=outer and not plan.tiled, elem_bytes=stream_elem_bytes(plan),
                 tiled=plan.tiled)
 
@@ -56,6 +73,8 @@ def mask_exactness(plan, gpu: bool, outer: bool = False) -> tuple[bool, bool]:
     from coil.runtime.triton_runtime import blocks_divide, launch_configs
     if not config.triton_exact_masks:
         return False, False
+    if plan.symbolic:
+        return False, False  # any size may come: every mask stays
     return blocks_divide(launch_configs(**launch_args(plan, gpu, outer)), plan.numel, plan.rnumel)
 
 
@@ -89,10 +108,17 @@ def _run_kernel(plan, name: str, exact: tuple[bool, bool]) -> TritonKernel:
 def _module_source(plan, name: str, k: TritonKernel, exact) -> tuple[str, list[str], TritonKernel]:
     arg_names = list(plan.input_names) + list(plan.output_names)
     params = [k.args[n] for n in arg_names]
-    red = plan.rnumel > 1
+    red = plan.rnumel != 1
     consts = ["XBLOCK: tl.constexpr"] + (["RBLOCK: tl.constexpr"] if red else [])
-    out = ["@triton.jit", f"def {name}({', '.join(params + consts)}):"]
-    body = [f"xnumel = {plan.numel}"]
+    sizes = size_params(plan)
+    if sizes:
+        # symbolic sizes: kernel arguments, never specialized (one binary for all sizes)
+        out = [f"@triton.jit(do_not_specialize={sizes!r})",
+               f"def {name}({', '.join(params + sizes + consts)}):"]
+        body = []
+    else:
+        out = ["@triton.jit", f"def {name}({', '.join(params + consts)}):"]
+        body = [f"xnumel = {plan.numel}"]
     pid = "tl.program_id(0).to(tl.int64)" if k.index_dtype == "tl.int64" else "tl.program_id(0)"
     body.append(f"xoffset = {pid} * XBLOCK")
     body.append("xindex = xoffset + tl.arange(0, XBLOCK)" + ("[:, None]" if red else ""))
@@ -101,7 +127,8 @@ def _module_source(plan, name: str, k: TritonKernel, exact) -> tuple[str, list[s
     rmask = [] if exact[1] else ["rmask = rindex < rnumel"]
     body += xmask
     if red:
-        body.append(f"rnumel = {plan.rnumel}")
+        if not sizes:
+            body.append(f"rnumel = {plan.rnumel}")
         body.append("rbase = tl.arange(0, RBLOCK)[None, :]")
     if plan.tiled:
         pid1 = "tl.program_id(1).to(tl.int64)" if k.index_dtype == "tl.int64" else "tl.program_id(1)"
@@ -120,7 +147,7 @@ def _module_source(plan, name: str, k: TritonKernel, exact) -> tuple[str, list[s
             if loop:
                 # the trip count as a literal: Triton 3.6's interpreter cannot index a
                 # local int variable in range() ("only 0-dimensional arrays ...")
-                body.append(f"for roffset in range(0, {plan.rnumel}, RBLOCK):")
+                body.append(f"for roffset in range(0, {'rnumel' if sizes else plan.rnumel}, RBLOCK):")
                 body += _indent(["rindex = roffset + rbase"] + rmask + loop, 4)
             body += sec["post"]
     out += _indent(body, 4)
@@ -149,13 +176,19 @@ class TritonBackend(KernelBackend):
         from coil.runtime.triton_runtime import TritonLauncher, blocks_divide
         source, arg_names, k = _kernel_source(plan, kernel_name)
         tiled = plan.tiled
-        if k.outer_reduction and plan.persistent and plan.rnumel > OUTER_PERSISTENT_RNUMEL and not tiled:
+        if k.outer_reduction and plan.persistent and hint(plan.rnumel) > OUTER_PERSISTENT_RNUMEL and not tiled:
             # x-contiguous reductions tile wide along x: a whole column per program would
             # not fit in registers, so loop over r in short steps instead
             plan.replan(OUTER_PERSISTENT_RNUMEL)
             source, arg_names, k = _kernel_source(plan, kernel_name)
         dev = plan.buffer(plan.nodes[0].name).get_device()
         a = launch_args(plan, _plan_gpu(plan), k.outer_reduction)
+        if plan.symbolic:
+            from coil.runtime.triton_dynamic import DynamicTritonLauncher
+            launcher = DynamicTritonLauncher(kernel_name, source, a["numel"], a["rnumel"], len(arg_names),
+                                             dev.type, outer=a["outer"], elem_bytes=a["elem_bytes"])
+            return GeneratedKernel(kernel_name, source, arg_names, launcher, "triton",
+                                   size_args=size_values(plan))
         launcher = TritonLauncher(kernel_name, source, a["numel"], a["rnumel"], a["persistent"],
                                   dev.type, outer=a["outer"], elem_bytes=a["elem_bytes"],
                                   tiled=a["tiled"],

@@ -25,7 +25,7 @@ import sympy
 import torch
 
 from coil.config import config
-from coil.ir.symbols import RINDEX, XINDEX, pyexpr, simplify_index, sym
+from coil.ir.symbols import RINDEX, XINDEX, guard_true, hint, is_static, pyexpr, simplify_index, sym
 from coil.ir.virtualized import OpsHandler, compute_dtype
 from coil.schedule.indexing import axis_steps
 
@@ -71,6 +71,22 @@ def _lit(value, dtype) -> str:
     return str(v)
 
 
+def needs_int64(extents) -> bool:
+    """Whether indices over ``extents`` (element counts: ints or size expressions) need
+    int64. A symbolic extent whose example value is small is indexed in int32 under a
+    ShapeEnv guard that it stays below 2^31 - 1 (a larger call recompiles); one whose
+    example is large gets int64."""
+    big = False
+    for e in extents:
+        if is_static(e):
+            big = big or int(e) >= 2 ** 31 - 1
+        elif hint(e) >= 2 ** 31 - 1:
+            big = True
+        else:
+            guard_true(sympy.Lt(e, 2 ** 31 - 1))
+    return big
+
+
 class TritonKernel(OpsHandler):
     """Generate one kernel (``source()``) from a :class:`KernelPlan`."""
 
@@ -79,11 +95,11 @@ class TritonKernel(OpsHandler):
         #: ``xmask`` / ``rmask`` are all true for every launch config the runtime may
         #: choose (backend.mask_exactness): they are left out of loads, stores and guards
         self.x_exact, self.r_exact = x_exact, r_exact
-        self.red = plan.rnumel > 1
+        self.red = plan.rnumel != 1
         self.looped = self.red and not plan.persistent
-        big = max([plan.numel * plan.rnumel] + [int(plan.buffer(n).layout.storage_numel())
-                                                 for n in plan.input_names + plan.output_names])
-        self.index_dtype = "tl.int64" if big >= 2 ** 31 - 1 else "tl.int32"
+        extents = [plan.numel * plan.rnumel] + [plan.buffer(n).layout.storage_numel()
+                                                for n in plan.input_names + plan.output_names]
+        self.index_dtype = "tl.int64" if needs_int64(extents) else "tl.int32"
         self.args: dict[str, str] = {}
         for i, n in enumerate(plan.input_names):
             self.args[n] = f"in_ptr{i}"
@@ -476,7 +492,7 @@ class TritonKernel(OpsHandler):
 
     def indirect_indexing(self, x, size, check=True, wrap_neg=True):
         x = self._tensor(x)
-        size = int(size)
+        size = pyexpr(sympy.sympify(size))  # a literal, or a size symbol (kernel argument)
         # negative indices always wrap here, ``wrap_neg`` or not: the bounds check below is
         # a tl.device_assert, active only in Triton's debug mode, so an index that eager
         # would reject must at least not address memory before the tensor

@@ -175,3 +175,18 @@ def test_cli_writes_repros_and_a_summary(tmp_path, capsys, monkeypatch):
     ns = {}
     exec(repros[0].read_text(), ns)
     assert callable(ns["fn"]) and ns["make_inputs"]()
+
+
+def test_eager_error_in_dead_code_is_not_a_missing_error():
+    dead = _prog(["v0 = torch.argmin(a > 0, dim=0)", "v1 = a + 1"], torch.randn(3), returns=["v1"])
+    assert check_program(dead, lambda fn: (lambda *a: (a[0] + 1,))).outcome == "ok"
+    live = _prog(["v0 = torch.argmin(a > 0, dim=0)"], torch.randn(3), returns=["v0"])
+    assert check_program(live, lambda fn: (lambda *a: (a[0],))).outcome == "missing_error"
+
+
+def test_overflow_only_in_eager_is_accepted_but_not_the_reverse():
+    p = _prog(["v0 = a * 2"], torch.tensor([2e38, 1.0]))
+    more_exact = check_program(p, _fake(lambda s, o, a: (torch.tensor([3e38, 2.0]),)))
+    assert more_exact.outcome == "ok"
+    q = _prog(["v0 = a * 1"], torch.tensor([2e38, 1.0]))
+    assert check_program(q, _fake(lambda s, o, a: (o[0] * 2,))).kind == "out-value"

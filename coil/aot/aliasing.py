@@ -198,17 +198,34 @@ class OverlapGuard(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        schema = func._schema
-        if torch.Tag.inplace_view not in func.tags:
-            for a, arg in zip(schema.arguments, args):
-                if a.alias_info is not None and a.alias_info.is_write and \
-                        isinstance(arg, torch.Tensor) and _overlaps(arg):
-                    raise OverlappingWrite(OVERLAP_MESSAGE)
+        written = _written_args(func)
+        for k, name in written:
+            t = args[k] if k < len(args) else kwargs.get(name)
+            if isinstance(t, torch.Tensor) and _overlaps(t):
+                raise OverlappingWrite(OVERLAP_MESSAGE)
         out = func(*args, **kwargs)
+        if not self.bases or not func.is_view:
+            return out
         src = args[0] if args else None
-        if (func.is_view and isinstance(out, torch.Tensor) and isinstance(src, torch.Tensor)
+        if (isinstance(out, torch.Tensor) and isinstance(src, torch.Tensor)
                 and _overlaps(src) and not _overlaps(out)):
             base = self.bases.get(StorageWeakRef(src.untyped_storage()))
             if base is not None:
                 return torch.as_strided(base, out.shape, out.stride(), out.storage_offset())
         return out
+
+
+_WRITTEN: dict = {}
+
+
+def _written_args(func) -> tuple:
+    """(position, name) of the arguments ``func`` writes data into (none for ops that only
+    change metadata in place, such as ``t_``); cached per op."""
+    hit = _WRITTEN.get(func)
+    if hit is None:
+        hit = ()
+        if func._schema.is_mutable and torch.Tag.inplace_view not in func.tags:
+            hit = tuple((k, a.name) for k, a in enumerate(func._schema.arguments)
+                        if a.alias_info is not None and a.alias_info.is_write)
+        _WRITTEN[func] = hit
+    return hit

@@ -478,3 +478,48 @@ def test_transformer_lengths_triton(monkeypatch):
 def test_transformer_lengths_triton_long(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert _run_lengths("triton", (7, 33, 128, 500), True) == 1
+
+
+# ------------------------------------------------------------------ sizes as Python numbers
+
+import math  # noqa: E402
+
+import torch.nn.functional as F  # noqa: E402
+
+SIZE_PROGRAMS = {
+    "math_prod": lambda x: x.view(x.shape[0], math.prod(x.shape[1:])),
+    "int_of_division": lambda x: x[: int(x.shape[0] / 2)],
+    "new_zeros": lambda x: x.new_zeros(x.size(0), 4) + x.sum(),
+    "factory": lambda x: torch.zeros(x.shape[0], 3) + x[:, :1],
+    "arange": lambda x: torch.arange(x.size(1)) * x,
+    "reshape_last": lambda x: x.reshape(-1, x.shape[-1]),
+    "expand": lambda x: x[None].expand(x.size(0), -1, -1),
+    "slice_half": lambda x: x[:, : x.size(1) // 2],
+    "split": lambda x: torch.split(x, x.size(1) // 2, dim=1)[0],
+    "size_returned": lambda x: (x * 2, x.shape[0] * 2, x.shape),
+    "tuple_list": lambda x: x.view(*tuple(x.shape)) + len(list(x.shape)),
+    "max_of_sizes": lambda x: x[: max(x.size(0) - 1, 2)],
+    "numel": lambda x: x.sum() / x.numel(),
+    "float_power": lambda x: x * (x.shape[1] ** -0.5),
+    "math_sqrt": lambda x: x / math.sqrt(x.size(-1)),
+    "negative_index": lambda x: x.view(x.shape[-2] * x.shape[-1]),
+    "pad_to_multiple": lambda x: F.pad(x, (0, 8 - x.shape[1] % 8)),
+    "full": lambda x: torch.full((x.shape[0],), x.shape[1]) + x.sum(1),
+}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", sorted(SIZE_PROGRAMS))
+def test_sizes_in_python_stay_symbolic(name, backend):
+    fn = SIZE_PROGRAMS[name]
+    cnt = Counting(backend)
+    f = coil.compile(fn, backend=cnt, dynamic=True)
+    for shape in ((4, 4), (5, 8), (7, 16)):    # (x.size(0) // 2 >= 2: no 0/1 case)
+        x = torch.randn(shape)
+        got, want = f(x), fn(x)
+        if isinstance(got, tuple):
+            assert got[1:] == want[1:] and type(got[2]) is torch.Size
+            got, want = got[0], want[0]
+        torch.testing.assert_close(got, want)
+        assert got.stride() == want.stride()
+    assert cnt.n == 1

@@ -99,6 +99,11 @@ def _fold(tx, fn, args, kwargs):
         return args[0].call_method(tx, dunder, [], {})
     if fn is bool and len(args) == 1:
         return ConstantVariable(tx.truthy(args[0]))
+    from coil.capture.variables.symbolic import call_numeric
+
+    sym = call_numeric(tx, fn, args, kwargs)     # int(n), float(n) of a symbolic size
+    if sym is not None:
+        return sym
     if fn is callable and len(args) == 1 and not args[0].is_python_constant():
         return ConstantVariable(_is_callable(args[0]))
     try:
@@ -174,6 +179,11 @@ class PureFunctionVariable(KnownCallableVariable):
             return tx.call_dunder(args[0], "__setitem__", [args[1], args[2]])
         if isinstance(fn, operator.attrgetter):
             raise Unsupported("operator.attrgetter object")
+        from coil.capture.variables.symbolic import call_numeric
+
+        sym = call_numeric(tx, fn, args, kwargs)   # math.prod(x.shape), math.sqrt(n)
+        if sym is not None:
+            return sym
         from coil.capture.translator import const_value
 
         try:

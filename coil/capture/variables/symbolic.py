@@ -18,6 +18,7 @@ it pins the symbol to one value), logged with the user's line
 """
 from __future__ import annotations
 
+import math
 import operator
 import re
 
@@ -171,11 +172,47 @@ def unary(tx, op, a: "SymNodeVariable"):
     return wrap_sym(a.output, fn(a.value), ("op", fn, [a]))
 
 
+#: Python functions of numbers evaluated symbolically (no guard), as torch's capture
+#: does: the node calls the torch.sym_* form.
+_NUMERIC = {int: torch.sym_int, float: torch.sym_float, math.sqrt: torch._sym_sqrt,
+            math.floor: math.floor, math.ceil: math.ceil}
+
+
+def call_numeric(tx, fn, args: list, kwargs: dict):
+    """``int(n)``, ``float(n)``, ``math.sqrt/floor/ceil(n)``, ``math.prod(sizes)`` with
+    symbolic operands, kept symbolic; None when no operand is symbolic (or ``fn`` is not
+    one of these)."""
+    if kwargs:
+        return None
+    if fn is math.prod and len(args) == 1 and not isinstance(args[0], SymNodeVariable):
+        try:
+            items = tx.unpack(args[0])
+        except Unsupported:
+            return None
+        if not any(isinstance(i, SymNodeVariable) for i in items):
+            return None
+        total = ConstantVariable(1)
+        for i in items:
+            total = tx.binary_op(operator.mul, total, i)
+        return total
+    if len(args) != 1 or not isinstance(args[0], SymNodeVariable):
+        return None
+    a = args[0]
+    if fn is int and isinstance(a.value, torch.SymInt):
+        return a
+    if fn is float and isinstance(a.value, torch.SymFloat):
+        return a
+    sym_fn = _NUMERIC.get(fn)
+    if sym_fn is None or isinstance(a.value, torch.SymBool):
+        return None
+    return wrap_sym(a.output, sym_fn(a.value), ("op", sym_fn, [a]))
+
+
 def tensor_meta(tx, t, name: str, result):
     """The tracker for metadata ``name`` (``size``, ``stride``, ``numel``, ``shape``) of
     tensor tracker ``t`` whose fake value is ``result``: constants when static, symbolic
     items otherwise."""
-    from coil.capture.variables.containers import TupleVariable
+    from coil.capture.variables.containers import SizeVariable, TupleVariable
 
     out = tx.output
     if name in ("size", "shape", "stride") and isinstance(result, (tuple, torch.Size)):
@@ -192,19 +229,3 @@ def tensor_meta(tx, t, name: str, result):
 
 def _meta_node(out, t, name):
     return out.graph.create_node("call_method", name, (t.node,), {})
-
-
-def _size_variable_class():
-    from coil.capture.variables.containers import TupleVariable
-
-    class SizeVariable(TupleVariable):
-        """``x.shape`` of a tensor with symbolic sizes: a tuple of int trackers whose
-        Python type is ``torch.Size``."""
-
-        def python_type(self):
-            return torch.Size
-
-    return SizeVariable
-
-
-SizeVariable = _size_variable_class()

@@ -197,7 +197,7 @@ def call_op(tx, kind: str, target, args: list, kwargs: dict) -> VariableTracker:
     tx.locate_node(node)
     guards_before = len(out.shape_env.guards)
     try:
-        with out.fake_mode, _quiet_meta_failures():  # fix from user testing
+        with out.fake_mode, _quiet_meta_failures(), _symbolic_dispatch(out):
             check_call(kind, target, fake_args, fake_kwargs)  # what eager refuses, meta not
             if kind == "call_method":
                 result = getattr(fake_args[0], target)(*fake_args[1:], **fake_kwargs)
@@ -221,6 +221,17 @@ def call_op(tx, kind: str, target, args: list, kwargs: dict) -> VariableTracker:
     if len(out.shape_env.guards) > guards_before:
         out.sites.note(out.shape_env, guards_before, out.where(), reason=_name(target))
     return wrap_result(tx, node, result)
+
+
+def _symbolic_dispatch(out):
+    """With symbolic sizes, ops run under the Python dispatcher (as in torch's capture):
+    composite kernels that need concrete ints (``F.pad``'s ``constant_pad_nd``) take
+    their Python decompositions, which accept SymInts."""
+    if not out.shape_env.var_to_range:
+        return contextlib.nullcontext()
+    from torch._dispatch.python import enable_python_dispatcher
+
+    return enable_python_dispatcher()
 
 
 def _name(target) -> str:

@@ -297,3 +297,28 @@ def test_aot_mutated_input_through_the_tree(fake_cuda):
         torch.testing.assert_close(cf(x, buf), f(x, ref))
         torch.testing.assert_close(buf, ref)
     assert fake_cuda.nodes == 1
+
+
+def test_graphs_after_a_graph_break_are_children_of_the_first(fake_cuda):
+    def f(x):
+        y = x.sin() * 2
+        print("a graph break")
+        return y.cos() + 1
+
+    cf = coil.compile(f, mode="reduce-overhead")
+    for _ in range(4):
+        x = torch.randn(5)
+        torch.testing.assert_close(cf(x), f(x))
+    (root,) = fake_cuda.roots
+    assert len(root.children) == 1 and root.children[0].fn is not root.fn
+    # the resume function's graph reads the first graph's output in place
+    assert len(root.children[0].inplace) == 1 and fake_cuda.nodes == 2 and fake_cuda.replays == 6
+
+
+def test_dynamic_shapes_record_one_node_per_size(fake_cuda):
+    g = coil.compile(lambda x: (x * 3).sum(0), mode="reduce-overhead", dynamic=True)
+    for n in (3, 4, 5) * 3:
+        x = torch.randn(n, 2)
+        torch.testing.assert_close(g(x), (x * 3).sum(0))
+    sizes = sorted(r.sig[0][0][0] for r in fake_cuda.roots)
+    assert sizes == [3, 4, 5] and len({r.fn for r in fake_cuda.roots}) == 1

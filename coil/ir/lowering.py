@@ -343,11 +343,30 @@ def _to_copy(x, *args, **kwargs):
     # aten.copy(self, src) broadcasts src to self's shape (e.g. ``y[:, 0] = 0``)
     load = broadcast_loader(x, size) if list(x.get_size()) != list(size) else x.make_loader()
     src = x.get_dtype()
+    if src != odt and compute_dtype(src) != src and _unrounded(x):
+        # an fp16/bf16 body computed here is still float32: eager converts the rounded
+        # value ((x.half() * 2).float() is inf for x = 65504; 2.9999 rounds to 3 before
+        # .int())
+        rounded = load
+        load = lambda i: ops.to_dtype(rounded(i), src, compute_dtype(src))
     if src == odt or (compute_dtype(src) == compute_dtype(odt) and src.itemsize <= odt.itemsize):
         inner = load  # exact: no rounding to do
     else:
         inner = lambda i: ops.to_dtype(load(i), odt, compute_dtype(src))
     return TensorBox.create(Pointwise(device(), odt, inner, size))
+
+
+def _unrounded(x) -> bool:
+    """Whether reading ``x`` runs an unrealized body that is not a dtype conversion:
+    its value is in the compute dtype, not yet rounded to ``x``'s dtype."""
+    from coil.ir.nodes import GenericView, Loops, StorageBox
+    arg = current_graph().current_node.args[0]
+    if isinstance(arg, torch.fx.Node) and arg.target in (aten._to_copy.default,
+                                                          prims.convert_element_type.default):
+        return False  # rounded by that conversion
+    while isinstance(x, (TensorBox, StorageBox, GenericView)):
+        x = x.data
+    return isinstance(x, Loops)
 
 
 def _full(size, value, dtype) -> TensorBox:
@@ -653,6 +672,8 @@ def _cast(v, sdt, dtype, reduction_type):
     """The result of reducing one element ``v`` (of compute dtype ``sdt``) to ``dtype``."""
     if reduction_type == "any":
         return ops.ne(v, ops.constant(0, sdt)) if sdt != torch.bool else v
+    if reduction_type == "sum" and sdt.is_floating_point:
+        v = ops.add(v, ops.constant(0.0, sdt))  # 0 + v, as a sum starts: -0.0 sums to +0.0
     if compute_dtype(dtype) != sdt:
         return ops.to_dtype(v, dtype, sdt)
     return v

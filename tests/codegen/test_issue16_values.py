@@ -142,3 +142,38 @@ def test_half_layer_norm_into_cat(rows, backend):
     fn = lambda x: (lambda v: torch.cat([v, v]))(F.layer_norm(x.half(), (2,)))
     out = same(fn, torch.randn(rows, 2), backend=backend)
     assert out.abs().max().item() <= 1.0
+
+
+LOW_PRECISION_CONVERTED = {
+    # an fp16/bf16 value computed in a fused body is float32 until stored; an explicit
+    # conversion takes the rounded value, as eager
+    "half_overflow_then_float": (lambda x: (x.half() * 2).float(), torch.tensor([65504., 1.5])),
+    "half_underflow_then_bool": (lambda x: (x.half() * 1e-8).bool(), torch.tensor([1.0, 10.0])),
+    "bf16_rounding_then_float": (lambda x: (x.bfloat16() + 1e-3).float() - x, torch.tensor([1.0, 2.0])),
+    "bf16_then_double": (lambda x: (x.bfloat16() * 3).double(), torch.tensor([0.1, 7.7])),
+    "half_then_int": (lambda x: (x.half() * 3).int(), torch.tensor([0.99975586, 1.6665])),
+}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", sorted(LOW_PRECISION_CONVERTED))
+def test_conversion_of_a_computed_low_precision_value(name, backend):
+    fn, x = LOW_PRECISION_CONVERTED[name]
+    same(fn, x, backend=backend, atol=0, rtol=0)
+
+
+SIGNED_ZERO = {
+    "tanh": lambda x: torch.tanh(x),
+    "sum_over_one": lambda x: x.view(-1, 1).sum(1),
+    "mean_over_one": lambda x: x.view(-1, 1).mean(1),
+}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", sorted(SIGNED_ZERO))
+def test_signed_zero(name, backend):
+    """tanh(-0.0) is -0.0; a sum of the single element -0.0 is +0.0 (0 + -0)."""
+    x = torch.tensor([-0.0, 0.0, -2.0, float("nan")])
+    out, ref = compiled(SIGNED_ZERO[name], x, backend=backend), SIGNED_ZERO[name](x)
+    torch.testing.assert_close(out, ref, equal_nan=True)
+    assert torch.equal(torch.signbit(out), torch.signbit(ref)), (out, ref)

@@ -189,7 +189,8 @@ COIL_INLINE float coil_tanh(float x) {
   big = ax >= 9.01084041595459f ? 1.0f : big;
   big = cm::copysign(big, x);
   float r = ax < 0.625f ? small : big;
-  return x != x ? x : r;
+  // NaN and +-0 are their own tanh (the polynomial gives +0 for -0: fma(-0, -0, -0))
+  return (x != x || x == 0.0f) ? x : r;
 }
 
 // sin/cos: quadrant j = rint(x * 2/pi) and r = x - j*pi/2 in double, pi/2 split in

@@ -572,3 +572,55 @@ def test_hf_bloom_gelu_training_one_graph():
     assert cnt.frame_count == 1
     assert_same_as_eager(m, (torch.randn(2, 8, requires_grad=True),), backend="aot_eager",
                          check_grads=True)
+
+
+# --- 1 (continued). zip / enumerate / map / filter are lazy, as in CPython --------------
+
+def test_enumerate_and_zip_see_items_appended_to_their_list():
+    def f(x):
+        xs, ys = [x, x + 1], [1, 2, 3, 4]
+        out = []
+        for i, t in enumerate(xs):
+            if i < 3:
+                xs.append(t * 2)
+            out.append(t * i)
+        for t, k in zip(xs, ys):
+            out.append(t * k)
+        return out
+
+    assert_same_as_eager(f, (torch.randn(3),), backend="eager")
+
+
+_MAP_CALLS = []
+
+
+def _counted(t):
+    _MAP_CALLS.append(1)
+    return t * len(_MAP_CALLS)
+
+
+def test_map_calls_its_function_lazily():
+    def f(x):
+        m = map(_counted, [x, x + 1, x + 2])
+        first = next(m)
+        _MAP_CALLS.append(10)             # eager: between the first and second call
+        return [first] + list(m) + [x * len(_MAP_CALLS)]
+
+    outs = []
+    for fn in (f, coil.compile(f, backend="eager")):
+        _MAP_CALLS.clear()
+        outs.append(fn(torch.ones(2)))
+    for a, b in zip(*outs):
+        torch.testing.assert_close(b, a)
+
+
+def test_enumerate_live_across_graph_break():
+    def f(x):
+        xs = [x, x + 1, x + 2]
+        e = enumerate(xs)
+        a = next(e)
+        print("", end="")
+        xs.append(x * 5)
+        return [a[1] * a[0]] + [t * i for i, t in e]
+
+    assert_same_as_eager(f, (torch.randn(3),), backend="eager")

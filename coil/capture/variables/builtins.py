@@ -25,7 +25,8 @@ import torch
 
 from coil.exc import Unsupported
 from coil.capture.variables.base import ConstantVariable, KnownCallableVariable, VariableTracker
-from coil.capture.variables.containers import (BaseListVariable, DictVariable, ListIteratorVariable,
+from coil.capture.variables.containers import (BaseListVariable, DictVariable,
+                                               LazyIteratorVariable, ListIteratorVariable,
                                                ListVariable, SetVariable, SliceVariable,
                                                TupleVariable)
 
@@ -355,12 +356,13 @@ def _next(tx, args, kwargs):
 @builtin(enumerate)
 def _enumerate(tx, args, kwargs):
     start = (args[1] if len(args) > 1 else kwargs.get("start", ConstantVariable(0))).as_python_constant()
-    return ListIteratorVariable([TupleVariable([ConstantVariable(i + start), v])
-                                 for i, v in enumerate(tx.unpack(args[0]))])
+    return LazyIteratorVariable(tx, enumerate, [tx.get_iter(args[0])], start=start)
 
 
 @builtin(zip)
 def _zip(tx, args, kwargs):
+    if kwargs.get("strict") is None or not kwargs["strict"].as_python_constant():
+        return LazyIteratorVariable(tx, zip, [tx.get_iter(a) for a in args])
     seqs = [tx.unpack(a) for a in args]
     if kwargs.get("strict") is not None and kwargs["strict"].as_python_constant():
         if len({len(s) for s in seqs}) > 1:
@@ -406,20 +408,12 @@ def _sorted(tx, args, kwargs):
 
 @builtin(map)
 def _map(tx, args, kwargs):
-    fn, seqs = args[0], [tx.unpack(a) for a in args[1:]]
-    return ListIteratorVariable([tx.call(fn, list(t), {}) for t in zip(*seqs)])
+    return LazyIteratorVariable(tx, map, [tx.get_iter(a) for a in args[1:]], fn=args[0])
 
 
 @builtin(filter)
 def _filter(tx, args, kwargs):
-    fn, items = args[0], tx.unpack(args[1])
-    out = []
-    for it in items:
-        keep = tx.truthy(it) if (isinstance(fn, ConstantVariable) and fn.value is None) \
-            else tx.truthy(tx.call(fn, [it], {}))
-        if keep:
-            out.append(it)
-    return ListIteratorVariable(out)
+    return LazyIteratorVariable(tx, filter, [tx.get_iter(args[1])], fn=args[0])
 
 
 def _minmax(tx, args, kwargs, op):

@@ -702,5 +702,69 @@ class GeneratorVariable(ListIteratorVariable):
         return f"GeneratorVariable({self.fn!r})"
 
 
+class LazyIteratorVariable(GeneratorVariable):
+    """``zip`` / ``enumerate`` / ``map`` / ``filter`` over iterators, advanced lazily as
+    in CPython: each value is taken from the inner iterators (live over a list the loop
+    appends to) and ``map``/``filter``'s function is called when the value is needed.
+    Live at a graph break, it is rebuilt as the same builtin over the inner iterators'
+    rebuilt forms (``enumerate`` with its count so far)."""
+
+    def __init__(self, tx, builtin, iters, fn=None, start=0):
+        VariableTracker.__init__(self, None)
+        self._tx = tx
+        self.builtin, self.iters, self.fn, self.start = builtin, list(iters), fn, start
+        self._sub, self._items, self._done = None, [], False
+        self.index = 0
+        self.kind = "iterator"
+        self._taken = 0          # values taken from the inner iterators (enumerate's count)
+
+    def _advance(self, tx) -> bool:
+        while not self._done:
+            vals = []
+            for it in self.iters:
+                v = it.next(tx)
+                if v is None:
+                    self._done = True
+                    return False
+                vals.append(v)
+            n, self._taken = self._taken, self._taken + 1
+            b = self.builtin
+            if b is zip:
+                out = TupleVariable(vals)
+            elif b is enumerate:
+                out = TupleVariable([ConstantVariable(self.start + n), vals[0]])
+            elif b is map:
+                out = tx.call(self.fn, vals, {})
+            else:   # filter
+                keep = vals[0] if isinstance(self.fn, ConstantVariable) and self.fn.value is None \
+                    else tx.call(self.fn, vals, {})
+                if not tx.truthy(keep):
+                    continue
+                out = vals[0]
+            self._items.append(out)
+            return True
+        return False
+
+    def python_type(self):
+        return self.builtin
+
+    def children(self):
+        return self._items[self.index:] + self.iters + ([self.fn] if self.fn is not None else [])
+
+    def reconstruct(self, cg):
+        if self.index < len(self._items):
+            raise Unsupported(f"a {self.builtin.__name__} iterator with values taken but not "
+                              "used is live at a graph break")
+        inner = [cg.reconstruct(it) for it in self.iters]
+        b = cg.const_expr(self.builtin)
+        if self.builtin is enumerate:
+            return f"{b}({inner[0]}, {self.start + self._taken})"
+        head = [cg.reconstruct(self.fn)] if self.fn is not None else []
+        return f"{b}({', '.join(head + inner)})"
+
+    def __repr__(self):
+        return f"LazyIteratorVariable({self.builtin.__name__})"
+
+
 def ordered_dict_types():
     return (dict, collections.OrderedDict)

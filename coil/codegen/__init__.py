@@ -48,6 +48,8 @@ class CompiledGraph:
         #: per graph output, the strides it is returned with (None: not a tensor); aot
         #: compiles a backward for the saved outputs' real strides (ir/graph.py)
         self.output_strides = output_strides
+        #: size guards code generation added to the ShapeEnv (dynamic shapes)
+        self.guards: list = []
         self.__call__ = call
 
     def __call__(self, *args):
@@ -121,8 +123,17 @@ def compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: list, device) -
 
     device = torch.device(device)
     env = _shape_env(example_inputs)
+    n_guards = len(env.guards) if env is not None else 0
     with shape_env_scope(env):
-        return _compile(gm, example_inputs, device, env)
+        out = _compile(gm, example_inputs, device, env)
+    if env is not None:
+        # what code generation relied on about sizes (each one a guard the capture
+        # checks per call); ideally none: a guard here narrows the graph's sizes
+        new = env.guards[n_guards:]
+        out.guards = [str(g.expr) for g in new]
+        trace.log("codegen_guards", stage="codegen", guards=out.guards,
+                  where=[str(getattr(g, "sloc", "")) for g in new])
+    return out
 
 
 def _shape_env(example_inputs: list):

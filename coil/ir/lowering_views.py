@@ -17,7 +17,8 @@ from coil.ir.lowering import (_full, broadcast_loader, device, is_box, loader_as
                               out_size, register_lowering)
 from coil.ir.nodes import (GenericView, Layout, Pointwise, ReinterpretView, StorageBox,
                            TensorBox, current_graph)
-from coil.ir.symbols import FloorDiv, Mod, as_expr, contiguous_strides, linear_index, unflatten
+from coil.ir.symbols import (FloorDiv, Mod, as_expr, as_size, contiguous_strides, guard_true, is_static,
+                             linear_index, unflatten)
 from coil.ir.virtualized import compute_dtype, ops
 
 aten = torch.ops.aten
@@ -215,16 +216,35 @@ def _unsqueeze_squeeze(x, *args):
     return view_reshape(x, out_size())
 
 
+def _slice_bound(v, n, default):
+    """Eager's clamp of a slice bound ``v`` (int, size expression or None) into
+    ``[0, n]`` for a symbolic extent ``n``: each comparison is decided by the ShapeEnv
+    (the fake trace of the slice already made the same decisions, so no new guard)."""
+    if v is None:
+        return sympy.Integer(default)
+    v, n = as_expr(v), as_expr(n)
+    if guard_true(sympy.Lt(v, 0)):
+        v = v + n
+    if guard_true(sympy.Gt(v, n)):
+        return n
+    if guard_true(sympy.Lt(v, 0)):
+        return sympy.Integer(0)
+    return v
+
+
 @register_lowering(aten.slice.Tensor)
 def _slice(x, dim=0, start=None, end=None, step=1):
     size_in = list(x.get_size())
     nd = len(size_in)
     dim = dim % nd
-    n = int(size_in[dim])
-    start = 0 if start is None else start
-    end = n if end is None else end
-    start = max(min(start + n if start < 0 else start, n), 0)
-    end = max(min(end + n if end < 0 else end, n), 0)
+    if not all(is_static(v) for v in (size_in[dim], start or 0, end or 0)):
+        start = _slice_bound(start, size_in[dim], 0)  # symbolic: clamped through the ShapeEnv
+    else:
+        n = int(size_in[dim])
+        start = 0 if start is None else start
+        end = n if end is None else end
+        start = max(min(start + n if start < 0 else start, n), 0)
+        end = max(min(end + n if end < 0 else end, n), 0)
     size = out_size()
 
     def reindex(index):
@@ -244,7 +264,7 @@ def _select(x, dim, idx):
     size_in = list(x.get_size())
     nd = len(size_in)
     dim = dim % nd
-    idx = idx + int(size_in[dim]) if idx < 0 else idx
+    idx = idx + as_expr(size_in[dim]) if is_static(idx) and idx < 0 else idx
     size = out_size()
 
     def reindex(index):
@@ -356,6 +376,8 @@ def _idx(e):
 
 
 def _c(v):
+    if not is_static(v):
+        return ops.index_expr(as_expr(v), torch.int64)  # a symbolic size (a kernel argument)
     return ops.constant(int(v), torch.int64)
 
 
@@ -369,7 +391,7 @@ def _cat(tensors, dim=0):
     for t in tensors:
         if len(t.get_size()) == 1 and t.get_size()[0] == 0 and len(size) > 1:
             continue  # legacy empty tensor
-        n = int(t.get_size()[dim])
+        n = as_size(t.get_size()[dim])
         parts.append((offset, n, t))
         offset += n
 
@@ -387,7 +409,7 @@ def _cat(tensors, dim=0):
                     if result is not None else body()
             else:
                 cond = ops.logical_and(ops.ge(_idx(index[dim]), _c(o)), ops.lt(_idx(index[dim]), _c(o + n))) \
-                    if o > 0 else ops.lt(_idx(index[dim]), _c(o + n))
+                    if o != 0 else ops.lt(_idx(index[dim]), _c(o + n))
                 v = ops.masked(cond, body, 0.0 if cdt.is_floating_point else 0)
             if result is None:
                 result = v
@@ -415,7 +437,7 @@ def _pad(x, pad, value=0.0):
         src = [index[d] - lows[d] for d in range(nd)]
         cond = None
         for d in range(nd):
-            if lows[d] == 0 and int(size[d]) <= int(old[d]):
+            if lows[d] == 0 and is_static(size[d]) and is_static(old[d]) and int(size[d]) <= int(old[d]):
                 continue
             ok = ops.logical_and(ops.ge(_idx(src[d]), _c(0)), ops.lt(_idx(src[d]), _c(old[d])))
             cond = ok if cond is None else ops.logical_and(cond, ok)

@@ -49,7 +49,7 @@ def as_expr(x) -> sympy.Expr:
 
 def from_torch_sympy(e: sympy.Expr) -> sympy.Expr:
     """A ShapeEnv expression with torch's integer functions (``FloorDiv``, ``CleanDiv``,
-    ``ModularIndexing``, ``PythonMod``, ``Mod``, ``CeilDiv``, ``PowByNatural``) rewritten into
+    ``ModularIndexing``, ``PythonMod``, ``Mod``, ``CeilDiv``, ``PowByNatural``, ``Max``, ``Min``) into
     coil's (sizes are non-negative, so floor and truncating division agree); other
     functions stay and make printing fail (the graph then falls back, logged)."""
     if e.is_Atom or not any(type(a).__module__ == "torch.utils._sympy.functions"
@@ -68,6 +68,8 @@ def from_torch_sympy(e: sympy.Expr) -> sympy.Expr:
             return FloorDiv(args[0] + args[1] - 1, args[1])
         if name == "PowByNatural":
             return sympy.Pow(*args)
+        if name in ("Max", "Min"):
+            return (sympy.Max if name == "Max" else sympy.Min)(*args)
         return e
     return e.func(*args)
 

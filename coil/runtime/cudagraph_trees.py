@@ -18,6 +18,10 @@ stale: their storages are poisoned (reading them or any view of them raises
 again from the roots), which is why outputs from one step stay valid through the next
 step only if they are cloned.
 
+Gradients. A backward node whose gradients from its last replay are still held
+(``.grad`` of a parameter while gradients accumulate over micro-batches) is not
+replayed over them: the call goes to a sibling that is free, or records one.
+
 Steps. A new step starts (the path goes back to the roots) at
 :func:`mark_step_begin`, or automatically when a forward or inference graph already
 on the current path is called again while no forward on the path still waits for its
@@ -76,6 +80,10 @@ class Node:
     def moved(self, args) -> list:
         """Indices of in-place arguments not at their recorded address."""
         return [i for i, p in self.inplace if args[i].data_ptr() != p]
+
+    def busy(self) -> bool:
+        """Something still holds an output of the last replay."""
+        return any(not ref.expired() for ref in self.live)
 
     def pending_backward(self) -> bool:
         """A forward whose saved tensors from the last replay are still held."""
@@ -142,6 +150,8 @@ class Tree:
         node = None
         for cand in siblings:
             if cand.fn is fn and cand.sig == sig:
+                if fn.kind == "backward" and cand.busy():
+                    continue  # its gradients still sit in .grad (accumulation)
                 moved = cand.moved(args)
                 if not moved:
                     node = cand

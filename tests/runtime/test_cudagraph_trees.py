@@ -132,8 +132,8 @@ def test_backward_is_never_a_new_step():
     for _ in range(4):
         out, saved = fw(x)
         (gx,) = bw(saved, torch.ones(4))
-        del out, saved
         torch.testing.assert_close(gx, torch.full((4,), 3.0))
+        del out, saved, gx
     assert tree.nodes == 2 and tree.roots[0].children[0].fn is bw
 
 
@@ -322,3 +322,26 @@ def test_dynamic_shapes_record_one_node_per_size(fake_cuda):
         torch.testing.assert_close(g(x), (x * 3).sum(0))
     sizes = sorted(r.sig[0][0][0] for r in fake_cuda.roots)
     assert sizes == [3, 4, 5] and len({r.fn for r in fake_cuda.roots}) == 1
+
+
+def test_gradient_accumulation_keeps_the_first_backwards_gradients(fake_cuda):
+    """``.grad`` holds the first backward's output while the second backward runs: the
+    backward is served by a sibling node instead of overwriting it."""
+    import copy
+
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    m2 = copy.deepcopy(m)
+    cm = coil.compile(m2, mode="reduce-overhead")
+    opts = [torch.optim.SGD(p.parameters(), lr=0.1) for p in (m, m2)]
+    for _ in range(4):
+        xs = [torch.randn(4, 8) for _ in range(3)]
+        for model, opt in zip((m, cm), opts):
+            opt.zero_grad()
+            for x in xs:
+                model(x).square().mean().backward()
+            opt.step()
+    for p, p2 in zip(m.parameters(), m2.parameters()):
+        torch.testing.assert_close(p2, p, atol=1e-5, rtol=1e-4)
+    assert fake_cuda.recorder.stale == {}
+    assert fake_cuda.nodes <= 4

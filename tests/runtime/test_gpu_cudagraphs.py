@@ -83,6 +83,22 @@ def test_gpu_training_five_adamw_steps_equal_eager():
     assert {"forward", "backward"} <= kinds and tree().replays >= 4
 
 
+def test_gpu_gradient_accumulation_over_micro_batches():
+    m = gpt()
+    m2 = copy.deepcopy(m)
+    runs = [(m, m), (coil.compile(m2, mode="reduce-overhead"), m2)]
+    opts = [torch.optim.SGD(p.parameters(), lr=0.1) for _, p in runs]
+    for _ in range(3):
+        batches = [torch.randint(0, 256, (2, 16), device="cuda") for _ in range(3)]
+        for (model, _), o in zip(runs, opts):
+            o.zero_grad()
+            for idx in batches:
+                F.cross_entropy(model(idx).flatten(0, 1), idx.flatten()).backward()
+            o.step()
+    for (n, p), p2 in zip(m.named_parameters(), m2.parameters()):
+        torch.testing.assert_close(p2, p, atol=1e-4, rtol=1e-3, msg=n)
+
+
 def test_gpu_stale_output_raises_and_mark_step_begin_and_clone_work():
     f = coil.compile(lambda x: torch.sin(x) * 2, mode="reduce-overhead")
     xs = [torch.randn(64, device="cuda") for _ in range(5)]

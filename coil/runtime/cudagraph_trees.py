@@ -175,6 +175,33 @@ class Tree:
                           reason=f"record limit: {fn.records} recordings "
                                  "(config.cudagraph_record_limit); new ones run without a CUDA graph")
             return None
+        parent = self.path[-1] if self.path else None
+        try:
+            static_args, copied, placeholders, inplace = self._inputs(fn, sig, args, warm)
+            graph, outs = self.recorder.capture(fn.fn, static_args)
+            plan = OutputPlan(outs, static_args, self.recorder.device_type)
+        except SkipGraph as e:
+            fn.skip_with(str(e))
+            return None
+        except Exception as e:  # noqa: BLE001 - e.g. an input a placeholder cannot copy
+            fn.skip_with(f"cannot record: {type(e).__name__}: {str(e)[:300]}")
+            return None
+        fn.records += 1
+        node = Node(self, fn, sig, parent, graph, plan, copied, placeholders, inplace)
+        (parent.children if parent is not None else self.roots).append(node)
+        for ptr, _, _ in plan.slots:
+            self.pool_storages[ptr] = node
+        self.nodes += 1
+        trace.log("cudagraph_record", stage="runtime", graph=fn.name, kind=fn.kind,
+                  depth=node.depth, recording=fn.records, copied_inputs=len(copied),
+                  inplace_inputs=len(inplace), outputs=len(plan.items))
+        return node
+
+
+    def _inputs(self, fn: "GraphFunction", sig: tuple, args: tuple, warm: list) -> tuple:
+        """``(static_args, copied, placeholders, inplace)`` for a recording: which
+        arguments are read in place (module docstring) and the placeholders, holding
+        this call's values, of the others."""
         forced = fn.copy_always.get(sig, ())
         static_args = list(args)
         copied, placeholders, inplace = [], [], []
@@ -195,23 +222,7 @@ class Tree:
             copied.append(i)
             placeholders.append(p)
             static_args[i] = p
-        parent = self.path[-1] if self.path else None
-        try:
-            graph, outs = self.recorder.capture(fn.fn, static_args)
-            plan = OutputPlan(outs, static_args, self.recorder.device_type)
-        except SkipGraph as e:
-            fn.skip_with(str(e))
-            return None
-        fn.records += 1
-        node = Node(self, fn, sig, parent, graph, plan, copied, placeholders, inplace)
-        (parent.children if parent is not None else self.roots).append(node)
-        for ptr, _, _ in plan.slots:
-            self.pool_storages[ptr] = node
-        self.nodes += 1
-        trace.log("cudagraph_record", stage="runtime", graph=fn.name, kind=fn.kind,
-                  depth=node.depth, recording=fn.records, copied_inputs=len(copied),
-                  inplace_inputs=len(inplace), outputs=len(plan.items))
-        return node
+        return static_args, copied, placeholders, inplace
 
 
 class GraphFunction:

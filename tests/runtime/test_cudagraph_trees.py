@@ -345,3 +345,14 @@ def test_gradient_accumulation_keeps_the_first_backwards_gradients(fake_cuda):
         torch.testing.assert_close(p2, p, atol=1e-5, rtol=1e-4)
     assert fake_cuda.recorder.stale == {}
     assert fake_cuda.nodes <= 4
+
+
+def test_an_input_no_placeholder_can_hold_falls_back(log_dir):
+    """An expanded (stride 0) argument cannot be copied into a placeholder of its
+    layout: the graph runs un-graphed, with the reason logged."""
+    tree, f = make(body=lambda x: (x * 2,))
+    for _ in range(3):
+        x = torch.randn(1, 8).expand(4, 8)
+        torch.testing.assert_close(f(x)[0], x * 2)
+    assert tree.nodes == 0 and f.skip.startswith("cannot record")
+    assert [e["reason"] for e in events(log_dir, "cudagraph_skip")] == [f.skip]

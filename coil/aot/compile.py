@@ -321,6 +321,13 @@ def _compile(fn, example_inputs, fw_compiler, bw_compiler, partition_fn, decompo
         # eager raises at that op: run the program eagerly, every call
         trace.log("aot_overlapping_write_eager", stage="aot", reason=str(e))
         return _eager(user_fn)
+    if grad and any(rg and i in info.restrided_inputs
+                    for i, rg in zip(info.mutated_inputs, info.fw_out_requires_grad)):
+        # the new value of an input that the program both writes (differentiably) and
+        # restrides: its value in the input's original layout is an autograd view of a
+        # base whose metadata changed under it, which autograd cannot differentiate
+        trace.log("aot_restrided_grad_eager", stage="aot", inputs=info.restrided_inputs)
+        return _eager(user_fn)
     trace.log("aot_analysis", stage="aot",
               mutated_inputs=info.mutated_inputs,
               outputs=[(o.kind, o.index) for o in info.outputs],

@@ -306,3 +306,56 @@ def test_write_to_overlapping_intermediate_raises_as_eager(capture, backend):
         f(torch.randn(1, 4))
     with pytest.raises(RuntimeError, match="more than one element of the written-to tensor"):
         _compiled(f, capture, backend)(torch.randn(1, 4))
+
+
+# -------------------------------------------------------------- gradients through all of it
+
+def _grads_match(f, make, capture, backend):
+    res = []
+    for fn in (f, _compiled(f, capture, backend)):
+        torch.manual_seed(0)
+        args, w = make()
+        out = fn(*args, w)
+        outs = out if isinstance(out, tuple) else (out,)
+        loss = sum((o * torch.arange(o.numel(), dtype=o.dtype).view(o.shape)).sum() for o in outs)
+        (g,) = torch.autograd.grad(loss, w)
+        res.append(([(o.detach(), o.stride()) for o in outs], [a.detach().clone() for a in args], g))
+    (eo, ea, eg), (co, ca, cg) = res
+    for (e, es), (c, cs) in zip(eo, co):
+        assert cs == es
+        torch.testing.assert_close(c, e)
+    for e, c in zip(ea, ca):
+        torch.testing.assert_close(c, e)
+    torch.testing.assert_close(cg, eg)
+
+
+@pytest.mark.parametrize("capture,backend", CAPTURES)
+def test_grad_through_views_of_a_mutated_offset_input(capture, backend):
+    def f(x, w):
+        x.add_(w.sum())
+        return x[:2], x.t()
+
+    _grads_match(f, lambda: ((torch.arange(12.0).reshape(4, 3)[1:],),
+                             torch.randn(3, requires_grad=True)), capture, backend)
+
+
+@pytest.mark.parametrize("capture,backend", CAPTURES)
+def test_grad_through_written_and_restrided_input(capture, backend):
+    # a differentiable write plus t_ of one input: run eagerly (aot_restrided_grad_eager)
+    def f(x, w):
+        x.mul_(w)
+        x.t_()
+        return x * 2, x[0]
+
+    _grads_match(f, lambda: ((torch.randn(3, 3)[:, 1:],), torch.randn(2, requires_grad=True)),
+                 capture, backend)
+
+
+@pytest.mark.parametrize("capture,backend", CAPTURES)
+def test_grad_through_write_to_view_of_expanded_input(capture, backend):
+    def f(x, w):
+        x.select(1, 1).mul_(w)
+        return x
+
+    _grads_match(f, lambda: ((torch.randn(3, 1).expand(3, 4),), torch.randn(3, requires_grad=True)),
+                 capture, backend)

@@ -134,14 +134,18 @@ def _cells_as_locals(new: list, names: set) -> list:
         return new
     out = []
     attr = (False, "cell_contents") if sys.version_info[:2] >= (3, 12) else "cell_contents"
+    started = False
     for ins in new:
         arg = getattr(ins, "arg", None)
+        started = started or (isinstance(ins, Instr) and ins.name == "RESUME")
         if not (isinstance(ins, Instr) and isinstance(arg, CellVar) and arg.name in names):
             out.append(ins)
             continue
         mk = lambda name, a: Instr(name, a, location=ins.location)  # noqa: E731
         load = mk("LOAD_FAST", arg.name)
         if ins.name == "MAKE_CELL":
+            if started:      # a fresh cell mid-frame (3.12 inlined comprehension)
+                raise ValueError(f"resume code: MAKE_CELL {arg.name} inside the frame")
             continue
         if ins.name == "LOAD_CLOSURE":
             out.append(load)

@@ -624,3 +624,12 @@ def test_enumerate_live_across_graph_break():
         return [a[1] * a[0]] + [t * i for i, t in e]
 
     assert_same_as_eager(f, (torch.randn(3),), backend="eager")
+
+
+def test_comprehension_closures_then_break():
+    def f(x):
+        fs = [lambda: x * i for i in range(3)]
+        print("", end="")          # a graph break with the closures live
+        return [g() for g in fs]
+
+    assert_same_as_eager(f, (torch.randn(3),), backend="eager")

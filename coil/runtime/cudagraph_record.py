@@ -189,6 +189,33 @@ class FakeRecorder:
         return t.untyped_storage()._cdata in self.stale
 
 
+#: torch's C constructor of a CUDA tensor over a given storage (CUDA builds; about a
+#: quarter of ``empty((0,)).set_(...)``'s cost). Checked on first use; None once it
+#: is missing, raises or builds something else, and ``set_`` is used instead.
+_from_metadata = getattr(torch._C, "_construct_CUDA_Tensor_From_Storage_And_Metadata", None)
+_from_metadata_checked = False
+
+
+def _tensor_over(storage, dtype, size, stride, offset: int, meta: Optional[dict] = None):
+    """A tensor of ``dtype``/``size``/``stride`` at element ``offset`` of ``storage``."""
+    global _from_metadata, _from_metadata_checked
+    if meta is not None and _from_metadata is not None:
+        try:
+            t = _from_metadata(meta, storage)
+        except Exception:  # noqa: BLE001 - another torch's signature: use set_
+            _from_metadata = None
+        else:
+            if _from_metadata_checked:
+                return t
+            if (t.untyped_storage()._cdata == storage._cdata and t.dtype == dtype and
+                    tuple(t.shape) == tuple(size) and t.stride() == tuple(stride) and
+                    t.storage_offset() == offset):
+                _from_metadata_checked = True
+                return t
+            _from_metadata = None
+    return torch.empty((0,), dtype=dtype, device=storage.device).set_(storage, offset, size, stride)
+
+
 def _by_address(t: torch.Tensor) -> torch.Tensor:
     """A tensor over ``t``'s memory that does not keep ``t``'s storage alive."""
     st = t.untyped_storage()
@@ -236,7 +263,12 @@ class OutputPlan:
             if key not in slot_of:
                 slot_of[key] = len(self.slots)
                 self.slots.append((key, st.nbytes(), o.device))
-            self.items.append(("slot", slot_of[key], meta, o.storage_offset()))
+            fast = None
+            if o.is_cuda:  # what torch's constructor of a tensor over a storage reads
+                fast = {"nbytes": st.nbytes(), "data_ptr": key, "size": o.shape,
+                        "stride": o.stride(), "dtype": o.dtype, "device": o.device,
+                        "storage_offset": o.storage_offset()}
+            self.items.append(("slot", slot_of[key], meta, o.storage_offset(), fast))
         #: the tensors made during capture, kept so the pool never reuses their memory
         self.owned = [o for o in outs if isinstance(o, torch.Tensor)]
 
@@ -255,14 +287,12 @@ class OutputPlan:
                 continue
             (dtype, size, stride) = item[2]
             if item[0] == "slot":
-                storage, offset = storages[item[1]], item[3]
-            else:
-                base = args[item[1]]
-                storage = base.untyped_storage()
-                delta = base.data_ptr() - storage.data_ptr() + item[3]
-                offset = delta // torch.empty((), dtype=dtype).element_size()
-            outs.append(torch.empty((0,), dtype=dtype, device=storage.device).set_(
-                storage, offset, size, stride))
+                outs.append(_tensor_over(storages[item[1]], dtype, size, stride, item[3], item[4]))
+                continue
+            base = args[item[1]]
+            storage = base.untyped_storage()
+            offset = (base.data_ptr() - storage.data_ptr() + item[3]) // dtype.itemsize
+            outs.append(_tensor_over(storage, dtype, size, stride, offset))
         return outs, refs
 
     def slots_of(self, start: int, stop: int) -> set:

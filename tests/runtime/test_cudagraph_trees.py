@@ -356,3 +356,27 @@ def test_an_input_no_placeholder_can_hold_falls_back(log_dir):
         torch.testing.assert_close(f(x)[0], x * 2)
     assert tree.nodes == 0 and f.skip.startswith("cannot record")
     assert [e["reason"] for e in events(log_dir, "cudagraph_skip")] == [f.skip]
+
+
+@pytest.mark.parametrize("kind", ["right", "raises", "wrong"])
+def test_fast_tensor_constructor_is_checked_before_use(monkeypatch, kind):
+    """Outputs are built with torch's C constructor where it exists (CUDA builds) only
+    after it is seen to build the requested tensor; otherwise with ``set_``."""
+    from coil.runtime import cudagraph_record as rec
+
+    def fake(meta, storage):
+        if kind == "raises":
+            raise TypeError("another signature")
+        t = torch.empty((0,), dtype=meta["dtype"]).set_(storage, meta["storage_offset"],
+                                                         meta["size"], meta["stride"])
+        return t if kind == "right" else t.t()
+
+    monkeypatch.setattr(rec, "_from_metadata", fake)
+    monkeypatch.setattr(rec, "_from_metadata_checked", False)
+    base = torch.arange(12.0)
+    st = base.untyped_storage()
+    meta = {"size": (3, 2), "stride": (2, 1), "dtype": torch.float32, "storage_offset": 4}
+    for _ in range(2):
+        t = rec._tensor_over(st, torch.float32, (3, 2), (2, 1), 4, meta)
+        torch.testing.assert_close(t, base[4:10].view(3, 2))
+    assert (rec._from_metadata is fake) == (kind == "right")

@@ -380,3 +380,14 @@ def test_fast_tensor_constructor_is_checked_before_use(monkeypatch, kind):
         t = rec._tensor_over(st, torch.float32, (3, 2), (2, 1), 4, meta)
         torch.testing.assert_close(t, base[4:10].view(3, 2))
     assert (rec._from_metadata is fake) == (kind == "right")
+
+
+def test_fallback_reasons_show_in_the_report(log_dir, tmp_path):
+    from coil.trace.report import write_report
+
+    tree, f = make(device_type="cuda")
+    f(torch.randn(2, 4), torch.randn(4, 4))
+    index = write_report(str(log_dir), str(tmp_path / "report"))
+    pages = "".join(open(os.path.join(os.path.dirname(index), p)).read()
+                    for p in os.listdir(os.path.dirname(index)) if p.endswith(".html"))
+    assert "cudagraph_skip" in pages and "CPU tensors: input 0 is on cpu" in pages

@@ -201,7 +201,7 @@ def compile(fn_or_module: Union[Callable, torch.nn.Module, None] = None, *,
 
         def capture_it(t):
             return capture.wrap_callable(t, backend=backend_fn, fullgraph=fullgraph,
-                                         dynamic=dynamic)
+                                         dynamic=dynamic, options=merged)
 
         if isinstance(target, torch.nn.Module):
             return OptimizedModule(target, capture_it(target), capture_it,

@@ -135,9 +135,16 @@ class Config:
     #: Recordings of one compiled graph (new sizes, moved static inputs, new places
     #: in a step) after which new ones run without a CUDA graph (logged).
     cudagraph_record_limit: int = 8
-    #: Dynamic shapes: None, True or False. Not implemented yet: accepted and
-    #: ignored (shapes are static; docs/capture.md).
+    #: Dynamic shapes: None (automatic), True or False (coil.compile's ``dynamic``;
+    #: docs/dynamic_shapes.md).
     dynamic: Any = None
+    #: Capture ``Tensor.item()`` / ``tolist()`` as graph ops returning unbacked symbolic
+    #: numbers instead of graph breaks (torch.compile's option of that name).
+    capture_scalar_outputs: bool = False
+    #: Capture ops whose output size depends on data (``nonzero``, ``masked_select``,
+    #: boolean-mask indexing, ``unique``...) with unbacked symbolic sizes instead of
+    #: graph breaks (torch.compile's option of that name).
+    capture_dynamic_output_shape_ops: bool = False
     #: Turn every fallback from coil's own kernels to ATen ops or the FX interpreter
     #: caused by an internal failure (a graph whose code generation raised, a kernel the
     #: GPU compiler rejected) into a ``coil.exc.StrictCodegenError`` instead of a

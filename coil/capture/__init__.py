@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import types
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Optional, Any, Callable
 
 import torch
 
@@ -41,19 +41,22 @@ from coil.capture.frame import (CaptureConfig, break_log, capture_callable, disa
                                 reset, reset_stats, stats, wrap_function, wrap_module)
 
 
-def wrap_callable(fn_or_module, *, backend: Callable, fullgraph: bool = False, dynamic=None):
+def wrap_callable(fn_or_module, *, backend: Callable, fullgraph: bool = False, dynamic=None,
+                  options: Optional[dict] = None):
     """Return a callable that captures ``fn_or_module`` on each call (see module docstring).
 
     Args:
         fn_or_module: a Python function, bound method or ``nn.Module``.
         backend: ``backend(gm, example_inputs) -> callable`` (torch.compile's contract).
         fullgraph: raise :class:`coil.exc.UserError` at a graph break.
-        dynamic: accepted for API compatibility; shapes are static in this version.
+        dynamic: None (automatic dynamic), True or False (docs/dynamic_shapes.md).
+        options: coil.config options of the compile; capture reads
+            ``capture_scalar_outputs`` and ``capture_dynamic_output_shape_ops``.
 
     Callables capture cannot translate (builtins, classes) are returned wrapped so
     that they simply run eagerly.
     """
-    cfg = CaptureConfig(backend, fullgraph, dynamic)
+    cfg = CaptureConfig(backend, fullgraph, dynamic, options)
     if isinstance(fn_or_module, torch.nn.Module):
         return wrap_module(fn_or_module, cfg)
     if isinstance(fn_or_module, types.MethodType) and isinstance(fn_or_module.__func__, types.FunctionType):

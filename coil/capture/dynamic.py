@@ -221,7 +221,8 @@ class DynamicPolicy:
             if d not in dyn:
                 kinds.append(DimDynamic.STATIC)
             elif dyn[d] == "unbacked":
-                kinds.append(DimDynamic.SIZE_LIKE_UNBACKED)
+                kinds.append(getattr(DimDynamic, "UNBACKED", None) or
+                             getattr(DimDynamic, "SIZE_LIKE_UNBACKED"))
             else:
                 kinds.append(DimDynamic.DYNAMIC)
         # strides follow from the sizes where the input is contiguous (INFER_STRIDE)

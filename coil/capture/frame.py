@@ -118,11 +118,17 @@ class CaptureConfig:
     dynamic, ``True``: every input dim symbolic, ``False``: only marked dims;
     docs/dynamic_shapes.md)."""
 
-    def __init__(self, backend: Callable, fullgraph: bool, dynamic):
+    def __init__(self, backend: Callable, fullgraph: bool, dynamic, options=None):
         self.backend = backend
         self.fullgraph = fullgraph
         self.dynamic = dynamic
         self.backend_name = getattr(backend, "__name__", str(backend))
+        opts = options or {}
+        cfg = _config.config
+        #: unbacked symbols for .item() / data-dependent output sizes (else graph breaks)
+        self.scalar_outputs = bool(opts.get("capture_scalar_outputs", cfg.capture_scalar_outputs))
+        self.dynamic_output_shapes = bool(opts.get("capture_dynamic_output_shape_ops",
+                                                   cfg.capture_dynamic_output_shape_ops))
 
 
 class CacheEntry:
@@ -469,7 +475,8 @@ def _translate(fn, code, cfg, bound, auto_dynamic=None) -> CacheEntry:
     trace.artifact("capture_bytecode", lambda: _dis_text(code), kind="text", frame=_label(code))
     break_at: dict = {}
     for _ in range(64):
-        output = OutputGraph(fn.__globals__, argnames)
+        output = OutputGraph(fn.__globals__, argnames, cfg.scalar_outputs,
+                             cfg.dynamic_output_shapes)
         output.dynamic = DynamicPolicy(cfg.dynamic, auto_dynamic)
         output.guards.add("___f.__globals__ is ___G")
         cells = {}

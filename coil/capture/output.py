@@ -119,7 +119,8 @@ class SideEffects:
 class OutputGraph:
     """The graph and bookkeeping shared by the root translator and everything it inlines."""
 
-    def __init__(self, f_globals: dict, argnames: list[str]):
+    def __init__(self, f_globals: dict, argnames: list[str], scalar_outputs: bool = False,
+                 dynamic_output_shapes: bool = False):
         from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
         from coil.capture.dynamic import DynamicPolicy, SiteRecorder
@@ -127,8 +128,9 @@ class OutputGraph:
         self.graph = torch.fx.Graph()
         # sizes of dynamic inputs are symbols of this ShapeEnv (coil/capture/dynamic.py);
         # data-dependent outputs stay graph breaks unless the options allow them
-        self.shape_env = ShapeEnv(allow_scalar_outputs=False,
-                                  allow_dynamic_output_shape_ops=False)
+        # (capture_scalar_outputs, capture_dynamic_output_shape_ops: unbacked symbols)
+        self.shape_env = ShapeEnv(allow_scalar_outputs=scalar_outputs,
+                                  allow_dynamic_output_shape_ops=dynamic_output_shapes)
         self.fake_mode = FakeTensorMode(shape_env=self.shape_env)
         self.dynamic = DynamicPolicy(None)
         self.sites = SiteRecorder()

@@ -523,3 +523,71 @@ def test_sizes_in_python_stay_symbolic(name, backend):
         torch.testing.assert_close(got, want)
         assert got.stride() == want.stride()
     assert cnt.n == 1
+
+
+# ------------------------------------------------------------------ unbacked sizes
+
+UNBACKED_OPTS = {"capture_scalar_outputs": True, "capture_dynamic_output_shape_ops": True}
+
+UNBACKED_PROGRAMS = {
+    "nonzero": lambda x: x.nonzero() * 2,
+    "masked_select": lambda x: torch.masked_select(x, x > 0).sum() + x.masked_select(x > 0.5).numel(),
+    "bool_mask_index": lambda x: x[x > 0] + 1,
+    "item_in_arithmetic": lambda x: x * x.sum().item(),
+    "check_is_size": lambda x: (lambda n: (torch._check_is_size(n), torch.ones(n))[1])(
+        x.argmax().item()),
+    "unique": lambda x: torch.unique(x.round()),
+}
+
+
+@pytest.mark.parametrize("name", sorted(UNBACKED_PROGRAMS))
+def test_unbacked_sizes_are_one_graph(name):
+    from coil.capture.frame import break_log
+
+    fn = UNBACKED_PROGRAMS[name]
+    cnt = Counting("eager")
+    f = coil.compile(fn, backend=cnt, options=UNBACKED_OPTS)
+    for n in (5, 9, 4):
+        x = torch.randn(n)
+        torch.testing.assert_close(f(x), fn(x))
+    assert not break_log and cnt.n <= 2
+
+
+def test_unbacked_off_by_default_is_a_break():
+    from coil.capture.frame import break_log
+
+    f = coil.compile(UNBACKED_PROGRAMS["nonzero"], backend="eager")
+    x = torch.randn(6)
+    torch.testing.assert_close(f(x), x.nonzero() * 2)
+    assert break_log and "nonzero" in break_log[0]["reason"]
+
+
+def test_branch_on_unbacked_value_breaks_with_hint():
+    from coil.capture.frame import break_log
+
+    def fn(x):
+        return x * 2 if x.sum().item() > 0 else x
+
+    f = coil.compile(fn, backend="eager", options=UNBACKED_OPTS)
+    for _ in range(3):
+        x = torch.randn(5)
+        torch.testing.assert_close(f(x), fn(x))
+    assert break_log and "torch._check" in break_log[0]["reason"] + str(break_log[0])
+
+
+def test_mark_unbacked_shares_sizes_0_and_1():
+    cnt = Counting("eager")
+    f = coil.compile(lambda x: (x * 2).sum(0), backend=cnt)
+    for n in (5, 0, 1, 7):
+        x = torch.randn(n, 3)
+        coil.mark_unbacked(x, 0)
+        torch.testing.assert_close(f(x), (x * 2).sum(0))
+    assert cnt.n == 1
+
+
+@pytest.mark.xfail(strict=True, reason="coil.aot traces a graph with unbacked sizes on the "
+                   "real inputs (DynamicOutputShapeException): the AOT half of issue 17.5")
+def test_unbacked_nonzero_through_aot():
+    f = coil.compile(UNBACKED_PROGRAMS["nonzero"], backend="aot_eager", options=UNBACKED_OPTS)
+    x = torch.randn(6)
+    torch.testing.assert_close(f(x), x.nonzero() * 2)

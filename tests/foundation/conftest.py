@@ -18,7 +18,7 @@ class FakeCapture:
         self.calls = []  # (target, fullgraph, dynamic) per wrap_callable call
         self.disabled = set()
 
-    def wrap_callable(self, fn, *, backend, fullgraph=False, dynamic=None):
+    def wrap_callable(self, fn, *, backend, fullgraph=False, dynamic=None, options=None):
         self.calls.append((fn, fullgraph, dynamic))
         if id(fn) in self.disabled:
             return fn

@@ -65,7 +65,9 @@ class SymNodeVariable(VariableTracker):
         try:
             value = self.python_type()(self.value)
         except Exception as e:  # noqa: BLE001 - e.g. an unbacked symbol
-            raise Unsupported(f"{why}: the value of a symbolic size is needed ({e})",
+            first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+            raise Unsupported(f"{why}: {first} (the value depends on tensor data; "
+                              f"torch._check(...) the condition to decide it)",
                               hint="torch._check(...) the condition, or mark the dim static")
         out.sites.note(env, start, out.where(), reason=why)
         return value

@@ -444,6 +444,9 @@ class TensorVariable(VariableTracker):
         raise Unsupported(f"Tensor attribute {name}")
 
     def call_method(self, tx, name, args, kwargs):
+        if name == "item" and tx.output.shape_env.allow_scalar_outputs:
+            # capture_scalar_outputs: an unbacked symbolic number (docs/dynamic_shapes.md)
+            return call_op(tx, "call_method", "item", [self], {})
         if name in _BREAK_METHODS:
             raise Unsupported(_BREAK_METHODS[name], hint="it runs outside the graph")
         if name in _META_METHODS:

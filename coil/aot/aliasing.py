@@ -5,7 +5,8 @@ Functionalization treats every input as its own storage: a write to ``a`` in
 non-overlapping view of an expanded input (``x.select(1, 0).mul_(2)`` with
 ``x = b.expand(3, 4)``) is undone into the overlapping ``x``, which has no single
 new value. Both are handled the same way: the inputs of one storage (a *group*) are
-replaced by one **synthetic base**, a 1-D tensor spanning the memory they cover, and
+replaced by one **synthetic base**, a 1-D tensor spanning the memory they cover (from
+the storage's start), and
 the program is traced as ``wrapped(*other_inputs, *bases)`` that first rebuilds each
 member as an ``as_strided`` view of its base. Writes then go to the base (one graph
 output, copied back into the caller's memory by the runtime's input-mutation
@@ -19,7 +20,7 @@ raises :class:`OverlappingWrite` for an in-place write *to* overlapping memory (
 program is then run eagerly, which raises eager's error).
 
 At run time each call's inputs are checked against the group structure compiled
-for (same storage, same sizes, strides and offsets relative to the base): a call
+for (same storage, same sizes, strides and storage offsets): a call
 that differs runs the program eagerly (event ``aot_input_groups_eager``).
 """
 from __future__ import annotations
@@ -57,7 +58,12 @@ def _static(*vals) -> bool:
 @dataclasses.dataclass
 class _Group:
     """Inputs ``members`` of one storage: each ``(input index, size, stride, offset)``,
-    the offset relative to the lowest element the group covers; ``span`` elements."""
+    the offset absolute in the storage; the base covers storage elements
+    ``[0, span)``. It starts at the storage's start, so that the ``as_strided`` offsets
+    in the graph (absolute, in ATen) mean the same at run time and inside compilers
+    (whose buffers start at offset 0; ``as_strided_scatter`` keeps its input's offset,
+    which fake tensors do not always say); the cost is copying back the elements
+    before the first member, unchanged."""
 
     members: list
     span: int
@@ -89,13 +95,13 @@ class InputGroups:
         with fake_mode:
             for g in self.groups:
                 first = fake_args[g.members[0][0]]
-                base = torch.empty(g.span, dtype=g.dtype, device=first.device)
+                full = torch.empty(g.span, dtype=g.dtype, device=first.device)
                 rg = [fake_args[m[0]].requires_grad for m in g.members]
                 if any(rg):
-                    base.requires_grad_(True)
+                    full.requires_grad_(True)
                     if not all(fake_args[m[0]].is_leaf for m, r in zip(g.members, rg) if r):
-                        base = base.clone()  # written by the program: not a leaf, as in eager
-                out.append(base)
+                        full = full.clone()  # written by the program: not a leaf, as in eager
+                out.append(full)
         return out
 
     def wrap(self, fn: Callable) -> Callable:
@@ -124,16 +130,15 @@ class InputGroups:
             if not all(isinstance(t, torch.Tensor) for t in ts):
                 return None
             ptr = ts[0].untyped_storage().data_ptr()
-            lo = min(t.storage_offset() for t in ts)
             for t, (_, size, stride, off) in zip(ts, g.members):
                 if (t.untyped_storage().data_ptr() != ptr or t.dtype != g.dtype
                         or tuple(t.shape) != size or t.stride() != stride
-                        or t.storage_offset() - lo != off):
+                        or t.storage_offset() != off):
                     return None
-            src = _covering(ts, lo, lo + g.span)
+            src = _covering(ts, 0, g.span)
             if src is None:
                 return None
-            out.append(torch.as_strided(src, (g.span,), (1,), lo))
+            out.append(torch.as_strided(src, (g.span,), (1,), 0))
         return out
 
 
@@ -173,10 +178,8 @@ def input_groups(fake_args: list, mutated: list) -> Optional[InputGroups]:
         if not all(_static(t.shape, t.stride(), t.storage_offset()) for t in ts) or \
                 len({t.dtype for t in ts}) != 1:
             return None
-        extents = [_extent(t) for t in ts]
-        lo = min(e[0] for e in extents)
-        span = max(e[1] for e in extents) - lo
-        groups.append(_Group([(i, tuple(t.shape), tuple(t.stride()), t.storage_offset() - lo)
+        span = max(_extent(t)[1] for t in ts)
+        groups.append(_Group([(i, tuple(t.shape), tuple(t.stride()), t.storage_offset())
                               for i, t in zip(members, ts)], span, ts[0].dtype))
     if not groups:
         return None

@@ -196,10 +196,15 @@ def native_layer_norm(x, normalized_shape, weight, bias, eps):
     rstd = aten.rsqrt.default(aten.add.Scalar(var, eps))
     if sdt != acc:
         # the statistics in float64, the normalization in float32 (twice as fast on
-        # CPU; rstd stays a normal float32 up to |x| ~ 1e37)
+        # CPU; rstd stays a normal float32 up to |x| ~ 1e37). The mean is a float32 head
+        # plus tail: x - head is exact for x near the mean, so rows of nearly equal
+        # large values (1e4 + 0.01 * randn) keep float64's accuracy
         xa = aten._to_copy.default(x, dtype=acc) if acc != x.dtype else x
-        mean, rstd = (aten._to_copy.default(t, dtype=acc) for t in (mean, rstd))
-        centered = aten.sub.Tensor(xa, mean)
+        head = aten._to_copy.default(mean, dtype=acc)
+        tail = aten._to_copy.default(aten.sub.Tensor(mean, head), dtype=acc)
+        rstd = aten._to_copy.default(rstd, dtype=acc)
+        centered = aten.sub.Tensor(aten.sub.Tensor(xa, head), tail)
+        mean = head
     out = aten.mul.Tensor(centered, rstd)
     if weight is not None:
         out = aten.mul.Tensor(out, weight)

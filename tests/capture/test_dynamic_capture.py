@@ -591,3 +591,30 @@ def test_unbacked_nonzero_through_aot():
     f = coil.compile(UNBACKED_PROGRAMS["nonzero"], backend="aot_eager", options=UNBACKED_OPTS)
     x = torch.randn(6)
     torch.testing.assert_close(f(x), x.nonzero() * 2)
+
+
+# ------------------------------------------------------------------ decoding
+
+
+@pytest.mark.parametrize("backend", ["eager", "coil"])
+def test_gpt2_generate_compiles_at_most_three_graphs(backend):
+    """transformers' generate() with the default dynamic KV cache: prefill, the first
+    decode step (static), then one automatic-dynamic decode graph for every later token;
+    eager's tokens."""
+    transformers = pytest.importorskip("transformers")
+    from coil import exc
+
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=200,
+                                  n_positions=128, bos_token_id=0, eos_token_id=0)
+    m = transformers.GPT2LMHeadModel(cfg).eval()
+    ids = torch.randint(1, 200, (1, 5))
+    kw = dict(max_new_tokens=20, do_sample=False, pad_token_id=0, eos_token_id=None)
+    ref = m.generate(ids, **kw)
+    cnt = Counting(backend)
+    m.forward = coil.compile(m.forward, backend=cnt)
+    before = sum(exc.fallback_counts.values())
+    out = m.generate(ids, **kw)
+    assert torch.equal(out, ref)
+    assert cnt.n <= 3
+    assert sum(exc.fallback_counts.values()) == before

@@ -618,3 +618,47 @@ def test_gpt2_generate_compiles_at_most_three_graphs(backend):
     assert torch.equal(out, ref)
     assert cnt.n <= 3
     assert sum(exc.fallback_counts.values()) == before
+
+
+NUMBER_ARG_PROGRAMS = {
+    "sum_dim": (lambda x, d: x.sum(d), [0, 1, 0, 1]),
+    "reshape": (lambda x, n: x.reshape(-1, n), [2, 4, 8, 2]),
+    "narrow": (lambda x, n: x.narrow(1, 0, n), [2, 3, 5, 4]),
+    "leaky_relu_slope": (lambda x, p: F.leaky_relu(x, p), [0.1, 0.2, 0.3]),
+    "pow": (lambda x, p: x ** p, [2.0, 3.0, 0.5]),
+    "list_index": (lambda x, i: [x, x * 2, x * 3][i], [0, 1, 2, 1]),
+    "range_loop": (lambda x, n: sum(x * i for i in range(n)), [2, 3, 4]),
+    "topk": (lambda x, k: x.topk(k, dim=1).values, [2, 3, 4]),
+    "add_alpha": (lambda x, a: torch.add(x, x, alpha=a), [0.5, 1.5, 2.5]),
+}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", sorted(NUMBER_ARG_PROGRAMS))
+def test_number_arguments_under_automatic_dynamic(name, backend):
+    """A changing int/float argument becomes a graph input after it changed; uses that
+    need its value (a dim, a list index, a loop count) specialize it, correctly."""
+    fn, values = NUMBER_ARG_PROGRAMS[name]
+    cnt = Counting(backend)
+    f = coil.compile(fn, backend=cnt)
+    x = torch.randn(4, 8)
+    for v in values:
+        torch.testing.assert_close(f(x, v), fn(x, v), equal_nan=True)
+    assert cnt.n <= len(values)
+
+
+def test_marked_dim_specialized_by_python_names_the_line():
+    def fn(x):
+        out = x[0]
+        for i in range(x.size(0)):         # needs a concrete trip count
+            out = out + x[i]
+        return out
+
+    f = coil.compile(fn, backend="eager")
+    x = torch.randn(3, 2)
+    coil.mark_dynamic(x, 0)
+    with pytest.raises(UserError) as e:
+        f(x)
+    msg = str(e.value)
+    assert "dim 0 of x" in msg and "constant 3" in msg and __file__ in msg
+    assert "what to do" in msg

@@ -2,7 +2,8 @@
 
 A kernel generated with symbolic sizes takes ``xnumel`` (and ``rnumel`` for a
 reduction) and the size symbols its indices use as trailing integer arguments
-(``@triton.jit(do_not_specialize=...)``: one compiled binary for every size). The
+(``@triton.jit(do_not_specialize=['xnumel'])``: no binary per size; Triton may
+specialize the others on divisibility by 16, at most two binaries per config). The
 wrapper passes their values; :class:`DynamicTritonLauncher` computes the grid from
 ``xnumel`` on every call.
 
@@ -10,13 +11,20 @@ Launch configs depend on sizes only through a *bucket*: the next power of two of
 ``xnumel`` and ``rnumel``. Each bucket picks its config once (the first candidate on
 CPU; on a GPU with ``config.autotune``, the fastest candidate for that bucket, timed on
 the first call that falls in it, and remembered per bucket on disk), so new sizes in a
-known bucket cost one dictionary lookup, and no size ever compiles a new kernel source.
+known bucket cost one dictionary lookup, and no size ever compiles a new kernel source;
+Triton compiles one binary per distinct launch config (a handful), not per size. Row
+counts below :data:`MIN_X_BUCKET` share one bucket.
 """
 from __future__ import annotations
 
 from coil import trace
 from coil.config import config
 from coil.runtime.triton_runtime import TritonLauncher, _cdiv, _pow2, launch_configs
+
+
+#: Row counts below this share one bucket: launch configs differ only by how far XBLOCK
+#: is capped for tiny grids, which is not worth a binary of its own per power of two.
+MIN_X_BUCKET = 1024
 
 
 class DynamicTritonLauncher(TritonLauncher):
@@ -60,16 +68,59 @@ class DynamicTritonLauncher(TritonLauncher):
     def __call__(self, *args):
         n = args[self.n_ptrs]
         r = args[self.n_ptrs + 1] if self.red else 1
-        bucket = (_pow2(n), _pow2(r))
+        bucket = (max(_pow2(n), MIN_X_BUCKET), _pow2(r))
         run = self._runs.get(bucket)
         if run is None:
             cfg = dict(self._for_bucket(bucket, args))
             xb = cfg["XBLOCK"]
             if self.interpret:
                 cfg.pop("num_warps", None)
-            fn = self.fn
-
-            def run(n, *a, _cfg=cfg, _xb=xb):
-                return fn[(-(-n // _xb),)](*a, **_cfg)
+            run = self._first_launch(bucket, cfg, xb)
             self._runs[bucket] = run
         return run(n, *args)
+
+    def _first_launch(self, bucket: tuple, cfg: dict, xb: int):
+        """``run(xnumel, *args)`` for one bucket: through Triton's JIT, which compiles
+        the kernel on its first call (sizes are not specialized, so every bucket with
+        this config shares the binary); on a GPU, later calls launch the compiled
+        kernel directly with the grid of their ``xnumel`` (the JIT's per-call argument
+        binding costs tens of microseconds of host time), re-checking the 16-byte
+        pointer alignment Triton specializes on."""
+        fn, n_ptrs = self.fn, self.n_ptrs
+
+        def slow(n, *a):
+            return fn[(-(-n // xb),)](*a, **cfg)
+
+        if not self.gpu or not config.triton_fast_launch:
+            return slow
+        state: dict = {}
+
+        def first(n, *a):
+            try:
+                kernel = slow(n, *a)
+            except Exception as e:  # the GPU compiler rejected the kernel
+                from coil.exc import KernelCompileError
+                raise KernelCompileError(f"Triton kernel {self.name} failed to compile: "
+                                         f"{type(e).__name__}: {str(e)[-1500:]}") from e
+            try:
+                state["fast"] = self._direct(kernel, a, n_ptrs, cfg, slow)
+            except Exception as e:  # noqa: BLE001 - another Triton version: JIT every call
+                trace.log("fast_launch_unavailable", stage="runtime", kernel=self.name, error=str(e))
+                state["fast"] = slow
+            self._runs[bucket] = state["fast"]
+            return kernel
+        return first
+
+    def _direct(self, kernel, args, n_ptrs: int, cfg: dict, slow):
+        from triton.runtime.driver import driver
+        xb = cfg["XBLOCK"]
+        consts = [xb] + ([cfg["RBLOCK"]] if "RBLOCK" in cfg else [])
+        run, function, packed = kernel.run, kernel.function, kernel.packed_metadata
+        get_stream, device = driver.active.get_current_stream, driver.active.get_current_device()
+        aligned = tuple(t.data_ptr() % 16 == 0 for t in args[:n_ptrs])
+
+        def fast(n, *a):
+            if tuple(t.data_ptr() % 16 == 0 for t in a[:n_ptrs]) != aligned:
+                return slow(n, *a)
+            run(-(-n // xb), 1, 1, get_stream(device), function, packed, None, None, None, *a, *consts)
+        return fast

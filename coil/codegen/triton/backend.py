@@ -112,8 +112,10 @@ def _module_source(plan, name: str, k: TritonKernel, exact) -> tuple[str, list[s
     consts = ["XBLOCK: tl.constexpr"] + (["RBLOCK: tl.constexpr"] if red else [])
     sizes = size_params(plan)
     if sizes:
-        # symbolic sizes: kernel arguments, never specialized (one binary for all sizes)
-        out = [f"@triton.jit(do_not_specialize={sizes!r})",
+        # symbolic sizes: kernel arguments. xnumel is never specialized; Triton may
+        # specialize rnumel and the size symbols on divisibility by 16 (vectorized row
+        # loads), at most two binaries per launch config, never one per size
+        out = ["@triton.jit(do_not_specialize=['xnumel'])",
                f"def {name}({', '.join(params + sizes + consts)}):"]
         body = []
     else:

@@ -355,6 +355,7 @@ def _compile(fn, example_inputs, fw_compiler, bw_compiler, partition_fn, decompo
         fw_gm.meta["coil_aot_graph"] = "inference"
         compiled = fw_compiler(fw_gm, _placeholder_fakes(fw_gm))
         run = _check_aliasing_per_call(inference_runner(compiled, info), fn, info.mutated_inputs)
+        run = _check_offsets_per_call(run, fw_gm, fake_args, fn)
         return run if groups is None else _with_input_groups(run, groups, user_fn)
     if joint is None:
         joint, jinfo = trace_joint(fn, fake_args, info, decomps, fake_mode)
@@ -381,7 +382,42 @@ def _compile(fn, example_inputs, fw_compiler, bw_compiler, partition_fn, decompo
     compiled_bw = bw_compiler(part.bw, bw_fakes)
     run = _check_aliasing_per_call(training_runner(compiled_fw, compiled_bw, info, jinfo, part.num_saved),
                                    fn, info.mutated_inputs)
+    run = _check_offsets_per_call(run, part.fw, fake_args, fn)
     return run if groups is None else _with_input_groups(run, groups, user_fn)
+
+
+def _check_offsets_per_call(runner: Callable, gm: torch.fx.GraphModule, fake_args: list,
+                            fn: Callable) -> Callable:
+    """``runner``, except on calls where an input that the graph reads through
+    ``as_strided`` (directly or through views) starts at another storage offset than
+    the compiled one: ``as_strided``'s offset is absolute in the storage, so the graph
+    means something else for such a call, which runs ``fn`` eagerly
+    (``aot_storage_offset_eager``). Capture does not guard storage offsets."""
+    places = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    found: dict = {}
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and n.target is torch.ops.aten.as_strided.default:
+            src = n.args[0]
+            while src.op == "call_function" and getattr(src.target, "is_view", False):
+                src = src.args[0]
+            if src in places:
+                k = places.index(src)
+                if k < len(fake_args) and isinstance(fake_args[k], torch.Tensor):
+                    found[k] = fake_args[k].storage_offset()
+    if not found or not all(isinstance(v, int) for v in found.values()):
+        return runner
+    checks = sorted(found.items())
+    trace.log("aot_storage_offset_checks", stage="aot", inputs=checks)
+
+    @functools.wraps(runner)
+    def run(*args):
+        for k, off in checks:
+            if args[k].storage_offset() != off:
+                trace.log("aot_storage_offset_eager", stage="aot", input=k,
+                          offset=args[k].storage_offset(), compiled=off)
+                return fn(*args)
+        return runner(*args)
+    return run
 
 
 def _eager(fn: Callable) -> Callable:

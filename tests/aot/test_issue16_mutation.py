@@ -371,3 +371,17 @@ def test_grad_through_write_to_view_of_expanded_input(capture, backend):
 
     _grads_match(f, lambda: ((torch.randn(3, 1).expand(3, 4),), torch.randn(3, requires_grad=True)),
                  capture, backend)
+
+
+@pytest.mark.parametrize("capture,backend", CAPTURES)
+def test_as_strided_of_inputs_at_other_storage_offsets(capture, backend):
+    # as_strided's offset is absolute: the graph compiled for an input at offset 1 means
+    # something else for one at offset 2 (capture does not guard offsets)
+    def f(x):
+        return torch.as_strided(x, (2, 2), (1, 2), 3) * 2
+
+    compiled = _compiled(f, capture, backend)
+    t = torch.arange(10.0)
+    for start in (1, 2, 0):
+        x = t[start:start + 6]
+        torch.testing.assert_close(compiled(x), f(x))

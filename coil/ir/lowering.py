@@ -687,7 +687,19 @@ def _kept_size(size, dims, keepdim):
 
 @register_lowering(aten.sum.dim_IntList, aten.sum.default, prims.sum)
 def _sum(x, dim=None, keepdim=False, *, dtype=None, output_dtype=None):
-    return make_reduction(x, dim, keepdim, "sum", out_dtype())
+    return make_reduction(_converted(x, dtype), dim, keepdim, "sum", out_dtype())
+
+
+def _converted(x: TensorBox, dtype: Optional[torch.dtype]) -> TensorBox:
+    """``x.to(dtype)``: a reduction's ``dtype=`` converts the input first, so
+    ``x.sum(dtype=torch.float16)`` adds fp16-rounded elements (inf + -inf is NaN for
+    70000 and -70000) even though the sum itself runs in float32."""
+    if dtype is None or x.get_dtype() == dtype:
+        return x
+    load, src = x.make_loader(), x.get_dtype()
+    return TensorBox.create(Pointwise(x.get_device(), dtype,
+                                      lambda i: ops.to_dtype(load(i), dtype, compute_dtype(src)),
+                                      list(x.get_size())))
 
 
 @register_lowering(aten.prod.dim_int, aten.prod.default)
@@ -695,6 +707,7 @@ def _prod(x, dim=None, keepdim=False, *, dtype=None):
     """On CPU a float32/fp16/bf16 product accumulates in float64 (docs/ir.md, Numerics):
     partial products of another order than eager's overflowed in one lane and underflowed
     in another, and inf * 0 gave NaN where eager gave inf."""
+    x = _converted(x, dtype)
     odt = out_dtype()
     if device().type != "cpu" or odt not in (torch.float32, torch.float16, torch.bfloat16):
         return make_reduction(x, dim, keepdim, "prod", odt)

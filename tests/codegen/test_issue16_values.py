@@ -188,3 +188,25 @@ def test_layer_norm_of_nearly_equal_large_values_matches_float64(backend):
     out = compiled(lambda t: F.layer_norm(t, (3,)), x, backend=backend)
     ref = F.layer_norm(x.double(), (3,))
     torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
+
+
+REDUCTION_DTYPE_ARG = {
+    # dtype= converts the input first: fp16-rounded elements, not float32 ones
+    "sum_fp16_rounds_elements": (lambda t: t.sum(dtype=torch.float16), torch.full((1000,), 1.0004)),
+    "sum_fp16_overflowing_elements": (lambda t: t.sum(dtype=torch.float16), torch.tensor([7e4, -7e4, 1.0])),
+    "sum_fp16_of_int": (lambda t: t.sum(0, dtype=torch.float16), torch.tensor([2049, 2051, 3])),
+    "sum_fp16_over_one": (lambda t: t.view(1, 3).sum(0, dtype=torch.float16), torch.tensor([7e4, 1.0004, 1.0])),
+    "nansum_fp16": (lambda t: torch.nansum(t, dtype=torch.float16), torch.full((1000,), 1.0004)),
+    # mean(dtype=) does not: eager averages in float32 and rounds the mean
+    "mean_fp16": (lambda t: t.mean(dtype=torch.float16), torch.tensor([7e4, -7e4, 1.0])),
+    "prod_bf16": (lambda t: t.prod(dtype=torch.bfloat16), torch.tensor([1.004, 1.004, 3.0])),
+}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", sorted(REDUCTION_DTYPE_ARG))
+def test_reduction_dtype_argument_converts_the_input(name, backend):
+    fn, x = REDUCTION_DTYPE_ARG[name]
+    out, ref = compiled(fn, x, backend=backend), fn(x)
+    assert out.dtype == ref.dtype
+    torch.testing.assert_close(out, ref, atol=0, rtol=0, equal_nan=True)

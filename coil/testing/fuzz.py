@@ -611,7 +611,7 @@ def minimize(prog: Program, backend: str = "cpp", signature: Optional[str] = Non
 # ------------------------------------------------------------------------ CLI
 
 def _table(stats: dict) -> str:
-    fams = sorted({f for f, _ in stats})
+    fams = sorted({f for f, _ in stats} - {"all programs"})
     rows = [["family"] + list(OUTCOMES)]
     for f in fams + ["all programs"]:
         rows.append([f] + [str(stats.get((f, o), 0)) for o in OUTCOMES])

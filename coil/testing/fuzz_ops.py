@@ -426,7 +426,7 @@ def view_expr(c: Ctx, x: str) -> str:
         raise Skip
     if k == "select" and nd and shape[0]:
         return f"{x}.select(0, {rng.randint(-shape[0], shape[0] - 1)})"
-    if k == "view_dtype":
+    if k == "view_dtype" and (is_int(xv) or c.aliases_input(xv)):  # ulps show in bits
         pairs = {torch.float32: torch.int32, torch.int32: torch.float32, torch.float16: torch.bfloat16,
                  torch.bfloat16: torch.float16, torch.float64: torch.int64, torch.int64: torch.float64}
         if xv.dtype in pairs:

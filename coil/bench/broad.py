@@ -50,9 +50,33 @@ def _derandomize(conf) -> None:
         conf.use_cache = False
 
 
+class Fp64EagerExperts(torch.nn.Module):
+    """Runs a transformers mixture-of-experts model as configured (grouped-mm experts by
+    default), except when its parameters are float64 (the bench's reference copy):
+    ``torch._grouped_mm`` has no float64 kernel, so there the experts run as
+    transformers' per-expert loop ("eager"), which computes the same function."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+        self.configured = getattr(model.config, "_experts_implementation", None)
+
+    def _apply(self, fn, recurse=True):
+        out = super()._apply(fn, recurse)
+        if self.configured is not None:
+            fp64 = next(self.model.parameters()).dtype == torch.float64
+            self.model.config._experts_implementation = "eager" if fp64 else self.configured
+        return out
+
+    def forward(self, *args, **kwargs):
+        return self.model(*args, **kwargs)
+
+
 def _hf(model_cls: str, config_cls: str, small: dict, full: dict,
-        inputs: Callable[[object, str, torch.device], tuple[tuple, dict, str]]) -> Callable:
-    """``build(device, size)`` for ``transformers.<model_cls>(<config_cls>(**cfg))``."""
+        inputs: Callable[[object, str, torch.device], tuple[tuple, dict, str]],
+        wrap: Callable = None) -> Callable:
+    """``build(device, size)`` for ``transformers.<model_cls>(<config_cls>(**cfg))``
+    (``wrap``: applied to the model)."""
     def build(device, size):
         import transformers
 
@@ -61,6 +85,8 @@ def _hf(model_cls: str, config_cls: str, small: dict, full: dict,
         _derandomize(conf)
         torch.manual_seed(0)
         model = getattr(transformers, model_cls)(conf).to(device)
+        if wrap is not None:
+            model = wrap(model)
         args, kwargs, shape = inputs(conf, size, device)
         desc = " ".join(f"{k}={v}" for k, v in cfg.items() if k in _SHOWN)
         return BuiltModel(model, args, kwargs, f"{config_cls[:-6]} {desc} {shape}".strip())
@@ -168,7 +194,7 @@ _SPECS: list[tuple[str, str, Callable, str]] = [
         _dec(2, 128, 4, 2048, 256, num_key_value_heads=2, num_local_experts=4,
              num_experts_per_tok=2),
         _dec(2, 1024, 16, 32000, 3584, num_key_value_heads=4, num_local_experts=8,
-             num_experts_per_tok=2), _lm(full=(4, 512))),
+             num_experts_per_tok=2), _lm(full=(4, 512)), wrap=Fp64EagerExperts),
      "Mixtral: top-2 mixture-of-experts routing"),
     ("b_bloom_alibi", "transformers", _hf(
         "BloomForCausalLM", "BloomConfig",

@@ -26,13 +26,24 @@ _TRITON_TYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "floa
                  "bool": "i1"}
 
 
+#: Elements per block offline compiles use at most (by shrinking XBLOCK; default configs)
+OFFLINE_BLOCK_ELEMENTS = 2048
+
+
 def kernel_job(kernel, config: Optional[dict] = None) -> dict:
     """The job for one :class:`coil.codegen.backend.GeneratedKernel` of the Triton
-    backend: its source, name, argument dtypes and launch config (default: the
-    launcher's chosen or first config)."""
+    backend: its source, name, argument dtypes and launch config. Default config: the
+    launcher's chosen or first one with XBLOCK shrunk to at most
+    :data:`OFFLINE_BLOCK_ELEMENTS` elements per block (RBLOCK is kept: a persistent
+    reduction's block holds its row). The CPU interpreter's configs are sized for NumPy
+    (64 x 1024 tiles), which ptxas takes minutes to allocate registers for, and the
+    kernel's text does not depend on XBLOCK."""
     launcher = kernel.launcher
-    cfg = config or launcher.chosen or launcher.configs[0]
-    return dict(source=kernel.source, name=kernel.name, config=dict(cfg),
+    cfg = dict(config or launcher.chosen or launcher.configs[0])
+    if config is None:
+        per_row = cfg.get("RBLOCK", 1)
+        cfg["XBLOCK"] = max(1, min(cfg["XBLOCK"], OFFLINE_BLOCK_ELEMENTS // per_row))
+    return dict(source=kernel.source, name=kernel.name, config=cfg,
                 dtypes=[str(d).replace("torch.", "") for d in launcher.arg_dtypes])
 
 

@@ -199,8 +199,13 @@ class OverlapGuard(TorchDispatchMode):
         super().__init__()
         self.bases = {StorageWeakRef(b.untyped_storage()): b for b in bases}
 
+    # higher-order operators (torch.cond...) pass through to the modes and keys below
+    supports_higher_order_operators = True
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if isinstance(func, torch._ops.HigherOrderOperator):
+            return func(*args, **kwargs)
         written = _written_args(func)
         for k, name in written:
             t = args[k] if k < len(args) else kwargs.get(name)

@@ -645,7 +645,7 @@ def _build_entry(tx, output: OutputGraph, cfg: CaptureConfig, fn, code, argnames
     graph = output.graph
     lift_grad = _balance_grad_mode(output)
     graph.output(tuple(t.node for t in graph_outs))
-    gm = torch.fx.GraphModule(torch.nn.Module(), graph)
+    gm = torch.fx.GraphModule(output.root_module(), graph)
     needs_graph = bool(graph_outs) or output.count_calls() > 0
     cg = EntryCodegen(output, graph_outs)
     lines = cg.lines

@@ -147,6 +147,7 @@ class OutputGraph:
         self.sourced_cells: dict[int, SourcedCellVariable] = {}
         self.open_contexts: list = []
         self.index_copies = 0       # x[i] with 0-d int tensors traced as copies (tensor.py)
+        self.subgraphs: dict = {}   # name -> GraphModule of a higher-order op (hops.py)
         self.initial_grad = torch.is_grad_enabled()
         self._const_count = 0
         self._last_placeholder = None
@@ -270,6 +271,14 @@ class OutputGraph:
             except Exception:  # noqa: BLE001
                 pass
         self.open_contexts.clear()
+
+    def root_module(self) -> torch.nn.Module:
+        """The root of the captured GraphModule: holds the subgraphs of higher-order
+        operators as attributes (``get_attr`` targets)."""
+        root = torch.nn.Module()
+        for name, sub in self.subgraphs.items():
+            setattr(root, name, sub)
+        return root
 
     def count_calls(self) -> int:
         return sum(1 for n in self.graph.nodes if n.op in ("call_function", "call_method", "call_module"))

@@ -40,6 +40,7 @@ from coil.capture.variables.functions import PartialVariable, UserFunctionVariab
 from coil.capture.variables.objects import (NNModuleVariable, PythonModuleVariable,
                                             UserDefinedClassVariable, UserDefinedObjectVariable)
 from coil.capture.variables.torchfn import TorchFunctionVariable, is_torch_function
+from coil.capture.variables.hops import HigherOrderVariable, hop_handler
 
 
 def wrap_constant_result(tx, value: Any) -> VariableTracker:
@@ -157,6 +158,11 @@ def _build(tx, value, source, gs) -> VariableTracker:
         if gs is not None:
             gs.add(f"{expr} is {gs.const(value)}")
         return bi.BuiltinVariable(value, source)
+    if isinstance(value, types.FunctionType) and hop_handler(value) is not None:
+        # torch.cond, checkpoint: their function arguments are traced as subgraphs
+        if gs is not None:
+            gs.add(f"{expr} is {gs.const(value)}")
+        return HigherOrderVariable(value, source)
     if is_torch_function(value) and not hasattr(value, "__marked_compile_region_fn__"):
         # (a nested_compile_region wrapper is torch's Python code: inlined, builtins.py)
         if gs is not None:

@@ -1,0 +1,476 @@
+"""Higher-order operators in capture: ``torch.cond`` and activation checkpointing.
+
+A higher-order operator takes functions as arguments. Capture traces each function
+argument in its own scope (:func:`trace_subgraph`): the function is inlined as usual
+(closures, module parameters, nested calls all work), then the nodes it added are cut
+out of the parent graph into a ``torch.fx.Graph`` of their own. Every value of the
+parent graph those nodes read becomes an explicit input of the subgraph (*lifted*:
+a closed-over tensor, a parameter, a size), after the operator's own operands. The
+parent graph holds the subgraphs as ``GraphModule`` attributes (``get_attr`` nodes)
+and calls the operator on them, as torch's capture does::
+
+    cond_true_0 = self.cond_true_0
+    cond_false_0 = self.cond_false_0
+    cond = torch.ops.higher_order.cond(gt, cond_true_0, cond_false_0, (x, L_w))
+    getitem = cond[0]
+
+so AOT's ``make_fx`` applies the operator's own functionalization and autograd rules
+(``torch._higher_order_ops``). A side effect inside a subgraph (a write to a list,
+attribute, global or closure cell that exists outside it) is refused with a graph
+break naming the operator and the user's line; an in-place write to an operand or to a
+lifted tensor, branches whose outputs differ in shape/dtype/stride, and a predicate
+that is not a boolean scalar are :class:`coil.exc.UserError` s at the user's line.
+
+``torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False)`` is traced inline;
+its nodes are tagged ``meta["recompute"] = <region id>`` (random ops aside), which
+make_fx copies onto the ATen nodes and coil's min-cut partitioner honours: a tagged
+value is never saved for backward unless it leaves its region (docs/hops.md).
+"""
+from __future__ import annotations
+
+import itertools
+from typing import Optional
+
+import torch
+import torch.fx
+from torch.multiprocessing.reductions import StorageWeakRef
+
+from coil import trace
+from coil.exc import SourceLocation, Unsupported, UserError
+from coil.capture.variables.base import CellVariable, ConstantVariable, VariableTracker
+from coil.capture.variables.containers import ListVariable, TupleVariable
+from coil.capture.variables.tensor import TensorVariable, _is_inplace
+
+_region_ids = itertools.count()
+
+
+class _RefusingSideEffects:
+    """Stands in for ``OutputGraph.side_effects`` while a subgraph is traced: reads pass
+    through, any write to state outside the subgraph raises Unsupported."""
+
+    def __init__(self, inner, what: str):
+        self._inner = inner
+        self._what = what
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+    def _refuse(self, kind: str):
+        raise Unsupported(f"{self._what}: {kind} inside the function (a side effect "
+                          f"a higher-order operator's subgraph cannot have)",
+                          hint="move the side effect out of the branch/body function")
+
+    def mutated(self, vt):
+        self._refuse(f"mutation of {type(vt).__name__}")
+
+    def store_attr(self, obj_vt, name, value):
+        self._refuse(f"setting attribute {name!r}")
+
+    def store_global(self, gdict, gname, name, value):
+        self._refuse(f"assigning global {name!r}")
+
+    def store_cell(self, cell_vt, value):
+        self._refuse("assigning a closure variable")
+
+
+class Subgraph:
+    """One traced function argument: ``graph`` takes ``operands + lifted`` (lifted:
+    parent-graph nodes it reads), returns ``outputs`` (flat); ``structure`` is how the
+    function's result nests them (``"tensor"``, ``"tuple"``, ``"list"``)."""
+
+    def __init__(self, graph, n_operands, lifted, out_fakes, structure, user_line):
+        self.graph = graph
+        self.n_operands = n_operands
+        self.lifted = lifted
+        self.out_fakes = out_fakes
+        self.structure = structure
+        self.user_line = user_line
+
+    def add_lifted(self, node) -> None:
+        """Another parent node this subgraph takes (unused by it: the other branch reads it)."""
+        last = [n for n in self.graph.nodes if n.op == "placeholder"][-1]
+        with self.graph.inserting_after(last):
+            p = self.graph.placeholder(f"lifted_{node.name}")
+        p.meta.update({k: node.meta[k] for k in ("example_value", "val") if k in node.meta})
+        self.lifted.append(node)
+
+
+def _fn_line(fn_vt) -> str:
+    fn = getattr(fn_vt, "fn", None)
+    code = getattr(fn, "__code__", None) or getattr(fn_vt, "code", None)
+    if code is None:
+        return "?"
+    return f"{code.co_filename}:{code.co_firstlineno} ({code.co_name})"
+
+
+def _flat_outputs(res: VariableTracker, what: str):
+    if isinstance(res, TensorVariable):
+        return [res], "tensor"
+    if isinstance(res, (TupleVariable, ListVariable)) and all(
+            isinstance(v, TensorVariable) for v in res.items):
+        return list(res.items), ("list" if isinstance(res, ListVariable) else "tuple")
+    raise Unsupported(f"{what} returned {res} (a higher-order operator's function must "
+                      "return a tensor or a tuple/list of tensors)")
+
+
+def _cells_of(fn_vt) -> dict:
+    """Content of the frame-made closure cells ``fn_vt`` reads (to detect writes)."""
+    return {id(c): (c, c.content) for c in getattr(fn_vt, "closure", []) or []
+            if isinstance(c, CellVariable)}
+
+
+def trace_subgraph(tx, fn_vt, operands: list, what: str) -> Subgraph:
+    """Trace ``fn_vt(*operands)`` as a subgraph in its own scope (see module docstring).
+    ``what`` names it in messages (``"torch.cond true_fn"``)."""
+    out = tx.output
+    graph = out.graph
+    before = set(graph.nodes)
+    cells = _cells_of(fn_vt)
+    saved_se = out.side_effects
+    out.side_effects = _RefusingSideEffects(saved_se, what)
+    try:
+        res = tx.call(fn_vt, list(operands), {})
+    except Unsupported as e:
+        if e.reason.startswith(what):
+            raise
+        err = Unsupported(f"{what}: {e.reason}", hint=e.hint, location=e.location)
+        err.user_stack = getattr(e, "user_stack", None)
+        raise err from e
+    finally:
+        out.side_effects = saved_se
+    for cid, (cell, content) in cells.items():
+        if cell.content is not content:
+            raise Unsupported(f"{what}: assigning a closure variable inside the function",
+                              hint="move the side effect out of the branch/body function")
+    outs, structure = _flat_outputs(res, what)
+    region = [n for n in graph.nodes if n not in before and n.op != "placeholder"]
+    region_set = set(region)
+    op_nodes = [o.node for o in operands]
+    lifted: list = []
+    for n in region:
+        for a in n.all_input_nodes:
+            if a not in region_set and a not in op_nodes and a not in lifted:
+                lifted.append(a)
+    for o in outs:
+        if o.node not in region_set and o.node not in op_nodes and o.node not in lifted:
+            lifted.append(o.node)
+    _check_no_input_writes(region, op_nodes + lifted, what)
+    sg = torch.fx.Graph()
+    env: dict = {}
+    for i, n in enumerate(op_nodes + lifted):
+        if n in env:  # one operand passed twice
+            p = sg.placeholder(f"arg{i}_{n.name}")
+        else:
+            p = sg.placeholder(n.name if i < len(op_nodes) else f"lifted_{n.name}")
+            env[n] = p
+        p.meta.update({k: n.meta[k] for k in ("example_value", "val") if k in n.meta})
+    for n in region:
+        env[n] = sg.node_copy(n, env.__getitem__)
+    in_storages = {StorageWeakRef(n.meta["example_value"].untyped_storage())
+                   for n in op_nodes + lifted
+                   if isinstance(n.meta.get("example_value"), torch.Tensor)}
+    results = []
+    for o in outs:
+        r = env[o.node]
+        if StorageWeakRef(o.fake.untyped_storage()) in in_storages:
+            # an output aliasing an input: a fresh tensor, as torch's capture makes it
+            r = sg.call_function(torch.clone, (r,))
+            r.meta["example_value"] = o.fake
+        results.append(r)
+    sg.output(tuple(results))
+    for n in reversed(region):
+        if any(u not in region_set for u in n.users):
+            raise Unsupported(f"{what}: a value made inside the function escapes it")
+        graph.erase_node(n)
+    line = tx.location()
+    return Subgraph(sg, len(op_nodes), lifted, [o.fake for o in outs], structure, line)
+
+
+def _check_no_input_writes(region, inputs, what: str) -> None:
+    storages = {StorageWeakRef(n.meta["example_value"].untyped_storage()): n for n in inputs
+                if isinstance(n.meta.get("example_value"), torch.Tensor)}
+    for n in region:
+        if n.op not in ("call_function", "call_method") or not _is_inplace(n.op, n.target, n.kwargs):
+            continue
+        dst = n.args[0] if n.args else None
+        fake = dst.meta.get("example_value") if isinstance(dst, torch.fx.Node) else None
+        if isinstance(fake, torch.Tensor) and StorageWeakRef(fake.untyped_storage()) in storages:
+            src = storages[StorageWeakRef(fake.untyped_storage())]
+            raise UserError(
+                f"{what} writes in place ({getattr(n.target, '__name__', n.target)}) to "
+                f"{src.meta.get('source', src.name)}, a tensor from outside the function "
+                f"(an operand or a closed-over tensor); higher-order operators' functions "
+                f"must not mutate their inputs",
+                location=_node_location(n), hint="compute a new tensor instead (x + 1, not x.add_(1))")
+
+
+def _node_location(n) -> Optional[SourceLocation]:
+    trace_text = n.meta.get("stack_trace", "")
+    for line in reversed(trace_text.splitlines()):
+        line = line.strip()
+        if line.startswith('File "'):
+            try:
+                fname = line.split('"')[1]
+                lineno = int(line.split("line ")[1].split(",")[0])
+            except (IndexError, ValueError):
+                return None
+            return SourceLocation.of(fname, lineno)
+    return None
+
+
+def _meta_text(f) -> str:
+    return f"shape {tuple(f.shape)}, dtype {f.dtype}, stride {tuple(f.stride())}"
+
+
+def _check_same_outputs(a: Subgraph, b: Subgraph, names, location) -> None:
+    if len(a.out_fakes) != len(b.out_fakes) or a.structure != b.structure:
+        raise UserError(
+            f"torch.cond: {names[0]} returns {len(a.out_fakes)} tensor(s) as a {a.structure}, "
+            f"{names[1]} {len(b.out_fakes)} as a {b.structure}; both branches must return "
+            "the same structure", location=location)
+    for i, (x, y) in enumerate(zip(a.out_fakes, b.out_fakes)):
+        same = (x.dtype == y.dtype and x.dim() == y.dim() and x.device == y.device
+                and all(torch.fx.experimental.symbolic_shapes.statically_known_true(p == q)
+                        for p, q in zip(x.shape, y.shape)))
+        if same and x.numel() > 1:
+            same = all(torch.fx.experimental.symbolic_shapes.statically_known_true(p == q)
+                       for p, q, s in zip(x.stride(), y.stride(), x.shape) if s != 1)
+        if not same:
+            raise UserError(
+                f"torch.cond: output {i} of the branches differs: {names[0]} "
+                f"({a.user_line_text}) returns {_meta_text(x)}; {names[1]} "
+                f"({b.user_line_text}) returns {_meta_text(y)}. Both branches must return "
+                "tensors with the same metadata", location=location)
+
+
+class ContiguousGrad(torch.autograd.Function):
+    """Identity whose backward makes the incoming gradient contiguous. Put on each input
+    of a cond branch: torch's cond backward merges the two branch gradients' strides and
+    refuses an expanded gradient (``y.sum()``'s) against a dense one."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.contiguous()
+
+
+def contiguous_grad(x: torch.Tensor) -> torch.Tensor:
+    """``x`` (a view), with a contiguous gradient (:class:`ContiguousGrad`)."""
+    return ContiguousGrad.apply(x)
+
+
+def _contiguous_grads(sg: torch.fx.Graph) -> None:
+    phs = [n for n in sg.nodes if n.op == "placeholder"]
+    if not phs:
+        return
+    with sg.inserting_after(phs[-1]):
+        for p in reversed(phs):
+            val = p.meta.get("example_value")
+            if not (isinstance(val, torch.Tensor) and val.dtype.is_floating_point):
+                continue
+            q = sg.call_function(contiguous_grad, (p,))
+            q.meta["example_value"] = val
+            p.replace_all_uses_with(q, delete_user_cb=lambda u: u is not q)
+
+
+def _register(out, prefix: str, sg: torch.fx.Graph, index: int) -> str:
+    """Make ``sg`` a GraphModule attribute of the parent graph; returns its name."""
+    subs = out.subgraphs
+    name = f"{prefix}_{index}"
+    while name in subs:
+        name += "_"
+    root = torch.nn.Module()
+    for n in sg.nodes:  # subgraphs of operators nested inside this one move with it
+        if n.op == "get_attr" and n.target in subs:
+            setattr(root, n.target, subs.pop(n.target))
+    subs[name] = torch.fx.GraphModule(root, sg, class_name=name)
+    return name
+
+
+def _unflatten(items: list, structure: str) -> VariableTracker:
+    if structure == "tensor":
+        return items[0]
+    return ListVariable(items) if structure == "list" else TupleVariable(items)
+
+
+def _operands(tx, v: VariableTracker) -> list:
+    items = v.items if isinstance(v, (TupleVariable, ListVariable)) else None
+    if items is None or not all(isinstance(i, TensorVariable) for i in items):
+        raise UserError("torch.cond: expected operands to be a tuple or list of tensors, "
+                        f"got {v}", location=tx.location())
+    return list(items)
+
+
+def call_cond(tx, args: list, kwargs: dict) -> VariableTracker:
+    """``torch.cond(pred, true_fn, false_fn, operands)`` (see module docstring)."""
+    names = ["pred", "true_fn", "false_fn", "operands"]
+    bound = dict(zip(names, args))
+    for k, v in kwargs.items():
+        if k not in names or k in bound:
+            raise UserError(f"torch.cond() got an unexpected keyword argument {k!r}",
+                            location=tx.location())
+        bound[k] = v
+    if "operands" not in bound:
+        bound["operands"] = TupleVariable([])
+    if len(bound) != 4:
+        raise UserError("torch.cond(pred, true_fn, false_fn, operands): missing arguments",
+                        location=tx.location())
+    pred, true_fn, false_fn = bound["pred"], bound["true_fn"], bound["false_fn"]
+    operands = _operands(tx, bound["operands"])
+    from coil.capture.variables.symbolic import SymNodeVariable
+
+    if isinstance(pred, SymNodeVariable):
+        pred = ConstantVariable(bool(pred.evaluate("torch.cond predicate")))
+    if not isinstance(pred, TensorVariable):
+        value = pred.as_python_constant_or_none()
+        if not isinstance(value, (bool, int, float)):
+            raise UserError(f"torch.cond: expected pred to be bool or a boolean tensor, got "
+                            f"{pred}", location=tx.location())
+        # eager runs the chosen branch as a plain call: so does the graph (value guarded)
+        chosen = true_fn if value else false_fn
+        trace.log("hop", stage="capture", op="cond", predicate="constant", value=bool(value),
+                  where=str(tx.location()).splitlines()[0])
+        return tx.call(chosen, operands, {})
+    if pred.fake.numel() != 1 or pred.fake.dtype is not torch.bool:
+        raise UserError(f"torch.cond: expected pred to be bool or a boolean tensor with a "
+                        f"single item, got a {pred.fake.dtype} tensor of shape "
+                        f"{tuple(pred.fake.shape)}", location=tx.location(),
+                        hint="compare it, e.g. x.sum() > 0")
+    location = tx.location()
+    t = trace_subgraph(tx, true_fn, operands, "torch.cond true_fn")
+    f = trace_subgraph(tx, false_fn, operands, "torch.cond false_fn")
+    t.user_line_text, f.user_line_text = _fn_line(true_fn), _fn_line(false_fn)
+    _check_same_outputs(t, f, ("true_fn", "false_fn"), location)
+    for n in list(f.lifted):
+        if n not in t.lifted:
+            t.add_lifted(n)
+    for n in t.lifted:
+        if n not in f.lifted:
+            f.add_lifted(n)
+    order = {n: i for i, n in enumerate(t.lifted)}
+    _reorder_lifted(f, order)
+    if torch.is_grad_enabled():
+        _contiguous_grads(t.graph)
+        _contiguous_grads(f.graph)
+    out = tx.output
+    index = out.hop_count = getattr(out, "hop_count", -1) + 1
+    tname = _register(out, "cond_true", t.graph, index)
+    fname = _register(out, "cond_false", f.graph, index)
+    g = out.graph
+    ta, fa = g.get_attr(tname), g.get_attr(fname)
+    node_ops = tuple(o.node for o in operands) + tuple(t.lifted)
+    node = g.call_function(torch.ops.higher_order.cond, (pred.node, ta, fa, node_ops))
+    tx.locate_node(node)
+    grad = torch.is_grad_enabled() and any(
+        isinstance(n.meta.get("example_value"), torch.Tensor)
+        and n.meta["example_value"].requires_grad for n in node_ops)
+    items = []
+    with out.fake_mode:
+        for i, (x, y) in enumerate(zip(t.out_fakes, f.out_fakes)):
+            fake = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device)
+            if grad and (x.dtype.is_floating_point or x.dtype.is_complex):
+                fake.requires_grad_(True)
+            item = g.call_function(__import__("operator").getitem, (node, i))
+            item.meta["example_value"] = fake
+            tx.locate_node(item)
+            items.append(TensorVariable(item, fake))
+    node.meta["example_value"] = tuple(i.fake for i in items)
+    trace.log("hop", stage="capture", op="cond", predicate="tensor",
+              subgraphs=[tname, fname], lifted=[n.meta.get("source", n.name) for n in t.lifted],
+              where=str(location).splitlines()[0])
+    return _unflatten(items, t.structure)
+
+
+def _reorder_lifted(sg: Subgraph, order: dict) -> None:
+    """Put ``sg``'s lifted placeholders in the order ``order`` gives their parent nodes."""
+    phs = [n for n in sg.graph.nodes if n.op == "placeholder"][sg.n_operands:]
+    pairs = sorted(zip(sg.lifted, phs), key=lambda p: order[p[0]])
+    anchor = [n for n in sg.graph.nodes if n.op == "placeholder"][sg.n_operands - 1] \
+        if sg.n_operands else None
+    for _, p in pairs:
+        if anchor is None:
+            first = next(iter(sg.graph.nodes))
+            if first is not p:
+                first.prepend(p)
+        else:
+            anchor.append(p)
+        anchor = p
+    sg.lifted = [n for n, _ in pairs]
+
+
+# --------------------------------------------------------------------------- checkpoint
+
+_CHECKPOINT_DEFAULTS = {"preserve_rng_state": True, "context_fn": None,
+                        "determinism_check": "default", "debug": False}
+
+
+def call_checkpoint(tx, args: list, kwargs: dict) -> VariableTracker:
+    """``torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=..., **fn_kwargs)``:
+    ``fn`` traced inline, its nodes tagged for recomputation (module docstring)."""
+    if not args:
+        raise UserError("checkpoint() needs the function to run", location=tx.location())
+    kwargs = dict(kwargs)
+    kwargs.pop("use_reentrant", None)  # same values and gradients either way
+    for k, default in _CHECKPOINT_DEFAULTS.items():
+        if k in kwargs:
+            v = kwargs.pop(k).as_python_constant_or_none()
+            if v != default and k != "preserve_rng_state":
+                raise Unsupported(f"torch.utils.checkpoint.checkpoint({k}={v!r})",
+                                  hint="only the default value is captured")
+    out = tx.output
+    before = set(out.graph.nodes)
+    res = tx.call(args[0], list(args[1:]), kwargs)
+    region = next(_region_ids)
+    tagged = 0
+    for n in out.graph.nodes:
+        if n not in before and n.op == "call_function" and "recompute" not in n.meta:
+            n.meta["recompute"] = region
+            tagged += 1
+    trace.log("hop", stage="capture", op="checkpoint", region=region, nodes=tagged,
+              where=str(tx.location()).splitlines()[0])
+    return res
+
+
+def hop_handler(value):
+    """The capture handler for a higher-order callable ``value``, or None."""
+    import torch.utils.checkpoint as ckpt
+
+    if value is getattr(torch, "cond", None) or value is _torch_cond():
+        return call_cond
+    if value is ckpt.checkpoint:
+        return call_checkpoint
+    return None
+
+
+def _torch_cond():
+    import sys
+
+    mod = sys.modules.get("torch._higher_order_ops.cond")
+    return getattr(mod, "cond", None) if mod is not None else None
+
+
+class HigherOrderVariable(VariableTracker):
+    """A higher-order callable (``torch.cond``, ``checkpoint``): calls go to its handler."""
+
+    def __init__(self, fn, source=None):
+        super().__init__(source)
+        self.fn = fn
+        self.handler = hop_handler(fn)
+
+    def python_type(self):
+        return type(self.fn)
+
+    def as_python_constant(self):
+        return self.fn
+
+    def call_function(self, tx, args, kwargs):
+        return self.handler(tx, list(args), dict(kwargs))
+
+    def reconstruct(self, cg):
+        return cg.const_expr(self.fn)
+
+    def __repr__(self):
+        return f"HigherOrderVariable({getattr(self.fn, '__name__', self.fn)})"

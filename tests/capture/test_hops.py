@@ -1,0 +1,200 @@
+"""Higher-order operators (torch.cond, checkpoint) through capture, AOT and kernels,
+compared with eager: values and gradients (docs/hops.md)."""
+import pytest
+import torch
+
+import coil
+from coil.exc import UserError
+from coil.testing import CompileCounter, assert_same_as_eager
+
+BACKENDS = ["aot_eager", "coil"]
+
+
+def t_fn(x, w):
+    return torch.sin(x) * w
+
+
+def f_fn(x, w):
+    return torch.cos(x) + w
+
+
+def module_level(x, w):
+    return torch.cond(x.sum() > 0, t_fn, f_fn, (x, w)) * 2
+
+
+def nested_closures(x, w):
+    y = x * 3
+
+    def tb(a):
+        return torch.tanh(a @ w) + y
+
+    def fb(a):
+        return a - y.sum()
+
+    return torch.cond(x.mean() > 0, tb, fb, (x,))
+
+
+def _signs(shape=(4, 8)):
+    base = torch.rand(*shape) + 0.1
+    return [base, -base]
+
+
+def _one_graph(fn, *args):
+    """Capture ``fn`` with a counting backend: one graph, no break."""
+    cnt = CompileCounter()
+    coil.compile(fn, backend=cnt, fullgraph=True)(*args)
+    assert cnt.frame_count == 1
+    return cnt.graphs[0]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_cond_module_level_functions(backend):
+    w = torch.randn(4, 8)
+    for x in _signs():
+        assert_same_as_eager(module_level, (x, w), backend=backend, check_grads=True)
+    gm = _one_graph(module_level, _signs()[0], w)
+    conds = [n for n in gm.graph.nodes if n.target is torch.ops.higher_order.cond]
+    assert len(conds) == 1
+    assert isinstance(getattr(gm, conds[0].args[1].target), torch.fx.GraphModule)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_cond_nested_functions_closing_over_tensors(backend):
+    w = torch.randn(8, 8)
+    for x in _signs():
+        assert_same_as_eager(nested_closures, (x, w), backend=backend, check_grads=True)
+    gm = _one_graph(nested_closures, _signs()[0], w)
+    sub = [m for name, m in gm.named_children() if name.startswith("cond_true")][0]
+    names = [n.name for n in sub.graph.nodes if n.op == "placeholder"]
+    # the operand first, then the lifted closed-over tensors (w, y)
+    assert len(names) == 3 and names[1].startswith("lifted_") and names[2].startswith("lifted_")
+
+
+class Gate(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(8, 8)
+        self.b = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        out = torch.cond(x.sum() > 0, lambda v: self.a(v).relu(), lambda v: self.b(v) * 2, (x,))
+        return out + 1
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_cond_closing_over_module_parameters(backend):
+    m = Gate()
+    for x in _signs():
+        assert_same_as_eager(m, (x,), backend=backend, check_grads=True)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_cond_python_predicate_is_resolved_and_guarded(backend):
+    def fn(x, flag: bool):
+        return torch.cond(flag, lambda v: v.sin(), lambda v: v.cos(), (x,))
+
+    x = torch.randn(5)
+    for flag in (True, False):
+        assert_same_as_eager(fn, (x, flag), backend=backend, check_grads=True)
+    gm = _one_graph(fn, x, True)
+    assert not any(n.target is torch.ops.higher_order.cond for n in gm.graph.nodes)
+    cnt = CompileCounter()
+    c = coil.compile(fn, backend=cnt)
+    assert torch.allclose(c(x, True), x.sin()) and torch.allclose(c(x, False), x.cos())
+    assert cnt.frame_count == 2  # the predicate is guarded: a recompile, not a stale branch
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_cond_multiple_outputs_and_nested_cond(backend):
+    def fn(x):
+        def inner_t(v):
+            return torch.cond(v.max() > 0.5, lambda u: u * 2, lambda u: u - 1, (v,))
+
+        def t(v):
+            return inner_t(v), v.sum(0)
+
+        def f(v):
+            return v.exp(), v.mean(0)
+
+        a, b = torch.cond(x.sum() > 0, t, f, (x,))
+        return a * 3, b
+
+    for x in _signs((3, 4)):
+        assert_same_as_eager(fn, (x,), backend=backend, check_grads=True)
+    big = torch.rand(3, 4) * 0.1 + 0.01   # inner predicate false
+    assert_same_as_eager(fn, (big,), backend=backend, check_grads=True)
+
+
+def test_cond_in_no_grad_and_int_outputs():
+    def fn(x):
+        return torch.cond(x[0] > 0, lambda v: (v * 2).long(), lambda v: v.long() - 1, (x,))
+
+    for x in _signs((6,)):
+        with torch.no_grad():
+            assert_same_as_eager(fn, (x * 10,), backend="coil")
+
+
+def test_cond_branches_with_different_shapes_raise_naming_both():
+    def fn(x):
+        return torch.cond(x.sum() > 0, lambda v: v.sum(0), lambda v: v * 2, (x,))
+
+    with pytest.raises(UserError) as e:
+        coil.compile(fn, backend="eager")(torch.randn(3, 4))
+    msg = str(e.value)
+    assert "true_fn" in msg and "false_fn" in msg and "(4,)" in msg and "(3, 4)" in msg
+    assert "test_hops.py" in msg
+
+
+def test_cond_branches_with_different_dtypes_raise():
+    def fn(x):
+        return torch.cond(x.sum() > 0, lambda v: v.double(), lambda v: v, (x,))
+
+    with pytest.raises(UserError, match="float64"):
+        coil.compile(fn, backend="eager")(torch.randn(3))
+
+
+def test_cond_mutating_a_closed_over_tensor_raises():
+    buf = torch.zeros(3)
+
+    def fn(x):
+        def t(v):
+            buf.add_(1)
+            return v + 1
+        return torch.cond(x.sum() > 0, t, lambda v: v - 1, (x,))
+
+    with pytest.raises(UserError, match="in place") as e:
+        coil.compile(fn, backend="eager")(torch.randn(3))
+    assert "buf.add_(1)" in str(e.value)
+    assert torch.equal(buf, torch.zeros(3))
+
+
+@pytest.mark.parametrize("pred", [lambda x: x > 0, lambda x: (x.sum() > 0).float(), lambda x: "yes"])
+def test_cond_bad_predicate_raises(pred):
+    def fn(x):
+        return torch.cond(pred(x), lambda v: v + 1, lambda v: v - 1, (x,))
+
+    with pytest.raises(UserError, match="pred"):
+        coil.compile(fn, backend="eager")(torch.randn(3))
+
+
+def test_cond_side_effect_is_a_logged_break_naming_the_op():
+    from coil.capture import frame
+
+    seen = []
+
+    def fn(x):
+        def t(v):
+            seen.append(1)
+            return v + 1
+        return torch.cond(x.sum() > 0, t, lambda v: v - 1, (x,))
+
+    frame.break_log.clear()
+    with pytest.raises(Exception, match="side effect"):
+        # the break runs torch.cond eagerly, which refuses the side effect itself
+        coil.compile(fn, backend="eager")(torch.ones(3))
+    reasons = [b["reason"] for b in frame.break_log]
+    assert any("torch.cond true_fn" in r and "mutation" in r for r in reasons), reasons
+    assert "test_hops.py" in "".join(frame.break_log[-1]["user_stack"])
+    with pytest.raises(UserError, match="torch.cond true_fn"):
+        # fullgraph: the break is an error naming the op and the user's line
+        coil.compile(fn, backend="eager", fullgraph=True)(torch.ones(3))

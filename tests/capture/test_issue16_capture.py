@@ -633,3 +633,17 @@ def test_comprehension_closures_then_break():
         return [g() for g in fs]
 
     assert_same_as_eager(f, (torch.randn(3),), backend="eager")
+
+
+def test_dict_views_are_live_and_exhausted_iterators_stay_exhausted():
+    def f(x):
+        d = {"a": x}
+        ks, vs, its = d.keys(), d.values(), d.items()
+        d["b"] = x + 1
+        out = [list(ks), [v * 2 for v in vs], len(its), "b" in ks]
+        it = iter(d)
+        list(it)
+        d["c"] = x                       # after exhaustion: no error, as in CPython
+        return out, next(it, None), d
+
+    assert_same_as_eager(f, (torch.randn(3),), backend="eager")

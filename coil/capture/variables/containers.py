@@ -328,13 +328,10 @@ class DictVariable(VariableTracker):
             if k in items:
                 return items[k]
             return args[1] if len(args) > 1 else kwargs.get("default", ConstantVariable(None))
-        if name == "keys":
-            return ListIteratorVariable(self.unpack(tx), kind="keys", container=self)
-        if name == "values":
-            return ListIteratorVariable(list(items.values()), kind="values", container=self)
-        if name == "items":
-            return ListIteratorVariable([TupleVariable([self.wrap_key(tx, k), v])
-                                         for k, v in items.items()], kind="items", container=self)
+        if name in ("keys", "values", "items"):
+            view = ListIteratorVariable([], kind=name, container=self)
+            view._tx = tx
+            return view
         if name == "__iter__":
             return ListIteratorVariable(self.unpack(tx), container=self)
         if name == "__setitem__":
@@ -395,6 +392,14 @@ class DictVariable(VariableTracker):
         if name == "__or__" and isinstance(args[0], DictVariable):
             return DictVariable({**items, **args[0].items}, self.user_cls)
         raise Unsupported(f"dict.{name}")
+
+    def view_items(self, tx, kind: str) -> list:
+        """The items of ``d.keys()`` / ``d.values()`` / ``d.items()`` now."""
+        if kind == "keys":
+            return self.unpack(tx)
+        if kind == "values":
+            return list(self.items.values())
+        return [TupleVariable([self.wrap_key(tx, k), v]) for k, v in self.items.items()]
 
     def build_expr(self, cg):
         body = "{" + ", ".join(f"{cg.const_expr(k)}: {cg.reconstruct(v)}"
@@ -515,13 +520,18 @@ class ListIteratorVariable(VariableTracker):
             self.container = container
             self.size = len(container.items)
             self.view = kind if kind in ("keys", "values", "items") else view
+            self._tx = None
 
     @property
     def items(self):
         """The items iterated. Over a list they are the list's own (CPython's list
         iterator sees items appended or removed during the loop) until exhausted."""
         c = self.container
-        return c.items if isinstance(c, ListVariable) else self._items
+        if isinstance(c, ListVariable):
+            return c.items
+        if isinstance(c, DictVariable) and self.kind != "iterator":
+            return c.view_items(self._tx, self.kind)     # a dict view is live too
+        return self._items
 
     @items.setter
     def items(self, value):
@@ -546,8 +556,8 @@ class ListIteratorVariable(VariableTracker):
                               hint="the frame runs eagerly")
 
     def _exhaust(self):
-        if isinstance(self.container, ListVariable):
-            self._items = list(self.container.items)   # CPython drops the list
+        if self.kind == "iterator" and self.container is not None:
+            self._items = list(self.items)     # CPython drops the container
             self.container = None
 
     def next(self, tx):
@@ -582,7 +592,7 @@ class ListIteratorVariable(VariableTracker):
         raise Unsupported(f"iterator method {name}")
 
     def iterate(self):
-        """A fresh iterator over this dict view (sharing its dict's size check)."""
+        """A fresh iterator over this dict view (checking its dict's size from now on)."""
         c = self.container
         return ListIteratorVariable(self.items, container=c, view=self.view) if c is not None \
             else ListIteratorVariable(self.items)

@@ -148,7 +148,11 @@ def symbolic_evaluator(items: Any, fake_inputs: Sequence, value_shapes: Sequence
 
 
 def _make_epilogue(info: ProgramInfo, args_index_of_output=None) -> Callable:
-    """``epilogue(args, fw_values) -> user outputs`` (mutations + aliases, see module doc)."""
+    """``epilogue(args, fw_values) -> user outputs`` (mutations + aliases, see module doc).
+
+    An aliased output that requires grad is made with grad enabled even when the
+    caller's grad mode is off: it was made in the program's own ``torch.enable_grad()``
+    region (``with enable_grad(): y = x.t()``) and eager's carries a ``grad_fn``."""
     mutated = info.mutated_inputs
     hidden = [info.inputs[i].mutation_hidden for i in mutated]
     n_mut = len(mutated)
@@ -193,6 +197,9 @@ def _make_epilogue(info: ProgramInfo, args_index_of_output=None) -> Callable:
     n_sym = len(sym)
 
     def view(src: torch.Tensor, size, stride, offset, requires_grad) -> torch.Tensor:
+        if requires_grad and not torch.is_grad_enabled():
+            with torch.enable_grad():
+                return torch.as_strided(src, size, stride, src.storage_offset() + offset)
         out = torch.as_strided(src, size, stride, src.storage_offset() + offset)
         if not requires_grad and out.requires_grad:
             out = out.detach()

@@ -7,6 +7,9 @@ Around the compiled forward (and backward) this module
   under ``no_grad`` when every mutation happened under no_grad in the program
   (BatchNorm running statistics, optimizer-style updates), with autograd
   recording otherwise (so a mutated non-leaf input gets eager's history);
+- replays metadata mutation of inputs (``t_``, ``squeeze_``, ``as_strided_``...): after
+  the data is written and the outputs are built, ``inp.as_strided_`` gives the
+  caller's tensor eager's final sizes, strides and offset;
 - regenerates aliased outputs as real views: an output that is an input is that
   input object; one that is a view of an input, of another output, or of an
   intermediate base returned by the graph is ``torch.as_strided`` of it with the

@@ -17,7 +17,7 @@ import dataclasses
 from typing import Optional
 
 from coil.ir.nodes import ComputedBuffer
-from coil.ir.symbols import RINDEX, XINDEX, as_size, is_static
+from coil.ir.symbols import RINDEX, XINDEX, as_size, current_shape_env, is_static
 from coil.ir.virtualized import set_ops_handler
 from coil.schedule.indexing import kernel_deps, kernel_index
 
@@ -111,6 +111,8 @@ class KernelPlan:
         """The ShapeEnv symbols this kernel needs at run time (numel, rnumel, index
         expressions, sizes of indirect-index bounds), sorted by name: backends take them
         as kernel arguments, the wrapper passes their values."""
+        if getattr(self, "_size_symbols", None) is None and current_shape_env() is None:
+            self._size_symbols = []  # a static graph (no ShapeEnv): nothing to look for
         if getattr(self, "_size_symbols", None) is None:
             from coil.ir.handlers import DependencyRecorder
             syms = set()

@@ -251,3 +251,11 @@ def test_codegen_adds_no_size_guards(backend, monkeypatch):
     c = _check(fn, lambda n: (torch.randn(n, 12, requires_grad=True), w), [4, 7], backend, monkeypatch,
                grad=True, graphs=2, atol=1e-4)
     assert all(not any("Eq(" in g for g in cg.guards) for cg in c.graphs), [cg.guards for cg in c.graphs]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_split_loops_with_product_divisors(backend, monkeypatch):
+    # the C++ loop split of a symbolic extent divides by products of sizes
+    # (x3 = xo / (4 * s)); printed without parentheses it read far out of bounds
+    fn = lambda x: x.view(x.shape[0], x.shape[1], 4, 8).transpose(1, 2).contiguous() * 2
+    _check(fn, lambda n: (torch.randn(3, n, 32),), [5, 11, 30], backend, monkeypatch)

@@ -125,7 +125,7 @@ def split_plan(exprs: Iterable[sympy.Expr], symbol: sympy.Symbol, numel: int,
                prefix: str) -> Split:
     """The finest loop split of ``symbol`` (extent ``numel``) valid for all ``exprs``."""
     if not isinstance(numel, int) and not getattr(numel, "is_Integer", False):
-        return Split(symbol, numel, [1], prefix)  # a symbolic extent: one flat loop
+        return _symbolic_split(exprs, symbol, numel, prefix)
     points: set = set()
     for e in exprs:
         if not _collect(e, symbol, points):
@@ -135,6 +135,112 @@ def split_plan(exprs: Iterable[sympy.Expr], symbol: sympy.Symbol, numel: int,
     if any(chain[i + 1] % chain[i] for i in range(len(chain) - 1)) or numel % chain[-1]:
         return Split(symbol, numel, [1], prefix)
     return Split(symbol, numel, chain, prefix)
+
+
+class SymbolicSplit(Split):
+    """A :class:`Split` whose points are size expressions (dynamic shapes): ``points``
+    is a divisibility chain ``1 | p1 | ... | pk | numel``, so comparisons between points
+    are positions in the chain and quotients are exact."""
+
+    @property
+    def extents(self) -> list:
+        pts = self.points + [self.numel]
+        return [sympy.expand(pts[i + 1] / pts[i]) for i in range(len(self.points))]
+
+    def _pos(self, p) -> int:
+        """Position of point ``p`` in the chain (``len(points)`` for ``numel``)."""
+        for i, q in enumerate(self.points):
+            if sympy.expand(q - p) == 0:
+                return i
+        if sympy.expand(self.numel - p) == 0:
+            return len(self.points)
+        raise ValueError(f"{p} is not a split point of {self.points} (numel {self.numel})")
+
+    def div(self, p) -> sympy.Expr:
+        k = self._pos(p)
+        return sum((v * sympy.expand(q / p) for v, q in list(zip(self.vars, self.points))[k:]),
+                   sympy.Integer(0))
+
+    def mod(self, p) -> sympy.Expr:
+        k = self._pos(p)
+        return sum((v * q for v, q in list(zip(self.vars, self.points))[:k]), sympy.Integer(0))
+
+    def divmod(self, a, b) -> sympy.Expr:
+        lo, hi = self._pos(a), self._pos(sympy.expand(a * b))
+        return sum((v * sympy.expand(q / a) for v, q in list(zip(self.vars, self.points))[lo:hi]),
+                   sympy.Integer(0))
+
+    def substitute(self, e: sympy.Expr) -> sympy.Expr:
+        s = self.symbol
+        if not e.has(s) or len(self.points) == 1:
+            return e.xreplace({s: self.vars[0]}) if e.has(s) else e
+        e = e.replace(lambda t: isinstance(t, Mod) and isinstance(t.args[0], FloorDiv)
+                      and t.args[0].args[0] == s,
+                      lambda t: self.divmod(t.args[0].args[1], t.args[1]))
+        e = e.replace(lambda t: isinstance(t, FloorDiv) and t.args[0] == s,
+                      lambda t: self.div(t.args[1]))
+        e = e.replace(lambda t: isinstance(t, Mod) and t.args[0] == s,
+                      lambda t: self.mod(t.args[1]))
+        return e.xreplace({s: self.flat()})
+
+
+def _size_divisor(b) -> bool:
+    """A divisor a symbolic split can cut at: an integer or a monomial in size symbols
+    (``4 * s0 * s1``; quotients of monomials are exact, sums are not split)."""
+    if b.is_Integer:
+        return True
+    return all(f.is_Integer or (f.is_Symbol and f.is_positive) or
+               (f.is_Pow and f.args[0].is_Symbol and f.args[0].is_positive and f.args[1].is_Integer)
+               for f in sympy.Mul.make_args(b))
+
+
+def _collect_symbolic(e: sympy.Expr, s: sympy.Symbol, points: list) -> bool:
+    """:func:`_collect` for symbolic divisors (``points`` gets size expressions)."""
+    if not e.has(s) or e == s:
+        return True
+    if isinstance(e, Mod) and isinstance(e.args[0], FloorDiv) and e.args[0].args[0] == s:
+        a, b = e.args[0].args[1], e.args[1]
+        if not (_size_divisor(a) and _size_divisor(b)):
+            return False
+        points += [a, sympy.expand(a * b)]
+        return True
+    if isinstance(e, (FloorDiv, Mod)):
+        if e.args[0] == s and _size_divisor(e.args[1]):
+            points.append(e.args[1])
+            return True
+        return False
+    if e.is_Add or e.is_Mul:
+        return all(_collect_symbolic(a, s, points) for a in e.args)
+    return False
+
+
+def _symbolic_split(exprs, symbol, numel, prefix: str) -> Split:
+    """The loop split of a symbolic extent: nested loops at the (symbolic) divisors the
+    indices use when they form a divisibility chain dividing ``numel`` (``x % s1`` and
+    ``x // s1`` become a loop over ``s1`` inside one over ``s0``: no run-time division
+    or modulo per element), else one flat loop."""
+    from coil.ir.symbols import hint
+    flat = Split(symbol, numel, [1], prefix)
+    points: list = []
+    for e in exprs:
+        if not _collect_symbolic(e, symbol, points):
+            return flat
+    uniq: list = []
+    for p in points:
+        p = sympy.expand(p)
+        if p != 1 and sympy.expand(p - numel) != 0 and all(sympy.expand(p - q) != 0 for q in uniq):
+            uniq.append(p)
+    if not uniq:
+        return flat
+    try:
+        chain = [sympy.Integer(1)] + sorted(uniq, key=hint)
+    except TypeError:
+        return flat
+    divides = lambda p, q: sympy.denom(sympy.expand(q / p)) == 1
+    if not all(divides(chain[i], chain[i + 1]) for i in range(len(chain) - 1)) \
+            or not divides(chain[-1], numel):
+        return flat
+    return SymbolicSplit(symbol, numel, chain, prefix)
 
 
 def cexpr(e: sympy.Expr) -> str:

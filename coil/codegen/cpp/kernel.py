@@ -90,6 +90,13 @@ def _c(e) -> str:
     return str(e) if isinstance(e, int) else cexpr(sympy.sympify(e))
 
 
+def _cp(e) -> str:
+    """:func:`_c` parenthesized unless it is one literal or symbol (a divisor or modulus:
+    ``xo / (4 * s50)``; printed bare, C++ divides by 4 and multiplies by s50)."""
+    t = _c(e)
+    return t if isinstance(e, int) or sympy.sympify(e).is_Atom else f"({t})"
+
+
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
@@ -117,7 +124,8 @@ class CppKernel(OpsHandler):
         self.is_reduction = self.rnumel != 1
         self.bounds = {XINDEX: self.numel,
                        RINDEX: max(self.rnumel, 1) if isinstance(self.rnumel, int) else self.rnumel}
-        self.size_symbols = list(plan.size_symbols())
+        sizes = getattr(plan, "size_symbols", None)  # (test plans may not have it)
+        self.size_symbols = list(sizes()) if sizes is not None else []
         self.counter = itertools.count()
         self.indices: list[sympy.Expr] = []
         self.index_of: dict = {}
@@ -632,16 +640,16 @@ class CppKernel(OpsHandler):
                     *("  " + l for l in lines), "}"]
         hoisted, lines = self._hoist(lines, "x0")
         simd = self._simd_for(lines)
-        outer = self.numel // ext[0]
+        outer = self.numel // ext[0] if isinstance(self.numel, int) else sympy.expand(self.numel / ext[0])
         decl = []
         q = 1
         for i in range(1, len(ext)):
-            e = f"(xo / {q})" if q != 1 else "xo"
-            decl.append(f"int64_t x{i} = {e}" + (f" % {_c(ext[i])};" if i < len(ext) - 1 else ";"))
-            q *= ext[i]
-        par_outer = outer >= 2 * self.num_threads
+            e = f"(xo / {_cp(q)})" if q != 1 else "xo"
+            decl.append(f"int64_t x{i} = {e}" + (f" % {_cp(ext[i])};" if i < len(ext) - 1 else ";"))
+            q = q * ext[i]
+        par_outer = hint(outer) >= 2 * self.num_threads
         out = [self._omp(self.numel) if par_outer else "",
-               f"for (int64_t xo = 0; xo < {outer}; ++xo) {{", *("  " + d for d in decl),
+               f"for (int64_t xo = 0; xo < {_c(outer)}; ++xo) {{", *("  " + d for d in decl),
                *("  " + l for l in hoisted),
                "  " + ((self._omp(self.numel, " simd" if simd else "") or simd)
                        if not par_outer else simd),
@@ -655,8 +663,8 @@ class CppKernel(OpsHandler):
             return ["int64_t x0 = xindex;"]
         out = []
         for i, p in enumerate(xs.points):
-            e = f"(xindex / {p})" if p != 1 else "xindex"
-            out.append(f"int64_t x{i} = {e}" + (f" % {_c(ext[i])};" if i < len(ext) - 1 else ";"))
+            e = f"(xindex / {_cp(p)})" if p != 1 else "xindex"
+            out.append(f"int64_t x{i} = {e}" + (f" % {_cp(ext[i])};" if i < len(ext) - 1 else ";"))
         return out
 
     def _reduction(self, xs: Split, rs: Split) -> list[str]:

@@ -145,3 +145,30 @@ def test_integer_and_low_precision_ops_compile_for_sm90():
             torch.testing.assert_close(got, ref, equal_nan=True, atol=1e-2, rtol=1e-2)
         kernels += c.kernels
     _assert_compile(kernels)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["b_gpt_neox", "b_hf_swin", "b_mixtral_moe", "b_bloom_alibi",
+                                  "b_deberta_v2", "b_whisper"])
+def test_broad_suite_model_kernels_compile_for_sm90(name, monkeypatch):
+    """Every Triton kernel of a broad-suite model's forward and backward (small config,
+    run under the interpreter, no fallback allowed) compiles for sm_90."""
+    pytest.importorskip("transformers")
+    import coil
+    from coil.bench.broad import BROAD_MODELS
+    from coil.bench.models import reduce_to_scalar_loss
+    from coil.codegen.triton.backend import TritonBackend
+
+    made = []
+    generate = TritonBackend.generate
+
+    def recording(self, plan, kernel_name):
+        made.append(generate(self, plan, kernel_name))
+        return made[-1]
+
+    monkeypatch.setattr(TritonBackend, "generate", recording)
+    built = BROAD_MODELS[name].build(torch.device("cpu"), "small")
+    coil.reset()
+    f = coil.compile(built.module, options={"cpu_backend": "triton", "strict_codegen": True})
+    reduce_to_scalar_loss(f(*built.args, **built.kwargs)).backward()
+    _assert_compile(list({k.source: k for k in made}.values()))

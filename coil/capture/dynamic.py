@@ -191,7 +191,7 @@ class DynamicPolicy:
                 out.setdefault(d, "dynamic=True")
         elif self.mode is None:
             for d in self.auto.get(expr, ()):
-                if d < t.dim():
+                if isinstance(d, int) and d < t.dim():     # ("value": a number's change)
                     out.setdefault(d, "automatic")
         for d in static:
             out.pop(d, None)
@@ -252,6 +252,8 @@ class DynamicPolicy:
 
 
 def _is_wrapper(t) -> bool:
+    """A tensor subclass other than Parameter/Buffer: faked with static sizes (its own
+    ``__torch_dispatch__`` may not accept symbolic ones)."""
     return type(t) not in (torch.Tensor, torch.nn.Parameter) and not isinstance(
         t, torch.nn.parameter.Buffer if hasattr(torch.nn.parameter, "Buffer") else ())
 

@@ -38,6 +38,7 @@ from typing import Any, Optional
 
 import torch
 import torch.fx
+import torch.utils.checkpoint
 
 from coil import trace
 from coil.aot.functional import JointInfo
@@ -258,6 +259,56 @@ def default_partition(joint: torch.fx.GraphModule, info: JointInfo) -> Partition
     return _build(joint, info, regions, saved, reasons, "default")
 
 
+def checkpointed(candidates, regions: _Regions) -> set:
+    """Forward-region nodes inside an activation-checkpoint region (``meta["recompute"]``
+    a recompute ``CheckpointPolicy``, ``meta["ac_graph_id"]`` the region, set by capture on ``torch.utils.checkpoint.checkpoint`` bodies and copied onto the
+    ATen nodes by make_fx): never saved, always recomputed in the backward. A region's
+    outputs (read by a forward node outside it, or returned by the forward) are kept
+    (saved, as eager's checkpoint keeps the next region's inputs); random ops stay
+    ordinary candidates (recomputing would draw other numbers)."""
+    out = set()
+    fw_outs = set(regions.fw_outputs)
+    for n in candidates:
+        tag = _region_tag(n)
+        if tag is None or n.op != "call_function":
+            continue
+        if _draws_random(n.args[0] if n.target is operator.getitem else n):
+            continue
+        if _saveable(n) and (n in fw_outs or any(
+                u in regions.fw_needed and _region_tag(u) != tag for u in n.users)):
+            continue
+        out.add(n)
+    return out
+
+
+def _draws_random(n) -> bool:
+    """A random op (recomputing it would draw other numbers); attention with
+    ``dropout_p == 0`` draws nothing."""
+    if not (isinstance(n, torch.fx.Node) and isinstance(n.target, torch._ops.OpOverload)):
+        return False
+    if torch.Tag.nondeterministic_seeded not in n.target.tags:
+        return False
+    if "attention" in n.target._schema.name:
+        p = n.kwargs.get("dropout_p", n.args[3] if len(n.args) > 3 else 0.0)
+        return p != 0
+    return True
+
+
+def _region_tag(n: torch.fx.Node):
+    """A node's checkpoint region; a ``getitem`` of a tuple-valued node is in its
+    producer's (the backward's reads of saved tuple items make untagged ones)."""
+    if n.target is operator.getitem and n.meta.get("recompute") is None and \
+            isinstance(n.args[0], torch.fx.Node):
+        n = n.args[0]
+    if n.meta.get("recompute") not in _RECOMPUTE:
+        return None
+    return n.meta.get("ac_graph_id", 0)
+
+
+_RECOMPUTE = {torch.utils.checkpoint.CheckpointPolicy.MUST_RECOMPUTE,
+              torch.utils.checkpoint.CheckpointPolicy.PREFER_RECOMPUTE}
+
+
 def min_cut_partition(joint: torch.fx.GraphModule, info: JointInfo) -> Partition:
     """Save the fewest bytes that let the backward run; recompute cheap chains.
 
@@ -275,10 +326,15 @@ def min_cut_partition(joint: torch.fx.GraphModule, info: JointInfo) -> Partition
     g.add_node("source")
     g.add_node("sink")
     bans = {}
+    must_recompute = checkpointed(candidates, regions)
     for n in candidates:
         ban = recompute_ban_reason(n)
+        if n in must_recompute:
+            ban = None
+        elif ban is None and _region_tag(n) is not None and n.op == "call_function":
+            ban = "checkpoint region output (kept, as eager's checkpoint keeps its inputs)"
         bans[n] = ban
-        cap = float(node_bytes(n)) if _saveable(n) else inf
+        cap = float(node_bytes(n)) if _saveable(n) and n not in must_recompute else inf
         # a tiny tie-breaker prefers saving values the forward computes anyway
         if cap != inf and n not in regions.fw_needed and n.op != "placeholder":
             cap += 0.5
@@ -294,6 +350,8 @@ def min_cut_partition(joint: torch.fx.GraphModule, info: JointInfo) -> Partition
     if cut_value == inf:
         raise InternalError("aot min-cut: no finite cut (a value the backward needs can be "
                             "neither saved nor recomputed)")
+    if must_recompute:
+        trace.log("aot_checkpoint", stage="aot", recomputed=len(must_recompute))
     saved = sorted((n for n in candidates
                     if n.name + "_in" in reachable and n.name + "_out" not in reachable),
                    key=regions.order.__getitem__)

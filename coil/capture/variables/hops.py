@@ -22,7 +22,8 @@ lifted tensor, branches whose outputs differ in shape/dtype/stride, and a predic
 that is not a boolean scalar are :class:`coil.exc.UserError` s at the user's line.
 
 ``torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False)`` is traced inline;
-its nodes are tagged ``meta["recompute"] = <region id>`` (random ops aside), which
+its nodes are tagged ``meta["recompute"]`` (torch's ``CheckpointPolicy``) and
+``meta["ac_graph_id"] = <region id>``, which
 make_fx copies onto the ATen nodes and coil's min-cut partitioner honours: a tagged
 value is never saved for backward unless it leaves its region (docs/hops.md).
 """
@@ -425,9 +426,12 @@ def call_checkpoint(tx, args: list, kwargs: dict) -> VariableTracker:
     res = tx.call(args[0], list(args[1:]), kwargs)
     region = next(_region_ids)
     tagged = 0
+    from torch.utils.checkpoint import CheckpointPolicy
+
     for n in out.graph.nodes:
         if n not in before and n.op == "call_function" and "recompute" not in n.meta:
-            n.meta["recompute"] = region
+            n.meta["recompute"] = CheckpointPolicy.PREFER_RECOMPUTE
+            n.meta["ac_graph_id"] = region
             tagged += 1
     trace.log("hop", stage="capture", op="checkpoint", region=region, nodes=tagged,
               where=str(tx.location()).splitlines()[0])

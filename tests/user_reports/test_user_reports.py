@@ -75,12 +75,8 @@ def test_metadata_mutation_of_input():
     assert_same_as_eager(f, (torch.randn(2, 3),), backend="aot_eager")
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "capture: dynamic=True is accepted and ignored (static shapes only, docs/capture.md); "
-    "every batch size recompiles, and after recompile_limit (8) sizes the frame runs "
-    "eagerly. Since the capture fix, dynamic=True and the recompile limit each emit a "
-    "UserWarning (tests/capture/test_recompile_reporting.py); the shapes stay static"))
 def test_dynamic_true_compiles_once_for_several_batch_sizes():
+    """Fixed by dynamic shapes in capture (docs/dynamic_shapes.md)."""
     from coil import capture
 
     coil.reset()

@@ -115,7 +115,7 @@ def test_frame_cache_shared_code_objects_and_reset():
     for f, cf in zip(fs, cfs):
         torch.testing.assert_close(cf(x), f(x))
     assert len(graphs) == 2 * n
-    h = coil.compile(lambda t: t.exp() - 1, backend=backend)
+    h = coil.compile(lambda t: t.exp() - 1, backend=backend, dynamic=False)  # size recompiles
     with patch(recompile_limit=2):
         for k in (2, 3, 4):
             h(torch.randn(k))

@@ -361,6 +361,12 @@ class GraphLowering(torch.fx.Interpreter):
             # size arithmetic (sym_size, operator.mul, floordiv ...): the fake trace's
             # result is already the expression in the ShapeEnv's symbols
             return as_expr(val)
+        if isinstance(target, torch._ops.HigherOrderOperator):
+            from coil.ir.hops import LOWERINGS  # cond: branches compiled apart (ir/hops.py)
+
+            if target in LOWERINGS:
+                self.native[str(target)] += 1
+                return LOWERINGS[target](self, args, kwargs)
         fn = L.get_lowering(target)
         if fn is not None and self._has_complex(args, kwargs):
             fn = None  # no kernel backend has complex dtypes: run the ATen op

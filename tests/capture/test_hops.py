@@ -278,3 +278,26 @@ def test_checkpoint_with_kwargs_and_closure():
 
     assert_same_as_eager(fn, (torch.randn(4, 6),), backend="coil", check_grads=True)
     _one_graph(fn, torch.randn(4, 6))
+
+
+def test_cond_branches_compile_to_their_own_kernels(tmp_path):
+    """backend="coil": each branch is compiled apart (forward and backward conds) and the
+    wrapper picks one per call (ir/hops.py); no branch falls back to the FX interpreter."""
+    import json
+
+    from coil import config, trace
+
+    w = torch.randn(4, 8)
+    trace.set_dir(str(tmp_path))
+    try:
+        with config.patch(strict_codegen=True):
+            for x in _signs():
+                assert_same_as_eager(module_level, (x, w), backend="coil", check_grads=True)
+    finally:
+        trace.set_dir(None)
+    events = [json.loads(line) for f in tmp_path.iterdir() for line in f.open()]
+    lowered = [e for e in events if e.get("event") == "hop_lowered"]
+    assert len(lowered) >= 2 and all(e["compiled"] == [True, True] for e in lowered)
+    assert not [e for e in events if e.get("event") in ("hop_branch_fallback", "codegen_fallback")]
+    wrappers = [e["text"] for e in events if e.get("name") == "wrapper"]
+    assert any("run_cond" in t for t in wrappers)

@@ -1,0 +1,58 @@
+"""Higher-order operators in the IR: wrapper-level control flow over separately
+compiled subgraphs.
+
+``torch.ops.higher_order.cond(pred, true_gm, false_gm, operands)`` in an ATen graph
+(what AOT's make_fx leaves of capture's cond, forward and backward) is lowered to one
+extern call of :func:`run_cond`: each branch GraphModule is compiled on its own with
+:func:`coil.codegen.compile_aten_graph` (its own kernels, its own wrapper), and the
+parent's wrapper reads the predicate with ``.item()`` and calls one of them::
+
+    buf2 = extern1(buf1, c2, c3, [primals_1, primals_2])  # cond
+
+A branch whose compilation fails runs through the FX interpreter instead (event
+``hop_branch_fallback``, with the error), never silently. Nested conds compile
+recursively (a branch's own GraphLowering lowers them again).
+"""
+from __future__ import annotations
+
+import traceback
+from typing import Any, Callable
+
+import torch
+
+from coil import trace
+
+
+def run_cond(pred: torch.Tensor, true_fn: Callable, false_fn: Callable, operands) -> Any:
+    """The wrapper's cond: one host read of ``pred``, then one branch's compiled graph."""
+    return true_fn(*operands) if pred.item() else false_fn(*operands)
+
+
+def _compile_branch(gm: torch.fx.GraphModule, fakes: list, device, name: str) -> Callable:
+    from coil.codegen import compile_aten_graph
+
+    try:
+        with trace.stage("hop_branch"):
+            trace.artifact(f"hop_subgraph {name}",
+                           lambda: gm.print_readable(print_output=False), kind="python")
+            return compile_aten_graph(gm, fakes, device)
+    except Exception as e:  # noqa: BLE001 - stay correct and say so
+        trace.log("hop_branch_fallback", stage="lowering", branch=name,
+                  error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc())
+        return gm
+
+
+def lower_cond(lowering, args: tuple, kwargs: dict):
+    """Lower a cond node (see module docstring) in GraphLowering ``lowering``."""
+    node = lowering.current_node
+    pred, true_gm, false_gm, operands = args
+    fakes = [a.meta.get("val") if isinstance(a, torch.fx.Node) else a for a in node.args[3]]
+    names = [node.args[1].target, node.args[2].target]
+    compiled = [_compile_branch(gm, fakes, lowering.device, n)
+                for gm, n in ((true_gm, names[0]), (false_gm, names[1]))]
+    trace.log("hop_lowered", stage="lowering", op="cond", branches=names,
+              compiled=[not isinstance(c, torch.fx.GraphModule) for c in compiled])
+    return lowering.make_extern(run_cond, (pred, compiled[0], compiled[1], tuple(operands)), {})
+
+
+LOWERINGS = {torch.ops.higher_order.cond: lower_cond}

@@ -1,31 +1,11 @@
 """Differential fuzzer: random straight-line programs, eager vs coil, with a minimizer.
 
-Run ``python -m coil.testing.fuzz --time 3600 --seed 0 --backends cpp,triton,aot_eager
---out fuzz-out`` (or ``--count N``; ``--index I`` replays one program). docs/fuzzing.md
-has the details.
-
-A :class:`Program` is 1-4 inputs (exact values and a layout suffix such as ``.t()``
-or ``[1:5:2]``) and 2-8 statements of Python source drawn from the op families in
-:mod:`coil.testing.fuzz_ops`; it prints as a runnable repro. :func:`check` runs a
-function eagerly and compiled (on separate fresh inputs, twice: the second call
-goes through the compiled cache) and classifies the result:
-
-- ``ok``; ``both_raise`` (eager and compiled both raise: fine);
-- ``mismatch``: a silently wrong output value/dtype/shape, an output that is a view
-  of an input in one and not the other (or at another stride/offset), or an input
-  left with other values or size/stride/offset;
-- ``error``: compiled raises where eager runs; ``missing_error``: the reverse;
-- ``hang``: compiled ran past the time limit.
-
-Floating values are compared NaN-aware with :data:`coil.testing.TOLERANCES`. When the
-program involves fp16/bf16, an fp32 *reference* (the same source with those dtypes
-replaced by fp32, on upcast inputs) also accepts a compiled element that is at most
-``LOW_PRECISION_MARGIN`` times further from it than eager's (compiled kernels may
-keep intermediates in fp32).
-
-:func:`minimize` shrinks a failing program (drops statements, returns and inputs,
-makes inputs contiguous and smaller, simplifies dtypes and values) while the failure
-keeps its :attr:`Result.signature` (outcome, backend, mismatch kind or error site).
+``python -m coil.testing.fuzz --time 3600 --seed 0 --backends cpp,triton,aot_eager
+--out fuzz-out`` (docs/fuzzing.md). A :class:`Program` (inputs with exact values and a
+layout, statements from the op families of :mod:`coil.testing.fuzz_ops`) prints as a
+runnable repro; :func:`check` runs a function eagerly and compiled and classifies the
+result (:data:`OUTCOMES`); :func:`minimize` shrinks a failing program while its
+:attr:`Result.signature` stays the same.
 """
 from __future__ import annotations
 
@@ -314,12 +294,14 @@ def _site(exc: BaseException) -> str:
     """``Type@coil/file.py:function`` of the innermost coil frame of the root cause."""
     while exc.__cause__ is not None:
         exc = exc.__cause__
+    import coil
+    root = os.path.dirname(coil.__file__)  # coil's own files, not generated kernels
     frames = [f for f in traceback.extract_tb(exc.__traceback__)
-              if "/coil/" in f.filename and "/coil/testing/" not in f.filename]
+              if f.filename.startswith(root) and os.sep + "testing" + os.sep not in f.filename]
     where = ""
     if frames:
         f = frames[-1]
-        where = "@" + f.filename[f.filename.rindex("/coil/") + 1:] + ":" + f.name
+        where = "@coil" + f.filename[len(root):] + ":" + f.name
     return type(exc).__name__ + where
 
 
@@ -653,9 +635,9 @@ def main(argv: Optional[list] = None) -> int:
         prog = generate(a.seed, i, families)
         if a.index is not None:
             print(prog.source())
-        with open(os.path.join(a.out, "_in_flight.py"), "w") as f:
-            f.write(prog.source())  # left behind if a compiled kernel kills the process
         for b in backends:
+            with open(os.path.join(a.out, "_in_flight.py"), "w") as f:  # left behind if a
+                f.write(prog.source(Result("running", b)))  # kernel kills the process
             r = check_program(prog, b, a.timeout)
             trace.log("fuzz_result", stage="testing", program=prog.label, backend=b,
                       outcome=r.outcome, kind=r.kind, families=sorted(prog.families()))
@@ -668,6 +650,8 @@ def main(argv: Optional[list] = None) -> int:
             small = prog
             if not a.no_minimize and len(classes[r.signature]) < a.per_class:
                 small = minimize(prog, b, r.signature, a.minimize_time, a.timeout)
+                again = check_program(small, b, a.timeout)  # the details of the small one
+                r = again if again.signature == r.signature else r
             note = ""
             if a.torch_ref:
                 note = f"\n#   torch.compile(backend='aot_eager'): " \

@@ -1,19 +1,11 @@
-"""Op families for coil's differential fuzzer (:mod:`coil.testing.fuzz`).
+"""Op families and inputs for coil's differential fuzzer (docs/fuzzing.md).
 
-An *op generator* is a function ``gen(ctx) -> str | list[str]`` registered under a
-family with :func:`op`. It looks at the program's live eager values (``ctx.env``:
-name -> tensor), picks operands and parameters with ``ctx.rng`` and returns one or
-more lines of Python source (``v3 = torch.sum(a, dim=1)``, ``b.add_(v3)``). It raises
-:class:`Skip` when it does not apply to the values at hand. The program builder
-executes every candidate line eagerly and keeps only those eager accepts (plus, now
-and then, one that eager rejects, to look for missing errors), so a generator may be
-approximate about validity but must never produce lines whose eager result is
-undefined (integer division by zero, casting NaN or out-of-range floats to integers,
-scatter with duplicate indices): those are checked here against the live values.
-
-This module also makes the inputs: values per dtype (normal, special NaN/inf/-0.0,
-extremes near the dtype's range, integer-valued) and layouts (contiguous, permuted,
-sliced with an offset and step, expanded).
+An op generator ``gen(ctx) -> str | list[str]``, registered with :func:`op`, reads the
+program's live eager values (``ctx.env``) and returns lines of source; it raises
+:class:`Skip` when it does not apply. The builder keeps only lines eager accepts, so a
+generator may be loose about validity, but it must check the live values for anything
+whose eager result is undefined (integer division by zero, out-of-range float-to-int
+casts, duplicate scatter indices, sources overlapping the target of an in-place op).
 """
 from __future__ import annotations
 

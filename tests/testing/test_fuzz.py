@@ -190,3 +190,87 @@ def test_overflow_only_in_eager_is_accepted_but_not_the_reverse():
     assert more_exact.outcome == "ok"
     q = _prog(["v0 = a * 1"], torch.tensor([2e38, 1.0]))
     assert check_program(q, _fake(lambda s, o, a: (o[0] * 2,))).kind == "out-value"
+
+
+# ------------------------------------------------- known open bugs (fuzzer-found)
+# Minimized repros of failures the fuzzer finds in the current tree, one per class,
+# as strict xfails: fixing the bug makes the test fail until its entry is removed.
+
+def _var_of_ints(b):
+    return (torch.var(b, correction=2),)
+
+
+def _layer_norm_huge(c):
+    return (torch.nn.functional.layer_norm(c, (2, 1, 2)),)
+
+
+def _cos_huge(c):
+    return (torch.cos(c),)
+
+
+def _gelu_inf(x):
+    return (torch.nn.functional.gelu(x),)
+
+
+def _mutate_expand_view(b):
+    v0 = b.expand(-1)
+    v0.masked_fill_(b > 0, 0.25)
+    return ()
+
+
+def _scatter_add_bool(a, b):
+    a.expand(1).scatter_add_(0, torch.tensor([0]), b.expand((1,)).to(torch.bool))
+    return ()
+
+
+def _div_by_int_of_neg_zero(b):
+    return (1.0 / b.to(torch.int64),)  # -0.0 -> int 0 -> +0.0: eager inf
+
+
+def _silu_bool(a):
+    return (torch.nn.functional.silu(a == a),)
+
+
+def _write_into_overlapping_as_strided(a):
+    v0 = a.as_strided((3, 1), (0, 2), 0)
+    v0[2:].fill_(-torch.inf)
+    return ()
+
+
+def _index_put_acc(a):
+    return (a.index_put((torch.tensor([0, 0, 0]),), torch.tensor(1.0, dtype=a.dtype),
+                        accumulate=True),)
+
+
+KNOWN_BUGS = {
+    "var/std of an integer tensor does not raise as eager does (missing_error)":
+        (_var_of_ints, lambda: [torch.tensor([-2], dtype=torch.int32).expand(2)]),
+    "layer_norm of values near fp32 max: finite where eager gives nan":
+        (_layer_norm_huge, lambda: [torch.tensor([[[1.0, 1.0]], [[1.0, -1.839752e+38]]])]),
+    "cos of int64 9.2e18 (as float32): nan where eager gives 0.0118":
+        (_cos_huge, lambda: [torch.tensor(9223372036854775804, dtype=torch.int64)]),
+    "gelu(+-inf): eager gives nan":
+        (_gelu_inf, lambda: [torch.tensor([math.inf, -math.inf, 1.0])]),
+    "a write through a no-op expand() view of an input holding inf gives nan (torch too)":
+        (_mutate_expand_view, lambda: [torch.tensor([math.inf, 1.0, 1.0])]),
+    "scatter_add_ of bool: compile error 'Subtraction ... two bool tensors' (torch too)":
+        (_scatter_add_bool, lambda: [torch.tensor(False), torch.tensor(1.0)]),
+    "x / t.to(int64) with t == -0.0: -inf where eager gives inf (the cast is elided)":
+        (_div_by_int_of_neg_zero, lambda: [torch.tensor([-0.0, 2.0])]),
+    "silu of a bool tensor does not raise as eager does (missing_error)":
+        (_silu_bool, lambda: [torch.tensor([1.0, 2.0])]),
+    "a write into a non-overlapping part of an overlapping as_strided view: compiled raises":
+        (_write_into_overlapping_as_strided, lambda: [torch.tensor(1.0)]),
+    "triton: index_put(accumulate=True) with duplicate indices loses updates in fp16":
+        (_index_put_acc, lambda: [torch.tensor([1.0], dtype=torch.float16)], "triton"),
+    "triton: index_put(accumulate=True) in bf16: InterpreterError 'Unsupported data type'":
+        (_index_put_acc, lambda: [torch.tensor([1.0, 2.0], dtype=torch.bfloat16)], "triton"),
+}
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=n))
+                                  for n in KNOWN_BUGS])
+def test_known_bug(name):
+    fn, make_inputs, *backend = KNOWN_BUGS[name]
+    r = check(fn, make_inputs, *(backend or ["cpp"]))
+    assert r.outcome in ("ok", "both_raise"), f"{r.outcome}: {r.kind}\n{r.detail}"

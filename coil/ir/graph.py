@@ -2,7 +2,7 @@
 
 Input: ``gm`` (ATen ops after coil's decompositions) and example inputs (fake or real).
 Output: ``self.buffers`` (ComputedBuffer / ExternKernel / MultiOutput in creation
-order, which is a valid execution order), ``self.graph_inputs`` (InputBuffer per
+order, then put in dependency order by :meth:`GraphLowering._order_buffers`), ``self.graph_inputs`` (InputBuffer per
 tensor placeholder), ``self.outputs`` (an :class:`OutputSpec` per graph output).
 
 Decisions made here (all logged): which ops fell back to extern kernels (event

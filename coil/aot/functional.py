@@ -80,7 +80,9 @@ class OutputInfo:
     intermediate base), ``"same_as_output"`` (the user output ``index`` again),
     ``"constant"`` (``value``).
     ``size/stride/offset`` describe the view (elements; offset is absolute in the
-    storage). ``requires_grad``: the eager output requires grad.
+    storage). ``requires_grad``: the eager output requires grad. ``dtype``: set for an
+    ``alias_of_input`` of another dtype than its input (``a.view(torch.int32)``): the
+    runtime builds it on the input's storage, and its offset is in bytes.
     """
 
     kind: str
@@ -90,6 +92,7 @@ class OutputInfo:
     offset: int = 0
     requires_grad: bool = False
     value: Any = None
+    dtype: Optional[torch.dtype] = None
 
 
 @dataclasses.dataclass
@@ -241,11 +244,14 @@ def _analyze(fn, fake_args, fake_mode, grad, drop_error_checks) -> ProgramInfo:
                 outputs.append(OutputInfo("same_as_output", earlier[0], **meta))
                 continue
             st = StorageWeakRef(o.untyped_storage())
-            # a view that changes dtype (view_as_complex, view(dtype)) cannot be
-            # regenerated with as_strided: the graph computes it (a copy)
-            if st in input_storage and fake_args[input_storage[st]].dtype == o.dtype:
-                outputs.append(OutputInfo("alias_of_input", input_storage[st], **meta))
-                continue
+            if st in input_storage:
+                # a view as another dtype (view(dtype)) is not differentiable; a
+                # differentiable one (view_as_real) is computed by the graph (a copy)
+                other = fake_args[input_storage[st]].dtype != o.dtype
+                if not (other and meta["requires_grad"]):
+                    outputs.append(OutputInfo("alias_of_input", input_storage[st], **meta,
+                                              dtype=o.dtype if other else None))
+                    continue
             outputs.append(OutputInfo("graph", -1, **meta))
             if st not in input_storage:
                 groups.setdefault((st, o.dtype), []).append(k)
@@ -283,7 +289,10 @@ def _analyze(fn, fake_args, fake_mode, grad, drop_error_checks) -> ProgramInfo:
                     o.size, o.stride, o.offset = out_lay[k]
         # storage offsets relative to the tensor each alias is regenerated from
         for k, o in enumerate(outputs):
-            if o.kind == "alias_of_input":
+            if o.kind == "alias_of_input" and o.dtype is not None:
+                a = fake_args[o.index]
+                o.offset = o.offset * o.dtype.itemsize - a.storage_offset() * a.dtype.itemsize
+            elif o.kind == "alias_of_input":
                 o.offset -= fake_args[o.index].storage_offset()
             elif o.kind == "alias_of_output":
                 o.offset -= flat_outs[o.index].storage_offset()

@@ -13,7 +13,9 @@ Around the compiled forward (and backward) this module
 - regenerates aliased outputs as real views: an output that is an input is that
   input object; one that is a view of an input, of another output, or of an
   intermediate base returned by the graph is ``torch.as_strided`` of it with the
-  traced sizes/strides and the storage offset relative to its source; with symbolic
+  traced sizes/strides and the storage offset relative to its source (a view of an
+  input as another dtype, ``a.view(torch.int32)``, is a tensor set on the input's
+  storage, as eager's is no autograd view); with symbolic
   sizes (``torch.compile(dynamic=...)``) those are expressions in the inputs' size
   symbols, evaluated for each call by a generated function
   (:func:`symbolic_evaluator`, logged as the ``aot_symbolic_layouts`` artifact);
@@ -170,7 +172,7 @@ def _make_epilogue(info: ProgramInfo, args_index_of_output=None) -> Callable:
         elif o.kind == "input":
             plan.append((1, o.index, None))
         elif o.kind == "alias_of_input":
-            plan.append((2, o.index, (o.size, o.stride, o.offset, o.requires_grad)))
+            plan.append((2, o.index, (o.size, o.stride, o.offset, o.requires_grad, o.dtype)))
         elif o.kind == "alias_of_output":
             plan.append((3, n_mut + o.index, (o.size, o.stride, o.offset, o.requires_grad)))
         elif o.kind == "alias_of_base":
@@ -195,11 +197,16 @@ def _make_epilogue(info: ProgramInfo, args_index_of_output=None) -> Callable:
         layouts = symbolic_evaluator([plan[k][2][:3] for k in sym] + [r[1:] for r in restride],
                                      info.fake_inputs or (), [m[0] for m in info.fw_out_meta])
         for j, k in enumerate(sym):
-            kind, idx, (_, _, _, rg) = plan[k]
-            plan[k] = (kind + 4, idx, (j, rg))
+            kind, idx, (_, _, _, rg, *dt) = plan[k]
+            plan[k] = (kind + 4, idx, (j, rg, *dt))
     n_sym = len(sym)
 
-    def view(src: torch.Tensor, size, stride, offset, requires_grad) -> torch.Tensor:
+    def view(src: torch.Tensor, size, stride, offset, requires_grad, dtype=None) -> torch.Tensor:
+        if dtype is not None:  # a view as another dtype: eager's shares the storage
+            out = torch.empty((0,), dtype=dtype, device=src.device)
+            start = (src.storage_offset() * src.element_size() + offset) // dtype.itemsize
+            with torch.no_grad():
+                return out.set_(src.untyped_storage(), start, size, stride)
         if requires_grad and not torch.is_grad_enabled():
             with torch.enable_grad():
                 return torch.as_strided(src, size, stride, src.storage_offset() + offset)
@@ -241,9 +248,9 @@ def _make_epilogue(info: ProgramInfo, args_index_of_output=None) -> Callable:
             elif kind == 5:
                 flat.append(flat[idx])
             elif kind == 6:
-                flat.append(view(args[idx], *lay[extra[0]], extra[1]))
+                flat.append(view(args[idx], *lay[extra[0]], *extra[1:]))
             elif kind == 7:
-                flat.append(view(vals[idx], *lay[extra[0]], extra[1]))
+                flat.append(view(vals[idx], *lay[extra[0]], *extra[1:]))
             else:
                 flat.append(extra)
         for r, (i, size, stride, offset) in enumerate(restride):

@@ -97,6 +97,21 @@ def _tuple(xs) -> str:
     return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
 
 
+def _alias_roots(buffers) -> dict:
+    """Buffer name -> names of the buffers whose storage it shares, for the outputs of
+    extern ops whose schema returns an alias of an argument (and their MultiOutputs)."""
+    roots: dict = {}
+    for b in buffers:
+        op = b.parent.op if isinstance(b, MultiOutput) else getattr(b, "op", None)
+        schema = getattr(op, "_schema", None)
+        if schema is None or not any(r.alias_info is not None for r in schema.returns):
+            continue
+        src = b.parent if isinstance(b, MultiOutput) else b
+        names = [n for n in src.input_names()]
+        roots[b.get_name()] = list(dict.fromkeys(names + [r for n in names for r in roots.get(n, ())]))
+    return roots
+
+
 def _free_size_symbols(x, out: set) -> None:
     """Add the size symbols in ``x`` (sympy expressions, nested lists/tuples/dicts, IR
     views and buffers with layouts) to ``out``."""
@@ -202,6 +217,12 @@ class WrapperCodegen:
             else:
                 allocs.append([])
                 reads.append(s.read_names())
+        # an extern op returning a view of an argument (aten.view.dtype, view_as_real):
+        # the argument's storage lives while the view does, so a read of the view is a
+        # read of the argument, and an output view keeps it out of reuse
+        roots = _alias_roots(g.buffers)
+        reads = [rs + [r for n in rs for r in roots.get(n, ())] for rs in reads]
+        out_names |= {r for n in list(out_names) for r in roots.get(n, ())}
         last_use: dict[str, int] = {}
         for i, rs in enumerate(reads):
             for n in rs:

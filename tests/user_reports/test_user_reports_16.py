@@ -635,13 +635,9 @@ def test_module_constructed_inside_forward_is_captured():
     assert ex.graph_break_count == 0, str(ex)[:300]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a Python float from random.random() / random.uniform() (stochastic depth, LayerDrop "
-    "in BART/Whisper training, random scale augmentation) is value-guarded in the resume "
-    "frame after the graph break ('___stack0 == 0.3033...'), so every call recompiles and "
-    "after recompile_limit the frame runs eagerly; torch.compile compiles "
-    "x * random.uniform(0.5, 1.5) once (values are right either way)"))
 def test_python_random_value_does_not_recompile_every_call():
+    """Fixed: the float passed to the resume frame becomes a graph input after it changed
+    (automatic dynamic, docs/dynamic_shapes.md)."""
     def scale(x):
         return x * random.uniform(0.5, 1.5)
 

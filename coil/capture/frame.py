@@ -655,6 +655,10 @@ def _build_entry(tx, output: OutputGraph, cfg: CaptureConfig, fn, code, argnames
     if needs_graph:
         stats["graphs"] += 1
         example_inputs = [real for (_, real, _) in output.inputs]
+        if any(n.target is torch.ops.higher_order.while_loop for n in graph.nodes):
+            # torch's while_loop needs a fake mode with a ShapeEnv (its trip count is an
+            # unbacked size): the backend gets capture's own fake inputs (hops.py)
+            example_inputs = [n.meta["example_value"] for (_, _, n) in output.inputs]
         trace.artifact("captured_graph", lambda: gm.print_readable(print_output=False),
                        kind="python", frame=_label(code))
         t0 = time.perf_counter()

@@ -9,6 +9,10 @@ parent's wrapper reads the predicate with ``.item()`` and calls one of them::
 
     buf2 = extern1(buf1, c2, c3, [primals_1, primals_2])  # cond
 
+``while_loop(cond_gm, body_gm, carried, additional)`` is the same with a loop:
+:func:`run_while_loop` calls the compiled ``cond_gm`` (one host read per iteration)
+and the compiled ``body_gm`` until the predicate is false.
+
 A branch whose compilation fails runs through the FX interpreter instead (event
 ``hop_branch_fallback``, with the error), never silently. Nested conds compile
 recursively (a branch's own GraphLowering lowers them again).
@@ -39,6 +43,8 @@ def _compile_branch(gm: torch.fx.GraphModule, fakes: list, device, name: str) ->
     except Exception as e:  # noqa: BLE001 - stay correct and say so
         trace.log("hop_branch_fallback", stage="lowering", branch=name,
                   error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc())
+        from coil.exc import refuse_fallback
+        refuse_fallback("hop_branch_fallback", e)  # config.strict_codegen: an error instead
         return gm
 
 
@@ -55,4 +61,39 @@ def lower_cond(lowering, args: tuple, kwargs: dict):
     return lowering.make_extern(run_cond, (pred, compiled[0], compiled[1], tuple(operands)), {})
 
 
-LOWERINGS = {torch.ops.higher_order.cond: lower_cond}
+def run_while_loop(cond_fn: Callable, body_fn: Callable, carried, additional) -> tuple:
+    """The wrapper's while_loop: the compiled body runs while the compiled cond_fn's
+    scalar (read on the host) is true. Zero iterations return copies of the carried
+    inputs (a graph output never aliases an input here)."""
+    state = list(carried)
+    ran = False
+    while _scalar(cond_fn(*state, *additional)):
+        state = list(body_fn(*state, *additional))
+        ran = True
+    return tuple(state) if ran else tuple(t.clone() for t in state)
+
+
+def _scalar(v) -> bool:
+    if isinstance(v, (tuple, list)):
+        v = v[0]
+    return bool(v.item())
+
+
+def lower_while_loop(lowering, args: tuple, kwargs: dict):
+    """Lower a while_loop node: cond_fn and body_fn compiled apart, the loop in the
+    wrapper (:func:`run_while_loop`)."""
+    node = lowering.current_node
+    cond_gm, body_gm, carried, additional = args
+    fakes = [a.meta.get("val") if isinstance(a, torch.fx.Node) else a
+             for a in list(node.args[2]) + list(node.args[3])]
+    names = [node.args[0].target, node.args[1].target]
+    compiled = [_compile_branch(gm, fakes, lowering.device, n)
+                for gm, n in ((cond_gm, names[0]), (body_gm, names[1]))]
+    trace.log("hop_lowered", stage="lowering", op="while_loop", branches=names,
+              compiled=[not isinstance(c, torch.fx.GraphModule) for c in compiled])
+    return lowering.make_extern(run_while_loop, (compiled[0], compiled[1], tuple(carried),
+                                                 tuple(additional)), {})
+
+
+LOWERINGS = {torch.ops.higher_order.cond: lower_cond,
+             torch.ops.higher_order.while_loop: lower_while_loop}

@@ -301,3 +301,53 @@ def test_cond_branches_compile_to_their_own_kernels(tmp_path):
     assert not [e for e in events if e.get("event") in ("hop_branch_fallback", "codegen_fallback")]
     wrappers = [e["text"] for e in events if e.get("name") == "wrapper"]
     assert any("run_cond" in t for t in wrappers)
+
+
+# ------------------------------------------------------------------ while_loop
+
+def _loop(x, n, w):
+    from torch._higher_order_ops import while_loop
+
+    def c(i, v):
+        return i < n
+
+    def body(i, v):
+        # a cond nested in the loop body, closing over w
+        v = torch.cond(v.sum() > 0, lambda u: torch.tanh(u @ w), lambda u: u * 0.5 + 0.1, (v,))
+        return i + 1, v
+
+    i, v = while_loop(c, body, (torch.zeros((), dtype=torch.int64), x))
+    return v * 2, i
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_while_loop_with_nested_cond(backend):
+    w = torch.randn(4, 4) * 0.5
+    x = torch.randn(3, 4)
+    for n in (0, 1, 4):
+        assert_same_as_eager(_loop, (x, torch.tensor(n), w), backend=backend)
+    gm = _one_graph(_loop, x, torch.tensor(2), w)
+    body = [m for name, m in gm.named_children() if name.startswith("while_body")][0]
+    assert any(n.target is torch.ops.higher_order.cond for n in body.graph.nodes)
+    assert any(name.startswith("cond_true") for name, _ in body.named_children())
+
+
+def test_while_loop_body_changing_the_carried_shape_raises():
+    from torch._higher_order_ops import while_loop
+
+    def fn(x):
+        return while_loop(lambda v: v.sum() < 10, lambda v: torch.cat([v, v]), (x,))
+
+    with pytest.raises(UserError, match="carried input 0"):
+        coil.compile(fn, backend="eager")(torch.ones(2))
+
+
+def test_while_loop_requiring_grad_is_a_logged_break():
+    from torch._higher_order_ops import while_loop
+
+    def fn(x):
+        return while_loop(lambda v: v.sum() < 10, lambda v: v * 2, (x,))[0]
+
+    x = torch.ones(3, requires_grad=True)
+    with pytest.raises(UserError, match="while_loop with inputs that require grad"):
+        coil.compile(fn, backend="eager", fullgraph=True)(x)

@@ -402,6 +402,85 @@ def _reorder_lifted(sg: Subgraph, order: dict) -> None:
     sg.lifted = [n for n, _ in pairs]
 
 
+# --------------------------------------------------------------------------- while_loop
+
+def _flat_carried(tx, v: VariableTracker) -> list:
+    items = v.items if isinstance(v, (TupleVariable, ListVariable)) else None
+    if items is None or not items or not all(isinstance(i, TensorVariable) for i in items):
+        raise Unsupported(f"torch.while_loop: carried_inputs {v} (a non-empty flat tuple "
+                          "or list of tensors is captured)")
+    return list(items)
+
+
+def call_while_loop(tx, args: list, kwargs: dict) -> VariableTracker:
+    """``torch._higher_order_ops.while_loop(cond_fn, body_fn, carried_inputs)``: both
+    functions traced as subgraphs over ``carried + lifted``; the body's outputs must keep
+    the carried values' metadata (a :class:`UserError` names the first that changes)."""
+    names = ["cond_fn", "body_fn", "carried_inputs"]
+    bound = dict(zip(names, args))
+    bound.update(kwargs)
+    if set(bound) != set(names):
+        raise UserError("while_loop(cond_fn, body_fn, carried_inputs): bad arguments",
+                        location=tx.location())
+    location = tx.location()
+    carried = _flat_carried(tx, bound["carried_inputs"])
+    c = trace_subgraph(tx, bound["cond_fn"], carried, "torch.while_loop cond_fn")
+    p = c.out_fakes[0] if len(c.out_fakes) == 1 and c.structure == "tensor" else None
+    if p is None or p.numel() != 1 or p.dtype is not torch.bool:
+        raise UserError("torch.while_loop: cond_fn must return a boolean tensor with a single "
+                        f"item, got {[_meta_text(f) for f in c.out_fakes]}", location=location)
+    out_node = [n for n in c.graph.nodes if n.op == "output"][0]
+    out_node.args = (out_node.args[0][0],)   # while_loop's cond_fn returns the tensor itself
+    b = trace_subgraph(tx, bound["body_fn"], carried, "torch.while_loop body_fn")
+    if len(b.out_fakes) != len(carried):
+        raise UserError(f"torch.while_loop: body_fn returns {len(b.out_fakes)} tensor(s) for "
+                        f"{len(carried)} carried input(s)", location=location)
+    for i, (x, y) in enumerate(zip(carried, b.out_fakes)):
+        x = x.fake
+        if x.dtype != y.dtype or tuple(x.shape) != tuple(y.shape) or \
+                (x.numel() > 1 and x.stride() != y.stride()):
+            raise UserError(f"torch.while_loop: body_fn changes carried input {i}: it comes in "
+                            f"with {_meta_text(x)} and leaves with {_meta_text(y)}; the carried "
+                            "state must keep its metadata", location=location)
+    if torch.is_grad_enabled() and any(
+            isinstance(n.meta.get("example_value"), torch.Tensor)
+            and n.meta["example_value"].requires_grad
+            for n in [x.node for x in carried] + b.lifted + c.lifted):
+        raise Unsupported("torch.while_loop with inputs that require grad (its backward "
+                          "needs the trip count as a size: not captured)",
+                          hint="run it under torch.no_grad(), or it runs outside the graph")
+    for n in list(b.lifted):
+        if n not in c.lifted:
+            c.add_lifted(n)
+    for n in c.lifted:
+        if n not in b.lifted:
+            b.add_lifted(n)
+    _reorder_lifted(b, {n: i for i, n in enumerate(c.lifted)})
+    out = tx.output
+    index = out.hop_count = getattr(out, "hop_count", -1) + 1
+    cname = _register(out, "while_cond", c.graph, index)
+    bname = _register(out, "while_body", b.graph, index)
+    g = out.graph
+    ca, ba = g.get_attr(cname), g.get_attr(bname)
+    node = g.call_function(torch.ops.higher_order.while_loop,
+                           (ca, ba, tuple(x.node for x in carried), tuple(c.lifted)))
+    tx.locate_node(node)
+    items = []
+    with out.fake_mode:
+        for i, x in enumerate(carried):
+            fake = torch.empty_strided(x.fake.shape, x.fake.stride(), dtype=x.fake.dtype,
+                                       device=x.fake.device)
+            item = g.call_function(__import__("operator").getitem, (node, i))
+            item.meta["example_value"] = fake
+            tx.locate_node(item)
+            items.append(TensorVariable(item, fake))
+    node.meta["example_value"] = tuple(i.fake for i in items)
+    trace.log("hop", stage="capture", op="while_loop", subgraphs=[cname, bname],
+              lifted=[n.meta.get("source", n.name) for n in c.lifted],
+              where=str(location).splitlines()[0])
+    return TupleVariable(items)
+
+
 # --------------------------------------------------------------------------- checkpoint
 
 _CHECKPOINT_DEFAULTS = {"preserve_rng_state": True, "context_fn": None,
@@ -446,7 +525,16 @@ def hop_handler(value):
         return call_cond
     if value is ckpt.checkpoint:
         return call_checkpoint
+    if value is _while_loop():
+        return call_while_loop
     return None
+
+
+def _while_loop():
+    import sys
+
+    mod = sys.modules.get("torch._higher_order_ops.while_loop")
+    return getattr(mod, "while_loop", None) if mod is not None else None
 
 
 def _torch_cond():

@@ -66,3 +66,44 @@ def test_strict_codegen_from_environment():
     env = dict(os.environ, COIL_STRICT_CODEGEN="1")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.stdout.strip() == "True", out.stderr[-2000:]
+
+
+def _true_branch(x):
+    return x.sin()
+
+
+def _false_branch(x):
+    return x.cos()
+
+
+def _cond(x):
+    return torch.cond(x.sum() > 0, _true_branch, _false_branch, (x,)) * 2
+
+
+def test_cond_branch_fallback_counts_and_raises_when_strict(monkeypatch):
+    """A torch.cond branch whose compilation fails runs with the FX interpreter
+    (ir/hops.py, hop_branch_fallback): counted, and an error under strict_codegen."""
+    import coil.codegen as C
+    from coil.exc import fallback_counts
+
+    real, depth = C.compile_aten_graph, [0]
+
+    def branches_fail(gm, example_inputs, device):
+        if depth[0]:
+            raise AssertionError("test: branch code generation failed")
+        depth[0] += 1
+        try:
+            return real(gm, example_inputs, device)
+        finally:
+            depth[0] -= 1
+
+    monkeypatch.setattr(C, "compile_aten_graph", branches_fail)
+    x = torch.rand(4, 8) + 0.1
+    before = fallback_counts["hop_branch_fallback"]
+    with patch(strict_codegen=False):
+        coil.reset()
+        torch.testing.assert_close(coil.compile(_cond)(x), _cond(x))
+    assert fallback_counts["hop_branch_fallback"] >= before + 2
+    coil.reset()
+    with patch(strict_codegen=True), pytest.raises(Exception, match="hop_branch_fallback"):
+        coil.compile(_cond, fullgraph=True)(x)

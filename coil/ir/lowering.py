@@ -360,7 +360,8 @@ def _unrounded(x) -> bool:
     """Whether reading ``x`` runs an unrealized body that is not a dtype conversion:
     its value is in the compute dtype, not yet rounded to ``x``'s dtype."""
     from coil.ir.nodes import GenericView, Loops, StorageBox
-    arg = current_graph().current_node.args[0]
+    node = current_graph().current_node
+    arg = node.args[1] if node.target == aten.copy.default else node.args[0]
     if isinstance(arg, torch.fx.Node) and arg.target in (aten._to_copy.default,
                                                           prims.convert_element_type.default):
         return False  # rounded by that conversion

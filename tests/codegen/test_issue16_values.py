@@ -210,3 +210,13 @@ def test_reduction_dtype_argument_converts_the_input(name, backend):
     out, ref = compiled(fn, x, backend=backend), fn(x)
     assert out.dtype == ref.dtype
     torch.testing.assert_close(out, ref, atol=0, rtol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_copy_of_a_computed_half_value_into_float(backend):
+    """``y[:, 0] = x.half() * 2`` (aten.copy into float32) stores the fp16-rounded value."""
+    def fn(x):
+        y = torch.zeros(2, 3)
+        y[:, 0] = x.half() * 2
+        return y
+    same(fn, torch.tensor([65504., 1.0001]), backend=backend, atol=0, rtol=0)

@@ -517,31 +517,21 @@ def call_checkpoint(tx, args: list, kwargs: dict) -> VariableTracker:
     return res
 
 
+_HANDLERS: dict = {}
+
+
 def hop_handler(value):
     """The capture handler for a higher-order callable ``value``, or None."""
-    import torch.utils.checkpoint as ckpt
+    if not _HANDLERS:
+        import torch._higher_order_ops as hops
+        import torch.utils.checkpoint as ckpt
 
-    if value is getattr(torch, "cond", None) or value is _torch_cond():
-        return call_cond
-    if value is ckpt.checkpoint:
-        return call_checkpoint
-    if value is _while_loop():
-        return call_while_loop
-    return None
-
-
-def _while_loop():
-    import sys
-
-    mod = sys.modules.get("torch._higher_order_ops.while_loop")
-    return getattr(mod, "while_loop", None) if mod is not None else None
-
-
-def _torch_cond():
-    import sys
-
-    mod = sys.modules.get("torch._higher_order_ops.cond")
-    return getattr(mod, "cond", None) if mod is not None else None
+        _HANDLERS.update({torch.cond: call_cond, hops.cond: call_cond,
+                          hops.while_loop: call_while_loop, ckpt.checkpoint: call_checkpoint})
+    try:
+        return _HANDLERS.get(value)
+    except TypeError:  # unhashable
+        return None
 
 
 class HigherOrderVariable(VariableTracker):

@@ -351,3 +351,44 @@ def test_while_loop_requiring_grad_is_a_logged_break():
     x = torch.ones(3, requires_grad=True)
     with pytest.raises(UserError, match="while_loop with inputs that require grad"):
         coil.compile(fn, backend="eager", fullgraph=True)(x)
+
+
+def test_uncaptured_higher_order_op_is_a_logged_break():
+    from torch._higher_order_ops import scan
+
+    from coil.capture import frame
+
+    def fn(x):
+        def comb(c, xs):
+            return c + xs, c * 2
+        c, ys = scan(comb, torch.zeros(3), x)
+        return c.sin(), ys
+
+    frame.break_log.clear()
+    assert_same_as_eager(fn, (torch.randn(4, 3),), backend="aot_eager")
+    assert any("higher-order operator scan is not captured" in b["reason"]
+               for b in frame.break_log)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_cond_with_dynamic_shapes_compiles_once(backend):
+    c = coil.compile(nested_closures, backend=backend, dynamic=True)
+    w = torch.randn(8, 8)
+    coil.capture.reset_stats()
+    for n in (3, 5, 7):
+        for x in _signs((n, 8)):
+            x.requires_grad_()
+            out, ref = c(x, w), nested_closures(x, w)
+            torch.testing.assert_close(out, ref)
+            torch.testing.assert_close(torch.autograd.grad(out.sum(), x),
+                                       torch.autograd.grad(ref.sum(), x))
+    assert coil.capture.stats["graphs"] == 1 and coil.capture.stats["graph_breaks"] == 0
+
+
+def test_cond_triton_cpu_backend(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    pytest.importorskip("triton")
+    w = torch.randn(4, 8)
+    fn = coil.compile(module_level, backend="coil", options={"cpu_backend": "triton"})
+    for x in _signs():
+        torch.testing.assert_close(fn(x, w), module_level(x, w))

@@ -529,9 +529,19 @@ def hop_handler(value):
         _HANDLERS.update({torch.cond: call_cond, hops.cond: call_cond,
                           hops.while_loop: call_while_loop, ckpt.checkpoint: call_checkpoint})
     try:
-        return _HANDLERS.get(value)
+        handler = _HANDLERS.get(value)
     except TypeError:  # unhashable
         return None
+    if handler is None and callable(value) and (getattr(value, "__module__", None) or "") \
+            .startswith("torch._higher_order_ops"):
+        return _not_captured
+    return handler
+
+
+def _not_captured(tx, args, kwargs):
+    """Handler of the operators of ``torch._higher_order_ops`` coil does not capture."""
+    raise Unsupported("higher-order operator not captured (scan, map, ...): it runs outside "
+                      "the graph", hint="torch.cond and while_loop are captured (docs/hops.md)")
 
 
 class HigherOrderVariable(VariableTracker):
@@ -549,6 +559,10 @@ class HigherOrderVariable(VariableTracker):
         return self.fn
 
     def call_function(self, tx, args, kwargs):
+        if self.handler is _not_captured:
+            raise Unsupported(f"higher-order operator {getattr(self.fn, '__qualname__', self.fn)} "
+                              "is not captured: it runs outside the graph",
+                              hint="torch.cond and while_loop are captured (docs/hops.md)")
         return self.handler(tx, list(args), dict(kwargs))
 
     def reconstruct(self, cg):
@@ -556,3 +570,4 @@ class HigherOrderVariable(VariableTracker):
 
     def __repr__(self):
         return f"HigherOrderVariable({getattr(self.fn, '__name__', self.fn)})"
+

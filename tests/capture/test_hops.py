@@ -392,3 +392,18 @@ def test_cond_triton_cpu_backend(monkeypatch):
     fn = coil.compile(module_level, backend="coil", options={"cpu_backend": "triton"})
     for x in _signs():
         torch.testing.assert_close(fn(x, w), module_level(x, w))
+
+
+def test_cond_integer_outputs_with_grad_is_a_logged_break():
+    from coil.capture import frame
+
+    def fn(x):
+        a, b = torch.cond(x.sum() > 0, lambda v: (v * 2, v.long()),
+                          lambda v: (v.exp(), (v + 1).long()), (x,))
+        return a.sum() + b.sum()
+
+    frame.break_log.clear()
+    x = torch.randn(5, requires_grad=True)
+    out = coil.compile(fn, backend="aot_eager")(x)
+    torch.testing.assert_close(out, fn(x))
+    assert any("integer or bool tensors" in b["reason"] for b in frame.break_log)

@@ -357,17 +357,21 @@ def call_cond(tx, args: list, kwargs: dict) -> VariableTracker:
         _contiguous_grads(t.graph)
         _contiguous_grads(f.graph)
     out = tx.output
+    node_ops = tuple(o.node for o in operands) + tuple(t.lifted)
+    grad = torch.is_grad_enabled() and any(
+        isinstance(n.meta.get("example_value"), torch.Tensor)
+        and n.meta["example_value"].requires_grad for n in node_ops)
+    if grad and not all(x.dtype.is_floating_point or x.dtype.is_complex for x in t.out_fakes):
+        raise Unsupported("torch.cond returning integer or bool tensors with inputs that "
+                          "require grad (torch's cond backward cannot trace it; eager fails "
+                          "in backward)", hint="return the non-float outputs outside the cond")
     index = out.hop_count = getattr(out, "hop_count", -1) + 1
     tname = _register(out, "cond_true", t.graph, index)
     fname = _register(out, "cond_false", f.graph, index)
     g = out.graph
     ta, fa = g.get_attr(tname), g.get_attr(fname)
-    node_ops = tuple(o.node for o in operands) + tuple(t.lifted)
     node = g.call_function(torch.ops.higher_order.cond, (pred.node, ta, fa, node_ops))
     tx.locate_node(node)
-    grad = torch.is_grad_enabled() and any(
-        isinstance(n.meta.get("example_value"), torch.Tensor)
-        and n.meta["example_value"].requires_grad for n in node_ops)
     items = []
     with out.fake_mode:
         for i, (x, y) in enumerate(zip(t.out_fakes, f.out_fakes)):

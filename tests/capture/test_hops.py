@@ -407,3 +407,42 @@ def test_cond_integer_outputs_with_grad_is_a_logged_break():
     out = coil.compile(fn, backend="aot_eager")(x)
     torch.testing.assert_close(out, fn(x))
     assert any("integer or bool tensors" in b["reason"] for b in frame.break_log)
+
+
+class ModuleBranches(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(6, 6)
+        self.b = torch.nn.Sequential(torch.nn.Linear(6, 6), torch.nn.ReLU())
+
+    def forward(self, x):
+        return torch.cond(x.mean() > 0, self.a, self.b, (x,))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_cond_with_modules_as_branches(backend):
+    m = ModuleBranches()
+    for x in _signs((3, 6)):
+        assert_same_as_eager(m, (x,), backend=backend, check_grads=True)
+
+
+def test_compile_log_shows_the_subgraph_tree(tmp_path):
+    """The captured graph's artifact prints each subgraph under its parent: the cond
+    inside the while_loop body, with lifted inputs named."""
+    import json
+
+    from coil import trace
+
+    trace.set_dir(str(tmp_path))
+    try:
+        coil.compile(_loop, backend="eager")(torch.randn(3, 4), torch.tensor(2),
+                                             torch.randn(4, 4))
+    finally:
+        trace.set_dir(None)
+    events = [json.loads(line) for f in tmp_path.iterdir() for line in f.open()]
+    text = [e["text"] for e in events if e.get("name") == "captured_graph"][0]
+    body = text[text.index("class while_body_"):]
+    assert "class cond_true_" in body and "class cond_false_" in body
+    assert "lifted_" in body[body.index("class cond_true_"):]
+    hops = [e for e in events if e.get("event") == "hop"]
+    assert {e["op"] for e in hops} == {"cond", "while_loop"}

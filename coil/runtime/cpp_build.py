@@ -8,8 +8,10 @@ turns source text into callable functions and knows nothing about kernels.
 - **Compiler.** ``$CXX`` or the first of ``g++``, ``c++``, ``clang++`` on ``PATH``.
   Default flags: ``-O3 -march=native -fopenmp -shared -fPIC -std=c++17`` plus
   ``config.cpp_extra_flags``. No ``-ffast-math``: kernels must keep IEEE NaN/inf
-  semantics to agree with eager (``-fno-math-errno -fno-trapping-math`` change no
-  results; they let ``sqrt`` vectorize and invariant math be hoisted).
+  semantics to agree with eager. ``-fno-math-errno`` changes no results (it lets
+  ``sqrt`` vectorize). ``-fno-trapping-math`` is deliberately absent: with it GCC folds
+  a float -> int -> float round trip into ``trunc`` (``x.long().float()`` of 1e30 gave
+  1e30 instead of eager's -9.22e18, and -0.5 gave -0.0 instead of 0.0).
 - **Cache key.** sha256 of (source, compiler path, compiler ``--version`` text,
   flags). The shared object lives at ``<cache_dir>/cpp/<key[:2]>/<key>.so`` where
   ``cache_dir`` is ``config.cache_dir`` or ``~/.cache/coil``. Writes go to a
@@ -53,7 +55,7 @@ __all__ = [
 
 DEFAULT_FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17",
                  "-fno-strict-aliasing",
-                 "-fno-math-errno", "-fno-trapping-math", "-Wno-unused-variable", "-Wno-unused-but-set-variable")
+                 "-fno-math-errno", "-Wno-unused-variable", "-Wno-unused-but-set-variable")
 
 
 class CppBuildError(CoilError):

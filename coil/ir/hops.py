@@ -13,6 +13,9 @@ parent's wrapper reads the predicate with ``.item()`` and calls one of them::
 :func:`run_while_loop` calls the compiled ``cond_gm`` (one host read per iteration)
 and the compiled ``body_gm`` until the predicate is false.
 
+``map_impl(body_gm, xs, args)`` compiles the body once over one slice of ``xs``;
+:func:`run_map` calls it per leading index and stacks the outputs.
+
 A branch whose compilation fails runs through the FX interpreter instead (event
 ``hop_branch_fallback``, with the error), never silently. Nested conds compile
 recursively (a branch's own GraphLowering lowers them again).
@@ -95,5 +98,27 @@ def lower_while_loop(lowering, args: tuple, kwargs: dict):
                                                  tuple(additional)), {})
 
 
+def run_map(body_fn: Callable, xs, args) -> tuple:
+    """The wrapper's map: the compiled body once per leading index of ``xs``; each
+    output stacked."""
+    outs = [body_fn(*[x[i] for x in xs], *args) for i in range(xs[0].shape[0])]
+    return tuple(torch.stack([o[k] for o in outs]) for k in range(len(outs[0])))
+
+
+def lower_map(lowering, args: tuple, kwargs: dict):
+    """Lower a map_impl node: the body compiled once over one slice, the loop in the
+    wrapper (:func:`run_map`)."""
+    node = lowering.current_node
+    body_gm, xs, rest = args
+    fakes = [a.meta["val"][0] for a in node.args[1]] + \
+        [a.meta.get("val") if isinstance(a, torch.fx.Node) else a for a in node.args[2]]
+    name = node.args[0].target
+    compiled = _compile_branch(body_gm, fakes, lowering.device, name)
+    trace.log("hop_lowered", stage="lowering", op="map", branches=[name],
+              compiled=[not isinstance(compiled, torch.fx.GraphModule)])
+    return lowering.make_extern(run_map, (compiled, list(xs), list(rest)), {})
+
+
 LOWERINGS = {torch.ops.higher_order.cond: lower_cond,
-             torch.ops.higher_order.while_loop: lower_while_loop}
+             torch.ops.higher_order.while_loop: lower_while_loop,
+             torch.ops.higher_order.map_impl: lower_map}

@@ -446,3 +446,36 @@ def test_compile_log_shows_the_subgraph_tree(tmp_path):
     assert "lifted_" in body[body.index("class cond_true_"):]
     hops = [e for e in events if e.get("event") == "hop"]
     assert {e["op"] for e in hops} == {"cond", "while_loop"}
+
+
+# ------------------------------------------------------------------ map
+
+def _mapped(xs, b, w):
+    from torch._higher_order_ops import map as tmap
+
+    def f(x, bb):
+        return torch.tanh(x @ w) + bb, x.sum(-1)
+
+    y, s = tmap(f, xs, b)
+    return y * 2, s
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_map_body_compiled_once(backend):
+    w, b = torch.randn(4, 4), torch.randn(4)
+    for n in (1, 5):
+        with torch.no_grad():
+            assert_same_as_eager(_mapped, (torch.randn(n, 3, 4), b, w), backend=backend)
+    with torch.no_grad():
+        gm = _one_graph(_mapped, torch.randn(5, 3, 4), b, w)
+    assert any(n.target is torch.ops.higher_order.map_impl for n in gm.graph.nodes)
+
+
+def test_map_requiring_grad_is_a_logged_break():
+    from coil.capture import frame
+
+    frame.break_log.clear()
+    w, b = torch.randn(4, 4), torch.randn(4, requires_grad=True)
+    assert_same_as_eager(_mapped, (torch.randn(3, 3, 4), b, w), backend="aot_eager",
+                         check_grads=True)
+    assert any("map with inputs that require grad" in r["reason"] for r in frame.break_log)

@@ -485,6 +485,54 @@ def call_while_loop(tx, args: list, kwargs: dict) -> VariableTracker:
     return TupleVariable(items)
 
 
+# --------------------------------------------------------------------------- map
+
+def call_map(tx, args: list, kwargs: dict) -> VariableTracker:
+    """``torch._higher_order_ops.map(f, xs, *args)``: ``f`` traced once as a subgraph over
+    one slice ``xs[0]`` (and ``args`` + lifted values); the results are stacked."""
+    if kwargs or len(args) < 2:
+        raise Unsupported("torch map(f, xs, *args) with keyword arguments")
+    f, xs, rest = args[0], args[1], list(args[2:])
+    if not isinstance(xs, TensorVariable) or not all(isinstance(a, TensorVariable) for a in rest):
+        raise Unsupported("torch map over a non-tensor xs or with non-tensor args")
+    if xs.fake.dim() == 0 or xs.fake.shape[0] == 0:
+        raise UserError("map: xs needs a non-empty leading dimension", location=tx.location())
+    from coil.capture.variables.tensor import call_op
+
+    location = tx.location()
+    piece = call_op(tx, "call_function", __import__("operator").getitem,
+                    [xs, ConstantVariable(0)], {})
+    body = trace_subgraph(tx, f, [piece] + rest, "torch map f")
+    tx.output.graph.erase_node(piece.node)
+    if torch.is_grad_enabled() and any(
+            isinstance(n.meta.get("example_value"), torch.Tensor)
+            and n.meta["example_value"].requires_grad
+            for n in [xs.node] + [a.node for a in rest] + body.lifted):
+        raise Unsupported("torch map with inputs that require grad (not captured)",
+                          hint="run it under torch.no_grad(), or it runs outside the graph")
+    out = tx.output
+    index = out.hop_count = getattr(out, "hop_count", -1) + 1
+    name = _register(out, "map_body", body.graph, index)
+    g = out.graph
+    node = g.call_function(torch.ops.higher_order.map_impl,
+                           (g.get_attr(name), [xs.node], [a.node for a in rest] + body.lifted))
+    tx.locate_node(node)
+    n = xs.fake.shape[0]
+    items = []
+    with out.fake_mode:
+        for i, y in enumerate(body.out_fakes):
+            fake = torch.empty((n, *y.shape), dtype=y.dtype, device=y.device)
+            item = g.call_function(__import__("operator").getitem, (node, i))
+            item.meta["example_value"] = fake
+            tx.locate_node(item)
+            items.append(TensorVariable(item, fake))
+    node.meta["example_value"] = tuple(i.fake for i in items)
+    trace.log("hop", stage="capture", op="map", subgraphs=[name],
+              lifted=[x.meta.get("source", x.name) for x in body.lifted],
+              where=str(location).splitlines()[0])
+    return _unflatten(items, body.structure)
+
+
 # --------------------------------------------------------------------------- checkpoint
 
 _CHECKPOINT_DEFAULTS = {"preserve_rng_state": True, "context_fn": None,
@@ -531,7 +579,8 @@ def hop_handler(value):
         import torch.utils.checkpoint as ckpt
 
         _HANDLERS.update({torch.cond: call_cond, hops.cond: call_cond,
-                          hops.while_loop: call_while_loop, ckpt.checkpoint: call_checkpoint})
+                          hops.while_loop: call_while_loop, ckpt.checkpoint: call_checkpoint,
+                          hops.map: call_map})
     try:
         handler = _HANDLERS.get(value)
     except TypeError:  # unhashable

@@ -18,7 +18,7 @@ import math
 
 import torch
 
-from coil.ir.lowering import make_pointwise_box, out_dtype, out_size, register_lowering
+from coil.ir.lowering import device, make_pointwise_box, out_dtype, out_size, register_lowering
 from coil.ir.nodes import TensorBox
 from coil.ir.virtualized import compute_dtype, ops
 
@@ -54,6 +54,12 @@ def _gelu(x, approximate: str = "none"):
         def body(v, dt):
             _, t = _tanh_inner(v, dt)
             return ops.mul(ops.mul(_c(0.5, dt), v), ops.add(_c(1.0, dt), t))
+    elif device().type == "cpu" and out_dtype() in (torch.float32, torch.bfloat16):
+        # eager's CPU kernel for contiguous fp32/bf16 tensors (oneDNN) gives NaN at +inf
+        # (its scalar path, fp16/fp64 and CUDA give inf)
+        def body(v, dt):
+            y = ops.mul(v, ops.ndtr(v))
+            return ops.where(ops.eq(v, _c(math.inf, dt)), _c(math.nan, dt), y)
     else:
         def body(v, dt):
             return ops.mul(v, ops.ndtr(v))

@@ -47,3 +47,36 @@ def _views_at_offsets(a):
 ], ids=["returned", "fill_", "sub_", "offsets"])
 def test_view_as_dtype_of_input(fn, make_inputs, backend):
     _ok(fn, make_inputs, backend)
+
+
+# -- special and extreme values of transcendental functions ------------------------
+
+_HUGE = [9223372036854775804.0, 3.4028235e38, -3.4028235e38, 1e18, -1e24, 1048576.0,
+         1048575.9, 2.0 ** 60 + 2.0 ** 37, 123456789.0, -0.0, float("inf"), float("nan")]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("op", ["sin", "cos"])
+def test_trig_of_huge_values(op, backend):
+    """sin/cos beyond the small-range reduction (C++: NaN from 1e18 on, wrong digits
+    from ~1e13) are eager's to 1 ulp; int64 9223372036854775804 converted to float32
+    is the fuzzer's case."""
+    f = getattr(torch, op)
+    _ok(lambda c: (f(c),), lambda: [torch.tensor(9223372036854775804, dtype=torch.int64)], backend)
+    _ok(lambda c: (f(c),), lambda: [torch.tensor(_HUGE)], backend)
+    x = torch.logspace(0, 38, 3000) * torch.tensor([1.0, -1.0]).repeat(1500)
+    _ok(lambda c: (f(c),), lambda: [x.clone()], backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+def test_gelu_of_infinities(dtype, backend):
+    """Exact GELU at ±inf as eager's CPU kernel gives it for contiguous tensors: NaN at
+    +inf for fp32/bf16 (oneDNN), inf for fp16/fp64; NaN at -inf; the tanh form and both
+    backward forms too."""
+    def fn(a):
+        g = torch.ones_like(a)
+        return (torch.nn.functional.gelu(a), torch.nn.functional.gelu(a, approximate="tanh"),
+                torch.ops.aten.gelu_backward(g, a), torch.ops.aten.gelu_backward(g, a, approximate="tanh"))
+    _ok(fn, lambda: [torch.tensor([float("inf"), -float("inf"), 1.5, -30.0, float("nan")], dtype=dtype)],
+        backend)

@@ -193,18 +193,46 @@ COIL_INLINE float coil_tanh(float x) {
   return (x != x || x == 0.0f) ? x : r;
 }
 
-// sin/cos: quadrant j = rint(x * 2/pi) and r = x - j*pi/2 in double, pi/2 split in
-// three parts (fdlibm's pio2_1/2/2t) subtracted with fma (exact products); then Cephes
-// sinf/cosf polynomials on |r| <= pi/4. Error: ~1 ulp for |x| < 1e12, < 1e-5 absolute up
-// to 1e18; |x| >= 1e18 gives NaN (outside the supported range; eager is exact there).
-// Branch-free, so RoPE-style kernels vectorize (libm's sinf is a scalar call: 10x slower).
+// sin/cos: r = x - j*pi/2, |r| <= pi/4, quadrant q = j mod 4, then Cephes sinf/cosf
+// polynomials on r. |x| < 2^20: j = rint(x * 2/pi) and r in double, pi/2 split in three
+// parts (fdlibm's pio2_1/2/2t) subtracted with fma (exact products). Larger |x|: Payne-
+// Hanek reduction: the 24-bit mantissa times the 96 bits of 2/pi that matter at its
+// exponent, a 64-bit fixed-point fraction of a turn (coil_reduce_big). ~1 ulp for every
+// finite x, as eager; inf/NaN give NaN. Both reductions are computed and one selected:
+// branch-free, so RoPE-style kernels vectorize (libm's sinf is a scalar call: 10x slower);
+// the table gathers and 64-bit products make sin+cos ~3x the cost of the small-range
+// reduction alone (1.9 vs 0.55 ns an element, AVX-512; 3.1 vs 1.0 on AVX2).
+// 2/pi in hexadecimal: entry k >= 3 holds its bits 8(k-3) .. 8(k-3)+31 after the point.
+static const uint32_t coil_two_over_pi[24] = {
+    0xa2, 0xa2f9, 0xa2f983, 0xa2f9836e, 0xf9836e4e, 0x836e4e44, 0x6e4e4415, 0x4e441529,
+    0x441529fc, 0x1529fc27, 0x29fc2757, 0xfc2757d1, 0x2757d1f5, 0x57d1f534, 0xd1f534dd,
+    0xf534ddc0, 0x34ddc0db, 0xddc0db62, 0xc0db6295, 0xdb629599, 0x6295993c, 0x95993c43,
+    0x993c4390, 0x3c439041};
+// |x| >= 2: x / (2 pi) mod 1 as a signed 64-bit fixed-point fraction of a turn (the
+// quadrant's two bits removed into *q), returned as radians
+COIL_INLINE double coil_reduce_big(float x, int32_t* q) {
+  uint32_t xi = (uint32_t)coil_f_bits(x);
+  int32_t k = (int32_t)((xi >> 26) & 15);
+  uint32_t m = ((xi & 0x7fffffu) | 0x800000u) << ((xi >> 23) & 7);
+  uint64_t hi = (uint64_t)(uint32_t)(m * coil_two_over_pi[k]), mid = (uint64_t)m * coil_two_over_pi[k + 4],
+           lo = (uint64_t)m * coil_two_over_pi[k + 8];
+  uint64_t f = ((lo >> 32) | (hi << 32)) + mid;
+  uint64_t n = (f + (1ull << 61)) >> 62;  // the nearest quadrant (mod 4)
+  *q = (int32_t)n;
+  uint64_t g = f - (n << 62);  // signed; as two 32-bit halves (AVX2 converts int32 only)
+  double d = (double)(int32_t)(uint32_t)(g >> 32) * 4294967296.0 + (double)(int32_t)((uint32_t)g >> 1) * 2.0;
+  return d * 3.4061215800865545e-19;  // * pi / 2^63
+}
 COIL_INLINE void coil_sincos_r(float x, float* sr, float* cr, int32_t* q) {
-  double xd = cm::fabs(x) < 1e18f ? (double)x : 0.0;
+  bool big = cm::fabs(x) >= 1048576.0f;
+  double xd = big ? 0.0 : (double)x;
   double j = __builtin_rint(xd * 0.63661977236758134308);
   double rd = __builtin_fma(j, -1.57079632673412561417e+00, xd);
   rd = __builtin_fma(j, -6.07710050650619224932e-11, rd);
   rd = __builtin_fma(j, -2.02226624879595063154e-21, rd);
-  float r = (float)rd, z = r * r;
+  int32_t qb; double rb = coil_reduce_big(x, &qb);
+  rb = x < 0.0f ? -rb : rb;
+  float r = (float)(big ? rb : rd), z = r * r;
   float sp = -1.9515295891E-4f;
   sp = cm::fma(sp, z, 8.3321608736E-3f);
   sp = cm::fma(sp, z, -1.6666654611E-1f);
@@ -214,20 +242,22 @@ COIL_INLINE void coil_sincos_r(float x, float* sr, float* cr, int32_t* q) {
   cp = cm::fma(cp, z, 4.166664568298827E-2f);
   *cr = cm::fma(cp * z, z, cm::fma(-0.5f, z, 1.0f));
   // j mod 4 in double: AVX2 has no vector double -> int64 conversion
-  *q = (int32_t)(j - 4.0 * __builtin_floor(j * 0.25));
+  int32_t qs = (int32_t)(j - 4.0 * __builtin_floor(j * 0.25));
+  qb = x < 0.0f ? -qb : qb;
+  *q = big ? (qb & 3) : qs;
 }
 COIL_INLINE float coil_sin(float x) {
   float s, c; int32_t q; coil_sincos_r(x, &s, &c, &q);
   float v = (q & 1) ? c : s;
   v = (q & 2) ? -v : v;
   v = x == 0.0f ? x : v;  // sin(-0) = -0
-  return cm::fabs(x) < 1e18f ? v : __builtin_nanf("");
+  return x - x == 0.0f ? v : __builtin_nanf("");  // inf, NaN
 }
 COIL_INLINE float coil_cos(float x) {
   float s, c; int32_t q; coil_sincos_r(x, &s, &c, &q);
   float v = (q & 1) ? s : c;
   v = ((q + 1) & 2) ? -v : v;
-  return cm::fabs(x) < 1e18f ? v : __builtin_nanf("");
+  return x - x == 0.0f ? v : __builtin_nanf("");
 }
 
 COIL_INLINE float coil_sigmoid(float x) { return 1.0f / (1.0f + coil_exp(-x)); }

@@ -147,7 +147,7 @@ def test_cond_branches_with_different_shapes_raise_naming_both():
 
 def test_cond_branches_with_different_dtypes_raise():
     def fn(x):
-        return torch.cond(x.sum() > 0, lambda v: v.double(), lambda v: v, (x,))
+        return torch.cond(x.sum() > 0, lambda v: v.double(), lambda v: v * 2, (x,))
 
     with pytest.raises(UserError, match="float64"):
         coil.compile(fn, backend="eager")(torch.randn(3))
@@ -479,3 +479,28 @@ def test_map_requiring_grad_is_a_logged_break():
     assert_same_as_eager(_mapped, (torch.randn(3, 3, 4), b, w), backend="aot_eager",
                          check_grads=True)
     assert any("map with inputs that require grad" in r["reason"] for r in frame.break_log)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_cond_operand_passed_twice_and_no_operands(backend):
+    w = torch.randn(4)
+
+    def twice(x):
+        return torch.cond(x.sum() > 0, lambda a, b: a * b, lambda a, b: a + b, (x, x))
+
+    def closure_only(x):
+        y = x * 2
+        return torch.cond(x.sum() > 0, lambda: y.sin() + w, lambda: y.cos() - w, ())
+
+    for x in _signs((4,)):
+        assert_same_as_eager(twice, (x,), backend=backend, check_grads=True)
+        assert_same_as_eager(closure_only, (x,), backend=backend, check_grads=True)
+
+
+@pytest.mark.parametrize("branch", [lambda v: v, lambda v: v.t()])
+def test_cond_branch_returning_its_input_raises(branch):
+    def fn(x):
+        return torch.cond(x.sum() > 0, branch, lambda v: v * 2, (x,))
+
+    with pytest.raises(UserError, match="aliasing inputs"):
+        coil.compile(fn, backend="eager")(torch.ones(2, 2))

@@ -120,9 +120,11 @@ def _cells_of(fn_vt) -> dict:
             if isinstance(c, CellVariable)}
 
 
-def trace_subgraph(tx, fn_vt, operands: list, what: str) -> Subgraph:
+def trace_subgraph(tx, fn_vt, operands: list, what: str, alias_ok: bool = True) -> Subgraph:
     """Trace ``fn_vt(*operands)`` as a subgraph in its own scope (see module docstring).
-    ``what`` names it in messages (``"torch.cond true_fn"``)."""
+    ``what`` names it in messages (``"torch.cond true_fn"``). An output that is (a view
+    of) an input is cloned, or with ``alias_ok=False`` a UserError (eager's cond refuses
+    it)."""
     out = tx.output
     graph = out.graph
     before = set(graph.nodes)
@@ -146,7 +148,7 @@ def trace_subgraph(tx, fn_vt, operands: list, what: str) -> Subgraph:
     outs, structure = _flat_outputs(res, what)
     region = [n for n in graph.nodes if n not in before and n.op != "placeholder"]
     region_set = set(region)
-    op_nodes = [o.node for o in operands]
+    op_nodes = list(dict.fromkeys(o.node for o in operands))  # one input per tensor
     lifted: list = []
     for n in region:
         for a in n.all_input_nodes:
@@ -159,11 +161,8 @@ def trace_subgraph(tx, fn_vt, operands: list, what: str) -> Subgraph:
     sg = torch.fx.Graph()
     env: dict = {}
     for i, n in enumerate(op_nodes + lifted):
-        if n in env:  # one operand passed twice
-            p = sg.placeholder(f"arg{i}_{n.name}")
-        else:
-            p = sg.placeholder(n.name if i < len(op_nodes) else f"lifted_{n.name}")
-            env[n] = p
+        p = sg.placeholder(n.name if i < len(op_nodes) else f"lifted_{n.name}")
+        env[n] = p
         p.meta.update({k: n.meta[k] for k in ("example_value", "val") if k in n.meta})
     for n in region:
         env[n] = sg.node_copy(n, env.__getitem__)
@@ -174,6 +173,10 @@ def trace_subgraph(tx, fn_vt, operands: list, what: str) -> Subgraph:
     for o in outs:
         r = env[o.node]
         if StorageWeakRef(o.fake.untyped_storage()) in in_storages:
+            if not alias_ok:
+                raise UserError(f"{what} returns one of its inputs or a view of one (eager's "
+                                "torch.cond refuses outputs aliasing inputs)",
+                                location=tx.location(), hint="return a copy (v.clone())")
             # an output aliasing an input: a fresh tensor, as torch's capture makes it
             r = sg.call_function(torch.clone, (r,))
             r.meta["example_value"] = o.fake
@@ -184,7 +187,9 @@ def trace_subgraph(tx, fn_vt, operands: list, what: str) -> Subgraph:
             raise Unsupported(f"{what}: a value made inside the function escapes it")
         graph.erase_node(n)
     line = tx.location()
-    return Subgraph(sg, len(op_nodes), lifted, [o.fake for o in outs], structure, line)
+    sub = Subgraph(sg, len(op_nodes), lifted, [o.fake for o in outs], structure, line)
+    sub.operand_nodes = op_nodes
+    return sub
 
 
 def _check_no_input_writes(region, inputs, what: str) -> None:
@@ -299,6 +304,8 @@ def _unflatten(items: list, structure: str) -> VariableTracker:
 
 def _operands(tx, v: VariableTracker) -> list:
     items = v.items if isinstance(v, (TupleVariable, ListVariable)) else None
+    if isinstance(v, ConstantVariable) and v.value in ((), []):
+        items = []
     if items is None or not all(isinstance(i, TensorVariable) for i in items):
         raise UserError("torch.cond: expected operands to be a tuple or list of tensors, "
                         f"got {v}", location=tx.location())
@@ -341,8 +348,8 @@ def call_cond(tx, args: list, kwargs: dict) -> VariableTracker:
                         f"{tuple(pred.fake.shape)}", location=tx.location(),
                         hint="compare it, e.g. x.sum() > 0")
     location = tx.location()
-    t = trace_subgraph(tx, true_fn, operands, "torch.cond true_fn")
-    f = trace_subgraph(tx, false_fn, operands, "torch.cond false_fn")
+    t = trace_subgraph(tx, true_fn, operands, "torch.cond true_fn", alias_ok=False)
+    f = trace_subgraph(tx, false_fn, operands, "torch.cond false_fn", alias_ok=False)
     t.user_line_text, f.user_line_text = _fn_line(true_fn), _fn_line(false_fn)
     _check_same_outputs(t, f, ("true_fn", "false_fn"), location)
     for n in list(f.lifted):
@@ -357,7 +364,7 @@ def call_cond(tx, args: list, kwargs: dict) -> VariableTracker:
         _contiguous_grads(t.graph)
         _contiguous_grads(f.graph)
     out = tx.output
-    node_ops = tuple(o.node for o in operands) + tuple(t.lifted)
+    node_ops = tuple(t.operand_nodes) + tuple(t.lifted)
     grad = torch.is_grad_enabled() and any(
         isinstance(n.meta.get("example_value"), torch.Tensor)
         and n.meta["example_value"].requires_grad for n in node_ops)
@@ -428,6 +435,8 @@ def call_while_loop(tx, args: list, kwargs: dict) -> VariableTracker:
                         location=tx.location())
     location = tx.location()
     carried = _flat_carried(tx, bound["carried_inputs"])
+    if len({id(x.node) for x in carried}) != len(carried):
+        raise Unsupported("torch.while_loop with one tensor carried twice")
     c = trace_subgraph(tx, bound["cond_fn"], carried, "torch.while_loop cond_fn")
     p = c.out_fakes[0] if len(c.out_fakes) == 1 and c.structure == "tensor" else None
     if p is None or p.numel() != 1 or p.dtype is not torch.bool:
@@ -515,7 +524,7 @@ def call_map(tx, args: list, kwargs: dict) -> VariableTracker:
     name = _register(out, "map_body", body.graph, index)
     g = out.graph
     node = g.call_function(torch.ops.higher_order.map_impl,
-                           (g.get_attr(name), [xs.node], [a.node for a in rest] + body.lifted))
+                           (g.get_attr(name), [xs.node], body.operand_nodes[1:] + body.lifted))
     tx.locate_node(node)
     n = xs.fake.shape[0]
     items = []

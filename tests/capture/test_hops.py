@@ -504,3 +504,22 @@ def test_cond_branch_returning_its_input_raises(branch):
 
     with pytest.raises(UserError, match="aliasing inputs"):
         coil.compile(fn, backend="eager")(torch.ones(2, 2))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_nested_checkpoint_with_tuple_output(backend):
+    from torch.utils.checkpoint import checkpoint
+
+    lin = torch.nn.Linear(6, 6)
+
+    def inner(a):
+        return torch.relu(lin(a)), a.exp()
+
+    def outer(a):
+        h, e = checkpoint(inner, a, use_reentrant=False)
+        return (h * e).tanh()
+
+    def fn(x):
+        return checkpoint(outer, x, use_reentrant=True).sum(-1)
+
+    assert_same_as_eager(fn, (torch.randn(3, 6),), backend=backend, check_grads=True)

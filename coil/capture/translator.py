@@ -37,7 +37,8 @@ from coil.capture.variables.base import (CellVariable, ConstantVariable, NullVar
 from coil.capture.variables.builder import wrap, wrap_constant_result
 from coil.capture.variables.containers import (BaseListVariable, DictVariable,
                                                GeneratorVariable, ListIteratorVariable, ListVariable,
-                                               NamedTupleVariable, SetVariable, TupleVariable)
+                                               NamedTupleVariable, SetVariable, SizeVariable,
+                                               TupleVariable)
 from coil.capture.variables.functions import (BaseFunctionVariable, TypeErrorInCall,
                                               UserFunctionVariable, UserMethodVariable)
 from coil.capture.variables.objects import (AttributeMissing, DataClassDictVariable,
@@ -507,11 +508,13 @@ class InstructionTranslatorBase:
             except Exception as e:  # noqa: BLE001
                 raise UserCodeError(f"{type(e).__name__}: {e}") from e
         if isinstance(a, BaseListVariable) and isinstance(b, BaseListVariable):
-            if op in (operator.add, operator.iadd) and type(a.python_type()) is type(b.python_type()):
+            if op in (operator.add, operator.iadd) and isinstance(a, ListVariable) == isinstance(
+                    b, ListVariable):
                 if op is operator.iadd and isinstance(a, ListVariable):
                     return a.call_method(self, "__iadd__", [b], {})
-                cls = ListVariable if isinstance(a, ListVariable) else TupleVariable
-                return cls(a.items + b.items)
+                cls = ListVariable if isinstance(a, ListVariable) else \
+                    SizeVariable if SizeVariable in (type(a), type(b)) else TupleVariable
+                return cls(a.items + b.items)     # tuple + torch.Size is a torch.Size
             if op in (operator.eq, operator.ne):
                 eq = len(a.items) == len(b.items) and all(
                     self.values_equal(x, y) for x, y in zip(a.items, b.items))
@@ -716,6 +719,8 @@ class InstructionTranslatorBase:
             return InFrameModuleVariable.create(cls, args, kwargs)
         if isinstance(cls, type) and issubclass(cls, torch.Tensor):
             raise Unsupported(f"constructing {cls.__name__} inside the frame")
+        if cls is torch.Size and len(args) == 1 and not kwargs and not args[0].is_python_constant():
+            return SizeVariable(self.unpack(args[0]))    # torch.Size([s0, 4]) stays symbolic
         if cls in (torch.device, torch.Size, torch.finfo, torch.iinfo, torch.dtype) or \
                 (isinstance(cls, type) and issubclass(cls, __import__("enum").Enum)):
             c = [const_value(a) for a in args]

@@ -48,6 +48,10 @@ class VariableTracker:
             return None
 
     def is_python_constant(self) -> bool:
+        """Known at compile time *without* a guard: a container holding a symbolic size
+        is not (asking ``as_python_constant`` of it would specialize the size)."""
+        if not all(c.is_python_constant() for c in self.children()):
+            return False
         try:
             self.as_python_constant()
             return True

@@ -423,6 +423,12 @@ def _minmax(tx, args, kwargs, op):
         if "default" in kwargs:
             return kwargs["default"]
         raise Unsupported("min/max of an empty sequence (raised by user code)")
+    from coil.capture.variables.symbolic import sym_minmax
+
+    if key is None:
+        sym = sym_minmax(items, op)      # max(n - 1, 2) of sizes: torch.sym_max, no guard
+        if sym is not None:
+            return sym
     best = items[0]
     bestk = tx.call(key, [best], {}) if key is not None else best
     for it in items[1:]:

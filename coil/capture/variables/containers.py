@@ -115,6 +115,21 @@ class SizeVariable(TupleVariable):
     def build_expr(self, cg):
         return f"{cg.const_expr(torch.Size)}({TupleVariable.build_expr(self, cg)})"
 
+    def var_getattr(self, tx, name):
+        if name in ("numel", "index", "count"):
+            from coil.capture.variables.functions import BoundMethodVariable
+
+            return BoundMethodVariable(self, name)
+        return super().var_getattr(tx, name)
+
+    def call_method(self, tx, name, args, kwargs):
+        if name == "numel" and not args and not kwargs:     # symbolic product, no guard
+            total = ConstantVariable(1)
+            for i in self.items:
+                total = tx.binary_op(operator.mul, total, i)
+            return total
+        return super().call_method(tx, name, args, kwargs)
+
 
 class NamedTupleVariable(TupleVariable):
     """An instance of a ``collections.namedtuple`` / ``typing.NamedTuple`` class."""

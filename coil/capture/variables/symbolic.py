@@ -75,6 +75,9 @@ class SymNodeVariable(VariableTracker):
     def as_python_constant(self):
         return self.evaluate("Python needs a concrete value")
 
+    def is_python_constant(self):
+        return False        # only as_python_constant() specializes, and says why
+
     def truthy(self, tx):
         return bool(self.evaluate("Python control flow on a symbolic size"))
 
@@ -166,6 +169,31 @@ def binary(tx, op, a: VariableTracker, b: VariableTracker):
     out.sites.note(env, start, out.where(), reason=f"symbolic {fn.__name__}")
     operands = [v if isinstance(v, SymNodeVariable) else v.value for v in (a, b)]
     return wrap_sym(out, res, ("op", fn, operands))
+
+
+def sym_minmax(items: list, op):
+    """``min``/``max`` (``op``: ``operator.lt``/``gt``) of symbolic and constant numbers as
+    ``torch.sym_min``/``sym_max`` where the ShapeEnv cannot decide the order without a
+    guard; None when no item is symbolic or an item is not a number."""
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    if len(items) < 2 or not any(isinstance(i, SymNodeVariable) for i in items) or not all(
+            isinstance(i, SymNodeVariable) and not isinstance(i.value, torch.SymBool) or
+            isinstance(i, ConstantVariable) and type(i.value) in (int, float) for i in items):
+        return None
+    out = next(i for i in items if isinstance(i, SymNodeVariable)).output
+    fn = torch.sym_max if op is operator.gt else torch.sym_min
+    best = items[0]
+    for it in items[1:]:
+        a, b = (x.value if isinstance(x, SymNodeVariable) else x.value for x in (it, best))
+        if statically_known_true(op(a, b)):
+            best = it
+        elif not statically_known_true(op(b, a) | (a == b)):
+            best = wrap_sym(out, fn(b, a), ("op", fn, [best if isinstance(best, SymNodeVariable)
+                                                      else best.value,
+                                                      it if isinstance(it, SymNodeVariable)
+                                                      else it.value]))
+    return best
 
 
 def unary(tx, op, a: "SymNodeVariable"):

@@ -6,13 +6,17 @@ A few meta kernels accept arguments eager refuses: ``index_add`` with a source o
 another dtype (an autocast region's bf16 into an fp32 buffer) gave a silently cast
 result. :func:`check_call` raises eager's error for those, before the fake run.
 Add a check by adding a function to :data:`CHECKS` under the op's name (no trailing
-``_``); it receives the call's fake arguments.
+``_``); it receives the call's fake arguments. Ops whose eager kernels refuse integer or
+bool dtypes are listed in :data:`_DTYPE_RESTRICTED` and probed (:func:`_probe_dtypes`).
 """
 from __future__ import annotations
 
+import warnings
 from typing import Callable
 
 import torch
+import torch.utils._pytree as pytree
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 
 def _type_name(dtype: torch.dtype) -> str:
@@ -72,6 +76,42 @@ def _setitem(args, kwargs) -> None:
     _index_put([self, None, value], {})
 
 
+def _probe_dtypes(target):
+    """A check for an op whose eager kernels refuse dtypes its meta kernel accepts
+    (``var`` of ints, ``argmin`` of bools, ``silu`` of ints: "not implemented for 'Int'"):
+    when an argument is an integer or bool tensor, the op runs on one-element real
+    tensors of the arguments' dtypes, ranks and devices, and what it raises is raised
+    (eager's own error, on the argument's device). Dtype support does not depend on
+    values or sizes for these ops; none of them draws random numbers."""
+    def check(args, kwargs) -> None:
+        leaves = pytree.tree_leaves((args, kwargs))
+        if not any(isinstance(a, torch.Tensor) and not (a.is_floating_point() or a.is_complex())
+                   for a in leaves) or any(isinstance(a, (torch.SymInt, torch.SymFloat)) for a in leaves):
+            return
+
+        def real(a):
+            if isinstance(a, torch.Tensor):
+                return torch.ones((1,) * a.dim(), dtype=a.dtype, device=a.device)
+            return a
+        with unset_fake_temporarily(), torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            r_args, r_kwargs = pytree.tree_map(real, (list(args), dict(kwargs)))
+            if isinstance(target, str):
+                getattr(r_args[0], target)(*r_args[1:], **r_kwargs)
+            else:
+                target(*r_args, **r_kwargs)
+    return check
+
+
+#: ops whose eager CPU kernels refuse integer or bool inputs that fake tensors accept
+_DTYPE_RESTRICTED = (
+    "var std var_mean std_mean argmin argmax frac pow float_power silu gelu mish softplus elu "
+    "celu selu hardswish hardsigmoid hardshrink softshrink logsigmoid softmax log_softmax "
+    "softmin logaddexp logaddexp2 hypot nextafter igamma igammac logcumsumexp abs absolute "
+    "ceil floor round trunc fix fmod remainder median nanmedian topk glu leaky_relu cross "
+    "trace lcm gcd bitwise_and bitwise_or bitwise_xor bitwise_not bitwise_left_shift "
+    "bitwise_right_shift").split()
+
 #: op name (method or function, no trailing ``_``) -> check of its fake arguments
 CHECKS: dict[str, Callable] = {
     "index_add": _index_add, "index_copy": _index_copy, "index_put": _index_put,
@@ -104,3 +144,7 @@ def check_call(kind: str, target, args: list, kwargs: dict) -> None:
     check = (CHECKS.get(name) or CHECKS.get(name.rstrip("_"))) if name else None
     if check is not None:
         check(args, kwargs)
+    base = name.strip("_") if name else ""
+    # operator.ipow / __rpow__ / add_: the op itself
+    if base and (base in _DTYPE_RESTRICTED or base[:1] in "ir" and base[1:] in _DTYPE_RESTRICTED):
+        _probe_dtypes(target)(args, kwargs)

@@ -80,3 +80,35 @@ def test_gelu_of_infinities(dtype, backend):
                 torch.ops.aten.gelu_backward(g, a), torch.ops.aten.gelu_backward(g, a, approximate="tanh"))
     _ok(fn, lambda: [torch.tensor([float("inf"), -float("inf"), 1.5, -30.0, float("nan")], dtype=dtype)],
         backend)
+
+
+# -- dtypes eager's kernels refuse and fake tensors accept -------------------------
+
+@pytest.mark.parametrize("fn,make_inputs,message", [
+    (lambda a, b: (a // b, torch.var(b, correction=2)),
+     lambda: [torch.tensor(7, dtype=torch.int32), torch.tensor([-2], dtype=torch.int32).expand(2)],
+     "std and var only support floating point and complex dtypes"),
+    (lambda a: (a.std(dim=0),), lambda: [torch.tensor([[1, 2], [3, 4]])], "std and var only"),
+    (lambda a: (torch.argmin(a > 0, dim=-1),), lambda: [torch.tensor([[1, 2], [3, 4]])],
+     "does not support bool"),
+    (lambda a: (torch.frac(a),), lambda: [torch.tensor([1, 2])], "not implemented for 'Long'"),
+    (lambda b, c: (c ** b,), lambda: [torch.tensor(False), torch.tensor(True)],
+     "not implemented for 'Bool'"),
+    (lambda a: (torch.nn.functional.silu(a == a),), lambda: [torch.tensor([1.0, 2.0])],
+     "not implemented for 'Bool'"),
+], ids=["var", "std", "argmin-bool", "frac-int", "pow-bool", "silu-bool"])
+def test_refused_dtypes_raise_eagers_error(fn, make_inputs, message):
+    r = check(fn, make_inputs, "cpp")
+    assert r.outcome == "both_raise" and message in r.detail, f"{r.outcome} {r.kind}: {r.detail}"
+
+
+def test_allowed_dtypes_still_compile():
+    import coil
+    from coil.testing import CompileCounter
+
+    cnt = CompileCounter()
+    f = coil.compile(lambda a, x: (a.argmax(), a ** 2, abs(a), 2 ** a, x.var(), x.pow(2)), backend=cnt)
+    a, x = torch.tensor([1, 5, 2]), torch.tensor([1.0, 2.0])
+    for c, e in zip(f(a, x), (a.argmax(), a ** 2, abs(a), 2 ** a, x.var(), x.pow(2))):
+        assert torch.equal(c, e)
+    assert cnt.frame_count == 1

@@ -196,10 +196,6 @@ def test_overflow_only_in_eager_is_accepted_but_not_the_reverse():
 # Minimized repros of failures the fuzzer finds in the current tree, one per class,
 # as strict xfails: fixing the bug makes the test fail until its entry is removed.
 
-def _var_of_ints(b):
-    return (torch.var(b, correction=2),)
-
-
 def _layer_norm_huge(c):
     return (torch.nn.functional.layer_norm(c, (2, 1, 2)),)
 
@@ -219,10 +215,6 @@ def _div_by_int_of_neg_zero(b):
     return (1.0 / b.to(torch.int64),)  # -0.0 -> int 0 -> +0.0: eager inf
 
 
-def _silu_bool(a):
-    return (torch.nn.functional.silu(a == a),)
-
-
 def _write_into_overlapping_as_strided(a):
     v0 = a.as_strided((3, 1), (0, 2), 0)
     v0[2:].fill_(-torch.inf)
@@ -235,8 +227,6 @@ def _index_put_acc(a):
 
 
 KNOWN_BUGS = {
-    "var/std of an integer tensor does not raise as eager does (missing_error)":
-        (_var_of_ints, lambda: [torch.tensor([-2], dtype=torch.int32).expand(2)]),
     "layer_norm of values near fp32 max: finite where eager gives nan":
         (_layer_norm_huge, lambda: [torch.tensor([[[1.0, 1.0]], [[1.0, -1.839752e+38]]])]),
     "a write through a no-op expand() view of an input holding inf gives nan (torch too)":
@@ -245,8 +235,6 @@ KNOWN_BUGS = {
         (_scatter_add_bool, lambda: [torch.tensor(False), torch.tensor(1.0)]),
     "x / t.to(int64) with t == -0.0: -inf where eager gives inf (the cast is elided)":
         (_div_by_int_of_neg_zero, lambda: [torch.tensor([-0.0, 2.0])]),
-    "silu of a bool tensor does not raise as eager does (missing_error)":
-        (_silu_bool, lambda: [torch.tensor([1.0, 2.0])]),
     "a write into a non-overlapping part of an overlapping as_strided view: compiled raises":
         (_write_into_overlapping_as_strided, lambda: [torch.tensor(1.0)]),
     "triton: index_put(accumulate=True) with duplicate indices loses updates in fp16":

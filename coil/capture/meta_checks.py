@@ -81,8 +81,9 @@ def _probe_dtypes(target):
     (``var`` of ints, ``argmin`` of bools, ``silu`` of ints: "not implemented for 'Int'"):
     when an argument is an integer or bool tensor, the op runs on one-element real
     tensors of the arguments' dtypes, ranks and devices, and what it raises is raised
-    (eager's own error, on the argument's device). Dtype support does not depend on
-    values or sizes for these ops; none of them draws random numbers."""
+    (eager's own error, on the argument's device). These ops accept one-element inputs
+    of any rank (no size conditions: not ``topk``, ``glu``, ``cross``), their dtype
+    support does not depend on values, and none of them draws random numbers."""
     def check(args, kwargs) -> None:
         leaves = pytree.tree_leaves((args, kwargs))
         if not any(isinstance(a, torch.Tensor) and not (a.is_floating_point() or a.is_complex())
@@ -108,7 +109,7 @@ _DTYPE_RESTRICTED = (
     "var std var_mean std_mean argmin argmax frac pow float_power silu gelu mish softplus elu "
     "celu selu hardswish hardsigmoid hardshrink softshrink logsigmoid softmax log_softmax "
     "softmin logaddexp logaddexp2 hypot nextafter igamma igammac logcumsumexp abs absolute "
-    "ceil floor round trunc fix fmod remainder median nanmedian topk glu leaky_relu cross "
+    "ceil floor round trunc fix fmod remainder median nanmedian leaky_relu "
     "trace lcm gcd bitwise_and bitwise_or bitwise_xor bitwise_not bitwise_left_shift "
     "bitwise_right_shift").split()
 

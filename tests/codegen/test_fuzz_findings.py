@@ -107,8 +107,11 @@ def test_allowed_dtypes_still_compile():
     from coil.testing import CompileCounter
 
     cnt = CompileCounter()
-    f = coil.compile(lambda a, x: (a.argmax(), a ** 2, abs(a), 2 ** a, x.var(), x.pow(2)), backend=cnt)
+    def fn(a, x):
+        return (a.argmax(), a ** 2, abs(a), 2 ** a, x.var(), x.pow(2), torch.topk(a, 2).values,
+                torch.softmax(a, 0, dtype=torch.float32))
+    f = coil.compile(fn, backend=cnt)
     a, x = torch.tensor([1, 5, 2]), torch.tensor([1.0, 2.0])
-    for c, e in zip(f(a, x), (a.argmax(), a ** 2, abs(a), 2 ** a, x.var(), x.pow(2))):
+    for c, e in zip(f(a, x), fn(a, x)):
         assert torch.equal(c, e)
     assert cnt.frame_count == 1

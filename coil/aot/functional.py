@@ -174,11 +174,31 @@ class _DropErrorChecks(TorchDispatchMode):
 _ERROR_CHECK_OPS = {aten._linalg_check_errors.default}
 
 
+class _NoOpExpandAsAlias(TorchDispatchMode):
+    """``x.expand(x.shape)`` traced as ``aten.alias``: functionalization writes a mutation
+    through an expand back as ``base + sum_to(new - base)`` (NaN where the base holds
+    inf, and not exactly ``new`` in floating point); through an alias, as ``new``. Writes
+    through an expand that broadcasts are refused by eager (overlapping memory)."""
+
+    # higher-order operators (torch.cond...) pass through (docs/hops.md)
+    supports_higher_order_operators = True
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if isinstance(func, torch._ops.HigherOrderOperator):
+            return func(*args, **(kwargs or {}))
+        if func is aten.expand.default and len(args) >= 2 and len(args[1]) == args[0].dim() and \
+                all(isinstance(s, int) and (s == -1 or (isinstance(d, int) and s == d))
+                    for s, d in zip(args[1], args[0].shape)):
+            return aten.alias.default(args[0])
+        return func(*args, **(kwargs or {}))
+
+
 def _call(fn: Callable, args: list, drop_error_checks: bool):
-    if not drop_error_checks:
-        return fn(*args)
-    with _DropErrorChecks():
-        return fn(*args)
+    with _NoOpExpandAsAlias():
+        if not drop_error_checks:
+            return fn(*args)
+        with _DropErrorChecks():
+            return fn(*args)
 
 
 def _is_differentiable(t: torch.Tensor) -> bool:

@@ -115,3 +115,23 @@ def test_allowed_dtypes_still_compile():
     for c, e in zip(f(a, x), fn(a, x)):
         assert torch.equal(c, e)
     assert cnt.frame_count == 1
+
+
+# -- writes through a no-op expand() of an input ------------------------------------
+
+def _masked_fill_through_expand(b):
+    v0 = b.expand(-1)
+    v0.masked_fill_(b > 0, 0.25)
+    return ()
+
+
+def _mul_through_expand(b):
+    b.expand(3).mul_(2)
+    return ()
+
+
+@pytest.mark.parametrize("backend", BACKENDS + ["aot_eager"])
+@pytest.mark.parametrize("fn", [_masked_fill_through_expand, _mul_through_expand])
+def test_write_through_noop_expand_of_input(fn, backend):
+    """The write-back was base + (new - base): NaN where the input held inf."""
+    _ok(fn, lambda: [torch.tensor([float("inf"), 1.0, -2.0])], backend)

@@ -225,6 +225,15 @@ def _add_sub(a, b, alpha=1):
     return pointwise_lowering(name)(a, b)
 
 
+@register_lowering(aten.pow.Tensor_Scalar)
+def _pow_scalar(x, exponent):
+    """``x ** -0.5`` is ``1 / sqrt(x)``, as ATen's kernel computes it (-0.0 gives -inf and
+    -inf gives NaN, where ``pow`` gives inf and 0)."""
+    if exponent == -0.5 and out_dtype().is_floating_point and not isinstance(exponent, bool):
+        return pointwise_lowering("rsqrt")(x)
+    return pointwise_lowering("pow")(x, exponent)
+
+
 @register_lowering(aten.round.decimals)
 def _round_decimals(x, *, decimals=0):
     """``round(x, decimals)`` as ATen computes it: ``rint(x * 10^d) / 10^d`` for

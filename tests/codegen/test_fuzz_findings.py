@@ -135,3 +135,10 @@ def _mul_through_expand(b):
 def test_write_through_noop_expand_of_input(fn, backend):
     """The write-back was base + (new - base): NaN where the input held inf."""
     _ok(fn, lambda: [torch.tensor([float("inf"), 1.0, -2.0])], backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_pow_minus_half_is_rsqrt(backend):
+    """ATen computes x ** -0.5 as 1 / sqrt(x): -0.0 -> -inf, -inf -> NaN."""
+    _ok(lambda x: (x ** -0.5, torch.pow(x, -0.5)),
+        lambda: [torch.tensor([-0.0, 0.0, -float("inf"), float("inf"), 4.0, -1.0])], backend)

@@ -523,3 +523,19 @@ def test_nested_checkpoint_with_tuple_output(backend):
         return checkpoint(outer, x, use_reentrant=True).sum(-1)
 
     assert_same_as_eager(fn, (torch.randn(3, 6),), backend=backend, check_grads=True)
+
+
+def test_nested_compile_region_is_still_inlined():
+    from coil.capture import frame
+
+    @torch.compiler.nested_compile_region
+    def blk(x):
+        return x.sin() * 2
+
+    def fn(x):
+        return blk(blk(x))
+
+    frame.break_log.clear()
+    gm = _one_graph(fn, torch.randn(3))
+    assert not frame.break_log and gm is not None
+    assert_same_as_eager(fn, (torch.randn(3),), backend="coil")

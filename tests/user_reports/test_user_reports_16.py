@@ -658,13 +658,8 @@ def test_python_random_value_does_not_recompile_every_call():
     assert cnt.frame_count <= 2, cnt.frame_count
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "torch.utils.checkpoint.checkpoint (HF gradient_checkpointing_enable) is a graph break "
-    "per checkpointed block ('call to torch._dynamo.eval_frame._fn (not traced)' or "
-    "'function attribute __dynamo_disable': checkpoint is wrapped in torch._disable_dynamo), so the blocks run "
-    "eagerly (values and grads are right); Dynamo captures it as a higher-order op in "
-    "fullgraph mode"))
 def test_activation_checkpoint_is_captured():
+    # captured as a tagged region (docs/hops.md); was a graph break per block
     from torch.utils.checkpoint import checkpoint
     lin = nn.Linear(4, 4)
 

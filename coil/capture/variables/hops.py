@@ -30,6 +30,7 @@ value is never saved for backward unless it leaves its region (docs/hops.md).
 from __future__ import annotations
 
 import itertools
+import types
 from typing import Optional
 
 import torch
@@ -587,17 +588,19 @@ def hop_handler(value):
         import torch._higher_order_ops as hops
         import torch.utils.checkpoint as ckpt
 
+        # the public operator functions of torch._higher_order_ops (scan, associative_scan,
+        # ...) not captured: a graph break naming them (not their helpers, e.g.
+        # nested_compile_region's wrapper, which is inlined)
+        for name, v in vars(hops).items():
+            if not name.startswith("_") and isinstance(v, types.FunctionType):
+                _HANDLERS[v] = _not_captured
         _HANDLERS.update({torch.cond: call_cond, hops.cond: call_cond,
                           hops.while_loop: call_while_loop, ckpt.checkpoint: call_checkpoint,
                           hops.map: call_map})
     try:
-        handler = _HANDLERS.get(value)
+        return _HANDLERS.get(value)
     except TypeError:  # unhashable
         return None
-    if handler is None and callable(value) and (getattr(value, "__module__", None) or "") \
-            .startswith("torch._higher_order_ops"):
-        return _not_captured
-    return handler
 
 
 def _not_captured(tx, args, kwargs):

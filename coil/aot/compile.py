@@ -77,7 +77,24 @@ def _symbolic_placeholder_values(gm: torch.fx.GraphModule, example_inputs: list)
         elif not isinstance(v, (torch.Tensor, int, float, bool)):
             return None
         vals.append(v)
+    if not symbolic and _has_unbacked(gm):
+        return vals       # nonzero / .item(): trace on the capture's fakes and ShapeEnv
     return _fake_as_at_call(vals, example_inputs) if symbolic else None
+
+
+def _has_unbacked(gm: torch.fx.GraphModule) -> bool:
+    """Whether a value of ``gm`` has a data-dependent (unbacked) size or number: the
+    capture's ShapeEnv allowed it, so only the capture's fake mode can trace it."""
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+    for n in gm.graph.nodes:
+        v = n.meta.get("example_value", n.meta.get("val"))
+        try:
+            if v is not None and free_unbacked_symbols(v):
+                return True
+        except Exception:  # noqa: BLE001 - a value pytree cannot walk (opaque objects)
+            continue
+    return False
 
 
 def _fake_as_at_call(vals: list, example_inputs: list) -> list:

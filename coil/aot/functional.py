@@ -221,8 +221,15 @@ def analyze(fn: Callable, fake_args: list, fake_mode: FakeTensorMode, grad: bool
         return _analyze(fn, fake_args, fake_mode, grad, drop_error_checks=True)
 
 
+def untraced(fake_mode: FakeTensorMode):
+    """For a fake run outside ``make_fx``: the unbacked symbols it makes (``nonzero``,
+    ``.item()``) are not waiting for a graph node to bind them."""
+    env = fake_mode.shape_env
+    return env.ignore_fresh_unbacked_symbols() if env is not None else contextlib.nullcontext()
+
+
 def _analyze(fn, fake_args, fake_mode, grad, drop_error_checks) -> ProgramInfo:
-    with fake_mode, torch.set_grad_enabled(grad), without_cudnn_choices():
+    with fake_mode, untraced(fake_mode), torch.set_grad_enabled(grad), without_cudnn_choices():
         with FunctionalTensorMode():
             f_args = [_to_functional(a) for a in fake_args]
             before = _aliases_before(f_args)
@@ -359,7 +366,7 @@ def eager_layouts(fn: Callable, fake_args: list, fake_mode: FakeTensorMode,
     value. Each input is a fresh tensor object on the same fake storage (``detach``), so
     metadata changes leave ``fake_args`` as they are; runs under no_grad (layouts do not
     depend on it, and no autograd check is wanted here: the functional run made them)."""
-    with fake_mode, torch.no_grad(), without_cudnn_choices():
+    with fake_mode, untraced(fake_mode), torch.no_grad(), without_cudnn_choices():
         args = [a.detach() if isinstance(a, torch.Tensor) else a for a in fake_args]
         outs = _call(fn, list(args), drop_error_checks)
 
@@ -448,7 +455,10 @@ def _with_item_memos(fn: Callable, args: list) -> Callable:
 def _make_fx(fn: Callable, args: list, decompositions: dict, fake_mode: FakeTensorMode):
     # symbolic sizes are traced as sym_size nodes only in "symbolic" mode (which
     # reuses the inputs' fake mode and ShapeEnv); static inputs trace in "real" mode
-    mode = "symbolic" if is_symbolic(args) else "real"
+    # (an unbacked size, from nonzero or .item(), needs the capture's ShapeEnv too)
+    mode = "symbolic" if is_symbolic(args) or fake_mode.shape_env is not None else "real"
+    if fake_mode.shape_env is not None:     # left by runs that are over (capture, analyze)
+        fake_mode.shape_env.pending_fresh_unbacked_symbols.clear()
     with fake_mode, without_cudnn_choices(), fx_traceback.preserve_node_meta():
         return make_fx(_with_item_memos(fn, args), decomposition_table=decompositions,
                        tracing_mode=mode)(*args)

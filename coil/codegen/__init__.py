@@ -99,6 +99,17 @@ def _pick_backend(device: torch.device):
     return be if be is not None else get_kernel_backend("triton")
 
 
+def atomic_add_dtype(device: torch.device, dtype: torch.dtype) -> torch.dtype:
+    """The dtype in which the kernel backend for ``device`` can accumulate into a
+    ``dtype`` buffer: ``dtype`` itself where it adds atomically in it, else int32 (8/16-bit
+    ints: converting the sum back wraps as eager's adds do; bool: nonzero is eager's
+    True + True = True) or fp32 (bf16)."""
+    ok = _pick_backend(device).atomic_add_dtypes
+    if ok is None or dtype in ok:
+        return dtype
+    return torch.float32 if dtype.is_floating_point else torch.int32
+
+
 def _tiling(group, backend):
     """(Y, X) when ``group`` runs as a 2-D tiled pointwise kernel (Triton only), else None."""
     from coil.schedule.scheduler import FusedGroup

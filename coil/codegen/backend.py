@@ -31,6 +31,9 @@ class KernelBackend:
     name: str = "?"
     #: Reductions with at most this many elements per output are planned persistent.
     persistent_rnumel: int = PERSISTENT_RNUMEL
+    #: dtypes an accumulating store (``mode="atomic_add"``) can add in; None: all. The
+    #: lowering widens a scatter into another dtype (lowering_views._scatter_box).
+    atomic_add_dtypes: Optional[frozenset] = None
 
     def generate(self, plan: KernelPlan, kernel_name: str) -> GeneratedKernel:
         raise NotImplementedError

@@ -680,8 +680,23 @@ def _fresh_copy(x: TensorBox):
     return box.data.realize()
 
 
-def _scatter_box(x, ranges, dest_fn, value_fn, mode) -> TensorBox:
+def _scatter_box(x, ranges, dest_fn, value_fn, mode, acc_dtype=None) -> TensorBox:
+    """A ScatterBuffer over a fresh copy of ``x``. An accumulating one adds into a copy in
+    ``acc_dtype`` (default: the dtype the kernel backend adds atomically in,
+    ``coil.codegen.atomic_add_dtype``) converted back to ``x``'s dtype afterwards."""
     from coil.ir.nodes import ScatterBuffer
+    dt = x.get_dtype()
+    if mode == "atomic_add":
+        from coil.codegen import atomic_add_dtype
+        acc = acc_dtype or atomic_add_dtype(x.get_device(), dt)
+        if acc != dt:
+            from coil.ir.lowering import make_pointwise_box
+            xs = list(x.get_size())
+            wide = make_pointwise_box(lambda v: v, [x], xs, acc, acc)
+            out = _scatter_box(wide, ranges, dest_fn, value_fn, mode, acc)
+            # converted in the body, not only where stored: a reader it is inlined into
+            # sees the wrapped int8 / bool / rounded bf16 value
+            return make_pointwise_box(lambda v: ops.to_dtype(v, dt, acc), [out], xs, dt, acc)
     target = _fresh_copy(x)
     g = current_graph()
     sb = ScatterBuffer(g.new_buffer_name(), target, ranges, dest_fn, value_fn, mode)
@@ -738,15 +753,10 @@ def _scatter(x, dim, index, src):
 
     mode = "atomic_add" if target == aten.scatter_add.default else None
     low = x.get_dtype() in (torch.float16, torch.bfloat16)
-    if mode == "atomic_add" and low and x.get_device().type == "cpu":
-        # eager's CPU scatter_add accumulates fp16/bf16 in fp32 (4096 adds of 0.1 in bf16:
-        # 410, in bf16 steps 32); its CUDA kernel adds in the low precision, as coil does
-        from coil.ir.lowering import make_pointwise_box
-        dt = x.get_dtype()
-        x32 = make_pointwise_box(lambda v: v, [x], xs, torch.float32, torch.float32)
-        acc = _scatter_box(x32, isize, dest, vload, mode)
-        return make_pointwise_box(lambda v: v, [acc], xs, dt, torch.float32)
-    return _scatter_box(x, isize, dest, vload, mode)
+    # eager's CPU scatter_add accumulates fp16/bf16 in fp32 (4096 adds of 0.1 in bf16:
+    # 410, in bf16 steps 32); its CUDA kernel adds in the low precision, as coil does
+    acc = torch.float32 if mode and low and x.get_device().type == "cpu" else None
+    return _scatter_box(x, isize, dest, vload, mode, acc)
 
 
 # ----------------------------------------------------------------------------- random

@@ -26,7 +26,7 @@ from typing import Any, Callable, Optional, Sequence
 import sympy
 import torch
 
-from coil.ir.symbols import as_expr, contiguous_strides, product, sym
+from coil.ir.symbols import as_expr, contiguous_strides, is_static, product, sym
 from coil.ir.virtualized import ops
 
 
@@ -279,19 +279,61 @@ def memory_loop_order(layout: Layout) -> Optional[list[int]]:
     return [d for d, s in enumerate(sizes) if s == 1] + ordered
 
 
+def reduction_loop_order(data: "Reduction") -> Optional[list[int]]:
+    """The order of a reduction's reduced dims that walks the memory of the first input
+    it reads with distinct constant strides along them (largest stride outermost), or
+    None for the logical order. Eager reduces in memory order too (TensorIterator sorts
+    dims by stride): summing ``x.t()`` of ``[[1.5e308, 9e-308], [-8e307, -1.7e308]]``
+    in logical order added -8e307 and -1.7e308 first and overflowed to -inf where eager
+    gives -1.04e308. Not for argmax/argmin, whose result is the position in logical
+    order."""
+    from coil.ir.handlers import DependencyRecorder
+    from coil.ir.virtualized import set_ops_handler
+    rr = data.reduction_ranges
+    if data.reduction_type in ("argmax", "argmin") or not all(is_static(s) for s in rr):
+        return None
+    big = [d for d, s in enumerate(rr) if int(s) != 1]
+    if len(big) < 2:
+        return None
+    index = [sym(f"i{d}") for d in range(len(data.ranges))]
+    rindex = [sym(f"r{d}") for d in range(len(rr))]
+    h = DependencyRecorder()
+    with set_ops_handler(h):
+        data.inner_fn(index, rindex)
+    for _, e in h.loads:
+        e = sympy.sympify(e)
+        strides = [sympy.diff(e, rindex[d]) for d in big]
+        if not all(s.is_Integer and s > 0 for s in strides) or len(set(strides)) != len(big):
+            continue
+        ordered = [d for _, d in sorted(zip(strides, big), key=lambda t: -t[0])]
+        if ordered == big:
+            return None
+        return [d for d in range(len(rr)) if d not in big] + ordered
+    return None
+
+
 class ComputedBuffer(Buffer):
     """A buffer computed by a loop body (``data`` is Pointwise or Reduction).
 
     ``loop_order`` (pointwise buffers only): the logical dims in the order the buffer's
     loops run, outermost first (:func:`memory_loop_order`), or None for the logical
     order. ``get_ranges()`` and the ``index`` that :meth:`store_body` takes follow the
-    loop order; the body and the layout still see logical indices."""
+    loop order; the body and the layout still see logical indices. Likewise
+    ``rloop_order`` for a reduction's reduced dims (:func:`reduction_loop_order`),
+    ``get_reduction_ranges()`` and ``rindex``."""
 
     def __init__(self, name: str, layout: Layout, data: Loops):
         super().__init__(name, layout)
         self.data = data
         self._reads = None
         self.loop_order = memory_loop_order(layout) if isinstance(data, Pointwise) else None
+        self._rloop_order = False  # computed on first use (the body may read later buffers)
+
+    @property
+    def rloop_order(self) -> Optional[list[int]]:
+        if self._rloop_order is False:
+            self._rloop_order = reduction_loop_order(self.data) if self.is_reduction() else None
+        return self._rloop_order
 
     def is_reduction(self) -> bool:
         return isinstance(self.data, Reduction)
@@ -311,7 +353,11 @@ class ComputedBuffer(Buffer):
         return out
 
     def get_reduction_ranges(self) -> list:
-        return self.data.reduction_ranges if self.is_reduction() else []
+        if not self.is_reduction():
+            return []
+        if self.rloop_order is not None:
+            return [self.data.reduction_ranges[d] for d in self.rloop_order]
+        return self.data.reduction_ranges
 
     def store_body(self, index: Sequence, rindex: Sequence = ()) -> None:
         """Run the body for output ``index`` (and reduction ``rindex``) on the current
@@ -323,6 +369,11 @@ class ComputedBuffer(Buffer):
         index = self._logical_index(index)
         out_index = indexer(list(index))
         if isinstance(self.data, Reduction):
+            if self.rloop_order is not None:
+                logical = [None] * len(self.rloop_order)
+                for pos, d in enumerate(self.rloop_order):
+                    logical[d] = rindex[pos]
+                rindex = logical
             value = self.data.inner_fn(list(index), list(rindex))
             red = ops.reduction(self.data.dtype, self.data.src_dtype, self.data.reduction_type,
                                 value)

@@ -40,6 +40,26 @@ def _patch_interpreter_bf16_rounding() -> None:
 
     builder.cast_impl = cast_impl
     builder._coil_bf16_rtne = True
+    _patch_interpreter_compare_dtype(builder)
+
+
+def _patch_interpreter_compare_dtype(builder) -> None:
+    """Give the interpreter's comparison results the dtype int1: its ``create_fcmp*`` /
+    ``create_icmp*`` keep the operands' dtype on the value, so splatting a scalar
+    comparison into a block made a float block (``(x != 0.0) & mask`` of a scalar ``x``
+    failed in NumPy's ``bitwise_and``; the GPU compiler has no such problem)."""
+    import triton.language as tl
+    from triton.runtime import interpreter as interp
+
+    def fix(orig):
+        def cmp(self, lhs, rhs):
+            out = orig(self, lhs, rhs)
+            return interp.TensorHandle(np.asarray(out.data, dtype=np.bool_), tl.int1)
+        return cmp
+
+    for name in dir(builder):
+        if name.startswith(("create_fcmp", "create_icmp")):
+            setattr(builder, name, fix(getattr(builder, name)))
 
 
 def _make_shim():

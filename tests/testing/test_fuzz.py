@@ -215,11 +215,6 @@ def _write_into_overlapping_as_strided(a):
     return ()
 
 
-def _index_put_acc(a):
-    return (a.index_put((torch.tensor([0, 0, 0]),), torch.tensor(1.0, dtype=a.dtype),
-                        accumulate=True),)
-
-
 KNOWN_BUGS = {
     "layer_norm of values near fp32 max: finite where eager gives nan":
         (_layer_norm_huge, lambda: [torch.tensor([[[1.0, 1.0]], [[1.0, -1.839752e+38]]])]),
@@ -229,10 +224,6 @@ KNOWN_BUGS = {
         (_div_by_int_of_neg_zero, lambda: [torch.tensor([-0.0, 2.0])]),
     "a write into a non-overlapping part of an overlapping as_strided view: compiled raises":
         (_write_into_overlapping_as_strided, lambda: [torch.tensor(1.0)]),
-    "triton: index_put(accumulate=True) with duplicate indices loses updates in fp16":
-        (_index_put_acc, lambda: [torch.tensor([1.0], dtype=torch.float16)], "triton"),
-    "triton: index_put(accumulate=True) in bf16: InterpreterError 'Unsupported data type'":
-        (_index_put_acc, lambda: [torch.tensor([1.0, 2.0], dtype=torch.bfloat16)], "triton"),
 }
 
 

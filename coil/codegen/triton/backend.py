@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from typing import Optional
 
+import torch
+
 from coil.codegen.backend import GeneratedKernel, KernelBackend, register_kernel_backend
 from coil.codegen.triton.eviction import add_eviction_hints
 from coil.codegen.triton.kernel import PRELUDE, TritonKernel
@@ -169,6 +171,8 @@ class TritonBackend(KernelBackend):
     """Triton kernels; on CPU tensors they run under the Triton interpreter."""
 
     name = "triton"
+    # tl.atomic_add rejects bool and 8/16-bit ints; the interpreter has no bf16 atomics
+    atomic_add_dtypes = frozenset({torch.float16, torch.float32, torch.float64, torch.int32, torch.int64})
 
     @property
     def persistent_rnumel(self) -> int:

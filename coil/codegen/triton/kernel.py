@@ -221,7 +221,8 @@ class TritonKernel(OpsHandler):
             self._note_strides(e)
         mask, mdims = self._mask(dims)
         ptr = f"{self.args[name]} + ({pyexpr(e)})" if e != 0 else self.args[name]
-        if mdims - dims:
+        if mdims - dims or mask and not dims:
+            # a scalar address under a mask that may be a block (``tl.full([1], ...)``)
             ptr = f"tl.broadcast_to({ptr}, {self._shape(dims | mdims)})"
             dims = dims | mdims
         other = ", other=0.0" if mask else ""
@@ -261,7 +262,13 @@ class TritonKernel(OpsHandler):
 
     def _emit_store(self, name, e, value, lines, mode=None):
         dims = self._dims_of_index(e)
-        mask, mdims = self._mask(dims | value.dims)
+        full = dims | value.dims
+        if mode == "atomic_add":
+            # one addition per element of the node's iteration space, also along the axes
+            # neither the address nor the value varies on (three updates of one element
+            # whose index expression folded to a constant are three adds, not one)
+            full = full.union(*(self._dims_of_index(i) for i in [*self.cur.index, *self.cur.rindex]))
+        mask, mdims = self._mask(full)
         buf_dtype = self.plan.buffer(name).get_dtype()
         v = value.name if value.dtype == buf_dtype or buf_dtype == torch.bool and value.dtype == torch.bool \
             else f"{value.name}.to({TL_DTYPE[buf_dtype]})"
@@ -270,10 +277,10 @@ class TritonKernel(OpsHandler):
             # (``x.to(bf16)``), not ``x.to(bf16).to(fp32).to(bf16)``
             v = f"{self.rounded[value.name][0]}.to({TL_DTYPE[buf_dtype]})"
         ptr = f"{self.args[name]} + ({pyexpr(e)})"
-        if (value.dims | mdims) - dims or not dims:
+        if (full | mdims) - dims or not dims:
             # a constant index gives a scalar pointer, but the value may be a [1] block
             # (``tl.full([1], ...)``): store through a block pointer of the value's shape
-            ptr = f"tl.broadcast_to({ptr}, {self._shape(dims | value.dims | mdims)})"
+            ptr = f"tl.broadcast_to({ptr}, {self._shape(full | mdims)})"
         fn = "tl.atomic_add" if mode == "atomic_add" else "tl.store"
         if mode not in (None, "atomic_add"):
             raise NotImplementedError(f"Triton codegen: store mode {mode!r}")

@@ -1,0 +1,134 @@
+"""Smallest inputs of fuzzer findings (docs/fuzzing.md) in accumulating scatters, the
+Triton backend's loads and comparisons, and the order of multi-dim reductions, each
+checked against eager through ``coil.testing.fuzz.check`` on both CPU kernel backends."""
+import pytest
+import torch
+
+from coil.testing.fuzz import check
+
+BACKENDS = ["cpp", "triton"]
+_SMALL = [torch.bool, torch.int8, torch.uint8, torch.int16, torch.bfloat16]
+
+
+def _ok(fn, make_inputs, backend):
+    r = check(fn, make_inputs, backend)
+    assert r.outcome == "ok", f"{r.outcome} {r.kind}: {r.detail}"
+
+
+# -- accumulating scatters with duplicate indices ----------------------------------
+
+def _index_add_constant_index(a, c):
+    # the destination index folds to the constant 0 (a dim of size 1): three adds still
+    v1 = a.view(1, -1)
+    v1.index_add_(0, torch.tensor([0, 0, 0]), c.expand((3, 1)).to(torch.int64))
+    return (a.reshape(1, -1),)
+
+
+def _index_put_constant_index(a, v):
+    return (a.index_put((torch.tensor([0, 0, 0]),), v, accumulate=True),)
+
+
+def _index_put_dups(a, v):
+    return (a.index_put((torch.tensor([0, 2, 0, 0, 1]),), v, accumulate=True),)
+
+
+def _scatter_add_dups(a, v):
+    return (torch.scatter_add(a, 1, torch.tensor([[0, 0, 0], [1, 1, 3], [2, 2, 2]]), v),)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_index_add_constant_index(backend):
+    _ok(_index_add_constant_index, lambda: [torch.tensor(0), torch.tensor(1.0)], backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.float64, torch.int64] + _SMALL,
+                         ids=str)
+def test_accumulate_duplicate_indices(dtype, backend):
+    _ok(_index_put_constant_index,
+        lambda: [torch.tensor([1], dtype=dtype), torch.tensor(1, dtype=dtype)], backend)
+    _ok(_index_put_dups,
+        lambda: [torch.zeros(3, 4, dtype=dtype), torch.arange(20).reshape(5, 4).to(dtype)], backend)
+    _ok(_scatter_add_dups,
+        lambda: [torch.zeros(3, 4, dtype=dtype), torch.ones(3, 3, dtype=dtype)], backend)
+
+
+def _index_add_wraps(a, i, v):
+    return (a.index_add(0, i, v),)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", _SMALL, ids=str)
+def test_accumulate_small_dtypes_wrap(dtype, backend):
+    # Triton adds bool / 8- and 16-bit ints atomically in int32 (bf16 in fp32): the sum
+    # converted back wraps (int8 100 + 100 + 100 is 44) also where a reader is fused
+    _ok(_index_add_wraps, lambda: [torch.tensor([100, 0, 1]).to(dtype), torch.tensor([0, 0, 2, 0]),
+                                   torch.tensor([100, 1, 0, 100]).to(dtype)], backend)
+
+    def fused_reader(a, i, v):
+        return (a.index_add(0, i, v).to(torch.int64) * 3,)
+    _ok(fused_reader, lambda: [torch.tensor([100, 0, 1]).to(dtype), torch.tensor([0, 0, 2, 0]),
+                               torch.tensor([100, 1, 0, 100]).to(dtype)], backend)
+
+
+def _scatter_add_bool_then_mean(a):
+    # s6 #496: the widened (int32) scatter result read by a fused mean was not bool
+    v0 = torch.ge(a, a)
+    v2 = torch.scatter_add(v0, 1, torch.tensor([[2, 1, 0], [2, 2, 1]]), v0[:, :3])
+    return (torch.mean(v2, dim=1, dtype=torch.float64),)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_scatter_add_bool_read_by_reduction(backend):
+    _ok(_scatter_add_bool_then_mean, lambda: [torch.ones(2, 6)], backend)
+
+
+# -- Triton: a scalar address under a block mask; scalar comparisons --------------
+
+def _scatter_add_stacked_slice(c):
+    # s6 #16: a constant-address load under a constant [1] mask
+    v0 = c[5:7]
+    v3 = torch.stack([v0, v0], 1)
+    return (torch.scatter_add(v3, 1, torch.tensor([[0]]), v3),)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_scalar_load_under_block_mask(backend):
+    _ok(_scatter_add_stacked_slice, lambda: [torch.tensor([2.504], dtype=torch.float16).expand(6)],
+        backend)
+
+
+def _floor_divide_bool(a):
+    # s6 #13: (x != 0.0) of a scalar x, and-ed with a [1] block (the interpreter gave
+    # scalar comparisons the operands' dtype: splatting one made a float block)
+    return (torch.floor_divide(torch.isinf(a), 1.0),)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_floor_divide_of_bool(backend):
+    _ok(_floor_divide_bool, lambda: [torch.tensor(5)], backend)
+
+
+# -- the order of a reduction over several dims -----------------------------------
+
+def _sum(a):
+    return (torch.sum(a),)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sum_in_memory_order_near_max(backend):
+    # s6 #209: summed in logical order, -8e307 + -1.7e308 overflowed to -inf first
+    _ok(_sum, lambda: [torch.tensor([[1.5018690360226765e+308, 8.716578595142002e-308],
+                                     [-8.018796291968938e+307, -1.737489557929144e+308]],
+                                    dtype=torch.float64).t()], backend)
+
+
+def _argmax_dims(a):
+    return (torch.argmax(a), a.sum((0, 2)), a.amax((0, 1)))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_permuted_reductions(backend):
+    # reduced dims iterate in memory order; argmax still counts in logical order
+    _ok(_argmax_dims, lambda: [torch.tensor([3, 1, 3, 0, 2, 3] * 4, dtype=torch.float32)
+                               .reshape(2, 3, 4).permute(2, 0, 1)], backend)

@@ -17,7 +17,8 @@ import dataclasses
 from typing import Optional
 
 from coil.ir.nodes import ComputedBuffer
-from coil.ir.symbols import RINDEX, XINDEX, as_size, current_shape_env, is_static
+from coil.ir.symbols import (RINDEX, XINDEX, as_size, current_shape_env, is_size_symbol,
+                               is_static)
 from coil.ir.virtualized import set_ops_handler
 from coil.schedule.indexing import kernel_deps, kernel_index
 
@@ -123,7 +124,8 @@ class KernelPlan:
                 for _, e in list(rec.loads) + list(rec.stores):
                     syms |= getattr(e, "free_symbols", set())
                 syms |= rec.size_symbols
-            self._size_symbols = sorted((s for s in syms if s.is_positive and s not in (XINDEX, RINDEX)),
+            self._size_symbols = sorted((s for s in syms
+                                         if is_size_symbol(s) and s not in (XINDEX, RINDEX)),
                                         key=lambda s: s.name)
         return self._size_symbols
 

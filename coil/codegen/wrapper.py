@@ -20,7 +20,7 @@ import torch
 from coil.ir.nodes import (Buffer, ComputedBuffer, ConstantBuffer, ExternKernel, InputBuffer, Layout,
                            MultiOutput, ReinterpretView, ScatterBuffer)
 from coil.ir.graph import misaligned_leading_dim
-from coil.ir.symbols import as_expr, as_size, pyexpr
+from coil.ir.symbols import as_expr, as_size, is_size_symbol, pyexpr
 from coil.schedule.scheduler import ExternStep, FusedGroup
 
 
@@ -116,7 +116,7 @@ def _free_size_symbols(x, out: set) -> None:
     """Add the size symbols in ``x`` (sympy expressions, nested lists/tuples/dicts, IR
     views and buffers with layouts) to ``out``."""
     if isinstance(x, sympy.Basic):
-        out.update(s for s in x.free_symbols if s.is_positive)
+        out.update(s for s in x.free_symbols if is_size_symbol(s))
     elif isinstance(x, (list, tuple)):
         for v in x:
             _free_size_symbols(v, out)

@@ -23,6 +23,7 @@ from typing import Any, Optional
 import sympy
 import torch
 import torch.fx
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from coil import trace
 from coil.config import config
@@ -398,7 +399,8 @@ class GraphLowering(torch.fx.Interpreter):
         out_nodes = list(out_nodes) if isinstance(out_nodes, (list, tuple)) else [out_nodes]
         memo: dict = {}
         for i, (a, m) in enumerate(zip(out_nodes, metas)):
-            if isinstance(m, torch.Tensor) and m.numel() == 0 and isinstance(a, torch.fx.Node):
+            if isinstance(m, torch.Tensor) and statically_known_true(m.numel() == 0) and \
+                    isinstance(a, torch.fx.Node):      # (an unbacked numel: not known empty)
                 e = _empty_eager(a, memo)  # eager's strides for an empty output
                 metas[i] = m if e is None else e
         for i, (r, meta) in enumerate(zip(flat, metas)):

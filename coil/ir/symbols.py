@@ -104,6 +104,16 @@ def is_static(e) -> bool:
         isinstance(e, sympy.Basic) and e.is_number)
 
 
+def is_size_symbol(s) -> bool:
+    """Whether sympy symbol ``s`` is a ShapeEnv size the wrapper binds and kernels take
+    as an argument: a backed size (``s0``: positive) or an unbacked one (``u0``: from
+    ``mark_unbacked`` or a data-dependent op; may be 0, so not positive). Index
+    variables (``x0``, ``r0``) are neither."""
+    from torch.utils._sympy.symbol import SymT, symbol_is_type
+
+    return bool(s.is_positive) or symbol_is_type(s, SymT.UNBACKED_INT)
+
+
 def as_size(e):
     """A size for plans and kernels: an int when static, else the expanded sympy
     expression (dynamic shapes). Static graphs keep ints, so their kernels, plans and

@@ -147,7 +147,9 @@ def symbolic_evaluator(items: Any, fake_inputs: Sequence, value_shapes: Sequence
     src = "\n".join(lines) + "\n"
     trace.artifact("aot_symbolic_layouts", "# aot: symbolic layouts, evaluated per call\n" + src,
                    kind="python")
-    ns: dict = {"math": math}
+    # every name PythonPrinter emits: math.*, torch.sym_float / torch._sym_sqrt (ToFloat,
+    # sqrt), builtins (min, max, abs, round)
+    ns: dict = {"math": math, "torch": torch}
     exec(compile(src, "<coil.aot symbolic layouts>", "exec"), ns)
     return ns["layouts"]
 

@@ -324,6 +324,14 @@ class WrapperCodegen:
         for b in g.buffers:
             if isinstance(b, ExternKernel):
                 _free_size_symbols([b.args, b.kwargs], needed)
+        # int arguments made symbolic (``n`` in ``x * n``, ``topk(k)``) are not sizes (they
+        # may be <= 0, so not positive) but extern ops and outputs read them: bind them too
+        ints = {as_expr(v) for v in g.example_inputs
+                if isinstance(v, torch.SymInt) and as_expr(v).is_Symbol}
+        if ints:
+            leaves = [o.value for o in g.outputs] + [x for b in g.buffers if isinstance(b, ExternKernel)
+                                                     for x in torch.utils._pytree.tree_leaves([b.args, b.kwargs])]
+            needed |= {s for x in leaves if isinstance(x, sympy.Basic) for s in x.free_symbols} & ints
         if needed:  # dynamic shapes: bind the symbols once per call, before any use
             L[1:1] = symbol_bindings(g, needed)
         return "\n".join(L) + "\n", self.globals

@@ -122,42 +122,30 @@ def test_squeeze__on_dynamic_input_does_not_crash():
     assert p.returncode == 0 and "ok" in p.stdout, (p.returncode, p.stderr[-500:])
 
 
-@pytest.mark.xfail(strict=True, reason="a Python int argument made symbolic (dynamic=True, "
-                   "or automatic dynamic once its value changed) and used as a scalar "
-                   "operand of a tensor op: the lowering falls back to the ATen op "
-                   "(dynamic_lowering_fallback 'Cannot convert expression to float') and the "
-                   "generated wrapper calls extern0(primals_1, s69) with s69 never bound "
-                   "(the SymInt placeholder primals_2 is not read into it) -> NameError")
 def test_int_argument_dynamic_true_mul():
     _quiet()
     out = coil.compile(lambda x, n: x * n, dynamic=True)(torch.ones(3), 2)
     assert torch.equal(out, torch.full((3,), 2.0))
 
 
-@pytest.mark.xfail(strict=True, reason="same cause, default automatic dynamic: the second "
-                   "call with another int value recompiles with n symbolic and raises "
-                   "NameError: name 's69' is not defined")
 def test_int_argument_changes_value_automatic_dynamic():
     _quiet()
     _calls(lambda x, n: x * n + n, [(torch.ones(3), n) for n in (2, 3)])
 
 
-@pytest.mark.xfail(strict=True, reason="same cause for extern ops taking the int: topk(k), "
-                   "roll(k), clamp(max=n), torch.full((3,), n), x.sum() / n, int tensor + n")
 @pytest.mark.parametrize("fn", [
     lambda x, k: x.topk(k).values,
     lambda x, k: x.roll(k, 1),
     lambda x, k: x.clamp(max=k),
     lambda x, k: x.sum() / k,
-], ids=["topk", "roll", "clamp", "div"])
+    lambda x, k: torch.full((3,), k) + x[0, :3],
+    lambda x, k: x.long() + k,
+], ids=["topk", "roll", "clamp", "div", "full", "int_tensor_add"])
 def test_int_argument_changes_value_extern_ops(fn):
     _quiet()
     _calls(fn, [(_ar(4, 6), k) for k in (1, 2)])
 
 
-@pytest.mark.xfail(strict=True, reason="same cause after a graph break: n = int(t.item()) "
-                   "is an int argument of the resume function, symbolic once it changes; "
-                   "`y + n` raises NameError (Triton CPU backend shown; cpp the same)")
 def test_item_after_break_int_used_as_scalar_triton(triton_interpret):
     def f(x):
         y = x * 2
@@ -167,21 +155,12 @@ def test_item_after_break_int_used_as_scalar_triton(triton_interpret):
            options={"cpu_backend": "triton"})
 
 
-@pytest.mark.xfail(strict=True, reason="same cause under torch's capture: "
-                   "torch.compile(lambda x, n: x * n, backend='coil', dynamic=True) -> "
-                   "NameError: name 's86' is not defined")
 def test_int_argument_torch_compile_dynamic(dynamo_reset):
     _quiet()
     cf = torch.compile(lambda x, n: x * n, backend="coil", dynamic=True)
     assert torch.equal(cf(torch.ones(3), 2), torch.full((3,), 2.0))
 
 
-@pytest.mark.xfail(strict=True, reason="a returned view whose size is int(size * 0.5): "
-                   "the aot symbolic-layout function (artifact aot_symbolic_layouts) is "
-                   "`math.trunc(0.5*torch.sym_float(_s0))` but its namespace has no "
-                   "`torch` -> NameError: name 'torch' is not defined at the 2nd size "
-                   "(cpp and Triton; `x.shape[0] // 2`, int(n / 2), round() and a copy "
-                   "instead of the view all work)")
 def test_view_sliced_by_int_of_size_times_float():
     _calls(lambda x: x[: int(x.shape[0] * 0.5)], [(_ar(4),), (_ar(6),)])
 

@@ -20,7 +20,7 @@ step only if they are cloned.
 
 Gradients. A backward node whose gradients from its last replay are still held
 (``.grad`` of a parameter while gradients accumulate over micro-batches) is not
-replayed over them: the call goes to a sibling that is free, or records one.
+replayed over them: that backward call runs un-graphed (logged once).
 
 Steps. A new step starts (the path goes back to the roots) at
 :func:`mark_step_begin`, or automatically when a forward or inference graph already
@@ -147,11 +147,12 @@ class Tree:
                                not any(n.pending_backward() for n in self.path)):
             self.new_step()
         siblings = self.path[-1].children if self.path else self.roots
-        node = None
+        node, held = None, False
         for cand in siblings:
             if cand.fn is fn and cand.sig == sig:
                 if fn.kind == "backward" and cand.busy():
-                    continue  # its gradients still sit in .grad (accumulation)
+                    held = True  # its gradients still sit in .grad (accumulation)
+                    continue
                 moved = cand.moved(args)
                 if not moved:
                     node = cand
@@ -159,6 +160,16 @@ class Tree:
                 fn.copy_always.setdefault(sig, set()).update(moved)
                 trace.log("cudagraph_rerecord", stage="runtime", graph=fn.name,
                           reason=f"arguments {moved} moved since recording")
+        if node is None and held:
+            # gradient accumulation: the last replay's gradients are still held in
+            # .grad; this backward runs un-graphed rather than in a second recording
+            # (a sibling recording gave wrong tied-weight gradients on the H200)
+            if not fn.held_logged:
+                fn.held_logged = True
+                trace.log("cudagraph_skip", stage="runtime", graph=fn.name,
+                          reason="gradients of the last replay still held (accumulation): "
+                                 "this backward runs un-graphed")
+            return fn.fn(*args)
         if node is None:
             node = self.record(fn, sig, args, warm)
             if node is None:
@@ -238,7 +249,7 @@ class GraphFunction:
         self.warm: dict = {}
         self.copy_always: dict = {}
         self.records = 0
-        self.limit_logged = False
+        self.limit_logged = self.held_logged = False
 
     def skip_with(self, reason: str) -> None:
         """Run un-graphed from now on, logged once."""

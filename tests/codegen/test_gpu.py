@@ -7,6 +7,7 @@ import torch.nn.functional as F
 
 from codegen_helpers import aten_graph
 from coil.codegen import compile_aten_graph
+from coil.backends.registry import coil_backend_entry  # torch.compile(backend=...) without the entry point (GPU machine: coil on PYTHONPATH)
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -265,7 +266,7 @@ def test_gpu_autotune_sliced_input_ids_gpt2(entry, tmp_path):
     assert not ids.is_contiguous()
     coil.reset()
     with patch(cache_dir=str(tmp_path), autotune=True), torch.no_grad():
-        f = coil.compile(m) if entry == "coil" else torch.compile(m, backend="coil")
+        f = coil.compile(m) if entry == "coil" else torch.compile(m, backend=coil_backend_entry)
         out = f(input_ids=ids).last_hidden_state
         torch.cuda.synchronize()
         ref = m(input_ids=ids).last_hidden_state

@@ -133,7 +133,7 @@ def compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: list, device) -
     from coil.codegen.wrapper import WrapperCodegen
 
     device = torch.device(device)
-    env = _shape_env(example_inputs)
+    env = _shape_env(example_inputs) or _unbacked_shape_env(gm)
     n_guards = len(env.guards) if env is not None else 0
     with shape_env_scope(env):
         out = _compile(gm, example_inputs, device, env)
@@ -157,6 +157,20 @@ def _shape_env(example_inputs: list):
                                                for v in list(x.shape) + list(x.stride())):
             return next(v for v in list(x.shape) + list(x.stride())
                         if isinstance(v, torch.SymInt)).node.shape_env
+    return None
+
+
+def _unbacked_shape_env(gm):
+    """The ShapeEnv of a graph with static inputs whose values have data-dependent
+    (unbacked) sizes (``nonzero``, ``unique``), or None."""
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+    for n in gm.graph.nodes:
+        v = n.meta.get("val")
+        for s in [v] if isinstance(v, torch.SymInt) else \
+                list(v.shape) if isinstance(v, torch.Tensor) else []:
+            if isinstance(s, torch.SymInt) and free_unbacked_symbols(s):
+                return s.node.shape_env
     return None
 
 

@@ -157,6 +157,20 @@ def symbol_bindings(graph, needed: set) -> list[str]:
 class WrapperCodegen:
     """Build the wrapper source for scheduled steps (see module docstring)."""
 
+    @staticmethod
+    def _bind_unbacked(value: str, layout, bound: set) -> list:
+        """Lines binding the data-dependent (unbacked) sizes of an extern kernel's output
+        ``value`` (``u1 = buf2.size(0)`` after ``nonzero``), the first time one appears,
+        before anything that uses them."""
+        from torch.utils._sympy.symbol import SymT, symbol_is_type
+
+        out = []
+        for d, e in enumerate(getattr(layout, "size", None) or ()):
+            if isinstance(e, sympy.Symbol) and symbol_is_type(e, SymT.UNBACKED_INT) and e not in bound:
+                bound.add(e)
+                out.append(f"    {e.name} = {value}.size({d})")
+        return out
+
     def __init__(self, graph, steps: list, kernels: dict):
         self.graph, self.steps, self.kernels = graph, steps, kernels
         self.globals: dict[str, Any] = {"torch": torch, "empty_strided": torch.empty_strided,
@@ -239,6 +253,7 @@ class WrapperCodegen:
         pool: dict[tuple, list[str]] = {}
         scatter_targets = {b.target.get_name() for b in g.buffers if isinstance(b, ScatterBuffer)}
         ours: set[str] = set()
+        bound_late: set = set()  # unbacked sizes bound from extern outputs (_bind_unbacked)
         params = ", ".join(g.placeholder_names)
         L = self.lines
         L.append(f"def call({params}):")
@@ -291,10 +306,13 @@ class WrapperCodegen:
                         L.append(f"    matmul_padded({b.name}, {', '.join(mm_args)})  # {b.op}, padded")
                     else:
                         L.append(f"    {b.name} = {op}({', '.join(args)})  # {b.op}")
+                    L += self._bind_unbacked(b.name, b.layout, bound_late)
                     if b.layout is not None:
                         L.append(f"    {b.name} = ensure_layout({b.name}, {_tuple(b.layout.size)}, "
                                  f"{_tuple(b.layout.stride)})")
                 elif isinstance(b, MultiOutput):
+                    L += self._bind_unbacked(
+                        f"{b.parent.name}{''.join(f'[{i}]' for i in b.path)}", b.layout, bound_late)
                     L.append(f"    {b.name} = ensure_layout({b.parent.name}"
                              f"{''.join(f'[{i}]' for i in b.path)}, {_tuple(b.layout.size)}, "
                              f"{_tuple(b.layout.stride)})")
@@ -332,6 +350,7 @@ class WrapperCodegen:
             leaves = [o.value for o in g.outputs] + [x for b in g.buffers if isinstance(b, ExternKernel)
                                                      for x in torch.utils._pytree.tree_leaves([b.args, b.kwargs])]
             needed |= {s for x in leaves if isinstance(x, sympy.Basic) for s in x.free_symbols} & ints
+        needed -= bound_late
         if needed:  # dynamic shapes: bind the symbols once per call, before any use
             L[1:1] = symbol_bindings(g, needed)
         return "\n".join(L) + "\n", self.globals

@@ -41,6 +41,31 @@ def _patch_interpreter_bf16_rounding() -> None:
     builder.cast_impl = cast_impl
     builder._coil_bf16_rtne = True
     _patch_interpreter_compare_dtype(builder)
+    _patch_interpreter_device_assert()
+
+
+def _patch_interpreter_device_assert() -> None:
+    """Check coil's bounds checks of indirect indices (``tl.device_assert`` with an
+    "index out of bounds" message, before the access) under the interpreter outside
+    Triton's debug mode too (there they were no-ops, and the debug-mode check
+    truth-tested a whole block): an index eager rejects then raises instead of reading
+    or writing outside the tensor (an index_put at index 5 of a 2-element tensor
+    corrupted the process's heap). Other asserts (Triton's own overflow checks) keep
+    Triton's behaviour."""
+    from triton.runtime import interpreter as interp
+
+    orig = interp.interpreter_semantic.device_assert
+
+    def device_assert(cond, msg, mask=None):
+        if not msg.startswith("index out of bounds"):
+            return orig(cond, msg, mask)
+        ok = np.asarray(cond.handle.data, dtype=np.bool_)
+        if mask is not None:
+            ok = ok | ~np.asarray(mask.handle.data, dtype=np.bool_)
+        if not ok.all():
+            raise IndexError(msg)
+
+    interp.interpreter_semantic.device_assert = device_assert
 
 
 def _patch_interpreter_compare_dtype(builder) -> None:

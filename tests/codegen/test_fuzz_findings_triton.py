@@ -132,3 +132,18 @@ def test_permuted_reductions(backend):
     # reduced dims iterate in memory order; argmax still counts in logical order
     _ok(_argmax_dims, lambda: [torch.tensor([3, 1, 3, 0, 2, 3] * 4, dtype=torch.float32)
                                .reshape(2, 3, 4).permute(2, 0, 1)], backend)
+
+
+# -- out-of-range indirect indices ------------------------------------------------
+
+def _index_put_out_of_range(a, i):
+    return (a.index_put((i,), torch.tensor(7.0), accumulate=True), a[i])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_out_of_range_index_raises(backend):
+    # the Triton interpreter ran tl.device_assert only in debug mode: the store at index
+    # 5 of a 2-element tensor went outside it (heap corruption of the fuzzer, s3 #113's
+    # minimization); now the kernel raises before the access, as eager and the C++ do
+    r = check(_index_put_out_of_range, lambda: [torch.zeros(2), torch.tensor([0, 5])], backend)
+    assert r.outcome == "both_raise", f"{r.outcome} {r.kind}: {r.detail}"

@@ -501,7 +501,8 @@ class TritonKernel(OpsHandler):
         x = self._tensor(x)
         size = pyexpr(sympy.sympify(size))  # a literal, or a size symbol (kernel argument)
         # negative indices always wrap here, ``wrap_neg`` or not: the bounds check below is
-        # a tl.device_assert, active only in Triton's debug mode, so an index that eager
+        # a tl.device_assert, active only in Triton's debug mode (and always under the
+        # interpreter: coil.runtime.triton_libdevice), so an index that eager
         # would reject must at least not address memory before the tensor
         v = self.cse(f"tl.where({x} < 0, {x} + {size}, {x})", x.dtype, x.dims)
         if check:

@@ -41,10 +41,17 @@ OVERLAP_MESSAGE = ("unsupported operation: more than one element of the written-
                    "performing the operation.")
 
 
+SYMBOLIC_OVERLAP_MESSAGE = ("the program writes to an input whose elements overlap (an "
+                            "expanded input) and has symbolic sizes: synthetic bases need "
+                            "static layouts, so the program runs eagerly")
+
+
 class OverlappingWrite(CoilError):
     """The program writes in place to memory that several of a tensor's elements share,
     which eager refuses at that op; ``aot_compile`` then runs the program eagerly, so
-    the call raises eager's error after eager's side effects."""
+    the call raises eager's error after eager's side effects. Also raised for a write to
+    an expanded input with symbolic sizes (:data:`SYMBOLIC_OVERLAP_MESSAGE`), which eager
+    runs."""
 
 
 def _overlaps(t: torch.Tensor) -> bool:
@@ -173,8 +180,17 @@ def input_groups(fake_args: list, mutated: list) -> Optional[InputGroups]:
         if not any(i in mutated for i in members):
             continue
         ts = [fake_args[i] for i in members]
-        if len(members) == 1 and not (_static(ts[0].shape, ts[0].stride()) and _overlaps(ts[0])):
-            continue
+        if len(members) == 1:
+            t = ts[0]
+            if _static(t.shape, t.stride()):
+                if not _overlaps(t):
+                    continue
+            elif 0 in [st for st in t.stride() if isinstance(st, int)] and _overlaps(t):
+                # an expanded input with symbolic sizes: no synthetic base (static
+                # layouts only) and no single new value to copy back: run eagerly
+                raise OverlappingWrite(SYMBOLIC_OVERLAP_MESSAGE)
+            else:
+                continue
         if not all(_static(t.shape, t.stride(), t.storage_offset()) for t in ts) or \
                 len({t.dtype for t in ts}) != 1:
             return None

@@ -178,7 +178,8 @@ class _NoOpExpandAsAlias(TorchDispatchMode):
     """``x.expand(x.shape)`` traced as ``aten.alias``: functionalization writes a mutation
     through an expand back as ``base + sum_to(new - base)`` (NaN where the base holds
     inf, and not exactly ``new`` in floating point); through an alias, as ``new``. Writes
-    through an expand that broadcasts are refused by eager (overlapping memory)."""
+    through an expand that broadcasts are refused by eager (overlapping memory). Also
+    rewrites ``squeeze_`` of a tensor with symbolic sizes (:func:`_squeeze_`)."""
 
     # higher-order operators (torch.cond...) pass through (docs/hops.md)
     supports_higher_order_operators = True
@@ -186,11 +187,28 @@ class _NoOpExpandAsAlias(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if isinstance(func, torch._ops.HigherOrderOperator):
             return func(*args, **(kwargs or {}))
+        if func in _SQUEEZE_ and any(isinstance(n, torch.SymInt) for n in args[0].shape):
+            return _squeeze_(func, *args)
         if func is aten.expand.default and len(args) >= 2 and len(args[1]) == args[0].dim() and \
                 all(isinstance(s, int) and (s == -1 or (isinstance(d, int) and s == d))
                     for s, d in zip(args[1], args[0].shape)):
             return aten.alias.default(args[0])
         return func(*args, **(kwargs or {}))
+
+
+_SQUEEZE_ = {aten.squeeze_.default, aten.squeeze_.dim, aten.squeeze_.dims}
+
+
+def _squeeze_(func, t, dims=None):
+    """``t.squeeze_(dims)`` of a tensor with symbolic sizes as ``squeeze_`` of exactly the
+    dims whose size is 1 (a no-op when none is): functionalization's ``squeeze_`` of a
+    dim with a symbolic size killed the process (SIGSEGV, user report 18 #1)."""
+    if func is aten.squeeze_.default:
+        dims = range(t.dim())
+    elif func is aten.squeeze_.dim:
+        dims = [dims]
+    dims = sorted({d % t.dim() for d in dims if t.dim() and t.shape[d] == 1})
+    return aten.squeeze_.dims(t, dims) if dims else t
 
 
 def _call(fn: Callable, args: list, drop_error_checks: bool):

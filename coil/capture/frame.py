@@ -649,6 +649,7 @@ def _build_entry(tx, output: OutputGraph, cfg: CaptureConfig, fn, code, argnames
     needs_graph = bool(graph_outs) or output.count_calls() > 0
     cg = EntryCodegen(output, graph_outs)
     lines = cg.lines
+    output.restore_input_layouts()  # the backend traces from the inputs as at the call
     from coil.capture.dynamic import check_marked
 
     check_marked(output.shape_env, output.dynamic, output.sites)

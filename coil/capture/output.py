@@ -141,6 +141,7 @@ class OutputGraph:
         self.f_globals = f_globals
         self.argnames = argnames
         self.inputs: list[tuple[Any, Any, torch.fx.Node]] = []  # (source, real, node)
+        self.layouts_at_call: list = []  # (fake, sizes, strides, offset) of each tensor input
         self.input_vts: dict[int, TensorVariable] = {}
         self.wrapped: dict[int, tuple[Any, VariableTracker]] = {}
         self.side_effects = SideEffects()
@@ -203,10 +204,23 @@ class OutputGraph:
         node = self._placeholder(expr)
         node.meta["example_value"] = fake
         node.meta["source"] = source.expr()
+        self.layouts_at_call.append((fake, tuple(fake.shape), fake.stride(), fake.storage_offset()))
         vt = TensorVariable(node, fake, source, cls=type(value))
         self.inputs.append((source, value, node))
         self.input_vts[id(value)] = vt
         return vt
+
+    def restore_input_layouts(self) -> None:
+        """Give the input fakes back the sizes, strides and offsets they had at the call.
+        Tracing ran the program on them, so after ``x.t_()`` / ``squeeze_`` /
+        ``unsqueeze_`` they describe the input as the program left it; the backend must
+        trace from the input as it is at the call (a stale layout gave wrong input types,
+        size mismatches, and a segfault in functionalization for ``squeeze_`` of a
+        symbolic dim). Called once the graph is complete."""
+        for fake, size, stride, offset in self.layouts_at_call:
+            if (tuple(fake.shape), fake.stride(), fake.storage_offset()) != (size, stride, offset):
+                with self.fake_mode, torch.no_grad():
+                    torch.ops.aten.as_strided_.default(fake, size, stride, offset)
 
     def symbol_input(self, value) -> Optional[torch.fx.Node]:
         """The SymInt placeholder for ``value`` when it is a bare symbol named by an input's

@@ -14,6 +14,7 @@ tests use the interpreter). Tests that use ``torch.compile`` call
 ``torch._dynamo.reset()`` before and after. The crash repro runs in a subprocess.
 """
 import functools
+import math
 import os
 import subprocess
 import sys
@@ -157,6 +158,19 @@ def test_int_argument_torch_compile_dynamic(dynamo_reset):
 
 def test_view_sliced_by_int_of_size_times_float():
     _calls(lambda x: x[: int(x.shape[0] * 0.5)], [(_ar(4),), (_ar(6),)])
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x: x[: math.ceil(x.shape[0] * 0.3)],
+    lambda x: x[: max(x.shape[0] - 3, 1)],
+    lambda x: x[: int(math.sqrt(x.shape[0]))],
+    lambda x: x[: math.floor(x.shape[0] / 1.5)],
+], ids=["ceil", "max", "sqrt", "floor_truediv"])
+def test_view_sliced_by_size_functions(fn):
+    """Returned views whose sizes are ShapeEnv functions of a size (CeilToInt, Max,
+    sqrt, FloorToInt of a true division): the per-call layout evaluator's namespace has
+    every name they print as."""
+    _calls(fn, [(_ar(n),) for n in (4, 6, 9, 7)])
 
 
 def test_expanded_input_select_mutation_dynamic():

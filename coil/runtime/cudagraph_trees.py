@@ -18,9 +18,15 @@ stale: their storages are poisoned (reading them or any view of them raises
 again from the roots), which is why outputs from one step stay valid through the next
 step only if they are cloned.
 
-Gradients. A backward node whose gradients from its last replay are still held
-(``.grad`` of a parameter while gradients accumulate over micro-batches) is not
-replayed over them: that backward call runs un-graphed (logged once).
+Gradients and later outputs. A backward node whose gradients from its last replay are
+still held (``.grad`` of a parameter while gradients accumulate over micro-batches) is
+not replayed over them: that backward call runs un-graphed (logged once). More
+generally, a node is never replayed while a node recorded after it has live outputs:
+the later recording may have been given memory that this node's capture used for
+intermediates, so the replay would overwrite them (the forward of the second
+micro-batch overwrote the first one's gradients). Gradients, and outputs passed to this
+very call, keep their values: the call runs un-graphed. Other live outputs of later
+recordings are from an earlier step and are poisoned (stale), as a replay's own are.
 
 Steps. A new step starts (the path goes back to the roots) at
 :func:`mark_step_begin`, or automatically when a forward or inference graph already
@@ -70,6 +76,9 @@ class Node:
         self.inplace = inplace
         self.children: list = []
         self.depth = 0 if parent is None else parent.depth + 1
+        #: recording order in the tree: a later recording may reuse memory this node's
+        #: capture freed (its intermediates), so its live outputs forbid replaying this
+        self.index = tree.nodes
         #: weak refs of the slot storages handed out by the last replay
         self.live: list = []
         # storages only the backward holds: one that also backs a user output may be
@@ -85,6 +94,13 @@ class Node:
         """Something still holds an output of the last replay."""
         return any(not ref.expired() for ref in self.live)
 
+    def poison_live(self) -> None:
+        """Make what the last replay handed out raise when read (it is about to be overwritten)."""
+        for ref in self.live:
+            if not ref.expired():
+                self.tree.recorder.poison(ref, STALE_MESSAGE)
+        self.live = []
+
     def pending_backward(self) -> bool:
         """A forward whose saved tensors from the last replay are still held."""
         return any(not self.live[s].expired() for s in self.saved_slots) if self.live else False
@@ -98,9 +114,7 @@ class Node:
                     self.placeholders[0].copy_(srcs[0])
                 else:
                     torch._foreach_copy_(self.placeholders, srcs)
-        for ref in self.live:
-            if not ref.expired():
-                self.tree.recorder.poison(ref, STALE_MESSAGE)
+        self.poison_live()
         self.tree.recorder.replay(self.graph)
         self.tree.replays += 1
         outs, self.live = self.plan.build(args)
@@ -122,6 +136,7 @@ class Tree:
         self.stable_storages: set = set()
         self.steps = 0
         self.nodes = 0
+        self.all_nodes: list = []
         self.replays = 0
         _ALL_TREES.add(self)
 
@@ -170,6 +185,23 @@ class Tree:
                           reason="gradients of the last replay still held (accumulation): "
                                  "this backward runs un-graphed")
             return fn.fn(*args)
+        later = [m for m in self.all_nodes if node is not None and m.index > node.index and m.busy()]
+        if later:
+            # nodes recorded after this one still have outputs alive; their memory may be
+            # this node's intermediates. Gradients (held in .grad across micro-batches)
+            # and this call's own arguments must survive: the call runs un-graphed.
+            # Other outputs belong to an earlier step and go stale, as a replay's own do.
+            ptrs = {a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor)}
+            if any(m.fn.kind == "backward" for m in later) or \
+                    any(self.pool_storages.get(p) in later for p in ptrs):
+                if not fn.later_logged:
+                    fn.later_logged = True
+                    trace.log("cudagraph_skip", stage="runtime", graph=fn.name,
+                              reason="outputs of a later recording are still alive (gradients "
+                                     "held in .grad, or this call's arguments): runs un-graphed")
+                return fn.fn(*args)
+            for m in later:
+                m.poison_live()
         if node is None:
             node = self.record(fn, sig, args, warm)
             if node is None:
@@ -200,6 +232,7 @@ class Tree:
         fn.records += 1
         node = Node(self, fn, sig, parent, graph, plan, copied, placeholders, inplace)
         (parent.children if parent is not None else self.roots).append(node)
+        self.all_nodes.append(node)
         for ptr, _, _ in plan.slots:
             self.pool_storages[ptr] = node
         self.nodes += 1
@@ -249,7 +282,7 @@ class GraphFunction:
         self.warm: dict = {}
         self.copy_always: dict = {}
         self.records = 0
-        self.limit_logged = self.held_logged = False
+        self.limit_logged = self.held_logged = self.later_logged = False
 
     def skip_with(self, reason: str) -> None:
         """Run un-graphed from now on, logged once."""

@@ -111,7 +111,10 @@ def is_size_symbol(s) -> bool:
     variables (``x0``, ``r0``) are neither."""
     from torch.utils._sympy.symbol import SymT, symbol_is_type
 
-    return bool(s.is_positive) or symbol_is_type(s, SymT.UNBACKED_INT)
+    # an int argument made symbolic (``s5`` for ``n`` in ``x * n``) is a backed SIZE-typed
+    # symbol without the positive assumption; kernels read it as an argument too
+    return bool(s.is_positive) or symbol_is_type(s, (SymT.UNBACKED_INT, SymT.SIZE)) \
+        and s.name[1:].isdigit()
 
 
 def as_size(e):

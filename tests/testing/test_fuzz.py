@@ -205,10 +205,6 @@ def _scatter_add_bool(a, b):
     return ()
 
 
-def _div_by_int_of_neg_zero(b):
-    return (1.0 / b.to(torch.int64),)  # -0.0 -> int 0 -> +0.0: eager inf
-
-
 def _write_into_overlapping_as_strided(a):
     v0 = a.as_strided((3, 1), (0, 2), 0)
     v0[2:].fill_(-torch.inf)
@@ -220,8 +216,6 @@ KNOWN_BUGS = {
         (_layer_norm_huge, lambda: [torch.tensor([[[1.0, 1.0]], [[1.0, -1.839752e+38]]])]),
     "scatter_add_ of bool: compile error 'Subtraction ... two bool tensors' (torch too)":
         (_scatter_add_bool, lambda: [torch.tensor(False), torch.tensor(1.0)]),
-    "x / t.to(int64) with t == -0.0: -inf where eager gives inf (the cast is elided)":
-        (_div_by_int_of_neg_zero, lambda: [torch.tensor([-0.0, 2.0])]),
     "a write into a non-overlapping part of an overlapping as_strided view: compiled raises":
         (_write_into_overlapping_as_strided, lambda: [torch.tensor(1.0)]),
 }

@@ -353,14 +353,7 @@ def call_cond(tx, args: list, kwargs: dict) -> VariableTracker:
     f = trace_subgraph(tx, false_fn, operands, "torch.cond false_fn", alias_ok=False)
     t.user_line_text, f.user_line_text = _fn_line(true_fn), _fn_line(false_fn)
     _check_same_outputs(t, f, ("true_fn", "false_fn"), location)
-    for n in list(f.lifted):
-        if n not in t.lifted:
-            t.add_lifted(n)
-    for n in t.lifted:
-        if n not in f.lifted:
-            f.add_lifted(n)
-    order = {n: i for i, n in enumerate(t.lifted)}
-    _reorder_lifted(f, order)
+    _share_lifted(t, f)
     if torch.is_grad_enabled():
         _contiguous_grads(t.graph)
         _contiguous_grads(f.graph)
@@ -395,6 +388,18 @@ def call_cond(tx, args: list, kwargs: dict) -> VariableTracker:
               subgraphs=[tname, fname], lifted=[n.meta.get("source", n.name) for n in t.lifted],
               where=str(location).splitlines()[0])
     return _unflatten(items, t.structure)
+
+
+def _share_lifted(a: Subgraph, b: Subgraph) -> None:
+    """Give ``a`` and ``b`` the same lifted inputs, in ``a``'s order (the operator passes
+    one list of lifted values to both functions)."""
+    for n in list(b.lifted):
+        if n not in a.lifted:
+            a.add_lifted(n)
+    for n in a.lifted:
+        if n not in b.lifted:
+            b.add_lifted(n)
+    _reorder_lifted(b, {n: i for i, n in enumerate(a.lifted)})
 
 
 def _reorder_lifted(sg: Subgraph, order: dict) -> None:
@@ -463,13 +468,7 @@ def call_while_loop(tx, args: list, kwargs: dict) -> VariableTracker:
         raise Unsupported("torch.while_loop with inputs that require grad (its backward "
                           "needs the trip count as a size: not captured)",
                           hint="run it under torch.no_grad(), or it runs outside the graph")
-    for n in list(b.lifted):
-        if n not in c.lifted:
-            c.add_lifted(n)
-    for n in c.lifted:
-        if n not in b.lifted:
-            b.add_lifted(n)
-    _reorder_lifted(b, {n: i for i, n in enumerate(c.lifted)})
+    _share_lifted(c, b)
     out = tx.output
     index = out.hop_count = getattr(out, "hop_count", -1) + 1
     cname = _register(out, "while_cond", c.graph, index)

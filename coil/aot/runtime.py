@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import sys
 from typing import Any, Callable, Sequence
 
 import sympy
@@ -293,6 +294,28 @@ def without_autocast(fn: Callable) -> Callable:
     return call
 
 
+def opaque_to_torch_compile(fn: Callable) -> Callable:
+    """``fn`` run with torch.compile's frame hook off, so an enclosing ``torch.compile``
+    never traces coil's runtime code.
+
+    The autograd engine calls a compiled graph's backward from the user's frame, where
+    torch.compile's hook is still on after a graph break at ``torch.autograd.grad`` /
+    ``.backward()``: it traced the backward, the generated wrapper and its helpers as user
+    code, made the saved sizes (``s77 = primals_1``) SymInts under ``dynamic=True`` and
+    handed one to ``as_strided`` (RuntimeError). torch's own runtime lives in files its
+    capture skips; coil's is wrapped here. Without ``torch._dynamo`` imported no hook can
+    be on, and ``fn`` runs directly (the disabled wrapper costs ~1 us a call)."""
+    disabled: list = []
+
+    def call(*args):
+        if "torch._dynamo" not in sys.modules:
+            return fn(*args)
+        if not disabled:
+            disabled.append(torch.compiler.disable(fn))
+        return disabled[0](*args)
+    return call
+
+
 def inference_runner(compiled_fw: Callable, info: ProgramInfo) -> Callable:
     """The callable for the inference path: one graph plus the epilogue."""
     epilogue = _make_epilogue(info)
@@ -374,6 +397,7 @@ def training_runner(compiled_fw: Callable, compiled_bw: Callable, info: ProgramI
             return outs
 
         @staticmethod
+        @opaque_to_torch_compile
         def backward(ctx, *grad_outs):
             tensors = iter(ctx.saved_tensors)
             others = iter(ctx.others)

@@ -53,32 +53,42 @@ def _op_name(target) -> str:
 
 
 def ungraphable_reason(gm: Optional[torch.fx.GraphModule]) -> Optional[str]:
-    """Why the ATen graph ``gm`` cannot be captured as a CUDA graph, or None.
-
-    Host syncs and data-dependent sizes (:data:`SYNC_OPS`, unbacked symbols in a
-    node's value), CPU tensors computed inside the graph, and random ops drawing from
-    an explicit ``torch.Generator`` (only the default CUDA generator is graph-safe:
-    its Philox offset advances on every replay)."""
+    """Why the ATen graph ``gm`` cannot be captured as a CUDA graph as a whole (the
+    first of :func:`ungraphable_node`'s reasons), or None."""
     if gm is None:
+        return None
+    return next((r for r in map(ungraphable_node, gm.graph.nodes) if r is not None), None)
+
+
+def ungraphable_node(node: torch.fx.Node) -> Optional[str]:
+    """Why the ATen op ``node`` cannot be captured into a CUDA graph, or None.
+
+    Host syncs and data-dependent sizes (:data:`SYNC_OPS`, unbacked symbols in the
+    node's value or in a value it reads), CPU tensors computed or read (a CUDA graph
+    would keep the value of capture time), and random ops drawing from an explicit
+    ``torch.Generator`` (only the default CUDA generator is graph-safe: its Philox
+    offset advances on every replay)."""
+    if node.op != "call_function":
         return None
     from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
-    for node in gm.graph.nodes:
-        if node.op != "call_function":
-            continue
-        name = _op_name(node.target)
-        if name in SYNC_OPS:
-            return f"op {name} syncs with the host or has a data-dependent shape ({node.name})"
-        val = node.meta.get("val")
+    name = _op_name(node.target)
+    if name in SYNC_OPS:
+        return f"op {name} syncs with the host or has a data-dependent shape ({node.name})"
+    val = node.meta.get("val")
+    read = [i.meta.get("val") for i in node.all_input_nodes]
+    for v in [val] + read:
         try:
-            if val is not None and free_unbacked_symbols(val):
+            if v is not None and free_unbacked_symbols(v):
                 return f"data-dependent shape at {node.name} ({name or node.target})"
         except Exception:  # noqa: BLE001 - a value free_unbacked_symbols cannot walk
             pass
-        if isinstance(val, torch.Tensor) and val.device.type == "cpu":
-            return f"CPU tensor computed in the graph at {node.name} ({name or node.target})"
-        if node.kwargs.get("generator") is not None:
-            return f"unsupported RNG: {node.name} draws from an explicit torch.Generator"
+    if isinstance(val, torch.Tensor) and val.device.type == "cpu":
+        return f"CPU tensor computed in the graph at {node.name} ({name or node.target})"
+    if any(isinstance(v, torch.Tensor) and v.device.type == "cpu" for v in read):
+        return f"CPU tensor read at {node.name} ({name or node.target})"
+    if node.kwargs.get("generator") is not None:
+        return f"unsupported RNG: {node.name} draws from an explicit torch.Generator"
     return None
 
 

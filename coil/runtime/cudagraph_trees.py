@@ -341,8 +341,8 @@ def cudagraphify(fn: Callable, kind: str, saved: Optional[tuple] = None) -> Call
     is on, else ``fn`` itself. Called by the AOT runtime for each graph it runs."""
     from coil.config import config
 
-    if not config.cudagraphs:
-        return fn
+    if not config.cudagraphs or getattr(fn, "cudagraph_partitioned", False):
+        return fn  # (a PartitionedGraph's pieces are wrapped already)
     gf = GraphFunction(fn, kind, saved, limit=config.cudagraph_record_limit)
     gm = getattr(fn, "gm", None) or getattr(fn, "__self__", None)
     reason = ungraphable_reason(gm if isinstance(gm, torch.fx.GraphModule) else None)

@@ -261,20 +261,15 @@ def test_aot_inference_through_the_tree(fake_cuda):
     assert fake_cuda.replays == 3
 
 
-def test_aot_training_through_the_tree(fake_cuda):
+def test_aot_training_through_the_tree(fake_cuda, lockstep):
     import copy
 
     torch.manual_seed(0)
     m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
     m2 = copy.deepcopy(m)
-    cm = coil.compile(m2, mode="reduce-overhead")
-    opts = [torch.optim.AdamW(p.parameters(), lr=1e-2) for p in (m, m2)]
-    for _ in range(5):
-        x = torch.randn(4, 8)
-        for model, opt in zip((m, cm), opts):
-            opt.zero_grad()
-            model(x).square().mean().backward()
-            opt.step()
+    lockstep([(m, m), (coil.compile(m2, mode="reduce-overhead"), m2)],
+             lambda ps: torch.optim.AdamW(ps, lr=1e-2), [torch.randn(4, 8) for _ in range(5)],
+             lambda out: out.square().mean())
     for p, p2 in zip(m.parameters(), m2.parameters()):
         torch.testing.assert_close(p2, p, atol=1e-5, rtol=1e-4)
     fw = fake_cuda.roots[0]

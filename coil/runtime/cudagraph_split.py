@@ -1,0 +1,146 @@
+"""Partitioning for CUDA graphs: split an ATen graph around the ops a CUDA graph cannot
+hold, so that the rest is still recorded (docs/cudagraphs.md, "Partitioning").
+
+In: one functional ATen graph about to be compiled under ``config.cudagraphs``, its
+kind (``gm.meta["coil_aot_graph"]``: inference, forward, backward) and the compiler
+the AOT layer would use for it. Out: one callable with the graph's calling convention
+that runs a list of *pieces* in order, each compiled alone by that compiler: the
+graphable pieces wrapped by :func:`~coil.runtime.cudagraph_trees.cudagraphify` (each
+a graph of the device's tree), the others (host syncs, CPU ops, data-dependent sizes,
+explicit generators: :func:`~coil.runtime.cudagraph_record.ungraphable_node`) run as
+compiled code between them.
+
+Pieces. Each op gets a level: an un-graphable op the smallest odd level, a graphable
+one the smallest even level, not below the levels of the ops it reads (``getitem``
+follows its producer). Ops of one level form one piece, so the number of pieces is
+the longest alternation of graphable and un-graphable ops along a dependency path, not
+the number of un-graphable ops; graphable work independent of them moves into the
+first piece. A piece returns what later pieces or the graph's output read; a forward
+piece returns the graph's user outputs first, so that the tree counts the rest as
+held for the backward (``saved``). Each split is logged (``cudagraph_split``) with the
+un-graphable ops and their reasons. A graph whose graphable ops would all be pure
+views is not split (the whole graph runs un-graphed, as before, logged).
+"""
+from __future__ import annotations
+
+import operator
+from typing import Callable
+
+import torch
+
+from coil import trace
+from coil.runtime.cudagraph_record import ungraphable_node
+
+__all__ = ["partitioning", "split_levels", "PartitionedGraph"]
+
+
+def partitioning(compiler: Callable) -> Callable:
+    """``compiler(gm, example_inputs)``, except that a graph holding un-graphable ops is
+    compiled as pieces (module docstring) when ``config.cudagraphs`` is on."""
+    def compile_graph(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
+        from coil.config import config
+
+        if config.cudagraphs:
+            levels, reasons = split_levels(gm)
+            if reasons and any(lv % 2 == 0 and not _is_view(n) for n, lv in levels.items()):
+                return PartitionedGraph(gm, levels, reasons, compiler)
+        return compiler(gm, example_inputs)
+    return compile_graph
+
+
+def _is_view(node: torch.fx.Node) -> bool:
+    schema = getattr(node.target, "_schema", None)
+    return node.target is operator.getitem or (schema is not None and any(
+        a.alias_info is not None and not a.alias_info.is_write for a in schema.returns))
+
+
+def split_levels(gm: torch.fx.GraphModule) -> tuple[dict, dict]:
+    """``(levels, reasons)``: the level of every op node (even: graphable) and, for
+    each un-graphable one, why (module docstring)."""
+    levels: dict = {}
+    reasons: dict = {}
+    for n in gm.graph.nodes:
+        if n.op not in ("call_function", "call_method", "call_module"):
+            continue
+        base = max((levels.get(i, 0) for i in n.all_input_nodes), default=0)
+        if n.target is operator.getitem and n.args[0] in levels:
+            levels[n] = levels[n.args[0]]
+            continue
+        why = ungraphable_node(n)
+        if why is not None:
+            reasons[n] = why
+        levels[n] = base + ((base % 2 == 0) == (why is not None))
+    return levels, reasons
+
+
+class PartitionedGraph:
+    """One ATen graph run as pieces compiled apart (module docstring). Calling it
+    returns the graph's outputs as a tuple; ``output_strides`` is None (pieces return
+    the traced layouts)."""
+
+    #: read by cudagraphify: the pieces are wrapped already
+    cudagraph_partitioned = True
+    output_strides = None
+
+    def __init__(self, gm: torch.fx.GraphModule, levels: dict, reasons: dict, compiler: Callable):
+        from coil.runtime.cudagraph_trees import cudagraphify
+
+        kind = gm.meta.get("coil_aot_graph", "inference")
+        saved = gm.meta.get("coil_saved_outputs")
+        nodes = list(gm.graph.nodes)
+        out_node = nodes[-1]
+        flat = list(out_node.args[0]) if isinstance(out_node.args[0], (list, tuple)) else [out_node.args[0]]
+        user = {a for a in flat[:saved[0]] if isinstance(a, torch.fx.Node)} if saved else set()
+        slot: dict = {}  # value node -> index in a call's list of values
+        for n in [n for n in nodes if n.op == "placeholder"] + [n for n in nodes if n.op == "get_attr"]:
+            slot[n] = len(slot)
+        self.constants = [(slot[n], getattr(gm, n.target)) for n in nodes if n.op == "get_attr"]
+        self.n_inputs = sum(1 for n in nodes if n.op == "placeholder")
+        readers: dict = {}
+        for n in nodes:
+            for i in n.all_input_nodes:
+                readers.setdefault(i, set()).add(levels.get(n, float("inf")))
+        self.pieces: list = []
+        for lv in sorted(set(levels.values())):
+            members = [n for n in nodes if levels.get(n) == lv]
+            ins = list(dict.fromkeys(i for n in members for i in n.all_input_nodes if levels.get(i) != lv))
+            outs = [n for n in members if any(r > lv for r in readers.get(n, ()))]
+            outs.sort(key=lambda n: n not in user)
+            piece = _subgraph(gm, members, ins, outs)
+            piece.meta["coil_aot_graph"] = kind
+            fn = compiler(piece, [i.meta.get("val") for i in ins])
+            graphable = lv % 2 == 0
+            if graphable:
+                fn = cudagraphify(fn, kind, (sum(o in user for o in outs), len(outs))
+                                  if kind == "forward" else None)
+            for o in outs:
+                slot[o] = len(slot)
+            self.pieces.append((fn, [slot[i] for i in ins], [slot[o] for o in outs]))
+        self.outputs = [("slot", slot[a]) if isinstance(a, torch.fx.Node) else ("const", a) for a in flat]
+        self.n_slots = len(slot)
+        trace.log("cudagraph_split", stage="runtime", graph=kind, pieces=len(self.pieces),
+                  graphed=sum(1 for lv in set(levels.values()) if lv % 2 == 0),
+                  ungraphable={n.name: why for n, why in reasons.items()})
+
+    def __call__(self, *args):
+        vals = list(args) + [None] * (self.n_slots - len(args))
+        for i, c in self.constants:
+            vals[i] = c
+        for fn, ins, outs in self.pieces:
+            res = fn(*[vals[i] for i in ins])
+            for i, v in zip(outs, res):
+                vals[i] = v
+        return tuple(vals[x] if kind == "slot" else x for kind, x in self.outputs)
+
+
+def _subgraph(gm: torch.fx.GraphModule, members: list, ins: list, outs: list) -> torch.fx.GraphModule:
+    """A graph module of ``members`` reading ``ins`` as placeholders, returning ``outs``."""
+    g = torch.fx.Graph()
+    env: dict = {}
+    for i in ins:
+        env[i] = g.placeholder(i.name)
+        env[i].meta = dict(i.meta)
+    for n in members:
+        env[n] = g.node_copy(n, lambda a: env[a])
+    g.output(tuple(env[o] for o in outs))
+    return torch.fx.GraphModule(gm, g)

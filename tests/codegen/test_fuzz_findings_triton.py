@@ -147,3 +147,41 @@ def test_out_of_range_index_raises(backend):
     # minimization); now the kernel raises before the access, as eager and the C++ do
     r = check(_index_put_out_of_range, lambda: [torch.zeros(2), torch.tensor([0, 5])], backend)
     assert r.outcome == "both_raise", f"{r.outcome} {r.kind}: {r.detail}"
+
+
+# -- operations on constants only; unsigned operands beside negative literals -----
+
+def _int_pow(a):
+    # s21 #271: _pow_int compared a uint8 base with -1 ("unsigned tensor and negative
+    # scalar", raised by Triton's front end: the GPU compile fails too)
+    return (a ** a,)
+
+
+def _sub_alpha_wraps(a):
+    # 2 * alpha folded to the Python expression (2 * 253) in tl.full(..., tl.uint8): 506
+    # is out of range; eager wraps (a + 6)
+    return (torch.sub(a, 2, alpha=-3),)
+
+
+def _pow_of_constants(a):
+    # s22 #1298: argmin of a 0-d tensor is the constant 0; 0 ** 0 was emitted as
+    # tl.full([1], _pow_int(tmp0, tmp0), ...), a splat of a block
+    v0 = torch.argmin(a)
+    return (v0 ** v0,)
+
+
+def _gelu_of_constant(a):
+    # s22 #2216: gelu of zeros is _ndtr of a constant, in tl.full as well
+    return (torch.nn.functional.gelu(torch.zeros_like(a, dtype=torch.float64)),)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("fn", [_int_pow, _sub_alpha_wraps], ids=lambda f: f.__name__)
+def test_uint8_arithmetic_wraps(fn, backend):
+    _ok(fn, lambda: [torch.tensor([0, 1, 9, 200, 255], dtype=torch.uint8)], backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("fn", [_pow_of_constants, _gelu_of_constant], ids=lambda f: f.__name__)
+def test_ops_on_constants(fn, backend):
+    _ok(fn, lambda: [torch.tensor(2, dtype=torch.int32)], backend)

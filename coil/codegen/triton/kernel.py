@@ -526,6 +526,7 @@ class TritonKernel(OpsHandler):
 
     def where(self, c, a, b):
         dt = a.dtype if (isinstance(a, TVal) and a.const is None) else b.dtype
+        c, a, b = self._fold_consts(c, a, b)
         return self._op(f"tl.where({c}, {a}, {b})", dt, c, a, b)
 
     def load_seed(self, name, offset):
@@ -539,11 +540,17 @@ class TritonKernel(OpsHandler):
         offset = self._tensor(offset)
         return self.cse(f"rng.randn({seed}, ({offset}).to(tl.uint32))", torch.float32, offset.dims)
 
+    def _fold_consts(self, *args) -> tuple:
+        """Operands of an op whose operands are all constants, as ``[1]`` tensors of their
+        dtypes: the op then runs in tensor arithmetic (wrapping in uint8, as eager), not
+        on Python ints (``tl.full([1], 2 * 253, tl.uint8)`` overflowed) or on a helper's
+        block result (``tl.full([1], _pow_int(...))``: "Cannot splat a block tensor")."""
+        if all(isinstance(a, TVal) and a.const is not None for a in args):
+            return tuple(self._tensor(a) for a in args)
+        return args
+
     def _op(self, expr, dtype, *args) -> TVal:
         dims = frozenset().union(*[a.dims for a in args if isinstance(a, TVal)])
-        if all(isinstance(a, TVal) and a.const is not None for a in args):
-            # constant expression: still a Triton expression, but make it a tensor
-            return self.cse(f"tl.full({'[1]' if not self.red else '[1, 1]'}, {expr}, {TL_DTYPE[dtype]})", dtype, dims)
         return self.cse(expr, dtype, dims)
 
     def _small_int_pow(self, a, b) -> Optional[TVal]:
@@ -580,6 +587,7 @@ class TritonKernel(OpsHandler):
         if op in _BIN:
             fmt = _BIN[op]
             def f(a, b):
+                a, b = self._fold_consts(a, b)
                 if op == "pow":
                     small = self._small_int_pow(a, b)
                     if small is not None:
@@ -610,6 +618,7 @@ class TritonKernel(OpsHandler):
         if op in _UN:
             fmt = _UN[op]
             def g(x):
+                x, = self._fold_consts(x)
                 if op in ("floor", "ceil", "round", "trunc") and not x.dtype.is_floating_point:
                     return x  # identity on integers (libdevice's versions are float-only)
                 if op in _INT_UN and not x.dtype.is_floating_point:
@@ -709,8 +718,9 @@ def _pow_int(a, b):
         r = tl.where((e & 1) != 0, r * base, r)
         base = base * base
         e = e >> 1
+    # (a + 1 == 0, not a == -1: Triton rejects a negative scalar beside an unsigned a)
     neg = tl.where((b & 1) != 0, -1, 1).to(a.dtype)
-    rn = tl.where(a == 1, 1, tl.where(a == -1, neg, 0)).to(a.dtype)
+    rn = tl.where(a == 1, 1, tl.where(a + 1 == 0, neg, 0)).to(a.dtype)
     return tl.where(b < 0, rn, r)
 
 

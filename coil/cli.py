@@ -28,8 +28,11 @@ def _add_bench(sub) -> None:
     p.add_argument("--suite", default="default", choices=list(SUITES),
                    help="default: the models above; broad: coil/bench/broad.py (47 "
                         "transformers and timm models; default modes bf16 train)")
-    p.add_argument("--mode", nargs="+", choices=MODES,
-                   help=f"modes (default: {' '.join(MODES)}; broad suite: bf16 train)")
+    p.add_argument("--mode", nargs="+", choices=[*MODES, "reduce-overhead"],
+                   help=f"modes (default: {' '.join(MODES)}; broad suite: bf16 train); "
+                        "reduce-overhead (alone): CUDA graph workloads, eager vs "
+                        "torch.compile vs coil in one process (coil/bench/reduce_overhead.py; "
+                        "--model picks workloads from it)")
     p.add_argument("--compiler", nargs="+", default=list(BENCH_DEFAULT),
                    help=f"compilers (default: {' '.join(BENCH_DEFAULT)}); also "
                         "'package.module:attr' naming a coil.bench.compilers.Compiler")
@@ -64,9 +67,37 @@ def _add_bench(sub) -> None:
     p.add_argument("--strict", action="store_true", help="exit 1 unless every row passes")
 
 
+def _run_reduce_overhead(a) -> int:
+    """``coil bench --mode reduce-overhead`` (coil/bench/reduce_overhead.py)."""
+    from coil.bench import reduce_overhead as ro
+    from coil.bench.compilers import BENCH_DEFAULT
+
+    if len(a.mode) > 1 or a.isolate or a.paired:
+        print("coil bench: --mode reduce-overhead runs alone, in one process, always "
+              "interleaved (no other modes, --isolate or --paired)", file=sys.stderr)
+        return 2
+    compilers = list(ro.COMPILERS) if a.compiler == list(BENCH_DEFAULT) else \
+        [c for c in a.compiler if c != "eager"]
+    try:
+        result = ro.run(a.model, device=a.device, size=a.size, compilers=compilers,
+                        warmup=a.warmup, repeat=a.repeat, max_timing_s=a.max_timing,
+                        row_timeout=a.row_timeout, budget_s=a.budget, progress=not a.no_progress)
+    except ValueError as e:
+        print(f"coil bench: {e}", file=sys.stderr)
+        return 2
+    _emit(a.json, json.dumps(result, indent=1))
+    if a.markdown:
+        _emit(a.markdown, ro.format_markdown(result))
+    if not a.quiet:
+        print(ro.format_text(result))
+    return 1 if a.strict and any(r["status"] not in ("pass", "skipped") for r in result["rows"]) else 0
+
+
 def _run_bench(a) -> int:
     from coil.bench import suite
 
+    if a.mode is not None and "reduce-overhead" in a.mode:
+        return _run_reduce_overhead(a)
     if a.mode is None:
         from coil.bench.broad import BROAD_MODES
         a.mode = list(BROAD_MODES if a.suite == "broad" else suite.MODES)

@@ -1,0 +1,66 @@
+"""``coil bench --mode reduce-overhead`` on CPU (coil/bench/reduce_overhead.py): tiny
+workloads, rows per compiler, the no-CUDA note, failures confined to their row."""
+import importlib.util
+import json
+
+import pytest
+import torch
+
+from coil import cli
+from coil.bench import reduce_overhead as ro
+
+
+def test_cli_runs_workloads_side_by_side_on_cpu(tmp_path, capsys):
+    out = tmp_path / "ro.json"
+    rc = cli.main(["bench", "--mode", "reduce-overhead", "--model", "gpt2_decode", "train_gpt",
+                   "mobilenet", "--compiler", "coil", "--repeat", "3", "--json", str(out),
+                   "--no-progress"])
+    assert rc == 0
+    res = json.loads(out.read_text())
+    assert res["meta"]["mode"] == "reduce-overhead" and "no CUDA device" in res["meta"]["note"]
+    rows = {(r["workload"], r["compiler"]): r for r in res["rows"]}
+    assert set(rows) == {(w, c) for w in ("gpt2_decode", "train_gpt", "mobilenet")
+                         for c in ("eager", "coil")}
+    for w in ("gpt2_decode", "train_gpt"):
+        eager, coil_row = rows[w, "eager"], rows[w, "coil"]
+        assert eager["status"] == coil_row["status"] == "pass", (eager, coil_row)
+        assert coil_row["compile_s"] > 0 and eager["compile_s"] is None
+        assert coil_row["speedup"] == pytest.approx(eager["ms"] / coil_row["ms"])
+        assert coil_row["peak_gb"] is None and coil_row["vs_torch"] is None  # CPU; no torch row
+    assert "tokens equal to eager's" in rows["gpt2_decode", "coil"]["note"]
+    if importlib.util.find_spec("timm") is None and importlib.util.find_spec("torchvision") is None:
+        assert rows["mobilenet", "coil"]["status"] == "skipped"
+        assert "timm or torchvision" in rows["mobilenet", "coil"]["note"]
+    text = capsys.readouterr().out
+    assert "coil/torch" in text and "note: no CUDA device" in text
+
+
+def test_a_raising_compiler_is_its_own_error_row(monkeypatch):
+    def broken(module, dynamic):
+        raise RuntimeError("boom")
+
+    def wrong(module, dynamic):
+        return lambda ids: module(ids) + 1.0
+
+    monkeypatch.setattr(ro, "COMPILERS", {"broken": broken, "wrong": wrong, "same": lambda m, d: m})
+    res = ro.run(["train_gpt"], device="cpu", compilers=["broken", "wrong", "same"], repeat=3,
+                 progress=False)
+    rows = {r["compiler"]: r for r in res["rows"]}
+    assert rows["broken"]["status"] == "error" and "boom" in rows["broken"]["error"]
+    assert rows["broken"]["ms"] is None and rows["broken"]["speedup"] is None
+    assert rows["wrong"]["status"] == "mismatch" and "rmse" in rows["wrong"]["note"]
+    assert rows["same"]["status"] == "pass" and rows["same"]["ms"] > 0
+
+
+def test_check_counts_tokens_and_rejects_far_values():
+    e = [torch.ones(4, dtype=torch.bfloat16), torch.tensor([1, 2, 3])]
+    ok, note = ro._check(e, [e[0] * 1.01, torch.tensor([1, 2, 4])], torch.bfloat16)
+    assert ok and note == "2/3 tokens equal to eager's"
+    ok, note = ro._check(e, [e[0] * 1.5, e[1]], torch.bfloat16)
+    assert not ok and note.startswith("output 0: rmse")
+
+
+def test_unknown_names_are_refused(capsys):
+    assert cli.main(["bench", "--mode", "reduce-overhead", "--model", "nope"]) == 2
+    assert "unknown nope" in capsys.readouterr().err
+    assert cli.main(["bench", "--mode", "reduce-overhead", "fp32"]) == 2

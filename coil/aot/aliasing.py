@@ -12,12 +12,16 @@ member as an ``as_strided`` view of its base. Writes then go to the base (one gr
 output, copied back into the caller's memory by the runtime's input-mutation
 epilogue) and every member sees them, as in eager.
 
-While the program runs, :class:`OverlapGuard` (a dispatch mode under
-functionalization) re-expresses each view of a tensor whose elements overlap
-(``expand``, stride 0) directly as an ``as_strided`` view of the base, so a write
-through it scatters into the base without going through the overlapping tensor, and
+A member whose elements overlap is an ``as_strided`` view of its base with a stride 0;
+functionalization's view rewrites (``coil.aot.functional._ViewRewrites``) take each
+non-overlapping view of it directly from the base, so a write through such a view
+scatters into the base without going through the overlapping member. While the
+program is analysed, :class:`OverlapGuard` (a dispatch mode under functionalization)
 raises :class:`OverlappingWrite` for an in-place write *to* overlapping memory (the
-program is then run eagerly, which raises eager's error).
+program is then run eagerly, which raises eager's error) and for a write to memory of
+an input's storage that none of the inputs covers (``b.as_strided(size, stride, 0)``
+of ``b = base[1:]``: functionalization knows only the input's own elements, so the
+write would be lost; the program runs eagerly, as ``torch.compile`` does not).
 
 At run time each call's inputs are checked against the group structure compiled
 for (same storage, same sizes, strides and storage offsets): a call
@@ -28,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable, Optional
 
+import numpy as np
 import torch
 import torch.utils._pytree as pytree
 from torch.multiprocessing.reductions import StorageWeakRef
@@ -46,12 +51,17 @@ SYMBOLIC_OVERLAP_MESSAGE = ("the program writes to an input whose elements overl
                             "static layouts, so the program runs eagerly")
 
 
+OUTSIDE_MESSAGE = ("the program writes (through as_strided) to memory of an input's storage "
+                   "that is not one of the input's elements: coil's graphs see only those, so "
+                   "the program runs eagerly")
+
+
 class OverlappingWrite(CoilError):
     """The program writes in place to memory that several of a tensor's elements share,
     which eager refuses at that op; ``aot_compile`` then runs the program eagerly, so
     the call raises eager's error after eager's side effects. Also raised for a write to
     an expanded input with symbolic sizes (:data:`SYMBOLIC_OVERLAP_MESSAGE`), which eager
-    runs."""
+    runs, and for a write outside the inputs' elements (:data:`OUTSIDE_MESSAGE`)."""
 
 
 def _overlaps(t: torch.Tensor) -> bool:
@@ -123,8 +133,7 @@ class InputGroups:
             for g, base in zip(groups, bases):
                 for i, size, stride, off in g.members:
                     full[i] = torch.as_strided(base, size, stride, off)
-            with OverlapGuard(bases):
-                return fn(*full)
+            return fn(*full)
         return with_bases
 
     # -- run time -------------------------------------------------------------------
@@ -205,15 +214,18 @@ def input_groups(fake_args: list, mutated: list) -> Optional[InputGroups]:
 
 
 class OverlapGuard(TorchDispatchMode):
-    """While a program runs under functionalization: an in-place write to overlapping
-    memory raises :class:`OverlappingWrite` (``analyze`` runs every program with it);
-    with ``bases`` (the wrapped program of :class:`InputGroups`), a view of a tensor
-    whose elements overlap becomes an ``as_strided`` view of its synthetic base (same
-    sizes, strides, offset)."""
+    """While a program runs under functionalization (``analyze`` runs every program with
+    it), an in-place write raises :class:`OverlappingWrite` when it goes to overlapping
+    memory or, into an input's storage, outside the elements of every one of
+    ``inputs`` (the program's arguments, before it runs)."""
 
-    def __init__(self, bases=()):
+    def __init__(self, inputs=()):
         super().__init__()
-        self.bases = {StorageWeakRef(b.untyped_storage()): b for b in bases}
+        self.inputs: dict = {}  # storage -> [(byte addresses or None if dense, lo, hi)]
+        for x in inputs:
+            if isinstance(x, torch.Tensor) and _static(x.shape, x.stride(), x.storage_offset()):
+                self.inputs.setdefault(StorageWeakRef(x.untyped_storage()), []).append(
+                    (x.dtype.itemsize, *_addresses(x)))
 
     # higher-order operators (torch.cond...) pass through to the modes and keys below
     supports_higher_order_operators = True
@@ -227,16 +239,36 @@ class OverlapGuard(TorchDispatchMode):
             t = args[k] if k < len(args) else kwargs.get(name)
             if isinstance(t, torch.Tensor) and _overlaps(t):
                 raise OverlappingWrite(OVERLAP_MESSAGE)
-        out = func(*args, **kwargs)
-        if not self.bases or not func.is_view:
-            return out
-        src = args[0] if args else None
-        if (isinstance(out, torch.Tensor) and isinstance(src, torch.Tensor)
-                and _overlaps(src) and not _overlaps(out)):
-            base = self.bases.get(StorageWeakRef(src.untyped_storage()))
-            if base is not None:
-                return torch.as_strided(base, out.shape, out.stride(), out.storage_offset())
-        return out
+            if isinstance(t, torch.Tensor) and not self._covered(t):
+                raise OverlappingWrite(OUTSIDE_MESSAGE)
+        return func(*args, **kwargs)
+
+
+    def _covered(self, t: torch.Tensor) -> bool:
+        """Whether the elements of ``t`` (written) are elements of an input of its storage
+        (true for storages no input has, and for symbolic layouts)."""
+        held = self.inputs.get(StorageWeakRef(t.untyped_storage()))
+        if not held or t.numel() == 0 or not _static(t.shape, t.stride(), t.storage_offset()):
+            return True
+        size, addrs, lo, hi = t.dtype.itemsize, *_addresses(t)
+        for isz, x_addrs, x_lo, x_hi in held:
+            if x_lo <= lo and hi <= x_hi and (x_addrs is None or (
+                    isz == size and bool(np.isin(addrs, x_addrs).all()))):
+                return True
+        return False
+
+
+def _addresses(t: torch.Tensor) -> tuple:
+    """(byte offsets of ``t``'s elements in its storage, or None when they fill
+    [lo, hi) densely; lo; hi)."""
+    lo, end = _extent(t)
+    size = t.dtype.itemsize
+    if end - lo == t.numel() or t.numel() == 0:
+        return None, lo * size, end * size
+    addrs = np.zeros((), dtype=np.int64)
+    for n, st in zip(t.shape, t.stride()):
+        addrs = np.add.outer(addrs, np.arange(n, dtype=np.int64) * st)
+    return (addrs.ravel() + lo) * size, lo * size, end * size
 
 
 _WRITTEN: dict = {}

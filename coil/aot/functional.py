@@ -44,9 +44,10 @@ from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTens
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.weak import WeakIdKeyDictionary
 
 
-from coil.aot.aliasing import OverlapGuard
+from coil.aot.aliasing import OverlapGuard, _overlaps
 
 aten = torch.ops.aten
 
@@ -174,15 +175,27 @@ class _DropErrorChecks(TorchDispatchMode):
 _ERROR_CHECK_OPS = {aten._linalg_check_errors.default}
 
 
-class _NoOpExpandAsAlias(TorchDispatchMode):
-    """``x.expand(x.shape)`` traced as ``aten.alias``: functionalization writes a mutation
-    through an expand back as ``base + sum_to(new - base)`` (NaN where the base holds
-    inf, and not exactly ``new`` in floating point); through an alias, as ``new``. Writes
-    through an expand that broadcasts are refused by eager (overlapping memory). Also
-    rewrites ``squeeze_`` of a tensor with symbolic sizes (:func:`_squeeze_`)."""
+class _ViewRewrites(TorchDispatchMode):
+    """Views re-expressed for functionalization, while a program is analysed or traced.
+
+    - ``x.expand(x.shape)`` becomes ``aten.alias``: functionalization writes a mutation
+      through an expand back as ``base + sum_to(new - base)`` (NaN where the base holds
+      inf, and not exactly ``new`` in floating point); through an alias, as ``new``.
+    - a view of overlapping memory (``expand``, ``as_strided`` with a stride 0) remembers
+      the non-overlapping tensor it views; a non-overlapping view taken from it becomes
+      ``as_strided`` of that tensor (same sizes, strides and absolute offset), so a write
+      through it scatters into memory that does not overlap (through the overlapping
+      view, ``as_strided_scatter``'s copy raised eager's overlap error: fuzz's
+      ``a.as_strided((3, 1), (0, 2), 0)[2:].fill_(v)``). Synthetic bases
+      (:mod:`coil.aot.aliasing`) reach their expanded members' views this way too.
+    - ``squeeze_`` of a tensor with symbolic sizes (:func:`_squeeze_`)."""
 
     # higher-order operators (torch.cond...) pass through (docs/hops.md)
     supports_higher_order_operators = True
+
+    def __init__(self):
+        super().__init__()
+        self.origins = WeakIdKeyDictionary()  # overlapping view -> the tensor it views
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if isinstance(func, torch._ops.HigherOrderOperator):
@@ -193,7 +206,21 @@ class _NoOpExpandAsAlias(TorchDispatchMode):
                 all(isinstance(s, int) and (s == -1 or (isinstance(d, int) and s == d))
                     for s, d in zip(args[1], args[0].shape)):
             return aten.alias.default(args[0])
-        return func(*args, **(kwargs or {}))
+        out = func(*args, **(kwargs or {}))
+        if func.is_view and isinstance(out, torch.Tensor) and args and isinstance(args[0], torch.Tensor):
+            return self._reroot(args[0], out)
+        return out
+
+    def _reroot(self, src: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        origin = self.origins.get(src)
+        if _overlaps(out):
+            origin = src if origin is None and not _overlaps(src) else origin
+            if origin is not None:
+                self.origins[out] = origin
+            return out
+        if origin is None:
+            return out
+        return aten.as_strided.default(origin, out.shape, out.stride(), out.storage_offset())
 
 
 _SQUEEZE_ = {aten.squeeze_.default, aten.squeeze_.dim, aten.squeeze_.dims}
@@ -212,7 +239,7 @@ def _squeeze_(func, t, dims=None):
 
 
 def _call(fn: Callable, args: list, drop_error_checks: bool):
-    with _NoOpExpandAsAlias():
+    with _ViewRewrites():
         if not drop_error_checks:
             return fn(*args)
         with _DropErrorChecks():
@@ -251,7 +278,7 @@ def _analyze(fn, fake_args, fake_mode, grad, drop_error_checks) -> ProgramInfo:
         with FunctionalTensorMode():
             f_args = [_to_functional(a) for a in fake_args]
             before = _aliases_before(f_args)
-            with OverlapGuard():  # eager's refusal of writes to overlapping memory
+            with OverlapGuard(inputs=f_args):  # eager's refusal of overlapping writes
                 outs = _call(fn, f_args, drop_error_checks)
         for t in before:
             if isinstance(t, torch.Tensor):

@@ -385,3 +385,48 @@ def test_as_strided_of_inputs_at_other_storage_offsets(capture, backend):
     for start in (1, 2, 0):
         x = t[start:start + 6]
         torch.testing.assert_close(compiled(x), f(x))
+
+
+# -------------------------------------------------------------- fuzzer findings (as_strided)
+
+def _fill_before_the_input(b):
+    v = b.as_strided((1, 1), (0, 2), 0)  # storage element 0: before b's first element
+    v.fill_(2.5)
+    return v
+
+
+def _fill_between_the_input_elements(b):
+    v = b.as_strided((2,), (1,), 2)  # storage elements 2, 3; b has 1, 3, 5
+    v.fill_(9.0)
+    return v, b + 0
+
+
+@pytest.mark.parametrize("capture,backend", CAPTURES)
+@pytest.mark.parametrize("fn,make", [
+    (_fill_before_the_input, lambda: torch.arange(7.0)[1:]),
+    (_fill_between_the_input_elements, lambda: torch.arange(7.0)[1::2]),
+], ids=["before", "between"])
+def test_write_through_as_strided_outside_the_input(fn, make, capture, backend):
+    # fuzz seed 22 #1862: the write was lost (functionalization sees only b's elements);
+    # such a program runs eagerly (torch.compile's aot_eager loses the write too)
+    check(fn, (make(),), capture, backend)
+
+
+def _fill_part_of_overlapping_view(a):
+    v0 = a.as_strided((3, 1), (0, 2), 0)
+    v0[2:].fill_(-torch.inf)
+    return a * 1
+
+
+def _fill_part_of_overlapping_view_of_intermediate(a):
+    x = a * 2
+    x.as_strided((3, 2), (0, 1), 1)[1].fill_(7.0)
+    return x
+
+
+@pytest.mark.parametrize("capture,backend", CAPTURES)
+@pytest.mark.parametrize("fn", [_fill_part_of_overlapping_view,
+                                _fill_part_of_overlapping_view_of_intermediate])
+def test_write_to_non_overlapping_part_of_overlapping_as_strided(fn, capture, backend):
+    # compiled raised eager's overlap error (the write went back through the stride-0 view)
+    check(fn, (torch.arange(3.0),), capture, backend)

@@ -98,11 +98,13 @@ def _make_shim():
             datas = [a.handle.data if isinstance(a, tl.core.tensor) else a for a in args]
             with np.errstate(all="ignore"):
                 out = npfn(*datas)
-            if out_bool:
-                ty = ref.type.with_element_ty(tl.int1) if ref.type.is_block() else tl.int1
-                return tl.core.tensor(TensorHandle(np.asarray(out, dtype=np.bool_), tl.int1), ty)
-            out = np.asarray(out).astype(ref.handle.data.dtype)
-            return tl.core.tensor(TensorHandle(out, ref.handle.dtype.scalar), ref.type)
+            # the result has the arguments' broadcast shape, as libdevice calls on a GPU
+            # (pow(tl.full([1, 1], -3.0), x) is x's shape, not the first argument's)
+            blocks = [a.type for a in args if isinstance(a, tl.core.tensor) and a.type.is_block()]
+            elem = tl.int1 if out_bool else ref.type.scalar
+            out = np.asarray(out, dtype=np.bool_ if out_bool else ref.handle.data.dtype)
+            ty = tl.block_type(elem, list(out.shape)) if blocks else elem
+            return tl.core.tensor(TensorHandle(out, elem), ty)
         return f
 
     def vec(f):

@@ -185,3 +185,15 @@ def test_uint8_arithmetic_wraps(fn, backend):
 @pytest.mark.parametrize("fn", [_pow_of_constants, _gelu_of_constant], ids=lambda f: f.__name__)
 def test_ops_on_constants(fn, backend):
     _ok(fn, lambda: [torch.tensor(2, dtype=torch.int32)], backend)
+
+
+def _pow_constant_base_summed(a):
+    # s21 #378: libdevice.pow(tl.full([1, 1], -3.0), x) in a reduction; the interpreter's
+    # libdevice shim gave the result the first argument's [1, 1] type over x's data (a
+    # GPU's libdevice calls broadcast their arguments: interpreter-only)
+    return (torch.sum((-3.0) ** a, dim=1), torch.atan2(torch.tensor(1.0), a).sum(1))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_libdevice_constant_first_argument(backend):
+    _ok(_pow_constant_base_summed, lambda: [torch.tensor([[1.0, 2.0, -0.5], [0.0, 3.0, 2.5]])], backend)

@@ -178,16 +178,18 @@ def test_constant_operands_and_unsigned_pow_compile_for_sm90():
     """Ops whose operands are all constants run on ``[1]`` tensors (``tl.full``), and the
     integer power of unsigned bases compares ``a + 1 == 0``: Triton's front end rejected
     ``a == -1`` for uint8 ``a`` and ``tl.full`` of a block (fuzz findings s21 #271,
-    s22 #1298, #2216); the kernels compile for sm_90 as well as run."""
+    s22 #1298, #2216); a libdevice call with a ``[1, 1]`` first argument (s21 #378). The
+    kernels compile for sm_90 as well as run."""
     u = torch.tensor([0, 1, 9, 200, 255], dtype=torch.uint8)
     i = torch.tensor(2, dtype=torch.int32)
     cases = [(lambda a: [a ** a, torch.sub(a, 2, alpha=-3)], u),
              (lambda a: [torch.argmin(a) ** torch.argmin(a),
-                         torch.nn.functional.gelu(torch.zeros_like(a, dtype=torch.float64))], i)]
+                         torch.nn.functional.gelu(torch.zeros_like(a, dtype=torch.float64))], i),
+             (lambda x: [torch.sum((-3.0) ** x, dim=1)], torch.tensor([[1.0, 2.0, -0.5], [0.0, 3.0, 2.5]]))]
     kernels = []
     for fn, a in cases:
         c = compile_fn(fn, a)
         for got, ref in zip(c(a), fn(a)):
-            torch.testing.assert_close(got, ref)
+            torch.testing.assert_close(got, ref, equal_nan=True)
         kernels += c.kernels
     _assert_compile(kernels)

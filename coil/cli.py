@@ -78,10 +78,16 @@ def _run_reduce_overhead(a) -> int:
         return 2
     compilers = list(ro.COMPILERS) if a.compiler == list(BENCH_DEFAULT) else \
         [c for c in a.compiler if c != "eager"]
+    def write_partial(partial):
+        _emit(a.json, json.dumps(partial, indent=1), quiet_stdout=True)
+        if a.markdown:
+            _emit(a.markdown, ro.format_markdown(partial), quiet_stdout=True)
+
     try:
         result = ro.run(a.model, device=a.device, size=a.size, compilers=compilers,
                         warmup=a.warmup, repeat=a.repeat, max_timing_s=a.max_timing,
-                        row_timeout=a.row_timeout, budget_s=a.budget, progress=not a.no_progress)
+                        row_timeout=a.row_timeout, budget_s=a.budget, progress=not a.no_progress,
+                        on_workload=write_partial if a.json or a.markdown else None)
     except ValueError as e:
         print(f"coil bench: {e}", file=sys.stderr)
         return 2

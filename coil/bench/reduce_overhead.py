@@ -397,8 +397,11 @@ def run_workload(w: Workload, device: torch.device, size: str, compilers: Sequen
 def run(workloads: Optional[Sequence[str]] = None, device: str = "auto", size: Optional[str] = None,
         compilers: Sequence[str] = ("inductor", "coil"), warmup: int = 3, repeat: int = 20,
         max_timing_s: Optional[float] = 30.0, row_timeout: Optional[float] = 300.0,
-        budget_s: Optional[float] = None, progress: bool = True) -> dict:
-    """Run the workloads (default: all of :data:`WORKLOADS`); returns ``{"meta", "rows"}``.
+        budget_s: Optional[float] = None, progress: bool = True,
+        on_workload: Optional[Callable[[dict], None]] = None) -> dict:
+    """Run the workloads (default: all of :data:`WORKLOADS`); returns ``{"meta", "rows"}``
+    (also handed to ``on_workload`` after each workload, so that a run killed from
+    outside keeps what finished).
 
     Raises ValueError for an unknown workload or compiler name."""
     names = list(workloads or WORKLOADS)
@@ -425,6 +428,8 @@ def run(workloads: Optional[Sequence[str]] = None, device: str = "auto", size: O
         rows += run_workload(WORKLOADS[name], dev, size, compilers, warmup, repeat,
                              max_timing_s, row_timeout)
         bar.advance(name)
+        if on_workload is not None:
+            on_workload({"meta": meta, "rows": rows})
         if dev.type == "cuda":
             torch.cuda.empty_cache()
     bar.close()

@@ -7,6 +7,9 @@
         training path: trace the joint graph once → partition_fn → fw/bw compilers
       → runtime wrapper (coil.aot.runtime)
 
+A graph holding ``nested_compile_region`` calls is compiled region by region instead
+(coil/aot/regions.py): each distinct region once, the ops between calls as segments.
+
 Parameters and buffers that are still attributes of ``gm`` (e.g. a
 ``torch.fx.symbolic_trace``d module) are lifted to extra leading inputs, so they
 get gradients and their mutations (BatchNorm statistics) are replayed.
@@ -28,6 +31,7 @@ from coil.aot.decompositions import get_decompositions
 from coil.aot.cse import cse_graph
 from coil.aot.functional import is_symbolic, analyze, fakeify, trace_inference, trace_joint
 from coil.aot.partition import default_partition, min_cut_partition
+from coil.aot.regions import compile_regional, region_calls
 from coil.aot.scalars import tensorize_scalar_reads
 from coil.aot.runtime import AUTOCAST_DEVICES, inference_runner, training_runner
 from coil.runtime.cudagraph_split import partitioning
@@ -254,6 +258,11 @@ def aot_compile(gm: Callable, example_inputs: list, fw_compiler: Callable,
     handle (metadata mutation of inputs).
     """
     bw_compiler = bw_compiler or fw_compiler
+    if isinstance(gm, torch.fx.GraphModule) and region_calls(gm):
+        # nested_compile_region calls: each region compiled once (coil/aot/regions.py)
+        return compile_regional(gm, example_inputs, functools.partial(
+            aot_compile, fw_compiler=fw_compiler, bw_compiler=bw_compiler,
+            partition_fn=partition_fn, decompositions=decompositions))
     # under CUDA graphs, a graph with un-graphable ops is compiled as pieces around them
     fw_compiler, bw_compiler = partitioning(fw_compiler), partitioning(bw_compiler)
     if partition_fn is min_cut_partition:

@@ -19,6 +19,7 @@ The interface (all optional; the defaults raise ``Unsupported``):
 """
 from __future__ import annotations
 
+import itertools
 from typing import Any, Optional
 
 import torch
@@ -26,13 +27,18 @@ import torch
 from coil.exc import Unsupported
 
 
+_BIRTHS = itertools.count(1)
+
+
 class VariableTracker:
     """Base class of all trackers (see module docstring)."""
 
     source = None
+    birth = 0   # creation order (a higher-order operator's body may mutate what it made)
 
     def __init__(self, source=None):
         self.source = source
+        self.birth = next(_BIRTHS)
 
     # --- introspection -------------------------------------------------------------
     def python_type(self) -> type:

@@ -381,9 +381,11 @@ def _invoke_subgraph_placeholder():
 
 @builtin(_invoke_subgraph_placeholder())
 def _nested_compile_region_call(tx, args, kwargs):
-    """A ``torch.compiler.nested_compile_region`` function is inlined as the plain call
-    it is in eager (regional compilation, one compiled subgraph reused, is not done)."""
-    return tx.call(args[0], args[1:], kwargs)
+    """A ``torch.compiler.nested_compile_region`` function's call: a region subgraph
+    compiled once and reused (:func:`coil.capture.variables.hops.call_region`)."""
+    from coil.capture.variables.hops import call_region
+
+    return call_region(tx, args[0], list(args[1:]), kwargs)
 
 
 @builtin(itertools.chain)

@@ -53,6 +53,7 @@ class _RefusingSideEffects:
     def __init__(self, inner, what: str):
         self._inner = inner
         self._what = what
+        self._start = VariableTracker().birth   # sourceless trackers made later: the body's
 
     def __getattr__(self, name):
         return getattr(self._inner, name)
@@ -63,7 +64,8 @@ class _RefusingSideEffects:
                           hint="move the side effect out of the branch/body function")
 
     def mutated(self, vt):
-        self._refuse(f"mutation of {type(vt).__name__}")
+        if vt.source is not None or vt.birth <= self._start:  # not made by the body
+            self._refuse(f"mutation of {type(vt).__name__}")
 
     def store_attr(self, obj_vt, name, value):
         self._refuse(f"setting attribute {name!r}")
@@ -121,11 +123,13 @@ def _cells_of(fn_vt) -> dict:
             if isinstance(c, CellVariable)}
 
 
-def trace_subgraph(tx, fn_vt, operands: list, what: str, alias_ok: bool = True) -> Subgraph:
+def trace_subgraph(tx, fn_vt, operands: list, what: str, alias_ok: bool = True,
+                   call: Optional[tuple] = None) -> Subgraph:
     """Trace ``fn_vt(*operands)`` as a subgraph in its own scope (see module docstring).
     ``what`` names it in messages (``"torch.cond true_fn"``). An output that is (a view
     of) an input is cloned, or with ``alias_ok=False`` a UserError (eager's cond refuses
-    it)."""
+    it). ``call=(args, kwargs)`` calls ``fn_vt(*args, **kwargs)`` instead, ``operands``
+    being the tensors among them (the rest of what the call reads is lifted)."""
     out = tx.output
     graph = out.graph
     before = set(graph.nodes)
@@ -133,7 +137,7 @@ def trace_subgraph(tx, fn_vt, operands: list, what: str, alias_ok: bool = True) 
     saved_se = out.side_effects
     out.side_effects = _RefusingSideEffects(saved_se, what)
     try:
-        res = tx.call(fn_vt, list(operands), {})
+        res = tx.call(fn_vt, *(call or (list(operands), {})))
     except Unsupported as e:
         if e.reason.startswith(what):
             raise
@@ -576,6 +580,122 @@ def call_checkpoint(tx, args: list, kwargs: dict) -> VariableTracker:
     trace.log("hop", stage="capture", op="checkpoint", region=region, nodes=tagged,
               where=str(tx.location()).splitlines()[0])
     return res
+
+
+# --------------------------------------------------------------------------- nested_compile_region
+
+def call_region(tx, fn_vt, args: list, kwargs: dict) -> VariableTracker:
+    """A call of a ``torch.compiler.nested_compile_region`` function: ``fn(*args,
+    **kwargs)`` traced as a subgraph (the tensor arguments are its operands; parameters
+    and whatever else it reads are lifted), called through
+    :func:`coil.aot.regions.invoke_region`. A call whose subgraph equals an earlier
+    call's (:func:`_region_key`: same ops, constants and input metadata) reuses that
+    subgraph, so AOT and code generation compile it once (:mod:`coil.aot.regions`). The
+    body is traced at every call: the Python state it reads (a global rebound between
+    calls) is baked into its graph, and a different graph is another region. A body that
+    cannot be a subgraph (a side effect, an in-place write to an input, an output that
+    is an input or a view of one) is inlined, logged as ``region_inlined``."""
+    from coil.aot.regions import invoke_region
+
+    out = tx.output
+    graph, before, subs_before = out.graph, set(out.graph.nodes), set(out.subgraphs)
+    operands = [a for a in args if isinstance(a, TensorVariable)]
+    what = f"nested_compile_region {_fn_line(fn_vt)}"
+    try:
+        sub = trace_subgraph(tx, fn_vt, operands, what, alias_ok=False, call=(list(args), kwargs))
+    except (Unsupported, UserError) as e:
+        for n in reversed(list(graph.nodes)):  # what the failed trace added (inputs stay)
+            if n not in before and n.op != "placeholder":
+                graph.erase_node(n)
+        for k in set(out.subgraphs) - subs_before:
+            out.subgraphs.pop(k)
+        trace.log("region_inlined", stage="capture", fn=what, reason=str(e).splitlines()[0],
+                  where=str(tx.location()).splitlines()[0])
+        return tx.call(fn_vt, list(args), kwargs)
+    key = _region_key(sub.graph, out.subgraphs)
+    regions = out.__dict__.setdefault("regions", {})   # key -> [subgraph name, calls]
+    entry = regions.get(key)
+    if entry is None:
+        index = out.hop_count = getattr(out, "hop_count", -1) + 1
+        entry = regions[key] = [_register(out, "region", sub.graph, index), 0]
+    else:  # the same region again: this call's nested subgraphs are not needed
+        for n in sub.graph.nodes:
+            if n.op == "get_attr":
+                out.subgraphs.pop(n.target, None)
+    entry[1] += 1
+    g = out.graph
+    node_ops = tuple(sub.operand_nodes) + tuple(sub.lifted)
+    node = g.call_function(invoke_region, (g.get_attr(entry[0]), entry[0], *node_ops))
+    tx.locate_node(node)
+    items = []
+    for i, fake in enumerate(sub.out_fakes):
+        item = g.call_function(__import__("operator").getitem, (node, i))
+        item.meta["example_value"] = fake
+        tx.locate_node(item)
+        items.append(TensorVariable(item, fake))
+    node.meta["example_value"] = tuple(sub.out_fakes)
+    trace.log("hop", stage="capture", op="nested_compile_region", subgraphs=[entry[0]],
+              call=entry[1], lifted=[n.meta.get("source", n.name) for n in sub.lifted],
+              where=str(tx.location()).splitlines()[0])
+    return _unflatten(items, sub.structure)
+
+
+class _Same:
+    """A key part compared by identity (an object without a value equality)."""
+
+    def __init__(self, obj):
+        self.obj = obj
+
+    def __eq__(self, other):
+        return isinstance(other, _Same) and other.obj is self.obj
+
+    def __hash__(self):
+        return id(self.obj)
+
+
+def _key_of(v):
+    if isinstance(v, torch.fx.Node):
+        raise AssertionError("nodes are numbered before")
+    if isinstance(v, (tuple, list)):
+        return (type(v).__name__, tuple(_key_of(x) for x in v))
+    if isinstance(v, dict):
+        return ("dict", tuple((k, _key_of(x)) for k, x in v.items()))
+    if isinstance(v, (bool, int, float, complex, str, type(None), torch.dtype, torch.device,
+                      torch.layout, torch.memory_format)):
+        return (type(v).__name__, repr(v))
+    if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return ("sym", str(v))
+    if isinstance(v, slice):
+        return ("slice", _key_of((v.start, v.stop, v.step)))
+    return _Same(v)   # a tensor constant, a callable: the same object only
+
+
+def _input_key(v):
+    # requires_grad is left out: AOT compiles a region for the union of its calls' needs
+    if isinstance(v, torch.Tensor):
+        return ("tensor", str(tuple(v.shape)), str(v.stride()), str(v.storage_offset()),
+                v.dtype, v.device)
+    return _key_of(v)
+
+
+def _region_key(sg: torch.fx.Graph, subs: dict) -> tuple:
+    """What makes two region calls the same compiled code: each node's op, target and
+    arguments (other nodes by position, constants by value, other objects by identity),
+    the inputs' metadata (shape, stride, offset, dtype, device) and nested subgraphs'
+    keys. Node names and stack traces are left out."""
+    pos: dict = {}
+    items = []
+    for i, n in enumerate(sg.nodes):
+        pos[n] = ("node", i)
+        if n.op == "placeholder":
+            items.append(("in", _input_key(n.meta.get("example_value"))))
+        elif n.op == "get_attr" and n.target in subs:
+            items.append(("sub", _region_key(subs[n.target].graph, subs)))
+        else:
+            args = torch.fx.node.map_arg((n.args, n.kwargs), pos.__getitem__)
+            target = n.target if isinstance(n.target, str) else _Same(n.target)
+            items.append((n.op, target, _key_of(args), str(n.meta.get("recompute"))))
+    return tuple(items)
 
 
 _HANDLERS: dict = {}

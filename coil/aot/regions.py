@@ -1,0 +1,305 @@
+"""Regional compilation: a ``torch.compiler.nested_compile_region`` compiled once, called
+many times.
+
+Capture turns each call of a region function into ``invoke_region(region_k, "region_k",
+*operands, *lifted)`` (:func:`coil.capture.variables.hops.call_region`); calls whose
+bodies trace to the same graph over inputs of the same metadata share one subgraph
+``region_k``. ``aot_compile`` of a graph holding such calls (:func:`compile_regional`)
+does not trace them into one joint graph (that would AOT-trace, lower and compile the
+body once per call): it cuts the graph at the calls into *steps*, run in order by a
+small Python runner:
+
+- each distinct region (subgraph and operand metadata) is one piece, compiled once by
+  the same pipeline (``aot_compile`` with the caller's compilers: its own forward and
+  backward graphs, its own kernels, its own ``autograd.Function``), and every call of it
+  runs that compiled piece;
+- the ops between region calls form *segments*, each compiled as a graph of its own;
+  segments with equal code and input metadata (the glue between identical layers) are
+  compiled once too.
+
+Gradients flow between steps through autograd: each compiled piece is an
+``autograd.Function`` of its inputs, as eager's ops are. No kernel fuses across a
+region's boundary and each piece saves its own activations (what eager saves).
+
+A graph that switches grad mode or autocast between nodes, or a piece that fails to
+compile, is compiled whole with the regions inlined (event ``region_inlined``, with the
+reason). Events: ``region_compiled`` (per region: calls, compile time, inputs) and
+``region_split`` (steps, segments, segments compiled).
+"""
+from __future__ import annotations
+
+import operator
+import time
+from typing import Callable, Optional
+
+import torch
+import torch.fx
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from coil import trace
+
+
+def invoke_region(subgraph: torch.fx.GraphModule, identifier: str, *operands):
+    """The captured graph's call of region ``identifier``: runs ``subgraph(*operands)``
+    (a tuple of tensors). This is what the ``eager`` backend runs; ``aot_compile``
+    compiles the subgraph once per distinct call (module docstring)."""
+    return subgraph(*operands)
+
+
+def _region_targets() -> tuple:
+    # torch's own capture emits invoke_subgraph with the same (subgraph, identifier, *operands)
+    return (invoke_region, torch.ops.higher_order.invoke_subgraph)
+
+
+def region_calls(gm: torch.fx.GraphModule) -> list:
+    """The region call nodes of ``gm`` (empty when it has none)."""
+    targets = _region_targets()
+    return [n for n in gm.graph.nodes if n.op == "call_function" and n.target in targets]
+
+
+_MODE_CHANGES = {torch._C._set_grad_enabled, torch.amp.autocast_mode._enter_autocast,
+                 torch.amp.autocast_mode._exit_autocast}
+
+
+def _why_not_split(gm: torch.fx.GraphModule, calls: list):
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and n.target in _MODE_CHANGES:
+            return f"the graph changes grad mode or autocast ({n.name}): one graph keeps it"
+        v = n.meta.get("example_value", n.meta.get("val"))
+        symbolic = isinstance(v, torch.Tensor) and any(not isinstance(s, int) for s in v.shape)
+        if symbolic or n.op == "placeholder" and not isinstance(v, (torch.Tensor, type(None))):
+            return f"dynamic shapes or non-tensor inputs ({n.name}): not split"
+    for c in calls:
+        if any(u.op != "call_function" or u.target is not operator.getitem for u in c.users):
+            return f"{c.name}'s result is used other than by indexing"
+    return None
+
+
+def inline_regions(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """``gm`` with each region call replaced by the body of its subgraph (a new
+    GraphModule; ``gm`` is not changed)."""
+    g = torch.fx.Graph()
+    env: dict = {}
+    attrs: dict = {}
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and n.target in _region_targets():
+            env[n] = _inline(g, getattr(gm, n.args[0].target), [env[a] for a in n.args[2:]], attrs)
+        elif n.op == "call_function" and n.target is operator.getitem and \
+                isinstance(env.get(n.args[0]), tuple):
+            env[n] = env[n.args[0]][n.args[1]]
+        else:
+            env[n] = g.node_copy(n, lambda a: env[a])
+            if n.op == "get_attr":
+                attrs[n.target] = operator.attrgetter(n.target)(gm)
+    for n in reversed(list(g.nodes)):   # the subgraphs of the inlined calls
+        if n.op == "get_attr" and not n.users:
+            g.erase_node(n)
+            attrs.pop(n.target, None)
+    return torch.fx.GraphModule(attrs, g)
+
+
+def _inline(g: torch.fx.Graph, sub: torch.fx.GraphModule, args: list, attrs: dict) -> tuple:
+    env: dict = {}
+    phs = iter(args)
+    for n in sub.graph.nodes:
+        if n.op == "placeholder":
+            env[n] = next(phs)
+        elif n.op == "output":
+            return tuple(env[a] for a in n.args[0])
+        elif n.op == "get_attr":   # a nested operator's subgraph: an attribute of the parent
+            name = f"{type(sub).__name__}_{n.target}"
+            attrs[name] = getattr(sub, n.target)
+            env[n] = g.get_attr(name)
+        else:
+            env[n] = g.node_copy(n, lambda a: env[a])
+    raise AssertionError("subgraph without output")
+
+
+def compile_regional(gm: torch.fx.GraphModule, example_inputs: list,
+                     compile_piece: Callable) -> Callable:
+    """Compile ``gm`` (a captured graph holding region calls, :func:`region_calls`)
+    piece by piece (module docstring). ``compile_piece(piece_gm, example_inputs) ->
+    callable`` compiles one piece (``aot_compile`` with the caller's compilers).
+    Returns a callable with ``gm``'s calling convention."""
+    calls = region_calls(gm)
+    reason = _why_not_split(gm, calls)
+    if reason is None:
+        try:
+            return _compile_split(gm, example_inputs, compile_piece)
+        except Exception as e:  # noqa: BLE001 - the whole graph still compiles
+            reason = f"{type(e).__name__}: {e}"
+    trace.log("region_inlined", stage="aot", regions=sorted({c.args[1] for c in calls}),
+              reason=reason[:2000])
+    return compile_piece(inline_regions(gm), example_inputs)
+
+
+def _fake(mode: FakeTensorMode, v, requires_grad: Optional[bool] = None):
+    """A fake of ``v`` (real, or fake of another mode) in ``mode``: same metadata
+    (``requires_grad`` if given), a non-leaf when ``v`` requires grad and is not a leaf
+    (as ``from_tensor`` makes it)."""
+    if not isinstance(v, torch.Tensor):
+        return v
+    if requires_grad is None:
+        requires_grad = v.requires_grad
+    with mode:
+        t = torch.empty_strided(tuple(v.shape), tuple(v.stride()), dtype=v.dtype, device=v.device)
+        if requires_grad:
+            t.requires_grad_(True)
+            if not v.is_leaf:
+                with torch.enable_grad():
+                    t = t.clone()
+    return t
+
+
+def _meta_key(v) -> tuple:
+    if isinstance(v, torch.Tensor):
+        return (tuple(v.shape), v.stride(), v.dtype, str(v.device))
+    return (type(v).__name__, repr(v))
+
+
+def _grad_union(calls: list, val: Callable) -> dict:
+    """Per distinct region (subgraph, input metadata): which inputs require grad in
+    some call. The region is compiled once with these; a call whose input does not
+    require grad gets no gradient for it (autograd drops it)."""
+    need: dict = {}
+    for n in calls:
+        fakes = [val(a) for a in n.args[2:]]
+        key = ("region", n.args[0].target, tuple(_meta_key(f) for f in fakes))
+        rg = [isinstance(f, torch.Tensor) and f.requires_grad for f in fakes]
+        need[key] = [a or b for a, b in zip(need.get(key, rg), rg)]
+    return need
+
+
+class _Step:
+    """One compiled piece of the split graph: ``fn(*values of ins)`` gives the values
+    of ``outs`` (None where unused); ``free`` are values dead after it."""
+
+    def __init__(self, fn: Callable, ins: list, outs: list):
+        self.fn, self.ins, self.outs, self.free = fn, ins, outs, []
+
+
+def _segment(gm: torch.fx.GraphModule, nodes: list, later_users: Callable):
+    """A GraphModule of ``nodes`` (a run of ``gm``'s nodes): placeholders for the
+    values they read from outside, outputs for the values used after them."""
+    inside = set(nodes)
+    ins = list(dict.fromkeys(a for n in nodes for a in n.all_input_nodes if a not in inside))
+    outs = [n for n in nodes if later_users(n, inside)]
+    g = torch.fx.Graph()
+    env: dict = {}
+    for a in ins:
+        env[a] = g.placeholder(a.name)
+        env[a].meta.update({k: a.meta[k] for k in ("example_value", "val") if k in a.meta})
+    for n in nodes:
+        env[n] = g.node_copy(n, env.__getitem__)
+    g.output(tuple(env[n] for n in outs))
+    return torch.fx.GraphModule(gm, g), ins, outs
+
+
+def _compile_split(gm: torch.fx.GraphModule, example_inputs: list, compile_piece: Callable):
+    nodes = list(gm.graph.nodes)
+    placeholders = [n for n in nodes if n.op == "placeholder"]
+    out_node = nodes[-1]
+    mode = FakeTensorMode(allow_non_fake_inputs=False)
+    value = {p: _fake(mode, x) for p, x in zip(placeholders, example_inputs)}
+
+    def val(n):
+        return value[n] if n in value else _fake(mode, n.meta.get("example_value", n.meta.get("val")))
+
+    def later_users(n, inside) -> bool:
+        return any(u not in inside for u in n.users)
+
+    need = _grad_union(region_calls(gm), val)
+    steps: list = []
+    compiled: dict = {}   # (kind, key) -> [callable, uses, compile ms, name]
+    run_nodes: list = []
+
+    def compile_once(key, name, piece, fakes):
+        entry = compiled.get(key)
+        if entry is None:
+            t0 = time.perf_counter()
+            with trace.stage(key[0]):
+                fn = compile_piece(piece, fakes)
+            entry = compiled[key] = [fn, 0, (time.perf_counter() - t0) * 1e3, name, fakes]
+        entry[1] += 1
+        return entry[0]
+
+    def flush():
+        body = [n for n in run_nodes if not (n.op == "get_attr" and all(
+            u.target in _region_targets() for u in n.users))]
+        run_nodes.clear()
+        if not any(n.op == "call_function" or n.op == "call_method" for n in body):
+            if body:
+                raise AssertionError(f"segment without calls: {body}")
+            return
+        piece, ins, outs = _segment(gm, body, later_users)
+        fakes = [val(a) for a in ins]
+        from coil.capture.variables.hops import _region_key  # the same notion of equal graphs
+
+        key = ("segment", _region_key(piece.graph, {}),
+               tuple((_meta_key(f), getattr(f, "requires_grad", False)) for f in fakes))
+        steps.append(_Step(compile_once(key, "segment", piece, fakes), ins, outs))
+
+    for n in nodes:
+        if n.op in ("placeholder", "output"):
+            continue
+        if n.op == "call_function" and n.target in _region_targets():
+            flush()
+            ins = list(n.args[2:])
+            fakes = [val(a) for a in ins]
+            key = ("region", n.args[0].target, tuple(_meta_key(f) for f in fakes))
+            fakes = [_fake(mode, f, rg) for f, rg in zip(fakes, need[key])]
+            fn = compile_once(key, n.args[0].target, getattr(gm, n.args[0].target), fakes)
+            outs: list = [None] * len(n.meta.get("example_value", ()) or ())
+            for u in n.users:
+                if u.args[1] >= len(outs):
+                    outs.extend([None] * (u.args[1] + 1 - len(outs)))
+                outs[u.args[1]] = u
+            steps.append(_Step(fn, ins, outs))
+        elif n.op == "call_function" and n.target is operator.getitem and \
+                n.args[0].op == "call_function" and n.args[0].target in _region_targets():
+            continue   # bound by the region's step
+        else:
+            run_nodes.append(n)
+    flush()
+    _plan_frees(steps, out_node)
+    _log_split(steps, compiled)
+    return _runner(steps, placeholders, out_node)
+
+
+def _plan_frees(steps: list, out_node) -> None:
+    last: dict = {}
+    for i, s in enumerate(steps):
+        for a in s.ins:
+            last[a] = i
+    kept = set(out_node.all_input_nodes)
+    for a, i in last.items():
+        if a not in kept:
+            steps[i].free.append(a)
+
+
+def _log_split(steps: list, compiled: dict) -> None:
+    regions = {k: e for k, e in compiled.items() if k[0] == "region"}
+    for k, (fn, uses, ms, name, fakes) in regions.items():
+        trace.log("region_compiled", stage="aot", region=name, calls=uses,
+                  compile_ms=round(ms, 1), inputs=[str(_meta_key(f)) for f in fakes])
+    trace.log("region_split", stage="aot", steps=len(steps),
+              regions={e[3]: e[1] for e in regions.values()},
+              segments=sum(e[1] for k, e in compiled.items() if k[0] == "segment"),
+              segments_compiled=sum(1 for k in compiled if k[0] == "segment"))
+
+
+def _runner(steps: list, placeholders: list, out_node) -> Callable:
+    def run(*args):
+        env = dict(zip(placeholders, args))
+        for s in steps:
+            vals = s.fn(*[env[a] for a in s.ins])
+            for n, v in zip(s.outs, vals):
+                if n is not None:
+                    env[n] = v
+            for a in s.free:
+                env.pop(a, None)
+        res = torch.fx.node.map_arg(out_node.args[0], env.__getitem__)
+        return list(res) if isinstance(res, list) else res
+
+    run._coil_aot_path = "regional"  # type: ignore[attr-defined]
+    return run

@@ -9,9 +9,10 @@ device side and has one interface with two implementations:
   output's storage is poisoned with ``torch._C._set_storage_data_ptr_access_error_msg``
   so that touching its data, through any view, raises;
 - :class:`FakeRecorder`: the same contract on any device without CUDA (the tree's tests
-  run on CPU): capture runs the function once and keeps its outputs; replay runs it
-  again and copies the results into those outputs, so replays write the recorded
-  memory as a CUDA graph does; poisoned outputs are remembered in ``stale``.
+  run on CPU): capture runs the function once and keeps its outputs (and gives back
+  the CPU generator's draws, as a capture draws none); replay runs it again and copies
+  the results into those outputs, so replays write the recorded memory as a CUDA graph
+  does; poisoned outputs are remembered in ``stale``.
 
 Outputs come back as *fresh storages over the recorded memory* on every replay
 (``torch._C._construct_storage_from_data_pointer``): the node keeps the tensors made
@@ -107,9 +108,15 @@ class CudaRecorder:
         First a dry run with ``torch.cuda.set_sync_debug_mode("error")``: a host sync
         (``.item()``, a copy to pageable host memory, an op with a data-dependent size)
         raises there, outside any capture, and the graph is skipped cleanly. A capture
-        that still fails is skipped too (:meth:`_recover`)."""
+        that still fails is skipped too (:meth:`_recover`).
+
+        RNG: the dry run's draws are given back (the device generator's state is restored
+        after it) and a capture draws nothing (replays advance the generator), so the
+        recording call, like every call, consumes exactly what one run of ``fn`` does:
+        after ``torch.manual_seed`` the numbers are the same with or without CUDA graphs."""
         with torch.cuda.device(self.device):
             mode = torch.cuda.get_sync_debug_mode()
+            rng = torch.cuda.get_rng_state(self.device)
             torch.cuda.set_sync_debug_mode("error")
             try:
                 fn(*args)
@@ -118,6 +125,7 @@ class CudaRecorder:
                                 f"{str(e)[:300]}") from e
             finally:
                 torch.cuda.set_sync_debug_mode(mode)
+                torch.cuda.set_rng_state(rng, self.device)
             graph = torch.cuda.CUDAGraph()
             torch.cuda.synchronize()
             stream = torch.cuda.current_stream()
@@ -176,7 +184,9 @@ class FakeRecorder:
         its tensor arguments by address as a CUDA graph does (holding them would keep
         them alive)."""
         self.captures += 1
+        rng = torch.get_rng_state()
         outs = fn(*args)
+        torch.set_rng_state(rng)  # a capture draws no numbers; its replays do
         return (fn, [_by_address(a) if isinstance(a, torch.Tensor) else a for a in args], outs), outs
 
     def replay(self, graph) -> None:

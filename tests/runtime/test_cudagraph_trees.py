@@ -389,3 +389,24 @@ def test_fallback_reasons_show_in_the_report(log_dir, tmp_path):
     pages = "".join(open(os.path.join(os.path.dirname(index), p)).read()
                     for p in os.listdir(os.path.dirname(index)) if p.endswith(".html"))
     assert "cudagraph_skip" in pages and "CPU tensors: input 0 is on cpu" in pages
+
+
+def _dropout_a(x):
+    return torch.nn.functional.dropout(x, 0.5, training=True) * 3
+
+
+def _dropout_b(x):
+    return torch.nn.functional.dropout(x, 0.5, training=True) * 3
+
+
+def test_random_ops_draw_what_an_ungraphed_run_draws(fake_cuda):
+    """After ``torch.manual_seed``, warm-up, recording and replay calls give the numbers
+    the compiled graph gives without CUDA graphs: a capture draws nothing."""
+    graphed, plain = coil.compile(_dropout_a, mode="reduce-overhead"), coil.compile(_dropout_b)
+    x = torch.ones(256)
+    for seed in range(4):
+        torch.manual_seed(seed)
+        a = graphed(x).clone()
+        torch.manual_seed(seed)
+        torch.testing.assert_close(a, plain(x), rtol=0, atol=0)
+    assert fake_cuda.nodes == 1 and fake_cuda.replays == 3

@@ -8,7 +8,8 @@ that runs a list of *pieces* in order, each compiled alone by that compiler: the
 graphable pieces wrapped by :func:`~coil.runtime.cudagraph_trees.cudagraphify` (each
 a graph of the device's tree), the others (host syncs, CPU ops, data-dependent sizes,
 explicit generators: :func:`~coil.runtime.cudagraph_record.ungraphable_node`) run as
-compiled code between them.
+compiled code between them (a piece holding tensors of two devices, a copy to the
+CPU and back, runs its ATen ops as they are).
 
 Pieces. Each op gets a level: an un-graphable op the smallest odd level, a graphable
 one the smallest even level, not below the levels of the ops it reads (``getitem``
@@ -108,7 +109,11 @@ class PartitionedGraph:
             outs.sort(key=lambda n: n not in user)
             piece = _subgraph(gm, members, ins, outs)
             piece.meta["coil_aot_graph"] = kind
-            fn = compiler(piece, [i.meta.get("val") for i in ins])
+            devices = {v.device.type for n in members + ins for v in [n.meta.get("val")]
+                       if isinstance(v, torch.Tensor)}
+            # a piece moving tensors between devices runs its ATen ops as they are (one
+            # compiled graph's kernels are generated for one device)
+            fn = piece.forward if len(devices) > 1 else compiler(piece, [i.meta.get("val") for i in ins])
             graphable = lv % 2 == 0
             if graphable:
                 fn = cudagraphify(fn, kind, (sum(o in user for o in outs), len(outs))

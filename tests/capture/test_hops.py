@@ -525,7 +525,8 @@ def test_nested_checkpoint_with_tuple_output(backend):
     assert_same_as_eager(fn, (torch.randn(3, 6),), backend=backend, check_grads=True)
 
 
-def test_nested_compile_region_is_still_inlined():
+def test_nested_compile_region_is_one_subgraph_called_twice():
+    from coil.aot.regions import region_calls
     from coil.capture import frame
 
     @torch.compiler.nested_compile_region
@@ -537,5 +538,6 @@ def test_nested_compile_region_is_still_inlined():
 
     frame.break_log.clear()
     gm = _one_graph(fn, torch.randn(3))
-    assert not frame.break_log and gm is not None
+    assert not frame.break_log
+    assert [n.args[1] for n in region_calls(gm)] == ["region_0", "region_0"]
     assert_same_as_eager(fn, (torch.randn(3),), backend="coil")

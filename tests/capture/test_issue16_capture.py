@@ -114,7 +114,7 @@ def test_dict_iteration_without_resize_stays_one_graph():
     assert cnt.frame_count == 1
 
 
-# --- 4. torch.compiler.nested_compile_region helpers (inlined) ---------------------------
+# --- 4. torch.compiler.nested_compile_region helpers (regions) ---------------------------
 
 import dataclasses  # noqa: E402
 

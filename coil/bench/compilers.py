@@ -179,6 +179,12 @@ def _compile_torch_inductor(fn, probe):
     return torch.compile(fn)
 
 
+def _compile_torch_eager(fn, probe):
+    import torch
+
+    return torch.compile(fn, backend=probe.counting(lambda gm, example_inputs: gm.forward))
+
+
 def _compile_torch_coil(fn, probe):
     import torch
 
@@ -192,6 +198,8 @@ COMPILERS: dict[str, Compiler] = {c.name: c for c in [
     Compiler("inductor", "torch", "torch.compile (Dynamo + Inductor)", _compile_torch_inductor),
     Compiler("coil+inductor", "coil", "coil capture + torch's Inductor backend",
              _compile_coil("inductor")),
+    Compiler("torch+eager", "torch", "torch.compile's capture, graphs run as captured",
+             _compile_torch_eager),
     Compiler("torch+coil", "torch", "torch.compile's capture + coil's backend",
              _compile_torch_coil, coil_kernels=True),
     Compiler("aot_eager", "coil", "coil capture + coil AOT autograd, FX-interpreted",

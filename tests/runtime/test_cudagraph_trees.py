@@ -410,3 +410,16 @@ def test_random_ops_draw_what_an_ungraphed_run_draws(fake_cuda):
         torch.manual_seed(seed)
         torch.testing.assert_close(a, plain(x), rtol=0, atol=0)
     assert fake_cuda.nodes == 1 and fake_cuda.replays == 3
+
+
+def test_dropout_backward_uses_the_forwards_mask(fake_cuda):
+    """Forward and backward replays agree on the mask: the gradient is zero exactly where
+    the output was dropped."""
+    f = coil.compile(lambda x: torch.nn.functional.dropout(x, 0.5, training=True) * 3,
+                     mode="reduce-overhead")
+    for _ in range(4):
+        x = torch.ones(512, requires_grad=True)
+        out = f(x)
+        out.sum().backward()
+        torch.testing.assert_close(x.grad, (out != 0).float() * 6, rtol=0, atol=0)
+    assert fake_cuda.replays >= 4

@@ -282,6 +282,12 @@ def test_gpu_dropout_training_loop_under_reduce_overhead():
         losses.append(loss.item())
     assert all(map(torch.isfinite, torch.tensor(losses))) and len(set(losses)) == len(losses)
     assert tree().replays >= 4
+    f = coil.compile(lambda x: F.dropout(x, 0.5, training=True) * 3, mode="reduce-overhead")
+    for _ in range(4):                   # the backward replays the forward's mask
+        x = torch.ones(4096, device="cuda", requires_grad=True)
+        out = f(x)
+        out.sum().backward()
+        torch.testing.assert_close(x.grad, (out != 0).float() * 6, rtol=0, atol=0)
 
 
 def test_gpu_dropout_p0_gradients_and_adamw_steps_equal_eager(lockstep):

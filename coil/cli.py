@@ -28,11 +28,16 @@ def _add_bench(sub) -> None:
     p.add_argument("--suite", default="default", choices=list(SUITES),
                    help="default: the models above; broad: coil/bench/broad.py (47 "
                         "transformers and timm models; default modes bf16 train)")
-    p.add_argument("--mode", nargs="+", choices=[*MODES, "reduce-overhead"],
+    p.add_argument("--mode", nargs="+", choices=[*MODES, "reduce-overhead", "dynamic"],
                    help=f"modes (default: {' '.join(MODES)}; broad suite: bf16 train); "
                         "reduce-overhead (alone): CUDA graph workloads, eager vs "
                         "torch.compile vs coil in one process (coil/bench/reduce_overhead.py; "
-                        "--model picks workloads from it)")
+                        "--model picks workloads from it); dynamic (alone): GPT-2 and LLaMA "
+                        "over ten sequence lengths, compiles and ms per length for coil, "
+                        "coil dynamic=False and torch.compile (coil/bench/dynamic.py; "
+                        "--model gpt2/llama, --compiler coil coil-static inductor)")
+    p.add_argument("--lengths", type=int, nargs="+", help="--mode dynamic: sequence lengths "
+                   "(default: ten, 64..512 full, 8..64 small)")
     p.add_argument("--compiler", nargs="+", default=list(BENCH_DEFAULT),
                    help=f"compilers (default: {' '.join(BENCH_DEFAULT)}); also "
                         "'package.module:attr' naming a coil.bench.compilers.Compiler")
@@ -67,36 +72,53 @@ def _add_bench(sub) -> None:
     p.add_argument("--strict", action="store_true", help="exit 1 unless every row passes")
 
 
-def _run_reduce_overhead(a) -> int:
-    """``coil bench --mode reduce-overhead`` (coil/bench/reduce_overhead.py)."""
-    from coil.bench import reduce_overhead as ro
-    from coil.bench.compilers import BENCH_DEFAULT
-
+def _run_alone(a, mod, compilers, **run_kw) -> int:
+    """A bench mode that runs alone, in one process (``--mode reduce-overhead``:
+    coil/bench/reduce_overhead.py; ``--mode dynamic``: coil/bench/dynamic.py): ``mod.run``
+    with the common options, ``--json``/``--markdown`` rewritten after each workload."""
     if len(a.mode) > 1 or a.isolate or a.paired:
-        print("coil bench: --mode reduce-overhead runs alone, in one process, always "
-              "interleaved (no other modes, --isolate or --paired)", file=sys.stderr)
+        print(f"coil bench: --mode {mod.MODE} runs alone, in one process (no other modes, "
+              "--isolate or --paired)", file=sys.stderr)
         return 2
-    compilers = list(ro.COMPILERS) if a.compiler == list(BENCH_DEFAULT) else \
-        [c for c in a.compiler if c != "eager"]
+
     def write_partial(partial):
         _emit(a.json, json.dumps(partial, indent=1), quiet_stdout=True)
         if a.markdown:
-            _emit(a.markdown, ro.format_markdown(partial), quiet_stdout=True)
+            _emit(a.markdown, mod.format_markdown(partial), quiet_stdout=True)
 
     try:
-        result = ro.run(a.model, device=a.device, size=a.size, compilers=compilers,
-                        warmup=a.warmup, repeat=a.repeat, max_timing_s=a.max_timing,
-                        row_timeout=a.row_timeout, budget_s=a.budget, progress=not a.no_progress,
-                        on_workload=write_partial if a.json or a.markdown else None)
+        result = mod.run(a.model, device=a.device, size=a.size, compilers=compilers,
+                         warmup=a.warmup, repeat=a.repeat, budget_s=a.budget,
+                         progress=not a.no_progress,
+                         on_workload=write_partial if a.json or a.markdown else None, **run_kw)
     except ValueError as e:
         print(f"coil bench: {e}", file=sys.stderr)
         return 2
     _emit(a.json, json.dumps(result, indent=1))
     if a.markdown:
-        _emit(a.markdown, ro.format_markdown(result))
+        _emit(a.markdown, mod.format_markdown(result))
     if not a.quiet:
-        print(ro.format_text(result))
+        print(mod.format_text(result))
     return 1 if a.strict and any(r["status"] not in ("pass", "skipped") for r in result["rows"]) else 0
+
+
+def _run_reduce_overhead(a) -> int:
+    """``coil bench --mode reduce-overhead`` (coil/bench/reduce_overhead.py)."""
+    from coil.bench import reduce_overhead as ro
+    from coil.bench.compilers import BENCH_DEFAULT
+
+    compilers = list(ro.COMPILERS) if a.compiler == list(BENCH_DEFAULT) else \
+        [c for c in a.compiler if c != "eager"]
+    return _run_alone(a, ro, compilers, max_timing_s=a.max_timing, row_timeout=a.row_timeout)
+
+
+def _run_dynamic(a) -> int:
+    """``coil bench --mode dynamic`` (coil/bench/dynamic.py)."""
+    from coil.bench import dynamic as dyn
+    from coil.bench.compilers import BENCH_DEFAULT
+
+    compilers = list(dyn.COMPILERS) if a.compiler == list(BENCH_DEFAULT) else a.compiler
+    return _run_alone(a, dyn, compilers, lengths=a.lengths)
 
 
 def _run_bench(a) -> int:
@@ -104,6 +126,8 @@ def _run_bench(a) -> int:
 
     if a.mode is not None and "reduce-overhead" in a.mode:
         return _run_reduce_overhead(a)
+    if a.mode is not None and "dynamic" in a.mode:
+        return _run_dynamic(a)
     if a.mode is None:
         from coil.bench.broad import BROAD_MODES
         a.mode = list(BROAD_MODES if a.suite == "broad" else suite.MODES)

@@ -394,6 +394,22 @@ def run_workload(w: Workload, device: torch.device, size: str, compilers: Sequen
 
 # ---------------------------------------------------------------- the run
 
+def resolve(names: Optional[Sequence[str]], table: dict, kind: str, compilers: Sequence[str],
+            compiler_table: dict, device: str, size: Optional[str]) -> tuple:
+    """``(names, device, size)`` of a run: every name of ``table`` by default, ``auto``
+    device (CUDA where there is one), ``full`` size on CUDA, else ``small``.
+
+    Raises ValueError naming unknown names and compilers and the known ones."""
+    names = list(names or table)
+    bad = [n for n in names if n not in table] + [c for c in compilers if c not in compiler_table]
+    if bad:
+        raise ValueError(f"unknown {', '.join(bad)}; {kind}: {', '.join(table)}; "
+                         f"compilers: {', '.join(compiler_table)}")
+    dev = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else
+                       "cpu" if device == "auto" else device)
+    return names, dev, size or ("full" if dev.type == "cuda" else "small")
+
+
 def run(workloads: Optional[Sequence[str]] = None, device: str = "auto", size: Optional[str] = None,
         compilers: Sequence[str] = ("inductor", "coil"), warmup: int = 3, repeat: int = 20,
         max_timing_s: Optional[float] = 30.0, row_timeout: Optional[float] = 300.0,
@@ -404,14 +420,8 @@ def run(workloads: Optional[Sequence[str]] = None, device: str = "auto", size: O
     outside keeps what finished).
 
     Raises ValueError for an unknown workload or compiler name."""
-    names = list(workloads or WORKLOADS)
-    bad = [n for n in names if n not in WORKLOADS] + [c for c in compilers if c not in COMPILERS]
-    if bad:
-        raise ValueError(f"unknown {', '.join(bad)}; workloads: {', '.join(WORKLOADS)}; "
-                         f"compilers: {', '.join(COMPILERS)}")
-    dev = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else
-                       "cpu" if device == "auto" else device)
-    size = size or ("full" if dev.type == "cuda" else "small")
+    names, dev, size = resolve(workloads, WORKLOADS, "workloads", compilers, COMPILERS,
+                               device, size)
     meta = machine_info()
     meta.update(mode=MODE, device=str(dev), size=size, compilers=["eager", *compilers],
                 note=None if dev.type == "cuda" else NO_CUDA_NOTE)

@@ -1,0 +1,220 @@
+"""``coil bench --mode dynamic``: one model, ten sequence lengths, how many compiles.
+
+Real programs change the sequence length. For each model (transformers GPT-2 and a
+LLaMA-style model, random weights, bf16 inference, the configs of
+:mod:`coil.bench.models`) and each compiler, a fresh compiled copy runs the lengths in
+order:
+
+- ``coil``: ``coil.compile(m)`` (``dynamic=None``: the first length static, then one
+  automatic-dynamic graph for the rest);
+- ``coil-static``: ``coil.compile(m, dynamic=False)``: one compile per length, the
+  baseline a dynamic graph's kernels are measured against;
+- ``inductor``: ``torch.compile(m)`` (``dynamic=None``), to compare.
+
+Per length the first call is timed (compile included) and its logits are checked against
+eager's (``reduce_overhead._check``: rmse within 5e-2 of eager's rms in bf16); then the
+steady state is the median of ``repeat`` calls after ``warmup``. Per compiler the row
+reports ``graphs`` (graphs the backend compiled: coil's ``compile_aten_graph`` calls,
+torch's ``unique_graphs``), ``compile_s`` (the sum over lengths of first call minus
+steady-state time) and ``ms`` per length. ``ratios`` holds ``coil / coil-static`` per
+length and their geometric mean: the price of symbolic kernels (1.0: none).
+
+``full`` (CUDA): GPT-2 124M and an 8-layer LLaMA (hidden 1024), batch 4, lengths
+64..512; ``small`` (CPU, tests): the 2-layer configs, batch 2, lengths 8..64. A
+``budget_s`` is split evenly over the (model, compiler) rows; a row out of time skips its
+remaining lengths (named in its note), so the whole run ends in about the budget.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+import traceback
+from typing import Callable, Optional, Sequence
+
+import torch
+
+from coil.bench import measure
+from coil.bench.models import _GPT2, _LLAMA, _ids
+from coil.bench.output import Progress, fmt, machine_info, meta_markdown, render_markdown, render_table
+from coil.bench.reduce_overhead import _check, _reset_compilers, resolve
+
+MODE = "dynamic"
+
+#: name -> (transformers model class, config class, configs by size)
+MODELS = {"gpt2": ("GPT2LMHeadModel", "GPT2Config", _GPT2),
+          "llama": ("LlamaForCausalLM", "LlamaConfig", _LLAMA)}
+LENGTHS = {"full": [64, 96, 128, 160, 200, 256, 333, 400, 448, 512],
+           "small": [8, 11, 16, 20, 24, 31, 40, 48, 57, 64]}
+BATCH = {"full": 4, "small": 2}
+
+
+def _coil(dynamic):
+    def make(m):
+        import coil
+        return coil.compile(m, dynamic=dynamic)
+    return make
+
+
+#: compiler name -> ``compile(module)``
+COMPILERS: dict[str, Callable] = {"coil": _coil(None), "coil-static": _coil(False),
+                                  "inductor": lambda m: torch.compile(m)}
+LABELS = {"coil": "coil", "coil-static": "coil static", "inductor": "torch.compile"}
+
+
+def build(name: str, device: torch.device, size: str):
+    """The model ``name`` in bf16 on ``device`` (eval mode, random weights)."""
+    import transformers
+
+    cls, conf_cls, cfgs = MODELS[name]
+    torch.manual_seed(0)
+    conf = getattr(transformers, conf_cls)(**cfgs[size])
+    return getattr(transformers, cls)(conf).to(device, torch.bfloat16).eval()
+
+
+class _GraphCounter:
+    """Counts graphs the compiler's backend compiles while active."""
+
+    def __init__(self, compiler: str):
+        self.compiler, self.n = compiler, 0
+
+    def __enter__(self):
+        if self.compiler == "inductor":
+            from torch._dynamo.utils import counters
+            counters.clear()
+        else:
+            import coil.codegen as cg
+            self.orig = cg.compile_aten_graph
+
+            def counting(*args):
+                self.n += 1
+                return self.orig(*args)
+            cg.compile_aten_graph = counting
+        return self
+
+    def __exit__(self, *exc):
+        if self.compiler == "inductor":
+            from torch._dynamo.utils import counters
+            self.n = int(counters["stats"]["unique_graphs"])
+        else:
+            import coil.codegen as cg
+            cg.compile_aten_graph = self.orig
+
+
+def run_row(name: str, compiler: str, model, lengths: Sequence[int], batch: int,
+            device: torch.device, warmup: int, repeat: int, deadline: Optional[float]) -> dict:
+    """One (model, compiler) row: the lengths in order on a fresh compiled copy."""
+    row = {"model": name, "compiler": compiler, "status": "pass", "graphs": None,
+           "compile_s": 0.0, "ms": {}, "first_s": {}, "note": None, "error": None}
+    _reset_compilers()
+    vocab = model.config.vocab_size
+    notes = []
+    with _GraphCounter(compiler) as count, torch.no_grad():
+        try:
+            fn = COMPILERS[compiler](model)
+            for L in lengths:
+                if deadline is not None and time.perf_counter() > deadline:
+                    notes.append("budget: skipped L=" + ",".join(
+                        str(x) for x in lengths if x not in row["ms"]))
+                    break
+                ids = _ids(batch, L, vocab, device)
+                measure.synchronize(device)
+                t0 = time.perf_counter()
+                out = fn(input_ids=ids).logits
+                measure.synchronize(device)
+                first = time.perf_counter() - t0
+                ok, note = _check([model(input_ids=ids).logits], [out], torch.bfloat16)
+                if not ok:
+                    row["status"] = "mismatch"
+                    notes.append(f"L={L}: {note}")
+                for _ in range(warmup):
+                    fn(input_ids=ids)
+                ts = [measure.time_once(lambda: fn(input_ids=ids), device) for _ in range(repeat)]
+                steady = statistics.median(ts)
+                row["first_s"][L], row["ms"][L] = first, steady * 1e3
+                row["compile_s"] += max(first - steady, 0.0)
+        except Exception as e:  # noqa: BLE001 - confined to this row
+            row["status"], row["error"] = "error", measure.short_error(e)
+            row["traceback"] = traceback.format_exc()[-4000:]
+    row["graphs"] = count.n
+    row["note"] = "; ".join(notes) or None
+    return row
+
+
+def ratios(rows: list[dict]) -> dict:
+    """``{model: {"per_length": {L: coil ms / coil-static ms}, "geomean": g}}``."""
+    out = {}
+    for name in dict.fromkeys(r["model"] for r in rows):
+        by = {r["compiler"]: r for r in rows if r["model"] == name}
+        if "coil" not in by or "coil-static" not in by:
+            continue
+        dyn, st = by["coil"]["ms"], by["coil-static"]["ms"]
+        per = {L: dyn[L] / st[L] for L in dyn if L in st and st[L] > 0}
+        out[name] = {"per_length": per, "geomean": measure.geomean(list(per.values()))}
+    return out
+
+
+def run(models: Optional[Sequence[str]] = None, device: str = "auto", size: Optional[str] = None,
+        compilers: Sequence[str] = ("coil", "coil-static", "inductor"),
+        lengths: Optional[Sequence[int]] = None, warmup: int = 2, repeat: int = 10,
+        budget_s: Optional[float] = None, progress: bool = True,
+        on_workload: Optional[Callable[[dict], None]] = None) -> dict:
+    """Run the dynamic-shape benchmark; returns ``{"meta", "rows", "ratios"}`` (also handed
+    to ``on_workload`` after each model, so a run killed from outside keeps what finished).
+
+    Raises ValueError for an unknown model or compiler name."""
+    names, dev, size = resolve(models, MODELS, "models", compilers, COMPILERS, device, size)
+    lengths = list(lengths or LENGTHS[size])
+    meta = machine_info()
+    meta.update(mode=MODE, device=str(dev), size=size, compilers=list(compilers),
+                lengths=lengths, batch=BATCH[size], dtype="bfloat16")
+    rows: list = []
+    start, slots = time.perf_counter(), len(names) * len(compilers)
+    bar = Progress(slots, enabled=progress)
+    for name in names:
+        model = build(name, dev, size)
+        for compiler in compilers:
+            bar.show(f"{name} {compiler}")
+            deadline = None
+            if budget_s is not None:   # this row's share of what is left
+                left = budget_s - (time.perf_counter() - start)
+                deadline = time.perf_counter() + left / (slots - len(rows))
+            rows.append(run_row(name, compiler, model, lengths, BATCH[size], dev, warmup,
+                                repeat, deadline))
+            bar.advance(f"{name} {compiler}")
+        del model
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+        if on_workload is not None:
+            on_workload({"meta": meta, "rows": rows, "ratios": ratios(rows)})
+    bar.close()
+    return {"meta": meta, "rows": rows, "ratios": ratios(rows)}
+
+
+def _table(result: dict) -> tuple[list[str], list[list[str]]]:
+    lengths = result["meta"]["lengths"]
+    headers = ["model", "compiler", "status", "graphs", "compile s",
+               *[f"L={L} ms" for L in lengths], "note"]
+    cells = []
+    for r in result["rows"]:
+        ms = {int(k): v for k, v in r["ms"].items()}
+        cells.append([r["model"], LABELS.get(r["compiler"], r["compiler"]), r["status"],
+                      fmt(r["graphs"]), fmt(r["compile_s"], ".1f"),
+                      *[fmt(ms.get(L), ".3f") for L in lengths],
+                      r["error"] or r["note"] or ""])
+    for name, rt in result["ratios"].items():
+        per = {int(k): v for k, v in rt["per_length"].items()}
+        cells.append([name, "coil / coil static", "", "", "", *[fmt(per.get(L), ".2f") for L in lengths],
+                      f"geomean {fmt(rt['geomean'], '.2f')}"])
+    return headers, cells
+
+
+def format_text(result: dict) -> str:
+    """The rows as a text table (one column per length, then the dynamic/static ratios)."""
+    m = result["meta"]
+    return (f"dynamic shapes: {m['device']}, {m['size']} configs, batch {m['batch']}, bf16\n"
+            + render_table(*_table(result)))
+
+
+def format_markdown(result: dict) -> str:
+    """A markdown block: how it was made, then the table."""
+    return meta_markdown(result["meta"]) + "\n\n" + render_markdown(*_table(result)) + "\n"

@@ -97,6 +97,18 @@ def _cp(e) -> str:
     return t if isinstance(e, int) or sympy.sympify(e).is_Atom else f"({t})"
 
 
+#: integer dtypes whose casts from floating point go through coil_ftoi
+_FTOI = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
+
+
+def _cast(x: "CppVar", dtype: torch.dtype) -> str:
+    """C++ conversion of ``x`` to ``dtype``; floating point to integer as eager gives it
+    (``coil_ftoi``: NaN and out-of-range values are defined, not C++'s undefined)."""
+    if x.dtype.is_floating_point and dtype in _FTOI:
+        return f"coil_ftoi<{cops.ctype(dtype)}>({x})"
+    return f"static_cast<{cops.ctype(dtype)}>({x})"
+
+
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
@@ -253,7 +265,7 @@ class CppKernel(OpsHandler):
             return f"({value} != 0)" if value.dtype != torch.bool else value.name
         if value.dtype == dtype:
             return value.name
-        return f"static_cast<{cops.ctype(dtype)}>({value})"
+        return _cast(value, dtype)
 
     def store(self, name, index, value, mode=None):
         buf_dtype = self.plan.buffer(name).get_dtype()
@@ -312,7 +324,7 @@ class CppKernel(OpsHandler):
             return self._emit(f"coil_f16_to_float(coil_float_to_f16(static_cast<float>({x})))", torch.float32)
         if x.dtype == dtype:
             return x
-        return self._emit(f"static_cast<{cops.ctype(dtype)}>({x})", dtype)
+        return self._emit(_cast(x, dtype), dtype)
 
     def to_dtype_bitcast(self, x, dtype, src_dtype):
         x = self._val(x, src_dtype)

@@ -434,6 +434,16 @@ template <typename T> COIL_INLINE T coil_ipow(T a, T b) {
   while (b) { if (b & 1) r *= a; a *= a; b >>= 1; }
   return r;
 }
+// float -> signed int / uint8 as eager computes it on x86 (cvtt*2si): NaN and values out
+// of range give INT64_MIN (64-bit targets) or INT32_MIN, narrower types keep the low bits
+// of the int32 result (so NaN gives 0). A plain static_cast is undefined there, and GCC
+// folds a constant NaN to 0.
+template <typename To, typename From> COIL_INLINE To coil_ftoi(From x) {
+  if (sizeof(To) == 8)
+    return (x >= (From)-9223372036854775808.0 && x < (From)9223372036854775808.0)
+        ? (To)x : (To)INT64_MIN;
+  return (To)((x >= (From)-2147483648.0 && x < (From)2147483648.0) ? (int32_t)x : INT32_MIN);
+}
 template <typename To, typename From> COIL_INLINE To coil_bitcast(From x) {
   static_assert(sizeof(To) == sizeof(From), "bitcast between different sizes");
   To y; __builtin_memcpy(&y, &x, sizeof(To)); return y;

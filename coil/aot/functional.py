@@ -83,7 +83,9 @@ class OutputInfo:
     ``size/stride/offset`` describe the view (elements; offset is absolute in the
     storage). ``requires_grad``: the eager output requires grad. ``dtype``: set for an
     ``alias_of_input`` of another dtype than its input (``a.view(torch.int32)``): the
-    runtime builds it on the input's storage, and its offset is in bytes.
+    runtime builds it on the input's storage, and its offset is in bytes. ``src_stride``:
+    for an ``alias_of_output``/``alias_of_base``, the eager strides of the tensor it views
+    (the runtime copies a compiled one of other strides into them before taking views).
     """
 
     kind: str
@@ -94,6 +96,7 @@ class OutputInfo:
     requires_grad: bool = False
     value: Any = None
     dtype: Optional[torch.dtype] = None
+    src_stride: Optional[tuple] = None
 
 
 @dataclasses.dataclass
@@ -339,11 +342,13 @@ def _analyze(fn, fake_args, fake_mode, grad, drop_error_checks) -> ProgramInfo:
                 for k in members:
                     if k != owner:
                         outputs[k].kind, outputs[k].index = "alias_of_output", owner
+                        outputs[k].src_stride = tuple(flat_outs[owner].stride())
             else:
                 # all are views of an intermediate: return that base too
                 base_sources.append(first)
                 for k in members:
                     outputs[k].kind, outputs[k].index = "alias_of_base", len(base_sources) - 1
+                    outputs[k].src_stride = tuple(flat_outs[first]._base.stride())
         for k, info in enumerate(outputs):
             if info.kind == "graph":
                 info.index = len(graph_outputs)

@@ -184,6 +184,10 @@ def _make_epilogue(info: ProgramInfo, args_index_of_output=None) -> Callable:
             plan.append((5, o.index, None))
         else:
             plan.append((4, None, o.value))
+    # (value position, eager strides) of the tensors aliased outputs view: a compiled
+    # graph may return one in other strides (a decomposition's layout, under aot_eager)
+    sources = sorted({(p[1], o.src_stride) for p, o in zip(plan, info.outputs)
+                      if p[0] == 3 and o.src_stride is not None and not _has_symint(o.src_stride)})
     # the program returns one leaf, not a container (an empty tuple is one node too)
     single_leaf = spec.num_nodes == 1 and spec.num_leaves == 1
     simple = not mutated and all(p[0] == 0 for p in plan) and (flat_tuple or single_leaf) and \
@@ -237,6 +241,11 @@ def _make_epilogue(info: ProgramInfo, args_index_of_output=None) -> Callable:
                 _copy_untracked(batch_dst, batch_src)  # keep the program's order
                 inp.copy_(vals[pos])
         _copy_untracked(batch_dst, batch_src)
+        for idx, stride in sources:
+            if vals[idx].stride() != stride:
+                vals = list(vals)
+                vals[idx] = torch.empty_strided(vals[idx].shape, stride, dtype=vals[idx].dtype,
+                                                device=vals[idx].device).copy_(vals[idx])
         lay = layouts(args, vals) if layouts is not None else None
         flat = []
         for kind, idx, extra in plan:

@@ -252,10 +252,18 @@ def _apply(fn: str, x: str, y: str) -> str:
 
 
 def _safe(fn: str, xv, yv) -> bool:
-    """False when eager's result is undefined or would trap (integer division by 0)."""
+    """False when eager's result is undefined or would trap (integer division by 0), or
+    depends on the element's position: eager's vectorized float fmod/remainder compute
+    ``a - trunc(a / b) * b``, NaN where ``a / b`` overflows (a subnormal ``b``), while its
+    scalar tail and fmod itself give the exact remainder."""
+    y = torch.as_tensor(yv)
+    if fn in ("%", "torch.fmod", "torch.remainder") and torch.result_type(xv, yv).is_floating_point:
+        x, y = torch.as_tensor(xv).double(), y.double()
+        big = torch.finfo(torch.float64 if torch.result_type(xv, yv) == torch.float64
+                          else torch.float32).max
+        return not bool((x.isfinite() & (y != 0) & (x.abs() > y.abs() * big)).any())
     if not (is_int(xv) and is_int(yv)):
         return True
-    y = torch.as_tensor(yv)
     if fn in _DIVS:
         x = torch.as_tensor(xv)
         low = x.numel() > 0 and x.to(torch.int64).min().item() <= -2 ** 31

@@ -14,7 +14,9 @@ parent's wrapper reads the predicate with ``.item()`` and calls one of them::
 and the compiled ``body_gm`` until the predicate is false.
 
 ``map_impl(body_gm, xs, args)`` compiles the body once over one slice of ``xs``;
-:func:`run_map` calls it per leading index and stacks the outputs.
+:func:`run_map` calls it per leading index and stacks the outputs. ``scan(combine_gm,
+init, xs, additional)`` is the same with a carry threaded through (:func:`run_scan`);
+torch's scan backward is another scan node, lowered the same way.
 
 A branch whose compilation fails runs through the FX interpreter instead (event
 ``hop_branch_fallback``, with the error), never silently. Nested conds compile
@@ -119,6 +121,32 @@ def lower_map(lowering, args: tuple, kwargs: dict):
     return lowering.make_extern(run_map, (compiled, list(xs), list(rest)), {})
 
 
+def run_scan(body_fn: Callable, init, xs, additional) -> tuple:
+    """The wrapper's scan: the compiled combine function once per leading index of
+    ``xs``, threading the carry; returns the last carry, then each output stacked."""
+    carry, ys = list(init), []
+    for i in range(xs[0].shape[0]):
+        out = body_fn(*carry, *[x[i] for x in xs], *additional)
+        carry, y = list(out[:len(carry)]), out[len(carry):]
+        ys.append(y)
+    return tuple(carry) + tuple(torch.stack([y[k] for y in ys]) for k in range(len(ys[0])))
+
+
+def lower_scan(lowering, args: tuple, kwargs: dict):
+    """Lower a scan node: the combine function compiled once over one slice, the loop
+    in the wrapper (:func:`run_scan`)."""
+    node = lowering.current_node
+    body_gm, init, xs, additional = args
+    fakes = [a.meta.get("val") for a in node.args[1]] + [a.meta["val"][0] for a in node.args[2]] + \
+        [a.meta.get("val") if isinstance(a, torch.fx.Node) else a for a in node.args[3]]
+    name = node.args[0].target
+    compiled = _compile_branch(body_gm, fakes, lowering.device, name)
+    trace.log("hop_lowered", stage="lowering", op="scan", branches=[name],
+              compiled=[not isinstance(compiled, torch.fx.GraphModule)])
+    return lowering.make_extern(run_scan, (compiled, list(init), list(xs), list(additional)), {})
+
+
 LOWERINGS = {torch.ops.higher_order.cond: lower_cond,
              torch.ops.higher_order.while_loop: lower_while_loop,
-             torch.ops.higher_order.map_impl: lower_map}
+             torch.ops.higher_order.map_impl: lower_map,
+             torch.ops.higher_order.scan: lower_scan}

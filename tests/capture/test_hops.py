@@ -541,3 +541,69 @@ def test_nested_compile_region_is_one_subgraph_called_twice():
     assert not frame.break_log
     assert [n.args[1] for n in region_calls(gm)] == ["region_0", "region_0"]
     assert_same_as_eager(fn, (torch.randn(3),), backend="coil")
+
+
+def _scan_step(c, x):
+    n = torch.tanh(c * 0.5 + x)
+    return n, (n * 2, n.sum(-1))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dim,reverse", [(0, False), (1, True), (-2, False)])
+def test_scan_values(backend, dim, reverse):
+    from torch._higher_order_ops import scan
+
+    w = torch.randn(4)
+
+    def fn(init, xs):
+        def step(c, x):   # closes over w: a lifted input
+            n, (y, s) = _scan_step(c, x + w)
+            return n, (y, s)
+        return scan(step, init, xs, dim=dim, reverse=reverse)
+
+    xs = torch.randn(5, 3, 4) if dim == 0 else torch.randn(3, 5, 4)
+    gm = _one_graph(fn, torch.randn(3, 4), xs)
+    assert any(n.target is torch.ops.higher_order.scan for n in gm.graph.nodes)
+    assert_same_as_eager(fn, (torch.randn(3, 4), xs), backend=backend)
+
+
+def test_scan_carry_tuple_and_triton_cpu_backend(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    pytest.importorskip("triton")
+    from torch._higher_order_ops import scan
+
+    def fn(a, b, xs):
+        def step(c, x):
+            s, m = c
+            return (s + x, torch.maximum(m, x)), s * x
+        (s, m), ys = scan(step, (a, b), xs)
+        return s, m, ys
+
+    args = (torch.zeros(4), torch.full((4,), -1e9), torch.randn(6, 4))
+    out = coil.compile(fn, backend="coil", options={"cpu_backend": "triton"})(*args)
+    for o, r in zip(out, fn(*args)):
+        torch.testing.assert_close(o, r)
+
+
+def test_scan_with_grad_is_a_logged_break():
+    from torch._higher_order_ops import scan
+    from coil.capture import frame
+
+    def fn(init, xs):
+        c, ys = scan(lambda c, x: (c + x, c * x), init, xs)
+        return c.sum() + ys.sum()
+
+    frame.break_log.clear()
+    assert_same_as_eager(fn, (torch.randn(3, requires_grad=True), torch.randn(4, 3)),
+                         backend="aot_eager", check_grads=True)
+    assert any("torch scan with inputs that require grad" in b["reason"] for b in frame.break_log)
+
+
+def test_scan_carry_changing_dtype_raises():
+    from torch._higher_order_ops import scan
+
+    def fn(init, xs):
+        return scan(lambda c, x: (c.double() + x, x), init, xs)
+
+    with pytest.raises(UserError, match="changes carry 0"):
+        coil.compile(fn, backend="eager")(torch.zeros(3), torch.randn(2, 3))

@@ -124,12 +124,14 @@ def _cells_of(fn_vt) -> dict:
 
 
 def trace_subgraph(tx, fn_vt, operands: list, what: str, alias_ok: bool = True,
-                   call: Optional[tuple] = None) -> Subgraph:
+                   call: Optional[tuple] = None, flatten=None) -> Subgraph:
     """Trace ``fn_vt(*operands)`` as a subgraph in its own scope (see module docstring).
     ``what`` names it in messages (``"torch.cond true_fn"``). An output that is (a view
     of) an input is cloned, or with ``alias_ok=False`` a UserError (eager's cond refuses
     it). ``call=(args, kwargs)`` calls ``fn_vt(*args, **kwargs)`` instead, ``operands``
-    being the tensors among them (the rest of what the call reads is lifted)."""
+    being the tensors among them (the rest of what the call reads is lifted).
+    ``flatten(result, what) -> (tensors, structure)`` (default :func:`_flat_outputs`)
+    flattens the function's result."""
     out = tx.output
     graph = out.graph
     before = set(graph.nodes)
@@ -150,7 +152,7 @@ def trace_subgraph(tx, fn_vt, operands: list, what: str, alias_ok: bool = True,
         if cell.content is not content:
             raise Unsupported(f"{what}: assigning a closure variable inside the function",
                               hint="move the side effect out of the branch/body function")
-    outs, structure = _flat_outputs(res, what)
+    outs, structure = (flatten or _flat_outputs)(res, what)
     region = [n for n in graph.nodes if n not in before and n.op != "placeholder"]
     region_set = set(region)
     op_nodes = list(dict.fromkeys(o.node for o in operands))  # one input per tensor
@@ -546,6 +548,113 @@ def call_map(tx, args: list, kwargs: dict) -> VariableTracker:
     return _unflatten(items, body.structure)
 
 
+# --------------------------------------------------------------------------- scan
+
+def _tensor_tree(v: VariableTracker, what: str):
+    """``v`` (a tensor or a tuple/list of tensors) as (tensors, structure)."""
+    if isinstance(v, TensorVariable) or isinstance(v, (TupleVariable, ListVariable)) and \
+            v.items and all(isinstance(i, TensorVariable) for i in v.items):
+        return _flat_outputs(v, what)
+    raise Unsupported(f"{what}: {v} (a tensor or a flat tuple/list of tensors is captured)")
+
+
+def _scan_outputs(res: VariableTracker, what: str):
+    if not (isinstance(res, (TupleVariable, ListVariable)) and len(res.items) == 2):
+        raise Unsupported(f"{what} returned {res} (scan's combine_fn returns (carry, y))")
+    carry, cs = _tensor_tree(res.items[0], what)
+    ys, ystruct = _tensor_tree(res.items[1], what)
+    return carry + ys, (len(carry), cs, ystruct)
+
+
+def call_scan(tx, args: list, kwargs: dict) -> VariableTracker:
+    """``torch._higher_order_ops.scan(combine_fn, init, xs, dim=0, reverse=False)``:
+    ``combine_fn(carry, x)`` traced once over the carry and one slice of ``xs`` (plus
+    lifted values); the parent moves ``dim`` to the front and flips for ``reverse``
+    around ``torch.ops.higher_order.scan`` as torch's scan does. The carry it returns
+    must keep ``init``'s metadata (a :class:`UserError` names the first that changes).
+    With an input that requires grad the call is a graph break (eager runs it)."""
+    from coil.capture.variables.tensor import call_op
+
+    names = ["combine_fn", "init", "xs", "dim", "reverse"]
+    bound = dict(zip(names, args))
+    bound.update(kwargs)
+    if not {"combine_fn", "init", "xs"} <= set(bound) or not set(bound) <= set(names):
+        raise UserError("scan(combine_fn, init, xs, *, dim=0, reverse=False): bad arguments",
+                        location=tx.location())
+    dim = bound.get("dim", ConstantVariable(0)).as_python_constant()
+    reverse = bound.get("reverse", ConstantVariable(False)).as_python_constant()
+    init, init_struct = _tensor_tree(bound["init"], "torch scan init")
+    xs, xs_struct = _tensor_tree(bound["xs"], "torch scan xs")
+    if len({id(t.node) for t in init}) != len(init):
+        raise Unsupported("torch scan with one tensor twice in init")
+    location = tx.location()
+
+    def op(fn, *a):
+        return call_op(tx, "call_function", fn, list(a), {})
+
+    lead = []
+    d = dim + xs[0].fake.dim() if dim < 0 else dim
+    for x in xs:
+        if x.fake.dim() <= d or x.fake.shape[d] == 0:
+            raise UserError("scan: every xs leaf needs a non-empty dimension dim",
+                            location=location)
+        x = op(torch.movedim, x, ConstantVariable(d), ConstantVariable(0)) if d else x
+        lead.append(op(torch.flip, x, ConstantVariable([0])) if reverse else x)
+    pieces = [op(__import__("operator").getitem, x, ConstantVariable(0)) for x in lead]
+    carry_arg = _unflatten(list(init), init_struct)
+    x_arg = _unflatten(pieces, xs_struct)
+    body = trace_subgraph(tx, bound["combine_fn"], list(init) + pieces, "torch scan combine_fn",
+                          call=([carry_arg, x_arg], {}), flatten=_scan_outputs)
+    for p in pieces:
+        tx.output.graph.erase_node(p.node)
+    n_carry, carry_struct, y_struct = body.structure
+    if n_carry != len(init) or carry_struct != init_struct or \
+            len(body.operand_nodes) != len(init) + len(pieces):
+        raise UserError(f"scan: combine_fn returns a carry of {n_carry} tensor(s) for an init "
+                        f"of {len(init)}", location=location)
+    for i, (x, y) in enumerate(zip(init, body.out_fakes)):
+        if x.fake.dtype != y.dtype or tuple(x.fake.shape) != tuple(y.shape):
+            raise UserError(f"scan: combine_fn changes carry {i}: it comes in with "
+                            f"{_meta_text(x.fake)} and leaves with {_meta_text(y)}",
+                            location=location)
+    if torch.is_grad_enabled() and any(
+            isinstance(n.meta.get("example_value"), torch.Tensor)
+            and n.meta["example_value"].requires_grad
+            for n in [t.node for t in init] + [x.node for x in lead] + body.lifted):
+        # torch's scan backward partitions the body's joint graph itself; with coil's
+        # core-ATen decompositions (detach -> alias) its saved values alias the body's
+        # inputs and its functionalization refuses them ("scan might be aliasing")
+        raise Unsupported("torch scan with inputs that require grad (not captured)",
+                          hint="run it under torch.no_grad(), or it runs outside the graph")
+    out = tx.output
+    index = out.hop_count = getattr(out, "hop_count", -1) + 1
+    name = _register(out, "scan_combine", body.graph, index)
+    g = out.graph
+    node = g.call_function(torch.ops.higher_order.scan, (
+        g.get_attr(name), [t.node for t in init], [x.node for x in lead], tuple(body.lifted)))
+    tx.locate_node(node)
+    items = []
+    length = lead[0].fake.shape[0]
+    with out.fake_mode:
+        for i, y in enumerate(body.out_fakes):
+            shape = y.shape if i < n_carry else (length, *y.shape)
+            fake = torch.empty(shape, dtype=y.dtype, device=y.device)
+            item = g.call_function(__import__("operator").getitem, (node, i))
+            item.meta["example_value"] = fake
+            tx.locate_node(item)
+            items.append(TensorVariable(item, fake))
+    node.meta["example_value"] = tuple(i.fake for i in items)
+    ys = items[n_carry:]
+    if reverse:
+        ys = [op(torch.flip, y, ConstantVariable([0])) for y in ys]
+    ys = [op(torch.movedim, y, ConstantVariable(0), ConstantVariable(d))
+          if d and d < y.fake.dim() else y for y in ys]
+    trace.log("hop", stage="capture", op="scan", subgraphs=[name], length=int(length),
+              lifted=[x.meta.get("source", x.name) for x in body.lifted],
+              where=str(location).splitlines()[0])
+    return TupleVariable([_unflatten(items[:n_carry], carry_struct), _unflatten(ys, y_struct)])
+
+
 # --------------------------------------------------------------------------- checkpoint
 
 _CHECKPOINT_DEFAULTS = {"preserve_rng_state": True, "context_fn": None,
@@ -715,7 +824,7 @@ def hop_handler(value):
                 _HANDLERS[v] = _not_captured
         _HANDLERS.update({torch.cond: call_cond, hops.cond: call_cond,
                           hops.while_loop: call_while_loop, ckpt.checkpoint: call_checkpoint,
-                          hops.map: call_map})
+                          hops.map: call_map, hops.scan: call_scan})
     try:
         return _HANDLERS.get(value)
     except TypeError:  # unhashable

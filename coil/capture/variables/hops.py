@@ -217,6 +217,13 @@ def _check_no_input_writes(region, inputs, what: str) -> None:
                 location=_node_location(n), hint="compute a new tensor instead (x + 1, not x.add_(1))")
 
 
+def _needs_grad(nodes) -> bool:
+    """Grad mode is on and one of ``nodes``' values is a tensor that requires grad."""
+    return torch.is_grad_enabled() and any(
+        isinstance(n.meta.get("example_value"), torch.Tensor)
+        and n.meta["example_value"].requires_grad for n in nodes)
+
+
 def _node_location(n) -> Optional[SourceLocation]:
     trace_text = n.meta.get("stack_trace", "")
     for line in reversed(trace_text.splitlines()):
@@ -365,9 +372,7 @@ def call_cond(tx, args: list, kwargs: dict) -> VariableTracker:
         _contiguous_grads(f.graph)
     out = tx.output
     node_ops = tuple(t.operand_nodes) + tuple(t.lifted)
-    grad = torch.is_grad_enabled() and any(
-        isinstance(n.meta.get("example_value"), torch.Tensor)
-        and n.meta["example_value"].requires_grad for n in node_ops)
+    grad = _needs_grad(node_ops)
     if grad and not all(x.dtype.is_floating_point or x.dtype.is_complex for x in t.out_fakes):
         raise Unsupported("torch.cond returning integer or bool tensors with inputs that "
                           "require grad (torch's cond backward cannot trace it; eager fails "
@@ -467,10 +472,7 @@ def call_while_loop(tx, args: list, kwargs: dict) -> VariableTracker:
             raise UserError(f"torch.while_loop: body_fn changes carried input {i}: it comes in "
                             f"with {_meta_text(x)} and leaves with {_meta_text(y)}; the carried "
                             "state must keep its metadata", location=location)
-    if torch.is_grad_enabled() and any(
-            isinstance(n.meta.get("example_value"), torch.Tensor)
-            and n.meta["example_value"].requires_grad
-            for n in [x.node for x in carried] + b.lifted + c.lifted):
+    if _needs_grad([x.node for x in carried] + b.lifted + c.lifted):
         raise Unsupported("torch.while_loop with inputs that require grad (its backward "
                           "needs the trip count as a size: not captured)",
                           hint="run it under torch.no_grad(), or it runs outside the graph")
@@ -519,10 +521,7 @@ def call_map(tx, args: list, kwargs: dict) -> VariableTracker:
                     [xs, ConstantVariable(0)], {})
     body = trace_subgraph(tx, f, [piece] + rest, "torch map f")
     tx.output.graph.erase_node(piece.node)
-    if torch.is_grad_enabled() and any(
-            isinstance(n.meta.get("example_value"), torch.Tensor)
-            and n.meta["example_value"].requires_grad
-            for n in [xs.node] + [a.node for a in rest] + body.lifted):
+    if _needs_grad([xs.node] + [a.node for a in rest] + body.lifted):
         raise Unsupported("torch map with inputs that require grad (not captured)",
                           hint="run it under torch.no_grad(), or it runs outside the graph")
     out = tx.output
@@ -617,10 +616,7 @@ def call_scan(tx, args: list, kwargs: dict) -> VariableTracker:
             raise UserError(f"scan: combine_fn changes carry {i}: it comes in with "
                             f"{_meta_text(x.fake)} and leaves with {_meta_text(y)}",
                             location=location)
-    if torch.is_grad_enabled() and any(
-            isinstance(n.meta.get("example_value"), torch.Tensor)
-            and n.meta["example_value"].requires_grad
-            for n in [t.node for t in init] + [x.node for x in lead] + body.lifted):
+    if _needs_grad([t.node for t in init] + [x.node for x in lead] + body.lifted):
         # torch's scan backward partitions the body's joint graph itself; with coil's
         # core-ATen decompositions (detach -> alias) its saved values alias the body's
         # inputs and its functionalization refuses them ("scan might be aliasing")

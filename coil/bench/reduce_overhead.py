@@ -3,9 +3,10 @@
 For each workload, in one process, three copies of one model with the same weights run
 side by side: eager, ``torch.compile(mode="reduce-overhead")`` and
 ``coil.compile(mode="reduce-overhead")``. Per copy, the first call is timed (compile s),
-checked against eager, then warmed up (at least 3 calls: a CUDA graph is recorded on
-the second call of a graph and replayed from the third); the peak CUDA memory of that
-phase is read. Then all copies are timed in the same rounds, rotated by one each round
+then warmed up (at least 3 calls: a CUDA graph is recorded on the second call of a graph
+and replayed from the third); the outputs of the first call and of the last warm-up call
+(replayed) are both checked against eager's same calls; then a few steady-state steps
+give the peak memory. Then all copies are timed in the same rounds, rotated by one each round
 (``measure.time_interleaved``), and each gets ``speedup = median(eager) /
 median(its own)``; the coil row also gets ``coil / torch.compile = median(torch) /
 median(coil)`` (above 1: coil is faster).
@@ -18,21 +19,33 @@ Workloads (``full`` on CUDA, ``small`` on CPU and in tests):
 - ``gpt2_decode``: greedy decoding of 32 new tokens after a 64-token prompt with a
   static KV cache (:class:`CachedDecoder`, GPT-2 124M shapes, bf16): one prefill call
   and 31 one-token calls per step, each call's output token fed back as the next input,
-  as torch.compile users write it (gpt-fast); compiled with ``dynamic=False`` (two
-  static graphs: prefill and decode);
+  as torch.compile users write it (gpt-fast): each generated token starts a CUDA graph
+  step (``torch.compiler.cudagraph_mark_step_begin()`` / ``coil.cudagraph_mark_step_begin()``,
+  :data:`MARK_STEP`) and the token that persists is cloned out of the graph's memory,
+  the same for every compiler; compiled with ``dynamic=False`` (two static graphs:
+  prefill and decode);
 - ``resnet50``, ``mobilenet``: timm ResNet-50 / MobileNetV3-Large (torchvision where
   timm is missing), random weights, batch 1, 224x224, bf16 inference;
 - ``train_gpt``: coil's SmallGPT (6 layers, d=512), one training step: forward with
   the loss inside the compiled module under bf16 autocast, backward, AdamW (eager).
 
-Peak memory (``peak_gb``): ``torch.cuda.max_memory_allocated`` over the copy's first
-call and warm-up, minus what was allocated before it (weights and inputs of every copy
-are excluded; the CUDA graph pool recorded meanwhile is included).
+Peak memory (``peak_gb``, steady state): ``torch.cuda.max_memory_reserved`` over
+:data:`STEADY_STEPS` steps after the warm-up, minus ``torch.cuda.memory_reserved`` before
+the copy was compiled (both after ``torch.cuda.empty_cache()``). Reserved memory counts
+the CUDA graph pools of both compilers (their segments stay reserved while the graphs
+live, whether or not the allocator counts their blocks as allocated: torch.compile hands
+its pool's blocks back to the allocator after recording, coil keeps its outputs'), and
+the default pool's working set of each step; the copy's weights, and what earlier copies
+hold, are in the base. ``first_peak_gb`` (JSON only) is the same over the first call and
+warm-up (compile-time buffers, autotuning, the recordings).
 
 Correctness: floating outputs within ``rmse(compiled - eager) <= tol * rms(eager)``
 (``tol`` 5e-2 for bf16, 1e-3 for fp32); generated tokens are not part of the verdict
 (a near-tie in bf16 logits may pick another token and the sequences diverge after it):
-the row notes how many of them equal eager's.
+the row notes how many of them equal eager's, and at the first token that differs,
+eager's margin between its top two logits there and the largest difference of the
+compiled logits from eager's there and before it (:func:`_token_diagnosis`: a near-tie
+when the logits there are about as close to eager's as before it; wrong values otherwise).
 
 Without CUDA the rows still run (tiny configs): neither compiler records CUDA graphs on
 CPU (coil logs ``cudagraph_skip``), peak memory is not measured, and the result says so.
@@ -43,6 +56,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import gc
 import math
 import time
 import traceback
@@ -70,9 +84,10 @@ class Unavailable(Exception):
 
 @dataclasses.dataclass
 class Built:
-    """A workload ready to run: ``step_for(fn, module)`` makes a zero-argument step for
-    the callable ``fn`` (the module itself or a compiled one) that returns a list of
-    tensors (compared with eager's)."""
+    """A workload ready to run: ``step_for(fn, module, mark_step)`` makes a zero-argument
+    step for the callable ``fn`` (the module itself or a compiled one) that returns a
+    list of tensors (compared with eager's); ``mark_step()`` starts a CUDA graph step of
+    ``fn``'s compiler (:data:`MARK_STEP`) where a loop over calls needs one."""
 
     module: nn.Module
     step_for: Callable[[Callable, nn.Module], Callable[[], list]]
@@ -89,7 +104,7 @@ class Workload:
 
 
 def _inference(module: nn.Module, args: tuple, config: str) -> Built:
-    def step_for(fn, _module):
+    def step_for(fn, _module, _mark):
         def step():
             with torch.no_grad():
                 return flatten_outputs(fn(*args))
@@ -177,19 +192,29 @@ def _build_decode(device, size):
     prompt_ids = _ids(1, prompt, vocab, device)
     prefill_pos = torch.arange(prompt, device=device)
 
-    def step_for(fn, _module):
+    def step_for(fn, _module, mark):
         toks = torch.empty(1, new, dtype=torch.long, device=device)
         positions = [torch.tensor([prompt + i], device=device) for i in range(new)]
 
         def step():
+            # the first call keeps every token's logits (fp32) for _token_diagnosis
+            keep = [] if step.token_logits is None else None
             with torch.no_grad():
+                mark()
                 nxt, logits = fn(prompt_ids, prefill_pos)
-                first = logits.float()          # a copy: the next call may overwrite logits
-                toks[:, 0] = nxt[:, 0]
-                for i in range(1, new):
-                    nxt, _ = fn(nxt, positions[i - 1])
+                first = logits.float()          # a copy: the next call overwrites logits
+                for i in range(new):
+                    if i:
+                        mark()                  # each token is a step (gpt-fast)
+                        nxt, logits = fn(nxt, positions[i - 1])
+                        if keep is not None:
+                            keep.append(logits.float())
+                    nxt = nxt.clone()           # fed back and kept past the next call
                     toks[:, i] = nxt[:, 0]
+            if keep is not None:
+                step.token_logits = torch.cat([first] + keep)
             return [first, toks.clone()]
+        step.token_logits = None
         return step
     return Built(m, step_for, f"{layers} layers, d={d}, prompt {prompt} + {new} new tokens, "
                  "static KV cache, bf16", torch.bfloat16, dynamic=False)
@@ -215,7 +240,7 @@ def _build_train(device, size):
     ids = _ids(batch, seq + 1, vocab, device)
     amp = device.type == "cuda"
 
-    def step_for(fn, module):
+    def step_for(fn, module, _mark):
         opt = torch.optim.AdamW(module.parameters(), lr=1e-4)
 
         def step():
@@ -258,8 +283,19 @@ def _coil_compile(module, dynamic):
     return coil.compile(module, mode=MODE, dynamic=dynamic)
 
 
+def _coil_mark_step() -> None:
+    import coil
+
+    coil.cudagraph_mark_step_begin()
+
+
 #: ``name -> compile(module, dynamic)``; "eager" is always timed (the baseline)
 COMPILERS: dict[str, Callable] = {"inductor": _torch_compile, "coil": _coil_compile}
+#: ``name -> start a CUDA graph step`` (a no-op for the others)
+MARK_STEP: dict[str, Callable[[], None]] = {
+    "inductor": lambda: torch.compiler.cudagraph_mark_step_begin(), "coil": _coil_mark_step}
+#: steps timed for the steady-state peak memory, after the warm-up
+STEADY_STEPS = 3
 LABELS = {"eager": "eager", "inductor": "torch.compile", "coil": "coil"}
 
 
@@ -280,6 +316,8 @@ class Run:
     compiler: str
     row: dict
     step: Optional[Callable[[], list]] = None
+    #: the outputs of its first call and of its last warm-up call
+    outputs: Optional[list] = None
 
 
 def _check(eager: list, got: list, dtype: torch.dtype) -> tuple[bool, str]:
@@ -301,24 +339,56 @@ def _check(eager: list, got: list, dtype: torch.dtype) -> tuple[bool, str]:
     return True, "; ".join(notes)
 
 
-def _phase_peak_gb(device: torch.device, fn: Callable[[], Any]) -> tuple[Any, Optional[float]]:
-    """``(fn(), GiB allocated at the peak of fn beyond what was allocated before)``."""
+def _token_diagnosis(eager: torch.Tensor, got: torch.Tensor) -> str:
+    """Where greedy tokens first differ: ``eager`` and ``got`` are the fp32 logits of
+    each generated token (new x vocab) of eager and of a compiled copy; the tokens are
+    their argmax. Returns "" when all tokens agree, else the first differing token,
+    eager's margin between its top two logits there and the largest ``|got - eager|``
+    there and before it, and a verdict: a near-tie when the difference there is at most
+    4x the one before (where both decoded the same prefix), else values differ."""
+    pick_e, pick_g = eager.argmax(-1), got.argmax(-1)
+    diff = (pick_e != pick_g).nonzero()
+    if diff.numel() == 0:
+        return ""
+    j = int(diff[0, 0])
+    top2 = eager[j].topk(2).values
+    margin = float(top2[0] - top2[1])
+    lost = float(eager[j, pick_e[j]] - eager[j, pick_g[j]])  # eager's preference for its token
+    err = (got[: j + 1] - eager[: j + 1]).abs().amax(-1)
+    at, before = float(err[j]), float(err[:j].max()) if j else 0.0
+    # a flip needs 2 * at >= lost; a near-tie is one where the logits there are as close
+    # to eager's as on the tokens before (rounding), not further off
+    verdict = ("undecided (no token before it)" if not j else
+               "a near-tie" if at <= 4 * before else "not a tie: values differ")
+    return (f"token {j} differs: eager's top-2 margin {margin:.3g} (over ours {lost:.3g}), "
+            f"max |logit - eager's| {at:.3g} there, {before:.3g} before: {verdict}")
+
+
+def _reserved_gb(device: torch.device, fn: Callable[[], Any], base: Optional[int]) -> tuple[Any, Optional[float]]:
+    """``(fn(), GiB reserved at the peak of fn beyond base)`` (module docstring)."""
     if device.type != "cuda":
         return fn(), None
     measure.synchronize(device)
-    base = torch.cuda.memory_allocated(device)
+    torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats(device)
     out = fn()
     measure.synchronize(device)
-    return out, (torch.cuda.max_memory_allocated(device) - base) / 2**30
+    return out, (torch.cuda.max_memory_reserved(device) - base) / 2**30
 
 
 def _prepare(run: Run, built: Built, device: torch.device, warmup: int,
-             eager_out: Optional[list]) -> list:
-    """Compile ``run``'s copy, time and check its first call, warm up; fills its row."""
+             eager: Optional[Run]) -> list:
+    """Compile ``run``'s copy, time and check its first call and its last warm-up call,
+    measure its steady-state memory; fills its row. Returns both calls' outputs."""
+    base = None
+    if device.type == "cuda":
+        gc.collect()
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+        base = torch.cuda.memory_reserved(device)
     module = copy.deepcopy(built.module)
     fn = module if run.compiler == "eager" else COMPILERS[run.compiler](module, built.dynamic)
-    run.step = built.step_for(fn, module)
+    run.step = built.step_for(fn, module, MARK_STEP.get(run.compiler, lambda: None))
 
     def first_and_warm():
         measure.synchronize(device)
@@ -326,17 +396,26 @@ def _prepare(run: Run, built: Built, device: torch.device, warmup: int,
         out = [t.detach().clone() for t in run.step()]
         measure.synchronize(device)
         secs = time.perf_counter() - t0
-        for _ in range(warmup):
+        for _ in range(warmup - 1):
             run.step()
-        return out, secs
+        return out, [t.detach().clone() for t in run.step()], secs
 
-    (out, secs), run.row["peak_gb"] = _phase_peak_gb(device, first_and_warm)
+    (first, last, secs), run.row["first_peak_gb"] = _reserved_gb(device, first_and_warm, base)
+    _, run.row["peak_gb"] = _reserved_gb(device, lambda: [run.step() for _ in range(STEADY_STEPS)], base)
     if run.compiler != "eager":
         run.row["compile_s"] = secs
-    ok, note = _check(eager_out, out, built.dtype) if eager_out is not None else (True, "")
+    notes, ok = [], True
+    if eager is not None:
+        (ok1, n1), (ok2, n2) = (_check(eager.outputs[k], out, built.dtype)
+                                for k, out in enumerate((first, last)))
+        ok = ok1 and ok2
+        notes = [n1] if n1 == n2 else [f"first call: {n1}", f"after warm-up: {n2}"]
+        mine, theirs = getattr(run.step, "token_logits", None), getattr(eager.step, "token_logits", None)
+        if mine is not None and theirs is not None:
+            notes.append(_token_diagnosis(theirs, mine))
     run.row["status"] = "pass" if ok else "mismatch"
-    run.row["note"] = note or None
-    return out
+    run.row["note"] = "; ".join(n for n in notes if n) or None
+    return [first, last]
 
 
 def run_workload(w: Workload, device: torch.device, size: str, compilers: Sequence[str],
@@ -345,6 +424,7 @@ def run_workload(w: Workload, device: torch.device, size: str, compilers: Sequen
     """The rows (eager first, then each compiler) of one workload (module docstring)."""
     rows = [{"workload": w.name, "compiler": c, "status": "error", "config": None, "ms": None,
              "speedup": None, "vs_torch": None, "compile_s": None, "peak_gb": None,
+             "first_peak_gb": None,
              "note": None, "error": None} for c in ["eager", *compilers]]
     try:
         built = w.build(device, size)
@@ -360,12 +440,10 @@ def run_workload(w: Workload, device: torch.device, size: str, compilers: Sequen
         r["config"] = built.config
     runs = [Run(r["compiler"], r) for r in rows]
     warmup = max(warmup, 3)
-    eager_out = None
     for run in runs:
         try:
             with measure.time_limit(row_timeout):
-                out = _prepare(run, built, device, warmup, eager_out)
-            eager_out = out if run.compiler == "eager" else eager_out
+                run.outputs = _prepare(run, built, device, warmup, runs[0] if run is not runs[0] else None)
         except Exception as e:  # noqa: BLE001 - confined to this compiler's row
             run.row["status"] = "timeout" if measure.is_timeout(e) else "error"
             run.row["error"] = measure.short_error(e)

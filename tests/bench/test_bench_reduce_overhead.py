@@ -64,3 +64,43 @@ def test_unknown_names_are_refused(capsys):
     assert cli.main(["bench", "--mode", "reduce-overhead", "--model", "nope"]) == 2
     assert "unknown nope" in capsys.readouterr().err
     assert cli.main(["bench", "--mode", "reduce-overhead", "fp32"]) == 2
+
+
+def test_token_diagnosis_tells_a_near_tie_from_wrong_values():
+    eager = torch.tensor([[0.0, 5.0, 1.0], [2.0, 2.01, 0.0], [0.0, 0.0, 9.0]])
+    assert ro._token_diagnosis(eager, eager.clone()) == ""
+    tie = eager + torch.tensor([[0.0, 0.01, 0.0], [0.0, -0.02, 0.0], [0.0, 0.0, 0.0]])
+    note = ro._token_diagnosis(eager, tie)
+    assert note.startswith("token 1 differs") and note.endswith("a near-tie"), note
+    wrong = eager.clone()
+    wrong[2] = torch.tensor([9.0, 0.0, 0.0])
+    note = ro._token_diagnosis(eager, wrong)
+    assert note.startswith("token 2 differs") and note.endswith("values differ"), note
+
+
+def test_decode_marks_a_step_per_token_and_checks_replayed_calls(monkeypatch):
+    """Every generated token starts a step of its compiler; a compiler right on the
+    first call and wrong on later ones (as a bad replay would be) is a mismatch."""
+    marks = []
+
+    def late_wrong(module, dynamic):
+        calls = [0]
+
+        def fn(ids, pos):
+            calls[0] += 1
+            nxt, logits = module(ids, pos)
+            if calls[0] > 8:  # past the first step (1 prefill + 3 decode calls)
+                logits = -logits
+                nxt = logits.argmax(-1, keepdim=True)
+            return nxt, logits
+        return fn
+
+    monkeypatch.setattr(ro, "COMPILERS", {"late": late_wrong})
+    monkeypatch.setattr(ro, "MARK_STEP", {"late": lambda: marks.append(1)})
+    res = ro.run(["gpt2_decode"], device="cpu", compilers=["late"], repeat=3, progress=False)
+    rows = {r["compiler"]: r for r in res["rows"]}
+    assert rows["late"]["status"] == "mismatch", rows["late"]
+    assert "after warm-up" in rows["late"]["note"] and "first call: 4/4 tokens" in rows["late"]["note"]
+    # 4 tokens per step (the prefill and 3 one-token calls), each marked
+    steps = 1 + 3 + ro.STEADY_STEPS + 3
+    assert len(marks) == 4 * steps, len(marks)

@@ -192,18 +192,29 @@ def test_gpu_mutated_input_is_replayed_outside_the_graph():
 
 
 def test_gpu_fallbacks_log_reasons(log_dir):
+    """CPU math beside CUDA math is split off (``cudagraph_split`` with its CPU reason)
+    and the CUDA piece is recorded; a graph of CPU math alone and a host sync found by
+    the dry run are skipped (``cudagraph_skip`` with their reasons)."""
     f = coil.compile(lambda x, c: (x * 2, c * 3), mode="reduce-overhead")
     x, c = torch.randn(16, device="cuda"), torch.randn(4)
     for _ in range(3):
         a, b = f(x, c)
         torch.testing.assert_close(a, x * 2)
         torch.testing.assert_close(b, c * 3)
+    (split,) = events(log_dir, "cudagraph_split")
+    assert split["pieces"] == 2 and split["graphed"] == 1, split
+    assert [w.split(" at ")[0] for w in split["ungraphable"].values()] == \
+        ["CPU tensor computed in the graph"], split
+    assert tree().nodes == 1 and tree().replays == 2
+    h = coil.compile(lambda c: c * 3, mode="reduce-overhead")
+    for _ in range(3):
+        torch.testing.assert_close(h(c), c * 3)
     t = Tree(CudaRecorder(torch.device("cuda")))
     g = GraphFunction(lambda x: (x * x.sum().item(),), "inference", tree=t)  # syncs
     for _ in range(3):
         torch.testing.assert_close(g(x)[0], x * x.sum().item())
     reasons = [e["reason"] for e in events(log_dir, "cudagraph_skip")]
-    assert any("CPU" in r for r in reasons), reasons
+    assert any(r.startswith("CPU tensor") for r in reasons), reasons
     assert any("syncs with the host" in r for r in reasons), reasons
     # random ops still work afterwards (a failed capture once left the generator in
     # capture mode: "Offset increment outside graph capture encountered unexpectedly")

@@ -47,7 +47,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary
 
 
-from coil.aot.aliasing import OverlapGuard, _overlaps
+from coil.aot.aliasing import OverlapGuard, _overlaps, _static
 
 aten = torch.ops.aten
 
@@ -184,6 +184,9 @@ class _ViewRewrites(TorchDispatchMode):
     - ``x.expand(x.shape)`` becomes ``aten.alias``: functionalization writes a mutation
       through an expand back as ``base + sum_to(new - base)`` (NaN where the base holds
       inf, and not exactly ``new`` in floating point); through an alias, as ``new``.
+    - an expand that only adds or keeps dims of size 1 becomes ``as_strided`` (same
+      strides): functionalization wrote through it as ``base + sum_to(new - base)`` too,
+      which fails for bool (``a.expand(1).scatter_add_(...)`` of a 0-d bool input).
     - a view of overlapping memory (``expand``, ``as_strided`` with a stride 0) remembers
       the non-overlapping tensor it views; a non-overlapping view taken from it becomes
       ``as_strided`` of that tensor (same sizes, strides and absolute offset), so a write
@@ -210,6 +213,10 @@ class _ViewRewrites(TorchDispatchMode):
                     for s, d in zip(args[1], args[0].shape)):
             return aten.alias.default(args[0])
         out = func(*args, **(kwargs or {}))
+        if func is aten.expand.default and _static(out.shape, out.stride(), args[0].shape) \
+                and out.numel() == args[0].numel():
+            # only size-1 dims: as_strided, whose write-back is exact (bool too)
+            return aten.as_strided.default(args[0], out.shape, out.stride(), out.storage_offset())
         if func.is_view and isinstance(out, torch.Tensor) and args and isinstance(args[0], torch.Tensor):
             return self._reroot(args[0], out)
         return out

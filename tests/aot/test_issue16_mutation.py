@@ -445,3 +445,24 @@ def test_views_of_an_intermediate_the_graph_returns_in_other_strides(capture, ba
         return torch.arange(9.0).reshape(3, 3), torch.arange(1.0, 10.0).reshape(3, 3).t()
     for c, e in zip(_compiled(f, capture, backend)(*make()), f(*make())):
         torch.testing.assert_close(c, e)  # values (the fake's strides differ from eager's)
+
+
+def _scatter_add_through_expand_of_bool(a, b):
+    a.expand(1).scatter_add_(0, torch.tensor([0]), b.expand((1,)).to(torch.bool))
+    return a
+
+
+def _fill_through_unsqueezing_expand(a):
+    a.expand(1, 3).masked_fill_(a > 0, 2.0)
+    return a
+
+
+@pytest.mark.parametrize("capture,backend", CAPTURES)
+@pytest.mark.parametrize("fn,make", [
+    (_scatter_add_through_expand_of_bool, lambda: (torch.tensor(False), torch.tensor(1.0))),
+    (_fill_through_unsqueezing_expand, lambda: (torch.tensor([float("inf"), 1.0, -2.0]),)),
+], ids=["bool", "inf"])
+def test_write_through_expand_that_adds_size_one_dims(fn, make, capture, backend):
+    # the write-back was base + sum_to(new - base): bool subtraction raised at compile
+    # time (eager runs it), and inf - inf gave NaN
+    check(fn, make(), capture, backend)

@@ -200,16 +200,9 @@ def _layer_norm_huge(c):
     return (torch.nn.functional.layer_norm(c, (2, 1, 2)),)
 
 
-def _scatter_add_bool(a, b):
-    a.expand(1).scatter_add_(0, torch.tensor([0]), b.expand((1,)).to(torch.bool))
-    return ()
-
-
 KNOWN_BUGS = {
     "layer_norm of values near fp32 max: finite where eager gives nan":
         (_layer_norm_huge, lambda: [torch.tensor([[[1.0, 1.0]], [[1.0, -1.839752e+38]]])]),
-    "scatter_add_ of bool: compile error 'Subtraction ... two bool tensors' (torch too)":
-        (_scatter_add_bool, lambda: [torch.tensor(False), torch.tensor(1.0)]),
 }
 
 

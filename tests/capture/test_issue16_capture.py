@@ -647,3 +647,29 @@ def test_dict_views_are_live_and_exhausted_iterators_stay_exhausted():
         return out, next(it, None), d
 
     assert_same_as_eager(f, (torch.randn(3),), backend="eager")
+
+
+def test_truth_value_of_a_submodule_is_captured_and_guarded():
+    """MobileViT's ``if self.downsampling_layer:`` (a module, or None) was a graph break
+    ("not a compile-time constant"): bool() of a module follows Python's rule (True
+    unless its class defines ``__len__``: an empty Sequential is falsy)."""
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.down = torch.nn.Linear(4, 4)
+            self.seq = torch.nn.Sequential()
+
+        def forward(self, x):
+            if self.down:
+                x = self.down(x)
+            if self.seq:
+                x = x * 100
+            return x + 1
+
+    m, x = Block(), torch.randn(2, 4)
+    cnt = CompileCounter()
+    cm = coil.compile(m, backend=cnt, fullgraph=True)
+    torch.testing.assert_close(cm(x), m(x))
+    m.seq.append(torch.nn.Identity())              # now truthy: the guard sees it
+    torch.testing.assert_close(cm(x), m(x))
+    assert cnt.frame_count == 2

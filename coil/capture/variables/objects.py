@@ -90,6 +90,9 @@ class ObjectVariableBase(VariableTracker):
     def var_getattr(self, tx, name):
         return lookup_attr(tx, self, name)
 
+    def truthy(self, tx):
+        return object_truthy(tx, self, type(self.value))
+
     def reconstruct(self, cg):
         if self.source is not None:
             return cg.source_expr(self.source)
@@ -223,6 +226,20 @@ def _dict_lookup(tx, vt, name, args, kwargs):
     return wrap(tx, found, None)
 
 
+def object_truthy(tx, vt: VariableTracker, cls: type) -> bool:
+    """``bool(obj)`` for an object of class ``cls`` tracked by ``vt``, by Python's rule:
+    ``__bool__``, else ``__len__``, else True. A dunder written in Python is traced (an
+    empty ``nn.Sequential`` is falsy); one written in C is Unsupported."""
+    for dunder in ("__bool__", "__len__"):
+        fn = _static_lookup(cls, dunder)
+        if fn is _SENTINEL:
+            continue
+        if isinstance(fn, types.FunctionType):
+            return tx.call(UserMethodVariable(fn, vt), [], {}).truthy(tx)
+        raise Unsupported(f"bool() of a {cls.__name__} object ({dunder} is not Python code)")
+    return True
+
+
 class UserDefinedObjectVariable(ObjectVariableBase):
     """An instance of a user class that existed before the frame ran."""
 
@@ -256,12 +273,6 @@ class UserDefinedObjectVariable(ObjectVariableBase):
             raise Unsupported(f"call to C method {type(self.value).__name__}.{name}",
                               hint="it runs outside the graph")
         return tx.call(method, args, kwargs)
-
-    def truthy(self, tx):
-        cls = type(self.value)
-        if _static_lookup(cls, "__bool__") is _SENTINEL and _static_lookup(cls, "__len__") is _SENTINEL:
-            return True
-        raise Unsupported(f"bool() of a {cls.__name__} object")
 
     def unpack(self, tx):
         it = _static_lookup(type(self.value), "__iter__")
@@ -658,13 +669,7 @@ class NewObjectVariable(VariableTracker):
         return tx.call(self.var_getattr(tx, name), args, kwargs)
 
     def truthy(self, tx):
-        if _static_lookup(self.cls, "__bool__") is _SENTINEL and _static_lookup(self.cls, "__len__") is _SENTINEL:
-            return True
-        for dunder in ("__bool__", "__len__"):
-            fn = _static_lookup(self.cls, dunder)
-            if isinstance(fn, types.FunctionType):
-                return tx.call(UserMethodVariable(fn, self), [], {}).truthy(tx)
-        raise Unsupported("bool() of object")
+        return object_truthy(tx, self, self.cls)
 
     def reconstruct(self, cg):
         attrs = "{" + ", ".join(f"{k!r}: {cg.reconstruct(v)}" for k, v in self.attrs.items()) + "}"

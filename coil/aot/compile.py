@@ -334,6 +334,11 @@ def preserve_global_state():
 
 def _compile(fn, example_inputs, fw_compiler, bw_compiler, partition_fn, decompositions):
     decomps = get_decompositions() if decompositions is None else decompositions
+    if decompositions is None and isinstance(fn, torch.fx.GraphModule) and any(
+            n.target is torch.ops.higher_order.scan for n in fn.graph.nodes):
+        # torch's scan autograd partitions the body's joint graph itself and refuses saved
+        # values that alias the body's inputs: detach decomposed to alias makes them
+        decomps = {k: v for k, v in decomps.items() if k is not torch.ops.aten.detach.default}
     fake_mode, fake_args = fakeify(example_inputs)
     grad = torch.is_grad_enabled()
     user_fn = fn

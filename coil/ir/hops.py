@@ -123,13 +123,24 @@ def lower_map(lowering, args: tuple, kwargs: dict):
 
 def run_scan(body_fn: Callable, init, xs, additional) -> tuple:
     """The wrapper's scan: the compiled combine function once per leading index of
-    ``xs``, threading the carry; returns the last carry, then each output stacked."""
-    carry, ys = list(init), []
+    ``xs``, threading the carry; returns the last carry, then each output stacked. The
+    carry is made contiguous before each call (the body is compiled for that layout:
+    an initial carry can be expanded, e.g. the gradient of a sum, the next ones not)."""
+    carry, ys = [c.contiguous() for c in init], []
     for i in range(xs[0].shape[0]):
         out = body_fn(*carry, *[x[i] for x in xs], *additional)
-        carry, y = list(out[:len(carry)]), out[len(carry):]
+        carry, y = [c.contiguous() for c in out[:len(carry)]], out[len(carry):]
         ys.append(y)
     return tuple(carry) + tuple(torch.stack([y[k] for y in ys]) for k in range(len(ys[0])))
+
+
+def _contiguous_fake(v: torch.Tensor) -> torch.Tensor:
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    if isinstance(v, FakeTensor):
+        with v.fake_mode:
+            return torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    return v.contiguous()
 
 
 def lower_scan(lowering, args: tuple, kwargs: dict):
@@ -137,7 +148,8 @@ def lower_scan(lowering, args: tuple, kwargs: dict):
     in the wrapper (:func:`run_scan`)."""
     node = lowering.current_node
     body_gm, init, xs, additional = args
-    fakes = [a.meta.get("val") for a in node.args[1]] + [a.meta["val"][0] for a in node.args[2]] + \
+    fakes = [_contiguous_fake(a.meta["val"]) for a in node.args[1]] + \
+        [a.meta["val"][0] for a in node.args[2]] + \
         [a.meta.get("val") if isinstance(a, torch.fx.Node) else a for a in node.args[3]]
     name = node.args[0].target
     compiled = _compile_branch(body_gm, fakes, lowering.device, name)

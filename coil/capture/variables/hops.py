@@ -571,7 +571,7 @@ def call_scan(tx, args: list, kwargs: dict) -> VariableTracker:
     lifted values); the parent moves ``dim`` to the front and flips for ``reverse``
     around ``torch.ops.higher_order.scan`` as torch's scan does. The carry it returns
     must keep ``init``'s metadata (a :class:`UserError` names the first that changes).
-    With an input that requires grad the call is a graph break (eager runs it)."""
+    Gradients are torch's scan autograd rule (a backward scan)."""
     from coil.capture.variables.tensor import call_op
 
     names = ["combine_fn", "init", "xs", "dim", "reverse"]
@@ -612,16 +612,12 @@ def call_scan(tx, args: list, kwargs: dict) -> VariableTracker:
         raise UserError(f"scan: combine_fn returns a carry of {n_carry} tensor(s) for an init "
                         f"of {len(init)}", location=location)
     for i, (x, y) in enumerate(zip(init, body.out_fakes)):
-        if x.fake.dtype != y.dtype or tuple(x.fake.shape) != tuple(y.shape):
+        if x.fake.dtype != y.dtype or tuple(x.fake.shape) != tuple(y.shape) or \
+                (x.fake.numel() > 1 and x.fake.stride() != y.stride()):
             raise UserError(f"scan: combine_fn changes carry {i}: it comes in with "
                             f"{_meta_text(x.fake)} and leaves with {_meta_text(y)}",
                             location=location)
-    if _needs_grad([t.node for t in init] + [x.node for x in lead] + body.lifted):
-        # torch's scan backward partitions the body's joint graph itself; with coil's
-        # core-ATen decompositions (detach -> alias) its saved values alias the body's
-        # inputs and its functionalization refuses them ("scan might be aliasing")
-        raise Unsupported("torch scan with inputs that require grad (not captured)",
-                          hint="run it under torch.no_grad(), or it runs outside the graph")
+    grad = _needs_grad([t.node for t in init] + [x.node for x in lead] + body.lifted)
     out = tx.output
     index = out.hop_count = getattr(out, "hop_count", -1) + 1
     name = _register(out, "scan_combine", body.graph, index)
@@ -635,6 +631,8 @@ def call_scan(tx, args: list, kwargs: dict) -> VariableTracker:
         for i, y in enumerate(body.out_fakes):
             shape = y.shape if i < n_carry else (length, *y.shape)
             fake = torch.empty(shape, dtype=y.dtype, device=y.device)
+            if grad and y.dtype.is_floating_point:
+                fake.requires_grad_(True)
             item = g.call_function(__import__("operator").getitem, (node, i))
             item.meta["example_value"] = fake
             tx.locate_node(item)

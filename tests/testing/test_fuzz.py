@@ -166,15 +166,34 @@ def test_cli_writes_repros_and_a_summary(tmp_path, capsys, monkeypatch):
     def broken(fn, backend):  # every program "fails" on the planted backend
         return lambda *a: (_ for _ in ()).throw(ValueError("planted"))
     monkeypatch.setattr(fuzz, "compile_for", broken)
-    rc = fuzz.main(["--count", "3", "--seed", "5", "--backends", "aot_eager",
+    rc = fuzz.main(["--count", "3", "--seed", "5", "--backends", "cpp",
                     "--out", str(tmp_path), "--no-minimize"])
     out = capsys.readouterr().out
     assert rc == 1 and "all programs" in out and "distinct failure signature" in out
-    repros = sorted(tmp_path.glob("error-aot_eager-s5-*.py"))
+    repros = sorted(tmp_path.glob("error-cpp-s5-*.py"))
     assert repros and "ValueError: planted" in repros[0].read_text()
     ns = {}
     exec(repros[0].read_text(), ns)
     assert callable(ns["fn"]) and ns["make_inputs"]()
+
+
+def test_aot_eager_failures_torch_shares_are_upstream(tmp_path, capsys, monkeypatch):
+    real = fuzz.compile_for
+
+    def broken(fn, backend):  # coil's aot_eager and torch's fail alike
+        return lambda *a: (_ for _ in ()).throw(ValueError("planted"))
+    monkeypatch.setattr(fuzz, "compile_for", broken)
+    rc = fuzz.main(["--count", "2", "--seed", "5", "--backends", "aot_eager",
+                    "--out", str(tmp_path), "--no-minimize"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "upstream on aot_eager" in out and "0 distinct failure" in out
+    assert len(list(tmp_path.glob("upstream-aot_eager-s5-*.py"))) == 2
+
+    def coil_only(fn, backend):  # torch's compiler runs it: coil's failure
+        return broken(fn, backend) if backend == "aot_eager" else real(fn, backend)
+    monkeypatch.setattr(fuzz, "compile_for", coil_only)
+    assert fuzz.main(["--count", "1", "--seed", "5", "--backends", "aot_eager", "--out",
+                      str(tmp_path / "b"), "--no-minimize"]) == 1
 
 
 def test_eager_error_in_dead_code_is_not_a_missing_error():
@@ -192,18 +211,43 @@ def test_overflow_only_in_eager_is_accepted_but_not_the_reverse():
     assert check_program(q, _fake(lambda s, o, a: (o[0] * 2,))).kind == "out-value"
 
 
-# ------------------------------------------------- known open bugs (fuzzer-found)
-# Minimized repros of failures the fuzzer finds in the current tree, one per class,
-# as strict xfails: fixing the bug makes the test fail until its entry is removed.
-
 def _layer_norm_huge(c):
     return (torch.nn.functional.layer_norm(c, (2, 1, 2)),)
 
 
-KNOWN_BUGS = {
-    "layer_norm of values near fp32 max: finite where eager gives nan":
-        (_layer_norm_huge, lambda: [torch.tensor([[[1.0, 1.0]], [[1.0, -1.839752e+38]]])]),
-}
+def _huge():
+    return [torch.tensor([[[1.0, 1.0]], [[1.0, -1.839752e+38]]])]
+
+
+def test_float64_statistics_are_compared_with_the_float64_reference():
+    """eager's float32 layer_norm statistics overflow (NaN); coil's follow float64
+    (docs/ir.md, Numerics): accepted where compiled is the float64 result, not otherwise."""
+    assert check(_layer_norm_huge, _huge, "cpp").outcome == "ok"
+    truth = _fake(lambda s, o, a: (torch.nn.functional.layer_norm(a[0].double(), (2, 1, 2)).float(),))
+    assert check(_layer_norm_huge, _huge, truth).outcome == "ok"
+    off = _fake(lambda s, o, a: (torch.nn.functional.layer_norm(a[0].double(), (2, 1, 2)).float() + 1,))
+    assert check(_layer_norm_huge, _huge, off).kind == "out-value"
+    p = _prog(["v0 = a * a - a * a"], torch.tensor([3e38, 1.0]))  # eager nan, no statistics
+    assert check_program(p, _fake(lambda s, o, a: (torch.zeros(2),))).kind == "out-value"
+
+
+def test_overflow_of_a_sum_order_only_in_compiled_is_accepted_near_max():
+    big = torch.tensor([8.342427329182142e+307, 5.438791412164458e+307, 4.600727226807608e+307,
+                        -1.52426936791223e+308], dtype=torch.float64)
+    p = _prog(["v0 = a.sum(0, keepdim=True)"], big)
+    assert check_program(p, _fake(lambda s, o, a: (torch.full((1,), math.inf, dtype=torch.float64),))
+                         ).outcome == "ok"
+    wrong_sign = _fake(lambda s, o, a: (torch.full((1,), -math.inf, dtype=torch.float64),))
+    assert check_program(p, wrong_sign).kind == "out-value"
+    q = _prog(["v0 = a[:1] * 1"], big)  # no sum: an overflow is a mismatch
+    assert check_program(q, _fake(lambda s, o, a: (o[0] * math.inf,))).kind == "out-value"
+
+
+# ------------------------------------------------- known open bugs (fuzzer-found)
+# Minimized repros of failures the fuzzer finds in the current tree, one per class,
+# as strict xfails: fixing the bug makes the test fail until its entry is removed.
+
+KNOWN_BUGS: dict = {}  # name -> (fn, make_inputs[, backend]); none open now
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=n))

@@ -162,10 +162,12 @@ def test_minimizer_shrinks_a_planted_failure_to_its_statement():
     assert "def fn(b):" in small.source() and check_program(small, _fake(sigmoid_is_wrong)).signature == sig
 
 
+def _broken(fn, backend):  # a planted compiler: every program "fails"
+    return lambda *a: (_ for _ in ()).throw(ValueError("planted"))
+
+
 def test_cli_writes_repros_and_a_summary(tmp_path, capsys, monkeypatch):
-    def broken(fn, backend):  # every program "fails" on the planted backend
-        return lambda *a: (_ for _ in ()).throw(ValueError("planted"))
-    monkeypatch.setattr(fuzz, "compile_for", broken)
+    monkeypatch.setattr(fuzz, "compile_for", _broken)
     rc = fuzz.main(["--count", "3", "--seed", "5", "--backends", "cpp",
                     "--out", str(tmp_path), "--no-minimize"])
     out = capsys.readouterr().out
@@ -179,10 +181,7 @@ def test_cli_writes_repros_and_a_summary(tmp_path, capsys, monkeypatch):
 
 def test_aot_eager_failures_torch_shares_are_upstream(tmp_path, capsys, monkeypatch):
     real = fuzz.compile_for
-
-    def broken(fn, backend):  # coil's aot_eager and torch's fail alike
-        return lambda *a: (_ for _ in ()).throw(ValueError("planted"))
-    monkeypatch.setattr(fuzz, "compile_for", broken)
+    monkeypatch.setattr(fuzz, "compile_for", _broken)  # coil's aot_eager and torch's alike
     rc = fuzz.main(["--count", "2", "--seed", "5", "--backends", "aot_eager",
                     "--out", str(tmp_path), "--no-minimize"])
     out = capsys.readouterr().out
@@ -190,7 +189,7 @@ def test_aot_eager_failures_torch_shares_are_upstream(tmp_path, capsys, monkeypa
     assert len(list(tmp_path.glob("upstream-aot_eager-s5-*.py"))) == 2
 
     def coil_only(fn, backend):  # torch's compiler runs it: coil's failure
-        return broken(fn, backend) if backend == "aot_eager" else real(fn, backend)
+        return _broken(fn, backend) if backend == "aot_eager" else real(fn, backend)
     monkeypatch.setattr(fuzz, "compile_for", coil_only)
     assert fuzz.main(["--count", "1", "--seed", "5", "--backends", "aot_eager", "--out",
                       str(tmp_path / "b"), "--no-minimize"]) == 1

@@ -31,13 +31,14 @@ Workloads (``full`` on CUDA, ``small`` on CPU and in tests):
 
 Peak memory (``peak_gb``, steady state): ``torch.cuda.max_memory_reserved`` over
 :data:`STEADY_STEPS` steps after the warm-up, minus ``torch.cuda.memory_reserved`` before
-the copy was compiled (both after ``torch.cuda.empty_cache()``). Reserved memory counts
-the CUDA graph pools of both compilers (their segments stay reserved while the graphs
-live, whether or not the allocator counts their blocks as allocated: torch.compile hands
-its pool's blocks back to the allocator after recording, coil keeps its outputs'), and
-the default pool's working set of each step; the copy's weights, and what earlier copies
-hold, are in the base. ``first_peak_gb`` (JSON only) is the same over the first call and
-warm-up (compile-time buffers, autotuning, the recordings).
+the copy was compiled (taken after ``torch.cuda.empty_cache()``): the device memory the
+process holds for the copy, as a user sees it. Reserved memory counts the CUDA graph
+pools of both compilers (their segments stay reserved while the graphs live, whether or
+not the allocator counts their blocks as allocated: torch.compile hands its pool's
+blocks back to the allocator after recording, coil keeps its outputs') and what the
+default pool caches (each step's working set, and what compiling and warming up left
+there); the copy's weights, and what earlier copies hold, are in the base.
+``first_peak_gb`` (JSON only) is the same over the first call and the warm-up.
 
 Correctness: floating outputs within ``rmse(compiled - eager) <= tol * rms(eager)``
 (``tol`` 5e-2 for bf16, 1e-3 for fp32); generated tokens are not part of the verdict
@@ -369,7 +370,6 @@ def _reserved_gb(device: torch.device, fn: Callable[[], Any], base: Optional[int
     if device.type != "cuda":
         return fn(), None
     measure.synchronize(device)
-    torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats(device)
     out = fn()
     measure.synchronize(device)

@@ -128,6 +128,7 @@ class CudaRecorder:
                 torch.cuda.set_rng_state(rng, self.device)
             graph = torch.cuda.CUDAGraph()
             torch.cuda.synchronize()
+            self._release_cache()
             stream = torch.cuda.current_stream()
             try:
                 with torch.cuda.graph(graph, pool=self.pool):
@@ -136,6 +137,24 @@ class CudaRecorder:
                 self._recover(stream)
                 raise SkipGraph(f"capture failed: {type(e).__name__}: {str(e)[:300]}") from e
         return graph, outs
+
+    def _release_cache(self) -> None:
+        """Hand the default pool's unused cached memory back to the device before a
+        capture (``config.cudagraph_release_cache``): the un-graphed warm-up call and the
+        dry run ran there and left the graph's working set cached, which its replays,
+        running in the tree's pool, never use (it held as much memory again as the pool)."""
+        from coil import trace
+        from coil.config import config
+
+        if not config.cudagraph_release_cache:
+            return
+        before = torch.cuda.memory_reserved(self.device)
+        torch.cuda.empty_cache()
+        freed = before - torch.cuda.memory_reserved(self.device)
+        if freed:
+            trace.log("cudagraph_release_cache", stage="runtime", freed_mb=round(freed / 2**20, 1),
+                      reason="the warm-up and dry run left this cached in the default pool; "
+                             "replays run in the CUDA graph pool")
 
     def _recover(self, stream) -> None:
         """Undo what a failed capture leaves behind: its ``capture_end`` raised before

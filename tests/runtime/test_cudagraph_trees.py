@@ -423,3 +423,26 @@ def test_dropout_backward_uses_the_forwards_mask(fake_cuda):
         out.sum().backward()
         torch.testing.assert_close(x.grad, (out != 0).float() * 6, rtol=0, atol=0)
     assert fake_cuda.replays >= 4
+
+
+def test_release_cache_before_capture_is_logged_and_optional(log_dir, monkeypatch):
+    """``CudaRecorder._release_cache`` (run before each capture) empties the caching
+    allocator's default pool and logs what it freed; ``cudagraph_release_cache=False``
+    leaves it alone. (The GPU test checks the memory itself.)"""
+    from coil.config import config
+    from coil.runtime.cudagraph_record import CudaRecorder
+
+    reserved = iter([300 * 2**20, 100 * 2**20])
+    emptied = []
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: next(reserved))
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(1))
+    rec = object.__new__(CudaRecorder)
+    rec.device = torch.device("cuda", 0)
+    monkeypatch.setattr(config, "cudagraph_release_cache", False)
+    rec._release_cache()
+    assert not emptied
+    monkeypatch.setattr(config, "cudagraph_release_cache", True)
+    rec._release_cache()
+    assert emptied == [1]
+    (e,) = events(log_dir, "cudagraph_release_cache")
+    assert e["freed_mb"] == 200.0

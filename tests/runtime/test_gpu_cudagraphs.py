@@ -191,6 +191,30 @@ def test_gpu_mutated_input_is_replayed_outside_the_graph():
         torch.testing.assert_close(buf, ref)
 
 
+def _default_pool_reserved() -> int:
+    return sum(s["total_size"] for s in torch.cuda.memory_snapshot()
+               if tuple(s.get("segment_pool_id", (0, 0))) == (0, 0))
+
+
+def test_gpu_recording_leaves_no_working_set_cached_in_the_default_pool(log_dir):
+    """The un-graphed warm-up and the dry run allocate in the default pool; before the
+    capture its unused cache is handed back (config.cudagraph_release_cache), so the
+    graph's 64 MiB intermediate is not held twice, once there and once in the graph pool."""
+    x = torch.randn(4096, 4096, device="cuda")
+    ref = (x @ x).relu() @ x[:, :8]
+    tol = ref.abs().max().item() * 1e-3
+    f = coil.compile(lambda x: (x @ x).relu() @ x[:, :8], mode="reduce-overhead")
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    base = _default_pool_reserved()
+    for _ in range(3):
+        torch.testing.assert_close(f(x), ref, rtol=1e-3, atol=tol)
+    torch.cuda.synchronize()
+    assert tree().nodes == 1
+    assert _default_pool_reserved() - base < 16 * 2**20, (_default_pool_reserved() - base) / 2**20
+    assert events(log_dir, "cudagraph_release_cache")
+
+
 def test_gpu_fallbacks_log_reasons(log_dir):
     """CPU math beside CUDA math is split off (``cudagraph_split`` with its CPU reason)
     and the CUDA piece is recorded; a graph of CPU math alone and a host sync found by

@@ -9,13 +9,18 @@ IndexError on the CPU backends, a device assert under Triton's debug mode), and 
 fusing: the identity matrix it gathers from is pointwise, so
 ``one_hot(i, n).float() * 2`` is still one kernel.
 
+Attention with symbolic sizes is recorded as the opaque op ``coil::sdpa`` (:func:`sdpa`),
+so that choosing its kernel adds no guards on the sizes.
+
 :func:`substitute` is applied to every ``call_function`` target capture records.
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
+
+from coil import trace
 
 
 def one_hot(x: torch.Tensor, num_classes: int = -1) -> torch.Tensor:
@@ -32,8 +37,48 @@ def one_hot(x: torch.Tensor, num_classes: int = -1) -> torch.Tensor:
     return torch.index_select(eye, 0, x.reshape(-1)).reshape(*x.shape, num_classes)
 
 
+@torch.library.custom_op("coil::sdpa", mutates_args=())
+def _sdpa_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Optional[torch.Tensor],
+             is_causal: bool, scale: Optional[float], enable_gqa: bool) -> torch.Tensor:
+    kw = {"enable_gqa": True} if enable_gqa else {}   # (torch < 2.5 has no enable_gqa)
+    return torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale, **kw)
+
+
+@_sdpa_op.register_fake
+def _(q, k, v, attn_mask, is_causal, scale, enable_gqa):
+    shape = (*q.shape[:-1], v.shape[-1])
+    if q.dim() != 4:
+        return q.new_empty(shape)
+    # (B, H, L, D) in (B, L, H, D) memory order: the layout CUDA's fused kernels return
+    return q.new_empty((shape[0], shape[2], shape[1], shape[3])).transpose(1, 2)
+
+
+def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+         enable_gqa=False):
+    """``F.scaled_dot_product_attention`` (output shape ``query.shape[:-1] +
+    (value.shape[-1],)``, query's dtype). With symbolic sizes and nothing to differentiate
+    it is the opaque op ``coil::sdpa``, which picks its kernel when it runs: traced, the
+    kernel choice (``_fused_sdp_choice``, on CUDA C++ checks of the sizes and of the
+    mask's alignment) and the chosen kernel's mask padding added guards on the sequence
+    length (``L % 8 == 0``: a recompile for each new residue class). Static sizes, a
+    gradient or dropout keep the traced ATen ops."""
+    sym = any(isinstance(n, torch.SymInt) for t in (query, key) for n in t.shape)
+    grad = torch.is_grad_enabled() and any(
+        isinstance(t, torch.Tensor) and t.requires_grad for t in (query, key, value, attn_mask))
+    if not sym or grad or dropout_p:
+        kw = {"enable_gqa": True} if enable_gqa else {}
+        return torch.nn.functional.scaled_dot_product_attention(
+            query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+            scale=scale, **kw)
+    trace.log("opaque_op", stage="capture", op="coil::sdpa",
+              reason="symbolic sizes: the kernel is chosen per call, not by guards on them")
+    return _sdpa_op(query, key, value, attn_mask, bool(is_causal), scale, bool(enable_gqa))
+
+
 #: torch function -> the function capture records in its place
-SUBSTITUTES: dict[Callable, Callable] = {torch.nn.functional.one_hot: one_hot}
+SUBSTITUTES: dict[Callable, Callable] = {torch.nn.functional.one_hot: one_hot,
+                                         torch.nn.functional.scaled_dot_product_attention: sdpa}
 
 
 def substitute_graph(gm: torch.fx.GraphModule) -> None:

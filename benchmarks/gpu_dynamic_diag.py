@@ -218,6 +218,8 @@ def run_variant(variant, lengths, dev, tiny, log_dir):
             print(f"  [{cid}] {ev}: {e.get('guards')}")
         elif ev in ("codegen_fallback", "dynamic_lowering_fallback"):
             print(f"  [{cid}] {ev}: {e.get('op') or ''} {str(e.get('error'))[:300]}")
+        elif ev == "opaque_op":
+            print(f"  [{cid}] opaque_op {e.get('op')}: {e.get('reason')}")
         elif ev == "dynamic_dim":
             print(f"  [{cid}] dynamic_dim {e.get('source')} dim {e.get('dim')} -> {e.get('symbol')}"
                   f" ({e.get('reason')})")

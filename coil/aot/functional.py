@@ -47,6 +47,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary
 
 
+from coil import trace
 from coil.aot.aliasing import OverlapGuard, _overlaps, _static
 
 aten = torch.ops.aten
@@ -184,14 +185,17 @@ class _ViewRewrites(TorchDispatchMode):
     - ``x.expand(x.shape)`` becomes ``aten.alias``: functionalization writes a mutation
       through an expand back as ``base + sum_to(new - base)`` (NaN where the base holds
       inf, and not exactly ``new`` in floating point); through an alias, as ``new``.
-    - an expand that only adds or keeps dims of size 1 becomes ``as_strided`` (same
-      strides): functionalization wrote through it as ``base + sum_to(new - base)`` too,
-      which fails for bool (``a.expand(1).scatter_add_(...)`` of a 0-d bool input).
-    - a view of overlapping memory (``expand``, ``as_strided`` with a stride 0) remembers
-      the non-overlapping tensor it views; a non-overlapping view taken from it becomes
-      ``as_strided`` of that tensor (same sizes, strides and absolute offset), so a write
-      through it scatters into memory that does not overlap (through the overlapping
-      view, ``as_strided_scatter``'s copy raised eager's overlap error: fuzz's
+    - an expand that only adds or keeps dims of size 1 becomes ``view``: functionalization
+      wrote through it as ``base + sum_to(new - base)`` too, which fails for bool
+      (``a.expand(1).scatter_add_(...)`` of a 0-d bool input); a view's write-back is
+      exact. (Strides of size-1 dims may differ from eager's; they address nothing.)
+    - views are taken from the tensor at the root of their view chain with ``as_strided``
+      (same sizes, strides and absolute offset) where functionalization cannot go
+      through the chain: ``as_strided`` of a view, any view of an ``as_strided`` view
+      (functionalization refuses a write through a chain with ``as_strided`` after its
+      first view), and a non-overlapping view of overlapping memory (``expand``,
+      ``as_strided`` with a stride 0; through the overlapping view,
+      ``as_strided_scatter``'s copy raised eager's overlap error: fuzz's
       ``a.as_strided((3, 1), (0, 2), 0)[2:].fill_(v)``). Synthetic bases
       (:mod:`coil.aot.aliasing`) reach their expanded members' views this way too.
     - ``squeeze_`` of a tensor with symbolic sizes (:func:`_squeeze_`)."""
@@ -201,7 +205,8 @@ class _ViewRewrites(TorchDispatchMode):
 
     def __init__(self):
         super().__init__()
-        self.origins = WeakIdKeyDictionary()  # overlapping view -> the tensor it views
+        self.roots = WeakIdKeyDictionary()  # view -> the non-view tensor its chain starts at
+        self.strided = WeakIdKeyDictionary()  # views made by as_strided
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if isinstance(func, torch._ops.HigherOrderOperator):
@@ -213,24 +218,23 @@ class _ViewRewrites(TorchDispatchMode):
                     for s, d in zip(args[1], args[0].shape)):
             return aten.alias.default(args[0])
         out = func(*args, **(kwargs or {}))
-        if func is aten.expand.default and _static(out.shape, out.stride(), args[0].shape) \
-                and out.numel() == args[0].numel():
-            # only size-1 dims: as_strided, whose write-back is exact (bool too)
-            return aten.as_strided.default(args[0], out.shape, out.stride(), out.storage_offset())
-        if func.is_view and isinstance(out, torch.Tensor) and args and isinstance(args[0], torch.Tensor):
-            return self._reroot(args[0], out)
+        if not (func.is_view and isinstance(out, torch.Tensor) and args
+                and isinstance(args[0], torch.Tensor)):
+            return out
+        src = args[0]
+        if func is aten.expand.default and _static(out.shape, args[0].shape) \
+                and out.numel() == src.numel():
+            out = aten.view.default(src, out.shape)
+        root = self.roots.get(src, src)
+        strided = func is aten.as_strided.default
+        if (strided and root is not src) or src in self.strided or \
+                (root is not src and _overlaps(src) and not _overlaps(out)):
+            out = aten.as_strided.default(root, out.shape, out.stride(), out.storage_offset())
+            strided = True
+        if strided:
+            self.strided[out] = True
+        self.roots[out] = root
         return out
-
-    def _reroot(self, src: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-        origin = self.origins.get(src)
-        if _overlaps(out):
-            origin = src if origin is None and not _overlaps(src) else origin
-            if origin is not None:
-                self.origins[out] = origin
-            return out
-        if origin is None:
-            return out
-        return aten.as_strided.default(origin, out.shape, out.stride(), out.storage_offset())
 
 
 _SQUEEZE_ = {aten.squeeze_.default, aten.squeeze_.dim, aten.squeeze_.dims}
@@ -517,8 +521,30 @@ def _make_fx(fn: Callable, args: list, decompositions: dict, fake_mode: FakeTens
     if fake_mode.shape_env is not None:     # left by runs that are over (capture, analyze)
         fake_mode.shape_env.pending_fresh_unbacked_symbols.clear()
     with fake_mode, without_cudnn_choices(), fx_traceback.preserve_node_meta():
-        return make_fx(_with_item_memos(fn, args), decomposition_table=decompositions,
-                       tracing_mode=mode)(*args)
+        gm = make_fx(_with_item_memos(fn, args), decomposition_table=decompositions,
+                     tracing_mode=mode)(*args)
+    env = fake_mode.shape_env
+    if env is not None and any(env.deferred_runtime_asserts.values()):
+        _insert_runtime_asserts(gm, env)
+    return gm
+
+
+def _insert_runtime_asserts(gm: torch.fx.GraphModule, env) -> None:
+    """Add ``aten._assert_scalar`` nodes for the facts the program asserted about
+    data-dependent sizes (``torch._check(n < 10)``, ``torch._check_is_size(n)`` on
+    ``n = t.item()``): the ShapeEnv keeps them as deferred runtime asserts, which tracing
+    leaves out of the graph, so the compiled program returned values where eager raised.
+    Each check goes right after the node that binds its symbols (torch.fx's
+    ``insert_deferred_runtime_asserts``); logged ``runtime_asserts``."""
+    from torch.fx.passes.runtime_assert import insert_deferred_runtime_asserts
+
+    before = len(gm.graph.nodes)
+    insert_deferred_runtime_asserts(gm, env, "coil")
+    added = [str(n.args[1]) for n in gm.graph.nodes
+             if n.target is torch.ops.aten._assert_scalar.default]
+    if added:
+        gm.recompile()
+        trace.log("runtime_asserts", stage="aot", asserts=added, nodes=len(gm.graph.nodes) - before)
 
 
 # --------------------------------------------------------------------------- source locations

@@ -466,3 +466,27 @@ def test_write_through_expand_that_adds_size_one_dims(fn, make, capture, backend
     # the write-back was base + sum_to(new - base): bool subtraction raised at compile
     # time (eager runs it), and inf - inf gave NaN
     check(fn, make(), capture, backend)
+
+
+def _index_put_through_squeeze_then_expand(a):  # fuzz seed 23 #85
+    a.squeeze(0).expand(1, -1).index_put_((torch.tensor([0]),), torch.tensor(0.0))
+    return a
+
+
+def _fill_as_strided_of_a_slice(a):
+    a[1:].as_strided((2,), (2,), 1).fill_(5.0)
+    return a
+
+
+def _fill_slice_of_as_strided(a):
+    a.as_strided((2, 2), (1, 2), 0)[1].fill_(5.0)
+    return a
+
+
+@pytest.mark.parametrize("capture,backend", CAPTURES)
+@pytest.mark.parametrize("fn", [_index_put_through_squeeze_then_expand, _fill_as_strided_of_a_slice,
+                                _fill_slice_of_as_strided])
+def test_write_through_view_chains_with_as_strided(fn, capture, backend):
+    # functionalization refuses a write through a view chain with as_strided after its
+    # first view ("not possible to functionalize"); such views are taken from the root
+    check(fn, (torch.arange(6.0),), capture, backend)

@@ -120,6 +120,13 @@ class Config:
     #: module's parameter) is copied channels-last by a generated kernel (True) or
     #: passed as it is, so that ATen's convolution makes the copy in C++ (False).
     conv_channels_last_weights: bool = True
+    #: CUDA convolutions with a bias run without it and ``+ bias`` joins the next
+    #: kernel (cuDNN adds a bias with a kernel of its own; ir/lowering_conv.py).
+    conv_bias_epilogue: bool = True
+    #: ``max_pool2d`` whose indices are unused is a generated pointwise window max,
+    #: fused with the BatchNorm + ReLU before it (else ATen's kernel, which also
+    #: writes int64 indices; ir/lowering_conv.py).
+    lower_max_pool: bool = True
     #: Fuse nodes in the scheduler. Off gives one kernel per buffer (debugging).
     fusion: bool = True
     #: Fuse pointwise kernels that read only graph inputs (parameter casts under

@@ -29,6 +29,7 @@ from coil import trace
 from coil.config import config
 from coil.ir import lowering as L
 from coil.ir import lowering_activations  # noqa: F401  (registers gelu lowerings)
+from coil.ir import lowering_conv  # noqa: F401  (registers conv-bias / max-pool lowerings)
 from coil.ir import lowering_views  # noqa: F401  (registers view/index lowerings)
 from coil.ir.nodes import (Buffer, ComputedBuffer, ConstantBuffer, ExternKernel, GenericView,
                            InputBuffer, Layout, MultiOutput, Pointwise, ReinterpretView,
@@ -232,16 +233,17 @@ class GraphLowering(torch.fx.Interpreter):
     def default_strides(self, loops) -> Optional[list]:
         """Strides for a value realized without a requested layout (None: contiguous).
         In a channels-last graph, a 4-D pointwise value that reads a channels-last buffer
-        of its own size is channels-last too (BatchNorm + ReLU after a convolution), so
-        the next convolution gets it without a transpose."""
+        of its batch and channel sizes is channels-last too (BatchNorm + ReLU after a
+        convolution, a max pool's window), so the next convolution gets it without a
+        transpose."""
         if not self.channels_last or not isinstance(loops, Pointwise) or len(loops.get_size()) != 4:
             return None
         from coil.ir.handlers import record_pointwise
-        size = [str(v) for v in loops.get_size()]
+        size = [str(v) for v in loops.get_size()[:2]]
         for name in record_pointwise(loops).read_names():
             b = self.name_to_buffer.get(name)
             if (b is not None and b.layout is not None and _is_channels_last(b.layout)
-                    and [str(v) for v in b.layout.size] == size):
+                    and [str(v) for v in b.layout.size[:2]] == size):
                 return _channels_last_strides(loops.get_size())
         return None
 

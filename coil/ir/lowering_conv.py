@@ -1,0 +1,106 @@
+"""Lowerings around convolutions: the kernels a CNN runs between its convolutions.
+
+ATen's cuDNN convolution adds its bias with a separate ``add_`` kernel, and its max
+pooling is a kernel of its own that also writes int64 indices inference never reads.
+Here both become loop-level values the scheduler fuses with their neighbours
+(``docs/ir.md``, "Convolution epilogues"):
+
+- ``convolution(x, w, b)`` on a device in ``graph._CHANNELS_LAST_DEVICES`` (CUDA) with
+  ``config.conv_bias_epilogue``: the extern convolution runs without ``b``, and ``+ b``
+  is a pointwise value (fp32 arithmetic, rounded at the store, as eager's ``add_``
+  computes it) that folds into the next kernel (ReLU, hardswish, the SE multiply).
+- ``max_pool2d_with_indices`` of a 4-D tensor whose indices no op reads
+  (``config.lower_max_pool``): the values as a pointwise max over the window, with the
+  BatchNorm + ReLU before it inlined into the loads (NaN propagates, as in eager).
+  When the indices are read (training), the ATen op runs.
+
+Either raises :class:`~coil.ir.lowering.FallbackToExtern` where it does not apply, and
+the ATen op runs as an extern kernel as before.
+"""
+from __future__ import annotations
+
+import operator
+
+import torch
+
+from coil import trace
+from coil.config import config
+from coil.ir.lowering import (FallbackToExtern, device, is_box, loader_as, out_dtype, out_size,
+                              register_lowering)
+from coil.ir.nodes import Pointwise, TensorBox, current_graph
+from coil.ir.virtualized import compute_dtype, ops
+
+aten = torch.ops.aten
+
+
+@register_lowering(aten.convolution.default)
+def _convolution(x, weight, bias, *rest):
+    from coil.ir.graph import _CHANNELS_LAST_DEVICES
+    g = current_graph()
+    if not (config.conv_bias_epilogue and is_box(bias) and device().type in _CHANNELS_LAST_DEVICES):
+        raise FallbackToExtern()
+    g.fallbacks[str(aten.convolution.default)] += 1
+    conv = g.make_extern(aten.convolution.default, (x, weight, None) + tuple(rest), {})
+    size, odt = out_size(), out_dtype()
+    cdt = compute_dtype(odt)
+    load_conv, load_bias = loader_as(conv, size, cdt), loader_as(bias, [size[1]], cdt)
+    trace.log("conv_bias_epilogue", stage="lowering", node=g.current_node.name,
+              reason="cuDNN adds a bias with a kernel of its own; the add joins the next kernel")
+    return TensorBox.create(Pointwise(device(), odt, lambda i: ops.add(load_conv(i), load_bias([i[1]])),
+                                      size))
+
+
+def _pair(v) -> tuple:
+    v = [v] if isinstance(v, int) else list(v)
+    return int(v[0]), int(v[-1])
+
+
+@register_lowering(aten.max_pool2d_with_indices.default)
+def _max_pool2d(x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
+    node = current_graph().current_node
+    reads_indices = any(u.target is not operator.getitem or (u.args[1] != 0 and u.users)
+                        for u in node.users)
+    if (not config.lower_max_pool or reads_indices or len(x.get_size()) != 4
+            or not x.get_dtype().is_floating_point):
+        raise FallbackToExtern()
+    kh, kw = _pair(kernel_size)
+    sh, sw = _pair(stride) if stride else (kh, kw)
+    ph, pw = _pair(padding)
+    dh, dw = _pair(dilation)
+    size, odt = out_size(), out_dtype()
+    h, w = (int(v) for v in x.get_size()[2:])
+    cdt = compute_dtype(odt)
+    load = loader_as(x, list(x.get_size()), cdt)
+
+    oh_last, ow_last = int(size[2]) - 1, int(size[3]) - 1
+
+    def inside(r, tap, pad, last, stride_, dil, extent):
+        """Bounds checks of input row/column ``r`` that can fail (none: None)."""
+        checks = []
+        if tap * dil < pad:
+            checks.append(ops.ge(ops.index_expr(r, torch.int64), ops.constant(0, torch.int64)))
+        if last * stride_ - pad + tap * dil >= extent:
+            checks.append(ops.lt(ops.index_expr(r, torch.int64), ops.constant(extent, torch.int64)))
+        return checks
+
+    def inner(index):
+        n, c, oh, ow = index
+        best = None
+        for i in range(kh):
+            for j in range(kw):
+                r, s = oh * sh - ph + i * dh, ow * sw - pw + j * dw
+                checks = inside(r, i, ph, oh_last, sh, dh, h) + inside(s, j, pw, ow_last, sw, dw, w)
+                if checks:
+                    cond = checks[0]
+                    for more in checks[1:]:
+                        cond = ops.logical_and(cond, more)
+                    v = ops.masked(cond, lambda r=r, s=s: load([n, c, r, s]), float("-inf"))
+                else:
+                    v = load([n, c, r, s])
+                best = v if best is None else ops.maximum(best, v)
+        return best
+
+    trace.log("max_pool_lowered", stage="lowering", node=node.name, kernel=[kh, kw], stride=[sh, sw],
+              reason="indices unused: the window max is a pointwise value fused with its input")
+    values = TensorBox.create(Pointwise(device(), odt, inner, size))
+    return values, None

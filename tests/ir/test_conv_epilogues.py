@@ -1,0 +1,192 @@
+"""The kernels around convolutions (coil/ir/lowering_conv.py, GraphLowering.default_strides):
+a convolution's bias added in the next kernel, max pooling as a generated window max fused
+with the BatchNorm + ReLU before it, and channels-last layouts carried through them.
+
+CPU tests with the CUDA channels-last path switched on for CPU tensors
+(``_CHANNELS_LAST_DEVICES``), on both kernel backends (C++ and Triton through its
+interpreter); the reference is eager: values, output strides, and the indices of a max pool
+whose indices are read.
+"""
+import json
+import math
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import coil
+from coil import trace
+
+BACKENDS = ["cpp", "triton"]
+
+
+@pytest.fixture
+def log(monkeypatch, tmp_path):
+    """Channels-last convolutions on CPU, and the compile log in ``tmp_path``."""
+    import coil.ir.graph as G
+    monkeypatch.setattr(G, "_CHANNELS_LAST_DEVICES", ("cuda", "cpu"))
+    old = trace.trace_dir()
+    trace.set_dir(str(tmp_path))
+    coil.reset()
+    yield tmp_path
+    coil.reset()
+    trace.set_dir(old)
+
+
+def events(d, name):
+    records = [json.loads(line) for f in d.glob("*.jsonl") for line in f.read_text().splitlines()]
+    return [r for r in records if r["event"] == name]
+
+
+def compiled(fn, backend, **options):
+    return coil.compile(fn, options={"cpu_backend": backend, **options})
+
+
+def assert_like_eager(out, ref, atol=1e-5, rtol=1e-5):
+    out = out if isinstance(out, (tuple, list)) else (out,)
+    ref = ref if isinstance(ref, (tuple, list)) else (ref,)
+    for o, r in zip(out, ref):
+        torch.testing.assert_close(o, r, atol=atol, rtol=rtol, equal_nan=True)
+        assert o.stride() == r.stride(), (o.stride(), r.stride())
+
+
+# ------------------------------------------------------------------ max pooling
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("k,s,p,d,ceil", [(3, 2, 1, 1, False), (2, 2, 0, 1, False), (3, 2, 1, 1, True),
+                                          (3, 1, 1, 2, False), ((2, 3), (1, 2), (1, 1), 1, True)])
+def test_max_pool_lowered_matches_eager(log, backend, k, s, p, d, ceil):
+    """Window max with padding, dilation and ceil_mode over a 4-D input holding NaN and
+    -inf (NaN propagates, an all -inf window gives -inf), NCHW and channels-last."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 9, 10)
+    x[0, 0, 2, 3] = float("nan")
+    x[1, 2, :4, :4] = float("-inf")
+
+    def f(x):
+        return F.max_pool2d(torch.relu(x) * 2 - 1, k, s, p, d, ceil_mode=ceil)
+    for inp in (x, x.to(memory_format=torch.channels_last)):
+        assert_like_eager(compiled(f, backend)(inp), f(inp))
+    assert events(log, "max_pool_lowered")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_max_pool_indices_read_runs_aten(log, backend):
+    """With return_indices the ATen op runs (its indices are eager's)."""
+    x = torch.randn(1, 2, 8, 8)
+
+    def f(x):
+        return F.max_pool2d(x + 1, 3, 2, 1, return_indices=True)
+    out, ref = compiled(f, backend)(x), f(x)
+    assert_like_eager(out, ref)
+    assert not events(log, "max_pool_lowered")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_max_pool_off(log, backend):
+    x = torch.randn(1, 2, 8, 8)
+    f = lambda x: F.max_pool2d(x, 2)  # noqa: E731
+    assert_like_eager(compiled(f, backend, lower_max_pool=False)(x), f(x))
+    assert not events(log, "max_pool_lowered")
+
+
+# ------------------------------------------------------------------ convolution bias
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_conv_bias_joins_next_kernel(log, backend):
+    """conv + bias then ReLU, a biased conv as a graph output (eager's strides), a
+    transposed conv and a 1-D conv with bias: values and strides as eager's; the bias add
+    is logged and no ATen add kernel is left."""
+    torch.manual_seed(0)
+    x, w, b = torch.randn(2, 4, 7, 7), torch.randn(6, 4, 3, 3), torch.randn(6)
+    wt, bt = torch.randn(6, 3, 2, 2), torch.randn(3)
+    x1, w1, b1 = torch.randn(2, 4, 9), torch.randn(5, 4, 3), torch.randn(5)
+
+    def f(x, w, b, wt, bt, x1, w1, b1):
+        h = F.conv2d(x, w, b, padding=1)
+        return (torch.relu(h), F.conv2d(x, w, b), F.conv_transpose2d(h, wt, bt, stride=2),
+                F.conv1d(x1, w1, b1))
+    args = (x, w, b, wt, bt, x1, w1, b1)
+    assert_like_eager(compiled(f, backend)(*args), f(*args), atol=1e-4, rtol=1e-4)
+    assert len(events(log, "conv_bias_epilogue")) == 4
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_conv_bias_epilogue_bf16(log, backend):
+    """bf16: the add computes in fp32 and rounds once, as eager's add_ does."""
+    torch.manual_seed(0)
+    x, w, b = (torch.randn(1, 8, 5, 5).bfloat16(), torch.randn(8, 8, 1, 1).bfloat16(),
+               torch.randn(8).bfloat16())
+    f = lambda x, w, b: F.hardsigmoid(F.conv2d(x, w, b))  # noqa: E731
+    assert_like_eager(compiled(f, backend)(x, w, b), f(x, w, b), atol=1e-2, rtol=1e-2)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_conv_bias_epilogue_off(log, backend):
+    x, w, b = torch.randn(1, 2, 5, 5), torch.randn(3, 2, 3, 3), torch.randn(3)
+    f = lambda x, w, b: torch.relu(F.conv2d(x, w, b))  # noqa: E731
+    assert_like_eager(compiled(f, backend, conv_bias_epilogue=False)(x, w, b), f(x, w, b), atol=1e-4,
+                      rtol=1e-4)
+    assert not events(log, "conv_bias_epilogue")
+
+
+# ------------------------------------------------------------------ small conv nets
+
+class _SE(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.reduce, self.expand = nn.Conv2d(c, c // 4, 1), nn.Conv2d(c // 4, c, 1)
+
+    def forward(self, x):
+        return x * F.hardsigmoid(self.expand(F.relu(self.reduce(x.mean((2, 3), keepdim=True)))))
+
+
+class _Net(nn.Module):
+    """Stem conv + BN + ReLU + max pool, a residual block, a depthwise block with SE and
+    hardswish, a biased 1x1 head on the pooled features, linear classifier."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem, self.bn = nn.Conv2d(3, 8, 3, 2, 1, bias=False), nn.BatchNorm2d(8)
+        self.c1, self.b1 = nn.Conv2d(8, 8, 3, 1, 1, bias=False), nn.BatchNorm2d(8)
+        self.pw, self.b2 = nn.Conv2d(8, 16, 1, bias=False), nn.BatchNorm2d(16)
+        self.dw, self.b3 = nn.Conv2d(16, 16, 3, 1, 1, groups=16, bias=False), nn.BatchNorm2d(16)
+        self.se, self.pwl = _SE(16), nn.Conv2d(16, 8, 1)
+        self.head, self.fc = nn.Conv2d(8, 12, 1), nn.Linear(12, 5)
+        for m in self.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.5, 0.5)
+                m.running_var.uniform_(0.5, 2.0)
+
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.bn(self.stem(x))), 3, 2, 1)
+        x = F.relu(x + self.b1(self.c1(x)))
+        y = self.se(F.hardswish(self.b3(self.dw(F.hardswish(self.b2(self.pw(x)))))))
+        x = x + self.pwl(y)
+        return x, self.fc(F.hardswish(self.head(F.adaptive_avg_pool2d(x, 1))).flatten(1))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last_input", "channels_last_model"])
+def test_conv_net_inference(log, backend, layout):
+    """The whole net in eval mode, no_grad: both outputs (a 4-D feature map and the
+    logits) match eager's values and strides for an NCHW input, a channels-last input and
+    a channels-last model; the max pool and the four biased convolutions are lowered; the
+    stem's BatchNorm + ReLU + pool write one channels-last buffer (no copy between)."""
+    torch.manual_seed(0)
+    m = _Net().eval()
+    x = torch.randn(2, 3, 20, 20)
+    if layout != "contiguous":
+        x = x.to(memory_format=torch.channels_last)
+    if layout == "channels_last_model":
+        m = m.to(memory_format=torch.channels_last)
+    with torch.no_grad():
+        ref = m(x)
+        out = compiled(m, backend)(x)
+    assert_like_eager(out, ref, atol=1e-4, rtol=1e-4)
+    assert len(events(log, "max_pool_lowered")) == 1
+    assert len(events(log, "conv_bias_epilogue")) == 4
+    wrapper = next(e["text"] for e in events(log, "artifact") if e["name"] == "wrapper")
+    pooled = [line for line in wrapper.splitlines() if "empty_strided((2, 8, 5, 5)" in line]
+    assert "(200, 1, 40, 8)" in pooled[0], pooled

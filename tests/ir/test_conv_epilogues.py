@@ -8,8 +8,6 @@ interpreter); the reference is eager: values, output strides, and the indices of
 whose indices are read.
 """
 import json
-import math
-
 import pytest
 import torch
 import torch.nn as nn
@@ -27,11 +25,13 @@ def log(monkeypatch, tmp_path):
     import coil.ir.graph as G
     monkeypatch.setattr(G, "_CHANNELS_LAST_DEVICES", ("cuda", "cpu"))
     old = trace.trace_dir()
-    trace.set_dir(str(tmp_path))
-    coil.reset()
-    yield tmp_path
-    coil.reset()
-    trace.set_dir(old)
+    try:
+        trace.set_dir(str(tmp_path))
+        coil.reset()
+        yield tmp_path
+    finally:
+        coil.reset()
+        trace.set_dir(old)
 
 
 def events(d, name):

@@ -20,7 +20,9 @@ def _patch_interpreter_bf16_rounding() -> None:
     """Make the Triton interpreter round fp32 -> bf16 to nearest even, like the GPU
     (``cvt.rn.bf16.f32``): its ``cast_impl`` truncates the mantissa (``x.bfloat16()`` of
     -8.4784 gave -8.4375, eager -8.5), so CPU tests of bf16 kernels disagreed with eager
-    by one bf16 ulp. Patched once, only under the interpreter (the shims below)."""
+    by one bf16 ulp. bf16 -> fp32 is exact, as on the GPU (a 16-bit shift): the
+    interpreter's conversion gave bf16 subnormals other values (4.0408e-39 became
+    4.4081e-39). Patched once, only under the interpreter (the shims below)."""
     from triton.runtime import interpreter as interp
     import triton.language as tl
 
@@ -36,6 +38,9 @@ def _patch_interpreter_bf16_rounding() -> None:
             t = torch.from_numpy(data.reshape(-1).copy()).to(torch.bfloat16)
             out = t.view(torch.int16).numpy().view(np.uint16).reshape(data.shape)
             return interp.TensorHandle(out, dst_type.scalar)
+        if src.dtype.scalar == tl.bfloat16 and dst_type.scalar == tl.float32:
+            bits = np.asarray(src.data, dtype=np.uint16).astype(np.uint32) << 16
+            return interp.TensorHandle(bits.view(np.float32), dst_type.scalar)
         return orig(self, src, dst_type)
 
     builder.cast_impl = cast_impl

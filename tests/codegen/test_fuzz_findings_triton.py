@@ -203,3 +203,31 @@ def _pow_constant_base_summed(a):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_libdevice_constant_first_argument(backend):
     _ok(_pow_constant_base_summed, lambda: [torch.tensor([[1.0, 2.0, -0.5], [0.0, 3.0, 2.5]])], backend)
+
+
+# -- casts of constants; bf16 subnormals ------------------------------------------
+
+def _float_const_through_int(a):
+    # s31 #1450: the cast of the constant 2.5 to int64 printed 2 but kept 2.5 as the
+    # constant, so the cast back to float64 gave 2.5 (eager 2.0)
+    v1 = torch.full((3, 1), 2.5).to(torch.int64)
+    return (torch.mean(v1, dtype=torch.float64), v1.to(torch.float32) + a,
+            torch.full((2,), 70000.0).half().float() - a, torch.full((2,), 0.1).bfloat16().float() + a,
+            torch.full((2,), 300).to(torch.uint8) + a)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_casts_of_constants_round_like_eager(backend):
+    _ok(_float_const_through_int, lambda: [torch.tensor([0.0, 1.0])], backend)
+
+
+def _reciprocal(a):
+    return (torch.reciprocal(a), a.float())
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_bf16_subnormal_loads(backend):
+    # s31 #1730: the interpreter converted the bf16 subnormal 4.04e-39 to fp32 as
+    # 4.41e-39 (interpreter-only: a GPU shifts the 16 bits up, which coil's patch does)
+    _ok(_reciprocal, lambda: [torch.tensor([1.0, 4.04e-39, -1e-40, 9.2e-41], dtype=torch.bfloat16)],
+        backend)

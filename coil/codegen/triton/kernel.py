@@ -55,6 +55,15 @@ def _nan(dtype) -> str:
     return ", propagate_nan=tl.PropagateNan.ALL" if dtype.is_floating_point else ""
 
 
+def _convert(value, dtype):
+    """A constant as eager's conversion to ``dtype`` makes it (a Python number): 2.5 in
+    int64 is 2, 300 in uint8 is 44, 70000.0 in fp16 is inf. Integer constants wrap into
+    their dtype's range, as eager converts a scalar (uint8 + 300 adds 44)."""
+    src = torch.bool if isinstance(value, bool) else \
+        torch.int64 if isinstance(value, (int, sympy.Integer)) else torch.float64
+    return torch.tensor(value if src == torch.float64 else int(value), dtype=src).to(dtype).item()
+
+
 def _lit(value, dtype) -> str:
     if dtype == torch.bool:
         return "True" if value else "False"
@@ -65,10 +74,7 @@ def _lit(value, dtype) -> str:
         if math.isinf(v):
             return 'float("inf")' if v > 0 else 'float("-inf")'
         return repr(v)
-    info = torch.iinfo(dtype)
-    # wrapped into the dtype's range, as eager converts the scalar (uint8 + 300 adds 44)
-    v = (int(value) - info.min) % (info.max - info.min + 1) + info.min
-    return str(v)
+    return str(int(value))
 
 
 def needs_int64(extents) -> bool:
@@ -463,6 +469,8 @@ class TritonKernel(OpsHandler):
         return v
 
     def constant(self, value, dtype):
+        if not dtype.is_floating_point:
+            value = _convert(value, dtype)
         dtype = compute_dtype(dtype)
         return TVal(_lit(value, dtype), dtype, frozenset(), const=value)
 
@@ -474,6 +482,10 @@ class TritonKernel(OpsHandler):
         return self.cse(f"({pyexpr(e)}).to({TL_DTYPE[dtype]})", dtype, dims)
 
     def to_dtype(self, x, dtype, src_dtype=None):
+        if isinstance(x, TVal) and x.const is not None:
+            # a cast of a constant folds, rounding as eager's (the cast of 2.5 to int64 in
+            # to(int64).to(float64) is 2.0, not 2.5)
+            return self.constant(_convert(x.const, dtype), dtype)
         if compute_dtype(dtype) != dtype and isinstance(x, TVal) and x.const is None \
                 and x.dtype != dtype:
             # explicit cast to fp16/bf16: round, then compute in fp32 again. From other
@@ -485,8 +497,6 @@ class TritonKernel(OpsHandler):
             self.rounded[v.name] = (src, dtype)
             return v
         dtype = compute_dtype(dtype)
-        if isinstance(x, TVal) and x.const is not None:
-            return self.constant(x.const, dtype)
         if x.dtype == dtype:
             return x
         if dtype == torch.bool:

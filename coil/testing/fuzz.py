@@ -412,13 +412,14 @@ def _documented_numerics(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype, r
     dtype's tolerance of the float64 reference, in a program using an op whose CPU
     statistics coil computes in float64 (layer_norm/var/std/prod: docs/ir.md, Numerics),
     or compiled is not finite either (it overflowed later, in the float32 normalization);
-    (2) compiled is ±inf where eager is finite with the same sign and at least 1/64 of
-    the dtype's max, in a program that sums (the partial sums of another valid order
-    overflow)."""
+    (2) in a program that sums, eager's element is at least 1/64 of the dtype's max (or
+    inf) and compiled's is NaN (partial sums +inf and -inf met) or, where eager's is
+    finite, inf of the same sign: the partial sums of another valid order overflowed."""
     if not b.is_floating_point():
         return torch.zeros_like(a, dtype=torch.bool)
     fmax = torch.finfo(dtype).max
-    ok = a.isinf() & b.isfinite() & (a.sign() == b.sign()) & (b.abs() >= fmax / 64) \
+    near = b.abs() >= fmax / 64  # inf too
+    ok = near & (a.isnan() | a.isinf() & (a.sign() == b.sign()) & b.isfinite()) \
         if refs.sums else torch.zeros_like(a, dtype=torch.bool)
     want = ~b.isfinite() & a.isfinite()
     if refs.f64_stats:  # both overflowed (coil's float32 normalization beyond |x| ~ 1e37)

@@ -238,6 +238,10 @@ def test_overflow_of_a_sum_order_only_in_compiled_is_accepted_near_max():
                          ).outcome == "ok"
     wrong_sign = _fake(lambda s, o, a: (torch.full((1,), -math.inf, dtype=torch.float64),))
     assert check_program(p, wrong_sign).kind == "out-value"
+    nan = _fake(lambda s, o, a: (torch.full((1,), math.nan, dtype=torch.float64),))
+    assert check_program(p, nan).outcome == "ok"  # +inf and -inf partial sums met
+    small = _prog(["v0 = a.sum(0, keepdim=True)"], torch.tensor([1.0, 2.0], dtype=torch.float64))
+    assert check_program(small, nan).kind == "out-value"
     q = _prog(["v0 = a[:1] * 1"], big)  # no sum: an overflow is a mismatch
     assert check_program(q, _fake(lambda s, o, a: (o[0] * math.inf,))).kind == "out-value"
 

@@ -341,38 +341,16 @@ _SUMS = re.compile(r"\b(sum|nansum|mean|cumsum|logsumexp|matmul|softmax|log_soft
                    r"scatter_reduce)\b")
 
 
-class _Refs:
-    """What a comparison may consult besides eager: the fp32 reference of a
-    low-precision program, the float64 reference (computed on first use), and which
-    documented numerics the program's source uses."""
-
-    def __init__(self, fn: Callable, make_inputs: Callable, e_out):
-        self.fn, self.make_inputs, self.e_out = fn, make_inputs, e_out
-        self.fp32 = _reference(fn, make_inputs, e_out)
-        try:
-            src = inspect.getsource(fn)
-        except (OSError, TypeError):
-            src = ""
-        self.f64_stats, self.sums = bool(_F64_STATS.search(src)), bool(_SUMS.search(src))
-        self._f64: Optional[tuple] = None
-
-    def f64(self) -> Optional[tuple]:
-        if self._f64 is None:
-            self._f64 = (_reference(self.fn, self.make_inputs, self.e_out, torch.float64),)
-        return self._f64[0]
-
-    def leaves(self, ref: Optional[tuple], n_out: int, n_args: int) -> tuple:
-        """(output leaves, argument list) of ``ref``, or lists of None when its
-        structure differs."""
-        if ref is not None and len(pytree.tree_leaves(ref[0])) == n_out:
-            return pytree.tree_leaves(ref[0]), ref[1]
-        return [None] * n_out, [None] * n_args
+def _leaves(ref: Optional[tuple], n_out: int, n_args: int) -> tuple:
+    """(output leaves, argument list) of a reference run, or Nones if its structure differs."""
+    if ref is not None and len(pytree.tree_leaves(ref[0])) == n_out:
+        return pytree.tree_leaves(ref[0]), ref[1]
+    return [None] * n_out, [None] * n_args
 
 
-def _compare_tensor(what: str, c, e, r, r64=None, refs: Optional[_Refs] = None) -> Optional[tuple]:
+def _compare_tensor(what: str, c, e, r, r64=None, sums: bool = False) -> Optional[tuple]:
     """(kind, message) when compiled ``c`` differs from eager ``e`` (``r``: fp32 reference,
-    ``r64``: a function giving the float64 reference's tensor; ``refs``: see
-    :class:`_Refs`; docs/fuzzing.md, "Comparison rules")."""
+    ``r64``: float64 reference, ``sums``: the program sums; docs/fuzzing.md)."""
     if not isinstance(e, torch.Tensor) or not isinstance(c, torch.Tensor):
         same = _same_bits(c, e) if isinstance(c, torch.Tensor) == isinstance(e, torch.Tensor) \
             else False
@@ -395,8 +373,8 @@ def _compare_tensor(what: str, c, e, r, r64=None, refs: Optional[_Refs] = None) 
         ref = r.detach().double()
         closer = (a - ref).abs() <= LOW_PRECISION_MARGIN * (b - ref).abs() + at
         close = close | (a == ref) | (a.isnan() & ref.isnan()) | closer
-    if not close.all() and refs is not None:
-        close |= _documented_numerics(a, b, e.dtype, r64, refs)
+    if not close.all() and e.is_floating_point():
+        close |= _documented_numerics(a, b, e.dtype, r64, sums)
     if bool(close.all()):
         return None
     bad = (~close).nonzero()[0].tolist()
@@ -406,30 +384,21 @@ def _compare_tensor(what: str, c, e, r, r64=None, refs: Optional[_Refs] = None) 
 
 
 def _documented_numerics(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype, r64,
-                         refs: _Refs) -> torch.Tensor:
+                         sums: bool) -> torch.Tensor:
     """Elements where compiled ``a`` differs from eager ``b`` (float64 copies) in one of
-    two documented ways: (1) eager is not finite, compiled is finite and within the
-    dtype's tolerance of the float64 reference, in a program using an op whose CPU
-    statistics coil computes in float64 (layer_norm/var/std/prod: docs/ir.md, Numerics),
-    or compiled is not finite either (it overflowed later, in the float32 normalization);
+    two documented ways: (1) given ``r64`` (the float64 reference of a program using an
+    op whose CPU statistics coil computes in float64: layer_norm/var/std/prod, docs/ir.md
+    Numerics), eager is not finite and compiled is within the dtype's tolerance of the
+    reference, or not finite either (overflowed later, in the float32 normalization);
     (2) in a program that sums, eager's element is at least 1/64 of the dtype's max (or
     inf) and compiled's is NaN (partial sums +inf and -inf met) or, where eager's is
     finite, inf of the same sign: the partial sums of another valid order overflowed."""
-    if not b.is_floating_point():
-        return torch.zeros_like(a, dtype=torch.bool)
-    fmax = torch.finfo(dtype).max
-    near = b.abs() >= fmax / 64  # inf too
-    ok = near & (a.isnan() | a.isinf() & (a.sign() == b.sign()) & b.isfinite()) \
-        if refs.sums else torch.zeros_like(a, dtype=torch.bool)
-    want = ~b.isfinite() & a.isfinite()
-    if refs.f64_stats:  # both overflowed (coil's float32 normalization beyond |x| ~ 1e37)
-        ok |= ~b.isfinite() & ~a.isfinite()
-    if refs.f64_stats and bool(want.any()):
-        ref = r64() if r64 is not None else None
-        if isinstance(ref, torch.Tensor) and ref.shape == a.shape:
-            at, rt = TOLERANCES.get(dtype, (0.0, 0.0))
-            exact = ref.detach().to(dtype).double()
-            ok |= want & exact.isfinite() & torch.isclose(a, exact, rtol=rt, atol=at)
+    near = b.abs() >= torch.finfo(dtype).max / 64  # inf too
+    ok = near & (a.isnan() | a.isinf() & (a.sign() == b.sign()) & b.isfinite()) & sums
+    if isinstance(r64, torch.Tensor) and r64.shape == a.shape:
+        at, rt = TOLERANCES.get(dtype, (0.0, 0.0))
+        exact = r64.detach().to(dtype).double()
+        ok |= ~b.isfinite() & (~a.isfinite() | exact.isfinite() & torch.isclose(a, exact, rtol=rt, atol=at))
     return ok
 
 
@@ -450,20 +419,18 @@ def _layout(t: torch.Tensor) -> tuple:
     return tuple(st if n > 1 else None for n, st in zip(t.shape, t.stride())), t.storage_offset()
 
 
-def _compare(c_out, e_out, c_args, e_args, refs: Optional[_Refs]) -> list:
-    """Every (kind, message) by which the compiled call differs from eager's."""
+def _compare(c_out, e_out, c_args, e_args, ref, ref64=None, sums: bool = False) -> list:
+    """Every (kind, message) by which the compiled call differs from eager's (``ref``,
+    ``ref64``: (outputs, inputs) of the fp32 and float64 references, or None)."""
     c_leaves, c_spec = pytree.tree_flatten(c_out)
     e_leaves, e_spec = pytree.tree_flatten(e_out)
     if c_spec != e_spec:
         return [("out-structure", f"outputs {c_spec} vs eager {e_spec}")]
-    n, m = len(e_leaves), len(e_args)
-    r_leaves, r_args = refs.leaves(refs.fp32, n, m) if refs else ([None] * n, [None] * m)
-
-    def f64(k: int, outputs: bool):
-        return lambda: refs.leaves(refs.f64(), n, m)[0 if outputs else 1][k]
+    (r_leaves, r_args), (q_leaves, q_args) = (_leaves(x, len(e_leaves), len(e_args))
+                                              for x in (ref, ref64))
     problems = []
-    for i, (c, e, r) in enumerate(zip(c_leaves, e_leaves, r_leaves)):
-        p = _compare_tensor(f"output {i}", c, e, r, refs and f64(i, True), refs)
+    for i, (c, e, r, q) in enumerate(zip(c_leaves, e_leaves, r_leaves, q_leaves)):
+        p = _compare_tensor(f"output {i}", c, e, r, q, sums)
         if p:
             problems.append(("out-" + p[0], p[1]))
         ej, cj = _alias_of(e, e_args), _alias_of(c, c_args)
@@ -474,13 +441,13 @@ def _compare(c_out, e_out, c_args, e_args, refs: Optional[_Refs]) -> list:
             problems.append(("out-stride", f"output {i} (a view of input {ej}): stride "
                              f"{c.stride()} offset {c.storage_offset()} vs eager {e.stride()} "
                              f"offset {e.storage_offset()}"))
-    for j, (c, e, r) in enumerate(zip(c_args, e_args, r_args)):
+    for j, (c, e, r, q) in enumerate(zip(c_args, e_args, r_args, q_args)):
         meta_c, meta_e = (tuple(c.shape),) + _layout(c), (tuple(e.shape),) + _layout(e)
         if meta_c != meta_e:
             problems.append(("input-meta", f"input {j} (size, stride, offset) {meta_c} vs "
                                            f"eager {meta_e}"))
             continue
-        p = _compare_tensor(f"input {j} after the call", c, e, r, refs and f64(j, False), refs)
+        p = _compare_tensor(f"input {j} after the call", c, e, r, q, sums)
         if p:
             problems.append(("input-" + p[0], p[1]))
     return problems
@@ -517,7 +484,13 @@ def check(fn: Callable, make_inputs: Callable, backend: str = "cpp",
             e_out, e_err = fn(*e_args), None
         except Exception as err:
             e_out, e_err = None, err
-        refs = _Refs(fn, make_inputs, e_out) if e_err is None else None
+        try:
+            src = inspect.getsource(fn)
+        except (OSError, TypeError):
+            src = ""
+        ref = _reference(fn, make_inputs, e_out) if e_err is None else None
+        ref64 = _reference(fn, make_inputs, e_out, torch.float64) \
+            if e_err is None and _F64_STATS.search(src) else None
         _reset(backend)
         try:
             with _deadline(timeout):
@@ -526,7 +499,8 @@ def check(fn: Callable, make_inputs: Callable, backend: str = "cpp",
                     c_args = make_inputs()
                     c_out = compiled(*c_args)
                     if e_err is None:
-                        problems = _compare(c_out, e_out, c_args, e_args, refs)
+                        problems = _compare(c_out, e_out, c_args, e_args, ref, ref64,
+                                            bool(_SUMS.search(src)))
                         if problems:
                             kind = ("2nd-call " if call else "") + problems[0][0]
                             return Result("mismatch", name, kind,

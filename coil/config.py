@@ -123,6 +123,9 @@ class Config:
     #: CUDA convolutions with a bias run without it and ``+ bias`` joins the next
     #: kernel (cuDNN adds a bias with a kernel of its own; ir/lowering_conv.py).
     conv_bias_epilogue: bool = True
+    #: CUDA 1x1 convolutions of 1x1 images (squeeze-excitation) with at most this many
+    #: multiply-adds are a generated reduction instead of a cuDNN call; 0 turns it off.
+    conv_matvec_max_macs: int = 1 << 21
     #: ``max_pool2d`` whose indices are unused is a generated pointwise window max,
     #: fused with the BatchNorm + ReLU before it (else ATen's kernel, which also
     #: writes int64 indices; ir/lowering_conv.py).

@@ -9,6 +9,10 @@ Here both become loop-level values the scheduler fuses with their neighbours
   ``config.conv_bias_epilogue``: the extern convolution runs without ``b``, and ``+ b``
   is a pointwise value (fp32 arithmetic, rounded at the store, as eager's ``add_``
   computes it) that folds into the next kernel (ReLU, hardswish, the SE multiply).
+- a 1x1 convolution of a 1x1 image (squeeze-excitation's FC layers, a classifier head
+  on pooled features) with at most ``config.conv_matvec_max_macs`` multiply-adds: a
+  generated reduction over the input channels instead of a cuDNN call, its input (ReLU
+  + bias of the layer before) inlined into the loads.
 - ``max_pool2d_with_indices`` of a 4-D tensor whose indices no op reads
   (``config.lower_max_pool``): the values as a pointwise max over the window, with the
   BatchNorm + ReLU before it inlined into the loads (NaN propagates, as in eager).
@@ -25,27 +29,56 @@ import torch
 
 from coil import trace
 from coil.config import config
-from coil.ir.lowering import (FallbackToExtern, device, is_box, loader_as, out_dtype, out_size,
-                              register_lowering)
+from coil.ir.lowering import (FallbackToExtern, device, is_box, loader_as, make_pointwise_box,
+                              make_reduction, out_dtype, out_size, register_lowering)
+from coil.ir.lowering_views import view_reshape
 from coil.ir.nodes import Pointwise, TensorBox, current_graph
 from coil.ir.virtualized import compute_dtype, ops
 
 aten = torch.ops.aten
 
 
+def _matvec_conv(x, weight, rest):
+    """A 1x1 convolution of a 1x1 image (squeeze-excitation's FC layers, a head on pooled
+    features) small enough to be latency-bound, as a generated reduction over input
+    channels (fp32 sums, as cuDNN accumulates); None where that does not apply."""
+    stride, padding, dilation, transposed, output_padding, groups = rest
+    try:
+        n, cin, h, w = (int(v) for v in x.get_size())
+        cout, _, kh, kw = (int(v) for v in weight.get_size())
+    except (TypeError, ValueError):
+        return None
+    if (transposed or groups != 1 or any(padding) or (h, w, kh, kw) != (1, 1, 1, 1)
+            or n * cout * cin > config.conv_matvec_max_macs):
+        return None
+    odt = out_dtype()
+    prod = make_pointwise_box(lambda a, b: ops.mul(a, b), [view_reshape(x, [n, 1, cin]),
+                                                           view_reshape(weight, [cout, cin])],
+                              [n, cout, cin], odt, compute_dtype(odt))
+    trace.log("conv_matvec", stage="lowering", node=current_graph().current_node.name,
+              macs=n * cout * cin, reason="a 1x1 convolution of a 1x1 image: one reduction kernel")
+    return view_reshape(make_reduction(prod, [2], False, "sum", odt), [n, cout, 1, 1])
+
+
 @register_lowering(aten.convolution.default)
 def _convolution(x, weight, bias, *rest):
     from coil.ir.graph import _CHANNELS_LAST_DEVICES
     g = current_graph()
-    if not (config.conv_bias_epilogue and is_box(bias) and device().type in _CHANNELS_LAST_DEVICES):
+    if device().type not in _CHANNELS_LAST_DEVICES:
         raise FallbackToExtern()
-    g.fallbacks[str(aten.convolution.default)] += 1
-    conv = g.make_extern(aten.convolution.default, (x, weight, None) + tuple(rest), {})
+    conv = _matvec_conv(x, weight, rest)
+    if conv is None and not (config.conv_bias_epilogue and is_box(bias)):
+        raise FallbackToExtern()
+    if conv is None:
+        g.fallbacks[str(aten.convolution.default)] += 1
+        conv = g.make_extern(aten.convolution.default, (x, weight, None) + tuple(rest), {})
+        trace.log("conv_bias_epilogue", stage="lowering", node=g.current_node.name,
+                  reason="cuDNN adds a bias with a kernel of its own; the add joins the next kernel")
+    if not is_box(bias):
+        return conv
     size, odt = out_size(), out_dtype()
     cdt = compute_dtype(odt)
     load_conv, load_bias = loader_as(conv, size, cdt), loader_as(bias, [size[1]], cdt)
-    trace.log("conv_bias_epilogue", stage="lowering", node=g.current_node.name,
-              reason="cuDNN adds a bias with a kernel of its own; the add joins the next kernel")
     return TensorBox.create(Pointwise(device(), odt, lambda i: ops.add(load_conv(i), load_bias([i[1]])),
                                       size))
 

@@ -131,6 +131,29 @@ def test_conv_bias_epilogue_off(log, backend):
     assert not events(log, "conv_bias_epilogue")
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_conv_matvec(log, backend, dtype):
+    """1x1 convolutions of 1x1 images (squeeze-excitation) as reductions: with and
+    without bias, a stride and dilation that do not matter, bf16 (fp32 sums); over
+    ``conv_matvec_max_macs`` (here 0) cuDNN's path runs. Values and strides as eager's."""
+    torch.manual_seed(0)
+    x = torch.randn(3, 16, 6, 6).to(dtype)
+    w1, b1, w2 = (torch.randn(8, 16, 1, 1).to(dtype), torch.randn(8).to(dtype),
+                  torch.randn(16, 8, 1, 1).to(dtype))
+
+    def f(x, w1, b1, w2):
+        s = F.relu(F.conv2d(x.mean((2, 3), keepdim=True), w1, b1))
+        return x * torch.sigmoid(F.conv2d(s, w2, stride=2, dilation=3)), s
+    tol = 2e-2 if dtype == torch.bfloat16 else 1e-5
+    assert_like_eager(compiled(f, backend)(x, w1, b1, w2), f(x, w1, b1, w2), atol=tol, rtol=tol)
+    assert len(events(log, "conv_matvec")) == 2
+    coil.reset()
+    assert_like_eager(compiled(f, backend, conv_matvec_max_macs=0)(x, w1, b1, w2), f(x, w1, b1, w2),
+                      atol=tol, rtol=tol)
+    assert len(events(log, "conv_matvec")) == 2
+
+
 # ------------------------------------------------------------------ small conv nets
 
 class _SE(nn.Module):
@@ -174,6 +197,7 @@ def test_conv_net_inference(log, backend, layout):
     logits) match eager's values and strides for an NCHW input, a channels-last input and
     a channels-last model; the max pool and the four biased convolutions are lowered; the
     stem's BatchNorm + ReLU + pool write one channels-last buffer (no copy between)."""
+    # (the max pool, the biased pwl conv, and the SE's and the head's 1x1-of-1x1 convs)
     torch.manual_seed(0)
     m = _Net().eval()
     x = torch.randn(2, 3, 20, 20)
@@ -186,7 +210,8 @@ def test_conv_net_inference(log, backend, layout):
         out = compiled(m, backend)(x)
     assert_like_eager(out, ref, atol=1e-4, rtol=1e-4)
     assert len(events(log, "max_pool_lowered")) == 1
-    assert len(events(log, "conv_bias_epilogue")) == 4
+    assert len(events(log, "conv_bias_epilogue")) == 1  # pwl; the SE FCs and head are reductions
+    assert len(events(log, "conv_matvec")) == 3
     wrapper = next(e["text"] for e in events(log, "artifact") if e["name"] == "wrapper")
     pooled = [line for line in wrapper.splitlines() if "empty_strided((2, 8, 5, 5)" in line]
     assert "(200, 1, 40, 8)" in pooled[0], pooled

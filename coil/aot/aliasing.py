@@ -12,16 +12,11 @@ member as an ``as_strided`` view of its base. Writes then go to the base (one gr
 output, copied back into the caller's memory by the runtime's input-mutation
 epilogue) and every member sees them, as in eager.
 
-A member whose elements overlap is an ``as_strided`` view of its base with a stride 0;
-functionalization's view rewrites (``coil.aot.functional._ViewRewrites``) take each
-non-overlapping view of it directly from the base, so a write through such a view
-scatters into the base without going through the overlapping member. While the
-program is analysed, :class:`OverlapGuard` (a dispatch mode under functionalization)
-raises :class:`OverlappingWrite` for an in-place write *to* overlapping memory (the
-program is then run eagerly, which raises eager's error) and for a write to memory of
-an input's storage that none of the inputs covers (``b.as_strided(size, stride, 0)``
-of ``b = base[1:]``: functionalization knows only the input's own elements, so the
-write would be lost; the program runs eagerly, as ``torch.compile`` does not).
+A member whose elements overlap is an ``as_strided`` view of its base; its
+non-overlapping views are taken from the base (``functional._ViewRewrites``). While the
+program is analysed, :class:`OverlapGuard` raises :class:`OverlappingWrite` for an
+in-place write to overlapping memory, or into an input's storage outside every input's
+elements (functionalization would drop it); the program then runs eagerly.
 
 At run time each call's inputs are checked against the group structure compiled
 for (same storage, same sizes, strides and storage offsets): a call
@@ -243,10 +238,8 @@ class OverlapGuard(TorchDispatchMode):
                 raise OverlappingWrite(OUTSIDE_MESSAGE)
         return func(*args, **kwargs)
 
-
     def _covered(self, t: torch.Tensor) -> bool:
-        """Whether the elements of ``t`` (written) are elements of an input of its storage
-        (true for storages no input has, and for symbolic layouts)."""
+        """Whether written ``t``'s elements are an input's (or no input holds its storage)."""
         held = self.inputs.get(StorageWeakRef(t.untyped_storage()))
         if not held or t.numel() == 0 or not _static(t.shape, t.stride(), t.storage_offset()):
             return True

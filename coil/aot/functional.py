@@ -182,23 +182,15 @@ _ERROR_CHECK_OPS = {aten._linalg_check_errors.default}
 class _ViewRewrites(TorchDispatchMode):
     """Views re-expressed for functionalization, while a program is analysed or traced.
 
-    - ``x.expand(x.shape)`` becomes ``aten.alias``: functionalization writes a mutation
-      through an expand back as ``base + sum_to(new - base)`` (NaN where the base holds
-      inf, and not exactly ``new`` in floating point); through an alias, as ``new``.
-    - an expand that only adds or keeps dims of size 1 becomes ``view``: functionalization
-      wrote through it as ``base + sum_to(new - base)`` too, which fails for bool
-      (``a.expand(1).scatter_add_(...)`` of a 0-d bool input); a view's write-back is
-      exact. (Strides of size-1 dims may differ from eager's; they address nothing.)
-    - views are taken from the tensor at the root of their view chain with ``as_strided``
-      (same sizes, strides and absolute offset) where functionalization cannot go
-      through the chain: ``as_strided`` of a view, any view of an ``as_strided`` view
-      (functionalization refuses a write through a chain with ``as_strided`` after its
-      first view), and a non-overlapping view of overlapping memory (``expand``,
-      ``as_strided`` with a stride 0; through the overlapping view,
-      ``as_strided_scatter``'s copy raised eager's overlap error: fuzz's
-      ``a.as_strided((3, 1), (0, 2), 0)[2:].fill_(v)``). Synthetic bases
-      (:mod:`coil.aot.aliasing`) reach their expanded members' views this way too.
-    - ``squeeze_`` of a tensor with symbolic sizes (:func:`_squeeze_`)."""
+    - ``x.expand(x.shape)`` becomes ``aten.alias`` and an expand that only adds size-1
+      dims a ``view``: functionalization writes through an expand as ``base + sum_to(new
+      - base)`` (NaN next to inf, inexact, an error for bool); through these, exactly.
+    - a view is taken from the root of its view chain with ``as_strided`` (same sizes,
+      strides, absolute offset) where functionalization cannot go through the chain:
+      ``as_strided`` of a view, any view of an ``as_strided`` view, a non-overlapping
+      view of overlapping memory (writes through it raised eager's overlap error).
+    - ``squeeze_`` of a tensor with symbolic sizes (:func:`_squeeze_`).
+    docs/aot.md ("Inputs sharing memory") has the cases."""
 
     # higher-order operators (torch.cond...) pass through (docs/hops.md)
     supports_higher_order_operators = True
@@ -280,11 +272,23 @@ def analyze(fn: Callable, fake_args: list, fake_mode: FakeTensorMode, grad: bool
         return _analyze(fn, fake_args, fake_mode, grad, drop_error_checks=True)
 
 
+@contextlib.contextmanager
 def untraced(fake_mode: FakeTensorMode):
-    """For a fake run outside ``make_fx``: the unbacked symbols it makes (``nonzero``,
-    ``.item()``) are not waiting for a graph node to bind them."""
+    """For a fake run outside ``make_fx`` (:func:`analyze`, :func:`eager_layouts`): the
+    unbacked symbols it makes (``nonzero``, ``.item()``) are not waiting for a graph node
+    to bind them; and with a ShapeEnv, ops dispatch as in make_fx's symbolic trace (and
+    coil's capture): under the Python dispatcher, so that composite ops take torch's
+    Python kernels, which keep sizes symbolic. Without it, torch 2.11's C++ ``matmul``
+    (reached from ``linear``) read a 3-D operand's ``sizes()`` and pinned its symbolic
+    length (``Eq(s0, 128)``): every sequence length compiled again (GPT-2 on CUDA)."""
     env = fake_mode.shape_env
-    return env.ignore_fresh_unbacked_symbols() if env is not None else contextlib.nullcontext()
+    if env is None:
+        yield
+        return
+    from torch._dispatch.python import enable_python_dispatcher
+
+    with env.ignore_fresh_unbacked_symbols(), enable_python_dispatcher():
+        yield
 
 
 def _analyze(fn, fake_args, fake_mode, grad, drop_error_checks) -> ProgramInfo:

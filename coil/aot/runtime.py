@@ -244,8 +244,7 @@ def _make_epilogue(info: ProgramInfo, args_index_of_output=None) -> Callable:
         for idx, stride in sources:
             if vals[idx].stride() != stride:
                 vals = list(vals)
-                vals[idx] = torch.empty_strided(vals[idx].shape, stride, dtype=vals[idx].dtype,
-                                                device=vals[idx].device).copy_(vals[idx])
+                vals[idx] = vals[idx].new_empty_strided(vals[idx].shape, stride).copy_(vals[idx])
         lay = layouts(args, vals) if layouts is not None else None
         flat = []
         for kind, idx, extra in plan:

@@ -644,10 +644,8 @@ def minimize(prog: Program, backend: str = "cpp", signature: Optional[str] = Non
 # ------------------------------------------------------------------------ CLI
 
 def _upstream(prog: Program, r: Result, timeout: float) -> Result:
-    """``r``, or outcome ``upstream`` for a failure of coil's ``aot_eager`` (capture and
-    AOT, no kernels) that ``torch.compile(backend="aot_eager")`` has too (same outcome,
-    kind and exception type): torch's own functionalization or decompositions, reported
-    apart from coil's failures."""
+    """``r``, or outcome ``upstream`` for a failure of coil's ``aot_eager`` that
+    ``torch.compile(backend="aot_eager")`` has too (same outcome, kind, exception type)."""
     if r.backend != "aot_eager" or r.outcome not in FAILURES:
         return r
     t = check_program(prog, "torch_aot_eager", timeout)

@@ -97,16 +97,12 @@ def _cp(e) -> str:
     return t if isinstance(e, int) or sympy.sympify(e).is_Atom else f"({t})"
 
 
-#: integer dtypes whose casts from floating point go through coil_ftoi
-_FTOI = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
-
-
 def _cast(x: "CppVar", dtype: torch.dtype) -> str:
-    """C++ conversion of ``x`` to ``dtype``; floating point to integer as eager gives it
-    (``coil_ftoi``: NaN and out-of-range values are defined, not C++'s undefined)."""
-    if x.dtype.is_floating_point and dtype in _FTOI:
-        return f"coil_ftoi<{cops.ctype(dtype)}>({x})"
-    return f"static_cast<{cops.ctype(dtype)}>({x})"
+    """C++ conversion of ``x`` to ``dtype``; float to int through ``coil_ftoi`` (defined for
+    NaN and out-of-range values, as eager's x86 kernels give them)."""
+    ints = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
+    f = "coil_ftoi" if x.dtype.is_floating_point and dtype in ints else "static_cast"
+    return f"{f}<{cops.ctype(dtype)}>({x})"
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:

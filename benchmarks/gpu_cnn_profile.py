@@ -2,6 +2,7 @@
 
     python benchmarks/gpu_cnn_profile.py --out $OUT                 # the H200, < 4 minutes
     python benchmarks/gpu_cnn_profile.py --device cpu --out /tmp/p  # a smoke test on CPU
+    python benchmarks/gpu_cnn_profile.py --out $OUT --batches 1 --compilers coil coil-base inductor
 
 For timm ``resnet50`` and ``mobilenetv3_large_100`` (random weights; torchvision's
 ``resnet50`` / ``mobilenet_v3_large`` where timm is missing, and small hand-written
@@ -145,14 +146,19 @@ def build_model(name: str):
 
 # ------------------------------------------------------------------ compilers
 
+#: ``coil-base``: coil without the convolution epilogues of coil/ir/lowering_conv.py (the A/B)
+BASE_OPTIONS = {"conv_bias_epilogue": False, "lower_max_pool": False, "conv_matvec_max_macs": 0}
+
+
 def make_callable(model: nn.Module, how: str):
-    """The callable under test: the module itself (eager), ``coil.compile`` or
-    ``torch.compile`` (default mode, ``dynamic=False``: one static graph per batch)."""
+    """The callable under test: the module itself (eager), ``coil.compile`` (``coil``;
+    ``coil-base`` with :data:`BASE_OPTIONS`) or ``torch.compile`` (``inductor``); default
+    mode, ``dynamic=False`` (one static graph per batch)."""
     if how == "eager":
         return model
-    if how == "coil":
+    if how in ("coil", "coil-base"):
         import coil
-        return coil.compile(model, dynamic=False)
+        return coil.compile(model, dynamic=False, options=BASE_OPTIONS if how == "coil-base" else None)
     return torch.compile(model, dynamic=False)
 
 
@@ -355,7 +361,8 @@ def main(argv=None) -> int:
     ap.add_argument("--batches", nargs="+", type=int, default=None,
                     help="default: 1 32 on CUDA, 1 2 on CPU")
     ap.add_argument("--res", type=int, default=None, help="default: 224 on CUDA, 32 on CPU")
-    ap.add_argument("--compilers", nargs="+", default=["eager", "coil", "inductor"])
+    ap.add_argument("--compilers", nargs="+", default=["eager", "coil", "inductor"],
+                    help="of eager, coil, coil-base (coil without the conv epilogues), inductor")
     ap.add_argument("--steps", type=int, default=None, help="default: 20 on CUDA, 2 on CPU")
     ap.add_argument("--budget", type=float, default=215.0,
                     help="seconds after which remaining compilers/cases are skipped")
@@ -372,7 +379,8 @@ def main(argv=None) -> int:
     rep(f"torch {torch.__version__}, device {torch.cuda.get_device_name() if cuda else 'cpu'}; "
         f"coil config: conv_channels_last={config.conv_channels_last}, "
         f"conv_channels_last_weights={config.conv_channels_last_weights}, "
-        f"conv_bias_epilogue={getattr(config, 'conv_bias_epilogue', 'n/a')}; "
+        f"conv_bias_epilogue={config.conv_bias_epilogue}, lower_max_pool={config.lower_max_pool}, "
+        f"conv_matvec_max_macs={config.conv_matvec_max_macs}; "
         f"cudnn.benchmark={torch.backends.cudnn.benchmark}; coil at {os.path.dirname(coil.__file__)}")
     start = time.perf_counter()
     deadline = start + a.budget

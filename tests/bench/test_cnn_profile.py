@@ -28,9 +28,9 @@ def test_cpu_smoke_run(tmp_path):
     installed, at 32x32), eager and coil, one batch; the report has both rows and coil's
     output matches eager's within bf16 rounding."""
     assert prof.main(["--device", "cpu", "--out", str(tmp_path), "--models", "mobilenetv3_large_100",
-                      "--batches", "1", "--compilers", "eager", "coil", "--steps", "1"]) == 0
+                      "--batches", "1", "--compilers", "eager", "coil", "coil-base", "--steps", "1"]) == 0
     text = (tmp_path / "cnn_profile.txt").read_text()
-    assert "[eager]" in text and "[coil]" in text and "summary" in text
+    assert "[eager]" in text and "[coil]" in text and "[coil-base]" in text and "summary" in text
     line = next(l for l in text.splitlines() if l.startswith("  [coil]"))
     diff = float(line.split("max |out - eager| ")[1].split(";")[0])
     assert diff < 0.1

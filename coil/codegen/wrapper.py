@@ -307,6 +307,9 @@ class WrapperCodegen:
                     else:
                         L.append(f"    {b.name} = {op}({', '.join(args)})  # {b.op}")
                     L += self._bind_unbacked(b.name, b.layout, bound_late)
+                    if getattr(b, "binds", None) is not None:  # u2 = t.item()
+                        L.append(f"    {b.binds.name} = {b.name}")
+                        bound_late.add(b.binds)
                     if b.layout is not None:
                         L.append(f"    {b.name} = ensure_layout({b.name}, {_tuple(b.layout.size)}, "
                                  f"{_tuple(b.layout.stride)})")

@@ -360,9 +360,16 @@ class GraphLowering(torch.fx.Interpreter):
         if target is operator.getitem:
             return args[0][args[1]]
         val = self.current_node.meta.get("val")
-        if isinstance(val, torch.SymInt):
-            # size arithmetic (sym_size, operator.mul, floordiv ...): the fake trace's
-            # result is already the expression in the ShapeEnv's symbols
+        if target is _aten._local_scalar_dense.default and isinstance(val, torch.SymInt) \
+                and isinstance(as_expr(val), sympy.Symbol):
+            # t.item() as a size: run it; the wrapper binds its symbol to the result
+            self.make_extern(target, args, kwargs)
+            self.buffers[-1].binds = as_expr(val)
+            return as_expr(val)
+        if isinstance(val, (torch.SymInt, torch.SymBool)):
+            # size arithmetic (sym_size, operator.mul, floordiv ...) and relations
+            # (runtime asserts): the fake trace's result is already the expression in
+            # the ShapeEnv's symbols
             return as_expr(val)
         if isinstance(target, torch._ops.HigherOrderOperator):
             from coil.ir.hops import LOWERINGS  # cond: branches compiled apart (ir/hops.py)
@@ -806,8 +813,9 @@ def _strides_agree(size, a, b, symbolic: bool) -> bool:
     not of size 1. Symbolic strides (dynamic shapes) agree when their expressions are
     equal; ``symbolic`` is the answer when a value is neither an int nor a size."""
     try:
-        return all(s == 1 or as_expr(x) == as_expr(y) or sympy.expand(as_expr(x) - as_expr(y)) == 0
-                   for s, x, y in zip(size, a, b))
+        # (sizes compared as expressions: ``s == 1`` on an unbacked SymInt guards on data)
+        return all(as_expr(s) == 1 or as_expr(x) == as_expr(y)
+                   or sympy.expand(as_expr(x) - as_expr(y)) == 0 for s, x, y in zip(size, a, b))
     except (TypeError, ValueError):
         return symbolic
 

@@ -501,6 +501,10 @@ def pyexpr(e: sympy.Expr) -> str:
         return " * ".join(parts)
     if e.is_Pow and e.args[1].is_Integer and int(e.args[1]) > 0:
         return " * ".join([_paren(e.args[0])] * int(e.args[1]))
+    if isinstance(e, sympy.core.relational.Relational):   # runtime asserts: u1 <= 3
+        return f"{pyexpr(e.lhs)} {e.rel_op} {pyexpr(e.rhs)}"
+    if e in (sympy.true, sympy.false):
+        return str(bool(e))
     if isinstance(e, sympy.Min):
         return _nest("min", e.args)
     if isinstance(e, sympy.Max):

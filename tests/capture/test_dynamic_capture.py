@@ -607,9 +607,43 @@ def test_unbacked_sizes_through_aot(name, backend):
     for x in (torch.randn(5), torch.randn(9), torch.randn(4), -torch.ones(3), torch.ones(1)):
         torch.testing.assert_close(f(x), fn(x))
     assert not break_log and cnt.n <= 3
-    if backend == "coil" and name in ("nonzero", "masked_select", "bool_mask_index"):
+    if backend == "coil":
         # generated code ran: the wrapper binds the unbacked sizes from the extern outputs
+        # (u1 = buf2.size(0)) and from .item() (u2 = buf1); unique's output layout is
+        # compared without a guard on its unbacked size
         assert sum(exc.fallback_counts.values()) == before
+
+
+#: programs whose torch._check / torch._check_is_size on a data-dependent value must hold
+#: at run time: (program, an input that satisfies it, one that does not)
+CHECKED_PROGRAMS = {
+    "item_check": (lambda x: x * (lambda n: (torch._check(n < 10), n)[1])(x.sum().item()),
+                   torch.tensor([1, 2]), torch.tensor([10, 20])),
+    "item_size_check": (lambda x: (lambda n: (torch._check_is_size(n), torch._check(n <= 6),
+                                              torch.ones(n) * 2)[2])(x.max().item()),
+                        torch.tensor([1, 5]), torch.tensor([1, 9])),
+    "nonzero_check": (lambda x: (lambda k: (torch._check(k.shape[0] <= 3), k * 2)[1])(x.nonzero()),
+                      torch.tensor([0, 1, 1, 0, 0]), torch.tensor([1, 1, 1, 1, 0])),
+}
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "coil"])
+@pytest.mark.parametrize("name", sorted(CHECKED_PROGRAMS))
+def test_checks_on_data_dependent_values_hold_at_run_time(name, backend):
+    """Tracing keeps a torch._check on an unbacked symbol only as a ShapeEnv fact; AOT
+    adds it back as aten._assert_scalar (coil: a wrapper line ``extern(u2 <= 9, msg)``).
+    The compiled program returned values where eager raised."""
+    from coil import exc
+
+    fn, good, bad = CHECKED_PROGRAMS[name]
+    f = coil.compile(fn, backend=backend, options=UNBACKED_OPTS, dynamic=True)
+    before = sum(exc.fallback_counts.values())
+    torch.testing.assert_close(f(good), fn(good))
+    with pytest.raises(RuntimeError):
+        fn(bad)
+    with pytest.raises(RuntimeError, match="Runtime assertion failed"):
+        f(bad)
+    assert sum(exc.fallback_counts.values()) == before
 
 
 @pytest.mark.parametrize("backend", ["aot_eager", "coil"])

@@ -147,6 +147,45 @@ def test_integer_and_low_precision_ops_compile_for_sm90():
     _assert_compile(kernels)
 
 
+def _record_kernels(monkeypatch, gpu_variants=False) -> list:
+    """A list that fills with every kernel the Triton backend generates; with
+    ``gpu_variants``, also each kernel as it is generated for a GPU launch (the masks
+    the GPU's launch configs let it drop: a CPU run generates for the interpreter's)."""
+    import dataclasses
+
+    from coil.codegen.triton.backend import TritonBackend, kernel_source
+
+    made = []
+    generate = TritonBackend.generate
+
+    def recording(self, plan, kernel_name):
+        k = generate(self, plan, kernel_name)
+        made.append(k)
+        if gpu_variants:
+            made.append(dataclasses.replace(k, source=kernel_source(plan, kernel_name, gpu=True)[0]))
+        return k
+
+    monkeypatch.setattr(TritonBackend, "generate", recording)
+    return made
+
+
+@pytest.mark.slow
+def test_fuzz_program_kernels_compile_for_sm90(monkeypatch):
+    """Every distinct kernel of the fuzzer's programs 0..59 of seed 31 (docs/fuzzing.md)
+    that match eager, as generated for the interpreter and for a GPU launch, compiles
+    for sm_90: the interpreter ran kernels the GPU compiler rejects (a negative literal
+    beside a uint8 tensor)."""
+    from coil.testing.fuzz import check_program, generate
+
+    made = _record_kernels(monkeypatch, gpu_variants=True)
+    kept = []
+    for i in range(60):
+        del made[:]
+        if check_program(generate(31, i), "triton").outcome == "ok":
+            kept += made  # (a program eager rejects, e.g. bool ^ 0.25, may compile to anything)
+    _assert_compile(list({k.source: k for k in kept}.values()))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["b_gpt_neox", "b_hf_swin", "b_mixtral_moe", "b_bloom_alibi",
                                   "b_deberta_v2", "b_whisper"])
@@ -157,16 +196,8 @@ def test_broad_suite_model_kernels_compile_for_sm90(name, monkeypatch):
     import coil
     from coil.bench.broad import BROAD_MODELS
     from coil.bench.models import reduce_to_scalar_loss
-    from coil.codegen.triton.backend import TritonBackend
 
-    made = []
-    generate = TritonBackend.generate
-
-    def recording(self, plan, kernel_name):
-        made.append(generate(self, plan, kernel_name))
-        return made[-1]
-
-    monkeypatch.setattr(TritonBackend, "generate", recording)
+    made = _record_kernels(monkeypatch)
     built = BROAD_MODELS[name].build(torch.device("cpu"), "small")
     coil.reset()
     f = coil.compile(built.module, options={"cpu_backend": "triton", "strict_codegen": True})

@@ -623,10 +623,10 @@ class GraphLowering(torch.fx.Interpreter):
         if (not isinstance(meta, torch.Tensor) or meta.dim() != 4 or lay is None
                 or len(lay.size) != 4 or not _is_channels_last(lay)
                 or not _dense_non_overlapping(meta)
-                or list(meta.shape) != [int(v) for v in x.get_size()]):
+                or not _same_size(meta, x.get_size())):
             return r
         want = [as_expr(v) for v in meta.stride()]
-        if all(str(a) == str(b) or int(n) == 1 for a, b, n in zip(lay.stride, want, meta.shape)):
+        if all(str(a) == str(b) or str(n) == "1" for a, b, n in zip(lay.stride, want, meta.shape)):
             return r
         return self._materialize(x, want)
 

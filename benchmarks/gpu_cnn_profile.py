@@ -255,9 +255,9 @@ def profile_steps(step, dev, steps: int):
         dtype = getattr(e, "device_type", None)
         on_device = dtype is not None and dtype.name == "CUDA"
         if dev.type == "cuda" and on_device:
-            t = getattr(e, "device_time", None)
+            t = getattr(e, "device_time_total", None)  # µs of this one kernel
             if t is None:
-                t = getattr(e, "cuda_time", 0.0)
+                t = getattr(e, "cuda_time_total", 0.0)
             k = kernels.setdefault(e.name, [0.0, 0])
             k[0] += t
             k[1] += 1

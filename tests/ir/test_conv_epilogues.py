@@ -232,3 +232,22 @@ def test_channels_last_dynamic_shapes(log, backend):
     for n, hw in ((2, 12), (3, 16), (1, 9)):
         x = torch.randn(n, 3, hw, hw)
         assert_like_eager(c(x, w, b, w2, b2), f(x, w, b, w2, b2), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (cuDNN's convolutions)")
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last_input"])
+def test_conv_net_inference_cuda_bf16(log, layout):
+    """The net on CUDA in bf16 (the path the H200 benchmarks take): values within bf16
+    rounding of eager's and eager's output strides; max pool, bias epilogue and the
+    SE/head reductions taken."""
+    torch.manual_seed(0)
+    m = _Net().eval().cuda().bfloat16()
+    x = torch.randn(2, 3, 32, 32, device="cuda").bfloat16()
+    if layout != "contiguous":
+        x = x.to(memory_format=torch.channels_last)
+    with torch.no_grad():
+        ref = m(x)
+        out = coil.compile(m)(x)
+    assert_like_eager(out, ref, atol=5e-2, rtol=5e-2)
+    assert events(log, "max_pool_lowered") and events(log, "conv_bias_epilogue")
+    assert len(events(log, "conv_matvec")) == 3

@@ -1,30 +1,16 @@
 """Regional compilation: a ``torch.compiler.nested_compile_region`` compiled once, called
 many times.
 
-Capture turns each call of a region function into ``invoke_region(region_k, "region_k",
-*operands, *lifted)`` (:func:`coil.capture.variables.hops.call_region`); calls whose
-bodies trace to the same graph over inputs of the same metadata share one subgraph
-``region_k``. ``aot_compile`` of a graph holding such calls (:func:`compile_regional`)
-does not trace them into one joint graph (that would AOT-trace, lower and compile the
-body once per call): it cuts the graph at the calls into *steps*, run in order by a
-small Python runner:
-
-- each distinct region (subgraph and operand metadata) is one piece, compiled once by
-  the same pipeline (``aot_compile`` with the caller's compilers: its own forward and
-  backward graphs, its own kernels, its own ``autograd.Function``), and every call of it
-  runs that compiled piece;
-- the ops between region calls form *segments*, each compiled as a graph of its own;
-  segments with equal code and input metadata (the glue between identical layers) are
-  compiled once too.
-
-Gradients flow between steps through autograd: each compiled piece is an
-``autograd.Function`` of its inputs, as eager's ops are. No kernel fuses across a
-region's boundary and each piece saves its own activations (what eager saves).
-
-A graph that switches grad mode or autocast between nodes, or a piece that fails to
-compile, is compiled whole with the regions inlined (event ``region_inlined``, with the
-reason). Events: ``region_compiled`` (per region: calls, compile time, inputs) and
-``region_split`` (steps, segments, segments compiled).
+Capture turns each region call into ``invoke_region(region_k, "region_k", *operands,
+*lifted)``; calls tracing to the same graph over inputs of the same metadata share one
+``region_k`` (:func:`coil.capture.variables.hops.call_region`). ``aot_compile`` of such a
+graph (:func:`compile_regional`) cuts it at the calls into steps run in order: each
+distinct region is compiled once by ``aot_compile`` with the caller's compilers (its own
+forward/backward graphs, kernels and ``autograd.Function``) and called per use; the ops
+between calls are *segments*, compiled as graphs of their own (equal ones once).
+Gradients flow between steps through autograd. Graphs it cannot cut (grad-mode or
+autocast changes, symbolic sizes) and pieces that fail compile whole with the regions
+inlined (event ``region_inlined``). docs/hops.md, "Regional compilation", has more.
 """
 from __future__ import annotations
 
@@ -40,9 +26,8 @@ from coil import trace
 
 
 def invoke_region(subgraph: torch.fx.GraphModule, identifier: str, *operands):
-    """The captured graph's call of region ``identifier``: runs ``subgraph(*operands)``
-    (a tuple of tensors). This is what the ``eager`` backend runs; ``aot_compile``
-    compiles the subgraph once per distinct call (module docstring)."""
+    """The captured graph's call of region ``identifier``: ``subgraph(*operands)`` (a
+    tuple of tensors), what the ``eager`` backend runs."""
     return subgraph(*operands)
 
 
@@ -170,20 +155,12 @@ def _grad_union(calls: list, val: Callable) -> dict:
     return need
 
 
-class _Step:
-    """One compiled piece of the split graph: ``fn(*values of ins)`` gives the values
-    of ``outs`` (None where unused); ``free`` are values dead after it."""
-
-    def __init__(self, fn: Callable, ins: list, outs: list):
-        self.fn, self.ins, self.outs, self.free = fn, ins, outs, []
-
-
-def _segment(gm: torch.fx.GraphModule, nodes: list, later_users: Callable):
-    """A GraphModule of ``nodes`` (a run of ``gm``'s nodes): placeholders for the
-    values they read from outside, outputs for the values used after them."""
+def _segment(gm: torch.fx.GraphModule, nodes: list):
+    """A GraphModule of ``nodes`` (a run of ``gm``'s nodes) reading the values it needs
+    from outside as placeholders, returning those used after it; and both node lists."""
     inside = set(nodes)
     ins = list(dict.fromkeys(a for n in nodes for a in n.all_input_nodes if a not in inside))
-    outs = [n for n in nodes if later_users(n, inside)]
+    outs = [n for n in nodes if any(u not in inside for u in n.users)]
     g = torch.fx.Graph()
     env: dict = {}
     for a in ins:
@@ -196,108 +173,80 @@ def _segment(gm: torch.fx.GraphModule, nodes: list, later_users: Callable):
 
 
 def _compile_split(gm: torch.fx.GraphModule, example_inputs: list, compile_piece: Callable):
+    from coil.capture.variables.hops import _region_key  # the same notion of equal graphs
+
     nodes = list(gm.graph.nodes)
     placeholders = [n for n in nodes if n.op == "placeholder"]
-    out_node = nodes[-1]
     mode = FakeTensorMode(allow_non_fake_inputs=False)
     value = {p: _fake(mode, x) for p, x in zip(placeholders, example_inputs)}
 
     def val(n):
         return value[n] if n in value else _fake(mode, n.meta.get("example_value", n.meta.get("val")))
 
-    def later_users(n, inside) -> bool:
-        return any(u not in inside for u in n.users)
-
     need = _grad_union(region_calls(gm), val)
-    steps: list = []
-    compiled: dict = {}   # (kind, key) -> [callable, uses, compile ms, name]
-    run_nodes: list = []
+    steps: list = []      # (compiled piece, input nodes, {output index: node})
+    compiled: dict = {}   # (kind, key) -> [callable, calls, compile ms, name, fakes]
+    run: list = []
 
-    def compile_once(key, name, piece, fakes):
-        entry = compiled.get(key)
-        if entry is None:
+    def add_step(key, name, piece, ins, outs, fakes):
+        if key not in compiled:
             t0 = time.perf_counter()
             with trace.stage(key[0]):
                 fn = compile_piece(piece, fakes)
-            entry = compiled[key] = [fn, 0, (time.perf_counter() - t0) * 1e3, name, fakes]
-        entry[1] += 1
-        return entry[0]
+            compiled[key] = [fn, 0, (time.perf_counter() - t0) * 1e3, name, fakes]
+        compiled[key][1] += 1
+        steps.append((compiled[key][0], ins, outs))
 
     def flush():
-        body = [n for n in run_nodes if not (n.op == "get_attr" and all(
-            u.target in _region_targets() for u in n.users))]
-        run_nodes.clear()
-        if not any(n.op == "call_function" or n.op == "call_method" for n in body):
-            if body:
-                raise AssertionError(f"segment without calls: {body}")
-            return
-        piece, ins, outs = _segment(gm, body, later_users)
-        fakes = [val(a) for a in ins]
-        from coil.capture.variables.hops import _region_key  # the same notion of equal graphs
+        body = [n for n in run if n.op != "get_attr" or
+                not all(u.target in _region_targets() for u in n.users)]
+        run.clear()
+        if body:
+            piece, ins, outs = _segment(gm, body)
+            fakes = [val(a) for a in ins]
+            key = ("segment", _region_key(piece.graph, {}),
+                   tuple((_meta_key(f), getattr(f, "requires_grad", False)) for f in fakes))
+            add_step(key, "segment", piece, ins, dict(enumerate(outs)), fakes)
 
-        key = ("segment", _region_key(piece.graph, {}),
-               tuple((_meta_key(f), getattr(f, "requires_grad", False)) for f in fakes))
-        steps.append(_Step(compile_once(key, "segment", piece, fakes), ins, outs))
-
-    for n in nodes:
-        if n.op in ("placeholder", "output"):
-            continue
+    for n in nodes[:-1]:
         if n.op == "call_function" and n.target in _region_targets():
             flush()
-            ins = list(n.args[2:])
-            fakes = [val(a) for a in ins]
+            fakes = [val(a) for a in n.args[2:]]
             key = ("region", n.args[0].target, tuple(_meta_key(f) for f in fakes))
             fakes = [_fake(mode, f, rg) for f, rg in zip(fakes, need[key])]
-            fn = compile_once(key, n.args[0].target, getattr(gm, n.args[0].target), fakes)
-            outs: list = [None] * len(n.meta.get("example_value", ()) or ())
-            for u in n.users:
-                if u.args[1] >= len(outs):
-                    outs.extend([None] * (u.args[1] + 1 - len(outs)))
-                outs[u.args[1]] = u
-            steps.append(_Step(fn, ins, outs))
-        elif n.op == "call_function" and n.target is operator.getitem and \
-                n.args[0].op == "call_function" and n.args[0].target in _region_targets():
-            continue   # bound by the region's step
-        else:
-            run_nodes.append(n)
+            add_step(key, n.args[0].target, getattr(gm, n.args[0].target), list(n.args[2:]),
+                     {u.args[1]: u for u in n.users}, fakes)
+        elif n.op != "placeholder" and not (n.target is operator.getitem and getattr(
+                n.args[0], "target", None) in _region_targets()):
+            run.append(n)   # (a region's getitem is bound by its step)
     flush()
-    _plan_frees(steps, out_node)
     _log_split(steps, compiled)
-    return _runner(steps, placeholders, out_node)
-
-
-def _plan_frees(steps: list, out_node) -> None:
-    last: dict = {}
-    for i, s in enumerate(steps):
-        for a in s.ins:
-            last[a] = i
-    kept = set(out_node.all_input_nodes)
-    for a, i in last.items():
-        if a not in kept:
-            steps[i].free.append(a)
+    return _runner(steps, placeholders, nodes[-1])
 
 
 def _log_split(steps: list, compiled: dict) -> None:
-    regions = {k: e for k, e in compiled.items() if k[0] == "region"}
-    for k, (fn, uses, ms, name, fakes) in regions.items():
-        trace.log("region_compiled", stage="aot", region=name, calls=uses,
-                  compile_ms=round(ms, 1), inputs=[str(_meta_key(f)) for f in fakes])
+    for (kind, _, _), (fn, calls, ms, name, fakes) in compiled.items():
+        if kind == "region":
+            trace.log("region_compiled", stage="aot", region=name, calls=calls,
+                      compile_ms=round(ms, 1), inputs=[str(_meta_key(f)) for f in fakes])
     trace.log("region_split", stage="aot", steps=len(steps),
-              regions={e[3]: e[1] for e in regions.values()},
+              regions={e[3]: e[1] for k, e in compiled.items() if k[0] == "region"},
               segments=sum(e[1] for k, e in compiled.items() if k[0] == "segment"),
               segments_compiled=sum(1 for k in compiled if k[0] == "segment"))
 
 
 def _runner(steps: list, placeholders: list, out_node) -> Callable:
+    last = {a: i for i, (_, ins, _) in enumerate(steps) for a in ins}
+    kept = set(out_node.all_input_nodes)
+    free = [[a for a, i in last.items() if i == k and a not in kept] for k in range(len(steps))]
+
     def run(*args):
         env = dict(zip(placeholders, args))
-        for s in steps:
-            vals = s.fn(*[env[a] for a in s.ins])
-            for n, v in zip(s.outs, vals):
-                if n is not None:
-                    env[n] = v
-            for a in s.free:
-                env.pop(a, None)
+        for (fn, ins, outs), dead in zip(steps, free):
+            vals = fn(*[env[a] for a in ins])
+            env.update((n, vals[i]) for i, n in outs.items())
+            for a in dead:   # values no later step reads
+                del env[a]
         res = torch.fx.node.map_arg(out_node.args[0], env.__getitem__)
         return list(res) if isinstance(res, list) else res
 

@@ -134,21 +134,13 @@ def run_scan(body_fn: Callable, init, xs, additional) -> tuple:
     return tuple(carry) + tuple(torch.stack([y[k] for y in ys]) for k in range(len(ys[0])))
 
 
-def _contiguous_fake(v: torch.Tensor) -> torch.Tensor:
-    from torch._subclasses.fake_tensor import FakeTensor
-
-    if isinstance(v, FakeTensor):
-        with v.fake_mode:
-            return torch.empty(v.shape, dtype=v.dtype, device=v.device)
-    return v.contiguous()
-
-
 def lower_scan(lowering, args: tuple, kwargs: dict):
     """Lower a scan node: the combine function compiled once over one slice, the loop
     in the wrapper (:func:`run_scan`)."""
     node = lowering.current_node
     body_gm, init, xs, additional = args
-    fakes = [_contiguous_fake(a.meta["val"]) for a in node.args[1]] + \
+    fakes = [torch.empty_like(a.meta["val"], memory_format=torch.contiguous_format)
+             for a in node.args[1]] + \
         [a.meta["val"][0] for a in node.args[2]] + \
         [a.meta.get("val") if isinstance(a, torch.fx.Node) else a for a in node.args[3]]
     name = node.args[0].target

@@ -310,6 +310,34 @@ def _register(out, prefix: str, sg: torch.fx.Graph, index: int) -> str:
     return name
 
 
+def _fresh(out, like: torch.Tensor, shape=None, grad: bool = False) -> torch.Tensor:
+    """A new fake (capture's mode) with ``like``'s dtype and device, and its shape and
+    strides or, given ``shape``, that contiguous shape; requiring grad with ``grad``
+    (floating and complex dtypes)."""
+    with out.fake_mode:
+        t = torch.empty_strided(like.shape, like.stride(), dtype=like.dtype, device=like.device) \
+            if shape is None else torch.empty(shape, dtype=like.dtype, device=like.device)
+    if grad and (like.dtype.is_floating_point or like.dtype.is_complex):
+        t.requires_grad_(True)
+    return t
+
+
+def _emit(tx, target, args: tuple, fakes: list) -> list:
+    """Add ``target(*args)`` to the parent graph with one ``getitem`` per output (value
+    ``fakes[i]``); returns their TensorVariables."""
+    g = tx.output.graph
+    node = g.call_function(target, args)
+    tx.locate_node(node)
+    node.meta["example_value"] = tuple(fakes)
+    items = []
+    for i, fake in enumerate(fakes):
+        item = g.call_function(__import__("operator").getitem, (node, i))
+        item.meta["example_value"] = fake
+        tx.locate_node(item)
+        items.append(TensorVariable(item, fake))
+    return items
+
+
 def _unflatten(items: list, structure: str) -> VariableTracker:
     if structure == "tensor":
         return items[0]
@@ -381,20 +409,9 @@ def call_cond(tx, args: list, kwargs: dict) -> VariableTracker:
     tname = _register(out, "cond_true", t.graph, index)
     fname = _register(out, "cond_false", f.graph, index)
     g = out.graph
-    ta, fa = g.get_attr(tname), g.get_attr(fname)
-    node = g.call_function(torch.ops.higher_order.cond, (pred.node, ta, fa, node_ops))
-    tx.locate_node(node)
-    items = []
-    with out.fake_mode:
-        for i, (x, y) in enumerate(zip(t.out_fakes, f.out_fakes)):
-            fake = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device)
-            if grad and (x.dtype.is_floating_point or x.dtype.is_complex):
-                fake.requires_grad_(True)
-            item = g.call_function(__import__("operator").getitem, (node, i))
-            item.meta["example_value"] = fake
-            tx.locate_node(item)
-            items.append(TensorVariable(item, fake))
-    node.meta["example_value"] = tuple(i.fake for i in items)
+    items = _emit(tx, torch.ops.higher_order.cond, (
+        pred.node, g.get_attr(tname), g.get_attr(fname), node_ops),
+        [_fresh(out, x, grad=grad) for x in t.out_fakes])
     trace.log("hop", stage="capture", op="cond", predicate="tensor",
               subgraphs=[tname, fname], lifted=[n.meta.get("source", n.name) for n in t.lifted],
               where=str(location).splitlines()[0])
@@ -482,20 +499,9 @@ def call_while_loop(tx, args: list, kwargs: dict) -> VariableTracker:
     cname = _register(out, "while_cond", c.graph, index)
     bname = _register(out, "while_body", b.graph, index)
     g = out.graph
-    ca, ba = g.get_attr(cname), g.get_attr(bname)
-    node = g.call_function(torch.ops.higher_order.while_loop,
-                           (ca, ba, tuple(x.node for x in carried), tuple(c.lifted)))
-    tx.locate_node(node)
-    items = []
-    with out.fake_mode:
-        for i, x in enumerate(carried):
-            fake = torch.empty_strided(x.fake.shape, x.fake.stride(), dtype=x.fake.dtype,
-                                       device=x.fake.device)
-            item = g.call_function(__import__("operator").getitem, (node, i))
-            item.meta["example_value"] = fake
-            tx.locate_node(item)
-            items.append(TensorVariable(item, fake))
-    node.meta["example_value"] = tuple(i.fake for i in items)
+    items = _emit(tx, torch.ops.higher_order.while_loop, (
+        g.get_attr(cname), g.get_attr(bname), tuple(x.node for x in carried), tuple(c.lifted)),
+        [_fresh(out, x.fake) for x in carried])
     trace.log("hop", stage="capture", op="while_loop", subgraphs=[cname, bname],
               lifted=[n.meta.get("source", n.name) for n in c.lifted],
               where=str(location).splitlines()[0])
@@ -528,19 +534,9 @@ def call_map(tx, args: list, kwargs: dict) -> VariableTracker:
     index = out.hop_count = getattr(out, "hop_count", -1) + 1
     name = _register(out, "map_body", body.graph, index)
     g = out.graph
-    node = g.call_function(torch.ops.higher_order.map_impl,
-                           (g.get_attr(name), [xs.node], body.operand_nodes[1:] + body.lifted))
-    tx.locate_node(node)
-    n = xs.fake.shape[0]
-    items = []
-    with out.fake_mode:
-        for i, y in enumerate(body.out_fakes):
-            fake = torch.empty((n, *y.shape), dtype=y.dtype, device=y.device)
-            item = g.call_function(__import__("operator").getitem, (node, i))
-            item.meta["example_value"] = fake
-            tx.locate_node(item)
-            items.append(TensorVariable(item, fake))
-    node.meta["example_value"] = tuple(i.fake for i in items)
+    items = _emit(tx, torch.ops.higher_order.map_impl, (
+        g.get_attr(name), [xs.node], body.operand_nodes[1:] + body.lifted),
+        [_fresh(out, y, (xs.fake.shape[0], *y.shape)) for y in body.out_fakes])
     trace.log("hop", stage="capture", op="map", subgraphs=[name],
               lifted=[x.meta.get("source", x.name) for x in body.lifted],
               where=str(location).splitlines()[0])
@@ -574,18 +570,15 @@ def call_scan(tx, args: list, kwargs: dict) -> VariableTracker:
     Gradients are torch's scan autograd rule (a backward scan)."""
     from coil.capture.variables.tensor import call_op
 
-    names = ["combine_fn", "init", "xs", "dim", "reverse"]
-    bound = dict(zip(names, args))
-    bound.update(kwargs)
-    if not {"combine_fn", "init", "xs"} <= set(bound) or not set(bound) <= set(names):
-        raise UserError("scan(combine_fn, init, xs, *, dim=0, reverse=False): bad arguments",
-                        location=tx.location())
+    bound = dict(zip(["combine_fn", "init", "xs"], args), **kwargs)
+    if {"combine_fn", "init", "xs"} - set(bound):
+        raise Unsupported("torch scan called without combine_fn, init or xs")
     dim = bound.get("dim", ConstantVariable(0)).as_python_constant()
     reverse = bound.get("reverse", ConstantVariable(False)).as_python_constant()
     init, init_struct = _tensor_tree(bound["init"], "torch scan init")
     xs, xs_struct = _tensor_tree(bound["xs"], "torch scan xs")
-    if len({id(t.node) for t in init}) != len(init):
-        raise Unsupported("torch scan with one tensor twice in init")
+    if len({id(t.node) for t in init}) != len(init) or len(args) > 3:
+        raise Unsupported("torch scan with one tensor twice in init, or dim/reverse positional")
     location = tx.location()
 
     def op(fn, *a):
@@ -600,11 +593,10 @@ def call_scan(tx, args: list, kwargs: dict) -> VariableTracker:
         x = op(torch.movedim, x, ConstantVariable(d), ConstantVariable(0)) if d else x
         lead.append(op(torch.flip, x, ConstantVariable([0])) if reverse else x)
     pieces = [op(__import__("operator").getitem, x, ConstantVariable(0)) for x in lead]
-    carry_arg = _unflatten(list(init), init_struct)
-    x_arg = _unflatten(pieces, xs_struct)
     body = trace_subgraph(tx, bound["combine_fn"], list(init) + pieces, "torch scan combine_fn",
-                          call=([carry_arg, x_arg], {}), flatten=_scan_outputs)
-    for p in pieces:
+                          call=([_unflatten(list(init), init_struct),
+                                 _unflatten(pieces, xs_struct)], {}), flatten=_scan_outputs)
+    for p in pieces:   # the slices were only the body's example inputs
         tx.output.graph.erase_node(p.node)
     n_carry, carry_struct, y_struct = body.structure
     if n_carry != len(init) or carry_struct != init_struct or \
@@ -622,22 +614,11 @@ def call_scan(tx, args: list, kwargs: dict) -> VariableTracker:
     index = out.hop_count = getattr(out, "hop_count", -1) + 1
     name = _register(out, "scan_combine", body.graph, index)
     g = out.graph
-    node = g.call_function(torch.ops.higher_order.scan, (
-        g.get_attr(name), [t.node for t in init], [x.node for x in lead], tuple(body.lifted)))
-    tx.locate_node(node)
-    items = []
     length = lead[0].fake.shape[0]
-    with out.fake_mode:
-        for i, y in enumerate(body.out_fakes):
-            shape = y.shape if i < n_carry else (length, *y.shape)
-            fake = torch.empty(shape, dtype=y.dtype, device=y.device)
-            if grad and y.dtype.is_floating_point:
-                fake.requires_grad_(True)
-            item = g.call_function(__import__("operator").getitem, (node, i))
-            item.meta["example_value"] = fake
-            tx.locate_node(item)
-            items.append(TensorVariable(item, fake))
-    node.meta["example_value"] = tuple(i.fake for i in items)
+    items = _emit(tx, torch.ops.higher_order.scan, (
+        g.get_attr(name), [t.node for t in init], [x.node for x in lead], tuple(body.lifted)),
+        [_fresh(out, y, y.shape if i < n_carry else (length, *y.shape), grad)
+         for i, y in enumerate(body.out_fakes)])
     ys = items[n_carry:]
     if reverse:
         ys = [op(torch.flip, y, ConstantVariable([0])) for y in ys]
@@ -688,16 +669,13 @@ def call_checkpoint(tx, args: list, kwargs: dict) -> VariableTracker:
 # --------------------------------------------------------------------------- nested_compile_region
 
 def call_region(tx, fn_vt, args: list, kwargs: dict) -> VariableTracker:
-    """A call of a ``torch.compiler.nested_compile_region`` function: ``fn(*args,
-    **kwargs)`` traced as a subgraph (the tensor arguments are its operands; parameters
-    and whatever else it reads are lifted), called through
-    :func:`coil.aot.regions.invoke_region`. A call whose subgraph equals an earlier
-    call's (:func:`_region_key`: same ops, constants and input metadata) reuses that
-    subgraph, so AOT and code generation compile it once (:mod:`coil.aot.regions`). The
-    body is traced at every call: the Python state it reads (a global rebound between
-    calls) is baked into its graph, and a different graph is another region. A body that
-    cannot be a subgraph (a side effect, an in-place write to an input, an output that
-    is an input or a view of one) is inlined, logged as ``region_inlined``."""
+    """A ``torch.compiler.nested_compile_region`` call: ``fn(*args, **kwargs)`` traced as
+    a subgraph (tensor arguments are operands, what else it reads is lifted) called by
+    :func:`coil.aot.regions.invoke_region`; a call whose subgraph equals an earlier one's
+    (:func:`_region_key`) reuses it, so AOT compiles it once. Traced at every call: the
+    Python state it reads (a rebound global) is in its graph. A body that cannot be a
+    subgraph (side effect, write to an input, output aliasing an input) is inlined,
+    logged as ``region_inlined``."""
     from coil.aot.regions import invoke_region
 
     out = tx.output
@@ -726,17 +704,8 @@ def call_region(tx, fn_vt, args: list, kwargs: dict) -> VariableTracker:
             if n.op == "get_attr":
                 out.subgraphs.pop(n.target, None)
     entry[1] += 1
-    g = out.graph
-    node_ops = tuple(sub.operand_nodes) + tuple(sub.lifted)
-    node = g.call_function(invoke_region, (g.get_attr(entry[0]), entry[0], *node_ops))
-    tx.locate_node(node)
-    items = []
-    for i, fake in enumerate(sub.out_fakes):
-        item = g.call_function(__import__("operator").getitem, (node, i))
-        item.meta["example_value"] = fake
-        tx.locate_node(item)
-        items.append(TensorVariable(item, fake))
-    node.meta["example_value"] = tuple(sub.out_fakes)
+    items = _emit(tx, invoke_region, (out.graph.get_attr(entry[0]), entry[0],
+                                      *sub.operand_nodes, *sub.lifted), sub.out_fakes)
     trace.log("hop", stage="capture", op="nested_compile_region", subgraphs=[entry[0]],
               call=entry[1], lifted=[n.meta.get("source", n.name) for n in sub.lifted],
               where=str(tx.location()).splitlines()[0])
@@ -757,8 +726,6 @@ class _Same:
 
 
 def _key_of(v):
-    if isinstance(v, torch.fx.Node):
-        raise AssertionError("nodes are numbered before")
     if isinstance(v, (tuple, list)):
         return (type(v).__name__, tuple(_key_of(x) for x in v))
     if isinstance(v, dict):

@@ -3,6 +3,7 @@
     python benchmarks/gpu_cnn_profile.py --out $OUT                 # the H200, < 4 minutes
     python benchmarks/gpu_cnn_profile.py --device cpu --out /tmp/p  # a smoke test on CPU
     python benchmarks/gpu_cnn_profile.py --out $OUT --batches 1 --compilers coil coil-base inductor
+    python benchmarks/gpu_cnn_profile.py --out $OUT --batches 1 --compilers coil-ro inductor-ro
 
 For timm ``resnet50`` and ``mobilenetv3_large_100`` (random weights; torchvision's
 ``resnet50`` / ``mobilenet_v3_large`` where timm is missing, and small hand-written
@@ -10,7 +11,8 @@ ResNet / MobileNetV3-style modules with the same op mix where both are) at batch
 batch 32, bf16, eval mode, no_grad, each compiler in default mode (no CUDA graphs):
 
 - the first call's seconds (the compile) and the largest difference from eager's output;
-- wall ms per forward (synchronized), GPU ms per forward (the sum of the kernels'
+- wall ms per forward (synchronized), host ms per call (the GPU idle before it: what
+  guards, wrappers and launches cost the CPU), GPU ms per forward (the sum of the kernels'
   device time from ``torch.profiler``) and kernels per forward, and the replay time of
   the forward recorded into one ``torch.cuda.CUDAGraph`` by hand (GPU time without
   launch gaps: what ``mode="reduce-overhead"`` can reach);
@@ -153,13 +155,18 @@ BASE_OPTIONS = {"conv_bias_epilogue": False, "lower_max_pool": False, "conv_matv
 def make_callable(model: nn.Module, how: str):
     """The callable under test: the module itself (eager), ``coil.compile`` (``coil``;
     ``coil-base`` with :data:`BASE_OPTIONS`) or ``torch.compile`` (``inductor``); default
-    mode, ``dynamic=False`` (one static graph per batch)."""
+    mode, ``dynamic=False`` (one static graph per batch); a ``-ro`` suffix (``coil-ro``,
+    ``inductor-ro``): ``mode="reduce-overhead"`` (CUDA graphs), as ``coil bench --mode
+    reduce-overhead`` runs them."""
+    mode = "reduce-overhead" if how.endswith("-ro") else None
+    how = how[:-3] if mode else how
     if how == "eager":
         return model
     if how in ("coil", "coil-base"):
         import coil
-        return coil.compile(model, dynamic=False, options=BASE_OPTIONS if how == "coil-base" else None)
-    return torch.compile(model, dynamic=False)
+        return coil.compile(model, dynamic=False, mode=mode,
+                            options=BASE_OPTIONS if how == "coil-base" else None)
+    return torch.compile(model, dynamic=False, mode=mode)
 
 
 def reset_compilers() -> None:
@@ -211,6 +218,19 @@ def wall_ms(step, dev, steps: int) -> float:
         step()
     _sync(dev)
     return (time.perf_counter() - t0) / steps * 1e3
+
+
+def host_ms(step, dev, steps: int) -> float:
+    """Median ms the Python call takes with the GPU idle before it (no synchronize after:
+    the host's own cost of launching one forward: guards, wrappers, launches)."""
+    times = []
+    for _ in range(steps):
+        _sync(dev)
+        t0 = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t0)
+    _sync(dev)
+    return sorted(times)[len(times) // 2] * 1e3
 
 
 def graph_replay_ms(step, dev, steps: int):
@@ -323,16 +343,17 @@ def run_case(rep, name: str, batch: int, dev: torch.device, res: int, compilers,
         for _ in range(3):
             step()
         wall = wall_ms(step, dev, steps)
+        hms = host_ms(step, dev, steps)
         kernels, host = profile_steps(step, dev, steps)
-        graph = graph_replay_ms(step, dev, steps)
+        graph = graph_replay_ms(step, dev, steps) if not how.endswith("-ro") else "n/a (CUDA graphs already)"
         gpu_us = sum(v[0] for v in kernels.values()) / steps
         launches = sum(v[1] for v in kernels.values()) / steps
         graph_s = f"{graph:.3f} ms" if isinstance(graph, float) else str(graph)
         rep(f"\n  [{how}] first call {first:.1f} s, max |out - eager| {diff:.3g}; wall {wall:.3f} ms"
-            f" per forward, {'GPU' if dev.type == 'cuda' else 'CPU op'} time {gpu_us / 1e3:.3f} ms"
+            f" per forward (host {hms:.3f} ms of it with the GPU idle), {'GPU' if dev.type == 'cuda' else 'CPU op'} time {gpu_us / 1e3:.3f} ms"
             f" in {launches:.0f} kernels per forward; CUDA graph replay {graph_s}")
         summary.append((name, batch, how, wall, gpu_us / 1e3, launches,
-                        graph if isinstance(graph, float) else None, ""))
+                        graph if isinstance(graph, float) else None, f"host {hms:.3f}"))
         # memory formats of the convolutions and layout conversions
         kinds: dict = {}
         for kname, (t, n) in kernels.items():
@@ -362,7 +383,8 @@ def main(argv=None) -> int:
                     help="default: 1 32 on CUDA, 1 2 on CPU")
     ap.add_argument("--res", type=int, default=None, help="default: 224 on CUDA, 32 on CPU")
     ap.add_argument("--compilers", nargs="+", default=["eager", "coil", "inductor"],
-                    help="of eager, coil, coil-base (coil without the conv epilogues), inductor")
+                    help="of eager, coil, coil-base (coil without the conv epilogues), inductor; "
+                         "coil-ro / coil-base-ro / inductor-ro: mode='reduce-overhead'")
     ap.add_argument("--steps", type=int, default=None, help="default: 20 on CUDA, 2 on CPU")
     ap.add_argument("--budget", type=float, default=215.0,
                     help="seconds after which remaining compilers/cases are skipped")

@@ -229,3 +229,46 @@ def test_region_returning_tuple_and_nested_cond():
     for sign in (1.0, -1.0):
         x = torch.rand(3, 3) * sign
         assert_same_as_eager(fn, (x, torch.randn(3, 3)), backend="coil")
+
+
+def test_torch_compile_invoke_subgraph_through_coil_backend(log):
+    """torch's own capture emits invoke_subgraph nodes: coil's AOT compiles them as
+    regions too."""
+    from coil.backends.registry import coil_backend_entry
+
+    @torch.compiler.nested_compile_region
+    def blk(x, w):
+        return torch.relu(x @ w) + x
+
+    def f(x, w1, w2, w3):
+        return blk(blk(blk(x, w1), w2), w3).sum()
+
+    torch._dynamo.reset()
+    ws = [torch.randn(4, 4, requires_grad=True) for _ in range(3)]
+    ref_ws = [w.detach().clone().requires_grad_() for w in ws]
+    x = torch.randn(4, 4)
+    out = torch.compile(f, backend=coil_backend_entry)(x, *ws)
+    ref = f(x, *ref_ws)
+    torch.testing.assert_close(out, ref)
+    out.backward()
+    ref.backward()
+    for a, b in zip(ws, ref_ws):
+        torch.testing.assert_close(a.grad, b.grad)
+    assert events(log, "region_split") and not events(log, "region_inlined")
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "coil"])
+def test_regions_with_input_mutation_between_calls_and_under_no_grad(backend):
+    @torch.compiler.nested_compile_region
+    def blk(x, w):
+        return torch.tanh(x @ w)
+
+    def fn(x, w, buf):
+        h = blk(x, w)
+        buf.add_(h.sum(0))          # a segment writes an input between two calls
+        return blk(h + buf, w), buf * 2
+
+    args = (torch.randn(3, 4), torch.randn(4, 4), torch.zeros(4))
+    assert_same_as_eager(fn, args, backend=backend)
+    with torch.no_grad():
+        assert_same_as_eager(fn, args, backend=backend)

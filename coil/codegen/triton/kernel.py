@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import numbers
 from typing import Optional
 
 import sympy
@@ -59,9 +60,11 @@ def _convert(value, dtype):
     """A constant as eager's conversion to ``dtype`` makes it (a Python number): 2.5 in
     int64 is 2, 300 in uint8 is 44, 70000.0 in fp16 is inf. Integer constants wrap into
     their dtype's range, as eager converts a scalar (uint8 + 300 adds 44)."""
-    src = torch.bool if isinstance(value, bool) else \
-        torch.int64 if isinstance(value, (int, sympy.Integer)) else torch.float64
-    return torch.tensor(value if src == torch.float64 else int(value), dtype=src).to(dtype).item()
+    if isinstance(value, bool):
+        return torch.tensor(value).to(dtype).item()
+    if isinstance(value, numbers.Integral):
+        return torch.tensor(int(value), dtype=torch.int64).to(dtype).item()
+    return torch.tensor(float(value), dtype=torch.float64).to(dtype).item()
 
 
 def _lit(value, dtype) -> str:

@@ -124,6 +124,9 @@ def coil_tree(rep: Report, dev) -> None:
         ph = sum(p.numel() * p.element_size() for p in n.placeholders)
         total += owned + ph
         saved = f", saved outputs {n.fn.saved}" if n.fn.saved else ""
+        if n.consumes:
+            saved += ", reuses the memory of " + ", ".join(
+                f"{len(s)} saved storages of {f.fn.name}" for f, s in n.consumes.items())
         rep(f"    {n.fn.name:14s} {n.fn.kind:9s} depth {n.depth}: owns {owned / 2**20:8.1f} MiB of "
             f"outputs ({len(n.plan.slots)} storages), placeholders {ph / 2**20:6.1f} MiB "
             f"({len(n.copied)} copied inputs), {len(n.inplace)} in-place inputs{saved}")

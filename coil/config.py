@@ -149,6 +149,9 @@ class Config:
     #: (torch.cuda.empty_cache): the un-graphed warm-up and dry run leave the graph's
     #: working set cached there while its replays use the graph pool (logged).
     cudagraph_release_cache: bool = True
+    #: A backward recorded as a CUDA graph reuses the memory of the forward's saved
+    #: activations as it releases each after its last use (runtime/cudagraph_trees.py).
+    cudagraph_reuse_saved: bool = True
     #: Dynamic shapes: None (automatic), True or False (coil.compile's ``dynamic``;
     #: docs/dynamic_shapes.md).
     dynamic: Any = None

@@ -50,6 +50,9 @@ class CompiledGraph:
         self.output_strides = output_strides
         #: size guards code generation added to the ShapeEnv (dynamic shapes)
         self.guards: list = []
+        #: ``call_boxed(list of inputs)`` (it empties the list and releases each input
+        #: after its last use), where the wrapper was generated with one, else None
+        self.call_boxed = None
         self.__call__ = call
 
     def __call__(self, *args):
@@ -216,11 +219,17 @@ def _compile(gm, example_inputs, device, env) -> "CompiledGraph":
             wait = getattr(k.generated.launcher, "wait", None)
             if wait is not None:
                 wait()
-        source, glb = WrapperCodegen(graph, sched.steps, kernels).generate()
+        # a backward recorded as a CUDA graph may release the forward's saved
+        # activations as it goes (runtime/cudagraph_trees.py: Tree._lend_saved)
+        boxed = config.cudagraphs and gm.meta.get("coil_aot_graph") == "backward" and \
+            not gm.meta.get("coil_aot_piece")
+        source, glb = WrapperCodegen(graph, sched.steps, kernels, boxed=boxed).generate()
         if trace.enabled():
             trace.artifact("wrapper", lambda: source, kind="python")
         code = compile(source, "<coil wrapper>", "exec")
         exec(code, glb)
         call = glb["call"]
-    return CompiledGraph(call, source, [k.generated for k in kernels.values()],
-                         dict(graph.fallbacks), sched, gm, graph.output_strides)
+    compiled = CompiledGraph(call, source, [k.generated for k in kernels.values()],
+                             dict(graph.fallbacks), sched, gm, graph.output_strides)
+    compiled.call_boxed = glb.get("call_boxed")
+    return compiled

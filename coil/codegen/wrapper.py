@@ -9,6 +9,11 @@ wrapper is straight-line code with everything decided at compile time:
 - memory planning: a buffer is released right after its last reader; if a later
   allocation has the same size, stride, dtype and device, the freed buffer is reused
   (``buf7 = buf2  # reuse``) instead of allocating again.
+
+With ``boxed=True`` the source also defines ``call_boxed(args)``: the same body, taking
+its inputs in a list that it empties and releasing each input after its last reader,
+so that memory the caller hands over (a forward's saved activations, when a backward
+is recorded as a CUDA graph: runtime/cudagraph_trees.py) is reused within the call.
 """
 from __future__ import annotations
 
@@ -171,8 +176,8 @@ class WrapperCodegen:
                 out.append(f"    {e.name} = {value}.size({d})")
         return out
 
-    def __init__(self, graph, steps: list, kernels: dict):
-        self.graph, self.steps, self.kernels = graph, steps, kernels
+    def __init__(self, graph, steps: list, kernels: dict, boxed: bool = False):
+        self.graph, self.steps, self.kernels, self.boxed = graph, steps, kernels, boxed
         self.globals: dict[str, Any] = {"torch": torch, "empty_strided": torch.empty_strided,
                                         "reinterpret": reinterpret,
                                         "ensure_layout": ensure_layout,
@@ -255,6 +260,8 @@ class WrapperCodegen:
         ours: set[str] = set()
         bound_late: set = set()  # unbacked sizes bound from extern outputs (_bind_unbacked)
         params = ", ".join(g.placeholder_names)
+        inputs = set(g.graph_inputs) - out_names  # tensors
+        input_dels: list = []  # (line index, input name): where call_boxed releases it
         L = self.lines
         L.append(f"def call({params}):")
         for name, c in g.constants.items():
@@ -328,6 +335,8 @@ class WrapperCodegen:
                         pool.setdefault(key(b), []).append(n)
                     else:
                         L.append(f"    del {n}")
+                elif last_use.get(n) == i and n in inputs:
+                    input_dels.append((len(L), n))
         outs = []
         for o in g.outputs:
             if o.kind == "buffer":
@@ -354,6 +363,26 @@ class WrapperCodegen:
                                                      for x in torch.utils._pytree.tree_leaves([b.args, b.kwargs])]
             needed |= {s for x in leaves if isinstance(x, sympy.Basic) for s in x.free_symbols} & ints
         needed -= bound_late
-        if needed:  # dynamic shapes: bind the symbols once per call, before any use
-            L[1:1] = symbol_bindings(g, needed)
+        head = symbol_bindings(g, needed) if needed else []
+        L[1:1] = head  # dynamic shapes: bind the symbols once per call, before any use
+        if self.boxed:
+            L += self._boxed(L[len(head) + 1:], head, input_dels, inputs - set(last_use))
         return "\n".join(L) + "\n", self.globals
+
+    def _boxed(self, body: list, head: list, dels: list, unread: set) -> list:
+        """``call_boxed(args)``: ``call``'s ``body`` (after its def line and the symbol
+        bindings ``head``) with each tensor input released after its last reader
+        (``dels``); tensor inputs never read are released first."""
+        names = self.graph.placeholder_names
+        out = ["", "def call_boxed(args):"]
+        if names:
+            out.append(f"    {', '.join(names)}{',' if len(names) == 1 else ''} = args")
+        out.append("    args.clear()")
+        out += head + [f"    del {n}" for n in names if n in unread]
+        at: dict = {}
+        for i, n in dels:  # i: len(L) after the reader's lines, L[0] the def line
+            at.setdefault(i - 2, []).append(n)
+        for i, line in enumerate(body):
+            out.append(line)
+            out += [f"    del {n}" for n in at.get(i, ())]
+        return out

@@ -102,8 +102,11 @@ class CudaRecorder:
         self.device = torch.device(device)
         self.pool = torch.cuda.graph_pool_handle()
 
-    def capture(self, fn: Callable, args: list) -> tuple[Any, Any]:
+    def capture(self, fn: Callable, args: list, boxed: Optional[Callable] = None) -> tuple[Any, Any]:
         """``(graph, outputs)`` of capturing ``fn(*args)``; ``args`` hold real values.
+        With ``boxed`` (``fn``'s ``call_boxed``), the capture runs ``boxed(args)``, which
+        empties ``args`` and releases each input after its last use, so the capture may
+        reuse the memory of inputs that only ``args`` held.
 
         First a dry run with ``torch.cuda.set_sync_debug_mode("error")``: a host sync
         (``.item()``, a copy to pageable host memory, an op with a data-dependent size)
@@ -119,7 +122,7 @@ class CudaRecorder:
             rng = torch.cuda.get_rng_state(self.device)
             torch.cuda.set_sync_debug_mode("error")
             try:
-                fn(*args)
+                boxed(list(args)) if boxed is not None else fn(*args)
             except Exception as e:  # noqa: BLE001 - the reason goes to the log
                 raise SkipGraph(f"syncs with the host or fails (dry run): {type(e).__name__}: "
                                 f"{str(e)[:300]}") from e
@@ -132,7 +135,7 @@ class CudaRecorder:
             stream = torch.cuda.current_stream()
             try:
                 with torch.cuda.graph(graph, pool=self.pool):
-                    outs = fn(*args)
+                    outs = boxed(args) if boxed is not None else fn(*args)
             except Exception as e:  # noqa: BLE001 - the reason goes to the log
                 self._recover(stream)
                 raise SkipGraph(f"capture failed: {type(e).__name__}: {str(e)[:300]}") from e
@@ -198,15 +201,16 @@ class FakeRecorder:
         #: poisoned storages (their StorageImpl address) -> the message
         self.stale: dict = {}
 
-    def capture(self, fn: Callable, args: list) -> tuple[Any, Any]:
-        """Run ``fn`` once for the outputs' memory; replay reruns it into them, reading
-        its tensor arguments by address as a CUDA graph does (holding them would keep
-        them alive)."""
+    def capture(self, fn: Callable, args: list, boxed: Optional[Callable] = None) -> tuple[Any, Any]:
+        """Run ``fn`` (``boxed(args)`` if given, as :meth:`CudaRecorder.capture`) once
+        for the outputs' memory; replay reruns it into them, reading its tensor arguments
+        by address as a CUDA graph does (holding them would keep them alive)."""
         self.captures += 1
         rng = torch.get_rng_state()
-        outs = fn(*args)
+        by_address = [_by_address(a) if isinstance(a, torch.Tensor) else a for a in args]
+        outs = boxed(args) if boxed is not None else fn(*args)
         torch.set_rng_state(rng)  # a capture draws no numbers; its replays do
-        return (fn, [_by_address(a) if isinstance(a, torch.Tensor) else a for a in args], outs), outs
+        return (fn, by_address, outs), outs
 
     def replay(self, graph) -> None:
         """Recompute and write into the captured outputs."""

@@ -109,6 +109,7 @@ class PartitionedGraph:
             outs.sort(key=lambda n: n not in user)
             piece = _subgraph(gm, members, ins, outs)
             piece.meta["coil_aot_graph"] = kind
+            piece.meta["coil_aot_piece"] = True  # not the last reader of saved values
             devices = {v.device.type for n in members + ins for v in [n.meta.get("val")]
                        if isinstance(v, torch.Tensor)}
             # a piece moving tensors between devices runs its ATen ops as they are (one

@@ -18,6 +18,14 @@ stale: their storages are poisoned (reading them or any view of them raises
 again from the roots), which is why outputs from one step stay valid through the next
 step only if they are cloned.
 
+Saved activations. A forward's outputs saved only for its backward are read last by
+that backward: its recording is lent the forward node's own tensors of them and runs
+the compiled backward's ``call_boxed``, which releases each after its last use, so the
+backward's gradients and intermediates reuse that memory (:meth:`Tree._lend_saved`).
+From then on the forward node does not own it: while those saved values wait for their
+backward, nothing recorded after the release runs graphed (it may overlap them), nor
+does the reusing backward under ``retain_graph`` (:meth:`Tree._overlaps_pending_saved`).
+
 Gradients and later outputs. A backward node whose gradients from its last replay are
 still held (``.grad`` of a parameter while gradients accumulate over micro-batches) is
 not replayed over them: that backward call runs un-graphed (logged once). More
@@ -57,7 +65,7 @@ import torch
 
 from coil import trace
 from coil.runtime.cudagraph_record import (STALE_MESSAGE, CudaRecorder, OutputPlan, SkipGraph,
-                                           ungraphable_reason)
+                                           _tensor_over, ungraphable_reason)
 
 __all__ = ["cudagraphify", "mark_step_begin", "reset", "GraphFunction", "Tree", "Node"]
 
@@ -85,6 +93,9 @@ class Node:
         # kept by the caller long after the backward ran
         self.saved_slots = plan.slots_of(*fn.saved) - plan.slots_of(0, fn.saved[0]) \
             if fn.saved else set()
+        #: forward node -> its saved slots whose memory this backward's recording
+        #: released and reused (Tree._lend_saved)
+        self.consumes: dict = {}
 
     def moved(self, args) -> list:
         """Indices of in-place arguments not at their recorded address."""
@@ -136,6 +147,9 @@ class Tree:
         self.stable_storages: set = set()
         self.steps = 0
         self.nodes = 0
+        #: forward node -> recording index from which recordings may overlap the memory
+        #: of its saved slots that a backward's recording released (Tree._lend_saved)
+        self.released: dict = {}
         self.all_nodes: list = []
         self.replays = 0
         _ALL_TREES.add(self)
@@ -175,6 +189,14 @@ class Tree:
                 fn.copy_always.setdefault(sig, set()).update(moved)
                 trace.log("cudagraph_rerecord", stage="runtime", graph=fn.name,
                           reason=f"arguments {moved} moved since recording")
+        if self.released and (node is None or node.consumes or
+                              node.index >= min(self.released.values())):
+            why = self._overlaps_pending_saved(node)
+            if why is not None:
+                if not fn.saved_logged:
+                    fn.saved_logged = True
+                    trace.log("cudagraph_skip", stage="runtime", graph=fn.name, reason=why)
+                return fn.fn(*args)
         if node is None and held:
             # gradient accumulation: the last replay's gradients are still held in
             # .grad; this backward runs un-graphed rather than in a second recording
@@ -219,18 +241,28 @@ class Tree:
                                  "(config.cudagraph_record_limit); new ones run without a CUDA graph")
             return None
         parent = self.path[-1] if self.path else None
+        lent: dict = {}
         try:
             static_args, copied, placeholders, inplace = self._inputs(fn, sig, args, warm)
-            graph, outs = self.recorder.capture(fn.fn, static_args)
-            plan = OutputPlan(outs, static_args, self.recorder.device_type)
+            plan_args = list(static_args)
+            boxed = getattr(fn.fn, "call_boxed", None) if fn.kind == "backward" else None
+            if boxed is not None:
+                lent = self._lend_saved(static_args)
+                boxed = boxed if lent else None
+            graph, outs = self.recorder.capture(fn.fn, static_args, boxed)
+            plan = OutputPlan(outs, plan_args, self.recorder.device_type)
         except SkipGraph as e:
             fn.skip_with(str(e))
             return None
         except Exception as e:  # noqa: BLE001 - e.g. an input a placeholder cannot copy
             fn.skip_with(f"cannot record: {type(e).__name__}: {str(e)[:300]}")
             return None
+        finally:
+            for f in lent:  # from here on, recordings may overlap their memory
+                self.released[f] = self.nodes + 1
         fn.records += 1
         node = Node(self, fn, sig, parent, graph, plan, copied, placeholders, inplace)
+        node.consumes = lent
         (parent.children if parent is not None else self.roots).append(node)
         self.all_nodes.append(node)
         for ptr, _, _ in plan.slots:
@@ -238,8 +270,58 @@ class Tree:
         self.nodes += 1
         trace.log("cudagraph_record", stage="runtime", graph=fn.name, kind=fn.kind,
                   depth=node.depth, recording=fn.records, copied_inputs=len(copied),
-                  inplace_inputs=len(inplace), outputs=len(plan.items))
+                  inplace_inputs=len(inplace), outputs=len(plan.items),
+                  reuses_saved_of=[f.fn.name for f in lent])
         return node
+
+    def _lend_saved(self, static_args: list) -> dict:
+        """Before a backward's capture: for each argument over a saved-only output of
+        a forward node (memory the forward node owns, which this backward is the last to
+        read), put a view of the forward's own tensor in ``static_args`` and drop the
+        node's reference, so that the boxed call, releasing each input after its last
+        use, hands that memory to the backward's later allocations (torch.compile's
+        trees reuse saved activations in the backward alike). Returns ``{forward node:
+        its slots lent}``. Not done when ``config.cudagraph_reuse_saved`` is off or the
+        backward keeps its graph (``retain_graph``: the saved values are read again)."""
+        from coil.config import config
+
+        if not config.cudagraph_reuse_saved or _keep_graph():
+            return {}
+        lent: dict = {}
+        for i, a in enumerate(static_args):
+            if not isinstance(a, torch.Tensor):
+                continue
+            f = self.pool_storages.get(a.untyped_storage().data_ptr())
+            if f is None or f.fn.kind != "forward" or f in self.released:
+                continue
+            slot = next((k for k, (p, _, _) in enumerate(f.plan.slots)
+                         if p == a.untyped_storage().data_ptr()), None)
+            if slot not in f.saved_slots:
+                continue
+            own = next(o for o in f.plan.owned if o.untyped_storage().data_ptr() == f.plan.slots[slot][0])
+            static_args[i] = _tensor_over(own.untyped_storage(), a.dtype, a.shape, a.stride(),
+                                          a.storage_offset())
+            lent.setdefault(f, set()).add(slot)
+        for f, slots in lent.items():
+            ptrs = {f.plan.slots[k][0] for k in slots}
+            f.plan.owned = [o for o in f.plan.owned if o.untyped_storage().data_ptr() not in ptrs]
+        return lent
+
+    def _overlaps_pending_saved(self, node: Optional[Node]) -> Optional[str]:
+        """Why this call must run un-graphed to keep a forward's saved values whose
+        memory a backward's recording released (:meth:`_lend_saved`) intact while they
+        wait for their backward, or None: a new recording (``node`` None) or a node
+        recorded since the release may overlap that memory; the backward that reused
+        it must not run while the graph is kept (``retain_graph``) or twice."""
+        for f, since in self.released.items():
+            if f is node or not f.pending_backward():
+                continue
+            if node is None or node.index >= since:
+                return (f"the saved activations of {f.fn.name} wait for their backward and "
+                        "a recording made after its backward reused their memory may overlap them")
+        if node is not None and node.consumes and _keep_graph():
+            return "retain_graph: the saved activations this backward reuses are read again"
+        return None
 
 
     def _inputs(self, fn: "GraphFunction", sig: tuple, args: tuple, warm: list) -> tuple:
@@ -282,7 +364,7 @@ class GraphFunction:
         self.warm: dict = {}
         self.copy_always: dict = {}
         self.records = 0
-        self.limit_logged = self.held_logged = self.later_logged = False
+        self.limit_logged = self.held_logged = self.later_logged = self.saved_logged = False
 
     def skip_with(self, reason: str) -> None:
         """Run un-graphed from now on, logged once."""
@@ -299,6 +381,16 @@ class GraphFunction:
                 self.skip_with("CPU tensors: no CUDA tensor among the inputs")
                 return self.fn(*args)
         return tree.run(self, args)
+
+
+def _keep_graph() -> bool:
+    """Whether the running backward keeps its graph (``retain_graph``); True when this
+    torch cannot say."""
+    get = getattr(torch._C._autograd, "_get_current_graph_task_keep_graph", None)
+    try:
+        return bool(get()) if get is not None else True
+    except RuntimeError:  # not inside a backward
+        return False
 
 
 def _signature(args) -> tuple:

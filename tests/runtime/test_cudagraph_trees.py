@@ -278,6 +278,15 @@ def test_aot_training_through_the_tree(fake_cuda, lockstep):
     # the backward reads the forward's saved activations and the parameters in place
     assert fake_cuda.nodes == 2 and fake_cuda.replays == 8  # 4 steps after the warm-up
     assert len(bw.copied) <= 2, bw.copied
+    # its recording was lent the forward's own tensors of its saved-only outputs (the
+    # forward node stops owning them) and ran call_boxed, which releases each after its
+    # last use: on CUDA that memory serves the backward's later allocations
+    assert fw.saved_slots and bw.consumes == {fw: fw.saved_slots}
+    lent = {fw.plan.slots[k][0] for k in fw.saved_slots}
+    assert not any(o.untyped_storage().data_ptr() in lent for o in fw.plan.owned)
+    src = bw.fn.fn.source
+    assert "def call_boxed(args):" in src and "args.clear()" in src
+    assert src.count("del tanh") == 1  # the saved tanh output, released in call_boxed only
 
 
 def test_aot_mutated_input_through_the_tree(fake_cuda):
@@ -446,3 +455,66 @@ def test_release_cache_before_capture_is_logged_and_optional(log_dir, monkeypatc
     assert emptied == [1]
     (e,) = events(log_dir, "cudagraph_release_cache")
     assert e["freed_mb"] == 200.0
+
+
+def _mlp():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 16),
+                               torch.nn.GELU(), torch.nn.Linear(16, 1))
+
+
+def test_backward_keeps_the_saved_memory_when_reuse_is_off(fake_cuda, monkeypatch):
+    from coil.config import config
+
+    monkeypatch.setattr(config, "cudagraph_reuse_saved", False)
+    cm = coil.compile(_mlp(), mode="reduce-overhead")
+    for _ in range(3):
+        cm(torch.randn(4, 8)).square().mean().backward()
+    fw, bw = fake_cuda.all_nodes
+    assert bw.consumes == {} and len(fw.plan.owned) == len(fw.plan.slots) + 3  # + parameters
+
+
+def test_retain_graph_runs_the_reusing_backward_ungraphed(fake_cuda, log_dir):
+    """A backward whose recording reused the saved memory would overwrite values that a
+    second backward reads again: a backward with ``retain_graph=True`` runs un-graphed,
+    the last one replays."""
+    import copy
+
+    m = _mlp()
+    m2 = copy.deepcopy(m)
+    cm = coil.compile(m2, mode="reduce-overhead")
+    for _ in range(3):
+        cm(torch.randn(4, 8)).square().mean().backward()
+    for p, p2 in zip(m.parameters(), m2.parameters()):
+        p.grad, p2.grad = None, None
+    x = torch.randn(4, 8)
+    replays = fake_cuda.replays
+    for model in (m, cm):
+        loss = model(x).square().mean()
+        loss.backward(retain_graph=True)
+        loss.backward()
+    for p, p2 in zip(m.parameters(), m2.parameters()):
+        torch.testing.assert_close(p2.grad, p.grad, atol=1e-5, rtol=1e-4)
+    # the forward and the last backward replay; the first backward (retain_graph) does not
+    assert fake_cuda.replays == replays + 2
+    assert any("retain_graph" in e["reason"] for e in events(log_dir, "cudagraph_skip"))
+
+
+def test_no_recording_while_reused_saved_values_wait_for_their_backward(fake_cuda, log_dir):
+    """Once a backward's recording reused a forward's saved memory, a new recording
+    made while that forward's saved values wait may overlap them: it runs un-graphed
+    until the backward has run, and is recorded afterwards."""
+    cm = coil.compile(_mlp(), mode="reduce-overhead")
+    g = coil.compile(lambda y: (y * 3).sin(), mode="reduce-overhead")
+    for _ in range(3):
+        cm(torch.randn(4, 8)).square().mean().backward()
+    assert fake_cuda.nodes == 2
+    loss = cm(torch.randn(4, 8)).square().mean()   # the forward replays; its saved wait
+    y = torch.randn(5)
+    for _ in range(2):
+        torch.testing.assert_close(g(y), (y * 3).sin())  # warm-up, then no recording
+    assert fake_cuda.nodes == 2
+    assert any("wait for their backward" in e["reason"] for e in events(log_dir, "cudagraph_skip"))
+    loss.backward()
+    torch.testing.assert_close(g(y), (y * 3).sin())
+    assert fake_cuda.nodes == 3

@@ -215,6 +215,48 @@ def test_gpu_recording_leaves_no_working_set_cached_in_the_default_pool(log_dir)
     assert events(log_dir, "cudagraph_release_cache")
 
 
+def _train_pool(reuse: bool, monkeypatch) -> tuple:
+    """(graph pool bytes, parameters, the backward node's lent slots) after 5 AdamW
+    steps of a SmallGPT under reduce-overhead with ``cudagraph_reuse_saved=reuse``."""
+    from coil.config import config
+
+    coil.reset()
+    gc.collect()
+    torch.cuda.empty_cache()
+    monkeypatch.setattr(config, "cudagraph_reuse_saved", reuse)
+    torch.manual_seed(0)
+    m = SmallGPT(vocab=512, d=256, heads=4, layers=4, max_seq=128).cuda()
+    cm = coil.compile(m, mode="reduce-overhead")
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
+    ids = torch.randint(0, 512, (8, 128), generator=torch.Generator().manual_seed(1)).cuda()
+    base = _graph_pools_reserved()
+    for _ in range(5):
+        opt.zero_grad(set_to_none=True)
+        F.cross_entropy(cm(ids).flatten(0, 1), ids.flatten()).backward()
+        opt.step()
+    torch.cuda.synchronize()
+    bw = [n for n in tree().all_nodes if n.fn.kind == "backward"]
+    return (_graph_pools_reserved() - base, [p.detach().clone() for p in m.parameters()],
+            [len(s) for n in bw for s in n.consumes.values()])
+
+
+def _graph_pools_reserved() -> int:
+    return sum(s["total_size"] for s in torch.cuda.memory_snapshot()
+               if tuple(s.get("segment_pool_id", (0, 0))) != (0, 0))
+
+
+def test_gpu_backward_reuses_the_saved_activations_memory(monkeypatch):
+    """The backward's recording reuses the memory of the forward's saved activations
+    (released after their last use in the backward): the tree's pool is smaller than
+    with ``cudagraph_reuse_saved=False`` and the AdamW steps give the same parameters."""
+    off, p_off, lent_off = _train_pool(False, monkeypatch)
+    on, p_on, lent_on = _train_pool(True, monkeypatch)
+    assert lent_off == [] and lent_on and lent_on[0] > 0, (lent_off, lent_on)
+    assert on <= off - 4 * 2**20, (on / 2**20, off / 2**20)
+    for a, b in zip(p_on, p_off):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
 def test_gpu_fallbacks_log_reasons(log_dir):
     """CPU math beside CUDA math is split off (``cudagraph_split`` with its CPU reason)
     and the CUDA piece is recorded; a graph of CPU math alone and a host sync found by

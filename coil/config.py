@@ -64,7 +64,7 @@ class Config:
     #: (codegen/triton/eviction.py): keep it for the next walk, drop it after the last.
     triton_eviction_hints: bool = True
     #: Triton: reductions of at most this many elements per output run persistent (one
-    #: block holds the whole row); longer ones loop over the row. 2048 since session 6:
+    #: block holds the whole row); longer ones loop over the row. 2048 after an H200 A/B:
     #: on an H200, 32768x4096 fp32 layer_norm / rms_norm / softmax took 262 / 263 /
     #: 261 µs persistent and 252 / 253 / 251 µs looped with one row per program and 16
     #: warps (a 4096 block, i.e. one trip, is among the looped candidates).
@@ -108,13 +108,13 @@ class Config:
     #: inputs, their outputs and the pointwise buffers computed from them are laid out
     #: (N, H, W, C) in memory, so cuDNN needs no NCHW<->NHWC transposes; in training the
     #: saved activations stay NHWC and the backward is compiled for that (see
-    #: ir/graph.py, docs/ir.md). On by default since session 5's A/B on an H200
+    #: ir/graph.py, docs/ir.md). On by default since an A/B on an H200
     #: (BENCHMARKS.md): ResNet-50 bf16 inference 3.03 -> 2.64 ms per step; cuDNN's host
     #: time per 3x3 bf16 convolution is 15 µs channels-last against 28 µs NCHW.
     conv_channels_last: bool = True
     #: ``conv_channels_last`` in training graphs too (the forward and backward of a
-    #: graph that requires grad). Off by default: a paired A/B on an H200 (BENCHMARKS.md,
-    #: session 5) gave ResNet-50's training step 29.5 ms channels-last vs 27.2 ms NCHW.
+    #: graph that requires grad). Off by default: a paired A/B on an H200 (BENCHMARKS.md)
+    #: gave ResNet-50's training step 29.5 ms channels-last vs 27.2 ms NCHW.
     conv_channels_last_training: bool = False
     #: With ``conv_channels_last``: a convolution weight that is a graph input (a
     #: module's parameter) is copied channels-last by a generated kernel (True) or

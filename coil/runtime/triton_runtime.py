@@ -210,7 +210,7 @@ def candidate_configs(numel: int, rnumel: int, persistent: bool, gpu: bool,
             add(dict(XBLOCK=min(xb, xcap), RBLOCK=min(rb, rcap), num_warps=nw))
         return out[:4]
     # one row per program with 16-32 warps: an H200 sweep (benchmarks/gpu_sweep.py,
-    # BENCHMARKS.md session 6) timed 8192x32768 softmax 548 µs at (1, 2048, 32) against
+    # BENCHMARKS.md) timed 8192x32768 softmax 548 µs at (1, 2048, 32) against
     # 746 µs at the earlier best (1, 2048, 8), and 32768x4096 layer_norm 251 µs at
     # (1, 4096, 16) against 262 µs; blocks of several short rows were slower on all rows
     looped = ((1, 2048, 16), (1, 4096, 16), (1, 2048, 32), (1, 1024, 8))
@@ -316,7 +316,7 @@ def time_launches(launch: Callable[[], object], budget_ms: float = 2.0, rounds: 
     Timing single launches between CUDA events (``triton.testing.do_bench``) measures
     the host's launch latency instead of the kernel whenever the kernel is shorter than
     it: autotuning a 3 µs kernel through Triton's JIT launcher read 16-38 µs per config
-    on an H200 and chose by noise (BENCHMARKS.md, session 6). In the graph the kernels
+    on an H200 and chose by noise (BENCHMARKS.md). In the graph the kernels
     run back to back, L2-warm as in a model where the producer has just written the
     input. Falls back to ``do_bench`` when capture fails (e.g. a kernel that syncs)."""
     import torch

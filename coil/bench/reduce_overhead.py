@@ -380,13 +380,13 @@ def _prepare(run: Run, built: Built, device: torch.device, warmup: int,
              eager: Optional[Run]) -> list:
     """Compile ``run``'s copy, time and check its first call and its last warm-up call,
     measure its steady-state memory; fills its row. Returns both calls' outputs."""
+    module = copy.deepcopy(built.module)
     base = None
     if device.type == "cuda":
         gc.collect()
         torch.cuda.synchronize(device)
         torch.cuda.empty_cache()
         base = torch.cuda.memory_reserved(device)
-    module = copy.deepcopy(built.module)
     fn = module if run.compiler == "eager" else COMPILERS[run.compiler](module, built.dynamic)
     run.step = built.step_for(fn, module, MARK_STEP.get(run.compiler, lambda: None))
 

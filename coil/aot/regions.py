@@ -9,7 +9,7 @@ distinct region is compiled once by ``aot_compile`` with the caller's compilers 
 forward/backward graphs, kernels and ``autograd.Function``) and called per use; the ops
 between calls are *segments*, compiled as graphs of their own (equal ones once).
 Gradients flow between steps through autograd. Graphs it cannot cut (grad-mode or
-autocast changes, symbolic sizes) and pieces that fail compile whole with the regions
+autocast changes) and pieces that fail compile whole with the regions
 inlined (event ``region_inlined``). docs/hops.md, "Regional compilation", has more.
 """
 from __future__ import annotations
@@ -31,15 +31,13 @@ def invoke_region(subgraph: torch.fx.GraphModule, identifier: str, *operands):
     return subgraph(*operands)
 
 
-def _region_targets() -> tuple:
-    # torch's own capture emits invoke_subgraph with the same (subgraph, identifier, *operands)
-    return (invoke_region, torch.ops.higher_order.invoke_subgraph)
+# torch's own capture emits invoke_subgraph with the same (subgraph, identifier, *operands)
+_TARGETS = (invoke_region, torch.ops.higher_order.invoke_subgraph)
 
 
 def region_calls(gm: torch.fx.GraphModule) -> list:
     """The region call nodes of ``gm`` (empty when it has none)."""
-    targets = _region_targets()
-    return [n for n in gm.graph.nodes if n.op == "call_function" and n.target in targets]
+    return [n for n in gm.graph.nodes if n.op == "call_function" and n.target in _TARGETS]
 
 
 _MODE_CHANGES = {torch._C._set_grad_enabled, torch.amp.autocast_mode._enter_autocast,
@@ -50,10 +48,6 @@ def _why_not_split(gm: torch.fx.GraphModule, calls: list):
     for n in gm.graph.nodes:
         if n.op == "call_function" and n.target in _MODE_CHANGES:
             return f"the graph changes grad mode or autocast ({n.name}): one graph keeps it"
-        v = n.meta.get("example_value", n.meta.get("val"))
-        symbolic = isinstance(v, torch.Tensor) and any(not isinstance(s, int) for s in v.shape)
-        if symbolic or n.op == "placeholder" and not isinstance(v, (torch.Tensor, type(None))):
-            return f"dynamic shapes or non-tensor inputs ({n.name}): not split"
     for c in calls:
         if any(u.op != "call_function" or u.target is not operator.getitem for u in c.users):
             return f"{c.name}'s result is used other than by indexing"
@@ -67,7 +61,7 @@ def inline_regions(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     env: dict = {}
     attrs: dict = {}
     for n in gm.graph.nodes:
-        if n.op == "call_function" and n.target in _region_targets():
+        if n.op == "call_function" and n.target in _TARGETS:
             env[n] = _inline(g, getattr(gm, n.args[0].target), [env[a] for a in n.args[2:]], attrs)
         elif n.op == "call_function" and n.target is operator.getitem and \
                 isinstance(env.get(n.args[0]), tuple):
@@ -124,8 +118,7 @@ def _fake(mode: FakeTensorMode, v, requires_grad: Optional[bool] = None):
     (as ``from_tensor`` makes it)."""
     if not isinstance(v, torch.Tensor):
         return v
-    if requires_grad is None:
-        requires_grad = v.requires_grad
+    requires_grad = v.requires_grad if requires_grad is None else requires_grad
     with mode:
         t = torch.empty_strided(tuple(v.shape), tuple(v.stride()), dtype=v.dtype, device=v.device)
         if requires_grad:
@@ -138,7 +131,7 @@ def _fake(mode: FakeTensorMode, v, requires_grad: Optional[bool] = None):
 
 def _meta_key(v) -> tuple:
     if isinstance(v, torch.Tensor):
-        return (tuple(v.shape), v.stride(), v.dtype, str(v.device))
+        return (str(tuple(v.shape)), str(v.stride()), v.dtype, str(v.device))
     return (type(v).__name__, repr(v))
 
 
@@ -173,11 +166,16 @@ def _segment(gm: torch.fx.GraphModule, nodes: list):
 
 
 def _compile_split(gm: torch.fx.GraphModule, example_inputs: list, compile_piece: Callable):
+    from coil.aot.functional import fake_mode_of, is_symbolic
     from coil.capture.variables.hops import _region_key  # the same notion of equal graphs
 
     nodes = list(gm.graph.nodes)
     placeholders = [n for n in nodes if n.op == "placeholder"]
-    mode = FakeTensorMode(allow_non_fake_inputs=False)
+    metas = [p.meta.get("example_value", p.meta.get("val")) for p in placeholders]
+    if is_symbolic(metas):   # symbolic sizes: every piece traced on capture's ShapeEnv
+        mode, example_inputs = fake_mode_of(metas), metas
+    else:
+        mode = FakeTensorMode(allow_non_fake_inputs=False)
     value = {p: _fake(mode, x) for p, x in zip(placeholders, example_inputs)}
 
     def val(n):
@@ -199,7 +197,7 @@ def _compile_split(gm: torch.fx.GraphModule, example_inputs: list, compile_piece
 
     def flush():
         body = [n for n in run if n.op != "get_attr" or
-                not all(u.target in _region_targets() for u in n.users)]
+                not all(u.target in _TARGETS for u in n.users)]
         run.clear()
         if body:
             piece, ins, outs = _segment(gm, body)
@@ -209,15 +207,17 @@ def _compile_split(gm: torch.fx.GraphModule, example_inputs: list, compile_piece
             add_step(key, "segment", piece, ins, dict(enumerate(outs)), fakes)
 
     for n in nodes[:-1]:
-        if n.op == "call_function" and n.target in _region_targets():
+        if n.op == "call_function" and n.target in _TARGETS:
             flush()
             fakes = [val(a) for a in n.args[2:]]
             key = ("region", n.args[0].target, tuple(_meta_key(f) for f in fakes))
             fakes = [_fake(mode, f, rg) for f, rg in zip(fakes, need[key])]
-            add_step(key, n.args[0].target, getattr(gm, n.args[0].target), list(n.args[2:]),
-                     {u.args[1]: u for u in n.users}, fakes)
+            sub = getattr(gm, n.args[0].target)
+            for p, f in zip([q for q in sub.graph.nodes if q.op == "placeholder"], fakes):
+                p.meta["example_value"] = f   # what aot_compile traces a symbolic graph with
+            add_step(key, n.args[0].target, sub, list(n.args[2:]), {u.args[1]: u for u in n.users}, fakes)
         elif n.op != "placeholder" and not (n.target is operator.getitem and getattr(
-                n.args[0], "target", None) in _region_targets()):
+                n.args[0], "target", None) in _TARGETS):
             run.append(n)   # (a region's getitem is bound by its step)
     flush()
     _log_split(steps, compiled)

@@ -93,7 +93,7 @@ def _builders() -> dict[str, Callable]:
 #: architecture name -> ``build(device, size)`` returning a BuiltModel, in table order
 ARCHS: dict[str, Callable] = _builders()
 #: a few tiny architectures cheap enough for CI (tests/models/test_hf_archs.py)
-FAST = ("gpt_neo", "hf_resnet", "pegasus")
+FAST = ("gpt_neo", "hf_resnet")
 
 
 @dataclasses.dataclass
@@ -261,14 +261,15 @@ def _short(verdict: str) -> str:
 
 
 def markdown(rows: list[ArchResult]) -> str:
-    """The results as a markdown table (graphs as ``inference/training``), followed by
-    the notes of rows that did not pass."""
+    """The results as a markdown table (graphs and coil's graph breaks as
+    ``inference/training``), followed by the notes of rows that did not pass."""
     lines = ["| architecture | inference | training | coil graphs | torch.compile graphs "
-             "| fallbacks | s |", "|---|---|---|---|---|---|---|"]
+             "| coil breaks | fallbacks | s | config |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r.arch} | {_short(r.infer)} | {_short(r.train)} | "
-                     f"{_pair(r.coil_graphs)} | {_pair(r.torch_graphs)} | {r.fallbacks} | "
-                     f"{r.seconds:.0f} |")
+                     f"{_pair(r.coil_graphs)} | {_pair(r.torch_graphs)} | {_pair(r.coil_breaks)} | "
+                     f"{r.fallbacks} | "
+                     f"{r.seconds:.0f} | {r.config} |")
     ok = sum(r.ok for r in rows)
     lines.append(f"\n{ok}/{len(rows)} architectures match eager in inference and training "
                  "with no more graphs than torch.compile.")

@@ -10,8 +10,8 @@ from coil.bench import hf_archs  # noqa: E402
 from coil.bench.compilers import Counts  # noqa: E402
 
 
-def _check(name):
-    row = hf_archs.check_arch(name)
+def _check(name, torch_counts=True):
+    row = hf_archs.check_arch(name, torch_counts=torch_counts)
     assert row.infer == "pass", row.infer
     assert row.train == "pass", row.train
     assert not row.extra_graphs, (row.coil_graphs, row.torch_graphs)
@@ -21,7 +21,9 @@ def _check(name):
 
 @pytest.mark.parametrize("name", hf_archs.FAST)
 def test_tiny_arch_matches_eager_in_one_graph(name):
-    row = _check(name)
+    """CI: no torch.compile run (it makes one graph for both calls of these, as the slow
+    test checks)."""
+    row = _check(name, torch_counts=False)
     assert row.coil_graphs == (1, 1) and row.coil_breaks == (0, 0)
 
 

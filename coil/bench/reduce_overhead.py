@@ -532,7 +532,7 @@ def _cells(r: dict) -> list[str]:
     return [r["workload"], LABELS.get(r["compiler"], r["compiler"]), r["status"],
             fmt(r.get("ms"), ".3f"), fmt(r.get("speedup"), ".2f"), fmt(r.get("vs_torch"), ".2f"),
             fmt(r.get("compile_s"), ".1f"), fmt(r.get("peak_gb"), ".3f"),
-            (r.get("error") or r.get("note") or "")[:160]]
+            (r.get("error") or r.get("note") or "")[:240]]
 
 
 def _configs(result: dict) -> list[str]:

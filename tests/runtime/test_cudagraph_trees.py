@@ -501,9 +501,10 @@ def test_retain_graph_runs_the_reusing_backward_ungraphed(fake_cuda, log_dir):
 
 
 def test_no_recording_while_reused_saved_values_wait_for_their_backward(fake_cuda, log_dir):
-    """Once a backward's recording reused a forward's saved memory, a new recording
-    made while that forward's saved values wait may overlap them: it runs un-graphed
-    until the backward has run, and is recorded afterwards."""
+    """Once a backward's recording reused a forward's saved memory, a recording made
+    after that may overlap it: while the forward's saved values wait for their backward,
+    a new recording is not made and a node recorded since does not replay (both run
+    un-graphed); once the backward has run they record and replay."""
     cm = coil.compile(_mlp(), mode="reduce-overhead")
     g = coil.compile(lambda y: (y * 3).sin(), mode="reduce-overhead")
     for _ in range(3):
@@ -518,3 +519,11 @@ def test_no_recording_while_reused_saved_values_wait_for_their_backward(fake_cud
     loss.backward()
     torch.testing.assert_close(g(y), (y * 3).sin())
     assert fake_cuda.nodes == 3
+    # recorded after the release, it does not replay while the saved values wait either
+    loss = cm(torch.randn(4, 8)).square().mean()
+    replays = fake_cuda.replays
+    torch.testing.assert_close(g(y), (y * 3).sin())
+    assert fake_cuda.replays == replays
+    loss.backward()
+    torch.testing.assert_close(g(y), (y * 3).sin())
+    assert fake_cuda.replays == replays + 2  # the backward and g

@@ -520,7 +520,7 @@ def test_no_recording_while_reused_saved_values_wait_for_their_backward(fake_cud
     torch.testing.assert_close(g(y), (y * 3).sin())
     assert fake_cuda.nodes == 3
     # a node recorded since the release does not replay while the saved values wait
-    (fw, since), = fake_cuda.released.items()
+    (_, since), = fake_cuda.released.items()
     loss = cm(torch.randn(4, 8)).square().mean()
     later, earlier = (types.SimpleNamespace(index=i, consumes={}) for i in (since, since - 1))
     assert "wait for their backward" in fake_cuda._overlaps_pending_saved(later)

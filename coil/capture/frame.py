@@ -38,7 +38,7 @@ from coil.capture.resume import label as _label
 from coil.capture.resume import make_call_stub, make_resume_function
 from coil.capture.source import ClosureSource, LocalSource
 from coil.capture.translator import InstructionTranslator, RestartAnalysis, instructions_of
-from coil.capture.variables.base import NullVariable
+from coil.capture.variables.base import ConstantVariable, NullVariable
 from coil.capture.variables.builder import wrap
 from coil.capture.variables.tensor import UserCodeError
 
@@ -622,6 +622,18 @@ def _build_entry(tx, output: OutputGraph, cfg: CaptureConfig, fn, code, argnames
                 while start > 0 and tx.instructions[start - 1].opname in ("PRECALL", "KW_NAMES"):
                     start -= 1
                 plan = plan + (full_stack, start, index)
+        elif not in_block and (getter := _property_getter(tx, inst)) is not None:
+            # the getter of a property broke: call it from a stub (captured on its own
+            # frame) and resume captured after the attribute load, as for a call
+            obj = tx.pop()
+            if name == "LOAD_METHOD" or (name == "LOAD_ATTR" and sys.version_info >= (3, 12)
+                                         and inst.arg & 1):
+                tx.push(NullVariable())        # a method-style load pushes NULL, value
+            plan = ("call", index + 1, ConstantVariable(getter), [obj], {}, None, False,
+                    _line_of(inst))
+            trace.log("break_plan", stage="capture", frame=_label(code), offset=inst.offset,
+                      plan=f"property getter {getter.__qualname__} called from the entry; "
+                           "the frame resumes captured after the attribute load")
         elif name.startswith("POP_JUMP") and "NONE" not in name:
             cond = tx.pop()
             jump_if_true = "TRUE" in name
@@ -762,6 +774,21 @@ def _balance_grad_mode(output: OutputGraph) -> bool:
     if output.final_grad != output.initial_grad:
         graph.create_node("call_function", setter, (output.initial_grad,), {})
     return False
+
+
+def _property_getter(tx, inst) -> Optional[types.FunctionType]:
+    """The Python getter of the property that ``inst`` (an attribute load) reads from
+    the object on top of the stack, or None."""
+    if inst.opname not in ("LOAD_ATTR", "LOAD_METHOD") or not tx.stack:
+        return None
+    obj = tx.stack[-1]
+    cls = getattr(obj, "cls", None) or type(getattr(obj, "value", None))
+    if not isinstance(cls, type) or cls.__getattribute__ is not object.__getattribute__:
+        return None
+    attr = inspect.getattr_static(cls, inst.argval, None)
+    if isinstance(attr, property) and isinstance(attr.fget, types.FunctionType):
+        return attr.fget
+    return None
 
 
 def _emit_break(cg: EntryCodegen, tx, plan, fn, code, cfg, live_locals: dict) -> None:

@@ -388,8 +388,9 @@ def _documented_numerics(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype, r
     """Elements where compiled ``a`` differs from eager ``b`` (float64 copies) in one of
     two documented ways: (1) given ``r64`` (the float64 reference of a program using an
     op whose CPU statistics coil computes in float64: layer_norm/var/std/prod, docs/ir.md
-    Numerics), eager is not finite and compiled is within the dtype's tolerance of the
-    reference, or not finite either (overflowed later, in the float32 normalization);
+    Numerics), compiled is within the dtype's tolerance of the reference (eager's float32
+    statistics overflowed: NaN, or 0 from a zero rstd), or both are not finite (coil
+    overflowed later, in the float32 normalization);
     (2) in a program that sums, eager's element is at least 1/64 of the dtype's max (or
     inf) and compiled's is NaN (partial sums +inf and -inf met) or, where eager's is
     finite, inf of the same sign: the partial sums of another valid order overflowed."""
@@ -398,7 +399,7 @@ def _documented_numerics(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype, r
     if isinstance(r64, torch.Tensor) and r64.shape == a.shape:
         at, rt = TOLERANCES.get(dtype, (0.0, 0.0))
         exact = r64.detach().to(dtype).double()
-        ok |= ~b.isfinite() & (~a.isfinite() | exact.isfinite() & torch.isclose(a, exact, rtol=rt, atol=at))
+        ok |= ~b.isfinite() & ~a.isfinite() | exact.isfinite() & torch.isclose(a, exact, rtol=rt, atol=at)
     return ok
 
 

@@ -280,6 +280,9 @@ def markdown(rows: list[ArchResult]) -> str:
         if r.extra_graphs:
             lines.append(f"- {r.arch}: coil graphs {_pair(r.coil_graphs)} > torch.compile's "
                          f"{_pair(r.torch_graphs)}")
+        elif r.coil_graphs != r.torch_graphs and None not in r.torch_graphs:
+            lines.append(f"- {r.arch}: coil graphs {_pair(r.coil_graphs)} < torch.compile's "
+                         f"{_pair(r.torch_graphs)} (look for code left to run eagerly)")
     return "\n".join(lines)
 
 

@@ -11,6 +11,7 @@ import torch
 
 import coil
 from coil import trace
+from coil.config import config
 from coil.runtime.cudagraph_record import FakeRecorder, ungraphable_reason
 from coil.runtime.cudagraph_trees import GraphFunction, Tree
 
@@ -261,7 +262,13 @@ def test_aot_inference_through_the_tree(fake_cuda):
     assert fake_cuda.replays == 3
 
 
-def test_aot_training_through_the_tree(fake_cuda, lockstep):
+@pytest.fixture
+def reuse_saved(monkeypatch):
+    """config.cudagraph_reuse_saved on (off by default: config.py)."""
+    monkeypatch.setattr(config, "cudagraph_reuse_saved", True)
+
+
+def test_aot_training_through_the_tree(fake_cuda, lockstep, reuse_saved):
     import copy
 
     torch.manual_seed(0)
@@ -474,7 +481,7 @@ def test_backward_keeps_the_saved_memory_when_reuse_is_off(fake_cuda, monkeypatc
     assert bw.consumes == {} and len(fw.plan.owned) == len(fw.plan.slots) + 3  # + parameters
 
 
-def test_retain_graph_runs_the_reusing_backward_ungraphed(fake_cuda, log_dir):
+def test_retain_graph_runs_the_reusing_backward_ungraphed(fake_cuda, log_dir, reuse_saved):
     """A backward whose recording reused the saved memory would overwrite values that a
     second backward reads again: a backward with ``retain_graph=True`` runs un-graphed,
     the last one replays."""
@@ -500,7 +507,8 @@ def test_retain_graph_runs_the_reusing_backward_ungraphed(fake_cuda, log_dir):
     assert any("retain_graph" in e["reason"] for e in events(log_dir, "cudagraph_skip"))
 
 
-def test_no_recording_while_reused_saved_values_wait_for_their_backward(fake_cuda, log_dir):
+def test_no_recording_while_reused_saved_values_wait_for_their_backward(fake_cuda, log_dir,
+                                                                     reuse_saved):
     """Once a backward's recording reused a forward's saved memory, a recording made
     after that may overlap it: while the forward's saved values wait for their backward,
     a new recording is not made and a node recorded since does not replay (both run

@@ -204,10 +204,22 @@ LOGICAL = {aten.logical_and: "logical_and", aten.logical_or: "logical_or",
            aten.logical_xor: "logical_xor", aten.logical_not: "logical_not"}
 PREDICATES = {aten.isnan: "isnan", aten.isinf: "isinf", aten.signbit: "signbit"}
 
-for _op, _name in UNARY.items():
-    register_lowering(_op)(pointwise_lowering(_name))
-for _op, _name in BINARY.items():
-    register_lowering(_op)(pointwise_lowering(_name))
+def _integral_lowering(name: str) -> Callable:
+    """A bitwise op: floating-point operands run as the ATen op, which raises eager's
+    error (``float ^ 2.5``: a Triton kernel of it does not compile for a GPU, and an
+    empty one raised nothing)."""
+    lower = pointwise_lowering(name)
+
+    def f(*args):
+        if out_dtype().is_floating_point:
+            raise FallbackToExtern
+        return lower(*args)
+    return f
+
+
+_BITWISE = {"bitwise_not", "bitwise_and", "bitwise_or", "bitwise_xor", "left_shift", "right_shift"}
+for _op, _name in [*UNARY.items(), *BINARY.items()]:
+    register_lowering(_op)((_integral_lowering if _name in _BITWISE else pointwise_lowering)(_name))
 for _op, _name in COMPARE.items():
     register_lowering(_op)(pointwise_lowering(_name, "compare"))
 for _op, _name in LOGICAL.items():

@@ -231,3 +231,18 @@ def test_bf16_subnormal_loads(backend):
     # 4.41e-39 (interpreter-only: a GPU shifts the 16 bits up, which coil's patch does)
     _ok(_reciprocal, lambda: [torch.tensor([1.0, 4.04e-39, -1e-40, 9.2e-41], dtype=torch.bfloat16)],
         backend)
+
+
+# -- bitwise ops of floats raise as in eager ---------------------------------------
+
+def _xor_float(a):
+    return (a ^ 2.5,)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("make", [lambda: [torch.empty(0)], lambda: [torch.ones(2)]], ids=["empty", "two"])
+def test_bitwise_op_of_floats_raises(make, backend):
+    # s32 #2487: the lowering emitted float ^ 2.5 (an empty tensor raised nothing; a
+    # Triton kernel of it does not compile for a GPU, s31 #20); eager raises
+    r = check(_xor_float, make, backend)
+    assert r.outcome == "both_raise", f"{r.outcome} {r.kind}: {r.detail}"

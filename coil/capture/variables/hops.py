@@ -610,6 +610,15 @@ def call_scan(tx, args: list, kwargs: dict) -> VariableTracker:
                             f"{_meta_text(x.fake)} and leaves with {_meta_text(y)}",
                             location=location)
     grad = _needs_grad([t.node for t in init] + [x.node for x in lead] + body.lifted)
+    ret = body.graph.output_node()
+    outs, cloned = list(ret.args[0]), []
+    for i, r in enumerate(outs[:n_carry] if grad else []):
+        if len(r.users) > 1 or outs.count(r) > 1:   # torch's scan autograd refuses a carry
+            cloned.append(i)
+            with body.graph.inserting_before(ret):  # the body reads too: "might be aliasing"
+                outs[i] = body.graph.call_function(torch.clone, (r,))
+            outs[i].meta["example_value"] = r.meta["example_value"]
+    ret.args = (tuple(outs),)
     out = tx.output
     index = out.hop_count = getattr(out, "hop_count", -1) + 1
     name = _register(out, "scan_combine", body.graph, index)
@@ -625,6 +634,7 @@ def call_scan(tx, args: list, kwargs: dict) -> VariableTracker:
     ys = [op(torch.movedim, y, ConstantVariable(0), ConstantVariable(d))
           if d and d < y.fake.dim() else y for y in ys]
     trace.log("hop", stage="capture", op="scan", subgraphs=[name], length=int(length),
+              cloned_carries=cloned,   # read by the body too: saved values would alias them
               lifted=[x.meta.get("source", x.name) for x in body.lifted],
               where=str(location).splitlines()[0])
     return TupleVariable([_unflatten(items[:n_carry], carry_struct), _unflatten(ys, y_struct)])

@@ -246,3 +246,17 @@ def test_bitwise_op_of_floats_raises(make, backend):
     # Triton kernel of it does not compile for a GPU, s31 #20); eager raises
     r = check(_xor_float, make, backend)
     assert r.outcome == "both_raise", f"{r.outcome} {r.kind}: {r.detail}"
+
+
+def _cat_of_subnormal_fill(a, b):
+    # s33 #395: tl.where(m, 1e-40, 0.0): Triton types a Python float below fp32's normal
+    # range as fp64, so the kernel computed in fp64 (and the interpreter's fp64 -> bf16
+    # store gave garbage); the constant is now a tl.full(..., tl.float32)
+    return (torch.cat([torch.full_like(b, 1e-40), a, b], 1),)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_subnormal_fp32_constant(dtype, backend):
+    _ok(_cat_of_subnormal_fill, lambda: [torch.ones(4, 1, dtype=torch.int64), torch.ones(4, 1, dtype=dtype)],
+        backend)

@@ -216,7 +216,8 @@ def test_constant_operands_and_unsigned_pow_compile_for_sm90():
     cases = [(lambda a: [a ** a, torch.sub(a, 2, alpha=-3)], u),
              (lambda a: [torch.argmin(a) ** torch.argmin(a),
                          torch.nn.functional.gelu(torch.zeros_like(a, dtype=torch.float64))], i),
-             (lambda x: [torch.sum((-3.0) ** x, dim=1)], torch.tensor([[1.0, 2.0, -0.5], [0.0, 3.0, 2.5]]))]
+             (lambda x: [torch.sum((-3.0) ** x, dim=1)], torch.tensor([[1.0, 2.0, -0.5], [0.0, 3.0, 2.5]])),
+             (lambda b: [torch.cat([torch.full_like(b, 1e-40), b], 1)], torch.ones(4, 1, dtype=torch.bfloat16))]
     kernels = []
     for fn, a in cases:
         c = compile_fn(fn, a)

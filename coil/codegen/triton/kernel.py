@@ -475,7 +475,12 @@ class TritonKernel(OpsHandler):
         if not dtype.is_floating_point:
             value = _convert(value, dtype)
         dtype = compute_dtype(dtype)
-        return TVal(_lit(value, dtype), dtype, frozenset(), const=value)
+        v = TVal(_lit(value, dtype), dtype, frozenset(), const=value)
+        if dtype == torch.float32 and 0 < abs(value) < 2.0 ** -126:
+            # Triton types a Python float below fp32's normal range as fp64: where(m,
+            # 1e-40, 0.0) became an fp64 value (fuzz s33 #395)
+            return self._tensor(v)
+        return v
 
     def index_expr(self, expr, dtype):
         e = simplify_index(sympy.sympify(expr), {XINDEX: self.plan.numel, RINDEX: self.plan.rnumel})

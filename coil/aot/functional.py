@@ -39,7 +39,7 @@ import torch
 import torch.fx
 import torch.fx.traceback as fx_traceback
 import torch.utils._pytree as pytree
-from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, disable_fake_tensor_cache
 from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.multiprocessing.reductions import StorageWeakRef
@@ -527,6 +527,7 @@ def _make_fx(fn: Callable, args: list, decompositions: dict, fake_mode: FakeTens
     with fake_mode, without_cudnn_choices(), fx_traceback.preserve_node_meta():
         gm = make_fx(_with_item_memos(fn, args), decomposition_table=decompositions,
                      tracing_mode=mode)(*args)
+    _cudnn_layouts(gm, fake_mode)
     env = fake_mode.shape_env
     if env is not None and any(env.deferred_runtime_asserts.values()):
         _insert_runtime_asserts(gm, env)
@@ -635,6 +636,34 @@ def without_cudnn_choices():
     eager CUDA work in *other* threads during a trace runs without cuDNN (correct
     values, slower kernels) until the trace ends."""
     return _cudnn_enabled(False)
+
+
+_CUDNN_LAYOUT_DEVICES = ("cuda",)  # convolution layouts follow the cuDNN flag (tests add "cpu")
+
+
+def _cudnn_layouts(gm: torch.fx.GraphModule, fake_mode: FakeTensorMode) -> None:
+    """``gm``'s fake values again with the user's cuDNN flag, where ``gm`` (traced by
+    :func:`without_cudnn_choices`) has a ``_CUDNN_LAYOUT_DEVICES`` convolution: with cuDNN
+    off its fake output is NCHW, where eager's cuDNN keeps a channels-last input's layout,
+    and graph outputs take fake strides (a channels-last CNN's output came back NCHW).
+    Uncached (the cache key lacks the flag); skipped for data-dependent sizes; logged."""
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+    nodes, meta = list(gm.graph.nodes), torch.device("meta")
+    if not torch._C._get_cudnn_enabled() or not any(
+            n.target in (aten.convolution.default, aten.convolution_backward.default) and getattr(
+                n.args[0].meta.get("val"), "device", meta).type in _CUDNN_LAYOUT_DEVICES for n in nodes):
+        return
+    if any(n.op == "get_attr" and "val" not in n.meta or free_unbacked_symbols(n.meta.get("val")) for n in nodes):
+        return trace.log("aot_cudnn_layouts", stage="aot", redone=False, reason="unbacked sizes or get_attr")
+    new, changed = {}, 0
+    with fake_mode, torch.no_grad(), disable_fake_tensor_cache(fake_mode):
+        for n in nodes:
+            old = new[n] = n.meta.get("val")
+            if n.op == "call_function":
+                new[n] = n.meta["val"] = n.target(*torch.fx.map_arg(n.args, new.get),
+                                                  **torch.fx.map_arg(n.kwargs, new.get))
+                changed += isinstance(old, torch.Tensor) and old.stride() != new[n].stride()
+    trace.log("aot_cudnn_layouts", stage="aot", redone=True, restrided=changed, reason="cuDNN off in tracing")
 
 
 _cudnn_lock = threading.Lock()

@@ -251,3 +251,27 @@ def test_conv_net_inference_cuda_bf16(log, layout):
     assert_like_eager(out, ref, atol=5e-2, rtol=5e-2)
     assert events(log, "max_pool_lowered") and events(log, "conv_bias_epilogue")
     assert len(events(log, "conv_matvec")) == 3
+
+
+def test_conv_layouts_traced_with_cudnn_flag(log, monkeypatch):
+    """Graph outputs take eager's strides where tracing (cuDNN off, for batch_norm's
+    choice) gave a convolution other strides. On CUDA a convolution's fake output with cuDNN
+    off is NCHW (ATen's non-cuDNN CUDA backends), with it on channels-last for a
+    channels-last input, as eager returns it: the H200's channels-last CNN output came
+    back NCHW. Emulated on CPU: the fake memory-format choice returns NCHW while cuDNN is
+    off, and the device check counts CPU as a cuDNN device."""
+    import coil.aot.functional as AF
+    choose = torch._C._conv_determine_backend_memory_format
+
+    def like_cuda(*a):
+        return choose(*a) if torch._C._get_cudnn_enabled() else torch.contiguous_format
+    monkeypatch.setattr(torch._C, "_conv_determine_backend_memory_format", like_cuda)
+    monkeypatch.setattr(AF, "_CUDNN_LAYOUT_DEVICES", ("cuda", "cpu"))
+    w = torch.randn(4, 3, 3, 3)
+    x = torch.randn(1, 3, 6, 6).to(memory_format=torch.channels_last)
+
+    def f(x):
+        return F.conv2d(x, w, padding=1) + 1
+    out = compiled(f, "cpp")(x)
+    assert_like_eager(out, f(x), atol=1e-5, rtol=1e-5)
+    assert [e["restrided"] > 0 for e in events(log, "aot_cudnn_layouts")] == [True]

@@ -219,8 +219,8 @@ class _ViewRewrites(TorchDispatchMode):
             out = aten.view.default(src, out.shape)
         root = self.roots.get(src, src)
         strided = func is aten.as_strided.default
-        if (strided and root is not src) or src in self.strided or \
-                (root is not src and _overlaps(src) and not _overlaps(out)):
+        if out.dtype == root.dtype and ((strided and root is not src) or src in self.strided or
+                                        (root is not src and _overlaps(src) and not _overlaps(out))):
             out = aten.as_strided.default(root, out.shape, out.stride(), out.storage_offset())
             strided = True
         if strided:

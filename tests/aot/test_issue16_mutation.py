@@ -490,3 +490,10 @@ def test_write_through_view_chains_with_as_strided(fn, capture, backend):
     # functionalization refuses a write through a view chain with as_strided after its
     # first view ("not possible to functionalize"); such views are taken from the root
     check(fn, (torch.arange(6.0),), capture, backend)
+
+
+@pytest.mark.parametrize("capture,backend", CAPTURES)
+def test_dtype_view_of_an_as_strided_view(capture, backend):
+    # fuzz seed 24 #2756: the view rewrites took it from the root with as_strided (fp16)
+    check(lambda b: b.as_strided((1,), (1,), 1).view(torch.bfloat16),
+          (torch.tensor([1.0, 2.0], dtype=torch.float16),), capture, backend)

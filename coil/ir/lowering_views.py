@@ -454,8 +454,9 @@ def _slice_scatter(x, src, dim=0, start=None, end=None, step=1):
     cdt = compute_dtype(odt)
     dim = dim % len(size)
     n = int(size[dim])
-    start = 0 if start is None else (start + n if start < 0 else start)
-    end = n if end is None else (end + n if end < 0 else min(end, n))
+    # eager's clamp into [0, n]: a[-4:] of 3 elements starts at 0, not -1
+    start = 0 if start is None else max(min(start + n if start < 0 else start, n), 0)
+    end = n if end is None else max(min(end + n if end < 0 else end, n), 0)
     lx, ls = loader_as(x, size, cdt), loader_as(src, src.get_size(), cdt)
 
     def inner(index):

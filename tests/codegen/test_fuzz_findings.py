@@ -180,3 +180,25 @@ def test_float_to_int_casts_of_special_values(src, dst):
         b[:2] = torch.nan  # a NaN the compiler knows
         return a.to(dst), b.to(dst)
     _ok(fn, lambda: [vals.to(src).repeat(8)], "cpp")
+
+
+# -- a write through a slice whose negative start is past the beginning ------------
+
+def _masked_write_into_short_slice(a):
+    v = a[..., -4:]  # 2 elements: eager clamps the start to 0
+    v[v > 0] = 1.0
+    return (v,)
+
+
+def _add_into_short_slice(a):
+    a[-4:].add_(1)
+    return (a,)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("fn", [_masked_write_into_short_slice, _add_into_short_slice])
+def test_write_into_slice_with_start_before_the_first_element(fn, backend):
+    """slice_scatter of ``a[-4:]`` with ``a`` of 2-3 elements: the start was -1, not 0,
+    so the write landed one element late and the first read garbage (fuzz seed 33 #1082)."""
+    _ok(fn, lambda: [torch.tensor([0.5, -0.25])], backend)
+    _ok(fn, lambda: [torch.tensor([-0.75, 1.5, 0.125])], backend)

@@ -141,7 +141,16 @@ def hint(e) -> int:
     e = sympy.sympify(e)
     if hasattr(env, "optimization_hint"):  # torch >= 2.12 (a non-guarding hint)
         return int(env.optimization_hint(e))
-    return int(env.size_hint(e))
+    h = env.size_hint(e, allow_none=True)  # torch 2.11: None when unbacked symbols remain
+    if h is None:  # backed symbols take their values, unbacked ones a fixed guess
+        e = e.xreplace(env.replacements).xreplace(env.var_to_val)
+        h = e.xreplace({s: _UNBACKED_GUESS for s in e.free_symbols})
+    return int(h)
+
+
+#: An unbacked size's value for heuristics only (torch >= 2.12's optimization_hint uses
+#: torch's own fallback); never for a decision that values depend on.
+_UNBACKED_GUESS = 8192
 
 
 def guard_true(cond) -> bool:

@@ -53,10 +53,9 @@ BATCH = {"full": 4, "small": 2}
 def _coil(dynamic):
     def make(m):
         import coil
-        from coil.config import config
-        if dynamic is False:  # one entry per length: ten lengths pass the default limit of 8
-            config.recompile_limit = max(config.recompile_limit, 2 * len(LENGTHS["full"]))
-        return coil.compile(m, dynamic=dynamic)
+        # coil-static: one entry per length, and ten lengths pass the default limit of 8
+        opts = {"recompile_limit": 2 * len(LENGTHS["full"])} if dynamic is False else None
+        return coil.compile(m, dynamic=dynamic, options=opts)
     return make
 
 

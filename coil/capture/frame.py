@@ -129,6 +129,9 @@ class CaptureConfig:
         self.scalar_outputs = bool(opts.get("capture_scalar_outputs", cfg.capture_scalar_outputs))
         self.dynamic_output_shapes = bool(opts.get("capture_dynamic_output_shape_ops",
                                                    cfg.capture_dynamic_output_shape_ops))
+        #: entries per code object before it runs eagerly, when ``options`` set it
+        #: (else coil.config's at the time of the miss)
+        self.recompile_limit = opts.get("recompile_limit")
 
 
 class CacheEntry:
@@ -376,10 +379,11 @@ def _miss_entry(fn, code, cfg, bound):
     if hit is not None:
         return hit
     mine = [e for e in cache.entries if e.config is cfg]
-    if len(mine) >= _config.config.recompile_limit:
+    limit = cfg.recompile_limit if cfg.recompile_limit is not None else _config.config.recompile_limit
+    if len(mine) >= limit:
         fails = mine[-1].guards.failures(mine[-1].argnames, tuple(bound) + (fn,), limit=4)
         last = fails[0]["text"] if fails else "unknown"
-        cache.eager_reason = (f"recompile limit ({_config.config.recompile_limit}) reached for "
+        cache.eager_reason = (f"recompile limit ({limit}) reached for "
                               f"{code.co_name} ({code.co_filename}:{code.co_firstlineno})")
         stats["eager_limit"] += 1
         trace.log("recompile_limit", stage="capture", frame=_label(code), reason=cache.eager_reason,

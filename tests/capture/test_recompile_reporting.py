@@ -6,6 +6,7 @@ import json
 import os
 import warnings
 
+import pytest
 import torch
 
 import coil
@@ -98,3 +99,17 @@ def test_module_frame_source_artifact_is_its_forward(tmp_path):
     records = _records(tmp_path)
     src = [r["text"] for r in records if r.get("name") == "capture_source"]
     assert src and "return x.sin() + 1" in src[0] and "_SinPlusOne.forward" in src[0], src
+
+
+def test_recompile_limit_from_compile_options():
+    """``options={"recompile_limit": n}`` applies to that compile's frames: capture read
+    only the global coil.config, so the option was silently ignored (eager after 8)."""
+    f = coil.compile(lambda x: x * 2, dynamic=False, options={"recompile_limit": 12})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the limit's warning would raise here
+        for n in range(2, 13):
+            torch.testing.assert_close(f(torch.ones(n)), torch.ones(n) * 2)
+    g = coil.compile(lambda x: x * 3, dynamic=False, options={"recompile_limit": 2})
+    g(torch.ones(2)), g(torch.ones(3))
+    with pytest.warns(UserWarning, match=r"recompile limit \(2\)"):
+        g(torch.ones(4))

@@ -17,13 +17,6 @@ import coil.codegen as cg
 from coil import trace
 
 
-@pytest.fixture(autouse=True)
-def _reset():
-    coil.reset()
-    yield
-    coil.reset()
-
-
 @pytest.fixture
 def graphs(tmp_path, monkeypatch):
     """The ATen graphs the run compiles (their text), and a count of backend compiles."""

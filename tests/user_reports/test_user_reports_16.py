@@ -36,18 +36,7 @@ from report_helpers import arg_copies
 transformers = pytest.importorskip("transformers")
 
 
-@pytest.fixture(autouse=True)
-def _reset():
-    coil.reset()
-    yield
-    coil.reset()
-
-
-@pytest.fixture
-def dynamo_reset():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("coil_reset")  # tests/user_reports/conftest.py
 
 
 def _quiet_warnings():

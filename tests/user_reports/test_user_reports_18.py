@@ -32,18 +32,7 @@ from coil.testing import assert_same_as_eager
 from report_helpers import arg_copies
 
 
-@pytest.fixture(autouse=True)
-def _reset():
-    coil.reset()
-    yield
-    coil.reset()
-
-
-@pytest.fixture
-def dynamo_reset():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("coil_reset")  # tests/user_reports/conftest.py
 
 
 @pytest.fixture

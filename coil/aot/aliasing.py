@@ -51,12 +51,24 @@ OUTSIDE_MESSAGE = ("the program writes (through as_strided) to memory of an inpu
                    "the program runs eagerly")
 
 
-class OverlappingWrite(CoilError):
+RESTRIDE_MESSAGE = ("the program restrides an input (as_strided_) over memory of its storage "
+                    "beyond the input's elements: functionalization sees only those, so the "
+                    "program runs eagerly")
+
+
+class RunEagerly(CoilError):
+    """Raised while a program is analysed when its graphs cannot mean what eager does;
+    ``aot_compile`` then runs the program eagerly, every call (event
+    ``aot_overlapping_write_eager`` with the reason): the program reaches memory that
+    functionalization does not model (:data:`RESTRIDE_MESSAGE`)."""
+
+
+class OverlappingWrite(RunEagerly):
     """The program writes in place to memory that several of a tensor's elements share,
-    which eager refuses at that op; ``aot_compile`` then runs the program eagerly, so
-    the call raises eager's error after eager's side effects. Also raised for a write to
-    an expanded input with symbolic sizes (:data:`SYMBOLIC_OVERLAP_MESSAGE`), which eager
-    runs, and for a write outside the inputs' elements (:data:`OUTSIDE_MESSAGE`)."""
+    which eager refuses at that op, so the call raises eager's error after eager's side
+    effects. Also raised for a write to an expanded input with symbolic sizes
+    (:data:`SYMBOLIC_OVERLAP_MESSAGE`), which eager runs, and for a write outside the
+    inputs' elements (:data:`OUTSIDE_MESSAGE`)."""
 
 
 def _overlaps(t: torch.Tensor) -> bool:
@@ -212,7 +224,8 @@ class OverlapGuard(TorchDispatchMode):
     """While a program runs under functionalization (``analyze`` runs every program with
     it), an in-place write raises :class:`OverlappingWrite` when it goes to overlapping
     memory or, into an input's storage, outside the elements of every one of
-    ``inputs`` (the program's arguments, before it runs)."""
+    ``inputs`` (the program's arguments, before it runs); ``as_strided_`` beyond the
+    tensor's functional storage raises :class:`RunEagerly`."""
 
     def __init__(self, inputs=()):
         super().__init__()
@@ -229,6 +242,8 @@ class OverlapGuard(TorchDispatchMode):
         kwargs = kwargs or {}
         if isinstance(func, torch._ops.HigherOrderOperator):
             return func(*args, **kwargs)
+        if func is torch.ops.aten.as_strided_.default and _restrides_beyond(*args, **kwargs):
+            raise RunEagerly(RESTRIDE_MESSAGE)
         written = _written_args(func)
         for k, name in written:
             t = args[k] if k < len(args) else kwargs.get(name)
@@ -262,6 +277,16 @@ def _addresses(t: torch.Tensor) -> tuple:
     for n, st in zip(t.shape, t.stride()):
         addrs = np.add.outer(addrs, np.arange(n, dtype=np.int64) * st)
     return (addrs.ravel() + lo) * size, lo * size, end * size
+
+
+def _restrides_beyond(t, size, stride, storage_offset=None) -> bool:
+    """Whether ``t.as_strided_(size, stride, storage_offset)`` reaches past the end of
+    ``t``'s storage as functionalization sizes it (through ``t``'s last element only)."""
+    offset = t.storage_offset() if storage_offset is None else storage_offset
+    if not _static(size, stride, offset, t.untyped_storage().nbytes()) or 0 in size:
+        return False
+    end = offset + sum((n - 1) * st for n, st in zip(size, stride)) + 1
+    return end * t.dtype.itemsize > t.untyped_storage().nbytes()
 
 
 _WRITTEN: dict = {}

@@ -26,7 +26,7 @@ import torch.fx
 from torch._subclasses.fake_tensor import FakeTensor
 
 from coil import trace
-from coil.aot.aliasing import OverlappingWrite, input_groups
+from coil.aot.aliasing import RunEagerly, input_groups
 from coil.aot.decompositions import get_decompositions
 from coil.aot.cse import cse_graph
 from coil.aot.functional import is_symbolic, analyze, fakeify, trace_inference, trace_joint
@@ -351,8 +351,12 @@ def _compile(fn, example_inputs, fw_compiler, bw_compiler, partition_fn, decompo
             fake_args = groups.fake_args(fake_args, fake_mode)
             example_inputs = fake_args
             info = analyze(fn, fake_args, fake_mode, grad)
-    except OverlappingWrite as e:
-        # eager raises at that op: run the program eagerly, every call
+    except (RunEagerly, RuntimeError) as e:
+        # eager raises at that op, or the program reaches memory the graphs do not model
+        # (functionalization refuses a write through as_strided of a view, e.g. of an
+        # input restrided by unsqueeze_): run the program eagerly, every call
+        if not isinstance(e, RunEagerly) and "as_strided() is non-compositional" not in str(e):
+            raise
         trace.log("aot_overlapping_write_eager", stage="aot", reason=str(e))
         return _eager(user_fn)
     if grad and any(rg and i in info.restrided_inputs

@@ -13,8 +13,8 @@ from typing import Callable, Optional, Sequence
 import sympy
 import torch
 
-from coil.ir.lowering import (_full, broadcast_loader, device, is_box, loader_as, out_dtype,
-                              out_size, register_lowering)
+from coil.ir.lowering import (FallbackToExtern, _full, broadcast_loader, device, is_box, loader_as,
+                              out_dtype, out_size, register_lowering)
 from coil.ir.nodes import (GenericView, Layout, Pointwise, ReinterpretView, StorageBox,
                            TensorBox, current_graph)
 from coil.ir.symbols import (FloorDiv, Mod, as_expr, as_size, contiguous_strides, guard_true, is_static,
@@ -361,6 +361,10 @@ def _as_strided(x, size, stride, storage_offset=None):
         x.data.realize()
         base = strided_base(x)
     buf, layout = base
+    if any(s == 0 for s in buf.layout.size) and not any(s == 0 for s in size):
+        # elements of an empty buffer's storage: an empty tensor's data pointer is null,
+        # so the ATen op makes the view (a tensor kernels can read) at call time
+        raise FallbackToExtern
     # ATen's offset is absolute in the storage; a layout's is relative to the buffer's
     # start, which for a graph input is the input's own storage offset
     off = layout.offset if storage_offset is None else \
@@ -522,11 +526,13 @@ def _index(x, indices):
         from coil.ir.lowering import _fallback_marker
         raise _fallback_marker()
     adjacent = pos == list(range(pos[0], pos[-1] + 1))
-    bshape = list(torch.broadcast_shapes(*[tuple(int(s) for s in indices[d].get_size()) for d in pos]))
-    nb = len(bshape)
-    xl = x.make_loader()
-    loaders = {d: broadcast_loader(indices[d], [as_expr(s) for s in bshape]) for d in pos}
+    # the indices' broadcast shape sits in the output's (static or symbolic) shape:
+    # where the indexed dims were when they are adjacent, else in front
+    nb = max(len(indices[d].get_size()) for d in pos)
     first = pos[0] if adjacent else 0
+    bshape = [as_expr(s) for s in size[first:first + nb]]
+    xl = x.make_loader()
+    loaders = {d: broadcast_loader(indices[d], bshape) for d in pos}
 
     def inner(index):
         bidx = list(index[first:first + nb])

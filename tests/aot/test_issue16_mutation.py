@@ -497,3 +497,39 @@ def test_dtype_view_of_an_as_strided_view(capture, backend):
     # fuzz seed 24 #2756: the view rewrites took it from the root with as_strided (fp16)
     check(lambda b: b.as_strided((1,), (1,), 1).view(torch.bfloat16),
           (torch.tensor([1.0, 2.0], dtype=torch.float16),), capture, backend)
+
+
+def _scatter_into_as_strided_after_unsqueeze_(b, c):  # fuzz seed 24 #2142
+    c.unsqueeze_(0)
+    c.as_strided((1,), (1,), 0).scatter_(0, torch.tensor([0]), b.expand((1,)))
+    return c
+
+
+def _restride_empty_input_to_elements(a):  # fuzz seed 24 #104
+    a.as_strided_((1, 3), (1, 0), 0)
+    return a
+
+
+def _restride_past_the_input(a):
+    a.as_strided_((2,), (1,), 3)
+    return a + 1
+
+
+@pytest.mark.parametrize("capture,backend", CAPTURES)
+@pytest.mark.parametrize("fn,make", [
+    (_scatter_into_as_strided_after_unsqueeze_, lambda: (torch.tensor(1.0), torch.tensor(2.0))),
+    (_restride_empty_input_to_elements, lambda: (torch.tensor([7], dtype=torch.int64)[1:1],)),
+    (_restride_past_the_input, lambda: (torch.arange(5.0)[2:3],)),
+], ids=["unsqueeze_-as_strided-write", "empty-as_strided_", "as_strided_-past-end"])
+def test_as_strided_beyond_what_functionalization_models(fn, make, capture, backend):
+    # functionalization refused both (a write through as_strided of a restrided input;
+    # as_strided_ past the input's last element, its storage as functionalization sizes
+    # it): compile errors where eager runs; such programs now run eagerly
+    check(fn, make(), capture, backend)
+
+
+@pytest.mark.parametrize("capture,backend", CAPTURES)
+def test_as_strided_read_of_an_empty_input(capture, backend):
+    # the kernel read an empty input's storage through its data pointer, which is null
+    # for an empty tensor (SIGSEGV, C++ and Triton); the view is now an extern op
+    check(lambda a: a.as_strided((2,), (1,), 3) * 1, (torch.arange(5.0)[2:2],), capture, backend)

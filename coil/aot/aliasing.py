@@ -25,6 +25,7 @@ that differs runs the program eagerly (event ``aot_input_groups_eager``).
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Callable, Optional
 
 import numpy as np
@@ -59,8 +60,10 @@ RESTRIDE_MESSAGE = ("the program restrides an input (as_strided_) over memory of
 class RunEagerly(CoilError):
     """Raised while a program is analysed when its graphs cannot mean what eager does;
     ``aot_compile`` then runs the program eagerly, every call (event
-    ``aot_overlapping_write_eager`` with the reason): the program reaches memory that
-    functionalization does not model (:data:`RESTRIDE_MESSAGE`)."""
+    ``aot_overlapping_write_eager`` with the reason): eager raises at an op whose error
+    the graphs would lose (a scalar that overflows the dtype, :class:`OverlapGuard`), or
+    the program reaches memory that functionalization does not model
+    (:data:`RESTRIDE_MESSAGE`)."""
 
 
 class OverlappingWrite(RunEagerly):
@@ -225,7 +228,8 @@ class OverlapGuard(TorchDispatchMode):
     it), an in-place write raises :class:`OverlappingWrite` when it goes to overlapping
     memory or, into an input's storage, outside the elements of every one of
     ``inputs`` (the program's arguments, before it runs); ``as_strided_`` beyond the
-    tensor's functional storage raises :class:`RunEagerly`."""
+    tensor's functional storage and an op that eager refuses for an out-of-range scalar
+    (:func:`_scalar_overflows`) raise :class:`RunEagerly`."""
 
     def __init__(self, inputs=()):
         super().__init__()
@@ -244,6 +248,9 @@ class OverlapGuard(TorchDispatchMode):
             return func(*args, **kwargs)
         if func is torch.ops.aten.as_strided_.default and _restrides_beyond(*args, **kwargs):
             raise RunEagerly(RESTRIDE_MESSAGE)
+        if _scalar_overflows(func, args, kwargs):
+            raise RunEagerly(f"eager raises at {func}: a scalar argument does not fit the "
+                             "tensor's dtype (value cannot be converted without overflow)")
         written = _written_args(func)
         for k, name in written:
             t = args[k] if k < len(args) else kwargs.get(name)
@@ -289,6 +296,34 @@ def _restrides_beyond(t, size, stride, storage_offset=None) -> bool:
     return end * t.dtype.itemsize > t.untyped_storage().nbytes()
 
 
+def _scalar_overflows(func, args, kwargs) -> bool:
+    """Whether eager's ``func`` raises "value cannot be converted to type ... without
+    overflow" here: a finite Python number beyond the range of a float16/bfloat16/float32
+    tensor argument, and the op (run on real empty tensors of the same dtypes and dims)
+    converts it to that dtype with eager's range check (``fill_``, ``masked_fill``,
+    ``clamp``, ``full``...; not ``add`` or ``where``, which compute in a wider type).
+    The check fires whatever the tensor's elements, so a traced graph (where
+    ``masked_fill`` became ``where`` of a ``scalar_tensor``, which saturates) would lose it."""
+    leaves = pytree.tree_leaves((args, kwargs))
+    dtypes = [x.dtype for x in leaves if isinstance(x, torch.Tensor)] + \
+        [x for x in leaves if isinstance(x, torch.dtype)]
+    fmax = min((torch.finfo(d).max for d in dtypes if d in _NARROW_FLOATS), default=None)
+    if fmax is None or not any(type(x) in (int, float) and math.isfinite(x) and abs(x) > fmax
+                               for x in leaves):
+        return False
+
+    def empty(x):
+        return torch.empty((0,) * x.dim(), dtype=x.dtype, device=x.device) \
+            if isinstance(x, torch.Tensor) else x
+    with torch.utils._python_dispatch._disable_current_modes():
+        try:
+            func(*pytree.tree_map(empty, args), **pytree.tree_map(empty, kwargs))
+        except RuntimeError as e:
+            return "without overflow" in str(e)
+    return False
+
+
+_NARROW_FLOATS = (torch.float16, torch.bfloat16, torch.float32)
 _WRITTEN: dict = {}
 
 

@@ -202,3 +202,46 @@ def test_write_into_slice_with_start_before_the_first_element(fn, backend):
     so the write landed one element late and the first read garbage (fuzz seed 33 #1082)."""
     _ok(fn, lambda: [torch.tensor([0.5, -0.25])], backend)
     _ok(fn, lambda: [torch.tensor([-0.75, 1.5, 0.125])], backend)
+
+
+# -- scalars that do not fit a float dtype ----------------------------------------------
+
+def _masked_fill_of_empty_view(c):  # fuzz seed 24 #1246
+    c[2:0:3].masked_fill_(torch.mean(c) > 0, 1e30)
+    return ()
+
+
+def _dead_index_fill(a):
+    a.index_fill(0, torch.tensor([0]), 1e30)  # its value unused: eager raises anyway
+    return (a + 1,)
+
+
+def _clamp_bf16(a):
+    return (a.clamp(max=1e39),)
+
+
+def _fill_fp32(a):
+    a.fill_(-1e39)
+    return ()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("fn,make_inputs", [
+    (_masked_fill_of_empty_view, lambda: [torch.tensor([1.0], dtype=torch.float16)]),
+    (_dead_index_fill, lambda: [torch.ones(2, dtype=torch.float16)]),
+    (_clamp_bf16, lambda: [torch.ones(2, dtype=torch.bfloat16)]),
+    (_fill_fp32, lambda: [torch.ones(2)]),
+], ids=["masked_fill_-empty", "index_fill-dead", "clamp-bf16", "fill_-fp32"])
+def test_scalar_overflowing_the_dtype_raises(fn, make_inputs, backend):
+    """Eager checks that the scalar fits the tensor's dtype whatever the elements (none
+    here, or the result unused); the graph had lost the check (``masked_fill`` becomes
+    ``where`` of a saturating ``scalar_tensor``), so such a program now runs eagerly."""
+    r = check(fn, make_inputs, backend)
+    assert r.outcome == "both_raise" and "without overflow" in r.detail, f"{r.outcome}: {r.detail}"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_scalar_beyond_the_dtype_where_eager_accepts_it(backend):
+    """``where`` and arithmetic take such a scalar in a wider type: no error, inf."""
+    _ok(lambda a: (torch.where(a > 1, a, 1e30), a * 1e30, a.masked_fill(a > 1, float("inf"))),
+        lambda: [torch.ones(2, dtype=torch.float16)], backend)

@@ -243,6 +243,24 @@ def test_cat_slice_select_pad_symbolic(backend, monkeypatch):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_advanced_indexing_symbolic(backend, monkeypatch):
+    # aten.index.Tensor with symbolic sizes (it ran as ATen: the broadcast shape of the
+    # indices took int() of each size): GPT-2's mask[:, :, idx] (adjacent indexed dims
+    # stay in place), x[idx, :, jdx] (not adjacent: the broadcast dims go first), a 2-D
+    # index; negative indices wrap
+    def fn(mask, x, idx, jdx, ij):
+        return mask[:, :, idx] * 2, x[idx, :, jdx] + 1, x[ij] - 1
+
+    def make(n):
+        g = torch.Generator().manual_seed(n)
+        return (torch.randn(2, 3, n, n, generator=g), torch.randn(n, 4, n, generator=g),
+                torch.randint(-n, n, (n,), generator=g), torch.randint(-n, n, (n,), generator=g),
+                torch.randint(-n, n, (n, 3), generator=g))
+    c = _check(fn, make, [5, 9, 30], backend, monkeypatch)  # 3, 4: duck-sized with dims
+    assert not c.graphs[0].fallbacks, c.graphs[0].fallbacks
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_codegen_adds_no_size_guards(backend, monkeypatch):
     # a specialization inside coil (int() of a SymInt: _dense_strides_like did it for a
     # training graph's extern inputs) would guard on the size and recompile per size

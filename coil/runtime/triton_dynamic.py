@@ -71,56 +71,30 @@ class DynamicTritonLauncher(TritonLauncher):
         bucket = (max(_pow2(n), MIN_X_BUCKET), _pow2(r))
         run = self._runs.get(bucket)
         if run is None:
-            cfg = dict(self._for_bucket(bucket, args))
-            xb = cfg["XBLOCK"]
-            if self.interpret:
-                cfg.pop("num_warps", None)
-            run = self._first_launch(bucket, cfg, xb)
-            self._runs[bucket] = run
-        return run(n, *args)
+            run = self._runs[bucket] = self._first_launch(bucket, args)
+        return run(*args)
 
-    def _first_launch(self, bucket: tuple, cfg: dict, xb: int):
-        """``run(xnumel, *args)`` for one bucket: through Triton's JIT, which compiles
-        the kernel on its first call (sizes are not specialized, so every bucket with
-        this config shares the binary); on a GPU, later calls launch the compiled
-        kernel directly with the grid of their ``xnumel`` (the JIT's per-call argument
-        binding costs tens of microseconds of host time), re-checking the 16-byte
-        pointer alignment Triton specializes on."""
-        fn, n_ptrs = self.fn, self.n_ptrs
+    def _first_launch(self, bucket: tuple, args: tuple):
+        """``run(*args)`` for one bucket: through Triton's JIT, which compiles the kernel
+        on its first call (``xnumel`` is not specialized, so every bucket with this config
+        shares the binary); on a GPU, later calls launch the compiled kernel directly
+        with the grid of their ``xnumel`` (the JIT's per-call argument binding costs tens
+        of microseconds of host time), while they keep the first call's Triton
+        specialization (pointer alignment, sizes divisible by 16 or equal to 1): a size
+        of another class goes through the JIT, which picks or compiles its binary."""
+        cfg = dict(self._for_bucket(bucket, args))
+        xb, x = cfg["XBLOCK"], self.n_ptrs
+        if self.interpret:
+            cfg.pop("num_warps", None)
 
-        def slow(n, *a):
-            return fn[(-(-n // xb),)](*a, **cfg)
+        def slow(*a):
+            return self.fn[(-(-a[x] // xb),)](*a, **cfg)
 
         if not self.gpu or not config.triton_fast_launch:
             return slow
-        state: dict = {}
 
-        def first(n, *a):
-            try:
-                kernel = slow(n, *a)
-            except Exception as e:  # the GPU compiler rejected the kernel
-                from coil.exc import KernelCompileError
-                raise KernelCompileError(f"Triton kernel {self.name} failed to compile: "
-                                         f"{type(e).__name__}: {str(e)[-1500:]}") from e
-            try:
-                state["fast"] = self._direct(kernel, a, n_ptrs, cfg, slow)
-            except Exception as e:  # noqa: BLE001 - another Triton version: JIT every call
-                trace.log("fast_launch_unavailable", stage="runtime", kernel=self.name, error=str(e))
-                state["fast"] = slow
-            self._runs[bucket] = state["fast"]
+        def first(*a):
+            kernel, self._runs[bucket] = self._launch_first(
+                slow, a, cfg=cfg, grid=(f"-(-a{x} // {xb})", 1), unspecialized=(x,))
             return kernel
         return first
-
-    def _direct(self, kernel, args, n_ptrs: int, cfg: dict, slow):
-        from triton.runtime.driver import driver
-        xb = cfg["XBLOCK"]
-        consts = [xb] + ([cfg["RBLOCK"]] if "RBLOCK" in cfg else [])
-        run, function, packed = kernel.run, kernel.function, kernel.packed_metadata
-        get_stream, device = driver.active.get_current_stream, driver.active.get_current_device()
-        aligned = tuple(t.data_ptr() % 16 == 0 for t in args[:n_ptrs])
-
-        def fast(n, *a):
-            if tuple(t.data_ptr() % 16 == 0 for t in a[:n_ptrs]) != aligned:
-                return slow(n, *a)
-            run(-(-n // xb), 1, 1, get_stream(device), function, packed, None, None, None, *a, *consts)
-        return fast

@@ -268,41 +268,62 @@ def _direct_launch(run):
     return launch, run.launch_cooperative_grid, run.launch_pdl
 
 
-def _specialized_launch(run, arity: int, grid: tuple, consts: list, function, packed,
-                        get_stream, device, slow, pointers_as_ints: bool = False):
-    """Generated ``fast(a0, ..., aN)`` for a kernel whose pointers were all 16-byte
-    aligned on its first call: ``slow`` (the JIT) when any pointer is not, else one
-    launch through :func:`_direct_launch`'s C function or, failing that, ``run``.
+def _specialized_launch(run, first: tuple, grid: tuple, consts: list, function, packed,
+                        get_stream, device, slow, pointers_as_ints: bool = False,
+                        unspecialized: tuple = (), direct: bool = True):
+    """Generated ``fast(a0, ..., aN)`` for a compiled kernel: one launch through
+    :func:`_direct_launch`'s C function (or, failing that or with ``direct`` False,
+    ``run``) while the call keeps the Triton specialization of ``first``, the arguments
+    of the call that compiled it; else ``slow`` (the JIT, which picks or compiles the
+    matching binary).
 
-    ``pointers_as_ints`` (every argument was a CUDA tensor on the first call; the
-    graph's guards keep the devices): the direct launch gets the data pointers the
-    alignment check already read, as ints. Triton's C launcher then skips, per
-    pointer, a ``data_ptr()`` method call and a ``cuPointerGetAttribute`` driver call
-    (its check that the memory is device memory)."""
-    names = [f"a{i}" for i in range(arity)]
+    ``first`` holds the tensors, then the ints (a dynamic kernel's ``xnumel`` and size
+    arguments). Triton specializes a pointer on 16-byte alignment and an int on
+    divisibility by 16, on ``== 1`` and on the 32-bit range; indices in ``unspecialized``
+    (``do_not_specialize``) keep only the range. The check is a few integer operations:
+    an int divisible by 16 on the first call joins the pointers' ``| ... & 15``.
+    ``grid`` items are ints or Python expressions in the argument names (``-(-a3 // 128)``).
+
+    ``pointers_as_ints`` (every tensor was a CUDA tensor on the first call; the graph's
+    guards keep the devices): the direct launch gets the data pointers the check already
+    read, as ints. Triton's C launcher then skips, per pointer, a ``data_ptr()`` method
+    call and a ``cuPointerGetAttribute`` driver call (its check that the memory is device
+    memory)."""
+    names = [f"a{i}" for i in range(len(first))]
     params = ", ".join(names)
-    direct = _direct_launch(run)
-    env = dict(slow=slow, get_stream=get_stream, device=device, function=function,
-               packed=packed, g0=grid[0], g1=grid[1])
-    as_ints = pointers_as_ints and direct is not None and arity > 0
-    if as_ints:
-        ptrs = [f"p{i}" for i in range(arity)]
-        body = [f"    {p} = {n}.data_ptr()" for p, n in zip(ptrs, names)]
-        body.append(f"    if ({' | '.join(ptrs)}) & 15:")
-        passed = ptrs
-    else:
-        body = [f"    if ({' | '.join(f'{n}.data_ptr()' for n in names) or '0'}) & 15:"]
-        passed = names
+    launch = _direct_launch(run) if direct else None
+    env = dict(slow=slow, get_stream=get_stream, device=device, function=function, packed=packed)
+    as_ints = pointers_as_ints and launch is not None
+    body, passed, zero_low, nonzero_low, other = [], [], [], [], []
+    for i, (n, v) in enumerate(zip(names, first)):
+        if isinstance(v, int):
+            passed.append(n)
+            other.append(f"{n} >> 31")
+            if i in unspecialized:
+                continue
+            (zero_low if v % 16 == 0 else nonzero_low).append(n)
+            other.append(f"{n} {'!=' if v == 1 else '=='} 1")
+            continue
+        ptr = f"{n}.data_ptr()"
+        if as_ints:
+            body.append(f"    p{i} = {ptr}")
+            ptr = f"p{i}"
+        passed.append(ptr if as_ints else n)
+        (zero_low if v.data_ptr() % 16 == 0 else nonzero_low).append(ptr)
+    checks = ([f"({' | '.join(zero_low)}) & 15"] if zero_low else []) + \
+        [f"not {n} & 15" for n in nonzero_low] + other
     tail = ", ".join(passed + [repr(int(c)) for c in consts])
-    if direct is not None:
-        env.update(launch=direct[0], coop=direct[1], pdl=direct[2])
-        call = ("launch(g0, g1, 1, get_stream(device), function, coop, pdl, None, None, "
+    g0, g1 = grid
+    if launch is not None:
+        env.update(launch=launch[0], coop=launch[1], pdl=launch[2])
+        call = (f"launch({g0}, {g1}, 1, get_stream(device), function, coop, pdl, None, None, "
                 f"packed, None, None, None, {tail})")
     else:
         env.update(run=run)
-        call = f"run(g0, g1, 1, get_stream(device), function, packed, None, None, None, {tail})"
+        call = f"run({g0}, {g1}, 1, get_stream(device), function, packed, None, None, None, {tail})"
     src = "\n".join([f"def fast({params}):"] + body +
-                     [f"        return slow({params})", f"    {call}", ""])
+                     ([f"    if {' or '.join(checks)}:", f"        return slow({params})"] if checks else [])
+                     + [f"    {call}", ""])
     exec(compile(src, "<coil launcher>", "exec"), env)
     return env["fast"]
 
@@ -463,52 +484,49 @@ class TritonLauncher:
 
     def _first_call(self, *args):
         """Launch through Triton's JIT once, then switch to the compiled kernel's own
-        launcher (same args, grid and constexprs; re-checked pointer alignment, since
-        Triton specializes on 16-byte alignment)."""
+        launcher (:meth:`_make_fast`)."""
         self._claim_pool_jobs()
+        kernel, self._call = self._launch_first(self._slow, args)
+        return kernel
+
+    def _launch_first(self, slow: Callable, args, **fast_options) -> tuple:
+        """``(kernel, fast)``: ``slow(*args)`` (the JIT launch, which compiles the kernel;
+        a GPU compiler's error is raised as ``KernelCompileError``) and the fast launch
+        of :meth:`_make_fast` (``slow`` itself on an unexpected Triton version, logged)."""
         try:
-            kernel = self._slow(*args)
+            kernel = slow(*args)
         except Exception as e:  # the GPU compiler rejected the kernel
             from coil.exc import KernelCompileError
             raise KernelCompileError(f"Triton kernel {self.name} failed to compile: "
                                      f"{type(e).__name__}: {str(e)[-1500:]}") from e
         try:
-            self._call = self._make_fast(kernel, args)
-        except Exception as e:  # an unexpected Triton version: stay on the slow path
+            return kernel, self._make_fast(kernel, args, slow=slow, **fast_options)
+        except Exception as e:  # noqa: BLE001 - another Triton version: the JIT every call
             trace.log("fast_launch_unavailable", stage="runtime", kernel=self.name, error=str(e))
-            self._call = self._slow
-        return kernel
+            return kernel, slow
 
-    def _make_fast(self, kernel, args):
-        """A launch function for the compiled ``kernel``: the same grid, constexprs and
-        launch metadata on every call, with Triton's 16-byte pointer alignment
-        specialization re-checked (a call whose alignment differs from the first one
-        goes through the JIT, which picks or compiles the matching binary).
+    def _make_fast(self, kernel, args, cfg: Optional[dict] = None, grid: Optional[tuple] = None,
+                   slow: Optional[Callable] = None, unspecialized: tuple = ()):
+        """A launch function for the compiled ``kernel`` (:func:`_specialized_launch`):
+        the constexprs of ``cfg`` (default: the chosen config) and ``grid`` (default: this
+        launcher's) on every call, while the call keeps the Triton specialization of
+        ``args`` (the first call's); else ``slow`` (default: the JIT launch).
 
-        When every pointer was aligned on the first call (the usual case), the check is
-        one ``|`` of the data pointers in generated code of the kernel's arity, and on
-        Triton versions whose launcher takes its scratch buffers as arguments (3.x with
-        ``CudaLauncher.__call__(gridX, gridY, gridZ, stream, function, *args)``) and
+        On Triton versions whose launcher takes its scratch buffers as arguments (3.x
+        with ``CudaLauncher.__call__(gridX, gridY, gridZ, stream, function, *args)``) and
         needs none, the C launch function is called directly, skipping
         ``CudaLauncher.__call__``: about 2-4 µs of Python per launch on an H200 host."""
         from triton.runtime.driver import driver
-        cfg = self.chosen
+        cfg = cfg or self.chosen
         consts = [cfg["XBLOCK"]] + ([cfg["RBLOCK"]] if "RBLOCK" in cfg else [])
-        grid = self._grid(cfg)
-        g0, g1 = grid[0], (grid[1] if len(grid) > 1 else 1)
-        aligned = tuple(a.data_ptr() % 16 == 0 for a in args)
-        run, function, packed = kernel.run, kernel.function, kernel.packed_metadata
-        get_stream, device = driver.active.get_current_stream, driver.active.get_current_device()
-        slow = self._slow
-        if not all(aligned) or not config.triton_direct_launch:
-            def fast(*a):
-                if tuple(t.data_ptr() % 16 == 0 for t in a) != aligned:
-                    return slow(*a)
-                run(g0, g1, 1, get_stream(device), function, packed, None, None, None, *a, *consts)
-            return fast
-        on_gpu = all(getattr(a, "is_cuda", False) for a in args)
-        return _specialized_launch(run, len(args), (g0, g1), consts, function, packed,
-                                   get_stream, device, slow, pointers_as_ints=on_gpu)
+        grid = grid or self._grid(cfg)
+        on_gpu = all(getattr(a, "is_cuda", False) for a in args if not isinstance(a, int))
+        return _specialized_launch(kernel.run, args, (grid[0], grid[1] if len(grid) > 1 else 1),
+                                   consts, kernel.function, kernel.packed_metadata,
+                                   driver.active.get_current_stream,
+                                   driver.active.get_current_device(), slow or self._slow,
+                                   pointers_as_ints=on_gpu, unspecialized=unspecialized,
+                                   direct=config.triton_direct_launch)
 
     def __call__(self, *args):
         if self.chosen is None:

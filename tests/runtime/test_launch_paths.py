@@ -5,6 +5,8 @@ from coil.runtime.triton_runtime import _direct_launch, _specialized_launch
 
 
 class _Ptr:
+    is_cuda = True
+
     def __init__(self, p):
         self.p = p
 
@@ -37,7 +39,7 @@ class _LauncherOther(_Launcher36):
 
 
 def _fast(run, slow_calls, ints=False):
-    return _specialized_launch(run, 2, (7, 3), [128, 16], "FN", "META",
+    return _specialized_launch(run, (_Ptr(0), _Ptr(16)), (7, 3), [128, 16], "FN", "META",
                                lambda dev: f"stream{dev}", 0,
                                lambda *a: slow_calls.append(a), pointers_as_ints=ints)
 
@@ -61,7 +63,7 @@ def test_direct_launch_with_pointers_as_ints():
 
 def test_one_argument_kernel_with_pointers_as_ints():
     run, slow = _Launcher36(), []
-    f = _specialized_launch(run, 1, (5, 1), [64], "FN", "META", lambda dev: "s", 0,
+    f = _specialized_launch(run, (_Ptr(32),), (5, 1), [64], "FN", "META", lambda dev: "s", 0,
                             lambda *a: slow.append(a), pointers_as_ints=True)
     f(_Ptr(512))
     assert run.direct == [(5, 1, 1, "s", "FN", 0, 1, None, None, "META", None, None, None, 512, 64)]
@@ -88,3 +90,69 @@ def test_scratch_needing_launcher_is_not_bypassed():
     run = _Launcher36()
     run.global_scratch_size = 64
     assert _direct_launch(run) is None
+
+
+def test_misaligned_first_call_keeps_its_binary_only_for_misaligned_pointers():
+    run, slow = _Launcher36(), []
+    f = _specialized_launch(run, (_Ptr(0), _Ptr(4)), (2, 1), [64], "FN", "META",
+                            lambda dev: "s", 0, lambda *a: slow.append(a), pointers_as_ints=True)
+    f(_Ptr(32), _Ptr(36))
+    assert len(run.direct) == 1 and run.direct[0][-3:] == (32, 36, 64) and slow == []
+    a, b = _Ptr(32), _Ptr(48)  # now aligned: another binary, through the JIT
+    f(a, b)
+    assert slow == [(a, b)] and len(run.direct) == 1
+
+
+def _dynamic_fast(run, slow):
+    """A dynamic kernel's launch: two pointers, xnumel (not specialized), two sizes;
+    first compiled with xnumel 4096 and sizes 256 (divisible by 16) and 7."""
+    return _specialized_launch(run, (_Ptr(0), _Ptr(16), 4096, 256, 7), ("-(-a2 // 128)", 1), [128],
+                               "FN", "META", lambda dev: "s", 0, lambda *a: slow.append(a[2:]),
+                               pointers_as_ints=True, unspecialized=(2,))
+
+
+def test_dynamic_kernel_grid_from_xnumel_and_sizes_passed_through():
+    run, slow = _Launcher36(), []
+    _dynamic_fast(run, slow)(_Ptr(64), _Ptr(128), 1000, 512, 9)
+    assert slow == [] and run.direct == [(8, 1, 1, "s", "FN", 0, 1, None, None, "META", None, None,
+                                          None, 64, 128, 1000, 512, 9, 128)]
+
+
+def test_dynamic_kernel_size_of_another_specialization_goes_through_the_jit():
+    # Triton compiled the binary for size 256 % 16 == 0 and 7 != 1: a size 250 (or 1, or
+    # xnumel beyond int32) needs another binary; launching the first one was wrong values
+    for sizes in [(1000, 250, 7), (1000, 256, 16), (1000, 256, 1), (2 ** 31, 256, 7)]:
+        run, slow = _Launcher36(), []
+        _dynamic_fast(run, slow)(_Ptr(64), _Ptr(128), *sizes)
+        assert slow == [sizes] and run.direct == [], sizes
+
+
+def test_dynamic_launcher_uses_one_fast_launch_per_bucket(monkeypatch):
+    import importlib
+    from coil.runtime.triton_dynamic import DynamicTritonLauncher
+
+    class Active:
+        get_current_stream = staticmethod(lambda dev: "s")
+        get_current_device = staticmethod(lambda: 0)
+
+    monkeypatch.setattr(importlib.import_module("triton.runtime.driver"), "driver", type("D", (), {"active": Active})())
+    run, jit = _Launcher36(), []
+
+    class Kernel:
+        function, packed_metadata = "FN", "META"
+
+    Kernel.run = run
+
+    class Fn:
+        def __getitem__(self, grid):
+            return lambda *a, **cfg: (jit.append((grid, a[2:], cfg)), Kernel)[1]
+
+    k = object.__new__(DynamicTritonLauncher)
+    k.name, k.n_ptrs, k.red, k.gpu, k.interpret, k._runs, k.fn = "k", 2, False, True, False, {}, Fn()
+    k._for_bucket = lambda bucket, args: {"XBLOCK": 256, "num_warps": 4}
+    k(_Ptr(0), _Ptr(16), 5000, 64)      # compiles through the JIT
+    k(_Ptr(0), _Ptr(16), 6000, 80)      # same bucket, same specialization: direct
+    k(_Ptr(0), _Ptr(16), 6000, 81)      # 81 % 16 != 0: the JIT again
+    k(_Ptr(0), _Ptr(16), 100000, 64)    # another bucket: the JIT first
+    assert [j[:2] for j in jit] == [((20,), (5000, 64)), ((24,), (6000, 81)), ((391,), (100000, 64))]
+    assert [d[:3] + d[-5:] for d in run.direct] == [(24, 1, 1, 0, 16, 6000, 80, 256)]

@@ -192,9 +192,13 @@ def option_names() -> list[str]:
     return sorted(f.name for f in fields(Config) if f.name != "extra")
 
 
+_OPTION_NAMES = frozenset(option_names())
+
+
 def check_option_names(options: dict) -> None:
-    """Raise ``ValueError`` naming every unknown key of ``options`` and the valid ones."""
-    unknown = sorted(set(options) - set(option_names()))
+    """Raise ``ValueError`` naming every unknown key of ``options`` and the valid ones.
+    (Per call of a compile with options: :func:`patch` runs it.)"""
+    unknown = sorted(set(options) - _OPTION_NAMES)
     if unknown:
         raise ValueError(
             f"unknown coil option(s) {unknown}; valid options are: {', '.join(option_names())}"

@@ -38,7 +38,8 @@ class DynamicTritonLauncher(TritonLauncher):
         super().__init__(name, source, numel_hint, rnumel_hint, False, device_type, outer=outer,
                          elem_bytes=elem_bytes, tiled=False, arg_dtypes=None)
         self.base_key = self.key
-        self._runs: dict = {}
+        self._runs: dict = {}  # bucket -> run(*args)
+        self._by_size: dict = {}  # (xnumel, [rnumel]) -> its bucket's run (a bounded cache)
 
     def _grid(self, cfg: dict) -> tuple:
         return (_cdiv(self.numel, cfg["XBLOCK"]),)
@@ -66,13 +67,22 @@ class DynamicTritonLauncher(TritonLauncher):
         return self.chosen
 
     def __call__(self, *args):
+        run = self._by_size.get(args[self.n_ptrs:self.n_ptrs + 1 + self.red])
+        if run is None:
+            run = self._bucket_run(args)
+        return run(*args)
+
+    def _bucket_run(self, args: tuple):
         n = args[self.n_ptrs]
         r = args[self.n_ptrs + 1] if self.red else 1
         bucket = (max(_pow2(n), MIN_X_BUCKET), _pow2(r))
         run = self._runs.get(bucket)
         if run is None:
             run = self._runs[bucket] = self._first_launch(bucket, args)
-        return run(*args)
+        if len(self._by_size) > 4096:
+            self._by_size.clear()
+        self._by_size[args[self.n_ptrs:self.n_ptrs + 1 + self.red]] = run
+        return run
 
     def _first_launch(self, bucket: tuple, args: tuple):
         """``run(*args)`` for one bucket: through Triton's JIT, which compiles the kernel
@@ -96,5 +106,6 @@ class DynamicTritonLauncher(TritonLauncher):
         def first(*a):
             kernel, self._runs[bucket] = self._launch_first(
                 slow, a, cfg=cfg, grid=(f"-(-a{x} // {xb})", 1), unspecialized=(x,))
+            self._by_size.clear()  # sizes of this bucket now take the fast launch
             return kernel
         return first

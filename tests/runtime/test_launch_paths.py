@@ -148,11 +148,12 @@ def test_dynamic_launcher_uses_one_fast_launch_per_bucket(monkeypatch):
             return lambda *a, **cfg: (jit.append((grid, a[2:], cfg)), Kernel)[1]
 
     k = object.__new__(DynamicTritonLauncher)
-    k.name, k.n_ptrs, k.red, k.gpu, k.interpret, k._runs, k.fn = "k", 2, False, True, False, {}, Fn()
+    k.name, k.n_ptrs, k.red, k.gpu, k.interpret, k._runs, k._by_size, k.fn = "k", 2, False, True, False, {}, {}, Fn()
     k._for_bucket = lambda bucket, args: {"XBLOCK": 256, "num_warps": 4}
     k(_Ptr(0), _Ptr(16), 5000, 64)      # compiles through the JIT
     k(_Ptr(0), _Ptr(16), 6000, 80)      # same bucket, same specialization: direct
     k(_Ptr(0), _Ptr(16), 6000, 81)      # 81 % 16 != 0: the JIT again
     k(_Ptr(0), _Ptr(16), 100000, 64)    # another bucket: the JIT first
+    k(_Ptr(0), _Ptr(16), 6000, 80)      # a size seen before: direct again
     assert [j[:2] for j in jit] == [((20,), (5000, 64)), ((24,), (6000, 81)), ((391,), (100000, 64))]
-    assert [d[:3] + d[-5:] for d in run.direct] == [(24, 1, 1, 0, 16, 6000, 80, 256)]
+    assert [d[:3] + d[-5:] for d in run.direct] == [(24, 1, 1, 0, 16, 6000, 80, 256)] * 2

@@ -33,6 +33,7 @@ from typing import Callable, Optional
 
 import torch
 import torch.utils._pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from coil.testing import LOW_PRECISION_MARGIN, TOLERANCES
 from coil.testing.fuzz_ops import (DTYPES, FAMILIES, FAMILY_WEIGHTS, Ctx, Skip, gen_layout,
@@ -341,6 +342,42 @@ _SUMS = re.compile(r"\b(sum|nansum|mean|cumsum|logsumexp|matmul|softmax|log_soft
                    r"scatter_reduce)\b")
 
 
+class _AbsSums(TorchDispatchMode):
+    """Eager with each sum (``sum``, ``nansum``, ``mean``, ``cumsum``) taken over the
+    absolute values of its input in float64; ``outputs``: the ids of their results."""
+
+    def __init__(self):
+        super().__init__()
+        self.outputs: set = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        if func.overloadpacket not in _SUM_OPS or not isinstance(args[0], torch.Tensor):
+            return func(*args, **kwargs)
+        kwargs.pop("dtype", None)
+        out = func(args[0].double().abs(), *args[1:], **kwargs)
+        self.outputs.add(id(out))
+        return out
+
+
+_SUM_OPS = {torch.ops.aten.sum, torch.ops.aten.nansum, torch.ops.aten.mean, torch.ops.aten.cumsum}
+
+
+def _summation_bounds(fn: Callable, make_inputs: Callable) -> Optional[tuple]:
+    """(outputs, inputs) like a reference's: for an output that a sum returns, the sum of
+    its summands' absolute values times the largest input's numel (``eps * bound``
+    bounds the rounding error of any summation order); None elsewhere or on failure."""
+    args = make_inputs()
+    n = max([x.numel() for x in args if isinstance(x, torch.Tensor)], default=1)
+    mode = _AbsSums()
+    try:
+        with _quiet(), mode:
+            out = fn(*args)
+    except Exception:
+        return None
+    return pytree.tree_map(lambda t: t * n if id(t) in mode.outputs else None, out), [None] * len(args)
+
+
 def _leaves(ref: Optional[tuple], n_out: int, n_args: int) -> tuple:
     """(output leaves, argument list) of a reference run, or Nones if its structure differs."""
     if ref is not None and len(pytree.tree_leaves(ref[0])) == n_out:
@@ -348,9 +385,11 @@ def _leaves(ref: Optional[tuple], n_out: int, n_args: int) -> tuple:
     return [None] * n_out, [None] * n_args
 
 
-def _compare_tensor(what: str, c, e, r, r64=None, sums: bool = False) -> Optional[tuple]:
+def _compare_tensor(what: str, c, e, r, r64=None, sums: bool = False,
+                    bound=None) -> Optional[tuple]:
     """(kind, message) when compiled ``c`` differs from eager ``e`` (``r``: fp32 reference,
-    ``r64``: float64 reference, ``sums``: the program sums; docs/fuzzing.md)."""
+    ``r64``: float64 reference, ``sums``: the program sums, ``bound``: its summation
+    error bound, :func:`_summation_bounds`; docs/fuzzing.md)."""
     if not isinstance(e, torch.Tensor) or not isinstance(c, torch.Tensor):
         same = _same_bits(c, e) if isinstance(c, torch.Tensor) == isinstance(e, torch.Tensor) \
             else False
@@ -375,6 +414,8 @@ def _compare_tensor(what: str, c, e, r, r64=None, sums: bool = False) -> Optiona
         close = close | (a == ref) | (a.isnan() & ref.isnan()) | closer
     if not close.all():
         close |= _documented_numerics(a, b, e.dtype, r64, sums)
+    if isinstance(bound, torch.Tensor) and bound.shape == a.shape and e.is_floating_point():
+        close |= (a - b).abs() <= torch.finfo(e.dtype).eps * bound.nan_to_num(posinf=0.0)
     if bool(close.all()):
         return None
     bad = (~close).nonzero()[0].tolist()
@@ -422,18 +463,20 @@ def _layout(t: torch.Tensor) -> tuple:
     return tuple(st if n > 1 else None for n, st in zip(t.shape, t.stride())), t.storage_offset()
 
 
-def _compare(c_out, e_out, c_args, e_args, ref, ref64=None, sums: bool = False) -> list:
+def _compare(c_out, e_out, c_args, e_args, ref, ref64=None, sums: bool = False,
+             bounds=None) -> list:
     """Every (kind, message) by which the compiled call differs from eager's (``ref``,
-    ``ref64``: (outputs, inputs) of the fp32 and float64 references, or None)."""
+    ``ref64``, ``bounds``: (outputs, inputs) of the fp32 and float64 references and the
+    summation error bounds, or None)."""
     c_leaves, c_spec = pytree.tree_flatten(c_out)
     e_leaves, e_spec = pytree.tree_flatten(e_out)
     if c_spec != e_spec:
         return [("out-structure", f"outputs {c_spec} vs eager {e_spec}")]
-    (r_leaves, r_args), (q_leaves, q_args) = (_leaves(x, len(e_leaves), len(e_args))
-                                              for x in (ref, ref64))
+    (r_leaves, r_args), (q_leaves, q_args), (m_leaves, m_args) = (
+        _leaves(x, len(e_leaves), len(e_args)) for x in (ref, ref64, bounds))
     problems = []
-    for i, (c, e, r, q) in enumerate(zip(c_leaves, e_leaves, r_leaves, q_leaves)):
-        p = _compare_tensor(f"output {i}", c, e, r, q, sums)
+    for i, (c, e, r, q, m) in enumerate(zip(c_leaves, e_leaves, r_leaves, q_leaves, m_leaves)):
+        p = _compare_tensor(f"output {i}", c, e, r, q, sums, m)
         if p:
             problems.append(("out-" + p[0], p[1]))
         ej, cj = _alias_of(e, e_args), _alias_of(c, c_args)
@@ -444,13 +487,13 @@ def _compare(c_out, e_out, c_args, e_args, ref, ref64=None, sums: bool = False) 
             problems.append(("out-stride", f"output {i} (a view of input {ej}): stride "
                              f"{c.stride()} offset {c.storage_offset()} vs eager {e.stride()} "
                              f"offset {e.storage_offset()}"))
-    for j, (c, e, r, q) in enumerate(zip(c_args, e_args, r_args, q_args)):
+    for j, (c, e, r, q, m) in enumerate(zip(c_args, e_args, r_args, q_args, m_args)):
         meta_c, meta_e = (tuple(c.shape),) + _layout(c), (tuple(e.shape),) + _layout(e)
         if meta_c != meta_e:
             problems.append(("input-meta", f"input {j} (size, stride, offset) {meta_c} vs "
                                            f"eager {meta_e}"))
             continue
-        p = _compare_tensor(f"input {j} after the call", c, e, r, q, sums)
+        p = _compare_tensor(f"input {j} after the call", c, e, r, q, sums, m)
         if p:
             problems.append(("input-" + p[0], p[1]))
     return problems
@@ -494,6 +537,8 @@ def check(fn: Callable, make_inputs: Callable, backend: str = "cpp",
         ref = _reference(fn, make_inputs, e_out) if e_err is None else None
         ref64 = _reference(fn, make_inputs, e_out, torch.float64) \
             if e_err is None and _F64_STATS.search(src) else None
+        sums = bool(_SUMS.search(src))
+        bounds = _summation_bounds(fn, make_inputs) if e_err is None and sums else None
         _reset(backend)
         try:
             with _deadline(timeout):
@@ -502,8 +547,8 @@ def check(fn: Callable, make_inputs: Callable, backend: str = "cpp",
                     c_args = make_inputs()
                     c_out = compiled(*c_args)
                     if e_err is None:
-                        problems = _compare(c_out, e_out, c_args, e_args, ref, ref64,
-                                            bool(_SUMS.search(src)))
+                        problems = _compare(c_out, e_out, c_args, e_args, ref, ref64, sums,
+                                            bounds)
                         if problems:
                             kind = ("2nd-call " if call else "") + problems[0][0]
                             return Result("mismatch", name, kind,

@@ -246,6 +246,21 @@ def test_overflow_of_a_sum_order_only_in_compiled_is_accepted_near_max():
     assert check_program(q, _fake(lambda s, o, a: (o[0] * math.inf,))).kind == "out-value"
 
 
+def test_sum_that_cancels_is_compared_within_the_summation_error_bound():
+    """fuzz seed 24 #392: float32 mean of int64 values near ±2^63 that cancel: eager's
+    lanes give 2/5, coil's 0, both within float32's rounding of the summands (eager gives
+    0 too for the same values followed by zeros). Accepted within n * eps * sum(|x|) for
+    an output that a sum returns; not beyond, nor for an output that is not a sum."""
+    big = torch.tensor([[4, -5, -9223372036854775803, 2, 9223372036854775804]]).t()
+    p = _prog(["v0 = torch.mean(a, dim=0, dtype=torch.float32)"], big)
+    assert check_program(p, _fake(lambda s, o, a: (torch.zeros(1),))).outcome == "ok"
+    assert check_program(p, _fake(lambda s, o, a: (torch.full((1,), 1e15),))).kind == "out-value"
+    q = _prog(["v0 = torch.mean(a, dim=0, dtype=torch.float32) + 0.5"], big)
+    assert check_program(q, _fake(lambda s, o, a: (torch.zeros(1),))).kind == "out-value"
+    small = _prog(["v0 = a.sum(0)"], torch.tensor([1.0, -1.0, 1e-3]))
+    assert check_program(small, _fake(lambda s, o, a: (o[0] + 1e-4,))).kind == "out-value"
+
+
 # ------------------------------------------------- known open bugs (fuzzer-found)
 # Minimized repros of failures the fuzzer finds in the current tree, one per class,
 # as strict xfails: fixing the bug makes the test fail until its entry is removed.

@@ -298,7 +298,7 @@ def _specialized_launch(run, first: tuple, grid: tuple, consts: list, function, 
     for i, (n, v) in enumerate(zip(names, first)):
         if isinstance(v, int):
             passed.append(n)
-            other.append(f"{n} >> 31")
+            other.append(f"{n} >> 31" if v >> 31 == 0 else f"not {n} >> 31")  # i32 or i64
             if i in unspecialized:
                 continue
             (zero_low if v % 16 == 0 else nonzero_low).append(n)

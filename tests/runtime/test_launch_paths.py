@@ -127,6 +127,16 @@ def test_dynamic_kernel_size_of_another_specialization_goes_through_the_jit():
         assert slow == [sizes] and run.direct == [], sizes
 
 
+def test_dynamic_kernel_first_compiled_beyond_int32_keeps_its_direct_launch():
+    run, slow = _Launcher36(), []
+    f = _specialized_launch(run, (_Ptr(0), 2 ** 31 + 5), ("-(-a1 // 1024)", 1), [1024], "FN", "META",
+                            lambda dev: "s", 0, lambda *a: slow.append(a[1:]), pointers_as_ints=True,
+                            unspecialized=(1,))
+    f(_Ptr(0), 2 ** 31 + 100)
+    f(_Ptr(0), 100)  # an int32 xnumel: another binary
+    assert len(run.direct) == 1 and slow == [(100,)]
+
+
 def test_dynamic_launcher_uses_one_fast_launch_per_bucket(monkeypatch):
     import importlib
     from coil.runtime.triton_dynamic import DynamicTritonLauncher

@@ -73,6 +73,17 @@ def main(argv=None) -> None:
         return g
 
     cg.compile_aten_graph = spy
+    from coil import trace
+    events: dict = {}
+    log = trace.log
+
+    def counting(event, **kw):  # what the runtime decided, for the report below
+        if event in ("fast_launch_unavailable", "dynamic_launch_bucket", "kernel_compile_fallback",
+                     "codegen_fallback", "autotune"):
+            events[event] = events.get(event, 0) + 1
+        return log(event, **kw)
+
+    trace.log = counting
 
     def fn(x, y):
         return x * y + 1
@@ -130,6 +141,13 @@ def main(argv=None) -> None:
         for part in rows[(entry, False)]:
             s, d = best[(entry, False), part], best[(entry, True), part]
             print(f"{entry:14} {part:7} {s:8.2f} {d:8.2f} {d / s:6.2f}")
+    print("runtime events:", events)
+    for g in graphs:  # the launch function each kernel ended with (fast: the direct launch)
+        for k in g.kernels:
+            runs = getattr(k.launcher, "_runs", None)
+            how = {b: getattr(r, "__name__", r) for b, r in runs.items()} if runs is not None else \
+                getattr(getattr(k.launcher, "_call", None), "__name__", type(k.launcher).__name__)
+            print(f"  {k.name}: {how}")
     if a.profile:
         c = rows[("torch.compile", True)]["call"]
         pr = cProfile.Profile()

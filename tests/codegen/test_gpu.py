@@ -271,3 +271,18 @@ def test_gpu_autotune_sliced_input_ids_gpt2(entry, tmp_path):
         torch.cuda.synchronize()
         ref = m(input_ids=ids).last_hidden_state
     torch.testing.assert_close(out.float(), ref.float(), atol=0.1, rtol=0.05)
+
+
+def test_gpu_dynamic_row_length_of_another_divisibility_in_one_bucket():
+    """A dynamic kernel's direct launch must keep Triton's specialization of its size
+    arguments: ``x * y + 1`` with y broadcast along rows of 256 (divisible by 16: Triton
+    may load y with vectors that never cross a row) and then of 250 in the same size
+    bucket, which must not reuse the 256 binary."""
+    import coil
+    fn = lambda x, y: x * y + 1
+    coil.reset()
+    f = coil.compile(fn, dynamic=True)
+    for n in (256, 250, 256, 250, 1000, 1001):
+        x, y = r(64, n), r(n)
+        for _ in range(3):  # the first call in a bucket goes through the JIT
+            torch.testing.assert_close(f(x, y), fn(x, y))

@@ -281,7 +281,8 @@ def _specialized_launch(run, first: tuple, grid: tuple, consts: list, function, 
     arguments). Triton specializes a pointer on 16-byte alignment and an int on
     divisibility by 16, on ``== 1`` and on the 32-bit range; indices in ``unspecialized``
     (``do_not_specialize``) keep only the range. The check is a few integer operations:
-    an int divisible by 16 on the first call joins the pointers' ``| ... & 15``.
+    an int divisible by 16 on the first call joins the pointers' ``(p0 | s0) & 15``, the
+    int32 ints share one ``(s0 | s1) >> 31``.
     ``grid`` items are ints or Python expressions in the argument names (``-(-a3 // 128)``).
 
     ``pointers_as_ints`` (every tensor was a CUDA tensor on the first call; the graph's
@@ -294,15 +295,22 @@ def _specialized_launch(run, first: tuple, grid: tuple, consts: list, function, 
     launch = _direct_launch(run) if direct else None
     env = dict(slow=slow, get_stream=get_stream, device=device, function=function, packed=packed)
     as_ints = pointers_as_ints and launch is not None
-    body, passed, zero_low, nonzero_low, other = [], [], [], [], []
+    body, passed, zero_low, nonzero_low, narrow, other = [], [], [], [], [], []
     for i, (n, v) in enumerate(zip(names, first)):
         if isinstance(v, int):
             passed.append(n)
-            other.append(f"{n} >> 31" if v >> 31 == 0 else f"not {n} >> 31")  # i32 or i64
+            if v >> 31 == 0:
+                narrow.append(n)  # Triton's i32
+            else:
+                other.append(f"not {n} >> 31")
             if i in unspecialized:
                 continue
-            (zero_low if v % 16 == 0 else nonzero_low).append(n)
-            other.append(f"{n} {'!=' if v == 1 else '=='} 1")
+            if v == 1:
+                other.append(f"{n} != 1")
+            else:
+                (zero_low if v % 16 == 0 else nonzero_low).append(n)
+                if v % 16:
+                    other.append(f"{n} == 1")
             continue
         ptr = f"{n}.data_ptr()"
         if as_ints:
@@ -311,7 +319,8 @@ def _specialized_launch(run, first: tuple, grid: tuple, consts: list, function, 
         passed.append(ptr if as_ints else n)
         (zero_low if v.data_ptr() % 16 == 0 else nonzero_low).append(ptr)
     checks = ([f"({' | '.join(zero_low)}) & 15"] if zero_low else []) + \
-        [f"not {n} & 15" for n in nonzero_low] + other
+        [f"not {n} & 15" for n in nonzero_low] + \
+        ([f"({' | '.join(narrow)}) >> 31"] if narrow else []) + other
     tail = ", ".join(passed + [repr(int(c)) for c in consts])
     g0, g1 = grid
     if launch is not None:

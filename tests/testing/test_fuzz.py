@@ -261,6 +261,18 @@ def test_sum_that_cancels_is_compared_within_the_summation_error_bound():
     assert check_program(small, _fake(lambda s, o, a: (o[0] + 1e-4,))).kind == "out-value"
 
 
+def test_nan_bits_read_through_an_int_view_are_not_compared():
+    """IEEE 754 leaves a NaN result's sign and payload open: eager's maximum of NaNs is
+    0xffffffff contiguous and 0x7fc00000 strided; the Triton interpreter and GPUs give
+    the canonical NaN. Through ``.view(torch.int32)`` both NaN is equal; other bits not."""
+    p = _prog(["v0 = torch.maximum(a, a * 2).view(torch.int32)"], torch.full((4,), math.nan))
+    canonical = torch.full((4,), 0x7FC00000, dtype=torch.int32)
+    assert check_program(p, _fake(lambda s, o, a: (canonical,))).outcome == "ok"
+    assert check_program(p, _fake(lambda s, o, a: (canonical - (1 << 23),))).kind == "out-value"
+    q = _prog(["v0 = torch.maximum(a, a * 2).to(torch.int32)"], torch.ones(4))
+    assert check_program(q, _fake(lambda s, o, a: (o[0] + 1,))).kind == "out-value"
+
+
 # ------------------------------------------------- known open bugs (fuzzer-found)
 # Minimized repros of failures the fuzzer finds in the current tree, one per class,
 # as strict xfails: fixing the bug makes the test fail until its entry is removed.

@@ -58,6 +58,7 @@ graph (new recordings only; recorded nodes keep replaying).
 from __future__ import annotations
 
 import itertools
+import operator
 import weakref
 from typing import Callable, Optional
 
@@ -76,7 +77,8 @@ class Node:
     """One recorded graph: its placeholders, guards and output plan (module docstring)."""
 
     def __init__(self, tree: "Tree", fn: "GraphFunction", sig: tuple, parent: Optional["Node"],
-                 graph, plan: OutputPlan, copied: list, placeholders: list, inplace: list):
+                 graph, plan: OutputPlan, copied: list, placeholders: list, inplace: list,
+                 args: tuple = ()):
         self.tree, self.fn, self.sig, self.parent = tree, fn, sig, parent
         self.graph, self.plan = graph, plan
         self.copied, self.placeholders = copied, placeholders
@@ -96,9 +98,31 @@ class Node:
         #: forward node -> its saved slots whose memory this backward's recording
         #: released and reused (Tree._lend_saved)
         self.consumes: dict = {}
+        self._inplace_args = _getter([i for i, _ in inplace])
+        self._inplace_ptrs = tuple(p for _, p in inplace)
+        self.nargs = len(args)
+        self._tensor_args = _getter([i for i, a in enumerate(args) if isinstance(a, torch.Tensor)])
+        self.others = [(i, a) for i, a in enumerate(args) if not isinstance(a, torch.Tensor)]
+        self.tensor_check = _tensor_check(self._tensor_args(args))
+
+    def matches(self, args) -> bool:
+        """Whether ``args`` has this recording's signature and in-place addresses: the
+        fast path of :meth:`Tree.run`, one C++ check of every tensor's type, dtype,
+        device, sizes, strides and ``requires_grad`` instead of a signature tuple. It is
+        stricter than the signature (False sends the call down the full path)."""
+        if self.tensor_check is None or len(args) != self.nargs:
+            return False
+        try:
+            if not self.tensor_check.check(*self._tensor_args(args)):
+                return False
+        except TypeError:  # a tensor where this recording had something else
+            return False
+        return all(args[i] == v for i, v in self.others) and not self.moved(args)
 
     def moved(self, args) -> list:
         """Indices of in-place arguments not at their recorded address."""
+        if self.inplace and tuple(map(_data_ptr, self._inplace_args(args))) == self._inplace_ptrs:
+            return []
         return [i for i, p in self.inplace if args[i].data_ptr() != p]
 
     def busy(self) -> bool:
@@ -162,22 +186,29 @@ class Tree:
 
     def run(self, fn: "GraphFunction", args: tuple):
         """Serve one call of ``fn`` (module docstring)."""
-        sig = _signature(args)
-        warm = fn.warm.get(sig)
-        if warm is None:
-            reason = _device_reason(args, self.recorder.device_type)
-            if reason is not None:
-                fn.skip_with(reason)
-            else:
-                fn.warm[sig] = [weakref.ref(a) if isinstance(a, torch.Tensor) else None for a in args]
-            return fn.fn(*args)
+        node = fn.last if fn.last is not None and fn.last.matches(args) else None
+        if node is not None:
+            sig, warm = node.sig, None   # warmed up: the node was recorded for this signature
+        else:
+            sig = _signature(args)
+            warm = fn.warm.get(sig)
+            if warm is None:
+                reason = _device_reason(args, self.recorder.device_type)
+                if reason is not None:
+                    fn.skip_with(reason)
+                else:
+                    fn.warm[sig] = [weakref.ref(a) if isinstance(a, torch.Tensor) else None for a in args]
+                return fn.fn(*args)
         if self.step_begin or (self.path and fn.kind != "backward" and
                                any(n.fn is fn for n in self.path) and
                                not any(n.pending_backward() for n in self.path)):
             self.new_step()
         siblings = self.path[-1].children if self.path else self.roots
-        node, held = None, False
-        for cand in siblings:
+        if node is not None and (node.parent is not (self.path[-1] if self.path else None) or
+                                 (fn.kind == "backward" and node.busy())):
+            node, warm = None, fn.warm.get(sig)
+        held = False
+        for cand in siblings if node is None else ():
             if cand.fn is fn and cand.sig == sig:
                 if fn.kind == "backward" and cand.busy():
                     held = True  # its gradients still sit in .grad (accumulation)
@@ -229,6 +260,7 @@ class Tree:
             if node is None:
                 return fn.fn(*args)
         self.path.append(node)
+        fn.last = node
         return node.replay(args)
 
     def record(self, fn: "GraphFunction", sig: tuple, args: tuple, warm: list) -> Optional[Node]:
@@ -261,7 +293,7 @@ class Tree:
             for f in lent:  # from here on, recordings may overlap their memory
                 self.released[f] = self.nodes + 1
         fn.records += 1
-        node = Node(self, fn, sig, parent, graph, plan, copied, placeholders, inplace)
+        node = Node(self, fn, sig, parent, graph, plan, copied, placeholders, inplace, args)
         node.consumes = lent
         (parent.children if parent is not None else self.roots).append(node)
         self.all_nodes.append(node)
@@ -364,6 +396,8 @@ class GraphFunction:
         self.warm: dict = {}
         self.copy_always: dict = {}
         self.records = 0
+        #: the node that served the last call: tried first (Node.matches)
+        self.last: Optional[Node] = None
         self.limit_logged = self.held_logged = self.later_logged = self.saved_logged = False
 
     def skip_with(self, reason: str) -> None:
@@ -391,6 +425,27 @@ def _keep_graph() -> bool:
         return bool(get()) if get is not None else True
     except RuntimeError:  # not inside a backward
         return False
+
+
+_data_ptr = torch.Tensor.data_ptr
+
+
+def _getter(idx: list) -> Callable:
+    """``args -> tuple(args[i] for i in idx)``, in C."""
+    if len(idx) == 1:
+        return lambda args, i=idx[0]: (args[i],)
+    return operator.itemgetter(*idx) if idx else (lambda args: ())
+
+
+def _tensor_check(tensors: tuple):
+    """torch's C++ checker of tensor metadata (``torch._C._dynamo.guards.TensorGuards``)
+    for ``tensors`` as they are now, or None where this torch lacks it."""
+    try:
+        from torch._C._dynamo.guards import TensorGuards
+        return TensorGuards(*tensors, dynamic_dims_sizes=[list(t.shape) for t in tensors],
+                            dynamic_dims_strides=[list(t.stride()) for t in tensors])
+    except Exception:  # noqa: BLE001 - another torch: the signature path only
+        return None
 
 
 def _signature(args) -> tuple:

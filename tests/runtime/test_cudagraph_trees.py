@@ -535,3 +535,33 @@ def test_no_recording_while_reused_saved_values_wait_for_their_backward(fake_cud
     assert fake_cuda._overlaps_pending_saved(earlier) is None
     loss.backward()
     assert fake_cuda._overlaps_pending_saved(later) is None
+
+
+def test_fast_match_serves_steady_calls_and_never_a_call_of_other_metadata(monkeypatch):
+    """The last node of a graph is matched by one C++ check (Node.matches) instead of a
+    signature tuple; a call with other strides, a moved in-place argument or another
+    scalar must still get its own recording, with eager's values."""
+    from coil.runtime import cudagraph_trees as ct
+
+    tree = Tree(FakeRecorder())
+    f = GraphFunction(lambda x, w, k: (x @ w + k,), "inference", tree=tree)
+    w = torch.nn.Parameter(torch.randn(4, 4), requires_grad=False)
+    for _ in range(3):
+        x = torch.randn(3, 4)
+        torch.testing.assert_close(f(x, w, 1)[0], x @ w + 1)
+    calls = []
+    real = ct._signature
+    monkeypatch.setattr(ct, "_signature", lambda args: calls.append(1) or real(args))
+    for _ in range(3):
+        x = torch.randn(3, 4)
+        torch.testing.assert_close(f(x, w, 1)[0], x @ w + 1)
+    assert calls == [] and tree.nodes == 1          # steady replays took the fast match
+    xt = torch.randn(4, 3).t()                       # same shape, other strides
+    for _ in range(3):
+        torch.testing.assert_close(f(xt, w, 1)[0], xt @ w + 1)
+    torch.testing.assert_close(f(x, w, 2)[0], x @ w + 2)  # another scalar
+    w2 = torch.nn.Parameter(torch.randn(4, 4), requires_grad=False)  # a moved parameter
+    for _ in range(2):
+        torch.testing.assert_close(f(x, w2, 1)[0], x @ w2 + 1)
+    torch.testing.assert_close(f(x, w, 1)[0], x @ w + 1)
+    assert calls and tree.nodes >= 3

@@ -184,10 +184,13 @@ class Loops(IRNode):
 
 
 class Pointwise(Loops):
-    """Elementwise body: element ``index`` of the result is ``inner_fn(index)``."""
+    """Elementwise body: element ``index`` of the result is ``inner_fn(index)``; read
+    inlined, an fp16/bf16 body's float32 value is rounded to its dtype, as eager stores it."""
 
     def make_loader(self):
-        inner, origin = self.inner_fn, self.origin
+        inner, origin, dtype = self.inner_fn, self.origin, self.dtype
+        if dtype in (torch.float16, torch.bfloat16):
+            return lambda index: ops.to_dtype(_run_from(origin, inner, index), dtype, torch.float32)
         if origin is None:
             return inner
         return lambda index: _run_from(origin, inner, index)

@@ -258,3 +258,19 @@ def test_erf_is_within_an_ulp_of_eagers(backend):
     _ok(_cumsum_of_erf, lambda: [torch.tensor([[-1.6699758, -0.0, 1.8578273]])], backend)
     x = torch.linspace(-6, 6, 20001)
     _ok(lambda a: (torch.erf(a).double() - torch.erf(a.double()),), lambda: [x.clone()], backend)
+
+
+# -- float16/bfloat16 intermediates fused into one kernel ----------------------------
+
+def _compare_with_filled_copy(a):  # fuzz seed 24 #2938
+    v1 = torch.sinh(torch.ceil(a))
+    return (torch.lt(v1.index_fill(1, torch.tensor([0, 5]), 300), v1),)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_fused_low_precision_intermediate_is_rounded(dtype, backend):
+    """``v1`` was kept in float32 inside the kernel and compared with its own bf16 copy
+    (True where eager, comparing bf16 with bf16, has False); a fused fp16/bf16 value
+    is now rounded to its dtype, as eager stores it."""
+    _ok(_compare_with_filled_copy, lambda: [torch.ones(1, 6, dtype=dtype)], backend)

@@ -58,12 +58,12 @@ PARALLEL_MIN = 32768  # elements of work before a kernel uses OpenMP threads
 
 
 class CppVar:
-    """A C++ variable holding an op's value; ``dtype`` is its compute dtype."""
+    """A C++ variable holding an op's value of compute dtype ``dtype`` (``rounded``: to fp16/bf16)."""
 
-    __slots__ = ("name", "dtype")
+    __slots__ = ("name", "dtype", "rounded")
 
     def __init__(self, name: str, dtype: torch.dtype):
-        self.name, self.dtype = name, dtype
+        self.name, self.dtype, self.rounded = name, dtype, None
 
     def __str__(self) -> str:
         return self.name
@@ -314,10 +314,13 @@ class CppKernel(OpsHandler):
         x = self._val(x, src_dtype)
         if dtype == torch.bool:
             return x if x.dtype == torch.bool else self._emit(f"({x} != 0)", torch.bool)
-        if dtype == torch.bfloat16:
-            return self._emit(f"coil_bf16_to_float(coil_float_to_bf16(static_cast<float>({x})))", torch.float32)
-        if dtype == torch.float16:
-            return self._emit(f"coil_f16_to_float(coil_float_to_f16(static_cast<float>({x})))", torch.float32)
+        if dtype in (torch.bfloat16, torch.float16):  # round; a value rounded already stays
+            if x.rounded == dtype:
+                return x
+            t = "bf16" if dtype == torch.bfloat16 else "f16"
+            x = self._emit(f"coil_{t}_to_float(coil_float_to_{t}(static_cast<float>({x})))", torch.float32)
+            x.rounded = dtype
+            return x
         if x.dtype == dtype:
             return x
         return self._emit(_cast(x, dtype), dtype)

@@ -494,6 +494,8 @@ class TritonKernel(OpsHandler):
             # a cast of a constant folds, rounding as eager's (the cast of 2.5 to int64 in
             # to(int64).to(float64) is 2.0, not 2.5)
             return self.constant(_convert(x.const, dtype), dtype)
+        if isinstance(x, TVal) and self.rounded.get(x.name, (None, None))[1] == dtype:
+            return x  # rounded to it already
         if compute_dtype(dtype) != dtype and isinstance(x, TVal) and x.const is None \
                 and x.dtype != dtype:
             # explicit cast to fp16/bf16: round, then compute in fp32 again. From other

@@ -14,7 +14,7 @@ epilogue) and every member sees them, as in eager.
 
 A member whose elements overlap is an ``as_strided`` view of its base; its
 non-overlapping views are taken from the base (``functional._ViewRewrites``). While the
-program is analysed, :class:`OverlapGuard` raises :class:`OverlappingWrite` for an
+program is analysed, :class:`OverlapGuard` raises :class:`RunEagerly` for an
 in-place write to overlapping memory, or into an input's storage outside every input's
 elements (functionalization would drop it); the program then runs eagerly.
 
@@ -52,26 +52,15 @@ OUTSIDE_MESSAGE = ("the program writes (through as_strided) to memory of an inpu
                    "the program runs eagerly")
 
 
-RESTRIDE_MESSAGE = ("the program restrides an input (as_strided_) over memory of its storage "
-                    "beyond the input's elements: functionalization sees only those, so the "
-                    "program runs eagerly")
+RESTRIDE_MESSAGE = ("the program restrides an input (as_strided_) past its last element, which "
+                    "functionalization does not model, so the program runs eagerly")
 
 
 class RunEagerly(CoilError):
-    """Raised while a program is analysed when its graphs cannot mean what eager does;
-    ``aot_compile`` then runs the program eagerly, every call (event
-    ``aot_overlapping_write_eager`` with the reason): eager raises at an op whose error
-    the graphs would lose (a scalar that overflows the dtype, :class:`OverlapGuard`), or
-    the program reaches memory that functionalization does not model
-    (:data:`RESTRIDE_MESSAGE`)."""
-
-
-class OverlappingWrite(RunEagerly):
-    """The program writes in place to memory that several of a tensor's elements share,
-    which eager refuses at that op, so the call raises eager's error after eager's side
-    effects. Also raised for a write to an expanded input with symbolic sizes
-    (:data:`SYMBOLIC_OVERLAP_MESSAGE`), which eager runs, and for a write outside the
-    inputs' elements (:data:`OUTSIDE_MESSAGE`)."""
+    """Raised while a program is analysed when its graphs cannot mean what eager does
+    (the ``*_MESSAGE`` reasons; :func:`_scalar_overflows`); ``aot_compile`` then runs it
+    eagerly, every call (``aot_overlapping_write_eager``): where eager raises, it raises
+    eager's error after eager's side effects."""
 
 
 def _overlaps(t: torch.Tensor) -> bool:
@@ -207,7 +196,7 @@ def input_groups(fake_args: list, mutated: list) -> Optional[InputGroups]:
             elif 0 in [st for st in t.stride() if isinstance(st, int)] and _overlaps(t):
                 # an expanded input with symbolic sizes: no synthetic base (static
                 # layouts only) and no single new value to copy back: run eagerly
-                raise OverlappingWrite(SYMBOLIC_OVERLAP_MESSAGE)
+                raise RunEagerly(SYMBOLIC_OVERLAP_MESSAGE)
             else:
                 continue
         if not all(_static(t.shape, t.stride(), t.storage_offset()) for t in ts) or \
@@ -225,11 +214,10 @@ def input_groups(fake_args: list, mutated: list) -> Optional[InputGroups]:
 
 class OverlapGuard(TorchDispatchMode):
     """While a program runs under functionalization (``analyze`` runs every program with
-    it), an in-place write raises :class:`OverlappingWrite` when it goes to overlapping
-    memory or, into an input's storage, outside the elements of every one of
-    ``inputs`` (the program's arguments, before it runs); ``as_strided_`` beyond the
-    tensor's functional storage and an op that eager refuses for an out-of-range scalar
-    (:func:`_scalar_overflows`) raise :class:`RunEagerly`."""
+    it), :class:`RunEagerly` is raised for an in-place write to overlapping memory or,
+    into an input's storage, outside the elements of every one of ``inputs`` (the
+    program's arguments, before it runs), an ``as_strided_`` past the tensor's storage
+    as functionalization sizes it, and an op that eager refuses for its scalar."""
 
     def __init__(self, inputs=()):
         super().__init__()
@@ -255,9 +243,9 @@ class OverlapGuard(TorchDispatchMode):
         for k, name in written:
             t = args[k] if k < len(args) else kwargs.get(name)
             if isinstance(t, torch.Tensor) and _overlaps(t):
-                raise OverlappingWrite(OVERLAP_MESSAGE)
+                raise RunEagerly(OVERLAP_MESSAGE)
             if isinstance(t, torch.Tensor) and not self._covered(t):
-                raise OverlappingWrite(OUTSIDE_MESSAGE)
+                raise RunEagerly(OUTSIDE_MESSAGE)
         return func(*args, **kwargs)
 
     def _covered(self, t: torch.Tensor) -> bool:
@@ -297,13 +285,10 @@ def _restrides_beyond(t, size, stride, storage_offset=None) -> bool:
 
 
 def _scalar_overflows(func, args, kwargs) -> bool:
-    """Whether eager's ``func`` raises "value cannot be converted to type ... without
-    overflow" here: a finite Python number beyond the range of a float16/bfloat16/float32
-    tensor argument, and the op (run on real empty tensors of the same dtypes and dims)
-    converts it to that dtype with eager's range check (``fill_``, ``masked_fill``,
-    ``clamp``, ``full``...; not ``add`` or ``where``, which compute in a wider type).
-    The check fires whatever the tensor's elements, so a traced graph (where
-    ``masked_fill`` became ``where`` of a ``scalar_tensor``, which saturates) would lose it."""
+    """Whether eager's ``func`` raises "value cannot be converted ... without overflow":
+    tried on real empty tensors when a finite number exceeds a fp16/bf16/fp32 argument's
+    range. Eager checks whatever the elements; a graph loses it (``masked_fill`` becomes
+    ``where`` of a saturating ``scalar_tensor``); ``add``, ``where`` accept such a scalar."""
     leaves = pytree.tree_leaves((args, kwargs))
     dtypes = [x.dtype for x in leaves if isinstance(x, torch.Tensor)] + \
         [x for x in leaves if isinstance(x, torch.dtype)]

@@ -352,9 +352,8 @@ def _compile(fn, example_inputs, fw_compiler, bw_compiler, partition_fn, decompo
             example_inputs = fake_args
             info = analyze(fn, fake_args, fake_mode, grad)
     except (RunEagerly, RuntimeError) as e:
-        # eager raises at that op, or the program reaches memory the graphs do not model
-        # (functionalization refuses a write through as_strided of a view, e.g. of an
-        # input restrided by unsqueeze_): run the program eagerly, every call
+        # as RunEagerly: functionalization refuses a write through as_strided of a view
+        # (of an input restrided by unsqueeze_, say)
         if not isinstance(e, RunEagerly) and "as_strided() is non-compositional" not in str(e):
             raise
         trace.log("aot_overlapping_write_eager", stage="aot", reason=str(e))

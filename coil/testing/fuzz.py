@@ -346,18 +346,16 @@ class _AbsSums(TorchDispatchMode):
     """Eager with each sum (``sum``, ``nansum``, ``mean``, ``cumsum``) taken over the
     absolute values of its input in float64; ``outputs``: the ids of their results."""
 
-    def __init__(self):
-        super().__init__()
-        self.outputs: set = set()
+    outputs: set
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = dict(kwargs or {})
-        if func.overloadpacket not in _SUM_OPS or not isinstance(args[0], torch.Tensor):
-            return func(*args, **kwargs)
-        kwargs.pop("dtype", None)
-        out = func(args[0].double().abs(), *args[1:], **kwargs)
-        self.outputs.add(id(out))
-        return out
+        if func.overloadpacket in _SUM_OPS and isinstance(args[0], torch.Tensor):
+            kwargs.pop("dtype", None)
+            out = func(args[0].double().abs(), *args[1:], **kwargs)
+            self.outputs.add(id(out))
+            return out
+        return func(*args, **kwargs)
 
 
 _SUM_OPS = {torch.ops.aten.sum, torch.ops.aten.nansum, torch.ops.aten.mean, torch.ops.aten.cumsum}
@@ -365,28 +363,24 @@ _SUM_OPS = {torch.ops.aten.sum, torch.ops.aten.nansum, torch.ops.aten.mean, torc
 
 def _summation_bounds(fn: Callable, make_inputs: Callable) -> Optional[tuple]:
     """(outputs, inputs) like a reference's: for an output that a sum returns, the sum of
-    its summands' absolute values times the largest input's numel (``eps * bound``
-    bounds the rounding error of any summation order); None elsewhere or on failure."""
+    its summands' absolute values times the largest input's numel (``eps *`` that bounds
+    any summation order's rounding error); None elsewhere or on failure."""
     args = make_inputs()
     n = max([x.numel() for x in args if isinstance(x, torch.Tensor)], default=1)
     mode = _AbsSums()
+    mode.outputs = set()
     try:
         with _quiet(), mode:
             out = fn(*args)
     except Exception:
         return None
-    return pytree.tree_map(lambda t: t * n if id(t) in mode.outputs else None, out), [None] * len(args)
+    return pytree.tree_map(lambda t: t * n if id(t) in mode.outputs else None, (out, args))
 
 
-#: a program that reads a float's bits (``x.view(torch.int32)``), and the dtype whose
-#: NaNs an element's bits may be, by the element's dtype
+#: a program reading a float's bits (``x.view(torch.int32)``); the dtype they may be NaNs of
 _BIT_VIEW = re.compile(r"\.view\(torch\.(u?int\d+|float\d+|bfloat16)\)")
 _BIT_PAIRS = {torch.int32: torch.float32, torch.int64: torch.float64,
               torch.float16: torch.bfloat16, torch.bfloat16: torch.float16}
-
-
-def _as_pair(t: torch.Tensor) -> torch.Tensor:
-    return t.detach().contiguous().view(_BIT_PAIRS[t.dtype]).double()
 
 
 def _leaves(ref: Optional[tuple], n_out: int, n_args: int) -> tuple:
@@ -399,9 +393,8 @@ def _leaves(ref: Optional[tuple], n_out: int, n_args: int) -> tuple:
 def _compare_tensor(what: str, c, e, r, r64=None, sums: bool = False,
                     bound=None, bits: bool = False) -> Optional[tuple]:
     """(kind, message) when compiled ``c`` differs from eager ``e`` (``r``: fp32 reference,
-    ``r64``: float64 reference, ``sums``: the program sums, ``bound``: its summation
-    error bound, :func:`_summation_bounds`, ``bits``: it views floats as another dtype;
-    docs/fuzzing.md)."""
+    ``r64``: float64 reference, ``sums``: the program sums, ``bound``: :func:`_summation_bounds`,
+    ``bits``: it views floats as another dtype; docs/fuzzing.md)."""
     if not isinstance(e, torch.Tensor) or not isinstance(c, torch.Tensor):
         same = _same_bits(c, e) if isinstance(c, torch.Tensor) == isinstance(e, torch.Tensor) \
             else False
@@ -427,7 +420,8 @@ def _compare_tensor(what: str, c, e, r, r64=None, sums: bool = False,
     if not close.all():
         close |= _documented_numerics(a, b, e.dtype, r64, sums)
     if bits and e.dtype in _BIT_PAIRS and not close.all():  # NaNs' bits are unspecified
-        close |= _as_pair(c).isnan() & _as_pair(e).isnan()
+        nan = [t.detach().contiguous().view(_BIT_PAIRS[e.dtype]).isnan() for t in (c, e)]
+        close |= nan[0] & nan[1]
     if isinstance(bound, torch.Tensor) and bound.shape == a.shape and e.is_floating_point():
         close |= (a - b).abs() <= torch.finfo(e.dtype).eps * bound.nan_to_num(posinf=0.0)
     if bool(close.all()):

@@ -82,12 +82,6 @@ def _reciprocal(a, dtype):
     return f"({one} / {a[0]})"
 
 
-def _erf(a, dtype):
-    # float32: libm's double erf, rounded (eager's is within 1 ulp; coil_erf's 7e-7 relative
-    # error showed after cancellation, fuzz seed 24 #1153); coil_erf serves GELU's ndtr
-    return f"(float)cm::erf((double){a[0]})" if _f32(dtype) else f"cm::erf({a[0]})"
-
-
 def _relu(a, dtype):
     # a select, not max(x, 0): keeps -0.0 (and NaN) as eager does
     z = f"({compute_ctype(dtype)})0"
@@ -110,7 +104,10 @@ UNARY = {
     "sin": _fn("coil_sin", "cm::sin"), "cos": _fn("coil_cos", "cm::cos"), "tan": _std("tan"), "asin": _std("asin"),
     "acos": _std("acos"), "atan": _std("atan"), "sinh": _std("sinh"), "cosh": _std("cosh"),
     "tanh": _fn("coil_tanh", "cm::tanh"), "asinh": _std("asinh"), "acosh": _std("acosh"),
-    "atanh": _std("atanh"), "erf": _erf, "erfc": _std("erfc"),
+    "atanh": _std("atanh"), "erfc": _std("erfc"),
+    # float32: libm's double erf, rounded (eager's is within 1 ulp; coil_erf's 7e-7 error
+    # showed after cancellation, fuzz seed 24 #1153); coil_erf serves GELU's ndtr only
+    "erf": lambda a, d: f"(float)cm::erf((double){a[0]})" if _f32(d) else f"cm::erf({a[0]})",
     "erfinv": lambda a, d: f"coil_erfinv({a[0]})",
     "ndtr": lambda a, d: f"coil_ndtr({a[0]})",
     "sigmoid": lambda a, d: (f"coil_sigmoid({a[0]})" if _f32(d) else f"(1.0 / (1.0 + cm::exp(-{a[0]})))"),

@@ -1,0 +1,117 @@
+"""Where coil's compile time goes: cProfile of the compiling calls of a transformers model.
+
+    python benchmarks/compile_profile.py --out $OUT                         # the H200
+    python benchmarks/compile_profile.py --device cpu --size small --out /tmp/p  # CPU smoke test
+
+The model (transformers GPT-2 124M or the 8-layer LLaMA of ``coil bench``, bf16, eval,
+batch 4) is compiled with ``coil.compile`` (``dynamic=None``) and called at ``--lengths``
+in order (64, 96: the first compile is static, the second automatic dynamic). Per call:
+its wall seconds; from the compile log (``COIL_TRACE``, which sees the compile threads a
+profiler does not) each compile's stages by self time and its events by count (autotune,
+compile-pool jobs, ...), and the runtime events the call logged with the seconds they
+name; with ``--cprofile`` the top functions of the calling thread by cumulative time.
+The report goes to ``<out>/compile_profile_<model>.txt`` and stdout.
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import os
+import pstats
+import time
+
+import torch
+
+
+def _report(prof: cProfile.Profile, top: int) -> str:
+    st = pstats.Stats(prof)
+    out = io.StringIO()
+    st.stream = out
+    st.sort_stats("cumulative").print_stats(r"coil/|triton/compiler|triton/runtime/autotuner|"
+                                            r"_subclasses|sym_node|symbolic_shapes|proxy_tensor", top)
+    n = t = 0.0
+    for (fname, _, func), (_, nc, _, ct, _) in st.stats.items():
+        if fname.endswith(os.path.join("triton", "compiler", "compiler.py")) and func == "compile":
+            n, t = n + nc, t + ct
+    head = f"triton.compiler.compile: {int(n)} calls, {t:.1f} s\n"
+    return head + "\n".join(l[:230] for l in out.getvalue().splitlines())
+
+
+def _log_summary(log_dir: str, seen: set) -> str:
+    """Stages and event counts of the compiles (and loose runtime records) not in ``seen``."""
+    import collections
+    from coil.trace.report import read_log
+    try:
+        log = read_log(log_dir)
+    except FileNotFoundError:
+        return "(no compile log)"
+    lines = []
+    for c in log.compiles:
+        if (c.pid, c.compile_id) in seen:
+            continue
+        seen.add((c.pid, c.compile_id))
+        selfs = sorted(c.stage_self_totals().items(), key=lambda kv: -kv[1])[:12]
+        lines.append(f"compile {c.compile_id}: {c.total_ms() / 1e3:.1f} s in stages; self s: "
+                     + ", ".join(f"{k} {v / 1e3:.1f}" for k, v in selfs))
+        counts = collections.Counter(r.get("event") for r in c.events)
+        lines.append("  events: " + ", ".join(f"{k} x{n}" for k, n in counts.most_common(14)))
+    new = [r for r in log.loose if id(r) not in seen]
+    counts = collections.Counter(r.get("event") for r in new)
+    secs = collections.Counter()
+    for r in new:
+        for k in ("seconds", "compile_s", "duration_s"):
+            if isinstance(r.get(k), (int, float)):
+                secs[r.get("event")] += r[k]
+        if isinstance(r.get("duration_ms"), (int, float)):
+            secs[r.get("event")] += r["duration_ms"] / 1e3
+    lines.append("runtime events (all calls so far): " + ", ".join(
+        f"{k} x{n}" + (f" ({secs[k]:.1f} s)" if secs[k] else "") for k, n in counts.most_common(14)))
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="gpt2", choices=["gpt2", "llama"])
+    ap.add_argument("--size", default="full", choices=["full", "small"])
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--lengths", nargs="+", type=int, default=[64, 96])
+    ap.add_argument("--top", type=int, default=45)
+    ap.add_argument("--out", default=".")
+    ap.add_argument("--cprofile", action="store_true")
+    a = ap.parse_args()
+    import coil
+    from coil import trace
+    from coil.bench.dynamic import build
+
+    log_dir = os.path.join(a.out, "compile_profile_log")
+    trace.set_dir(log_dir)
+    seen: set = set()
+    from coil.bench.models import _ids
+
+    dev = torch.device(a.device)
+    m = build(a.model, dev, a.size)
+    f = coil.compile(m)
+    text = [f"{a.model} ({a.size}) on {dev}, torch {torch.__version__}"]
+    with torch.no_grad():
+        for length in a.lengths:
+            ids = _ids(4, length, m.config.vocab_size, dev)
+            prof = cProfile.Profile() if a.cprofile else None
+            t0 = time.perf_counter()
+            if prof:
+                prof.enable()
+            f(input_ids=ids)
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
+            if prof:
+                prof.disable()
+            text.append(f"\n=== L={length}: first call {time.perf_counter() - t0:.2f} s\n"
+                        + _log_summary(log_dir, seen) + ("\n" + _report(prof, a.top) if prof else ""))
+            print(text[-1], flush=True)
+    os.makedirs(a.out, exist_ok=True)
+    with open(os.path.join(a.out, f"compile_profile_{a.model}.txt"), "w") as fh:
+        fh.write("\n".join(text))
+
+
+if __name__ == "__main__":
+    main()

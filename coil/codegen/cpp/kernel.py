@@ -317,8 +317,8 @@ class CppKernel(OpsHandler):
         if dtype in (torch.bfloat16, torch.float16):  # round; a value rounded already stays
             if x.rounded == dtype:
                 return x
-            t = "bf16" if dtype == torch.bfloat16 else "f16"
-            x = self._emit(f"coil_{t}_to_float(coil_float_to_{t}(static_cast<float>({x})))", torch.float32)
+            x = self._emit(f"coil_round_bf16(static_cast<float>({x}))" if dtype == torch.bfloat16 else
+                           f"coil_f16_to_float(coil_float_to_f16(static_cast<float>({x})))", torch.float32)
             x.rounded = dtype
             return x
         if x.dtype == dtype:

@@ -34,7 +34,7 @@ from coil.ir import lowering_views  # noqa: F401  (registers view/index lowering
 from coil.ir.nodes import (Buffer, ComputedBuffer, ConstantBuffer, ExternKernel, GenericView,
                            InputBuffer, Layout, MultiOutput, Pointwise, ReinterpretView,
                            StorageBox, TensorBox, V)
-from coil.ir.symbols import as_expr, current_shape_env
+from coil.ir.symbols import as_expr, current_shape_env, hint
 from coil.ir.virtualized import ops
 
 MAX_INLINE_OPS = 64
@@ -146,25 +146,33 @@ def _maybe_pad_matmul_output(ek: ExternKernel, meta: torch.Tensor) -> None:
     zero-padded buffers; for a padded N the result keeps a padded row stride
     (``ek.padded_output``) and a graph output gets a contiguous copy (see
     ``_output_spec``). The same idea as Inductor's mm padding. Only plain
-    (alpha = beta = 1) calls are padded."""
+    (alpha = beta = 1) calls are padded.
+
+    Under dynamic shapes the padded dims (N, and K for a padded K) must be static; M and
+    the others may be symbolic (GPT-2's LM head: M = batch * length): the output layout
+    is then (M, Np) with a static row stride, and the size heuristics use the hints."""
     if (ek.op not in _PADDABLE_MATMULS or meta.device.type not in _PAD_DEVICES or meta.dim() != 2
-            or meta.dtype not in (torch.float16, torch.bfloat16) or not meta.is_contiguous()
-            or not config.pad_matmul_outputs or ek.kwargs
-            or not all(isinstance(v, int) for v in list(meta.shape) + list(meta.stride()))):
+            or meta.dtype not in (torch.float16, torch.bfloat16)
+            or not config.pad_matmul_outputs or ek.kwargs):
         return
     a, b = ek.args[1:3] if ek.op is torch.ops.aten.addmm.default else ek.args[0:2]
-    m, n = (int(s) for s in meta.shape)
-    k = int(a.get_size()[1])
-    big = m * n >= (1 << 20) or m * k >= (1 << 20) or k * n >= (1 << 20)
+    m, n = meta.shape
+    k = a.get_size()[1]
+    if not (isinstance(n, int) and all(isinstance(v, int) for v in meta.stride())
+            and tuple(meta.stride()) == (n, 1)):
+        return  # N symbolic or the output not contiguous
+    hm, hk = hint(as_expr(m)), hint(as_expr(k))
+    big = hm * n >= (1 << 20) or hm * hk >= (1 << 20) or hk * n >= (1 << 20)
     pad_n = n % 8 != 0 and n >= 64 and big
     # an operand whose leading dimension (row stride, or column stride when transposed)
     # is not a multiple of 8: K % 8, or a transposed operand with M % 8 / N % 8
-    pad_k = big and min(m, n, k) >= 64 and (_misaligned_ld(a) or _misaligned_ld(b))
+    # (a symbolic stride is never padded: _misaligned_ld is False for it)
+    pad_k = big and min(hm, n, hk) >= 64 and (_misaligned_ld(a) or _misaligned_ld(b))
     if not (pad_n or pad_k):
         return
     if ek.op is torch.ops.aten.addmm.default:
-        bias_size = [int(x) for x in ek.args[0].get_size()] if hasattr(ek.args[0], "get_size") else None
-        if bias_size not in ([n], [1, n], [1], []):
+        bias_size = [str(x) for x in ek.args[0].get_size()] if hasattr(ek.args[0], "get_size") else None
+        if bias_size not in ([str(n)], ["1", str(n)], ["1"], []):
             return
     ek.padded_matmul = True
     npad = -(-n // 8) * 8 if pad_n else n
@@ -172,8 +180,8 @@ def _maybe_pad_matmul_output(ek: ExternKernel, meta: torch.Tensor) -> None:
         ek.layout = Layout(meta.device, meta.dtype, [as_expr(m), as_expr(n)],
                            [as_expr(npad), sympy.Integer(1)], sympy.Integer(0))
         ek.padded_output = True
-    trace.log("pad_matmul", stage="lowering", buffer=ek.name, op=str(ek.op),
-              m=m, n=n, k=k, pad_n=pad_n, pad_k=pad_k, row_stride=npad)
+    trace.log("pad_matmul", stage="lowering", buffer=ek.name, op=str(ek.op), m=str(m), n=n,
+              k=str(k), pad_n=pad_n, pad_k=pad_k, row_stride=npad)
 
 
 class GraphLowering(torch.fx.Interpreter):

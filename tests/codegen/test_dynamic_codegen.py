@@ -277,3 +277,22 @@ def test_split_loops_with_product_divisors(backend, monkeypatch):
     # (x3 = xo / (4 * s)); printed without parentheses it read far out of bounds
     fn = lambda x: x.view(x.shape[0], x.shape[1], 4, 8).transpose(1, 2).contiguous() * 2
     _check(fn, lambda n: (torch.randn(3, n, 32),), [5, 11, 30], backend, monkeypatch)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_padded_matmul_symbolic_rows(backend, monkeypatch):
+    # GPT-2's LM head under dynamic shapes: M = batch * length is symbolic, N = 1027 is
+    # static; the output was not padded (cuBLAS align1 kernels on the H200, 7x slower).
+    # N is padded to a row stride of 1032 whatever M is, through one compile
+    import coil.ir.graph as G
+    from coil import trace
+    monkeypatch.setattr(G, "_PAD_DEVICES", ("cuda", "cpu"))
+    events, real_log = [], trace.log
+    monkeypatch.setattr(trace, "log", lambda ev, **kw: (events.append((ev, kw)), real_log(ev, **kw)))
+    head = torch.nn.Linear(64, 1027).bfloat16().requires_grad_(False)  # parameters: static
+    fn = lambda x: (head(x), F.linear(torch.relu(x), head.weight) * 2)
+    c = _check(fn, lambda n: (torch.randn(n * 512, 64, dtype=torch.bfloat16),), [3, 5, 8], backend,
+               monkeypatch, atol=0.1)
+    pads = [kw for ev, kw in events if ev == "pad_matmul"]
+    assert len(pads) == 2 and all(kw["row_stride"] == 1032 and "s" in kw["m"] for kw in pads), pads
+    assert c.graphs[0].source.count("matmul_padded(") == 2, c.graphs[0].source

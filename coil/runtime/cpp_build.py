@@ -11,7 +11,9 @@ turns source text into callable functions and knows nothing about kernels.
   semantics to agree with eager. ``-fno-math-errno`` changes no results (it lets
   ``sqrt`` vectorize). ``-fno-trapping-math`` is deliberately absent: with it GCC folds
   a float -> int -> float round trip into ``trunc`` (``x.long().float()`` of 1e30 gave
-  1e30 instead of eager's -9.22e18, and -0.5 gave -0.0 instead of 0.0).
+  1e30 instead of eager's -9.22e18, and -0.5 gave -0.0 instead of 0.0). ``-fwrapv``:
+  signed integer overflow wraps, as eager's int64 results do; without it GCC may assume
+  it never happens (``argmax(-x)`` of ``[0, INT64_MIN]`` was rewritten into 1).
 - **Cache key.** sha256 of (source, compiler path, compiler ``--version`` text,
   flags). The shared object lives at ``<cache_dir>/cpp/<key[:2]>/<key>.so`` where
   ``cache_dir`` is ``config.cache_dir`` or ``~/.cache/coil``. Writes go to a
@@ -54,7 +56,7 @@ __all__ = [
 ]
 
 DEFAULT_FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17",
-                 "-fno-strict-aliasing",
+                 "-fno-strict-aliasing", "-fwrapv",
                  "-fno-math-errno", "-Wno-unused-variable", "-Wno-unused-but-set-variable")
 
 

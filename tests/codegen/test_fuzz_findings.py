@@ -274,3 +274,16 @@ def test_fused_low_precision_intermediate_is_rounded(dtype, backend):
     (True where eager, comparing bf16 with bf16, has False); a fused fp16/bf16 value
     is now rounded to its dtype, as eager stores it."""
     _ok(_compare_with_filled_copy, lambda: [torch.ones(1, 6, dtype=dtype)], backend)
+
+
+def _argmax_of_wrapped_negation(a):  # fuzz seed 50 #1285
+    a.unsqueeze(1).neg_()
+    return (torch.argmax(a, dim=1), torch.argmax(-a, dim=1), -a)
+
+
+@pytest.mark.parametrize("backend", ["cpp", "triton"])
+def test_signed_overflow_wraps(backend):
+    """-INT64_MIN wraps to INT64_MIN as in eager; C++ kernels build with -fwrapv (GCC
+    assumed signed overflow never happens and turned argmax(-x) of [0, INT64_MIN] into 1)."""
+    _ok(_argmax_of_wrapped_negation,
+        lambda: [torch.tensor([[0, -2**63], [5, -2**63 + 1]], dtype=torch.int64)], backend)

@@ -14,6 +14,12 @@ checks its use relies on), then :meth:`GuardSet.build` turns them into::
 (the checks of one tensor are one ``if``; source prefixes are read once, into locals:
 see :func:`_emit_guards`).
 
+Tensors of exact type ``Tensor``/``Parameter`` with static sizes are checked in C++ instead:
+their guards stay in the list (recompile reasons name them) but the generated function
+only fetches each tensor into a local and passes them all to one
+``torch._C._dynamo.guards.TensorGuards.check`` per batch (see :meth:`GuardSet._batch`),
+about 0.07 us a tensor instead of about 1 us for the Python ``if``.
+
 The function is printed into the compile log (``artifact guards``) and can be
 called on its own. Objects the guards compare against live in the function's
 namespace as ``___cN`` (classes, dtypes, devices, code objects). Functions and
@@ -29,23 +35,33 @@ from typing import Any, Optional
 
 import torch
 
+from coil import trace
+
+try:
+    from torch._C._dynamo.guards import TensorGuards as _TensorGuards
+except ImportError:    # a torch without it: every tensor is checked in Python
+    _TensorGuards = None
+
 
 class Guard:
     """One check. ``code`` is what :meth:`GuardSet.failures` evaluates (and names);
     ``fast`` is an equivalent expression the generated function uses instead, valid only
     after the guards before it in the same ``group`` passed (e.g. ``t.is_contiguous()``
     for ``t.stride() == (8, 1)`` once ``t.shape == (4, 8)`` held); ``group`` joins the
-    consecutive checks of one tensor into one generated ``if``."""
-    __slots__ = ("code", "value_expr", "expected", "src", "fast", "group")
+    consecutive checks of one tensor into one generated ``if``; ``batch`` names the
+    C++ tensor check that replaces it in the generated function (None: generated)."""
+    __slots__ = ("code", "value_expr", "expected", "src", "fast", "group", "batch")
 
     def __init__(self, code: str, value_expr: Optional[str], expected: Any, src: Optional[str] = None,
-                 fast: Optional[str] = None, group: Optional[str] = None):
+                 fast: Optional[str] = None, group: Optional[str] = None,
+                 batch: Optional[str] = None):
         self.code = code
         self.value_expr = value_expr
         self.expected = expected
         self.src = src
         self.fast = fast
         self.group = group
+        self.batch = batch
 
 
 class Hoister:
@@ -88,7 +104,10 @@ class GuardSet:
             "___grad_enabled": torch.is_grad_enabled,
             "___id": id,
             "math": __import__("math"),     # shape guards on floats (math.isnan)
+            "___keys": _dispatch_keys,
         }
+        self._batched: dict[str, torch.Tensor] = {}   # src -> example tensor, until build
+        self._notes: dict[str, str] = {}    # src -> comment on its batched check
         self._const_ids: dict[int, str] = {}
         # shape guards of a dynamic entry (coil/capture/dynamic.py): locals reading sizes,
         # then conditions over them; checked after every other guard
@@ -114,21 +133,21 @@ class GuardSet:
 
     def add(self, code: str, value_expr: Optional[str] = None, expected: Any = None,
             src: Optional[str] = None, fast: Optional[str] = None,
-            group: Optional[str] = None) -> None:
+            group: Optional[str] = None, batch: Optional[str] = None) -> None:
         """Add ``code`` (a boolean expression). ``value_expr``/``expected`` describe the
         guarded value for recompile messages; ``src`` is the source expression the code
-        reads (hoisted into a local variable in the generated function); ``fast`` and
-        ``group``: see :class:`Guard`."""
+        reads (hoisted into a local variable in the generated function); ``fast``,
+        ``group`` and ``batch``: see :class:`Guard`."""
         if code in self._seen:
             return
         self._seen.add(code)
-        self.guards.append(Guard(code, value_expr, expected, src, fast, group))
+        self.guards.append(Guard(code, value_expr, expected, src, fast, group, batch))
 
     def source_text(self, argnames: list[str]) -> str:
         """The guard function's source (see :func:`_emit_guards` for what is hoisted)."""
         params = ", ".join(list(argnames) + ["___f"])
         lines = [f"def ___guard({params}):"]
-        _emit_guards(self.guards, lines)
+        _emit_guards(self.guards, lines, self._notes)
         if self.shape_exprs:
             lines.extend(f"    {ln}" for ln in self.shape_prelude)
             cond = " and ".join(f"({e})" for e in self.shape_exprs)
@@ -138,10 +157,54 @@ class GuardSet:
 
     def build(self, argnames: list[str]):
         """Compile the guard function; returns ``(fn, source_text)``."""
+        if self._batched:
+            self._batch()
         src = self.source_text(argnames)
         ns = dict(self.ns)
         exec(compile(src, "<coil guards>", "exec"), ns)
         return ns["___guard"], src
+
+    def _batch(self) -> None:
+        """One ``TensorGuards`` per batch over the batched tensors, in guard order, built
+        from the example tensors (then dropped): it checks the exact Python type, the
+        dispatch keys under the thread's dispatch state (device type, layout, inference,
+        conj/neg bits, modes), dtype, device index, requires_grad, sizes and strides. The
+        keys are also added as a guard after each tensor's others (``___keys(t) == ...``,
+        for recompile reasons). A batch whose check cannot be built, or rejects its own
+        examples, is generated in Python as before (logged: ``guard_batch``)."""
+        order: dict[str, list[str]] = {}
+        for g in self.guards:
+            if g.batch is not None and g.src not in order.setdefault(g.batch, []):
+                order[g.batch].append(g.src)
+        keys: dict[str, tuple] = {}
+        for name, srcs in order.items():
+            ts = [self._batched[s] for s in srcs]
+            try:
+                check = _TensorGuards(*ts, dynamic_dims_sizes=[list(t.shape) for t in ts],
+                                      dynamic_dims_strides=[list(t.stride()) for t in ts])
+                why = None if check.check(*ts) else "rejects its example tensors"
+            except Exception as e:  # noqa: BLE001 - checked in Python instead
+                why = f"{type(e).__name__}: {e}"
+            trace.log("guard_batch", stage="capture", batch=name, tensors=len(ts),
+                      used=why is None, reason=why or "tensor checks run in C++, one call")
+            if why is not None:
+                for g in self.guards:
+                    if g.batch == name:
+                        g.batch = None
+                continue
+            self.ns[name] = check
+            for i, (s, t) in enumerate(zip(srcs, ts)):
+                keys[s] = (name, _dispatch_keys(t))
+                self._notes[s] = (f"{name}[{i}], {type(t).__name__} {t.dtype} {t.device} "
+                                  f"{tuple(t.shape)} stride {t.stride()} "
+                                  f"requires_grad={t.requires_grad}")
+        self._batched.clear()
+        last = {g.src: i for i, g in enumerate(self.guards) if g.batch is not None}
+        for s in sorted(keys, key=last.get, reverse=True):    # inserting from the end
+            name, ks = keys[s]
+            code = f"___keys({s}) == {self.const(ks)}"
+            self._seen.add(code)
+            self.guards.insert(last[s] + 1, Guard(code, f"___keys({s})", ks, s, batch=name))
 
     def first_failure(self, argnames: list[str], values: tuple) -> Optional[str]:
         """Describe the first guard that fails for ``values`` (the bound frame arguments
@@ -209,6 +272,13 @@ class GuardSet:
         return out
 
 
+def _dispatch_keys(t: torch.Tensor):
+    """``t``'s dispatch keys under this thread's included/excluded keys: what
+    ``TensorGuards`` compares (so an inference tensor, or a conj view, differs)."""
+    return (torch._C._dispatch_keys(t) | torch._C._dispatch_tls_local_include_set()) - \
+        torch._C._dispatch_tls_local_exclude_set()
+
+
 def _contiguous_strides(shape: tuple) -> tuple:
     out, step = [], 1
     for n in reversed(shape):
@@ -227,24 +297,31 @@ def tensor_guard(gs: GuardSet, expr: str, t: torch.Tensor, fake=None) -> None:
     shape checks passed: with those sizes, "contiguous" holds exactly when every stride is
     the product of the later sizes (c10's ``compute_contiguous``), i.e. the same test. The
     layout is checked too: an MKLDNN tensor (type ``torch.Tensor``) says contiguous with
-    strides ``(1, 0)``."""
+    strides ``(1, 0)``.
+
+    An exact ``Tensor``/``Parameter`` of strided layout is batched instead (``batch``:
+    see :meth:`GuardSet._batch`): frame arguments and globals and their items (no
+    attribute step in ``expr``) in one check, emitted once the last of them is fetched,
+    so a changed input fails before module state is read; the rest in another."""
     if fake is not None and _symbolic(fake):
         return _dynamic_tensor_guard(gs, expr, t, fake)
     shape, stride = tuple(t.shape), tuple(t.stride())
-    grp = expr
-    gs.add(f"type({expr}) is {gs.const(type(t))}", f"type({expr})", type(t), src=expr, group=grp)
-    gs.add(f"{expr}.dtype is {gs.const(t.dtype)}", f"{expr}.dtype", t.dtype, src=expr, group=grp)
-    gs.add(f"{expr}.device == {gs.const(t.device)}", f"{expr}.device", t.device, src=expr,
-           group=grp)
-    gs.add(f"{expr}.shape == {shape!r}", f"tuple({expr}.shape)", shape, src=expr, group=grp)
+    exact = type(t) in (torch.Tensor, torch.nn.Parameter) and t.layout is torch.strided
+    batch = None
+    if exact and _TensorGuards is not None:
+        batch = "___tensors_args" if "." not in expr else "___tensors_attrs"
+        gs._batched.setdefault(expr, t)
+    kw = dict(src=expr, group=expr, batch=batch)
+    gs.add(f"type({expr}) is {gs.const(type(t))}", f"type({expr})", type(t), **kw)
+    gs.add(f"{expr}.dtype is {gs.const(t.dtype)}", f"{expr}.dtype", t.dtype, **kw)
+    gs.add(f"{expr}.device == {gs.const(t.device)}", f"{expr}.device", t.device, **kw)
+    gs.add(f"{expr}.shape == {shape!r}", f"tuple({expr}.shape)", shape, **kw)
     fast = None
-    if (type(t) in (torch.Tensor, torch.nn.Parameter) and t.layout is torch.strided
-            and all(n >= 2 for n in shape) and stride == _contiguous_strides(shape)):
+    if exact and all(n >= 2 for n in shape) and stride == _contiguous_strides(shape):
         fast = f"{expr}.layout is {gs.const(torch.strided)} and {expr}.is_contiguous()"
-    gs.add(f"{expr}.stride() == {stride!r}", f"{expr}.stride()", stride, src=expr, fast=fast,
-           group=grp)
-    gs.add(f"{expr}.requires_grad is {t.requires_grad!r}", f"{expr}.requires_grad", t.requires_grad,
-           src=expr, group=grp)
+    gs.add(f"{expr}.stride() == {stride!r}", f"{expr}.stride()", stride, fast=fast, **kw)
+    gs.add(f"{expr}.requires_grad is {t.requires_grad!r}", f"{expr}.requires_grad",
+           t.requires_grad, **kw)
 
 
 def _symbolic(fake) -> bool:
@@ -380,7 +457,7 @@ class _Parsed:
                 self.first = entry
 
 
-def _emit_guards(guards: list, lines: list) -> None:
+def _emit_guards(guards: list, lines: list, notes: dict) -> None:
     parsed: list = []
     counts: dict[str, int] = {}
     for g in guards:
@@ -397,6 +474,8 @@ def _emit_guards(guards: list, lines: list) -> None:
     names: dict[str, str] = {}
     pending: list = []          # conditions of the current group, joined into one ``if``
     pending_group = [None]
+    batches: dict[str, dict] = {}   # batch -> {src: local}, in the order TensorGuards has
+    last = {g.batch: i for i, g in enumerate(guards) if g.batch is not None}
 
     def flush():
         if pending:
@@ -412,14 +491,14 @@ def _emit_guards(guards: list, lines: list) -> None:
         names[text] = name
         return name
 
-    for g, p in zip(guards, parsed):
+    for i, (g, p) in enumerate(zip(guards, parsed)):
         code = g.fast if g.fast is not None else g.code
-        if p is None:               # not parseable as expected: the plain text, as before
+        if p is None and g.batch is None:   # not parseable as expected: the plain text
             flush()
             lines.append(f"    if not ({code}): return False")
             continue
         # hoist the first-evaluated chain's shared prefixes (and the src itself)
-        if p.first is not None:
+        if p is not None and p.first is not None:
             prev_name, prev_end = None, None
             for text, end in p.first[1]:
                 if text not in names and (counts.get(text, 0) >= 2 or text == g.src):
@@ -428,6 +507,18 @@ def _emit_guards(guards: list, lines: list) -> None:
                     local(text, rhs)
                 if text in names:
                     prev_name, prev_end = names[text], end
+        if g.batch is not None:     # fetched here (hoisted above), checked with its batch
+            args = batches.setdefault(g.batch, {})
+            if g.src not in args:
+                args[g.src] = names.get(g.src, g.src)
+                flush()
+                lines.append(f"    # {args[g.src]}: {notes.get(g.src, '')}")
+            if i == last[g.batch]:
+                flush()
+                vals = list(args.values())
+                rows = ",\n            ".join(", ".join(vals[k:k + 8]) for k in range(0, len(vals), 8))
+                lines.append(f"    if not {g.batch}.check({rows}): return False")
+            continue
         # replace each chain's longest hoisted prefix, right to left (byte offsets)
         raw = p.raw
         for start, prefixes in sorted(p.chains, key=lambda c: c[0], reverse=True):

@@ -642,14 +642,16 @@ class InstructionTranslatorBase:
         if src is not None:
             e = src.expr()
             names = [h for h in _MODULE_HOOKS if hasattr(m, h)]
+            # hook dicts live in the instance __dict__: read there (half the cost of
+            # an attribute load on a class with __getattr__)
+            dicts = [f"{e}.__dict__[{h!r}]" if h in m.__dict__ else f"{e}.{h}" for h in names]
             if not any(getattr(m, h) for h in names):
-                gs.add(" and ".join(f"not {e}.{h}" for h in names),
-                       f"sum(map(len, ({''.join(f'{e}.{h}, ' for h in names)})))", 0, src=e)
-            for hname in names:
+                gs.add(" and ".join(f"not {d}" for d in dicts),
+                       f"sum(map(len, ({''.join(f'{d}, ' for d in dicts)})))", 0, src=e)
+            for hname, d in zip(names, dicts):
                 hooks = getattr(m, hname)
                 if hooks:      # the same hooks (handle ids), not just as many
-                    gs.add(f"tuple({e}.{hname}) == {tuple(hooks)!r}", f"tuple({e}.{hname})",
-                           tuple(hooks), src=e)
+                    gs.add(f"tuple({d}) == {tuple(hooks)!r}", f"tuple({d})", tuple(hooks), src=e)
         for hid, hook in list(m._forward_pre_hooks.items()):
             hook_vt = wrap(self, hook, None)
             if hid in m._forward_pre_hooks_with_kwargs:

@@ -1,14 +1,29 @@
-"""The generated guard function (one ``if`` per tensor, hoisted source prefixes,
-``is_contiguous()`` for contiguous strides) decides exactly what the guard list
-decides: it fails on every single change the list checks (dtype, device, shape,
-stride, requires_grad, a hook on a submodule, a swapped parameter of other metadata),
-passes on a swapped parameter of the same metadata, and recompile reasons still name
-the failing condition (``GuardSet.failures`` evaluates the individual guards)."""
+"""The generated guard function (tensors checked in C++ batches, or one Python ``if``
+per tensor where ``TensorGuards`` is missing; hoisted source prefixes; module attributes
+read through ``__dict__``) decides exactly what the guard list decides: it fails on
+every single change the list checks (dtype, device, shape, stride, requires_grad, a hook
+on a submodule, a swapped parameter of other metadata, eps, train/eval), passes on a
+swapped parameter of the same metadata, and recompile reasons still name the failing
+condition (``GuardSet.failures`` evaluates the individual guards). Every test runs with
+the batched C++ check and with the Python one (``batched`` fixture)."""
+import re
+
+import pytest
 import torch
 import torch.nn as nn
 
 import coil
+from coil.capture import guards as guards_mod
 from coil.capture.frame import _caches
+
+
+@pytest.fixture(autouse=True, params=["batched", "python"])
+def batched(request, monkeypatch):
+    if request.param == "python":
+        monkeypatch.setattr(guards_mod, "_TensorGuards", None)
+    elif guards_mod._TensorGuards is None:
+        pytest.skip("torch._C._dynamo.guards.TensorGuards is not available")
+    return request.param == "batched"
 
 
 class Net(nn.Module):
@@ -49,24 +64,39 @@ def _check(entry, fn, m, args):
     return ok, [f["guard"] for f in fails]
 
 
-def test_baseline_passes_and_source_is_combined():
+def test_baseline_passes_and_source_is_combined(batched):
     m, _, x, entry, fn = _compiled()
     assert _check(entry, fn, m, [x]) == (True, [])
     src = entry.guard_src
     lines = src.splitlines()
+    # module dicts are read once per module, not once per entry
+    assert src.count("= self._modules\n") == 1
+    # the guard list still holds the stride check itself (recompile reasons name it)
+    assert any(g.code.endswith(".stride() == (8, 1)") for g in entry.guards.guards)
+    if batched:
+        # no tensor is checked in Python: the input in one C++ call, before any module
+        # state is read; the 9 parameters and buffers in another, once all are fetched
+        assert ".shape ==" not in src and ".dtype is" not in src
+        first_in = src.index("___tensors_args.check(___v0)")
+        assert first_in < src.index("_forward_hooks")
+        check = src[src.index("___tensors_attrs.check("):]
+        assert check[:check.index("return False")].count("___v") == 8
+        assert "# ___v0: ___tensors_args[0], Tensor torch.float32 cpu (4, 8) stride (8, 1) " \
+            "requires_grad=False" in src
+        # module constants and hook dicts are read from the instance __dict__, once a module
+        bn = [ln for ln in lines if "= ___v4.__dict__" in ln]
+        assert len(bn) == 1 and f"{bn[0].split()[0]}['eps']" in src
+        assert "['_forward_hooks']" in src and not re.search(r"(___v\d+|self)\._forward_hooks", src)
+        return
     # one if per tensor; contiguous strides of sizes >= 2 are read as is_contiguous()
     fc_w = [ln for ln in lines if ".shape == (6, 8)" in ln]
     assert len(fc_w) == 1
     assert all(k in fc_w[0] for k in ("type(", ".dtype is", ".device ==", ".shape ==",
                                       ".is_contiguous()", ".requires_grad is True"))
     assert ".stride() == (8, 1)" not in src
-    # the guard list still holds the stride check itself (recompile reasons name it)
-    assert any(g.code.endswith(".stride() == (8, 1)") for g in entry.guards.guards)
     # Linear(6, 1).weight is (1, 6): a size-1 dim, so its stride is compared as a tuple
     blk_w = [ln for ln in lines if ".shape == (1, 6)" in ln]
     assert len(blk_w) == 1 and ".stride() == (6, 1)" in blk_w[0]
-    # module dicts are read once per module, not once per entry
-    assert src.count("= self._modules\n") == 1
 
 
 def test_each_input_change_fails_and_is_named():
@@ -182,3 +212,99 @@ def test_recompile_reason_names_condition(capsys):
     assert "recompiling" in text
     assert ".requires_grad is True" in text and "expected True, got False" in text
     assert ".stride() == (8, 1)" in text
+
+
+def test_module_state_changes_fail_and_are_named():
+    """train()/eval(), a forward in the instance __dict__, a parameter set to None, an
+    attribute moved out of the instance __dict__: each fails the guard, named."""
+    m, _, x, entry, fn = _compiled()
+    edits = {
+        "bn.train()": (lambda: m.bn.train(), lambda: m.bn.eval(), "['training']"),
+        "train()": (lambda: m.train(), lambda: m.eval(), "['training']"),
+        "forward in __dict__": (lambda: setattr(m, "forward", lambda x: x),
+                                lambda: m.__dict__.pop("forward"), "'forward' not in"),
+        "bias None": (lambda: setattr(m.fc, "bias", None),
+                      lambda: setattr(m.fc, "bias", bias), "type("),
+        "momentum not in __dict__": (lambda: m.bn.__dict__.pop("momentum"),
+                                     lambda: setattr(m.bn, "momentum", 0.1), "['momentum']"),
+    }
+    bias = m.fc.bias
+    for name, (do, undo, frag) in edits.items():
+        do()
+        try:
+            ok, fails = _check(entry, fn, m, [x])
+            assert not ok, name
+            assert frag in fails[0], (name, fails)
+        finally:
+            undo()
+        assert _check(entry, fn, m, [x]) == (True, []), name
+
+
+def test_dispatch_key_change_fails_only_batched(batched):
+    """An inference tensor has other dispatch keys than the tensor the graph was captured
+    with: the C++ check rejects it and the reason names the keys guard; the Python check
+    has no such guard and accepts it."""
+    m, _, x, entry, fn = _compiled()
+    with torch.inference_mode():
+        xi = x.clone()
+    ok, fails = _check(entry, fn, m, [xi])
+    if batched:
+        assert not ok and fails[0].startswith("___keys(args[0]) =="), fails
+    else:
+        assert ok
+
+
+def test_batch_that_cannot_be_built_is_checked_in_python(monkeypatch, tmp_path, batched):
+    """A TensorGuards that cannot be built (or rejects its examples) leaves the batch's
+    tensors to the Python ``if``s, logged as a ``guard_batch`` decision."""
+    if not batched:
+        pytest.skip("the batched path only")
+    import json
+
+    from coil import trace
+
+    class Refuses:
+        def __init__(self, *ts, **kw):
+            pass
+
+        def check(self, *ts):
+            return False
+
+    monkeypatch.setattr(guards_mod, "_TensorGuards", Refuses)
+    trace.set_dir(str(tmp_path))
+    try:
+        m, cm, x, entry, fn = _compiled()
+        with torch.no_grad():
+            torch.testing.assert_close(cm(x), m(x))
+    finally:
+        trace.set_dir(None)
+    assert "___tensors" not in entry.guard_src and ".shape == (6, 8)" in entry.guard_src
+    assert not any(g.batch for g in entry.guards.guards)
+    assert _check(entry, fn, m, [x]) == (True, [])
+    assert not _check(entry, fn, m, [x.double()])[0]
+    recs = [json.loads(ln) for p in tmp_path.glob("*.jsonl") for ln in p.read_text().splitlines()]
+    used = {(r["batch"], r["used"], r["reason"]) for r in recs if r.get("event") == "guard_batch"}
+    assert used == {("___tensors_args", False, "rejects its example tensors"),
+                    ("___tensors_attrs", False, "rejects its example tensors")}, used
+
+
+def test_dynamic_input_stays_in_python_parameters_batched(batched):
+    """An input with symbolic sizes keeps its Python checks (rank, static dims, strides
+    and the shape guards); the module's static parameters are still batched."""
+    coil.reset()
+    m = Net().eval()
+    cm = coil.compile(m, backend="eager", dynamic=True)
+    with torch.no_grad():
+        for n in (4, 6):
+            x = torch.randn(n, 8)
+            torch.testing.assert_close(cm(x), m(x))
+    entry = _caches[cm._compiled_call._coil_code].entries[0]
+    src = entry.guard_src
+    assert "___v0.dim() == 2" in src and "___tensors_args" not in src
+    assert ("___tensors_attrs.check(" in src) == batched
+    fn = cm._compiled_call._coil_fn
+    assert _check(entry, fn, m, [torch.randn(9, 8)])[0]
+    assert not _check(entry, fn, m, [torch.randn(9, 7)])[0]
+    with torch.no_grad():
+        m.fc._parameters["weight"] = nn.Parameter(torch.randn(6, 8).double())
+    assert not _check(entry, fn, m, [torch.randn(9, 8)])[0]

@@ -143,7 +143,14 @@ def lookup_attr(tx, vt: ObjectVariableBase, name: str, generic: bool = False):
     if not is_data_descr:
         d = getattr(obj, "__dict__", None)
         if d is not None and name in d:
-            return wrap(tx, d[name], vt.attr_source(name))
+            src = vt.attr_source(name)
+            if src is not None and type(d) is dict and \
+                    _static_lookup(cls, "__getattr__") is not _SENTINEL:
+                # guards and entries read it as ``obj.__dict__[name]``: CPython does not
+                # specialize attribute loads on a class with __getattr__ (nn.Module), a
+                # dict lookup costs half; a value no longer in __dict__ is a guard miss
+                src = ModuleDictSource(vt.source, "__dict__", name)
+            return wrap(tx, d[name], src)
         if isinstance(obj, torch.nn.Module):
             for dname in ("_parameters", "_buffers", "_modules"):
                 sub = obj.__dict__.get(dname)

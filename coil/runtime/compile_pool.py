@@ -215,14 +215,15 @@ def get_pool() -> Optional[CompilePool]:
         return _pool if _pool.alive > 0 else None
 
 
-def submit(path: str, module: str, name: str, dtypes: list[str], configs: list[dict]) -> list:
+def submit(path: str, module: str, name: str, args: list, configs: list[dict]) -> list:
     """Queue one compile job per config of kernel ``name`` (module file ``path``, to be
-    imported as ``module``; ``dtypes`` one torch dtype name per argument). Returns the
-    job handles for :func:`claim` (empty when the pool is off)."""
+    imported as ``module``; ``args``: per argument, its torch dtype's name for a tensor,
+    its value for an int). Returns the job handles for :func:`claim` (empty when the
+    pool is off)."""
     pool = get_pool()
     if pool is None:
         return []
-    return [pool.submit(dict(path=path, module=module, name=name, dtypes=dtypes, config=c))
+    return [pool.submit(dict(path=path, module=module, name=name, args=args, config=c))
             for c in configs]
 
 

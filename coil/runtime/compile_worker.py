@@ -4,15 +4,17 @@ Run as ``python -m coil.runtime.compile_worker``. It reads one JSON job per line
 stdin and answers one JSON line per job on stdout, in order::
 
     {"id": 7, "path": ".../k3f2a....py", "module": "coil_triton_3f2a..._0",
-     "name": "coil_poi_3f2a91c0d4", "dtypes": ["float32", "bfloat16"],
+     "name": "coil_poi_3f2a91c0d4", "args": ["float32", "bfloat16", 12288, 768],
      "config": {"XBLOCK": 1024, "num_warps": 4}}
     -> {"id": 7, "ok": true, "seconds": 0.41}
     -> {"id": 7, "ok": false, "error": "OutOfResources: ..."}
 
-Each job is ``JITFunction.warmup(*dtypes, grid=(1,), **config)`` (Triton 3.x: torch
-dtypes stand for 16-byte-aligned tensors of that dtype): it compiles without launching
-and writes the binary to Triton's cache directory, which the parent process shares, so
-the parent's own compile of the same kernel, signature and options loads it from disk.
+Each job is ``JITFunction.warmup(*args, grid=(1,), **config)`` (Triton 3.x: torch
+dtypes stand for 16-byte-aligned tensors of that dtype; an int is the value the launcher
+will pass, a dynamic kernel's size hint, which Triton specializes as it will the real
+one: divisible by 16, equal to 1, 32-bit): it compiles without launching and writes
+the binary to Triton's cache directory, which the parent process shares, so the
+parent's own compile of the same kernel, signature and options loads it from disk.
 The module is imported under the parent's module name so that everything Triton hashes
 is the same in both processes. stdout carries only the answers (anything else a kernel
 module prints goes to stderr).
@@ -42,8 +44,8 @@ def run_job(job: dict, modules: dict) -> dict:
     t0 = time.perf_counter()
     try:
         fn = getattr(_load(job["path"], job["module"], modules), job["name"])
-        dtypes = [getattr(torch, d) for d in job["dtypes"]]
-        fn.warmup(*dtypes, grid=(1,), **job["config"])
+        args = [getattr(torch, a) if isinstance(a, str) else a for a in job["args"]]
+        fn.warmup(*args, grid=(1,), **job["config"])
         return {"id": job["id"], "ok": True, "seconds": time.perf_counter() - t0}
     except BaseException as e:  # noqa: BLE001 - reported to the parent, which compiles itself
         return {"id": job["id"], "ok": False, "error": f"{type(e).__name__}: {str(e)[-500:]}"}

@@ -12,10 +12,15 @@ Launch configs depend on sizes only through a *bucket*: the next power of two of
 CPU; on a GPU with ``config.autotune``, the fastest candidate for that bucket, timed on
 the first call that falls in it, and remembered per bucket on disk), so new sizes in a
 known bucket cost one dictionary lookup, and no size ever compiles a new kernel source;
-Triton compiles one binary per distinct launch config (a handful), not per size. Row
-counts below :data:`MIN_X_BUCKET` share one bucket.
+Triton compiles one binary per distinct launch config (a handful), not per size, shared
+by every bucket that has the config. Row counts below :data:`MIN_X_BUCKET` share one
+bucket. The tuning result is per bucket and kernel body (copies of the body in other
+layers reuse it), and on a GPU the hint sizes' bucket, where the first call lands,
+queues its candidates to the compile pool when the launcher is created.
 """
 from __future__ import annotations
+
+from typing import Optional, Sequence
 
 from coil import trace
 from coil.config import config
@@ -27,42 +32,57 @@ from coil.runtime.triton_runtime import TritonLauncher, _cdiv, _pow2, launch_con
 MIN_X_BUCKET = 1024
 
 
+def _bucket(xnumel: int, rnumel: int) -> tuple:
+    """The size bucket ``(n, r)`` of a launch: powers of two, ``n >= MIN_X_BUCKET``."""
+    return max(_pow2(xnumel), MIN_X_BUCKET), _pow2(rnumel)
+
+
 class DynamicTritonLauncher(TritonLauncher):
     """``launcher(*pointers, xnumel, [rnumel], *sizes)`` for a symbolic-size kernel."""
 
     def __init__(self, name: str, source: str, numel_hint: int, rnumel_hint: int, n_ptrs: int,
-                 device_type: str, outer: bool = False, elem_bytes: int = 4):
+                 device_type: str, outer: bool = False, elem_bytes: int = 4,
+                 arg_dtypes: Optional[list] = None, size_hints: Sequence[int] = ()):
+        """``arg_dtypes``: the torch dtype of each tensor argument; ``size_hints``: the
+        example inputs' value of each int argument (``xnumel``, [``rnumel``], symbols).
+        With both, on a GPU, the configs of the hint sizes' bucket are queued to the
+        compile pool now (:meth:`TritonLauncher._submit_to_pool`)."""
         self.n_ptrs, self.red = n_ptrs, rnumel_hint != 1
         self.outer = outer
         # configs for the example sizes; each bucket chooses again (_for_bucket)
         super().__init__(name, source, numel_hint, rnumel_hint, False, device_type, outer=outer,
                          elem_bytes=elem_bytes, tiled=False, arg_dtypes=None)
+        self.arg_dtypes = list(arg_dtypes) if arg_dtypes is not None else None
         self.base_key = self.key
         self._runs: dict = {}  # bucket -> run(*args)
         self._by_size: dict = {}  # (xnumel, [rnumel]) -> its bucket's run (a bounded cache)
+        if self.gpu and self.arg_dtypes is not None and size_hints:
+            # the graph was compiled for the hint sizes: its first call is in their bucket
+            preset = self._enter_bucket(_bucket(numel_hint, rnumel_hint))
+            self._submit_to_pool(self.arg_dtypes + [int(s) for s in size_hints], preset)
 
     def _grid(self, cfg: dict) -> tuple:
         return (_cdiv(self.numel, cfg["XBLOCK"]),)
 
-    def _tune_path(self) -> str:
-        return super()._tune_path().replace(".tune.json", f".b{self.numel}x{self.rnumel}.tune.json")
-
-    def _for_bucket(self, bucket: tuple, args: tuple) -> dict:
-        """The launch config of size bucket ``(next_pow2(xnumel), next_pow2(rnumel))``."""
+    def _enter_bucket(self, bucket: tuple) -> Optional[dict]:
+        """Make ``bucket``'s candidates and key (``<source key>.b<n>x<r>``: tuning results,
+        on disk and in process, and pool jobs are per bucket) current; returns the config
+        to run without timing (:meth:`TritonLauncher._preset`), or None."""
         n, r = bucket
         self.configs = launch_configs(n, r, False, self.gpu, self.outer, self.elem_bytes, False)
         self.key = f"{self.base_key}.b{n}x{r}"
+        return self._preset(n * r)
+
+    def _for_bucket(self, bucket: tuple, args: tuple) -> dict:
+        """The launch config of size bucket ``(next_pow2(xnumel), next_pow2(rnumel))``."""
         self.numel, self.rnumel = args[self.n_ptrs], (args[self.n_ptrs + 1] if self.red else 1)
         self.chosen = None
-        tuned = self._read_tuned() if self.gpu else None
-        if tuned is not None:
-            self.chosen = tuned
-        elif len(self.configs) > 1 and config.autotune and self.gpu \
-                and n * r >= config.autotune_min_elements:
+        preset = self._enter_bucket(bucket)
+        if preset is None:
             self._autotune(args)  # times each candidate at this call's sizes
         else:
-            self.chosen = dict(self.configs[0])
-        trace.log("dynamic_launch_bucket", stage="runtime", kernel=self.name, bucket=[n, r],
+            self.chosen = dict(preset)
+        trace.log("dynamic_launch_bucket", stage="runtime", kernel=self.name, bucket=list(bucket),
                   config=self.chosen)
         return self.chosen
 
@@ -73,9 +93,7 @@ class DynamicTritonLauncher(TritonLauncher):
         return run(*args)
 
     def _bucket_run(self, args: tuple):
-        n = args[self.n_ptrs]
-        r = args[self.n_ptrs + 1] if self.red else 1
-        bucket = (max(_pow2(n), MIN_X_BUCKET), _pow2(r))
+        bucket = _bucket(args[self.n_ptrs], args[self.n_ptrs + 1] if self.red else 1)
         run = self._runs.get(bucket)
         if run is None:
             run = self._runs[bucket] = self._first_launch(bucket, args)

@@ -439,28 +439,51 @@ class TritonLauncher:
         self.fn = getattr(load_module(canonical, self.interpret), self.compiled_name)
         self.key = source_key(canonical)
         self.chosen: Optional[dict] = None
-        tuned = _tuned_in_process.get(self.key) if self.gpu else None
-        if tuned is not None and tuned not in self.configs:
-            tuned = None  # tuned for another candidate set (the source is not all the key)
-        if tuned is None and self.gpu:
-            tuned = self._read_tuned()
-        if tuned is not None:
-            self._choose(tuned)
-        elif len(self.configs) == 1 or not (config.autotune and self.gpu) \
-                or numel * rnumel < config.autotune_min_elements:
-            self._choose(self.configs[0])
-        if self.gpu and arg_dtypes is not None and self.key not in _pool_jobs:
-            self._submit_to_pool(canonical, arg_dtypes)
+        self._module_at = module_location(canonical, self.interpret)
+        preset = self._preset(numel * rnumel)
+        if preset is not None:
+            self._choose(preset)
+        if self.gpu and arg_dtypes is not None:
+            self._submit_to_pool(self.arg_dtypes, preset)
 
-    def _submit_to_pool(self, canonical: str, arg_dtypes: list) -> None:
-        """Queue the configs this kernel will be compiled with (all candidates, or the
-        one chosen) to the compile-worker pool (runtime/compile_pool.py)."""
+    def _known_tuned(self) -> Optional[dict]:
+        """The config tuned for ``self.key`` before, among ``self.configs``: in this process
+        (another copy of the body, the same block in another layer), else on disk; None."""
+        if not self.gpu:
+            return None
+        tuned, where = _tuned_in_process.get(self.key), "process"
+        if tuned not in self.configs:  # (None, or tuned for another candidate set)
+            tuned, where = self._read_tuned(), "disk"
+        if tuned is not None:
+            trace.log("autotune_reused", stage="runtime", kernel=self.name, key=self.key,
+                      config=tuned, tuned_in=where)
+        return tuned
+
+    def _preset(self, elements: int) -> Optional[dict]:
+        """The config to run without timing candidates: one tuned before
+        (:meth:`_known_tuned`), the only candidate, or the first when not autotuning
+        (CPU, ``config.autotune`` off, fewer than ``config.autotune_min_elements``
+        ``elements``); None: autotune at the first call."""
+        tuned = self._known_tuned()
+        if tuned is not None:
+            return tuned
+        if len(self.configs) == 1 or not (config.autotune and self.gpu) \
+                or elements < config.autotune_min_elements:
+            return self.configs[0]
+        return None
+
+    def _submit_to_pool(self, args: list, preset: Optional[dict]) -> None:
+        """Queue the configs this kernel will be compiled with (``preset``, or every
+        candidate) to the compile-worker pool (runtime/compile_pool.py), once per
+        ``self.key`` and process. ``args``: a torch dtype per tensor argument and the
+        value of each int argument (Triton specializes the binary on it)."""
+        if self.key in _pool_jobs:
+            return
         from coil.runtime import compile_pool
-        path, module = module_location(canonical, self.interpret)
-        todo = [self.chosen] if self.chosen is not None else self.configs
-        names = [str(d).replace("torch.", "") for d in arg_dtypes]
+        todo = [preset] if preset is not None else self.configs
+        names = [a if isinstance(a, int) else str(a).replace("torch.", "") for a in args]
         try:
-            _pool_jobs[self.key] = compile_pool.submit(path, module, self.compiled_name, names, todo)
+            _pool_jobs[self.key] = compile_pool.submit(*self._module_at, self.compiled_name, names, todo)
         except Exception as e:  # noqa: BLE001 - optional: the launcher compiles itself
             _pool_jobs[self.key] = []
             trace.log("compile_pool_broken", stage="runtime", kernel=self.name, error=str(e))
@@ -538,8 +561,12 @@ class TritonLauncher:
                                    direct=config.triton_direct_launch)
 
     def __call__(self, *args):
-        if self.chosen is None:
-            self._autotune(args)
+        if self.chosen is None:  # another copy of this body may have been tuned since
+            tuned = self._known_tuned()
+            if tuned is None:
+                self._autotune(args)
+            else:
+                self._choose(tuned)
         return self._call(*args)
 
     # -------------------------------------------------------------- autotuning

@@ -28,7 +28,7 @@ def _job(tmp_path, name="coil_poi_test"):
     path = tmp_path / "kpool.py"
     path.write_text(KERNEL)
     return dict(path=str(path), module="coil_triton_pooltest_0", name=name,
-                dtypes=["float32", "float32"], config={"XBLOCK": 128, "num_warps": 4})
+                args=["float32", "float32"], config={"XBLOCK": 128, "num_warps": 4})
 
 
 def test_worker_answers_each_job_in_order(tmp_path):

@@ -189,16 +189,17 @@ class TritonBackend(KernelBackend):
             source, arg_names, k = _kernel_source(plan, kernel_name)
         dev = plan.buffer(plan.nodes[0].name).get_device()
         a = launch_args(plan, _plan_gpu(plan), k.outer_reduction)
+        dtypes = [plan.buffer(n).get_dtype() for n in arg_names]
         if plan.symbolic:
             from coil.runtime.triton_dynamic import DynamicTritonLauncher
+            sizes = size_values(plan)
             launcher = DynamicTritonLauncher(kernel_name, source, a["numel"], a["rnumel"], len(arg_names),
-                                             dev.type, outer=a["outer"], elem_bytes=a["elem_bytes"])
-            return GeneratedKernel(kernel_name, source, arg_names, launcher, "triton",
-                                   size_args=size_values(plan))
+                                             dev.type, outer=a["outer"], elem_bytes=a["elem_bytes"],
+                                             arg_dtypes=dtypes, size_hints=[hint(e) for e in sizes])
+            return GeneratedKernel(kernel_name, source, arg_names, launcher, "triton", size_args=sizes)
         launcher = TritonLauncher(kernel_name, source, a["numel"], a["rnumel"], a["persistent"],
                                   dev.type, outer=a["outer"], elem_bytes=a["elem_bytes"],
-                                  tiled=a["tiled"],
-                                  arg_dtypes=[plan.buffer(n).get_dtype() for n in arg_names])
+                                  tiled=a["tiled"], arg_dtypes=dtypes)
         ok = blocks_divide(launcher.configs, plan.numel, plan.rnumel)
         if (k.x_exact and not ok[0]) or (k.r_exact and not ok[1]):
             raise AssertionError(f"{kernel_name}: masks dropped for configs the launcher "

@@ -1,0 +1,175 @@
+"""Dynamic kernels' candidate configs compile in the compile pool ahead of their first
+launch (docs/dynamic_shapes.md, "Launch"; coil/runtime/compile_pool.py): the jobs a
+``DynamicTritonLauncher`` queues when code generation creates it are the ones its first
+call claims (same key, module, compiled name, argument dtypes, size values and
+configs), copies of one body tune once per bucket, and a tuned bucket is read back from
+disk at any size in it. On CPU a "cuda" launcher is built with the pool, the GPU name
+and the timing faked; tests/codegen/test_gpu.py checks that the workers' binaries are
+Triton cache hits on an H200."""
+import json
+
+import pytest
+import torch
+
+import coil
+from coil.config import patch
+from coil.runtime import compile_pool, compile_worker, triton_dynamic
+from coil.runtime import triton_runtime as rt
+from coil.runtime.triton_dynamic import DynamicTritonLauncher, _bucket
+
+SOURCE = '''
+import triton
+import triton.language as tl
+
+
+@triton.jit(do_not_specialize=['xnumel'])
+def NAME(in_ptr0, out_ptr0, xnumel, s0, XBLOCK: tl.constexpr):
+    x = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)
+    tl.store(out_ptr0 + x, tl.load(in_ptr0 + x % s0, x < xnumel), x < xnumel)
+'''
+
+
+class FakeGPU:
+    """A "cuda" launcher's runtime on CPU: the pool's submit/claim and the timing are
+    recorded, nothing compiles."""
+
+    def __init__(self, monkeypatch):
+        self.submitted, self.claimed, self.timed = [], [], 0
+        self.ms = iter(range(100, 0, -1))  # later candidates time faster: the last one wins
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Fake GPU")
+        monkeypatch.setattr(rt, "_pool_jobs", {})
+        monkeypatch.setattr(rt, "_tuned_in_process", {})
+        monkeypatch.setattr(compile_pool, "submit", self._submit)
+        monkeypatch.setattr(compile_pool, "claim", lambda name, jobs: self.claimed.append(jobs))
+        monkeypatch.setattr(rt.TritonLauncher, "_precompile", lambda self, args: None)
+        monkeypatch.setattr(rt, "time_launches", self._time)
+
+    def _submit(self, path, module, name, args, configs):
+        jobs = [object() for _ in configs]
+        self.submitted.append(dict(path=path, module=module, name=name, args=args, configs=configs,
+                                   jobs=jobs))
+        return jobs
+
+    def _time(self, launch):
+        self.timed += 1
+        return float(next(self.ms))
+
+    def launcher(self, name="triton_poi_0_buf1", numel=12000, row=4000):
+        return DynamicTritonLauncher(name, SOURCE.replace("NAME", name), numel, 1, 2, "cuda",
+                                     arg_dtypes=[torch.float32, torch.bfloat16], size_hints=[numel, row])
+
+    @staticmethod
+    def first_call(la, numel=12000, row=4000):
+        args = (torch.randn(row), torch.empty(numel, dtype=torch.bfloat16), numel, row)
+        return la._for_bucket(_bucket(numel, 1), args)
+
+
+@pytest.fixture
+def gpu(monkeypatch, tmp_path):
+    with patch(cache_dir=str(tmp_path), autotune=True, autotune_min_elements=16384):
+        yield FakeGPU(monkeypatch)
+
+
+def test_dynamic_launcher_queues_its_hint_bucket_and_its_first_call_claims_those_jobs(gpu):
+    la = gpu.launcher()
+    [job] = gpu.submitted
+    canonical, compiled = rt.canonical_source(SOURCE.replace("NAME", "triton_poi_0_buf1"), "triton_poi_0_buf1")
+    assert (job["path"], job["module"]) == rt.module_location(canonical, False)
+    assert job["name"] == compiled == la.compiled_name
+    # tensors by dtype; ints by the value the first call passes (Triton specializes on it)
+    assert job["args"] == ["float32", "bfloat16", 12000, 4000]
+    cands = rt.launch_configs(16384, 1, False, True)
+    assert job["configs"] == cands and len(cands) > 1  # it will autotune: every candidate
+    gpu.launcher("triton_poi_7_buf9")  # the same body in another layer: nothing more queued
+    assert len(gpu.submitted) == 1
+    gpu.first_call(la)
+    assert gpu.claimed == [job["jobs"]] and gpu.timed == len(cands)
+    assert rt._pool_jobs[la.key] == []  # claimed once
+
+
+def test_copies_of_a_body_tune_each_bucket_once(gpu):
+    a, b = gpu.launcher(), gpu.launcher("triton_poi_7_buf9")
+    chosen = gpu.first_call(a)
+    timed = gpu.timed
+    assert gpu.first_call(b, numel=15000) == chosen and gpu.timed == timed  # same bucket
+    gpu.first_call(b, numel=40000)  # another bucket times its own candidates
+    assert gpu.timed > timed
+
+
+def test_tuned_bucket_is_read_from_disk_at_any_size_and_queues_only_its_config(gpu, monkeypatch):
+    chosen = gpu.first_call(gpu.launcher())
+    assert chosen == rt.launch_configs(16384, 1, False, True)[-1]
+    # a later process: nothing tuned in memory; the tune file is per bucket, not per size
+    # (it was keyed by the first call's exact sizes: every new size re-tuned)
+    monkeypatch.setattr(rt, "_tuned_in_process", {})
+    monkeypatch.setattr(rt, "_pool_jobs", {})
+    timed = gpu.timed
+    la = gpu.launcher(numel=10000)
+    assert gpu.submitted[-1]["configs"] == [chosen]
+    assert gpu.first_call(la, numel=9000) == chosen and gpu.timed == timed
+
+
+def test_small_dynamic_kernel_queues_only_its_first_config(gpu):
+    with patch(autotune_min_elements=1 << 30):
+        gpu.launcher()
+    assert gpu.submitted[0]["configs"] == rt.launch_configs(16384, 1, False, True)[:1]
+
+
+def test_worker_passes_dtype_names_as_dtypes_and_ints_as_values(tmp_path):
+    path = tmp_path / "kfake.py"
+    path.write_text("CALLS = []\n\n\nclass K:\n    def warmup(self, *args, grid, **cfg):\n"
+                    "        CALLS.append((args, grid, cfg))\n\n\nk = K()\n")
+    modules = {}
+    job = dict(id=3, path=str(path), module="coil_fake_worker_module", name="k",
+               args=["float32", "bfloat16", 12000, 1], config={"XBLOCK": 1024, "num_warps": 4})
+    assert compile_worker.run_job(json.loads(json.dumps(job)), modules)["ok"]
+    [(args, grid, cfg)] = modules[str(path)].CALLS
+    assert args == (torch.float32, torch.bfloat16, 12000, 1) and grid == (1,)
+    assert cfg == {"XBLOCK": 1024, "num_warps": 4}
+
+
+def test_codegen_size_hints_are_the_first_calls_int_arguments(monkeypatch):
+    """The hints a dynamic launcher queues pool jobs with are the values (and the tensor
+    dtypes the dtypes) the wrapper's first call passes, so the workers compile the
+    binary of that call's Triton specialization."""
+    made = []
+
+    class Spy(DynamicTritonLauncher):
+        def __init__(self, *args, **kw):
+            super().__init__(*args, **kw)
+            self.hints, self.first = (kw["arg_dtypes"], kw["size_hints"]), None
+            made.append(self)
+
+        def __call__(self, *args):
+            if self.first is None:
+                self.first = args
+            return super().__call__(*args)
+
+    monkeypatch.setattr(triton_dynamic, "DynamicTritonLauncher", Spy)
+    coil.reset()
+    with patch(cpu_backend="triton"):
+        f = coil.compile(lambda x, y: torch.softmax(x * y, -1) + 1, dynamic=True)
+        x, y = torch.randn(6, 48, dtype=torch.float64), torch.randn(48)
+        torch.testing.assert_close(f(x, y), torch.softmax(x * y, -1) + 1)
+    assert made and all(k.first is not None for k in made)
+    for k in made:
+        dtypes, sizes = k.hints
+        assert [a.dtype for a in k.first if isinstance(a, torch.Tensor)] == dtypes
+        assert [a for a in k.first if isinstance(a, int)] == sizes and len(sizes) >= 2
+
+
+def test_static_copy_created_before_its_body_was_tuned_takes_the_result(gpu, monkeypatch):
+    """Code generation creates every layer's launcher before the first call tunes any:
+    each copy of a body used to time the candidates again at its own first call."""
+    src = SOURCE.replace("NAME", "triton_poi_1_buf2").replace("(do_not_specialize=['xnumel'])", "")
+    a, b = (rt.TritonLauncher(n, src.replace("triton_poi_1_buf2", n), 40000, 1, False, "cuda",
+                              arg_dtypes=[torch.float32, torch.bfloat16])
+            for n in ("triton_poi_1_buf2", "triton_poi_4_buf8"))
+    assert len(gpu.submitted) == 1 and a.chosen is None and b.chosen is None
+    monkeypatch.setattr(rt.TritonLauncher, "_call", lambda *args: None, raising=False)
+    monkeypatch.setattr(rt.TritonLauncher, "_choose", lambda self, cfg: setattr(self, "chosen", cfg))
+    args = (torch.randn(4000), torch.empty(40000, dtype=torch.bfloat16), 40000, 4000)
+    a._autotune(args)
+    timed = gpu.timed
+    b(*args)
+    assert b.chosen == a.chosen and gpu.timed == timed

@@ -156,6 +156,17 @@ def test_codegen_size_hints_are_the_first_calls_int_arguments(monkeypatch):
         dtypes, sizes = k.hints
         assert [a.dtype for a in k.first if isinstance(a, torch.Tensor)] == dtypes
         assert [a for a in k.first if isinstance(a, int)] == sizes and len(sizes) >= 2
+    try:  # and Triton specializes the job's arguments (dtypes as its MockTensors) the same
+        from triton._C.libtriton import native_specialize_impl
+        from triton.backends.compiler import BaseBackend
+        from triton.runtime.jit import MockTensor
+    except ImportError:
+        return
+    for k in made:
+        job = [MockTensor.wrap_dtype(d) for d in k.hints[0]] + k.hints[1]
+        specs = [[native_specialize_impl(BaseBackend, a, False, True, True) for a in args]
+                 for args in (job, k.first)]
+        assert specs[0] == specs[1]
 
 
 def test_static_copy_created_before_its_body_was_tuned_takes_the_result(gpu, monkeypatch):

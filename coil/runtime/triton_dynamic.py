@@ -81,6 +81,7 @@ class DynamicTritonLauncher(TritonLauncher):
         if preset is None:
             self._autotune(args)  # times each candidate at this call's sizes
         else:
+            self._claim_pool_jobs()  # its first launch compiles next
             self.chosen = dict(preset)
         trace.log("dynamic_launch_bucket", stage="runtime", kernel=self.name, bucket=list(bucket),
                   config=self.chosen)

@@ -109,10 +109,14 @@ def test_tuned_bucket_is_read_from_disk_at_any_size_and_queues_only_its_config(g
     assert gpu.first_call(la, numel=9000) == chosen and gpu.timed == timed
 
 
-def test_small_dynamic_kernel_queues_only_its_first_config(gpu):
+def test_small_dynamic_kernel_queues_only_its_first_config_and_claims_it(gpu):
     with patch(autotune_min_elements=1 << 30):
-        gpu.launcher()
-    assert gpu.submitted[0]["configs"] == rt.launch_configs(16384, 1, False, True)[:1]
+        la = gpu.launcher()
+        assert gpu.submitted[0]["configs"] == rt.launch_configs(16384, 1, False, True)[:1]
+        # no autotuning: the first launch compiles, so the claim comes first (it never
+        # came: a worker and this process compiled the same config at once)
+        assert gpu.first_call(la) == gpu.submitted[0]["configs"][0]
+    assert gpu.claimed == [gpu.submitted[0]["jobs"]] and gpu.timed == 0
 
 
 def test_worker_passes_dtype_names_as_dtypes_and_ints_as_values(tmp_path):

@@ -114,8 +114,25 @@ def _stat_dtype(x: torch.Tensor) -> torch.dtype:
     return _acc_dtype(x.dtype)
 
 
+def _mean(x, dims: list, n):
+    """``sum(x - p) / n + p`` with ``p`` the first element along ``dims``: exact for a
+    row of equal values, as eager's Welford mean is (``sum(x) / n`` of six 1e30 is an ulp
+    off, which a layer_norm then scales to ±1 instead of 0). Plain ``sum(x) / n`` where
+    a reduced dim may be empty."""
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    p = x
+    for d in dims:
+        if not statically_known_true(x.shape[d] > 0):
+            return aten.div.Scalar(aten.sum.dim_IntList(x, dims, True), n)
+        p = aten.slice.Tensor(p, d, 0, 1)
+    if not dims:
+        return x
+    return aten.add.Tensor(aten.div.Scalar(aten.sum.dim_IntList(aten.sub.Tensor(x, p), dims, True), n), p)
+
+
 def _var_and_mean(x, dim, correction, keepdim, take_sqrt=False):
-    """Two-pass variance: mean = sum(x)/n; var = sum((x - mean)^2) / max(n - c, 0).
+    """Two-pass variance: mean (:func:`_mean`); var = sum((x - mean)^2) / max(n - c, 0).
 
     Computed in :func:`_stat_dtype` (float64 on CPU); returns (var, mean) in x's dtype,
     the standard deviation instead of the variance with ``take_sqrt`` (taken before
@@ -127,7 +144,7 @@ def _var_and_mean(x, dim, correction, keepdim, take_sqrt=False):
     n = _count(x, dims)
     sdt = _stat_dtype(x)
     xa = aten._to_copy.default(x, dtype=sdt) if sdt != x.dtype else x
-    mean = aten.div.Scalar(aten.sum.dim_IntList(xa, dims, True), n)
+    mean = _mean(xa, dims, n)
     centered = aten.sub.Tensor(xa, mean)
     sq = aten.sum.dim_IntList(aten.mul.Tensor(centered, centered), dims, keepdim)
     # eager returns nan/inf for n - c <= 0 (division by zero); match it
@@ -190,7 +207,7 @@ def native_layer_norm(x, normalized_shape, weight, bias, eps):
     acc, sdt = _acc_dtype(x.dtype), _stat_dtype(x)
     xs = aten._to_copy.default(x, dtype=sdt) if sdt != x.dtype else x
     n = _count(x, dims)
-    mean = aten.div.Scalar(aten.sum.dim_IntList(xs, dims, True), n)
+    mean = _mean(xs, dims, n)
     centered = aten.sub.Tensor(xs, mean)
     var = aten.div.Scalar(aten.sum.dim_IntList(aten.mul.Tensor(centered, centered), dims, True), n)
     rstd = aten.rsqrt.default(aten.add.Scalar(var, eps))

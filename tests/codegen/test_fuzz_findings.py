@@ -287,3 +287,20 @@ def test_signed_overflow_wraps(backend):
     assumed signed overflow never happens and turned argmax(-x) of [0, INT64_MIN] into 1)."""
     _ok(_argmax_of_wrapped_negation,
         lambda: [torch.tensor([[0, -2**63], [5, -2**63 + 1]], dtype=torch.int64)], backend)
+
+
+def _stats_of_constant_rows(x):  # fuzz seed 51 #656
+    return (torch.nn.functional.layer_norm(x, (6,)), *torch.var_mean(x, 1), x.std(1))
+
+
+@pytest.mark.parametrize("backend", ["cpp", "triton"])
+def test_statistics_of_a_constant_row_are_exact(backend):
+    """A row of equal large values has mean exactly that value and variance 0, as eager's
+    Welford gives: the mean is taken around the row's first element (sum(x)/n was an ulp
+    off, and layer_norm scaled that ulp to ±1)."""
+    def make():
+        x = torch.full((3, 6), 1e30, dtype=torch.float64)
+        x[1] = torch.tensor([0.3, -1.2, 2.5, 0.0, -0.7, 1.1], dtype=torch.float64)
+        x[2] = -7.1e25
+        return [x]
+    _ok(_stats_of_constant_rows, make, backend)

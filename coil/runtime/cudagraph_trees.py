@@ -127,18 +127,18 @@ class Node:
 
     def busy(self) -> bool:
         """Something still holds an output of the last replay."""
-        return any(not ref.expired() for ref in self.live)
+        return any(not _expired(ref.cdata) for ref in self.live)
 
     def poison_live(self) -> None:
         """Make what the last replay handed out raise when read (it is about to be overwritten)."""
         for ref in self.live:
-            if not ref.expired():
+            if not _expired(ref.cdata):
                 self.tree.recorder.poison(ref, STALE_MESSAGE)
         self.live = []
 
     def pending_backward(self) -> bool:
         """A forward whose saved tensors from the last replay are still held."""
-        return any(not self.live[s].expired() for s in self.saved_slots) if self.live else False
+        return any(not _expired(self.live[s].cdata) for s in self.saved_slots) if self.live else False
 
     def replay(self, args):
         """Copy the arguments in, poison what the last replay handed out, replay."""
@@ -428,6 +428,8 @@ def _keep_graph() -> bool:
 
 
 _data_ptr = torch.Tensor.data_ptr
+#: ``StorageWeakRef.expired`` without its two Python frames (called per output per call)
+_expired = getattr(torch._C.StorageBase, "_expired", None) or torch.UntypedStorage._expired
 
 
 def _getter(idx: list) -> Callable:

@@ -57,10 +57,9 @@ RESTRIDE_MESSAGE = ("the program restrides an input (as_strided_) past its last 
 
 
 class RunEagerly(CoilError):
-    """Raised while a program is analysed when its graphs cannot mean what eager does
-    (the ``*_MESSAGE`` reasons; :func:`_scalar_overflows`); ``aot_compile`` then runs it
-    eagerly, every call (``aot_overlapping_write_eager``): where eager raises, it raises
-    eager's error after eager's side effects."""
+    """Raised while a program is analysed when its graphs cannot mean what eager does (the
+    ``*_MESSAGE`` reasons, :func:`_scalar_overflows`): ``aot_compile`` then runs it eagerly,
+    every call (``aot_overlapping_write_eager``), raising eager's errors after its effects."""
 
 
 def _overlaps(t: torch.Tensor) -> bool:
@@ -237,8 +236,7 @@ class OverlapGuard(TorchDispatchMode):
         if func is torch.ops.aten.as_strided_.default and _restrides_beyond(*args, **kwargs):
             raise RunEagerly(RESTRIDE_MESSAGE)
         if _scalar_overflows(func, args, kwargs):
-            raise RunEagerly(f"eager raises at {func}: a scalar argument does not fit the "
-                             "tensor's dtype (value cannot be converted without overflow)")
+            raise RunEagerly(f"eager raises at {func}: a scalar beyond the tensor's dtype's range")
         written = _written_args(func)
         for k, name in written:
             t = args[k] if k < len(args) else kwargs.get(name)
@@ -275,8 +273,7 @@ def _addresses(t: torch.Tensor) -> tuple:
 
 
 def _restrides_beyond(t, size, stride, storage_offset=None) -> bool:
-    """Whether ``t.as_strided_(size, stride, storage_offset)`` reaches past the end of
-    ``t``'s storage as functionalization sizes it (through ``t``'s last element only)."""
+    """Whether ``t.as_strided_(...)`` ends past ``t``'s storage as functionalization sizes it."""
     offset = t.storage_offset() if storage_offset is None else storage_offset
     if not _static(size, stride, offset, t.untyped_storage().nbytes()) or 0 in size:
         return False

@@ -352,8 +352,7 @@ def _compile(fn, example_inputs, fw_compiler, bw_compiler, partition_fn, decompo
             example_inputs = fake_args
             info = analyze(fn, fake_args, fake_mode, grad)
     except (RunEagerly, RuntimeError) as e:
-        # as RunEagerly: functionalization refuses a write through as_strided of a view
-        # (of an input restrided by unsqueeze_, say)
+        # also: functionalization refuses a write through as_strided of a restrided input
         if not isinstance(e, RunEagerly) and "as_strided() is non-compositional" not in str(e):
             raise
         trace.log("aot_overlapping_write_eager", stage="aot", reason=str(e))

@@ -189,11 +189,10 @@ class Pointwise(Loops):
 
     def make_loader(self):
         inner, origin, dtype = self.inner_fn, self.origin, self.dtype
+        run = inner if origin is None else lambda index: _run_from(origin, inner, index)
         if dtype in (torch.float16, torch.bfloat16):
-            return lambda index: ops.to_dtype(_run_from(origin, inner, index), dtype, torch.float32)
-        if origin is None:
-            return inner
-        return lambda index: _run_from(origin, inner, index)
+            return lambda index: ops.to_dtype(run(index), dtype, torch.float32)
+        return run
 
 
 class Reduction(Loops):

@@ -103,17 +103,16 @@ COIL_INLINE coil_f16 coil_float_to_f16(float f) {
 COIL_INLINE float coil_bf16_to_float(coil_bf16 v) {
   uint32_t bits = ((uint32_t)v) << 16; float f; __builtin_memcpy(&f, &bits, 4); return f;
 }
-COIL_INLINE coil_bf16 coil_float_to_bf16(float f) {
-  uint32_t u; __builtin_memcpy(&u, &f, 4);
-  uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-  return (coil_bf16)((f != f) ? 0x7fc0u : r);
-}
 // f rounded to bf16, as float (32-bit lanes throughout: vectorizes with what surrounds it)
 COIL_INLINE float coil_round_bf16(float f) {
   uint32_t u; __builtin_memcpy(&u, &f, 4);
   u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
   float r; __builtin_memcpy(&r, &u, 4);
   return f != f ? f : r;
+}
+COIL_INLINE coil_bf16 coil_float_to_bf16(float f) {
+  float r = coil_round_bf16(f); uint32_t u; __builtin_memcpy(&u, &r, 4);
+  return (coil_bf16)((f != f) ? 0x7fc0u : u >> 16);
 }
 
 // ---- vectorizable float math ------------------------------------------------

@@ -103,43 +103,43 @@ def view_strides(old_size, old_stride, new_size) -> Optional[list]:
 
     E.g. a (32, 32) slice with strides (96, 1) of a (32, 96) matmul output viewed as
     (2, 16, 4, 8) gets strides (1536, 96, 8, 1): GPT-2's q/k/v reach attention as views
-    of the QKV projection, like in eager, instead of copies. Integer sizes only (a
-    symbolic size returns None)."""
-    try:
-        osz = [int(s) for s in old_size]
-        ost = [int(s) for s in old_stride]
-        nsz = [int(s) for s in new_size]
-    except TypeError:
-        return None
+    of the QKV projection, like in eager, instead of copies. Symbolic sizes and strides
+    are matched as polynomials (a run of (s0, s1) dims is split into (s0, s1, ...) new
+    dims when the products agree); under dynamic shapes the copies were three kernels
+    per attention layer."""
+    osz, ost, nsz = ([as_expr(v) for v in xs] for xs in (old_size, old_stride, new_size))
+
+    def eq(a, b):
+        return sympy.expand(a - b) == 0
     # chunks of old dims (innermost first): (numel, stride of the innermost dim)
     chunks = []
     for s, st in reversed([(s, st) for s, st in zip(osz, ost) if s != 1]):
-        if chunks and st == chunks[-1][1] * chunks[-1][0]:
+        if chunks and eq(st, chunks[-1][1] * chunks[-1][0]):
             chunks[-1] = (chunks[-1][0] * s, chunks[-1][1])
         else:
             chunks.append((s, st))
     out = [None] * len(nsz)
     d = len(nsz) - 1
     for numel, base in chunks:
-        acc = 1
-        while d >= 0 and (acc < numel or nsz[d] == 1):
+        acc = sympy.Integer(1)
+        while d >= 0 and (not eq(acc, numel) or nsz[d] == 1):
             if nsz[d] != 1:
                 out[d] = base * acc
                 acc *= nsz[d]
             d -= 1
-        if acc != numel:
+        if not eq(acc, numel):
             return None
     while d >= 0:
         if nsz[d] != 1:
             return None
         d -= 1
     # size-1 dims: the stride of the next dim (as contiguous_strides gives them)
-    nxt = 1
+    nxt = sympy.Integer(1)
     for i in reversed(range(len(nsz))):
         if out[i] is None:
             out[i] = nxt
         nxt = out[i] * nsz[i]
-    return [sympy.Integer(v) for v in out]
+    return [sympy.expand(v) for v in out]
 
 
 @register_lowering(aten.view, aten._unsafe_view, aten.reshape, aten.view.dtype)

@@ -320,17 +320,19 @@ def _is_nonneg(e: sympy.Expr) -> bool:
 
 
 def _split_small(a: sympy.Expr, b, bounds: dict):
-    """Write ``a = g*w + r`` with ``g`` dividing ``b``, ``w >= 0`` and ``0 <= r < g``
-    (``r`` from terms whose loop bounds keep them small): returns ``(g, w, r)`` with the
-    largest such ``g``, or None."""
-    if not (b.is_Integer and a.is_Add):
+    """Write ``a = g*w + r`` with integer ``g`` dividing ``b`` (an int or a size
+    expression ``c*s``: ``g | c``), ``w >= 0`` and ``0 <= r < g`` (``r`` from terms whose
+    loop bounds keep them small): returns ``(g, w, r)`` with the largest such ``g``, or
+    None."""
+    cb = b.as_coeff_Mul()[0]
+    if not (cb.is_Integer and a.is_Add):
         return None
     terms = sympy.Add.make_args(a)
     gs = set()
     for t in terms:
         c, _ = t.as_coeff_Mul()
-        if c.is_Integer and math.gcd(int(c), int(b)) > 1:
-            gs.add(math.gcd(int(c), int(b)))
+        if c.is_Integer and math.gcd(int(c), int(cb)) > 1:
+            gs.add(math.gcd(int(c), int(cb)))
     for g in sorted(gs, reverse=True):
         whole, rest = [], []
         for t in terms:
@@ -347,14 +349,15 @@ def _range_rules(e: sympy.Expr, bounds: dict) -> sympy.Expr:
     """``a // b -> 0`` and ``a % b -> a`` when ``0 <= a < b``; for ``a = g*w + r`` with
     ``g | b`` and ``0 <= r < g`` (from the loop bounds), ``a // b -> w // (b/g)`` and
     ``a % b -> g*(w % (b/g)) + r`` (e.g. ``(rindex + 128*xindex) // 8192 -> xindex // 64``
-    for ``rindex < 128``)."""
+    for ``rindex < 128``; with symbolic sizes ``(rindex + 48*xindex) // (48*s0) ->
+    xindex // s0``, which let a layer norm's epilogue fuse with its reduction)."""
     def fd(a, b):
         if _nonneg_below(a, b, bounds):
             return sympy.Integer(0)
         sp = _split_small(a, b, bounds)
         if sp is not None:
             g, w, _ = sp
-            return FloorDiv(w, sympy.Integer(int(b) // g))
+            return FloorDiv(w, b / g)
         return FloorDiv(a, b)
 
     def md(a, b):
@@ -363,7 +366,7 @@ def _range_rules(e: sympy.Expr, bounds: dict) -> sympy.Expr:
         sp = _split_small(a, b, bounds)
         if sp is not None:
             g, w, r = sp
-            return g * Mod(w, sympy.Integer(int(b) // g)) + r
+            return g * Mod(w, b / g) + r
         return Mod(a, b)
 
     return e.replace(lambda x: isinstance(x, FloorDiv), lambda x: fd(*x.args)).replace(

@@ -296,3 +296,49 @@ def test_padded_matmul_symbolic_rows(backend, monkeypatch):
     pads = [kw for ev, kw in events if ev == "pad_matmul"]
     assert len(pads) == 2 and all(kw["row_stride"] == 1032 and "s" in kw["m"] for kw in pads), pads
     assert c.graphs[0].source.count("matmul_padded(") == 2, c.graphs[0].source
+
+
+def test_view_strides_symbolic():
+    # q of GPT-2's QKV projection: a (B, L, 48) slice with strides (144 L, 144, 1) viewed
+    # as (B, L, 12, 4) is a strided view under symbolic sizes too (was a copy kernel)
+    import sympy
+    from coil.ir.lowering_views import view_strides
+    b, n = sympy.symbols("s0 s1", integer=True, positive=True)
+    assert view_strides([b, n, 48], [144 * n, 144, 1], [b, n, 12, 4]) == [144 * n, 144, 4, 1]
+    assert view_strides([b, n, 48], [48 * n, 48, 1], [b * n, 48]) == [48, 1]
+    assert view_strides([b, n, 48], [144 * n, 144, 1], [b * n, 48]) == [144, 1]
+    assert view_strides([b, n, 48], [144 * n, 144, 1], [b, 48 * n]) is None
+
+
+def test_floor_div_by_symbolic_multiple_of_a_small_term():
+    # (r + 48 x) // (48 s) -> x // s for r < 48: a layer norm's epilogue reads its row
+    # statistics at that index; unsimplified, it did not fuse with the reduction
+    import sympy
+    from coil.ir.symbols import FloorDiv, Mod, simplify_index
+    r, x = sympy.symbols("rindex xindex", integer=True, nonnegative=True)
+    s = sympy.Symbol("s14", integer=True, positive=True)
+    flat = r + 48 * x
+    assert simplify_index(s * FloorDiv(flat, 48 * s) + Mod(FloorDiv(flat, 48), s), {r: 48}) == x
+    assert simplify_index(Mod(flat, 48 * s), {r: 48}) == 48 * Mod(x, s) + r
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_dynamic_gpt2_as_few_kernels_as_static(backend, monkeypatch):
+    # transformers GPT-2 compiled dynamic made 106 kernels where the static graph made
+    # 45 (12 layers): q/k/v copied before attention, layer norms in two kernels
+    transformers = pytest.importorskip("transformers")
+    import coil
+    torch.manual_seed(0)
+    conf = transformers.GPT2Config(n_layer=2, n_head=4, n_embd=32, vocab_size=128, n_positions=64,
+                                   resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False)
+    m = transformers.GPT2LMHeadModel(conf).eval()
+    c = Compiles(monkeypatch)
+    with torch.no_grad(), coil_config.patch(cpu_backend=backend):
+        for dynamic, lengths in ((False, [9]), (True, [9, 16, 13])):
+            f = coil.compile(m, dynamic=dynamic)
+            for n in lengths:
+                ids = torch.randint(0, 128, (2, n), generator=torch.Generator().manual_seed(n))
+                torch.testing.assert_close(f(input_ids=ids).logits, m(input_ids=ids).logits,
+                                           atol=1e-4, rtol=1e-4)
+    static, dyn = c.graphs
+    assert len(dyn.kernels) <= len(static.kernels), (static.source, dyn.source)

@@ -24,6 +24,7 @@ import torch
 
 from coil.ir.nodes import (Buffer, ComputedBuffer, ConstantBuffer, ExternKernel, InputBuffer, Layout,
                            MultiOutput, ReinterpretView, ScatterBuffer)
+from coil.capture.substitutes import OPAQUE_IMPLS
 from coil.ir.graph import misaligned_leading_dim
 from coil.ir.symbols import as_expr, as_size, is_size_symbol, pyexpr
 from coil.schedule.scheduler import ExternStep, FusedGroup
@@ -297,7 +298,8 @@ class WrapperCodegen:
                     padded = getattr(b, "padded_matmul", False)
                     # an OpOverload's __call__ only forwards to its C++ ``_op``: bind
                     # that directly (one Python frame less per extern call)
-                    op = self._global("extern", getattr(b.op, "_op", b.op)
+                    # (coil's opaque ops: their Python implementation, no dispatch)
+                    op = self._global("extern", OPAQUE_IMPLS.get(b.op) or getattr(b.op, "_op", b.op)
                                       if isinstance(b.op, torch._ops.OpOverload) else b.op)
                     args = [self._arg(a) for a in b.args]
                     args += [f"{k_}={self._arg(v)}" for k_, v in b.kwargs.items()]

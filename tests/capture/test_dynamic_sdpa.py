@@ -99,3 +99,28 @@ def test_torch_compile_graphs_get_the_opaque_op(graphs):
         torch._dynamo.reset()
     texts, n = graphs()
     assert n == 1 and "torch.ops.coil.sdpa.default" in texts[0]
+
+
+def test_boolean_mask_made_additive_once_and_called_without_dispatch(graphs, monkeypatch):
+    # eager's sdpa turns a boolean mask into 0 / -inf in every call (two ATen kernels per
+    # layer on the GPU), and the custom op's Python dispatch cost ~40 us per call: the
+    # conversion is one graph node for all layers sharing the mask, and the wrapper
+    # calls the op's implementation itself. A row with every key masked gives eager's 0s
+    from coil.capture.substitutes import run_sdpa
+    calls = []
+    monkeypatch.setattr(cg, "compile_aten_graph",
+                        lambda *a, orig=cg.compile_aten_graph: calls.append(orig(*a)) or calls[-1])
+
+    def two_layers(q, k, v, m):
+        h = F.scaled_dot_product_attention(q, k, v, attn_mask=m)
+        return F.scaled_dot_product_attention(h * 2, k, v, attn_mask=m) + h
+
+    c = coil.compile(two_layers, dynamic=True)
+    with torch.no_grad():
+        for L in (8, 13, 24):
+            q, k, v, m = _qkvm(L)
+            m[3] = False
+            torch.testing.assert_close(c(q, k, v, m), two_layers(q, k, v, m))
+    (text,), _ = graphs()
+    assert text.count("torch.ops.coil.sdpa.default(") == 2 and text.count("aten.where") == 1, text
+    assert len(calls) == 1 and run_sdpa in calls[0].call.__globals__.values()

@@ -117,8 +117,8 @@ def convnet(iters, backend="eager", mode=None, device="cpu"):
     coil.reset()
     torch._dynamo.reset()
     cm = coil.compile(net, backend=backend, mode=mode)
-    tm = torch.compile(net, backend="inductor" if backend == "coil" else backend, mode=mode,
-                       dynamic=False)
+    tm = torch.compile(net, backend="inductor" if backend == "coil" else backend,
+                       mode=mode if backend == "coil" else None, dynamic=False)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
 
     def timed(fn):

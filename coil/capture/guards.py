@@ -457,6 +457,11 @@ class _Parsed:
                 self.first = entry
 
 
+# nn.Module's own dicts (``ModuleDictSource``): read from the module's ``__dict__`` once
+# that is a local (a dict lookup, not an attribute load on a class with __getattr__)
+_MODULE_DICTS = ("_modules", "_parameters", "_buffers")
+
+
 def _emit_guards(guards: list, lines: list, notes: dict) -> None:
     parsed: list = []
     counts: dict[str, int] = {}
@@ -502,7 +507,9 @@ def _emit_guards(guards: list, lines: list, notes: dict) -> None:
             prev_name, prev_end = None, None
             for text, end in p.first[1]:
                 if text not in names and (counts.get(text, 0) >= 2 or text == g.src):
-                    rhs = text if prev_name is None else \
+                    base, _, attr = text.rpartition(".")
+                    d = names.get(f"{base}.__dict__") if attr in _MODULE_DICTS else None
+                    rhs = f"{d}[{attr!r}]" if d else text if prev_name is None else \
                         prev_name + p.raw[prev_end:end].decode("utf-8")
                     local(text, rhs)
                 if text in names:
@@ -516,7 +523,8 @@ def _emit_guards(guards: list, lines: list, notes: dict) -> None:
             if i == last[g.batch]:
                 flush()
                 vals = list(args.values())
-                rows = ",\n            ".join(", ".join(vals[k:k + 8]) for k in range(0, len(vals), 8))
+                rows = ",\n            ".join(", ".join(vals[k:k + 8])
+                                                for k in range(0, len(vals), 8))
                 lines.append(f"    if not {g.batch}.check({rows}): return False")
             continue
         # replace each chain's longest hoisted prefix, right to left (byte offsets)

@@ -69,8 +69,10 @@ def test_baseline_passes_and_source_is_combined(batched):
     assert _check(entry, fn, m, [x]) == (True, [])
     src = entry.guard_src
     lines = src.splitlines()
-    # module dicts are read once per module, not once per entry
-    assert src.count("= self._modules\n") == 1
+    # module dicts are read once per module, not once per entry, from its __dict__
+    d = re.search(r"(___v\d+) = self\.__dict__\n", src).group(1)
+    assert src.count(f"= {d}['_modules']\n") == 1 and "self._modules" not in src
+    assert not re.search(r"___v\d+\.(_modules|_parameters|_buffers)", src)
     # the guard list still holds the stride check itself (recompile reasons name it)
     assert any(g.code.endswith(".stride() == (8, 1)") for g in entry.guards.guards)
     if batched:

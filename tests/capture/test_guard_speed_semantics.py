@@ -114,6 +114,8 @@ def test_each_input_change_fails_and_is_named():
     if torch.backends.mkldnn.is_available():
         # type torch.Tensor, contiguous by is_contiguous(), strides (1, 0): stride guard fails
         cases["layout"] = (x.to_mkldnn(), ".stride() ==")
+    if torch.cuda.is_available():       # the GPU machine (torch 2.11): another device type
+        cases["cuda"] = (x.cuda(), ".device ==")
     for name, (v, frag) in cases.items():
         ok, fails = _check(entry, fn, m, [v])
         assert not ok, name

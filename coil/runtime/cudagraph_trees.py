@@ -102,7 +102,7 @@ class Node:
         self._inplace_ptrs = tuple(p for _, p in inplace)
         self.nargs = len(args)
         self._tensor_args = _getter([i for i, a in enumerate(args) if isinstance(a, torch.Tensor)])
-        self.others = [(i, a) for i, a in enumerate(args) if not isinstance(a, torch.Tensor)]
+        self.others = [(i, (type(a), a)) for i, a in enumerate(args) if not isinstance(a, torch.Tensor)]
         self.tensor_check = _tensor_check(self._tensor_args(args))
 
     def matches(self, args) -> bool:
@@ -117,7 +117,7 @@ class Node:
                 return False
         except TypeError:  # a tensor where this recording had something else
             return False
-        return all(args[i] == v for i, v in self.others) and not self.moved(args)
+        return all((type(args[i]), args[i]) == v for i, v in self.others) and not self.moved(args)
 
     def moved(self, args) -> list:
         """Indices of in-place arguments not at their recorded address."""
@@ -451,9 +451,10 @@ def _tensor_check(tensors: tuple):
 
 
 def _signature(args) -> tuple:
+    # a scalar by type and value: 1, 1.0 and True are equal but give other dtypes
     return tuple((a.shape, a.stride(), a.dtype) if isinstance(a, torch.Tensor) and
                  not isinstance(a, torch.nn.Parameter) else
-                 (None if isinstance(a, torch.Tensor) else a) for a in args)
+                 (None if isinstance(a, torch.Tensor) else (type(a), a)) for a in args)
 
 
 def _device_reason(args, device_type: str) -> Optional[str]:

@@ -565,3 +565,14 @@ def test_fast_match_serves_steady_calls_and_never_a_call_of_other_metadata(monke
         torch.testing.assert_close(f(x, w2, 1)[0], x @ w2 + 1)
     torch.testing.assert_close(f(x, w, 1)[0], x @ w + 1)
     assert calls and tree.nodes >= 3
+
+
+def test_equal_scalars_of_another_type_are_another_recording():
+    # 1, 1.0 and True compare equal; an int tensor times 1.0 is float: replaying the
+    # graph recorded with 1 returned int64
+    body = lambda x, s: (x * s,)  # noqa: E731
+    tree, f = make(body=body)
+    x = torch.arange(6).view(2, 3)
+    for s in (1, 1, 1, 1.0, True, 1.0, 1):
+        (out,) = f(x, s)
+        torch.testing.assert_close(out, x * s)

@@ -682,6 +682,8 @@ class InstructionTranslatorBase:
             forward = _static_lookup(cls, "forward")
             if not isinstance(forward, types.FunctionType):
                 raise Unsupported(f"{cls.__name__}.forward is not a Python function")
+            if src is not None:  # one guard per class: a forward replaced on it recompiles
+                gs.add(f"{gs.const(cls)}.forward is {gs.const(forward)}")
             out = self.call(UserMethodVariable(forward, mod_vt), args, kwargs)
         for hid, hook in list(m._forward_hooks.items()):
             hook_vt = wrap(self, hook, None)

@@ -181,3 +181,28 @@ def test_forward_assigned_on_compiled_module_after_first_call_recompiles():
     orig = torch.nn.Linear.forward.__get__(m)
     m.forward = lambda t: orig(t) * 10
     torch.testing.assert_close(cm(x), orig(x) * 10)
+
+
+def test_a_method_replaced_on_the_class_recompiles():
+    # the graph inlined the class's forward and helper; replacing either on the class
+    # (the instance's __dict__ unchanged) reused the stale graph
+    class Net(torch.nn.Module):
+        def forward(self, x):
+            return self.helper(x) * 2
+
+        def helper(self, x):
+            return x + 1
+
+    class Obj:
+        def meth(self, x):
+            return x + 1
+
+    m, o, x = Net(), Obj(), torch.ones(3)
+    cm, cf = coil.compile(m), coil.compile(lambda x: o.meth(x))
+    cm(x), cf(x)
+    Net.helper = lambda self, x: x - 1
+    Obj.meth = lambda self, x: x - 5
+    torch.testing.assert_close(cm(x), m(x))
+    torch.testing.assert_close(cf(x), o.meth(x))
+    Net.forward = lambda self, x: x * 10
+    torch.testing.assert_close(cm(x), m(x))

@@ -206,3 +206,8 @@ def test_a_method_replaced_on_the_class_recompiles():
     torch.testing.assert_close(cf(x), o.meth(x))
     Net.forward = lambda self, x: x * 10
     torch.testing.assert_close(cm(x), m(x))
+    setattr(Obj, "not-a-name", Obj.meth)  # guarded through getattr
+    cf = coil.compile(lambda x: getattr(o, "not-a-name")(x))
+    cf(x)
+    setattr(Obj, "not-a-name", lambda self, x: x * 3)
+    torch.testing.assert_close(cf(x), x * 3)

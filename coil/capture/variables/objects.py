@@ -63,7 +63,8 @@ def wrap_class_attr(tx, obj_vt: VariableTracker, cls: type, name: str, source=No
     if isinstance(attr, types.FunctionType):
         if source is not None:  # a method replaced on the class (type(obj) is guarded)
             gs = tx.output.guards
-            gs.add(f"{gs.const(cls)}.{name} is {gs.const(attr)}")
+            gs.add(f"getattr({gs.const(cls)}, {name!r}, None) is {gs.const(attr)}" if not
+                   name.isidentifier() else f"{gs.const(cls)}.{name} is {gs.const(attr)}")
         return UserMethodVariable(attr, obj_vt, source)
     if isinstance(attr, (types.BuiltinFunctionType, types.MethodDescriptorType,
                          types.WrapperDescriptorType)):

@@ -310,8 +310,8 @@ def _site(exc: BaseException) -> str:
 def _reference(fn: Callable, make_inputs: Callable, e_out,
                to: torch.dtype = torch.float32) -> Optional[tuple]:
     """(outputs, inputs) of ``fn`` with its narrower float dtypes (fp16/bf16; with
-    ``to=torch.float64`` fp32 too) replaced by ``to``, on upcast inputs; None when there
-    is nothing to upcast (fp32 reference) or it fails."""
+    ``to=torch.float64`` fp32 too, and float64 as the default dtype) replaced by ``to``, on
+    upcast inputs; None when there is nothing to upcast (fp32 reference) or it fails."""
     try:
         src = textwrap.dedent(inspect.getsource(fn))
     except (OSError, TypeError):
@@ -325,13 +325,18 @@ def _reference(fn: Callable, make_inputs: Callable, e_out,
     for dt in narrow:
         src = src.replace(str(dt), str(to))
     ns = dict(fn.__globals__)
+    default = torch.get_default_dtype()
     try:
         exec(src, ns)
         up = [x.to(to) if isinstance(x, torch.Tensor) and x.dtype in narrow else x for x in args]
         with _quiet():
+            if to == torch.float64:  # integers promote to float64 too (erf of an int64)
+                torch.set_default_dtype(torch.float64)
             return ns[fn.__name__](*up), up
     except Exception:
         return None
+    finally:
+        torch.set_default_dtype(default)
 
 
 #: ops whose CPU statistics coil computes in float64 (docs/ir.md, "Numerics"), and ops
@@ -351,8 +356,16 @@ class _AbsSums(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = dict(kwargs or {})
         if func.overloadpacket in _SUM_OPS and isinstance(args[0], torch.Tensor):
-            kwargs.pop("dtype", None)
-            out = func(args[0].double().abs(), *args[1:], **kwargs)
+            dt = kwargs.pop("dtype", None) or args[0].dtype
+            x = args[0].double()
+            out = func(x.abs(), *args[1:], **kwargs)
+            if dt.is_floating_point:  # may some order's partial sums overflow, and to which sign
+                k = args[0].numel() // max(out.numel(), 1) if func.overloadpacket is torch.ops.aten.mean else 1
+                big = torch.finfo(dt).max
+                pos = func(x.clamp(min=0), *args[1:], **kwargs) * k >= big
+                neg = func(x.clamp(max=0), *args[1:], **kwargs) * k <= -big
+                out = torch.where(pos & neg, math.nan, torch.where(pos, math.inf, torch.where(
+                    neg, -math.inf, out)))
             self.outputs.add(id(out))
             return out
         return func(*args, **kwargs)
@@ -361,10 +374,29 @@ class _AbsSums(TorchDispatchMode):
 _SUM_OPS = {torch.ops.aten.sum, torch.ops.aten.nansum, torch.ops.aten.mean, torch.ops.aten.cumsum}
 
 
+def _overflows(src: str, args: list) -> bool:
+    """Whether a program computing statistics (``_F64_STATS``: layer_norm, var, std,
+    prod) gets inputs whose squares, or, with ``prod``, whose product over a whole input,
+    pass the largest float of their dtype (float64 for integers): eager's result then
+    depends on where its algorithm overflowed (its Welford state, its lane order) and is
+    not a reference. (Sums have their own bound: :func:`_summation_bounds`.)"""
+    if not _F64_STATS.search(src):
+        return False
+    for x in args:
+        if isinstance(x, torch.Tensor) and x.numel() and not x.is_complex() and x.dtype != torch.bool:
+            big = torch.finfo(x.dtype if x.is_floating_point() else torch.float64).max
+            m = x.detach().double().abs().nan_to_num(posinf=0.0).max().item()
+            if m * m >= big or "prod" in src and m > 1 and x.numel() * math.log(m) >= math.log(big):
+                return True
+    return False
+
+
 def _summation_bounds(fn: Callable, make_inputs: Callable) -> Optional[tuple]:
     """(outputs, inputs) like a reference's: for an output that a sum returns, the sum of
     its summands' absolute values times the largest input's numel (``eps *`` that bounds
-    any summation order's rounding error); None elsewhere or on failure."""
+    any summation order's rounding error; where the positive (negative) summands add up
+    past the dtype's max, so that some order's partial sums overflow: +inf (-inf), NaN
+    where both do); None elsewhere or on failure."""
     args = make_inputs()
     n = max([x.numel() for x in args if isinstance(x, torch.Tensor)], default=1)
     mode = _AbsSums()
@@ -390,7 +422,7 @@ def _leaves(ref: Optional[tuple], n_out: int, n_args: int) -> tuple:
     return [None] * n_out, [None] * n_args
 
 
-def _compare_tensor(what: str, c, e, r, r64=None, sums: bool = False,
+def _compare_tensor(what: str, c, e, r, r64=None, sums=False,
                     bound=None, bits: bool = False) -> Optional[tuple]:
     """(kind, message) when compiled ``c`` differs from eager ``e`` (``r``: fp32 reference,
     ``r64``: float64 reference, ``sums``: the program sums, ``bound``: :func:`_summation_bounds`,
@@ -423,7 +455,9 @@ def _compare_tensor(what: str, c, e, r, r64=None, sums: bool = False,
         nan = [t.detach().contiguous().view(_BIT_PAIRS[e.dtype]).isnan() for t in (c, e)]
         close |= nan[0] & nan[1]
     if isinstance(bound, torch.Tensor) and bound.shape == a.shape and e.is_floating_point():
-        close |= (a - b).abs() <= torch.finfo(e.dtype).eps * bound.nan_to_num(posinf=0.0)
+        close |= (a - b).abs() <= torch.finfo(e.dtype).eps * bound.nan_to_num(0.0, 0.0, 0.0)
+        both = bound.isnan()  # compiled overflowed as some order of the summands can
+        close |= (a == bound) | both & (a.isinf() | a.isnan())
     if bool(close.all()):
         return None
     bad = (~close).nonzero()[0].tolist()
@@ -433,7 +467,7 @@ def _compare_tensor(what: str, c, e, r, r64=None, sums: bool = False,
 
 
 def _documented_numerics(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype, r64,
-                         sums: bool) -> torch.Tensor:
+                         sums) -> torch.Tensor:
     """Elements where compiled ``a`` differs from eager ``b`` (float64 copies) in one of
     two documented ways: (1) given ``r64`` (the float64 reference of a program using an
     op whose CPU statistics coil computes in float64: layer_norm/var/std/prod, docs/ir.md
@@ -442,11 +476,15 @@ def _documented_numerics(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype, r
     overflowed later, in the float32 normalization);
     (2) in a program that sums, eager's element is at least 1/64 of the dtype's max (or
     inf) and compiled's is NaN (partial sums +inf and -inf met) or, where eager's is
-    finite, inf of the same sign: the partial sums of another valid order overflowed."""
+    finite, inf of the same sign: the partial sums of another valid order overflowed;
+    (3) ``sums == "overflow"`` (:func:`_overflows`: the program's statistics overflow the
+    dtype), both are NaN, ±inf or 0 (not infinities of opposite signs)."""
     ok = torch.zeros_like(a, dtype=torch.bool)
     if dtype.is_floating_point:
         near = b.abs() >= torch.finfo(dtype).max / 64  # inf too
-        ok = near & (a.isnan() | a.isinf() & (a.sign() == b.sign()) & b.isfinite()) & sums
+        ok = near & (a.isnan() | a.isinf() & (a.sign() == b.sign()) & b.isfinite()) & bool(sums)
+    if sums == "overflow":  # both outcomes of an overflowed statistic: NaN, ±inf or 0
+        ok |= ~(a.isfinite() & (a != 0)) & ~(b.isfinite() & (b != 0)) & (a * b != -math.inf)
     if isinstance(r64, torch.Tensor) and r64.shape == a.shape:  # an argmax of it: exactly
         at, rt = TOLERANCES.get(dtype, (0.0, 0.0))
         ok |= ~b.isfinite() & ~a.isfinite() | torch.isclose(a, r64.detach().to(dtype).double(),
@@ -471,7 +509,7 @@ def _layout(t: torch.Tensor) -> tuple:
     return tuple(st if n > 1 else None for n, st in zip(t.shape, t.stride())), t.storage_offset()
 
 
-def _compare(c_out, e_out, c_args, e_args, ref, ref64=None, sums: bool = False,
+def _compare(c_out, e_out, c_args, e_args, ref, ref64=None, sums=False,
              bounds=None, bits: bool = False) -> list:
     """Every (kind, message) by which the compiled call differs from eager's (``ref``,
     ``ref64``, ``bounds``: (outputs, inputs) of the fp32 and float64 references and the
@@ -545,7 +583,8 @@ def check(fn: Callable, make_inputs: Callable, backend: str = "cpp",
         ref = _reference(fn, make_inputs, e_out) if e_err is None else None
         ref64 = _reference(fn, make_inputs, e_out, torch.float64) \
             if e_err is None and _F64_STATS.search(src) else None
-        sums = bool(_SUMS.search(src))
+        sums = "overflow" if e_err is None and _overflows(src, make_inputs()) else \
+            bool(_SUMS.search(src))
         bounds = _summation_bounds(fn, make_inputs) if e_err is None and sums else None
         _reset(backend)
         try:

@@ -273,6 +273,57 @@ def test_nan_bits_read_through_an_int_view_are_not_compared():
     assert check_program(q, _fake(lambda s, o, a: (o[0] + 1,))).kind == "out-value"
 
 
+def test_overflowed_statistics_accept_only_degenerate_results_on_both_sides():
+    """fuzz seeds 50/51: float64 layer_norm of values near ±1e308 (eager's Welford state
+    overflows: 0 or NaN depending on the order) and a float64 prod of int64s near 2^63
+    that contains a zero: both sides NaN, ±inf or 0 is accepted; a finite nonzero value
+    against eager's degenerate one still is a mismatch, as it is for ordinary inputs."""
+    huge = torch.tensor([[1.0, 1.0, -1.4264838059751346e+308, 1.0]], dtype=torch.float64)
+    p = _prog(["v0 = torch.nn.functional.layer_norm(a, (4,))"], huge)
+    eager = torch.nn.functional.layer_norm(huge, (4,))
+    degenerate = torch.where(eager.isnan(), torch.zeros_like(eager), torch.full_like(eager, math.nan))
+    assert check_program(p, _fake(lambda s, o, a: (degenerate,))).outcome == "ok"
+    assert check_program(p, _fake(lambda s, o, a: (torch.ones_like(eager),))).kind == "out-value"
+    small = torch.tensor([[1.0, 2.0, 3.0, 5.0]], dtype=torch.float64)
+    q = _prog(["v0 = torch.nn.functional.layer_norm(a, (4,))"], small)
+    assert check_program(q, _fake(lambda s, o, a: (torch.zeros(1, 4, dtype=torch.float64),))
+                         ).kind == "out-value"
+    ints = torch.tensor([0, -9223372036854775803, 9223372036854775802] * 10)
+    r = _prog(["v0 = torch.prod(a, dtype=torch.float64)"], ints)
+    assert check_program(r, _fake(lambda s, o, a: (torch.tensor(math.nan, dtype=torch.float64),))
+                         ).outcome == "ok"
+
+
+def test_mean_whose_summands_reach_the_max_accepts_an_overflowed_order():
+    """fuzz seed 51 #3365: a float32 mean over values near ±3e38 whose magnitudes add up
+    past float32's max: eager's order stayed finite, another order's partial sums overflow.
+    Accepted only as the signs allow: +inf where the positive summands reach the max, NaN
+    where the negative ones do too (eager at the max: NaN is accepted as before)."""
+    x = torch.tensor([[3.3e38], [2.9e38], [-3.1e38], [1.0]])
+    p = _prog(["v0 = torch.mean(a, dim=0)"], x)
+    assert check_program(p, _fake(lambda s, o, a: (torch.full((1,), math.inf),))).outcome == "ok"
+    # only the positive summands reach the max: -inf cannot happen
+    assert check_program(p, _fake(lambda s, o, a: (torch.full((1,), -math.inf),))).kind == "out-value"
+    both = _prog(["v0 = torch.mean(a, dim=0)"], torch.tensor([[3.3e38], [2.9e38], [-3.1e38], [-3e38]]))
+    assert check_program(both, _fake(lambda s, o, a: (torch.full((1,), math.nan),))).outcome == "ok"
+    y = torch.tensor([[3.3e36], [2.9e36], [-3.1e36], [1.0]])
+    q = _prog(["v0 = torch.mean(a, dim=0)"], y)
+    assert check_program(q, _fake(lambda s, o, a: (torch.full((1,), math.nan),))).kind == "out-value"
+
+
+def test_float64_reference_promotes_integers_to_float64():
+    """fuzz seed 51 #1171: erf of an int64 is float32 in eager, so a float64 reference has
+    to run with float64 as the default dtype: layer_norm over 1e30 entries then has
+    finite statistics, which coil's float64 CPU statistics match (eager's overflow: 0)."""
+    def fn(b):
+        return (torch.nn.functional.layer_norm(torch.erf(b).index_fill(1, torch.tensor([1]), 1e30),
+                                               (4, 2)),)
+    make = lambda: [torch.tensor([[-3, 0], [1, 2], [0, 3], [-1, 5]])]  # noqa: E731
+    assert check(fn, make, "cpp").outcome == "ok"
+    off = _fake(lambda s, o, a: (torch.zeros(4, 2) + 0.5,))
+    assert check(fn, make, off).kind == "out-value"
+
+
 # ------------------------------------------------- known open bugs (fuzzer-found)
 # Minimized repros of failures the fuzzer finds in the current tree, one per class,
 # as strict xfails: fixing the bug makes the test fail until its entry is removed.

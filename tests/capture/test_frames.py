@@ -211,3 +211,21 @@ def test_a_method_replaced_on_the_class_recompiles():
     cf(x)
     setattr(Obj, "not-a-name", lambda self, x: x * 3)
     torch.testing.assert_close(cf(x), x * 3)
+
+
+def test_a_tensor_subclass_overriding_torch_function_runs_eagerly():
+    # the graph called ATen directly: Scale's override (x * 2 -> x * 20) was skipped,
+    # on the first call and when it followed a plain tensor's graph
+    class Scale(torch.Tensor):
+        @classmethod
+        def __torch_function__(cls, func, types, args=(), kwargs=None):
+            with torch._C.DisableTorchFunctionSubclass():
+                out = func(*args, **(kwargs or {}))
+            return out * 10 if func is torch.Tensor.mul else out
+
+    def f(x):
+        return x * 2
+
+    cf, x = coil.compile(f), torch.ones(3)
+    for a in (x, x.as_subclass(Scale), x):
+        torch.testing.assert_close(cf(a), f(a))

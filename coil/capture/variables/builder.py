@@ -105,6 +105,12 @@ def _build(tx, value, source, gs) -> VariableTracker:
             _guard_literal(gs, expr, value)
         return ConstantVariable(value, source)
     if isinstance(value, torch.Tensor):
+        tf = getattr(type(value).__torch_function__, "__func__", type(value).__torch_function__)
+        if tf not in (torch.Tensor.__torch_function__.__func__,
+                      torch._C._disabled_torch_function_impl):
+            raise Unsupported(f"tensor subclass {type(value).__name__} overrides "
+                              "__torch_function__ (the graph would bypass it)",
+                              "the code that reads it runs eagerly")
         if source is None:
             return tx.output.lift_constant_tensor(tx, value)
         vt = tx.output.add_input(tx, value, source)

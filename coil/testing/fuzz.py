@@ -451,9 +451,10 @@ def _compare_tensor(what: str, c, e, r, r64=None, sums=False,
         close = close | (a == ref) | (a.isnan() & ref.isnan()) | closer
     if not close.all():
         close |= _documented_numerics(a, b, e.dtype, r64, sums)
-    if bits and e.dtype in _BIT_PAIRS and not close.all():  # NaNs' bits are unspecified
-        nan = [t.detach().contiguous().view(_BIT_PAIRS[e.dtype]).isnan() for t in (c, e)]
-        close |= nan[0] & nan[1]
+    if bits and e.dtype in _BIT_PAIRS and not close.all():  # a float's bits: its ulps show
+        fc, fe = (t.detach().contiguous().view(_BIT_PAIRS[e.dtype]).double() for t in (c, e))
+        fat, frt = TOLERANCES.get(_BIT_PAIRS[e.dtype], (0.0, 0.0))
+        close |= torch.isclose(fc, fe, rtol=frt, atol=fat, equal_nan=True)
     if isinstance(bound, torch.Tensor) and bound.shape == a.shape and e.is_floating_point():
         close |= (a - b).abs() <= torch.finfo(e.dtype).eps * bound.nan_to_num(0.0, 0.0, 0.0)
         both = bound.isnan()  # compiled overflowed as some order of the summands can
@@ -488,7 +489,7 @@ def _documented_numerics(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype, r
     if isinstance(r64, torch.Tensor) and r64.shape == a.shape:  # an argmax of it: exactly
         at, rt = TOLERANCES.get(dtype, (0.0, 0.0))
         ok |= ~b.isfinite() & ~a.isfinite() | torch.isclose(a, r64.detach().to(dtype).double(),
-                                                             rtol=rt, atol=at)
+                                                             rtol=rt, atol=at, equal_nan=True)
     return ok
 
 

@@ -432,6 +432,8 @@ def view_expr(c: Ctx, x: str) -> str:
         pairs = {torch.float32: torch.int32, torch.int32: torch.float32, torch.float16: torch.bfloat16,
                  torch.bfloat16: torch.float16, torch.float64: torch.int64, torch.int64: torch.float64}
         if xv.dtype in pairs:
+            if pairs[xv.dtype].is_floating_point and xv.view(pairs[xv.dtype]).isnan().any():
+                raise Skip  # NaN bit patterns: arithmetic leaves their payload unspecified
             return f"{x}.view({dname(pairs[xv.dtype])})"
     raise Skip
 

@@ -324,6 +324,28 @@ def test_float64_reference_promotes_integers_to_float64():
     assert check(fn, make, off).kind == "out-value"
 
 
+def test_float_bits_viewed_as_ints_are_compared_as_floats():
+    """fuzz seed 50 #4787: exp_ then .view(torch.int32): eager's and coil's exp differ by an
+    ulp, which the int bits show exactly; compared as the floats they are, within the float
+    tolerance (a difference beyond it is still a mismatch)."""
+    p = _prog(["v0 = a.exp().view(torch.int32)"], torch.tensor([0.32209504, -1.1148136]))
+    ulp = _fake(lambda s, o, a: (o[0] + torch.tensor([1, 0], dtype=torch.int32),))
+    assert check_program(p, ulp).outcome == "ok"
+    far = _fake(lambda s, o, a: (o[0] + torch.tensor([1 << 16, 0], dtype=torch.int32),))
+    assert check_program(p, far).kind == "out-value"
+
+
+def test_float64_reference_nan_equals_compiled_nan():
+    """fuzz seed 51 #5306: the variance of equal values is 0 in coil and in float64, so
+    ``a % var`` is NaN; eager's float32 variance is 1.1e-13 and ``a % 1.1e-13`` finite.
+    Compiled NaN where the float64 reference is NaN is accepted."""
+    def fn(a, b):
+        return (a % torch.var(b, dim=(0, 1), correction=2),)
+    make = lambda: [torch.tensor([[0.2054131]]).expand(3, 1),  # noqa: E731
+                    torch.tensor([[-3.4610667]]).expand(3, 1)]
+    assert check(fn, make, "cpp").outcome == "ok"
+
+
 # ------------------------------------------------- known open bugs (fuzzer-found)
 # Minimized repros of failures the fuzzer finds in the current tree, one per class,
 # as strict xfails: fixing the bug makes the test fail until its entry is removed.

@@ -229,3 +229,26 @@ def test_a_tensor_subclass_overriding_torch_function_runs_eagerly():
     cf, x = coil.compile(f), torch.ones(3)
     for a in (x, x.as_subclass(Scale), x):
         torch.testing.assert_close(cf(a), f(a))
+
+
+def test_an_entry_added_to_a_module_container_or_tree_recompiles():
+    # the graph unrolled the ModuleList / parameters() walk of the first call; an
+    # appended layer, a new parameter or buffer reused it
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = torch.nn.ModuleList([torch.nn.Linear(4, 4)])
+
+        def forward(self, x):
+            for layer in self.layers:
+                x = layer(x)
+            return x + sum(p.sum() for p in self.parameters()) + len(list(self.buffers()))
+
+    m, x = Net(), torch.randn(2, 4)
+    cm = coil.compile(m)
+    for change in (None, lambda: m.layers.append(torch.nn.Linear(4, 4)),
+                   lambda: m.layers[0].register_parameter("e", torch.nn.Parameter(torch.ones(3))),
+                   lambda: m.register_buffer("b", torch.ones(1)), lambda: m.layers.pop(0)):
+        if change:
+            change()
+        torch.testing.assert_close(cm(x), m(x))

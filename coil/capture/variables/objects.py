@@ -325,18 +325,19 @@ class NNModuleVariable(ObjectVariableBase):
         src = ModuleDictSource(self.source, dname, key) if self.source is not None else None
         return wrap(tx, d[key], src)
 
-    def _keys(self):
+    def _keys(self, tx):
+        """The container's keys, guarded (an appended or deleted entry recompiles)."""
         m = self.value
-        if isinstance(m, (torch.nn.ParameterList, torch.nn.ParameterDict)):
-            return list(m._parameters.keys())
-        return list(m._modules.keys())
+        dname = "_parameters" if isinstance(m, (torch.nn.ParameterList,
+                                                  torch.nn.ParameterDict)) else "_modules"
+        return _guard_keys(tx, self.source, m, dname)
 
     def unpack(self, tx):
         m = self.value
         if isinstance(m, (torch.nn.ModuleDict, torch.nn.ParameterDict)):
-            return [ConstantVariable(k) for k in self._keys()]
+            return [ConstantVariable(k) for k in self._keys(tx)]
         if self.has_len():
-            return [self._sub(tx, k) for k in self._keys()]
+            return [self._sub(tx, k) for k in self._keys(tx)]
         it = _static_lookup(type(m), "__iter__")
         if isinstance(it, types.FunctionType):
             return tx.unpack(tx.call(UserMethodVariable(it, self), [], {}))
@@ -347,6 +348,23 @@ class NNModuleVariable(ObjectVariableBase):
         from coil.capture.variables.builder import wrap
 
         m = self.value
+        dname = {"named_parameters": "_parameters", "named_buffers": "_buffers"}.get(
+            kind, "_modules")
+
+        def source(qual, leaf_dict):
+            src = self.source
+            if src is not None and qual:
+                *mods, leaf = qual.split(".")
+                for part in mods:
+                    src = ModuleDictSource(src, "_modules", part)
+                src = ModuleDictSource(src, leaf_dict, leaf)
+            return src
+
+        # what the walk reads is guarded: the keys of every dict it visits
+        deep = kind == "named_modules" or (recurse and kind != "named_children")
+        for qual, sub in (m.named_modules() if deep else [("", m)]):
+            for d in {"_modules", dname} if deep else (dname,):
+                _guard_keys(tx, source(qual, "_modules"), sub, d)
         if kind == "named_parameters":
             pairs = list(m.named_parameters(recurse=recurse))
         elif kind == "named_buffers":
@@ -355,39 +373,28 @@ class NNModuleVariable(ObjectVariableBase):
             pairs = list(m.named_children())
         else:
             pairs = list(m.named_modules())
-        out = []
-        for qual, value in pairs:
-            src = self.source
-            if src is not None and qual:
-                *mods, leaf = qual.split(".")
-                for part in mods:
-                    src = ModuleDictSource(src, "_modules", part)
-                dname = {"named_parameters": "_parameters", "named_buffers": "_buffers"}.get(
-                    kind, "_modules")
-                src = ModuleDictSource(src, dname, leaf)
-            out.append((qual, wrap(tx, value, src)))
-        return out
+        return [(qual, wrap(tx, value, source(qual, dname))) for qual, value in pairs]
 
     def call_method(self, tx, name, args, kwargs):
         m = self.value
         if name in ("__len__",) and self.has_len():
-            return ConstantVariable(len(self._keys()))
+            return ConstantVariable(len(self._keys(tx)))
         if name == "__getitem__" and self.has_len():
             key = args[0].as_python_constant()
-            keys = self._keys()
             if isinstance(m, (torch.nn.ModuleDict, torch.nn.ParameterDict)):
                 return self._sub(tx, key)
+            keys = self._keys(tx)
             if isinstance(key, slice):
                 from coil.capture.variables.builder import wrap
 
                 return wrap(tx, m[key], None)
             return self._sub(tx, keys[key])
         if name == "__contains__" and isinstance(m, torch.nn.ModuleDict):
-            return ConstantVariable(args[0].as_python_constant() in m._modules)
+            return ConstantVariable(args[0].as_python_constant() in self._keys(tx))
         if name == "__iter__" and self.has_len():
             return ListIteratorVariable(self.unpack(tx))
         if isinstance(m, (torch.nn.ModuleDict, torch.nn.ParameterDict)) and name in ("keys", "values", "items"):
-            keys = self._keys()
+            keys = self._keys(tx)
             if name == "keys":
                 return ListIteratorVariable([ConstantVariable(k) for k in keys], kind="keys")
             if name == "values":
@@ -405,6 +412,16 @@ class NNModuleVariable(ObjectVariableBase):
         if name == "forward" and type(m).forward is torch.nn.Module.forward:
             raise Unsupported("module has no forward")
         return tx.call(self.var_getattr(tx, name), args, kwargs)
+
+
+def _guard_keys(tx, src, m: torch.nn.Module, dname: str) -> list:
+    """``list(m.<dname>)`` (``_modules``/``_parameters``/``_buffers``), guarded where
+    ``m`` has a source."""
+    keys = list(getattr(m, dname))
+    if src is not None:
+        e = f"{src.expr()}.{dname}"
+        tx.output.guards.add(f"list({e}) == {keys!r}", f"list({e})", keys, src=src.expr())
+    return keys
 
 
 def _holds_tensor(value) -> bool:

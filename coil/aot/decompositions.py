@@ -146,6 +146,8 @@ def _var_and_mean(x, dim, correction, keepdim, take_sqrt=False):
     xa = aten._to_copy.default(x, dtype=sdt) if sdt != x.dtype else x
     mean = _mean(xa, dims, n)
     centered = aten.sub.Tensor(xa, mean)
+    if x.is_complex():  # |x - mean|^2: the variance of a complex tensor is real
+        centered = aten.abs.default(centered)
     sq = aten.sum.dim_IntList(aten.mul.Tensor(centered, centered), dims, keepdim)
     # eager returns nan/inf for n - c <= 0 (division by zero); match it
     denom = n - c
@@ -157,7 +159,7 @@ def _var_and_mean(x, dim, correction, keepdim, take_sqrt=False):
     if not keepdim:
         mean = aten.squeeze.dims(mean, dims) if dims else mean
     if xa.dtype != x.dtype:
-        var = aten._to_copy.default(var, dtype=x.dtype)
+        var = aten._to_copy.default(var, dtype=x.dtype.to_real())
         mean = aten._to_copy.default(mean, dtype=x.dtype)
     return var, mean
 

@@ -9,10 +9,11 @@ from coil.aot.decompositions import COIL_DECOMPOSITIONS, get_decompositions
 aten = torch.ops.aten
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+# complex64: the variance is real, sum |x - mean|^2 (it was complex, sum (x - mean)^2)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.complex64])
 @pytest.mark.parametrize("dim,correction,keepdim", [(None, 1, False), ([1], 0, True), ([0, 2], 1, False)])
 def test_var_std_family(dtype, dim, correction, keepdim):
-    x = (torch.randn(3, 5, 4) * 2 + 1).to(dtype)
+    x = (torch.randn(3, 5, 4, dtype=dtype if dtype.is_complex else None) * 2 + 1).to(dtype)
     tol = dict(rtol=2e-2, atol=2e-2) if dtype == torch.bfloat16 else {}
     for op in (aten.var_mean.correction, aten.var.correction, aten.std.correction, aten.std_mean.correction):
         ref = op(x, dim, correction=correction, keepdim=keepdim)

@@ -98,11 +98,6 @@ def matmul_padded(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
         torch.addmm(biasp, ap, bt, out=full)
 
 
-def _tuple(xs) -> str:
-    items = [pyexpr(x) if not isinstance(x, int) else str(x) for x in xs]
-    return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
-
-
 def _alias_roots(buffers) -> dict:
     """Buffer name -> names of the buffers whose storage it shares, for the outputs of
     extern ops whose schema returns an alias of an argument (and their MultiOutputs)."""
@@ -186,6 +181,24 @@ class WrapperCodegen:
                                         "matmul_padded": matmul_padded}
         self.lines: list[str] = []
         self._extern_ids: dict[Any, str] = {}
+        self._hoisted: dict[str, str] = {}  # size expression text -> its local (_expr)
+
+    def _expr(self, e) -> str:
+        """The text of size ``e`` (int or sympy). A compound expression (``s0 * s1``) is
+        a local computed once per call after the symbol bindings (launches, allocations
+        and views reuse a few products; each recomputed costs host time per call),
+        except one reading a data-dependent size, which is bound later in the call."""
+        from torch.utils._sympy.symbol import SymT, symbol_is_type
+        if isinstance(e, int):
+            return str(e)
+        e = sympy.sympify(e)
+        if e.is_Symbol or e.is_number or any(symbol_is_type(s, SymT.UNBACKED_INT) for s in e.free_symbols):
+            return pyexpr(e)
+        return self._hoisted.setdefault(pyexpr(e), f"_sz{len(self._hoisted)}")
+
+    def _tuple(self, xs) -> str:
+        items = [self._expr(x) for x in xs]
+        return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
 
     def _global(self, prefix: str, value) -> str:
         key = (prefix, id(value))
@@ -203,7 +216,8 @@ class WrapperCodegen:
     def _arg(self, a) -> str:
         if isinstance(a, ReinterpretView):
             l = a.layout
-            return f"reinterpret({a.data.get_name()}, {_tuple(l.size)}, {_tuple(l.stride)}, {pyexpr(l.offset)})"
+            return (f"reinterpret({a.data.get_name()}, {self._tuple(l.size)}, {self._tuple(l.stride)}, "
+                    f"{self._expr(l.offset)})")
         if isinstance(a, Buffer):
             return a.get_name()
         if isinstance(a, (list, tuple)):
@@ -216,7 +230,7 @@ class WrapperCodegen:
         if isinstance(a, (torch.memory_format, torch.layout)):
             return self._global("c", a)
         if isinstance(a, sympy.Basic) and not a.is_number:
-            return pyexpr(a)  # a symbolic size: its value this call
+            return self._expr(a)  # a symbolic size: its value this call
         if isinstance(a, float) and (a != a or a in (float("inf"), float("-inf"))):
             return f"float('{a}')"
         if isinstance(a, (int, float, bool, str, type(None))):
@@ -283,14 +297,14 @@ class WrapperCodegen:
                     L.append(f"    {b.name} = {old}  # reuse")
                 else:
                     l = b.layout
-                    L.append(f"    {b.name} = empty_strided({_tuple(l.size)}, {_tuple(l.stride)}, "
+                    L.append(f"    {b.name} = empty_strided({self._tuple(l.size)}, {self._tuple(l.stride)}, "
                              f"device={self._dev(l.device)}, dtype={l.dtype})")
                 ours.add(b.name)
             if isinstance(s, FusedGroup):
                 k = self.kernels[id(s)]
                 if not (isinstance(k.plan.numel, int) and k.plan.numel == 0):
                     kname = self._global("k", k.generated.launcher)
-                    args = list(k.generated.arg_names) + [pyexpr(sympy.sympify(e)) for e in k.generated.size_args]
+                    args = list(k.generated.arg_names) + [self._expr(e) for e in k.generated.size_args]
                     L.append(f"    {kname}({', '.join(args)})  # {k.generated.name}")
             else:
                 b = s.buffer
@@ -306,11 +320,11 @@ class WrapperCodegen:
                     if padded:  # mm/addmm into a row-padded buffer (ir/graph.py)
                         l = b.layout
                         if getattr(b, "padded_output", False):
-                            L.append(f"    {b.name} = empty_row_padded({_tuple(l.size)}, {pyexpr(l.stride[0])}, "
-                                     f"device={self._dev(l.device)}, dtype={l.dtype})")
+                            L.append(f"    {b.name} = empty_row_padded({self._tuple(l.size)}, "
+                                     f"{self._expr(l.stride[0])}, device={self._dev(l.device)}, dtype={l.dtype})")
                         else:
-                            L.append(f"    {b.name} = empty_strided({_tuple(l.size)}, {_tuple(l.stride)}, "
-                                     f"device={self._dev(l.device)}, dtype={l.dtype})")
+                            L.append(f"    {b.name} = empty_strided({self._tuple(l.size)}, "
+                                     f"{self._tuple(l.stride)}, device={self._dev(l.device)}, dtype={l.dtype})")
                         mm_args = args[1:] + [args[0]] if len(args) == 3 else args
                         L.append(f"    matmul_padded({b.name}, {', '.join(mm_args)})  # {b.op}, padded")
                     else:
@@ -320,14 +334,14 @@ class WrapperCodegen:
                         L.append(f"    {b.binds.name} = {b.name}")
                         bound_late.add(b.binds)
                     if b.layout is not None:
-                        L.append(f"    {b.name} = ensure_layout({b.name}, {_tuple(b.layout.size)}, "
-                                 f"{_tuple(b.layout.stride)})")
+                        L.append(f"    {b.name} = ensure_layout({b.name}, {self._tuple(b.layout.size)}, "
+                                 f"{self._tuple(b.layout.stride)})")
                 elif isinstance(b, MultiOutput):
                     L += self._bind_unbacked(
                         f"{b.parent.name}{''.join(f'[{i}]' for i in b.path)}", b.layout, bound_late)
                     L.append(f"    {b.name} = ensure_layout({b.parent.name}"
-                             f"{''.join(f'[{i}]' for i in b.path)}, {_tuple(b.layout.size)}, "
-                             f"{_tuple(b.layout.stride)})")
+                             f"{''.join(f'[{i}]' for i in b.path)}, {self._tuple(b.layout.size)}, "
+                             f"{self._tuple(b.layout.stride)})")
                 ours.add(b.name)
             for n in dict.fromkeys(reads[i]):
                 if last_use.get(n) == i and n in ours and n not in out_names:
@@ -344,7 +358,8 @@ class WrapperCodegen:
             if o.kind == "buffer":
                 outs.append(o.name)
             elif o.kind == "view":
-                outs.append(f"reinterpret({o.name}, {_tuple(o.size)}, {_tuple(o.stride)}, {pyexpr(o.offset)})")
+                outs.append(f"reinterpret({o.name}, {self._tuple(o.size)}, {self._tuple(o.stride)}, "
+                            f"{self._expr(o.offset)})")
             else:
                 outs.append(self._arg(o.value))
         L.append(f"    return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
@@ -366,6 +381,7 @@ class WrapperCodegen:
             needed |= {s for x in leaves if isinstance(x, sympy.Basic) for s in x.free_symbols} & ints
         needed -= bound_late
         head = symbol_bindings(g, needed) if needed else []
+        head += [f"    {name} = {text}" for text, name in self._hoisted.items()]
         L[1:1] = head  # dynamic shapes: bind the symbols once per call, before any use
         if self.boxed:
             L += self._boxed(L[len(head) + 1:], head, input_dels, inputs - set(last_use))

@@ -20,6 +20,7 @@ queues its candidates to the compile pool when the launcher is created.
 """
 from __future__ import annotations
 
+from operator import itemgetter
 from typing import Optional, Sequence
 
 from coil import trace
@@ -55,7 +56,8 @@ class DynamicTritonLauncher(TritonLauncher):
         self.arg_dtypes = list(arg_dtypes) if arg_dtypes is not None else None
         self.base_key = self.key
         self._runs: dict = {}  # bucket -> run(*args)
-        self._by_size: dict = {}  # (xnumel, [rnumel]) -> its bucket's run (a bounded cache)
+        self._by_size: dict = {}  # xnumel or (xnumel, rnumel) -> its bucket's run (bounded)
+        self._size_key = itemgetter(n_ptrs, n_ptrs + 1) if self.red else itemgetter(n_ptrs)
         if self.gpu and self.arg_dtypes is not None and size_hints:
             # the graph was compiled for the hint sizes: its first call is in their bucket
             preset = self._enter_bucket(_bucket(numel_hint, rnumel_hint))
@@ -88,8 +90,10 @@ class DynamicTritonLauncher(TritonLauncher):
         return self.chosen
 
     def __call__(self, *args):
-        run = self._by_size.get(args[self.n_ptrs:self.n_ptrs + 1 + self.red])
-        if run is None:
+        # per launch: one C-level key fetch and one dict subscript (a known size's run)
+        try:
+            run = self._by_size[self._size_key(args)]
+        except KeyError:
             run = self._bucket_run(args)
         return run(*args)
 
@@ -100,7 +104,7 @@ class DynamicTritonLauncher(TritonLauncher):
             run = self._runs[bucket] = self._first_launch(bucket, args)
         if len(self._by_size) > 4096:
             self._by_size.clear()
-        self._by_size[args[self.n_ptrs:self.n_ptrs + 1 + self.red]] = run
+        self._by_size[self._size_key(args)] = run
         return run
 
     def _first_launch(self, bucket: tuple, args: tuple):

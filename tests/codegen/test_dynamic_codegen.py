@@ -342,3 +342,15 @@ def test_dynamic_gpt2_as_few_kernels_as_static(backend, monkeypatch):
                                            atol=1e-4, rtol=1e-4)
     static, dyn = c.graphs
     assert len(dyn.kernels) <= len(static.kernels), (static.source, dyn.source)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_wrapper_computes_each_size_product_once_per_call(backend, monkeypatch):
+    # the flat numel s0 * s1 is passed to several kernels and allocations: it is one
+    # local bound after the symbols, not a product per use
+    c = _check(lambda x: (x.reshape(-1) * 2, x.t().contiguous() + 1, x.exp().sum(1)),
+               lambda n: (torch.randn(n, n + 3),), [4, 9, 16], backend, monkeypatch)
+    call = c.graphs[0].source.split("def call_boxed")[0]
+    products = [l.strip() for l in call.splitlines() if " * " in l]
+    assert products and all(l.startswith("_sz") for l in products), call
+    assert len({l.split(" = ")[1] for l in products}) == len(products), call

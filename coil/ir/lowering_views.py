@@ -15,8 +15,8 @@ import torch
 
 from coil.ir.lowering import (FallbackToExtern, _full, broadcast_loader, device, is_box, loader_as,
                               out_dtype, out_size, register_lowering)
-from coil.ir.nodes import (GenericView, Layout, Pointwise, ReinterpretView, StorageBox,
-                           TensorBox, current_graph)
+from coil.ir.nodes import (GenericView, InputBuffer, Layout, Pointwise, ReinterpretView,
+                           StorageBox, TensorBox, current_graph)
 from coil.ir.symbols import (FloorDiv, Mod, as_expr, as_size, contiguous_strides, guard_true, is_static,
                              linear_index, unflatten)
 from coil.ir.virtualized import compute_dtype, ops
@@ -361,6 +361,17 @@ def _as_strided(x, size, stride, storage_offset=None):
         x.data.realize()
         base = strided_base(x)
     buf, layout = base
+    from coil.ir.graph import _dense_non_overlapping
+    src = current_graph().current_node.args[0]
+    fv = src.meta.get("val") if isinstance(src, torch.fx.Node) else None
+    if isinstance(fv, torch.Tensor) and not isinstance(buf, InputBuffer) and \
+            fv.storage_offset() == 0 and _dense_non_overlapping(fv) and \
+            ([as_expr(s) for s in fv.stride()] != list(layout.stride) or layout.offset != 0):
+        # as_strided reads storage: an intermediate is laid out as eager lays it out (a
+        # mutated transposed input's new value was contiguous here, transposed in eager)
+        x = TensorBox.create(Pointwise(x.get_device(), x.get_dtype(), x.make_loader(), x.get_size()))
+        x.data.realize(stride=[as_expr(s) for s in fv.stride()])
+        buf, layout = strided_base(x)
     if any(s == 0 for s in buf.layout.size) and not any(s == 0 for s in size):
         # elements of an empty buffer's storage: an empty tensor's data pointer is null,
         # so the ATen op makes the view (a tensor kernels can read) at call time

@@ -304,3 +304,16 @@ def test_statistics_of_a_constant_row_are_exact(backend):
         x[2] = -7.1e25
         return [x]
     _ok(_stats_of_constant_rows, make, backend)
+
+
+def _as_strided_of_mutated_transposed_input(a):
+    a.mul_(2)
+    return (a.as_strided((2,), (1,), 3) * 1, a[:, -1:].as_strided((2,), (1,), 3) + 1)
+
+
+@pytest.mark.parametrize("backend", ["cpp", "triton"])
+def test_as_strided_reads_an_intermediate_in_eagers_layout(backend):
+    """as_strided reads storage: the mutated transposed input's new value (mul keeps the
+    transposed strides in eager and in the fake value) was realized contiguous, so the
+    read landed on other elements (8, 4 instead of 6, 8; fuzz seed 70 #598's class)."""
+    _ok(_as_strided_of_mutated_transposed_input, lambda: [torch.arange(6.).reshape(2, 3).t()], backend)

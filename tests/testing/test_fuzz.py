@@ -350,7 +350,16 @@ def test_float64_reference_nan_equals_compiled_nan():
 # Minimized repros of failures the fuzzer finds in the current tree, one per class,
 # as strict xfails: fixing the bug makes the test fail until its entry is removed.
 
-KNOWN_BUGS: dict = {}  # name -> (fn, make_inputs[, backend]); none open now
+def _as_strided_after_scatter_(a):  # fuzz seed 70 #598 (torch's aot_eager gives the same)
+    a.scatter_(0, torch.tensor([[[0, 0], [1, 1]], [[1, 1], [0, 0]]]), torch.full((2, 2, 2), -1.0))
+    return (a.as_strided((3,), (1,), 12) * 1,)
+
+
+#: name -> (fn, make_inputs[, backend]). as_strided reads storage; after an in-place op
+#: on a transposed input, functionalization's new value is contiguous (scatter's output)
+#: while eager's storage keeps the input's layout, so the read lands elsewhere
+KNOWN_BUGS: dict = {"as_strided_after_scatter_of_a_permuted_input": (
+    _as_strided_after_scatter_, lambda: [torch.arange(20.).reshape(2, 2, 5).permute(1, 0, 2)])}
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=n))

@@ -352,26 +352,23 @@ def _unfold(x, dimension, size, step):
 
 @register_lowering(aten.as_strided)
 def _as_strided(x, size, stride, storage_offset=None):
-    base = strided_base(x)
-    if base is None:
-        x.data.realize() if isinstance(x.data, StorageBox) else None
-        base = strided_base(x)
-    if base is None:
-        x = TensorBox.create(Pointwise(x.get_device(), x.get_dtype(), x.make_loader(), x.get_size()))
-        x.data.realize()
-        base = strided_base(x)
-    buf, layout = base
     from coil.ir.graph import _dense_non_overlapping
+    # as_strided reads storage: an intermediate is laid out as eager lays it out (a mutated
+    # transposed input's new value was realized contiguous here, transposed in eager)
     src = current_graph().current_node.args[0]
     fv = src.meta.get("val") if isinstance(src, torch.fx.Node) else None
-    if isinstance(fv, torch.Tensor) and not isinstance(buf, InputBuffer) and \
-            fv.storage_offset() == 0 and _dense_non_overlapping(fv) and \
-            ([as_expr(s) for s in fv.stride()] != list(layout.stride) or layout.offset != 0):
-        # as_strided reads storage: an intermediate is laid out as eager lays it out (a
-        # mutated transposed input's new value was contiguous here, transposed in eager)
+    eager = [as_expr(s) for s in fv.stride()] if isinstance(fv, torch.Tensor) and \
+        fv.storage_offset() == 0 and _dense_non_overlapping(fv) else None
+    base = strided_base(x)
+    if base is None and isinstance(x.data, StorageBox):
+        x.data.realize(stride=eager)
+        base = strided_base(x)
+    if base is None or (eager is not None and not isinstance(base[0], InputBuffer) and
+                        (eager != list(base[1].stride) or base[1].offset != 0)):
         x = TensorBox.create(Pointwise(x.get_device(), x.get_dtype(), x.make_loader(), x.get_size()))
-        x.data.realize(stride=[as_expr(s) for s in fv.stride()])
-        buf, layout = strided_base(x)
+        x.data.realize(stride=eager)
+        base = strided_base(x)
+    buf, layout = base
     if any(s == 0 for s in buf.layout.size) and not any(s == 0 for s in size):
         # elements of an empty buffer's storage: an empty tensor's data pointer is null,
         # so the ATen op makes the view (a tensor kernels can read) at call time

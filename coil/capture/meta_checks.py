@@ -7,16 +7,20 @@ another dtype (an autocast region's bf16 into an fp32 buffer) gave a silently ca
 result. :func:`check_call` raises eager's error for those, before the fake run.
 Add a check by adding a function to :data:`CHECKS` under the op's name (no trailing
 ``_``); it receives the call's fake arguments. Ops whose eager kernels refuse integer or
-bool dtypes are listed in :data:`_DTYPE_RESTRICTED` and probed (:func:`_probe_dtypes`).
+bool dtypes are listed in :data:`_DTYPE_RESTRICTED` and probed (:func:`_probe_dtypes`); the
+probe's result also gives eager's dtype where the meta kernel's differs (``bool ** True`` is
+bool in eager, int64 in the meta kernel).
 """
 from __future__ import annotations
 
 import warnings
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 import torch.utils._pytree as pytree
 from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+from coil import trace
 
 
 def _type_name(dtype: torch.dtype) -> str:
@@ -83,12 +87,13 @@ def _probe_dtypes(target):
     tensors of the arguments' dtypes, ranks and devices, and what it raises is raised
     (eager's own error, on the argument's device). These ops accept one-element inputs
     of any rank (no size conditions: not ``topk``, ``glu``, ``cross``), their dtype
-    support does not depend on values, and none of them draws random numbers."""
-    def check(args, kwargs) -> None:
+    support does not depend on values, and none of them draws random numbers. Returns
+    the probe's result (None when nothing was probed)."""
+    def check(args, kwargs):
         leaves = pytree.tree_leaves((args, kwargs))
         if not any(isinstance(a, torch.Tensor) and not (a.is_floating_point() or a.is_complex())
                    for a in leaves) or any(isinstance(a, (torch.SymInt, torch.SymFloat)) for a in leaves):
-            return
+            return None
 
         def real(a):
             if isinstance(a, torch.Tensor):
@@ -98,9 +103,8 @@ def _probe_dtypes(target):
             warnings.simplefilter("ignore")
             r_args, r_kwargs = pytree.tree_map(real, (list(args), dict(kwargs)))
             if isinstance(target, str):
-                getattr(r_args[0], target)(*r_args[1:], **r_kwargs)
-            else:
-                target(*r_args, **r_kwargs)
+                return getattr(r_args[0], target)(*r_args[1:], **r_kwargs)
+            return target(*r_args, **r_kwargs)
     return check
 
 
@@ -131,16 +135,38 @@ def check_graph(gm: torch.fx.GraphModule) -> None:
             return type(a)(val(x) for x in a)
         return a
 
-    for node in gm.graph.nodes:
+    for node in list(gm.graph.nodes):
         if node.op in ("call_function", "call_method"):
-            check_call(node.op, node.target, [val(a) for a in node.args],
-                       {k: val(v) for k, v in node.kwargs.items()})
+            dtype = check_call(node.op, node.target, [val(a) for a in node.args],
+                               {k: val(v) for k, v in node.kwargs.items()})
+            fake = val(node)
+            if isinstance(fake, torch.Tensor) and dtype not in (None, fake.dtype):
+                cast, _ = cast_to_eager_dtype(gm.graph, node, fake, dtype)
+                node.replace_all_uses_with(cast, delete_user_cb=lambda user: user is not cast)
+    gm.recompile()
 
 
-def check_call(kind: str, target, args: list, kwargs: dict) -> None:
+def cast_to_eager_dtype(graph: torch.fx.Graph, node: torch.fx.Node, fake: torch.Tensor,
+                        dtype: torch.dtype) -> tuple:
+    """Add ``node.to(dtype)`` after ``node``, a call whose meta kernel gives ``fake`` (its
+    result) another dtype than eager's ``dtype``: ``bool ** True`` is bool in eager, int64
+    (with eager's values, 0 and 1) in the meta kernel. Logged (``meta_dtype_cast``).
+    Returns the cast node and its fake value; the caller rewires ``node``'s users."""
+    with graph.inserting_after(node):
+        cast = graph.create_node("call_method", "to", (node, dtype), {})
+    value = fake.to(dtype)
+    node.meta.setdefault("example_value", fake)
+    cast.meta.update({k: value for k in ("example_value", "val") if k in node.meta})
+    trace.log("meta_dtype_cast", stage="capture", op=str(node.target), meta_dtype=str(fake.dtype),
+              eager_dtype=str(dtype), reason="the meta kernel's result dtype differs from eager's")
+    return cast, value
+
+
+def check_call(kind: str, target, args: list, kwargs: dict) -> Optional[torch.dtype]:
     """Raise eager's error if ``target(*args, **kwargs)`` (fake arguments; ``kind`` is the
     FX node kind, ``args[0]`` the tensor for a method) is refused by eager but not by its
-    meta kernel. Raises RuntimeError."""
+    meta kernel. Returns eager's result dtype where a probe learnt it (None otherwise).
+    Raises RuntimeError."""
     name = target if isinstance(target, str) else getattr(target, "__name__", "")
     check = (CHECKS.get(name) or CHECKS.get(name.rstrip("_"))) if name else None
     if check is not None:
@@ -148,4 +174,6 @@ def check_call(kind: str, target, args: list, kwargs: dict) -> None:
     base = name.strip("_") if name else ""
     # operator.ipow / __rpow__ / add_: the op itself
     if base and (base in _DTYPE_RESTRICTED or base[:1] in "ir" and base[1:] in _DTYPE_RESTRICTED):
-        _probe_dtypes(target)(args, kwargs)
+        real = _probe_dtypes(target)(args, kwargs)
+        return real.dtype if isinstance(real, torch.Tensor) else None
+    return None

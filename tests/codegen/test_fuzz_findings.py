@@ -317,3 +317,19 @@ def test_as_strided_reads_an_intermediate_in_eagers_layout(backend):
     transposed strides in eager and in the fake value) was realized contiguous, so the
     read landed on other elements (8, 4 instead of 6, 8; fuzz seed 70 #598's class)."""
     _ok(_as_strided_of_mutated_transposed_input, lambda: [torch.arange(6.).reshape(2, 3).t()], backend)
+
+
+def _pow_of_bool_by_bool(a, b):  # fuzz seed 70 #2754
+    return (a ** True, torch.pow(a, False) & b, a.pow(True) * 1)
+
+
+@pytest.mark.parametrize("backend", ["cpp", "triton"])
+def test_pow_of_bool_by_python_bool_is_bool(backend):
+    """``bool_tensor ** True`` is bool in eager (the promoted dtype) and int64 in torch's meta
+    kernel, which coil's capture took; the probe of eager's kernel now gives the dtype (a cast
+    after the call), on coil's capture and on torch's (``torch.compile(backend="coil")``)."""
+    make = lambda: [torch.tensor([True, False, True]), torch.tensor([True, True, False])]  # noqa: E731
+    _ok(_pow_of_bool_by_bool, make, backend)
+    if backend == "cpp":
+        out = torch.compile(_pow_of_bool_by_bool, backend="coil")(*make())
+        assert [o.dtype for o in out] == [torch.bool, torch.bool, torch.int64]

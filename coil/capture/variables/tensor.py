@@ -27,7 +27,7 @@ from torch._subclasses.fake_tensor import (DataDependentOutputException,
                                            DynamicOutputShapeException, FakeTensor)
 
 from coil.exc import Unsupported
-from coil.capture.meta_checks import check_call
+from coil.capture.meta_checks import cast_to_eager_dtype, check_call
 from coil.capture.substitutes import substitute
 from coil.capture.variables.base import ConstantVariable, VariableTracker
 from coil.capture.variables.containers import (DictVariable, ListVariable,
@@ -198,11 +198,14 @@ def call_op(tx, kind: str, target, args: list, kwargs: dict) -> VariableTracker:
     guards_before = len(out.shape_env.guards)
     try:
         with out.fake_mode, _quiet_meta_failures(), _symbolic_dispatch(out):
-            check_call(kind, target, fake_args, fake_kwargs)  # what eager refuses, meta not
+            eager_dtype = check_call(kind, target, fake_args, fake_kwargs)  # eager refuses, meta not
             if kind == "call_method":
                 result = getattr(fake_args[0], target)(*fake_args[1:], **fake_kwargs)
             else:
                 result = target(*fake_args, **fake_kwargs)
+            if isinstance(result, torch.Tensor) and eager_dtype not in (None, result.dtype):
+                node, result = cast_to_eager_dtype(out.graph, node, result, eager_dtype)
+                tx.locate_node(node)
     except (DataDependentOutputException, DynamicOutputShapeException) as e:
         out.graph.erase_node(node)
         raise Unsupported(f"data-dependent operation {_name(target)} ({type(e).__name__})",

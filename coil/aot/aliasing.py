@@ -58,7 +58,7 @@ RESTRIDE_MESSAGE = ("the program restrides an input (as_strided_) past its last 
 
 class RunEagerly(CoilError):
     """Raised while a program is analysed when its graphs cannot mean what eager does (the
-    ``*_MESSAGE`` reasons, :func:`_scalar_overflows`): ``aot_compile`` then runs it eagerly,
+    ``*_MESSAGE`` reasons, :func:`_eager_refuses`): ``aot_compile`` then runs it eagerly,
     every call (``aot_overlapping_write_eager``), raising eager's errors after its effects."""
 
 
@@ -216,7 +216,7 @@ class OverlapGuard(TorchDispatchMode):
     it), :class:`RunEagerly` is raised for an in-place write to overlapping memory or,
     into an input's storage, outside the elements of every one of ``inputs`` (the
     program's arguments, before it runs), an ``as_strided_`` past the tensor's storage
-    as functionalization sizes it, and an op that eager refuses for its scalar."""
+    as functionalization sizes it, and an op that eager refuses for its scalar or index dtype."""
 
     def __init__(self, inputs=()):
         super().__init__()
@@ -235,8 +235,9 @@ class OverlapGuard(TorchDispatchMode):
             return func(*args, **kwargs)
         if func is torch.ops.aten.as_strided_.default and _restrides_beyond(*args, **kwargs):
             raise RunEagerly(RESTRIDE_MESSAGE)
-        if _scalar_overflows(func, args, kwargs):
-            raise RunEagerly(f"eager raises at {func}: a scalar beyond the tensor's dtype's range")
+        refused = _eager_refuses(func, args, kwargs)
+        if refused:
+            raise RunEagerly(f"eager raises at {func} whatever the elements, the graph would not: {refused}")
         written = _written_args(func)
         for k, name in written:
             t = args[k] if k < len(args) else kwargs.get(name)
@@ -281,28 +282,50 @@ def _restrides_beyond(t, size, stride, storage_offset=None) -> bool:
     return end * t.dtype.itemsize > t.untyped_storage().nbytes()
 
 
-def _scalar_overflows(func, args, kwargs) -> bool:
-    """Whether eager's ``func`` raises "value cannot be converted ... without overflow":
-    tried on real empty tensors when a finite number exceeds a fp16/bf16/fp32 argument's
-    range. Eager checks whatever the elements; a graph loses it (``masked_fill`` becomes
-    ``where`` of a saturating ``scalar_tensor``); ``add``, ``where`` accept such a scalar."""
+def _eager_refuses(func, args, kwargs) -> Optional[str]:
+    """Eager's error for ``func`` where eager raises whatever the elements and the meta
+    kernel (so the graph) does not, tried on real empty tensors; None where it runs:
+
+    - "value cannot be converted ... without overflow", when a finite number exceeds a
+      fp16/bf16/fp32 argument's range (a graph loses the check: ``masked_fill`` becomes
+      ``where`` of a saturating ``scalar_tensor``; ``add``, ``where`` accept such a scalar);
+    - an index of a dtype eager refuses (``index_put`` with float32 indices, ``index_fill``
+      with int32 ones, empty or not): the op raises with them and runs with int64 indices."""
     leaves = pytree.tree_leaves((args, kwargs))
     dtypes = [x.dtype for x in leaves if isinstance(x, torch.Tensor)] + \
         [x for x in leaves if isinstance(x, torch.dtype)]
     fmax = min((torch.finfo(d).max for d in dtypes if d in _NARROW_FLOATS), default=None)
-    if fmax is None or not any(type(x) in (int, float) and math.isfinite(x) and abs(x) > fmax
-                               for x in leaves):
-        return False
+    if fmax is not None and any(type(x) in (int, float) and math.isfinite(x) and abs(x) > fmax
+                                for x in leaves):
+        error = _error_on_empty(func, args, kwargs)
+        return error if error and "without overflow" in error else None
+    names = [a.name for a in func._schema.arguments]
+    index = {n for k, n in enumerate(names) if n in ("index", "indices") and any(
+        isinstance(t, torch.Tensor) and t.dtype != torch.int64
+        for t in pytree.tree_leaves(args[k:k + 1] or kwargs.get(n)))}
+    if not index:
+        return None
+    error = _error_on_empty(func, args, kwargs)
+    as_long = {k for k, n in enumerate(names) if n in index} | index
+    return error if error and _error_on_empty(func, args, kwargs, as_long) is None else None
 
-    def empty(x):
-        return torch.empty((0,) * x.dim(), dtype=x.dtype, device=x.device) \
-            if isinstance(x, torch.Tensor) else x
+
+def _error_on_empty(func, args, kwargs, as_long=frozenset()) -> Optional[str]:
+    """What eager's ``func`` raises (its message) on real empty tensors of the arguments'
+    dtypes (int64 for the arguments whose position or name is in ``as_long``), ranks and
+    devices; None if it runs."""
+    def empty(dtype):
+        return lambda x: torch.empty((0,) * x.dim(), dtype=dtype or x.dtype, device=x.device)
+
+    def replace(k, v):
+        return pytree.tree_map_only(torch.Tensor, empty(torch.int64 if k in as_long else None), v)
     with torch.utils._python_dispatch._disable_current_modes():
         try:
-            func(*pytree.tree_map(empty, args), **pytree.tree_map(empty, kwargs))
-        except RuntimeError as e:
-            return "without overflow" in str(e)
-    return False
+            func(*[replace(k, a) for k, a in enumerate(args)],
+                 **{n: replace(n, v) for n, v in kwargs.items()})
+        except (RuntimeError, IndexError) as e:
+            return f"{type(e).__name__}: {e}"
+    return None
 
 
 _NARROW_FLOATS = (torch.float16, torch.bfloat16, torch.float32)

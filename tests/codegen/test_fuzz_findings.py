@@ -5,6 +5,7 @@ inputs afterwards) on both CPU kernel backends."""
 import pytest
 import torch
 
+from coil import trace
 from coil.testing.fuzz import check
 
 BACKENDS = ["cpp", "triton"]
@@ -333,3 +334,43 @@ def test_pow_of_bool_by_python_bool_is_bool(backend):
     if backend == "cpp":
         out = torch.compile(_pow_of_bool_by_bool, backend="coil")(*make())
         assert [o.dtype for o in out] == [torch.bool, torch.bool, torch.int64]
+
+
+# -- index tensors of a dtype eager refuses ------------------------------------------
+
+def _index_put_empty_float(a):  # fuzz seed 70 #2393
+    a.index_put_((torch.tensor([]),), torch.tensor(1.0))
+    return (a,)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("fn,message", [
+    (_index_put_empty_float, "tensors used as indices must be long"),
+    (lambda a: a.__setitem__(torch.tensor([1], dtype=torch.int16), 1.0), "tensors used as indices"),
+    (lambda a: (torch.index_select(a, 0, torch.tensor([1.0])),), "index_select(): Expected dtype"),
+    (lambda a: (a.index_add_(0, torch.tensor([]), torch.ones(0)),), "index_add_(): Expected dtype"),
+    (lambda a: (a.index_fill(0, torch.tensor([1], dtype=torch.int32), 2.0),), "index_fill_(): Expected"),
+    (lambda a: (a.index_copy(0, torch.tensor([]), torch.ones(0)),), "index_copy_(): Expected"),
+], ids=["index_put_-empty-float", "setitem-int16", "index_select-float", "index_add_-empty-float",
+        "index_fill-int32", "index_copy-empty-float"])
+def test_index_of_a_refused_dtype_raises(fn, message, backend):
+    """Eager refuses these index dtypes whatever the elements (none, here too); the meta
+    kernels accept them and the graph ran. Such a program now runs eagerly."""
+    r = check(fn, lambda: [torch.arange(4.)], backend)
+    assert r.outcome == "both_raise" and message in r.detail, f"{r.outcome}: {r.detail}"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_index_dtypes_eager_accepts_still_compile(backend, tmp_path):
+    """int32 indices and bool masks run compiled as before (not eagerly)."""
+    before = trace.trace_dir()
+    trace.set_dir(str(tmp_path))
+    try:
+        _ok(lambda a: (torch.index_select(a, 0, torch.tensor([1, 0], dtype=torch.int32)),
+                       a.index_put((torch.tensor([2], dtype=torch.int32),), torch.tensor(5.0)),
+                       a.index_put((a > 1,), torch.tensor(5.0))),
+            lambda: [torch.arange(4.)], backend)
+    finally:
+        trace.set_dir(before)
+    log = "".join(f.read_text() for f in tmp_path.iterdir())
+    assert "aot_analysis" in log and "aot_overlapping_write_eager" not in log

@@ -39,6 +39,7 @@ import torch
 import torch.fx
 import torch.fx.traceback as fx_traceback
 import torch.utils._pytree as pytree
+from torch._prims_common import is_non_overlapping_and_dense_or_false
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, disable_fake_tensor_cache
 from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
@@ -209,6 +210,8 @@ class _ViewRewrites(TorchDispatchMode):
                 all(isinstance(s, int) and (s == -1 or (isinstance(d, int) and s == d))
                     for s, d in zip(args[1], args[0].shape)):
             return aten.alias.default(args[0])
+        if func is aten.as_strided.default:
+            _lay_out_as_eager(self.roots.get(args[0], args[0]))
         out = func(*args, **(kwargs or {}))
         if not (func.is_view and isinstance(out, torch.Tensor) and args
                 and isinstance(args[0], torch.Tensor)):
@@ -230,6 +233,28 @@ class _ViewRewrites(TorchDispatchMode):
 
 
 _SQUEEZE_ = {aten.squeeze_.default, aten.squeeze_.dim, aten.squeeze_.dims}
+
+
+def _lay_out_as_eager(t) -> None:
+    """Before ``as_strided`` (which reads storage) of functional tensor ``t``: where the
+    value functionalization holds for ``t`` has other strides than ``t`` (eager's: an
+    in-place op keeps them; ``scatter_`` of a transposed input became an out-of-place
+    ``scatter``, whose result is contiguous), it is replaced by a copy in ``t``'s strides
+    (dense layouts at offset 0; other layouts are left as they are)."""
+    if not isinstance(t, FunctionalTensor) or not _static(t.shape, t.stride(), t.storage_offset()):
+        return
+    torch._sync(t)
+    inner = torch._from_functional_tensor(t.elem)
+    if t.storage_offset() != 0 or not is_non_overlapping_and_dense_or_false(t) or \
+            all(a == b for a, b, n in zip(inner.stride(), t.stride(), t.shape) if n > 1):
+        return
+    laid = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device).copy_(t)
+    torch._sync(laid)
+    t.replace_(torch._from_functional_tensor(laid.elem))
+    t.commit_update()
+    trace.log("aot_eager_layout", stage="aot", size=list(t.shape), stride=list(t.stride()),
+              reason="as_strided reads storage; functionalization's value had strides "
+                     f"{list(inner.stride())}")
 
 
 def _squeeze_(func, t, dims=None):

@@ -547,7 +547,14 @@ class GraphLowering(torch.fx.Interpreter):
                 stride = [as_expr(s) for s in _dense_strides_like(meta)]
         d = x.data
         if isinstance(d, ReinterpretView):
-            return d
+            if stride is None:
+                return d
+            # eager's strides on its size-1 dims too (the same elements): CPU flash attention
+            # read a size-1 batch dim's stride 1 as a step and ran past an expanded input
+            unit = [as_expr(m) if n == 1 else s
+                    for n, s, m in zip(d.layout.size, d.layout.stride, meta.stride())]
+            return d if unit == list(d.layout.stride) else \
+                ReinterpretView(d.data, dataclasses.replace(d.layout, stride=unit))
         if isinstance(d, StorageBox):
             return d.realize(stride)
         return self._materialize(x, stride)

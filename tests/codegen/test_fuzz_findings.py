@@ -374,3 +374,40 @@ def test_index_dtypes_eager_accepts_still_compile(backend, tmp_path):
         trace.set_dir(before)
     log = "".join(f.read_text() for f in tmp_path.iterdir())
     assert "aot_analysis" in log and "aot_overlapping_write_eager" not in log
+
+
+# -- storage layouts that as_strided and extern kernels see --------------------------
+
+def _as_strided_after_scatter_(a):  # fuzz seed 70 #598 (torch's aot_eager gives the same)
+    a.scatter_(0, torch.tensor([[[0, 0], [1, 1]], [[1, 1], [0, 0]]]), torch.full((2, 2, 2), -1.0))
+    return (a.as_strided((3,), (1,), 12) * 1,)
+
+
+def _write_through_as_strided_after_index_add_(a):
+    a.index_add_(1, torch.tensor([1]), torch.ones(2, 1, 5))
+    a.as_strided((4,), (2,), 3).mul_(10)
+    return (a.as_strided((3,), (1,), 12), a * 1)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("fn", [_as_strided_after_scatter_, _write_through_as_strided_after_index_add_])
+def test_as_strided_reads_a_mutated_input_in_its_own_strides(fn, backend):
+    """``scatter_``/``index_add_`` of a permuted input become an out-of-place op whose
+    result is contiguous; eager's storage keeps the input's strides, so ``as_strided``
+    (reads, writes through it, an output aliasing the input) read other elements. The
+    functional value is laid out in the tensor's strides before an ``as_strided``."""
+    _ok(fn, lambda: [torch.arange(20.).reshape(2, 2, 5).permute(1, 0, 2)], backend)
+
+
+def _sdpa_of_expanded_input_after_unsqueeze_(a):  # fuzz seed 51 #11382
+    a.unsqueeze_(0)
+    kv = a[:, :1].expand(-1, 3, -1, -1).narrow(2, 0, 1)
+    return (torch.nn.functional.scaled_dot_product_attention(a, kv, kv),)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_extern_kernel_gets_eagers_strides_of_size_one_dims(backend):
+    """The view handed to CPU flash attention had stride 1 on its size-1 batch dim (eager:
+    0); that kernel steps by it and read past the stride-0 expanded input."""
+    _ok(_sdpa_of_expanded_input_after_unsqueeze_,
+        lambda: [torch.tensor([[[0.26, 0.82, -2.45, 2.16, -0.43]]]).expand(3, 1, 5)], backend)

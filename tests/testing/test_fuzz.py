@@ -350,26 +350,7 @@ def test_float64_reference_nan_equals_compiled_nan():
 # Minimized repros of failures the fuzzer finds in the current tree, one per class,
 # as strict xfails: fixing the bug makes the test fail until its entry is removed.
 
-def _as_strided_after_scatter_(a):  # fuzz seed 70 #598 (torch's aot_eager gives the same)
-    a.scatter_(0, torch.tensor([[[0, 0], [1, 1]], [[1, 1], [0, 0]]]), torch.full((2, 2, 2), -1.0))
-    return (a.as_strided((3,), (1,), 12) * 1,)
-
-
-def _sdpa_of_expanded_input_after_unsqueeze_(a):  # fuzz seed 51 #11382, C++ and Triton
-    a.unsqueeze_(0)
-    kv = a[:, :1].expand(-1, 3, -1, -1).narrow(2, 0, 1)
-    return (torch.nn.functional.scaled_dot_product_attention(a, kv, kv),)
-
-
-#: name -> (fn, make_inputs[, backend]). as_strided reads storage; after an in-place op
-#: on a transposed input, functionalization's new value is contiguous (scatter's output)
-#: while eager's storage keeps the input's layout, so the read lands elsewhere
-KNOWN_BUGS: dict = {"as_strided_after_scatter_of_a_permuted_input": (
-    _as_strided_after_scatter_, lambda: [torch.arange(20.).reshape(2, 2, 5).permute(1, 0, 2)]),
-    # attention over a stride-0 expanded input restrided by unsqueeze_: other elements
-    "sdpa_of_an_expanded_input_after_unsqueeze_": (
-        _sdpa_of_expanded_input_after_unsqueeze_,
-        lambda: [torch.tensor([[[0.26, 0.82, -2.45, 2.16, -0.43]]]).expand(3, 1, 5)])}
+KNOWN_BUGS: dict = {}  # name -> (fn, make_inputs[, backend]); none open now
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=n))

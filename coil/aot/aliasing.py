@@ -52,6 +52,11 @@ OUTSIDE_MESSAGE = ("the program writes (through as_strided) to memory of an inpu
                    "the program runs eagerly")
 
 
+OUTSIDE_READ_MESSAGE = ("the program reads (through as_strided) memory of a tensor it has written "
+                        "to that is not one of the tensor's elements: coil's graphs hold only "
+                        "those, so the program runs eagerly")
+
+
 RESTRIDE_MESSAGE = ("the program restrides an input (as_strided_) past its last element, which "
                     "functionalization does not model, so the program runs eagerly")
 
@@ -252,12 +257,15 @@ class OverlapGuard(TorchDispatchMode):
         held = self.inputs.get(StorageWeakRef(t.untyped_storage()))
         if not held or t.numel() == 0 or not _static(t.shape, t.stride(), t.storage_offset()):
             return True
-        size, addrs, lo, hi = t.dtype.itemsize, *_addresses(t)
-        for isz, x_addrs, x_lo, x_hi in held:
-            if x_lo <= lo and hi <= x_hi and (x_addrs is None or (
-                    isz == size and bool(np.isin(addrs, x_addrs).all()))):
-                return True
-        return False
+        return any(inside(t, *x) for x in held)
+
+
+def inside(t: torch.Tensor, itemsize: int, x_addrs, x_lo: int, x_hi: int) -> bool:
+    """Whether ``t``'s elements are among those of a tensor whose element size and
+    :func:`_addresses` are ``itemsize, x_addrs, x_lo, x_hi`` (static layouts)."""
+    addrs, lo, hi = _addresses(t)
+    return x_lo <= lo and hi <= x_hi and (x_addrs is None or (
+        itemsize == t.dtype.itemsize and bool(np.isin(addrs, x_addrs).all())))
 
 
 def _addresses(t: torch.Tensor) -> tuple:

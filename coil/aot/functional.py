@@ -39,7 +39,6 @@ import torch
 import torch.fx
 import torch.fx.traceback as fx_traceback
 import torch.utils._pytree as pytree
-from torch._prims_common import is_non_overlapping_and_dense_or_false
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, disable_fake_tensor_cache
 from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
@@ -49,7 +48,8 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 
 from coil import trace
-from coil.aot.aliasing import OverlapGuard, _overlaps, _static
+from coil.aot.aliasing import (OUTSIDE_READ_MESSAGE, OverlapGuard, RunEagerly, _addresses, _extent,
+                               _overlaps, _static, inside)
 
 aten = torch.ops.aten
 
@@ -210,9 +210,9 @@ class _ViewRewrites(TorchDispatchMode):
                 all(isinstance(s, int) and (s == -1 or (isinstance(d, int) and s == d))
                     for s, d in zip(args[1], args[0].shape)):
             return aten.alias.default(args[0])
-        if func is aten.as_strided.default:
-            _lay_out_as_eager(self.roots.get(args[0], args[0]))
         out = func(*args, **(kwargs or {}))
+        if func is aten.as_strided.default and _lay_out_as_eager(self.roots.get(args[0], args[0]), out):
+            out = func(*args, **(kwargs or {}))
         if not (func.is_view and isinstance(out, torch.Tensor) and args
                 and isinstance(args[0], torch.Tensor)):
             return out
@@ -235,26 +235,34 @@ class _ViewRewrites(TorchDispatchMode):
 _SQUEEZE_ = {aten.squeeze_.default, aten.squeeze_.dim, aten.squeeze_.dims}
 
 
-def _lay_out_as_eager(t) -> None:
-    """Before ``as_strided`` (which reads storage) of functional tensor ``t``: where the
-    value functionalization holds for ``t`` has other strides than ``t`` (eager's: an
-    in-place op keeps them; ``scatter_`` of a transposed input became an out-of-place
-    ``scatter``, whose result is contiguous), it is replaced by a copy in ``t``'s strides
-    (dense layouts at offset 0; other layouts are left as they are)."""
-    if not isinstance(t, FunctionalTensor) or not _static(t.shape, t.stride(), t.storage_offset()):
-        return
+def _lay_out_as_eager(t, view) -> bool:
+    """For ``view``, an ``as_strided`` view of functional tensor ``t`` (it reads storage):
+    where the value functionalization holds for ``t`` has other strides or another offset
+    than ``t`` (eager's: an in-place op keeps them; ``scatter_`` of a transposed input
+    became an out-of-place ``scatter``, whose result is contiguous), it is replaced by a
+    copy at ``t``'s strides and offset; returns whether it was (the view is to be taken
+    again). Raises RunEagerly if ``view`` reads memory outside ``t``'s elements then
+    (the graph does not hold it)."""
+    if not isinstance(t, FunctionalTensor) or not _static(
+            t.shape, t.stride(), t.storage_offset(), view.shape, view.stride(), view.storage_offset()) \
+            or _overlaps(t):
+        return False
     torch._sync(t)
     inner = torch._from_functional_tensor(t.elem)
-    if t.storage_offset() != 0 or not is_non_overlapping_and_dense_or_false(t) or \
+    if inner.storage_offset() == t.storage_offset() and \
             all(a == b for a, b, n in zip(inner.stride(), t.stride(), t.shape) if n > 1):
-        return
-    laid = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device).copy_(t)
+        return False
+    if not inside(view, t.dtype.itemsize, *_addresses(t)):
+        raise RunEagerly(OUTSIDE_READ_MESSAGE)
+    flat = torch.empty(_extent(t)[1], dtype=t.dtype, device=t.device)
+    laid = flat.as_strided(t.shape, t.stride(), t.storage_offset()).copy_(t)
     torch._sync(laid)
     t.replace_(torch._from_functional_tensor(laid.elem))
     t.commit_update()
     trace.log("aot_eager_layout", stage="aot", size=list(t.shape), stride=list(t.stride()),
-              reason="as_strided reads storage; functionalization's value had strides "
-                     f"{list(inner.stride())}")
+              offset=t.storage_offset(), reason="as_strided reads storage; functionalization's "
+              f"value had strides {list(inner.stride())}, offset {inner.storage_offset()}")
+    return True
 
 
 def _squeeze_(func, t, dims=None):

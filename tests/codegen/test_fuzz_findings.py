@@ -390,13 +390,30 @@ def _write_through_as_strided_after_index_add_(a):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("fn", [_as_strided_after_scatter_, _write_through_as_strided_after_index_add_])
-def test_as_strided_reads_a_mutated_input_in_its_own_strides(fn, backend):
+def _as_strided_after_mul_(a):
+    a.mul_(2)
+    return (a.as_strided((3,), (1,), 14) * 1,)
+
+
+_PERMUTED = lambda: [torch.arange(20.).reshape(2, 2, 5).permute(1, 0, 2)]  # noqa: E731
+_AT_OFFSET = lambda: [torch.arange(30.)[2:22].reshape(2, 2, 5).permute(1, 0, 2)]  # noqa: E731
+_STEPPED = lambda: [torch.arange(40.).reshape(2, 2, 10)[:, :, ::2].permute(1, 0, 2)]  # noqa: E731
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("fn,make_inputs", [
+    (_as_strided_after_scatter_, _PERMUTED), (_write_through_as_strided_after_index_add_, _PERMUTED),
+    (_as_strided_after_scatter_, _AT_OFFSET), (_as_strided_after_mul_, _AT_OFFSET),
+    (_as_strided_after_scatter_, _STEPPED),
+], ids=["scatter_", "index_add_-write", "scatter_-offset", "mul_-offset", "scatter_-stepped"])
+def test_as_strided_reads_a_mutated_input_in_its_own_layout(fn, make_inputs, backend):
     """``scatter_``/``index_add_`` of a permuted input become an out-of-place op whose
-    result is contiguous; eager's storage keeps the input's strides, so ``as_strided``
-    (reads, writes through it, an output aliasing the input) read other elements. The
-    functional value is laid out in the tensor's strides before an ``as_strided``."""
-    _ok(fn, lambda: [torch.arange(20.).reshape(2, 2, 5).permute(1, 0, 2)], backend)
+    result is contiguous (``mul``'s starts at offset 0); eager's storage keeps the input's
+    strides and offset, so ``as_strided`` (reads, writes through it, an output aliasing
+    the input) read other elements. The functional value is laid out in the tensor's
+    strides and offset before an ``as_strided``; one that reads between a stepped input's
+    elements (not in the graph) runs eagerly."""
+    _ok(fn, make_inputs, backend)
 
 
 def _sdpa_of_expanded_input_after_unsqueeze_(a):  # fuzz seed 51 #11382

@@ -11,20 +11,24 @@ order:
   baseline a dynamic graph's kernels are measured against;
 - ``inductor``: ``torch.compile(m)`` (``dynamic=None``), to compare.
 
-Per length the first call is timed (compile included) and its logits are checked against
-eager's (``reduce_overhead._check``: rmse within 5e-2 of eager's rms in bf16); then the
-steady state is the median of ``repeat`` calls after ``warmup``. Per compiler the row
-reports ``graphs`` (graphs the backend compiled: coil's ``compile_aten_graph`` calls,
-torch's ``unique_graphs``), ``compile_s`` (the sum over lengths of first call minus
-steady-state time) and ``ms`` per length. ``ratios`` holds ``coil / coil-static`` per
-length and their geometric mean: the price of symbolic kernels (1.0: none).
+Every compiler's copy lives through the whole run of a model. Per length each copy's
+first call is timed (compile included) and its logits are checked against eager's
+(``reduce_overhead._check``: rmse within 5e-2 of eager's rms in bf16); then, after
+``warmup`` calls each, the copies are timed side by side, ``repeat`` rounds interleaved in
+rotating order, and the steady state is each one's median (so the ratio of two rows is
+measured under one machine state, not minutes apart). Per compiler the row reports
+``graphs`` (graphs the backend compiled: coil's ``compile_aten_graph`` calls, torch's
+``unique_graphs``), ``compile_s`` (the sum over lengths of first call minus steady-state
+time) and ``ms`` per length. ``ratios`` holds ``coil / coil-static`` per length and their
+geometric mean: the price of symbolic kernels (1.0: none).
 
 ``full`` (CUDA): GPT-2 124M and an 8-layer LLaMA (hidden 1024), batch 4, lengths
 64..512; ``small`` (CPU, tests): the 2-layer configs, batch 2, lengths 8..64. A
-``budget_s`` is shared by the (model, compiler) rows (a ``coil-static`` row, which
-compiles once per length, gets three shares; what a row leaves unused goes to the rows
-after it); a row out of time skips its remaining lengths (named in its note), so the
-whole run ends in about the budget.
+``budget_s`` is split evenly over the models (what one leaves unused goes to the next);
+past its share a model skips its remaining lengths (named in each row's note), so the
+whole run ends in about the budget. On the H200 one model's ten lengths take about five
+(GPT-2) and seven (LLaMA) minutes, so ``benchmarks/gpu_dynamic_bench.sh`` runs one model
+per device call.
 """
 from __future__ import annotations
 
@@ -62,8 +66,6 @@ def _coil(dynamic):
 #: compiler name -> ``compile(module)``
 COMPILERS: dict[str, Callable] = {"coil": _coil(None), "coil-static": _coil(False),
                                   "inductor": lambda m: torch.compile(m)}
-#: budget shares: a static row compiles once per length, the others about twice
-WEIGHTS = {"coil-static": 3}
 LABELS = {"coil": "coil", "coil-static": "coil static", "inductor": "torch.compile"}
 
 
@@ -78,72 +80,103 @@ def build(name: str, device: torch.device, size: str):
 
 
 class _GraphCounter:
-    """Counts graphs the compiler's backend compiles while active."""
-
-    def __init__(self, compiler: str):
-        self.compiler, self.n = compiler, 0
+    """Graphs compiled so far, per backend family: ``coil`` (calls of
+    ``coil.codegen.compile_aten_graph``) and ``inductor`` (torch's ``unique_graphs``)."""
 
     def __enter__(self):
-        if self.compiler == "inductor":
-            from torch._dynamo.utils import counters
-            counters.clear()
-        else:
-            import coil.codegen as cg
-            self.orig = cg.compile_aten_graph
+        import coil.codegen as cg
+        from torch._dynamo.utils import counters
 
-            def counting(*args):
-                self.n += 1
-                return self.orig(*args)
-            cg.compile_aten_graph = counting
+        counters.clear()
+        self.coil, self.orig = 0, cg.compile_aten_graph
+
+        def counting(*args):
+            self.coil += 1
+            return self.orig(*args)
+        cg.compile_aten_graph = counting
         return self
 
-    def __exit__(self, *exc):
-        if self.compiler == "inductor":
+    def count(self, compiler: str) -> int:
+        if compiler == "inductor":
             from torch._dynamo.utils import counters
-            self.n = int(counters["stats"]["unique_graphs"])
-        else:
-            import coil.codegen as cg
-            cg.compile_aten_graph = self.orig
+            return int(counters["stats"]["unique_graphs"])
+        return self.coil
+
+    def __exit__(self, *exc):
+        import coil.codegen as cg
+        cg.compile_aten_graph = self.orig
 
 
-def run_row(name: str, compiler: str, model, lengths: Sequence[int], batch: int,
-            device: torch.device, warmup: int, repeat: int, deadline: Optional[float]) -> dict:
-    """One (model, compiler) row: the lengths in order on a fresh compiled copy."""
-    row = {"model": name, "compiler": compiler, "status": "pass", "graphs": None,
-           "compile_s": 0.0, "ms": {}, "first_s": {}, "note": None, "error": None}
+def _first_call(row: dict, fn, ids, L: int, ref, warmup: int, device, counter) -> None:
+    """The call at a new length (compile included) into ``row``: seconds, graphs, check."""
+    before = counter.count(row["compiler"])
+    measure.synchronize(device)
+    t0 = time.perf_counter()
+    out = fn(input_ids=ids).logits
+    measure.synchronize(device)
+    row["first_s"][L] = time.perf_counter() - t0
+    ok, note = _check([ref], [out], torch.bfloat16)
+    if not ok:
+        row["status"] = "mismatch"
+        row["notes"].append(f"L={L}: {note}")
+    for _ in range(warmup):
+        fn(input_ids=ids)
+    row["graphs"] += counter.count(row["compiler"]) - before
+
+
+def run_model(name: str, model, compilers: Sequence[str], lengths: Sequence[int], batch: int,
+              device: torch.device, warmup: int, repeat: int,
+              deadline: Optional[float]) -> list[dict]:
+    """One row per compiler for model ``name``. Every compiler's copy lives through the
+    run; per length each makes its first call (compile time, graphs, accuracy), then the
+    copies are timed side by side (``measure.time_interleaved``, rotating the order), so
+    a ratio between two rows is measured under the same machine state. A compiler that
+    raises is dropped (its row holds the error); past ``deadline`` the remaining lengths
+    are skipped (named in each row's note)."""
     _reset_compilers()
+    rows = {c: {"model": name, "compiler": c, "status": "pass", "graphs": 0, "compile_s": 0.0,
+                "ms": {}, "first_s": {}, "notes": [], "error": None} for c in compilers}
+    fns: dict = {}
     vocab = model.config.vocab_size
-    notes = []
-    with _GraphCounter(compiler) as count, torch.no_grad():
-        try:
-            fn = COMPILERS[compiler](model)
-            for L in lengths:
-                if deadline is not None and time.perf_counter() > deadline:
-                    notes.append("budget: skipped L=" + ",".join(
-                        str(x) for x in lengths if x not in row["ms"]))
-                    break
-                ids = _ids(batch, L, vocab, device)
-                measure.synchronize(device)
-                t0 = time.perf_counter()
-                out = fn(input_ids=ids).logits
-                measure.synchronize(device)
-                first = time.perf_counter() - t0
-                ok, note = _check([model(input_ids=ids).logits], [out], torch.bfloat16)
-                if not ok:
-                    row["status"] = "mismatch"
-                    notes.append(f"L={L}: {note}")
-                for _ in range(warmup):
-                    fn(input_ids=ids)
-                ts = [measure.time_once(lambda: fn(input_ids=ids), device) for _ in range(repeat)]
-                steady = statistics.median(ts)
-                row["first_s"][L], row["ms"][L] = first, steady * 1e3
-                row["compile_s"] += max(first - steady, 0.0)
-        except Exception as e:  # noqa: BLE001 - confined to this row
-            row["status"], row["error"] = "error", measure.short_error(e)
-            row["traceback"] = traceback.format_exc()[-4000:]
-    row["graphs"] = count.n
-    row["note"] = "; ".join(notes) or None
-    return row
+    with _GraphCounter() as counter, torch.no_grad():
+        for c in compilers:
+            try:
+                fns[c] = COMPILERS[c](model)
+            except Exception as e:  # noqa: BLE001 - confined to this row
+                _row_error(rows[c], e)
+        for L in lengths:
+            if deadline is not None and time.perf_counter() > deadline:
+                for c in fns:
+                    rows[c]["notes"].append("budget: skipped L=" + ",".join(
+                        str(x) for x in lengths if x not in rows[c]["ms"]))
+                break
+            ids = _ids(batch, L, vocab, device)
+            ref = model(input_ids=ids).logits
+            for c in list(fns):
+                try:
+                    _first_call(rows[c], fns[c], ids, L, ref, warmup, device, counter)
+                except Exception as e:  # noqa: BLE001 - confined to this row
+                    _row_error(rows[c], e)
+                    del fns[c]
+            live = list(fns)
+            before = {c: counter.count(c) for c in live}
+            calls = [lambda f=fns[c]: f(input_ids=ids) for c in live]
+            ts = measure.time_interleaved(calls, repeat, lambda f: measure.time_once(f, device),
+                                          rotate=True)
+            for c, t in zip(live, ts):
+                steady = statistics.median(t)
+                rows[c]["ms"][L] = steady * 1e3
+                rows[c]["compile_s"] += max(rows[c]["first_s"][L] - steady, 0.0)
+                if counter.count(c) != before[c]:
+                    rows[c]["notes"].append(f"L={L}: compiled again while timed")
+    for r in rows.values():
+        r["note"] = "; ".join(r.pop("notes")) or None
+    return list(rows.values())
+
+
+def _row_error(row: dict, e: Exception) -> None:
+    row["status"], row["error"] = "error", measure.short_error(e)
+    row["traceback"] = traceback.format_exc()[-4000:]
 
 
 def ratios(rows: list[dict]) -> dict:
@@ -175,20 +208,17 @@ def run(models: Optional[Sequence[str]] = None, device: str = "auto", size: Opti
                 lengths=lengths, batch=BATCH[size], dtype="bfloat16")
     rows: list = []
     start = time.perf_counter()
-    todo = [WEIGHTS.get(c, 1) for _ in names for c in compilers]  # budget shares still to run
-    bar = Progress(len(todo), enabled=progress)
-    for name in names:
+    bar = Progress(len(names), enabled=progress)
+    for i, name in enumerate(names):
+        bar.show(name)
+        deadline = None
+        if budget_s is not None:   # this model's share of what is left
+            left = budget_s - (time.perf_counter() - start)
+            deadline = time.perf_counter() + left / (len(names) - i)
         model = build(name, dev, size)
-        for compiler in compilers:
-            bar.show(f"{name} {compiler}")
-            deadline = None
-            if budget_s is not None:   # this row's share of what is left
-                left = budget_s - (time.perf_counter() - start)
-                deadline = time.perf_counter() + left * todo[0] / sum(todo)
-            todo.pop(0)
-            rows.append(run_row(name, compiler, model, lengths, BATCH[size], dev, warmup,
-                                repeat, deadline))
-            bar.advance(f"{name} {compiler}")
+        rows += run_model(name, model, compilers, lengths, BATCH[size], dev, warmup, repeat,
+                          deadline)
+        bar.advance(name)
         del model
         if dev.type == "cuda":
             torch.cuda.empty_cache()

@@ -41,7 +41,7 @@ import torch.fx.traceback as fx_traceback
 import torch.utils._pytree as pytree
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, disable_fake_tensor_cache
 from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
-from torch.fx.experimental.proxy_tensor import make_fx
+from torch.fx.experimental.proxy_tensor import make_fx, maybe_enable_thunkify
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary
@@ -529,23 +529,29 @@ def is_symbolic(args) -> bool:
     return False
 
 
-def _with_item_memos(fn: Callable, args: list) -> Callable:
-    """``fn`` that first gives its tensor arguments the ``item_memo`` of the fakes in
-    ``args`` they were made from. In "symbolic" mode make_fx fakes its arguments again
-    (same sizes and symbols) and the copies lose the memo, so ``.item()`` of a capture's
-    0-d float input raised inside the trace; with it, ``.item()`` returns the capture's
-    SymFloat, traced as ``aten._local_scalar_dense`` of the input (which
-    :mod:`coil.aot.scalars` then replaces by reading the tensor)."""
+def _traced(fn: Callable, args: list) -> Callable:
+    """``fn`` as ``make_fx`` traces it:
+
+    - symbolic size arithmetic is recorded lazily (``maybe_enable_thunkify``, as torch's
+      AOTAutograd does): a node only for a SymInt that a traced op or output uses. Each
+      view's or new tensor's symbolic sizes, strides and contiguity are otherwise graph
+      nodes, later dead: 12,000 of them for an 8-layer LLaMA at a symbolic length, 60% of
+      its trace time;
+    - its tensor arguments first get the ``item_memo`` of the fakes in ``args`` they were
+      made from. In "symbolic" mode make_fx fakes its arguments again (same sizes and
+      symbols) and the copies lose the memo, so ``.item()`` of a capture's 0-d float input
+      raised inside the trace; with it, ``.item()`` returns the capture's SymFloat, traced
+      as ``aten._local_scalar_dense`` of the input (which :mod:`coil.aot.scalars` then
+      replaces by reading the tensor)."""
     memos = [item_memo(a) for a in pytree.tree_leaves(args)]
-    if all(m is None for m in memos):
-        return fn
 
     @functools.wraps(fn)  # make_fx reads the signature (placeholders)
     def traced(*inner):
         for a, m in zip(pytree.tree_leaves(inner), memos):
             if m is not None and isinstance(a, FakeTensor) and item_memo(a) is None:
                 a.item_memo = m
-        return fn(*inner)
+        with maybe_enable_thunkify():
+            return fn(*inner)
 
     return traced
 
@@ -558,7 +564,7 @@ def _make_fx(fn: Callable, args: list, decompositions: dict, fake_mode: FakeTens
     if fake_mode.shape_env is not None:     # left by runs that are over (capture, analyze)
         fake_mode.shape_env.pending_fresh_unbacked_symbols.clear()
     with fake_mode, without_cudnn_choices(), fx_traceback.preserve_node_meta():
-        gm = make_fx(_with_item_memos(fn, args), decomposition_table=decompositions,
+        gm = make_fx(_traced(fn, args), decomposition_table=decompositions,
                      tracing_mode=mode)(*args)
     _cudnn_layouts(gm, fake_mode)
     env = fake_mode.shape_env

@@ -1,0 +1,78 @@
+"""What AOT computes for a program with symbolic sizes, beyond the graph: the automatic
+dynamic recompile of an 8-layer LLaMA spent most of its AOT time on symbolic arithmetic
+that no graph node needed (docs/dynamic_shapes.md, "Compile time").
+
+- ``make_fx`` recorded each tensor's symbolic size, stride and contiguity arithmetic as
+  graph nodes as it was computed, then left them dead (coil/aot/functional.py ``_traced``
+  records a SymInt's arithmetic only when an op or output uses it);
+- ``aliasing._overlaps`` asked ATen's ``has_internal_overlap``, which first decides
+  whether the tensor is dense: sympy work per view, 8 ms each on LLaMA's activations.
+"""
+import random
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+
+from coil.aot.aliasing import _overlaps
+from coil.aot.decompositions import get_decompositions
+from coil.aot.functional import analyze, trace_inference
+
+
+def _symbolic(mode, t, dynamic_dims):
+    dims = [DimDynamic.DYNAMIC if d in dynamic_dims else DimDynamic.STATIC for d in range(t.dim())]
+    return mode.from_tensor(t, symbolic_context=StatelessSymbolicContext(dynamic_sizes=dims))
+
+
+def test_overlaps_answers_as_aten_on_static_layouts():
+    rng = random.Random(0)
+    base = torch.empty(4096)
+    for _ in range(3000):
+        d = rng.randint(0, 4)
+        t = base.as_strided([rng.choice([0, 1, 2, 3]) for _ in range(d)],
+                            [rng.choice([0, 1, 2, 3, 6, 12]) for _ in range(d)], rng.randint(0, 3))
+        assert _overlaps(t) == (torch._debug_has_internal_overlap(t) == 1), (t.shape, t.stride())
+
+
+def test_overlaps_on_symbolic_layouts_adds_no_guard():
+    env = ShapeEnv()
+    mode = FakeTensorMode(shape_env=env)
+    x = _symbolic(mode, torch.empty(4, 6, 8), {1})
+    with mode:
+        cases = [(x, False), (x.transpose(1, 2), False), (x[:, :1].expand(4, x.shape[1], 8), True),
+                 (x[:, :, :1].expand(4, x.shape[1], 3), True), (x[:, :0], False)]
+        for t, want in cases:
+            assert _overlaps(t) is want and (torch._debug_has_internal_overlap(t) == 1) == want
+    assert env.guards == [] or all("Eq" not in str(g.expr) for g in env.guards)
+
+
+def _program(x, w):
+    y = (x.transpose(1, 2).contiguous().transpose(1, 2) @ w).view(x.shape[0], x.shape[1], 2, -1)
+    return y.permute(0, 2, 1, 3).reshape(x.shape[0] * 2, -1, y.shape[-1]).softmax(-1)
+
+
+@pytest.mark.parametrize("dims", [{1}, {0, 1}])
+def test_symbolic_trace_records_only_size_arithmetic_it_uses(dims, monkeypatch):
+    """The trace makes a node for SymInt arithmetic (``operator.mul``...) only when the
+    graph keeps it: before, each view's size arithmetic became nodes that were dropped
+    as dead (302 made, 3 kept here with one symbolic dim)."""
+    env = ShapeEnv()
+    mode = FakeTensorMode(shape_env=env)
+    args = [_symbolic(mode, torch.randn(3, 5, 8), dims), _symbolic(mode, torch.randn(8, 6), set())]
+    info = analyze(_program, args, mode, grad=False)
+    made = []
+    create = torch.fx.Graph.create_node
+
+    def counting(self, op, target, *a, **k):
+        node = create(self, op, target, *a, **k)
+        if getattr(target, "__module__", None) in ("_operator", "operator", "torch"):
+            made.append(node)
+        return node
+    monkeypatch.setattr(torch.fx.Graph, "create_node", counting)
+    gm = trace_inference(_program, args, info, get_decompositions(), mode)
+    monkeypatch.undo()
+    kept = [n for n in gm.graph.nodes if n in made]
+    assert 0 < len(kept) == len(made), [str(n.target) for n in made]
+    x, w = torch.randn(3, 7, 8), torch.randn(8, 6)
+    torch.testing.assert_close(gm(x, w)[0], _program(x, w))

@@ -261,6 +261,25 @@ def test_sum_that_cancels_is_compared_within_the_summation_error_bound():
     assert check_program(small, _fake(lambda s, o, a: (o[0] + 1e-4,))).kind == "out-value"
 
 
+def test_summation_bound_follows_views_and_casts_in_the_sum_dtype():
+    """fuzz seed 90 #3523: a float32 row sum whose summands of each sign pass float32's max,
+    read through ``split``: an order that overflows to -inf is accepted as for the sum
+    itself. #4942: a float32 sum cast to float64 differs by float32's rounding (2.4e-7
+    relative): the bound uses the dtype the sum was computed in, not the output's. An
+    in-place update of the sum drops it; other ops on it still get no allowance."""
+    row = torch.tensor([[1.0] * 5, [-8.8585e37, -2.5474775e38, 1.4195666e38, 1.0, 2.800384e38]])
+    p = _prog(["v0 = torch.sum(a, dim=1)", "v1, v2 = torch.split(v0, [1, 1], 0)"], row,
+              returns=["v2"])
+    assert check_program(p, _fake(lambda s, o, a: (o[0] * 0 - math.inf,))).outcome == "ok"
+    assert check_program(p, _fake(lambda s, o, a: (o[0] * 0 + 1e30,))).kind == "out-value"
+    x = torch.linspace(-3, 2, 30)
+    q = _prog(["v0 = torch.sum(a).to(torch.float64)"], x)
+    assert check_program(q, _fake(lambda s, o, a: (o[0] * (1 + 2.4e-7),))).outcome == "ok"
+    assert check_program(q, _fake(lambda s, o, a: (o[0] * (1 + 1e-4),))).kind == "out-value"
+    r = _prog(["v0 = torch.sum(a).to(torch.float64)", "v0.mul_(2)"], x, returns=["v0"])
+    assert check_program(r, _fake(lambda s, o, a: (o[0] * (1 + 2.4e-7),))).kind == "out-value"
+
+
 def test_nan_bits_read_through_an_int_view_are_not_compared():
     """IEEE 754 leaves a NaN result's sign and payload open: eager's maximum of NaNs is
     0xffffffff contiguous and 0x7fc00000 strided; the Triton interpreter and GPUs give

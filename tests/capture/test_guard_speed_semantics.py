@@ -312,3 +312,22 @@ def test_dynamic_input_stays_in_python_parameters_batched(batched):
     with torch.no_grad():
         m.fc._parameters["weight"] = nn.Parameter(torch.randn(6, 8).double())
     assert not _check(entry, fn, m, [torch.randn(9, 8)])[0]
+
+
+def test_entry_hoists_every_prefix_of_a_module_tree_once():
+    """The entry reads a nested module's parameters through one local per tree node (a
+    MobileNet's 267 inputs were each a walk from the root: 45-107 µs per call)."""
+    from coil.capture.guards import Hoister
+
+    h, lines = Hoister("___i"), []
+    a = h.hoist("self._modules['b']._modules['0']._parameters['weight']", lines, indent="")
+    b = h.hoist("self._modules['b']._modules['0']._parameters['bias']", lines, indent="")
+    c = h.hoist("self._modules['b']._modules['1.x']._buffers['m[0]']", lines, indent="")
+    assert len(lines) == len(set(lines)) == 10, lines   # one line per tree node
+    ns = {"self": torch.nn.Sequential()}
+    ns["self"].add_module("b", torch.nn.ModuleDict({"0": torch.nn.Linear(2, 2)}))
+    ns["self"].b._modules["1.x"] = torch.nn.Module()   # keys with '.' and '[' in them
+    ns["self"].b._modules["1.x"].register_buffer("m[0]", torch.ones(1))
+    exec("\n".join(lines), ns)
+    assert ns[a] is ns["self"].b["0"].weight and ns[b] is ns["self"].b["0"].bias
+    assert ns[c] is ns["self"].b._modules["1.x"]._buffers["m[0]"]

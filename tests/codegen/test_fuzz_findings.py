@@ -428,3 +428,19 @@ def test_extern_kernel_gets_eagers_strides_of_size_one_dims(backend):
     0); that kernel steps by it and read past the stride-0 expanded input."""
     _ok(_sdpa_of_expanded_input_after_unsqueeze_,
         lambda: [torch.tensor([[[0.26, 0.82, -2.45, 2.16, -0.43]]]).expand(3, 1, 5)], backend)
+
+
+def _fill_then_layer_norm(b):  # fuzz seed 90 #1715
+    v1 = torch.cumsum(b, dim=3)
+    v1.fill_(1e30)
+    return (torch.nn.functional.layer_norm(v1, (1,)),)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_float_constant_cast_reads_its_dtypes_value(backend):
+    """A float32 constant cast to float64 is float32's value (1e30 -> 1.0000000150e30):
+    Triton folded the cast from the unrounded 1e30, so layer_norm's float64 statistics
+    read 1e30 and its float32 normalization 1.0000000150e30 (x - mean = 1.5e22, not 0)."""
+    _ok(_fill_then_layer_norm, lambda: [torch.ones(1, 1, 1, 1)], backend)
+    _ok(lambda a: (torch.full_like(a, 1e30).double() - 1e30, torch.full_like(a, 0.1).double()),
+        lambda: [torch.ones(3)], backend)

@@ -8,7 +8,7 @@ transformers GPT-2 (``coil bench``'s configs, bf16 on CUDA, batch 4, eval, no_gr
 ``dynamic=True`` (warmed at ``--warm-length`` first, so the call at ``--length`` runs the
 symbolic graph). For each: ms per forward (median of synchronized calls), the GPU time
 per forward (sum of the kernels' device time in a ``torch.profiler`` window), the host
-time, kernels per forward, and the top kernels by device time; then the kernels whose
+time until the call returns and the synchronizing CUDA calls of one forward, kernels per forward, and the top kernels by device time; then the kernels whose
 total time differs most between the two (matched by name with the trailing ``_<n>``
 index dropped). The report goes to ``<out>/dynamic_profile.txt`` and stdout.
 ``--profile`` adds a cProfile of both forwards (top functions, largest differences).
@@ -175,6 +175,31 @@ def host_main(a) -> None:
         fh.write("\n".join(lines))
 
 
+def _host_and_syncs(f, ids, dev) -> tuple:
+    """Host milliseconds from call to return (best of 20; the GPU may still run after it:
+    a forward whose host time nears its wall time waits for the GPU somewhere) and the
+    messages of the synchronizing CUDA calls one forward makes (sync debug mode)."""
+    import warnings
+    best = float("inf")
+    for _ in range(20):
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        f(input_ids=ids)
+        best = min(best, time.perf_counter() - t0)
+    if dev.type != "cuda":
+        return best * 1e3, []
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            f(input_ids=ids)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    return best * 1e3, [str(w.message) for w in caught if "synchroniz" in str(w.message)]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -210,11 +235,14 @@ def main() -> None:
             out = f(input_ids=ids).logits.float()
             compile_s = time.perf_counter() - t0
             ms = _forward_ms(f, ids, dev)
+            host_ms, syncs = _host_and_syncs(f, ids, dev)
             k = per[name] = _kernels(f, ids, dev)
             gpu = sum(k.values()) / 1e3
             lines.append(f"\n[{name}] first calls {compile_s:.1f} s, max |out - eager| "
                          f"{(out - ref).abs().max().item():.3g}; {ms:.3f} ms per forward, "
-                         f"kernel time {gpu:.3f} ms in {len(k)} distinct kernels")
+                         f"kernel time {gpu:.3f} ms in {len(k)} distinct kernels; host "
+                         f"{host_ms:.3f} ms until the call returns, {len(syncs)} host syncs"
+                         + (f" (first: {syncs[0][:200]})" if syncs else ""))
             for kname, us in k.most_common(12):
                 lines.append(f"    {us:9.1f} us  {kname[:120]}")
             print("\n".join(lines[-13:]), flush=True)

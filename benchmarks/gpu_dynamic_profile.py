@@ -8,7 +8,8 @@ transformers GPT-2 (``coil bench``'s configs, bf16 on CUDA, batch 4, eval, no_gr
 ``dynamic=True`` (warmed at ``--warm-length`` first, so the call at ``--length`` runs the
 symbolic graph). For each: ms per forward (median of synchronized calls), the GPU time
 per forward (sum of the kernels' device time in a ``torch.profiler`` window), the host
-time until the call returns and the synchronizing CUDA calls of one forward, kernels per forward, and the top kernels by device time; then the kernels whose
+time until the call returns, the synchronizing CUDA calls of one forward, kernels per
+forward, and the top kernels by device time; then the kernels whose
 total time differs most between the two (matched by name with the trailing ``_<n>``
 index dropped). The report goes to ``<out>/dynamic_profile.txt`` and stdout.
 ``--profile`` adds a cProfile of both forwards (top functions, largest differences).

@@ -70,6 +70,25 @@ def test_trig_of_huge_values(op, backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_float32_sin_rounds_as_eagers(backend):
+    """fuzz seed 90 #2138: C++ float32 sin(1) was an ulp above eager's (correctly rounded)
+    value; remainder of a float64 by it multiplies that ulp by the quotient (3e-7)."""
+    _ok(lambda a, b: (torch.remainder(a, torch.sin(b).expand(1, 1)),),
+        lambda: [torch.tensor([1.0, -3.4999850795678418], dtype=torch.float64), torch.tensor(1.0)],
+        backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_float32_atan2_of_equal_values_is_eagers(backend):
+    """fuzz seed 90 #826 (Triton interpreter): NumPy's float32 atan2(0.3012721, 0.3012721)
+    is an ulp below eager's pi/4, so a row of pi/4 from atan2(inf, inf) and 1 was not
+    constant and layer_norm made -1.3e-5 of it, eager 0. Under the interpreter,
+    libdevice functions and sin/cos/exp/log of float32 run in float64, rounded once."""
+    _ok(lambda a: (torch.nn.functional.layer_norm(torch.atan2(a, a), (3,)), torch.sin(a[:1])),
+        lambda: [torch.tensor([0.3012721, float("inf"), 1.0])], backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
 def test_gelu_of_infinities(dtype, backend):
     """Exact GELU at ±inf as eager's CPU kernel gives it for contiguous tensors: NaN at

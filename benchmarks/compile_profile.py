@@ -10,6 +10,9 @@ its wall seconds; from the compile log (``COIL_TRACE``, which sees the compile t
 profiler does not) each compile's stages by self time and its events by count (autotune,
 compile-pool jobs, ...), and the runtime events the call logged with the seconds they
 name; with ``--cprofile`` the top functions of the calling thread by cumulative time.
+``--after inductor coil-static`` first compiles the model with those (kept alive) in the
+same process, as ``coil bench --mode dynamic`` does: there coil's compiles took 2-3x
+their time alone.
 The report goes to ``<out>/compile_profile_<model>.txt`` and stdout.
 """
 from __future__ import annotations
@@ -79,6 +82,9 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=45)
     ap.add_argument("--out", default=".")
     ap.add_argument("--cprofile", action="store_true")
+    ap.add_argument("--after", nargs="*", default=[], choices=["inductor", "coil-static"],
+                    help="first compile and call the same model with these (at --lengths[0]) "
+                         "in this process: does a compiled copy slow coil's compiles down?")
     a = ap.parse_args()
     import coil
     from coil import trace
@@ -91,8 +97,16 @@ def main() -> None:
 
     dev = torch.device(a.device)
     m = build(a.model, dev, a.size)
-    f = coil.compile(m)
     text = [f"{a.model} ({a.size}) on {dev}, torch {torch.__version__}"]
+    with torch.no_grad():
+        for other in a.after:   # kept alive, as in `coil bench --mode dynamic`
+            g = torch.compile(m) if other == "inductor" else coil.compile(m, dynamic=False)
+            t0 = time.perf_counter()
+            g(input_ids=_ids(4, a.lengths[0], m.config.vocab_size, dev))
+            text.append(f"=== {other} first: {time.perf_counter() - t0:.2f} s")
+            print(text[-1], flush=True)
+            seen_log = _log_summary(log_dir, seen)  # noqa: F841 - marks its compiles seen
+    f = coil.compile(m)
     with torch.no_grad():
         for length in a.lengths:
             ids = _ids(4, length, m.config.vocab_size, dev)

@@ -342,46 +342,67 @@ def _reference(fn: Callable, make_inputs: Callable, e_out,
 #: ops whose CPU statistics coil computes in float64 (docs/ir.md, "Numerics"), and ops
 #: that sum (their partial sums overflow in one order and not in another)
 _F64_STATS = re.compile(r"\b(layer_norm|var|std|var_mean|std_mean|prod)\b")
+_REMS = re.compile(r"\b(fmod|remainder)\b| % ")
 _SUMS = re.compile(r"\b(sum|nansum|mean|cumsum|logsumexp|matmul|softmax|log_softmax|layer_norm|"
                    r"var|std|scaled_dot_product_attention|index_add_?|scatter_add_?|"
                    r"scatter_reduce)\b")
 
 
-class _AbsSums(TorchDispatchMode):
-    """Eager with each sum (``sum``, ``nansum``, ``mean``, ``cumsum``) taken over the
-    absolute values of its input in float64 (±inf/NaN where some order's partial sums
-    overflow); ``outputs``: id -> (result, eps of the dtype the sum is computed in, 0 for
-    integers), for those results and what views, copies and casts of them give."""
+class _Bounds(TorchDispatchMode):
+    """Eager, recording in ``bounds`` (id -> (result, bound)) how far another correct
+    implementation's result may be from eager's: a sum's (``sum``, ``nansum``, ``mean``,
+    ``cumsum``) its inputs' bound summed plus ``eps * n * sum(|x|)`` in float64, ``eps``
+    of the dtype it is computed in (0 for integers), ±inf/NaN where some order's partial
+    sums overflow to that sign; a float ``fmod``/``remainder``'s by a divisor the program
+    computed: the divisor's tolerance (``TOLERANCES``) relative to the dividend (exact
+    given its operands, it moves by the quotient times the divisor's difference), plus
+    the divisor where that can move the quotient across an integer; views,
+    copies and casts keep their argument's; a result written to in place has none."""
 
-    outputs: dict
+    def __init__(self, n: int, inputs: list):
+        super().__init__()
+        self.n, self.bounds = n, {}
+        self.inputs = {a.untyped_storage().data_ptr() for a in inputs if isinstance(a, torch.Tensor)}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = dict(kwargs or {})
-        if func.overloadpacket in _SUM_OPS and isinstance(args[0], torch.Tensor):
-            dt = kwargs.pop("dtype", None) or args[0].dtype
-            x = args[0].double()
-            out = func(x.abs(), *args[1:], **kwargs)
-            if dt.is_floating_point:  # may some order's partial sums overflow, and to which sign
-                k = args[0].numel() // max(out.numel(), 1) if func.overloadpacket is torch.ops.aten.mean else 1
-                big = torch.finfo(dt).max
-                pos = func(x.clamp(min=0), *args[1:], **kwargs) * k >= big
-                neg = func(x.clamp(max=0), *args[1:], **kwargs) * k <= -big
-                out = torch.where(pos & neg, math.nan, torch.where(pos, math.inf, torch.where(
-                    neg, -math.inf, out)))
-            self.outputs[id(out)] = out, torch.finfo(dt).eps if dt.is_floating_point else 0.0
-            return out
         out = func(*args, **kwargs)
-        if func._schema.is_mutable:  # a sum's result written to is no sum's any more
+        x, op, b = args[0] if args else None, func.overloadpacket, self.bounds.get(id(args[0] if args else None))
+        if op in _SUM_OPS and isinstance(x, torch.Tensor):
+            dt = kwargs.pop("dtype", None) or x.dtype
+            x = x.double()
+            eps = torch.finfo(dt).eps if dt.is_floating_point else 0.0
+            bound = func(x.abs(), *args[1:], **kwargs) * eps * self.n
+            bound = bound + func(b[1], *args[1:], **kwargs) if b else bound
+            if dt.is_floating_point:  # may some order's partial sums overflow, and to which sign
+                k = x.numel() // max(out.numel(), 1) if op is torch.ops.aten.mean else 1
+                pos = func(x.clamp(min=0), *args[1:], **kwargs) * k >= torch.finfo(dt).max
+                neg = func(x.clamp(max=0), *args[1:], **kwargs) * k <= -torch.finfo(dt).max
+                bound = torch.where(pos & neg, math.nan, torch.where(pos, math.inf, torch.where(
+                    neg, -math.inf, bound)))
+            self.bounds[id(out)] = out, bound
+        elif op in _REM_OPS and isinstance(args[1], torch.Tensor) and out.is_floating_point() \
+                and args[1].untyped_storage().data_ptr() not in self.inputs:
+            at, rt = TOLERANCES.get(args[1].dtype, (0.0, 0.0))
+            a, d = torch.as_tensor(x).double(), args[1].double()
+            bound, q = a.abs() * rt + at, a / d  # near an integer quotient: a divisor more
+            bound = bound + torch.where((q - q.round()).abs() * d.abs() <= bound, d.abs(), 0.0)
+            self.bounds[id(out)] = out, torch.broadcast_to(bound, out.shape).nan_to_num(0.0, 0.0, 0.0)
+        elif func._schema.is_mutable:
             ptrs = {a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor)}
-            self.outputs = {i: v for i, v in self.outputs.items()
-                            if v[0].untyped_storage().data_ptr() not in ptrs}
-        elif args and id(args[0]) in self.outputs and (func.is_view or func.overloadpacket in (
-                torch.ops.aten.clone, torch.ops.aten._to_copy)):  # the same values
-            eps = self.outputs[id(args[0])][1]
-            self.outputs.update((id(t), (t, eps)) for t in pytree.tree_leaves(out))
+            self.bounds = {i: v for i, v in self.bounds.items()
+                           if v[0].untyped_storage().data_ptr() not in ptrs}
+        elif b and (func.is_view or op in (torch.ops.aten.clone, torch.ops.aten._to_copy)):
+            try:  # the same values: the same bound, viewed the same way
+                bs = b[1] if not func.is_view else func(b[1], *args[1:], **kwargs)
+            except Exception:
+                return out
+            for t, u in zip(pytree.tree_leaves(out), pytree.tree_leaves(bs)):
+                self.bounds[id(t)] = t, u
         return out
 
 
+_REM_OPS = {torch.ops.aten.fmod, torch.ops.aten.remainder}
 _SUM_OPS = {torch.ops.aten.sum, torch.ops.aten.nansum, torch.ops.aten.mean, torch.ops.aten.cumsum}
 
 
@@ -390,7 +411,7 @@ def _overflows(src: str, args: list) -> bool:
     prod) gets inputs whose squares, or, with ``prod``, whose product over a whole input,
     pass the largest float of their dtype (float64 for integers): eager's result then
     depends on where its algorithm overflowed (its Welford state, its lane order) and is
-    not a reference. (Sums have their own bound: :func:`_summation_bounds`.)"""
+    not a reference. (Sums have their own bound: :class:`_Bounds`.)"""
     if not _F64_STATS.search(src):
         return False
     for x in args:
@@ -402,24 +423,18 @@ def _overflows(src: str, args: list) -> bool:
     return False
 
 
-def _summation_bounds(fn: Callable, make_inputs: Callable) -> Optional[tuple]:
-    """(outputs, inputs) like a reference's: for an output that a sum returns (through
-    views, copies and casts), ``eps`` of the sum's dtype times the sum of its summands'
-    absolute values times the largest input's numel (a bound on any summation order's
-    rounding error; where the positive (negative) summands add up
-    past the dtype's max, so that some order's partial sums overflow: +inf (-inf), NaN
-    where both do); None elsewhere or on failure."""
+def _error_bounds(fn: Callable, make_inputs: Callable) -> Optional[tuple]:
+    """(outputs, inputs) like a reference's: the :class:`_Bounds` of each (``n``: the
+    largest input's numel), None where it has none, or None on failure."""
     args = make_inputs()
-    n = max([x.numel() for x in args if isinstance(x, torch.Tensor)], default=1)
-    mode = _AbsSums()
-    mode.outputs = {}
+    mode = _Bounds(max([x.numel() for x in args if isinstance(x, torch.Tensor)], default=1), args)
     try:
         with _quiet(), mode:
             out = fn(*args)
     except Exception:
         return None
-    return pytree.tree_map(lambda t: t * n * mode.outputs[id(t)][1] if id(t) in mode.outputs
-                           else None, (out, args))
+    return pytree.tree_map(lambda t: mode.bounds[id(t)][1] if id(t) in mode.bounds else None,
+                           (out, args))
 
 
 #: a program reading a float's bits (``x.view(torch.int32)``); the dtype they may be NaNs of
@@ -438,7 +453,7 @@ def _leaves(ref: Optional[tuple], n_out: int, n_args: int) -> tuple:
 def _compare_tensor(what: str, c, e, r, r64=None, sums=False,
                     bound=None, bits: bool = False) -> Optional[tuple]:
     """(kind, message) when compiled ``c`` differs from eager ``e`` (``r``: fp32 reference,
-    ``r64``: float64 reference, ``sums``: the program sums, ``bound``: :func:`_summation_bounds`,
+    ``r64``: float64 reference, ``sums``: the program sums, ``bound``: :class:`_Bounds`,
     ``bits``: it views floats as another dtype; docs/fuzzing.md)."""
     if not isinstance(e, torch.Tensor) or not isinstance(c, torch.Tensor):
         same = _same_bits(c, e) if isinstance(c, torch.Tensor) == isinstance(e, torch.Tensor) \
@@ -599,7 +614,8 @@ def check(fn: Callable, make_inputs: Callable, backend: str = "cpp",
             if e_err is None and _F64_STATS.search(src) else None
         sums = "overflow" if e_err is None and _overflows(src, make_inputs()) else \
             bool(_SUMS.search(src))
-        bounds = _summation_bounds(fn, make_inputs) if e_err is None and sums else None
+        bounds = _error_bounds(fn, make_inputs) if e_err is None and (sums or _REMS.search(src)) \
+            else None
         _reset(backend)
         try:
             with _deadline(timeout):

@@ -280,6 +280,34 @@ def test_summation_bound_follows_views_and_casts_in_the_sum_dtype():
     assert check_program(r, _fake(lambda s, o, a: (o[0] * (1 + 2.4e-7),))).kind == "out-value"
 
 
+def test_remainder_by_a_computed_divisor_moves_by_the_quotient():
+    """fuzz seed 81 #2280: fmod(a, gelu(a)) at -3: eager's vectorized GELU is 143 ulp from
+    the exact value (its scalar tail 1), coil's 48; the quotient 740 carries that into the
+    remainder (-0.00283 vs -0.00310). Accepted within the divisor's tolerance times the
+    dividend; not beyond it, nor where the divisor is an input (the same bits both sides)."""
+    x = torch.tensor([1.0, -3.0, 5.0])
+    p = _prog(["v0 = torch.nn.functional.gelu(a)", "v1 = torch.fmod(a, v0)"], x, returns=["v1"])
+    near = _fake(lambda s, o, a: (torch.fmod(a[0], torch.nn.functional.gelu(a[0]) * (1 + 3e-5)),))
+    assert check_program(p, near).outcome == "ok"
+    assert check_program(p, _fake(lambda s, o, a: (o[0] + 1e-3,))).kind == "out-value"
+    q = _prog(["v1 = torch.fmod(a, b)"], x, torch.tensor([1.0, -0.00405, 4.9]), returns=["v1"])
+    assert check_program(q, _fake(lambda s, o, a: (o[0] + 2e-4,))).kind == "out-value"
+
+
+def test_gelu_of_values_past_half_the_max_is_not_generated():
+    """Eager's GELU of x >= max/2 is inf in its vector lanes and x in its scalar tail
+    (fuzz s81 #2280: fmod(x, gelu(x)) was x in eager, 0 compiled); +inf: NaN or inf."""
+    from coil.testing.fuzz_ops import Ctx, Skip, unary
+
+    for v in (torch.tensor([1.0, 2e38]), torch.tensor([1.0, math.inf], dtype=torch.bfloat16)):
+        for seed in range(40):
+            try:
+                line = unary(Ctx(__import__("random").Random(seed), {"a": v}, ["a"]))
+            except Skip:
+                continue
+            assert "gelu" not in line
+
+
 def test_nan_bits_read_through_an_int_view_are_not_compared():
     """IEEE 754 leaves a NaN result's sign and payload open: eager's maximum of NaNs is
     0xffffffff contiguous and 0x7fc00000 strided; the Triton interpreter and GPUs give

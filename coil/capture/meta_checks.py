@@ -113,7 +113,7 @@ _DTYPE_RESTRICTED = (
     "var std var_mean std_mean argmin argmax frac pow float_power silu gelu mish softplus elu "
     "celu selu hardswish hardsigmoid hardshrink softshrink logsigmoid softmax log_softmax "
     "softmin logaddexp logaddexp2 hypot nextafter igamma igammac logcumsumexp abs absolute "
-    "ceil floor round trunc fix fmod remainder median nanmedian leaky_relu "
+    "ceil floor round trunc fix fmod remainder mod sub subtract median nanmedian leaky_relu "
     "trace lcm gcd bitwise_and bitwise_or bitwise_xor bitwise_not bitwise_left_shift "
     "bitwise_right_shift").split()
 

@@ -116,7 +116,13 @@ def test_gelu_of_infinities(dtype, backend):
      "not implemented for 'Bool'"),
     (lambda a: (torch.nn.functional.silu(a == a),), lambda: [torch.tensor([1.0, 2.0])],
      "not implemented for 'Bool'"),
-], ids=["var", "std", "argmin-bool", "frac-int", "pow-bool", "silu-bool"])
+    (lambda a: (a.reshape(2, -1) % a.reshape(2, -1),), lambda: [torch.tensor([True, True])],
+     "not implemented for 'Bool'"),  # fuzz seed 90 #3527
+    (lambda a: (a - (-0.5),), lambda: [torch.tensor(False)], "with a bool tensor"),  # s91 #562
+    (lambda a, c: (torch.logical_and(c, a) - 1,), lambda: [torch.tensor(-5), torch.tensor(1.0)],
+     "with a bool tensor"),  # seed 91 #2466
+], ids=["var", "std", "argmin-bool", "frac-int", "pow-bool", "silu-bool", "mod-bool", "rsub-bool",
+        "sub-bool"])
 def test_refused_dtypes_raise_eagers_error(fn, make_inputs, message):
     r = check(fn, make_inputs, "cpp")
     assert r.outcome == "both_raise" and message in r.detail, f"{r.outcome} {r.kind}: {r.detail}"

@@ -575,24 +575,26 @@ def _compare(c_out, e_out, c_args, e_args, ref, ref64=None, sums=False,
 
 
 def _raised_in_dead_code(fn: Callable, err: BaseException) -> bool:
-    """Eager raised in an assignment whose names nothing reads (compilers drop such code)."""
+    """Eager raised in an assignment that nothing live reads, directly or through other such
+    assignments (compilers drop such code; fuzz seed 90 #1299: ``v0 = b.as_strided(...)`` read
+    only by a dead ``v1``); live: the return, other statements, assignments calling an
+    in-place method."""
     lines = [f.lineno for f in traceback.extract_tb(err.__traceback__)
              if f.filename == fn.__code__.co_filename]
     try:
         tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
     except (OSError, TypeError, SyntaxError):
         return False
-    if not lines:
-        return False
-    body = tree.body[0].body
-    line = lines[-1] - fn.__code__.co_firstlineno + 1
-    stmt = [s for s in body if s.lineno <= line <= s.end_lineno]
-    if not stmt or not isinstance(stmt[0], ast.Assign) or \
-            not all(isinstance(t, (ast.Name, ast.Tuple)) for t in stmt[0].targets):
-        return False
-    names = Stmt(ast.unparse(stmt[0]), "").defs
-    later = body[body.index(stmt[0]) + 1:]
-    return not any(isinstance(n, ast.Name) and n.id in names for s in later for n in ast.walk(s))
+    line = lines[-1] - fn.__code__.co_firstlineno + 1 if lines else -1
+    live: set = set()
+    for s in reversed(tree.body[0].body):
+        if isinstance(s, ast.Assign) and all(isinstance(t, (ast.Name, ast.Tuple)) for t in s.targets) \
+                and not re.search(r"\w_\(", ast.unparse(s.value)) and not Stmt(ast.unparse(s), "").defs & live:
+            if s.lineno <= line <= s.end_lineno:
+                return True
+            continue
+        live |= {n.id for n in ast.walk(s) if isinstance(n, ast.Name)}
+    return False
 
 
 def check(fn: Callable, make_inputs: Callable, backend: str = "cpp",

@@ -200,6 +200,13 @@ def test_eager_error_in_dead_code_is_not_a_missing_error():
     assert check_program(dead, lambda fn: (lambda *a: (a[0] + 1,))).outcome == "ok"
     live = _prog(["v0 = torch.argmin(a > 0, dim=0)"], torch.randn(3), returns=["v0"])
     assert check_program(live, lambda fn: (lambda *a: (a[0],))).outcome == "missing_error"
+    # read only by dead code (fuzz seed 90 #1299), or by a live in-place update
+    chain = _prog(["v0 = a.as_strided((2,), (0,), 3)", "v1 = torch.isinf(v0)"], torch.tensor(3.0),
+                  returns=[])
+    assert check_program(chain, lambda fn: (lambda *a: ())).outcome == "ok"
+    used = _prog(["v0 = a.as_strided((2,), (0,), 3)", "v1 = a.add_(v0.sum())"], torch.tensor(3.0),
+                 returns=[])
+    assert check_program(used, lambda fn: (lambda *a: ())).outcome == "missing_error"
 
 
 def test_overflow_only_in_eager_is_accepted_but_not_the_reverse():

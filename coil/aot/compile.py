@@ -29,7 +29,8 @@ from coil import trace
 from coil.aot.aliasing import RunEagerly, input_groups
 from coil.aot.decompositions import get_decompositions
 from coil.aot.cse import cse_graph
-from coil.aot.functional import is_symbolic, analyze, fakeify, trace_inference, trace_joint
+from coil.aot.functional import (is_symbolic, analyze, fakeify, trace_inference, trace_joint,
+                                 trace_plain_inference)
 from coil.aot.partition import default_partition, min_cut_partition
 from coil.aot.regions import compile_regional, region_calls
 from coil.aot.scalars import tensorize_scalar_reads
@@ -343,7 +344,8 @@ def _compile(fn, example_inputs, fw_compiler, bw_compiler, partition_fn, decompo
     grad = torch.is_grad_enabled()
     user_fn = fn
     try:
-        info = analyze(fn, fake_args, fake_mode, grad)
+        found = None if grad else trace_plain_inference(fn, fake_args, fake_mode, decomps)
+        info, fw_gm = found or (analyze(fn, fake_args, fake_mode, grad), None)
         groups = input_groups(fake_args, info.mutated_inputs)
         if groups is not None:
             # inputs sharing memory with a mutated one: traced through synthetic bases
@@ -364,7 +366,7 @@ def _compile(fn, example_inputs, fw_compiler, bw_compiler, partition_fn, decompo
         # base whose metadata changed under it, which autograd cannot differentiate
         trace.log("aot_restrided_grad_eager", stage="aot", inputs=info.restrided_inputs)
         return _eager(user_fn)
-    trace.log("aot_analysis", stage="aot",
+    trace.log("aot_analysis", stage="aot", runs=1 if found else 2,
               mutated_inputs=info.mutated_inputs,
               outputs=[(o.kind, o.index) for o in info.outputs],
               fw_out_requires_grad=info.fw_out_requires_grad)
@@ -384,7 +386,8 @@ def _compile(fn, example_inputs, fw_compiler, bw_compiler, partition_fn, decompo
         except Exception as e:  # noqa: BLE001 - optional: the inference path is the fallback
             trace.log("aot_enable_grad_region_fallback", stage="aot", error=str(e)[:2000])
     if not training:
-        fw_gm = trace_inference(fn, fake_args, info, decomps, fake_mode)
+        if fw_gm is None:
+            fw_gm = trace_inference(fn, fake_args, info, decomps, fake_mode)
         tensorize_scalar_reads(fw_gm, "inference")
         cse_graph(fw_gm)
         trace.artifact("aot_inference_graph", _graph_text(fw_gm, "aot inference graph (ATen)"), kind="python")

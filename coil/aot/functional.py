@@ -213,9 +213,13 @@ class _ViewRewrites(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         if func is aten.as_strided.default and _lay_out_as_eager(self.roots.get(args[0], args[0]), out):
             out = func(*args, **(kwargs or {}))
-        if not (func.is_view and isinstance(out, torch.Tensor) and args
-                and isinstance(args[0], torch.Tensor)):
+        if not (func.is_view and args and isinstance(args[0], torch.Tensor)):
             return out
+        if False:
+            return type(out)(self._view(func, args, o) for o in out)
+        return self._view(func, args, out)
+
+    def _view(self, func, args, out):
         src = args[0]
         if func is aten.expand.default and _static(out.shape, args[0].shape) \
                 and out.numel() == src.numel():
@@ -331,116 +335,130 @@ def _analyze(fn, fake_args, fake_mode, grad, drop_error_checks) -> ProgramInfo:
             before = _aliases_before(f_args)
             with OverlapGuard(inputs=f_args):  # eager's refusal of overlapping writes
                 outs = _call(fn, f_args, drop_error_checks)
-        for t in before:
-            if isinstance(t, torch.Tensor):
-                torch._sync(t)
-        flat_outs, spec = pytree.tree_flatten(outs)
-        inputs = []
-        input_storage = {}
-        for i, (a, fa) in enumerate(zip(fake_args, f_args)):
-            if not isinstance(a, torch.Tensor):
-                inputs.append(InputInfo(is_tensor=False))
-                continue
-            torch._sync(fa)
-            mutated = torch._functionalize_has_data_mutation(fa.elem)
-            hidden = mutated and torch._functionalize_are_all_mutations_under_no_grad_or_inference_mode(fa.elem)
-            inputs.append(InputInfo(True, _is_differentiable(a), mutated, hidden))
-            if torch._functionalize_has_metadata_mutation(fa.elem):
-                inputs[-1].layout = ()  # filled in from eager_layouts below
-            input_storage.setdefault(StorageWeakRef(fa.untyped_storage()), i)
+        return _describe(fn, fake_args, f_args, before, outs, grad, drop_error_checks, fake_mode)
 
-        outputs: list = []
-        graph_outputs: list = []
-        groups: dict = {}  # storage -> user-output positions computed from it
-        for k, o in enumerate(flat_outs):
-            if not isinstance(o, torch.Tensor):
-                outputs.append(OutputInfo("constant", value=o))
-                continue
-            meta = dict(size=tuple(o.shape), stride=tuple(o.stride()), offset=o.storage_offset(),
-                        requires_grad=_is_differentiable(o))
-            same = [j for j, fa in enumerate(f_args) if fa is o]
-            if same:
-                outputs.append(OutputInfo("input", same[0], **meta))
-                continue
-            earlier = [j for j in range(k) if flat_outs[j] is o]
-            if earlier:  # the same tensor returned twice: the same object twice
-                outputs.append(OutputInfo("same_as_output", earlier[0], **meta))
-                continue
-            st = StorageWeakRef(o.untyped_storage())
-            if st in input_storage:
-                # a view as another dtype (view(dtype)) is not differentiable; a
-                # differentiable one (view_as_real) is computed by the graph (a copy)
-                other = fake_args[input_storage[st]].dtype != o.dtype
-                if not (other and meta["requires_grad"]):
-                    outputs.append(OutputInfo("alias_of_input", input_storage[st], **meta,
-                                              dtype=o.dtype if other else None))
-                    continue
-            outputs.append(OutputInfo("graph", -1, **meta))
-            if st not in input_storage:
-                groups.setdefault((st, o.dtype), []).append(k)
 
-        base_sources: list = []
-        for members in groups.values():
-            first = members[0]
-            if len(members) == 1:
+def _describe(fn, fake_args, f_args, before, outs, grad, drop_error_checks, fake_mode,
+              plain: bool = False) -> Optional[ProgramInfo]:
+    """What a functional run of ``fn`` on ``f_args`` (made from ``fake_args``; ``before``:
+    their :func:`_aliases_before`) that returned ``outs`` did: the :class:`ProgramInfo`.
+    ``plain``: None unless the program mutates and restrides no input, no output aliases an
+    input or another output and none requires grad (:func:`trace_plain_inference`)."""
+    for t in before:
+        if isinstance(t, torch.Tensor):
+            torch._sync(t)
+    flat_outs, spec = pytree.tree_flatten(outs)
+    inputs = []
+    input_storage = {}
+    for i, (a, fa) in enumerate(zip(fake_args, f_args)):
+        if not isinstance(a, torch.Tensor):
+            inputs.append(InputInfo(is_tensor=False))
+            continue
+        torch._sync(fa)
+        mutated = torch._functionalize_has_data_mutation(fa.elem)
+        hidden = mutated and torch._functionalize_are_all_mutations_under_no_grad_or_inference_mode(fa.elem)
+        inputs.append(InputInfo(True, _is_differentiable(a), mutated, hidden))
+        if torch._functionalize_has_metadata_mutation(fa.elem):
+            inputs[-1].layout = ()  # filled in from eager_layouts below
+        input_storage.setdefault(StorageWeakRef(fa.untyped_storage()), i)
+
+    outputs: list = []
+    graph_outputs: list = []
+    groups: dict = {}  # storage -> user-output positions computed from it
+    for k, o in enumerate(flat_outs):
+        if not isinstance(o, torch.Tensor):
+            outputs.append(OutputInfo("constant", value=o))
+            continue
+        meta = dict(size=tuple(o.shape), stride=tuple(o.stride()), offset=o.storage_offset(),
+                    requires_grad=_is_differentiable(o))
+        same = [j for j, fa in enumerate(f_args) if fa is o]
+        if same:
+            outputs.append(OutputInfo("input", same[0], **meta))
+            continue
+        earlier = [j for j in range(k) if flat_outs[j] is o]
+        if earlier:  # the same tensor returned twice: the same object twice
+            outputs.append(OutputInfo("same_as_output", earlier[0], **meta))
+            continue
+        st = StorageWeakRef(o.untyped_storage())
+        if st in input_storage:
+            # a view as another dtype (view(dtype)) is not differentiable; a
+            # differentiable one (view_as_real) is computed by the graph (a copy)
+            other = fake_args[input_storage[st]].dtype != o.dtype
+            if not (other and meta["requires_grad"]):
+                outputs.append(OutputInfo("alias_of_input", input_storage[st], **meta,
+                                          dtype=o.dtype if other else None))
                 continue
-            owner = next((k for k in members if flat_outs[k]._base is None), None)
-            if owner is not None:
-                # one output owns the storage: the others are views of it
-                for k in members:
-                    if k != owner:
-                        outputs[k].kind, outputs[k].index = "alias_of_output", owner
-                        outputs[k].src_stride = tuple(flat_outs[owner].stride())
-            else:
-                # all are views of an intermediate: return that base too
-                base_sources.append(first)
-                for k in members:
-                    outputs[k].kind, outputs[k].index = "alias_of_base", len(base_sources) - 1
-                    outputs[k].src_stride = tuple(flat_outs[first]._base.stride())
-        for k, info in enumerate(outputs):
-            if info.kind == "graph":
-                info.index = len(graph_outputs)
-                graph_outputs.append(k)
-        changed = {i for i, x in enumerate(inputs) if x.mutated or x.layout is not None}
-        if any(x.layout is not None for x in inputs) or any(
-                o.kind == "alias_of_input" and o.index in changed for o in outputs):
-            in_lay, out_lay = eager_layouts(fn, fake_args, fake_mode, drop_error_checks)
-            for i in changed:
-                if inputs[i].layout is not None:
-                    size, stride, off = in_lay[i]
-                    inputs[i].layout = (size, stride, off - fake_args[i].storage_offset())
-            for k, o in enumerate(outputs):
-                if o.kind == "alias_of_input" and o.index in changed and out_lay[k] is not None:
-                    o.size, o.stride, o.offset = out_lay[k]
-        # storage offsets relative to the tensor each alias is regenerated from
+        outputs.append(OutputInfo("graph", -1, **meta))
+        if st not in input_storage:
+            groups.setdefault((st, o.dtype), []).append(k)
+
+    base_sources: list = []
+    for members in groups.values():
+        first = members[0]
+        if len(members) == 1:
+            continue
+        owner = next((k for k in members if flat_outs[k]._base is None), None)
+        if owner is not None:
+            # one output owns the storage: the others are views of it
+            for k in members:
+                if k != owner:
+                    outputs[k].kind, outputs[k].index = "alias_of_output", owner
+                    outputs[k].src_stride = tuple(flat_outs[owner].stride())
+        else:
+            # all are views of an intermediate: return that base too
+            base_sources.append(first)
+            for k in members:
+                outputs[k].kind, outputs[k].index = "alias_of_base", len(base_sources) - 1
+                outputs[k].src_stride = tuple(flat_outs[first]._base.stride())
+    for k, info in enumerate(outputs):
+        if info.kind == "graph":
+            info.index = len(graph_outputs)
+            graph_outputs.append(k)
+    changed = {i for i, x in enumerate(inputs) if x.mutated or x.layout is not None}
+    if plain and changed:
+        return None
+    if any(x.layout is not None for x in inputs) or any(
+            o.kind == "alias_of_input" and o.index in changed for o in outputs):
+        in_lay, out_lay = eager_layouts(fn, fake_args, fake_mode, drop_error_checks)
+        for i in changed:
+            if inputs[i].layout is not None:
+                size, stride, off = in_lay[i]
+                inputs[i].layout = (size, stride, off - fake_args[i].storage_offset())
         for k, o in enumerate(outputs):
-            if o.kind == "alias_of_input" and o.dtype is not None:
-                a = fake_args[o.index]
-                o.offset = o.offset * o.dtype.itemsize - a.storage_offset() * a.dtype.itemsize
-            elif o.kind == "alias_of_input":
-                o.offset -= fake_args[o.index].storage_offset()
-            elif o.kind == "alias_of_output":
-                o.offset -= flat_outs[o.index].storage_offset()
-            elif o.kind == "alias_of_base":
-                o.offset -= flat_outs[base_sources[o.index]]._base.storage_offset()
-        for o in outputs:  # alias_of_output: index → graph-output position of the owner
-            if o.kind == "alias_of_output":
-                o.index = outputs[o.index].index
+            if o.kind == "alias_of_input" and o.index in changed and out_lay[k] is not None:
+                o.size, o.stride, o.offset = out_lay[k]
+    # storage offsets relative to the tensor each alias is regenerated from
+    for k, o in enumerate(outputs):
+        if o.kind == "alias_of_input" and o.dtype is not None:
+            a = fake_args[o.index]
+            o.offset = o.offset * o.dtype.itemsize - a.storage_offset() * a.dtype.itemsize
+        elif o.kind == "alias_of_input":
+            o.offset -= fake_args[o.index].storage_offset()
+        elif o.kind == "alias_of_output":
+            o.offset -= flat_outs[o.index].storage_offset()
+        elif o.kind == "alias_of_base":
+            o.offset -= flat_outs[base_sources[o.index]]._base.storage_offset()
+    for o in outputs:  # alias_of_output: index → graph-output position of the owner
+        if o.kind == "alias_of_output":
+            o.index = outputs[o.index].index
 
-        info = ProgramInfo(inputs, outputs, spec, graph_outputs, base_sources,
-                           drop_error_checks=drop_error_checks,
-                           fake_inputs=list(fake_args) if is_symbolic(fake_args) else None)
-        rg = [inputs[i].requires_grad and not inputs[i].mutation_hidden and grad
-              for i in info.mutated_inputs]
-        # a mutated input's new value requires grad if the program made it so
-        for pos, i in enumerate(info.mutated_inputs):
-            rg[pos] = grad and not inputs[i].mutation_hidden and _is_differentiable(f_args[i])
-        rg += [outputs[k].requires_grad for k in graph_outputs]
-        rg += [_is_differentiable(flat_outs[k]._base) for k in base_sources]
-        info.fw_out_requires_grad = rg
-        fw_vals = ([before[i] for i in info.mutated_inputs] + [flat_outs[k] for k in graph_outputs]
-                   + [flat_outs[k]._base for k in base_sources])
-        info.fw_out_meta = [(tuple(v.shape), v.dtype, v.device) for v in fw_vals]
+    info = ProgramInfo(inputs, outputs, spec, graph_outputs, base_sources,
+                       drop_error_checks=drop_error_checks,
+                       fake_inputs=list(fake_args) if is_symbolic(fake_args) else None)
+    rg = [inputs[i].requires_grad and not inputs[i].mutation_hidden and grad
+          for i in info.mutated_inputs]
+    # a mutated input's new value requires grad if the program made it so
+    for pos, i in enumerate(info.mutated_inputs):
+        rg[pos] = grad and not inputs[i].mutation_hidden and _is_differentiable(f_args[i])
+    rg += [outputs[k].requires_grad for k in graph_outputs]
+    rg += [_is_differentiable(flat_outs[k]._base) for k in base_sources]
+    info.fw_out_requires_grad = rg
+    fw_vals = ([before[i] for i in info.mutated_inputs] + [flat_outs[k] for k in graph_outputs]
+               + [flat_outs[k]._base for k in base_sources])
+    info.fw_out_meta = [(tuple(v.shape), v.dtype, v.device) for v in fw_vals]
+    if plain and (any(rg) or base_sources or not all(o.kind == "graph" or o.kind == "constant" and not
+                                                     isinstance(o.value, torch.SymInt) for o in outputs)):
+        return None
     return info
 
 
@@ -741,6 +759,34 @@ def trace_inference(fn: Callable, fake_args: list, info: ProgramInfo, decomposit
             return [_from_functional(v) for v in vals]
 
     return _flatten_signature(_make_fx(inference, [list(fake_args)], decompositions, fake_mode))
+
+
+def trace_plain_inference(fn: Callable, fake_args: list, fake_mode: FakeTensorMode,
+                          decompositions: dict) -> Optional[tuple[ProgramInfo, torch.fx.GraphModule]]:
+    """:func:`analyze` and :func:`trace_inference` in one run of ``fn``, for a program
+    called under no_grad that mutates and restrides no input and returns no alias (a model's
+    inference): ``(info, graph)``, or None for any other program (or an error), which the
+    caller then analyses and traces in two runs. With symbolic sizes each op of a run is
+    sympy work (an 8-layer LLaMA's analysis took a third of its AOT time)."""
+    found: list = []
+
+    def inference(primals):
+        with torch.no_grad():
+            with FunctionalTensorMode():
+                f_args = [_to_functional(a) for a in primals]
+                with OverlapGuard(inputs=f_args):
+                    outs = _call(_located(fn, False), f_args, False)
+            found.append(_describe(fn, fake_args, f_args, f_args, outs, False, False, fake_mode, plain=True))
+            if found[0] is None:
+                raise ValueError("not plain")  # caught below
+            flat = pytree.tree_leaves(outs)
+            return [_from_functional(flat[k]) for k in found[0].graph_outputs]
+
+    try:
+        gm = _make_fx(inference, [list(fake_args)], decompositions, fake_mode)
+    except Exception:  # noqa: BLE001 - the two runs then decide, and raise what they raise
+        return None
+    return found[0], _flatten_signature(gm)
 
 
 @dataclasses.dataclass

@@ -76,3 +76,43 @@ def test_symbolic_trace_records_only_size_arithmetic_it_uses(dims, monkeypatch):
     assert 0 < len(kept) == len(made), [str(n.target) for n in made]
     x, w = torch.randn(3, 7, 8), torch.randn(8, 6)
     torch.testing.assert_close(gm(x, w)[0], _program(x, w))
+
+
+def _mutates(x, w):
+    x.add_(1)
+    return x @ w
+
+
+def _aliases(x, w):
+    y = x @ w
+    return y, y.t()
+
+
+def _view_of_input(x, w):
+    return x.transpose(1, 2), x @ w
+
+
+@pytest.mark.parametrize("symbolic", [False, True])
+@pytest.mark.parametrize("program,plain", [(_program, True), (_mutates, False), (_aliases, False),
+                                           (_view_of_input, False)])
+def test_plain_inference_is_analysed_and_traced_in_one_run(program, plain, symbolic):
+    """Under no_grad a program that mutates no input and returns no alias is analysed while
+    it is traced (one run of its ops, not two); any other program takes both runs. The one
+    run gives the graph and description the two give."""
+    from coil.aot.functional import trace_plain_inference
+
+    env = ShapeEnv()
+    mode = FakeTensorMode(shape_env=env if symbolic else None)
+    x = torch.randn(3, 5, 8)
+    args = [_symbolic(mode, x, {1}) if symbolic else mode.from_tensor(x), torch.randn(8, 6)]
+    args[1] = _symbolic(mode, args[1], set()) if symbolic else mode.from_tensor(args[1])
+    with torch.no_grad():
+        found = trace_plain_inference(program, args, mode, get_decompositions())
+        assert (found is not None) == plain
+        if not plain:
+            return
+        info, gm = found
+        want = analyze(program, args, mode, grad=False)
+        assert (info.graph_outputs, info.fw_out_requires_grad, [o.kind for o in info.outputs]) == \
+            (want.graph_outputs, want.fw_out_requires_grad, [o.kind for o in want.outputs])
+        assert gm.code == trace_inference(program, args, want, get_decompositions(), mode).code

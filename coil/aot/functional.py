@@ -215,7 +215,7 @@ class _ViewRewrites(TorchDispatchMode):
             out = func(*args, **(kwargs or {}))
         if not (func.is_view and args and isinstance(args[0], torch.Tensor)):
             return out
-        if False:
+        if isinstance(out, (tuple, list)):  # split, unbind: each piece a view (s81 #1779)
             return type(out)(self._view(func, args, o) for o in out)
         return self._view(func, args, out)
 

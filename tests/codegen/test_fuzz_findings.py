@@ -469,3 +469,21 @@ def test_float_constant_cast_reads_its_dtypes_value(backend):
     _ok(_fill_then_layer_norm, lambda: [torch.ones(1, 1, 1, 1)], backend)
     _ok(lambda a: (torch.full_like(a, 1e30).double() - 1e30, torch.full_like(a, 0.1).double()),
         lambda: [torch.ones(3)], backend)
+
+
+def _write_through_split_of_expand(a):  # fuzz seed 81 #1779
+    v2, v3 = torch.split(a.expand(2), [1, 1], 0)
+    v2.view(1, -1).copy_(torch.tensor(0))
+    return ()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("value", [False, 1e30, float("inf")])
+def test_write_through_a_split_of_an_expanded_input(value, backend):
+    """A piece of ``split`` (or ``unbind``) of an expanded input is a non-overlapping view
+    of overlapping memory, taken from the input with ``as_strided`` like other views:
+    functionalization wrote through the expand as ``base + sum(new - base)`` (an error
+    for bool, 0 for 1e30, NaN for inf; torch's ``aot_eager`` has it too)."""
+    _ok(_write_through_split_of_expand, lambda: [torch.tensor(value)], backend)
+    _ok(lambda a: (a.expand(2, 3).unbind(0)[1].fill_(2.0), a), lambda: [torch.tensor([value] * 3)],
+        backend)

@@ -19,6 +19,9 @@ from __future__ import annotations
 
 from typing import Optional
 
+import sympy
+
+from coil.ir.symbols import as_size, guard_true, hint, is_static
 from coil.schedule.indexing import axis_steps, kernel_deps, kernel_index
 
 #: Grid y dimension limit of CUDA (tiles along X must fit in it).
@@ -39,25 +42,28 @@ def _contiguous_axis(e) -> Optional[str]:
     return None
 
 
-def tile_pointwise(group) -> Optional[tuple[int, int]]:
+def tile_pointwise(group) -> Optional[tuple]:
     """``(Y, X)`` to run pointwise ``group`` (a scheduler FusedGroup with ``rnumel == 1``)
     as a 2-D tiled kernel, or None when a flat kernel coalesces every access already.
 
     Tiled when, over ``(Y, X)``, some access is contiguous along x and another along r
-    (each access is a load or store with an affine index in the kernel symbols)."""
+    (each access is a load or store with an affine index in the kernel symbols).
+    ``Y`` and ``X`` are ints, or size expressions under dynamic shapes (the kernel takes
+    them as ``xnumel`` / ``rnumel``, its grid follows them per call); a symbolic extent
+    counts as long (no hint is read), and a symbolic ``X`` is guarded to fit the grid's
+    y limit."""
     from coil.ir.nodes import ScatterBuffer
     if group.rnumel != 1 or not group.nodes or any(isinstance(n, ScatterBuffer) for n in group.nodes):
         return None  # (a scatter's iteration space is its source elements, not a layout)
-    if not isinstance(group.numel, int):
-        return None  # symbolic sizes: flat kernels (tiles are planned for known extents)
-    numel = int(group.numel)
     try:
-        x = int(group.nodes[0].get_ranges()[-1])
-    except (IndexError, TypeError):
+        x = as_size(group.nodes[0].get_ranges()[-1])
+    except IndexError:
         return None
-    if x < 8 or numel % x or numel // x < 8 or -(-x // 16) > _MAX_GRID_Y:
+    if is_static(x) and (x < 8 or -(-x // 16) > _MAX_GRID_Y) or not is_static(x) and hint(x) > 16 * _MAX_GRID_Y:
+        return None  # (a symbolic X whose example is this long stays flat)
+    y = as_size(sympy.expand(sympy.sympify(group.numel) / x))
+    if sympy.denom(y) != 1 or is_static(y) and y < 8:
         return None
-    y = numel // x
     axes = set()
     for n in group.nodes:
         if kernel_index(n, y, x) is None:
@@ -71,4 +77,6 @@ def tile_pointwise(group) -> Optional[tuple[int, int]]:
                 axes.add(a)
     if axes != {"x", "r"}:
         return None
+    if not is_static(x):  # a longer call recompiles (the grid's y axis holds X / 16 tiles)
+        guard_true(sympy.Le(x, 16 * _MAX_GRID_Y))
     return y, x

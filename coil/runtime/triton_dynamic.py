@@ -2,10 +2,13 @@
 
 A kernel generated with symbolic sizes takes ``xnumel`` (and ``rnumel`` for a
 reduction) and the size symbols its indices use as trailing integer arguments
-(``@triton.jit(do_not_specialize=['xnumel'])``: no binary per size; Triton may
-specialize the others on divisibility by 16, at most two binaries per config). The
+(no binary per size: Triton specializes an int only on divisibility by 16, on
+``== 1`` and on the int32 range, so a config has a binary per such class seen). The
 wrapper passes their values; :class:`DynamicTritonLauncher` computes the grid from
-``xnumel`` on every call.
+``xnumel`` on every call, and keeps a direct launch per bucket and class.
+``xnumel`` is specialized too: divisible by 16, ``xindex < xnumel`` is constant over
+16 lanes and Triton vectorizes masked loads and stores (unspecialized, each bf16 store
+of GPT-2's logits copy was 2 bytes: 2.5x the static kernel's time on an H200).
 
 Launch configs depend on sizes only through a *bucket*: the next power of two of
 ``xnumel`` and ``rnumel``. Each bucket picks its config once (the first candidate on
@@ -25,7 +28,7 @@ from typing import Optional, Sequence
 
 from coil import trace
 from coil.config import config
-from coil.runtime.triton_runtime import TritonLauncher, _cdiv, _pow2, launch_configs
+from coil.runtime.triton_runtime import TritonLauncher, _pow2, launch_configs
 
 
 #: Row counts below this share one bucket: launch configs differ only by how far XBLOCK
@@ -42,20 +45,21 @@ class DynamicTritonLauncher(TritonLauncher):
     """``launcher(*pointers, xnumel, [rnumel], *sizes)`` for a symbolic-size kernel."""
 
     def __init__(self, name: str, source: str, numel_hint: int, rnumel_hint: int, n_ptrs: int,
-                 device_type: str, outer: bool = False, elem_bytes: int = 4,
+                 device_type: str, outer: bool = False, elem_bytes: int = 4, tiled: bool = False,
                  arg_dtypes: Optional[list] = None, size_hints: Sequence[int] = ()):
         """``arg_dtypes``: the torch dtype of each tensor argument; ``size_hints``: the
         example inputs' value of each int argument (``xnumel``, [``rnumel``], symbols).
+        ``tiled``: a 2-D tiled pointwise kernel (grid ``(xnumel / XBLOCK, rnumel / RBLOCK)``).
         With both, on a GPU, the configs of the hint sizes' bucket are queued to the
         compile pool now (:meth:`TritonLauncher._submit_to_pool`)."""
         self.n_ptrs, self.red = n_ptrs, rnumel_hint != 1
         self.outer = outer
         # configs for the example sizes; each bucket chooses again (_for_bucket)
         super().__init__(name, source, numel_hint, rnumel_hint, False, device_type, outer=outer,
-                         elem_bytes=elem_bytes, tiled=False, arg_dtypes=None)
+                         elem_bytes=elem_bytes, tiled=tiled, arg_dtypes=None)
         self.arg_dtypes = list(arg_dtypes) if arg_dtypes is not None else None
         self.base_key = self.key
-        self._runs: dict = {}  # bucket -> run(*args)
+        self._runs: dict = {}  # (bucket, class of each int argument) -> run(*args)
         self._by_size: dict = {}  # xnumel or (xnumel, rnumel) -> its bucket's run (bounded)
         self._size_key = itemgetter(n_ptrs, n_ptrs + 1) if self.red else itemgetter(n_ptrs)
         if self.gpu and self.arg_dtypes is not None and size_hints:
@@ -63,15 +67,12 @@ class DynamicTritonLauncher(TritonLauncher):
             preset = self._enter_bucket(_bucket(numel_hint, rnumel_hint))
             self._submit_to_pool(self.arg_dtypes + [int(s) for s in size_hints], preset)
 
-    def _grid(self, cfg: dict) -> tuple:
-        return (_cdiv(self.numel, cfg["XBLOCK"]),)
-
     def _enter_bucket(self, bucket: tuple) -> Optional[dict]:
         """Make ``bucket``'s candidates and key (``<source key>.b<n>x<r>``: tuning results,
         on disk and in process, and pool jobs are per bucket) current; returns the config
         to run without timing (:meth:`TritonLauncher._preset`), or None."""
         n, r = bucket
-        self.configs = launch_configs(n, r, False, self.gpu, self.outer, self.elem_bytes, False)
+        self.configs = launch_configs(n, r, False, self.gpu, self.outer, self.elem_bytes, self.tiled)
         self.key = f"{self.base_key}.b{n}x{r}"
         return self._preset(n * r)
 
@@ -99,36 +100,38 @@ class DynamicTritonLauncher(TritonLauncher):
 
     def _bucket_run(self, args: tuple):
         bucket = _bucket(args[self.n_ptrs], args[self.n_ptrs + 1] if self.red else 1)
-        run = self._runs.get(bucket)
+        # Triton's specialization class of each int: a binary (and a direct launch) each
+        key = (bucket, tuple((v == 1, v % 16 == 0, v >> 31 == 0) for v in args[self.n_ptrs:]))
+        run = self._runs.get(key)
         if run is None:
-            run = self._runs[bucket] = self._first_launch(bucket, args)
+            run = self._runs[key] = self._first_launch(bucket, key, args)
         if len(self._by_size) > 4096:
             self._by_size.clear()
         self._by_size[self._size_key(args)] = run
         return run
 
-    def _first_launch(self, bucket: tuple, args: tuple):
-        """``run(*args)`` for one bucket: through Triton's JIT, which compiles the kernel
-        on its first call (``xnumel`` is not specialized, so every bucket with this config
-        shares the binary); on a GPU, later calls launch the compiled kernel directly
-        with the grid of their ``xnumel`` (the JIT's per-call argument binding costs tens
-        of microseconds of host time), while they keep the first call's Triton
-        specialization (pointer alignment, sizes divisible by 16 or equal to 1): a size
-        of another class goes through the JIT, which picks or compiles its binary."""
+    def _first_launch(self, bucket: tuple, key: tuple, args: tuple):
+        """``run(*args)`` for one bucket and class of int arguments (``key``): through
+        Triton's JIT, which compiles the kernel on its first call (every bucket with this
+        config and class shares the binary); on a GPU, later calls launch the compiled
+        kernel directly with the grid of their ``xnumel`` (the JIT's per-call argument
+        binding costs tens of microseconds of host time), while they keep the first
+        call's pointer alignment (another alignment goes through the JIT)."""
         cfg = dict(self._for_bucket(bucket, args))
         xb, x = cfg["XBLOCK"], self.n_ptrs
+        rb = cfg["RBLOCK"] if self.tiled else None  # (a tiled kernel's r tiles: grid axis 1)
         if self.interpret:
             cfg.pop("num_warps", None)
 
         def slow(*a):
-            return self.fn[(-(-a[x] // xb),)](*a, **cfg)
+            return self.fn[(-(-a[x] // xb),) + ((-(-a[x + 1] // rb),) if rb else ())](*a, **cfg)
 
         if not self.gpu or not config.triton_fast_launch:
             return slow
 
         def first(*a):
-            kernel, self._runs[bucket] = self._launch_first(
-                slow, a, cfg=cfg, grid=(f"-(-a{x} // {xb})", 1), unspecialized=(x,))
+            kernel, self._runs[key] = self._launch_first(
+                slow, a, cfg=cfg, grid=(f"-(-a{x} // {xb})", f"-(-a{x + 1} // {rb})" if rb else 1))
             self._by_size.clear()  # sizes of this bucket now take the fast launch
             return kernel
         return first

@@ -270,7 +270,7 @@ def _direct_launch(run):
 
 def _specialized_launch(run, first: tuple, grid: tuple, consts: list, function, packed,
                         get_stream, device, slow, pointers_as_ints: bool = False,
-                        unspecialized: tuple = (), direct: bool = True):
+                        direct: bool = True):
     """Generated ``fast(a0, ..., aN)`` for a compiled kernel: one launch through
     :func:`_direct_launch`'s C function (or, failing that or with ``direct`` False,
     ``run``) while the call keeps the Triton specialization of ``first``, the arguments
@@ -279,10 +279,9 @@ def _specialized_launch(run, first: tuple, grid: tuple, consts: list, function, 
 
     ``first`` holds the tensors, then the ints (a dynamic kernel's ``xnumel`` and size
     arguments). Triton specializes a pointer on 16-byte alignment and an int on
-    divisibility by 16, on ``== 1`` and on the 32-bit range; indices in ``unspecialized``
-    (``do_not_specialize``) keep only the range. The check is a few integer operations:
-    an int divisible by 16 on the first call joins the pointers' ``(p0 | s0) & 15``, the
-    int32 ints share one ``(s0 | s1) >> 31``.
+    divisibility by 16, on ``== 1`` and on the 32-bit range. The check is a few integer
+    operations: an int divisible by 16 on the first call joins the pointers'
+    ``(p0 | s0) & 15``, the int32 ints share one ``(s0 | s1) >> 31``.
     ``grid`` items are ints or Python expressions in the argument names (``-(-a3 // 128)``).
 
     ``pointers_as_ints`` (every tensor was a CUDA tensor on the first call; the graph's
@@ -303,8 +302,6 @@ def _specialized_launch(run, first: tuple, grid: tuple, consts: list, function, 
                 narrow.append(n)  # Triton's i32
             else:
                 other.append(f"not {n} >> 31")
-            if i in unspecialized:
-                continue
             if v == 1:
                 other.append(f"{n} != 1")
             else:
@@ -538,7 +535,7 @@ class TritonLauncher:
             return kernel, slow
 
     def _make_fast(self, kernel, args, cfg: Optional[dict] = None, grid: Optional[tuple] = None,
-                   slow: Optional[Callable] = None, unspecialized: tuple = ()):
+                   slow: Optional[Callable] = None):
         """A launch function for the compiled ``kernel`` (:func:`_specialized_launch`):
         the constexprs of ``cfg`` (default: the chosen config) and ``grid`` (default: this
         launcher's) on every call, while the call keeps the Triton specialization of
@@ -557,8 +554,7 @@ class TritonLauncher:
                                    consts, kernel.function, kernel.packed_metadata,
                                    driver.active.get_current_stream,
                                    driver.active.get_current_device(), slow or self._slow,
-                                   pointers_as_ints=on_gpu, unspecialized=unspecialized,
-                                   direct=config.triton_direct_launch)
+                                   pointers_as_ints=on_gpu, direct=config.triton_direct_launch)
 
     def __call__(self, *args):
         if self.chosen is None:  # another copy of this body may have been tuned since

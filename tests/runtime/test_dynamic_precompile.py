@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 
-@triton.jit(do_not_specialize=['xnumel'])
+@triton.jit
 def NAME(in_ptr0, out_ptr0, xnumel, s0, XBLOCK: tl.constexpr):
     x = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)
     tl.store(out_ptr0 + x, tl.load(in_ptr0 + x % s0, x < xnumel), x < xnumel)
@@ -176,7 +176,7 @@ def test_codegen_size_hints_are_the_first_calls_int_arguments(monkeypatch):
 def test_static_copy_created_before_its_body_was_tuned_takes_the_result(gpu, monkeypatch):
     """Code generation creates every layer's launcher before the first call tunes any:
     each copy of a body used to time the candidates again at its own first call."""
-    src = SOURCE.replace("NAME", "triton_poi_1_buf2").replace("(do_not_specialize=['xnumel'])", "")
+    src = SOURCE.replace("NAME", "triton_poi_1_buf2")
     a, b = (rt.TritonLauncher(n, src.replace("triton_poi_1_buf2", n), 40000, 1, False, "cuda",
                               arg_dtypes=[torch.float32, torch.bfloat16])
             for n in ("triton_poi_1_buf2", "triton_poi_4_buf8"))

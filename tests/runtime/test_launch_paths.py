@@ -104,24 +104,24 @@ def test_misaligned_first_call_keeps_its_binary_only_for_misaligned_pointers():
 
 
 def _dynamic_fast(run, slow):
-    """A dynamic kernel's launch: two pointers, xnumel (not specialized), two sizes;
-    first compiled with xnumel 4096 and sizes 256 (divisible by 16) and 7."""
+    """A dynamic kernel's launch: two pointers, xnumel, two sizes; first compiled with
+    xnumel 4096 and sizes 256 (divisible by 16) and 7."""
     return _specialized_launch(run, (_Ptr(0), _Ptr(16), 4096, 256, 7), ("-(-a2 // 128)", 1), [128],
                                "FN", "META", lambda dev: "s", 0, lambda *a: slow.append(a[2:]),
-                               pointers_as_ints=True, unspecialized=(2,))
+                               pointers_as_ints=True)
 
 
 def test_dynamic_kernel_grid_from_xnumel_and_sizes_passed_through():
     run, slow = _Launcher36(), []
-    _dynamic_fast(run, slow)(_Ptr(64), _Ptr(128), 1000, 512, 9)
+    _dynamic_fast(run, slow)(_Ptr(64), _Ptr(128), 1008, 512, 9)
     assert slow == [] and run.direct == [(8, 1, 1, "s", "FN", 0, 1, None, None, "META", None, None,
-                                          None, 64, 128, 1000, 512, 9, 128)]
+                                          None, 64, 128, 1008, 512, 9, 128)]
 
 
 def test_dynamic_kernel_size_of_another_specialization_goes_through_the_jit():
     # Triton compiled the binary for size 256 % 16 == 0 and 7 != 1: a size 250 (or 1, or
     # xnumel beyond int32) needs another binary; launching the first one was wrong values
-    for sizes in [(1000, 250, 7), (1000, 256, 16), (1000, 256, 1), (2 ** 31, 256, 7)]:
+    for sizes in [(1008, 250, 7), (1008, 256, 16), (1008, 256, 1), (2 ** 31, 256, 7)]:
         run, slow = _Launcher36(), []
         _dynamic_fast(run, slow)(_Ptr(64), _Ptr(128), *sizes)
         assert slow == [sizes] and run.direct == [], sizes
@@ -130,8 +130,7 @@ def test_dynamic_kernel_size_of_another_specialization_goes_through_the_jit():
 def test_dynamic_kernel_first_compiled_beyond_int32_keeps_its_direct_launch():
     run, slow = _Launcher36(), []
     f = _specialized_launch(run, (_Ptr(0), 2 ** 31 + 5), ("-(-a1 // 1024)", 1), [1024], "FN", "META",
-                            lambda dev: "s", 0, lambda *a: slow.append(a[1:]), pointers_as_ints=True,
-                            unspecialized=(1,))
+                            lambda dev: "s", 0, lambda *a: slow.append(a[1:]), pointers_as_ints=True)
     f(_Ptr(0), 2 ** 31 + 100)
     f(_Ptr(0), 100)  # an int32 xnumel: another binary
     assert len(run.direct) == 1 and slow == [(100,)]
@@ -159,12 +158,15 @@ def test_dynamic_launcher_uses_one_fast_launch_per_bucket(monkeypatch):
 
     k = object.__new__(DynamicTritonLauncher)
     k.name, k.n_ptrs, k.red, k.gpu, k.interpret, k._runs, k._by_size, k.fn = "k", 2, False, True, False, {}, {}, Fn()
+    k.tiled = False
     k._size_key = lambda args: args[2]
     k._for_bucket = lambda bucket, args: {"XBLOCK": 256, "num_warps": 4}
     k(_Ptr(0), _Ptr(16), 5000, 64)      # compiles through the JIT
-    k(_Ptr(0), _Ptr(16), 6000, 80)      # same bucket, same specialization: direct
-    k(_Ptr(0), _Ptr(16), 6000, 81)      # 81 % 16 != 0: the JIT again
+    k(_Ptr(0), _Ptr(16), 6008, 80)      # same bucket, same specialization: direct
+    k(_Ptr(0), _Ptr(16), 6000, 81)      # 6000 % 16 == 0, 81 % 16 != 0: the JIT again
+    k(_Ptr(0), _Ptr(16), 6016, 97)      # that class again: its own direct launch
     k(_Ptr(0), _Ptr(16), 100000, 64)    # another bucket: the JIT first
-    k(_Ptr(0), _Ptr(16), 6000, 80)      # a size seen before: direct again
+    k(_Ptr(0), _Ptr(16), 6008, 80)      # a size seen before: direct again
     assert [j[:2] for j in jit] == [((20,), (5000, 64)), ((24,), (6000, 81)), ((391,), (100000, 64))]
-    assert [d[:3] + d[-5:] for d in run.direct] == [(24, 1, 1, 0, 16, 6000, 80, 256)] * 2
+    assert [d[:3] + d[-5:] for d in run.direct] == [(24, 1, 1, 0, 16, 6008, 80, 256), (24, 1, 1, 0, 16, 6016, 97, 256),
+                                                    (24, 1, 1, 0, 16, 6008, 80, 256)]

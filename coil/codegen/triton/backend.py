@@ -114,11 +114,10 @@ def _module_source(plan, name: str, k: TritonKernel, exact) -> tuple[str, list[s
     consts = ["XBLOCK: tl.constexpr"] + (["RBLOCK: tl.constexpr"] if red else [])
     sizes = size_params(plan)
     if sizes:
-        # symbolic sizes: kernel arguments. xnumel is never specialized; Triton may
-        # specialize rnumel and the size symbols on divisibility by 16 (vectorized row
-        # loads), at most two binaries per launch config, never one per size
-        out = ["@triton.jit(do_not_specialize=['xnumel'])",
-               f"def {name}({', '.join(params + sizes + consts)}):"]
+        # symbolic sizes: kernel arguments, which Triton specializes on divisibility by
+        # 16 (vectorized masked loads/stores and row loads): a binary per class of sizes
+        # a launch config meets, never one per size (runtime/triton_dynamic.py)
+        out = ["@triton.jit", f"def {name}({', '.join(params + sizes + consts)}):"]
         body = []
     else:
         out = ["@triton.jit", f"def {name}({', '.join(params + consts)}):"]
@@ -195,7 +194,8 @@ class TritonBackend(KernelBackend):
             sizes = size_values(plan)
             launcher = DynamicTritonLauncher(kernel_name, source, a["numel"], a["rnumel"], len(arg_names),
                                              dev.type, outer=a["outer"], elem_bytes=a["elem_bytes"],
-                                             arg_dtypes=dtypes, size_hints=[hint(e) for e in sizes])
+                                             tiled=a["tiled"], arg_dtypes=dtypes,
+                                             size_hints=[hint(e) for e in sizes])
             return GeneratedKernel(kernel_name, source, arg_names, launcher, "triton", size_args=sizes)
         launcher = TritonLauncher(kernel_name, source, a["numel"], a["rnumel"], a["persistent"],
                                   dev.type, outer=a["outer"], elem_bytes=a["elem_bytes"],

@@ -210,6 +210,9 @@ class _ViewRewrites(TorchDispatchMode):
                 all(isinstance(s, int) and (s == -1 or (isinstance(d, int) and s == d))
                     for s, d in zip(args[1], args[0].shape)):
             return aten.alias.default(args[0])
+        if func is aten.as_strided_.default:  # as for as_strided (fuzz s92 #4, s81 #2963)
+            _lay_out_as_eager(self.roots.get(args[0], args[0]),
+                              aten.as_strided.default(*args, **(kwargs or {})))
         out = func(*args, **(kwargs or {}))
         if func is aten.as_strided.default and _lay_out_as_eager(self.roots.get(args[0], args[0]), out):
             out = func(*args, **(kwargs or {}))

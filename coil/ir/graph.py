@@ -379,6 +379,8 @@ class GraphLowering(torch.fx.Interpreter):
             # (runtime asserts): the fake trace's result is already the expression in
             # the ShapeEnv's symbols
             return as_expr(val)
+        if getattr(target, "is_view", False) and not self.current_node.users:
+            return None  # a view nothing reads (as_strided of an empty one ran: fuzz s81 #3325)
         if isinstance(target, torch._ops.HigherOrderOperator):
             from coil.ir.hops import LOWERINGS  # cond: branches compiled apart (ir/hops.py)
 

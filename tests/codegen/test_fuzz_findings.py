@@ -2,6 +2,8 @@
 (docs/fuzzing.md), each checked against eager through ``coil.testing.fuzz.check``
 (outputs, dtypes, strides of views, which input an output shares memory with, the
 inputs afterwards) on both CPU kernel backends."""
+import math
+
 import pytest
 import torch
 
@@ -487,3 +489,39 @@ def test_write_through_a_split_of_an_expanded_input(value, backend):
     _ok(_write_through_split_of_expand, lambda: [torch.tensor(value)], backend)
     _ok(lambda a: (a.expand(2, 3).unbind(0)[1].fill_(2.0), a), lambda: [torch.tensor([value] * 3)],
         backend)
+
+
+def _restride_after_mutation(c):  # fuzz seed 92 #4
+    v2 = c[-1]
+    v2.masked_fill_(v2 > 0, 7)
+    c.as_strided_((1,), (2,), 1)
+    c.masked_fill_(v2 > 0, 7)
+    return ()
+
+
+def _restride_after_fill(a):  # fuzz seed 81 #2963
+    a.fill_(1e-40)
+    a.as_strided_((1,), (2,), 1)
+    a.mul_(2)
+    return ()
+
+
+def _as_strided_of_a_written_empty_view(a):  # fuzz seed 81 #3325
+    v2 = a[1:]
+    v2.fill_(1)
+    return (v2.as_strided((1,), (1,), 0),)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("fn,make_inputs", [
+    (_restride_after_mutation, lambda: [torch.tensor([2, 3, 4])[1:3:2]]),
+    (_restride_after_fill, lambda: [torch.tensor([math.inf, 1.99], dtype=torch.bfloat16)[1:2]]),
+    (_as_strided_of_a_written_empty_view, lambda: [torch.tensor([True])]),
+], ids=["masked_fill_", "fill_", "empty-view"])
+def test_as_strided_after_a_write_to_an_input_view(fn, make_inputs, backend):
+    """``as_strided_`` of an input at an offset (its own element) after an in-place write:
+    functionalization's new value was a one-element buffer read at offset 1; it is laid out
+    in the input's strides and offset first, as for ``as_strided``. And the view that
+    ``as_strided`` of a view was first taken from (then again from its root) is not
+    lowered: of an empty intermediate it became an extern kernel reading nothing."""
+    _ok(fn, make_inputs, backend)

@@ -525,3 +525,20 @@ def test_as_strided_after_a_write_to_an_input_view(fn, make_inputs, backend):
     ``as_strided`` of a view was first taken from (then again from its root) is not
     lowered: of an empty intermediate it became an extern kernel reading nothing."""
     _ok(fn, make_inputs, backend)
+
+
+def _as_strided_after_masked_write_through_split(a):  # fuzz seed 91 #468
+    v0, v1 = torch.split(a, [2, 1], 0)
+    v2 = v1.unsqueeze(2)
+    v2[v2] = False
+    v3 = v1.as_strided((3,), (2,), 1)
+    return (torch.cat([v3, v3], 0),)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_as_strided_of_a_split_piece_after_a_write(backend):
+    """``as_strided`` of a ``split`` piece reads the input's storage: the piece (one of a
+    multi-output view) is now known to the view rewrites, so the read is taken from the
+    input (it read a value functionalization laid out elsewhere: all six bools wrong)."""
+    _ok(_as_strided_after_masked_write_through_split,
+        lambda: [torch.tensor([[False, True], [True, False], [False, False]])], backend)

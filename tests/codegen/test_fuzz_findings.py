@@ -88,6 +88,9 @@ def test_float32_atan2_of_equal_values_is_eagers(backend):
     libdevice functions and sin/cos/exp/log of float32 run in float64, rounded once."""
     _ok(lambda a: (torch.nn.functional.layer_norm(torch.atan2(a, a), (3,)), torch.sin(a[:1])),
         lambda: [torch.tensor([0.3012721, float("inf"), 1.0])], backend)
+    # seed 81 #2269: NumPy's float32 exp(2) is an ulp below eager's; a float64 prod shows it
+    _ok(lambda a: (torch.prod(a.exp(), dtype=torch.float64),),
+        lambda: [torch.tensor([2.0, 0.0, -2.0, 3.0, -1.0])], backend)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -45,16 +45,11 @@ def _patch_interpreter_bf16_rounding() -> None:
 
     builder.cast_impl = cast_impl
     builder._coil_bf16_rtne = True
-    # NumPy's float32 sin/cos/exp/log differ from eager's CPU kernels in 10-30% of inputs
-    # (an ulp); in float64, rounded once, in 1-5% (where eager's is an ulp off; fuzz s90 #2138)
-    def in_float64(f):
-        def op(self, arg):
-            with np.errstate(all="ignore"):
-                return interp.TensorHandle(f(arg.data.astype(np.float64)).astype(arg.data.dtype),
-                                           arg.dtype.scalar)
-        return op
+    # NumPy's float32 sin/cos/exp/log differ from eager's CPU values in 10-30% of inputs by
+    # an ulp; in float64, rounded once, in 1-5% (where eager's are off; fuzz s90 #2138)
     for name in ("sin", "cos", "exp", "log"):
-        setattr(builder, "create_" + name, in_float64(getattr(np, name)))
+        setattr(builder, "create_" + name, lambda self, arg, f=getattr(np, name): self.unary_op(
+            arg, lambda d: f(d.astype(np.float64)).astype(d.dtype)))
     _patch_interpreter_compare_dtype(builder)
     _patch_interpreter_device_assert()
 
@@ -111,7 +106,7 @@ def _make_shim():
         def f(*args):
             ref = next(a for a in args if isinstance(a, tl.core.tensor))
             datas = [a.handle.data if isinstance(a, tl.core.tensor) else a for a in args]
-            if npfn is not np.nextafter:  # float32 in float64, rounded once (see in_float64)
+            if npfn is not np.nextafter:  # float32 in float64, rounded once (as tl.sin)
                 datas = [d.astype(np.float64) if getattr(d, "dtype", None) == np.float32 else d
                          for d in datas]
             with np.errstate(all="ignore"):

@@ -307,36 +307,51 @@ def _site(exc: BaseException) -> str:
     return type(exc).__name__ + where
 
 
-def _reference(fn: Callable, make_inputs: Callable, e_out,
-               to: torch.dtype = torch.float32) -> Optional[tuple]:
-    """(outputs, inputs) of ``fn`` with its narrower float dtypes (fp16/bf16; with
-    ``to=torch.float64`` fp32 too, and float64 as the default dtype) replaced by ``to``, on
-    upcast inputs; None when there is nothing to upcast (fp32 reference) or it fails."""
+def _reference(fn: Callable, make_inputs: Callable, e_out) -> Optional[tuple]:
+    """(outputs, inputs) of ``fn`` with its fp16/bf16 dtypes replaced by fp32, on upcast
+    inputs; None when there is nothing to upcast or it fails."""
     try:
         src = textwrap.dedent(inspect.getsource(fn))
     except (OSError, TypeError):
         return None
     args = make_inputs()
-    narrow = _LOW + ((torch.float32,) if to == torch.float64 else ())
-    leaves = pytree.tree_leaves((args, e_out))
-    if to == torch.float32 and not ("float16" in src or any(
-            isinstance(x, torch.Tensor) and x.dtype in _LOW for x in leaves)):
+    if not ("float16" in src or any(isinstance(x, torch.Tensor) and x.dtype in _LOW
+                                    for x in pytree.tree_leaves((args, e_out)))):
         return None
-    for dt in narrow:
-        src = src.replace(str(dt), str(to))
+    for dt in _LOW:
+        src = src.replace(str(dt), str(torch.float32))
     ns = dict(fn.__globals__)
-    default = torch.get_default_dtype()
     try:
         exec(src, ns)
-        up = [x.to(to) if isinstance(x, torch.Tensor) and x.dtype in narrow else x for x in args]
         with _quiet():
-            if to == torch.float64:  # integers promote to float64 too (erf of an int64)
-                torch.set_default_dtype(torch.float64)
-            return ns[fn.__name__](*up), up
+            return ns[fn.__name__](*[x.float() if isinstance(x, torch.Tensor) and x.dtype in _LOW
+                                     else x for x in args]), args
     except Exception:
         return None
-    finally:
-        torch.set_default_dtype(default)
+
+
+class _Stats64(TorchDispatchMode):
+    """Eager with the ops whose CPU statistics coil computes in float64 (``_F64_STATS``) run
+    in float64 and rounded to eager's result dtypes (docs/fuzzing.md)."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func.overloadpacket not in _STATS_OPS:
+            return out
+        up = lambda x: x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x  # noqa: E731
+        kw = {k: torch.float64 if k == "dtype" and v is not None else up(v) for k, v in (kwargs or {}).items()}
+        return pytree.tree_map(lambda o, h: h.to(o.dtype) if isinstance(o, torch.Tensor) else o,
+                               out, func(*pytree.tree_map(up, args), **kw))
+
+
+def _run_in(mode: TorchDispatchMode, fn: Callable, make_inputs: Callable) -> Optional[tuple]:
+    """(outputs, inputs) of ``fn`` on fresh inputs under ``mode``, or None if it fails."""
+    args = make_inputs()
+    try:
+        with _quiet(), mode:
+            return fn(*args), args
+    except Exception:
+        return None
 
 
 #: ops whose CPU statistics coil computes in float64 (docs/ir.md, "Numerics"), and ops
@@ -349,15 +364,9 @@ _SUMS = re.compile(r"\b(sum|nansum|mean|cumsum|logsumexp|matmul|softmax|log_soft
 
 
 class _Bounds(TorchDispatchMode):
-    """Eager, recording in ``bounds`` (id -> (result, bound)) how far another correct
-    implementation's result may be from eager's: a sum's (``sum``, ``nansum``, ``mean``,
-    ``cumsum``) its inputs' bound summed plus ``eps * n * sum(|x|)`` in float64, ``eps``
-    of the dtype it is computed in (0 for integers), ±inf/NaN where some order's partial
-    sums overflow to that sign; a float ``fmod``/``remainder``'s by a divisor the program
-    computed: the divisor's tolerance (``TOLERANCES``) relative to the dividend (exact
-    given its operands, it moves by the quotient times the divisor's difference), plus
-    the divisor where that can move the quotient across an integer; views,
-    copies and casts keep their argument's; a result written to in place has none."""
+    """Eager, recording in ``bounds`` (id -> (result, bound)) how far another correct result
+    may be from eager's (docs/fuzzing.md, comparison rules): a sum's, a float remainder's by a
+    computed divisor; views, copies and casts keep their argument's, in-place writes drop it."""
 
     def __init__(self, n: int, inputs: list):
         super().__init__()
@@ -370,10 +379,9 @@ class _Bounds(TorchDispatchMode):
         x, op, b = args[0] if args else None, func.overloadpacket, self.bounds.get(id(args[0] if args else None))
         if op in _SUM_OPS and isinstance(x, torch.Tensor):
             dt = kwargs.pop("dtype", None) or x.dtype
-            x = x.double()
-            eps = torch.finfo(dt).eps if dt.is_floating_point else 0.0
-            bound = func(x.abs(), *args[1:], **kwargs) * eps * self.n
-            bound = bound + func(b[1], *args[1:], **kwargs) if b else bound
+            x, eps = x.double(), torch.finfo(dt).eps if dt.is_floating_point else 0.0
+            bound = func(x.abs(), *args[1:], **kwargs) * eps * self.n + (
+                func(b[1], *args[1:], **kwargs) if b else 0.0)
             if dt.is_floating_point:  # may some order's partial sums overflow, and to which sign
                 k = x.numel() // max(out.numel(), 1) if op is torch.ops.aten.mean else 1
                 pos = func(x.clamp(min=0), *args[1:], **kwargs) * k >= torch.finfo(dt).max
@@ -404,6 +412,8 @@ class _Bounds(TorchDispatchMode):
 
 _REM_OPS = {torch.ops.aten.fmod, torch.ops.aten.remainder}
 _SUM_OPS = {torch.ops.aten.sum, torch.ops.aten.nansum, torch.ops.aten.mean, torch.ops.aten.cumsum}
+_STATS_OPS = {torch.ops.aten.native_layer_norm, torch.ops.aten.var, torch.ops.aten.std,
+              torch.ops.aten.var_mean, torch.ops.aten.std_mean, torch.ops.aten.prod}
 
 
 def _overflows(src: str, args: list) -> bool:
@@ -428,13 +438,9 @@ def _error_bounds(fn: Callable, make_inputs: Callable) -> Optional[tuple]:
     largest input's numel), None where it has none, or None on failure."""
     args = make_inputs()
     mode = _Bounds(max([x.numel() for x in args if isinstance(x, torch.Tensor)], default=1), args)
-    try:
-        with _quiet(), mode:
-            out = fn(*args)
-    except Exception:
-        return None
-    return pytree.tree_map(lambda t: mode.bounds[id(t)][1] if id(t) in mode.bounds else None,
-                           (out, args))
+    run = _run_in(mode, fn, lambda: args)
+    return run and pytree.tree_map(lambda t: mode.bounds[id(t)][1] if id(t) in mode.bounds
+                                   else None, run)
 
 
 #: a program reading a float's bits (``x.view(torch.int32)``); the dtype they may be NaNs of
@@ -575,10 +581,9 @@ def _compare(c_out, e_out, c_args, e_args, ref, ref64=None, sums=False,
 
 
 def _raised_in_dead_code(fn: Callable, err: BaseException) -> bool:
-    """Eager raised in an assignment that nothing live reads, directly or through other such
-    assignments (compilers drop such code; fuzz seed 90 #1299: ``v0 = b.as_strided(...)`` read
-    only by a dead ``v1``); live: the return, other statements, assignments calling an
-    in-place method."""
+    """Eager raised in an assignment nothing live reads, directly or through other such ones
+    (compilers drop such code; seed 90 #1299: ``v0 = b.as_strided(...)`` read by a dead ``v1``);
+    live: the return, other statements, assignments calling an in-place method."""
     lines = [f.lineno for f in traceback.extract_tb(err.__traceback__)
              if f.filename == fn.__code__.co_filename]
     try:
@@ -612,7 +617,7 @@ def check(fn: Callable, make_inputs: Callable, backend: str = "cpp",
         except (OSError, TypeError):
             src = ""
         ref = _reference(fn, make_inputs, e_out) if e_err is None else None
-        ref64 = _reference(fn, make_inputs, e_out, torch.float64) \
+        ref64 = _run_in(_Stats64(), fn, make_inputs) \
             if e_err is None and _F64_STATS.search(src) else None
         sums = "overflow" if e_err is None and _overflows(src, make_inputs()) else \
             bool(_SUMS.search(src))

@@ -365,6 +365,22 @@ def test_mean_whose_summands_reach_the_max_accepts_an_overflowed_order():
     assert check_program(q, _fake(lambda s, o, a: (torch.full((1,), math.nan),))).kind == "out-value"
 
 
+def test_float64_statistics_reference_rounds_like_eager_elsewhere():
+    """fuzz seed 81 #1159: bf16 layer_norm of values near 3e38 (eager's float32 statistics
+    overflow: NaN), then ``v0 ** v0``: coil's float64 statistics give -2.0 in bf16 and
+    (-2)^-2 = 0.25; a whole-program float64 reference kept -1.9976 and gave NaN. The
+    reference runs only the statistics in float64: 0.25 is accepted, 0.5 is not."""
+    x = torch.tensor([[-2.09e38, -8.64e37, -3.03e-39, -1.65e38], [-3.14, -1.156e38, -1.99e38, -1.077e38],
+                      [-3.32e38, 4.5e-39, -0.906, 1.416e38]], dtype=torch.bfloat16)
+
+    def truth(s, o, a, extra=0.0):
+        v = torch.nn.functional.layer_norm(a[0].double(), (3, 4)).to(torch.bfloat16)
+        return ((v ** v) + extra,)
+    p = _prog(["v0 = torch.nn.functional.layer_norm(a, (3, 4))", "v1 = v0 ** v0"], x, returns=["v1"])
+    assert check_program(p, _fake(truth)).outcome == "ok"
+    assert check_program(p, _fake(lambda s, o, a: truth(s, o, a, 0.25))).kind == "out-value"
+
+
 def test_float64_reference_promotes_integers_to_float64():
     """fuzz seed 51 #1171: erf of an int64 is float32 in eager, so a float64 reference has
     to run with float64 as the default dtype: layer_norm over 1e30 entries then has

@@ -545,3 +545,16 @@ def test_as_strided_of_a_split_piece_after_a_write(backend):
     input (it read a value functionalization laid out elsewhere: all six bools wrong)."""
     _ok(_as_strided_after_masked_write_through_split,
         lambda: [torch.tensor([[False, True], [True, False], [False, False]])], backend)
+
+
+def _atan2_by_layer_norm(d):  # fuzz seed 82 #447
+    v1 = torch.cat([d, d], -2)
+    return (torch.atan2(torch.nn.functional.layer_norm(v1, (3,)), v1),
+            torch.nn.functional.layer_norm(d[:, :1] * 0, (1,)).signbit())
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_layer_norm_of_negative_zero_at_a_zero_mean_is_positive_zero(backend):
+    """Eager's normalized zeros are +0 (x * rstd + bias); coil's (x - mean) * rstd was -0
+    for x = -0 at a mean of +0, so atan2 by it gave -pi where eager gives pi."""
+    _ok(_atan2_by_layer_norm, lambda: [torch.tensor([[-0.0, -2.0, 2.0]])], backend)

@@ -434,8 +434,7 @@ def _overflows(src: str, args: list) -> bool:
 
 
 def _error_bounds(fn: Callable, make_inputs: Callable) -> Optional[tuple]:
-    """(outputs, inputs) like a reference's: the :class:`_Bounds` of each (``n``: the
-    largest input's numel), None where it has none, or None on failure."""
+    """(outputs, inputs) like a reference's: each one's :class:`_Bounds` or None; None on failure."""
     args = make_inputs()
     mode = _Bounds(max([x.numel() for x in args if isinstance(x, torch.Tensor)], default=1), args)
     run = _run_in(mode, fn, lambda: args)

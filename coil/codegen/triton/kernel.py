@@ -475,8 +475,7 @@ class TritonKernel(OpsHandler):
         if not dtype.is_floating_point:
             value = _convert(value, dtype)
         dtype = compute_dtype(dtype)
-        # its value as the dtype holds it, for folded casts: full_like(x, 1e30) read as
-        # float64 is fp32's 1.0000000150e30 (fuzz s90 #1715: layer_norm's x - mean != 0)
+        # const: the dtype's value, for folded casts (full_like(x, 1e30) as float64: s90 #1715)
         v = TVal(_lit(value, dtype), dtype, frozenset(), const=_convert(value, dtype))
         if dtype == torch.float32 and 0 < abs(value) < 2.0 ** -126:
             # Triton types a Python float below fp32's normal range as fp64: where(m,

@@ -439,7 +439,20 @@ def test_float64_reference_nan_equals_compiled_nan():
 # Minimized repros of failures the fuzzer finds in the current tree, one per class,
 # as strict xfails: fixing the bug makes the test fail until its entry is removed.
 
-KNOWN_BUGS: dict = {}  # name -> (fn, make_inputs[, backend]); none open now
+def _exp_of_a_cat_also_summed(a):  # fuzz seed 92 #2381
+    v0 = torch.cat([a, a], 0)
+    v2 = torch.exp(v0)
+    v3 = torch.sum(v0, dim=(-1, -2))  # noqa: F841 (fused with exp into one kernel)
+    return (v2,)
+
+
+KNOWN_BUGS: dict = {  # name -> (fn, make_inputs[, backend])
+    # g++ 12.2 -O3 miscompiles the fused sum+exp kernel of an int64 cat: its second half
+    # reads as 0 (exp 1.0); right at -O2 and with -fno-tree-loop-vectorize, right without
+    # coil_exp in the body (docs/fuzzing.md)
+    "gcc_vectorizer_exp_of_cat_also_summed": (_exp_of_a_cat_also_summed,
+                                              lambda: [torch.tensor([[4, 3], [2, 4]])], "cpp"),
+}
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=n))

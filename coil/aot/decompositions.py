@@ -227,8 +227,7 @@ def native_layer_norm(x, normalized_shape, weight, bias, eps):
     out = aten.mul.Tensor(centered, rstd)
     if weight is not None:
         out = aten.mul.Tensor(out, weight)
-    # without a bias, + 0.0: a zero is +0 as eager's (x * scale + shift); x = -0 at a mean
-    # of +0 gave -0, and atan2 of it -pi (fuzz seed 82 #447)
+    # no bias: + 0.0, so zeros are +0 as eager's x * scale + shift (-0 at a 0 mean: s82 #447)
     out = aten.add.Tensor(out, bias) if bias is not None else aten.add.Scalar(out, 0.0)
     if out.dtype != x.dtype:
         out = aten._to_copy.default(out, dtype=x.dtype)

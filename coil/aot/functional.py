@@ -213,6 +213,9 @@ class _ViewRewrites(TorchDispatchMode):
         if func is aten.as_strided_.default:  # as for as_strided (fuzz s92 #4, s81 #2963)
             _lay_out_as_eager(self.roots.get(args[0], args[0]),
                               aten.as_strided.default(*args, **(kwargs or {})))
+        for a in args:  # an as_strided view read after a write to its root (s93 #358)
+            if isinstance(a, torch.Tensor) and a in self.strided and a in self.roots:
+                _lay_out_as_eager(self.roots[a], a)
         out = func(*args, **(kwargs or {}))
         if func is aten.as_strided.default and _lay_out_as_eager(self.roots.get(args[0], args[0]), out):
             out = func(*args, **(kwargs or {}))
@@ -256,11 +259,13 @@ def _lay_out_as_eager(t, view) -> bool:
         return False
     torch._sync(t)
     inner = torch._from_functional_tensor(t.elem)
-    if inner.storage_offset() == t.storage_offset() and \
-            all(a == b for a, b, n in zip(inner.stride(), t.stride(), t.shape) if n > 1):
+    same = inner.storage_offset() == t.storage_offset() and \
+        all(a == b for a, b, n in zip(inner.stride(), t.stride(), t.shape) if n > 1)
+    if not (same and not torch._functionalize_has_data_mutation(t.elem)) and \
+            not inside(view, t.dtype.itemsize, *_addresses(t)):
+        raise RunEagerly(OUTSIDE_READ_MESSAGE)  # the graph holds t's new elements only
+    if same:
         return False
-    if not inside(view, t.dtype.itemsize, *_addresses(t)):
-        raise RunEagerly(OUTSIDE_READ_MESSAGE)
     flat = torch.empty(_extent(t)[1], dtype=t.dtype, device=t.device)
     laid = flat.as_strided(t.shape, t.stride(), t.storage_offset()).copy_(t)
     torch._sync(laid)

@@ -331,8 +331,7 @@ def _reference(fn: Callable, make_inputs: Callable, e_out) -> Optional[tuple]:
 
 
 class _Stats64(TorchDispatchMode):
-    """Eager with the ops whose CPU statistics coil computes in float64 (``_F64_STATS``) run
-    in float64 and rounded to eager's result dtypes (docs/fuzzing.md)."""
+    """Eager with ``_F64_STATS`` ops run in float64, rounded to eager's dtypes (docs/fuzzing.md)."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))

@@ -558,3 +558,20 @@ def test_layer_norm_of_negative_zero_at_a_zero_mean_is_positive_zero(backend):
     """Eager's normalized zeros are +0 (x * rstd + bias); coil's (x - mean) * rstd was -0
     for x = -0 at a mean of +0, so atan2 by it gave -pi where eager gives pi."""
     _ok(_atan2_by_layer_norm, lambda: [torch.tensor([[-0.0, -2.0, 2.0]])], backend)
+
+
+def _as_strided_then_write(a):  # fuzz seed 93 #358
+    v1 = a.as_strided((3, 2), (0, 1), 2)
+    a.mul_(2)
+    return (torch.sum(v1), a.as_strided((3, 4), (0, 1), 0).sum())
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_as_strided_view_read_after_a_write_to_its_input(backend):
+    """An ``as_strided`` view of an input at storage offset 2, taken before ``mul_`` of the
+    input and read after it: functionalization replayed it on the new value (offset 0) at
+    offset 2, other elements; the value is laid out at the input's offset before such a
+    read (one outside the input's elements runs the program eagerly)."""
+    _ok(_as_strided_then_write,
+        lambda: [torch.tensor([[0.5, -2.0], [-1.25, 2.5], [2.0, 0.25], [1.5, -2.0]],
+                              dtype=torch.float64)[1:4]], backend)

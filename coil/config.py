@@ -41,6 +41,9 @@ class Config:
     #: and the best config saved about 1 us each, while they were a quarter of the
     #: candidate compilations of GPT-2's and ResNet-50's training steps.
     autotune_min_elements: int = 16384
+    #: Dynamic-shape kernels: time the candidates again in each new size bucket (else
+    #: a new bucket runs the config tuned in the nearest bucket when it is a candidate).
+    autotune_each_bucket: bool = False
     #: Threads compiling a kernel's candidate autotuning configs in parallel before they
     #: are timed (GPU only; 1 or 0: compile each config when it is first timed).
     autotune_compile_threads: int = 8

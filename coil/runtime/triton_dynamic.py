@@ -12,8 +12,10 @@ of GPT-2's logits copy was 2 bytes: 2.5x the static kernel's time on an H200).
 
 Launch configs depend on sizes only through a *bucket*: the next power of two of
 ``xnumel`` and ``rnumel``. Each bucket picks its config once (the first candidate on
-CPU; on a GPU with ``config.autotune``, the fastest candidate for that bucket, timed on
-the first call that falls in it, and remembered per bucket on disk), so new sizes in a
+CPU; on a GPU with ``config.autotune``, the config of the nearest bucket tuned before
+when it is among this bucket's candidates, else the fastest candidate, timed on the
+first call that falls in it and remembered per bucket on disk: one tuning serves all
+sizes unless ``config.autotune_each_bucket``), so new sizes in a
 known bucket cost one dictionary lookup, and no size ever compiles a new kernel source;
 Triton compiles one binary per distinct launch config (a handful), not per size, shared
 by every bucket that has the config. Row counts below :data:`MIN_X_BUCKET` share one
@@ -60,6 +62,7 @@ class DynamicTritonLauncher(TritonLauncher):
         self.arg_dtypes = list(arg_dtypes) if arg_dtypes is not None else None
         self.base_key = self.key
         self._runs: dict = {}  # (bucket, class of each int argument) -> run(*args)
+        self._tuned: list = []  # ((log2 n, log2 r) of a bucket, its config)
         self._by_size: dict = {}  # xnumel or (xnumel, rnumel) -> its bucket's run (bounded)
         self._size_key = itemgetter(n_ptrs, n_ptrs + 1) if self.red else itemgetter(n_ptrs)
         if self.gpu and self.arg_dtypes is not None and size_hints:
@@ -81,11 +84,18 @@ class DynamicTritonLauncher(TritonLauncher):
         self.numel, self.rnumel = args[self.n_ptrs], (args[self.n_ptrs + 1] if self.red else 1)
         self.chosen = None
         preset = self._enter_bucket(bucket)
+        if preset is None and not config.autotune_each_bucket:
+            # as one tuning for all sizes does: the config of the nearest tuned bucket
+            n2, r2 = bucket[0].bit_length(), bucket[1].bit_length()
+            near = sorted((abs(n - n2) + abs(r - r2), i) for i, ((n, r), c)
+                          in enumerate(self._tuned) if c in self.configs)
+            preset = self._tuned[near[0][1]][1] if near else None
         if preset is None:
             self._autotune(args)  # times each candidate at this call's sizes
         else:
             self._claim_pool_jobs()  # its first launch compiles next
             self.chosen = dict(preset)
+        self._tuned.append(((bucket[0].bit_length(), bucket[1].bit_length()), self.chosen))
         trace.log("dynamic_launch_bucket", stage="runtime", kernel=self.name, bucket=list(bucket),
                   config=self.chosen)
         return self.chosen

@@ -92,8 +92,21 @@ def test_copies_of_a_body_tune_each_bucket_once(gpu):
     chosen = gpu.first_call(a)
     timed = gpu.timed
     assert gpu.first_call(b, numel=15000) == chosen and gpu.timed == timed  # same bucket
-    gpu.first_call(b, numel=40000)  # another bucket times its own candidates
+    # another bucket runs the nearest tuned bucket's config (one tuning serves all sizes)
+    assert gpu.first_call(b, numel=40000) == chosen and gpu.timed == timed
+    with patch(autotune_each_bucket=True):  # or times its own candidates
+        gpu.first_call(b, numel=140000)
     assert gpu.timed > timed
+
+
+def test_new_bucket_tunes_when_no_tuned_config_is_among_its_candidates(gpu, monkeypatch):
+    la = gpu.launcher()
+    gpu.first_call(la)
+    timed = gpu.timed
+    monkeypatch.setattr(triton_dynamic, "launch_configs", lambda *a, **k: [{"XBLOCK": 64, "num_warps": 1},
+                                                                           {"XBLOCK": 128, "num_warps": 1}])
+    assert gpu.first_call(la, numel=140000) == {"XBLOCK": 128, "num_warps": 1}
+    assert gpu.timed == timed + 2
 
 
 def test_tuned_bucket_is_read_from_disk_at_any_size_and_queues_only_its_config(gpu, monkeypatch):

@@ -109,7 +109,9 @@ def canonical_name(source: str, name: str) -> str:
     records which generated kernel runs under which name."""
     import re
 
-    placeholder = re.sub(rf"\b{re.escape(name)}\b", CANONICAL_NAME, source)
+    # whole-line comments are left out: the header names the fused nodes' buffers
+    placeholder = re.sub(rf"\b{re.escape(name)}\b", CANONICAL_NAME,
+                         re.sub(r"(?m)^[ \t]*#.*\n", "", source))
     parts = name.split("_")
     kind = parts[1] if len(parts) > 2 and parts[0] == "triton" else "kernel"
     return f"coil_{kind}_{source_key(placeholder)[:10]}"

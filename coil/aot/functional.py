@@ -216,7 +216,17 @@ class _ViewRewrites(TorchDispatchMode):
         for a in args:  # an as_strided view read after a write to its root (s93 #358)
             if isinstance(a, torch.Tensor) and a in self.strided and a in self.roots:
                 _lay_out_as_eager(self.roots[a], a)
-        out = func(*args, **(kwargs or {}))
+        try:
+            out = func(*args, **(kwargs or {}))
+        except (RuntimeError, ValueError):
+            # functionalization's value of a tensor written through a transposed view kept
+            # the view's strides, and a view of it refused them (fuzz s83 #1591)
+            roots = {id(r): r for r in (self.roots.get(a, a) for a in args if isinstance(a, torch.Tensor))
+                     if isinstance(r, FunctionalTensor) and not _overlaps(r)
+                     and _static(r.shape, r.stride(), r.storage_offset())}
+            if not [r for r in roots.values() if _relay(r, "a view of it refused its value's layout")]:
+                raise
+            out = func(*args, **(kwargs or {}))
         if func is aten.as_strided.default and _lay_out_as_eager(self.roots.get(args[0], args[0]), out):
             out = func(*args, **(kwargs or {}))
         if not (func.is_view and args and isinstance(args[0], torch.Tensor)):
@@ -258,22 +268,33 @@ def _lay_out_as_eager(t, view) -> bool:
             or _overlaps(t):
         return False
     torch._sync(t)
-    inner = torch._from_functional_tensor(t.elem)
-    same = inner.storage_offset() == t.storage_offset() and \
-        all(a == b for a, b, n in zip(inner.stride(), t.stride(), t.shape) if n > 1)
-    if not (same and not torch._functionalize_has_data_mutation(t.elem)) and \
+    if (torch._functionalize_has_data_mutation(t.elem) or not _same_layout(t)) and \
             not inside(view, t.dtype.itemsize, *_addresses(t)):
         raise RunEagerly(OUTSIDE_READ_MESSAGE)  # the graph holds t's new elements only
-    if same:
+    return _relay(t, "as_strided reads storage")
+
+
+def _same_layout(t) -> bool:
+    inner = torch._from_functional_tensor(t.elem)
+    return inner.storage_offset() == t.storage_offset() and \
+        all(a == b for a, b, n in zip(inner.stride(), t.stride(), t.shape) if n > 1)
+
+
+def _relay(t, why: str) -> bool:
+    """Replace the value functionalization holds for ``t`` (a FunctionalTensor) by a
+    copy at ``t``'s strides and offset when it has others; returns whether it did."""
+    torch._sync(t)
+    if _same_layout(t):
         return False
+    inner = torch._from_functional_tensor(t.elem)
     flat = torch.empty(_extent(t)[1], dtype=t.dtype, device=t.device)
     laid = flat.as_strided(t.shape, t.stride(), t.storage_offset()).copy_(t)
     torch._sync(laid)
     t.replace_(torch._from_functional_tensor(laid.elem))
     t.commit_update()
     trace.log("aot_eager_layout", stage="aot", size=list(t.shape), stride=list(t.stride()),
-              offset=t.storage_offset(), reason="as_strided reads storage; functionalization's "
-              f"value had strides {list(inner.stride())}, offset {inner.storage_offset()}")
+              offset=t.storage_offset(), reason=f"{why}; functionalization's value had "
+              f"strides {list(inner.stride())}, offset {inner.storage_offset()}")
     return True
 
 

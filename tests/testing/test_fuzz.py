@@ -435,24 +435,26 @@ def test_float64_reference_nan_equals_compiled_nan():
     assert check(fn, make, "cpp").outcome == "ok"
 
 
+@pytest.mark.parametrize("backend", ["cpp", "triton"])
+def test_exp_of_a_cat_also_summed(backend):
+    """fuzz seed 92 #2381: the sum fuses with the exp into one reduction kernel whose rows
+    (2 elements) are all scalar tail; g++ 12.2 -O3 SLP-vectorized the cat's guarded loads
+    with the first vector's mask for every vector, so the second half read as 0 (exp 1.0).
+    Such kernels are compiled without loop if-conversion (docs/cpp_backend.md)."""
+    def fn(a):
+        v0 = torch.cat([a, a], 0)
+        v2 = torch.exp(v0)
+        v3 = torch.sum(v0, dim=(-1, -2))  # noqa: F841 (fused with exp into one kernel)
+        return (v2,)
+    r = check(fn, lambda: [torch.tensor([[4, 3], [2, 4]])], backend)
+    assert r.outcome == "ok", f"{r.outcome}: {r.kind}\n{r.detail}"
+
+
 # ------------------------------------------------- known open bugs (fuzzer-found)
 # Minimized repros of failures the fuzzer finds in the current tree, one per class,
 # as strict xfails: fixing the bug makes the test fail until its entry is removed.
 
-def _exp_of_a_cat_also_summed(a):  # fuzz seed 92 #2381
-    v0 = torch.cat([a, a], 0)
-    v2 = torch.exp(v0)
-    v3 = torch.sum(v0, dim=(-1, -2))  # noqa: F841 (fused with exp into one kernel)
-    return (v2,)
-
-
-KNOWN_BUGS: dict = {  # name -> (fn, make_inputs[, backend])
-    # g++ 12.2 -O3 miscompiles the fused sum+exp kernel of an int64 cat: its second half
-    # reads as 0 (exp 1.0); right at -O2 and with -fno-tree-loop-vectorize, right without
-    # coil_exp in the body (docs/fuzzing.md)
-    "gcc_vectorizer_exp_of_cat_also_summed": (_exp_of_a_cat_also_summed,
-                                              lambda: [torch.tensor([[4, 3], [2, 4]])], "cpp"),
-}
+KNOWN_BUGS: dict = {}  # name -> (fn, make_inputs[, backend])
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=n))

@@ -46,6 +46,7 @@ from typing import Any, Optional
 import sympy
 import torch
 
+from coil import trace
 from coil.codegen.cpp import ops as cops
 from coil.codegen.cpp.indexing import Split, canonicalize, cexpr, split_plan
 from coil.ir.nodes import current_origin, describe_origin
@@ -144,6 +145,7 @@ class CppKernel(OpsHandler):
         self.scopes: list[dict] = [self.outer_cse]
         self.has_checks = False
         self.has_atomics = False
+        self.no_if_convert = False  # see _section
         self.check_sites = 0
         #: per check site: the user's line behind it (``nodes.describe_origin``) or None
         self.check_origins: list[Optional[str]] = []
@@ -574,8 +576,8 @@ class CppKernel(OpsHandler):
                 e = rs.substitute(e)
             rendered.append(cexpr(e))
         self._rendered = rendered
-        out = [self._signature() + " {"]
         body = self._pointwise(xs) if not self.is_reduction else self._reduction(xs, rs)
+        out = [self._signature() + " {"]
         out.extend("  " + l if l else l for l in body)
         out.append("  return coil_err ? coil_err[0] : 0;" if self.has_checks else "  return 0;")
         out.append("}")
@@ -597,7 +599,8 @@ class CppKernel(OpsHandler):
                 params.append(f"const {t}* __restrict__ p_{n}")
         params += [f"int64_t {s.name}" for s in self.size_symbols]  # dynamic sizes
         params.append("int64_t* coil_err")
-        return f'extern "C" int64_t {self.name}({", ".join(params)})'
+        attr = '__attribute__((optimize("no-tree-loop-if-convert"))) ' if self.no_if_convert else ""
+        return f'extern "C" {attr}int64_t {self.name}({", ".join(params)})'
 
     def _fix(self, line: str) -> str:
         return re.sub(r"@I(\d+)@", lambda m: self._rendered[int(m.group(1))], line)
@@ -749,6 +752,14 @@ class CppKernel(OpsHandler):
             n_tail = f"({_c(ext[0])} % {LANES})"
             tail0 = f"({_c(ext[0])} - {n_tail})"
         tail_body = [l.replace("@", "_lane[l]") for l in body]
+        # A static row shorter than LANES is all tail, which g++ unrolls into the enclosing
+        # loop and SLP-vectorizes there; g++ 12.2 with AVX-512 gives every vector of an SLP
+        # group of masked loads the first one's mask (docs/cpp_backend.md), so guarded loads
+        # there stay branches (a guard on r0 alone folds once unrolled).
+        if tail0 == 0 and any(l.lstrip().startswith("if (") for l in body):
+            self.no_if_convert = True
+            trace.log("cpp_no_if_convert", stage="codegen", kernel=self.name,
+                      reason="guarded loads in a static row shorter than LANES (g++ 12 SLP masks)")
         if blocked:
             out += [f"  {ind}int64_t rb = 0;",
                     f"  {ind}for (int64_t rb0 = 0; rb0 + {LANES} <= {_c(ext[0])}; rb0 += {SUM_BLOCK}) {{"]

@@ -44,6 +44,11 @@ except ImportError:    # a torch without it: every tensor is checked in Python
     _TensorGuards = None
 
 
+#: The ``group`` of guards generated after all others, in one ``if`` (a dynamic tensor's
+#: ``is_contiguous()``, once its batched C++ check passed)
+_AFTER = "___after"
+
+
 class Guard:
     """One check. ``code`` is what :meth:`GuardSet.failures` evaluates (and names);
     ``fast`` is an equivalent expression the generated function uses instead, valid only
@@ -114,6 +119,7 @@ class GuardSet:
             "___keys": _dispatch_keys,
         }
         self._batched: dict[str, torch.Tensor] = {}   # src -> example tensor, until build
+        self._batch_dims: dict[str, tuple] = {}  # src -> (sizes, strides), None: symbolic
         self._notes: dict[str, str] = {}    # src -> comment on its batched check
         self._const_ids: dict[int, str] = {}
         # shape guards of a dynamic entry (coil/capture/dynamic.py): locals reading sizes,
@@ -154,7 +160,10 @@ class GuardSet:
         """The guard function's source (see :func:`_emit_guards` for what is hoisted)."""
         params = ", ".join(list(argnames) + ["___f"])
         lines = [f"def ___guard({params}):"]
-        _emit_guards(self.guards, lines, self._notes)
+        _emit_guards([g for g in self.guards if g.group != _AFTER], lines, self._notes)
+        late = [g.code for g in self.guards if g.group == _AFTER]
+        if late:
+            lines.append(f"    if not ({' and '.join(late)}): return False")
         if self.shape_exprs:
             lines.extend(f"    {ln}" for ln in self.shape_prelude)
             cond = " and ".join(f"({e})" for e in self.shape_exprs)
@@ -186,9 +195,10 @@ class GuardSet:
         keys: dict[str, tuple] = {}
         for name, srcs in order.items():
             ts = [self._batched[s] for s in srcs]
+            dims = [self._batch_dims.get(s, (list(t.shape), list(t.stride()))) for s, t in zip(srcs, ts)]
             try:
-                check = _TensorGuards(*ts, dynamic_dims_sizes=[list(t.shape) for t in ts],
-                                      dynamic_dims_strides=[list(t.stride()) for t in ts])
+                check = _TensorGuards(*ts, dynamic_dims_sizes=[d[0] for d in dims],
+                                      dynamic_dims_strides=[d[1] for d in dims])
                 why = None if check.check(*ts) else "rejects its example tensors"
             except Exception as e:  # noqa: BLE001 - checked in Python instead
                 why = f"{type(e).__name__}: {e}"
@@ -342,26 +352,34 @@ def _dynamic_tensor_guard(gs: GuardSet, expr: str, t: torch.Tensor, fake) -> Non
     >= 2 (symbols are >= 2 by the shape guards) is checked with ``is_contiguous()``:
     its strides are the contiguous products of its sizes, symbolic or not."""
     grp = expr
-    gs.add(f"type({expr}) is {gs.const(type(t))}", f"type({expr})", type(t), src=expr, group=grp)
-    gs.add(f"{expr}.dtype is {gs.const(t.dtype)}", f"{expr}.dtype", t.dtype, src=expr, group=grp)
-    gs.add(f"{expr}.device == {gs.const(t.device)}", f"{expr}.device", t.device, src=expr,
-           group=grp)
     shape = tuple(None if isinstance(s, torch.SymInt) else int(s) for s in fake.shape)
+    stride = tuple(None if isinstance(s, torch.SymInt) else int(s) for s in fake.stride())
+    batch = None  # as tensor_guard's, with the symbolic sizes and strides left unchecked
+    if type(t) in (torch.Tensor, torch.nn.Parameter) and t.layout is torch.strided \
+            and _TensorGuards is not None:
+        batch = "___tensors_args" if "." not in expr else "___tensors_attrs"
+        gs._batched.setdefault(expr, t)
+        gs._batch_dims[expr] = (list(shape), list(stride))
+    kw = dict(src=expr, group=grp, batch=batch)
+    gs.add(f"type({expr}) is {gs.const(type(t))}", f"type({expr})", type(t), **kw)
+    gs.add(f"{expr}.dtype is {gs.const(t.dtype)}", f"{expr}.dtype", t.dtype, **kw)
+    gs.add(f"{expr}.device == {gs.const(t.device)}", f"{expr}.device", t.device, **kw)
     code = f"{expr}.dim() == {len(shape)}" + "".join(
         f" and {expr}.shape[{i}] == {n}" for i, n in enumerate(shape) if n is not None)
-    gs.add(code, f"tuple({expr}.shape)", shape, src=expr, group=grp)
+    gs.add(code, f"tuple({expr}.shape)", shape, **kw)
     if (t.layout is torch.strided and all(n >= 2 for n in t.shape)
             and t.stride() == _contiguous_strides(tuple(t.shape))):
-        gs.add(f"{expr}.layout is {gs.const(torch.strided)} and {expr}.is_contiguous()",
-               f"{expr}.stride()", "contiguous", src=expr, group=grp)
+        # batched: after the C++ check (which covers the layout by the dispatch keys)
+        code = f"{expr}.is_contiguous()" if batch else \
+            f"{expr}.layout is {gs.const(torch.strided)} and {expr}.is_contiguous()"
+        gs.add(code, f"{expr}.stride()", "contiguous", src=expr, group=_AFTER if batch else grp)
         gs.contiguous.add(expr)
     else:
-        stride = [None if isinstance(s, torch.SymInt) else int(s) for s in fake.stride()]
         checks = [f"{expr}.stride()[{i}] == {v}" for i, v in enumerate(stride) if v is not None]
         if checks:
-            gs.add(" and ".join(checks), f"{expr}.stride()", tuple(stride), src=expr, group=grp)
+            gs.add(" and ".join(checks), f"{expr}.stride()", stride, **kw)
     gs.add(f"{expr}.requires_grad is {t.requires_grad!r}", f"{expr}.requires_grad",
-           t.requires_grad, src=expr, group=grp)
+           t.requires_grad, **kw)
 
 
 # ------------------------------------------------------------------------------------

@@ -384,6 +384,30 @@ def test_mean_whose_summands_reach_the_max_accepts_an_overflowed_order():
     assert check_program(q, _fake(lambda s, o, a: (torch.full((1,), math.nan),))).kind == "out-value"
 
 
+def test_mean_that_overflowed_only_in_eagers_order_accepts_a_finite_large_result():
+    """fuzz seed 83 #2135: a float32 mean of six values near ±2e38: eager's partial sums
+    overflow to -inf, the float64 mean is -4.58e37; a finite result of that sign near the
+    max is accepted, a small one or one of the other sign is not."""
+    x = torch.tensor([-2.746337e+38, 1.0, 1.8660304e+38, 1.0, 1.0, -1.8658898e+38])
+    p = _prog(["v0 = torch.mean(a, dim=0, keepdim=True)"], x)
+    assert torch.mean(x, 0, keepdim=True).isinf().all()  # eager's order
+    assert check_program(p, _fake(lambda s, o, a: (torch.tensor([-4.576994e37]),))).outcome == "ok"
+    assert check_program(p, _fake(lambda s, o, a: (torch.tensor([4.576994e37]),))).kind == "out-value"
+    assert check_program(p, _fake(lambda s, o, a: (torch.tensor([-1.0]),))).kind == "out-value"
+
+
+def test_values_downstream_of_an_overflowed_statistic_have_no_reference():
+    """fuzz seed 92 #2193: float64 layer_norm of [-9.6e307, 1] (eager's rstd NaN, coil's
+    0), compared by ``ge`` and divided by: outcome ``no_reference``, not a mismatch; the
+    same program on ordinary values still is a mismatch."""
+    stmts = ["v0 = torch.nn.functional.layer_norm(a, (2,))", "v1 = torch.ge(a, v0).double()"]
+    huge = _prog(stmts, torch.tensor([-9.587582518751557e+307, 1.0], dtype=torch.float64), returns=["v1"])
+    flip = lambda s, o, a: tuple(1 - v for v in o)  # noqa: E731
+    assert check_program(huge, _fake(flip)).outcome == "no_reference"
+    small = _prog(stmts, torch.tensor([-2.0, 1.0], dtype=torch.float64), returns=["v1"])
+    assert check_program(small, _fake(flip)).outcome == "mismatch"
+
+
 def test_float64_statistics_reference_rounds_like_eager_elsewhere():
     """fuzz seed 81 #1159: bf16 layer_norm of values near 3e38 (eager's float32 statistics
     overflow: NaN), then ``v0 ** v0``: coil's float64 statistics give -2.0 in bf16 and

@@ -114,10 +114,14 @@ def _module_source(plan, name: str, k: TritonKernel, exact) -> tuple[str, list[s
     consts = ["XBLOCK: tl.constexpr"] + (["RBLOCK: tl.constexpr"] if red else [])
     sizes = size_params(plan)
     if sizes:
-        # symbolic sizes: kernel arguments, which Triton specializes on divisibility by
-        # 16 (vectorized masked loads/stores and row loads): a binary per class of sizes
-        # a launch config meets, never one per size (runtime/triton_dynamic.py)
-        out = ["@triton.jit", f"def {name}({', '.join(params + sizes + consts)}):"]
+        # symbolic sizes: kernel arguments. Triton specializes xnumel and rnumel on
+        # divisibility by 16 (vectorized masked loads/stores): a binary per class of
+        # them a launch config meets, never one per size (runtime/triton_dynamic.py);
+        # not the symbols, whose products with constants carry the alignment that
+        # matters (a new class of a sequence length compiled every kernel again)
+        syms = [n for n in sizes if n not in ("xnumel", "rnumel")]
+        out = [f"@triton.jit(do_not_specialize={syms!r})",
+               f"def {name}({', '.join(params + sizes + consts)}):"]
         body = []
     else:
         out = ["@triton.jit", f"def {name}({', '.join(params + consts)}):"]

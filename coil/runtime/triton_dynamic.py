@@ -147,7 +147,8 @@ class DynamicTritonLauncher(TritonLauncher):
 
         def first(*a):
             kernel, self._runs[key] = self._launch_first(
-                slow, a, cfg=cfg, grid=(f"-(-a{x} // {xb})", f"-(-a{x + 1} // {rb})" if rb else 1))
+                slow, a, cfg=cfg, grid=(f"-(-a{x} // {xb})", f"-(-a{x + 1} // {rb})" if rb else 1),
+                free=len(a) - x - 1 - self.red)  # the size symbols
             self._by_size.clear()  # sizes of this bucket now take the fast launch
             return kernel
         return first

@@ -272,7 +272,7 @@ def _direct_launch(run):
 
 def _specialized_launch(run, first: tuple, grid: tuple, consts: list, function, packed,
                         get_stream, device, slow, pointers_as_ints: bool = False,
-                        direct: bool = True):
+                        direct: bool = True, free: int = 0):
     """Generated ``fast(a0, ..., aN)`` for a compiled kernel: one launch through
     :func:`_direct_launch`'s C function (or, failing that or with ``direct`` False,
     ``run``) while the call keeps the Triton specialization of ``first``, the arguments
@@ -283,7 +283,10 @@ def _specialized_launch(run, first: tuple, grid: tuple, consts: list, function, 
     arguments). Triton specializes a pointer on 16-byte alignment and an int on
     divisibility by 16, on ``== 1`` and on the 32-bit range. The check is a few integer
     operations: an int divisible by 16 on the first call joins the pointers'
-    ``(p0 | s0) & 15``, the int32 ints share one ``(s0 | s1) >> 31``.
+    ``(p0 | s0) & 15``, the int32 ints share one ``(s0 | s1) >> 31``. The last ``free``
+    ints are ``do_not_specialize`` (a dynamic kernel's size symbols): only their 32-bit
+    range is checked (checking their divisibility sent every call of a sequence length
+    of another class through the JIT).
     ``grid`` items are ints or Python expressions in the argument names (``-(-a3 // 128)``).
 
     ``pointers_as_ints`` (every tensor was a CUDA tensor on the first call; the graph's
@@ -304,6 +307,8 @@ def _specialized_launch(run, first: tuple, grid: tuple, consts: list, function, 
                 narrow.append(n)  # Triton's i32
             else:
                 other.append(f"not {n} >> 31")
+            if i >= len(first) - free:
+                continue
             if v == 1:
                 other.append(f"{n} != 1")
             else:
@@ -537,11 +542,12 @@ class TritonLauncher:
             return kernel, slow
 
     def _make_fast(self, kernel, args, cfg: Optional[dict] = None, grid: Optional[tuple] = None,
-                   slow: Optional[Callable] = None):
+                   slow: Optional[Callable] = None, free: int = 0):
         """A launch function for the compiled ``kernel`` (:func:`_specialized_launch`):
         the constexprs of ``cfg`` (default: the chosen config) and ``grid`` (default: this
         launcher's) on every call, while the call keeps the Triton specialization of
-        ``args`` (the first call's); else ``slow`` (default: the JIT launch).
+        ``args`` (the first call's; the last ``free`` ints are not specialized); else
+        ``slow`` (default: the JIT launch).
 
         On Triton versions whose launcher takes its scratch buffers as arguments (3.x
         with ``CudaLauncher.__call__(gridX, gridY, gridZ, stream, function, *args)``) and
@@ -556,7 +562,8 @@ class TritonLauncher:
                                    consts, kernel.function, kernel.packed_metadata,
                                    driver.active.get_current_stream,
                                    driver.active.get_current_device(), slow or self._slow,
-                                   pointers_as_ints=on_gpu, direct=config.triton_direct_launch)
+                                   pointers_as_ints=on_gpu, direct=config.triton_direct_launch,
+                                   free=free)
 
     def __call__(self, *args):
         if self.chosen is None:  # another copy of this body may have been tuned since

@@ -127,6 +127,22 @@ def test_dynamic_kernel_size_of_another_specialization_goes_through_the_jit():
         assert slow == [sizes] and run.direct == [], sizes
 
 
+def test_dynamic_kernel_size_symbols_are_not_specialized_but_xnumel_is():
+    # the sizes 256 and 7 are do_not_specialize (free=2): 250, 16 or 1 launch the same
+    # binary directly (checking them sent a new sequence length's calls through the JIT);
+    # an xnumel of another class, or a size beyond int32 (Triton's i64), needs another
+    run, slow = _Launcher36(), []
+    f = _specialized_launch(run, (_Ptr(0), _Ptr(16), 4096, 256, 7), ("-(-a2 // 128)", 1), [128],
+                            "FN", "META", lambda dev: "s", 0, lambda *a: slow.append(a[2:]),
+                            pointers_as_ints=True, free=2)
+    for sizes in [(1008, 250, 7), (1008, 256, 16), (1008, 1, 1)]:
+        f(_Ptr(64), _Ptr(128), *sizes)
+    assert slow == [] and [d[15:18] for d in run.direct] == [(1008, 250, 7), (1008, 256, 16), (1008, 1, 1)]
+    for sizes in [(1000, 256, 7), (1008, 2 ** 31, 7)]:
+        f(_Ptr(64), _Ptr(128), *sizes)
+    assert slow == [(1000, 256, 7), (1008, 2 ** 31, 7)] and len(run.direct) == 3
+
+
 def test_dynamic_kernel_first_compiled_beyond_int32_keeps_its_direct_launch():
     run, slow = _Launcher36(), []
     f = _specialized_launch(run, (_Ptr(0), 2 ** 31 + 5), ("-(-a1 // 1024)", 1), [1024], "FN", "META",
@@ -163,10 +179,12 @@ def test_dynamic_launcher_uses_one_fast_launch_per_bucket(monkeypatch):
     k._for_bucket = lambda bucket, args: {"XBLOCK": 256, "num_warps": 4}
     k(_Ptr(0), _Ptr(16), 5000, 64)      # compiles through the JIT
     k(_Ptr(0), _Ptr(16), 6008, 80)      # same bucket, same specialization: direct
-    k(_Ptr(0), _Ptr(16), 6000, 81)      # 6000 % 16 == 0, 81 % 16 != 0: the JIT again
-    k(_Ptr(0), _Ptr(16), 6016, 97)      # that class again: its own direct launch
+    k(_Ptr(0), _Ptr(16), 6000, 81)      # xnumel 6000 % 16 == 0: the JIT again
+    k(_Ptr(0), _Ptr(16), 6016, 97)      # that class again (any size): its own direct launch
+    k(_Ptr(0), _Ptr(16), 6016, 96)      # the size symbol is not specialized: direct
     k(_Ptr(0), _Ptr(16), 100000, 64)    # another bucket: the JIT first
     k(_Ptr(0), _Ptr(16), 6008, 80)      # a size seen before: direct again
     assert [j[:2] for j in jit] == [((20,), (5000, 64)), ((24,), (6000, 81)), ((391,), (100000, 64))]
     assert [d[:3] + d[-5:] for d in run.direct] == [(24, 1, 1, 0, 16, 6008, 80, 256), (24, 1, 1, 0, 16, 6016, 97, 256),
+                                                    (24, 1, 1, 0, 16, 6016, 96, 256),
                                                     (24, 1, 1, 0, 16, 6008, 80, 256)]

@@ -497,6 +497,8 @@ def _compare_tensor(what: str, c, e, r, r64=None, sums=False,
         ref = r.detach().double()
         closer = (a - ref).abs() <= LOW_PRECISION_MARGIN * (b - ref).abs() + at
         close = close | (a == ref) | (a.isnan() & ref.isnan()) | closer
+        if e.is_floating_point():  # eager's rounding gave NaN (bf16 logsumexp -0.0015 ** x;
+            close |= b.isnan() & torch.isclose(a, ref, rtol=rt, atol=at)  # s95 #689)
     if not close.all():
         close |= _documented_numerics(a, b, e.dtype, r64, sums)
     if bits and e.dtype in _BIT_PAIRS and not close.all():  # a float's bits: its ulps show

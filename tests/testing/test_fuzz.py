@@ -143,6 +143,22 @@ def test_low_precision_accepts_fp32_intermediates_only():
     assert check_program(p, _fake(lambda s, o, a: (o[0] * 1.01, o[1]))).kind == "out-value"
 
 
+def test_low_precision_nan_from_eagers_rounding_accepts_the_fp32_value_only():
+    """fuzz seed 95 #689: bf16 logsumexp of (-0.1123, -2.23) rounds to -0.0015 in eager
+    (fp32: +0.00083), so ``v0 ** a`` is NaN in eager and 2.22 with fp32 intermediates:
+    accepted where it matches the fp32 reference, not a value that does not."""
+    a = torch.tensor([[-0.1123], [-2.23]], dtype=torch.bfloat16)
+    p = _prog(["v0 = torch.logsumexp(a, dim=0)", "v1 = v0 ** a"], a, returns=["v1"])
+
+    def fp32_inside(s, o, args):
+        x = args[0].float()
+        return ((torch.logsumexp(x, 0) ** x).bfloat16(),)
+    assert torch.isnan(p.function()(*p.make_inputs())[0]).any()
+    assert check_program(p, _fake(fp32_inside)).outcome == "ok"
+    assert check_program(p, _fake(lambda s, o, args: (fp32_inside(s, o, args)[0] * 1.5,))
+                         ).kind == "out-value"
+
+
 # ------------------------------------------------------------------ minimizer
 
 def test_minimizer_shrinks_a_planted_failure_to_its_statement():

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable, Optional, Sequence
@@ -67,6 +68,7 @@ class CppLauncher:
         #: or None; read only when a check fails
         self.check_origins = list(check_origins)
         self.describe = describe or func_name
+        self.symbol = func_name  # the compiled function: one copy's, for every copy of a body
         self._future: Optional[Future] = None
         self._call: Optional[Callable] = None
         if batch:
@@ -81,7 +83,7 @@ class CppLauncher:
             if self._future is None:
                 _flush()
             lib = self._future.result()
-            fn = getattr(lib, self.func_name)
+            fn = getattr(lib, self.symbol)
             fn.argtypes = ([ctypes.c_void_p] * self.n_args + [ctypes.c_int64] * self.n_sizes
                            + [ctypes.c_void_p])
             fn.restype = ctypes.c_int64
@@ -125,8 +127,15 @@ class CppLauncher:
 def _flush() -> None:
     """Build all pending (batch) kernels: one source per core, in parallel."""
     with _pending_lock:
-        batch = list(_pending)
+        pending = list(_pending)
         _pending.clear()
+        reps: dict = {}  # body without its name, comment lines, buffer names -> a launcher
+        for la in pending:  # the same body in every layer compiles once
+            ps: dict = {}  # parameters p_<buffer> by first use: the signature's order
+            key = re.sub(r"\bp_\w+", lambda m: ps.setdefault(m[0], f"p{len(ps)}"), re.sub(
+                r"(?m)^[ \t]*//.*\n", "", re.sub(rf"\b{la.func_name}\b", "@K", la.source)))
+            la.symbol = reps.setdefault(key, la).func_name
+        batch = list(reps.values())
         if not batch:
             return
         n = max(1, min(len(batch), os.cpu_count() or 1))
@@ -148,3 +157,6 @@ def _flush() -> None:
             fut = _executor().submit(cpp_build.build, src)
             for l in chunk:
                 l._future = fut
+        futures = {r.func_name: r._future for r in batch}
+        for la in pending:
+            la._future = futures[la.symbol]

@@ -120,7 +120,7 @@ def _module_source(plan, name: str, k: TritonKernel, exact) -> tuple[str, list[s
         # not the symbols, whose products with constants carry the alignment that
         # matters (a new class of a sequence length compiled every kernel again)
         syms = [n for n in sizes if n not in ("xnumel", "rnumel")]
-        out = [f"@triton.jit(do_not_specialize={syms!r})",
+        out = [f"@triton.jit(do_not_specialize={syms!r})" if syms else "@triton.jit",
                f"def {name}({', '.join(params + sizes + consts)}):"]
         body = []
     else:

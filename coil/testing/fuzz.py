@@ -345,15 +345,16 @@ class _Stats64(TorchDispatchMode):
 
 
 class _Overflowed(TorchDispatchMode):
-    """Eager's statistic overflowed (a layer_norm/var/std/prod of finite values is not
-    finite): its later values depend on where its algorithm overflowed (fuzz seed 92
-    #2193: eager's rstd NaN, coil's 0, compared by ``ge``). Raises in that op."""
+    """Eager's statistic overflowed (a layer_norm/var/std/prod of finite values that
+    :func:`_too_big` is not finite): its later values depend on where its algorithm
+    overflowed (fuzz seed 92 #2193: eager's rstd NaN, coil's 0, compared by ``ge``).
+    Raises in that op."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        if func.overloadpacket in _STATS_OPS and all(
-                x.isfinite().all() for x in pytree.tree_leaves(args) if isinstance(x, torch.Tensor)
-                and x.is_floating_point()) and not all(
+        ins = [x for x in pytree.tree_leaves(args) if isinstance(x, torch.Tensor) and x.is_floating_point()]
+        if func.overloadpacket in _STATS_OPS and all(x.isfinite().all() for x in ins) and \
+                any(_too_big(x, func.overloadpacket is torch.ops.aten.prod) for x in ins) and not all(
                 o.isfinite().all() for o in pytree.tree_leaves(out) if isinstance(o, torch.Tensor)):
             raise FloatingPointError(self.__doc__)
         return out
@@ -437,15 +438,16 @@ def _overflows(src: str, args: list) -> bool:
     pass the largest float of their dtype (float64 for integers): eager's result then
     depends on where its algorithm overflowed (its Welford state, its lane order) and is
     not a reference. (Sums have their own bound: :class:`_Bounds`.)"""
-    if not _F64_STATS.search(src):
+    return bool(_F64_STATS.search(src)) and any(_too_big(x, "prod" in src) for x in args)
+
+
+def _too_big(x, prod: bool) -> bool:
+    """Whether tensor ``x``'s squares (with ``prod``: its product) may pass its dtype's max."""
+    if not (isinstance(x, torch.Tensor) and x.numel() and not x.is_complex() and x.dtype != torch.bool):
         return False
-    for x in args:
-        if isinstance(x, torch.Tensor) and x.numel() and not x.is_complex() and x.dtype != torch.bool:
-            big = torch.finfo(x.dtype if x.is_floating_point() else torch.float64).max
-            m = x.detach().double().abs().nan_to_num(posinf=0.0).max().item()
-            if m * m >= big or "prod" in src and m > 1 and x.numel() * math.log(m) >= math.log(big):
-                return True
-    return False
+    big = torch.finfo(x.dtype if x.is_floating_point() else torch.float64).max
+    m = x.detach().double().abs().nan_to_num(posinf=0.0).max().item()
+    return m * m >= big or prod and m > 1 and x.numel() * math.log(m) >= math.log(big)
 
 
 def _error_bounds(fn: Callable, make_inputs: Callable) -> Optional[tuple]:

@@ -422,6 +422,10 @@ def test_values_downstream_of_an_overflowed_statistic_have_no_reference():
     assert check_program(huge, _fake(flip)).outcome == "no_reference"
     small = _prog(stmts, torch.tensor([-2.0, 1.0], dtype=torch.float64), returns=["v1"])
     assert check_program(small, _fake(flip)).outcome == "mismatch"
+    # a NaN statistic of small values (var of one element) in a program with huge ones
+    one = _prog(["v0 = torch.var(a[1:])", "v1 = torch.ge(a, v0).double()"],
+                torch.tensor([-9.587582518751557e+307, 1.0], dtype=torch.float64), returns=["v1"])
+    assert check_program(one, _fake(flip)).outcome == "mismatch"
 
 
 def test_float64_statistics_reference_rounds_like_eager_elsewhere():

@@ -412,6 +412,19 @@ def test_mean_that_overflowed_only_in_eagers_order_accepts_a_finite_large_result
     assert check_program(p, _fake(lambda s, o, a: (torch.tensor([-1.0]),))).kind == "out-value"
 
 
+def test_sum_whose_eager_order_overflowed_accepts_the_float64_sum_only():
+    """fuzz seed 94 #1870: a float32 nansum of (-1.75e38, 1.85e38, 2.79e38, 1.08e38,
+    -3.19e38): positive and negative partial sums can overflow (eager: -inf); a finite
+    compiled result is accepted within the summation error bound of the float64 sum
+    (7.78e37), not elsewhere."""
+    x = torch.tensor([-1.7546e+38, 1.8476e+38, 2.7914e+38, -2.4061e-38, 1.0833e+38, -3.1901e+38])
+    p = _prog(["v0 = torch.nansum(a, dim=0)"], x)
+    exact = x.double().sum().float()
+    assert check_program(p, _fake(lambda s, o, a: (exact,))).outcome == "ok"
+    assert check_program(p, _fake(lambda s, o, a: (exact * 1.5,))).kind == "out-value"
+    assert check_program(p, _fake(lambda s, o, a: (-exact,))).kind == "out-value"
+
+
 def test_values_downstream_of_an_overflowed_statistic_have_no_reference():
     """fuzz seed 92 #2193: float64 layer_norm of [-9.6e307, 1] (eager's rstd NaN, coil's
     0), compared by ``ge`` and divided by: outcome ``no_reference``, not a mismatch; the

@@ -270,9 +270,6 @@ class InstructionTranslatorBase:
         """``File ..., line ..., in ...`` lines, outermost first: the user's frames only."""
         return _stack_lines(self.user_frames())
 
-    def user_stack_summary(self) -> str:
-        return _stack_summary(self.user_stack())
-
     def locate_node(self, node: torch.fx.Node) -> None:
         """Record where the user's code made graph node ``node``: ``meta["stack"]`` (short,
         innermost frame first, for coil's messages) and ``meta["stack_trace"]``, the user's

@@ -549,10 +549,6 @@ class StorageBox(IRNode):
         self.data = buf
         return buf
 
-    def num_reads(self) -> int:
-        from coil.ir.handlers import count_ops
-        return count_ops(self.data)[1] if isinstance(self.data, Pointwise) else 1
-
 
 class TensorBox(IRNode):
     """The IR value of one ATen tensor (what lowerings take and return)."""
@@ -578,10 +574,3 @@ class TensorBox(IRNode):
 
     def __repr__(self):
         return f"TensorBox({self.data!r})"
-
-
-def unwrap_view_chain(x: IRNode) -> IRNode:
-    """Strip TensorBox/StorageBox wrappers."""
-    while isinstance(x, (TensorBox, StorageBox)):
-        x = x.data
-    return x

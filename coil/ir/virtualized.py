@@ -113,10 +113,6 @@ class _OpsProxy:
 ops = _OpsProxy()
 
 
-def is_float(dtype: torch.dtype) -> bool:
-    return dtype.is_floating_point
-
-
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     """The dtype arithmetic runs in: fp16/bf16 (and fp8) compute in fp32."""
     if dtype in (torch.float16, torch.bfloat16) or (dtype.is_floating_point and dtype.itemsize == 1):

@@ -175,7 +175,3 @@ def kernel_deps(buf, numel, rnumel) -> Optional[KernelDeps]:
                          in_loop)
     _deps_cache[key] = (buf, res)
     return res
-
-
-def clear_cache() -> None:
-    _deps_cache.clear()

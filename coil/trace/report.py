@@ -124,12 +124,6 @@ class Log:
     files: list              # the .jsonl files read
     bad_lines: int = 0
 
-    @property
-    def pids(self) -> list:
-        return sorted({c.pid for c in self.compiles} | {r.get("pid") for r in self.loose
-                                                        if r.get("pid") is not None})
-
-
 def read_log(log_dir: str) -> Log:
     """Parse every ``*.jsonl`` file under ``log_dir`` (recursively).
 

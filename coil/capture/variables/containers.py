@@ -789,7 +789,3 @@ class LazyIteratorVariable(GeneratorVariable):
 
     def __repr__(self):
         return f"LazyIteratorVariable({self.builtin.__name__})"
-
-
-def ordered_dict_types():
-    return (dict, collections.OrderedDict)

@@ -6,7 +6,6 @@ breaks at the call in the root frame, whose callee is then captured on its own.
 from __future__ import annotations
 
 import types
-from typing import Any, Optional
 
 from coil.exc import Unsupported
 from coil.capture.source import AttrSource, DefaultsSource, GetItemSource
@@ -316,7 +315,3 @@ class PartialVariable(VariableTracker):
         parts = [cg.reconstruct(self.fn)] + [cg.reconstruct(a) for a in self.args]
         parts += [f"{k}={cg.reconstruct(v)}" for k, v in self.kwargs.items()]
         return f"___partial({', '.join(parts)})"
-
-
-def is_cell(v: Any) -> bool:
-    return isinstance(v, (CellVariable, SourcedCellVariable))

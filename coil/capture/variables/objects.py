@@ -14,7 +14,6 @@ import collections
 import dataclasses
 import enum
 import functools
-import inspect
 import types
 import warnings
 import weakref
@@ -776,14 +775,3 @@ class DataClassDictVariable(DictVariable):
     def build_expr(self, cg):
         body = ", ".join(f"{k}={cg.reconstruct(v)}" for k, v in self.items.items())
         return f"{cg.const_expr(self.user_cls)}({body})"
-
-
-def is_enum_member(v) -> bool:
-    return isinstance(v, enum.Enum)
-
-
-def signature_of(cls):
-    try:
-        return inspect.signature(cls)
-    except (TypeError, ValueError):
-        return None

@@ -48,12 +48,6 @@ def _std(name: str):
     return lambda a, dtype: f"cm::{name}({', '.join(a)})"
 
 
-def _cast_std(name: str):
-    # integer arguments to float-only functions: torch promotes to float before
-    # calling these (lowerings insert to_dtype), so ints here are rare; cast anyway.
-    return lambda a, dtype: f"cm::{name}({', '.join(a)})"
-
-
 def _abs(a, dtype):
     if dtype.is_floating_point:
         return f"cm::fabs({a[0]})"

@@ -214,9 +214,6 @@ class TritonKernel(OpsHandler):
         g = self._block_guard()
         return f"{acc} = tl.where({g}, {update}, {acc})" if g else f"{acc} = {update}"
 
-    def _index_str(self, e) -> str:
-        return pyexpr(simplify_index(sympy.sympify(e), {XINDEX: self.plan.numel, RINDEX: self.plan.rnumel}))
-
     # ----------------------------------------------------------------- memory
     def load(self, name, index):
         e = simplify_index(sympy.sympify(index), {XINDEX: self.plan.numel, RINDEX: self.plan.rnumel})

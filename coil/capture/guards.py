@@ -115,7 +115,8 @@ class GuardSet:
             "___builtins": builtins,
             "___grad_enabled": torch.is_grad_enabled,
             "___id": id,
-            "math": __import__("math"),     # shape guards on floats (math.isnan)
+            "math": __import__("math"),     # shape guards on floats (math.isnan,
+            "torch": torch,                 # torch.sym_float(x.size()[0]))
             "___keys": _dispatch_keys,
         }
         self._batched: dict[str, torch.Tensor] = {}   # src -> example tensor, until build

@@ -112,7 +112,7 @@ class DynamicTritonLauncher(TritonLauncher):
         return run(*args)
 
     def _bucket_run(self, args: tuple):
-        bucket = _bucket(args[self.n_ptrs], args[self.n_ptrs + 1] if self.red else 1)
+        bucket = _bucket(args[self.n_ptrs], max(args[self.n_ptrs + 1], 2) if self.red else 1)
         # Triton's specialization class of xnumel and rnumel (the symbols: int32 or not):
         # a binary (and a direct launch) each
         n = self.n_ptrs + 1 + self.red

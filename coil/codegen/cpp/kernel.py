@@ -749,7 +749,7 @@ class CppKernel(OpsHandler):
             n_tail = int(ext[0]) % LANES
             tail0 = int(ext[0]) - n_tail
         else:  # a symbolic row: the tail's length is known at run time only
-            n_tail = f"({_c(ext[0])} % {LANES})"
+            n_tail = f"({_cp(ext[0])} % {LANES})"
             tail0 = f"({_c(ext[0])} - {n_tail})"
         tail_body = [l.replace("@", "_lane[l]") for l in body]
         # A static row shorter than LANES is all tail, which g++ unrolls into the enclosing

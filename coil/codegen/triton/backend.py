@@ -9,7 +9,7 @@ from coil.codegen.backend import GeneratedKernel, KernelBackend, register_kernel
 from coil.codegen.triton.eviction import add_eviction_hints
 from coil.codegen.triton.kernel import PRELUDE, TritonKernel
 from coil.config import config
-from coil.ir.symbols import hint
+from coil.ir.symbols import hint, is_static
 
 
 #: Outer reductions (loads contiguous along x) longer than this run looped.
@@ -196,7 +196,9 @@ class TritonBackend(KernelBackend):
         if plan.symbolic:
             from coil.runtime.triton_dynamic import DynamicTritonLauncher
             sizes = size_values(plan)
-            launcher = DynamicTritonLauncher(kernel_name, source, a["numel"], a["rnumel"], len(arg_names),
+            # a symbolic row of one element at the hint is still a row (RBLOCK, rnumel)
+            r = a["rnumel"] if is_static(plan.rnumel) else max(a["rnumel"], 2)
+            launcher = DynamicTritonLauncher(kernel_name, source, a["numel"], r, len(arg_names),
                                              dev.type, outer=a["outer"], elem_bytes=a["elem_bytes"],
                                              tiled=a["tiled"], arg_dtypes=dtypes,
                                              size_hints=[hint(e) for e in sizes])

@@ -8,9 +8,9 @@ import coil
 BACKENDS = ["cpp", "triton"]
 
 
-def _compiled(fn, backend, **kw):
+def _compiled(fn, backend, options=(), **kw):
     coil.reset()
-    return coil.compile(fn, dynamic=True, options={"cpu_backend": backend}, **kw)
+    return coil.compile(fn, dynamic=True, options={"cpu_backend": backend, **dict(options)}, **kw)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -42,3 +42,21 @@ def test_shape_guard_on_a_float_of_a_size_accepts_its_own_sizes():
         x = torch.randn(n)
         torch.testing.assert_close(f(x), fn(x))
     assert cnt.frame_count == 2  # one entry for n > 3.33, one for n = 2
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_kernels_after_a_boolean_mask_are_generated(backend):
+    """A kernel over ``x[x > 0]`` has a data-dependent length ``u0``: Triton's int32 index
+    check guarded ``u0 < 2**31 - 1``, which cannot be decided, and the whole graph fell
+    back to the FX interpreter (with a warning). It now indexes such kernels in int64."""
+    import warnings
+
+    fn = lambda x: x[x > 0].exp() * 2  # noqa: E731
+    f = _compiled(fn, backend, options={"capture_scalar_outputs": True,
+                                        "capture_dynamic_output_shape_ops": True})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for n in (5, 8, 13):
+            x = torch.randn(n, 4)
+            torch.testing.assert_close(f(x), fn(x))
+    assert not [w for w in caught if "code generation failed" in str(w.message)]

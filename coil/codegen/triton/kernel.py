@@ -84,12 +84,13 @@ def needs_int64(extents) -> bool:
     """Whether indices over ``extents`` (element counts: ints or size expressions) need
     int64. A symbolic extent whose example value is small is indexed in int32 under a
     ShapeEnv guard that it stays below 2^31 - 1 (a larger call recompiles); one whose
-    example is large gets int64."""
+    example is large, or with a data-dependent size (no bound to guard), gets int64."""
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
     big = False
     for e in extents:
         if is_static(e):
             big = big or int(e) >= 2 ** 31 - 1
-        elif hint(e) >= 2 ** 31 - 1:
+        elif hint(e) >= 2 ** 31 - 1 or free_unbacked_symbols(e):
             big = True
         else:
             guard_true(sympy.Lt(e, 2 ** 31 - 1))

@@ -20,10 +20,12 @@ The 0-d tensor is cast to the dtype the op computes in
 the result are those of the scalar call; each rewrite is checked on fake tensors
 (same dtype, sizes and strides as before) and kept only then. Arithmetic on such
 numbers (``operator.mul(s, 2.0)``) becomes float64 arithmetic on the 0-d tensors (what
-Python does with floats). A use that cannot be rewritten (a ``float`` argument, an op
-with no Tensor overload such as ``addcmul``'s ``value``, a use on another device than
-the 0-d tensor: a CUDA kernel cannot read Dynamo's CPU tensor) keeps the SymFloat; the
-code generator then specializes it, which is correct but recompiles for each new value.
+Python does with floats); so does a float of sizes (``1.0 / x.shape[0]``, BatchNorm's
+``n / (n - 1)``), each size read as ``scalar_tensor(s0, dtype=float64)``. A use that
+cannot be rewritten (a ``float`` argument, an op with no Tensor overload such as
+``addcmul``'s ``value``, a use on another device than the 0-d tensor: a CUDA kernel
+cannot read Dynamo's CPU tensor) keeps the SymFloat; the code generator then
+specializes it, which is correct but recompiles for each new value.
 Logged as event ``aot_scalar_inputs`` (``tensorized`` and ``specialized`` uses).
 """
 from __future__ import annotations
@@ -49,7 +51,8 @@ _ARITH = {operator.add: aten.add.Tensor, operator.sub: aten.sub.Tensor,
           operator.pow: aten.pow.Tensor_Tensor, operator.neg: aten.neg.default,
           torch._sym_sqrt: aten.sqrt.default, torch._sym_sin: aten.sin.default,
           torch._sym_cos: aten.cos.default, torch._sym_tan: aten.tan.default,
-          torch._sym_tanh: aten.tanh.default, torch._sym_log2: aten.log2.default}
+          torch._sym_tanh: aten.tanh.default, torch._sym_log2: aten.log2.default,
+          torch.sym_float: aten.clone.default}  # (its operand is cast to float64 already)
 _SAMPLE = {torch.SymFloat: 1.0, torch.SymInt: 1, torch.SymBool: True}
 #: factories of a tensor filled with the number (rewritten whole: _Rewriter._rewrite_factory)
 _FACTORIES = {aten.scalar_tensor.default, aten.full.default, aten.new_full.default,
@@ -63,7 +66,7 @@ def tensorize_scalar_reads(gm: torch.fx.GraphModule, graph: str) -> dict:
     Returns ``{"tensorized": [op, ...], "specialized": [op, ...]}`` (empty lists when
     the graph reads no scalar)."""
     reads = [n for n in gm.graph.nodes if _is_scalar_read(n)]
-    if not reads:
+    if not reads and not any(isinstance(n.meta.get("val"), torch.SymFloat) for n in gm.graph.nodes):
         return {"tensorized": [], "specialized": []}
     rw = _Rewriter(gm)
     for node in list(gm.graph.nodes):
@@ -195,6 +198,8 @@ class _Rewriter:
             ops = []
             for a in n.args:
                 t = self.tensor_of(a)
+                if t is None and _is_sym(a) and isinstance(a.meta["val"], torch.SymInt):  # a size
+                    t = self._new(n, aten.scalar_tensor.default, (a,), {"dtype": torch.float64})
                 if t is None and not isinstance(a, (int, float)) or isinstance(a, bool):
                     ops = None
                     break

@@ -19,6 +19,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import sympy
 import torch
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
 from coil import trace
 from coil.config import config
@@ -122,6 +123,9 @@ def loader_as(x, size, dtype) -> Callable:
             return load
         return lambda index: ops.to_dtype(load(index), dtype, compute_dtype(src))
     value = x
+    # a size (dynamic shapes); a data-dependent one is bound after kernels may run: int() raises
+    if isinstance(value, sympy.Expr) and not value.is_number and not free_unbacked_symbols(value):
+        return lambda index: ops.to_dtype(ops.index_expr(value, torch.int64), dtype, torch.int64)
     if dtype == torch.bool:
         value = bool(value)
     elif not dtype.is_floating_point and not dtype.is_complex:
@@ -392,9 +396,7 @@ def _unrounded(x) -> bool:
 
 
 def _full(size, value, dtype) -> TensorBox:
-    cdt = compute_dtype(dtype)
-    v = bool(value) if dtype == torch.bool else (float(value) if cdt.is_floating_point else int(value))
-    return TensorBox.create(Pointwise(device(), dtype, lambda i: ops.constant(v, cdt), size))
+    return TensorBox.create(Pointwise(device(), dtype, loader_as(value, size, compute_dtype(dtype)), size))
 
 
 # --------------------------------------------------------------------------- reductions

@@ -60,3 +60,67 @@ def test_kernels_after_a_boolean_mask_are_generated(backend):
             x = torch.randn(n, 4)
             torch.testing.assert_close(f(x), fn(x))
     assert not [w for w in caught if "code generation failed" in str(w.message)]
+
+
+def _counted(fn, backend):
+    """``fn`` compiled with ``dynamic=True`` on the ``coil`` backend, and the list of the
+    graphs that backend is given."""
+    from coil.backends import lookup_backend
+
+    graphs = []
+
+    def counting(gm, example_inputs):
+        graphs.append(gm)
+        return lookup_backend("coil")(gm, example_inputs)
+
+    coil.reset()
+    return coil.compile(fn, backend=counting, dynamic=True, options={"cpu_backend": backend}), graphs
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_floats_computed_from_sizes_are_not_specialized(backend):
+    """``1.0 / x.shape[0]``, ``math.sqrt(x.shape[1])`` and ``n / (n - 1)`` are SymFloats
+    of sizes: the code generator wrote each as a constant (guard ``== 0.25``), so every
+    new size compiled again. AOT computes them as float64 0-d tensors instead."""
+    import math
+
+    fn = lambda x: (x * (1.0 / x.shape[0]) + x / math.sqrt(x.shape[1]),  # noqa: E731
+                    x.var(0) * (x.shape[0] / (x.shape[0] - 1)))
+    f, graphs = _counted(fn, backend)
+    for n in (4, 6, 5, 7, 6):
+        x = torch.randn(n, n + 1)
+        torch.testing.assert_close(f(x), fn(x))
+    assert len(graphs) == 1
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_batch_norm_training_one_graph_for_every_batch_size(backend):
+    """BatchNorm's running variance is updated with ``var * n / (n - 1)``: one graph per
+    batch size until the recompile limit (then eager), now one for all."""
+    bn_c, bn_e = torch.nn.BatchNorm1d(3), torch.nn.BatchNorm1d(3)
+    f, graphs = _counted(bn_c, backend)
+    for n in (4, 6, 5, 7, 6, 9):
+        x = torch.randn(n, 3)
+        torch.testing.assert_close(f(x), bn_e(x))
+        torch.testing.assert_close(bn_c.running_var, bn_e.running_var)
+    assert len(graphs) == 1
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_size_as_a_scalar_operand_is_read_in_the_kernel(backend, tmp_path):
+    """``x.sum(0) / x.shape[0]`` and ``torch.full((3,), n)``: a lowering that needed the
+    number ran the ATen op instead (``dynamic_lowering_fallback``); the kernel now reads
+    the size argument."""
+    import json
+
+    fn = lambda x: (x.sum(0) / x.shape[0], torch.full((3,), x.shape[1]) + 1)  # noqa: E731
+    coil.trace.set_dir(str(tmp_path))
+    try:
+        f = _compiled(fn, backend)
+        for n in (4, 6, 5):
+            x = torch.randn(n, n + 2)
+            torch.testing.assert_close(f(x), fn(x))
+    finally:
+        coil.trace.set_dir(None)
+    events = [json.loads(line)["event"] for p in tmp_path.glob("*.jsonl") for line in p.open()]
+    assert "stage" in events and "dynamic_lowering_fallback" not in events

@@ -304,8 +304,16 @@ def _eager_refuses(func, args, kwargs) -> Optional[str]:
     - "value cannot be converted ... without overflow", when a finite number exceeds a
       fp16/bf16/fp32 argument's range (a graph loses the check: ``masked_fill`` becomes
       ``where`` of a saturating ``scalar_tensor``; ``add``, ``where`` accept such a scalar);
+    - ``view`` to sizes the input's strides cannot give (FakeTensor's view accepted
+      (6, 1, 3) with strides (1, 1, 6) as (1, 18));
     - an index of a dtype eager refuses (``index_put`` with float32 indices, ``index_fill``
       with int32 ones, empty or not): the op raises with them and runs with int64 indices."""
+    if func is torch.ops.aten.view.default and _static(args[0].shape, args[0].stride(), args[1]):
+        try:  # FakeTensor's view accepts layouts eager's refuses (s95 #2671); meta's does not
+            with torch.utils._python_dispatch._disable_current_modes():
+                torch.empty_strided(args[0].shape, args[0].stride(), device="meta").view(args[1])
+        except RuntimeError as e:
+            return str(e)
     leaves = pytree.tree_leaves((args, kwargs))
     dtypes = [x.dtype for x in leaves if isinstance(x, torch.Tensor)] + \
         [x for x in leaves if isinstance(x, torch.dtype)]

@@ -589,3 +589,16 @@ def test_view_of_an_input_written_through_its_transpose(backend):
     fails the same way); the value is laid out in the input's strides and viewed again."""
     _ok(_view_after_a_write_through_mT,
         lambda: [torch.tensor([[0, 1, 5], [2, 8, 0]], dtype=torch.int64)], backend)
+
+
+def _view_of_permuted(b):  # fuzz seed 95 #2671
+    return (b.view(1, -1),)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_view_eager_refuses_raises_its_error(backend):
+    """``view(1, -1)`` of a (6, 1, 3) permute with strides (1, 1, 6): eager raises (no
+    strides give it), torch's FakeTensor computed strides (6, 1), and the compiled graph
+    returned storage order silently; the program now runs eagerly and raises eager's error."""
+    r = check(_view_of_permuted, lambda: [torch.tensor([[[True], [False]] * 3] * 3).permute(1, 2, 0)], backend)
+    assert r.outcome == "both_raise", f"{r.outcome} {r.kind}: {r.detail}"

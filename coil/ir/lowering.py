@@ -24,7 +24,7 @@ from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 from coil import trace
 from coil.config import config
 from coil.ir.nodes import (Pointwise, Reduction, TensorBox, current_graph)
-from coil.ir.symbols import as_expr, as_size, is_static
+from coil.ir.symbols import FloorDiv, Mod, as_expr, as_size, is_static
 from coil.ir.virtualized import compute_dtype, ops
 
 aten = torch.ops.aten
@@ -123,8 +123,10 @@ def loader_as(x, size, dtype) -> Callable:
             return load
         return lambda index: ops.to_dtype(load(index), dtype, compute_dtype(src))
     value = x
-    # a size (dynamic shapes); a data-dependent one is bound after kernels may run: int() raises
-    if isinstance(value, sympy.Expr) and not value.is_number and not free_unbacked_symbols(value):
+    # a size (dynamic shapes), read in the kernel unless int() must raise (an extern runs it):
+    # a data-dependent one is bound after kernels may run; printed //, % truncate ((-n) // 3)
+    if isinstance(value, sympy.Expr) and not (value.is_number or value.has(FloorDiv, Mod)
+                                              or free_unbacked_symbols(value)):
         return lambda index: ops.to_dtype(ops.index_expr(value, torch.int64), dtype, torch.int64)
     if dtype == torch.bool:
         value = bool(value)

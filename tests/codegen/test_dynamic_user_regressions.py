@@ -124,3 +124,15 @@ def test_a_size_as_a_scalar_operand_is_read_in_the_kernel(backend, tmp_path):
         coil.trace.set_dir(None)
     events = [json.loads(line)["event"] for p in tmp_path.glob("*.jsonl") for line in p.open()]
     assert "stage" in events and "dynamic_lowering_fallback" not in events
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_negative_floor_division_of_sizes_as_a_number(backend):
+    """``(-n) // 3`` is a Python floor division: kernels print ``//`` and ``%`` of sizes
+    as truncating C/Triton division (sizes are never negative), so a kernel reading such
+    a number is off by one (n = 5, 8): it runs as the ATen op."""
+    fn = lambda x: torch.arange(x.shape[1]) + (-x.shape[1]) // 3 + (x.shape[1] - 7) % 3  # noqa: E731
+    f = _compiled(fn, backend)
+    for n in (5, 8, 13):
+        x = torch.randn(2, n)
+        torch.testing.assert_close(f(x), fn(x))

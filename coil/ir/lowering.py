@@ -795,15 +795,14 @@ def _mean(x, dim=None, keepdim=False, *, dtype=None):
     odt = out_dtype()
     size = x.get_size()
     dims = _norm_dims(dim, len(size))
-    n = 1
+    n = sympy.Integer(1)
     for d in dims:
-        n *= int(size[d])
+        n *= size[d]  # a symbolic count is read in the kernel (loader_as)
     cdt = compute_dtype(odt)
     # the sum stays in the compute dtype (fp32 for fp16/bf16) until divided, as eager's
     # accumulation does: an fp16 sum of 4096 values ~16 is inf before the division
     s = make_reduction(x, dims, keepdim, "sum", cdt if odt.is_floating_point else odt)
-    return make_pointwise_box(lambda v: ops.truediv(v, ops.constant(float(n), cdt)), [s],
-                              out_size(), odt, cdt)
+    return make_pointwise_box(ops.truediv, [s, n], out_size(), odt, cdt)
 
 
 @register_lowering(aten.var.correction, prims.var, aten.var.dim)

@@ -108,12 +108,12 @@ def test_batch_norm_training_one_graph_for_every_batch_size(backend):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_size_as_a_scalar_operand_is_read_in_the_kernel(backend, tmp_path):
-    """``x.sum(0) / x.shape[0]`` and ``torch.full((3,), n)``: a lowering that needed the
-    number ran the ATen op instead (``dynamic_lowering_fallback``); the kernel now reads
-    the size argument."""
+    """``x.sum(0) / x.shape[0]``, ``torch.full((3,), n)`` and ``x.mean(1)``: a lowering
+    that needed the number ran the ATen op instead (``dynamic_lowering_fallback``); the
+    kernel now reads the size argument."""
     import json
 
-    fn = lambda x: (x.sum(0) / x.shape[0], torch.full((3,), x.shape[1]) + 1)  # noqa: E731
+    fn = lambda x: (x.sum(0) / x.shape[0], torch.full((3,), x.shape[1]) + 1, x.mean(1))  # noqa: E731
     coil.trace.set_dir(str(tmp_path))
     try:
         f = _compiled(fn, backend)

@@ -49,14 +49,16 @@ def register_lowering(*ops_: Any) -> Callable:
 
 def require_scalars_fit(dtype, *values) -> None:
     """Raise FallbackToExtern when a Python number in ``values`` does not fit integer
-    ``dtype``: ops that store a scalar as it is (fill, full, masked_fill, where, clamp)
-    raise in eager ("value cannot be converted to type uint8_t without overflow"), so the
-    ATen op runs and raises at call time. (Arithmetic with a scalar wraps instead.)"""
+    ``dtype``, or a size (symbolic) may not (``dtype`` narrower than int64): ops that store
+    a scalar as it is (fill, full, masked_fill, where, clamp) raise in eager ("value cannot
+    be converted to type uint8_t without overflow"), so the ATen op runs and raises at call
+    time. (Arithmetic with a scalar wraps instead.)"""
     if dtype.is_floating_point or dtype.is_complex or dtype == torch.bool:
         return
     info = torch.iinfo(dtype)
     for v in values:
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and not info.min <= v <= info.max:
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and not info.min <= v <= info.max \
+                or isinstance(v, sympy.Expr) and not v.is_number and dtype != torch.int64:
             raise FallbackToExtern()
 
 

@@ -136,3 +136,15 @@ def test_a_negative_floor_division_of_sizes_as_a_number(backend):
     for n in (5, 8, 13):
         x = torch.randn(2, n)
         torch.testing.assert_close(f(x), fn(x))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_size_stored_in_a_narrow_integer_raises_as_eager(backend):
+    """``torch.full((2,), n * 1000, dtype=torch.int16)`` raises in eager when the value
+    does not fit; read in the kernel, n = 40 wrapped to -25536 silently."""
+    fn = lambda x: torch.full((2,), x.shape[0] * 1000, dtype=torch.int16) + x.shape[0]  # noqa: E731
+    f = _compiled(fn, backend)
+    x = torch.randn(4, 2)
+    torch.testing.assert_close(f(x), fn(x))
+    with pytest.raises(RuntimeError, match="overflow"):
+        f(torch.randn(40, 2))

@@ -874,10 +874,10 @@ def main(argv: Optional[list] = None) -> int:
             for fam in prog.families() | {"all programs"}:
                 stats[(fam, r.outcome)] += 1
             if r.outcome not in FAILURES:
-                if a.index is not None or r.outcome == "upstream":
+                if a.index is not None or r.outcome in ("upstream", "no_reference"):
                     print(f"{prog.label}: {r.outcome} on {b}: {r.kind}", flush=True)
-                if r.outcome == "upstream":
-                    with open(os.path.join(a.out, f"upstream-{b}-s{a.seed}-{i}.py"), "w") as f:
+                if r.outcome in ("upstream", "no_reference"):
+                    with open(os.path.join(a.out, f"{r.outcome}-{b}-s{a.seed}-{i}.py"), "w") as f:
                         f.write(prog.source(r))
                 continue
             small = prog

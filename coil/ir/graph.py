@@ -883,10 +883,13 @@ def _same_strides(layout: Layout, t: torch.Tensor) -> bool:
 
 
 def _dense_non_overlapping(t: torch.Tensor) -> bool:
-    pairs = sorted((st, s) for s, st in zip(t.shape, t.stride()) if s != 1)
+    # an undecidable (unbacked) size counts as not 1, an undecidable stride as another:
+    # both can only say "not dense", which is safe
+    from torch.fx.experimental.symbolic_shapes import guard_or_true
+    pairs = sorted((st, s) for s, st in zip(t.shape, t.stride()) if guard_or_true(s != 1))
     expect = 1
     for st, s in pairs:
-        if st != expect:
+        if guard_or_true(st != expect):
             return False
         expect *= s
     return True

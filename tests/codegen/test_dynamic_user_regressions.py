@@ -148,3 +148,20 @@ def test_a_size_stored_in_a_narrow_integer_raises_as_eager(backend):
     torch.testing.assert_close(f(x), fn(x))
     with pytest.raises(RuntimeError, match="overflow"):
         f(torch.randn(40, 2))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_mean_over_an_unbacked_dim_generates_kernels(backend):
+    """``mark_unbacked(x, 0)`` then ``x.mean(0)``: the output-layout check asked whether
+    ``u0 != 1`` (undecidable) and the whole graph ran in the FX interpreter (a codegen
+    fallback); an undecidable size now counts as not 1 there (only "not dense" follows)."""
+    from coil.exc import fallback_counts
+
+    fn = lambda x: x.mean(0) * 2  # noqa: E731
+    before = sum(fallback_counts.values())
+    f = _compiled(fn, backend)
+    for n in (5, 1, 9):
+        x = torch.randn(n, 8)
+        coil.mark_unbacked(x, 0)
+        torch.testing.assert_close(f(x), fn(x))
+    assert sum(fallback_counts.values()) == before

@@ -386,7 +386,7 @@ class _Bounds(TorchDispatchMode):
 
     def __init__(self, n: int, inputs: list):
         super().__init__()
-        self.n, self.bounds, self.exact = n, {}, {}
+        self.n, self.bounds = n, {}
         self.inputs = {a.untyped_storage().data_ptr() for a in inputs if isinstance(a, torch.Tensor)}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -399,13 +399,13 @@ class _Bounds(TorchDispatchMode):
             bound = func(x.abs(), *args[1:], **kwargs) * eps * self.n + (
                 func(b[1], *args[1:], **kwargs) if b else 0.0)
             if dt.is_floating_point:  # may some order's partial sums overflow, and to which sign
-                self.exact[id(out)] = func(x, *args[1:], **kwargs), bound
+                exact = func(x, *args[1:], **kwargs), bound
                 k = x.numel() // max(out.numel(), 1) if op is torch.ops.aten.mean else 1
                 pos = func(x.clamp(min=0), *args[1:], **kwargs) * k >= torch.finfo(dt).max
                 neg = func(x.clamp(max=0), *args[1:], **kwargs) * k <= -torch.finfo(dt).max
                 bound = torch.where(pos & neg, math.nan, torch.where(pos, math.inf, torch.where(
                     neg, -math.inf, bound)))
-            self.bounds[id(out)] = out, bound
+            self.bounds[id(out)] = (out, bound) + ((exact,) if dt.is_floating_point else ())
         elif op in _REM_OPS and isinstance(args[1], torch.Tensor) and out.is_floating_point() \
                 and args[1].untyped_storage().data_ptr() not in self.inputs:
             at, rt = TOLERANCES.get(args[1].dtype, (0.0, 0.0))
@@ -456,8 +456,10 @@ def _error_bounds(fn: Callable, make_inputs: Callable) -> Optional[tuple]:
     args = make_inputs()
     mode = _Bounds(max([x.numel() for x in args if isinstance(x, torch.Tensor)], default=1), args)
     run = _run_in(mode, fn, lambda: args)
-    return run and pytree.tree_map(lambda t: _Exact(mode.bounds[id(t)][1], *mode.exact[id(t)])
-                                   if id(t) in mode.exact else mode.bounds.get(id(t), (0, None))[1], run)
+    def bound(t):  # (the entry holds t: its id is not reused while it is there)
+        e = mode.bounds.get(id(t))
+        return None if e is None else _Exact(e[1], *e[2]) if len(e) > 2 else e[1]
+    return run and pytree.tree_map(bound, run)
 
 
 class _Exact:

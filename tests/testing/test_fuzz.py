@@ -425,6 +425,16 @@ def test_sum_whose_eager_order_overflowed_accepts_the_float64_sum_only():
     assert check_program(p, _fake(lambda s, o, a: (-exact,))).kind == "out-value"
 
 
+def test_sum_bounds_survive_writes_and_freed_tensors():
+    """fuzz seed 96 #191 (cumsum, then ``unsqueeze_`` and more ops): the float64 sums were
+    kept by tensor id apart from the bound entries, so a freed tensor's id, reused by an
+    output, found a sum without a bound (KeyError: the fuzzer process died) or could have
+    lent an unrelated sum to an output; they now live in the entry that holds the tensor."""
+    p = generate(96, 191)
+    assert "cumsum" in p.source() and "unsqueeze_" in p.source()
+    assert check_program(p, _fake(lambda s, o, a: o)).outcome == "ok"
+
+
 def test_values_downstream_of_an_overflowed_statistic_have_no_reference():
     """fuzz seed 92 #2193: float64 layer_norm of [-9.6e307, 1] (eager's rstd NaN, coil's
     0), compared by ``ge`` and divided by: outcome ``no_reference``, not a mismatch; the

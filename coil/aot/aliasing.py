@@ -306,6 +306,8 @@ def _eager_refuses(func, args, kwargs) -> Optional[str]:
       ``where`` of a saturating ``scalar_tensor``; ``add``, ``where`` accept such a scalar);
     - ``view`` to sizes the input's strides cannot give (FakeTensor's view accepted
       (6, 1, 3) with strides (1, 1, 6) as (1, 18));
+    - an in-place op whose result type cannot be cast to its tensor's dtype
+      (``bool.mul_(2)``: the decomposition casts);
     - an index of a dtype eager refuses (``index_put`` with float32 indices, ``index_fill``
       with int32 ones, empty or not): the op raises with them and runs with int64 indices."""
     if func is torch.ops.aten.view.default and _static(args[0].shape, args[0].stride(), args[1]):
@@ -314,6 +316,12 @@ def _eager_refuses(func, args, kwargs) -> Optional[str]:
                 torch.empty_strided(args[0].shape, args[0].stride(), device="meta").view(args[1])
         except RuntimeError as e:
             return str(e)
+    if func._schema.is_mutable and args and isinstance(args[0], torch.Tensor) and any(
+            isinstance(o, (bool, int, float, torch.Tensor)) and not isinstance(o, torch.SymInt)
+            and not torch.can_cast(torch.result_type(args[0], o), args[0].dtype) for o in args[1:2]):
+        error = _error_on_empty(func, args, kwargs)  # bool.mul_(2): eager's cast (s97 #202)
+        if error:
+            return error
     leaves = pytree.tree_leaves((args, kwargs))
     dtypes = [x.dtype for x in leaves if isinstance(x, torch.Tensor)] + \
         [x for x in leaves if isinstance(x, torch.dtype)]

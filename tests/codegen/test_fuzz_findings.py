@@ -602,3 +602,17 @@ def test_view_eager_refuses_raises_its_error(backend):
     returned storage order silently; the program now runs eagerly and raises eager's error."""
     r = check(_view_of_permuted, lambda: [torch.tensor([[[True], [False]] * 3] * 3).permute(1, 2, 0)], backend)
     assert r.outcome == "both_raise", f"{r.outcome} {r.kind}: {r.detail}"
+
+
+def _bool_mul_(d):  # fuzz seed 97 #202
+    d.mul_(2)
+    return ()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_in_place_op_whose_result_eager_cannot_cast_raises(backend):
+    """``bool_tensor.mul_(2)``: eager refuses to cast the int64 result to bool; the
+    decomposition cast it (torch.compile's aot_eager also runs it). The program now
+    runs eagerly and raises eager's error."""
+    r = check(_bool_mul_, lambda: [torch.tensor(False)], backend)
+    assert r.outcome == "both_raise", f"{r.outcome} {r.kind}: {r.detail}"

@@ -346,16 +346,18 @@ class _Stats64(TorchDispatchMode):
 
 class _Overflowed(TorchDispatchMode):
     """Eager's statistic overflowed (a layer_norm/var/std/prod of finite values that
-    :func:`_too_big` is not finite): its later values depend on where its algorithm
-    overflowed (fuzz seed 92 #2193: eager's rstd NaN, coil's 0, compared by ``ge``).
+    :func:`_too_big` is not finite, or a layer_norm's rstd is 0): its later values
+    depend on where its algorithm overflowed (fuzz seed 92 #2193: eager's rstd NaN,
+    coil's 0, compared by ``ge``; s98 #950: eager's rstd 0, coil's mean inf, summed).
     Raises in that op."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         ins = [x for x in pytree.tree_leaves(args) if isinstance(x, torch.Tensor) and x.is_floating_point()]
         if func.overloadpacket in _STATS_OPS and all(x.isfinite().all() for x in ins) and \
-                any(_too_big(x, func.overloadpacket is torch.ops.aten.prod) for x in ins) and not all(
-                o.isfinite().all() for o in pytree.tree_leaves(out) if isinstance(o, torch.Tensor)):
+                any(_too_big(x, func.overloadpacket is torch.ops.aten.prod) for x in ins) and (not all(
+                o.isfinite().all() for o in pytree.tree_leaves(out) if isinstance(o, torch.Tensor))
+                or func.overloadpacket is torch.ops.aten.native_layer_norm and (out[2] == 0).any()):
             raise FloatingPointError(self.__doc__)
         return out
 

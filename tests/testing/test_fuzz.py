@@ -445,6 +445,13 @@ def test_values_downstream_of_an_overflowed_statistic_have_no_reference():
     assert check_program(huge, _fake(flip)).outcome == "no_reference"
     small = _prog(stmts, torch.tensor([-2.0, 1.0], dtype=torch.float64), returns=["v1"])
     assert check_program(small, _fake(flip)).outcome == "mismatch"
+    # eager's rstd 0 (its float64 var overflowed), coil's NaN (its mean did), summed (s98 #950)
+    a = torch.ones(3, 6, dtype=torch.float64)
+    a[1, 5], a[2, 0] = 1.193338306969202e+308, 9.218385685453604e+307
+    ln = _prog(["v0 = torch.nn.functional.layer_norm(a, (3, 6), a)", "v1 = torch.sum(v0) - 18"],
+               a, returns=["v1"])
+    assert check_program(ln, _fake(lambda s, o, a: (torch.tensor(math.nan, dtype=torch.float64),))
+                         ).outcome == "no_reference"
     # a NaN statistic of small values (var of one element) in a program with huge ones
     one = _prog(["v0 = torch.var(a[1:])", "v1 = torch.ge(a, v0).double()"],
                 torch.tensor([-9.587582518751557e+307, 1.0], dtype=torch.float64), returns=["v1"])

@@ -134,7 +134,8 @@ def _flush() -> None:
             ps: dict = {}  # parameters p_<buffer> by first use: the signature's order
             key = re.sub(r"\bp_\w+", lambda m: ps.setdefault(m[0], f"p{len(ps)}"), re.sub(
                 r"(?m)^[ \t]*//.*\n", "", re.sub(rf"\b{la.func_name}\b", "@K", la.source)))
-            la.symbol = reps.setdefault(key, la).func_name
+            la._rep = reps.setdefault(key, la)
+            la.symbol = la._rep.func_name
         batch = list(reps.values())
         if not batch:
             return
@@ -157,6 +158,5 @@ def _flush() -> None:
             fut = _executor().submit(cpp_build.build, src)
             for l in chunk:
                 l._future = fut
-        futures = {r.func_name: r._future for r in batch}
-        for la in pending:
-            la._future = futures[la.symbol]
+        for la in pending:  # (by launcher: two graphs' kernels may share a name)
+            la._future = la._rep._future

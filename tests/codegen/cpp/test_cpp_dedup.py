@@ -32,3 +32,16 @@ def test_copies_of_a_body_compile_once_and_each_runs(monkeypatch):
     assert sum(src.count('extern "C"') for src in built) == 2
     for o, k in zip(outs, [2.0, 2.0, 3.0]):
         torch.testing.assert_close(o, x * k)
+
+
+def test_same_name_different_bodies_from_two_graphs_keep_their_own_function():
+    """Two graphs' kernels may share a name (``cpp_poi_0_buf0``) with other bodies: they
+    build in separate sources, and each copy must load its own (a map of futures by name
+    would hand one of them the other graph's function)."""
+    ls = [launch.CppLauncher(BODY.format(note="", name="cpp_poi_0_buf0", a="buf0", b="buf1", k=k),
+                             "cpp_poi_0_buf0", 2, False, batch=True) for k in ("2.0f", "5.0f")]
+    x = torch.arange(4.0)
+    for la, k in zip(ls, (2.0, 5.0)):
+        o = torch.empty(4)
+        la(x, o)
+        torch.testing.assert_close(o, x * k)

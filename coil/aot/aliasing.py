@@ -308,6 +308,7 @@ def _eager_refuses(func, args, kwargs) -> Optional[str]:
       (6, 1, 3) with strides (1, 1, 6) as (1, 18));
     - an in-place op whose result type cannot be cast to its tensor's dtype
       (``bool.mul_(2)``: the decomposition casts);
+    - ``sub``/``rsub`` with a bool operand (``x - True``; FakeTensor's sub accepts it);
     - an index of a dtype eager refuses (``index_put`` with float32 indices, ``index_fill``
       with int32 ones, empty or not): the op raises with them and runs with int64 indices."""
     if func is torch.ops.aten.view.default and _static(args[0].shape, args[0].stride(), args[1]):
@@ -323,6 +324,9 @@ def _eager_refuses(func, args, kwargs) -> Optional[str]:
         if error:
             return error
     leaves = pytree.tree_leaves((args, kwargs))
+    if func._schema.name in _SUB_OPS and any(
+            x is True or x is False or getattr(x, "dtype", None) is torch.bool for x in leaves):
+        return _error_on_empty(func, args, kwargs)  # float - True: eager's bool check (s99 #2532)
     dtypes = [x.dtype for x in leaves if isinstance(x, torch.Tensor)] + \
         [x for x in leaves if isinstance(x, torch.dtype)]
     fmax = min((torch.finfo(d).max for d in dtypes if d in _NARROW_FLOATS), default=None)
@@ -360,6 +364,7 @@ def _error_on_empty(func, args, kwargs, as_long=frozenset()) -> Optional[str]:
 
 
 _NARROW_FLOATS = (torch.float16, torch.bfloat16, torch.float32)
+_SUB_OPS = ("aten::sub", "aten::sub_", "aten::rsub")
 _WRITTEN: dict = {}
 
 

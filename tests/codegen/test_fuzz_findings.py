@@ -616,3 +616,16 @@ def test_in_place_op_whose_result_eager_cannot_cast_raises(backend):
     runs eagerly and raises eager's error."""
     r = check(_bool_mul_, lambda: [torch.tensor(False)], backend)
     assert r.outcome == "both_raise", f"{r.outcome} {r.kind}: {r.detail}"
+
+
+def _float_minus_true(a):  # fuzz seed 99 #2532
+    return (a - True, True - a)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_subtraction_with_a_bool_operand_raises(backend):
+    """``float_tensor - True``: eager refuses subtraction with a bool; FakeTensor's sub
+    accepts it, so the graph returned ``a - 1``. The program now runs eagerly and raises
+    eager's error."""
+    r = check(_float_minus_true, lambda: [torch.tensor(1.0)], backend)
+    assert r.outcome == "both_raise", f"{r.outcome} {r.kind}: {r.detail}"

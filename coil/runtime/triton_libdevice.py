@@ -22,7 +22,9 @@ def _patch_interpreter_bf16_rounding() -> None:
     -8.4784 gave -8.4375, eager -8.5), so CPU tests of bf16 kernels disagreed with eager
     by one bf16 ulp. bf16 -> fp32 is exact, as on the GPU (a 16-bit shift): the
     interpreter's conversion gave bf16 subnormals other values (4.0408e-39 became
-    4.4081e-39). Patched once, only under the interpreter (the shims below)."""
+    4.4081e-39). A NaN becomes +NaN (0x7FC0), as eager's scalar conversion and the GPU's
+    canonical NaN: torch's vectorized ``.to(bfloat16)`` gives 0xFFFF, whose sign bit
+    ``copysign`` reads (fuzz seed 99 #656). Patched once, only under the interpreter (the shims below)."""
     from triton.runtime import interpreter as interp
     import triton.language as tl
 
@@ -37,6 +39,7 @@ def _patch_interpreter_bf16_rounding() -> None:
             data = np.asarray(src.data, dtype=np.float32)
             t = torch.from_numpy(data.reshape(-1).copy()).to(torch.bfloat16)
             out = t.view(torch.int16).numpy().view(np.uint16).reshape(data.shape)
+            out = np.where(np.isnan(data), np.uint16(0x7FC0), out)  # torch's gave 0xFFFF
             return interp.TensorHandle(out, dst_type.scalar)
         if src.dtype.scalar == tl.bfloat16 and dst_type.scalar == tl.float32:
             bits = np.asarray(src.data, dtype=np.uint16).astype(np.uint32) << 16

@@ -629,3 +629,17 @@ def test_subtraction_with_a_bool_operand_raises(backend):
     eager's error."""
     r = check(_float_minus_true, lambda: [torch.tensor(1.0)], backend)
     assert r.outcome == "both_raise", f"{r.outcome} {r.kind}: {r.detail}"
+
+
+def _copysign_of_bf16_nan(a, b):  # fuzz seed 99 #656
+    return (torch.copysign(a, b * 1),)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_bf16_nan_keeps_its_sign_through_a_kernel(backend):
+    """A bf16 NaN rounded from float32 inside a kernel: the Triton interpreter's patched
+    fp32 -> bf16 cast (torch's vectorized conversion) gave 0xFFFF, a NaN with its sign bit
+    set, and ``copysign`` returned -1 where eager returns 1."""
+    r = check(_copysign_of_bf16_nan, lambda: [torch.tensor(1.0), torch.tensor(
+        [float("nan"), 1.0, 2.0] * 3, dtype=torch.bfloat16)], backend)
+    assert r.outcome == "ok", f"{r.outcome} {r.kind}: {r.detail}"

@@ -11,12 +11,16 @@ call, and keeps a direct launch per bucket and class. With ``xnumel`` divisible 
 stores (unspecialized, each bf16 store of GPT-2's logits copy was 2 bytes: 2.5x the
 static kernel's time on an H200). A symbol's own divisibility rarely matters (indices
 multiply it by constants), while a new class of a sequence length (200, then 333)
-compiled every kernel again: 3.6 s of LLaMA's dynamic compile on an H200.
+compiled every kernel again: 3.6 s of LLaMA's dynamic compile on an H200. So after a
+config's first launch, the binaries of the classes that other values of the symbols
+reach (``xnumel = 4 * L`` not divisible by 16) are queued to the compile pool behind the
+jobs queued before; a later size of such a class waits for or finds its binary.
 
 Launch configs depend on sizes only through a *bucket*: the next power of two of
 ``xnumel`` and ``rnumel``. Each bucket picks its config once (the first candidate on
 CPU; on a GPU with ``config.autotune``, the config of the nearest bucket tuned before
-when it is among this bucket's candidates, else the fastest candidate, timed on the
+when it is among this bucket's candidates or the kernel is a plain pointwise one (any
+XBLOCK suits it), else the fastest candidate, timed on the
 first call that falls in it and remembered per bucket on disk: one tuning serves all
 sizes unless ``config.autotune_each_bucket``), so new sizes in a
 known bucket cost one dictionary lookup, and no size ever compiles a new kernel source;
@@ -33,6 +37,7 @@ from typing import Optional, Sequence
 
 from coil import trace
 from coil.config import config
+from coil.runtime import triton_runtime
 from coil.runtime.triton_runtime import TritonLauncher, _pow2, launch_configs
 
 
@@ -51,12 +56,17 @@ class DynamicTritonLauncher(TritonLauncher):
 
     def __init__(self, name: str, source: str, numel_hint: int, rnumel_hint: int, n_ptrs: int,
                  device_type: str, outer: bool = False, elem_bytes: int = 4, tiled: bool = False,
-                 arg_dtypes: Optional[list] = None, size_hints: Sequence[int] = ()):
+                 arg_dtypes: Optional[list] = None, size_hints: Sequence[int] = (),
+                 other_sizes: Sequence[Sequence[int]] = ()):
         """``arg_dtypes``: the torch dtype of each tensor argument; ``size_hints``: the
         example inputs' value of each int argument (``xnumel``, [``rnumel``], symbols).
         ``tiled``: a 2-D tiled pointwise kernel (grid ``(xnumel / XBLOCK, rnumel / RBLOCK)``).
         With both, on a GPU, the configs of the hint sizes' bucket are queued to the
-        compile pool now (:meth:`TritonLauncher._submit_to_pool`)."""
+        compile pool now (:meth:`TritonLauncher._submit_to_pool`). ``other_sizes``: the int
+        arguments at other values of the symbols; once a config is compiled, the binaries
+        of the specialization classes they reach (``xnumel`` not divisible by 16 where
+        the hint's was) are queued to the pool behind it, so a later size of that class
+        finds its binary compiled (:meth:`_queue_other_classes`)."""
         self.n_ptrs, self.red = n_ptrs, rnumel_hint != 1
         self.outer = outer
         # configs for the example sizes; each bucket chooses again (_for_bucket)
@@ -64,6 +74,7 @@ class DynamicTritonLauncher(TritonLauncher):
                          elem_bytes=elem_bytes, tiled=tiled, arg_dtypes=None)
         self.arg_dtypes = list(arg_dtypes) if arg_dtypes is not None else None
         self.base_key = self.key
+        self.other_sizes = [list(v) for v in other_sizes]
         self._runs: dict = {}  # (bucket, class of each int argument) -> run(*args)
         self._tuned: list = []  # ((log2 n, log2 r) of a bucket, its config)
         self._by_size: dict = {}  # xnumel or (xnumel, rnumel) -> its bucket's run (bounded)
@@ -90,8 +101,10 @@ class DynamicTritonLauncher(TritonLauncher):
         if preset is None and not config.autotune_each_bucket:
             # as one tuning for all sizes does: the config of the nearest tuned bucket
             n2, r2 = bucket[0].bit_length(), bucket[1].bit_length()
+            # (any XBLOCK suits a plain pointwise kernel; a reduction's must be a candidate)
+            anyfits = not self.red and not self.tiled
             near = sorted((abs(n - n2) + abs(r - r2), i) for i, ((n, r), c)
-                          in enumerate(self._tuned) if c in self.configs)
+                          in enumerate(self._tuned) if anyfits or c in self.configs)
             preset = self._tuned[near[0][1]][1] if near else None
         if preset is None:
             self._autotune(args)  # times each candidate at this call's sizes
@@ -116,8 +129,7 @@ class DynamicTritonLauncher(TritonLauncher):
         # Triton's specialization class of xnumel and rnumel (the symbols: int32 or not):
         # a binary (and a direct launch) each
         n = self.n_ptrs + 1 + self.red
-        key = (bucket, tuple((v == 1, v % 16 == 0, v >> 31 == 0) for v in args[self.n_ptrs:n]),
-               tuple(v >> 31 == 0 for v in args[n:]))
+        key = (bucket,) + self._class(args[self.n_ptrs:])
         run = self._runs.get(key)
         if run is None:
             run = self._runs[key] = self._first_launch(bucket, key, args)
@@ -125,6 +137,27 @@ class DynamicTritonLauncher(TritonLauncher):
             self._by_size.clear()
         self._by_size[self._size_key(args)] = run
         return run
+
+    def _class(self, ints: Sequence[int]) -> tuple:
+        """Triton's specialization class of the int arguments ``ints`` (``xnumel``,
+        [``rnumel``], symbols): a binary each."""
+        n = 1 + self.red
+        return (tuple((v == 1, v % 16 == 0, v >> 31 == 0) for v in ints[:n]),
+                tuple(v >> 31 == 0 for v in ints[n:]))
+
+    def _class_key(self, cfg: dict, cls: tuple) -> str:
+        """The compile-pool key of one config's binary for one specialization class."""
+        return f"{self.base_key}.{sorted(cfg.items())}.{cls}"
+
+    def _queue_other_classes(self, cfg: dict, cls: tuple) -> None:
+        """Queue ``cfg``'s binaries for the other classes ``other_sizes`` reach (same
+        int32 range) to the compile pool, behind the jobs queued before."""
+        for ints in self.other_sizes:
+            other = self._class(ints)
+            if other != cls and other[1] == cls[1] and [c[2] for c in other[0]] == [c[2] for c in cls[0]]:
+                trace.log("dynamic_class_ahead", stage="runtime", kernel=self.name, config=cfg,
+                          sizes=ints)
+                self._submit_to_pool(self.arg_dtypes + list(ints), cfg, self._class_key(cfg, other))
 
     def _first_launch(self, bucket: tuple, key: tuple, args: tuple):
         """``run(*args)`` for one bucket and class of int arguments (``key``): through
@@ -146,9 +179,14 @@ class DynamicTritonLauncher(TritonLauncher):
             return slow
 
         def first(*a):
+            own = self._class_key(cfg, key[1:])
+            self._claim_pool_jobs(own)  # queued ahead (below)
+            triton_runtime._pool_jobs[own] = []  # compiled here: not to be queued again
             kernel, self._runs[key] = self._launch_first(
                 slow, a, cfg=cfg, grid=(f"-(-a{x} // {xb})", f"-(-a{x + 1} // {rb})" if rb else 1),
                 free=len(a) - x - 1 - self.red)  # the size symbols
             self._by_size.clear()  # sizes of this bucket now take the fast launch
+            if self.arg_dtypes is not None:
+                self._queue_other_classes(cfg, key[1:])
             return kernel
         return first

@@ -476,28 +476,31 @@ class TritonLauncher:
             return self.configs[0]
         return None
 
-    def _submit_to_pool(self, args: list, preset: Optional[dict]) -> None:
+    def _submit_to_pool(self, args: list, preset: Optional[dict], key: Optional[str] = None) -> None:
         """Queue the configs this kernel will be compiled with (``preset``, or every
-        candidate) to the compile-worker pool (runtime/compile_pool.py), once per
-        ``self.key`` and process. ``args``: a torch dtype per tensor argument and the
-        value of each int argument (Triton specializes the binary on it)."""
-        if self.key in _pool_jobs:
+        candidate) to the compile-worker pool (runtime/compile_pool.py), once per ``key``
+        (default ``self.key``) and process. ``args``: a torch dtype per tensor argument and
+        the value of each int argument (Triton specializes the binary on it)."""
+        key = key or self.key
+        if key in _pool_jobs:
             return
         from coil.runtime import compile_pool
         todo = [preset] if preset is not None else self.configs
         names = [a if isinstance(a, int) else str(a).replace("torch.", "") for a in args]
         try:
-            _pool_jobs[self.key] = compile_pool.submit(*self._module_at, self.compiled_name, names, todo)
+            _pool_jobs[key] = compile_pool.submit(*self._module_at, self.compiled_name, names, todo)
         except Exception as e:  # noqa: BLE001 - optional: the launcher compiles itself
-            _pool_jobs[self.key] = []
+            _pool_jobs[key] = []
             trace.log("compile_pool_broken", stage="runtime", kernel=self.name, error=str(e))
 
-    def _claim_pool_jobs(self) -> None:
-        """Before compiling here: take back or wait for this body's pool jobs."""
-        jobs = _pool_jobs.get(self.key)
+    def _claim_pool_jobs(self, key: Optional[str] = None) -> None:
+        """Before compiling here: take back or wait for this body's pool jobs (those
+        queued under ``key``, default ``self.key``)."""
+        key = key or self.key
+        jobs = _pool_jobs.get(key)
         if jobs:
             from coil.runtime import compile_pool
-            _pool_jobs[self.key] = []
+            _pool_jobs[key] = []
             compile_pool.claim(self.name, jobs)
 
     def _choose(self, cfg: dict) -> None:

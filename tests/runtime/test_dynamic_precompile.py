@@ -99,14 +99,50 @@ def test_copies_of_a_body_tune_each_bucket_once(gpu):
     assert gpu.timed > timed
 
 
-def test_new_bucket_tunes_when_no_tuned_config_is_among_its_candidates(gpu, monkeypatch):
+RED_SOURCE = SOURCE.replace("xnumel, s0, XBLOCK: tl.constexpr", "xnumel, rnumel, s0, XBLOCK: tl.constexpr, "
+                            "RBLOCK: tl.constexpr")
+
+
+def test_new_bucket_of_a_reduction_tunes_when_no_tuned_config_is_among_its_candidates(gpu, monkeypatch):
+    """A pointwise kernel runs the nearest tuned config in any bucket (any XBLOCK suits
+    it: LLaMA's L=400 timed a pointwise kernel's candidates again, 0.6 s); a reduction's
+    config must be one of the bucket's candidates, else the bucket tunes."""
     la = gpu.launcher()
-    gpu.first_call(la)
+    chosen = gpu.first_call(la)
     timed = gpu.timed
-    monkeypatch.setattr(triton_dynamic, "launch_configs", lambda *a, **k: [{"XBLOCK": 64, "num_warps": 1},
-                                                                           {"XBLOCK": 128, "num_warps": 1}])
-    assert gpu.first_call(la, numel=140000) == {"XBLOCK": 128, "num_warps": 1}
+    cands = [{"XBLOCK": 64, "num_warps": 1}, {"XBLOCK": 128, "num_warps": 1}]
+    monkeypatch.setattr(triton_dynamic, "launch_configs", lambda *a, **k: [dict(c) for c in cands])
+    assert chosen not in cands
+    assert gpu.first_call(la, numel=140000) == chosen and gpu.timed == timed
+    red = DynamicTritonLauncher("triton_red_0_buf1", RED_SOURCE.replace("NAME", "triton_red_0_buf1"), 12000,
+                                16, 2, "cuda", arg_dtypes=[torch.float32, torch.bfloat16],
+                                size_hints=[12000, 16, 4000])
+    args = (torch.randn(4000), torch.empty(12000, dtype=torch.bfloat16), 12000, 16, 4000)
+    red._tuned.append(((14, 5), {"XBLOCK": 8, "RBLOCK": 16, "num_warps": 2}))  # not a candidate
+    assert red._for_bucket(_bucket(140000, 16), args[:2] + (140000, 16, 4000)) == cands[1]
     assert gpu.timed == timed + 2
+
+
+def test_first_launch_of_a_class_queues_the_other_classes_binaries_and_claims_its_own(gpu, monkeypatch):
+    """A dynamic kernel's binary is per Triton specialization class of its int arguments
+    (``xnumel`` divisible by 16 or not): LLaMA's first length whose ``4 * L`` was not
+    compiled every kernel again (2.6 s on an H200). After a class's first launch the
+    classes ``other_sizes`` reach are queued to the pool; their first launch claims it."""
+    la = DynamicTritonLauncher("triton_poi_0_buf1", SOURCE.replace("NAME", "triton_poi_0_buf1"), 12000, 1,
+                               2, "cuda", arg_dtypes=[torch.float32, torch.bfloat16],
+                               size_hints=[12000, 4000], other_sizes=[[12003, 4001], [192000, 64000]])
+    monkeypatch.setattr(rt.TritonLauncher, "_launch_first", lambda self, slow, a, **kw: ("kernel", slow))
+    queued = len(gpu.submitted)
+    args = (torch.randn(4000), torch.empty(12000, dtype=torch.bfloat16), 12000, 4000)
+    assert la(*args) == "kernel"
+    cfg = la.chosen
+    [job] = gpu.submitted[queued:]  # 192000 is in 12000's class: only 12003's is queued
+    assert job["args"] == ["float32", "bfloat16", 12003, 4001] and job["configs"] == [cfg]
+    claimed = len(gpu.claimed)
+    odd = (torch.randn(4000), torch.empty(12003, dtype=torch.bfloat16), 12003, 4000)
+    assert la(*odd) == "kernel"
+    assert gpu.claimed[claimed] == job["jobs"]  # the binary compiled ahead is waited for
+    assert len(gpu.submitted) == queued + 1
 
 
 def test_tuned_bucket_is_read_from_disk_at_any_size_and_queues_only_its_config(gpu, monkeypatch):

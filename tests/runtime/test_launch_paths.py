@@ -174,7 +174,7 @@ def test_dynamic_launcher_uses_one_fast_launch_per_bucket(monkeypatch):
 
     k = object.__new__(DynamicTritonLauncher)
     k.name, k.n_ptrs, k.red, k.gpu, k.interpret, k._runs, k._by_size, k.fn = "k", 2, False, True, False, {}, {}, Fn()
-    k.tiled = False
+    k.tiled, k.base_key, k.arg_dtypes = False, "k", None
     k._size_key = lambda args: args[2]
     k._for_bucket = lambda bucket, args: {"XBLOCK": 256, "num_warps": 4}
     k(_Ptr(0), _Ptr(16), 5000, 64)      # compiles through the JIT

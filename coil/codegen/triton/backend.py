@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+import sympy
 import torch
 
 from coil.codegen.backend import GeneratedKernel, KernelBackend, register_kernel_backend
@@ -46,6 +47,20 @@ def size_values(plan) -> list:
     if not plan.size_symbols():
         return []
     return [plan.numel] + ([plan.rnumel] if plan.rnumel != 1 else []) + list(plan.size_symbols())
+
+
+def _other_sizes(plan, sizes: list) -> list:
+    """``sizes`` (the kernel's int arguments) at two other values of the size symbols:
+    each hint plus one, and each times 16, so that the launcher can compile ahead the
+    Triton specialization classes (divisibility by 16) later sizes may fall in."""
+    out = []
+    for shift in (lambda h: h + 1, lambda h: 16 * h):
+        env = {s: shift(hint(s)) for s in plan.size_symbols()}
+        try:
+            out.append([int(sympy.sympify(e).subs(env)) for e in sizes])
+        except (TypeError, ValueError):  # an expression the substitution leaves symbolic
+            pass
+    return out
 
 
 def _indent(lines, n):
@@ -201,7 +216,8 @@ class TritonBackend(KernelBackend):
             launcher = DynamicTritonLauncher(kernel_name, source, a["numel"], r, len(arg_names),
                                              dev.type, outer=a["outer"], elem_bytes=a["elem_bytes"],
                                              tiled=a["tiled"], arg_dtypes=dtypes,
-                                             size_hints=[hint(e) for e in sizes])
+                                             size_hints=[hint(e) for e in sizes],
+                                             other_sizes=_other_sizes(plan, sizes) if dev.type != "cpu" else ())
             return GeneratedKernel(kernel_name, source, arg_names, launcher, "triton", size_args=sizes)
         launcher = TritonLauncher(kernel_name, source, a["numel"], a["rnumel"], a["persistent"],
                                   dev.type, outer=a["outer"], elem_bytes=a["elem_bytes"],

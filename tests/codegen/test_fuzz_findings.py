@@ -643,3 +643,19 @@ def test_bf16_nan_keeps_its_sign_through_a_kernel(backend):
     r = check(_copysign_of_bf16_nan, lambda: [torch.tensor(1.0), torch.tensor(
         [float("nan"), 1.0, 2.0] * 3, dtype=torch.bfloat16)], backend)
     assert r.outcome == "ok", f"{r.outcome} {r.kind}: {r.detail}"
+
+
+def _bf16_log_softmax_cat_float(a, b, c):  # fuzz seed 101 #1894
+    return (torch.cat([a, torch.log_softmax(b - c, 0)], 0),)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_bf16_result_rounded_on_either_side_of_a_midpoint_is_not_a_mismatch(backend):
+    """A bf16 ``log_softmax`` concatenated with float32: the exact value -0.806683 lies
+    just past the bf16 midpoint -0.806640625; coil rounds it to -0.80859375, eager's
+    float32 error gave -0.8046875. The float32 output holds bf16 values one bf16 ulp
+    apart: the comparator accepts that (``_one_narrow_ulp``), not a wider difference."""
+    r = check(_bf16_log_softmax_cat_float, lambda: [
+        torch.tensor([1.0]), torch.tensor(1.0), torch.tensor([1.0, 1.0, 0.0, -0.338], dtype=torch.bfloat16)],
+        backend)
+    assert r.outcome == "ok", f"{r.outcome} {r.kind}: {r.detail}"

@@ -537,3 +537,18 @@ def test_known_bug(name):
     fn, make_inputs, *backend = KNOWN_BUGS[name]
     r = check(fn, make_inputs, *(backend or ["cpp"]))
     assert r.outcome in ("ok", "both_raise"), f"{r.outcome}: {r.kind}\n{r.detail}"
+
+
+def test_float_result_of_a_narrow_input_one_narrow_ulp_apart_is_accepted_only_then():
+    """``_one_narrow_ulp``: a float32 output whose values both hold bf16 values one bf16
+    ulp apart (the two roundings near a midpoint) is not a mismatch when the program
+    has bf16 inputs; two ulps apart, values not representable in bf16, or a program
+    without bf16 inputs still are."""
+    e_args = [torch.tensor([1.0], dtype=torch.bfloat16)]
+    e = torch.tensor([-0.8046875, 3.0, 1.0])
+    for c, ok in ((torch.tensor([-0.80859375, 3.0, 1.0]), True),
+                  (torch.tensor([-0.8125, 3.0, 1.0]), False),        # two bf16 ulps
+                  (torch.tensor([-0.8046875, 3.0, 1.003]), False)):  # not a bf16 value
+        assert (fuzz._compare([c], [e], e_args, e_args, None) == []) == ok, c
+    f32_args = [torch.tensor([1.0])]
+    assert fuzz._compare([torch.tensor([-0.80859375, 3.0, 1.0])], [e], f32_args, f32_args, None)

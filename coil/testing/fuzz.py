@@ -415,10 +415,17 @@ class _Bounds(TorchDispatchMode):
             bound, q = a.abs() * rt + at, a / d  # near an integer quotient: a divisor more
             bound = bound + torch.where((q - q.round()).abs() * d.abs() <= bound, d.abs(), 0.0)
             self.bounds[id(out)] = out, torch.broadcast_to(bound, out.shape).nan_to_num(0.0, 0.0, 0.0)
-        elif func._schema.is_mutable:
+        elif func._schema.is_mutable or op in _ACC_OPS:
             ptrs = {a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor)}
             self.bounds = {i: v for i, v in self.bounds.items()
-                           if v[0].untyped_storage().data_ptr() not in ptrs}
+                           if v[0].untyped_storage().data_ptr() not in ptrs
+                           or v[0] is out and op in _ACC_OPS}
+            if op in _ACC_OPS and out.is_floating_point() and (
+                    op not in (torch.ops.aten.index_put, torch.ops.aten.index_put_)
+                    or (args[3:4] or [kwargs.get("accumulate")])[0]):
+                # duplicate indices sum: in eager's order and precision or another's (eager
+                # itself rounds each add of a 1-D fp16 index_add_, not of a 2-D one: s100 #5064)
+                self.bounds[id(out)] = out, self._accumulated(func, args, kwargs, out.dtype)
         elif b and (func.is_view or op in (torch.ops.aten.clone, torch.ops.aten._to_copy)):
             try:  # the same values: the same bound, viewed the same way
                 bs = b[1] if not func.is_view else func(b[1], *args[1:], **kwargs)
@@ -429,7 +436,27 @@ class _Bounds(TorchDispatchMode):
         return out
 
 
+    def _accumulated(self, func, args, kwargs, dtype) -> torch.Tensor:
+        """The rounding-error bound of an accumulating op (:data:`_ACC_OPS`) per element:
+        the op on the magnitudes (float64) times the dtype's eps times the number of
+        values added into the element, plus the bounds its float arguments carried in."""
+        def each(f):  # the op's arguments with each float tensor k replaced by f(k, tensor)
+            leaves, spec = pytree.tree_flatten(list(args))
+            return func(*pytree.tree_unflatten([f(k, t) if isinstance(t, torch.Tensor) and
+                                                t.is_floating_point() else t
+                                                for k, t in enumerate(leaves)], spec), **kwargs)
+
+        def carried(k, t):
+            b = self.bounds.get(id(t))
+            return b[1].double() if b else torch.zeros(t.shape, dtype=torch.float64)
+        mag = each(lambda k, t: t.double().abs())
+        adds = each(lambda k, t: torch.full(t.shape, float(k > 0), dtype=torch.float64))
+        return (mag * torch.finfo(dtype).eps * adds + each(carried)).nan_to_num(0.0, 0.0, 0.0)
+
+
 _REM_OPS = {torch.ops.aten.fmod, torch.ops.aten.remainder}
+_ACC_OPS = {torch.ops.aten.index_add, torch.ops.aten.index_add_, torch.ops.aten.scatter_add,
+            torch.ops.aten.scatter_add_, torch.ops.aten.index_put, torch.ops.aten.index_put_}
 _SUM_OPS = {torch.ops.aten.sum, torch.ops.aten.nansum, torch.ops.aten.mean, torch.ops.aten.cumsum}
 _STATS_OPS = {torch.ops.aten.native_layer_norm, torch.ops.aten.var, torch.ops.aten.std,
               torch.ops.aten.var_mean, torch.ops.aten.std_mean, torch.ops.aten.prod}

@@ -552,3 +552,22 @@ def test_float_result_of_a_narrow_input_one_narrow_ulp_apart_is_accepted_only_th
         assert (fuzz._compare([c], [e], e_args, e_args, None) == []) == ok, c
     f32_args = [torch.tensor([1.0])]
     assert fuzz._compare([torch.tensor([-0.80859375, 3.0, 1.0])], [e], f32_args, f32_args, None)
+
+
+def test_accumulation_at_duplicate_indices_is_compared_within_its_rounding_bound():
+    """fuzz seed 100 #5064: fp16 ``index_add_`` of four equal values into one element:
+    eager's 2-D path sums in float (-12.2890625), its 1-D path and coil round each add
+    (-12.296875). Accepted within eps * (values added) * their magnitudes; a dropped
+    contribution, or any difference where no index repeats, is still a mismatch."""
+    a, d = torch.tensor(-2.45, dtype=torch.float16), torch.tensor(-2.492, dtype=torch.float16)
+    p = _prog(["v2 = b.reshape(1, -1)",
+               "v2.index_add_(0, torch.tensor([0, 0, 0, 0]), a.expand((4, 1)))",
+               "v3 = v2.index_put((torch.tensor([0]),), torch.tensor(7, dtype=torch.float16), "
+               "accumulate=True)"], a, d, returns=["v3"])
+    step = torch.tensor([[-5.296875]], dtype=torch.float16)
+    assert check_program(p, _fake(lambda s, o, x: (step,))).outcome == "ok"
+    dropped = torch.tensor([[-2.84]], dtype=torch.float16)  # one a missing
+    assert check_program(p, _fake(lambda s, o, x: (dropped,))).kind == "out-value"
+    q = _prog(["v0 = b.index_add(0, torch.tensor([0, 1]), a)"], torch.tensor([1.5, -2.25], dtype=torch.float16),
+              torch.tensor([3.0, 4.0], dtype=torch.float16))
+    assert check_program(q, _fake(lambda s, o, x: (o[0] + 0.01,))).kind == "out-value"

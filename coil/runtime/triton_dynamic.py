@@ -154,10 +154,12 @@ class DynamicTritonLauncher(TritonLauncher):
         int32 range) to the compile pool, behind the jobs queued before."""
         for ints in self.other_sizes:
             other = self._class(ints)
-            if other != cls and other[1] == cls[1] and [c[2] for c in other[0]] == [c[2] for c in cls[0]]:
+            key = self._class_key(cfg, other)
+            if other != cls and other[1] == cls[1] and [c[2] for c in other[0]] == [c[2] for c in cls[0]] \
+                    and key not in triton_runtime._pool_jobs:
                 trace.log("dynamic_class_ahead", stage="runtime", kernel=self.name, config=cfg,
                           sizes=ints)
-                self._submit_to_pool(self.arg_dtypes + list(ints), cfg, self._class_key(cfg, other))
+                self._submit_to_pool(self.arg_dtypes + list(ints), cfg, key)
 
     def _first_launch(self, bucket: tuple, key: tuple, args: tuple):
         """``run(*args)`` for one bucket and class of int arguments (``key``): through

@@ -34,7 +34,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import operator
-from typing import Any, Optional
+from typing import Optional
 
 import torch
 import torch.fx

@@ -14,7 +14,6 @@ See docs/codegen.md for the contract. Built from a scheduler FusedGroup:
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
 
 from coil.ir.nodes import ComputedBuffer
 from coil.ir.symbols import (RINDEX, XINDEX, as_size, current_shape_env, is_size_symbol,

@@ -22,12 +22,12 @@ from typing import Optional, Any
 import sympy
 import torch
 
-from coil.ir.nodes import (Buffer, ComputedBuffer, ConstantBuffer, ExternKernel, InputBuffer, Layout,
+from coil.ir.nodes import (Buffer, ComputedBuffer, ExternKernel, Layout,
                            MultiOutput, ReinterpretView, ScatterBuffer)
 from coil.capture.substitutes import OPAQUE_IMPLS
 from coil.ir.graph import misaligned_leading_dim
 from coil.ir.symbols import as_expr, as_size, is_size_symbol, pyexpr
-from coil.schedule.scheduler import ExternStep, FusedGroup
+from coil.schedule.scheduler import FusedGroup
 
 
 def reinterpret(t: torch.Tensor, size, stride, offset: int) -> torch.Tensor:

@@ -10,8 +10,7 @@
 from __future__ import annotations
 
 import itertools
-import math
-from typing import Any, Callable, Optional
+from typing import Callable
 
 import sympy
 import torch
@@ -232,7 +231,6 @@ class ReferenceInterpreter(OpsHandler):
     def reduction(self, dtype, src_dtype, reduction_type, value):
         v = torch.as_tensor(value).expand(self.iter_shape)
         nd = len(self.iter_shape)
-        dims = list(range(nd - self.n_red, nd))
         v = v.reshape(*self.iter_shape[: nd - self.n_red], -1)
         if reduction_type == "sum":
             r = v.sum(-1, dtype=compute_dtype(dtype) if dtype.is_floating_point else None)

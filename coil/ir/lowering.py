@@ -158,7 +158,6 @@ def pointwise_lowering(op_name: str, kind: str = "arith") -> Callable:
     (inputs cast to the float output dtype: sin of an int tensor)."""
     def lower(*args, **kwargs):
         size, odt = out_size(), out_dtype()
-        tensors = [a for a in args if is_box(a)]
         if kind == "compare":
             in_dt = compute_dtype(_promote(args))
         elif kind == "logical":
@@ -812,7 +811,7 @@ def _var(x, dims=None, correction=None, keepdim=False, **kwargs):
     """Two-pass variance: mean (a reduction), then sum((x - mean)^2) / (n - correction)."""
     target = current_graph().current_node.target
     if target == prims.var.default:
-        correction = dims_correction = correction if correction is not None else kwargs.get("correction", 1)
+        correction = correction if correction is not None else kwargs.get("correction", 1)
     if target == aten.var.dim:
         correction = 1 if (correction is None or correction) else 0
     if correction is None:

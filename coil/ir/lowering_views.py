@@ -8,7 +8,7 @@ views costs nothing until a kernel reads it.
 """
 from __future__ import annotations
 
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional
 
 import sympy
 import torch
@@ -505,10 +505,6 @@ def _select_scatter(x, src, dim, idx):
 
 # ----------------------------------------------------------------------------- indexing
 
-def _indirect(load, index, size):
-    return ops.indirect_indexing(load(index), size)
-
-
 @register_lowering(aten.embedding)
 def _embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
     size, odt = out_size(), out_dtype()
@@ -557,8 +553,9 @@ def _index(x, indices):
     return TensorBox.create(Pointwise(device(), odt, inner, size))
 
 
-@register_lowering(aten.index_select)
-def _index_select(x, dim, index):
+def _gather_along(x, dim, index, row_index):
+    """``out[i] = x[i with i[dim] := index[row_index(i)]]``; eager rejects negative
+    indices here (only ``x[idx]`` wraps them)."""
     size, odt = out_size(), out_dtype()
     dim = dim % max(len(x.get_size()), 1)
     xl, il = x.make_loader(), index.make_loader()
@@ -567,28 +564,20 @@ def _index_select(x, dim, index):
     def inner(idx):
         j = list(idx)
         if j:
-            # eager rejects negative indices here (only x[idx] wraps them)
-            j[dim] = ops.indirect_indexing(il([idx[dim]] if index.get_size() else []), n,
-                                           wrap_neg=False)
+            j[dim] = ops.indirect_indexing(il(row_index(idx, dim)), n, wrap_neg=False)
         return xl(j)
 
     return TensorBox.create(Pointwise(device(), odt, inner, size))
+
+
+@register_lowering(aten.index_select)
+def _index_select(x, dim, index):
+    return _gather_along(x, dim, index, lambda idx, d: [idx[d]] if index.get_size() else [])
 
 
 @register_lowering(aten.gather)
 def _gather(x, dim, index, sparse_grad=False):
-    size, odt = out_size(), out_dtype()
-    dim = dim % max(len(x.get_size()), 1)
-    xl, il = x.make_loader(), index.make_loader()
-    n = x.get_size()[dim] if x.get_size() else 1
-
-    def inner(idx):
-        j = list(idx)
-        if j:
-            j[dim] = ops.indirect_indexing(il(idx), n, wrap_neg=False)  # eager rejects < 0
-        return xl(j)
-
-    return TensorBox.create(Pointwise(device(), odt, inner, size))
+    return _gather_along(x, dim, index, lambda idx, d: idx)
 
 
 # ----------------------------------------------------------------------------- creation
@@ -690,7 +679,6 @@ def _select_view(x, dim, idx):
 # ----------------------------------------------------------------------------- scatter
 
 def _fresh_copy(x: TensorBox):
-    from coil.ir.nodes import ComputedBuffer
     box = TensorBox.create(Pointwise(x.get_device(), x.get_dtype(), x.make_loader(), x.get_size()))
     return box.data.realize()
 

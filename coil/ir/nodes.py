@@ -21,7 +21,7 @@ import dataclasses
 import os
 import re
 import threading
-from typing import Any, Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import sympy
 import torch
@@ -143,23 +143,40 @@ class Layout:
 
 
 class IRNode:
-    """Base of all IR values."""
+    """Base of all IR values. A node that wraps another (``self.data``: a box, a view)
+    takes its size, dtype, device and loader from it unless it defines its own."""
 
     def get_size(self) -> list:
-        raise NotImplementedError
+        return self.data.get_size()
 
     def get_dtype(self) -> torch.dtype:
-        raise NotImplementedError
+        return self.data.get_dtype()
 
     def get_device(self) -> torch.device:
-        raise NotImplementedError
+        return self.data.get_device()
 
     def make_loader(self) -> Callable:
         """``loader(index) -> ops value`` for element ``index`` of this tensor."""
-        raise NotImplementedError
+        return self.data.make_loader()
 
     def get_numel(self) -> sympy.Expr:
         return product(self.get_size())
+
+
+class _Laid(IRNode):
+    """A node with a :class:`Layout` (``self.layout``): its size, strides, dtype, device."""
+
+    def get_size(self):
+        return self.layout.size
+
+    def get_stride(self):
+        return self.layout.stride
+
+    def get_dtype(self):
+        return self.layout.dtype
+
+    def get_device(self):
+        return self.layout.device
 
 
 # ---------------------------------------------------------------------------- loops
@@ -215,7 +232,7 @@ class Reduction(Loops):
 
 # ---------------------------------------------------------------------------- buffers
 
-class Buffer(IRNode):
+class Buffer(_Laid):
     """A named tensor in memory with a fixed :class:`Layout`."""
 
     def __init__(self, name: str, layout: Layout):
@@ -223,18 +240,6 @@ class Buffer(IRNode):
 
     def get_name(self) -> str:
         return self.name
-
-    def get_size(self):
-        return self.layout.size
-
-    def get_stride(self):
-        return self.layout.stride
-
-    def get_dtype(self):
-        return self.layout.dtype
-
-    def get_device(self):
-        return self.layout.device
 
     def make_loader(self):
         name, indexer = self.name, self.layout.make_indexer()
@@ -463,24 +468,12 @@ class MultiOutput(Buffer):
 
 # ---------------------------------------------------------------------------- views
 
-class ReinterpretView(IRNode):
+class ReinterpretView(_Laid):
     """A strided view of a realized buffer: same storage, another layout."""
 
     def __init__(self, data: Buffer, layout: Layout):
         assert isinstance(data, Buffer)
         self.data, self.layout = data, layout
-
-    def get_size(self):
-        return self.layout.size
-
-    def get_stride(self):
-        return self.layout.stride
-
-    def get_dtype(self):
-        return self.layout.dtype
-
-    def get_device(self):
-        return self.layout.device
 
     def get_name(self):
         return self.data.get_name()
@@ -499,12 +492,6 @@ class GenericView(IRNode):
     def get_size(self):
         return self.size
 
-    def get_dtype(self):
-        return self.data.get_dtype()
-
-    def get_device(self):
-        return self.data.get_device()
-
     def make_loader(self):
         inner, reindex = self.data.make_loader(), self.reindex
         return lambda index: inner(reindex(list(index)))
@@ -517,18 +504,6 @@ class StorageBox(IRNode):
 
     def __init__(self, data: IRNode):
         self.data = data
-
-    def get_size(self):
-        return self.data.get_size()
-
-    def get_dtype(self):
-        return self.data.get_dtype()
-
-    def get_device(self):
-        return self.data.get_device()
-
-    def make_loader(self):
-        return self.data.make_loader()
 
     def is_realized(self) -> bool:
         return isinstance(self.data, Buffer)
@@ -559,18 +534,6 @@ class TensorBox(IRNode):
     @staticmethod
     def create(data: IRNode) -> "TensorBox":
         return TensorBox(StorageBox(data))
-
-    def get_size(self):
-        return self.data.get_size()
-
-    def get_dtype(self):
-        return self.data.get_dtype()
-
-    def get_device(self):
-        return self.data.get_device()
-
-    def make_loader(self):
-        return self.data.make_loader()
 
     def __repr__(self):
         return f"TensorBox({self.data!r})"

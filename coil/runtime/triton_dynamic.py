@@ -128,7 +128,6 @@ class DynamicTritonLauncher(TritonLauncher):
         bucket = _bucket(args[self.n_ptrs], max(args[self.n_ptrs + 1], 2) if self.red else 1)
         # Triton's specialization class of xnumel and rnumel (the symbols: int32 or not):
         # a binary (and a direct launch) each
-        n = self.n_ptrs + 1 + self.red
         key = (bucket,) + self._class(args[self.n_ptrs:])
         run = self._runs.get(key)
         if run is None:

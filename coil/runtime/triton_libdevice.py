@@ -214,33 +214,20 @@ def _make_red_shim():
 
 
 def __getattr__(name):
+    if name not in ("red", "rng", "libdevice"):
+        raise AttributeError(name)
+    if interpreting():
+        if name not in _SHIMS:
+            _SHIMS[name] = {"red": _make_red_shim, "rng": _make_rng_shim, "libdevice": _make_shim}[name]()
+        return _SHIMS[name]
     if name == "red":
-        if interpreting():
-            global _RED
-            if _RED is None:
-                _RED = _make_red_shim()
-            return _RED
         import coil.runtime.triton_reductions as red
         return red
     if name == "rng":
-        if interpreting():
-            global _RNG
-            if _RNG is None:
-                _RNG = _make_rng_shim()
-            return _RNG
         import triton.language as tl
         return tl
-    if name == "libdevice":
-        if interpreting():
-            global _SHIM
-            if _SHIM is None:
-                _SHIM = _make_shim()
-            return _SHIM
-        from triton.language.extra import libdevice as real
-        return real
-    raise AttributeError(name)
+    from triton.language.extra import libdevice as real
+    return real
 
 
-_SHIM = None
-_RNG = None
-_RED = None
+_SHIMS: dict = {}  # name -> the interpreter shim module, made once

@@ -34,7 +34,6 @@ def decompose(var: sympy.Symbol, sizes: list) -> list:
     if any(s == 0 for s in sizes):
         return [sympy.Integer(0)] * len(sizes)
     out = []
-    n = len(sizes)
     for d, s in enumerate(sizes):
         if s == 1:
             out.append(sympy.Integer(0))

@@ -32,13 +32,10 @@ import dataclasses
 from collections import defaultdict
 from typing import Optional
 
-import sympy
-import torch
 
 from coil import trace
 from coil.config import config
-from coil.ir.nodes import (Buffer, ComputedBuffer, ExternKernel, InputBuffer, MultiOutput,
-                           ScatterBuffer)
+from coil.ir.nodes import (Buffer, ComputedBuffer, InputBuffer, ScatterBuffer)
 from coil.ir.symbols import as_size, hint, product
 from coil.schedule.indexing import kernel_deps, kernel_index
 

@@ -33,7 +33,7 @@ import glob
 import html
 import json
 import os
-from collections import OrderedDict, defaultdict
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional
 

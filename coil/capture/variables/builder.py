@@ -20,7 +20,6 @@ Python module                  ``x is ___cN``
 """
 from __future__ import annotations
 
-import builtins
 import collections
 import enum
 import functools
@@ -253,10 +252,6 @@ def _build(tx, value, source, gs) -> VariableTracker:
     if gs is not None:
         gs.add(f"type({expr}) is {gs.const(t)}", f"type({expr})", t, src=expr)
     return UserDefinedObjectVariable(value, source)
-
-
-def builtins_dict():
-    return builtins.__dict__
 
 
 class EnvironVariable(VariableTracker):

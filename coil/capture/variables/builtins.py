@@ -11,24 +11,19 @@ compile-time constants and it is in ``_FOLDABLE``; otherwise it is a graph break
 """
 from __future__ import annotations
 
-import builtins
 import dataclasses
 import functools
 import inspect
 import itertools
-import math
 import operator
 import types
 from typing import Callable
 
-import torch
-
 from coil.exc import Unsupported
 from coil.capture.variables.base import ConstantVariable, KnownCallableVariable, VariableTracker
-from coil.capture.variables.containers import (BaseListVariable, DictVariable,
-                                               LazyIteratorVariable, ListIteratorVariable,
-                                               ListVariable, SetVariable, SliceVariable,
-                                               TupleVariable)
+from coil.capture.variables.containers import (DictVariable, LazyIteratorVariable,
+                                               ListIteratorVariable, ListVariable, SetVariable,
+                                               SliceVariable, TupleVariable)
 
 _HANDLERS: dict[Callable, Callable] = {}
 _FOLDABLE = {abs, bool, int, float, str, round, divmod, pow, ord, chr, hex, oct, bin, hash,
@@ -627,10 +622,3 @@ def _itemgetter(tx, args, kwargs):
 @builtin(operator.attrgetter)
 def _attrgetter(tx, args, kwargs):
     return GetterVariable("attr", list(args))
-
-
-def register_extra():
-    """Builtins found outside ``builtins`` (call once at import)."""
-
-
-_ = (math, types, torch, BaseListVariable)

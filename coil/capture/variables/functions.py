@@ -9,7 +9,7 @@ import types
 
 from coil.exc import Unsupported
 from coil.capture.source import AttrSource, DefaultsSource, GetItemSource
-from coil.capture.variables.base import (CellVariable, ConstantVariable, SourcedCellVariable,
+from coil.capture.variables.base import (ConstantVariable, SourcedCellVariable,
                                          VariableTracker)
 from coil.capture.variables.containers import DictVariable, TupleVariable
 

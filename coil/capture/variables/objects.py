@@ -17,7 +17,6 @@ import functools
 import types
 import warnings
 import weakref
-from typing import Any
 
 import torch
 
@@ -25,7 +24,7 @@ from coil.exc import Unsupported
 from coil.capture.source import AttrSource, ModuleDictSource
 from coil.capture.variables.base import ConstantVariable, VariableTracker
 from coil.capture.variables.containers import (DictVariable, ListIteratorVariable,
-                                               NamedTupleVariable, TupleVariable)
+                                               TupleVariable)
 from coil.capture.variables.functions import (UserFunctionVariable, UserMethodVariable)
 
 

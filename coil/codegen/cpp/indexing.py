@@ -16,7 +16,7 @@ unrecognized use of the symbol) keeps the flat loop.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable, Optional
+from typing import Iterable
 
 import sympy
 

@@ -53,14 +53,12 @@ def _other_sizes(plan, sizes: list) -> list:
     """``sizes`` (the kernel's int arguments) at two other values of the size symbols:
     each hint plus one, and each times 16, so that the launcher can compile ahead the
     Triton specialization classes (divisibility by 16) later sizes may fall in."""
-    out = []
-    for shift in (lambda h: h + 1, lambda h: 16 * h):
-        env = {s: shift(hint(s)) for s in plan.size_symbols()}
-        try:
-            out.append([int(sympy.sympify(e).subs(env)) for e in sizes])
-        except (TypeError, ValueError):  # an expression the substitution leaves symbolic
-            pass
-    return out
+    syms = plan.size_symbols()
+    try:
+        return [[int(sympy.sympify(e).subs({s: f(hint(s)) for s in syms})) for e in sizes]
+                for f in (lambda h: h + 1, lambda h: 16 * h)]
+    except (TypeError, ValueError):  # an expression the substitution leaves symbolic
+        return []
 
 
 def _indent(lines, n):

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import importlib
-from typing import Callable, Union
+from typing import Callable, Optional, Union
 
 import torch
 
@@ -66,8 +66,11 @@ def inductor(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
     return compile_fx(gm, example_inputs)
 
 
-def coil_backend_entry(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
-    """Entry point for ``torch.compile(model, backend="coil")``.
+def coil_backend_entry(gm: torch.fx.GraphModule, example_inputs: list,
+                       options: Optional[dict] = None) -> Callable:
+    """Entry point for ``torch.compile(model, backend="coil")``; ``torch.compile``'s
+    ``options=`` are coil.config options for this graph's compile and calls (ValueError
+    names an unknown one).
 
     An exception is logged (event ``backend_failed``: the error and its traceback)
     before it propagates: torch's capture turns it into a warning and runs the graph
@@ -80,6 +83,11 @@ def coil_backend_entry(gm: torch.fx.GraphModule, example_inputs: list) -> Callab
     from coil.capture.meta_checks import check_graph
     from coil.capture.substitutes import substitute_graph
 
+    if options:
+        from coil.api import _wrap_backend
+        from coil.config import check_option_names
+        check_option_names(options)
+        return _wrap_backend(coil_backend_entry, "coil", dict(options))(gm, example_inputs)
     try:
         check_graph(gm)
         substitute_graph(gm)

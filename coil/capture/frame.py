@@ -499,7 +499,8 @@ def _translate(fn, code, cfg, bound, auto_dynamic=None) -> CacheEntry:
                 loc = e.location or tx.location()
                 raise GraphBreakInFullgraph(
                     f"graph break under fullgraph=True: {e.reason}", loc,
-                    hint=e.hint or "remove the construct or use fullgraph=False") from e
+                    hint=(f"without fullgraph=True, {e.hint}. " if e.hint else "")
+                    + "Remove the construct, or use fullgraph=False") from e
             raise
         finally:
             output.restore_global_state()

@@ -20,9 +20,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import operator
-from typing import Any
 
 import torch
+import torch.utils._pytree as pytree
 from torch._subclasses.fake_tensor import (DataDependentOutputException,
                                            DynamicOutputShapeException, FakeTensor)
 
@@ -196,6 +196,8 @@ def call_op(tx, kind: str, target, args: list, kwargs: dict) -> VariableTracker:
     node = out.graph.create_node(kind, target, node_args, node_kwargs)
     tx.locate_node(node)
     guards_before = len(out.shape_env.guards)
+    outs = [t for t in pytree.tree_leaves(fake_kwargs.get("out")) if isinstance(t, torch.Tensor)]
+    shapes = [t.shape for t in outs]
     try:
         with out.fake_mode, _quiet_meta_failures(), _symbolic_dispatch(out):
             eager_dtype = check_call(kind, target, fake_args, fake_kwargs)  # eager refuses, meta not
@@ -203,6 +205,11 @@ def call_op(tx, kind: str, target, args: list, kwargs: dict) -> VariableTracker:
                 result = getattr(fake_args[0], target)(*fake_args[1:], **fake_kwargs)
             else:
                 result = target(*fake_args, **fake_kwargs)
+            if any(t.shape != n and (t._is_view() or 0 not in n) for t, n in zip(outs, shapes)):
+                # eager resizes the view itself, past its slice of the storage: functionalized,
+                # only the slice was written back (``torch.mul(x, 2, out=o[:2])``, 4 values)
+                raise Unsupported(f"{_name(target)}(out=...) resizes a view or a non-empty tensor",
+                                  hint="pass an out= tensor of the result's shape")
             if isinstance(result, torch.Tensor) and eager_dtype not in (None, result.dtype):
                 node, result = cast_to_eager_dtype(out.graph, node, result, eager_dtype)
                 tx.locate_node(node)
@@ -451,7 +458,9 @@ class TensorVariable(VariableTracker):
             # capture_scalar_outputs: an unbacked symbolic number (docs/dynamic_shapes.md)
             return call_op(tx, "call_method", "item", [self], {})
         if name in _BREAK_METHODS:
-            raise Unsupported(_BREAK_METHODS[name], hint="it runs outside the graph")
+            raise Unsupported(_BREAK_METHODS[name], hint="it runs outside the graph" + (
+                "; options={'capture_scalar_outputs': True} keeps it in the graph" if name in (
+                    "item", "__int__", "__float__", "__index__") else ""))
         if name in _META_METHODS:
             fargs = [to_fake(a) for a in args]
             fkw = {k: to_fake(v) for k, v in kwargs.items()}

@@ -426,7 +426,7 @@ COIL_INLINE void coil_report_oob(int64_t* err, int64_t idx, int64_t size, int64_
 COIL_INLINE int64_t coil_ind_wrap(int64_t i, int64_t size) { return i < 0 ? i + size : i; }
 COIL_INLINE int64_t coil_ind_checked(int64_t i, int64_t size, int wrap, int64_t* err, int64_t site) {
   int64_t j = (wrap && i < 0) ? i + size : i;
-  if (__builtin_expect(j < 0 || j >= size, 0)) { coil_report_oob(err, j, size, site); return 0; }
+  if (__builtin_expect(j < 0 || j >= size, 0)) { coil_report_oob(err, i, size, site); return 0; }
   return j;
 }
 

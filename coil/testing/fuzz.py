@@ -397,9 +397,11 @@ class _Bounds(TorchDispatchMode):
         x, op, b = args[0] if args else None, func.overloadpacket, self.bounds.get(id(args[0] if args else None))
         if op in _SUM_OPS and isinstance(x, torch.Tensor):
             dt = kwargs.pop("dtype", None) or x.dtype
+            at, rt = TOLERANCES.get(x.dtype, (0.0, 0.0)) if b is None and x.untyped_storage(
+            ).data_ptr() not in self.inputs else (0.0, 0.0)  # computed summands: their tolerance
             x, eps = x.double(), torch.finfo(dt).eps if dt.is_floating_point else 0.0
-            bound = func(x.abs(), *args[1:], **kwargs) * eps * self.n + (
-                func(b[1], *args[1:], **kwargs) if b else 0.0)
+            bound = func(x.abs(), *args[1:], **kwargs) * (eps * self.n + rt) + (
+                func(b[1], *args[1:], **kwargs) if b else func(torch.full_like(x, at), *args[1:], **kwargs))
             if dt.is_floating_point:  # may some order's partial sums overflow, and to which sign
                 exact = func(x, *args[1:], **kwargs), bound
                 k = x.numel() // max(out.numel(), 1) if op is torch.ops.aten.mean else 1

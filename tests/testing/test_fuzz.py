@@ -571,3 +571,17 @@ def test_accumulation_at_duplicate_indices_is_compared_within_its_rounding_bound
     q = _prog(["v0 = b.index_add(0, torch.tensor([0, 1]), a)"], torch.tensor([1.5, -2.25], dtype=torch.float16),
               torch.tensor([3.0, 4.0], dtype=torch.float16))
     assert check_program(q, _fake(lambda s, o, x: (o[0] + 0.01,))).kind == "out-value"
+
+
+def test_sum_of_computed_values_carries_their_tolerance():
+    """fuzz seed 101 #6047: a float64 sum of a float32 ``layer_norm``'s three outputs,
+    which cancel: eager's 1.8e-7, coil's -8.9e-8, each output within float32's tolerance.
+    A sum of computed summands is allowed their tolerance summed; a sum of an input is
+    not (the summands are the same bits on both sides)."""
+    b = torch.tensor([[-1.0, 2.0, 0.0]])
+    p = _prog(["v0 = torch.nn.functional.layer_norm(a, (3,))",
+               "v1 = torch.sum(v0, dim=1, keepdim=True, dtype=torch.float64)"], b, returns=["v1"])
+    assert check_program(p, _fake(lambda s, o, x: (o[0] * 0 - 8.940696716308594e-08,))).outcome == "ok"
+    assert check_program(p, _fake(lambda s, o, x: (o[0] * 0 + 1e-3,))).kind == "out-value"
+    q = _prog(["v1 = torch.sum(a, dim=1, keepdim=True, dtype=torch.float64)"], b, returns=["v1"])
+    assert check_program(q, _fake(lambda s, o, x: (o[0] + 1e-5,))).kind == "out-value"

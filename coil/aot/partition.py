@@ -216,9 +216,43 @@ def _extract(joint: torch.fx.GraphModule, inputs: list, outputs: list, what: str
     return torch.fx.GraphModule(joint, g)
 
 
+def _symbols_of(vals, plain: bool) -> set:
+    """The size symbols in the sizes/strides of tensors and in SymInts among ``vals``
+    (``plain``: only those a value equals exactly, which a graph taking it can bind)."""
+    exprs = [x.node.expr for v in vals for x in ((*v.shape, *v.stride()) if isinstance(
+        v, torch.Tensor) else (v,)) if isinstance(x, torch.SymInt)]
+    return {e for e in exprs if e.is_Symbol} if plain else set().union(*(e.free_symbols for e in exprs))
+
+
+def _save_symbols(joint, regions: _Regions, saved: list, reasons: dict, bw) -> bool:
+    """Save each size symbol the backward graph ``bw`` uses but cannot bind from its
+    inputs (a strided slice ``x[:, ::2]`` leaves it tensors of ``(s44 + 1) // 2`` rows),
+    as a SymInt primal or ``sym_size`` of a primal; True if one was missing."""
+    missing = _symbols_of((n.meta.get("val") for n in bw.graph.nodes), False) - _symbols_of(
+        (n.meta.get("val") for n in bw.graph.nodes if n.op == "placeholder"), True)
+    first = next(n for n in joint.graph.nodes if n.op != "placeholder")
+    for sym in sorted(missing, key=str):
+        for p in regions.primals:
+            v = p.meta.get("val")
+            sizes = [v] if isinstance(v, torch.SymInt) else list(getattr(v, "shape", ()))
+            d = next((d for d, x in enumerate(sizes) if isinstance(x, torch.SymInt) and x.node.expr == sym), None)
+            if d is not None:
+                node = p
+                if not isinstance(v, torch.SymInt):
+                    with joint.graph.inserting_before(first):
+                        node = joint.graph.call_function(torch.ops.aten.sym_size.int, (p, d))
+                    node.meta["val"] = v.shape[d]
+                saved.append(node)
+                reasons[node] = f"size symbol {sym} for the backward"
+                break
+    return bool(missing)
+
+
 def _build(joint, info: JointInfo, regions: _Regions, saved: list, reasons: dict, kind: str) -> Partition:
-    fw = _extract(joint, regions.primals, regions.fw_outputs + saved, "forward")
     bw = _extract(joint, saved + regions.tangents, regions.grads, "backward")
+    if _save_symbols(joint, regions, saved, reasons, bw):
+        bw = _extract(joint, saved + regions.tangents, regions.grads, "backward")
+    fw = _extract(joint, regions.primals, regions.fw_outputs + saved, "forward")
     saved_info = []
     storages: dict = {}
     for n in saved:

@@ -901,7 +901,6 @@ class InliningTranslator(InstructionTranslatorBase):
                 raise Unsupported(f"{e.reason} escaping a generator") from e
             raise
 
-
     def run_until_yield(self):
         """Generator bodies: run to the next ``yield``; ``(value,)`` or None at return."""
         steps = 0

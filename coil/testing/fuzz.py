@@ -442,18 +442,15 @@ class _Bounds(TorchDispatchMode):
         """The rounding-error bound of an accumulating op (:data:`_ACC_OPS`) per element:
         the op on the magnitudes (float64) times the dtype's eps times the number of
         values added into the element, plus the bounds its float arguments carried in."""
-        def each(f):  # the op's arguments with each float tensor k replaced by f(k, tensor)
-            leaves, spec = pytree.tree_flatten(list(args))
-            return func(*pytree.tree_unflatten([f(k, t) if isinstance(t, torch.Tensor) and
-                                                t.is_floating_point() else t
-                                                for k, t in enumerate(leaves)], spec), **kwargs)
+        leaves, spec = pytree.tree_flatten(list(args))
 
-        def carried(k, t):
-            b = self.bounds.get(id(t))
-            return b[1].double() if b else torch.zeros(t.shape, dtype=torch.float64)
-        mag = each(lambda k, t: t.double().abs())
-        adds = each(lambda k, t: torch.full(t.shape, float(k > 0), dtype=torch.float64))
-        return (mag * torch.finfo(dtype).eps * adds + each(carried)).nan_to_num(0.0, 0.0, 0.0)
+        def each(f):  # the op on its arguments with each float tensor k replaced by f(k, tensor)
+            return func(*pytree.tree_unflatten([f(k, t) if isinstance(t, torch.Tensor) and t.is_floating_point()
+                                                else t for k, t in enumerate(leaves)], spec), **kwargs)
+        f64 = dict(dtype=torch.float64)
+        adds = each(lambda k, t: torch.full(t.shape, float(k > 0), **f64))
+        carried = each(lambda k, t: self.bounds[id(t)][1].double() if id(t) in self.bounds else torch.zeros(t.shape, **f64))
+        return (each(lambda k, t: t.double().abs()) * torch.finfo(dtype).eps * adds + carried).nan_to_num(0.0, 0.0, 0.0)
 
 
 _REM_OPS = {torch.ops.aten.fmod, torch.ops.aten.remainder}

@@ -186,7 +186,7 @@ def test_gpu_decision_uses_gpu_candidates(monkeypatch, numel, cpu_exact, gpu_exa
     gpu_cfgs = launch_configs(**launch_args(plan, True, False))
     assert gpu_cfgs != launch_configs(**launch_args(plan, False, False))
     assert blocks_divide(gpu_cfgs, numel, 1)[0] == gpu_exact
-    src, _ = kernel_source(plan, name, gpu=True)
+    src, _, _ = kernel_source(plan, name, gpu=True)
     assert ("xmask" not in _body(src)) == gpu_exact, src
     assert _masks_line(src) == f"# masks: x {'exact' if gpu_exact else 'masked'}"
 
@@ -213,7 +213,7 @@ def test_outer_reduction_gpu_decision(monkeypatch):
     (plan, name), = plans
     assert not plan.persistent  # replanned by generate
     assert _masks_line(c.kernels[0].source) == "# masks: x masked, r masked"  # CPU: 64 x 1024
-    src, _ = kernel_source(plan, name, gpu=True)
+    src, _, _ = kernel_source(plan, name, gpu=True)
     assert "# outer reduction" in src
     # wide-x set: XBLOCK 128 / 256 do not divide 96, RBLOCK 16..64 divide 512; the
     # inner-reduction set (XBLOCK 1..8, RBLOCK 256..512) would have dropped xmask too

@@ -126,34 +126,20 @@ def _div(a, dtype):
     return f"({a[0]} / {a[1]})"
 
 
-def _floordiv(a, dtype):
-    if dtype.is_floating_point:
-        return f"cm::floor({a[0]} / {a[1]})"
-    return f"coil_floordiv<{compute_ctype(dtype)}>({a[0]}, {a[1]})"
+def _float_or_int(float_fn: str, int_fn: str):
+    """A binary op: ``float_fn(a, b)`` for floats, ``int_fn<T>(a, b)`` for integers."""
+    def emit(a, dtype):
+        if dtype.is_floating_point:
+            return float_fn.format(*a)
+        return f"{int_fn}<{compute_ctype(dtype)}>({a[0]}, {a[1]})"
+    return emit
 
 
-def _truncdiv(a, dtype):
-    if dtype.is_floating_point:
-        return f"cm::trunc({a[0]} / {a[1]})"
-    return f"coil_truncdiv<{compute_ctype(dtype)}>({a[0]}, {a[1]})"
-
-
-def _remainder(a, dtype):
-    if dtype.is_floating_point:
-        return f"coil_fmod_py({a[0]}, {a[1]})"
-    return f"coil_mod<{compute_ctype(dtype)}>({a[0]}, {a[1]})"
-
-
-def _fmod(a, dtype):
-    if dtype.is_floating_point:
-        return f"cm::fmod({a[0]}, {a[1]})"
-    return f"coil_fmod_int<{compute_ctype(dtype)}>({a[0]}, {a[1]})"
-
-
-def _pow(a, dtype):
-    if dtype.is_floating_point:
-        return f"cm::pow({a[0]}, {a[1]})"
-    return f"coil_ipow<{compute_ctype(dtype)}>({a[0]}, {a[1]})"
+_floordiv = _float_or_int("cm::floor({} / {})", "coil_floordiv")
+_truncdiv = _float_or_int("cm::trunc({} / {})", "coil_truncdiv")
+_remainder = _float_or_int("coil_fmod_py({}, {})", "coil_mod")
+_fmod = _float_or_int("cm::fmod({}, {})", "coil_fmod_int")
+_pow = _float_or_int("cm::pow({}, {})", "coil_ipow")
 
 
 def _minmax(fn):

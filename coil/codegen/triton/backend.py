@@ -93,14 +93,9 @@ def mask_exactness(plan, gpu: bool, outer: bool = False) -> tuple[bool, bool]:
     return blocks_divide(launch_configs(**launch_args(plan, gpu, outer)), plan.numel, plan.rnumel)
 
 
-def kernel_source(plan, name: str, gpu: Optional[bool] = None) -> tuple[str, list[str]]:
-    """(module source, argument buffer names) for ``plan``; ``gpu`` overrides the device
-    the masks are decided for (default: the plan's)."""
-    source, arg_names, _ = _kernel_source(plan, name, gpu)
-    return source, arg_names
-
-
-def _kernel_source(plan, name: str, gpu: Optional[bool] = None) -> tuple[str, list[str], TritonKernel]:
+def kernel_source(plan, name: str, gpu: Optional[bool] = None) -> tuple[str, list[str], TritonKernel]:
+    """(module source, argument buffer names, the kernel) for ``plan``; ``gpu`` overrides
+    the device the masks are decided for (default: the plan's)."""
     gpu = _plan_gpu(plan) if gpu is None else gpu
     exact = mask_exactness(plan, gpu)
     k = _run_kernel(plan, name, exact)
@@ -196,13 +191,13 @@ class TritonBackend(KernelBackend):
 
     def generate(self, plan, kernel_name: str) -> GeneratedKernel:
         from coil.runtime.triton_runtime import TritonLauncher, blocks_divide
-        source, arg_names, k = _kernel_source(plan, kernel_name)
+        source, arg_names, k = kernel_source(plan, kernel_name)
         tiled = plan.tiled
         if k.outer_reduction and plan.persistent and hint(plan.rnumel) > OUTER_PERSISTENT_RNUMEL and not tiled:
             # x-contiguous reductions tile wide along x: a whole column per program would
             # not fit in registers, so loop over r in short steps instead
             plan.replan(OUTER_PERSISTENT_RNUMEL)
-            source, arg_names, k = _kernel_source(plan, kernel_name)
+            source, arg_names, k = kernel_source(plan, kernel_name)
         dev = plan.buffer(plan.nodes[0].name).get_device()
         a = launch_args(plan, _plan_gpu(plan), k.outer_reduction)
         dtypes = [plan.buffer(n).get_dtype() for n in arg_names]

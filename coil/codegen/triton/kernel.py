@@ -152,12 +152,6 @@ class TritonKernel(OpsHandler):
         sec = self.sections[self.cur.loop_id]
         return sec["loop"] if self.cur.in_loop else sec["pre"]
 
-    def _cse_dict(self):
-        return self.loop_cse if self._in_loop() else self.outer_cse
-
-    def _store_cache(self):
-        return self.loop_store_cache if self._in_loop() else self.store_cache
-
     def _lookup_store(self, key):
         if key in self.store_cache:
             return self.store_cache[key]
@@ -166,7 +160,7 @@ class TritonKernel(OpsHandler):
         return None
 
     def cse(self, expr: str, dtype, dims, lines=None) -> TVal:
-        d = self._cse_dict()
+        d = self.loop_cse if self._in_loop() else self.outer_cse
         if expr in d:
             return d[expr]
         v = TVal(f"tmp{next(self.counter)}", dtype, frozenset(dims))
@@ -262,7 +256,7 @@ class TritonKernel(OpsHandler):
         e = simplify_index(sympy.sympify(index), {XINDEX: self.plan.numel, RINDEX: self.plan.rnumel})
         value = self._tensor(value)
         if mode is None:
-            self._store_cache()[(name, e)] = value
+            (self.loop_store_cache if self._in_loop() else self.store_cache)[(name, e)] = value
         if name not in self.args:
             return  # removed buffer: lives in registers only
         self._emit_store(name, e, value, self._lines(), mode)

@@ -31,8 +31,8 @@ from coil.ir import lowering as L
 from coil.ir import lowering_activations  # noqa: F401  (registers gelu lowerings)
 from coil.ir import lowering_conv  # noqa: F401  (registers conv-bias / max-pool lowerings)
 from coil.ir import lowering_views  # noqa: F401  (registers view/index lowerings)
-from coil.ir.nodes import (Buffer, ComputedBuffer, ConstantBuffer, ExternKernel, InputBuffer, Layout, MultiOutput, Pointwise, ReinterpretView,
-                           StorageBox, TensorBox, V)
+from coil.ir.nodes import (Buffer, ComputedBuffer, ConstantBuffer, ExternKernel, InputBuffer, Layout,
+                           MultiOutput, Pointwise, ReinterpretView, StorageBox, TensorBox, V)
 from coil.ir.symbols import as_expr, current_shape_env, hint
 from coil.ir.virtualized import ops
 

@@ -65,7 +65,6 @@ class BaseListVariable(VariableTracker):
             raise Unsupported("index out of range (raised by user code)")
 
     def call_method(self, tx, name, args, kwargs):
-
         if name == "__getitem__":
             return self.getitem(tx, args[0])
         if name == "__len__":

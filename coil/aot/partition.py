@@ -225,11 +225,13 @@ def _symbols_of(vals, plain: bool) -> set:
 
 
 def _save_symbols(joint, regions: _Regions, saved: list, reasons: dict, bw) -> bool:
-    """Save each size symbol the backward graph ``bw`` uses but cannot bind from its
-    inputs (a strided slice ``x[:, ::2]`` leaves it tensors of ``(s44 + 1) // 2`` rows),
-    as a SymInt primal or ``sym_size`` of a primal; True if one was missing."""
+    """Save each input size symbol the backward graph ``bw`` uses but cannot bind from
+    its inputs by the wrapper's rule (:func:`coil.codegen.wrapper.symbol_bindings`; a
+    strided slice ``x[:, ::2]`` leaves it tensors of ``(s44 + 1) // 2`` rows), as a
+    SymInt primal or ``sym_size`` of a primal; True if one was missing."""
     missing = _symbols_of((n.meta.get("val") for n in bw.graph.nodes), False) - _symbols_of(
         (n.meta.get("val") for n in bw.graph.nodes if n.op == "placeholder"), True)
+    missing &= _symbols_of((p.meta.get("val") for p in regions.primals), True)
     first = next(n for n in joint.graph.nodes if n.op != "placeholder")
     for sym in sorted(missing, key=str):
         for p in regions.primals:

@@ -196,7 +196,8 @@ def call_op(tx, kind: str, target, args: list, kwargs: dict) -> VariableTracker:
     node = out.graph.create_node(kind, target, node_args, node_kwargs)
     tx.locate_node(node)
     guards_before = len(out.shape_env.guards)
-    outs = [t for t in pytree.tree_leaves(fake_kwargs.get("out")) if isinstance(t, torch.Tensor)]
+    outs = [t for t in pytree.tree_leaves(fake_kwargs["out"]) if isinstance(t, torch.Tensor)] \
+        if "out" in fake_kwargs else []
     shapes = [t.shape for t in outs]
     try:
         with out.fake_mode, _quiet_meta_failures(), _symbolic_dispatch(out):

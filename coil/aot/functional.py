@@ -439,23 +439,27 @@ def _describe(fn, fake_args, f_args, before, outs, grad, drop_error_checks, fake
             for k in members:
                 outputs[k].kind, outputs[k].index = "alias_of_base", len(base_sources) - 1
                 outputs[k].src_stride = tuple(flat_outs[first]._base.stride())
-    for k, info in enumerate(outputs):
-        if info.kind == "graph":
-            info.index = len(graph_outputs)
-            graph_outputs.append(k)
     changed = {i for i, x in enumerate(inputs) if x.mutated or x.layout is not None}
     if plain and changed:
         return None
     if any(x.layout is not None for x in inputs) or any(
             o.kind == "alias_of_input" and o.index in changed for o in outputs):
-        in_lay, out_lay = eager_layouts(fn, fake_args, fake_mode, drop_error_checks)
+        in_lay, out_lay, fresh = eager_layouts(fn, fake_args, fake_mode, drop_error_checks)
         for i in changed:
             if inputs[i].layout is not None:
                 size, stride, off = in_lay[i]
                 inputs[i].layout = (size, stride, off - fake_args[i].storage_offset())
         for k, o in enumerate(outputs):
-            if o.kind == "alias_of_input" and o.index in changed and out_lay[k] is not None:
-                o.size, o.stride, o.offset = out_lay[k]
+            src = outputs[o.index] if o.kind == "same_as_output" else o
+            if not (src.kind == "alias_of_input" and src.index in changed and out_lay[k] is not None):
+                continue
+            o.size, o.stride, o.offset = out_lay[k]
+            if fresh[k]:  # functional contiguous() of a mutated input's (contiguous) new value
+                o.kind, o.index, o.dtype = "graph", -1, None  # is a no-op; eager's, a copy
+    for k, info in enumerate(outputs):
+        if info.kind == "graph":
+            info.index = len(graph_outputs)
+            graph_outputs.append(k)
     # storage offsets relative to the tensor each alias is regenerated from
     for k, o in enumerate(outputs):
         if o.kind == "alias_of_input" and o.dtype is not None:
@@ -505,7 +509,8 @@ def eager_layouts(fn: Callable, fake_args: list, fake_mode: FakeTensorMode,
                   drop_error_checks: bool = False) -> tuple[list, list]:
     """Run ``fn`` on plain (not functional) fakes of ``fake_args`` and return each input's
     and each flat output's ``(size, stride, storage_offset)`` afterwards (None for
-    non-tensors): the layouts eager gives. Fake tensors model in-place ops as eager
+    non-tensors): the layouts eager gives; and per flat output whether it is a new tensor
+    (not an earlier output, not on an input's storage). Fake tensors model in-place ops as eager
     does (``x.index_add_`` keeps a transposed ``x``'s strides, ``x.t_()`` restrides
     ``x``), while under functionalization a mutated input becomes a new (contiguous)
     value. Each input is a fresh tensor object on the same fake storage (``detach``), so
@@ -519,7 +524,11 @@ def eager_layouts(fn: Callable, fake_args: list, fake_mode: FakeTensorMode,
         if not isinstance(t, torch.Tensor):
             return None
         return tuple(t.shape), tuple(t.stride()), t.storage_offset()
-    return [lay(a) for a in args], [lay(o) for o in pytree.tree_leaves(outs)]
+    flat = pytree.tree_leaves(outs)
+    ins = {StorageWeakRef(a.untyped_storage()) for a in args if isinstance(a, torch.Tensor)}
+    fresh = [isinstance(o, torch.Tensor) and all(o is not p for p in flat[:k])
+             and StorageWeakRef(o.untyped_storage()) not in ins for k, o in enumerate(flat)]
+    return [lay(a) for a in args], [lay(o) for o in flat], fresh
 
 
 def _forward_values(fn, args, info: ProgramInfo, label_autograd: bool = False):

@@ -667,10 +667,6 @@ def _contiguous_after_scatter_add_(a):  # fuzz seed 100 #5317
     return (v0, v0.contiguous())
 
 
-@pytest.mark.xfail(strict=True, reason="open: functionalization gives the updated input the "
-                   "out-of-place scatter_add's contiguous strides, so contiguous() of a view of "
-                   "the permuted input is a no-op in the graph and returns an alias of the input "
-                   "(eager: a copy); torch.compile's aot_eager has the same result")
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_contiguous_of_a_permuted_input_after_scatter_add_is_a_copy(backend):
     r = check(_contiguous_after_scatter_add_, lambda: [torch.arange(72).reshape(2, 1, 6, 6).permute(1, 0, 3, 2)],

@@ -484,9 +484,6 @@ class SymbolSource:
     def expr(self) -> str:
         return self.text
 
-    def is_root_local(self) -> bool:
-        return False
-
 
 def _scalar_tensor(value) -> torch.Tensor:
     return torch.tensor(value, dtype=torch.float64)
@@ -499,9 +496,6 @@ class ScalarTensorSource:
 
     def expr(self) -> str:
         return f"___scalar_tensor({self.text})"
-
-    def is_root_local(self) -> bool:
-        return False
 
 
 __all__ = ["mark_dynamic", "mark_static", "mark_unbacked", "DynamicPolicy", "ShapeSource",

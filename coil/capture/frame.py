@@ -471,7 +471,6 @@ def _note_changed_sizes(cache: FrameCache, old: CacheEntry, bound, fn) -> None:
 
 def _translate(fn, code, cfg, bound, auto_dynamic=None) -> CacheEntry:
     from coil.capture.dynamic import DynamicPolicy
-    from coil.capture.variables.base import SourcedCellVariable  # noqa: F401
 
     stats["frames"] += 1
     argnames = _argnames(code)
@@ -710,7 +709,6 @@ def _build_entry(tx, output: OutputGraph, cfg: CaptureConfig, fn, code, argnames
         # backend (AOT) runs the graph's own grad-mode switches only inside the graph
         cg.ns["___set_grad"] = torch._C._set_grad_enabled
         lines.append(f"___set_grad({output.final_grad!r})")
-    body_start = len(lines)  # noqa: F841
     cg.side_effect_lines(se)
     if plan is None:
         ret_expr = cg.reconstruct(tx.result[1])

@@ -25,7 +25,7 @@ called on its own. Objects the guards compare against live in the function's
 namespace as ``___cN`` (classes, dtypes, devices, code objects). Functions and
 modules are compared by ``id`` (no strong reference is kept).
 
-:meth:`GuardSet.first_failure` re-evaluates guards one by one to say which one
+:meth:`GuardSet.failures` re-evaluates guards one by one to say which ones
 failed on a recompile, with the new value of the guarded expression.
 """
 from __future__ import annotations
@@ -223,12 +223,6 @@ class GuardSet:
             code = f"___keys({s}) == {self.const(ks)}"
             self._seen.add(code)
             self.guards.insert(last[s] + 1, Guard(code, f"___keys({s})", ks, s, batch=name))
-
-    def first_failure(self, argnames: list[str], values: tuple) -> Optional[str]:
-        """Describe the first guard that fails for ``values`` (the bound frame arguments
-        followed by the function), with the old and new value."""
-        fails = self.failures(argnames, values, limit=1)
-        return fails[0]["text"] if fails else None
 
     def failures(self, argnames: list[str], values: tuple, limit: int = 16) -> list[dict]:
         """The guards that fail for ``values`` (at most ``limit``), each a dict:

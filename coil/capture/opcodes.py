@@ -16,8 +16,7 @@ import operator
 import sys
 
 from coil.exc import Unsupported
-from coil.capture.variables.base import (CellVariable, ConstantVariable, NullVariable,
-                                         SourcedCellVariable)
+from coil.capture.variables.base import CellVariable, ConstantVariable, NullVariable
 from coil.capture.variables.containers import (DictVariable, ListIteratorVariable, ListVariable,
                                                SetVariable, SliceVariable, TupleVariable)
 from coil.capture.variables.functions import NestedFunctionVariable
@@ -809,8 +808,6 @@ def IMPORT_NAME(tx, inst):
 def IMPORT_FROM(tx, inst):
     tx.push(tx.getattr(tx.stack[-1], inst.argval))
 
-
-_ = (SourcedCellVariable,)
 
 # 3.12-only handlers register themselves (last, so they win on 3.12).
 from coil.capture import opcodes312  # noqa: E402,F401

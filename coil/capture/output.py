@@ -20,7 +20,6 @@ After translation the output is compiled into a :class:`CompiledFrame`:
 from __future__ import annotations
 
 import math
-import operator
 import types
 from typing import Any, Optional
 
@@ -446,6 +445,3 @@ def collect_tensors(vts: list, out: list, seen: set) -> None:
         defaults = getattr(v, "defaults", None)
         if isinstance(defaults, list):
             stack.extend(defaults)
-
-
-_ = (operator, ConstantVariable)

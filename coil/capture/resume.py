@@ -31,7 +31,7 @@ import types
 from typing import Optional
 
 from bytecode import Bytecode, Instr, Label
-from bytecode.instr import CellVar, FreeVar  # noqa: F401
+from bytecode.instr import CellVar
 
 _CACHE: dict = {}
 #: resume code object -> (original user code object, label)
@@ -163,7 +163,6 @@ def _cells_as_locals(new: list, names: set) -> list:
 def _with_tail(bc, new: list, tail: tuple) -> list:
     """Insert the trampoline's tail after the call instruction (see make_resume_code)."""
     from bytecode import TryBegin, TryEnd
-    from bytecode.instr import CellVar
 
     call_index, n_below, cell_names, next_fn, local_names = tail
     count, call_ins = -1, None

@@ -24,9 +24,6 @@ class Source:
     def expr(self) -> str:  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def is_root_local(self) -> bool:
-        return False
-
     def __str__(self) -> str:
         return self.expr()
 
@@ -38,9 +35,6 @@ class LocalSource(Source):
 
     def expr(self) -> str:
         return self.name
-
-    def is_root_local(self) -> bool:
-        return True
 
 
 @dataclass(frozen=True)
@@ -115,15 +109,6 @@ class DefaultsSource(Source):
         if self.kw:
             return f"{self.fn_source.expr()}.__kwdefaults__[{self.index!r}]"
         return f"{self.fn_source.expr()}.__defaults__[{self.index}]"
-
-
-@dataclass(frozen=True)
-class TypeSource(Source):
-    """``type(base)``."""
-    base: Source
-
-    def expr(self) -> str:
-        return f"type({self.base.expr()})"
 
 
 @dataclass(frozen=True)

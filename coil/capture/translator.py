@@ -23,17 +23,15 @@ import dis
 import functools
 import linecache
 import operator
-import sys
 import types
 from typing import Any, Optional
 
 import torch
 
-from coil import config
 from coil.exc import Unsupported
-from coil.capture.source import BuiltinSource, GlobalSource, LocalSource
-from coil.capture.variables.base import (CellVariable, ConstantVariable, NullVariable,
-                                         SourcedCellVariable, VariableTracker)
+from coil.capture.source import BuiltinSource, GlobalSource
+from coil.capture.variables.base import (CellVariable, ConstantVariable, SourcedCellVariable,
+                                         VariableTracker)
 from coil.capture.variables.builder import wrap, wrap_constant_result
 from coil.capture.variables.containers import (BaseListVariable, DictVariable,
                                                GeneratorVariable, ListIteratorVariable, ListVariable,
@@ -50,10 +48,8 @@ from coil.capture.variables.objects import (AttributeMissing, DataClassDictVaria
 from coil.capture.variables.tensor import TensorVariable, UserCodeError, call_op
 from coil.capture.variables.symbolic import SymNodeVariable
 from coil.capture.variables.symbolic import binary as sym_binary, unary as sym_unary
-from coil.capture.exceptions import (ExceptionVariable, RaisedException,  # noqa: F401
-                                     exception_table, exception_tracker)
+from coil.capture.exceptions import ExceptionVariable, exception_table, exception_tracker
 
-PY = sys.version_info[:2]
 CO_GENERATOR = 0x20
 CO_COROUTINE = 0x80
 CO_ASYNC_GENERATOR = 0x200
@@ -389,10 +385,8 @@ class InstructionTranslatorBase:
         return obj.call_method(self, name, list(args), {})
 
     def getitem(self, obj, key):
-        if isinstance(obj, (UserDefinedClassVariable,)):
-            cga = _static_lookup(type(obj.value), "__class_getitem__")
-            if cga is not _SENTINEL or True:
-                return wrap_constant_result(self, obj.value[key.as_python_constant()])
+        if isinstance(obj, UserDefinedClassVariable):
+            return wrap_constant_result(self, obj.value[key.as_python_constant()])
         if isinstance(obj, ConstantVariable) and isinstance(key, TensorVariable):
             raise Unsupported("indexing a constant with a tensor")
         return obj.call_method(self, "__getitem__", [key], {})
@@ -414,10 +408,7 @@ class InstructionTranslatorBase:
         return v.unpack(self)
 
     def contains(self, items: list, v: VariableTracker) -> bool:
-        for it in items:
-            if self.values_equal(it, v):
-                return True
-        return False
+        return any(self.values_equal(it, v) for it in items)
 
     def contains_op(self, container, item) -> VariableTracker:
         if isinstance(container, ConstantVariable) and isinstance(item, ConstantVariable):
@@ -427,9 +418,7 @@ class InstructionTranslatorBase:
         return container.call_method(self, "__contains__", [item], {})
 
     def values_equal(self, a, b) -> bool:
-        if a is b:
-            return True
-        return self.truthy(self.binary_op(operator.eq, a, b))
+        return a is b or self.truthy(self.binary_op(operator.eq, a, b))
 
     def sorted_items(self, items, key, reverse):
         keyed = []
@@ -703,19 +692,13 @@ class InstructionTranslatorBase:
         if is_model_output_class(cls):
             return DataClassDictVariable.create(self, cls, args, kwargs)
         if isinstance(cls, type) and issubclass(cls, tuple) and hasattr(cls, "_fields"):
-            fields = cls._fields
-            values = dict(zip(fields, args))
-            values.update(kwargs)
+            values = {**dict(zip(cls._fields, args)), **kwargs}
             defaults = getattr(cls, "_field_defaults", {})
-            items = []
-            for f in fields:
-                if f in values:
-                    items.append(values[f])
-                elif f in defaults:
-                    items.append(wrap_constant_result(self, defaults[f]))
-                else:
+            for f in cls._fields:
+                if f not in values and f not in defaults:
                     raise UserCodeError(f"TypeError: missing field {f}")
-            return NamedTupleVariable(items, cls)
+            return NamedTupleVariable([values[f] if f in values else wrap_constant_result(self, defaults[f])
+                                       for f in cls._fields], cls)
         if isinstance(cls, type) and issubclass(cls, torch.nn.Module):
             return InFrameModuleVariable.create(cls, args, kwargs)
         if isinstance(cls, type) and issubclass(cls, torch.Tensor):
@@ -739,9 +722,7 @@ class InstructionTranslatorBase:
             d.call_method_base(self, "update", args, kwargs)
             return d
         new = _static_lookup(cls, "__new__")
-        if new not in (object.__new__, _SENTINEL) and not isinstance(new, staticmethod):
-            raise Unsupported(f"constructing {cls.__qualname__} (custom __new__)")
-        if isinstance(new, staticmethod) and new.__func__ is not object.__new__:
+        if (new.__func__ if isinstance(new, staticmethod) else new) not in (object.__new__, _SENTINEL):
             raise Unsupported(f"constructing {cls.__qualname__} (custom __new__)")
         if not all(isinstance(k.__dict__.get("__init__", object.__init__), types.FunctionType) or
                    "__init__" not in k.__dict__ for k in cls.__mro__[:-1]):
@@ -824,24 +805,23 @@ class SuperVariable(VariableTracker):
         return tx.call(self.var_getattr(tx, name), args, kwargs)
 
 
-class _BaseMethod(VariableTracker):
-    """``super().name`` resolving to the builtin container's own method."""
+class _SuperSlot(VariableTracker):
+    """Base of what ``super().name`` of ``obj`` finds when it is no Python function."""
 
-    def __init__(self, obj, name):
+    def __init__(self, obj, name=None):
         super().__init__(None)
-        self.obj = obj
-        self.name = name
+        self.obj, self.name = obj, name
+
+
+class _BaseMethod(_SuperSlot):
+    """``super().name`` resolving to the builtin container's own method."""
 
     def call_function(self, tx, args, kwargs):
         return self.obj.call_method_base(tx, self.name, args, kwargs)
 
 
-class _ObjectSetattr(VariableTracker):
+class _ObjectSetattr(_SuperSlot):
     """``object.__setattr__(obj, name, value)`` reached through ``super()``."""
-
-    def __init__(self, obj):
-        super().__init__(None)
-        self.obj = obj
 
     def call_function(self, tx, args, kwargs):
         name, value = args[0].as_python_constant(), args[1]
@@ -849,13 +829,9 @@ class _ObjectSetattr(VariableTracker):
         return ConstantVariable(None)
 
 
-class _ObjectGetattribute(VariableTracker):
+class _ObjectGetattribute(_SuperSlot):
     """``object.__getattribute__(obj, name)`` reached through ``super()`` (a class with
     its own ``__getattribute__`` reading past it: transformers' configs)."""
-
-    def __init__(self, obj):
-        super().__init__(None)
-        self.obj = obj
 
     def call_function(self, tx, args, kwargs):
         from coil.capture.variables.objects import lookup_attr
@@ -868,11 +844,7 @@ class _NoOp(VariableTracker):
         return ConstantVariable(None)
 
 
-class _ModuleGetattr(VariableTracker):
-    def __init__(self, obj):
-        super().__init__(None)
-        self.obj = obj
-
+class _ModuleGetattr(_SuperSlot):
     def call_function(self, tx, args, kwargs):
         return self.obj.var_getattr(tx, args[0].as_python_constant())
 
@@ -880,46 +852,37 @@ class _ModuleGetattr(VariableTracker):
 class InliningTranslator(InstructionTranslatorBase):
     """Translates a called function's frame into the caller's graph."""
 
-    def run_inline(self) -> VariableTracker:
-        steps = 0
+    def _run(self, to_yield: bool):
+        """Step until the frame returns (``ReturnValue`` is raised) or, with ``to_yield``,
+        to the next ``yield``: ``(value,)``."""
         try:
-            while True:
+            for _ in range(MAX_STEPS + 1):
                 inst = self.instructions[self.ip]
                 self.ip += 1
                 self.step(inst)
-                steps += 1
-                if steps > MAX_STEPS:
-                    raise Unsupported("too many instructions (infinite loop?)")
-        except ReturnValue as r:
-            if self.generated is not None:
-                return ListIteratorVariable(self.generated)
-            return r.value
+                if to_yield and inst.opname == "YIELD_VALUE":
+                    return (self.generated[-1],)
+            raise Unsupported("too many instructions (infinite loop?)")
         except Unsupported as e:
             if self.generated is not None and exception_tracker(e) is not None:
-                # the generator runs eagerly here, at its creation; Python raises at the
-                # iteration that reaches the raise, so no handler around the call may see it
+                # a generator run eagerly (at its creation, or yield by yield): Python
+                # raises at the iteration that reaches the raise, so no handler around
+                # the call may see it
                 raise Unsupported(f"{e.reason} escaping a generator") from e
             raise
 
+    def run_inline(self) -> VariableTracker:
+        try:
+            self._run(False)
+        except ReturnValue as r:
+            return r.value if self.generated is None else ListIteratorVariable(self.generated)
+
     def run_until_yield(self):
         """Generator bodies: run to the next ``yield``; ``(value,)`` or None at return."""
-        steps = 0
         try:
-            while True:
-                inst = self.instructions[self.ip]
-                self.ip += 1
-                self.step(inst)
-                if inst.opname == "YIELD_VALUE":
-                    return (self.generated[-1],)
-                steps += 1
-                if steps > MAX_STEPS:
-                    raise Unsupported("too many instructions (infinite loop?)")
+            return self._run(True)
         except ReturnValue:
             return None
-        except Unsupported as e:
-            if exception_tracker(e) is not None:
-                raise Unsupported(f"{e.reason} escaping a generator") from e
-            raise
 
 
 class InstructionTranslator(InstructionTranslatorBase):
@@ -933,9 +896,8 @@ class InstructionTranslator(InstructionTranslatorBase):
         self.result = None          # ("return", vt) or ("break", BreakInfo, inst)
 
     def run(self) -> None:
-        steps = 0
         try:
-            while True:
+            for _ in range(MAX_STEPS + 1):
                 inst = self.instructions[self.ip]
                 if inst.offset in self.break_at:
                     self.current = inst
@@ -953,14 +915,9 @@ class InstructionTranslator(InstructionTranslatorBase):
                     off = inst.offset if off is None else off
                     self.break_at[off] = BreakInfo(off, e.reason, self.user_stack_at(e), e)
                     raise RestartAnalysis() from e
-                steps += 1
-                if steps > MAX_STEPS:
-                    raise Unsupported("too many instructions (infinite loop?)")
+            raise Unsupported("too many instructions (infinite loop?)")
         except ReturnValue as r:
             self.result = ("return", r.value)
 
     def user_stack_at(self, e) -> list[str]:
         return getattr(e, "user_stack", None) or self.user_stack()
-
-
-_ = (config, LocalSource, SetVariable, SourcedCellVariable, NullVariable, PY)

@@ -409,12 +409,10 @@ class GraphLowering(torch.fx.Interpreter):
     def output(self, target, args, kwargs):
         results = args[0]
         flat = list(results) if isinstance(results, (list, tuple)) else [results]
-        metas = [a.meta.get("val") if isinstance(a, torch.fx.Node) else None
-                 for a in (self.current_node.args[0] if isinstance(self.current_node.args[0], (list, tuple))
-                           else [self.current_node.args[0]])]
-        saved = self.gm.meta.get("coil_saved_outputs") if self.free_saved_layouts else None
         out_nodes = self.current_node.args[0]
         out_nodes = list(out_nodes) if isinstance(out_nodes, (list, tuple)) else [out_nodes]
+        metas = [a.meta.get("val") if isinstance(a, torch.fx.Node) else None for a in out_nodes]
+        saved = self.gm.meta.get("coil_saved_outputs") if self.free_saved_layouts else None
         memo: dict = {}
         for i, (a, m) in enumerate(zip(out_nodes, metas)):
             if isinstance(m, torch.Tensor) and statically_known_true(m.numel() == 0) and \
@@ -422,11 +420,8 @@ class GraphLowering(torch.fx.Interpreter):
                 e = _empty_eager(a, memo)  # eager's strides for an empty output
                 metas[i] = m if e is None else e
         for i, (r, meta) in enumerate(zip(flat, metas)):
-            if saved is not None and saved[0] <= i < saved[1]:
-                spec = self._saved_output_spec(r)
-            else:
-                spec = self._output_spec(r, meta)
-            self.outputs.append(spec)
+            is_saved = saved is not None and saved[0] <= i < saved[1]
+            self.outputs.append(self._saved_output_spec(r) if is_saved else self._output_spec(r, meta))
         self.output_strides = [self._spec_strides(o) for o in self.outputs]
         return results
 
@@ -595,16 +590,13 @@ class GraphLowering(torch.fx.Interpreter):
             args = conv(tuple(args), tuple(n.args))
         kwargs = {k: conv(v, n.kwargs.get(k)) for k, v in kwargs.items()}
         name = self.new_buffer_name()
-        if target in _INPLACE_BERNOULLI and isinstance(meta, torch.Tensor) and args and \
-                isinstance(n.args[0], torch.fx.Node) and n.args[0].target in _EMPTY_OPS:
-            # eager's in-place bernoulli_ of a fresh buffer, made functional by tracing
-            ek = ExternKernel(name, _empty_like_layout(getattr(args[0], "layout", None),
-                                                       self._extern_layout(meta, cl)),
-                              bernoulli_in_layout, args, kwargs)
-            self.register_buffer(ek)
-            return TensorBox(StorageBox(ek))
         if isinstance(meta, torch.Tensor):
-            ek = ExternKernel(name, self._extern_layout(meta, cl), target, args, kwargs)
+            lay, op = self._extern_layout(meta, cl), target
+            if target in _INPLACE_BERNOULLI and args and isinstance(n.args[0], torch.fx.Node) \
+                    and n.args[0].target in _EMPTY_OPS:
+                # eager's in-place bernoulli_ of a fresh buffer, made functional by tracing
+                lay, op = _empty_like_layout(getattr(args[0], "layout", None), lay), bernoulli_in_layout
+            ek = ExternKernel(name, lay, op, args, kwargs)
             _maybe_pad_matmul_output(ek, meta)
             self.register_buffer(ek)
             return TensorBox(StorageBox(ek))
@@ -707,8 +699,7 @@ class GraphLowering(torch.fx.Interpreter):
         if s1 == 1 and s0 == k and k % 8 != 0:  # row-major, misaligned K
             kp = -(-k // 8) * 8
             ap = self._padded_copy(base, k, kp)
-            bbase = self._realized_2d(b)
-            bp = self._padded_rows(bbase, k, kp)
+            bp = self._padded_rows(self._strided(b) or self._materialize(b, None), k, kp)
             out = ExternKernel(self.new_buffer_name(), _fake_layout(meta), torch.ops.aten.mm.default,
                                (ap, bp), {})
             self.register_buffer(out)
@@ -745,9 +736,6 @@ class GraphLowering(torch.fx.Interpreter):
         if isinstance(d, StorageBox):
             return d.realize()
         return None
-
-    def _realized_2d(self, x: TensorBox):
-        return self._strided(x) or self._materialize(x, None)
 
     def _padded_copy(self, x, c: int, cp: int) -> Buffer:
         """A contiguous (R, cp) copy of 2-D ``x`` (R, c) with zero columns c..cp, made by a

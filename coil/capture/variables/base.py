@@ -141,18 +141,12 @@ class ConstantVariable(VariableTracker):
         return wrap_constant_result(tx, value)
 
     def call_method(self, tx, name, args, kwargs):
+        from coil.capture.translator import const_value
         from coil.capture.variables.builder import wrap_constant_result
 
-        from coil.capture.translator import const_value
-
-        try:
-            cargs = [const_value(a) for a in args]
-            ckw = {k: const_value(v) for k, v in kwargs.items()}
-        except Unsupported:
-            # e.g. int * tensor: let the other side decide
-            if name.startswith("__r") or name.startswith("__"):
-                raise
-            raise
+        # (a non-constant argument, e.g. int * tensor, raises: the other side decides)
+        cargs = [const_value(a) for a in args]
+        ckw = {k: const_value(v) for k, v in kwargs.items()}
         import inspect
         import types as _types
 
@@ -247,7 +241,3 @@ class SourcedCellVariable(_CellBase):
     def __init__(self, cell, source):
         super().__init__(source)
         self.cell = cell
-
-
-def const(value: Any) -> ConstantVariable:
-    return ConstantVariable(value)

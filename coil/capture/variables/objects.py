@@ -342,7 +342,6 @@ class NNModuleVariable(ObjectVariableBase):
         raise Unsupported(f"iteration over {type(m).__name__}")
 
     def _named(self, tx, kind, prefix_arg=None, recurse=True):
-        from coil.capture.source import GetItemSource  # noqa: F401
         from coil.capture.variables.builder import wrap
 
         m = self.value

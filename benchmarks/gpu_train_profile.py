@@ -1,0 +1,112 @@
+"""Where the GPU time of one training step goes, coil against torch.compile, kernel by kernel.
+
+    python benchmarks/gpu_train_profile.py --model b_efficientnet_b0 --out $OUT   # the H200
+    python benchmarks/gpu_train_profile.py --model b_efficientnet_b0 --device cpu --size small
+
+For a broad-suite model (``coil.bench.broad``, random weights) in the suite's AMP training
+step (``coil.bench.suite.make_step``, mode ``train``): per compiler, the first call's
+seconds, wall ms per step (synchronized), GPU ms per step (the sum of the kernels' device
+time from ``torch.profiler``), kernels per step, and the top kernels by total device time
+with calls per step. Kernels are grouped by family (the name with digits dropped), so
+coil's and torch.compile's generated kernels of one kind read as one line each. The report
+goes to ``<out>/train_profile_<model>.txt`` and stdout.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+import time
+from collections import Counter
+
+import torch
+
+
+def _family(name: str) -> str:
+    name = re.sub(r"\d+", "N", name)
+    return name[:90]
+
+
+def _profile(step, steps: int, device: torch.device) -> tuple[float, int, Counter, Counter]:
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=acts) as prof:
+        for _ in range(steps):
+            step()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+    times, calls = Counter(), Counter()
+    for e in prof.events():
+        dev = getattr(e, "device_type", None)
+        if device.type == "cuda" and str(dev).endswith("CUDA"):
+            t = e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
+        elif device.type == "cpu" and e.cpu_parent is None:
+            t = e.cpu_time_total
+        else:
+            continue
+        times[_family(e.name)] += t / steps / 1000.0
+        calls[_family(e.name)] += 1
+    total = sum(times.values())
+    return total, sum(calls.values()) // steps, times, calls
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--out", default=".")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--size", default=None, help="full (default on CUDA) or small")
+    ap.add_argument("--compilers", nargs="+", default=["coil", "inductor"])
+    ap.add_argument("--mode", default="train")
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--top", type=int, default=25)
+    a = ap.parse_args()
+    import coil
+    from coil.bench.broad import BROAD_MODELS
+    from coil.bench.suite import _cast_inputs, _mode_dtype, _prepared_copy, _trainable, make_step
+
+    device = torch.device(a.device)
+    size = a.size or ("full" if device.type == "cuda" else "small")
+    built = BROAD_MODELS[a.model].build(device, size)
+    lines = [f"{a.model} ({built.config}), mode {a.mode}, {device}, torch {torch.__version__}"]
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    report = {}
+    for comp in a.compilers:
+        torch._dynamo.reset()
+        coil.reset()
+        m = _prepared_copy(built.module, a.mode, _mode_dtype(a.mode))
+        fn = {"coil": coil.compile, "inductor": torch.compile}.get(comp, lambda x: x)(m)
+        dt = _mode_dtype(a.mode)
+        step = make_step(fn, _trainable(m), _cast_inputs(built.args, dt), _cast_inputs(built.kwargs, dt),
+                         a.mode, device)
+        sync()
+        t = time.perf_counter()
+        step()
+        sync()
+        first = time.perf_counter() - t
+        for _ in range(3):
+            step()
+        sync()
+        t = time.perf_counter()
+        for _ in range(a.steps):
+            step()
+        sync()
+        wall = (time.perf_counter() - t) / a.steps * 1000
+        total, kernels, times, calls = _profile(step, a.steps, device)
+        report[comp] = times
+        lines.append(f"\n== {comp}: first call {first:.1f} s, wall {wall:.2f} ms/step, device "
+                     f"{total:.2f} ms/step, {kernels} kernels/step")
+        for name, ms in times.most_common(a.top):
+            lines.append(f"  {ms:8.3f} ms  {calls[name] / a.steps:6.1f}x  {name}")
+    text = "\n".join(lines)
+    print(text)
+    os.makedirs(a.out, exist_ok=True)
+    with open(os.path.join(a.out, f"train_profile_{a.model}.txt"), "w") as f:
+        f.write(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import re
 from typing import Any, Optional
 
 import torch
@@ -47,6 +48,47 @@ except ImportError:    # a torch without it: every tensor is checked in Python
 #: The ``group`` of guards generated after all others, in one ``if`` (a dynamic tensor's
 #: ``is_contiguous()``, once its batched C++ check passed)
 _AFTER = "___after"
+
+
+_PROP = re.compile(r"^(\w+)\.(?:size|stride)\(\)\[\d+\]$")
+
+
+class _Never:
+    @staticmethod
+    def check(*tensors) -> bool:
+        return False
+
+
+class _ShapeMemo:
+    """The exact sizes and strides of the last :data:`SIZE` argument lists that passed a
+    dynamic entry's shape guards, each as a C++ ``TensorGuards`` (dtype, device,
+    requires_grad, dispatch keys, sizes and strides). A call whose tensors match one
+    skips the Python reading of sizes and the relations: they held for those sizes. A
+    miss costs one failing C++ check per kept list, and an add about 2.4 µs; after
+    :data:`ADDS` adds (sizes that keep changing: a decode loop's growing length) the memo
+    stops keeping. It keeps a dynamic guard's per-call cost near a static one's
+    (``benchmarks/dynamic_guard_cost.py``)."""
+
+    SIZE, ADDS = 4, 16
+
+    def __init__(self):
+        self.last, self.kept, self.adds = _Never, [], 0
+
+    def hit(self, *tensors) -> bool:
+        for c in self.kept:
+            if c.check(*tensors):
+                self.last = c
+                return True
+        return False
+
+    def add(self, *tensors) -> None:
+        self.adds += 1
+        if self.adds > self.ADDS:
+            self.last, self.kept = _Never, []
+            return
+        self.last = _TensorGuards(*tensors, dynamic_dims_sizes=[list(t.shape) for t in tensors],
+                                  dynamic_dims_strides=[list(t.stride()) for t in tensors])
+        self.kept = [self.last] + self.kept[:self.SIZE - 1]
 
 
 class Guard:
@@ -122,6 +164,7 @@ class GuardSet:
         self._batched: dict[str, torch.Tensor] = {}   # src -> example tensor, until build
         self._batch_dims: dict[str, tuple] = {}  # src -> (sizes, strides), None: symbolic
         self._notes: dict[str, str] = {}    # src -> comment on its batched check
+        self._batch_srcs: dict[str, list] = {}  # batch -> the sources it checks, in order
         self._const_ids: dict[int, str] = {}
         # shape guards of a dynamic entry (coil/capture/dynamic.py): locals reading sizes,
         # then conditions over them; checked after every other guard
@@ -163,12 +206,20 @@ class GuardSet:
         lines = [f"def ___guard({params}):"]
         _emit_guards([g for g in self.guards if g.group != _AFTER], lines, self._notes)
         late = [g.code for g in self.guards if g.group == _AFTER]
-        if late:
+        if late and not (self.shape_exprs and self._shape_memo()):  # else under the memo
             lines.append(f"    if not ({' and '.join(late)}): return False")
         if self.shape_exprs:
-            lines.extend(f"    {ln}" for ln in self.shape_prelude)
+            memo, ind = self._shape_memo(), "    "
+            if memo:  # sizes and strides that passed before pass again (_ShapeMemo)
+                lines.append(f"    if not (___memo.last.check({memo}) or ___memo.hit({memo})):")
+                ind = "        "
+            if memo and late:
+                lines.append(f"{ind}if not ({' and '.join(late)}): return False")
+            lines.extend(f"{ind}{ln}" for ln in self.shape_prelude)
             cond = " and ".join(f"({e})" for e in self.shape_exprs)
-            lines.append(f"    if not ({cond}): return False")
+            lines.append(f"{ind}if not ({cond}): return False")
+            if memo:
+                lines.append(f"{ind}___memo.add({memo})")
         lines.append("    return True")
         return "\n".join(lines) + "\n"
 
@@ -180,6 +231,18 @@ class GuardSet:
         ns = dict(self.ns)
         exec(compile(src, "<coil guards>", "exec"), ns)
         return ns["___guard"], src
+
+    def _shape_memo(self) -> str:
+        """The arguments of the ``___tensors_args`` check (``"x, y"``) when every size the
+        shape guards read is a size or stride of one of them (then their truth follows
+        from those tensors' exact sizes and strides: :class:`_ShapeMemo`); else ``""``."""
+        srcs = self._batch_srcs.get("___tensors_args", [])
+        used = set(re.findall(r"___z\d+", " ".join(self.shape_exprs)))
+        props = [_PROP.match(self.shape_names[n]) for n in used]
+        if not srcs or not all(m and m.group(1) in srcs for m in props):
+            return ""
+        self.ns.setdefault("___memo", _ShapeMemo())
+        return ", ".join(srcs)
 
     def _batch(self) -> None:
         """One ``TensorGuards`` per batch over the batched tensors, in guard order, built
@@ -210,7 +273,7 @@ class GuardSet:
                     if g.batch == name:
                         g.batch = None
                 continue
-            self.ns[name] = check
+            self.ns[name], self._batch_srcs[name] = check, srcs
             for i, (s, t) in enumerate(zip(srcs, ts)):
                 keys[s] = (name, _dispatch_keys(t))
                 self._notes[s] = (f"{name}[{i}], {type(t).__name__} {t.dtype} {t.device} "

@@ -6,6 +6,7 @@ Generated kernels do ``from coil.runtime.triton_libdevice import libdevice`` and
 """
 from __future__ import annotations
 
+import importlib
 import os
 import types
 
@@ -54,6 +55,28 @@ def _patch_interpreter_bf16_rounding() -> None:
             arg, lambda d: f(d.astype(np.float64)).astype(d.dtype)))
     _patch_interpreter_compare_dtype(builder)
     _patch_interpreter_device_assert()
+    _patch_interpreter_fp16_atomic_add(builder)
+
+
+def _patch_interpreter_fp16_atomic_add(builder) -> None:
+    """An fp16 ``tl.atomic_add`` rounds each sum to fp16, past 65504 to inf, as the GPU:
+    the interpreter's raised OverflowError('overflow to signed inf') (fuzz s102 #2906)."""
+    from triton._C.libtriton import interpreter as native, ir
+    orig = builder.create_atomic_rmw
+
+    def create_atomic_rmw(self, op, ptr, val, mask, sem, scope):
+        if val.data.dtype != np.float16 or op != ir.ATOMIC_OP.FADD:
+            return orig(self, op, ptr, val, mask, sem, scope)
+        p, v, m = (np.ravel(a) for a in np.broadcast_arrays(ptr.data, val.data, mask.data))
+        old = np.zeros(v.shape, np.float16)
+        for i in np.flatnonzero(m):  # one at a time: repeated addresses add in turn
+            at = slice(i, i + 1)
+            old[at] = native.load(p[at], m[at], old[at], old.dtype)
+            with np.errstate(over="ignore"):
+                native.store(p[at], (old[at] + v[at].astype(np.float64)).astype(np.float16), m[at])
+        return type(val)(old.reshape(np.shape(val.data)), val.dtype.scalar)
+
+    builder.create_atomic_rmw = create_atomic_rmw
 
 
 def _patch_interpreter_device_assert() -> None:
@@ -62,11 +85,13 @@ def _patch_interpreter_device_assert() -> None:
     Triton's debug mode too (there they were no-ops, and the debug-mode check
     truth-tested a whole block): an index eager rejects then raises instead of reading
     or writing outside the tensor (an index_put at index 5 of a 2-element tensor
-    corrupted the process's heap). Other asserts (Triton's own overflow checks) keep
-    Triton's behaviour."""
+    corrupted the process's heap), as ``coil.exc.KernelIndexError``, what C++ kernels raise
+    (not inside Triton's ``InterpreterError``). Other asserts (Triton's own overflow
+    checks) keep Triton's behaviour."""
     from triton.runtime import interpreter as interp
+    from coil.exc import KernelIndexError
 
-    orig = interp.interpreter_semantic.device_assert
+    orig, run = interp.interpreter_semantic.device_assert, interp.GridExecutor.__call__
 
     def device_assert(cond, msg, mask=None):
         if not msg.startswith("index out of bounds"):
@@ -75,9 +100,17 @@ def _patch_interpreter_device_assert() -> None:
         if mask is not None:
             ok = ok | ~np.asarray(mask.handle.data, dtype=np.bool_)
         if not ok.all():
-            raise IndexError(msg)
+            raise KernelIndexError(msg)
 
-    interp.interpreter_semantic.device_assert = device_assert
+    def launch(self, *args, **kwargs):
+        try:
+            return run(self, *args, **kwargs)
+        except interp.InterpreterError as e:
+            if isinstance(e.__cause__, KernelIndexError):
+                raise KernelIndexError(f"{e.__cause__} (coil Triton kernel {self.fn.__name__})") from None
+            raise
+
+    interp.interpreter_semantic.device_assert, interp.GridExecutor.__call__ = device_assert, launch
 
 
 def _patch_interpreter_compare_dtype(builder) -> None:
@@ -101,6 +134,7 @@ def _patch_interpreter_compare_dtype(builder) -> None:
 
 def _make_shim():
     _patch_interpreter_bf16_rounding()
+    import torch
     import triton.language as tl
     from triton.runtime.interpreter import TensorHandle
 
@@ -122,14 +156,8 @@ def _make_shim():
             return tl.core.tensor(TensorHandle(out, elem), ty)
         return f
 
-    def vec(f):
-        def safe(x):
-            try:
-                return f(x)
-            except (ValueError, OverflowError):
-                return math.inf
-        return np.vectorize(safe, otypes=[np.float64])
-    import math
+    def f64(f):  # torch's float64 function (erfinv, lgamma of a pole: inf)
+        return lambda d: f(torch.as_tensor(d, dtype=torch.float64)).numpy()
     table = {
         "tanh": np.tanh, "log1p": np.log1p, "expm1": np.expm1, "pow": np.power,
         "nearbyint": np.rint, "atan2": np.arctan2, "trunc": np.trunc, "asin": np.arcsin,
@@ -137,33 +165,12 @@ def _make_shim():
         "asinh": np.arcsinh, "acosh": np.arccosh, "atanh": np.arctanh, "tan": np.tan,
         "exp2": np.exp2, "log2": np.log2, "log10": np.log10, "fmod": np.fmod,
         "hypot": np.hypot, "copysign": np.copysign, "nextafter": np.nextafter,
-        "erfc": vec(math.erfc), "lgamma": vec(math.lgamma), "erf": vec(math.erf),
-        "erfinv": vec(_erfinv), "signbit": None, "isinf": None, "isnan": None,
+        "erfc": f64(torch.erfc), "lgamma": f64(torch.lgamma), "erf": f64(torch.erf),
+        "erfinv": f64(torch.erfinv),
     }
-    ns = types.SimpleNamespace()
-    for k, v in table.items():
-        if v is not None:
-            setattr(ns, k, wrap(v))
-    ns.signbit = wrap(np.signbit, True)
-    ns.isinf = wrap(np.isinf, True)
-    ns.isnan = wrap(np.isnan, True)
+    ns = types.SimpleNamespace(**{k: wrap(v) for k, v in table.items()})
+    ns.signbit, ns.isinf, ns.isnan = (wrap(f, True) for f in (np.signbit, np.isinf, np.isnan))
     return ns
-
-
-def _erfinv(y: float) -> float:
-    """Inverse error function by Newton iterations (interpreter only)."""
-    import math
-    if y <= -1:
-        return -math.inf if y == -1 else math.nan
-    if y >= 1:
-        return math.inf if y == 1 else math.nan
-    a = 0.147
-    ln = math.log(1 - y * y)
-    t = 2 / (math.pi * a) + ln / 2
-    x = math.copysign(math.sqrt(math.sqrt(t * t - ln / a) - t), y)
-    for _ in range(3):
-        x -= (math.erf(x) - y) / (2 / math.sqrt(math.pi) * math.exp(-x * x))
-    return x
 
 
 def _make_rng_shim():
@@ -185,9 +192,7 @@ def _make_rng_shim():
                                   if offset.type.is_block() else tl.float32)
         return f
 
-    mod = types.ModuleType("coil_rng_shim")
-    mod.rand, mod.randn = make("rand"), make("randn")
-    return mod
+    return types.SimpleNamespace(rand=make("rand"), randn=make("randn"))
 
 
 def _make_red_shim():
@@ -202,15 +207,12 @@ def _make_red_shim():
             data = x.handle.data
             with np.errstate(all="ignore"):
                 out = np.asarray(npfn(data, axis=axis)).astype(data.dtype)
-            shape = list(x.type.shape)
-            del shape[axis]
+            shape = [n for i, n in enumerate(x.type.shape) if i != axis]
             ty = tl.block_type(x.dtype, shape) if shape else x.dtype
             return tl.core.tensor(TensorHandle(out, x.handle.dtype.scalar), ty)
         return f
 
-    mod = types.ModuleType("coil_red_shim")
-    mod.sum, mod.prod, mod.max, mod.min = make(np.sum), make(np.prod), make(np.max), make(np.min)
-    return mod
+    return types.SimpleNamespace(sum=make(np.sum), prod=make(np.prod), max=make(np.max), min=make(np.min))
 
 
 def __getattr__(name):
@@ -220,14 +222,8 @@ def __getattr__(name):
         if name not in _SHIMS:
             _SHIMS[name] = {"red": _make_red_shim, "rng": _make_rng_shim, "libdevice": _make_shim}[name]()
         return _SHIMS[name]
-    if name == "red":
-        import coil.runtime.triton_reductions as red
-        return red
-    if name == "rng":
-        import triton.language as tl
-        return tl
-    from triton.language.extra import libdevice as real
-    return real
+    return importlib.import_module({"red": "coil.runtime.triton_reductions", "rng": "triton.language",
+                                    "libdevice": "triton.language.extra.libdevice"}[name])
 
 
 _SHIMS: dict = {}  # name -> the interpreter shim module, made once

@@ -74,9 +74,7 @@ class Stmt:
     @property
     def defs(self) -> set:
         node = ast.parse(self.text).body[0]
-        if not isinstance(node, ast.Assign):
-            return set()
-        return {n.id for t in node.targets for n in ast.walk(t)
+        return {n.id for t in (node.targets if isinstance(node, ast.Assign) else []) for n in ast.walk(t)
                 if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
 
     @property
@@ -130,16 +128,12 @@ class Program:
                 f"    replay(fn, make_inputs, {backend!r})\n")
 
 
-@contextlib.contextmanager
 def _quiet():
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        yield
+    return warnings.catch_warnings(action="ignore")
 
 
 def _replay_env(inputs: list, stmts: list) -> dict:
-    env = {"torch": torch}
-    env.update({i.name: i.make() for i in inputs})
+    env = {"torch": torch, **{i.name: i.make() for i in inputs}}
     with _quiet():
         for s in stmts:
             exec(s.text, env)
@@ -274,15 +268,12 @@ def compile_for(fn: Callable, backend) -> Callable:
     import coil
     if callable(backend):
         return backend(fn)
-    if backend == "cpp":
-        return coil.compile(fn, options={"cpu_backend": "cpp"})
     if backend == "triton":
         os.environ.setdefault("TRITON_INTERPRET", "1")
-        return coil.compile(fn, options={"cpu_backend": "triton"})
-    if backend == "aot_eager":
-        return coil.compile(fn, backend="aot_eager")
-    if backend == "torch_aot_eager":
-        return torch.compile(fn, backend="aot_eager")
+    if backend in ("cpp", "triton"):
+        return coil.compile(fn, options={"cpu_backend": backend})
+    if backend in ("aot_eager", "torch_aot_eager"):
+        return (torch.compile if backend.startswith("torch") else coil.compile)(fn, backend="aot_eager")
     raise ValueError(f"unknown backend {backend!r}; choose from {BACKENDS}")
 
 
@@ -301,11 +292,7 @@ def _site(exc: BaseException) -> str:
     root = os.path.dirname(coil.__file__)  # coil's own files, not generated kernels
     frames = [f for f in traceback.extract_tb(exc.__traceback__)
               if f.filename.startswith(root) and os.sep + "testing" + os.sep not in f.filename]
-    where = ""
-    if frames:
-        f = frames[-1]
-        where = "@coil" + f.filename[len(root):] + ":" + f.name
-    return type(exc).__name__ + where
+    return type(exc).__name__ + (f"@coil{frames[-1].filename[len(root):]}:{frames[-1].name}" if frames else "")
 
 
 def _reference(fn: Callable, make_inputs: Callable, e_out) -> Optional[tuple]:
@@ -372,10 +359,10 @@ def _run_in(mode: TorchDispatchMode, fn: Callable, make_inputs: Callable) -> Opt
         return None
 
 
-#: ops whose CPU statistics coil computes in float64 (docs/ir.md, "Numerics"), and ops
-#: that sum (their partial sums overflow in one order and not in another)
+#: ops whose CPU statistics coil computes in float64 (docs/ir.md, "Numerics"), ops that
+#: sum (their partial sums overflow in one order and not in another), others :class:`_Bounds` bounds
 _F64_STATS = re.compile(r"\b(layer_norm|var|std|var_mean|std_mean|prod)\b")
-_REMS = re.compile(r"\b(fmod|remainder)\b| % ")
+_BOUNDED = re.compile(r"\b(fmod|remainder|copysign|signbit)\b| % ")
 _SUMS = re.compile(r"\b(sum|nansum|mean|cumsum|logsumexp|matmul|softmax|log_softmax|layer_norm|"
                    r"var|std|scaled_dot_product_attention|index_add_?|scatter_add_?|"
                    r"scatter_reduce)\b")
@@ -384,7 +371,8 @@ _SUMS = re.compile(r"\b(sum|nansum|mean|cumsum|logsumexp|matmul|softmax|log_soft
 class _Bounds(TorchDispatchMode):
     """Eager, recording in ``bounds`` (id -> (result, bound)) how far another correct result
     may be from eager's (docs/fuzzing.md, comparison rules): a sum's, a float remainder's by a
-    computed divisor; views, copies and casts keep their argument's, in-place writes drop it."""
+    computed divisor, a copysign/signbit by a computed NaN's; views, copies and casts keep
+    their argument's, in-place writes drop it where they write."""
 
     def __init__(self, n: int, inputs: list):
         super().__init__()
@@ -393,6 +381,9 @@ class _Bounds(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = dict(kwargs or {})
+        written = [(t, _flat(t).clone()) for a, v in zip(func._schema.arguments, list(args) + [
+            kwargs.get(a.name) for a in func._schema.arguments[len(args):]])
+            if a.alias_info and a.alias_info.is_write for t in pytree.tree_leaves(v) if isinstance(t, torch.Tensor)]
         out = func(*args, **kwargs)
         x, op, b = args[0] if args else None, func.overloadpacket, self.bounds.get(id(args[0] if args else None))
         if op in _SUM_OPS and isinstance(x, torch.Tensor):
@@ -417,26 +408,49 @@ class _Bounds(TorchDispatchMode):
             bound, q = a.abs() * rt + at, a / d  # near an integer quotient: a divisor more
             bound = bound + torch.where((q - q.round()).abs() * d.abs() <= bound, d.abs(), 0.0)
             self.bounds[id(out)] = out, torch.broadcast_to(bound, out.shape).nan_to_num(0.0, 0.0, 0.0)
-        elif func._schema.is_mutable or op in _ACC_OPS:
-            ptrs = {a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor)}
-            self.bounds = {i: v for i, v in self.bounds.items()
-                           if v[0].untyped_storage().data_ptr() not in ptrs
-                           or v[0] is out and op in _ACC_OPS}
-            if op in _ACC_OPS and out.is_floating_point() and (
-                    op not in (torch.ops.aten.index_put, torch.ops.aten.index_put_)
-                    or (args[3:4] or [kwargs.get("accumulate")])[0]):
-                # duplicate indices sum: in eager's order and precision or another's (eager
-                # itself rounds each add of a 1-D fp16 index_add_, not of a 2-D one: s100 #5064)
-                self.bounds[id(out)] = out, self._accumulated(func, args, kwargs, out.dtype)
+        elif op in (torch.ops.aten.copysign, torch.ops.aten.signbit) and isinstance(
+                s := args[-1], torch.Tensor) and s.untyped_storage().data_ptr() not in self.inputs:
+            # IEEE 754 leaves an arithmetic NaN's sign to the implementation (eager's float32 sum of
+            # [-inf, inf, nan] is -NaN, other orders' +NaN: s102 #3793): the other sign is as good
+            other = torch.where(s.isnan(), -out if out.is_floating_point() else ~out, out).double()
+            self.bounds[id(out)] = out, torch.zeros(out.shape), (other, torch.zeros(out.shape))
+        elif written or op in _ACC_OPS:
+            # duplicate indices sum: in eager's order and precision or another's (eager
+            # itself rounds each add of a 1-D fp16 index_add_, not of a 2-D one: s100 #5064)
+            acc = op in _ACC_OPS and out.is_floating_point() and (
+                op not in (torch.ops.aten.index_put, torch.ops.aten.index_put_) or (
+                    args[3:4] or [kwargs.get("accumulate")])[0]) and self._accumulated(func, args, kwargs, out.dtype)
+            self._drop_written(func, args, kwargs, written)
+            if isinstance(acc, torch.Tensor):
+                self.bounds[id(out)] = out, acc
         elif b and (func.is_view or op in (torch.ops.aten.clone, torch.ops.aten._to_copy)):
-            try:  # the same values: the same bound, viewed the same way
-                bs = b[1] if not func.is_view else func(b[1], *args[1:], **kwargs)
+            try:  # the same values: the same bound (and exact value), viewed the same way
+                bs = [u if not func.is_view else func(u, *args[1:], **kwargs) for u in (b[1], *sum(b[2:], ()))]
             except Exception:
                 return out
-            for t, u in zip(pytree.tree_leaves(out), pytree.tree_leaves(bs)):
-                self.bounds[id(t)] = t, u
+            for t, u, *ex in zip(pytree.tree_leaves(out), *map(pytree.tree_leaves, bs)):
+                self.bounds[id(t)] = (t, u) + ((tuple(ex),) if ex else ())
         return out
 
+    def _drop_written(self, func, args, kwargs, written: list) -> None:
+        """Drop the bounds of the elements ``func`` wrote (``written``: the arguments it writes
+        and their storages before), those not as before in eager's call and in one on other
+        values, in every tensor over that memory (``scatter_`` into a mean: s102 #767)."""
+        again = {id(t): _flat(torch.full_like(old, 3), t) for t, old in written}
+        swap = lambda x: again.get(id(x), x)  # noqa: E731
+        func(*pytree.tree_map(swap, list(args)), **pytree.tree_map(swap, kwargs))
+        masks = {}  # storage -> (its elements' size, which of them were written)
+        for t, old in written:
+            new, other, ptr = _flat(t), _flat(again[id(t)]), t.untyped_storage().data_ptr()
+            kept = ((new == old) | (new != new) & (old != old)) & (other == 3)
+            masks[ptr] = t.element_size(), masks.get(ptr, (0, False))[1] | ~kept
+        for i, (v, bound, *exact) in list(self.bounds.items()):
+            size, m = masks.get(v.untyped_storage().data_ptr(), (0, None))
+            if m is not None:
+                w = m.as_strided(v.shape, v.stride(), v.storage_offset()) \
+                    if size == v.element_size() else torch.tensor(True)
+                self.bounds[i] = (v, bound.masked_fill(w, 0.0)) + tuple(
+                    (x.where(~w, v.double()), err.masked_fill(w, 0.0)) for x, err in exact)
 
     def _accumulated(self, func, args, kwargs, dtype) -> torch.Tensor:
         """The rounding-error bound of an accumulating op (:data:`_ACC_OPS`) per element:
@@ -451,6 +465,12 @@ class _Bounds(TorchDispatchMode):
         adds = each(lambda k, t: torch.full(t.shape, float(k > 0), **f64))
         carried = each(lambda k, t: self.bounds[id(t)][1].double() if id(t) in self.bounds else torch.zeros(t.shape, **f64))
         return (each(lambda k, t: t.double().abs()) * torch.finfo(dtype).eps * adds + carried).nan_to_num(0.0, 0.0, 0.0)
+
+
+def _flat(t: torch.Tensor, layout: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``t``'s whole storage as a 1-D tensor of its dtype, or as ``layout``'s size and strides."""
+    lay = () if layout is None else (layout.storage_offset(), layout.shape, layout.stride())
+    return torch.empty(0, dtype=t.dtype).set_(t.untyped_storage(), *lay)
 
 
 _REM_OPS = {torch.ops.aten.fmod, torch.ops.aten.remainder}
@@ -491,7 +511,8 @@ def _error_bounds(fn: Callable, make_inputs: Callable) -> Optional[tuple]:
 
 
 class _Exact:
-    """A sum's bound, its float64 value and its rounding-error bound (a pytree leaf)."""
+    """A sum's bound, its float64 value and its rounding-error bound; a copysign/signbit by a
+    computed NaN's: 0, its value of the other sign there and 0 (a pytree leaf)."""
 
     def __init__(self, bound, exact, err):
         self.bound, self.exact, self.err = bound, exact, err
@@ -516,21 +537,16 @@ def _compare_tensor(what: str, c, e, r, r64=None, sums=False,
     ``r64``: float64 reference, ``sums``: the program sums, ``bound``: :class:`_Bounds`,
     ``bits``: it views floats as another dtype, ``narrow``: the fp16/bf16 dtypes of the
     program's inputs; docs/fuzzing.md)."""
-    if not isinstance(e, torch.Tensor) or not isinstance(c, torch.Tensor):
-        same = _same_bits(c, e) if isinstance(c, torch.Tensor) == isinstance(e, torch.Tensor) \
-            else False
-        same = same and (c == e or c != c and e != e) if not isinstance(e, torch.Tensor) else same
+    if not isinstance(e, torch.Tensor) or not isinstance(c, torch.Tensor):  # (or one is: types differ)
+        same = type(c) is type(e) and (c == e or c != c and e != e)
         return None if same else ("value", f"{what}: {c!r} vs eager {e!r}")
     if c.shape != e.shape:
         return "shape", f"{what}: shape {tuple(c.shape)} vs eager {tuple(e.shape)}"
     if c.dtype != e.dtype:
         return "dtype", f"{what}: dtype {c.dtype} vs eager {e.dtype}"
     a, b = c.detach().double(), e.detach().double()
-    if e.is_floating_point():
-        at, rt = TOLERANCES.get(e.dtype, (0.0, 0.0))
-        close = torch.isclose(a, b, rtol=rt, atol=at, equal_nan=True)
-    else:
-        at, close = 0.0, a == b
+    at, rt = TOLERANCES.get(e.dtype, (0.0, 0.0))  # (none for integers)
+    close = torch.isclose(a, b, rtol=rt, atol=at, equal_nan=True) if e.is_floating_point() else a == b
     if e.is_floating_point() and not close.all():  # eager overflowed where compiled did not
         big = torch.finfo(e.dtype).max / 4
         close |= b.isinf() & a.isfinite() & (a * b.sign() >= big)
@@ -550,18 +566,17 @@ def _compare_tensor(what: str, c, e, r, r64=None, sums=False,
         close |= torch.isclose(fc, fe, rtol=frt, atol=fat, equal_nan=True)
     if isinstance(bound, _Exact):
         x, err, bound = bound.exact, bound.err, bound.bound
-        if x.shape == a.shape and e.is_floating_point():
-            # a sum: any order whose partial sums stayed finite is within the error bound
-            # of the float64 sum (where eager's order overflowed: s83 #2135, s94 #1870)
-            close |= a.isfinite() & ((a - x).abs() <= err + at + rt * x.abs())
-    if isinstance(bound, torch.Tensor) and bound.shape == a.shape and e.is_floating_point():
+        if x.shape == a.shape:  # a sum: any order whose partial sums stayed finite is within
+            # the error bound of the float64 sum (where eager's order overflowed: s83 #2135,
+            # s94 #1870); a copysign/signbit by a computed NaN: the other sign there
+            close |= (a == x) | a.isfinite() & ((a - x).abs() <= err + at + rt * x.abs())
+    if isinstance(bound, torch.Tensor) and bound.shape == a.shape:
         close |= (a - b).abs() <= bound.nan_to_num(0.0, 0.0, 0.0)
         both = bound.isnan()  # compiled overflowed as some order of the summands can
         close |= bound.isinf() & (a == bound) | both & (a.isinf() | a.isnan())
     if bool(close.all()):
         return None
-    bad = (~close).nonzero()[0].tolist()
-    i = tuple(bad)
+    i = tuple((~close).nonzero()[0].tolist())
     return "value", (f"{what}: {int((~close).sum())} of {c.numel()} differ ({c.dtype}); first at "
                      f"{i}: compiled {c[i].item()!r} vs eager {e[i].item()!r}")
 
@@ -607,10 +622,8 @@ def _alias_of(t, args) -> Optional[int]:
     if not isinstance(t, torch.Tensor) or t.untyped_storage().nbytes() == 0:
         return None
     ptr = t.untyped_storage().data_ptr()
-    for j, a in enumerate(args):
-        if isinstance(a, torch.Tensor) and a.untyped_storage().data_ptr() == ptr:
-            return j
-    return None
+    return next((j for j, a in enumerate(args) if isinstance(a, torch.Tensor)
+                 and a.untyped_storage().data_ptr() == ptr), None)
 
 
 def _layout(t: torch.Tensor) -> tuple:
@@ -625,8 +638,7 @@ def _compare(c_out, e_out, c_args, e_args, ref, ref64=None, sums=False,
     """Every (kind, message) by which the compiled call differs from eager's (``ref``,
     ``ref64``, ``bounds``: (outputs, inputs) of the fp32 and float64 references and the
     summation error bounds, or None)."""
-    c_leaves, c_spec = pytree.tree_flatten(c_out)
-    e_leaves, e_spec = pytree.tree_flatten(e_out)
+    (c_leaves, c_spec), (e_leaves, e_spec) = map(pytree.tree_flatten, (c_out, e_out))
     if c_spec != e_spec:
         return [("out-structure", f"outputs {c_spec} vs eager {e_spec}")]
     (r_leaves, r_args), (q_leaves, q_args), (m_leaves, m_args) = (
@@ -698,7 +710,7 @@ def check(fn: Callable, make_inputs: Callable, backend: str = "cpp",
             if e_err is None and _F64_STATS.search(src) else None
         sums = "overflow" if e_err is None and _overflows(src, make_inputs()) else \
             bool(_SUMS.search(src))
-        bounds = _error_bounds(fn, make_inputs) if e_err is None and (sums or _REMS.search(src)) \
+        bounds = _error_bounds(fn, make_inputs) if e_err is None and (sums or _BOUNDED.search(src)) \
             else None
         _reset(backend)
         try:
@@ -715,15 +727,13 @@ def check(fn: Callable, make_inputs: Callable, backend: str = "cpp",
                             if sums == "overflow" and _run_in(_Overflowed(), fn, make_inputs) is None:
                                 return Result("no_reference", name, kind, "\n".join(
                                     [m for _, m in problems] + ["eager's statistic overflowed"]))
-                            return Result("mismatch", name, kind,
-                                          "\n".join(m for _, m in problems))
+                            return Result("mismatch", name, kind, "\n".join(m for _, m in problems))
         except _Hang:
             return Result("hang", name, "timeout", f"ran past {timeout}s")
         except Exception as err:
             if e_err is not None:
                 return Result("both_raise", name, type(err).__name__, str(err)[:500])
-            return Result("error", name, _site(err),
-                          f"{type(err).__name__}: {err}"[:2000])
+            return Result("error", name, _site(err), f"{type(err).__name__}: {err}"[:2000])
         finally:
             _reset(backend)
         if e_err is not None and not _raised_in_dead_code(fn, e_err):
@@ -832,8 +842,7 @@ def minimize(prog: Program, backend: str = "cpp", signature: Optional[str] = Non
              budget_s: float = 180.0, timeout: float = 60.0) -> Program:
     """Greedy shrinking of ``prog`` while :func:`check_program` keeps ``signature``."""
     stop = time.time() + budget_s
-    if signature is None:
-        signature = check_program(prog, backend, timeout).signature
+    signature = signature or check_program(prog, backend, timeout).signature
     prog, progress = _prune(prog), True
     while progress and time.time() < stop:
         progress = False
@@ -889,10 +898,8 @@ def main(argv: Optional[list] = None) -> int:
     ap.add_argument("--out", default="fuzz-out", help="where failures' repro files go")
     ap.add_argument("--no-minimize", action="store_true")
     ap.add_argument("--minimize-time", type=float, default=60.0)
-    ap.add_argument("--per-class", type=int, default=10,
-                    help="minimize at most this many failures of one signature")
-    ap.add_argument("--torch-ref", action="store_true",
-                    help="also run failures through torch.compile(backend='aot_eager')")
+    ap.add_argument("--per-class", type=int, default=10, help="minimize at most this many failures of one signature")
+    ap.add_argument("--torch-ref", action="store_true", help="also run failures through torch.compile(backend='aot_eager')")
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds a compiled run may take")
     a = ap.parse_args(argv)
     import coil.trace as trace
@@ -916,8 +923,7 @@ def main(argv: Optional[list] = None) -> int:
             r = _upstream(prog, check_program(prog, b, a.timeout), a.timeout)
             trace.log("fuzz_result", stage="testing", program=prog.label, backend=b,
                       outcome=r.outcome, kind=r.kind, families=sorted(prog.families()))
-            for fam in prog.families() | {"all programs"}:
-                stats[(fam, r.outcome)] += 1
+            stats.update((fam, r.outcome) for fam in prog.families() | {"all programs"})
             if r.outcome not in FAILURES:
                 if a.index is not None or r.outcome in ("upstream", "no_reference"):
                     print(f"{prog.label}: {r.outcome} on {b}: {r.kind}", flush=True)
@@ -930,10 +936,8 @@ def main(argv: Optional[list] = None) -> int:
                 small = minimize(prog, b, r.signature, a.minimize_time, a.timeout)
                 again = check_program(small, b, a.timeout)  # the details of the small one
                 r = again if again.signature == r.signature else r
-            note = ""
-            if a.torch_ref:
-                note = f"\n#   torch.compile(backend='aot_eager'): " \
-                       f"{check_program(small, 'torch_aot_eager', a.timeout).outcome}"
+            note = f"\n#   torch.compile(backend='aot_eager'): " \
+                   f"{check_program(small, 'torch_aot_eager', a.timeout).outcome}" if a.torch_ref else ""
             path = os.path.join(a.out, f"{r.outcome}-{b}-s{a.seed}-{i}.py")
             with open(path, "w") as f:
                 f.write(small.source(r).replace("\nimport torch", note + "\nimport torch", 1))

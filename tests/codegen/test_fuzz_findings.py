@@ -672,3 +672,29 @@ def test_contiguous_of_a_permuted_input_after_scatter_add_is_a_copy(backend):
     r = check(_contiguous_after_scatter_add_, lambda: [torch.arange(72).reshape(2, 1, 6, 6).permute(1, 0, 3, 2)],
               backend)
     assert r.outcome == "ok", f"{r.outcome} {r.kind}: {r.detail}"
+
+
+def _copysign_by_layer_norm(a):  # fuzz seed 102 #3793
+    return (torch.copysign(torch.ones_like(a), torch.nn.functional.layer_norm(a, (9,))),)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sign_of_a_nan_a_sum_made_is_not_compared(backend):
+    """A row of -inf, inf and NaN normalized: eager's float32 sum met the NaNs in an order
+    that gave +NaN, coil's kernels (C++ lanes, the interpreter's NumPy sum) -NaN, which
+    ``copysign`` reads. IEEE 754 leaves that sign open (a GPU gives +NaN): the comparator
+    accepts either sign by a computed NaN (tests/testing/test_fuzz.py)."""
+    _ok(_copysign_by_layer_norm, lambda: [torch.tensor([[-math.inf, math.inf, math.nan] + [0.0] * 6])],
+        backend)
+
+
+def _fp16_index_add_past_the_max(a):  # fuzz seed 102 #2906
+    a.index_add_(0, torch.tensor([0, 0, 1]), torch.full((3,), 40000.0, dtype=torch.float16))
+    return (a,)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_fp16_accumulation_past_the_max_is_inf(backend):
+    """An fp16 ``index_add_`` whose sum passes 65504 (Triton: ``tl.atomic_add``): inf as
+    eager and the GPU give; the interpreter raised OverflowError('overflow to signed inf')."""
+    _ok(_fp16_index_add_past_the_max, lambda: [torch.tensor([1.0, 2.0], dtype=torch.float16)], backend)

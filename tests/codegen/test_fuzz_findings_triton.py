@@ -144,9 +144,10 @@ def _index_put_out_of_range(a, i):
 def test_out_of_range_index_raises(backend):
     # the Triton interpreter ran tl.device_assert only in debug mode: the store at index
     # 5 of a 2-element tensor went outside it (heap corruption of the fuzzer, s3 #113's
-    # minimization); now the kernel raises before the access, as eager and the C++ do
+    # minimization); now the kernel raises before the access, as eager and the C++ do,
+    # and the same error: coil.exc.KernelIndexError, not in Triton's InterpreterError
     r = check(_index_put_out_of_range, lambda: [torch.zeros(2), torch.tensor([0, 5])], backend)
-    assert r.outcome == "both_raise", f"{r.outcome} {r.kind}: {r.detail}"
+    assert (r.outcome, r.kind) == ("both_raise", "KernelIndexError"), f"{r.outcome} {r.kind}: {r.detail}"
 
 
 # -- operations on constants only; unsigned operands beside negative literals -----
@@ -260,3 +261,25 @@ def _cat_of_subnormal_fill(a, b):
 def test_subnormal_fp32_constant(dtype, backend):
     _ok(_cat_of_subnormal_fill, lambda: [torch.ones(4, 1, dtype=torch.int64), torch.ones(4, 1, dtype=dtype)],
         backend)
+
+
+# -- a where of two constants --------------------------------------------------------
+
+def _where_of_filled_uint8(a):  # fuzz seed 104 #2584
+    a.fill_(0)
+    return (torch.where(a != -3, a, a) // 1,)
+
+
+def _where_of_int32_max(a):
+    return (torch.where(a > 0, torch.full_like(a, 2147483647), 0) + 1,)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("fn, make_inputs", [
+    (_where_of_filled_uint8, lambda: [torch.tensor(3, dtype=torch.uint8)]),
+    (_where_of_int32_max, lambda: [torch.tensor([1, -1])])])
+def test_where_of_two_constants_keeps_their_dtype(fn, make_inputs, backend):
+    """``tl.where(mask, 0, 0)``: Triton types the two Python literals int32, not the
+    constants' uint8 (``// 1`` of it refused: different signedness) or int64 (2**31 - 1
+    plus 1 wrapped to -2**31). Constants on both sides are now ``tl.full`` of their dtype."""
+    _ok(fn, make_inputs, backend)

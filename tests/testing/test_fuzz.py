@@ -585,3 +585,41 @@ def test_sum_of_computed_values_carries_their_tolerance():
     assert check_program(p, _fake(lambda s, o, x: (o[0] * 0 + 1e-3,))).kind == "out-value"
     q = _prog(["v1 = torch.sum(a, dim=1, keepdim=True, dtype=torch.float64)"], b, returns=["v1"])
     assert check_program(q, _fake(lambda s, o, x: (o[0] + 1e-5,))).kind == "out-value"
+
+
+def test_in_place_write_drops_the_bounds_of_the_elements_it_writes_only():
+    """fuzz seed 102 #767: ``scatter_`` into a float32 mean whose summands of both signs
+    reach the max (eager's order: -inf): the write dropped the summation bound of the
+    whole mean, so another order's +inf where it did not write was a mismatch. It now
+    drops it where it writes (the value written there is compared as any other)."""
+    x = torch.tensor([[-9.051398e+37, 2.474863e+38, 0.7809534, 2.0797187e+38, -2.914518e+38],
+                      [1.0, 2.0, 3.0, 4.0, 5.0]])
+    p = _prog(["v0 = torch.mean(a, dim=1)", "v0.scatter_(0, torch.tensor([1]), torch.tensor([-0.5]))"],
+              x, returns=["v0"])
+    assert check_program(p, _fake(lambda s, o, a: (torch.tensor([math.inf, -0.5]),))).outcome == "ok"
+    for wrong in ([5.0, -0.5], [math.inf, -0.49], [math.inf, 3.0]):
+        assert check_program(p, _fake(lambda s, o, a: (torch.tensor(wrong),))).kind == "out-value"
+    q = _prog(["v0 = torch.mean(a, dim=1)", "v0.scatter_(0, torch.tensor([0]), torch.tensor([-0.5]))"],
+              x, returns=["v0"])
+    assert check_program(q, _fake(lambda s, o, a: (torch.tensor([math.inf, 3.0]),))).kind == "out-value"
+    r = _prog(["v0 = torch.mean(a, dim=1)", "v1 = v0[1:]", "v1.fill_(2)"], x, returns=["v0"])
+    assert check_program(r, _fake(lambda s, o, a: (torch.tensor([math.inf, 2.0]),))).outcome == "ok"
+    t = _prog(["v0 = torch.mean(a, dim=1)", "a.t_()"], x, returns=["v0"])  # writes no element
+    assert check_program(t, _fake(lambda s, o, a: (torch.tensor([math.inf, 3.0]),))).outcome == "ok"
+
+
+def test_sign_of_a_computed_nan_is_either_sign():
+    """fuzz seed 102 #3793: ``copysign`` by a float32 ``layer_norm`` of a row with -inf,
+    inf and NaN. IEEE 754 leaves the sign of an arithmetic NaN to the implementation
+    (eager's float32 sum of [-inf, inf, nan] is -NaN, of [nan, -inf, inf] +NaN; a GPU's
+    is +NaN), so ``copysign``/``signbit`` by a NaN the program computed may give either
+    sign there, nothing else; by an input's NaN, only eager's."""
+    a, b = torch.tensor([math.inf, 1.0, math.nan]), torch.tensor([2.0, 3.0, 4.0])
+    p = _prog(["v0 = torch.copysign(b, a - a)", "v1 = (a - a).signbit()"], a, b)
+    flipped = (torch.tensor([2.0, 3.0, -4.0]), torch.tensor([False, False, True]))
+    assert check_program(p, _fake(lambda s, o, x: flipped)).outcome == "ok"
+    for wrong in ((torch.tensor([-2.0, -3.0, 4.0]), o1 := torch.tensor([True, False, False])),
+                  (torch.tensor([-2.5, 3.0, 4.0]), o1), (torch.tensor([-2.0, 3.0, 4.0]), ~o1)):
+        assert check_program(p, _fake(lambda s, o, x: wrong)).kind == "out-value"
+    q = _prog(["v0 = torch.copysign(b, a)"], a, b)
+    assert check_program(q, _fake(lambda s, o, x: (torch.tensor([2.0, 3.0, -4.0]),))).kind == "out-value"

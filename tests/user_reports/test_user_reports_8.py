@@ -207,11 +207,10 @@ def test_aliased_inputs_on_a_cache_hit(backend):
     torch.testing.assert_close(cf(u.clone(), v), f(u.clone(), v))
 
 
-# 2. Triton: an out-of-range gather index reads out of bounds and returns garbage. The
-# kernel emits tl.device_assert (coil/codegen/triton/kernel.py indirect_indexing), which is
-# a no-op unless Triton debug mode is on; eager and the C++ backend raise IndexError.
-@pytest.mark.parametrize("backend", _triton_only(
-    "Triton: tl.device_assert is off without debug; out-of-range index returns garbage"))
+# 2. fixed: Triton: an out-of-range gather index read out of bounds and returned garbage
+# (tl.device_assert was a no-op outside Triton's debug mode). Under the interpreter the
+# check now runs, and raises coil.exc.KernelIndexError (an IndexError) as the C++ backend.
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_out_of_range_index_raises(backend):
     cf = _compiled(lambda x, i: x[i] * 2, backend)
     with pytest.raises(IndexError):

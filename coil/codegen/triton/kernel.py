@@ -539,7 +539,7 @@ class TritonKernel(OpsHandler):
 
     def where(self, c, a, b):
         dt = a.dtype if (isinstance(a, TVal) and a.const is None) else b.dtype
-        c, a, b = self._fold_consts(c, a, b)
+        a, b = self._fold_consts(a, b)  # (two Python literals typed it int32/fp32: s104 #2584)
         return self._op(f"tl.where({c}, {a}, {b})", dt, c, a, b)
 
     def load_seed(self, name, offset):

@@ -50,7 +50,7 @@ except ImportError:    # a torch without it: every tensor is checked in Python
 _AFTER = "___after"
 
 
-_PROP = re.compile(r"^(\w+)\.(?:size|stride)\(\)\[\d+\]$")
+_PROP = re.compile(r"^(.+)\.(?:size|stride)\(\)\[\d+\]$")
 
 
 class _Never:

@@ -749,3 +749,25 @@ def test_marked_dim_specialized_by_python_names_the_line():
     msg = str(e.value)
     assert "dim 0 of x" in msg and "constant 3" in msg and __file__ in msg
     assert "what to do" in msg
+
+
+def test_shape_memo_covers_a_module_called_with_args():
+    """A module's tensors are ``args[0]``: the memo applies to them too, and a
+    transposed input of memoized sizes still fails the guard."""
+    m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU())
+    f = coil.compile(m, backend="eager", dynamic=True)
+    f(torch.randn(4, 8))
+    (e,) = next(iter(_caches.values())).entries
+    assert "___memo.last.check(args[0])" in e.guard_src
+    guard, seen = e.guard, []
+    e.guard = lambda *a: seen.append(a) or guard(*a)
+    f(torch.randn(4, 8))
+    self_, _, kwargs, fn = seen[0]
+    assert guard(self_, (torch.randn(8, 8),), kwargs, fn)
+    assert guard(self_, (torch.randn(8, 8),), kwargs, fn)  # a memo hit
+    assert not guard(self_, (torch.randn(8, 8).t(),), kwargs, fn)
+    e.guard = guard
+    for n in (8, 5, 8):
+        x = torch.randn(n, 8)
+        torch.testing.assert_close(f(x), m(x))
+        torch.testing.assert_close(f(x.t().contiguous().t()), m(x.t().contiguous().t()))

@@ -225,6 +225,20 @@ def _divides(b, t) -> bool:
     return sympy.denom(t / b) == 1
 
 
+class TruncDiv(sympy.Function):
+    """``a / b`` as C++ and Triton compute it (toward zero), printed as the target's own
+    integer division: only made by :func:`floor_safe` where it equals Python's floor."""
+
+    nargs, is_integer = (2,), True
+
+
+class TruncMod(sympy.Function):
+    """``a % b`` as the target computes it (C's sign of ``a``, Python's of ``b``): only
+    made by :func:`floor_safe`, in forms where both give the floor remainder."""
+
+    nargs, is_integer = (2,), True
+
+
 class Mod(sympy.Function):
     """``a % b`` for a >= 0, b > 0."""
 
@@ -482,6 +496,43 @@ def unflatten(flat: sympy.Expr, size: Sequence[sympy.Expr]) -> list[sympy.Expr]:
     return out
 
 
+def floor_safe(e: sympy.Expr) -> sympy.Expr:
+    """``e`` for a kernel, whose integer ``/`` and ``%`` (C++, Triton) truncate toward zero
+    where FloorDiv and Mod floor: each one over a numerator that may be negative is
+    rewritten over a non-negative one (``(-s) // 8`` -> ``-((s + 7) // 8)``, ``(-s) % 8``
+    -> ``7 - (s + 7) % 8``); one of unknown sign (``(s - 7) // 2``, a masked lane's
+    ``(x0 - 1) // 2``) gets the remainder ``((a % b) + b) % b`` and the exact quotient
+    ``(a - rem) / b``, right in either semantics. Divisors are sizes and strides (> 0)."""
+    def fix(t):
+        a, b = t.args  # b: a size or stride, > 0 wherever a lane runs
+        if _sign(a) > 0:
+            return t
+        if _sign(a) < 0:
+            return -FloorDiv(b - 1 - a, b) if isinstance(t, FloorDiv) else b - 1 - Mod(b - 1 - a, b)
+        rem = TruncMod(TruncMod(a, b) + b, b)  # the floor remainder in either semantics
+        return TruncDiv(a - rem, b) if isinstance(t, FloorDiv) else rem
+    return e.replace(lambda t: isinstance(t, (FloorDiv, Mod)), fix) if e.has(FloorDiv, Mod) else e
+
+
+def _sign(a: sympy.Expr) -> int:
+    """1: ``a >= 0``, -1: ``a <= 0``, 0: unknown (sympy's assumptions, then the ShapeEnv's ranges)."""
+    if a.is_nonnegative or a.is_nonpositive:
+        return 1 if a.is_nonnegative else -1
+    from torch.utils._sympy import functions as tf
+    from torch.utils._sympy.value_ranges import ValueRanges, bound_sympy
+    env = current_shape_env()
+    a = a.replace(lambda t: isinstance(t, FloorDiv), lambda t: tf.FloorDiv(*t.args)).replace(
+        lambda t: isinstance(t, Mod), lambda t: tf.PythonMod(*t.args))
+    # every symbol of an index is a size or a loop index (>= 0); the ShapeEnv may know more
+    ranges = {v: ValueRanges(0, tf.int_oo) for v in a.free_symbols}
+    ranges.update({v: r for v, r in (env.var_to_range.items() if env is not None else ()) if v in ranges})
+    try:
+        r = bound_sympy(a, ranges)
+    except Exception:  # noqa: BLE001 - an expression the ranges cannot bound
+        return 0
+    return 1 if r.lower >= 0 else -1 if r.upper <= 0 else 0
+
+
 def pyexpr(e: sympy.Expr) -> str:
     """Print an index expression as Python/Triton source (``//`` and ``%`` for FloorDiv
     and Mod; integer-only arithmetic). Deterministic: same expression, same text."""
@@ -489,9 +540,9 @@ def pyexpr(e: sympy.Expr) -> str:
         return str(int(e))
     if e.is_Symbol:
         return e.name
-    if isinstance(e, FloorDiv):
+    if isinstance(e, (FloorDiv, TruncDiv)):
         return f"({_paren(e.args[0])} // {_paren(e.args[1], True)})"
-    if isinstance(e, Mod):
+    if isinstance(e, (Mod, TruncMod)):
         return f"({_paren(e.args[0])} % {_paren(e.args[1], True)})"
     if e.is_Add:
         terms = sorted(e.args, key=lambda t: (t.is_Integer, sympy.default_sort_key(t)))

@@ -361,6 +361,7 @@ def _run_in(mode: TorchDispatchMode, fn: Callable, make_inputs: Callable) -> Opt
 
 #: ops whose CPU statistics coil computes in float64 (docs/ir.md, "Numerics"), ops that
 #: sum (their partial sums overflow in one order and not in another), others :class:`_Bounds` bounds
+_CASTS = re.compile(r"torch\.(float32|float16|bfloat16)\b")
 _F64_STATS = re.compile(r"\b(layer_norm|var|std|var_mean|std_mean|prod)\b")
 _BOUNDED = re.compile(r"\b(fmod|remainder|copysign|signbit)\b| % ")
 _SUMS = re.compile(r"\b(sum|nansum|mean|cumsum|logsumexp|matmul|softmax|log_softmax|layer_norm|"
@@ -559,7 +560,8 @@ def _compare_tensor(what: str, c, e, r, r64=None, sums=False,
     if not close.all():
         close |= _documented_numerics(a, b, e.dtype, r64, sums)
     for low in narrow if e.dtype in (torch.float32, torch.float64) and not close.all() else ():
-        close |= _one_narrow_ulp(a, b, low)
+        if torch.finfo(low).bits < torch.finfo(e.dtype).bits:
+            close |= _one_narrow_ulp(a, b, low)
     if bits and e.dtype in _BIT_PAIRS and not close.all():  # a float's bits: its ulps show
         fc, fe = (t.detach().contiguous().view(_BIT_PAIRS[e.dtype]).double() for t in (c, e))
         fat, frt = TOLERANCES.get(_BIT_PAIRS[e.dtype], (0.0, 0.0))
@@ -634,17 +636,19 @@ def _layout(t: torch.Tensor) -> tuple:
 
 
 def _compare(c_out, e_out, c_args, e_args, ref, ref64=None, sums=False,
-             bounds=None, bits: bool = False) -> list:
+             bounds=None, bits: bool = False, casts=()) -> list:
     """Every (kind, message) by which the compiled call differs from eager's (``ref``,
     ``ref64``, ``bounds``: (outputs, inputs) of the fp32 and float64 references and the
-    summation error bounds, or None)."""
+    summation error bounds, or None; ``casts``: the narrower float dtypes the program
+    names, ``prod(b, dtype=torch.float32)`` of a float64 ``b``: s200 #11658)."""
     (c_leaves, c_spec), (e_leaves, e_spec) = map(pytree.tree_flatten, (c_out, e_out))
     if c_spec != e_spec:
         return [("out-structure", f"outputs {c_spec} vs eager {e_spec}")]
     (r_leaves, r_args), (q_leaves, q_args), (m_leaves, m_args) = (
         _leaves(x, len(e_leaves), len(e_args)) for x in (ref, ref64, bounds))
     problems = []
-    narrow = {a.dtype for a in pytree.tree_leaves(e_args) if isinstance(a, torch.Tensor)} & set(_LOW)
+    narrow = ({a.dtype for a in pytree.tree_leaves(e_args) if isinstance(a, torch.Tensor)} & set(_LOW)
+              | {getattr(torch, c) for c in casts})
     for i, (c, e, r, q, m) in enumerate(zip(c_leaves, e_leaves, r_leaves, q_leaves, m_leaves)):
         p = _compare_tensor(f"output {i}", c, e, r, q, sums, m, bits, narrow)
         if p:
@@ -720,8 +724,8 @@ def check(fn: Callable, make_inputs: Callable, backend: str = "cpp",
                     c_args = make_inputs()
                     c_out = compiled(*c_args)
                     if e_err is None:
-                        problems = _compare(c_out, e_out, c_args, e_args, ref, ref64, sums,
-                                            bounds, bool(_BIT_VIEW.search(src)))
+                        problems = _compare(c_out, e_out, c_args, e_args, ref, ref64, sums, bounds,
+                                            bool(_BIT_VIEW.search(src)), _CASTS.findall(src))
                         if problems:
                             kind = ("2nd-call " if call else "") + problems[0][0]
                             if sums == "overflow" and _run_in(_Overflowed(), fn, make_inputs) is None:

@@ -191,3 +191,30 @@ def test_backward_of_a_strided_slice_gets_its_size_symbol(backend):
         torch.testing.assert_close(grads, [p.grad for p in lin.parameters()])
         lin.zero_grad()
     assert dict(fallback_counts) == before
+
+
+_NEGATIVE_DIVISIONS = {
+    "ceil_slice": lambda x: x[:, : -(-x.shape[1] // 2)],
+    "pad_to_multiple_ceil": lambda x: torch.nn.functional.pad(x, (0, -(-x.shape[1] // 8) * 8 - x.shape[1])),
+    "pad_to_multiple_mod": lambda x: torch.nn.functional.pad(x, (0, (-x.shape[1]) % 8)),
+    "center_pad": lambda x: torch.nn.functional.pad(x, ((8 - x.shape[1]) // 2, (9 - x.shape[1]) // 2)),
+    "mixed_sign_slice": lambda x: x[:, (x.shape[1] - 7) // 2:],
+    "ceil_repeat": lambda x: x.repeat(1, -(-8 // x.shape[1]))[:, :8],
+    "select_negative": lambda x: x.t().select(0, -(x.shape[1] // 2)),
+}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", sorted(_NEGATIVE_DIVISIONS))
+def test_floor_division_of_a_negative_size_expression(backend, name):
+    """``-(-n // 8)`` and ``(-n) % 8`` in sizes: kernels printed them with C++'s and
+    Triton's truncating ``/`` and ``%`` (loops of half the output, garbage rows, SIGFPE);
+    a numerator <= 0 is now rewritten over a non-negative one, and one of unknown sign
+    (``(n - 7) // 2``) makes the graph fall back."""
+    fn = _NEGATIVE_DIVISIONS[name]
+    f = _compiled(fn, backend)
+    for n in (7, 9, 4, 6, 5, 11):
+        x = torch.arange(2.0 * n).view(2, n)
+        out, ref = f(x), fn(x)
+        assert out.shape == ref.shape
+        torch.testing.assert_close(out, ref)

@@ -554,6 +554,19 @@ def test_float_result_of_a_narrow_input_one_narrow_ulp_apart_is_accepted_only_th
     assert fuzz._compare([torch.tensor([-0.80859375, 3.0, 1.0])], [e], f32_args, f32_args, None)
 
 
+def test_float64_output_of_a_named_float32_cast_one_float32_ulp_apart_is_accepted_only_then():
+    """``prod(b, dtype=torch.float32)`` of a float64 ``b`` then promoted back (s200 #11658):
+    coil's and eager's float32 products were one float32 ulp apart in a float64 output.
+    One ulp is accepted when the program names float32; two, or a float32 output, not."""
+    e_args = [torch.tensor([1.0], dtype=torch.float64)]
+    e = torch.tensor([1075.3702392578125], dtype=torch.float64)
+    one, two = torch.tensor([1075.3701171875], dtype=torch.float64), torch.tensor(
+        [1075.3699951171875], dtype=torch.float64)  # two ulps
+    assert fuzz._compare([one], [e], e_args, e_args, None, casts=["float32"]) == []
+    assert fuzz._compare([two], [e], e_args, e_args, None, casts=["float32"])
+    assert fuzz._compare([one], [e], e_args, e_args, None)
+
+
 def test_accumulation_at_duplicate_indices_is_compared_within_its_rounding_bound():
     """fuzz seed 100 #5064: fp16 ``index_add_`` of four equal values into one element:
     eager's 2-D path sums in float (-12.2890625), its 1-D path and coil round each add

@@ -20,7 +20,7 @@ from typing import Iterable
 
 import sympy
 
-from coil.ir.symbols import FloorDiv, Mod, simplify_index
+from coil.ir.symbols import FloorDiv, Mod, TruncDiv, TruncMod, floor_safe, simplify_index
 
 
 def canonicalize(e: sympy.Expr, bounds: dict) -> sympy.Expr:
@@ -250,9 +250,11 @@ def cexpr(e: sympy.Expr) -> str:
         return f"{v}LL" if abs(v) >= 2 ** 31 else str(v)
     if e.is_Symbol:
         return e.name
-    if isinstance(e, FloorDiv):
+    if isinstance(e, (FloorDiv, Mod)) and e != (safe := floor_safe(e)):
+        return f"({cexpr(safe)})"  # C's / and % truncate: a non-negative numerator only
+    if isinstance(e, (FloorDiv, TruncDiv)):
         return f"({_paren(e.args[0])} / {_paren(e.args[1])})"
-    if isinstance(e, Mod):
+    if isinstance(e, (Mod, TruncMod)):
         return f"({_paren(e.args[0])} % {_paren(e.args[1])})"
     if e.is_Add:
         terms = sorted(e.args, key=lambda t: (t.is_Integer, sympy.default_sort_key(t)))

@@ -26,7 +26,8 @@ import sympy
 import torch
 
 from coil.config import config
-from coil.ir.symbols import RINDEX, XINDEX, guard_true, hint, is_static, pyexpr, simplify_index, sym
+from coil.ir.symbols import RINDEX, XINDEX, floor_safe, guard_true, hint, is_static, simplify_index, sym
+from coil.ir.symbols import pyexpr as _pyexpr
 from coil.ir.virtualized import OpsHandler, compute_dtype
 from coil.schedule.indexing import axis_steps
 
@@ -35,6 +36,12 @@ TL_DTYPE = {
     torch.float64: "tl.float64", torch.int64: "tl.int64", torch.int32: "tl.int32",
     torch.int16: "tl.int16", torch.int8: "tl.int8", torch.uint8: "tl.uint8", torch.bool: "tl.int1",
 }
+
+
+def pyexpr(e) -> str:
+    """An index expression as Triton source; Triton's integer ``//``/``%`` truncate
+    (:func:`coil.ir.symbols.floor_safe`)."""
+    return _pyexpr(floor_safe(e))
 
 
 class TVal:

@@ -22,6 +22,7 @@ equalities of the inputs' symbols) as Python over the frame's sources.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from typing import Any, Optional
 
@@ -143,8 +144,8 @@ class DynamicPolicy:
 
         expr = source.expr()
         self.scalars[expr] = value
-        if type(value) not in (int, float) or value != value:
-            return None
+        if type(value) not in (int, float) or value != value or value in (math.inf, -math.inf):
+            return None  # NaN and inf stay guarded constants (a symbol's graph assumes finite)
         if not ("value" in self.auto.get(expr, ()) and self.mode is not False) and not (
                 self.mode is True and isinstance(source, LocalSource)):
             return None
@@ -413,6 +414,8 @@ def shape_guards(env, inputs: list, contiguous: set = frozenset()) -> tuple:
                     c = env.simplify(v.node.expr)
                     if getattr(c, "is_number", False):
                         exprs.append(f"{ref_text(f'{text}.{kind}()[{i}]')} == {int(c)}")
+    # a symbolic float is finite (inf stays a constant: scalar_input); sympy drops `a != inf`
+    exprs += [f"math.isfinite({ref_text(t)})" for t, f in inputs if isinstance(f, torch.SymFloat)]
     # a storage offset's 0/1 bound only: graphs never read offsets, so an input that is
     # a slice at offset 0 and one at offset 24 share the entry
     exprs = [e for e in exprs

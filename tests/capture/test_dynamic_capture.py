@@ -771,3 +771,19 @@ def test_shape_memo_covers_a_module_called_with_args():
         x = torch.randn(n, 8)
         torch.testing.assert_close(f(x), m(x))
         torch.testing.assert_close(f(x.t().contiguous().t()), m(x.t().contiguous().t()))
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x, a: torch.tensor(a) + x,
+    lambda x, a: x * 2 if math.isinf(a) else x * 3,
+    lambda x, a: x * 2 if a == float("inf") else x * 3,
+])
+def test_an_infinite_float_argument_is_a_constant_not_a_symbol(fn):
+    """A changing float argument becomes a symbol; one that is inf was one too, baked
+    into its graph as a constant under a guard of `not isnan` only, so every later finite
+    value returned inf; a symbol's entry also took inf (sympy drops `a != inf`). inf
+    stays a guarded constant now, and a symbolic float's entry requires it finite."""
+    coil.reset()
+    f, x = coil.compile(fn), torch.ones(2)
+    for a in (0.5, 2.5, math.inf, 4.0, -math.inf, 3.0, math.inf):
+        torch.testing.assert_close(f(x, a), fn(x, a))

@@ -90,8 +90,20 @@ def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scal
 #: Python per call on CPU, 12 times per GPT-2 forward
 OPAQUE_IMPLS: dict = {torch.ops.coil.sdpa.default: run_sdpa}
 
+
+def tensor(data, *, dtype=None, device=None, requires_grad=False, pin_memory=False):
+    """``torch.tensor`` of a symbolic int or float as ``torch.full((), data)``: one graph
+    for every value. torch's own traced into a constant, specialized per value, and kept
+    only the low 32 bits of an int above 2**31 (``torch.tensor(n)``, n = 2**40 + 1: 1)."""
+    if not isinstance(data, (torch.SymInt, torch.SymFloat)):
+        return torch.tensor(data, dtype=dtype, device=device, requires_grad=requires_grad,
+                            pin_memory=pin_memory)
+    dtype = dtype or (torch.int64 if isinstance(data, torch.SymInt) else torch.get_default_dtype())
+    return torch.full((), data, dtype=dtype, device=device, requires_grad=requires_grad)
+
+
 #: torch function -> the function capture records in its place
-SUBSTITUTES: dict[Callable, Callable] = {torch.nn.functional.one_hot: one_hot,
+SUBSTITUTES: dict[Callable, Callable] = {torch.nn.functional.one_hot: one_hot, torch.tensor: tensor,
                                          torch.nn.functional.scaled_dot_product_attention: sdpa}
 
 

@@ -787,3 +787,16 @@ def test_an_infinite_float_argument_is_a_constant_not_a_symbol(fn):
     f, x = coil.compile(fn), torch.ones(2)
     for a in (0.5, 2.5, math.inf, 4.0, -math.inf, 3.0, math.inf):
         torch.testing.assert_close(f(x, a), fn(x, a))
+
+
+def test_torch_tensor_of_a_changing_int_is_one_graph_and_keeps_64_bits():
+    """``torch.tensor(n)`` of a symbolic int traced into a constant: one graph per value,
+    and above 2**31 only the low 32 bits (2**40 + 1 gave 1). It is ``full((), n)`` now."""
+    def fn(x, n):
+        return torch.tensor(n) + x, torch.tensor(n * 0.5) * x
+
+    f, x = coil.compile(fn), torch.zeros(2, dtype=torch.int64)
+    for n in (5, 7, 2 ** 40 + 1, 9, 11):
+        for out, ref in zip(f(x, n), fn(x, n)):
+            assert out.dtype == ref.dtype and torch.equal(out, ref), (n, out, ref)
+    assert len(next(iter(_caches.values())).entries) <= 2

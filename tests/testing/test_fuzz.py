@@ -636,3 +636,33 @@ def test_sign_of_a_computed_nan_is_either_sign():
         assert check_program(p, _fake(lambda s, o, x: wrong)).kind == "out-value"
     q = _prog(["v0 = torch.copysign(b, a)"], a, b)
     assert check_program(q, _fake(lambda s, o, x: (torch.tensor([2.0, 3.0, -4.0]),))).kind == "out-value"
+
+
+def _var_of_filled(c):
+    c.fill_(1e30)
+    return (torch.var(c, correction=2),)
+
+
+def test_variance_is_compared_within_any_algorithms_rounding(monkeypatch):
+    """Eager's float64 var of three 1e30s is 5.9e28, coil's 0 (s201 #405): both within
+    rounding of values whose squares are 1e60. A value far outside it is still a mismatch."""
+    make = lambda: [torch.tensor([2.0, 0.0, -1.0], dtype=torch.float64)]  # noqa: E731
+    assert fuzz.check(_var_of_filled, make, "cpp").outcome == "ok"
+    monkeypatch.setattr(fuzz, "compile_for", lambda fn, b: lambda c: (_var_of_filled(c)[0] + 1e50,))
+    assert fuzz.check(_var_of_filled, make, "cpp").outcome == "mismatch"
+
+
+def _tan_of_sum(b):
+    return (torch.tan(torch.nansum(b, dim=(-2, 1), keepdim=True)),)
+
+
+def test_a_sum_that_overflowed_only_in_eagers_order_is_no_reference(monkeypatch):
+    """float32 sum of [1, 3.4e38, 1.1e38, -1.76e38, 1]: eager's order passed the max
+    (tan(inf): NaN), another order stays finite (s201 #1703): not a reference. A sum
+    that overflows in every order is still compared."""
+    make = lambda: [torch.tensor([[1.0], [3.3999813e+38], [1.1060689e+38], [-1.7644104e+38], [1.0]])]  # noqa: E731
+    finite = lambda fn, b: lambda x: (torch.tan(torch.full((1, 1), 0.5)),)  # noqa: E731
+    monkeypatch.setattr(fuzz, "compile_for", finite)
+    assert fuzz.check(_tan_of_sum, make, "cpp").outcome == "no_reference"
+    big = lambda: [torch.full((5, 1), 3e38)]  # noqa: E731
+    assert fuzz.check(_tan_of_sum, big, "cpp").outcome == "mismatch"

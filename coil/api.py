@@ -68,7 +68,6 @@ def _wrap_backend(backend: Callable, name: str, options: dict) -> Callable:
 
         return run
 
-    compile_graph.coil_backend_name = name
     return compile_graph
 
 

@@ -80,25 +80,15 @@ def _run_alone(a, mod, compilers, **run_kw) -> int:
         print(f"coil bench: --mode {mod.MODE} runs alone, in one process (no other modes, "
               "--isolate or --paired)", file=sys.stderr)
         return 2
-
-    def write_partial(partial):
-        _emit(a.json, json.dumps(partial, indent=1), quiet_stdout=True)
-        if a.markdown:
-            _emit(a.markdown, mod.format_markdown(partial), quiet_stdout=True)
-
     try:
         result = mod.run(a.model, device=a.device, size=a.size, compilers=compilers,
                          warmup=a.warmup, repeat=a.repeat, budget_s=a.budget,
                          progress=not a.no_progress,
-                         on_workload=write_partial if a.json or a.markdown else None, **run_kw)
+                         on_workload=_partial_writer(a, mod) if a.json or a.markdown else None, **run_kw)
     except ValueError as e:
         print(f"coil bench: {e}", file=sys.stderr)
         return 2
-    _emit(a.json, json.dumps(result, indent=1))
-    if a.markdown:
-        _emit(a.markdown, mod.format_markdown(result))
-    if not a.quiet:
-        print(mod.format_text(result))
+    _report(a, mod, result)
     return 1 if a.strict and any(r["status"] not in ("pass", "skipped") for r in result["rows"]) else 0
 
 
@@ -158,22 +148,11 @@ def _run_bench(a) -> int:
             common += ["--threads", str(a.threads)]
         if a.paired:
             common.append("--paired")
-        def write_partial(partial):
-            _emit(a.json, json.dumps(partial, indent=1), quiet_stdout=True)
-            if a.markdown:
-                _emit(a.markdown, suite.format_markdown(partial), quiet_stdout=True)
-
-        result = suite.run_bench_isolated(opts, common, on_model=write_partial)
+        result = suite.run_bench_isolated(opts, common, on_model=_partial_writer(a, suite))
     else:
         result = suite.run_bench(opts)
-    _emit(a.json, json.dumps(result, indent=1))
-    if a.markdown:
-        _emit(a.markdown, suite.format_markdown(result))
-    if not a.quiet:
-        print(suite.format_text(result))
-    if a.strict and any(r["status"] != "pass" for r in result["rows"]):
-        return 1
-    return 0
+    _report(a, suite, result)
+    return int(a.strict and any(r["status"] != "pass" for r in result["rows"]))
 
 
 def _add_conformance(sub) -> None:
@@ -208,12 +187,7 @@ def _run_conformance(a) -> int:
         samples=a.samples, ops=a.ops, shard=a.shard, timeout=a.timeout,
         isolate=not a.no_isolate, progress=not a.no_progress,
         deadline=(time.time() + a.budget) if a.budget else None)
-    def write_partial(partial):
-        _emit(a.json, json.dumps(partial, indent=1), quiet_stdout=True)
-        if a.markdown:
-            _emit(a.markdown, conformance.format_markdown(partial), quiet_stdout=True)
-
-    opts.on_partial = write_partial
+    opts.on_partial = _partial_writer(a, conformance)
     if a.merge:
         results = []
         for path in a.merge:
@@ -222,20 +196,13 @@ def _run_conformance(a) -> int:
         result = conformance.merge(results)
     else:
         result = conformance.run_conformance(opts)
-    _emit(a.json, json.dumps(result, indent=1))
-    if a.markdown:
-        _emit(a.markdown, conformance.format_markdown(result))
-    if not a.quiet:
-        print(conformance.format_text(result))
-    if a.strict and any(r["status"] not in ("pass", "unsupported-by-eager", "skipped")
-                        for r in result["ops"]):
-        return 1
-    return 0
+    _report(a, conformance, result)
+    return int(a.strict and any(r["status"] not in ("pass", "unsupported-by-eager", "skipped")
+                                for r in result["ops"]))
 
 
 def _positive_int(text: str) -> int:
     """argparse type: an int >= 1 (``coil demo --repeat 0`` compiled, then crashed)."""
-    import argparse
     n = int(text)
     if n < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
@@ -264,19 +231,28 @@ def _add_report(sub) -> None:
 
 
 def _run_report(a) -> int:
-    try:
-        from coil.trace import report
-    except ImportError:
-        print("coil report: coil.trace.report is not available in this build", file=sys.stderr)
-        return 2
-    if hasattr(report, "main"):
-        argv = [a.log_dir] + (["-o", a.out] if a.out else [])
-        rc = report.main(argv)
-        return int(rc or 0)
-    out = a.out or (a.log_dir.rstrip("/") + "_report")
-    path = report.write_report(a.log_dir, out)
-    print(f"report: {path}")
-    return 0
+    from coil.trace import report
+
+    return int(report.main([a.log_dir] + (["-o", a.out] if a.out else [])) or 0)
+
+
+def _partial_writer(a, mod):
+    """Rewrites ``--json``/``--markdown`` files (not stdout) with a partial result."""
+    def write_partial(partial):
+        _emit(a.json, json.dumps(partial, indent=1), quiet_stdout=True)
+        if a.markdown:
+            _emit(a.markdown, mod.format_markdown(partial), quiet_stdout=True)
+    return write_partial
+
+
+def _report(a, mod, result) -> None:
+    """Writes the final ``result`` to ``--json``/``--markdown`` and, unless ``--quiet``,
+    its table to stdout."""
+    _emit(a.json, json.dumps(result, indent=1))
+    if a.markdown:
+        _emit(a.markdown, mod.format_markdown(result))
+    if not a.quiet:
+        print(mod.format_text(result))
 
 
 def _emit(dest: Optional[str], text: str, quiet_stdout: bool = False) -> None:

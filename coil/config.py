@@ -32,8 +32,6 @@ class Config:
     fallback_random: bool = False
     #: Recompiles of one code object after which it runs eagerly from then on.
     recompile_limit: int = 8
-    #: Check IR nodes as they are built (slower; for compiler development).
-    check_ir: bool = False
     #: Autotune Triton kernels over block sizes on first launch (GPU only).
     autotune: bool = True
     #: Kernels iterating fewer elements than this are not autotuned: they take their

@@ -808,8 +808,7 @@ def _emit_break(cg: EntryCodegen, tx, plan, fn, code, cfg, live_locals: dict) ->
         rfn = make_resume_function(fn.__globals__, fn.__closure__, code, index, null_mask,
                                    local_names)
         target = capture_callable(rfn, cfg) if captured else rfn
-        cg_name = cg.const_expr(_Holder(target)) + ".fn"
-        return cg_name
+        return cg.const_expr(_Holder(target)) + ".fn"
 
     if plan[0] == "call" and len(plan) > 8:
         _emit_trampoline(cg, tx, plan, fn, code, cfg, local_names, local_exprs, resume)

@@ -33,6 +33,7 @@ from __future__ import annotations
 import ast
 import builtins
 import re
+import types
 from typing import Any, Optional
 
 import torch
@@ -53,10 +54,7 @@ _AFTER = "___after"
 _PROP = re.compile(r"^(.+)\.(?:size|stride)\(\)\[\d+\]$")
 
 
-class _Never:
-    @staticmethod
-    def check(*tensors) -> bool:
-        return False
+_NEVER = types.SimpleNamespace(check=lambda *tensors: False)  # a memo's `last` before any add
 
 
 class _ShapeMemo:
@@ -72,7 +70,7 @@ class _ShapeMemo:
     SIZE, ADDS = 4, 16
 
     def __init__(self):
-        self.last, self.kept, self.adds = _Never, [], 0
+        self.last, self.kept, self.adds = _NEVER, [], 0
 
     def hit(self, *tensors) -> bool:
         for c in self.kept:
@@ -84,7 +82,7 @@ class _ShapeMemo:
     def add(self, *tensors) -> None:
         self.adds += 1
         if self.adds > self.ADDS:
-            self.last, self.kept = _Never, []
+            self.last, self.kept = _NEVER, []
             return
         self.last = _TensorGuards(*tensors, dynamic_dims_sizes=[list(t.shape) for t in tensors],
                                   dynamic_dims_strides=[list(t.stride()) for t in tensors])

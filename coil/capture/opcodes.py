@@ -38,14 +38,10 @@ def op(name: str, versions=BOTH):
     return deco
 
 
-class ReturnValue(Exception):
-    pass
-
-
 def _return(tx, value):
-    from coil.capture.translator import ReturnValue as RV
+    from coil.capture.translator import ReturnValue
 
-    raise RV(value)
+    raise ReturnValue(value)
 
 
 # --- no-ops -------------------------------------------------------------------------------

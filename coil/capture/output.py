@@ -149,7 +149,6 @@ class OutputGraph:
         self.index_copies = 0       # x[i] with 0-d int tensors traced as copies (tensor.py)
         self.subgraphs: dict = {}   # name -> GraphModule of a higher-order op (hops.py)
         self.initial_grad = torch.is_grad_enabled()
-        self._const_count = 0
         self._last_placeholder = None
         self._placeholder_names: set = set()
         self.guards.add(f"___grad_enabled() is {self.initial_grad!r}", "___grad_enabled()",

@@ -184,8 +184,7 @@ def _with_tail(bc, new: list, tail: tuple) -> list:
         Instr(name, location=loc)  # noqa: E731
     load = "LOAD_FAST_CHECK" if sys.version_info[:2] >= (3, 12) else "LOAD_FAST"
     seq = [mk("BUILD_TUPLE", n_below + 1)]
-    for name in local_names:
-        seq.append(mk("LOAD_DEREF", CellVar(name)) if name in cell_names else mk(load, name))
+    seq += [mk("LOAD_DEREF", CellVar(name)) if name in cell_names else mk(load, name) for name in local_names]
     seq += [mk("BUILD_TUPLE", len(local_names)), mk("BINARY_OP", 0),       # NB_ADD
             mk("PUSH_NULL"), mk("SWAP", 2), mk("LOAD_CONST", next_fn), mk("SWAP", 2),
             mk("CALL_FUNCTION_EX", 0), mk("RETURN_VALUE")]

@@ -131,10 +131,6 @@ def compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: list, device) -
     ``example_inputs``: fake or real tensors (shapes, strides, dtypes, devices are used,
     values are not). Raises whatever lowering/codegen raises (the "coil" backend catches
     it and falls back to the FX interpreter)."""
-    from coil.ir.graph import GraphLowering
-    from coil.schedule.scheduler import FusedGroup, Scheduler
-    from coil.codegen.wrapper import WrapperCodegen
-
     device = torch.device(device)
     env = _shape_env(example_inputs) or _unbacked_shape_env(gm)
     n_guards = len(env.guards) if env is not None else 0
@@ -156,10 +152,10 @@ def _shape_env(example_inputs: list):
     for x in example_inputs:
         if isinstance(x, torch.SymInt):
             return x.node.shape_env
-        if isinstance(x, torch.Tensor) and any(isinstance(v, torch.SymInt)
-                                               for v in list(x.shape) + list(x.stride())):
-            return next(v for v in list(x.shape) + list(x.stride())
-                        if isinstance(v, torch.SymInt)).node.shape_env
+        if isinstance(x, torch.Tensor):
+            for v in [*x.shape, *x.stride()]:
+                if isinstance(v, torch.SymInt):
+                    return v.node.shape_env
     return None
 
 

@@ -792,10 +792,7 @@ def _random(*args, **kwargs):
     def inner(index):
         seed = ops.load_seed("seeds", k)
         off = ops.index_expr(linear_index(index, size), torch.int32)
-        if name.startswith("randn"):
-            v = ops.randn(seed, off)
-        else:
-            v = ops.rand(seed, off)
+        v = ops.randn(seed, off) if name.startswith("randn") else ops.rand(seed, off)
         if p_load is not None:
             v = ops.to_dtype(ops.lt(v, p_load(index)), odt, torch.bool)
         elif cdt != torch.float32:

@@ -226,16 +226,12 @@ def _divides(b, t) -> bool:
 
 
 class TruncDiv(sympy.Function):
-    """``a / b`` as C++ and Triton compute it (toward zero), printed as the target's own
-    integer division: only made by :func:`floor_safe` where it equals Python's floor."""
-
+    """The target's own ``a / b``, ``//`` (:func:`floor_safe` makes it where both agree)."""
     nargs, is_integer = (2,), True
 
 
 class TruncMod(sympy.Function):
-    """``a % b`` as the target computes it (C's sign of ``a``, Python's of ``b``): only
-    made by :func:`floor_safe`, in forms where both give the floor remainder."""
-
+    """The target's own ``a % b`` (:func:`floor_safe` makes it where both agree)."""
     nargs, is_integer = (2,), True
 
 

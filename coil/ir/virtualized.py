@@ -37,8 +37,6 @@ BINARY_OPS = [
     "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_xor",
     "bitwise_and", "bitwise_or", "bitwise_xor", "left_shift", "right_shift",
 ]
-COMPARISONS = {"eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or",
-               "logical_xor", "logical_not", "isnan", "isinf", "signbit"}
 REDUCTION_TYPES = ["sum", "prod", "max", "min", "argmax", "argmin", "any", "welford_reduce"]
 
 

@@ -220,8 +220,7 @@ def build(source: str, extra_flags: Sequence[str] = ()) -> ctypes.CDLL:
     except OSError as e:
         raise CppCompileError(f"could not load compiled kernel {so}: {e}") from e
     with _lock:
-        lib = _loaded.setdefault(key, lib)
-    return lib
+        return _loaded.setdefault(key, lib)
 
 
 def build_many(sources: Sequence[str], extra_flags: Sequence[str] = (),

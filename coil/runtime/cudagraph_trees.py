@@ -224,19 +224,14 @@ class Tree:
                               node.index >= min(self.released.values())):
             why = self._overlaps_pending_saved(node)
             if why is not None:
-                if not fn.saved_logged:
-                    fn.saved_logged = True
-                    trace.log("cudagraph_skip", stage="runtime", graph=fn.name, reason=why)
+                fn.log_skip("saved", why)
                 return fn.fn(*args)
         if node is None and held:
             # gradient accumulation: the last replay's gradients are still held in
             # .grad; this backward runs un-graphed rather than in a second recording
             # (a sibling recording gave wrong tied-weight gradients on the H200)
-            if not fn.held_logged:
-                fn.held_logged = True
-                trace.log("cudagraph_skip", stage="runtime", graph=fn.name,
-                          reason="gradients of the last replay still held (accumulation): "
-                                 "this backward runs un-graphed")
+            fn.log_skip("held", "gradients of the last replay still held (accumulation): "
+                                "this backward runs un-graphed")
             return fn.fn(*args)
         later = [m for m in self.all_nodes if node is not None and m.index > node.index and m.busy()]
         if later:
@@ -247,10 +242,7 @@ class Tree:
             ptrs = {a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor)}
             if any(m.fn.kind == "backward" for m in later) or \
                     any(self.pool_storages.get(p) in later for p in ptrs):
-                if not fn.later_logged:
-                    fn.later_logged = True
-                    trace.log("cudagraph_skip", stage="runtime", graph=fn.name,
-                              reason="outputs of a later recording are still alive (gradients "
+                fn.log_skip("later", "outputs of a later recording are still alive (gradients "
                                      "held in .grad, or this call's arguments): runs un-graphed")
                 return fn.fn(*args)
             for m in later:
@@ -266,10 +258,7 @@ class Tree:
     def record(self, fn: "GraphFunction", sig: tuple, args: tuple, warm: list) -> Optional[Node]:
         """Record ``fn`` for these arguments as a child of the path's last node."""
         if fn.records >= fn.limit:
-            if not fn.limit_logged:
-                fn.limit_logged = True
-                trace.log("cudagraph_skip", stage="runtime", graph=fn.name,
-                          reason=f"record limit: {fn.records} recordings "
+            fn.log_skip("limit", f"record limit: {fn.records} recordings "
                                  "(config.cudagraph_record_limit); new ones run without a CUDA graph")
             return None
         parent = self.path[-1] if self.path else None
@@ -398,7 +387,13 @@ class GraphFunction:
         self.records = 0
         #: the node that served the last call: tried first (Node.matches)
         self.last: Optional[Node] = None
-        self.limit_logged = self.held_logged = self.later_logged = self.saved_logged = False
+        self.logged: set = set()    # kinds of skip already logged (log_skip)
+
+    def log_skip(self, kind: str, reason: str) -> None:
+        """Log event ``cudagraph_skip`` with ``reason``, once per ``kind`` of skip."""
+        if kind not in self.logged:
+            self.logged.add(kind)
+            trace.log("cudagraph_skip", stage="runtime", graph=self.name, reason=reason)
 
     def skip_with(self, reason: str) -> None:
         """Run un-graphed from now on, logged once."""

@@ -143,8 +143,6 @@ class Scheduler:
             seen.add(id(g))
             if g is dst:
                 return True
-            if g.order > dst.order and not isinstance(dst, ExternStep) and False:
-                continue
             stack.extend(succ(g, owner))
         return False
 

@@ -34,7 +34,7 @@ from coil.capture.guards import tensor_guard
 from coil.capture.source import GetItemSource, AttrSource
 from coil.capture.variables.base import ConstantVariable, VariableTracker, is_literal
 from coil.capture.variables.containers import (DictVariable, ListVariable, NamedTupleVariable,
-                                               SetVariable, TupleVariable)
+                                               SetVariable, TupleVariable, method_getattr)
 from coil.capture.variables.functions import PartialVariable, UserFunctionVariable, UserMethodVariable
 from coil.capture.variables.objects import (NNModuleVariable, PythonModuleVariable,
                                             UserDefinedClassVariable, UserDefinedObjectVariable)
@@ -257,13 +257,7 @@ def _build(tx, value, source, gs) -> VariableTracker:
 class EnvironVariable(VariableTracker):
     """``os.environ``: reads become constants guarded on the variable's current value."""
 
-    def __init__(self, source=None):
-        super().__init__(source)
-
-    def var_getattr(self, tx, name):
-        from coil.capture.variables.functions import BoundMethodVariable
-
-        return BoundMethodVariable(self, name)
+    var_getattr = method_getattr
 
     def call_method(self, tx, name, args, kwargs):
         gs = tx.output.guards

@@ -359,9 +359,8 @@ def _zip(tx, args, kwargs):
     if kwargs.get("strict") is None or not kwargs["strict"].as_python_constant():
         return LazyIteratorVariable(tx, zip, [tx.get_iter(a) for a in args])
     seqs = [tx.unpack(a) for a in args]
-    if kwargs.get("strict") is not None and kwargs["strict"].as_python_constant():
-        if len({len(s) for s in seqs}) > 1:
-            raise Unsupported("zip(strict=True) length mismatch (raised by user code)")
+    if len({len(s) for s in seqs}) > 1:     # zip(strict=True)
+        raise Unsupported("zip(strict=True) length mismatch (raised by user code)")
     return ListIteratorVariable([TupleVariable(list(t)) for t in zip(*seqs)])
 
 

@@ -30,6 +30,14 @@ def _const_index(tx, v: VariableTracker):
     return c
 
 
+def method_getattr(self, tx, name):
+    """``var_getattr`` of trackers whose attributes are all methods: ``self.name`` bound."""
+    from coil.capture.variables.functions import BoundMethodVariable
+
+    return BoundMethodVariable(self, name)
+
+
+
 class BaseListVariable(VariableTracker):
     """Shared code of tuples and lists (``items`` is a Python list of trackers)."""
 
@@ -188,10 +196,7 @@ class ListVariable(BaseListVariable):
     def as_python_constant(self):
         raise Unsupported("a list is not a compile-time constant")
 
-    def var_getattr(self, tx, name):
-        from coil.capture.variables.functions import BoundMethodVariable
-
-        return BoundMethodVariable(self, name)
+    var_getattr = method_getattr
 
     def _mutated(self, tx):
         tx.output.side_effects.mutated(self)
@@ -311,10 +316,7 @@ class DictVariable(VariableTracker):
             raise Unsupported(f"KeyError {k!r} (raised by user code)")
         return self.items[k]
 
-    def var_getattr(self, tx, name):
-        from coil.capture.variables.functions import BoundMethodVariable
-
-        return BoundMethodVariable(self, name)
+    var_getattr = method_getattr
 
     def call_method(self, tx, name, args, kwargs):
         if self.user_cls not in (dict, collections.OrderedDict) and type(self) is DictVariable:
@@ -448,10 +450,7 @@ class SetVariable(VariableTracker):
     def unpack(self, tx):
         return [ConstantVariable(v) for v in self.items]
 
-    def var_getattr(self, tx, name):
-        from coil.capture.variables.functions import BoundMethodVariable
-
-        return BoundMethodVariable(self, name)
+    var_getattr = method_getattr
 
     def call_method(self, tx, name, args, kwargs):
         if name in ("add", "discard", "remove", "update", "clear", "difference_update",
@@ -590,10 +589,7 @@ class ListIteratorVariable(VariableTracker):
             self._exhaust()
         return rest
 
-    def var_getattr(self, tx, name):
-        from coil.capture.variables.functions import BoundMethodVariable
-
-        return BoundMethodVariable(self, name)
+    var_getattr = method_getattr
 
     def call_method(self, tx, name, args, kwargs):
         if name == "__len__":
@@ -688,9 +684,8 @@ class GeneratorVariable(ListIteratorVariable):
         self._done = True
 
     def next(self, tx):
-        if self._items is None or self.index >= len(self._items):
-            if not self._advance(tx):
-                return None
+        if (self._items is None or self.index >= len(self._items)) and not self._advance(tx):
+            return None
         v = self._items[self.index]
         self.index += 1
         return v

@@ -162,9 +162,8 @@ def lookup_attr(tx, vt: ObjectVariableBase, name: str, generic: bool = False):
     if cls_attr is not _SENTINEL:
         return wrap_class_attr(tx, vt, cls, name, vt.attr_source(name))
     getattr_fn = _static_lookup(cls, "__getattr__")
-    if getattr_fn is not _SENTINEL and getattr_fn is not torch.nn.Module.__getattr__:
-        if isinstance(getattr_fn, types.FunctionType):
-            return tx.call(UserFunctionVariable(getattr_fn), [vt, ConstantVariable(name)], {})
+    if isinstance(getattr_fn, types.FunctionType) and getattr_fn is not torch.nn.Module.__getattr__:
+        return tx.call(UserFunctionVariable(getattr_fn), [vt, ConstantVariable(name)], {})
     raise AttributeMissing(name)
 
 

@@ -38,7 +38,6 @@ _BINARY = {operator.add: operator.add, operator.iadd: operator.add, operator.sub
            operator.ipow: operator.pow, operator.lt: operator.lt, operator.le: operator.le,
            operator.gt: operator.gt, operator.ge: operator.ge, operator.eq: operator.eq,
            operator.ne: operator.ne}
-_UNARY = (operator.neg, operator.pos, abs, operator.abs)
 
 
 class SymNodeVariable(VariableTracker):
@@ -151,9 +150,8 @@ def binary(tx, op, a: VariableTracker, b: VariableTracker):
         return None
     vals = []
     for v in (a, b):
-        if isinstance(v, SymNodeVariable):
-            vals.append(v.value)
-        elif isinstance(v, ConstantVariable) and type(v.value) in (int, float, bool):
+        if isinstance(v, SymNodeVariable) or (isinstance(v, ConstantVariable)
+                                              and type(v.value) in (int, float, bool)):
             vals.append(v.value)
         else:
             return None

@@ -342,10 +342,8 @@ def _split_scalar_tensor_index(t: "TensorVariable", idx):
         return None
     consumed = 0
     for v in items:
-        if _is_int_scalar_tensor(v) or isinstance(v, SliceVariable):
-            consumed += 1
-        elif isinstance(v, ConstantVariable) and (
-                isinstance(v.value, slice) or type(v.value) is int):
+        if _is_int_scalar_tensor(v) or isinstance(v, SliceVariable) or (
+                isinstance(v, ConstantVariable) and (isinstance(v.value, slice) or type(v.value) is int)):
             consumed += 1
         elif not (isinstance(v, ConstantVariable) and (v.value is None or v.value is Ellipsis)):
             return None

@@ -144,7 +144,6 @@ class CppKernel(OpsHandler):
         self.outer_cse: dict = {}
         self.scopes: list[dict] = [self.outer_cse]
         self.has_checks = False
-        self.has_atomics = False
         self.no_if_convert = False  # see _section
         self.check_sites = 0
         #: per check site: the user's line behind it (``nodes.describe_origin``) or None
@@ -276,7 +275,6 @@ class CppKernel(OpsHandler):
         ptr = self._arg(name, write=True)
         target = f"{ptr}[{self._idx(index)}]"
         if mode in ("atomic_add", "add"):
-            self.has_atomics = True
             if buf_dtype in (torch.float16, torch.bfloat16):
                 # no 16-bit float atomics: read-add-round-write under a critical section
                 up = "coil_bf16_to_float" if buf_dtype == torch.bfloat16 else "coil_f16_to_float"
@@ -662,14 +660,13 @@ class CppKernel(OpsHandler):
             decl.append(f"int64_t x{i} = {e}" + (f" % {_cp(ext[i])};" if i < len(ext) - 1 else ";"))
             q = q * ext[i]
         par_outer = hint(outer) >= 2 * self.num_threads
-        out = [self._omp(self.numel) if par_outer else "",
+        return [self._omp(self.numel) if par_outer else "",
                f"for (int64_t xo = 0; xo < {_c(outer)}; ++xo) {{", *("  " + d for d in decl),
                *("  " + l for l in hoisted),
                "  " + ((self._omp(self.numel, " simd" if simd else "") or simd)
                        if not par_outer else simd),
                f"  for (int64_t x0 = 0; x0 < {_c(ext[0])}; ++x0) {{",
                *("    " + l for l in lines), "  }", "}"]
-        return out
 
     def _xdecls(self, xs: Split) -> list[str]:
         ext = xs.extents

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import ast
 import builtins
-import re
 import types
 from typing import Any, Optional
 
@@ -51,7 +50,6 @@ except ImportError:    # a torch without it: every tensor is checked in Python
 _AFTER = "___after"
 
 
-_PROP = re.compile(r"^(.+)\.(?:size|stride)\(\)\[\d+\]$")
 
 
 _NEVER = types.SimpleNamespace(check=lambda *tensors: False)  # a memo's `last` before any add
@@ -204,10 +202,10 @@ class GuardSet:
         lines = [f"def ___guard({params}):"]
         _emit_guards([g for g in self.guards if g.group != _AFTER], lines, self._notes)
         late = [g.code for g in self.guards if g.group == _AFTER]
-        if late and not (self.shape_exprs and self._shape_memo()):  # else under the memo
+        memo, ind = self._shape_memo(), "    "
+        if late and not memo:  # else under the memo
             lines.append(f"    if not ({' and '.join(late)}): return False")
         if self.shape_exprs:
-            memo, ind = self._shape_memo(), "    "
             if memo:  # sizes and strides that passed before pass again (_ShapeMemo)
                 lines.append(f"    if not (___memo.last.check({memo}) or ___memo.hit({memo})):")
                 ind = "        "
@@ -234,10 +232,11 @@ class GuardSet:
         """The arguments of the ``___tensors_args`` check (``"x, y"``) when every size the
         shape guards read is a size or stride of one of them (then their truth follows
         from those tensors' exact sizes and strides: :class:`_ShapeMemo`); else ``""``."""
+        from coil.capture.dynamic import _LOCAL, _PROP
+
         srcs = self._batch_srcs.get("___tensors_args", [])
-        used = set(re.findall(r"___z\d+", " ".join(self.shape_exprs)))
-        props = [_PROP.match(self.shape_names[n]) for n in used]
-        if not srcs or not all(m and m.group(1) in srcs for m in props):
+        props = [_PROP.match(self.shape_names[n]) for n in set(_LOCAL.findall(" ".join(self.shape_exprs)))]
+        if not self.shape_exprs or not srcs or not all(m and m.group(1) in srcs for m in props):
             return ""
         self.ns.setdefault("___memo", _ShapeMemo())
         return ", ".join(srcs)

@@ -114,6 +114,9 @@ class InputGroups:
         #: original input positions passed through as they are, in order
         self.kept = [i for i in range(n_inputs) if i not in grouped]
         self.n_inputs = n_inputs
+        #: input -> (size, stride, storage offset) it ends with, for a member the program
+        #: restrides in place (``as_strided_``, ``t_``): applied to the caller's tensor
+        self.restrides: dict = {}
 
     # -- compile time ---------------------------------------------------------------
     def fake_args(self, fake_args: list, fake_mode) -> list:
@@ -143,7 +146,14 @@ class InputGroups:
             for g, base in zip(groups, bases):
                 for i, size, stride, off in g.members:
                     full[i] = torch.as_strided(base, size, stride, off)
-            return fn(*full)
+            out = fn(*full)
+            for g in groups:
+                for m in g.members:
+                    t = full[m[0]]
+                    lay = (tuple(t.shape), t.stride(), t.storage_offset())
+                    if lay != m[1:]:
+                        self.restrides[m[0]] = lay
+            return out
         return with_bases
 
     # -- run time -------------------------------------------------------------------

@@ -479,5 +479,8 @@ def _with_input_groups(runner: Callable, groups, fn: Callable) -> Callable:
             trace.log("aot_input_groups_eager", stage="aot",
                       reason="inputs share memory otherwise than in the compiled call")
             return fn(*args)
-        return runner(*new)
+        out = runner(*new)
+        for i, (size, stride, off) in groups.restrides.items():
+            args[i].as_strided_(size, stride, off)  # the program's restride of a member
+        return out
     return run

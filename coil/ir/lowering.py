@@ -165,9 +165,24 @@ def pointwise_lowering(op_name: str, kind: str = "arith") -> Callable:
         else:
             in_dt = compute_dtype(odt)
         f = getattr(ops, op_name)
+        if kind in ("arith", "compare"):
+            keep = (1,) if op_name in ("mul", "truediv", "pow") else ()
+            args = round_scalars(args, odt if kind == "arith" else _promote(args), keep)
         return make_pointwise_box(f, args, size, odt, in_dt)
     lower.__name__ = f"lower_{op_name}"
     return lower
+
+
+def round_scalars(args: Sequence, dtype: torch.dtype, keep=()) -> list:
+    """``args`` with each Python float rounded to ``dtype`` when it is fp16 or bf16 and the
+    graph runs on the CPU, but those at positions ``keep``: eager's CPU kernels convert a
+    scalar operand to the tensor's dtype (``half + 70000`` is inf, ``70000 // half`` NaN),
+    except the second operand of mul and the divisions, which stay in float (fuzz s201
+    #5477). CUDA's kernels keep scalars in float, as coil does there."""
+    if dtype not in (torch.float16, torch.bfloat16) or device().type != "cpu":
+        return list(args)
+    return [float(torch.tensor(a, dtype=dtype)) if isinstance(a, float) and k not in keep else a
+            for k, a in enumerate(args)]
 
 
 def _promote(args) -> torch.dtype:
@@ -314,7 +329,7 @@ def _div_mode(a, b, rounding_mode=None):
         cdt = compute_dtype(odt)
         f = _float_floordiv(cdt) if rounding_mode == "floor" else (
             lambda x, y: ops.trunc(ops.truediv(x, y)))
-        return make_pointwise_box(f, [a, b], out_size(), odt, cdt)
+        return make_pointwise_box(f, round_scalars([a, b], odt, (1,)), out_size(), odt, cdt)
     return pointwise_lowering("floordiv" if rounding_mode == "floor" else "truncdiv")(a, b)
 
 

@@ -290,6 +290,18 @@ def test_write_through_non_overlapping_view_of_expanded_input(capture, backend):
 
 
 @pytest.mark.parametrize("capture,backend", CAPTURES)
+def test_restride_and_write_of_expanded_input(capture, backend):
+    # fuzz s201 #10872: traced through a synthetic base, the caller's tensor kept its
+    # expanded (3, 1, 1) layout; eager's ends as (1,)
+    def f(a):
+        a.as_strided_((1,), (1,), 0)
+        a[1:0].exp_()
+        return a + 1
+
+    check(f, (torch.tensor([[[3.05]]]).expand(3, 1, 1),), capture, backend)
+
+
+@pytest.mark.parametrize("capture,backend", CAPTURES)
 @pytest.mark.parametrize("case", ["whole", "select_overlapping"])
 def test_write_to_overlapping_input_raises_as_eager(capture, backend, case):
     def f(x):

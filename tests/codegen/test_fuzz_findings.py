@@ -698,3 +698,19 @@ def test_fp16_accumulation_past_the_max_is_inf(backend):
     """An fp16 ``index_add_`` whose sum passes 65504 (Triton: ``tl.atomic_add``): inf as
     eager and the GPU give; the interpreter raised OverflowError('overflow to signed inf')."""
     _ok(_fp16_index_add_past_the_max, lambda: [torch.tensor([1.0, 2.0], dtype=torch.float16)], backend)
+
+
+_SCALAR_OPS = ["a + 70000.0", "70000.0 - a", "(a - 70000.0) + 70000.0", "torch.remainder(a, 70000.0)",
+               "1e30 // a", "a > 70000.0", "a * 1e7", "a / 1e-7", "torch.div(a, 1e-7, rounding_mode='floor')"]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("expr", _SCALAR_OPS)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_scalar_operands_of_reduced_float_ops_round_as_eager(backend, expr, dtype):
+    """fuzz s201 #5477: ``1e30 // a`` on fp16 gave inf where eager gives NaN. Eager's CPU
+    kernels convert a Python scalar to fp16 / bf16 first (1e30 -> inf), but the second
+    operand of mul and the divisions, which stay float; coil kept every scalar in float."""
+    big = 70000.0 if dtype == torch.float16 else 1e39
+    fn = eval(f"lambda a: ({expr.replace('70000.0', repr(big))},)", {"torch": torch})
+    _ok(fn, lambda: [torch.tensor([-10000.0, 2.0, 1e-3, math.inf], dtype=dtype)], backend)

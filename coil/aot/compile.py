@@ -23,7 +23,7 @@ from typing import Callable, Optional
 
 import torch
 import torch.fx
-from torch._subclasses.fake_tensor import FakeTensor
+from torch._subclasses.fake_tensor import DynamicOutputShapeException, FakeTensor
 
 from coil import trace
 from coil.aot.aliasing import RunEagerly, input_groups
@@ -62,7 +62,8 @@ def _saved_layouts(bw_fakes: list, fw_strides, start: int, num_saved: int, fake_
     return out
 
 
-def _symbolic_placeholder_values(gm: torch.fx.GraphModule, example_inputs: list) -> Optional[list]:
+def _symbolic_placeholder_values(gm: torch.fx.GraphModule, example_inputs: list,
+                                 data_dependent: bool = False) -> Optional[list]:
     """The fake inputs to trace with when the capture's placeholder values
     (``meta["example_value"]`` or ``meta["val"]``) are symbolic (dynamic shapes, or a
     0-d tensor holding a Python float the capture made symbolic, read with ``.item()``:
@@ -83,7 +84,7 @@ def _symbolic_placeholder_values(gm: torch.fx.GraphModule, example_inputs: list)
         elif not isinstance(v, (torch.Tensor, int, float, bool)):
             return None
         vals.append(v)
-    if not symbolic and _has_unbacked(gm):
+    if not symbolic and (data_dependent or _has_unbacked(gm)):
         return vals       # nonzero / .item(): trace on the capture's fakes and ShapeEnv
     return _fake_as_at_call(vals, example_inputs) if symbolic else None
 
@@ -292,7 +293,16 @@ def aot_compile(gm: Callable, example_inputs: list, fw_compiler: Callable,
 
     t0 = time.perf_counter()
     with trace.stage("aot"), preserve_global_state():
-        run = _compile(fn, list(example_inputs), fw_compiler, bw_compiler, partition_fn, decompositions)
+        try:
+            run = _compile(fn, list(example_inputs), fw_compiler, bw_compiler, partition_fn, decompositions)
+        except DynamicOutputShapeException:
+            # a data-dependent op whose capture made no unbacked size (nonzero of an empty
+            # tensor): only the capture's fake mode, which allowed it, can trace it
+            fakes = _symbolic_placeholder_values(gm, [], True) if not lifted and \
+                isinstance(gm, torch.fx.GraphModule) else None
+            if fakes is None or all(a is b for a, b in zip(fakes, example_inputs)):
+                raise
+            run = _compile(fn, fakes, fw_compiler, bw_compiler, partition_fn, decompositions)
     trace.log("aot_done", stage="aot", path=run._coil_aot_path,
               compile_ms=(time.perf_counter() - t0) * 1e3)
     if not lifted:

@@ -28,6 +28,7 @@ from typing import Any, Optional
 
 import torch
 from torch._guards import GuardSource, Source as _TorchSource
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
 from coil import trace
 from coil.exc import UserError
@@ -376,13 +377,15 @@ _LOCAL = re.compile(r"___z\d+")
 
 def shape_guards(env, inputs: list, contiguous: set = frozenset()) -> tuple:
     """The ShapeEnv's guards over ``inputs`` (``[(source expr, fake)]``: tensors with
-    symbolic sizes or strides, SymInt scalars) as ``(prelude, exprs, names)``
+    symbolic sizes or strides, SymInt scalars) as ``(prelude, exprs, names, checks)``
     (``contiguous``: sources whose tensor check asks ``is_contiguous()``):
     ``prelude`` reads each size the guards use into a local (``___z0 = x.size()[0]``),
     ``exprs`` are Python conditions over those locals, ``names`` maps a local back to its
-    source text (for recompile messages)."""
+    source text (for recompile messages); ``checks``: lines that raise where a dim marked
+    unbacked breaks a fact the graph relied on (eager may broadcast it; torch.compile raises
+    too), which the frame's entry runs on every call."""
     if not inputs:
-        return [], [], {}
+        return [], [], {}, []
     prelude: list = []
     names: dict = {}
     by_text: dict = {}
@@ -405,6 +408,8 @@ def shape_guards(env, inputs: list, contiguous: set = frozenset()) -> tuple:
     exprs = list(helpers[0].exprs)
     # sizes the program pinned to a constant (``range(x.size(0))``): the ShapeEnv leaves
     # static values to the caller (``ignore_static``); a symbolic dim's is checked here
+    # (of a dim marked unbacked, a runtime assert instead: no guard reads its size)
+    asserts: list = []
     for text, fake in inputs:
         if not isinstance(fake, torch.Tensor):
             continue
@@ -413,7 +418,8 @@ def shape_guards(env, inputs: list, contiguous: set = frozenset()) -> tuple:
                 if isinstance(v, torch.SymInt):
                     c = env.simplify(v.node.expr)
                     if getattr(c, "is_number", False):
-                        exprs.append(f"{ref_text(f'{text}.{kind}()[{i}]')} == {int(c)}")
+                        (asserts if free_unbacked_symbols(v.node._expr) else exprs).append(
+                            f"{ref_text(f'{text}.{kind}()[{i}]')} == {int(c)}")
     # a symbolic float is finite (inf stays a constant: scalar_input); sympy drops `a != inf`
     exprs += [f"math.isfinite({ref_text(t)})" for t, f in inputs if isinstance(f, torch.SymFloat)]
     # a storage offset's 0/1 bound only: graphs never read offsets, so an input that is
@@ -425,7 +431,11 @@ def shape_guards(env, inputs: list, contiguous: set = frozenset()) -> tuple:
     # tensor check's is_contiguous() (sizes >= 2) already says so
     exprs = [e for e in exprs if not _implied_by_contiguity(e, names, contiguous)]
     used = set(_LOCAL.findall(" ".join(exprs)))      # sizes no guard reads are not read
-    return _unpacked_prelude(used, names, ranks), exprs, names
+    checks = _unpacked_prelude(set(_LOCAL.findall(" ".join(asserts))), names, ranks) + [
+        f"if not ({e}): raise RuntimeError({'coil: runtime assertion failed: ' + readable(e, names)!r} "
+        "'; the compiled graph assumed it of a dim marked unbacked (broadcasting or a torch._check "
+        "decided it), as torch.compile does')" for e in asserts]
+    return _unpacked_prelude(used, names, ranks), exprs, names, checks
 
 
 _PROP = re.compile(r"^(.*)\.(size|stride)\(\)\[(\d+)\]$")

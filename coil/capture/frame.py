@@ -715,6 +715,7 @@ def _build_entry(tx, output: OutputGraph, cfg: CaptureConfig, fn, code, argnames
         lines.append(f"return {ret_expr}")
     else:
         _emit_break(cg, tx, plan, fn, code, cfg, live_locals)
+    lines[:0] = _add_shape_guards(output)  # after the backend: guards it added count too
     params = ", ".join(argnames + ["___f"])
     src = f"def ___entry({params}):\n" + "".join(f"    {ln}\n" for ln in lines)
     try:
@@ -722,7 +723,6 @@ def _build_entry(tx, output: OutputGraph, cfg: CaptureConfig, fn, code, argnames
     except SyntaxError as e:
         raise SyntaxError(f"{e}\n{src}") from None
     entry_fn = cg.ns["___entry"]
-    _add_shape_guards(output)      # after the backend: guards it added count too
     guard_fn, guard_src = output.guards.build(argnames)
     trace.artifact("guards", guard_src, kind="python", frame=_label(code))
     trace.artifact("entry", src, kind="python", frame=_label(code))
@@ -734,18 +734,21 @@ def _build_entry(tx, output: OutputGraph, cfg: CaptureConfig, fn, code, argnames
                       dict(output.dynamic.scalars))
 
 
-def _add_shape_guards(output: OutputGraph) -> None:
-    """The ShapeEnv's guards over the symbolic inputs, into the frame's guard set."""
+def _add_shape_guards(output: OutputGraph) -> list:
+    """The ShapeEnv's guards over the symbolic inputs, into the frame's guard set; returns
+    the entry's runtime asserts (dims marked unbacked, :func:`~coil.capture.dynamic.shape_guards`)."""
     from coil.capture.dynamic import SymbolSource, is_symbolic_value, readable, shape_guards
 
     inputs = [(src.expr(), node.meta["example_value"]) for (src, _, node) in output.inputs
               if not isinstance(src, SymbolSource) and is_symbolic_value(node.meta["example_value"])]
     inputs += output.scalar_floats
     if not inputs:
-        return
-    prelude, exprs, names = shape_guards(output.shape_env, inputs, output.guards.contiguous)
+        return []
+    prelude, exprs, names, checks = shape_guards(output.shape_env, inputs, output.guards.contiguous)
     output.guards.set_shape_guards(prelude, exprs, names)
-    trace.log("shape_guards", stage="capture", guards=[readable(e, names) for e in exprs])
+    trace.log("shape_guards", stage="capture", guards=[readable(e, names) for e in exprs],
+              runtime_asserts=checks)
+    return checks
 
 
 def _has_grad_switch(graph) -> bool:

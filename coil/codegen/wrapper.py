@@ -54,6 +54,18 @@ def ensure_layout(t: torch.Tensor, size, stride) -> torch.Tensor:
     return out
 
 
+def check_size(t, size, op: str) -> None:
+    """Raise where data-dependent op ``op`` returned a tensor ``t`` of another size than
+    ``size`` (or a number ``t`` other than ``size``: ``.item()``), the one the graph relied
+    on (``x.nonzero() + y`` assumed the count equals ``len(y)``: eager broadcasts or raises
+    there; torch.compile raises too)."""
+    got = tuple(t.shape) if isinstance(t, torch.Tensor) else t
+    if got != size:
+        raise RuntimeError(f"coil: runtime assertion failed: {op} returned {got}, "
+                           f"the compiled graph assumed {size} (broadcasting or a torch._check "
+                           f"decided it while tracing)")
+
+
 def empty_row_padded(size, row_stride: int, device, dtype) -> torch.Tensor:
     """An uninitialized (M, N) tensor whose rows start ``row_stride >= N`` elements apart,
     backed by a full (M, row_stride) allocation (so the padding columns exist)."""
@@ -176,7 +188,7 @@ class WrapperCodegen:
         self.graph, self.steps, self.kernels, self.boxed = graph, steps, kernels, boxed
         self.globals: dict[str, Any] = {"torch": torch, "empty_strided": torch.empty_strided,
                                         "reinterpret": reinterpret,
-                                        "ensure_layout": ensure_layout,
+                                        "ensure_layout": ensure_layout, "check_size": check_size,
                                         "empty_row_padded": empty_row_padded,
                                         "matmul_padded": matmul_padded}
         self.lines: list[str] = []
@@ -195,6 +207,9 @@ class WrapperCodegen:
         if e.is_Symbol or e.is_number or any(symbol_is_type(s, SymT.UNBACKED_INT) for s in e.free_symbols):
             return pyexpr(e)
         return self._hoisted.setdefault(pyexpr(e), f"_sz{len(self._hoisted)}")
+
+    def _check_size(self, value: str, layout, op) -> str:
+        return f"    check_size({value}, {self._tuple(layout.size)}, {str(op)!r})"
 
     def _tuple(self, xs) -> str:
         items = [self._expr(x) for x in xs]
@@ -330,6 +345,10 @@ class WrapperCodegen:
                     else:
                         L.append(f"    {b.name} = {op}({', '.join(args)})  # {b.op}")
                     L += self._bind_unbacked(b.name, b.layout, bound_late)
+                    if torch.Tag.dynamic_output_shape in getattr(b.op, "tags", ()) and b.layout is not None:
+                        L.append(self._check_size(b.name, b.layout, b.op))
+                    if getattr(b, "expects", None) is not None:
+                        L.append(f"    check_size({b.name}, {self._expr(b.expects)}, {str(b.op)!r})")
                     if getattr(b, "binds", None) is not None:  # u2 = t.item()
                         L.append(f"    {b.binds.name} = {b.name}")
                         bound_late.add(b.binds)
@@ -339,6 +358,9 @@ class WrapperCodegen:
                 elif isinstance(b, MultiOutput):
                     L += self._bind_unbacked(
                         f"{b.parent.name}{''.join(f'[{i}]' for i in b.path)}", b.layout, bound_late)
+                    if torch.Tag.dynamic_output_shape in getattr(b.parent.op, "tags", ()):
+                        L.append(self._check_size(f"{b.parent.name}{''.join(f'[{i}]' for i in b.path)}",
+                                                  b.layout, b.parent.op))
                     L.append(f"    {b.name} = ensure_layout({b.parent.name}"
                              f"{''.join(f'[{i}]' for i in b.path)}, {self._tuple(b.layout.size)}, "
                              f"{self._tuple(b.layout.stride)})")

@@ -23,7 +23,7 @@ from typing import Any, Optional
 import sympy
 import torch
 import torch.fx
-from torch.fx.experimental.symbolic_shapes import statically_known_true
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols, statically_known_true
 
 from coil import trace
 from coil.config import config
@@ -368,10 +368,14 @@ class GraphLowering(torch.fx.Interpreter):
             return args[0][args[1]]
         val = self.current_node.meta.get("val")
         if target is _aten._local_scalar_dense.default and isinstance(val, torch.SymInt) \
-                and isinstance(as_expr(val), sympy.Symbol):
-            # t.item() as a size: run it; the wrapper binds its symbol to the result
+                and free_unbacked_symbols(val.node._expr):
+            # t.item() as a size: run it; the wrapper binds its symbol to the result, or
+            # checks it equals what the ShapeEnv replaced the symbol by (``arange(n) + y``:
+            # n == len(y))
             self.make_extern(target, args, kwargs)
-            self.buffers[-1].binds = as_expr(val)
+            unbacked = free_unbacked_symbols(as_expr(val))
+            self.buffers[-1].binds = as_expr(val) if unbacked else None
+            self.buffers[-1].expects = None if unbacked else as_expr(val)
             return as_expr(val)
         if isinstance(val, (torch.SymInt, torch.SymBool)):
             # size arithmetic (sym_size, operator.mul, floordiv ...) and relations

@@ -218,3 +218,52 @@ def test_floor_division_of_a_negative_size_expression(backend, name):
         out, ref = f(x), fn(x)
         assert out.shape == ref.shape
         torch.testing.assert_close(out, ref)
+
+
+_DATA_DEPENDENT = {"capture_scalar_outputs": True, "capture_dynamic_output_shape_ops": True}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_dim_marked_unbacked_that_broadcasting_pinned_raises_as_torch_compile(backend):
+    """``x + y`` with x's dim 0 marked unbacked and y of 3 rows: the graph assumes x has 3
+    rows. A call with 1 row (eager broadcasts) or 2 (eager raises) read out of bounds and
+    returned garbage; it raises a runtime assertion now, as torch.compile does."""
+    coil.reset()
+    f = coil.compile(lambda x, y: x + y, options={"cpu_backend": backend})
+    y = torch.zeros(3, 4)
+    x = torch.randn(3, 4)
+    coil.mark_unbacked(x, 0)
+    torch.testing.assert_close(f(x, y), x + y)
+    for n in (1, 2):
+        x = torch.randn(n, 4)
+        coil.mark_unbacked(x, 0)
+        with pytest.raises(RuntimeError, match="runtime assertion failed"):
+            f(x, y)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_data_dependent_size_the_graph_pinned_is_checked(backend):
+    """``x.nonzero().squeeze(1).float() + y`` assumes the count of nonzeros is ``len(y)``
+    (the ShapeEnv replaced it by y's size), and ``arange(x.sum().item()) + y`` likewise:
+    other counts returned garbage, and the second raised UnboundLocalError in the wrapper
+    (the item rebound y's size symbol)."""
+    for fn in (lambda x, y: x.nonzero().squeeze(1).float() + y,
+               lambda x, y: torch.arange(x.sum().item()).float() + y):
+        f = _compiled(fn, backend, _DATA_DEPENDENT)
+        y = torch.zeros(3)
+        x = torch.tensor([1, 1, 1, 0])
+        torch.testing.assert_close(f(x, y), fn(x, y))
+        for x in (torch.tensor([1, 0, 0, 0]), torch.tensor([1, 1, 0, 0])):
+            with pytest.raises(RuntimeError, match="runtime assertion failed"):
+                f(x, y)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_boolean_mask_of_an_empty_tensor(backend):
+    """``x[x > 0]`` of a (0, 3) tensor: its capture made no unbacked size, so AOT traced
+    without a ShapeEnv and nonzero raised DynamicOutputShapeException."""
+    fn = lambda x: x[x > 0]  # noqa: E731
+    coil.reset()
+    f = coil.compile(fn, options={"cpu_backend": backend, **_DATA_DEPENDENT})
+    x = torch.randn(0, 3)
+    assert f(x).shape == fn(x).shape == (0,)

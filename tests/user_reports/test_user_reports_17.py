@@ -566,21 +566,17 @@ def test_autograd_grad_under_torch_compile_dynamic_smallest(dynamo_reset):
     assert len(graphs) == 1
 
 
-@pytest.mark.xfail(strict=True, reason="a bf16/fp16 tensor compared with (or minus) a Python "
-                   "float: eager rounds the scalar to the tensor's dtype first (0.1 -> "
-                   "0.10009765625), coil compares in fp32 against 0.1 (lowering.loader_as "
-                   "makes the constant in the compute dtype) -> silently different masks")
 def test_bf16_compare_with_python_float():
+    """A bf16 tensor compared with a Python float: eager's CPU kernel rounds the scalar to
+    bf16 first (0.1 -> 0.10009765625); coil compared in fp32 against 0.1 (lowering.round_scalars)."""
     xb = torch.tensor([0.1, 0.2], dtype=torch.bfloat16)
     f = lambda x: x == 0.1  # noqa: E731
     assert f(xb).tolist() == [True, False]
     assert coil.compile(f)(xb).tolist() == [True, False]
 
 
-@pytest.mark.xfail(strict=True, reason="same cause: fp16 `x == 0.1` and `x - 0.1` use the "
-                   "unrounded scalar (eager: [True, False] and exactly 0.0; coil: [False, "
-                   "False] and -2.44e-05); bf16 `x > 0.1` likewise gives [True, True]")
 def test_fp16_eq_and_sub_bf16_gt_python_float():
+    """Same: fp16 ``x == 0.1`` and ``x - 0.1``, bf16 ``x > 0.1`` against the rounded scalar."""
     xh = torch.tensor([0.1, 0.2], dtype=torch.float16)
     eq, sub = coil.compile(lambda x: (x == 0.1, x - 0.1))(xh)
     gt = coil.compile(lambda x: x > 0.1)(xh.bfloat16())

@@ -482,10 +482,10 @@ def unflatten(flat: sympy.Expr, size: Sequence[sympy.Expr]) -> list[sympy.Expr]:
     if any(s == 0 for s in size):
         return [sympy.Integer(0)] * len(size)
     out = []
-    stride = product(size)
     for i, s in enumerate(size):
-        stride = stride / s if s != 0 else stride
-        v = FloorDiv(flat, stride)
+        # a product of the later sizes: dividing the whole product by the earlier ones
+        # left sympy's uncancelled 5*(s - 1)/(5*s - 5) in the kernel's index
+        v = FloorDiv(flat, product(size[i + 1:]))
         if i > 0:
             v = Mod(v, s)
         out.append(v if s != 1 else sympy.Integer(0))

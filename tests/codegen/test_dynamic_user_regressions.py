@@ -267,3 +267,15 @@ def test_a_boolean_mask_of_an_empty_tensor(backend):
     f = coil.compile(fn, options={"cpu_backend": backend, **_DATA_DEPENDENT})
     x = torch.randn(0, 3)
     assert f(x).shape == fn(x).shape == (0,)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_reshape_of_a_sliced_dynamic_dim_generates_kernels(backend):
+    """``x[:, 1:].reshape(-1, 5).mean()``: unflattening the copy divided the whole size
+    product by the earlier sizes, and sympy left ``5*(s - 1)/(5*s - 5)`` in the index,
+    which no printer prints: the graph ran in the FX interpreter."""
+    fn = lambda x: x[:, 1:].reshape(-1, 5).mean()  # noqa: E731
+    f = _compiled(fn, backend, {"strict_codegen": True})
+    for n in (6, 7, 9):
+        x = torch.randn(2, n, 5)
+        torch.testing.assert_close(f(x), fn(x))

@@ -121,10 +121,11 @@ class CaptureConfig:
     def __init__(self, backend: Callable, fullgraph: bool, dynamic, options=None):
         self.backend = backend
         self.fullgraph = fullgraph
-        self.dynamic = dynamic
         self.backend_name = getattr(backend, "__name__", str(backend))
         opts = options or {}
         cfg = _config.config
+        # coil.compile's argument, else options={"dynamic": ...}, else coil.config / COIL_DYNAMIC
+        self.dynamic = dynamic if dynamic is not None else opts.get("dynamic", cfg.dynamic)
         #: unbacked symbols for .item() / data-dependent output sizes (else graph breaks)
         self.scalar_outputs = bool(opts.get("capture_scalar_outputs", cfg.capture_scalar_outputs))
         self.dynamic_output_shapes = bool(opts.get("capture_dynamic_output_shape_ops",

@@ -800,3 +800,18 @@ def test_torch_tensor_of_a_changing_int_is_one_graph_and_keeps_64_bits():
         for out, ref in zip(f(x, n), fn(x, n)):
             assert out.dtype == ref.dtype and torch.equal(out, ref), (n, out, ref)
     assert len(next(iter(_caches.values())).entries) <= 2
+
+
+def test_dynamic_from_options_and_config():
+    """``options={"dynamic": True}`` and ``coil.config.dynamic`` (``COIL_DYNAMIC=1``) were
+    accepted and ignored: three sizes made two graphs (automatic dynamic), not one."""
+    from coil.testing import CompileCounter
+
+    for opts, patch in (({"dynamic": True}, {}), ({}, {"dynamic": True})):
+        coil.reset()
+        cnt = CompileCounter()
+        with coil.config.patch(**patch):
+            f = coil.compile(lambda x: x + 1, backend=cnt, options=opts)
+            for n in (3, 5, 7):
+                torch.testing.assert_close(f(torch.ones(n)), torch.ones(n) + 1)
+        assert cnt.frame_count == 1

@@ -279,3 +279,20 @@ def test_reshape_of_a_sliced_dynamic_dim_generates_kernels(backend):
     for n in (6, 7, 9):
         x = torch.randn(2, n, 5)
         torch.testing.assert_close(f(x), fn(x))
+
+
+@pytest.mark.parametrize("dynamic", [None, True])
+def test_resize_of_an_input_runs_outside_the_graph(dynamic):
+    """``x.resize_(2 * n)``: functionalization cannot grow a tensor, so the graph failed
+    to compile (static) or hit an internal assert (dynamic). It is a logged graph break,
+    as in torch.compile."""
+    def fn(x):
+        x.resize_(x.shape[0] * 2)
+        return x.shape[0], x[:3] * 2
+
+    coil.reset()
+    f = coil.compile(fn, dynamic=dynamic)
+    x = torch.randn(3)
+    n, head = f(x)
+    assert n == 6 and x.shape == (6,)
+    torch.testing.assert_close(head, x[:3] * 2)

@@ -183,6 +183,9 @@ def call_op(tx, kind: str, target, args: list, kwargs: dict) -> VariableTracker:
     out = tx.output
     if _autograd_state_change(kind, target, args, kwargs):
         return args[0]  # requires_grad_ that changes nothing
+    if _name(target) in ("resize_", "resize_as_"):  # functionalization cannot grow a tensor
+        raise Unsupported(f"{_name(target)} changes a tensor's storage: it runs outside the graph",
+                          hint="allocate a tensor of the new size (torch.empty) instead")
     if kind == "call_function":
         target = substitute(target)  # checked equivalents (F.one_hot)
     node_args = tuple(_map(a, to_node_arg) for a in args)

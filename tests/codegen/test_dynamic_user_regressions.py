@@ -296,3 +296,32 @@ def test_resize_of_an_input_runs_outside_the_graph(dynamic):
     n, head = f(x)
     assert n == 6 and x.shape == (6,)
     torch.testing.assert_close(head, x[:3] * 2)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_kv_cache_write_at_a_position_compiles_twice(backend):
+    """``kcache[:, pos] = q`` in a decode loop: torch's C++ indexing pins a symbolic
+    ``pos`` to its value, so every position compiled again until the recompile limit (as
+    in torch.compile). Symbolic ints in a basic index are ``select`` views now: one static
+    and one dynamic graph; negative positions and reads ``x[..., i]`` too."""
+    from coil.backends import lookup_backend
+
+    def decode(q, kcache, pos):
+        kcache[:, pos] = q
+        return (q.unsqueeze(1) * kcache[:, : pos + 1]).sum(-1).softmax(-1), kcache[0, pos], kcache[..., -pos]
+
+    graphs = []
+
+    def counted(gm, example_inputs):
+        graphs.append(gm)
+        return lookup_backend("coil")(gm, example_inputs)
+
+    coil.reset()
+    f = coil.compile(decode, backend=counted, options={"cpu_backend": backend})
+    ke, kc = torch.zeros(2, 16, 8), torch.zeros(2, 16, 8)
+    for pos in range(1, 9):
+        q = torch.randn(2, 8)
+        for a, b in zip(decode(q, ke, pos), f(q, kc, pos)):
+            torch.testing.assert_close(b, a)
+        torch.testing.assert_close(kc, ke)
+    assert len(graphs) == 2

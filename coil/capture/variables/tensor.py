@@ -334,6 +334,20 @@ def _is_int_scalar_tensor(v) -> bool:
         v.fake.dtype is not torch.bool
 
 
+def _is_symint(v) -> bool:
+    return isinstance(v, SymNodeVariable) and isinstance(v.value, torch.SymInt)
+
+
+def _select_symints(tx, t: "TensorVariable", basic, picks) -> "TensorVariable":
+    """``x[..., n, ...]`` with symbolic ints ``n``: the basic view, then ``select`` of each
+    (innermost first, so positions hold). torch's C++ indexing pins a SymInt index to its
+    value (``kcache[:, pos] = k`` compiled once per position); ``select`` keeps it symbolic."""
+    view = call_op(tx, "call_function", operator.getitem, [t, basic], {})
+    for p, n in reversed(picks):
+        view = call_op(tx, "call_method", "select", [view, ConstantVariable(p), n], {})
+    return view
+
+
 def _split_scalar_tensor_index(t: "TensorVariable", idx):
     """``x[..., i, ...]`` with 0-d integer tensors ``i`` (and otherwise only ints, slices,
     ``None``, ``...``): the basic index with each such ``i`` replaced by ``:``, and the
@@ -341,18 +355,19 @@ def _split_scalar_tensor_index(t: "TensorVariable", idx):
     no 0-d integer tensor or has anything else (lists, other tensors, bools)."""
     items = list(idx.items) if isinstance(idx, TupleVariable) and not isinstance(
         idx, NamedTupleVariable) else [idx]
-    if not any(_is_int_scalar_tensor(v) for v in items):
-        return None
+    picked = [_is_int_scalar_tensor(v) for v in items]
+    if not any(picked) and not any(map(_is_symint, items)) or any(picked) and any(map(_is_symint, items)):
+        return None  # (symbolic ints with 0-d tensors: C++ indexing, pinned)
     consumed = 0
     for v in items:
-        if _is_int_scalar_tensor(v) or isinstance(v, SliceVariable) or (
+        if _is_int_scalar_tensor(v) or _is_symint(v) or isinstance(v, SliceVariable) or (
                 isinstance(v, ConstantVariable) and (isinstance(v.value, slice) or type(v.value) is int)):
             consumed += 1
         elif not (isinstance(v, ConstantVariable) and (v.value is None or v.value is Ellipsis)):
             return None
     r, basic, picks = 0, [], []
     for v in items:
-        if _is_int_scalar_tensor(v):
+        if _is_int_scalar_tensor(v) or _is_symint(v):
             basic.append(ConstantVariable(slice(None)))
             picks.append((r, v))
             r += 1
@@ -480,11 +495,18 @@ class TensorVariable(VariableTracker):
             return wrap_sym(tx.output, self.fake.shape[0], ("size", self, 0))
         if name == "__getitem__":
             split = _split_scalar_tensor_index(self, args[0])
+            if split is not None and _is_symint(split[1][0][1]):
+                return _select_symints(tx, self, *split)
             if split is not None:
                 return _index_with_scalar_tensors(tx, self, *split)
             return call_op(tx, "call_function", operator.getitem, [self, args[0]], {})
         if name == "__setitem__":
             split = _split_scalar_tensor_index(self, args[0])
+            if split is not None and _is_symint(split[1][0][1]):
+                view, value = _select_symints(tx, self, *split), args[1]
+                call_op(tx, "call_method", "copy_" if isinstance(value, TensorVariable) else "fill_",
+                        [view, value], {})
+                return ConstantVariable(None)
             if split is not None:
                 view = call_op(tx, "call_function", operator.getitem, [self, split[0]], {})
                 value = args[1]

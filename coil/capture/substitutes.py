@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Callable, Optional
 
 import torch
+import torch.utils._pytree as pytree
 
 from coil import trace
 
@@ -92,14 +93,21 @@ OPAQUE_IMPLS: dict = {torch.ops.coil.sdpa.default: run_sdpa}
 
 
 def tensor(data, *, dtype=None, device=None, requires_grad=False, pin_memory=False):
-    """``torch.tensor`` of a symbolic int or float as ``torch.full((), data)``: one graph
-    for every value. torch's own traced into a constant, specialized per value, and kept
-    only the low 32 bits of an int above 2**31 (``torch.tensor(n)``, n = 2**40 + 1: 1)."""
-    if not isinstance(data, (torch.SymInt, torch.SymFloat)):
+    """``torch.tensor`` of a symbolic int or float as ``torch.full((), data)``, and of a
+    (nested) list holding some as a ``stack`` of those: one graph for every value. torch's
+    own traced into a constant, specialized per value, and kept only the low 32 bits of an
+    int above 2**31 (``torch.tensor(n)``, n = 2**40 + 1: 1)."""
+    sym = (torch.SymInt, torch.SymFloat)
+    flat = pytree.tree_leaves(data)
+    if not any(isinstance(v, sym) for v in flat) or requires_grad and not isinstance(data, sym):
         return torch.tensor(data, dtype=dtype, device=device, requires_grad=requires_grad,
                             pin_memory=pin_memory)
-    dtype = dtype or (torch.int64 if isinstance(data, torch.SymInt) else torch.get_default_dtype())
-    return torch.full((), data, dtype=dtype, device=device, requires_grad=requires_grad)
+    # eager's dtype and shape, from the values' hints
+    like = torch.tensor(pytree.tree_map(lambda v: (v.node.hint if v.node.hint is not None else
+                                                   1) if isinstance(v, sym) else v, data), dtype=dtype)
+    if isinstance(data, sym):
+        return torch.full((), data, dtype=like.dtype, device=device, requires_grad=requires_grad)
+    return torch.stack([torch.full((), v, dtype=like.dtype, device=device) for v in flat]).reshape(like.shape)
 
 
 #: torch function -> the function capture records in its place

@@ -791,10 +791,13 @@ def test_an_infinite_float_argument_is_a_constant_not_a_symbol(fn):
 
 def test_torch_tensor_of_a_changing_int_is_one_graph_and_keeps_64_bits():
     """``torch.tensor(n)`` of a symbolic int traced into a constant: one graph per value,
-    and above 2**31 only the low 32 bits (2**40 + 1 gave 1). It is ``full((), n)`` now."""
+    and above 2**31 only the low 32 bits (2**40 + 1 gave 1). It is ``full((), n)`` now,
+    and a list holding symbolic ints (``torch.tensor([n, 1])``) a stack of those."""
     def fn(x, n):
-        return torch.tensor(n) + x, torch.tensor(n * 0.5) * x
+        return (torch.tensor(n) + x, torch.tensor(n * 0.5) * x, torch.tensor([n, 1]) + x,
+                torch.tensor([[n, 1.5], (2, n)]), torch.tensor((n,), dtype=torch.float64))
 
+    coil.reset()
     f, x = coil.compile(fn), torch.zeros(2, dtype=torch.int64)
     for n in (5, 7, 2 ** 40 + 1, 9, 11):
         for out, ref in zip(f(x, n), fn(x, n)):

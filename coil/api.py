@@ -33,9 +33,8 @@ _MODE_OPTIONS = {
 
 
 def _backend_name(backend: Union[str, Callable]) -> str:
-    if isinstance(backend, str):
-        return backend
-    return getattr(backend, "__name__", None) or type(backend).__name__
+    return backend if isinstance(backend, str) else (getattr(backend, "__name__", None)
+                                                     or type(backend).__name__)
 
 
 def _wrap_backend(backend: Callable, name: str, options: dict) -> Callable:
@@ -208,9 +207,7 @@ def compile(fn_or_module: Union[Callable, torch.nn.Module, None] = None, *,
                                         dynamic=dynamic, options=options or None))
         return capture_it(target)
 
-    if fn_or_module is None:
-        return wrap
-    return wrap(fn_or_module)
+    return wrap if fn_or_module is None else wrap(fn_or_module)
 
 
 from coil.capture.dynamic import mark_dynamic, mark_static, mark_unbacked  # noqa: E402

@@ -123,31 +123,20 @@ def _run_bench(a) -> int:
         a.mode = list(BROAD_MODES if a.suite == "broad" else suite.MODES)
     if a.threads:
         import torch
-
         torch.set_num_threads(a.threads)
 
     opts = suite.BenchOptions(models=a.model, suite=a.suite, modes=a.mode, compilers=a.compiler,
                               device=a.device, size=a.size, warmup=a.warmup, repeat=a.repeat,
-                              max_timing_s=a.max_timing,
-                              warm_compile=not a.no_warm_compile, row_timeout=a.row_timeout,
-                              budget_s=a.budget, progress=not a.no_progress,
-                              fresh_caches=not a.keep_caches, rows_jsonl=a.rows_jsonl,
-                              paired=a.paired)
+                              max_timing_s=a.max_timing, warm_compile=not a.no_warm_compile,
+                              row_timeout=a.row_timeout, budget_s=a.budget, progress=not a.no_progress,
+                              fresh_caches=not a.keep_caches, rows_jsonl=a.rows_jsonl, paired=a.paired)
     if a.isolate:
         common = ["--mode", *a.mode, "--compiler", *a.compiler, "--device", a.device,
-                  "--warmup", str(a.warmup), "--repeat", str(a.repeat),
-                  "--max-timing", str(a.max_timing),
-                  "--row-timeout", str(a.row_timeout)]
-        if a.size:
-            common += ["--size", a.size]
-        if a.no_warm_compile:
-            common.append("--no-warm-compile")
-        if a.keep_caches:
-            common.append("--keep-caches")
-        if a.threads:
-            common += ["--threads", str(a.threads)]
-        if a.paired:
-            common.append("--paired")
+                  "--warmup", str(a.warmup), "--repeat", str(a.repeat), "--max-timing", str(a.max_timing),
+                  "--row-timeout", str(a.row_timeout)] + (["--size", a.size] if a.size else [])
+        common += ["--threads", str(a.threads)] if a.threads else []
+        common += [flag for flag, on in (("--no-warm-compile", a.no_warm_compile),
+                                         ("--keep-caches", a.keep_caches), ("--paired", a.paired)) if on]
         result = suite.run_bench_isolated(opts, common, on_model=_partial_writer(a, suite))
     else:
         result = suite.run_bench(opts)
@@ -189,11 +178,7 @@ def _run_conformance(a) -> int:
         deadline=(time.time() + a.budget) if a.budget else None)
     opts.on_partial = _partial_writer(a, conformance)
     if a.merge:
-        results = []
-        for path in a.merge:
-            with open(path) as f:
-                results.append(json.load(f))
-        result = conformance.merge(results)
+        result = conformance.merge([json.loads(open(path).read()) for path in a.merge])
     else:
         result = conformance.run_conformance(opts)
     _report(a, conformance, result)
@@ -256,13 +241,11 @@ def _report(a, mod, result) -> None:
 
 
 def _emit(dest: Optional[str], text: str, quiet_stdout: bool = False) -> None:
-    if not dest or (quiet_stdout and dest == "-"):
-        return
-    if dest == "-":
+    if dest == "-" and not quiet_stdout:
         print(text)
-        return
-    with open(dest, "w") as f:
-        f.write(text + "\n")
+    elif dest and dest != "-":
+        with open(dest, "w") as f:
+            f.write(text + "\n")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -221,12 +221,10 @@ def _coerce(value: str, default: Any) -> Any:
 
 def _from_env() -> Config:
     cfg = Config()
-    for f in fields(Config):
-        if f.name == "extra":
-            continue
-        raw = os.environ.get("COIL_" + f.name.upper())
+    for name in option_names():
+        raw = os.environ.get("COIL_" + name.upper())
         if raw is not None:
-            setattr(cfg, f.name, _coerce(raw, getattr(cfg, f.name)))
+            setattr(cfg, name, _coerce(raw, getattr(cfg, name)))
     return cfg
 
 

@@ -47,32 +47,18 @@ class Unsupported(CoilError):
     """
 
     def __init__(self, reason: str, hint: str = "", location: Optional[SourceLocation] = None):
-        self.reason = reason
-        self.hint = hint
-        self.location = location
-        super().__init__(self._message())
-
-    def _message(self) -> str:
-        msg = self.reason
-        if self.location is not None:
-            msg += f"\n  at {self.location}"
-        if self.hint:
-            msg += f"\n  hint: {self.hint}"
-        return msg
+        self.reason, self.hint, self.location = reason, hint, location
+        super().__init__(reason + (f"\n  at {location}" if location is not None else "")
+                         + (f"\n  hint: {hint}" if hint else ""))
 
 
 class UserError(CoilError):
     """Bad input from the user; names their source line and what to do."""
 
     def __init__(self, message: str, location: Optional[SourceLocation] = None, hint: str = ""):
-        self.location = location
-        self.hint = hint
-        text = message
-        if location is not None:
-            text += f"\n  at {location}"
-        if hint:
-            text += f"\n  what to do: {hint}"
-        super().__init__(text)
+        self.location, self.hint = location, hint
+        super().__init__(message + (f"\n  at {location}" if location is not None else "")
+                         + (f"\n  what to do: {hint}" if hint else ""))
 
 
 class GraphBreakInFullgraph(UserError):
@@ -86,8 +72,7 @@ class BackendCompilerFailed(CoilError):
     """
 
     def __init__(self, backend_name: str, inner: BaseException):
-        self.backend_name = backend_name
-        self.inner = inner
+        self.backend_name, self.inner = backend_name, inner
         super().__init__(
             f"backend {backend_name!r} failed to compile a graph: "
             f"{type(inner).__name__}: {inner}\n"

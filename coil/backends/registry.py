@@ -43,8 +43,7 @@ def lookup_backend(backend: Union[str, Backend]) -> Backend:
         return _BACKENDS[backend]
     if backend in _LAZY:
         module, attr = _LAZY[backend].split(":")
-        fn = getattr(importlib.import_module(module), attr)
-        _BACKENDS[backend] = fn
+        fn = _BACKENDS[backend] = getattr(importlib.import_module(module), attr)
         return fn
     raise ValueError(
         f"unknown backend {backend!r}; valid backends are: {', '.join(list_backends())} "

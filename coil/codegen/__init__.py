@@ -82,9 +82,7 @@ class CompiledGraph:
                 for o, st in zip(outs, strides):
                     if isinstance(o, torch.Tensor) and st is not None and o.dim() == len(st) \
                             and tuple(o.stride()) != st:
-                        t = torch.empty_strided(o.shape, st, dtype=o.dtype, device=o.device)
-                        t.copy_(o)
-                        o = t
+                        o = torch.empty_strided(o.shape, st, dtype=o.dtype, device=o.device).copy_(o)
                     fixed.append(o)
                 return tuple(fixed)
             self.call = run_aten
@@ -203,8 +201,8 @@ def _compile(gm, example_inputs, device, env) -> "CompiledGraph":
                                       tiled=True)
                 else:
                     plan = KernelPlan(s, graph, live, backend.persistent_rnumel)
-                kind = "pointwise" if plan.rnumel == 1 else ("per" if plan.persistent else "red")
-                kind = "til" if tiled is not None else {"pointwise": "poi"}.get(kind, kind)
+                kind = "til" if tiled is not None else "poi" if plan.rnumel == 1 else \
+                    "per" if plan.persistent else "red"
                 name = f"{backend.name}_{kind}_{ki}_{'_'.join(s.names[:3])}"
                 gen = backend.generate(plan, name)
                 kernels[id(s)] = _Kernel(plan, gen)
@@ -222,8 +220,7 @@ def _compile(gm, example_inputs, device, env) -> "CompiledGraph":
         source, glb = WrapperCodegen(graph, sched.steps, kernels, boxed=boxed).generate()
         if trace.enabled():
             trace.artifact("wrapper", lambda: source, kind="python")
-        code = compile(source, "<coil wrapper>", "exec")
-        exec(code, glb)
+        exec(compile(source, "<coil wrapper>", "exec"), glb)
         call = glb["call"]
     compiled = CompiledGraph(call, source, [k.generated for k in kernels.values()],
                              dict(graph.fallbacks), sched, gm, graph.output_strides)

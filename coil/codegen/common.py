@@ -69,15 +69,12 @@ class KernelPlan:
             deps = kernel_deps(buf, self.numel, self.rnumel)
             reads_own = [n for n, _ in deps.loads if n in own]
             if self.rnumel != 1 and not self.persistent:
-                if in_loop:
-                    if any(reduction_section.get(n) == section for n in reads_own):
-                        section += 1
-                        section_has_loop = False
-                    section_has_loop = True
-                else:
-                    if section_has_loop:
-                        section += 1
-                        section_has_loop = False
+                # an in-loop node reading a reduction of this section, or an out-of-loop
+                # node after a loop, starts the next section
+                if (in_loop and any(reduction_section.get(n) == section for n in reads_own)
+                        or not in_loop and section_has_loop):
+                    section += 1
+                section_has_loop = in_loop
                 for n in reads_own:
                     producer = self._node(n)
                     if (produced_in[n] != section and producer.in_loop

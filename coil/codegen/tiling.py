@@ -71,11 +71,8 @@ def tile_pointwise(group) -> Optional[tuple]:
         deps = kernel_deps(n, y, x)
         if deps is None or not deps.in_loop:
             return None
-        for _, e in list(deps.loads) + list(deps.stores):
-            a = _contiguous_axis(e)
-            if a is not None:
-                axes.add(a)
-    if axes != {"x", "r"}:
+        axes.update(_contiguous_axis(e) for _, e in list(deps.loads) + list(deps.stores))
+    if axes - {None} != {"x", "r"}:
         return None
     if not is_static(x):  # a longer call recompiles (the grid's y axis holds X / 16 tiles)
         guard_true(sympy.Le(x, 16 * _MAX_GRID_Y))

@@ -20,11 +20,7 @@ from coil.ir.virtualized import BINARY_OPS, UNARY_OPS, OpsHandler, compute_dtype
 
 
 def _fmt(v) -> str:
-    if isinstance(v, sympy.Basic):
-        return pyexpr(v)
-    if isinstance(v, torch.dtype):
-        return str(v).replace("torch.", "torch.")
-    return str(v)
+    return pyexpr(v) if isinstance(v, sympy.Basic) else str(v)
 
 
 class _Recording(OpsHandler):
@@ -203,8 +199,7 @@ class ReferenceInterpreter(OpsHandler):
         idx = self._eval(index)
         flat = self.env[name]
         if self.masks:
-            m = self.masks[-1]
-            idx = torch.where(m, idx, torch.zeros_like(idx))
+            idx = torch.where(self.masks[-1], idx, torch.zeros_like(idx))
         v = flat[idx.long()]
         return v.to(compute_dtype(v.dtype))
 
@@ -233,27 +228,19 @@ class ReferenceInterpreter(OpsHandler):
         nd = len(self.iter_shape)
         v = v.reshape(*self.iter_shape[: nd - self.n_red], -1)
         if reduction_type == "sum":
-            r = v.sum(-1, dtype=compute_dtype(dtype) if dtype.is_floating_point else None)
-        elif reduction_type == "prod":
-            r = v.prod(-1)
-        elif reduction_type == "max":
-            r = v.amax(-1)
-        elif reduction_type == "min":
-            r = v.amin(-1)
-        elif reduction_type == "argmax":
-            r = v.argmax(-1)
-        elif reduction_type == "argmin":
-            r = v.argmin(-1)
-        elif reduction_type == "any":
-            r = v.bool().any(-1)
-        elif reduction_type == "welford_reduce":
+            return v.sum(-1, dtype=compute_dtype(dtype) if dtype.is_floating_point else None)
+        if reduction_type == "any":
+            return v.bool().any(-1)
+        if reduction_type == "welford_reduce":
             vf = v.float()
             mean = vf.mean(-1)
             m2 = ((vf - mean[..., None]) ** 2).sum(-1)
             return mean, m2, torch.full_like(mean, v.shape[-1])
-        else:
+        method = {"prod": "prod", "max": "amax", "min": "amin", "argmax": "argmax",
+                  "argmin": "argmin"}.get(reduction_type)
+        if method is None:
             raise NotImplementedError(reduction_type)
-        return r
+        return getattr(v, method)(-1)
 
     def constant(self, value, dtype):
         return torch.tensor(value, dtype=dtype)
@@ -320,6 +307,4 @@ class ReferenceInterpreter(OpsHandler):
         if op in BINARY_OPS and hasattr(torch, op):
             f = getattr(torch, op)
             return lambda a, b: f(torch.as_tensor(a), torch.as_tensor(b))
-        if op == "special_erfcx":
-            return lambda x: torch.special.erfcx(x)
         raise NotImplementedError(f"ReferenceInterpreter: ops.{op}")

@@ -53,16 +53,21 @@ def _compile_branch(gm: torch.fx.GraphModule, fakes: list, device, name: str) ->
         return gm
 
 
+def _compile_hop(lowering, op: str, gms: list, names: list, fakes: list) -> list:
+    """Each subgraph of higher-order op ``op`` compiled (:func:`_compile_branch`), logged."""
+    compiled = [_compile_branch(gm, fakes, lowering.device, n) for gm, n in zip(gms, names)]
+    trace.log("hop_lowered", stage="lowering", op=op, branches=names,
+              compiled=[not isinstance(c, torch.fx.GraphModule) for c in compiled])
+    return compiled
+
+
 def lower_cond(lowering, args: tuple, kwargs: dict):
     """Lower a cond node (see module docstring) in GraphLowering ``lowering``."""
     node = lowering.current_node
     pred, true_gm, false_gm, operands = args
     fakes = [a.meta.get("val") if isinstance(a, torch.fx.Node) else a for a in node.args[3]]
-    names = [node.args[1].target, node.args[2].target]
-    compiled = [_compile_branch(gm, fakes, lowering.device, n)
-                for gm, n in ((true_gm, names[0]), (false_gm, names[1]))]
-    trace.log("hop_lowered", stage="lowering", op="cond", branches=names,
-              compiled=[not isinstance(c, torch.fx.GraphModule) for c in compiled])
+    compiled = _compile_hop(lowering, "cond", [true_gm, false_gm],
+                            [node.args[1].target, node.args[2].target], fakes)
     return lowering.make_extern(run_cond, (pred, compiled[0], compiled[1], tuple(operands)), {})
 
 
@@ -91,11 +96,8 @@ def lower_while_loop(lowering, args: tuple, kwargs: dict):
     cond_gm, body_gm, carried, additional = args
     fakes = [a.meta.get("val") if isinstance(a, torch.fx.Node) else a
              for a in list(node.args[2]) + list(node.args[3])]
-    names = [node.args[0].target, node.args[1].target]
-    compiled = [_compile_branch(gm, fakes, lowering.device, n)
-                for gm, n in ((cond_gm, names[0]), (body_gm, names[1]))]
-    trace.log("hop_lowered", stage="lowering", op="while_loop", branches=names,
-              compiled=[not isinstance(c, torch.fx.GraphModule) for c in compiled])
+    compiled = _compile_hop(lowering, "while_loop", [cond_gm, body_gm],
+                            [node.args[0].target, node.args[1].target], fakes)
     return lowering.make_extern(run_while_loop, (compiled[0], compiled[1], tuple(carried),
                                                  tuple(additional)), {})
 
@@ -114,10 +116,7 @@ def lower_map(lowering, args: tuple, kwargs: dict):
     body_gm, xs, rest = args
     fakes = [a.meta["val"][0] for a in node.args[1]] + \
         [a.meta.get("val") if isinstance(a, torch.fx.Node) else a for a in node.args[2]]
-    name = node.args[0].target
-    compiled = _compile_branch(body_gm, fakes, lowering.device, name)
-    trace.log("hop_lowered", stage="lowering", op="map", branches=[name],
-              compiled=[not isinstance(compiled, torch.fx.GraphModule)])
+    compiled, = _compile_hop(lowering, "map", [body_gm], [node.args[0].target], fakes)
     return lowering.make_extern(run_map, (compiled, list(xs), list(rest)), {})
 
 
@@ -143,10 +142,7 @@ def lower_scan(lowering, args: tuple, kwargs: dict):
              for a in node.args[1]] + \
         [a.meta["val"][0] for a in node.args[2]] + \
         [a.meta.get("val") if isinstance(a, torch.fx.Node) else a for a in node.args[3]]
-    name = node.args[0].target
-    compiled = _compile_branch(body_gm, fakes, lowering.device, name)
-    trace.log("hop_lowered", stage="lowering", op="scan", branches=[name],
-              compiled=[not isinstance(compiled, torch.fx.GraphModule)])
+    compiled, = _compile_hop(lowering, "scan", [body_gm], [node.args[0].target], fakes)
     return lowering.make_extern(run_scan, (compiled, list(init), list(xs), list(additional)), {})
 
 

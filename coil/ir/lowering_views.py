@@ -18,7 +18,7 @@ from coil.ir.lowering import (FallbackToExtern, _full, broadcast_loader, device,
 from coil.ir.nodes import (GenericView, InputBuffer, Layout, Pointwise, ReinterpretView,
                            StorageBox, TensorBox, current_graph)
 from coil.ir.symbols import (FloorDiv, Mod, as_expr, as_size, contiguous_strides, guard_true, is_static,
-                             linear_index, unflatten)
+                             linear_index, product, unflatten)
 from coil.ir.virtualized import compute_dtype, ops
 
 aten = torch.ops.aten
@@ -58,14 +58,8 @@ def view_reshape(x: TensorBox, new_size) -> TensorBox:
     old = list(x.get_size())
     new_size = [as_expr(s) for s in new_size]
     if any(s == -1 for s in new_size):
-        known = 1
-        for s in new_size:
-            if s != -1:
-                known *= s
-        total = 1
-        for s in old:
-            total *= s
-        new_size = [total // known if s == -1 else s for s in new_size]
+        known = product(s for s in new_size if s != -1)
+        new_size = [product(old) // known if s == -1 else s for s in new_size]
     if [s for s in old if s != 1] == [s for s in new_size if s != 1]:
         # only size-1 dims move: a pure unsqueeze/squeeze pattern
         kept_old = [d for d, s in enumerate(old) if s != 1]
@@ -245,8 +239,11 @@ def _slice(x, dim=0, start=None, end=None, step=1):
         end = n if end is None else end
         start = max(min(start + n if start < 0 else start, n), 0)
         end = max(min(end + n if end < 0 else end, n), 0)
-    size = out_size()
+    return _strided_slice(x, dim, start, step, out_size())
 
+
+def _strided_slice(x, dim, start, step, size):
+    """The view ``x[..., start::step, ...]`` (along ``dim``) of size ``size``."""
     def reindex(index):
         out = list(index)
         out[dim] = index[dim] * step + start
@@ -262,21 +259,9 @@ def _slice(x, dim=0, start=None, end=None, step=1):
 @register_lowering(aten.select.int)
 def _select(x, dim, idx):
     size_in = list(x.get_size())
-    nd = len(size_in)
-    dim = dim % nd
+    dim = dim % len(size_in)
     idx = idx + as_expr(size_in[dim]) if is_static(idx) and idx < 0 else idx
-    size = out_size()
-
-    def reindex(index):
-        out = list(index)
-        out.insert(dim, sympy.Integer(idx))
-        return out
-
-    def restride(l):
-        stride = list(l.stride)
-        del stride[dim]
-        return _lay(l, size, stride, l.offset + idx * l.stride[dim])
-    return make_view(x, size, reindex, restride)
+    return _select_view(x, dim, idx, out_size())
 
 
 @register_lowering(aten.diagonal)
@@ -423,11 +408,7 @@ def _cat(tensors, dim=0):
                 cond = ops.logical_and(ops.ge(_idx(index[dim]), _c(o)), ops.lt(_idx(index[dim]), _c(o + n))) \
                     if o != 0 else ops.lt(_idx(index[dim]), _c(o + n))
                 v = ops.masked(cond, body, 0.0 if cdt.is_floating_point else 0)
-            if result is None:
-                result = v
-            else:
-                in_part = ops.lt(_idx(index[dim]), _c(o))
-                result = ops.where(in_part, result, v)
+            result = v if result is None else ops.where(ops.lt(_idx(index[dim]), _c(o)), result, v)
         return result
 
     return TensorBox.create(Pointwise(device(), odt, inner, size))
@@ -541,14 +522,9 @@ def _index(x, indices):
     def inner(index):
         bidx = list(index[first:first + nb])
         rest = list(index[:first]) + list(index[first + nb:])
-        src = []
         it = iter(rest)
-        for d in range(nd):
-            if d in loaders:
-                src.append(ops.indirect_indexing(loaders[d](bidx), xs[d]))
-            else:
-                src.append(next(it))
-        return xl(src)
+        return xl([ops.indirect_indexing(loaders[d](bidx), xs[d]) if d in loaders else next(it)
+                   for d in range(nd)])
 
     return TensorBox.create(Pointwise(device(), odt, inner, size))
 
@@ -651,19 +627,12 @@ def _unbind(x, dim=0):
 def _slice_view(x, dim, start, end):
     size = list(x.get_size())
     size[dim] = sympy.Integer(end - start)
-
-    def reindex(index):
-        out = list(index)
-        out[dim] = index[dim] + start
-        return out
-
-    def restride(l):
-        return _lay(l, size, list(l.stride), l.offset + start * l.stride[dim])
-    return make_view(x, size, reindex, restride)
+    return _strided_slice(x, dim, start, 1, size)
 
 
-def _select_view(x, dim, idx):
-    size = [s for d, s in enumerate(x.get_size()) if d != dim]
+def _select_view(x, dim, idx, size=None):
+    """The view ``x.select(dim, idx)`` (``size``: its size, default ``x``'s less ``dim``)."""
+    size = [s for d, s in enumerate(x.get_size()) if d != dim] if size is None else size
 
     def reindex(index):
         out = list(index)
@@ -786,8 +755,7 @@ def _random(*args, **kwargs):
             p = float(args[1] if len(args) > 1 else kwargs.get("p", 0.5))
             p_load = lambda i: ops.constant(p, torch.float32)
         else:
-            l = loader_as(args[0], size, torch.float32)
-            p_load = l
+            p_load = loader_as(args[0], size, torch.float32)
 
     def inner(index):
         seed = ops.load_seed("seeds", k)

@@ -319,6 +319,16 @@ def reduction_loop_order(data: "Reduction") -> Optional[list[int]]:
     return None
 
 
+def _to_logical(order: Optional[list[int]], index: Sequence) -> list:
+    """Loop-order ``index`` -> logical index (identity when ``order`` is None)."""
+    if order is None:
+        return list(index)
+    out = [None] * len(order)
+    for pos, d in enumerate(order):
+        out[d] = index[pos]
+    return out
+
+
 class ComputedBuffer(Buffer):
     """A buffer computed by a loop body (``data`` is Pointwise or Reduction).
 
@@ -350,15 +360,6 @@ class ComputedBuffer(Buffer):
             return [self.data.ranges[d] for d in self.loop_order]
         return self.data.ranges
 
-    def _logical_index(self, index: Sequence) -> list:
-        """Loop-order ``index`` -> logical index (identity without a loop order)."""
-        if self.loop_order is None:
-            return list(index)
-        out = [None] * len(self.loop_order)
-        for pos, d in enumerate(self.loop_order):
-            out[d] = index[pos]
-        return out
-
     def get_reduction_ranges(self) -> list:
         if not self.is_reduction():
             return []
@@ -373,14 +374,10 @@ class ComputedBuffer(Buffer):
 
     def _store_body(self, index, rindex) -> None:
         indexer = self.layout.make_indexer()
-        index = self._logical_index(index)
+        index = _to_logical(self.loop_order, index)
         out_index = indexer(list(index))
         if isinstance(self.data, Reduction):
-            if self.rloop_order is not None:
-                logical = [None] * len(self.rloop_order)
-                for pos, d in enumerate(self.rloop_order):
-                    logical[d] = rindex[pos]
-                rindex = logical
+            rindex = _to_logical(self.rloop_order, rindex)
             value = self.data.inner_fn(list(index), list(rindex))
             red = ops.reduction(self.data.dtype, self.data.src_dtype, self.data.reduction_type,
                                 value)

@@ -64,10 +64,8 @@ class CppBuildError(CoilError):
     """A C++ kernel could not be built; ``reason`` is a one-line summary."""
 
     def __init__(self, reason: str, detail: str = ""):
-        self.reason = reason
-        self.detail = detail
-        msg = reason + (f"\n{detail}" if detail else "")
-        super().__init__(msg)
+        self.reason, self.detail = reason, detail
+        super().__init__(reason + (f"\n{detail}" if detail else ""))
 
 
 class CompilerNotFound(CppBuildError):

@@ -306,11 +306,10 @@ class OutputPlan:
             if key not in slot_of:
                 slot_of[key] = len(self.slots)
                 self.slots.append((key, st.nbytes(), o.device))
-            fast = None
-            if o.is_cuda:  # what torch's constructor of a tensor over a storage reads
-                fast = {"nbytes": st.nbytes(), "data_ptr": key, "size": o.shape,
-                        "stride": o.stride(), "dtype": o.dtype, "device": o.device,
-                        "storage_offset": o.storage_offset()}
+            # (CUDA) what torch's constructor of a tensor over a storage reads
+            fast = {"nbytes": st.nbytes(), "data_ptr": key, "size": o.shape, "stride": o.stride(),
+                    "dtype": o.dtype, "device": o.device, "storage_offset": o.storage_offset()} \
+                if o.is_cuda else None
             self.items.append(("slot", slot_of[key], meta, o.storage_offset(), fast))
         #: the tensors made during capture, kept so the pool never reuses their memory
         self.owned = [o for o in outs if isinstance(o, torch.Tensor)]
@@ -322,11 +321,8 @@ class OutputPlan:
         refs = [StorageWeakRef(s) for s in storages]
         outs = []
         for item in self.items:
-            if item[0] == "const":
-                outs.append(item[1])
-                continue
-            if item[0] == "self":
-                outs.append(args[item[1]])
+            if item[0] in ("const", "self"):
+                outs.append(item[1] if item[0] == "const" else args[item[1]])
                 continue
             (dtype, size, stride) = item[2]
             if item[0] == "slot":

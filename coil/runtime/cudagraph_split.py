@@ -92,9 +92,9 @@ class PartitionedGraph:
         out_node = nodes[-1]
         flat = list(out_node.args[0]) if isinstance(out_node.args[0], (list, tuple)) else [out_node.args[0]]
         user = {a for a in flat[:saved[0]] if isinstance(a, torch.fx.Node)} if saved else set()
-        slot: dict = {}  # value node -> index in a call's list of values
-        for n in [n for n in nodes if n.op == "placeholder"] + [n for n in nodes if n.op == "get_attr"]:
-            slot[n] = len(slot)
+        # value node -> index in a call's list of values
+        slot: dict = {n: i for i, n in enumerate([n for n in nodes if n.op == "placeholder"]
+                                                 + [n for n in nodes if n.op == "get_attr"])}
         self.constants = [(slot[n], getattr(gm, n.target)) for n in nodes if n.op == "get_attr"]
         self.n_inputs = sum(1 for n in nodes if n.op == "placeholder")
         readers: dict = {}
@@ -115,8 +115,7 @@ class PartitionedGraph:
             # a piece moving tensors between devices runs its ATen ops as they are (one
             # compiled graph's kernels are generated for one device)
             fn = piece.forward if len(devices) > 1 else compiler(piece, [i.meta.get("val") for i in ins])
-            graphable = lv % 2 == 0
-            if graphable:
+            if lv % 2 == 0:  # graphable
                 fn = cudagraphify(fn, kind, (sum(o in user for o in outs), len(outs))
                                   if kind == "forward" else None)
             for o in outs:

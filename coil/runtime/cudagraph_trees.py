@@ -344,7 +344,6 @@ class Tree:
             return "retain_graph: the saved activations this backward reuses are read again"
         return None
 
-
     def _inputs(self, fn: "GraphFunction", sig: tuple, args: tuple, warm: list) -> tuple:
         """``(static_args, copied, placeholders, inplace)`` for a recording: which
         arguments are read in place (module docstring) and the placeholders, holding
@@ -470,10 +469,9 @@ def pick_tree(args) -> Optional[Tree]:
     if dev is None:
         return None
     key = dev.index or 0
-    tree = _TREES.get(key)
-    if tree is None:
-        tree = _TREES[key] = Tree(CudaRecorder(torch.device("cuda", key)))
-    return tree
+    if key not in _TREES:
+        _TREES[key] = Tree(CudaRecorder(torch.device("cuda", key)))
+    return _TREES[key]
 
 
 def cuda_available() -> bool:

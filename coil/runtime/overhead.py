@@ -70,9 +70,7 @@ def main(argv=None) -> None:
             c.call.__globals__.update({n: noop for n, v in c.call.__globals__.items()
                                        if n.startswith("k") and hasattr(v, "configs")})
         coil_us = time_us(c, args, a.iters, sync)
-        ind = float("nan")
-        if dev.type == "cuda":
-            ind = time_us(torch.compile(fn), args, a.iters, sync)
+        ind = time_us(torch.compile(fn), args, a.iters, sync) if dev.type == "cuda" else float("nan")
         eager = time_us(fn, args, a.iters, sync)
         print(f"{name:24s} {c.kernel_count:7d} {coil_us:9.1f} {ind:12.1f} {eager:9.1f}")
 

@@ -17,6 +17,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import re
 import sys
 import threading
 from typing import Callable, Optional
@@ -75,15 +76,13 @@ def load_module(source: str, interpret: bool):
             os.environ["TRITON_INTERPRET"] = "1"
         try:
             spec = importlib.util.spec_from_file_location(modname, path)
-            mod = importlib.util.module_from_spec(spec)
-            sys.modules[modname] = mod
+            mod = sys.modules[modname] = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(mod)
         finally:
-            if interpret:
-                if old is None:
-                    os.environ.pop("TRITON_INTERPRET", None)
-                else:
-                    os.environ["TRITON_INTERPRET"] = old
+            if interpret and old is None:
+                os.environ.pop("TRITON_INTERPRET", None)
+            elif interpret:
+                os.environ["TRITON_INTERPRET"] = old
         _modules[key] = mod
         return mod
 
@@ -107,8 +106,6 @@ def canonical_name(source: str, name: str) -> str:
     gives them one name, while different bodies stay distinguishable in profiler
     output (every kernel used to show up as ``coil_kernel``). The ``autotune`` event
     records which generated kernel runs under which name."""
-    import re
-
     # whole-line comments are left out: the header names the fused nodes' buffers
     placeholder = re.sub(rf"\b{re.escape(name)}\b", CANONICAL_NAME,
                          re.sub(r"(?m)^[ \t]*#.*\n", "", source))
@@ -120,8 +117,6 @@ def canonical_name(source: str, name: str) -> str:
 def canonical_source(source: str, name: str) -> tuple[str, str]:
     """``(source with its kernel's name replaced by the compiled name, that name)``
     (:func:`canonical_name`; whole-word occurrences only)."""
-    import re
-
     compiled = canonical_name(source, name)
     return re.sub(rf"\b{re.escape(name)}\b", compiled, source), compiled
 
@@ -411,12 +406,10 @@ def scratch_copies(args) -> tuple:
             continue
         st = a.untyped_storage()
         key = (a.device, st.data_ptr(), st.nbytes())
-        copy = storages.get(key)
-        if copy is None:
-            copy = storages[key] = st.clone()
-        t = torch.empty(0, dtype=a.dtype, device=a.device)
-        t.set_(copy, a.storage_offset(), a.size(), a.stride())
-        out.append(t)
+        if key not in storages:
+            storages[key] = st.clone()
+        out.append(torch.empty(0, dtype=a.dtype, device=a.device).set_(
+            storages[key], a.storage_offset(), a.size(), a.stride()))
     return tuple(out)
 
 
@@ -505,21 +498,15 @@ class TritonLauncher:
 
     def _choose(self, cfg: dict) -> None:
         self.chosen = dict(cfg)
-        kwargs = dict(cfg)
-        grid = self._grid(cfg)
-        launch = self.fn[grid]
-        if self.interpret:
-            kwargs.pop("num_warps", None)
+        kwargs = {k: v for k, v in cfg.items() if not (self.interpret and k == "num_warps")}
+        launch = self.fn[self._grid(cfg)]
         self._slow = lambda *args: launch(*args, **kwargs)
-        self._call = self._slow
-        if self.gpu and config.triton_fast_launch:
-            self._call = self._first_call
+        self._call = self._first_call if self.gpu and config.triton_fast_launch else self._slow
 
     def _grid(self, cfg: dict) -> tuple:
         """Programs per axis: x blocks, and for a tiled kernel r blocks too."""
-        if self.tiled:
-            return (_cdiv(self.numel, cfg["XBLOCK"]), _cdiv(self.rnumel, cfg["RBLOCK"]))
-        return (_cdiv(self.numel, cfg["XBLOCK"]),)
+        return (_cdiv(self.numel, cfg["XBLOCK"]),) + ((_cdiv(self.rnumel, cfg["RBLOCK"]),)
+                                                       if self.tiled else ())
 
     def _first_call(self, *args):
         """Launch through Triton's JIT once, then switch to the compiled kernel's own

@@ -32,7 +32,6 @@ import dataclasses
 from collections import defaultdict
 from typing import Optional
 
-
 from coil import trace
 from coil.config import config
 from coil.ir.nodes import (Buffer, ComputedBuffer, InputBuffer, ScatterBuffer)
@@ -68,10 +67,7 @@ class FusedGroup:
 
     def read_names(self):
         own = set(self.names)
-        out = []
-        for n in self.nodes:
-            out += [r for r in n.get_read_names() if r not in own]
-        return list(dict.fromkeys(out))
+        return list(dict.fromkeys(r for n in self.nodes for r in n.get_read_names() if r not in own))
 
     def is_reduction(self):
         return self.rnumel != 1  # a symbolic size is >= 2
@@ -101,14 +97,8 @@ class Scheduler:
         self.output_names = {o.name for o in graph.outputs if o.name is not None}
         self.steps: list = []
         self.decisions: list[dict] = []
-        groups: list = []
-        for i, b in enumerate(graph.buffers):
-            if isinstance(b, ComputedBuffer):
-                numel, rnumel = node_group(b)
-                groups.append(FusedGroup([b], numel, rnumel, i))
-            else:
-                groups.append(ExternStep(b, i))
-        self.groups = groups
+        self.groups: list = [FusedGroup([b], *node_group(b), i) if isinstance(b, ComputedBuffer)
+                             else ExternStep(b, i) for i, b in enumerate(graph.buffers)]
         self.order_of = {b.get_name(): i for i, b in enumerate(graph.buffers)}
         self.users: dict[str, set] = defaultdict(set)   # buffer -> reader buffer names
         for b in graph.buffers:
@@ -125,11 +115,7 @@ class Scheduler:
 
     # ------------------------------------------------------------------ graph helpers
     def _owner_map(self) -> dict[str, object]:
-        m = {}
-        for g in self.groups:
-            for n in g.names:
-                m[n] = g
-        return m
+        return {n: g for g in self.groups for n in g.names}
 
     def _reaches(self, src, dst, owner, skip_direct: bool) -> bool:
         """True if a path src -> ... -> dst exists through some other group."""
@@ -147,13 +133,8 @@ class Scheduler:
         return False
 
     def _succ_cache(self, g, owner):
-        out = []
-        for n in g.names:
-            for u in self.users.get(n, ()):
-                og = owner.get(u)
-                if og is not None and og is not g:
-                    out.append(og)
-        return out
+        return [og for n in g.names for u in self.users.get(n, ())
+                if (og := owner.get(u)) is not None and og is not g]
 
     # ------------------------------------------------------------------ fusion
     def fuse(self) -> None:
@@ -205,9 +186,9 @@ class Scheduler:
         limit = config.launch_fusion_max_numel
         if g.rnumel != 1 or limit <= 0 or hint(g.numel) > limit:
             return None
-        for r in g.read_names():
-            if r == "seeds" or not isinstance(self.graph.name_to_buffer.get(r), InputBuffer):
-                return None
+        if any(r == "seeds" or not isinstance(self.graph.name_to_buffer.get(r), InputBuffer)
+               for r in g.read_names()):
+            return None
         pats = set()
         for n in g.nodes:
             deps = kernel_deps(n, g.numel, 1)
@@ -248,11 +229,8 @@ class Scheduler:
                 saved += _bytes(n)  # the read
                 if readers <= both and name not in self.output_names:
                     saved += _bytes(n)  # the write
-        shared = set(a.read_names()) & set(b.read_names())
-        for s in shared:
-            buf = self.graph.name_to_buffer.get(s)
-            saved += _bytes(buf) if buf is not None else 0
-        return saved + 1
+        shared = [self.graph.name_to_buffer.get(s) for s in set(a.read_names()) & set(b.read_names())]
+        return saved + sum(_bytes(buf) for buf in shared if buf is not None) + 1
 
     def _fuse_round(self) -> bool:
         changed = False
@@ -293,9 +271,8 @@ class Scheduler:
                 return f"{n.get_name()} cannot be split into {numel}x{rnumel}"
         owner = self._owner_map()
         first, second = sorted((a, b), key=lambda g: g.order)
-        if self._reaches(first, second, owner, skip_direct=True):
-            return "a path between them leaves the pair (would create a cycle)"
-        if self._reaches(second, first, owner, skip_direct=True):
+        if self._reaches(first, second, owner, skip_direct=True) or \
+                self._reaches(second, first, owner, skip_direct=True):
             return "a path between them leaves the pair (would create a cycle)"
         # element-wise agreement of every cross read
         crossing = False
@@ -340,8 +317,6 @@ class Scheduler:
         numel, rnumel = self.combined_group(a, b)
         nodes = sorted(a.nodes + b.nodes, key=lambda n: self.order_of[n.get_name()])
         g = FusedGroup(nodes, numel, rnumel, min(a.order, b.order))
-        # keep the merged group where its last producer was, so the order stays valid
-        g.order = min(a.order, b.order)
         self.groups.remove(a)
         self.groups.remove(b)
         self.groups.append(g)

@@ -105,11 +105,7 @@ def compile_context(frame_id: int, attempt: int) -> Iterator[str]:
 
 
 def _thread_list(name: str) -> list:
-    lst = getattr(_state.local, name, None)
-    if lst is None:
-        lst = []
-        setattr(_state.local, name, lst)
-    return lst
+    return vars(_state.local).setdefault(name, [])  # this thread's own
 
 
 def _current_stage() -> Optional[str]:
@@ -118,7 +114,7 @@ def _current_stage() -> Optional[str]:
 
 
 def _write(record: dict) -> None:
-    line = json.dumps(record, default=_jsonable)
+    line = json.dumps(record, default=str)
     with _state.lock:
         if _state.dir is None:
             return
@@ -129,25 +125,14 @@ def _write(record: dict) -> None:
         _state.file.write(line + "\n")
 
 
-def _jsonable(obj: Any) -> Any:
-    return str(obj)
-
-
 def log(event: str, *, stage: Optional[str] = None, duration_ms: Optional[float] = None,
         **payload: Any) -> None:
     """Append one event. ``payload`` must be JSON-serialisable (else ``str()`` is used)."""
     if _state.dir is None:
         return
-    record = {
-        "ts": time.time(),
-        "pid": os.getpid(),
-        "compile_id": current_compile_id(),
-        "event": event,
-        "stage": stage if stage is not None else _current_stage(),
-        "duration_ms": duration_ms,
-    }
-    record.update(payload)
-    _write(record)
+    _write({"ts": time.time(), "pid": os.getpid(), "compile_id": current_compile_id(), "event": event,
+            "stage": stage if stage is not None else _current_stage(), "duration_ms": duration_ms,
+            **payload})
 
 
 def artifact(name: str, text: Any, kind: str = "text", **payload: Any) -> None:

@@ -33,7 +33,7 @@ import glob
 import html
 import json
 import os
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional
 
@@ -83,10 +83,7 @@ class Compile:
         """Milliseconds per stage name *excluding* nested stages (self time): a
         record's duration minus its direct children's. These add up to
         :meth:`total_ms`, so they are the compile-time breakdown."""
-        selfs: OrderedDict[str, float] = OrderedDict()
-        for r in self.stages:
-            name = r.get("stage") or "?"
-            selfs[name] = selfs.get(name, 0.0) + float(r.get("duration_ms") or 0.0)
+        selfs = self.stage_totals()
         for r in self.stages:
             parent = r.get("parent")
             if parent:
@@ -139,18 +136,16 @@ def read_log(log_dir: str) -> Log:
     for path in files:
         with open(path, encoding="utf-8", errors="replace") as f:
             for line in f:
-                line = line.strip()
-                if not line:
+                if not line.strip():
                     continue
                 try:
                     r = json.loads(line)
                 except json.JSONDecodeError:
+                    r = None
+                if isinstance(r, dict) and "event" in r:
+                    records.append(r)
+                else:
                     bad += 1
-                    continue
-                if not isinstance(r, dict) or "event" not in r:
-                    bad += 1
-                    continue
-                records.append(r)
     records.sort(key=lambda r: (r.get("ts") or 0.0))  # stable: file order within a tie
     by_id: dict = {}
     loose = []
@@ -160,16 +155,8 @@ def read_log(log_dir: str) -> Log:
             loose.append(r)
             continue
         key = (r.get("pid") or 0, str(cid))
-        c = by_id.get(key)
-        if c is None:
-            c = by_id[key] = Compile(pid=key[0], compile_id=key[1])
-        ev = r.get("event")
-        if ev == "stage":
-            c.stages.append(r)
-        elif ev == "artifact":
-            c.artifacts.append(r)
-        else:
-            c.events.append(r)
+        c = by_id.get(key) or by_id.setdefault(key, Compile(pid=key[0], compile_id=key[1]))
+        {"stage": c.stages, "artifact": c.artifacts}.get(r.get("event"), c.events).append(r)
     for c in by_id.values():  # stage events are written at their end: order by start
         c.stages.sort(key=lambda r: (r.get("ts") or 0.0) - (r.get("duration_ms") or 0.0) / 1e3)
     compiles = sorted(by_id.values(), key=lambda c: c.sort_key)
@@ -285,11 +272,7 @@ def group_events(events: Iterable[dict]) -> "OrderedDict[str, list]":
 
 def event_table(records: list) -> dict:
     """Columns (union of payload keys, first-seen order) and rendered rows of a group."""
-    cols: list = []
-    for r in records:
-        for k in payload(r):
-            if k not in cols:
-                cols.append(k)
+    cols = list(dict.fromkeys(k for r in records for k in payload(r)))
     show_stage = any(r.get("stage") for r in records)
     show_ms = any(r.get("duration_ms") is not None for r in records)
     head = (["stage"] if show_stage else []) + (["ms"] if show_ms else []) + cols
@@ -507,20 +490,13 @@ def write_report(log_dir: str, out_dir: Optional[str] = None) -> str:
     multi_pid = len({c.pid for c in log.compiles}) > 1
 
     previous = previous_attempts(log.compiles)
-    stage_names: list = []
-    all_totals: OrderedDict = OrderedDict()
-    all_selfs: dict = {}
+    all_totals, all_selfs = Counter(), Counter()  # stage names in first-seen order
     rows = []
     grand_total = 0.0
     for c in log.compiles:
-        totals = c.stage_totals()
-        for k, v in totals.items():
-            if k not in stage_names:
-                stage_names.append(k)
-            all_totals[k] = all_totals.get(k, 0.0) + v
-        selfs = c.stage_self_totals()
-        for k, v in selfs.items():
-            all_selfs[k] = all_selfs.get(k, 0.0) + v
+        totals, selfs = c.stage_totals(), c.stage_self_totals()
+        all_totals.update(totals)
+        all_selfs.update(selfs)
         total = c.total_ms()
         grand_total += total
         row = {"pid": c.pid, "compile_id": c.compile_id, "page": c.page, "title": c.title(),
@@ -547,7 +523,7 @@ def write_report(log_dir: str, out_dir: Optional[str] = None) -> str:
 
     index = env.get_template("index").render(
         title="coil compile log", log_dir=log_dir, files=log.files, bad_lines=log.bad_lines,
-        n_compiles=len(log.compiles), compiles=rows, stage_names=stage_names,
+        n_compiles=len(log.compiles), compiles=rows, stage_names=list(all_totals),
         multi_pid=multi_pid, total_ms=grand_total,
         breakdown=_breakdown_rows(all_totals, all_selfs, grand_total), n_loose=len(log.loose), **common)
     index_path = os.path.join(out_dir, "index.html")
@@ -562,9 +538,8 @@ def _write(path: str, text: str) -> None:
 
 def main(argv: Optional[list] = None) -> int:
     """``coil report <dir> [-o out]``; returns a process exit code (0 ok, 2 no log)."""
-    parser = argparse.ArgumentParser(
-        prog="coil report",
-        description="Render a coil compile log (written with COIL_TRACE=<dir>) as static HTML.")
+    parser = argparse.ArgumentParser(prog="coil report", description="Render a coil compile log "
+                                     "(written with COIL_TRACE=<dir>) as static HTML.")
     parser.add_argument("log_dir", help="directory holding coil_trace_<pid>.jsonl files")
     parser.add_argument("-o", "--out", default=None,
                         help="output directory (default: <log_dir>/report)")

@@ -106,6 +106,11 @@ def _cast(x: "CppVar", dtype: torch.dtype) -> str:
     return f"{f}<{cops.ctype(dtype)}>({x})"
 
 
+#: C++ conversions between a 16-bit float's storage and its float compute value
+_TO_FLOAT = {torch.bfloat16: "coil_bf16_to_float", torch.float16: "coil_f16_to_float"}
+_FROM_FLOAT = {torch.bfloat16: "coil_float_to_bf16", torch.float16: "coil_float_to_f16"}
+
+
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
@@ -167,8 +172,7 @@ class CppKernel(OpsHandler):
         return None
 
     def _emit(self, expr: str, dtype: torch.dtype, key=None) -> CppVar:
-        if key is None:
-            key = expr
+        key = expr if key is None else key
         hit = self._lookup(key)
         if hit is not None:
             return hit
@@ -247,17 +251,13 @@ class CppKernel(OpsHandler):
         dtype = self.plan.buffer(name).get_dtype()
         ptr = self._arg(name, write=False)
         raw = f"{ptr}[{self._idx(index)}]"
-        if dtype == torch.bfloat16:
-            raw = f"coil_bf16_to_float({raw})"
-        elif dtype == torch.float16:
-            raw = f"coil_f16_to_float({raw})"
+        if dtype in _TO_FLOAT:
+            raw = f"{_TO_FLOAT[dtype]}({raw})"
         return self._emit(raw, _compute_dtype(dtype), key=("load", name, sympy.sympify(index)))
 
     def _convert_store(self, dtype, value: CppVar) -> str:
-        if dtype == torch.bfloat16:
-            return f"coil_float_to_bf16({value})"
-        if dtype == torch.float16:
-            return f"coil_float_to_f16({value})"
+        if dtype in _FROM_FLOAT:
+            return f"{_FROM_FLOAT[dtype]}({value})"
         if dtype == torch.bool:
             return f"({value} != 0)" if value.dtype != torch.bool else value.name
         if value.dtype == dtype:
@@ -277,7 +277,7 @@ class CppKernel(OpsHandler):
         if mode in ("atomic_add", "add"):
             if buf_dtype in (torch.float16, torch.bfloat16):
                 # no 16-bit float atomics: read-add-round-write under a critical section
-                up = "coil_bf16_to_float" if buf_dtype == torch.bfloat16 else "coil_f16_to_float"
+                up = _TO_FLOAT[buf_dtype]
                 self.cur.append("#pragma omp critical(coil_atomic16)")
                 self.cur.append(f"{{ {target} = {self._convert_store(buf_dtype, CppVar(f'({up}({target}) + {value})', torch.float32))}; }}")
             else:
@@ -301,7 +301,7 @@ class CppKernel(OpsHandler):
             lit = _float_literal(float(value), cd)
         else:
             v = int(value)
-            lit = f"static_cast<{cops.ctype(cd)}>({v}LL)" if abs(v) >= 2 ** 31 else f"static_cast<{cops.ctype(cd)}>({v})"
+            lit = f"static_cast<{cops.ctype(cd)}>({v}{'LL' if abs(v) >= 2 ** 31 else ''})"
         var = self._emit(lit, cd)
         self.const_val[var.name] = value
         return var
@@ -327,15 +327,10 @@ class CppKernel(OpsHandler):
 
     def to_dtype_bitcast(self, x, dtype, src_dtype):
         x = self._val(x, src_dtype)
-        src = x.name
-        if src_dtype in (torch.float16, torch.bfloat16):
-            conv = "coil_float_to_bf16" if src_dtype == torch.bfloat16 else "coil_float_to_f16"
-            src = f"{conv}({x})"
+        src = f"{_FROM_FLOAT[src_dtype]}({x})" if src_dtype in _FROM_FLOAT else x.name
         out = f"coil_bitcast<{cops.ctype(dtype)}>(static_cast<{cops.ctype(src_dtype)}>({src}))"
-        if dtype == torch.bfloat16:
-            out = f"coil_bf16_to_float({out})"
-        elif dtype == torch.float16:
-            out = f"coil_f16_to_float({out})"
+        if dtype in _TO_FLOAT:
+            out = f"{_TO_FLOAT[dtype]}({out})"
         return self._emit(out, _compute_dtype(dtype))
 
     def indirect_indexing(self, x, size, check=True, wrap_neg=True):
@@ -380,11 +375,8 @@ class CppKernel(OpsHandler):
             return hit
         var = self._new()
         self._mark_local(var)
-        self.cur.append(f"{cops.compute_ctype(result.dtype)} {var} = {other_v};")
-        self.cur.append(f"if ({mask}) {{")
-        self.cur.extend("    " + l for l in inner)
-        self.cur.append(f"    {var} = {result};")
-        self.cur.append("}")
+        self.cur += [f"{cops.compute_ctype(result.dtype)} {var} = {other_v};", f"if ({mask}) {{",
+                     *("    " + l for l in inner), f"    {var} = {result};", "}"]
         out = CppVar(var, result.dtype)
         if key is not None:
             self.scopes[-1][key] = out
@@ -542,22 +534,15 @@ class CppKernel(OpsHandler):
     # ------------------------------------------------------------------ driving
     def run_nodes(self) -> None:
         for node in self.plan.nodes:
+            self.section, self.cur, self.scopes = None, self.items, [self.outer_cse]
             if self.is_reduction and node.in_loop:
                 last = self.items[-1] if self.items else None
                 if not (isinstance(last, _Section) and last.loop_id == node.loop_id):
                     last = _Section(node.loop_id)
                     self.items.append(last)
-                self.section = last
-                self.cur = last.body
-                self.scopes = [self.outer_cse, last.cse]
-            else:
-                self.section = None
-                self.cur = self.items
-                self.scopes = [self.outer_cse]
+                self.section, self.cur, self.scopes = last, last.body, [self.outer_cse, last.cse]
             node.run(self)
-            self.section = None
-            self.cur = self.items
-            self.scopes = [self.outer_cse]
+        self.section, self.cur, self.scopes = None, self.items, [self.outer_cse]
 
     # ------------------------------------------------------------------ assembly
     def source(self) -> str:
@@ -567,18 +552,11 @@ class CppKernel(OpsHandler):
         self.indices = [simplify_index(canonicalize(e, bounds), bounds) for e in self.indices]
         xs = split_plan(self.indices, XINDEX, self.numel, "x")
         rs = split_plan(self.indices, RINDEX, self.rnumel, "r") if self.is_reduction else None
-        rendered = []
-        for e in self.indices:
-            e = xs.substitute(e)
-            if rs is not None:
-                e = rs.substitute(e)
-            rendered.append(cexpr(e))
-        self._rendered = rendered
+        self._rendered = [cexpr(xs.substitute(e) if rs is None else rs.substitute(xs.substitute(e)))
+                          for e in self.indices]
         body = self._pointwise(xs) if not self.is_reduction else self._reduction(xs, rs)
-        out = [self._signature() + " {"]
-        out.extend("  " + l if l else l for l in body)
-        out.append("  return coil_err ? coil_err[0] : 0;" if self.has_checks else "  return 0;")
-        out.append("}")
+        out = [self._signature() + " {", *("  " + l if l else l for l in body),
+               "  return coil_err ? coil_err[0] : 0;" if self.has_checks else "  return 0;", "}"]
         return "\n".join(l for l in out if l.strip() != "" or l == "")
 
     def arg_names(self) -> list[str]:
@@ -681,29 +659,22 @@ class CppKernel(OpsHandler):
     def _reduction(self, xs: Split, rs: Split) -> list[str]:
         if self.numel == 0:
             return []
-        body: list[str] = []
-        for item in self.items:
-            if isinstance(item, _Section):
-                body.extend(self._section(item, rs))
-            else:
-                body.append(self._fix(item))
+        body = [l for item in self.items
+                for l in (self._section(item, rs) if isinstance(item, _Section) else [self._fix(item)])]
         return [self._omp(self.numel * self.bounds[RINDEX]) if not is_static(self.numel) or self.numel >= 2 else "",
                 f"for (int64_t xindex = 0; xindex < {_c(self.numel)}; ++xindex) {{",
                 *("  " + d for d in self._xdecls(xs)), *("  " + l for l in body), "}"]
 
     def _rindex_decl(self, rs: Split) -> list[str]:
-        if not self.needs_rindex:
-            return []
-        return [f"int64_t rindex = {cexpr(rs.flat())};"]
+        return [f"int64_t rindex = {cexpr(rs.flat())};"] if self.needs_rindex else []
 
     def _section(self, sec: _Section, rs: Split) -> list[str]:
         body = [self._fix(l) for l in sec.body]
         post = [self._fix(l) for l in sec.post]
         ext = rs.extents
-        opens, closes = [], []
-        for i in range(len(ext) - 1, 0, -1):
-            opens.append(f"for (int64_t r{i} = 0; r{i} < {_c(ext[i])}; ++r{i}) {{")
-            closes.append("}")
+        opens = [f"for (int64_t r{i} = 0; r{i} < {_c(ext[i])}; ++r{i}) {{"
+                 for i in range(len(ext) - 1, 0, -1)]
+        closes = ["}"] * len(opens)
         ind = "  " * len(opens)
         pre = [self._fix(l) for l in sec.pre]
         if not sec.accs:
@@ -715,8 +686,8 @@ class CppKernel(OpsHandler):
         out = list(pre)
         for acc, rt, fields in sec.accs:
             for suf, t, init in fields:
-                out.append(f"{t} {acc}{suf}_lane[{LANES}];")
-                out.append(f"for (int l = 0; l < {LANES}; ++l) {acc}{suf}_lane[l] = {init};")
+                out += [f"{t} {acc}{suf}_lane[{LANES}];",
+                        f"for (int l = 0; l < {LANES}; ++l) {acc}{suf}_lane[l] = {init};"]
         # Floating-point sums over long rows accumulate in blocks of SUM_BLOCK elements
         # (per-lane block partials added to the lane totals after each block): one
         # running sum per lane over 12500 elements was 25x less accurate than eager's
@@ -725,9 +696,7 @@ class CppKernel(OpsHandler):
                    if rt == "sum" and fields[0][1] in ("float", "double")]
         if is_static(ext[0]) and int(ext[0]) <= SUM_BLOCK:
             blocked = []
-        for acc, rt, fields in sec.accs:
-            if acc in blocked:
-                out.append(f"{fields[0][1]} {acc}_blk[{LANES}];")
+        out += [f"{fields[0][1]} {acc}_blk[{LANES}];" for acc, rt, fields in sec.accs if acc in blocked]
         out += ["{"] + ["  " + o for o in opens]
         lane_body = []
         for l in body:
@@ -786,35 +755,32 @@ class CppKernel(OpsHandler):
         out += ["  " + c for c in closes] + ["}"]
         # combine the lanes in a fixed order
         for acc, rt, fields in sec.accs:
-            for suf, t, init in fields:
-                out.append(f"{t} {acc}{suf} = {init};")
+            out += [f"{t} {acc}{suf} = {init};" for suf, t, init in fields]
             out += self._combine(acc, rt, fields)
         return out + post
 
     def _combine(self, acc: str, rt: str, fields) -> list[str]:
-        srcs = [("_lane[l]", f"for (int l = 0; l < {LANES}; ++l) ")]
+        s, loop = "_lane[l]", f"for (int l = 0; l < {LANES}; ++l) "
         out = []
-        for s, loop in srcs:
-            if rt == "sum":
-                out.append(f"{loop}{acc} = {acc} + {acc}{s};")
-            elif rt == "prod":
-                out.append(f"{loop}{acc} = {acc} * {acc}{s};")
-            elif rt in ("max", "min"):
-                t = fields[0][1]
-                if t in ("float", "double"):
-                    out.append(f"{loop}{acc} = coil_{rt}_prop_({acc}, {acc}{s});")
-                else:
-                    op = ">" if rt == "max" else "<"
-                    out.append(f"{loop}{acc} = ({acc}{s} {op} {acc}) ? {acc}{s} : {acc};")
-            elif rt == "any":
-                out.append(f"{loop}{acc} = {acc} || {acc}{s};")
-            elif rt in ("argmax", "argmin"):
-                out.append(f"{loop}{{ if (coil_{rt}_better({acc}_v{s}, {acc}_i{s}, {acc}_v, {acc}_i)) "
-                           f"{{ {acc}_v = {acc}_v{s}; {acc}_i = {acc}_i{s}; }} }}")
-            elif rt == "welford_reduce":
-                out.append(f"{loop}{{ coil_welford a_ = {{{acc}_m, {acc}_m2, {acc}_w}}, "
-                           f"b_ = {{{acc}_m{s}, {acc}_m2{s}, {acc}_w{s}}}; a_ = coil_welford_combine(a_, b_); "
-                           f"{acc}_m = a_.mean; {acc}_m2 = a_.m2; {acc}_w = a_.weight; }}")
+        if rt == "sum":
+            out.append(f"{loop}{acc} = {acc} + {acc}{s};")
+        elif rt == "prod":
+            out.append(f"{loop}{acc} = {acc} * {acc}{s};")
+        elif rt in ("max", "min"):
+            if fields[0][1] in ("float", "double"):
+                out.append(f"{loop}{acc} = coil_{rt}_prop_({acc}, {acc}{s});")
+            else:
+                op = ">" if rt == "max" else "<"
+                out.append(f"{loop}{acc} = ({acc}{s} {op} {acc}) ? {acc}{s} : {acc};")
+        elif rt == "any":
+            out.append(f"{loop}{acc} = {acc} || {acc}{s};")
+        elif rt in ("argmax", "argmin"):
+            out.append(f"{loop}{{ if (coil_{rt}_better({acc}_v{s}, {acc}_i{s}, {acc}_v, {acc}_i)) "
+                       f"{{ {acc}_v = {acc}_v{s}; {acc}_i = {acc}_i{s}; }} }}")
+        elif rt == "welford_reduce":
+            out.append(f"{loop}{{ coil_welford a_ = {{{acc}_m, {acc}_m2, {acc}_w}}, "
+                       f"b_ = {{{acc}_m{s}, {acc}_m2{s}, {acc}_w{s}}}; a_ = coil_welford_combine(a_, b_); "
+                       f"{acc}_m = a_.mean; {acc}_m2 = a_.m2; {acc}_w = a_.weight; }}")
         if rt in ("argmax", "argmin"):
             out.append(f"if ({acc}_i == INT64_MAX) {acc}_i = 0;")
         return out

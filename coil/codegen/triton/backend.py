@@ -1,6 +1,7 @@
 """The Triton kernel backend: KernelPlan -> kernel source -> TritonLauncher."""
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import sympy
@@ -22,15 +23,9 @@ def stream_elem_bytes(plan) -> int:
     with as many elements as its iteration space (4 when there are none). The runtime
     sizes blocks by it: a bf16-only kernel needs twice the elements per thread."""
     full = hint(plan.numel * plan.rnumel)
-    sizes = []
-    for n in list(plan.input_names) + list(plan.output_names):
-        b = plan.buffer(n)
-        numel = 1
-        for s in b.get_size():
-            numel *= hint(s)
-        if numel >= full:
-            sizes.append(b.get_dtype().itemsize)
-    return max(sizes) if sizes else 4
+    bufs = [plan.buffer(n) for n in list(plan.input_names) + list(plan.output_names)]
+    return max((b.get_dtype().itemsize for b in bufs if math.prod(hint(s) for s in b.get_size()) >= full),
+               default=4)
 
 
 def size_params(plan) -> list[str]:
@@ -86,10 +81,8 @@ def mask_exactness(plan, gpu: bool, outer: bool = False) -> tuple[bool, bool]:
     RBLOCK divides rnumel); such masks are left out of loads, stores and reduction
     guards. ``(False, False)`` with ``config.triton_exact_masks`` off."""
     from coil.runtime.triton_runtime import blocks_divide, launch_configs
-    if not config.triton_exact_masks:
-        return False, False
-    if plan.symbolic:
-        return False, False  # any size may come: every mask stays
+    if not config.triton_exact_masks or plan.symbolic:
+        return False, False  # (symbolic: any size may come, every mask stays)
     return blocks_divide(launch_configs(**launch_args(plan, gpu, outer)), plan.numel, plan.rnumel)
 
 
@@ -135,8 +128,8 @@ def _module_source(plan, name: str, k: TritonKernel, exact) -> tuple[str, list[s
         out = ["@triton.jit", f"def {name}({', '.join(params + consts)}):"]
         body = [f"xnumel = {plan.numel}"]
     pid = "tl.program_id(0).to(tl.int64)" if k.index_dtype == "tl.int64" else "tl.program_id(0)"
-    body.append(f"xoffset = {pid} * XBLOCK")
-    body.append("xindex = xoffset + tl.arange(0, XBLOCK)" + ("[:, None]" if red else ""))
+    body += [f"xoffset = {pid} * XBLOCK",
+             "xindex = xoffset + tl.arange(0, XBLOCK)" + ("[:, None]" if red else "")]
     # a mask that is all true for every launch config is not computed (mask_exactness)
     xmask = [] if exact[0] else ["xmask = xindex < xnumel"]
     rmask = [] if exact[1] else ["rmask = rindex < rnumel"]

@@ -36,15 +36,11 @@ def add_eviction_hints(loops: list[list[str]]) -> list[list[str]]:
     loaded = [set(_LOAD.findall("\n".join(lines))) for lines in loops]
     out = []
     for i, lines in enumerate(loops):
-        later = set().union(*loaded[i + 1:]) if i + 1 < len(loaded) else set()
-        earlier = set().union(*loaded[:i]) if i else set()
+        later, earlier = set().union(*loaded[i + 1:]), set().union(*loaded[:i])
         new = []
         for line in lines:
             pos = 0
-            while True:
-                m = _LOAD.search(line, pos)
-                if m is None:
-                    break
+            while (m := _LOAD.search(line, pos)) is not None:
                 ptr = m.group(1)
                 policy = "evict_last" if ptr in later else ("evict_first" if ptr in earlier else None)
                 end = _close_paren(line, m.end() - len(ptr) - 1)

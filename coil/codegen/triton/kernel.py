@@ -20,6 +20,7 @@ from __future__ import annotations
 import itertools
 import math
 import numbers
+import re
 from typing import Optional
 
 import sympy
@@ -117,11 +118,8 @@ class TritonKernel(OpsHandler):
         extents = [plan.numel * plan.rnumel] + [plan.buffer(n).layout.storage_numel()
                                                 for n in plan.input_names + plan.output_names]
         self.index_dtype = "tl.int64" if needs_int64(extents) else "tl.int32"
-        self.args: dict[str, str] = {}
-        for i, n in enumerate(plan.input_names):
-            self.args[n] = f"in_ptr{i}"
-        for i, n in enumerate(plan.output_names):
-            self.args[n] = f"out_ptr{i}"
+        self.args: dict[str, str] = {n: f"in_ptr{i}" for i, n in enumerate(plan.input_names)}
+        self.args.update({n: f"out_ptr{i}" for i, n in enumerate(plan.output_names)})
         self.counter = itertools.count()
         # per section: pre / init / loop / post line lists
         self.sections = [dict(pre=[], init=[], loop=[], post=[]) for _ in range(plan.section_count)]
@@ -162,9 +160,7 @@ class TritonKernel(OpsHandler):
     def _lookup_store(self, key):
         if key in self.store_cache:
             return self.store_cache[key]
-        if self._in_loop():
-            return self.loop_store_cache.get(key)
-        return None
+        return self.loop_store_cache.get(key) if self._in_loop() else None
 
     def cse(self, expr: str, dtype, dims, lines=None) -> TVal:
         d = self.loop_cse if self._in_loop() else self.outer_cse
@@ -398,7 +394,6 @@ class TritonKernel(OpsHandler):
         over ``x``. Lanes whose max is still -inf contribute 0; a row of only -inf sums to
         NaN, as in two passes.
         Returns None unless the pattern matches exactly (same load in both loops)."""
-        import re
         sid = self.cur.loop_id
         if not self.cur.in_loop or sid == 0 or v != value.name \
                 or value.dims != frozenset({"x", "r"}) or acc_dt != torch.float32:

@@ -114,9 +114,11 @@ class Config:
     #: time per 3x3 bf16 convolution is 15 µs channels-last against 28 µs NCHW.
     conv_channels_last: bool = True
     #: ``conv_channels_last`` in training graphs too (the forward and backward of a
-    #: graph that requires grad). Off by default: a paired A/B on an H200 (BENCHMARKS.md)
-    #: gave ResNet-50's training step 29.5 ms channels-last vs 27.2 ms NCHW.
-    conv_channels_last_training: bool = False
+    #: graph that requires grad). On since split BatchNorm reductions follow the input's
+    #: memory order; H200 AMP training steps (BENCHMARKS.md), channels-last vs NCHW:
+    #: ResNet-50 17.7 vs 24.1 ms, RegNetY-1.6GF 45.1 vs 44.3 ms, EfficientNet-B0 35.1 ms
+    #: (NCHW: ATen's depthwise kernels, 0.68x torch.compile; now 0.99x).
+    conv_channels_last_training: bool = True
     #: With ``conv_channels_last``: a convolution weight that is a graph input (a
     #: module's parameter) is copied channels-last by a generated kernel (True) or
     #: passed as it is, so that ATen's convolution makes the copy in C++ (False).

@@ -166,7 +166,7 @@ def pointwise_lowering(op_name: str, kind: str = "arith") -> Callable:
             in_dt = compute_dtype(odt)
         f = getattr(ops, op_name)
         if kind in ("arith", "compare"):
-            keep = (1,) if op_name in ("mul", "truediv", "pow") else ()
+            keep = (1,) if op_name in ("mul", "truediv") else ()
             args = round_scalars(args, odt if kind == "arith" else _promote(args), keep)
         return make_pointwise_box(f, args, size, odt, in_dt)
     lower.__name__ = f"lower_{op_name}"

@@ -14,6 +14,9 @@ turns source text into callable functions and knows nothing about kernels.
   1e30 instead of eager's -9.22e18, and -0.5 gave -0.0 instead of 0.0). ``-fwrapv``:
   signed integer overflow wraps, as eager's int64 results do; without it GCC may assume
   it never happens (``argmax(-x)`` of ``[0, INT64_MIN]`` was rewritten into 1).
+  ``-fno-tree-loop-if-convert``: GCC 12 with AVX-512 if-converted two masked blocks
+  computing the same invariant ``acc / 2.0`` under complementary masks into one masked
+  division, so ``torch.stack([m, m])`` of a mean gave ``[m, 0]`` (fuzz s202 #16952).
 - **Cache key.** sha256 of (source, compiler path, compiler ``--version`` text,
   flags). The shared object lives at ``<cache_dir>/cpp/<key[:2]>/<key>.so`` where
   ``cache_dir`` is ``config.cache_dir`` or ``~/.cache/coil``. Writes go to a
@@ -56,7 +59,7 @@ __all__ = [
 ]
 
 DEFAULT_FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17",
-                 "-fno-strict-aliasing", "-fwrapv",
+                 "-fno-strict-aliasing", "-fwrapv", "-fno-tree-loop-if-convert",
                  "-fno-math-errno", "-Wno-unused-variable", "-Wno-unused-but-set-variable")
 
 

@@ -642,7 +642,7 @@ class TritonLauncher:
                               f"{msg if len(msg) < 1500 else msg[:300] + ' ... ' + msg[-1200:]}")
                 continue
             timings.append((ms, cfg))
-        del scratch
+        scratch = None  # (the copies: freed before the winner runs)
         if not timings:
             from coil.exc import KernelCompileError
             raise KernelCompileError(f"no launch config of Triton kernel {self.name} compiled:\n  "

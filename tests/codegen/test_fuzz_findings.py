@@ -714,3 +714,16 @@ def test_scalar_operands_of_reduced_float_ops_round_as_eager(backend, expr, dtyp
     big = 70000.0 if dtype == torch.float16 else 1e39
     fn = eval(f"lambda a: ({expr.replace('70000.0', repr(big))},)", {"torch": torch})
     _ok(fn, lambda: [torch.tensor([-10000.0, 2.0, 1e-3, math.inf], dtype=dtype)], backend)
+
+
+def _stack_of_a_mean_twice(a):  # fuzz seed 202 #16952
+    v = torch.mean(a, dtype=torch.float64)
+    return (torch.stack([v, v]),)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_stack_of_one_value_twice_after_its_reduction(backend):
+    """The C++ kernel computes ``acc / 2`` in two masked blocks (one per stacked copy);
+    GCC 12's loop if-conversion with AVX-512 merged them into one division under the
+    first block's mask, and the second copy read 0.0 (cpp_build.py, -fno-tree-loop-if-convert)."""
+    _ok(_stack_of_a_mean_twice, lambda: [torch.tensor([-3, 4])], backend)

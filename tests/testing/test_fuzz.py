@@ -273,13 +273,14 @@ def test_sum_that_cancels_is_compared_within_the_summation_error_bound():
     """fuzz seed 24 #392: float32 mean of int64 values near ±2^63 that cancel: eager's
     lanes give 2/5, coil's 0, both within float32's rounding of the summands (eager gives
     0 too for the same values followed by zeros). Accepted within n * eps * sum(|x|) for
-    an output that a sum returns; not beyond, nor for an output that is not a sum."""
+    an output that a sum returns, and what it feeds (``_Bounds._spread``); not beyond."""
     big = torch.tensor([[4, -5, -9223372036854775803, 2, 9223372036854775804]]).t()
     p = _prog(["v0 = torch.mean(a, dim=0, dtype=torch.float32)"], big)
     assert check_program(p, _fake(lambda s, o, a: (torch.zeros(1),))).outcome == "ok"
     assert check_program(p, _fake(lambda s, o, a: (torch.full((1,), 1e15),))).kind == "out-value"
-    q = _prog(["v0 = torch.mean(a, dim=0, dtype=torch.float32) + 0.5"], big)
-    assert check_program(q, _fake(lambda s, o, a: (torch.zeros(1),))).kind == "out-value"
+    q = _prog(["v0 = torch.mean(a, dim=0, dtype=torch.float32) + 0.5"], big)  # the bound follows
+    assert check_program(q, _fake(lambda s, o, a: (torch.full((1,), 0.5),))).outcome == "ok"
+    assert check_program(q, _fake(lambda s, o, a: (torch.full((1,), 1e15),))).kind == "out-value"
     small = _prog(["v0 = a.sum(0)"], torch.tensor([1.0, -1.0, 1e-3]))
     assert check_program(small, _fake(lambda s, o, a: (o[0] + 1e-4,))).kind == "out-value"
 
@@ -662,7 +663,51 @@ def test_a_sum_that_overflowed_only_in_eagers_order_is_no_reference(monkeypatch)
     that overflows in every order is still compared."""
     make = lambda: [torch.tensor([[1.0], [3.3999813e+38], [1.1060689e+38], [-1.7644104e+38], [1.0]])]  # noqa: E731
     finite = lambda fn, b: lambda x: (torch.tan(torch.full((1, 1), 0.5)),)  # noqa: E731
-    monkeypatch.setattr(fuzz, "compile_for", finite)
-    assert fuzz.check(_tan_of_sum, make, "cpp").outcome == "no_reference"
+    monkeypatch.setattr(fuzz, "compile_for", finite)  # (its bound spreads through tan: ok)
+    assert fuzz.check(_tan_of_sum, make, "cpp").outcome in ("no_reference", "ok")
     big = lambda: [torch.full((5, 1), 3e38)]  # noqa: E731
     assert fuzz.check(_tan_of_sum, big, "cpp").outcome == "mismatch"
+
+
+def test_bounds_spread_through_the_ops_that_read_them():
+    """A value another correct run may compute otherwise (a sum's order, a duplicate
+    index's accumulation, layer_norm's float32 rounding, a signed-zero tie) carries that
+    freedom into what it feeds (``_Bounds._spread``): s202 #2954 (an overflowed ``nansum``
+    into ``maximum``), #4050 (fp16 ``index_add_`` into ``matmul``), #11374 (a mean
+    compared with its summands), #5348 (``floor_divide`` by a normalized zero), #13189
+    (``div_`` by ``maximum(0, -0.0)``). A difference beyond it is still a mismatch."""
+    x = torch.tensor([[-0.25059718]]).expand(3, 2)
+    p = _prog(["v0 = torch.mean(a)", "v1 = torch.ge(v0, a)"], x, returns=["v1"])
+    assert check_program(p, _fake(lambda s, o, a: (torch.ones(3, 2, dtype=torch.bool),))).outcome == "ok"
+    q = _prog(["v0 = torch.mean(a)", "v1 = torch.ge(v0, a + 1)"], x, returns=["v1"])  # far apart
+    assert check_program(q, _fake(lambda s, o, a: (torch.ones(3, 2, dtype=torch.bool),))).kind == "out-value"
+    c = torch.tensor([[0.0, -0.0, 1.0], [2.0, -0.0, 3.0]])
+    r = _prog(["v0 = torch.sum(a, dtype=torch.int64) * 0", "v1 = torch.maximum(v0, b)", "v2 = 1 / v1"],
+              torch.tensor([1.0]), c, returns=["v2"])
+    tie = c.signbit() & (c == 0)  # maximum(0, -0.0): either zero; maximum(0, 0.0): +0 only
+    assert check_program(r, _fake(lambda s, o, a: (torch.where(tie, -math.inf, o[0]),))).outcome == "ok"
+    assert check_program(r, _fake(lambda s, o, a: (-o[0].abs(),))).kind == "out-value"
+    b = torch.tensor([[1.0], [-0.7954], [2.934]], dtype=torch.float16)
+    t = _prog(["v0 = a.clone()", "v0.index_add_(1, torch.tensor([0, 0, 0, 0]), torch.full((3, 4), 9.0, dtype=torch.float16))",
+               "v1 = torch.matmul(v0, v0.mT)"], b, returns=["v1"])
+    assert check_program(t, _fake(lambda s, o, a: (o[0] + o[0].abs() * 2e-3 * (o[0].abs() > 1000),))).outcome == "ok"
+    assert check_program(t, _fake(lambda s, o, a: (o[0] * 1.05,))).kind == "out-value"
+
+
+def _prod_of_bits_of_a_layer_norm(a):  # s202 #18233
+    v0 = a.view(torch.int32)
+    a.copy_(torch.nn.functional.layer_norm(a, (6,)))
+    return (torch.prod(v0),)
+
+
+def _prod_of_bits(a):
+    return (torch.prod(a.view(torch.int32)),)
+
+
+def test_integers_made_from_bits_of_rounded_floats_have_no_reference(monkeypatch):
+    """The product of the int32 bits of a float32 layer_norm: one ulp of its rounding is
+    any product. Bits of a program's inputs (no rounding) are still compared."""
+    make = lambda: [torch.tensor([[1.0, 1.0, 1.0, -1.0998816, -0.6669363, -3.2321062]])]  # noqa: E731
+    monkeypatch.setattr(fuzz, "compile_for", lambda fn, b: lambda a: (fn(a)[0] + 0x4000000000000000,))
+    assert fuzz.check(_prod_of_bits_of_a_layer_norm, make, "cpp").outcome == "no_reference"
+    assert fuzz.check(_prod_of_bits, make, "cpp").outcome == "mismatch"

@@ -154,8 +154,9 @@ class Config:
     cudagraph_release_cache: bool = True
     #: A backward recorded as a CUDA graph reuses the memory of the forward's saved
     #: activations as it releases each after its last use (runtime/cudagraph_trees.py).
-    #: Off by default: on an H200 the lent storage was too small for a recording
-    #: (``set_``: "Trying to resize storage that is not resizable"; docs/cudagraphs.md).
+    #: Off by default: on an H200 the lent storage was once too small for a recording
+    #: ("Trying to resize storage that is not resizable"); the GPU test of it (5 AdamW
+    #: steps, smaller pool, same parameters) passes since 05e0b36, not yet benchmarked.
     cudagraph_reuse_saved: bool = False
     #: Dynamic shapes: None (automatic), True or False (coil.compile's ``dynamic``;
     #: docs/dynamic_shapes.md).

@@ -245,8 +245,6 @@ def _graph_pools_reserved() -> int:
                if tuple(s.get("segment_pool_id", (0, 0))) != (0, 0))
 
 
-@pytest.mark.xfail(strict=True, reason="config.cudagraph_reuse_saved on the H200: 'Trying to resize "
-                   "storage that is not resizable' building a tensor over a lent storage")
 def test_gpu_backward_reuses_the_saved_activations_memory(monkeypatch):
     """The backward's recording reuses the memory of the forward's saved activations
     (released after their last use in the backward): the tree's pool is smaller than

@@ -176,7 +176,7 @@ def _to_torch_sympy(e):
     if isinstance(e, FloorDiv):
         return tf.FloorDiv(*args)
     if isinstance(e, Mod):
-        return tf.Mod(*args)
+        return tf.PythonMod(*args)  # floor mod: (-s) % 8 (tf.Mod asserts a >= 0)
     return e.func(*args)
 
 

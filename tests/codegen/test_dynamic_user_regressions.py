@@ -209,10 +209,11 @@ _NEGATIVE_DIVISIONS = {
 def test_floor_division_of_a_negative_size_expression(backend, name):
     """``-(-n // 8)`` and ``(-n) % 8`` in sizes: kernels printed them with C++'s and
     Triton's truncating ``/`` and ``%`` (loops of half the output, garbage rows, SIGFPE);
-    a numerator <= 0 is now rewritten over a non-negative one, and one of unknown sign
-    (``(n - 7) // 2``) makes the graph fall back."""
+    a numerator <= 0 is now rewritten over a non-negative one, one of unknown sign
+    (``(n - 7) // 2``) gets the floor remainder. No graph falls back (strict): Triton's
+    index-width check handed ``(-n) % 8`` to torch's ``Mod``, which asserts ``a >= 0``."""
     fn = _NEGATIVE_DIVISIONS[name]
-    f = _compiled(fn, backend)
+    f = _compiled(fn, backend, {"strict_codegen": True})
     for n in (7, 9, 4, 6, 5, 11):
         x = torch.arange(2.0 * n).view(2, n)
         out, ref = f(x), fn(x)

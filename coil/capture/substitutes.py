@@ -53,7 +53,7 @@ _sdpa_op = torch.library.custom_op("coil::sdpa", run_sdpa, mutates_args=())
 @_sdpa_op.register_fake
 def _(q, k, v, attn_mask, is_causal, scale, enable_gqa):
     shape = (*q.shape[:-1], v.shape[-1])
-    if q.dim() != 4:
+    if q.dim() != 4 or q.device.type != "cuda":  # CPU kernels return it contiguous
         return q.new_empty(shape)
     # (B, H, L, D) in (B, L, H, D) memory order: the layout CUDA's fused kernels return
     return q.new_empty((shape[0], shape[2], shape[1], shape[3])).transpose(1, 2)

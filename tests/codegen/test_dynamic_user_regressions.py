@@ -326,3 +326,34 @@ def test_kv_cache_write_at_a_position_compiles_twice(backend):
             torch.testing.assert_close(b, a)
         torch.testing.assert_close(kc, ke)
     assert len(graphs) == 2
+
+
+def test_attention_output_is_contiguous_on_the_cpu_as_in_eager():
+    """The dynamic graph's ``coil::sdpa`` fake gave CUDA's (B, L, H, D) memory order on
+    the CPU too, where eager's kernels return it contiguous: ``o.view(2, -1)`` raised."""
+    import torch.nn.functional as F
+    fn = lambda q: F.scaled_dot_product_attention(q, q, q, is_causal=True)  # noqa: E731
+    coil.reset()
+    f = coil.compile(fn)
+    for n in (5, 7, 9):
+        q = torch.randn(2, 2, n, 8)
+        out, ref = f(q), fn(q)
+        assert out.stride() == ref.stride()
+        torch.testing.assert_close(out.view(2, -1), ref.view(2, -1))
+
+
+def test_truth_of_a_size_does_not_pin_it():
+    """``x * 2 if x.shape[0] else x * 3`` (also ``len(x)``, ``x.numel()``) pinned the size
+    to its value: one graph per size. Sizes are >= 2 in a dynamic graph, so the truth is
+    known; 0 and 1 have their own entries."""
+    from coil.backends import lookup_backend
+
+    for fn in (lambda x: x * 2 if x.shape[0] else x * 3, lambda x: x * 2 if len(x) else x * 3,
+               lambda x: x * 2 if bool(x.numel()) else x * 3):
+        graphs = []
+        coil.reset()
+        f = coil.compile(fn, backend=lambda gm, ex: graphs.append(gm) or lookup_backend("coil")(gm, ex))
+        for n in (3, 5, 7, 4, 9, 0, 1):
+            x = torch.randn(n)
+            torch.testing.assert_close(f(x), fn(x))
+        assert len(graphs) == 4  # static 3, dynamic, 0, 1

@@ -56,13 +56,15 @@ class SymNodeVariable(VariableTracker):
         return {torch.SymInt: int, torch.SymFloat: float, torch.SymBool: bool}[type(self.value)]
 
     # --- concrete values: guards --------------------------------------------------
-    def evaluate(self, why: str):
-        """The concrete value, guarded in the ShapeEnv (logged with the user's line)."""
+    def evaluate(self, why: str, truth: bool = False):
+        """The concrete value (``truth``: its truth, ``!= 0``, which a size >= 2 decides
+        without a guard), guarded in the ShapeEnv (logged with the user's line)."""
         out = self.output
         env = out.shape_env
         start = len(env.guards)
         try:
-            value = self.python_type()(self.value)
+            value = bool(self.value != 0 if self.python_type() is not bool else self.value) if truth \
+                else self.python_type()(self.value)
         except Exception as e:  # noqa: BLE001 - e.g. an unbacked symbol
             first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
             raise Unsupported(f"{why}: {first} (the value depends on tensor data; "
@@ -78,7 +80,7 @@ class SymNodeVariable(VariableTracker):
         return False        # only as_python_constant() specializes, and says why
 
     def truthy(self, tx):
-        return bool(self.evaluate("Python control flow on a symbolic size"))
+        return self.evaluate("Python control flow on a symbolic size", truth=True)
 
     # --- graph ----------------------------------------------------------------------
     def as_node(self):

@@ -16,6 +16,7 @@ so that choosing its kernel adds no guards on the sizes.
 """
 from __future__ import annotations
 
+import math
 from typing import Callable, Optional
 
 import torch
@@ -68,6 +69,9 @@ def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scal
     mask's alignment) and the chosen kernel's mask padding added guards on the sequence
     length (``L % 8 == 0``: a recompile for each new residue class). Static sizes, a
     gradient or dropout keep the traced ATen ops."""
+    if isinstance(scale, torch.SymFloat) and isinstance(query.shape[-1], int):
+        # a changing scale: scale query (the default scale undone) instead of pinning it
+        query, scale = query * (scale * math.sqrt(query.shape[-1])), None
     sym = any(isinstance(n, torch.SymInt) for t in (query, key) for n in t.shape)
     grad = torch.is_grad_enabled() and any(
         isinstance(t, torch.Tensor) and t.requires_grad for t in (query, key, value, attn_mask))
@@ -110,8 +114,43 @@ def tensor(data, *, dtype=None, device=None, requires_grad=False, pin_memory=Fal
     return torch.stack([torch.full((), v, dtype=like.dtype, device=device) for v in flat]).reshape(like.shape)
 
 
+def _symbolic(*sizes) -> bool:
+    return any(isinstance(n, torch.SymInt) for n in sizes)
+
+
+def max_pool1d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
+               return_indices=False):
+    """``F.max_pool1d`` (and ``torch.max_pool1d``) of a symbolic length as
+    ``max_pool2d_with_indices`` over a height of 1: ATen's C++ composites read the length
+    as an int (one graph per length)."""
+    if not _symbolic(*input.shape) or return_indices:
+        return torch.nn.functional.max_pool1d(input, kernel_size, stride or None, padding, dilation,
+                                              ceil_mode, return_indices)
+    one = lambda v: tuple(v)[0] if isinstance(v, (tuple, list)) else v  # noqa: E731
+    k = one(kernel_size)
+    st = one(stride) if stride not in ((), None, []) else k
+    return torch.ops.aten.max_pool2d_with_indices(input.unsqueeze(-2), [1, k], [1, st], [0, one(padding)],
+                                                  [1, one(dilation)], ceil_mode)[0].squeeze(-2)
+
+
+def linspace(start, end, steps, *, dtype=None, device=None, layout=None, requires_grad=False,
+             pin_memory=False, out=None):
+    """``torch.linspace`` of a symbolic number of steps, as eager's CPU kernel computes it
+    (from ``start`` up to the middle, from ``end`` down after it, in the result's float
+    dtype): traced, the count was pinned (one graph per size)."""
+    dt = dtype or torch.get_default_dtype()
+    if not _symbolic(steps) or out is not None or requires_grad or not dt.is_floating_point \
+            or isinstance(start, torch.Tensor) or isinstance(end, torch.Tensor):
+        return torch.linspace(start, end, steps, dtype=dtype, device=device, requires_grad=requires_grad,
+                              **({"out": out} if out is not None else {}))
+    i, step = torch.arange(steps, device=device, dtype=dt), (end - start) / (steps - 1)
+    return torch.where(i < steps // 2, start + i * step, end - (steps - 1 - i) * step)
+
+
 #: torch function -> the function capture records in its place
 SUBSTITUTES: dict[Callable, Callable] = {torch.nn.functional.one_hot: one_hot, torch.tensor: tensor,
+                                         torch.max_pool1d: max_pool1d, torch.linspace: linspace,
+                                         torch.nn.functional.max_pool1d: max_pool1d,
                                          torch.nn.functional.scaled_dot_product_attention: sdpa}
 
 

@@ -357,3 +357,30 @@ def test_truth_of_a_size_does_not_pin_it():
             x = torch.randn(n)
             torch.testing.assert_close(f(x), fn(x))
         assert len(graphs) == 4  # static 3, dynamic, 0, 1
+
+
+_PINNED_BY_ATEN = {
+    "max_pool1d": lambda x, s: torch.nn.functional.max_pool1d(x, 2),
+    "max_pool1d_strided_padded": lambda x, s: torch.nn.functional.max_pool1d(x, 3, 2, 1, ceil_mode=True),
+    "linspace": lambda x, s: torch.linspace(0, 1, x.shape[-1]) * x,
+    "linspace_float64": lambda x, s: torch.linspace(-3, 5.5, x.shape[-1], dtype=torch.float64) + x,
+    "sdpa_scale": lambda x, s: torch.nn.functional.scaled_dot_product_attention(
+        x.mT, x.mT, x.mT, scale=s),
+}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", sorted(_PINNED_BY_ATEN))
+def test_sizes_and_floats_that_aten_pinned_stay_symbolic(backend, name):
+    """``max_pool1d`` (ATen's C++ composite), ``linspace`` of a size and SDPA's ``scale=``
+    float compiled once per length or value (fresh-user trial): two graphs now."""
+    from coil.backends import lookup_backend
+
+    fn, graphs = _PINNED_BY_ATEN[name], []
+    coil.reset()
+    f = coil.compile(fn, backend=lambda gm, ex: graphs.append(gm) or lookup_backend("coil")(gm, ex),
+                     options={"cpu_backend": backend})
+    for n in (3, 5, 7, 4, 9):
+        x = torch.randn(1, 2, n, 4)[..., 0]
+        torch.testing.assert_close(f(x, 0.1 * n), fn(x, 0.1 * n))
+    assert len(graphs) == 2

@@ -46,17 +46,16 @@ def _wrap_backend(backend: Callable, name: str, options: dict) -> Callable:
 
     @functools.wraps(backend)
     def compile_graph(gm, example_inputs):
-        with _config.patch(**options):
-            with trace.stage("backend", backend=name):
-                if trace.enabled():
-                    trace.log("config", backend=name, options=_config.config.as_dict())
-                try:
-                    compiled = backend(gm, example_inputs)
-                except (UserError, BackendCompilerFailed):
-                    raise
-                except Exception as e:
-                    log_backend_failure(name, e)
-                    raise BackendCompilerFailed(name, e) from e
+        with _config.patch(**options), trace.stage("backend", backend=name):
+            if trace.enabled():
+                trace.log("config", backend=name, options=_config.config.as_dict())
+            try:
+                compiled = backend(gm, example_inputs)
+            except (UserError, BackendCompilerFailed):
+                raise
+            except Exception as e:
+                log_backend_failure(name, e)
+                raise BackendCompilerFailed(name, e) from e
         if not options:
             return compiled
 

@@ -218,7 +218,7 @@ def _coerce(value: str, default: Any) -> Any:
         return float(value)
     if default is None:
         low = value.strip().lower()
-        return {"1": True, "true": True, "0": False, "false": False}.get(low, None)
+        return {"1": True, "true": True, "0": False, "false": False}.get(low)
     return value
 
 

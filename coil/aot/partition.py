@@ -291,7 +291,7 @@ def default_partition(joint: torch.fx.GraphModule, info: JointInfo) -> Partition
         else:
             saved.extend(u for u in n.users if u not in regions.bw and _saveable(u))
     saved = sorted(set(saved), key=regions.order.__getitem__)
-    reasons = {n: "read by the backward" for n in saved}
+    reasons = dict.fromkeys(saved, "read by the backward")
     return _build(joint, info, regions, saved, reasons, "default")
 
 

@@ -12,6 +12,7 @@ internal error falls back to eager for that code object (logged), or raises unde
 """
 from __future__ import annotations
 
+import contextlib
 import dis
 import functools
 import inspect
@@ -455,10 +456,8 @@ def _note_changed_sizes(cache: FrameCache, old: CacheEntry, bound, fn) -> None:
     ns.update(zip(list(old.argnames) + ["___f"], tuple(bound) + (fn,)))
     values = {}
     for expr in old.input_shapes:
-        try:
+        with contextlib.suppress(Exception):  # unreadable now: not a size change
             values[expr] = eval(expr, ns)
-        except Exception:  # noqa: BLE001 - unreadable now: not a size change
-            pass
     for expr, dims in changed_dims(old.input_shapes, values).items():
         cache.auto_dynamic.setdefault(expr, set()).update(dims)
     for expr, value in old.input_scalars.items():     # Python ints/floats that changed

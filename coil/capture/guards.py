@@ -462,9 +462,8 @@ def _chain_steps(node) -> Optional[list]:
         steps.append(node)
         if isinstance(node, ast.Name):
             return steps[::-1]
-        if isinstance(node, ast.Attribute):
-            node = node.value
-        elif isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
+        if isinstance(node, ast.Attribute) or (isinstance(node, ast.Subscript)
+                                               and isinstance(node.slice, ast.Constant)):
             node = node.value
         else:
             return None

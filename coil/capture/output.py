@@ -19,6 +19,7 @@ After translation the output is compiled into a :class:`CompiledFrame`:
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import types
 from typing import Any, Optional
@@ -278,10 +279,8 @@ class OutputGraph:
         self.final_grad = torch.is_grad_enabled()   # the entry sets it (backends may not)
         torch._C._set_grad_enabled(self.initial_grad)
         for ctx in reversed(self.open_contexts):
-            try:
+            with contextlib.suppress(Exception):
                 ctx.real.__exit__(None, None, None)
-            except Exception:  # noqa: BLE001
-                pass
         self.open_contexts.clear()
 
     def root_module(self) -> torch.nn.Module:

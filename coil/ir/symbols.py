@@ -144,7 +144,7 @@ def hint(e) -> int:
     h = env.size_hint(e, allow_none=True)  # torch 2.11: None when unbacked symbols remain
     if h is None:  # backed symbols take their values, unbacked ones a fixed guess
         e = e.xreplace(env.replacements).xreplace(env.var_to_val)
-        h = e.xreplace({s: _UNBACKED_GUESS for s in e.free_symbols})
+        h = e.xreplace(dict.fromkeys(e.free_symbols, _UNBACKED_GUESS))
     return int(h)
 
 
@@ -544,11 +544,8 @@ def pyexpr(e: sympy.Expr) -> str:
         terms = sorted(e.args, key=lambda t: (t.is_Integer, sympy.default_sort_key(t)))
         out = pyexpr(terms[0])
         for t in terms[1:]:
-            c, rest = t.as_coeff_Mul()
-            if c.is_Integer and int(c) < 0:
-                out += f" - {pyexpr(-t)}"
-            else:
-                out += f" + {pyexpr(t)}"
+            c, _ = t.as_coeff_Mul()
+            out += f" - {pyexpr(-t)}" if (c.is_Integer and int(c) < 0) else f" + {pyexpr(t)}"
         return out
     if e.is_Mul:
         c, rest = e.as_coeff_Mul()

@@ -26,6 +26,7 @@ were taken back / waited for), ``compile_pool_stop`` and ``compile_pool_broken``
 """
 from __future__ import annotations
 
+import contextlib
 import atexit
 import json
 import os
@@ -178,10 +179,8 @@ class CompilePool:
         for _ in self._procs:
             self._queue.put(None)
         for p in self._procs:
-            try:
+            with contextlib.suppress(OSError):
                 p.stdin.close()
-            except OSError:
-                pass
         for p in self._procs:
             try:
                 p.wait(timeout=2)

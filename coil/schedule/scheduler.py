@@ -213,7 +213,7 @@ class Scheduler:
         out = []
         for gs in buckets.values():
             gs.sort(key=lambda g: g.order)
-            out += [(gs[i], gs[i + 1]) for i in range(0, len(gs) - 1)]
+            out += [(gs[i], gs[i + 1]) for i in range(len(gs) - 1)]
         return out
 
     def _score(self, a: FusedGroup, b: FusedGroup) -> int:

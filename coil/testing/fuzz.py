@@ -472,16 +472,15 @@ class _Bounds(TorchDispatchMode):
                and isinstance(self.bounds[id(t)][1], torch.Tensor) and self.bounds[id(t)][1].any()][:3]
         if op in _TIE_OPS and out.is_floating_point() and all(isinstance(a, torch.Tensor) for a in args[:2]):
             a, c = torch.broadcast_tensors(*args[:2])
-            if not ins and ((a == 0) & (c == 0) & (a.signbit() != c.signbit())).any():
-                return torch.where((a == 0) & (c == 0) & (a.signbit() != c.signbit()),
-                                   torch.tensor(5e-324, dtype=torch.float64), 0.0)
+            tie = (a == 0) & (c == 0) & (a.signbit() != c.signbit())
+            if not ins and tie.any():
+                return tie.double() * 5e-324
         if not ins or not (out.is_floating_point() or out.dtype == torch.bool):
             return None
 
         def run(values):  # func on copies, the uncertain arguments replaced by ``values``
             swap = lambda a: (values[id(a)] if id(a) in values else a.clone()) if isinstance(a, torch.Tensor) else a  # noqa
-            m = func(*pytree.tree_map(swap, list(args)), **pytree.tree_map(swap, kwargs)).double()
-            o = out.double()
+            m, o = func(*pytree.tree_map(swap, list(args)), **pytree.tree_map(swap, kwargs)).double(), out.double()
             return torch.where((m == o) | m.isnan() & o.isnan(), 0.0, (m - o).abs().nan_to_num(ANYTHING, ANYTHING))
         try:
             if op in _BILINEAR:  # |A| uB + uA |B| + uA uB

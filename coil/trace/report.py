@@ -176,7 +176,7 @@ def highlight(text: str, kind: str) -> str:
     Uses pygments (classes styled by the report's stylesheet); unknown kinds and
     very large texts (> 2 MB) are escaped without colour.
     """
-    lexer_name = _LEXERS.get(kind, None)
+    lexer_name = _LEXERS.get(kind)
     if lexer_name is None or len(text) > 2_000_000:
         return '<pre class="code">%s</pre>' % html.escape(text)
     from pygments import highlight as _hl

@@ -271,7 +271,7 @@ class CppKernel(OpsHandler):
         if mode is None:
             self.scopes[-1][("store", name, index)] = value
         if name in self.removed:
-            return None
+            return
         ptr = self._arg(name, write=True)
         target = f"{ptr}[{self._idx(index)}]"
         if mode in ("atomic_add", "add"):
@@ -287,7 +287,7 @@ class CppKernel(OpsHandler):
             self.cur.append(f"{target} = {self._convert_store(buf_dtype, value)};")
         else:
             raise NotImplementedError(f"C++ backend: store mode {mode!r}")
-        return None
+        return
 
     def store_reduction(self, name, index, value):
         return self.store(name, index, value)

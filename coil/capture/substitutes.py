@@ -126,11 +126,10 @@ def max_pool1d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode
     if not _symbolic(*input.shape) or return_indices:
         return torch.nn.functional.max_pool1d(input, kernel_size, stride or None, padding, dilation,
                                               ceil_mode, return_indices)
-    one = lambda v: tuple(v)[0] if isinstance(v, (tuple, list)) else v  # noqa: E731
-    k = one(kernel_size)
-    st = one(stride) if stride not in ((), None, []) else k
-    return torch.ops.aten.max_pool2d_with_indices(input.unsqueeze(-2), [1, k], [1, st], [0, one(padding)],
-                                                  [1, one(dilation)], ceil_mode)[0].squeeze(-2)
+    k, st, p, d = (tuple(v)[0] if isinstance(v, (tuple, list)) else v
+                   for v in (kernel_size, stride or kernel_size, padding, dilation))
+    return torch.ops.aten.max_pool2d_with_indices(input.unsqueeze(-2), [1, k], [1, st], [0, p], [1, d],
+                                                  ceil_mode)[0].squeeze(-2)
 
 
 def linspace(start, end, steps, *, dtype=None, device=None, layout=None, requires_grad=False,

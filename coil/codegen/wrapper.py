@@ -208,8 +208,8 @@ class WrapperCodegen:
             return pyexpr(e)
         return self._hoisted.setdefault(pyexpr(e), f"_sz{len(self._hoisted)}")
 
-    def _check_size(self, value: str, layout, op) -> str:
-        return f"    check_size({value}, {self._tuple(layout.size)}, {str(op)!r})"
+    def _check_size(self, value: str, expected: str, op) -> str:
+        return f"    check_size({value}, {expected}, {str(op)!r})"
 
     def _tuple(self, xs) -> str:
         items = [self._expr(x) for x in xs]
@@ -346,9 +346,9 @@ class WrapperCodegen:
                         L.append(f"    {b.name} = {op}({', '.join(args)})  # {b.op}")
                     L += self._bind_unbacked(b.name, b.layout, bound_late)
                     if torch.Tag.dynamic_output_shape in getattr(b.op, "tags", ()) and b.layout is not None:
-                        L.append(self._check_size(b.name, b.layout, b.op))
+                        L.append(self._check_size(b.name, self._tuple(b.layout.size), b.op))
                     if getattr(b, "expects", None) is not None:
-                        L.append(f"    check_size({b.name}, {self._expr(b.expects)}, {str(b.op)!r})")
+                        L.append(self._check_size(b.name, self._expr(b.expects), b.op))
                     if getattr(b, "binds", None) is not None:  # u2 = t.item()
                         L.append(f"    {b.binds.name} = {b.name}")
                         bound_late.add(b.binds)
@@ -356,13 +356,11 @@ class WrapperCodegen:
                         L.append(f"    {b.name} = ensure_layout({b.name}, {self._tuple(b.layout.size)}, "
                                  f"{self._tuple(b.layout.stride)})")
                 elif isinstance(b, MultiOutput):
-                    L += self._bind_unbacked(
-                        f"{b.parent.name}{''.join(f'[{i}]' for i in b.path)}", b.layout, bound_late)
+                    part = f"{b.parent.name}{''.join(f'[{i}]' for i in b.path)}"
+                    L += self._bind_unbacked(part, b.layout, bound_late)
                     if torch.Tag.dynamic_output_shape in getattr(b.parent.op, "tags", ()):
-                        L.append(self._check_size(f"{b.parent.name}{''.join(f'[{i}]' for i in b.path)}",
-                                                  b.layout, b.parent.op))
-                    L.append(f"    {b.name} = ensure_layout({b.parent.name}"
-                             f"{''.join(f'[{i}]' for i in b.path)}, {self._tuple(b.layout.size)}, "
+                        L.append(self._check_size(part, self._tuple(b.layout.size), b.parent.op))
+                    L.append(f"    {b.name} = ensure_layout({part}, {self._tuple(b.layout.size)}, "
                              f"{self._tuple(b.layout.stride)})")
                 ours.add(b.name)
             for n in dict.fromkeys(reads[i]):

@@ -200,6 +200,7 @@ class GraphLowering(torch.fx.Interpreter):
         self._materialized: dict = {}
         self.fallbacks: Counter = Counter()
         self.native: Counter = Counter()
+        self.seen_unbacked: set = set()  # (run_node)
         self.current_node: Optional[torch.fx.Node] = None
         self._counter = itertools.count()
         #: random ops lowered natively; the wrapper draws this many seeds per call
@@ -332,6 +333,9 @@ class GraphLowering(torch.fx.Interpreter):
 
     def run_node(self, n: torch.fx.Node) -> Any:
         self.current_node = n
+        syms = free_unbacked_symbols(n.meta.get("val")) if n.op != "output" else set()
+        #: data-dependent sizes this node makes (``y[:x.item()]``: the slice's length)
+        self.fresh_unbacked, self.seen_unbacked = syms - self.seen_unbacked, self.seen_unbacked | syms
         out = super().run_node(n)
         if n.op == "call_function" and isinstance(out, TensorBox):
             self._maybe_realize(n, out)
@@ -377,6 +381,8 @@ class GraphLowering(torch.fx.Interpreter):
             self.buffers[-1].binds = as_expr(val) if unbacked else None
             self.buffers[-1].expects = None if unbacked else as_expr(val)
             return as_expr(val)
+        if target is _aten.sym_size.int and self.fresh_unbacked and isinstance(args[0], TensorBox):
+            return args[0].get_size()[args[1]]  # a symbol no op binds (CSE merged two nonzeros)
         if isinstance(val, (torch.SymInt, torch.SymBool)):
             # size arithmetic (sym_size, operator.mul, floordiv ...) and relations
             # (runtime asserts): the fake trace's result is already the expression in
@@ -391,8 +397,11 @@ class GraphLowering(torch.fx.Interpreter):
                 self.native[str(target)] += 1
                 return LOWERINGS[target](self, args, kwargs)
         fn = L.get_lowering(target)
-        if fn is not None and self._has_complex(args, kwargs):
-            fn = None  # no kernel backend has complex dtypes: run the ATen op
+        if fn is not None and (self._has_complex(args, kwargs) or self.fresh_unbacked and
+                               isinstance(val, torch.Tensor)):
+            # no kernel backend has complex dtypes; a size only this op's output says (the
+            # wrapper binds it from the extern's result): run the ATen op
+            fn = None
         if fn is not None:
             try:
                 out = fn(*args, **kwargs)

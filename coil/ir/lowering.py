@@ -174,11 +174,10 @@ def pointwise_lowering(op_name: str, kind: str = "arith") -> Callable:
 
 
 def round_scalars(args: Sequence, dtype: torch.dtype, keep=()) -> list:
-    """``args`` with each Python float rounded to ``dtype`` when it is fp16 or bf16 and the
-    graph runs on the CPU, but those at positions ``keep``: eager's CPU kernels convert a
-    scalar operand to the tensor's dtype (``half + 70000`` is inf, ``70000 // half`` NaN),
-    except the second operand of mul and the divisions, which stay in float (fuzz s201
-    #5477). CUDA's kernels keep scalars in float, as coil does there."""
+    """``args`` with each Python float but those at ``keep`` rounded to fp16/bf16 ``dtype``
+    on the CPU, as eager's CPU kernels convert a scalar operand (``half + 70000`` is inf,
+    ``70000 // half`` NaN: s201 #5477) except mul's and the divisions' second, kept in
+    float. CUDA's kernels keep scalars in float, as coil does there."""
     if dtype not in (torch.float16, torch.bfloat16) or device().type != "cpu":
         return list(args)
     return [float(torch.tensor(a, dtype=dtype)) if isinstance(a, float) and k not in keep else a

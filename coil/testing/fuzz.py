@@ -460,13 +460,11 @@ class _Bounds(TorchDispatchMode):
         return out
 
     def _spread(self, func, args, kwargs, out) -> Optional[torch.Tensor]:
-        """How far ``out`` of another correct run may be from eager's, given its arguments'
-        bounds: the largest change of ``func`` over the alternatives of up to 3 uncertain
-        arguments (:meth:`_alternatives`; bilinear ops by magnitudes, no cancellation): 1.0
-        on a flipped comparison, :data:`ANYTHING` where inf or NaN is reached (a division by
-        a zero of open sign). One source of such openness: ``maximum(0.0, -0.0)`` may be
-        either zero (eager's vector and scalar loops differ: s202 #13189). None when nothing
-        is uncertain."""
+        """How far ``out`` of another correct run may be from eager's given its arguments'
+        bounds (None: nothing is uncertain): the largest change of ``func`` over the
+        :meth:`_alternatives` of up to 3 uncertain arguments (bilinear ops by magnitudes), 1.0
+        on a flipped comparison, :data:`ANYTHING` where inf or NaN is reached. Also a source:
+        ``maximum(0.0, -0.0)`` is either zero (eager's vector and scalar loops: s202 #13189)."""
         op, leaves = func.overloadpacket, pytree.tree_leaves((args, kwargs))
         ins = [t for t in leaves if isinstance(t, torch.Tensor) and t.is_floating_point() and id(t) in self.bounds
                and isinstance(self.bounds[id(t)][1], torch.Tensor) and self.bounds[id(t)][1].any()][:3]

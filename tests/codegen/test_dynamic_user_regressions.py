@@ -384,3 +384,18 @@ def test_sizes_and_floats_that_aten_pinned_stay_symbolic(backend, name):
         x = torch.randn(1, 2, n, 4)[..., 0]
         torch.testing.assert_close(f(x, 0.1 * n), fn(x, 0.1 * n))
     assert len(graphs) == 2
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sizes_only_a_data_dependent_view_or_a_merged_op_says(backend):
+    """``y[:x.item()]``: the slice's length is a new unbacked size that no extern bound, and
+    two ``masked_select`` of one mask (merged by CSE) left the second's size unbound: both
+    ran in the FX interpreter (fresh-user trial). Strict codegen: no fallback now."""
+    fns = (lambda x, y: y[:x.item()] * 2,
+           lambda x, y: x.masked_select(x > 0).sum() + x.masked_select(x > 0).shape[0] + y.sum())
+    for fn in fns:
+        coil.reset()
+        f = coil.compile(fn, options={"cpu_backend": backend, "strict_codegen": True, **_DATA_DEPENDENT})
+        for v in (3, 5, 0, 8):
+            x, y = torch.tensor(v) if fn is fns[0] else torch.randn(v + 1), torch.randn(8)
+            torch.testing.assert_close(f(x, y), fn(x, y))

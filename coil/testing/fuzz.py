@@ -370,7 +370,7 @@ def _run_in(mode: TorchDispatchMode, fn: Callable, make_inputs: Callable) -> Opt
 #: sum (their partial sums overflow in one order and not in another), others :class:`_Bounds` bounds
 _CASTS = re.compile(r"torch\.(float32|float16|bfloat16)\b")
 _F64_STATS = re.compile(r"\b(layer_norm|var|std|var_mean|std_mean|prod)\b")
-_BOUNDED = re.compile(r"\b(fmod|remainder|copysign|signbit|var|std|maximum|minimum|fmax|fmin)\b| % ")
+_BOUNDED = re.compile(r"\b(fmod|remainder|copysign|signbit|var|std|maximum|minimum|fmax|fmin|gelu|prod)\b| % ")
 _SUMS = re.compile(r"\b(sum|nansum|mean|cumsum|logsumexp|matmul|softmax|log_softmax|layer_norm|"
                    r"var|std|scaled_dot_product_attention|index_add_?|scatter_add_?|"
                    r"scatter_reduce)\b")
@@ -421,6 +421,13 @@ class _Bounds(TorchDispatchMode):
             v = x.detach().double().square().max() * torch.finfo(x.dtype).eps * 4 * (x.numel() // max(out.numel(), 1))
             self.bounds[id(out)] = out, torch.full(out.shape, (v if op is torch.ops.aten.var else v.sqrt()).item(),
                                                    dtype=torch.float64)
+        elif op is torch.ops.aten.gelu and out.is_floating_point():  # 1 + erf cancels in the
+            self.bounds[id(out)] = out, x.double().abs() * torch.finfo(x.dtype).eps * 4  # tail: s203 #10433
+        elif op is torch.ops.aten.prod and out.is_floating_point() and x.numel():
+            # partial products past the range in some order (no zero factor): 0, inf or the value (s203 #11361)
+            a, fi, kw = x.double().abs(), torch.finfo(out.dtype), {k: v for k, v in kwargs.items() if k != "dtype"}
+            odd = (func(a.clamp(min=1), *args[1:], **kw) >= fi.max) | (func(a.clamp(max=1), *args[1:], **kw) <= fi.tiny)
+            self.bounds[id(out)] = out, (odd & (func((a != 0).double(), *args[1:], **kw) != 0)).double() * ANYTHING
         elif op in (torch.ops.aten.copysign, torch.ops.aten.signbit) and isinstance(
                 s := args[-1], torch.Tensor) and s.untyped_storage().data_ptr() not in self.inputs:
             # IEEE 754 leaves an arithmetic NaN's sign to the implementation (eager's float32 sum of
@@ -446,8 +453,7 @@ class _Bounds(TorchDispatchMode):
             for t, u, *ex in zip(pytree.tree_leaves(out), *map(pytree.tree_leaves, bs)):
                 self.bounds[id(t)] = (t, u) + ((tuple(ex),) if ex else ())
         elif op is torch.ops.aten.native_layer_norm and out[0].is_floating_point() and out[0].numel():
-            # eager's float32 mean and rstd round: a normalized 0 may be a tiny value of
-            # either sign (floor_divide by it: NaN or -0.0, s202 #5348)
+            # eager's float32 mean and rstd round: a normalized 0 is a tiny value of either sign (s202 #5348)
             x, w = args[0].double(), args[2] if len(args) > 2 and isinstance(args[2], torch.Tensor) else None
             u = x.abs().amax(tuple(range(x.dim() - len(args[1]), x.dim())), keepdim=True) * out[2].double() \
                 * torch.finfo(torch.promote_types(args[0].dtype, torch.float32)).eps * 4 * math.prod(args[1])
@@ -501,17 +507,12 @@ class _Bounds(TorchDispatchMode):
         (where the bound is :data:`ANYTHING`: +-inf and NaN too); where an order of a sum
         overflows (bound inf or NaN), that infinity and the exact sum."""
         e, x = self.bounds[id(t)], t.double()
-        bd = e[1].double()
-        fin = bd.nan_to_num(0.0, 0.0, 0.0)
-        out = [x + fin, x - fin] + [torch.where(x.abs() <= fin, z, x) for z in (0.0, -0.0)]
-        if (bd >= ANYTHING).any():  # any value at all: the extremes too
-            out += [torch.where(bd >= ANYTHING, v, x) for v in (math.inf, -math.inf, math.nan)]
-        if not bd.isfinite().all():
-            exact = e[2][0].to(t.dtype).double() if len(e) > 2 else x
-            out += [torch.where((bd == math.inf) | bd.isnan(), math.inf, x),
-                    torch.where((bd == -math.inf) | bd.isnan(), -math.inf, x),
-                    torch.where(bd.isfinite(), x, torch.broadcast_to(exact, x.shape))]
-        return out
+        bd, exact = e[1].double(), e[2][0].to(t.dtype).double() if len(e) > 2 else x
+        fin, inf = bd.nan_to_num(0.0, 0.0, 0.0), math.inf
+        alts = [x + fin, x - fin] + [torch.where(x.abs() <= fin, z, x) for z in (0.0, -0.0)] + [
+            torch.where(bd >= ANYTHING, v, x) for v in (inf, -inf, math.nan)] + [torch.where(
+                (bd == v) | bd.isnan(), v, x) for v in (inf, -inf)] + [torch.where(bd.isfinite(), x, exact)]
+        return [v for v in alts if not torch.equal(v, x)] or [x]
 
     def _drop_written(self, func, args, kwargs, written: list) -> None:
         """Drop the bounds of the elements ``func`` wrote (``written``: the arguments it writes
@@ -708,10 +709,9 @@ def _documented_numerics(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype, r
 
 def _integer_outputs_only(problems: list, e_out) -> bool:
     """Whether every problem is a value of an integer output of eager's ``e_out``."""
-    leaves = pytree.tree_leaves(e_out)
-    nums = [re.match(r"output (\d+):", m) for k, m in problems]
-    return all(k == "out-value" and n and isinstance(t := leaves[int(n.group(1))], torch.Tensor)
-               and not (t.is_floating_point() or t.is_complex()) for (k, _), n in zip(problems, nums))
+    return all(k == "out-value" and (n := re.match(r"output (\d+):", m)) and isinstance(
+        t := pytree.tree_leaves(e_out)[int(n.group(1))], torch.Tensor) and not (
+        t.is_floating_point() or t.is_complex()) for k, m in problems)
 
 
 def _alias_of(t, args) -> Optional[int]:

@@ -711,3 +711,29 @@ def test_integers_made_from_bits_of_rounded_floats_have_no_reference(monkeypatch
     monkeypatch.setattr(fuzz, "compile_for", lambda fn, b: lambda a: (fn(a)[0] + 0x4000000000000000,))
     assert fuzz.check(_prod_of_bits_of_a_layer_norm, make, "cpp").outcome == "no_reference"
     assert fuzz.check(_prod_of_bits, make, "cpp").outcome == "mismatch"
+
+
+def _div_by_gelu(a):  # s203 #10433
+    a.div_(torch.nn.functional.gelu(a))
+    return ()
+
+
+def _prod(a):  # s203 #11361
+    return (torch.prod(a),)
+
+
+def test_gelu_tail_and_prods_past_the_range_are_compared_within_their_freedom(monkeypatch):
+    """float64 ``gelu(-8.18)`` is ``x/2 * (1 + erf)``, which cancels: any erf's rounding
+    moves it by ``eps |x|``, more than its value, so ``x / gelu(x)`` is any number. A
+    product whose partial products pass the max or the smallest normal in some order is
+    0 (eager), inf or the exact value (coil). Ordinary values are still compared."""
+    tail = lambda: [torch.tensor(-8.175616431510353, dtype=torch.float64)]  # noqa: E731
+    monkeypatch.setattr(fuzz, "compile_for", lambda fn, b: lambda a: a.mul_(1.1) and ())
+    assert fuzz.check(_div_by_gelu, tail, "cpp").outcome == "ok"
+    assert fuzz.check(_div_by_gelu, lambda: [torch.tensor(2.0, dtype=torch.float64)], "cpp").outcome == "mismatch"
+    wide = lambda: [torch.tensor([1.7e-310, 1.9e-308, -1.376e308, 1.53e308], dtype=torch.float64)]  # noqa: E731
+    monkeypatch.setattr(fuzz, "compile_for", lambda fn, b: lambda a: (torch.tensor(-0.069, dtype=torch.float64),))
+    assert fuzz.check(_prod, wide, "cpp").outcome == "ok"
+    assert fuzz.check(_prod, lambda: [torch.tensor([2.0, 3.0], dtype=torch.float64)], "cpp").outcome == "mismatch"
+    zero = lambda: [torch.tensor([0.0, 1.9e-308, -1.376e308, 1.53e308], dtype=torch.float64)]  # noqa: E731
+    assert fuzz.check(_prod, zero, "cpp").outcome != "ok"  # a zero factor: 0 (or NaN) in every order

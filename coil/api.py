@@ -38,10 +38,9 @@ def _backend_name(backend: Union[str, Callable]) -> str:
 
 
 def _wrap_backend(backend: Callable, name: str, options: dict) -> Callable:
-    """The backend as capture calls it: compiles with ``options`` patched into
-    coil.config, times itself as compile-log stage ``backend`` (with event ``config``:
-    the options in force), and turns an exception raised by the backend into
-    :class:`coil.exc.BackendCompilerFailed` naming it (``.inner`` is the original).
+    """The backend as capture calls it: compiles with ``options`` patched into coil.config, times itself as
+    compile-log stage ``backend`` (with event ``config``: the options in force), and turns an exception raised
+    by the backend into :class:`coil.exc.BackendCompilerFailed` naming it (``.inner`` is the original).
     :class:`coil.exc.UserError` and ``BackendCompilerFailed`` pass through unchanged."""
 
     @functools.wraps(backend)
@@ -213,8 +212,7 @@ from coil.capture.dynamic import mark_dynamic, mark_static, mark_unbacked  # noq
 
 
 def reset() -> None:
-    """Drop every cache: compiled frames, guards, kernel caches in memory, recorded
-    CUDA graphs."""
+    """Drop every cache: compiled frames, guards, kernel caches in memory, recorded CUDA graphs."""
     from coil import capture
     from coil.runtime import cudagraph_trees
 
@@ -223,10 +221,9 @@ def reset() -> None:
 
 
 def cudagraph_mark_step_begin() -> None:
-    """Mark the start of a new iteration for ``mode="reduce-overhead"``: the next
-    compiled call starts again from the roots of the CUDA graph tree, so its replays
-    may overwrite the outputs of the previous iteration (reading those then raises;
-    clone what you keep)."""
+    """Mark the start of a new iteration for ``mode="reduce-overhead"``: the next compiled call starts again
+    from the roots of the CUDA graph tree, so its replays may overwrite the outputs of the previous iteration
+    (reading those then raises; clone what you keep)."""
     from coil.runtime import cudagraph_trees
 
     cudagraph_trees.mark_step_begin()

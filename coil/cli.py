@@ -23,8 +23,7 @@ def _add_bench(sub) -> None:
     p = sub.add_parser("bench", help="model suite: correctness, speedup, compile time",
                        description="Run the model suite. Models: " + ", ".join(MODELS)
                        + ". Compilers: " + ", ".join(COMPILERS) + ".")
-    p.add_argument("--model", nargs="+", help="models to run, from any suite (default: "
-                   "all of --suite)")
+    p.add_argument("--model", nargs="+", help="models to run, from any suite (default: all of --suite)")
     p.add_argument("--suite", default="default", choices=list(SUITES),
                    help="default: the models above; broad: coil/bench/broad.py (47 "
                         "transformers and timm models; default modes bf16 train)")
@@ -48,15 +47,13 @@ def _add_bench(sub) -> None:
     p.add_argument("--repeat", type=int, default=10, help="timed interleaved rounds")
     p.add_argument("--max-timing", type=float, default=60.0, help="seconds of timed runs "
                    "per row after which the rounds stop early (at least 3 rounds)")
-    p.add_argument("--no-warm-compile", action="store_true",
-                   help="skip the second (warm-cache) compile")
+    p.add_argument("--no-warm-compile", action="store_true", help="skip the second (warm-cache) compile")
     p.add_argument("--keep-caches", action="store_true",
                    help="use the existing on-disk compile caches (default: fresh empty ones)")
     p.add_argument("--row-timeout", type=float, default=600.0, help="seconds per row")
     p.add_argument("--budget", type=float, help="total seconds; rows not started by then "
                    "are reported as skipped")
-    p.add_argument("--isolate", action="store_true",
-                   help="run each model in its own subprocess")
+    p.add_argument("--isolate", action="store_true", help="run each model in its own subprocess")
     p.add_argument("--paired", action="store_true",
                    help="per model and mode, time every compiler in the same interleaved "
                         "rounds against one shared eager series (speedups comparable "

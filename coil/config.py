@@ -34,10 +34,9 @@ class Config:
     recompile_limit: int = 8
     #: Autotune Triton kernels over block sizes on first launch (GPU only).
     autotune: bool = True
-    #: Kernels iterating fewer elements than this are not autotuned: they take their
-    #: first (heuristic) config. Their timings are launch-bound (about 5 us on an H200)
-    #: and the best config saved about 1 us each, while they were a quarter of the
-    #: candidate compilations of GPT-2's and ResNet-50's training steps.
+    #: Kernels iterating fewer elements than this are not autotuned: they take their first (heuristic) config.
+    #: Their timings are launch-bound (about 5 us on an H200) and the best config saved about 1 us each, while
+    #: they were a quarter of the candidate compilations of GPT-2's and ResNet-50's training steps.
     autotune_min_elements: int = 16384
     #: Dynamic-shape kernels: time the candidates again in each new size bucket (else
     #: a new bucket runs the config tuned in the nearest bucket when it is a candidate).
@@ -70,11 +69,10 @@ class Config:
     #: 261 µs persistent and 252 / 253 / 251 µs looped with one row per program and 16
     #: warps (a 4096 block, i.e. one trip, is among the looped candidates).
     triton_persistent_rnumel: int = 2048
-    #: Streaming multiprocessors the CUDA split-reduction rule plans for: a reduction
-    #: over the innermost dims with at least this many output rows is not split into
-    #: partial reductions (``_split_decision`` in ir/lowering.py, docs/codegen.md). 0: the
-    #: device's own count (``torch.cuda.get_device_properties``), or 132 (an H200) when
-    #: no CUDA device can be asked.
+    #: Streaming multiprocessors the CUDA split-reduction rule plans for: a reduction over the innermost dims
+    #: with at least this many output rows is not split into partial reductions (``_split_decision`` in
+    #: ir/lowering.py, docs/codegen.md). 0: the device's own count (``torch.cuda.get_device_properties``), or
+    #: 132 (an H200) when no CUDA device can be asked.
     gpu_sm_count: int = 0
     #: Triton: leave ``xmask`` / ``rmask`` out of loads, stores and reduction guards when
     #: every launch config's XBLOCK / RBLOCK divides numel / rnumel (all lanes in range;
@@ -97,21 +95,19 @@ class Config:
     aot_max_recompute_reduction: int = 4096
     #: Directory of the on-disk kernel cache; empty means ~/.cache/coil.
     cache_dir: str = ""
-    #: A pointwise value with more than one user is realized (computed once into a
-    #: buffer) when its body reads more than this many buffers; below that it is
-    #: inlined into each user. 4 keeps transformer residual streams from being
-    #: recomputed by every later layer (the same threshold as Inductor's).
+    #: A pointwise value with more than one user is realized (computed once into a buffer) when its body reads
+    #: more than this many buffers; below that it is inlined into each user. 4 keeps transformer residual
+    #: streams from being recomputed by every later layer (the same threshold as Inductor's).
     max_inline_reads: int = 4
     #: CUDA fp16/bf16 mm/addmm outputs whose row length is not a multiple of 8 get a
     #: padded row stride, so cuBLAS can use its aligned kernels (see ir/graph.py).
     pad_matmul_outputs: bool = True
-    #: CUDA graphs with 2-D convolutions run them channels-last: convolution and pooling
-    #: inputs, their outputs and the pointwise buffers computed from them are laid out
-    #: (N, H, W, C) in memory, so cuDNN needs no NCHW<->NHWC transposes; in training the
-    #: saved activations stay NHWC and the backward is compiled for that (see
-    #: ir/graph.py, docs/ir.md). On by default since an A/B on an H200
-    #: (BENCHMARKS.md): ResNet-50 bf16 inference 3.03 -> 2.64 ms per step; cuDNN's host
-    #: time per 3x3 bf16 convolution is 15 µs channels-last against 28 µs NCHW.
+    #: CUDA graphs with 2-D convolutions run them channels-last: convolution and pooling inputs, their outputs
+    #: and the pointwise buffers computed from them are laid out (N, H, W, C) in memory, so cuDNN needs no
+    #: NCHW<->NHWC transposes; in training the saved activations stay NHWC and the backward is compiled for
+    #: that (see ir/graph.py, docs/ir.md). On by default since an A/B on an H200 (BENCHMARKS.md): ResNet-50
+    #: bf16 inference 3.03 -> 2.64 ms per step; cuDNN's host time per 3x3 bf16 convolution is 15 µs
+    #: channels-last against 28 µs NCHW.
     conv_channels_last: bool = True
     #: ``conv_channels_last`` in training graphs too (the forward and backward of a
     #: graph that requires grad). On since split BatchNorm reductions follow the input's
@@ -129,21 +125,18 @@ class Config:
     #: CUDA 1x1 convolutions of 1x1 images (squeeze-excitation) with at most this many
     #: multiply-adds are a generated reduction instead of a cuDNN call; 0 turns it off.
     conv_matvec_max_macs: int = 1 << 21
-    #: ``max_pool2d`` whose indices are unused is a generated pointwise window max,
-    #: fused with the BatchNorm + ReLU before it (else ATen's kernel, which also
-    #: writes int64 indices; ir/lowering_conv.py).
+    #: ``max_pool2d`` whose indices are unused is a generated pointwise window max, fused with the BatchNorm +
+    #: ReLU before it (else ATen's kernel, which also writes int64 indices; ir/lowering_conv.py).
     lower_max_pool: bool = True
     #: Fuse nodes in the scheduler. Off gives one kernel per buffer (debugging).
     fusion: bool = True
-    #: Fuse pointwise kernels that read only graph inputs (parameter casts under
-    #: autocast, channels-last weight copies) and have the same size and access pattern
-    #: into one kernel, to save launches, when each has at most this many elements;
-    #: 0 turns it off (schedule/scheduler.py). The fused kernel runs where the first of
-    #: them ran, so its outputs live longer: the cap bounds that.
+    #: Fuse pointwise kernels that read only graph inputs (parameter casts under autocast, channels-last
+    #: weight copies) and have the same size and access pattern into one kernel, to save launches, when each
+    #: has at most this many elements; 0 turns it off (schedule/scheduler.py). The fused kernel runs where the
+    #: first of them ran, so its outputs live longer: the cap bounds that.
     launch_fusion_max_numel: int = 1 << 24
-    #: Record each compiled graph on CUDA as a CUDA graph and replay it, all graphs
-    #: of a device sharing one memory pool (mode="reduce-overhead" turns this on;
-    #: docs/cudagraphs.md).
+    #: Record each compiled graph on CUDA as a CUDA graph and replay it, all graphs of a device sharing one
+    #: memory pool (mode="reduce-overhead" turns this on; docs/cudagraphs.md).
     cudagraphs: bool = False
     #: Recordings of one compiled graph (new sizes, moved static inputs, new places
     #: in a step) after which new ones run without a CUDA graph (logged).
@@ -152,14 +145,12 @@ class Config:
     #: (torch.cuda.empty_cache): the un-graphed warm-up and dry run leave the graph's
     #: working set cached there while its replays use the graph pool (logged).
     cudagraph_release_cache: bool = True
-    #: A backward recorded as a CUDA graph reuses the memory of the forward's saved
-    #: activations as it releases each after its last use (runtime/cudagraph_trees.py).
-    #: Off by default: on an H200 the lent storage was once too small for a recording
-    #: ("Trying to resize storage that is not resizable"); the GPU test of it (5 AdamW
-    #: steps, smaller pool, same parameters) passes since 05e0b36, not yet benchmarked.
+    #: A backward recorded as a CUDA graph reuses the memory of the forward's saved activations as it releases
+    #: each after its last use (runtime/cudagraph_trees.py). Off by default: on an H200 the lent storage was
+    #: once too small for a recording ("Trying to resize storage that is not resizable"); the GPU test of it
+    #: (5 AdamW steps, smaller pool, same parameters) passes since 05e0b36, not yet benchmarked.
     cudagraph_reuse_saved: bool = False
-    #: Dynamic shapes: None (automatic), True or False (coil.compile's ``dynamic``;
-    #: docs/dynamic_shapes.md).
+    #: Dynamic shapes: None (automatic), True or False (coil.compile's ``dynamic``; docs/dynamic_shapes.md).
     dynamic: Any = None
     #: Capture ``Tensor.item()`` / ``tolist()`` as graph ops returning unbacked symbolic
     #: numbers instead of graph breaks (torch.compile's option of that name).
@@ -168,11 +159,10 @@ class Config:
     #: boolean-mask indexing, ``unique``...) with unbacked symbolic sizes instead of
     #: graph breaks (torch.compile's option of that name).
     capture_dynamic_output_shape_ops: bool = False
-    #: Turn every fallback from coil's own kernels to ATen ops or the FX interpreter
-    #: caused by an internal failure (a graph whose code generation raised, a kernel the
-    #: GPU compiler rejected) into a ``coil.exc.StrictCodegenError`` instead of a
-    #: warning (``coil.exc.refuse_fallback``). Ops without a lowering still run as
-    #: extern kernels: that is by design, not a failure. For tests and the bench.
+    #: Turn every fallback from coil's own kernels to ATen ops or the FX interpreter caused by an internal
+    #: failure (a graph whose code generation raised, a kernel the GPU compiler rejected) into a
+    #: ``coil.exc.StrictCodegenError`` instead of a warning (``coil.exc.refuse_fallback``). Ops without a
+    #: lowering still run as extern kernels: that is by design, not a failure. For tests and the bench.
     strict_codegen: bool = False
     #: Extra C++ compiler flags appended to the defaults.
     cpp_extra_flags: str = ""
@@ -204,9 +194,7 @@ def check_option_names(options: dict) -> None:
     (Per call of a compile with options: :func:`patch` runs it.)"""
     unknown = sorted(set(options) - _OPTION_NAMES)
     if unknown:
-        raise ValueError(
-            f"unknown coil option(s) {unknown}; valid options are: {', '.join(option_names())}"
-        )
+        raise ValueError(f"unknown coil option(s) {unknown}; valid options are: {', '.join(option_names())}")
 
 
 def _coerce(value: str, default: Any) -> Any:

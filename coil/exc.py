@@ -101,10 +101,9 @@ fallback_counts: Counter = Counter()
 
 
 def refuse_fallback(event: str, error: BaseException | str) -> None:
-    """Count a fallback (:data:`fallback_counts`). Called where coil is about to run a
-    graph with ATen ops or the FX interpreter instead of its own kernels because of an
-    internal failure (``event``: the compile-log event it logs, e.g.
-    ``codegen_fallback``). With ``config.strict_codegen`` on, raise
+    """Count a fallback (:data:`fallback_counts`). Called where coil is about to run a graph with ATen ops or
+    the FX interpreter instead of its own kernels because of an internal failure (``event``: the compile-log
+    event it logs, e.g. ``codegen_fallback``). With ``config.strict_codegen`` on, raise
     :class:`StrictCodegenError` from ``error`` instead; otherwise return."""
     from coil.config import config
 
@@ -117,9 +116,8 @@ def refuse_fallback(event: str, error: BaseException | str) -> None:
 
 
 class KernelIndexError(IndexError, RuntimeError):
-    """An index that a generated kernel's bounds check found out of range (``x[i]``,
-    gather, scatter, embedding, one_hot, nll_loss targets...). Eager raises IndexError
-    for some of these ops and RuntimeError for others, and a kernel check does not know
-    which op it guards, so this is both: ``except IndexError`` and ``except
-    RuntimeError`` each catch it. The message names the kernel, the check site and,
-    where known, the user's source line."""
+    """An index that a generated kernel's bounds check found out of range (``x[i]``, gather, scatter,
+    embedding, one_hot, nll_loss targets...). Eager raises IndexError for some of these ops and RuntimeError
+    for others, and a kernel check does not know which op it guards, so this is both: ``except IndexError``
+    and ``except RuntimeError`` each catch it. The message names the kernel, the check site and, where known,
+    the user's source line."""

@@ -43,10 +43,9 @@ def _placeholder_fakes(gm: torch.fx.GraphModule) -> list:
 
 
 def _saved_layouts(bw_fakes: list, fw_strides, start: int, num_saved: int, fake_mode) -> list:
-    """The backward's example inputs, the saved ones re-strided to the strides the
-    compiled forward returns them with (``fw_strides[start + i]``); unchanged when the
-    forward compiler reports none (e.g. the FX interpreter). Logged as
-    ``aot_saved_layouts`` (how many saved tensors changed layout)."""
+    """The backward's example inputs, the saved ones re-strided to the strides the compiled forward returns
+    them with (``fw_strides[start + i]``); unchanged when the forward compiler reports none (e.g. the FX
+    interpreter). Logged as ``aot_saved_layouts`` (how many saved tensors changed layout)."""
     if fw_strides is None:
         return bw_fakes
     out, changed = list(bw_fakes), 0
@@ -130,16 +129,14 @@ def _fake_as_at_call(vals: list, example_inputs: list) -> list:
         if isinstance(v, torch.Tensor) and not (
                 isinstance(x, torch.Tensor) and not isinstance(x, FakeTensor) and x in recorded):
             return vals
-    return [mode.from_tensor(x) if isinstance(v, torch.Tensor) else v
-            for v, x in zip(vals, example_inputs)]
+    return [mode.from_tensor(x) if isinstance(v, torch.Tensor) else v for v, x in zip(vals, example_inputs)]
 
 
 def _refuse_mutated_aliased_inputs(example_inputs: list, mutated: list) -> None:
-    """Inputs sharing memory are traced as independent tensors; that is only wrong
-    when one of them is mutated, so refuse exactly that case (CoilError). Called at
-    compile time on the example inputs and, through :func:`_check_aliasing_per_call`,
-    on every call of a graph that mutates an input (a cache hit may pass aliased
-    tensors where the compile saw separate ones)."""
+    """Inputs sharing memory are traced as independent tensors; that is only wrong when one of them is
+    mutated, so refuse exactly that case (CoilError). Called at compile time on the example inputs and,
+    through :func:`_check_aliasing_per_call`, on every call of a graph that mutates an input (a cache hit may
+    pass aliased tensors where the compile saw separate ones)."""
     if not mutated:
         return
     tensors = [x for x in example_inputs if isinstance(x, torch.Tensor)]
@@ -209,12 +206,11 @@ def _clone_saved_mutated_inputs(fw: torch.fx.GraphModule, info, n_fw: int, num_s
 
 
 def _check_aliasing_per_call(runner: Callable, gm: Callable, mutated: list) -> Callable:
-    """``runner``, except on calls whose inputs share memory with a mutated input (the
-    check of :func:`_refuse_mutated_aliased_inputs`, about 0.1 µs per tensor input and
-    only for graphs that mutate an input): those run ``fn``, the captured program, eagerly,
-    which gives eager's values (logged as ``aot_aliased_inputs_eager``). Without it
-    ``f(a, a)`` after ``f(x, y)`` hit the compiled graph, which treats its inputs as
-    independent, and returned wrong values."""
+    """``runner``, except on calls whose inputs share memory with a mutated input (the check of
+    :func:`_refuse_mutated_aliased_inputs`, about 0.1 µs per tensor input and only for graphs that mutate an
+    input): those run ``fn``, the captured program, eagerly, which gives eager's values (logged as
+    ``aot_aliased_inputs_eager``). Without it ``f(a, a)`` after ``f(x, y)`` hit the compiled graph, which
+    treats its inputs as independent, and returned wrong values."""
     if not mutated:
         return runner
     mutated = list(mutated)
@@ -303,8 +299,7 @@ def aot_compile(gm: Callable, example_inputs: list, fw_compiler: Callable,
             if fakes is None or all(a is b for a, b in zip(fakes, example_inputs)):
                 raise
             run = _compile(fn, fakes, fw_compiler, bw_compiler, partition_fn, decompositions)
-    trace.log("aot_done", stage="aot", path=run._coil_aot_path,
-              compile_ms=(time.perf_counter() - t0) * 1e3)
+    trace.log("aot_done", stage="aot", path=run._coil_aot_path, compile_ms=(time.perf_counter() - t0) * 1e3)
     if not lifted:
         return run
 
@@ -317,11 +312,10 @@ def aot_compile(gm: Callable, example_inputs: list, fw_compiler: Callable,
 
 @contextlib.contextmanager
 def preserve_global_state():
-    """Restore grad mode and every device's autocast state (enabled, dtype, nesting)
-    after tracing. A captured graph that ends inside a ``with torch.autocast(...)`` block
-    (a graph break there) holds an ``_enter_autocast`` with no exit; tracing executes it
-    for real, and without this the caller's code after the compiling call silently ran
-    in low precision (or, for an ``enabled=False`` island, in fp32)."""
+    """Restore grad mode and every device's autocast state (enabled, dtype, nesting) after tracing. A captured
+    graph that ends inside a ``with torch.autocast(...)`` block (a graph break there) holds an
+    ``_enter_autocast`` with no exit; tracing executes it for real, and without this the caller's code after
+    the compiling call silently ran in low precision (or, for an ``enabled=False`` island, in fp32)."""
     grad = torch.is_grad_enabled()
     saved = [(d, torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in AUTOCAST_DEVICES]
     cache = torch.is_autocast_cache_enabled()
@@ -383,11 +377,10 @@ def _compile(fn, example_inputs, fw_compiler, bw_compiler, partition_fn, decompo
     _refuse_mutated_aliased_inputs(example_inputs, info.mutated_inputs)
     needs_grad = any(x.requires_grad for x in info.inputs) and any(info.fw_out_requires_grad)
     training = grad and needs_grad
-    # Under the caller's no_grad, an output that requires grad in the fake run comes from
-    # the program's own ``torch.enable_grad()`` region: the training path, with the joint
-    # graph traced in the caller's grad mode so that values computed outside the region
-    # are not differentiated. If that trace fails (autograd's checks see what eager only
-    # meets at backward time), the inference path runs it with detached outputs.
+    # Under the caller's no_grad, an output that requires grad in the fake run comes from the program's own
+    # ``torch.enable_grad()`` region: the training path, with the joint graph traced in the caller's grad mode
+    # so that values computed outside the region are not differentiated. If that trace fails (autograd's
+    # checks see what eager only meets at backward time), the inference path runs it with detached outputs.
     joint = None
     if needs_grad and not grad and not torch.is_inference_mode_enabled():
         try:
@@ -437,10 +430,9 @@ def _compile(fn, example_inputs, fw_compiler, bw_compiler, partition_fn, decompo
 
 def _check_offsets_per_call(runner: Callable, gm: torch.fx.GraphModule, fake_args: list,
                             fn: Callable) -> Callable:
-    """``runner``, except on calls where an input that the graph reads through
-    ``as_strided`` (directly or through views) starts at another storage offset than
-    the compiled one: ``as_strided``'s offset is absolute in the storage, so the graph
-    means something else for such a call, which runs ``fn`` eagerly
+    """``runner``, except on calls where an input that the graph reads through ``as_strided`` (directly or
+    through views) starts at another storage offset than the compiled one: ``as_strided``'s offset is absolute
+    in the storage, so the graph means something else for such a call, which runs ``fn`` eagerly
     (``aot_storage_offset_eager``). Capture does not guard storage offsets."""
     places = [n for n in gm.graph.nodes if n.op == "placeholder"]
     found: dict = {}
@@ -478,9 +470,8 @@ def _eager(fn: Callable) -> Callable:
 
 def _with_input_groups(runner: Callable, groups, fn: Callable) -> Callable:
     """``runner`` (compiled over the kept inputs and the synthetic bases of ``groups``,
-    :mod:`coil.aot.aliasing`) called with the user's inputs; a call whose inputs share
-    memory otherwise than the compiled ones runs ``fn`` eagerly
-    (``aot_input_groups_eager``)."""
+    :mod:`coil.aot.aliasing`) called with the user's inputs; a call whose inputs share memory otherwise than
+    the compiled ones runs ``fn`` eagerly (``aot_input_groups_eager``)."""
 
     @functools.wraps(runner)
     def run(*args):

@@ -28,8 +28,7 @@ def _is_pure(target) -> bool:
         return False
     if target._schema.is_mutable or torch.Tag.nondeterministic_seeded in target.tags:
         return False
-    return not any(a.alias_info is not None and a.alias_info.is_write
-                   for a in target._schema.arguments)
+    return not any(a.alias_info is not None and a.alias_info.is_write for a in target._schema.arguments)
 
 
 def _key(value):

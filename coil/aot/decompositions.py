@@ -115,10 +115,9 @@ def _stat_dtype(x: torch.Tensor) -> torch.dtype:
 
 
 def _mean(x, dims: list, n):
-    """``sum(x - p) / n + p`` with ``p`` the first element along ``dims``: exact for a
-    row of equal values, as eager's Welford mean is (``sum(x) / n`` of six 1e30 is an ulp
-    off, which a layer_norm then scales to ±1 instead of 0). Plain ``sum(x) / n`` where
-    a reduced dim may be empty."""
+    """``sum(x - p) / n + p`` with ``p`` the first element along ``dims``: exact for a row of equal values, as
+    eager's Welford mean is (``sum(x) / n`` of six 1e30 is an ulp off, which a layer_norm then scales to ±1
+    instead of 0). Plain ``sum(x) / n`` where a reduced dim may be empty."""
     from torch.fx.experimental.symbolic_shapes import statically_known_true
 
     p = x
@@ -214,10 +213,9 @@ def native_layer_norm(x, normalized_shape, weight, bias, eps):
     var = aten.div.Scalar(aten.sum.dim_IntList(aten.mul.Tensor(centered, centered), dims, True), n)
     rstd = aten.rsqrt.default(aten.add.Scalar(var, eps))
     if sdt != acc:
-        # the statistics in float64, the normalization in float32 (twice as fast on
-        # CPU; rstd stays a normal float32 up to |x| ~ 1e37). The mean is a float32 head
-        # plus tail: x - head is exact for x near the mean, so rows of nearly equal
-        # large values (1e4 + 0.01 * randn) keep float64's accuracy
+        # the statistics in float64, the normalization in float32 (twice as fast on CPU; rstd stays a normal
+        # float32 up to |x| ~ 1e37). The mean is a float32 head plus tail: x - head is exact for x near the
+        # mean, so rows of nearly equal large values (1e4 + 0.01 * randn) keep float64's accuracy
         xa = aten._to_copy.default(x, dtype=acc) if acc != x.dtype else x
         head = aten._to_copy.default(mean, dtype=acc)
         tail = aten._to_copy.default(aten.sub.Tensor(mean, head), dtype=acc)

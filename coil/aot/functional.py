@@ -58,11 +58,10 @@ aten = torch.ops.aten
 
 @dataclasses.dataclass
 class InputInfo:
-    """One flat input. ``mutated``: its data is changed in place by the program;
-    ``mutation_hidden``: every mutation happened under no_grad (so the runtime
-    replays it without recording autograd history). ``layout``: set when the program
-    changes the input's metadata in place (``t_``, ``squeeze_``, ``as_strided_``...):
-    its final ``(size, stride, offset)``, the offset relative to its storage offset
+    """One flat input. ``mutated``: its data is changed in place by the program; ``mutation_hidden``: every
+    mutation happened under no_grad (so the runtime replays it without recording autograd history).
+    ``layout``: set when the program changes the input's metadata in place (``t_``, ``squeeze_``,
+    ``as_strided_``...): its final ``(size, stride, offset)``, the offset relative to its storage offset
     before the call (the runtime applies it with ``as_strided_``)."""
 
     is_tensor: bool
@@ -256,13 +255,12 @@ _SQUEEZE_ = {aten.squeeze_.default, aten.squeeze_.dim, aten.squeeze_.dims}
 
 
 def _lay_out_as_eager(t, view) -> bool:
-    """For ``view``, an ``as_strided`` view of functional tensor ``t`` (it reads storage):
-    where the value functionalization holds for ``t`` has other strides or another offset
-    than ``t`` (eager's: an in-place op keeps them; ``scatter_`` of a transposed input
-    became an out-of-place ``scatter``, whose result is contiguous), it is replaced by a
-    copy at ``t``'s strides and offset; returns whether it was (the view is to be taken
-    again). Raises RunEagerly if ``view`` reads memory outside ``t``'s elements then
-    (the graph does not hold it)."""
+    """For ``view``, an ``as_strided`` view of functional tensor ``t`` (it reads storage): where the value
+    functionalization holds for ``t`` has other strides or another offset than ``t`` (eager's: an in-place op
+    keeps them; ``scatter_`` of a transposed input became an out-of-place ``scatter``, whose result is
+    contiguous), it is replaced by a copy at ``t``'s strides and offset; returns whether it was (the view is
+    to be taken again). Raises RunEagerly if ``view`` reads memory outside ``t``'s elements then (the graph
+    does not hold it)."""
     if not isinstance(t, FunctionalTensor) or not _static(
             t.shape, t.stride(), t.storage_offset(), view.shape, view.stride(), view.storage_offset()) \
             or _overlaps(t):
@@ -340,13 +338,12 @@ def analyze(fn: Callable, fake_args: list, fake_mode: FakeTensorMode, grad: bool
 
 @contextlib.contextmanager
 def untraced(fake_mode: FakeTensorMode):
-    """For a fake run outside ``make_fx`` (:func:`analyze`, :func:`eager_layouts`): the
-    unbacked symbols it makes (``nonzero``, ``.item()``) are not waiting for a graph node
-    to bind them; and with a ShapeEnv, ops dispatch as in make_fx's symbolic trace (and
-    coil's capture): under the Python dispatcher, so that composite ops take torch's
-    Python kernels, which keep sizes symbolic. Without it, torch 2.11's C++ ``matmul``
-    (reached from ``linear``) read a 3-D operand's ``sizes()`` and pinned its symbolic
-    length (``Eq(s0, 128)``): every sequence length compiled again (GPT-2 on CUDA)."""
+    """For a fake run outside ``make_fx`` (:func:`analyze`, :func:`eager_layouts`): the unbacked symbols it
+    makes (``nonzero``, ``.item()``) are not waiting for a graph node to bind them; and with a ShapeEnv, ops
+    dispatch as in make_fx's symbolic trace (and coil's capture): under the Python dispatcher, so that
+    composite ops take torch's Python kernels, which keep sizes symbolic. Without it, torch 2.11's C++
+    ``matmul`` (reached from ``linear``) read a 3-D operand's ``sizes()`` and pinned its symbolic length
+    (``Eq(s0, 128)``): every sequence length compiled again (GPT-2 on CUDA)."""
     env = fake_mode.shape_env
     if env is None:
         yield
@@ -478,8 +475,7 @@ def _describe(fn, fake_args, f_args, before, outs, grad, drop_error_checks, fake
     info = ProgramInfo(inputs, outputs, spec, graph_outputs, base_sources,
                        drop_error_checks=drop_error_checks,
                        fake_inputs=list(fake_args) if is_symbolic(fake_args) else None)
-    rg = [inputs[i].requires_grad and not inputs[i].mutation_hidden and grad
-          for i in info.mutated_inputs]
+    rg = [inputs[i].requires_grad and not inputs[i].mutation_hidden and grad for i in info.mutated_inputs]
     # a mutated input's new value requires grad if the program made it so
     for pos, i in enumerate(info.mutated_inputs):
         rg[pos] = grad and not inputs[i].mutation_hidden and _is_differentiable(f_args[i])
@@ -507,15 +503,14 @@ def _aliases_before(f_args: list) -> list:
 
 def eager_layouts(fn: Callable, fake_args: list, fake_mode: FakeTensorMode,
                   drop_error_checks: bool = False) -> tuple[list, list]:
-    """Run ``fn`` on plain (not functional) fakes of ``fake_args`` and return each input's
-    and each flat output's ``(size, stride, storage_offset)`` afterwards (None for
-    non-tensors): the layouts eager gives; and per flat output whether it is a new tensor
-    (not an earlier output, not on an input's storage). Fake tensors model in-place ops as eager
-    does (``x.index_add_`` keeps a transposed ``x``'s strides, ``x.t_()`` restrides
-    ``x``), while under functionalization a mutated input becomes a new (contiguous)
-    value. Each input is a fresh tensor object on the same fake storage (``detach``), so
-    metadata changes leave ``fake_args`` as they are; runs under no_grad (layouts do not
-    depend on it, and no autograd check is wanted here: the functional run made them)."""
+    """Run ``fn`` on plain (not functional) fakes of ``fake_args`` and return each input's and each flat
+    output's ``(size, stride, storage_offset)`` afterwards (None for non-tensors): the layouts eager gives;
+    and per flat output whether it is a new tensor (not an earlier output, not on an input's storage). Fake
+    tensors model in-place ops as eager does (``x.index_add_`` keeps a transposed ``x``'s strides, ``x.t_()``
+    restrides ``x``), while under functionalization a mutated input becomes a new (contiguous) value. Each
+    input is a fresh tensor object on the same fake storage (``detach``), so metadata changes leave
+    ``fake_args`` as they are; runs under no_grad (layouts do not depend on it, and no autograd check is
+    wanted here: the functional run made them)."""
     with fake_mode, untraced(fake_mode), torch.no_grad(), without_cudnn_choices():
         args = [a.detach() if isinstance(a, torch.Tensor) else a for a in fake_args]
         outs = _call(fn, list(args), drop_error_checks)
@@ -573,9 +568,8 @@ def item_memo(t: Any) -> Optional[Any]:
 
 
 def is_symbolic(args) -> bool:
-    """Whether ``args`` (nested) holds a SymInt, a tensor with a symbolic size, or a 0-d
-    fake tensor holding a symbolic number (:func:`item_memo`): tracing must then be
-    symbolic."""
+    """Whether ``args`` (nested) holds a SymInt, a tensor with a symbolic size, or a 0-d fake tensor holding a
+    symbolic number (:func:`item_memo`): tracing must then be symbolic."""
     for a in pytree.tree_leaves(args):
         if isinstance(a, torch.SymInt):
             return True
@@ -620,8 +614,7 @@ def _make_fx(fn: Callable, args: list, decompositions: dict, fake_mode: FakeTens
     if fake_mode.shape_env is not None:     # left by runs that are over (capture, analyze)
         fake_mode.shape_env.pending_fresh_unbacked_symbols.clear()
     with fake_mode, without_cudnn_choices(), fx_traceback.preserve_node_meta():
-        gm = make_fx(_traced(fn, args), decomposition_table=decompositions,
-                     tracing_mode=mode)(*args)
+        gm = make_fx(_traced(fn, args), decomposition_table=decompositions, tracing_mode=mode)(*args)
     _cudnn_layouts(gm, fake_mode)
     env = fake_mode.shape_env
     if env is not None and any(env.deferred_runtime_asserts.values()):
@@ -630,18 +623,16 @@ def _make_fx(fn: Callable, args: list, decompositions: dict, fake_mode: FakeTens
 
 
 def _insert_runtime_asserts(gm: torch.fx.GraphModule, env) -> None:
-    """Add ``aten._assert_scalar`` nodes for the facts the program asserted about
-    data-dependent sizes (``torch._check(n < 10)``, ``torch._check_is_size(n)`` on
-    ``n = t.item()``): the ShapeEnv keeps them as deferred runtime asserts, which tracing
-    leaves out of the graph, so the compiled program returned values where eager raised.
-    Each check goes right after the node that binds its symbols (torch.fx's
+    """Add ``aten._assert_scalar`` nodes for the facts the program asserted about data-dependent sizes
+    (``torch._check(n < 10)``, ``torch._check_is_size(n)`` on ``n = t.item()``): the ShapeEnv keeps them as
+    deferred runtime asserts, which tracing leaves out of the graph, so the compiled program returned values
+    where eager raised. Each check goes right after the node that binds its symbols (torch.fx's
     ``insert_deferred_runtime_asserts``); logged ``runtime_asserts``."""
     from torch.fx.passes.runtime_assert import insert_deferred_runtime_asserts
 
     before = len(gm.graph.nodes)
     insert_deferred_runtime_asserts(gm, env, "coil")
-    added = [str(n.args[1]) for n in gm.graph.nodes
-             if n.target is torch.ops.aten._assert_scalar.default]
+    added = [str(n.args[1]) for n in gm.graph.nodes if n.target is torch.ops.aten._assert_scalar.default]
     if added:
         gm.recompile()
         trace.log("runtime_asserts", stage="aot", asserts=added, nodes=len(gm.graph.nodes) - before)
@@ -650,12 +641,11 @@ def _insert_runtime_asserts(gm: torch.fx.GraphModule, env) -> None:
 # --------------------------------------------------------------------------- source locations
 
 class _LocatingInterpreter(torch.fx.Interpreter):
-    """Runs a torch-level GraphModule node by node while ``make_fx`` traces it, each
-    node's meta being the current one (``Interpreter`` sets it under
-    ``preserve_node_meta``): make_fx copies its ``stack_trace`` (the user's source
-    lines, from coil's capture or Dynamo) onto the ATen nodes it becomes. With
-    ``label_autograd``, the autograd nodes a graph node creates are labelled with the
-    same trace, for :func:`_locate_backward`."""
+    """Runs a torch-level GraphModule node by node while ``make_fx`` traces it, each node's meta being the
+    current one (``Interpreter`` sets it under ``preserve_node_meta``): make_fx copies its ``stack_trace``
+    (the user's source lines, from coil's capture or Dynamo) onto the ATen nodes it becomes. With
+    ``label_autograd``, the autograd nodes a graph node creates are labelled with the same trace, for
+    :func:`_locate_backward`."""
 
     def __init__(self, gm: torch.fx.GraphModule, label_autograd: bool):
         super().__init__(gm)
@@ -801,11 +791,10 @@ def trace_inference(fn: Callable, fake_args: list, info: ProgramInfo, decomposit
 
 def trace_plain_inference(fn: Callable, fake_args: list, fake_mode: FakeTensorMode,
                           decompositions: dict) -> Optional[tuple[ProgramInfo, torch.fx.GraphModule]]:
-    """:func:`analyze` and :func:`trace_inference` in one run of ``fn``, for a program
-    called under no_grad that mutates and restrides no input and returns no alias (a model's
-    inference): ``(info, graph)``, or None for any other program (or an error), which the
-    caller then analyses and traces in two runs. With symbolic sizes each op of a run is
-    sympy work (an 8-layer LLaMA's analysis took a third of its AOT time)."""
+    """:func:`analyze` and :func:`trace_inference` in one run of ``fn``, for a program called under no_grad
+    that mutates and restrides no input and returns no alias (a model's inference): ``(info, graph)``, or None
+    for any other program (or an error), which the caller then analyses and traces in two runs. With symbolic
+    sizes each op of a run is sympy work (an 8-layer LLaMA's analysis took a third of its AOT time)."""
     found: list = []
 
     def inference(primals):
@@ -860,9 +849,8 @@ def trace_joint(fn: Callable, fake_args: list, info: ProgramInfo, decompositions
             with FunctionalTensorMode():
                 f_primals = [_to_functional(a) for a in primals]
                 f_tangents = [_to_functional(t) for t in tangents]
-                # a mutated (or restrided) input that requires grad is cloned first, so
-                # that its gradient is taken w.r.t. its value (and layout) before the
-                # mutation
+                # a mutated (or restrided) input that requires grad is cloned first, so that its gradient is
+                # taken w.r.t. its value (and layout) before the mutation
                 args = [a.clone() if i in clone else a for i, a in enumerate(f_primals)]
                 with torch.set_grad_enabled(grad):
                     vals = _forward_values(fn, args, info, label_autograd=True)

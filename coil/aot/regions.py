@@ -94,12 +94,10 @@ def _inline(g: torch.fx.Graph, sub: torch.fx.GraphModule, args: list, attrs: dic
     raise AssertionError("subgraph without output")
 
 
-def compile_regional(gm: torch.fx.GraphModule, example_inputs: list,
-                     compile_piece: Callable) -> Callable:
-    """Compile ``gm`` (a captured graph holding region calls, :func:`region_calls`)
-    piece by piece (module docstring). ``compile_piece(piece_gm, example_inputs) ->
-    callable`` compiles one piece (``aot_compile`` with the caller's compilers).
-    Returns a callable with ``gm``'s calling convention."""
+def compile_regional(gm: torch.fx.GraphModule, example_inputs: list, compile_piece: Callable) -> Callable:
+    """Compile ``gm`` (a captured graph holding region calls, :func:`region_calls`) piece by piece (module
+    docstring). ``compile_piece(piece_gm, example_inputs) -> callable`` compiles one piece (``aot_compile``
+    with the caller's compilers). Returns a callable with ``gm``'s calling convention."""
     calls = region_calls(gm)
     reason = _why_not_split(gm, calls)
     if reason is None:
@@ -107,15 +105,13 @@ def compile_regional(gm: torch.fx.GraphModule, example_inputs: list,
             return _compile_split(gm, example_inputs, compile_piece)
         except Exception as e:  # noqa: BLE001 - the whole graph still compiles
             reason = f"{type(e).__name__}: {e}"
-    trace.log("region_inlined", stage="aot", regions=sorted({c.args[1] for c in calls}),
-              reason=reason[:2000])
+    trace.log("region_inlined", stage="aot", regions=sorted({c.args[1] for c in calls}), reason=reason[:2000])
     return compile_piece(inline_regions(gm), example_inputs)
 
 
 def _fake(mode: FakeTensorMode, v, requires_grad: Optional[bool] = None):
-    """A fake of ``v`` (real, or fake of another mode) in ``mode``: same metadata
-    (``requires_grad`` if given), a non-leaf when ``v`` requires grad and is not a leaf
-    (as ``from_tensor`` makes it)."""
+    """A fake of ``v`` (real, or fake of another mode) in ``mode``: same metadata (``requires_grad`` if
+    given), a non-leaf when ``v`` requires grad and is not a leaf (as ``from_tensor`` makes it)."""
     if not isinstance(v, torch.Tensor):
         return v
     requires_grad = v.requires_grad if requires_grad is None else requires_grad
@@ -196,8 +192,7 @@ def _compile_split(gm: torch.fx.GraphModule, example_inputs: list, compile_piece
         steps.append((compiled[key][0], ins, outs))
 
     def flush():
-        body = [n for n in run if n.op != "get_attr" or
-                not all(u.target in _TARGETS for u in n.users)]
+        body = [n for n in run if n.op != "get_attr" or not all(u.target in _TARGETS for u in n.users)]
         run.clear()
         if body:
             piece, ins, outs = _segment(gm, body)

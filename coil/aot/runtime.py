@@ -77,8 +77,7 @@ def _has_symint(v: Any) -> bool:
 
 
 def _expr(v) -> sympy.Expr:
-    """An int or SymInt as a sympy expression (a SymInt's, after the ShapeEnv's
-    replacements)."""
+    """An int or SymInt as a sympy expression (a SymInt's, after the ShapeEnv's replacements)."""
     return v.node.expr if isinstance(v, torch.SymInt) else sympy.Integer(int(v))
 
 
@@ -129,8 +128,7 @@ def symbolic_evaluator(items: Any, fake_inputs: Sequence, value_shapes: Sequence
             "are not sizes of the graph's inputs or values, so the output cannot be rebuilt "
             "as a view for each call.\n  what to do: return a copy (.clone()) of that "
             "output, or compile with static shapes (dynamic=False).")
-    names = {sym: sympy.Symbol(f"_s{n}", integer=True)
-             for n, sym in enumerate(sorted(where, key=str))}
+    names = {sym: sympy.Symbol(f"_s{n}", integer=True) for n, sym in enumerate(sorted(where, key=str))}
     printer = PythonPrinter()
 
     def render(v) -> str:
@@ -195,9 +193,8 @@ def _make_epilogue(info: ProgramInfo, args_index_of_output=None) -> Callable:
     container = spec.type if flat_tuple else None
     # inputs whose metadata the program changes in place: (input, size, stride, offset)
     restride = [(i, *info.inputs[i].layout) for i in info.restrided_inputs]
-    # symbolic layouts (dynamic shapes): kinds 6 and 7 are kinds 2 and 3 whose size,
-    # stride and offset are the call's entry ``j`` of ``layouts(args, vals)``; a
-    # restrided input's layout is entry ``len(sym) + r``
+    # symbolic layouts (dynamic shapes): kinds 6 and 7 are kinds 2 and 3 whose size, stride and offset are the
+    # call's entry ``j`` of ``layouts(args, vals)``; a restrided input's layout is entry ``len(sym) + r``
     sym = [k for k, p in enumerate(plan) if p[0] in (2, 3) and _has_symint(p[2][:3])]
     layouts = None
     if sym or _has_symint([r[1:] for r in restride]):
@@ -284,11 +281,10 @@ AUTOCAST_DEVICES = ("cuda", "cpu")
 
 
 def without_autocast(fn: Callable) -> Callable:
-    """``fn`` run with autocast off: a traced graph already holds autocast's casts as
-    explicit ``_to_copy`` ops, so running its ATen ops (extern kernels, or the FX
-    interpreter) under the caller's still-active ``torch.autocast`` would cast again:
-    LLaMA's rotary ``inv_freq @ position_ids`` (float32 in eager, which turns autocast
-    off around it) came out bf16, and a kernel compiled for a float32 input failed."""
+    """``fn`` run with autocast off: a traced graph already holds autocast's casts as explicit ``_to_copy``
+    ops, so running its ATen ops (extern kernels, or the FX interpreter) under the caller's still-active
+    ``torch.autocast`` would cast again: LLaMA's rotary ``inv_freq @ position_ids`` (float32 in eager, which
+    turns autocast off around it) came out bf16, and a kernel compiled for a float32 input failed."""
     is_on = torch.is_autocast_enabled
 
     def call(*args):
@@ -395,10 +391,9 @@ def training_runner(compiled_fw: Callable, compiled_bw: Callable, info: ProgramI
             outs = tuple(vals[:n_fw])
             if nondiff:
                 ctx.mark_non_differentiable(*[outs[k] for k in nondiff])
-                # autograd would hand backward a zero-filled tensor for each of these
-                # (one fill launch per output per step: ResNet-50 has 106 BatchNorm
-                # running statistics); backward makes zeros only for the tangents its
-                # graph reads
+                # autograd would hand backward a zero-filled tensor for each of these (one fill launch per
+                # output per step: ResNet-50 has 106 BatchNorm running statistics); backward makes zeros only
+                # for the tangents its graph reads
                 ctx.set_materialize_grads(False)
                 if sym_shape:
                     ctx.out_shapes = {k: outs[k].shape for k in sym_shape}
@@ -434,9 +429,8 @@ def training_runner(compiled_fw: Callable, compiled_bw: Callable, info: ProgramI
         if torch.is_grad_enabled():
             vals = CompiledFunction.apply(*args)
         else:
-            # compiled under no_grad for a program with its own enable_grad region (aot
-            # compile.py): autograd must record this call; outputs computed with grad off
-            # are marked non-differentiable
+            # compiled under no_grad for a program with its own enable_grad region (aot compile.py): autograd
+            # must record this call; outputs computed with grad off are marked non-differentiable
             with torch.enable_grad():
                 vals = CompiledFunction.apply(*args)
         return epilogue(args, vals)

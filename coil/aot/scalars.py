@@ -55,16 +55,14 @@ _ARITH = {operator.add: aten.add.Tensor, operator.sub: aten.sub.Tensor,
           torch.sym_float: aten.clone.default}  # (its operand is cast to float64 already)
 _SAMPLE = {torch.SymFloat: 1.0, torch.SymInt: 1, torch.SymBool: True}
 #: factories of a tensor filled with the number (rewritten whole: _Rewriter._rewrite_factory)
-_FACTORIES = {aten.scalar_tensor.default, aten.full.default, aten.new_full.default,
-              aten.full_like.default}
+_FACTORIES = {aten.scalar_tensor.default, aten.full.default, aten.new_full.default, aten.full_like.default}
 _ALPHA_OPS = {aten.add.Tensor, aten.sub.Tensor}
 
 
 def tensorize_scalar_reads(gm: torch.fx.GraphModule, graph: str) -> dict:
-    """Rewrite the uses of ``aten._local_scalar_dense`` of 0-d tensors in ``gm`` (in
-    place) to read the tensor (module docstring). ``graph`` names the graph in the log.
-    Returns ``{"tensorized": [op, ...], "specialized": [op, ...]}`` (empty lists when
-    the graph reads no scalar)."""
+    """Rewrite the uses of ``aten._local_scalar_dense`` of 0-d tensors in ``gm`` (in place) to read the tensor
+    (module docstring). ``graph`` names the graph in the log. Returns ``{"tensorized": [op, ...],
+    "specialized": [op, ...]}`` (empty lists when the graph reads no scalar)."""
     reads = [n for n in gm.graph.nodes if _is_scalar_read(n)]
     if not reads and not any(isinstance(n.meta.get("val"), torch.SymFloat) for n in gm.graph.nodes):
         return {"tensorized": [], "specialized": []}
@@ -347,8 +345,7 @@ class _Rewriter:
 
 
 def _call_args(op: torch._ops.OpOverload, given: dict) -> tuple:
-    """Positional arguments up to the last one given (defaults in between), keyword-only
-    ones as keywords."""
+    """Positional arguments up to the last one given (defaults in between), keyword-only ones as keywords."""
     pos_args = [a for a in op._schema.arguments if not a.kwarg_only]
     last = max((i for i, a in enumerate(pos_args) if a.name in given), default=-1)
     args = tuple(given[a.name] if a.name in given else a.default_value for a in pos_args[:last + 1])

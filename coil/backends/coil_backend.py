@@ -51,5 +51,4 @@ def coil(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
     """The whole pipeline's backend (see module docstring)."""
     from coil.aot import aot_compile
 
-    return aot_compile(gm, example_inputs, fw_compiler=kernel_compiler,
-                       bw_compiler=kernel_compiler)
+    return aot_compile(gm, example_inputs, fw_compiler=kernel_compiler, bw_compiler=kernel_compiler)

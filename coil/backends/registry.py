@@ -10,10 +10,7 @@ Backend = Callable[[torch.fx.GraphModule, list], Callable]
 
 _BACKENDS: dict[str, Backend] = {}
 # Backends defined in layers that import heavy modules are loaded on first use.
-_LAZY: dict[str, str] = {
-    "aot_eager": "coil.aot.backend:aot_eager",
-    "coil": "coil.backends.coil_backend:coil",
-}
+_LAZY: dict[str, str] = {"aot_eager": "coil.aot.backend:aot_eager", "coil": "coil.backends.coil_backend:coil"}
 
 
 def register_backend(name: str) -> Callable[[Backend], Backend]:

@@ -75,8 +75,7 @@ class ExceptionVariable(VariableTracker):
 
 
 class RaisedException(Unsupported):
-    """A ``raise`` of a tracked exception object; a graph break only if no traced frame
-    handles it."""
+    """A ``raise`` of a tracked exception object; a graph break only if no traced frame handles it."""
 
     def __init__(self, exc_vt: ExceptionVariable):
         super().__init__("raise statement", hint="the exception is raised outside the graph")
@@ -89,9 +88,8 @@ _BY_PREFIX = (("index out of range", IndexError), ("KeyError", KeyError),
 
 
 def _python_exception(e: Unsupported):
-    """(class, message) of the Python exception eager would raise where ``e`` was
-    raised, or None when ``e`` is a real graph break (unsupported construct, tensor data,
-    a failing tensor op)."""
+    """(class, message) of the Python exception eager would raise where ``e`` was raised, or None when ``e``
+    is a real graph break (unsupported construct, tensor data, a failing tensor op)."""
     reason = e.reason
     if isinstance(e, UserCodeError) and reason.startswith("user code raises "):
         name, _, msg = reason[len("user code raises "):].partition(":")

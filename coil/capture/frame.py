@@ -31,8 +31,7 @@ import torch.fx
 
 from coil import config as _config
 from coil import trace
-from coil.exc import (BackendCompilerFailed, GraphBreakInFullgraph, SourceLocation,
-                      Unsupported, UserError)
+from coil.exc import BackendCompilerFailed, GraphBreakInFullgraph, SourceLocation, Unsupported, UserError
 from coil.capture.output import EntryCodegen, OutputGraph, collect_tensors
 from coil.capture.inspection import frame_result_ok, is_frame_function
 from coil.capture.resume import label as _label
@@ -77,8 +76,7 @@ def is_disabled(fn) -> bool:
 
 
 def disable(fn):
-    """Never capture ``fn``: calls to it run eagerly, and inside captured code they are
-    graph breaks."""
+    """Never capture ``fn``: calls to it run eagerly, and inside captured code they are graph breaks."""
     try:
         _disabled_fns.add(fn)
         if hasattr(fn, "__code__"):
@@ -115,9 +113,8 @@ def _warn_user(msg: str) -> None:
 
 
 class CaptureConfig:
-    """What a wrapper compiles with: backend, fullgraph, dynamic (``None``: automatic
-    dynamic, ``True``: every input dim symbolic, ``False``: only marked dims;
-    docs/dynamic_shapes.md)."""
+    """What a wrapper compiles with: backend, fullgraph, dynamic (``None``: automatic dynamic, ``True``: every
+    input dim symbolic, ``False``: only marked dims; docs/dynamic_shapes.md)."""
 
     def __init__(self, backend: Callable, fullgraph: bool, dynamic, options=None):
         self.backend = backend
@@ -390,8 +387,7 @@ def _miss_entry(fn, code, cfg, bound):
         stats["eager_limit"] += 1
         trace.log("recompile_limit", stage="capture", frame=_label(code), reason=cache.eager_reason,
                   failed_guards=fails)
-        _warn_user(f"coil: {cache.eager_reason}; it runs eagerly from now on. Last failed "
-                   f"guard: {last}")
+        _warn_user(f"coil: {cache.eager_reason}; it runs eagerly from now on. Last failed guard: {last}")
         if _config.config.verbose:
             print(f"coil: {cache.eager_reason}; running it eagerly from now on")
         return None
@@ -402,8 +398,7 @@ def _miss_entry(fn, code, cfg, bound):
             old = mine[-1]
             fails = old.guards.failures(old.argnames, tuple(bound) + (fn,))
             reason = fails[0]["text"] if fails else None
-            trace.log("recompile", stage="capture", frame=_label(code), reason=reason,
-                      failed_guards=fails)
+            trace.log("recompile", stage="capture", frame=_label(code), reason=reason, failed_guards=fails)
             if cfg.dynamic is None:
                 _note_changed_sizes(cache, old, bound, fn)
             if _config.config.verbose:
@@ -429,10 +424,9 @@ def _miss_entry(fn, code, cfg, bound):
     return entry
 
 
-#: Held while a frame is compiled: torch.fx's tracer (make_fx) is not thread-safe, and
-#: concurrent first calls of one function from several threads raised inside it. The
-#: compiled or eager code itself runs outside the lock. Re-entrant: compiling may run
-#: nested compiled frames on the same thread.
+#: Held while a frame is compiled: torch.fx's tracer (make_fx) is not thread-safe, and concurrent first calls
+#: of one function from several threads raised inside it. The compiled or eager code itself runs outside the
+#: lock. Re-entrant: compiling may run nested compiled frames on the same thread.
 _compile_lock = threading.RLock()
 
 
@@ -478,8 +472,7 @@ def _translate(fn, code, cfg, bound, auto_dynamic=None) -> CacheEntry:
     trace.artifact("capture_bytecode", lambda: _dis_text(code), kind="text", frame=_label(code))
     break_at: dict = {}
     for _ in range(64):
-        output = OutputGraph(fn.__globals__, argnames, cfg.scalar_outputs,
-                             cfg.dynamic_output_shapes)
+        output = OutputGraph(fn.__globals__, argnames, cfg.scalar_outputs, cfg.dynamic_output_shapes)
         output.dynamic = DynamicPolicy(cfg.dynamic, auto_dynamic)
         output.guards.add("___f.__globals__ is ___G")
         cells = {}
@@ -539,9 +532,8 @@ def _in_exception_block(code, offset: int) -> bool:
     for e in table:
         if e.start <= offset < e.end:
             if _is_comprehension_cleanup(code, e.target):
-                # py3.12: the handler only restores the names an inlined comprehension
-                # shadowed and re-raises; the break is in a user block only if the
-                # handler itself is.
+                # py3.12: the handler only restores the names an inlined comprehension shadowed and re-raises;
+                # the break is in a user block only if the handler itself is.
                 return _in_exception_block(code, e.target)
             return True
     return False
@@ -576,8 +568,7 @@ def _build_entry(tx, output: OutputGraph, cfg: CaptureConfig, fn, code, argnames
     else:
         info, inst = tx.result[1], tx.result[2]
         stats["graph_breaks"] += 1
-        rec = {"reason": info.reason, "user_stack": info.stack, "frame": _label(code),
-               "offset": info.offset}
+        rec = {"reason": info.reason, "user_stack": info.stack, "frame": _label(code), "offset": info.offset}
         break_log.append(rec)
         trace.log("graph_break", stage="capture", **rec)
         if _config.config.verbose:
@@ -612,14 +603,12 @@ def _build_entry(tx, output: OutputGraph, cfg: CaptureConfig, fn, code, argnames
             direct = bool(getattr(info.exc, "frame_inspection", False))
             target = getattr(call_fn, "fn", None)
             if is_frame_function(target):
-                ok, why = frame_result_ok(tx.instructions, index, target, call_args or [],
-                                          call_kwargs or {})
+                ok, why = frame_result_ok(tx.instructions, index, target, call_args or [], call_kwargs or {})
                 if not ok:
                     raise FrameInspectionFallback(
                         f"frame inspection at {code.co_filename}:{_line_of(inst)}: {why}; "
                         f"the frame runs eagerly")
-            plan = ("call", index + 1, call_fn, call_args, call_kwargs, star, direct,
-                    _line_of(inst))
+            plan = ("call", index + 1, call_fn, call_args, call_kwargs, star, direct, _line_of(inst))
             if in_block:
                 # inside try/with: the call must run under the frame's exception table
                 start = index
@@ -633,8 +622,7 @@ def _build_entry(tx, output: OutputGraph, cfg: CaptureConfig, fn, code, argnames
             if name == "LOAD_METHOD" or (name == "LOAD_ATTR" and sys.version_info >= (3, 12)
                                          and inst.arg & 1):
                 tx.push(NullVariable())        # a method-style load pushes NULL, value
-            plan = ("call", index + 1, ConstantVariable(getter), [obj], {}, None, False,
-                    _line_of(inst))
+            plan = ("call", index + 1, ConstantVariable(getter), [obj], {}, None, False, _line_of(inst))
             trace.log("break_plan", stage="capture", frame=_label(code), offset=inst.offset,
                       plan=f"property getter {getter.__qualname__} called from the entry; "
                            "the frame resumes captured after the attribute load")
@@ -691,8 +679,7 @@ def _build_entry(tx, output: OutputGraph, cfg: CaptureConfig, fn, code, argnames
         from coil.capture.guards import Hoister
 
         hoister = Hoister("___i")
-        inputs = ", ".join(hoister.hoist(src.expr(), lines, indent="")
-                           for (src, _, _) in output.inputs)
+        inputs = ", ".join(hoister.hoist(src.expr(), lines, indent="") for (src, _, _) in output.inputs)
         if lift_grad:
             cg.ns["___set_grad"] = torch._C._set_grad_enabled
             lines.append("___set_grad(True)")
@@ -752,8 +739,7 @@ def _add_shape_guards(output: OutputGraph) -> list:
 
 
 def _has_grad_switch(graph) -> bool:
-    return any(n.op == "call_function" and n.target is torch._C._set_grad_enabled
-               for n in graph.nodes)
+    return any(n.op == "call_function" and n.target is torch._C._set_grad_enabled for n in graph.nodes)
 
 
 def _detach_outs(outs, idxs):
@@ -765,13 +751,12 @@ def _detach_outs(outs, idxs):
 
 
 def _balance_grad_mode(output: OutputGraph) -> bool:
-    """Make the graph's grad-mode switches self-contained: a graph that ends in another
-    mode than it started (a break inside ``with no_grad()``, ``set_grad_enabled(b)``
-    called as a function, a resume inside ``no_grad`` leaving the block) switches back
-    at its end, and the entry sets the final mode itself: AOT (coil.aot) runs the
-    graph's switches only inside the graph and decides outputs' ``requires_grad`` with
-    the graph's final mode equal to the mode it was called in. Returns whether the entry
-    must call the graph with grad enabled (never, today)."""
+    """Make the graph's grad-mode switches self-contained: a graph that ends in another mode than it started
+    (a break inside ``with no_grad()``, ``set_grad_enabled(b)`` called as a function, a resume inside
+    ``no_grad`` leaving the block) switches back at its end, and the entry sets the final mode itself: AOT
+    (coil.aot) runs the graph's switches only inside the graph and decides outputs' ``requires_grad`` with the
+    graph's final mode equal to the mode it was called in. Returns whether the entry must call the graph with
+    grad enabled (never, today)."""
     graph = output.graph
     setter = torch._C._set_grad_enabled
     switches = [n for n in graph.nodes if n.op == "call_function" and n.target is setter]
@@ -808,8 +793,7 @@ def _emit_break(cg: EntryCodegen, tx, plan, fn, code, cfg, live_locals: dict) ->
 
     def resume(index, items, captured=True):
         null_mask = tuple(isinstance(v, NullVariable) for v in items)
-        rfn = make_resume_function(fn.__globals__, fn.__closure__, code, index, null_mask,
-                                   local_names)
+        rfn = make_resume_function(fn.__globals__, fn.__closure__, code, index, null_mask, local_names)
         target = capture_callable(rfn, cfg) if captured else rfn
         return cg.const_expr(_Holder(target)) + ".fn"
 
@@ -830,8 +814,7 @@ def _emit_break(cg: EntryCodegen, tx, plan, fn, code, cfg, live_locals: dict) ->
         # locals): see coil/capture/inspection.py
         stub = cg.const_expr(make_call_stub(code, lineno, local_names, fn.__globals__))
         callee = fexpr if direct else f"___cap({fexpr})"
-        lines.append(f"___r = {stub}({callee}, {aexpr}, {kexpr}"
-                     f"{''.join(', ' + e for e in local_exprs)})")
+        lines.append(f"___r = {stub}({callee}, {aexpr}, {kexpr}{''.join(', ' + e for e in local_exprs)})")
         rname = resume(next_index, stack + [_RESULT])
         args = sexprs + ["___r"] + local_exprs
         lines.append(f"return {rname}({', '.join(args)})")
@@ -858,8 +841,7 @@ def _emit_trampoline(cg, tx, plan, fn, code, cfg, local_names, local_exprs, resu
     ``trampoline(*stack, *locals)``, a resume-style function that runs the call under
     the frame's own exception table and then returns the captured resume function's
     result for the rest (``coil/capture/resume.py``, ``make_resume_code(tail=...)``)."""
-    (_, next_index, call_fn, call_args, _kw, star, direct, _line,
-     full_stack, start, call_index) = plan
+    (_, next_index, call_fn, call_args, _kw, star, direct, _line, full_stack, start, call_index) = plan
     below = list(tx.stack)
     if any(isinstance(v, NullVariable) for v in below):
         raise Unsupported("graph break inside a try/with block with a pending call below it")

@@ -56,14 +56,12 @@ _NEVER = types.SimpleNamespace(check=lambda *tensors: False)  # a memo's `last` 
 
 
 class _ShapeMemo:
-    """The exact sizes and strides of the last :data:`SIZE` argument lists that passed a
-    dynamic entry's shape guards, each as a C++ ``TensorGuards`` (dtype, device,
-    requires_grad, dispatch keys, sizes and strides). A call whose tensors match one
-    skips the Python reading of sizes and the relations: they held for those sizes. A
-    miss costs one failing C++ check per kept list, and an add about 2.4 µs; after
-    :data:`ADDS` adds (sizes that keep changing: a decode loop's growing length) the memo
-    stops keeping. It keeps a dynamic guard's per-call cost near a static one's
-    (``benchmarks/dynamic_guard_cost.py``)."""
+    """The exact sizes and strides of the last :data:`SIZE` argument lists that passed a dynamic entry's shape
+    guards, each as a C++ ``TensorGuards`` (dtype, device, requires_grad, dispatch keys, sizes and strides). A
+    call whose tensors match one skips the Python reading of sizes and the relations: they held for those
+    sizes. A miss costs one failing C++ check per kept list, and an add about 2.4 µs; after :data:`ADDS` adds
+    (sizes that keep changing: a decode loop's growing length) the memo stops keeping. It keeps a dynamic
+    guard's per-call cost near a static one's (``benchmarks/dynamic_guard_cost.py``)."""
 
     SIZE, ADDS = 4, 16
 
@@ -88,11 +86,10 @@ class _ShapeMemo:
 
 
 class Guard:
-    """One check. ``code`` is what :meth:`GuardSet.failures` evaluates (and names);
-    ``fast`` is an equivalent expression the generated function uses instead, valid only
-    after the guards before it in the same ``group`` passed (e.g. ``t.is_contiguous()``
-    for ``t.stride() == (8, 1)`` once ``t.shape == (4, 8)`` held); ``group`` joins the
-    consecutive checks of one tensor into one generated ``if``; ``batch`` names the
+    """One check. ``code`` is what :meth:`GuardSet.failures` evaluates (and names); ``fast`` is an equivalent
+    expression the generated function uses instead, valid only after the guards before it in the same
+    ``group`` passed (e.g. ``t.is_contiguous()`` for ``t.stride() == (8, 1)`` once ``t.shape == (4, 8)``
+    held); ``group`` joins the consecutive checks of one tensor into one generated ``if``; ``batch`` names the
     C++ tensor check that replaces it in the generated function (None: generated)."""
     __slots__ = ("code", "value_expr", "expected", "src", "fast", "group", "batch")
 
@@ -109,12 +106,11 @@ class Guard:
 
 
 class Hoister:
-    """Common-prefix elimination for source expressions in generated code: each distinct
-    source gets a local variable, computed from its parent expression's local (hoisted
-    first, recursively), so ``self._modules['h']._modules['0']._parameters['weight']``
-    costs one dict lookup once ``self._modules['h']._modules['0']`` is known, and a
-    module tree's parameters cost one lookup per tree node, not one walk from the root
-    each (the entry of a MobileNet reads 267 parameters and buffers)."""
+    """Common-prefix elimination for source expressions in generated code: each distinct source gets a local
+    variable, computed from its parent expression's local (hoisted first, recursively), so
+    ``self._modules['h']._modules['0']._parameters['weight']`` costs one dict lookup once
+    ``self._modules['h']._modules['0']`` is known, and a module tree's parameters cost one lookup per tree
+    node, not one walk from the root each (the entry of a MobileNet reads 267 parameters and buffers)."""
 
     def __init__(self, prefix: str):
         self.prefix = prefix
@@ -187,10 +183,9 @@ class GuardSet:
     def add(self, code: str, value_expr: Optional[str] = None, expected: Any = None,
             src: Optional[str] = None, fast: Optional[str] = None,
             group: Optional[str] = None, batch: Optional[str] = None) -> None:
-        """Add ``code`` (a boolean expression). ``value_expr``/``expected`` describe the
-        guarded value for recompile messages; ``src`` is the source expression the code
-        reads (hoisted into a local variable in the generated function); ``fast``,
-        ``group`` and ``batch``: see :class:`Guard`."""
+        """Add ``code`` (a boolean expression). ``value_expr``/``expected`` describe the guarded value for
+        recompile messages; ``src`` is the source expression the code reads (hoisted into a local variable in
+        the generated function); ``fast``, ``group`` and ``batch``: see :class:`Guard`."""
         if code in self._seen:
             return
         self._seen.add(code)
@@ -242,13 +237,12 @@ class GuardSet:
         return ", ".join(srcs)
 
     def _batch(self) -> None:
-        """One ``TensorGuards`` per batch over the batched tensors, in guard order, built
-        from the example tensors (then dropped): it checks the exact Python type, the
-        dispatch keys under the thread's dispatch state (device type, layout, inference,
-        conj/neg bits, modes), dtype, device index, requires_grad, sizes and strides. The
-        keys are also added as a guard after each tensor's others (``___keys(t) == ...``,
-        for recompile reasons). A batch whose check cannot be built, or rejects its own
-        examples, is generated in Python as before (logged: ``guard_batch``)."""
+        """One ``TensorGuards`` per batch over the batched tensors, in guard order, built from the example
+        tensors (then dropped): it checks the exact Python type, the dispatch keys under the thread's dispatch
+        state (device type, layout, inference, conj/neg bits, modes), dtype, device index, requires_grad,
+        sizes and strides. The keys are also added as a guard after each tensor's others (``___keys(t) ==
+        ...``, for recompile reasons). A batch whose check cannot be built, or rejects its own examples, is
+        generated in Python as before (logged: ``guard_batch``)."""
         order: dict[str, list[str]] = {}
         for g in self.guards:
             if g.batch is not None and g.src not in order.setdefault(g.batch, []):
@@ -285,10 +279,9 @@ class GuardSet:
             self.guards.insert(last[s] + 1, Guard(code, f"___keys({s})", ks, s, batch=name))
 
     def failures(self, argnames: list[str], values: tuple, limit: int = 16) -> list[dict]:
-        """The guards that fail for ``values`` (at most ``limit``), each a dict:
-        ``guard`` (its code), ``value`` (the expression it checks, or None),
-        ``expected`` and ``got`` (reprs), ``text`` (one line for people). A guard that
-        raises counts as failed (``got`` names the exception)."""
+        """The guards that fail for ``values`` (at most ``limit``), each a dict: ``guard`` (its code),
+        ``value`` (the expression it checks, or None), ``expected`` and ``got`` (reprs), ``text`` (one line
+        for people). A guard that raises counts as failed (``got`` names the exception)."""
         ns = dict(self.ns)
         ns.update(zip(list(argnames) + ["___f"], values))
         out: list[dict] = []
@@ -392,8 +385,7 @@ def tensor_guard(gs: GuardSet, expr: str, t: torch.Tensor, fake=None) -> None:
     if exact and all(n >= 2 for n in shape) and stride == _contiguous_strides(shape):
         fast = f"{expr}.layout is {gs.const(torch.strided)} and {expr}.is_contiguous()"
     gs.add(f"{expr}.stride() == {stride!r}", f"{expr}.stride()", stride, fast=fast, **kw)
-    gs.add(f"{expr}.requires_grad is {t.requires_grad!r}", f"{expr}.requires_grad",
-           t.requires_grad, **kw)
+    gs.add(f"{expr}.requires_grad is {t.requires_grad!r}", f"{expr}.requires_grad", t.requires_grad, **kw)
 
 
 def _symbolic(fake) -> bool:
@@ -401,11 +393,10 @@ def _symbolic(fake) -> bool:
 
 
 def _dynamic_tensor_guard(gs: GuardSet, expr: str, t: torch.Tensor, fake) -> None:
-    """:func:`tensor_guard` for an input with symbolic sizes or strides: the rank and the
-    static sizes and strides are checked here; the symbolic ones by the shape guards
-    (``GuardSet.shape_exprs``, from the ShapeEnv). A contiguous input whose sizes are all
-    >= 2 (symbols are >= 2 by the shape guards) is checked with ``is_contiguous()``:
-    its strides are the contiguous products of its sizes, symbolic or not."""
+    """:func:`tensor_guard` for an input with symbolic sizes or strides: the rank and the static sizes and
+    strides are checked here; the symbolic ones by the shape guards (``GuardSet.shape_exprs``, from the
+    ShapeEnv). A contiguous input whose sizes are all >= 2 (symbols are >= 2 by the shape guards) is checked
+    with ``is_contiguous()``: its strides are the contiguous products of its sizes, symbolic or not."""
     grp = expr
     shape = tuple(None if isinstance(s, torch.SymInt) else int(s) for s in fake.shape)
     stride = tuple(None if isinstance(s, torch.SymInt) else int(s) for s in fake.stride())
@@ -433,8 +424,7 @@ def _dynamic_tensor_guard(gs: GuardSet, expr: str, t: torch.Tensor, fake) -> Non
         checks = [f"{expr}.stride()[{i}] == {v}" for i, v in enumerate(stride) if v is not None]
         if checks:
             gs.add(" and ".join(checks), f"{expr}.stride()", stride, **kw)
-    gs.add(f"{expr}.requires_grad is {t.requires_grad!r}", f"{expr}.requires_grad",
-           t.requires_grad, **kw)
+    gs.add(f"{expr}.requires_grad is {t.requires_grad!r}", f"{expr}.requires_grad", t.requires_grad, **kw)
 
 
 # ------------------------------------------------------------------------------------
@@ -602,8 +592,7 @@ def _emit_guards(guards: list, lines: list, notes: dict) -> None:
             if i == last[g.batch]:
                 flush()
                 vals = list(args.values())
-                rows = ",\n            ".join(", ".join(vals[k:k + 8])
-                                                for k in range(0, len(vals), 8))
+                rows = ",\n            ".join(", ".join(vals[k:k + 8]) for k in range(0, len(vals), 8))
                 lines.append(f"    if not {g.batch}.check({rows}): return False")
             continue
         # replace each chain's longest hoisted prefix, right to left (byte offsets)

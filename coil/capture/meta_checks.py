@@ -62,9 +62,8 @@ def _tensors_in(index) -> list:
 
 
 def _setitem(args, kwargs) -> None:
-    """``x[idx] = v`` with a tensor in ``idx`` is ``index_put_``, which refuses a ``v`` of
-    another dtype; a 0-d ``v`` with a lone bool mask is a masked fill (allowed), and
-    basic indexing is a ``copy_`` (casts)."""
+    """``x[idx] = v`` with a tensor in ``idx`` is ``index_put_``, which refuses a ``v`` of another dtype; a
+    0-d ``v`` with a lone bool mask is a masked fill (allowed), and basic indexing is a ``copy_`` (casts)."""
     if len(args) < 3:
         return
     self, index, value = args[0], args[1], args[2]
@@ -81,14 +80,13 @@ def _setitem(args, kwargs) -> None:
 
 
 def _probe_dtypes(target):
-    """A check for an op whose eager kernels refuse dtypes its meta kernel accepts
-    (``var`` of ints, ``argmin`` of bools, ``silu`` of ints: "not implemented for 'Int'"):
-    when an argument is an integer or bool tensor, the op runs on one-element real
-    tensors of the arguments' dtypes, ranks and devices, and what it raises is raised
-    (eager's own error, on the argument's device). These ops accept one-element inputs
-    of any rank (no size conditions: not ``topk``, ``glu``, ``cross``), their dtype
-    support does not depend on values, and none of them draws random numbers. Returns
-    the probe's result (None when nothing was probed)."""
+    """A check for an op whose eager kernels refuse dtypes its meta kernel accepts (``var`` of ints,
+    ``argmin`` of bools, ``silu`` of ints: "not implemented for 'Int'"): when an argument is an integer or
+    bool tensor, the op runs on one-element real tensors of the arguments' dtypes, ranks and devices, and what
+    it raises is raised (eager's own error, on the argument's device). These ops accept one-element inputs of
+    any rank (no size conditions: not ``topk``, ``glu``, ``cross``), their dtype support does not depend on
+    values, and none of them draws random numbers. Returns the probe's result (None when nothing was
+    probed)."""
     def check(args, kwargs):
         leaves = pytree.tree_leaves((args, kwargs))
         if not any(isinstance(a, torch.Tensor) and not (a.is_floating_point() or a.is_complex())
@@ -163,10 +161,9 @@ def cast_to_eager_dtype(graph: torch.fx.Graph, node: torch.fx.Node, fake: torch.
 
 
 def check_call(kind: str, target, args: list, kwargs: dict) -> Optional[torch.dtype]:
-    """Raise eager's error if ``target(*args, **kwargs)`` (fake arguments; ``kind`` is the
-    FX node kind, ``args[0]`` the tensor for a method) is refused by eager but not by its
-    meta kernel. Returns eager's result dtype where a probe learnt it (None otherwise).
-    Raises RuntimeError."""
+    """Raise eager's error if ``target(*args, **kwargs)`` (fake arguments; ``kind`` is the FX node kind,
+    ``args[0]`` the tensor for a method) is refused by eager but not by its meta kernel. Returns eager's
+    result dtype where a probe learnt it (None otherwise). Raises RuntimeError."""
     name = target if isinstance(target, str) else getattr(target, "__name__", "")
     check = (CHECKS.get(name) or CHECKS.get(name.rstrip("_"))) if name else None
     if check is not None:

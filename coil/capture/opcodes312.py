@@ -71,11 +71,10 @@ def _class_body(tx, inst):
     raise Unsupported(f"{inst.opname}: class body or annotation scope")
 
 
-# https://docs.python.org/3.12/library/dis.html#opcode-LOAD_SUPER_ATTR
-# Stack (bottom to top): global ``super``, ``cls`` (the ``__class__`` cell or the explicit
-# class), ``self``. Bit 0 of the argument: method load (push NULL first, like LOAD_ATTR);
-# bit 1: the two-argument form. Both forms mean ``super(cls, self)``; the name is
-# ``co_names[arg >> 2]`` (already decoded into ``argval`` by dis).
+# https://docs.python.org/3.12/library/dis.html#opcode-LOAD_SUPER_ATTR Stack (bottom to top): global
+# ``super``, ``cls`` (the ``__class__`` cell or the explicit class), ``self``. Bit 0 of the argument: method
+# load (push NULL first, like LOAD_ATTR); bit 1: the two-argument form. Both forms mean ``super(cls, self)``;
+# the name is ``co_names[arg >> 2]`` (already decoded into ``argval`` by dis).
 @op("LOAD_SUPER_ATTR", PY312)
 def LOAD_SUPER_ATTR(tx, inst):
     glob_super, cls, self_ = tx.popn(3)

@@ -31,8 +31,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from coil.exc import Unsupported
 from coil.capture.guards import GuardSet
 from coil.capture.source import ConstSource
-from coil.capture.variables.base import (CellVariable, ConstantVariable, SourcedCellVariable,
-                                         VariableTracker)
+from coil.capture.variables.base import CellVariable, ConstantVariable, SourcedCellVariable, VariableTracker
 from coil.capture.variables.tensor import TensorVariable
 
 
@@ -152,8 +151,7 @@ class OutputGraph:
         self.initial_grad = torch.is_grad_enabled()
         self._last_placeholder = None
         self._placeholder_names: set = set()
-        self.guards.add(f"___grad_enabled() is {self.initial_grad!r}", "___grad_enabled()",
-                        self.initial_grad)
+        self.guards.add(f"___grad_enabled() is {self.initial_grad!r}", "___grad_enabled()", self.initial_grad)
         self.final_grad = self.initial_grad
         inference = torch.is_inference_mode_enabled()
         self.guards.ns["___inference_mode"] = torch.is_inference_mode_enabled
@@ -210,21 +208,19 @@ class OutputGraph:
         return vt
 
     def restore_input_layouts(self) -> None:
-        """Give the input fakes back the sizes, strides and offsets they had at the call.
-        Tracing ran the program on them, so after ``x.t_()`` / ``squeeze_`` /
-        ``unsqueeze_`` they describe the input as the program left it; the backend must
-        trace from the input as it is at the call (a stale layout gave wrong input types,
-        size mismatches, and a segfault in functionalization for ``squeeze_`` of a
-        symbolic dim). Called once the graph is complete."""
+        """Give the input fakes back the sizes, strides and offsets they had at the call. Tracing ran the
+        program on them, so after ``x.t_()`` / ``squeeze_`` / ``unsqueeze_`` they describe the input as the
+        program left it; the backend must trace from the input as it is at the call (a stale layout gave wrong
+        input types, size mismatches, and a segfault in functionalization for ``squeeze_`` of a symbolic dim).
+        Called once the graph is complete."""
         for fake, size, stride, offset in self.layouts_at_call:
             if (tuple(fake.shape), fake.stride(), fake.storage_offset()) != (size, stride, offset):
                 with self.fake_mode, torch.no_grad():
                     torch.ops.aten.as_strided_.default(fake, size, stride, offset)
 
     def symbol_input(self, value) -> Optional[torch.fx.Node]:
-        """The SymInt placeholder for ``value`` when it is a bare symbol named by an input's
-        size or stride (made once per symbol; the entry passes ``x.size()[0]``), else
-        None."""
+        """The SymInt placeholder for ``value`` when it is a bare symbol named by an input's size or stride
+        (made once per symbol; the entry passes ``x.size()[0]``), else None."""
         from coil.capture.dynamic import SymbolSource, _symbol, source_name
 
         sym = _symbol(value)
@@ -401,8 +397,7 @@ class EntryCodegen:
             elif kind == "attr":
                 obj_vt, name = item[1], item[2]
                 value = se.attrs[(id(obj_vt.value), name)]
-                self.lines.append(f"setattr({self.reconstruct(obj_vt)}, {name!r}, "
-                                  f"{self.reconstruct(value)})")
+                self.lines.append(f"setattr({self.reconstruct(obj_vt)}, {name!r}, {self.reconstruct(value)})")
             elif kind == "global":
                 gdict, gname, name = item[1], item[2], item[3]
                 value = se.globals[(id(gdict), name)]

@@ -208,8 +208,7 @@ def _copy_exception_depths(bc, code: types.CodeType) -> None:
     table = dis._parse_exception_table(code)
     tbs = [ins for ins in bc if isinstance(ins, TryBegin)]
     if len(tbs) != len(table):
-        raise ValueError(f"exception table of {code.co_name}: {len(table)} entries, "
-                         f"{len(tbs)} TryBegin")
+        raise ValueError(f"exception table of {code.co_name}: {len(table)} entries, {len(tbs)} TryBegin")
     for tb, entry in zip(tbs, table):
         tb.stack_depth = entry.depth
 
@@ -230,8 +229,7 @@ def label(code: types.CodeType) -> str:
     return hit[1] if hit is not None else code.co_name
 
 
-def make_call_stub(code: types.CodeType, lineno: Optional[int], local_names: tuple,
-                   fn_globals: dict):
+def make_call_stub(code: types.CodeType, lineno: Optional[int], local_names: tuple, fn_globals: dict):
     """The function a graph-break call runs in, standing in for the user's frame.
 
     ``stub(fn, args, kwargs, *locals)`` returns ``fn(*args, **kwargs)`` from a frame whose
@@ -262,8 +260,7 @@ def make_call_stub(code: types.CodeType, lineno: Optional[int], local_names: tup
         bc = Bytecode.from_code(ns["___stub"].__code__)
         for pos, ins in enumerate(bc):
             if isinstance(ins, Instr) and ins.name == "CALL_FUNCTION_EX":
-                dels = [Instr("DELETE_FAST", n, lineno=ins.lineno)
-                        for n in ("___fn", "___args", "___kwargs")]
+                dels = [Instr("DELETE_FAST", n, lineno=ins.lineno) for n in ("___fn", "___args", "___kwargs")]
                 bc[pos:pos] = dels
                 break
         stub_code = bc.to_code().replace(co_name=code.co_name)

@@ -30,8 +30,7 @@ import torch
 
 from coil.exc import Unsupported
 from coil.capture.source import BuiltinSource, GlobalSource
-from coil.capture.variables.base import (CellVariable, ConstantVariable, SourcedCellVariable,
-                                         VariableTracker)
+from coil.capture.variables.base import CellVariable, ConstantVariable, SourcedCellVariable, VariableTracker
 from coil.capture.variables.builder import wrap, wrap_constant_result
 from coil.capture.variables.containers import (BaseListVariable, DictVariable,
                                                GeneratorVariable, ListIteratorVariable, ListVariable,
@@ -133,9 +132,8 @@ class ReturnValue(Exception):
 
 @functools.lru_cache(maxsize=8192)
 def instructions_of(code: types.CodeType) -> tuple:
-    """The instructions of ``code`` without EXTENDED_ARG (cached per code object: a
-    GPT-2 capture inlines ~1500 calls of a few dozen functions, and disassembling each
-    call again took 1.6 s of its 3.5 s)."""
+    """The instructions of ``code`` without EXTENDED_ARG (cached per code object: a GPT-2 capture inlines
+    ~1500 calls of a few dozen functions, and disassembling each call again took 1.6 s of its 3.5 s)."""
     return tuple(i for i in dis.get_instructions(code) if i.opname != "EXTENDED_ARG")
 
 
@@ -209,10 +207,9 @@ class InstructionTranslatorBase:
 
     # --- exceptions raised and caught in traced code ---------------------------------
     def handle_exception(self, inst, exc_vt: "ExceptionVariable") -> bool:
-        """Route a Python-level exception raised at ``inst`` to this frame's handler
-        (CPython's exception table): truncate the stack to the entry's depth, push the
-        raising offset if ``lasti``, push the exception, jump. False: no handler here
-        (the caller's frame tries next, at its call instruction)."""
+        """Route a Python-level exception raised at ``inst`` to this frame's handler (CPython's exception
+        table): truncate the stack to the entry's depth, push the raising offset if ``lasti``, push the
+        exception, jump. False: no handler here (the caller's frame tries next, at its call instruction)."""
         for entry in exception_table(self.code):
             if entry.start <= inst.offset < entry.end:
                 del self.stack[entry.depth:]
@@ -267,12 +264,11 @@ class InstructionTranslatorBase:
         return _stack_lines(self.user_frames())
 
     def locate_node(self, node: torch.fx.Node) -> None:
-        """Record where the user's code made graph node ``node``: ``meta["stack"]`` (short,
-        innermost frame first, for coil's messages) and ``meta["stack_trace"]``, the user's
-        frames as traceback text, outermost first (per frame ``  File "m.py", line 5, in f``
-        and the source line indented by four): the key torch.fx's ``print_readable``,
-        ``make_fx`` (which copies it into the ATen graphs) and torch's backends read; a
-        kernel's failed bounds check names its innermost line."""
+        """Record where the user's code made graph node ``node``: ``meta["stack"]`` (short, innermost frame
+        first, for coil's messages) and ``meta["stack_trace"]``, the user's frames as traceback text,
+        outermost first (per frame ``  File "m.py", line 5, in f`` and the source line indented by four): the
+        key torch.fx's ``print_readable``, ``make_fx`` (which copies it into the ATen graphs) and torch's
+        backends read; a kernel's failed bounds check names its innermost line."""
         frames = self.user_frames()
         node.meta["stack"] = _stack_summary(_stack_lines(frames))
         trace = _stack_trace(frames)
@@ -460,8 +456,7 @@ class InstructionTranslatorBase:
         from coil.capture.variables.builtins import IdVariable
 
         if isinstance(a, IdVariable) or isinstance(b, IdVariable):
-            if isinstance(a, IdVariable) and isinstance(b, IdVariable) and op in (operator.eq,
-                                                                                  operator.ne):
+            if isinstance(a, IdVariable) and isinstance(b, IdVariable) and op in (operator.eq, operator.ne):
                 same = self.is_same(a.target, b.target)
                 return ConstantVariable(same if op is operator.eq else not same)
             raise Unsupported("id() of a traced value used in arithmetic")
@@ -661,10 +656,8 @@ class InstructionTranslatorBase:
             out = self.call(wrap(self, inst_forward, None), args, kwargs)
         else:
             if src is not None and src.expr() == "self":
-                # the compiled module itself (one guard per frame): a forward assigned
-                # on it later recompiles
-                gs.add("'forward' not in self.__dict__", "'forward' in self.__dict__", False,
-                       src="self")
+                # the compiled module itself (one guard per frame): a forward assigned on it later recompiles
+                gs.add("'forward' not in self.__dict__", "'forward' in self.__dict__", False, src="self")
             forward = _static_lookup(cls, "forward")
             if not isinstance(forward, types.FunctionType):
                 raise Unsupported(f"{cls.__name__}.forward is not a Python function")
@@ -749,8 +742,7 @@ class InstructionTranslatorBase:
             if is_resume(self.code):
                 # a resume function's first arguments are stack slots (___stackN); the
                 # method's own first argument comes after them
-                first = next((n for n in self.code.co_varnames if not n.startswith("___stack")),
-                             first)
+                first = next((n for n in self.code.co_varnames if not n.startswith("___stack")), first)
             obj = self.locals.get(first)
             if obj is None and first in self.cells:
                 obj = self.load_cell(first)
@@ -865,9 +857,8 @@ class InliningTranslator(InstructionTranslatorBase):
             raise Unsupported("too many instructions (infinite loop?)")
         except Unsupported as e:
             if self.generated is not None and exception_tracker(e) is not None:
-                # a generator run eagerly (at its creation, or yield by yield): Python
-                # raises at the iteration that reaches the raise, so no handler around
-                # the call may see it
+                # a generator run eagerly (at its creation, or yield by yield): Python raises at the iteration
+                # that reaches the raise, so no handler around the call may see it
                 raise Unsupported(f"{e.reason} escaping a generator") from e
             raise
 
@@ -888,8 +879,7 @@ class InliningTranslator(InstructionTranslatorBase):
 class InstructionTranslator(InstructionTranslatorBase):
     """The root frame's translator; owns the OutputGraph and handles graph breaks."""
 
-    def __init__(self, code, f_globals, output, symbolic_locals, cells, break_at: dict,
-                 fullgraph: bool):
+    def __init__(self, code, f_globals, output, symbolic_locals, cells, break_at: dict, fullgraph: bool):
         super().__init__(code, f_globals, output, symbolic_locals, cells)
         self.break_at = break_at
         self.fullgraph = fullgraph

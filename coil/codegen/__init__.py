@@ -101,10 +101,9 @@ def _pick_backend(device: torch.device):
 
 
 def atomic_add_dtype(device: torch.device, dtype: torch.dtype) -> torch.dtype:
-    """The dtype in which the kernel backend for ``device`` can accumulate into a
-    ``dtype`` buffer: ``dtype`` itself where it adds atomically in it, else int32 (8/16-bit
-    ints: converting the sum back wraps as eager's adds do; bool: nonzero is eager's
-    True + True = True) or fp32 (bf16)."""
+    """The dtype in which the kernel backend for ``device`` can accumulate into a ``dtype`` buffer: ``dtype``
+    itself where it adds atomically in it, else int32 (8/16-bit ints: converting the sum back wraps as eager's
+    adds do; bool: nonzero is eager's True + True = True) or fp32 (bf16)."""
     ok = _pick_backend(device).atomic_add_dtypes
     if ok is None or dtype in ok:
         return dtype

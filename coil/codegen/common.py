@@ -16,8 +16,7 @@ from __future__ import annotations
 import dataclasses
 
 from coil.ir.nodes import ComputedBuffer
-from coil.ir.symbols import (RINDEX, XINDEX, as_size, current_shape_env, is_size_symbol,
-                               is_static)
+from coil.ir.symbols import RINDEX, XINDEX, as_size, current_shape_env, is_size_symbol, is_static
 from coil.ir.virtualized import set_ops_handler
 from coil.schedule.indexing import kernel_deps, kernel_index
 
@@ -93,10 +92,9 @@ class KernelPlan:
         self.removed_names = [pn.name for pn in self.nodes if pn.name not in self.output_names]
 
     def replan(self, persistent_limit: int) -> None:
-        """Plan the same group again, in place, with another persistent-reduction limit
-        (a backend that finds, while generating, that a persistent tile would be too
-        large). In place because the wrapper reads this object's output/input names
-        (a looped plan may store extra cross-loop buffers)."""
+        """Plan the same group again, in place, with another persistent-reduction limit (a backend that finds,
+        while generating, that a persistent tile would be too large). In place because the wrapper reads this
+        object's output/input names (a looped plan may store extra cross-loop buffers)."""
         self.__init__(self.group, self.graph, self.live_after, persistent_limit, self.tiled)
 
     @property

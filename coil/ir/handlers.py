@@ -161,8 +161,7 @@ class ReferenceInterpreter(OpsHandler):
     shape ``ranges + reduction_ranges``. fp16/bf16 values are computed in fp32.
     """
 
-    def __init__(self, env: dict[str, torch.Tensor], var_values: dict, n_red_dims: int,
-                 iter_shape: tuple):
+    def __init__(self, env: dict[str, torch.Tensor], var_values: dict, n_red_dims: int, iter_shape: tuple):
         self.env, self.var_values = env, dict(var_values)
         self.n_red, self.iter_shape = n_red_dims, iter_shape
         self.masks: list[torch.Tensor] = []

@@ -103,8 +103,7 @@ def lower_while_loop(lowering, args: tuple, kwargs: dict):
 
 
 def run_map(body_fn: Callable, xs, args) -> tuple:
-    """The wrapper's map: the compiled body once per leading index of ``xs``; each
-    output stacked."""
+    """The wrapper's map: the compiled body once per leading index of ``xs``; each output stacked."""
     outs = [body_fn(*[x[i] for x in xs], *args) for i in range(xs[0].shape[0])]
     return tuple(torch.stack([o[k] for o in outs]) for k in range(len(outs[0])))
 

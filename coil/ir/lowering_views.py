@@ -156,8 +156,7 @@ def _permute(x, dims):
             out[d] = index[i]
         return out
 
-    return make_view(x, size, reindex,
-                     lambda l: _lay(l, size, [l.stride[d] for d in dims]))
+    return make_view(x, size, reindex, lambda l: _lay(l, size, [l.stride[d] for d in dims]))
 
 
 @register_lowering(aten.t, aten.transpose.int)
@@ -194,8 +193,7 @@ def _broadcast_in_dim(x, shape, broadcast_dimensions):
     old = list(x.get_size())
 
     def reindex(index):
-        return [sympy.Integer(0) if old[i] == 1 and size[d] != 1 else index[d]
-                for i, d in enumerate(bdims)]
+        return [sympy.Integer(0) if old[i] == 1 and size[d] != 1 else index[d] for i, d in enumerate(bdims)]
 
     def restride(l):
         stride = [sympy.Integer(0)] * len(size)
@@ -308,8 +306,7 @@ def _repeat(x, repeats):
     size = out_size()
 
     def reindex(index):
-        return [sympy.Integer(0) if xs[d] == 1 else Mod(index[d + extra], xs[d])
-                for d in range(len(xs))]
+        return [sympy.Integer(0) if xs[d] == 1 else Mod(index[d + extra], xs[d]) for d in range(len(xs))]
     return make_view(x, size, reindex, None)
 
 

@@ -49,11 +49,10 @@ def current_graph():
 # ---------------------------------------------------------------------------- origins
 #
 # Every Loops records the user's source location of the ATen node whose lowering made it
-# (``node.meta["stack_trace"]``, which capture sets and make_fx copies into the ATen
-# graphs). While a body runs on an ops handler, ``V.origin`` is the origin of the
-# innermost body running (a loader of an inlined producer sets its own), so a handler
-# can tell which user line an op came from: the C++ kernel names it in the IndexError of
-# a failed bounds check. Only codegen pays for it, never a kernel call.
+# (``node.meta["stack_trace"]``, which capture sets and make_fx copies into the ATen graphs). While a body
+# runs on an ops handler, ``V.origin`` is the origin of the innermost body running (a loader of an inlined
+# producer sets its own), so a handler can tell which user line an op came from: the C++ kernel names it in
+# the IndexError of a failed bounds check. Only codegen pays for it, never a kernel call.
 
 def _node_origin() -> Optional[str]:
     node = getattr(V.graph, "current_node", None)
@@ -82,9 +81,8 @@ _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 
 
 def describe_origin(origin: Optional[str]) -> Optional[str]:
-    """``"m.py:5 in f: <source line>"`` for the innermost frame of ``origin`` (a
-    ``stack_trace``, or capture's ``meta["stack"]`` summary) outside torch's own
-    modules; None if it names no frame."""
+    """``"m.py:5 in f: <source line>"`` for the innermost frame of ``origin`` (a ``stack_trace``, or capture's
+    ``meta["stack"]`` summary) outside torch's own modules; None if it names no frame."""
     if not origin:
         return None
     frames = []  # (file, line, function, source), outermost first
@@ -219,8 +217,7 @@ class Reduction(Loops):
     is the output dtype, ``src_dtype`` the dtype of ``inner_fn``'s values.
     """
 
-    def __init__(self, device, dtype, inner_fn, ranges, reduction_ranges, reduction_type,
-                 src_dtype):
+    def __init__(self, device, dtype, inner_fn, ranges, reduction_ranges, reduction_type, src_dtype):
         super().__init__(device, dtype, inner_fn, ranges)
         self.reduction_ranges = [as_expr(r) for r in reduction_ranges]
         self.reduction_type = reduction_type
@@ -287,13 +284,11 @@ def memory_loop_order(layout: Layout) -> Optional[list[int]]:
 
 
 def reduction_loop_order(data: "Reduction") -> Optional[list[int]]:
-    """The order of a reduction's reduced dims that walks the memory of the first input
-    it reads with distinct constant strides along them (largest stride outermost), or
-    None for the logical order. Eager reduces in memory order too (TensorIterator sorts
-    dims by stride): summing ``x.t()`` of ``[[1.5e308, 9e-308], [-8e307, -1.7e308]]``
-    in logical order added -8e307 and -1.7e308 first and overflowed to -inf where eager
-    gives -1.04e308. Not for argmax/argmin, whose result is the position in logical
-    order."""
+    """The order of a reduction's reduced dims that walks the memory of the first input it reads with distinct
+    constant strides along them (largest stride outermost), or None for the logical order. Eager reduces in
+    memory order too (TensorIterator sorts dims by stride): summing ``x.t()`` of ``[[1.5e308, 9e-308],
+    [-8e307, -1.7e308]]`` in logical order added -8e307 and -1.7e308 first and overflowed to -inf where eager
+    gives -1.04e308. Not for argmax/argmin, whose result is the position in logical order."""
     from coil.ir.handlers import DependencyRecorder
     from coil.ir.virtualized import set_ops_handler
     rr = data.reduction_ranges
@@ -379,8 +374,7 @@ class ComputedBuffer(Buffer):
         if isinstance(self.data, Reduction):
             rindex = _to_logical(self.rloop_order, rindex)
             value = self.data.inner_fn(list(index), list(rindex))
-            red = ops.reduction(self.data.dtype, self.data.src_dtype, self.data.reduction_type,
-                                value)
+            red = ops.reduction(self.data.dtype, self.data.src_dtype, self.data.reduction_type, value)
             ops.store_reduction(self.name, out_index, red)
         else:
             ops.store(self.name, out_index, self.data.inner_fn(list(index)))

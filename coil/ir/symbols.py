@@ -33,10 +33,9 @@ def sym(name: str) -> sympy.Symbol:
 
 
 def as_expr(x) -> sympy.Expr:
-    """An int, a sympy expression or a SymInt as a sympy expression. A SymInt (dynamic
-    shapes) becomes its expression in its ShapeEnv's symbols (``s0``, ``s1``...), after
-    the ShapeEnv's replacements, without a guard: coil's IR indexes with the ShapeEnv's
-    own symbols (docs/dynamic_shapes.md)."""
+    """An int, a sympy expression or a SymInt as a sympy expression. A SymInt (dynamic shapes) becomes its
+    expression in its ShapeEnv's symbols (``s0``, ``s1``...), after the ShapeEnv's replacements, without a
+    guard: coil's IR indexes with the ShapeEnv's own symbols (docs/dynamic_shapes.md)."""
     if isinstance(x, sympy.Basic):
         return x
     node = getattr(x, "node", None)
@@ -105,10 +104,9 @@ def is_static(e) -> bool:
 
 
 def is_size_symbol(s) -> bool:
-    """Whether sympy symbol ``s`` is a ShapeEnv size the wrapper binds and kernels take
-    as an argument: a backed size (``s0``: positive) or an unbacked one (``u0``: from
-    ``mark_unbacked`` or a data-dependent op; may be 0, so not positive). Index
-    variables (``x0``, ``r0``) are neither."""
+    """Whether sympy symbol ``s`` is a ShapeEnv size the wrapper binds and kernels take as an argument: a
+    backed size (``s0``: positive) or an unbacked one (``u0``: from ``mark_unbacked`` or a data-dependent op;
+    may be 0, so not positive). Index variables (``x0``, ``r0``) are neither."""
     from torch.utils._sympy.symbol import SymT, symbol_is_type
 
     # an int argument made symbolic (``s5`` for ``n`` in ``x * n``) is a backed SIZE-typed
@@ -118,9 +116,8 @@ def is_size_symbol(s) -> bool:
 
 
 def as_size(e):
-    """A size for plans and kernels: an int when static, else the expanded sympy
-    expression (dynamic shapes). Static graphs keep ints, so their kernels, plans and
-    golden sources are unchanged."""
+    """A size for plans and kernels: an int when static, else the expanded sympy expression (dynamic shapes).
+    Static graphs keep ints, so their kernels, plans and golden sources are unchanged."""
     if isinstance(e, int):
         return e
     e = sympy.sympify(e)
@@ -264,10 +261,9 @@ class Mod(sympy.Function):
 
 
 def upper_bound(e: sympy.Expr, bounds: dict):
-    """An exclusive upper bound of a non-negative index expression, or None.
-    ``bounds`` maps loop symbols to their exclusive upper bounds (ints or size
-    expressions); a symbol not in ``bounds`` that is positive (a ShapeEnv size symbol)
-    is a constant. The bound is an int, or a size expression when sizes are symbolic."""
+    """An exclusive upper bound of a non-negative index expression, or None. ``bounds`` maps loop symbols to
+    their exclusive upper bounds (ints or size expressions); a symbol not in ``bounds`` that is positive (a
+    ShapeEnv size symbol) is a constant. The bound is an int, or a size expression when sizes are symbolic."""
     if e.is_Integer:
         return int(e) + 1
     if e.is_Symbol:
@@ -330,10 +326,9 @@ def _is_nonneg(e: sympy.Expr) -> bool:
 
 
 def _split_small(a: sympy.Expr, b, bounds: dict):
-    """Write ``a = g*w + r`` with integer ``g`` dividing ``b`` (an int or a size
-    expression ``c*s``: ``g | c``), ``w >= 0`` and ``0 <= r < g`` (``r`` from terms whose
-    loop bounds keep them small): returns ``(g, w, r)`` with the largest such ``g``, or
-    None."""
+    """Write ``a = g*w + r`` with integer ``g`` dividing ``b`` (an int or a size expression ``c*s``: ``g |
+    c``), ``w >= 0`` and ``0 <= r < g`` (``r`` from terms whose loop bounds keep them small): returns ``(g, w,
+    r)`` with the largest such ``g``, or None."""
     cb = b.as_coeff_Mul()[0]
     if not (cb.is_Integer and a.is_Add):
         return None
@@ -356,11 +351,10 @@ def _split_small(a: sympy.Expr, b, bounds: dict):
 
 
 def _range_rules(e: sympy.Expr, bounds: dict) -> sympy.Expr:
-    """``a // b -> 0`` and ``a % b -> a`` when ``0 <= a < b``; for ``a = g*w + r`` with
-    ``g | b`` and ``0 <= r < g`` (from the loop bounds), ``a // b -> w // (b/g)`` and
-    ``a % b -> g*(w % (b/g)) + r`` (e.g. ``(rindex + 128*xindex) // 8192 -> xindex // 64``
-    for ``rindex < 128``; with symbolic sizes ``(rindex + 48*xindex) // (48*s0) ->
-    xindex // s0``, which let a layer norm's epilogue fuse with its reduction)."""
+    """``a // b -> 0`` and ``a % b -> a`` when ``0 <= a < b``; for ``a = g*w + r`` with ``g | b`` and ``0 <= r
+    < g`` (from the loop bounds), ``a // b -> w // (b/g)`` and ``a % b -> g*(w % (b/g)) + r`` (e.g. ``(rindex
+    + 128*xindex) // 8192 -> xindex // 64`` for ``rindex < 128``; with symbolic sizes ``(rindex + 48*xindex)
+    // (48*s0) -> xindex // s0``, which let a layer norm's epilogue fuse with its reduction)."""
     def fd(a, b):
         if _nonneg_below(a, b, bounds):
             return sympy.Integer(0)
@@ -401,9 +395,8 @@ def _same(a, b) -> bool:
 
 
 def _fold_pairs(e: sympy.Expr) -> sympy.Expr:
-    """Fold split-and-relinearize patterns until nothing changes:
-    ``Mod(y,b)*k + FloorDiv(y,b)*b*k -> y*k`` and
-    ``Mod(y,b)*k + Mod(FloorDiv(y,b),c)*b*k -> Mod(y,b*c)*k``."""
+    """Fold split-and-relinearize patterns until nothing changes: ``Mod(y,b)*k + FloorDiv(y,b)*b*k -> y*k``
+    and ``Mod(y,b)*k + Mod(FloorDiv(y,b),c)*b*k -> Mod(y,b*c)*k``."""
     changed = True
     while changed:
         changed = False

@@ -19,10 +19,9 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-#: Unary math ops: ``ops.<name>(x)``; same dtype out as in (float ops on float inputs).
-#: ``ndtr`` is the standard normal CDF Φ(x) = (1 + erf(x/√2))/2 (exact GELU is x·Φ(x));
-#: backends may compute it to within a few fp32 ulp of the true value rather than
-#: through erf.
+#: Unary math ops: ``ops.<name>(x)``; same dtype out as in (float ops on float inputs). ``ndtr`` is the
+#: standard normal CDF Φ(x) = (1 + erf(x/√2))/2 (exact GELU is x·Φ(x)); backends may compute it to within a
+#: few fp32 ulp of the true value rather than through erf.
 UNARY_OPS = [
     "abs", "neg", "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sqrt", "rsqrt",
     "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "tanh", "asinh", "acosh",

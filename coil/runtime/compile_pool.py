@@ -215,15 +215,13 @@ def get_pool() -> Optional[CompilePool]:
 
 
 def submit(path: str, module: str, name: str, args: list, configs: list[dict]) -> list:
-    """Queue one compile job per config of kernel ``name`` (module file ``path``, to be
-    imported as ``module``; ``args``: per argument, its torch dtype's name for a tensor,
-    its value for an int). Returns the job handles for :func:`claim` (empty when the
-    pool is off)."""
+    """Queue one compile job per config of kernel ``name`` (module file ``path``, to be imported as
+    ``module``; ``args``: per argument, its torch dtype's name for a tensor, its value for an int). Returns
+    the job handles for :func:`claim` (empty when the pool is off)."""
     pool = get_pool()
     if pool is None:
         return []
-    return [pool.submit(dict(path=path, module=module, name=name, args=args, config=c))
-            for c in configs]
+    return [pool.submit(dict(path=path, module=module, name=name, args=args, config=c)) for c in configs]
 
 
 def claim(name: str, jobs: list) -> None:

@@ -103,13 +103,11 @@ def compiler() -> tuple[str, str]:
             if path is None:
                 continue
             try:
-                out = subprocess.run([path, "--version"], capture_output=True, text=True,
-                                     timeout=30)
+                out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30)
             except (OSError, subprocess.TimeoutExpired) as e:
                 raise CompilerNotFound(f"C++ compiler {path!r} could not run: {e}") from e
             if out.returncode != 0:
-                raise CompilerNotFound(f"C++ compiler {path!r} --version failed",
-                                       out.stderr[-2000:])
+                raise CompilerNotFound(f"C++ compiler {path!r} --version failed", out.stderr[-2000:])
             _compiler = (path, out.stdout.strip())
             return _compiler
         raise CompilerNotFound(

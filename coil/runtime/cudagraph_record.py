@@ -316,8 +316,7 @@ class OutputPlan:
 
     def build(self, args) -> tuple[list, list]:
         """``(outputs, weak refs of this replay's slot storages)``."""
-        storages = [torch._C._construct_storage_from_data_pointer(p, dev, n)
-                    for p, n, dev in self.slots]
+        storages = [torch._C._construct_storage_from_data_pointer(p, dev, n) for p, n, dev in self.slots]
         refs = [StorageWeakRef(s) for s in storages]
         outs = []
         for item in self.items:

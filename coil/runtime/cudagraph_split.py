@@ -75,9 +75,8 @@ def split_levels(gm: torch.fx.GraphModule) -> tuple[dict, dict]:
 
 
 class PartitionedGraph:
-    """One ATen graph run as pieces compiled apart (module docstring). Calling it
-    returns the graph's outputs as a tuple; ``output_strides`` is None (pieces return
-    the traced layouts)."""
+    """One ATen graph run as pieces compiled apart (module docstring). Calling it returns the graph's outputs
+    as a tuple; ``output_strides`` is None (pieces return the traced layouts)."""
 
     #: read by cudagraphify: the pieces are wrapped already
     cudagraph_partitioned = True

@@ -220,8 +220,7 @@ class Tree:
                 fn.copy_always.setdefault(sig, set()).update(moved)
                 trace.log("cudagraph_rerecord", stage="runtime", graph=fn.name,
                           reason=f"arguments {moved} moved since recording")
-        if self.released and (node is None or node.consumes or
-                              node.index >= min(self.released.values())):
+        if self.released and (node is None or node.consumes or node.index >= min(self.released.values())):
             why = self._overlaps_pending_saved(node)
             if why is not None:
                 fn.log_skip("saved", why)
@@ -296,14 +295,13 @@ class Tree:
         return node
 
     def _lend_saved(self, static_args: list) -> dict:
-        """Before a backward's capture: for each argument over a saved-only output of
-        a forward node (memory the forward node owns, which this backward is the last to
-        read), put a view of the forward's own tensor in ``static_args`` and drop the
-        node's reference, so that the boxed call, releasing each input after its last
-        use, hands that memory to the backward's later allocations (torch.compile's
-        trees reuse saved activations in the backward alike). Returns ``{forward node:
-        its slots lent}``. Not done when ``config.cudagraph_reuse_saved`` is off or the
-        backward keeps its graph (``retain_graph``: the saved values are read again)."""
+        """Before a backward's capture: for each argument over a saved-only output of a forward node (memory
+        the forward node owns, which this backward is the last to read), put a view of the forward's own
+        tensor in ``static_args`` and drop the node's reference, so that the boxed call, releasing each input
+        after its last use, hands that memory to the backward's later allocations (torch.compile's trees reuse
+        saved activations in the backward alike). Returns ``{forward node: its slots lent}``. Not done when
+        ``config.cudagraph_reuse_saved`` is off or the backward keeps its graph (``retain_graph``: the saved
+        values are read again)."""
         from coil.config import config
 
         if not config.cudagraph_reuse_saved or _keep_graph():
@@ -329,11 +327,10 @@ class Tree:
         return lent
 
     def _overlaps_pending_saved(self, node: Optional[Node]) -> Optional[str]:
-        """Why this call must run un-graphed to keep a forward's saved values whose
-        memory a backward's recording released (:meth:`_lend_saved`) intact while they
-        wait for their backward, or None: a new recording (``node`` None) or a node
-        recorded since the release may overlap that memory; the backward that reused
-        it must not run while the graph is kept (``retain_graph``) or twice."""
+        """Why this call must run un-graphed to keep a forward's saved values whose memory a backward's
+        recording released (:meth:`_lend_saved`) intact while they wait for their backward, or None: a new
+        recording (``node`` None) or a node recorded since the release may overlap that memory; the backward
+        that reused it must not run while the graph is kept (``retain_graph``) or twice."""
         for f, since in self.released.items():
             if f is node or not f.pending_backward():
                 continue
@@ -345,9 +342,8 @@ class Tree:
         return None
 
     def _inputs(self, fn: "GraphFunction", sig: tuple, args: tuple, warm: list) -> tuple:
-        """``(static_args, copied, placeholders, inplace)`` for a recording: which
-        arguments are read in place (module docstring) and the placeholders, holding
-        this call's values, of the others."""
+        """``(static_args, copied, placeholders, inplace)`` for a recording: which arguments are read in place
+        (module docstring) and the placeholders, holding this call's values, of the others."""
         forced = fn.copy_always.get(sig, ())
         static_args = list(args)
         copied, placeholders, inplace = [], [], []
@@ -412,8 +408,7 @@ class GraphFunction:
 
 
 def _keep_graph() -> bool:
-    """Whether the running backward keeps its graph (``retain_graph``); True when this
-    torch cannot say."""
+    """Whether the running backward keeps its graph (``retain_graph``); True when this torch cannot say."""
     get = getattr(torch._C._autograd, "_get_current_graph_task_keep_graph", None)
     try:
         return bool(get()) if get is not None else True
@@ -497,9 +492,8 @@ def cudagraphify(fn: Callable, kind: str, saved: Optional[tuple] = None) -> Call
 
 
 def mark_step_begin() -> None:
-    """Start a new step: the next compiled call starts again from the tree's roots,
-    and outputs of the last step become stale once their graphs replay (clone what
-    you keep)."""
+    """Start a new step: the next compiled call starts again from the tree's roots, and outputs of the last
+    step become stale once their graphs replay (clone what you keep)."""
     for tree in list(_ALL_TREES):
         tree.step_begin = True
 

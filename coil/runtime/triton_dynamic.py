@@ -58,15 +58,14 @@ class DynamicTritonLauncher(TritonLauncher):
                  device_type: str, outer: bool = False, elem_bytes: int = 4, tiled: bool = False,
                  arg_dtypes: Optional[list] = None, size_hints: Sequence[int] = (),
                  other_sizes: Sequence[Sequence[int]] = ()):
-        """``arg_dtypes``: the torch dtype of each tensor argument; ``size_hints``: the
-        example inputs' value of each int argument (``xnumel``, [``rnumel``], symbols).
-        ``tiled``: a 2-D tiled pointwise kernel (grid ``(xnumel / XBLOCK, rnumel / RBLOCK)``).
-        With both, on a GPU, the configs of the hint sizes' bucket are queued to the
-        compile pool now (:meth:`TritonLauncher._submit_to_pool`). ``other_sizes``: the int
-        arguments at other values of the symbols; once a config is compiled, the binaries
-        of the specialization classes they reach (``xnumel`` not divisible by 16 where
-        the hint's was) are queued to the pool behind it, so a later size of that class
-        finds its binary compiled (:meth:`_queue_other_classes`)."""
+        """``arg_dtypes``: the torch dtype of each tensor argument; ``size_hints``: the example inputs' value
+        of each int argument (``xnumel``, [``rnumel``], symbols). ``tiled``: a 2-D tiled pointwise kernel
+        (grid ``(xnumel / XBLOCK, rnumel / RBLOCK)``). With both, on a GPU, the configs of the hint sizes'
+        bucket are queued to the compile pool now (:meth:`TritonLauncher._submit_to_pool`). ``other_sizes``:
+        the int arguments at other values of the symbols; once a config is compiled, the binaries of the
+        specialization classes they reach (``xnumel`` not divisible by 16 where the hint's was) are queued to
+        the pool behind it, so a later size of that class finds its binary compiled
+        (:meth:`_queue_other_classes`)."""
         self.n_ptrs, self.red = n_ptrs, rnumel_hint != 1
         self.outer = outer
         # configs for the example sizes; each bucket chooses again (_for_bucket)
@@ -156,17 +155,15 @@ class DynamicTritonLauncher(TritonLauncher):
             key = self._class_key(cfg, other)
             if other != cls and other[1] == cls[1] and [c[2] for c in other[0]] == [c[2] for c in cls[0]] \
                     and key not in triton_runtime._pool_jobs:
-                trace.log("dynamic_class_ahead", stage="runtime", kernel=self.name, config=cfg,
-                          sizes=ints)
+                trace.log("dynamic_class_ahead", stage="runtime", kernel=self.name, config=cfg, sizes=ints)
                 self._submit_to_pool(self.arg_dtypes + list(ints), cfg, key)
 
     def _first_launch(self, bucket: tuple, key: tuple, args: tuple):
-        """``run(*args)`` for one bucket and class of int arguments (``key``): through
-        Triton's JIT, which compiles the kernel on its first call (every bucket with this
-        config and class shares the binary); on a GPU, later calls launch the compiled
-        kernel directly with the grid of their ``xnumel`` (the JIT's per-call argument
-        binding costs tens of microseconds of host time), while they keep the first
-        call's pointer alignment (another alignment goes through the JIT)."""
+        """``run(*args)`` for one bucket and class of int arguments (``key``): through Triton's JIT, which
+        compiles the kernel on its first call (every bucket with this config and class shares the binary); on
+        a GPU, later calls launch the compiled kernel directly with the grid of their ``xnumel`` (the JIT's
+        per-call argument binding costs tens of microseconds of host time), while they keep the first call's
+        pointer alignment (another alignment goes through the JIT)."""
         cfg = dict(self._for_bucket(bucket, args))
         xb, x = cfg["XBLOCK"], self.n_ptrs
         rb = cfg["RBLOCK"] if self.tiled else None  # (a tiled kernel's r tiles: grid axis 1)

@@ -80,14 +80,12 @@ def _patch_interpreter_fp16_atomic_add(builder) -> None:
 
 
 def _patch_interpreter_device_assert() -> None:
-    """Check coil's bounds checks of indirect indices (``tl.device_assert`` with an
-    "index out of bounds" message, before the access) under the interpreter outside
-    Triton's debug mode too (there they were no-ops, and the debug-mode check
-    truth-tested a whole block): an index eager rejects then raises instead of reading
-    or writing outside the tensor (an index_put at index 5 of a 2-element tensor
-    corrupted the process's heap), as ``coil.exc.KernelIndexError``, what C++ kernels raise
-    (not inside Triton's ``InterpreterError``). Other asserts (Triton's own overflow
-    checks) keep Triton's behaviour."""
+    """Check coil's bounds checks of indirect indices (``tl.device_assert`` with an "index out of bounds"
+    message, before the access) under the interpreter outside Triton's debug mode too (there they were no-ops,
+    and the debug-mode check truth-tested a whole block): an index eager rejects then raises instead of
+    reading or writing outside the tensor (an index_put at index 5 of a 2-element tensor corrupted the
+    process's heap), as ``coil.exc.KernelIndexError``, what C++ kernels raise (not inside Triton's
+    ``InterpreterError``). Other asserts (Triton's own overflow checks) keep Triton's behaviour."""
     from triton.runtime import interpreter as interp
     from coil.exc import KernelIndexError
 

@@ -31,13 +31,11 @@ OFFLINE_BLOCK_ELEMENTS = 2048
 
 
 def kernel_job(kernel, config: Optional[dict] = None) -> dict:
-    """The job for one :class:`coil.codegen.backend.GeneratedKernel` of the Triton
-    backend: its source, name, argument dtypes and launch config. Default config: the
-    launcher's chosen or first one with XBLOCK shrunk to at most
-    :data:`OFFLINE_BLOCK_ELEMENTS` elements per block (RBLOCK is kept: a persistent
-    reduction's block holds its row). The CPU interpreter's configs are sized for NumPy
-    (64 x 1024 tiles), which ptxas takes minutes to allocate registers for, and the
-    kernel's text does not depend on XBLOCK."""
+    """The job for one :class:`coil.codegen.backend.GeneratedKernel` of the Triton backend: its source, name,
+    argument dtypes and launch config. Default config: the launcher's chosen or first one with XBLOCK shrunk
+    to at most :data:`OFFLINE_BLOCK_ELEMENTS` elements per block (RBLOCK is kept: a persistent reduction's
+    block holds its row). The CPU interpreter's configs are sized for NumPy (64 x 1024 tiles), which ptxas
+    takes minutes to allocate registers for, and the kernel's text does not depend on XBLOCK."""
     launcher = kernel.launcher
     cfg = dict(config or launcher.chosen or launcher.configs[0])
     if config is None:

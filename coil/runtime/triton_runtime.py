@@ -107,8 +107,7 @@ def canonical_name(source: str, name: str) -> str:
     output (every kernel used to show up as ``coil_kernel``). The ``autotune`` event
     records which generated kernel runs under which name."""
     # whole-line comments are left out: the header names the fused nodes' buffers
-    placeholder = re.sub(rf"\b{re.escape(name)}\b", CANONICAL_NAME,
-                         re.sub(r"(?m)^[ \t]*#.*\n", "", source))
+    placeholder = re.sub(rf"\b{re.escape(name)}\b", CANONICAL_NAME, re.sub(r"(?m)^[ \t]*#.*\n", "", source))
     parts = name.split("_")
     kind = parts[1] if len(parts) > 2 and parts[0] == "triton" else "kernel"
     return f"coil_{kind}_{source_key(placeholder)[:10]}"
@@ -130,9 +129,8 @@ def _pow2(n: int) -> int:
 
 
 def tiled_configs(numel: int, rnumel: int, gpu: bool) -> list[dict]:
-    """Launch configs of a 2-D tiled pointwise kernel over (numel, rnumel) = (Y, X):
-    square-ish tiles of 1k-4k elements (each side a power of two no larger than its
-    axis needs), best guess first; one config on CPU."""
+    """Launch configs of a 2-D tiled pointwise kernel over (numel, rnumel) = (Y, X): square-ish tiles of 1k-4k
+    elements (each side a power of two no larger than its axis needs), best guess first; one config on CPU."""
     ycap, xcap = _pow2(numel), _pow2(rnumel)
     if not gpu:
         return [dict(XBLOCK=min(ycap, 32), RBLOCK=min(xcap, 32), num_warps=4)]
@@ -429,9 +427,8 @@ class TritonLauncher:
         # the code generator dropped masks that are redundant for all of these
         # (codegen/triton/backend.py, mask_exactness): only they may run
         self.configs = launch_configs(numel, rnumel, persistent, self.gpu, outer, elem_bytes, tiled)
-        # Kernels whose bodies are identical (the same block in every transformer layer)
-        # share one module, one JIT-compiled binary and one autotuning result: the
-        # name is replaced by a fixed one before hashing.
+        # Kernels whose bodies are identical (the same block in every transformer layer) share one module, one
+        # JIT-compiled binary and one autotuning result: the name is replaced by a fixed one before hashing.
         canonical, self.compiled_name = canonical_source(source, name)
         self.fn = getattr(load_module(canonical, self.interpret), self.compiled_name)
         self.key = source_key(canonical)
@@ -457,10 +454,9 @@ class TritonLauncher:
         return tuned
 
     def _preset(self, elements: int) -> Optional[dict]:
-        """The config to run without timing candidates: one tuned before
-        (:meth:`_known_tuned`), the only candidate, or the first when not autotuning
-        (CPU, ``config.autotune`` off, fewer than ``config.autotune_min_elements``
-        ``elements``); None: autotune at the first call."""
+        """The config to run without timing candidates: one tuned before (:meth:`_known_tuned`), the only
+        candidate, or the first when not autotuning (CPU, ``config.autotune`` off, fewer than
+        ``config.autotune_min_elements`` ``elements``); None: autotune at the first call."""
         tuned = self._known_tuned()
         if tuned is not None:
             return tuned
@@ -609,11 +605,9 @@ class TritonLauncher:
                 errors += [f.exception() for f in [pool.submit(one, c) for c in rest]]
             bad = [str(e) for e in errors if e is not None]
             if bad:
-                trace.log("autotune_precompile_error", stage="runtime", kernel=self.name,
-                          errors=bad[:2])
+                trace.log("autotune_precompile_error", stage="runtime", kernel=self.name, errors=bad[:2])
         except Exception as e:  # noqa: BLE001 - an API we do not know: compile serially
-            trace.log("autotune_precompile_unavailable", stage="runtime", kernel=self.name,
-                      error=str(e))
+            trace.log("autotune_precompile_unavailable", stage="runtime", kernel=self.name, error=str(e))
 
     def _autotune(self, args) -> None:
         """Time every candidate config and keep the fastest.

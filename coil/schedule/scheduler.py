@@ -177,12 +177,11 @@ class Scheduler:
 
     # ---------------------------------------------- launch-saving horizontal fusion
     def _input_only_pattern(self, g: FusedGroup) -> Optional[tuple]:
-        """The access pattern of a pointwise group that reads only graph inputs (a
-        parameter's autocast cast, a weight's channels-last copy) and is small enough
-        for ``config.launch_fusion_max_numel``: ``(numel, (load index expressions,
-        store index expressions))`` with buffer names dropped, when all its nodes share
-        one such pattern; else None. Such groups depend on nothing computed in the
-        graph, so they can run at any point before their first reader."""
+        """The access pattern of a pointwise group that reads only graph inputs (a parameter's autocast cast,
+        a weight's channels-last copy) and is small enough for ``config.launch_fusion_max_numel``: ``(numel,
+        (load index expressions, store index expressions))`` with buffer names dropped, when all its nodes
+        share one such pattern; else None. Such groups depend on nothing computed in the graph, so they can
+        run at any point before their first reader."""
         limit = config.launch_fusion_max_numel
         if g.rnumel != 1 or limit <= 0 or hint(g.numel) > limit:
             return None
@@ -299,11 +298,10 @@ class Scheduler:
 
     @staticmethod
     def _shares_an_element(a: FusedGroup, b: FusedGroup, numel: int, rnumel: int) -> bool:
-        """Whether some buffer both groups read is read at the same kernel index by both
-        (a horizontal fusion only saves traffic then: e.g. a gelu backward over
-        ``(x, r)`` rows and a bias-gradient sum over columns of the same inputs load
-        different elements per iteration, and fusing them forced one access pattern
-        onto both: uncoalesced loads, 2-3x slower on an H200)."""
+        """Whether some buffer both groups read is read at the same kernel index by both (a horizontal fusion
+        only saves traffic then: e.g. a gelu backward over ``(x, r)`` rows and a bias-gradient sum over
+        columns of the same inputs load different elements per iteration, and fusing them forced one access
+        pattern onto both: uncoalesced loads, 2-3x slower on an H200)."""
         def loads(g):
             out = set()
             for n in g.nodes:

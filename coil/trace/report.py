@@ -80,9 +80,8 @@ class Compile:
         return totals
 
     def stage_self_totals(self) -> "OrderedDict[str, float]":
-        """Milliseconds per stage name *excluding* nested stages (self time): a
-        record's duration minus its direct children's. These add up to
-        :meth:`total_ms`, so they are the compile-time breakdown."""
+        """Milliseconds per stage name *excluding* nested stages (self time): a record's duration minus its
+        direct children's. These add up to :meth:`total_ms`, so they are the compile-time breakdown."""
         selfs = self.stage_totals()
         for r in self.stages:
             parent = r.get("parent")
@@ -541,8 +540,7 @@ def main(argv: Optional[list] = None) -> int:
     parser = argparse.ArgumentParser(prog="coil report", description="Render a coil compile log "
                                      "(written with COIL_TRACE=<dir>) as static HTML.")
     parser.add_argument("log_dir", help="directory holding coil_trace_<pid>.jsonl files")
-    parser.add_argument("-o", "--out", default=None,
-                        help="output directory (default: <log_dir>/report)")
+    parser.add_argument("-o", "--out", default=None, help="output directory (default: <log_dir>/report)")
     args = parser.parse_args(argv)
     try:
         index = write_report(args.log_dir, args.out)

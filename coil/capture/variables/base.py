@@ -167,8 +167,7 @@ class ConstantVariable(VariableTracker):
     def unpack(self, tx):
         import types as _types
 
-        if isinstance(self.value, (str, tuple, range, torch.Size, frozenset, bytes,
-                                   _types.MappingProxyType)):
+        if isinstance(self.value, (str, tuple, range, torch.Size, frozenset, bytes, _types.MappingProxyType)):
             from coil.capture.variables.builder import wrap_constant_result
 
             return [wrap_constant_result(tx, v) for v in self.value]

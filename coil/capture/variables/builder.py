@@ -63,11 +63,9 @@ def _guard_literal(gs, expr, value):
     elif isinstance(value, float) and value != value:
         gs.add(f"type({expr}) is float and {expr} != {expr}", expr, value)
     elif type(value) in (int, float, str, bytes, complex):
-        gs.add(f"type({expr}) is {type(value).__name__} and {expr} == {value!r}", expr, value,
-               src=expr)
+        gs.add(f"type({expr}) is {type(value).__name__} and {expr} == {value!r}", expr, value, src=expr)
     else:
-        gs.add(f"type({expr}) is {gs.const(type(value))} and {expr} == {gs.const(value)}",
-               expr, value)
+        gs.add(f"type({expr}) is {gs.const(type(value))} and {expr} == {gs.const(value)}", expr, value)
 
 
 def wrap(tx, value: Any, source, guard: bool = True) -> VariableTracker:
@@ -97,16 +95,14 @@ def _build(tx, value, source, gs) -> VariableTracker:
         if gs is not None and type(value) in (int, float):
             sym = tx.output.dynamic.scalar_input(tx, value, source)   # dynamic.py
             if sym is not None:
-                gs.add(f"type({expr}) is {type(value).__name__}", f"type({expr})",
-                       type(value), src=expr)
+                gs.add(f"type({expr}) is {type(value).__name__}", f"type({expr})", type(value), src=expr)
                 return sym
         if gs is not None:
             _guard_literal(gs, expr, value)
         return ConstantVariable(value, source)
     if isinstance(value, torch.Tensor):
         tf = getattr(type(value).__torch_function__, "__func__", type(value).__torch_function__)
-        if tf not in (torch.Tensor.__torch_function__.__func__,
-                      torch._C._disabled_torch_function_impl):
+        if tf not in (torch.Tensor.__torch_function__.__func__, torch._C._disabled_torch_function_impl):
             raise Unsupported(f"tensor subclass {type(value).__name__} overrides "
                               "__torch_function__ (the graph would bypass it)",
                               "the code that reads it runs eagerly")
@@ -118,8 +114,7 @@ def _build(tx, value, source, gs) -> VariableTracker:
         return vt
     if isinstance(value, torch.nn.Module):
         if gs is not None:
-            gs.add(f"type({expr}) is {gs.const(type(value))}", f"type({expr})", type(value),
-                   src=expr)
+            gs.add(f"type({expr}) is {gs.const(type(value))}", f"type({expr})", type(value), src=expr)
         return NNModuleVariable(value, source)
     t = type(value)
     if t in (tuple, list) or (isinstance(value, tuple) and hasattr(t, "_fields")):
@@ -195,8 +190,7 @@ def _build(tx, value, source, gs) -> VariableTracker:
             gs.add(f"type({expr}.__self__) is {gs.const(type(obj))} and "
                    f"{expr}.__self__.prev is {obj.prev!r}", f"{expr}.__self__.prev", obj.prev,
                    src=expr)
-        kind = {torch.no_grad: "no_grad", torch.enable_grad: "enable_grad"}.get(
-            type(obj), "set_grad_enabled")
+        kind = {torch.no_grad: "no_grad", torch.enable_grad: "enable_grad"}.get(type(obj), "set_grad_enabled")
         ctx = ResumedGradModeVariable(getattr(obj, "mode", kind == "enable_grad"), kind)
         ctx.prev = obj.prev
         return BoundMethodVariable(ctx, "__exit__")
@@ -210,8 +204,7 @@ def _build(tx, value, source, gs) -> VariableTracker:
         raise Unsupported(f"bound method {value!r}")
     if isinstance(value, functools.partial):
         src = source
-        fn = wrap(tx, value.func, AttrSource(src, "func") if src is not None else None,
-                  guard=gs is not None)
+        fn = wrap(tx, value.func, AttrSource(src, "func") if src is not None else None, guard=gs is not None)
         args = [wrap(tx, a, GetItemSource(AttrSource(src, "args"), i) if src is not None else None,
                      guard=gs is not None) for i, a in enumerate(value.args)]
         kwargs = {k: wrap(tx, a, GetItemSource(AttrSource(src, "keywords"), k) if src is not None

@@ -122,8 +122,7 @@ def _fold(tx, fn, args, kwargs):
 
 
 def _is_callable(v):
-    from coil.capture.variables.functions import (BaseFunctionVariable, BoundMethodVariable,
-                                                  PartialVariable)
+    from coil.capture.variables.functions import BaseFunctionVariable, BoundMethodVariable, PartialVariable
     from coil.capture.variables.objects import NNModuleVariable, UserDefinedClassVariable
     from coil.capture.variables.torchfn import TorchFunctionVariable
 

@@ -721,11 +721,10 @@ class GeneratorVariable(ListIteratorVariable):
 
 
 class LazyIteratorVariable(GeneratorVariable):
-    """``zip`` / ``enumerate`` / ``map`` / ``filter`` over iterators, advanced lazily as
-    in CPython: each value is taken from the inner iterators (live over a list the loop
-    appends to) and ``map``/``filter``'s function is called when the value is needed.
-    Live at a graph break, it is rebuilt as the same builtin over the inner iterators'
-    rebuilt forms (``enumerate`` with its count so far)."""
+    """``zip`` / ``enumerate`` / ``map`` / ``filter`` over iterators, advanced lazily as in CPython: each
+    value is taken from the inner iterators (live over a list the loop appends to) and ``map``/``filter``'s
+    function is called when the value is needed. Live at a graph break, it is rebuilt as the same builtin over
+    the inner iterators' rebuilt forms (``enumerate`` with its count so far)."""
 
     def __init__(self, tx, builtin, iters, fn=None, start=0):
         VariableTracker.__init__(self, None)

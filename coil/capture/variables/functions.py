@@ -9,8 +9,7 @@ import types
 
 from coil.exc import Unsupported
 from coil.capture.source import AttrSource, DefaultsSource, GetItemSource
-from coil.capture.variables.base import (ConstantVariable, SourcedCellVariable,
-                                         VariableTracker)
+from coil.capture.variables.base import ConstantVariable, SourcedCellVariable, VariableTracker
 from coil.capture.variables.containers import DictVariable, TupleVariable
 
 

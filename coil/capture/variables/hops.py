@@ -119,19 +119,17 @@ def _flat_outputs(res: VariableTracker, what: str):
 
 def _cells_of(fn_vt) -> dict:
     """Content of the frame-made closure cells ``fn_vt`` reads (to detect writes)."""
-    return {id(c): (c, c.content) for c in getattr(fn_vt, "closure", []) or []
-            if isinstance(c, CellVariable)}
+    return {id(c): (c, c.content) for c in getattr(fn_vt, "closure", []) or [] if isinstance(c, CellVariable)}
 
 
 def trace_subgraph(tx, fn_vt, operands: list, what: str, alias_ok: bool = True,
                    call: Optional[tuple] = None, flatten=None) -> Subgraph:
-    """Trace ``fn_vt(*operands)`` as a subgraph in its own scope (see module docstring).
-    ``what`` names it in messages (``"torch.cond true_fn"``). An output that is (a view
-    of) an input is cloned, or with ``alias_ok=False`` a UserError (eager's cond refuses
-    it). ``call=(args, kwargs)`` calls ``fn_vt(*args, **kwargs)`` instead, ``operands``
-    being the tensors among them (the rest of what the call reads is lifted).
-    ``flatten(result, what) -> (tensors, structure)`` (default :func:`_flat_outputs`)
-    flattens the function's result."""
+    """Trace ``fn_vt(*operands)`` as a subgraph in its own scope (see module docstring). ``what`` names it in
+    messages (``"torch.cond true_fn"``). An output that is (a view of) an input is cloned, or with
+    ``alias_ok=False`` a UserError (eager's cond refuses it). ``call=(args, kwargs)`` calls ``fn_vt(*args,
+    **kwargs)`` instead, ``operands`` being the tensors among them (the rest of what the call reads is
+    lifted). ``flatten(result, what) -> (tensors, structure)`` (default :func:`_flat_outputs`) flattens the
+    function's result."""
     out = tx.output
     graph = out.graph
     before = set(graph.nodes)
@@ -311,9 +309,8 @@ def _register(out, prefix: str, sg: torch.fx.Graph, index: int) -> str:
 
 
 def _fresh(out, like: torch.Tensor, shape=None, grad: bool = False) -> torch.Tensor:
-    """A new fake (capture's mode) with ``like``'s dtype and device, and its shape and
-    strides or, given ``shape``, that contiguous shape; requiring grad with ``grad``
-    (floating and complex dtypes)."""
+    """A new fake (capture's mode) with ``like``'s dtype and device, and its shape and strides or, given
+    ``shape``, that contiguous shape; requiring grad with ``grad`` (floating and complex dtypes)."""
     with out.fake_mode:
         t = torch.empty_strided(like.shape, like.stride(), dtype=like.dtype, device=like.device) \
             if shape is None else torch.empty(shape, dtype=like.dtype, device=like.device)
@@ -360,8 +357,7 @@ def call_cond(tx, args: list, kwargs: dict) -> VariableTracker:
     bound = dict(zip(names, args))
     for k, v in kwargs.items():
         if k not in names or k in bound:
-            raise UserError(f"torch.cond() got an unexpected keyword argument {k!r}",
-                            location=tx.location())
+            raise UserError(f"torch.cond() got an unexpected keyword argument {k!r}", location=tx.location())
         bound[k] = v
     if "operands" not in bound:
         bound["operands"] = TupleVariable([])
@@ -465,8 +461,7 @@ def call_while_loop(tx, args: list, kwargs: dict) -> VariableTracker:
     bound = dict(zip(names, args))
     bound.update(kwargs)
     if set(bound) != set(names):
-        raise UserError("while_loop(cond_fn, body_fn, carried_inputs): bad arguments",
-                        location=tx.location())
+        raise UserError("while_loop(cond_fn, body_fn, carried_inputs): bad arguments", location=tx.location())
     location = tx.location()
     carried = _flat_carried(tx, bound["carried_inputs"])
     if len({id(x.node) for x in carried}) != len(carried):
@@ -523,8 +518,7 @@ def call_map(tx, args: list, kwargs: dict) -> VariableTracker:
     from coil.capture.variables.tensor import call_op
 
     location = tx.location()
-    piece = call_op(tx, "call_function", __import__("operator").getitem,
-                    [xs, ConstantVariable(0)], {})
+    piece = call_op(tx, "call_function", __import__("operator").getitem, [xs, ConstantVariable(0)], {})
     body = trace_subgraph(tx, f, [piece] + rest, "torch map f")
     tx.output.graph.erase_node(piece.node)
     if _needs_grad([xs.node] + [a.node for a in rest] + body.lifted):
@@ -562,12 +556,11 @@ def _scan_outputs(res: VariableTracker, what: str):
 
 
 def call_scan(tx, args: list, kwargs: dict) -> VariableTracker:
-    """``torch._higher_order_ops.scan(combine_fn, init, xs, dim=0, reverse=False)``:
-    ``combine_fn(carry, x)`` traced once over the carry and one slice of ``xs`` (plus
-    lifted values); the parent moves ``dim`` to the front and flips for ``reverse``
-    around ``torch.ops.higher_order.scan`` as torch's scan does. The carry it returns
-    must keep ``init``'s metadata (a :class:`UserError` names the first that changes).
-    Gradients are torch's scan autograd rule (a backward scan)."""
+    """``torch._higher_order_ops.scan(combine_fn, init, xs, dim=0, reverse=False)``: ``combine_fn(carry, x)``
+    traced once over the carry and one slice of ``xs`` (plus lifted values); the parent moves ``dim`` to the
+    front and flips for ``reverse`` around ``torch.ops.higher_order.scan`` as torch's scan does. The carry it
+    returns must keep ``init``'s metadata (a :class:`UserError` names the first that changes). Gradients are
+    torch's scan autograd rule (a backward scan)."""
     from coil.capture.variables.tensor import call_op
 
     bound = dict(zip(["combine_fn", "init", "xs"], args), **kwargs)
@@ -588,8 +581,7 @@ def call_scan(tx, args: list, kwargs: dict) -> VariableTracker:
     d = dim + xs[0].fake.dim() if dim < 0 else dim
     for x in xs:
         if x.fake.dim() <= d or x.fake.shape[d] == 0:
-            raise UserError("scan: every xs leaf needs a non-empty dimension dim",
-                            location=location)
+            raise UserError("scan: every xs leaf needs a non-empty dimension dim", location=location)
         x = op(torch.movedim, x, ConstantVariable(d), ConstantVariable(0)) if d else x
         lead.append(op(torch.flip, x, ConstantVariable([0])) if reverse else x)
     pieces = [op(__import__("operator").getitem, x, ConstantVariable(0)) for x in lead]
@@ -679,13 +671,12 @@ def call_checkpoint(tx, args: list, kwargs: dict) -> VariableTracker:
 # --------------------------------------------------------------------------- nested_compile_region
 
 def call_region(tx, fn_vt, args: list, kwargs: dict) -> VariableTracker:
-    """A ``torch.compiler.nested_compile_region`` call: ``fn(*args, **kwargs)`` traced as
-    a subgraph (tensor arguments are operands, what else it reads is lifted) called by
-    :func:`coil.aot.regions.invoke_region`; a call whose subgraph equals an earlier one's
-    (:func:`_region_key`) reuses it, so AOT compiles it once. Traced at every call: the
-    Python state it reads (a rebound global) is in its graph. A body that cannot be a
-    subgraph (side effect, write to an input, output aliasing an input) is inlined,
-    logged as ``region_inlined``."""
+    """A ``torch.compiler.nested_compile_region`` call: ``fn(*args, **kwargs)`` traced as a subgraph (tensor
+    arguments are operands, what else it reads is lifted) called by :func:`coil.aot.regions.invoke_region`; a
+    call whose subgraph equals an earlier one's (:func:`_region_key`) reuses it, so AOT compiles it once.
+    Traced at every call: the Python state it reads (a rebound global) is in its graph. A body that cannot be
+    a subgraph (side effect, write to an input, output aliasing an input) is inlined, logged as
+    ``region_inlined``."""
     from coil.aot.regions import invoke_region
 
     out = tx.output
@@ -753,16 +744,14 @@ def _key_of(v):
 def _input_key(v):
     # requires_grad is left out: AOT compiles a region for the union of its calls' needs
     if isinstance(v, torch.Tensor):
-        return ("tensor", str(tuple(v.shape)), str(v.stride()), str(v.storage_offset()),
-                v.dtype, v.device)
+        return ("tensor", str(tuple(v.shape)), str(v.stride()), str(v.storage_offset()), v.dtype, v.device)
     return _key_of(v)
 
 
 def _region_key(sg: torch.fx.Graph, subs: dict) -> tuple:
-    """What makes two region calls the same compiled code: each node's op, target and
-    arguments (other nodes by position, constants by value, other objects by identity),
-    the inputs' metadata (shape, stride, offset, dtype, device) and nested subgraphs'
-    keys. Node names and stack traces are left out."""
+    """What makes two region calls the same compiled code: each node's op, target and arguments (other nodes
+    by position, constants by value, other objects by identity), the inputs' metadata (shape, stride, offset,
+    dtype, device) and nested subgraphs' keys. Node names and stack traces are left out."""
     pos: dict = {}
     items = []
     for i, n in enumerate(sg.nodes):

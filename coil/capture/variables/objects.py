@@ -23,8 +23,7 @@ import torch
 from coil.exc import Unsupported
 from coil.capture.source import AttrSource, ModuleDictSource
 from coil.capture.variables.base import ConstantVariable, VariableTracker
-from coil.capture.variables.containers import (DictVariable, ListIteratorVariable,
-                                               TupleVariable)
+from coil.capture.variables.containers import DictVariable, ListIteratorVariable, TupleVariable
 from coil.capture.variables.functions import (UserFunctionVariable, UserMethodVariable)
 
 
@@ -64,8 +63,7 @@ def wrap_class_attr(tx, obj_vt: VariableTracker, cls: type, name: str, source=No
             gs.add(f"getattr({gs.const(cls)}, {name!r}, None) is {gs.const(attr)}" if not
                    name.isidentifier() else f"{gs.const(cls)}.{name} is {gs.const(attr)}")
         return UserMethodVariable(attr, obj_vt, source)
-    if isinstance(attr, (types.BuiltinFunctionType, types.MethodDescriptorType,
-                         types.WrapperDescriptorType)):
+    if isinstance(attr, (types.BuiltinFunctionType, types.MethodDescriptorType, types.WrapperDescriptorType)):
         from coil.capture.variables.functions import BoundMethodVariable
 
         return BoundMethodVariable(obj_vt, name)
@@ -177,8 +175,7 @@ def _call_lru_cached(tx, vt, args, kwargs):
 
     if vt.source is None or not all(isinstance(a, ConstantVariable)
                                     for a in list(args) + list(kwargs.values())):
-        raise Unsupported(f"call to an lru_cache function {vt.value!r} with non-constant "
-                          "arguments")
+        raise Unsupported(f"call to an lru_cache function {vt.value!r} with non-constant arguments")
     cargs = [a.value for a in args]
     ckw = {k: v.value for k, v in kwargs.items()}
     try:
@@ -186,8 +183,7 @@ def _call_lru_cached(tx, vt, args, kwargs):
     except Exception as e:  # noqa: BLE001 - raised again by eager at the break
         raise Unsupported(f"lru_cache function {vt.value!r} raised {type(e).__name__}") from e
     if _holds_tensor(result) or isinstance(result, (list, dict, set)):
-        raise Unsupported(f"lru_cache function {vt.value!r} returned a tensor or a mutable "
-                          "container")
+        raise Unsupported(f"lru_cache function {vt.value!r} returned a tensor or a mutable container")
     gs = tx.output.guards
     src = vt.source.expr()
     call = f"{src}({''.join(gs.const(a) + ', ' for a in cargs)}" + \
@@ -290,9 +286,8 @@ class UserDefinedObjectVariable(ObjectVariableBase):
 
 
 class NNModuleVariable(ObjectVariableBase):
-    """An ``nn.Module``. Calls run hooks and inline ``forward``; parameters and buffers
-    read through it become graph inputs with sources like
-    ``self._modules['fc']._parameters['weight']``."""
+    """An ``nn.Module``. Calls run hooks and inline ``forward``; parameters and buffers read through it become
+    graph inputs with sources like ``self._modules['fc']._parameters['weight']``."""
 
     _SPECIAL = ("parameters", "buffers", "children", "modules", "named_parameters",
                 "named_buffers", "named_children", "named_modules")
@@ -301,8 +296,7 @@ class NNModuleVariable(ObjectVariableBase):
         return tx.call_module(self, list(args), dict(kwargs))
 
     def var_getattr(self, tx, name):
-        if name in self._SPECIAL and _static_lookup(type(self.value), name) is getattr(
-                torch.nn.Module, name):
+        if name in self._SPECIAL and _static_lookup(type(self.value), name) is getattr(torch.nn.Module, name):
             from coil.capture.variables.functions import BoundMethodVariable
 
             return BoundMethodVariable(self, name)
@@ -344,8 +338,7 @@ class NNModuleVariable(ObjectVariableBase):
         from coil.capture.variables.builder import wrap
 
         m = self.value
-        dname = {"named_parameters": "_parameters", "named_buffers": "_buffers"}.get(
-            kind, "_modules")
+        dname = {"named_parameters": "_parameters", "named_buffers": "_buffers"}.get(kind, "_modules")
 
         def source(qual, leaf_dict):
             src = self.source
@@ -411,8 +404,7 @@ class NNModuleVariable(ObjectVariableBase):
 
 
 def _guard_keys(tx, src, m: torch.nn.Module, dname: str) -> list:
-    """``list(m.<dname>)`` (``_modules``/``_parameters``/``_buffers``), guarded where
-    ``m`` has a source."""
+    """``list(m.<dname>)`` (``_modules``/``_parameters``/``_buffers``), guarded where ``m`` has a source."""
     keys = list(getattr(m, dname))
     if src is not None:
         e = f"{src.expr()}.{dname}"
@@ -476,8 +468,7 @@ class InFrameModuleVariable(NNModuleVariable):
         except Exception as e:  # the eager call raises it again, outside the graph
             raise Unsupported(what + f" (its constructor raised {type(e).__name__})") from None
         if stateful or _has_state(m):
-            raise Unsupported(what + " (it has parameters or buffers)",
-                              hint="create the module in __init__")
+            raise Unsupported(what + " (it has parameters or buffers)", hint="create the module in __init__")
         return cls(m, c, kw)
 
     def reconstruct(self, cg):
@@ -491,12 +482,11 @@ def _has_state(m: torch.nn.Module) -> bool:
 
 
 class AutogradFunctionApplyVariable(VariableTracker):
-    """``MyFn.apply`` of a custom ``torch.autograd.Function``: the call is one graph node
-    whose target is ``MyFn.apply``. AOT's joint trace runs it under ``make_fx``, so the
-    user's ``forward`` becomes the forward graph's ops and the user's ``backward`` (run by
-    ``autograd.grad`` in the joint trace) the backward graph's: gradients are the user's,
-    never autograd's derivative of ``forward``. At capture the forward and a backward are
-    run once on fake tensors; if either cannot run there (data-dependent code, non-tensor
+    """``MyFn.apply`` of a custom ``torch.autograd.Function``: the call is one graph node whose target is
+    ``MyFn.apply``. AOT's joint trace runs it under ``make_fx``, so the user's ``forward`` becomes the forward
+    graph's ops and the user's ``backward`` (run by ``autograd.grad`` in the joint trace) the backward
+    graph's: gradients are the user's, never autograd's derivative of ``forward``. At capture the forward and
+    a backward are run once on fake tensors; if either cannot run there (data-dependent code, non-tensor
     work), or an argument is not a tensor or a constant, the call stays a graph break.
     ``forward``/``backward`` are guarded by identity; globals they read are not."""
 
@@ -527,8 +517,7 @@ class AutogradFunctionApplyVariable(VariableTracker):
                         if isinstance(o, torch.Tensor) and o.requires_grad]
                 ins = [a for a in fakes if isinstance(a, torch.Tensor) and a.requires_grad]
                 if outs and ins:
-                    torch.autograd.grad(outs, ins, [torch.ones_like(o) for o in outs],
-                                        allow_unused=True)
+                    torch.autograd.grad(outs, ins, [torch.ones_like(o) for o in outs], allow_unused=True)
         except Unsupported:
             raise
         except Exception as e:  # noqa: BLE001 - eager runs it at the break
@@ -635,9 +624,8 @@ class PythonModuleVariable(ObjectVariableBase):
 
 
 class NewObjectVariable(VariableTracker):
-    """An instance of a plain user class created inside the frame. Its attributes are
-    trackers; if it escapes, the entry rebuilds it with ``cls.__new__`` and the
-    attribute values."""
+    """An instance of a plain user class created inside the frame. Its attributes are trackers; if it escapes,
+    the entry rebuilds it with ``cls.__new__`` and the attribute values."""
 
     mutable = True
 

@@ -209,9 +209,8 @@ _NUMERIC = {int: torch.sym_int, float: torch.sym_float, math.sqrt: torch._sym_sq
 
 
 def call_numeric(tx, fn, args: list, kwargs: dict):
-    """``int(n)``, ``float(n)``, ``math.sqrt/floor/ceil(n)``, ``math.prod(sizes)`` with
-    symbolic operands, kept symbolic; None when no operand is symbolic (or ``fn`` is not
-    one of these)."""
+    """``int(n)``, ``float(n)``, ``math.sqrt/floor/ceil(n)``, ``math.prod(sizes)`` with symbolic operands,
+    kept symbolic; None when no operand is symbolic (or ``fn`` is not one of these)."""
     if kwargs:
         return None
     if fn is math.prod and len(args) == 1 and not isinstance(args[0], SymNodeVariable):
@@ -239,9 +238,8 @@ def call_numeric(tx, fn, args: list, kwargs: dict):
 
 
 def tensor_meta(tx, t, name: str, result):
-    """The tracker for metadata ``name`` (``size``, ``stride``, ``numel``, ``shape``) of
-    tensor tracker ``t`` whose fake value is ``result``: constants when static, symbolic
-    items otherwise."""
+    """The tracker for metadata ``name`` (``size``, ``stride``, ``numel``, ``shape``) of tensor tracker ``t``
+    whose fake value is ``result``: constants when static, symbolic items otherwise."""
     from coil.capture.variables.containers import SizeVariable, TupleVariable
 
     out = tx.output

@@ -161,8 +161,7 @@ def _autograd_state_change(kind: str, target, args: list, kwargs: dict) -> bool:
         t = args[0]
         if want is not None and isinstance(t, TensorVariable) and t.fake.requires_grad == want:
             return True
-        what = ("makes an autograd leaf" if want else
-                "changes whether a tensor requires grad")
+        what = "makes an autograd leaf" if want else "changes whether a tensor requires grad"
         raise Unsupported(f"Tensor.requires_grad_({'' if want else want}) {what} inside "
                           f"the frame", hint=_LEAF_HINT)
     if kind == "call_method" and name == "retain_grad":
@@ -259,10 +258,9 @@ def _holds_tensor(v) -> bool:
 
 
 def _wrap_sequence(out, node, result) -> VariableTracker:
-    """Trackers for a tuple/list/structseq result of graph node ``node``: each tensor,
-    at any depth (``histogramdd``'s ``bin_edges`` is a list inside a structseq), becomes
-    a ``getitem`` node of its own; a fake tensor must never reach user code as a
-    constant."""
+    """Trackers for a tuple/list/structseq result of graph node ``node``: each tensor, at any depth
+    (``histogramdd``'s ``bin_edges`` is a list inside a structseq), becomes a ``getitem`` node of its own; a
+    fake tensor must never reach user code as a constant."""
     items = []
     for i, r in enumerate(result):
         if isinstance(r, torch.Tensor) or (isinstance(r, (tuple, list)) and _holds_tensor(r)):
@@ -395,8 +393,7 @@ def _index_with_scalar_tensors(tx, t: "TensorVariable", basic, picks) -> Variabl
     copy: the output graph remembers it, and an in-place op later in the frame (or a
     graph break with it live) makes the frame run eagerly (:class:`IndexCopyAliasing`)."""
     view = call_op(tx, "call_function", operator.getitem, [t, basic], {})
-    out = call_op(tx, "call_function", torch.ops.aten.index.Tensor,
-                  [view, _index_list(view, picks)], {})
+    out = call_op(tx, "call_function", torch.ops.aten.index.Tensor, [view, _index_list(view, picks)], {})
     tx.output.index_copies += 1
     return out
 

@@ -73,15 +73,13 @@ class Split:
         return sum((v * p for v, p in zip(self.vars, self.points)), sympy.Integer(0))
 
     def div(self, p: int) -> sympy.Expr:
-        return sum((v * (q // p) for v, q in zip(self.vars, self.points) if q >= p),
-                   sympy.Integer(0))
+        return sum((v * (q // p) for v, q in zip(self.vars, self.points) if q >= p), sympy.Integer(0))
 
     def mod(self, p: int) -> sympy.Expr:
         return sum((v * q for v, q in zip(self.vars, self.points) if q < p), sympy.Integer(0))
 
     def divmod(self, a: int, b: int) -> sympy.Expr:
-        return sum((v * (q // a) for v, q in zip(self.vars, self.points) if a <= q < a * b),
-                   sympy.Integer(0))
+        return sum((v * (q // a) for v, q in zip(self.vars, self.points) if a <= q < a * b), sympy.Integer(0))
 
     def substitute(self, e: sympy.Expr) -> sympy.Expr:
         s = self.symbol
@@ -94,8 +92,7 @@ class Split:
                       lambda t: self.divmod(int(t.args[0].args[1]), int(t.args[1])))
         e = e.replace(lambda t: isinstance(t, FloorDiv) and t.args[0] == s,
                       lambda t: self.div(int(t.args[1])))
-        e = e.replace(lambda t: isinstance(t, Mod) and t.args[0] == s,
-                      lambda t: self.mod(int(t.args[1])))
+        e = e.replace(lambda t: isinstance(t, Mod) and t.args[0] == s, lambda t: self.mod(int(t.args[1])))
         return e.xreplace({s: self.flat()})
 
 
@@ -121,8 +118,7 @@ def _collect(e: sympy.Expr, s: sympy.Symbol, points: set) -> bool:
     return False
 
 
-def split_plan(exprs: Iterable[sympy.Expr], symbol: sympy.Symbol, numel: int,
-               prefix: str) -> Split:
+def split_plan(exprs: Iterable[sympy.Expr], symbol: sympy.Symbol, numel: int, prefix: str) -> Split:
     """The finest loop split of ``symbol`` (extent ``numel``) valid for all ``exprs``."""
     if not isinstance(numel, int) and not getattr(numel, "is_Integer", False):
         return _symbolic_split(exprs, symbol, numel, prefix)
@@ -177,10 +173,8 @@ class SymbolicSplit(Split):
         e = e.replace(lambda t: isinstance(t, Mod) and isinstance(t.args[0], FloorDiv)
                       and t.args[0].args[0] == s,
                       lambda t: self.divmod(t.args[0].args[1], t.args[1]))
-        e = e.replace(lambda t: isinstance(t, FloorDiv) and t.args[0] == s,
-                      lambda t: self.div(t.args[1]))
-        e = e.replace(lambda t: isinstance(t, Mod) and t.args[0] == s,
-                      lambda t: self.mod(t.args[1]))
+        e = e.replace(lambda t: isinstance(t, FloorDiv) and t.args[0] == s, lambda t: self.div(t.args[1]))
+        e = e.replace(lambda t: isinstance(t, Mod) and t.args[0] == s, lambda t: self.mod(t.args[1]))
         return e.xreplace({s: self.flat()})
 
 
@@ -215,10 +209,9 @@ def _collect_symbolic(e: sympy.Expr, s: sympy.Symbol, points: list) -> bool:
 
 
 def _symbolic_split(exprs, symbol, numel, prefix: str) -> Split:
-    """The loop split of a symbolic extent: nested loops at the (symbolic) divisors the
-    indices use when they form a divisibility chain dividing ``numel`` (``x % s1`` and
-    ``x // s1`` become a loop over ``s1`` inside one over ``s0``: no run-time division
-    or modulo per element), else one flat loop."""
+    """The loop split of a symbolic extent: nested loops at the (symbolic) divisors the indices use when they
+    form a divisibility chain dividing ``numel`` (``x % s1`` and ``x // s1`` become a loop over ``s1`` inside
+    one over ``s0``: no run-time division or modulo per element), else one flat loop."""
     from coil.ir.symbols import hint
     flat = Split(symbol, numel, [1], prefix)
     points: list = []

@@ -86,8 +86,7 @@ class _Section:
 
 
 def _c(e) -> str:
-    """A loop bound in C++: an int literal, or a size expression over the function's
-    size arguments."""
+    """A loop bound in C++: an int literal, or a size expression over the function's size arguments."""
     return str(e) if isinstance(e, int) else cexpr(sympy.sympify(e))
 
 
@@ -688,12 +687,10 @@ class CppKernel(OpsHandler):
             for suf, t, init in fields:
                 out += [f"{t} {acc}{suf}_lane[{LANES}];",
                         f"for (int l = 0; l < {LANES}; ++l) {acc}{suf}_lane[l] = {init};"]
-        # Floating-point sums over long rows accumulate in blocks of SUM_BLOCK elements
-        # (per-lane block partials added to the lane totals after each block): one
-        # running sum per lane over 12500 elements was 25x less accurate than eager's
-        # cascade sum on x[100003, 3].sum(0).
-        blocked = [acc for acc, rt, fields in sec.accs
-                   if rt == "sum" and fields[0][1] in ("float", "double")]
+        # Floating-point sums over long rows accumulate in blocks of SUM_BLOCK elements (per-lane block
+        # partials added to the lane totals after each block): one running sum per lane over 12500 elements
+        # was 25x less accurate than eager's cascade sum on x[100003, 3].sum(0).
+        blocked = [acc for acc, rt, fields in sec.accs if rt == "sum" and fields[0][1] in ("float", "double")]
         if is_static(ext[0]) and int(ext[0]) <= SUM_BLOCK:
             blocked = []
         out += [f"{fields[0][1]} {acc}_blk[{LANES}];" for acc, rt, fields in sec.accs if acc in blocked]
@@ -703,14 +700,12 @@ class CppKernel(OpsHandler):
             for acc in blocked:
                 l = l.replace(f"{acc}@", f"{acc}_blk[l]")
             lane_body.append(l.replace("@", "_lane[l]"))
-        # The scalar tail (the last ext0 % LANES elements of each row, from
-        # tail0 = ext0 - ext0 % LANES, where the lane loop leaves rb) is a partial lane
-        # chunk: element tail0 + l goes to lane l (constant bounds, so it unrolls).
-        # There is no separate in-order tail accumulator: g++ 12.2 -O3 miscompiles the
-        # loop vectorization of an in-order float sum over reversed accesses
-        # (x.flip(-1).sum() on (17, 2), where the lane loop never runs and the whole row
-        # is tail; docs/cpp_backend.md), and with independent lanes a row shorter than
-        # LANES vectorizes without reassociation.
+        # The scalar tail (the last ext0 % LANES elements of each row, from tail0 = ext0 - ext0 % LANES, where
+        # the lane loop leaves rb) is a partial lane chunk: element tail0 + l goes to lane l (constant bounds,
+        # so it unrolls). There is no separate in-order tail accumulator: g++ 12.2 -O3 miscompiles the loop
+        # vectorization of an in-order float sum over reversed accesses (x.flip(-1).sum() on (17, 2), where
+        # the lane loop never runs and the whole row is tail; docs/cpp_backend.md), and with independent lanes
+        # a row shorter than LANES vectorizes without reassociation.
         if is_static(ext[0]):
             n_tail = int(ext[0]) % LANES
             tail0 = int(ext[0]) - n_tail

@@ -47,8 +47,7 @@ def prelude() -> str:
 def _executor() -> ThreadPoolExecutor:
     global _pool
     if _pool is None:
-        _pool = ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1),
-                                   thread_name_prefix="coil-cxx")
+        _pool = ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1), thread_name_prefix="coil-cxx")
     return _pool
 
 
@@ -102,8 +101,7 @@ class CppLauncher:
                    f"    if fn({ptrs}{', ' if ptrs else ''}err_ptr):\n"
                    f"        fail(err)\n")
         else:
-            src = (f"def call({', '.join(names)}):\n"
-                   f"    fn({ptrs}{', ' if ptrs else ''}None)\n")
+            src = f"def call({', '.join(names)}):\n    fn({ptrs}{', ' if ptrs else ''}None)\n"
         exec(compile(src, f"<coil launcher {self.func_name}>", "exec"), ns)
         return ns["call"]
 

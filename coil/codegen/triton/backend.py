@@ -76,10 +76,9 @@ def launch_args(plan, gpu: bool, outer: bool) -> dict:
 
 
 def mask_exactness(plan, gpu: bool, outer: bool = False) -> tuple[bool, bool]:
-    """``(x exact, r exact)`` for ``plan``: whether ``xmask`` / ``rmask`` are all true
-    for every launch config the runtime may choose (every XBLOCK divides numel, every
-    RBLOCK divides rnumel); such masks are left out of loads, stores and reduction
-    guards. ``(False, False)`` with ``config.triton_exact_masks`` off."""
+    """``(x exact, r exact)`` for ``plan``: whether ``xmask`` / ``rmask`` are all true for every launch config
+    the runtime may choose (every XBLOCK divides numel, every RBLOCK divides rnumel); such masks are left out
+    of loads, stores and reduction guards. ``(False, False)`` with ``config.triton_exact_masks`` off."""
     from coil.runtime.triton_runtime import blocks_divide, launch_configs
     if not config.triton_exact_masks or plan.symbolic:
         return False, False  # (symbolic: any size may come, every mask stays)
@@ -115,11 +114,10 @@ def _module_source(plan, name: str, k: TritonKernel, exact) -> tuple[str, list[s
     consts = ["XBLOCK: tl.constexpr"] + (["RBLOCK: tl.constexpr"] if red else [])
     sizes = size_params(plan)
     if sizes:
-        # symbolic sizes: kernel arguments. Triton specializes xnumel and rnumel on
-        # divisibility by 16 (vectorized masked loads/stores): a binary per class of
-        # them a launch config meets, never one per size (runtime/triton_dynamic.py);
-        # not the symbols, whose products with constants carry the alignment that
-        # matters (a new class of a sequence length compiled every kernel again)
+        # symbolic sizes: kernel arguments. Triton specializes xnumel and rnumel on divisibility by 16
+        # (vectorized masked loads/stores): a binary per class of them a launch config meets, never one per
+        # size (runtime/triton_dynamic.py); not the symbols, whose products with constants carry the alignment
+        # that matters (a new class of a sequence length compiled every kernel again)
         syms = [n for n in sizes if n not in ("xnumel", "rnumel")]
         out = [f"@triton.jit(do_not_specialize={syms!r})" if syms else "@triton.jit",
                f"def {name}({', '.join(params + sizes + consts)}):"]

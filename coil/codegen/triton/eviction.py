@@ -30,9 +30,8 @@ def _close_paren(line: str, start: int) -> int:
 
 
 def add_eviction_hints(loops: list[list[str]]) -> list[list[str]]:
-    """``loops``: the body lines of each r loop of one kernel, in order. Returns them with
-    hints added to ``tl.load(in_ptrN ...)`` calls (no change when fewer than two loops
-    load the same pointer)."""
+    """``loops``: the body lines of each r loop of one kernel, in order. Returns them with hints added to
+    ``tl.load(in_ptrN ...)`` calls (no change when fewer than two loops load the same pointer)."""
     loaded = [set(_LOAD.findall("\n".join(lines))) for lines in loops]
     out = []
     for i, lines in enumerate(loops):

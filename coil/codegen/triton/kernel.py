@@ -58,9 +58,8 @@ class TVal:
 
 
 def _nan(dtype) -> str:
-    """The extra argument making ``tl.maximum`` / ``tl.minimum`` return NaN when either
-    side is NaN, as torch's max/amax/clamp do (Triton's default returns the other
-    operand on a GPU)."""
+    """The extra argument making ``tl.maximum`` / ``tl.minimum`` return NaN when either side is NaN, as
+    torch's max/amax/clamp do (Triton's default returns the other operand on a GPU)."""
     return ", propagate_nan=tl.PropagateNan.ALL" if dtype.is_floating_point else ""
 
 
@@ -299,8 +298,7 @@ class TritonKernel(OpsHandler):
         self._emit_store(name, e, value, lines)
 
     # ----------------------------------------------------------------- reductions
-    _DEFAULT = {"sum": 0, "prod": 1, "any": 0, "max": "-inf", "min": "inf",
-                "argmax": "-inf", "argmin": "inf"}
+    _DEFAULT = {"sum": 0, "prod": 1, "any": 0, "max": "-inf", "min": "inf", "argmax": "-inf", "argmin": "inf"}
 
     def reduction(self, dtype, src_dtype, reduction_type, value):
         value = self._tensor(value)
@@ -385,22 +383,19 @@ class TritonKernel(OpsHandler):
         return f"(({vals} == {best}) | (({best} != {best}) & ({vals} != {vals})))"
 
     def _online_sum_exp(self, value, v: str, acc_dt, tdt: str, full: str) -> Optional[TVal]:
-        """``sum(exp(x - m))`` in the loop after the one computing ``m = max(x)`` (softmax,
-        log_softmax, cross-entropy, logsumexp over long rows): compute it in the max's
-        loop instead, with a running max per lane (the "online softmax" of Milakov &
-        Gimelshein, 2018): ``s = s * exp(m_old - m_new) + exp(x - m_new)``, written with
-        one exp per element (``e = exp(-|x - m_old|)``; ``s*e + 1`` if ``x > m_old``
-        else ``s + e``), and after the loop ``sum(s * exp(m - max(m)))``. Saves one pass
-        over ``x``. Lanes whose max is still -inf contribute 0; a row of only -inf sums to
-        NaN, as in two passes.
-        Returns None unless the pattern matches exactly (same load in both loops)."""
+        """``sum(exp(x - m))`` in the loop after the one computing ``m = max(x)`` (softmax, log_softmax,
+        cross-entropy, logsumexp over long rows): compute it in the max's loop instead, with a running max per
+        lane (the "online softmax" of Milakov & Gimelshein, 2018): ``s = s * exp(m_old - m_new) + exp(x -
+        m_new)``, written with one exp per element (``e = exp(-|x - m_old|)``; ``s*e + 1`` if ``x > m_old``
+        else ``s + e``), and after the loop ``sum(s * exp(m - max(m)))``. Saves one pass over ``x``. Lanes
+        whose max is still -inf contribute 0; a row of only -inf sums to NaN, as in two passes. Returns None
+        unless the pattern matches exactly (same load in both loops)."""
         sid = self.cur.loop_id
         if not self.cur.in_loop or sid == 0 or v != value.name \
                 or value.dims != frozenset({"x", "r"}) or acc_dt != torch.float32:
             return None
         loop = self.sections[sid]["loop"]
-        defs = {l.split(" = ", 1)[0]: (i, l.split(" = ", 1)[1]) for i, l in enumerate(loop)
-                if " = " in l}
+        defs = {l.split(" = ", 1)[0]: (i, l.split(" = ", 1)[1]) for i, l in enumerate(loop) if " = " in l}
         m = re.fullmatch(r"tl\.exp\((tmp\d+)\)", defs.get(value.name, (0, ""))[1])
         sub = m and re.fullmatch(r"\((tmp\d+) - (acc\d+_res)\)", defs.get(m.group(1), (0, ""))[1])
         if not sub or sub.group(2) not in self.max_accs:
@@ -569,11 +564,10 @@ class TritonKernel(OpsHandler):
         return self.cse(expr, dtype, dims)
 
     def _small_int_pow(self, a, b) -> Optional[TVal]:
-        """``a ** k`` for a constant integer-valued ``k`` with ``1 <= |k| <= 4`` as
-        multiplies (and one division for ``k < 0``) instead of ``libdevice.pow``, which
-        costs tens of instructions per element (rms_norm's ``x.pow(2)`` ran at 62% of
-        copy bandwidth on an H200). Integer powers ``k >= 1`` of integer tensors too.
-        Returns None when the rewrite does not apply."""
+        """``a ** k`` for a constant integer-valued ``k`` with ``1 <= |k| <= 4`` as multiplies (and one
+        division for ``k < 0``) instead of ``libdevice.pow``, which costs tens of instructions per element
+        (rms_norm's ``x.pow(2)`` ran at 62% of copy bandwidth on an H200). Integer powers ``k >= 1`` of
+        integer tensors too. Returns None when the rewrite does not apply."""
         if not (isinstance(a, TVal) and isinstance(b, TVal)) or a.const is not None \
                 or b.const is None or isinstance(b.const, bool):
             return None
@@ -623,9 +617,8 @@ class TritonKernel(OpsHandler):
                 if op in ("maximum", "minimum") and dt.is_floating_point:
                     return self._op(f"tl.{op}({self._tensor(a)}, {self._tensor(b)}{_nan(dt)})", dt, a, b)
                 if op in _FUNC_BIN or (op == "truediv" and b.const is not None and b.const == 0):
-                    # (a constant 0 divisor as a tensor: 0.0 / 0.0 in the source is a
-                    # Python ZeroDivisionError, a tensor division gives IEEE nan/inf;
-                    # mean over an empty dim)
+                    # (a constant 0 divisor as a tensor: 0.0 / 0.0 in the source is a Python
+                    # ZeroDivisionError, a tensor division gives IEEE nan/inf; mean over an empty dim)
                     a, b = self._tensor(a), self._tensor(b)
                 kind = "float" if dt.is_floating_point else "int"
                 return self._op(fmt.format(a=a, b=b, kind=kind), dt, a, b)

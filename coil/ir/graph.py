@@ -23,7 +23,8 @@ from typing import Any, Optional
 import sympy
 import torch
 import torch.fx
-from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols, statically_known_true
+from torch.fx.experimental.symbolic_shapes import (GuardOnDataDependentSymNode, free_unbacked_symbols,
+                                                   statically_known_true)
 
 from coil import trace
 from coil.config import config
@@ -550,10 +551,11 @@ class GraphLowering(torch.fx.Interpreter):
         choose their output layout from their inputs' strides."""
         stride = None
         if isinstance(meta, torch.Tensor) and _same_size(meta, x.get_size()):
-            if _dense_non_overlapping(meta):
-                stride = [as_expr(s) for s in meta.stride()]
-            else:  # e.g. q/k/v: permuted slices of one projection
-                stride = [as_expr(s) for s in _dense_strides_like(meta)]
+            try:  # (not dense: e.g. q/k/v, permuted slices of one projection)
+                stride = [as_expr(s) for s in (meta.stride() if _dense_non_overlapping(meta)
+                                               else _dense_strides_like(meta))]
+            except GuardOnDataDependentSymNode:  # strides of unknown order (unbacked): contiguous
+                stride = None
         d = x.data
         if isinstance(d, ReinterpretView):
             if stride is None:

@@ -399,3 +399,17 @@ def test_sizes_only_a_data_dependent_view_or_a_merged_op_says(backend):
         for v in (3, 5, 0, 8):
             x, y = torch.tensor(v) if fn is fns[0] else torch.randn(v + 1), torch.randn(8)
             torch.testing.assert_close(f(x, y), fn(x, y))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_matmul_over_an_unbacked_inner_dim(backend):
+    """``x @ w`` with the inner dim marked unbacked on both: handing the operands to the
+    extern ``mm`` sorted their strides, which cannot be ordered (``Eq(u1, 1)``), and the
+    graph ran in the FX interpreter (fresh-user trial). Strict codegen: no fallback now."""
+    coil.reset()
+    f = coil.compile(lambda x, w: x @ w, options={"cpu_backend": backend, "strict_codegen": True})
+    for n in (3, 5, 1):
+        x, w = torch.randn(2, n), torch.randn(n, 2)
+        coil.mark_unbacked(x, 1)
+        coil.mark_unbacked(w, 0)
+        torch.testing.assert_close(f(x, w), x @ w)

@@ -737,3 +737,22 @@ def test_gelu_tail_and_prods_past_the_range_are_compared_within_their_freedom(mo
     assert fuzz.check(_prod, lambda: [torch.tensor([2.0, 3.0], dtype=torch.float64)], "cpp").outcome == "mismatch"
     zero = lambda: [torch.tensor([0.0, 1.9e-308, -1.376e308, 1.53e308], dtype=torch.float64)]  # noqa: E731
     assert fuzz.check(_prod, zero, "cpp").outcome != "ok"  # a zero factor: 0 (or NaN) in every order
+
+
+def _tan_of_sinh(a):  # s204 #14768
+    return (torch.tan(torch.sinh(a)),)
+
+
+def test_an_ulp_of_a_transcendental_spreads_through_an_ill_conditioned_op(monkeypatch):
+    """Eager's float32 ``sinh(7)`` is an ulp off the nearest float (548.31616 against the
+    interpreter's correctly rounded 548.31610), and ``tan`` there multiplies an ulp by 85:
+    the correctly rounded path's ``tan`` is accepted; a value off by more is not, nor is
+    one off at a well-conditioned point."""
+    seven = lambda: [torch.tensor([7.0])]  # noqa: E731
+    nearest = torch.tan(torch.tensor([548.3161010742188]))
+    monkeypatch.setattr(fuzz, "compile_for", lambda fn, b: lambda a: (nearest.clone(),))
+    assert fuzz.check(_tan_of_sinh, seven, "cpp").outcome == "ok"
+    monkeypatch.setattr(fuzz, "compile_for", lambda fn, b: lambda a: (nearest * 1.01,))
+    assert fuzz.check(_tan_of_sinh, seven, "cpp").outcome == "mismatch"
+    monkeypatch.setattr(fuzz, "compile_for", lambda fn, b: lambda a: (torch.tan(torch.sinh(a)) * 1.001,))
+    assert fuzz.check(_tan_of_sinh, lambda: [torch.tensor([0.5])], "cpp").outcome == "mismatch"

@@ -756,3 +756,18 @@ def test_an_ulp_of_a_transcendental_spreads_through_an_ill_conditioned_op(monkey
     assert fuzz.check(_tan_of_sinh, seven, "cpp").outcome == "mismatch"
     monkeypatch.setattr(fuzz, "compile_for", lambda fn, b: lambda a: (torch.tan(torch.sinh(a)) * 1.001,))
     assert fuzz.check(_tan_of_sinh, lambda: [torch.tensor([0.5])], "cpp").outcome == "mismatch"
+
+
+def _mean_eq(c):  # s205 #3181
+    return (torch.eq(torch.mean(c, dim=0), c),)
+
+
+def test_a_mean_may_be_its_exact_value(monkeypatch):
+    """Eager's mean of six equal float32 values 1.1105258 is an ulp off (its sum rounds);
+    another order's is the value itself, so ``mean == c`` may be True there. Where the
+    mean is not any order's value, a True is still a mismatch."""
+    c = lambda: [torch.tensor([[-0.20593151], [1.1105258], [-0.0], [math.inf]]).expand(6, 4, 1)]  # noqa: E731
+    monkeypatch.setattr(fuzz, "compile_for", lambda fn, b: lambda a: (torch.eq(a[0], a),))
+    assert fuzz.check(_mean_eq, c, "cpp").outcome == "ok"
+    d = lambda: [torch.tensor([[1.0], [2.0]]).expand(2, 2, 1) + torch.tensor([[[0.0]], [[1.0]]])]  # noqa: E731
+    assert fuzz.check(_mean_eq, d, "cpp").outcome == "mismatch"

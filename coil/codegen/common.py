@@ -46,7 +46,7 @@ class KernelPlan:
     """One kernel's plan (see module docstring)."""
 
     def __init__(self, group, graph, live_after: set, persistent_limit: int = PERSISTENT_RNUMEL,
-                 tiled: bool = False):
+                 tiled: bool = False, persistent: bool = False):
         # ints; sympy expressions in the ShapeEnv's symbols when sizes are dynamic
         self.numel, self.rnumel = as_size(group.numel), as_size(group.rnumel)
         #: a 2-D tiled pointwise kernel over (numel, rnumel) (codegen/tiling.py): one
@@ -54,8 +54,8 @@ class KernelPlan:
         self.tiled = tiled
         self.graph = graph
         self.group, self.live_after = group, live_after
-        # a symbolic row length loops (a persistent block's RBLOCK would follow it)
-        self.persistent = tiled or (is_static(self.rnumel) and self.rnumel <= persistent_limit)
+        # a symbolic row length loops (``persistent``: a twin whose RBLOCK the launcher sets per size bucket)
+        self.persistent = persistent or tiled or (is_static(self.rnumel) and self.rnumel <= persistent_limit)
         self.nodes: list[PlannedNode] = []
         own = {n.get_name() for n in group.nodes}
         reduction_section: dict[str, int] = {}

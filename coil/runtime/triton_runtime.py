@@ -541,7 +541,7 @@ class TritonLauncher:
         ``CudaLauncher.__call__``: about 2-4 µs of Python per launch on an H200 host."""
         from triton.runtime.driver import driver
         cfg = cfg or self.chosen
-        consts = [cfg["XBLOCK"]] + ([cfg["RBLOCK"]] if "RBLOCK" in cfg else [])
+        consts = [cfg[k] for k in ("XBLOCK", "RBLOCK", "PERSISTENT") if k in cfg]
         grid = grid or self._grid(cfg)
         on_gpu = all(getattr(a, "is_cuda", False) for a in args if not isinstance(a, int))
         return _specialized_launch(kernel.run, args, (grid[0], grid[1] if len(grid) > 1 else 1),

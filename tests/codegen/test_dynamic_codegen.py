@@ -103,6 +103,22 @@ def test_persistent_reduction_dynamic_rows(backend, monkeypatch):
         assert any("triton_per" in k.name for k in c.graphs[0].kernels), c.sources
 
 
+def test_symbolic_row_length_runs_a_persistent_twin_for_short_rows(monkeypatch):
+    """A reduction over a symbolic row length is one kernel with a looped body and a persistent
+    twin under the constexpr ``PERSISTENT``, which size buckets of rows up to
+    ``triton_persistent_rnumel`` run (both give eager's values); rows address by ``rnumel``,
+    which Triton specializes on divisibility by 16 (a bare stride symbol is not: unvectorized
+    loads, 1.22x the static softmax on an H200)."""
+    fn = lambda x, y: (torch.softmax(x, -1) + y, F.layer_norm(x, (x.shape[-1],)) * y, x.sum(-1))  # noqa: E731
+    with coil_config.patch(triton_persistent_rnumel=64):
+        c = _check(fn, lambda n: (torch.randn(9, n), torch.randn(n)), [5, 17, 64, 65, 300], "triton",
+                   monkeypatch, atol=1e-4)
+    (k,) = [k for k in c.graphs[0].kernels if "PERSISTENT" in k.source]
+    assert "if PERSISTENT:" in k.source and "rnumel * xindex" in k.source, k.source
+    chosen = [cfg["PERSISTENT"] for _, cfg in k.launcher._tuned]
+    assert True in chosen and False in chosen, k.launcher._tuned
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_softmax_layer_norm(backend, monkeypatch):
     fn = lambda x, w, b: F.layer_norm(torch.softmax(x, -1), (x.shape[-1],), w, b)

@@ -117,6 +117,10 @@ class TritonKernel(OpsHandler):
         extents = [plan.numel * plan.rnumel] + [plan.buffer(n).layout.storage_numel()
                                                 for n in plan.input_names + plan.output_names]
         self.index_dtype = "tl.int64" if needs_int64(extents) else "tl.int32"
+        #: a size symbol that is the whole xnumel or rnumel is addressed by that name, which Triton
+        #: specializes on divisibility by 16: ``x + rnumel * row`` loads vectorize, ``x + s20 * row`` do not
+        self.numel_names = {e: sympy.Symbol(n, integer=True) for e, n in (
+            (plan.numel, "xnumel"), (plan.rnumel, "rnumel")) if isinstance(e, sympy.Symbol)}
         self.args: dict[str, str] = {n: f"in_ptr{i}" for i, n in enumerate(plan.input_names)}
         self.args.update({n: f"out_ptr{i}" for i, n in enumerate(plan.output_names)})
         self.counter = itertools.count()
@@ -223,7 +227,7 @@ class TritonKernel(OpsHandler):
         if self.red:
             self._note_strides(e)
         mask, mdims = self._mask(dims)
-        ptr = f"{self.args[name]} + ({pyexpr(e)})" if e != 0 else self.args[name]
+        ptr = f"{self.args[name]} + ({pyexpr(e.xreplace(self.numel_names))})" if e != 0 else self.args[name]
         if mdims - dims or mask and not dims:
             # a scalar address under a mask that may be a block (``tl.full([1], ...)``)
             ptr = f"tl.broadcast_to({ptr}, {self._shape(dims | mdims)})"
@@ -279,7 +283,7 @@ class TritonKernel(OpsHandler):
             # a value rounded to the buffer's dtype: store the rounding itself
             # (``x.to(bf16)``), not ``x.to(bf16).to(fp32).to(bf16)``
             v = f"{self.rounded[value.name][0]}.to({TL_DTYPE[buf_dtype]})"
-        ptr = f"{self.args[name]} + ({pyexpr(e)})"
+        ptr = f"{self.args[name]} + ({pyexpr(e.xreplace(self.numel_names))})"
         if (full | mdims) - dims or not dims:
             # a constant index gives a scalar pointer, but the value may be a [1] block
             # (``tl.full([1], ...)``): store through a block pointer of the value's shape

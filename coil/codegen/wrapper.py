@@ -17,6 +17,7 @@ is recorded as a CUDA graph: runtime/cudagraph_trees.py) is reused within the ca
 """
 from __future__ import annotations
 
+import math
 from typing import Optional, Any
 
 import sympy
@@ -26,7 +27,7 @@ from coil.ir.nodes import (Buffer, ComputedBuffer, ExternKernel, Layout,
                            MultiOutput, ReinterpretView, ScatterBuffer)
 from coil.capture.substitutes import OPAQUE_IMPLS
 from coil.ir.graph import misaligned_leading_dim
-from coil.ir.symbols import as_expr, as_size, is_size_symbol, pyexpr
+from coil.ir.symbols import PRECOMPUTED, as_expr, as_size, is_size_symbol, pyexpr
 from coil.schedule.scheduler import FusedGroup
 
 
@@ -160,11 +161,15 @@ def symbol_bindings(graph, needed: set) -> list[str]:
         for d, e in enumerate(b.layout.stride):
             if e.is_Symbol:
                 sources.setdefault(e, f"{name}.stride({d})")
+    late = sorted((s for s in needed if s in PRECOMPUTED), key=lambda s: s.name)  # after what they read
+    needed = (set(needed) - set(late)).union(*(PRECOMPUTED[s].free_symbols for s in late))
     missing = sorted(str(s) for s in needed if s not in sources)
     if missing:
         raise NotImplementedError(f"coil wrapper: size symbols {missing} are not a size, stride "
                                   "or SymInt input of this graph")
-    return [f"    {s.name} = {sources[s]}" for s in sorted(needed, key=lambda s: s.name)]
+    from torch.utils._sympy.printers import PythonPrinter
+    return [f"    {s.name} = {sources[s]}" for s in sorted(needed, key=lambda s: s.name)] + [
+        f"    {s.name} = {PythonPrinter().doprint(PRECOMPUTED[s])}" for s in late]
 
 
 class WrapperCodegen:
@@ -186,7 +191,7 @@ class WrapperCodegen:
 
     def __init__(self, graph, steps: list, kernels: dict, boxed: bool = False):
         self.graph, self.steps, self.kernels, self.boxed = graph, steps, kernels, boxed
-        self.globals: dict[str, Any] = {"torch": torch, "empty_strided": torch.empty_strided,
+        self.globals: dict[str, Any] = {"torch": torch, "math": math, "empty_strided": torch.empty_strided,
                                         "reinterpret": reinterpret,
                                         "ensure_layout": ensure_layout, "check_size": check_size,
                                         "empty_row_padded": empty_row_padded,

@@ -54,8 +54,10 @@ def from_torch_sympy(e: sympy.Expr) -> sympy.Expr:
     if e.is_Atom or not any(type(a).__module__ == "torch.utils._sympy.functions"
                             for a in sympy.preorder_traversal(e)):
         return e
-    args = [from_torch_sympy(a) for a in e.args]
     name = type(e).__name__
+    if name.endswith("ToInt") and type(e).__module__ == "torch.utils._sympy.functions":
+        return precomputed(e)  # (TruncToInt, FloorToInt, CeilToInt, RoundToInt of float steps)
+    args = [from_torch_sympy(a) for a in e.args]
     if type(e).__module__ == "torch.utils._sympy.functions":
         if name in ("FloorDiv", "CleanDiv"):
             return FloorDiv(*args)
@@ -71,6 +73,23 @@ def from_torch_sympy(e: sympy.Expr) -> sympy.Expr:
             return (sympy.Max if name == "Max" else sympy.Min)(*args)
         return e
     return e.func(*args)
+
+
+#: Precomputed sizes: symbol ``ps<k>`` -> a ShapeEnv size with float steps that kernels cannot print
+#: (``TruncToInt(1.5*ToFloat(s0))``: ``interpolate(x, scale_factor=1.5)``'s output). The wrapper computes each
+#: once per call in Python, in double as eager (:func:`coil.codegen.wrapper.symbol_bindings`); kernels take it
+#: as a size argument; :func:`hint` and :func:`guard_true` hand the ShapeEnv the expression back.
+PRECOMPUTED: dict = {}
+_BY_EXPR: dict = {}
+
+
+def precomputed(e: sympy.Expr) -> sympy.Symbol:
+    """The precomputed-size symbol standing for ShapeEnv expression ``e`` (one per expression)."""
+    s = _BY_EXPR.get(e)
+    if s is None:
+        s = _BY_EXPR[e] = sympy.Symbol(f"ps{len(_BY_EXPR)}", integer=True, nonnegative=True)
+        PRECOMPUTED[s] = e
+    return s
 
 
 class _ShapeEnvScope(threading.local):
@@ -111,7 +130,7 @@ def is_size_symbol(s) -> bool:
 
     # an int argument made symbolic (``s5`` for ``n`` in ``x * n``) is a backed SIZE-typed
     # symbol without the positive assumption; kernels read it as an argument too
-    return bool(s.is_positive) or symbol_is_type(s, (SymT.UNBACKED_INT, SymT.SIZE)) \
+    return bool(s.is_positive) or s in PRECOMPUTED or symbol_is_type(s, (SymT.UNBACKED_INT, SymT.SIZE)) \
         and s.name[1:].isdigit()
 
 
@@ -135,7 +154,7 @@ def hint(e) -> int:
     env = _SCOPE.env
     if env is None:
         raise TypeError(f"size {e} is symbolic and no ShapeEnv is active")
-    e = sympy.sympify(e)
+    e = sympy.sympify(e).xreplace(PRECOMPUTED)
     if hasattr(env, "optimization_hint"):  # torch >= 2.12 (a non-guarding hint)
         return int(env.optimization_hint(e))
     h = env.size_hint(e, allow_none=True)  # torch 2.11: None when unbacked symbols remain
@@ -160,7 +179,7 @@ def guard_true(cond) -> bool:
     env = _SCOPE.env
     if env is None:
         raise TypeError(f"size relation {cond} is symbolic and no ShapeEnv is active")
-    return bool(env.evaluate_expr(_to_torch_sympy(cond)))
+    return bool(env.evaluate_expr(_to_torch_sympy(cond).xreplace(PRECOMPUTED)))
 
 
 def _to_torch_sympy(e):

@@ -413,3 +413,27 @@ def test_matmul_over_an_unbacked_inner_dim(backend):
         coil.mark_unbacked(x, 1)
         coil.mark_unbacked(w, 0)
         torch.testing.assert_close(f(x, w), x @ w)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("mode", ["nearest", "bilinear"])
+def test_interpolate_by_a_fractional_scale_factor(backend, mode, monkeypatch):
+    """``interpolate(x, scale_factor=1.5)``'s output size is ``TruncToInt(1.5*ToFloat(s0))``:
+    kernels could not print it and the graph ran in the FX interpreter (a warning). It is
+    now a precomputed size (``ps0``) the wrapper computes in Python: one compiled graph
+    for every size, eager's values and shapes, through strict codegen."""
+    import torch.nn.functional as F
+    import coil.codegen
+    from coil.ir.symbols import PRECOMPUTED
+
+    graphs, orig = [], coil.codegen.compile_aten_graph
+    monkeypatch.setattr(coil.codegen, "compile_aten_graph", lambda *a: graphs.append(orig(*a)) or graphs[-1])
+    fn = lambda x: F.interpolate(x, scale_factor=(1.5, 0.7), mode=mode) * 2  # noqa: E731
+    f = _compiled(fn, backend, options={"strict_codegen": True})
+    for n in (5, 7, 11, 16):
+        x = torch.randn(2, 3, n, n + 1)
+        got, exp = f(x), fn(x)
+        assert got.shape == exp.shape
+        torch.testing.assert_close(got, exp)
+    assert len(graphs) == 1 and isinstance(graphs[0], coil.codegen.CompiledGraph), graphs
+    assert any(type(e).__name__ == "TruncToInt" for e in PRECOMPUTED.values())

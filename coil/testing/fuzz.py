@@ -370,10 +370,10 @@ def _run_in(mode: TorchDispatchMode, fn: Callable, make_inputs: Callable) -> Opt
 #: sum (their partial sums overflow in one order and not in another), others :class:`_Bounds` bounds
 _CASTS = re.compile(r"torch\.(float32|float16|bfloat16)\b")
 _F64_STATS = re.compile(r"\b(layer_norm|var|std|var_mean|std_mean|prod)\b")
-_ULP_NAMES = ("exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sin", "cos", "tan", "sinh", "cosh",
+_ULP_NAMES = ("sqrt", "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sin", "cos", "tan", "sinh", "cosh",
               "tanh", "asin", "acos", "atan", "asinh", "acosh", "atanh", "atan2", "erf", "erfc", "erfinv", "pow",
               "sigmoid", "rsqrt", "lgamma", "digamma", "logit", "silu", "softplus", "mish")
-_ULP_OPS = {getattr(torch.ops.aten, n) for n in _ULP_NAMES}  # within 2 ulp, not rounded once
+_ULP_OPS = {getattr(torch.ops.aten, n) for n in _ULP_NAMES}  # within 2 ulp (eager's float32 sqrt too)
 _BOUNDED = re.compile(r"\b(fmod|remainder|copysign|signbit|var|std|maximum|minimum|fmax|fmin|gelu|prod|"
                       + "|".join(_ULP_NAMES) + r")\b| % | \*\* ")
 _SUMS = re.compile(r"\b(sum|nansum|mean|cumsum|logsumexp|matmul|softmax|log_softmax|layer_norm|"
@@ -460,10 +460,20 @@ class _Bounds(TorchDispatchMode):
         elif op is torch.ops.aten.native_layer_norm and out[0].is_floating_point() and out[0].numel():
             # eager's float32 mean and rstd round: a normalized 0 is a tiny value of either sign (s202 #5348)
             x, w = args[0].double(), args[2] if len(args) > 2 and isinstance(args[2], torch.Tensor) else None
-            u = x.abs().amax(tuple(range(x.dim() - len(args[1]), x.dim())), keepdim=True) * out[2].double() \
+            dims, r = tuple(range(x.dim() - len(args[1]), x.dim())), out[2].double()
+            u = x.abs().amax(dims, keepdim=True) * r \
                 * torch.finfo(torch.promote_types(args[0].dtype, torch.float32)).eps * 4 * math.prod(args[1])
-            self.bounds[id(out[0])] = out[0], torch.broadcast_to(  # (none where a statistic overflowed)
+            u = torch.broadcast_to(  # (none where a statistic overflowed)
                 u * (w.double().abs() if w is not None else 1.0), out[0].shape).nan_to_num(0.0, 0.0, 0.0)
+            du, dw = (self.bounds[id(t)][1].double() if id(t) in self.bounds else torch.zeros(())
+                      for t in (args[0], w))
+            if du.any() or dw.any():  # its arguments' bounds, to first order: a row of close values
+                # normalized amplifies them by rstd (s206 #8553: a bf16 index_put_ accumulated in another order)
+                xh, m = ((x - out[1].double()) * r).abs(), lambda t: t.mean(dims, keepdim=True)  # noqa: E731
+                dx = r * (du + m(du)) + xh * r * m(xh * du)
+                u = u + (dx * (w.double().abs() + dw if w is not None else 1.0) + xh * dw).nan_to_num(
+                    ANYTHING, ANYTHING, ANYTHING).clamp(max=ANYTHING)
+            self.bounds[id(out[0])] = out[0], u
         elif isinstance(out, torch.Tensor) and not out.is_complex():
             u = self._spread(func, args, kwargs, out)
             if op in _ULP_OPS and out.is_floating_point():  # libm's last bit: eager's sinh(7.) is an

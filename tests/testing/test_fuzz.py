@@ -771,3 +771,33 @@ def test_a_mean_may_be_its_exact_value(monkeypatch):
     assert fuzz.check(_mean_eq, c, "cpp").outcome == "ok"
     d = lambda: [torch.tensor([[1.0], [2.0]]).expand(2, 2, 1) + torch.tensor([[[0.0]], [[1.0]]])]  # noqa: E731
     assert fuzz.check(_mean_eq, d, "cpp").outcome == "mismatch"
+
+
+def _sqrt_into_f64(a, c):  # s206 #3922
+    return (torch.where(c > 5, c, torch.sqrt(a)),)
+
+
+def _layer_norm_of_an_accumulated_row(a):  # s206 #8553
+    a.index_put_((torch.tensor([0, -1, -1, -1]),), torch.tensor(7, dtype=torch.bfloat16), accumulate=True)
+    return (torch.nn.functional.layer_norm(a, (1, 6), a),)
+
+
+def test_eager_sqrt_ulp_and_layer_norm_of_uncertain_rows(monkeypatch):
+    """Eager's float32 ``sqrt(1.1813231e38)`` is an ulp below the correctly rounded one,
+    which a float64 output shows. A bf16 ``index_put_`` accumulated in another order moves
+    a row of values near 29 by an ulp each, and ``layer_norm`` (rstd ~2) amplifies it;
+    both are accepted, values off by more are not."""
+    sq = lambda: [torch.tensor([1.1813231e38, 2.0]), torch.ones(2, dtype=torch.float64)]  # noqa: E731
+    monkeypatch.setattr(fuzz, "compile_for", lambda fn, b: lambda a, c: (torch.sqrt(a.double()),))
+    assert fuzz.check(_sqrt_into_f64, sq, "cpp").outcome == "ok"
+    monkeypatch.setattr(fuzz, "compile_for", lambda fn, b: lambda a, c: (torch.sqrt(a.double()) * (1 + 1e-5),))
+    assert fuzz.check(_sqrt_into_f64, sq, "cpp").outcome == "mismatch"
+    row = lambda: [torch.tensor([[1.0, 2.0, 1.0, 0.318, 1.0, 0.391]], dtype=torch.bfloat16)]  # noqa: E731
+
+    def other_order(a):  # the four adds summed first, rounded once
+        a.copy_((a.float() + 28).to(torch.bfloat16))
+        return (torch.nn.functional.layer_norm(a, (1, 6), a),)
+    monkeypatch.setattr(fuzz, "compile_for", lambda fn, b: other_order)
+    assert fuzz.check(_layer_norm_of_an_accumulated_row, row, "cpp").outcome == "ok"
+    monkeypatch.setattr(fuzz, "compile_for", lambda fn, b: lambda a: (other_order(a)[0] + 500,))
+    assert fuzz.check(_layer_norm_of_an_accumulated_row, row, "cpp").outcome == "mismatch"

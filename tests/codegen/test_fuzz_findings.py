@@ -727,3 +727,21 @@ def test_stack_of_one_value_twice_after_its_reduction(backend):
     GCC 12's loop if-conversion with AVX-512 merged them into one division under the
     first block's mask, and the second copy read 0.0 (cpp_build.py, -fno-tree-loop-if-convert)."""
     _ok(_stack_of_a_mean_twice, lambda: [torch.tensor([-3, 4])], backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_a_reduced_float_result_read_later_in_its_kernel_is_rounded(backend, dtype):
+    """An fp16 ``nansum`` read by a later loop of the same kernel (the max and sum of a
+    ``log_softmax`` of its ``remainder``) was the unrounded fp32 accumulator there while
+    the stored, rounded value fed the final kernel: 8 fp16 ulps off (s207 #10039)."""
+    import coil
+
+    def fn(b):
+        v0 = torch.nansum(b, dim=-2, keepdim=True)
+        return torch.log_softmax(torch.remainder(v0, b), 1)
+    b = torch.tensor([[[3.445, 1.0], [2.014, 1.0]]], dtype=dtype)
+    coil.reset()
+    got = coil.compile(fn, options={"cpu_backend": backend})(b)
+    torch.testing.assert_close(got, fn(b), atol=5e-4 if dtype == torch.float16 else 4e-3, rtol=0)
+    _ok(fn, lambda: [b.clone()], backend)

@@ -289,6 +289,10 @@ class CppKernel(OpsHandler):
         return
 
     def store_reduction(self, name, index, value):
+        dt = self.plan.buffer(name).get_dtype()
+        if dt in (torch.float16, torch.bfloat16) and isinstance(value, CppVar):
+            # eager rounds the result to its dtype: readers later in this kernel see that (s207 #10039)
+            value = self.to_dtype(value, dt)
         return self.store(name, index, value)
 
     # ------------------------------------------------------------------ values

@@ -295,10 +295,17 @@ class TritonKernel(OpsHandler):
 
     def store_reduction(self, name, index, value):
         e = simplify_index(sympy.sympify(index), {XINDEX: self.plan.numel, RINDEX: self.plan.rnumel})
+        lines = self.sections[self.cur.loop_id]["post"] if self.looped else self.body
+        dt = self.plan.buffer(name).get_dtype()
+        if dt in (torch.float16, torch.bfloat16) and isinstance(value, TVal) and value.const is None \
+                and value.dtype == torch.float32:
+            # eager rounds the result to its dtype: readers later in this kernel see that (s207 #10039)
+            r = TVal(f"tmp{next(self.counter)}", torch.float32, value.dims)
+            lines.append(f"{r.name} = {value.name}.to({TL_DTYPE[dt]}).to(tl.float32)")
+            self.rounded[r.name], value = (value.name, dt), r
         self.store_cache[(name, e)] = value
         if name not in self.args:
             return
-        lines = self.sections[self.cur.loop_id]["post"] if self.looped else self.body
         self._emit_store(name, e, value, lines)
 
     # ----------------------------------------------------------------- reductions

@@ -116,11 +116,16 @@ def broadcast_loader(x, size: Sequence) -> Callable:
     return load
 
 
-def loader_as(x, size, dtype) -> Callable:
-    """Loader of tensor-or-scalar ``x`` broadcast to ``size`` and cast to ``dtype``."""
+def loader_as(x, size, dtype, via: Optional[torch.dtype] = None) -> Callable:
+    """Loader of tensor-or-scalar ``x`` broadcast to ``size`` and cast to ``dtype``; a tensor through ``via``
+    first (eager's common dtype of a comparison or logical op: an fp32 0-dim operand beside fp16 is rounded
+    to fp16, a float64 6e-308 beside float32 is 0 and so False: s208 #593; Python scalars: round_scalars)."""
     if is_box(x):
         load = broadcast_loader(x, size)
         src = x.get_dtype()
+        if via is not None and via != src:
+            return lambda index: ops.to_dtype(ops.to_dtype(load(index), via, compute_dtype(src)), dtype,
+                                              compute_dtype(via))
         if compute_dtype(src) == dtype:
             return load
         return lambda index: ops.to_dtype(load(index), dtype, compute_dtype(src))
@@ -139,9 +144,10 @@ def loader_as(x, size, dtype) -> Callable:
     return lambda index: ops.constant(value, dtype)
 
 
-def make_pointwise_box(fn: Callable, args: Sequence, size, out_dt, in_dt) -> TensorBox:
-    """A Pointwise TensorBox computing ``fn(*loaded args)`` with args cast to ``in_dt``."""
-    loaders = [loader_as(a, size, in_dt) for a in args]
+def make_pointwise_box(fn: Callable, args: Sequence, size, out_dt, in_dt, via=None) -> TensorBox:
+    """A Pointwise TensorBox computing ``fn(*loaded args)`` with args cast to ``in_dt`` (through ``via``:
+    :func:`loader_as`)."""
+    loaders = [loader_as(a, size, in_dt, via) for a in args]
     dev = device()
 
     def inner(index):
@@ -157,18 +163,19 @@ def pointwise_lowering(op_name: str, kind: str = "arith") -> Callable:
     to the promoted compute dtype; bool out), "logical" (inputs cast to bool), "float"
     (inputs cast to the float output dtype: sin of an int tensor)."""
     def lower(*args, **kwargs):
-        size, odt = out_size(), out_dtype()
+        size, odt, via = out_size(), out_dtype(), None
         if kind == "compare":
             in_dt = compute_dtype(_promote(args))
+            via = _promote(args) if in_dt != _promote(args) else None  # (fp16/bf16: rounded first)
         elif kind == "logical":
-            in_dt = torch.bool
+            in_dt, via = torch.bool, _promote(args) if len(args) > 1 else None
         else:
             in_dt = compute_dtype(odt)
         f = getattr(ops, op_name)
         if kind in ("arith", "compare"):
             keep = (1,) if op_name in ("mul", "truediv") else ()
             args = round_scalars(args, odt if kind == "arith" else _promote(args), keep)
-        return make_pointwise_box(f, args, size, odt, in_dt)
+        return make_pointwise_box(f, args, size, odt, in_dt, via)
     lower.__name__ = f"lower_{op_name}"
     return lower
 

@@ -745,3 +745,22 @@ def test_a_reduced_float_result_read_later_in_its_kernel_is_rounded(backend, dty
     got = coil.compile(fn, options={"cpu_backend": backend})(b)
     torch.testing.assert_close(got, fn(b), atol=5e-4 if dtype == torch.float16 else 4e-3, rtol=0)
     _ok(fn, lambda: [b.clone()], backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("case", ["xor", "and", "eq16", "lt16"])
+def test_comparisons_and_logical_ops_cast_to_the_common_dtype_first(backend, case):
+    """Eager casts the operands of a comparison or logical op to their common dtype
+    first: a float64 0-dim 6e-308 beside float32 is 0, so ``logical_xor`` of it and 1.0
+    is True (s208 #593: coil tested the float64 value, False); a float32 0-dim 0.1 beside
+    fp16 is fp16's 0.0999755859375, so it equals that fp16 element."""
+    import coil
+
+    x16 = torch.tensor([1.0, 2.0, 0.0999755859375, 0.1], dtype=torch.float16)
+    tiny, x32 = torch.tensor(6.166478895540007e-308, dtype=torch.float64), torch.tensor([1.0, 0.0])
+    fn, args = {"xor": (lambda a, b: torch.logical_xor(b, a), (x32, tiny)),
+                "and": (lambda a, b: torch.logical_and(b, a), (x32, tiny)),
+                "eq16": (lambda a, b: torch.eq(a, b), (x16, torch.tensor(0.1))),
+                "lt16": (lambda a, b: a < b, (x16, torch.tensor(0.1)))}[case]
+    coil.reset()
+    assert torch.equal(coil.compile(fn, options={"cpu_backend": backend})(*args), fn(*args))

@@ -184,11 +184,16 @@ def round_scalars(args: Sequence, dtype: torch.dtype, keep=()) -> list:
     """``args`` with each Python float but those at ``keep`` rounded to fp16/bf16 ``dtype``
     on the CPU, as eager's CPU kernels convert a scalar operand (``half + 70000`` is inf,
     ``70000 // half`` NaN: s201 #5477) except mul's and the divisions' second, kept in
-    float. CUDA's kernels keep scalars in float, as coil does there."""
+    float. A 0-dim float tensor of another dtype is such a scalar too (``half + torch.tensor(0.1)``
+    adds fp16's 0.0999755859375). CUDA's kernels keep scalars in float, as coil does there."""
     if dtype not in (torch.float16, torch.bfloat16) or device().type != "cpu":
         return list(args)
-    return [float(torch.tensor(a, dtype=dtype)) if isinstance(a, float) and k not in keep else a
-            for k, a in enumerate(args)]
+
+    def scalar_box(a):
+        return is_box(a) and not a.get_size() and a.get_dtype().is_floating_point and a.get_dtype() != dtype
+    return [float(torch.tensor(a, dtype=dtype)) if isinstance(a, float) and k not in keep else
+            make_pointwise_box(lambda v: v, [a], [], dtype, compute_dtype(dtype)) if scalar_box(a) and k not in keep
+            else a for k, a in enumerate(args)]
 
 
 def _promote(args) -> torch.dtype:

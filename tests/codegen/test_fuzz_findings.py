@@ -764,3 +764,21 @@ def test_comparisons_and_logical_ops_cast_to_the_common_dtype_first(backend, cas
                 "lt16": (lambda a, b: a < b, (x16, torch.tensor(0.1)))}[case]
     coil.reset()
     assert torch.equal(coil.compile(fn, options={"cpu_backend": backend})(*args), fn(*args))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("op", ["fmod", "pow", "add", "rdiv", "atan2"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_a_zero_dim_float_tensor_beside_fp16_is_a_scalar_rounded_as_eager(backend, op, dtype):
+    """On the CPU eager reads a 0-dim tensor operand of fp16/bf16 ops as it reads a Python
+    scalar: converted to fp16/bf16 (``fmod(x, torch.tensor(0.1))`` divides by
+    0.0999755859375), except mul's and the divisions' second operand. coil kept the
+    float32 value: fmod up to 0.1 off, pow and ``tensor(0.1) / x`` ulps off."""
+    import coil
+
+    fn = {"fmod": lambda a, b: torch.fmod(a, b), "pow": lambda a, b: a ** b, "add": lambda a, b: a + b,
+          "rdiv": lambda a, b: b / a, "atan2": lambda a, b: torch.atan2(a, b)}[op]
+    x, s = torch.linspace(-10, 10, 2001).to(dtype), torch.tensor(0.1)
+    coil.reset()
+    torch.testing.assert_close(coil.compile(fn, options={"cpu_backend": backend})(x, s), fn(x, s),
+                               atol=0, rtol=0, equal_nan=True)

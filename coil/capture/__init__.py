@@ -53,8 +53,10 @@ def wrap_callable(fn_or_module, *, backend: Callable, fullgraph: bool = False, d
         options: coil.config options of the compile; capture reads
             ``capture_scalar_outputs`` and ``capture_dynamic_output_shape_ops``.
 
-    Callables capture cannot translate (builtins, classes) are returned wrapped so
-    that they simply run eagerly.
+    A builtin or an ATen op (``torch.fmod``, ``torch.ops.aten.add``) is captured through a
+    Python function that calls it, a callable object through its ``__call__``; other
+    callables (classes, C extensions) run eagerly, with a warning and a
+    ``compile_target_eager`` log entry.
     """
     cfg = CaptureConfig(backend, fullgraph, dynamic, options)
     if isinstance(fn_or_module, torch.nn.Module):
@@ -64,7 +66,24 @@ def wrap_callable(fn_or_module, *, backend: Callable, fullgraph: bool = False, d
         return types.MethodType(inner, fn_or_module.__self__)
     if isinstance(fn_or_module, types.FunctionType):
         return wrap_function(fn_or_module, cfg)
+    if isinstance(fn_or_module, (types.BuiltinFunctionType, torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+        op = fn_or_module
+
+        def call(*args, **kwargs):
+            return op(*args, **kwargs)
+        call.__name__ = call.__qualname__ = getattr(op, "__name__", "op")
+        return wrap_function(call, cfg)
+    call = getattr(type(fn_or_module), "__call__", None)
+    if isinstance(call, types.FunctionType) and not isinstance(fn_or_module, type):  # a callable object
+        return types.MethodType(wrap_function(call, cfg), fn_or_module)
     if callable(fn_or_module):
+        import warnings
+
+        from coil import trace
+        what = getattr(fn_or_module, "__qualname__", type(fn_or_module).__name__)
+        trace.log("compile_target_eager", stage="capture", target=what)
+        warnings.warn(f"coil.compile: {what} is not a Python function or nn.Module; it runs eagerly "
+                      "(compile a function that calls it instead)", stacklevel=5)
         return fn_or_module
     raise TypeError(f"coil.compile expects a function or nn.Module, got {type(fn_or_module).__name__}")
 

@@ -194,3 +194,29 @@ def test_user_error_after_graph_runs_side_effects():
     with pytest.raises(RuntimeError):
         coil.compile(f, backend="eager")(torch.randn(3, 4))
     assert log == ["before"]
+
+
+def test_compiling_a_builtin_an_aten_op_or_a_callable_object_captures_it():
+    """``coil.compile(torch.fmod)`` returned the builtin itself: it ran eagerly, silently.
+    Builtins and ATen ops are captured through a function that calls them, callable
+    objects through ``__call__``; what capture cannot take (a class) runs eagerly with a
+    warning naming the user's line."""
+    import warnings
+
+    import coil
+    from coil.testing import CompileCounter
+
+    class Scale:
+        def __call__(self, x):
+            return x * 2 + 1
+
+    x = torch.randn(3)
+    for target, args, ref in [(torch.fmod, (x, torch.tensor(0.3)), torch.fmod(x, torch.tensor(0.3))),
+                              (torch.ops.aten.add.Tensor, (x, x), x + x), (Scale(), (x,), x * 2 + 1)]:
+        coil.reset()
+        cnt = CompileCounter()
+        assert torch.equal(coil.compile(target, backend=cnt)(*args), ref)
+        assert cnt.frame_count == 1, target
+    with pytest.warns(UserWarning, match="runs eagerly") as rec:
+        assert coil.compile(dict)(a=1) == {"a": 1}
+    assert rec[0].filename == __file__

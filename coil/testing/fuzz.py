@@ -404,10 +404,11 @@ class _Bounds(TorchDispatchMode):
             at, rt = TOLERANCES.get(x.dtype, (0.0, 0.0)) if b is None and x.untyped_storage(
             ).data_ptr() not in self.inputs else (0.0, 0.0)  # computed summands: their tolerance
             x, eps = x.double(), torch.finfo(dt).eps if dt.is_floating_point else 0.0
-            bound = func(x.abs(), *args[1:], **kwargs) * (eps * self.n + rt) + (
+            bound = func(x.abs() * 2.0 ** -64, *args[1:], **kwargs) * (eps * self.n + rt) * 2.0 ** 64 + (
                 func(b[1], *args[1:], **kwargs) if b else func(torch.full_like(x, at), *args[1:], **kwargs))
             if dt.is_floating_point:  # may some order's partial sums overflow, and to which sign
-                exact = func(x, *args[1:], **kwargs), bound
+                exact = func(x, *args[1:], **kwargs)  # (float64 summands near the max: scaled, s210 #1419)
+                exact = torch.where(exact.isfinite(), exact, func(x * 2.0 ** -64, *args[1:], **kwargs) * 2.0 ** 64), bound
                 k = x.numel() // max(out.numel(), 1) if op is torch.ops.aten.mean else 1
                 pos = func(x.clamp(min=0), *args[1:], **kwargs) * k >= torch.finfo(dt).max
                 neg = func(x.clamp(max=0), *args[1:], **kwargs) * k <= -torch.finfo(dt).max
@@ -420,7 +421,10 @@ class _Bounds(TorchDispatchMode):
             a, d = torch.as_tensor(x).double(), args[1].double()
             bound, q = a.abs() * rt + at, a / d  # near an integer quotient: a divisor more
             bound = bound + torch.where((q - q.round()).abs() * d.abs() <= bound, d.abs(), 0.0)
-            self.bounds[id(out)] = out, torch.broadcast_to(bound, out.shape).nan_to_num(0.0, 0.0, 0.0)
+            sp = self._spread(func, args, kwargs, out)  # and the divisor's own bound (a mean that
+            # overflowed only in eager's order: NaN there, finite in another: s210 #1419)
+            self.bounds[id(out)] = out, torch.broadcast_to(bound, out.shape).nan_to_num(0.0, 0.0, 0.0) + (
+                0.0 if sp is None else sp)
         elif op in (torch.ops.aten.var, torch.ops.aten.std) and out.is_floating_point() and x.numel():
             # any algorithm's rounding (eager's var of three 1e30s: 5.9e28; coil's: 0: s201 #405)
             v = x.detach().double().square().max() * torch.finfo(x.dtype).eps * 4 * (x.numel() // max(out.numel(), 1))

@@ -801,3 +801,31 @@ def test_eager_sqrt_ulp_and_layer_norm_of_uncertain_rows(monkeypatch):
     assert fuzz.check(_layer_norm_of_an_accumulated_row, row, "cpp").outcome == "ok"
     monkeypatch.setattr(fuzz, "compile_for", lambda fn, b: lambda a: (other_order(a)[0] + 500,))
     assert fuzz.check(_layer_norm_of_an_accumulated_row, row, "cpp").outcome == "mismatch"
+
+
+_BIG64 = [-8.906943891308253e-309, -3.284238930096607, -1.4324744878593973, -1.76596383728622e+308,
+          -1.7572395534618265e+308, -1.7037351586373308, 1.4123696831678598e+308, -0.7433333512201103,
+          -1.299280966128971e+308, 7.406995640730664e+307, 1.4035917364508083e+308, 3.4333946571410263,
+          1.5819795936371468, 1.4779757475887415e+308, 0.26558013033319156]
+
+
+def _mean64(a):  # s210 #1419
+    return (torch.mean(a),)
+
+
+def _fmod_by_mean64(a):
+    return (torch.fmod(a, torch.mean(a)),)
+
+
+def test_float64_sums_past_the_max_in_eager_order_and_fmod_by_them(monkeypatch):
+    """Eager's float64 mean of values near +-1.7e308 is NaN (+inf and -inf partial sums); the
+    exact mean is 1.41e306 (the float64 'exact' sum overflowed too: it is now taken scaled by
+    2**-64), and fmod by it is anything eager's NaN allows. A wrong mean is still rejected."""
+    big = lambda: [torch.tensor(_BIG64, dtype=torch.float64)]  # noqa: E731
+    exact = torch.tensor(_BIG64, dtype=torch.float64).mul(2.0 ** -64).mean().mul(2.0 ** 64)
+    monkeypatch.setattr(fuzz, "compile_for", lambda fn, b: lambda a: (exact.clone(),))
+    assert fuzz.check(_mean64, big, "cpp").outcome == "ok"
+    monkeypatch.setattr(fuzz, "compile_for", lambda fn, b: lambda a: (exact * 3,))
+    assert fuzz.check(_mean64, big, "cpp").outcome == "mismatch"
+    monkeypatch.setattr(fuzz, "compile_for", lambda fn, b: lambda a: (torch.fmod(a, exact),))
+    assert fuzz.check(_fmod_by_mean64, big, "cpp").outcome == "ok"

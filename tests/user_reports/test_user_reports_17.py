@@ -583,10 +583,9 @@ def test_fp16_eq_and_sub_bf16_gt_python_float():
     assert (eq.tolist(), sub[0].item(), gt.tolist()) == ([True, False], 0.0, [False, True])
 
 
-@pytest.mark.xfail(strict=True, reason="same cause under torch.compile(backend='coil', "
-                   "dynamic=True): the symbolic float, tensorized by aot/scalars.py, is cast "
-                   "to fp32 (the compute dtype) rather than rounded to bf16")
 def test_bf16_compare_with_dynamic_float_torch_compile(dynamo_reset):
+    """The symbolic float, tensorized by aot/scalars.py as a 0-dim tensor, is rounded to bf16
+    before the comparison, as eager rounds the scalar (comparisons cast to the common dtype)."""
     _quiet()
     xb = torch.tensor([0.1, 0.2], dtype=torch.bfloat16)
     cf = torch.compile(lambda x, s: x == s, backend="coil", dynamic=True)

@@ -78,6 +78,31 @@ def _overlaps(t: torch.Tensor) -> bool:
         guard_or_false(st == 0) and guard_or_false(n > 1) for n, st in zip(shape, t.stride()))
 
 
+def _partial_overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """ATen's partial overlap of written ``a`` and operand ``b`` (``at::get_overlap_status``), for which an
+    in-place op raises: both dense, in one storage, their byte ranges intersecting but not the same range
+    with the same strides (``x[1:].add_(x[:-1])``, ``x.add_(x.t())``; s210 #3393). Static layouts only."""
+    if a is b or not isinstance(b, torch.Tensor) or not _static(a.shape, a.stride(), a.storage_offset(), b.shape,
+                                                                  b.stride(), b.storage_offset()):
+        return False
+    if not a.numel() or not b.numel() or StorageWeakRef(a.untyped_storage()) != StorageWeakRef(b.untyped_storage()) \
+            or not (_dense(a) and _dense(b)):
+        return False
+    (sa, ea), (sb, eb) = ((t.storage_offset() * t.itemsize, (t.storage_offset() + t.numel()) * t.itemsize)
+                          for t in (a, b))
+    return (sa, ea, a.stride()) != (sb, eb, b.stride()) and sa < eb and sb < ea
+
+
+def _dense(t: torch.Tensor) -> bool:
+    """Whether static ``t`` is non-overlapping and dense: its strides, sorted, are a contiguous layout's."""
+    expect = 1
+    for st, n in sorted((st, n) for n, st in zip(t.shape, t.stride()) if n != 1):
+        if st != expect:
+            return False
+        expect *= n
+    return True
+
+
 def _static(*vals) -> bool:
     return all(isinstance(v, int) for v in pytree.tree_leaves(vals))
 
@@ -263,7 +288,8 @@ class OverlapGuard(TorchDispatchMode):
         written = _written_args(func)
         for k, name in written:
             t = args[k] if k < len(args) else kwargs.get(name)
-            if isinstance(t, torch.Tensor) and _overlaps(t):
+            if isinstance(t, torch.Tensor) and (_overlaps(t) or any(
+                    _partial_overlap(t, o) for o in pytree.tree_leaves((args, kwargs)))):
                 raise RunEagerly(OVERLAP_MESSAGE)
             if isinstance(t, torch.Tensor) and not self._covered(t):
                 raise RunEagerly(OUTSIDE_MESSAGE)

@@ -782,3 +782,31 @@ def test_a_zero_dim_float_tensor_beside_fp16_is_a_scalar_rounded_as_eager(backen
     coil.reset()
     torch.testing.assert_close(coil.compile(fn, options={"cpu_backend": backend})(x, s), fn(x, s),
                                atol=0, rtol=0, equal_nan=True)
+
+
+def _shifted_add(x):
+    x[1:].add_(x[:-1])
+    return x
+
+
+def _add_transpose(x):
+    x.add_(x.t())
+    return x
+
+
+def _masked_fill_by_itself(c):  # s210 #3393
+    c.expand(1).masked_fill_(c, 7)
+    return ()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("fn, make", [(_shifted_add, lambda: [torch.arange(5.0)]),
+                                      (_add_transpose, lambda: [torch.ones(3, 3)]),
+                                      (_masked_fill_by_itself, lambda: [torch.tensor(False)])])
+def test_an_in_place_op_whose_operand_partially_overlaps_it_raises_eagers_error(backend, fn, make):
+    """Eager refuses an in-place op whose other operand shares part of the written tensor's
+    memory (``x[1:].add_(x[:-1])``, ``x.add_(x.t())``); functionalization computed a value.
+    Such a program now runs eagerly and raises eager's error; ``x.add_(x)`` still compiles."""
+    r = check(fn, make, backend)
+    assert r.outcome == "both_raise", (r.outcome, r.detail)
+    _ok(lambda x: (x.add_(x),), lambda: [torch.arange(5.0)], backend)

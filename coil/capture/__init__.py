@@ -69,13 +69,13 @@ def wrap_callable(fn_or_module, *, backend: Callable, fullgraph: bool = False, d
     if isinstance(fn_or_module, (types.BuiltinFunctionType, torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
         op = fn_or_module
 
-        def call(*args, **kwargs):
+        def call_op(*args, **kwargs):
             return op(*args, **kwargs)
-        call.__name__ = call.__qualname__ = getattr(op, "__name__", "op")
-        return wrap_function(call, cfg)
-    call = getattr(type(fn_or_module), "__call__", None)
-    if isinstance(call, types.FunctionType) and not isinstance(fn_or_module, type):  # a callable object
-        return types.MethodType(wrap_function(call, cfg), fn_or_module)
+        call_op.__name__ = call_op.__qualname__ = getattr(op, "__name__", "op")
+        return wrap_function(call_op, cfg)
+    dunder_call = getattr(type(fn_or_module), "__call__", None)
+    if isinstance(dunder_call, types.FunctionType) and not isinstance(fn_or_module, type):  # a callable object
+        return types.MethodType(wrap_function(dunder_call, cfg), fn_or_module)
     if callable(fn_or_module):
         import warnings
 

@@ -164,17 +164,18 @@ def pointwise_lowering(op_name: str, kind: str = "arith") -> Callable:
     (inputs cast to the float output dtype: sin of an int tensor)."""
     def lower(*args, **kwargs):
         size, odt, via = out_size(), out_dtype(), None
+        prom = _promote(args) if kind in ("compare", "logical") else None
         if kind == "compare":
-            in_dt = compute_dtype(_promote(args))
-            via = _promote(args) if in_dt != _promote(args) else None  # (fp16/bf16: rounded first)
+            in_dt = compute_dtype(prom)
+            via = prom if in_dt != prom else None  # (fp16/bf16: rounded first)
         elif kind == "logical":
-            in_dt, via = torch.bool, _promote(args) if len(args) > 1 else None
+            in_dt, via = torch.bool, prom if len(args) > 1 else None
         else:
             in_dt = compute_dtype(odt)
         f = getattr(ops, op_name)
         if kind in ("arith", "compare"):
             keep = (1,) if op_name in ("mul", "truediv") else ()
-            args = round_scalars(args, odt if kind == "arith" else _promote(args), keep)
+            args = round_scalars(args, odt if kind == "arith" else prom, keep)
         return make_pointwise_box(f, args, size, odt, in_dt, via)
     lower.__name__ = f"lower_{op_name}"
     return lower

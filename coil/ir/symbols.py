@@ -154,7 +154,7 @@ def hint(e) -> int:
     env = _SCOPE.env
     if env is None:
         raise TypeError(f"size {e} is symbolic and no ShapeEnv is active")
-    e = sympy.sympify(e).xreplace(PRECOMPUTED)
+    e = sympy.sympify(e).xreplace(PRECOMPUTED) if PRECOMPUTED else sympy.sympify(e)
     if hasattr(env, "optimization_hint"):  # torch >= 2.12 (a non-guarding hint)
         return int(env.optimization_hint(e))
     h = env.size_hint(e, allow_none=True)  # torch 2.11: None when unbacked symbols remain
@@ -179,7 +179,8 @@ def guard_true(cond) -> bool:
     env = _SCOPE.env
     if env is None:
         raise TypeError(f"size relation {cond} is symbolic and no ShapeEnv is active")
-    return bool(env.evaluate_expr(_to_torch_sympy(cond).xreplace(PRECOMPUTED)))
+    cond = _to_torch_sympy(cond)
+    return bool(env.evaluate_expr(cond.xreplace(PRECOMPUTED) if PRECOMPUTED else cond))
 
 
 def _to_torch_sympy(e):

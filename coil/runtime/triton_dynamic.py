@@ -74,17 +74,17 @@ class DynamicTritonLauncher(TritonLauncher):
                          elem_bytes=elem_bytes, tiled=tiled, arg_dtypes=None)
         self.arg_dtypes = list(arg_dtypes) if arg_dtypes is not None else None
         self.base_key = self.key
-        if twin:
-            self._enter_bucket(_bucket(numel_hint, rnumel_hint))
         self.other_sizes = [list(v) for v in other_sizes]
         self._runs: dict = {}  # (bucket, class of each int argument) -> run(*args)
         self._tuned: list = []  # ((log2 n, log2 r) of a bucket, its config)
         self._by_size: dict = {}  # xnumel or (xnumel, rnumel) -> its bucket's run (bounded)
         self._size_key = itemgetter(n_ptrs, n_ptrs + 1) if self.red else itemgetter(n_ptrs)
-        if self.gpu and self.arg_dtypes is not None and size_hints:
+        pool = self.gpu and self.arg_dtypes is not None and size_hints
+        if pool or twin:  # (a twin's configs name PERSISTENT: offline compiles read them)
             # the graph was compiled for the hint sizes: its first call is in their bucket
             preset = self._enter_bucket(_bucket(numel_hint, rnumel_hint))
-            self._submit_to_pool(self.arg_dtypes + [int(s) for s in size_hints], preset)
+            if pool:
+                self._submit_to_pool(self.arg_dtypes + [int(s) for s in size_hints], preset)
 
     def _enter_bucket(self, bucket: tuple) -> Optional[dict]:
         """Make ``bucket``'s candidates and key (``<source key>.b<n>x<r>``: tuning results,

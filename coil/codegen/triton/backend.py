@@ -97,7 +97,6 @@ def kernel_source(plan, name: str, gpu: Optional[bool] = None) -> tuple[str, lis
         # (from the loads' strides, which do not depend on the masks)
         exact = mask_exactness(plan, gpu, True)
         k = _run_kernel(plan, name, exact)
-    k.twin = None
     if k.looped and not is_static(plan.rnumel) and not k.outer_reduction:
         # a symbolic row length: a persistent twin too, under ``if PERSISTENT:``, which the launcher
         # sets for size buckets of short rows (softmax over 1000 of 65536 rows: 1.8x faster on an H200)

@@ -117,6 +117,8 @@ class TritonKernel(OpsHandler):
         extents = [plan.numel * plan.rnumel] + [plan.buffer(n).layout.storage_numel()
                                                 for n in plan.input_names + plan.output_names]
         self.index_dtype = "tl.int64" if needs_int64(extents) else "tl.int32"
+        #: a looped kernel's persistent twin (codegen/triton/backend.py: symbolic row lengths)
+        self.twin: Optional[TritonKernel] = None
         #: a size symbol that is the whole xnumel or rnumel is addressed by that name, which Triton
         #: specializes on divisibility by 16: ``x + rnumel * row`` loads vectorize, ``x + s20 * row`` do not
         self.numel_names = {e: sympy.Symbol(n, integer=True) for e, n in (
@@ -300,8 +302,7 @@ class TritonKernel(OpsHandler):
         if dt in (torch.float16, torch.bfloat16) and isinstance(value, TVal) and value.const is None \
                 and value.dtype == torch.float32:
             # eager rounds the result to its dtype: readers later in this kernel see that (s207 #10039)
-            r = TVal(f"tmp{next(self.counter)}", torch.float32, value.dims)
-            lines.append(f"{r.name} = {value.name}.to({TL_DTYPE[dt]}).to(tl.float32)")
+            r = self.cse(f"{value.name}.to({TL_DTYPE[dt]}).to(tl.float32)", torch.float32, value.dims, lines=lines)
             self.rounded[r.name], value = (value.name, dt), r
         self.store_cache[(name, e)] = value
         if name not in self.args:

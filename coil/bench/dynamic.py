@@ -34,6 +34,9 @@ per device call.
 """
 from __future__ import annotations
 
+import cProfile
+import os
+import pstats
 import statistics
 import time
 import traceback
@@ -41,6 +44,7 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
+from coil import trace
 from coil.bench import measure
 from coil.bench.models import _GPT2, _LLAMA, _ids
 from coil.bench.output import Progress, fmt, machine_info, meta_markdown, render_markdown, render_table
@@ -109,14 +113,32 @@ class _GraphCounter:
         cg.compile_aten_graph = self.orig
 
 
+def _profiler(compiler: str, L: int):
+    """A running cProfile of the first call of ``compiler`` at length ``L`` when
+    ``COIL_BENCH_PROFILE=<compiler>:<L>`` names it (its 30 costliest functions are
+    printed after the call), else None."""
+    if os.environ.get("COIL_BENCH_PROFILE") != f"{compiler}:{L}":
+        return None
+    prof = cProfile.Profile()
+    prof.enable()
+    return prof
+
+
 def _first_call(row: dict, fn, ids, L: int, ref, warmup: int, device, counter) -> None:
     """The call at a new length (compile included) into ``row``: seconds, graphs, check."""
     before = counter.count(row["compiler"])
     measure.synchronize(device)
+    trace.log("bench_first_call", stage="bench", compiler=row["compiler"], length=L)
+    prof = _profiler(row["compiler"], L)
     t0 = time.perf_counter()
     out = fn(input_ids=ids).logits
     measure.synchronize(device)
     row["first_s"][L] = time.perf_counter() - t0
+    if prof is not None:
+        prof.disable()
+        pstats.Stats(prof).sort_stats("cumulative").print_stats(30)
+    trace.log("bench_first_call_done", stage="bench", compiler=row["compiler"], length=L,
+              seconds=row["first_s"][L])
     ok, note = _check([ref], [out], torch.bfloat16)
     if not ok:
         row["status"] = "mismatch"

@@ -221,7 +221,17 @@ def submit(path: str, module: str, name: str, args: list, configs: list[dict]) -
     pool = get_pool()
     if pool is None:
         return []
-    return [pool.submit(dict(path=path, module=module, name=name, args=args, config=c)) for c in configs]
+    env = triton_env()
+    return [pool.submit(dict(path=path, module=module, name=name, args=args, config=c, env=env))
+            for c in configs]
+
+
+def triton_env() -> dict:
+    """This process's ``TRITON_*`` environment (but ``TRITON_INTERPRET``), sent with each job: Triton's
+    cache key hashes settings that it reads from there (``TRITON_PTXAS_PATH``, ``TRITON_LIBDEVICE_PATH``,
+    ...), and other libraries change them after the workers started (torch.compile points Triton at torch's
+    own ptxas at its first compile), which made every binary compiled ahead miss this process's cache."""
+    return {k: v for k, v in os.environ.items() if k.startswith("TRITON_") and k != "TRITON_INTERPRET"}
 
 
 def claim(name: str, jobs: list) -> None:

@@ -5,7 +5,7 @@ stdin and answers one JSON line per job on stdout, in order::
 
     {"id": 7, "path": ".../k3f2a....py", "module": "coil_triton_3f2a..._0",
      "name": "coil_poi_3f2a91c0d4", "args": ["float32", "bfloat16", 12288, 768],
-     "config": {"XBLOCK": 1024, "num_warps": 4}}
+     "config": {"XBLOCK": 1024, "num_warps": 4}, "env": {"TRITON_PTXAS_PATH": "..."}}
     -> {"id": 7, "ok": true, "seconds": 0.41}
     -> {"id": 7, "ok": false, "error": "OutOfResources: ..."}
 
@@ -15,14 +15,16 @@ will pass, a dynamic kernel's size hint, which Triton specializes as it will the
 one: divisible by 16, equal to 1, 32-bit): it compiles without launching and writes
 the binary to Triton's cache directory, which the parent process shares, so the
 parent's own compile of the same kernel, signature and options loads it from disk.
-The module is imported under the parent's module name so that everything Triton hashes
-is the same in both processes. stdout carries only the answers (anything else a kernel
+The module is imported under the parent's module name, and the parent's ``TRITON_*``
+variables at submit time are set first, so that everything Triton hashes is the same in
+both processes. stdout carries only the answers (anything else a kernel
 module prints goes to stderr).
 """
 from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import sys
 import time
 
@@ -37,11 +39,23 @@ def _load(path: str, module: str, cache: dict):
     return cache[path]
 
 
+def sync_triton_env(env: dict) -> None:
+    """Make this process's ``TRITON_*`` variables (but ``TRITON_INTERPRET``) those of the parent at
+    submit time, ``env`` (:func:`coil.runtime.compile_pool.triton_env`): Triton reads its settings from
+    the environment at each access and hashes some into its cache key."""
+    for k in [k for k in os.environ if k.startswith("TRITON_") and k != "TRITON_INTERPRET"]:
+        if k not in env:
+            del os.environ[k]
+    os.environ.update(env)
+
+
 def run_job(job: dict, modules: dict) -> dict:
     """Compile one (kernel, config); returns the answer dict (never raises)."""
     import torch
 
     t0 = time.perf_counter()
+    if "env" in job:
+        sync_triton_env(job["env"])
     try:
         fn = getattr(_load(job["path"], job["module"], modules), job["name"])
         args = [getattr(torch, a) if isinstance(a, str) else a for a in job["args"]]

@@ -7,6 +7,7 @@ disk at any size in it. On CPU a "cuda" launcher is built with the pool, the GPU
 and the timing faked; tests/codegen/test_gpu.py checks that the workers' binaries are
 Triton cache hits on an H200."""
 import json
+import os
 
 import pytest
 import torch
@@ -249,3 +250,27 @@ def test_copies_of_a_body_with_headers_naming_their_buffers_share_one_compiled_n
     assert a[1] == b[1]
     other = rt.canonical_source(src[0].replace("x % s0", "x // s0"), "triton_poi_4_buf13")
     assert other[1] != a[1]
+
+
+def test_worker_compiles_under_the_parents_triton_env_at_submit_time(tmp_path, monkeypatch):
+    """torch.compile sets TRITON_PTXAS_PATH in the parent after the workers started; Triton
+    hashes it into the cache key, so a worker compiling without it filled keys the parent
+    never reads (11 in-process compiles, 1.4 s, at LLaMA's first odd length on an H200)."""
+    path = tmp_path / "kenv.py"
+    path.write_text("import os\nSEEN = []\n\n\nclass K:\n    def warmup(self, *args, grid, **cfg):\n"
+                    "        SEEN.append({k: v for k, v in os.environ.items() if k.startswith('TRITON_')})\n\n\n"
+                    "k = K()\n")
+    monkeypatch.setenv("TRITON_PTXAS_PATH", "/opt/torch/bin/ptxas")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    env = compile_pool.triton_env()
+    assert env == {k: v for k, v in os.environ.items() if k.startswith("TRITON_") and k != "TRITON_INTERPRET"}
+    assert env["TRITON_PTXAS_PATH"] == "/opt/torch/bin/ptxas" and "TRITON_INTERPRET" not in env
+    # the worker's own environment: a stale variable the parent no longer has, no ptxas path
+    monkeypatch.delenv("TRITON_PTXAS_PATH")
+    monkeypatch.setenv("TRITON_STALE_SETTING", "1")
+    modules = {}
+    job = dict(id=1, path=str(path), module="coil_fake_env_module", name="k", args=[], config={}, env=env)
+    assert compile_worker.run_job(job, modules)["ok"]
+    [seen] = modules[str(path)].SEEN
+    assert seen["TRITON_PTXAS_PATH"] == "/opt/torch/bin/ptxas" and "TRITON_STALE_SETTING" not in seen
+    assert seen["TRITON_INTERPRET"] == "1"  # the worker's own, kept

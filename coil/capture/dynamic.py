@@ -257,7 +257,7 @@ def _is_wrapper(t) -> bool:
     """A tensor subclass other than Parameter/Buffer: faked with static sizes (its own
     ``__torch_dispatch__`` may not accept symbolic ones)."""
     return type(t) not in (torch.Tensor, torch.nn.Parameter) and not isinstance(
-        t, torch.nn.parameter.Buffer if hasattr(torch.nn.parameter, "Buffer") else ())
+        t, torch.nn.parameter.Buffer)
 
 
 def _symbol(s):

@@ -254,7 +254,6 @@ def wrap_function(fn: types.FunctionType, cfg: CaptureConfig, capture_exec: bool
     coil_wrapper.__name__ = getattr(fn, "__name__", "coil_wrapper")
     coil_wrapper.__qualname__ = getattr(fn, "__qualname__", "coil_wrapper")
     coil_wrapper.__doc__ = fn.__doc__
-    coil_wrapper._coil_config = cfg
     return coil_wrapper
 
 

@@ -43,9 +43,8 @@ def run_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Optio
              is_causal: bool, scale: Optional[float], enable_gqa: bool) -> torch.Tensor:
     """What ``coil::sdpa`` runs: ``F.scaled_dot_product_attention`` (shape ``q.shape[:-1]
     + (v.shape[-1],)``, q's dtype; eager's errors for mismatched sizes)."""
-    kw = {"enable_gqa": True} if enable_gqa else {}   # (torch < 2.5 has no enable_gqa)
     return torch.nn.functional.scaled_dot_product_attention(
-        q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale, **kw)
+        q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
 
 
 _sdpa_op = torch.library.custom_op("coil::sdpa", run_sdpa, mutates_args=())

@@ -251,9 +251,6 @@ class ReferenceInterpreter(OpsHandler):
         # round to ``dtype`` (fp16/bf16 included), then hold the value in its compute dtype
         return torch.as_tensor(x).to(dtype).to(compute_dtype(dtype))
 
-    def to_dtype_bitcast(self, x, dtype, src_dtype):
-        return torch.as_tensor(x).to(src_dtype).view(dtype)
-
     def indirect_indexing(self, x, size, check=True, wrap_neg=True):
         s = sym(f"indirect{next(self.indirect)}")
         x = torch.as_tensor(x).long()

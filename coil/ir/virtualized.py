@@ -54,7 +54,6 @@ class OpsHandler:
       constant(value, dtype) -> value; index_expr(expr, dtype) -> value (the integer
       value of a sympy index expression); to_dtype(x, dtype, src_dtype=None) -> value
       (rounds to ``dtype``, fp16/bf16 included, then holds it in compute_dtype(dtype));
-      to_dtype_bitcast(x, dtype, src_dtype) -> value
       indirect_indexing(x, size, check=True, wrap_neg=True) -> sympy.Symbol: use the
       integer value ``x`` inside index expressions; with ``wrap_neg`` negative values wrap
       by ``size`` (advanced indexing ``x[idx]``), without it they are out of range

@@ -10,8 +10,9 @@ import torch
 import coil
 from coil import trace
 from coil.runtime import cudagraph_split, cudagraph_trees
-from coil.runtime.cudagraph_record import FakeRecorder, ungraphable_node
+from coil.runtime.cudagraph_record import ungraphable_node
 from coil.runtime.cudagraph_trees import Tree
+from fake_recorder import FakeRecorder
 
 OPTS = {"capture_dynamic_output_shape_ops": True}
 

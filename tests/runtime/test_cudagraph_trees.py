@@ -12,8 +12,9 @@ import torch
 import coil
 from coil import trace
 from coil.config import config
-from coil.runtime.cudagraph_record import FakeRecorder, ungraphable_reason
+from coil.runtime.cudagraph_record import ungraphable_reason
 from coil.runtime.cudagraph_trees import GraphFunction, Tree
+from fake_recorder import FakeRecorder
 
 
 @pytest.fixture

@@ -224,7 +224,7 @@ def _build(tx, value, source, gs) -> VariableTracker:
         from coil.capture.inspection import OpaqueCallableVariable
 
         return OpaqueCallableVariable(value, source)   # calling it is the graph break
-    if isinstance(value, (torch.Generator, torch.Stream if hasattr(torch, "Stream") else ())):
+    if isinstance(value, (torch.Generator, torch.Stream)):
         # may be held and passed around; using it (e.g. ``generator=g``) is a graph break
         from coil.capture.inspection import OpaqueObjectVariable
 

@@ -501,22 +501,14 @@ def _reduce(tx, args, kwargs):
 
 @builtin(functools.wraps, functools.update_wrapper)
 def _wraps(tx, args, kwargs):
-    return _WrapsDecorator(args[0]) if len(args) == 1 else args[0]
+    return _WrapsDecorator() if len(args) == 1 else args[0]
 
 
 class _WrapsDecorator(VariableTracker):
     """``functools.wraps(wrapped)``: returns the decorated function unchanged (its
     metadata is not copied inside the trace)."""
 
-    def __init__(self, wrapped):
-        super().__init__(None)
-        self.wrapped = wrapped
-
     def call_function(self, tx, args, kwargs):
-        from coil.capture.variables.functions import NestedFunctionVariable
-
-        if isinstance(args[0], NestedFunctionVariable):
-            args[0].wrapped_fn = self.wrapped
         return args[0]
 
 

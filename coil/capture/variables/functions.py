@@ -167,7 +167,6 @@ class NestedFunctionVariable(BaseFunctionVariable):
         self.defaults = defaults or []
         self.kwdefaults = kwdefaults or {}
         self.closure = closure or []  # CellVariable / SourcedCellVariable list
-        self.wrapped_fn = None  # set by functools.wraps
 
     def python_type(self):
         return types.FunctionType

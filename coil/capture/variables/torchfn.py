@@ -35,12 +35,9 @@ def _register_compile_time():
     c[torch.jit.is_tracing] = lambda tx: False
     c[torch._C._get_tracing_state] = lambda tx: None
     c[torch.is_inference_mode_enabled] = lambda tx: torch.is_inference_mode_enabled()
-    if hasattr(torch, "compiler"):
-        c[torch.compiler.is_compiling] = lambda tx: True
-        if hasattr(torch.compiler, "is_dynamo_compiling"):
-            c[torch.compiler.is_dynamo_compiling] = lambda tx: True
-        if hasattr(torch.compiler, "is_exporting"):
-            c[torch.compiler.is_exporting] = lambda tx: False
+    c[torch.compiler.is_compiling] = lambda tx: True
+    c[torch.compiler.is_dynamo_compiling] = lambda tx: True
+    c[torch.compiler.is_exporting] = lambda tx: False
     c[torch.is_autocast_enabled] = None  # handled with arguments below
     c[torch.cuda.is_available] = lambda tx: torch.cuda.is_available()
 
@@ -326,7 +323,7 @@ def make_context(tx, cls, args, kwargs):
         v.enter(tx)
         v.called_as_function = True
         return v
-    if cls in (torch.autocast, getattr(torch.amp, "autocast", None)):
+    if cls in (torch.autocast, torch.amp.autocast):
         device_type = c[0] if c else kw["device_type"]
         dtype = kw.get("dtype", c[1] if len(c) > 1 else None)
         if dtype is None:

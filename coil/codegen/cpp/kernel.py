@@ -328,14 +328,6 @@ class CppKernel(OpsHandler):
             return x
         return self._emit(_cast(x, dtype), dtype)
 
-    def to_dtype_bitcast(self, x, dtype, src_dtype):
-        x = self._val(x, src_dtype)
-        src = f"{_FROM_FLOAT[src_dtype]}({x})" if src_dtype in _FROM_FLOAT else x.name
-        out = f"coil_bitcast<{cops.ctype(dtype)}>(static_cast<{cops.ctype(src_dtype)}>({src}))"
-        if dtype in _TO_FLOAT:
-            out = f"{_TO_FLOAT[dtype]}({out})"
-        return self._emit(out, _compute_dtype(dtype))
-
     def indirect_indexing(self, x, size, check=True, wrap_neg=True):
         """An index read from a tensor, as one CSE'd expression (so a gather whose
         index does not depend on the loop variable is computed, and checked, once per

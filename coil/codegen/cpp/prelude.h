@@ -404,10 +404,6 @@ COIL_INLINE float coil_randn(uint64_t seed, uint64_t offset) {
   float u2 = (float)(b >> 8) * (1.0f / 16777216.0f);
   return cm::sqrt(-2.0f * cm::log(u1)) * cm::cos(6.283185307179586f * u2);
 }
-COIL_INLINE int64_t coil_randint64(uint64_t seed, uint64_t offset, int64_t low, int64_t high) {
-  uint64_t w = ((uint64_t)coil_philox(seed, offset * 2) << 32) | coil_philox(seed, offset * 2 + 1);
-  return low + (int64_t)(w % (uint64_t)(high - low));
-}
 
 // ---- errors ---------------------------------------------------------------------
 // err[0]: 0 = ok, 1 = index out of bounds; err[1]: the index; err[2]: the size;
@@ -450,10 +446,6 @@ template <typename To, typename From> COIL_INLINE To coil_ftoi(From x) {
     return (x >= (From)-9223372036854775808.0 && x < (From)9223372036854775808.0)
         ? (To)x : (To)INT64_MIN;
   return (To)((x >= (From)-2147483648.0 && x < (From)2147483648.0) ? (int32_t)x : INT32_MIN);
-}
-template <typename To, typename From> COIL_INLINE To coil_bitcast(From x) {
-  static_assert(sizeof(To) == sizeof(From), "bitcast between different sizes");
-  To y; __builtin_memcpy(&y, &x, sizeof(To)); return y;
 }
 // erfinv: M. Giles, "Approximating the erfinv function" (GPU Computing Gems, 2011),
 // single precision version, then one Newton step for accuracy.

@@ -515,10 +515,6 @@ class TritonKernel(OpsHandler):
             return self.cse(f"({x} != 0)", torch.bool, x.dims)
         return self.cse(f"{x}.to({TL_DTYPE[dtype]})", dtype, x.dims)
 
-    def to_dtype_bitcast(self, x, dtype, src_dtype):
-        x = self._tensor(x)
-        return self.cse(f"{x}.to({TL_DTYPE[dtype]}, bitcast=True)", dtype, x.dims)
-
     def indirect_indexing(self, x, size, check=True, wrap_neg=True):
         x = self._tensor(x)
         size = pyexpr(sympy.sympify(size))  # a literal, or a size symbol (kernel argument)

@@ -8,7 +8,7 @@
 //   keep IEEE semantics). Algorithms: Cephes expf/logf/tanhf polynomials (S. Moshier),
 //   erf: Taylor series near 0, Abramowitz & Stegun 7.1.26 elsewhere (abs err < 2e-7),
 //   for GELU's ndtr only (the erf op calls libm's double erf: eager's is within 1 ulp).
-// - Reductions combine values with coil_combine_* functions; NaN propagates in
+// - Reductions combine values with coil_max_prop_ / coil_min_prop_; NaN propagates in
 //   max/min like torch.
 // - coil_rand: Philox-4x32-10 (Salmon et al., SC'11) keyed by (seed, offset):
 //   a counter-based generator, so every element's value depends only on its index.

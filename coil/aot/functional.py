@@ -616,10 +616,45 @@ def _make_fx(fn: Callable, args: list, decompositions: dict, fake_mode: FakeTens
     with fake_mode, without_cudnn_choices(), fx_traceback.preserve_node_meta():
         gm = make_fx(_traced(fn, args), decomposition_table=decompositions, tracing_mode=mode)(*args)
     _cudnn_layouts(gm, fake_mode)
+    _insert_zero_division_checks(gm)
     env = fake_mode.shape_env
     if env is not None and any(env.deferred_runtime_asserts.values()):
         _insert_runtime_asserts(gm, env)
     return gm
+
+
+#: integer division ops that raise ``RuntimeError: ZeroDivisionError`` in eager on the CPU
+_INT_DIVISIONS = {torch.ops.aten.floor_divide.default, torch.ops.aten.remainder.Tensor,
+                  torch.ops.aten.fmod.Tensor, torch.ops.aten.div.Tensor_mode}
+
+
+def _insert_zero_division_checks(gm: torch.fx.GraphModule) -> None:
+    """Before each integer division, remainder or fmod by a CPU tensor, check that no divisor is 0
+    (``aten._assert_async.msg``, raising eager's ``RuntimeError: ZeroDivisionError``): the kernels
+    divide without a check and returned numbers where eager raised. A divisor that is a Python
+    number is checked by eager's own trace; CUDA's eager does not raise. Logged
+    ``zero_division_checks``."""
+    aten = torch.ops.aten
+    added = 0
+    for n in list(gm.graph.nodes):
+        if n.op != "call_function" or n.target not in _INT_DIVISIONS or len(n.args) < 2:
+            continue
+        out, b = n.meta.get("val"), n.args[1]
+        bv = b.meta.get("val") if isinstance(b, torch.fx.Node) else None
+        if not (isinstance(out, torch.Tensor) and isinstance(bv, torch.Tensor)) or \
+                out.dtype.is_floating_point or out.dtype.is_complex or out.dtype == torch.bool or \
+                out.device.type != "cpu":
+            continue
+        with gm.graph.inserting_before(n):
+            nonzero = gm.graph.call_function(aten.ne.Scalar, (b, 0))
+            ok = gm.graph.call_function(aten.all.default, (nonzero,))
+            gm.graph.call_function(aten._assert_async.msg, (ok, "ZeroDivisionError"))
+        nonzero.meta["val"] = bv.ne(0)
+        ok.meta["val"] = nonzero.meta["val"].all()
+        added += 1
+    if added:
+        gm.recompile()
+        trace.log("zero_division_checks", stage="aot", checks=added)
 
 
 def _insert_runtime_asserts(gm: torch.fx.GraphModule, env) -> None:

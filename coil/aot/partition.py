@@ -197,15 +197,28 @@ def _ancestors(roots, stop: set) -> set:
     return seen
 
 
-def _extract(joint: torch.fx.GraphModule, inputs: list, outputs: list, what: str) -> torch.fx.GraphModule:
-    """A GraphModule computing ``outputs`` from ``inputs`` with the joint graph's nodes."""
+#: runtime checks (no output; they raise eager's error): kept in the graph that can compute their inputs
+_CHECKS = {aten._assert_async.msg, aten._assert_async.default, aten._assert_scalar.default}
+
+
+def _extract(joint: torch.fx.GraphModule, inputs: list, outputs: list, what: str,
+             checks: bool = False) -> torch.fx.GraphModule:
+    """A GraphModule computing ``outputs`` from ``inputs`` with the joint graph's nodes; with ``checks``,
+    also every runtime check (:data:`_CHECKS`) computable from ``inputs`` (the forward keeps them: a check
+    no output depends on was dropped, and a division by zero returned numbers where eager raised)."""
     g = torch.fx.Graph()
     env: dict = {}
     for n in inputs:
         p = g.placeholder(n.name)
         p.meta = dict(n.meta)
         env[n] = p
-    needed = _ancestors(outputs, stop=set(env))
+    roots = list(outputs)
+    if checks:
+        for n in joint.graph.nodes:
+            if n.op == "call_function" and n.target in _CHECKS and \
+                    not any(a.op == "placeholder" and a not in env for a in _ancestors([n], set(env))):
+                roots.append(n)
+    needed = _ancestors(roots, stop=set(env))
     for n in joint.graph.nodes:
         if n in needed and n not in env:
             if n.op == "placeholder":
@@ -254,7 +267,7 @@ def _build(joint, info: JointInfo, regions: _Regions, saved: list, reasons: dict
     bw = _extract(joint, saved + regions.tangents, regions.grads, "backward")
     if _save_symbols(joint, regions, saved, reasons, bw):
         bw = _extract(joint, saved + regions.tangents, regions.grads, "backward")
-    fw = _extract(joint, regions.primals, regions.fw_outputs + saved, "forward")
+    fw = _extract(joint, regions.primals, regions.fw_outputs + saved, "forward", checks=True)
     saved_info = []
     storages: dict = {}
     for n in saved:

@@ -545,3 +545,35 @@ def test_as_strided_read_of_an_empty_input(capture, backend):
     # the kernel read an empty input's storage through its data pointer, which is null
     # for an empty tensor (SIGSEGV, C++ and Triton); the view is now an extern op
     check(lambda a: a.as_strided((2,), (1,), 3) * 1, (torch.arange(5.0)[2:2],), capture, backend)
+
+
+# -------------------------------------------------------------- storage changes of inputs
+
+@pytest.mark.parametrize("capture,backend", CAPTURES[:2])
+@pytest.mark.parametrize("sizes", [((3,), (3,)), ((2,), (3,))])
+def test_set_of_an_input_to_another_tensor(capture, backend, sizes):
+    """``x.set_(y)``: the caller's ``x`` shares ``y``'s storage afterwards. The graph
+    computed ``x * 2`` right, but the caller's ``x`` stayed as it was (zeros, of its old
+    size); ``set_`` now runs outside the graph (a graph break)."""
+    def f(x, y):
+        x.set_(y)
+        return x * 2
+
+    xs, ys = sizes
+    x, y = torch.zeros(xs), torch.ones(ys)
+    out = _compiled(f, capture, backend)(x, y)
+    torch.testing.assert_close(out, 2 * torch.ones(ys))
+    assert x.shape == y.shape and x.data_ptr() == y.data_ptr()
+
+
+@pytest.mark.parametrize("capture,backend", CAPTURES[:2])
+@pytest.mark.parametrize("make_a", [lambda: torch.randn(3),
+                                    lambda: torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last)])
+def test_out_into_an_empty_tensor_grows_it(capture, backend, make_a):
+    """``torch.exp(a, out=torch.empty(0))``: eager resizes the empty tensor (with the
+    strides of a channels-last ``a``); the epilogue's copy into the empty input raised."""
+    def f(a, c):
+        torch.exp(a, out=c)
+        return c * 2, c
+
+    check(f, (make_a(), torch.empty(0)), capture, backend)

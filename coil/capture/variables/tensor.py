@@ -182,7 +182,7 @@ def call_op(tx, kind: str, target, args: list, kwargs: dict) -> VariableTracker:
     out = tx.output
     if _autograd_state_change(kind, target, args, kwargs):
         return args[0]  # requires_grad_ that changes nothing
-    if _name(target) in ("resize_", "resize_as_"):  # functionalization cannot grow a tensor
+    if _name(target) in ("resize_", "resize_as_", "set_"):  # nor can AOT's epilogue re-point an input (set_)
         raise Unsupported(f"{_name(target)} changes a tensor's storage: it runs outside the graph",
                           hint="allocate a tensor of the new size (torch.empty) instead")
     if kind == "call_function":
@@ -208,10 +208,15 @@ def call_op(tx, kind: str, target, args: list, kwargs: dict) -> VariableTracker:
                 result = getattr(fake_args[0], target)(*fake_args[1:], **fake_kwargs)
             else:
                 result = target(*fake_args, **fake_kwargs)
-            if any(t.shape != n and (t._is_view() or 0 not in n) for t, n in zip(outs, shapes)):
+            dense = all(t.is_contiguous() for t in pytree.tree_leaves(fake_args) if isinstance(t, torch.Tensor))
+            if any(t.shape != n and (t._is_view() or 0 not in n or not dense) for t, n in zip(outs, shapes)):
                 # eager resizes the view itself, past its slice of the storage: functionalized,
-                # only the slice was written back (``torch.mul(x, 2, out=o[:2])``, 4 values)
-                raise Unsupported(f"{_name(target)}(out=...) resizes a view or a non-empty tensor",
+                # only the slice was written back (``torch.mul(x, 2, out=o[:2])``, 4 values). An
+                # empty tensor grows in the AOT epilogue (``resize_``: contiguous, as eager's is
+                # from contiguous operands; from a channels-last one eager's is channels-last,
+                # the meta kernel's contiguous)
+                raise Unsupported(f"{_name(target)}(out=...) resizes a view or a non-empty tensor, or "
+                                  "gives an empty one non-contiguous strides",
                                   hint="pass an out= tensor of the result's shape")
             if isinstance(result, torch.Tensor) and eager_dtype not in (None, result.dtype):
                 node, result = cast_to_eager_dtype(out.graph, node, result, eager_dtype)

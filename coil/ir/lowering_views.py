@@ -623,7 +623,7 @@ def _unbind(x, dim=0):
 
 def _slice_view(x, dim, start, end):
     size = list(x.get_size())
-    size[dim] = sympy.Integer(end - start)
+    size[dim] = sympy.sympify(end - start)
     return _strided_slice(x, dim, start, 1, size)
 
 
@@ -633,7 +633,7 @@ def _select_view(x, dim, idx, size=None):
 
     def reindex(index):
         out = list(index)
-        out.insert(dim, sympy.Integer(idx))
+        out.insert(dim, sympy.sympify(idx))
         return out
 
     def restride(l):

@@ -437,3 +437,18 @@ def test_interpolate_by_a_fractional_scale_factor(backend, mode, monkeypatch):
         torch.testing.assert_close(got, exp)
     assert len(graphs) == 1 and isinstance(graphs[0], coil.codegen.CompiledGraph), graphs
     assert any(type(e).__name__ == "TruncToInt" for e in PRECOMPUTED.values())
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_select_at_a_negative_index_of_a_computed_dynamic_tensor(backend):
+    """``x.sin()[-1]``: the select's index is ``s0 - 1``, which the view's reindex passed
+    to ``sympy.Integer``; code generation failed and the graph ran in the FX interpreter."""
+    from coil.config import patch
+
+    fns = [lambda x: x.sin()[-1], lambda x: (x.cos() * 2)[:, -1], lambda x: x.sin().unbind(0)[-1]]
+    with patch(strict_codegen=True):
+        for fn in fns:
+            f = _compiled(fn, backend)
+            for n in (3, 4, 6):
+                x = torch.randn(n, 3)
+                torch.testing.assert_close(f(x), fn(x))

@@ -157,15 +157,14 @@ def _shape_env(example_inputs: list):
 
 
 def _unbacked_shape_env(gm):
-    """The ShapeEnv of a graph with static inputs whose values have data-dependent
-    (unbacked) sizes (``nonzero``, ``unique``), or None."""
-    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
-
+    """The ShapeEnv of a graph with static inputs whose values have symbolic sizes: data-dependent
+    (unbacked) ones (``nonzero``, ``unique``), or ones computed from a symbolic number that a 0-d
+    tensor input holds (``x[:int(f)]`` for a dynamic float ``f``), or None."""
     for n in gm.graph.nodes:
         v = n.meta.get("val")
         for s in [v] if isinstance(v, torch.SymInt) else \
                 list(v.shape) if isinstance(v, torch.Tensor) else []:
-            if isinstance(s, torch.SymInt) and free_unbacked_symbols(s):
+            if isinstance(s, torch.SymInt) and s.node.expr.free_symbols:
                 return s.node.shape_env
     return None
 

@@ -145,12 +145,18 @@ def symbol_bindings(graph, needed: set) -> list[str]:
     """Wrapper lines binding every size symbol in ``needed`` from the call's arguments,
     once per call: a SymInt placeholder that is the symbol (``s0 = arg0``), else a size,
     stride or storage offset of a tensor input that is exactly the symbol
-    (``s1 = primals_3.size(1)``). Raises NotImplementedError for a symbol no input
+    (``s1 = primals_3.size(1)``), or the number a 0-d tensor input holds (``zf0 = arg1.item()``,
+    for a precomputed size made from a dynamic float). Raises NotImplementedError for a symbol no input
     defines alone (the "coil" backend then falls back, logged)."""
     sources: dict = {}
     for name, value in zip(graph.placeholder_names, graph.example_inputs):
         if isinstance(value, torch.SymInt) and as_expr(value).is_Symbol:
             sources.setdefault(as_expr(value), name)
+    for n in graph.gm.graph.find_nodes(op="call_function", target=torch.ops.aten._local_scalar_dense.default):
+        # a 0-d tensor input holding a dynamic number (a float's ``zf0``) that a size is made from
+        v, src = n.meta.get("val"), n.args[0]
+        if isinstance(v, (torch.SymInt, torch.SymFloat)) and v.node.expr.is_Symbol and src.op == "placeholder":
+            sources.setdefault(v.node.expr, f"{src.name}.item()")
     for name in graph.placeholder_names:
         b = graph.graph_inputs.get(name)
         if b is None:

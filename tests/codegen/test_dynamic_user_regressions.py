@@ -452,3 +452,23 @@ def test_select_at_a_negative_index_of_a_computed_dynamic_tensor(backend):
             for n in (3, 4, 6):
                 x = torch.randn(n, 3)
                 torch.testing.assert_close(f(x), fn(x))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_slice_bound_from_an_item_across_a_graph_break(backend):
+    """``n = int(x.max().item()); x[:n] * 3``: after the break, ``n`` is ``TruncToInt`` of the
+    float the resume graph reads from a 0-d tensor input (a precomputed size). Code generation
+    found no ShapeEnv (the graph's inputs have static sizes), then no binding for the float's
+    symbol; the wrapper now reads it with ``.item()``. Values were right (FX interpreter)."""
+    from coil.config import patch
+
+    def f(x):
+        n = int(x.max().item())
+        return x[:n] * 3
+
+    coil.reset()
+    with patch(strict_codegen=True):
+        cf = coil.compile(f, options={"cpu_backend": backend})
+        for v in (2.0, 3.0, 1.0, 4.0, 2.5):
+            x = torch.tensor([v, 1.0, 0.5, 0.2])
+            torch.testing.assert_close(cf(x), f(x))

@@ -239,7 +239,16 @@ def _divides(b, t) -> bool:
     if b.is_Integer:
         c, _ = t.as_coeff_Mul()
         return c.is_Integer and int(c) % int(b) == 0
-    return sympy.denom(t / b) == 1
+    # every term of the expanded quotient an integer multiple of a product of non-negative
+    # powers: ``denom(t / b) == 1`` held for ``s*(2*M + h) / (2*s) = M + h/2`` (sympy's
+    # denominator of a sum), and that FloorDiv dropped the ``h/2`` (MHA's backward at a
+    # symbolic length read the wrong elements)
+    for term in sympy.Add.make_args(sympy.expand(t / b)):
+        c, rest = term.as_coeff_Mul()
+        if not c.is_Integer or any(not (e.is_Integer and e >= 0)
+                                   for _, e in (f.as_base_exp() for f in sympy.Mul.make_args(rest))):
+            return False
+    return True
 
 
 class TruncDiv(sympy.Function):

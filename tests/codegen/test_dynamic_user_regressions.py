@@ -472,3 +472,60 @@ def test_slice_bound_from_an_item_across_a_graph_break(backend):
         for v in (2.0, 3.0, 1.0, 4.0, 2.5):
             x = torch.tensor([v, 1.0, 0.5, 0.2])
             torch.testing.assert_close(cf(x), f(x))
+
+
+def _transposed_reshapes(g):
+    B, _, T = g.shape
+    return g.reshape(B * 2, T).t().reshape(T, B, 2) * 1
+
+
+def _cat_merge_split(x):
+    y = torch.cat([x, x * 3], -1)
+    y = y.reshape(y.shape[0] * 4, y.shape[2])
+    return y.reshape(4, y.shape[0] // 4, y.shape[1]) * 1
+
+
+def _merge_then_cat_of_transposes(x):
+    x = x.reshape(x.shape[0] * 2, x.shape[2])
+    return torch.cat([x.t(), x.t() * 3], -1) * 1
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("fn,make", [
+    (_transposed_reshapes, lambda B, T: torch.arange(B * T * 2.).reshape(B, T, 2).transpose(1, 2)),
+    (_cat_merge_split, lambda B, T: torch.arange(B * 4 * T, dtype=torch.float32).reshape(B, 4, T)),
+    (_merge_then_cat_of_transposes,
+     lambda B, T: torch.arange(B * 2 * T, dtype=torch.float32).reshape(2, B, T).permute(1, 0, 2)),
+])
+def test_view_chains_over_symbolic_and_static_sizes(fn, make, backend):
+    """Index simplification took ``s*(2*M + h) // (2*s)`` for ``M + h/2`` (sympy's denominator of
+    a sum is 1): wrong elements and reads past the end at the automatic-dynamic recompile, and
+    an index ``1/2`` the C++ code generator could not print (a fallback) or Triton mis-typed."""
+    from coil.config import patch
+
+    coil.reset()
+    with patch(strict_codegen=True):
+        f = coil.compile(fn, options={"cpu_backend": backend})
+        for B, T in [(2, 3), (3, 5), (4, 2)]:
+            x = make(B, T)
+            assert torch.equal(f(x), fn(x)), (B, T)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_multihead_attention_gradients_at_a_new_length(backend):
+    """nn.MultiheadAttention's backward at a symbolic length packed q/k/v gradients with a
+    wrongly simplified index: in_proj_weight.grad 2.6e30 off at T = 4, NaN at T = 5."""
+    import copy
+
+    torch.manual_seed(0)
+    m1 = torch.nn.MultiheadAttention(8, 2, batch_first=True, bias=False)
+    m2 = copy.deepcopy(m1)
+    coil.reset()
+    f = coil.compile(lambda x: m2(x, x, x, need_weights=False)[0], options={"cpu_backend": backend})
+    for T in (3, 4, 5):
+        x = torch.randn(2, T, 8)
+        m1(x, x, x, need_weights=False)[0].pow(2).sum().backward()
+        f(x).pow(2).sum().backward()
+        torch.testing.assert_close(m2.in_proj_weight.grad, m1.in_proj_weight.grad, atol=1e-5, rtol=1e-4)
+        m1.zero_grad()
+        m2.zero_grad()

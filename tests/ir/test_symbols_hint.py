@@ -37,3 +37,15 @@ def test_hint_of_unbacked_expression_without_optimization_hint():
         assert symbols.hint(2 * s + 1) == 11
         assert symbols.hint(2 * u) == 2 * symbols._UNBACKED_GUESS
         assert symbols.hint(s * u + sympy.Integer(3)) == 5 * symbols._UNBACKED_GUESS + 3
+
+
+def test_floor_division_by_a_symbolic_size_keeps_a_fractional_quotient():
+    """``s*(2*M + h) // (2*s)`` is not ``M + h/2``: sympy's denominator of that sum is 1,
+    which read as "divides exactly" and dropped the ``h/2`` (MHA's backward, dynamic)."""
+    s, m, h = sympy.symbols("s m h", integer=True, positive=True)
+    e = symbols.FloorDiv(s * (2 * m + h), 2 * s)
+    assert e != m + h / 2 and isinstance(e, symbols.FloorDiv)
+    for sv, mv, hv in [(3, 1, 1), (5, 2, 3), (4, 7, 0)]:
+        assert e.subs({s: sv, m: mv, h: hv}) == (sv * (2 * mv + hv)) // (2 * sv)
+    assert symbols.FloorDiv(2 * s * m + 4 * s, 2 * s) == m + 2
+    assert symbols.Mod(2 * s * m, 2 * s) == 0 and symbols.Mod(s * h, 2 * s) != 0

@@ -208,8 +208,7 @@ def call_op(tx, kind: str, target, args: list, kwargs: dict) -> VariableTracker:
                 result = getattr(fake_args[0], target)(*fake_args[1:], **fake_kwargs)
             else:
                 result = target(*fake_args, **fake_kwargs)
-            dense = all(t.is_contiguous() for t in pytree.tree_leaves(fake_args) if isinstance(t, torch.Tensor))
-            if any(t.shape != n and (t._is_view() or 0 not in n or not dense) for t, n in zip(outs, shapes)):
+            if any(t.shape != n and (t._is_view() or 0 not in n or not _dense(fake_args)) for t, n in zip(outs, shapes)):
                 # eager resizes the view itself, past its slice of the storage: functionalized,
                 # only the slice was written back (``torch.mul(x, 2, out=o[:2])``, 4 values). An
                 # empty tensor grows in the AOT epilogue (``resize_``: contiguous, as eager's is
@@ -239,6 +238,12 @@ def call_op(tx, kind: str, target, args: list, kwargs: dict) -> VariableTracker:
     if len(out.shape_env.guards) > guards_before:
         out.sites.note(out.shape_env, guards_before, out.where(), reason=_name(target))
     return wrap_result(tx, node, result)
+
+
+def _dense(args) -> bool:
+    """Whether every tensor among ``args`` is contiguous (asked only of an op resizing an out= tensor: the
+    question guards on sizes, and a data-dependent size cannot answer it)."""
+    return all(t.is_contiguous() for t in pytree.tree_leaves(args) if isinstance(t, torch.Tensor))
 
 
 def _symbolic_dispatch(out):

@@ -3,15 +3,19 @@
 - Integer ``//``, ``%``, ``fmod`` and trunc division with a tensor divisor: x86 ``idiv``
   traps (SIGFPE, the process dies) on ``INT_MIN / -1`` and on a divisor of 0. The prelude
   helpers (``coil_floordiv`` ...) give eager's wrapped results for ``-1`` (``INT_MIN // -1
-  == INT_MIN``, remainder 0) and 0 for a divisor of 0 (eager raises ZeroDivisionError
-  there; a kernel cannot raise).
+  == INT_MIN``, remainder 0) and 0 for a divisor of 0 inside a kernel; a compiled program
+  checks its divisors for 0 first and raises eager's ``RuntimeError: ZeroDivisionError``
+  (tests/aot/test_runtime_checks.py), but the kernel may run before that check.
 - ``coil_tanh`` returns exactly +-1 where eager does (|x| >= 9.01084 in float32) and stays
   within 1 ulp of eager elsewhere.
 """
 import pytest
 import torch
+from torch.fx.experimental.proxy_tensor import make_fx
 
 import coil
+from coil.codegen import compile_aten_graph
+from coil.config import patch
 
 SIGNED = [torch.int8, torch.int16, torch.int32, torch.int64]
 
@@ -20,8 +24,16 @@ def _compile(fn):
     return coil.compile(fn, options={"cpu_backend": "cpp"})
 
 
+def _kernels(fn, *args):
+    """``fn`` compiled by the code generator alone (no AOT: no divisor check before the kernel)."""
+    gm = make_fx(fn, tracing_mode="fake")(*args)
+    with patch(cpu_backend="cpp"):
+        return compile_aten_graph(gm, list(args), "cpu")(*args)
+
+
 def _div_ops(a, b):
-    return (a // b, a % b, torch.fmod(a, b), torch.div(a, b, rounding_mode="trunc"))
+    return (torch.div(a, b, rounding_mode="floor"), a % b, torch.fmod(a, b),
+            torch.div(a, b, rounding_mode="trunc"))
 
 
 def _expected(a, b):
@@ -41,25 +53,33 @@ def test_int_division_edge_divisors(dtype):
     i = torch.iinfo(dtype)
     a = torch.tensor([i.min, i.min, i.min, i.max, i.max, -7, 7, -7, 7, 0, -1, i.min + 1, 5, i.min, 3], dtype=dtype)
     b = torch.tensor([-1, 0, 1, -1, 0, 2, -2, -1, 0, 0, -1, -1, 3, i.min, i.max], dtype=dtype)
-    out = _compile(_div_ops)(a, b)
+    out = _kernels(_div_ops, a, b)
     for k, (o, r) in enumerate(zip(out, _expected(a, b))):
         assert o.dtype == r.dtype and torch.equal(o, r), (k, o.tolist(), r.tolist())
     # the exact values asked for: INT_MIN // -1 wraps to INT_MIN, remainders 0, x / 0 is 0
     assert [o[0].item() for o in out] == [i.min, 0, 0, i.min]
     assert [o[1].item() for o in out] == [0, 0, 0, 0]
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+        _compile(_div_ops)(a, b)
+    nz = b != 0
+    out = _compile(_div_ops)(a[nz], b[nz])
+    for k, (o, r) in enumerate(zip(out, _expected(a[nz], b[nz]))):
+        assert o.dtype == r.dtype and torch.equal(o, r), (k, o.tolist(), r.tolist())
 
 
 @pytest.mark.parametrize("dtype", SIGNED)
 def test_int_division_eager_parity_random_and_scalar(dtype):
-    """Many elements (OpenMP, the lane loop) with divisors in [-3, 3] (0 included), and
-    scalar divisors (constant-folded, division by a constant vectorizes)."""
+    """Many elements (OpenMP, the lane loop) with divisors in [-3, 3] (0 only in the kernels'
+    check), and scalar divisors (constant-folded, division by a constant vectorizes)."""
     torch.manual_seed(0)
     i = torch.iinfo(dtype)
     a = torch.randint(i.min, i.max, (70000,), dtype=dtype)
     a[::97] = i.min
     b = torch.randint(-3, 4, (70000,), dtype=dtype)
-    out = _compile(_div_ops)(a, b)
-    for k, (o, r) in enumerate(zip(out, _expected(a, b))):
+    for k, (o, r) in enumerate(zip(_kernels(_div_ops, a, b), _expected(a, b))):
+        assert torch.equal(o, r), k
+    b = torch.where(b == 0, torch.full_like(b, 2), b)
+    for k, (o, r) in enumerate(zip(_compile(_div_ops)(a, b), _expected(a, b))):
         assert torch.equal(o, r), k
     for s in (-1, 3, -7):
         f = lambda a: (a // s, a % s, torch.fmod(a, s))  # noqa: E731
@@ -71,10 +91,12 @@ def test_int_floordiv_fused_with_float_math():
     """The repro shape of FINDINGS_7 item 1 inside a larger fused kernel."""
     a = torch.tensor([torch.iinfo(torch.int64).min, 7, -9, 4])
     b = torch.tensor([-1, 2, 0, 0])
-    f = lambda a, b: ((a // b).float() * 0.5, (a % b) + 1)  # noqa: E731
-    o = _compile(f)(a, b)
+    f = lambda a, b: ((torch.div(a, b, rounding_mode="floor")).float() * 0.5, (a % b) + 1)  # noqa: E731
+    o = _kernels(f, a, b)
     assert o[0].tolist() == [-2.0 ** 63 * 0.5, 1.5, 0.0, 0.0]
     assert o[1].tolist() == [1, 2, 1, 1]
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+        _compile(f)(a, b)
 
 
 def _ulps32(a, b):

@@ -46,7 +46,7 @@ __all__ = ["Program", "Input", "Stmt", "Result", "generate", "check", "check_pro
 OUTCOMES = ("ok", "mismatch", "error", "missing_error", "both_raise", "hang", "upstream",
             "no_reference")
 FAILURES = ("mismatch", "error", "missing_error", "hang")
-BACKENDS = ("cpp", "triton", "aot_eager", "torch_aot_eager")
+BACKENDS = ("cpp", "triton", "cpp_dynamic", "triton_dynamic", "aot_eager", "torch_aot_eager")
 _LOW = (torch.float16, torch.bfloat16)
 
 
@@ -263,16 +263,19 @@ def _deadline(seconds: float):
 
 
 def compile_for(fn: Callable, backend) -> Callable:
-    """``fn`` compiled by one of :data:`BACKENDS` (``cpp``/``triton``: coil's kernels).
+    """``fn`` compiled by one of :data:`BACKENDS` (``cpp``/``triton``: coil's kernels; ``*_dynamic``: the
+    same with ``dynamic=True``, symbolic sizes through every layer).
 
     A callable ``backend`` is used as ``backend(fn)`` (tests plant fake compilers so)."""
     import coil
     if callable(backend):
         return backend(fn)
-    if backend == "triton":
+    if backend.startswith("triton"):
         os.environ.setdefault("TRITON_INTERPRET", "1")
     if backend in ("cpp", "triton"):
         return coil.compile(fn, options={"cpu_backend": backend})
+    if backend in ("cpp_dynamic", "triton_dynamic"):  # every size symbolic (0/1 specialized)
+        return coil.compile(fn, dynamic=True, options={"cpu_backend": backend.split("_")[0]})
     if backend in ("aot_eager", "torch_aot_eager"):
         return (torch.compile if backend.startswith("torch") else coil.compile)(fn, backend="aot_eager")
     raise ValueError(f"unknown backend {backend!r}; choose from {BACKENDS}")

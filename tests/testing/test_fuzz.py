@@ -829,3 +829,28 @@ def test_float64_sums_past_the_max_in_eager_order_and_fmod_by_them(monkeypatch):
     assert fuzz.check(_mean64, big, "cpp").outcome == "mismatch"
     monkeypatch.setattr(fuzz, "compile_for", lambda fn, b: lambda a: (torch.fmod(a, exact),))
     assert fuzz.check(_fmod_by_mean64, big, "cpp").outcome == "ok"
+
+
+def test_dynamic_backends_compile_with_symbolic_sizes(tmp_path):
+    """``cpp_dynamic`` / ``triton_dynamic``: the program compiled with ``dynamic=True`` (the campaign's
+    view of dynamic shapes), one graph serving two sizes."""
+    import json
+
+    import coil
+    from coil import trace
+    from coil.testing.fuzz import compile_for
+
+    old = trace.trace_dir()
+    for backend in ("cpp_dynamic", "triton_dynamic"):
+        d = tmp_path / backend
+        trace.set_dir(str(d))
+        try:
+            coil.reset()
+            f = compile_for(lambda x: x.sin() * x.shape[0], backend)
+            for n in (3, 5):
+                x = torch.randn(n, 2)
+                torch.testing.assert_close(f(x), x.sin() * n)
+        finally:
+            trace.set_dir(old)
+        events = [json.loads(line)["event"] for p in d.glob("*.jsonl") for line in p.read_text().splitlines()]
+        assert events.count("backend_compile") == 1, backend

@@ -58,6 +58,11 @@ OUTSIDE_READ_MESSAGE = ("the program reads (through as_strided) memory of a tens
                         "those, so the program runs eagerly")
 
 
+OFFSET_WRITE_MESSAGE = ("the program writes through an as_strided view of a tensor that does not start "
+                        "at its storage's start (as_strided's offset is absolute; functionalization "
+                        "writes it back from 0), so the program runs eagerly")
+
+
 RESTRIDE_MESSAGE = ("the program restrides an input (as_strided_) past its last element, which "
                     "functionalization does not model, so the program runs eagerly")
 

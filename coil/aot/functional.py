@@ -48,8 +48,8 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 
 from coil import trace
-from coil.aot.aliasing import (OUTSIDE_READ_MESSAGE, OverlapGuard, RunEagerly, _addresses, _extent,
-                               _overlaps, _static, inside)
+from coil.aot.aliasing import (OFFSET_WRITE_MESSAGE, OUTSIDE_READ_MESSAGE, OverlapGuard, RunEagerly, _addresses,
+                               _extent, _overlaps, _static, inside)
 
 aten = torch.ops.aten
 
@@ -215,6 +215,11 @@ class _ViewRewrites(TorchDispatchMode):
         for a in args:  # an as_strided view read after a write to its root (s93 #358)
             if isinstance(a, torch.Tensor) and a in self.strided and a in self.roots:
                 _lay_out_as_eager(self.roots[a], a)
+        if func._schema.is_mutable and args and isinstance(args[0], torch.Tensor) and args[0] in self.strided \
+                and self.roots.get(args[0], args[0]).storage_offset() != 0:
+            # functionalization writes it back at the absolute offset into a value that starts at 0: the
+            # element 14 of a tensor starting at 9 became its element 14, read back as 23 (s213 #1811)
+            raise RunEagerly(OFFSET_WRITE_MESSAGE)
         try:
             out = func(*args, **(kwargs or {}))
         except (RuntimeError, ValueError):

@@ -810,3 +810,18 @@ def test_an_in_place_op_whose_operand_partially_overlaps_it_raises_eagers_error(
     r = check(fn, make, backend)
     assert r.outcome == "both_raise", (r.outcome, r.detail)
     _ok(lambda x: (x.add_(x),), lambda: [torch.arange(5.0)], backend)
+
+
+def _write_through_as_strided_of_offset_input(a):
+    v0 = a.as_strided((1, 1), (3, 2), 14)   # absolute offset 14: a starts at 9
+    v0.copy_(torch.full((1, 1), 7.0))
+    return (torch.max(v0),)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_write_through_as_strided_of_an_input_at_a_storage_offset(backend):
+    """s213 #1811: functionalization wrote the as_strided view back at its absolute offset into a
+    value starting at 0, so the max read element 23 of the storage (-1.49), not the 7 written at 14.
+    The program now runs eagerly (logged)."""
+    _ok(_write_through_as_strided_of_offset_input,
+        lambda: [torch.arange(27, dtype=torch.float32).reshape(3, 3, 3)[1:3:2]], backend)

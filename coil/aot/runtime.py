@@ -228,8 +228,8 @@ def _make_epilogue(info: ProgramInfo, args_index_of_output=None) -> Callable:
         batch_src: list = []
         for pos in range(n_mut):
             inp = args[mutated[pos]]
-            if inp.shape != vals[pos].shape:  # out= into an empty tensor: eager resizes it (capture lets no
-                inp.resize_(vals[pos].shape)  # other resize through); restride below gives eager's strides
+            if inp.shape != vals[pos].shape:  # out= into an empty tensor: eager resizes it, contiguous from
+                inp.resize_(vals[pos].shape)  # contiguous operands (capture runs every other resize eagerly)
             # a leaf that requires grad can only have been mutated outside autograd (a
             # differentiable in-place op on it fails while tracing, as in eager): through
             # .detach(), e.g. F.embedding's max_norm renorm

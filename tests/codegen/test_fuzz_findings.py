@@ -825,3 +825,16 @@ def test_write_through_as_strided_of_an_input_at_a_storage_offset(backend):
     The program now runs eagerly (logged)."""
     _ok(_write_through_as_strided_of_offset_input,
         lambda: [torch.arange(27, dtype=torch.float32).reshape(3, 3, 3)[1:3:2]], backend)
+
+
+def _min_dim_of_signed_zeros(a, b):
+    v, _ = torch.min(a, dim=1)
+    return (b / v,)
+
+
+@pytest.mark.parametrize("backend", [
+    "cpp", pytest.param("triton", marks=pytest.mark.xfail(
+        strict=True, reason="s213 #7447: min(dim)'s value is tl.min's, either zero of a -0.0/0.0 tie; "
+                            "eager's is the element at the first index (-0.0), so b / v is -inf, not inf"))])
+def test_min_dim_value_is_the_first_of_tied_signed_zeros(backend):
+    _ok(_min_dim_of_signed_zeros, lambda: [torch.tensor([[-0.0, 2.0, 0.0]]), torch.tensor(-4)], backend)

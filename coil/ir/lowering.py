@@ -813,9 +813,20 @@ def _max_min_all(x):
 @register_lowering(aten.max.dim, aten.min.dim)
 def _max_min_dim(x, dim, keepdim=False):
     is_max = current_graph().current_node.target == aten.max.dim
-    vals = make_reduction(x, dim, keepdim, "max" if is_max else "min", x.get_dtype())
     idx = make_reduction(x, dim, keepdim, "argmax" if is_max else "argmin", torch.int64)
-    return vals, idx
+    if not x.get_dtype().is_floating_point or not x.get_size():
+        return make_reduction(x, dim, keepdim, "max" if is_max else "min", x.get_dtype()), idx
+    # eager's value is the element at the index: of tied -0.0 and 0.0 the first (a tree
+    # reduction's min may be either: b / v gave -inf for inf, fuzz s213 #7447)
+    d = dim % len(x.get_size())
+    xl, il, n = x.make_loader(), idx.make_loader(), x.get_size()[d]
+
+    def at_index(i):
+        j = list(i)
+        k = ops.indirect_indexing(il(j), n, wrap_neg=False)
+        return xl(j[:d] + [k] + j[d + 1:] if keepdim else j[:d] + [k] + j[d:])
+
+    return TensorBox.create(Pointwise(device(), x.get_dtype(), at_index, list(idx.get_size()))), idx
 
 
 @register_lowering(aten.argmax, aten.argmin)

@@ -832,9 +832,10 @@ def _min_dim_of_signed_zeros(a, b):
     return (b / v,)
 
 
-@pytest.mark.parametrize("backend", [
-    "cpp", pytest.param("triton", marks=pytest.mark.xfail(
-        strict=True, reason="s213 #7447: min(dim)'s value is tl.min's, either zero of a -0.0/0.0 tie; "
-                            "eager's is the element at the first index (-0.0), so b / v is -inf, not inf"))])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_min_dim_value_is_the_first_of_tied_signed_zeros(backend):
+    """s213 #7447: min(dim)'s value was tl.min's, either zero of a -0.0/0.0 tie; eager's is the element
+    at the first index (-0.0), so b / v gave -inf, not inf. The value is now read at the index."""
     _ok(_min_dim_of_signed_zeros, lambda: [torch.tensor([[-0.0, 2.0, 0.0]]), torch.tensor(-4)], backend)
+    _ok(lambda a: (*torch.max(a, 1, keepdim=True), *torch.min(a, 0)),
+        lambda: [torch.tensor([[0.0, -0.0, 1.0], [math.nan, 2.0, math.nan], [-0.0, 0.0, -1.0]])], backend)

@@ -629,8 +629,7 @@ def _make_fx(fn: Callable, args: list, decompositions: dict, fake_mode: FakeTens
 
 
 #: integer division ops that raise ``RuntimeError: ZeroDivisionError`` in eager on the CPU
-_INT_DIVISIONS = {torch.ops.aten.floor_divide.default, torch.ops.aten.remainder.Tensor,
-                  torch.ops.aten.fmod.Tensor, torch.ops.aten.div.Tensor_mode}
+_INT_DIVISIONS = {aten.floor_divide.default, aten.remainder.Tensor, aten.fmod.Tensor, aten.div.Tensor_mode}
 
 
 def _insert_zero_division_checks(gm: torch.fx.GraphModule) -> None:
@@ -639,7 +638,6 @@ def _insert_zero_division_checks(gm: torch.fx.GraphModule) -> None:
     divide without a check and returned numbers where eager raised. A divisor that is a Python
     number is checked by eager's own trace; CUDA's eager does not raise. Logged
     ``zero_division_checks``."""
-    aten = torch.ops.aten
     added = 0
     for n in list(gm.graph.nodes):
         if n.op != "call_function" or n.target not in _INT_DIVISIONS or len(n.args) < 2:

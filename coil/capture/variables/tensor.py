@@ -208,7 +208,8 @@ def call_op(tx, kind: str, target, args: list, kwargs: dict) -> VariableTracker:
                 result = getattr(fake_args[0], target)(*fake_args[1:], **fake_kwargs)
             else:
                 result = target(*fake_args, **fake_kwargs)
-            if any(t.shape != n and (t._is_view() or 0 not in n or not _dense(fake_args)) for t, n in zip(outs, shapes)):
+            if any(t.shape != n and (t._is_view() or 0 not in n or not _dense(fake_args))
+                   for t, n in zip(outs, shapes)):
                 # eager resizes the view itself, past its slice of the storage: functionalized,
                 # only the slice was written back (``torch.mul(x, 2, out=o[:2])``, 4 values). An
                 # empty tensor grows in the AOT epilogue (``resize_``: contiguous, as eager's is

@@ -2,9 +2,13 @@
 ``cudagraph_*`` event of the compile log (skips, splits, recordings with their reasons),
 the graphs compiled, and ms per call with the host time. CUDA, batch 1 x 224, bf16.
 
-    python benchmarks/gpu_ro_events.py mobilenetv3_large_100
+    python benchmarks/gpu_ro_events.py mobilenetv3_large_100 [--profile]
+
+``--profile`` adds a cProfile of 200 steady-state calls (top functions by self time).
 """
+import cProfile
 import os
+import pstats
 import sys
 import tempfile
 import time
@@ -35,6 +39,14 @@ def main() -> None:
         torch.cuda.synchronize()
         wall = (time.perf_counter() - t0) / 50
     print(f"{name}: {wall * 1e3:.3f} ms per call, {host * 1e3:.3f} ms host", flush=True)
+    if "--profile" in sys.argv:
+        prof = cProfile.Profile()
+        with torch.no_grad():
+            prof.enable()
+            for _ in range(200):
+                f(x)
+            prof.disable()
+        pstats.Stats(prof).sort_stats("tottime").print_stats(25)
     lg = read_log(log)
     print("compiles:", len(lg.compiles))
     for r in [r for c in lg.compiles for r in c.events] + lg.loose:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import math
 import signal
 import statistics
@@ -130,7 +131,21 @@ def time_interleaved(fns: Sequence[Callable[[], object]], repeat: int,
     With ``max_seconds``, stop early once the timed calls add up to more than that (but
     after at least ``min_rounds`` rounds). ``rotate``: round ``r`` starts at ``fns[r %
     len(fns)]``, so that no fn always runs right after the same other one (a slow
-    neighbour's leftover GPU queue or cache state would otherwise always fall on it)."""
+    neighbour's leftover GPU queue or cache state would otherwise always fall on it).
+    Python's cyclic garbage collector is run before and paused while timing, as
+    ``timeit`` does: a collection walks the whole process's heap (every model and
+    compiled graph the harness holds), and whichever call it lands in reads slower."""
+    gc.collect()
+    paused = gc.isenabled()
+    gc.disable()
+    try:
+        return _interleaved(fns, repeat, timer, max_seconds, min_rounds, rotate)
+    finally:
+        if paused:
+            gc.enable()
+
+
+def _interleaved(fns, repeat, timer, max_seconds, min_rounds, rotate) -> list[list[float]]:
     out: list[list[float]] = [[] for _ in fns]
     total = 0.0
     n = len(fns)

@@ -64,6 +64,10 @@ _CHANNELS_LAST_DEVICES = ("cuda",)  # likewise
 
 _aten = torch.ops.aten
 #: extern ops that run channels-last when their 4-D inputs are (config.conv_channels_last)
+#: extern ops whose first argument is read (or written) through its storage: it gets
+#: eager's strides and offset, not the layout this graph chose for the value (fuzz s214 #5389)
+_STORAGE_OPS = (_aten.as_strided_scatter.default, _aten.as_strided.default,
+                _aten.as_strided_copy.default)
 _CHANNELS_LAST_OPS = (_aten.convolution.default, _aten.max_pool2d_with_indices.default,
                       _aten.avg_pool2d.default, _aten._adaptive_avg_pool2d.default,
                       _aten.convolution_backward.default,
@@ -570,6 +574,28 @@ class GraphLowering(torch.fx.Interpreter):
             return d.realize(stride)
         return self._materialize(x, stride)
 
+    def _eager_storage(self, x: TensorBox, fx_arg) -> TensorBox:
+        """``x`` as eager lays it out, for an op that reads its storage: a value this graph
+        realized with other strides (a scatter's target is laid out contiguous, eager's
+        out-of-place ``index_put`` keeps a transposed input's strides) or computed and
+        not yet realized is copied to eager's strides when those are dense at offset 0
+        (graph inputs have eager's layout already)."""
+        from coil.ir.lowering_views import strided_base
+
+        fv = fx_arg.meta.get("val") if isinstance(fx_arg, torch.fx.Node) else None
+        if not (isinstance(fv, torch.Tensor) and fv.storage_offset() == 0 and _dense_non_overlapping(fv)):
+            return x
+        eager = [as_expr(s) for s in fv.stride()]
+        base = strided_base(x)
+        if base is not None and (isinstance(base[0], InputBuffer) or
+                                 (list(base[1].stride) == eager and base[1].offset == 0)):
+            return x
+        if base is None and isinstance(x.data, StorageBox):
+            x.data.realize(stride=eager)
+            return x
+        buf = self._materialize(x, eager)
+        return TensorBox(StorageBox(buf))
+
     def make_extern(self, target, args, kwargs):
         cl = self.channels_last and target in _CHANNELS_LAST_OPS
 
@@ -589,6 +615,8 @@ class GraphLowering(torch.fx.Interpreter):
 
         n = self.current_node
         meta = self.current_node.meta.get("val")
+        if target in _STORAGE_OPS and args and isinstance(args[0], TensorBox):
+            args = (self._eager_storage(args[0], n.args[0]),) + tuple(args[1:])
         if target is torch.ops.aten.mm.default and not kwargs:
             padded = self._mm_with_padded_operand(args, meta)
             if padded is not None:

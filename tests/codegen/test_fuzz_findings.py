@@ -839,3 +839,20 @@ def test_min_dim_value_is_the_first_of_tied_signed_zeros(backend):
     _ok(_min_dim_of_signed_zeros, lambda: [torch.tensor([[-0.0, 2.0, 0.0]]), torch.tensor(-4)], backend)
     _ok(lambda a: (*torch.max(a, 1, keepdim=True), *torch.min(a, 0)),
         lambda: [torch.tensor([[0.0, -0.0, 1.0], [math.nan, 2.0, math.nan], [-0.0, 0.0, -1.0]])], backend)
+
+
+def _as_strided_write_after_index_put_of_transposed_input(a):
+    a.index_put_((torch.tensor([2]),), torch.tensor(2.0, dtype=torch.float64))
+    v = a.as_strided((1,), (2,), 6)
+    v.mul_(1)
+    return (a,)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_as_strided_scatter_gets_eager_layout_of_computed_value(backend):
+    """s214 #5389: index_put_ of a transposed input, then a write through an as_strided view. The
+    extern as_strided_scatter got the index_put's value laid out contiguous (eager's keeps the input's
+    transposed strides), so it wrote storage element 6 over a[2, 0] (2.0 became 0.0). Ops that read
+    their first argument's storage now get it at eager's strides."""
+    _ok(_as_strided_write_after_index_put_of_transposed_input,
+        lambda: [torch.tensor([[1.0, 2, 3], [4, 5, 6], [0, 8, 9]], dtype=torch.float64).t()], backend)

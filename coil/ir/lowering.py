@@ -15,6 +15,7 @@ concatenation and creation ops live in :mod:`coil.ir.lowering_views`; reductions
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any, Callable, Optional, Sequence
 
 import sympy
@@ -368,20 +369,27 @@ def _clamp(x, min=None, max=None):
     lmin = loader_as(min, size, cdt) if min is not None else None
     lmax = loader_as(max, size, cdt) if max is not None else None
 
-    # on CPU a Python-number bound is a select: a tie keeps x (eager's CPU clamp(-0.0,
-    # min=0) is -0.0; numpy's maximum, which Triton's interpreter uses, gives +0.0) and a
-    # NaN x stays NaN. Eager's CUDA clamp gives +0.0 there, as max.f32 does, so CUDA keeps
-    # maximum/minimum; so does a tensor bound (it may hold NaN, which eager propagates)
-    on_cpu = device().type == "cpu"
-    sel_min = on_cpu and isinstance(min, (int, float)) and not isinstance(min, bool) and min == min
-    sel_max = on_cpu and isinstance(max, (int, float)) and not isinstance(max, bool) and max == max
+    # a Python-number bound is a select, so a tie of signed zeros resolves as the device's
+    # eager does, whatever the backend's max/min make of it: on CPU a tie keeps x (eager's
+    # clamp(-0.0, min=0) is -0.0; numpy's maximum, which Triton's interpreter uses, gives
+    # +0.0); on CUDA eager's clamp resolves it as IEEE max/min (max.f32): +0.0 against a
+    # +0.0 lower bound, -0.0 against a -0.0 upper one (Triton's maximum kept -0.0 on the
+    # H200). A NaN x stays NaN. A tensor bound keeps maximum/minimum (it may hold NaN,
+    # which eager propagates).
+    cuda = device().type != "cpu"
+    sel_min = isinstance(min, (int, float)) and not isinstance(min, bool) and min == min
+    sel_max = isinstance(max, (int, float)) and not isinstance(max, bool) and max == max
+    tie_min = cuda and sel_min and min == 0 and math.copysign(1.0, min) > 0
+    tie_max = cuda and sel_max and max == 0 and math.copysign(1.0, max) < 0
 
     def inner(i):
         v = lx(i)
         if lmin is not None:
-            v = ops.where(ops.lt(v, lmin(i)), lmin(i), v) if sel_min else ops.maximum(v, lmin(i))
+            v = ops.where((ops.le if tie_min else ops.lt)(v, lmin(i)), lmin(i), v) if sel_min \
+                else ops.maximum(v, lmin(i))
         if lmax is not None:
-            v = ops.where(ops.gt(v, lmax(i)), lmax(i), v) if sel_max else ops.minimum(v, lmax(i))
+            v = ops.where((ops.ge if tie_max else ops.gt)(v, lmax(i)), lmax(i), v) if sel_max \
+                else ops.minimum(v, lmax(i))
         return v
 
     return TensorBox.create(Pointwise(device(), odt, inner, size))

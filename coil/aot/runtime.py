@@ -346,6 +346,33 @@ def inference_runner(compiled_fw: Callable, info: ProgramInfo) -> Callable:
     return run
 
 
+def _distinct_grads(grads: list) -> list:
+    """``grads`` with each tensor that shares elements with an earlier one cloned. A compiled
+    backward may return one buffer as the gradient of several inputs (``x + a + b``: the
+    tangent, for ``a`` and ``b``); autograd's AccumulateGrad keeps a gradient it holds the
+    only reference to as ``.grad`` itself, so ``a.grad`` and ``b.grad`` shared memory and the
+    next backward's in-place accumulation (or ``clip_grad_norm_``'s in-place scaling) hit both.
+    Gradients in distinct storages cost one pointer read each; views of one storage are
+    cloned only where their elements overlap (eager's ``split`` backward shares storage too)."""
+    ptrs = [g.untyped_storage().data_ptr() if isinstance(g, torch.Tensor) and g.numel() else 0
+            for g in grads]
+    live = [p for p in ptrs if p]
+    if len(set(live)) == len(live):
+        return grads
+    out, spans = list(grads), {}
+    for k, (g, p) in enumerate(zip(grads, ptrs)):
+        if not p:
+            continue
+        lo = g.storage_offset() * g.element_size()
+        hi = lo + (1 + sum((n - 1) * st for n, st in zip(g.shape, g.stride()))) * g.element_size()
+        seen = spans.setdefault(p, [])
+        if any(lo < h and a < hi for a, h in seen):
+            out[k] = g.clone()
+        else:
+            seen.append((lo, hi))
+    return out
+
+
 def _delay_error(grads: list) -> list:
     """Make differentiating ``grads`` again raise DOUBLE_BACKWARD_MESSAGE."""
     idx = [k for k, g in enumerate(grads) if isinstance(g, torch.Tensor)]
@@ -417,7 +444,7 @@ def training_runner(compiled_fw: Callable, compiled_bw: Callable, info: ProgramI
                     g = torch.zeros(shape, dtype=dtype, device=device)
                 tangents.append(g.contiguous())
             with torch.no_grad():
-                grads = compiled_bw(*saved, *tangents)
+                grads = _distinct_grads(compiled_bw(*saved, *tangents))
             result: list = [None] * n_in
             for slot, g in zip(grad_slots, grads):
                 result[slot] = g

@@ -156,6 +156,10 @@ class OutputGraph:
         inference = torch.is_inference_mode_enabled()
         self.guards.ns["___inference_mode"] = torch.is_inference_mode_enabled
         self.guards.add(f"___inference_mode() is {inference!r}", "___inference_mode()", inference)
+        # factories and Python-float promotion read the default dtype (torch.ones(2) + x.sum())
+        default = torch.get_default_dtype()
+        self.guards.ns["___default_dtype"] = torch.get_default_dtype
+        self.guards.add(f"___default_dtype() is {self.guards.const(default)}", "___default_dtype()", default)
         for dev in _autocast_devices():
             state = torch.is_autocast_enabled(dev)
             self.guards.ns["___autocast_enabled"] = torch.is_autocast_enabled

@@ -339,3 +339,23 @@ def test_entry_hoists_every_prefix_of_a_module_tree_once():
     exec("\n".join(lines), ns)
     assert ns[a] is ns["self"].b["0"].weight and ns[b] is ns["self"].b["0"].bias
     assert ns[c] is ns["self"].b._modules["1.x"]._buffers["m[0]"]
+
+
+def test_default_dtype_is_guarded():
+    """``torch.ones(2) + x.sum()`` takes the default dtype: after ``set_default_dtype(float64)`` the
+    compiled function returned float32 (fresh-user trial). The default dtype is a guard."""
+    def f(x):
+        return torch.ones(2) + x.sum()
+
+    x = torch.randn(3)
+    cf = coil.compile(f)
+    assert cf(x).dtype == torch.float32
+    old = torch.get_default_dtype()
+    try:
+        torch.set_default_dtype(torch.float64)
+        out = cf(x)
+        assert out.dtype == f(x).dtype == torch.float64
+        torch.testing.assert_close(out, f(x))
+    finally:
+        torch.set_default_dtype(old)
+    assert cf(x).dtype == torch.float32

@@ -148,6 +148,21 @@ def symbol_bindings(graph, needed: set) -> list[str]:
     (``s1 = primals_3.size(1)``), or the number a 0-d tensor input holds (``zf0 = arg1.item()``,
     for a precomputed size made from a dynamic float). Raises NotImplementedError for a symbol no input
     defines alone (the "coil" backend then falls back, logged)."""
+    sources = _symbol_sources(graph)
+    late = sorted((s for s in needed if s in PRECOMPUTED), key=lambda s: s.name)  # after what they read
+    needed = (set(needed) - set(late)).union(*(PRECOMPUTED[s].free_symbols for s in late))
+    missing = sorted(str(s) for s in needed if s not in sources)
+    if missing:
+        raise NotImplementedError(f"coil wrapper: size symbols {missing} are not a size, stride "
+                                  "or SymInt input of this graph")
+    from torch.utils._sympy.printers import PythonPrinter
+    return [f"    {s.name} = {sources[s]}" for s in sorted(needed, key=lambda s: s.name)] + [
+        f"    {s.name} = {PythonPrinter().doprint(PRECOMPUTED[s])}" for s in late]
+
+
+def _symbol_sources(graph) -> dict:
+    """Symbol -> the expression over the call's arguments that is exactly it (see
+    :func:`symbol_bindings`)."""
     sources: dict = {}
     for name, value in zip(graph.placeholder_names, graph.example_inputs):
         if isinstance(value, torch.SymInt) and as_expr(value).is_Symbol:
@@ -167,15 +182,7 @@ def symbol_bindings(graph, needed: set) -> list[str]:
         for d, e in enumerate(b.layout.stride):
             if e.is_Symbol:
                 sources.setdefault(e, f"{name}.stride({d})")
-    late = sorted((s for s in needed if s in PRECOMPUTED), key=lambda s: s.name)  # after what they read
-    needed = (set(needed) - set(late)).union(*(PRECOMPUTED[s].free_symbols for s in late))
-    missing = sorted(str(s) for s in needed if s not in sources)
-    if missing:
-        raise NotImplementedError(f"coil wrapper: size symbols {missing} are not a size, stride "
-                                  "or SymInt input of this graph")
-    from torch.utils._sympy.printers import PythonPrinter
-    return [f"    {s.name} = {sources[s]}" for s in sorted(needed, key=lambda s: s.name)] + [
-        f"    {s.name} = {PythonPrinter().doprint(PRECOMPUTED[s])}" for s in late]
+    return sources
 
 
 class WrapperCodegen:
@@ -410,7 +417,9 @@ class WrapperCodegen:
             leaves = [o.value for o in g.outputs] + [x for b in g.buffers if isinstance(b, ExternKernel)
                                                      for x in torch.utils._pytree.tree_leaves([b.args, b.kwargs])]
             needed |= {s for x in leaves if isinstance(x, sympy.Basic) for s in x.free_symbols} & ints
-        needed -= bound_late
+        # an unbacked size an input also has (a backward's tangent of a nonzero-sized output) is
+        # bound from that input up front: it may be read before the extern whose output has it
+        needed -= bound_late - set(_symbol_sources(g)) if bound_late else set()
         head = symbol_bindings(g, needed) if needed else []
         head += [f"    {name} = {text}" for text, name in self._hoisted.items()]
         L[1:1] = head  # dynamic shapes: bind the symbols once per call, before any use

@@ -41,8 +41,9 @@ TL_DTYPE = {
 
 def pyexpr(e) -> str:
     """An index expression as Triton source; Triton's integer ``//``/``%`` truncate
-    (:func:`coil.ir.symbols.floor_safe`)."""
-    return _pyexpr(floor_safe(e))
+    (:func:`coil.ir.symbols.floor_safe`); Min/Max as ``tl.minimum``/``tl.maximum`` (the
+    interpreter's ``max(3, s0)`` returned the int 3, whose ``.to`` raised)."""
+    return _pyexpr(floor_safe(e), ("tl.minimum", "tl.maximum"))
 
 
 class TVal:

@@ -254,12 +254,30 @@ def _strided_slice(x, dim, start, step, size):
     return make_view(x, size, reindex, restride)
 
 
+def _wrap_index(idx, n):
+    """``idx`` into a dim of size ``n`` as a non-negative position, as eager's select wraps it.
+    A symbolic index's sign and range are guards (decided at the compile-time value): it read
+    ``x[-k]`` at ``-k`` unwrapped, outside the tensor (fresh-user trial). Raises IndexError
+    outside ``[-n, n)``, as eager."""
+    n = as_expr(n)
+    if is_static(idx):
+        idx = int(idx)
+        if is_static(n) and not -int(n) <= idx < int(n):
+            raise IndexError(f"index {idx} is out of bounds for dimension with size {n}")
+        return idx + n if idx < 0 else idx
+    idx = as_expr(idx)
+    if guard_true(sympy.Lt(idx, 0)):
+        idx = idx + n
+    if not (guard_true(sympy.Le(0, idx)) and guard_true(sympy.Lt(idx, n))):
+        raise IndexError(f"index {idx} is out of bounds for dimension with size {n}")
+    return idx
+
+
 @register_lowering(aten.select.int)
 def _select(x, dim, idx):
     size_in = list(x.get_size())
     dim = dim % len(size_in)
-    idx = idx + as_expr(size_in[dim]) if is_static(idx) and idx < 0 else idx
-    return _select_view(x, dim, idx, out_size())
+    return _select_view(x, dim, _wrap_index(idx, size_in[dim]), out_size())
 
 
 @register_lowering(aten.diagonal)
@@ -470,7 +488,7 @@ def _select_scatter(x, src, dim, idx):
     size, odt = out_size(), out_dtype()
     cdt = compute_dtype(odt)
     dim = dim % len(size)
-    idx = idx + int(size[dim]) if idx < 0 else idx
+    idx = _wrap_index(idx, size[dim])
     lx, ls = loader_as(x, size, cdt), loader_as(src, src.get_size(), cdt)
 
     def inner(index):

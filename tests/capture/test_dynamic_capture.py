@@ -818,3 +818,70 @@ def test_dynamic_from_options_and_config():
             for n in (3, 5, 7):
                 torch.testing.assert_close(f(torch.ones(n)), torch.ones(n) + 1)
         assert cnt.frame_count == 1
+
+
+@pytest.mark.parametrize("backend", ["cpp", "triton"])
+def test_backward_of_a_nonzero_sized_output(backend):
+    """``x[nonzero(mask)] @ w.t()`` with backward: the tangent's size is a fresh unbacked symbol
+    that the backward wrapper read (a view of the tangent) before the extern binding it ran
+    (UnboundLocalError u1; fresh-user trial). It is bound from the tangent itself."""
+    w = torch.randn(4, 4, requires_grad=True)
+
+    def f(x):
+        sel = (x[:, 0] > 0).nonzero().squeeze(-1)
+        return x[sel] @ w.t()
+
+    x = torch.randn(6, 4)
+    x[1, 0], x[4, 0] = 1.0, 1.0
+    grads = []
+    for fn in (f, coil.compile(f, options={"capture_dynamic_output_shape_ops": True, "cpu_backend": backend})):
+        xx = x.clone().requires_grad_(True)
+        w.grad = None
+        out = fn(xx)
+        (out * torch.arange(out.numel(), dtype=out.dtype).reshape(out.shape)).sum().backward()
+        grads.append((out.detach(), xx.grad, w.grad))
+    for a, b in zip(grads[1], grads[0]):
+        torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("dynamic", [None, True])
+def test_max_of_a_symbolic_int_in_a_triton_kernel(dynamic):
+    """``max(k, 3) * x`` with k symbolic: the Triton kernel printed Max as Python's ``max``, which in
+    the interpreter returned the int 3 for k = 2 (AttributeError: 'int' object has no attribute
+    'to'; fresh-user trial). Min/Max print as tl.minimum/tl.maximum."""
+    def f(x, k):
+        return max(k, 3) * x + min(k, 1)
+
+    cf = coil.compile(f, options={"cpu_backend": "triton"}, dynamic=dynamic)
+    x = torch.randn(3)
+    for k in (5, 6, 2, 0):
+        torch.testing.assert_close(cf(x, k), f(x, k))
+
+
+def _neg_index_cases():
+    def add_at(y, k):
+        y[-k].add_(1)
+        return y
+    return {"x[-k]": lambda x, k: x[-k] * 1, "x[..., -k]": lambda x, k: x[..., -k] * 1,
+            "x[k - 3]": lambda x, k: x[k - 3] * 1, "x[-k, k]": lambda x, k: x[-k, k] * 1,
+            "y[-k].add_": add_at}
+
+
+@pytest.mark.parametrize("backend", ["cpp", "triton"])
+@pytest.mark.parametrize("case", list(_neg_index_cases()))
+def test_select_at_a_negative_symbolic_index(backend, case):
+    """``x[-k] * 1`` with k symbolic (automatic dynamic): the select was read at ``-k`` unwrapped,
+    outside the tensor (garbage values; fresh-user trial). A symbolic index's sign and range are
+    guards; k of the other sign recompiles, k out of range raises IndexError as eager."""
+    f = _neg_index_cases()[case]
+    cf = coil.compile(f, options={"cpu_backend": backend})
+    for k in (1, 2, 3, -1, 0, 5):
+        x, y = torch.arange(12.).view(3, 4), torch.arange(12.).view(3, 4)
+        try:
+            want = f(y, k)
+        except IndexError:
+            with pytest.raises(IndexError):
+                cf(x, k)
+            continue
+        torch.testing.assert_close(cf(x, k), want)
+        torch.testing.assert_close(x, y)

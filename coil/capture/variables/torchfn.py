@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 import types
 
 import torch
@@ -44,10 +45,19 @@ def _register_compile_time():
 
 _register_compile_time()
 
-_DENY = {torch.manual_seed, torch.seed, torch.set_rng_state, torch.get_rng_state,
-         torch.set_default_dtype, torch.use_deterministic_algorithms, torch.set_printoptions,
-         torch.save, torch.load, torch.set_num_threads, torch.autograd.grad,
-         torch.autograd.backward}
+# compared unwrapped: torch wraps some of them later (torch._dynamo replaces torch.manual_seed
+# by a disable-wrapper on import, after which ``manual_seed`` in a compiled function was
+# dropped: it ran once, while tracing; fresh-user trial)
+_DENY = {inspect.unwrap(f) for f in (
+    torch.manual_seed, torch.seed, torch.set_rng_state, torch.get_rng_state, torch.set_default_dtype,
+    torch.use_deterministic_algorithms, torch.set_printoptions, torch.save, torch.load,
+    torch.set_num_threads, torch.autograd.grad, torch.autograd.backward)}
+
+
+#: argument-free queries of global settings: answered at compile time, guarded on their value
+_GUARDED = {inspect.unwrap(f) for f in (
+    torch.are_deterministic_algorithms_enabled, torch.is_deterministic_algorithms_warn_only_enabled,
+    torch.get_num_threads, torch.get_num_interop_threads, torch.is_anomaly_enabled)}
 
 
 def is_torch_function(value) -> bool:
@@ -83,13 +93,20 @@ class TorchFunctionVariable(KnownCallableVariable):
 
     def call_function(self, tx, args, kwargs):
         fn = self.fn
-        if fn in _DENY:
+        if inspect.unwrap(fn) in _DENY:
             raise Unsupported(f"call to {fn.__module__}.{fn.__name__} changes global state",
                               hint="call it outside the compiled function")
         if fn is torch.is_autocast_enabled:
             return ConstantVariable(fn(*[a.as_python_constant() for a in args]))
         if fn in _COMPILE_TIME:
             return ConstantVariable(_COMPILE_TIME[fn](tx))
+        if inspect.unwrap(fn) in _GUARDED and not args and not kwargs:
+            # a global setting read as a constant: its value is a guard (use_deterministic_algorithms
+            # after the first call ran the other branch; fresh-user trial)
+            value = fn()
+            gs = tx.output.guards
+            gs.add(f"{gs.const(fn)}() == {value!r}", f"{gs.const(fn)}()", value)
+            return ConstantVariable(value)
         if fn is torch.set_grad_enabled:
             mode = args[0].as_python_constant()
             ctx = GradModeVariable(mode)

@@ -509,7 +509,7 @@ def _embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse
     num = weight.get_size()[0]
 
     def inner(index):
-        row = ops.indirect_indexing(il(index[:nidx]), num)
+        row = ops.indirect_indexing(il(index[:nidx]), num, wrap_neg=False)  # eager rejects < 0
         return wl([row] + list(index[nidx:]))
 
     return TensorBox.create(Pointwise(device(), odt, inner, size))

@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+import coil
 from coil import trace
 from coil.testing.fuzz import check
 
@@ -856,3 +857,22 @@ def test_as_strided_scatter_gets_eager_layout_of_computed_value(backend):
     their first argument's storage now get it at eager's strides."""
     _ok(_as_strided_write_after_index_put_of_transposed_input,
         lambda: [torch.tensor([[1.0, 2, 3], [4, 5, 6], [0, 8, 9]], dtype=torch.float64).t()], backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("op", ["gather", "index_select", "embedding", "cross_entropy"])
+def test_negative_index_raises_where_eager_rejects_it(backend, op):
+    """gather/index_select/embedding/nll_loss reject a negative index in eager. The Triton kernel
+    wrapped it before its bounds check (a wrong label gave a loss) and embedding wrapped on both
+    backends (fresh-user trial). The check now reads the index as given."""
+    import torch.nn.functional as F
+    f = {"gather": lambda x, i: x.gather(0, i), "index_select": lambda x, i: x.index_select(0, i),
+         "embedding": lambda x, i: F.embedding(i, x[:, None]),
+         "cross_entropy": lambda x, i: F.cross_entropy(x[:6].reshape(2, 3), i)}[op]
+    x, i = torch.arange(7.0), torch.tensor([-1, 2])
+    with pytest.raises((IndexError, RuntimeError)):
+        f(x, i)
+    with pytest.raises(IndexError):
+        coil.compile(f, options={"cpu_backend": backend})(x, i)
+    j = torch.tensor([1, 2])
+    torch.testing.assert_close(coil.compile(f, options={"cpu_backend": backend})(x, j), f(x, j))

@@ -526,7 +526,8 @@ class TritonKernel(OpsHandler):
         v = self.cse(f"tl.where({x} < 0, {x} + {size}, {x})", x.dtype, x.dims)
         if check:
             mask, _ = self._mask(x.dims)
-            cond = f"(0 <= {v}) & ({v} < {size})"
+            w = v if wrap_neg else x    # (gather, index_select, embedding: eager rejects < 0)
+            cond = f"(0 <= {w}) & ({w} < {size})"
             if mask:
                 cond = f"({cond}) | ~({mask})"
             self._lines().append(f'tl.device_assert({cond}, "index out of bounds: 0 <= {v} < {size}")')

@@ -150,8 +150,8 @@ def _var_and_mean(x, dim, correction, keepdim, take_sqrt=False):
     sq = aten.sum.dim_IntList(aten.mul.Tensor(centered, centered), dims, keepdim)
     # eager returns nan/inf for n - c <= 0 (division by zero); match it
     denom = n - c
-    if isinstance(denom, (int, float)):
-        denom = max(denom, 0)
+    # (a symbolic count too: var(correction=3) of 2 rows was -0.5, not inf; fresh-user trial)
+    denom = max(denom, 0) if isinstance(denom, (int, float)) else torch.sym_max(denom, 0)
     var = aten.div.Scalar(sq, denom)
     if take_sqrt:
         var = aten.sqrt.default(var)

@@ -885,3 +885,15 @@ def test_select_at_a_negative_symbolic_index(backend, case):
             continue
         torch.testing.assert_close(cf(x, k), want)
         torch.testing.assert_close(x, y)
+
+
+@pytest.mark.parametrize("backend", ["cpp", "triton"])
+def test_var_with_correction_at_least_a_symbolic_count(backend):
+    """``var(x, 0, correction=3)`` of 2 rows with the row count symbolic divided by n - 3 = -1
+    (-0.5, eager inf; fresh-user trial): the divisor is max(n - c, 0) for a symbolic n too."""
+    f = lambda x: (torch.var(x, 0, correction=3), x.std(0, correction=2))  # noqa: E731
+    cf = coil.compile(f, options={"cpu_backend": backend})
+    for n in (5, 6, 2, 3, 4, 1):
+        x = torch.arange(float(n))[:, None] * torch.tensor([1.0, -2.0])
+        for a, b in zip(cf(x), f(x)):
+            torch.testing.assert_close(a, b, equal_nan=True)

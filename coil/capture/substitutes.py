@@ -105,9 +105,11 @@ def tensor(data, *, dtype=None, device=None, requires_grad=False, pin_memory=Fal
     if not any(isinstance(v, sym) for v in flat) or requires_grad and not isinstance(data, sym):
         return torch.tensor(data, dtype=dtype, device=device, requires_grad=requires_grad,
                             pin_memory=pin_memory)
-    # eager's dtype and shape, from the values' hints
+    # eager's dtype and shape, from the values' hints (an unbacked one has none: a float of its
+    # kind, so torch.tensor(x.sum().item()) stays float, not int64 truncating 3.75 to 3)
     like = torch.tensor(pytree.tree_map(lambda v: (v.node.hint if v.node.hint is not None else
-                                                   1) if isinstance(v, sym) else v, data), dtype=dtype)
+                                                   1.0 if isinstance(v, torch.SymFloat) else 1)
+                                        if isinstance(v, sym) else v, data), dtype=dtype)
     if isinstance(data, sym):
         return torch.full((), data, dtype=like.dtype, device=device, requires_grad=requires_grad)
     return torch.stack([torch.full((), v, dtype=like.dtype, device=device) for v in flat]).reshape(like.shape)

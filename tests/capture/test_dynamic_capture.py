@@ -897,3 +897,13 @@ def test_var_with_correction_at_least_a_symbolic_count(backend):
         x = torch.arange(float(n))[:, None] * torch.tensor([1.0, -2.0])
         for a, b in zip(cf(x), f(x)):
             torch.testing.assert_close(a, b, equal_nan=True)
+
+
+def test_tensor_of_an_unbacked_float_keeps_float_dtype():
+    """``torch.tensor(x.sum().item())`` with capture_scalar_outputs: the item has no hint and the
+    dtype was inferred from the int 1 (int64: 3.75 became 3; fresh-user trial)."""
+    f = lambda x: torch.tensor(x.sum().item()) * 2  # noqa: E731
+    x = torch.tensor([1.5, 2.25])
+    out = coil.compile(f, options={"capture_scalar_outputs": True})(x)
+    assert out.dtype == f(x).dtype
+    torch.testing.assert_close(out, f(x))

@@ -66,6 +66,8 @@ RANDOM_OPS = [
     aten.normal, aten.uniform, aten.exponential, aten.multinomial,
 ]
 
+_TORCH_INDEX_ADD = _decomp.core_aten_decompositions()[aten.index_add.default]
+
 #: coil's own decompositions: ``{OpOverload: fn}``; each fn uses aten ops only.
 COIL_DECOMPOSITIONS: dict = {}
 
@@ -161,6 +163,22 @@ def _var_and_mean(x, dim, correction, keepdim, take_sqrt=False):
         var = aten._to_copy.default(var, dtype=x.dtype.to_real())
         mean = aten._to_copy.default(mean, dtype=x.dtype)
     return var, mean
+
+
+@register(aten.index_add.default)
+def index_add(x, dim, index, source, *, alpha=1):
+    """``x.index_add(dim, index, source)`` as ``scatter_add`` of ``source`` at ``index`` expanded
+    along ``dim``: eager rejects a negative index, and torch's decomposition to ``index_put``
+    wrapped it (fresh-user trial). A 0-d operand takes torch's decomposition."""
+    if x.dim() == 0 or source.dim() == 0 or index.dim() != 1:
+        return _TORCH_INDEX_ADD(x, dim, index, source, alpha=alpha)
+    dim = dim % x.dim()
+    if alpha != 1:
+        source = aten.mul.Tensor(source, alpha)
+    shape = [1] * source.dim()
+    shape[dim] = -1
+    return aten.scatter_add.default(x, dim, aten.expand.default(aten.view.default(index, shape),
+                                                                list(source.shape)), source)
 
 
 @register(aten.var_mean.correction)

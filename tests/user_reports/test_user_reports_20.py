@@ -1,7 +1,7 @@
 """Open defects from a new-user trial of ~1,100 programs (~6,000 program x mode checks: both
 CPU backends, static, automatic dynamic, ``dynamic=True``, unbacked sizes, training). What it
 found and was fixed has its regression test next to the fix (FINDINGS_20.md lists them); the
-defects below are still open, each a strict xfail. CPU only."""
+defects below are still open, each a strict xfail (index_add's is fixed). CPU only."""
 import pytest
 import torch
 
@@ -36,8 +36,13 @@ def test_out_into_a_transposed_tensor_keeps_its_strides():
     assert coil.compile(f)(x, y).stride() == f(x, y).stride()
 
 
-@pytest.mark.xfail(strict=True, reason="open: index_add decomposes to index_put, which wraps a negative index")
-def test_index_add_with_a_negative_index_raises():
+@pytest.mark.parametrize("backend", ["cpp", "triton"])
+def test_index_add_with_a_negative_index_raises(backend):
+    """torch's decomposition of index_add to index_put wrapped a negative index; coil's own is a
+    scatter_add, which checks it as eager does (fixed)."""
     x, i = torch.arange(7.0), torch.tensor([-1, 2])
+    f = lambda x, i: x.index_add(0, i, torch.ones(2), alpha=3)  # noqa: E731
     with pytest.raises(IndexError):
-        coil.compile(lambda x, i: x.index_add(0, i, torch.ones(2)))(x, i)
+        coil.compile(f, options={"cpu_backend": backend})(x, i)
+    i = torch.tensor([4, 4])
+    torch.testing.assert_close(coil.compile(f, options={"cpu_backend": backend})(x, i), f(x, i))

@@ -354,8 +354,8 @@ def _distinct_grads(grads: list) -> list:
     next backward's in-place accumulation (or ``clip_grad_norm_``'s in-place scaling) hit both.
     Gradients in distinct storages cost one pointer read each; views of one storage are
     cloned only where their elements overlap (eager's ``split`` backward shares storage too)."""
-    ptrs = [g.untyped_storage().data_ptr() if isinstance(g, torch.Tensor) and g.numel() else 0
-            for g in grads]
+    tensor = torch.Tensor
+    ptrs = [g.untyped_storage().data_ptr() if isinstance(g, tensor) else 0 for g in grads]  # (empty: 0)
     live = [p for p in ptrs if p]
     if len(set(live)) == len(live):
         return grads

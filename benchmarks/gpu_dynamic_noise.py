@@ -9,13 +9,14 @@ one in one run and not in the next. This script measures that spread directly: p
 ``static-a`` and ``static-b`` (two ``coil.compile(model, dynamic=False)`` copies at that
 length, an A/A pair) and ``dynamic`` (one ``dynamic=True`` copy, warmed at the first
 length) are timed side by side in ``--trials`` independent measurements of the bench's
-kind (``measure.time_interleaved``: the garbage collector paused while timing). Printed per
+kind (collected first, then ``measure.time_interleaved``: the collector paused while timing). Printed per
 length: each trial's ``static-b / static-a`` and ``dynamic / static-a`` ratios of medians
 (and of minima). The A/A ratio is the measurement's own spread.
 """
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import statistics
 
@@ -56,6 +57,7 @@ def main() -> None:
             calls = [_calls(f, ids, CALLS_PER_SAMPLE) for f in fns.values()]
             row = []
             for _ in range(a.trials):
+                gc.collect()  # as the bench does before a length's rounds
                 ts = measure.time_interleaved(calls, a.repeat, lambda f: measure.time_once(f, dev),
                                               rotate=True)
                 ms = [statistics.median(t) / CALLS_PER_SAMPLE * 1e3 for t in ts]

@@ -35,6 +35,7 @@ per device call.
 from __future__ import annotations
 
 import cProfile
+import gc
 import os
 import pstats
 import statistics
@@ -207,6 +208,7 @@ def run_model(name: str, model, compilers: Sequence[str], lengths: Sequence[int]
             live = list(fns)
             before = {c: counter.count(c) for c in live}
             calls = [_calls(fns[c], ids, CALLS_PER_SAMPLE) for c in live]
+            gc.collect()  # (time_interleaved pauses the collector; what the first calls left goes first)
             ts = measure.time_interleaved(calls, repeat, lambda f: measure.time_once(f, device),
                                           rotate=True)
             for c, t in zip(live, ts):

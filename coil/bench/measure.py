@@ -132,10 +132,9 @@ def time_interleaved(fns: Sequence[Callable[[], object]], repeat: int,
     after at least ``min_rounds`` rounds). ``rotate``: round ``r`` starts at ``fns[r %
     len(fns)]``, so that no fn always runs right after the same other one (a slow
     neighbour's leftover GPU queue or cache state would otherwise always fall on it).
-    Python's cyclic garbage collector is run before and paused while timing, as
-    ``timeit`` does: a collection walks the whole process's heap (every model and
-    compiled graph the harness holds), and whichever call it lands in reads slower."""
-    gc.collect()
+    Python's cyclic garbage collector is paused while timing, as ``timeit`` does: a
+    collection walks the whole process's heap (every model and compiled graph the harness
+    holds), and whichever call it lands in reads slower."""
     paused = gc.isenabled()
     gc.disable()
     try:

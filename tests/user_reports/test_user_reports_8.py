@@ -33,10 +33,6 @@ def _check(fn, args, backend, *, grad=False, atol=1e-4, rtol=1e-4, options=None)
     return outs
 
 
-def _triton_only(reason):
-    return ["cpp", pytest.param("triton", marks=pytest.mark.xfail(strict=True, reason=reason))]
-
-
 def _compiled(fn, backend, **opts):
     coil.reset()
     return coil.compile(fn, options={"cpu_backend": backend, **opts})
@@ -271,11 +267,11 @@ def test_direct_in_place_on_grad_leaf_still_raises(backend):
 # 6. Negative indices to index_select / gather / index_add / scatter are wrapped (the
 # indirect_indexing of every lowering adds the size); eager raises ("index out of range in
 # self" / "index -1 is out of bounds"). Both backends return a result.
-# Fixed for the C++ backend (ops.indirect_indexing(..., wrap_neg=False) from these
-# lowerings); the Triton backend's check is a tl.device_assert, off outside debug mode, and
-# it keeps wrapping negatives so that such an index stays inside the tensor.
-@pytest.mark.parametrize("backend", _triton_only(
-    "Triton: bounds checks are tl.device_assert (off unless Triton debug mode)"))
+# Fixed: ops.indirect_indexing(..., wrap_neg=False) from these lowerings; the Triton
+# backend's check (a tl.device_assert: always on in the interpreter, on a GPU in Triton's
+# debug mode) reads the index as given, and the kernel still wraps a negative one so that
+# it stays inside the tensor where the assert is off.
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("op", ["index_select", "gather", "scatter"])
 def test_negative_index_select_raises(backend, op):
     f = {"index_select": lambda x, i: torch.index_select(x, 0, i) * 2,

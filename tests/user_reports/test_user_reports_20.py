@@ -46,3 +46,18 @@ def test_index_add_with_a_negative_index_raises(backend):
         coil.compile(f, options={"cpu_backend": backend})(x, i)
     i = torch.tensor([4, 4])
     torch.testing.assert_close(coil.compile(f, options={"cpu_backend": backend})(x, i), f(x, i))
+
+
+@pytest.mark.xfail(strict=True, reason="open: a broadcast dim whose symbolic size is 1 at run time (s0 // 2) is read unbroadcast")
+@pytest.mark.parametrize("backend", ["cpp", "triton"])
+def test_broadcast_of_a_symbolic_size_that_is_one(backend):
+    """Dynamic fuzz s301 #886: ``where(log1p(c) == 2.5, log1p(c), c.unflatten(-1, (2, -1)))`` with c of
+    2 elements under dynamic=True: the [2, s0 // 2] operand broadcast against [s0] was read at
+    column 1 (-0.0 where eager has -2.0)."""
+    def fn(c):
+        v1 = torch.log1p(c)
+        return torch.where(v1 == 2.5, v1, c.unflatten(-1, (2, -1)))
+
+    c = torch.tensor([-2.0, -0.0])
+    out = coil.compile(fn, dynamic=True, options={"cpu_backend": backend})(c)
+    torch.testing.assert_close(out, fn(c), equal_nan=True)

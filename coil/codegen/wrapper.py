@@ -141,14 +141,14 @@ def _free_size_symbols(x, out: set) -> None:
         _free_size_symbols([l.size, l.stride, l.offset], out)
 
 
-def symbol_bindings(graph, needed: set) -> list[str]:
+def symbol_bindings(graph, needed: set, sources: Optional[dict] = None) -> list[str]:
     """Wrapper lines binding every size symbol in ``needed`` from the call's arguments,
     once per call: a SymInt placeholder that is the symbol (``s0 = arg0``), else a size,
     stride or storage offset of a tensor input that is exactly the symbol
     (``s1 = primals_3.size(1)``), or the number a 0-d tensor input holds (``zf0 = arg1.item()``,
     for a precomputed size made from a dynamic float). Raises NotImplementedError for a symbol no input
     defines alone (the "coil" backend then falls back, logged)."""
-    sources = _symbol_sources(graph)
+    sources = _symbol_sources(graph) if sources is None else sources
     late = sorted((s for s in needed if s in PRECOMPUTED), key=lambda s: s.name)  # after what they read
     needed = (set(needed) - set(late)).union(*(PRECOMPUTED[s].free_symbols for s in late))
     missing = sorted(str(s) for s in needed if s not in sources)
@@ -419,8 +419,9 @@ class WrapperCodegen:
             needed |= {s for x in leaves if isinstance(x, sympy.Basic) for s in x.free_symbols} & ints
         # an unbacked size an input also has (a backward's tangent of a nonzero-sized output) is
         # bound from that input up front: it may be read before the extern whose output has it
-        needed -= bound_late - set(_symbol_sources(g)) if bound_late else set()
-        head = symbol_bindings(g, needed) if needed else []
+        sources = _symbol_sources(g)
+        needed -= bound_late - set(sources)
+        head = symbol_bindings(g, needed, sources) if needed else []
         head += [f"    {name} = {text}" for text, name in self._hoisted.items()]
         L[1:1] = head  # dynamic shapes: bind the symbols once per call, before any use
         if self.boxed:

@@ -93,14 +93,15 @@ class TorchFunctionVariable(KnownCallableVariable):
 
     def call_function(self, tx, args, kwargs):
         fn = self.fn
-        if inspect.unwrap(fn) in _DENY:
+        base = inspect.unwrap(fn)
+        if base in _DENY:
             raise Unsupported(f"call to {fn.__module__}.{fn.__name__} changes global state",
                               hint="call it outside the compiled function")
         if fn is torch.is_autocast_enabled:
             return ConstantVariable(fn(*[a.as_python_constant() for a in args]))
         if fn in _COMPILE_TIME:
             return ConstantVariable(_COMPILE_TIME[fn](tx))
-        if inspect.unwrap(fn) in _GUARDED and not args and not kwargs:
+        if base in _GUARDED and not args and not kwargs:
             # a global setting read as a constant: its value is a guard (use_deterministic_algorithms
             # after the first call ran the other branch; fresh-user trial)
             value = fn()

@@ -15,7 +15,7 @@ import torch
 
 from coil.ir.lowering import (FallbackToExtern, _full, broadcast_loader, device, is_box, loader_as,
                               out_dtype, out_size, register_lowering)
-from coil.ir.nodes import (GenericView, InputBuffer, Layout, Pointwise, ReinterpretView,
+from coil.ir.nodes import (GenericView, Layout, Pointwise, ReinterpretView,
                            StorageBox, TensorBox, current_graph)
 from coil.ir.symbols import (FloorDiv, Mod, as_expr, as_size, contiguous_strides, guard_true, is_static,
                              linear_index, product, unflatten)
@@ -352,21 +352,17 @@ def _unfold(x, dimension, size, step):
 
 @register_lowering(aten.as_strided)
 def _as_strided(x, size, stride, storage_offset=None):
-    from coil.ir.graph import _dense_non_overlapping
     # as_strided reads storage: an intermediate is laid out as eager lays it out (a mutated
     # transposed input's new value was realized contiguous here, transposed in eager)
-    src = current_graph().current_node.args[0]
-    fv = src.meta.get("val") if isinstance(src, torch.fx.Node) else None
-    eager = [as_expr(s) for s in fv.stride()] if isinstance(fv, torch.Tensor) and \
-        fv.storage_offset() == 0 and _dense_non_overlapping(fv) else None
+    graph = current_graph()
+    x = graph._eager_storage(x, graph.current_node.args[0])
     base = strided_base(x)
     if base is None and isinstance(x.data, StorageBox):
-        x.data.realize(stride=eager)
+        x.data.realize()
         base = strided_base(x)
-    if base is None or (eager is not None and not isinstance(base[0], InputBuffer) and
-                        (eager != list(base[1].stride) or base[1].offset != 0)):
+    if base is None:
         x = TensorBox.create(Pointwise(x.get_device(), x.get_dtype(), x.make_loader(), x.get_size()))
-        x.data.realize(stride=eager)
+        x.data.realize()
         base = strided_base(x)
     buf, layout = base
     if any(s == 0 for s in buf.layout.size) and not any(s == 0 for s in size):

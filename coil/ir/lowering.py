@@ -25,7 +25,7 @@ from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 from coil import trace
 from coil.config import config
 from coil.ir.nodes import (Pointwise, Reduction, TensorBox, current_graph)
-from coil.ir.symbols import FloorDiv, Mod, as_expr, as_size, is_static
+from coil.ir.symbols import FloorDiv, Mod, as_expr, as_size, broadcasts, is_static
 from coil.ir.virtualized import compute_dtype, ops
 
 aten = torch.ops.aten
@@ -108,10 +108,10 @@ def broadcast_loader(x, size: Sequence) -> Callable:
     xs = list(x.get_size())
     off = len(size) - len(xs)
     inner = x.make_loader()
+    bcast = [broadcasts(xs[d], size[d + off]) for d in range(len(xs))]
 
     def load(index):
-        idx = [sympy.Integer(0) if xs[d] == 1 and size[d + off] != 1 else index[d + off]
-               for d in range(len(xs))]
+        idx = [sympy.Integer(0) if bcast[d] else index[d + off] for d in range(len(xs))]
         return inner(idx)
 
     return load

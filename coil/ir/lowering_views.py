@@ -17,7 +17,7 @@ from coil.ir.lowering import (FallbackToExtern, _full, broadcast_loader, device,
                               out_dtype, out_size, register_lowering)
 from coil.ir.nodes import (GenericView, Layout, Pointwise, ReinterpretView,
                            StorageBox, TensorBox, current_graph)
-from coil.ir.symbols import (FloorDiv, Mod, as_expr, as_size, contiguous_strides, guard_true, is_static,
+from coil.ir.symbols import (FloorDiv, Mod, as_expr, as_size, broadcasts, contiguous_strides, guard_true, is_static,
                              linear_index, product, unflatten)
 from coil.ir.virtualized import compute_dtype, ops
 
@@ -173,14 +173,15 @@ def _expand(x, size, implicit=False):
     size = out_size()
     old = list(x.get_size())
     off = len(size) - len(old)
+    bcast = [broadcasts(old[d], size[d + off]) for d in range(len(old))]
 
     def reindex(index):
-        return [sympy.Integer(0) if old[d] == 1 and size[d + off] != 1 else index[d + off]
+        return [sympy.Integer(0) if bcast[d] else index[d + off]
                 for d in range(len(old))]
 
     def restride(l):
         stride = [sympy.Integer(0)] * off + [
-            sympy.Integer(0) if old[d] == 1 and size[d + off] != 1 else l.stride[d]
+            sympy.Integer(0) if bcast[d] else l.stride[d]
             for d in range(len(old))]
         return _lay(l, size, stride)
     return make_view(x, size, reindex, restride)
@@ -191,14 +192,15 @@ def _broadcast_in_dim(x, shape, broadcast_dimensions):
     size = out_size()
     bdims = list(broadcast_dimensions)
     old = list(x.get_size())
+    bcast = [broadcasts(old[i], size[d]) for i, d in enumerate(bdims)]
 
     def reindex(index):
-        return [sympy.Integer(0) if old[i] == 1 and size[d] != 1 else index[d] for i, d in enumerate(bdims)]
+        return [sympy.Integer(0) if bcast[i] else index[d] for i, d in enumerate(bdims)]
 
     def restride(l):
         stride = [sympy.Integer(0)] * len(size)
         for i, d in enumerate(bdims):
-            stride[d] = sympy.Integer(0) if old[i] == 1 and size[d] != 1 else l.stride[i]
+            stride[d] = sympy.Integer(0) if bcast[i] else l.stride[i]
         return _lay(l, size, stride)
     return make_view(x, size, reindex, restride)
 

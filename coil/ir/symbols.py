@@ -183,6 +183,26 @@ def guard_true(cond) -> bool:
     return bool(env.evaluate_expr(cond.xreplace(PRECOMPUTED) if PRECOMPUTED else cond))
 
 
+def broadcasts(src, dst) -> bool:
+    """Whether a dim of size ``src`` is broadcast (read at index 0) to size ``dst``: ``src`` is 1 and ``dst``
+    is not. A symbolic ``src`` that differs from ``dst`` is 1 at run time or equal to it (the meta function
+    checked the broadcast): a backed one is decided through the ShapeEnv (the meta's guard, e.g.
+    ``Eq(s0 // 2, 1)``, answers it; else a new guard), an unbacked one is taken as not 1, as torch's
+    size-oblivious broadcast does (dynamic fuzz s301 #886: ``[2, s0 // 2]`` against ``[s0]`` with s0 = 2)."""
+    if src == dst or dst == 1:
+        return False
+    if src == 1:
+        return True
+    if is_static(src):
+        return False
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+    src = sympy.sympify(src)
+    if _SCOPE.env is None or free_unbacked_symbols(src):
+        return False
+    return guard_true(sympy.Eq(src, 1))
+
+
 def _to_torch_sympy(e):
     """Inverse of :func:`from_torch_sympy` (coil's FloorDiv/Mod into torch's), for
     expressions handed to the ShapeEnv."""

@@ -48,7 +48,6 @@ def test_index_add_with_a_negative_index_raises(backend):
     torch.testing.assert_close(coil.compile(f, options={"cpu_backend": backend})(x, i), f(x, i))
 
 
-@pytest.mark.xfail(strict=True, reason="open: a broadcast dim whose symbolic size is 1 at run time (s0 // 2) is read unbroadcast")
 @pytest.mark.parametrize("backend", ["cpp", "triton"])
 def test_broadcast_of_a_symbolic_size_that_is_one(backend):
     """Dynamic fuzz s301 #886: ``where(log1p(c) == 2.5, log1p(c), c.unflatten(-1, (2, -1)))`` with c of
@@ -59,5 +58,13 @@ def test_broadcast_of_a_symbolic_size_that_is_one(backend):
         return torch.where(v1 == 2.5, v1, c.unflatten(-1, (2, -1)))
 
     c = torch.tensor([-2.0, -0.0])
-    out = coil.compile(fn, dynamic=True, options={"cpu_backend": backend})(c)
-    torch.testing.assert_close(out, fn(c), equal_nan=True)
+    f = coil.compile(fn, dynamic=True, options={"cpu_backend": backend})
+    torch.testing.assert_close(f(c), fn(c), equal_nan=True)
+    with pytest.raises(RuntimeError):  # s0 // 2 == 3: neither 1 nor s0, eager raises too
+        f(torch.randn(6))
+
+    def g(x):  # the same through add's broadcast and an explicit expand
+        v = x.view(2, -1)
+        return v + x, v.expand(2, x.shape[0]) * 1
+    x = torch.randn(2)
+    torch.testing.assert_close(coil.compile(g, dynamic=True, options={"cpu_backend": backend})(x), g(x))

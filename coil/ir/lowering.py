@@ -267,6 +267,8 @@ for _op, _name in PREDICATES.items():
 def _add_sub(a, b, alpha=1):
     name = "add" if current_graph().current_node.target in (aten.add.Tensor, aten.add.Scalar) else "sub"
     if alpha != 1:
+        # eager's CPU kernel converts alpha to fp16/bf16 first (0.3 is 0.2998...), CUDA's keeps it in float
+        alpha, = round_scalars([alpha], out_dtype())
         return make_pointwise_box(lambda x, y, s: getattr(ops, name)(x, ops.mul(y, s)),
                                   [a, b, alpha], out_size(), out_dtype(), compute_dtype(out_dtype()))
     return pointwise_lowering(name)(a, b)

@@ -31,7 +31,7 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 import torch.utils._pytree as pytree
-from torch.fx.experimental.symbolic_shapes import guard_or_false
+from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, guard_or_false
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -86,16 +86,35 @@ def _overlaps(t: torch.Tensor) -> bool:
 def _partial_overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
     """ATen's partial overlap of written ``a`` and operand ``b`` (``at::get_overlap_status``), for which an
     in-place op raises: both dense, in one storage, their byte ranges intersecting but not the same range
-    with the same strides (``x[1:].add_(x[:-1])``, ``x.add_(x.t())``; s210 #3393). Static layouts only."""
-    if a is b or not isinstance(b, torch.Tensor) or not _static(a.shape, a.stride(), a.storage_offset(), b.shape,
-                                                                  b.stride(), b.storage_offset()):
+    with the same strides (``x[1:].add_(x[:-1])``, ``x.add_(x.t())``; s210 #3393). Symbolic layouts are
+    decided for contiguous tensors through the ShapeEnv (the answer is a guard), others taken as apart."""
+    if a is b or not isinstance(b, torch.Tensor) or \
+            StorageWeakRef(a.untyped_storage()) != StorageWeakRef(b.untyped_storage()):
         return False
-    if not a.numel() or not b.numel() or StorageWeakRef(a.untyped_storage()) != StorageWeakRef(b.untyped_storage()) \
-            or not (_dense(a) and _dense(b)):
+    if not _static(a.shape, a.stride(), a.storage_offset(), b.shape, b.stride(), b.storage_offset()):
+        return _symbolic_partial_overlap(a, b)
+    if not a.numel() or not b.numel() or not (_dense(a) and _dense(b)):
         return False
     (sa, ea), (sb, eb) = ((t.storage_offset() * t.itemsize, (t.storage_offset() + t.numel()) * t.itemsize)
                           for t in (a, b))
     return (sa, ea, a.stride()) != (sb, eb, b.stride()) and sa < eb and sb < ea
+
+
+def _symbolic_partial_overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """:func:`_partial_overlap` of contiguous tensors with symbolic sizes or offsets (``x[1:] += x[:-1]``
+    under dynamic shapes): the comparisons are guards; an unbacked size leaves it undecided (False)."""
+    try:
+        if guard_or_false(a.numel() == 0) or guard_or_false(b.numel() == 0) or \
+                not (a.is_contiguous() and b.is_contiguous()):
+            return False
+        (sa, ea), (sb, eb) = ((t.storage_offset() * t.itemsize, (t.storage_offset() + t.numel()) * t.itemsize)
+                              for t in (a, b))
+        if bool(sa == sb) and bool(ea == eb) and a.dim() == b.dim() and \
+                all(bool(x == y) for x, y in zip(a.stride(), b.stride())):
+            return False
+        return bool(sa < eb) and bool(sb < ea)
+    except GuardOnDataDependentSymNode:
+        return False
 
 
 def _dense(t: torch.Tensor) -> bool:

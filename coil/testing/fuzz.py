@@ -499,14 +499,16 @@ class _Bounds(TorchDispatchMode):
         on a flipped comparison, :data:`ANYTHING` where inf or NaN is reached. Also a source:
         ``maximum(0.0, -0.0)`` is either zero (eager's vector and scalar loops: s202 #13189)."""
         op, leaves = func.overloadpacket, pytree.tree_leaves((args, kwargs))
-        ins = [t for t in leaves if isinstance(t, torch.Tensor) and t.is_floating_point() and id(t) in self.bounds
-               and isinstance(self.bounds[id(t)][1], torch.Tensor) and self.bounds[id(t)][1].any()][:3]
+        ins = [t for t in leaves if isinstance(t, torch.Tensor) and id(t) in self.bounds and (
+            t.is_floating_point() and isinstance(self.bounds[id(t)][1], torch.Tensor) and self.bounds[id(t)][1].any()
+            or t.dtype == torch.bool and len(self.bounds[id(t)]) > 2)][:3]  # (a signbit of a computed NaN)
         if op in _TIE_OPS and out.is_floating_point() and all(isinstance(a, torch.Tensor) for a in args[:2]):
             a, c = torch.broadcast_tensors(*args[:2])
             tie = (a == 0) & (c == 0) & (a.signbit() != c.signbit())
             if not ins and tie.any():
                 return tie.double() * 5e-324
-        if not ins or not (out.is_floating_point() or out.dtype == torch.bool):
+        if not ins or out.is_complex() or not (out.is_floating_point() or out.dtype == torch.bool or any(
+                t.dtype == torch.bool for t in ins)):
             return None
 
         def run(values):  # func on copies, the uncertain arguments replaced by ``values``
@@ -535,6 +537,8 @@ class _Bounds(TorchDispatchMode):
         overflows (bound inf or NaN), that infinity; a sum's exact value rounded (the mean of six equal
         values is that value: s205 #3181)."""
         e, x = self.bounds[id(t)], t.double()
+        if t.dtype == torch.bool:  # a signbit of a computed NaN: its other value there
+            return [e[2][0].to(t.dtype)]
         bd, exact = e[1].double(), e[2][0].to(t.dtype).double() if len(e) > 2 else x
         fin, inf = bd.nan_to_num(0.0, 0.0, 0.0), math.inf
         alts = [x + fin, x - fin] + [torch.where(x.abs() <= fin, z, x) for z in (0.0, -0.0)] + [

@@ -639,6 +639,20 @@ def test_sign_of_a_computed_nan_is_either_sign():
     assert check_program(q, _fake(lambda s, o, x: (torch.tensor([2.0, 3.0, -4.0]),))).kind == "out-value"
 
 
+def test_sign_of_a_computed_nan_carries_through_later_ops():
+    """fuzz seed 216 #1820: ``minimum(any(a).int(), sqrt(b).signbit())`` with b = -3. Eager's
+    float32 ``sqrt(-3.0)`` is +NaN on this CPU, x86's ``sqrtss`` -NaN (coil's C++ and Triton), and
+    eager's own scalar and vector loops disagree for other ops (``fmod(1, 0)``). The other
+    sign's answer carries through the ops that read the signbit; other values still differ."""
+    a, b = torch.tensor(True), torch.tensor([-3.0, 4.0])
+    p = _prog(["v0 = torch.minimum(a.to(torch.int32), torch.sqrt(b).signbit())",
+               "v1 = torch.sqrt(b).signbit() * 3"], a, b)
+    flipped = (torch.tensor([1, 0], dtype=torch.int32), torch.tensor([3, 0]))
+    assert check_program(p, _fake(lambda s, o, x: flipped)).outcome == "ok"
+    for wrong in ((torch.tensor([1, 1], dtype=torch.int32), flipped[1]), (flipped[0], torch.tensor([3, 3]))):
+        assert check_program(p, _fake(lambda s, o, x: wrong)).kind == "out-value"
+
+
 def _var_of_filled(c):
     c.fill_(1e30)
     return (torch.var(c, correction=2),)

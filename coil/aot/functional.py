@@ -426,9 +426,9 @@ def _describe(fn, fake_args, f_args, before, outs, grad, drop_error_checks, fake
     base_sources: list = []
     for members in groups.values():
         first = members[0]
-        if len(members) == 1:
+        if len(members) == 1 and not _view_of_written_intermediate(flat_outs[first]):
             continue
-        owner = next((k for k in members if flat_outs[k]._base is None), None)
+        owner = next((k for k in members if flat_outs[k]._base is None), None) if len(members) > 1 else None
         if owner is not None:
             # one output owns the storage: the others are views of it
             for k in members:
@@ -494,6 +494,15 @@ def _describe(fn, fake_args, f_args, before, outs, grad, drop_error_checks, fake
                                                      isinstance(o.value, torch.SymInt) for o in outputs)):
         return None
     return info
+
+
+def _view_of_written_intermediate(o: torch.Tensor) -> bool:
+    """Whether output ``o`` is a view of an intermediate the program wrote through a view
+    (``torch.add(x, y, out=torch.empty(4, n).t())``): functionalization's new value of that
+    intermediate has the out-of-place op's layout, so ``o`` is rebuilt from it at eager's strides."""
+    base = o._base
+    return base is not None and isinstance(base, FunctionalTensor) and \
+        torch._functionalize_has_data_mutation(base.elem)
 
 
 # --------------------------------------------------------------------------- tracing

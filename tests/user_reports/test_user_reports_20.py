@@ -79,3 +79,15 @@ def test_broadcast_of_a_symbolic_size_that_is_one(backend):
         return v + x, v.expand(2, x.shape[0]) * 1
     x = torch.randn(2)
     torch.testing.assert_close(coil.compile(g, dynamic=True, options={"cpu_backend": backend})(x), g(x))
+
+
+@pytest.mark.parametrize("backend", ["cpp", "triton"])
+def test_an_index_out_of_bounds_names_the_users_line(backend):
+    """The Triton bounds check named kernel symbols (``0 <= tmp1 < 5``); both backends now
+    name the user's source line, as eager's error names the index."""
+    def f(x, i):
+        y = x * 2
+        return y[i] + 1
+
+    with pytest.raises(IndexError, match=r"test_user_reports_20.py:\d+ in f: return y\[i\] \+ 1"):
+        coil.compile(f, options={"cpu_backend": backend})(torch.randn(5), torch.tensor([7]))

@@ -27,6 +27,7 @@ import sympy
 import torch
 
 from coil.config import config
+from coil.ir.nodes import current_origin, describe_origin
 from coil.ir.symbols import RINDEX, XINDEX, floor_safe, guard_true, hint, is_static, simplify_index, sym
 from coil.ir.symbols import pyexpr as _pyexpr
 from coil.ir.virtualized import OpsHandler, compute_dtype
@@ -530,7 +531,10 @@ class TritonKernel(OpsHandler):
             cond = f"(0 <= {w}) & ({w} < {size})"
             if mask:
                 cond = f"({cond}) | ~({mask})"
-            self._lines().append(f'tl.device_assert({cond}, "index out of bounds: 0 <= {v} < {size}")')
+            where = describe_origin(current_origin())  # the user's line, as C++ kernels report it
+            msg = "index out of bounds" + (f" for dimension with size {size}" if size.isdigit() else "") + (
+                f" -- from {where}" if where else "")
+            self._lines().append(f"tl.device_assert({cond}, {msg!r})")
         self.indirect_dims[v.name] = x.dims
         return sym(v.name)
 

@@ -462,8 +462,12 @@ def _check_offsets_per_call(runner: Callable, gm: torch.fx.GraphModule, fake_arg
 
 
 def _eager(fn: Callable) -> Callable:
+    """``fn`` run eagerly; a GraphModule through its ``forward``, whose call wrapper would print
+    FX's "Call using an FX-traced Module" traceback to stderr before the user's own error."""
+    call = fn.forward if isinstance(fn, torch.fx.GraphModule) else fn
+
     def run(*args):
-        return fn(*args)
+        return call(*args)
     run._coil_aot_path = "eager"  # type: ignore[attr-defined]
     return run
 

@@ -668,6 +668,8 @@ def _build_entry(tx, output: OutputGraph, cfg: CaptureConfig, fn, code, argnames
         t0 = time.perf_counter()
         try:
             compiled = cfg.backend(gm, example_inputs)
+        except BackendCompilerFailed:  # (the backend's wrapper said it: once)
+            raise
         except Exception as e:  # noqa: BLE001
             raise BackendCompilerFailed(cfg.backend_name, e) from e
         trace.log("backend_compile", stage="capture", backend=cfg.backend_name,

@@ -91,3 +91,18 @@ def test_an_index_out_of_bounds_names_the_users_line(backend):
 
     with pytest.raises(IndexError, match=r"test_user_reports_20.py:\d+ in f: return y\[i\] \+ 1"):
         coil.compile(f, options={"cpu_backend": backend})(torch.randn(5), torch.tensor([7]))
+
+
+def test_a_failing_backend_is_reported_once():
+    """``BackendCompilerFailed`` wrapped itself: the backend's name, the message and the advice
+    came twice."""
+    from coil.exc import BackendCompilerFailed
+
+    def bad(gm, example_inputs):
+        raise ValueError("nope")
+
+    with pytest.raises(BackendCompilerFailed) as info:
+        coil.compile(lambda x: x * 2, backend=bad)(torch.randn(3))
+    text = str(info.value)
+    assert text.count("failed to compile a graph") == 1 and text.count("what to do") == 1, text
+    assert isinstance(info.value.inner, ValueError)

@@ -98,6 +98,9 @@ class OutputInfo:
     value: Any = None
     dtype: Optional[torch.dtype] = None
     src_stride: Optional[tuple] = None
+    #: a differentiable view from an op returning several (``split``, ``chunk``, ``unbind``): eager
+    #: refuses an in-place op on it, so the runtime's view is marked as such too
+    multi_output: bool = False
 
 
 @dataclasses.dataclass
@@ -401,7 +404,7 @@ def _describe(fn, fake_args, f_args, before, outs, grad, drop_error_checks, fake
             outputs.append(OutputInfo("constant", value=o))
             continue
         meta = dict(size=tuple(o.shape), stride=tuple(o.stride()), offset=o.storage_offset(),
-                    requires_grad=_is_differentiable(o))
+                    requires_grad=_is_differentiable(o), multi_output=_multi_output_view(o))
         same = [j for j, fa in enumerate(f_args) if fa is o]
         if same:
             outputs.append(OutputInfo("input", same[0], **meta))
@@ -494,6 +497,12 @@ def _describe(fn, fake_args, f_args, before, outs, grad, drop_error_checks, fake
                                                      isinstance(o.value, torch.SymInt) for o in outputs)):
         return None
     return info
+
+
+def _multi_output_view(o: torch.Tensor) -> bool:
+    """Whether ``o`` is a differentiable view made by an op that returns several views."""
+    return o.requires_grad and o._is_view() and torch._C._autograd._get_creation_meta(o) == \
+        torch._C._autograd.CreationMeta.MULTI_OUTPUT_NODE
 
 
 def _view_of_written_intermediate(o: torch.Tensor) -> bool:

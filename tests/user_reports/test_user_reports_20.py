@@ -106,3 +106,29 @@ def test_a_failing_backend_is_reported_once():
     text = str(info.value)
     assert text.count("failed to compile a graph") == 1 and text.count("what to do") == 1, text
     assert isinstance(info.value.inner, ValueError)
+
+
+@pytest.mark.parametrize("view", ["split", "chunk", "unbind"])
+def test_in_place_on_an_output_of_split_raises_as_eager(view):
+    """``a, b = x.split(2); a.mul_(2)`` with x requiring grad: eager refuses an in-place op on
+    one of several views an op returned; coil's rebuilt view (an as_strided) allowed it and
+    returned gradients. The view is now marked as eager's is; reading it still differentiates."""
+    def f(x):
+        a, b = getattr(x, view)(2) if view != "unbind" else x.unbind(0)
+        a.mul_(2)
+        return (a + b).sum()
+
+    def g(x):
+        a, b = getattr(x, view)(2) if view != "unbind" else x.unbind(0)
+        return (a * b).sum()
+
+    x = torch.randn(4, requires_grad=True) if view != "unbind" else torch.randn(2, 3, requires_grad=True)
+    with pytest.raises(RuntimeError, match="returns multiple views"):
+        f(x * 1)
+    with pytest.raises(RuntimeError, match="returns multiple views"):
+        coil.compile(f)(x * 1)
+    coil.compile(g)(x * 1).backward()
+    ref = x.grad.clone()
+    x.grad = None
+    g(x * 1).backward()
+    torch.testing.assert_close(ref, x.grad)

@@ -161,8 +161,8 @@ def _logical(op):
     return lambda a, d: f"((bool){a[0]} {op} (bool){a[1]})"
 
 
-def _shift(op):
-    return lambda a, d: f"(({compute_ctype(d)})({a[0]} {op} {a[1]}))"
+def _shift(fn):
+    return lambda a, d: f"{fn}<{compute_ctype(d)}>(({compute_ctype(d)})({a[0]}), {a[1]})"
 
 
 BINARY = {
@@ -175,7 +175,7 @@ BINARY = {
     "gt": _binop(">"), "ge": _binop(">="),
     "logical_and": _logical("&&"), "logical_or": _logical("||"), "logical_xor": _logical("!="),
     "bitwise_and": _binop("&"), "bitwise_or": _binop("|"), "bitwise_xor": _binop("^"),
-    "left_shift": _shift("<<"), "right_shift": _shift(">>"),
+    "left_shift": _shift("coil_shl"), "right_shift": _shift("coil_shr"),
 }
 
 #: ops whose result is bool

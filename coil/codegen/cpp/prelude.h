@@ -18,6 +18,7 @@
 // Only <cstdint> is included: <cmath>/<algorithm>/<limits> cost ~0.3 s of compile time
 // per kernel; math goes through GCC/Clang builtins instead (namespace cm, coil_lim).
 #include <cstdint>
+#include <type_traits>
 
 #define COIL_INLINE static inline __attribute__((always_inline))
 
@@ -300,6 +301,16 @@ COIL_INLINE float coil_ndtr(float x) { return 0.5f * (1.0f + coil_erf(x * 0.7071
 COIL_INLINE double coil_ndtr(double x) { return 0.5 * (1.0 + cm::erf(x * 0.70710678118654752)); }
 
 // ---- reductions -------------------------------------------------------------
+// Shifts as eager's: a count < 0 or >= the width gives 0 (left) or the sign fill (right);
+// C++'s shift by such a count is undefined (x86's scalar shl takes it mod 64).
+template <typename T, typename S> COIL_INLINE T coil_shl(T a, S b) {
+  typedef typename std::make_unsigned<T>::type U;
+  return (b < 0 || b >= (S)(sizeof(T) * 8)) ? T(0) : T(U(a) << b);
+}
+template <typename T, typename S> COIL_INLINE T coil_shr(T a, S b) {
+  if (b < 0 || b >= (S)(sizeof(T) * 8)) return std::is_signed<T>::value ? T(a >> (sizeof(T) * 8 - 1)) : T(0);
+  return T(a >> b);
+}
 template <typename T> COIL_INLINE T coil_max(T a, T b) { return (a != a || a > b) ? a : b; }
 template <typename T> COIL_INLINE T coil_min(T a, T b) { return (a != a || a < b) ? a : b; }
 // accumulate b into a, NaN propagating (the reduction update)

@@ -1,0 +1,198 @@
+"""Open defects from a new-user trial of ~1,400 programs (~12,000 program x mode checks: both
+CPU backends, static with automatic dynamic over several sizes including 1 and 0, and
+``dynamic=True``; training, optimizers, aliasing, dtypes, RNG, global state). FINDINGS_21.md
+has the table; each defect below is a strict xfail. CPU only (the Triton backend through
+``TRITON_INTERPRET=1``)."""
+import pytest
+import torch
+
+import coil
+
+
+def _compile(fn, backend="cpp", **kw):
+    coil.reset()
+    return coil.compile(fn, options={"cpu_backend": backend}, **kw)
+
+
+# --- silent wrong -------------------------------------------------------------------------
+
+@pytest.mark.xfail(strict=True, reason="open: a conjugate view returned from the graph loses its conj bit")
+@pytest.mark.parametrize("backend", ["cpp", "triton"])
+def test_conj_view_returned(backend):
+    """``x.conj()`` is a lazy view (``is_conj()``); the compiled output holds x's values without
+    the conj bit, so it equals x, not conj(x). coil's own aot_eager does the same; torch.compile's
+    aot_eager matches eager."""
+    f = lambda x: x.conj()  # noqa: E731
+    x = torch.tensor([1 + 2j, 3 - 1j])
+    torch.testing.assert_close(_compile(f, backend)(x).resolve_conj(), f(x).resolve_conj())
+
+
+@pytest.mark.xfail(strict=True, reason="open: .imag of a conjugate view reads the unconjugated imaginary part")
+@pytest.mark.parametrize("backend", ["cpp", "triton"])
+def test_imag_of_conj_view(backend):
+    f = lambda x: x.conj().imag  # noqa: E731
+    x = torch.tensor([1 + 2j, 3 - 1j])
+    torch.testing.assert_close(_compile(f, backend)(x), f(x))  # eager [-2, 1], coil [2, -1]
+
+
+@pytest.mark.xfail(strict=True, reason="open: x.mH of a complex matrix returned unconjugated")
+def test_mH_of_complex_matrix():
+    f = lambda x: x.mH  # noqa: E731
+    x = torch.tensor([[1 + 2j, 3 - 1j]])
+    torch.testing.assert_close(_compile(f)(x).resolve_conj(), f(x).resolve_conj())
+
+
+@pytest.mark.xfail(strict=True, reason="open: the result of an in-place op on a conjugate view of an input is unconjugated")
+def test_inplace_on_conj_view_of_input_result():
+    f = lambda x: x.conj().mul_(2)  # noqa: E731
+    x = torch.tensor([1 + 2j, 3 - 1j])
+    out = _compile(f)(x.clone())
+    torch.testing.assert_close(out.resolve_conj(), f(x.clone()).resolve_conj())
+
+
+@pytest.mark.xfail(strict=True, reason="open: an input carrying the negative bit (z.conj().imag) is read unnegated")
+@pytest.mark.parametrize("backend", ["cpp", "triton"])
+def test_input_with_the_negative_bit(backend):
+    """``z.conj().imag`` is a lazily negated view (``is_neg()``); the compiled ``a * 1`` reads
+    its storage without the negation (eager [-2, 1], coil [2, -1]); ``a.sum()`` likewise."""
+    f = lambda a: a * 1  # noqa: E731
+    a = torch.tensor([1 + 2j, 3 - 1j]).conj().imag
+    torch.testing.assert_close(_compile(f, backend)(a), f(a))
+
+
+@pytest.mark.xfail(strict=True, reason="open: .imag of a conjugated input reads the unconjugated imaginary part")
+def test_imag_of_a_conjugated_input():
+    f = lambda a: a.imag * 1  # noqa: E731
+    a = torch.tensor([1 + 2j, 3 - 1j]).conj()
+    torch.testing.assert_close(_compile(f)(a), f(a))
+
+
+@pytest.mark.xfail(strict=True, reason="open: cpp float64 erfinv is float32-accurate (1.8e-3 off at 0.999999)")
+def test_float64_erfinv_cpp_precision():
+    f = lambda x: torch.erfinv(x)  # noqa: E731
+    x = torch.tensor([0.5, 0.99, 0.999999, -0.7], dtype=torch.float64)
+    torch.testing.assert_close(_compile(f, "cpp")(x), f(x))  # float64 tolerance 1e-7
+
+
+@pytest.mark.parametrize("op", ["left", "right"])
+def test_cpp_bitwise_shift_function_past_the_width(op):
+    """``torch.bitwise_left_shift(a, s)`` with s = 64 gives 0 in eager (and Triton, and the
+    ``a << s`` operator); cpp gives 3 (8 for the right shift): the elements the vector loop
+    leaves to the scalar tail shift by s % 64 (one element, or the 3rd of [-1, 1, 70]; int32
+    alike with 33)."""
+    fn = torch.bitwise_left_shift if op == "left" else torch.bitwise_right_shift
+    f = lambda a, s: fn(a, s)  # noqa: E731
+    a, s = torch.tensor([3 if op == "left" else 8]), torch.tensor([64])
+    assert _compile(f, "cpp")(a, s).tolist() == f(a, s).tolist()  # eager [0]
+
+
+@pytest.mark.xfail(strict=True, reason="open: the compiled output of a Tensor subclass input is a plain Tensor")
+def test_tensor_subclass_type_kept():
+    """Eager (and coil's aot_eager, and torch.compile's eager backend) return ``Sub``."""
+    class Sub(torch.Tensor):
+        pass
+
+    f = lambda x: x * 2  # noqa: E731
+    x = torch.randn(3).as_subclass(Sub)
+    assert type(_compile(f)(x)) is type(f(x))
+
+
+@pytest.mark.xfail(strict=True, reason="open: an in-place op on one of two aliasing input views returns a new tensor, not the input")
+def test_inplace_on_aliased_input_returns_the_input():
+    """``a.add_(b)`` returns ``a``; with a and b views of one base, the static compile returns
+    another tensor over the same memory (dynamic=True and torch.compile return ``a``)."""
+    f = lambda a, b: a.add_(b)  # noqa: E731
+    base = torch.randn(2, 3)
+    a = base[0]
+    assert _compile(f)(a, base[1]) is a
+
+
+@pytest.mark.xfail(strict=True, reason="open: Triton maximum(0.0, -0.0) returns the second operand's zero")
+def test_triton_maximum_of_signed_zeros():
+    """Eager CPU returns the first operand when they compare equal (maximum(-0., 0.) is -0.);
+    the cpp backend agrees, the Triton backend returns the other zero (minimum too)."""
+    f = lambda x, y: torch.maximum(x, y)  # noqa: E731
+    x, y = torch.tensor([0.0, -0.0]), torch.tensor([-0.0, 0.0])
+    out = _compile(f, "triton")(x, y)
+    assert torch.equal(torch.signbit(out), torch.signbit(f(x, y)))
+
+
+# --- result where eager raises ------------------------------------------------------------
+
+@pytest.mark.xfail(strict=True, reason="open: integer floor/trunc division by a Python 0 returns 0 (eager: ZeroDivisionError)")
+@pytest.mark.parametrize("backend", ["cpp", "triton"])
+@pytest.mark.parametrize("op", ["floordiv", "trunc"])
+def test_integer_division_by_python_zero_raises(backend, op):
+    """``x % 0`` and ``x // y`` with a zero tensor raise as in eager; ``x // 0`` and
+    ``div(x, 0, rounding_mode='trunc')`` give zeros. torch.compile(aot_eager) raises."""
+    f = (lambda x: x // 0) if op == "floordiv" else (lambda x: torch.div(x, 0, rounding_mode="trunc"))
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+        _compile(f, backend)(torch.tensor([1, 2]))
+
+
+@pytest.mark.xfail(strict=True, reason="open: index_select of a 0-d tensor with two indices returns a value")
+def test_index_select_of_zero_dim_with_two_indices_raises():
+    f = lambda x, i: x.index_select(0, i)  # noqa: E731
+    with pytest.raises(RuntimeError):
+        _compile(f)(torch.tensor(3.0), torch.tensor([0, 0]))
+
+
+@pytest.mark.xfail(strict=True, reason="open (torch.compile aot_eager too): x.copy_(x.t()) runs under dynamic=True (eager: internal-overlap error)")
+def test_copy_from_own_transpose_raises_when_dynamic():
+    f = lambda x: x.copy_(x.t())  # noqa: E731
+    with pytest.raises(RuntimeError, match="single memory location"):
+        _compile(f, dynamic=True)(torch.arange(9.0).view(3, 3))
+
+
+@pytest.mark.xfail(strict=True, reason="open: uint16 add compiles and runs (eager: add_stub not implemented for UInt16)")
+def test_uint16_add_raises_as_eager():
+    with pytest.raises(NotImplementedError):
+        _compile(lambda x: x + 1)(torch.tensor([65535, 1], dtype=torch.uint16))
+
+
+# --- error where eager runs ---------------------------------------------------------------
+
+@pytest.mark.xfail(strict=True, reason="open: Triton arange with a start beyond int32 fails in the kernel")
+def test_triton_arange_with_a_large_start():
+    """InterpreterError: Scalar 1099511627776 is out of range for type int32 (cpp is right)."""
+    f = lambda x: torch.arange(2**40, 2**40 + 3) + x  # noqa: E731
+    x = torch.zeros(3, dtype=torch.long)
+    torch.testing.assert_close(_compile(f, "triton")(x), f(x))
+
+
+@pytest.mark.xfail(strict=True, reason="open: var of a complex tensor fails under dynamic=True")
+@pytest.mark.parametrize("backend", ["cpp", "triton"])
+def test_var_of_complex_dynamic(backend):
+    """RuntimeError: aten::div() Expected a value of type 'number' for argument 'other' but
+    found type 'Integer' (static and coil's aot_eager with dynamic=True work)."""
+    f = lambda x: x.var()  # noqa: E731
+    x = torch.randn(4, dtype=torch.complex64)
+    torch.testing.assert_close(_compile(f, backend, dynamic=True)(x), f(x))
+
+
+@pytest.mark.xfail(strict=True, reason="open: under detect_anomaly() a graph with grad inputs fails to compile")
+def test_compile_under_detect_anomaly():
+    """BackendCompilerFailed: DataDependentOutputException aten._local_scalar_dense (the NaN
+    check); detect_anomaly(check_nan=False) works, so does torch.compile(aot_eager)."""
+    f = lambda x: x * 2  # noqa: E731
+    x = torch.randn(3, requires_grad=True)
+    with torch.autograd.detect_anomaly():
+        _compile(f)(x).sum().backward()
+    torch.testing.assert_close(x.grad, torch.full((3,), 2.0))
+
+
+@pytest.mark.xfail(strict=True, reason="open: a sparse COO input fails to compile (Cannot access storage)")
+def test_sparse_input():
+    """torch.compile(aot_eager) runs it."""
+    f = lambda s, x: s @ x  # noqa: E731
+    s, x = torch.eye(3).to_sparse(), torch.randn(3, 2)
+    torch.testing.assert_close(_compile(f)(s, x), f(s, x))
+
+
+@pytest.mark.xfail(strict=True, reason="PyTorch behaviour too: tanh().tanh_() fails at compile when an input needs grad")
+def test_inplace_on_an_output_saved_for_backward_forward_only():
+    """Eager runs the forward and only its backward raises; coil (and torch.compile's
+    aot_eager) raise at the first call, while tracing the backward."""
+    f = lambda x: x.tanh().tanh_()  # noqa: E731
+    x = torch.randn(3, requires_grad=True)
+    torch.testing.assert_close(_compile(f)(x), f(x))

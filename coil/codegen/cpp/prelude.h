@@ -481,4 +481,33 @@ COIL_INLINE float coil_erfinv(float x) {
   }
   return cm::fabs(x) == 1.0f ? cm::copysign(__builtin_inff(), x) : y;
 }
-COIL_INLINE double coil_erfinv(double x) { return (double)coil_erfinv((float)x); }
+// double: Giles's single-precision polynomials evaluated in double, then four Newton steps on
+// erf(y) = |x| (for |x| >= 0.5 on log(erfc(y)) = log1p(-|x|), which neither cancels near 1 nor
+// converges slowly in the tail, to 1 - 2^-53); float32 accuracy before (1.8e-3 off at 0.999999).
+COIL_INLINE double coil_erfinv(double x) {
+  double a = cm::fabs(x);
+  if (a >= 1.0) return a == 1.0 ? cm::copysign(__builtin_inf(), x) : __builtin_nan("");
+  double w = -cm::log((1.0 - a) * (1.0 + a)), p;
+  if (w < 5.0) {
+    w = w - 2.5;
+    p = 2.81022636e-08; p = 3.43273939e-07 + p * w; p = -3.5233877e-06 + p * w;
+    p = -4.39150654e-06 + p * w; p = 0.00021858087 + p * w; p = -0.00125372503 + p * w;
+    p = -0.00417768164 + p * w; p = 0.246640727 + p * w; p = 1.50140941 + p * w;
+  } else {
+    w = cm::sqrt(w) - 3.0;
+    p = -0.000200214257; p = 0.000100950558 + p * w; p = 0.00134934322 + p * w;
+    p = -0.00367342844 + p * w; p = 0.00573950773 + p * w; p = -0.0076224613 + p * w;
+    p = 0.00943887047 + p * w; p = 1.00167406 + p * w; p = 2.83297682 + p * w;
+  }
+  double y = p * a;
+  for (int i = 0; i < 4; i++) {
+    double d = 1.1283791670955126 * cm::exp(-y * y);  // erf'(y)
+    if (a < 0.5) {
+      y -= (cm::erf(y) - a) / d;
+    } else {  // on log(erfc(y)), nearly quadratic in the tail: converges from Giles's estimate there
+      double e = cm::erfc(y);
+      y += (cm::log(e) - cm::log1p(-a)) * e / d;
+    }
+  }
+  return cm::copysign(y, x);
+}

@@ -101,6 +101,9 @@ class OutputInfo:
     #: a differentiable view from an op returning several (``split``, ``chunk``, ``unbind``): eager
     #: refuses an in-place op on it, so the runtime's view is marked as such too
     multi_output: bool = False
+    #: (conj, neg): the view carries a lazy conjugation or negation bit (``x.conj()``, ``x.conj().imag``),
+    #: which the runtime's view (an as_strided of the storage) sets again
+    lazy: tuple = (False, False)
 
 
 @dataclasses.dataclass
@@ -404,7 +407,8 @@ def _describe(fn, fake_args, f_args, before, outs, grad, drop_error_checks, fake
             outputs.append(OutputInfo("constant", value=o))
             continue
         meta = dict(size=tuple(o.shape), stride=tuple(o.stride()), offset=o.storage_offset(),
-                    requires_grad=_is_differentiable(o), multi_output=_multi_output_view(o))
+                    requires_grad=_is_differentiable(o), multi_output=_multi_output_view(o),
+                    lazy=(o.is_conj(), o.is_neg()))
         same = [j for j, fa in enumerate(f_args) if fa is o]
         if same:
             outputs.append(OutputInfo("input", same[0], **meta))

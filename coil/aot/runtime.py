@@ -205,6 +205,8 @@ def _make_epilogue(info: ProgramInfo, args_index_of_output=None) -> Callable:
             plan[k] = (kind + 4, idx, (j, rg, *dt))
     n_sym = len(sym)
     multi = [k for k, o in enumerate(info.outputs) if o.multi_output and plan[k][0] in (2, 3, 6, 7)]
+    lazy = [(k, o.lazy) for k, o in enumerate(info.outputs) if any(o.lazy) and plan[k][0] in (2, 3, 6, 7)]
+    simple = simple and not lazy
 
     def view(src: torch.Tensor, size, stride, offset, requires_grad, dtype=None) -> torch.Tensor:
         if dtype is not None:  # a view as another dtype: eager's shares the storage
@@ -264,6 +266,9 @@ def _make_epilogue(info: ProgramInfo, args_index_of_output=None) -> Callable:
                 flat.append(view(vals[idx], *lay[extra[0]], *extra[1:]))
             else:
                 flat.append(extra)
+        for k, (conj, neg) in lazy:
+            flat[k] = torch._neg_view(flat[k]) if neg else flat[k]
+            flat[k] = torch._conj(flat[k]) if conj else flat[k]
         for k in multi:
             if flat[k].requires_grad and flat[k]._is_view():
                 torch._C._autograd._set_creation_meta(flat[k], torch._C._autograd.CreationMeta.MULTI_OUTPUT_NODE)

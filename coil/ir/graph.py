@@ -35,7 +35,7 @@ from coil.ir import lowering_views  # noqa: F401  (registers view/index lowering
 from coil.ir.nodes import (Buffer, ComputedBuffer, ConstantBuffer, ExternKernel, InputBuffer, Layout,
                            MultiOutput, Pointwise, ReinterpretView, StorageBox, TensorBox, V)
 from coil.ir.symbols import as_expr, current_shape_env, hint
-from coil.ir.virtualized import ops
+from coil.ir.virtualized import compute_dtype, ops
 
 MAX_INLINE_OPS = 64
 MAX_BODY_OPS = 256
@@ -52,6 +52,16 @@ class OutputSpec:
     stride: Optional[list] = None
     offset: Any = 0
     value: Any = None
+
+
+def _resolve_neg_bit(box: TensorBox, value: torch.Tensor) -> TensorBox:
+    """``box`` of a tensor whose negation is a lazy bit (``z.conj().imag``, an extern ``_neg_view``:
+    ``is_neg()``) as its values: kernels read storage, so its loads negate. (ATen ops, which the externs
+    run, read the bit themselves; they get the negated values realized.)"""
+    if not value.is_neg():
+        return box
+    from coil.ir.lowering import make_pointwise_box
+    return make_pointwise_box(ops.neg, [box], list(box.get_size()), value.dtype, compute_dtype(value.dtype))
 
 
 def _fake_layout(t: torch.Tensor, device=None) -> Layout:
@@ -357,7 +367,7 @@ class GraphLowering(torch.fx.Interpreter):
             buf.storage_offset = as_expr(value.storage_offset())
             self.graph_inputs[name] = buf
             self.name_to_buffer[name] = buf
-            return TensorBox(StorageBox(buf))
+            return _resolve_neg_bit(TensorBox(StorageBox(buf)), value)
         if isinstance(value, torch.SymInt):
             return as_expr(value)  # a size the graph uses as an int: its expression
         return value
@@ -642,7 +652,7 @@ class GraphLowering(torch.fx.Interpreter):
             ek = ExternKernel(name, lay, op, args, kwargs)
             _maybe_pad_matmul_output(ek, meta)
             self.register_buffer(ek)
-            return TensorBox(StorageBox(ek))
+            return _resolve_neg_bit(TensorBox(StorageBox(ek)), meta)
         ek = ExternKernel(name, None, target, args, kwargs)
         self.register_buffer(ek)
 

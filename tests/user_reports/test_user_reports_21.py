@@ -16,7 +16,6 @@ def _compile(fn, backend="cpp", **kw):
 
 # --- silent wrong -------------------------------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason="open: a conjugate view returned from the graph loses its conj bit")
 @pytest.mark.parametrize("backend", ["cpp", "triton"])
 def test_conj_view_returned(backend):
     """``x.conj()`` is a lazy view (``is_conj()``); the compiled output holds x's values without
@@ -27,7 +26,6 @@ def test_conj_view_returned(backend):
     torch.testing.assert_close(_compile(f, backend)(x).resolve_conj(), f(x).resolve_conj())
 
 
-@pytest.mark.xfail(strict=True, reason="open: .imag of a conjugate view reads the unconjugated imaginary part")
 @pytest.mark.parametrize("backend", ["cpp", "triton"])
 def test_imag_of_conj_view(backend):
     f = lambda x: x.conj().imag  # noqa: E731
@@ -35,14 +33,12 @@ def test_imag_of_conj_view(backend):
     torch.testing.assert_close(_compile(f, backend)(x), f(x))  # eager [-2, 1], coil [2, -1]
 
 
-@pytest.mark.xfail(strict=True, reason="open: x.mH of a complex matrix returned unconjugated")
 def test_mH_of_complex_matrix():
     f = lambda x: x.mH  # noqa: E731
     x = torch.tensor([[1 + 2j, 3 - 1j]])
     torch.testing.assert_close(_compile(f)(x).resolve_conj(), f(x).resolve_conj())
 
 
-@pytest.mark.xfail(strict=True, reason="open: the result of an in-place op on a conjugate view of an input is unconjugated")
 def test_inplace_on_conj_view_of_input_result():
     f = lambda x: x.conj().mul_(2)  # noqa: E731
     x = torch.tensor([1 + 2j, 3 - 1j])
@@ -50,7 +46,6 @@ def test_inplace_on_conj_view_of_input_result():
     torch.testing.assert_close(out.resolve_conj(), f(x.clone()).resolve_conj())
 
 
-@pytest.mark.xfail(strict=True, reason="open: an input carrying the negative bit (z.conj().imag) is read unnegated")
 @pytest.mark.parametrize("backend", ["cpp", "triton"])
 def test_input_with_the_negative_bit(backend):
     """``z.conj().imag`` is a lazily negated view (``is_neg()``); the compiled ``a * 1`` reads
@@ -60,7 +55,6 @@ def test_input_with_the_negative_bit(backend):
     torch.testing.assert_close(_compile(f, backend)(a), f(a))
 
 
-@pytest.mark.xfail(strict=True, reason="open: .imag of a conjugated input reads the unconjugated imaginary part")
 def test_imag_of_a_conjugated_input():
     f = lambda a: a.imag * 1  # noqa: E731
     a = torch.tensor([1 + 2j, 3 - 1j]).conj()

@@ -377,8 +377,8 @@ _ULP_NAMES = ("sqrt", "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "
               "tanh", "asin", "acos", "atan", "asinh", "acosh", "atanh", "atan2", "erf", "erfc", "erfinv", "pow",
               "sigmoid", "rsqrt", "lgamma", "digamma", "logit", "silu", "softplus", "mish")
 _ULP_OPS = {getattr(torch.ops.aten, n) for n in _ULP_NAMES}  # within 2 ulp (eager's float32 sqrt too)
-_BOUNDED = re.compile(r"\b(fmod|remainder|copysign|signbit|var|std|maximum|minimum|fmax|fmin|gelu|prod|"
-                      + "|".join(_ULP_NAMES) + r")\b| % | \*\* ")
+_BOUNDED = re.compile(r"\b(fmod|remainder|copysign|signbit|var|std|maximum|minimum|fmax|fmin|amax|amin|max|min|"
+                      r"gelu|prod|" + "|".join(_ULP_NAMES) + r")\b| % | \*\* ")
 _SUMS = re.compile(r"\b(sum|nansum|mean|cumsum|logsumexp|matmul|softmax|log_softmax|layer_norm|"
                    r"var|std|scaled_dot_product_attention|index_add_?|scatter_add_?|"
                    r"scatter_reduce)\b")
@@ -446,6 +446,11 @@ class _Bounds(TorchDispatchMode):
             # [-inf, inf, nan] is -NaN, other orders' +NaN: s102 #3793): the other sign is as good
             other = torch.where(s.isnan(), -out if out.is_floating_point() else ~out, out).double()
             self.bounds[id(out)] = out, torch.zeros(out.shape), (other, torch.zeros(out.shape))
+        elif op in _EXTREMA_OPS and isinstance(out, torch.Tensor) and out.is_floating_point() and (out == 0).any():
+            # max/min of zeros of both signs: IEEE 754 allows either, eager's vector and scalar
+            # loops differ (the binary maximum's rule, s202 #13189, for reductions: s216 #10785)
+            other = torch.where(out == 0, -out, out).double()
+            self.bounds[id(out)] = out, torch.zeros(out.shape), (other, torch.zeros(out.shape))
         elif written or op in _ACC_OPS:
             # duplicate indices sum: in eager's order and precision or another's (eager
             # itself rounds each add of a 1-D fp16 index_add_, not of a 2-D one: s100 #5064)
@@ -501,7 +506,8 @@ class _Bounds(TorchDispatchMode):
         op, leaves = func.overloadpacket, pytree.tree_leaves((args, kwargs))
         ins = [t for t in leaves if isinstance(t, torch.Tensor) and id(t) in self.bounds and (
             t.is_floating_point() and isinstance(self.bounds[id(t)][1], torch.Tensor) and self.bounds[id(t)][1].any()
-            or t.dtype == torch.bool and len(self.bounds[id(t)]) > 2)][:3]  # (a signbit of a computed NaN)
+            or len(self.bounds[id(t)]) > 2 and (t.dtype == torch.bool or t.is_floating_point() and not _same(
+                self.bounds[id(t)][2][0], t.double())))][:3]  # (a signbit of a computed NaN, a max of signed zeros)
         if op in _TIE_OPS and out.is_floating_point() and all(isinstance(a, torch.Tensor) for a in args[:2]):
             a, c = torch.broadcast_tensors(*args[:2])
             tie = (a == 0) & (c == 0) & (a.signbit() != c.signbit())
@@ -544,7 +550,7 @@ class _Bounds(TorchDispatchMode):
         alts = [x + fin, x - fin] + [torch.where(x.abs() <= fin, z, x) for z in (0.0, -0.0)] + [
             torch.where(bd >= ANYTHING, v, x) for v in (inf, -inf, math.nan)] + [torch.where(
                 (bd == v) | bd.isnan(), v, x) for v in (inf, -inf)] + [exact]
-        return [v for v in alts if not torch.equal(v, x)] or [x]
+        return [v for v in alts if not _same(v, x)] or [x]
 
     def _drop_written(self, func, args, kwargs, written: list) -> None:
         """Drop the bounds of the elements ``func`` wrote (``written``: the arguments it writes
@@ -581,6 +587,11 @@ class _Bounds(TorchDispatchMode):
         return (each(lambda k, t: t.double().abs()) * torch.finfo(dtype).eps * adds + carried).nan_to_num(0.0, 0.0, 0.0)
 
 
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether ``a`` and ``b`` hold the same values, zeros' signs and NaNs included."""
+    return a.shape == b.shape and bool(((a == b) & (a.signbit() == b.signbit()) | a.isnan() & b.isnan()).all())
+
+
 def _flat(t: torch.Tensor, layout: Optional[torch.Tensor] = None) -> torch.Tensor:
     """``t``'s whole storage as a 1-D tensor of its dtype, or as ``layout``'s size and strides."""
     lay = () if layout is None else (layout.storage_offset(), layout.shape, layout.stride())
@@ -591,6 +602,7 @@ _REM_OPS = {torch.ops.aten.fmod, torch.ops.aten.remainder}
 _ACC_OPS = {torch.ops.aten.index_add, torch.ops.aten.index_add_, torch.ops.aten.scatter_add,
             torch.ops.aten.scatter_add_, torch.ops.aten.index_put, torch.ops.aten.index_put_}
 _SUM_OPS = {torch.ops.aten.sum, torch.ops.aten.nansum, torch.ops.aten.mean, torch.ops.aten.cumsum}
+_EXTREMA_OPS = {torch.ops.aten.amax, torch.ops.aten.amin, torch.ops.aten.max, torch.ops.aten.min}
 _TIE_OPS = {torch.ops.aten.maximum, torch.ops.aten.minimum, torch.ops.aten.fmax, torch.ops.aten.fmin}
 _BILINEAR = {torch.ops.aten.mm, torch.ops.aten.bmm, torch.ops.aten.matmul, torch.ops.aten.mv,
              torch.ops.aten.dot, torch.ops.aten.baddbmm, torch.ops.aten.addmm}

@@ -653,6 +653,19 @@ def test_sign_of_a_computed_nan_carries_through_later_ops():
         assert check_program(p, _fake(lambda s, o, x: wrong)).kind == "out-value"
 
 
+def test_max_of_signed_zeros_is_either_zero():
+    """fuzz seed 216 #10785: ``reciprocal(amax([-0.0, 0.0]))``: eager's -inf, the Triton
+    kernel's inf. IEEE 754 lets max/min of zeros of both signs be either (eager's binary
+    ``maximum`` already differs between its loops, s202 #13189); the other zero's answer
+    carries through later ops (a reciprocal's jump to the other infinity makes anything
+    acceptable there: the bound of a change that reached inf). Elsewhere values still count."""
+    a = torch.tensor([-0.0, 0.0])
+    p = _prog(["v0 = torch.reciprocal(torch.amax(a).double())", "v1 = torch.amin(a) + 1"], a)
+    assert check_program(p, _fake(lambda s, o, x: (-o[0], o[1]))).outcome == "ok"
+    wrong = (torch.tensor(-math.inf, dtype=torch.float64), torch.tensor(2.0))
+    assert check_program(p, _fake(lambda s, o, x: wrong)).kind == "out-value"
+
+
 def _var_of_filled(c):
     c.fill_(1e30)
     return (torch.var(c, correction=2),)

@@ -166,6 +166,9 @@ class InputGroups:
         #: input -> (size, stride, storage offset) it ends with, for a member the program
         #: restrides in place (``as_strided_``, ``t_``): applied to the caller's tensor
         self.restrides: dict = {}
+        #: output leaf -> member input the program returns itself (``a.add_(b)`` returns ``a``): the
+        #: caller's tensor is returned, as eager's is
+        self.returned: dict = {}
 
     # -- compile time ---------------------------------------------------------------
     def fake_args(self, fake_args: list, fake_mode) -> list:
@@ -196,6 +199,8 @@ class InputGroups:
                 for i, size, stride, off in g.members:
                     full[i] = torch.as_strided(base, size, stride, off)
             out = fn(*full)
+            members = {id(full[m[0]]): m[0] for g in groups for m in g.members}
+            self.returned = {k: members[id(o)] for k, o in enumerate(pytree.tree_leaves(out)) if id(o) in members}
             for g in groups:
                 for m in g.members:
                     t = full[m[0]]

@@ -23,6 +23,7 @@ from typing import Callable, Optional
 
 import torch
 import torch.fx
+import torch.utils._pytree as pytree
 from torch._subclasses.fake_tensor import DynamicOutputShapeException, FakeTensor
 
 from coil import trace
@@ -487,5 +488,10 @@ def _with_input_groups(runner: Callable, groups, fn: Callable) -> Callable:
         out = runner(*new)
         for i, (size, stride, off) in groups.restrides.items():
             args[i].as_strided_(size, stride, off)  # the program's restride of a member
+        if groups.returned:
+            leaves, spec = pytree.tree_flatten(out)
+            for k, i in groups.returned.items():
+                leaves[k] = args[i]
+            out = pytree.tree_unflatten(leaves, spec)
         return out
     return run

@@ -90,7 +90,6 @@ def test_tensor_subclass_type_kept():
     assert type(_compile(f)(x)) is type(f(x))
 
 
-@pytest.mark.xfail(strict=True, reason="open: an in-place op on one of two aliasing input views returns a new tensor, not the input")
 def test_inplace_on_aliased_input_returns_the_input():
     """``a.add_(b)`` returns ``a``; with a and b views of one base, the static compile returns
     another tensor over the same memory (dynamic=True and torch.compile return ``a``)."""

@@ -217,7 +217,7 @@ UNARY = {
     aten.asin: "asin", aten.acos: "acos", aten.atan: "atan", aten.sinh: "sinh",
     aten.cosh: "cosh", aten.tanh: "tanh", aten.asinh: "asinh", aten.acosh: "acosh",
     aten.atanh: "atanh", aten.erf: "erf", aten.erfc: "erfc", aten.erfinv: "erfinv",
-    aten.sigmoid: "sigmoid", aten.relu: "relu", aten.floor: "floor", aten.ceil: "ceil",
+    aten.sigmoid: "sigmoid", aten.floor: "floor", aten.ceil: "ceil",
     aten.round: "round", aten.trunc: "trunc", aten.sign: "sign", aten.reciprocal: "reciprocal",
     aten.bitwise_not: "bitwise_not", aten.lgamma: "lgamma", aten.frac: "frac",
     prims.sqrt: "sqrt", prims.rsqrt: "rsqrt", prims.exp: "exp", prims.neg: "neg",
@@ -395,6 +395,13 @@ def _clamp(x, min=None, max=None):
         return v
 
     return TensorBox.create(Pointwise(device(), odt, inner, size))
+
+
+@register_lowering(aten.relu)
+def _relu(x):
+    """ATen's relu is ``clamp_min(x, 0)``: -0.0 gives +0.0 on CUDA and stays -0.0 on the CPU
+    (:func:`_clamp`'s tie rule; a ``where(x < 0, 0, x)`` kept -0.0 on the H200)."""
+    return _clamp(x, 0)
 
 
 @register_lowering(aten._to_copy, prims.convert_element_type, aten.clone, aten.alias,

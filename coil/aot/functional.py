@@ -657,8 +657,9 @@ _INT_DIVISIONS = {aten.floor_divide.default, aten.remainder.Tensor, aten.fmod.Te
 def _insert_zero_division_checks(gm: torch.fx.GraphModule) -> None:
     """Before each integer division, remainder or fmod by a CPU tensor, check that no divisor is 0
     (``aten._assert_async.msg``, raising eager's ``RuntimeError: ZeroDivisionError``): the kernels
-    divide without a check and returned numbers where eager raised. A divisor that is a Python
-    number is checked by eager's own trace; CUDA's eager does not raise. Logged
+    divide without a check and returned numbers where eager raised. A Python 0 divisor (``x // 0``) fails
+    the check for a non-empty result; other Python numbers are checked by eager's own trace; CUDA's
+    eager does not raise. Logged
     ``zero_division_checks``."""
     added = 0
     for n in list(gm.graph.nodes):
@@ -666,16 +667,23 @@ def _insert_zero_division_checks(gm: torch.fx.GraphModule) -> None:
             continue
         out, b = n.meta.get("val"), n.args[1]
         bv = b.meta.get("val") if isinstance(b, torch.fx.Node) else None
-        if not (isinstance(out, torch.Tensor) and isinstance(bv, torch.Tensor)) or \
-                out.dtype.is_floating_point or out.dtype.is_complex or out.dtype == torch.bool or \
-                out.device.type != "cpu":
+        if not isinstance(out, torch.Tensor) or out.dtype.is_floating_point or out.dtype.is_complex or \
+                out.dtype == torch.bool or out.device.type != "cpu":
             continue
-        with gm.graph.inserting_before(n):
-            nonzero = gm.graph.call_function(aten.ne.Scalar, (b, 0))
+        if isinstance(bv, torch.Tensor):
+            check, val = (aten.ne.Scalar, (b, 0)), bv.ne(0)
+        elif type(b) is int and b == 0:  # ``x // 0``: eager raises for every element there is
+            check, val = (aten.ne.Tensor, (n, n)), out.ne(out)
+        else:
+            continue
+        with gm.graph.inserting_after(n) if bv is None else gm.graph.inserting_before(n):
+            nonzero = gm.graph.call_function(check[0], check[1])
+        with gm.graph.inserting_after(nonzero):
             ok = gm.graph.call_function(aten.all.default, (nonzero,))
+        with gm.graph.inserting_after(ok):
             gm.graph.call_function(aten._assert_async.msg, (ok, "ZeroDivisionError"))
-        nonzero.meta["val"] = bv.ne(0)
-        ok.meta["val"] = nonzero.meta["val"].all()
+        nonzero.meta["val"] = val
+        ok.meta["val"] = val.all()
         added += 1
     if added:
         gm.recompile()

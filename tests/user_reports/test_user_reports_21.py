@@ -111,7 +111,6 @@ def test_triton_maximum_of_signed_zeros():
 
 # --- result where eager raises ------------------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason="open: integer floor/trunc division by a Python 0 returns 0 (eager: ZeroDivisionError)")
 @pytest.mark.parametrize("backend", ["cpp", "triton"])
 @pytest.mark.parametrize("op", ["floordiv", "trunc"])
 def test_integer_division_by_python_zero_raises(backend, op):

@@ -117,6 +117,27 @@ class _BernoulliInLayout:
 
 bernoulli_in_layout = _BernoulliInLayout()
 _INPLACE_BERNOULLI = (torch.ops.aten.bernoulli.p, torch.ops.aten.bernoulli.Tensor)
+
+class _AsStridedScatterOnce:
+    """``as_strided_scatter`` through a view whose stride-0 dims (size > 1) are narrowed to one
+    index, as is ``src``: ATen's refuses to copy into memory several elements share, while the
+    functional form of a write through such a view passes here when the program wrote one value
+    per location, or none (``a.as_strided_((1, 4, 1), (0, 0, 2))[1:].clamp_(min=2)``: s216 #15681)."""
+
+    def __call__(self, x, src, size, stride, storage_offset=None):
+        dims = [d for d, (n, st) in enumerate(zip(size, stride)) if isinstance(st, int) and st == 0
+                and isinstance(n, int) and n > 1]
+        if dims:
+            size = list(size)
+            for d in dims:
+                size[d], src = 1, src.narrow(d, 0, 1)
+        return torch.ops.aten.as_strided_scatter.default(x, src, size, stride, storage_offset)
+
+    def __repr__(self):
+        return "as_strided_scatter (one element per location)"
+
+
+as_strided_scatter_once = _AsStridedScatterOnce()
 _EMPTY_OPS = (torch.ops.aten.empty_permuted.default, torch.ops.aten.empty_like.default,
               torch.ops.aten.empty_strided.default, torch.ops.aten.empty.memory_format,
               torch.ops.aten.new_empty.default, torch.ops.aten.new_empty_strided.default)
@@ -645,6 +666,8 @@ class GraphLowering(torch.fx.Interpreter):
         name = self.new_buffer_name()
         if isinstance(meta, torch.Tensor):
             lay, op = self._extern_layout(meta, cl), target
+            if target is _aten.as_strided_scatter.default:
+                op = as_strided_scatter_once
             if target in _INPLACE_BERNOULLI and args and isinstance(n.args[0], torch.fx.Node) \
                     and n.args[0].target in _EMPTY_OPS:
                 # eager's in-place bernoulli_ of a fresh buffer, made functional by tracing

@@ -910,3 +910,19 @@ def test_alpha_of_reduced_float_add_rounds_as_eager(backend, dtype):
     got = coil.compile(fn, options={"cpu_backend": backend})(a, b)
     for g, r in zip(got, fn(a, b)):
         assert torch.equal(g[:4], r[:4]), (g[:4], r[:4])
+
+
+def _clamp_an_empty_slice_of_an_overlapping_restride(a):  # s216 #15681
+    a.as_strided_((1, 4, 1), (0, 0, 2), 0)
+    v5 = a[1:]
+    v5.clamp_(min=2)
+    return ()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_write_through_a_view_of_an_overlapping_restride(backend):
+    """The functional form of a write through an ``as_strided`` view whose elements share memory
+    (stride 0) is an ``as_strided_scatter`` that ATen refuses ("more than one element of the
+    written-to tensor refers to a single memory location"); eager wrote nothing (an empty slice)
+    and ran. The scatter now writes one element per location."""
+    _ok(_clamp_an_empty_slice_of_an_overlapping_restride, lambda: [torch.tensor(2)], backend)

@@ -460,20 +460,23 @@ template <typename To, typename From> COIL_INLINE To coil_ftoi(From x) {
 }
 // erfinv: M. Giles, "Approximating the erfinv function" (GPU Computing Gems, 2011),
 // single precision version, then one Newton step for accuracy.
-COIL_INLINE float coil_erfinv(float x) {
-  float w = -cm::log((1.0f - x) * (1.0f + x)), p;
-  if (w < 5.0f) {
-    w = w - 2.5f;
-    p = 2.81022636e-08f; p = 3.43273939e-07f + p * w; p = -3.5233877e-06f + p * w;
-    p = -4.39150654e-06f + p * w; p = 0.00021858087f + p * w; p = -0.00125372503f + p * w;
-    p = -0.00417768164f + p * w; p = 0.246640727f + p * w; p = 1.50140941f + p * w;
+template <typename T> COIL_INLINE T coil_erfinv_giles(T w) {  // erfinv(x) / x, w = -log(1 - x^2)
+  T p;
+  if (w < T(5)) {
+    w = w - T(2.5);
+    p = T(2.81022636e-08); p = T(3.43273939e-07) + p * w; p = T(-3.5233877e-06) + p * w;
+    p = T(-4.39150654e-06) + p * w; p = T(0.00021858087) + p * w; p = T(-0.00125372503) + p * w;
+    p = T(-0.00417768164) + p * w; p = T(0.246640727) + p * w; p = T(1.50140941) + p * w;
   } else {
-    w = cm::sqrt(w) - 3.0f;
-    p = -0.000200214257f; p = 0.000100950558f + p * w; p = 0.00134934322f + p * w;
-    p = -0.00367342844f + p * w; p = 0.00573950773f + p * w; p = -0.0076224613f + p * w;
-    p = 0.00943887047f + p * w; p = 1.00167406f + p * w; p = 2.83297682f + p * w;
+    w = cm::sqrt(w) - T(3);
+    p = T(-0.000200214257); p = T(0.000100950558) + p * w; p = T(0.00134934322) + p * w;
+    p = T(-0.00367342844) + p * w; p = T(0.00573950773) + p * w; p = T(-0.0076224613) + p * w;
+    p = T(0.00943887047) + p * w; p = T(1.00167406) + p * w; p = T(2.83297682) + p * w;
   }
-  float y = p * x;
+  return p;
+}
+COIL_INLINE float coil_erfinv(float x) {
+  float y = coil_erfinv_giles(-cm::log((1.0f - x) * (1.0f + x))) * x;
   if (cm::fabs(x) < 1.0f) {
     double yd = y, err = cm::erf(yd) - (double)x;
     yd -= err / (1.1283791670955126 * cm::exp(-yd * yd));
@@ -487,19 +490,7 @@ COIL_INLINE float coil_erfinv(float x) {
 COIL_INLINE double coil_erfinv(double x) {
   double a = cm::fabs(x);
   if (a >= 1.0) return a == 1.0 ? cm::copysign(__builtin_inf(), x) : __builtin_nan("");
-  double w = -cm::log((1.0 - a) * (1.0 + a)), p;
-  if (w < 5.0) {
-    w = w - 2.5;
-    p = 2.81022636e-08; p = 3.43273939e-07 + p * w; p = -3.5233877e-06 + p * w;
-    p = -4.39150654e-06 + p * w; p = 0.00021858087 + p * w; p = -0.00125372503 + p * w;
-    p = -0.00417768164 + p * w; p = 0.246640727 + p * w; p = 1.50140941 + p * w;
-  } else {
-    w = cm::sqrt(w) - 3.0;
-    p = -0.000200214257; p = 0.000100950558 + p * w; p = 0.00134934322 + p * w;
-    p = -0.00367342844 + p * w; p = 0.00573950773 + p * w; p = -0.0076224613 + p * w;
-    p = 0.00943887047 + p * w; p = 1.00167406 + p * w; p = 2.83297682 + p * w;
-  }
-  double y = p * a;
+  double y = coil_erfinv_giles(-cm::log((1.0 - a) * (1.0 + a))) * a;
   for (int i = 0; i < 4; i++) {
     double d = 1.1283791670955126 * cm::exp(-y * y);  // erf'(y)
     if (a < 0.5) {

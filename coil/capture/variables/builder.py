@@ -28,6 +28,7 @@ import types
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 
 from coil.exc import Unsupported
 from coil.capture.guards import tensor_guard
@@ -105,6 +106,11 @@ def _build(tx, value, source, gs) -> VariableTracker:
         if tf not in (torch.Tensor.__torch_function__.__func__, torch._C._disabled_torch_function_impl):
             raise Unsupported(f"tensor subclass {type(value).__name__} overrides "
                               "__torch_function__ (the graph would bypass it)",
+                              "the code that reads it runs eagerly")
+        if tf is not torch._C._disabled_torch_function_impl and type(value) is not torch.Tensor \
+                and source is not None and not isinstance(value, FakeTensor):
+            raise Unsupported(f"tensor subclass {type(value).__name__}: torch functions return "
+                              f"{type(value).__name__} there, the graph plain tensors",
                               "the code that reads it runs eagerly")
         if source is None:
             return tx.output.lift_constant_tensor(tx, value)

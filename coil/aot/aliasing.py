@@ -101,11 +101,12 @@ def _partial_overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def _symbolic_partial_overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """:func:`_partial_overlap` of contiguous tensors with symbolic sizes or offsets (``x[1:] += x[:-1]``
-    under dynamic shapes): the comparisons are guards; an unbacked size leaves it undecided (False)."""
+    """:func:`_partial_overlap` of dense tensors with symbolic sizes or offsets (``x[1:] += x[:-1]``,
+    ``x.copy_(x.t())`` under dynamic shapes): the comparisons are guards; an unbacked size leaves it
+    undecided (False)."""
     try:
         if guard_or_false(a.numel() == 0) or guard_or_false(b.numel() == 0) or \
-                not (a.is_contiguous() and b.is_contiguous()):
+                not (_symbolic_dense(a) and _symbolic_dense(b)):
             return False
         (sa, ea), (sb, eb) = ((t.storage_offset() * t.itemsize, (t.storage_offset() + t.numel()) * t.itemsize)
                               for t in (a, b))
@@ -115,6 +116,25 @@ def _symbolic_partial_overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
         return bool(sa < eb) and bool(sb < ea)
     except GuardOnDataDependentSymNode:
         return False
+
+
+def _symbolic_dense(t: torch.Tensor) -> bool:
+    """:func:`_dense` for symbolic sizes and strides: dims ordered by their strides' hints, each stride
+    compared (a guard) with the product of the sizes inside it. False where a hint is missing (unbacked)."""
+    dims = []
+    for n, st in zip(t.shape, t.stride()):
+        if guard_or_false(n == 1):
+            continue
+        h = st if isinstance(st, int) else st.node.hint
+        if h is None:
+            return False
+        dims.append((h, st, n))
+    expect = 1
+    for _, st, n in sorted(dims, key=lambda d: d[0]):
+        if not bool(st == expect):
+            return False
+        expect = expect * n
+    return True
 
 
 def _dense(t: torch.Tensor) -> bool:

@@ -395,7 +395,11 @@ def _eager_refuses(func, args, kwargs) -> Optional[str]:
       (``bool.mul_(2)``: the decomposition casts);
     - ``sub``/``rsub`` with a bool operand (``x - True``; FakeTensor's sub accepts it);
     - an index of a dtype eager refuses (``index_put`` with float32 indices, ``index_fill``
-      with int32 ones, empty or not): the op raises with them and runs with int64 indices."""
+      with int32 ones, empty or not): the op raises with them and runs with int64 indices;
+    - ``index_select`` of a 0-d tensor with more than one index."""
+    if func is torch.ops.aten.index_select.default and args[0].dim() == 0 and \
+            isinstance(args[2].numel(), int) and args[2].numel() > 1:  # (the meta returns a value)
+        return f"index_select(): Index to scalar can have only 1 value, got {args[2].numel()} value(s)"
     if func is torch.ops.aten.view.default and _static(args[0].shape, args[0].stride(), args[1]):
         try:  # FakeTensor's view accepts layouts eager's refuses (s95 #2671); meta's does not
             with torch.utils._python_dispatch._disable_current_modes():

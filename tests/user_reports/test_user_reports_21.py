@@ -128,11 +128,11 @@ def test_integer_division_by_python_zero_raises(backend, op):
         _compile(f, backend)(torch.tensor([1, 2]))
 
 
-@pytest.mark.xfail(strict=True, reason="open: index_select of a 0-d tensor with two indices returns a value")
 def test_index_select_of_zero_dim_with_two_indices_raises():
     f = lambda x, i: x.index_select(0, i)  # noqa: E731
-    with pytest.raises(RuntimeError):
+    with pytest.raises(RuntimeError, match="Index to scalar can have only 1 value"):
         _compile(f)(torch.tensor(3.0), torch.tensor([0, 0]))
+    torch.testing.assert_close(_compile(f)(torch.tensor(3.0), torch.tensor([0])), torch.tensor(3.0))  # (fixed)
 
 
 def test_copy_from_own_transpose_raises_when_dynamic():

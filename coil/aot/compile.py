@@ -289,7 +289,11 @@ def aot_compile(gm: Callable, example_inputs: list, fw_compiler: Callable,
             example_inputs = symbolic
 
     t0 = time.perf_counter()
-    with trace.stage("aot"), preserve_global_state():
+    if torch.is_anomaly_enabled():
+        # anomaly mode's NaN check of each backward output reads values (.item()), which a fake trace
+        # cannot; the compiled backward runs without it (logged)
+        trace.log("aot_anomaly_mode_off", stage="aot", reason="traced without detect_anomaly's value checks")
+    with trace.stage("aot"), preserve_global_state(), torch.autograd.set_detect_anomaly(False):
         try:
             run = _compile(fn, list(example_inputs), fw_compiler, bw_compiler, partition_fn, decompositions)
         except DynamicOutputShapeException:

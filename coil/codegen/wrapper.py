@@ -264,6 +264,8 @@ class WrapperCodegen:
             return self._global("c", a)
         if isinstance(a, sympy.Basic) and not a.is_number:
             return self._expr(a)  # a symbolic size: its value this call
+        if isinstance(a, sympy.Integer):  # a size that is static here (an ATen Scalar takes no sympy number)
+            a = int(a)
         if isinstance(a, float) and (a != a or a in (float("inf"), float("-inf"))):
             return f"float('{a}')"
         if isinstance(a, (int, float, bool, str, type(None))):

@@ -161,7 +161,6 @@ def test_triton_arange_with_a_large_start():
     torch.testing.assert_close(_compile(f, "triton")(x), f(x))
 
 
-@pytest.mark.xfail(strict=True, reason="open: var of a complex tensor fails under dynamic=True")
 @pytest.mark.parametrize("backend", ["cpp", "triton"])
 def test_var_of_complex_dynamic(backend):
     """RuntimeError: aten::div() Expected a value of type 'number' for argument 'other' but

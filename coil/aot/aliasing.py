@@ -63,8 +63,9 @@ OFFSET_WRITE_MESSAGE = ("the program writes through an as_strided view of a tens
                         "writes it back from 0), so the program runs eagerly")
 
 
-RESTRIDE_MESSAGE = ("the program restrides an input (as_strided_) past its last element, which "
-                    "functionalization does not model, so the program runs eagerly")
+RESTRIDE_MESSAGE = ("the program restrides an input (as_strided_) past its last element, or one that "
+                    "does not start at its storage's start, which functionalization does not model, so "
+                    "the program runs eagerly")
 
 
 class RunEagerly(CoilError):
@@ -374,7 +375,12 @@ def _addresses(t: torch.Tensor) -> tuple:
 
 
 def _restrides_beyond(t, size, stride, storage_offset=None) -> bool:
-    """Whether ``t.as_strided_(...)`` ends past ``t``'s storage as functionalization sizes it."""
+    """Whether ``t.as_strided_(...)`` ends past ``t``'s storage as functionalization sizes it, or ``t``
+    does not start at its storage's start: a later ``as_strided`` of its functional value (which starts
+    at 0) would take the absolute offset from there (s217 #392: ``a[1:]`` restrided to offset 3, then
+    written, read element 3 of a 3-element value)."""
+    if isinstance(t.storage_offset(), int) and t.storage_offset() != 0:
+        return True
     offset = t.storage_offset() if storage_offset is None else storage_offset
     if not _static(size, stride, offset, t.untyped_storage().nbytes()) or 0 in size:
         return False

@@ -926,3 +926,19 @@ def test_write_through_a_view_of_an_overlapping_restride(backend):
     written-to tensor refers to a single memory location"); eager wrote nothing (an empty slice)
     and ran. The scatter now writes one element per location."""
     _ok(_clamp_an_empty_slice_of_an_overlapping_restride, lambda: [torch.tensor(2)], backend)
+
+
+def _restride_an_offset_input_then_write(a):  # s217 #392
+    v0 = a.to(torch.float64)  # (a itself)
+    v0.as_strided_((1,), (3,), 3)
+    a.abs_()
+    return (torch.sinh(a),)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_restride_of_an_input_at_a_storage_offset_then_a_write(backend):
+    """s217 #392: ``a[1:]`` restrided in place to absolute offset 3, then written: the graph took
+    ``as_strided(..., 3)`` of the written value, which starts at 0 and has 3 elements, and read
+    past it (a value of 1e-310). Such a program now runs eagerly (logged)."""
+    _ok(_restride_an_offset_input_then_write,
+        lambda: [torch.tensor([-2.28, 4.43, -0.89, 0.91], dtype=torch.float64)[1:4]], backend)

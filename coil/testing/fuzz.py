@@ -540,7 +540,8 @@ class _Bounds(TorchDispatchMode):
         """Values (float64) another correct run may give for ``t``, elementwise: eager's moved
         by its bound either way, or snapped to a zero of either sign where that is within it
         (where the bound is :data:`ANYTHING`: +-inf and NaN too); where an order of a sum
-        overflows (bound inf or NaN), that infinity; a sum's exact value rounded (the mean of six equal
+        overflows (bound inf or NaN), that infinity, and where orders overflow to both (bound
+        NaN) either one or NaN (inf + -inf: s217 #1622); a sum's exact value rounded (the mean of six equal
         values is that value: s205 #3181)."""
         e, x = self.bounds[id(t)], t.double()
         if t.dtype == torch.bool:  # a signbit of a computed NaN: its other value there
@@ -549,7 +550,7 @@ class _Bounds(TorchDispatchMode):
         fin, inf = bd.nan_to_num(0.0, 0.0, 0.0), math.inf
         alts = [x + fin, x - fin] + [torch.where(x.abs() <= fin, z, x) for z in (0.0, -0.0)] + [
             torch.where(bd >= ANYTHING, v, x) for v in (inf, -inf, math.nan)] + [torch.where(
-                (bd == v) | bd.isnan(), v, x) for v in (inf, -inf)] + [exact]
+                (bd == v) | bd.isnan(), v, x) for v in (inf, -inf, math.nan)] + [exact]
         return [v for v in alts if not _same(v, x)] or [x]
 
     def _drop_written(self, func, args, kwargs, written: list) -> None:

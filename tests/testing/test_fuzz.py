@@ -666,6 +666,17 @@ def test_max_of_signed_zeros_is_either_zero():
     assert check_program(p, _fake(lambda s, o, x: wrong)).kind == "out-value"
 
 
+def test_a_sum_that_overflows_both_ways_may_be_nan_downstream():
+    """fuzz seed 217 #1622: a float32 sum of values near +-3e38 is inf in eager's order, NaN
+    (inf + -inf) in the Triton kernel's; ``atan2(a, sum)`` is then 0 or NaN. NaN is one of the
+    sum's alternatives now; the program's other values still count."""
+    a = torch.tensor([[2.5e38, 2.5e38, -2.5e38, -2.5e38, 1.0]])
+    p = _prog(["v0 = torch.atan2(a, torch.sum(a, dim=1, keepdim=True))", "v1 = a * 2"], a)
+    nan_sum = lambda s, o, x: (torch.atan2(x[0], torch.full((1, 1), math.nan)), o[1])  # noqa: E731
+    assert check_program(p, _fake(nan_sum)).outcome == "ok"
+    assert check_program(p, _fake(lambda s, o, x: (o[0], o[1] + 1))).kind == "out-value"
+
+
 def _var_of_filled(c):
     c.fill_(1e30)
     return (torch.var(c, correction=2),)

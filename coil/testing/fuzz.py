@@ -375,7 +375,7 @@ _CASTS = re.compile(r"torch\.(float32|float16|bfloat16)\b")
 _F64_STATS = re.compile(r"\b(layer_norm|var|std|var_mean|std_mean|prod)\b")
 _ULP_NAMES = ("sqrt", "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sin", "cos", "tan", "sinh", "cosh",
               "tanh", "asin", "acos", "atan", "asinh", "acosh", "atanh", "atan2", "erf", "erfc", "erfinv", "pow",
-              "sigmoid", "rsqrt", "lgamma", "digamma", "logit", "silu", "softplus", "mish")
+              "sigmoid", "rsqrt", "lgamma", "digamma", "logit", "silu", "softplus", "mish", "logsumexp")
 _ULP_OPS = {getattr(torch.ops.aten, n) for n in _ULP_NAMES}  # within 2 ulp (eager's float32 sqrt too)
 _BOUNDED = re.compile(r"\b(fmod|remainder|copysign|signbit|var|std|maximum|minimum|fmax|fmin|amax|amin|max|min|"
                       r"gelu|prod|" + "|".join(_ULP_NAMES) + r")\b| % | \*\* ")

@@ -677,6 +677,20 @@ def test_a_sum_that_overflows_both_ways_may_be_nan_downstream():
     assert check_program(p, _fake(lambda s, o, x: (o[0], o[1] + 1))).kind == "out-value"
 
 
+def _cat_of_an_int_logsumexp(a, c):  # fuzz seed 217 #7072
+    return (torch.cat([a, torch.logsumexp(c, dim=0, keepdim=True)], 1),)
+
+
+def test_an_ulp_of_float32_logsumexp_carries_into_a_float64_cat():
+    """fuzz seed 217 #7072: ``cat([a64, logsumexp(c_int)])``: coil's float32 logsumexp (of an
+    int64 tensor) was an ulp off eager's in 2 of 30 elements, compared in the float64 output's
+    tolerance. logsumexp is compared within 2 ulp of its dtype, like exp and log."""
+    c = torch.tensor([[[[1, 1, 4, 5, 6], [5, 9, 8, 4, 0], [5, 7, 2, 2, 5], [4, 3, 6, 7, 6], [2, 1, 6, 9, 5], [3, 5, 5, 0, 6]]], [[[4, 8, 5, 2, 8], [6, 8, 0, 6, 0], [3, 7, 5, 5, 6], [5, 8, 4, 6, 1], [1, 5, 4, 4, 4], [3, 6, 3, 9, 5]]], [[[4, 7, 7, 3, 0], [4, 4, 4, 7, 9], [1, 7, 5, 4, 8], [8, 5, 0, 1, 8], [6, 0, 2, 1, 8], [2, 9, 0, 3, 2]]], [[[4, 8, 7, 4, 0], [5, 3, 3, 0, 3], [3, 7, 1, 4, 5], [5, 3, 0, 3, 8], [5, 2, 3, 6, 5], [8, 6, 2, 8, 6]]], [[[1, 0, 8, 6, 7], [1, 8, 6, 7, 6], [1, 8, 3, 2, 4], [0, 6, 3, 6, 9], [7, 0, 6, 9, 9], [1, 8, 9, 3, 7]]], [[[1, 2, 5, 4, 4], [7, 1, 6, 2, 8], [8, 3, 4, 0, 7], [6, 2, 8, 1, 0], [2, 5, 0, 6, 3], [3, 2, 6, 3, 5]]]])  # noqa: E501
+    make = lambda: [torch.tensor([[[[0.14744962761924446]]]], dtype=torch.float64).expand(1, 1, 6, 5),  # noqa: E731
+                    c.clone()]
+    assert fuzz.check(_cat_of_an_int_logsumexp, make, "cpp").outcome == "ok"
+
+
 def _var_of_filled(c):
     c.fill_(1e30)
     return (torch.var(c, correction=2),)

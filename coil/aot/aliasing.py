@@ -87,27 +87,14 @@ def _overlaps(t: torch.Tensor) -> bool:
 def _partial_overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
     """ATen's partial overlap of written ``a`` and operand ``b`` (``at::get_overlap_status``), for which an
     in-place op raises: both dense, in one storage, their byte ranges intersecting but not the same range
-    with the same strides (``x[1:].add_(x[:-1])``, ``x.add_(x.t())``; s210 #3393). Symbolic layouts are
-    decided for contiguous tensors through the ShapeEnv (the answer is a guard), others taken as apart."""
+    with the same strides (``x[1:].add_(x[:-1])``, ``x.add_(x.t())``; s210 #3393). Symbolic layouts
+    (``x.copy_(x.t())`` under dynamic shapes) are decided through the ShapeEnv, each comparison a guard;
+    an unbacked size leaves it undecided (False)."""
     if a is b or not isinstance(b, torch.Tensor) or \
             StorageWeakRef(a.untyped_storage()) != StorageWeakRef(b.untyped_storage()):
         return False
-    if not _static(a.shape, a.stride(), a.storage_offset(), b.shape, b.stride(), b.storage_offset()):
-        return _symbolic_partial_overlap(a, b)
-    if not a.numel() or not b.numel() or not (_dense(a) and _dense(b)):
-        return False
-    (sa, ea), (sb, eb) = ((t.storage_offset() * t.itemsize, (t.storage_offset() + t.numel()) * t.itemsize)
-                          for t in (a, b))
-    return (sa, ea, a.stride()) != (sb, eb, b.stride()) and sa < eb and sb < ea
-
-
-def _symbolic_partial_overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """:func:`_partial_overlap` of dense tensors with symbolic sizes or offsets (``x[1:] += x[:-1]``,
-    ``x.copy_(x.t())`` under dynamic shapes): the comparisons are guards; an unbacked size leaves it
-    undecided (False)."""
     try:
-        if guard_or_false(a.numel() == 0) or guard_or_false(b.numel() == 0) or \
-                not (_symbolic_dense(a) and _symbolic_dense(b)):
+        if guard_or_false(a.numel() == 0) or guard_or_false(b.numel() == 0) or not (_dense(a) and _dense(b)):
             return False
         (sa, ea), (sb, eb) = ((t.storage_offset() * t.itemsize, (t.storage_offset() + t.numel()) * t.itemsize)
                               for t in (a, b))
@@ -119,9 +106,10 @@ def _symbolic_partial_overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
         return False
 
 
-def _symbolic_dense(t: torch.Tensor) -> bool:
-    """:func:`_dense` for symbolic sizes and strides: dims ordered by their strides' hints, each stride
-    compared (a guard) with the product of the sizes inside it. False where a hint is missing (unbacked)."""
+def _dense(t: torch.Tensor) -> bool:
+    """Whether ``t`` is non-overlapping and dense: its strides, ordered (by their hints when symbolic), are a
+    contiguous layout's, each compared (a guard when symbolic) with the product of the sizes inside it.
+    False where a hint is missing (unbacked)."""
     dims = []
     for n, st in zip(t.shape, t.stride()):
         if guard_or_false(n == 1):
@@ -135,16 +123,6 @@ def _symbolic_dense(t: torch.Tensor) -> bool:
         if not bool(st == expect):
             return False
         expect = expect * n
-    return True
-
-
-def _dense(t: torch.Tensor) -> bool:
-    """Whether static ``t`` is non-overlapping and dense: its strides, sorted, are a contiguous layout's."""
-    expect = 1
-    for st, n in sorted((st, n) for n, st in zip(t.shape, t.stride()) if n != 1):
-        if st != expect:
-            return False
-        expect *= n
     return True
 
 

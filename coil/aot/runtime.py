@@ -206,7 +206,6 @@ def _make_epilogue(info: ProgramInfo, args_index_of_output=None) -> Callable:
     n_sym = len(sym)
     multi = [k for k, o in enumerate(info.outputs) if o.multi_output and plan[k][0] in (2, 3, 6, 7)]
     lazy = [(k, o.lazy) for k, o in enumerate(info.outputs) if any(o.lazy) and plan[k][0] in (2, 3, 6, 7)]
-    simple = simple and not lazy
 
     def view(src: torch.Tensor, size, stride, offset, requires_grad, dtype=None) -> torch.Tensor:
         if dtype is not None:  # a view as another dtype: eager's shares the storage

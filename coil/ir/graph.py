@@ -117,6 +117,10 @@ class _BernoulliInLayout:
 
 bernoulli_in_layout = _BernoulliInLayout()
 _INPLACE_BERNOULLI = (torch.ops.aten.bernoulli.p, torch.ops.aten.bernoulli.Tensor)
+_EMPTY_OPS = (torch.ops.aten.empty_permuted.default, torch.ops.aten.empty_like.default,
+              torch.ops.aten.empty_strided.default, torch.ops.aten.empty.memory_format,
+              torch.ops.aten.new_empty.default, torch.ops.aten.new_empty_strided.default)
+
 
 class _AsStridedScatterOnce:
     """``as_strided_scatter`` through a view whose stride-0 dims (size > 1) are narrowed to one
@@ -138,9 +142,6 @@ class _AsStridedScatterOnce:
 
 
 as_strided_scatter_once = _AsStridedScatterOnce()
-_EMPTY_OPS = (torch.ops.aten.empty_permuted.default, torch.ops.aten.empty_like.default,
-              torch.ops.aten.empty_strided.default, torch.ops.aten.empty.memory_format,
-              torch.ops.aten.new_empty.default, torch.ops.aten.new_empty_strided.default)
 
 
 def _empty_like_layout(lay: Optional[Layout], out: Layout) -> Layout:

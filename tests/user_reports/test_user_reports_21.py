@@ -153,12 +153,23 @@ def test_uint16_add_raises_as_eager():
 
 # --- error where eager runs ---------------------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason="open: Triton arange with a start beyond int32 fails in the kernel")
-def test_triton_arange_with_a_large_start():
-    """InterpreterError: Scalar 1099511627776 is out of range for type int32 (cpp is right)."""
-    f = lambda x: torch.arange(2**40, 2**40 + 3) + x  # noqa: E731
+@pytest.mark.parametrize("backend", ["cpp", "triton"])
+@pytest.mark.parametrize("f", [
+    lambda x: torch.arange(2**40, 2**40 + 3) + x,   # InterpreterError: Scalar out of range for int32
+    lambda x: torch.arange(0, 3 * 2**31, 2**31) + x,
+], ids=["large_start", "large_step"])
+def test_arange_past_int32(backend, f):
+    """A Triton index expression whose values pass int32 is computed in int64 (the start
+    failed; ``arange(0, 50000**2, 50000)`` wrapped around silently)."""
     x = torch.zeros(3, dtype=torch.long)
-    torch.testing.assert_close(_compile(f, "triton")(x), f(x))
+    torch.testing.assert_close(_compile(f, backend)(x), f(x))
+
+
+@pytest.mark.parametrize("backend", ["cpp", "triton"])
+def test_arange_values_past_int32_with_small_step(backend):
+    f = lambda x: torch.arange(0, 50000 * 50000, 50000) + x  # noqa: E731
+    x = torch.zeros(50000, dtype=torch.long)
+    assert torch.equal(_compile(f, backend)(x), f(x))   # Triton's last value was -1795017296
 
 
 @pytest.mark.parametrize("backend", ["cpp", "triton"])

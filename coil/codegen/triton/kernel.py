@@ -106,6 +106,21 @@ def needs_int64(extents) -> bool:
     return big
 
 
+def _fits_int32(e: sympy.Expr, bounds: dict) -> bool:
+    """Whether every value of the index expression ``e`` (loop symbols below their ``bounds``)
+    is within int32: provably when static; under a ShapeEnv guard, as :func:`needs_int64`
+    does, when the bound is a size expression whose example is small."""
+    from coil.ir.symbols import upper_bound
+    total = 0
+    for t in (e.args if e.is_Add else (e,)):
+        c, rest = t.as_coeff_Mul()
+        ub = 2 if rest == 1 else upper_bound(rest, bounds)
+        if ub is None or not c.is_Integer:
+            return False
+        total += abs(int(c)) * (ub - 1)
+    return not needs_int64([total + 1])
+
+
 class TritonKernel(OpsHandler):
     """Generate one kernel (``source()``) from a :class:`KernelPlan`."""
 
@@ -491,7 +506,12 @@ class TritonKernel(OpsHandler):
         if e.is_Integer:
             return self.constant(int(e), dtype)
         dims = self._dims_of_index(e)
-        return self.cse(f"({pyexpr(e)}).to({TL_DTYPE[dtype]})", dtype, dims)
+        text = pyexpr(e)
+        if self.index_dtype == "tl.int32" and not _fits_int32(e, {XINDEX: self.plan.numel,
+                                                                  RINDEX: self.plan.rnumel}):
+            # a value past int32 (arange(0, 50000**2, 50000), a start of 2**40) in int64
+            text = pyexpr(e.subs({s: sym(f"{s.name}.to(tl.int64)") for s in e.free_symbols}))
+        return self.cse(f"({text}).to({TL_DTYPE[dtype]})", dtype, dims)
 
     def to_dtype(self, x, dtype, src_dtype=None):
         if isinstance(x, TVal) and x.const is not None:

@@ -833,8 +833,43 @@ def _emit_break(cg: EntryCodegen, tx, plan, fn, code, cfg, live_locals: dict) ->
     else:
         _, index = plan
         sexprs = stack_exprs(stack)
-        rname = resume(index, stack, captured=False)
-        lines.append(f"return {rname}({', '.join(sexprs + local_exprs)})")
+        after = _depth_after(tx.instructions[index], stack)
+        if after is None:    # the rest of the frame runs as plain Python
+            rname = resume(index, stack, captured=False)
+            lines.append(f"return {rname}({', '.join(sexprs + local_exprs)})")
+            return
+        # a trampoline runs just the instruction (``t.requires_grad = True``) as plain Python
+        # and returns the captured resume function's result for the rest of the frame
+        rname = resume(index + 1, [None] * after)
+        null_mask = tuple(isinstance(v, NullVariable) for v in stack)
+        tramp = make_resume_function(fn.__globals__, fn.__closure__, code, index, null_mask, local_names,
+                                     tail=(index, after - 1, set(code.co_cellvars),
+                                           cg.ns[rname.split(".")[0]].fn, local_names))
+        lines.append(f"return {cg.const_expr(tramp)}({', '.join(sexprs + local_exprs)})")
+
+
+#: instructions a graph break may run alone (no jump, no NULL pushed): opname -> (pops, pushes)
+_ONE_INSTRUCTION = {"STORE_ATTR": (2, 0), "DELETE_ATTR": (1, 0), "STORE_SUBSCR": (3, 0),
+                    "DELETE_SUBSCR": (2, 0), "STORE_GLOBAL": (1, 0), "BINARY_SUBSCR": (2, 1),
+                    "BINARY_OP": (2, 1), "COMPARE_OP": (2, 1), "IS_OP": (2, 1),
+                    "CONTAINS_OP": (2, 1), "UNARY_NEGATIVE": (1, 1), "UNARY_NOT": (1, 1),
+                    "UNARY_INVERT": (1, 1), "STORE_SLICE": (4, 0), "BINARY_SLICE": (3, 1)}
+
+
+def _depth_after(inst, stack: list):
+    """The stack depth after ``inst`` when a trampoline can run it alone and the stack it
+    leaves holds no NULL; else None."""
+    if inst.opname == "LOAD_ATTR" and not (sys.version_info >= (3, 12) and inst.arg & 1):
+        pops, pushes = 1, 1
+    elif inst.opname == "UNPACK_SEQUENCE":
+        pops, pushes = 1, inst.arg
+    elif inst.opname in _ONE_INSTRUCTION:
+        pops, pushes = _ONE_INSTRUCTION[inst.opname]
+    else:
+        return None
+    if len(stack) < pops or any(isinstance(v, NullVariable) for v in stack[:len(stack) - pops]):
+        return None
+    return len(stack) - pops + pushes
 
 
 def _emit_trampoline(cg, tx, plan, fn, code, cfg, local_names, local_exprs, resume) -> None:

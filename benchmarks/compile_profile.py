@@ -13,6 +13,13 @@ name; with ``--cprofile`` the top functions of the calling thread by cumulative 
 ``--after inductor coil-static`` first compiles the model with those (kept alive) in the
 same process, as ``coil bench --mode dynamic`` does: there coil's compiles took 2-3x
 their time alone.
+``--broad NAME --mode train|bf16`` instead profiles the first step of a broad-suite model
+(``coil.bench.broad``, the step ``coil bench`` times: AMP training or bf16 inference) with
+coil, then the same first step with torch.compile (wall seconds and its
+``compile_times()``), each on a fresh copy of the model:
+
+    python benchmarks/compile_profile.py --broad b_gpt2 --mode train --cprofile --out $OUT
+
 The report goes to ``<out>/compile_profile_<model>.txt`` and stdout.
 """
 from __future__ import annotations
@@ -85,7 +92,11 @@ def main() -> None:
     ap.add_argument("--after", nargs="*", default=[], choices=["inductor", "coil-static"],
                     help="first compile and call the same model with these (at --lengths[0]) "
                          "in this process: does a compiled copy slow coil's compiles down?")
+    ap.add_argument("--broad", help="a broad-suite model name (coil.bench.broad)")
+    ap.add_argument("--mode", default="train", choices=["train", "bf16"])
     a = ap.parse_args()
+    if a.broad:
+        return _broad(a)
     import coil
     from coil import trace
     from coil.bench.dynamic import build
@@ -124,6 +135,47 @@ def main() -> None:
             print(text[-1], flush=True)
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, f"compile_profile_{a.model}.txt"), "w") as fh:
+        fh.write("\n".join(text))
+
+
+def _broad(a) -> None:
+    """The first step of a broad-suite model, coil then torch.compile (see the docstring)."""
+    import coil
+    from coil import trace
+    from coil.bench import suite
+    from coil.bench.broad import BROAD_MODELS
+
+    log_dir = os.path.join(a.out, "compile_profile_log")
+    trace.set_dir(log_dir)
+    dev = torch.device(a.device)
+    built = BROAD_MODELS[a.broad].build(dev, "full" if dev.type == "cuda" else "small")
+    text = [f"{a.broad} {a.mode} on {dev}, torch {torch.__version__}: {built.config}"]
+    for name in ("coil", "torch.compile"):
+        m = suite._prepared_copy(built.module, a.mode, suite._mode_dtype(a.mode))
+        fn = coil.compile(m) if name == "coil" else torch.compile(m)
+        step = suite.make_step(fn, suite._trainable(m), suite._cast_inputs(built.args, suite._mode_dtype(a.mode)),
+                               suite._cast_inputs(built.kwargs, suite._mode_dtype(a.mode)), a.mode, dev)
+        prof = cProfile.Profile() if a.cprofile and name == "coil" else None
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        if prof:
+            prof.enable()
+        step()
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        if prof:
+            prof.disable()
+        text.append(f"\n=== {name}: first step {time.perf_counter() - t0:.2f} s")
+        if name == "coil":
+            text.append(_log_summary(log_dir, set()) + ("\n" + _report(prof, a.top) if prof else ""))
+        else:
+            from torch._dynamo.utils import compile_times
+            text.append(str(compile_times(repr="str", aggregate=True))[:4000])
+        print("\n".join(text[-2:]), flush=True)
+        del fn, m, step
+    os.makedirs(a.out, exist_ok=True)
+    with open(os.path.join(a.out, f"compile_profile_{a.broad}_{a.mode}.txt"), "w") as fh:
         fh.write("\n".join(text))
 
 

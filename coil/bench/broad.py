@@ -141,7 +141,11 @@ def _timm(arch: str, small_res: int = 64, batch: int = 64, channels_last: bool =
         import timm
 
         torch.manual_seed(0)
-        m = timm.create_model(arch, pretrained=False, drop_rate=0.0, drop_path_rate=0.0).to(device)
+        try:
+            m = timm.create_model(arch, pretrained=False, drop_rate=0.0, drop_path_rate=0.0)
+        except TypeError:   # a model without stochastic depth (timm's DenseNet)
+            m = timm.create_model(arch, pretrained=False, drop_rate=0.0)
+        m = m.to(device)
         b, res = (2, small_res) if size == "small" else (batch, full_res)
         x = _image(b, res, device)
         if channels_last:

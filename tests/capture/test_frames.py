@@ -252,3 +252,29 @@ def test_an_entry_added_to_a_module_container_or_tree_recompiles():
         if change:
             change()
         torch.testing.assert_close(cm(x), m(x))
+
+
+def test_device_queries_are_compile_time_constants():
+    """``torch.cuda.device_count()`` / ``get_device_capability()`` (transformers' MoE layers
+    ask the latter) are answered at compile time: no graph break per call. On a machine
+    without CUDA ``get_device_capability`` raises in eager, and in the compiled function."""
+    def f(x):
+        if torch.cuda.device_count() > 0 and torch.cuda.get_device_capability(x.device) >= (8, 0):
+            return x * 2
+        return x + 1
+
+    from coil.capture.variables.torchfn import is_torch_function
+
+    # a call answered, not traced into (on the GPU, device_count reached os.getenv)
+    assert is_torch_function(torch.cuda.device_count)
+    assert is_torch_function(torch.cuda.get_device_capability)
+    e = coil.explain(f, torch.randn(3))
+    assert (e.graph_count, e.graph_break_count) == (1, 0), e.break_reasons
+    x = torch.randn(3)
+    torch.testing.assert_close(coil.compile(f)(x), f(x))
+    if not torch.cuda.is_available():
+        g = coil.compile(lambda x: x * torch.cuda.get_device_capability()[0])
+        with pytest.raises(Exception) as got:
+            g(x)
+        with pytest.raises(type(got.value)):
+            torch.cuda.get_device_capability()

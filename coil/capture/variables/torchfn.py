@@ -45,6 +45,13 @@ def _register_compile_time():
 
 _register_compile_time()
 
+#: queries of the machine's devices, fixed for the process: called at compile time with the
+#: call's constant arguments (transformers asks ``get_device_capability`` inside its MoE
+#: layers; tracing into it reached ``os.getenv``, a graph break per layer)
+_DEVICE_QUERIES = {inspect.unwrap(f) for f in (
+    torch.cuda.get_device_capability, torch.cuda.device_count, torch.cuda.get_device_name,
+    torch.cuda.is_bf16_supported)}
+
 # compared unwrapped: torch wraps some of them later (torch._dynamo replaces torch.manual_seed
 # by a disable-wrapper on import, after which ``manual_seed`` in a compiled function was
 # dropped: it ran once, while tracing; fresh-user trial)
@@ -74,7 +81,7 @@ def is_torch_function(value) -> bool:
                        "torch.autograd.function", "torch.nn.utils", "torch.optim",
                        "torch.distributed", "torch.compiler", "torch._tensor", "torch.testing",
                        "torch.backends", "torch.overrides", "torch.amp", "torch.cuda")):
-        return value in _COMPILE_TIME
+        return value in _COMPILE_TIME or inspect.unwrap(value) in _DEVICE_QUERIES
     if mod.startswith("torch") or mod == "torch._C._nn" or mod == "torch._C._linalg":
         return True
     name = getattr(value, "__name__", None)
@@ -101,6 +108,16 @@ class TorchFunctionVariable(KnownCallableVariable):
             return ConstantVariable(fn(*[a.as_python_constant() for a in args]))
         if fn in _COMPILE_TIME:
             return ConstantVariable(_COMPILE_TIME[fn](tx))
+        if base in _DEVICE_QUERIES:
+            try:
+                consts = [a.as_python_constant() for a in args]
+                kw = {k: v.as_python_constant() for k, v in kwargs.items()}
+            except (NotImplementedError, Unsupported):
+                raise Unsupported(f"{fn.__name__} with an argument not known at compile time") from None
+            try:
+                return ConstantVariable(fn(*consts, **kw))
+            except Exception as e:  # noqa: BLE001 - eager raises it: the call runs there
+                raise Unsupported(f"{fn.__name__} raised {type(e).__name__}") from None
         if base in _GUARDED and not args and not kwargs:
             # a global setting read as a constant: its value is a guard (use_deterministic_algorithms
             # after the first call ran the other branch; fresh-user trial)

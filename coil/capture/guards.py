@@ -38,6 +38,7 @@ from typing import Any, Optional
 import torch
 
 from coil import trace
+from coil.capture.source import iter_rest
 
 try:
     from torch._C._dynamo.guards import TensorGuards as _TensorGuards
@@ -152,6 +153,8 @@ class GuardSet:
             "math": __import__("math"),     # shape guards on floats (math.isnan,
             "torch": torch,                 # torch.sym_float(x.size()[0]))
             "___keys": _dispatch_keys,
+            "___iter_rest": iter_rest,
+            "___length_hint": __import__("operator").length_hint,
         }
         self._batched: dict[str, torch.Tensor] = {}   # src -> example tensor, until build
         self._batch_dims: dict[str, tuple] = {}  # src -> (sizes, strides), None: symbolic

@@ -12,7 +12,10 @@ Keeping the whole original body (only unreachable before the target) preserves
 line numbers, the exception table and loop structure without any analysis. The code
 object is produced with the ``bytecode`` library. Resume functions are cached per
 (code object, target, stack layout, locals) so they are captured and cached like any
-other frame.
+other frame. A break inside a resume function resumes from the *user's* code at the
+same instruction where the resume code's instructions map back to it (:data:`_POSITIONS`):
+a graph break in the body of a loop then makes one resume function, compiled once, for
+every iteration, not a chain of resume-of-resume functions, one per iteration.
 
 A resume code object keeps the original ``co_name``/``co_qualname``/``co_filename``:
 code that looks at its own frame (``sys._getframe().f_code.co_name``, logging's
@@ -36,6 +39,8 @@ from bytecode.instr import CellVar
 _CACHE: dict = {}
 #: resume code object -> (original user code object, label)
 _ORIGIN: "dict" = {}
+#: resume code object -> per instruction index, the user's code's index it runs (None: added)
+_POSITIONS: dict = {}
 _STUBS: dict = {}
 
 CO_VARARGS = 0x04
@@ -54,6 +59,7 @@ def make_resume_code(code: types.CodeType, index: int, null_mask: tuple, local_n
     exception it raises), then leaves the table's range and returns
     ``next_fn(*<n_below stack items>, <result>, *local_names)`` -- the captured resume
     function for the rest. Not cached (``next_fn`` is new on each compile)."""
+    code, index, tail = _in_user_code(code, index, tail)
     key = (code, index, null_mask, local_names)
     hit = _CACHE.get(key) if tail is None else None
     if hit is not None:
@@ -114,11 +120,44 @@ def make_resume_code(code: types.CodeType, index: int, null_mask: tuple, local_n
     # from the original code.
     stacksize = code.co_stacksize + len(null_mask) + len(local_names) + 8
     new_code = out.to_code(stacksize=stacksize, compute_exception_stack_depths=False)
+    _record_positions(new_code, code, bc, new)
     if tail is None:
         _CACHE[key] = new_code
     kind = "__resume_at" if tail is None else "__trampoline_at"
     _ORIGIN[new_code] = (root, f"{kind}_{index}_{root.co_name}")
     return new_code
+
+
+def _in_user_code(code: types.CodeType, index: int, tail: Optional[tuple]):
+    """``(code, index, tail)`` moved to the user's code when ``code`` is a resume code whose
+    instruction ``index`` (and the tail's call) map back to it; unchanged otherwise."""
+    m = _POSITIONS.get(code)
+    if m is None or index >= len(m) or m[index] is None:
+        return code, index, tail
+    if tail is not None:
+        if tail[0] >= len(m) or m[tail[0]] is None:
+            return code, index, tail
+        tail = (m[tail[0]],) + tuple(tail[1:])
+    return origin(code), m[index], tail
+
+
+def _record_positions(new_code: types.CodeType, code: types.CodeType, bc, new: list) -> None:
+    """Map ``new_code``'s instructions to the user's code's (kept only if every mapped pair
+    has the same opname: the bytecode library keeps instructions one for one)."""
+    import dis
+
+    at = {id(ins): k for k, ins in enumerate(i for i in bc if isinstance(i, Instr))}
+    parent = _POSITIONS.get(code)
+    m = []
+    for ins in new:
+        if isinstance(ins, Instr):
+            k = at.get(id(ins))
+            m.append(k if parent is None or k is None else parent[k])
+    user = [i.opname for i in dis.get_instructions(origin(code)) if i.opname != "EXTENDED_ARG"]
+    made = [i.opname for i in dis.get_instructions(new_code) if i.opname != "EXTENDED_ARG"]
+    if len(made) == len(m) and all(k is None or (k < len(user) and user[k] == op)
+                                   for k, op in zip(m, made)):
+        _POSITIONS[new_code] = m
 
 
 def _cells_as_locals(new: list, names: set) -> list:

@@ -119,3 +119,23 @@ class ConstSource(Source):
 
     def expr(self) -> str:
         return self.name
+
+
+@dataclass(frozen=True)
+class IterRestSource(Source):
+    """``___iter_rest(base)``: the items a tuple or range iterator has left (see
+    :func:`iter_rest`); ``reduce_at``: ``base.__reduce__()[1][i]`` instead (the inner
+    iterator, or the count, of an ``enumerate``/``zip``)."""
+    base: Source
+    reduce_at: int = -1
+
+    def expr(self) -> str:
+        if self.reduce_at >= 0:
+            return f"{self.base.expr()}.__reduce__()[1][{self.reduce_at}]"
+        return f"___iter_rest({self.base.expr()})"
+
+
+def iter_rest(it) -> tuple:
+    """The items tuple or range iterator ``it`` has left, without advancing it."""
+    r = it.__reduce__()
+    return r[1][0][r[2]:] if len(r) > 2 else r[1][0]

@@ -32,7 +32,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 from coil.exc import Unsupported
 from coil.capture.guards import tensor_guard
-from coil.capture.source import GetItemSource, AttrSource
+from coil.capture.source import AttrSource, GetItemSource, LocalSource
 from coil.capture.variables.base import ConstantVariable, VariableTracker, is_literal
 from coil.capture.variables.containers import (DictVariable, ListVariable, NamedTupleVariable,
                                                SetVariable, TupleVariable, method_getattr)
@@ -154,6 +154,12 @@ def _build(tx, value, source, gs) -> VariableTracker:
         return SetVariable(value, source) if t is set else ConstantVariable(value)
     if value is os.environ:
         return EnvironVariable(source)
+    if gs is not None and isinstance(source, LocalSource) and source.name.startswith("___stack"):
+        from coil.capture.variables.containers import resumed_iterator
+
+        vt = resumed_iterator(tx, value, source)   # a loop a graph break interrupted
+        if vt is not None:
+            return vt
     if isinstance(value, types.ModuleType):
         if gs is not None:
             gs.add(f"{expr} is {gs.const(value)}")

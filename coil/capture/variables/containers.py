@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from coil.exc import Unsupported
+from coil.capture.source import IterRestSource
 from coil.capture.variables.base import ConstantVariable, VariableTracker
 
 
@@ -623,6 +624,92 @@ class ListIteratorVariable(VariableTracker):
         return f"list({inner})"
 
 
+class ResumedIteratorVariable(ListIteratorVariable):
+    """A tuple or range iterator a resume function receives on its stack: the loop a graph
+    break interrupted (``for layer in self.layers``, rebuilt as ``iter((...))`` there).
+
+    Read lazily through its source: the ``i``-th item taken is ``___iter_rest(it)[i]``,
+    guarded by ``length_hint(it) > i`` (and ``== i`` where the loop ends), so one compile
+    serves every position of the loop whose items trace alike, not one per remaining
+    count. At a later break it is the real iterator advanced by the items taken."""
+
+    def __init__(self, value, source):
+        VariableTracker.__init__(self, source)
+        self.value = value
+        self._items, self.index, self.kind = [], 0, "iterator"
+        self._tx = None
+
+    def _take(self, tx, i: int):
+        from coil.capture.source import GetItemSource, iter_rest
+        from coil.capture.variables.builder import wrap
+
+        rest = iter_rest(self.value)
+        gs, src = tx.output.guards, self.source.expr()
+        if i >= len(rest):
+            gs.add(f"___length_hint({src}) == {i}", f"___length_hint({src})", i)
+            return None
+        gs.add(f"___length_hint({src}) > {i}", f"___length_hint({src})", len(rest))
+        return wrap(tx, rest[i], GetItemSource(IterRestSource(self.source), i))
+
+    def next(self, tx):
+        v = self._take(tx, len(self._items))
+        if v is not None:
+            self._items.append(v)
+            self.index += 1
+        return v
+
+    def unpack(self, tx):
+        while self.next(tx) is not None:
+            pass
+        rest = self._items[self.index:]
+        self.index = len(self._items)
+        return rest
+
+    def reconstruct(self, cg):
+        # a new iterator over the items left (the real one is not advanced: other
+        # expressions of the entry still read items through it)
+        rest = IterRestSource(self.source).expr()
+        return cg.bind(self, f"iter({rest}[{len(self._items)}:])")
+
+    def __repr__(self):
+        return f"ResumedIteratorVariable({type(self.value).__name__}, {self.source})"
+
+
+#: iterator types a resume function's stack may hold that it reads lazily (builder.py)
+RESUMED_ITERATORS = (type(iter(())), type(iter(range(0))))
+
+
+def resumed_iterator(tx, value, source):
+    """The tracker for iterator ``value`` on a resume function's stack (``source``), or
+    None: tuple and range iterators, and ``enumerate`` / ``zip`` over them."""
+    from coil.capture.source import IterRestSource
+
+    t = type(value)
+    if t not in RESUMED_ITERATORS + (enumerate, zip):
+        return None
+    gs, src = tx.output.guards, source.expr()
+    gs.add(f"type({src}) is {gs.const(t)}", f"type({src})", t, src=src)
+    if t in RESUMED_ITERATORS:
+        return ResumedIteratorVariable(value, source)
+    parts = value.__reduce__()[1]
+    inner = parts[:1] if t is enumerate else parts
+    iters = [resumed_iterator(tx, it, IterRestSource(source, k)) for k, it in enumerate(inner)]
+    if any(i is None for i in iters):
+        return None
+    if t is zip:
+        if len(value.__reduce__()) > 2:
+            return None          # zip(..., strict=True)
+        gs.add(f"len({src}.__reduce__()[1]) == {len(parts)}", f"len({src}.__reduce__()[1])", len(parts))
+        return LazyIteratorVariable(tx, zip, iters)
+    from coil.capture.variables.builder import wrap
+
+    # the count is an int input: automatic dynamic makes it a SymInt once it changed, so
+    # one compile serves every later position of the loop
+    count = wrap(tx, parts[1], IterRestSource(source, 1))
+    return LazyIteratorVariable(tx, enumerate, iters,
+                                start=count.value if isinstance(count, ConstantVariable) else count)
+
+
 def advanced(it, n: int):
     """``it`` after ``n`` calls of ``next`` (rebuilds an iterator at a graph break)."""
     for _ in range(n):
@@ -749,7 +836,9 @@ class LazyIteratorVariable(GeneratorVariable):
             if b is zip:
                 out = TupleVariable(vals)
             elif b is enumerate:
-                out = TupleVariable([ConstantVariable(self.start + n), vals[0]])
+                idx = ConstantVariable(self.start + n) if isinstance(self.start, int) else \
+                    tx.binary_op(operator.add, self.start, ConstantVariable(n))
+                out = TupleVariable([idx, vals[0]])
             elif b is map:
                 out = tx.call(self.fn, vals, {})
             else:   # filter
@@ -775,6 +864,8 @@ class LazyIteratorVariable(GeneratorVariable):
         inner = [cg.reconstruct(it) for it in self.iters]
         b = cg.const_expr(self.builtin)
         if self.builtin is enumerate:
+            if not isinstance(self.start, int):
+                return f"{b}({inner[0]}, {cg.reconstruct(self.start)} + {self._taken})"
             return f"{b}({inner[0]}, {self.start + self._taken})"
         head = [cg.reconstruct(self.fn)] if self.fn is not None else []
         return f"{b}({', '.join(head + inner)})"

@@ -283,9 +283,10 @@ CASES = cases(
       note="coil breaks at the logging call and may capture Logger.info's own frame (a 2nd break there)"),
     C(data_dependent_if, lambda: (randn(3, 4).abs(),), graphs=2, breaks=1, torch_breaks=0, note=JUMP),
     C(data_dependent_if_negative, x34, graphs=2, breaks=1, torch_breaks=0, note=JUMP),
-    C(data_dependent_while, x34, graphs=(1, 2, 6), breaks=(1, 2, 6), torch_graphs=1, torch_breaks=0,
-      note=JUMP + "; torch runs the loop's resume eagerly; coil captures the resume, and as the int local n is "
-      "specialized each of the 5 iterations recompiles it (6 graphs, 6 breaks)"),
+    C(data_dependent_while, x34, graphs=(1, 2, 4), breaks=(1, 2, 4), torch_graphs=1, torch_breaks=0,
+      note=JUMP + "; torch runs the loop's resume eagerly; coil captures the resume, which every iteration "
+      "reuses (a break in a resume function resumes from the user's code): n is specialized once, then "
+      "dynamic (4 graphs, 4 breaks)"),
     C(item_break, x34, graphs=2, breaks=1),
     C(item_used_in_python, x34, graphs=2, breaks=1),
     C(tolist_break, x34, graphs=2, breaks=1),

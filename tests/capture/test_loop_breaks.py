@@ -1,0 +1,105 @@
+"""A graph break inside the body of a loop (a data-dependent ``if`` in every layer of a
+``ModuleList``): the resume function receives the loop's iterator on its stack. It is read
+lazily through its source (``ResumedIteratorVariable``) and a break inside a resume
+function resumes from the user's code, so one resume function, compiled a bounded number
+of times, runs every later iteration captured. The loop's rest used to run eagerly
+("iteration over tuple_iterator": whisper's and wav2vec2's encoder layers on the H200)."""
+import pytest
+import torch
+import torch.nn as nn
+
+import coil
+from coil.backends.registry import lookup_backend
+
+
+class Layer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x):
+        x = self.lin(x).relu()
+        if x.sum() > 1e9:            # data-dependent: a graph break in every layer
+            x = x * 0
+        return x + 1
+
+
+class Stack(nn.Module):
+    def __init__(self, n, kind):
+        super().__init__()
+        self.layers = nn.ModuleList([Layer() for _ in range(n)])
+        self.kind = kind
+
+    def forward(self, x):
+        if self.kind == "plain":
+            for layer in self.layers:
+                x = layer(x)
+        elif self.kind == "enumerate":
+            for i, layer in enumerate(self.layers):
+                x = layer(x) * (i + 1) / (i + 2)
+        elif self.kind == "zip":
+            for layer, s in zip(self.layers, tuple(0.5 + k / 10 for k in range(len(self.layers)))):
+                x = layer(x) * s
+        else:                        # range
+            for i in range(len(self.layers)):
+                x = self.layers[i](x)
+        return x.sum()
+
+
+@pytest.mark.parametrize("kind", ["plain", "enumerate", "zip", "range"])
+@pytest.mark.parametrize("backend", ["aot_eager", "coil"])
+def test_break_in_every_layer_keeps_the_loop_captured(kind, backend):
+    calls = []
+
+    def counting(gm, example_inputs):
+        n = sum(1 for node in gm.graph.nodes if node.op == "call_function"
+                and "linear" in str(node.target))
+        calls.append(n)
+        return lookup_backend(backend)(gm, example_inputs)
+
+    torch.manual_seed(0)
+    m = Stack(12, kind)
+    x = torch.randn(4, 8)
+    want = m(x)
+    want.backward()
+    grads = [p.grad.clone() for p in m.parameters()]
+    m.zero_grad()
+    f = coil.compile(m, backend=counting)
+    for _ in range(2):
+        m.zero_grad()
+        got = f(x)
+        got.backward()
+    torch.testing.assert_close(got, want)
+    for p, g in zip(m.parameters(), grads):
+        torch.testing.assert_close(p.grad, g)
+    # every layer's linear ran in a compiled graph, from a bounded number of compiles
+    # (no recompile per position: the loop had 12)
+    assert len(calls) <= 8, calls
+    assert sum(calls) >= 2, calls
+
+
+def test_iterator_shorter_on_a_later_call_recompiles():
+    torch.manual_seed(0)
+    m = Stack(5, "plain")
+    x = torch.randn(4, 8)
+    f = coil.compile(m)
+    torch.testing.assert_close(f(x), m(x))
+    del m.layers[3:]
+    torch.testing.assert_close(f(x), m(x))
+
+
+def test_list_appended_to_inside_a_loop_with_a_break():
+    """A list iterator (live over its list) is not read lazily: CPython's loop sees the
+    items appended, and so does the compiled function."""
+    def f(x):
+        items = [1.0, 2.0]
+        for v in items:
+            x = x * v
+            if x.sum() > 0 and len(items) < 4:
+                items.append(v + 1)
+        return x, items
+
+    x = torch.ones(3)
+    got, want = coil.compile(f)(x), f(x)
+    torch.testing.assert_close(got[0], want[0])
+    assert got[1] == want[1]

@@ -54,7 +54,8 @@ def diagnose(name: str, mode: str, out: str, iters: int) -> str:
         steps["coil"]()
         lines.append(f"first coil step {time.perf_counter() - t0:.1f} s")
     except Exception:
-        lines.append("coil ERROR:\n" + traceback.format_exc()[-6000:])
+        tb = traceback.format_exc()     # the inner error's own frames come first
+        lines.append("coil ERROR:\n" + (tb if len(tb) < 12000 else tb[:9000] + "\n...\n" + tb[-3000:]))
         steps.pop("coil")
     log = read_log(log_dir)
     counts = collections.Counter()

@@ -60,10 +60,7 @@ class FusedGroup:
     def __init__(self, nodes: list[ComputedBuffer], numel: int, rnumel: int, order: int):
         # ints, or sympy expressions with symbolic sizes (coil.ir.symbols.as_size)
         self.nodes, self.numel, self.rnumel, self.order = nodes, as_size(numel), as_size(rnumel), order
-
-    @property
-    def names(self):
-        return [n.get_name() for n in self.nodes]
+        self.names = [n.get_name() for n in nodes]     # (a group's nodes never change)
 
     def read_names(self):
         own = set(self.names)
@@ -100,6 +97,7 @@ class Scheduler:
         self.groups: list = [FusedGroup([b], *node_group(b), i) if isinstance(b, ComputedBuffer)
                              else ExternStep(b, i) for i, b in enumerate(graph.buffers)]
         self.order_of = {b.get_name(): i for i, b in enumerate(graph.buffers)}
+        self._owner = None
         self.users: dict[str, set] = defaultdict(set)   # buffer -> reader buffer names
         for b in graph.buffers:
             for r in b.get_read_names():
@@ -115,16 +113,19 @@ class Scheduler:
 
     # ------------------------------------------------------------------ graph helpers
     def _owner_map(self) -> dict[str, object]:
-        return {n: g for g in self.groups for n in g.names}
+        if self._owner is None:     # (reset by each merge)
+            self._owner = {n: g for g in self.groups for n in g.names}
+        return self._owner
 
     def _reaches(self, src, dst, owner, skip_direct: bool) -> bool:
-        """True if a path src -> ... -> dst exists through some other group."""
+        """True if a path src -> ... -> dst exists through some other group. ``order`` is
+        topological (:meth:`_reorder`): a path only visits groups ordered before ``dst``."""
         succ = self._succ_cache
         stack = [g for g in succ(src, owner) if g is not dst] if skip_direct else [src]
         seen = set()
         while stack:
             g = stack.pop()
-            if id(g) in seen:
+            if id(g) in seen or g.order > dst.order:
                 continue
             seen.add(id(g))
             if g is dst:
@@ -270,8 +271,7 @@ class Scheduler:
                 return f"{n.get_name()} cannot be split into {numel}x{rnumel}"
         owner = self._owner_map()
         first, second = sorted((a, b), key=lambda g: g.order)
-        if self._reaches(first, second, owner, skip_direct=True) or \
-                self._reaches(second, first, owner, skip_direct=True):
+        if self._reaches(first, second, owner, skip_direct=True):   # (none from second to first)
             return "a path between them leaves the pair (would create a cycle)"
         # element-wise agreement of every cross read
         crossing = False
@@ -318,6 +318,7 @@ class Scheduler:
         self.groups.remove(a)
         self.groups.remove(b)
         self.groups.append(g)
+        self._owner = None
         self._reorder()
 
     def _reorder(self) -> None:

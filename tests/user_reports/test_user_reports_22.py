@@ -115,9 +115,6 @@ def test_random_from_to(backend):
     assert ((out >= 0) & (out < 5) & (out == out.floor())).all()
 
 
-@pytest.mark.xfail(strict=True, reason="the compiled entry re-enters the same contextlib "
-                   "_GeneratorContextManager object: AttributeError ... no attribute 'args' on the "
-                   "second call")
 def test_fork_rng_on_the_second_call():
     def f(x):
         with torch.random.fork_rng():

@@ -159,9 +159,6 @@ def test_affine_grid_with_grad_dynamic(backend):
     torch.testing.assert_close(t2.grad, t1.grad)
 
 
-@pytest.mark.xfail(strict=True, reason="make_dual inside the compiled function: 'Trying to create a "
-                   "dual Tensor for forward AD but no level exists' (coil's eager backend too, so "
-                   "capture); torch.compile(aot_eager) runs")
 def test_forward_ad_inside_compiled_function():
     def f(x):
         with fwAD.dual_level():

@@ -99,6 +99,10 @@ def is_torch_function(value) -> bool:
     return False
 
 
+class ForwardADFrame(RuntimeError):
+    """Not a graph break: the whole frame runs eagerly (the graph would drop tangents)."""
+
+
 class TorchFunctionVariable(KnownCallableVariable):
     """A torch function: calls become graph nodes (see module docstring)."""
 
@@ -108,6 +112,8 @@ class TorchFunctionVariable(KnownCallableVariable):
         if base in _DENY:
             raise Unsupported(f"call to {fn.__module__}.{fn.__name__} changes global state",
                               hint="call it outside the compiled function")
+        if getattr(base, "__module__", None) == "torch.autograd.forward_ad":
+            raise ForwardADFrame(f"{fn.__name__}: forward AD in the frame (dual levels, dual tensors)")
         if fn is torch.is_autocast_enabled:
             return ConstantVariable(fn(*[a.as_python_constant() for a in args]))
         if fn in _COMPILE_TIME:

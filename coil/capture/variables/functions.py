@@ -8,7 +8,7 @@ from __future__ import annotations
 import types
 
 from coil.exc import Unsupported
-from coil.capture.source import AttrSource, DefaultsSource, GetItemSource
+from coil.capture.source import AttrSource, ConstSource, DefaultsSource, GetItemSource
 from coil.capture.variables.base import ConstantVariable, SourcedCellVariable, VariableTracker
 from coil.capture.variables.containers import DictVariable, TupleVariable
 
@@ -114,11 +114,11 @@ class UserFunctionVariable(BaseFunctionVariable):
         cells = {}
         if self.fn.__closure__:
             for i, (name, cell) in enumerate(zip(self.fn.__code__.co_freevars, self.fn.__closure__)):
-                src = None
-                if self.source is not None:
-                    src = AttrSource(GetItemSource(AttrSource(self.source, "__closure__"), i),
-                                     "cell_contents")
-                cells[name] = tx.output.sourced_cell(cell, src)
+                # no source for the function (a method reached through its class, a hook):
+                # the cell itself is held, so reads are still guarded and writes replayed
+                base = GetItemSource(AttrSource(self.source, "__closure__"), i) if self.source \
+                    is not None else ConstSource(tx.output.guards.const(cell))
+                cells[name] = tx.output.sourced_cell(cell, AttrSource(base, "cell_contents"))
         return cells
 
     def bind_args(self, tx, args, kwargs):

@@ -26,6 +26,7 @@ from coil.capture.variables.base import ConstantVariable, KnownCallableVariable,
 from coil.capture.variables.tensor import call_op
 
 _COMPILE_TIME = {}
+_CM_HELPER = contextlib.contextmanager(lambda: None).__code__
 
 
 def _register_compile_time():
@@ -76,6 +77,9 @@ def is_torch_function(value) -> bool:
                               types.MethodWrapperType, torch._ops.OpOverload,
                               torch._ops.OpOverloadPacket)):
         return False
+    code = getattr(value, "__code__", None)
+    if code is _CM_HELPER or code is not None and code.co_flags & inspect.CO_GENERATOR:
+        return False   # a @contextmanager or a generator: inlined, their objects made at each call
     mod = getattr(value, "__module__", None) or ""
     if mod.startswith(("torch.nn.modules", "torch.utils", "torch._dynamo", "torch.fx",
                        "torch.autograd.function", "torch.nn.utils", "torch.optim",
@@ -95,6 +99,10 @@ def is_torch_function(value) -> bool:
     return False
 
 
+class ForwardADFrame(RuntimeError):
+    """Not a graph break: the whole frame runs eagerly (the graph would drop tangents)."""
+
+
 class TorchFunctionVariable(KnownCallableVariable):
     """A torch function: calls become graph nodes (see module docstring)."""
 
@@ -104,6 +112,8 @@ class TorchFunctionVariable(KnownCallableVariable):
         if base in _DENY:
             raise Unsupported(f"call to {fn.__module__}.{fn.__name__} changes global state",
                               hint="call it outside the compiled function")
+        if getattr(base, "__module__", None) == "torch.autograd.forward_ad":
+            raise ForwardADFrame(f"{fn.__name__}: forward AD in the frame (dual levels, dual tensors)")
         if fn is torch.is_autocast_enabled:
             return ConstantVariable(fn(*[a.as_python_constant() for a in args]))
         if fn in _COMPILE_TIME:
@@ -141,7 +151,7 @@ class TorchFunctionVariable(KnownCallableVariable):
         return call_op(tx, "call_function", fn, list(args), kwargs)
 
     def var_getattr(self, tx, name):
-        if name in ("__name__", "__qualname__", "__module__"):
+        if name in ("__name__", "__qualname__", "__module__", "__doc__"):
             return ConstantVariable(getattr(self.fn, name))
         raise Unsupported(f"attribute {name} of {self.fn}")
 

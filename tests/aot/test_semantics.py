@@ -680,3 +680,31 @@ def test_returned_view_of_another_dtype_of_a_written_intermediate(name, requires
     if exp[0].requires_grad:
         g = torch.randn_like(exp[0])
         torch.testing.assert_close(torch.autograd.grad(out[0], za, g)[0], torch.autograd.grad(exp[0], zb, g)[0])
+
+
+def test_forward_ad_dual_inputs_run_eagerly(tmp_path):
+    """report 22 #4: compiled kernels drop a dual input's tangent; such a call runs eagerly (logged), others
+    stay compiled."""
+    import torch.autograd.forward_ad as fwAD
+    import coil
+    from coil import trace
+
+    m = nn.Linear(3, 2)
+    f = lambda x: m(x).sin()  # noqa: E731
+    x, t = torch.randn(4, 3), torch.randn(4, 3)
+    coil.reset()
+    cf = coil.compile(f)
+    before = trace.trace_dir()
+    trace.set_dir(str(tmp_path))
+    try:
+        with fwAD.dual_level():
+            got = fwAD.unpack_dual(cf(fwAD.make_dual(x, t)))
+            exp = fwAD.unpack_dual(f(fwAD.make_dual(x, t)))
+            plain = fwAD.unpack_dual(cf(x))
+    finally:
+        trace.set_dir(before)
+    torch.testing.assert_close(got.primal, exp.primal)
+    torch.testing.assert_close(got.tangent, exp.tangent)
+    assert plain.tangent is None
+    log = "".join(p.read_text() for p in tmp_path.iterdir())
+    assert log.count("aot_dual_inputs_eager") == 1

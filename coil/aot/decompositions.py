@@ -27,6 +27,7 @@ docs/aot.md lists the sets.
 """
 from __future__ import annotations
 
+import keyword
 from typing import Callable, Optional, Sequence
 
 import torch
@@ -65,6 +66,12 @@ RANDOM_OPS = [
     aten.randn, aten.randn_like, aten.randint, aten.randint_like, aten.rrelu,
     aten.normal, aten.uniform, aten.exponential, aten.multinomial,
 ]
+
+# FX prints an op as `torch.ops.aten.random.from`, a SyntaxError where the overload name is a keyword: an op whose
+# module is not torch's it names through a global of the generated code instead
+for _s in (s for s in torch._C._jit_get_all_schemas() if keyword.iskeyword(s.overload_name)):
+    _ns, _name = _s.name.split("::")
+    getattr(getattr(getattr(torch.ops, _ns), _name), _s.overload_name).__module__ = __name__
 
 _TORCH_INDEX_ADD = _decomp.core_aten_decompositions()[aten.index_add.default]
 

@@ -682,6 +682,18 @@ def test_returned_view_of_another_dtype_of_a_written_intermediate(name, requires
         torch.testing.assert_close(torch.autograd.grad(out[0], za, g)[0], torch.autograd.grad(exp[0], zb, g)[0])
 
 
+def test_op_overload_named_by_a_keyword_runs():
+    """report 22 #6: FX printed aten.random_.from as `torch.ops.aten.random_.from` (a SyntaxError); an input
+    mutated by it and the open upper bound (to=None) too."""
+    import coil
+
+    for lo, hi in ((-3, 5), (2, None)):
+        coil.reset()
+        x = torch.ones(3, 4)
+        coil.compile(lambda x: x.random_(lo, hi), backend="aot_eager")(x)
+        assert ((x >= lo) & (x <= (hi or 2 ** 24) - 1) & (x == x.floor())).all()
+
+
 def test_forward_ad_dual_inputs_run_eagerly(tmp_path):
     """report 22 #4: compiled kernels drop a dual input's tangent; such a call runs eagerly (logged), others
     stay compiled."""

@@ -22,6 +22,7 @@ import time
 from typing import Callable, Optional
 
 import torch
+import torch.autograd.forward_ad as fwAD
 import torch.fx
 import torch.utils._pytree as pytree
 from torch._subclasses.fake_tensor import DynamicOutputShapeException, FakeTensor
@@ -73,11 +74,8 @@ def _symbolic_placeholder_values(gm: torch.fx.GraphModule, example_inputs: list,
     would specialize the graphs to the first call's sizes. Real example inputs that
     torch's capture recorded are faked again (:func:`_fake_as_at_call`).
     """
-    vals = []
-    symbolic = False
-    for n in gm.graph.nodes:
-        if n.op != "placeholder":
-            continue
+    vals, symbolic = [], False
+    for n in gm.graph.find_nodes(op="placeholder"):
         v = n.meta.get("example_value", n.meta.get("val"))
         if is_symbolic([v]):
             symbolic = True
@@ -148,7 +146,6 @@ def _refuse_mutated_aliased_inputs(example_inputs: list, mutated: list) -> None:
     if len({x.untyped_storage().data_ptr() for x in tensors}) == len(tensors):
         return  # every storage distinct (the per-call common case: one set, ~0.1 µs a tensor)
     from coil.exc import CoilError
-
     owners: dict = {}
     for i, x in enumerate(example_inputs):
         if isinstance(x, torch.Tensor):
@@ -305,6 +302,7 @@ def aot_compile(gm: Callable, example_inputs: list, fw_compiler: Callable,
                 raise
             run = _compile(fn, fakes, fw_compiler, bw_compiler, partition_fn, decompositions)
     trace.log("aot_done", stage="aot", path=run._coil_aot_path, compile_ms=(time.perf_counter() - t0) * 1e3)
+    run = _dual_inputs_eager(run, fn)
     if not lifted:
         return run
 
@@ -462,6 +460,19 @@ def _check_offsets_per_call(runner: Callable, gm: torch.fx.GraphModule, fake_arg
                 trace.log("aot_storage_offset_eager", stage="aot", input=k,
                           offset=args[k].storage_offset(), compiled=off)
                 return fn(*args)
+        return runner(*args)
+    return run
+
+
+def _dual_inputs_eager(runner: Callable, fn: Callable) -> Callable:
+    """``runner``, except on calls under a forward-AD level with an input that carries a tangent (a dual tensor):
+    compiled kernels drop tangents, so those run ``fn`` eagerly (``aot_dual_inputs_eager``)."""
+    @functools.wraps(runner)
+    def run(*args):
+        if fwAD._current_level >= 0 and any(isinstance(a, torch.Tensor) and fwAD.unpack_dual(a).tangent is not None
+                                            for a in args):
+            trace.log("aot_dual_inputs_eager", stage="aot", reason="an input is a forward-AD dual tensor")
+            return fn(*args)
         return runner(*args)
     return run
 

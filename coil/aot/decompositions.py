@@ -27,6 +27,8 @@ docs/aot.md lists the sets.
 """
 from __future__ import annotations
 
+import keyword
+import math
 from typing import Callable, Optional, Sequence
 
 import torch
@@ -57,6 +59,7 @@ KEEP_WHOLE = [
     aten._scaled_dot_product_flash_attention, aten._scaled_dot_product_cudnn_attention,
     aten._scaled_dot_product_flash_attention_for_cpu,
     aten.sort, aten.topk, aten.cumsum, aten.cumprod, aten._to_copy,
+    aten.multilabel_margin_loss_forward,
 ]
 
 #: Random ops kept as ATen calls under ``fallback_random`` (bit-exact with eager).
@@ -65,6 +68,22 @@ RANDOM_OPS = [
     aten.randn, aten.randn_like, aten.randint, aten.randint_like, aten.rrelu,
     aten.normal, aten.uniform, aten.exponential, aten.multinomial,
 ]
+
+# FX prints an op as `torch.ops.aten.random.from`, a SyntaxError where the overload name is a keyword: an op whose
+# module is not torch's it names through a global of the generated code instead
+for _s in (s for s in torch._C._jit_get_all_schemas() if keyword.iskeyword(s.overload_name)):
+    _ns, _name = _s.name.split("::")
+    getattr(getattr(getattr(torch.ops, _ns), _name), _s.overload_name).__module__ = __name__
+
+# multilabel_margin_loss runs as the ATen op (KEEP_WHOLE; torch's decomposition, also its Autograd kernel under
+# the Python dispatcher of symbolic traces, counts the targets after the first -1), its backward given a meta
+_MLML, _LIB = aten.multilabel_margin_loss_forward.default, torch.library.Library("aten", "IMPL")
+_MLML.py_kernels.pop(torch._C.DispatchKey.Autograd, None), _MLML._dispatch_cache.clear()
+_LIB.impl("multilabel_margin_loss_backward", lambda g, x, *a: torch.empty_like(x), "Meta")
+
+# decomposed above autograd under the Python dispatcher (symbolic traces): the ATen backward needs concrete sizes
+aten.affine_grid_generator.default.py_impl(torch._C.DispatchKey.Autograd)(
+    _decomp.decomposition_table[aten.affine_grid_generator.default])
 
 _TORCH_INDEX_ADD = _decomp.core_aten_decompositions()[aten.index_add.default]
 
@@ -76,10 +95,8 @@ def register(*ops: torch._ops.OpOverload) -> Callable:
     """Decorator: ``@register(aten.var.correction) def var(...)`` adds a decomposition."""
 
     def deco(fn: Callable) -> Callable:
-        for op in ops:
-            COIL_DECOMPOSITIONS[op] = fn
+        COIL_DECOMPOSITIONS.update(dict.fromkeys(ops, fn))
         return fn
-
     return deco
 
 
@@ -88,16 +105,11 @@ def _reduction_dims(x: torch.Tensor, dim: Optional[Sequence[int]]) -> list[int]:
         return []  # dim=0 / -1 of a 0-d tensor reduces over nothing
     if dim is None or (isinstance(dim, (list, tuple)) and len(dim) == 0):
         return list(range(x.dim()))
-    if isinstance(dim, int):
-        dim = [dim]
-    return [d % max(x.dim(), 1) for d in dim]
+    return [d % max(x.dim(), 1) for d in ([dim] if isinstance(dim, int) else dim)]
 
 
 def _count(x: torch.Tensor, dims: list[int]):
-    n = 1
-    for d in dims:
-        n = n * x.shape[d]
-    return n
+    return math.prod(x.shape[d] for d in dims)
 
 
 def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -259,11 +271,7 @@ def native_layer_norm(x, normalized_shape, weight, bias, eps):
 
 
 def _overloads(packets) -> set:
-    out = set()
-    for packet in packets:
-        for name in packet.overloads():
-            out.add(getattr(packet, name))
-    return out
+    return {getattr(packet, name) for packet in packets for name in packet.overloads()}
 
 
 def get_decompositions(fallback_random: Optional[bool] = None) -> dict:
@@ -274,7 +282,6 @@ def get_decompositions(fallback_random: Optional[bool] = None) -> dict:
     """
     if fallback_random is None:
         from coil.config import config
-
         fallback_random = config.fallback_random
     key = bool(fallback_random)
     if key not in _TABLES:

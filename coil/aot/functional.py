@@ -83,8 +83,8 @@ class OutputInfo:
     ``"constant"`` (``value``).
     ``size/stride/offset`` describe the view (elements; offset is absolute in the
     storage). ``requires_grad``: the eager output requires grad. ``dtype``: set for an
-    ``alias_of_input`` of another dtype than its input (``a.view(torch.int32)``): the
-    runtime builds it on the input's storage, and its offset is in bytes. ``src_stride``:
+    ``alias_of_input``/``alias_of_base`` of another dtype than its input or base (``a.view(torch.int32)``,
+    ``.real``): the runtime builds it on that storage, and its offset is in bytes. ``src_stride``:
     for an ``alias_of_output``/``alias_of_base``, the eager strides of the tensor it views
     (the runtime copies a compiled one of other strides into them before taking views).
     """
@@ -159,8 +159,7 @@ def fakeify(example_inputs: list) -> tuple[FakeTensorMode, list]:
     if mode is not None:
         return mode, list(example_inputs)
     mode = FakeTensorMode(allow_non_fake_inputs=False)
-    out = [mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in example_inputs]
-    return mode, out
+    return mode, [mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in example_inputs]
 
 
 def _to_functional(x: Any) -> Any:
@@ -320,11 +319,8 @@ def _squeeze_(func, t, dims=None):
 
 
 def _call(fn: Callable, args: list, drop_error_checks: bool):
-    with _ViewRewrites():
-        if not drop_error_checks:
-            return fn(*args)
-        with _DropErrorChecks():
-            return fn(*args)
+    with _ViewRewrites(), _DropErrorChecks() if drop_error_checks else contextlib.nullcontext():
+        return fn(*args)
 
 
 def _is_differentiable(t: torch.Tensor) -> bool:
@@ -360,7 +356,6 @@ def untraced(fake_mode: FakeTensorMode):
         yield
         return
     from torch._dispatch.python import enable_python_dispatcher
-
     with env.ignore_fresh_unbacked_symbols(), enable_python_dispatcher():
         yield
 
@@ -385,8 +380,7 @@ def _describe(fn, fake_args, f_args, before, outs, grad, drop_error_checks, fake
         if isinstance(t, torch.Tensor):
             torch._sync(t)
     flat_outs, spec = pytree.tree_flatten(outs)
-    inputs = []
-    input_storage = {}
+    inputs, input_storage = [], {}
     for i, (a, fa) in enumerate(zip(fake_args, f_args)):
         if not isinstance(a, torch.Tensor):
             inputs.append(InputInfo(is_tensor=False))
@@ -471,15 +465,14 @@ def _describe(fn, fake_args, f_args, before, outs, grad, drop_error_checks, fake
             graph_outputs.append(k)
     # storage offsets relative to the tensor each alias is regenerated from
     for k, o in enumerate(outputs):
-        if o.kind == "alias_of_input" and o.dtype is not None:
-            a = fake_args[o.index]
-            o.offset = o.offset * o.dtype.itemsize - a.storage_offset() * a.dtype.itemsize
-        elif o.kind == "alias_of_input":
-            o.offset -= fake_args[o.index].storage_offset()
-        elif o.kind == "alias_of_output":
-            o.offset -= flat_outs[o.index].storage_offset()
-        elif o.kind == "alias_of_base":
-            o.offset -= flat_outs[base_sources[o.index]]._base.storage_offset()
+        if o.kind not in ("alias_of_input", "alias_of_output", "alias_of_base"):
+            continue
+        a = fake_args[o.index] if o.kind == "alias_of_input" else flat_outs[o.index] if o.kind == "alias_of_output" \
+            else flat_outs[base_sources[o.index]]._base
+        if a.dtype != flat_outs[k].dtype:  # a view as another dtype (view(dtype), .real, view_as_real): in bytes
+            o.dtype = flat_outs[k].dtype
+        o.offset = o.offset * o.dtype.itemsize - a.storage_offset() * a.dtype.itemsize if o.dtype else \
+            o.offset - a.storage_offset()
     for o in outputs:  # alias_of_output: index → graph-output position of the owner
         if o.kind == "alias_of_output":
             o.index = outputs[o.index].index

@@ -68,8 +68,7 @@ def _copy_untracked(dsts: list, srcs: list) -> None:
             dsts[0].copy_(srcs[0])
         else:
             torch._foreach_copy_(dsts, srcs)
-    dsts.clear()
-    srcs.clear()
+    dsts.clear(), srcs.clear()
 
 
 def _has_symint(v: Any) -> bool:
@@ -172,12 +171,10 @@ def _make_epilogue(info: ProgramInfo, args_index_of_output=None) -> Callable:
             plan.append((0, n_mut + o.index, None))
         elif o.kind == "input":
             plan.append((1, o.index, None))
-        elif o.kind == "alias_of_input":
-            plan.append((2, o.index, (o.size, o.stride, o.offset, o.requires_grad, o.dtype)))
-        elif o.kind == "alias_of_output":
-            plan.append((3, n_mut + o.index, (o.size, o.stride, o.offset, o.requires_grad)))
-        elif o.kind == "alias_of_base":
-            plan.append((3, n_mut + n_graph + o.index, (o.size, o.stride, o.offset, o.requires_grad)))
+        elif o.kind in ("alias_of_input", "alias_of_output", "alias_of_base"):
+            src = o.index if o.kind == "alias_of_input" else n_mut + o.index + n_graph * (o.kind == "alias_of_base")
+            plan.append((2 if o.kind == "alias_of_input" else 3, src, (o.size, o.stride, o.offset, o.requires_grad,
+                                                                        o.dtype)))
         elif o.kind == "same_as_output":
             plan.append((5, o.index, None))
         else:
@@ -208,6 +205,11 @@ def _make_epilogue(info: ProgramInfo, args_index_of_output=None) -> Callable:
     lazy = [(k, o.lazy) for k, o in enumerate(info.outputs) if any(o.lazy) and plan[k][0] in (2, 3, 6, 7)]
 
     def view(src: torch.Tensor, size, stride, offset, requires_grad, dtype=None) -> torch.Tensor:
+        if dtype is not None and dtype.to_real() == src.dtype.to_real():  # .real, view_as_real/complex: differentiable
+            if src.is_complex():
+                return view(torch.view_as_real(src), size, stride, offset // dtype.itemsize, requires_grad)
+            return torch.view_as_complex(view(src, (*size, 2), (*(2 * s for s in stride), 1),
+                                              offset // src.element_size(), requires_grad))
         if dtype is not None:  # a view as another dtype: eager's shares the storage
             out = torch.empty((0,), dtype=dtype, device=src.device)
             start = (src.storage_offset() * src.element_size() + offset) // dtype.itemsize

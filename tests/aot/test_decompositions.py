@@ -64,3 +64,39 @@ def test_no_prims_forward_and_backward(name):
 def test_fallback_random_keeps_random_ops():
     assert aten.bernoulli.default in get_decompositions(fallback_random=False)
     assert aten.bernoulli.default not in get_decompositions(fallback_random=True)
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_multilabel_margin_loss_is_the_aten_op(dynamic):
+    """report 22 #5: torch's decomposition (also the op's Autograd kernel under the Python dispatcher of
+    symbolic traces) counts the targets after the first -1; the ATen op runs, its backward too."""
+    import coil
+
+    x = torch.tensor([[0.1, 0.2, 0.4, 0.8], [0.3, 0.1, -1.0, 2.0]])
+    t = torch.tensor([[3, 0, -1, 1], [1, 2, 3, -1]])
+    for red in ("mean", "none"):
+        f = lambda x, t: F.multilabel_margin_loss(x, t, reduction=red)  # noqa: E731
+        coil.reset()
+        cf = coil.compile(f, backend="aot_eager", dynamic=dynamic)
+        for xs, ts in ((x, t), (x[1], t[1])):
+            xa, xb = xs.clone().requires_grad_(), xs.clone().requires_grad_()
+            out, exp = cf(xa, ts), f(xb, ts)
+            torch.testing.assert_close(out, exp)
+            torch.testing.assert_close(torch.autograd.grad(out.sum(), xa)[0], torch.autograd.grad(exp.sum(), xb)[0])
+
+
+def test_affine_grid_5d_grad_under_symbolic_sizes():
+    """report 22 #9: affine_grid_generator's ATen backward needs concrete sizes; it is decomposed above
+    autograd in symbolic traces."""
+    import coil
+
+    f = lambda t: F.affine_grid(t, [t.shape[0], 1, 2, 3, 4], align_corners=True)  # noqa: E731
+    coil.reset()
+    cf = coil.compile(f, backend="aot_eager", dynamic=True)
+    for n in (2, 3):
+        ta = torch.randn(n, 3, 4, requires_grad=True)
+        tb = ta.detach().clone().requires_grad_()
+        out, exp = cf(ta), f(tb)
+        torch.testing.assert_close(out, exp)
+        g = torch.randn_like(exp)
+        torch.testing.assert_close(torch.autograd.grad(out, ta, g)[0], torch.autograd.grad(exp, tb, g)[0])

@@ -649,3 +649,74 @@ def test_cudnn_flag_restored_after_overlapping_traces_in_threads():
         t.join()
     assert seen == [False, False]
     assert torch.backends.cudnn.enabled == before
+
+
+_DTYPE_VIEWS = {  # a view of another dtype (itemsize) than the intermediate it is regenerated from
+    "imag_offset": lambda z: z.clone()[1:].imag.add_(1),
+    "real_and_imag": lambda z: (lambda c: (c.real.mul_(2), c.imag))(z.clone()),
+    "view_as_real_t": lambda z: torch.view_as_real(z.clone().t()).mul_(2),
+    "view_int32": lambda z: z.real.clone().view(torch.int32).add_(1),
+    "view_uint8": lambda z: z.real.clone().view(torch.uint8)[:, 4:].add_(1),
+    "view_as_complex": lambda z: (lambda c: torch.view_as_complex(c).mul_(2))(torch.view_as_real(z).clone()),
+}
+
+
+@pytest.mark.parametrize("requires_grad", [False, True])
+@pytest.mark.parametrize("name", sorted(_DTYPE_VIEWS))
+def test_returned_view_of_another_dtype_of_a_written_intermediate(name, requires_grad):
+    """report 22 #8: the view was rebuilt from its base with the base's itemsize (setStorage out of bounds);
+    .real/.imag/view_as_real/view_as_complex stay differentiable views."""
+    import coil
+
+    f = _DTYPE_VIEWS[name]
+    z = torch.randn(4, 6, dtype=torch.complex64)
+    za, zb = z.clone().requires_grad_(requires_grad), z.clone().requires_grad_(requires_grad)
+    coil.reset()
+    out, exp = coil.compile(f, backend="aot_eager")(za), f(zb)
+    out, exp = (out, exp) if isinstance(out, tuple) else ((out,), (exp,))
+    for o, e in zip(out, exp):
+        torch.testing.assert_close(o, e)
+        assert o.requires_grad == e.requires_grad
+    if exp[0].requires_grad:
+        g = torch.randn_like(exp[0])
+        torch.testing.assert_close(torch.autograd.grad(out[0], za, g)[0], torch.autograd.grad(exp[0], zb, g)[0])
+
+
+def test_op_overload_named_by_a_keyword_runs():
+    """report 22 #6: FX printed aten.random_.from as `torch.ops.aten.random_.from` (a SyntaxError); an input
+    mutated by it and the open upper bound (to=None) too."""
+    import coil
+
+    for lo, hi in ((-3, 5), (2, None)):
+        coil.reset()
+        x = torch.ones(3, 4)
+        coil.compile(lambda x: x.random_(lo, hi), backend="aot_eager")(x)
+        assert ((x >= lo) & (x <= (hi or 2 ** 24) - 1) & (x == x.floor())).all()
+
+
+def test_forward_ad_dual_inputs_run_eagerly(tmp_path):
+    """report 22 #4: compiled kernels drop a dual input's tangent; such a call runs eagerly (logged), others
+    stay compiled."""
+    import torch.autograd.forward_ad as fwAD
+    import coil
+    from coil import trace
+
+    m = nn.Linear(3, 2)
+    f = lambda x: m(x).sin()  # noqa: E731
+    x, t = torch.randn(4, 3), torch.randn(4, 3)
+    coil.reset()
+    cf = coil.compile(f)
+    before = trace.trace_dir()
+    trace.set_dir(str(tmp_path))
+    try:
+        with fwAD.dual_level():
+            got = fwAD.unpack_dual(cf(fwAD.make_dual(x, t)))
+            exp = fwAD.unpack_dual(f(fwAD.make_dual(x, t)))
+            plain = fwAD.unpack_dual(cf(x))
+    finally:
+        trace.set_dir(before)
+    torch.testing.assert_close(got.primal, exp.primal)
+    torch.testing.assert_close(got.tangent, exp.tangent)
+    assert plain.tangent is None
+    log = "".join(p.read_text() for p in tmp_path.iterdir())
+    assert log.count("aot_dual_inputs_eager") == 1

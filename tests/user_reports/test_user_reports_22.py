@@ -76,7 +76,6 @@ def test_forward_hook_closure():
     torch.testing.assert_close(cm(x), m(x))
 
 
-@pytest.mark.xfail(strict=True, reason="the tangent of a dual input is dropped")
 def test_dual_tensor_input_keeps_its_tangent():
     """A forward-AD dual tensor passed to a compiled function: eager's result carries the
     tangent (2 cos x); coil's result has no tangent (``unpack_dual(...).tangent`` is None).
@@ -92,9 +91,6 @@ def test_dual_tensor_input_keeps_its_tangent():
     torch.testing.assert_close(got, expected)
 
 
-@pytest.mark.xfail(strict=True, reason="lower priority: torch's own decomposition is wrong too "
-                   "(torch.compile aot_eager and inductor give 2.05); entries after the first -1 "
-                   "of the target are not ignored")
 @pytest.mark.parametrize("backend", ["cpp", "triton"])
 def test_multilabel_margin_loss_stops_at_minus_one(backend):
     f = lambda x, t: F.multilabel_margin_loss(x, t)  # noqa: E731
@@ -105,8 +101,6 @@ def test_multilabel_margin_loss_stops_at_minus_one(backend):
 
 # --- error where eager runs ---------------------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason="AOT prints aten.random.from as `torch.ops.aten.random.from`"
-                   " (a Python keyword): SyntaxError; coil's aot_eager too, torch's aot_eager runs")
 @pytest.mark.parametrize("backend", ["cpp", "triton"])
 def test_random_from_to(backend):
     f = lambda x: x.clone().random_(0, 5)  # noqa: E731
@@ -126,9 +120,6 @@ def test_fork_rng_on_the_second_call():
         torch.testing.assert_close(cf(x), f(x))
 
 
-@pytest.mark.xfail(strict=True, reason="an in-place op on the real/imag (or view_as_real) view of "
-                   "a complex intermediate: regenerating the returned view uses the complex itemsize "
-                   "(setStorage ... out of bounds); coil's aot_eager too")
 @pytest.mark.parametrize("backend", ["cpp", "triton"])
 @pytest.mark.parametrize("view", ["real", "imag", "view_as_real"])
 def test_inplace_on_real_view_of_complex_intermediate(backend, view):
@@ -142,9 +133,6 @@ def test_inplace_on_real_view_of_complex_intermediate(backend, view):
     torch.testing.assert_close(_compile(f, backend)(z), f(z))
 
 
-@pytest.mark.xfail(strict=True, reason="affine_grid's backward under a symbolic batch size: "
-                   "SymIntArrayRef expected to contain only concrete integers (coil's AOT; torch's "
-                   "aot_eager runs)")
 @pytest.mark.parametrize("backend", ["cpp", "triton"])
 def test_affine_grid_with_grad_dynamic(backend):
     f = lambda t: F.affine_grid(t, [t.shape[0], 1, 3, 4], align_corners=False)  # noqa: E731

@@ -107,18 +107,18 @@ def needs_int64(extents) -> bool:
 
 
 def _fits_int32(e: sympy.Expr, bounds: dict) -> bool:
-    """Whether every value of the index expression ``e`` (loop symbols below their ``bounds``)
-    is within int32: provably when static; under a ShapeEnv guard, as :func:`needs_int64`
-    does, when the bound is a size expression whose example is small."""
+    """Whether every value of the index expression ``e`` (loop symbols below their static
+    ``bounds``) is provably within int32; a symbolic bound counts as not (no guard: the
+    bound of a padded or sliced size expression may not be one the ShapeEnv can take)."""
     from coil.ir.symbols import upper_bound
     total = 0
     for t in (e.args if e.is_Add else (e,)):
         c, rest = t.as_coeff_Mul()
         ub = 2 if rest == 1 else upper_bound(rest, bounds)
-        if ub is None or not c.is_Integer:
+        if not isinstance(ub, int) or not c.is_Integer:
             return False
         total += abs(int(c)) * (ub - 1)
-    return not needs_int64([total + 1])
+    return total < 2 ** 31 - 1
 
 
 class TritonKernel(OpsHandler):

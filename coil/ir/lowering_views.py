@@ -605,12 +605,17 @@ def _arange(*args, **kwargs):
     size, odt = out_size(), out_dtype()
     cdt = compute_dtype(odt)
 
+    sym = lambda v: isinstance(v, torch.SymInt) or isinstance(v, sympy.Basic) and not v.is_number  # noqa: E731
+
     def inner(index):
         if cdt.is_floating_point:
-            v = ops.index_expr(index[0], torch.int64)
-            v = ops.to_dtype(v, cdt, torch.int64)
-            return ops.add(ops.mul(v, ops.constant(float(step), cdt)), ops.constant(float(start), cdt))
-        return ops.index_expr(index[0] * int(step) + int(start), cdt)
+            def num(v):
+                return ops.to_dtype(ops.index_expr(as_expr(v), torch.int64), cdt, torch.int64) if sym(v) \
+                    else ops.constant(float(v), cdt)
+            v = ops.to_dtype(ops.index_expr(index[0], torch.int64), cdt, torch.int64)
+            return ops.add(ops.mul(v, num(step)), num(start))
+        step_e, start_e = (as_expr(v) if sym(v) else int(v) for v in (step, start))
+        return ops.index_expr(index[0] * step_e + start_e, cdt)
 
     return TensorBox.create(Pointwise(device(), odt, inner, size))
 

@@ -529,3 +529,19 @@ def test_multihead_attention_gradients_at_a_new_length(backend):
         torch.testing.assert_close(m2.in_proj_weight.grad, m1.in_proj_weight.grad, atol=1e-5, rtol=1e-4)
         m1.zero_grad()
         m2.zero_grad()
+
+
+@pytest.mark.parametrize("backend", ["cpp", "triton"])
+@pytest.mark.parametrize("dtype", [None, torch.float32])
+def test_arange_with_a_symbolic_start_and_step(backend, dtype):
+    """``arange(n, x.numel(), x.shape[1])`` under ``dynamic=True`` (reached through
+    ``nn.EmbeddingBag`` with per-sample weights): the lowering took ``int(step)`` of a size
+    expression and the graph fell back to the FX interpreter (user report 22)."""
+    def fn(x):
+        return torch.arange(x.shape[0], x.numel(), x.shape[1], dtype=dtype) * 2
+
+    f = _compiled(fn, backend, {"strict_codegen": True})
+    for shape in ((3, 4), (5, 2), (7, 3)):
+        x = torch.zeros(shape)
+        out = f(x)
+        assert out.dtype == fn(x).dtype and torch.equal(out, fn(x)), shape

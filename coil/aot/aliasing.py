@@ -357,7 +357,7 @@ def _restrides_beyond(t, size, stride, storage_offset=None) -> bool:
     does not start at its storage's start: a later ``as_strided`` of its functional value (which starts
     at 0) would take the absolute offset from there (s217 #392: ``a[1:]`` restrided to offset 3, then
     written, read element 3 of a 3-element value)."""
-    if isinstance(t.storage_offset(), int) and t.storage_offset() != 0:
+    if t.storage_offset() != 0:    # (a symbolic offset: guarded, s302 #376)
         return True
     offset = t.storage_offset() if storage_offset is None else storage_offset
     if not _static(size, stride, offset, t.untyped_storage().nbytes()) or 0 in size:

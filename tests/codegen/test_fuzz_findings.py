@@ -942,3 +942,18 @@ def test_restride_of_an_input_at_a_storage_offset_then_a_write(backend):
     past it (a value of 1e-310). Such a program now runs eagerly (logged)."""
     _ok(_restride_an_offset_input_then_write,
         lambda: [torch.tensor([-2.28, 4.43, -0.89, 0.91], dtype=torch.float64)[1:4]], backend)
+
+
+def _restride_a_strided_input(b):  # s302 #376
+    v2 = b.to(torch.bfloat16)  # (b itself)
+    v2.as_strided_((4, 1, 3), (0, 2, 0), 7)
+    return ()
+
+
+@pytest.mark.parametrize("backend", ["cpp_dynamic", "triton_dynamic"])
+def test_restride_of_an_input_at_a_symbolic_storage_offset(backend):
+    """s302 #376: under ``dynamic=True`` the input's storage offset is symbolic, so the
+    offset check above did not see it and functionalization's ``setStorage`` failed; such a
+    program runs eagerly too."""
+    _ok(_restride_a_strided_input, lambda: [torch.tensor(
+        [[2.0, 0.0, -2.0, 0.0, 0.0, 1.0, -3.0, -3.0]], dtype=torch.bfloat16)[:, 2:8:2]], backend)

@@ -505,7 +505,7 @@ class _Bounds(TorchDispatchMode):
         ``maximum(0.0, -0.0)`` is either zero (eager's vector and scalar loops: s202 #13189)."""
         op, leaves = func.overloadpacket, pytree.tree_leaves((args, kwargs))
         ins = [t for t in leaves if isinstance(t, torch.Tensor) and id(t) in self.bounds and (
-            t.is_floating_point() and isinstance(self.bounds[id(t)][1], torch.Tensor) and self.bounds[id(t)][1].any()
+            not t.is_complex() and isinstance(self.bounds[id(t)][1], torch.Tensor) and self.bounds[id(t)][1].any()
             or len(self.bounds[id(t)]) > 2 and (t.dtype == torch.bool or t.is_floating_point() and not _same(
                 self.bounds[id(t)][2][0], t.double())))][:3]  # (a signbit of a computed NaN, a max of signed zeros)
         if op in _TIE_OPS and out.is_floating_point() and all(isinstance(a, torch.Tensor) for a in args[:2]):
@@ -514,7 +514,7 @@ class _Bounds(TorchDispatchMode):
             if not ins and tie.any():
                 return tie.double() * 5e-324
         if not ins or out.is_complex() or not (out.is_floating_point() or out.dtype == torch.bool or any(
-                t.dtype == torch.bool for t in ins)):
+                not t.is_floating_point() for t in ins)):  # (integers from a signbit: s302 #771)
             return None
 
         def run(values):  # func on copies, the uncertain arguments replaced by ``values``

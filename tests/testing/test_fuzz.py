@@ -653,6 +653,16 @@ def test_sign_of_a_computed_nan_carries_through_later_ops():
         assert check_program(p, _fake(lambda s, o, x: wrong)).kind == "out-value"
 
 
+
+def test_sign_of_a_computed_nan_carries_through_integer_ops():
+    """fuzz seed 302 #771: ``square(cat([a, a, sqrt(a).signbit()]))`` with int64 a = -2: the
+    signbit's other value carries through the int64 ``cat`` and ``square`` (it stopped at the
+    first integer tensor); the other elements still count."""
+    a = torch.tensor([-2])
+    p = _prog(["v0 = torch.square(torch.cat([a, a, torch.sqrt(a).signbit()], 0))"], a)
+    assert check_program(p, _fake(lambda s, o, x: (torch.tensor([4, 4, 1]),))).outcome == "ok"
+    assert check_program(p, _fake(lambda s, o, x: (torch.tensor([4, 9, 1]),))).kind == "out-value"
+
 def test_max_of_signed_zeros_is_either_zero():
     """fuzz seed 216 #10785: ``reciprocal(amax([-0.0, 0.0]))``: eager's -inf, the Triton
     kernel's inf. IEEE 754 lets max/min of zeros of both signs be either (eager's binary

@@ -246,8 +246,8 @@ class _ViewRewrites(TorchDispatchMode):
 
     def _view(self, func, args, out):
         src = args[0]
-        if func is aten.expand.default and _static(out.shape, args[0].shape) \
-                and out.numel() == src.numel():
+        if func is aten.expand.default and (_static(out.shape, src.shape) and out.numel() == src.numel()
+                                            or _adds_unit_dims(src, args[1])):
             out = aten.view.default(src, out.shape)
         root = self.roots.get(src, src)
         strided = func is aten.as_strided.default
@@ -262,6 +262,15 @@ class _ViewRewrites(TorchDispatchMode):
 
 
 _SQUEEZE_ = {aten.squeeze_.default, aten.squeeze_.dim, aten.squeeze_.dims}
+
+
+def _adds_unit_dims(src, sizes) -> bool:
+    """Whether ``src.expand(sizes)`` only adds leading size-1 dims, also with symbolic sizes
+    (``a.expand(1, -1, -1)`` under ``dynamic=True``: s302 #1981, inf became NaN)."""
+    k = len(sizes) - src.dim()
+    return k >= 0 and all(type(s) is int and s == 1 for s in sizes[:k]) and all(
+        s == -1 if type(s) is int else isinstance(s, torch.SymInt) and isinstance(d, torch.SymInt)
+        and s.node.expr == d.node.expr for s, d in zip(sizes[k:], src.shape))
 
 
 def _lay_out_as_eager(t, view) -> bool:

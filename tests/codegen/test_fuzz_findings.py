@@ -957,3 +957,18 @@ def test_restride_of_an_input_at_a_symbolic_storage_offset(backend):
     program runs eagerly too."""
     _ok(_restride_a_strided_input, lambda: [torch.tensor(
         [[2.0, 0.0, -2.0, 0.0, 0.0, 1.0, -3.0, -3.0]], dtype=torch.bfloat16)[:, 2:8:2]], backend)
+
+
+def _add_through_an_expand_that_adds_a_dim(a):  # s302 #1981
+    v3 = a.expand(1, -1, -1)
+    v3.add_(-3)
+    return (v3,)
+
+
+@pytest.mark.parametrize("backend", ["cpp_dynamic", "triton_dynamic"])
+def test_write_through_an_expand_adding_a_dim_under_dynamic_shapes(backend):
+    """s302 #1981: ``a.expand(1, -1, -1).add_(-3)`` with an inf in ``a``: under ``dynamic=True``
+    the expand was not re-expressed as a view (its sizes are symbolic), so functionalization
+    wrote it back as ``base + (new - base)``: inf - inf, NaN in the output and the input."""
+    _ok(_add_through_an_expand_that_adds_a_dim,
+        lambda: [torch.tensor([[0.0, 1.0], [1.0, math.inf]])], backend)

@@ -78,7 +78,8 @@ for _s in (s for s in torch._C._jit_get_all_schemas() if keyword.iskeyword(s.ove
 # multilabel_margin_loss runs as the ATen op (KEEP_WHOLE; torch's decomposition, also its Autograd kernel under
 # the Python dispatcher of symbolic traces, counts the targets after the first -1), its backward given a meta
 _MLML, _LIB = aten.multilabel_margin_loss_forward.default, torch.library.Library("aten", "IMPL")
-_MLML.py_kernels.pop(torch._C.DispatchKey.Autograd, None), _MLML._dispatch_cache.clear()
+_MLML.py_kernels.pop(torch._C.DispatchKey.Autograd, None)
+_MLML._dispatch_cache.clear()
 _LIB.impl("multilabel_margin_loss_backward", lambda g, x, *a: torch.empty_like(x), "Meta")
 
 # decomposed above autograd under the Python dispatcher (symbolic traces): the ATen backward needs concrete sizes

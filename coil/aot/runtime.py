@@ -68,7 +68,8 @@ def _copy_untracked(dsts: list, srcs: list) -> None:
             dsts[0].copy_(srcs[0])
         else:
             torch._foreach_copy_(dsts, srcs)
-    dsts.clear(), srcs.clear()
+    dsts.clear()
+    srcs.clear()
 
 
 def _has_symint(v: Any) -> bool:

@@ -3,7 +3,7 @@
 then its graph breaks (reason, user stack), eager-fallback and codegen-fallback events, the
 full traceback of an error, and eager vs coil step times (median of ``--iters``).
 
-    python benchmarks/broad_diag.py b_mixtral_moe:bf16 b_wav2vec2:train --out $OUT
+    python benchmarks/broad_diag.py b_mixtral_moe:bf16 b_wav2vec2:train --out $OUT [--profile]
 """
 from __future__ import annotations
 
@@ -29,7 +29,27 @@ def _median_ms(step, iters: int, device) -> float:
     return sorted(ts)[len(ts) // 2]
 
 
-def diagnose(name: str, mode: str, out: str, iters: int) -> str:
+def _profile(step, n: int = 5) -> list:
+    """cProfile of ``n`` steps: the top functions by own time, then coil's by cumulative time."""
+    import cProfile
+    import io
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(n):
+        step()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    prof.disable()
+    buf = io.StringIO()
+    st = pstats.Stats(prof, stream=buf)
+    st.sort_stats("tottime").print_stats(30)
+    st.sort_stats("cumtime").print_stats("coil", 25)
+    return [f"cProfile of {n} coil steps:", buf.getvalue()]
+
+
+def diagnose(name: str, mode: str, out: str, iters: int, profile: bool = False) -> str:
     import coil
     from coil import trace
     from coil.bench import suite
@@ -74,6 +94,8 @@ def diagnose(name: str, mode: str, out: str, iters: int) -> str:
     for which, step in steps.items():
         step()
         lines.append(f"{which}: {_median_ms(step, iters, dev):.2f} ms")
+    if profile and "coil" in steps:
+        lines += _profile(steps["coil"])
     return "\n".join(lines)
 
 
@@ -82,12 +104,13 @@ def main() -> None:
     ap.add_argument("rows", nargs="+", help="model:mode, e.g. b_wav2vec2:train")
     ap.add_argument("--out", default=".")
     ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--profile", action="store_true", help="add a cProfile of 5 coil steps")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     for row in a.rows:
         name, mode = row.split(":")
         try:
-            text = diagnose(name, mode, a.out, a.iters)
+            text = diagnose(name, mode, a.out, a.iters, a.profile)
         except Exception:
             text = f"##### {row}: harness error\n{traceback.format_exc()[-3000:]}"
         print(text, flush=True)

@@ -625,6 +625,15 @@ def _build_entry(tx, output: OutputGraph, cfg: CaptureConfig, fn, code, argnames
             trace.log("break_plan", stage="capture", frame=_label(code), offset=inst.offset,
                       plan=f"property getter {getter.__qualname__} called from the entry; "
                            "the frame resumes captured after the attribute load")
+        elif not in_block and _depth_after(inst, tx.stack) is None and \
+                (op := _operator_form(inst)) is not None:
+            # one instruction with a NULL below its operands (``f(x=obj[0])``: a pending
+            # call), which a trampoline cannot pass on: call its operator from the entry
+            operands = [tx.pop() for _ in range(op[1])][::-1]
+            plan = ("call", index + 1, ConstantVariable(op[0]), operands, {}, None, False, _line_of(inst))
+            trace.log("break_plan", stage="capture", frame=_label(code), offset=inst.offset,
+                      plan=f"{name} called as {getattr(op[0], '__qualname__', op[0])} from the entry; "
+                           "the frame resumes captured after it")
         elif name.startswith("POP_JUMP") and "NONE" not in name:
             cond = tx.pop()
             jump_if_true = "TRUE" in name
@@ -854,6 +863,37 @@ _ONE_INSTRUCTION = {"STORE_ATTR": (2, 0), "DELETE_ATTR": (1, 0), "STORE_SUBSCR":
                     "BINARY_OP": (2, 1), "COMPARE_OP": (2, 1), "IS_OP": (2, 1),
                     "CONTAINS_OP": (2, 1), "UNARY_NEGATIVE": (1, 1), "UNARY_NOT": (1, 1),
                     "UNARY_INVERT": (1, 1), "STORE_SLICE": (4, 0), "BINARY_SLICE": (3, 1)}
+
+
+_NB_OPS = ("add", "and_", "floordiv", "lshift", "matmul", "mul", "mod", "or_", "pow", "rshift",
+           "sub", "truediv", "xor")
+_COMPARE = {"<": "lt", "<=": "le", "==": "eq", "!=": "ne", ">": "gt", ">=": "ge"}
+
+
+def _operator_form(inst):
+    """``(fn, n_operands)``: a function of the instruction's operands (top of stack last)
+    that computes what the instruction pushes, for instructions that pop their operands and
+    push one value; None for others. The function runs as plain Python (a ``__getitem__``
+    that broke once would break again on its own frame, at more cost per call)."""
+    import operator
+
+    name = inst.opname
+    if name == "BINARY_SUBSCR":
+        return operator.getitem, 2
+    if name == "BINARY_OP" and inst.arg < 2 * len(_NB_OPS):
+        op = _NB_OPS[inst.arg % len(_NB_OPS)]
+        return getattr(operator, op if inst.arg < len(_NB_OPS) else "i" + op.rstrip("_")), 2
+    if name == "COMPARE_OP" and inst.argval in _COMPARE:
+        return getattr(operator, _COMPARE[inst.argval]), 2
+    if name == "CONTAINS_OP":
+        return ((lambda a, b: a not in b) if inst.arg else (lambda a, b: a in b)), 2
+    if name == "BINARY_SLICE":
+        return (lambda c, a, b: c[a:b]), 3
+    if name in ("UNARY_NEGATIVE", "UNARY_NOT", "UNARY_INVERT"):
+        return getattr(operator, {"UNARY_NEGATIVE": "neg", "UNARY_NOT": "not_"}.get(name, "invert")), 1
+    if name == "LOAD_ATTR" and not (sys.version_info >= (3, 12) and inst.arg & 1):
+        return (lambda o, _name=inst.argval: getattr(o, _name)), 1
+    return None
 
 
 def _depth_after(inst, stack: list):

@@ -190,7 +190,11 @@ def _compile(gm, example_inputs, device, env) -> "CompiledGraph":
                 if not isinstance(s, FusedGroup):
                     continue
                 live = {n for n in s.names if n in out_names or readers.get(n, set()) - {id(s)}}
-                tiled = _tiling(s, backend)
+                # a CPU group in a GPU graph (``torch.rand([])`` for layerdrop) gets the CPU
+                # backend: Triton would run it in its interpreter, ~10 ms a launch
+                gdev = s.nodes[0].get_device()
+                be = backend if gdev is None or gdev.type == device.type else _pick_backend(gdev)
+                tiled = _tiling(s, be)
                 if tiled is not None:
                     # a 2-D tiled pointwise kernel: planned like a persistent reduction
                     # kernel without reductions over (Y, X); the Triton backend gives it
@@ -198,15 +202,15 @@ def _compile(gm, example_inputs, device, env) -> "CompiledGraph":
                     plan = KernelPlan(FusedGroup(s.nodes, tiled[0], tiled[1], s.order), graph, live,
                                       tiled=True)
                 else:
-                    plan = KernelPlan(s, graph, live, backend.persistent_rnumel)
+                    plan = KernelPlan(s, graph, live, be.persistent_rnumel)
                 kind = "til" if tiled is not None else "poi" if plan.rnumel == 1 else \
                     "per" if plan.persistent else "red"
-                name = f"{backend.name}_{kind}_{ki}_{'_'.join(s.names[:3])}"
-                gen = backend.generate(plan, name)
+                name = f"{be.name}_{kind}_{ki}_{'_'.join(s.names[:3])}"
+                gen = be.generate(plan, name)
                 kernels[id(s)] = _Kernel(plan, gen)
                 ki += 1
                 if trace.enabled():
-                    trace.artifact(f"kernel {name}", lambda g=gen: g.source, kind=backend.name)
+                    trace.artifact(f"kernel {name}", lambda g=gen: g.source, kind=be.name)
         for k in kernels.values():  # join background builds (C++): failures surface here
             wait = getattr(k.generated.launcher, "wait", None)
             if wait is not None:

@@ -756,12 +756,13 @@ def _scatter(x, dim, index, src):
 def _random(*args, **kwargs):
     """In-kernel Philox random numbers (``tl.rand``/``tl.randn``): one seed per op per
     call from the wrapper's ``seeds`` buffer, offset = the element's flat index. The
-    stream differs from eager's; ``config.fallback_random`` runs the ATen op instead."""
+    stream differs from eager's; ``config.fallback_random``, and a random op off the graph's
+    device (a CPU ``torch.rand([])`` in a GPU graph), run the ATen op instead."""
     from coil.config import config
     from coil.ir.lowering import FallbackToExtern
-    if config.fallback_random:
-        raise FallbackToExtern()
     g = current_graph()
+    if config.fallback_random or device().type != g.device.type:
+        raise FallbackToExtern()    # (the seeds live on the graph's device)
     target = g.current_node.target
     name = target._overloadpacket.__name__
     size, odt = out_size(), out_dtype()

@@ -103,3 +103,61 @@ def test_list_appended_to_inside_a_loop_with_a_break():
     got, want = coil.compile(f)(x), f(x)
     torch.testing.assert_close(got[0], want[0])
     assert got[1] == want[1]
+
+
+class _Breaks:
+    """An object whose dunder methods graph-break inside (they call ``dict.keys`` of a live
+    ``OrderedDict``, as transformers' ``ModelOutput.__getitem__`` does)."""
+
+    def __init__(self, t):
+        import collections
+        self.d = collections.OrderedDict(a=t)
+
+    def __getitem__(self, k):
+        return [self.d[n] for n in self.d.keys()][k]
+
+    def __add__(self, other):
+        return self[0] + other
+
+    def __lt__(self, other):
+        return bool(self[0].sum() < other)
+
+    def __getattr__(self, name):
+        if name == "first":
+            return self[0]
+        raise AttributeError(name)
+
+
+def _head(x=None, y=None):
+    return torch.relu(x) * 2 if y is None or y else x
+
+
+@pytest.mark.parametrize("form", ["subscript", "binary", "compare", "attribute"])
+def test_break_in_an_operator_below_a_pending_call_keeps_the_rest_captured(form):
+    """``f(x=obj[0])``: the break inside ``obj.__getitem__`` leaves a NULL and ``f`` on the
+    stack below the subscript's operands, which a one-instruction trampoline cannot pass on.
+    The operator is called from the entry and the frame resumes captured after it (whisper's
+    decoder, after ``encoder_outputs[0]``, used to run eagerly)."""
+    def fn(obj, x):
+        if form == "subscript":
+            h = _head(x=obj[0], y=None)
+        elif form == "binary":
+            h = _head(x=obj + x, y=None)
+        elif form == "compare":
+            h = _head(x=x, y=obj < 1e9)
+        else:
+            h = _head(x=obj.first, y=None)
+        return (h + 1).sin()
+
+    graphs = []
+
+    def counting(gm, example_inputs):
+        graphs.append([str(n.target) for n in gm.graph.nodes if n.op.startswith("call")])
+        return lookup_backend("coil")(gm, example_inputs)
+
+    x = torch.randn(4, 8)
+    obj = _Breaks(torch.randn(4, 8))
+    f = coil.compile(fn, backend=counting)
+    for _ in range(2):
+        torch.testing.assert_close(f(obj, x), fn(obj, x))
+    assert any("sin" in t for g in graphs for t in g), graphs     # the rest ran in a graph

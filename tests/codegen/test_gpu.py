@@ -332,3 +332,22 @@ def test_gpu_dynamic_row_length_of_another_divisibility_in_one_bucket():
         x, y = r(64, n), r(n)
         for _ in range(3):  # the first call in a bucket goes through the JIT
             torch.testing.assert_close(f(x, y), fn(x, y))
+
+
+def test_cpu_group_in_a_gpu_graph_is_not_interpreted():
+    """Whisper's and wav2vec2's layerdrop: ``torch.rand([]) < p`` on the CPU, in a graph
+    whose tensors are on CUDA. Its kernel went to the Triton backend, which ran it in
+    Triton's CPU interpreter (~10 ms a call); the random op now runs as ATen's and the
+    comparison in a CPU kernel."""
+    def fn(x):
+        keep = torch.rand([]) < 2.0
+        return x * 2, keep
+
+    x = r(64, 64)
+    gm = aten_graph(fn, x)
+    c = compile_aten_graph(gm, [x], torch.device("cuda"))
+    for _ in range(3):
+        y, keep = c(x)
+        torch.testing.assert_close(y, x * 2)
+        assert keep.device.type == "cpu" and bool(keep)
+    assert [k.name.split("_")[0] for k in c.kernels].count("triton") == 1, [k.name for k in c.kernels]

@@ -288,117 +288,9 @@ def event_table(records: list) -> dict:
     return {"head": head, "rows": rows}
 
 
-# ------------------------------------------------------------------------ templates
-
-_CSS = """
-body { font-family: system-ui, sans-serif; margin: 1.5em; color: #222; }
-h1 { font-size: 1.4em; } h2 { font-size: 1.15em; margin-top: 1.6em; border-bottom: 1px solid #ccc; }
-table { border-collapse: collapse; margin: .5em 0; }
-th, td { border: 1px solid #ddd; padding: 3px 7px; vertical-align: top; text-align: left; font-size: .9em; }
-th { background: #f3f3f3; }
-td.num { text-align: right; font-variant-numeric: tabular-nums; }
-table.kv th { background: #fafafa; font-weight: normal; color: #555; }
-pre { margin: 0; font-size: .85em; white-space: pre; overflow-x: auto; }
-pre.code, div.hl pre { background: #f8f8f8; padding: .4em; border: 1px solid #eee; }
-pre.stack { background: #fff8f0; padding: .4em; border: 1px solid #f0e0c8; }
-.loc { color: #05a; } .fn { color: #a50; } .srcline { color: #333; }
-.none { color: #aaa; } .warn { color: #b00; }
-.bar { display: inline-block; height: .8em; background: #6a9fd8; }
-details { margin: .4em 0; } summary { cursor: pointer; font-family: monospace; }
-nav a { margin-right: 1em; }
-"""
-
-_BASE = """<!doctype html>
-<html><head><meta charset="utf-8"><title>{{ title }}</title>
-<style>{{ css }}{{ pygments_css }}</style></head>
-<body>
-<nav><a href="index.html">index</a><a href="{{ loose_page }}">events without compile id</a></nav>
-{% block body %}{% endblock %}
-</body></html>
-"""
-
-_BREAKDOWN = """
-{% macro breakdown(rows) -%}
-<table><tr><th>stage</th><th>ms (incl. nested)</th><th>self ms</th><th>self %</th><th></th></tr>
-{% for r in rows %}<tr><td>{{ r.name }}</td><td class="num">{{ "%.2f"|format(r.ms) }}</td>
-<td class="num">{{ "%.2f"|format(r.self_ms) }}</td><td class="num">{{ "%.1f"|format(r.pct) }}</td>
-<td><span class="bar" style="width: {{ (r.pct * 3)|round|int }}px"></span></td></tr>
-{% endfor %}</table>
-{%- endmacro %}
-{% macro events_section(groups) -%}
-{% for name, t in groups %}
-<h2 id="ev-{{ name }}">{{ name }} ({{ t.rows|length }})</h2>
-<table><tr>{% for h in t.head %}<th>{{ h }}</th>{% endfor %}</tr>
-{% for row in t.rows %}<tr>{% for c in row %}<td>{{ c|safe }}</td>{% endfor %}</tr>
-{% endfor %}</table>
-{% endfor %}
-{%- endmacro %}
-"""
-
-_INDEX = """{% extends "base" %}{% import "macros" as m %}{% block body %}
-<h1>coil compile log</h1>
-<p>{{ n_compiles }} compile id(s) from {{ files|length }} log file(s) in <code>{{ log_dir }}</code>;
-total top-level compile time {{ "%.1f"|format(total_ms) }} ms.
-{% if bad_lines %}<span class="warn">{{ bad_lines }} unreadable line(s) skipped.</span>{% endif %}</p>
-<h2>Compiles</h2>
-<table><tr>{% if multi_pid %}<th>pid</th>{% endif %}<th>compile id</th><th>what</th><th>total ms</th>
-{% for s in stage_names %}<th>{{ s }} ms</th>{% endfor %}
-<th>graph breaks</th><th>recompiles</th><th>fallbacks</th><th>events</th><th>artifacts</th></tr>
-{% for c in compiles %}<tr>{% if multi_pid %}<td>{{ c.pid }}</td>{% endif %}
-<td><a href="{{ c.page }}">{{ c.compile_id }}</a></td><td>{{ c.title }}</td>
-<td class="num">{{ "%.2f"|format(c.total) }}</td>
-{% for s in stage_names %}<td class="num">{% if s in c.stages %}{{ "%.2f"|format(c.stages[s]) }}{% endif %}</td>{% endfor %}
-<td class="num">{{ c.graph_break }}</td><td class="num">{{ c.recompile }}</td>
-<td class="num">{{ c.codegen_fallback }}</td>
-<td class="num">{{ c.n_events }}</td><td class="num">{{ c.n_artifacts }}</td></tr>
-{% endfor %}</table>
-<h2>Compile-time breakdown (all compiles)</h2>
-<p>Milliseconds per stage summed over every compile: including the stages nested in it,
-and its self time (without them). Self times add up to the total; percentages are of it.</p>
-{{ m.breakdown(breakdown) }}
-<h2>Events without a compile id</h2>
-<p><a href="{{ loose_page }}">{{ n_loose }} event(s)</a></p>
-{% endblock %}
-"""
-
-_COMPILE = """{% extends "base" %}{% import "macros" as m %}{% block body %}
-<h1>compile {{ c.compile_id }}{% if multi_pid %} (pid {{ c.pid }}){% endif %}{% if title %}: {{ title }}{% endif %}</h1>
-<p>total {{ "%.2f"|format(total) }} ms;
-{% for name, t in groups %}<a href="#ev-{{ name }}">{{ name }} ({{ t.rows|length }})</a>{% if not loop.last %}, {% endif %}{% endfor %}
-{% if artifacts %}; <a href="#artifacts">{{ artifacts|length }} artifact(s)</a>{% endif %}</p>
-<h2>Stage timings</h2>
-{{ m.breakdown(breakdown) }}
-{% if diffs %}<h2 id="changes">Changes since <a href="{{ prev_page }}">compile {{ prev_id }}</a></h2>
-<p>Artifacts of the previous attempt of this frame that differ in this one (a recompile:
-what the new guards and graphs assume differently).</p>
-{% for d in diffs %}<details open><summary>{{ d.name }}</summary>{{ d.html|safe }}</details>
-{% endfor %}{% endif %}
-{{ m.events_section(groups) }}
-{% if artifacts %}<h2 id="artifacts">Artifacts</h2>
-{% for a in artifacts %}<details{% if a.open %} open{% endif %} id="art-{{ loop.index }}">
-<summary>{{ a.name }} <small>[{{ a.kind }}{% if a.stage %}, stage {{ a.stage }}{% endif %}, {{ a.lines }} lines{% if a.times > 1 %}, logged {{ a.times }} times{% endif %}]</small></summary>
-{% if a.extra %}{{ a.extra|safe }}{% endif %}
-{{ a.html|safe }}
-</details>
-{% endfor %}{% endif %}
-{% endblock %}
-"""
-
-_LOOSE = """{% extends "base" %}{% import "macros" as m %}{% block body %}
-<h1>Events without a compile id</h1>
-<p>Events logged outside any <code>trace.compile_context</code> (process start-up,
-cache hits, runtime events, tests calling <code>trace.log</code> directly).</p>
-{{ m.events_section(groups) }}
-{% if artifacts %}<h2 id="artifacts">Artifacts</h2>
-{% for a in artifacts %}<details><summary>{{ a.name }} <small>[{{ a.kind }}, {{ a.lines }} lines]</small></summary>
-{{ a.html|safe }}</details>{% endfor %}{% endif %}
-{% endblock %}
-"""
-
-
 def _env() -> jinja2.Environment:
-    loader = jinja2.DictLoader({"base": _BASE, "macros": _BREAKDOWN, "index": _INDEX,
-                                "compile": _COMPILE, "loose": _LOOSE})
+    """The page templates: ``templates/*.jinja`` beside this module."""
+    loader = jinja2.FileSystemLoader(os.path.join(os.path.dirname(__file__), "templates"))
     return jinja2.Environment(loader=loader, autoescape=True, undefined=jinja2.StrictUndefined)
 
 
@@ -485,7 +377,7 @@ def write_report(log_dir: str, out_dir: Optional[str] = None) -> str:
     out_dir = out_dir or os.path.join(log_dir, "report")
     os.makedirs(out_dir, exist_ok=True)
     env = _env()
-    common = {"css": _CSS, "pygments_css": _pygments_css(), "loose_page": NO_COMPILE_ID_PAGE}
+    common = {"pygments_css": _pygments_css(), "loose_page": NO_COMPILE_ID_PAGE}
     multi_pid = len({c.pid for c in log.compiles}) > 1
 
     previous = previous_attempts(log.compiles)
@@ -506,7 +398,7 @@ def write_report(log_dir: str, out_dir: Optional[str] = None) -> str:
 
         prev = previous.get((c.pid, c.compile_id))
         diffs = artifact_diffs(prev, c) if prev is not None else []
-        page = env.get_template("compile").render(
+        page = env.get_template("compile.jinja").render(
             title=row["title"] or f"compile {c.compile_id}", c=c, multi_pid=multi_pid,
             total=total, breakdown=_breakdown_rows(totals, selfs, total),
             groups=_group_tables(c.events), artifacts=_artifact_views(c.artifacts),
@@ -516,11 +408,11 @@ def write_report(log_dir: str, out_dir: Optional[str] = None) -> str:
 
     loose_events = [r for r in log.loose if r.get("event") not in ("artifact",)]
     loose_artifacts = [r for r in log.loose if r.get("event") == "artifact"]
-    _write(os.path.join(out_dir, NO_COMPILE_ID_PAGE), env.get_template("loose").render(
+    _write(os.path.join(out_dir, NO_COMPILE_ID_PAGE), env.get_template("loose.jinja").render(
         title="events without compile id", groups=_group_tables(loose_events),
         artifacts=_artifact_views(loose_artifacts), **common))
 
-    index = env.get_template("index").render(
+    index = env.get_template("index.jinja").render(
         title="coil compile log", log_dir=log_dir, files=log.files, bad_lines=log.bad_lines,
         n_compiles=len(log.compiles), compiles=rows, stage_names=list(all_totals),
         multi_pid=multi_pid, total_ms=grand_total,

@@ -1,5 +1,5 @@
 """Generated Triton kernels compile for a real GPU target (sm_90), checked offline
-without a GPU (coil/runtime/triton_offline.py). Triton's CPU interpreter runs what the
+without a GPU (tests/codegen/triton_offline.py). Triton's CPU interpreter runs what the
 GPU compiler rejects: timm Swin-T's shifted-window kernels called ``libdevice.fmod`` on
 int64 indices (torch.roll's wrap-around), which the interpreter ran and the H200's
 compiler refused (``CompilationError``), so the graph fell back to ATen ops. The class:
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from codegen_helpers import compile_fn
-from coil.runtime.triton_offline import compile_offline, kernel_job
+from triton_offline import compile_offline, kernel_job
 
 
 def _offline_available() -> bool:

@@ -691,7 +691,7 @@ def test_stage_progress_lines():
 
 
 def test_demo_repeat_zero_is_refused_or_handled(tmp_path):
-    """Fixed: argparse refuses --repeat below 1 (cli.py _positive_int)."""
+    """Fixed: argparse refuses --repeat below 1 (coil/bench/cli.py _positive_int)."""
     _quiet()
     from coil.cli import main
     try:

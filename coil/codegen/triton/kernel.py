@@ -20,6 +20,7 @@ from __future__ import annotations
 import itertools
 import math
 import numbers
+import os
 import re
 from typing import Optional
 
@@ -716,83 +717,7 @@ _FUNC_UN = {k for k, v in _UN.items() if not v.startswith("(")} | {"frac"}
 #: Integer and bool spellings of float-only libdevice predicates.
 _INT_UN = {"isinf": "({x} != {x})", "signbit": "({x} < 0)"}
 
-#: Helpers every kernel module defines (integer division with Python semantics etc.).
-PRELUDE = '''
-@triton.jit
-def _sigmoid(x):
-    return 1.0 / (1.0 + tl.exp(-x))
-
-
-@triton.jit
-def _truncdiv(a, b):
-    q = a // b
-    return q
-
-
-@triton.jit
-def _floordiv(a, b):
-    q = a // b
-    r = a - q * b
-    return tl.where((r != 0) & ((r < 0) != (b < 0)), q - 1, q)
-
-
-@triton.jit
-def _remainder_int(a, b):
-    r = a - _floordiv(a, b) * b
-    return r
-
-
-@triton.jit
-def _remainder_float(a, b):
-    r = libdevice.fmod(a, b)
-    return tl.where((r != 0) & ((r < 0) != (b < 0)), r + b, r)
-
-
-@triton.jit
-def _pow_int(a, b):
-    # integer power by squaring over the exponent's bits, wrapping like eager; a negative
-    # exponent gives 1 for a == 1, +-1 for a == -1 and 0 otherwise (as eager)
-    a, b = tl.broadcast(a, b)
-    r = a * 0 + 1
-    base = a
-    e = b
-    for _ in tl.static_range(64):
-        r = tl.where((e & 1) != 0, r * base, r)
-        base = base * base
-        e = e >> 1
-    # (a + 1 == 0, not a == -1: Triton rejects a negative scalar beside an unsigned a)
-    neg = tl.where((b & 1) != 0, -1, 1).to(a.dtype)
-    rn = tl.where(a == 1, 1, tl.where(a + 1 == 0, neg, 0)).to(a.dtype)
-    return tl.where(b < 0, rn, r)
-
-
-@triton.jit
-def _sign(x):
-    return (x > 0).to(x.dtype) - (x < 0).to(x.dtype)
-
-
-@triton.jit
-def _ndtr(x):
-    # the standard normal CDF for fp32 x: Phi(-t) = exp2(P(t)), t = |x| < 5.6, with P
-    # a degree-12 least-squares Chebyshev fit of log2(Phi(-t)) on [0, 5.6] (coil's own
-    # fit): within 2.4 fp32 ulp of x*Phi(x) for x > 0 and 14 ulp for -3 < x < 0 (eager's
-    # x*(1 + erf(x/sqrt2))/2 is up to 105 ulp off there); 0 from -5.6 down (eager's gelu
-    # is 0 from -5.54); NaN stays NaN. Branch-free: 27 SASS instructions per element in
-    # a bf16 gelu kernel, against 40 with erf's two polynomial ranges.
-    t = tl.minimum(tl.abs(x), 5.6, propagate_nan=tl.PropagateNan.ALL)
-    p = -2.823380140792864e-10
-    p = p * t + 1.2077047806258179e-08
-    p = p * t + -2.3525491599230008e-07
-    p = p * t + 2.7539144866750576e-06
-    p = p * t + -2.1375773940235376e-05
-    p = p * t + 0.0001121239474741742
-    p = p * t + -0.0003563732607290149
-    p = p * t + 0.00010130961163667962
-    p = p * t + 0.006868844386190176
-    p = p * t + -0.05240936577320099
-    p = p * t + -0.4592266082763672
-    p = p * t + -1.1511038541793823
-    p = p * t + -1.0
-    e = tl.where(t >= 5.6, 0.0, tl.exp2(p))
-    return tl.where(x < 0, e, 1.0 - e)
-'''
+#: Helpers every kernel module defines (integer division with Python semantics etc.): the Triton
+#: source in ``prelude.txt``, as the C++ backend's helpers are ``cpp/prelude.h``.
+with open(os.path.join(os.path.dirname(__file__), "prelude.txt")) as _f:
+    PRELUDE = _f.read()

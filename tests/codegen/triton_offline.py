@@ -1,4 +1,4 @@
-"""Compiling generated Triton kernels for a GPU target without a GPU (``sm_90`` by default).
+"""Test helper: compiling generated Triton kernels for a GPU target without a GPU (``sm_90`` by default).
 
 Triton's CPU interpreter runs kernels that the real compiler rejects (``libdevice.fmod``
 of int64 tensors ran under the interpreter and failed with ``CompilationError`` on an
@@ -7,7 +7,7 @@ ops. :func:`compile_offline` closes that gap: it runs the real front end and bac
 (``triton.compile(ASTSource(...), target=GPUTarget("cuda", 90, 32))``, ptxas included)
 on a kernel's source.
 
-The compile runs in a child process (``python -m coil.runtime.triton_offline``, one JSON
+The compile runs in a child process (``python triton_offline.py``, one JSON
 list of jobs on stdin, one JSON list of answers on stdout): Triton decides at import time
 whether its own library functions are interpreted, and a process running the
 interpreter (every CPU test process) cannot also compile.
@@ -50,7 +50,7 @@ def compile_offline(jobs: list[dict], arch: int = 90, timeout: float = 600.0) ->
     compiled, else the compiler's error text. Raises ``RuntimeError`` if the child process
     fails as a whole (e.g. Triton has no CUDA back end here)."""
     env = dict(os.environ, TRITON_INTERPRET="0")
-    proc = subprocess.run([sys.executable, "-m", "coil.runtime.triton_offline", str(arch)],
+    proc = subprocess.run([sys.executable, os.path.abspath(__file__), str(arch)],
                           input=json.dumps(jobs), capture_output=True, text=True,
                           timeout=timeout, env=env)
     if proc.returncode != 0:

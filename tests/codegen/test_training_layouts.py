@@ -158,12 +158,16 @@ def test_tied_lm_head_training_with_padded_matmuls(backend, monkeypatch):
     torch.manual_seed(0)
     m = M().to(torch.bfloat16)
     ids = torch.randint(0, 1027, (8, 128))
-    m2 = copy.deepcopy(m)
+    m2, m64 = copy.deepcopy(m), copy.deepcopy(m).double()
     coil.reset()
     f = coil.compile(m2, options={"cpu_backend": backend})
-    l1, l2 = m(ids), f(ids)
-    l1.backward()
+    l1, l2, l64 = m(ids), f(ids), m64(ids)
     l2.backward()
+    l64.backward()
     torch.testing.assert_close(l2, l1, atol=1e-3, rtol=1e-3)
-    for (n, p), (_, p2) in zip(m.named_parameters(), m2.named_parameters()):
-        torch.testing.assert_close(p2.grad.float(), p.grad.float(), atol=0.06, rtol=0.05, msg=n)
+    # Gradients are compared with the same weights in float64, not with eager bf16: eager's
+    # CPU bf16 layer_norm backward is imprecise in the weight gradient (a sum over 1024
+    # rows) by an amount that depends on the thread count: ~0.14 of 1.1 off float64 under
+    # OMP_NUM_THREADS=1 (the test failed there), ~0.05 with 2 threads; coil's is ~0.004 off.
+    for (n, p64), (_, p2) in zip(m64.named_parameters(), m2.named_parameters()):
+        torch.testing.assert_close(p2.grad.double(), p64.grad, atol=0.02, rtol=0.02, msg=n)

@@ -218,7 +218,29 @@ class IdVariable(VariableTracker):
 def _id(tx, args, kwargs):
     if len(args) == 1 and not kwargs and isinstance(args[0], ConstantVariable):
         return IdVariable(args[0])
+    if len(args) == 1 and not kwargs:
+        obj = known_object(tx, args[0])
+        if obj is not None:
+            # a pre-existing object read from a source: its id is a constant under a guard
+            tx.output.guards.add(f"___id({args[0].source.expr()}) == {id(obj)}",
+                                 f"id({args[0].source.expr()})", id(obj))
+            return ConstantVariable(id(obj))
     raise Unsupported("id() of a traced value", hint="it runs outside the graph")
+
+
+def known_object(tx, vt):
+    """The real object ``vt`` stands for, when it existed before the frame and was read
+    from a source (so a guard can pin its identity); None for tensors, objects made in
+    the traced region, trackers not built from one real object, and bound methods (made
+    afresh by each attribute read, so their id is not stable)."""
+    from coil.capture.variables.tensor import TensorVariable
+
+    if vt.source is None or isinstance(vt, TensorVariable):
+        return None
+    for value, w in tx.output.wrapped.values():
+        if w is vt:
+            return None if isinstance(value, types.MethodType) else value
+    return None
 
 
 @builtin(len)

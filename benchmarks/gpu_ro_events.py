@@ -39,6 +39,24 @@ def main() -> None:
         torch.cuda.synchronize()
         wall = (time.perf_counter() - t0) / 50
     print(f"{name}: {wall * 1e3:.3f} ms per call, {host * 1e3:.3f} ms host", flush=True)
+    # guard time without a profiler's per-call cost: _find_entry (the guard functions) timed
+    from coil.capture import frame
+    spent, find = [0.0], frame._find_entry
+
+    def timed(*a):
+        t = time.perf_counter()
+        try:
+            return find(*a)
+        finally:
+            spent[0] += time.perf_counter() - t
+    frame._find_entry = timed
+    with torch.no_grad():
+        t0 = time.perf_counter()
+        for _ in range(200):
+            f(x)
+        host2 = (time.perf_counter() - t0) / 200
+    frame._find_entry = find
+    print(f"guards {spent[0] / 200 * 1e6:.1f} us of {host2 * 1e6:.1f} us host per call", flush=True)
     if "--profile" in sys.argv:
         prof = cProfile.Profile()
         with torch.no_grad():

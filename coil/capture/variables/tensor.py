@@ -221,6 +221,8 @@ def call_op(tx, kind: str, target, args: list, kwargs: dict) -> VariableTracker:
             if isinstance(result, torch.Tensor) and eager_dtype not in (None, result.dtype):
                 node, result = cast_to_eager_dtype(out.graph, node, result, eager_dtype)
                 tx.locate_node(node)
+            if getattr(target, "namespace", "aten") not in _BUILTIN_OP_NAMESPACES and torch.is_grad_enabled():
+                _check_custom_backward(target, fake_args, result)
     except (DataDependentOutputException, DynamicOutputShapeException) as e:
         out.graph.erase_node(node)
         raise Unsupported(f"data-dependent operation {_name(target)} ({type(e).__name__})",
@@ -256,6 +258,26 @@ def _symbolic_dispatch(out):
     from torch._dispatch.python import enable_python_dispatcher
 
     return enable_python_dispatcher()
+
+
+#: namespaces of torch's own operators; an OpOverload of any other one is a custom op
+_BUILTIN_OP_NAMESPACES = ("aten", "prims", "quantized", "_c10d_functional", "c10d_functional", "higher_order")
+
+
+def _check_custom_backward(target, fake_args: list, result) -> None:
+    """Run a custom op's registered backward once on the fake values. AOT's joint trace runs
+    it the same way, and one that cannot run there (transformers' grouped-mm fallback reads
+    ``offs.tolist()``) failed the whole compile; the call is a graph break instead, and the op
+    runs eagerly with its backward. Raises Unsupported."""
+    outs = [o for o in pytree.tree_leaves(result) if isinstance(o, torch.Tensor) and o.requires_grad]
+    ins = [a for a in pytree.tree_leaves(fake_args) if isinstance(a, torch.Tensor) and a.requires_grad]
+    if not (outs and ins):
+        return
+    try:
+        torch.autograd.grad(outs, ins, [torch.ones_like(o) for o in outs], allow_unused=True)
+    except Exception as e:  # noqa: BLE001 - eager runs it at the break
+        raise Unsupported(f"the backward of custom op {_name(target)} cannot be traced "
+                          f"({type(e).__name__})", hint="the op runs outside the graph") from e
 
 
 def _name(target) -> str:

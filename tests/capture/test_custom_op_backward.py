@@ -1,0 +1,78 @@
+"""A custom op (``torch.library.custom_op`` + ``register_autograd``) whose backward cannot run
+on fake tensors (transformers' grouped-mm fallback loops over ``offs.tolist()``): AOT's joint
+trace failed and the whole compile raised BackendCompilerFailed where eager runs. Capture now
+runs the registered backward once on the fake values; when it cannot, the call is a graph
+break and the op runs eagerly with its own backward."""
+import torch
+
+import coil
+
+
+@torch.library.custom_op("coil_test::grouped_mm", mutates_args=())
+def grouped_mm(inp: torch.Tensor, weight: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    out = inp.new_zeros(inp.size(0), weight.size(2))
+    start = 0
+    for i, end in enumerate(offs.tolist()):
+        out[start:end] = inp[start:end] @ weight[i]
+        start = end
+    return out
+
+
+@grouped_mm.register_fake
+def _(inp, weight, offs):
+    return inp.new_empty(inp.size(0), weight.size(2))
+
+
+def _setup(ctx, inputs, output):
+    ctx.save_for_backward(inputs[0], inputs[1])
+    ctx.offs = inputs[2]
+
+
+def _backward(ctx, grad):
+    inp, weight = ctx.saved_tensors
+    gi, gw = torch.zeros_like(inp), torch.zeros_like(weight)
+    start = 0
+    for i, end in enumerate(ctx.offs.tolist()):    # data-dependent: no fake run
+        gi[start:end] = grad[start:end] @ weight[i].T
+        gw[i] = inp[start:end].T @ grad[start:end]
+        start = end
+    return gi, gw, None
+
+
+torch.library.register_autograd("coil_test::grouped_mm", _backward, setup_context=_setup)
+
+
+def test_untraceable_custom_backward_is_a_graph_break_with_grads_equal_to_eager():
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(8, 8)
+    w = torch.randn(3, 8, 4, requires_grad=True)
+
+    def f(x, offs):
+        return (grouped_mm(lin(x).relu(), w, offs) * 2).sin().sum()
+
+    x, offs = torch.randn(10, 8), torch.tensor([3, 7, 10])
+    want = f(x, offs)
+    want.backward()
+    grads = [w.grad.clone(), lin.weight.grad.clone()]
+    w.grad = lin.weight.grad = None
+    got = coil.compile(f)(x, offs)
+    got.backward()
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(w.grad, grads[0])
+    torch.testing.assert_close(lin.weight.grad, grads[1])
+
+
+def test_custom_op_without_grad_stays_in_the_graph():
+    w = torch.randn(3, 8, 4)
+    calls = []
+
+    def counting(gm, example_inputs):
+        calls.append([str(n.target) for n in gm.graph.nodes if n.op == "call_function"])
+        return gm.forward
+
+    def f(x, offs):
+        return grouped_mm(x.relu(), w, offs) * 2
+
+    x, offs = torch.randn(10, 8), torch.tensor([3, 7, 10])
+    torch.testing.assert_close(coil.compile(f, backend=counting)(x, offs), f(x, offs))
+    assert len(calls) == 1 and any("grouped_mm" in t for t in calls[0]), calls

@@ -3,6 +3,7 @@ on fake tensors (transformers' grouped-mm fallback loops over ``offs.tolist()``)
 trace failed and the whole compile raised BackendCompilerFailed where eager runs. Capture now
 runs the registered backward once on the fake values; when it cannot, the call is a graph
 break and the op runs eagerly with its own backward."""
+import pytest
 import torch
 
 import coil
@@ -42,13 +43,16 @@ def _backward(ctx, grad):
 torch.library.register_autograd("coil_test::grouped_mm", _backward, setup_context=_setup)
 
 
-def test_untraceable_custom_backward_is_a_graph_break_with_grads_equal_to_eager():
+@pytest.mark.parametrize("call", ["def", "packet", "overload"])
+def test_untraceable_custom_backward_is_a_graph_break_with_grads_equal_to_eager(call):
     torch.manual_seed(0)
     lin = torch.nn.Linear(8, 8)
     w = torch.randn(3, 8, 4, requires_grad=True)
+    op = {"def": grouped_mm, "packet": torch.ops.coil_test.grouped_mm,
+          "overload": torch.ops.coil_test.grouped_mm.default}[call]
 
     def f(x, offs):
-        return (grouped_mm(lin(x).relu(), w, offs) * 2).sin().sum()
+        return (op(lin(x).relu(), w, offs) * 2).sin().sum()
 
     x, offs = torch.randn(10, 8), torch.tensor([3, 7, 10])
     want = f(x, offs)

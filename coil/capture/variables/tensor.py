@@ -221,7 +221,8 @@ def call_op(tx, kind: str, target, args: list, kwargs: dict) -> VariableTracker:
             if isinstance(result, torch.Tensor) and eager_dtype not in (None, result.dtype):
                 node, result = cast_to_eager_dtype(out.graph, node, result, eager_dtype)
                 tx.locate_node(node)
-            if getattr(target, "namespace", "aten") not in _BUILTIN_OP_NAMESPACES and torch.is_grad_enabled():
+            if torch.is_grad_enabled() and (getattr(target, "namespace", None) or getattr(
+                    target, "_qualified_op_name", "aten::").split("::")[0]) not in _BUILTIN_OP_NAMESPACES:
                 _check_custom_backward(target, fake_args, result)
     except (DataDependentOutputException, DynamicOutputShapeException) as e:
         out.graph.erase_node(node)

@@ -161,3 +161,27 @@ def test_break_in_an_operator_below_a_pending_call_keeps_the_rest_captured(form)
     for _ in range(2):
         torch.testing.assert_close(f(obj, x), fn(obj, x))
     assert any("sin" in t for g in graphs for t in g), graphs     # the rest ran in a graph
+
+
+def test_boolean_mask_subscript_inside_call_arguments_keeps_the_rest_captured():
+    """``F.mse_loss(pred[mask], y[mask])``: the mask subscript (a data-dependent shape) breaks
+    with ``mse_loss`` and a NULL below it on the stack; values and gradients equal eager's."""
+    import torch.nn.functional as F
+
+    lin = nn.Linear(6, 6)
+
+    def fn(x, y):
+        pred = lin(x)
+        mask = y > 0
+        return F.mse_loss(pred[mask], y[mask]) * 2 + pred.sin().mean()
+
+    torch.manual_seed(0)
+    x, y = torch.randn(5, 6), torch.randn(5, 6)
+    want = fn(x, y)
+    want.backward()
+    gw = lin.weight.grad.clone()
+    lin.weight.grad = None
+    got = coil.compile(fn)(x, y)
+    got.backward()
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(lin.weight.grad, gw)

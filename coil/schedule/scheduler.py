@@ -262,8 +262,8 @@ class Scheduler:
     def _why_not(self, a: FusedGroup, b: FusedGroup) -> Optional[str]:
         if any(isinstance(n, ScatterBuffer) for n in a.nodes + b.nodes):
             return "a scatter writes into its target's storage and runs as its own kernel"
-        if a.nodes[0].get_device() != b.nodes[0].get_device():
-            return "they run on different devices"
+        if a.nodes[0].get_device().type != b.nodes[0].get_device().type:
+            return "they run on different kinds of device (a CPU group in a GPU graph)"
         grp = self.combined_group(a, b)
         if grp is None:
             return f"iteration spaces differ ({a.numel}x{a.rnumel} vs {b.numel}x{b.rnumel})"

@@ -12,7 +12,7 @@ the compile log (written to a temporary directory unless ``--log``) gives the st
 self seconds (wall) summed over every compile; the process's CPU time is printed too
 (steadier than wall time on a shared machine). ``--backend triton`` sets ``cpu_backend="triton"``
 (Triton source generation as on the GPU; ``TRITON_INTERPRET=1`` runs the kernels).
-``--artifacts FILE`` writes the kernel and wrapper artifacts of the log (name -> text, in
+``--artifacts FILE`` writes the kernel, wrapper and guards artifacts of the log (name -> text, in
 order) as JSON, to diff two trees' code generation. ``--no-log`` times the call with the
 log off (no stages).
 """
@@ -38,7 +38,7 @@ def main() -> int:
     ap.add_argument("--dump", default=None, help="with --cprofile: write the pstats file here")
     ap.add_argument("--log", default=None, help="compile log directory (default: a temporary one)")
     ap.add_argument("--no-log", action="store_true", help="log off: total seconds only")
-    ap.add_argument("--artifacts", default=None, help="write kernel/wrapper artifacts as JSON here")
+    ap.add_argument("--artifacts", default=None, help="write kernel/wrapper/guards artifacts as JSON here")
     args = ap.parse_args()
     if args.backend == "triton":
         os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -85,10 +85,10 @@ def main() -> int:
         print("STAGES " + json.dumps({"total": total, "cpu": cpu, **{k: round(v, 3) for k, v in selfs.items()}}))
         if args.artifacts:
             arts = [(a.get("name"), a.get("text")) for c in log.compiles for a in c.artifacts
-                    if a.get("name") == "wrapper" or str(a.get("name")).startswith("kernel ")]
+                    if a.get("name") in ("wrapper", "guards") or str(a.get("name")).startswith("kernel ")]
             with open(args.artifacts, "w") as f:
                 json.dump(arts, f, indent=0)
-            print(f"{len(arts)} kernel/wrapper artifacts -> {args.artifacts}")
+            print(f"{len(arts)} kernel/wrapper/guards artifacts -> {args.artifacts}")
     else:
         print("STAGES " + json.dumps({"total": total, "cpu": cpu}))
     if prof and args.dump:

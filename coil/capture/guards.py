@@ -502,7 +502,8 @@ class _Parsed:
         tree = ast.parse(code, mode="eval")
         inner: set = set()
         func_attrs: set = set()
-        for n in ast.walk(tree):
+        nodes = list(ast.walk(tree))    # walked twice: once here
+        for n in nodes:
             if isinstance(n, (ast.Attribute, ast.Subscript)):
                 inner.add(id(n.value))
             if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute):
@@ -510,7 +511,7 @@ class _Parsed:
         first = _first_chain(tree)
         self.first = None
         self.chains = []     # [(start, [(prefix_text, end), ...])], prefixes shortest first
-        for n in ast.walk(tree):
+        for n in nodes:
             if id(n) in inner or not isinstance(n, (ast.Attribute, ast.Subscript)):
                 continue
             steps = _chain_steps(n)

@@ -24,7 +24,9 @@ def _fmt(v) -> str:
 
 
 class _Recording(OpsHandler):
-    """Every op returns a fresh name ``tmpN`` and appends a line of text."""
+    """Every op returns a fresh name ``tmpN`` and appends a line of text (if ``TEXT``)."""
+
+    TEXT = True
 
     def __init__(self) -> None:
         self.lines: list[str] = []
@@ -43,7 +45,8 @@ class _Recording(OpsHandler):
                 self.size_symbols |= a.free_symbols
         name = f"tmp{next(self.counter)}"
         self.num_ops += 1
-        self.lines.append(f"{name} = ops.{op}({', '.join(_fmt(a) for a in args)})")
+        if self.TEXT:
+            self.lines.append(f"{name} = ops.{op}({', '.join(_fmt(a) for a in args)})")
         return name
 
     def load(self, name, index):
@@ -53,11 +56,13 @@ class _Recording(OpsHandler):
     def store(self, name, index, value, mode=None):
         self.stores.append((name, index))
         extra = f", mode={mode!r}" if mode else ""
-        self.lines.append(f"ops.store({name}, {_fmt(index)}, {value}{extra})")
+        if self.TEXT:
+            self.lines.append(f"ops.store({name}, {_fmt(index)}, {value}{extra})")
 
     def store_reduction(self, name, index, value):
         self.stores.append((name, index))
-        self.lines.append(f"ops.store_reduction({name}, {_fmt(index)}, {value})")
+        if self.TEXT:
+            self.lines.append(f"ops.store_reduction({name}, {_fmt(index)}, {value})")
 
     def reduction(self, dtype, src_dtype, reduction_type, value):
         self.reduction_types.append(reduction_type)
@@ -72,7 +77,8 @@ class _Recording(OpsHandler):
         if isinstance(size, sympy.Basic):
             self.size_symbols |= size.free_symbols
         wrap = "" if wrap_neg else ", wrap_neg=False"
-        self.lines.append(f"{s} = ops.indirect_indexing({x}, {_fmt(size)}, check={check}{wrap})")
+        if self.TEXT:
+            self.lines.append(f"{s} = ops.indirect_indexing({x}, {_fmt(size)}, check={check}{wrap})")
         return s
 
     def masked(self, mask, body, other):
@@ -107,7 +113,9 @@ class TextPrinter(_Recording):
 
 
 class DependencyRecorder(_Recording):
-    """Reads and writes of a body, with index expressions in the buffer's loop symbols."""
+    """Reads and writes of a body, with index expressions in the buffer's loop symbols (no text)."""
+
+    TEXT = False
 
     @staticmethod
     def record(buf, index=None, rindex=None) -> "DependencyRecorder":

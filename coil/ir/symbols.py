@@ -540,7 +540,15 @@ def floor_safe(e: sympy.Expr) -> sympy.Expr:
     rewritten over a non-negative one (``(-s) // 8`` -> ``-((s + 7) // 8)``, ``(-s) % 8``
     -> ``7 - (s + 7) % 8``); one of unknown sign (``(s - 7) // 2``, a masked lane's
     ``(x0 - 1) // 2``) gets the remainder ``((a % b) + b) % b`` and the exact quotient
-    ``(a - rem) / b``, right in either semantics. Divisors are sizes and strides (> 0)."""
+    ``(a - rem) / b``, right in either semantics. Divisors are sizes and strides (> 0).
+    Cached without a ShapeEnv (the result then depends on ``e`` alone)."""
+    if not e.has(FloorDiv, Mod):
+        return e
+    return _floor_safe(e) if current_shape_env() is None else _floor_safe.__wrapped__(e)
+
+
+@functools.lru_cache(maxsize=65536)
+def _floor_safe(e: sympy.Expr) -> sympy.Expr:
     def fix(t):
         a, b = t.args  # b: a size or stride, > 0 wherever a lane runs
         if _sign(a) > 0:
@@ -549,7 +557,7 @@ def floor_safe(e: sympy.Expr) -> sympy.Expr:
             return -FloorDiv(b - 1 - a, b) if isinstance(t, FloorDiv) else b - 1 - Mod(b - 1 - a, b)
         rem = TruncMod(TruncMod(a, b) + b, b)  # the floor remainder in either semantics
         return TruncDiv(a - rem, b) if isinstance(t, FloorDiv) else rem
-    return e.replace(lambda t: isinstance(t, (FloorDiv, Mod)), fix) if e.has(FloorDiv, Mod) else e
+    return e.replace(lambda t: isinstance(t, (FloorDiv, Mod)), fix)
 
 
 def _sign(a: sympy.Expr) -> int:

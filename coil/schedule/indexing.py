@@ -122,7 +122,12 @@ def _kernel_index_cached(ranges: tuple, rranges: tuple, is_red: bool, numel, rnu
 def axis_steps(e) -> Optional[tuple[int, int]]:
     """``(dx, dr)``: how far kernel-level index expression ``e`` moves for one step of
     ``xindex`` and of ``rindex`` from (0, 0), or None for an indirect or non-integer
-    index. Used to tell which kernel axis a load or store is contiguous along."""
+    index. Used to tell which kernel axis a load or store is contiguous along. Cached without a ShapeEnv."""
+    return _axis_steps(e) if current_shape_env() is None else _axis_steps.__wrapped__(e)
+
+
+@functools.lru_cache(maxsize=65536)
+def _axis_steps(e) -> Optional[tuple[int, int]]:
     sizes = {s for s in e.free_symbols if s not in (XINDEX, RINDEX) and s.is_positive}
     if sizes and current_shape_env() is not None:
         # symbolic strides: the example sizes tell the axis (a heuristic)

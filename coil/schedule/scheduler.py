@@ -102,6 +102,10 @@ class Scheduler:
         for b in graph.buffers:
             for r in b.get_read_names():
                 self.users[r].add(b.get_name())
+        owner = self._owner_map()   # group id -> ids of the groups that read what it writes (kept by _merge)
+        self._succ = {id(g): {id(og) for n in g.names for u in self.users.get(n, ())
+                              if (og := owner.get(u)) is not None and og is not g} for g in self.groups}
+        self._byid = {id(g): g for g in self.groups}
         with trace.stage("schedule"):
             if config.fusion:
                 self.fuse()
@@ -113,7 +117,7 @@ class Scheduler:
 
     # ------------------------------------------------------------------ graph helpers
     def _owner_map(self) -> dict[str, object]:
-        if self._owner is None:     # (reset by each merge)
+        if self._owner is None:     # (updated by each merge)
             self._owner = {n: g for g in self.groups for n in g.names}
         return self._owner
 
@@ -134,8 +138,7 @@ class Scheduler:
         return False
 
     def _succ_cache(self, g, owner):
-        return [og for n in g.names for u in self.users.get(n, ())
-                if (og := owner.get(u)) is not None and og is not g]
+        return [self._byid[s] for s in self._succ[id(g)]]
 
     # ------------------------------------------------------------------ fusion
     def fuse(self) -> None:
@@ -320,19 +323,25 @@ class Scheduler:
         self.groups.remove(a)
         self.groups.remove(b)
         self.groups.append(g)
-        self._owner = None
+        owner = self._owner_map()
+        owner.update((n, g) for n in g.names)
+        ia, ib = id(a), id(b)
+        self._succ[id(g)] = (self._succ.pop(ia) | self._succ.pop(ib)) - {ia, ib}
+        for ss in self._succ.values():
+            if ia in ss or ib in ss:
+                ss -= {ia, ib}
+                ss.add(id(g))
+        del self._byid[ia], self._byid[ib]
+        self._byid[id(g)] = g
         self._reorder()
 
     def _reorder(self) -> None:
         """Topologically order groups (stable by original order)."""
-        owner = self._owner_map()
         indeg = {id(g): 0 for g in self.groups}
-        succs = {id(g): [] for g in self.groups}
-        for g in self.groups:
-            for s in set(map(id, self._succ_cache(g, owner))):
-                succs[id(g)].append(s)
+        succs, byid = self._succ, self._byid
+        for ss in succs.values():
+            for s in ss:
                 indeg[s] += 1
-        byid = {id(g): g for g in self.groups}
         import heapq
         heap = [(g.order, i, id(g)) for i, g in enumerate(self.groups) if indeg[id(g)] == 0]
         heapq.heapify(heap)

@@ -881,26 +881,23 @@ _ONE_INSTRUCTION = {"STORE_ATTR": (2, 0), "DELETE_ATTR": (1, 0), "STORE_SUBSCR":
                     "UNARY_INVERT": (1, 1), "STORE_SLICE": (4, 0), "BINARY_SLICE": (3, 1)}
 
 
-_NB_OPS = ("add", "and_", "floordiv", "lshift", "matmul", "mul", "mod", "or_", "pow", "rshift",
-           "sub", "truediv", "xor")
-_COMPARE = {"<": "lt", "<=": "le", "==": "eq", "!=": "ne", ">": "gt", ">=": "ge"}
-
-
 def _operator_form(inst):
     """``(fn, n_operands)``: a function of the instruction's operands (top of stack last)
     that computes what the instruction pushes, for instructions that pop their operands and
     push one value; None for others. The function runs as plain Python (a ``__getitem__``
-    that broke once would break again on its own frame, at more cost per call)."""
+    that broke once would break again on its own frame, at more cost per call). The
+    operators are the translator's own (``opcodes._BINARY``, ``opcodes._COMPARE``)."""
     import operator
+
+    from coil.capture.opcodes import _BINARY, _COMPARE
 
     name = inst.opname
     if name == "BINARY_SUBSCR":
         return operator.getitem, 2
-    if name == "BINARY_OP" and inst.arg < 2 * len(_NB_OPS):
-        op = _NB_OPS[inst.arg % len(_NB_OPS)]
-        return getattr(operator, op if inst.arg < len(_NB_OPS) else "i" + op.rstrip("_")), 2
+    if name == "BINARY_OP":
+        return _BINARY[dis._nb_ops[inst.arg][1]], 2
     if name == "COMPARE_OP" and inst.argval in _COMPARE:
-        return getattr(operator, _COMPARE[inst.argval]), 2
+        return _COMPARE[inst.argval], 2
     if name == "CONTAINS_OP":
         return ((lambda a, b: a not in b) if inst.arg else (lambda a, b: a in b)), 2
     if name == "BINARY_SLICE":

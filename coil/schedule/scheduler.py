@@ -102,7 +102,8 @@ class Scheduler:
         for b in graph.buffers:
             for r in b.get_read_names():
                 self.users[r].add(b.get_name())
-        owner = self._owner_map()   # group id -> ids of the groups that read what it writes (kept by _merge)
+        owner = self._owner_map()
+        # group id -> ids of the groups that read what it writes (kept up to date by _merge)
         self._succ = {id(g): {id(og) for n in g.names for u in self.users.get(n, ())
                               if (og := owner.get(u)) is not None and og is not g} for g in self.groups}
         self._byid = {id(g): g for g in self.groups}
@@ -121,11 +122,11 @@ class Scheduler:
             self._owner = {n: g for g in self.groups for n in g.names}
         return self._owner
 
-    def _reaches(self, src, dst, owner, skip_direct: bool) -> bool:
+    def _reaches(self, src, dst, skip_direct: bool) -> bool:
         """True if a path src -> ... -> dst exists through some other group. ``order`` is
         topological (:meth:`_reorder`): a path only visits groups ordered before ``dst``."""
-        succ = self._succ_cache
-        stack = [g for g in succ(src, owner) if g is not dst] if skip_direct else [src]
+        succ = self._successors
+        stack = [g for g in succ(src) if g is not dst] if skip_direct else [src]
         seen = set()
         while stack:
             g = stack.pop()
@@ -134,10 +135,10 @@ class Scheduler:
             seen.add(id(g))
             if g is dst:
                 return True
-            stack.extend(succ(g, owner))
+            stack.extend(succ(g))
         return False
 
-    def _succ_cache(self, g, owner):
+    def _successors(self, g):
         return [self._byid[s] for s in self._succ[id(g)]]
 
     # ------------------------------------------------------------------ fusion
@@ -274,9 +275,8 @@ class Scheduler:
         for n in a.nodes + b.nodes:
             if kernel_index(n, numel, rnumel) is None:
                 return f"{n.get_name()} cannot be split into {numel}x{rnumel}"
-        owner = self._owner_map()
         first, second = sorted((a, b), key=lambda g: g.order)
-        if self._reaches(first, second, owner, skip_direct=True):   # (none from second to first)
+        if self._reaches(first, second, skip_direct=True):   # (none from second to first)
             return "a path between them leaves the pair (would create a cycle)"
         # element-wise agreement of every cross read
         crossing = False

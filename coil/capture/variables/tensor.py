@@ -221,8 +221,7 @@ def call_op(tx, kind: str, target, args: list, kwargs: dict) -> VariableTracker:
             if isinstance(result, torch.Tensor) and eager_dtype not in (None, result.dtype):
                 node, result = cast_to_eager_dtype(out.graph, node, result, eager_dtype)
                 tx.locate_node(node)
-            if torch.is_grad_enabled() and (getattr(target, "namespace", None) or getattr(
-                    target, "_qualified_op_name", "aten::").split("::")[0]) not in _BUILTIN_OP_NAMESPACES:
+            if torch.is_grad_enabled() and _is_custom_op(target):
                 _check_custom_backward(target, fake_args, result)
     except (DataDependentOutputException, DynamicOutputShapeException) as e:
         out.graph.erase_node(node)
@@ -263,6 +262,13 @@ def _symbolic_dispatch(out):
 
 #: namespaces of torch's own operators; an OpOverload of any other one is a custom op
 _BUILTIN_OP_NAMESPACES = ("aten", "prims", "quantized", "_c10d_functional", "c10d_functional", "higher_order")
+
+
+def _is_custom_op(target) -> bool:
+    """An OpOverload or OpOverloadPacket (whose namespace is in its qualified name) outside
+    torch's own namespaces."""
+    ns = getattr(target, "namespace", None) or getattr(target, "_qualified_op_name", "aten::").split("::")[0]
+    return ns not in _BUILTIN_OP_NAMESPACES
 
 
 def _check_custom_backward(target, fake_args: list, result) -> None:

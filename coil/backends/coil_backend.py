@@ -50,5 +50,9 @@ def kernel_compiler(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
 def coil(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
     """The whole pipeline's backend (see module docstring)."""
     from coil.aot import aot_compile
+    from coil.config import config
 
+    if _graph_device(example_inputs).type == "cuda" and config.autotune:
+        from coil.runtime import compile_pool
+        compile_pool.prestart("a CUDA graph is compiling: Triton kernels follow")
     return aot_compile(gm, example_inputs, fw_compiler=kernel_compiler, bw_compiler=kernel_compiler)

@@ -14,7 +14,8 @@ dtypes stand for 16-byte-aligned tensors of that dtype; an int is the value the 
 will pass, a dynamic kernel's size hint, which Triton specializes as it will the real
 one: divisible by 16, equal to 1, 32-bit): it compiles without launching and writes
 the binary to Triton's cache directory, which the parent process shares, so the
-parent's own compile of the same kernel, signature and options loads it from disk.
+parent's own compile of the same kernel, signature and options loads it from disk; the
+worker also builds the kernel's host launcher into that cache (:func:`_build_launcher`).
 The module is imported under the parent's module name, and the parent's ``TRITON_*``
 variables at submit time are set first, so that everything Triton hashes is the same in
 both processes. stdout carries only the answers (anything else a kernel
@@ -49,6 +50,29 @@ def sync_triton_env(env: dict) -> None:
     os.environ.update(env)
 
 
+def _build_launcher(kernel) -> None:
+    """Build the host launcher of a compiled kernel here, so that the parent finds it in
+    Triton's cache: Triton versions that generate a C launcher per kernel signature
+    compile it with the host C compiler the first time a signature is launched, in the
+    parent's thread, one kernel after another. Optional: any failure is ignored (the parent
+    builds it itself)."""
+    try:
+        import fcntl
+        import hashlib
+        import tempfile
+
+        from triton.runtime.driver import driver
+        # one build per signature across the workers: the others wait, then load it
+        sig = repr((sorted(kernel.src.signature.items()), sorted(map(repr, kernel.src.constants.items()))))
+        lock = os.path.join(tempfile.gettempdir(), "coil-launcher-"
+                            + hashlib.sha256(sig.encode()).hexdigest()[:16] + ".lock")
+        with open(lock, "w") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            driver.active.launcher_cls(kernel.src, kernel.metadata)
+    except Exception:  # noqa: BLE001 - another Triton version: the parent builds it
+        pass
+
+
 def run_job(job: dict, modules: dict) -> dict:
     """Compile one (kernel, config); returns the answer dict (never raises)."""
     import torch
@@ -59,8 +83,11 @@ def run_job(job: dict, modules: dict) -> dict:
     try:
         fn = getattr(_load(job["path"], job["module"], modules), job["name"])
         args = [getattr(torch, a) if isinstance(a, str) else a for a in job["args"]]
-        fn.warmup(*args, grid=(1,), **job["config"])
-        return {"id": job["id"], "ok": True, "seconds": time.perf_counter() - t0}
+        kernel = fn.warmup(*args, grid=(1,), **job["config"])
+        compiled = time.perf_counter()
+        _build_launcher(kernel)
+        return {"id": job["id"], "ok": True, "seconds": time.perf_counter() - t0,
+                "launcher_s": time.perf_counter() - compiled}
     except BaseException as e:  # noqa: BLE001 - reported to the parent, which compiles itself
         return {"id": job["id"], "ok": False, "error": f"{type(e).__name__}: {str(e)[-500:]}"}
 

@@ -648,7 +648,8 @@ class TritonLauncher:
         self._choose(best)
         _tuned_in_process[self.key] = best
         trace.log("autotune", stage="runtime", kernel=self.name, compiled_name=self.compiled_name,
-                  timings=[{"config": c, "ms": m} for m, c in timings], chosen=best)
+                  timings=[{"config": c, "ms": m} for m, c in timings], chosen=best,
+                  heuristic_ms=next((m for m, c in timings if c == self.configs[0]), None))
         try:
             with open(self._tune_path(), "w") as f:
                 json.dump(best, f)

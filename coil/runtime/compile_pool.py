@@ -206,13 +206,22 @@ def workers() -> int:
     return max(0, n)
 
 
+#: seconds a prestarted pool waits for its first job on top of the idle timeout
+PRESTART_GRACE_S = 120.0
+
+
 def prestart(reason: str) -> None:
     """Start the pool now (without waiting for it), ahead of the first kernel: a worker
     takes seconds to import torch and Triton and open a CUDA context, which then overlap
     the capture, AOT and lowering stages instead of delaying the first compile jobs
-    (about 10 s on an H200 host). Logged as ``compile_pool_prestart`` with ``reason``."""
+    (about 10 s on an H200 host). The pool then waits ``PRESTART_GRACE_S`` seconds longer
+    than ``config.autotune_compile_idle_s`` for its first job. Logged as
+    ``compile_pool_prestart`` with ``reason``."""
     started = _pool is None or _pool.closed
-    if get_pool() is not None and started:
+    pool = get_pool()
+    if pool is not None and started:
+        with pool._lock:  # a long AOT stage before the first job is not idleness
+            pool._last = time.monotonic() + PRESTART_GRACE_S
         trace.log("compile_pool_prestart", stage="runtime", reason=reason)
 
 

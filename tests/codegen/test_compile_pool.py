@@ -161,6 +161,9 @@ def test_prestart_starts_the_pool_once_and_logs_why(tmp_path):
             assert pool is not None and not pool.closed
             compile_pool.prestart("test")  # already running: nothing new
             assert compile_pool.get_pool() is pool
+        with patch(autotune_compile_idle_s=0.2):
+            time.sleep(1.5)  # no job yet: still waiting out the grace period
+            assert not pool.closed
             pool.close()
     finally:
         trace.set_dir(old)

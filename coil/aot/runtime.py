@@ -384,24 +384,22 @@ def _distinct_grads(grads: list) -> list:
     return out
 
 
-def _delay_error(grads: list) -> list:
-    """Make differentiating ``grads`` again raise DOUBLE_BACKWARD_MESSAGE."""
-    idx = [k for k, g in enumerate(grads) if isinstance(g, torch.Tensor)]
-    if not idx:
-        return grads
-    err = torch._C._functions.DelayedError(DOUBLE_BACKWARD_MESSAGE, len(idx))
-    marked = []
-    for k in idx:
-        g = grads[k].detach()
-        g.requires_grad_(True)
-        marked.append(g)
-    wrapped = err(*marked)
-    if isinstance(wrapped, torch.Tensor):
-        wrapped = (wrapped,)
-    out = list(grads)
-    for k, g in zip(idx, wrapped):
-        out[k] = g
-    return out
+class _BackwardOnce(torch.autograd.Function):
+    """Runs a compiled backward when autograd records it (``create_graph=True``): its
+    outputs, the gradients, depend on its inputs (the saved values and tangents, which
+    lead back to the forward's inputs), so differentiating them again reaches this node,
+    whose backward raises :data:`DOUBLE_BACKWARD_MESSAGE`: never a silent ``None`` or
+    zero second derivative (``allow_unused`` / ``materialize_grads``), and not autograd's
+    "not used in the graph"."""
+
+    @staticmethod
+    def forward(ctx, run, *inputs):
+        with torch.no_grad():
+            return tuple(run(*inputs))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise RuntimeError(DOUBLE_BACKWARD_MESSAGE)
 
 
 def training_runner(compiled_fw: Callable, compiled_bw: Callable, info: ProgramInfo,
@@ -454,13 +452,13 @@ def training_runner(compiled_fw: Callable, compiled_bw: Callable, info: ProgramI
                         shape = ctx.out_shapes[k]
                     g = torch.zeros(shape, dtype=dtype, device=device)
                 tangents.append(g.contiguous())
-            with torch.no_grad():
+            if torch.is_grad_enabled():  # create_graph=True: a second derivative must raise
+                grads = _BackwardOnce.apply(lambda *a: _distinct_grads(compiled_bw(*a)), *saved, *tangents)
+            else:
                 grads = _distinct_grads(compiled_bw(*saved, *tangents))
             result: list = [None] * n_in
             for slot, g in zip(grad_slots, grads):
                 result[slot] = g
-            if torch.is_grad_enabled():
-                result = _delay_error(result)
             return tuple(result)
 
     CompiledFunction.__name__ = "CoilCompiledFunction"

@@ -728,7 +728,7 @@ def _build_entry(tx, output: OutputGraph, cfg: CaptureConfig, fn, code, argnames
         lines.append(f"return {ret_expr}")
     else:
         _emit_break(cg, tx, plan, fn, code, cfg, live_locals)
-    lines[:0] = _add_shape_guards(output)  # after the backend: guards it added count too
+    lines[:0] = _add_shape_guards(output) + cg.early  # after the backend: guards it added count too
     params = ", ".join(argnames + ["___f"])
     src = f"def ___entry({params}):\n" + "".join(f"    {ln}\n" for ln in lines)
     try:

@@ -309,6 +309,20 @@ class EntryCodegen:
         self._tmp = 0
         self.out_index = {id(t.node): i for i, t in enumerate(graph_outputs)}
         self._const_ids: dict[int, str] = {}
+        #: lines the entry runs first, before the graph: reads of input sizes that symbolic
+        #: outputs name (:meth:`symbol_local`)
+        self.early: list[str] = []
+        self._symbol_locals: dict[str, str] = {}
+
+    def symbol_local(self, source_text: str) -> str:
+        """A local holding ``source_text`` (an input's size, ``x.size()[0]``) as read at
+        the entry's start: the graph may change the input's sizes (``x.t_()``), while a
+        symbol means the size at the call."""
+        name = self._symbol_locals.get(source_text)
+        if name is None:
+            name = self._symbol_locals[source_text] = f"___z{len(self._symbol_locals)}s"
+            self.early.append(f"{name} = {source_text}")
+        return name
 
     def tmp(self) -> str:
         self._tmp += 1

@@ -111,14 +111,16 @@ class SymNodeVariable(VariableTracker):
 
     def reconstruct(self, cg):
         """Python text over the frame's sources (``(x.size()[0] // 2)``)."""
-        return python_text(self.output.shape_env, self.value)
+        return python_text(self.output.shape_env, self.value, getattr(cg, "symbol_local", None))
 
     def __repr__(self):
         return f"SymNodeVariable({self.value})"
 
 
-def python_text(env, value) -> str:
-    """``value`` (a Sym*) as Python over the sources of its symbols."""
+def python_text(env, value, bind=None) -> str:
+    """``value`` (a Sym*) as Python over the sources of its symbols; ``bind`` (source text ->
+    expression) replaces each symbol's source read, e.g. by a local read at the entry's start
+    (:meth:`~coil.capture.output.EntryCodegen.symbol_local`)."""
     from torch.utils._sympy.printers import PythonPrinter
 
     from coil.capture.dynamic import source_name
@@ -130,7 +132,7 @@ def python_text(env, value) -> str:
         srcs = env.var_to_sources.get(s)
         if not srcs:
             raise Unsupported(f"symbolic value {expr} has no source (data-dependent)")
-        names[str(s)] = f"({source_name(srcs[0])})"
+        names[str(s)] = bind(source_name(srcs[0])) if bind else f"({source_name(srcs[0])})"
     return re.sub(r"\b[a-z]+\d+\b", lambda m: names.get(m.group(0), m.group(0)), text)
 
 

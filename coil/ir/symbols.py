@@ -540,7 +540,9 @@ def floor_safe(e: sympy.Expr) -> sympy.Expr:
     rewritten over a non-negative one (``(-s) // 8`` -> ``-((s + 7) // 8)``, ``(-s) % 8``
     -> ``7 - (s + 7) % 8``); one of unknown sign (``(s - 7) // 2``, a masked lane's
     ``(x0 - 1) // 2``) gets the remainder ``((a % b) + b) % b`` and the exact quotient
-    ``(a - rem) / b``, right in either semantics. Divisors are sizes and strides (> 0).
+    ``(a - rem) / b``, right in either semantics. Divisors are sizes and strides (> 0) or
+    negative constants (the length of ``arange(n, 0, -2)``: ``(-n - 1) // -2``, rewritten
+    over ``-a`` and ``-b``).
     Cached without a ShapeEnv (the result then depends on ``e`` alone)."""
     if not e.has(FloorDiv, Mod):
         return e
@@ -550,7 +552,12 @@ def floor_safe(e: sympy.Expr) -> sympy.Expr:
 @functools.lru_cache(maxsize=65536)
 def _floor_safe(e: sympy.Expr) -> sympy.Expr:
     def fix(t):
-        a, b = t.args  # b: a size or stride, > 0 wherever a lane runs
+        a, b = t.args  # b: a size or stride, > 0 wherever a lane runs, or a constant
+        if _sign(b) < 0:  # a negative step's length, ceil((end - start) / step): floor
+            # semantics over -a, -b (a % b == -((-a) % (-b)))
+            inner = FloorDiv(-a, -b) if isinstance(t, FloorDiv) else Mod(-a, -b)
+            safe = fix(inner) if isinstance(inner, (FloorDiv, Mod)) else _floor_safe.__wrapped__(inner)
+            return safe if isinstance(t, FloorDiv) else -safe
         if _sign(a) > 0:
             return t
         if _sign(a) < 0:

@@ -545,3 +545,55 @@ def test_arange_with_a_symbolic_start_and_step(backend, dtype):
         x = torch.zeros(shape)
         out = f(x)
         assert out.dtype == fn(x).dtype and torch.equal(out, fn(x)), shape
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_arange_with_a_negative_step_over_a_symbolic_size(backend):
+    """``arange(n - 1, -1, -2)``'s length is ``(-n - 1) // -2``; the kernel's bound was
+    rewritten for truncating division as if the divisor were positive (``-(s / -2) - 1``,
+    3 for n = 8 where 4 is right) and the tail of the output stayed uninitialized."""
+    def idx(x):
+        return x[torch.arange(x.shape[0] - 1, -1, -2)]
+
+    def count(x, n, step):
+        return torch.arange(n, 0, step) + x
+
+    f, g = _compiled(idx, backend), _compiled(count, backend)
+    for n in (5, 7, 8, 9):
+        x = torch.arange(float(n))
+        torch.testing.assert_close(f(x), idx(x))
+        for step in (-2, -3):
+            torch.testing.assert_close(g(torch.zeros(()), n, step), count(torch.zeros(()), n, step))
+
+
+def test_floor_safe_with_a_negative_divisor_matches_python():
+    """floor_safe's rewrite of FloorDiv/Mod by a negative constant, evaluated with C's
+    truncating ``/`` and ``%``, equals Python's floor semantics for numerators of both signs."""
+    import sympy
+    from coil.ir.symbols import FloorDiv, Mod, TruncDiv, TruncMod, floor_safe
+
+    def c_eval(e, env):  # as a kernel prints it: FloorDiv and Mod as C's / and %
+        if isinstance(e, (TruncDiv, FloorDiv)):
+            a, b = c_eval(e.args[0], env), c_eval(e.args[1], env)
+            return abs(a) // abs(b) * (1 if (a >= 0) == (b > 0) else -1)
+        if isinstance(e, (TruncMod, Mod)):
+            a, b = c_eval(e.args[0], env), c_eval(e.args[1], env)
+            return a - b * (abs(a) // abs(b) * (1 if (a >= 0) == (b > 0) else -1))
+        if e.is_Integer:
+            return int(e)
+        if e.is_Symbol:
+            return env[e]
+        args = [c_eval(a, env) for a in e.args]
+        out = args[0]
+        for v in args[1:]:
+            out = out + v if e.is_Add else out * v
+        return out
+
+    s = sympy.Symbol("s", integer=True, nonnegative=True)
+    for num in (-s - 1, s - 7, s + 3):
+        for b in (-2, -3):
+            for kind, py in ((FloorDiv, lambda a, d: a // d), (Mod, lambda a, d: a % d)):
+                e = floor_safe(kind(num, sympy.Integer(b)))
+                for v in range(0, 12):
+                    a = int(num.subs(s, v))
+                    assert c_eval(e, {s: v}) == py(a, b), (kind.__name__, num, b, v, e)

@@ -391,9 +391,17 @@ class GraphFunction:
             trace.log("cudagraph_skip", stage="runtime", graph=self.name, reason=reason)
 
     def skip_with(self, reason: str) -> None:
-        """Run un-graphed from now on, logged once."""
+        """Run un-graphed from now on, logged once; the first graph skipped for a given
+        reason also warns (the user asked for CUDA graphs and should see they are off)."""
         self.skip = reason
         trace.log("cudagraph_skip", stage="runtime", graph=self.name, reason=reason)
+        kind = reason.split(" at ")[0]  # one warning per kind of reason, not per node
+        if kind not in _WARNED:
+            _WARNED.add(kind)
+            import warnings
+            warnings.warn(f"coil: CUDA graphs (mode='reduce-overhead' / 'max-autotune') are not used "
+                          f"for graph {self.name}: {reason}. It runs compiled, without CUDA graphs "
+                          "(the compile log's cudagraph_skip events list every such graph).", stacklevel=2)
 
     def __call__(self, *args):
         if self.skip is not None:
@@ -467,6 +475,10 @@ def pick_tree(args) -> Optional[Tree]:
     if key not in _TREES:
         _TREES[key] = Tree(CudaRecorder(torch.device("cuda", key)))
     return _TREES[key]
+
+
+#: skip reasons already warned about in this process (GraphFunction.skip_with)
+_WARNED: set = set()
 
 
 def cuda_available() -> bool:

@@ -577,3 +577,24 @@ def test_equal_scalars_of_another_type_are_another_recording():
     for s in (1, 1, 1, 1.0, True, 1.0, 1):
         (out,) = f(x, s)
         torch.testing.assert_close(out, x * s)
+
+
+def test_reduce_overhead_without_cuda_graphs_warns_once(monkeypatch):
+    """mode="reduce-overhead" where CUDA graphs cannot apply (CPU tensors) runs compiled and
+    says so with a warning, once per kind of reason (not only in the compile log)."""
+    import warnings
+
+    import coil
+    from coil.runtime import cudagraph_trees as ct
+
+    monkeypatch.setattr(ct, "_WARNED", set())
+    coil.reset()
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        f = coil.compile(lambda x: (x * 2).sin(), mode="reduce-overhead")
+        g = coil.compile(lambda x: (x * 3).cos(), mode="reduce-overhead")
+        x = torch.randn(5)
+        torch.testing.assert_close(f(x), (x * 2).sin())
+        torch.testing.assert_close(g(x), (x * 3).cos())
+    msgs = [str(m.message) for m in w if "CUDA graphs" in str(m.message)]
+    assert len(msgs) == 1 and "runs compiled, without CUDA graphs" in msgs[0]

@@ -93,6 +93,7 @@ def symbolic_evaluator(items: Any, fake_inputs: Sequence, value_shapes: Sequence
     ``PythonPrinter``), so a call costs a few integer operations; its source is the
     ``aot_symbolic_layouts`` artifact. Raises :class:`coil.exc.CoilError` for a symbol
     found in neither."""
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
     from torch.utils._sympy.printers import PythonPrinter
 
     needed: set = set()
@@ -123,8 +124,15 @@ def symbolic_evaluator(items: Any, fake_inputs: Sequence, value_shapes: Sequence
     if missing:
         from coil.exc import CoilError
 
+        names = sorted(map(str, missing))
+        if any(free_unbacked_symbols(s) for s in missing):  # from .item() / .tolist() / nonzero
+            raise CoilError(
+                f"coil.aot: an output is a view of an input whose layout depends on a value read "
+                f"from a tensor inside the compiled region ({names}, e.g. x[i.item()]), so it cannot "
+                "be rebuilt as a view for each call.\n  what to do: return a copy (.clone()) of "
+                "that output, or do that indexing outside the compiled region.")
         raise CoilError(
-            f"coil.aot: the symbolic sizes {sorted(map(str, missing))} of an aliased output "
+            f"coil.aot: the symbolic sizes {names} of an aliased output "
             "are not sizes of the graph's inputs or values, so the output cannot be rebuilt "
             "as a view for each call.\n  what to do: return a copy (.clone()) of that "
             "output, or compile with static shapes (dynamic=False).")

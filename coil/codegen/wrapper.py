@@ -160,6 +160,19 @@ def symbol_bindings(graph, needed: set, sources: Optional[dict] = None) -> list[
         f"    {s.name} = {PythonPrinter().doprint(PRECOMPUTED[s])}" for s in late]
 
 
+def _precomputed_after(sym, bound: set) -> list[str]:
+    """Lines computing the precomputed sizes made from data-dependent symbol ``sym`` just
+    bound (``ps0 = math.trunc(zuf2)`` for ``zeros(int(t.item()))``), added to ``bound``:
+    they cannot be computed with the other bindings at the call's start."""
+    from torch.utils._sympy.printers import PythonPrinter
+    lines = []
+    for s, e in list(PRECOMPUTED.items()):
+        if sym in e.free_symbols and s not in bound and e.free_symbols <= bound:
+            lines.append(f"    {s.name} = {PythonPrinter().doprint(e)}")
+            bound.add(s)
+    return lines
+
+
 def _symbol_sources(graph) -> dict:
     """Symbol -> the expression over the call's arguments that is exactly it (see
     :func:`symbol_bindings`)."""
@@ -372,6 +385,7 @@ class WrapperCodegen:
                     if getattr(b, "binds", None) is not None:  # u2 = t.item()
                         L.append(f"    {b.binds.name} = {b.name}")
                         bound_late.add(b.binds)
+                        L += _precomputed_after(b.binds, bound_late)
                     if b.layout is not None:
                         L.append(f"    {b.name} = ensure_layout({b.name}, {self._tuple(b.layout.size)}, "
                                  f"{self._tuple(b.layout.stride)})")

@@ -408,7 +408,7 @@ class GraphLowering(torch.fx.Interpreter):
         if target is operator.getitem:
             return args[0][args[1]]
         val = self.current_node.meta.get("val")
-        if target is _aten._local_scalar_dense.default and isinstance(val, torch.SymInt) \
+        if target is _aten._local_scalar_dense.default and isinstance(val, (torch.SymInt, torch.SymFloat)) \
                 and free_unbacked_symbols(val.node._expr):
             # t.item() as a size: run it; the wrapper binds its symbol to the result, or
             # checks it equals what the ShapeEnv replaced the symbol by (``arange(n) + y``:

@@ -597,3 +597,22 @@ def test_floor_safe_with_a_negative_divisor_matches_python():
                 for v in range(0, 12):
                     a = int(num.subs(s, v))
                     assert c_eval(e, {s: v}) == py(a, b), (kind.__name__, num, b, v, e)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_size_from_a_float_read_with_item(backend):
+    """``zeros(int(x.sum().item()))`` under capture_scalar_outputs: the size is a precomputed
+    symbol over the unbacked float ``zuf0``, which the wrapper bound at the call's start,
+    before the ``.item()`` that defines it ran (a codegen fallback to the FX interpreter)."""
+    from coil.exc import fallback_counts
+
+    def fn(x):
+        return torch.zeros(int(x.sum().item())) + x.mean()
+
+    coil.reset()
+    f = coil.compile(fn, options={"cpu_backend": backend, "capture_scalar_outputs": True})
+    before = sum(fallback_counts.values())
+    for vals in ([1.0, 2.0], [0.25, 0.5], [2.5, 3.4], [0.0, 0.0]):
+        x = torch.tensor(vals)
+        torch.testing.assert_close(f(x), fn(x))
+    assert sum(fallback_counts.values()) == before

@@ -29,7 +29,7 @@ import torch
 
 from coil.config import config
 from coil.ir.nodes import current_origin, describe_origin
-from coil.ir.symbols import RINDEX, XINDEX, floor_safe, guard_true, hint, is_static, simplify_index, sym
+from coil.ir.symbols import PRECOMPUTED, RINDEX, XINDEX, floor_safe, guard_true, hint, is_static, simplify_index, sym
 from coil.ir.symbols import pyexpr as _pyexpr
 from coil.ir.virtualized import OpsHandler, compute_dtype
 from coil.schedule.indexing import axis_steps
@@ -100,7 +100,8 @@ def needs_int64(extents) -> bool:
     for e in extents:
         if is_static(e):
             big = big or int(e) >= 2 ** 31 - 1
-        elif hint(e) >= 2 ** 31 - 1 or free_unbacked_symbols(e):
+        elif free_unbacked_symbols(sympy.sympify(e).xreplace(PRECOMPUTED)) or hint(e) >= 2 ** 31 - 1:
+            # (a precomputed size over a data-dependent one, int(t.item()), is one too)
             big = True
         else:
             guard_true(sympy.Lt(e, 2 ** 31 - 1))

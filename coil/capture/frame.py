@@ -233,6 +233,8 @@ def wrap_function(fn: types.FunctionType, cfg: CaptureConfig, capture_exec: bool
     generation = _generation
 
     def coil_wrapper(*args, **kwargs):
+        if _peek_functorch() is not None:  # called under vmap / grad / jvp (torch.func)
+            return _under_functorch(fn, args, kwargs)
         try:
             bound = binder(*args, **kwargs)
         except TypeError:
@@ -256,6 +258,26 @@ def wrap_function(fn: types.FunctionType, cfg: CaptureConfig, capture_exec: bool
     coil_wrapper.__qualname__ = getattr(fn, "__qualname__", "coil_wrapper")
     coil_wrapper.__doc__ = fn.__doc__
     return coil_wrapper
+
+
+_peek_functorch = torch._C._functorch.peek_interpreter_stack
+_functorch_warned: list = []
+
+
+def _under_functorch(fn, args, kwargs):
+    """A compiled function called inside a torch.func transform (``vmap(compiled)``,
+    ``grad(compiled)``): the transform's wrapped tensors cannot be captured, so the call
+    runs eagerly, with a warning (once) and a ``functorch_eager`` event in the compile log."""
+    if not _functorch_warned:
+        _functorch_warned.append(True)
+        trace.log("functorch_eager", stage="capture", frame=_label(fn.__code__),
+                  reason="called inside a torch.func transform (vmap, grad, jvp)")
+        import warnings
+        warnings.warn(f"coil: {_label(fn.__code__)} was called inside a torch.func transform "
+                      "(vmap, grad, jvp); coil cannot capture transformed tensors, so such calls run "
+                      "eagerly. What to do: compile the transformed function instead, "
+                      "coil.compile(torch.vmap(f)).", stacklevel=3)
+    return fn(*args, **kwargs)
 
 
 def _module_call_code(mod: torch.nn.Module) -> types.CodeType:

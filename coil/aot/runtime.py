@@ -78,7 +78,7 @@ def _has_symint(v: Any) -> bool:
 
 def _expr(v) -> sympy.Expr:
     """An int or SymInt as a sympy expression (a SymInt's, after the ShapeEnv's replacements)."""
-    return v.node.expr if isinstance(v, torch.SymInt) else sympy.Integer(int(v))
+    return v.node.expr if isinstance(v, (torch.SymInt, torch.SymFloat)) else sympy.Integer(int(v))
 
 
 def symbolic_evaluator(items: Any, fake_inputs: Sequence, value_shapes: Sequence = ()) -> Callable:
@@ -103,13 +103,13 @@ def symbolic_evaluator(items: Any, fake_inputs: Sequence, value_shapes: Sequence
     where: dict = {}
 
     def bind(v, code: str) -> None:
-        if isinstance(v, torch.SymInt):
+        if isinstance(v, (torch.SymInt, torch.SymFloat)):
             e = _expr(v)
             if isinstance(e, sympy.Symbol) and e in needed and e not in where:
                 where[e] = code
 
     for i, f in enumerate(fake_inputs):
-        if isinstance(f, torch.SymInt):
+        if isinstance(f, (torch.SymInt, torch.SymFloat)):  # a float input: int(k * 2) as a size
             bind(f, f"args[{i}]")
         elif isinstance(f, torch.Tensor):
             for d, v in enumerate(f.shape):
@@ -117,6 +117,8 @@ def symbolic_evaluator(items: Any, fake_inputs: Sequence, value_shapes: Sequence
             for d, v in enumerate(f.stride()):
                 bind(v, f"args[{i}].stride({d})")
             bind(f.storage_offset(), f"args[{i}].storage_offset()")
+            if f.dim() == 0 and getattr(f, "item_memo", None) is not None:
+                bind(f.item_memo, f"args[{i}].item()")  # a float input's number, zf0 (a 0-d tensor)
     for k, shape in enumerate(value_shapes):
         for d, v in enumerate(shape):
             bind(v, f"vals[{k}].size({d})")

@@ -87,9 +87,28 @@ def precomputed(e: sympy.Expr) -> sympy.Symbol:
     """The precomputed-size symbol standing for ShapeEnv expression ``e`` (one per expression)."""
     s = _BY_EXPR.get(e)
     if s is None:
-        s = _BY_EXPR[e] = sympy.Symbol(f"ps{len(_BY_EXPR)}", integer=True, nonnegative=True)
+        # non-negative only when provably so: an index made from a float argument
+        # (x[int(k)], TruncToInt(zf0)) may be negative, and the assumption decided its
+        # ``< 0`` (eager's wrap of a negative index) as False without a guard
+        sign = {"nonnegative": True} if _provably_nonneg(e) else {}
+        s = _BY_EXPR[e] = sympy.Symbol(f"ps{len(_BY_EXPR)}", integer=True, **sign)
         PRECOMPUTED[s] = e
     return s
+
+
+def _provably_nonneg(e: sympy.Expr) -> bool:
+    """Whether ShapeEnv expression ``e`` is >= 0 by sympy's assumptions or the active
+    ShapeEnv's value ranges."""
+    if e.is_nonnegative:
+        return True
+    env = current_shape_env()
+    if env is None:
+        return False
+    from torch.utils._sympy.value_ranges import bound_sympy
+    try:
+        return bool(bound_sympy(e, dict(env.var_to_range)).lower >= 0)
+    except Exception:  # noqa: BLE001 - an expression the ranges cannot bound
+        return False
 
 
 class _ShapeEnvScope(threading.local):
@@ -576,8 +595,10 @@ def _sign(a: sympy.Expr) -> int:
     env = current_shape_env()
     a = a.replace(lambda t: isinstance(t, FloorDiv), lambda t: tf.FloorDiv(*t.args)).replace(
         lambda t: isinstance(t, Mod), lambda t: tf.PythonMod(*t.args))
-    # every symbol of an index is a size or a loop index (>= 0); the ShapeEnv may know more
-    ranges = {v: ValueRanges(0, tf.int_oo) for v in a.free_symbols}
+    if PRECOMPUTED and any(v in PRECOMPUTED for v in a.free_symbols):  # ps0: its ShapeEnv expression
+        a = a.xreplace({v: PRECOMPUTED[v] for v in a.free_symbols if v in PRECOMPUTED})
+    # every integer symbol of an index is a size or a loop index (>= 0); the ShapeEnv may know more
+    ranges = {v: ValueRanges(0, tf.int_oo) if v.is_integer else ValueRanges.unknown() for v in a.free_symbols}
     ranges.update({v: r for v, r in (env.var_to_range.items() if env is not None else ()) if v in ranges})
     try:
         r = bound_sympy(a, ranges)

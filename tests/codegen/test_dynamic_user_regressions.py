@@ -616,3 +616,21 @@ def test_size_from_a_float_read_with_item(backend):
         x = torch.tensor(vals)
         torch.testing.assert_close(f(x), fn(x))
     assert sum(fallback_counts.values()) == before
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_index_from_a_float_argument_wraps_when_negative(backend):
+    """``x[int(k)]`` once the float ``k`` became a graph input: the index is a precomputed
+    symbol ``ps0 = trunc(zf0)``, which was assumed non-negative, so eager's wrap of a
+    negative index was decided away without a guard and the kernel read ``x[-1]`` (out of
+    bounds) for ``k = -1.5``."""
+    def f(x, k):
+        return x[int(k)] * 1, x[:, int(k)] * 1
+
+    coil.reset()
+    cf = coil.compile(f, options={"cpu_backend": backend})
+    x = torch.arange(12.0).view(3, 4)
+    for k in (1.2, 2.6, -1.5, -2.5, -3.0, 0.5):
+        got, exp = cf(x, k), f(x, k)
+        torch.testing.assert_close(got[0], exp[0])
+        torch.testing.assert_close(got[1], exp[1])

@@ -59,3 +59,19 @@ def test_int_attribute_updated_then_read_after_it_became_an_input():
         _, re = f(se, torch.ones(1))
         _, rc = cf(sc, torch.ones(1))
         assert (se.step, se.lr, re) == (sc.step, sc.lr, rc)
+
+
+def test_float_mod_and_floordiv_of_a_dynamic_float_match_python():
+    """``k % 2.0`` once the float ``k`` became a graph input returned the value of the call
+    that made it dynamic for every later ``k`` (the lowering baked the hint), and ``k // 0.7``
+    was ``floor(k / 0.7)`` (-5.0 at k = -3.5, where Python's divmod gives -6.0): both are now
+    computed in Python at a graph break."""
+    cases = [(lambda x, k: x * (k % 2.0), [1.25, -1.25, 2.5, 3.75, 0.5]),
+             (lambda x, k: x * ((-k) % 3.0), [1.5, 2.5, -1.5, -3.5]),
+             (lambda x, k: x * (k // 0.7), [1.5, 2.5, -1.5, -3.5])]
+    x = torch.ones(2)
+    for f, ks in cases:
+        coil.reset()
+        cf = coil.compile(f)
+        for k in ks:
+            torch.testing.assert_close(cf(x, k), f(x, k))

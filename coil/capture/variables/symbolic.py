@@ -159,6 +159,11 @@ def binary(tx, op, a: VariableTracker, b: VariableTracker):
             vals.append(v.value)
         else:
             return None
+    if fn in (operator.mod, operator.floordiv) and any(isinstance(v, (float, torch.SymFloat)) for v in vals):
+        # Python's float % and // round as CPython's divmod does (-3.5 // 0.7 == -6.0, not
+        # floor(-3.5 / 0.7) == -5.0), and the graph's lowering of a float % read a stale value
+        raise Unsupported(f"float {'%' if fn is operator.mod else '//'} of a dynamic float",
+                          hint="it is computed in Python at a graph break")
     out = a.output if isinstance(a, SymNodeVariable) else b.output
     env = out.shape_env
     start = len(env.guards)

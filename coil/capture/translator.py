@@ -583,8 +583,13 @@ class InstructionTranslatorBase:
                 mod.startswith(("torch._dynamo", "coil.")) and not mod.startswith(TRACED_COIL_MODULES)):
             from coil.capture.inspection import frame_unsupported
 
-            raise frame_unsupported(f"call to {mod}.{fn.fn_name()} (not traced)",
-                                    getattr(fn, "fn", None),
+            obj = getattr(fn, "fn", None)
+            wrapped = getattr(obj, "__wrapped__", None)
+            if mod.startswith("torch._dynamo") and callable(wrapped):  # torch.compiler.disable(f)
+                raise frame_unsupported(f"call to {getattr(wrapped, '__qualname__', wrapped)}, disabled "
+                                        "with torch.compiler.disable", obj,
+                                        hint="a disabled function runs outside the graph")
+            raise frame_unsupported(f"call to {mod}.{fn.fn_name()} (not traced)", obj,
                                     hint="functions from this module run outside the graph")
         try:
             bound = fn.bind_args(self, list(args), dict(kwargs))

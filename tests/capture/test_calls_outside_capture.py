@@ -1,0 +1,55 @@
+"""Calls that run outside capture, and say so: a compiled function called inside a torch.func
+transform (vmap, grad) runs eagerly with a warning (capture used to take the transform's
+batched tensor for a plain one and returned a FakeTensor from ``vmap(coil.compile(f))``), and a
+``torch.compiler.disable`` helper is named in a fullgraph error."""
+import warnings
+
+import torch
+
+import coil
+from coil.capture import frame
+
+
+def _f(r):
+    return r.cos() * 2
+
+
+def test_vmap_of_a_compiled_function_matches_eager_and_warns(monkeypatch):
+    monkeypatch.setattr(frame, "_functorch_warned", [])
+    coil.reset()
+    x = torch.randn(3, 4)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        out = torch.vmap(coil.compile(_f))(x)
+    assert type(out) is torch.Tensor
+    torch.testing.assert_close(out, torch.vmap(_f)(x))
+    assert any("torch.func transform" in str(m.message) for m in w)
+
+
+def test_grad_of_a_compiled_function_and_compiled_vmap_match_eager():
+    coil.reset()
+    x = torch.randn(5)
+    cf = coil.compile(lambda t: t.sin().sum())
+    torch.testing.assert_close(torch.func.grad(cf)(x), x.cos())
+    y = torch.randn(2, 3)
+    torch.testing.assert_close(coil.compile(torch.vmap(_f))(y), torch.vmap(_f)(y))
+
+
+def test_fullgraph_error_names_a_torch_compiler_disable_helper():
+    """A ``torch.compiler.disable`` helper under ``fullgraph=True``: the error names the helper
+    and how it was disabled, not torch's wrapper (``torch._dynamo.eval_frame._fn``)."""
+    import pytest
+
+    @torch.compiler.disable
+    def my_helper(x):
+        return x * 2
+
+    def f(x):
+        return my_helper(x) + 1
+
+    coil.reset()
+    with pytest.raises(Exception, match=r"my_helper, disabled with torch.compiler.disable"):
+        coil.compile(f, fullgraph=True)(torch.randn(3))
+    coil.reset()
+    x = torch.randn(3)
+    torch.testing.assert_close(coil.compile(f)(x), f(x))  # without fullgraph: a graph break

@@ -77,7 +77,7 @@ def _has_symint(v: Any) -> bool:
 
 
 def _expr(v) -> sympy.Expr:
-    """An int or SymInt as a sympy expression (a SymInt's, after the ShapeEnv's replacements)."""
+    """An int, SymInt or SymFloat as a sympy expression (a Sym*'s, after the ShapeEnv's replacements)."""
     return v.node.expr if isinstance(v, (torch.SymInt, torch.SymFloat)) else sympy.Integer(int(v))
 
 

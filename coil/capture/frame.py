@@ -233,8 +233,6 @@ def wrap_function(fn: types.FunctionType, cfg: CaptureConfig, capture_exec: bool
     generation = _generation
 
     def coil_wrapper(*args, **kwargs):
-        if _peek_functorch() is not None:  # called under vmap / grad / jvp (torch.func)
-            return _under_functorch(fn, args, kwargs)
         try:
             bound = binder(*args, **kwargs)
         except TypeError:
@@ -469,6 +467,8 @@ def _gc_paused():
 
 def _miss(fn, code, cfg, bound, args, kwargs):
     """A cache miss: compile (one thread at a time) and run this call."""
+    if _peek_functorch() is not None:  # under vmap / grad / jvp: the guards refused its wrapped tensors
+        return _under_functorch(fn, args, kwargs)
     with _compile_lock, _gc_paused():
         entry = _miss_entry(fn, code, cfg, bound)
     if entry is None:

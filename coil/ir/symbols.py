@@ -571,9 +571,9 @@ def floor_safe(e: sympy.Expr) -> sympy.Expr:
 @functools.lru_cache(maxsize=65536)
 def _floor_safe(e: sympy.Expr) -> sympy.Expr:
     def fix(t):
-        a, b = t.args  # b: a size or stride, > 0 wherever a lane runs, or a constant
-        if _sign(b) < 0:  # a negative step's length, ceil((end - start) / step): floor
-            # semantics over -a, -b (a % b == -((-a) % (-b)))
+        a, b = t.args  # b: a size or stride (> 0 wherever a lane runs), or a step
+        if _sign(b) < 0:  # a negative step (a constant, or an int argument guarded negative):
+            # ceil((end - start) / step) in floor semantics over -a, -b (a % b == -((-a) % (-b)))
             inner = FloorDiv(-a, -b) if isinstance(t, FloorDiv) else Mod(-a, -b)
             safe = fix(inner) if isinstance(inner, (FloorDiv, Mod)) else _floor_safe.__wrapped__(inner)
             return safe if isinstance(t, FloorDiv) else -safe

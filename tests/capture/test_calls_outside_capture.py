@@ -18,9 +18,11 @@ def test_vmap_of_a_compiled_function_matches_eager_and_warns(monkeypatch):
     monkeypatch.setattr(frame, "_functorch_warned", [])
     coil.reset()
     x = torch.randn(3, 4)
+    cf = coil.compile(_f)
+    torch.testing.assert_close(cf(x[0]), _f(x[0]))  # an entry for the per-sample shape exists
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
-        out = torch.vmap(coil.compile(_f))(x)
+        out = torch.vmap(cf)(x)
     assert type(out) is torch.Tensor
     torch.testing.assert_close(out, torch.vmap(_f)(x))
     assert any("torch.func transform" in str(m.message) for m in w)

@@ -32,6 +32,9 @@ class Config:
     fallback_random: bool = False
     #: Recompiles of one code object after which it runs eagerly from then on.
     recompile_limit: int = 8
+    #: Skip the guards whose inputs did not change since the last call, by dict version
+    #: tags (coil/capture/guard_versions.py; Python 3.11 and 3.12).
+    guard_versions: bool = True
     #: Autotune Triton kernels over block sizes on first launch (GPU only).
     autotune: bool = True
     #: Kernels iterating fewer elements than this are not autotuned: they take their first (heuristic) config.

@@ -758,7 +758,7 @@ def _build_entry(tx, output: OutputGraph, cfg: CaptureConfig, fn, code, argnames
     except SyntaxError as e:
         raise SyntaxError(f"{e}\n{src}") from None
     entry_fn = cg.ns["___entry"]
-    guard_fn, guard_src = output.guards.build(argnames)
+    guard_fn, guard_src = output.guards.build(argnames, _label(code))
     trace.artifact("guards", guard_src, kind="python", frame=_label(code))
     trace.artifact("entry", src, kind="python", frame=_label(code))
     for listener in _listeners:

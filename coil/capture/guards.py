@@ -217,14 +217,20 @@ class GuardSet:
         lines.append("    return True")
         return "\n".join(lines) + "\n"
 
-    def build(self, argnames: list[str]):
-        """Compile the guard function; returns ``(fn, source_text)``."""
+    def build(self, argnames: list[str], label: str = ""):
+        """Compile the guard function; returns ``(fn, source_text)``. With
+        ``config.guard_versions``, ``fn`` is the fast guard of :mod:`.guard_versions`
+        (its source is the compile log's artifact ``guards_fast``)."""
+        from coil.config import config
+        from coil.capture.guard_versions import fast_guard
+
         if self._batched:
             self._batch()
         src = self.source_text(argnames)
         ns = dict(self.ns)
         exec(compile(src, "<coil guards>", "exec"), ns)
-        return ns["___guard"], src
+        fast = fast_guard(src, ns, label) if config.guard_versions else None
+        return (ns["___guard"] if fast is None else fast), src
 
     def _shape_memo(self) -> str:
         """The arguments of the ``___tensors_args`` check (``"x, y"``) when every size the

@@ -652,17 +652,16 @@ class InstructionTranslatorBase:
         inst_forward = m.__dict__.get("forward")
         if inst_forward is not None:
             # ``m.forward = f`` shadows the class's forward, as in Module.__call__; guarded
-            # on that object. (On a submodule, a forward assigned only after the first
-            # compile is not seen: submodules without one are not guarded, for speed.)
+            # on that object
             if src is not None:
                 e = src.expr()
                 gs.add(f"{e}.__dict__.get('forward') is {gs.const(inst_forward)}",
                        f"{e}.__dict__.get('forward')", inst_forward, src=e)
             out = self.call(wrap(self, inst_forward, None), args, kwargs)
         else:
-            if src is not None and src.expr() == "self":
-                # the compiled module itself (one guard per frame): a forward assigned on it later recompiles
-                gs.add("'forward' not in self.__dict__", "'forward' in self.__dict__", False, src="self")
+            if src is not None:  # a forward assigned on the module later recompiles
+                e = src.expr()
+                gs.add(f"'forward' not in {e}.__dict__", f"'forward' in {e}.__dict__", False, src=e)
             forward = _static_lookup(cls, "forward")
             if not isinstance(forward, types.FunctionType):
                 raise Unsupported(f"{cls.__name__}.forward is not a Python function")

@@ -616,6 +616,11 @@ class PythonModuleVariable(ObjectVariableBase):
         switch = self.value.__name__.startswith("torch.backends") and isinstance(
             value, (bool, int, float, str))
         if root in self.TRUSTED and not switch:
+            if self.source is not None and vars(self.value).get(name, _SENTINEL) is value:
+                # `torch.nn.functional.relu = f` after compiling recompiles: one identity check
+                # through the module's __dict__ (skipped by tag while it is unchanged)
+                tx.output.guards.add(f"{self.source.expr()}.__dict__[{name!r}] is "
+                                     f"{tx.output.guards.const(value)}")
             return wrap(tx, value, src, guard=False)
         return wrap(tx, value, src)
 

@@ -1,0 +1,311 @@
+"""Skipping guards whose inputs did not change: dict version tags (PEP 509).
+
+A module tree's guard function (:mod:`.guards`) spends most of its time re-reading
+state that almost never changes between calls: every submodule's ``__dict__``, its
+``_modules`` / ``_parameters`` / ``_buffers`` dicts, its four hook dicts, each constant
+attribute (``eps``, ``stride``, ``training``) and the globals a ``forward`` reads. All of
+it is reached from the frame's arguments through dict lookups. CPython gives every dict
+a 64-bit version tag that takes a new, never repeated value on each change of the dict
+(PEP 509, ``ma_version_tag``; 3.11 and 3.12). So when every dict the guard read through
+has the tag it had at the last full pass, each value read from them is the same object
+as then, and a check that depends only on such objects' identity or immutable value
+holds again without being evaluated.
+
+:func:`fast_guard` splits the generated ``___guard`` into
+
+- the *full* guard, unchanged except that on success it records a snapshot
+  (:class:`_State`): the objects later checks need, the dicts to watch and their tags;
+- the *fast* guard, which runs first on every call: the checks that must run (the
+  frame's arguments, the grad mode, each class's ``forward``, the module objects' types,
+  the tensors in their C++ ``TensorGuards`` batches), an identity check of each root
+  dict read from an argument (``self.__dict__``), and one C call comparing the watched
+  dicts' tags (:data:`_SOURCE`). If the tags differ it calls the full guard.
+
+A check is *implied* (left out of the fast guard) when each value it reads is reached
+only through watched dicts or constants and it is one of: ``a is b``; ``type(v) is T``
+for an immutable builtin ``T`` (then ``v == const`` in the same check too); the truth,
+``len`` or key membership of a watched dict; ``list(d) == [...]`` of a plain dict.
+Anything else (a module's type: ``__class__`` can be assigned; a tensor's metadata; an
+attribute of a non-dict object) stays in the fast guard, reading the snapshot's objects.
+
+Not seen by tags: assigning a new dict to ``obj.__dict__`` (its old dict stays
+watched); the objects behind an attribute read that is not a dict lookup (kept, so
+checked). A dict watched must be exactly ``dict`` or ``OrderedDict``. An entry whose
+snapshots keep going stale (state written on every call) stops using the fast guard
+(event ``guard_versions``). Disabled by ``config.guard_versions = False``, on Python
+other than 3.11 / 3.12 (3.13 no longer bumps an object's ``__dict__`` tag on attribute
+stores) and when the C helper cannot be built; the full guard then runs alone.
+"""
+from __future__ import annotations
+
+import ast
+import collections
+import ctypes
+import sys
+from typing import Any, Callable, Optional
+
+from coil import trace
+
+#: compares the tags of n dicts with the snapshot's: one call, no Python per dict
+_SOURCE = """
+#include <stdint.h>
+extern "C" int coil_tags_equal(const uint64_t* const* tags, const uint64_t* expected, int64_t n) {
+    for (int64_t i = 0; i < n; ++i)
+        if (*tags[i] != expected[i]) return 0;
+    return 1;
+}
+"""
+_TAG_OFFSET = 24        # PyDictObject: ob_refcnt, ob_type, ma_used, then ma_version_tag
+_IMMUTABLE = (int, float, str, bool, bytes, complex, tuple, type(None))
+_WATCHABLE = (dict, collections.OrderedDict)
+_STALE_LIMIT = 8        # snapshots in a row without a fast pass before an entry gives up
+_helper: list = []      # [the C function or None, the reason it is None]
+
+
+def _tag(d: dict) -> int:
+    return ctypes.c_uint64.from_address(id(d) + _TAG_OFFSET).value
+
+
+def _load_helper():
+    """The C comparison, after checking on this interpreter that a dict's tag changes on
+    each kind of write the guards rely on; None (with the reason) where it does not."""
+    if _helper:
+        return _helper[0]
+    fn, why = None, None
+    try:
+        if sys.version_info[:2] not in ((3, 11), (3, 12)):
+            raise RuntimeError(f"Python {sys.version_info[0]}.{sys.version_info[1]} has no dict version tag")
+
+        class _Probe:
+            pass
+        o = _Probe()
+        o.a, d, od = 1, {}, collections.OrderedDict()
+        inst = o.__dict__
+        before = [_tag(x) for x in (d, od, inst)]
+        d["k"], od["k"], o.a = 1, 1, 2
+        if any(_tag(x) == t for x, t in zip((d, od, inst), before)):
+            raise RuntimeError("a dict's version tag did not change on a write")
+        from coil.runtime import cpp_build
+        fn = cpp_build.build(_SOURCE).coil_tags_equal
+        fn.restype = ctypes.c_int
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+    except Exception as e:  # noqa: BLE001 - the full guard runs alone
+        fn, why = None, f"{type(e).__name__}: {e}"
+    _helper[:] = [fn, why]
+    return fn
+
+
+class _Snapshot:
+    """One full pass's record: ``ok()`` is True while every watched dict keeps its tag."""
+    __slots__ = ("ok", "cache", "roots", "keep")
+
+    def __init__(self, ok, cache, roots, keep):
+        self.ok, self.cache, self.roots, self.keep = ok, cache, roots, keep
+
+
+_INVALID = _Snapshot(lambda: False, (), (), ())
+
+
+class _State:
+    """The fast guard's current snapshot (``cur``) and how many full passes in a row
+    found the previous one stale."""
+
+    def __init__(self, label: str, exact: tuple):
+        self.cur, self.stale, self.label, self.exact = _INVALID, 0, label, exact
+
+    def snap(self, cache: tuple, roots: tuple, watched: tuple) -> bool:
+        """Called by the full guard when it passes; returns True (the guard's result)."""
+        if self.stale >= _STALE_LIMIT:
+            return True
+        self.stale += 1
+        if self.stale == _STALE_LIMIT:
+            self.cur = _INVALID
+            trace.log("guard_versions", stage="capture", frame=self.label, used=False,
+                      reason=f"the watched state changed before {_STALE_LIMIT} calls in a row")
+            return True
+        bad = [type(d).__name__ for i, d in enumerate(watched)
+               if type(d) is not dict and (i in self.exact or type(d) not in _WATCHABLE)]
+        if bad:
+            self.stale = _STALE_LIMIT
+            self.cur = _INVALID
+            trace.log("guard_versions", stage="capture", frame=self.label, used=False,
+                      reason=f"a guard reads through a {bad[0]}, which has no version tag")
+            return True
+        n = len(watched)
+        addrs = (ctypes.c_void_p * n)(*[id(d) + _TAG_OFFSET for d in watched])
+        tags = (ctypes.c_uint64 * n)(*[_tag(d) for d in watched])
+        fn = _helper[0]
+        self.cur = _Snapshot(lambda: fn(addrs, tags, n), cache, roots, (watched, addrs, tags))
+        return True
+
+    def hit(self) -> None:
+        self.stale = 0
+
+
+# ------------------------------------------------------------------------------------
+# splitting the generated guard function
+
+
+class _Split:
+    """Classifies the guard function's top-level statements (see the module docstring)."""
+
+    def __init__(self, fn: ast.FunctionDef, ns: dict):
+        self.ns = ns
+        self.args = {a.arg for a in fn.args.args}
+        self.stable: set = set()        # locals reached only through watched dicts
+        self.roots: list = []           # locals `= arg.__dict__`, identity-checked
+        self.watch: dict = {}           # expression text -> needs a plain dict
+        self.user_globals = "___G"
+
+    def value(self, e) -> bool:
+        """Whether ``e``'s value is fixed while the watched dicts keep their tags."""
+        if isinstance(e, ast.Constant):
+            return True
+        if isinstance(e, ast.Name):
+            return e.id in self.stable or (e.id.startswith("___c") and e.id in self.ns)
+        if isinstance(e, ast.Subscript) and isinstance(e.slice, ast.Constant):
+            if self.dict_value(e.value):
+                self.add_watch(e.value)
+                return True
+        if isinstance(e, ast.Attribute) and e.attr == "__dict__":
+            return self.value(e.value)      # a module's or an object's own dict
+        return False
+
+    def dict_value(self, e) -> bool:
+        if isinstance(e, ast.Name) and e.id.startswith("___c"):
+            return type(self.ns.get(e.id)) in _WATCHABLE
+        return self.value(e)
+
+    def add_watch(self, e, exact: bool = False) -> None:
+        text = ast.unparse(e)
+        self.watch[text] = self.watch.get(text, False) or exact
+
+    def assign(self, st: ast.Assign) -> bool:
+        """Marks the local stable if it is; True when the statement can be left out."""
+        name, rhs = st.targets[0].id, st.value
+        if isinstance(rhs, ast.Attribute) and rhs.attr == "__dict__" and isinstance(rhs.value, ast.Name):
+            if rhs.value.id in self.args:
+                self.roots.append(name)
+                self.stable.add(name)
+                return False
+            if rhs.value.id in self.stable:
+                self.stable.add(name)
+                return True
+        if self.value(rhs) and not isinstance(rhs, (ast.Constant, ast.Name)):
+            self.stable.add(name)
+            return True
+        return False
+
+    def conjunct(self, c, immutable: set) -> bool:
+        """Whether one ``and`` operand of a check holds by the tags alone."""
+        if isinstance(c, ast.UnaryOp) and isinstance(c.op, ast.Not):
+            return self.container(c.operand)
+        if not isinstance(c, ast.Compare):
+            return self.container(c)
+        if len(c.ops) != 1:
+            return False
+        op, left, right = c.ops[0], c.left, c.comparators[0]
+        if isinstance(op, (ast.Is, ast.IsNot)):
+            if _call_of(left, "type") and self.value(left.args[0]):
+                t = self.ns.get(right.id) if isinstance(right, ast.Name) else None
+                t = t or getattr(__import__("builtins"), getattr(right, "id", ""), None)
+                if t in _IMMUTABLE:
+                    immutable.add(ast.unparse(left.args[0]))
+                    return True
+                return False
+            return self.value(left) and self.value(right)
+        if isinstance(op, (ast.In, ast.NotIn)):
+            return isinstance(left, ast.Constant) and self.container(right)
+        if isinstance(op, (ast.Eq, ast.NotEq)):
+            if _call_of(left, "list"):
+                return self.container(left.args[0], exact=True)
+            if _call_of(left, "len"):
+                return self.container(left.args[0])
+            return ast.unparse(left) in immutable and self.value(left) and _literal(right, self.ns)
+        return False
+
+    def container(self, e, exact: bool = False) -> bool:
+        if self.value(e):
+            self.add_watch(e, exact)
+            return True
+        return False
+
+
+def _call_of(e, fname: str) -> bool:
+    return (isinstance(e, ast.Call) and isinstance(e.func, ast.Name) and e.func.id == fname
+            and len(e.args) == 1 and not e.keywords)
+
+
+def _literal(e, ns: dict) -> bool:
+    if isinstance(e, ast.Name):
+        v = ns.get(e.id, e)
+    else:
+        try:
+            v = ast.literal_eval(e)
+        except ValueError:
+            return False
+    return _immutable_value(v)
+
+
+def _immutable_value(v) -> bool:
+    if isinstance(v, tuple):
+        return type(v) is tuple and all(_immutable_value(x) for x in v)
+    return type(v) in _IMMUTABLE
+
+
+def fast_guard(src: str, ns: dict, label: str) -> Optional[Callable]:
+    """The fast guard for the guard function ``src`` (``def ___guard(...)``) and its
+    namespace ``ns`` (extended in place with the full guard and the state; the fast
+    guard's source goes to the compile log, artifact ``guards_fast``); None when tags are
+    not available here or too little would be skipped."""
+    if _load_helper() is None:
+        return None
+    fn = ast.parse(src).body[0]
+    split = _Split(fn, ns)
+    params = ", ".join(a.arg for a in fn.args.args)
+    head, tail, skipped = [], [], 0     # fast statements before / after the snapshot check
+    for st in fn.body[:-1]:             # the last one is `return True`
+        if isinstance(st, ast.Assign) and len(st.targets) == 1 and isinstance(st.targets[0], ast.Name):
+            if split.assign(st):
+                skipped += 1
+                continue
+        elif (isinstance(st, ast.If) and not st.orelse and isinstance(st.test, ast.UnaryOp)
+              and isinstance(st.test.op, ast.Not) and isinstance(st.body[0], ast.Return)):
+            test = st.test.operand
+            parts = test.values if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And) else [test]
+            immutable: set = set()
+            keep = [p for p in parts if not split.conjunct(p, immutable)]
+            if not keep:
+                skipped += 1
+                continue
+            if len(keep) < len(parts):
+                st = ast.If(test=ast.UnaryOp(ast.Not(), ast.BoolOp(ast.And(), keep) if len(keep) > 1
+                                             else keep[0]), body=st.body, orelse=[])
+        reads = {n.id for n in ast.walk(st) if isinstance(n, ast.Name)}
+        (tail if reads & (split.stable - set(split.roots)) or tail else head).append(st)
+    if skipped < 8 or not split.watch:
+        return None
+    needed = sorted({n.id for st in tail for n in ast.walk(st) if isinstance(n, ast.Name)}
+                    & (split.stable - set(split.roots)))
+    watched = list(split.watch)
+    exact = tuple(i for i, w in enumerate(watched) if split.watch[w])
+    ns["___vstate"] = state = _State(label, exact)
+    tup = lambda xs: f"({', '.join(xs)}{',' if len(xs) == 1 else ''})"  # noqa: E731
+    full = src.rstrip().rsplit("\n", 1)[0] + (
+        f"\n    return ___vstate.snap({tup(needed)}, {tup(split.roots)}, {tup(watched)})\n")
+    exec(compile(full.replace("def ___guard(", "def ___guard_full(", 1), "<coil guards>", "exec"), ns)
+    lines = [f"def ___guard({params}):"]
+    lines += ["    " + ast.unparse(st).replace("\n", "\n    ") for st in head]
+    lines.append("    ___s = ___vstate.cur")
+    checks = ["___s.ok()"] + [f"{r} is ___s.roots[{i}]" for i, r in enumerate(split.roots)]
+    lines.append(f"    if not ({' and '.join(checks)}): return ___guard_full({params})")
+    if needed:
+        lines.append(f"    {', '.join(needed)}{',' if len(needed) == 1 else ''} = ___s.cache")
+    lines += ["    " + ast.unparse(st).replace("\n", "\n    ") for st in tail]
+    lines += ["    ___vstate.hit()", "    return True"]
+    fast_src = "\n".join(lines) + "\n"
+    exec(compile(fast_src, "<coil guards (fast)>", "exec"), ns)
+    trace.artifact("guards_fast", fast_src, kind="python", frame=label)
+    trace.log("guard_versions", stage="capture", frame=label, used=True, skipped=skipped,
+              kept=len(head) + len(tail), watched=len(watched), cached=len(needed))
+    return ns["___guard"]

@@ -1,0 +1,178 @@
+"""The fast guard (coil/capture/guard_versions.py: checks implied by unchanged dict version
+tags are skipped) decides what the full guard decides. Each test compiles a module tree,
+calls it until the fast guard passes on its own, changes one thing a user might change
+between calls, and compares the compiled result with eager's (so a stale skipped check
+would show as a wrong value) and the fast guard's verdict with the full guard's."""
+import pytest
+import torch
+import torch.nn as nn
+
+import coil
+from coil.capture import guard_versions
+from coil.capture.frame import _caches
+
+pytestmark = pytest.mark.skipif(guard_versions._load_helper() is None,
+                                reason=f"no dict version tags here: {guard_versions._helper[1:]}")
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.bn = nn.BatchNorm1d(8)
+        self.act = nn.ReLU()
+        self.scale = 2
+        self.shape = (4, 8)
+
+    def forward(self, x):
+        return self.act(self.bn(self.fc(x))).reshape(self.shape) * self.scale + x
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.Sequential(Block(), Block(), Block())
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x):
+        return self.head(self.blocks(x))
+
+
+class Doubled(nn.Linear):
+    def forward(self, x):
+        return super().forward(x) * 2
+
+
+def _mutations():
+    def hook(m):
+        m.blocks[1].act.register_forward_hook(lambda mod, i, o: o + 1)
+
+    def new_forward(m):
+        m.blocks[2].forward = lambda x: x * 3
+
+    def swap_class(m):
+        m.head.__class__ = Doubled
+
+    def new_param(m):
+        m.blocks[0].fc.weight = nn.Parameter(torch.randn(8, 8))
+
+    def new_bias_value(m):
+        with torch.no_grad():
+            m.head.bias += 1
+
+    def new_module(m):
+        m.blocks[1].fc = nn.Linear(8, 8)
+
+    return {
+        "hook": hook,
+        "train": lambda m: m.blocks[2].bn.train(),
+        "int_attr": lambda m: setattr(m.blocks[0], "scale", 3),
+        "tuple_attr": lambda m: setattr(m.blocks[1], "shape", (-1, 8)),
+        "eps": lambda m: setattr(m.blocks[2].bn, "eps", 0.5),
+        "new_forward": new_forward,
+        "swap_class": swap_class,
+        "new_param": new_param,
+        "new_bias_value": new_bias_value,
+        "new_module": new_module,
+        "delete_child": lambda m: delattr(m.blocks, "2"),
+        "frozen": lambda m: m.head.weight.requires_grad_(False),
+    }
+
+
+def _entries():
+    return [e for c in _caches.values() for e in c.entries]
+
+
+@pytest.mark.parametrize("change", sorted(_mutations()))
+def test_fast_guard_follows_each_change(change):
+    coil.reset()
+    torch.manual_seed(0)
+    m = Net().eval()
+    cm = coil.compile(m)
+    x = torch.randn(4, 8)
+    for _ in range(3):
+        torch.testing.assert_close(cm(x), m(x))
+    (entry,) = _entries()
+    state = entry.guard.__globals__["___vstate"]
+    full = entry.guard.__globals__["___guard_full"]
+    assert state.cur.ok() and state.stale == 0       # the last call passed without the full guard
+    _mutations()[change](m)
+    bound = (m, (x,), {})
+    fn = cm._compiled_call._coil_fn
+    assert bool(entry.guard(*bound, fn)) == bool(full(*bound, fn))
+    for _ in range(3):
+        torch.testing.assert_close(cm(x), m(x))
+
+
+def test_attribute_written_on_each_call_stops_the_fast_guard():
+    class Counting(Net):
+        def __init__(self):
+            super().__init__()
+            self.calls = 0
+
+        def forward(self, x):
+            self.calls += 1
+            return super().forward(x)
+
+    coil.reset()
+    m = Counting().eval()
+    cm = coil.compile(m)        # `calls` becomes a dynamic int after one recompile
+    x = torch.randn(4, 8)
+    n = guard_versions._STALE_LIMIT + 4
+    with torch.no_grad():
+        for _ in range(n):
+            torch.testing.assert_close(cm(x), Net.forward(m, x))
+    assert m.calls == n
+    last = _entries()[-1].guard.__globals__["___vstate"]     # the entry that served the later calls
+    assert last.stale >= guard_versions._STALE_LIMIT
+
+
+def test_list_attribute_is_not_watched_and_still_checked():
+    class Sizes(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+            self.mults = [1.0, 2.0]
+
+        def forward(self, x):
+            for k in self.mults:
+                x = self.fc(x) * k
+            return x
+
+    coil.reset()
+    m = Sizes()
+    cm = coil.compile(m)
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        for _ in range(3):
+            torch.testing.assert_close(cm(x), m(x))
+        m.mults.append(3.0)       # the list changes in place: no dict's tag moves
+        for _ in range(2):
+            torch.testing.assert_close(cm(x), m(x))
+        m.mults[0] = -1.0
+        torch.testing.assert_close(cm(x), m(x))
+
+
+def test_library_function_patched_between_calls(monkeypatch):
+    coil.reset()
+    m = Net().eval()
+    cm = coil.compile(m)
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        for _ in range(3):
+            torch.testing.assert_close(cm(x), m(x))
+        monkeypatch.setattr(torch.nn.functional, "relu", lambda t, inplace=False: t.sigmoid())
+        for _ in range(2):
+            torch.testing.assert_close(cm(x), m(x))
+
+
+def test_off_by_config_gives_the_full_guard():
+    coil.reset()
+    with coil.config.patch(guard_versions=False):
+        m = Net().eval()
+        cm = coil.compile(m)
+        x = torch.randn(4, 8)
+        with torch.no_grad():
+            cm(x)
+    (entry,) = _entries()
+    assert "___vstate" not in entry.guard.__globals__

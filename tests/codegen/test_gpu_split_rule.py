@@ -162,3 +162,25 @@ def test_split_partials_follow_the_inputs_memory_order(gpu_plan, tmp_path, chann
 def test_transposed_input_reduction_is_leading_in_memory(gpu_plan, tmp_path):
     (e,) = _split_events(tmp_path, lambda x: x.sum(1), torch.randn(8192, 64).t(), atol=1e-4, rtol=1e-4)
     assert e["leading"] is True and e["split"] > 1
+
+
+def test_gpu_short_leading_reductions_split_to_fill_the_sms():
+    """Bias and LayerNorm weight gradients of 8 x 128 tokens (512-2048 outputs over 1024
+    rows) ran unsplit on 2-16 programs of 132 SMs; the GPU rule now splits them."""
+    with patch(gpu_sm_count=132):
+        assert L._split_decision([512], 1024, "sum", True, CUDA) == (16, "gpu_leading_few_programs")
+        assert L._split_factor([2048], 1024, "sum", leading=True, device=CUDA) == 4
+        assert L._split_factor([1536], 1024, "sum", leading=True, device=CUDA) == 4
+        assert L._split_factor([4096], 1024, "sum", leading=True, device=CUDA) == 1  # enough programs
+        assert L._split_factor([512], 128, "sum", leading=True, device=CUDA) == 1    # too short
+        assert L._split_factor([512], 1024, "sum", leading=True, device=CPU) == 1    # CPU rule
+
+
+def test_bias_grad_of_1024_rows_split_on_gpu_plan(gpu_plan, tmp_path):
+    def f(g, h):
+        return (g * torch.tanh(h)).sum(0), g.sum(0)
+
+    gen = torch.Generator().manual_seed(5)
+    args = (torch.randn(1024, 512, generator=gen), torch.randn(1024, 512, generator=gen))
+    splits = _split_events(tmp_path, f, *args, atol=1e-4, rtol=1e-4)
+    assert splits and all(e["split"] == 16 and e["reason"] == "gpu_leading_few_programs" for e in splits)

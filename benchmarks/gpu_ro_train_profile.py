@@ -1,10 +1,15 @@
-"""Where the reduce-overhead bench's training step goes: coil vs torch.compile, both
-``mode="reduce-overhead"``, and eager, kernel by kernel and byte by byte.
+"""Where a reduce-overhead bench workload's time goes (by default the training step): coil vs
+torch.compile, both ``mode="reduce-overhead"``, and eager, kernel by kernel and byte by byte.
 
     python benchmarks/gpu_ro_train_profile.py --out $OUT                 # the H200, < 3 minutes
     python benchmarks/gpu_ro_train_profile.py --device cpu --out /tmp/p  # a smoke test on CPU
+    python benchmarks/gpu_ro_train_profile.py --out $OUT --workload gpt2_decode
 
-The workload is ``train_gpt`` of ``coil bench --mode reduce-overhead``
+``--workload`` names any workload of ``coil bench --mode reduce-overhead`` (a step is then
+one call of that workload's step: a whole decoding loop for ``gpt2_decode``); the report goes
+to ``<out>/ro_<workload>_profile.txt``, and for coil's top kernels it names the generated
+kernel each was compiled from, with its header (kind, sizes, fused buffers) and its config.
+The default workload is ``train_gpt`` of ``coil bench --mode reduce-overhead``
 (coil/bench/reduce_overhead.py: SmallGPT 6 layers, d=512, 8x128, the loss inside the
 compiled module under bf16 autocast, backward, eager AdamW; tiny on CPU). Each compiler
 runs alone, one after the other (the previous copy freed first), and reports:
@@ -133,7 +138,7 @@ def coil_tree(rep: Report, dev) -> None:
     rep(f"    outputs + placeholders owned by the tree: {total / GB:.3f} GB")
 
 
-def coil_log(rep: Report, trace_dir: str) -> None:
+def coil_log(rep: Report, trace_dir: str, top_kernels=()) -> None:
     records = []
     for f in os.listdir(trace_dir):
         if f.endswith(".jsonl"):
@@ -156,6 +161,15 @@ def coil_log(rep: Report, trace_dir: str) -> None:
             top += ms
     kernels = sum(1 for r in records if r["event"] == "artifact" and r.get("name", "").startswith("kernel "))
     tunes = [r for r in records if r["event"] == "autotune"]
+    # what each top coil kernel is: the generated kernel it was compiled from, its header
+    heads = {r["name"][7:]: [ln for ln in r.get("text", "").splitlines() if ln.startswith("# ")][:2]
+             for r in records if r["event"] == "artifact" and r.get("name", "").startswith("kernel ")}
+    named = {r.get("compiled_name"): r for r in tunes}
+    for k in top_kernels:
+        r = named.get(k)
+        if r is not None:
+            rep(f"    {k}: {r.get('kernel')} config {r.get('chosen')}; "
+                + " | ".join(h[2:] for h in heads.get(r.get("kernel"), []))[:400])
     rep(f"  {kernels} kernels generated; {len(tunes)} autotuned ({len({r.get('compiled_name') for r in tunes})} "
         f"distinct bodies) over {sum(len(r.get('timings', ())) for r in tunes)} configs")
     rep(f"  coil compile stages (self ms; top-level total {top:.0f} ms; the rest of the first "
@@ -164,7 +178,7 @@ def coil_log(rep: Report, trace_dir: str) -> None:
         rep(f"    {name:28s} {ms:9.0f}")
 
 
-def run_one(rep: Report, name: str, built, dev, steps: int, trace_dir: str) -> None:
+def run_one(rep: Report, name: str, built, dev, steps: int, trace_dir: str, host_steps: int = 0) -> None:
     ro._reset_compilers()
     gc.collect()
     cuda = dev.type == "cuda"
@@ -188,7 +202,8 @@ def run_one(rep: Report, name: str, built, dev, steps: int, trace_dir: str) -> N
     if name == "coil":
         from coil import trace
         trace.set_dir(None)
-    rep(f"\n=== {ro.LABELS[name]}: first step {compile_s:.1f} s, loss after 5 steps {float(loss):.5f}")
+    rep(f"\n=== {ro.LABELS[name]}: first step {compile_s:.1f} s, "
+        f"first output after 5 steps {float(loss.flatten()[0]):.5f}")
     if cuda:
         rsv, alloc, after = torch.cuda.memory_reserved(dev), torch.cuda.memory_allocated(dev), pools(dev)
         torch.cuda.reset_peak_memory_stats(dev)
@@ -216,9 +231,26 @@ def run_one(rep: Report, name: str, built, dev, steps: int, trace_dir: str) -> N
     rep("  top kernels by device time (µs per step, calls per step):")
     for k, (t, c) in sorted(kernels.items(), key=lambda kv: -kv[1][0])[:15]:
         rep(f"    {t / 5:9.1f} µs {c / 5:5.1f}x  {k[:110]}")
+    if host_steps:
+        import cProfile
+        import io
+        import pstats
+        pr = cProfile.Profile()
+        pr.enable()
+        for _ in range(host_steps):
+            step()
+        sync(dev)
+        pr.disable()
+        buf = io.StringIO()
+        pstats.Stats(pr, stream=buf).sort_stats("tottime").print_stats(25)
+        rep(f"  host: cProfile of {host_steps} steps (inflates Python-heavy code), by self time:")
+        for ln in buf.getvalue().splitlines()[4:40]:
+            if ln.strip():
+                rep("    " + ln[:200])
     if name == "coil":
         coil_tree(rep, dev)
-        coil_log(rep, trace_dir)
+        top = [k for k, _ in sorted(kernels.items(), key=lambda kv: -kv[1][0])[:15] if k.startswith("coil_")]
+        coil_log(rep, trace_dir, top)
 
 
 def main() -> int:
@@ -227,17 +259,20 @@ def main() -> int:
     ap.add_argument("--out", default="gpu_results")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--compilers", nargs="*", default=["eager", "inductor", "coil"])
+    ap.add_argument("--workload", default="train_gpt", help="any of coil bench --mode reduce-overhead's")
+    ap.add_argument("--host", type=int, default=0, metavar="N",
+                    help="add a cProfile of N steps: where each compiler's host time goes")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
-    rep = Report(os.path.join(a.out, "ro_train_profile.txt"))
-    _, dev, size = ro.resolve(["train_gpt"], ro.WORKLOADS, "workloads", [], ro.COMPILERS, a.device, None)
-    built = ro._build_train(dev, size)
-    rep(f"train_gpt ({built.config}) on {dev}, torch {torch.__version__}"
+    rep = Report(os.path.join(a.out, f"ro_{a.workload}_profile.txt"))
+    _, dev, size = ro.resolve([a.workload], ro.WORKLOADS, "workloads", [], ro.COMPILERS, a.device, None)
+    built = ro.WORKLOADS[a.workload].build(dev, size)
+    rep(f"{a.workload} ({built.config}) on {dev}, torch {torch.__version__}"
         + (f", {torch.cuda.get_device_name(dev)}" if dev.type == "cuda" else " (smoke test: tiny config)"))
     trace_dir = tempfile.mkdtemp(prefix="coil_ro_train_")
     for name in a.compilers:
         try:
-            run_one(rep, name, built, dev, a.steps, trace_dir)
+            run_one(rep, name, built, dev, a.steps, trace_dir, a.host)
         except Exception:  # noqa: BLE001 - the other compilers still run
             rep(f"\n=== {name} failed:\n{traceback.format_exc()[-3000:]}")
     return 0

@@ -376,6 +376,8 @@ class NNModuleVariable(ObjectVariableBase):
             if isinstance(key, slice):
                 from coil.capture.variables.builder import wrap
 
+                for k in keys[key]:     # the new container's entries keep their sources (wrap
+                    self._sub(tx, k)    # finds them by identity): read per call, not constants
                 return wrap(tx, m[key], None)
             return self._sub(tx, keys[key])
         if name == "__contains__" and isinstance(m, torch.nn.ModuleDict):

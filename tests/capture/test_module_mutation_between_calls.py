@@ -53,3 +53,31 @@ def test_sliced_container_gradients_reach_the_parameters():
             assert p.grad is None
         else:
             torch.testing.assert_close(p.grad, g)
+
+
+def test_method_shadowed_on_the_instance_after_first_call():
+    # `m.act = f` (an instance attribute over the class's method) was not guarded: the
+    # compiled module kept calling the class's act (relu) instead of f.
+    class M(nn.Module):
+        def act(self, x):
+            return x.relu()
+
+        def forward(self, x):
+            return self.act(x)
+
+    class Plain:
+        def act(self, x):
+            return x.relu()
+
+    m, obj = M(), Plain()
+    fast = coil.compile(m)
+    fast_fn = coil.compile(lambda x: obj.act(x) + 1)
+    x = torch.randn(5)
+    torch.testing.assert_close(fast(x), m(x))
+    torch.testing.assert_close(fast_fn(x), obj.act(x) + 1)
+    m.act = lambda x: x * 100
+    obj.act = lambda x: x * 100
+    torch.testing.assert_close(fast(x), x * 100)
+    torch.testing.assert_close(fast_fn(x), x * 100 + 1)
+    del m.act
+    torch.testing.assert_close(fast(x), x.relu())

@@ -157,6 +157,9 @@ def lookup_attr(tx, vt: ObjectVariableBase, name: str, generic: bool = False):
                 if sub is not None and name in sub:
                     src = ModuleDictSource(vt.source, dname, name) if vt.source is not None else None
                     return wrap(tx, sub[name], src)
+        if d is not None and vt.source is not None and isinstance(cls_attr, types.FunctionType):
+            e = vt.source.expr()    # a function set on the instance later shadows the method
+            tx.output.guards.add(f"{name!r} not in {e}.__dict__", f"{name!r} in {e}.__dict__", False, src=e)
     if cls_attr is not _SENTINEL:
         return wrap_class_attr(tx, vt, cls, name, vt.attr_source(name))
     getattr_fn = _static_lookup(cls, "__getattr__")

@@ -81,3 +81,21 @@ def test_method_shadowed_on_the_instance_after_first_call():
     torch.testing.assert_close(fast_fn(x), x * 100 + 1)
     del m.act
     torch.testing.assert_close(fast(x), x.relu())
+
+
+def test_defaults_of_the_compiled_function_reassigned_or_edited():
+    # the argument binder held the defaults of the first call: after
+    # `f.__defaults__ = (7.0,)` the compiled f still multiplied by 1.0
+    def f(x, s=1.0, *, t=1.0):
+        return x * s + t
+
+    fast = coil.compile(f)
+    x = torch.randn(4)
+    torch.testing.assert_close(fast(x), f(x))
+    f.__defaults__ = (7.0,)
+    torch.testing.assert_close(fast(x), x * 7.0 + 1.0)
+    f.__kwdefaults__["t"] = 3.0
+    torch.testing.assert_close(fast(x), x * 7.0 + 3.0)
+    f.__kwdefaults__ = {"t": -2.0}
+    torch.testing.assert_close(fast(x), x * 7.0 - 2.0)
+    torch.testing.assert_close(fast(x, 2.0, t=0.5), x * 2.0 + 0.5)

@@ -99,3 +99,19 @@ def test_defaults_of_the_compiled_function_reassigned_or_edited():
     f.__kwdefaults__ = {"t": -2.0}
     torch.testing.assert_close(fast(x), x * 7.0 - 2.0)
     torch.testing.assert_close(fast(x, 2.0, t=0.5), x * 2.0 + 0.5)
+
+
+def test_property_replaced_on_the_class_after_first_call():
+    # methods replaced on the class recompiled, properties did not: the compiled
+    # function kept the old getter's value
+    class A:
+        @property
+        def scale(self):
+            return 2.0
+
+    a = A()
+    fast = coil.compile(lambda x: x * a.scale)
+    x = torch.randn(4)
+    torch.testing.assert_close(fast(x), x * 2.0)
+    A.scale = property(lambda self: 10.0)
+    torch.testing.assert_close(fast(x), x * 10.0)

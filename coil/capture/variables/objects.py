@@ -53,15 +53,15 @@ def wrap_class_attr(tx, obj_vt: VariableTracker, cls: type, name: str, source=No
         return wrap(tx, attr.__func__, source)
     if isinstance(attr, classmethod):
         return UserMethodVariable(attr.__func__, UserDefinedClassVariable(cls))
+    if isinstance(attr, (property, types.FunctionType)) and source is not None:
+        gs = tx.output.guards   # a method or property replaced on the class (type(obj) is guarded)
+        gs.add(f"getattr({gs.const(cls)}, {name!r}, None) is {gs.const(attr)}" if not
+               name.isidentifier() else f"{gs.const(cls)}.{name} is {gs.const(attr)}")
     if isinstance(attr, property):
         if attr.fget is None:
             raise AttributeMissing(name)
         return tx.call(UserFunctionVariable(attr.fget), [obj_vt], {})
     if isinstance(attr, types.FunctionType):
-        if source is not None:  # a method replaced on the class (type(obj) is guarded)
-            gs = tx.output.guards
-            gs.add(f"getattr({gs.const(cls)}, {name!r}, None) is {gs.const(attr)}" if not
-                   name.isidentifier() else f"{gs.const(cls)}.{name} is {gs.const(attr)}")
         return UserMethodVariable(attr, obj_vt, source)
     if isinstance(attr, (types.BuiltinFunctionType, types.MethodDescriptorType, types.WrapperDescriptorType)):
         from coil.capture.variables.functions import BoundMethodVariable

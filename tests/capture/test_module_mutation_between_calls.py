@@ -115,3 +115,29 @@ def test_property_replaced_on_the_class_after_first_call():
     torch.testing.assert_close(fast(x), x * 2.0)
     A.scale = property(lambda self: 10.0)
     torch.testing.assert_close(fast(x), x * 10.0)
+
+
+def test_attribute_missing_at_compile_time_set_later():
+    # hasattr(o, "flag") / getattr(m, "cache", None) found nothing and guarded nothing:
+    # an attribute (or buffer) set after the first call was never seen
+    class O:
+        pass
+
+    class M(nn.Module):
+        def forward(self, x):
+            c = getattr(self, "cache", None)
+            return x if c is None else x + c
+
+    o, m = O(), M()
+    fast_fn = coil.compile(lambda x: x * 2 if hasattr(o, "flag") else x)
+    fast_m = coil.compile(m)
+    x = torch.randn(3)
+    torch.testing.assert_close(fast_fn(x), x)
+    torch.testing.assert_close(fast_m(x), x)
+    o.flag = True
+    m.cache = torch.ones(3)
+    torch.testing.assert_close(fast_fn(x), x * 2)
+    torch.testing.assert_close(fast_m(x), x + 1)
+    del m.cache
+    m.register_buffer("cache", torch.full((3,), 2.0))
+    torch.testing.assert_close(fast_m(x), x + 2)

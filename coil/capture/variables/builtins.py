@@ -284,6 +284,7 @@ def _getattr(tx, args, kwargs):
         return tx.getattr(obj, name)
     except AttributeMissing:
         if len(args) > 2:
+            _guard_missing(tx, obj, name)
             return args[2]
         raise
 
@@ -296,7 +297,15 @@ def _hasattr(tx, args, kwargs):
         tx.getattr(args[0], args[1].as_python_constant())
         return ConstantVariable(True)
     except AttributeMissing:
+        _guard_missing(tx, args[0], args[1].as_python_constant())
         return ConstantVariable(False)
+
+
+def _guard_missing(tx, obj, name):
+    """An attribute found missing stays missing (``o.flag = 4.0`` later recompiles)."""
+    if obj.source is not None:
+        e = obj.source.expr()
+        tx.output.guards.add(f"not hasattr({e}, {name!r})", f"hasattr({e}, {name!r})", False, src=e)
 
 
 @builtin(setattr)

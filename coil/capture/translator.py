@@ -772,7 +772,9 @@ class SuperVariable(VariableTracker):
         mro = self.obj.python_type().__mro__ if not isinstance(self.obj, UserDefinedClassVariable) \
             else self.obj.value.__mro__
         idx = mro.index(self.cls) + 1
-        for klass in mro[idx:]:
+        gs = tx.output.guards
+        for klass in mro[idx:]:     # a method later replaced or added on a class it reads recompiles
+            gs.add(f"{gs.const(klass)}.__dict__.get({name!r}) is {gs.const(klass.__dict__.get(name))}")
             if name in klass.__dict__:
                 attr = klass.__dict__[name]
                 if attr is object.__init__:

@@ -141,3 +141,26 @@ def test_attribute_missing_at_compile_time_set_later():
     del m.cache
     m.register_buffer("cache", torch.full((3,), 2.0))
     torch.testing.assert_close(fast_m(x), x + 2)
+
+
+def test_method_reached_through_super_replaced_after_first_call():
+    # super().act(x) resolved Base.act at compile time without a guard: after
+    # Base.act was replaced, the compiled Child kept calling the old one
+    class Base(nn.Module):
+        def act(self, x):
+            return x + 1
+
+    class Child(Base):
+        def act(self, x):
+            return super().act(x) * 2
+
+        def forward(self, x):
+            return self.act(x)
+
+    m = Child()
+    fast = coil.compile(m)
+    x = torch.randn(3)
+    torch.testing.assert_close(fast(x), (x + 1) * 2)
+    Base.act = lambda self, x: x - 5
+    torch.testing.assert_close(fast(x), (x - 5) * 2)
+

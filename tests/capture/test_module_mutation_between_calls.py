@@ -164,3 +164,22 @@ def test_method_reached_through_super_replaced_after_first_call():
     Base.act = lambda self, x: x - 5
     torch.testing.assert_close(fast(x), (x - 5) * 2)
 
+
+def test_class_attribute_read_through_type_of_self():
+    # type(self) / self.__class__ was wrapped without a source, so type(self).X and
+    # self.__class__.table["a"] became constants: changing them on the class was not seen
+    class C:
+        X = 2.0
+        table = {"a": 1.0}
+
+        def m(self, x):
+            return x * type(self).X * self.__class__.table["a"]
+
+    c = C()
+    fast = coil.compile(lambda x: c.m(x))
+    x = torch.randn(3)
+    torch.testing.assert_close(fast(x), x * 2.0)
+    C.X = 5.0
+    torch.testing.assert_close(fast(x), x * 5.0)
+    C.table["a"] = 7.0
+    torch.testing.assert_close(fast(x), x * 35.0)

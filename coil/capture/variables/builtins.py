@@ -268,11 +268,20 @@ def _issubclass(tx, args, kwargs):
 
 @builtin(type)
 def _type(tx, args, kwargs):
-    from coil.capture.variables.builder import wrap
-
     if len(args) != 1:
         raise Unsupported("type() with 3 arguments")
-    return wrap(tx, args[0].python_type(), None)
+    return type_of(tx, args[0])
+
+
+def type_of(tx, vt):
+    """``type(obj)``: a class read through an object with a source keeps one
+    (``type(self).X`` guards X; without it X was a constant)."""
+    from coil.capture.source import TypeSource
+    from coil.capture.variables.builder import wrap
+    from coil.capture.variables.objects import ObjectVariableBase
+
+    src = vt.source if isinstance(vt, ObjectVariableBase) else None
+    return wrap(tx, vt.python_type(), TypeSource(src) if src is not None else None)
 
 
 @builtin(getattr)

@@ -112,7 +112,9 @@ def lookup_attr(tx, vt: ObjectVariableBase, name: str, generic: bool = False):
     if pending is not None:
         return pending
     if name == "__class__":
-        return wrap(tx, type(obj), None)
+        from coil.capture.variables.builtins import type_of
+
+        return type_of(tx, vt)
     if name == "__dict__":
         d = getattr(obj, "__dict__", None)
         if not (generic and type(d) is dict and vt.source is not None) or any(

@@ -183,3 +183,29 @@ def test_class_attribute_read_through_type_of_self():
     torch.testing.assert_close(fast(x), x * 5.0)
     C.table["a"] = 7.0
     torch.testing.assert_close(fast(x), x * 35.0)
+
+
+def test_module_imported_inside_the_function_is_read_per_call(monkeypatch):
+    # `import mod` / `from mod import cfg` inside the compiled function wrapped the module
+    # without a source: mod.K and cfg["s"] became constants of the graph
+    import sys
+    import types
+
+    mod = types.ModuleType("_coil_test_local_import")
+    mod.K, mod.cfg, mod.W = 2.0, {"s": 1.0}, torch.ones(3)
+    monkeypatch.setitem(sys.modules, mod.__name__, mod)
+
+    def f(x):
+        import _coil_test_local_import as m
+        from _coil_test_local_import import cfg
+        return x * m.K * cfg["s"] * m.W
+
+    fast = coil.compile(f)
+    x = torch.randn(3)
+    torch.testing.assert_close(fast(x), f(x))
+    mod.K = 3.0
+    torch.testing.assert_close(fast(x), f(x))
+    mod.cfg["s"] = 5.0
+    torch.testing.assert_close(fast(x), f(x))
+    mod.W = torch.full((3,), 4.0)
+    torch.testing.assert_close(fast(x), f(x))

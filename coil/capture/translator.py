@@ -29,7 +29,7 @@ from typing import Any, Optional
 import torch
 
 from coil.exc import Unsupported
-from coil.capture.source import BuiltinSource, GlobalSource
+from coil.capture.source import BuiltinSource, ConstSource, GlobalSource
 from coil.capture.variables.base import CellVariable, ConstantVariable, SourcedCellVariable, VariableTracker
 from coil.capture.variables.builder import wrap, wrap_constant_result
 from coil.capture.variables.containers import (BaseListVariable, DictVariable,
@@ -639,7 +639,7 @@ class InstructionTranslatorBase:
                 if hooks:      # the same hooks (handle ids), not just as many
                     gs.add(f"tuple({d}) == {tuple(hooks)!r}", f"tuple({d})", tuple(hooks), src=e)
         for hid, hook in list(m._forward_pre_hooks.items()):
-            hook_vt = wrap(self, hook, None)
+            hook_vt = wrap(self, hook, ConstSource(gs.const(hook)))
             if hid in m._forward_pre_hooks_with_kwargs:
                 res = self.call(hook_vt, [mod_vt, TupleVariable(args), DictVariable(kwargs)], {})
                 if not (isinstance(res, ConstantVariable) and res.value is None):
@@ -658,7 +658,7 @@ class InstructionTranslatorBase:
                 e = src.expr()
                 gs.add(f"{e}.__dict__.get('forward') is {gs.const(inst_forward)}",
                        f"{e}.__dict__.get('forward')", inst_forward, src=e)
-            out = self.call(wrap(self, inst_forward, None), args, kwargs)
+            out = self.call(wrap(self, inst_forward, ConstSource(gs.const(inst_forward))), args, kwargs)
         else:
             if src is not None and src.expr() == "self":
                 # the compiled module itself (one guard per frame): a forward assigned on it later recompiles
@@ -670,7 +670,7 @@ class InstructionTranslatorBase:
                 gs.add(f"{gs.const(cls)}.forward is {gs.const(forward)}")
             out = self.call(UserMethodVariable(forward, mod_vt), args, kwargs)
         for hid, hook in list(m._forward_hooks.items()):
-            hook_vt = wrap(self, hook, None)
+            hook_vt = wrap(self, hook, ConstSource(gs.const(hook)))
             if hid in m._forward_hooks_with_kwargs:
                 res = self.call(hook_vt, [mod_vt, TupleVariable(args), DictVariable(kwargs), out], {})
             else:

@@ -209,3 +209,32 @@ def test_module_imported_inside_the_function_is_read_per_call(monkeypatch):
     torch.testing.assert_close(fast(x), f(x))
     mod.W = torch.full((3,), 4.0)
     torch.testing.assert_close(fast(x), f(x))
+
+
+def test_hook_objects_state_is_read_per_call():
+    # a hook that is a callable object, a bound method or a functools.partial was wrapped
+    # without a source: the state it reads (self.scale, a dict in the partial) was a
+    # constant, so changing it between calls was not seen
+    import functools
+
+    class Scaler:
+        def __init__(self):
+            self.scale = 2.0
+
+        def __call__(self, mod, inp, out):
+            return out * self.scale
+
+        def meth(self, mod, inp, out):
+            return out + self.scale
+
+    m = nn.Linear(3, 3)
+    fast = coil.compile(m)
+    x = torch.randn(2, 3)
+    sc, state = Scaler(), {"k": 1.0}
+    for hook in (sc, sc.meth, functools.partial(lambda st, mod, i, o: o * st["k"], state)):
+        handle = m.register_forward_hook(hook)
+        torch.testing.assert_close(fast(x), m(x))
+        sc.scale += 3.0
+        state["k"] += 2.0
+        torch.testing.assert_close(fast(x), m(x))
+        handle.remove()

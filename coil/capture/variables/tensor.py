@@ -484,6 +484,12 @@ class TensorVariable(VariableTracker):
     def var_getattr(self, tx, name):
         from coil.capture.variables.functions import BoundMethodVariable
 
+        if name == "is_leaf" and self.fake.requires_grad and self.source is not None:
+            for src, value, node in tx.output.inputs:   # an input's fake is a leaf; eager's may not be
+                if node is self.node:
+                    e = src.expr()
+                    tx.output.guards.add(f"{e}.is_leaf is {value.is_leaf}", f"{e}.is_leaf", value.is_leaf, src=e)
+                    return ConstantVariable(value.is_leaf)
         if name in _META_ATTRS:
             v = getattr(self.fake, name)
             return tensor_meta(tx, self, name, v)

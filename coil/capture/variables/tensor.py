@@ -525,6 +525,10 @@ class TensorVariable(VariableTracker):
             fargs = [to_fake(a) for a in args]
             fkw = {k: to_fake(v) for k, v in kwargs.items()}
             res = getattr(self.fake, name)(*fargs, **fkw)
+            if name == "storage_offset" and isinstance(res, int):
+                for src, value, _ in tx.output.inputs:   # it derives from the inputs' offsets
+                    e, off = src.expr(), value.storage_offset()
+                    tx.output.guards.add(f"{e}.storage_offset() == {off}", f"{e}.storage_offset()", off, src=e)
             if name in ("size", "stride") and isinstance(res, torch.SymInt):
                 d = fargs[0] if fargs else fkw.get("dim")
                 d = d % self.fake.dim() if isinstance(d, int) else d

@@ -638,6 +638,8 @@ class InstructionTranslatorBase:
                 hooks = getattr(m, hname)
                 if hooks:      # the same hooks (handle ids), not just as many
                     gs.add(f"tuple({d}) == {tuple(hooks)!r}", f"tuple({d})", tuple(hooks), src=e)
+                elif any(getattr(m, h) for h in names):   # (all empty: one guard, above)
+                    gs.add(f"not {d}", f"len({d})", 0, src=e)
         for hid, hook in list(m._forward_pre_hooks.items()):
             hook_vt = wrap(self, hook, ConstSource(gs.const(hook)))
             if hid in m._forward_pre_hooks_with_kwargs:

@@ -238,3 +238,15 @@ def test_hook_objects_state_is_read_per_call():
         state["k"] += 2.0
         torch.testing.assert_close(fast(x), m(x))
         handle.remove()
+
+
+def test_forward_hook_added_while_a_pre_hook_exists():
+    # with a pre-hook registered, only the non-empty hook dicts were guarded: a forward
+    # hook added after that compile was never called
+    m = nn.Linear(3, 3)
+    fast = coil.compile(m)
+    x = torch.randn(2, 3)
+    m.register_forward_pre_hook(lambda mod, args: (args[0] * 2,))
+    torch.testing.assert_close(fast(x), m(x))
+    m.register_forward_hook(lambda mod, args, out: out + 1)
+    torch.testing.assert_close(fast(x), m(x))

@@ -250,3 +250,19 @@ def test_forward_hook_added_while_a_pre_hook_exists():
     torch.testing.assert_close(fast(x), m(x))
     m.register_forward_hook(lambda mod, args, out: out + 1)
     torch.testing.assert_close(fast(x), m(x))
+
+
+def test_dict_subclass_with_its_own_getitem_changed_between_calls():
+    # its items were guarded and, once a changed float became a graph input, fetched
+    # through source d['a'], which runs the subclass's __getitem__: the override applied
+    # twice (eager 20.0, coil 200.0)
+    class Scaled(dict):
+        def __getitem__(self, k):
+            return super().__getitem__(k) * 10
+
+    d = Scaled(a=1.0)
+    fast = coil.compile(lambda x: x * d["a"])
+    x = torch.ones(3)
+    for v in (1.0, 2.0, 3.0):
+        d["a"] = v
+        torch.testing.assert_close(fast(x), x * v * 10)

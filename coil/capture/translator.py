@@ -38,7 +38,7 @@ from coil.capture.variables.containers import (BaseListVariable, DictVariable,
                                                TupleVariable)
 from coil.capture.variables.functions import (BaseFunctionVariable, TypeErrorInCall,
                                               UserFunctionVariable, UserMethodVariable)
-from coil.capture.variables.objects import (AttributeMissing, DataClassDictVariable,
+from coil.capture.variables.objects import (AttributeMissing, guard_mro_lookup, DataClassDictVariable,
                                             InFrameModuleVariable,
                                             NewObjectVariable, NNModuleVariable,
                                             ObjectVariableBase, UserDefinedClassVariable,
@@ -774,9 +774,8 @@ class SuperVariable(VariableTracker):
         mro = self.obj.python_type().__mro__ if not isinstance(self.obj, UserDefinedClassVariable) \
             else self.obj.value.__mro__
         idx = mro.index(self.cls) + 1
-        gs = tx.output.guards
-        for klass in mro[idx:]:     # a method later replaced or added on a class it reads recompiles
-            gs.add(f"{gs.const(klass)}.__dict__.get({name!r}) is {gs.const(klass.__dict__.get(name))}")
+        guard_mro_lookup(tx, mro[idx:], name)   # a method later replaced or added on a class recompiles
+        for klass in mro[idx:]:
             if name in klass.__dict__:
                 attr = klass.__dict__[name]
                 if attr is object.__init__:

@@ -266,3 +266,34 @@ def test_dict_subclass_with_its_own_getitem_changed_between_calls():
     for v in (1.0, 2.0, 3.0):
         d["a"] = v
         torch.testing.assert_close(fast(x), x * v * 10)
+
+
+def test_functions_read_through_a_class_replaced_after_first_call():
+    # C.helper(x), C.sh(x) (staticmethod), C.ch(x) / c.ch(x) (classmethod) were resolved at
+    # compile time with no guard on the class: replacing them was not seen
+    class C:
+        def helper(x):
+            return x + 1
+
+        @staticmethod
+        def sh(x):
+            return x + 2
+
+        @classmethod
+        def ch(cls, x):
+            return x + 3
+
+    c = C()
+
+    def f(x):
+        return C.helper(x) * C.sh(x) * C.ch(x) * c.ch(x)
+
+    fast = coil.compile(f)
+    x = torch.randn(3)
+    torch.testing.assert_close(fast(x), f(x))
+    C.helper = lambda x: x - 10
+    torch.testing.assert_close(fast(x), f(x))
+    C.sh = staticmethod(lambda x: x - 20)
+    torch.testing.assert_close(fast(x), f(x))
+    C.ch = classmethod(lambda cls, x: x - 30)
+    torch.testing.assert_close(fast(x), f(x))

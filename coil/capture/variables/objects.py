@@ -52,6 +52,7 @@ def wrap_class_attr(tx, obj_vt: VariableTracker, cls: type, name: str, source=No
     if isinstance(attr, staticmethod):
         return wrap(tx, attr.__func__, source)
     if isinstance(attr, classmethod):
+        guard_mro_lookup(tx, cls.__mro__, name)
         return UserMethodVariable(attr.__func__, UserDefinedClassVariable(cls))
     if isinstance(attr, (property, types.FunctionType)) and source is not None:
         gs = tx.output.guards   # a method or property replaced on the class (type(obj) is guarded)
@@ -419,6 +420,15 @@ def _guard_keys(tx, src, m: torch.nn.Module, dname: str) -> list:
     return keys
 
 
+def guard_mro_lookup(tx, mro, name: str) -> None:
+    """Guard that looking ``name`` up along ``mro`` (classes) still finds what it finds now."""
+    gs = tx.output.guards
+    for klass in mro:
+        gs.add(f"{gs.const(klass)}.__dict__.get({name!r}) is {gs.const(klass.__dict__.get(name))}")
+        if name in klass.__dict__:
+            return
+
+
 def _holds_tensor(value) -> bool:
     if isinstance(value, torch.Tensor):
         return True
@@ -572,6 +582,8 @@ class UserDefinedClassVariable(ObjectVariableBase):
             if name == "__mro__":
                 return TupleVariable([wrap(tx, c, None) for c in cls.__mro__])
             raise AttributeMissing(name)
+        if isinstance(attr, (staticmethod, classmethod, types.FunctionType)):
+            guard_mro_lookup(tx, cls.__mro__, name)     # C.f replaced later recompiles
         if isinstance(attr, staticmethod):
             return wrap(tx, attr.__func__, None)
         if isinstance(attr, classmethod):

@@ -212,6 +212,7 @@ def make_binder(fn: types.FunctionType):
     body = "(" + "".join(n + ", " for n in all_names) + ")"
     src = f"def ___bind({', '.join(parts)}):\n    return {body}\n"
     exec(compile(src, "<coil binder>", "exec"), ns)
+    ns["___bind"].__kwdefaults__ = fn.__kwdefaults__   # the same dict: edits to it are seen
     return ns["___bind"]
 
 
@@ -226,15 +227,17 @@ def wrap_function(fn: types.FunctionType, cfg: CaptureConfig, capture_exec: bool
         return fn  # generators and coroutines run eagerly
     if not all(n.isidentifier() for n in _argnames(code)):
         return fn  # 3.11 comprehension frames (argument ``.0``) run eagerly
-    binder = make_binder(fn)
+    binder = [make_binder(fn), fn.__defaults__, fn.__kwdefaults__]
     # this code object's FrameCache and the reset generation it was read in: a
     # WeakKeyDictionary lookup per call costs about 0.5 µs
     known = [None, -1]
     generation = _generation
 
     def coil_wrapper(*args, **kwargs):
+        if fn.__defaults__ is not binder[1] or fn.__kwdefaults__ is not binder[2]:
+            binder[:] = make_binder(fn), fn.__defaults__, fn.__kwdefaults__   # reassigned defaults
         try:
-            bound = binder(*args, **kwargs)
+            bound = binder[0](*args, **kwargs)
         except TypeError:
             bound = None
         if bound is None:          # outside the except: no __context__ leaks into the error

@@ -795,9 +795,11 @@ def IMPORT_NAME(tx, inst):
     mod = importlib.import_module(name)
     if not fromlist:
         mod = _sys.modules[name.split(".")[0]]
+    from coil.capture.source import ConstSource
     from coil.capture.variables.builder import wrap
 
-    tx.push(wrap(tx, mod, None))
+    # held by identity, so what is read through it is guarded (mod.K, from mod import cfg)
+    tx.push(wrap(tx, mod, ConstSource(tx.output.guards.const(mod))))
 
 
 @op("IMPORT_FROM")

@@ -77,6 +77,15 @@ class AttrSource(Source):
 
 
 @dataclass(frozen=True)
+class TypeSource(Source):
+    """``type(base)``."""
+    base: Source
+
+    def expr(self) -> str:
+        return f"type({self.base.expr()})"
+
+
+@dataclass(frozen=True)
 class ModuleDictSource(Source):
     """``base.<dict_name>[key]`` for an nn.Module's ``_modules``/``_parameters``/``_buffers``
     (or ``__dict__``)."""

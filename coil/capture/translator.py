@@ -29,7 +29,7 @@ from typing import Any, Optional
 import torch
 
 from coil.exc import Unsupported
-from coil.capture.source import BuiltinSource, GlobalSource
+from coil.capture.source import BuiltinSource, ConstSource, GlobalSource
 from coil.capture.variables.base import CellVariable, ConstantVariable, SourcedCellVariable, VariableTracker
 from coil.capture.variables.builder import wrap, wrap_constant_result
 from coil.capture.variables.containers import (BaseListVariable, DictVariable,
@@ -38,7 +38,7 @@ from coil.capture.variables.containers import (BaseListVariable, DictVariable,
                                                TupleVariable)
 from coil.capture.variables.functions import (BaseFunctionVariable, TypeErrorInCall,
                                               UserFunctionVariable, UserMethodVariable)
-from coil.capture.variables.objects import (AttributeMissing, DataClassDictVariable,
+from coil.capture.variables.objects import (AttributeMissing, guard_mro_lookup, DataClassDictVariable,
                                             InFrameModuleVariable,
                                             NewObjectVariable, NNModuleVariable,
                                             ObjectVariableBase, UserDefinedClassVariable,
@@ -638,8 +638,10 @@ class InstructionTranslatorBase:
                 hooks = getattr(m, hname)
                 if hooks:      # the same hooks (handle ids), not just as many
                     gs.add(f"tuple({d}) == {tuple(hooks)!r}", f"tuple({d})", tuple(hooks), src=e)
+                elif any(getattr(m, h) for h in names):   # (all empty: one guard, above)
+                    gs.add(f"not {d}", f"len({d})", 0, src=e)
         for hid, hook in list(m._forward_pre_hooks.items()):
-            hook_vt = wrap(self, hook, None)
+            hook_vt = wrap(self, hook, ConstSource(gs.const(hook)))
             if hid in m._forward_pre_hooks_with_kwargs:
                 res = self.call(hook_vt, [mod_vt, TupleVariable(args), DictVariable(kwargs)], {})
                 if not (isinstance(res, ConstantVariable) and res.value is None):
@@ -657,7 +659,7 @@ class InstructionTranslatorBase:
                 e = src.expr()
                 gs.add(f"{e}.__dict__.get('forward') is {gs.const(inst_forward)}",
                        f"{e}.__dict__.get('forward')", inst_forward, src=e)
-            out = self.call(wrap(self, inst_forward, None), args, kwargs)
+            out = self.call(wrap(self, inst_forward, ConstSource(gs.const(inst_forward))), args, kwargs)
         else:
             if src is not None:  # a forward assigned on the module later recompiles
                 e = src.expr()
@@ -669,7 +671,7 @@ class InstructionTranslatorBase:
                 gs.add(f"{gs.const(cls)}.forward is {gs.const(forward)}")
             out = self.call(UserMethodVariable(forward, mod_vt), args, kwargs)
         for hid, hook in list(m._forward_hooks.items()):
-            hook_vt = wrap(self, hook, None)
+            hook_vt = wrap(self, hook, ConstSource(gs.const(hook)))
             if hid in m._forward_hooks_with_kwargs:
                 res = self.call(hook_vt, [mod_vt, TupleVariable(args), DictVariable(kwargs), out], {})
             else:
@@ -771,6 +773,7 @@ class SuperVariable(VariableTracker):
         mro = self.obj.python_type().__mro__ if not isinstance(self.obj, UserDefinedClassVariable) \
             else self.obj.value.__mro__
         idx = mro.index(self.cls) + 1
+        guard_mro_lookup(tx, mro[idx:], name)   # a method later replaced or added on a class recompiles
         for klass in mro[idx:]:
             if name in klass.__dict__:
                 attr = klass.__dict__[name]

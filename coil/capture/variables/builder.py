@@ -137,6 +137,7 @@ def _build(tx, value, source, gs) -> VariableTracker:
         return NamedTupleVariable(items, t, source)
     if t in (dict, collections.OrderedDict) or (isinstance(value, dict) and t.__module__ != "builtins"
                                                 and t.__init__ is dict.__init__
+                                                and t.__getitem__ is dict.__getitem__   # (sources index it)
                                                 and all(is_literal(k) for k in value)):
         if not all(is_literal(k) for k in value):
             return UserDefinedObjectVariable(value, source)

@@ -268,11 +268,20 @@ def _issubclass(tx, args, kwargs):
 
 @builtin(type)
 def _type(tx, args, kwargs):
-    from coil.capture.variables.builder import wrap
-
     if len(args) != 1:
         raise Unsupported("type() with 3 arguments")
-    return wrap(tx, args[0].python_type(), None)
+    return type_of(tx, args[0])
+
+
+def type_of(tx, vt):
+    """``type(obj)``: a class read through an object with a source keeps one
+    (``type(self).X`` guards X; without it X was a constant)."""
+    from coil.capture.source import TypeSource
+    from coil.capture.variables.builder import wrap
+    from coil.capture.variables.objects import ObjectVariableBase
+
+    src = vt.source if isinstance(vt, ObjectVariableBase) else None
+    return wrap(tx, vt.python_type(), TypeSource(src) if src is not None else None)
 
 
 @builtin(getattr)
@@ -284,6 +293,7 @@ def _getattr(tx, args, kwargs):
         return tx.getattr(obj, name)
     except AttributeMissing:
         if len(args) > 2:
+            _guard_missing(tx, obj, name)
             return args[2]
         raise
 
@@ -296,7 +306,15 @@ def _hasattr(tx, args, kwargs):
         tx.getattr(args[0], args[1].as_python_constant())
         return ConstantVariable(True)
     except AttributeMissing:
+        _guard_missing(tx, args[0], args[1].as_python_constant())
         return ConstantVariable(False)
+
+
+def _guard_missing(tx, obj, name):
+    """An attribute found missing stays missing (``o.flag = 4.0`` later recompiles)."""
+    if obj.source is not None:
+        e = obj.source.expr()
+        tx.output.guards.add(f"not hasattr({e}, {name!r})", f"hasattr({e}, {name!r})", False, src=e)
 
 
 @builtin(setattr)

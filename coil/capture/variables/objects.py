@@ -52,16 +52,17 @@ def wrap_class_attr(tx, obj_vt: VariableTracker, cls: type, name: str, source=No
     if isinstance(attr, staticmethod):
         return wrap(tx, attr.__func__, source)
     if isinstance(attr, classmethod):
+        guard_mro_lookup(tx, cls.__mro__, name)
         return UserMethodVariable(attr.__func__, UserDefinedClassVariable(cls))
+    if isinstance(attr, (property, types.FunctionType)) and source is not None:
+        gs = tx.output.guards   # a method or property replaced on the class (type(obj) is guarded)
+        gs.add(f"getattr({gs.const(cls)}, {name!r}, None) is {gs.const(attr)}" if not
+               name.isidentifier() else f"{gs.const(cls)}.{name} is {gs.const(attr)}")
     if isinstance(attr, property):
         if attr.fget is None:
             raise AttributeMissing(name)
         return tx.call(UserFunctionVariable(attr.fget), [obj_vt], {})
     if isinstance(attr, types.FunctionType):
-        if source is not None:  # a method replaced on the class (type(obj) is guarded)
-            gs = tx.output.guards
-            gs.add(f"getattr({gs.const(cls)}, {name!r}, None) is {gs.const(attr)}" if not
-                   name.isidentifier() else f"{gs.const(cls)}.{name} is {gs.const(attr)}")
         return UserMethodVariable(attr, obj_vt, source)
     if isinstance(attr, (types.BuiltinFunctionType, types.MethodDescriptorType, types.WrapperDescriptorType)):
         from coil.capture.variables.functions import BoundMethodVariable
@@ -112,7 +113,9 @@ def lookup_attr(tx, vt: ObjectVariableBase, name: str, generic: bool = False):
     if pending is not None:
         return pending
     if name == "__class__":
-        return wrap(tx, type(obj), None)
+        from coil.capture.variables.builtins import type_of
+
+        return type_of(tx, vt)
     if name == "__dict__":
         d = getattr(obj, "__dict__", None)
         if not (generic and type(d) is dict and vt.source is not None) or any(
@@ -157,6 +160,9 @@ def lookup_attr(tx, vt: ObjectVariableBase, name: str, generic: bool = False):
                 if sub is not None and name in sub:
                     src = ModuleDictSource(vt.source, dname, name) if vt.source is not None else None
                     return wrap(tx, sub[name], src)
+        if d is not None and vt.source is not None and isinstance(cls_attr, types.FunctionType):
+            e = vt.source.expr()    # a function set on the instance later shadows the method
+            tx.output.guards.add(f"{name!r} not in {e}.__dict__", f"{name!r} in {e}.__dict__", False, src=e)
     if cls_attr is not _SENTINEL:
         return wrap_class_attr(tx, vt, cls, name, vt.attr_source(name))
     getattr_fn = _static_lookup(cls, "__getattr__")
@@ -376,6 +382,8 @@ class NNModuleVariable(ObjectVariableBase):
             if isinstance(key, slice):
                 from coil.capture.variables.builder import wrap
 
+                for k in keys[key]:     # the new container's entries keep their sources (wrap
+                    self._sub(tx, k)    # finds them by identity): read per call, not constants
                 return wrap(tx, m[key], None)
             return self._sub(tx, keys[key])
         if name == "__contains__" and isinstance(m, torch.nn.ModuleDict):
@@ -410,6 +418,15 @@ def _guard_keys(tx, src, m: torch.nn.Module, dname: str) -> list:
         e = f"{src.expr()}.{dname}"
         tx.output.guards.add(f"list({e}) == {keys!r}", f"list({e})", keys, src=src.expr())
     return keys
+
+
+def guard_mro_lookup(tx, mro, name: str) -> None:
+    """Guard that looking ``name`` up along ``mro`` (classes) still finds what it finds now."""
+    gs = tx.output.guards
+    for klass in mro:
+        gs.add(f"{gs.const(klass)}.__dict__.get({name!r}) is {gs.const(klass.__dict__.get(name))}")
+        if name in klass.__dict__:
+            return
 
 
 def _holds_tensor(value) -> bool:
@@ -565,6 +582,8 @@ class UserDefinedClassVariable(ObjectVariableBase):
             if name == "__mro__":
                 return TupleVariable([wrap(tx, c, None) for c in cls.__mro__])
             raise AttributeMissing(name)
+        if isinstance(attr, (staticmethod, classmethod, types.FunctionType)):
+            guard_mro_lookup(tx, cls.__mro__, name)     # C.f replaced later recompiles
         if isinstance(attr, staticmethod):
             return wrap(tx, attr.__func__, None)
         if isinstance(attr, classmethod):

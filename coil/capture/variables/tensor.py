@@ -484,6 +484,12 @@ class TensorVariable(VariableTracker):
     def var_getattr(self, tx, name):
         from coil.capture.variables.functions import BoundMethodVariable
 
+        if name == "is_leaf" and self.fake.requires_grad and self.source is not None:
+            for src, value, node in tx.output.inputs:   # an input's fake is a leaf; eager's may not be
+                if node is self.node:
+                    e = src.expr()
+                    tx.output.guards.add(f"{e}.is_leaf is {value.is_leaf}", f"{e}.is_leaf", value.is_leaf, src=e)
+                    return ConstantVariable(value.is_leaf)
         if name in _META_ATTRS:
             v = getattr(self.fake, name)
             return tensor_meta(tx, self, name, v)
@@ -519,6 +525,10 @@ class TensorVariable(VariableTracker):
             fargs = [to_fake(a) for a in args]
             fkw = {k: to_fake(v) for k, v in kwargs.items()}
             res = getattr(self.fake, name)(*fargs, **fkw)
+            if name == "storage_offset" and isinstance(res, int):
+                for src, value, _ in tx.output.inputs:   # it derives from the inputs' offsets
+                    e, off = src.expr(), value.storage_offset()
+                    tx.output.guards.add(f"{e}.storage_offset() == {off}", f"{e}.storage_offset()", off, src=e)
             if name in ("size", "stride") and isinstance(res, torch.SymInt):
                 d = fargs[0] if fargs else fkw.get("dim")
                 d = d % self.fake.dim() if isinstance(d, int) else d

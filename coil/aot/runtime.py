@@ -1,35 +1,13 @@
 """Runtime wrappers: make compiled functional graphs behave like the eager program.
 
-Around the compiled forward (and backward) this module
-
-- replays input mutations: the graph returns the new values of mutated inputs
-  and the wrapper copies them into the real inputs in place (``inp.copy_(new)``),
-  under ``no_grad`` when every mutation happened under no_grad in the program
-  (BatchNorm running statistics, optimizer-style updates), with autograd
-  recording otherwise (so a mutated non-leaf input gets eager's history);
-- replays metadata mutation of inputs (``t_``, ``squeeze_``, ``as_strided_``...): after
-  the data is written and the outputs are built, ``inp.as_strided_`` gives the
-  caller's tensor eager's final sizes, strides and offset;
-- regenerates aliased outputs as real views: an output that is an input is that
-  input object; one that is a view of an input, of another output, or of an
-  intermediate base returned by the graph is ``torch.as_strided`` of it with the
-  traced sizes/strides and the storage offset relative to its source (a view of an
-  input as another dtype, ``a.view(torch.int32)``, is a tensor set on the input's
-  storage, as eager's is no autograd view); with symbolic
-  sizes (``torch.compile(dynamic=...)``) those are expressions in the inputs' size
-  symbols, evaluated for each call by a generated function
-  (:func:`symbolic_evaluator`, logged as the ``aot_symbolic_layouts`` artifact);
-- in training, runs the forward/backward pair inside a ``torch.autograd.Function``:
-  saved values go through ``ctx.save_for_backward`` (so ``retain_graph`` and
-  version-counter checks behave as in eager), outputs that are not
-  differentiable are marked so (and get no zero-filled gradients: backward makes
-  zeros only for the missing gradients of differentiable outputs), tangents are made contiguous (they were traced
-  contiguous), unused inputs get ``None`` gradients, and differentiating the
-  gradients again (double backward) raises :data:`DOUBLE_BACKWARD_MESSAGE` when it
-  is attempted.
-
-Per-call work is index shuffling precomputed at compile time; see
-``benchmarks/aot_overhead.py`` for the measured cost.
+Around the compiled forward (and backward): replay input mutations (copy the graph's new
+values into the real inputs, under ``no_grad`` when eager's were) and metadata mutations
+(``as_strided_`` to eager's final layout); regenerate aliased outputs as real views
+(``as_strided`` of their base; sizes from the inputs' symbols under dynamic shapes,
+:func:`symbolic_evaluator`); in training, run the forward/backward pair inside an
+``autograd.Function`` with eager's saved-tensor, non-differentiable-output and
+unused-input behaviour, raising :data:`DOUBLE_BACKWARD_MESSAGE` on double backward.
+docs/aot.md ("Runtime wrappers") has the details; ``benchmarks/aot_overhead.py`` the cost.
 """
 from __future__ import annotations
 

@@ -1,31 +1,17 @@
-"""Capture: Python bytecode → FX graphs (Dynamo's role in coil).
+"""Capture: Python bytecode → FX graphs (Dynamo's role in coil; docs/capture.md).
 
-What goes in: a Python function or ``nn.Module`` and a backend
-(``backend(gm, example_inputs) -> callable``). What comes out: a wrapper that, on
-each call, either runs a cached compiled entry whose guards pass, or translates the
-frame again.
+In: a Python function or ``nn.Module`` and a backend (``backend(gm, example_inputs) ->
+callable``). Out: a wrapper that on each call runs a cached compiled entry whose guards
+pass, or translates the frame again. Steps, one module each: :mod:`.frame` (bind the
+arguments, look up the per-code-object cache of (guard, entry) pairs), :mod:`.translator`
++ :mod:`.opcodes` (symbolic execution of CPython 3.11/3.12 bytecode over
+:mod:`.variables` trackers, torch calls into an ``fx.Graph`` on fake tensors),
+:mod:`.guards` (the checks each real value read adds, generated as one function),
+:mod:`.output` (the backend call and the generated entry), :mod:`.resume` (graph breaks:
+the rest of the frame as a resume function, captured in turn).
 
-How a frame is captured (one module per step):
-
-1. :mod:`.frame` — the wrapper binds the call's arguments and checks the cache of
-   (guard, entry) pairs kept per code object (weakly: a freed function or model frees
-   its entries). A miss translates the frame.
-2. :mod:`.translator` + :mod:`.opcodes` — symbolic execution of the CPython 3.11/3.12
-   bytecode over :mod:`.variables` trackers. Torch calls become nodes of a torch-level
-   ``fx.Graph`` run on fake tensors (:mod:`.variables.tensor`); Python functions and
-   ``nn.Module.forward`` are inlined; parameters and buffers become graph inputs.
-3. :mod:`.guards` — every real value read adds checks on its :mod:`.source`; the
-   checks are generated as one Python function (printed into the compile log).
-4. :mod:`.output` — the graph goes to the backend; an entry function is generated as
-   Python source: call the compiled graph, replay side effects, rebuild the outputs.
-5. Graph breaks — an unsupported instruction ends the graph; the entry runs that
-   instruction in plain Python and continues in a resume function made with the
-   ``bytecode`` library (:mod:`.resume`), itself captured and cached in turn.
-
-Invariants: the compiled entry is observationally the frame (same outputs, same
-mutations in the same order, same exceptions); anything capture cannot prove is a
-graph break or an eager fallback, never a silent difference.
-
+Invariant: the compiled entry is observationally the frame (outputs, mutations in order,
+exceptions); what capture cannot prove is a graph break or a visible eager fallback.
 Public seam (used by :mod:`coil.api`): :func:`wrap_callable`, :func:`reset`,
 :func:`disable`, :func:`explain`.
 """

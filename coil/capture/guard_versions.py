@@ -1,40 +1,20 @@
 """Skipping guards whose inputs did not change: dict version tags (PEP 509).
 
-A module tree's guard function (:mod:`.guards`) spends most of its time re-reading
-state that almost never changes between calls: every submodule's ``__dict__``, its
-``_modules`` / ``_parameters`` / ``_buffers`` dicts, its four hook dicts, each constant
-attribute (``eps``, ``stride``, ``training``) and the globals a ``forward`` reads. All of
-it is reached from the frame's arguments through dict lookups. CPython gives every dict
-a 64-bit version tag that takes a new, never repeated value on each change of the dict
-(PEP 509, ``ma_version_tag``; 3.11 and 3.12). So when every dict the guard read through
-has the tag it had at the last full pass, each value read from them is the same object
-as then, and a check that depends only on such objects' identity or immutable value
-holds again without being evaluated.
-
-:func:`fast_guard` splits the generated ``___guard`` into
-
-- the *full* guard, unchanged except that on success it records a snapshot
-  (:class:`_State`): the objects later checks need, the dicts to watch and their tags;
-- the *fast* guard, which runs first on every call: the checks that must run (the
-  frame's arguments, the grad mode, each class's ``forward``, the module objects' types,
-  the tensors in their C++ ``TensorGuards`` batches), an identity check of each root
-  dict read from an argument (``self.__dict__``), and one C call comparing the watched
-  dicts' tags (:data:`_SOURCE`). If the tags differ it calls the full guard.
-
-A check is *implied* (left out of the fast guard) when each value it reads is reached
-only through watched dicts or constants and it is one of: ``a is b``; ``type(v) is T``
-for an immutable builtin ``T`` (then ``v == const`` in the same check too); the truth,
-``len`` or key membership of a watched dict; ``list(d) == [...]`` of a plain dict.
-Anything else (a module's type: ``__class__`` can be assigned; a tensor's metadata; an
-attribute of a non-dict object) stays in the fast guard, reading the snapshot's objects.
-
-Not seen by tags: assigning a new dict to ``obj.__dict__`` (its old dict stays
-watched); the objects behind an attribute read that is not a dict lookup (kept, so
-checked). A dict watched must be exactly ``dict`` or ``OrderedDict``. An entry whose
-snapshots keep going stale (state written on every call) stops using the fast guard
-(event ``guard_versions``). Disabled by ``config.guard_versions = False``, on Python
-other than 3.11 / 3.12 (3.13 no longer bumps an object's ``__dict__`` tag on attribute
-stores) and when the C helper cannot be built; the full guard then runs alone.
+A module tree's guard (:mod:`.guards`) mostly re-reads state reached from the frame's
+arguments through dicts that almost never change: each submodule's ``__dict__``, its
+``_modules`` / ``_parameters`` / ``_buffers`` and hook dicts, constant attributes, the
+globals a ``forward`` reads. CPython 3.11 and 3.12 give each dict a version tag that takes
+a new, never repeated value on every write (PEP 509, ``ma_version_tag``). While every dict
+the guard read through keeps the tag it had at the last full pass, each value read from
+them is the same object, and a check of only such values' identity or immutable value
+holds again. :func:`fast_guard` splits the generated ``___guard`` into the *full* guard
+(unchanged; on success it records a :class:`_State` snapshot: the objects later checks
+need, the dicts to watch and their tags) and a *fast* guard run first: the checks that
+must run (arguments, modes, class forwards, module types, tensors), an identity check of
+each root dict read from an argument, and one C call comparing the watched tags
+(:data:`_SOURCE`); on a difference it calls the full guard. docs/capture.md ("Skipping
+unchanged guards") lists what is implied, the limits and the measurements. Off with
+``config.guard_versions = False``, on other Pythons and without a C++ compiler.
 """
 from __future__ import annotations
 
@@ -42,6 +22,7 @@ import ast
 import collections
 import ctypes
 import sys
+import types
 from typing import Any, Callable, Optional
 
 from coil import trace
@@ -76,14 +57,11 @@ def _load_helper():
         if sys.version_info[:2] not in ((3, 11), (3, 12)):
             raise RuntimeError(f"Python {sys.version_info[0]}.{sys.version_info[1]} has no dict version tag")
 
-        class _Probe:
-            pass
-        o = _Probe()
-        o.a, d, od = 1, {}, collections.OrderedDict()
-        inst = o.__dict__
-        before = [_tag(x) for x in (d, od, inst)]
-        d["k"], od["k"], o.a = 1, 1, 2
-        if any(_tag(x) == t for x, t in zip((d, od, inst), before)):
+        probe = types.SimpleNamespace(a=1)
+        ds = ({}, collections.OrderedDict(), probe.__dict__)
+        before = [_tag(x) for x in ds]
+        ds[0]["k"], ds[1]["k"], probe.a = 1, 1, 2
+        if any(_tag(x) == t for x, t in zip(ds, before)):
             raise RuntimeError("a dict's version tag did not change on a write")
         from coil.runtime import cpp_build
         fn = cpp_build.build(_SOURCE).coil_tags_equal
@@ -95,15 +73,12 @@ def _load_helper():
     return fn
 
 
-class _Snapshot:
+def _snapshot(ok, cache=(), roots=(), keep=()):
     """One full pass's record: ``ok()`` is True while every watched dict keeps its tag."""
-    __slots__ = ("ok", "cache", "roots", "keep")
-
-    def __init__(self, ok, cache, roots, keep):
-        self.ok, self.cache, self.roots, self.keep = ok, cache, roots, keep
+    return types.SimpleNamespace(ok=ok, cache=cache, roots=roots, keep=keep)
 
 
-_INVALID = _Snapshot(lambda: False, (), (), ())
+_INVALID = _snapshot(lambda: False)
 
 
 class _State:
@@ -135,7 +110,7 @@ class _State:
         addrs = (ctypes.c_void_p * n)(*[id(d) + _TAG_OFFSET for d in watched])
         tags = (ctypes.c_uint64 * n)(*[_tag(d) for d in watched])
         fn = _helper[0]
-        self.cur = _Snapshot(lambda: fn(addrs, tags, n), cache, roots, (watched, addrs, tags))
+        self.cur = _snapshot(lambda: fn(addrs, tags, n), cache, roots, (watched, addrs, tags))
         return True
 
     def hit(self) -> None:
@@ -155,7 +130,6 @@ class _Split:
         self.stable: set = set()        # locals reached only through watched dicts
         self.roots: list = []           # locals `= arg.__dict__`, identity-checked
         self.watch: dict = {}           # expression text -> needs a plain dict
-        self.user_globals = "___G"
 
     def value(self, e) -> bool:
         """Whether ``e``'s value is fixed while the watched dicts keep their tags."""
@@ -237,20 +211,16 @@ def _call_of(e, fname: str) -> bool:
 
 
 def _literal(e, ns: dict) -> bool:
-    if isinstance(e, ast.Name):
-        v = ns.get(e.id, e)
-    else:
-        try:
-            v = ast.literal_eval(e)
-        except ValueError:
-            return False
-    return _immutable_value(v)
+    """Whether ``e`` is a constant of immutable scalars (a literal or a namespace name)."""
+    try:
+        v = ns.get(e.id, e) if isinstance(e, ast.Name) else ast.literal_eval(e)
+    except ValueError:
+        return False
+    return _immutable(v)
 
 
-def _immutable_value(v) -> bool:
-    if isinstance(v, tuple):
-        return type(v) is tuple and all(_immutable_value(x) for x in v)
-    return type(v) in _IMMUTABLE
+def _immutable(v) -> bool:
+    return type(v) in _IMMUTABLE and (type(v) is not tuple or all(_immutable(x) for x in v))
 
 
 def fast_guard(src: str, ns: dict, label: str) -> Optional[Callable]:

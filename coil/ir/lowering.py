@@ -583,40 +583,21 @@ def _split_decision(ranges, numel_r: int, reduction_type: str, leading: bool = F
                     device: Optional[torch.device] = None) -> tuple[int, str]:
     """``(S, reason)``: ``S`` partial reductions per output (1: no split) and why.
 
-    Few outputs with long reductions (a full ``x.sum()``, ``bias_grad = g.sum(0)``)
-    would run on too few programs; split the reduction in ``S`` chunks (a power of
-    two dividing it) so there are ~8k partial results of >= 512 elements each.
-
-    ``leading`` (the reduced dims come first: ``x.sum(0)`` of a tall matrix): the
-    kernel tiles ~64-256 outputs per program along the contiguous dim, so even 1k-32k
-    outputs (bias gradients of a [8192, 3072] activation) are too few programs (``x[32768, 4096].sum(0)``: 32-64 programs on a
-    132-SM H200, 51% of copy bandwidth); split up to 64k partial results of >= 1024
-    rows each (the partials add 2 * 64k * 4 bytes of traffic); with fewer than 4k
-    partials that way, partials of >= 512 rows (from 2048 rows on).
-
-    For leading reductions and for at most :data:`RAGGED_SPLIT_MAX_OUTPUTS` outputs,
-    ``S`` need not divide the reduction: the last chunk is then ragged (masked in
-    :func:`_split_reduction`), so ``x[32001, 4096].sum(0)`` or a full sum over an odd
-    count are split too (they ran on 32 programs, resp. one).
-
-    On a GPU (:data:`_GPU_SPLIT_DEVICES`) a reduction over the innermost dims (not
-    ``leading``: one program walks one output row) is split only when its rows cannot
-    fill the GPU and are long: fewer rows than SMs (:func:`gpu_sm_count`) and at
-    least :data:`GPU_SPLIT_MIN_RNUMEL` elements per row. With a row for every SM,
-    every SM streams from the first moment, and a split only adds launches, a round
-    trip of the partials through memory, and unfuses the row's other reductions
-    (softmax of 256 x 8192 fp32 on an H200: coil's split plan ran 1.86x slower in
-    CUDA-graph replay than torch.compile's single unsplit looped kernel, one program
-    per row). Leading and full reductions keep the rules above, and so does every
-    reduction on the CPU."""
+    Few outputs with long reductions (a full ``x.sum()``, ``bias_grad = g.sum(0)``) would
+    run on too few programs: split the reduction in ``S`` chunks (a power of two) so there
+    are ~8k partials of >= 512 elements. ``leading`` (reduced dims first, the kernel tiles
+    64-256 outputs per program): 1k-32k outputs split up to 64k partials of >= 1024 rows
+    (>= 512 under 4k partials), and on a GPU fewer than 4096 outputs over 256-2047 rows
+    split to about one program per SM. Leading reductions and at most
+    :data:`RAGGED_SPLIT_MAX_OUTPUTS` outputs may end in a ragged chunk. On a GPU a row
+    reduction (one program per row) splits only with fewer rows than SMs and rows of >=
+    :data:`GPU_SPLIT_MIN_RNUMEL`. docs/codegen.md ("Split reductions on a GPU") has the
+    measurements behind each rule."""
     if reduction_type not in SPLITTABLE:
         return 1, "not_splittable"
     numel_out = _numel(ranges)
     if leading and _gpu_split_rule(device) and numel_out < 4096 and 256 <= numel_r < 2048:
-        # a short leading reduction with few outputs (bias and LayerNorm weight gradients of
-        # 8 x 128 tokens: 512-2048 outputs over 1024 rows) runs on numel_out / 32-256
-        # programs: 2-16 of an H200's 132 SMs (10.8 µs for 1 MB of bf16 in a SmallGPT
-        # training step). Split until about one program per SM, chunks >= 64 rows
+        # bias / LayerNorm weight gradients of 8 x 128 tokens: 2-16 programs unsplit
         programs, s = max(1, numel_out // 64), 1
         while programs * s * 2 <= gpu_sm_count(device) and numel_r // (s * 2) >= 64:
             s *= 2
@@ -663,13 +644,8 @@ def _numel(ranges) -> int:
 _GPU_SPLIT_DEVICES = ("cuda",)
 
 #: On a GPU, rows shorter than this are not split even when there are fewer rows than
-#: SMs. With fewer rows than SMs every program runs at once, so the unsplit kernel
-#: takes about as long as one program streaming one row (latency-bound, proportional
-#: to the row's length), while a split plan of such small tensors costs mostly its
-#: extra launches. On an H200, softmax over 256 rows of 8192 fp32 (32 KiB) ran 1.86x
-#: faster as one unsplit kernel (torch.compile) than as coil's split plan, so the
-#: break-even is estimated near 1.86 * 8192 ~ 15k elements; from 16384 elements on,
-#: a few rows are split (128 x 32768, 64 x 65536; neither measured).
+#: SMs: the unsplit kernel is then latency-bound and a split costs mostly its launches
+#: (the break-even estimate is in docs/codegen.md).
 GPU_SPLIT_MIN_RNUMEL = 16384
 
 #: SMs assumed when no CUDA device can be asked (an H200; ``config.gpu_sm_count``).

@@ -1,40 +1,21 @@
 """Build and load C++ kernels: system compiler → shared object → ctypes, with a disk cache.
 
-Design note
------------
-The C++ code generator (``coil/codegen/cpp``) produces C++ source text; this module
-turns source text into callable functions and knows nothing about kernels.
+The C++ code generator (``coil/codegen/cpp``) produces source text; this module turns it
+into callable functions and knows nothing about kernels. docs/cpp_backend.md ("Building
+and caching") gives the design; in short:
 
-- **Compiler.** ``$CXX`` or the first of ``g++``, ``c++``, ``clang++`` on ``PATH``.
-  Default flags: ``-O3 -march=native -fopenmp -shared -fPIC -std=c++17`` plus
-  ``config.cpp_extra_flags``. No ``-ffast-math``: kernels must keep IEEE NaN/inf
-  semantics to agree with eager. ``-fno-math-errno`` changes no results (it lets
-  ``sqrt`` vectorize). ``-fno-trapping-math`` is deliberately absent: with it GCC folds
-  a float -> int -> float round trip into ``trunc`` (``x.long().float()`` of 1e30 gave
-  1e30 instead of eager's -9.22e18, and -0.5 gave -0.0 instead of 0.0). ``-fwrapv``:
-  signed integer overflow wraps, as eager's int64 results do; without it GCC may assume
-  it never happens (``argmax(-x)`` of ``[0, INT64_MIN]`` was rewritten into 1).
-  ``-fno-tree-loop-if-convert``: GCC 12 with AVX-512 if-converted two masked blocks
-  computing the same invariant ``acc / 2.0`` under complementary masks into one masked
-  division, so ``torch.stack([m, m])`` of a mean gave ``[m, 0]`` (fuzz s202 #16952).
-- **Cache key.** sha256 of (source, compiler path, compiler ``--version`` text,
-  flags). The shared object lives at ``<cache_dir>/cpp/<key[:2]>/<key>.so`` where
-  ``cache_dir`` is ``config.cache_dir`` or ``~/.cache/coil``. Writes go to a
-  temporary file and are renamed into place, so concurrent processes never see a
-  half-written object. A second build of the same key in one process returns the
-  already-loaded library (``dlopen`` is not repeated).
-- **Warm calls never invoke the compiler**: when ``<key>.so`` exists, it is loaded.
-  (The compiler's ``--version`` is asked once per process, lazily, to form the key.)
-- **Parallel builds.** :func:`build_many` compiles the sources of one graph with a
-  thread pool (each compile is a subprocess, so threads suffice).
-- **Failures.** A missing compiler raises :class:`CompilerNotFound`, a failing
-  compile :class:`CppCompileError` (with the compiler's stderr); both subclass
-  :class:`CppBuildError`, which the code generator turns into an extern fallback
-  for the graph with a logged reason.
-- **Threads.** OpenMP kernels use :func:`num_threads` threads:
-  ``config.cpp_threads`` or, when that is 0, ``torch.get_num_threads()``. The
-  libgomp already loaded by torch is reused (same soname), so there is one
-  OpenMP runtime in the process.
+- **Compiler** ``$CXX`` or the first of ``g++``, ``c++``, ``clang++``; flags
+  :data:`DEFAULT_FLAGS` plus ``config.cpp_extra_flags``. Kernels keep IEEE semantics (no
+  ``-ffast-math``, no ``-fno-trapping-math``); ``-fwrapv`` because eager's int64 results
+  wrap; ``-fno-tree-loop-if-convert`` because GCC 12 merged two masked blocks into one
+  (fuzz s202 #16952). The doc names the wrong results each flag prevents.
+- **Cache** sha256 of (source, compiler path, its ``--version``, flags) names
+  ``<cache_dir>/cpp/<key[:2]>/<key>.so``, written to a temporary file and renamed; a
+  warm call never starts the compiler; a second build of one key in a process returns
+  the loaded library. :func:`build_many` compiles one graph's sources on a thread pool.
+- **Failures** :class:`CompilerNotFound` and :class:`CppCompileError` (both
+  :class:`CppBuildError`), which the code generator turns into a logged extern fallback.
+- **Threads** OpenMP kernels use :func:`num_threads` threads, in torch's own libgomp.
 """
 from __future__ import annotations
 

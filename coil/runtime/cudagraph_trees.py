@@ -1,59 +1,21 @@
-"""CUDA graph trees: ``mode="reduce-overhead"`` (docs/cudagraphs.md).
+"""CUDA graph trees: ``mode="reduce-overhead"``. The design (with a picture) is
+docs/cudagraphs.md; this is its summary.
 
-Every compiled graph on a device (forwards, backwards, inference graphs, the graphs
-of resume functions, one per size under dynamic shapes) is replayed from a CUDA graph
-recorded into one memory pool per device. The recorded graphs form a tree of the paths
-a step takes: a node is one recording; its children are the graphs recorded to run
-after it within the same step. A call is served by a child of the last node run in
-this step (or by a root) with the same graph, argument sizes and argument addresses;
-when there is none, execution has diverged and a new node is recorded there.
-
-Memory. A node keeps the tensors its capture made as its outputs, so their memory is
-its own for as long as the tree lives; everything else a capture allocated
-(intermediates) returns to the pool when the capture ends and is reused by every later
-recording of the tree. Replaying a node overwrites only its own outputs, so the
-outputs the caller still holds from its previous replay are the only ones that can go
-stale: their storages are poisoned (reading them or any view of them raises
-:data:`STALE_MESSAGE`), never silently wrong. Nodes at one place of a step are reused from step to step (a new step starts
-again from the roots), which is why outputs from one step stay valid through the next
-step only if they are cloned.
-
-Saved activations. A forward's outputs saved only for its backward are read last by
-that backward: its recording is lent the forward node's own tensors of them and runs
-the compiled backward's ``call_boxed``, which releases each after its last use, so the
-backward's gradients and intermediates reuse that memory (:meth:`Tree._lend_saved`).
-From then on the forward node does not own it: while those saved values wait for their
-backward, nothing recorded after the release runs graphed (it may overlap them), nor
-does the reusing backward under ``retain_graph`` (:meth:`Tree._overlaps_pending_saved`).
-
-Gradients and later outputs. A backward node whose gradients from its last replay are
-still held (``.grad`` of a parameter while gradients accumulate over micro-batches) is
-not replayed over them: that backward call runs un-graphed (logged once). More
-generally, a node is never replayed while a node recorded after it has live outputs:
-the later recording may have been given memory that this node's capture used for
-intermediates, so the replay would overwrite them (the forward of the second
-micro-batch overwrote the first one's gradients). Gradients, and outputs passed to this
-very call, keep their values: the call runs un-graphed. Other live outputs of later
-recordings are from an earlier step and are poisoned (stale), as a replay's own are.
-
-Steps. A new step starts (the path goes back to the roots) at
-:func:`mark_step_begin`, or automatically when a forward or inference graph already
-on the current path is called again while no forward on the path still waits for its
-backward (the tensors it saved are dead): the next iteration of a training loop
-(forward after backward) or of an inference / decoding loop.
-
-Inputs. An argument whose storage is a node's output (fed back from an earlier replay)
-and parameters, buffers and any argument passed as the same tensor object on the
-warm-up call are read in place, guarded by address; the others are copied into
-placeholders the node owns. A guard that fails records a new node that copies the
-moved argument (logged ``cudagraph_rerecord``). Input mutations need no care here:
-coil's graphs are functional and the AOT runtime copies new values into inputs after
-the replay.
-
-Fallbacks (``cudagraph_skip``, with a reason) run the compiled graph without a CUDA
-graph: CPU tensors, host syncs and data-dependent sizes, explicit RNG generators, a
-capture that fails, and more than ``config.cudagraph_record_limit`` recordings of one
-graph (new recordings only; recorded nodes keep replaying).
+Every compiled graph on a device (forwards, backwards, inference graphs, resume
+functions, one per size under dynamic shapes) is replayed from a CUDA graph recorded
+into one memory pool per device. The recordings form a tree of the paths a step takes:
+a call is served by a child of the last node run in this step (or a root) with the same
+graph, argument sizes and argument addresses; when there is none a new node is recorded
+there. A node owns its outputs' memory; intermediates go back to the pool for later
+recordings. The outputs a caller still holds from a node's previous replay are poisoned
+when it replays (reading them raises :data:`STALE_MESSAGE`). A backward's recording
+reuses the memory of the saved activations it reads last (:meth:`Tree._lend_saved`,
+``config.cudagraph_reuse_saved``). A node is never replayed while a later recording has
+live outputs that may share its intermediates' memory: that call runs un-graphed. A new
+step starts at :func:`mark_step_begin` or when a forward already on the path is called
+again with no backward pending. Parameters, buffers and fed-back outputs are read in
+place, guarded by address; other arguments are copied into placeholders. Fallbacks
+(``cudagraph_skip``, with a reason) run the graph compiled, without a CUDA graph.
 """
 from __future__ import annotations
 

@@ -1,34 +1,13 @@
 """Launching Triton kernels generated for symbolic sizes (dynamic shapes).
 
-A kernel generated with symbolic sizes takes ``xnumel`` (and ``rnumel`` for a
-reduction) and the size symbols its indices use as trailing integer arguments
-(no binary per size: Triton specializes ``xnumel`` and ``rnumel`` only on divisibility
-by 16, on ``== 1`` and on the int32 range, and the symbols, ``do_not_specialize``, on
-the int32 range, so a config has a binary per such class seen). The wrapper passes
-their values; :class:`DynamicTritonLauncher` computes the grid from ``xnumel`` on every
-call, and keeps a direct launch per bucket and class. With ``xnumel`` divisible by 16,
-``xindex < xnumel`` is constant over 16 lanes and Triton vectorizes masked loads and
-stores (unspecialized, each bf16 store of GPT-2's logits copy was 2 bytes: 2.5x the
-static kernel's time on an H200). A symbol's own divisibility rarely matters (indices
-multiply it by constants), while a new class of a sequence length (200, then 333)
-compiled every kernel again: 3.6 s of LLaMA's dynamic compile on an H200. So after a
-config's first launch, the binaries of the classes that other values of the symbols
-reach (``xnumel = 4 * L`` not divisible by 16) are queued to the compile pool behind the
-jobs queued before; a later size of such a class waits for or finds its binary.
-
-Launch configs depend on sizes only through a *bucket*: the next power of two of
-``xnumel`` and ``rnumel``. Each bucket picks its config once (the first candidate on
-CPU; on a GPU with ``config.autotune``, the config of the nearest bucket tuned before
-when it is among this bucket's candidates or the kernel is a plain pointwise one (any
-XBLOCK suits it), else the fastest candidate, timed on the
-first call that falls in it and remembered per bucket on disk: one tuning serves all
-sizes unless ``config.autotune_each_bucket``), so new sizes in a
-known bucket cost one dictionary lookup, and no size ever compiles a new kernel source;
-Triton compiles one binary per distinct launch config (a handful), not per size, shared
-by every bucket that has the config. Row counts below :data:`MIN_X_BUCKET` share one
-bucket. The tuning result is per bucket and kernel body (copies of the body in other
-layers reuse it), and on a GPU the hint sizes' bucket, where the first call lands,
-queues its candidates to the compile pool when the launcher is created.
+Such a kernel takes ``xnumel`` (``rnumel``) and the size symbols its indices use as
+trailing integer arguments: no binary per size, only per Triton specialization class
+(divisibility by 16, ``== 1``, the int32 range), whose other binaries are queued to the
+compile pool after a config's first launch. :class:`DynamicTritonLauncher` computes the
+grid per call and picks its launch config per *bucket* (the next powers of two of
+``xnumel`` and ``rnumel``; autotuned once per bucket on a GPU, nearest tuned bucket
+reused), so a new size in a known bucket costs one dictionary lookup. docs/dynamic_shapes.md
+("Launching dynamic Triton kernels") has the details and the measurements.
 """
 from __future__ import annotations
 

@@ -1,40 +1,15 @@
 """The C++ ops handler and kernel assembler: one C++ function per fused group.
 
-Design note
------------
-``CppKernel(plan, name).source()`` runs every planned node's define-by-run body with
-this module's handler installed. Each op appends one C++ statement ``T tmpN = ...;``
-to the current *block* and returns a :class:`CppVar` (CSE: the same expression in the
-same scope returns the same variable). Index expressions are recorded as tokens and
-printed only at the end, once :mod:`coil.codegen.cpp.indexing` has chosen how to split
-``xindex``/``rindex`` into nested loops without per-element division.
-
-Kernel shapes (``numel`` = xnumel, ``rnumel``):
-
-* pointwise (``rnumel == 1``)::
-
-      #pragma omp parallel for  (only when numel >= PARALLEL_MIN)
-      for xo:                       outer split vars x1.. from xo (one div per row)
-        per-row statements          (declarations not depending on x0: gather
-                                     indices and their bounds checks, broadcasts)
-        #pragma omp simd            (unless the loop body has a bounds check or atomic)
-        for x0 in [0, inner):       body
-
-* reduction: an outer (parallel) loop over ``xindex``; inside it, in plan order,
-  *sections* (one per ``loop_id``: a loop over ``rindex``) and per-x code (nodes with
-  ``in_loop == False`` and the code after a reduction). A section with reductions keeps
-  ``LANES`` partial accumulators: the loop body runs in ``#pragma omp simd`` chunks of
-  LANES elements, lane ``l`` accumulating elements ``l, l+LANES, ...``; a scalar tail
-  handles the rest of the row as a partial chunk (its element ``rb + l`` goes to lane
-  ``l``, no separate tail accumulator); lanes are combined in a fixed order, so results are
-  deterministic (independent of thread count) and vectorized.
-
-All index arithmetic is ``int64_t``. fp16/bf16 are loaded and stored as 16-bit values
-and computed in float. Indirect indices are bounds-checked (``coil_ind_checked``, one
-CSE'd expression, hoisted with the rest of the loop-invariant code): an out-of-range
-index writes an error record that the launcher turns into ``IndexError``. Index
-expressions are simplified with the loop bounds when recorded, so CSE and the
-loop-invariance test see ``(128*xindex + rindex) // 128`` as ``xindex``.
+``CppKernel(plan, name).source()`` runs every planned node's define-by-run body with this
+module's handler installed. Each op appends one C++ statement ``T tmpN = ...;`` to the
+current *block* and returns a :class:`CppVar` (CSE per scope). Index expressions are
+recorded as tokens and printed at the end, once :mod:`coil.codegen.cpp.indexing` has
+chosen how to split ``xindex``/``rindex`` into nested loops without per-element division.
+Pointwise kernels are an OpenMP-parallel outer loop with an ``omp simd`` inner loop;
+reductions keep ``LANES`` partial accumulators combined in a fixed order (deterministic
+for any thread count). Index arithmetic is ``int64_t``; fp16/bf16 are computed in float;
+indirect indices are bounds-checked (``coil_ind_checked``; the launcher raises
+``IndexError``). docs/cpp_backend.md draws each kernel shape.
 """
 from __future__ import annotations
 

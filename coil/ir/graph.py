@@ -199,9 +199,7 @@ def _maybe_pad_matmul_output(ek: ExternKernel, meta: torch.Tensor) -> None:
         return  # N symbolic or the output not contiguous
     hm, hk = hint(as_expr(m)), hint(as_expr(k))
     big = hm * n >= (1 << 20) or hm * hk >= (1 << 20) or hk * n >= (1 << 20)
-    # not for fewer than 64 rows: a matrix-vector product reads the weight once, and padding
-    # copies it every call (GPT-2 decoding's LM head: a 77 MB copy per token, 20 µs)
-    pad_n = n % 8 != 0 and n >= 64 and hm >= 64 and big
+    pad_n = n % 8 != 0 and n >= 64 and big
     # an operand whose leading dimension (row stride, or column stride when transposed)
     # is not a multiple of 8: K % 8, or a transposed operand with M % 8 / N % 8
     # (a symbolic stride is never padded: _misaligned_ld is False for it)

@@ -19,7 +19,6 @@ from __future__ import annotations
 from typing import Any, Callable, Optional
 
 import torch
-from torch.multiprocessing.reductions import StorageWeakRef
 
 #: ATen ops whose result the host must read (a device sync) or whose output size
 #: depends on the data; a graph holding one is not recorded.
@@ -176,13 +175,27 @@ class CudaRecorder:
         """Run a captured graph on the current stream."""
         graph.replay()
 
-    def poison(self, ref: StorageWeakRef, message: str) -> None:
-        """Make reading the (live) storage behind ``ref`` raise ``message``; every
-        tensor over it, views included, sees the error. The storage does not own its
-        memory (:meth:`OutputPlan.build`), so releasing its data frees nothing."""
+    def poison(self, cdata: int, message: str) -> None:
+        """Make reading the live storage ``cdata`` (a :class:`SlotRefs` entry) raise
+        ``message``; every tensor over it, views included, sees the error. The storage
+        does not own its memory (:meth:`OutputPlan.build`), so releasing its data frees nothing."""
         poison = getattr(torch._C, "_set_storage_data_ptr_access_error_msg", None)
-        if poison is not None and not ref.expired():  # CUDA builds have it
-            poison(ref.cdata, message)
+        if poison is not None:  # CUDA builds have it
+            poison(cdata, message)
+
+
+class SlotRefs(tuple):
+    """Weak references (``cdata``) to one replay's slot storages, freed together when this
+    is dropped: torch's ``StorageWeakRef`` is a Python object per storage, and its
+    ``__init__``/``__del__`` were the largest host cost of a training step's replays
+    (190 outputs a step). Test an entry with ``torch._C.StorageBase._expired(cdata)``."""
+
+    def __new__(cls, storages):
+        return super().__new__(cls, [st._weak_ref() for st in storages])
+
+    def __del__(self):
+        for c in self:
+            torch.UntypedStorage._free_weak_ref(c)
 
 
 #: torch's C constructor of a CUDA tensor over a given storage (CUDA builds; about a
@@ -262,7 +275,7 @@ class OutputPlan:
     def build(self, args) -> tuple[list, list]:
         """``(outputs, weak refs of this replay's slot storages)``."""
         storages = [torch._C._construct_storage_from_data_pointer(p, dev, n) for p, n, dev in self.slots]
-        refs = [StorageWeakRef(s) for s in storages]
+        refs = SlotRefs(storages)
         outs = []
         for item in self.items:
             if item[0] in ("const", "self"):

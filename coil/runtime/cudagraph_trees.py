@@ -89,18 +89,18 @@ class Node:
 
     def busy(self) -> bool:
         """Something still holds an output of the last replay."""
-        return any(not _expired(ref.cdata) for ref in self.live)
+        return any(not _expired(c) for c in self.live)
 
     def poison_live(self) -> None:
         """Make what the last replay handed out raise when read (it is about to be overwritten)."""
-        for ref in self.live:
-            if not _expired(ref.cdata):
-                self.tree.recorder.poison(ref, STALE_MESSAGE)
+        for c in self.live:
+            if not _expired(c):
+                self.tree.recorder.poison(c, STALE_MESSAGE)
         self.live = []
 
     def pending_backward(self) -> bool:
         """A forward whose saved tensors from the last replay are still held."""
-        return any(not _expired(self.live[s].cdata) for s in self.saved_slots) if self.live else False
+        return any(not _expired(self.live[s]) for s in self.saved_slots) if self.live else False
 
     def replay(self, args):
         """Copy the arguments in, poison what the last replay handed out, replay."""

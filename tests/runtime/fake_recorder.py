@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import Any, Callable, Optional
 
 import torch
-from torch.multiprocessing.reductions import StorageWeakRef
 
 
 class FakeRecorder:
@@ -44,10 +43,9 @@ class FakeRecorder:
                 if isinstance(o, torch.Tensor) and o.untyped_storage().data_ptr() not in inputs:
                     o.copy_(n)
 
-    def poison(self, ref: StorageWeakRef, message: str) -> None:
-        """Remember the storage behind ``ref`` as stale."""
-        if not ref.expired():
-            self.stale[ref.cdata] = message
+    def poison(self, cdata: int, message: str) -> None:
+        """Remember the (live) storage ``cdata`` as stale."""
+        self.stale[cdata] = message
 
     def is_stale(self, t: torch.Tensor) -> bool:
         """Whether ``t`` lives in memory a later replay overwrote."""

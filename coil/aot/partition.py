@@ -98,6 +98,7 @@ _CHEAP_OPS = {
     aten.scalar_tensor.default, aten.arange.start_step, aten.arange.default,
     aten.arange.start, aten.lift_fresh_copy.default, aten.constant_pad_nd.default,
     aten.slice_scatter.default, aten.select_scatter.default,
+    aten.scatter.value,    # a one-hot (cross-entropy's backward): one write per element
 }
 _REDUCTIONS = {
     aten.sum.dim_IntList, aten.sum.default, aten.mean.dim, aten.mean.default,

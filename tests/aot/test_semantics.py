@@ -444,6 +444,25 @@ def test_random_mask_not_recomputed_in_backward():
     assert 0.3 < kept.float().mean() < 0.7
 
 
+def test_cross_entropy_one_hot_recomputed_not_saved():
+    """The one-hot of cross-entropy's backward (scatter of a scalar into zeros, (N, vocab)
+    fp32) depends only on the targets: it was saved from the forward (33.5 MB of 94 MB of a
+    2-layer GPT's activations at 1024 tokens x 8192 words); it is recomputed now."""
+    def f(x, w, t):
+        return torch.nn.functional.cross_entropy(x @ w, t)
+
+    x, w = torch.randn(64, 16, requires_grad=True), torch.randn(16, 512, requires_grad=True)
+    t = torch.randint(0, 512, (64,))
+    c = compile_fn(f, x, w, t)
+    fw, _ = c.recorder.graphs
+    out = [n for n in fw.graph.nodes if n.op == "output"][0].args[0]
+    saved = [a for a in out if isinstance(a, torch.fx.Node) and a.target is torch.ops.aten.scatter.value]
+    assert not saved
+    gx, gw = torch.autograd.grad(c(x, w, t), [x, w])
+    rx, rw = torch.autograd.grad(f(x, w, t), [x, w])
+    torch.testing.assert_close((gx, gw), (rx, rw))
+
+
 # --------------------------------------------------------------------------- regressions
 
 def test_linalg_error_checks_do_not_block_tracing():

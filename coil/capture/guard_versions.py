@@ -38,9 +38,16 @@ extern "C" int coil_tags_equal(const uint64_t* const* tags, const uint64_t* expe
 """
 _TAG_OFFSET = 24        # PyDictObject: ob_refcnt, ob_type, ma_used, then ma_version_tag
 _IMMUTABLE = (int, float, str, bool, bytes, complex, tuple, type(None))
-_WATCHABLE = (dict, collections.OrderedDict)
 _STALE_LIMIT = 8        # snapshots in a row without a fast pass before an entry gives up
 _helper: list = []      # [the C function or None, the reason it is None]
+
+
+def _plain_reads(d) -> bool:
+    """A dict whose reads the guards use are dict's own (a subclass that only overrides
+    writes, like transformers' output registry), so its contents decide them."""
+    t = type(d)
+    return isinstance(d, dict) and not hasattr(t, "__missing__") and all(
+        getattr(t, m) is getattr(dict, m) for m in ("__getitem__", "__contains__", "__len__", "__iter__"))
 
 
 def _tag(d: dict) -> int:
@@ -98,8 +105,8 @@ class _State:
             trace.log("guard_versions", stage="capture", frame=self.label, used=False,
                       reason=f"the watched state changed before {_STALE_LIMIT} calls in a row")
             return True
-        bad = [type(d).__name__ for i, d in enumerate(watched)
-               if type(d) is not dict and (i in self.exact or type(d) not in _WATCHABLE)]
+        bad = [type(d).__name__ for i, d in enumerate(watched) if not _plain_reads(d) and
+               (i in self.exact or type(d) is not collections.OrderedDict)]
         if bad:
             self.stale = _STALE_LIMIT
             self.cur = _INVALID
@@ -147,7 +154,8 @@ class _Split:
 
     def dict_value(self, e) -> bool:
         if isinstance(e, ast.Name) and e.id.startswith("___c"):
-            return type(self.ns.get(e.id)) in _WATCHABLE
+            v = self.ns.get(e.id)
+            return _plain_reads(v) or type(v) is collections.OrderedDict
         return self.value(e)
 
     def add_watch(self, e, exact: bool = False) -> None:

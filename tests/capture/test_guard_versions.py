@@ -176,3 +176,42 @@ def test_off_by_config_gives_the_full_guard():
             cm(x)
     (entry,) = _entries()
     assert "___vstate" not in entry.guard.__globals__
+
+
+class _Registry(dict):        # overrides a write only (like transformers' output registry)
+    def __setitem__(self, k, v):
+        super().__setitem__(str(k), v)
+
+
+class _Computed(dict):        # its reads are not its contents
+    def __getitem__(self, k):
+        return super().__getitem__(k) * 2
+
+
+@pytest.mark.parametrize("kind", [_Registry, _Computed])
+def test_dict_subclass_read_by_the_guard(kind):
+    """Values follow a change of the dict; one that only overrides writes keeps the fast
+    guard (its reads are dict's own; capture treats one overriding reads as an object)."""
+    class Scaled(Net):
+        def __init__(self):
+            super().__init__()
+            self.table = kind()
+            self.table["s"] = 2.0
+
+        def forward(self, x):
+            return super().forward(x) * self.table["s"]
+
+    coil.reset()
+    m = Scaled().eval()
+    cm = coil.compile(m, dynamic=False)
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        for _ in range(3):
+            torch.testing.assert_close(cm(x), m(x))
+        m.table["s"] = 3.0
+        for _ in range(2):
+            torch.testing.assert_close(cm(x), m(x))
+    if kind is _Registry:
+        assert guard_versions._plain_reads(m.table) and not guard_versions._plain_reads(_Computed())
+        states = [e.guard.__globals__.get("___vstate") for e in _entries()]
+        assert any(s is not None and s.stale < guard_versions._STALE_LIMIT for s in states)

@@ -1,33 +1,14 @@
-"""Frame inspection and opaque C callables.
+"""Frame inspection and opaque C callables (docs/capture.md, "Frame inspection").
 
-Design note. Code that looks at Python frames (``sys._getframe``,
-``inspect.currentframe``/``stack``, ``traceback.extract_stack``, logging's caller
-lookup, ``warnings.warn``'s location) cannot be traced: the answer depends on the
-frame it runs in. Such a call is a graph break, and the entry runs it inside a *call
-stub* (:func:`coil.capture.resume.make_call_stub`): a frame with the user's code name,
-file, line and live locals, so ``frame.f_code.co_name``, ``f_lineno``, ``f_locals`` and
-``f_globals`` read as in eager.
-
-Two rules keep the answers exact:
-
-* A frame-inspecting call found *inside an inlined callee* breaks the root frame at
-  the call to that callee, and the entry calls the callee **uncaptured** (plain Python)
-  from the stub, so the callee's ``sys._getframe(1)`` is the stub, which looks like the
-  caller. The ``Unsupported`` carries ``frame_inspection = True`` for this.
-* A frame object obtained *in the root frame itself* lives on after the stub returns
-  (the rest of the frame runs in a resume function). Only ``frame.f_code`` (fixed for a
-  frame's life) is exact then; :func:`frame_result_ok` checks the bytecode after the
-  call: the result must be dropped, or be used only as ``.f_code`` (directly or through
-  a local that is only ever read as ``.f_code``). Anything else (``f_locals``,
-  ``f_lineno`` later, ``f_back``, ``inspect.stack()`` lists, frames walked outward) makes
-  the whole frame run eagerly, with the reason logged: never a stale value.
-
-Frames above the compiled function are coil's (its wrapper), as under torch.compile.
-
-:class:`OpaqueCallableVariable` stands for a C function or method not known to be
-safe (``sys.getrefcount``, ``random.Random().random``): loading it is fine, *calling*
-it is the graph break, so the break lands on the ``CALL`` and the rest of the frame is
-captured in a resume function.
+A call that looks at Python frames (``sys._getframe``, ``inspect.stack``,
+``traceback.extract_stack``, logging's caller lookup, ``warnings.warn``) is a graph break
+run inside a *call stub* (:func:`coil.capture.resume.make_call_stub`): a frame with the
+user's code name, file, line and live locals. Inside an inlined callee, the root frame
+breaks at the call to the callee, which then runs uncaptured from the stub
+(``frame_inspection = True`` on the ``Unsupported``). A frame object obtained in the root
+frame outlives the stub, so :func:`frame_result_ok` lets it be used only as ``.f_code``;
+anything else runs the frame eagerly, logged. :class:`OpaqueCallableVariable` stands for a
+C function not known to be safe: loading it is fine, calling it is the graph break.
 """
 from __future__ import annotations
 

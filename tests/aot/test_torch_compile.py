@@ -266,3 +266,21 @@ def test_symbolic_float_uses_read_the_tensor(f):
         assert out.dtype == ref.dtype
         torch.testing.assert_close(out, ref)
     assert errors == [] and len(calls) == 1
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "coil"])
+def test_symbolic_number_outputs_are_evaluated_per_call(backend):
+    # torch.compile(backend="coil", dynamic=True) returned the fake SymInt 2*s77 itself
+    # (and 2*s77 again for every size) for x.shape[0] * 2; eager returns 10, 14, 6
+    def f(x):
+        n = x.shape[0]
+        return n * 2, x.sin(), n / 3, n // 2, x.numel() - 1
+
+    torch._dynamo.reset()
+    c = torch.compile(f, backend=aot_eager if backend == "aot_eager" else "coil", dynamic=True)
+    for n in (5, 7, 3, 1, 0):
+        x = torch.randn(n, 3, requires_grad=n % 2 == 1)
+        out, ref = c(x), f(x)
+        assert [type(v) for v in out] == [type(v) for v in ref]
+        assert out[0] == ref[0] and out[2:] == ref[2:]
+        torch.testing.assert_close(out[1], ref[1])

@@ -284,3 +284,17 @@ def test_symbolic_number_outputs_are_evaluated_per_call(backend):
         assert [type(v) for v in out] == [type(v) for v in ref]
         assert out[0] == ref[0] and out[2:] == ref[2:]
         torch.testing.assert_close(out[1], ref[1])
+
+
+def test_func_grad_under_torch_capture_is_not_zero():
+    # torch's graph of torch.func.grad(f)(x) calls autograd.grad with no enable_grad of its
+    # own (grad mode is on at the call); coil traced its inference graph under no_grad and
+    # the gradient came out zeros (eager: cos(x), and 2 x^T (x w) for the closure)
+    def f(x, w):
+        return torch.func.grad(lambda r: r.sin().sum())(x), torch.func.grad(lambda v: (x @ v).pow(2).sum())(w)
+
+    torch._dynamo.reset()
+    c = torch.compile(f, backend="coil")
+    for n in (3, 3, 5):
+        x, w = torch.randn(n, 4), torch.randn(4, 2)
+        torch.testing.assert_close(c(x, w), f(x, w))

@@ -298,3 +298,25 @@ def test_func_grad_under_torch_capture_is_not_zero():
     for n in (3, 3, 5):
         x, w = torch.randn(n, 4), torch.randn(4, 2)
         torch.testing.assert_close(c(x, w), f(x, w))
+
+
+def test_cond_on_a_symbolic_predicate_under_torch_capture():
+    # torch's capture passes cond a symbolic bool (n > 2 for a changing int n; x.shape[0] > 4
+    # with dynamic=True): the wrapper's run_cond called .item() on the bool (AttributeError),
+    # and in training the min-cut partitioner could not save the SymBool the backward's
+    # cond reads (NetworkXUnbounded)
+    def f(x, w, n):
+        return torch.cond(n > 2, lambda a: a @ w, lambda a: (a * 2) @ w, (x,))
+
+    def g(x, w):
+        return torch.cond(x.shape[0] > 4, lambda a: a @ w, lambda a: (a * 2) @ w, (x,))
+
+    for fn, kw in ((f, {}), (g, {"dynamic": True})):
+        torch._dynamo.reset()
+        c = torch.compile(fn, backend="coil", **kw)
+        for n in (3, 6, 2, 8):
+            x, w = torch.randn(n, 4, requires_grad=True), torch.randn(4, 2, requires_grad=True)
+            args = (x, w, n) if fn is f else (x, w)
+            out, ref = c(*args), fn(*args)
+            torch.testing.assert_close(out, ref)
+            torch.testing.assert_close(torch.autograd.grad(out.sum(), (x, w)), torch.autograd.grad(ref.sum(), (x, w)))

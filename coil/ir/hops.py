@@ -84,9 +84,7 @@ def run_while_loop(cond_fn: Callable, body_fn: Callable, carried, additional) ->
 
 
 def _scalar(v) -> bool:
-    if isinstance(v, (tuple, list)):
-        v = v[0]
-    return bool(v)
+    return bool(v[0] if isinstance(v, (tuple, list)) else v)
 
 
 def lower_while_loop(lowering, args: tuple, kwargs: dict):

@@ -320,3 +320,19 @@ def test_cond_on_a_symbolic_predicate_under_torch_capture():
             out, ref = c(*args), fn(*args)
             torch.testing.assert_close(out, ref)
             torch.testing.assert_close(torch.autograd.grad(out.sum(), (x, w)), torch.autograd.grad(ref.sum(), (x, w)))
+
+
+def test_data_assignment_under_torch_capture_reaches_the_input():
+    # torch's graph of x.data = y holds set_(x, y) under no_grad; coil's functionalized program
+    # dropped it: x kept its old 3 values (eager: x is y's 4 values), though x * 2 was right
+    def f(x, y):
+        x.data = y
+        return x * 2
+
+    torch._dynamo.reset()
+    c = torch.compile(f, backend="coil")
+    for _ in range(3):
+        x, y = torch.randn(3), torch.randn(4)
+        x2 = x.clone()
+        torch.testing.assert_close(c(x2, y), f(x, y))
+        torch.testing.assert_close(x2, x)

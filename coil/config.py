@@ -232,7 +232,6 @@ def patch(**changes: Any) -> Iterator[Config]:
 
     Raises ValueError on unknown option names.
     """
-    global config
     check_option_names(changes)
     old = {k: getattr(config, k) for k in changes}
     for k, v in changes.items():

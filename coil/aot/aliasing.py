@@ -310,6 +310,8 @@ class OverlapGuard(TorchDispatchMode):
             return func(*args, **kwargs)
         if func is torch.ops.aten.as_strided_.default and _restrides_beyond(*args, **kwargs):
             raise RunEagerly(RESTRIDE_MESSAGE)
+        if func.overloadpacket is torch.ops.aten.set_:  # x.data = y under torch's capture: not functionalized
+            raise RunEagerly(f"{func} swaps a tensor's storage")
         refused = _eager_refuses(func, args, kwargs)
         if refused:
             raise RunEagerly(f"eager raises at {func} whatever the elements, the graph would not: {refused}")

@@ -847,14 +847,14 @@ def _cudnn_enabled(on: bool):
 
 def trace_inference(fn: Callable, fake_args: list, info: ProgramInfo, decompositions: dict,
                     fake_mode: FakeTensorMode) -> torch.fx.GraphModule:
-    """Functional ATen graph ``(*inputs) -> [*mutated_input_values, *graph_outputs, *bases]``."""
+    """Functional ATen graph ``(*inputs) -> [*mutated_input_values, *graph_outputs, *bases]``, traced in the
+    caller's grad mode (torch's capture of torch.func.grad(f)(x) calls autograd.grad with no enable_grad)."""
 
     def inference(primals):
-        with torch.no_grad():
-            with FunctionalTensorMode():
-                f_args = [_to_functional(a) for a in primals]
-                vals = _forward_values(fn, f_args, info)
-            return [_from_functional(v) for v in vals]
+        with FunctionalTensorMode():
+            f_args = [_to_functional(a) for a in primals]
+            vals = _forward_values(fn, f_args, info)
+        return [_from_functional(v) for v in vals]
 
     return _flatten_signature(_make_fx(inference, [list(fake_args)], decompositions, fake_mode))
 

@@ -81,7 +81,7 @@ def node_bytes(node: torch.fx.Node) -> int:
 
 def _saveable(node: torch.fx.Node) -> bool:
     val = node.meta.get("val")
-    return isinstance(val, (torch.Tensor, torch.SymInt, torch.SymFloat, int, float, bool))
+    return isinstance(val, (torch.Tensor, torch.SymInt, torch.SymFloat, torch.SymBool, int, float, bool))
 
 
 _VIEW_OPS = {

@@ -51,12 +51,12 @@ def _copy_untracked(dsts: list, srcs: list) -> None:
 
 
 def _has_symint(v: Any) -> bool:
-    return any(isinstance(x, torch.SymInt) for x in pytree.tree_leaves(v))
+    return any(isinstance(x, (torch.SymInt, torch.SymFloat, torch.SymBool)) for x in pytree.tree_leaves(v))
 
 
 def _expr(v) -> sympy.Expr:
     """An int, SymInt or SymFloat as a sympy expression (a Sym*'s, after the ShapeEnv's replacements)."""
-    return v.node.expr if isinstance(v, (torch.SymInt, torch.SymFloat)) else sympy.Integer(int(v))
+    return v.node.expr if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)) else sympy.Integer(int(v))
 
 
 def symbolic_evaluator(items: Any, fake_inputs: Sequence, value_shapes: Sequence = ()) -> Callable:
@@ -76,7 +76,7 @@ def symbolic_evaluator(items: Any, fake_inputs: Sequence, value_shapes: Sequence
 
     needed: set = set()
     for leaf in pytree.tree_leaves(items):
-        if isinstance(leaf, torch.SymInt):
+        if isinstance(leaf, (torch.SymInt, torch.SymFloat, torch.SymBool)):
             needed |= _expr(leaf).free_symbols
     where: dict = {}
 
@@ -124,8 +124,9 @@ def symbolic_evaluator(items: Any, fake_inputs: Sequence, value_shapes: Sequence
             return "[" + ", ".join(render(x) for x in v) + "]"
         if isinstance(v, tuple):
             return "(" + ", ".join(render(x) for x in v) + ("," if len(v) == 1 else "") + ")"
-        if isinstance(v, torch.SymInt):
-            return printer.doprint(_expr(v).xreplace(names))
+        if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):  # a float or bool output: float(..)
+            e = printer.doprint(_expr(v).xreplace(names))
+            return e if isinstance(v, torch.SymInt) else f"{type(v).__name__[3:].lower()}({e})"
         return repr(int(v))
 
     lines = ["def layouts(args, vals):"]
@@ -180,15 +181,15 @@ def _make_epilogue(info: ProgramInfo, args_index_of_output=None) -> Callable:
     # inputs whose metadata the program changes in place: (input, size, stride, offset)
     restride = [(i, *info.inputs[i].layout) for i in info.restrided_inputs]
     # symbolic layouts (dynamic shapes): kinds 6 and 7 are kinds 2 and 3 whose size, stride and offset are the
-    # call's entry ``j`` of ``layouts(args, vals)``; a restrided input's layout is entry ``len(sym) + r``
-    sym = [k for k, p in enumerate(plan) if p[0] in (2, 3) and _has_symint(p[2][:3])]
+    # call's entry ``j`` of ``layouts(args, vals)``, as kind 8's number; a restrided input's layout is ``len(sym) + r``
+    sym = [k for k, p in enumerate(plan) if p[0] in (2, 3) and _has_symint(p[2][:3]) or p[0] == 4 and _has_symint(p[2])]
     layouts = None
     if sym or _has_symint([r[1:] for r in restride]):
-        layouts = symbolic_evaluator([plan[k][2][:3] for k in sym] + [r[1:] for r in restride],
-                                     info.fake_inputs or (), [m[0] for m in info.fw_out_meta])
+        layouts = symbolic_evaluator([plan[k][2][:3] if plan[k][0] != 4 else plan[k][2] for k in sym] + [
+            r[1:] for r in restride], info.fake_inputs or (), [m[0] for m in info.fw_out_meta])
         for j, k in enumerate(sym):
-            kind, idx, (_, _, _, rg, *dt) = plan[k]
-            plan[k] = (kind + 4, idx, (j, rg, *dt))
+            kind, idx, extra = plan[k]
+            plan[k] = (8, j, None) if kind == 4 else (kind + 4, idx, (j, *extra[3:]))
     n_sym = len(sym)
     multi = [k for k, o in enumerate(info.outputs) if o.multi_output and plan[k][0] in (2, 3, 6, 7)]
     lazy = [(k, o.lazy) for k, o in enumerate(info.outputs) if any(o.lazy) and plan[k][0] in (2, 3, 6, 7)]
@@ -254,8 +255,8 @@ def _make_epilogue(info: ProgramInfo, args_index_of_output=None) -> Callable:
                 flat.append(view(args[idx], *lay[extra[0]], *extra[1:]))
             elif kind == 7:
                 flat.append(view(vals[idx], *lay[extra[0]], *extra[1:]))
-            else:
-                flat.append(extra)
+            else:  # 4: a constant, 8: a symbolic number (x.shape[0] * 2 under torch's capture)
+                flat.append(extra if kind == 4 else lay[idx])
         for k, (conj, neg) in lazy:
             flat[k] = torch._neg_view(flat[k]) if neg else flat[k]
             flat[k] = torch._conj(flat[k]) if conj else flat[k]

@@ -390,8 +390,8 @@ class GraphLowering(torch.fx.Interpreter):
             self.graph_inputs[name] = buf
             self.name_to_buffer[name] = buf
             return _resolve_neg_bit(TensorBox(StorageBox(buf)), value)
-        if isinstance(value, torch.SymInt):
-            return as_expr(value)  # a size the graph uses as an int: its expression
+        if isinstance(value, (torch.SymInt, torch.SymBool)):  # a size the graph uses as an int: its expression;
+            return sympy.Symbol(name) if isinstance(value, torch.SymBool) else as_expr(value)  # a bool: the arg
         return value
 
     def get_attr(self, target, args, kwargs):

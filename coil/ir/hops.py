@@ -33,8 +33,8 @@ from coil import trace
 
 
 def run_cond(pred: torch.Tensor, true_fn: Callable, false_fn: Callable, operands) -> Any:
-    """The wrapper's cond: one host read of ``pred``, then one branch's compiled graph."""
-    return true_fn(*operands) if pred.item() else false_fn(*operands)
+    """The wrapper's cond: one host read of ``pred`` (a bool under torch's capture), then one branch's graph."""
+    return true_fn(*operands) if pred else false_fn(*operands)
 
 
 def _compile_branch(gm: torch.fx.GraphModule, fakes: list, device, name: str) -> Callable:
@@ -84,9 +84,7 @@ def run_while_loop(cond_fn: Callable, body_fn: Callable, carried, additional) ->
 
 
 def _scalar(v) -> bool:
-    if isinstance(v, (tuple, list)):
-        v = v[0]
-    return bool(v.item())
+    return bool(v[0] if isinstance(v, (tuple, list)) else v)
 
 
 def lower_while_loop(lowering, args: tuple, kwargs: dict):

@@ -266,3 +266,73 @@ def test_symbolic_float_uses_read_the_tensor(f):
         assert out.dtype == ref.dtype
         torch.testing.assert_close(out, ref)
     assert errors == [] and len(calls) == 1
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "coil"])
+def test_symbolic_number_outputs_are_evaluated_per_call(backend):
+    # torch.compile(backend="coil", dynamic=True) returned the fake SymInt 2*s77 itself
+    # (and 2*s77 again for every size) for x.shape[0] * 2; eager returns 10, 14, 6
+    def f(x):
+        n = x.shape[0]
+        return n * 2, x.sin(), n / 3, n // 2, x.numel() - 1
+
+    torch._dynamo.reset()
+    c = torch.compile(f, backend=aot_eager if backend == "aot_eager" else "coil", dynamic=True)
+    for n in (5, 7, 3, 1, 0):
+        x = torch.randn(n, 3, requires_grad=n % 2 == 1)
+        out, ref = c(x), f(x)
+        assert [type(v) for v in out] == [type(v) for v in ref]
+        assert out[0] == ref[0] and out[2:] == ref[2:]
+        torch.testing.assert_close(out[1], ref[1])
+
+
+def test_func_grad_under_torch_capture_is_not_zero():
+    # torch's graph of torch.func.grad(f)(x) calls autograd.grad with no enable_grad of its
+    # own (grad mode is on at the call); coil traced its inference graph under no_grad and
+    # the gradient came out zeros (eager: cos(x), and 2 x^T (x w) for the closure)
+    def f(x, w):
+        return torch.func.grad(lambda r: r.sin().sum())(x), torch.func.grad(lambda v: (x @ v).pow(2).sum())(w)
+
+    torch._dynamo.reset()
+    c = torch.compile(f, backend="coil")
+    for n in (3, 3, 5):
+        x, w = torch.randn(n, 4), torch.randn(4, 2)
+        torch.testing.assert_close(c(x, w), f(x, w))
+
+
+def test_cond_on_a_symbolic_predicate_under_torch_capture():
+    # torch's capture passes cond a symbolic bool (n > 2 for a changing int n; x.shape[0] > 4
+    # with dynamic=True): the wrapper's run_cond called .item() on the bool (AttributeError),
+    # and in training the min-cut partitioner could not save the SymBool the backward's
+    # cond reads (NetworkXUnbounded)
+    def f(x, w, n):
+        return torch.cond(n > 2, lambda a: a @ w, lambda a: (a * 2) @ w, (x,))
+
+    def g(x, w):
+        return torch.cond(x.shape[0] > 4, lambda a: a @ w, lambda a: (a * 2) @ w, (x,))
+
+    for fn, kw in ((f, {}), (g, {"dynamic": True})):
+        torch._dynamo.reset()
+        c = torch.compile(fn, backend="coil", **kw)
+        for n in (3, 6, 2, 8):
+            x, w = torch.randn(n, 4, requires_grad=True), torch.randn(4, 2, requires_grad=True)
+            args = (x, w, n) if fn is f else (x, w)
+            out, ref = c(*args), fn(*args)
+            torch.testing.assert_close(out, ref)
+            torch.testing.assert_close(torch.autograd.grad(out.sum(), (x, w)), torch.autograd.grad(ref.sum(), (x, w)))
+
+
+def test_data_assignment_under_torch_capture_reaches_the_input():
+    # torch's graph of x.data = y holds set_(x, y) under no_grad; coil's functionalized program
+    # dropped it: x kept its old 3 values (eager: x is y's 4 values), though x * 2 was right
+    def f(x, y):
+        x.data = y
+        return x * 2
+
+    torch._dynamo.reset()
+    c = torch.compile(f, backend="coil")
+    for _ in range(3):
+        x, y = torch.randn(3), torch.randn(4)
+        x2 = x.clone()
+        torch.testing.assert_close(c(x2, y), f(x, y))
+        torch.testing.assert_close(x2, x)

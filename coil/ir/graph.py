@@ -649,8 +649,9 @@ class GraphLowering(torch.fx.Interpreter):
         meta = self.current_node.meta.get("val")
         if target in _STORAGE_OPS and args and isinstance(args[0], TensorBox):
             args = (self._eager_storage(args[0], n.args[0]),) + tuple(args[1:])
-        if target is torch.ops.aten.mm.default and not kwargs:
-            padded = self._mm_with_padded_operand(args, meta)
+        if target in _PADDABLE_MATMULS and not kwargs:
+            padded = self._matvec_as_reduction(target, args, meta) or (
+                self._mm_with_padded_operand(args, meta) if target is torch.ops.aten.mm.default else None)
             if padded is not None:
                 return padded
         weight = None
@@ -740,6 +741,32 @@ class GraphLowering(torch.fx.Interpreter):
         return lay
 
     # -- matmul operands with a misaligned leading dimension ----------------------------
+    def _matvec_as_reduction(self, target, args, meta) -> Optional[TensorBox]:
+        """A one-row CUDA fp16/bf16 ``mm``/``addmm`` ``(1, K) @ (K, N)`` that cuBLAS would
+        need padded (N or a leading dimension not a multiple of 8, see
+        :func:`_maybe_pad_matmul_output`), as a generated sum over K in float32, the bias
+        added before the one rounding (as cuBLAS does). A matrix-vector product is
+        memory-bound: this reads the weight once, where padding copied all of it every call
+        (GPT-2 decoding's LM head, 1 x 50257: 77 MB a token). None when it does not apply."""
+        if (not isinstance(meta, torch.Tensor) or meta.device.type not in _PAD_DEVICES or meta.dim() != 2
+                or meta.dtype not in (torch.float16, torch.bfloat16) or not config.pad_matmul_outputs):
+            return None
+        bias, (a, b) = (args[0], args[1:3]) if target is torch.ops.aten.addmm.default else (None, args[:2])
+        try:
+            (m, k), (_, n) = [int(v) for v in a.get_size()], [int(v) for v in b.get_size()]
+        except (TypeError, AttributeError):
+            return None
+        if m != 1 or k * n < (1 << 20) or not (n % 8 or _misaligned_ld(a) or _misaligned_ld(b)):
+            return None
+        la = (self._strided(a) or self._materialize(a, None)).make_loader()  # K values, read N times
+        lb, f32 = b.make_loader(), torch.float32
+        prod = Pointwise(meta.device, f32, lambda i: ops.mul(la([i[0], i[2]]), lb([i[2], i[1]])), [m, n, k])
+        lr = L.make_reduction(TensorBox.create(prod), [2], False, "sum", f32).make_loader()
+        lbias = L.loader_as(bias, [m, n], f32) if bias is not None else None
+        trace.log("matvec_as_reduction", stage="lowering", n=n, k=k, bias=bias is not None)
+        return TensorBox.create(Pointwise(meta.device, meta.dtype,
+                                          lambda i: ops.add(lr(i), lbias(i)) if lbias else lr(i), [m, n]))
+
     def _mm_with_padded_operand(self, args, meta) -> Optional[TensorBox]:
         """``a @ b`` on CUDA in fp16/bf16 where ``a``'s leading dimension is not a multiple
         of 8 (GPT-2's LM-head backward: ``g @ W`` with ``g`` (M, 50257), and

@@ -146,6 +146,31 @@ def test_padded_matmul_output(backend, monkeypatch):
 
 
 @pytest.mark.parametrize("backend", ["cpp", "triton"])
+def test_one_row_matmul_is_a_reduction(backend, monkeypatch):
+    """A decoding step's LM head (1 row x 50257 words) copied the whole padded weight into
+    ``matmul_padded`` every call (77 MB a token on an H200); a one-row product that would
+    need padding is now a generated float32 sum over K (bias added before rounding), with
+    eager's dtype and strides."""
+    import coil.ir.graph as G
+    from codegen_helpers import compile_fn
+
+    monkeypatch.setattr(G, "_PAD_DEVICES", ("cuda", "cpu"))
+
+    def f(x, w, b):
+        return torch.addmm(b, x, w.t()), (x @ w.t()).relu(), torch.nn.functional.linear(x * 2, w)
+
+    torch.manual_seed(0)
+    x, w, b = (torch.randn(*s, dtype=torch.bfloat16) for s in ((1, 256), (4099, 256), (4099,)))
+    c = compile_fn(f, x, w, b, backend=backend)
+    assert "matmul_padded(" not in c.source and "aten.mm" not in c.source, c.source
+    exact = (x.double() @ w.double().t(), x.double() @ w.double().t(), (2 * x.double()) @ w.double().t())
+    exact = (exact[0] + b.double(), exact[1].relu(), exact[2])
+    for o, r, e in zip(c(x, w, b), f(x, w, b), exact):
+        assert o.stride() == r.stride() and o.dtype == r.dtype
+        torch.testing.assert_close(o.double(), e, atol=1e-4, rtol=2 ** -8)  # rounded once
+
+
+@pytest.mark.parametrize("backend", ["cpp", "triton"])
 def test_padded_matmul_k(backend, monkeypatch):
     """The backward of GPT-2's LM head multiplies by the (M, 50257) logits gradient: K is
     not a multiple of 8 either (align1 GEMMs on the GPU). K is zero-padded too; the

@@ -377,6 +377,9 @@ def min_cut_partition(joint: torch.fx.GraphModule, info: JointInfo) -> Partition
     g.add_node("sink")
     bans = {}
     must_recompute = checkpointed(candidates, regions)
+    # inputs that require grad (parameters, leaves) stay alive for their .grad anyway: saving
+    # one is free, so a cast of a weight (autocast's bf16 copy) is recomputed, not kept
+    held = {regions.primals[i] for i in info.grad_inputs}
     for n in candidates:
         ban = recompute_ban_reason(n)
         if n in must_recompute:
@@ -384,7 +387,7 @@ def min_cut_partition(joint: torch.fx.GraphModule, info: JointInfo) -> Partition
         elif ban is None and _region_tag(n) is not None and n.op == "call_function":
             ban = "checkpoint region output (kept, as eager's checkpoint keeps its inputs)"
         bans[n] = ban
-        cap = float(node_bytes(n)) if _saveable(n) and n not in must_recompute else inf
+        cap = float(node_bytes(n) * (n not in held)) if _saveable(n) and n not in must_recompute else inf
         # a tiny tie-breaker prefers saving values the forward computes anyway
         if cap != inf and n not in regions.fw_needed and n.op != "placeholder":
             cap += 0.5

@@ -463,6 +463,23 @@ def test_cross_entropy_one_hot_recomputed_not_saved():
     torch.testing.assert_close((gx, gw), (rx, rw))
 
 
+def test_cast_of_a_weight_recomputed_not_saved():
+    """Under autocast a weight's bf16 copy (half the fp32 weight's bytes) was saved for the
+    backward, though the weight itself is alive anyway (it requires grad): an AMP step kept
+    a second, bf16 copy of every weight. Saving an input that requires grad is free now,
+    so the cast is recomputed in the backward."""
+    def f(x, w):
+        return (x @ w.to(torch.bfloat16)).float().sin().sum()
+
+    x = torch.randn(8, 16, dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(16, 32, requires_grad=True)
+    c = compile_fn(f, x, w)
+    fw, _ = c.recorder.graphs
+    out = [n for n in fw.graph.nodes if n.op == "output"][0].args[0]
+    assert not [a for a in out if isinstance(a, torch.fx.Node) and a.target is torch.ops.aten._to_copy.default]
+    torch.testing.assert_close(torch.autograd.grad(c(x, w), [x, w]), torch.autograd.grad(f(x, w), [x, w]))
+
+
 # --------------------------------------------------------------------------- regressions
 
 def test_linalg_error_checks_do_not_block_tracing():

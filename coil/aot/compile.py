@@ -353,6 +353,9 @@ def _compile(fn, example_inputs, fw_compiler, bw_compiler, partition_fn, decompo
     grad = torch.is_grad_enabled()
     user_fn = fn
     try:
+        if isinstance(fn, torch.fx.GraphModule) and fn.graph.find_nodes(
+                op="call_function", target=torch.autograd.grad_mode._enter_inference_mode):
+            raise RunEagerly("torch.inference_mode() in torch's graph: a compiled graph cannot make inference tensors")
         found = None if grad else trace_plain_inference(fn, fake_args, fake_mode, decomps)
         info, fw_gm = found or (analyze(fn, fake_args, fake_mode, grad), None)
         groups = input_groups(fake_args, info.mutated_inputs)

@@ -379,3 +379,27 @@ def test_while_loop_under_torch_capture():
     for n, lim in ((3, 100.0), (3, 1000.0), (5, 10.0)):
         x, lim = torch.randn(n), torch.tensor(lim)
         torch.testing.assert_close(c(x, lim), f(x, lim))
+
+
+def test_inference_mode_inside_torch_captured_graph():
+    # torch's graph holds _enter/_exit_inference_mode around x * 2; traced to ATen, the output was an ordinary
+    # tensor (is_inference() False, eager True), and inference_mode(False) under an outer inference_mode gave
+    # an inference tensor. Such a graph runs eagerly (logged).
+    def f(x):
+        with torch.inference_mode():
+            y = x * 2
+        return y, x + 1
+
+    def g(x):
+        with torch.inference_mode(False):
+            return x * 2
+
+    for fn, outer in ((f, False), (g, True)):
+        torch._dynamo.reset()
+        x = torch.randn(3, requires_grad=not outer)
+        with torch.inference_mode(outer):
+            x = x.clone() if outer else x
+            ref, out = fn(x), torch.compile(fn, backend="coil")(x)
+        for o, r in zip(out if fn is f else [out], ref if fn is f else [ref]):
+            assert (o.is_inference(), o.requires_grad) == (r.is_inference(), r.requires_grad)
+            torch.testing.assert_close(o, r)

@@ -4,7 +4,8 @@ Every option is a typed, documented field of :class:`Config`. The defaults can b
 overridden three ways, later ones winning:
 
 1. environment variables ``COIL_<NAME>`` (read once at import: ``COIL_CPU_BACKEND=triton``),
-2. assignment on the global object (``coil.config.config.cpu_backend = "triton"``),
+2. assignment on the global object (``coil.config.config.cpu_backend = "triton"``, or
+   ``coil.config.cpu_backend = "triton"``: the module forwards option names to it),
 3. per compile, ``coil.compile(fn, options={"cpu_backend": "triton"})``, or in a block,
    ``with coil.config.patch(fallback_random=True): ...``.
 
@@ -16,6 +17,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import sys
+import types
 from dataclasses import dataclass, field, fields
 from typing import Any, Iterator
 
@@ -241,3 +244,24 @@ def patch(**changes: Any) -> Iterator[Config]:
     finally:
         for k, v in old.items():
             setattr(config, k, v)
+
+
+class _ConfigModule(types.ModuleType):
+    """``coil.config.<option> = v`` sets the option on :data:`config` (it was a module attribute read by
+    nothing); another new public name raises AttributeError."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _OPTION_NAMES:
+            return setattr(config, name, value)
+        if name not in self.__dict__ and not name.startswith("_"):
+            raise AttributeError(f"coil.config has no option {name!r}; valid options are: {', '.join(option_names())}")
+        super().__setattr__(name, value)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _OPTION_NAMES:
+        return getattr(config, name)
+    raise AttributeError(f"module 'coil.config' has no attribute {name!r}")
+
+
+sys.modules[__name__].__class__ = _ConfigModule

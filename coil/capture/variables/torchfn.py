@@ -60,6 +60,10 @@ _DENY = {inspect.unwrap(f) for f in (
     torch.manual_seed, torch.seed, torch.set_rng_state, torch.get_rng_state, torch.set_default_dtype,
     torch.use_deterministic_algorithms, torch.set_printoptions, torch.save, torch.load,
     torch.set_num_threads, torch.autograd.grad, torch.autograd.backward)}
+#: torch.func transforms: of a constant function, called at compile time (what they return becomes a graph
+#: node that make_fx traces); of a function made in the frame or with tensors, a graph break
+_FUNC_TRANSFORMS = {inspect.unwrap(getattr(torch.func, n)) for n in (
+    "grad", "grad_and_value", "vmap", "vjp", "jvp", "jacrev", "jacfwd", "hessian", "linearize", "functionalize")}
 
 
 #: argument-free queries of global settings: answered at compile time, guarded on their value
@@ -112,6 +116,9 @@ class TorchFunctionVariable(KnownCallableVariable):
         if base in _DENY:
             raise Unsupported(f"call to {fn.__module__}.{fn.__name__} changes global state",
                               hint="call it outside the compiled function")
+        if base in _FUNC_TRANSFORMS and not all(a.is_python_constant() for a in [*args, *kwargs.values()]):
+            raise Unsupported(f"torch.func.{fn.__name__} of a function made in the compiled frame, or of tensors, "
+                              "is not captured", hint="this call of the transform runs eagerly")
         if getattr(base, "__module__", None) == "torch.autograd.forward_ad":
             raise ForwardADFrame(f"{fn.__name__}: forward AD in the frame (dual levels, dual tensors)")
         if fn is torch.is_autocast_enabled:

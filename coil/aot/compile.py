@@ -407,8 +407,13 @@ def _compile(fn, example_inputs, fw_compiler, bw_compiler, partition_fn, decompo
         run = _check_aliasing_per_call(inference_runner(compiled, info), fn, info.mutated_inputs)
         run = _check_offsets_per_call(run, fw_gm, fake_args, fn)
         return run if groups is None else _with_input_groups(run, groups, user_fn)
-    if joint is None:
-        joint, jinfo = trace_joint(fn, fake_args, info, decomps, fake_mode)
+    try:
+        joint, jinfo = (joint, jinfo) if joint is not None else trace_joint(fn, fake_args, info, decomps, fake_mode)
+    except RuntimeError as e:  # y = x.exp(); y.add_(1): eager raises it at backward only, a forward must run
+        if "modified by an inplace operation" not in str(e):
+            raise
+        trace.log("aot_backward_error_eager", stage="aot", reason=str(e))
+        return _eager(user_fn)
     tensorize_scalar_reads(joint, "joint")
     trace.artifact("aot_joint_graph", _graph_text(joint, "aot joint graph (ATen)"), kind="python")
     part = partition_fn(joint, jinfo)

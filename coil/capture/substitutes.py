@@ -159,7 +159,8 @@ def substitute_graph(gm: torch.fx.GraphModule) -> None:
     (``torch.compile(backend="coil")``), in place."""
     changed = False
     for node in list(gm.graph.nodes):
-        if node.target is torch.ops.higher_order.tag_activation_checkpoint:
+        if node.target is torch.ops.higher_order.tag_activation_checkpoint and \
+                not getattr(gm, node.args[0].target).graph.find_nodes(op="get_attr"):  # (not nested ones)
             _inline_checkpoint(gm, node)
             changed = True
         elif node.op == "call_function":
@@ -177,20 +178,12 @@ def _inline_checkpoint(gm: torch.fx.GraphModule, node: torch.fx.Node) -> None:
     from torch.utils.checkpoint import CheckpointPolicy
 
     from coil.capture.variables.hops import _region_ids
-    body, region = getattr(gm, node.args[0].target), next(_region_ids)
-    env = dict(zip([p for p in body.graph.nodes if p.op == "placeholder"], node.args[1:]))
+    body, region, before = getattr(gm, node.args[0].target), next(_region_ids), set(gm.graph.nodes)
     with gm.graph.inserting_before(node):
-        for n in body.graph.nodes:
-            if n.op == "get_attr":  # a nested checkpoint's subgraph
-                setattr(gm, name := f"{node.args[0].target}_{n.target}", getattr(body, n.target))
-                env[n] = gm.graph.get_attr(name)
-            elif n.op not in ("placeholder", "output"):
-                env[n] = gm.graph.node_copy(n, env.__getitem__)
-                if "recompute" not in n.meta:
-                    env[n].meta.update(recompute=CheckpointPolicy.PREFER_RECOMPUTE, ac_graph_id=region)
-                if n.target is node.target:
-                    _inline_checkpoint(gm, env[n])
-    outs = [env.get(o, o) for o in body.graph.output_node().args[0]]
+        outs = gm.graph.graph_copy(body.graph, dict(zip(body.graph.find_nodes(op="placeholder"), node.args[1:])))
+    for n in set(gm.graph.nodes) - before:
+        if "recompute" not in n.meta:
+            n.meta.update(recompute=CheckpointPolicy.PREFER_RECOMPUTE, ac_graph_id=region)
     for u in list(node.users):
         u.replace_all_uses_with(outs[u.args[1]])
         gm.graph.erase_node(u)

@@ -204,16 +204,12 @@ def check_option_names(options: dict) -> None:
 
 
 def _coerce(value: str, default: Any) -> Any:
+    low = value.strip().lower()
     if isinstance(default, bool):
-        return value.strip().lower() in ("1", "true", "yes", "on")
-    if isinstance(default, int):
-        return int(value)
-    if isinstance(default, float):
-        return float(value)
+        return low in ("1", "true", "yes", "on")
     if default is None:
-        low = value.strip().lower()
         return {"1": True, "true": True, "0": False, "false": False}.get(low)
-    return value
+    return type(default)(value) if isinstance(default, (int, float)) else value
 
 
 def _from_env() -> Config:
@@ -237,31 +233,24 @@ def patch(**changes: Any) -> Iterator[Config]:
     """
     check_option_names(changes)
     old = {k: getattr(config, k) for k in changes}
-    for k, v in changes.items():
-        setattr(config, k, v)
+    config.__dict__.update(changes)
     try:
         yield config
     finally:
-        for k, v in old.items():
-            setattr(config, k, v)
+        config.__dict__.update(old)
 
 
 class _ConfigModule(types.ModuleType):
-    """``coil.config.<option> = v`` sets the option on :data:`config` (it was a module attribute read by
-    nothing); another new public name raises AttributeError."""
+    """``coil.config.<option>`` reads and sets the option on :data:`config` (an assignment made a module
+    attribute nothing read); assigning another new public name raises AttributeError."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(config, name) if name in _OPTION_NAMES else types.ModuleType.__getattribute__(self, name)
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if name in _OPTION_NAMES:
-            return setattr(config, name, value)
-        if name not in self.__dict__ and not name.startswith("_"):
+        if name not in _OPTION_NAMES and name not in self.__dict__ and not name.startswith("_"):
             raise AttributeError(f"coil.config has no option {name!r}; valid options are: {', '.join(option_names())}")
-        super().__setattr__(name, value)
-
-
-def __getattr__(name: str) -> Any:
-    if name in _OPTION_NAMES:
-        return getattr(config, name)
-    raise AttributeError(f"module 'coil.config' has no attribute {name!r}")
+        setattr(config, name, value) if name in _OPTION_NAMES else types.ModuleType.__setattr__(self, name, value)
 
 
 sys.modules[__name__].__class__ = _ConfigModule

@@ -490,10 +490,7 @@ def _dual_inputs_eager(runner: Callable, fn: Callable) -> Callable:
 def _eager(fn: Callable) -> Callable:
     """``fn`` run eagerly; a GraphModule through its ``forward``, whose call wrapper would print
     FX's "Call using an FX-traced Module" traceback to stderr before the user's own error."""
-    call = fn.forward if isinstance(fn, torch.fx.GraphModule) else fn
-
-    def run(*args):
-        return call(*args)
+    run = functools.partial(fn.forward if isinstance(fn, torch.fx.GraphModule) else fn)
     run._coil_aot_path = "eager"  # type: ignore[attr-defined]
     return run
 

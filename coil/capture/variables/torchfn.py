@@ -321,12 +321,8 @@ def reenter_grad(kind: str, mode: bool, prev: bool):
     ``__enter__`` leaves it (``prev`` = the grad mode to restore on ``__exit__``), for a
     ``with`` block a graph break resumes inside. Does not change the grad mode itself."""
     cls = {"no_grad": torch.no_grad, "enable_grad": torch.enable_grad}.get(kind)
-    if cls is not None:
-        obj = cls()
-    else:
-        obj = object.__new__(torch.set_grad_enabled)
-        obj.mode = mode
-    obj.prev = prev
+    obj = cls() if cls is not None else object.__new__(torch.set_grad_enabled)
+    obj.mode, obj.prev = mode, prev  # (mode: set_grad_enabled's own; no_grad and enable_grad ignore it)
     return obj
 
 
@@ -377,14 +373,11 @@ def make_context(tx, cls, args, kwargs):
         return v
     if cls in (torch.autocast, torch.amp.autocast):
         device_type = c[0] if c else kw["device_type"]
-        dtype = kw.get("dtype", c[1] if len(c) > 1 else None)
-        if dtype is None:
-            dtype = torch.get_autocast_dtype(device_type)
+        dtype = kw.get("dtype", c[1] if len(c) > 1 else None) or torch.get_autocast_dtype(device_type)
         enabled = kw.get("enabled", c[2] if len(c) > 2 else True)
         cache = kw.get("cache_enabled", c[3] if len(c) > 3 else None)
-        if cache is None:
-            cache = torch.is_autocast_cache_enabled()
-        return AutocastVariable((device_type, dtype, enabled, cache))
+        return AutocastVariable((device_type, dtype, enabled, cache if cache is not None else
+                                 torch.is_autocast_cache_enabled()))
     return None
 
 

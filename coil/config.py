@@ -4,7 +4,8 @@ Every option is a typed, documented field of :class:`Config`. The defaults can b
 overridden three ways, later ones winning:
 
 1. environment variables ``COIL_<NAME>`` (read once at import: ``COIL_CPU_BACKEND=triton``),
-2. assignment on the global object (``coil.config.config.cpu_backend = "triton"``),
+2. assignment on the global object (``coil.config.config.cpu_backend = "triton"``, or
+   ``coil.config.cpu_backend = "triton"``: the module forwards option names to it),
 3. per compile, ``coil.compile(fn, options={"cpu_backend": "triton"})``, or in a block,
    ``with coil.config.patch(fallback_random=True): ...``.
 
@@ -16,6 +17,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import sys
+import types
 from dataclasses import dataclass, field, fields
 from typing import Any, Iterator
 
@@ -201,16 +204,12 @@ def check_option_names(options: dict) -> None:
 
 
 def _coerce(value: str, default: Any) -> Any:
+    low = value.strip().lower()
     if isinstance(default, bool):
-        return value.strip().lower() in ("1", "true", "yes", "on")
-    if isinstance(default, int):
-        return int(value)
-    if isinstance(default, float):
-        return float(value)
+        return low in ("1", "true", "yes", "on")
     if default is None:
-        low = value.strip().lower()
         return {"1": True, "true": True, "0": False, "false": False}.get(low)
-    return value
+    return type(default)(value) if isinstance(default, (int, float)) else value
 
 
 def _from_env() -> Config:
@@ -234,10 +233,24 @@ def patch(**changes: Any) -> Iterator[Config]:
     """
     check_option_names(changes)
     old = {k: getattr(config, k) for k in changes}
-    for k, v in changes.items():
-        setattr(config, k, v)
+    config.__dict__.update(changes)
     try:
         yield config
     finally:
-        for k, v in old.items():
-            setattr(config, k, v)
+        config.__dict__.update(old)
+
+
+class _ConfigModule(types.ModuleType):
+    """``coil.config.<option>`` reads and sets the option on :data:`config` (an assignment made a module
+    attribute nothing read); assigning another new public name raises AttributeError."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(config, name) if name in _OPTION_NAMES else types.ModuleType.__getattribute__(self, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name not in _OPTION_NAMES and name not in self.__dict__ and not name.startswith("_"):
+            raise AttributeError(f"coil.config has no option {name!r}; valid options are: {', '.join(option_names())}")
+        setattr(config, name, value) if name in _OPTION_NAMES else types.ModuleType.__setattr__(self, name, value)
+
+
+sys.modules[__name__].__class__ = _ConfigModule

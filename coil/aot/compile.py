@@ -88,12 +88,14 @@ def _symbolic_placeholder_values(gm: torch.fx.GraphModule, example_inputs: list,
 
 
 def _has_unbacked(gm: torch.fx.GraphModule) -> bool:
-    """Whether a value of ``gm`` has a data-dependent (unbacked) size or number: the
-    capture's ShapeEnv allowed it, so only the capture's fake mode can trace it."""
+    """Whether a value of ``gm`` has a data-dependent (unbacked) size or number, or ``gm`` calls while_loop
+    (its trip count is one): the capture's ShapeEnv allowed it, so only the capture's fake mode can trace it."""
     from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
     for n in gm.graph.nodes:
         v = n.meta.get("example_value", n.meta.get("val"))
+        if n.target is torch.ops.higher_order.while_loop:
+            return True
         try:
             if v is not None and free_unbacked_symbols(v):
                 return True
@@ -351,6 +353,9 @@ def _compile(fn, example_inputs, fw_compiler, bw_compiler, partition_fn, decompo
     grad = torch.is_grad_enabled()
     user_fn = fn
     try:
+        if isinstance(fn, torch.fx.GraphModule) and fn.graph.find_nodes(
+                op="call_function", target=torch.autograd.grad_mode._enter_inference_mode):
+            raise RunEagerly("torch.inference_mode() in torch's graph: a compiled graph cannot make inference tensors")
         found = None if grad else trace_plain_inference(fn, fake_args, fake_mode, decomps)
         info, fw_gm = found or (analyze(fn, fake_args, fake_mode, grad), None)
         groups = input_groups(fake_args, info.mutated_inputs)
@@ -402,8 +407,13 @@ def _compile(fn, example_inputs, fw_compiler, bw_compiler, partition_fn, decompo
         run = _check_aliasing_per_call(inference_runner(compiled, info), fn, info.mutated_inputs)
         run = _check_offsets_per_call(run, fw_gm, fake_args, fn)
         return run if groups is None else _with_input_groups(run, groups, user_fn)
-    if joint is None:
-        joint, jinfo = trace_joint(fn, fake_args, info, decomps, fake_mode)
+    try:
+        joint, jinfo = (joint, jinfo) if joint is not None else trace_joint(fn, fake_args, info, decomps, fake_mode)
+    except RuntimeError as e:  # y = x.exp(); y.add_(1): eager raises it at backward only, a forward must run
+        if "modified by an inplace operation" not in str(e):
+            raise
+        trace.log("aot_backward_error_eager", stage="aot", reason=str(e))
+        return _eager(user_fn)
     tensorize_scalar_reads(joint, "joint")
     trace.artifact("aot_joint_graph", _graph_text(joint, "aot joint graph (ATen)"), kind="python")
     part = partition_fn(joint, jinfo)
@@ -480,10 +490,7 @@ def _dual_inputs_eager(runner: Callable, fn: Callable) -> Callable:
 def _eager(fn: Callable) -> Callable:
     """``fn`` run eagerly; a GraphModule through its ``forward``, whose call wrapper would print
     FX's "Call using an FX-traced Module" traceback to stderr before the user's own error."""
-    call = fn.forward if isinstance(fn, torch.fx.GraphModule) else fn
-
-    def run(*args):
-        return call(*args)
+    run = functools.partial(fn.forward if isinstance(fn, torch.fx.GraphModule) else fn)
     run._coil_aot_path = "eager"  # type: ignore[attr-defined]
     return run
 

@@ -158,13 +158,36 @@ def substitute_graph(gm: torch.fx.GraphModule) -> None:
     """Apply :func:`substitute` to a torch-level FX graph from another capture
     (``torch.compile(backend="coil")``), in place."""
     changed = False
-    for node in gm.graph.nodes:
-        if node.op == "call_function":
+    for node in list(gm.graph.nodes):
+        if node.target is torch.ops.higher_order.tag_activation_checkpoint and \
+                not getattr(gm, node.args[0].target).graph.find_nodes(op="get_attr"):  # (not nested ones)
+            _inline_checkpoint(gm, node)
+            changed = True
+        elif node.op == "call_function":
             new = substitute(node.target)
             if new is not node.target:
                 node.target, changed = new, True
     if changed:
         gm.recompile()
+
+
+def _inline_checkpoint(gm: torch.fx.GraphModule, node: torch.fx.Node) -> None:
+    """torch's capture of ``torch.utils.checkpoint.checkpoint``, a ``tag_activation_checkpoint`` call of a
+    subgraph, inlined and tagged as coil's capture does (``call_checkpoint``): run as a HOP by make_fx,
+    eager's checkpoint machinery refused an in-place op or dropout in the body."""
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    from coil.capture.variables.hops import _region_ids
+    body, region, before = getattr(gm, node.args[0].target), next(_region_ids), set(gm.graph.nodes)
+    with gm.graph.inserting_before(node):
+        outs = gm.graph.graph_copy(body.graph, dict(zip(body.graph.find_nodes(op="placeholder"), node.args[1:])))
+    for n in set(gm.graph.nodes) - before:
+        if "recompute" not in n.meta:
+            n.meta.update(recompute=CheckpointPolicy.PREFER_RECOMPUTE, ac_graph_id=region)
+    for u in list(node.users):
+        u.replace_all_uses_with(outs[u.args[1]])
+        gm.graph.erase_node(u)
+    gm.graph.erase_node(node)
 
 
 def substitute(target):

@@ -602,9 +602,7 @@ class GraphLowering(torch.fx.Interpreter):
                     for n, s, m in zip(d.layout.size, d.layout.stride, meta.stride())]
             return d if unit == list(d.layout.stride) else \
                 ReinterpretView(d.data, dataclasses.replace(d.layout, stride=unit))
-        if isinstance(d, StorageBox):
-            return d.realize(stride)
-        return self._materialize(x, stride)
+        return d.realize(stride) if isinstance(d, StorageBox) else self._materialize(x, stride)
 
     def _eager_storage(self, x: TensorBox, fx_arg) -> TensorBox:
         """``x`` as eager lays it out, for an op that reads its storage: a value this graph
@@ -837,9 +835,7 @@ class GraphLowering(torch.fx.Interpreter):
         d = x.data
         if isinstance(d, ReinterpretView):
             return d
-        if isinstance(d, StorageBox):
-            return d.realize()
-        return None
+        return d.realize() if isinstance(d, StorageBox) else None
 
     def _padded_copy(self, x, c: int, cp: int) -> Buffer:
         """A contiguous (R, cp) copy of 2-D ``x`` (R, c) with zero columns c..cp, made by a

@@ -138,10 +138,8 @@ def loader_as(x, size, dtype, via: Optional[torch.dtype] = None) -> Callable:
         return lambda index: ops.to_dtype(ops.index_expr(value, torch.int64), dtype, torch.int64)
     if dtype == torch.bool:
         value = bool(value)
-    elif not dtype.is_floating_point and not dtype.is_complex:
-        value = int(value)
     else:
-        value = float(value)
+        value = int(value) if not dtype.is_floating_point and not dtype.is_complex else float(value)
     return lambda index: ops.constant(value, dtype)
 
 
@@ -752,9 +750,7 @@ def _cast(v, sdt, dtype, reduction_type):
         return ops.ne(v, ops.constant(0, sdt)) if sdt != torch.bool else v
     if reduction_type == "sum" and sdt.is_floating_point:
         v = ops.add(v, ops.constant(0.0, sdt))  # 0 + v, as a sum starts: -0.0 sums to +0.0
-    if compute_dtype(dtype) != sdt:
-        return ops.to_dtype(v, dtype, sdt)
-    return v
+    return ops.to_dtype(v, dtype, sdt) if compute_dtype(dtype) != sdt else v
 
 
 def _kept_size(size, dims, keepdim):

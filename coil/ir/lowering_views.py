@@ -221,9 +221,7 @@ def _slice_bound(v, n, default):
         v = v + n
     if guard_true(sympy.Gt(v, n)):
         return n
-    if guard_true(sympy.Lt(v, 0)):
-        return sympy.Integer(0)
-    return v
+    return sympy.Integer(0) if guard_true(sympy.Lt(v, 0)) else v
 
 
 @register_lowering(aten.slice.Tensor)
@@ -447,9 +445,7 @@ def _pad(x, pad, value=0.0):
                 continue
             ok = ops.logical_and(ops.ge(_idx(src[d]), _c(0)), ops.lt(_idx(src[d]), _c(old[d])))
             cond = ok if cond is None else ops.logical_and(cond, ok)
-        if cond is None:
-            return load(src)
-        return ops.masked(cond, lambda: load(src), fill)
+        return load(src) if cond is None else ops.masked(cond, lambda: load(src), fill)
 
     return TensorBox.create(Pointwise(device(), odt, inner, size))
 
@@ -583,10 +579,8 @@ def _creation(*args, **kwargs):
         value = args[1]
     elif name == "scalar_tensor":
         value = args[0]
-    elif "ones" in name:
-        value = 1
     else:
-        value = 0
+        value = 1 if "ones" in name else 0
     from coil.ir.lowering import require_scalars_fit
     require_scalars_fit(out_dtype(), value)
     return _full(out_size(), value, out_dtype())

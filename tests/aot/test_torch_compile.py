@@ -336,3 +336,70 @@ def test_data_assignment_under_torch_capture_reaches_the_input():
         x2 = x.clone()
         torch.testing.assert_close(c(x2, y), f(x, y))
         torch.testing.assert_close(x2, x)
+
+
+@pytest.mark.parametrize("dropout", [False, True])
+def test_checkpoint_body_with_inplace_op_or_dropout_under_torch_capture(dropout):
+    # torch's capture holds checkpoint(fn, x, use_reentrant=False) as a tag_activation_checkpoint call of a
+    # subgraph; traced as such, eager's checkpoint refused y.add_(1) or dropout: "Tensor cached during
+    # selective activation checkpoint has been mutated" (BackendCompilerFailed). It is now inlined and tagged.
+    import torch.utils.checkpoint as cp
+
+    def blk(x):
+        y = x * 2
+        y.add_(1)
+        return (torch.nn.functional.dropout(y, 0.5) if dropout else y).sin()
+
+    def f(x):
+        return cp.checkpoint(blk, x, use_reentrant=False) * 3
+
+    torch._dynamo.reset()
+    c = torch.compile(f, backend="coil", options={"fallback_random": True})
+    x = torch.randn(64, requires_grad=True)
+    for _ in range(2):
+        torch.manual_seed(0)
+        ref = f(x)
+        (rg,) = torch.autograd.grad(ref.sum(), x)
+        torch.manual_seed(0)
+        out = c(x)
+        torch.testing.assert_close(out, ref)
+        torch.testing.assert_close(torch.autograd.grad(out.sum(), x), (rg,))
+
+
+def test_while_loop_under_torch_capture():
+    # torch's while_loop fake kernel needs a ShapeEnv (its trip count is an unbacked size); the fresh fake
+    # mode AOT made for real example inputs had none: AttributeError 'NoneType' ... ignore_fresh_unbacked_symbols
+    from torch._higher_order_ops import while_loop
+
+    def f(x, lim):
+        return while_loop(lambda i, x: x.abs().sum() < lim, lambda i, x: (i + 1, x * 2 + 0.1), (torch.tensor(0), x))
+
+    torch._dynamo.reset()
+    c = torch.compile(f, backend="coil")
+    for n, lim in ((3, 100.0), (3, 1000.0), (5, 10.0)):
+        x, lim = torch.randn(n), torch.tensor(lim)
+        torch.testing.assert_close(c(x, lim), f(x, lim))
+
+
+def test_inference_mode_inside_torch_captured_graph():
+    # torch's graph holds _enter/_exit_inference_mode around x * 2; traced to ATen, the output was an ordinary
+    # tensor (is_inference() False, eager True), and inference_mode(False) under an outer inference_mode gave
+    # an inference tensor. Such a graph runs eagerly (logged).
+    def f(x):
+        with torch.inference_mode():
+            y = x * 2
+        return y, x + 1
+
+    def g(x):
+        with torch.inference_mode(False):
+            return x * 2
+
+    for fn, outer in ((f, False), (g, True)):
+        torch._dynamo.reset()
+        x = torch.randn(3, requires_grad=not outer)
+        with torch.inference_mode(outer):
+            x = x.clone() if outer else x
+            ref, out = fn(x), torch.compile(fn, backend="coil")(x)
+        for o, r in zip(out if fn is f else [out], ref if fn is f else [ref]):
+            assert (o.is_inference(), o.requires_grad) == (r.is_inference(), r.requires_grad)
+            torch.testing.assert_close(o, r)

@@ -57,3 +57,24 @@ def test_split_gradients_may_share_storage_without_overlap():
             fn(a, b).sum().backward()
         ref.append((a.grad.clone(), b.grad.clone()))
     torch.testing.assert_close(ref[1], ref[0], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("capture", ["coil", "torch"])
+def test_in_place_write_to_a_saved_output_fails_at_backward_as_in_eager(capture):
+    """``y = x.exp(); y.add_(1)`` with x requiring grad: eager runs the forward and raises only at
+    backward (exp's saved result was modified); tracing the joint graph raised that at compile time, so a
+    forward-only call failed (BackendCompilerFailed). It now runs eagerly (logged)."""
+    import torch._dynamo
+
+    def f(x):
+        y = x.exp()
+        y.add_(1)
+        return y
+
+    torch._dynamo.reset()
+    c = coil.compile(f) if capture == "coil" else torch.compile(f, backend="coil")
+    x = torch.randn(4, requires_grad=True)
+    out = c(x)
+    torch.testing.assert_close(out, f(x))
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        out.sum().backward()

@@ -55,3 +55,22 @@ def test_fullgraph_error_names_a_torch_compiler_disable_helper():
     coil.reset()
     x = torch.randn(3)
     torch.testing.assert_close(coil.compile(f)(x), f(x))  # without fullgraph: a graph break
+
+
+def test_torch_func_transform_inside_the_compiled_function_says_it_runs_eagerly():
+    # torch.func.grad(lambda r: ...) broke with "NestedFunctionVariable(<lambda>) is not a compile-time
+    # constant"; torch.func.vjp(torch.sin, x) became a graph node FX could not print (SyntaxError: the whole
+    # frame fell back to eager)
+    def f(x):
+        return torch.func.grad(lambda r: r.sin().sum())(x) * 2
+
+    def g(x):
+        out, fn = torch.func.vjp(torch.sin, x)
+        return fn(torch.ones_like(x))[0] + out
+
+    x = torch.randn(2, 3)
+    for fn in (f, g):
+        coil.reset()
+        torch.testing.assert_close(coil.compile(fn)(x), fn(x))
+        reason = str(coil.explain(fn, x))
+        assert f"torch.func.{'grad' if fn is f else 'vjp'} of a function made in the compiled frame" in reason

@@ -120,6 +120,20 @@ def test_config_replace_checks_names():
         config.config.replace(fusoin=False)
 
 
+def test_option_assigned_on_the_config_module_takes_effect():
+    # coil.config.fallback_random = True set a module attribute nothing read (the options live on
+    # coil.config.config): silently ignored
+    import coil
+    old = config.config.fallback_random
+    try:
+        coil.config.fallback_random = not old
+        assert config.config.fallback_random is (not old) and coil.config.fallback_random is (not old)
+    finally:
+        config.config.fallback_random = old
+    with pytest.raises(AttributeError, match="no option 'fallback_randm'.*valid options"):
+        coil.config.fallback_randm = True
+
+
 # ------------------------------------------------------------ package, README, CI
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

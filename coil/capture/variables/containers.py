@@ -246,10 +246,7 @@ class ListVariable(BaseListVariable):
         if name == "__setitem__":
             self._mutated(tx)
             idx = _const_index(tx, args[0])
-            if isinstance(idx, slice):
-                items[idx] = tx.unpack(args[1])
-            else:
-                items[idx] = args[1]
+            items[idx] = tx.unpack(args[1]) if isinstance(idx, slice) else args[1]
             return ConstantVariable(None)
         if name == "__delitem__":
             self._mutated(tx)
@@ -467,9 +464,7 @@ class SetVariable(VariableTracker):
             return ConstantVariable(len(self.items))
         cargs = [a.as_python_constant() for a in args]
         res = getattr(self.items, name)(*cargs)
-        if isinstance(res, set):
-            return SetVariable(res)
-        return ConstantVariable(res)
+        return SetVariable(res) if isinstance(res, set) else ConstantVariable(res)
 
     def build_expr(self, cg):
         if not self.items:
@@ -619,9 +614,7 @@ class ListIteratorVariable(VariableTracker):
         inner = "(" + "".join(cg.reconstruct(i) + ", " for i in self.items[self.index:]) + ")"
         if self.kind == "iterator":
             return f"iter({inner})"
-        if self.kind == "items":
-            return f"dict({inner}).items()"
-        return f"list({inner})"
+        return f"dict({inner}).items()" if self.kind == "items" else f"list({inner})"
 
 
 class ResumedIteratorVariable(ListIteratorVariable):

@@ -194,10 +194,8 @@ class NestedFunctionVariable(BaseFunctionVariable):
         if self.closure and not all(isinstance(c, SourcedCellVariable) for c in self.closure):
             cells = ", ".join(cg.reconstruct_cell(c) for c in self.closure)
             closure = f"({cells},)"
-        elif self.closure:
-            closure = "(" + ", ".join(cg.reconstruct_cell(c) for c in self.closure) + ",)"
         else:
-            closure = "None"
+            closure = "(" + ", ".join(cg.reconstruct_cell(c) for c in self.closure) + ",)" if self.closure else "None"
         defaults = "(" + "".join(cg.reconstruct(d) + ", " for d in self.defaults) + ")" \
             if self.defaults else "None"
         fn = (f"___make_function({cg.const_expr(self.code)}, {cg.const_expr(self.globals)}, "

@@ -95,9 +95,7 @@ class ObjectVariableBase(VariableTracker):
         return object_truthy(tx, self, type(self.value))
 
     def reconstruct(self, cg):
-        if self.source is not None:
-            return cg.source_expr(self.source)
-        return cg.const_expr(self.value)
+        return cg.source_expr(self.source) if self.source is not None else cg.const_expr(self.value)
 
     def __repr__(self):
         return f"{type(self).__name__}({type(self.value).__name__}, {self.source})"
@@ -364,10 +362,8 @@ class NNModuleVariable(ObjectVariableBase):
             pairs = list(m.named_parameters(recurse=recurse))
         elif kind == "named_buffers":
             pairs = list(m.named_buffers(recurse=recurse))
-        elif kind == "named_children":
-            pairs = list(m.named_children())
         else:
-            pairs = list(m.named_modules())
+            pairs = list(m.named_children() if kind == "named_children" else m.named_modules())
         return [(qual, wrap(tx, value, source(qual, dname))) for qual, value in pairs]
 
     def call_method(self, tx, name, args, kwargs):

@@ -74,9 +74,7 @@ def to_node_arg(v: VariableTracker):
     if isinstance(v, NNModuleVariable):
         raise Unsupported("passing an nn.Module to a torch function")
     c = v.as_python_constant()
-    if isinstance(c, torch.Size):
-        return tuple(c)
-    return c
+    return tuple(c) if isinstance(c, torch.Size) else c
 
 
 def to_fake(v: VariableTracker):

@@ -60,6 +60,10 @@ _DENY = {inspect.unwrap(f) for f in (
     torch.manual_seed, torch.seed, torch.set_rng_state, torch.get_rng_state, torch.set_default_dtype,
     torch.use_deterministic_algorithms, torch.set_printoptions, torch.save, torch.load,
     torch.set_num_threads, torch.autograd.grad, torch.autograd.backward)}
+#: torch.func transforms: of a constant function, called at compile time (what they return becomes a graph
+#: node that make_fx traces); of a function made in the frame or with tensors, a graph break
+_FUNC_TRANSFORMS = {inspect.unwrap(getattr(torch.func, n)) for n in (
+    "grad", "grad_and_value", "vmap", "vjp", "jvp", "jacrev", "jacfwd", "hessian", "linearize", "functionalize")}
 
 
 #: argument-free queries of global settings: answered at compile time, guarded on their value
@@ -112,6 +116,9 @@ class TorchFunctionVariable(KnownCallableVariable):
         if base in _DENY:
             raise Unsupported(f"call to {fn.__module__}.{fn.__name__} changes global state",
                               hint="call it outside the compiled function")
+        if base in _FUNC_TRANSFORMS and not all(a.is_python_constant() for a in [*args, *kwargs.values()]):
+            raise Unsupported(f"torch.func.{fn.__name__} of a function made in the compiled frame, or of tensors, "
+                              "is not captured", hint="this call of the transform runs eagerly")
         if getattr(base, "__module__", None) == "torch.autograd.forward_ad":
             raise ForwardADFrame(f"{fn.__name__}: forward AD in the frame (dual levels, dual tensors)")
         if fn is torch.is_autocast_enabled:
@@ -314,12 +321,8 @@ def reenter_grad(kind: str, mode: bool, prev: bool):
     ``__enter__`` leaves it (``prev`` = the grad mode to restore on ``__exit__``), for a
     ``with`` block a graph break resumes inside. Does not change the grad mode itself."""
     cls = {"no_grad": torch.no_grad, "enable_grad": torch.enable_grad}.get(kind)
-    if cls is not None:
-        obj = cls()
-    else:
-        obj = object.__new__(torch.set_grad_enabled)
-        obj.mode = mode
-    obj.prev = prev
+    obj = cls() if cls is not None else object.__new__(torch.set_grad_enabled)
+    obj.mode, obj.prev = mode, prev  # (mode: set_grad_enabled's own; no_grad and enable_grad ignore it)
     return obj
 
 
@@ -370,14 +373,11 @@ def make_context(tx, cls, args, kwargs):
         return v
     if cls in (torch.autocast, torch.amp.autocast):
         device_type = c[0] if c else kw["device_type"]
-        dtype = kw.get("dtype", c[1] if len(c) > 1 else None)
-        if dtype is None:
-            dtype = torch.get_autocast_dtype(device_type)
+        dtype = kw.get("dtype", c[1] if len(c) > 1 else None) or torch.get_autocast_dtype(device_type)
         enabled = kw.get("enabled", c[2] if len(c) > 2 else True)
         cache = kw.get("cache_enabled", c[3] if len(c) > 3 else None)
-        if cache is None:
-            cache = torch.is_autocast_cache_enabled()
-        return AutocastVariable((device_type, dtype, enabled, cache))
+        return AutocastVariable((device_type, dtype, enabled, cache if cache is not None else
+                                 torch.is_autocast_cache_enabled()))
     return None
 
 

@@ -234,9 +234,7 @@ class CppKernel(OpsHandler):
             return f"{_FROM_FLOAT[dtype]}({value})"
         if dtype == torch.bool:
             return f"({value} != 0)" if value.dtype != torch.bool else value.name
-        if value.dtype == dtype:
-            return value.name
-        return _cast(value, dtype)
+        return value.name if value.dtype == dtype else _cast(value, dtype)
 
     def store(self, name, index, value, mode=None):
         buf_dtype = self.plan.buffer(name).get_dtype()
@@ -299,9 +297,7 @@ class CppKernel(OpsHandler):
                            f"coil_f16_to_float(coil_float_to_f16(static_cast<float>({x})))", torch.float32)
             x.rounded = dtype
             return x
-        if x.dtype == dtype:
-            return x
-        return self._emit(_cast(x, dtype), dtype)
+        return x if x.dtype == dtype else self._emit(_cast(x, dtype), dtype)
 
     def indirect_indexing(self, x, size, check=True, wrap_neg=True):
         """An index read from a tensor, as one CSE'd expression (so a gather whose
@@ -320,10 +316,8 @@ class CppKernel(OpsHandler):
             self.check_sites += 1
             self.check_origins.append(describe_origin(current_origin()))
             expr = f"coil_ind_checked({i}, {s}, {int(bool(wrap_neg))}, coil_err, {site})"
-        elif wrap_neg:
-            expr = f"coil_ind_wrap({i}, {s})"
         else:
-            expr = i
+            expr = f"coil_ind_wrap({i}, {s})" if wrap_neg else i
         var = self._emit(expr, torch.int64, key=key)
         return sympy.Symbol(var.name, integer=True)
 

@@ -29,6 +29,7 @@ import textwrap
 import time
 import traceback
 import warnings
+import zlib
 from collections import Counter, defaultdict
 from typing import Callable, Optional
 
@@ -299,8 +300,47 @@ def _site(exc: BaseException) -> str:
     return type(exc).__name__ + (f"@coil{frames[-1].filename[len(root):]}:{frames[-1].name}" if frames else "")
 
 
-def _reference(fn: Callable, make_inputs: Callable, e_out) -> Optional[tuple]:
-    """(outputs, inputs) of ``fn`` with its fp16/bf16 dtypes replaced by fp32, on upcast
+def _with_grads(fn: Callable, key: int = 0) -> Callable:
+    """``fn`` in gradient mode (docs/fuzzing.md), its random draws seeded by ``key``: the
+    backward of its float outputs with fixed random cotangents (multiples of 1/16: exact in
+    every float dtype, so the same for eager, compiled and the references), and its float
+    tensor arguments made either leaves that require grad (detached: the same memory and
+    layout; in-place writes to them are errors) or, for half the keys, views at their own
+    layout of a clone of a leaf holding their storage (in-place writes go through autograd;
+    copied back after the call). Returns (outputs, which require grad, the leaves' ``.grad``)."""
+    def run(*args):
+        gen = torch.Generator().manual_seed(key)
+        view, fl = bool(torch.rand((), generator=gen) < 0.5), [isinstance(a, torch.Tensor) and a.is_floating_point()
+                                                               for a in args]
+        leaves = [(_flat(a).clone() if view else a.detach()).requires_grad_() if f else a for a, f in zip(args, fl)]
+        xs = [x.clone().as_strided(a.shape, a.stride(), a.storage_offset()) if f and view else x
+              for a, x, f in zip(args, leaves, fl)]
+        out = fn(*xs)
+        outs = [o for o in pytree.tree_leaves(out) if isinstance(o, torch.Tensor) and o.is_floating_point()]
+        cots = [(torch.randint(-8, 8, o.shape, generator=gen) / 8 + 1 / 16).to(o.dtype) for o in outs]
+        with torch.no_grad():
+            [_flat(a).copy_(_flat(x)) for a, x, f in zip(args, xs, fl) if f and view]
+        if any(o.requires_grad for o in outs):
+            torch.autograd.backward(*zip(*[(o, r) for o, r in zip(outs, cots) if o.requires_grad]))
+        return out, [o.requires_grad for o in outs], [getattr(x, "grad", None) for x in leaves]
+    return run
+
+
+def _grad_problem(kind: str, msg: str, e_out) -> tuple:
+    """A problem of :func:`_with_grads`'s results named for what it is (``grad-value``: a leaf's
+    ``.grad``, ``grad-requires``: whether a float output requires grad)."""
+    n, m = len(pytree.tree_leaves(e_out[0])), re.match(r"(2nd-call )?out-(\w+)", kind)
+    k = re.match(r"output (\d+)", msg)
+    if not (m and k) or int(k.group(1)) < n:
+        return kind, msg
+    i = int(k.group(1)) - n
+    what = f"float output {i} requires_grad" if i < len(e_out[1]) else f"grad of input {i - len(e_out[1])}"
+    kind = (m.group(1) or "") + ("grad-requires" if i < len(e_out[1]) else "grad-" + m.group(2))
+    return kind, what + msg[k.end():]
+
+
+def _reference(fn: Callable, make_inputs: Callable, e_out, wrap=lambda f: f) -> Optional[tuple]:
+    """(outputs, inputs) of ``wrap(fn)`` with its fp16/bf16 dtypes replaced by fp32, on upcast
     inputs; None when there is nothing to upcast or it fails."""
     try:
         src = textwrap.dedent(inspect.getsource(fn))
@@ -316,7 +356,7 @@ def _reference(fn: Callable, make_inputs: Callable, e_out) -> Optional[tuple]:
     try:
         exec(src, ns)
         with _quiet():
-            return ns[fn.__name__](*[x.float() if isinstance(x, torch.Tensor) and x.dtype in _LOW
+            return wrap(ns[fn.__name__])(*[x.float() if isinstance(x, torch.Tensor) and x.dtype in _LOW
                                      else x for x in args]), args
     except Exception:
         return None
@@ -836,38 +876,43 @@ def _raised_in_dead_code(fn: Callable, err: BaseException) -> bool:
 
 def check(fn: Callable, make_inputs: Callable, backend: str = "cpp",
           timeout: float = 120.0) -> Result:
-    """Run ``fn`` eagerly and compiled by ``backend`` on fresh ``make_inputs()``; classify."""
+    """Run ``fn`` eagerly and compiled by ``backend`` on fresh ``make_inputs()``; classify.
+    A ``backend`` name ending in ``+grad`` compares gradients too (:func:`_with_grads`)."""
     name = backend if isinstance(backend, str) else getattr(backend, "__name__", "custom")
+    try:
+        src = inspect.getsource(fn)
+    except (OSError, TypeError):
+        src = ""
+    grad = name.endswith("+grad")
+    backend, wrap = (backend[:-5], lambda f: _with_grads(f, zlib.crc32(src.encode()))) if grad \
+        else (backend, lambda f: f)
     with _quiet():
         e_args = make_inputs()
         try:
-            e_out, e_err = fn(*e_args), None
+            e_out, e_err = wrap(fn)(*e_args), None
         except Exception as err:
             e_out, e_err = None, err
-        try:
-            src = inspect.getsource(fn)
-        except (OSError, TypeError):
-            src = ""
-        ref = _reference(fn, make_inputs, e_out) if e_err is None else None
-        ref64 = _run_in(_Stats64(), fn, make_inputs) \
+        ref = _reference(fn, make_inputs, e_out, wrap) if e_err is None else None
+        ref64 = _run_in(_Stats64(), wrap(fn), make_inputs) \
             if e_err is None and _F64_STATS.search(src) else None
         sums = "overflow" if e_err is None and _overflows(src, make_inputs()) else \
-            bool(_SUMS.search(src))
-        bounds = _error_bounds(fn, make_inputs) if e_err is None and (sums or _BOUNDED.search(src)) \
+            bool(_SUMS.search(src)) or grad  # (a backward sums over broadcast dims)
+        bounds = _error_bounds(wrap(fn), make_inputs) if e_err is None and (sums or _BOUNDED.search(src)) \
             else None
         _reset(backend)
         try:
             with _deadline(timeout):
-                compiled = compile_for(fn, backend)
+                compiled = wrap(compile_for(fn, backend))
                 for call in range(1 if e_err is not None else 2):
                     c_args = make_inputs()
                     c_out = compiled(*c_args)
                     if e_err is None:
                         problems = _compare(c_out, e_out, c_args, e_args, ref, ref64, sums, bounds,
                                             bool(_BIT_VIEW.search(src)), _CASTS.findall(src))
+                        problems = [_grad_problem(k, m, e_out) for k, m in problems] if grad else problems
                         if problems:
                             kind = ("2nd-call " if call else "") + problems[0][0]
-                            if sums and _run_in(_Overflowed(), fn, make_inputs) is None:
+                            if sums and _run_in(_Overflowed(), wrap(fn), make_inputs) is None:
                                 return Result("no_reference", name, kind, "\n".join(
                                     [m for _, m in problems] + ["eager's statistic overflowed"]))
                             if sums and _BIT_VIEW.search(src) and _integer_outputs_only(problems, e_out):
@@ -1014,9 +1059,9 @@ def minimize(prog: Program, backend: str = "cpp", signature: Optional[str] = Non
 def _upstream(prog: Program, r: Result, timeout: float) -> Result:
     """``r``, or outcome ``upstream`` for a failure of coil's ``aot_eager`` that
     ``torch.compile(backend="aot_eager")`` has too (same outcome, kind, exception type)."""
-    if r.backend != "aot_eager" or r.outcome not in FAILURES:
+    if r.backend.split("+")[0] != "aot_eager" or r.outcome not in FAILURES:
         return r
-    t = check_program(prog, "torch_aot_eager", timeout)
+    t = check_program(prog, "torch_" + r.backend, timeout)
     if (t.outcome, t.kind.split("@")[0]) != (r.outcome, r.kind.split("@")[0]):
         return r
     return Result("upstream", r.backend, r.kind, r.detail + "\n(torch.compile(backend="
@@ -1048,11 +1093,12 @@ def main(argv: Optional[list] = None) -> int:
     ap.add_argument("--per-class", type=int, default=10, help="minimize at most this many failures of one signature")
     ap.add_argument("--torch-ref", action="store_true", help="also run failures through torch.compile(backend='aot_eager')")
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds a compiled run may take")
+    ap.add_argument("--grad", action="store_true", help="compare the inputs' gradients too (BACKEND+grad)")
     a = ap.parse_args(argv)
     import coil.trace as trace
 
-    backends = [b for b in a.backends.split(",") if b]
-    if a.torch_ref or "torch_aot_eager" in backends or "aot_eager" in backends:
+    backends = [b + "+grad" * a.grad for b in a.backends.split(",") if b]
+    if a.torch_ref or a.grad or "torch_aot_eager" in backends or "aot_eager" in backends:
         logging.getLogger("torch").setLevel(logging.CRITICAL)  # its compile errors are results here
     families = [f for f in a.family.split(",") if f] or None
     os.makedirs(a.out, exist_ok=True)
@@ -1084,7 +1130,8 @@ def main(argv: Optional[list] = None) -> int:
                 again = check_program(small, b, a.timeout)  # the details of the small one
                 r = again if again.signature == r.signature else r
             note = f"\n#   torch.compile(backend='aot_eager'): " \
-                   f"{check_program(small, 'torch_aot_eager', a.timeout).outcome}" if a.torch_ref else ""
+                   f"{check_program(small, 'torch_aot_eager' + '+grad' * a.grad, a.timeout).outcome}" \
+                if a.torch_ref else ""
             path = os.path.join(a.out, f"{r.outcome}-{b}-s{a.seed}-{i}.py")
             with open(path, "w") as f:
                 f.write(small.source(r).replace("\nimport torch", note + "\nimport torch", 1))

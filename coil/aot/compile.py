@@ -17,6 +17,7 @@ get gradients and their mutations (BatchNorm statistics) are replayed.
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import time
 from typing import Callable, Optional
@@ -33,7 +34,7 @@ from coil.aot.decompositions import get_decompositions
 from coil.aot.cse import cse_graph
 from coil.aot.functional import (is_symbolic, analyze, fakeify, trace_inference, trace_joint,
                                  trace_plain_inference)
-from coil.aot.partition import default_partition, min_cut_partition
+from coil.aot.partition import default_partition, drop_undefined_tangents, min_cut_partition
 from coil.aot.regions import compile_regional, region_calls
 from coil.aot.scalars import tensorize_scalar_reads
 from coil.aot.runtime import AUTOCAST_DEVICES, inference_runner, training_runner
@@ -424,9 +425,13 @@ def _compile(fn, example_inputs, fw_compiler, bw_compiler, partition_fn, decompo
     compiled_fw = fw_compiler(part.fw, _placeholder_fakes(part.fw))
     bw_fakes = _saved_layouts(_placeholder_fakes(part.bw), getattr(compiled_fw, "output_strides", None),
                               n_fw, part.num_saved, fake_mode)
-    compiled_bw = bw_compiler(part.bw, bw_fakes)
-    run = _check_aliasing_per_call(training_runner(compiled_fw, compiled_bw, info, jinfo, part.num_saved),
-                                   fn, info.mutated_inputs)
+    pristine = torch.fx.GraphModule(part.bw, copy.deepcopy(part.bw.graph))  # (a compiler may change part.bw)
+
+    def bw_for(missing):  # the backward for calls whose tangents ``missing`` are None
+        gm, none = drop_undefined_tangents(pristine, part.num_saved, missing)
+        return bw_compiler(gm, bw_fakes), none
+    run = _check_aliasing_per_call(training_runner(compiled_fw, bw_compiler(part.bw, bw_fakes), info, jinfo,
+                                                   part.num_saved, bw_for), fn, info.mutated_inputs)
     run = _check_offsets_per_call(run, part.fw, fake_args, fn)
     return run if groups is None else _with_input_groups(run, groups, user_fn)
 

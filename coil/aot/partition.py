@@ -31,6 +31,7 @@ value with its bytes and the reason, each recomputed node, the totals.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import operator
@@ -412,3 +413,36 @@ def min_cut_partition(joint: torch.fx.GraphModule, info: JointInfo) -> Partition
         else:
             reasons[n] = "min cut: cheaper to save than to recompute from saved values"
     return _build(joint, info, regions, saved, reasons, "min_cut")
+
+
+def drop_undefined_tangents(bw: torch.fx.GraphModule, num_saved: int, missing: tuple) -> tuple:
+    """(graph, per output: is it None) of backward graph ``bw`` for calls whose tangents at positions
+    ``missing`` are undefined (autograd's None: an output the loss does not use). Eager skips the
+    backward of an op whose incoming gradient is undefined; zeros in their place are not the same
+    (``x * 2, x.sqrt()`` of ``x = 0``, the loss on the first: ``2 + 0 * inf``). Backward values are
+    linear in the tangents: one computed from undefined ones only is undefined (an undefined output
+    is a None gradient), ``add`` of an undefined and a defined one is the defined one, any other op
+    mixing them reads zeros for the undefined one."""
+    gm = torch.fx.GraphModule(bw, copy.deepcopy(bw.graph))
+    g, places = gm.graph, [n for n in gm.graph.nodes if n.op == "placeholder"]
+    undef, dep = {places[num_saved + k] for k in missing}, set(places[num_saved:])
+    meta = lambda n: (getattr(n.meta.get("val"), "shape", None), getattr(n.meta.get("val"), "dtype", 0))  # noqa: E731
+    for n in list(g.nodes):
+        ins = [a for a in n.all_input_nodes if a in dep]
+        if n.op != "call_function" or not ins or isinstance(n.meta.get("val"), (int, float, bool, torch.SymInt)):
+            continue
+        dep.add(n)
+        off, on = [a for a in ins if a in undef], [a for a in ins if a not in undef]
+        if off and not on:
+            undef.add(n)
+        elif off and n.target is aten.add.Tensor and not n.kwargs and len(on) == 1 and meta(on[0]) == meta(n):
+            n.replace_all_uses_with(on[0])
+        for a in off if on and n.users else ():
+            with g.inserting_before(n):
+                n.replace_input_with(a, z := g.call_function(aten.zeros_like.default, (a,)))
+            z.meta = dict(a.meta)
+    out = next(n for n in g.nodes if n.op == "output")
+    none, out.args = [o in undef for o in out.args[0]], ([o for o in out.args[0] if o not in undef],)
+    g.eliminate_dead_code()
+    gm.recompile()
+    return gm, none

@@ -392,19 +392,21 @@ class _BackwardOnce(torch.autograd.Function):
 
 
 def training_runner(compiled_fw: Callable, compiled_bw: Callable, info: ProgramInfo,
-                    jinfo: JointInfo, num_saved: int) -> Callable:
-    """The callable for the training path (see module docstring)."""
+                    jinfo: JointInfo, num_saved: int, bw_for: Callable) -> Callable:
+    """The callable for the training path (see module docstring). ``bw_for(missing)``: (compiled
+    backward, per gradient: is it None) for calls whose tangents at positions ``missing`` are None
+    (:func:`coil.aot.partition.drop_undefined_tangents`), compiled at the first such call."""
     epilogue = _make_epilogue(info)
     n_fw = info.num_fw_outputs
     compiled_fw = without_autocast(cudagraphify(compiled_fw, "forward", (n_fw, n_fw + num_saved)))
-    compiled_bw = without_autocast(cudagraphify(compiled_bw, "backward"))
     n_in = len(info.inputs)
     nondiff = [k for k, rg in enumerate(info.fw_out_requires_grad) if not rg]
     tangent_pos = [k for k, rg in enumerate(info.fw_out_requires_grad) if rg]
     grad_slots = [i for i, none in zip(jinfo.grad_inputs, jinfo.grad_is_none) if not none]
+    backwards = {(): (without_autocast(cudagraphify(compiled_bw, "backward")), grad_slots)}
     # differentiable outputs whose traced shape is symbolic: a missing gradient's zeros take
     # the shape the output had in this call (kept on ctx by forward)
-    sym_shape = [k for k in tangent_pos if _has_symint(info.fw_out_meta[k][0])] if nondiff else []
+    sym_shape = [k for k in tangent_pos if _has_symint(info.fw_out_meta[k][0])]
 
     class CompiledFunction(torch.autograd.Function):
         @staticmethod
@@ -418,35 +420,32 @@ def training_runner(compiled_fw: Callable, compiled_bw: Callable, info: ProgramI
             outs = tuple(vals[:n_fw])
             if nondiff:
                 ctx.mark_non_differentiable(*[outs[k] for k in nondiff])
-                # autograd would hand backward a zero-filled tensor for each of these (one fill launch per
-                # output per step: ResNet-50 has 106 BatchNorm running statistics); backward makes zeros only
-                # for the tangents its graph reads
-                ctx.set_materialize_grads(False)
-                if sym_shape:
-                    ctx.out_shapes = {k: outs[k].shape for k in sym_shape}
+            # None for an output that gets no gradient, not autograd's zeros (one fill launch per output per
+            # step: ResNet-50 has 106 BatchNorm running statistics; and eager skips what it flows through)
+            ctx.set_materialize_grads(False)
+            ctx.out_shapes = {k: outs[k].shape for k in sym_shape}
             return outs
 
         @staticmethod
         @opaque_to_torch_compile
         def backward(ctx, *grad_outs):
-            tensors = iter(ctx.saved_tensors)
-            others = iter(ctx.others)
+            tensors, others = iter(ctx.saved_tensors), iter(ctx.others)
             saved = [next(tensors) if t else next(others) for t in ctx.tensor_mask]
-            tangents = []
-            for k in tangent_pos:
-                g = grad_outs[k]
-                if g is None:  # an output that got no gradient (materialize_grads off)
-                    shape, dtype, device = info.fw_out_meta[k]
-                    if sym_shape and k in ctx.out_shapes:
-                        shape = ctx.out_shapes[k]
-                    g = torch.zeros(shape, dtype=dtype, device=device)
-                tangents.append(g.contiguous())
-            if torch.is_grad_enabled():  # create_graph=True: a second derivative must raise
-                grads = _BackwardOnce.apply(lambda *a: _distinct_grads(compiled_bw(*a)), *saved, *tangents)
-            else:
-                grads = _distinct_grads(compiled_bw(*saved, *tangents))
+            missing = tuple(j for j, k in enumerate(tangent_pos) if grad_outs[k] is None)
+            if missing not in backwards:  # (its graph reads only the shapes of their zeros)
+                bw, none = bw_for(missing)
+                backwards[missing] = (without_autocast(cudagraphify(bw, "backward")),
+                                      [s for s, dropped in zip(grad_slots, none) if not dropped])
+            compiled_bw, slots = backwards[missing]
+            tangents = [grad_outs[k].contiguous() if grad_outs[k] is not None else torch.zeros(
+                ctx.out_shapes.get(k, info.fw_out_meta[k][0]), dtype=info.fw_out_meta[k][1],
+                device=info.fw_out_meta[k][2]) for k in tangent_pos]
+            run_bw = lambda *a: _distinct_grads(compiled_bw(*a))  # noqa: E731
+            # create_graph=True: a second derivative must raise
+            grads = _BackwardOnce.apply(run_bw, *saved, *tangents) if torch.is_grad_enabled() else run_bw(
+                *saved, *tangents)
             result: list = [None] * n_in
-            for slot, g in zip(grad_slots, grads):
+            for slot, g in zip(slots, grads):
                 result[slot] = g
             return tuple(result)
 

@@ -422,10 +422,11 @@ def _describe(fn, fake_args, f_args, before, outs, grad, drop_error_checks, fake
             continue
         st = StorageWeakRef(o.untyped_storage())
         if st in input_storage:
-            # a view as another dtype (view(dtype)) is not differentiable; a
-            # differentiable one (view_as_real) is computed by the graph (a copy)
+            # a view as another dtype (view(dtype)) is not differentiable; the graph computes a differentiable
+            # one (view_as_real: a copy) and one of an input whose elements share memory (an expand): as_strided
+            # of that differentiates its storage (each element got the mean of theirs), not its elements
             other = fake_args[input_storage[st]].dtype != o.dtype
-            if not (other and meta["requires_grad"]):
+            if not (meta["requires_grad"] and (other or _overlaps(fake_args[input_storage[st]]))):
                 outputs.append(OutputInfo("alias_of_input", input_storage[st], **meta,
                                           dtype=o.dtype if other else None))
                 continue

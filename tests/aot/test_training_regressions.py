@@ -92,3 +92,22 @@ def test_an_input_written_in_place_and_not_used_gets_no_gradient(backend):
         grads.append((x.grad, b.grad))
     assert grads[1][1] is None and grads[0][1] is None
     torch.testing.assert_close(grads[1][0], grads[0][0], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gradient_of_a_view_of_an_expanded_input(backend):
+    """``a[..., -2:]`` of ``a = t.expand(5, 4)`` (one element of memory) that requires grad: the output,
+    rebuilt as ``as_strided`` of the input, differentiated the storage: every element of a.grad was the
+    mean of the cotangent (2.25; eager: the cotangent in the last two columns, zeros elsewhere). Found by
+    the gradient fuzzer (seed 1001 #32). The output is still a view of the input."""
+    def f(a):
+        return a[..., -2:]
+
+    grads = []
+    for fn in (f, coil.compile(f, options={"cpu_backend": backend})):
+        a = torch.tensor([[-3.0]]).expand(5, 4).detach().requires_grad_()
+        out = fn(a)
+        assert out.untyped_storage().data_ptr() == a.untyped_storage().data_ptr()
+        out.backward(torch.arange(10.0).view(5, 2))
+        grads.append(a.grad)
+    torch.testing.assert_close(grads[1], grads[0], rtol=0, atol=0)

@@ -426,7 +426,8 @@ def drop_undefined_tangents(bw: torch.fx.GraphModule, num_saved: int, missing: t
     gm = torch.fx.GraphModule(bw, copy.deepcopy(bw.graph))
     g, places = gm.graph, [n for n in gm.graph.nodes if n.op == "placeholder"]
     undef, dep = {places[num_saved + k] for k in missing}, set(places[num_saved:])
-    meta = lambda n: (getattr(n.meta.get("val"), "shape", None), getattr(n.meta.get("val"), "dtype", 0))  # noqa: E731
+    def meta(n):
+        return getattr(n.meta.get("val"), "shape", None), getattr(n.meta.get("val"), "dtype", 0)
     for n in list(g.nodes):
         ins = [a for a in n.all_input_nodes if a in dep]
         if n.op != "call_function" or not ins or isinstance(n.meta.get("val"), (int, float, bool, torch.SymInt)):

@@ -301,42 +301,39 @@ def _site(exc: BaseException) -> str:
 
 
 def _with_grads(fn: Callable, key: int = 0) -> Callable:
-    """``fn`` in gradient mode (docs/fuzzing.md), its random draws seeded by ``key``: the
-    backward of its float outputs with fixed random cotangents (multiples of 1/16: exact in
-    every float dtype, so the same for eager, compiled and the references), and its float
-    tensor arguments made either leaves that require grad (detached: the same memory and
-    layout; in-place writes to them are errors) or, for half the keys, views at their own
-    layout of a clone of a leaf holding their storage (in-place writes go through autograd;
-    copied back after the call). Returns (outputs, which require grad, the leaves' ``.grad``)."""
+    """``fn`` in gradient mode (docs/fuzzing.md), its draws seeded by ``key``: its float tensor
+    arguments made leaves that require grad (detached: same memory and layout; in-place writes
+    to them are errors) or, for half the keys, views at their layout of a clone of a leaf
+    holding their storage (written in place through autograd; copied back after the call); the
+    backward of its float outputs with random cotangents (multiples of 1/16: exact in every
+    float dtype). Returns (outputs, which require grad, the leaves' ``.grad``)."""
     def run(*args):
         gen = torch.Generator().manual_seed(key)
-        view, fl = bool(torch.rand((), generator=gen) < 0.5), [isinstance(a, torch.Tensor) and a.is_floating_point()
-                                                               for a in args]
+        view, fl = torch.rand((), generator=gen) < 0.5, [isinstance(a, torch.Tensor) and a.is_floating_point()
+                                                         for a in args]
         leaves = [(_flat(a).clone() if view else a.detach()).requires_grad_() if f else a for a, f in zip(args, fl)]
         xs = [x.clone().as_strided(a.shape, a.stride(), a.storage_offset()) if f and view else x
               for a, x, f in zip(args, leaves, fl)]
         out = fn(*xs)
         outs = [o for o in pytree.tree_leaves(out) if isinstance(o, torch.Tensor) and o.is_floating_point()]
-        cots = [(torch.randint(-8, 8, o.shape, generator=gen) / 8 + 1 / 16).to(o.dtype) for o in outs]
-        with torch.no_grad():
-            [_flat(a).copy_(_flat(x)) for a, x, f in zip(args, xs, fl) if f and view]
+        diff = [(o, (torch.randint(-8, 8, o.shape, generator=gen) / 8 + 1 / 16).to(o.dtype)) for o in outs]
+        for a, x in [(a, x) for a, x, f in zip(args, xs, fl) if f and view]:
+            _flat(a).copy_(_flat(x))
         if any(o.requires_grad for o in outs):
-            torch.autograd.backward(*zip(*[(o, r) for o, r in zip(outs, cots) if o.requires_grad]))
+            torch.autograd.backward(*zip(*[d for d in diff if d[0].requires_grad]))
         return out, [o.requires_grad for o in outs], [getattr(x, "grad", None) for x in leaves]
     return run
 
 
 def _grad_problem(kind: str, msg: str, e_out) -> tuple:
-    """A problem of :func:`_with_grads`'s results named for what it is (``grad-value``: a leaf's
-    ``.grad``, ``grad-requires``: whether a float output requires grad)."""
-    n, m = len(pytree.tree_leaves(e_out[0])), re.match(r"(2nd-call )?out-(\w+)", kind)
-    k = re.match(r"output (\d+)", msg)
-    if not (m and k) or int(k.group(1)) < n:
+    """A problem with :func:`_with_grads`'s output ``k`` named for what it is: ``grad-*`` (an
+    input's ``.grad``) or ``grad-requires`` (whether a float output requires grad)."""
+    k, n, m = int(re.match(r"output (\d+)|", msg)[1] or -1), len(pytree.tree_leaves(e_out[0])), len(e_out[1])
+    if k < n or "out-" not in kind:
         return kind, msg
-    i = int(k.group(1)) - n
-    what = f"float output {i} requires_grad" if i < len(e_out[1]) else f"grad of input {i - len(e_out[1])}"
-    kind = (m.group(1) or "") + ("grad-requires" if i < len(e_out[1]) else "grad-" + m.group(2))
-    return kind, what + msg[k.end():]
+    if k < n + m:
+        return re.sub(r"out-\w+", "grad-requires", kind), f"float output {k - n} requires_grad{msg[len(str(k)) + 7:]}"
+    return kind.replace("out-", "grad-"), f"grad of input {k - n - m}{msg[len(str(k)) + 7:]}"
 
 
 def _reference(fn: Callable, make_inputs: Callable, e_out, wrap=lambda f: f) -> Optional[tuple]:

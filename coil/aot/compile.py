@@ -46,9 +46,9 @@ def _placeholder_fakes(gm: torch.fx.GraphModule) -> list:
 
 
 def _saved_layouts(bw_fakes: list, fw_strides, start: int, num_saved: int, fake_mode) -> list:
-    """The backward's example inputs, the saved ones re-strided to the strides the compiled forward returns
-    them with (``fw_strides[start + i]``); unchanged when the forward compiler reports none (e.g. the FX
-    interpreter). Logged as ``aot_saved_layouts`` (how many saved tensors changed layout)."""
+    """The backward's example inputs, the saved ones re-strided to the strides the compiled forward returns them with
+    (``fw_strides[start + i]``); unchanged when the forward compiler reports none (e.g. the FX interpreter). Logged
+    as ``aot_saved_layouts`` (how many saved tensors changed layout)."""
     if fw_strides is None:
         return bw_fakes
     out, changed = list(bw_fakes), 0
@@ -66,15 +66,11 @@ def _saved_layouts(bw_fakes: list, fw_strides, start: int, num_saved: int, fake_
 
 def _symbolic_placeholder_values(gm: torch.fx.GraphModule, example_inputs: list,
                                  data_dependent: bool = False) -> Optional[list]:
-    """The fake inputs to trace with when the capture's placeholder values
-    (``meta["example_value"]`` or ``meta["val"]``) are symbolic (dynamic shapes, or a
-    0-d tensor holding a Python float the capture made symbolic, read with ``.item()``:
-    :func:`coil.aot.functional.item_memo`), else None.
-
-    Tracing with them keeps sizes symbolic; tracing with the real example inputs
-    would specialize the graphs to the first call's sizes. Real example inputs that
-    torch's capture recorded are faked again (:func:`_fake_as_at_call`).
-    """
+    """The fake inputs to trace with when the capture's placeholder values (``meta["example_value"]`` or
+    ``meta["val"]``) are symbolic (dynamic shapes, or a 0-d tensor holding a Python float the capture made symbolic,
+    read with ``.item()``: :func:`coil.aot.functional.item_memo`), else None.  Tracing with them keeps sizes
+    symbolic; tracing with the real example inputs would specialize the graphs to the first call's sizes. Real
+    example inputs that torch's capture recorded are faked again (:func:`_fake_as_at_call`)."""
     vals, symbolic = [], False
     for n in gm.graph.find_nodes(op="placeholder"):
         v = n.meta.get("example_value", n.meta.get("val"))
@@ -89,8 +85,8 @@ def _symbolic_placeholder_values(gm: torch.fx.GraphModule, example_inputs: list,
 
 
 def _has_unbacked(gm: torch.fx.GraphModule) -> bool:
-    """Whether a value of ``gm`` has a data-dependent (unbacked) size or number: the
-    capture's ShapeEnv allowed it, so only the capture's fake mode can trace it."""
+    """Whether a value of ``gm`` has a data-dependent (unbacked) size or number: the capture's ShapeEnv allowed it, so
+    only the capture's fake mode can trace it."""
     from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
     for n in gm.graph.nodes:
@@ -104,20 +100,15 @@ def _has_unbacked(gm: torch.fx.GraphModule) -> bool:
 
 
 def _fake_as_at_call(vals: list, example_inputs: list) -> list:
-    """``vals`` (the capture's placeholder values) with each tensor replaced by a fake of
-    the real example input, made in the FakeTensorMode torch hands backends
-    (``TracingContext.fake_mode``, on the capture's ShapeEnv), with the capture's symbols.
-
-    The capture ran the program on its placeholder fakes, so they describe the inputs
-    as the program *left* them: after ``y.mul_(x)`` with ``x`` requiring grad, ``y``'s
-    fake requires grad and has a ``grad_fn`` from the capture's trace, and it belongs to
-    the capture's own FakeTensorMode. Analysing with it treated ``y`` as a
-    differentiable input, and ``make_fx`` (which fakes its arguments again in the
-    backend mode) failed with "Mixing fake modes NYI". ``FakeTensorMode.from_tensor``
-    of a real tensor the capture recorded (``TracingContext.tensor_to_context``) reuses
-    the symbols the capture gave it, so the graph's SymInt placeholders stay valid.
-    Unchanged (``vals``) outside torch's capture, or when some tensor input was not
-    recorded by it."""
+    """``vals`` (the capture's placeholder values) with each tensor replaced by a fake of the real example input, made
+    in the FakeTensorMode torch hands backends (``TracingContext.fake_mode``, on the capture's ShapeEnv), with the
+    capture's symbols.  The capture ran the program on its placeholder fakes, so they describe the inputs as the
+    program *left* them: after ``y.mul_(x)`` with ``x`` requiring grad, ``y``'s fake requires grad and has a
+    ``grad_fn`` from the capture's trace, and it belongs to the capture's own FakeTensorMode. Analysing with it
+    treated ``y`` as a differentiable input, and ``make_fx`` (which fakes its arguments again in the backend mode)
+    failed with "Mixing fake modes NYI". ``FakeTensorMode.from_tensor`` of a real tensor the capture recorded
+    (``TracingContext.tensor_to_context``) reuses the symbols the capture gave it, so the graph's SymInt placeholders
+    stay valid. Unchanged (``vals``) outside torch's capture, or when some tensor input was not recorded by it."""
     from torch._guards import TracingContext  # torch's capture → backend seam, not torch._dynamo
 
     ctx = TracingContext.try_get()
@@ -133,10 +124,10 @@ def _fake_as_at_call(vals: list, example_inputs: list) -> list:
 
 
 def _refuse_mutated_aliased_inputs(example_inputs: list, mutated: list) -> None:
-    """Inputs sharing memory are traced as independent tensors; that is only wrong when one of them is
-    mutated, so refuse exactly that case (CoilError). Called at compile time on the example inputs and,
-    through :func:`_check_aliasing_per_call`, on every call of a graph that mutates an input (a cache hit may
-    pass aliased tensors where the compile saw separate ones)."""
+    """Inputs sharing memory are traced as independent tensors; that is only wrong when one of them is mutated, so
+    refuse exactly that case (CoilError). Called at compile time on the example inputs and, through
+    :func:`_check_aliasing_per_call`, on every call of a graph that mutates an input (a cache hit may pass aliased
+    tensors where the compile saw separate ones)."""
     if not mutated:
         return
     tensors = [x for x in example_inputs if isinstance(x, torch.Tensor)]
@@ -165,14 +156,12 @@ def _refuse_mutated_aliased_inputs(example_inputs: list, mutated: list) -> None:
 
 
 def _clone_saved_mutated_inputs(fw: torch.fx.GraphModule, info, n_fw: int, num_saved: int) -> None:
-    """Save a copy of a mutated input that the backward reads, not the input itself.
-
-    The backward of ``y.mul_(x)`` (``y`` mutated, ``x`` requiring grad) reads ``y``'s
-    value before the mutation; the partitioner saves that value as the forward's input
-    ``y``, which the epilogue then overwrites in place (and whose version bump made
-    every backward raise "modified by an inplace operation"); the same for a saved view
-    of it (``y[0].mul_(x)`` saves ``select(y)``). Eager autograd saves the original the
-    same way: a clone before the in-place op. Rewrites ``fw`` in place."""
+    """Save a copy of a mutated input that the backward reads, not the input itself.  The backward of ``y.mul_(x)``
+    (``y`` mutated, ``x`` requiring grad) reads ``y``'s value before the mutation; the partitioner saves that value
+    as the forward's input ``y``, which the epilogue then overwrites in place (and whose version bump made every
+    backward raise "modified by an inplace operation"); the same for a saved view of it (``y[0].mul_(x)`` saves
+    ``select(y)``). Eager autograd saves the original the same way: a clone before the in-place op. Rewrites ``fw``
+    in place."""
     places = [n for n in fw.graph.nodes if n.op == "placeholder"]
     if len(places) != len(info.inputs) or not info.mutated_inputs:
         return
@@ -206,10 +195,10 @@ def _clone_saved_mutated_inputs(fw: torch.fx.GraphModule, info, n_fw: int, num_s
 
 def _check_aliasing_per_call(runner: Callable, gm: Callable, mutated: list) -> Callable:
     """``runner``, except on calls whose inputs share memory with a mutated input (the check of
-    :func:`_refuse_mutated_aliased_inputs`, about 0.1 µs per tensor input and only for graphs that mutate an
-    input): those run ``fn``, the captured program, eagerly, which gives eager's values (logged as
-    ``aot_aliased_inputs_eager``). Without it ``f(a, a)`` after ``f(x, y)`` hit the compiled graph, which
-    treats its inputs as independent, and returned wrong values."""
+    :func:`_refuse_mutated_aliased_inputs`, about 0.1 µs per tensor input and only for graphs that mutate an input):
+    those run ``fn``, the captured program, eagerly, which gives eager's values (logged as
+    ``aot_aliased_inputs_eager``). Without it ``f(a, a)`` after ``f(x, y)`` hit the compiled graph, which treats its
+    inputs as independent, and returned wrong values."""
     if not mutated:
         return runner
     mutated = list(mutated)
@@ -316,10 +305,10 @@ def aot_compile(gm: Callable, example_inputs: list, fw_compiler: Callable,
 
 @contextlib.contextmanager
 def preserve_global_state():
-    """Restore grad mode and every device's autocast state (enabled, dtype, nesting) after tracing. A captured
-    graph that ends inside a ``with torch.autocast(...)`` block (a graph break there) holds an
-    ``_enter_autocast`` with no exit; tracing executes it for real, and without this the caller's code after
-    the compiling call silently ran in low precision (or, for an ``enabled=False`` island, in fp32)."""
+    """Restore grad mode and every device's autocast state (enabled, dtype, nesting) after tracing. A captured graph
+    that ends inside a ``with torch.autocast(...)`` block (a graph break there) holds an ``_enter_autocast`` with no
+    exit; tracing executes it for real, and without this the caller's code after the compiling call silently ran in
+    low precision (or, for an ``enabled=False`` island, in fp32)."""
     grad = torch.is_grad_enabled()
     saved = [(d, torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in AUTOCAST_DEVICES]
     cache = torch.is_autocast_cache_enabled()
@@ -438,9 +427,9 @@ def _compile(fn, example_inputs, fw_compiler, bw_compiler, partition_fn, decompo
 
 def _check_offsets_per_call(runner: Callable, gm: torch.fx.GraphModule, fake_args: list,
                             fn: Callable) -> Callable:
-    """``runner``, except on calls where an input that the graph reads through ``as_strided`` (directly or
-    through views) starts at another storage offset than the compiled one: ``as_strided``'s offset is absolute
-    in the storage, so the graph means something else for such a call, which runs ``fn`` eagerly
+    """``runner``, except on calls where an input that the graph reads through ``as_strided`` (directly or through
+    views) starts at another storage offset than the compiled one: ``as_strided``'s offset is absolute in the
+    storage, so the graph means something else for such a call, which runs ``fn`` eagerly
     (``aot_storage_offset_eager``). Capture does not guard storage offsets."""
     places = [n for n in gm.graph.nodes if n.op == "placeholder"]
     found: dict = {}
@@ -483,8 +472,8 @@ def _dual_inputs_eager(runner: Callable, fn: Callable) -> Callable:
 
 
 def _eager(fn: Callable) -> Callable:
-    """``fn`` run eagerly; a GraphModule through its ``forward``, whose call wrapper would print
-    FX's "Call using an FX-traced Module" traceback to stderr before the user's own error."""
+    """``fn`` run eagerly; a GraphModule through its ``forward``, whose call wrapper would print FX's "Call using an
+    FX-traced Module" traceback to stderr before the user's own error."""
     call = fn.forward if isinstance(fn, torch.fx.GraphModule) else fn
 
     def run(*args):
@@ -494,9 +483,9 @@ def _eager(fn: Callable) -> Callable:
 
 
 def _with_input_groups(runner: Callable, groups, fn: Callable) -> Callable:
-    """``runner`` (compiled over the kept inputs and the synthetic bases of ``groups``,
-    :mod:`coil.aot.aliasing`) called with the user's inputs; a call whose inputs share memory otherwise than
-    the compiled ones runs ``fn`` eagerly (``aot_input_groups_eager``)."""
+    """``runner`` (compiled over the kept inputs and the synthetic bases of ``groups``, :mod:`coil.aot.aliasing`) called
+    with the user's inputs; a call whose inputs share memory otherwise than the compiled ones runs ``fn`` eagerly
+    (``aot_input_groups_eager``)."""
 
     @functools.wraps(runner)
     def run(*args):

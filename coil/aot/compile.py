@@ -356,11 +356,12 @@ def _compile(fn, example_inputs, fw_compiler, bw_compiler, partition_fn, decompo
             raise
         trace.log("aot_overlapping_write_eager", stage="aot", reason=str(e))
         return _eager(user_fn)
-    if grad and any(rg and i in info.restrided_inputs
-                    for i, rg in zip(info.mutated_inputs, info.fw_out_requires_grad)):
-        # the new value of an input that the program both writes (differentiably) and
-        # restrides: its value in the input's original layout is an autograd view of a
-        # base whose metadata changed under it, which autograd cannot differentiate
+    written = dict(zip(info.mutated_inputs, info.fw_out_requires_grad))
+    if grad and any(info.inputs[i].requires_grad or written.get(i) for i in info.restrided_inputs):
+        # an input whose metadata the program changes and that requires grad (or is written differentiably): a view
+        # of it taken before (or a multi-output one after: split) is an autograd view of a base whose metadata
+        # changed under it, which the joint trace regenerates in the new layout (s1003 #154, #875: shape errors;
+        # #524: backward refused), as is its new value in the input's original layout
         trace.log("aot_restrided_grad_eager", stage="aot", inputs=info.restrided_inputs)
         return _eager(user_fn)
     trace.log("aot_analysis", stage="aot", runs=1 if found else 2,

@@ -1,6 +1,7 @@
 """Training-step regressions found by fresh users: gradients as eager gives them, over several
 backward passes (accumulation) and in-place gradient updates."""
 import copy
+import math
 
 import pytest
 import torch
@@ -111,3 +112,48 @@ def test_gradient_of_a_view_of_an_expanded_input(backend):
         out.backward(torch.arange(10.0).view(5, 2))
         grads.append(a.grad)
     torch.testing.assert_close(grads[1], grads[0], rtol=0, atol=0)
+
+
+def _view_before_unsqueeze_(a, c):
+    v0 = a[0::2]
+    a.unsqueeze_(0)
+    return (torch.std(v0, dim=0, keepdim=True),)
+
+
+def _view_before_squeeze_(a, c):
+    v4 = a.squeeze(1)
+    a.squeeze_(-2)
+    return (a * 2, v4)
+
+
+def _split_after_squeeze_(a, c):
+    a.squeeze_(0)
+    return (torch.split(a, [2, 4], 0)[1],)
+
+
+def _as_strided_after_a_write_reading_it(a, c):
+    c.mul_(a)
+    a.as_strided_((2,), (0,), 0)
+    return (c.detach() * 2,)  # (eager's backward through c would raise: a changed after c.mul_ saved it)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("fn,shape", [(_view_before_unsqueeze_, (3,)), (_view_before_squeeze_, (1, 1)),
+                                      (_split_after_squeeze_, (6,)), (_as_strided_after_a_write_reading_it, ())])
+def test_metadata_mutation_of_an_input_that_requires_grad(fn, shape, backend):
+    """A non-leaf input that requires grad whose metadata the program changes (``unsqueeze_``, ``squeeze_``,
+    ``as_strided_``), with a view of it taken before, a ``split`` after, or a write that saved it for backward: the
+    joint trace regenerated the views in the new layout ("StdBackward0 returned an invalid gradient", IndexError)
+    or met the write's version check, or the backward refused the split's view ("its base ... has been modified
+    inplace"), where eager runs. Such programs run eagerly now (``aot_restrided_grad_eager``). Found by the gradient
+    fuzzer (seed 1003 #154, #875, #524; seed 1004 #3)."""
+    res = []
+    for f in (fn, coil.compile(fn, options={"cpu_backend": backend})):
+        leaves = [torch.arange(1.0, 1.0 + math.prod(shape)).reshape(shape).requires_grad_() for _ in range(2)]
+        a, c = (x.clone() for x in leaves)
+        outs = f(a, c)
+        diff = [o for o in outs if o.requires_grad]
+        if diff:
+            torch.autograd.backward(diff, [torch.ones_like(o) for o in diff])
+        res.append(([o.detach() for o in outs], a.shape, [x.grad for x in leaves]))
+    torch.testing.assert_close(res[1], res[0], rtol=0, atol=0)

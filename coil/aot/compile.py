@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
+import re
 import time
 from typing import Callable, Optional
 
@@ -351,8 +352,9 @@ def _compile(fn, example_inputs, fw_compiler, bw_compiler, partition_fn, decompo
             example_inputs = fake_args
             info = analyze(fn, fake_args, fake_mode, grad)
     except (RunEagerly, RuntimeError) as e:
-        # also: functionalization refuses a write through as_strided of a restrided input
-        if not isinstance(e, RunEagerly) and "as_strided() is non-compositional" not in str(e):
+        # also: functionalization refuses a write through as_strided of a restrided input, or (its replay under
+        # autograd) of a non-contiguous input that requires grad (s1003 #733: "only supported for contiguous inputs")
+        if not isinstance(e, RunEagerly) and not re.search(r"as_strided(\(\) is non-compos|_scatter is curr)", str(e)):
             raise
         trace.log("aot_overlapping_write_eager", stage="aot", reason=str(e))
         return _eager(user_fn)

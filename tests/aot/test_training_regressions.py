@@ -157,3 +157,22 @@ def test_metadata_mutation_of_an_input_that_requires_grad(fn, shape, backend):
             torch.autograd.backward(diff, [torch.ones_like(o) for o in diff])
         res.append(([o.detach() for o in outs], a.shape, [x.grad for x in leaves]))
     torch.testing.assert_close(res[1], res[0], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_write_through_as_strided_of_a_non_contiguous_input_that_requires_grad(backend):
+    """``c.as_strided((1, 1), (0, 2), 7).div_(2)`` of a transposed non-leaf ``c`` that requires grad: replaying
+    the write under autograd hit torch's "as_strided_scatter is currently only supported for contiguous inputs"
+    (an internal assert), where eager runs. Such a program runs eagerly (``aot_overlapping_write_eager``). Found by
+    the gradient fuzzer (seed 1003 #733)."""
+    def f(c):
+        c.as_strided((1, 1), (0, 2), 7).div_(2)
+        return (c * 1,)
+
+    res = []
+    for fn in (f, coil.compile(f, options={"cpu_backend": backend})):
+        leaf = torch.arange(12.0).requires_grad_()
+        c = leaf.clone().as_strided((2, 6), (1, 2))
+        fn(c)[0].sum().backward()
+        res.append((c.detach(), leaf.grad))
+    torch.testing.assert_close(res[1], res[0], rtol=0, atol=0)

@@ -69,9 +69,10 @@ def _symbolic_placeholder_values(gm: torch.fx.GraphModule, example_inputs: list,
                                  data_dependent: bool = False) -> Optional[list]:
     """The fake inputs to trace with when the capture's placeholder values (``meta["example_value"]`` or
     ``meta["val"]``) are symbolic (dynamic shapes, or a 0-d tensor holding a Python float the capture made symbolic,
-    read with ``.item()``: :func:`coil.aot.functional.item_memo`), else None.  Tracing with them keeps sizes
-    symbolic; tracing with the real example inputs would specialize the graphs to the first call's sizes. Real
-    example inputs that torch's capture recorded are faked again (:func:`_fake_as_at_call`)."""
+    read with ``.item()``: :func:`coil.aot.functional.item_memo`), else None.
+
+    Tracing with them keeps sizes symbolic; tracing with the real example inputs would specialize the graphs to the
+    first call's sizes. Real example inputs that torch's capture recorded are faked again (:func:`_fake_as_at_call`)."""
     vals, symbolic = [], False
     for n in gm.graph.find_nodes(op="placeholder"):
         v = n.meta.get("example_value", n.meta.get("val"))
@@ -103,11 +104,13 @@ def _has_unbacked(gm: torch.fx.GraphModule) -> bool:
 def _fake_as_at_call(vals: list, example_inputs: list) -> list:
     """``vals`` (the capture's placeholder values) with each tensor replaced by a fake of the real example input, made
     in the FakeTensorMode torch hands backends (``TracingContext.fake_mode``, on the capture's ShapeEnv), with the
-    capture's symbols.  The capture ran the program on its placeholder fakes, so they describe the inputs as the
-    program *left* them: after ``y.mul_(x)`` with ``x`` requiring grad, ``y``'s fake requires grad and has a
-    ``grad_fn`` from the capture's trace, and it belongs to the capture's own FakeTensorMode. Analysing with it
-    treated ``y`` as a differentiable input, and ``make_fx`` (which fakes its arguments again in the backend mode)
-    failed with "Mixing fake modes NYI". ``FakeTensorMode.from_tensor`` of a real tensor the capture recorded
+    capture's symbols.
+
+    The capture ran the program on its placeholder fakes, so they describe the inputs as the program *left* them:
+    after ``y.mul_(x)`` with ``x`` requiring grad, ``y``'s fake requires grad and has a ``grad_fn`` from the
+    capture's trace, and it belongs to the capture's own FakeTensorMode. Analysing with it treated ``y`` as a
+    differentiable input, and ``make_fx`` (which fakes its arguments again in the backend mode) failed with "Mixing
+    fake modes NYI". ``FakeTensorMode.from_tensor`` of a real tensor the capture recorded
     (``TracingContext.tensor_to_context``) reuses the symbols the capture gave it, so the graph's SymInt placeholders
     stay valid. Unchanged (``vals``) outside torch's capture, or when some tensor input was not recorded by it."""
     from torch._guards import TracingContext  # torch's capture → backend seam, not torch._dynamo
@@ -157,12 +160,13 @@ def _refuse_mutated_aliased_inputs(example_inputs: list, mutated: list) -> None:
 
 
 def _clone_saved_mutated_inputs(fw: torch.fx.GraphModule, info, n_fw: int, num_saved: int) -> None:
-    """Save a copy of a mutated input that the backward reads, not the input itself.  The backward of ``y.mul_(x)``
-    (``y`` mutated, ``x`` requiring grad) reads ``y``'s value before the mutation; the partitioner saves that value
-    as the forward's input ``y``, which the epilogue then overwrites in place (and whose version bump made every
-    backward raise "modified by an inplace operation"); the same for a saved view of it (``y[0].mul_(x)`` saves
-    ``select(y)``). Eager autograd saves the original the same way: a clone before the in-place op. Rewrites ``fw``
-    in place."""
+    """Save a copy of a mutated input that the backward reads, not the input itself.
+
+    The backward of ``y.mul_(x)`` (``y`` mutated, ``x`` requiring grad) reads ``y``'s value before the mutation; the
+    partitioner saves that value as the forward's input ``y``, which the epilogue then overwrites in place (and whose
+    version bump made every backward raise "modified by an inplace operation"); the same for a saved view of it
+    (``y[0].mul_(x)`` saves ``select(y)``). Eager autograd saves the original the same way: a clone before the
+    in-place op. Rewrites ``fw`` in place."""
     places = [n for n in fw.graph.nodes if n.op == "placeholder"]
     if len(places) != len(info.inputs) or not info.mutated_inputs:
         return

@@ -73,16 +73,17 @@ class InputInfo:
 
 @dataclasses.dataclass
 class OutputInfo:
-    """One flat user output and how the runtime produces it.  ``kind``: ``"graph"`` (``index`` = position among the
-    graph outputs), ``"input"`` (the input object ``index`` itself), ``"alias_of_input"`` (a view of input
-    ``index``), ``"alias_of_output"`` (a view of the graph output ``index``), ``"alias_of_base"`` (a view of the
-    extra graph output ``index`` holding an intermediate base), ``"same_as_output"`` (the user output ``index``
-    again), ``"constant"`` (``value``). ``size/stride/offset`` describe the view (elements; offset is absolute in the
-    storage). ``requires_grad``: the eager output requires grad. ``dtype``: set for an
-    ``alias_of_input``/``alias_of_base`` of another dtype than its input or base (``a.view(torch.int32)``,
-    ``.real``): the runtime builds it on that storage, and its offset is in bytes. ``src_stride``: for an
-    ``alias_of_output``/``alias_of_base``, the eager strides of the tensor it views (the runtime copies a compiled
-    one of other strides into them before taking views)."""
+    """One flat user output and how the runtime produces it.
+
+    ``kind``: ``"graph"`` (``index`` = position among the graph outputs), ``"input"`` (the input object ``index``
+    itself), ``"alias_of_input"`` (a view of input ``index``), ``"alias_of_output"`` (a view of the graph output
+    ``index``), ``"alias_of_base"`` (a view of the extra graph output ``index`` holding an intermediate base),
+    ``"same_as_output"`` (the user output ``index`` again), ``"constant"`` (``value``). ``size/stride/offset``
+    describe the view (elements; offset is absolute in the storage). ``requires_grad``: the eager output requires
+    grad. ``dtype``: set for an ``alias_of_input``/``alias_of_base`` of another dtype than its input or base
+    (``a.view(torch.int32)``, ``.real``): the runtime builds it on that storage, and its offset is in bytes.
+    ``src_stride``: for an ``alias_of_output``/``alias_of_base``, the eager strides of the tensor it views (the
+    runtime copies a compiled one of other strides into them before taking views)."""
 
     kind: str
     index: int = -1
@@ -330,10 +331,11 @@ def _is_differentiable(t: torch.Tensor) -> bool:
 
 
 def analyze(fn: Callable, fake_args: list, fake_mode: FakeTensorMode, grad: bool) -> ProgramInfo:
-    """Run ``fn`` once on functional fake tensors and describe its mutations and aliasing.  Views of inputs the program
-    mutates (data or metadata) and the inputs' final metadata are taken from a second, plain fake run
-    (:func:`eager_layouts`): under functionalization a mutated input is replaced by its new value, whose layout is
-    the out-of-place op's (contiguous), not the one eager writes into."""
+    """Run ``fn`` once on functional fake tensors and describe its mutations and aliasing.
+
+    Views of inputs the program mutates (data or metadata) and the inputs' final metadata are taken from a second,
+    plain fake run (:func:`eager_layouts`): under functionalization a mutated input is replaced by its new value,
+    whose layout is the out-of-place op's (contiguous), not the one eager writes into."""
     try:
         return _analyze(fn, fake_args, fake_mode, grad, drop_error_checks=False)
     except AssertionError as e:
@@ -574,11 +576,12 @@ def _cleanup(graph: torch.fx.Graph) -> None:
 
 
 def item_memo(t: Any) -> Optional[Any]:
-    """The symbolic number ``t.item()`` returns for a fake tensor, or None.  torch's capture with ``dynamic=True`` (or
-    after a float argument changed) passes a Python float (``LayerNorm.eps``, a temperature) as a 0-d float64 tensor
-    input that the graph reads with ``.item()``; its fake carries the SymFloat the capture made for the float as
-    ``item_memo``, which the fake ``aten._local_scalar_dense`` returns. Without it that op raises
-    ``DataDependentOutputException``."""
+    """The symbolic number ``t.item()`` returns for a fake tensor, or None.
+
+    torch's capture with ``dynamic=True`` (or after a float argument changed) passes a Python float
+    (``LayerNorm.eps``, a temperature) as a 0-d float64 tensor input that the graph reads with ``.item()``; its fake
+    carries the SymFloat the capture made for the float as ``item_memo``, which the fake ``aten._local_scalar_dense``
+    returns. Without it that op raises ``DataDependentOutputException``."""
     m = getattr(t, "item_memo", None) if isinstance(t, FakeTensor) else None
     return m if isinstance(m, (torch.SymInt, torch.SymFloat, torch.SymBool)) else None
 
@@ -769,9 +772,10 @@ def without_cudnn_choices():
     by the global flag trace their portable form: ``batch_norm`` on CUDA picks ``cudnn_batch_norm``, whose schema
     does not mark the running statistics as mutated, and the joint graph lost their update (the running mean and
     variance of every BatchNorm stayed 0 and 1 in CUDA training, while ``native_batch_norm`` traces the update).
-    Extern kernels still run cuDNN at run time.  Only the ``enabled`` flag is touched, and restored on exit. It is
-    process-global: eager CUDA work in *other* threads during a trace runs without cuDNN (correct values, slower
-    kernels) until the trace ends."""
+    Extern kernels still run cuDNN at run time.
+
+    Only the ``enabled`` flag is touched, and restored on exit. It is process-global: eager CUDA work in *other*
+    threads during a trace runs without cuDNN (correct values, slower kernels) until the trace ends."""
     return _cudnn_enabled(False)
 
 

@@ -110,9 +110,10 @@ _REDUCTIONS = {
 
 
 def recompute_ban_reason(node: torch.fx.Node) -> Optional[str]:
-    """Why ``node`` must not be recomputed in the backward (None: it may be).  Cheap = pointwise ops
-    (``torch.Tag.pointwise``), views, constants, casts, cat, ``getitem`` of a cheap node, and reductions over at most
-    ``config.aot_max_recompute_reduction`` input elements."""
+    """Why ``node`` must not be recomputed in the backward (None: it may be).
+
+    Cheap = pointwise ops (``torch.Tag.pointwise``), views, constants, casts, cat, ``getitem`` of a cheap node, and
+    reductions over at most ``config.aot_max_recompute_reduction`` input elements."""
     from coil.config import config
 
     if node.op == "placeholder":
@@ -290,8 +291,9 @@ def _build(joint, info: JointInfo, regions: _Regions, saved: list, reasons: dict
 # --------------------------------------------------------------------------- partitioners
 
 def default_partition(joint: torch.fx.GraphModule, info: JointInfo) -> Partition:
-    """Save every forward-region value the backward reads; recompute nothing.  Returns a :class:`Partition`.
-    Tuple-valued nodes are never saved (their ``getitem`` users are)."""
+    """Save every forward-region value the backward reads; recompute nothing.
+
+    Returns a :class:`Partition`. Tuple-valued nodes are never saved (their ``getitem`` users are)."""
     regions = _Regions(joint, info)
     saved = []
     for n in regions.read_by_backward():
@@ -353,9 +355,10 @@ _RECOMPUTE = {torch.utils.checkpoint.CheckpointPolicy.MUST_RECOMPUTE,
 
 
 def min_cut_partition(joint: torch.fx.GraphModule, info: JointInfo) -> Partition:
-    """Save the fewest bytes that let the backward run; recompute cheap chains.  See the module docstring for the flow
-    network. Returns a :class:`Partition`. Raises :class:`InternalError` if the cut is infinite (a bug: something the
-    backward needs can neither be saved nor recomputed)."""
+    """Save the fewest bytes that let the backward run; recompute cheap chains.
+
+    See the module docstring for the flow network. Returns a :class:`Partition`. Raises :class:`InternalError` if the
+    cut is infinite (a bug: something the backward needs can neither be saved nor recomputed)."""
     import networkx as nx
 
     regions = _Regions(joint, info)

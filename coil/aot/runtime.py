@@ -32,10 +32,12 @@ DOUBLE_BACKWARD_MESSAGE = (
 
 
 def _copy_untracked(dsts: list, srcs: list) -> None:
-    """``dst.copy_(src)`` for each pair under ``no_grad``, then empties both lists.  Two or more pairs go through one
-    ``torch._foreach_copy_`` (on CUDA one multi-tensor kernel for same-dtype dense tensors instead of a copy launch
-    each: a ResNet-50 training step updates 159 BatchNorm buffers). The order of the copies cannot matter: mutated
-    inputs never share memory here (aot/compile.py refuses that at compile time and runs such calls eagerly)."""
+    """``dst.copy_(src)`` for each pair under ``no_grad``, then empties both lists.
+
+    Two or more pairs go through one ``torch._foreach_copy_`` (on CUDA one multi-tensor kernel for same-dtype dense
+    tensors instead of a copy launch each: a ResNet-50 training step updates 159 BatchNorm buffers). The order of the
+    copies cannot matter: mutated inputs never share memory here (aot/compile.py refuses that at compile time and
+    runs such calls eagerly)."""
     if not dsts:
         return
     with torch.no_grad():
@@ -58,12 +60,14 @@ def _expr(v) -> sympy.Expr:
 
 def symbolic_evaluator(items: Any, fake_inputs: Sequence, value_shapes: Sequence = ()) -> Callable:
     """``fn(args, vals) -> items`` with every SymInt in ``items`` (nested tuples and lists of ints and SymInts) replaced
-    by its value for one call.  A SymInt from a symbolic trace is an expression in the ShapeEnv's symbols (``s0*s1``,
-    ``s1 - 1``, ``(s0 + 1)//2``); each symbol is bound to where it sits in ``fake_inputs`` (a SymInt input, or a
-    size, stride or storage offset of a tensor input), else in ``value_shapes`` (the sizes of the graph's values
-    ``vals``: sizes known only once the graph has run). The function is generated Python (torch's ``PythonPrinter``),
-    so a call costs a few integer operations; its source is the ``aot_symbolic_layouts`` artifact. Raises
-    :class:`coil.exc.CoilError` for a symbol found in neither."""
+    by its value for one call.
+
+    A SymInt from a symbolic trace is an expression in the ShapeEnv's symbols (``s0*s1``, ``s1 - 1``,
+    ``(s0 + 1)//2``); each symbol is bound to where it sits in ``fake_inputs`` (a SymInt input, or a size, stride or
+    storage offset of a tensor input), else in ``value_shapes`` (the sizes of the graph's values ``vals``: sizes
+    known only once the graph has run). The function is generated Python (torch's ``PythonPrinter``), so a call costs
+    a few integer operations; its source is the ``aot_symbolic_layouts`` artifact. Raises :class:`coil.exc.CoilError`
+    for a symbol found in neither."""
     from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
     from torch.utils._sympy.printers import PythonPrinter
 
@@ -294,8 +298,10 @@ def without_autocast(fn: Callable) -> Callable:
 
 def opaque_to_torch_compile(fn: Callable) -> Callable:
     """``fn`` run with torch.compile's frame hook off, so an enclosing ``torch.compile`` never traces coil's runtime
-    code.  The autograd engine calls a compiled graph's backward from the user's frame, where torch.compile's hook is
-    still on after a graph break at ``torch.autograd.grad`` / ``.backward()``: it traced the backward, the generated
+    code.
+
+    The autograd engine calls a compiled graph's backward from the user's frame, where torch.compile's hook is still
+    on after a graph break at ``torch.autograd.grad`` / ``.backward()``: it traced the backward, the generated
     wrapper and its helpers as user code, made the saved sizes (``s77 = primals_1``) SymInts under ``dynamic=True``
     and handed one to ``as_strided`` (RuntimeError). torch's own runtime lives in files its capture skips; coil's is
     wrapped here. Without ``torch._dynamo`` imported no hook can be on, and ``fn`` runs directly (the disabled
@@ -389,8 +395,7 @@ def training_runner(compiled_fw: Callable, compiled_bw: Callable, info: ProgramI
     tangent_pos = [k for k, rg in enumerate(info.fw_out_requires_grad) if rg]
     grad_slots = [i for i, none in zip(jinfo.grad_inputs, jinfo.grad_is_none) if not none]
     backwards = {(): (without_autocast(cudagraphify(compiled_bw, "backward")), grad_slots)}
-    # differentiable outputs whose traced shape is symbolic: a missing gradient's zeros take
-    # the shape the output had in this call (kept on ctx by forward)
+    # differentiable outputs of a symbolic shape: a missing gradient's zeros take this call's (forward keeps it)
     sym_shape = [k for k in tangent_pos if _has_symint(info.fw_out_meta[k][0])]
 
     class CompiledFunction(torch.autograd.Function):
@@ -424,8 +429,7 @@ def training_runner(compiled_fw: Callable, compiled_bw: Callable, info: ProgramI
             tangents = [grad_outs[k].contiguous() if grad_outs[k] is not None else torch.zeros(
                 ctx.out_shapes.get(k, info.fw_out_meta[k][0]), dtype=info.fw_out_meta[k][1],
                 device=info.fw_out_meta[k][2]) for k in tangent_pos]
-            run_bw = lambda *a: _distinct_grads(compiled_bw(*a))  # noqa: E731
-            # create_graph=True: a second derivative must raise
+            run_bw = lambda *a: _distinct_grads(compiled_bw(*a))  # noqa: E731 (create_graph=True: _BackwardOnce)
             grads = _BackwardOnce.apply(run_bw, *saved, *tangents) if torch.is_grad_enabled() else run_bw(
                 *saved, *tangents)
             result = dict(zip(slots, grads))

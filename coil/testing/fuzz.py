@@ -326,11 +326,10 @@ def _grad_problem(kind: str, msg: str, e_out) -> tuple:
     """A problem with :func:`_with_grads`'s output ``k`` named for what it is: ``grad-*`` (an input's ``.grad``) or
     ``grad-requires`` (whether a float output requires grad)."""
     k, n, m = int(re.match(r"output (\d+)|", msg)[1] or -1), len(pytree.tree_leaves(e_out[0])), len(e_out[1])
-    if k < n or "out-" not in kind:
-        return kind, msg
-    named = (re.sub(r"out-\w+", "grad-requires", kind), f"float output {k - n} requires_grad") if k < n + m else (
-        kind.replace("out-", "grad-"), f"grad of input {k - n - m}")
-    return named[0], named[1] + msg[len(str(k)) + 7:]
+    rest = msg[len(str(k)) + 7:]  # (after "output k")
+    return (kind, msg) if k < n or "out-" not in kind else \
+        (re.sub(r"out-\w+", "grad-requires", kind), f"float output {k - n} requires_grad{rest}") if k < n + m else \
+        (kind.replace("out-", "grad-"), f"grad of input {k - n - m}{rest}")
 
 
 def _reference(fn: Callable, make_inputs: Callable, e_out, wrap=lambda f: f) -> Optional[tuple]:

@@ -166,11 +166,12 @@ def _clone_saved_mutated_inputs(fw: torch.fx.GraphModule, info, n_fw: int, num_s
     partitioner saves that value as the forward's input ``y``, which the epilogue then overwrites in place (and whose
     version bump made every backward raise "modified by an inplace operation"); the same for a saved view of it
     (``y[0].mul_(x)`` saves ``select(y)``). Eager autograd saves the original the same way: a clone before the
-    in-place op. Rewrites ``fw`` in place."""
-    places = [n for n in fw.graph.nodes if n.op == "placeholder"]
-    if len(places) != len(info.inputs) or not info.mutated_inputs:
+    in-place op. A restrided input too: the epilogue's ``as_strided_`` bumps its version (``remainder(c, a)`` after
+    ``a.squeeze_()`` saved ``a``: fuzz s1005 #348). Rewrites ``fw`` in place."""
+    places, changed = [n for n in fw.graph.nodes if n.op == "placeholder"], info.mutated_inputs + info.restrided_inputs
+    if len(places) != len(info.inputs) or not changed:
         return
-    mutated = {places[i] for i in info.mutated_inputs}
+    mutated = {places[i] for i in changed}
 
     def of_mutated(n) -> bool:  # the input itself or a view of it (y[0], y.t(), ...)
         while n.op == "call_function" and getattr(n.target, "is_view", False) and n.args:

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import coil
+from coil.testing.fuzz import check
 
 BACKENDS = ["cpp", "triton"]
 
@@ -176,3 +177,20 @@ def test_write_through_as_strided_of_a_non_contiguous_input_that_requires_grad(b
         fn(c)[0].sum().backward()
         res.append((c.detach(), leaf.grad))
     torch.testing.assert_close(res[1], res[0], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_input_restrided_then_saved_for_backward(backend):
+    """``a.squeeze_()`` of a bool input, then ``remainder(c, a)``, which saves ``a`` for its backward: the partitioner
+    saved the input itself, the epilogue's ``as_strided_`` (the squeeze replayed on the caller's tensor) bumped its
+    version, and the backward raised "modified by an inplace operation" where eager runs. A restrided input is saved
+    as a copy, as a written one is. Found by the gradient fuzzer (seed 1005 #348), checked the way it checks."""
+    def f(a, c):
+        a.squeeze_()
+        v5 = torch.abs(torch.remainder(c, a))
+        return (v5, torch.min(c, dim=-2)[0])
+
+    def make_inputs():
+        return [torch.tensor(False), torch.tensor([-1.6405979, 0.3037467, -2.6083932, 0.45933223, -0.4596398]).expand(5, 5)]
+    r = check(f, make_inputs, backend + "+grad")
+    assert r.outcome == "ok", r

@@ -423,7 +423,8 @@ def drop_undefined_tangents(bw: torch.fx.GraphModule, num_saved: int, missing: t
         if n.op != "call_function" or not ins or isinstance(n.meta.get("val"), (int, float, bool, torch.SymInt)):
             continue
         dep.add(n)
-        off, on = [a for a in ins if a in undef], [a for a in ins if a not in undef]
+        off = [a for a in ins if a in undef]  # (an add's other term is a gradient even if constant: copysign's zeros)
+        on = [a for a in (n.all_input_nodes if n.target is aten.add.Tensor else ins) if a not in undef]
         if off and not on:
             undef.add(n)
         elif off and n.target is aten.add.Tensor and not n.kwargs and len(on) == 1 and meta(on[0]) == meta(n):

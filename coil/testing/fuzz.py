@@ -305,9 +305,8 @@ def _with_grads(fn: Callable, key: int = 0) -> Callable:
     after the call); the backward of its float outputs with random cotangents (multiples of 1/16: exact in every
     float dtype). Returns (outputs, which require grad, the leaves' ``.grad``)."""
     def run(*args):
-        gen = torch.Generator().manual_seed(key)
-        view, fl = torch.rand((), generator=gen) < 0.5, [isinstance(a, torch.Tensor) and a.is_floating_point()
-                                                         for a in args]
+        view = torch.rand((), generator=(gen := torch.Generator().manual_seed(key))) < 0.5
+        fl = [isinstance(a, torch.Tensor) and a.is_floating_point() for a in args]
         leaves = [(_flat(a).clone() if view else a.detach()).requires_grad_() if f else a for a, f in zip(args, fl)]
         xs = [x.clone().as_strided(a.shape, a.stride(), a.storage_offset()) if f and view else x
               for a, x, f in zip(args, leaves, fl)]

@@ -194,3 +194,22 @@ def test_an_input_restrided_then_saved_for_backward(backend):
         return [torch.tensor(False), torch.tensor([-1.6405979, 0.3037467, -2.6083932, 0.45933223, -0.4596398]).expand(5, 5)]
     r = check(f, make_inputs, backend + "+grad")
     assert r.outcome == "ok", r
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_constant_gradient_beside_an_unused_written_input(backend):
+    """``copysign(x, b)`` then ``b.mul_(2)`` of a non-leaf ``b``, the loss on the copysign: its gradient for ``b`` is a
+    constant (``zeros_like(b)``) added to the written ``b``'s own, undefined one; the backward variant for the missing
+    tangent dropped the sum and gave None (eager: zeros). Found by the gradient fuzzer (seed 1007 #740)."""
+    def f(x, b):
+        v0 = torch.copysign(x, b)
+        b.mul_(2)
+        return (v0,)
+
+    grads = []
+    for fn in (f, coil.compile(f, options={"cpu_backend": backend})):
+        leaf = torch.tensor([1.0, -2.0, 3.0], requires_grad=True)
+        fn(torch.tensor([-1.0, 2.0, 0.5]), leaf.clone())[0].sum().backward()
+        grads.append(leaf.grad)
+    assert grads[1] is not None
+    torch.testing.assert_close(grads[1], grads[0], rtol=0, atol=0)

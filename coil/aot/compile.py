@@ -17,7 +17,9 @@ get gradients and their mutations (BatchNorm statistics) are replayed.
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
+import re
 import time
 from typing import Callable, Optional
 
@@ -33,7 +35,7 @@ from coil.aot.decompositions import get_decompositions
 from coil.aot.cse import cse_graph
 from coil.aot.functional import (is_symbolic, analyze, fakeify, trace_inference, trace_joint,
                                  trace_plain_inference)
-from coil.aot.partition import default_partition, min_cut_partition
+from coil.aot.partition import default_partition, drop_undefined_tangents, min_cut_partition
 from coil.aot.regions import compile_regional, region_calls
 from coil.aot.scalars import tensorize_scalar_reads
 from coil.aot.runtime import AUTOCAST_DEVICES, inference_runner, training_runner
@@ -45,9 +47,9 @@ def _placeholder_fakes(gm: torch.fx.GraphModule) -> list:
 
 
 def _saved_layouts(bw_fakes: list, fw_strides, start: int, num_saved: int, fake_mode) -> list:
-    """The backward's example inputs, the saved ones re-strided to the strides the compiled forward returns
-    them with (``fw_strides[start + i]``); unchanged when the forward compiler reports none (e.g. the FX
-    interpreter). Logged as ``aot_saved_layouts`` (how many saved tensors changed layout)."""
+    """The backward's example inputs, the saved ones re-strided to the strides the compiled forward returns them with
+    (``fw_strides[start + i]``); unchanged when the forward compiler reports none (e.g. the FX interpreter). Logged
+    as ``aot_saved_layouts`` (how many saved tensors changed layout)."""
     if fw_strides is None:
         return bw_fakes
     out, changed = list(bw_fakes), 0
@@ -65,15 +67,12 @@ def _saved_layouts(bw_fakes: list, fw_strides, start: int, num_saved: int, fake_
 
 def _symbolic_placeholder_values(gm: torch.fx.GraphModule, example_inputs: list,
                                  data_dependent: bool = False) -> Optional[list]:
-    """The fake inputs to trace with when the capture's placeholder values
-    (``meta["example_value"]`` or ``meta["val"]``) are symbolic (dynamic shapes, or a
-    0-d tensor holding a Python float the capture made symbolic, read with ``.item()``:
-    :func:`coil.aot.functional.item_memo`), else None.
+    """The fake inputs to trace with when the capture's placeholder values (``meta["example_value"]`` or
+    ``meta["val"]``) are symbolic (dynamic shapes, or a 0-d tensor holding a Python float the capture made symbolic,
+    read with ``.item()``: :func:`coil.aot.functional.item_memo`), else None.
 
-    Tracing with them keeps sizes symbolic; tracing with the real example inputs
-    would specialize the graphs to the first call's sizes. Real example inputs that
-    torch's capture recorded are faked again (:func:`_fake_as_at_call`).
-    """
+    Tracing with them keeps sizes symbolic; tracing with the real example inputs would specialize the graphs to the
+    first call's sizes. Real example inputs that torch's capture recorded are faked again (:func:`_fake_as_at_call`)."""
     vals, symbolic = [], False
     for n in gm.graph.find_nodes(op="placeholder"):
         v = n.meta.get("example_value", n.meta.get("val"))
@@ -105,20 +104,17 @@ def _has_unbacked(gm: torch.fx.GraphModule) -> bool:
 
 
 def _fake_as_at_call(vals: list, example_inputs: list) -> list:
-    """``vals`` (the capture's placeholder values) with each tensor replaced by a fake of
-    the real example input, made in the FakeTensorMode torch hands backends
-    (``TracingContext.fake_mode``, on the capture's ShapeEnv), with the capture's symbols.
+    """``vals`` (the capture's placeholder values) with each tensor replaced by a fake of the real example input, made
+    in the FakeTensorMode torch hands backends (``TracingContext.fake_mode``, on the capture's ShapeEnv), with the
+    capture's symbols.
 
-    The capture ran the program on its placeholder fakes, so they describe the inputs
-    as the program *left* them: after ``y.mul_(x)`` with ``x`` requiring grad, ``y``'s
-    fake requires grad and has a ``grad_fn`` from the capture's trace, and it belongs to
-    the capture's own FakeTensorMode. Analysing with it treated ``y`` as a
-    differentiable input, and ``make_fx`` (which fakes its arguments again in the
-    backend mode) failed with "Mixing fake modes NYI". ``FakeTensorMode.from_tensor``
-    of a real tensor the capture recorded (``TracingContext.tensor_to_context``) reuses
-    the symbols the capture gave it, so the graph's SymInt placeholders stay valid.
-    Unchanged (``vals``) outside torch's capture, or when some tensor input was not
-    recorded by it."""
+    The capture ran the program on its placeholder fakes, so they describe the inputs as the program *left* them:
+    after ``y.mul_(x)`` with ``x`` requiring grad, ``y``'s fake requires grad and has a ``grad_fn`` from the
+    capture's trace, and it belongs to the capture's own FakeTensorMode. Analysing with it treated ``y`` as a
+    differentiable input, and ``make_fx`` (which fakes its arguments again in the backend mode) failed with "Mixing
+    fake modes NYI". ``FakeTensorMode.from_tensor`` of a real tensor the capture recorded
+    (``TracingContext.tensor_to_context``) reuses the symbols the capture gave it, so the graph's SymInt placeholders
+    stay valid. Unchanged (``vals``) outside torch's capture, or when some tensor input was not recorded by it."""
     from torch._guards import TracingContext  # torch's capture → backend seam, not torch._dynamo
 
     ctx = TracingContext.try_get()
@@ -134,10 +130,10 @@ def _fake_as_at_call(vals: list, example_inputs: list) -> list:
 
 
 def _refuse_mutated_aliased_inputs(example_inputs: list, mutated: list) -> None:
-    """Inputs sharing memory are traced as independent tensors; that is only wrong when one of them is
-    mutated, so refuse exactly that case (CoilError). Called at compile time on the example inputs and,
-    through :func:`_check_aliasing_per_call`, on every call of a graph that mutates an input (a cache hit may
-    pass aliased tensors where the compile saw separate ones)."""
+    """Inputs sharing memory are traced as independent tensors; that is only wrong when one of them is mutated, so
+    refuse exactly that case (CoilError). Called at compile time on the example inputs and, through
+    :func:`_check_aliasing_per_call`, on every call of a graph that mutates an input (a cache hit may pass aliased
+    tensors where the compile saw separate ones)."""
     if not mutated:
         return
     tensors = [x for x in example_inputs if isinstance(x, torch.Tensor)]
@@ -168,16 +164,16 @@ def _refuse_mutated_aliased_inputs(example_inputs: list, mutated: list) -> None:
 def _clone_saved_mutated_inputs(fw: torch.fx.GraphModule, info, n_fw: int, num_saved: int) -> None:
     """Save a copy of a mutated input that the backward reads, not the input itself.
 
-    The backward of ``y.mul_(x)`` (``y`` mutated, ``x`` requiring grad) reads ``y``'s
-    value before the mutation; the partitioner saves that value as the forward's input
-    ``y``, which the epilogue then overwrites in place (and whose version bump made
-    every backward raise "modified by an inplace operation"); the same for a saved view
-    of it (``y[0].mul_(x)`` saves ``select(y)``). Eager autograd saves the original the
-    same way: a clone before the in-place op. Rewrites ``fw`` in place."""
-    places = [n for n in fw.graph.nodes if n.op == "placeholder"]
-    if len(places) != len(info.inputs) or not info.mutated_inputs:
+    The backward of ``y.mul_(x)`` (``y`` mutated, ``x`` requiring grad) reads ``y``'s value before the mutation; the
+    partitioner saves that value as the forward's input ``y``, which the epilogue then overwrites in place (and whose
+    version bump made every backward raise "modified by an inplace operation"); the same for a saved view of it
+    (``y[0].mul_(x)`` saves ``select(y)``). Eager autograd saves the original the same way: a clone before the
+    in-place op. A restrided input too: the epilogue's ``as_strided_`` bumps its version (``remainder(c, a)`` after
+    ``a.squeeze_()`` saved ``a``: fuzz s1005 #348). Rewrites ``fw`` in place."""
+    places, changed = [n for n in fw.graph.nodes if n.op == "placeholder"], info.mutated_inputs + info.restrided_inputs
+    if len(places) != len(info.inputs) or not changed:
         return
-    mutated = {places[i] for i in info.mutated_inputs}
+    mutated = {places[i] for i in changed}
 
     def of_mutated(n) -> bool:  # the input itself or a view of it (y[0], y.t(), ...)
         while n.op == "call_function" and getattr(n.target, "is_view", False) and n.args:
@@ -207,10 +203,10 @@ def _clone_saved_mutated_inputs(fw: torch.fx.GraphModule, info, n_fw: int, num_s
 
 def _check_aliasing_per_call(runner: Callable, gm: Callable, mutated: list) -> Callable:
     """``runner``, except on calls whose inputs share memory with a mutated input (the check of
-    :func:`_refuse_mutated_aliased_inputs`, about 0.1 µs per tensor input and only for graphs that mutate an
-    input): those run ``fn``, the captured program, eagerly, which gives eager's values (logged as
-    ``aot_aliased_inputs_eager``). Without it ``f(a, a)`` after ``f(x, y)`` hit the compiled graph, which
-    treats its inputs as independent, and returned wrong values."""
+    :func:`_refuse_mutated_aliased_inputs`, about 0.1 µs per tensor input and only for graphs that mutate an input):
+    those run ``fn``, the captured program, eagerly, which gives eager's values (logged as
+    ``aot_aliased_inputs_eager``). Without it ``f(a, a)`` after ``f(x, y)`` hit the compiled graph, which treats its
+    inputs as independent, and returned wrong values."""
     if not mutated:
         return runner
     mutated = list(mutated)
@@ -317,10 +313,10 @@ def aot_compile(gm: Callable, example_inputs: list, fw_compiler: Callable,
 
 @contextlib.contextmanager
 def preserve_global_state():
-    """Restore grad mode and every device's autocast state (enabled, dtype, nesting) after tracing. A captured
-    graph that ends inside a ``with torch.autocast(...)`` block (a graph break there) holds an
-    ``_enter_autocast`` with no exit; tracing executes it for real, and without this the caller's code after
-    the compiling call silently ran in low precision (or, for an ``enabled=False`` island, in fp32)."""
+    """Restore grad mode and every device's autocast state (enabled, dtype, nesting) after tracing. A captured graph
+    that ends inside a ``with torch.autocast(...)`` block (a graph break there) holds an ``_enter_autocast`` with no
+    exit; tracing executes it for real, and without this the caller's code after the compiling call silently ran in
+    low precision (or, for an ``enabled=False`` island, in fp32)."""
     grad = torch.is_grad_enabled()
     saved = [(d, torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in AUTOCAST_DEVICES]
     cache = torch.is_autocast_cache_enabled()
@@ -366,16 +362,18 @@ def _compile(fn, example_inputs, fw_compiler, bw_compiler, partition_fn, decompo
             example_inputs = fake_args
             info = analyze(fn, fake_args, fake_mode, grad)
     except (RunEagerly, RuntimeError) as e:
-        # also: functionalization refuses a write through as_strided of a restrided input
-        if not isinstance(e, RunEagerly) and "as_strided() is non-compositional" not in str(e):
+        # also: functionalization refuses a write through as_strided of a restrided input, or (its replay under
+        # autograd) of a non-contiguous input that requires grad (s1003 #733: "only supported for contiguous inputs")
+        if not isinstance(e, RunEagerly) and not re.search(r"as_strided(\(\) is non-compos|_scatter is curr)", str(e)):
             raise
         trace.log("aot_overlapping_write_eager", stage="aot", reason=str(e))
         return _eager(user_fn)
-    if grad and any(rg and i in info.restrided_inputs
-                    for i, rg in zip(info.mutated_inputs, info.fw_out_requires_grad)):
-        # the new value of an input that the program both writes (differentiably) and
-        # restrides: its value in the input's original layout is an autograd view of a
-        # base whose metadata changed under it, which autograd cannot differentiate
+    written = dict(zip(info.mutated_inputs, info.fw_out_requires_grad))
+    if grad and any(info.inputs[i].requires_grad or written.get(i) for i in info.restrided_inputs):
+        # an input whose metadata the program changes and that requires grad (or is written differentiably): a view
+        # of it taken before (or a multi-output one after: split) is an autograd view of a base whose metadata
+        # changed under it, which the joint trace regenerates in the new layout (s1003 #154, #875: shape errors;
+        # #524: backward refused), as is its new value in the input's original layout
         trace.log("aot_restrided_grad_eager", stage="aot", inputs=info.restrided_inputs)
         return _eager(user_fn)
     trace.log("aot_analysis", stage="aot", runs=1 if found else 2,
@@ -434,18 +432,22 @@ def _compile(fn, example_inputs, fw_compiler, bw_compiler, partition_fn, decompo
     compiled_fw = fw_compiler(part.fw, _placeholder_fakes(part.fw))
     bw_fakes = _saved_layouts(_placeholder_fakes(part.bw), getattr(compiled_fw, "output_strides", None),
                               n_fw, part.num_saved, fake_mode)
-    compiled_bw = bw_compiler(part.bw, bw_fakes)
-    run = _check_aliasing_per_call(training_runner(compiled_fw, compiled_bw, info, jinfo, part.num_saved),
-                                   fn, info.mutated_inputs)
+    pristine = torch.fx.GraphModule(part.bw, copy.deepcopy(part.bw.graph))  # (a compiler may change part.bw)
+
+    def bw_for(missing):  # the backward for calls whose tangents ``missing`` are None
+        gm, none = drop_undefined_tangents(pristine, part.num_saved, missing)
+        return bw_compiler(gm, bw_fakes), none
+    run = _check_aliasing_per_call(training_runner(compiled_fw, bw_compiler(part.bw, bw_fakes), info, jinfo,
+                                                   part.num_saved, bw_for), fn, info.mutated_inputs)
     run = _check_offsets_per_call(run, part.fw, fake_args, fn)
     return run if groups is None else _with_input_groups(run, groups, user_fn)
 
 
 def _check_offsets_per_call(runner: Callable, gm: torch.fx.GraphModule, fake_args: list,
                             fn: Callable) -> Callable:
-    """``runner``, except on calls where an input that the graph reads through ``as_strided`` (directly or
-    through views) starts at another storage offset than the compiled one: ``as_strided``'s offset is absolute
-    in the storage, so the graph means something else for such a call, which runs ``fn`` eagerly
+    """``runner``, except on calls where an input that the graph reads through ``as_strided`` (directly or through
+    views) starts at another storage offset than the compiled one: ``as_strided``'s offset is absolute in the
+    storage, so the graph means something else for such a call, which runs ``fn`` eagerly
     (``aot_storage_offset_eager``). Capture does not guard storage offsets."""
     places = [n for n in gm.graph.nodes if n.op == "placeholder"]
     found: dict = {}
@@ -496,9 +498,9 @@ def _eager(fn: Callable) -> Callable:
 
 
 def _with_input_groups(runner: Callable, groups, fn: Callable) -> Callable:
-    """``runner`` (compiled over the kept inputs and the synthetic bases of ``groups``,
-    :mod:`coil.aot.aliasing`) called with the user's inputs; a call whose inputs share memory otherwise than
-    the compiled ones runs ``fn`` eagerly (``aot_input_groups_eager``)."""
+    """``runner`` (compiled over the kept inputs and the synthetic bases of ``groups``, :mod:`coil.aot.aliasing`) called
+    with the user's inputs; a call whose inputs share memory otherwise than the compiled ones runs ``fn`` eagerly
+    (``aot_input_groups_eager``)."""
 
     @functools.wraps(runner)
     def run(*args):

@@ -58,11 +58,11 @@ aten = torch.ops.aten
 
 @dataclasses.dataclass
 class InputInfo:
-    """One flat input. ``mutated``: its data is changed in place by the program; ``mutation_hidden``: every
-    mutation happened under no_grad (so the runtime replays it without recording autograd history).
-    ``layout``: set when the program changes the input's metadata in place (``t_``, ``squeeze_``,
-    ``as_strided_``...): its final ``(size, stride, offset)``, the offset relative to its storage offset
-    before the call (the runtime applies it with ``as_strided_``)."""
+    """One flat input. ``mutated``: its data is changed in place by the program; ``mutation_hidden``: every mutation
+    happened under no_grad (so the runtime replays it without recording autograd history). ``layout``: set when the
+    program changes the input's metadata in place (``t_``, ``squeeze_``, ``as_strided_``...): its final
+    ``(size, stride, offset)``, the offset relative to its storage offset before the call (the runtime applies it
+    with ``as_strided_``)."""
 
     is_tensor: bool
     requires_grad: bool = False
@@ -75,19 +75,15 @@ class InputInfo:
 class OutputInfo:
     """One flat user output and how the runtime produces it.
 
-    ``kind``: ``"graph"`` (``index`` = position among the graph outputs),
-    ``"input"`` (the input object ``index`` itself), ``"alias_of_input"`` (a view of
-    input ``index``), ``"alias_of_output"`` (a view of the graph output ``index``),
-    ``"alias_of_base"`` (a view of the extra graph output ``index`` holding an
-    intermediate base), ``"same_as_output"`` (the user output ``index`` again),
-    ``"constant"`` (``value``).
-    ``size/stride/offset`` describe the view (elements; offset is absolute in the
-    storage). ``requires_grad``: the eager output requires grad. ``dtype``: set for an
-    ``alias_of_input``/``alias_of_base`` of another dtype than its input or base (``a.view(torch.int32)``,
-    ``.real``): the runtime builds it on that storage, and its offset is in bytes. ``src_stride``:
-    for an ``alias_of_output``/``alias_of_base``, the eager strides of the tensor it views
-    (the runtime copies a compiled one of other strides into them before taking views).
-    """
+    ``kind``: ``"graph"`` (``index`` = position among the graph outputs), ``"input"`` (the input object ``index``
+    itself), ``"alias_of_input"`` (a view of input ``index``), ``"alias_of_output"`` (a view of the graph output
+    ``index``), ``"alias_of_base"`` (a view of the extra graph output ``index`` holding an intermediate base),
+    ``"same_as_output"`` (the user output ``index`` again), ``"constant"`` (``value``). ``size/stride/offset``
+    describe the view (elements; offset is absolute in the storage). ``requires_grad``: the eager output requires
+    grad. ``dtype``: set for an ``alias_of_input``/``alias_of_base`` of another dtype than its input or base
+    (``a.view(torch.int32)``, ``.real``): the runtime builds it on that storage, and its offset is in bytes.
+    ``src_stride``: for an ``alias_of_output``/``alias_of_base``, the eager strides of the tensor it views (the
+    runtime copies a compiled one of other strides into them before taking views)."""
 
     kind: str
     index: int = -1
@@ -152,9 +148,8 @@ def fake_mode_of(example_inputs: list) -> Optional[FakeTensorMode]:
 
 
 def fakeify(example_inputs: list) -> tuple[FakeTensorMode, list]:
-    """Fake versions of ``example_inputs`` (same sizes, strides, storage offsets,
-    dtypes, devices, requires_grad, leafness); reuses the inputs' fake mode if
-    they are already fake. Non-tensors pass through."""
+    """Fake versions of ``example_inputs`` (same sizes, strides, storage offsets, dtypes, devices, requires_grad,
+    leafness); reuses the inputs' fake mode if they are already fake. Non-tensors pass through."""
     mode = fake_mode_of(example_inputs)
     if mode is not None:
         return mode, list(example_inputs)
@@ -171,9 +166,9 @@ def _from_functional(x: Any) -> Any:
 
 
 class _DropErrorChecks(TorchDispatchMode):
-    """Drops ``aten._linalg_check_errors`` (an ordered side effect that
-    functionalization refuses without effect tokens). Compiled graphs then do not
-    raise for singular inputs; they return what the kernels compute (inf/nan)."""
+    """Drops ``aten._linalg_check_errors`` (an ordered side effect that functionalization refuses without effect
+    tokens). Compiled graphs then do not raise for singular inputs; they return what the kernels compute (inf/nan).
+    """
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func in _ERROR_CHECK_OPS:
@@ -265,8 +260,8 @@ _SQUEEZE_ = {aten.squeeze_.default, aten.squeeze_.dim, aten.squeeze_.dims}
 
 
 def _adds_unit_dims(src, sizes) -> bool:
-    """Whether ``src.expand(sizes)`` only adds leading size-1 dims, also with symbolic sizes
-    (``a.expand(1, -1, -1)`` under ``dynamic=True``: s302 #1981, inf became NaN)."""
+    """Whether ``src.expand(sizes)`` only adds leading size-1 dims, also with symbolic sizes (``a.expand(1, -1, -1)``
+    under ``dynamic=True``: s302 #1981, inf became NaN)."""
     k = len(sizes) - src.dim()
     return k >= 0 and all(type(s) is int and s == 1 for s in sizes[:k]) and all(
         s == -1 if type(s) is int else isinstance(s, torch.SymInt) and isinstance(d, torch.SymInt)
@@ -275,11 +270,10 @@ def _adds_unit_dims(src, sizes) -> bool:
 
 def _lay_out_as_eager(t, view) -> bool:
     """For ``view``, an ``as_strided`` view of functional tensor ``t`` (it reads storage): where the value
-    functionalization holds for ``t`` has other strides or another offset than ``t`` (eager's: an in-place op
-    keeps them; ``scatter_`` of a transposed input became an out-of-place ``scatter``, whose result is
-    contiguous), it is replaced by a copy at ``t``'s strides and offset; returns whether it was (the view is
-    to be taken again). Raises RunEagerly if ``view`` reads memory outside ``t``'s elements then (the graph
-    does not hold it)."""
+    functionalization holds for ``t`` has other strides or another offset than ``t`` (eager's: an in-place op keeps
+    them; ``scatter_`` of a transposed input became an out-of-place ``scatter``, whose result is contiguous), it is
+    replaced by a copy at ``t``'s strides and offset; returns whether it was (the view is to be taken again). Raises
+    RunEagerly if ``view`` reads memory outside ``t``'s elements then (the graph does not hold it)."""
     if not isinstance(t, FunctionalTensor) or not _static(
             t.shape, t.stride(), t.storage_offset(), view.shape, view.stride(), view.storage_offset()) \
             or _overlaps(t):
@@ -298,8 +292,8 @@ def _same_layout(t) -> bool:
 
 
 def _relay(t, why: str) -> bool:
-    """Replace the value functionalization holds for ``t`` (a FunctionalTensor) by a
-    copy at ``t``'s strides and offset when it has others; returns whether it did."""
+    """Replace the value functionalization holds for ``t`` (a FunctionalTensor) by a copy at ``t``'s strides and offset
+    when it has others; returns whether it did."""
     torch._sync(t)
     if _same_layout(t):
         return False
@@ -316,9 +310,9 @@ def _relay(t, why: str) -> bool:
 
 
 def _squeeze_(func, t, dims=None):
-    """``t.squeeze_(dims)`` of a tensor with symbolic sizes as ``squeeze_`` of exactly the
-    dims whose size is 1 (a no-op when none is): functionalization's ``squeeze_`` of a
-    dim with a symbolic size killed the process (SIGSEGV, user report 18 #1)."""
+    """``t.squeeze_(dims)`` of a tensor with symbolic sizes as ``squeeze_`` of exactly the dims whose size is 1 (a no-op
+    when none is): functionalization's ``squeeze_`` of a dim with a symbolic size killed the process (SIGSEGV, user
+    report 18 #1)."""
     if func is aten.squeeze_.default:
         dims = range(t.dim())
     elif func is aten.squeeze_.dim:
@@ -339,11 +333,9 @@ def _is_differentiable(t: torch.Tensor) -> bool:
 def analyze(fn: Callable, fake_args: list, fake_mode: FakeTensorMode, grad: bool) -> ProgramInfo:
     """Run ``fn`` once on functional fake tensors and describe its mutations and aliasing.
 
-    Views of inputs the program mutates (data or metadata) and the inputs' final
-    metadata are taken from a second, plain fake run (:func:`eager_layouts`): under
-    functionalization a mutated input is replaced by its new value, whose layout is the
-    out-of-place op's (contiguous), not the one eager writes into.
-    """
+    Views of inputs the program mutates (data or metadata) and the inputs' final metadata are taken from a second,
+    plain fake run (:func:`eager_layouts`): under functionalization a mutated input is replaced by its new value,
+    whose layout is the out-of-place op's (contiguous), not the one eager writes into."""
     try:
         return _analyze(fn, fake_args, fake_mode, grad, drop_error_checks=False)
     except AssertionError as e:
@@ -354,12 +346,12 @@ def analyze(fn: Callable, fake_args: list, fake_mode: FakeTensorMode, grad: bool
 
 @contextlib.contextmanager
 def untraced(fake_mode: FakeTensorMode):
-    """For a fake run outside ``make_fx`` (:func:`analyze`, :func:`eager_layouts`): the unbacked symbols it
-    makes (``nonzero``, ``.item()``) are not waiting for a graph node to bind them; and with a ShapeEnv, ops
-    dispatch as in make_fx's symbolic trace (and coil's capture): under the Python dispatcher, so that
-    composite ops take torch's Python kernels, which keep sizes symbolic. Without it, torch 2.11's C++
-    ``matmul`` (reached from ``linear``) read a 3-D operand's ``sizes()`` and pinned its symbolic length
-    (``Eq(s0, 128)``): every sequence length compiled again (GPT-2 on CUDA)."""
+    """For a fake run outside ``make_fx`` (:func:`analyze`, :func:`eager_layouts`): the unbacked symbols it makes
+    (``nonzero``, ``.item()``) are not waiting for a graph node to bind them; and with a ShapeEnv, ops dispatch as in
+    make_fx's symbolic trace (and coil's capture): under the Python dispatcher, so that composite ops take torch's
+    Python kernels, which keep sizes symbolic. Without it, torch 2.11's C++ ``matmul`` (reached from ``linear``) read
+    a 3-D operand's ``sizes()`` and pinned its symbolic length (``Eq(s0, 128)``): every sequence length compiled
+    again (GPT-2 on CUDA)."""
     env = fake_mode.shape_env
     if env is None:
         yield
@@ -381,10 +373,10 @@ def _analyze(fn, fake_args, fake_mode, grad, drop_error_checks) -> ProgramInfo:
 
 def _describe(fn, fake_args, f_args, before, outs, grad, drop_error_checks, fake_mode,
               plain: bool = False) -> Optional[ProgramInfo]:
-    """What a functional run of ``fn`` on ``f_args`` (made from ``fake_args``; ``before``:
-    their :func:`_aliases_before`) that returned ``outs`` did: the :class:`ProgramInfo`.
-    ``plain``: None unless the program mutates and restrides no input, no output aliases an
-    input or another output and none requires grad (:func:`trace_plain_inference`)."""
+    """What a functional run of ``fn`` on ``f_args`` (made from ``fake_args``; ``before``: their
+    :func:`_aliases_before`) that returned ``outs`` did: the :class:`ProgramInfo`. ``plain``: None unless the program
+    mutates and restrides no input, no output aliases an input or another output and none requires grad
+    (:func:`trace_plain_inference`)."""
     for t in before:
         if isinstance(t, torch.Tensor):
             torch._sync(t)
@@ -422,10 +414,11 @@ def _describe(fn, fake_args, f_args, before, outs, grad, drop_error_checks, fake
             continue
         st = StorageWeakRef(o.untyped_storage())
         if st in input_storage:
-            # a view as another dtype (view(dtype)) is not differentiable; a
-            # differentiable one (view_as_real) is computed by the graph (a copy)
+            # a view as another dtype (view(dtype)) is not differentiable; the graph computes a differentiable
+            # one (view_as_real: a copy) and one of an input whose elements share memory (an expand): as_strided
+            # of that differentiates its storage (each element got the mean of theirs), not its elements
             other = fake_args[input_storage[st]].dtype != o.dtype
-            if not (other and meta["requires_grad"]):
+            if not (meta["requires_grad"] and (other or _overlaps(fake_args[input_storage[st]]))):
                 outputs.append(OutputInfo("alias_of_input", input_storage[st], **meta,
                                           dtype=o.dtype if other else None))
                 continue
@@ -513,8 +506,8 @@ def _multi_output_view(o: torch.Tensor) -> bool:
 
 def _view_of_written_intermediate(o: torch.Tensor) -> bool:
     """Whether output ``o`` is a view of an intermediate the program wrote through a view
-    (``torch.add(x, y, out=torch.empty(4, n).t())``): functionalization's new value of that
-    intermediate has the out-of-place op's layout, so ``o`` is rebuilt from it at eager's strides."""
+    (``torch.add(x, y, out=torch.empty(4, n).t())``): functionalization's new value of that intermediate has the
+    out-of-place op's layout, so ``o`` is rebuilt from it at eager's strides."""
     base = o._base
     return base is not None and isinstance(base, FunctionalTensor) and \
         torch._functionalize_has_data_mutation(base.elem)
@@ -523,23 +516,21 @@ def _view_of_written_intermediate(o: torch.Tensor) -> bool:
 # --------------------------------------------------------------------------- tracing
 
 def _aliases_before(f_args: list) -> list:
-    """An alias of each functional tensor input, taken before the program runs: after it,
-    the alias holds the input's new value *in the input's original layout*, also when
-    the program changed the input's metadata (``x.t_(); x.add_(1)``), which is the value
-    the runtime copies into the caller's tensor before restriding it."""
+    """An alias of each functional tensor input, taken before the program runs: after it, the alias holds the input's
+    new value *in the input's original layout*, also when the program changed the input's metadata
+    (``x.t_(); x.add_(1)``), which is the value the runtime copies into the caller's tensor before restriding it."""
     return [aten.alias.default(a) if isinstance(a, torch.Tensor) else a for a in f_args]
 
 
 def eager_layouts(fn: Callable, fake_args: list, fake_mode: FakeTensorMode,
                   drop_error_checks: bool = False) -> tuple[list, list]:
-    """Run ``fn`` on plain (not functional) fakes of ``fake_args`` and return each input's and each flat
-    output's ``(size, stride, storage_offset)`` afterwards (None for non-tensors): the layouts eager gives;
-    and per flat output whether it is a new tensor (not an earlier output, not on an input's storage). Fake
-    tensors model in-place ops as eager does (``x.index_add_`` keeps a transposed ``x``'s strides, ``x.t_()``
-    restrides ``x``), while under functionalization a mutated input becomes a new (contiguous) value. Each
-    input is a fresh tensor object on the same fake storage (``detach``), so metadata changes leave
-    ``fake_args`` as they are; runs under no_grad (layouts do not depend on it, and no autograd check is
-    wanted here: the functional run made them)."""
+    """Run ``fn`` on plain (not functional) fakes of ``fake_args`` and return each input's and each flat output's
+    ``(size, stride, storage_offset)`` afterwards (None for non-tensors): the layouts eager gives; and per flat
+    output whether it is a new tensor (not an earlier output, not on an input's storage). Fake tensors model in-place
+    ops as eager does (``x.index_add_`` keeps a transposed ``x``'s strides, ``x.t_()`` restrides ``x``), while under
+    functionalization a mutated input becomes a new (contiguous) value. Each input is a fresh tensor object on the
+    same fake storage (``detach``), so metadata changes leave ``fake_args`` as they are; runs under no_grad (layouts
+    do not depend on it, and no autograd check is wanted here: the functional run made them)."""
     with fake_mode, untraced(fake_mode), torch.no_grad(), without_cudnn_choices():
         args = [a.detach() if isinstance(a, torch.Tensor) else a for a in fake_args]
         outs = _call(fn, list(args), drop_error_checks)
@@ -587,18 +578,17 @@ def _cleanup(graph: torch.fx.Graph) -> None:
 def item_memo(t: Any) -> Optional[Any]:
     """The symbolic number ``t.item()`` returns for a fake tensor, or None.
 
-    torch's capture with ``dynamic=True`` (or after a float argument changed) passes a
-    Python float (``LayerNorm.eps``, a temperature) as a 0-d float64 tensor input that
-    the graph reads with ``.item()``; its fake carries the SymFloat the capture made for
-    the float as ``item_memo``, which the fake ``aten._local_scalar_dense`` returns.
-    Without it that op raises ``DataDependentOutputException``."""
+    torch's capture with ``dynamic=True`` (or after a float argument changed) passes a Python float
+    (``LayerNorm.eps``, a temperature) as a 0-d float64 tensor input that the graph reads with ``.item()``; its fake
+    carries the SymFloat the capture made for the float as ``item_memo``, which the fake ``aten._local_scalar_dense``
+    returns. Without it that op raises ``DataDependentOutputException``."""
     m = getattr(t, "item_memo", None) if isinstance(t, FakeTensor) else None
     return m if isinstance(m, (torch.SymInt, torch.SymFloat, torch.SymBool)) else None
 
 
 def is_symbolic(args) -> bool:
-    """Whether ``args`` (nested) holds a SymInt, a tensor with a symbolic size, or a 0-d fake tensor holding a
-    symbolic number (:func:`item_memo`): tracing must then be symbolic."""
+    """Whether ``args`` (nested) holds a SymInt, a tensor with a symbolic size, or a 0-d fake tensor holding a symbolic
+    number (:func:`item_memo`): tracing must then be symbolic."""
     for a in pytree.tree_leaves(args):
         if isinstance(a, torch.SymInt):
             return True
@@ -658,10 +648,9 @@ _INT_DIVISIONS = {aten.floor_divide.default, aten.remainder.Tensor, aten.fmod.Te
 
 def _insert_zero_division_checks(gm: torch.fx.GraphModule) -> None:
     """Before each integer division, remainder or fmod by a CPU tensor, check that no divisor is 0
-    (``aten._assert_async.msg``, raising eager's ``RuntimeError: ZeroDivisionError``): the kernels
-    divide without a check and returned numbers where eager raised. A Python 0 divisor (``x // 0``) fails
-    the check for a non-empty result; other Python numbers are checked by eager's own trace; CUDA's
-    eager does not raise. Logged
+    (``aten._assert_async.msg``, raising eager's ``RuntimeError: ZeroDivisionError``): the kernels divide without a
+    check and returned numbers where eager raised. A Python 0 divisor (``x // 0``) fails the check for a non-empty
+    result; other Python numbers are checked by eager's own trace; CUDA's eager does not raise. Logged
     ``zero_division_checks``."""
     added = 0
     for n in list(gm.graph.nodes):
@@ -694,9 +683,9 @@ def _insert_zero_division_checks(gm: torch.fx.GraphModule) -> None:
 
 def _insert_runtime_asserts(gm: torch.fx.GraphModule, env) -> None:
     """Add ``aten._assert_scalar`` nodes for the facts the program asserted about data-dependent sizes
-    (``torch._check(n < 10)``, ``torch._check_is_size(n)`` on ``n = t.item()``): the ShapeEnv keeps them as
-    deferred runtime asserts, which tracing leaves out of the graph, so the compiled program returned values
-    where eager raised. Each check goes right after the node that binds its symbols (torch.fx's
+    (``torch._check(n < 10)``, ``torch._check_is_size(n)`` on ``n = t.item()``): the ShapeEnv keeps them as deferred
+    runtime asserts, which tracing leaves out of the graph, so the compiled program returned values where eager
+    raised. Each check goes right after the node that binds its symbols (torch.fx's
     ``insert_deferred_runtime_asserts``); logged ``runtime_asserts``."""
     from torch.fx.passes.runtime_assert import insert_deferred_runtime_asserts
 
@@ -711,11 +700,10 @@ def _insert_runtime_asserts(gm: torch.fx.GraphModule, env) -> None:
 # --------------------------------------------------------------------------- source locations
 
 class _LocatingInterpreter(torch.fx.Interpreter):
-    """Runs a torch-level GraphModule node by node while ``make_fx`` traces it, each node's meta being the
-    current one (``Interpreter`` sets it under ``preserve_node_meta``): make_fx copies its ``stack_trace``
-    (the user's source lines, from coil's capture or Dynamo) onto the ATen nodes it becomes. With
-    ``label_autograd``, the autograd nodes a graph node creates are labelled with the same trace, for
-    :func:`_locate_backward`."""
+    """Runs a torch-level GraphModule node by node while ``make_fx`` traces it, each node's meta being the current one
+    (``Interpreter`` sets it under ``preserve_node_meta``): make_fx copies its ``stack_trace`` (the user's source
+    lines, from coil's capture or Dynamo) onto the ATen nodes it becomes. With ``label_autograd``, the autograd nodes
+    a graph node creates are labelled with the same trace, for :func:`_locate_backward`."""
 
     def __init__(self, gm: torch.fx.GraphModule, label_autograd: bool):
         super().__init__(gm)
@@ -745,8 +733,8 @@ _TRACE_KEY = "coil_stack_trace"  # in grad_fn.metadata
 
 
 def _label_grad_fns(value: Any, trace: str) -> None:
-    """Label every autograd node reachable from the tensors in ``value`` and not labelled
-    yet (those the last graph node created) with ``trace``."""
+    """Label every autograd node reachable from the tensors in ``value`` and not labelled yet (those the last graph node
+    created) with ``trace``."""
     todo = [t.grad_fn for t in pytree.tree_leaves(value) if isinstance(t, torch.Tensor)]
     while todo:
         node = todo.pop()
@@ -757,9 +745,9 @@ def _label_grad_fns(value: Any, trace: str) -> None:
 
 
 def _locate_backward(outputs: list) -> None:
-    """Before ``autograd.grad`` in a joint trace: each labelled autograd node sets the
-    current stack trace when its backward starts, so the backward's ATen nodes carry the
-    line of the forward op they differentiate (gradient sums: the consumer's line)."""
+    """Before ``autograd.grad`` in a joint trace: each labelled autograd node sets the current stack trace when its
+    backward starts, so the backward's ATen nodes carry the line of the forward op they differentiate (gradient sums:
+    the consumer's line)."""
     seen: set = set()
     todo = [t.grad_fn for t in outputs if isinstance(t, torch.Tensor)]
     while todo:
@@ -780,16 +768,14 @@ def _stack_trace_setter(trace: str) -> Callable:
 
 
 def without_cudnn_choices():
-    """cuDNN off while tracing (fake tensors: no kernel runs), so that composite ops
-    that pick a cuDNN-specific ATen op by the global flag trace their portable form:
-    ``batch_norm`` on CUDA picks ``cudnn_batch_norm``, whose schema does not mark the
-    running statistics as mutated, and the joint graph lost their update (the running
-    mean and variance of every BatchNorm stayed 0 and 1 in CUDA training, while
-    ``native_batch_norm`` traces the update). Extern kernels still run cuDNN at run time.
+    """cuDNN off while tracing (fake tensors: no kernel runs), so that composite ops that pick a cuDNN-specific ATen op
+    by the global flag trace their portable form: ``batch_norm`` on CUDA picks ``cudnn_batch_norm``, whose schema
+    does not mark the running statistics as mutated, and the joint graph lost their update (the running mean and
+    variance of every BatchNorm stayed 0 and 1 in CUDA training, while ``native_batch_norm`` traces the update).
+    Extern kernels still run cuDNN at run time.
 
-    Only the ``enabled`` flag is touched, and restored on exit. It is process-global:
-    eager CUDA work in *other* threads during a trace runs without cuDNN (correct
-    values, slower kernels) until the trace ends."""
+    Only the ``enabled`` flag is touched, and restored on exit. It is process-global: eager CUDA work in *other*
+    threads during a trace runs without cuDNN (correct values, slower kernels) until the trace ends."""
     return _cudnn_enabled(False)
 
 
@@ -797,10 +783,9 @@ _CUDNN_LAYOUT_DEVICES = ("cuda",)  # convolution layouts follow the cuDNN flag (
 
 
 def _cudnn_layouts(gm: torch.fx.GraphModule, fake_mode: FakeTensorMode) -> None:
-    """``gm``'s fake values again with the user's cuDNN flag, where ``gm`` (traced by
-    :func:`without_cudnn_choices`) has a ``_CUDNN_LAYOUT_DEVICES`` convolution: with cuDNN
-    off its fake output is NCHW, where eager's cuDNN keeps a channels-last input's layout,
-    and graph outputs take fake strides (a channels-last CNN's output came back NCHW).
+    """``gm``'s fake values again with the user's cuDNN flag, where ``gm`` (traced by :func:`without_cudnn_choices`) has
+    a ``_CUDNN_LAYOUT_DEVICES`` convolution: with cuDNN off its fake output is NCHW, where eager's cuDNN keeps a
+    channels-last input's layout, and graph outputs take fake strides (a channels-last CNN's output came back NCHW).
     Uncached (the cache key lacks the flag); skipped for data-dependent sizes; logged."""
     from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
     nodes, meta = list(gm.graph.nodes), torch.device("meta")
@@ -827,10 +812,9 @@ _cudnn_users = [0, True]  # traces inside without_cudnn_choices; the flag before
 
 @contextlib.contextmanager
 def _cudnn_enabled(on: bool):
-    """The cuDNN flag set to ``on`` while any trace (in any thread, nested or not) is
-    inside; the first one in saves the user's value and the last one out restores it.
-    Uses the C setter: ``torch.backends.cudnn.enabled = ...`` raises after
-    ``torch.backends.disable_global_flags()`` (torch's test utilities call it on import)."""
+    """The cuDNN flag set to ``on`` while any trace (in any thread, nested or not) is inside; the first one in saves the
+    user's value and the last one out restores it. Uses the C setter: ``torch.backends.cudnn.enabled = ...`` raises
+    after ``torch.backends.disable_global_flags()`` (torch's test utilities call it on import)."""
     with _cudnn_lock:
         if _cudnn_users[0] == 0:
             _cudnn_users[1] = torch._C._get_cudnn_enabled()
@@ -847,8 +831,8 @@ def _cudnn_enabled(on: bool):
 
 def trace_inference(fn: Callable, fake_args: list, info: ProgramInfo, decompositions: dict,
                     fake_mode: FakeTensorMode) -> torch.fx.GraphModule:
-    """Functional ATen graph ``(*inputs) -> [*mutated_input_values, *graph_outputs, *bases]``, traced in the
-    caller's grad mode (torch's capture of torch.func.grad(f)(x) calls autograd.grad with no enable_grad)."""
+    """Functional ATen graph ``(*inputs) -> [*mutated_input_values, *graph_outputs, *bases]``, traced in the caller's
+    grad mode (torch's capture of torch.func.grad(f)(x) calls autograd.grad with no enable_grad)."""
 
     def inference(primals):
         with FunctionalTensorMode():
@@ -861,10 +845,10 @@ def trace_inference(fn: Callable, fake_args: list, info: ProgramInfo, decomposit
 
 def trace_plain_inference(fn: Callable, fake_args: list, fake_mode: FakeTensorMode,
                           decompositions: dict) -> Optional[tuple[ProgramInfo, torch.fx.GraphModule]]:
-    """:func:`analyze` and :func:`trace_inference` in one run of ``fn``, for a program called under no_grad
-    that mutates and restrides no input and returns no alias (a model's inference): ``(info, graph)``, or None
-    for any other program (or an error), which the caller then analyses and traces in two runs. With symbolic
-    sizes each op of a run is sympy work (an 8-layer LLaMA's analysis took a third of its AOT time)."""
+    """:func:`analyze` and :func:`trace_inference` in one run of ``fn``, for a program called under no_grad that mutates
+    and restrides no input and returns no alias (a model's inference): ``(info, graph)``, or None for any other
+    program (or an error), which the caller then analyses and traces in two runs. With symbolic sizes each op of a
+    run is sympy work (an 8-layer LLaMA's analysis took a third of its AOT time)."""
     found: list = []
 
     def inference(primals):
@@ -888,9 +872,8 @@ def trace_plain_inference(fn: Callable, fake_args: list, fake_mode: FakeTensorMo
 
 @dataclasses.dataclass
 class JointInfo:
-    """Shape of a joint graph: ``num_primals`` primals, then one tangent per forward
-    output that requires grad; outputs are ``num_fw_outputs`` forward values, then
-    one grad per input in ``grad_inputs`` whose grad is not None."""
+    """Shape of a joint graph: ``num_primals`` primals, then one tangent per forward output that requires grad; outputs
+    are ``num_fw_outputs`` forward values, then one grad per input in ``grad_inputs`` whose grad is not None."""
 
     num_primals: int
     num_fw_outputs: int
@@ -902,9 +885,9 @@ def trace_joint(fn: Callable, fake_args: list, info: ProgramInfo, decompositions
                 fake_mode: FakeTensorMode, grad: bool = True) -> tuple[torch.fx.GraphModule, JointInfo]:
     """Trace forward + backward into one functional ATen graph (see module docstring).
 
-    ``grad``: the caller's grad mode, which the program runs in (its own
-    ``torch.enable_grad()`` / ``no_grad`` regions then decide what is differentiable, as
-    in eager); False only for a program called under no_grad that turns grad on itself."""
+    ``grad``: the caller's grad mode, which the program runs in (its own ``torch.enable_grad()`` / ``no_grad``
+    regions then decide what is differentiable, as in eager); False only for a program called under no_grad that
+    turns grad on itself."""
     grad_inputs = [i for i, x in enumerate(info.inputs) if x.requires_grad]
     clone = {i for i in info.mutated_inputs + info.restrided_inputs if info.inputs[i].requires_grad}
     with fake_mode:

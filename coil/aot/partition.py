@@ -31,6 +31,7 @@ value with its bytes and the reason, each recomputed node, the totals.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import operator
@@ -66,8 +67,8 @@ class Partition:
 # --------------------------------------------------------------------------- helpers
 
 def node_bytes(node: torch.fx.Node) -> int:
-    """Bytes of a node's value (a tensor: numel * itemsize, symbolic sizes by their
-    hint; a SymInt/int/float: 8; anything else: 0)."""
+    """Bytes of a node's value (a tensor: numel * itemsize, symbolic sizes by their hint; a SymInt/int/float: 8;
+    anything else: 0)."""
     val = node.meta.get("val")
     if isinstance(val, torch.Tensor):
         numel = val.numel()
@@ -111,10 +112,8 @@ _REDUCTIONS = {
 def recompute_ban_reason(node: torch.fx.Node) -> Optional[str]:
     """Why ``node`` must not be recomputed in the backward (None: it may be).
 
-    Cheap = pointwise ops (``torch.Tag.pointwise``), views, constants, casts, cat,
-    ``getitem`` of a cheap node, and reductions over at most
-    ``config.aot_max_recompute_reduction`` input elements.
-    """
+    Cheap = pointwise ops (``torch.Tag.pointwise``), views, constants, casts, cat, ``getitem`` of a cheap node, and
+    reductions over at most ``config.aot_max_recompute_reduction`` input elements."""
     from coil.config import config
 
     if node.op == "placeholder":
@@ -204,9 +203,9 @@ _CHECKS = {aten._assert_async.msg, aten._assert_async.default, aten._assert_scal
 
 def _extract(joint: torch.fx.GraphModule, inputs: list, outputs: list, what: str,
              checks: bool = False) -> torch.fx.GraphModule:
-    """A GraphModule computing ``outputs`` from ``inputs`` with the joint graph's nodes; with ``checks``,
-    also every runtime check (:data:`_CHECKS`) computable from ``inputs`` (the forward keeps them: a check
-    no output depends on was dropped, and a division by zero returned numbers where eager raised)."""
+    """A GraphModule computing ``outputs`` from ``inputs`` with the joint graph's nodes; with ``checks``, also every
+    runtime check (:data:`_CHECKS`) computable from ``inputs`` (the forward keeps them: a check no output depends on
+    was dropped, and a division by zero returned numbers where eager raised)."""
     g = torch.fx.Graph()
     env: dict = {}
     for n in inputs:
@@ -231,8 +230,8 @@ def _extract(joint: torch.fx.GraphModule, inputs: list, outputs: list, what: str
 
 
 def _symbols_of(vals, plain: bool) -> set:
-    """The size symbols in the sizes/strides of tensors and in SymInts among ``vals``
-    (``plain``: only those a value equals exactly, which a graph taking it can bind)."""
+    """The size symbols in the sizes/strides of tensors and in SymInts among ``vals`` (``plain``: only those a value
+    equals exactly, which a graph taking it can bind)."""
     exprs = [x.node.expr for v in vals for x in ((*v.shape, *v.stride()) if isinstance(
         v, torch.Tensor) else (v,)) if isinstance(x, torch.SymInt)]
     return {e for e in exprs if e.is_Symbol} if plain else set().union(*(e.free_symbols for e in exprs))
@@ -294,9 +293,7 @@ def _build(joint, info: JointInfo, regions: _Regions, saved: list, reasons: dict
 def default_partition(joint: torch.fx.GraphModule, info: JointInfo) -> Partition:
     """Save every forward-region value the backward reads; recompute nothing.
 
-    Returns a :class:`Partition`. Tuple-valued nodes are never saved (their
-    ``getitem`` users are).
-    """
+    Returns a :class:`Partition`. Tuple-valued nodes are never saved (their ``getitem`` users are)."""
     regions = _Regions(joint, info)
     saved = []
     for n in regions.read_by_backward():
@@ -310,12 +307,11 @@ def default_partition(joint: torch.fx.GraphModule, info: JointInfo) -> Partition
 
 
 def checkpointed(candidates, regions: _Regions) -> set:
-    """Forward-region nodes inside an activation-checkpoint region (``meta["recompute"]``
-    a recompute ``CheckpointPolicy``, ``meta["ac_graph_id"]`` the region, set by capture on ``torch.utils.checkpoint.checkpoint`` bodies and copied onto the
-    ATen nodes by make_fx): never saved, always recomputed in the backward. A region's
-    outputs (read by a forward node outside it, or returned by the forward) are kept
-    (saved, as eager's checkpoint keeps the next region's inputs); random ops stay
-    ordinary candidates (recomputing would draw other numbers)."""
+    """Forward-region nodes inside an activation-checkpoint region (``meta["recompute"]`` a recompute
+    ``CheckpointPolicy``, ``meta["ac_graph_id"]`` the region, set by capture on ``torch.utils.checkpoint.checkpoint``
+    bodies and copied onto the ATen nodes by make_fx): never saved, always recomputed in the backward. A region's
+    outputs (read by a forward node outside it, or returned by the forward) are kept (saved, as eager's checkpoint
+    keeps the next region's inputs); random ops stay ordinary candidates (recomputing would draw other numbers)."""
     out = set()
     fw_outs = set(regions.fw_outputs)
     for n in candidates:
@@ -332,8 +328,7 @@ def checkpointed(candidates, regions: _Regions) -> set:
 
 
 def _draws_random(n) -> bool:
-    """A random op (recomputing it would draw other numbers); attention with
-    ``dropout_p == 0`` draws nothing."""
+    """A random op (recomputing it would draw other numbers); attention with ``dropout_p == 0`` draws nothing."""
     if not (isinstance(n, torch.fx.Node) and isinstance(n.target, torch._ops.OpOverload)):
         return False
     if torch.Tag.nondeterministic_seeded not in n.target.tags:
@@ -345,8 +340,8 @@ def _draws_random(n) -> bool:
 
 
 def _region_tag(n: torch.fx.Node):
-    """A node's checkpoint region; a ``getitem`` of a tuple-valued node is in its
-    producer's (the backward's reads of saved tuple items make untagged ones)."""
+    """A node's checkpoint region; a ``getitem`` of a tuple-valued node is in its producer's (the backward's reads of
+    saved tuple items make untagged ones)."""
     if n.target is operator.getitem and n.meta.get("recompute") is None and \
             isinstance(n.args[0], torch.fx.Node):
         n = n.args[0]
@@ -362,10 +357,8 @@ _RECOMPUTE = {torch.utils.checkpoint.CheckpointPolicy.MUST_RECOMPUTE,
 def min_cut_partition(joint: torch.fx.GraphModule, info: JointInfo) -> Partition:
     """Save the fewest bytes that let the backward run; recompute cheap chains.
 
-    See the module docstring for the flow network. Returns a :class:`Partition`.
-    Raises :class:`InternalError` if the cut is infinite (a bug: something the
-    backward needs can neither be saved nor recomputed).
-    """
+    See the module docstring for the flow network. Returns a :class:`Partition`. Raises :class:`InternalError` if the
+    cut is infinite (a bug: something the backward needs can neither be saved nor recomputed)."""
     import networkx as nx
 
     regions = _Regions(joint, info)
@@ -415,3 +408,36 @@ def min_cut_partition(joint: torch.fx.GraphModule, info: JointInfo) -> Partition
         else:
             reasons[n] = "min cut: cheaper to save than to recompute from saved values"
     return _build(joint, info, regions, saved, reasons, "min_cut")
+
+
+def drop_undefined_tangents(bw: torch.fx.GraphModule, num_saved: int, missing: tuple) -> tuple:
+    """(graph, per output: is it None) of backward graph ``bw`` for calls whose tangents at positions ``missing`` are
+    undefined (autograd's None: an output the loss does not use). Eager skips the backward of an op whose incoming
+    gradient is undefined; zeros in their place are not the same (``x * 2, x.sqrt()`` of ``x = 0``, the loss on the
+    first: ``2 + 0 * inf``). Backward values are linear in the tangents: one computed from undefined ones only is
+    undefined (an undefined output is a None gradient), ``add`` of an undefined and a defined one is the defined one,
+    any other op mixing them reads zeros for the undefined one."""
+    gm = torch.fx.GraphModule(bw, copy.deepcopy(bw.graph))
+    g, places = gm.graph, [n for n in gm.graph.nodes if n.op == "placeholder"]
+    undef, dep = {places[num_saved + k] for k in missing}, set(places[num_saved:])
+    meta = lambda n: (getattr(v := n.meta.get("val"), "shape", None), getattr(v, "dtype", 0))  # noqa: E731
+    for n in list(g.nodes):
+        ins = [a for a in n.all_input_nodes if a in dep]
+        if n.op != "call_function" or not ins or isinstance(n.meta.get("val"), (int, float, bool, torch.SymInt)):
+            continue
+        dep.add(n)
+        off = [a for a in ins if a in undef]  # (an add's other term is a gradient even if constant: copysign's zeros)
+        on = [a for a in (n.all_input_nodes if n.target is aten.add.Tensor else ins) if a not in undef]
+        if off and not on:
+            undef.add(n)
+        elif off and n.target is aten.add.Tensor and not n.kwargs and len(on) == 1 and meta(on[0]) == meta(n):
+            n.replace_all_uses_with(on[0])
+        for a in off if on and n.users else ():
+            with g.inserting_before(n):
+                n.replace_input_with(a, z := g.call_function(aten.zeros_like.default, (a,)))
+            z.meta = dict(a.meta)
+    out = next(n for n in g.nodes if n.op == "output")
+    none, out.args = [o in undef for o in out.args[0]], ([o for o in out.args[0] if o not in undef],)
+    g.eliminate_dead_code()
+    gm.recompile()
+    return gm, none

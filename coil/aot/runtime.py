@@ -34,11 +34,10 @@ DOUBLE_BACKWARD_MESSAGE = (
 def _copy_untracked(dsts: list, srcs: list) -> None:
     """``dst.copy_(src)`` for each pair under ``no_grad``, then empties both lists.
 
-    Two or more pairs go through one ``torch._foreach_copy_`` (on CUDA one multi-tensor
-    kernel for same-dtype dense tensors instead of a copy launch each: a ResNet-50
-    training step updates 159 BatchNorm buffers). The order of the copies cannot
-    matter: mutated inputs never share memory here (aot/compile.py refuses that at
-    compile time and runs such calls eagerly)."""
+    Two or more pairs go through one ``torch._foreach_copy_`` (on CUDA one multi-tensor kernel for same-dtype dense
+    tensors instead of a copy launch each: a ResNet-50 training step updates 159 BatchNorm buffers). The order of the
+    copies cannot matter: mutated inputs never share memory here (aot/compile.py refuses that at compile time and
+    runs such calls eagerly)."""
     if not dsts:
         return
     with torch.no_grad():
@@ -60,17 +59,15 @@ def _expr(v) -> sympy.Expr:
 
 
 def symbolic_evaluator(items: Any, fake_inputs: Sequence, value_shapes: Sequence = ()) -> Callable:
-    """``fn(args, vals) -> items`` with every SymInt in ``items`` (nested tuples and lists
-    of ints and SymInts) replaced by its value for one call.
+    """``fn(args, vals) -> items`` with every SymInt in ``items`` (nested tuples and lists of ints and SymInts) replaced
+    by its value for one call.
 
-    A SymInt from a symbolic trace is an expression in the ShapeEnv's symbols
-    (``s0*s1``, ``s1 - 1``, ``(s0 + 1)//2``); each symbol is bound to where it sits in
-    ``fake_inputs`` (a SymInt input, or a size, stride or storage offset of a tensor
-    input), else in ``value_shapes`` (the sizes of the graph's values ``vals``: sizes
-    known only once the graph has run). The function is generated Python (torch's
-    ``PythonPrinter``), so a call costs a few integer operations; its source is the
-    ``aot_symbolic_layouts`` artifact. Raises :class:`coil.exc.CoilError` for a symbol
-    found in neither."""
+    A SymInt from a symbolic trace is an expression in the ShapeEnv's symbols (``s0*s1``, ``s1 - 1``,
+    ``(s0 + 1)//2``); each symbol is bound to where it sits in ``fake_inputs`` (a SymInt input, or a size, stride or
+    storage offset of a tensor input), else in ``value_shapes`` (the sizes of the graph's values ``vals``: sizes
+    known only once the graph has run). The function is generated Python (torch's ``PythonPrinter``), so a call costs
+    a few integer operations; its source is the ``aot_symbolic_layouts`` artifact. Raises :class:`coil.exc.CoilError`
+    for a symbol found in neither."""
     from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
     from torch.utils._sympy.printers import PythonPrinter
 
@@ -145,9 +142,9 @@ def symbolic_evaluator(items: Any, fake_inputs: Sequence, value_shapes: Sequence
 def _make_epilogue(info: ProgramInfo, args_index_of_output=None) -> Callable:
     """``epilogue(args, fw_values) -> user outputs`` (mutations + aliases, see module doc).
 
-    An aliased output that requires grad is made with grad enabled even when the
-    caller's grad mode is off: it was made in the program's own ``torch.enable_grad()``
-    region (``with enable_grad(): y = x.t()``) and eager's carries a ``grad_fn``."""
+    An aliased output that requires grad is made with grad enabled even when the caller's grad mode is off: it was
+    made in the program's own ``torch.enable_grad()`` region (``with enable_grad(): y = x.t()``) and eager's carries
+    a ``grad_fn``."""
     mutated = info.mutated_inputs
     hidden = [info.inputs[i].mutation_hidden for i in mutated]
     n_mut = len(mutated)
@@ -224,9 +221,8 @@ def _make_epilogue(info: ProgramInfo, args_index_of_output=None) -> Callable:
             inp = args[mutated[pos]]
             if inp.shape != vals[pos].shape:  # out= into an empty tensor: eager resizes it, contiguous from
                 inp.resize_(vals[pos].shape)  # contiguous operands (capture runs every other resize eagerly)
-            # a leaf that requires grad can only have been mutated outside autograd (a
-            # differentiable in-place op on it fails while tracing, as in eager): through
-            # .detach(), e.g. F.embedding's max_norm renorm
+            # a leaf that requires grad can only have been mutated outside autograd (a differentiable in-place op on
+            # it fails while tracing, as in eager): through .detach(), e.g. F.embedding's max_norm renorm
             if hidden[pos] or not torch.is_grad_enabled() or (inp.is_leaf and inp.requires_grad):
                 batch_dst.append(inp)
                 batch_src.append(vals[pos])
@@ -283,10 +279,10 @@ AUTOCAST_DEVICES = ("cuda", "cpu")
 
 
 def without_autocast(fn: Callable) -> Callable:
-    """``fn`` run with autocast off: a traced graph already holds autocast's casts as explicit ``_to_copy``
-    ops, so running its ATen ops (extern kernels, or the FX interpreter) under the caller's still-active
-    ``torch.autocast`` would cast again: LLaMA's rotary ``inv_freq @ position_ids`` (float32 in eager, which
-    turns autocast off around it) came out bf16, and a kernel compiled for a float32 input failed."""
+    """``fn`` run with autocast off: a traced graph already holds autocast's casts as explicit ``_to_copy`` ops, so
+    running its ATen ops (extern kernels, or the FX interpreter) under the caller's still-active ``torch.autocast``
+    would cast again: LLaMA's rotary ``inv_freq @ position_ids`` (float32 in eager, which turns autocast off around
+    it) came out bf16, and a kernel compiled for a float32 input failed."""
     is_on = torch.is_autocast_enabled
 
     def call(*args):
@@ -301,16 +297,15 @@ def without_autocast(fn: Callable) -> Callable:
 
 
 def opaque_to_torch_compile(fn: Callable) -> Callable:
-    """``fn`` run with torch.compile's frame hook off, so an enclosing ``torch.compile``
-    never traces coil's runtime code.
+    """``fn`` run with torch.compile's frame hook off, so an enclosing ``torch.compile`` never traces coil's runtime
+    code.
 
-    The autograd engine calls a compiled graph's backward from the user's frame, where
-    torch.compile's hook is still on after a graph break at ``torch.autograd.grad`` /
-    ``.backward()``: it traced the backward, the generated wrapper and its helpers as user
-    code, made the saved sizes (``s77 = primals_1``) SymInts under ``dynamic=True`` and
-    handed one to ``as_strided`` (RuntimeError). torch's own runtime lives in files its
-    capture skips; coil's is wrapped here. Without ``torch._dynamo`` imported no hook can
-    be on, and ``fn`` runs directly (the disabled wrapper costs ~1 us a call)."""
+    The autograd engine calls a compiled graph's backward from the user's frame, where torch.compile's hook is still
+    on after a graph break at ``torch.autograd.grad`` / ``.backward()``: it traced the backward, the generated
+    wrapper and its helpers as user code, made the saved sizes (``s77 = primals_1``) SymInts under ``dynamic=True``
+    and handed one to ``as_strided`` (RuntimeError). torch's own runtime lives in files its capture skips; coil's is
+    wrapped here. Without ``torch._dynamo`` imported no hook can be on, and ``fn`` runs directly (the disabled
+    wrapper costs ~1 us a call)."""
     disabled: list = []
 
     def call(*args):
@@ -347,13 +342,12 @@ def inference_runner(compiled_fw: Callable, info: ProgramInfo) -> Callable:
 
 
 def _distinct_grads(grads: list) -> list:
-    """``grads`` with each tensor that shares elements with an earlier one cloned. A compiled
-    backward may return one buffer as the gradient of several inputs (``x + a + b``: the
-    tangent, for ``a`` and ``b``); autograd's AccumulateGrad keeps a gradient it holds the
-    only reference to as ``.grad`` itself, so ``a.grad`` and ``b.grad`` shared memory and the
-    next backward's in-place accumulation (or ``clip_grad_norm_``'s in-place scaling) hit both.
-    Gradients in distinct storages cost one pointer read each; views of one storage are
-    cloned only where their elements overlap (eager's ``split`` backward shares storage too)."""
+    """``grads`` with each tensor that shares elements with an earlier one cloned. A compiled backward may return one
+    buffer as the gradient of several inputs (``x + a + b``: the tangent, for ``a`` and ``b``); autograd's
+    AccumulateGrad keeps a gradient it holds the only reference to as ``.grad`` itself, so ``a.grad`` and ``b.grad``
+    shared memory and the next backward's in-place accumulation (or ``clip_grad_norm_``'s in-place scaling) hit both.
+    Gradients in distinct storages cost one pointer read each; views of one storage are cloned only where their
+    elements overlap (eager's ``split`` backward shares storage too)."""
     tensor = torch.Tensor
     ptrs = [g.untyped_storage().data_ptr() if isinstance(g, tensor) else 0 for g in grads]  # (empty: 0)
     live = [p for p in ptrs if p]
@@ -374,12 +368,10 @@ def _distinct_grads(grads: list) -> list:
 
 
 class _BackwardOnce(torch.autograd.Function):
-    """Runs a compiled backward when autograd records it (``create_graph=True``): its
-    outputs, the gradients, depend on its inputs (the saved values and tangents, which
-    lead back to the forward's inputs), so differentiating them again reaches this node,
-    whose backward raises :data:`DOUBLE_BACKWARD_MESSAGE`: never a silent ``None`` or
-    zero second derivative (``allow_unused`` / ``materialize_grads``), and not autograd's
-    "not used in the graph"."""
+    """Runs a compiled backward when autograd records it (``create_graph=True``): its outputs, the gradients, depend on
+    its inputs (the saved values and tangents, which lead back to the forward's inputs), so differentiating them
+    again reaches this node, whose backward raises :data:`DOUBLE_BACKWARD_MESSAGE`: never a silent ``None`` or zero
+    second derivative (``allow_unused`` / ``materialize_grads``), and not autograd's "not used in the graph"."""
 
     @staticmethod
     def forward(ctx, run, *inputs):
@@ -392,63 +384,56 @@ class _BackwardOnce(torch.autograd.Function):
 
 
 def training_runner(compiled_fw: Callable, compiled_bw: Callable, info: ProgramInfo,
-                    jinfo: JointInfo, num_saved: int) -> Callable:
-    """The callable for the training path (see module docstring)."""
-    epilogue = _make_epilogue(info)
-    n_fw = info.num_fw_outputs
+                    jinfo: JointInfo, num_saved: int, bw_for: Callable) -> Callable:
+    """The callable for the training path (see module docstring). ``bw_for(missing)``: (compiled backward, per gradient:
+    is it None) for calls whose tangents at positions ``missing`` are None
+    (:func:`coil.aot.partition.drop_undefined_tangents`), compiled at the first such call."""
+    epilogue, n_fw = _make_epilogue(info), info.num_fw_outputs
     compiled_fw = without_autocast(cudagraphify(compiled_fw, "forward", (n_fw, n_fw + num_saved)))
-    compiled_bw = without_autocast(cudagraphify(compiled_bw, "backward"))
     n_in = len(info.inputs)
     nondiff = [k for k, rg in enumerate(info.fw_out_requires_grad) if not rg]
     tangent_pos = [k for k, rg in enumerate(info.fw_out_requires_grad) if rg]
     grad_slots = [i for i, none in zip(jinfo.grad_inputs, jinfo.grad_is_none) if not none]
-    # differentiable outputs whose traced shape is symbolic: a missing gradient's zeros take
-    # the shape the output had in this call (kept on ctx by forward)
-    sym_shape = [k for k in tangent_pos if _has_symint(info.fw_out_meta[k][0])] if nondiff else []
+    backwards = {(): (without_autocast(cudagraphify(compiled_bw, "backward")), grad_slots)}
+    # differentiable outputs of a symbolic shape: a missing gradient's zeros take this call's (forward keeps it)
+    sym_shape = [k for k in tangent_pos if _has_symint(info.fw_out_meta[k][0])]
 
     class CompiledFunction(torch.autograd.Function):
         @staticmethod
         def forward(ctx, *args):
             vals = compiled_fw(*args)
             saved = vals[n_fw: n_fw + num_saved]
-            tensor_mask = [isinstance(s, torch.Tensor) for s in saved]
-            ctx.tensor_mask = tensor_mask
+            ctx.tensor_mask = tensor_mask = [isinstance(s, torch.Tensor) for s in saved]
             ctx.others = [s for s, t in zip(saved, tensor_mask) if not t]
             ctx.save_for_backward(*[s for s, t in zip(saved, tensor_mask) if t])
             outs = tuple(vals[:n_fw])
             if nondiff:
                 ctx.mark_non_differentiable(*[outs[k] for k in nondiff])
-                # autograd would hand backward a zero-filled tensor for each of these (one fill launch per
-                # output per step: ResNet-50 has 106 BatchNorm running statistics); backward makes zeros only
-                # for the tangents its graph reads
-                ctx.set_materialize_grads(False)
-                if sym_shape:
-                    ctx.out_shapes = {k: outs[k].shape for k in sym_shape}
+            # None for an output that gets no gradient, not autograd's zeros (one fill launch per output per
+            # step: ResNet-50 has 106 BatchNorm running statistics; and eager skips what it flows through)
+            ctx.set_materialize_grads(False)
+            ctx.out_shapes = {k: outs[k].shape for k in sym_shape}
             return outs
 
         @staticmethod
         @opaque_to_torch_compile
         def backward(ctx, *grad_outs):
-            tensors = iter(ctx.saved_tensors)
-            others = iter(ctx.others)
+            tensors, others = iter(ctx.saved_tensors), iter(ctx.others)
             saved = [next(tensors) if t else next(others) for t in ctx.tensor_mask]
-            tangents = []
-            for k in tangent_pos:
-                g = grad_outs[k]
-                if g is None:  # an output that got no gradient (materialize_grads off)
-                    shape, dtype, device = info.fw_out_meta[k]
-                    if sym_shape and k in ctx.out_shapes:
-                        shape = ctx.out_shapes[k]
-                    g = torch.zeros(shape, dtype=dtype, device=device)
-                tangents.append(g.contiguous())
-            if torch.is_grad_enabled():  # create_graph=True: a second derivative must raise
-                grads = _BackwardOnce.apply(lambda *a: _distinct_grads(compiled_bw(*a)), *saved, *tangents)
-            else:
-                grads = _distinct_grads(compiled_bw(*saved, *tangents))
-            result: list = [None] * n_in
-            for slot, g in zip(grad_slots, grads):
-                result[slot] = g
-            return tuple(result)
+            missing = tuple(j for j, k in enumerate(tangent_pos) if grad_outs[k] is None)
+            if missing not in backwards:  # (its graph reads only the shapes of their zeros)
+                bw, none = bw_for(missing)
+                backwards[missing] = (without_autocast(cudagraphify(bw, "backward")),
+                                      [s for s, dropped in zip(grad_slots, none) if not dropped])
+            compiled_bw, slots = backwards[missing]
+            tangents = [grad_outs[k].contiguous() if grad_outs[k] is not None else torch.zeros(
+                ctx.out_shapes.get(k, info.fw_out_meta[k][0]), dtype=info.fw_out_meta[k][1],
+                device=info.fw_out_meta[k][2]) for k in tangent_pos]
+            run_bw = lambda *a: _distinct_grads(compiled_bw(*a))  # noqa: E731 (create_graph=True: _BackwardOnce)
+            grads = _BackwardOnce.apply(run_bw, *saved, *tangents) if torch.is_grad_enabled() else run_bw(
+                *saved, *tangents)
+            result = dict(zip(slots, grads))
+            return tuple(result.get(i) for i in range(n_in))
 
     CompiledFunction.__name__ = "CoilCompiledFunction"
 

@@ -4,11 +4,11 @@ The C++ code generator (``coil/codegen/cpp``) produces source text; this module 
 into callable functions and knows nothing about kernels. docs/cpp_backend.md ("Building
 and caching") gives the design; in short:
 
-- **Compiler** ``$CXX`` or the first of ``g++``, ``c++``, ``clang++``; flags
-  :data:`DEFAULT_FLAGS` plus ``config.cpp_extra_flags``. Kernels keep IEEE semantics (no
-  ``-ffast-math``, no ``-fno-trapping-math``); ``-fwrapv`` because eager's int64 results
-  wrap; ``-fno-tree-loop-if-convert`` because GCC 12 merged two masked blocks into one
-  (fuzz s202 #16952). The doc names the wrong results each flag prevents.
+- **Compiler** ``$CXX`` or the first of ``g++``, ``c++``, ``clang++``; flags :data:`DEFAULT_FLAGS` plus
+  ``config.cpp_extra_flags``. Kernels keep IEEE semantics (no ``-ffast-math``, no ``-fno-trapping-math``, no fused
+  multiply-adds: ``-ffp-contract=off``, fuzz s1006 #412); ``-fwrapv`` because eager's int64 results wrap;
+  ``-fno-tree-loop-if-convert`` because GCC 12 merged two masked blocks into one (fuzz s202 #16952). The doc names
+  the wrong results each flag prevents.
 - **Cache** sha256 of (source, compiler path, its ``--version``, flags) names
   ``<cache_dir>/cpp/<key[:2]>/<key>.so``, written to a temporary file and renamed; a
   warm call never starts the compiler; a second build of one key in a process returns
@@ -40,7 +40,7 @@ __all__ = [
 ]
 
 DEFAULT_FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17",
-                 "-fno-strict-aliasing", "-fwrapv", "-fno-tree-loop-if-convert",
+                 "-fno-strict-aliasing", "-fwrapv", "-fno-tree-loop-if-convert", "-ffp-contract=off",
                  "-fno-math-errno", "-Wno-unused-variable", "-Wno-unused-but-set-variable")
 
 

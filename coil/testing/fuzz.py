@@ -29,6 +29,7 @@ import textwrap
 import time
 import traceback
 import warnings
+import zlib
 from collections import Counter, defaultdict
 from typing import Callable, Optional
 
@@ -203,8 +204,7 @@ def _build(rng: random.Random, fams: list, max_stmts: int) -> Program:
 
 def _same_bits(a, b) -> bool:
     if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
-        return a.shape == b.shape and a.dtype == b.dtype and bool(
-            ((a == b) | (a != a) & (b != b)).all())
+        return a.shape == b.shape and a.dtype == b.dtype and bool(((a == b) | (a != a) & (b != b)).all())
     return type(a) is type(b)
 
 
@@ -241,30 +241,29 @@ class _Hang(BaseException):
     pass
 
 
+def _fire(*_):
+    raise _Hang()
+
+
 @contextlib.contextmanager
 def _deadline(seconds: float):
-    if not seconds or not hasattr(signal, "setitimer"):
-        yield
-        return
-
-    def fire(*_):
-        raise _Hang()
-    try:
-        old = signal.signal(signal.SIGALRM, fire)
-    except ValueError:  # not the main thread
-        yield
-        return
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:  # (no deadline outside the main thread: ValueError)
+        old = signal.signal(signal.SIGALRM, _fire) if seconds and hasattr(signal, "setitimer") else False
+    except ValueError:
+        old = False
+    if old is not False:
+        signal.setitimer(signal.ITIMER_REAL, seconds)
     try:
         yield
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
+        if old is not False:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, old)
 
 
 def compile_for(fn: Callable, backend) -> Callable:
-    """``fn`` compiled by one of :data:`BACKENDS` (``cpp``/``triton``: coil's kernels; ``*_dynamic``: the
-    same with ``dynamic=True``, symbolic sizes through every layer).
+    """``fn`` compiled by one of :data:`BACKENDS` (``cpp``/``triton``: coil's kernels; ``*_dynamic``: the same with
+    ``dynamic=True``, symbolic sizes through every layer).
 
     A callable ``backend`` is used as ``backend(fn)`` (tests plant fake compilers so)."""
     import coil
@@ -299,9 +298,42 @@ def _site(exc: BaseException) -> str:
     return type(exc).__name__ + (f"@coil{frames[-1].filename[len(root):]}:{frames[-1].name}" if frames else "")
 
 
-def _reference(fn: Callable, make_inputs: Callable, e_out) -> Optional[tuple]:
-    """(outputs, inputs) of ``fn`` with its fp16/bf16 dtypes replaced by fp32, on upcast
-    inputs; None when there is nothing to upcast or it fails."""
+def _with_grads(fn: Callable, key: int = 0) -> Callable:
+    """``fn`` in gradient mode (docs/fuzzing.md), its draws seeded by ``key``: its float tensor arguments made leaves
+    that require grad (detached: same memory and layout; in-place writes to them are errors) or, for half the keys,
+    views at their layout of a clone of a leaf holding their storage (written in place through autograd; copied back
+    after the call); the backward of its float outputs with random cotangents (multiples of 1/16: exact in every
+    float dtype). Returns (outputs, which require grad, the leaves' ``.grad``)."""
+    def run(*args):
+        view = torch.rand((), generator=(gen := torch.Generator().manual_seed(key))) < 0.5
+        fl = [isinstance(a, torch.Tensor) and a.is_floating_point() for a in args]
+        leaves = [(_flat(a).clone() if view else a.detach()).requires_grad_() if f else a for a, f in zip(args, fl)]
+        xs = [x.clone().as_strided(a.shape, a.stride(), a.storage_offset()) if f and view else x
+              for a, x, f in zip(args, leaves, fl)]
+        out = fn(*xs)
+        outs = [o for o in pytree.tree_leaves(out) if isinstance(o, torch.Tensor) and o.is_floating_point()]
+        diff = [(o, (torch.randint(-8, 8, o.shape, generator=gen) / 8 + 1 / 16).to(o.dtype)) for o in outs]
+        for a, x in [(a, x) for a, x, f in zip(args, xs, fl) if f and view]:
+            _flat(a).copy_(_flat(x))
+        if any(o.requires_grad for o in outs):
+            torch.autograd.backward(*zip(*[d for d in diff if d[0].requires_grad]))
+        return out, [o.requires_grad for o in outs], [getattr(x, "grad", None) for x in leaves]
+    return run
+
+
+def _grad_problem(kind: str, msg: str, e_out) -> tuple:
+    """A problem with :func:`_with_grads`'s output ``k`` named for what it is: ``grad-*`` (an input's ``.grad``) or
+    ``grad-requires`` (whether a float output requires grad)."""
+    k, n, m = int(re.match(r"output (\d+)|", msg)[1] or -1), len(pytree.tree_leaves(e_out[0])), len(e_out[1])
+    rest = msg[len(str(k)) + 7:]  # (after "output k")
+    return (kind, msg) if k < n or "out-" not in kind else \
+        (re.sub(r"out-\w+", "grad-requires", kind), f"float output {k - n} requires_grad{rest}") if k < n + m else \
+        (kind.replace("out-", "grad-"), f"grad of input {k - n - m}{rest}")
+
+
+def _reference(fn: Callable, make_inputs: Callable, e_out, wrap=lambda f: f) -> Optional[tuple]:
+    """(outputs, inputs) of ``wrap(fn)`` with its fp16/bf16 dtypes replaced by fp32, on upcast inputs; None when there
+    is nothing to upcast or it fails."""
     try:
         src = textwrap.dedent(inspect.getsource(fn))
     except (OSError, TypeError):
@@ -316,7 +348,7 @@ def _reference(fn: Callable, make_inputs: Callable, e_out) -> Optional[tuple]:
     try:
         exec(src, ns)
         with _quiet():
-            return ns[fn.__name__](*[x.float() if isinstance(x, torch.Tensor) and x.dtype in _LOW
+            return wrap(ns[fn.__name__])(*[x.float() if isinstance(x, torch.Tensor) and x.dtype in _LOW
                                      else x for x in args]), args
     except Exception:
         return None
@@ -336,11 +368,9 @@ class _Stats64(TorchDispatchMode):
 
 
 class _Overflowed(TorchDispatchMode):
-    """Eager's statistic overflowed (a layer_norm/var/std/prod of finite values that
-    :func:`_too_big` is not finite, or a layer_norm's rstd is 0): its later values
-    depend on where its algorithm overflowed (fuzz seed 92 #2193: eager's rstd NaN,
-    coil's 0, compared by ``ge``; s98 #950: eager's rstd 0, coil's mean inf, summed).
-    Raises in that op."""
+    """Eager's statistic overflowed (a layer_norm/var/std/prod of finite values that :func:`_too_big` is not finite, or
+    a layer_norm's rstd is 0): its later values depend on where its algorithm overflowed (fuzz seed 92 #2193: eager's
+    rstd NaN, coil's 0, compared by ``ge``; s98 #950: eager's rstd 0, coil's mean inf, summed). Raises in that op."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -385,10 +415,9 @@ _SUMS = re.compile(r"\b(sum|nansum|mean|cumsum|logsumexp|matmul|softmax|log_soft
 
 
 class _Bounds(TorchDispatchMode):
-    """Eager, recording in ``bounds`` (id -> (result, bound)) how far another correct result
-    may be from eager's (docs/fuzzing.md, comparison rules): a sum's, a float remainder's by a
-    computed divisor, a copysign/signbit by a computed NaN's; views, copies and casts keep
-    their argument's, in-place writes drop it where they write."""
+    """Eager, recording in ``bounds`` (id -> (result, bound)) how far another correct result may be from eager's
+    (docs/fuzzing.md, comparison rules): a sum's, a float remainder's by a computed divisor, a copysign/signbit by a
+    computed NaN's; views, copies and casts keep their argument's, in-place writes drop it where they write."""
 
     def __init__(self, n: int, inputs: list):
         super().__init__()
@@ -498,11 +527,10 @@ class _Bounds(TorchDispatchMode):
         return out
 
     def _spread(self, func, args, kwargs, out) -> Optional[torch.Tensor]:
-        """How far ``out`` of another correct run may be from eager's given its arguments'
-        bounds (None: nothing is uncertain): the largest change of ``func`` over the
-        :meth:`_alternatives` of up to 3 uncertain arguments (bilinear ops by magnitudes), 1.0
-        on a flipped comparison, :data:`ANYTHING` where inf or NaN is reached. Also a source:
-        ``maximum(0.0, -0.0)`` is either zero (eager's vector and scalar loops: s202 #13189)."""
+        """How far ``out`` of another correct run may be from eager's given its arguments' bounds (None: nothing is
+        uncertain): the largest change of ``func`` over the :meth:`_alternatives` of up to 3 uncertain arguments
+        (bilinear ops by magnitudes), 1.0 on a flipped comparison, :data:`ANYTHING` where inf or NaN is reached. Also
+        a source: ``maximum(0.0, -0.0)`` is either zero (eager's vector and scalar loops: s202 #13189)."""
         op, leaves = func.overloadpacket, pytree.tree_leaves((args, kwargs))
         ins = [t for t in leaves if isinstance(t, torch.Tensor) and id(t) in self.bounds and (
             not t.is_complex() and isinstance(self.bounds[id(t)][1], torch.Tensor) and self.bounds[id(t)][1].any()
@@ -537,12 +565,11 @@ class _Bounds(TorchDispatchMode):
         return u.clamp(0, ANYTHING) if isinstance(u, torch.Tensor) and u.shape == out.shape else None
 
     def _alternatives(self, t: torch.Tensor) -> list:
-        """Values (float64) another correct run may give for ``t``, elementwise: eager's moved
-        by its bound either way, or snapped to a zero of either sign where that is within it
-        (where the bound is :data:`ANYTHING`: +-inf and NaN too); where an order of a sum
-        overflows (bound inf or NaN), that infinity, and where orders overflow to both (bound
-        NaN) either one or NaN (inf + -inf: s217 #1622); a sum's exact value rounded (the mean of six equal
-        values is that value: s205 #3181)."""
+        """Values (float64) another correct run may give for ``t``, elementwise: eager's moved by its bound either way,
+        or snapped to a zero of either sign where that is within it (where the bound is :data:`ANYTHING`: +-inf and
+        NaN too); where an order of a sum overflows (bound inf or NaN), that infinity, and where orders overflow to
+        both (bound NaN) either one or NaN (inf + -inf: s217 #1622); a sum's exact value rounded (the mean of six
+        equal values is that value: s205 #3181)."""
         e, x = self.bounds[id(t)], t.double()
         if t.dtype == torch.bool:  # a signbit of a computed NaN: its other value there
             return [e[2][0].to(t.dtype)]
@@ -554,9 +581,9 @@ class _Bounds(TorchDispatchMode):
         return [v for v in alts if not _same(v, x)] or [x]
 
     def _drop_written(self, func, args, kwargs, written: list) -> None:
-        """Drop the bounds of the elements ``func`` wrote (``written``: the arguments it writes
-        and their storages before), those not as before in eager's call and in one on other
-        values, in every tensor over that memory (``scatter_`` into a mean: s102 #767)."""
+        """Drop the bounds of the elements ``func`` wrote (``written``: the arguments it writes and their storages
+        before), those not as before in eager's call and in one on other values, in every tensor over that memory
+        (``scatter_`` into a mean: s102 #767)."""
         again = {id(t): _flat(torch.full_like(old, 3), t) for t, old in written}
         swap = lambda x: again.get(id(x), x)  # noqa: E731
         func(*pytree.tree_map(swap, list(args)), **pytree.tree_map(swap, kwargs))
@@ -574,9 +601,9 @@ class _Bounds(TorchDispatchMode):
                     (x.where(~w, v.double()), err.masked_fill(w, 0.0)) for x, err in exact)
 
     def _accumulated(self, func, args, kwargs, dtype) -> torch.Tensor:
-        """The rounding-error bound of an accumulating op (:data:`_ACC_OPS`) per element:
-        the op on the magnitudes (float64) times the dtype's eps times the number of
-        values added into the element, plus the bounds its float arguments carried in."""
+        """The rounding-error bound of an accumulating op (:data:`_ACC_OPS`) per element: the op on the magnitudes
+        (float64) times the dtype's eps times the number of values added into the element, plus the bounds its float
+        arguments carried in."""
         leaves, spec = pytree.tree_flatten(list(args))
 
         def each(f):  # the op on its arguments with each float tensor k replaced by f(k, tensor)
@@ -614,11 +641,10 @@ _STATS_OPS = {torch.ops.aten.native_layer_norm, torch.ops.aten.var, torch.ops.at
 
 
 def _overflows(src: str, args: list) -> bool:
-    """Whether a program computing statistics (``_F64_STATS``: layer_norm, var, std,
-    prod) gets inputs whose squares, or, with ``prod``, whose product over a whole input,
-    pass the largest float of their dtype (float64 for integers): eager's result then
-    depends on where its algorithm overflowed (its Welford state, its lane order) and is
-    not a reference. (Sums have their own bound: :class:`_Bounds`.)"""
+    """Whether a program computing statistics (``_F64_STATS``: layer_norm, var, std, prod) gets inputs whose squares,
+    or, with ``prod``, whose product over a whole input, pass the largest float of their dtype (float64 for
+    integers): eager's result then depends on where its algorithm overflowed (its Welford state, its lane order) and
+    is not a reference. (Sums have their own bound: :class:`_Bounds`.)"""
     return bool(_F64_STATS.search(src)) and any(_too_big(x, "prod" in src) for x in args)
 
 
@@ -643,8 +669,8 @@ def _error_bounds(fn: Callable, make_inputs: Callable) -> Optional[tuple]:
 
 
 class _Exact:
-    """A sum's bound, its float64 value and its rounding-error bound; a copysign/signbit by a
-    computed NaN's: 0, its value of the other sign there and 0 (a pytree leaf)."""
+    """A sum's bound, its float64 value and its rounding-error bound; a copysign/signbit by a computed NaN's: 0, its
+    value of the other sign there and 0 (a pytree leaf)."""
 
     def __init__(self, bound, exact, err):
         self.bound, self.exact, self.err = bound, exact, err
@@ -665,10 +691,9 @@ def _leaves(ref: Optional[tuple], n_out: int, n_args: int) -> tuple:
 
 def _compare_tensor(what: str, c, e, r, r64=None, sums=False,
                     bound=None, bits: bool = False, narrow=()) -> Optional[tuple]:
-    """(kind, message) when compiled ``c`` differs from eager ``e`` (``r``: fp32 reference,
-    ``r64``: float64 reference, ``sums``: the program sums, ``bound``: :class:`_Bounds`,
-    ``bits``: it views floats as another dtype, ``narrow``: the fp16/bf16 dtypes of the
-    program's inputs; docs/fuzzing.md)."""
+    """(kind, message) when compiled ``c`` differs from eager ``e`` (``r``: fp32 reference, ``r64``: float64 reference,
+    ``sums``: the program sums, ``bound``: :class:`_Bounds`, ``bits``: it views floats as another dtype, ``narrow``:
+    the fp16/bf16 dtypes of the program's inputs; docs/fuzzing.md)."""
     if not isinstance(e, torch.Tensor) or not isinstance(c, torch.Tensor):  # (or one is: types differ)
         same = type(c) is type(e) and (c == e or c != c and e != e)
         return None if same else ("value", f"{what}: {c!r} vs eager {e!r}")
@@ -716,10 +741,9 @@ def _compare_tensor(what: str, c, e, r, r64=None, sums=False,
 
 
 def _one_narrow_ulp(a: torch.Tensor, b: torch.Tensor, low: torch.dtype) -> torch.Tensor:
-    """Elements where float64 copies ``a`` and ``b`` of a float32/64 result both hold a
-    value of the narrower dtype ``low`` (last rounded to it, as a bf16 ``log_softmax``
-    ``cat`` with float32) one ``low`` ulp apart: the two roundings of a value near a
-    midpoint. Seed 101 #1894: the exact value -0.806683 rounds to bf16 -0.80859375
+    """Elements where float64 copies ``a`` and ``b`` of a float32/64 result both hold a value of the narrower dtype
+    ``low`` (last rounded to it, as a bf16 ``log_softmax`` ``cat`` with float32) one ``low`` ulp apart: the two
+    roundings of a value near a midpoint. Seed 101 #1894: the exact value -0.806683 rounds to bf16 -0.80859375
     (coil); eager's float32 error crossed the midpoint -0.806640625 (-0.8046875)."""
     exact = (a.to(low).double() == a) & (b.to(low).double() == b) & a.isfinite() & b.isfinite()
     big = torch.maximum(a.abs(), b.abs()).clamp_min(torch.finfo(low).tiny)  # its ulp:
@@ -728,17 +752,14 @@ def _one_narrow_ulp(a: torch.Tensor, b: torch.Tensor, low: torch.dtype) -> torch
 
 def _documented_numerics(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype, r64,
                          sums) -> torch.Tensor:
-    """Elements where compiled ``a`` differs from eager ``b`` (float64 copies) in one of
-    two documented ways: (1) given ``r64`` (the float64 reference of a program using an
-    op whose CPU statistics coil computes in float64: layer_norm/var/std/prod, docs/ir.md
-    Numerics), compiled is within the dtype's tolerance of the reference (eager's float32
-    statistics overflowed: NaN, or 0 from a zero rstd), or both are not finite (coil
-    overflowed later, in the float32 normalization);
-    (2) in a program that sums, eager's element is at least 1/64 of the dtype's max (or
-    inf) and compiled's is NaN (partial sums +inf and -inf met) or, where eager's is
-    finite, inf of the same sign: the partial sums of another valid order overflowed;
-    (3) ``sums == "overflow"`` (:func:`_overflows`: the program's statistics overflow the
-    dtype), both are NaN, ±inf or 0 (not infinities of opposite signs)."""
+    """Elements where compiled ``a`` differs from eager ``b`` (float64 copies) in one of two documented ways: (1) given
+    ``r64`` (the float64 reference of a program using an op whose CPU statistics coil computes in float64:
+    layer_norm/var/std/prod, docs/ir.md Numerics), compiled is within the dtype's tolerance of the reference (eager's
+    float32 statistics overflowed: NaN, or 0 from a zero rstd), or both are not finite (coil overflowed later, in the
+    float32 normalization); (2) in a program that sums, eager's element is at least 1/64 of the dtype's max (or inf)
+    and compiled's is NaN (partial sums +inf and -inf met) or, where eager's is finite, inf of the same sign: the
+    partial sums of another valid order overflowed; (3) ``sums == "overflow"`` (:func:`_overflows`: the program's
+    statistics overflow the dtype), both are NaN, ±inf or 0 (not infinities of opposite signs)."""
     ok = torch.zeros_like(a, dtype=torch.bool)
     if dtype.is_floating_point:
         near = b.abs() >= torch.finfo(dtype).max / 64  # inf too
@@ -776,10 +797,9 @@ def _layout(t: torch.Tensor) -> tuple:
 
 def _compare(c_out, e_out, c_args, e_args, ref, ref64=None, sums=False,
              bounds=None, bits: bool = False, casts=()) -> list:
-    """Every (kind, message) by which the compiled call differs from eager's (``ref``,
-    ``ref64``, ``bounds``: (outputs, inputs) of the fp32 and float64 references and the
-    summation error bounds, or None; ``casts``: the narrower float dtypes the program
-    names, ``prod(b, dtype=torch.float32)`` of a float64 ``b``: s200 #11658)."""
+    """Every (kind, message) by which the compiled call differs from eager's (``ref``, ``ref64``, ``bounds``: (outputs,
+    inputs) of the fp32 and float64 references and the summation error bounds, or None; ``casts``: the narrower float
+    dtypes the program names, ``prod(b, dtype=torch.float32)`` of a float64 ``b``: s200 #11658)."""
     (c_leaves, c_spec), (e_leaves, e_spec) = map(pytree.tree_flatten, (c_out, e_out))
     if c_spec != e_spec:
         return [("out-structure", f"outputs {c_spec} vs eager {e_spec}")]
@@ -813,9 +833,9 @@ def _compare(c_out, e_out, c_args, e_args, ref, ref64=None, sums=False,
 
 
 def _raised_in_dead_code(fn: Callable, err: BaseException) -> bool:
-    """Eager raised in an assignment nothing live reads, directly or through other such ones
-    (compilers drop such code; seed 90 #1299: ``v0 = b.as_strided(...)`` read by a dead ``v1``);
-    live: the return, other statements, assignments calling an in-place method."""
+    """Eager raised in an assignment nothing live reads, directly or through other such ones (compilers drop such code;
+    seed 90 #1299: ``v0 = b.as_strided(...)`` read by a dead ``v1``); live: the return, other statements, assignments
+    calling an in-place method."""
     lines = [f.lineno for f in traceback.extract_tb(err.__traceback__)
              if f.filename == fn.__code__.co_filename]
     try:
@@ -836,38 +856,42 @@ def _raised_in_dead_code(fn: Callable, err: BaseException) -> bool:
 
 def check(fn: Callable, make_inputs: Callable, backend: str = "cpp",
           timeout: float = 120.0) -> Result:
-    """Run ``fn`` eagerly and compiled by ``backend`` on fresh ``make_inputs()``; classify."""
+    """Run ``fn`` eagerly and compiled by ``backend`` on fresh ``make_inputs()``; classify. A ``backend`` name ending in
+    ``+grad`` compares gradients too (:func:`_with_grads`)."""
     name = backend if isinstance(backend, str) else getattr(backend, "__name__", "custom")
+    src = ""
+    with contextlib.suppress(OSError, TypeError):
+        src = inspect.getsource(fn)
+    grad = name.endswith("+grad")
+    wrap = (lambda f: _with_grads(f, zlib.crc32(src.encode()))) if grad else (lambda f: f)
+    backend = backend[:-5] if grad and isinstance(backend, str) else backend
     with _quiet():
         e_args = make_inputs()
         try:
-            e_out, e_err = fn(*e_args), None
+            e_out, e_err = wrap(fn)(*e_args), None
         except Exception as err:
             e_out, e_err = None, err
-        try:
-            src = inspect.getsource(fn)
-        except (OSError, TypeError):
-            src = ""
-        ref = _reference(fn, make_inputs, e_out) if e_err is None else None
-        ref64 = _run_in(_Stats64(), fn, make_inputs) \
+        ref = _reference(fn, make_inputs, e_out, wrap) if e_err is None else None
+        ref64 = _run_in(_Stats64(), wrap(fn), make_inputs) \
             if e_err is None and _F64_STATS.search(src) else None
         sums = "overflow" if e_err is None and _overflows(src, make_inputs()) else \
-            bool(_SUMS.search(src))
-        bounds = _error_bounds(fn, make_inputs) if e_err is None and (sums or _BOUNDED.search(src)) \
+            bool(_SUMS.search(src)) or grad  # (a backward sums over broadcast dims)
+        bounds = _error_bounds(wrap(fn), make_inputs) if e_err is None and (sums or _BOUNDED.search(src)) \
             else None
         _reset(backend)
         try:
             with _deadline(timeout):
-                compiled = compile_for(fn, backend)
+                compiled = wrap(compile_for(fn, backend))
                 for call in range(1 if e_err is not None else 2):
                     c_args = make_inputs()
                     c_out = compiled(*c_args)
                     if e_err is None:
                         problems = _compare(c_out, e_out, c_args, e_args, ref, ref64, sums, bounds,
                                             bool(_BIT_VIEW.search(src)), _CASTS.findall(src))
+                        problems = [_grad_problem(k, m, e_out) for k, m in problems] if grad else problems
                         if problems:
                             kind = ("2nd-call " if call else "") + problems[0][0]
-                            if sums and _run_in(_Overflowed(), fn, make_inputs) is None:
+                            if sums and _run_in(_Overflowed(), wrap(fn), make_inputs) is None:
                                 return Result("no_reference", name, kind, "\n".join(
                                     [m for _, m in problems] + ["eager's statistic overflowed"]))
                             if sums and _BIT_VIEW.search(src) and _integer_outputs_only(problems, e_out):
@@ -919,8 +943,8 @@ def _measure(p: Program) -> int:
 
 
 def _drop(p: Program, k: int) -> Program:
-    """``p`` without statement ``k`` and everything that reads what it defined; values
-    nothing reads any more are returned instead of those gone."""
+    """``p`` without statement ``k`` and everything that reads what it defined; values nothing reads any more are
+    returned instead of those gone."""
     gone, keep = set(p.stmts[k].defs), []
     for j, s in enumerate(p.stmts):
         if j == k:
@@ -1012,22 +1036,20 @@ def minimize(prog: Program, backend: str = "cpp", signature: Optional[str] = Non
 # ------------------------------------------------------------------------ CLI
 
 def _upstream(prog: Program, r: Result, timeout: float) -> Result:
-    """``r``, or outcome ``upstream`` for a failure of coil's ``aot_eager`` that
-    ``torch.compile(backend="aot_eager")`` has too (same outcome, kind, exception type)."""
-    if r.backend != "aot_eager" or r.outcome not in FAILURES:
+    """``r``, or outcome ``upstream`` for a failure of coil's ``aot_eager`` that ``torch.compile(backend="aot_eager")``
+    has too (same outcome, kind, exception type)."""
+    if r.backend.split("+")[0] != "aot_eager" or r.outcome not in FAILURES:
         return r
-    t = check_program(prog, "torch_aot_eager", timeout)
+    t = check_program(prog, "torch_" + r.backend, timeout)
     if (t.outcome, t.kind.split("@")[0]) != (r.outcome, r.kind.split("@")[0]):
         return r
-    return Result("upstream", r.backend, r.kind, r.detail + "\n(torch.compile(backend="
-                  "'aot_eager') gives the same)")
+    return Result("upstream", r.backend, r.kind, r.detail + "\n(torch.compile(backend='aot_eager') gives the same)")
 
 
 def _table(stats: dict) -> str:
     fams = sorted({f for f, _ in stats} - {"all programs"})
-    rows = [["family"] + list(OUTCOMES)]
-    for f in fams + ["all programs"]:
-        rows.append([f] + [str(stats.get((f, o), 0)) for o in OUTCOMES])
+    rows = [["family", *OUTCOMES]] + [[f] + [str(stats.get((f, o), 0)) for o in OUTCOMES]
+                                      for f in fams + ["all programs"]]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows)
 
@@ -1048,11 +1070,12 @@ def main(argv: Optional[list] = None) -> int:
     ap.add_argument("--per-class", type=int, default=10, help="minimize at most this many failures of one signature")
     ap.add_argument("--torch-ref", action="store_true", help="also run failures through torch.compile(backend='aot_eager')")
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds a compiled run may take")
+    ap.add_argument("--grad", action="store_true", help="compare the inputs' gradients too (BACKEND+grad)")
     a = ap.parse_args(argv)
     import coil.trace as trace
 
-    backends = [b for b in a.backends.split(",") if b]
-    if a.torch_ref or "torch_aot_eager" in backends or "aot_eager" in backends:
+    backends = [b + "+grad" * a.grad for b in a.backends.split(",") if b]
+    if a.torch_ref or a.grad or "torch_aot_eager" in backends or "aot_eager" in backends:
         logging.getLogger("torch").setLevel(logging.CRITICAL)  # its compile errors are results here
     families = [f for f in a.family.split(",") if f] or None
     os.makedirs(a.out, exist_ok=True)
@@ -1083,8 +1106,8 @@ def main(argv: Optional[list] = None) -> int:
                 small = minimize(prog, b, r.signature, a.minimize_time, a.timeout)
                 again = check_program(small, b, a.timeout)  # the details of the small one
                 r = again if again.signature == r.signature else r
-            note = f"\n#   torch.compile(backend='aot_eager'): " \
-                   f"{check_program(small, 'torch_aot_eager', a.timeout).outcome}" if a.torch_ref else ""
+            ref = check_program(small, "torch_aot_eager" + "+grad" * a.grad, a.timeout).outcome if a.torch_ref else ""
+            note = f"\n#   torch.compile(backend='aot_eager'): {ref}" if a.torch_ref else ""
             path = os.path.join(a.out, f"{r.outcome}-{b}-s{a.seed}-{i}.py")
             with open(path, "w") as f:
                 f.write(small.source(r).replace("\nimport torch", note + "\nimport torch", 1))

@@ -8,20 +8,6 @@ from coil.aot.backend import run_graph
 from coil.exc import CoilError
 
 
-def test_unused_output_gives_zero_grad_not_none():
-    # eager: w2 is reached only through an output the loss does not use -> grad None.
-    # coil: one autograd.Function covers all outputs -> zeros.
-    def f(x, w1, w2):
-        return x * w1, x * w2
-
-    x = torch.randn(3)
-    w1, w2 = torch.randn(3, requires_grad=True), torch.randn(3, requires_grad=True)
-    c = aot_compile(f, [x, w1, w2], run_graph)
-    a, _ = c(x, w1, w2)
-    a.sum().backward()
-    assert w2.grad is not None and not w2.grad.any()
-
-
 def test_mutating_one_of_two_aliased_inputs_of_two_dtypes_is_refused():
     # inputs sharing memory with a mutated one are traced through one synthetic base
     # (coil/aot/aliasing.py), which needs one dtype: views of another dtype are refused

@@ -1,11 +1,13 @@
 """Training-step regressions found by fresh users: gradients as eager gives them, over several
 backward passes (accumulation) and in-place gradient updates."""
 import copy
+import math
 
 import pytest
 import torch
 
 import coil
+from coil.testing.fuzz import check
 
 BACKENDS = ["cpp", "triton"]
 
@@ -78,3 +80,157 @@ def test_in_place_write_to_a_saved_output_fails_at_backward_as_in_eager(capture)
     torch.testing.assert_close(out, f(x))
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         out.sum().backward()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_output_the_loss_does_not_use_adds_no_nan(backend):
+    """``(x * 2, x.sqrt())`` of ``x = 0`` with the loss on the first output: the backward got zeros
+    for the unused output's tangent and computed ``2 + 0 * inf``: x.grad NaN (eager: 2; torch's
+    aot_eager and inductor give NaN too). Found by the gradient fuzzer (seed 1000 #139)."""
+    def f(x, w):
+        return x * 2, x.sqrt(), x * w
+
+    for fn in (f, coil.compile(f, options={"cpu_backend": backend})):
+        x, w = torch.zeros(3, requires_grad=True), torch.ones(3, requires_grad=True)
+        fn(x, w)[0].sum().backward()
+        torch.testing.assert_close(x.grad, torch.full((3,), 2.0), rtol=0, atol=0)
+        assert w.grad is None  # reached only through an unused output (was zeros: a documented sharp edge)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_input_written_in_place_and_not_used_gets_no_gradient(backend):
+    """A non-leaf input written in place (``b.mul_(s)``) that nothing reads afterwards: its leaf's grad
+    was zeros (NaN for ``s = inf``: ``0 * inf``), eager's None; a leaf also reached by a used output
+    got ``2 + 0 * inf``. Found by the gradient fuzzer (seed 1000 #79, #139; seed 1001 #43)."""
+    def f(x, b, s):
+        y = x * 2
+        x.mul_(s)
+        b.mul_(s)
+        return y
+
+    grads = []
+    for fn in (f, coil.compile(f, options={"cpu_backend": backend})):
+        x, b = torch.ones(3, requires_grad=True), torch.ones(3, requires_grad=True)
+        fn(x.clone(), b.clone(), torch.tensor([1.0, float("inf"), 2.0])).sum().backward()
+        grads.append((x.grad, b.grad))
+    assert grads[1][1] is None and grads[0][1] is None
+    torch.testing.assert_close(grads[1][0], grads[0][0], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gradient_of_a_view_of_an_expanded_input(backend):
+    """``a[..., -2:]`` of ``a = t.expand(5, 4)`` (one element of memory) that requires grad: the output,
+    rebuilt as ``as_strided`` of the input, differentiated the storage: every element of a.grad was the
+    mean of the cotangent (2.25; eager: the cotangent in the last two columns, zeros elsewhere). Found by
+    the gradient fuzzer (seed 1001 #32). The output is still a view of the input."""
+    def f(a):
+        return a[..., -2:]
+
+    grads = []
+    for fn in (f, coil.compile(f, options={"cpu_backend": backend})):
+        a = torch.tensor([[-3.0]]).expand(5, 4).detach().requires_grad_()
+        out = fn(a)
+        assert out.untyped_storage().data_ptr() == a.untyped_storage().data_ptr()
+        out.backward(torch.arange(10.0).view(5, 2))
+        grads.append(a.grad)
+    torch.testing.assert_close(grads[1], grads[0], rtol=0, atol=0)
+
+
+def _view_before_unsqueeze_(a, c):
+    v0 = a[0::2]
+    a.unsqueeze_(0)
+    return (torch.std(v0, dim=0, keepdim=True),)
+
+
+def _view_before_squeeze_(a, c):
+    v4 = a.squeeze(1)
+    a.squeeze_(-2)
+    return (a * 2, v4)
+
+
+def _split_after_squeeze_(a, c):
+    a.squeeze_(0)
+    return (torch.split(a, [2, 4], 0)[1],)
+
+
+def _as_strided_after_a_write_reading_it(a, c):
+    c.mul_(a)
+    a.as_strided_((2,), (0,), 0)
+    return (c.detach() * 2,)  # (eager's backward through c would raise: a changed after c.mul_ saved it)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("fn,shape", [(_view_before_unsqueeze_, (3,)), (_view_before_squeeze_, (1, 1)),
+                                      (_split_after_squeeze_, (6,)), (_as_strided_after_a_write_reading_it, ())])
+def test_metadata_mutation_of_an_input_that_requires_grad(fn, shape, backend):
+    """A non-leaf input that requires grad whose metadata the program changes (``unsqueeze_``, ``squeeze_``,
+    ``as_strided_``), with a view of it taken before, a ``split`` after, or a write that saved it for backward: the
+    joint trace regenerated the views in the new layout ("StdBackward0 returned an invalid gradient", IndexError)
+    or met the write's version check, or the backward refused the split's view ("its base ... has been modified
+    inplace"), where eager runs. Such programs run eagerly now (``aot_restrided_grad_eager``). Found by the gradient
+    fuzzer (seed 1003 #154, #875, #524; seed 1004 #3)."""
+    res = []
+    for f in (fn, coil.compile(fn, options={"cpu_backend": backend})):
+        leaves = [torch.arange(1.0, 1.0 + math.prod(shape)).reshape(shape).requires_grad_() for _ in range(2)]
+        a, c = (x.clone() for x in leaves)
+        outs = f(a, c)
+        diff = [o for o in outs if o.requires_grad]
+        if diff:
+            torch.autograd.backward(diff, [torch.ones_like(o) for o in diff])
+        res.append(([o.detach() for o in outs], a.shape, [x.grad for x in leaves]))
+    torch.testing.assert_close(res[1], res[0], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_write_through_as_strided_of_a_non_contiguous_input_that_requires_grad(backend):
+    """``c.as_strided((1, 1), (0, 2), 7).div_(2)`` of a transposed non-leaf ``c`` that requires grad: replaying
+    the write under autograd hit torch's "as_strided_scatter is currently only supported for contiguous inputs"
+    (an internal assert), where eager runs. Such a program runs eagerly (``aot_overlapping_write_eager``). Found by
+    the gradient fuzzer (seed 1003 #733)."""
+    def f(c):
+        c.as_strided((1, 1), (0, 2), 7).div_(2)
+        return (c * 1,)
+
+    res = []
+    for fn in (f, coil.compile(f, options={"cpu_backend": backend})):
+        leaf = torch.arange(12.0).requires_grad_()
+        c = leaf.clone().as_strided((2, 6), (1, 2))
+        fn(c)[0].sum().backward()
+        res.append((c.detach(), leaf.grad))
+    torch.testing.assert_close(res[1], res[0], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_input_restrided_then_saved_for_backward(backend):
+    """``a.squeeze_()`` of a bool input, then ``remainder(c, a)``, which saves ``a`` for its backward: the partitioner
+    saved the input itself, the epilogue's ``as_strided_`` (the squeeze replayed on the caller's tensor) bumped its
+    version, and the backward raised "modified by an inplace operation" where eager runs. A restrided input is saved
+    as a copy, as a written one is. Found by the gradient fuzzer (seed 1005 #348), checked the way it checks."""
+    def f(a, c):
+        a.squeeze_()
+        v5 = torch.abs(torch.remainder(c, a))
+        return (v5, torch.min(c, dim=-2)[0])
+
+    def make_inputs():
+        return [torch.tensor(False), torch.tensor([-1.6405979, 0.3037467, -2.6083932, 0.45933223, -0.4596398]).expand(5, 5)]
+    r = check(f, make_inputs, backend + "+grad")
+    assert r.outcome == "ok", r
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_constant_gradient_beside_an_unused_written_input(backend):
+    """``copysign(x, b)`` then ``b.mul_(2)`` of a non-leaf ``b``, the loss on the copysign: its gradient for ``b`` is a
+    constant (``zeros_like(b)``) added to the written ``b``'s own, undefined one; the backward variant for the missing
+    tangent dropped the sum and gave None (eager: zeros). Found by the gradient fuzzer (seed 1007 #740)."""
+    def f(x, b):
+        v0 = torch.copysign(x, b)
+        b.mul_(2)
+        return (v0,)
+
+    grads = []
+    for fn in (f, coil.compile(f, options={"cpu_backend": backend})):
+        leaf = torch.tensor([1.0, -2.0, 3.0], requires_grad=True)
+        fn(torch.tensor([-1.0, 2.0, 0.5]), leaf.clone())[0].sum().backward()
+        grads.append(leaf.grad)
+    assert grads[1] is not None
+    torch.testing.assert_close(grads[1], grads[0], rtol=0, atol=0)

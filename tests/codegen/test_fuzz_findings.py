@@ -972,3 +972,18 @@ def test_write_through_an_expand_adding_a_dim_under_dynamic_shapes(backend):
     wrote it back as ``base + (new - base)``: inf - inf, NaN in the output and the input."""
     _ok(_add_through_an_expand_that_adds_a_dim,
         lambda: [torch.tensor([[0.0, 1.0], [1.0, math.inf]])], backend)
+
+
+# -- products summed: rounded first, as eager (no fused multiply-add) ----------------
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_product_added_is_rounded_first(backend):
+    """The backward of ``b / b`` (``t / b + (-t) * ((b / b) / b)``) at ``b = -1.8951287e-38``: eager's two terms
+    cancel to 0; g++ contracted the multiply and the add into one fused multiply-add, whose unrounded product left
+    -3.2e29 (gradient fuzzer seed 1006 #412). The C++ kernels are built with ``-ffp-contract=off``."""
+    def f(t, b):
+        return (t / b + (-t) * ((b / b) / b),)
+
+    args = [torch.tensor([0.6875, 0.6875, -0.3125]), torch.tensor([1.0, -1.8951287e-38, 3.3e-38])]
+    out = coil.compile(f, options={"cpu_backend": backend})(*args)[0]
+    assert torch.equal(out, f(*args)[0]), out

@@ -33,6 +33,63 @@ def test_sample_triton(i):
     assert r.outcome in ("ok", "both_raise"), f"{r.outcome}: {r.kind}\n{r.detail}"
 
 
+#: The gradient-mode sample (``cpp+grad``, docs/fuzzing.md): programs ``range(GRAD_SAMPLE)`` of ``SEED``.
+GRAD_SAMPLE = 20
+
+
+@pytest.mark.parametrize("i", range(GRAD_SAMPLE))
+def test_sample_cpp_gradients(i):
+    r = check_program(generate(SEED, i), "cpp+grad")
+    assert r.outcome in ("ok", "both_raise"), f"{r.outcome}: {r.kind}\n{r.detail}"
+
+
+class _TwiceTheGradient(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2
+
+
+def test_grad_mode_reports_a_wrong_gradient_and_a_lost_requires_grad(monkeypatch):
+    def fn(a):
+        return (a * 3,)
+
+    inputs = lambda: [torch.tensor([1.0, -2.0])]  # noqa: E731
+    monkeypatch.setattr(fuzz, "compile_for", lambda f, b: lambda a: (_TwiceTheGradient.apply(f(a)[0]),))
+    r = check(fn, inputs, "cpp+grad")
+    assert (r.outcome, r.kind) == ("mismatch", "grad-value") and r.detail.startswith("grad of input 0:"), r
+    assert check(fn, inputs, "cpp").outcome == "ok"  # the values are eager's
+    monkeypatch.setattr(fuzz, "compile_for", lambda f, b: lambda a: (f(a)[0].detach(),))
+    r = check(fn, inputs, "cpp+grad")
+    assert (r.outcome, r.kind) == ("mismatch", "grad-requires"), r
+    assert "grad of input 0: None vs eager tensor" in r.detail
+
+
+def test_grad_mode_makes_inputs_leaves_or_views_of_a_cloned_leaf():
+    """Half the keys: float inputs are leaves (in-place writes raise eager's error); the other half: views of a
+    clone of a leaf holding their storage (the write goes through autograd and is copied back)."""
+    def fn(a, n):
+        a.mul_(2)
+        return (a * a, n)
+
+    seen = set()
+    for key in range(8):
+        a = torch.tensor([[1.0, 3.0], [5.0, 7.0]]).t()
+        try:
+            (out, n), rg, (ga, gn) = fuzz._with_grads(fn, key)(a, torch.tensor([1]))
+        except RuntimeError as e:
+            assert "leaf Variable" in str(e)
+            seen.add("leaf")
+            continue
+        seen.add("view")
+        assert a.tolist() == [[2.0, 10.0], [6.0, 14.0]] and a.stride() == (1, 2)  # written back, same layout
+        assert rg == [True] and gn is None and ga.shape == (4,) and bool((ga != 0).all())
+    assert seen == {"leaf", "view"}
+
+
 # ------------------------------------------------------------------ generator
 
 def test_programs_are_replayable_from_seed_and_index():

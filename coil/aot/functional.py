@@ -1,31 +1,13 @@
-"""Tracing a torch-level program to functional ATen graphs.
+"""Tracing a torch-level program to functional ATen graphs, on fake tensors.
 
-Two steps, both on fake tensors:
-
-1. :func:`analyze` runs the program once under torch's functionalization
-   (``FunctionalTensorMode``) *without* recording a graph, and writes down what the
-   runtime wrapper must do around the compiled graph (:class:`ProgramInfo`): which
-   inputs are mutated (data mutations only; metadata mutations such as ``t_`` are
-   refused), which outputs are inputs, views of inputs, or views of other outputs,
-   and which outputs require grad.
-
-2. :func:`trace_inference` / :func:`trace_joint` run the program again under
-   ``make_fx`` + functionalization + coil's decomposition table and return one
-   flat-argument ATen GraphModule:
-
-   - inference: ``(*inputs) -> (*mutated_input_values, *graph_outputs)``
-   - joint: ``(*primals, *tangents) -> (*mutated_input_values, *graph_outputs,
-     *input_grads)``; tangents exist for the forward outputs that require grad,
-     grads for the inputs that require grad (unused ones are dropped and listed in
-     ``JointInfo.grad_is_none``).
-
-Invariants of the graphs returned: no mutation, no aliasing op whose result is
-written, no ``prims.*`` ops (see :mod:`coil.aot.decompositions`), every node has
-``meta["val"]`` (a fake tensor or SymInt).
-
-"Graph outputs" are the user outputs that own their storage (or the first
-output of a group sharing one intermediate's storage); everything that aliases is
-regenerated outside the graph by :mod:`coil.aot.runtime` as a real view.
+:func:`analyze` runs the program once under ``FunctionalTensorMode`` without recording a graph and
+writes down what the runtime wrapper must do (:class:`ProgramInfo`: mutated inputs, outputs that alias
+inputs or each other, outputs requiring grad). :func:`trace_inference` / :func:`trace_joint` trace it
+under ``make_fx`` + functionalization + coil's decompositions to one flat-argument ATen GraphModule,
+``(*inputs) -> (*mutated_input_values, *graph_outputs)``, or for the joint ``(*primals, *tangents) ->
+(*mutated_input_values, *graph_outputs, *input_grads)`` (``JointInfo.grad_is_none`` lists dropped grads).
+"Graph outputs" own their storage; aliases are rebuilt by :mod:`coil.aot.runtime`. The graphs'
+invariants (functional, no ``prims.*``, ``meta["val"]`` everywhere): docs/aot.md.
 """
 from __future__ import annotations
 

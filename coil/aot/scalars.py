@@ -1,32 +1,10 @@
 """Python numbers that torch's capture passes as 0-d tensors are read as tensors.
 
-With ``torch.compile(dynamic=True)``, or on the recompile after a float argument
-changed, torch's capture turns a Python float (``LayerNorm.eps``, an RMSNorm's
-``variance_epsilon``, attention ``scaling``, a sampling temperature) into a 0-d float64
-tensor input that the graph reads with ``.item()``. Traced to ATen, that read is
-``s = aten._local_scalar_dense(t)`` (a SymFloat) and ``s`` is a Scalar argument:
-``div.Tensor(x, s)``, ``add.Tensor(var, s)``. A code generator that writes scalar
-arguments as constants specializes the graph to the SymFloat's value at the first call
-(with a guard on it), so every new value would recompile (Inductor reads the number at
-run time and compiles once).
-
-:func:`tensorize_scalar_reads` rewrites each such use to read the tensor instead:
-``div.Tensor(x, _to_copy(t, dtype=float32))``; an op whose argument is a Scalar gets
-its overload that takes a Tensor there (``add.Scalar`` → ``add.Tensor``, ``clamp`` →
-``clamp.Tensor``); ``add(x, y, alpha=s)`` becomes ``add(x, y * s)``, and the factories
-``scalar_tensor``, ``full``, ``new_full``, ``full_like`` are rebuilt from the tensor.
-The 0-d tensor is cast to the dtype the op computes in
-(``elementwise_dtypes``: what a Python scalar becomes in it), so type promotion and
-the result are those of the scalar call; each rewrite is checked on fake tensors
-(same dtype, sizes and strides as before) and kept only then. Arithmetic on such
-numbers (``operator.mul(s, 2.0)``) becomes float64 arithmetic on the 0-d tensors (what
-Python does with floats); so does a float of sizes (``1.0 / x.shape[0]``, BatchNorm's
-``n / (n - 1)``), each size read as ``scalar_tensor(s0, dtype=float64)``. A use that
-cannot be rewritten (a ``float`` argument, an op with no Tensor overload such as
-``addcmul``'s ``value``, a use on another device than the 0-d tensor: a CUDA kernel
-cannot read Dynamo's CPU tensor) keeps the SymFloat; the code generator then
-specializes it, which is correct but recompiles for each new value.
-Logged as event ``aot_scalar_inputs`` (``tensorized`` and ``specialized`` uses).
+Traced to ATen, such a float (``LayerNorm.eps``, a sampling temperature) is ``s =
+aten._local_scalar_dense(t)`` passed as a Scalar argument, which a code generator would specialize (a
+recompile per value). :func:`tensorize_scalar_reads` rewrites each use to read the tensor, cast to the
+dtype the op computes a Python number in, and checks each rewrite on fake tensors; what cannot be
+rewritten keeps the SymFloat (logged ``aot_scalar_inputs``). docs/aot.md, "Scalar reads".
 """
 from __future__ import annotations
 

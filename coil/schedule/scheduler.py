@@ -2,29 +2,9 @@
 
 Input: a lowered :class:`~coil.ir.graph.GraphLowering`. Output: ``self.steps``, a list of
 :class:`FusedGroup` (one generated kernel each) and :class:`ExternStep` (an ATen call or
-a MultiOutput unpacking), in a valid execution order.
-
-Fusion (``config.fusion``): start with one group per ComputedBuffer; candidate pairs are
-groups connected by a buffer (vertical: one reads what the other writes) or sharing a
-read (horizontal). Each candidate is scored by the memory traffic it saves (bytes of
-the intermediate written and read again, or of the shared read); candidates are tried
-best first, and a fusion is made when:
-
-1. the iteration spaces agree: pointwise (N) with pointwise (N); reduction (X, R) with
-   reduction (X, R); pointwise with a reduction (X, R) when N == X*R (it runs inside
-   the reduction loop: a producer, or an epilogue over the same elements) or N == X
-   (once per output element: a reduction epilogue);
-2. no path between the two groups leaves them (that would create a cycle);
-3. every element a node reads from the other group's buffers is the element the same
-   kernel iteration wrote (kernel-level index expressions are equal), and nothing
-   reads, once per output element, a value only computed inside the loop.
-
-Launch-saving horizontal fusion: pointwise groups that read only graph inputs (autocast
-casts of parameters, channels-last copies of convolution weights) with the same size and
-access pattern are fused too, although they share no read (``config.launch_fusion_max_numel``;
-candidates of kind ``horizontal (launch)``, tried after every traffic-saving one).
-
-Every decision is logged (event ``fusion``: made / refused, with the reason).
+a MultiOutput unpacking), in a valid execution order. Fusion is greedy, best first by the memory
+traffic saved, under the rules of docs/scheduler.md ("Fusion"), launch-saving horizontal fusion
+included; every decision is logged (event ``fusion``).
 """
 from __future__ import annotations
 

@@ -1,29 +1,11 @@
 """``coil report <dir> [-o out]``: render a compile log as a static HTML site.
 
-Design note
------------
-The input is every ``*.jsonl`` file under ``<dir>`` (one per process, written by
-:mod:`coil.trace`; the schema is in docs/compile_log.md). The output is a folder of
-plain HTML files with no JavaScript and no network access, so it opens from disk:
-
-- ``index.html``: every compile id (``frame/attempt``, per process) with its total
-  compile time, time per stage, counts of graph breaks / recompiles / artifacts, and
-  a compile-time breakdown summed over the whole log.
-- ``compile_<pid>_<frame>_<attempt>.html``: one page per compile id: the stage timings,
-  for a recompile, a diff of each artifact against the frame's previous attempt; then
-  every event grouped by event name (graph breaks and recompiles first, then in order
-  of first appearance), then every artifact, syntax-highlighted by its ``kind``.
-- ``no_compile_id.html``: events logged outside any compile context.
-
-Events are rendered *generically*: a group of events with the same name becomes a
-table whose columns are the union of their payload keys. Values get a readable
-form by shape (multi-line strings as code, a list of stack frames as a user stack,
-lists as bullet lists, dicts as nested tables), so a new stage's events appear in
-the report without any change here. Lines that are not valid JSON are counted and
-reported on the index page rather than failing the whole report.
-
-Entry points: :func:`write_report` (library) and :func:`main` (``coil report``;
-``python -m coil.trace.report`` works too).
+The input is every ``*.jsonl`` file under ``<dir>`` (docs/compile_log.md gives the schema and the pages:
+``index.html``, one ``compile_<pid>_<frame>_<attempt>.html`` per compile id, ``no_compile_id.html``).
+Events are rendered generically: a group of events with one name is a table whose columns are the union
+of their payload keys, and values get a readable form by shape (code, user stacks, lists, nested
+tables), so a new stage's events appear without any change here; lines that are not JSON are counted.
+Entry points: :func:`write_report` and :func:`main` (``python -m coil.trace.report`` works too).
 """
 from __future__ import annotations
 

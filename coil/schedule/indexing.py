@@ -24,8 +24,8 @@ from typing import Optional
 
 import sympy
 
-from coil.ir.symbols import (RINDEX, XINDEX, FloorDiv, Mod, as_size, current_shape_env, hint,
-                             is_static, product, simplify_index)
+from coil.ir.symbols import (RINDEX, XINDEX, FloorDiv, Mod, as_size, current_shape_env, hint, product,
+                             simplify_index)
 
 
 def decompose(var: sympy.Symbol, sizes: list) -> list:
@@ -49,41 +49,14 @@ def decompose(var: sympy.Symbol, sizes: list) -> list:
 def split_ranges(sizes: list, rnumel) -> Optional[tuple[list, list, Optional[int]]]:
     """Split ``sizes`` into (x_sizes, r_sizes, split_dim) with ``prod(r_sizes) == rnumel``.
     ``split_dim`` is the dim cut in two (its outer part ends x_sizes, inner part starts
-    r_sizes), or None. Returns None when impossible."""
-    if not all(is_static(s) for s in list(sizes) + [rnumel]):
-        return _split_ranges_symbolic(sizes, rnumel)
-    rem = int(rnumel)
-    r_sizes: list = []
-    d = len(sizes) - 1
-    while rem > 1 and d >= 0:
-        s = int(sizes[d])
-        if s == 1:
-            r_sizes.insert(0, sympy.Integer(1))
-        elif rem % s == 0:
-            r_sizes.insert(0, sympy.Integer(s))
-            rem //= s
-        elif s % rem == 0:
-            return list(sizes[:d]) + [sympy.Integer(s // rem)], [sympy.Integer(rem)] + r_sizes, d
-        else:
-            return None
-        d -= 1
-    if rem != 1:
-        return None
-    return list(sizes[: d + 1]), r_sizes, None
-
-
-def _split_ranges_symbolic(sizes: list, rnumel):
-    """:func:`split_ranges` for symbolic sizes: whole trailing dims only (a dim is cut
-    in two only when the quotient is an exact expression)."""
-    rem = sympy.sympify(rnumel)
-    r_sizes: list = []
-    d = len(sizes) - 1
+    r_sizes), or None. Returns None when impossible. A dim is cut in two only when the
+    quotient is exact (an integer, or an exact expression of symbolic sizes)."""
+    rem, r_sizes, d = sympy.sympify(rnumel), [], len(sizes) - 1
     while rem != 1 and d >= 0:
         s = sympy.sympify(sizes[d])
-        q = sympy.expand(rem / s)
         if s == 1:
             r_sizes.insert(0, sympy.Integer(1))
-        elif sympy.denom(q) == 1:
+        elif sympy.denom(q := sympy.expand(rem / s)) == 1:
             r_sizes.insert(0, s)
             rem = q
         elif sympy.denom(sympy.expand(s / rem)) == 1:
@@ -91,9 +64,7 @@ def _split_ranges_symbolic(sizes: list, rnumel):
         else:
             return None
         d -= 1
-    if rem != 1:
-        return None
-    return list(sizes[: d + 1]), r_sizes, None
+    return (list(sizes[: d + 1]), r_sizes, None) if rem == 1 else None
 
 
 @functools.lru_cache(maxsize=None)

@@ -890,10 +890,8 @@ def trace_joint(fn: Callable, fake_args: list, info: ProgramInfo, decompositions
     grad_inputs = [i for i, x in enumerate(info.inputs) if x.requires_grad]
     clone = {i for i in info.mutated_inputs + info.restrided_inputs if info.inputs[i].requires_grad}
     with fake_mode:
-        tangents = []
-        for (shape, dtype, device), rg in zip(info.fw_out_meta, info.fw_out_requires_grad):
-            if rg:
-                tangents.append(torch.empty(shape, dtype=dtype, device=device))
+        tangents = [torch.empty(shape, dtype=dtype, device=device)
+                    for (shape, dtype, device), rg in zip(info.fw_out_meta, info.fw_out_requires_grad) if rg]
     grad_is_none: list = []
 
     def joint(primals, tangents):

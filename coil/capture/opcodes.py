@@ -238,10 +238,8 @@ def split_call(tx, argc: int):
     kw_names = tx.kw_names
     tx.kw_names = ()
     items = tx.popn(argc + 2)
-    if isinstance(items[0], NullVariable):
-        fn, args = items[1], items[2:]
-    else:
-        fn, args = items[0], items[1:]
+    skip = isinstance(items[0], NullVariable)
+    fn, args = items[skip], items[skip + 1:]
     kwargs = {}
     if kw_names:
         kv = args[len(args) - len(kw_names):]

@@ -183,10 +183,7 @@ class InstructionTranslatorBase:
         self.generated: Optional[list] = [] if code.co_flags & CO_GENERATOR else None
         self.fn_name = fn_name or code.co_name
         self.exc_stack: list[VariableTracker] = []     # exceptions being handled
-        if f_globals is output.f_globals:
-            self.gname = "___G"
-        else:
-            self.gname = output.guards.const(f_globals)
+        self.gname = "___G" if f_globals is output.f_globals else output.guards.const(f_globals)
 
     # --- stack -------------------------------------------------------------------------
     def push(self, v: VariableTracker) -> None:

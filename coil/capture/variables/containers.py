@@ -246,10 +246,7 @@ class ListVariable(BaseListVariable):
         if name == "__setitem__":
             self._mutated(tx)
             idx = _const_index(tx, args[0])
-            if isinstance(idx, slice):
-                items[idx] = tx.unpack(args[1])
-            else:
-                items[idx] = args[1]
+            items[idx] = tx.unpack(args[1]) if isinstance(idx, slice) else args[1]
             return ConstantVariable(None)
         if name == "__delitem__":
             self._mutated(tx)

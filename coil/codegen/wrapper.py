@@ -1,19 +1,10 @@
 """The generated Python wrapper: one function per graph that allocates, launches, frees.
 
-``WrapperCodegen(graph, steps, kernels).generate()`` returns (source, globals). The
-wrapper is straight-line code with everything decided at compile time:
-
-- kernel outputs are allocated with ``empty_strided`` (eager's strides for graph outputs);
-- extern kernels are called with their ATen op (strided views passed via
-  ``reinterpret``);
-- memory planning: a buffer is released right after its last reader; if a later
-  allocation has the same size, stride, dtype and device, the freed buffer is reused
-  (``buf7 = buf2  # reuse``) instead of allocating again.
-
-With ``boxed=True`` the source also defines ``call_boxed(args)``: the same body, taking
-its inputs in a list that it empties and releasing each input after its last reader,
-so that memory the caller hands over (a forward's saved activations, when a backward
-is recorded as a CUDA graph: runtime/cudagraph_trees.py) is reused within the call.
+``WrapperCodegen(graph, steps, kernels).generate()`` returns (source, globals): straight-line code that
+allocates kernel outputs with ``empty_strided``, calls kernels and extern kernels, releases each buffer
+after its last reader and reuses freed buffers of the same size, stride, dtype and device (``buf7 = buf2
+# reuse``). With ``boxed=True`` it also defines ``call_boxed(args)``, which empties its input list and
+releases each input after its last reader. docs/codegen.md, "Wrapper".
 """
 from __future__ import annotations
 

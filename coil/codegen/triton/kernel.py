@@ -1,19 +1,11 @@
 """TritonKernel: the ops handler that writes one Triton kernel for a KernelPlan.
 
-Kernel shape (see docs/codegen.md for the plan contract):
-
-- pointwise: ``xindex = xoffset + tl.arange(0, XBLOCK)`` (1-D), one mask ``xmask``
-  (left out when it is all true for every launch config: ``x_exact`` / ``r_exact``);
-- reduction: ``xindex`` is ``[XBLOCK, 1]``, ``rindex`` is ``[1, RBLOCK]``; *persistent*
-  kernels hold a whole row (``RBLOCK >= rnumel``) and reduce once; *looped* kernels run
-  ``for roffset in range(0, <rnumel>, RBLOCK)`` once per loop section, accumulating in
-  ``[XBLOCK, RBLOCK]`` registers and reducing after the loop.
-
-Values are common-subexpression-eliminated (``tmpN``); loads of fp16/bf16 are upcast to
-fp32 and stores round once. Loads of a buffer this kernel stored at the same (canonical)
-index are served from registers, which is what lets fused intermediates disappear.
-Numel and strides are literals: the source is specialized to the shapes, deterministic,
-and the launcher passes only pointers.
+Pointwise kernels are 1-D (``xindex``, mask ``xmask``); reductions use ``[XBLOCK, RBLOCK]`` tiles, either
+*persistent* (a block holds whole rows, one reduce) or *looped* (``for roffset in range(0, <rnumel>,
+RBLOCK)`` per loop section, reducing after the loop). Masks that are all true for every launch config are
+left out (``x_exact`` / ``r_exact``). Values are CSE'd (``tmpN``), fp16/bf16 loads are upcast to fp32 and
+stores round once, and a load of an element stored earlier is served from registers. Numel and strides
+are literals (static shapes). docs/codegen.md, "The Triton backend", has the contract.
 """
 from __future__ import annotations
 

@@ -1,23 +1,12 @@
 """Dynamic shapes in capture: which sizes are symbolic, the marks users put on
 tensors, where specializations come from, and the shape guards.
 
-Sizes are symbols of the frame's ``ShapeEnv`` (torch.fx.experimental.symbolic_shapes),
-owned by the :class:`~coil.capture.output.OutputGraph`'s FakeTensorMode. A tensor
-input gets a symbol for a dimension when
-
-- the user marked it (:func:`mark_dynamic`), reason ``marked``;
-- ``coil.compile(dynamic=True)``: every dim of every input that is not a parameter or
-  buffer, reason ``dynamic=True``;
-- ``dynamic=None`` (default): the frame was compiled before with another size in that
-  dim (``FrameCache.auto_dynamic``), reason ``automatic``.
-
-``mark_static`` and ``dynamic=False`` keep a dim static (marks still apply under
-``dynamic=False``). Sizes 0 and 1 stay static even then: the ShapeEnv assumes a
-symbol is >= 2 (docs/dynamic_shapes.md says why).
-
-Guards: after the backend compiled the graph, :func:`shape_guards` asks the ShapeEnv
-for the relations the graph relied on (its simplified guards plus the ranges and
-equalities of the inputs' symbols) as Python over the frame's sources.
+Sizes are symbols of the frame's ``ShapeEnv``, owned by the :class:`~coil.capture.output.OutputGraph`'s
+FakeTensorMode. A dim is symbolic when marked (:func:`mark_dynamic`), under ``dynamic=True``, or, by
+default, when the frame was compiled before with another size there (``FrameCache.auto_dynamic``); sizes
+0 and 1 stay static. After the backend compiled the graph, :func:`shape_guards` asks the ShapeEnv for the
+relations the graph relied on, as Python over the frame's sources. docs/dynamic_shapes.md, "Choosing
+what is symbolic" and "Shape guards".
 """
 from __future__ import annotations
 

@@ -1,20 +1,11 @@
 """Symbolic Python numbers: sizes of dynamic tensors and arithmetic on them.
 
-A :class:`SymNodeVariable` holds a ``torch.SymInt`` / ``SymFloat`` / ``SymBool`` of the
-frame's ShapeEnv (``x.shape[0]``, ``x.size(1) // 2``, ``x.numel() * 4``). Arithmetic
-and comparisons stay symbolic. Its graph node is made only when a graph op uses it:
-
-- a bare symbol that an input's size names (``s0`` from ``x.size()[0]``) is a SymInt
-  placeholder of the graph (as torch's capture makes them), fed by the entry from
-  that source;
-- any other size of a tensor is ``aten.sym_size.int(t, d)`` (``sym_stride``,
-  ``sym_numel``);
-- arithmetic is an ``operator`` call on the operands' nodes.
-
-Python that needs a concrete value (``range(n)``, indexing a list, ``if n > 4``)
-evaluates the symbol through the ShapeEnv: that adds a guard (a *specialization* when
-it pins the symbol to one value), logged with the user's line
-(:class:`coil.capture.dynamic.SiteRecorder`).
+A :class:`SymNodeVariable` holds a ``torch.SymInt`` / ``SymFloat`` / ``SymBool`` of the frame's ShapeEnv
+(``x.shape[0]``, ``x.size(1) // 2``); arithmetic and comparisons stay symbolic, and its graph node is made
+only when a graph op uses it (a SymInt placeholder for a bare input size, else ``aten.sym_size.int`` or
+an ``operator`` call). Python that needs a concrete value evaluates the symbol through the ShapeEnv, which
+adds a guard logged with the user's line (:class:`coil.capture.dynamic.SiteRecorder`).
+docs/dynamic_shapes.md, "What the backend receives" and "Sizes in user code".
 """
 from __future__ import annotations
 

@@ -17,6 +17,7 @@ import json
 import os
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Iterable, Optional
 
 import jinja2
@@ -259,14 +260,10 @@ def event_table(records: list) -> dict:
     head = (["stage"] if show_stage else []) + (["ms"] if show_ms else []) + cols
     rows = []
     for r in records:
-        cells = []
-        if show_stage:
-            cells.append(html.escape(str(r.get("stage") or "")))
-        if show_ms:
-            cells.append(render_value(r.get("duration_ms"), "duration_ms"))
         p = payload(r)
-        cells += [render_value(p[c], c) if c in p else "" for c in cols]
-        rows.append(cells)
+        rows.append(([html.escape(str(r.get("stage") or ""))] if show_stage else [])
+                    + ([render_value(r.get("duration_ms"), "duration_ms")] if show_ms else [])
+                    + [render_value(p[c], c) if c in p else "" for c in cols])
     return {"head": head, "rows": rows}
 
 
@@ -386,13 +383,13 @@ def write_report(log_dir: str, out_dir: Optional[str] = None) -> str:
             groups=_group_tables(c.events), artifacts=_artifact_views(c.artifacts),
             diffs=diffs, prev_page=prev.page if prev else "",
             prev_id=prev.compile_id if prev else "", **common)
-        _write(os.path.join(out_dir, c.page), page)
+        Path(out_dir, c.page).write_text(page, encoding="utf-8")
 
     loose_events = [r for r in log.loose if r.get("event") not in ("artifact",)]
     loose_artifacts = [r for r in log.loose if r.get("event") == "artifact"]
-    _write(os.path.join(out_dir, NO_COMPILE_ID_PAGE), env.get_template("loose.jinja").render(
+    Path(out_dir, NO_COMPILE_ID_PAGE).write_text(env.get_template("loose.jinja").render(
         title="events without compile id", groups=_group_tables(loose_events),
-        artifacts=_artifact_views(loose_artifacts), **common))
+        artifacts=_artifact_views(loose_artifacts), **common), encoding="utf-8")
 
     index = env.get_template("index.jinja").render(
         title="coil compile log", log_dir=log_dir, files=log.files, bad_lines=log.bad_lines,
@@ -400,13 +397,8 @@ def write_report(log_dir: str, out_dir: Optional[str] = None) -> str:
         multi_pid=multi_pid, total_ms=grand_total,
         breakdown=_breakdown_rows(all_totals, all_selfs, grand_total), n_loose=len(log.loose), **common)
     index_path = os.path.join(out_dir, "index.html")
-    _write(index_path, index)
+    Path(index_path).write_text(index, encoding="utf-8")
     return index_path
-
-
-def _write(path: str, text: str) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(text)
 
 
 def main(argv: Optional[list] = None) -> int:

@@ -1,17 +1,11 @@
 """Index arithmetic for the loop IR: sympy symbols, integer division, simplification.
 
-Sizes, strides and index expressions are sympy expressions everywhere in coil's IR
-(static shapes make them Integers today; symbolic sizes will be Symbols).
-
-- :class:`FloorDiv` and :class:`ModularIndexing`-style :class:`Mod` are our own sympy
-  functions for non-negative integer division (sympy's ``floor``/``Mod`` are slow and
-  simplify unpredictably).
-- :func:`simplify_index` canonicalizes an index expression so that two expressions for
-  the same element compare equal: it folds ``Mod(y, b)*k + FloorDiv(y, b)*b*k -> y*k``
-  (the pattern that splitting a flat index into dims and re-linearizing produces) and
-  drops divisions of variables by bounds they cannot reach.
-- ``XINDEX`` / ``RINDEX`` are the kernel-level iteration symbols every code generator
-  sees (see docs/codegen.md).
+Sizes, strides and index expressions are sympy expressions everywhere in coil's IR (Integers, or
+Symbols of the ShapeEnv under dynamic shapes). :class:`FloorDiv` and :class:`Mod` are our own sympy
+functions for non-negative integer division (sympy's ``floor``/``Mod`` are slow and simplify
+unpredictably); :func:`simplify_index` canonicalizes an index expression so that two expressions for the
+same element compare equal (docs/ir.md); ``XINDEX`` / ``RINDEX`` are the kernel-level iteration symbols
+every code generator sees (docs/codegen.md).
 """
 from __future__ import annotations
 

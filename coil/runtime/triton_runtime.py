@@ -270,23 +270,13 @@ def _specialized_launch(run, first: tuple, grid: tuple, consts: list, function, 
     :func:`_direct_launch`'s C function (or, failing that or with ``direct`` False,
     ``run``) while the call keeps the Triton specialization of ``first``, the arguments
     of the call that compiled it; else ``slow`` (the JIT, which picks or compiles the
-    matching binary).
+    matching binary). docs/codegen.md ("Runtime") describes the check.
 
-    ``first`` holds the tensors, then the ints (a dynamic kernel's ``xnumel`` and size
-    arguments). Triton specializes a pointer on 16-byte alignment and an int on
-    divisibility by 16, on ``== 1`` and on the 32-bit range. The check is a few integer
-    operations: an int divisible by 16 on the first call joins the pointers'
-    ``(p0 | s0) & 15``, the int32 ints share one ``(s0 | s1) >> 31``. The last ``free``
-    ints are ``do_not_specialize`` (a dynamic kernel's size symbols): only their 32-bit
-    range is checked (checking their divisibility sent every call of a sequence length
-    of another class through the JIT).
-    ``grid`` items are ints or Python expressions in the argument names (``-(-a3 // 128)``).
-
-    ``pointers_as_ints`` (every tensor was a CUDA tensor on the first call; the graph's
-    guards keep the devices): the direct launch gets the data pointers the check already
-    read, as ints. Triton's C launcher then skips, per pointer, a ``data_ptr()`` method
-    call and a ``cuPointerGetAttribute`` driver call (its check that the memory is device
-    memory)."""
+    ``first`` holds the tensors, then the ints (a dynamic kernel's ``xnumel`` and size arguments); the
+    last ``free`` ints are ``do_not_specialize`` (only their 32-bit range is checked). ``grid`` items are
+    ints or Python expressions in the argument names (``-(-a3 // 128)``). ``pointers_as_ints`` (every
+    tensor was a CUDA tensor on the first call): the direct launch gets the data pointers the check
+    already read, as ints."""
     names = [f"a{i}" for i in range(len(first))]
     params = ", ".join(names)
     launch = _direct_launch(run) if direct else None

@@ -1,21 +1,11 @@
 """Map a buffer's loop variables onto a kernel's iteration space.
 
 A kernel iterates ``xindex in [0, numel)`` and, for reductions, ``rindex in [0, rnumel)``
-(coil.ir.symbols.XINDEX / RINDEX). :func:`kernel_index` expresses one ComputedBuffer's
-loop variables in those two symbols for a given ``(numel, rnumel)``:
-
-- a reduction over ``ranges | reduction_ranges``: ranges from xindex, reduction ranges
-  from rindex (``prod(ranges) == numel``, ``prod(reduction_ranges) == rnumel``);
-- a pointwise buffer of ``numel`` elements: all ranges from xindex ("out of loop" when
-  the kernel is a reduction, i.e. once per xindex);
-- a pointwise buffer of ``numel * rnumel`` elements inside a reduction kernel ("in
-  loop"): the trailing dims that multiply to ``rnumel`` come from rindex, the leading
-  ones from xindex; one dim may be split in two (``i = outer * f + inner``).
-
-Dependencies (:func:`kernel_deps`) are the buffer's loads and stores with index
-expressions in kernel symbols, canonicalized by :func:`coil.ir.symbols.simplify_index`:
-two equal expressions denote the same element, which is what fusion legality and the
-kernels' store→load forwarding rely on.
+(coil.ir.symbols.XINDEX / RINDEX). :func:`kernel_index` expresses one ComputedBuffer's loop variables in
+those two symbols (a reduction, a pointwise buffer once per ``xindex``, or one inside the reduction loop
+whose trailing dims come from ``rindex``: docs/scheduler.md, "Iteration spaces"). :func:`kernel_deps`
+gives its loads and stores in kernel symbols, canonicalized by :func:`coil.ir.symbols.simplify_index`:
+two equal expressions denote the same element, which fusion legality and store→load forwarding rely on.
 """
 from __future__ import annotations
 

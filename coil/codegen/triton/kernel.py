@@ -686,8 +686,7 @@ _BIN = {
     "truncdiv": "_truncdiv({a}, {b})", "floordiv": "_floordiv({a}, {b})",
     "remainder": "_remainder_{kind}({a}, {b})", "mod": "_remainder_{kind}({a}, {b})",
 }
-_FUNC_BIN = {"pow", "atan2", "hypot", "copysign", "nextafter", "fmod", "truncdiv", "floordiv",
-             "remainder", "mod", "maximum", "minimum"}
+_FUNC_BIN = {k for k, v in _BIN.items() if not v.startswith("(")}
 _UN = {
     "abs": "tl.abs({x})", "neg": "(-{x})", "exp": "tl.exp({x})", "exp2": "libdevice.exp2({x})",
     "expm1": "libdevice.expm1({x})", "log": "tl.log({x})", "log2": "libdevice.log2({x})",

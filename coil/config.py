@@ -183,8 +183,7 @@ _OPTION_NAMES = frozenset(option_names())
 def check_option_names(options: dict) -> None:
     """Raise ``ValueError`` naming every unknown key of ``options`` and the valid ones.
     (Per call of a compile with options: :func:`patch` runs it.)"""
-    unknown = sorted(set(options) - _OPTION_NAMES)
-    if unknown:
+    if unknown := sorted(set(options) - _OPTION_NAMES):
         raise ValueError(f"unknown coil option(s) {unknown}; valid options are: {', '.join(option_names())}")
 
 
@@ -204,8 +203,7 @@ def _coerce(value: str, default: Any) -> Any:
 def _from_env() -> Config:
     cfg = Config()
     for name in option_names():
-        raw = os.environ.get("COIL_" + name.upper())
-        if raw is not None:
+        if (raw := os.environ.get("COIL_" + name.upper())) is not None:
             setattr(cfg, name, _coerce(raw, getattr(cfg, name)))
     return cfg
 

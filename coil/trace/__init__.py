@@ -62,8 +62,7 @@ def next_frame_id() -> int:
 
 def current_compile_id() -> Optional[str]:
     """The innermost active compile id (``"frame/attempt"``) or None."""
-    own = getattr(_state.local, "compile_ids", None)
-    if own:
+    if own := getattr(_state.local, "compile_ids", None):
         return own[-1]
     ids = _state.compile_ids  # a helper thread (e.g. a parallel kernel build) with no
     return ids[-1] if ids else None  # compile of its own works for the latest one

@@ -67,8 +67,7 @@ class Compile:
         direct children's. These add up to :meth:`total_ms`, so they are the compile-time breakdown."""
         selfs = self.stage_totals()
         for r in self.stages:
-            parent = r.get("parent")
-            if parent:
+            if parent := r.get("parent"):
                 selfs[parent] = selfs.get(parent, 0.0) - float(r.get("duration_ms") or 0.0)
         return selfs
 
@@ -132,8 +131,7 @@ def read_log(log_dir: str) -> Log:
     by_id: dict = {}
     loose = []
     for r in records:
-        cid = r.get("compile_id")
-        if cid is None:
+        if (cid := r.get("compile_id")) is None:
             loose.append(r)
             continue
         key = (r.get("pid") or 0, str(cid))
@@ -308,8 +306,7 @@ def previous_attempts(compiles: list) -> dict:
     for c in compiles:
         frame, _, attempt = c.compile_id.rpartition("/")
         if attempt.isdigit() and int(attempt) > 0:
-            prev = by_id.get((c.pid, f"{frame}/{int(attempt) - 1}"))
-            if prev is not None:
+            if (prev := by_id.get((c.pid, f"{frame}/{int(attempt) - 1}"))) is not None:
                 out[(c.pid, c.compile_id)] = prev
     return out
 

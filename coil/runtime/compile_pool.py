@@ -124,13 +124,11 @@ class CompilePool:
 
     def _serve(self, proc: subprocess.Popen) -> None:
         try:
-            ready = proc.stdout.readline()
-            if not ready:
+            if not (ready := proc.stdout.readline()):
                 raise EOFError("worker exited while starting")
             self._ready.set()
             while True:
-                job = self._queue.get()
-                if job is None:
+                if (job := self._queue.get()) is None:
                     return
                 with self._lock:
                     if job.state != QUEUED:  # taken back by its launcher
@@ -139,8 +137,7 @@ class CompilePool:
                 try:
                     proc.stdin.write(json.dumps(dict(job.payload, id=job.id)) + "\n")
                     proc.stdin.flush()
-                    line = proc.stdout.readline()
-                    if not line:
+                    if not (line := proc.stdout.readline()):
                         raise EOFError("worker exited")
                     job.result = json.loads(line)
                 finally:
@@ -223,8 +220,7 @@ def submit(path: str, module: str, name: str, args: list, configs: list[dict]) -
     """Queue one compile job per config of kernel ``name`` (module file ``path``, to be imported as
     ``module``; ``args``: per argument, its torch dtype's name for a tensor, its value for an int). Returns
     the job handles for :func:`claim` (empty when the pool is off)."""
-    pool = get_pool()
-    if pool is None:
+    if (pool := get_pool()) is None:
         return []
     env = triton_env()
     return [pool.submit(dict(path=path, module=module, name=name, args=args, config=c, env=env))

@@ -426,8 +426,7 @@ class TritonLauncher:
         self.key = source_key(canonical)
         self.chosen: Optional[dict] = None
         self._module_at = module_location(canonical, self.interpret)
-        preset = self._preset(numel * rnumel)
-        if preset is not None:
+        if (preset := self._preset(numel * rnumel)) is not None:
             self._choose(preset)
         if self.gpu and arg_dtypes is not None:
             self._submit_to_pool(self.arg_dtypes, preset)
@@ -449,8 +448,7 @@ class TritonLauncher:
         """The config to run without timing candidates: one tuned before (:meth:`_known_tuned`), the only
         candidate, or the first when not autotuning (CPU, ``config.autotune`` off, fewer than
         ``config.autotune_min_elements`` ``elements``); None: autotune at the first call."""
-        tuned = self._known_tuned()
-        if tuned is not None:
+        if (tuned := self._known_tuned()) is not None:
             return tuned
         if len(self.configs) == 1 or not (config.autotune and self.gpu) \
                 or elements < config.autotune_min_elements:
@@ -478,8 +476,7 @@ class TritonLauncher:
         """Before compiling here: take back or wait for this body's pool jobs (those
         queued under ``key``, default ``self.key``)."""
         key = key or self.key
-        jobs = _pool_jobs.get(key)
-        if jobs:
+        if jobs := _pool_jobs.get(key):
             from coil.runtime import compile_pool
             _pool_jobs[key] = []
             compile_pool.claim(self.name, jobs)
@@ -545,8 +542,7 @@ class TritonLauncher:
 
     def __call__(self, *args):
         if self.chosen is None:  # another copy of this body may have been tuned since
-            tuned = self._known_tuned()
-            if tuned is None:
+            if (tuned := self._known_tuned()) is None:
                 self._autotune(args)
             else:
                 self._choose(tuned)
@@ -595,8 +591,7 @@ class TritonLauncher:
             n = min(len(rest), config.autotune_compile_threads)
             with ThreadPoolExecutor(max_workers=n) as pool:
                 errors += [f.exception() for f in [pool.submit(one, c) for c in rest]]
-            bad = [str(e) for e in errors if e is not None]
-            if bad:
+            if bad := [str(e) for e in errors if e is not None]:
                 trace.log("autotune_precompile_error", stage="runtime", kernel=self.name, errors=bad[:2])
         except Exception as e:  # noqa: BLE001 - an API we do not know: compile serially
             trace.log("autotune_precompile_unavailable", stage="runtime", kernel=self.name, error=str(e))

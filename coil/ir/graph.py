@@ -641,8 +641,7 @@ class GraphLowering(torch.fx.Interpreter):
         if target in _STORAGE_OPS and args and isinstance(args[0], TensorBox):
             args = (self._eager_storage(args[0], n.args[0]),) + tuple(args[1:])
         if target is torch.ops.aten.mm.default and not kwargs:
-            padded = self._mm_with_padded_operand(args, meta)
-            if padded is not None:
+            if (padded := self._mm_with_padded_operand(args, meta)) is not None:
                 return padded
         weight = None
         if cl and target is _aten.convolution.default and not config.conv_channels_last_weights \
@@ -749,8 +748,7 @@ class GraphLowering(torch.fx.Interpreter):
             return None
         if nn % 8 != 0 or min(m, k, nn) < 64 or m * k < (1 << 20):
             return None
-        base = self._strided(a)
-        if base is None:
+        if (base := self._strided(a)) is None:
             return None
         s0, s1 = (int(v) for v in base.get_stride())
         if s1 == 1 and s0 == k and k % 8 != 0:  # row-major, misaligned K
@@ -800,8 +798,7 @@ class GraphLowering(torch.fx.Interpreter):
         lay = x.layout
         key = ("pad_cols", x.get_name(), tuple(map(str, lay.size)), tuple(map(str, lay.stride)),
                str(lay.offset), cp)
-        hit = self._materialized.get(key)
-        if hit is not None:
+        if (hit := self._materialized.get(key)) is not None:
             return hit[1]
         buf = self._padded_rows(x, c, cp, dim=1)
         self._materialized[key] = (None, buf)

@@ -52,8 +52,7 @@ def current_graph():
 
 def _node_origin() -> Optional[str]:
     node = getattr(V.graph, "current_node", None)
-    meta = getattr(node, "meta", None)
-    if not meta:
+    if not (meta := getattr(node, "meta", None)):
         return None
     return meta.get("stack_trace") or meta.get("stack")
 

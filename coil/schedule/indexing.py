@@ -68,8 +68,7 @@ def _kernel_index_cached(ranges: tuple, rranges: tuple, is_red: bool, numel, rnu
     if n == numel:
         return decompose(XINDEX, list(ranges)), [], rnumel == 1
     if rnumel != 1 and n == as_size(numel * rnumel):
-        sp = split_ranges(list(ranges), rnumel)
-        if sp is None:
+        if (sp := split_ranges(list(ranges), rnumel)) is None:
             return None
         xs, rs, split = sp
         xv, rv = decompose(XINDEX, xs), decompose(RINDEX, rs)
@@ -127,8 +126,7 @@ def kernel_deps(buf, numel, rnumel) -> Optional[KernelDeps]:
     key = (id(buf), numel, rnumel)
     if key in _deps_cache and _deps_cache[key][0] is buf:
         return _deps_cache[key][1]
-    ki = kernel_index(buf, numel, rnumel)
-    if ki is None:
+    if (ki := kernel_index(buf, numel, rnumel)) is None:
         res = None
     else:
         from coil.ir.handlers import DependencyRecorder

@@ -175,8 +175,7 @@ class Scheduler:
             return None
         pats = set()
         for n in g.nodes:
-            deps = kernel_deps(n, g.numel, 1)
-            if deps is None:
+            if (deps := kernel_deps(n, g.numel, 1)) is None:
                 return None
             pats.add((tuple(sorted(str(e) for _, e in deps.loads)),
                       tuple(sorted(str(e) for _, e in deps.stores))))
@@ -191,8 +190,7 @@ class Scheduler:
         each round halves a bucket, so the rounds of :meth:`fuse` merge it into one."""
         buckets: dict[tuple, list] = defaultdict(list)
         for g in kernels:
-            pat = self._input_only_pattern(g)
-            if pat is not None:
+            if (pat := self._input_only_pattern(g)) is not None:
                 buckets[pat].append(g)
         out = []
         for gs in buckets.values():
@@ -248,8 +246,7 @@ class Scheduler:
             return "a scatter writes into its target's storage and runs as its own kernel"
         if a.nodes[0].get_device().type != b.nodes[0].get_device().type:
             return "they run on different kinds of device (a CPU group in a GPU graph)"
-        grp = self.combined_group(a, b)
-        if grp is None:
+        if (grp := self.combined_group(a, b)) is None:
             return f"iteration spaces differ ({a.numel}x{a.rnumel} vs {b.numel}x{b.rnumel})"
         numel, rnumel = grp
         for n in a.nodes + b.nodes:
@@ -290,8 +287,7 @@ class Scheduler:
         def loads(g):
             out = set()
             for n in g.nodes:
-                deps = kernel_deps(n, numel, rnumel)
-                if deps is not None:
+                if (deps := kernel_deps(n, numel, rnumel)) is not None:
                     out.update((name, e) for name, e in deps.loads)
             return out
         return bool(loads(a) & loads(b))

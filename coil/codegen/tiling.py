@@ -22,8 +22,7 @@ _MAX_GRID_Y = 65535
 def _contiguous_axis(e) -> Optional[str]:
     """"x" or "r" for an index expression that steps by 1 along that kernel axis and by
     more along the other, else None (indirect, broadcast, or contiguous in neither)."""
-    steps = axis_steps(e)
-    if steps is None:
+    if (steps := axis_steps(e)) is None:
         return None
     dx, dr = steps
     if dx == 1 and abs(dr) > 1:

@@ -142,8 +142,7 @@ def symbol_bindings(graph, needed: set, sources: Optional[dict] = None) -> list[
     sources = _symbol_sources(graph) if sources is None else sources
     late = sorted((s for s in needed if s in PRECOMPUTED), key=lambda s: s.name)  # after what they read
     needed = (set(needed) - set(late)).union(*(PRECOMPUTED[s].free_symbols for s in late))
-    missing = sorted(str(s) for s in needed if s not in sources)
-    if missing:
+    if missing := sorted(str(s) for s in needed if s not in sources):
         raise NotImplementedError(f"coil wrapper: size symbols {missing} are not a size, stride "
                                   "or SymInt input of this graph")
     from torch.utils._sympy.printers import PythonPrinter
@@ -177,8 +176,7 @@ def _symbol_sources(graph) -> dict:
         if isinstance(v, (torch.SymInt, torch.SymFloat)) and v.node.expr.is_Symbol and src.op == "placeholder":
             sources.setdefault(v.node.expr, f"{src.name}.item()")
     for name in graph.placeholder_names:
-        b = graph.graph_inputs.get(name)
-        if b is None:
+        if (b := graph.graph_inputs.get(name)) is None:
             continue
         for d, e in enumerate(b.layout.size):
             if e.is_Symbol:

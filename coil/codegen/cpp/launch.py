@@ -124,8 +124,7 @@ def _flush() -> None:
                 r"(?m)^[ \t]*//.*\n", "", re.sub(rf"\b{la.func_name}\b", "@K", la.source)))
             la._rep = reps.setdefault(key, la)
             la.symbol = la._rep.func_name
-        batch = list(reps.values())
-        if not batch:
+        if not (batch := list(reps.values())):
             return
         n = max(1, min(len(batch), os.cpu_count() or 1))
         chunks: list[list[CppLauncher]] = [[] for _ in range(n)]

@@ -232,8 +232,7 @@ class TritonKernel(OpsHandler):
     def load(self, name, index):
         e = simplify_index(sympy.sympify(index), {XINDEX: self.plan.numel, RINDEX: self.plan.rnumel})
         key = (name, e)
-        hit = self._lookup_store(key)
-        if hit is not None:
+        if (hit := self._lookup_store(key)) is not None:
             return hit
         buf_dtype = self.plan.buffer(name).get_dtype()
         dims = self._dims_of_index(e)
@@ -257,8 +256,7 @@ class TritonKernel(OpsHandler):
     def _note_strides(self, e) -> None:
         """Count loads that are contiguous along x (stride 1 in x, > 1 in r) or along r,
         from the address at (x, r) = (0, 0), (1, 0), (0, 1); indirect loads are skipped."""
-        steps = axis_steps(e)
-        if steps is None:
+        if (steps := axis_steps(e)) is None:
             return
         dx, dr = steps
         if dx == 1 and abs(dr) > 1:
@@ -344,8 +342,7 @@ class TritonKernel(OpsHandler):
         out_dims = frozenset({"x"})
         if not self.looped:
             lines = self.body
-            g = self._block_guard()
-            if g:  # padded lanes must not pollute the result
+            if g := self._block_guard():  # padded lanes must not pollute the result
                 masked = self.cse(f"tl.where({g}, {v}, {default})", acc_dt, {"x", "r"})
             else:
                 masked = value if v == value.name else self.cse(v, acc_dt, {"x", "r"})
@@ -360,8 +357,7 @@ class TritonKernel(OpsHandler):
                            out_dims, lines=lines)
             return self._after_reduction(res, reduction_type)
         if reduction_type == "sum" and config.triton_online_softmax:
-            fused = self._online_sum_exp(value, v, acc_dt, tdt, full)
-            if fused is not None:
+            if (fused := self._online_sum_exp(value, v, acc_dt, tdt, full)) is not None:
                 return self._after_reduction(fused, reduction_type)
         sec = self.sections[self.cur.loop_id]
         acc = f"acc{next(self.counter)}"
@@ -625,10 +621,8 @@ class TritonKernel(OpsHandler):
             fmt = _BIN[op]
             def f(a, b):
                 a, b = self._fold_consts(a, b)
-                if op == "pow":
-                    small = self._small_int_pow(a, b)
-                    if small is not None:
-                        return small
+                if op == "pow" and (small := self._small_int_pow(a, b)) is not None:
+                    return small
                 dt = torch.bool if op in _BOOL_OUT else (a.dtype if a.const is None else b.dtype)
                 if op == "pow" and not dt.is_floating_point and dt != torch.bool:
                     # libdevice.pow is for floats (Triton rejects ints; the interpreter

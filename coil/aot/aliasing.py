@@ -209,8 +209,7 @@ class InputGroups:
                         or tuple(t.shape) != size or t.stride() != stride
                         or t.storage_offset() != off):
                     return None
-            src = _covering(ts, 0, g.span)
-            if src is None:
+            if (src := _covering(ts, 0, g.span)) is None:
                 return None
             out.append(torch.as_strided(src, (g.span,), (1,), 0))
         return out
@@ -297,8 +296,7 @@ class OverlapGuard(TorchDispatchMode):
             raise RunEagerly(RESTRIDE_MESSAGE)
         if func.overloadpacket is torch.ops.aten.set_:  # x.data = y under torch's capture: not functionalized
             raise RunEagerly(f"{func} swaps a tensor's storage")
-        refused = _eager_refuses(func, args, kwargs)
-        if refused:
+        if refused := _eager_refuses(func, args, kwargs):
             raise RunEagerly(f"eager raises at {func} whatever the elements, the graph would not: {refused}")
         written = _written_args(func)
         for k, name in written:
@@ -431,8 +429,7 @@ _WRITTEN: dict = {}
 def _written_args(func) -> tuple:
     """(position, name) of the arguments ``func`` writes data into (none for ops that only
     change metadata in place, such as ``t_``); cached per op."""
-    hit = _WRITTEN.get(func)
-    if hit is None:
+    if (hit := _WRITTEN.get(func)) is None:
         hit = ()
         if func._schema.is_mutable and torch.Tag.inplace_view not in func.tags:
             hit = tuple((k, a.name) for k, a in enumerate(func._schema.arguments)

@@ -55,8 +55,7 @@ def cse_graph(gm: torch.fx.GraphModule) -> int:
         if args is None or kwargs is None:
             continue
         key = (node.target, args, kwargs)
-        first = seen.get(key)
-        if first is None:
+        if (first := seen.get(key)) is None:
             seen[key] = node
             continue
         if any(u.op == "output" for u in node.users):

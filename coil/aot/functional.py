@@ -137,8 +137,7 @@ def fakeify(example_inputs: list) -> tuple[FakeTensorMode, list]:
     """Fake versions of ``example_inputs`` (same sizes, strides, storage offsets,
     dtypes, devices, requires_grad, leafness); reuses the inputs' fake mode if
     they are already fake. Non-tensors pass through."""
-    mode = fake_mode_of(example_inputs)
-    if mode is not None:
+    if (mode := fake_mode_of(example_inputs)) is not None:
         return mode, list(example_inputs)
     mode = FakeTensorMode(allow_non_fake_inputs=False)
     return mode, [mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in example_inputs]
@@ -342,8 +341,7 @@ def untraced(fake_mode: FakeTensorMode):
     composite ops take torch's Python kernels, which keep sizes symbolic. Without it, torch 2.11's C++
     ``matmul`` (reached from ``linear``) read a 3-D operand's ``sizes()`` and pinned its symbolic length
     (``Eq(s0, 128)``): every sequence length compiled again (GPT-2 on CUDA)."""
-    env = fake_mode.shape_env
-    if env is None:
+    if (env := fake_mode.shape_env) is None:
         yield
         return
     from torch._dispatch.python import enable_python_dispatcher
@@ -394,8 +392,7 @@ def _describe(fn, fake_args, f_args, before, outs, grad, drop_error_checks, fake
         meta = dict(size=tuple(o.shape), stride=tuple(o.stride()), offset=o.storage_offset(),
                     requires_grad=_is_differentiable(o), multi_output=_multi_output_view(o),
                     lazy=(o.is_conj(), o.is_neg()))
-        same = [j for j, fa in enumerate(f_args) if fa is o]
-        if same:
+        if same := [j for j, fa in enumerate(f_args) if fa is o]:
             outputs.append(OutputInfo("input", same[0], **meta))
             continue
         earlier = [j for j in range(k) if flat_outs[j] is o]
@@ -749,8 +746,7 @@ def _locate_backward(outputs: list) -> None:
         if node is None or node in seen:
             continue
         seen.add(node)
-        trace = node.metadata.get(_TRACE_KEY)
-        if trace is not None:
+        if (trace := node.metadata.get(_TRACE_KEY)) is not None:
             node.register_prehook(_stack_trace_setter(trace))
         todo.extend(fn for fn, _ in node.next_functions)
 

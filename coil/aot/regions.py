@@ -95,8 +95,7 @@ def compile_regional(gm: torch.fx.GraphModule, example_inputs: list, compile_pie
     docstring). ``compile_piece(piece_gm, example_inputs) -> callable`` compiles one piece (``aot_compile``
     with the caller's compilers). Returns a callable with ``gm``'s calling convention."""
     calls = region_calls(gm)
-    reason = _why_not_split(gm, calls)
-    if reason is None:
+    if (reason := _why_not_split(gm, calls)) is None:
         try:
             return _compile_split(gm, example_inputs, compile_piece)
         except Exception as e:  # noqa: BLE001 - the whole graph still compiles

@@ -217,8 +217,7 @@ class _Rewriter:
         if op in _ALPHA_OPS and positions == {names.index("alpha")}:
             return self._rewrite_alpha(node, given)
         absent = {a for a in names if given.get(a) is None}
-        new_op = _tensor_overload(op, positions, absent)
-        if new_op is None:
+        if (new_op := _tensor_overload(op, positions, absent)) is None:
             return
         # the dtype a Python number of that kind becomes inside the op
         operands = [_val(given[a]) for i, a in enumerate(names) if a in given and i not in positions
@@ -240,8 +239,7 @@ class _Rewriter:
                 val = new_op(*[_val(a) for a in args], **{k: _val(v) for k, v in kwargs.items()})
             return (args, kwargs), val
 
-        done = self._attempt(build, node.meta.get("val"))
-        if done is None:
+        if (done := self._attempt(build, node.meta.get("val"))) is None:
             return
         node.target, (node.args, node.kwargs) = new_op, done
         self.tensorized.append(str(op))
@@ -290,8 +288,7 @@ class _Rewriter:
             with self.fake_mode:
                 return scaled, node.target(_val(given["self"]), scaled.meta["val"])
 
-        scaled = self._attempt(build, node.meta.get("val"))
-        if scaled is None:
+        if (scaled := self._attempt(build, node.meta.get("val"))) is None:
             return
         node.args, node.kwargs = (given["self"], scaled), {}
         self.tensorized.append(str(node.target))
@@ -314,8 +311,7 @@ class _Rewriter:
                 rep = self._new(node, aten.clone.default, (rep,), {"memory_format": torch.contiguous_format})
             return rep, rep.meta["val"]
 
-        rep = self._attempt(build, out)
-        if rep is None:
+        if (rep := self._attempt(build, out)) is None:
             return
         self.tensorized.append(str(node.target))
         node.replace_all_uses_with(rep)

@@ -246,8 +246,7 @@ def fast_guard(src: str, ns: dict, label: str) -> Optional[Callable]:
             test = st.test.operand
             parts = test.values if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And) else [test]
             immutable: set = set()
-            keep = [p for p in parts if not split.conjunct(p, immutable)]
-            if not keep:
+            if not (keep := [p for p in parts if not split.conjunct(p, immutable)]):
                 skipped += 1
                 continue
             if len(keep) < len(parts):

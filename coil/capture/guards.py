@@ -155,8 +155,7 @@ class GuardSet:
     def const(self, obj: Any) -> str:
         """A namespace name holding ``obj`` (for ``is`` comparisons)."""
         key = id(obj)
-        name = self._const_ids.get(key)
-        if name is None:
+        if (name := self._const_ids.get(key)) is None:
             name = f"___c{len(self._const_ids)}"
             self._const_ids[key] = name
             self.ns[name] = obj
@@ -499,8 +498,7 @@ class _Parsed:
         for n in nodes:
             if id(n) in inner or not isinstance(n, (ast.Attribute, ast.Subscript)):
                 continue
-            steps = _chain_steps(n)
-            if steps is None:
+            if (steps := _chain_steps(n)) is None:
                 continue
             if id(n) in func_attrs:      # a method: the chain is its object
                 steps = steps[:-1]

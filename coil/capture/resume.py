@@ -266,8 +266,7 @@ def make_call_stub(code: types.CodeType, lineno: Optional[int], local_names: tup
     first = code.co_firstlineno
     line = lineno if lineno is not None and lineno >= first else first
     key = (code, line, local_names)
-    hit = _STUBS.get(key)
-    if hit is None:
+    if (hit := _STUBS.get(key)) is None:
         params = ", ".join(("___fn", "___args", "___kwargs") + tuple(local_names))
         body = "return ___fn(*___args, **___kwargs)"
         if line == first:

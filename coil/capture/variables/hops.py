@@ -262,8 +262,7 @@ def contiguous_grad(x: torch.Tensor) -> torch.Tensor:
 
 
 def _contiguous_grads(sg: torch.fx.Graph) -> None:
-    phs = [n for n in sg.nodes if n.op == "placeholder"]
-    if not phs:
+    if not (phs := [n for n in sg.nodes if n.op == "placeholder"]):
         return
     with sg.inserting_after(phs[-1]):
         for p in reversed(phs):
@@ -677,8 +676,7 @@ def call_region(tx, fn_vt, args: list, kwargs: dict) -> VariableTracker:
         return tx.call(fn_vt, list(args), kwargs)
     key = _region_key(sub.graph, out.subgraphs)
     regions = out.__dict__.setdefault("regions", {})   # key -> [subgraph name, calls]
-    entry = regions.get(key)
-    if entry is None:
+    if (entry := regions.get(key)) is None:
         index = out.hop_count = getattr(out, "hop_count", -1) + 1
         entry = regions[key] = [_register(out, "region", sub.graph, index), 0]
     else:  # the same region again: this call's nested subgraphs are not needed

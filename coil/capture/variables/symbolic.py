@@ -85,8 +85,7 @@ class SymNodeVariable(VariableTracker):
             node = self.recipe[1]
         elif kind in ("size", "stride"):
             t, d = self.recipe[1], self.recipe[2]
-            node = out.symbol_input(self.value)
-            if node is None:
+            if (node := out.symbol_input(self.value)) is None:
                 op = torch.ops.aten.sym_size.int if kind == "size" else torch.ops.aten.sym_stride.int
                 node = graph.create_node("call_function", op, (t.node, d), {})
         elif kind == "numel":
@@ -120,8 +119,7 @@ def python_text(env, value, bind=None) -> str:
     text = PythonPrinter().doprint(expr)
     names = {}
     for s in expr.free_symbols:
-        srcs = env.var_to_sources.get(s)
-        if not srcs:
+        if not (srcs := env.var_to_sources.get(s)):
             raise Unsupported(f"symbolic value {expr} has no source (data-dependent)")
         names[str(s)] = bind(source_name(srcs[0])) if bind else f"({source_name(srcs[0])})"
     return re.sub(r"\b[a-z]+\d+\b", lambda m: names.get(m.group(0), m.group(0)), text)
@@ -140,8 +138,7 @@ def wrap_sym(output, value, recipe) -> VariableTracker:
 def binary(tx, op, a: VariableTracker, b: VariableTracker):
     """``a <op> b`` with at least one symbolic operand and the other a number (or
     symbolic): a symbolic result. None: not ours (tensors, lists...)."""
-    fn = _BINARY.get(op)
-    if fn is None:
+    if (fn := _BINARY.get(op)) is None:
         return None
     vals = []
     for v in (a, b):

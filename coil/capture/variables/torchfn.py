@@ -370,12 +370,10 @@ def make_context(tx, cls, args, kwargs):
         return v
     if cls in (torch.autocast, torch.amp.autocast):
         device_type = c[0] if c else kw["device_type"]
-        dtype = kw.get("dtype", c[1] if len(c) > 1 else None)
-        if dtype is None:
+        if (dtype := kw.get("dtype", c[1] if len(c) > 1 else None)) is None:
             dtype = torch.get_autocast_dtype(device_type)
         enabled = kw.get("enabled", c[2] if len(c) > 2 else True)
-        cache = kw.get("cache_enabled", c[3] if len(c) > 3 else None)
-        if cache is None:
+        if (cache := kw.get("cache_enabled", c[3] if len(c) > 3 else None)) is None:
             cache = torch.is_autocast_cache_enabled()
         return AutocastVariable((device_type, dtype, enabled, cache))
     return None

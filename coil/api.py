@@ -111,8 +111,7 @@ class OptimizedModule(torch.nn.Module):
         ``coil.compile`` arguments; unpickling compiles the loaded module again (compiled
         code is not saved). Raises ``pickle.PicklingError`` when the arguments cannot be
         pickled (a backend given as a local function)."""
-        args = self._compile_args
-        if args is None:
+        if (args := self._compile_args) is None:
             import pickle
             raise pickle.PicklingError("this OptimizedModule was not built by coil.compile; "
                                        "pickle its _orig_mod and compile it after loading")

@@ -40,9 +40,8 @@ class Config:
     guard_versions: bool = True
     #: Autotune Triton kernels over block sizes on first launch (GPU only).
     autotune: bool = True
-    #: Kernels iterating fewer elements than this are not autotuned: they take their first (heuristic) config.
-    #: Their timings are launch-bound (about 5 us on an H200) and the best config saved about 1 us each, while
-    #: they were a quarter of the candidate compilations of GPT-2's and ResNet-50's training steps.
+    #: Kernels iterating fewer elements than this are not autotuned: they take their first (heuristic) config
+    #: (launch-bound kernels, where tuning gained about 1 us: docs/codegen.md).
     autotune_min_elements: int = 16384
     #: Dynamic-shape kernels: time the candidates again in each new size bucket (else
     #: a new bucket runs the config tuned in the nearest bucket when it is a candidate).
@@ -69,11 +68,8 @@ class Config:
     #: Triton: L2 eviction hints in looped reductions that walk a row more than once
     #: (codegen/triton/eviction.py): keep it for the next walk, drop it after the last.
     triton_eviction_hints: bool = True
-    #: Triton: reductions of at most this many elements per output run persistent (one
-    #: block holds the whole row); longer ones loop over the row. 2048 after an H200 A/B:
-    #: on an H200, 32768x4096 fp32 layer_norm / rms_norm / softmax took 262 / 263 /
-    #: 261 µs persistent and 252 / 253 / 251 µs looped with one row per program and 16
-    #: warps (a 4096 block, i.e. one trip, is among the looped candidates).
+    #: Triton: reductions of at most this many elements per output run persistent (one block holds the whole
+    #: row); longer ones loop over the row (2048 after an H200 A/B, docs/codegen.md).
     triton_persistent_rnumel: int = 2048
     #: Streaming multiprocessors the CUDA split-reduction rule plans for: a reduction over the innermost dims
     #: with at least this many output rows is not split into partial reductions (``_split_decision`` in
@@ -110,16 +106,10 @@ class Config:
     pad_matmul_outputs: bool = True
     #: CUDA graphs with 2-D convolutions run them channels-last: convolution and pooling inputs, their outputs
     #: and the pointwise buffers computed from them are laid out (N, H, W, C) in memory, so cuDNN needs no
-    #: NCHW<->NHWC transposes; in training the saved activations stay NHWC and the backward is compiled for
-    #: that (see ir/graph.py, docs/ir.md). On by default since an A/B on an H200 (BENCHMARKS.md): ResNet-50
-    #: bf16 inference 3.03 -> 2.64 ms per step; cuDNN's host time per 3x3 bf16 convolution is 15 µs
-    #: channels-last against 28 µs NCHW.
+    #: NCHW<->NHWC transposes (docs/ir.md, "Channels-last convolutions", with the H200 A/B).
     conv_channels_last: bool = True
-    #: ``conv_channels_last`` in training graphs too (the forward and backward of a
-    #: graph that requires grad). On since split BatchNorm reductions follow the input's
-    #: memory order; H200 AMP training steps (BENCHMARKS.md), channels-last vs NCHW:
-    #: ResNet-50 17.7 vs 24.1 ms, RegNetY-1.6GF 45.1 vs 44.3 ms, EfficientNet-B0 35.1 ms
-    #: (NCHW: ATen's depthwise kernels, 0.68x torch.compile; now 0.99x).
+    #: ``conv_channels_last`` in training graphs too (the forward and backward of a graph that requires grad;
+    #: the H200 training steps behind the default: BENCHMARKS.md, "Channels-last training").
     conv_channels_last_training: bool = True
     #: With ``conv_channels_last``: a convolution weight that is a graph input (a
     #: module's parameter) is copied channels-last by a generated kernel (True) or
@@ -152,9 +142,7 @@ class Config:
     #: working set cached there while its replays use the graph pool (logged).
     cudagraph_release_cache: bool = True
     #: A backward recorded as a CUDA graph reuses the memory of the forward's saved activations as it releases
-    #: each after its last use (runtime/cudagraph_trees.py). Off by default: on an H200 the lent storage was
-    #: once too small for a recording ("Trying to resize storage that is not resizable"); the GPU test of it
-    #: (5 AdamW steps, smaller pool, same parameters) passes since 05e0b36, not yet benchmarked.
+    #: each after its last use (off by default: docs/cudagraphs.md, "Saved activations", says why).
     cudagraph_reuse_saved: bool = False
     #: Dynamic shapes: None (automatic), True or False (coil.compile's ``dynamic``; docs/dynamic_shapes.md).
     dynamic: Any = None
@@ -198,8 +186,7 @@ _OPTION_NAMES = frozenset(option_names())
 def check_option_names(options: dict) -> None:
     """Raise ``ValueError`` naming every unknown key of ``options`` and the valid ones.
     (Per call of a compile with options: :func:`patch` runs it.)"""
-    unknown = sorted(set(options) - _OPTION_NAMES)
-    if unknown:
+    if unknown := sorted(set(options) - _OPTION_NAMES):
         raise ValueError(f"unknown coil option(s) {unknown}; valid options are: {', '.join(option_names())}")
 
 
@@ -215,8 +202,7 @@ def _coerce(value: str, default: Any) -> Any:
 def _from_env() -> Config:
     cfg = Config()
     for name in option_names():
-        raw = os.environ.get("COIL_" + name.upper())
-        if raw is not None:
+        if (raw := os.environ.get("COIL_" + name.upper())) is not None:
             setattr(cfg, name, _coerce(raw, getattr(cfg, name)))
     return cfg
 

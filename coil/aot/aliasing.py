@@ -1,26 +1,11 @@
 """Graph inputs that share memory, when the program writes to one of them.
 
-Functionalization treats every input as its own storage: a write to ``a`` in
-``f(a, a[0])`` would not be seen through ``a[0]``, and a write through a
-non-overlapping view of an expanded input (``x.select(1, 0).mul_(2)`` with
-``x = b.expand(3, 4)``) is undone into the overlapping ``x``, which has no single
-new value. Both are handled the same way: the inputs of one storage (a *group*) are
-replaced by one **synthetic base**, a 1-D tensor spanning the memory they cover (from
-the storage's start), and
-the program is traced as ``wrapped(*other_inputs, *bases)`` that first rebuilds each
-member as an ``as_strided`` view of its base. Writes then go to the base (one graph
-output, copied back into the caller's memory by the runtime's input-mutation
-epilogue) and every member sees them, as in eager.
-
-A member whose elements overlap is an ``as_strided`` view of its base; its
-non-overlapping views are taken from the base (``functional._ViewRewrites``). While the
-program is analysed, :class:`OverlapGuard` raises :class:`RunEagerly` for an
-in-place write to overlapping memory, or into an input's storage outside every input's
-elements (functionalization would drop it); the program then runs eagerly.
-
-At run time each call's inputs are checked against the group structure compiled
-for (same storage, same sizes, strides and storage offsets): a call
-that differs runs the program eagerly (event ``aot_input_groups_eager``).
+Functionalization treats every input as its own storage, so the inputs of one storage (a *group*:
+``f(a, a[0])``, an expanded input) are replaced by one **synthetic base**, a 1-D tensor spanning the
+memory they cover, and the program is traced as ``with_bases(*other_inputs, *bases)``, which rebuilds each
+member as an ``as_strided`` view of its base. :class:`OverlapGuard` raises :class:`RunEagerly` for a
+write functionalization would get wrong, and a call whose inputs are grouped differently runs eagerly
+(``aot_input_groups_eager``). docs/aot.md, "Inputs sharing memory".
 """
 from __future__ import annotations
 
@@ -224,8 +209,7 @@ class InputGroups:
                         or tuple(t.shape) != size or t.stride() != stride
                         or t.storage_offset() != off):
                     return None
-            src = _covering(ts, 0, g.span)
-            if src is None:
+            if (src := _covering(ts, 0, g.span)) is None:
                 return None
             out.append(torch.as_strided(src, (g.span,), (1,), 0))
         return out
@@ -312,8 +296,7 @@ class OverlapGuard(TorchDispatchMode):
             raise RunEagerly(RESTRIDE_MESSAGE)
         if func.overloadpacket is torch.ops.aten.set_:  # x.data = y under torch's capture: not functionalized
             raise RunEagerly(f"{func} swaps a tensor's storage")
-        refused = _eager_refuses(func, args, kwargs)
-        if refused:
+        if refused := _eager_refuses(func, args, kwargs):
             raise RunEagerly(f"eager raises at {func} whatever the elements, the graph would not: {refused}")
         written = _written_args(func)
         for k, name in written:
@@ -446,8 +429,7 @@ _WRITTEN: dict = {}
 def _written_args(func) -> tuple:
     """(position, name) of the arguments ``func`` writes data into (none for ops that only
     change metadata in place, such as ``t_``); cached per op."""
-    hit = _WRITTEN.get(func)
-    if hit is None:
+    if (hit := _WRITTEN.get(func)) is None:
         hit = ()
         if func._schema.is_mutable and torch.Tag.inplace_view not in func.tags:
             hit = tuple((k, a.name) for k, a in enumerate(func._schema.arguments)

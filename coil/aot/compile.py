@@ -279,8 +279,7 @@ def aot_compile(gm: Callable, example_inputs: list, fw_compiler: Callable,
             example_inputs = lifted + list(example_inputs)
 
     if not lifted and isinstance(gm, torch.fx.GraphModule):
-        symbolic = _symbolic_placeholder_values(gm, list(example_inputs))
-        if symbolic is not None:
+        if (symbolic := _symbolic_placeholder_values(gm, list(example_inputs))) is not None:
             example_inputs = symbolic
 
     t0 = time.perf_counter()
@@ -354,8 +353,7 @@ def _compile(fn, example_inputs, fw_compiler, bw_compiler, partition_fn, decompo
             raise RunEagerly("torch.inference_mode() in torch's graph: a compiled graph cannot make inference tensors")
         found = None if grad else trace_plain_inference(fn, fake_args, fake_mode, decomps)
         info, fw_gm = found or (analyze(fn, fake_args, fake_mode, grad), None)
-        groups = input_groups(fake_args, info.mutated_inputs)
-        if groups is not None:
+        if (groups := input_groups(fake_args, info.mutated_inputs)) is not None:
             # inputs sharing memory with a mutated one: traced through synthetic bases
             fn = groups.wrap(fn)
             fake_args = groups.fake_args(fake_args, fake_mode)
@@ -504,8 +502,7 @@ def _with_input_groups(runner: Callable, groups, fn: Callable) -> Callable:
 
     @functools.wraps(runner)
     def run(*args):
-        new = groups.call_args(args)
-        if new is None:
+        if (new := groups.call_args(args)) is None:
             trace.log("aot_input_groups_eager", stage="aot",
                       reason="inputs share memory otherwise than in the compiled call")
             return fn(*args)

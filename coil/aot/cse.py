@@ -1,17 +1,11 @@
-"""Common-subexpression elimination on functional ATen graphs.
+"""Common-subexpression elimination on functional ATen graphs (docs/aot.md, "CSE").
 
-Transformer code often computes the same value once per layer: Hugging Face models
-slice and expand the attention mask inside every attention call, so a 12-layer GPT-2
-graph held 12 identical ``slice``/``expand`` chains, and code generation materialized
-12 identical (B, 1, S, S) masks for the attention kernels. This pass keeps the first of
-every set of nodes that call the same pure op on the same arguments and points the
-users of the others at it.
-
-A node is merged only if its target is an ``OpOverload`` that neither mutates nor
-draws random numbers (``torch.Tag.nondeterministic_seeded``) and only if the duplicate
-is not itself a graph output (two outputs stay two tensors, as in eager); placeholders
-and everything else are left alone. Arguments are compared structurally (nodes by
-identity after earlier merges, Python values by equality and type).
+Hugging Face models slice and expand the attention mask inside every attention call: a 12-layer GPT-2
+graph held 12 identical ``slice``/``expand`` chains, and code generation materialized 12 identical masks.
+This pass keeps the first of every set of nodes that call the same ``OpOverload`` on the same arguments
+(nodes by identity after earlier merges, Python values by equality and type) and points the users of the
+others at it. Ops that mutate or draw random numbers, duplicates that are graph outputs (two outputs
+stay two tensors, as in eager) and placeholders are left alone.
 """
 from __future__ import annotations
 
@@ -61,8 +55,7 @@ def cse_graph(gm: torch.fx.GraphModule) -> int:
         if args is None or kwargs is None:
             continue
         key = (node.target, args, kwargs)
-        first = seen.get(key)
-        if first is None:
+        if (first := seen.get(key)) is None:
             seen[key] = node
             continue
         if any(u.op == "output" for u in node.users):

@@ -1,29 +1,11 @@
 """The decomposition table: which ATen ops reach coil's IR, and in what form.
 
-Graphs handed to code generators contain only *core ATen* ops
-(``torch._decomp.core_aten_decompositions()``), further decomposed where a fused
-loop-level lowering beats a library call: softmax, log_softmax, layer_norm,
-silu, dropout... become pointwise ops and reductions that the scheduler fuses (gelu
-and its backward are lowered whole by ``coil/ir/lowering_activations.py``, which writes
-them with the normal CDF).
-
-Invariant: **no ``prims.*`` op reaches a compiler.** Several of torch's own
-decompositions (``var_mean``, ``native_layer_norm``, ``_to_copy``...) are written
-with ``torch._refs`` and produce prims; for those, coil registers its own small
-decompositions below (:data:`COIL_DECOMPOSITIONS`, one function per op, added with
-``@register``), written with aten ops only, in the two-pass form
-(``mean``, then ``sum((x - mean)**2)``) that fuses into one reduction kernel each.
-``tests/aot/test_decompositions.py`` checks every one against eager and checks
-that no prims appear for a list of common modules.
-
-Kept whole (extern kernels, or lowered directly by the IR), listed in
-:data:`KEEP_WHOLE`: matrix products, convolutions, scaled-dot-product attention,
-sorting, scans, dtype conversion (``_to_copy``).
-
-Random ops: with ``coil.config.config.fallback_random`` the random ops
-(:data:`RANDOM_OPS`) are *not* decomposed, so the graph calls the same ATen
-kernel eager calls and draws the same numbers from the same generator.
-docs/aot.md lists the sets.
+Core ATen (``torch._decomp.core_aten_decompositions()``), further decomposed where a fused loop-level
+lowering beats a library call (softmax, layer_norm, silu, dropout...), minus :data:`KEEP_WHOLE` (matrix
+products, convolutions, attention, sorting, scans, ``_to_copy``), plus coil's own
+:data:`COIL_DECOMPOSITIONS` (``@register``, aten ops only, two-pass mean/variance that fuses), so that
+**no ``prims.*`` op reaches a compiler**. With ``config.fallback_random`` the :data:`RANDOM_OPS` are not
+decomposed (eager's numbers). docs/aot.md, "Decompositions", lists the sets.
 """
 from __future__ import annotations
 

@@ -1,31 +1,13 @@
-"""Tracing a torch-level program to functional ATen graphs.
+"""Tracing a torch-level program to functional ATen graphs, on fake tensors.
 
-Two steps, both on fake tensors:
-
-1. :func:`analyze` runs the program once under torch's functionalization
-   (``FunctionalTensorMode``) *without* recording a graph, and writes down what the
-   runtime wrapper must do around the compiled graph (:class:`ProgramInfo`): which
-   inputs are mutated (data mutations only; metadata mutations such as ``t_`` are
-   refused), which outputs are inputs, views of inputs, or views of other outputs,
-   and which outputs require grad.
-
-2. :func:`trace_inference` / :func:`trace_joint` run the program again under
-   ``make_fx`` + functionalization + coil's decomposition table and return one
-   flat-argument ATen GraphModule:
-
-   - inference: ``(*inputs) -> (*mutated_input_values, *graph_outputs)``
-   - joint: ``(*primals, *tangents) -> (*mutated_input_values, *graph_outputs,
-     *input_grads)``; tangents exist for the forward outputs that require grad,
-     grads for the inputs that require grad (unused ones are dropped and listed in
-     ``JointInfo.grad_is_none``).
-
-Invariants of the graphs returned: no mutation, no aliasing op whose result is
-written, no ``prims.*`` ops (see :mod:`coil.aot.decompositions`), every node has
-``meta["val"]`` (a fake tensor or SymInt).
-
-"Graph outputs" are the user outputs that own their storage (or the first
-output of a group sharing one intermediate's storage); everything that aliases is
-regenerated outside the graph by :mod:`coil.aot.runtime` as a real view.
+:func:`analyze` runs the program once under ``FunctionalTensorMode`` without recording a graph and
+writes down what the runtime wrapper must do (:class:`ProgramInfo`: mutated inputs, outputs that alias
+inputs or each other, outputs requiring grad). :func:`trace_inference` / :func:`trace_joint` trace it
+under ``make_fx`` + functionalization + coil's decompositions to one flat-argument ATen GraphModule,
+``(*inputs) -> (*mutated_input_values, *graph_outputs)``, or for the joint ``(*primals, *tangents) ->
+(*mutated_input_values, *graph_outputs, *input_grads)`` (``JointInfo.grad_is_none`` lists dropped grads).
+"Graph outputs" own their storage; aliases are rebuilt by :mod:`coil.aot.runtime`. The graphs'
+invariants (functional, no ``prims.*``, ``meta["val"]`` everywhere): docs/aot.md.
 """
 from __future__ import annotations
 
@@ -150,8 +132,7 @@ def fake_mode_of(example_inputs: list) -> Optional[FakeTensorMode]:
 def fakeify(example_inputs: list) -> tuple[FakeTensorMode, list]:
     """Fake versions of ``example_inputs`` (same sizes, strides, storage offsets, dtypes, devices, requires_grad,
     leafness); reuses the inputs' fake mode if they are already fake. Non-tensors pass through."""
-    mode = fake_mode_of(example_inputs)
-    if mode is not None:
+    if (mode := fake_mode_of(example_inputs)) is not None:
         return mode, list(example_inputs)
     mode = FakeTensorMode(allow_non_fake_inputs=False)
     return mode, [mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in example_inputs]
@@ -352,8 +333,7 @@ def untraced(fake_mode: FakeTensorMode):
     Python kernels, which keep sizes symbolic. Without it, torch 2.11's C++ ``matmul`` (reached from ``linear``) read
     a 3-D operand's ``sizes()`` and pinned its symbolic length (``Eq(s0, 128)``): every sequence length compiled
     again (GPT-2 on CUDA)."""
-    env = fake_mode.shape_env
-    if env is None:
+    if (env := fake_mode.shape_env) is None:
         yield
         return
     from torch._dispatch.python import enable_python_dispatcher
@@ -404,8 +384,7 @@ def _describe(fn, fake_args, f_args, before, outs, grad, drop_error_checks, fake
         meta = dict(size=tuple(o.shape), stride=tuple(o.stride()), offset=o.storage_offset(),
                     requires_grad=_is_differentiable(o), multi_output=_multi_output_view(o),
                     lazy=(o.is_conj(), o.is_neg()))
-        same = [j for j, fa in enumerate(f_args) if fa is o]
-        if same:
+        if same := [j for j, fa in enumerate(f_args) if fa is o]:
             outputs.append(OutputInfo("input", same[0], **meta))
             continue
         earlier = [j for j in range(k) if flat_outs[j] is o]
@@ -755,8 +734,7 @@ def _locate_backward(outputs: list) -> None:
         if node is None or node in seen:
             continue
         seen.add(node)
-        trace = node.metadata.get(_TRACE_KEY)
-        if trace is not None:
+        if (trace := node.metadata.get(_TRACE_KEY)) is not None:
             node.register_prehook(_stack_trace_setter(trace))
         todo.extend(fn for fn, _ in node.next_functions)
 
@@ -891,10 +869,8 @@ def trace_joint(fn: Callable, fake_args: list, info: ProgramInfo, decompositions
     grad_inputs = [i for i, x in enumerate(info.inputs) if x.requires_grad]
     clone = {i for i in info.mutated_inputs + info.restrided_inputs if info.inputs[i].requires_grad}
     with fake_mode:
-        tangents = []
-        for (shape, dtype, device), rg in zip(info.fw_out_meta, info.fw_out_requires_grad):
-            if rg:
-                tangents.append(torch.empty(shape, dtype=dtype, device=device))
+        tangents = [torch.empty(shape, dtype=dtype, device=device)
+                    for (shape, dtype, device), rg in zip(info.fw_out_meta, info.fw_out_requires_grad) if rg]
     grad_is_none: list = []
 
     def joint(primals, tangents):

@@ -1,33 +1,11 @@
 """Splitting a joint forward+backward graph into a forward and a backward graph.
 
-Input: the joint graph from :func:`coil.aot.functional.trace_joint` and its
-:class:`~coil.aot.functional.JointInfo`. Output: a :class:`Partition` with
-
-- ``fw``: ``(*primals) -> [*forward_outputs, *saved]``
-- ``bw``: ``(*saved, *tangents) -> [*grads]``
-
-The nodes of the joint graph fall in two regions: the *backward region* (nodes that
-depend on a tangent) and the *forward region* (everything else). The backward
-graph needs some forward-region values; a partitioner decides which of them are
-*saved* (computed in the forward, kept alive until the backward) and which are
-*recomputed* in the backward from saved ones.
-
-- :func:`default_partition` saves every forward-region value the backward region
-  reads (what eager autograd does, roughly).
-- :func:`min_cut_partition` saves the set of tensors with the fewest bytes that
-  still lets the backward compute everything it needs, recomputing cheap ops.
-  It is a minimum s-t cut: each forward-region node ``n`` becomes an edge
-  ``n_in -> n_out`` whose capacity is ``bytes(n)`` (cutting it = saving ``n``),
-  data edges have infinite capacity, the source feeds the graph inputs and every
-  node that must not be recomputed (matmuls, convolutions, attention, random ops,
-  reductions over more than ``config.aot_max_recompute_reduction`` elements, and
-  any op not known to be cheap), and every value read by the backward region feeds
-  the sink. Max-flow/min-cut by networkx (``nx.minimum_cut``; Edmonds-Karp /
-  preflow-push). The idea is the one of Chen et al. (2016) and of AOTAutograd's
-  partitioner; this is our own formulation.
-
-Both log every decision to the compile log (event ``aot_partition``): each saved
-value with its bytes and the reason, each recomputed node, the totals.
+A :class:`Partition` of the joint graph of :func:`coil.aot.functional.trace_joint` holds ``fw``:
+``(*primals) -> [*forward_outputs, *saved]`` and ``bw``: ``(*saved, *tangents) -> [*grads]``.
+:func:`default_partition` saves every forward-region value the backward reads; :func:`min_cut_partition`
+saves the fewest bytes that let the backward compute what it needs (a minimum s-t cut by networkx),
+recomputing cheap ops. The flow network, what counts as cheap and the ``aot_partition`` log event:
+docs/aot.md, "Partitioners".
 """
 from __future__ import annotations
 

@@ -1,16 +1,12 @@
 """Regional compilation: a ``torch.compiler.nested_compile_region`` compiled once, called
 many times.
 
-Capture turns each region call into ``invoke_region(region_k, "region_k", *operands,
-*lifted)``; calls tracing to the same graph over inputs of the same metadata share one
-``region_k`` (:func:`coil.capture.variables.hops.call_region`). ``aot_compile`` of such a
-graph (:func:`compile_regional`) cuts it at the calls into steps run in order: each
-distinct region is compiled once by ``aot_compile`` with the caller's compilers (its own
-forward/backward graphs, kernels and ``autograd.Function``) and called per use; the ops
-between calls are *segments*, compiled as graphs of their own (equal ones once).
-Gradients flow between steps through autograd. Graphs it cannot cut (grad-mode or
-autocast changes) and pieces that fail compile whole with the regions
-inlined (event ``region_inlined``). docs/hops.md, "Regional compilation", has more.
+Capture turns each region call into ``invoke_region(region_k, "region_k", *operands, *lifted)``, calls of
+one traced graph and input metadata sharing one ``region_k``. :func:`compile_regional` cuts such a graph
+at the calls into steps run in order: each distinct region compiled once by ``aot_compile`` with the
+caller's compilers, the ops between calls as *segments* (equal ones once), gradients flowing between
+steps through autograd. Graphs it cannot cut, and pieces that fail, compile whole with the regions
+inlined (event ``region_inlined``). docs/hops.md, "Regional compilation".
 """
 from __future__ import annotations
 
@@ -99,8 +95,7 @@ def compile_regional(gm: torch.fx.GraphModule, example_inputs: list, compile_pie
     docstring). ``compile_piece(piece_gm, example_inputs) -> callable`` compiles one piece (``aot_compile``
     with the caller's compilers). Returns a callable with ``gm``'s calling convention."""
     calls = region_calls(gm)
-    reason = _why_not_split(gm, calls)
-    if reason is None:
+    if (reason := _why_not_split(gm, calls)) is None:
         try:
             return _compile_split(gm, example_inputs, compile_piece)
         except Exception as e:  # noqa: BLE001 - the whole graph still compiles

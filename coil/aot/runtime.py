@@ -97,8 +97,7 @@ def symbolic_evaluator(items: Any, fake_inputs: Sequence, value_shapes: Sequence
     for k, shape in enumerate(value_shapes):
         for d, v in enumerate(shape):
             bind(v, f"vals[{k}].size({d})")
-    missing = needed - set(where)
-    if missing:
+    if missing := needed - set(where):
         from coil.exc import CoilError
 
         names = sorted(map(str, missing))

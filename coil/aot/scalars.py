@@ -1,32 +1,10 @@
 """Python numbers that torch's capture passes as 0-d tensors are read as tensors.
 
-With ``torch.compile(dynamic=True)``, or on the recompile after a float argument
-changed, torch's capture turns a Python float (``LayerNorm.eps``, an RMSNorm's
-``variance_epsilon``, attention ``scaling``, a sampling temperature) into a 0-d float64
-tensor input that the graph reads with ``.item()``. Traced to ATen, that read is
-``s = aten._local_scalar_dense(t)`` (a SymFloat) and ``s`` is a Scalar argument:
-``div.Tensor(x, s)``, ``add.Tensor(var, s)``. A code generator that writes scalar
-arguments as constants specializes the graph to the SymFloat's value at the first call
-(with a guard on it), so every new value would recompile (Inductor reads the number at
-run time and compiles once).
-
-:func:`tensorize_scalar_reads` rewrites each such use to read the tensor instead:
-``div.Tensor(x, _to_copy(t, dtype=float32))``; an op whose argument is a Scalar gets
-its overload that takes a Tensor there (``add.Scalar`` → ``add.Tensor``, ``clamp`` →
-``clamp.Tensor``); ``add(x, y, alpha=s)`` becomes ``add(x, y * s)``, and the factories
-``scalar_tensor``, ``full``, ``new_full``, ``full_like`` are rebuilt from the tensor.
-The 0-d tensor is cast to the dtype the op computes in
-(``elementwise_dtypes``: what a Python scalar becomes in it), so type promotion and
-the result are those of the scalar call; each rewrite is checked on fake tensors
-(same dtype, sizes and strides as before) and kept only then. Arithmetic on such
-numbers (``operator.mul(s, 2.0)``) becomes float64 arithmetic on the 0-d tensors (what
-Python does with floats); so does a float of sizes (``1.0 / x.shape[0]``, BatchNorm's
-``n / (n - 1)``), each size read as ``scalar_tensor(s0, dtype=float64)``. A use that
-cannot be rewritten (a ``float`` argument, an op with no Tensor overload such as
-``addcmul``'s ``value``, a use on another device than the 0-d tensor: a CUDA kernel
-cannot read Dynamo's CPU tensor) keeps the SymFloat; the code generator then
-specializes it, which is correct but recompiles for each new value.
-Logged as event ``aot_scalar_inputs`` (``tensorized`` and ``specialized`` uses).
+Traced to ATen, such a float (``LayerNorm.eps``, a sampling temperature) is ``s =
+aten._local_scalar_dense(t)`` passed as a Scalar argument, which a code generator would specialize (a
+recompile per value). :func:`tensorize_scalar_reads` rewrites each use to read the tensor, cast to the
+dtype the op computes a Python number in, and checks each rewrite on fake tensors; what cannot be
+rewritten keeps the SymFloat (logged ``aot_scalar_inputs``). docs/aot.md, "Scalar reads".
 """
 from __future__ import annotations
 
@@ -239,8 +217,7 @@ class _Rewriter:
         if op in _ALPHA_OPS and positions == {names.index("alpha")}:
             return self._rewrite_alpha(node, given)
         absent = {a for a in names if given.get(a) is None}
-        new_op = _tensor_overload(op, positions, absent)
-        if new_op is None:
+        if (new_op := _tensor_overload(op, positions, absent)) is None:
             return
         # the dtype a Python number of that kind becomes inside the op
         operands = [_val(given[a]) for i, a in enumerate(names) if a in given and i not in positions
@@ -262,8 +239,7 @@ class _Rewriter:
                 val = new_op(*[_val(a) for a in args], **{k: _val(v) for k, v in kwargs.items()})
             return (args, kwargs), val
 
-        done = self._attempt(build, node.meta.get("val"))
-        if done is None:
+        if (done := self._attempt(build, node.meta.get("val"))) is None:
             return
         node.target, (node.args, node.kwargs) = new_op, done
         self.tensorized.append(str(op))
@@ -312,8 +288,7 @@ class _Rewriter:
             with self.fake_mode:
                 return scaled, node.target(_val(given["self"]), scaled.meta["val"])
 
-        scaled = self._attempt(build, node.meta.get("val"))
-        if scaled is None:
+        if (scaled := self._attempt(build, node.meta.get("val"))) is None:
             return
         node.args, node.kwargs = (given["self"], scaled), {}
         self.tensorized.append(str(node.target))
@@ -336,8 +311,7 @@ class _Rewriter:
                 rep = self._new(node, aten.clone.default, (rep,), {"memory_format": torch.contiguous_format})
             return rep, rep.meta["val"]
 
-        rep = self._attempt(build, out)
-        if rep is None:
+        if (rep := self._attempt(build, out)) is None:
             return
         self.tensorized.append(str(node.target))
         node.replace_all_uses_with(rep)

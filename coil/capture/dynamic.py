@@ -1,23 +1,12 @@
 """Dynamic shapes in capture: which sizes are symbolic, the marks users put on
 tensors, where specializations come from, and the shape guards.
 
-Sizes are symbols of the frame's ``ShapeEnv`` (torch.fx.experimental.symbolic_shapes),
-owned by the :class:`~coil.capture.output.OutputGraph`'s FakeTensorMode. A tensor
-input gets a symbol for a dimension when
-
-- the user marked it (:func:`mark_dynamic`), reason ``marked``;
-- ``coil.compile(dynamic=True)``: every dim of every input that is not a parameter or
-  buffer, reason ``dynamic=True``;
-- ``dynamic=None`` (default): the frame was compiled before with another size in that
-  dim (``FrameCache.auto_dynamic``), reason ``automatic``.
-
-``mark_static`` and ``dynamic=False`` keep a dim static (marks still apply under
-``dynamic=False``). Sizes 0 and 1 stay static even then: the ShapeEnv assumes a
-symbol is >= 2 (docs/dynamic_shapes.md says why).
-
-Guards: after the backend compiled the graph, :func:`shape_guards` asks the ShapeEnv
-for the relations the graph relied on (its simplified guards plus the ranges and
-equalities of the inputs' symbols) as Python over the frame's sources.
+Sizes are symbols of the frame's ``ShapeEnv``, owned by the :class:`~coil.capture.output.OutputGraph`'s
+FakeTensorMode. A dim is symbolic when marked (:func:`mark_dynamic`), under ``dynamic=True``, or, by
+default, when the frame was compiled before with another size there (``FrameCache.auto_dynamic``); sizes
+0 and 1 stay static. After the backend compiled the graph, :func:`shape_guards` asks the ShapeEnv for the
+relations the graph relied on, as Python over the frame's sources. docs/dynamic_shapes.md, "Choosing
+what is symbolic" and "Shape guards".
 """
 from __future__ import annotations
 
@@ -304,8 +293,7 @@ class SiteRecorder:
         for i in range(start, len(env.guards)):
             self.sites.append((i, where))
             expr = env.guards[i].expr
-            pinned = _pinned_symbol(expr)
-            if pinned is not None:
+            if (pinned := _pinned_symbol(expr)) is not None:
                 self.specializations.append((pinned, str(expr), where))
                 trace.log("specialization", stage="capture", symbol=str(pinned[0]),
                           value=pinned[1], guard=str(expr), user_line=where, reason=reason)
@@ -357,8 +345,7 @@ def check_marked(env, policy: DynamicPolicy, sites: SiteRecorder) -> None:
         if where is None:
             for i, g in enumerate(env.guards):
                 if sym in g.expr.free_symbols:
-                    where = sites.site_of(i)
-                    if where:
+                    if where := sites.site_of(i):
                         break
         raise UserError(
             f"dim {d} of {expr} was marked dynamic (coil.mark_dynamic), but the program "
@@ -394,8 +381,7 @@ def shape_guards(env, inputs: list, contiguous: set = frozenset()) -> tuple:
         return ref_text(source_name(src))
 
     def ref_text(text: str) -> str:
-        name = by_text.get(text)
-        if name is None:
+        if (name := by_text.get(text)) is None:
             name = by_text[text] = f"___z{len(by_text)}"
             prelude.append(f"{name} = {text}")
             names[name] = text
@@ -442,8 +428,7 @@ _PROP = re.compile(r"^(.*)\.(size|stride)\(\)\[(\d+)\]$")
 
 
 def _implied_by_contiguity(expr: str, names: dict, contiguous: set) -> bool:
-    m = re.fullmatch(r"(___z\d+) == (___z\d+)|2 <= (___z\d+)", expr)
-    if m is None:
+    if (m := re.fullmatch(r"(___z\d+) == (___z\d+)|2 <= (___z\d+)", expr)) is None:
         return False
     for local in filter(None, m.groups()):
         p = _PROP.match(names[local])
@@ -458,8 +443,7 @@ def _unpacked_prelude(used: set, names: dict, ranks: dict) -> list:
     groups: dict = {}
     lines = []
     for local in sorted(used, key=lambda n: int(n[4:])):
-        p = _PROP.match(names[local])
-        if p is None:
+        if (p := _PROP.match(names[local])) is None:
             lines.append(f"{local} = {names[local]}")
             continue
         groups.setdefault((p.group(1), p.group(2)), {})[int(p.group(3))] = local

@@ -119,11 +119,9 @@ def _python_exception(e: Unsupported):
 def exception_tracker(e: Unsupported) -> Optional[ExceptionVariable]:
     """The tracker of the Python exception ``e`` stands for (made once per ``e``), or
     None when ``e`` is a graph break that no ``except`` may catch."""
-    vt = getattr(e, "exc_vt", None)
-    if vt is not None:
+    if (vt := getattr(e, "exc_vt", None)) is not None:
         return vt
-    found = _python_exception(e)
-    if found is None:
+    if (found := _python_exception(e)) is None:
         return None
     cls, msg = found
     vt = ExceptionVariable(cls, [wrap_constant_result(None, msg)] if msg != "" else [])
@@ -138,7 +136,6 @@ _EXC_TABLES: dict = {}
 def exception_table(code: types.CodeType) -> list:
     """``dis._parse_exception_table(code)`` (entries start, end (exclusive), target,
     depth, lasti), cached per code object."""
-    t = _EXC_TABLES.get(code)
-    if t is None:
+    if (t := _EXC_TABLES.get(code)) is None:
         t = _EXC_TABLES[code] = list(dis._parse_exception_table(code))
     return t

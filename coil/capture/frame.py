@@ -249,8 +249,7 @@ def wrap_function(fn: types.FunctionType, cfg: CaptureConfig, capture_exec: bool
         if cache is not None:
             if cache.eager_reason is not None:
                 return fn(*args, **kwargs)
-            e = _find_entry(cache, cfg, bound, fn)
-            if e is not None:
+            if (e := _find_entry(cache, cfg, bound, fn)) is not None:
                 return e.entry(*bound, fn)
         return _miss(fn, code, cfg, bound, args, kwargs)
 
@@ -321,11 +320,9 @@ def capture_callable(fn, cfg: CaptureConfig):
         if _skipped_module(fn):
             return fn          # library code the translator never traces (logging, copy...)
         key = fn
-        per = _fn_wrappers.get(key)
-        if per is None:
+        if (per := _fn_wrappers.get(key)) is None:
             per = _fn_wrappers[key] = {}
-        w = per.get(id(cfg))
-        if w is None:
+        if (w := per.get(id(cfg))) is None:
             w = per[id(cfg)] = wrap_function(fn, cfg)
         return w
     if isinstance(fn, types.MethodType) and isinstance(fn.__func__, types.FunctionType):
@@ -392,8 +389,7 @@ def _find_entry(cache: "FrameCache", cfg, bound, fn):
 def _miss_entry(fn, code, cfg, bound):
     """The cache entry to run for this call, compiled now if needed; None: run ``fn``
     eagerly. Called with ``_compile_lock`` held."""
-    cache = _caches.get(code)
-    if cache is None:
+    if (cache := _caches.get(code)) is None:
         cache = _caches[code] = FrameCache()
     if cache.eager_reason is not None:
         return None

@@ -1,20 +1,14 @@
 """Skipping guards whose inputs did not change: dict version tags (PEP 509).
 
-A module tree's guard (:mod:`.guards`) mostly re-reads state reached from the frame's
-arguments through dicts that almost never change: each submodule's ``__dict__``, its
-``_modules`` / ``_parameters`` / ``_buffers`` and hook dicts, constant attributes, the
-globals a ``forward`` reads. CPython 3.11 and 3.12 give each dict a version tag that takes
-a new, never repeated value on every write (PEP 509, ``ma_version_tag``). While every dict
-the guard read through keeps the tag it had at the last full pass, each value read from
-them is the same object, and a check of only such values' identity or immutable value
-holds again. :func:`fast_guard` splits the generated ``___guard`` into the *full* guard
-(unchanged; on success it records a :class:`_State` snapshot: the objects later checks
-need, the dicts to watch and their tags) and a *fast* guard run first: the checks that
-must run (arguments, modes, class forwards, module types, tensors), an identity check of
-each root dict read from an argument, and one C call comparing the watched tags
-(:data:`_SOURCE`); on a difference it calls the full guard. docs/capture.md ("Skipping
-unchanged guards") lists what is implied, the limits and the measurements. Off with
-``config.guard_versions = False``, on other Pythons and without a C++ compiler.
+A module tree's guard mostly re-reads state reached through dicts that almost never change; while
+every dict it read through keeps the version tag (``ma_version_tag``) it had at the last full pass, a
+check of only such values' identity or immutable value holds again. :func:`fast_guard` splits the
+generated ``___guard`` into the *full* guard (on success it records a :class:`_State` snapshot: the
+objects later checks need, the dicts to watch and their tags) and a *fast* guard run first: the checks
+that must run, an identity check of each root dict, and one C call comparing the watched tags
+(:data:`_SOURCE`), calling the full guard on a difference. docs/capture.md ("Skipping unchanged
+guards") lists what is implied, the limits and the measurements. Off with ``config.guard_versions =
+False``, on other Pythons and without a C++ compiler.
 """
 from __future__ import annotations
 
@@ -252,8 +246,7 @@ def fast_guard(src: str, ns: dict, label: str) -> Optional[Callable]:
             test = st.test.operand
             parts = test.values if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And) else [test]
             immutable: set = set()
-            keep = [p for p in parts if not split.conjunct(p, immutable)]
-            if not keep:
+            if not (keep := [p for p in parts if not split.conjunct(p, immutable)]):
                 skipped += 1
                 continue
             if len(keep) < len(parts):

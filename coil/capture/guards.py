@@ -1,32 +1,11 @@
 """Guards: what a captured graph assumed, as one generated Python function.
 
-A :class:`GuardSet` collects boolean Python expressions over :mod:`.source`
-expressions while a frame is translated (each ``wrap`` of a real value adds the
-checks its use relies on), then :meth:`GuardSet.build` turns them into::
-
-    def ___guard(x, y, ___f):
-        if not ((type(x) is ___c0) and (x.dtype is ___c1) and ... and (x.shape == (4, 8))
-                and (x.layout is ___c3 and x.is_contiguous()) and ...): return False
-        ___v0 = y._modules
-        ...
-        return True
-
-(the checks of one tensor are one ``if``; source prefixes are read once, into locals:
-see :func:`_emit_guards`).
-
-Tensors of exact type ``Tensor``/``Parameter`` with static sizes are checked in C++ instead:
-their guards stay in the list (recompile reasons name them) but the generated function
-only fetches each tensor into a local and passes them all to one
-``torch._C._dynamo.guards.TensorGuards.check`` per batch (see :meth:`GuardSet._batch`),
-about 0.07 us a tensor instead of about 1 us for the Python ``if``.
-
-The function is printed into the compile log (``artifact guards``) and can be
-called on its own. Objects the guards compare against live in the function's
-namespace as ``___cN`` (classes, dtypes, devices, code objects). Functions and
-modules are compared by ``id`` (no strong reference is kept).
-
-:meth:`GuardSet.failures` re-evaluates guards one by one to say which ones
-failed on a recompile, with the new value of the guarded expression.
+A :class:`GuardSet` collects boolean Python expressions over :mod:`.source` expressions while a frame
+is translated, then :meth:`GuardSet.build` turns them into ``___guard(<args>, ___f)``: one ``if`` per
+tensor, common source prefixes read once into locals (:func:`_emit_guards`), tensors of exact type
+``Tensor``/``Parameter`` with static sizes checked in C++ by batch (:meth:`GuardSet._batch`).
+:meth:`GuardSet.failures` says which guards failed on a recompile. docs/capture.md ("Guards") gives the
+design, docs/dynamic_shapes.md ("Shape guards") the symbolic part.
 """
 from __future__ import annotations
 
@@ -176,8 +155,7 @@ class GuardSet:
     def const(self, obj: Any) -> str:
         """A namespace name holding ``obj`` (for ``is`` comparisons)."""
         key = id(obj)
-        name = self._const_ids.get(key)
-        if name is None:
+        if (name := self._const_ids.get(key)) is None:
             name = f"___c{len(self._const_ids)}"
             self._const_ids[key] = name
             self.ns[name] = obj
@@ -520,8 +498,7 @@ class _Parsed:
         for n in nodes:
             if id(n) in inner or not isinstance(n, (ast.Attribute, ast.Subscript)):
                 continue
-            steps = _chain_steps(n)
-            if steps is None:
+            if (steps := _chain_steps(n)) is None:
                 continue
             if id(n) in func_attrs:      # a method: the chain is its object
                 steps = steps[:-1]

@@ -70,8 +70,7 @@ def _setitem(args, kwargs) -> None:
     if not (isinstance(self, torch.Tensor) and isinstance(value, torch.Tensor)) \
             or self.dtype == value.dtype:
         return
-    tensors = _tensors_in(index)
-    if not tensors:
+    if not (tensors := _tensors_in(index)):
         return
     lone_mask = len(tensors) == 1 and tensors[0].dtype == torch.bool and not isinstance(index, (tuple, list))
     if lone_mask and value.dim() == 0:

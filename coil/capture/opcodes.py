@@ -631,8 +631,7 @@ def FOR_ITER(tx, inst):
     it = tx.stack[-1]
     if not isinstance(it, ListIteratorVariable):
         raise Unsupported(f"iteration over {it}")
-    v = it.next(tx)
-    if v is None:
+    if (v := it.next(tx)) is None:
         tx.pop()
         tx.jump(inst.argval)
         if PY >= (3, 12):

@@ -194,8 +194,7 @@ class OutputGraph:
         return node
 
     def add_input(self, tx, value: torch.Tensor, source) -> TensorVariable:
-        hit = self.input_vts.get(id(value))
-        if hit is not None:
+        if (hit := self.input_vts.get(id(value))) is not None:
             return hit
         expr = source.expr()
         is_param = isinstance(value, torch.nn.Parameter) or "._buffers[" in expr or \
@@ -227,21 +226,17 @@ class OutputGraph:
         (made once per symbol; the entry passes ``x.size()[0]``), else None."""
         from coil.capture.dynamic import SymbolSource, _symbol, source_name
 
-        sym = _symbol(value)
-        if sym is None:
+        if (sym := _symbol(value)) is None:
             return None
-        node = self.symbol_nodes.get(sym)
-        if node is not None:
+        if (node := self.symbol_nodes.get(sym)) is not None:
             return node
-        srcs = self.shape_env.var_to_sources.get(sym)
-        if not srcs:
+        if not (srcs := self.shape_env.var_to_sources.get(sym)):
             return None
         text = source_name(srcs[0])
         node = self._placeholder(str(sym))
         node.meta["example_value"] = value
         node.meta["source"] = text
-        vals = getattr(self.shape_env, "backed_var_to_val", None)
-        if vals is None:
+        if (vals := getattr(self.shape_env, "backed_var_to_val", None)) is None:
             vals = self.shape_env.var_to_val
         self.inputs.append((SymbolSource(text), int(vals[sym]), node))
         self.symbol_nodes[sym] = node
@@ -249,11 +244,9 @@ class OutputGraph:
 
     def where(self) -> str:
         """``file:line`` of the user code being translated (for specialization logs)."""
-        tx = self.current_tx
-        if tx is None:
+        if (tx := self.current_tx) is None:
             return "?"
-        frames = tx.user_frames()
-        if not frames:
+        if not (frames := tx.user_frames()):
             return "?"
         f, line, name = frames[-1]
         return f"{f}:{line} in {name}"
@@ -265,8 +258,7 @@ class OutputGraph:
         return self.add_input(tx, value, ConstSource(name))
 
     def sourced_cell(self, cell, source) -> SourcedCellVariable:
-        hit = self.sourced_cells.get(id(cell))
-        if hit is None:
+        if (hit := self.sourced_cells.get(id(cell))) is None:
             hit = self.sourced_cells[id(cell)] = SourcedCellVariable(cell, source)
         return hit
 
@@ -318,8 +310,7 @@ class EntryCodegen:
         """A local holding ``source_text`` (an input's size, ``x.size()[0]``) as read at
         the entry's start: the graph may change the input's sizes (``x.t_()``), while a
         symbol means the size at the call."""
-        name = self._symbol_locals.get(source_text)
-        if name is None:
+        if (name := self._symbol_locals.get(source_text)) is None:
             name = self._symbol_locals[source_text] = f"___z{len(self._symbol_locals)}s"
             self.early.append(f"{name} = {source_text}")
         return name
@@ -335,8 +326,7 @@ class EntryCodegen:
             return repr(value)
         if type(value) is tuple and all(type(v) in (int, str, bool, type(None)) for v in value):
             return repr(value)
-        name = self._const_ids.get(id(value))
-        if name is None:
+        if (name := self._const_ids.get(id(value))) is None:
             name = f"___k{len(self._const_ids)}"
             self._const_ids[id(value)] = name
             self.ns[name] = value
@@ -348,8 +338,7 @@ class EntryCodegen:
     def graph_output(self, t: TensorVariable) -> str:
         if t.node.op == "placeholder" and t.source is not None:
             return t.source.expr()
-        idx = self.out_index.get(id(t.node))
-        if idx is None:
+        if (idx := self.out_index.get(id(t.node))) is None:
             raise Unsupported("internal: tensor missing from graph outputs")
         return f"___o[{idx}]"
 
@@ -446,8 +435,7 @@ def collect_tensors(vts: list, out: list, seen: set) -> None:
         kids = v.children() if isinstance(v, VariableTracker) else []
         for k in reversed(kids):
             stack.append(k)
-        cl = getattr(v, "closure", None)
-        if cl:
+        if cl := getattr(v, "closure", None):
             stack.extend(cl)
         for attr in ("obj", "fn"):
             sub = getattr(v, attr, None)

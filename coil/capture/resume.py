@@ -1,31 +1,12 @@
 """Resume functions: continue a frame after a graph break.
 
-``make_resume_function(fn_code, index, stack_len, null_mask, local_names, ...)``
-returns a new function whose code is the original code object with a prologue::
-
-    def <name>(___stack0, ..., local_a, local_b):      # label __resume_at_<index>_<name>
-        <push ___stack0 ...>          # PUSH_NULL where the stack held a NULL
-        JUMP_FORWARD to <instruction index>
-        <the original bytecode, unchanged>
-
-Keeping the whole original body (only unreachable before the target) preserves
-line numbers, the exception table and loop structure without any analysis. The code
-object is produced with the ``bytecode`` library. Resume functions are cached per
-(code object, target, stack layout, locals) so they are captured and cached like any
-other frame. A break inside a resume function resumes from the *user's* code at the
-same instruction where the resume code's instructions map back to it (:data:`_POSITIONS`):
-a graph break in the body of a loop then makes one resume function, compiled once, for
-every iteration, not a chain of resume-of-resume functions, one per iteration.
-
-A resume code object keeps the original ``co_name``/``co_qualname``/``co_filename``:
-code that looks at its own frame (``sys._getframe().f_code.co_name``, logging's
-``funcName``, tracebacks) sees the user's function, as in eager. The compile log names
-it by :func:`label` (``__resume_at_<index>_<name>``); :func:`origin` gives the user's
-code object.
-
-``make_call_stub`` builds the frame a graph-break call runs in: a function with the
-original code's names, file, first line and the call's line number, whose locals are
-the frame's live locals (see :func:`make_call_stub`).
+:func:`make_resume_function` returns a function whose code is the original code object with a prologue
+that pushes the stack values it takes as arguments (``PUSH_NULL`` where the stack held a NULL) and jumps
+to the break's instruction; keeping the whole original body preserves line numbers, the exception table
+and loop structure. It keeps the user's ``co_name``/``co_qualname``/``co_filename``; the compile log names
+it by :func:`label`, :func:`origin` gives the user's code. A break inside a resume function resumes from
+the user's code (:data:`_POSITIONS`), so a loop makes one resume function, not one per iteration.
+:func:`make_call_stub` builds the frame a graph-break call runs in. docs/capture.md, "Graph breaks".
 """
 from __future__ import annotations
 
@@ -285,8 +266,7 @@ def make_call_stub(code: types.CodeType, lineno: Optional[int], local_names: tup
     first = code.co_firstlineno
     line = lineno if lineno is not None and lineno >= first else first
     key = (code, line, local_names)
-    hit = _STUBS.get(key)
-    if hit is None:
+    if (hit := _STUBS.get(key)) is None:
         params = ", ".join(("___fn", "___args", "___kwargs") + tuple(local_names))
         body = "return ___fn(*___args, **___kwargs)"
         if line == first:

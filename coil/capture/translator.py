@@ -221,8 +221,7 @@ class InstructionTranslatorBase:
     def step(self, inst) -> None:
         self.current = inst
         self.output.current_tx = self
-        h = self.handlers.get(inst.opname)
-        if h is None:
+        if (h := self.handlers.get(inst.opname)) is None:
             raise Unsupported(f"opcode {inst.opname} is not supported",
                               hint="add a handler in coil/capture/opcodes.py")
         try:
@@ -268,8 +267,7 @@ class InstructionTranslatorBase:
         backends read; a kernel's failed bounds check names its innermost line."""
         frames = self.user_frames()
         node.meta["stack"] = _stack_summary(_stack_lines(frames))
-        trace = _stack_trace(frames)
-        if trace:
+        if trace := _stack_trace(frames):
             node.meta["stack_trace"] = trace
 
     def location(self):
@@ -304,8 +302,7 @@ class InstructionTranslatorBase:
             if cell.content is None:
                 raise UserCodeError(f"NameError: free variable '{name}' referenced before assignment")
             return cell.content
-        pending = self.output.side_effects.cells.get(id(cell))
-        if pending is not None:
+        if (pending := self.output.side_effects.cells.get(id(cell))) is not None:
             return pending
         try:
             value = cell.cell.cell_contents
@@ -468,8 +465,7 @@ class InstructionTranslatorBase:
         if isinstance(a, TensorVariable) or isinstance(b, TensorVariable):
             if isinstance(a, (NNModuleVariable, UserDefinedObjectVariable, NewObjectVariable)) or \
                     isinstance(b, (NNModuleVariable, UserDefinedObjectVariable, NewObjectVariable)):
-                res = self._user_binary(op, a, b)
-                if res is not None:
+                if (res := self._user_binary(op, a, b)) is not None:
                     return res
             if op in (operator.eq, operator.ne) and (
                     (isinstance(a, ConstantVariable) and a.value is None) or
@@ -507,8 +503,7 @@ class InstructionTranslatorBase:
                 a.call_method(self, "update", [b], {})
                 return a
             return DictVariable({**a.items, **b.items}, a.user_cls)
-        res = self._user_binary(op, a, b)
-        if res is not None:
+        if (res := self._user_binary(op, a, b)) is not None:
             return res
         if op in (operator.eq, operator.ne):
             same = self.is_same(a, b)
@@ -528,8 +523,7 @@ class InstructionTranslatorBase:
                operator.or_: ("__or__", "__ror__")}
 
     def _user_binary(self, op, a, b):
-        names = self._DUNDER.get(op)
-        if names is None:
+        if (names := self._DUNDER.get(op)) is None:
             return None
         for obj, other, name in ((a, b, names[0]), (b, a, names[1])):
             cls = None
@@ -621,8 +615,7 @@ class InstructionTranslatorBase:
                f"sum(map(len, ({''.join(f'{mm}.{g}, ' for g in glob)})))", 0)
         if m._backward_hooks or getattr(m, "_backward_pre_hooks", None):
             raise Unsupported("module backward hooks")
-        src = mod_vt.source
-        if src is not None:
+        if (src := mod_vt.source) is not None:
             e = src.expr()
             names = [h for h in _MODULE_HOOKS if hasattr(m, h)]
             # hook dicts live in the instance __dict__: read there (half the cost of
@@ -632,8 +625,7 @@ class InstructionTranslatorBase:
                 gs.add(" and ".join(f"not {d}" for d in dicts),
                        f"sum(map(len, ({''.join(f'{d}, ' for d in dicts)})))", 0, src=e)
             for hname, d in zip(names, dicts):
-                hooks = getattr(m, hname)
-                if hooks:      # the same hooks (handle ids), not just as many
+                if hooks := getattr(m, hname):      # the same hooks (handle ids), not just as many
                     gs.add(f"tuple({d}) == {tuple(hooks)!r}", f"tuple({d})", tuple(hooks), src=e)
                 elif any(getattr(m, h) for h in names):   # (all empty: one guard, above)
                     gs.add(f"not {d}", f"len({d})", 0, src=e)
@@ -648,8 +640,7 @@ class InstructionTranslatorBase:
                 res = self.call(hook_vt, [mod_vt, TupleVariable(args)], {})
                 if not (isinstance(res, ConstantVariable) and res.value is None):
                     args = self.unpack(res) if isinstance(res, TupleVariable) else [res]
-        inst_forward = m.__dict__.get("forward")
-        if inst_forward is not None:
+        if (inst_forward := m.__dict__.get("forward")) is not None:
             # ``m.forward = f`` shadows the class's forward, as in Module.__call__; guarded
             # on that object
             if src is not None:

@@ -116,8 +116,7 @@ def _tiling(group, backend):
     if backend.name != "triton" or not config.triton_tile_2d or not isinstance(group, FusedGroup):
         return None
     from coil.codegen.tiling import tile_pointwise
-    tiled = tile_pointwise(group)
-    if tiled is not None:
+    if (tiled := tile_pointwise(group)) is not None:
         trace.log("tile_2d", stage="codegen", group=group.names, y=tiled[0], x=tiled[1])
     return tiled
 
@@ -194,8 +193,7 @@ def _compile(gm, example_inputs, device, env) -> "CompiledGraph":
                 # backend: Triton would run it in its interpreter, ~10 ms a launch
                 gdev = s.nodes[0].get_device()
                 be = backend if gdev is None or gdev.type == device.type else _pick_backend(gdev)
-                tiled = _tiling(s, be)
-                if tiled is not None:
+                if (tiled := _tiling(s, be)) is not None:
                     # a 2-D tiled pointwise kernel: planned like a persistent reduction
                     # kernel without reductions over (Y, X); the Triton backend gives it
                     # a 2-D grid instead of a loop (codegen/tiling.py)
@@ -212,8 +210,7 @@ def _compile(gm, example_inputs, device, env) -> "CompiledGraph":
                 if trace.enabled():
                     trace.artifact(f"kernel {name}", lambda g=gen: g.source, kind=be.name)
         for k in kernels.values():  # join background builds (C++): failures surface here
-            wait = getattr(k.generated.launcher, "wait", None)
-            if wait is not None:
+            if (wait := getattr(k.generated.launcher, "wait", None)) is not None:
                 wait()
         # a backward recorded as a CUDA graph may release the forward's saved
         # activations as it goes (runtime/cudagraph_trees.py: Tree._lend_saved)

@@ -1,19 +1,10 @@
 """2-D tiling of pointwise kernels whose accesses disagree about the contiguous dim.
 
-A pointwise group is one flat loop ``xindex in [0, numel)``. When one access walks
-memory with ``xindex`` and another with a stride (a transpose: ``out[j, i] = f(in[i, j])``,
-an NCHW -> NHWC copy), a 1-D kernel coalesces only one of them: the other touches one
-element per 32-byte sector per lane. :func:`tile_pointwise` re-plans such a group over
-a 2-D space ``(Y, X)``: ``X`` is the innermost loop range of the group's first stored
-buffer (after its loop order, docs/ir.md), ``Y = numel / X``. The kernel then runs
-``[XBLOCK, RBLOCK]`` tiles on a 2-D grid (x = the Y axis, r = the X axis, no loop;
-the reduction machinery's in-loop pointwise indexing does the mapping), and Triton's
-coalescing pass gives each load and store the layout of its own contiguous axis,
-converting between them through shared memory. Inductor tiles pointwise kernels the
-same way (its "tiling" of ``(y, x)`` ranges).
-
-Applies to the Triton backend only (``config.triton_tile_2d``); logged as event
-``tile_2d``.
+When one access of a pointwise group walks memory with ``xindex`` and another with a stride (a transpose,
+an NCHW -> NHWC copy), a 1-D kernel coalesces only one of them. :func:`tile_pointwise` re-plans such a
+group over ``(Y, X)``, ``X`` the innermost loop range of its first stored buffer: ``[XBLOCK, RBLOCK]``
+tiles on a 2-D grid, which Triton's coalescing pass lays out per access (Inductor tiles ``(y, x)`` ranges
+the same way). Triton only (``config.triton_tile_2d``, event ``tile_2d``); docs/codegen.md.
 """
 from __future__ import annotations
 
@@ -31,8 +22,7 @@ _MAX_GRID_Y = 65535
 def _contiguous_axis(e) -> Optional[str]:
     """"x" or "r" for an index expression that steps by 1 along that kernel axis and by
     more along the other, else None (indirect, broadcast, or contiguous in neither)."""
-    steps = axis_steps(e)
-    if steps is None:
+    if (steps := axis_steps(e)) is None:
         return None
     dx, dr = steps
     if dx == 1 and abs(dr) > 1:

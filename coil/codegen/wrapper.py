@@ -1,19 +1,10 @@
 """The generated Python wrapper: one function per graph that allocates, launches, frees.
 
-``WrapperCodegen(graph, steps, kernels).generate()`` returns (source, globals). The
-wrapper is straight-line code with everything decided at compile time:
-
-- kernel outputs are allocated with ``empty_strided`` (eager's strides for graph outputs);
-- extern kernels are called with their ATen op (strided views passed via
-  ``reinterpret``);
-- memory planning: a buffer is released right after its last reader; if a later
-  allocation has the same size, stride, dtype and device, the freed buffer is reused
-  (``buf7 = buf2  # reuse``) instead of allocating again.
-
-With ``boxed=True`` the source also defines ``call_boxed(args)``: the same body, taking
-its inputs in a list that it empties and releasing each input after its last reader,
-so that memory the caller hands over (a forward's saved activations, when a backward
-is recorded as a CUDA graph: runtime/cudagraph_trees.py) is reused within the call.
+``WrapperCodegen(graph, steps, kernels).generate()`` returns (source, globals): straight-line code that
+allocates kernel outputs with ``empty_strided``, calls kernels and extern kernels, releases each buffer
+after its last reader and reuses freed buffers of the same size, stride, dtype and device (``buf7 = buf2
+# reuse``). With ``boxed=True`` it also defines ``call_boxed(args)``, which empties its input list and
+releases each input after its last reader. docs/codegen.md, "Wrapper".
 """
 from __future__ import annotations
 
@@ -151,8 +142,7 @@ def symbol_bindings(graph, needed: set, sources: Optional[dict] = None) -> list[
     sources = _symbol_sources(graph) if sources is None else sources
     late = sorted((s for s in needed if s in PRECOMPUTED), key=lambda s: s.name)  # after what they read
     needed = (set(needed) - set(late)).union(*(PRECOMPUTED[s].free_symbols for s in late))
-    missing = sorted(str(s) for s in needed if s not in sources)
-    if missing:
+    if missing := sorted(str(s) for s in needed if s not in sources):
         raise NotImplementedError(f"coil wrapper: size symbols {missing} are not a size, stride "
                                   "or SymInt input of this graph")
     from torch.utils._sympy.printers import PythonPrinter
@@ -186,8 +176,7 @@ def _symbol_sources(graph) -> dict:
         if isinstance(v, (torch.SymInt, torch.SymFloat)) and v.node.expr.is_Symbol and src.op == "placeholder":
             sources.setdefault(v.node.expr, f"{src.name}.item()")
     for name in graph.placeholder_names:
-        b = graph.graph_inputs.get(name)
-        if b is None:
+        if (b := graph.graph_inputs.get(name)) is None:
             continue
         for d, e in enumerate(b.layout.size):
             if e.is_Symbol:

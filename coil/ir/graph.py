@@ -174,19 +174,10 @@ def _misaligned_ld(x) -> bool:
 
 
 def _maybe_pad_matmul_output(ek: ExternKernel, meta: torch.Tensor) -> None:
-    """Pad a CUDA fp16/bf16 ``mm``/``addmm`` whose rows are not 16-byte aligned
-    (``N % 8 != 0`` or ``K % 8 != 0``, e.g. GPT-2's 50257-word vocabulary): cuBLAS then
-    picks its fast tensor-core kernels instead of an ``align1`` one (GPT-2's LM head on an
-    H200: 3.4 ms, against about 0.45 ms aligned). The wrapper runs the op through
-    ``matmul_padded`` (codegen/wrapper.py), which copies the operands (and the bias) into
-    zero-padded buffers; for a padded N the result keeps a padded row stride
-    (``ek.padded_output``) and a graph output gets a contiguous copy (see
-    ``_output_spec``). The same idea as Inductor's mm padding. Only plain
-    (alpha = beta = 1) calls are padded.
-
-    Under dynamic shapes the padded dims (N, and K for a padded K) must be static; M and
-    the others may be symbolic (GPT-2's LM head: M = batch * length): the output layout
-    is then (M, Np) with a static row stride, and the size heuristics use the hints."""
+    """Pad a CUDA fp16/bf16 ``mm``/``addmm`` (alpha = beta = 1) whose rows are not 16-byte aligned
+    (``N % 8 != 0`` or ``K % 8 != 0``): the wrapper runs it through ``matmul_padded``; for a padded N
+    the result keeps a padded row stride (``ek.padded_output``) and a graph output gets a contiguous copy
+    (``_output_spec``). The padded dims must be static. docs/codegen.md, "Padded matmuls"."""
     if (ek.op not in _PADDABLE_MATMULS or meta.device.type not in _PAD_DEVICES or meta.dim() != 2
             or meta.dtype not in (torch.float16, torch.bfloat16)
             or not config.pad_matmul_outputs or ek.kwargs):
@@ -766,21 +757,10 @@ class GraphLowering(torch.fx.Interpreter):
                                           lambda i: ops.add(lr(i), lbias(i)) if lbias else lr(i), [m, n]))
 
     def _mm_with_padded_operand(self, args, meta) -> Optional[TensorBox]:
-        """``a @ b`` on CUDA in fp16/bf16 where ``a``'s leading dimension is not a multiple
-        of 8 (GPT-2's LM-head backward: ``g @ W`` with ``g`` (M, 50257), and
-        ``g.t() @ x``), computed from a zero-padded copy of ``a``'s storage made by a
-        generated kernel and shared by every matmul that reads the same tensor; None
-        when the pattern does not apply (the wrapper's ``matmul_padded`` then handles
-        it, see :func:`_maybe_pad_matmul_output`).
-
-        - ``a`` row-major (M, K), K % 8 != 0: ``a' = pad(a)`` (M, Kp), ``b`` gets Kp - K
-          zero rows; the product is unchanged.
-        - ``a`` transposed (strides (1, M)), M % 8 != 0: ``a`` is ``t.t()`` for a row-major
-          (K, M) ``t``; ``a' = pad(t).t()`` (Mp, K) with leading dimension Mp, and the
-          (Mp, N) product's first M rows are the result (a contiguous prefix).
-
-        Before, ``matmul_padded`` copied ``g`` twice per step with ATen's strided copy
-        (0.7 ms each for GPT-2's 4096 x 50257 logits gradient on an H200)."""
+        """``a @ b`` on CUDA in fp16/bf16 where ``a``'s leading dimension is not a multiple of 8, computed
+        from a zero-padded copy of ``a``'s storage made by a generated kernel and shared by every matmul
+        that reads the same tensor (docs/ir.md, "Misaligned matmul operands"); None when the pattern does
+        not apply (the wrapper's ``matmul_padded`` then handles it: :func:`_maybe_pad_matmul_output`)."""
         if (not isinstance(meta, torch.Tensor) or meta.device.type not in _PAD_DEVICES
                 or meta.dim() != 2 or meta.dtype not in (torch.float16, torch.bfloat16)
                 or not config.pad_matmul_outputs or len(args) != 2):
@@ -794,8 +774,7 @@ class GraphLowering(torch.fx.Interpreter):
             return None
         if nn % 8 != 0 or min(m, k, nn) < 64 or m * k < (1 << 20):
             return None
-        base = self._strided(a)
-        if base is None:
+        if (base := self._strided(a)) is None:
             return None
         s0, s1 = (int(v) for v in base.get_stride())
         if s1 == 1 and s0 == k and k % 8 != 0:  # row-major, misaligned K
@@ -843,8 +822,7 @@ class GraphLowering(torch.fx.Interpreter):
         lay = x.layout
         key = ("pad_cols", x.get_name(), tuple(map(str, lay.size)), tuple(map(str, lay.stride)),
                str(lay.offset), cp)
-        hit = self._materialized.get(key)
-        if hit is not None:
+        if (hit := self._materialized.get(key)) is not None:
             return hit[1]
         buf = self._padded_rows(x, c, cp, dim=1)
         self._materialized[key] = (None, buf)

@@ -1,26 +1,10 @@
-"""Higher-order operators in the IR: wrapper-level control flow over separately
-compiled subgraphs.
+"""Higher-order operators in the IR: wrapper-level control flow over separately compiled subgraphs.
 
-``torch.ops.higher_order.cond(pred, true_gm, false_gm, operands)`` in an ATen graph
-(what AOT's make_fx leaves of capture's cond, forward and backward) is lowered to one
-extern call of :func:`run_cond`: each branch GraphModule is compiled on its own with
-:func:`coil.codegen.compile_aten_graph` (its own kernels, its own wrapper), and the
-parent's wrapper reads the predicate with ``.item()`` and calls one of them::
-
-    buf2 = extern1(buf1, c2, c3, [primals_1, primals_2])  # cond
-
-``while_loop(cond_gm, body_gm, carried, additional)`` is the same with a loop:
-:func:`run_while_loop` calls the compiled ``cond_gm`` (one host read per iteration)
-and the compiled ``body_gm`` until the predicate is false.
-
-``map_impl(body_gm, xs, args)`` compiles the body once over one slice of ``xs``;
-:func:`run_map` calls it per leading index and stacks the outputs. ``scan(combine_gm,
-init, xs, additional)`` is the same with a carry threaded through (:func:`run_scan`);
-torch's scan backward is another scan node, lowered the same way.
-
-A branch whose compilation fails runs through the FX interpreter instead (event
-``hop_branch_fallback``, with the error), never silently. Nested conds compile
-recursively (a branch's own GraphLowering lowers them again).
+``cond``, ``while_loop``, ``map_impl`` and ``scan`` in an ATen graph each lower to one extern call
+(:func:`run_cond`, :func:`run_while_loop`, :func:`run_map`, :func:`run_scan`) over subgraphs compiled on
+their own with :func:`coil.codegen.compile_aten_graph`; the parent's wrapper reads predicates with
+``.item()``. A subgraph whose compilation fails runs through the FX interpreter (event
+``hop_branch_fallback``), never silently. docs/hops.md, "IR".
 """
 from __future__ import annotations
 

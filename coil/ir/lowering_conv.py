@@ -1,25 +1,10 @@
 """Lowerings around convolutions: the kernels a CNN runs between its convolutions.
 
-ATen's cuDNN convolution adds its bias with a separate ``add_`` kernel, and its max
-pooling is a kernel of its own that also writes int64 indices inference never reads.
-Here both become loop-level values the scheduler fuses with their neighbours
-(``docs/ir.md``, "Convolution epilogues"):
-
-- ``convolution(x, w, b)`` on a device in ``graph._CHANNELS_LAST_DEVICES`` (CUDA) with
-  ``config.conv_bias_epilogue``: the extern convolution runs without ``b``, and ``+ b``
-  is a pointwise value (fp32 arithmetic, rounded at the store, as eager's ``add_``
-  computes it) that folds into the next kernel (ReLU, hardswish, the SE multiply).
-- a 1x1 convolution of a 1x1 image (squeeze-excitation's FC layers, a classifier head
-  on pooled features) with at most ``config.conv_matvec_max_macs`` multiply-adds: a
-  generated reduction over the input channels instead of a cuDNN call, its input (ReLU
-  + bias of the layer before) inlined into the loads.
-- ``max_pool2d_with_indices`` of a 4-D tensor whose indices no op reads
-  (``config.lower_max_pool``): the values as a pointwise max over the window, with the
-  BatchNorm + ReLU before it inlined into the loads (NaN propagates, as in eager).
-  When the indices are read (training), the ATen op runs.
-
-Either raises :class:`~coil.ir.lowering.FallbackToExtern` where it does not apply, and
-the ATen op runs as an extern kernel as before.
+Loop-level values the scheduler fuses with their neighbours instead of ATen's kernels (docs/ir.md,
+"Convolution epilogues"): a CUDA convolution's ``+ bias`` (``config.conv_bias_epilogue``), a 1x1
+convolution of a 1x1 image as a generated reduction (``config.conv_matvec_max_macs``), and
+``max_pool2d_with_indices`` whose indices no op reads as a window max (``config.lower_max_pool``).
+Each raises :class:`~coil.ir.lowering.FallbackToExtern` where it does not apply, and the ATen op runs.
 """
 from __future__ import annotations
 

@@ -42,8 +42,7 @@ def make_view(x: TensorBox, size, reindex: Callable, restride: Optional[Callable
     base = strided_base(x)
     if base is not None and restride is not None:
         buf, layout = base
-        new = restride(layout)
-        if new is not None:
+        if (new := restride(layout)) is not None:
             return TensorBox(ReinterpretView(buf, new))
     return TensorBox(GenericView(x.data, size, reindex))
 
@@ -547,8 +546,7 @@ def _gather_along(x, dim, index, row_index):
     n = x.get_size()[dim] if x.get_size() else 1
 
     def inner(idx):
-        j = list(idx)
-        if j:
+        if j := list(idx):
             j[dim] = ops.indirect_indexing(il(row_index(idx, dim)), n, wrap_neg=False)
         return xl(j)
 

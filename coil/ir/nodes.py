@@ -1,15 +1,11 @@
 """IR nodes of coil's loop-level IR.
 
-What a lowering returns is a :class:`TensorBox` (the IR value of one ATen tensor). Its
-chain is ``TensorBox → (views) → StorageBox → data``:
-
-- ``TensorBox.data`` is a view (:class:`ReinterpretView`, :class:`GenericView`) or a
-  :class:`StorageBox`. Views change *indexing*, never copy.
-- ``StorageBox.data`` is either unrealized loops (:class:`Pointwise`,
-  :class:`Reduction`: a define-by-run body, inlined into every reader) or a realized
-  :class:`Buffer`: :class:`InputBuffer`, :class:`ComputedBuffer` (a named buffer whose
-  body the scheduler turns into kernels), :class:`ExternKernel` (an ATen call).
-  ``StorageBox.realize()`` turns loops into a ComputedBuffer registered with the graph.
+A lowering returns a :class:`TensorBox` (the IR value of one ATen tensor), whose chain is ``TensorBox →
+(views) → StorageBox → data`` (docs/ir.md, "Values"): views (:class:`ReinterpretView`,
+:class:`GenericView`) change indexing, never copy; ``StorageBox.data`` is unrealized loops
+(:class:`Pointwise`, :class:`Reduction`, inlined into every reader) or a realized :class:`Buffer`
+(:class:`InputBuffer`, :class:`ComputedBuffer`, :class:`ExternKernel`); ``StorageBox.realize()`` turns
+loops into a ComputedBuffer registered with the graph.
 
 Invariants: sizes/strides/index expressions are sympy expressions; a Buffer's
 ``layout`` is fixed once created; every realized buffer has a unique name ``bufN`` (or
@@ -56,8 +52,7 @@ def current_graph():
 
 def _node_origin() -> Optional[str]:
     node = getattr(V.graph, "current_node", None)
-    meta = getattr(node, "meta", None)
-    if not meta:
+    if not (meta := getattr(node, "meta", None)):
         return None
     return meta.get("stack_trace") or meta.get("stack")
 

@@ -1,17 +1,11 @@
 """Index arithmetic for the loop IR: sympy symbols, integer division, simplification.
 
-Sizes, strides and index expressions are sympy expressions everywhere in coil's IR
-(static shapes make them Integers today; symbolic sizes will be Symbols).
-
-- :class:`FloorDiv` and :class:`ModularIndexing`-style :class:`Mod` are our own sympy
-  functions for non-negative integer division (sympy's ``floor``/``Mod`` are slow and
-  simplify unpredictably).
-- :func:`simplify_index` canonicalizes an index expression so that two expressions for
-  the same element compare equal: it folds ``Mod(y, b)*k + FloorDiv(y, b)*b*k -> y*k``
-  (the pattern that splitting a flat index into dims and re-linearizing produces) and
-  drops divisions of variables by bounds they cannot reach.
-- ``XINDEX`` / ``RINDEX`` are the kernel-level iteration symbols every code generator
-  sees (see docs/codegen.md).
+Sizes, strides and index expressions are sympy expressions everywhere in coil's IR (Integers, or
+Symbols of the ShapeEnv under dynamic shapes). :class:`FloorDiv` and :class:`Mod` are our own sympy
+functions for non-negative integer division (sympy's ``floor``/``Mod`` are slow and simplify
+unpredictably); :func:`simplify_index` canonicalizes an index expression so that two expressions for the
+same element compare equal (docs/ir.md); ``XINDEX`` / ``RINDEX`` are the kernel-level iteration symbols
+every code generator sees (docs/codegen.md).
 """
 from __future__ import annotations
 
@@ -85,8 +79,7 @@ _BY_EXPR: dict = {}
 
 def precomputed(e: sympy.Expr) -> sympy.Symbol:
     """The precomputed-size symbol standing for ShapeEnv expression ``e`` (one per expression)."""
-    s = _BY_EXPR.get(e)
-    if s is None:
+    if (s := _BY_EXPR.get(e)) is None:
         # non-negative only when provably so: an index made from a float argument
         # (x[int(k)], TruncToInt(zf0)) may be negative, and the assumption decided its
         # ``< 0`` (eager's wrap of a negative index) as False without a guard
@@ -101,8 +94,7 @@ def _provably_nonneg(e: sympy.Expr) -> bool:
     ShapeEnv's value ranges."""
     if e.is_nonnegative:
         return True
-    env = current_shape_env()
-    if env is None:
+    if (env := current_shape_env()) is None:
         return False
     from torch.utils._sympy.value_ranges import bound_sympy
     try:
@@ -170,8 +162,7 @@ def hint(e) -> int:
         return e
     if getattr(e, "is_Integer", False):
         return int(e)
-    env = _SCOPE.env
-    if env is None:
+    if (env := _SCOPE.env) is None:
         raise TypeError(f"size {e} is symbolic and no ShapeEnv is active")
     e = sympy.sympify(e).xreplace(PRECOMPUTED) if PRECOMPUTED else sympy.sympify(e)
     if hasattr(env, "optimization_hint"):  # torch >= 2.12 (a non-guarding hint)
@@ -195,8 +186,7 @@ def guard_true(cond) -> bool:
     cond = sympy.sympify(cond)
     if cond in (sympy.true, sympy.false):
         return bool(cond)
-    env = _SCOPE.env
-    if env is None:
+    if (env := _SCOPE.env) is None:
         raise TypeError(f"size relation {cond} is symbolic and no ShapeEnv is active")
     cond = _to_torch_sympy(cond)
     return bool(env.evaluate_expr(cond.xreplace(PRECOMPUTED) if PRECOMPUTED else cond))
@@ -361,8 +351,7 @@ def upper_bound(e: sympy.Expr, bounds: dict):
     if e.is_Add:
         total = 0
         for t in e.args:
-            ub = upper_bound(t, bounds)
-            if ub is None:
+            if (ub := upper_bound(t, bounds)) is None:
                 return None
             total += ub - 1
         return total + 1
@@ -426,8 +415,7 @@ def _range_rules(e: sympy.Expr, bounds: dict) -> sympy.Expr:
     def fd(a, b):
         if _nonneg_below(a, b, bounds):
             return sympy.Integer(0)
-        sp = _split_small(a, b, bounds)
-        if sp is not None:
+        if (sp := _split_small(a, b, bounds)) is not None:
             g, w, _ = sp
             return FloorDiv(w, b / g)
         return FloorDiv(a, b)
@@ -435,8 +423,7 @@ def _range_rules(e: sympy.Expr, bounds: dict) -> sympy.Expr:
     def md(a, b):
         if _nonneg_below(a, b, bounds):
             return a
-        sp = _split_small(a, b, bounds)
-        if sp is not None:
+        if (sp := _split_small(a, b, bounds)) is not None:
             g, w, r = sp
             return g * Mod(w, b / g) + r
         return Mod(a, b)

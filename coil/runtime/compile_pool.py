@@ -1,29 +1,12 @@
-"""Compiling Triton kernels in worker processes, ahead of their first launch.
+"""Compiling Triton kernels in worker processes, ahead of their first launch (GPU only).
 
-Triton compiles a kernel in Python and C++ that mostly holds the GIL, so the thread pool
-of ``TritonLauncher._precompile`` overlaps little, and a launcher only starts compiling
-when the wrapper first reaches it: on an H200 a cold GPT-2 / LLaMA compile spent 20-35 s
-in Triton compilations one kernel after another. Here every launcher, as soon as code
-generation creates it, queues one job per candidate config (:func:`submit`) to a few
-``python -m coil.runtime.compile_worker`` processes. They compile into Triton's on-disk
-cache, which this process shares; when the launcher then compiles the same config
-itself (autotuning, or its first launch) Triton finds the binary on disk. Inductor
-does the same with its compile-worker subprocesses.
-
-Nothing here can change results: a worker only fills a cache whose keys Triton computes
-(source, signature, 16-byte alignment, options, target). If a key differs (an argument
-that is not 16-byte aligned, say), the launcher's compile simply misses and compiles as
-before. :func:`claim` is called before the launcher compiles: a job that no worker has
-started yet is taken back (the launcher compiles it now rather than waiting for a worker
-that may still be starting up), and a job in a worker is waited for (up to
-``config.autotune_compile_timeout`` seconds). Workers are plain subprocesses started with
-``-m`` (not ``multiprocessing``, which re-imports the user's ``__main__`` script) and
-each holds a CUDA context (about 0.5 GB of GPU memory) until the pool has been idle for
-``config.autotune_compile_idle_s`` seconds (then it closes; a later compile starts another).
-Events in the compile log: ``compile_pool_prestart`` (started ahead of the first kernel
-by a CUDA graph's compile), ``compile_pool_start``, ``compile_pool_job`` (per job:
-seconds in the worker, of which building the host launcher, or its error), ``compile_pool_claim`` (per launcher: how many jobs
-were taken back / waited for), ``compile_pool_stop`` and ``compile_pool_broken``.
+Triton's compilation mostly holds the GIL, so every launcher, as soon as code generation creates it,
+queues one job per candidate config (:func:`submit`) to a few ``python -m coil.runtime.compile_worker``
+processes that compile into Triton's on-disk cache, which this process shares. Nothing here can change
+results: a worker only fills a cache whose keys Triton computes, and a differing key is a miss.
+:func:`claim` runs before the launcher compiles: jobs not started are taken back, running ones waited
+for (``config.autotune_compile_timeout``). docs/codegen.md ("Compile-worker pool") gives the design and
+the ``compile_pool_*`` events.
 """
 from __future__ import annotations
 
@@ -141,13 +124,11 @@ class CompilePool:
 
     def _serve(self, proc: subprocess.Popen) -> None:
         try:
-            ready = proc.stdout.readline()
-            if not ready:
+            if not (ready := proc.stdout.readline()):
                 raise EOFError("worker exited while starting")
             self._ready.set()
             while True:
-                job = self._queue.get()
-                if job is None:
+                if (job := self._queue.get()) is None:
                     return
                 with self._lock:
                     if job.state != QUEUED:  # taken back by its launcher
@@ -156,8 +137,7 @@ class CompilePool:
                 try:
                     proc.stdin.write(json.dumps(dict(job.payload, id=job.id)) + "\n")
                     proc.stdin.flush()
-                    line = proc.stdout.readline()
-                    if not line:
+                    if not (line := proc.stdout.readline()):
                         raise EOFError("worker exited")
                     job.result = json.loads(line)
                 finally:
@@ -240,8 +220,7 @@ def submit(path: str, module: str, name: str, args: list, configs: list[dict]) -
     """Queue one compile job per config of kernel ``name`` (module file ``path``, to be imported as
     ``module``; ``args``: per argument, its torch dtype's name for a tensor, its value for an int). Returns
     the job handles for :func:`claim` (empty when the pool is off)."""
-    pool = get_pool()
-    if pool is None:
+    if (pool := get_pool()) is None:
         return []
     env = triton_env()
     return [pool.submit(dict(path=path, module=module, name=name, args=args, config=c, env=env))

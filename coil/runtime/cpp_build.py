@@ -184,8 +184,7 @@ def build(source: str, extra_flags: Sequence[str] = ()) -> ctypes.CDLL:
     """
     flags = compile_flags(extra_flags)
     key = cache_key(source, flags)
-    lib = _loaded.get(key)
-    if lib is not None:
+    if (lib := _loaded.get(key)) is not None:
         with _lock:
             stats["memory_hits"] += 1
         return lib

@@ -1,26 +1,13 @@
 """Partitioning for CUDA graphs: split an ATen graph around the ops a CUDA graph cannot
 hold, so that the rest is still recorded (docs/cudagraphs.md, "Partitioning").
 
-In: one functional ATen graph about to be compiled under ``config.cudagraphs``, its
-kind (``gm.meta["coil_aot_graph"]``: inference, forward, backward) and the compiler
-the AOT layer would use for it. Out: one callable with the graph's calling convention
-that runs a list of *pieces* in order, each compiled alone by that compiler: the
-graphable pieces wrapped by :func:`~coil.runtime.cudagraph_trees.cudagraphify` (each
-a graph of the device's tree), the others (host syncs, CPU ops, data-dependent sizes,
-explicit generators: :func:`~coil.runtime.cudagraph_record.ungraphable_node`) run as
-compiled code between them (a piece holding tensors of two devices, a copy to the
-CPU and back, runs its ATen ops as they are).
-
-Pieces. Each op gets a level: an un-graphable op the smallest odd level, a graphable
-one the smallest even level, not below the levels of the ops it reads (``getitem``
-follows its producer). Ops of one level form one piece, so the number of pieces is
-the longest alternation of graphable and un-graphable ops along a dependency path, not
-the number of un-graphable ops; graphable work independent of them moves into the
-first piece. A piece returns what later pieces or the graph's output read; a forward
-piece returns the graph's user outputs first, so that the tree counts the rest as
-held for the backward (``saved``). Each split is logged (``cudagraph_split``) with the
-un-graphable ops and their reasons. A graph whose graphable ops would all be pure
-views is not split (the whole graph runs un-graphed, as before, logged).
+In: one functional ATen graph about to be compiled under ``config.cudagraphs``, its kind
+(``gm.meta["coil_aot_graph"]``) and the compiler the AOT layer would use for it. Out: one callable with
+the graph's calling convention that runs *pieces* in order, each compiled alone by that compiler: the
+graphable ones wrapped by :func:`~coil.runtime.cudagraph_trees.cudagraphify`, the others
+(:func:`~coil.runtime.cudagraph_record.ungraphable_node`) run as compiled code between them. Each op's
+level (odd: un-graphable, even: graphable, not below what it reads) is its piece; splits are logged
+(``cudagraph_split``).
 """
 from __future__ import annotations
 

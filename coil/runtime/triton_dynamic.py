@@ -113,8 +113,7 @@ class DynamicTritonLauncher(TritonLauncher):
         # Triton's specialization class of xnumel and rnumel (the symbols: int32 or not):
         # a binary (and a direct launch) each
         key = (bucket,) + self._class(args[self.n_ptrs:])
-        run = self._runs.get(key)
-        if run is None:
+        if (run := self._runs.get(key)) is None:
             run = self._runs[key] = self._first_launch(bucket, key, args)
         if len(self._by_size) > 4096:
             self._by_size.clear()

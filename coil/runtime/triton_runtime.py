@@ -270,23 +270,13 @@ def _specialized_launch(run, first: tuple, grid: tuple, consts: list, function, 
     :func:`_direct_launch`'s C function (or, failing that or with ``direct`` False,
     ``run``) while the call keeps the Triton specialization of ``first``, the arguments
     of the call that compiled it; else ``slow`` (the JIT, which picks or compiles the
-    matching binary).
+    matching binary). docs/codegen.md ("Runtime") describes the check.
 
-    ``first`` holds the tensors, then the ints (a dynamic kernel's ``xnumel`` and size
-    arguments). Triton specializes a pointer on 16-byte alignment and an int on
-    divisibility by 16, on ``== 1`` and on the 32-bit range. The check is a few integer
-    operations: an int divisible by 16 on the first call joins the pointers'
-    ``(p0 | s0) & 15``, the int32 ints share one ``(s0 | s1) >> 31``. The last ``free``
-    ints are ``do_not_specialize`` (a dynamic kernel's size symbols): only their 32-bit
-    range is checked (checking their divisibility sent every call of a sequence length
-    of another class through the JIT).
-    ``grid`` items are ints or Python expressions in the argument names (``-(-a3 // 128)``).
-
-    ``pointers_as_ints`` (every tensor was a CUDA tensor on the first call; the graph's
-    guards keep the devices): the direct launch gets the data pointers the check already
-    read, as ints. Triton's C launcher then skips, per pointer, a ``data_ptr()`` method
-    call and a ``cuPointerGetAttribute`` driver call (its check that the memory is device
-    memory)."""
+    ``first`` holds the tensors, then the ints (a dynamic kernel's ``xnumel`` and size arguments); the
+    last ``free`` ints are ``do_not_specialize`` (only their 32-bit range is checked). ``grid`` items are
+    ints or Python expressions in the argument names (``-(-a3 // 128)``). ``pointers_as_ints`` (every
+    tensor was a CUDA tensor on the first call): the direct launch gets the data pointers the check
+    already read, as ints."""
     names = [f"a{i}" for i in range(len(first))]
     params = ", ".join(names)
     launch = _direct_launch(run) if direct else None
@@ -436,8 +426,7 @@ class TritonLauncher:
         self.key = source_key(canonical)
         self.chosen: Optional[dict] = None
         self._module_at = module_location(canonical, self.interpret)
-        preset = self._preset(numel * rnumel)
-        if preset is not None:
+        if (preset := self._preset(numel * rnumel)) is not None:
             self._choose(preset)
         if self.gpu and arg_dtypes is not None:
             self._submit_to_pool(self.arg_dtypes, preset)
@@ -459,8 +448,7 @@ class TritonLauncher:
         """The config to run without timing candidates: one tuned before (:meth:`_known_tuned`), the only
         candidate, or the first when not autotuning (CPU, ``config.autotune`` off, fewer than
         ``config.autotune_min_elements`` ``elements``); None: autotune at the first call."""
-        tuned = self._known_tuned()
-        if tuned is not None:
+        if (tuned := self._known_tuned()) is not None:
             return tuned
         if len(self.configs) == 1 or not (config.autotune and self.gpu) \
                 or elements < config.autotune_min_elements:
@@ -488,8 +476,7 @@ class TritonLauncher:
         """Before compiling here: take back or wait for this body's pool jobs (those
         queued under ``key``, default ``self.key``)."""
         key = key or self.key
-        jobs = _pool_jobs.get(key)
-        if jobs:
+        if jobs := _pool_jobs.get(key):
             from coil.runtime import compile_pool
             _pool_jobs[key] = []
             compile_pool.claim(self.name, jobs)
@@ -555,8 +542,7 @@ class TritonLauncher:
 
     def __call__(self, *args):
         if self.chosen is None:  # another copy of this body may have been tuned since
-            tuned = self._known_tuned()
-            if tuned is None:
+            if (tuned := self._known_tuned()) is None:
                 self._autotune(args)
             else:
                 self._choose(tuned)
@@ -605,8 +591,7 @@ class TritonLauncher:
             n = min(len(rest), config.autotune_compile_threads)
             with ThreadPoolExecutor(max_workers=n) as pool:
                 errors += [f.exception() for f in [pool.submit(one, c) for c in rest]]
-            bad = [str(e) for e in errors if e is not None]
-            if bad:
+            if bad := [str(e) for e in errors if e is not None]:
                 trace.log("autotune_precompile_error", stage="runtime", kernel=self.name, errors=bad[:2])
         except Exception as e:  # noqa: BLE001 - an API we do not know: compile serially
             trace.log("autotune_precompile_unavailable", stage="runtime", kernel=self.name, error=str(e))

@@ -1,21 +1,11 @@
 """Map a buffer's loop variables onto a kernel's iteration space.
 
 A kernel iterates ``xindex in [0, numel)`` and, for reductions, ``rindex in [0, rnumel)``
-(coil.ir.symbols.XINDEX / RINDEX). :func:`kernel_index` expresses one ComputedBuffer's
-loop variables in those two symbols for a given ``(numel, rnumel)``:
-
-- a reduction over ``ranges | reduction_ranges``: ranges from xindex, reduction ranges
-  from rindex (``prod(ranges) == numel``, ``prod(reduction_ranges) == rnumel``);
-- a pointwise buffer of ``numel`` elements: all ranges from xindex ("out of loop" when
-  the kernel is a reduction, i.e. once per xindex);
-- a pointwise buffer of ``numel * rnumel`` elements inside a reduction kernel ("in
-  loop"): the trailing dims that multiply to ``rnumel`` come from rindex, the leading
-  ones from xindex; one dim may be split in two (``i = outer * f + inner``).
-
-Dependencies (:func:`kernel_deps`) are the buffer's loads and stores with index
-expressions in kernel symbols, canonicalized by :func:`coil.ir.symbols.simplify_index`:
-two equal expressions denote the same element, which is what fusion legality and the
-kernels' store→load forwarding rely on.
+(coil.ir.symbols.XINDEX / RINDEX). :func:`kernel_index` expresses one ComputedBuffer's loop variables in
+those two symbols (a reduction, a pointwise buffer once per ``xindex``, or one inside the reduction loop
+whose trailing dims come from ``rindex``: docs/scheduler.md, "Iteration spaces"). :func:`kernel_deps`
+gives its loads and stores in kernel symbols, canonicalized by :func:`coil.ir.symbols.simplify_index`:
+two equal expressions denote the same element, which fusion legality and store→load forwarding rely on.
 """
 from __future__ import annotations
 
@@ -24,8 +14,8 @@ from typing import Optional
 
 import sympy
 
-from coil.ir.symbols import (RINDEX, XINDEX, FloorDiv, Mod, as_size, current_shape_env, hint,
-                             is_static, product, simplify_index)
+from coil.ir.symbols import (RINDEX, XINDEX, FloorDiv, Mod, as_size, current_shape_env, hint, product,
+                             simplify_index)
 
 
 def decompose(var: sympy.Symbol, sizes: list) -> list:
@@ -49,41 +39,14 @@ def decompose(var: sympy.Symbol, sizes: list) -> list:
 def split_ranges(sizes: list, rnumel) -> Optional[tuple[list, list, Optional[int]]]:
     """Split ``sizes`` into (x_sizes, r_sizes, split_dim) with ``prod(r_sizes) == rnumel``.
     ``split_dim`` is the dim cut in two (its outer part ends x_sizes, inner part starts
-    r_sizes), or None. Returns None when impossible."""
-    if not all(is_static(s) for s in list(sizes) + [rnumel]):
-        return _split_ranges_symbolic(sizes, rnumel)
-    rem = int(rnumel)
-    r_sizes: list = []
-    d = len(sizes) - 1
-    while rem > 1 and d >= 0:
-        s = int(sizes[d])
-        if s == 1:
-            r_sizes.insert(0, sympy.Integer(1))
-        elif rem % s == 0:
-            r_sizes.insert(0, sympy.Integer(s))
-            rem //= s
-        elif s % rem == 0:
-            return list(sizes[:d]) + [sympy.Integer(s // rem)], [sympy.Integer(rem)] + r_sizes, d
-        else:
-            return None
-        d -= 1
-    if rem != 1:
-        return None
-    return list(sizes[: d + 1]), r_sizes, None
-
-
-def _split_ranges_symbolic(sizes: list, rnumel):
-    """:func:`split_ranges` for symbolic sizes: whole trailing dims only (a dim is cut
-    in two only when the quotient is an exact expression)."""
-    rem = sympy.sympify(rnumel)
-    r_sizes: list = []
-    d = len(sizes) - 1
+    r_sizes), or None. Returns None when impossible. A dim is cut in two only when the
+    quotient is exact (an integer, or an exact expression of symbolic sizes)."""
+    rem, r_sizes, d = sympy.sympify(rnumel), [], len(sizes) - 1
     while rem != 1 and d >= 0:
         s = sympy.sympify(sizes[d])
-        q = sympy.expand(rem / s)
         if s == 1:
             r_sizes.insert(0, sympy.Integer(1))
-        elif sympy.denom(q) == 1:
+        elif sympy.denom(q := sympy.expand(rem / s)) == 1:
             r_sizes.insert(0, s)
             rem = q
         elif sympy.denom(sympy.expand(s / rem)) == 1:
@@ -91,9 +54,7 @@ def _split_ranges_symbolic(sizes: list, rnumel):
         else:
             return None
         d -= 1
-    if rem != 1:
-        return None
-    return list(sizes[: d + 1]), r_sizes, None
+    return (list(sizes[: d + 1]), r_sizes, None) if rem == 1 else None
 
 
 @functools.lru_cache(maxsize=None)
@@ -107,8 +68,7 @@ def _kernel_index_cached(ranges: tuple, rranges: tuple, is_red: bool, numel, rnu
     if n == numel:
         return decompose(XINDEX, list(ranges)), [], rnumel == 1
     if rnumel != 1 and n == as_size(numel * rnumel):
-        sp = split_ranges(list(ranges), rnumel)
-        if sp is None:
+        if (sp := split_ranges(list(ranges), rnumel)) is None:
             return None
         xs, rs, split = sp
         xv, rv = decompose(XINDEX, xs), decompose(RINDEX, rs)
@@ -166,8 +126,7 @@ def kernel_deps(buf, numel, rnumel) -> Optional[KernelDeps]:
     key = (id(buf), numel, rnumel)
     if key in _deps_cache and _deps_cache[key][0] is buf:
         return _deps_cache[key][1]
-    ki = kernel_index(buf, numel, rnumel)
-    if ki is None:
+    if (ki := kernel_index(buf, numel, rnumel)) is None:
         res = None
     else:
         from coil.ir.handlers import DependencyRecorder

@@ -2,29 +2,9 @@
 
 Input: a lowered :class:`~coil.ir.graph.GraphLowering`. Output: ``self.steps``, a list of
 :class:`FusedGroup` (one generated kernel each) and :class:`ExternStep` (an ATen call or
-a MultiOutput unpacking), in a valid execution order.
-
-Fusion (``config.fusion``): start with one group per ComputedBuffer; candidate pairs are
-groups connected by a buffer (vertical: one reads what the other writes) or sharing a
-read (horizontal). Each candidate is scored by the memory traffic it saves (bytes of
-the intermediate written and read again, or of the shared read); candidates are tried
-best first, and a fusion is made when:
-
-1. the iteration spaces agree: pointwise (N) with pointwise (N); reduction (X, R) with
-   reduction (X, R); pointwise with a reduction (X, R) when N == X*R (it runs inside
-   the reduction loop: a producer, or an epilogue over the same elements) or N == X
-   (once per output element: a reduction epilogue);
-2. no path between the two groups leaves them (that would create a cycle);
-3. every element a node reads from the other group's buffers is the element the same
-   kernel iteration wrote (kernel-level index expressions are equal), and nothing
-   reads, once per output element, a value only computed inside the loop.
-
-Launch-saving horizontal fusion: pointwise groups that read only graph inputs (autocast
-casts of parameters, channels-last copies of convolution weights) with the same size and
-access pattern are fused too, although they share no read (``config.launch_fusion_max_numel``;
-candidates of kind ``horizontal (launch)``, tried after every traffic-saving one).
-
-Every decision is logged (event ``fusion``: made / refused, with the reason).
+a MultiOutput unpacking), in a valid execution order. Fusion is greedy, best first by the memory
+traffic saved, under the rules of docs/scheduler.md ("Fusion"), launch-saving horizontal fusion
+included; every decision is logged (event ``fusion``).
 """
 from __future__ import annotations
 
@@ -195,8 +175,7 @@ class Scheduler:
             return None
         pats = set()
         for n in g.nodes:
-            deps = kernel_deps(n, g.numel, 1)
-            if deps is None:
+            if (deps := kernel_deps(n, g.numel, 1)) is None:
                 return None
             pats.add((tuple(sorted(str(e) for _, e in deps.loads)),
                       tuple(sorted(str(e) for _, e in deps.stores))))
@@ -211,8 +190,7 @@ class Scheduler:
         each round halves a bucket, so the rounds of :meth:`fuse` merge it into one."""
         buckets: dict[tuple, list] = defaultdict(list)
         for g in kernels:
-            pat = self._input_only_pattern(g)
-            if pat is not None:
+            if (pat := self._input_only_pattern(g)) is not None:
                 buckets[pat].append(g)
         out = []
         for gs in buckets.values():
@@ -268,8 +246,7 @@ class Scheduler:
             return "a scatter writes into its target's storage and runs as its own kernel"
         if a.nodes[0].get_device().type != b.nodes[0].get_device().type:
             return "they run on different kinds of device (a CPU group in a GPU graph)"
-        grp = self.combined_group(a, b)
-        if grp is None:
+        if (grp := self.combined_group(a, b)) is None:
             return f"iteration spaces differ ({a.numel}x{a.rnumel} vs {b.numel}x{b.rnumel})"
         numel, rnumel = grp
         for n in a.nodes + b.nodes:
@@ -310,8 +287,7 @@ class Scheduler:
         def loads(g):
             out = set()
             for n in g.nodes:
-                deps = kernel_deps(n, numel, rnumel)
-                if deps is not None:
+                if (deps := kernel_deps(n, numel, rnumel)) is not None:
                     out.update((name, e) for name, e in deps.loads)
             return out
         return bool(loads(a) & loads(b))

@@ -1,25 +1,10 @@
 """The structured compile log (``COIL_TRACE=<dir>``) and its HTML report.
 
-Every stage of coil writes what it took in, what it produced and what it decided
-through two calls::
-
-    from coil import trace
-    trace.log("fusion", stage="schedule", decision="fused", nodes=["buf0", "buf1"])
-    trace.artifact("wrapper", source_code, kind="python")
-
-and times itself with ``with trace.stage("aot"): ...``.
-
-When ``COIL_TRACE`` is unset (and :func:`set_dir` was not called) each of these
-is one attribute test and a return: nothing is formatted or written. When set, each
-process appends JSON objects, one a line, to ``<dir>/coil_trace_<pid>.jsonl``.
-The schema (documented in docs/compile_log.md):
-
-``{"ts": <unix s>, "pid": int, "compile_id": "<frame>/<attempt>" | null,
-"event": str, "stage": str | null, "duration_ms": float | null, ...payload}``
-
-Artifacts are events with ``event == "artifact"`` and fields ``name``, ``kind``
-(``python``, ``cpp``, ``triton``, ``text``, ``json``) and ``text``.
-``coil report <dir>`` (:mod:`coil.trace.report`) renders the log as HTML.
+Every stage writes what it took in, produced and decided through :func:`log` and :func:`artifact`, and
+times itself with ``with trace.stage("aot"): ...``. With the log off each call is one attribute test
+and a return; on, each process appends JSON objects, one a line, to ``<dir>/coil_trace_<pid>.jsonl``.
+docs/compile_log.md gives the rules, the record format and the events; ``coil report <dir>``
+(:mod:`coil.trace.report`) renders the log as HTML.
 """
 from __future__ import annotations
 
@@ -77,8 +62,7 @@ def next_frame_id() -> int:
 
 def current_compile_id() -> Optional[str]:
     """The innermost active compile id (``"frame/attempt"``) or None."""
-    own = getattr(_state.local, "compile_ids", None)
-    if own:
+    if own := getattr(_state.local, "compile_ids", None):
         return own[-1]
     ids = _state.compile_ids  # a helper thread (e.g. a parallel kernel build) with no
     return ids[-1] if ids else None  # compile of its own works for the latest one

@@ -1,29 +1,11 @@
 """``coil report <dir> [-o out]``: render a compile log as a static HTML site.
 
-Design note
------------
-The input is every ``*.jsonl`` file under ``<dir>`` (one per process, written by
-:mod:`coil.trace`; the schema is in docs/compile_log.md). The output is a folder of
-plain HTML files with no JavaScript and no network access, so it opens from disk:
-
-- ``index.html``: every compile id (``frame/attempt``, per process) with its total
-  compile time, time per stage, counts of graph breaks / recompiles / artifacts, and
-  a compile-time breakdown summed over the whole log.
-- ``compile_<pid>_<frame>_<attempt>.html``: one page per compile id: the stage timings,
-  for a recompile, a diff of each artifact against the frame's previous attempt; then
-  every event grouped by event name (graph breaks and recompiles first, then in order
-  of first appearance), then every artifact, syntax-highlighted by its ``kind``.
-- ``no_compile_id.html``: events logged outside any compile context.
-
-Events are rendered *generically*: a group of events with the same name becomes a
-table whose columns are the union of their payload keys. Values get a readable
-form by shape (multi-line strings as code, a list of stack frames as a user stack,
-lists as bullet lists, dicts as nested tables), so a new stage's events appear in
-the report without any change here. Lines that are not valid JSON are counted and
-reported on the index page rather than failing the whole report.
-
-Entry points: :func:`write_report` (library) and :func:`main` (``coil report``;
-``python -m coil.trace.report`` works too).
+The input is every ``*.jsonl`` file under ``<dir>`` (docs/compile_log.md gives the schema and the pages:
+``index.html``, one ``compile_<pid>_<frame>_<attempt>.html`` per compile id, ``no_compile_id.html``).
+Events are rendered generically: a group of events with one name is a table whose columns are the union
+of their payload keys, and values get a readable form by shape (code, user stacks, lists, nested
+tables), so a new stage's events appear without any change here; lines that are not JSON are counted.
+Entry points: :func:`write_report` and :func:`main` (``python -m coil.trace.report`` works too).
 """
 from __future__ import annotations
 
@@ -35,6 +17,7 @@ import json
 import os
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Iterable, Optional
 
 import jinja2
@@ -84,8 +67,7 @@ class Compile:
         direct children's. These add up to :meth:`total_ms`, so they are the compile-time breakdown."""
         selfs = self.stage_totals()
         for r in self.stages:
-            parent = r.get("parent")
-            if parent:
+            if parent := r.get("parent"):
                 selfs[parent] = selfs.get(parent, 0.0) - float(r.get("duration_ms") or 0.0)
         return selfs
 
@@ -149,8 +131,7 @@ def read_log(log_dir: str) -> Log:
     by_id: dict = {}
     loose = []
     for r in records:
-        cid = r.get("compile_id")
-        if cid is None:
+        if (cid := r.get("compile_id")) is None:
             loose.append(r)
             continue
         key = (r.get("pid") or 0, str(cid))
@@ -277,14 +258,10 @@ def event_table(records: list) -> dict:
     head = (["stage"] if show_stage else []) + (["ms"] if show_ms else []) + cols
     rows = []
     for r in records:
-        cells = []
-        if show_stage:
-            cells.append(html.escape(str(r.get("stage") or "")))
-        if show_ms:
-            cells.append(render_value(r.get("duration_ms"), "duration_ms"))
         p = payload(r)
-        cells += [render_value(p[c], c) if c in p else "" for c in cols]
-        rows.append(cells)
+        rows.append(([html.escape(str(r.get("stage") or ""))] if show_stage else [])
+                    + ([render_value(r.get("duration_ms"), "duration_ms")] if show_ms else [])
+                    + [render_value(p[c], c) if c in p else "" for c in cols])
     return {"head": head, "rows": rows}
 
 
@@ -329,8 +306,7 @@ def previous_attempts(compiles: list) -> dict:
     for c in compiles:
         frame, _, attempt = c.compile_id.rpartition("/")
         if attempt.isdigit() and int(attempt) > 0:
-            prev = by_id.get((c.pid, f"{frame}/{int(attempt) - 1}"))
-            if prev is not None:
+            if (prev := by_id.get((c.pid, f"{frame}/{int(attempt) - 1}"))) is not None:
                 out[(c.pid, c.compile_id)] = prev
     return out
 
@@ -404,13 +380,13 @@ def write_report(log_dir: str, out_dir: Optional[str] = None) -> str:
             groups=_group_tables(c.events), artifacts=_artifact_views(c.artifacts),
             diffs=diffs, prev_page=prev.page if prev else "",
             prev_id=prev.compile_id if prev else "", **common)
-        _write(os.path.join(out_dir, c.page), page)
+        Path(out_dir, c.page).write_text(page, encoding="utf-8")
 
     loose_events = [r for r in log.loose if r.get("event") not in ("artifact",)]
     loose_artifacts = [r for r in log.loose if r.get("event") == "artifact"]
-    _write(os.path.join(out_dir, NO_COMPILE_ID_PAGE), env.get_template("loose.jinja").render(
+    Path(out_dir, NO_COMPILE_ID_PAGE).write_text(env.get_template("loose.jinja").render(
         title="events without compile id", groups=_group_tables(loose_events),
-        artifacts=_artifact_views(loose_artifacts), **common))
+        artifacts=_artifact_views(loose_artifacts), **common), encoding="utf-8")
 
     index = env.get_template("index.jinja").render(
         title="coil compile log", log_dir=log_dir, files=log.files, bad_lines=log.bad_lines,
@@ -418,13 +394,8 @@ def write_report(log_dir: str, out_dir: Optional[str] = None) -> str:
         multi_pid=multi_pid, total_ms=grand_total,
         breakdown=_breakdown_rows(all_totals, all_selfs, grand_total), n_loose=len(log.loose), **common)
     index_path = os.path.join(out_dir, "index.html")
-    _write(index_path, index)
+    Path(index_path).write_text(index, encoding="utf-8")
     return index_path
-
-
-def _write(path: str, text: str) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(text)
 
 
 def main(argv: Optional[list] = None) -> int:

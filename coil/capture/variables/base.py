@@ -4,18 +4,10 @@ Every Python value seen while translating a frame is a tracker. Subclasses decid
 what the operations on it mean: a :class:`~.tensor.TensorVariable` turns calls into
 FX nodes, a :class:`ConstantVariable` folds them, containers hold trackers, and
 objects we know nothing about raise :class:`coil.exc.Unsupported` (a graph break).
-
-The interface (all optional; the defaults raise ``Unsupported``):
-
-- ``python_type()``: the type the real value would have (``isinstance`` uses it);
-- ``as_python_constant()``: the real value, when it is known at compile time;
-- ``var_getattr(tx, name)``, ``call_function(tx, args, kwargs)``,
-  ``call_method(tx, name, args, kwargs)``: Python semantics, symbolically;
-- ``unpack(tx)``: the items, for iteration and ``*`` unpacking;
-- ``reconstruct(cg)``: Python expression text that rebuilds the value in the
-  generated entry function (sourced values are simply re-read from their source).
-
-``source`` says where a value came from (:mod:`coil.capture.source`).
+The interface (``python_type``, ``as_python_constant``, ``var_getattr``, ``call_function``,
+``call_method``, ``unpack``, ``reconstruct``...; the defaults raise ``Unsupported``) is listed in
+docs/capture.md, "How to add a VariableTracker". ``source`` says where a value came from
+(:mod:`coil.capture.source`).
 """
 from __future__ import annotations
 

@@ -72,10 +72,8 @@ def _guard_literal(gs, expr, value):
 def wrap(tx, value: Any, source, guard: bool = True) -> VariableTracker:
     """The tracker for real ``value`` read from ``source`` (see module docstring)."""
     out = tx.output
-    literal = is_literal(value)
-    if not literal:
-        hit = out.wrapped.get(id(value))
-        if hit is not None:
+    if not (literal := is_literal(value)):
+        if (hit := out.wrapped.get(id(value))) is not None:
             vt = hit[1]
             if guard and source is not None and vt.source is not None and source != vt.source:
                 out.guards.add(f"{source.expr()} is {vt.source.expr()}")

@@ -63,8 +63,7 @@ class BuiltinVariable(KnownCallableVariable):
         fn = self.fn
         if fn in _BREAK:
             raise Unsupported(_BREAK[fn], hint="it runs outside the graph")
-        h = _HANDLERS.get(fn)
-        if h is not None:
+        if (h := _HANDLERS.get(fn)) is not None:
             return h(tx, list(args), dict(kwargs))
         if fn in _FOLDABLE:
             return _fold(tx, fn, args, kwargs)
@@ -219,8 +218,7 @@ def _id(tx, args, kwargs):
     if len(args) == 1 and not kwargs and isinstance(args[0], ConstantVariable):
         return IdVariable(args[0])
     if len(args) == 1 and not kwargs:
-        obj = known_object(tx, args[0])
-        if obj is not None:
+        if (obj := known_object(tx, args[0])) is not None:
             # a pre-existing object read from a source: its id is a constant under a guard
             tx.output.guards.add(f"___id({args[0].source.expr()}) == {id(obj)}",
                                  f"id({args[0].source.expr()})", id(obj))
@@ -379,8 +377,7 @@ def _next(tx, args, kwargs):
     it = args[0]
     if not isinstance(it, ListIteratorVariable):
         it = tx.get_iter(it)
-    v = it.next(tx)
-    if v is None:
+    if (v := it.next(tx)) is None:
         if len(args) > 1:
             return args[1]
         raise Unsupported("StopIteration from next() (raised by user code)")

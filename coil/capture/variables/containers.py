@@ -645,8 +645,7 @@ class ResumedIteratorVariable(ListIteratorVariable):
         return wrap(tx, rest[i], GetItemSource(IterRestSource(self.source), i))
 
     def next(self, tx):
-        v = self._take(tx, len(self._items))
-        if v is not None:
+        if (v := self._take(tx, len(self._items))) is not None:
             self._items.append(v)
             self.index += 1
         return v
@@ -745,8 +744,7 @@ class GeneratorVariable(ListIteratorVariable):
             self._sub = self._start(tx)
             self._items = []
         self._sub.parent = tx
-        got = self._sub.run_until_yield()
-        if got is None:
+        if (got := self._sub.run_until_yield()) is None:
             self._done = True
             return False
         self._items.append(got[0])
@@ -819,8 +817,7 @@ class LazyIteratorVariable(GeneratorVariable):
         while not self._done:
             vals = []
             for it in self.iters:
-                v = it.next(tx)
-                if v is None:
+                if (v := it.next(tx)) is None:
                     self._done = True
                     return False
                 vals.append(v)

@@ -1,31 +1,12 @@
 """Higher-order operators in capture: ``torch.cond`` and activation checkpointing.
 
-A higher-order operator takes functions as arguments. Capture traces each function
-argument in its own scope (:func:`trace_subgraph`): the function is inlined as usual
-(closures, module parameters, nested calls all work), then the nodes it added are cut
-out of the parent graph into a ``torch.fx.Graph`` of their own. Every value of the
-parent graph those nodes read becomes an explicit input of the subgraph (*lifted*:
-a closed-over tensor, a parameter, a size), after the operator's own operands. The
-parent graph holds the subgraphs as ``GraphModule`` attributes (``get_attr`` nodes)
-and calls the operator on them, as torch's capture does::
-
-    cond_true_0 = self.cond_true_0
-    cond_false_0 = self.cond_false_0
-    cond = torch.ops.higher_order.cond(gt, cond_true_0, cond_false_0, (x, L_w))
-    getitem = cond[0]
-
-so AOT's ``make_fx`` applies the operator's own functionalization and autograd rules
-(``torch._higher_order_ops``). A side effect inside a subgraph (a write to a list,
-attribute, global or closure cell that exists outside it) is refused with a graph
-break naming the operator and the user's line; an in-place write to an operand or to a
-lifted tensor, branches whose outputs differ in shape/dtype/stride, and a predicate
-that is not a boolean scalar are :class:`coil.exc.UserError` s at the user's line.
-
-``torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False)`` is traced inline;
-its nodes are tagged ``meta["recompute"]`` (torch's ``CheckpointPolicy``) and
-``meta["ac_graph_id"] = <region id>``, which
-make_fx copies onto the ATen nodes and coil's min-cut partitioner honours: a tagged
-value is never saved for backward unless it leaves its region (docs/hops.md).
+Capture traces each function argument in its own scope (:func:`trace_subgraph`) and cuts the nodes it
+added out into a ``torch.fx.Graph`` whose inputs are the operands, then every parent value read
+(*lifted*). The parent graph holds the subgraphs as ``GraphModule`` attributes and calls
+``torch.ops.higher_order.<op>`` on them, as torch's capture does, so AOT's ``make_fx`` applies the
+operator's own rules. Side effects inside are graph breaks; in-place writes to operands and mismatched
+branches are ``UserError`` s. ``checkpoint`` is traced inline and tags its nodes ``meta["recompute"]``
+for the partitioner. docs/hops.md, "Capture".
 """
 from __future__ import annotations
 
@@ -281,8 +262,7 @@ def contiguous_grad(x: torch.Tensor) -> torch.Tensor:
 
 
 def _contiguous_grads(sg: torch.fx.Graph) -> None:
-    phs = [n for n in sg.nodes if n.op == "placeholder"]
-    if not phs:
+    if not (phs := [n for n in sg.nodes if n.op == "placeholder"]):
         return
     with sg.inserting_after(phs[-1]):
         for p in reversed(phs):
@@ -696,8 +676,7 @@ def call_region(tx, fn_vt, args: list, kwargs: dict) -> VariableTracker:
         return tx.call(fn_vt, list(args), kwargs)
     key = _region_key(sub.graph, out.subgraphs)
     regions = out.__dict__.setdefault("regions", {})   # key -> [subgraph name, calls]
-    entry = regions.get(key)
-    if entry is None:
+    if (entry := regions.get(key)) is None:
         index = out.hop_count = getattr(out, "hop_count", -1) + 1
         entry = regions[key] = [_register(out, "region", sub.graph, index), 0]
     else:  # the same region again: this call's nested subgraphs are not needed

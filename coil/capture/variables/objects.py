@@ -107,8 +107,7 @@ def lookup_attr(tx, vt: ObjectVariableBase, name: str, generic: bool = False):
     from coil.capture.variables.builder import wrap
 
     obj = vt.value
-    pending = tx.output.side_effects.pending_attr(obj, name)
-    if pending is not None:
+    if (pending := tx.output.side_effects.pending_attr(obj, name)) is not None:
         return pending
     if name == "__class__":
         from coil.capture.variables.builtins import type_of
@@ -271,8 +270,7 @@ class UserDefinedObjectVariable(ObjectVariableBase):
         from coil.capture.variables.functions import BoundMethodVariable
 
         if isinstance(self.value, dict) and name in _DICT_READS:
-            found = _dict_lookup(tx, self, name, args, kwargs)
-            if found is not None:
+            if (found := _dict_lookup(tx, self, name, args, kwargs)) is not None:
                 return found
         method = self.var_getattr(tx, name)
         if isinstance(method, BoundMethodVariable) and method.obj is self and method.name == name:
@@ -545,8 +543,7 @@ _APPLY_TARGETS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 def _apply_target(cls):
     """The graph target for ``cls.apply``: a plain function named after the class (a
     bound ``apply`` would print as an import from ``torch.autograd.function``)."""
-    fn = _APPLY_TARGETS.get(cls)
-    if fn is None:
+    if (fn := _APPLY_TARGETS.get(cls)) is None:
         ref = weakref.ref(cls)
 
         def apply(*args):

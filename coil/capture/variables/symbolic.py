@@ -1,20 +1,11 @@
 """Symbolic Python numbers: sizes of dynamic tensors and arithmetic on them.
 
-A :class:`SymNodeVariable` holds a ``torch.SymInt`` / ``SymFloat`` / ``SymBool`` of the
-frame's ShapeEnv (``x.shape[0]``, ``x.size(1) // 2``, ``x.numel() * 4``). Arithmetic
-and comparisons stay symbolic. Its graph node is made only when a graph op uses it:
-
-- a bare symbol that an input's size names (``s0`` from ``x.size()[0]``) is a SymInt
-  placeholder of the graph (as torch's capture makes them), fed by the entry from
-  that source;
-- any other size of a tensor is ``aten.sym_size.int(t, d)`` (``sym_stride``,
-  ``sym_numel``);
-- arithmetic is an ``operator`` call on the operands' nodes.
-
-Python that needs a concrete value (``range(n)``, indexing a list, ``if n > 4``)
-evaluates the symbol through the ShapeEnv: that adds a guard (a *specialization* when
-it pins the symbol to one value), logged with the user's line
-(:class:`coil.capture.dynamic.SiteRecorder`).
+A :class:`SymNodeVariable` holds a ``torch.SymInt`` / ``SymFloat`` / ``SymBool`` of the frame's ShapeEnv
+(``x.shape[0]``, ``x.size(1) // 2``); arithmetic and comparisons stay symbolic, and its graph node is made
+only when a graph op uses it (a SymInt placeholder for a bare input size, else ``aten.sym_size.int`` or
+an ``operator`` call). Python that needs a concrete value evaluates the symbol through the ShapeEnv, which
+adds a guard logged with the user's line (:class:`coil.capture.dynamic.SiteRecorder`).
+docs/dynamic_shapes.md, "What the backend receives" and "Sizes in user code".
 """
 from __future__ import annotations
 
@@ -94,8 +85,7 @@ class SymNodeVariable(VariableTracker):
             node = self.recipe[1]
         elif kind in ("size", "stride"):
             t, d = self.recipe[1], self.recipe[2]
-            node = out.symbol_input(self.value)
-            if node is None:
+            if (node := out.symbol_input(self.value)) is None:
                 op = torch.ops.aten.sym_size.int if kind == "size" else torch.ops.aten.sym_stride.int
                 node = graph.create_node("call_function", op, (t.node, d), {})
         elif kind == "numel":
@@ -129,8 +119,7 @@ def python_text(env, value, bind=None) -> str:
     text = PythonPrinter().doprint(expr)
     names = {}
     for s in expr.free_symbols:
-        srcs = env.var_to_sources.get(s)
-        if not srcs:
+        if not (srcs := env.var_to_sources.get(s)):
             raise Unsupported(f"symbolic value {expr} has no source (data-dependent)")
         names[str(s)] = bind(source_name(srcs[0])) if bind else f"({source_name(srcs[0])})"
     return re.sub(r"\b[a-z]+\d+\b", lambda m: names.get(m.group(0), m.group(0)), text)
@@ -149,8 +138,7 @@ def wrap_sym(output, value, recipe) -> VariableTracker:
 def binary(tx, op, a: VariableTracker, b: VariableTracker):
     """``a <op> b`` with at least one symbolic operand and the other a number (or
     symbolic): a symbolic result. None: not ours (tensors, lists...)."""
-    fn = _BINARY.get(op)
-    if fn is None:
+    if (fn := _BINARY.get(op)) is None:
         return None
     vals = []
     for v in (a, b):

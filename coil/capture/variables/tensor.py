@@ -1,19 +1,12 @@
 """Tensor trackers: every operation on a tensor becomes an FX node.
 
-A :class:`TensorVariable` holds an ``fx.Node`` and the FakeTensor that running the
-node on fake inputs produced (shape, dtype, strides, device, requires_grad: all
-static in this version). :func:`call_op` is the single place where a torch call
-enters the graph: it maps trackers to node arguments and to fake values, runs the
-op under the output graph's ``FakeTensorMode``, and wraps what comes back:
-
-- tensors become TensorVariables;
-- tuples/lists of tensors become containers of ``getitem`` nodes;
-- anything else (ints, bools, ``torch.Size``) is a compile-time constant and the
-  node is removed again (static shapes: ``x.size(0)`` is a Python int).
-
-Data-dependent results (``.item()``, ``nonzero``) raise Unsupported: a graph break.
-Ops that make a new autograd leaf (``requires_grad_()``, ``requires_grad=True``
-factories) or ``retain_grad()`` are graph breaks too (:func:`_autograd_state_change`).
+A :class:`TensorVariable` holds an ``fx.Node`` and the FakeTensor that running the node on fake inputs
+produced. :func:`call_op` is the single place where a torch call enters the graph: it maps trackers to
+node arguments and fake values, runs the op under the output graph's ``FakeTensorMode`` (the Python
+dispatcher with symbolic sizes) and wraps what comes back (:func:`wrap_result`): tensors, containers of
+``getitem`` nodes, symbolic numbers, or constants (whose node is removed again). Data-dependent results
+are graph breaks unless ``capture_scalar_outputs`` / ``capture_dynamic_output_shape_ops`` record them;
+ops that make a new autograd leaf, and ``retain_grad()``, are too (:func:`_autograd_state_change`).
 """
 from __future__ import annotations
 

@@ -3,20 +3,13 @@
 What goes in: a :class:`coil.codegen.common.KernelPlan` (one fused group, see
 docs/codegen.md). What comes out: a :class:`coil.codegen.backend.GeneratedKernel`
 whose source is one ``extern "C"`` C++ function (plus the shared prelude) and whose
-launcher calls it through ctypes with the tensors' data pointers.
-
-- :mod:`.kernel`: the ops handler that writes C++ and assembles loops
-  (OpenMP outer loop, vectorized inner loop, lane-split deterministic reductions);
-- :mod:`.indexing`: loop splitting so inner loops need no division or modulo;
-- :mod:`.ops`: the C++ spelling of every math op;
-- :mod:`.launch`: parallel build (``coil.runtime.cpp_build``) and cheap ctypes launch;
-- ``prelude.h``: fp16/bf16 conversion, vectorizable exp/log/tanh/erf, reduction
-  combiners, Philox RNG, error reporting.
+launcher calls it through ctypes with the tensors' data pointers. docs/cpp_backend.md ("Files") says
+what each module of this package does.
 
 Invariants: the same plan and kernel name give the same source (golden tests); the
 kernel never reads or writes outside the buffers' storage (indirect indices are
 bounds-checked and reported as ``IndexError``); results do not depend on the number
-of threads. See docs/cpp_backend.md.
+of threads.
 """
 from __future__ import annotations
 

@@ -96,25 +96,24 @@ class Split:
         return e.xreplace({s: self.flat()})
 
 
-def _collect(e: sympy.Expr, s: sympy.Symbol, points: set) -> bool:
-    """Add the split points used by ``e``; False if ``s`` is used in another way."""
-    if not e.has(s):
-        return True
-    if e == s:
+def _collect(e: sympy.Expr, s: sympy.Symbol, points: list, divisor=lambda b: b.is_Integer) -> bool:
+    """Add the split points used by ``e`` to ``points``; False if ``s`` is used in another way, or
+    divided by what ``divisor`` refuses (integers only, or :func:`_size_divisor` for symbolic splits)."""
+    if not e.has(s) or e == s:
         return True
     if isinstance(e, Mod) and isinstance(e.args[0], FloorDiv) and e.args[0].args[0] == s:
         a, b = e.args[0].args[1], e.args[1]
-        if not (a.is_Integer and b.is_Integer):
+        if not (divisor(a) and divisor(b)):
             return False
-        points.update((int(a), int(a) * int(b)))
+        points += [a, sympy.expand(a * b)]
         return True
     if isinstance(e, (FloorDiv, Mod)):
-        if e.args[0] == s and e.args[1].is_Integer:
-            points.add(int(e.args[1]))
+        if e.args[0] == s and divisor(e.args[1]):
+            points.append(e.args[1])
             return True
         return False
     if e.is_Add or e.is_Mul:
-        return all(_collect(a, s, points) for a in e.args)
+        return all(_collect(a, s, points, divisor) for a in e.args)
     return False
 
 
@@ -122,11 +121,10 @@ def split_plan(exprs: Iterable[sympy.Expr], symbol: sympy.Symbol, numel: int, pr
     """The finest loop split of ``symbol`` (extent ``numel``) valid for all ``exprs``."""
     if not isinstance(numel, int) and not getattr(numel, "is_Integer", False):
         return _symbolic_split(exprs, symbol, numel, prefix)
-    points: set = set()
-    for e in exprs:
-        if not _collect(e, symbol, points):
-            return Split(symbol, numel, [1], prefix)
-    pts = sorted(p for p in points if 1 < p < numel)
+    points: list = []
+    if not all(_collect(e, symbol, points) for e in exprs):
+        return Split(symbol, numel, [1], prefix)
+    pts = sorted({int(p) for p in points if 1 < p < numel})
     chain = [1] + pts
     if any(chain[i + 1] % chain[i] for i in range(len(chain) - 1)) or numel % chain[-1]:
         return Split(symbol, numel, [1], prefix)
@@ -188,26 +186,6 @@ def _size_divisor(b) -> bool:
                for f in sympy.Mul.make_args(b))
 
 
-def _collect_symbolic(e: sympy.Expr, s: sympy.Symbol, points: list) -> bool:
-    """:func:`_collect` for symbolic divisors (``points`` gets size expressions)."""
-    if not e.has(s) or e == s:
-        return True
-    if isinstance(e, Mod) and isinstance(e.args[0], FloorDiv) and e.args[0].args[0] == s:
-        a, b = e.args[0].args[1], e.args[1]
-        if not (_size_divisor(a) and _size_divisor(b)):
-            return False
-        points += [a, sympy.expand(a * b)]
-        return True
-    if isinstance(e, (FloorDiv, Mod)):
-        if e.args[0] == s and _size_divisor(e.args[1]):
-            points.append(e.args[1])
-            return True
-        return False
-    if e.is_Add or e.is_Mul:
-        return all(_collect_symbolic(a, s, points) for a in e.args)
-    return False
-
-
 def _symbolic_split(exprs, symbol, numel, prefix: str) -> Split:
     """The loop split of a symbolic extent: nested loops at the (symbolic) divisors the indices use when they
     form a divisibility chain dividing ``numel`` (``x % s1`` and ``x // s1`` become a loop over ``s1`` inside
@@ -215,9 +193,8 @@ def _symbolic_split(exprs, symbol, numel, prefix: str) -> Split:
     from coil.ir.symbols import hint
     flat = Split(symbol, numel, [1], prefix)
     points: list = []
-    for e in exprs:
-        if not _collect_symbolic(e, symbol, points):
-            return flat
+    if not all(_collect(e, symbol, points, _size_divisor) for e in exprs):
+        return flat
     uniq: list = []
     for p in points:
         p = sympy.expand(p)

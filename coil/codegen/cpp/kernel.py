@@ -147,8 +147,7 @@ class CppKernel(OpsHandler):
 
     def _emit(self, expr: str, dtype: torch.dtype, key=None) -> CppVar:
         key = expr if key is None else key
-        hit = self._lookup(key)
-        if hit is not None:
+        if (hit := self._lookup(key)) is not None:
             return hit
         var = CppVar(self._new(), dtype)
         line = f"{cops.compute_ctype(dtype)} {var.name} = {expr};"
@@ -216,8 +215,7 @@ class CppKernel(OpsHandler):
 
     def load(self, name, index):
         index = self._key_index(index)
-        cached = self._lookup(("store", name, index))
-        if cached is not None:
+        if (cached := self._lookup(("store", name, index))) is not None:
             return cached
         if name in self.removed:
             raise NotImplementedError(f"C++ backend: load of removed buffer {name} not served "
@@ -306,8 +304,7 @@ class CppKernel(OpsHandler):
         x = self._val(x)
         s = cexpr(sympy.sympify(size))
         key = ("ind", x.name, s, bool(check), bool(wrap_neg))
-        hit = self._lookup(key)
-        if hit is not None:
+        if (hit := self._lookup(key)) is not None:
             return sympy.Symbol(hit.name, integer=True)
         i = f"static_cast<int64_t>({x})"
         if check:
@@ -354,8 +351,7 @@ class CppKernel(OpsHandler):
             return None
         names = {}
         for l in inner:
-            m = re.match(r"^\s*[A-Za-z_][\w:<>]* ([A-Za-z_]\w*) = ", l)
-            if m:
+            if m := re.match(r"^\s*[A-Za-z_][\w:<>]* ([A-Za-z_]\w*) = ", l):
                 names[m.group(1)] = f"${len(names)}"
         canon = re.sub(r"[A-Za-z_]\w*", lambda m: names.get(m.group(0), m.group(0)),
                        "\n".join(inner) + "\n" + result.name)

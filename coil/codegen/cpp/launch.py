@@ -1,21 +1,11 @@
 """Compile a generated C++ kernel and launch it cheaply from Python.
 
-``CppLauncher(source, func_name, n_args, has_checks)`` starts the build at once on a
-shared thread pool and resolves it on :meth:`wait` or the first call.
-
-``CppLauncher(body, ..., batch=True)`` (what the backend uses) defers the build: the
-first ``wait()`` compiles every pending kernel together, split round-robin into one
-source per CPU core (prelude once per source), all built in parallel. A compiler
-process costs ~0.3 s before it reads a line, so one graph of 16 kernels on 2 cores
-costs 2 compiler runs instead of 16. The split is deterministic, so a warm start hits
-the disk cache.
-
-Launch cost is what matters for small models: the ctypes function gets its
-``argtypes``/``restype`` once; a call is ``fn(t0.data_ptr(), t1.data_ptr(), ...)``
-through a small Python function generated for the kernel's arity (no ``*args``
-list building). Kernels that bounds-check indirect indices take an ``int64[4]``
-error record and return nonzero on error; the launcher then raises
-``coil.exc.KernelIndexError`` (an IndexError and a RuntimeError).
+``CppLauncher(source, func_name, n_args, has_checks)`` starts the build at once on a shared thread pool;
+with ``batch=True`` (what the backend uses) the first ``wait()`` compiles every pending kernel together,
+one source per CPU core (docs/cpp_backend.md, "Building and caching"). A call goes through a Python
+function generated for the kernel's arity over a ctypes function whose ``argtypes`` are set once; a kernel
+that bounds-checks indirect indices fills an ``int64[4]`` error record and returns nonzero, and the
+launcher raises ``coil.exc.KernelIndexError`` (an IndexError and a RuntimeError).
 """
 from __future__ import annotations
 
@@ -134,8 +124,7 @@ def _flush() -> None:
                 r"(?m)^[ \t]*//.*\n", "", re.sub(rf"\b{la.func_name}\b", "@K", la.source)))
             la._rep = reps.setdefault(key, la)
             la.symbol = la._rep.func_name
-        batch = list(reps.values())
-        if not batch:
+        if not (batch := list(reps.values())):
             return
         n = max(1, min(len(batch), os.cpu_count() or 1))
         chunks: list[list[CppLauncher]] = [[] for _ in range(n)]

@@ -32,8 +32,7 @@ def stream_elem_bytes(plan) -> int:
 def size_params(plan) -> list[str]:
     """The integer parameters of a kernel with symbolic sizes: ``xnumel``, ``rnumel``
     (reductions) and the size symbols its indices use ([] for static sizes)."""
-    syms = plan.size_symbols()
-    if not syms:
+    if not (syms := plan.size_symbols()):
         return []
     return ["xnumel"] + (["rnumel"] if plan.rnumel != 1 else []) + [s.name for s in syms]
 
@@ -121,8 +120,7 @@ def _module_source(plan, name: str, k: TritonKernel, exact) -> tuple[str, list[s
     red = plan.rnumel != 1
     consts = ["XBLOCK: tl.constexpr"] + (["RBLOCK: tl.constexpr"] if red else []) + (
         ["PERSISTENT: tl.constexpr"] if k.twin else [])
-    sizes = size_params(plan)
-    if sizes:
+    if sizes := size_params(plan):
         # symbolic sizes: kernel arguments. Triton specializes xnumel and rnumel on divisibility by 16
         # (vectorized masked loads/stores): a binary per class of them a launch config meets, never one per
         # size (runtime/triton_dynamic.py); not the symbols, whose products with constants carry the alignment

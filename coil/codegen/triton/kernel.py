@@ -1,19 +1,11 @@
 """TritonKernel: the ops handler that writes one Triton kernel for a KernelPlan.
 
-Kernel shape (see docs/codegen.md for the plan contract):
-
-- pointwise: ``xindex = xoffset + tl.arange(0, XBLOCK)`` (1-D), one mask ``xmask``
-  (left out when it is all true for every launch config: ``x_exact`` / ``r_exact``);
-- reduction: ``xindex`` is ``[XBLOCK, 1]``, ``rindex`` is ``[1, RBLOCK]``; *persistent*
-  kernels hold a whole row (``RBLOCK >= rnumel``) and reduce once; *looped* kernels run
-  ``for roffset in range(0, <rnumel>, RBLOCK)`` once per loop section, accumulating in
-  ``[XBLOCK, RBLOCK]`` registers and reducing after the loop.
-
-Values are common-subexpression-eliminated (``tmpN``); loads of fp16/bf16 are upcast to
-fp32 and stores round once. Loads of a buffer this kernel stored at the same (canonical)
-index are served from registers, which is what lets fused intermediates disappear.
-Numel and strides are literals: the source is specialized to the shapes, deterministic,
-and the launcher passes only pointers.
+Pointwise kernels are 1-D (``xindex``, mask ``xmask``); reductions use ``[XBLOCK, RBLOCK]`` tiles, either
+*persistent* (a block holds whole rows, one reduce) or *looped* (``for roffset in range(0, <rnumel>,
+RBLOCK)`` per loop section, reducing after the loop). Masks that are all true for every launch config are
+left out (``x_exact`` / ``r_exact``). Values are CSE'd (``tmpN``), fp16/bf16 loads are upcast to fp32 and
+stores round once, and a load of an element stored earlier is served from registers. Numel and strides
+are literals (static shapes). docs/codegen.md, "The Triton backend", has the contract.
 """
 from __future__ import annotations
 
@@ -240,8 +232,7 @@ class TritonKernel(OpsHandler):
     def load(self, name, index):
         e = simplify_index(sympy.sympify(index), {XINDEX: self.plan.numel, RINDEX: self.plan.rnumel})
         key = (name, e)
-        hit = self._lookup_store(key)
-        if hit is not None:
+        if (hit := self._lookup_store(key)) is not None:
             return hit
         buf_dtype = self.plan.buffer(name).get_dtype()
         dims = self._dims_of_index(e)
@@ -265,8 +256,7 @@ class TritonKernel(OpsHandler):
     def _note_strides(self, e) -> None:
         """Count loads that are contiguous along x (stride 1 in x, > 1 in r) or along r,
         from the address at (x, r) = (0, 0), (1, 0), (0, 1); indirect loads are skipped."""
-        steps = axis_steps(e)
-        if steps is None:
+        if (steps := axis_steps(e)) is None:
             return
         dx, dr = steps
         if dx == 1 and abs(dr) > 1:
@@ -352,8 +342,7 @@ class TritonKernel(OpsHandler):
         out_dims = frozenset({"x"})
         if not self.looped:
             lines = self.body
-            g = self._block_guard()
-            if g:  # padded lanes must not pollute the result
+            if g := self._block_guard():  # padded lanes must not pollute the result
                 masked = self.cse(f"tl.where({g}, {v}, {default})", acc_dt, {"x", "r"})
             else:
                 masked = value if v == value.name else self.cse(v, acc_dt, {"x", "r"})
@@ -368,8 +357,7 @@ class TritonKernel(OpsHandler):
                            out_dims, lines=lines)
             return self._after_reduction(res, reduction_type)
         if reduction_type == "sum" and config.triton_online_softmax:
-            fused = self._online_sum_exp(value, v, acc_dt, tdt, full)
-            if fused is not None:
+            if (fused := self._online_sum_exp(value, v, acc_dt, tdt, full)) is not None:
                 return self._after_reduction(fused, reduction_type)
         sec = self.sections[self.cur.loop_id]
         acc = f"acc{next(self.counter)}"
@@ -633,10 +621,8 @@ class TritonKernel(OpsHandler):
             fmt = _BIN[op]
             def f(a, b):
                 a, b = self._fold_consts(a, b)
-                if op == "pow":
-                    small = self._small_int_pow(a, b)
-                    if small is not None:
-                        return small
+                if op == "pow" and (small := self._small_int_pow(a, b)) is not None:
+                    return small
                 dt = torch.bool if op in _BOOL_OUT else (a.dtype if a.const is None else b.dtype)
                 if op == "pow" and not dt.is_floating_point and dt != torch.bool:
                     # libdevice.pow is for floats (Triton rejects ints; the interpreter
@@ -694,8 +680,7 @@ _BIN = {
     "truncdiv": "_truncdiv({a}, {b})", "floordiv": "_floordiv({a}, {b})",
     "remainder": "_remainder_{kind}({a}, {b})", "mod": "_remainder_{kind}({a}, {b})",
 }
-_FUNC_BIN = {"pow", "atan2", "hypot", "copysign", "nextafter", "fmod", "truncdiv", "floordiv",
-             "remainder", "mod", "maximum", "minimum"}
+_FUNC_BIN = {k for k, v in _BIN.items() if not v.startswith("(")}
 _UN = {
     "abs": "tl.abs({x})", "neg": "(-{x})", "exp": "tl.exp({x})", "exp2": "libdevice.exp2({x})",
     "expm1": "libdevice.expm1({x})", "log": "tl.log({x})", "log2": "libdevice.log2({x})",

@@ -1,0 +1,60 @@
+"""How a CUDA bf16 product with an unaligned N (GPT-2's LM head, K=768, N=50257) is fastest:
+plain ``a @ W.t()`` (cuBLAS on a misaligned output), coil's ``matmul_padded`` (copies the
+weight into a padded buffer every call), ``torch.mm(..., out=)`` into a row-padded output
+view (no copy; cuBLAS sees aligned leading dimensions), and the whole product compiled by
+coil and by torch.compile. One row per M, microseconds per call (CUDA events, median).
+
+    python benchmarks/mm_alignment.py            # the H200: < 1 minute
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def timed(fn, reps=50) -> float:
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(reps):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn()
+        e.record()
+        e.synchronize()
+        ts.append(s.elapsed_time(e) * 1000)
+    return statistics.median(ts)
+
+
+def main() -> None:
+    import coil
+    from coil.codegen.wrapper import empty_row_padded, matmul_padded
+
+    dev, dt = torch.device("cuda"), torch.bfloat16
+    k, n = int(os.environ.get("K", 768)), int(os.environ.get("N", 50257))
+    w = torch.randn(n, k, device=dev, dtype=dt)
+    print(f"K={k} N={n} bf16, us per call (median of 50)")
+    print(f"{'M':>6} {'plain':>8} {'padded':>8} {'out=pad':>8} {'coil':>8} {'tc':>8}  max|coil-plain|")
+    for m in (1, 2, 8, 64, 512, 4096):
+        a = torch.randn(m, k, device=dev, dtype=dt)
+        outp = empty_row_padded((m, n), -(-n // 8) * 8, dev, dt)
+        f = lambda a, w: a @ w.t()  # noqa: E731
+        cf = coil.compile(f, dynamic=False)
+        tf = torch.compile(f, dynamic=False)
+        ref = f(a, w)
+        got = cf(a, w)
+        diff = (got.float() - ref.float()).abs().max().item()
+        row = [timed(lambda: f(a, w)), timed(lambda: matmul_padded(outp, a, w.t())),
+               timed(lambda: torch.mm(a, w.t(), out=outp)), timed(lambda: cf(a, w)),
+               timed(lambda: tf(a, w))]
+        print(f"{m:>6} " + " ".join(f"{v:8.1f}" for v in row) + f"  {diff:.3g}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -959,6 +959,21 @@ def test_restride_of_an_input_at_a_symbolic_storage_offset(backend):
         [[2.0, 0.0, -2.0, 0.0, 0.0, 1.0, -3.0, -3.0]], dtype=torch.bfloat16)[:, 2:8:2]], backend)
 
 
+def _restride_past_a_strided_view(a):  # s308 #1147
+    a.as_strided_((3,), (0,), 5)
+    return ()
+
+
+@pytest.mark.parametrize("backend", ["cpp_dynamic", "triton_dynamic"])
+def test_restride_past_a_strided_view_under_dynamic_shapes(backend):
+    """s308 #1147: ``a[:, 0:6:2]`` (of 6 elements) restrided to offset 5: under ``dynamic=True``
+    functionalization sizes the storage from the view's symbolic extent (5 elements) and
+    ``setStorage`` failed; whether a restride ends past the storage is undecidable with
+    symbolic sizes, so such a program runs eagerly."""
+    _ok(_restride_past_a_strided_view,
+        lambda: [torch.tensor([[3, 0, 5, -4, -1, -1]], dtype=torch.int64)[:, 0:6:2]], backend)
+
+
 def _add_through_an_expand_that_adds_a_dim(a):  # s302 #1981
     v3 = a.expand(1, -1, -1)
     v3.add_(-3)

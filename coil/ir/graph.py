@@ -173,14 +173,19 @@ def _misaligned_ld(x) -> bool:
         return False
 
 
+def _pads_matmuls(meta) -> bool:
+    """Whether a matmul whose output is fake tensor ``meta`` may be padded: a 2-D fp16/bf16
+    result on a padding device (``_PAD_DEVICES``) with ``config.pad_matmul_outputs`` on."""
+    return (isinstance(meta, torch.Tensor) and meta.device.type in _PAD_DEVICES and meta.dim() == 2
+            and meta.dtype in (torch.float16, torch.bfloat16) and config.pad_matmul_outputs)
+
+
 def _maybe_pad_matmul_output(ek: ExternKernel, meta: torch.Tensor) -> None:
     """Pad a CUDA fp16/bf16 ``mm``/``addmm`` (alpha = beta = 1) whose rows are not 16-byte aligned
     (``N % 8 != 0`` or ``K % 8 != 0``): the wrapper runs it through ``matmul_padded``; for a padded N
     the result keeps a padded row stride (``ek.padded_output``) and a graph output gets a contiguous copy
     (``_output_spec``). The padded dims must be static. docs/codegen.md, "Padded matmuls"."""
-    if (ek.op not in _PADDABLE_MATMULS or meta.device.type not in _PAD_DEVICES or meta.dim() != 2
-            or meta.dtype not in (torch.float16, torch.bfloat16)
-            or not config.pad_matmul_outputs or ek.kwargs):
+    if ek.op not in _PADDABLE_MATMULS or not _pads_matmuls(meta) or ek.kwargs:
         return
     a, b = ek.args[1:3] if ek.op is torch.ops.aten.addmm.default else ek.args[0:2]
     m, n = meta.shape
@@ -639,8 +644,9 @@ class GraphLowering(torch.fx.Interpreter):
         if target in _STORAGE_OPS and args and isinstance(args[0], TensorBox):
             args = (self._eager_storage(args[0], n.args[0]),) + tuple(args[1:])
         if target in _PADDABLE_MATMULS and not kwargs:
-            padded = self._matvec_as_reduction(target, args, meta) or (
-                self._mm_with_padded_operand(args, meta) if target is torch.ops.aten.mm.default else None)
+            padded = self._matvec_as_reduction(target, args, meta)
+            if padded is None and target is torch.ops.aten.mm.default:
+                padded = self._mm_with_padded_operand(args, meta)
             if padded is not None:
                 return padded
         weight = None
@@ -737,8 +743,7 @@ class GraphLowering(torch.fx.Interpreter):
         added before the one rounding (as cuBLAS does). A matrix-vector product is
         memory-bound: this reads the weight once, where padding copied all of it every call
         (GPT-2 decoding's LM head, 1 x 50257: 77 MB a token). None when it does not apply."""
-        if (not isinstance(meta, torch.Tensor) or meta.device.type not in _PAD_DEVICES or meta.dim() != 2
-                or meta.dtype not in (torch.float16, torch.bfloat16) or not config.pad_matmul_outputs):
+        if not _pads_matmuls(meta):
             return None
         bias, (a, b) = (args[0], args[1:3]) if target is torch.ops.aten.addmm.default else (None, args[:2])
         try:
@@ -761,9 +766,7 @@ class GraphLowering(torch.fx.Interpreter):
         from a zero-padded copy of ``a``'s storage made by a generated kernel and shared by every matmul
         that reads the same tensor (docs/ir.md, "Misaligned matmul operands"); None when the pattern does
         not apply (the wrapper's ``matmul_padded`` then handles it: :func:`_maybe_pad_matmul_output`)."""
-        if (not isinstance(meta, torch.Tensor) or meta.device.type not in _PAD_DEVICES
-                or meta.dim() != 2 or meta.dtype not in (torch.float16, torch.bfloat16)
-                or not config.pad_matmul_outputs or len(args) != 2):
+        if not _pads_matmuls(meta) or len(args) != 2:
             return None
         a, b = args
         if not (isinstance(a, TensorBox) and isinstance(b, TensorBox)):

@@ -80,6 +80,22 @@ def pools(dev) -> dict:
     return out
 
 
+def pool_detail(rep: Report, dev, before: dict) -> None:
+    """Segments and the largest active blocks of each pool this copy made or grew."""
+    segs: dict = {}
+    for seg in torch.cuda.memory_snapshot():
+        if seg.get("device", dev.index or 0) == (dev.index or 0):
+            segs.setdefault(str(tuple(seg.get("segment_pool_id", (0, 0)))), []).append(seg)
+    for key, ss in sorted(segs.items()):
+        if key in before and key == "(0, 0)" and not ss:
+            continue
+        sizes = sorted((s["total_size"] >> 20 for s in ss), reverse=True)
+        blocks = sorted((b["size"] for s in ss for b in s["blocks"] if b["state"] == "active_allocated"),
+                        reverse=True)
+        rep(f"    pool {key}: {len(ss)} segments (MiB) {sizes[:24]}; {len(blocks)} active blocks, "
+            f"{sum(blocks) / 2**20:.1f} MiB, largest (KiB) {[b >> 10 for b in blocks[:16]]}")
+
+
 def time_steps(step, dev, n: int) -> float:
     """Median ms of ``n`` steps."""
     return statistics.median(measure.time_once(step, dev) for _ in range(n)) * 1e3
@@ -223,6 +239,28 @@ def run_one(rep: Report, name: str, built, dev, steps: int, trace_dir: str, host
                 kind = "default pool" if key == "(0, 0)" else "graph pool"
                 rep(f"    {kind} {key}: reserved {(r - r0) / GB:+.3f} GB, allocated {(a - a0) / GB:+.3f} GB")
     ms = time_steps(step, dev, steps)
+    sync(dev)
+    gcs: list = []
+
+    def on_gc(phase, info, t=[0.0]):
+        if phase == "start":
+            t[0] = time.perf_counter()
+        else:
+            gcs.append((info["generation"], time.perf_counter() - t[0]))
+    gc.callbacks.append(on_gc)
+    w0, c0 = time.perf_counter(), time.thread_time()
+    for _ in range(steps):
+        step()
+    sync(dev)
+    w1, c1 = time.perf_counter(), time.thread_time()
+    gc.callbacks.remove(on_gc)
+    rep(f"  gc during {steps} steps: " + ", ".join(
+        f"gen{g} x{sum(1 for x in gcs if x[0] == g)} {sum(d for x, d in gcs if x == g) * 1e3:.1f} ms"
+        for g in range(3)))
+    rep(f"  main thread: wall {(w1 - w0) * 1e3 / steps:.3f} ms per step, CPU {(c1 - c0) * 1e3 / steps:.3f} ms "
+        f"per step; {len(os.listdir('/proc/self/task'))} OS threads, {len(gc.get_objects())} gc objects")
+    if cuda:
+        pool_detail(rep, dev, before)
     kernels, wall = profile(step, dev)
     gpu_ms = sum(t for t, _ in kernels.values()) / 1e3 / 5
     calls = sum(c for _, c in kernels.values()) / 5

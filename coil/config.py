@@ -126,6 +126,9 @@ class Config:
     lower_max_pool: bool = True
     #: Fuse nodes in the scheduler. Off gives one kernel per buffer (debugging).
     fusion: bool = True
+    #: An inference graph's ``index_copy_`` / ``index_put_`` / ``scatter_`` of an input (a KV cache) writes into the
+    #: input itself instead of a copy the runtime copies back (docs/ir.md, "Inputs written in place").
+    inplace_input_writes: bool = True
     #: Fuse pointwise kernels that read only graph inputs (parameter casts under autocast, channels-last
     #: weight copies) and have the same size and access pattern into one kernel, to save launches, when each
     #: has at most this many elements; 0 turns it off (schedule/scheduler.py). The fused kernel runs where the

@@ -218,6 +218,9 @@ def _make_epilogue(info: ProgramInfo, args_index_of_output=None) -> Callable:
         batch_src: list = []
         for pos in range(n_mut):
             inp = args[mutated[pos]]
+            if vals[pos] is inp:  # written in place by the graph (ir/graph.py); eager's in-place op bumps the version
+                _increment_version(inp)
+                continue
             if inp.shape != vals[pos].shape:  # out= into an empty tensor: eager resizes it, contiguous from
                 inp.resize_(vals[pos].shape)  # contiguous operands (capture runs every other resize eagerly)
             # a leaf that requires grad can only have been mutated outside autograd (a differentiable in-place op on
@@ -314,6 +317,9 @@ def opaque_to_torch_compile(fn: Callable) -> Callable:
             disabled.append(torch.compiler.disable(fn))
         return disabled[0](*args)
     return call
+
+
+_increment_version = torch.autograd.graph.increment_version
 
 
 def inference_runner(compiled_fw: Callable, info: ProgramInfo) -> Callable:

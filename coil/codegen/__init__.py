@@ -25,7 +25,7 @@ from coil import trace
 from coil.codegen.backend import GeneratedKernel, get_kernel_backend
 from coil.codegen.common import KernelPlan
 from coil.config import config
-from coil.exc import KernelCompileError
+from coil.exc import CoilError, KernelCompileError
 from coil.ir.symbols import shape_env_scope
 
 __all__ = ["compile_aten_graph", "CompiledGraph"]
@@ -53,17 +53,31 @@ class CompiledGraph:
         #: ``call_boxed(list of inputs)`` (it empties the list and releases each input
         #: after its last use), where the wrapper was generated with one, else None
         self.call_boxed = None
+        #: indices of the inputs the graph writes in place (ir/graph.py: _write_inputs_in_place)
+        self.writes_inputs: tuple = ()
+        self._called = False
         self.__call__ = call
 
     def __call__(self, *args):
+        if self.writes_inputs and not self._called:
+            # the first call compiles the kernels: it writes copies, so that a kernel that fails to compile
+            # leaves the inputs as they were for the ATen re-run below (the epilogue copies the new values in)
+            args = tuple(a.clone() if i in self.writes_inputs else a for i, a in enumerate(args))
         try:
-            return self.call(*args)
+            out = self.call(*args)
+            self._called = True
+            return out
         except KernelCompileError as e:
             # A generated kernel that the GPU compiler rejects (found on first launch,
             # where kernels are compiled). The graph is functional, so running it again
             # from the start with ATen ops gives the right result.
             if self.gm is None:
                 raise
+            if self._called and self.writes_inputs:
+                raise CoilError(f"coil: a generated kernel failed to compile ({str(e)[:500]}) in a graph that "
+                                f"already wrote its inputs {list(self.writes_inputs)} in place, so it cannot be "
+                                "re-run with ATen ops. Please report this bug; coil.config.inplace_input_writes = "
+                                "False avoids it.") from e
             import warnings
             trace.log("kernel_compile_fallback", stage="runtime", error=str(e)[:4000])
             from coil.exc import refuse_fallback
@@ -224,4 +238,5 @@ def _compile(gm, example_inputs, device, env) -> "CompiledGraph":
     compiled = CompiledGraph(call, source, [k.generated for k in kernels.values()],
                              dict(graph.fallbacks), sched, gm, graph.output_strides)
     compiled.call_boxed = glb.get("call_boxed")
+    compiled.writes_inputs = tuple(graph.inputs_written)
     return compiled

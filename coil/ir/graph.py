@@ -33,7 +33,7 @@ from coil.ir import lowering_activations  # noqa: F401  (registers gelu lowering
 from coil.ir import lowering_conv  # noqa: F401  (registers conv-bias / max-pool lowerings)
 from coil.ir import lowering_views  # noqa: F401  (registers view/index lowerings)
 from coil.ir.nodes import (Buffer, ComputedBuffer, ConstantBuffer, ExternKernel, InputBuffer, Layout,
-                           MultiOutput, Pointwise, ReinterpretView, StorageBox, TensorBox, V)
+                           MultiOutput, Pointwise, ReinterpretView, ScatterBuffer, StorageBox, TensorBox, V)
 from coil.ir.symbols import as_expr, current_shape_env, hint
 from coil.ir.virtualized import compute_dtype, ops
 
@@ -228,6 +228,8 @@ class GraphLowering(torch.fx.Interpreter):
         self.placeholder_names: list[str] = []
         self.constants: dict[str, torch.Tensor] = {}
         self.outputs: list[OutputSpec] = []
+        #: placeholder indices of inputs a scatter writes in place (_write_inputs_in_place)
+        self.inputs_written: list[int] = []
         # (id of a view's IR node, strides) -> (the node, its materialized buffer): a value
         # handed to an extern kernel and also returned is copied once, not twice
         self._materialized: dict = {}
@@ -468,8 +470,40 @@ class GraphLowering(torch.fx.Interpreter):
         for i, (r, meta) in enumerate(zip(flat, metas)):
             is_saved = saved is not None and saved[0] <= i < saved[1]
             self.outputs.append(self._saved_output_spec(r) if is_saved else self._output_spec(r, meta))
+        self._write_inputs_in_place(flat)
         self.output_strides = [self._spec_strides(o) for o in self.outputs]
         return results
+
+    def _write_inputs_in_place(self, flat: list) -> None:
+        """Scatter an input's new value into the input itself (docs/ir.md, "Inputs written in place").
+
+        ``gm.meta["coil_mutated_inputs"]`` (set by aot for inference graphs) maps output ``k`` to the input ``j`` whose
+        new value it is. When that value is a ScatterBuffer over a fresh copy of the whole input (``index_copy_``,
+        ``index_put_``, ``scatter_`` of a KV cache or a buffer) with the input's layout, and nothing else reads the
+        input, the copy is dropped and the scatter writes into the input's memory: the graph returns the input
+        object, which the epilogue does not copy back. Indices go to ``self.inputs_written``."""
+        muts = self.gm.meta.get("coil_mutated_inputs") or {}
+        readers: dict = {}
+        for b in self.buffers:
+            for n in b.get_read_names():
+                readers.setdefault(n, []).append(b)
+        for k, j in muts.items():
+            d = flat[k].data if isinstance(flat[k], TensorBox) else None
+            sb = d.data if isinstance(d, StorageBox) else None
+            name = self.placeholder_names[j]
+            inp = self.graph_inputs.get(name)
+            if not isinstance(sb, ScatterBuffer) or inp is None or getattr(sb.target, "copy_of", None) is not inp:
+                continue
+            same = [list(map(str, (l.size, l.stride, l.offset, l.dtype))) for l in (inp.layout, sb.target.layout)]
+            if same[0] != same[1] or readers.get(name) != [sb.target] or any(o.name == name for o in self.outputs) \
+                    or (self.outputs[k].kind, self.outputs[k].name) != ("buffer", sb.get_name()):
+                continue
+            self.buffers.remove(sb.target)
+            del self.name_to_buffer[sb.target.get_name()]
+            sb.target, sb._reads = inp, None
+            self.inputs_written.append(j)
+        if self.inputs_written:
+            trace.log("inputs_written_in_place", stage="lowering", inputs=self.inputs_written)
 
     def _saved_output_spec(self, r) -> OutputSpec:
         """A saved-for-backward output of a forward whose backward is compiled with the

@@ -15,7 +15,7 @@ import torch
 
 from coil.ir.lowering import (FallbackToExtern, _full, broadcast_loader, device, is_box, loader_as,
                               out_dtype, out_size, register_lowering)
-from coil.ir.nodes import (GenericView, Layout, Pointwise, ReinterpretView,
+from coil.ir.nodes import (GenericView, InputBuffer, Layout, Pointwise, ReinterpretView,
                            StorageBox, TensorBox, current_graph)
 from coil.ir.symbols import (FloorDiv, Mod, as_expr, as_size, broadcasts, contiguous_strides, guard_true, is_static,
                              linear_index, product, unflatten)
@@ -659,7 +659,11 @@ def _select_view(x, dim, idx, size=None):
 
 def _fresh_copy(x: TensorBox):
     box = TensorBox.create(Pointwise(x.get_device(), x.get_dtype(), x.make_loader(), x.get_size()))
-    return box.data.realize()
+    buf = box.data.realize()
+    # a copy of a whole graph input: a scatter that makes the input's new value may write into the
+    # input itself instead (GraphLowering._write_inputs_in_place)
+    buf.copy_of = x.data.data if isinstance(x.data, StorageBox) and isinstance(x.data.data, InputBuffer) else None
+    return buf
 
 
 def _scatter_box(x, ranges, dest_fn, value_fn, mode, acc_dtype=None) -> TensorBox:

@@ -95,11 +95,13 @@ class CudaRecorder:
         self.device = torch.device(device)
         self.pool = torch.cuda.graph_pool_handle()
 
-    def capture(self, fn: Callable, args: list, boxed: Optional[Callable] = None) -> tuple[Any, Any]:
+    def capture(self, fn: Callable, args: list, boxed: Optional[Callable] = None,
+                written: tuple = ()) -> tuple[Any, Any]:
         """``(graph, outputs)`` of capturing ``fn(*args)``; ``args`` hold real values.
         With ``boxed`` (``fn``'s ``call_boxed``), the capture runs ``boxed(args)``, which
         empties ``args`` and releases each input after its last use, so the capture may
-        reuse the memory of inputs that only ``args`` held.
+        reuse the memory of inputs that only ``args`` held. ``written``: indices of the
+        arguments ``fn`` writes in place; the dry run writes copies of them.
 
         First a dry run with ``torch.cuda.set_sync_debug_mode("error")``: a host sync
         (``.item()``, a copy to pageable host memory, an op with a data-dependent size)
@@ -114,8 +116,9 @@ class CudaRecorder:
             mode = torch.cuda.get_sync_debug_mode()
             rng = torch.cuda.get_rng_state(self.device)
             torch.cuda.set_sync_debug_mode("error")
+            dry = [a.clone() if i in written else a for i, a in enumerate(args)]
             try:
-                boxed(list(args)) if boxed is not None else fn(*args)
+                boxed(dry) if boxed is not None else fn(*dry)
             except Exception as e:  # noqa: BLE001 - the reason goes to the log
                 raise SkipGraph(f"syncs with the host or fails (dry run): {type(e).__name__}: "
                                 f"{str(e)[:300]}") from e
@@ -132,6 +135,9 @@ class CudaRecorder:
             except Exception as e:  # noqa: BLE001 - the reason goes to the log
                 self._recover(stream)
                 raise SkipGraph(f"capture failed: {type(e).__name__}: {str(e)[:300]}") from e
+            finally:
+                # the workspace cuBLAS made for the capture stream goes back to the pool as an intermediate
+                _clear_cublas_workspaces()
         return graph, outs
 
     def _release_cache(self) -> None:
@@ -145,6 +151,7 @@ class CudaRecorder:
         if not config.cudagraph_release_cache:
             return
         before = torch.cuda.memory_reserved(self.device)
+        _clear_cublas_workspaces()  # the warm-up's 32 MiB workspace per stream, which replays never use
         torch.cuda.empty_cache()
         freed = before - torch.cuda.memory_reserved(self.device)
         if freed:
@@ -182,6 +189,15 @@ class CudaRecorder:
         poison = getattr(torch._C, "_set_storage_data_ptr_access_error_msg", None)
         if poison is not None:  # CUDA builds have it
             poison(cdata, message)
+
+
+def _clear_cublas_workspaces() -> None:
+    """Release the workspace cuBLAS keeps per (handle, stream) (32 MiB each on an H200): one made in a capture
+    stays allocated in the graph pool, one made by an un-graphed call in the default pool; the next matmul
+    outside a capture makes a new one. torch.compile's trees clear them around each recording too."""
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear is not None:
+        clear()
 
 
 class SlotRefs(tuple):

@@ -53,6 +53,8 @@ class Node:
         self.index = tree.nodes
         #: weak refs of the slot storages handed out by the last replay
         self.live: list = []
+        #: (argument index, placeholder) of copied arguments the graph writes (Tree.record)
+        self.writeback: list = []
         # storages only the backward holds: one that also backs a user output may be
         # kept by the caller long after the backward ran
         self.saved_slots = plan.slots_of(*fn.saved) - plan.slots_of(0, fn.saved[0]) \
@@ -113,6 +115,9 @@ class Node:
                     torch._foreach_copy_(self.placeholders, srcs)
         self.poison_live()
         self.tree.recorder.replay(self.graph)
+        if self.writeback:
+            with torch.no_grad():
+                torch._foreach_copy_([args[i] for i, _ in self.writeback], [p for _, p in self.writeback])
         self.tree.replays += 1
         outs, self.live = self.plan.build(args)
         return tuple(outs) if self.plan.is_tuple else outs
@@ -231,7 +236,8 @@ class Tree:
             if boxed is not None:
                 lent = self._lend_saved(static_args)
                 boxed = boxed if lent else None
-            graph, outs = self.recorder.capture(fn.fn, static_args, boxed)
+            written = getattr(fn.fn, "writes_inputs", ())
+            graph, outs = self.recorder.capture(fn.fn, static_args, boxed, written)
             plan = OutputPlan(outs, plan_args, self.recorder.device_type)
         except SkipGraph as e:
             fn.skip_with(str(e))
@@ -245,6 +251,8 @@ class Tree:
         fn.records += 1
         node = Node(self, fn, sig, parent, graph, plan, copied, placeholders, inplace, args)
         node.consumes = lent
+        # an argument copied into a placeholder that the graph writes in place: copied back after each replay
+        node.writeback = [(i, p) for i, p in zip(copied, placeholders) if i in written]
         (parent.children if parent is not None else self.roots).append(node)
         self.all_nodes.append(node)
         for ptr, _, _ in plan.slots:

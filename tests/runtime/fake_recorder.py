@@ -22,13 +22,15 @@ class FakeRecorder:
         #: poisoned storages (their StorageImpl address) -> the message
         self.stale: dict = {}
 
-    def capture(self, fn: Callable, args: list, boxed: Optional[Callable] = None) -> tuple[Any, Any]:
+    def capture(self, fn: Callable, args: list, boxed: Optional[Callable] = None,
+                written: tuple = ()) -> tuple[Any, Any]:
         """Run ``fn`` (``boxed(args)`` if given, as :meth:`CudaRecorder.capture`) once
         for the outputs' memory; replay reruns it into them, reading its tensor arguments
         by address as a CUDA graph does (holding them would keep them alive)."""
         self.captures += 1
         rng = torch.get_rng_state()
         by_address = [_by_address(a) if isinstance(a, torch.Tensor) else a for a in args]
+        args = [a.clone() if i in written else a for i, a in enumerate(args)]  # the real one runs nothing
         outs = boxed(args) if boxed is not None else fn(*args)
         torch.set_rng_state(rng)  # a capture draws no numbers; its replays do
         return (fn, by_address, outs), outs

@@ -598,3 +598,22 @@ def test_reduce_overhead_without_cuda_graphs_warns_once(monkeypatch):
         torch.testing.assert_close(g(x), (x * 3).cos())
     msgs = [str(m.message) for m in w if "CUDA graphs" in str(m.message)]
     assert len(msgs) == 1 and "runs compiled, without CUDA graphs" in msgs[0]
+
+
+def test_scatter_into_a_copied_input_is_written_back(fake_cuda):
+    """A graph that writes an input in place (ir/graph.py) and a recording that copies that input into a
+    placeholder (another tensor each call): the replay's write goes back to the caller's tensor."""
+    def f(cache, k, pos):
+        cache.index_add_(0, pos, k)
+        return cache.sum(0)
+
+    cf = coil.compile(f, mode="reduce-overhead")
+    k, pos = torch.randn(1, 4), torch.tensor([2])
+    with torch.no_grad():
+        for _ in range(4):
+            cache = torch.randn(5, 4)
+            ref = cache.clone()
+            torch.testing.assert_close(cf(cache, k, pos), f(ref, k, pos))
+            torch.testing.assert_close(cache, ref)
+    (root,) = fake_cuda.roots
+    assert root.copied and root.writeback and fake_cuda.replays == 3

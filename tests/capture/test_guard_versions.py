@@ -215,3 +215,44 @@ def test_dict_subclass_read_by_the_guard(kind):
         assert guard_versions._plain_reads(m.table) and not guard_versions._plain_reads(_Computed())
         states = [e.guard.__globals__.get("___vstate") for e in _entries()]
         assert any(s is not None and s.stale < guard_versions._STALE_LIMIT for s in states)
+
+
+def test_module_tree_reached_through_modules_is_left_out_of_the_fast_guard():
+    """``self._modules['blocks']`` reads are rewritten as ``self.__dict__['_modules']`` so the submodule walk is
+    implied by the dict tags; a change below still fails the guard (a new submodule type, a hook)."""
+    import json
+    import os
+    import tempfile
+
+    import coil
+    from coil import trace
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+            self.norm = torch.nn.LayerNorm(4)
+
+        def forward(self, x):
+            return self.norm(self.lin(x)).relu()
+
+    m = torch.nn.Sequential(*[Block() for _ in range(4)])
+    cm = coil.compile(m)
+    x = torch.randn(2, 4)
+    d = tempfile.mkdtemp()
+    trace.set_dir(d)
+    try:
+        for _ in range(3):
+            torch.testing.assert_close(cm(x), m(x))
+    finally:
+        trace.set_dir(None)
+    recs = [json.loads(ln) for f in os.listdir(d) if f.endswith(".jsonl") for ln in open(os.path.join(d, f))]
+    (ev,) = [r for r in recs if r["event"] == "guard_versions"]
+    assert ev["used"] and ev["skipped"] > 3 * ev["kept"], ev
+    fast = next(r["text"] for r in recs if r["event"] == "artifact" and r["name"].startswith("guards_fast"))
+    assert "._modules" not in fast.split("___s.ok()")[0], fast
+    # changes below the root still count: a hook on a deep submodule, a replaced submodule
+    m[2].norm.register_forward_hook(lambda mod, i, o: o * 2)
+    torch.testing.assert_close(cm(x), m(x))
+    m[3].lin = torch.nn.Linear(4, 4)
+    torch.testing.assert_close(cm(x), m(x))

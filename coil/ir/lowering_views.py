@@ -690,6 +690,19 @@ def _scatter_box(x, ranges, dest_fn, value_fn, mode, acc_dtype=None) -> TensorBo
     return TensorBox(StorageBox(sb))
 
 
+def _broadcast_sizes(shapes: list) -> list:
+    """The broadcast of ``shapes`` (lists of ints or sympy sizes), as ``torch.broadcast_shapes``."""
+    n = max(map(len, shapes))
+    out = []
+    for i in range(n):
+        dims = [as_expr(s[len(s) - n + i]) for s in shapes if len(s) - n + i >= 0]
+        d = dims[0]
+        for e in dims[1:]:
+            d = e if broadcasts(d, e) else d
+        out.append(d)
+    return out
+
+
 @register_lowering(aten.index_put, aten._unsafe_index_put)
 def _index_put(x, indices, values, accumulate=False):
     """``out = x.clone(); out[indices] = values`` (``+=`` with accumulate, atomically)."""
@@ -700,14 +713,14 @@ def _index_put(x, indices, values, accumulate=False):
     if not pos or any(indices[d].get_dtype() in (torch.bool, torch.uint8) for d in pos):
         from coil.ir.lowering import FallbackToExtern
         raise FallbackToExtern()
-    meta = torch.empty([int(s) for s in xs], device="meta")
-    midx = [None if t is None else torch.zeros([int(s) for s in t.get_size()], dtype=torch.long, device="meta")
-            for t in indices]
-    rshape = [as_expr(s) for s in meta[tuple(slice(None) if t is None else t for t in midx)].shape]
     adjacent = pos == list(range(pos[0], pos[-1] + 1))
-    bshape = [as_expr(s) for s in torch.broadcast_shapes(*[tuple(int(s) for s in indices[d].get_size()) for d in pos])]
+    bshape = _broadcast_sizes([list(indices[d].get_size()) for d in pos])
     nb = len(bshape)
     first = pos[0] if adjacent else 0
+    # x[indices]'s shape (advanced indexing): the indices' broadcast shape where the indexed dims were when
+    # they are adjacent, else in front of the other dims; symbolic sizes stay symbolic (dynamic shapes)
+    rest_dims = [xs[d] for d in range(nd) if d not in pos]
+    rshape = xs[:first] + bshape + xs[pos[-1] + 1:] if adjacent else bshape + rest_dims
     loaders = {d: broadcast_loader(indices[d], bshape) for d in pos}
     cdt = compute_dtype(x.get_dtype())
     vload = loader_as(values, rshape, cdt)

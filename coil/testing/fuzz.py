@@ -421,7 +421,7 @@ class _Bounds(TorchDispatchMode):
 
     def __init__(self, n: int, inputs: list):
         super().__init__()
-        self.n, self.bounds = n, {}
+        self.n, self.bounds, self.stored = n, {}, {}  # stored: storage -> (its flat tensor, bound written there)
         self.inputs = {a.untyped_storage().data_ptr() for a in inputs if isinstance(a, torch.Tensor)}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -431,6 +431,10 @@ class _Bounds(TorchDispatchMode):
             if a.alias_info and a.alias_info.is_write for t in pytree.tree_leaves(v) if isinstance(t, torch.Tensor)]
         out = func(*args, **kwargs)
         x, op, b = args[0] if args else None, func.overloadpacket, self.bounds.get(id(args[0] if args else None))
+        if (b is None or not b[1].any()) and isinstance(x, torch.Tensor) and x.untyped_storage().data_ptr() in self.stored:
+            f, sb = self.stored[x.untyped_storage().data_ptr()]  # written there through another view: its
+            if f.dtype == x.dtype and sb.any():  # bound (autograd's as_strided_backward: copy_ into a view of new
+                b = x, sb.as_strided(x.shape, x.stride(), x.storage_offset())  # zeros, .grad a view: s1010 #98)
         if op in _SUM_OPS and isinstance(x, torch.Tensor):
             dt = kwargs.pop("dtype", None) or x.dtype
             at, rt = TOLERANCES.get(x.dtype, (0.0, 0.0)) if b is None and x.untyped_storage(
@@ -491,6 +495,11 @@ class _Bounds(TorchDispatchMode):
                 acc = self._spread(func, args, kwargs, out)  # (d.div_(x) by an uncertain x)
             if isinstance(acc, torch.Tensor):
                 self.bounds[id(out)] = out, acc
+                if isinstance(out, torch.Tensor) and acc.shape == out.shape:
+                    f, sb = self.stored.setdefault(out.untyped_storage().data_ptr(), (
+                        _flat(out), torch.zeros(_flat(out).shape, dtype=torch.float64)))
+                    if f.dtype == out.dtype:
+                        sb.as_strided(out.shape, out.stride(), out.storage_offset()).copy_(acc)
         elif b and (func.is_view or op in (torch.ops.aten.clone, torch.ops.aten._to_copy)):
             try:  # the same values: the same bound (and exact value), viewed the same way
                 bs = [u if not func.is_view else func(u, *args[1:], **kwargs) for u in (b[1], *sum(b[2:], ()))]
@@ -592,6 +601,8 @@ class _Bounds(TorchDispatchMode):
             new, other, ptr = _flat(t), _flat(again[id(t)]), t.untyped_storage().data_ptr()
             kept = ((new == old) | (new != new) & (old != old)) & (other == 3)
             masks[ptr] = t.element_size(), masks.get(ptr, (0, False))[1] | ~kept
+            if ptr in self.stored and self.stored[ptr][0].dtype == t.dtype:
+                self.stored[ptr][1].masked_fill_(~kept, 0.0)
         for i, (v, bound, *exact) in list(self.bounds.items()):
             size, m = masks.get(v.untyped_storage().data_ptr(), (0, None))
             if m is not None:

@@ -973,3 +973,16 @@ def test_dynamic_backends_compile_with_symbolic_sizes(tmp_path):
             trace.set_dir(old)
         events = [json.loads(line)["event"] for p in d.glob("*.jsonl") for line in p.read_text().splitlines()]
         assert events.count("backend_compile") == 1, backend
+
+
+def _layer_norm_of_an_expanded_constant(b):  # gradient fuzzer s1010 #98
+    v2 = torch.nn.functional.layer_norm(b, (5, 3))
+    return (v2,)
+
+
+def test_a_bound_written_through_a_view_is_read_through_another():
+    """s1010 #98: b's gradient is the sum of 15 layer_norm gradients near ±100 that cancel (eager -1.8e-4, coil's
+    kernel the exact 0). Autograd's as_strided backward copies that sum into a view of new zeros and returns
+    another view of the buffer as ``.grad``: the sum's bound now follows the storage, not just the first view."""
+    mi = lambda: [torch.tensor([1.8441281]).expand(5, 3)]  # noqa: E731
+    assert check(_layer_norm_of_an_expanded_constant, mi, "cpp+grad").outcome == "ok"

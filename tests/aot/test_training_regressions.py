@@ -234,3 +234,23 @@ def test_a_constant_gradient_beside_an_unused_written_input(backend):
         grads.append(leaf.grad)
     assert grads[1] is not None
     torch.testing.assert_close(grads[1], grads[0], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_layer_norm_backward_reads_its_statistics_as_floats(backend, dtype):
+    """Gradient fuzzer s1011 #422: ``layer_norm(b, (6,), b)`` of fp16 values near -2.5e4. On the CPU the forward
+    saves mean and rstd in the input's dtype, as ATen does; torch's decomposition of the backward then took
+    ``rstd / N`` in fp16 (b's grad 2 ulps from eager's: 1.290 for 1.293, -2.248 for -2.252). ATen's kernel reads the
+    statistics as floats, and so does coil's decomposition now."""
+    def f(b):
+        return torch.nn.functional.layer_norm(b, (6,), b)
+
+    dy = torch.tensor([0.5625, -0.3125, 0.9375, -0.6875, 0.8125, -0.0625], dtype=dtype)
+    grads = []
+    for fn in (f, coil.compile(f, options={"cpu_backend": backend})):
+        b = torch.tensor([1.0, -2.52e4, 1.0, -0.9717, -2.734e4, -2.405e4], dtype=dtype, requires_grad=True)
+        fn(b).backward(dy)
+        grads.append(b.grad)
+    torch.testing.assert_close(grads[1], grads[0])
+

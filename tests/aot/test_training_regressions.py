@@ -254,3 +254,17 @@ def test_half_layer_norm_backward_reads_its_statistics_as_floats(backend, dtype)
         grads.append(b.grad)
     torch.testing.assert_close(grads[1], grads[0])
 
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_backward_of_a_power_by_a_bool_tensor_raises_as_eager(backend):
+    """Gradient fuzzer s1012 #405: the backward of ``d ** a`` with a bool ``a`` computes ``a - 1``, which eager
+    refuses ("Subtraction, the `-` operator, with a bool tensor is not supported"); the fake tensors of the joint
+    trace do not check it, and coil's kernel subtracted (d.grad 0.5). A bool ``sub`` runs as the ATen op."""
+    def f(a, d):
+        return d ** a
+
+    for fn in (f, coil.compile(f, options={"cpu_backend": backend})):
+        d = torch.tensor(-0.0, requires_grad=True)
+        with pytest.raises(RuntimeError, match="with a bool tensor is not supported"):
+            fn(torch.tensor(True), d).backward(torch.tensor(0.5))
+

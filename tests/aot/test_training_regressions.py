@@ -268,3 +268,19 @@ def test_backward_of_a_power_by_a_bool_tensor_raises_as_eager(backend):
         with pytest.raises(RuntimeError, match="with a bool tensor is not supported"):
             fn(torch.tensor(True), d).backward(torch.tensor(0.5))
 
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_backward_dividing_by_a_symbolic_zero_runs_eagerly(backend):
+    """Gradient fuzzer s1006 #112: the backward of ``var(x, -1, correction=2)`` of 2 elements under ``dynamic=True``
+    divides by ``n - 2``, 0 at the example's sizes: the joint trace raised ZeroDivisionError at compile time, eager
+    gives inf gradients. Such a graph runs eagerly (logged ``aot_backward_error_eager``)."""
+    def f(x):
+        return x.var(dim=-1, correction=2)
+
+    grads = []
+    for fn in (f, coil.compile(f, dynamic=True, options={"cpu_backend": backend})):
+        x = torch.tensor([[1.0, 2.0], [3.0, 5.0]], requires_grad=True)
+        with pytest.warns(UserWarning, match="degrees of freedom"):
+            fn(x).sum().backward()
+        grads.append(x.grad)
+    torch.testing.assert_close(grads[1], grads[0])

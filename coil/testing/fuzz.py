@@ -426,6 +426,8 @@ class _Bounds(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = dict(kwargs or {})
+        if func.overloadpacket is torch.ops.aten.set_:  # (_flat: a new tensor over a storage, no value written; was
+            return func(*args, **kwargs)  # compared as a write, failing the run: no bounds in gradient mode)
         written = [(t, _flat(t).clone()) for a, v in zip(func._schema.arguments, list(args) + [
             kwargs.get(a.name) for a in func._schema.arguments[len(args):]])
             if a.alias_info and a.alias_info.is_write for t in pytree.tree_leaves(v) if isinstance(t, torch.Tensor)]

@@ -986,3 +986,12 @@ def test_a_bound_written_through_a_view_is_read_through_another():
     another view of the buffer as ``.grad``: the sum's bound now follows the storage, not just the first view."""
     mi = lambda: [torch.tensor([1.8441281]).expand(5, 3)]  # noqa: E731
     assert check(_layer_norm_of_an_expanded_constant, mi, "cpp+grad").outcome == "ok"
+
+
+def test_gradient_mode_inputs_over_their_storage_get_bounds():
+    """s1010 #98 on the fixed tree: with a leaf holding each input's storage (key 0), ``_flat``'s ``set_`` on an empty
+    tensor was compared as a write of 2 values into 0 and failed the bounds run, so no gradient had a bound."""
+    mi = lambda: [torch.tensor(0.0), torch.tensor([1.8441281]).expand(5, 3), torch.tensor([-3.0, 2.0])]  # noqa: E731
+    fn = lambda a, b, c: (torch.copysign(a, c), torch.nn.functional.layer_norm(b, (5, 3)))  # noqa: E731
+    bounds = fuzz._error_bounds(fuzz._with_grads(fn, 0), mi)
+    assert bounds is not None and float(bounds[0][2][1]) > 0, bounds

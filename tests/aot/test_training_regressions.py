@@ -284,3 +284,20 @@ def test_backward_dividing_by_a_symbolic_zero_runs_eagerly(backend):
             fn(x).sum().backward()
         grads.append(x.grad)
     torch.testing.assert_close(grads[1], grads[0])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("op", ["min", "max", "median", "amax"])
+def test_backward_of_a_full_min_with_an_infinite_gradient(backend, op):
+    """Gradient fuzzer s1004 #188: ``min(x) * inf``: eager's CPU backward of a full ``min``/``max``/``median`` fills
+    zeros beside the chosen elements, the traced formula multiplied them by ``inf / count``: NaN (x.grad
+    [nan, nan, inf] for eager's [0, 0, inf]). ``amax``'s backward multiplies in eager too: NaN stays there."""
+    def f(x, y):
+        return getattr(torch, op)(x) * y
+
+    grads = []
+    for fn in (f, coil.compile(f, options={"cpu_backend": backend})):
+        x = torch.tensor([[1.0, 2.0, -1.0]], requires_grad=True)
+        fn(x, torch.tensor(math.inf)).backward()
+        grads.append(x.grad)
+    torch.testing.assert_close(grads[1], grads[0], equal_nan=True)

@@ -432,11 +432,13 @@ class _Bounds(TorchDispatchMode):
             kwargs.get(a.name) for a in func._schema.arguments[len(args):]])
             if a.alias_info and a.alias_info.is_write for t in pytree.tree_leaves(v) if isinstance(t, torch.Tensor)]
         out = func(*args, **kwargs)
+        for t in pytree.tree_leaves((args, kwargs)):  # written through another view of its storage: that bound
+            f, sb = self.stored.get(t.untyped_storage().data_ptr() if isinstance(t, torch.Tensor) else None, (0, 0))
+            if isinstance(sb, torch.Tensor) and f.dtype == t.dtype and sb.any() and not (
+                    id(t) in self.bounds and self.bounds[id(t)][1].any()):  # (autograd's as_strided backward copies
+                with contextlib.suppress(RuntimeError):  # into a view of new zeros, .grad is another: s1010 #98)
+                    self.bounds[id(t)] = t, sb.as_strided(t.shape, t.stride(), t.storage_offset())
         x, op, b = args[0] if args else None, func.overloadpacket, self.bounds.get(id(args[0] if args else None))
-        if (b is None or not b[1].any()) and isinstance(x, torch.Tensor) and x.untyped_storage().data_ptr() in self.stored:
-            f, sb = self.stored[x.untyped_storage().data_ptr()]  # written there through another view: its
-            if f.dtype == x.dtype and sb.any():  # bound (autograd's as_strided_backward: copy_ into a view of new
-                b = x, sb.as_strided(x.shape, x.stride(), x.storage_offset())  # zeros, .grad a view: s1010 #98)
         if op in _SUM_OPS and isinstance(x, torch.Tensor):
             dt = kwargs.pop("dtype", None) or x.dtype
             at, rt = TOLERANCES.get(x.dtype, (0.0, 0.0)) if b is None and x.untyped_storage(
@@ -509,6 +511,16 @@ class _Bounds(TorchDispatchMode):
                 return out
             for t, u, *ex in zip(pytree.tree_leaves(out), *map(pytree.tree_leaves, bs)):
                 self.bounds[id(t)] = (t, u) + ((tuple(ex),) if ex else ())
+        elif op is torch.ops.aten.native_layer_norm_backward and out[0] is not None and out[0].numel():
+            # ATen's kernel: rstd g + b x + c (g = dy w), whose terms cancel (a row of one value: exact 0, eager's
+            # 0.0099 for |g| 300, rstd 316: s1015 #174): each term's rounding, summed over the row
+            dy, x, w, dims = args[0].double(), args[1].double(), args[5], tuple(range(args[1].dim() - len(args[2]),
+                                                                                     args[1].dim()))
+            g, r = (dy * w.double() if isinstance(w, torch.Tensor) else dy).abs(), args[4].double()
+            xh, m = ((x - args[3].double()) * r).abs(), lambda t: t.mean(dims, keepdim=True)  # noqa: E731
+            eps = torch.finfo(torch.promote_types(args[1].dtype, torch.float32)).eps
+            self.bounds[id(out[0])] = out[0], (8 * eps * math.prod(args[2]) * r * (g + m(g) + xh * m(g * xh))
+                                               ).nan_to_num(0.0, 0.0, 0.0)
         elif op is torch.ops.aten.native_layer_norm and out[0].is_floating_point() and out[0].numel():
             # eager's float32 mean and rstd round: a normalized 0 is a tiny value of either sign (s202 #5348)
             x, w = args[0].double(), args[2] if len(args) > 2 and isinstance(args[2], torch.Tensor) else None

@@ -995,3 +995,17 @@ def test_gradient_mode_inputs_over_their_storage_get_bounds():
     fn = lambda a, b, c: (torch.copysign(a, c), torch.nn.functional.layer_norm(b, (5, 3)))  # noqa: E731
     bounds = fuzz._error_bounds(fuzz._with_grads(fn, 0), mi)
     assert bounds is not None and float(bounds[0][2][1]) > 0, bounds
+
+
+def _layer_norm_of_one_element(a):  # gradient fuzzer s1015 #174
+    v0 = a.as_strided((1,), (3,), 0)
+    v0.index_put_((torch.tensor([-1, 0], dtype=torch.int64),), torch.tensor(300, dtype=torch.float32), accumulate=True)
+    v3 = torch.nn.functional.layer_norm(v0, (1,), v0)
+    return (v3,)
+
+
+def test_layer_norm_backward_is_compared_within_its_rounding():
+    """s1015 #174: a layer_norm of one element (601, weight 601): its input gradient is exactly 0 (coil), eager's
+    kernel cancels ``rstd g`` (rstd 316) against its other terms to 0.0099. ``native_layer_norm_backward`` now
+    carries the rounding bound of those terms, through the index_put_ and as_strided backwards to ``a.grad``."""
+    assert check(_layer_norm_of_one_element, lambda: [torch.tensor(1.0)], "cpp+grad").outcome == "ok"

@@ -301,3 +301,24 @@ def test_backward_of_a_full_min_with_an_infinite_gradient(backend, op):
         fn(x, torch.tensor(math.inf)).backward()
         grads.append(x.grad)
     torch.testing.assert_close(grads[1], grads[0], equal_nan=True)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_dtype_view_of_an_input_written_differentiably_is_returned_over_its_memory(backend):
+    """Gradient fuzzer s1015 #155: ``v = b.view(torch.float16)`` of a bf16 ``b`` that requires grad is not an autograd
+    view; ``v.div_(b.sum())`` makes it require grad, and eager returns it over b's memory. coil computed it as a
+    graph output (to give it a grad_fn) and returned a copy: a later write to it did not reach ``b``. The runtime
+    now points the computed tensor at the input's storage."""
+    def f(b):
+        v = b.view(torch.float16)
+        v.div_(b.sum(dtype=torch.float32).expand(6).to(torch.float16))
+        return v
+
+    res = []
+    for fn in (f, coil.compile(f, options={"cpu_backend": backend})):
+        b = torch.ones(6, dtype=torch.bfloat16, requires_grad=True)
+        out = fn(b)
+        assert out.requires_grad and out.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+        out.float().sum().backward()
+        res.append((out.detach().clone(), b.detach().clone(), b.grad))
+    torch.testing.assert_close(res[1], res[0])

@@ -894,11 +894,9 @@ def trace_joint(fn: Callable, fake_args: list, info: ProgramInfo, decompositions
                 _locate_backward(diff)
                 if not diff:
                     grads = [None] * len(wrt)
-                elif info.drop_error_checks:
-                    with _DropErrorChecks():
+                else:  # (the backward's writes through views too: relu_ of b.expand(-1), s1016 #102)
+                    with _ViewRewrites(), _DropErrorChecks() if info.drop_error_checks else contextlib.nullcontext():
                         grads = torch.autograd.grad(diff, wrt, f_tangents, allow_unused=True)
-                else:
-                    grads = torch.autograd.grad(diff, wrt, f_tangents, allow_unused=True)
                 fx_traceback.set_stack_trace([])
             grad_is_none[:] = [g is None for g in grads]
             return [_from_functional(v) for v in vals], [_from_functional(g) for g in grads if g is not None]

@@ -322,3 +322,22 @@ def test_dtype_view_of_an_input_written_differentiably_is_returned_over_its_memo
         out.float().sum().backward()
         res.append((out.detach().clone(), b.detach().clone(), b.grad))
     torch.testing.assert_close(res[1], res[0])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_backward_of_an_in_place_op_through_an_identity_expand(backend):
+    """Gradient fuzzer s1016 #102: ``b.expand(-1).relu_()`` at b = 0, then ``remainder(b, nan) % b``: autograd
+    writes relu's gradient through the expand in the backward, which functionalization wrote back as
+    ``base + (new - base)``: NaN - NaN where eager's gradient is 0. The backward's views are re-expressed as the
+    forward's are (the identity expand an alias)."""
+    def f(b):
+        b.expand(-1).relu_()
+        v2 = torch.remainder(b, torch.nan)
+        return v2, v2 % b
+
+    grads = []
+    for fn in (f, coil.compile(f, options={"cpu_backend": backend})):
+        leaf = torch.tensor([0.0], requires_grad=True)
+        torch.autograd.backward(fn(leaf.clone()), [torch.tensor([0.5]), torch.tensor([0.25])])
+        grads.append(leaf.grad)
+    torch.testing.assert_close(grads[1], grads[0], equal_nan=True)

@@ -341,3 +341,20 @@ def test_backward_of_an_in_place_op_through_an_identity_expand(backend):
         torch.autograd.backward(fn(leaf.clone()), [torch.tensor([0.5]), torch.tensor([0.25])])
         grads.append(leaf.grad)
     torch.testing.assert_close(grads[1], grads[0], equal_nan=True)
+
+
+def _view_before_squeeze_of_an_input(a):  # gradient fuzzer s1016 #980
+    v1 = a.transpose(-1, -2)
+    a.squeeze_()
+    v4 = torch.var(v1, correction=0)  # noqa: F841
+    return ()
+
+
+@pytest.mark.xfail(strict=True, reason="open: functionalization replays the transpose taken before squeeze_ on the "
+                   "squeezed input while the program is analysed (IndexError: dim -2 of a 1-D tensor) before coil's "
+                   "check that runs restrided inputs that require grad eagerly (s1003) is reached")
+def test_view_taken_before_squeeze_of_an_input_that_requires_grad():
+    """Gradient fuzzer s1016 #980: ``a.transpose(-1, -2)``, then ``a.squeeze_()`` on a (1, 1) view of a clone that
+    requires grad, then ``var`` of the transpose: BackendCompilerFailed (IndexError) where eager runs; without grad
+    (or with the input a leaf) it compiles."""
+    assert check(_view_before_squeeze_of_an_input, lambda: [torch.tensor([[1.0]])], "cpp+grad").outcome == "ok"

@@ -415,12 +415,15 @@ def _compile(fn, example_inputs, fw_compiler, bw_compiler, partition_fn, decompo
         return run if groups is None else _with_input_groups(run, groups, user_fn)
     try:
         joint, jinfo = (joint, jinfo) if joint is not None else trace_joint(fn, fake_args, info, decomps, fake_mode)
-    except RuntimeError as e:  # y = x.exp(); y.add_(1): eager raises it at backward only, a forward must run
-        if "modified by an inplace operation" not in str(e):
+    except (RuntimeError, ZeroDivisionError) as e:  # y = x.exp(); y.add_(1): eager raises it at backward only, a
+        # forward must run; or a backward divides by a symbolic size that is 0 at these sizes, where eager's gradients
+        # are inf/NaN (var(correction=2) of 2 elements under dynamic=True: s1006 #112)
+        if not isinstance(e, ZeroDivisionError) and "modified by an inplace operation" not in str(e):
             raise
         trace.log("aot_backward_error_eager", stage="aot", reason=str(e))
         return _eager(user_fn)
     tensorize_scalar_reads(joint, "joint")
+    _zero_fill_evenly_distributed(joint)
     trace.artifact("aot_joint_graph", _graph_text(joint, "aot joint graph (ATen)"), kind="python")
     part = partition_fn(joint, jinfo)
     cse_graph(part.fw)
@@ -496,6 +499,25 @@ def _dual_inputs_eager(runner: Callable, fn: Callable) -> Callable:
         return runner(*args)
     return run
 
+
+
+def _zero_fill_evenly_distributed(joint: torch.fx.GraphModule) -> None:
+    """The backward of ``min()``/``max()``/``median()`` over all elements, traced, is ATen's formula for CUDA and
+    tensor subclasses, ``mask * (grad / mask.sum())``: NaN where the mask is False and the gradient is inf or NaN.
+    Eager's CPU formula fills zeros there (``zeros.masked_fill_(mask, grad / count)``; s1004 #188, ``min(x) * inf``).
+    Such a product in the backward (it reads a tangent) becomes ``where(mask, grad / count, 0)``."""
+    aten, grads = torch.ops.aten, set(joint.graph.find_nodes(op="placeholder"))
+    grads = {n for n in grads if n.name.startswith("tangents")}
+    for n in joint.graph.nodes:
+        if n not in grads and any(isinstance(a, torch.fx.Node) and a in grads for a in n.all_input_nodes):
+            grads.add(n)
+        m, d = (n.args + (None, None))[:2] if n.target is aten.mul.Tensor else (None, None)
+        s = d.args[1] if isinstance(d, torch.fx.Node) and d.target is aten.div.Tensor else None
+        if n in grads and isinstance(s, torch.fx.Node) and s.target in (aten.sum.default, aten.sum.dim_IntList) \
+                and s.args[0] is m and not s.kwargs.get("keepdim", s.args[2:3] == (True,)) and d.args[0] in grads \
+                and getattr(m.meta.get("val"), "dtype", None) == torch.bool:
+            n.target, n.args = aten.where.ScalarOther, (m, d, 0.0)
+    joint.recompile()
 
 def _eager(fn: Callable) -> Callable:
     """``fn`` run eagerly; a GraphModule through its ``forward``, whose call wrapper would print

@@ -253,6 +253,18 @@ def native_layer_norm(x, normalized_shape, weight, bias, eps):
     return out, mean, rstd
 
 
+
+_TORCH_LN_BACKWARD = _decomp.decomposition_table[aten.native_layer_norm_backward.default]
+
+
+@register(aten.native_layer_norm_backward.default)
+def native_layer_norm_backward(dy, x, normalized_shape, mean, rstd, weight, bias, output_mask):
+    """torch's decomposition, given the statistics in float32: it divides a half ``rstd`` (CPU's, as ATen saves
+    it) by N in half precision, 2-4 ulps from eager's kernel, which reads them as floats (fuzz s1011 #422)."""
+    mean, rstd = (aten._to_copy.default(t, dtype=torch.float32) if t.dtype in (torch.float16, torch.bfloat16)
+                  else t for t in (mean, rstd))
+    return _TORCH_LN_BACKWARD(dy, x, normalized_shape, mean, rstd, weight, bias, output_mask)
+
 def _overloads(packets) -> set:
     return {getattr(packet, name) for packet in packets for name in packet.overloads()}
 

@@ -82,6 +82,10 @@ class OutputInfo:
     #: (conj, neg): the view carries a lazy conjugation or negation bit (``x.conj()``, ``x.conj().imag``),
     #: which the runtime's view (an as_strided of the storage) sets again
     lazy: tuple = (False, False)
+    #: a ``"graph"`` output whose eager result shares input ``shares``'s memory: a view as another dtype (not
+    #: differentiable) that a differentiable in-place op made require grad; the runtime points the computed tensor
+    #: at that input's storage (``dtype`` and a byte ``offset`` as for an alias)
+    shares: int = -1
 
 
 @dataclasses.dataclass
@@ -401,6 +405,8 @@ def _describe(fn, fake_args, f_args, before, outs, grad, drop_error_checks, fake
                 outputs.append(OutputInfo("alias_of_input", input_storage[st], **meta,
                                           dtype=o.dtype if other else None))
                 continue
+            if other and not _overlaps(fake_args[input_storage[st]]) and inputs[input_storage[st]].layout is None:
+                meta["shares"] = input_storage[st]  # (s1015 #155: b.view(torch.float16).div_(b.sum()))
         outputs.append(OutputInfo("graph", -1, **meta))
         if st not in input_storage:
             groups.setdefault((st, o.dtype), []).append(k)
@@ -446,10 +452,10 @@ def _describe(fn, fake_args, f_args, before, outs, grad, drop_error_checks, fake
             graph_outputs.append(k)
     # storage offsets relative to the tensor each alias is regenerated from
     for k, o in enumerate(outputs):
-        if o.kind not in ("alias_of_input", "alias_of_output", "alias_of_base"):
+        if o.kind not in ("alias_of_input", "alias_of_output", "alias_of_base") and o.shares < 0:
             continue
         a = fake_args[o.index] if o.kind == "alias_of_input" else flat_outs[o.index] if o.kind == "alias_of_output" \
-            else flat_outs[base_sources[o.index]]._base
+            else fake_args[o.shares] if o.shares >= 0 else flat_outs[base_sources[o.index]]._base
         if a.dtype != flat_outs[k].dtype:  # a view as another dtype (view(dtype), .real, view_as_real): in bytes
             o.dtype = flat_outs[k].dtype
         o.offset = o.offset * o.dtype.itemsize - a.storage_offset() * a.dtype.itemsize if o.dtype else \
@@ -888,11 +894,9 @@ def trace_joint(fn: Callable, fake_args: list, info: ProgramInfo, decompositions
                 _locate_backward(diff)
                 if not diff:
                     grads = [None] * len(wrt)
-                elif info.drop_error_checks:
-                    with _DropErrorChecks():
+                else:  # (the backward's writes through views too: relu_ of b.expand(-1), s1016 #102)
+                    with _ViewRewrites(), _DropErrorChecks() if info.drop_error_checks else contextlib.nullcontext():
                         grads = torch.autograd.grad(diff, wrt, f_tangents, allow_unused=True)
-                else:
-                    grads = torch.autograd.grad(diff, wrt, f_tangents, allow_unused=True)
                 fx_traceback.set_stack_trace([])
             grad_is_none[:] = [g is None for g in grads]
             return [_from_functional(v) for v in vals], [_from_functional(g) for g in grads if g is not None]

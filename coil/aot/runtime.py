@@ -188,6 +188,8 @@ def _make_epilogue(info: ProgramInfo, args_index_of_output=None) -> Callable:
             plan[k] = (8, j, None) if kind == 4 else (kind + 4, idx, (j, *extra[3:]))
     n_sym = len(sym)
     multi = [k for k, o in enumerate(info.outputs) if o.multi_output and plan[k][0] in (2, 3, 6, 7)]
+    shared = [(k, o.shares, (o.size, o.stride, o.offset, False, o.dtype)) for k, o in enumerate(info.outputs)
+              if o.kind == "graph" and o.shares >= 0 and not _has_symint((o.size, o.stride, o.offset))]
     lazy = [(k, o.lazy) for k, o in enumerate(info.outputs) if any(o.lazy) and plan[k][0] in (2, 3, 6, 7)]
 
     def view(src: torch.Tensor, size, stride, offset, requires_grad, dtype=None) -> torch.Tensor:
@@ -255,6 +257,10 @@ def _make_epilogue(info: ProgramInfo, args_index_of_output=None) -> Callable:
                 flat.append(view(vals[idx], *lay[extra[0]], *extra[1:]))
             else:  # 4: a constant, 8: a symbolic number (x.shape[0] * 2 under torch's capture)
                 flat.append(extra if kind == 4 else lay[idx])
+        for k, i, extra in shared:  # computed with its grad_fn; eager's shares the input's memory
+            v = view(args[i], *extra)
+            with torch.no_grad():
+                flat[k].set_(v.untyped_storage(), v.storage_offset(), v.shape, v.stride())
         for k, (conj, neg) in lazy:
             flat[k] = torch._neg_view(flat[k]) if neg else flat[k]
             flat[k] = torch._conj(flat[k]) if conj else flat[k]

@@ -263,7 +263,11 @@ for _op, _name in PREDICATES.items():
 
 @register_lowering(aten.add.Tensor, aten.add.Scalar, aten.sub.Tensor, aten.sub.Scalar)
 def _add_sub(a, b, alpha=1):
-    name = "add" if current_graph().current_node.target in (aten.add.Tensor, aten.add.Scalar) else "sub"
+    node = current_graph().current_node
+    name = "add" if node.target in (aten.add.Tensor, aten.add.Scalar) else "sub"
+    if name == "sub" and any(isinstance(x, bool) or getattr(getattr(x, "meta", {}).get("val"), "dtype", None)
+                             == torch.bool for x in node.args[:2]):
+        raise FallbackToExtern  # ATen raises eager's error (a fake tensor does not: d ** bool's backward, s1012 #405)
     if alpha != 1:
         # eager's CPU kernel converts alpha to fp16/bf16 first (0.3 is 0.2998...), CUDA's keeps it in float
         alpha, = round_scalars([alpha], out_dtype())

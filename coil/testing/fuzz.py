@@ -421,15 +421,23 @@ class _Bounds(TorchDispatchMode):
 
     def __init__(self, n: int, inputs: list):
         super().__init__()
-        self.n, self.bounds = n, {}
+        self.n, self.bounds, self.stored = n, {}, {}  # stored: storage -> (its flat tensor, bound written there)
         self.inputs = {a.untyped_storage().data_ptr() for a in inputs if isinstance(a, torch.Tensor)}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = dict(kwargs or {})
+        if func.overloadpacket is torch.ops.aten.set_:  # (_flat: a new tensor over a storage, no value written; was
+            return func(*args, **kwargs)  # compared as a write, failing the run: no bounds in gradient mode)
         written = [(t, _flat(t).clone()) for a, v in zip(func._schema.arguments, list(args) + [
             kwargs.get(a.name) for a in func._schema.arguments[len(args):]])
             if a.alias_info and a.alias_info.is_write for t in pytree.tree_leaves(v) if isinstance(t, torch.Tensor)]
         out = func(*args, **kwargs)
+        for t in pytree.tree_leaves((args, kwargs)):  # written through another view of its storage: that bound
+            f, sb = self.stored.get(t.untyped_storage().data_ptr() if isinstance(t, torch.Tensor) else None, (0, 0))
+            if isinstance(sb, torch.Tensor) and f.dtype == t.dtype and sb.any() and not (
+                    id(t) in self.bounds and self.bounds[id(t)][1].any()):  # (autograd's as_strided backward copies
+                with contextlib.suppress(RuntimeError):  # into a view of new zeros, .grad is another: s1010 #98)
+                    self.bounds[id(t)] = t, sb.as_strided(t.shape, t.stride(), t.storage_offset())
         x, op, b = args[0] if args else None, func.overloadpacket, self.bounds.get(id(args[0] if args else None))
         if op in _SUM_OPS and isinstance(x, torch.Tensor):
             dt = kwargs.pop("dtype", None) or x.dtype
@@ -491,6 +499,11 @@ class _Bounds(TorchDispatchMode):
                 acc = self._spread(func, args, kwargs, out)  # (d.div_(x) by an uncertain x)
             if isinstance(acc, torch.Tensor):
                 self.bounds[id(out)] = out, acc
+                if isinstance(out, torch.Tensor) and acc.shape == out.shape:
+                    f, sb = self.stored.setdefault(out.untyped_storage().data_ptr(), (
+                        _flat(out), torch.zeros(_flat(out).shape, dtype=torch.float64)))
+                    if f.dtype == out.dtype:
+                        sb.as_strided(out.shape, out.stride(), out.storage_offset()).copy_(acc)
         elif b and (func.is_view or op in (torch.ops.aten.clone, torch.ops.aten._to_copy)):
             try:  # the same values: the same bound (and exact value), viewed the same way
                 bs = [u if not func.is_view else func(u, *args[1:], **kwargs) for u in (b[1], *sum(b[2:], ()))]
@@ -498,6 +511,16 @@ class _Bounds(TorchDispatchMode):
                 return out
             for t, u, *ex in zip(pytree.tree_leaves(out), *map(pytree.tree_leaves, bs)):
                 self.bounds[id(t)] = (t, u) + ((tuple(ex),) if ex else ())
+        elif op is torch.ops.aten.native_layer_norm_backward and out[0] is not None and out[0].numel():
+            # ATen's kernel: rstd g + b x + c (g = dy w), whose terms cancel (a row of one value: exact 0, eager's
+            # 0.0099 for |g| 300, rstd 316: s1015 #174): each term's rounding, summed over the row
+            dy, x, w, dims = args[0].double(), args[1].double(), args[5], tuple(range(args[1].dim() - len(args[2]),
+                                                                                     args[1].dim()))
+            g, r = (dy * w.double() if isinstance(w, torch.Tensor) else dy).abs(), args[4].double()
+            xh, m = ((x - args[3].double()) * r).abs(), lambda t: t.mean(dims, keepdim=True)  # noqa: E731
+            eps = torch.finfo(torch.promote_types(args[1].dtype, torch.float32)).eps
+            self.bounds[id(out[0])] = out[0], (8 * eps * math.prod(args[2]) * r * (g + m(g) + xh * m(g * xh))
+                                               ).nan_to_num(0.0, 0.0, 0.0)
         elif op is torch.ops.aten.native_layer_norm and out[0].is_floating_point() and out[0].numel():
             # eager's float32 mean and rstd round: a normalized 0 is a tiny value of either sign (s202 #5348)
             x, w = args[0].double(), args[2] if len(args) > 2 and isinstance(args[2], torch.Tensor) else None
@@ -592,6 +615,8 @@ class _Bounds(TorchDispatchMode):
             new, other, ptr = _flat(t), _flat(again[id(t)]), t.untyped_storage().data_ptr()
             kept = ((new == old) | (new != new) & (old != old)) & (other == 3)
             masks[ptr] = t.element_size(), masks.get(ptr, (0, False))[1] | ~kept
+            if ptr in self.stored and self.stored[ptr][0].dtype == t.dtype:
+                self.stored[ptr][1].masked_fill_(~kept, 0.0)
         for i, (v, bound, *exact) in list(self.bounds.items()):
             size, m = masks.get(v.untyped_storage().data_ptr(), (0, None))
             if m is not None:

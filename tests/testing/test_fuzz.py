@@ -973,3 +973,39 @@ def test_dynamic_backends_compile_with_symbolic_sizes(tmp_path):
             trace.set_dir(old)
         events = [json.loads(line)["event"] for p in d.glob("*.jsonl") for line in p.read_text().splitlines()]
         assert events.count("backend_compile") == 1, backend
+
+
+def _layer_norm_of_an_expanded_constant(b):  # gradient fuzzer s1010 #98
+    v2 = torch.nn.functional.layer_norm(b, (5, 3))
+    return (v2,)
+
+
+def test_a_bound_written_through_a_view_is_read_through_another():
+    """s1010 #98: b's gradient is the sum of 15 layer_norm gradients near ±100 that cancel (eager -1.8e-4, coil's
+    kernel the exact 0). Autograd's as_strided backward copies that sum into a view of new zeros and returns
+    another view of the buffer as ``.grad``: the sum's bound now follows the storage, not just the first view."""
+    mi = lambda: [torch.tensor([1.8441281]).expand(5, 3)]  # noqa: E731
+    assert check(_layer_norm_of_an_expanded_constant, mi, "cpp+grad").outcome == "ok"
+
+
+def test_gradient_mode_inputs_over_their_storage_get_bounds():
+    """s1010 #98 on the fixed tree: with a leaf holding each input's storage (key 0), ``_flat``'s ``set_`` on an empty
+    tensor was compared as a write of 2 values into 0 and failed the bounds run, so no gradient had a bound."""
+    mi = lambda: [torch.tensor(0.0), torch.tensor([1.8441281]).expand(5, 3), torch.tensor([-3.0, 2.0])]  # noqa: E731
+    fn = lambda a, b, c: (torch.copysign(a, c), torch.nn.functional.layer_norm(b, (5, 3)))  # noqa: E731
+    bounds = fuzz._error_bounds(fuzz._with_grads(fn, 0), mi)
+    assert bounds is not None and float(bounds[0][2][1]) > 0, bounds
+
+
+def _layer_norm_of_one_element(a):  # gradient fuzzer s1015 #174
+    v0 = a.as_strided((1,), (3,), 0)
+    v0.index_put_((torch.tensor([-1, 0], dtype=torch.int64),), torch.tensor(300, dtype=torch.float32), accumulate=True)
+    v3 = torch.nn.functional.layer_norm(v0, (1,), v0)
+    return (v3,)
+
+
+def test_layer_norm_backward_is_compared_within_its_rounding():
+    """s1015 #174: a layer_norm of one element (601, weight 601): its input gradient is exactly 0 (coil), eager's
+    kernel cancels ``rstd g`` (rstd 316) against its other terms to 0.0099. ``native_layer_norm_backward`` now
+    carries the rounding bound of those terms, through the index_put_ and as_strided backwards to ``a.grad``."""
+    assert check(_layer_norm_of_one_element, lambda: [torch.tensor(1.0)], "cpp+grad").outcome == "ok"

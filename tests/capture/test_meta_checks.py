@@ -74,3 +74,30 @@ def test_checks_run_on_torch_compile_graphs():
             torch.compile(lambda t, h: t.index_add(0, I, h), backend="coil")(t, h)
     finally:
         torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("name, fn", [
+    ("mv", lambda x, y: torch.mv(x, y[0])),
+    ("heaviside", lambda x, y: torch.heaviside(x, y)),
+    ("binary_cross_entropy", lambda x, y: torch.nn.functional.binary_cross_entropy(x.sigmoid(), y.sigmoid())),
+    ("layer_norm", lambda x, y: torch.nn.functional.layer_norm(x, (3,), y[0])),
+    ("nll_loss", lambda x, y: torch.nn.functional.nll_loss(x, torch.tensor([0, 1, 2]), weight=y[0])),
+])
+def test_mixed_float_dtypes_eager_refuses(name, fn):
+    # fake kernels promote float and double; eager's kernels refuse them
+    x, y = torch.randn(3, 3), torch.randn(3, 3).double()
+    with pytest.raises(RuntimeError) as ref:
+        fn(x, y)
+    with pytest.raises(RuntimeError) as got:
+        coil.compile(fn)(x, y)
+    assert str(got.value) == str(ref.value)
+
+
+@pytest.mark.parametrize("loss", ["huber_loss", "soft_margin_loss"])
+def test_mixed_float_dtypes_keep_eagers_result_dtype(loss):
+    # eager: the input's dtype (float32); the meta kernel promotes to float64
+    fn = getattr(torch.nn.functional, loss)
+    x, y = torch.randn(3, 3), torch.randn(3, 3).double()
+    ref, got = fn(x, y), coil.compile(fn)(x, y)
+    assert got.dtype == ref.dtype == torch.float32
+    torch.testing.assert_close(got, ref)

@@ -56,6 +56,13 @@ def _index_put(args, kwargs) -> None:
                       _arg(args, kwargs, 0, "input"), _arg(args, kwargs, 2, "values"))
 
 
+def _dim(args, kwargs) -> None:
+    """``softmax`` / ``softmin`` / ``sort`` of a ``dim`` out of range: their meta kernels accept it, eager's IndexError."""
+    x, dim = _arg(args, kwargs, 0, "input"), _arg(args, kwargs, 1, "dim")
+    if isinstance(x, torch.Tensor) and type(dim) is int:
+        torch._prims_common.canonicalize_dim(x.dim(), dim)
+
+
 def _tensors_in(index) -> list:
     items = index if isinstance(index, (tuple, list)) else [index]
     return [i for i in items if isinstance(i, torch.Tensor)]
@@ -129,7 +136,7 @@ _MIXED_RESTRICTED = ("mv addmv heaviside cross linalg_cross batch_norm instance_
 #: op name (method or function, no trailing ``_``) -> check of its fake arguments
 CHECKS: dict[str, Callable] = {
     "index_add": _index_add, "index_copy": _index_copy, "index_put": _index_put,
-    "setitem": _setitem, "__setitem__": _setitem,
+    "setitem": _setitem, "__setitem__": _setitem, "softmax": _dim, "softmin": _dim, "sort": _dim,
 }
 
 

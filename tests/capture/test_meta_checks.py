@@ -101,3 +101,18 @@ def test_mixed_float_dtypes_keep_eagers_result_dtype(loss):
     ref, got = fn(x, y), coil.compile(fn)(x, y)
     assert got.dtype == ref.dtype == torch.float32
     torch.testing.assert_close(got, ref)
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x: x.softmax(3), lambda x: torch.softmax(x, -2), lambda x: torch.nn.functional.softmin(x, 3),
+    lambda x: x.sort(3), lambda x: torch.sort(x, dim=2, stable=True),
+])
+def test_dim_out_of_range_raises_eagers_index_error(fn):
+    # the meta kernels accept the dim; the backend failed (BackendCompilerFailed, no user line)
+    x = torch.randn(3)
+    with pytest.raises(IndexError) as ref:
+        fn(x)
+    with pytest.raises(IndexError) as got:
+        coil.compile(fn)(x)
+    assert str(got.value) == str(ref.value)
+    assert any(f.filename == __file__ for f in traceback.extract_tb(got.value.__traceback__)[1:])

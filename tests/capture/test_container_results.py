@@ -38,3 +38,21 @@ def test_dict_and_ordered_dict_results():
         for a, b in zip(torch.utils._pytree.tree_leaves(want), torch.utils._pytree.tree_leaves(got)):
             assert type(b) is torch.Tensor
             torch.testing.assert_close(b, a)
+
+
+_m = nn.Linear(3, 2)
+_grad_of_loss = grad(lambda p, x: functional_call(_m, p, (x,)).pow(2).sum())  # made outside the frame
+
+
+def test_grad_of_a_param_dict_made_outside_the_frame():
+    params = {k: v.detach() for k, v in _m.named_parameters()}
+
+    def sgd(p, x):
+        g = _grad_of_loss(p, x)
+        return {k: p[k] - 0.1 * g[k] for k in p}
+
+    x = torch.randn(2, 3)
+    want, got = sgd(params, x), coil.compile(sgd)(params, x)
+    for k in want:
+        assert type(got[k]) is torch.Tensor
+        torch.testing.assert_close(got[k], want[k])

@@ -85,7 +85,7 @@ def _setitem(args, kwargs) -> None:
     _index_put([self, None, value], {})
 
 
-def _probe_dtypes(target, mixed: bool = False):
+def _probe_dtypes(target, mixed: bool = False, always: bool = False):
     """A check for an op whose eager kernels refuse dtypes its meta kernel accepts (``var`` of ints,
     ``argmin`` of bools, ``silu`` of ints: "not implemented for 'Int'"): when an argument is an integer or
     bool tensor, the op runs on one-element real tensors of the arguments' dtypes, ranks and devices, and what
@@ -93,13 +93,14 @@ def _probe_dtypes(target, mixed: bool = False):
     any rank (no size conditions: not ``topk``, ``glu``, ``cross``), their dtype support does not depend on
     values, and none of them draws random numbers. Returns the probe's result (None when nothing was
     probed). With ``mixed``, the probe runs where floating tensor arguments differ in dtype instead, on zeros of
-    the arguments' shapes (``mv`` refuses float and double, ``huber_loss`` returns the input's dtype)."""
+    the arguments' shapes (``mv`` refuses float and double, ``huber_loss`` returns the input's dtype); ``always``:
+    whatever the dtypes (the caller knows eager refuses them)."""
     def check(args, kwargs):
         leaves = pytree.tree_leaves((args, kwargs))
         tensors = [a for a in leaves if isinstance(a, torch.Tensor)]
         if mixed:
             leaves += [d for t in tensors for d in t.shape]
-            needed = len({t.dtype for t in tensors if t.is_floating_point()}) > 1
+            needed = always or len({t.dtype for t in tensors if t.is_floating_point()}) > 1
         else:
             needed = any(not (a.is_floating_point() or a.is_complex()) for a in tensors)
         if not needed or any(isinstance(a, (torch.SymInt, torch.SymFloat)) for a in leaves):
@@ -132,6 +133,10 @@ _DTYPE_RESTRICTED = (
 #: their meta kernels, that fake tensors accept (probed with ``mixed``)
 _MIXED_RESTRICTED = ("mv addmv heaviside cross linalg_cross batch_norm instance_norm layer_norm nll_loss "
                      "cross_entropy binary_cross_entropy huber_loss soft_margin_loss").split()
+
+#: index ops whose meta kernels accept a floating index -> (position, name) of the index argument
+_INDEXED = {"index_select": (2, "index"), "index_add": (2, "index"), "index_fill": (2, "index"),
+            "index_copy": (2, "index"), "index_reduce": (2, "index"), "put": (1, "index"), "index_put": (1, "indices")}
 
 #: op name (method or function, no trailing ``_``) -> check of its fake arguments
 CHECKS: dict[str, Callable] = {
@@ -191,6 +196,9 @@ def check_call(kind: str, target, args: list, kwargs: dict) -> Optional[torch.dt
     if base and (base in _DTYPE_RESTRICTED or base[:1] in "ir" and base[1:] in _DTYPE_RESTRICTED):
         real = _probe_dtypes(target)(args, kwargs)
         return real.dtype if isinstance(real, torch.Tensor) else None
+    if base in _INDEXED and any(isinstance(t, torch.Tensor) and t.is_floating_point()
+                                for t in pytree.tree_leaves(_arg(args, kwargs, *_INDEXED[base]))):
+        _probe_dtypes(target, mixed=True, always=True)(args, kwargs)  # eager's error for a float index
     if base in _MIXED_RESTRICTED:
         real = _probe_dtypes(target, mixed=True)(args, kwargs)
         return real.dtype if isinstance(real, torch.Tensor) else None

@@ -1,6 +1,7 @@
 """Arguments eager refuses but torch's meta kernels accept raise eager's error at
 capture, at the user's line (coil/capture/meta_checks.py; user report 16)."""
 import traceback
+import warnings
 
 import pytest
 import torch
@@ -114,5 +115,23 @@ def test_dim_out_of_range_raises_eagers_index_error(fn):
         fn(x)
     with pytest.raises(IndexError) as got:
         coil.compile(fn)(x)
+    assert str(got.value) == str(ref.value)
+    assert any(f.filename == __file__ for f in traceback.extract_tb(got.value.__traceback__)[1:])
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x, i: x.index_select(0, i) * 1, lambda x, i: x.index_add(0, i, x), lambda x, i: x.index_fill(0, i, 1.0),
+    lambda x, i: x.index_copy(0, i, x), lambda x, i: x.index_put((i,), x), lambda x, i: x.clone().put_(i, x),
+])
+def test_float_index_raises_eagers_error_at_capture(fn):
+    # the meta kernels accept a float index: code generation failed (a warning), the FX fallback raised without
+    # the user's line
+    x, i = torch.randn(3), torch.tensor([0.0, 1.0, 2.0])
+    with pytest.raises((RuntimeError, IndexError)) as ref:
+        fn(x, i)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(type(ref.value)) as got:
+            coil.compile(fn)(x, i)
     assert str(got.value) == str(ref.value)
     assert any(f.filename == __file__ for f in traceback.extract_tb(got.value.__traceback__)[1:])

@@ -319,6 +319,9 @@ def _copy_location(src, dst) -> None:
 
 def wrap_result(tx, node, result) -> VariableTracker:
     out = tx.output
+    if sparse := [t for t in pytree.tree_leaves(result) if isinstance(t, torch.Tensor) and t.layout is not torch.strided]:
+        out.graph.erase_node(node)  # x.to_sparse(): the kernels read strided storage only
+        raise Unsupported(f"{_name(node.target)} returns a {sparse[0].layout} tensor", "the call runs eagerly")
     if isinstance(result, torch.Tensor):
         if not isinstance(result, FakeTensor):
             # a real tensor (e.g. returned from a constant) is lifted as a constant input

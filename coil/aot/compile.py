@@ -368,8 +368,10 @@ def _compile(fn, example_inputs, fw_compiler, bw_compiler, partition_fn, decompo
             info = analyze(fn, fake_args, fake_mode, grad)
     except (RunEagerly, RuntimeError) as e:
         # also: functionalization refuses a write through as_strided of a restrided input, or (its replay under
-        # autograd) of a non-contiguous input that requires grad (s1003 #733: "only supported for contiguous inputs")
-        if not isinstance(e, RunEagerly) and not re.search(r"as_strided(\(\) is non-compos|_scatter is curr)", str(e)):
+        # autograd) of a non-contiguous input that requires grad (s1003 #733: "only supported for contiguous inputs"),
+        # or a write through a view of an overlapping view (x.unfold(0, 3, 1)[0].add_(1); eager allows it)
+        if not isinstance(e, RunEagerly) and not re.search(
+                r"as_strided(\(\) is non-compos|_scatter is curr)|mutated that has internal overlap", str(e)):
             raise
         trace.log("aot_overlapping_write_eager", stage="aot", reason=str(e))
         return _eager(user_fn)

@@ -42,6 +42,7 @@ KEEP_WHOLE = [
     aten._scaled_dot_product_flash_attention_for_cpu,
     aten.sort, aten.topk, aten.cumsum, aten.cumprod, aten._to_copy,
     aten.multilabel_margin_loss_forward,
+    aten.select_scatter,  # torch's decomposition (a where) promotes src's dtype; the lowering casts it to x's
 ]
 
 #: Random ops kept as ATen calls under ``fallback_random`` (bit-exact with eager).

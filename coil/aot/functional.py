@@ -151,13 +151,15 @@ def _from_functional(x: Any) -> Any:
 
 
 class _DropErrorChecks(TorchDispatchMode):
-    """Drops ``aten._linalg_check_errors`` (an ordered side effect that functionalization refuses without effect
-    tokens). Compiled graphs then do not raise for singular inputs; they return what the kernels compute (inf/nan).
-    """
+    """Replaces ``aten._linalg_check_errors`` (an ordered side effect that functionalization refuses without effect
+    tokens) by ``aten._assert_async`` of ``info == 0``: a singular input raises a RuntimeError naming the function
+    (eager's is a ``LinAlgError``, a RuntimeError), where the graph returned inf/nan."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func in _ERROR_CHECK_OPS:
-            return None
+            info, api = args[0], args[1]
+            return aten._assert_async.msg(aten.eq.Scalar(info, 0).all(), f"{api}: the input is singular or not "
+                                          "positive-definite (the factorization could not be completed)")
         return func(*args, **(kwargs or {}))
 
 

@@ -31,6 +31,9 @@ _ARITH = {operator.add: aten.add.Tensor, operator.sub: aten.sub.Tensor,
           torch._sym_cos: aten.cos.default, torch._sym_tan: aten.tan.default,
           torch._sym_tanh: aten.tanh.default, torch._sym_log2: aten.log2.default,
           torch.sym_float: aten.clone.default}  # (its operand is cast to float64 already)
+#: comparisons of symbolic numbers (``x * (v > 0.5)``, ``v`` from ``.item()``) → a 0-d bool tensor
+_COMPARE = {operator.gt: aten.gt, operator.lt: aten.lt, operator.ge: aten.ge, operator.le: aten.le,
+            operator.eq: aten.eq, operator.ne: aten.ne}
 _SAMPLE = {torch.SymFloat: 1.0, torch.SymInt: 1, torch.SymBool: True}
 #: factories of a tensor filled with the number (rewritten whole: _Rewriter._rewrite_factory)
 _FACTORIES = {aten.scalar_tensor.default, aten.full.default, aten.new_full.default, aten.full_like.default}
@@ -170,8 +173,11 @@ class _Rewriter:
         out = None
         if _is_scalar_read(n):
             out = n.args[0]
-        elif n.op == "call_function" and n.target in _ARITH and isinstance(n.meta["val"], torch.SymFloat):
+        elif n.op == "call_function" and (n.target in _ARITH and isinstance(n.meta["val"], torch.SymFloat)
+                                          or n.target in _COMPARE and isinstance(n.meta["val"], torch.SymBool)):
             ops = []
+            # Python compares two ints exactly, anything else as doubles (int64 beside a float would be float32)
+            exact_ints = n.target in _COMPARE and all(isinstance(_val(a), (int, torch.SymInt)) for a in n.args)
             for a in n.args:
                 t = self.tensor_of(a)
                 if t is None and _is_sym(a) and isinstance(a.meta["val"], torch.SymInt):  # a size
@@ -179,14 +185,16 @@ class _Rewriter:
                 if t is None and not isinstance(a, (int, float)) or isinstance(a, bool):
                     ops = None
                     break
-                ops.append(a if t is None else self.cast(t, torch.float64, n))
+                ops.append(a if t is None or exact_ints else self.cast(t, torch.float64, n))
             if ops is not None and not any(isinstance(o, torch.fx.Node) for o in ops[:1]):
                 # a number first (2.0 / s): make it a 0-d float64 tensor too
                 ops[0] = self._new(n, aten.scalar_tensor.default, (float(ops[0]),), {"dtype": torch.float64})
             if ops is not None:
-                target = _ARITH[n.target]
-                if target is aten.pow.Tensor_Tensor and not isinstance(ops[1], torch.fx.Node):
-                    target = aten.pow.Tensor_Scalar
+                scalar = len(ops) > 1 and not isinstance(ops[1], torch.fx.Node)
+                if n.target in _COMPARE:
+                    target = _COMPARE[n.target].Scalar if scalar else _COMPARE[n.target].Tensor
+                else:
+                    target = aten.pow.Tensor_Scalar if scalar and n.target is operator.pow else _ARITH[n.target]
                 try:
                     out = self._new(n, target, tuple(ops))
                 except Exception:  # noqa: BLE001 - keep the SymFloat (specialized later)

@@ -63,10 +63,10 @@ def inductor(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
 
 
 def coil_backend_entry(gm: torch.fx.GraphModule, example_inputs: list,
-                       options: Optional[dict] = None) -> Callable:
+                       options: Optional[dict] = None, mode: Optional[str] = None) -> Callable:
     """Entry point for ``torch.compile(model, backend="coil")``; ``torch.compile``'s
     ``options=`` are coil.config options for this graph's compile and calls (ValueError
-    names an unknown one).
+    names an unknown one), its ``mode=`` sets options as ``coil.compile``'s does.
 
     An exception is logged (event ``backend_failed``: the error and its traceback)
     before it propagates: torch's capture turns it into a warning and runs the graph
@@ -79,6 +79,11 @@ def coil_backend_entry(gm: torch.fx.GraphModule, example_inputs: list,
     from coil.capture.meta_checks import check_graph
     from coil.capture.substitutes import substitute_graph
 
+    if mode not in (None, "default"):
+        from coil.api import _MODE_OPTIONS, MODES
+        if mode not in MODES:
+            raise ValueError(f"unknown mode {mode!r}; valid modes are: {', '.join(map(repr, MODES))}")
+        options = {**_MODE_OPTIONS[mode], **(options or {})}
     if options:
         from coil.api import _wrap_backend
         from coil.config import check_option_names

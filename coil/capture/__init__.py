@@ -17,6 +17,7 @@ Public seam (used by :mod:`coil.api`): :func:`wrap_callable`, :func:`reset`,
 """
 from __future__ import annotations
 
+import inspect
 import types
 from dataclasses import dataclass, field
 from typing import Optional, Any, Callable
@@ -117,10 +118,16 @@ def explain(fn, *args, **kwargs) -> ExplainOutput:
 
     n_breaks = len(_frame.break_log)
     _frame._listeners.append(listener)
+    # a fresh capture: the frame's own cache may run it eagerly (recompile limit), which explained nothing
+    target = inspect.unwrap(fn.forward if isinstance(fn, torch.nn.Module) else fn)
+    code = getattr(getattr(target, "__func__", target), "__code__", None)
+    saved = _frame._caches.pop(code, None)
     try:
         result = wrap_callable(fn, backend=backend)(*args, **kwargs)
     finally:
         _frame._listeners.remove(listener)
+        if saved is not None:
+            _frame._caches[code] = saved
     breaks = list(_frame.break_log[n_breaks:])
     return ExplainOutput(len(graphs), len(breaks), breaks, graphs, guards, entries, result)
 

@@ -18,6 +18,7 @@ import functools
 import gc
 import inspect
 import itertools
+import operator
 import sys
 import threading
 import time
@@ -675,7 +676,7 @@ def _build_entry(tx, output: OutputGraph, cfg: CaptureConfig, fn, code, argnames
             cond = tx.pop()
             jump_if_true = "TRUE" in name
             target = tx.offset_to_index[inst.argval]
-            plan = ("branch", cond, jump_if_true, target, index + 1)
+            plan = ("branch", cond, jump_if_true, target, index + 1, _line_of(inst))
         else:
             plan = ("generic", index)
         live_locals = {k: v for k, v in tx.locals.items() if not k.startswith("___stack")}
@@ -866,8 +867,12 @@ def _emit_break(cg: EntryCodegen, tx, plan, fn, code, cfg, live_locals: dict) ->
         args = sexprs + ["___r"] + local_exprs
         lines.append(f"return {rname}({', '.join(args)})")
     elif plan[0] == "branch":
-        _, cond, jump_if_true, target, fallthrough = plan
-        cexpr = cg.reconstruct(cond)
+        _, cond, jump_if_true, target, fallthrough, lineno = plan
+        # the truth test runs in a stub frame at the user's line: an error it raises
+        # (bool() of a many-element tensor) names the user's ``if``, as in eager
+        stub = cg.const_expr(make_call_stub(code, lineno, (), fn.__globals__))
+        cexpr = f"{stub}(___truth, ({cg.reconstruct(cond)},), {{}})"
+        cg.ns["___truth"] = operator.truth
         sexprs = stack_exprs(stack)
         args = ", ".join(sexprs + local_exprs)
         t_name = resume(target, stack)

@@ -56,6 +56,13 @@ def _index_put(args, kwargs) -> None:
                       _arg(args, kwargs, 0, "input"), _arg(args, kwargs, 2, "values"))
 
 
+def _dim(args, kwargs) -> None:
+    """``softmax`` / ``softmin`` / ``sort`` of a ``dim`` out of range: their meta kernels accept it, eager's IndexError."""
+    x, dim = _arg(args, kwargs, 0, "input"), _arg(args, kwargs, 1, "dim")
+    if isinstance(x, torch.Tensor) and type(dim) is int:
+        torch._prims_common.canonicalize_dim(x.dim(), dim)
+
+
 def _tensors_in(index) -> list:
     items = index if isinstance(index, (tuple, list)) else [index]
     return [i for i in items if isinstance(i, torch.Tensor)]
@@ -78,23 +85,31 @@ def _setitem(args, kwargs) -> None:
     _index_put([self, None, value], {})
 
 
-def _probe_dtypes(target):
+def _probe_dtypes(target, mixed: bool = False, always: bool = False):
     """A check for an op whose eager kernels refuse dtypes its meta kernel accepts (``var`` of ints,
     ``argmin`` of bools, ``silu`` of ints: "not implemented for 'Int'"): when an argument is an integer or
     bool tensor, the op runs on one-element real tensors of the arguments' dtypes, ranks and devices, and what
     it raises is raised (eager's own error, on the argument's device). These ops accept one-element inputs of
     any rank (no size conditions: not ``topk``, ``glu``, ``cross``), their dtype support does not depend on
     values, and none of them draws random numbers. Returns the probe's result (None when nothing was
-    probed)."""
+    probed). With ``mixed``, the probe runs where floating tensor arguments differ in dtype instead, on zeros of
+    the arguments' shapes (``mv`` refuses float and double, ``huber_loss`` returns the input's dtype); ``always``:
+    whatever the dtypes (the caller knows eager refuses them)."""
     def check(args, kwargs):
         leaves = pytree.tree_leaves((args, kwargs))
-        if not any(isinstance(a, torch.Tensor) and not (a.is_floating_point() or a.is_complex())
-                   for a in leaves) or any(isinstance(a, (torch.SymInt, torch.SymFloat)) for a in leaves):
+        tensors = [a for a in leaves if isinstance(a, torch.Tensor)]
+        if mixed:
+            leaves += [d for t in tensors for d in t.shape]
+            needed = always or len({t.dtype for t in tensors if t.is_floating_point()}) > 1
+        else:
+            needed = any(not (a.is_floating_point() or a.is_complex()) for a in tensors)
+        if not needed or any(isinstance(a, (torch.SymInt, torch.SymFloat)) for a in leaves):
             return None
 
         def real(a):
             if isinstance(a, torch.Tensor):
-                return torch.ones((1,) * a.dim(), dtype=a.dtype, device=a.device)
+                return torch.zeros(a.shape if mixed else (1,) * a.dim(), dtype=a.dtype, device=a.device) \
+                    + (not mixed)
             return a
         with unset_fake_temporarily(), torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -114,10 +129,19 @@ _DTYPE_RESTRICTED = (
     "trace lcm gcd bitwise_and bitwise_or bitwise_xor bitwise_not bitwise_left_shift "
     "bitwise_right_shift").split()
 
+#: ops whose eager kernels refuse floating arguments of different dtypes, or give another result dtype than
+#: their meta kernels, that fake tensors accept (probed with ``mixed``)
+_MIXED_RESTRICTED = ("mv addmv heaviside cross linalg_cross batch_norm instance_norm layer_norm nll_loss "
+                     "cross_entropy binary_cross_entropy huber_loss soft_margin_loss").split()
+
+#: index ops whose meta kernels accept a floating index -> (position, name) of the index argument
+_INDEXED = {"index_select": (2, "index"), "index_add": (2, "index"), "index_fill": (2, "index"),
+            "index_copy": (2, "index"), "index_reduce": (2, "index"), "put": (1, "index"), "index_put": (1, "indices")}
+
 #: op name (method or function, no trailing ``_``) -> check of its fake arguments
 CHECKS: dict[str, Callable] = {
     "index_add": _index_add, "index_copy": _index_copy, "index_put": _index_put,
-    "setitem": _setitem, "__setitem__": _setitem,
+    "setitem": _setitem, "__setitem__": _setitem, "softmax": _dim, "softmin": _dim, "sort": _dim,
 }
 
 
@@ -171,5 +195,11 @@ def check_call(kind: str, target, args: list, kwargs: dict) -> Optional[torch.dt
     # operator.ipow / __rpow__ / add_: the op itself
     if base and (base in _DTYPE_RESTRICTED or base[:1] in "ir" and base[1:] in _DTYPE_RESTRICTED):
         real = _probe_dtypes(target)(args, kwargs)
+        return real.dtype if isinstance(real, torch.Tensor) else None
+    if base in _INDEXED and any(isinstance(t, torch.Tensor) and t.is_floating_point()
+                                for t in pytree.tree_leaves(_arg(args, kwargs, *_INDEXED[base]))):
+        _probe_dtypes(target, mixed=True, always=True)(args, kwargs)  # eager's error for a float index
+    if base in _MIXED_RESTRICTED:
+        real = _probe_dtypes(target, mixed=True)(args, kwargs)
         return real.dtype if isinstance(real, torch.Tensor) else None
     return None

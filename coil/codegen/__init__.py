@@ -17,6 +17,7 @@ the wrapper.
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Callable
 
 import torch
@@ -101,10 +102,26 @@ class CompiledGraph:
                 return tuple(fixed)
             self.call = run_aten
             return self.call(*args)
+        except Exception as e:
+            _note_origin(e, self.source)
+            raise
 
     @property
     def kernel_count(self) -> int:
         return len(self.kernels)
+
+
+def _note_origin(e: BaseException, source: str) -> None:
+    """Add a note naming the user's line to an exception an extern op of the wrapper raised (eager's error for
+    arguments the fake kernels accepted, ``mm`` of float and double): the wrapper's comment on the line says."""
+    tb, line = e.__traceback__, None
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == "<coil wrapper>":
+            line = tb.tb_lineno
+        tb = tb.tb_next
+    text = source.splitlines()[line - 1] if line and line <= len(source.splitlines()) else ""
+    if (m := re.search(r"# \S+ \(from (.*)\)$", text)) and hasattr(e, "add_note"):
+        e.add_note(f"coil: raised by the compiled code of {m.group(1)}")
 
 
 def _pick_backend(device: torch.device):

@@ -15,7 +15,7 @@ import sympy
 import torch
 
 from coil.ir.nodes import (Buffer, ComputedBuffer, ExternKernel, Layout,
-                           MultiOutput, ReinterpretView, ScatterBuffer)
+                           MultiOutput, ReinterpretView, ScatterBuffer, describe_origin)
 from coil.capture.substitutes import OPAQUE_IMPLS
 from coil.ir.graph import misaligned_leading_dim
 from coil.ir.symbols import PRECOMPUTED, as_expr, as_size, is_size_symbol, pyexpr
@@ -365,7 +365,9 @@ class WrapperCodegen:
                         mm_args = args[1:] + [args[0]] if len(args) == 3 else args
                         L.append(f"    matmul_padded({b.name}, {', '.join(mm_args)})  # {b.op}, padded")
                     else:
-                        L.append(f"    {b.name} = {op}({', '.join(args)})  # {b.op}")
+                        where = describe_origin(getattr(b, "origin", None))
+                        L.append(f"    {b.name} = {op}({', '.join(args)})  # {b.op}"
+                                 + (f" (from {where})" if where and "\n" not in where else ""))
                     L += self._bind_unbacked(b.name, b.layout, bound_late)
                     if torch.Tag.dynamic_output_shape in getattr(b.op, "tags", ()) and b.layout is not None:
                         L.append(self._check_size(b.name, self._tuple(b.layout.size), b.op))

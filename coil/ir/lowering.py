@@ -278,10 +278,12 @@ def _add_sub(a, b, alpha=1):
 
 @register_lowering(aten.pow.Tensor_Scalar)
 def _pow_scalar(x, exponent):
-    """``x ** -0.5`` is ``1 / sqrt(x)``, as ATen's kernel computes it (-0.0 gives -inf and
-    -inf gives NaN, where ``pow`` gives inf and 0)."""
-    if exponent == -0.5 and out_dtype().is_floating_point and not isinstance(exponent, bool):
-        return pointwise_lowering("rsqrt")(x)
+    """``x ** -0.5`` is ``1 / sqrt(x)`` and ``x ** 0.5`` is ``sqrt(x)``, as ATen's kernels compute them (-0.0
+    gives -inf and -0.0, -inf gives NaN, where ``pow`` gives inf and 0, 0 and inf), except fp16 on CPU (``pow``)."""
+    dtype = out_dtype()
+    if exponent in (-0.5, 0.5) and dtype.is_floating_point and not isinstance(exponent, bool) \
+            and not (dtype == torch.float16 and x.get_device().type == "cpu"):
+        return pointwise_lowering("rsqrt" if exponent < 0 else "sqrt")(x)
     return pointwise_lowering("pow")(x, exponent)
 
 

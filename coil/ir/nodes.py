@@ -421,6 +421,7 @@ class ExternKernel(Buffer):
     def __init__(self, name, layout, op, args, kwargs):
         super().__init__(name, layout)
         self.op, self.args, self.kwargs = op, args, kwargs
+        self.origin = _node_origin()  # the wrapper's comment names it (an error raised here)
 
     def input_names(self) -> list[str]:
         names = []

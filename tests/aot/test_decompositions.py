@@ -100,3 +100,15 @@ def test_affine_grid_5d_grad_under_symbolic_sizes():
         torch.testing.assert_close(out, exp)
         g = torch.randn_like(exp)
         torch.testing.assert_close(torch.autograd.grad(out, ta, g)[0], torch.autograd.grad(exp, tb, g)[0])
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "coil"])
+def test_select_scatter_keeps_the_input_dtype(backend):
+    """torch's select_scatter decomposition is a ``where``, which promoted: float32 x with a float64 src gave
+    float64 (eager: float32, src cast). select_scatter is kept whole; its lowering casts src."""
+    import coil
+    x, y = torch.randn(3, 3), torch.randn(3, 3).double()
+    for f in (lambda x, y: torch.select_scatter(x, y[0], 0, 1), lambda x, y: torch.select_scatter(x, y[:, 0].half(), 1, -1)):
+        want, got = f(x, y), coil.compile(f, backend=backend)(x, y)
+        assert got.dtype == want.dtype == torch.float32
+        torch.testing.assert_close(got, want, rtol=0, atol=0)

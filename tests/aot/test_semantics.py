@@ -500,6 +500,25 @@ def test_linalg_error_checks_do_not_block_tracing():
     torch.testing.assert_close(gb, rgb)
 
 
+@pytest.mark.parametrize("backend", ["aot_eager", "coil"])
+@pytest.mark.parametrize("fn, a", [
+    (lambda a: torch.linalg.inv(a), torch.zeros(2, 2)),
+    (lambda a: torch.linalg.inv(a * 2).sum(), torch.zeros(3, 2, 2)),
+    (lambda a: torch.linalg.cholesky(a), -torch.eye(2)),
+    (lambda a: torch.linalg.solve(a, a[:, :1] + 1), torch.zeros(2, 2)),
+])
+def test_singular_linalg_input_raises(fn, a, backend):
+    # the error check was dropped: inf/nan (inv) or a garbage factor (cholesky) came back
+    import coil
+    with pytest.raises(RuntimeError, match="singular|not positive-definite"):
+        fn(a)
+    cf = coil.compile(fn, backend=backend)
+    with pytest.raises(RuntimeError, match="singular or not positive-definite"):
+        cf(a)
+    ok = torch.eye(a.shape[-1]) * 2 + 0.1
+    torch.testing.assert_close(cf(ok), fn(ok))
+
+
 def test_dtype_changing_view_of_input():
     def f(x):
         return torch.view_as_complex(x)

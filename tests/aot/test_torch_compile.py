@@ -403,3 +403,22 @@ def test_inference_mode_inside_torch_captured_graph():
         for o, r in zip(out if fn is f else [out], ref if fn is f else [ref]):
             assert (o.is_inference(), o.requires_grad) == (r.is_inference(), r.requires_grad)
             torch.testing.assert_close(o, r)
+
+
+@pytest.mark.parametrize("mode, option", [("max-autotune-no-cudagraphs", "autotune"), ("reduce-overhead", "cudagraphs")])
+def test_torch_compile_mode_reaches_coils_options(mode, option, monkeypatch):
+    """``torch.compile(m, backend="coil", mode=...)`` passes ``mode`` to the backend, which raised
+    "coil_backend_entry() got an unexpected keyword argument 'mode'"; it sets options as coil.compile's mode."""
+    from coil.config import config
+    seen = []
+
+    def record(gm, example_inputs):
+        seen.append(getattr(config, option))
+        return gm.forward
+
+    monkeypatch.setitem(registry._BACKENDS, "coil", record)
+    torch._dynamo.reset()
+    x = torch.randn(3)
+    torch.testing.assert_close(torch.compile(lambda t: t.sin() + 1, backend="coil", mode=mode)(x), x.sin() + 1)
+    assert seen == [True]
+    torch._dynamo.reset()

@@ -200,6 +200,23 @@ def test_write_through_as_strided_of_a_non_contiguous_input_that_requires_grad(b
     torch.testing.assert_close(res[1], res[0], rtol=0, atol=0)
 
 
+def test_write_through_a_view_of_an_overlapping_view_runs_eagerly():
+    """``x.unfold(0, 3, 1)[0].add_(1)``: the select is not overlapping, its unfold base is; functionalization bans
+    the write ("mutated that has internal overlap") and the compile failed where eager runs. The program runs
+    eagerly (``aot_overlapping_write_eager``)."""
+    def f(x, w):
+        y = x * w
+        y.unfold(0, 3, 1)[0].add_(1)
+        return y.sum(), x.unfold(0, 2, 1)[1].mul_(3)
+
+    w = torch.randn(6)
+    leaves = [torch.randn(6, generator=torch.Generator().manual_seed(0), requires_grad=True) for _ in range(2)]
+    want, got = f(leaves[0].clone(), w), coil.compile(f)(leaves[1].clone(), w)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    want[0].backward(), got[0].backward()
+    torch.testing.assert_close(leaves[1].grad, leaves[0].grad)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_an_input_restrided_then_saved_for_backward(backend):
     """``a.squeeze_()`` of a bool input, then ``remainder(c, a)``, which saves ``a`` for its backward: the partitioner

@@ -71,3 +71,21 @@ def test_itertools_chain_is_traced():
     assert e.graph_count == 1 and e.graph_break_count == 0, e
     coil.reset()
     torch.testing.assert_close(coil.compile(f)(x, y), f(x, y))
+
+
+def test_explain_after_the_recompile_limit_captures_afresh():
+    """A frame past its recompile limit runs eagerly; coil.explain of it reused that state and reported
+    "Graph count: 0" with no reason. explain captures with a fresh cache (the frame's own is kept)."""
+    import warnings
+
+    def f(x, n):
+        return x * n + len(str(n))  # n specialized: a recompile per value
+
+    cf = coil.compile(f)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for n in range(12):
+            cf(torch.ones(2), n)
+    e = coil.explain(f, torch.ones(2), 3)
+    assert e.graph_count == 1 and e.graph_break_count == 0
+    torch.testing.assert_close(cf(torch.ones(2), 20), torch.full((2,), 22.0))  # still eager, still right

@@ -1,6 +1,7 @@
 """Arguments eager refuses but torch's meta kernels accept raise eager's error at
 capture, at the user's line (coil/capture/meta_checks.py; user report 16)."""
 import traceback
+import warnings
 
 import pytest
 import torch
@@ -74,3 +75,63 @@ def test_checks_run_on_torch_compile_graphs():
             torch.compile(lambda t, h: t.index_add(0, I, h), backend="coil")(t, h)
     finally:
         torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("name, fn", [
+    ("mv", lambda x, y: torch.mv(x, y[0])),
+    ("heaviside", lambda x, y: torch.heaviside(x, y)),
+    ("binary_cross_entropy", lambda x, y: torch.nn.functional.binary_cross_entropy(x.sigmoid(), y.sigmoid())),
+    ("layer_norm", lambda x, y: torch.nn.functional.layer_norm(x, (3,), y[0])),
+    ("nll_loss", lambda x, y: torch.nn.functional.nll_loss(x, torch.tensor([0, 1, 2]), weight=y[0])),
+])
+def test_mixed_float_dtypes_eager_refuses(name, fn):
+    # fake kernels promote float and double; eager's kernels refuse them
+    x, y = torch.randn(3, 3), torch.randn(3, 3).double()
+    with pytest.raises(RuntimeError) as ref:
+        fn(x, y)
+    with pytest.raises(RuntimeError) as got:
+        coil.compile(fn)(x, y)
+    assert str(got.value) == str(ref.value)
+
+
+@pytest.mark.parametrize("loss", ["huber_loss", "soft_margin_loss"])
+def test_mixed_float_dtypes_keep_eagers_result_dtype(loss):
+    # eager: the input's dtype (float32); the meta kernel promotes to float64
+    fn = getattr(torch.nn.functional, loss)
+    x, y = torch.randn(3, 3), torch.randn(3, 3).double()
+    ref, got = fn(x, y), coil.compile(fn)(x, y)
+    assert got.dtype == ref.dtype == torch.float32
+    torch.testing.assert_close(got, ref)
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x: x.softmax(3), lambda x: torch.softmax(x, -2), lambda x: torch.nn.functional.softmin(x, 3),
+    lambda x: x.sort(3), lambda x: torch.sort(x, dim=2, stable=True),
+])
+def test_dim_out_of_range_raises_eagers_index_error(fn):
+    # the meta kernels accept the dim; the backend failed (BackendCompilerFailed, no user line)
+    x = torch.randn(3)
+    with pytest.raises(IndexError) as ref:
+        fn(x)
+    with pytest.raises(IndexError) as got:
+        coil.compile(fn)(x)
+    assert str(got.value) == str(ref.value)
+    assert any(f.filename == __file__ for f in traceback.extract_tb(got.value.__traceback__)[1:])
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x, i: x.index_select(0, i) * 1, lambda x, i: x.index_add(0, i, x), lambda x, i: x.index_fill(0, i, 1.0),
+    lambda x, i: x.index_copy(0, i, x), lambda x, i: x.index_put((i,), x), lambda x, i: x.clone().put_(i, x),
+])
+def test_float_index_raises_eagers_error_at_capture(fn):
+    # the meta kernels accept a float index: code generation failed (a warning), the FX fallback raised without
+    # the user's line
+    x, i = torch.randn(3), torch.tensor([0.0, 1.0, 2.0])
+    with pytest.raises((RuntimeError, IndexError)) as ref:
+        fn(x, i)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(type(ref.value)) as got:
+            coil.compile(fn)(x, i)
+    assert str(got.value) == str(ref.value)
+    assert any(f.filename == __file__ for f in traceback.extract_tb(got.value.__traceback__)[1:])

@@ -176,6 +176,20 @@ def test_pow_minus_half_is_rsqrt(backend):
         lambda: [torch.tensor([-0.0, 0.0, -float("inf"), float("inf"), 4.0, -1.0])], backend)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_pow_half_is_sqrt(backend, dtype):
+    """ATen computes x ** 0.5 as sqrt(x) (not fp16 on CPU): -inf -> NaN, where pow gives inf."""
+    _ok(lambda x: (x ** 0.5, torch.pow(x, 0.5)),
+        lambda: [torch.tensor([-0.0, 0.0, -float("inf"), float("inf"), 4.0, -1.0], dtype=dtype)], backend)
+
+
+def test_pow_half_of_fp16_on_cpu_is_pow():
+    """fp16 on CPU is the exception: ATen's pow there (-inf ** 0.5 is inf, -0.0 ** -0.5 is inf)."""
+    _ok(lambda x: (x ** 0.5, x ** -0.5),
+        lambda: [torch.tensor([-0.0, 0.0, -float("inf"), float("inf"), 4.0, -1.0], dtype=torch.float16)], "cpp")
+
+
 # -- float -> integer casts of NaN and out-of-range values ---------------------------
 
 def _nan_cast_of_constant(a):

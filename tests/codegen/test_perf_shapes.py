@@ -28,7 +28,7 @@ def test_pow_small_integer_exponent(k):
     x[0, 0], x[0, 1], x[0, 2] = float("nan"), float("inf"), -0.0
     c = check(lambda t: torch.pow(t, k), x, kernels=1, atol=1e-5, rtol=1e-5)
     uses_pow = "libdevice.pow" in c.kernels[0].source
-    assert uses_pow == (k in (0.5, 5)), c.kernels[0].source
+    assert uses_pow == (k == 5), c.kernels[0].source  # (0.5: sqrt, as ATen computes it)
 
 
 @pytest.mark.parametrize("k", [2, 3])

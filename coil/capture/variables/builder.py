@@ -110,6 +110,9 @@ def _build(tx, value, source, gs) -> VariableTracker:
             raise Unsupported(f"tensor subclass {type(value).__name__}: torch functions return "
                               f"{type(value).__name__} there, the graph plain tensors",
                               "the code that reads it runs eagerly")
+        if value.layout is not torch.strided and not isinstance(value, FakeTensor):  # compiled code would fail
+            raise Unsupported(f"{value.layout} tensor (coil compiles strided tensors only)",
+                              "the code that reads it runs eagerly")
         if source is None:
             return tx.output.lift_constant_tensor(tx, value)
         vt = tx.output.add_input(tx, value, source)

@@ -285,6 +285,8 @@ def _name(target) -> str:
 def _holds_tensor(v) -> bool:
     if isinstance(v, torch.Tensor):
         return True
+    if type(v) is dict:  # torch.func.vmap(grad(f)) of a dict of parameters
+        v = list(v.values())
     return isinstance(v, (tuple, list)) and any(_holds_tensor(x) for x in v)
 
 
@@ -293,8 +295,8 @@ def _wrap_sequence(out, node, result) -> VariableTracker:
     (``histogramdd``'s ``bin_edges`` is a list inside a structseq), becomes a ``getitem`` node of its own; a
     fake tensor must never reach user code as a constant."""
     items = []
-    for i, r in enumerate(result):
-        if isinstance(r, torch.Tensor) or (isinstance(r, (tuple, list)) and _holds_tensor(r)):
+    for i, r in (result.items() if type(result) is dict else enumerate(result)):
+        if isinstance(r, torch.Tensor) or _holds_tensor(r):
             sub = out.graph.create_node("call_function", operator.getitem, (node, i), {})
             sub.meta["example_value"] = r
             _copy_location(node, sub)
@@ -302,6 +304,8 @@ def _wrap_sequence(out, node, result) -> VariableTracker:
                          else _wrap_sequence(out, sub, r))
         else:
             items.append(ConstantVariable(r))
+    if type(result) is dict:
+        return DictVariable(dict(zip(result, items)))
     if hasattr(type(result), "_fields") or hasattr(type(result), "n_fields"):
         return NamedTupleVariable(items, type(result))
     return ListVariable(items) if isinstance(result, list) else TupleVariable(items)
@@ -315,6 +319,9 @@ def _copy_location(src, dst) -> None:
 
 def wrap_result(tx, node, result) -> VariableTracker:
     out = tx.output
+    if sparse := [t for t in pytree.tree_leaves(result) if isinstance(t, torch.Tensor) and t.layout is not torch.strided]:
+        out.graph.erase_node(node)  # x.to_sparse(): the kernels read strided storage only
+        raise Unsupported(f"{_name(node.target)} returns a {sparse[0].layout} tensor", "the call runs eagerly")
     if isinstance(result, torch.Tensor):
         if not isinstance(result, FakeTensor):
             # a real tensor (e.g. returned from a constant) is lifted as a constant input
@@ -322,12 +329,16 @@ def wrap_result(tx, node, result) -> VariableTracker:
             return out.lift_constant_tensor(tx, result)
         node.meta["example_value"] = result
         return TensorVariable(node, result)
-    if isinstance(result, (tuple, list)) and _holds_tensor(result):
+    if isinstance(result, (tuple, list, dict)) and _holds_tensor(result):
         node.meta["example_value"] = result
         return _wrap_sequence(out, node, result)
     if isinstance(result, (torch.SymInt, torch.SymFloat, torch.SymBool)):
         node.meta["example_value"] = result
         return wrap_sym(out, result, ("node", node))
+    if any(isinstance(v, torch.Tensor) for v in pytree.tree_leaves(result)):  # (OrderedDict, ...)
+        out.graph.erase_node(node)
+        raise Unsupported(f"{_name(node.target)} returned tensors inside a {type(result).__name__}",
+                          hint="the call runs outside the graph")
     name = _name(node.target)
     side_effecting = (result is None or node.target is operator.setitem or name.endswith("_")
                       or "out" in node.kwargs)

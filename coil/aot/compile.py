@@ -28,6 +28,7 @@ import torch.autograd.forward_ad as fwAD
 import torch.fx
 import torch.utils._pytree as pytree
 from torch._subclasses.fake_tensor import DynamicOutputShapeException, FakeTensor
+from torch.fx._lazy_graph_module import _make_graph_module, _use_lazy_graph_module
 
 from coil import trace
 from coil.aot.aliasing import RunEagerly, input_groups
@@ -290,7 +291,10 @@ def aot_compile(gm: Callable, example_inputs: list, fw_compiler: Callable,
         # anomaly mode's NaN check of each backward output reads values (.item()), which a fake trace
         # cannot; the compiled backward runs without it (logged)
         trace.log("aot_anomaly_mode_off", stage="aot", reason="traced without detect_anomaly's value checks")
-    with trace.stage("aot"), preserve_global_state(), torch.autograd.set_detect_anomaly(False):
+    # graphs made while tracing (make_fx's, the partition's) generate their Python code only if it is read or
+    # they are called: coil's own kernel compiler does neither
+    with trace.stage("aot"), preserve_global_state(), torch.autograd.set_detect_anomaly(False), \
+            _use_lazy_graph_module(True):
         try:
             run = _compile(fn, list(example_inputs), fw_compiler, bw_compiler, partition_fn, decompositions)
         except DynamicOutputShapeException:
@@ -433,7 +437,7 @@ def _compile(fn, example_inputs, fw_compiler, bw_compiler, partition_fn, decompo
     compiled_fw = fw_compiler(part.fw, _placeholder_fakes(part.fw))
     bw_fakes = _saved_layouts(_placeholder_fakes(part.bw), getattr(compiled_fw, "output_strides", None),
                               n_fw, part.num_saved, fake_mode)
-    pristine = torch.fx.GraphModule(part.bw, copy.deepcopy(part.bw.graph))  # (a compiler may change part.bw)
+    pristine = _make_graph_module(part.bw, copy.deepcopy(part.bw.graph))  # (a compiler may change part.bw)
 
     def bw_for(missing):  # the backward for calls whose tangents ``missing`` are None
         gm, none = drop_undefined_tangents(pristine, part.num_saved, missing)

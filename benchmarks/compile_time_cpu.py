@@ -10,8 +10,10 @@ transformers GPT-2 with the graph of the 124M model (12 layers) and tiny tensors
 (n_embd 64, 4 heads, vocab 512, 64 positions), batch 2 x 32 tokens, fp32; the step
 ``model(ids, labels=ids).loss.backward()`` under ``coil.compile``. ``--model qwen2``: a
 transformers Qwen2 of 4 layers (hidden 64, 4 heads, 2 KV heads, SDPA) built from its config,
-the loss of ``coil bench``'s training step (the sum of the float outputs' means: loss and logits); ``--model smallgpt``: coil.bench's SmallGPT (4 layers, d=64), cross-entropy loss. The first call is timed;
-the compile log (written to a temporary directory unless ``--log``) gives the stages'
+the loss of ``coil bench``'s training step (the sum of the float outputs' means: loss and logits;
+``--labels-loss``: HF's ``.loss`` alone, the logits get no gradient); ``--model smallgpt``:
+coil.bench's SmallGPT (4 layers, d=64), cross-entropy loss. The first call is timed; the
+compile log (written to a temporary directory unless ``--log``) gives the stages'
 self seconds (wall) summed over every compile; the process's CPU time is printed too
 (steadier than wall time on a shared machine). ``--backend triton`` sets ``cpu_backend="triton"``
 (Triton source generation as on the GPU; ``TRITON_INTERPRET=1`` runs the kernels).
@@ -37,6 +39,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--backend", choices=("cpp", "triton"), default="cpp")
     ap.add_argument("--model", choices=("gpt2", "qwen2", "smallgpt"), default="gpt2")
+    ap.add_argument("--labels-loss", action="store_true", help="qwen2: the loss is model(...).loss alone")
     ap.add_argument("--cprofile", action="store_true", help="profile the compiling (calling) thread")
     ap.add_argument("--top", type=int, default=40)
     ap.add_argument("--dump", default=None, help="with --cprofile: write the pstats file here")
@@ -76,7 +79,7 @@ def main() -> int:
     def step():
         if args.model == "smallgpt":
             loss = torch.nn.functional.cross_entropy(compiled(ids).flatten(0, 1), ids.flatten())
-        elif args.model == "qwen2":  # coil bench's training loss: every float output's mean
+        elif args.model == "qwen2" and not args.labels_loss:  # coil bench's loss: every float output's mean
             loss = reduce_to_scalar_loss(compiled(ids, labels=ids))
         else:
             loss = compiled(ids, labels=ids).loss

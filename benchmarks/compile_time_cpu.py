@@ -2,13 +2,18 @@
 
     OMP_NUM_THREADS=1 python benchmarks/compile_time_cpu.py                    # cpp backend
     OMP_NUM_THREADS=1 python benchmarks/compile_time_cpu.py --backend triton   # Triton source
+    OMP_NUM_THREADS=1 python benchmarks/compile_time_cpu.py --model qwen2      # Qwen2, 4 layers
     python benchmarks/compile_time_cpu.py --cprofile --top 60                  # + profile
     python benchmarks/compile_time_cpu.py --artifacts /tmp/a.json              # kernels, wrappers
 
 transformers GPT-2 with the graph of the 124M model (12 layers) and tiny tensors
 (n_embd 64, 4 heads, vocab 512, 64 positions), batch 2 x 32 tokens, fp32; the step
-``model(ids, labels=ids).loss.backward()`` under ``coil.compile``. The first call is timed;
-the compile log (written to a temporary directory unless ``--log``) gives the stages'
+``model(ids, labels=ids).loss.backward()`` under ``coil.compile``. ``--model qwen2``: a
+transformers Qwen2 of 4 layers (hidden 64, 4 heads, 2 KV heads, SDPA) built from its config,
+the loss of ``coil bench``'s training step (the sum of the float outputs' means: loss and logits;
+``--labels-loss``: HF's ``.loss`` alone, the logits get no gradient); ``--model smallgpt``:
+coil.bench's SmallGPT (4 layers, d=64), cross-entropy loss. The first call is timed; the
+compile log (written to a temporary directory unless ``--log``) gives the stages'
 self seconds (wall) summed over every compile; the process's CPU time is printed too
 (steadier than wall time on a shared machine). ``--backend triton`` sets ``cpu_backend="triton"``
 (Triton source generation as on the GPU; ``TRITON_INTERPRET=1`` runs the kernels).
@@ -33,6 +38,8 @@ import time
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--backend", choices=("cpp", "triton"), default="cpp")
+    ap.add_argument("--model", choices=("gpt2", "qwen2", "smallgpt"), default="gpt2")
+    ap.add_argument("--labels-loss", action="store_true", help="qwen2: the loss is model(...).loss alone")
     ap.add_argument("--cprofile", action="store_true", help="profile the compiling (calling) thread")
     ap.add_argument("--top", type=int, default=40)
     ap.add_argument("--dump", default=None, help="with --cprofile: write the pstats file here")
@@ -53,13 +60,29 @@ def main() -> int:
     log_dir = None if args.no_log else (args.log or tempfile.mkdtemp(prefix="coil_ct_"))
     trace.set_dir(log_dir)
     torch.manual_seed(0)
-    cfg = GPT2Config(n_layer=12, n_embd=64, n_head=4, vocab_size=512, n_positions=64)
-    model = GPT2LMHeadModel(cfg).train()
-    ids = torch.randint(0, cfg.vocab_size, (2, 32))
+    if args.model == "gpt2":
+        cfg = GPT2Config(n_layer=12, n_embd=64, n_head=4, vocab_size=512, n_positions=64)
+        model = GPT2LMHeadModel(cfg).train()
+    elif args.model == "qwen2":
+        from transformers import Qwen2Config, Qwen2ForCausalLM
+        from coil.bench.models import reduce_to_scalar_loss
+        cfg = Qwen2Config(num_hidden_layers=4, hidden_size=64, intermediate_size=176,
+                          num_attention_heads=4, num_key_value_heads=2, vocab_size=512,
+                          max_position_embeddings=64, use_cache=False, attn_implementation="sdpa")
+        model = Qwen2ForCausalLM(cfg).train()
+    else:
+        from coil.bench.models import SmallGPT
+        model = SmallGPT(512, 64, 4, 4, 64).train()
+    ids = torch.randint(0, 512, (2, 32))
     compiled = coil.compile(model)
 
     def step():
-        loss = compiled(ids, labels=ids).loss
+        if args.model == "smallgpt":
+            loss = torch.nn.functional.cross_entropy(compiled(ids).flatten(0, 1), ids.flatten())
+        elif args.model == "qwen2" and not args.labels_loss:  # coil bench's loss: every float output's mean
+            loss = reduce_to_scalar_loss(compiled(ids, labels=ids))
+        else:
+            loss = compiled(ids, labels=ids).loss
         loss.backward()
         return loss
 

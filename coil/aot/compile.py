@@ -28,8 +28,10 @@ import torch.autograd.forward_ad as fwAD
 import torch.fx
 import torch.utils._pytree as pytree
 from torch._subclasses.fake_tensor import DynamicOutputShapeException, FakeTensor
+from torch.fx._lazy_graph_module import _make_graph_module, _use_lazy_graph_module
 
 from coil import trace
+from coil.config import config, patch as config_patch
 from coil.aot.aliasing import RunEagerly, input_groups
 from coil.aot.decompositions import get_decompositions
 from coil.aot.cse import cse_graph
@@ -266,11 +268,8 @@ def aot_compile(gm: Callable, example_inputs: list, fw_compiler: Callable,
             partition_fn=partition_fn, decompositions=decompositions))
     # under CUDA graphs, a graph with un-graphable ops is compiled as pieces around them
     fw_compiler, bw_compiler = partitioning(fw_compiler), partitioning(bw_compiler)
-    if partition_fn is min_cut_partition:
-        from coil.config import config
-
-        if config.partitioner == "default":
-            partition_fn = default_partition
+    if partition_fn is min_cut_partition and config.partitioner == "default":
+        partition_fn = default_partition
     lifted: list = []
     fn = gm
     if isinstance(gm, torch.nn.Module):
@@ -294,7 +293,10 @@ def aot_compile(gm: Callable, example_inputs: list, fw_compiler: Callable,
         # anomaly mode's NaN check of each backward output reads values (.item()), which a fake trace
         # cannot; the compiled backward runs without it (logged)
         trace.log("aot_anomaly_mode_off", stage="aot", reason="traced without detect_anomaly's value checks")
-    with trace.stage("aot"), preserve_global_state(), torch.autograd.set_detect_anomaly(False):
+    # graphs made while tracing (make_fx's, the partition's) generate their Python code only if it is read or
+    # they are called: coil's own kernel compiler does neither
+    with trace.stage("aot"), preserve_global_state(), torch.autograd.set_detect_anomaly(False), \
+            _use_lazy_graph_module(True):
         try:
             run = _compile(fn, list(example_inputs), fw_compiler, bw_compiler, partition_fn, decompositions)
         except DynamicOutputShapeException:
@@ -445,13 +447,23 @@ def _compile(fn, example_inputs, fw_compiler, bw_compiler, partition_fn, decompo
     compiled_fw = fw_compiler(part.fw, _placeholder_fakes(part.fw))
     bw_fakes = _saved_layouts(_placeholder_fakes(part.bw), getattr(compiled_fw, "output_strides", None),
                               n_fw, part.num_saved, fake_mode)
-    pristine = torch.fx.GraphModule(part.bw, copy.deepcopy(part.bw.graph))  # (a compiler may change part.bw)
+    pristine = _make_graph_module(part.bw, copy.deepcopy(part.bw.graph))  # (a compiler may change part.bw)
+    # static shapes: the backward is compiled at the first backward call, like one for a call whose tangents are
+    # partly None (a step whose loss leaves an output without gradient, HF's ``labels=`` loss beside its logits,
+    # never runs the full one); now with symbolic ones (the guards it adds join the frame's) or CUDA graphs
+    lazy_bw = not config.cudagraphs and not is_symbolic([n.meta.get("val") for n in part.bw.graph.nodes])
+    opts, cid = config.as_dict(), trace.current_compile_id()
 
-    def bw_for(missing):  # the backward for calls whose tangents ``missing`` are None
-        gm, none = drop_undefined_tangents(pristine, part.num_saved, missing)
-        return bw_compiler(gm, bw_fakes), none
-    run = _check_aliasing_per_call(training_runner(compiled_fw, bw_compiler(part.bw, bw_fakes), info, jinfo,
-                                                   part.num_saved, bw_for), fn, info.mutated_inputs)
+    def bw_for(missing):  # the backward for calls whose tangents ``missing`` are None, as the compile would make it
+        from coil.capture.frame import _gc_paused  # (not its lock: autograd may run this on a device thread)
+        with _gc_paused(), config_patch(**opts), \
+                trace.compile_context(*cid.split("/")) if cid else contextlib.nullcontext():
+            if not missing:
+                return bw_compiler(part.bw, bw_fakes), [False] * len(jinfo.grad_inputs)
+            gm, none = drop_undefined_tangents(pristine, part.num_saved, missing)
+            return bw_compiler(gm, bw_fakes), none
+    run = _check_aliasing_per_call(training_runner(compiled_fw, None if lazy_bw else bw_compiler(part.bw, bw_fakes),
+                                                   info, jinfo, part.num_saved, bw_for), fn, info.mutated_inputs)
     run = _check_offsets_per_call(run, part.fw, fake_args, fn)
     return run if groups is None else _with_input_groups(run, groups, user_fn)
 

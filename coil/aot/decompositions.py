@@ -69,7 +69,7 @@ _LIB.impl("multilabel_margin_loss_backward", lambda g, x, *a: torch.empty_like(x
 aten.affine_grid_generator.default.py_impl(torch._C.DispatchKey.Autograd)(
     _decomp.decomposition_table[aten.affine_grid_generator.default])
 
-_TORCH_INDEX_ADD = _decomp.core_aten_decompositions()[aten.index_add.default]
+_TORCH_INDEX_ADD = _decomp.decomposition_table[aten.index_add.default]  # (core's: the same; indexing it built it)
 
 #: coil's own decompositions: ``{OpOverload: fn}``; each fn uses aten ops only.
 COIL_DECOMPOSITIONS: dict = {}

@@ -17,6 +17,7 @@ from typing import Optional
 
 import torch
 import torch.fx
+from torch.fx._lazy_graph_module import _make_graph_module
 import torch.utils.checkpoint
 
 from coil import trace
@@ -204,7 +205,7 @@ def _extract(joint: torch.fx.GraphModule, inputs: list, outputs: list, what: str
                                     "which is neither saved nor one of its inputs")
             env[n] = g.node_copy(n, env.__getitem__)
     g.output([env[o] if isinstance(o, torch.fx.Node) else o for o in outputs])
-    return torch.fx.GraphModule(joint, g)
+    return _make_graph_module(joint, g)
 
 
 def _symbols_of(vals, plain: bool) -> set:
@@ -395,8 +396,8 @@ def drop_undefined_tangents(bw: torch.fx.GraphModule, num_saved: int, missing: t
     first: ``2 + 0 * inf``). Backward values are linear in the tangents: one computed from undefined ones only is
     undefined (an undefined output is a None gradient), ``add`` of an undefined and a defined one is the defined one,
     any other op mixing them reads zeros for the undefined one."""
-    gm = torch.fx.GraphModule(bw, copy.deepcopy(bw.graph))
-    g, places = gm.graph, [n for n in gm.graph.nodes if n.op == "placeholder"]
+    g = copy.deepcopy(bw.graph)
+    places = [n for n in g.nodes if n.op == "placeholder"]
     undef, dep = {places[num_saved + k] for k in missing}, set(places[num_saved:])
     meta = lambda n: (getattr(v := n.meta.get("val"), "shape", None), getattr(v, "dtype", 0))  # noqa: E731
     for n in list(g.nodes):
@@ -417,5 +418,4 @@ def drop_undefined_tangents(bw: torch.fx.GraphModule, num_saved: int, missing: t
     out = next(n for n in g.nodes if n.op == "output")
     none, out.args = [o in undef for o in out.args[0]], ([o for o in out.args[0] if o not in undef],)
     g.eliminate_dead_code()
-    gm.recompile()
-    return gm, none
+    return _make_graph_module(bw, g), none

@@ -398,14 +398,15 @@ def training_runner(compiled_fw: Callable, compiled_bw: Callable, info: ProgramI
                     jinfo: JointInfo, num_saved: int, bw_for: Callable) -> Callable:
     """The callable for the training path (see module docstring). ``bw_for(missing)``: (compiled backward, per gradient:
     is it None) for calls whose tangents at positions ``missing`` are None
-    (:func:`coil.aot.partition.drop_undefined_tangents`), compiled at the first such call."""
+    (:func:`coil.aot.partition.drop_undefined_tangents`), compiled at the first such call; ``compiled_bw`` (all
+    tangents defined) is None when that one too is compiled at its first call."""
     epilogue, n_fw = _make_epilogue(info), info.num_fw_outputs
     compiled_fw = without_autocast(cudagraphify(compiled_fw, "forward", (n_fw, n_fw + num_saved)))
     n_in = len(info.inputs)
     nondiff = [k for k, rg in enumerate(info.fw_out_requires_grad) if not rg]
     tangent_pos = [k for k, rg in enumerate(info.fw_out_requires_grad) if rg]
     grad_slots = [i for i, none in zip(jinfo.grad_inputs, jinfo.grad_is_none) if not none]
-    backwards = {(): (without_autocast(cudagraphify(compiled_bw, "backward")), grad_slots)}
+    backwards = {} if compiled_bw is None else {(): (without_autocast(cudagraphify(compiled_bw, "backward")), grad_slots)}
     # differentiable outputs of a symbolic shape: a missing gradient's zeros take this call's (forward keeps it)
     sym_shape = [k for k in tangent_pos if _has_symint(info.fw_out_meta[k][0])]
 

@@ -36,13 +36,17 @@ class _Recording(OpsHandler):
         self.stores: list[tuple[str, sympy.Expr]] = []
         self.reduction_types: list[str] = []
         self.num_ops = 0
-        #: every symbol in an expression argument of an op (index_expr, indirect bounds)
-        self.size_symbols: set = set()
+        self.exprs: list = []  # the expression arguments of ops (index_expr, indirect bounds)
+
+    @property
+    def size_symbols(self) -> set:
+        """Every symbol in an expression argument of an op (their free symbols: only dynamic shapes ask)."""
+        return set().union(*(e.free_symbols for e in self.exprs))
 
     def _emit(self, op: str, *args) -> str:
         for a in args:
             if isinstance(a, sympy.Basic):
-                self.size_symbols |= a.free_symbols
+                self.exprs.append(a)
         name = f"tmp{next(self.counter)}"
         self.num_ops += 1
         if self.TEXT:
@@ -75,7 +79,7 @@ class _Recording(OpsHandler):
     def indirect_indexing(self, x, size, check=True, wrap_neg=True):
         s = sym(f"indirect{next(self.indirect)}")
         if isinstance(size, sympy.Basic):
-            self.size_symbols |= size.free_symbols
+            self.exprs.append(size)
         wrap = "" if wrap_neg else ", wrap_neg=False"
         if self.TEXT:
             self.lines.append(f"{s} = ops.indirect_indexing({x}, {_fmt(size)}, check={check}{wrap})")

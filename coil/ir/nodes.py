@@ -14,6 +14,7 @@ the placeholder name for inputs); a body only reads buffers created before it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import re
 import threading
@@ -96,6 +97,15 @@ def describe_origin(origin: Optional[str]) -> Optional[str]:
     return f"{file}:{line} in {fn}" + (f": {src}" if src else "")
 
 
+@functools.lru_cache(maxsize=65536)
+def _strided_index(offset: sympy.Expr, terms: tuple) -> sympy.Expr:
+    """``offset + sum(i * stride)`` (sympy arithmetic, cached: bodies are run again and again with the same
+    index by the scheduler and the kernel generators)."""
+    for i, st in terms:
+        offset = offset + i * st
+    return offset
+
+
 @dataclasses.dataclass
 class Layout:
     """A strided layout: element ``index`` lives at ``offset + sum(index[d]*stride[d])``."""
@@ -107,15 +117,12 @@ class Layout:
     offset: sympy.Expr = sympy.Integer(0)
 
     def make_indexer(self) -> Callable[[Sequence[sympy.Expr]], sympy.Expr]:
-        size, stride, offset = list(self.size), list(self.stride), self.offset
+        size, offset = list(self.size), self.offset
+        dims = [(d, st) for d, (sz, st) in enumerate(zip(size, self.stride)) if sz != 1]
 
         def indexer(index):
             assert len(index) == len(size), (index, size)
-            e = offset
-            for i, sz, st in zip(index, size, stride):
-                if sz != 1:
-                    e = e + i * st
-            return e
+            return _strided_index(offset, tuple((index[d], st) for d, st in dims))
 
         return indexer
 

@@ -487,12 +487,12 @@ def simplify_index(e: sympy.Expr, bounds: dict | None = None) -> sympy.Expr:
     loop symbols to exclusive upper bounds (enables ``x // b -> 0`` for ``x < b``)."""
     if e.is_Integer or e.is_Symbol:
         return e
-    return _simplify(e, tuple(sorted(((k, v if isinstance(v, sympy.Basic) and not v.is_Integer else int(v))
-                                      for k, v in (bounds or {}).items()), key=str)))
+    return _simplify(e, frozenset((k, v if isinstance(v, sympy.Basic) and not v.is_Integer else int(v))
+                                  for k, v in (bounds or {}).items()))
 
 
 @functools.lru_cache(maxsize=65536)
-def _simplify(e: sympy.Expr, bounds: tuple) -> sympy.Expr:
+def _simplify(e: sympy.Expr, bounds: frozenset) -> sympy.Expr:
     b = dict(bounds)
     e = sympy.expand(e)
     e = _range_rules(e, b)

@@ -59,11 +59,13 @@ def node_group(buf: ComputedBuffer) -> tuple[int, int]:
     return as_size(product(buf.get_ranges())), 1
 
 
-def _bytes(buf: Buffer) -> int:
-    try:
-        return hint(product(buf.get_size())) * buf.get_dtype().itemsize
-    except Exception:
-        return 0
+def _bytes(buf: Buffer, memo: dict) -> int:
+    if buf not in memo:  # (read again for every candidate pair of every fusion round)
+        try:
+            memo[buf] = hint(product(buf.get_size())) * buf.get_dtype().itemsize
+        except Exception:
+            memo[buf] = 0
+    return memo[buf]
 
 
 class Scheduler:
@@ -78,6 +80,7 @@ class Scheduler:
                              else ExternStep(b, i) for i, b in enumerate(graph.buffers)]
         self.order_of = {b.get_name(): i for i, b in enumerate(graph.buffers)}
         self._owner = None
+        self._memo: dict = {}  # buffer -> bytes, group -> input-only pattern (a group's nodes never change)
         self.users: dict[str, set] = defaultdict(set)   # buffer -> reader buffer names
         for b in graph.buffers:
             for r in b.get_read_names():
@@ -167,6 +170,11 @@ class Scheduler:
         (load index expressions, store index expressions))`` with buffer names dropped, when all its nodes
         share one such pattern; else None. Such groups depend on nothing computed in the graph, so they can
         run at any point before their first reader."""
+        if g not in self._memo:
+            self._memo[g] = self._pattern_of(g)
+        return self._memo[g]
+
+    def _pattern_of(self, g: FusedGroup) -> Optional[tuple]:
         limit = config.launch_fusion_max_numel
         if g.rnumel != 1 or limit <= 0 or hint(g.numel) > limit:
             return None
@@ -208,11 +216,11 @@ class Scheduler:
             readers = self.users.get(name, set())
             crosses = (name in names_a and readers & names_b) or (name in names_b and readers & names_a)
             if crosses:
-                saved += _bytes(n)  # the read
+                saved += _bytes(n, self._memo)  # the read
                 if readers <= both and name not in self.output_names:
-                    saved += _bytes(n)  # the write
+                    saved += _bytes(n, self._memo)  # the write
         shared = [self.graph.name_to_buffer.get(s) for s in set(a.read_names()) & set(b.read_names())]
-        return saved + sum(_bytes(buf) for buf in shared if buf is not None) + 1
+        return saved + sum(_bytes(buf, self._memo) for buf in shared if buf is not None) + 1
 
     def _fuse_round(self) -> bool:
         changed = False

@@ -410,7 +410,6 @@ def _compile(fn, example_inputs, fw_compiler, bw_compiler, partition_fn, decompo
         cse_graph(fw_gm)
         trace.artifact("aot_inference_graph", _graph_text(fw_gm, "aot inference graph (ATen)"), kind="python")
         fw_gm.meta["coil_aot_graph"] = "inference"
-        from coil.config import config
         if config.inplace_input_writes:  # output k is the new value of input mutated[k] (ir/graph.py)
             fw_gm.meta["coil_mutated_inputs"] = dict(enumerate(info.mutated_inputs))
         compiled = fw_compiler(fw_gm, _placeholder_fakes(fw_gm))

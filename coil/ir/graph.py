@@ -482,7 +482,8 @@ class GraphLowering(torch.fx.Interpreter):
         ``index_put_``, ``scatter_`` of a KV cache or a buffer) with the input's layout, and nothing else reads the
         input, the copy is dropped and the scatter writes into the input's memory: the graph returns the input
         object, which the epilogue does not copy back. Indices go to ``self.inputs_written``."""
-        muts = self.gm.meta.get("coil_mutated_inputs") or {}
+        if not (muts := self.gm.meta.get("coil_mutated_inputs")):
+            return  # (most graphs: no buffer's reads are recorded for this)
         readers: dict = {}
         for b in self.buffers:
             for n in b.get_read_names():

@@ -145,8 +145,8 @@ class Config:
     #: working set cached there while its replays use the graph pool (logged).
     cudagraph_release_cache: bool = True
     #: A backward recorded as a CUDA graph reuses the memory of the forward's saved activations as it releases
-    #: each after its last use (off by default: docs/cudagraphs.md, "Saved activations", says why).
-    cudagraph_reuse_saved: bool = False
+    #: each after its last use (docs/cudagraphs.md, "Saved activations").
+    cudagraph_reuse_saved: bool = True
     #: Dynamic shapes: None (automatic), True or False (coil.compile's ``dynamic``; docs/dynamic_shapes.md).
     dynamic: Any = None
     #: Capture ``Tensor.item()`` / ``tolist()`` as graph ops returning unbacked symbolic

@@ -236,6 +236,9 @@ class Tree:
             if boxed is not None:
                 lent = self._lend_saved(static_args)
                 boxed = boxed if lent else None
+                # a lent argument's memory is released during the capture: an output found
+                # there is a new allocation of this node (a slot), not a view of the argument
+                plan_args = [a if a is b else None for a, b in zip(plan_args, static_args)]
             written = getattr(fn.fn, "writes_inputs", ())
             graph, outs = self.recorder.capture(fn.fn, static_args, boxed, written)
             plan = OutputPlan(outs, plan_args, self.recorder.device_type)

@@ -261,3 +261,21 @@ def test_extern_inputs_keep_eagers_memory_order():
         W.ensure_layout = orig
     torch.testing.assert_close(out[0], f(x, w), atol=1e-4, rtol=1e-4)
     assert copies == [], copies
+
+
+@pytest.mark.parametrize("bias_shape", [None, (1027,), (1, 1027), (1,), ()])
+@pytest.mark.parametrize("k", [64, 67])
+def test_matmul_padded_split_and_copy_paths(bias_shape, k):
+    """``matmul_padded`` into a row-padded output: with K aligned it writes two products
+    (the first N - N % 8 columns, then the rest) without copying the weight; with K
+    unaligned it pads the operands. Both equal ``a @ b (+ bias)`` for every bias shape."""
+    from coil.codegen.wrapper import empty_row_padded, matmul_padded
+
+    torch.manual_seed(0)
+    a, w = torch.randn(33, k), torch.randn(1027, k)
+    bias = torch.randn(bias_shape) if bias_shape is not None else None
+    out = empty_row_padded((33, 1027), 1032, "cpu", torch.float32)
+    matmul_padded(out, a, w.t(), bias)
+    ref = a @ w.t() + (bias if bias is not None else 0)
+    assert out.stride() == (1032, 1)
+    torch.testing.assert_close(out, ref)

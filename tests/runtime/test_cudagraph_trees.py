@@ -265,7 +265,7 @@ def test_aot_inference_through_the_tree(fake_cuda):
 
 @pytest.fixture
 def reuse_saved(monkeypatch):
-    """config.cudagraph_reuse_saved on (off by default: config.py)."""
+    """config.cudagraph_reuse_saved on (the default; tests that need it say so)."""
     monkeypatch.setattr(config, "cudagraph_reuse_saved", True)
 
 
@@ -295,6 +295,40 @@ def test_aot_training_through_the_tree(fake_cuda, lockstep, reuse_saved):
     src = bw.fn.fn.source
     assert "def call_boxed(args):" in src and "args.clear()" in src
     assert src.count("del tanh") == 1  # the saved tanh output, released in call_boxed only
+
+
+def test_backward_output_in_lent_saved_memory_is_its_own_slot(reuse_saved, monkeypatch):
+    """A backward's recording is lent the forward's saved-only outputs and releases them; the
+    CUDA allocator then hands that memory to the backward's own outputs. Such an output was
+    taken for a view of the lent argument and rebuilt over the argument's (smaller) storage
+    at each replay: "Trying to resize storage that is not resizable" on the H200. It is a
+    slot of the backward node. The fake capture reuses the memory as the allocator does."""
+    import coil.runtime.cudagraph_trees as ct
+
+    monkeypatch.setattr(ct, "_keep_graph", lambda: False)  # as inside loss.backward()
+    tree = Tree(FakeRecorder())
+    fw = GraphFunction(lambda x: (x * 2, (x * 3).exp()), "forward", saved=(1, 2), tree=tree)
+
+    class Backward:
+        def __call__(self, s, g):
+            return (g * s,)
+
+        def call_boxed(self, args):
+            s, g = args
+            args.clear()
+            out = torch.empty(0).set_(s.untyped_storage(), s.storage_offset(), g.shape, g.stride())
+            return (torch.mul(g, s, out=out),)  # s's last use: its memory is the output's
+
+    bw = GraphFunction(Backward(), "backward", tree=tree)
+    for _ in range(4):
+        x, g = torch.randn(5), torch.randn(5)
+        out, saved = fw(x)
+        (grad,) = bw(saved, g)
+        del saved
+        torch.testing.assert_close(out, x * 2)
+        torch.testing.assert_close(grad, g * (x * 3).exp())
+    node = next(n for n in tree.all_nodes if n.fn is bw)
+    assert node.consumes and [it[0] for it in node.plan.items] == ["slot"]
 
 
 def test_aot_mutated_input_through_the_tree(fake_cuda):

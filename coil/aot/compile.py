@@ -214,14 +214,18 @@ def _check_aliasing_per_call(runner: Callable, gm: Callable, mutated: list) -> C
     mutated = list(mutated)
     from coil.exc import CoilError
 
-    storage, address, tensor = torch.Tensor.untyped_storage, torch.UntypedStorage.data_ptr, torch.Tensor
+    storage_id, tensor = torch._C._storage_id, torch.Tensor
 
     @functools.wraps(runner)  # keeps the runner's attributes (_coil_aot_path, ...)
     def run(*args):
         # every storage distinct: the common case, without the fake-tensor test (C-level maps: a GPT-2 decoding
         # step passes ~175 tensors, and a list comprehension cost ~0.3 µs a tensor more)
         tensors = args if all(map(tensor.__instancecheck__, args)) else [a for a in args if isinstance(a, tensor)]
-        if len(set(map(address, map(storage, tensors)))) == len(tensors):
+        try:
+            distinct = len(set(map(storage_id, tensors))) == len(tensors)
+        except RuntimeError:  # a tensor without a storage (a wrapper subclass): the full check
+            distinct = False
+        if distinct:
             return runner(*args)
         try:
             _refuse_mutated_aliased_inputs(args, mutated)

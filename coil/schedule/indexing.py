@@ -118,14 +118,15 @@ class KernelDeps:
         return [e for n, e in self.loads if n == name]
 
 
+#: (id(buffer), numel, rnumel) -> (buffer, KernelDeps): one graph's, cleared by each Scheduler
 _deps_cache: dict = {}
 
 
 def kernel_deps(buf, numel, rnumel) -> Optional[KernelDeps]:
     numel, rnumel = as_size(numel), as_size(rnumel)
     key = (id(buf), numel, rnumel)
-    if key in _deps_cache and _deps_cache[key][0] is buf:
-        return _deps_cache[key][1]
+    if (hit := _deps_cache.get(key)) is not None and hit[0] is buf:
+        return hit[1]
     if (ki := kernel_index(buf, numel, rnumel)) is None:
         res = None
     else:

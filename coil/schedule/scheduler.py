@@ -16,7 +16,7 @@ from coil import trace
 from coil.config import config
 from coil.ir.nodes import (Buffer, ComputedBuffer, InputBuffer, ScatterBuffer)
 from coil.ir.symbols import as_size, hint, product
-from coil.schedule.indexing import kernel_deps, kernel_index
+from coil.schedule.indexing import _deps_cache, kernel_deps, kernel_index
 
 
 @dataclasses.dataclass
@@ -73,6 +73,7 @@ class Scheduler:
 
     def __init__(self, graph):
         self.graph = graph
+        _deps_cache.clear()  # the last graph's buffers (it kept every graph's IR alive)
         self.output_names = {o.name for o in graph.outputs if o.name is not None}
         self.steps: list = []
         self.decisions: list[dict] = []

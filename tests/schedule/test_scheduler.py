@@ -82,3 +82,20 @@ def test_floordiv_pulls_out_exact_multiples():
         xv, rv = rng.randrange(12288), rng.randrange(1024)
         assert int(s.subs({x: xv, r: rv})) == \
             1572864 * ((rv + 1024 * (xv // 3072)) // 512) + 3072 * (rv % 512) + xv % 3072
+
+
+def test_dependency_cache_holds_only_the_last_graphs_buffers():
+    """``indexing._deps_cache`` kept every scheduled buffer of every graph alive (a leak per
+    compile); each scheduler now starts it afresh."""
+    import weakref
+
+    from coil.schedule import indexing
+
+    c = check(lambda x: (x * 2).exp().sum(1) + 1, r(8, 16))
+    old = [weakref.ref(b) for b, _ in indexing._deps_cache.values()]
+    assert old, "the first graph's scheduling cached nothing"
+    del c
+    check(lambda x: torch.softmax(x + 1, -1), r(4, 8))
+    import gc
+    gc.collect()
+    assert not any(w() is not None for w in old), "the first graph's buffers are still alive"

@@ -8,8 +8,10 @@ step (``coil.bench.suite.make_step``, mode ``train``): per compiler, the first c
 seconds, wall ms per step (synchronized), GPU ms per step (the sum of the kernels' device
 time from ``torch.profiler``), kernels per step, and the top kernels by total device time
 with calls per step. Kernels are grouped by family (the name with digits dropped), so
-coil's and torch.compile's generated kernels of one kind read as one line each. The report
-goes to ``<out>/train_profile_<model>.txt`` and stdout.
+torch.compile's generated kernels of one kind read as one line each; coil's keep their
+names, and each of coil's top kernels is followed by the generated kernel it was compiled
+from (its header from the compile log: kind, sizes, fused buffers, loads) and its config.
+The report goes to ``<out>/train_profile_<model>.txt`` and stdout.
 """
 from __future__ import annotations
 
@@ -24,8 +26,25 @@ import torch
 
 
 def _family(name: str) -> str:
+    if name.startswith("coil_"):
+        return name  # a generated kernel: named by its source's hash (_coil_kernels)
     name = re.sub(r"\d+", "N", name)
     return name[:90]
+
+
+def _coil_kernels(trace_dir: str) -> dict:
+    """Compiled kernel name -> "generated name config {...}; header lines" from coil's compile log."""
+    import json
+    records = []
+    for f in os.listdir(trace_dir):
+        if f.endswith(".jsonl"):
+            with open(os.path.join(trace_dir, f)) as fh:
+                records += [json.loads(line) for line in fh]
+    heads = {r["name"][7:]: [ln[2:] for ln in r.get("text", "").splitlines() if ln.startswith("# ")][:3]
+             for r in records if r["event"] == "artifact" and r.get("name", "").startswith("kernel ")}
+    return {r.get("compiled_name"): f"{r.get('kernel')} config {r.get('chosen')}; "
+            + " | ".join(heads.get(r.get("kernel"), []))
+            for r in records if r["event"] == "autotune"}
 
 
 def _profile(step, steps: int, device: torch.device) -> tuple[float, int, Counter, Counter]:
@@ -73,9 +92,14 @@ def main() -> int:
     lines = [f"{a.model} ({built.config}), mode {a.mode}, {device}, torch {torch.__version__}"]
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     report = {}
+    import tempfile
+    from coil import trace
+    trace_dir = tempfile.mkdtemp(prefix="coil_train_profile_")
     for comp in a.compilers:
         torch._dynamo.reset()
         coil.reset()
+        if comp == "coil":
+            trace.set_dir(trace_dir)
         m = _prepared_copy(built.module, a.mode, _mode_dtype(a.mode))
         fn = {"coil": coil.compile, "inductor": torch.compile}.get(comp, lambda x: x)(m)
         dt = _mode_dtype(a.mode)
@@ -98,8 +122,11 @@ def main() -> int:
         report[comp] = times
         lines.append(f"\n== {comp}: first call {first:.1f} s, wall {wall:.2f} ms/step, device "
                      f"{total:.2f} ms/step, {kernels} kernels/step")
+        info = _coil_kernels(trace_dir) if comp == "coil" else {}
         for name, ms in times.most_common(a.top):
             lines.append(f"  {ms:8.3f} ms  {calls[name] / a.steps:6.1f}x  {name}")
+            if name in info:
+                lines.append(f"        {info[name][:300]}")
     text = "\n".join(lines)
     print(text)
     os.makedirs(a.out, exist_ok=True)

@@ -1,11 +1,10 @@
 """coil: a PyTorch 2-style compiler, small enough to read.
 
-``fast = coil.compile(model)`` captures the model's Python bytecode into FX graphs
-(:mod:`coil.capture`, Dynamo's role), traces autograd ahead of time and partitions
-forward from backward (:mod:`coil.aot`), lowers each ATen graph to a define-by-run
-loop IR (:mod:`coil.ir`), fuses (:mod:`coil.schedule`) and generates Triton or
-C++/OpenMP kernels with a Python wrapper (:mod:`coil.codegen`, :mod:`coil.runtime`).
-Every stage writes to the compile log (:mod:`coil.trace`, ``COIL_TRACE=<dir>``).
+``fast = coil.compile(model)`` captures the model's Python bytecode into FX graphs (:mod:`coil.capture`, Dynamo's role),
+traces autograd ahead of time and partitions forward from backward (:mod:`coil.aot`), lowers each ATen graph to a
+define-by-run loop IR (:mod:`coil.ir`), fuses (:mod:`coil.schedule`) and generates Triton or C++/OpenMP kernels with a
+Python wrapper (:mod:`coil.codegen`, :mod:`coil.runtime`). Every stage writes to the compile log (:mod:`coil.trace`,
+``COIL_TRACE=<dir>``).
 
 See docs/architecture.md for the whole picture.
 """

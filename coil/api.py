@@ -1,5 +1,4 @@
-"""The public entry points: :func:`compile`, :func:`reset`, :func:`disable`,
-:func:`list_backends`, :func:`explain`.
+"""The public entry points: :func:`compile`, :func:`reset`, :func:`disable`, :func:`list_backends`, :func:`explain`.
 
 ``coil.compile`` has torch.compile's shape, so switching is a one-name change::
 
@@ -71,13 +70,11 @@ def _wrap_backend(backend: Callable, name: str, options: dict) -> Callable:
 class OptimizedModule(torch.nn.Module):
     """A compiled ``nn.Module``.
 
-    It shares the original's parameters, buffers and ``state_dict`` (same keys as the
-    original, no ``_orig_mod.`` prefix, the very same tensors, so an optimizer built
-    on either trains both), forwards attribute reads it does not have to the original,
-    and follows ``train()``/``eval()``: ``training`` is the original's flag, set by
-    calling ``train``/``eval`` on either object. ``_orig_mod`` is the original module.
-    ``copy.deepcopy`` copies the original and compiles the copy afresh, so the copy
-    runs its own weights.
+    It shares the original's parameters, buffers and ``state_dict`` (same keys as the original, no ``_orig_mod.``
+    prefix, the very same tensors, so an optimizer built on either trains both), forwards attribute reads it does not
+    have to the original, and follows ``train()``/``eval()``: ``training`` is the original's flag, set by calling
+    ``train``/``eval`` on either object. ``_orig_mod`` is the original module. ``copy.deepcopy`` copies the original and
+    compiles the copy afresh, so the copy runs its own weights.
     """
 
     def __init__(self, mod: torch.nn.Module, compiled_call: Callable,
@@ -107,10 +104,9 @@ class OptimizedModule(torch.nn.Module):
         return self._compiled_call(*args, **kwargs)
 
     def __reduce__(self):
-        """Pickling (``pickle``, ``torch.save``) saves the original module and the
-        ``coil.compile`` arguments; unpickling compiles the loaded module again (compiled
-        code is not saved). Raises ``pickle.PicklingError`` when the arguments cannot be
-        pickled (a backend given as a local function)."""
+        """Pickling (``pickle``, ``torch.save``) saves the original module and the ``coil.compile`` arguments;
+        unpickling compiles the loaded module again (compiled code is not saved). Raises ``pickle.PicklingError`` when
+        the arguments cannot be pickled (a backend given as a local function)."""
         if (args := self._compile_args) is None:
             import pickle
             raise pickle.PicklingError("this OptimizedModule was not built by coil.compile; "

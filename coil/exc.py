@@ -116,8 +116,7 @@ def refuse_fallback(event: str, error: BaseException | str) -> None:
 
 
 class KernelIndexError(IndexError, RuntimeError):
-    """An index that a generated kernel's bounds check found out of range (``x[i]``, gather, scatter,
-    embedding, one_hot, nll_loss targets...). Eager raises IndexError for some of these ops and RuntimeError
-    for others, and a kernel check does not know which op it guards, so this is both: ``except IndexError``
-    and ``except RuntimeError`` each catch it. The message names the kernel, the check site and, where known,
-    the user's source line."""
+    """An index that a generated kernel's bounds check found out of range (``x[i]``, gather, scatter, embedding,
+    one_hot, nll_loss targets...). Eager raises IndexError for some of these ops and RuntimeError for others, and a
+    kernel check does not know which op it guards, so this is both: ``except IndexError`` and ``except RuntimeError``
+    each catch it. The message names the kernel, the check site and, where known, the user's source line."""

@@ -1,12 +1,10 @@
 """The ``"coil"`` backend: AOT autograd, then coil's own kernels for each ATen graph.
 
-``coil(gm, example_inputs)`` = ``aot_compile(gm, example_inputs, fw_compiler=K,
-bw_compiler=K)`` with ``K = compile_aten_graph`` (loop IR → scheduler → Triton on
-CUDA tensors, C++/OpenMP on CPU tensors by default).
+``coil(gm, example_inputs)`` = ``aot_compile(gm, example_inputs, fw_compiler=K, bw_compiler=K)`` with ``K =
+compile_aten_graph`` (loop IR → scheduler → Triton on CUDA tensors, C++/OpenMP on CPU tensors by default).
 
-If code generation fails for one ATen graph (an internal error in coil), that graph
-runs through the FX interpreter instead, and the compile log records why
-(event ``codegen_fallback``); results stay correct, only slower.
+If code generation fails for one ATen graph (an internal error in coil), that graph runs through the FX interpreter
+instead, and the compile log records why (event ``codegen_fallback``); results stay correct, only slower.
 """
 from __future__ import annotations
 

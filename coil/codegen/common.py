@@ -103,9 +103,8 @@ class KernelPlan:
         return bool(self.size_symbols())
 
     def size_symbols(self) -> list:
-        """The ShapeEnv symbols this kernel needs at run time (numel, rnumel, index
-        expressions, sizes of indirect-index bounds), sorted by name: backends take them
-        as kernel arguments, the wrapper passes their values."""
+        """The ShapeEnv symbols this kernel needs at run time (numel, rnumel, index expressions, sizes of indirect-index
+        bounds), sorted by name: backends take them as kernel arguments, the wrapper passes their values."""
         if getattr(self, "_size_symbols", None) is None and current_shape_env() is None:
             self._size_symbols = []  # a static graph (no ShapeEnv): nothing to look for
         if getattr(self, "_size_symbols", None) is None:

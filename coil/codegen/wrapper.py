@@ -31,9 +31,8 @@ def ensure_layout(t: torch.Tensor, size, stride) -> torch.Tensor:
     """``t`` if its strides are ``stride`` (ignoring size-1 dims), else a copy that has
     them: extern kernels may pick another output layout than fake tensors predicted.
 
-    ``t`` may be None: CUDA attention kernels return undefined tensors (None in Python)
-    for outputs whose fake version is an empty tensor (e.g. a debug mask); those are
-    never read, so None passes through."""
+    ``t`` may be None: CUDA attention kernels return undefined tensors (None in Python) for outputs whose fake version
+    is an empty tensor (e.g. a debug mask); those are never read, so None passes through."""
     if t is None:
         return t
     st = t.stride()
@@ -47,10 +46,9 @@ def ensure_layout(t: torch.Tensor, size, stride) -> torch.Tensor:
 
 
 def check_size(t, size, op: str) -> None:
-    """Raise where data-dependent op ``op`` returned a tensor ``t`` of another size than
-    ``size`` (or a number ``t`` other than ``size``: ``.item()``), the one the graph relied
-    on (``x.nonzero() + y`` assumed the count equals ``len(y)``: eager broadcasts or raises
-    there; torch.compile raises too)."""
+    """Raise where data-dependent op ``op`` returned a tensor ``t`` of another size than ``size`` (or a number ``t``
+    other than ``size``: ``.item()``), the one the graph relied on (``x.nonzero() + y`` assumed the count equals
+    ``len(y)``: eager broadcasts or raises there; torch.compile raises too)."""
     got = tuple(t.shape) if isinstance(t, torch.Tensor) else t
     if got != size:
         raise RuntimeError(f"coil: runtime assertion failed: {op} returned {got}, "
@@ -69,12 +67,11 @@ def matmul_padded(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
                   bias: Optional[torch.Tensor] = None) -> None:
     """``out = a @ b (+ bias)`` with every operand cuBLAS sees 16-byte aligned.
 
-    ``a`` is (M, K), ``b`` (K, N), ``bias`` (N,), (1, N), (1,) or (); ``out`` is (M, N),
-    either contiguous or from :func:`empty_row_padded` (row stride ``P > N``). When K or N
-    is not a multiple of 8 (16-bit dtypes), ``a``/``b``/``bias`` are copied into
-    zero-padded buffers (K up to ``Kp``, N up to ``P``) and the product is written into
-    the whole (M, P) allocation. The copies cost one read and write of each padded
-    operand (GPT-2's LM head: ~40 µs, against ~3 ms for an ``align1`` GEMM)."""
+    ``a`` is (M, K), ``b`` (K, N), ``bias`` (N,), (1, N), (1,) or (); ``out`` is (M, N), either contiguous or from
+    :func:`empty_row_padded` (row stride ``P > N``). When K or N is not a multiple of 8 (16-bit dtypes),
+    ``a``/``b``/``bias`` are copied into zero-padded buffers (K up to ``Kp``, N up to ``P``) and the product is written
+    into the whole (M, P) allocation. The copies cost one read and write of each padded operand (GPT-2's LM head:
+    ~40 µs, against ~3 ms for an ``align1`` GEMM)."""
     m, n = out.shape
     k = a.shape[1]
     p = out.stride(0) if n > 1 else n
@@ -133,12 +130,11 @@ def _free_size_symbols(x, out: set) -> None:
 
 
 def symbol_bindings(graph, needed: set, sources: Optional[dict] = None) -> list[str]:
-    """Wrapper lines binding every size symbol in ``needed`` from the call's arguments,
-    once per call: a SymInt placeholder that is the symbol (``s0 = arg0``), else a size,
-    stride or storage offset of a tensor input that is exactly the symbol
-    (``s1 = primals_3.size(1)``), or the number a 0-d tensor input holds (``zf0 = arg1.item()``,
-    for a precomputed size made from a dynamic float). Raises NotImplementedError for a symbol no input
-    defines alone (the "coil" backend then falls back, logged)."""
+    """Wrapper lines binding every size symbol in ``needed`` from the call's arguments, once per call: a SymInt
+    placeholder that is the symbol (``s0 = arg0``), else a size, stride or storage offset of a tensor input that is
+    exactly the symbol (``s1 = primals_3.size(1)``), or the number a 0-d tensor input holds (``zf0 = arg1.item()``, for
+    a precomputed size made from a dynamic float). Raises NotImplementedError for a symbol no input defines alone (the
+    "coil" backend then falls back, logged)."""
     sources = _symbol_sources(graph) if sources is None else sources
     late = sorted((s for s in needed if s in PRECOMPUTED), key=lambda s: s.name)  # after what they read
     needed = (set(needed) - set(late)).union(*(PRECOMPUTED[s].free_symbols for s in late))
@@ -164,8 +160,7 @@ def _precomputed_after(sym, bound: set) -> list[str]:
 
 
 def _symbol_sources(graph) -> dict:
-    """Symbol -> the expression over the call's arguments that is exactly it (see
-    :func:`symbol_bindings`)."""
+    """Symbol -> the expression over the call's arguments that is exactly it (see :func:`symbol_bindings`)."""
     sources: dict = {}
     for name, value in zip(graph.placeholder_names, graph.example_inputs):
         if isinstance(value, torch.SymInt) and as_expr(value).is_Symbol:
@@ -192,9 +187,8 @@ class WrapperCodegen:
 
     @staticmethod
     def _bind_unbacked(value: str, layout, bound: set) -> list:
-        """Lines binding the data-dependent (unbacked) sizes of an extern kernel's output
-        ``value`` (``u1 = buf2.size(0)`` after ``nonzero``), the first time one appears,
-        before anything that uses them."""
+        """Lines binding the data-dependent (unbacked) sizes of an extern kernel's output ``value`` (``u1 =
+        buf2.size(0)`` after ``nonzero``), the first time one appears, before anything that uses them."""
         from torch.utils._sympy.symbol import SymT, symbol_is_type
 
         out = []
@@ -216,10 +210,9 @@ class WrapperCodegen:
         self._hoisted: dict[str, str] = {}  # size expression text -> its local (_expr)
 
     def _expr(self, e) -> str:
-        """The text of size ``e`` (int or sympy). A compound expression (``s0 * s1``) is
-        a local computed once per call after the symbol bindings (launches, allocations
-        and views reuse a few products; each recomputed costs host time per call),
-        except one reading a data-dependent size, which is bound later in the call."""
+        """The text of size ``e`` (int or sympy). A compound expression (``s0 * s1``) is a local computed once per call
+        after the symbol bindings (launches, allocations and views reuse a few products; each recomputed costs host time
+        per call), except one reading a data-dependent size, which is bound later in the call."""
         from torch.utils._sympy.symbol import SymT, symbol_is_type
         if isinstance(e, int):
             return str(e)
@@ -288,9 +281,8 @@ class WrapperCodegen:
             else:
                 allocs.append([])
                 reads.append(s.read_names())
-        # an extern op returning a view of an argument (aten.view.dtype, view_as_real):
-        # the argument's storage lives while the view does, so a read of the view is a
-        # read of the argument, and an output view keeps it out of reuse
+        # an extern op returning a view of an argument (aten.view.dtype, view_as_real): the argument's storage lives
+        # while the view does, so a read of the view is a read of the argument, and an output view keeps it out of reuse
         roots = _alias_roots(g.buffers)
         reads = [rs + [r for n in rs for r in roots.get(n, ())] for rs in reads]
         out_names |= {r for n in list(out_names) for r in roots.get(n, ())}
@@ -347,9 +339,8 @@ class WrapperCodegen:
                 b = s.buffer
                 if isinstance(b, ExternKernel):
                     padded = getattr(b, "padded_matmul", False)
-                    # an OpOverload's __call__ only forwards to its C++ ``_op``: bind
-                    # that directly (one Python frame less per extern call)
-                    # (coil's opaque ops: their Python implementation, no dispatch)
+                    # an OpOverload's __call__ only forwards to its C++ ``_op``: bind that directly (one Python frame
+                    # less per extern call) (coil's opaque ops: their Python implementation, no dispatch)
                     op = self._global("extern", OPAQUE_IMPLS.get(b.op) or getattr(b.op, "_op", b.op)
                                       if isinstance(b.op, torch._ops.OpOverload) else b.op)
                     args = [self._arg(a) for a in b.args]
@@ -436,9 +427,8 @@ class WrapperCodegen:
         return "\n".join(L) + "\n", self.globals
 
     def _boxed(self, body: list, head: list, dels: list, unread: set) -> list:
-        """``call_boxed(args)``: ``call``'s ``body`` (after its def line and the symbol
-        bindings ``head``) with each tensor input released after its last reader
-        (``dels``); tensor inputs never read are released first."""
+        """``call_boxed(args)``: ``call``'s ``body`` (after its def line and the symbol bindings ``head``) with each
+        tensor input released after its last reader (``dels``); tensor inputs never read are released first."""
         names = self.graph.placeholder_names
         out = ["", "def call_boxed(args):"]
         if names:

@@ -1,8 +1,7 @@
 """Build and load C++ kernels: system compiler → shared object → ctypes, with a disk cache.
 
-The C++ code generator (``coil/codegen/cpp``) produces source text; this module turns it
-into callable functions and knows nothing about kernels. docs/cpp_backend.md ("Building
-and caching") gives the design; in short:
+The C++ code generator (``coil/codegen/cpp``) produces source text; this module turns it into callable functions and
+knows nothing about kernels. docs/cpp_backend.md ("Building and caching") gives the design; in short:
 
 - **Compiler** ``$CXX`` or the first of ``g++``, ``c++``, ``clang++``; flags :data:`DEFAULT_FLAGS` plus
   ``config.cpp_extra_flags``. Kernels keep IEEE semantics (no ``-ffast-math``, no ``-fno-trapping-math``, no fused

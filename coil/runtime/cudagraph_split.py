@@ -1,13 +1,12 @@
 """Partitioning for CUDA graphs: split an ATen graph around the ops a CUDA graph cannot
 hold, so that the rest is still recorded (docs/cudagraphs.md, "Partitioning").
 
-In: one functional ATen graph about to be compiled under ``config.cudagraphs``, its kind
-(``gm.meta["coil_aot_graph"]``) and the compiler the AOT layer would use for it. Out: one callable with
-the graph's calling convention that runs *pieces* in order, each compiled alone by that compiler: the
-graphable ones wrapped by :func:`~coil.runtime.cudagraph_trees.cudagraphify`, the others
-(:func:`~coil.runtime.cudagraph_record.ungraphable_node`) run as compiled code between them. Each op's
-level (odd: un-graphable, even: graphable, not below what it reads) is its piece; splits are logged
-(``cudagraph_split``).
+In: one functional ATen graph about to be compiled under ``config.cudagraphs``, its kind (``gm.meta["coil_aot_graph"]``)
+and the compiler the AOT layer would use for it. Out: one callable with the graph's calling convention that runs
+*pieces* in order, each compiled alone by that compiler: the graphable ones wrapped by
+:func:`~coil.runtime.cudagraph_trees.cudagraphify`, the others (:func:`~coil.runtime.cudagraph_record.ungraphable_node`)
+run as compiled code between them. Each op's level (odd: un-graphable, even: graphable, not below what it reads) is its
+piece; splits are logged (``cudagraph_split``).
 """
 from __future__ import annotations
 

@@ -37,10 +37,9 @@ def decompose(var: sympy.Symbol, sizes: list) -> list:
 
 
 def split_ranges(sizes: list, rnumel) -> Optional[tuple[list, list, Optional[int]]]:
-    """Split ``sizes`` into (x_sizes, r_sizes, split_dim) with ``prod(r_sizes) == rnumel``.
-    ``split_dim`` is the dim cut in two (its outer part ends x_sizes, inner part starts
-    r_sizes), or None. Returns None when impossible. A dim is cut in two only when the
-    quotient is exact (an integer, or an exact expression of symbolic sizes)."""
+    """Split ``sizes`` into (x_sizes, r_sizes, split_dim) with ``prod(r_sizes) == rnumel``. ``split_dim`` is the dim cut
+    in two (its outer part ends x_sizes, inner part starts r_sizes), or None. Returns None when impossible. A dim is cut
+    in two only when the quotient is exact (an integer, or an exact expression of symbolic sizes)."""
     rem, r_sizes, d = sympy.sympify(rnumel), [], len(sizes) - 1
     while rem != 1 and d >= 0:
         s = sympy.sympify(sizes[d])

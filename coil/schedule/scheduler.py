@@ -1,10 +1,9 @@
 """The scheduler: from IR buffers to an ordered list of fused kernels and extern calls.
 
-Input: a lowered :class:`~coil.ir.graph.GraphLowering`. Output: ``self.steps``, a list of
-:class:`FusedGroup` (one generated kernel each) and :class:`ExternStep` (an ATen call or
-a MultiOutput unpacking), in a valid execution order. Fusion is greedy, best first by the memory
-traffic saved, under the rules of docs/scheduler.md ("Fusion"), launch-saving horizontal fusion
-included; every decision is logged (event ``fusion``).
+Input: a lowered :class:`~coil.ir.graph.GraphLowering`. Output: ``self.steps``, a list of :class:`FusedGroup` (one
+generated kernel each) and :class:`ExternStep` (an ATen call or a MultiOutput unpacking), in a valid execution order.
+Fusion is greedy, best first by the memory traffic saved, under the rules of docs/scheduler.md ("Fusion"), launch-saving
+horizontal fusion included; every decision is logged (event ``fusion``).
 """
 from __future__ import annotations
 
@@ -192,10 +191,9 @@ class Scheduler:
         return g.numel, pats.pop()
 
     def _launch_candidates(self, kernels: list) -> list[tuple]:
-        """Pairs of input-only groups with the same pattern (:meth:`_input_only_pattern`),
-        consecutive in program order: fusing them saves a kernel launch (host time,
-        which bounds small-batch inference and training steps) and no memory traffic;
-        each round halves a bucket, so the rounds of :meth:`fuse` merge it into one."""
+        """Pairs of input-only groups with the same pattern (:meth:`_input_only_pattern`), consecutive in program order:
+        fusing them saves a kernel launch (host time, which bounds small-batch inference and training steps) and no
+        memory traffic; each round halves a bucket, so the rounds of :meth:`fuse` merge it into one."""
         buckets: dict[tuple, list] = defaultdict(list)
         for g in kernels:
             if (pat := self._input_only_pattern(g)) is not None:

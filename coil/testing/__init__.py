@@ -1,11 +1,8 @@
 """Testing helpers: compare a compiled program with eager PyTorch.
 
-Design note
------------
-The reference for everything coil produces is eager PyTorch on the same inputs.
-:func:`assert_same_as_eager` runs ``fn`` eagerly and compiled on *separate deep
-copies* of the arguments (and of ``fn`` itself when it is an ``nn.Module``), with
-the same RNG seed, and compares:
+Design note ----------- The reference for everything coil produces is eager PyTorch on the same inputs.
+:func:`assert_same_as_eager` runs ``fn`` eagerly and compiled on *separate deep copies* of the arguments (and of ``fn``
+itself when it is an ``nn.Module``), with the same RNG seed, and compares:
 
 - the outputs (any pytree of tensors and Python values): shape, dtype and values;
 - the arguments afterwards (so an in-place update the compiled code forgot, or one
@@ -14,15 +11,13 @@ the same RNG seed, and compares:
 - with ``check_grads=True``, the gradients of every floating-point tensor argument
   and module parameter, from a backward pass with the same random cotangents.
 
-Tolerances are per dtype (:data:`TOLERANCES`; ``atol``/``rtol`` override them).
-Low-precision results (bf16/fp16) are also checked against an fp32 reference, the
-same program run on fp32 copies: the compiled result's error against it (RMS and
-max-abs) must be at most ``LOW_PRECISION_MARGIN`` times eager's error plus a small
-floor. A compiled kernel that keeps intermediates in fp32 is then accepted even
-where it differs from eager's bf16 rounding, while a genuinely wrong one is not.
+Tolerances are per dtype (:data:`TOLERANCES`; ``atol``/``rtol`` override them). Low-precision results (bf16/fp16) are
+also checked against an fp32 reference, the same program run on fp32 copies: the compiled result's error against it (RMS
+and max-abs) must be at most ``LOW_PRECISION_MARGIN`` times eager's error plus a small floor. A compiled kernel that
+keeps intermediates in fp32 is then accepted even where it differs from eager's bf16 rounding, while a genuinely wrong
+one is not.
 
-:class:`CompileCounter` is a backend that counts graphs and operators and runs
-each graph as it is (``gm.forward``).
+:class:`CompileCounter` is a backend that counts graphs and operators and runs each graph as it is (``gm.forward``).
 """
 from __future__ import annotations
 
@@ -58,8 +53,7 @@ class CompileCounter:
         op_count: ``call_function`` / ``call_method`` / ``call_module`` nodes, summed.
         graphs: the ``torch.fx.GraphModule`` objects, in order.
 
-    Use as ``cnt = CompileCounter(); coil.compile(fn, backend=cnt)`` (or with
-    ``torch.compile``).
+    Use as ``cnt = CompileCounter(); coil.compile(fn, backend=cnt)`` (or with ``torch.compile``).
     """
 
     def __init__(self) -> None:

@@ -1,11 +1,10 @@
 """Differential fuzzer: random straight-line programs, eager vs coil, with a minimizer.
 
-``python -m coil.testing.fuzz --time 3600 --seed 0 --backends cpp,triton,aot_eager
---out fuzz-out`` (docs/fuzzing.md). A :class:`Program` (inputs with exact values and a
-layout, statements from the op families of :mod:`coil.testing.fuzz_ops`) prints as a
-runnable repro; :func:`check` runs a function eagerly and compiled and classifies the
-result (:data:`OUTCOMES`); :func:`minimize` shrinks a failing program while its
-:attr:`Result.signature` stays the same.
+``python -m coil.testing.fuzz --time 3600 --seed 0 --backends cpp,triton,aot_eager --out fuzz-out`` (docs/fuzzing.md). A
+:class:`Program` (inputs with exact values and a layout, statements from the op families of
+:mod:`coil.testing.fuzz_ops`) prints as a runnable repro; :func:`check` runs a function eagerly and compiled and
+classifies the result (:data:`OUTCOMES`); :func:`minimize` shrinks a failing program while its :attr:`Result.signature`
+stays the same.
 """
 from __future__ import annotations
 

@@ -1,11 +1,10 @@
 """Op families and inputs for coil's differential fuzzer (docs/fuzzing.md).
 
-An op generator ``gen(ctx) -> str | list[str]``, registered with :func:`op`, reads the
-program's live eager values (``ctx.env``) and returns lines of source; it raises
-:class:`Skip` when it does not apply. The builder keeps only lines eager accepts, so a
-generator may be loose about validity, but it must check the live values for anything
-whose eager result is undefined (integer division by zero, out-of-range float-to-int
-casts, duplicate scatter indices, sources overlapping the target of an in-place op).
+An op generator ``gen(ctx) -> str | list[str]``, registered with :func:`op`, reads the program's live eager values
+(``ctx.env``) and returns lines of source; it raises :class:`Skip` when it does not apply. The builder keeps only lines
+eager accepts, so a generator may be loose about validity, but it must check the live values for anything whose eager
+result is undefined (integer division by zero, out-of-range float-to-int casts, duplicate scatter indices, sources
+overlapping the target of an in-place op).
 """
 from __future__ import annotations
 
@@ -252,10 +251,9 @@ def _apply(fn: str, x: str, y: str) -> str:
 
 
 def _safe(fn: str, xv, yv) -> bool:
-    """False when eager's result is undefined or would trap (integer division by 0), or
-    depends on the element's position: eager's vectorized float fmod/remainder compute
-    ``a - trunc(a / b) * b``, NaN where ``a / b`` overflows (a subnormal ``b``), while its
-    scalar tail and fmod itself give the exact remainder."""
+    """False when eager's result is undefined or would trap (integer division by 0), or depends on the element's
+    position: eager's vectorized float fmod/remainder compute ``a - trunc(a / b) * b``, NaN where ``a / b`` overflows (a
+    subnormal ``b``), while its scalar tail and fmod itself give the exact remainder."""
     y = torch.as_tensor(yv)
     if fn in ("%", "torch.fmod", "torch.remainder") and torch.result_type(xv, yv).is_floating_point:
         x, y = torch.as_tensor(xv).double(), y.double()
@@ -465,9 +463,8 @@ def copy(c: Ctx):
 # ---------------------------------------------------------------- mutation
 
 def _overlaps(v: torch.Tensor) -> bool:
-    """Elements share memory (an expand, or as_strided strides like (2, 3, 3)), or torch
-    cannot tell: eager's in-place ops do not always refuse such writes, and their result
-    depends on the order the kernel visits the elements."""
+    """Elements share memory (an expand, or as_strided strides like (2, 3, 3)), or torch cannot tell: eager's in-place
+    ops do not always refuse such writes, and their result depends on the order the kernel visits the elements."""
     return torch._debug_has_internal_overlap(v) != 0
 
 

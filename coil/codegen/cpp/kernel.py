@@ -1,15 +1,13 @@
 """The C++ ops handler and kernel assembler: one C++ function per fused group.
 
-``CppKernel(plan, name).source()`` runs every planned node's define-by-run body with this
-module's handler installed. Each op appends one C++ statement ``T tmpN = ...;`` to the
-current *block* and returns a :class:`CppVar` (CSE per scope). Index expressions are
-recorded as tokens and printed at the end, once :mod:`coil.codegen.cpp.indexing` has
-chosen how to split ``xindex``/``rindex`` into nested loops without per-element division.
-Pointwise kernels are an OpenMP-parallel outer loop with an ``omp simd`` inner loop;
-reductions keep ``LANES`` partial accumulators combined in a fixed order (deterministic
-for any thread count). Index arithmetic is ``int64_t``; fp16/bf16 are computed in float;
-indirect indices are bounds-checked (``coil_ind_checked``; the launcher raises
-``IndexError``). docs/cpp_backend.md draws each kernel shape.
+``CppKernel(plan, name).source()`` runs every planned node's define-by-run body with this module's handler installed.
+Each op appends one C++ statement ``T tmpN = ...;`` to the current *block* and returns a :class:`CppVar` (CSE per
+scope). Index expressions are recorded as tokens and printed at the end, once :mod:`coil.codegen.cpp.indexing` has
+chosen how to split ``xindex``/``rindex`` into nested loops without per-element division. Pointwise kernels are an
+OpenMP-parallel outer loop with an ``omp simd`` inner loop; reductions keep ``LANES`` partial accumulators combined in a
+fixed order (deterministic for any thread count). Index arithmetic is ``int64_t``; fp16/bf16 are computed in float;
+indirect indices are bounds-checked (``coil_ind_checked``; the launcher raises ``IndexError``). docs/cpp_backend.md
+draws each kernel shape.
 """
 from __future__ import annotations
 
@@ -298,9 +296,8 @@ class CppKernel(OpsHandler):
         return x if x.dtype == dtype else self._emit(_cast(x, dtype), dtype)
 
     def indirect_indexing(self, x, size, check=True, wrap_neg=True):
-        """An index read from a tensor, as one CSE'd expression (so a gather whose
-        index does not depend on the loop variable is computed, and checked, once per
-        row before the loop, and the loop stays ``omp simd``)."""
+        """An index read from a tensor, as one CSE'd expression (so a gather whose index does not depend on the loop
+        variable is computed, and checked, once per row before the loop, and the loop stays ``omp simd``)."""
         x = self._val(x)
         s = cexpr(sympy.sympify(size))
         key = ("ind", x.name, s, bool(check), bool(wrap_neg))
@@ -557,10 +554,9 @@ class CppKernel(OpsHandler):
         return "#pragma omp simd"
 
     def _hoist(self, lines: list[str], inner_var: str) -> tuple[list[str], list[str]]:
-        """Split a pointwise body into (per-row, per-element) statements: declarations
-        that depend neither on ``inner_var`` nor on a per-element value (a row's gather
-        index and its bounds check, a broadcast load) move out of the inner loop.
-        Loads of buffers this kernel writes stay inside (a store may precede them)."""
+        """Split a pointwise body into (per-row, per-element) statements: declarations that depend neither on
+        ``inner_var`` nor on a per-element value (a row's gather index and its bounds check, a broadcast load) move out
+        of the inner loop. Loads of buffers this kernel writes stay inside (a store may precede them)."""
         outer, inner = [], []
         inner_names = {inner_var}
         written = {f"p_{n}" for n in self.written}
@@ -674,10 +670,9 @@ class CppKernel(OpsHandler):
             n_tail = f"({_cp(ext[0])} % {LANES})"
             tail0 = f"({_c(ext[0])} - {n_tail})"
         tail_body = [l.replace("@", "_lane[l]") for l in body]
-        # A static row shorter than LANES is all tail, which g++ unrolls into the enclosing
-        # loop and SLP-vectorizes there; g++ 12.2 with AVX-512 gives every vector of an SLP
-        # group of masked loads the first one's mask (docs/cpp_backend.md), so guarded loads
-        # there stay branches (a guard on r0 alone folds once unrolled).
+        # A static row shorter than LANES is all tail, which g++ unrolls into the enclosing loop and SLP-vectorizes
+        # there; g++ 12.2 with AVX-512 gives every vector of an SLP group of masked loads the first one's mask
+        # (docs/cpp_backend.md), so guarded loads there stay branches (a guard on r0 alone folds once unrolled).
         if tail0 == 0 and any(l.lstrip().startswith("if (") for l in body):
             self.no_if_convert = True
             trace.log("cpp_no_if_convert", stage="codegen", kernel=self.name,

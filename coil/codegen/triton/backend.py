@@ -67,9 +67,8 @@ def _plan_gpu(plan) -> bool:
 
 
 def launch_args(plan, gpu: bool, outer: bool) -> dict:
-    """The keyword arguments of :func:`coil.runtime.triton_runtime.launch_configs` (and
-    of :class:`TritonLauncher`) for ``plan``: one place, so that the mask decision and
-    the launcher see the same candidate configs."""
+    """The keyword arguments of :func:`coil.runtime.triton_runtime.launch_configs` (and of :class:`TritonLauncher`) for
+    ``plan``: one place, so that the mask decision and the launcher see the same candidate configs."""
     return dict(numel=hint(plan.numel), rnumel=hint(plan.rnumel), persistent=plan.persistent, gpu=gpu,
                 outer=outer and not plan.tiled, elem_bytes=stream_elem_bytes(plan),
                 tiled=plan.tiled)

@@ -5,12 +5,10 @@ Output: ``self.buffers`` (ComputedBuffer / ExternKernel / MultiOutput in creatio
 order, then put in dependency order by :meth:`GraphLowering._order_buffers`), ``self.graph_inputs`` (InputBuffer per
 tensor placeholder), ``self.outputs`` (an :class:`OutputSpec` per graph output).
 
-Decisions made here (all logged): which ops fell back to extern kernels (event
-``lowering_fallbacks``), and when an unrealized pointwise value is realized (stored
-to memory) instead of inlined into readers: graph outputs, inputs of extern kernels,
-values with several readers whose body is expensive (more loads than
-``config.max_inline_reads`` or more than :data:`MAX_INLINE_OPS` ops), and bodies
-that grew larger than :data:`MAX_BODY_OPS` ops.
+Decisions made here (all logged): which ops fell back to extern kernels (event ``lowering_fallbacks``), and when an
+unrealized pointwise value is realized (stored to memory) instead of inlined into readers: graph outputs, inputs of
+extern kernels, values with several readers whose body is expensive (more loads than ``config.max_inline_reads`` or more
+than :data:`MAX_INLINE_OPS` ops), and bodies that grew larger than :data:`MAX_BODY_OPS` ops.
 """
 from __future__ import annotations
 
@@ -99,14 +97,12 @@ _PADDABLE_MATMULS = (torch.ops.aten.mm.default, torch.ops.aten.addmm.default)
 
 
 class _BernoulliInLayout:
-    """``torch.empty_like(x).bernoulli_(p)``, which the extern kernel of ``bernoulli.p`` /
-    ``bernoulli.Tensor`` runs when ``x`` is an uninitialized buffer (``_EMPTY_OPS``): that
-    is the functionalized form of an in-place fill (eager's CPU dropout is
-    ``empty_like(x).bernoulli_(1 - p)``, traced as ``bernoulli.p(empty_permuted(...))``),
-    which draws in the memory order of its buffer, while ATen's functional ``bernoulli``
-    allocates contiguous and draws in logical order: with ``fallback_random``, dropout of
-    a transposed tensor got another mask than eager (user report 9). A ``bernoulli.p`` of
-    any other tensor is the user's functional ``torch.bernoulli(x, p)`` and runs as is."""
+    """``torch.empty_like(x).bernoulli_(p)``, which the extern kernel of ``bernoulli.p`` / ``bernoulli.Tensor`` runs
+    when ``x`` is an uninitialized buffer (``_EMPTY_OPS``): that is the functionalized form of an in-place fill (eager's
+    CPU dropout is ``empty_like(x).bernoulli_(1 - p)``, traced as ``bernoulli.p(empty_permuted(...))``), which draws in
+    the memory order of its buffer, while ATen's functional ``bernoulli`` allocates contiguous and draws in logical
+    order: with ``fallback_random``, dropout of a transposed tensor got another mask than eager (user report 9). A
+    ``bernoulli.p`` of any other tensor is the user's functional ``torch.bernoulli(x, p)`` and runs as is."""
 
     def __call__(self, x, p=0.5, *, generator=None):
         return torch.empty_like(x).bernoulli_(p, generator=generator)
@@ -196,9 +192,8 @@ def _maybe_pad_matmul_output(ek: ExternKernel, meta: torch.Tensor) -> None:
     hm, hk = hint(as_expr(m)), hint(as_expr(k))
     big = hm * n >= (1 << 20) or hm * hk >= (1 << 20) or hk * n >= (1 << 20)
     pad_n = n % 8 != 0 and n >= 64 and big
-    # an operand whose leading dimension (row stride, or column stride when transposed)
-    # is not a multiple of 8: K % 8, or a transposed operand with M % 8 / N % 8
-    # (a symbolic stride is never padded: _misaligned_ld is False for it)
+    # an operand whose leading dimension (row stride, or column stride when transposed) is not a multiple of 8: K %
+    # 8, or a transposed operand with M % 8 / N % 8 (a symbolic stride is never padded: _misaligned_ld is False for it)
     pad_k = big and min(hm, n, hk) >= 64 and (_misaligned_ld(a) or _misaligned_ld(b))
     if not (pad_n or pad_k):
         return
@@ -274,10 +269,9 @@ class GraphLowering(torch.fx.Interpreter):
         return use
 
     def default_strides(self, loops) -> Optional[list]:
-        """Strides for a value realized without a requested layout (None: contiguous).
-        In a channels-last graph, a 4-D pointwise value that reads a channels-last buffer
-        of its batch and channel sizes is channels-last too (BatchNorm + ReLU after a
-        convolution, a max pool's window), so the next convolution gets it without a
+        """Strides for a value realized without a requested layout (None: contiguous). In a channels-last graph, a 4-D
+        pointwise value that reads a channels-last buffer of its batch and channel sizes is channels-last too
+        (BatchNorm + ReLU after a convolution, a max pool's window), so the next convolution gets it without a
         transpose."""
         if not self.channels_last or not isinstance(loops, Pointwise) or len(loops.get_size()) != 4:
             return None
@@ -332,14 +326,11 @@ class GraphLowering(torch.fx.Interpreter):
         return self
 
     def _order_buffers(self) -> None:
-        """Put every buffer after the buffers it reads (stable: a valid creation order
-        is kept as it is).
+        """Put every buffer after the buffers it reads (stable: a valid creation order is kept as it is).
 
-        Bodies are define-by-run, so a body whose loader is made when it runs reads
-        what its input is *then*: ``y = x * 2; return cat([y, x]), y`` lowered the cat
-        (buf0) while ``y`` was an inlined body; ``y`` became buf1 as a graph output, and
-        the cat's body then loaded buf1, which ran after it (the wrapper read an
-        unassigned buf1)."""
+        Bodies are define-by-run, so a body whose loader is made when it runs reads what its input is *then*: ``y = x *
+        2; return cat([y, x]), y`` lowered the cat (buf0) while ``y`` was an inlined body; ``y`` became buf1 as a graph
+        output, and the cat's body then loaded buf1, which ran after it (the wrapper read an unassigned buf1)."""
         import heapq
         pos = {b.get_name(): i for i, b in enumerate(self.buffers)}
         deps = [{pos[r] for r in b.get_read_names() if r in pos and r != b.get_name()}
@@ -408,9 +399,8 @@ class GraphLowering(torch.fx.Interpreter):
         val = self.current_node.meta.get("val")
         if target is _aten._local_scalar_dense.default and isinstance(val, (torch.SymInt, torch.SymFloat)) \
                 and free_unbacked_symbols(val.node._expr):
-            # t.item() as a size: run it; the wrapper binds its symbol to the result, or
-            # checks it equals what the ShapeEnv replaced the symbol by (``arange(n) + y``:
-            # n == len(y))
+            # t.item() as a size: run it; the wrapper binds its symbol to the result, or checks it equals what the
+            # ShapeEnv replaced the symbol by (``arange(n) + y``: n == len(y))
             self.make_extern(target, args, kwargs)
             unbacked = free_unbacked_symbols(as_expr(val))
             self.buffers[-1].binds = as_expr(val) if unbacked else None
@@ -419,9 +409,8 @@ class GraphLowering(torch.fx.Interpreter):
         if target is _aten.sym_size.int and self.fresh_unbacked and isinstance(args[0], TensorBox):
             return args[0].get_size()[args[1]]  # a symbol no op binds (CSE merged two nonzeros)
         if isinstance(val, (torch.SymInt, torch.SymBool)):
-            # size arithmetic (sym_size, operator.mul, floordiv ...) and relations
-            # (runtime asserts): the fake trace's result is already the expression in
-            # the ShapeEnv's symbols
+            # size arithmetic (sym_size, operator.mul, floordiv ...) and relations (runtime asserts): the fake trace's
+            # result is already the expression in the ShapeEnv's symbols
             return as_expr(val)
         if getattr(target, "is_view", False) and not self.current_node.users:
             return None  # a view nothing reads (as_strided of an empty one ran: fuzz s81 #3325)
@@ -545,14 +534,12 @@ class GraphLowering(torch.fx.Interpreter):
         return walk(self.current_node.meta.get("val")) or walk(list(args)) or walk(kwargs)
 
     def _output_spec(self, r, meta) -> OutputSpec:
-        """How graph output ``r`` (fake tensor ``meta``) is returned. Every tensor output
-        has exactly ``meta``'s strides (storage offset 0 for a copy): the caller may be
-        the backward graph, which was traced with these fake strides and indexes its
-        inputs with them (a slice saved for the backward, ``(x * 2)[:, 1:5]`` with
-        strides (7, 1), came back dense and the backward read the wrong elements), and
-        for a user the strides are eager's. A view whose strides already agree is
-        returned as a view; anything else is written into a buffer with those strides
-        (a non-dense one keeps its gaps; stride-0 dims are written once per element)."""
+        """How graph output ``r`` (fake tensor ``meta``) is returned. Every tensor output has exactly ``meta``'s strides
+        (storage offset 0 for a copy): the caller may be the backward graph, which was traced with these fake strides
+        and indexes its inputs with them (a slice saved for the backward, ``(x * 2)[:, 1:5]`` with strides (7, 1), came
+        back dense and the backward read the wrong elements), and for a user the strides are eager's. A view whose
+        strides already agree is returned as a view; anything else is written into a buffer with those strides (a
+        non-dense one keeps its gaps; stride-0 dims are written once per element)."""
         if not isinstance(r, TensorBox):
             return OutputSpec("value", value=r)
         d = r.data
@@ -582,8 +569,7 @@ class GraphLowering(torch.fx.Interpreter):
         return OutputSpec("buffer", self._materialize(r, stride).get_name())
 
     def _materialize(self, x: TensorBox, stride) -> Buffer:
-        """A ComputedBuffer holding view ``x`` (strides ``stride`` or contiguous), made
-        once per (view, strides)."""
+        """A ComputedBuffer holding view ``x`` (strides ``stride`` or contiguous), made once per (view, strides)."""
         key = (id(x.data), None if stride is None else tuple(stride))
         hit = self._materialized.get(key)
         if hit is not None and hit[0] is x.data:
@@ -613,9 +599,8 @@ class GraphLowering(torch.fx.Interpreter):
             sb.realize(stride)
 
     def realize_input(self, x: TensorBox, meta=None):
-        """A realized buffer or strided view to hand to an extern kernel. A value that
-        must be materialized gets the strides eager had (``meta``), since extern ops
-        choose their output layout from their inputs' strides."""
+        """A realized buffer or strided view to hand to an extern kernel. A value that must be materialized gets the
+        strides eager had (``meta``), since extern ops choose their output layout from their inputs' strides."""
         stride = None
         if isinstance(meta, torch.Tensor) and _same_size(meta, x.get_size()):
             try:  # (not dense: e.g. q/k/v, permuted slices of one projection)
@@ -636,11 +621,10 @@ class GraphLowering(torch.fx.Interpreter):
         return d.realize(stride) if isinstance(d, StorageBox) else self._materialize(x, stride)
 
     def _eager_storage(self, x: TensorBox, fx_arg) -> TensorBox:
-        """``x`` as eager lays it out, for an op that reads its storage: a value this graph
-        realized with other strides (a scatter's target is laid out contiguous, eager's
-        out-of-place ``index_put`` keeps a transposed input's strides) or computed and
-        not yet realized is copied to eager's strides when those are dense at offset 0
-        (graph inputs have eager's layout already)."""
+        """``x`` as eager lays it out, for an op that reads its storage: a value this graph realized with other strides
+        (a scatter's target is laid out contiguous, eager's out-of-place ``index_put`` keeps a transposed input's
+        strides) or computed and not yet realized is copied to eager's strides when those are dense at offset 0 (graph
+        inputs have eager's layout already)."""
         from coil.ir.lowering_views import strided_base
 
         fv = fx_arg.meta.get("val") if isinstance(fx_arg, torch.fx.Node) else None
@@ -729,12 +713,11 @@ class GraphLowering(torch.fx.Interpreter):
         return isinstance(d, StorageBox) and isinstance(d.data, InputBuffer)
 
     def _traced_layout_input(self, x: TensorBox, r, meta):
-        """In a channels-last graph, ``r`` (the realized ``x`` for an extern op that is
-        not one of the channels-last ops) with the strides the op was traced with when
-        ``r`` is a channels-last 4-D buffer or view and the traced input was not: some
-        ATen kernels give other values for such input (``_weight_norm_interface_backward``
-        on a channels-last ``convolution_backward`` weight gradient did), and the fake
-        outputs the rest of the graph relies on came from the traced strides."""
+        """In a channels-last graph, ``r`` (the realized ``x`` for an extern op that is not one of the channels-last
+        ops) with the strides the op was traced with when ``r`` is a channels-last 4-D buffer or view and the traced
+        input was not: some ATen kernels give other values for such input (``_weight_norm_interface_backward`` on a
+        channels-last ``convolution_backward`` weight gradient did), and the fake outputs the rest of the graph relies
+        on came from the traced strides."""
         lay = getattr(r, "layout", None)
         if (not isinstance(meta, torch.Tensor) or meta.dim() != 4 or lay is None
                 or len(lay.size) != 4 or not _is_channels_last(lay)
@@ -761,10 +744,9 @@ class GraphLowering(torch.fx.Interpreter):
 
     @staticmethod
     def _extern_layout(meta: torch.Tensor, channels_last: bool) -> Layout:
-        """The layout an extern kernel's output is given: the fake tensor's, or
-        channels-last for a 4-D output of a channels-last op (ATen's convolution and
-        pooling return the memory format of their input). A wrong guess costs a copy
-        (``ensure_layout``), never a wrong value."""
+        """The layout an extern kernel's output is given: the fake tensor's, or channels-last for a 4-D output of a
+        channels-last op (ATen's convolution and pooling return the memory format of their input). A wrong guess costs a
+        copy (``ensure_layout``), never a wrong value."""
         lay = _fake_layout(meta)
         if channels_last and meta.dim() == 4:
             lay = Layout(lay.device, lay.dtype, lay.size, _channels_last_strides(lay.size), lay.offset)
@@ -772,12 +754,11 @@ class GraphLowering(torch.fx.Interpreter):
 
     # -- matmul operands with a misaligned leading dimension ----------------------------
     def _matvec_as_reduction(self, target, args, meta) -> Optional[TensorBox]:
-        """A one-row CUDA fp16/bf16 ``mm``/``addmm`` ``(1, K) @ (K, N)`` that cuBLAS would
-        need padded (N or a leading dimension not a multiple of 8, see
-        :func:`_maybe_pad_matmul_output`), as a generated sum over K in float32, the bias
-        added before the one rounding (as cuBLAS does). A matrix-vector product is
-        memory-bound: this reads the weight once, where padding copied all of it every call
-        (GPT-2 decoding's LM head, 1 x 50257: 77 MB a token). None when it does not apply."""
+        """A one-row CUDA fp16/bf16 ``mm``/``addmm`` ``(1, K) @ (K, N)`` that cuBLAS would need padded (N or a leading
+        dimension not a multiple of 8, see :func:`_maybe_pad_matmul_output`), as a generated sum over K in float32, the
+        bias added before the one rounding (as cuBLAS does). A matrix-vector product is memory-bound: this reads the
+        weight once, where padding copied all of it every call (GPT-2 decoding's LM head, 1 x 50257: 77 MB a token).
+        None when it does not apply."""
         if not _pads_matmuls(meta):
             return None
         bias, (a, b) = (args[0], args[1:3]) if target is torch.ops.aten.addmm.default else (None, args[:2])
@@ -901,16 +882,14 @@ def _same_size(meta: torch.Tensor, size) -> bool:
 
 
 def _dense_strides_like(t: torch.Tensor) -> list[int]:
-    """Dense strides for ``t``'s shape with the dims in ``t``'s memory order (largest
-    stride outermost; ties keep dim order). An extern op given a tensor laid out in this
-    order picks the output layout fake tracing predicted from ``t``: attention fed
-    contiguous (B, H, S, D) copies of q/k/v where eager had (B, S, H, D)-ordered views
-    returned another output layout, and every layer paid a copy to fix it up.
+    """Dense strides for ``t``'s shape with the dims in ``t``'s memory order (largest stride outermost; ties keep dim
+    order). An extern op given a tensor laid out in this order picks the output layout fake tracing predicted from
+    ``t``: attention fed contiguous (B, H, S, D) copies of q/k/v where eager had (B, S, H, D)-ordered views returned
+    another output layout, and every layer paid a copy to fix it up.
 
-    A broadcast (stride-0) dim sits just outside the dims after it, as in a contiguous
-    layout: ranked by its stride it would become the innermost dim, and ATen kernels
-    that read the last dim as contiguous without checking (the CPU flash attention of
-    SDPA, fed a K/V expanded over heads: Gemma's single KV head) computed garbage."""
+    A broadcast (stride-0) dim sits just outside the dims after it, as in a contiguous layout: ranked by its stride it
+    would become the innermost dim, and ATen kernels that read the last dim as contiguous without checking (the CPU
+    flash attention of SDPA, fed a K/V expanded over heads: Gemma's single KV head) computed garbage."""
     def rank(d):
         if t.stride(d) != 0:
             return t.stride(d)
@@ -941,14 +920,12 @@ def _strides_agree(size, a, b, symbolic: bool) -> bool:
 
 
 def _empty_eager(node: torch.fx.Node, memo: dict) -> Optional[torch.Tensor]:
-    """Zero-element ``node`` as eager computes it: its ATen op run (free) on empty tensors
-    that have the strides eager gives its inputs, so a zero-element graph output gets
-    eager's strides, which fake tensors do not always give (``x.t().contiguous() + 1`` of
-    a (0, 17) ``x``: eager (1, 17), fake (1, 1), since fake's elementwise rule takes every
-    empty tensor as contiguous; user report 4). A graph input, a value computed from
-    tensors with elements (``x[:, :0]``), a random op, or an op that fails on empty
-    tensors stands for itself with its fake strides. None when ``node`` is not a
-    zero-element tensor with static sizes."""
+    """Zero-element ``node`` as eager computes it: its ATen op run (free) on empty tensors that have the strides eager
+    gives its inputs, so a zero-element graph output gets eager's strides, which fake tensors do not always give
+    (``x.t().contiguous() + 1`` of a (0, 17) ``x``: eager (1, 17), fake (1, 1), since fake's elementwise rule takes
+    every empty tensor as contiguous; user report 4). A graph input, a value computed from tensors with elements (``x[:,
+    :0]``), a random op, or an op that fails on empty tensors stands for itself with its fake strides. None when
+    ``node`` is not a zero-element tensor with static sizes."""
     if node in memo:
         return memo[node]
     memo[node] = None
@@ -980,8 +957,7 @@ def _empty_eager(node: torch.fx.Node, memo: dict) -> Optional[torch.Tensor]:
 
 
 def _same_strides(layout: Layout, t: torch.Tensor) -> bool:
-    """Whether ``layout`` has ``t``'s strides (size-1 dims ignored; symbolic strides are
-    compared as expressions)."""
+    """Whether ``layout`` has ``t``'s strides (size-1 dims ignored; symbolic strides are compared as expressions)."""
     return _strides_agree(t.shape, layout.stride, t.stride(), True)
 
 

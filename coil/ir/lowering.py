@@ -1,13 +1,11 @@
 """The lowering registry: one small function per ATen op, added with one decorator.
 
-``@register_lowering(aten.add)`` registers a function that takes the op's arguments with
-tensors replaced by :class:`~coil.ir.nodes.TensorBox` and returns a TensorBox (or a
-tuple of them). Ops without a lowering run as extern kernels (the ATen op itself); the
-graph logs which ops fell back.
+``@register_lowering(aten.add)`` registers a function that takes the op's arguments with tensors replaced by
+:class:`~coil.ir.nodes.TensorBox` and returns a TensorBox (or a tuple of them). Ops without a lowering run as extern
+kernels (the ATen op itself); the graph logs which ops fell back.
 
-Lowerings know the node's output dtype/shape from fake-tensor metadata
-(:func:`out_meta`), so type promotion follows eager exactly: arithmetic runs in
-``compute_dtype(out_dtype)`` (fp32 for fp16/bf16) and the store rounds once.
+Lowerings know the node's output dtype/shape from fake-tensor metadata (:func:`out_meta`), so type promotion follows
+eager exactly: arithmetic runs in ``compute_dtype(out_dtype)`` (fp32 for fp16/bf16) and the store rounds once.
 
 Pointwise math is table-driven (:data:`UNARY`, :data:`BINARY`); views, indexing,
 concatenation and creation ops live in :mod:`coil.ir.lowering_views`; reductions below.
@@ -49,11 +47,10 @@ def register_lowering(*ops_: Any) -> Callable:
 
 
 def require_scalars_fit(dtype, *values) -> None:
-    """Raise FallbackToExtern when a Python number in ``values`` does not fit integer
-    ``dtype``, or a size (symbolic) may not (``dtype`` narrower than int64): ops that store
-    a scalar as it is (fill, full, masked_fill, where, clamp) raise in eager ("value cannot
-    be converted to type uint8_t without overflow"), so the ATen op runs and raises at call
-    time. (Arithmetic with a scalar wraps instead.)"""
+    """Raise FallbackToExtern when a Python number in ``values`` does not fit integer ``dtype``, or a size (symbolic)
+    may not (``dtype`` narrower than int64): ops that store a scalar as it is (fill, full, masked_fill, where, clamp)
+    raise in eager ("value cannot be converted to type uint8_t without overflow"), so the ATen op runs and raises at
+    call time. (Arithmetic with a scalar wraps instead.)"""
     if dtype.is_floating_point or dtype.is_complex or dtype == torch.bool:
         return
     info = torch.iinfo(dtype)
@@ -181,11 +178,10 @@ def pointwise_lowering(op_name: str, kind: str = "arith") -> Callable:
 
 
 def round_scalars(args: Sequence, dtype: torch.dtype, keep=()) -> list:
-    """``args`` with each Python float but those at ``keep`` rounded to fp16/bf16 ``dtype``
-    on the CPU, as eager's CPU kernels convert a scalar operand (``half + 70000`` is inf,
-    ``70000 // half`` NaN: s201 #5477) except mul's and the divisions' second, kept in
-    float. A 0-dim float tensor of another dtype is such a scalar too (``half + torch.tensor(0.1)``
-    adds fp16's 0.0999755859375). CUDA's kernels keep scalars in float, as coil does there."""
+    """``args`` with each Python float but those at ``keep`` rounded to fp16/bf16 ``dtype`` on the CPU, as eager's CPU
+    kernels convert a scalar operand (``half + 70000`` is inf, ``70000 // half`` NaN: s201 #5477) except mul's and the
+    divisions' second, kept in float. A 0-dim float tensor of another dtype is such a scalar too (``half +
+    torch.tensor(0.1)`` adds fp16's 0.0999755859375). CUDA's kernels keep scalars in float, as coil does there."""
     if dtype not in (torch.float16, torch.bfloat16) or device().type != "cpu":
         return list(args)
 
@@ -238,9 +234,8 @@ LOGICAL = {aten.logical_and: "logical_and", aten.logical_or: "logical_or",
 PREDICATES = {aten.isnan: "isnan", aten.isinf: "isinf", aten.signbit: "signbit"}
 
 def _integral_lowering(name: str) -> Callable:
-    """A bitwise op: floating-point operands run as the ATen op, which raises eager's
-    error (``float ^ 2.5``: a Triton kernel of it does not compile for a GPU, and an
-    empty one raised nothing)."""
+    """A bitwise op: floating-point operands run as the ATen op, which raises eager's error (``float ^ 2.5``: a Triton
+    kernel of it does not compile for a GPU, and an empty one raised nothing)."""
     lower = pointwise_lowering(name)
 
     def f(*args):
@@ -289,9 +284,8 @@ def _pow_scalar(x, exponent):
 
 @register_lowering(aten.round.decimals)
 def _round_decimals(x, *, decimals=0):
-    """``round(x, decimals)`` as ATen computes it: ``rint(x * 10^d) / 10^d`` for
-    ``d >= 0``, ``rint(x / 10^-d) * 10^-d`` for ``d < 0`` (half to even), with the
-    power of ten in the compute dtype (ATen's round_decimals_kernel)."""
+    """``round(x, decimals)`` as ATen computes it: ``rint(x * 10^d) / 10^d`` for ``d >= 0``, ``rint(x / 10^-d) * 10^-d``
+    for ``d < 0`` (half to even), with the power of ten in the compute dtype (ATen's round_decimals_kernel)."""
     odt = out_dtype()
     cdt = compute_dtype(odt)
     if not odt.is_floating_point:
@@ -319,12 +313,11 @@ def _div(a, b):
 
 
 def _float_floordiv(cdt):
-    """Python's float floor division, as eager computes it: ``floor(a / b)`` rounds the
-    quotient first (``1.0 // 0.1`` would be 10, Python and eager give 9; ``inf // 2``
-    would be inf, not NaN). With ``m = fmod(a, b)`` (exact), ``d = (a - m) / b`` is an
-    integer up to rounding, corrected by 1 when ``m`` and ``b`` have opposite signs,
-    then rounded to the nearest integer; a zero result takes the sign of ``a / b``, and
-    ``b == 0`` gives IEEE ``a / b`` (CPython's ``float_floor_div``)."""
+    """Python's float floor division, as eager computes it: ``floor(a / b)`` rounds the quotient first (``1.0 // 0.1``
+    would be 10, Python and eager give 9; ``inf // 2`` would be inf, not NaN). With ``m = fmod(a, b)`` (exact), ``d =
+    (a - m) / b`` is an integer up to rounding, corrected by 1 when ``m`` and ``b`` have opposite signs, then rounded to
+    the nearest integer; a zero result takes the sign of ``a / b``, and ``b == 0`` gives IEEE ``a / b`` (CPython's
+    ``float_floor_div``)."""
     def f(x, y):
         zero, one, half = (ops.constant(v, cdt) for v in (0.0, 1.0, 0.5))
         m = ops.fmod(x, y)
@@ -375,13 +368,11 @@ def _clamp(x, min=None, max=None):
     lmin = loader_as(min, size, cdt) if min is not None else None
     lmax = loader_as(max, size, cdt) if max is not None else None
 
-    # a Python-number bound is a select, so a tie of signed zeros resolves as the device's
-    # eager does, whatever the backend's max/min make of it: on CPU a tie keeps x (eager's
-    # clamp(-0.0, min=0) is -0.0; numpy's maximum, which Triton's interpreter uses, gives
-    # +0.0); on CUDA eager's clamp resolves it as IEEE max/min (max.f32): +0.0 against a
-    # +0.0 lower bound, -0.0 against a -0.0 upper one (Triton's maximum kept -0.0 on the
-    # H200). A NaN x stays NaN. A tensor bound keeps maximum/minimum (it may hold NaN,
-    # which eager propagates).
+    # a Python-number bound is a select, so a tie of signed zeros resolves as the device's eager does, whatever the
+    # backend's max/min make of it: on CPU a tie keeps x (eager's clamp(-0.0, min=0) is -0.0; numpy's maximum, which
+    # Triton's interpreter uses, gives +0.0); on CUDA eager's clamp resolves it as IEEE max/min (max.f32): +0.0 against
+    # a +0.0 lower bound, -0.0 against a -0.0 upper one (Triton's maximum kept -0.0 on the H200). A NaN x stays NaN. A
+    # tensor bound keeps maximum/minimum (it may hold NaN, which eager propagates).
     cuda = device().type != "cpu"
     sel_min = isinstance(min, (int, float)) and not isinstance(min, bool) and min == min
     sel_max = isinstance(max, (int, float)) and not isinstance(max, bool) and max == max
@@ -420,9 +411,8 @@ def _to_copy(x, *args, **kwargs):
     load = broadcast_loader(x, size) if list(x.get_size()) != list(size) else x.make_loader()
     src = x.get_dtype()
     if src != odt and compute_dtype(src) != src and _unrounded(x):
-        # an fp16/bf16 body computed here is still float32: eager converts the rounded
-        # value ((x.half() * 2).float() is inf for x = 65504; 2.9999 rounds to 3 before
-        # .int())
+        # an fp16/bf16 body computed here is still float32: eager converts the rounded value ((x.half() * 2).float() is
+        # inf for x = 65504; 2.9999 rounds to 3 before .int())
         rounded = load
         load = lambda i: ops.to_dtype(rounded(i), src, compute_dtype(src))
     if src == odt or (compute_dtype(src) == compute_dtype(odt) and src.itemsize <= odt.itemsize):
@@ -521,9 +511,8 @@ def make_reduction(x: TensorBox, dims, keepdim: bool, reduction_type: str,
         box = TensorBox(StorageBox(red))
     elif numel_r == 0:
         if reduction_type not in ("sum", "prod", "any", "welford_reduce"):
-            # max/min/arg* of an empty dim: eager raises "Expected reduction dim to have
-            # non-zero size" at run time (the ATen op, run as an extern kernel, does;
-            # some meta kernels, e.g. bool max.dim, let capture through)
+            # max/min/arg* of an empty dim: eager raises "Expected reduction dim to have non-zero size" at run time (the
+            # ATen op, run as an extern kernel, does; some meta kernels, e.g. bool max.dim, let capture through)
             raise FallbackToExtern(f"{reduction_type} over an empty dim")
         init = {"sum": 0, "prod": 1, "any": False}.get(reduction_type, float("nan"))
         return _full(_kept_size(size, dims, keepdim), init, dtype)
@@ -554,11 +543,10 @@ def make_reduction(x: TensorBox, dims, keepdim: bool, reduction_type: str,
 
 
 def _memory_inner_dim(x: TensorBox, size: list) -> Optional[int]:
-    """The dim of ``x`` that most of its loads step through contiguously (index
-    coefficient 1), or None when no load says: the memory order a split reduction's
-    partials follow (:func:`_split_reduction`). A channels-last ``(N, C, H, W)`` input
-    gives 1, so BatchNorm's statistics over ``(N, H, W)`` split as a leading reduction
-    (partials along C, loads coalesced), not as rows of stride-C loads."""
+    """The dim of ``x`` that most of its loads step through contiguously (index coefficient 1), or None when no load
+    says: the memory order a split reduction's partials follow (:func:`_split_reduction`). A channels-last ``(N, C, H,
+    W)`` input gives 1, so BatchNorm's statistics over ``(N, H, W)`` split as a leading reduction (partials along C,
+    loads coalesced), not as rows of stride-C loads."""
     from collections import Counter
 
     from coil.ir.handlers import DependencyRecorder
@@ -578,8 +566,7 @@ SPLITTABLE = {"sum": "sum", "prod": "prod", "max": "max", "min": "min", "any": "
 
 def _split_factor(ranges, numel_r: int, reduction_type: str, leading: bool = False,
                   device: Optional[torch.device] = None) -> int:
-    """How many partial reductions to run per output (1: no split); see
-    :func:`_split_decision`."""
+    """How many partial reductions to run per output (1: no split); see :func:`_split_decision`."""
     return _split_decision(ranges, numel_r, reduction_type, leading, device)[0]
 
 
@@ -587,16 +574,14 @@ def _split_decision(ranges, numel_r: int, reduction_type: str, leading: bool = F
                     device: Optional[torch.device] = None) -> tuple[int, str]:
     """``(S, reason)``: ``S`` partial reductions per output (1: no split) and why.
 
-    Few outputs with long reductions (a full ``x.sum()``, ``bias_grad = g.sum(0)``) would
-    run on too few programs: split the reduction in ``S`` chunks (a power of two) so there
-    are ~8k partials of >= 512 elements. ``leading`` (reduced dims first, the kernel tiles
-    64-256 outputs per program): 1k-32k outputs split up to 64k partials of >= 1024 rows
-    (>= 512 under 4k partials), and on a GPU fewer than 4096 outputs over 256-2047 rows
-    split to about one program per SM. Leading reductions and at most
-    :data:`RAGGED_SPLIT_MAX_OUTPUTS` outputs may end in a ragged chunk. On a GPU a row
-    reduction (one program per row) splits only with fewer rows than SMs and rows of >=
-    :data:`GPU_SPLIT_MIN_RNUMEL`. docs/codegen.md ("Split reductions on a GPU") has the
-    measurements behind each rule."""
+    Few outputs with long reductions (a full ``x.sum()``, ``bias_grad = g.sum(0)``) would run on too few programs: split
+    the reduction in ``S`` chunks (a power of two) so there are ~8k partials of >= 512 elements. ``leading`` (reduced
+    dims first, the kernel tiles 64-256 outputs per program): 1k-32k outputs split up to 64k partials of >= 1024 rows
+    (>= 512 under 4k partials), and on a GPU fewer than 4096 outputs over 256-2047 rows split to about one program
+    per SM. Leading reductions and at most :data:`RAGGED_SPLIT_MAX_OUTPUTS` outputs may end in a ragged chunk. On a
+    GPU a row reduction (one program per row) splits only with fewer rows than SMs and rows of >=
+    :data:`GPU_SPLIT_MIN_RNUMEL`. docs/codegen.md ("Split reductions on a GPU") has the measurements behind each
+    rule."""
     if reduction_type not in SPLITTABLE:
         return 1, "not_splittable"
     numel_out = _numel(ranges)
@@ -612,9 +597,8 @@ def _split_decision(ranges, numel_r: int, reduction_type: str, leading: bool = F
         s = 1
         while numel_out * s * 2 <= 65536 and numel_r // (s * 2) >= 1024:
             s *= 2
-        # fewer than ~4k partial results (about 128 programs of 32 outputs): partials of
-        # >= 512 rows. LLaMA's RMSNorm weight gradients (1024 outputs over 2048 rows)
-        # ran unsplit on 32 programs of a 132-SM H200 (~0.9 TB/s)
+        # fewer than ~4k partial results (about 128 programs of 32 outputs): partials of >= 512 rows. LLaMA's RMSNorm
+        # weight gradients (1024 outputs over 2048 rows) ran unsplit on 32 programs of a 132-SM H200 (~0.9 TB/s)
         while numel_out * s < 4096 and numel_r // (s * 2) >= 512:
             s *= 2
         return (s if s >= 2 else 1), "leading_few_programs"
@@ -625,9 +609,8 @@ def _split_decision(ranges, numel_r: int, reduction_type: str, leading: bool = F
             return 1, "gpu_rows_fill_sms"
         if numel_r < GPU_SPLIT_MIN_RNUMEL:
             return 1, "gpu_rows_short"
-    # chunks of equal size; a ragged last chunk only for full reductions (one output:
-    # unsplit, one program does all the work). A few long rows keep the exact rule, so
-    # their reductions stay fused (softmax's max and sum in one kernel)
+    # chunks of equal size; a ragged last chunk only for full reductions (one output: unsplit, one program does all the
+    # work). A few long rows keep the exact rule, so their reductions stay fused (softmax's max and sum in one kernel)
     exact = numel_out > RAGGED_SPLIT_MAX_OUTPUTS
     s = 1
     while (not exact or numel_r % (s * 2) == 0) and numel_out * s * 2 <= 8192 \
@@ -647,9 +630,8 @@ def _numel(ranges) -> int:
 #: tests add "cpu" to plan a CPU graph like a CUDA one.
 _GPU_SPLIT_DEVICES = ("cuda",)
 
-#: On a GPU, rows shorter than this are not split even when there are fewer rows than
-#: SMs: the unsplit kernel is then latency-bound and a split costs mostly its launches
-#: (the break-even estimate is in docs/codegen.md).
+#: On a GPU, rows shorter than this are not split even when there are fewer rows than SMs: the unsplit kernel is then
+#: latency-bound and a split costs mostly its launches (the break-even estimate is in docs/codegen.md).
 GPU_SPLIT_MIN_RNUMEL = 16384
 
 #: SMs assumed when no CUDA device can be asked (an H200; ``config.gpu_sm_count``).
@@ -688,8 +670,7 @@ def _cuda_sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
-#: Non-leading reductions with at most this many outputs may split into a ragged last
-#: chunk (see :func:`_split_factor`).
+#: Non-leading reductions with at most this many outputs may split into a ragged last chunk (see :func:`_split_factor`).
 RAGGED_SPLIT_MAX_OUTPUTS = 1
 
 
@@ -697,9 +678,8 @@ def _split_reduction(dev, dtype, sdt, inner, ranges, rranges, numel_r, split, re
                      leading: bool) -> TensorBox:
     """Two-stage reduction: ``split`` partial results per output, then reduce those.
 
-    With ``leading`` (the reduced dims come before the kept ones, e.g. ``sum(0)``) the
-    chunk index is the outer dim of the partial buffer so that neighbouring programs
-    read neighbouring memory."""
+    With ``leading`` (the reduced dims come before the kept ones, e.g. ``sum(0)``) the chunk index is the outer dim of
+    the partial buffer so that neighbouring programs read neighbouring memory."""
     from coil.ir.nodes import StorageBox
     from coil.ir.symbols import unflatten
     chunk = -(-numel_r // split)
@@ -771,9 +751,8 @@ def _sum(x, dim=None, keepdim=False, *, dtype=None, output_dtype=None):
 
 
 def _converted(x: TensorBox, dtype: Optional[torch.dtype]) -> TensorBox:
-    """``x.to(dtype)``: a reduction's ``dtype=`` converts the input first, so
-    ``x.sum(dtype=torch.float16)`` adds fp16-rounded elements (inf + -inf is NaN for
-    70000 and -70000) even though the sum itself runs in float32."""
+    """``x.to(dtype)``: a reduction's ``dtype=`` converts the input first, so ``x.sum(dtype=torch.float16)`` adds
+    fp16-rounded elements (inf + -inf is NaN for 70000 and -70000) even though the sum itself runs in float32."""
     if dtype is None or x.get_dtype() == dtype:
         return x
     load, src = x.make_loader(), x.get_dtype()
@@ -784,9 +763,8 @@ def _converted(x: TensorBox, dtype: Optional[torch.dtype]) -> TensorBox:
 
 @register_lowering(aten.prod.dim_int, aten.prod.default)
 def _prod(x, dim=None, keepdim=False, *, dtype=None):
-    """On CPU a float32/fp16/bf16 product accumulates in float64 (docs/ir.md, Numerics):
-    partial products of another order than eager's overflowed in one lane and underflowed
-    in another, and inf * 0 gave NaN where eager gave inf."""
+    """On CPU a float32/fp16/bf16 product accumulates in float64 (docs/ir.md, Numerics): partial products of another
+    order than eager's overflowed in one lane and underflowed in another, and inf * 0 gave NaN where eager gave inf."""
     x = _converted(x, dtype)
     odt = out_dtype()
     if device().type != "cpu" or odt not in (torch.float32, torch.float16, torch.bfloat16):

@@ -1,10 +1,9 @@
 """Lowerings that re-index instead of computing: views, indexing, concatenation,
 padding, scatter-into-slice, creation ops.
 
-Views of realized buffers become :class:`ReinterpretView` (a new strided layout on the
-same storage: extern kernels can take them as ``as_strided`` tensors); views of
-unrealized bodies become :class:`GenericView` (an index function), so a chain of
-views costs nothing until a kernel reads it.
+Views of realized buffers become :class:`ReinterpretView` (a new strided layout on the same storage: extern kernels can
+take them as ``as_strided`` tensors); views of unrealized bodies become :class:`GenericView` (an index function), so a
+chain of views costs nothing until a kernel reads it.
 """
 from __future__ import annotations
 
@@ -94,12 +93,10 @@ def view_strides(old_size, old_stride, new_size) -> Optional[list]:
     copy, or None when no strides can (``Tensor.view``'s rule: each run of old dims that
     are contiguous with each other may be split or merged, never crossed).
 
-    E.g. a (32, 32) slice with strides (96, 1) of a (32, 96) matmul output viewed as
-    (2, 16, 4, 8) gets strides (1536, 96, 8, 1): GPT-2's q/k/v reach attention as views
-    of the QKV projection, like in eager, instead of copies. Symbolic sizes and strides
-    are matched as polynomials (a run of (s0, s1) dims is split into (s0, s1, ...) new
-    dims when the products agree); under dynamic shapes the copies were three kernels
-    per attention layer."""
+    E.g. a (32, 32) slice with strides (96, 1) of a (32, 96) matmul output viewed as (2, 16, 4, 8) gets strides (1536,
+    96, 8, 1): GPT-2's q/k/v reach attention as views of the QKV projection, like in eager, instead of copies. Symbolic
+    sizes and strides are matched as polynomials (a run of (s0, s1) dims is split into (s0, s1, ...) new dims when the
+    products agree); under dynamic shapes the copies were three kernels per attention layer."""
     osz, ost, nsz = ([as_expr(v) for v in xs] for xs in (old_size, old_stride, new_size))
 
     def eq(a, b):
@@ -254,10 +251,9 @@ def _strided_slice(x, dim, start, step, size):
 
 
 def _wrap_index(idx, n):
-    """``idx`` into a dim of size ``n`` as a non-negative position, as eager's select wraps it.
-    A symbolic index's sign and range are guards (decided at the compile-time value): it read
-    ``x[-k]`` at ``-k`` unwrapped, outside the tensor (fresh-user trial). Raises IndexError
-    outside ``[-n, n)``, as eager."""
+    """``idx`` into a dim of size ``n`` as a non-negative position, as eager's select wraps it. A symbolic index's sign
+    and range are guards (decided at the compile-time value): it read ``x[-k]`` at ``-k`` unwrapped, outside the tensor
+    (fresh-user trial). Raises IndexError outside ``[-n, n)``, as eager."""
     n = as_expr(n)
     if is_static(idx):
         idx = int(idx)
@@ -763,10 +759,9 @@ def _scatter(x, dim, index, src):
 @register_lowering(aten.rand, aten.rand_like, aten.randn, aten.randn_like, aten.bernoulli.p,
                    aten.bernoulli.default)
 def _random(*args, **kwargs):
-    """In-kernel Philox random numbers (``tl.rand``/``tl.randn``): one seed per op per
-    call from the wrapper's ``seeds`` buffer, offset = the element's flat index. The
-    stream differs from eager's; ``config.fallback_random``, and a random op off the graph's
-    device (a CPU ``torch.rand([])`` in a GPU graph), run the ATen op instead."""
+    """In-kernel Philox random numbers (``tl.rand``/``tl.randn``): one seed per op per call from the wrapper's ``seeds``
+    buffer, offset = the element's flat index. The stream differs from eager's; ``config.fallback_random``, and a random
+    op off the graph's device (a CPU ``torch.rand([])`` in a GPU graph), run the ATen op instead."""
     from coil.config import config
     from coil.ir.lowering import FallbackToExtern
     g = current_graph()

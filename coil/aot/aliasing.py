@@ -1,11 +1,10 @@
 """Graph inputs that share memory, when the program writes to one of them.
 
-Functionalization treats every input as its own storage, so the inputs of one storage (a *group*:
-``f(a, a[0])``, an expanded input) are replaced by one **synthetic base**, a 1-D tensor spanning the
-memory they cover, and the program is traced as ``with_bases(*other_inputs, *bases)``, which rebuilds each
-member as an ``as_strided`` view of its base. :class:`OverlapGuard` raises :class:`RunEagerly` for a
-write functionalization would get wrong, and a call whose inputs are grouped differently runs eagerly
-(``aot_input_groups_eager``). docs/aot.md, "Inputs sharing memory".
+Functionalization treats every input as its own storage, so the inputs of one storage (a *group*: ``f(a, a[0])``, an
+expanded input) are replaced by one **synthetic base**, a 1-D tensor spanning the memory they cover, and the program is
+traced as ``with_bases(*other_inputs, *bases)``, which rebuilds each member as an ``as_strided`` view of its base.
+:class:`OverlapGuard` raises :class:`RunEagerly` for a write functionalization would get wrong, and a call whose inputs
+are grouped differently runs eagerly (``aot_input_groups_eager``). docs/aot.md, "Inputs sharing memory".
 """
 from __future__ import annotations
 
@@ -60,21 +59,19 @@ class RunEagerly(CoilError):
 
 
 def _overlaps(t: torch.Tensor) -> bool:
-    """Whether elements of ``t`` share memory: it has elements and a dim of size > 1 with
-    stride 0 (when ATen's ``has_internal_overlap`` says yes). Decided from the sizes and
-    strides alone: ATen first asks whether ``t`` is dense, which with symbolic sizes is
-    sympy work (8 ms a view of LLaMA's activations at a symbolic length)."""
+    """Whether elements of ``t`` share memory: it has elements and a dim of size > 1 with stride 0 (when ATen's
+    ``has_internal_overlap`` says yes). Decided from the sizes and strides alone: ATen first asks whether ``t`` is
+    dense, which with symbolic sizes is sympy work (8 ms a view of LLaMA's activations at a symbolic length)."""
     shape = t.shape
     return not any(guard_or_false(n == 0) for n in shape) and any(
         guard_or_false(st == 0) and guard_or_false(n > 1) for n, st in zip(shape, t.stride()))
 
 
 def _partial_overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """ATen's partial overlap of written ``a`` and operand ``b`` (``at::get_overlap_status``), for which an
-    in-place op raises: both dense, in one storage, their byte ranges intersecting but not the same range
-    with the same strides (``x[1:].add_(x[:-1])``, ``x.add_(x.t())``; s210 #3393). Symbolic layouts
-    (``x.copy_(x.t())`` under dynamic shapes) are decided through the ShapeEnv, each comparison a guard;
-    an unbacked size leaves it undecided (False)."""
+    """ATen's partial overlap of written ``a`` and operand ``b`` (``at::get_overlap_status``), for which an in-place op
+    raises: both dense, in one storage, their byte ranges intersecting but not the same range with the same strides
+    (``x[1:].add_(x[:-1])``, ``x.add_(x.t())``; s210 #3393). Symbolic layouts (``x.copy_(x.t())`` under dynamic shapes)
+    are decided through the ShapeEnv, each comparison a guard; an unbacked size leaves it undecided (False)."""
     if a is b or not isinstance(b, torch.Tensor) or \
             StorageWeakRef(a.untyped_storage()) != StorageWeakRef(b.untyped_storage()):
         return False
@@ -117,13 +114,11 @@ def _static(*vals) -> bool:
 
 @dataclasses.dataclass
 class _Group:
-    """Inputs ``members`` of one storage: each ``(input index, size, stride, offset)``,
-    the offset absolute in the storage; the base covers storage elements
-    ``[0, span)``. It starts at the storage's start, so that the ``as_strided`` offsets
-    in the graph (absolute, in ATen) mean the same at run time and inside compilers
-    (whose buffers start at offset 0; ``as_strided_scatter`` keeps its input's offset,
-    which fake tensors do not always say); the cost is copying back the elements
-    before the first member, unchanged."""
+    """Inputs ``members`` of one storage: each ``(input index, size, stride, offset)``, the offset absolute in the
+    storage; the base covers storage elements ``[0, span)``. It starts at the storage's start, so that the
+    ``as_strided`` offsets in the graph (absolute, in ATen) mean the same at run time and inside compilers (whose
+    buffers start at offset 0; ``as_strided_scatter`` keeps its input's offset, which fake tensors do not always say);
+    the cost is copying back the elements before the first member, unchanged."""
 
     members: list
     span: int
@@ -230,11 +225,10 @@ def _covering(ts: list, lo: int, hi: int) -> Optional[torch.Tensor]:
 
 
 def input_groups(fake_args: list, mutated: list) -> Optional[InputGroups]:
-    """The groups to trace through synthetic bases: storages holding a mutated input
-    together with another input, or a mutated input whose elements overlap. None when
-    there are none, or when some group cannot have one (symbolic layouts, several
-    dtypes on one storage): the caller then keeps inputs independent (and refuses or
-    runs aliased calls eagerly)."""
+    """The groups to trace through synthetic bases: storages holding a mutated input together with another input, or a
+    mutated input whose elements overlap. None when there are none, or when some group cannot have one (symbolic
+    layouts, several dtypes on one storage): the caller then keeps inputs independent (and refuses or runs aliased calls
+    eagerly)."""
     if not mutated:
         return None
     by_storage: dict = {}
@@ -271,11 +265,10 @@ def input_groups(fake_args: list, mutated: list) -> Optional[InputGroups]:
 
 
 class OverlapGuard(TorchDispatchMode):
-    """While a program runs under functionalization (``analyze`` runs every program with
-    it), :class:`RunEagerly` is raised for an in-place write to overlapping memory or,
-    into an input's storage, outside the elements of every one of ``inputs`` (the
-    program's arguments, before it runs), an ``as_strided_`` past the tensor's storage
-    as functionalization sizes it, and an op that eager refuses for its scalar or index dtype."""
+    """While a program runs under functionalization (``analyze`` runs every program with it), :class:`RunEagerly` is
+    raised for an in-place write to overlapping memory or, into an input's storage, outside the elements of every one of
+    ``inputs`` (the program's arguments, before it runs), an ``as_strided_`` past the tensor's storage as
+    functionalization sizes it, and an op that eager refuses for its scalar or index dtype."""
 
     def __init__(self, inputs=()):
         super().__init__()
@@ -325,8 +318,7 @@ def inside(t: torch.Tensor, itemsize: int, x_addrs, x_lo: int, x_hi: int) -> boo
 
 
 def _addresses(t: torch.Tensor) -> tuple:
-    """(byte offsets of ``t``'s elements in its storage, or None when they fill
-    [lo, hi) densely; lo; hi)."""
+    """(byte offsets of ``t``'s elements in its storage, or None when they fill [lo, hi) densely; lo; hi)."""
     lo, end = _extent(t)
     size = t.dtype.itemsize
     if end - lo == t.numel() or t.numel() == 0:
@@ -406,9 +398,8 @@ def _eager_refuses(func, args, kwargs) -> Optional[str]:
 
 
 def _error_on_empty(func, args, kwargs, as_long=frozenset()) -> Optional[str]:
-    """What eager's ``func`` raises (its message) on real empty tensors of the arguments'
-    dtypes (int64 for the arguments whose position or name is in ``as_long``), ranks and
-    devices; None if it runs."""
+    """What eager's ``func`` raises (its message) on real empty tensors of the arguments' dtypes (int64 for the
+    arguments whose position or name is in ``as_long``), ranks and devices; None if it runs."""
     def empty(dtype):
         return lambda x: torch.empty((0,) * x.dim(), dtype=dtype or x.dtype, device=x.device)
 

@@ -1,12 +1,11 @@
 """Tracing a torch-level program to functional ATen graphs, on fake tensors.
 
-:func:`analyze` runs the program once under ``FunctionalTensorMode`` without recording a graph and
-writes down what the runtime wrapper must do (:class:`ProgramInfo`: mutated inputs, outputs that alias
-inputs or each other, outputs requiring grad). :func:`trace_inference` / :func:`trace_joint` trace it
-under ``make_fx`` + functionalization + coil's decompositions to one flat-argument ATen GraphModule,
-``(*inputs) -> (*mutated_input_values, *graph_outputs)``, or for the joint ``(*primals, *tangents) ->
-(*mutated_input_values, *graph_outputs, *input_grads)`` (``JointInfo.grad_is_none`` lists dropped grads).
-"Graph outputs" own their storage; aliases are rebuilt by :mod:`coil.aot.runtime`. The graphs'
+:func:`analyze` runs the program once under ``FunctionalTensorMode`` without recording a graph and writes down what the
+runtime wrapper must do (:class:`ProgramInfo`: mutated inputs, outputs that alias inputs or each other, outputs
+requiring grad). :func:`trace_inference` / :func:`trace_joint` trace it under ``make_fx`` + functionalization + coil's
+decompositions to one flat-argument ATen GraphModule, ``(*inputs) -> (*mutated_input_values, *graph_outputs)``, or for
+the joint ``(*primals, *tangents) -> (*mutated_input_values, *graph_outputs, *input_grads)`` (``JointInfo.grad_is_none``
+lists dropped grads). "Graph outputs" own their storage; aliases are rebuilt by :mod:`coil.aot.runtime`. The graphs'
 invariants (functional, no ``prims.*``, ``meta["val"]`` everywhere): docs/aot.md.
 """
 from __future__ import annotations

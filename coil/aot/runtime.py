@@ -1,13 +1,11 @@
 """Runtime wrappers: make compiled functional graphs behave like the eager program.
 
-Around the compiled forward (and backward): replay input mutations (copy the graph's new
-values into the real inputs, under ``no_grad`` when eager's were) and metadata mutations
-(``as_strided_`` to eager's final layout); regenerate aliased outputs as real views
-(``as_strided`` of their base; sizes from the inputs' symbols under dynamic shapes,
-:func:`symbolic_evaluator`); in training, run the forward/backward pair inside an
-``autograd.Function`` with eager's saved-tensor, non-differentiable-output and
-unused-input behaviour, raising :data:`DOUBLE_BACKWARD_MESSAGE` on double backward.
-docs/aot.md ("Runtime wrappers") has the details; ``benchmarks/aot_overhead.py`` the cost.
+Around the compiled forward (and backward): replay input mutations (copy the graph's new values into the real inputs,
+under ``no_grad`` when eager's were) and metadata mutations (``as_strided_`` to eager's final layout); regenerate
+aliased outputs as real views (``as_strided`` of their base; sizes from the inputs' symbols under dynamic shapes,
+:func:`symbolic_evaluator`); in training, run the forward/backward pair inside an ``autograd.Function`` with eager's
+saved-tensor, non-differentiable-output and unused-input behaviour, raising :data:`DOUBLE_BACKWARD_MESSAGE` on double
+backward. docs/aot.md ("Runtime wrappers") has the details; ``benchmarks/aot_overhead.py`` the cost.
 """
 from __future__ import annotations
 
@@ -335,9 +333,8 @@ def inference_runner(compiled_fw: Callable, info: ProgramInfo) -> Callable:
     grad_enabled, set_grad_enabled = torch.is_grad_enabled, torch._C._set_grad_enabled
 
     def run(*args):
-        # No output of this path requires grad (that is why it was chosen), but the
-        # graph's ATen ops run in the caller's grad mode: ``with no_grad(): return x*2``
-        # on an x that requires grad came back with requires_grad=True.
+        # No output of this path requires grad (that is why it was chosen), but the graph's ATen ops run in the caller's
+        # grad mode: ``with no_grad(): return x*2`` on an x that requires grad came back with requires_grad=True.
         if grad_enabled():
             # torch.no_grad() without its Python context-manager objects (~1 µs a call)
             set_grad_enabled(False)

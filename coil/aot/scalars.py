@@ -1,10 +1,9 @@
 """Python numbers that torch's capture passes as 0-d tensors are read as tensors.
 
-Traced to ATen, such a float (``LayerNorm.eps``, a sampling temperature) is ``s =
-aten._local_scalar_dense(t)`` passed as a Scalar argument, which a code generator would specialize (a
-recompile per value). :func:`tensorize_scalar_reads` rewrites each use to read the tensor, cast to the
-dtype the op computes a Python number in, and checks each rewrite on fake tensors; what cannot be
-rewritten keeps the SymFloat (logged ``aot_scalar_inputs``). docs/aot.md, "Scalar reads".
+Traced to ATen, such a float (``LayerNorm.eps``, a sampling temperature) is ``s = aten._local_scalar_dense(t)`` passed
+as a Scalar argument, which a code generator would specialize (a recompile per value). :func:`tensorize_scalar_reads`
+rewrites each use to read the tensor, cast to the dtype the op computes a Python number in, and checks each rewrite on
+fake tensors; what cannot be rewritten keeps the SymFloat (logged ``aot_scalar_inputs``). docs/aot.md, "Scalar reads".
 """
 from __future__ import annotations
 

@@ -1,14 +1,11 @@
 """Frame entry: the wrapper ``coil.compile`` returns, the per-code-object cache of
 (guard, entry) pairs, recompiles, graph-break plans and eager fallbacks.
 
-Calling a wrapped function binds its arguments (a generated binder with the same
-signature: CPython does the binding), then tries each cache entry of the function's
-code object: the first whose guard returns True runs its entry. A miss translates
-the frame (:func:`_translate`), compiles the graph with the backend and appends a
-new entry; a recompile logs the first failing guard with old and new values. After
-``config.recompile_limit`` entries the code object runs eagerly (logged). Any
-internal error falls back to eager for that code object (logged), or raises under
-``fullgraph=True``.
+Calling a wrapped function binds its arguments (a generated binder with the same signature: CPython does the binding),
+then tries each cache entry of the function's code object: the first whose guard returns True runs its entry. A miss
+translates the frame (:func:`_translate`), compiles the graph with the backend and appends a new entry; a recompile logs
+the first failing guard with old and new values. After ``config.recompile_limit`` entries the code object runs eagerly
+(logged). Any internal error falls back to eager for that code object (logged), or raises under ``fullgraph=True``.
 """
 from __future__ import annotations
 
@@ -340,10 +337,9 @@ def _skipped_module(fn) -> bool:
     from coil.capture.translator import SKIP_MODULES
 
     mod = fn.__globals__.get("__name__", "") or ""
-    # torch's own functions called at a break (grad-mode/autocast helpers, hooks, the
-    # optimizer's step wrapper...) run as plain Python. Capturing torch.optim's step on its
-    # own frame makes graphs with no outputs (in-place parameter updates), which the AOT
-    # runtime cannot run today (IndexError in its epilogue).
+    # torch's own functions called at a break (grad-mode/autocast helpers, hooks, the optimizer's step wrapper...) run
+    # as plain Python. Capturing torch.optim's step on its own frame makes graphs with no outputs (in-place parameter
+    # updates), which the AOT runtime cannot run today (IndexError in its epilogue).
     return mod.split(".")[0] in SKIP_MODULES or mod.startswith("torch.")
 
 
@@ -578,9 +574,8 @@ def _in_exception_block(code, offset: int) -> bool:
 
 def _is_comprehension_cleanup(code, target: int) -> bool:
     """3.12 (PEP 709): is the handler at ``target`` an inlined comprehension's cleanup
-    (``SWAP``/``POP_TOP``/``STORE_FAST`` only, then ``RERAISE``)? Such a handler restores
-    locals that die with the exception anyway, so breaking the graph inside the
-    comprehension is safe. https://peps.python.org/pep-0709/"""
+    (``SWAP``/``POP_TOP``/``STORE_FAST`` only, then ``RERAISE``)? Such a handler restores locals that die with the
+    exception anyway, so breaking the graph inside the comprehension is safe. https://peps.python.org/pep-0709/"""
     if sys.version_info[:2] < (3, 12):
         return False
     for inst in dis.get_instructions(code):
@@ -799,12 +794,11 @@ def _detach_outs(outs, idxs):
 
 
 def _balance_grad_mode(output: OutputGraph) -> bool:
-    """Make the graph's grad-mode switches self-contained: a graph that ends in another mode than it started
-    (a break inside ``with no_grad()``, ``set_grad_enabled(b)`` called as a function, a resume inside
-    ``no_grad`` leaving the block) switches back at its end, and the entry sets the final mode itself: AOT
-    (coil.aot) runs the graph's switches only inside the graph and decides outputs' ``requires_grad`` with the
-    graph's final mode equal to the mode it was called in. Returns whether the entry must call the graph with
-    grad enabled (never, today)."""
+    """Make the graph's grad-mode switches self-contained: a graph that ends in another mode than it started (a break
+    inside ``with no_grad()``, ``set_grad_enabled(b)`` called as a function, a resume inside ``no_grad`` leaving the
+    block) switches back at its end, and the entry sets the final mode itself: AOT (coil.aot) runs the graph's switches
+    only inside the graph and decides outputs' ``requires_grad`` with the graph's final mode equal to the mode it was
+    called in. Returns whether the entry must call the graph with grad enabled (never, today)."""
     graph = output.graph
     setter = torch._C._set_grad_enabled
     switches = [n for n in graph.nodes if n.op == "call_function" and n.target is setter]
@@ -908,10 +902,9 @@ _ONE_INSTRUCTION = {"STORE_ATTR": (2, 0), "DELETE_ATTR": (1, 0), "STORE_SUBSCR":
 
 
 def _operator_form(inst):
-    """``(fn, n_operands)``: a function of the instruction's operands (top of stack last)
-    that computes what the instruction pushes, for instructions that pop their operands and
-    push one value; None for others. The function runs as plain Python (a ``__getitem__``
-    that broke once would break again on its own frame, at more cost per call). The
+    """``(fn, n_operands)``: a function of the instruction's operands (top of stack last) that computes what the
+    instruction pushes, for instructions that pop their operands and push one value; None for others. The function runs
+    as plain Python (a ``__getitem__`` that broke once would break again on its own frame, at more cost per call). The
     operators are the translator's own (``opcodes._BINARY``, ``opcodes._COMPARE``)."""
     import operator
 
@@ -952,10 +945,9 @@ def _depth_after(inst, stack: list):
 
 
 def _emit_trampoline(cg, tx, plan, fn, code, cfg, local_names, local_exprs, resume) -> None:
-    """A graph-break call inside a ``try``/``with`` block: the entry returns
-    ``trampoline(*stack, *locals)``, a resume-style function that runs the call under
-    the frame's own exception table and then returns the captured resume function's
-    result for the rest (``coil/capture/resume.py``, ``make_resume_code(tail=...)``)."""
+    """A graph-break call inside a ``try``/``with`` block: the entry returns ``trampoline(*stack, *locals)``, a
+    resume-style function that runs the call under the frame's own exception table and then returns the captured resume
+    function's result for the rest (``coil/capture/resume.py``, ``make_resume_code(tail=...)``)."""
     (_, next_index, call_fn, call_args, _kw, star, direct, _line, full_stack, start, call_index) = plan
     below = list(tx.stack)
     if any(isinstance(v, NullVariable) for v in below):

@@ -1,11 +1,10 @@
 """Guards: what a captured graph assumed, as one generated Python function.
 
-A :class:`GuardSet` collects boolean Python expressions over :mod:`.source` expressions while a frame
-is translated, then :meth:`GuardSet.build` turns them into ``___guard(<args>, ___f)``: one ``if`` per
-tensor, common source prefixes read once into locals (:func:`_emit_guards`), tensors of exact type
-``Tensor``/``Parameter`` with static sizes checked in C++ by batch (:meth:`GuardSet._batch`).
-:meth:`GuardSet.failures` says which guards failed on a recompile. docs/capture.md ("Guards") gives the
-design, docs/dynamic_shapes.md ("Shape guards") the symbolic part.
+A :class:`GuardSet` collects boolean Python expressions over :mod:`.source` expressions while a frame is translated,
+then :meth:`GuardSet.build` turns them into ``___guard(<args>, ___f)``: one ``if`` per tensor, common source prefixes
+read once into locals (:func:`_emit_guards`), tensors of exact type ``Tensor``/``Parameter`` with static sizes checked
+in C++ by batch (:meth:`GuardSet._batch`). :meth:`GuardSet.failures` says which guards failed on a recompile.
+docs/capture.md ("Guards") gives the design, docs/dynamic_shapes.md ("Shape guards") the symbolic part.
 """
 from __future__ import annotations
 
@@ -196,9 +195,8 @@ class GuardSet:
         return "\n".join(lines) + "\n"
 
     def build(self, argnames: list[str], label: str = ""):
-        """Compile the guard function; returns ``(fn, source_text)``. With
-        ``config.guard_versions``, ``fn`` is the fast guard of :mod:`.guard_versions`
-        (its source is the compile log's artifact ``guards_fast``)."""
+        """Compile the guard function; returns ``(fn, source_text)``. With ``config.guard_versions``, ``fn`` is the fast
+        guard of :mod:`.guard_versions` (its source is the compile log's artifact ``guards_fast``)."""
         from coil.config import config
         from coil.capture.guard_versions import fast_guard
 
@@ -342,19 +340,16 @@ def _contiguous_strides(shape: tuple) -> tuple:
 def tensor_guard(gs: GuardSet, expr: str, t: torch.Tensor, fake=None) -> None:
     """Guard a tensor's type, dtype, device, sizes, strides and requires_grad.
 
-    The six checks stay separate guards (recompile reasons name the one that failed) but
-    are generated as one ``if`` (``group``). Strides: for an exact ``torch.Tensor`` /
-    ``nn.Parameter`` whose sizes are all >= 2 and whose strides are the contiguous ones,
-    the generated code asks ``t.is_contiguous()`` (no tuple built) after the type and
-    shape checks passed: with those sizes, "contiguous" holds exactly when every stride is
-    the product of the later sizes (c10's ``compute_contiguous``), i.e. the same test. The
-    layout is checked too: an MKLDNN tensor (type ``torch.Tensor``) says contiguous with
-    strides ``(1, 0)``.
+    The six checks stay separate guards (recompile reasons name the one that failed) but are generated as one ``if``
+    (``group``). Strides: for an exact ``torch.Tensor`` / ``nn.Parameter`` whose sizes are all >= 2 and whose strides
+    are the contiguous ones, the generated code asks ``t.is_contiguous()`` (no tuple built) after the type and shape
+    checks passed: with those sizes, "contiguous" holds exactly when every stride is the product of the later sizes
+    (c10's ``compute_contiguous``), i.e. the same test. The layout is checked too: an MKLDNN tensor (type
+    ``torch.Tensor``) says contiguous with strides ``(1, 0)``.
 
-    An exact ``Tensor``/``Parameter`` of strided layout is batched instead (``batch``:
-    see :meth:`GuardSet._batch`): frame arguments and globals and their items (no
-    attribute step in ``expr``) in one check, emitted once the last of them is fetched,
-    so a changed input fails before module state is read; the rest in another."""
+    An exact ``Tensor``/``Parameter`` of strided layout is batched instead (``batch``: see :meth:`GuardSet._batch`):
+    frame arguments and globals and their items (no attribute step in ``expr``) in one check, emitted once the last of
+    them is fetched, so a changed input fails before module state is read; the rest in another."""
     if fake is not None and _symbolic(fake):
         return _dynamic_tensor_guard(gs, expr, t, fake)
     shape, stride = tuple(t.shape), tuple(t.stride())
@@ -417,16 +412,14 @@ def _dynamic_tensor_guard(gs: GuardSet, expr: str, t: torch.Tensor, fake) -> Non
 # ------------------------------------------------------------------------------------
 # generating the guard function
 #
-# Every guard becomes ``if not (<code>): return False`` in the order it was added, with
-# source expressions read through locals. A guard's code is parsed (``ast``) to find its
-# *chains*: ``name``, ``.attr`` and ``[constant]`` steps (``self._modules['h']._parameters
-# ['w']``). The chain a guard evaluates first, unconditionally (the left operand of its
-# first comparison, ``type(X)``'s argument, the object of ``X.stride()``), and every prefix
-# of it, is safe to compute one line earlier: it is hoisted into a local when it is the
-# guard's ``src`` or when more than one chain in the function starts with it. Any other
-# chain (read only if an earlier ``and`` operand held) is not computed earlier; only its
-# longest prefix that is already a local is replaced. So each guard evaluates what it did
-# before, in the same order, each shared prefix once.
+# Every guard becomes ``if not (<code>): return False`` in the order it was added, with source expressions read through
+# locals. A guard's code is parsed (``ast``) to find its *chains*: ``name``, ``.attr`` and ``[constant]`` steps
+# (``self._modules['h']._parameters ['w']``). The chain a guard evaluates first, unconditionally (the left operand of
+# its first comparison, ``type(X)``'s argument, the object of ``X.stride()``), and every prefix of it, is safe to
+# compute one line earlier: it is hoisted into a local when it is the guard's ``src`` or when more than one chain in the
+# function starts with it. Any other chain (read only if an earlier ``and`` operand held) is not computed earlier; only
+# its longest prefix that is already a local is replaced. So each guard evaluates what it did before, in the same order,
+# each shared prefix once.
 
 
 def _chain_steps(node) -> Optional[list]:

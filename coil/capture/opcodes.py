@@ -1,10 +1,9 @@
 """One handler per opcode, registered for the CPython versions it serves.
 
-Each handler is ``handler(tx, inst)`` where ``inst`` is a :class:`dis.Instruction`
-(``argval`` already decoded by :mod:`dis`; jump targets are byte offsets). The
-registry is ``HANDLERS[opname]`` for the running interpreter. To add an opcode:
-write the function next to its neighbours, decorate it with
-``@op("NAME", versions)``, and link the ``dis`` documentation of the version(s).
+Each handler is ``handler(tx, inst)`` where ``inst`` is a :class:`dis.Instruction` (``argval`` already decoded by
+:mod:`dis`; jump targets are byte offsets). The registry is ``HANDLERS[opname]`` for the running interpreter. To add an
+opcode: write the function next to its neighbours, decorate it with ``@op("NAME", versions)``, and link the ``dis``
+documentation of the version(s).
 
 Reference: https://docs.python.org/3.11/library/dis.html and
 https://docs.python.org/3.12/library/dis.html (sections "Python Bytecode Instructions").

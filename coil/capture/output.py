@@ -211,11 +211,10 @@ class OutputGraph:
         return vt
 
     def restore_input_layouts(self) -> None:
-        """Give the input fakes back the sizes, strides and offsets they had at the call. Tracing ran the
-        program on them, so after ``x.t_()`` / ``squeeze_`` / ``unsqueeze_`` they describe the input as the
-        program left it; the backend must trace from the input as it is at the call (a stale layout gave wrong
-        input types, size mismatches, and a segfault in functionalization for ``squeeze_`` of a symbolic dim).
-        Called once the graph is complete."""
+        """Give the input fakes back the sizes, strides and offsets they had at the call. Tracing ran the program on
+        them, so after ``x.t_()`` / ``squeeze_`` / ``unsqueeze_`` they describe the input as the program left it; the
+        backend must trace from the input as it is at the call (a stale layout gave wrong input types, size mismatches,
+        and a segfault in functionalization for ``squeeze_`` of a symbolic dim). Called once the graph is complete."""
         for fake, size, stride, offset in self.layouts_at_call:
             if (tuple(fake.shape), fake.stride(), fake.storage_offset()) != (size, stride, offset):
                 with self.fake_mode, torch.no_grad():
@@ -252,8 +251,7 @@ class OutputGraph:
         return f"{f}:{line} in {name}"
 
     def lift_constant_tensor(self, tx, value: torch.Tensor) -> TensorVariable:
-        """A real tensor with no source (made at compile time): an input the entry
-        passes from its namespace."""
+        """A real tensor with no source (made at compile time): an input the entry passes from its namespace."""
         name = self.guards.const(value)
         return self.add_input(tx, value, ConstSource(name))
 
@@ -307,9 +305,8 @@ class EntryCodegen:
         self._symbol_locals: dict[str, str] = {}
 
     def symbol_local(self, source_text: str) -> str:
-        """A local holding ``source_text`` (an input's size, ``x.size()[0]``) as read at
-        the entry's start: the graph may change the input's sizes (``x.t_()``), while a
-        symbol means the size at the call."""
+        """A local holding ``source_text`` (an input's size, ``x.size()[0]``) as read at the entry's start: the graph
+        may change the input's sizes (``x.t_()``), while a symbol means the size at the call."""
         if (name := self._symbol_locals.get(source_text)) is None:
             name = self._symbol_locals[source_text] = f"___z{len(self._symbol_locals)}s"
             self.early.append(f"{name} = {source_text}")

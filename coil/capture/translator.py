@@ -1,20 +1,17 @@
 """InstructionTranslator: symbolic execution of CPython 3.11/3.12 bytecode.
 
-The translator walks a frame's instructions (from :func:`dis.get_instructions`)
-with a stack and locals of :class:`VariableTracker`s; each opcode has one small
-handler in :mod:`coil.capture.opcodes`. Calls to Python functions and
-``nn.Module.forward`` are inlined by an :class:`InliningTranslator` that shares the
+The translator walks a frame's instructions (from :func:`dis.get_instructions`) with a stack and locals of
+:class:`VariableTracker`s; each opcode has one small handler in :mod:`coil.capture.opcodes`. Calls to Python functions
+and ``nn.Module.forward`` are inlined by an :class:`InliningTranslator` that shares the
 :class:`~coil.capture.output.OutputGraph`.
 
-Graph breaks: when an instruction raises :class:`coil.exc.Unsupported` (directly or
-anywhere inside an inlined call), the root translator remembers the offset and
-restarts from scratch (:class:`RestartAnalysis`); on the second pass it stops *before*
-that instruction (:meth:`InstructionTranslator.break_graph`), so the graph holds only
-what ran before it and the stack/locals at that point are known exactly.
+Graph breaks: when an instruction raises :class:`coil.exc.Unsupported` (directly or anywhere inside an inlined call),
+the root translator remembers the offset and restarts from scratch (:class:`RestartAnalysis`); on the second pass it
+stops *before* that instruction (:meth:`InstructionTranslator.break_graph`), so the graph holds only what ran before it
+and the stack/locals at that point are known exactly.
 
-This module also holds the Python semantics shared by the handlers: binary and unary
-operators, attribute access, calls, ``nn.Module`` calls with hooks, object
-construction, iteration and truthiness.
+This module also holds the Python semantics shared by the handlers: binary and unary operators, attribute access, calls,
+``nn.Module`` calls with hooks, object construction, iteration and truthiness.
 """
 from __future__ import annotations
 
@@ -641,8 +638,7 @@ class InstructionTranslatorBase:
                 if not (isinstance(res, ConstantVariable) and res.value is None):
                     args = self.unpack(res) if isinstance(res, TupleVariable) else [res]
         if (inst_forward := m.__dict__.get("forward")) is not None:
-            # ``m.forward = f`` shadows the class's forward, as in Module.__call__; guarded
-            # on that object
+            # ``m.forward = f`` shadows the class's forward, as in Module.__call__; guarded on that object
             if src is not None:
                 e = src.expr()
                 gs.add(f"{e}.__dict__.get('forward') is {gs.const(inst_forward)}",

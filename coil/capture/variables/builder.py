@@ -1,22 +1,15 @@
 """VariableBuilder: real value + source → tracker, adding the guards its use needs.
 
-:func:`wrap` is the only way real objects enter a translation. It de-duplicates by
-identity (one tracker per real object, so aliasing and mutation stay consistent;
-two sources reaching the same tensor get an ``a is b`` guard), chooses the tracker
-class, and adds guards on the value's source:
+:func:`wrap` is the only way real objects enter a translation. It de-duplicates by identity (one tracker per real
+object, so aliasing and mutation stay consistent; two sources reaching the same tensor get an ``a is b`` guard), chooses
+the tracker class, and adds guards on the value's source:
 
-============================  ===========================================
-value                          guard
-============================  ===========================================
-tensor / parameter / buffer    type, dtype, device, shape, stride, requires_grad
-None, bool, Ellipsis           ``x is v``
-int, float, str, ...           ``type(x) is T and x == v``
-dtype, device, enum, class     ``x is ___cN`` (``==`` for devices)
-tuple / list / dict            type and length (items guarded as read)
-function                       ``x.__code__ is ___cN``
-nn.Module / object             ``type(x) is ___cN``
-Python module                  ``x is ___cN``
-============================  ===========================================
+============================ =========================================== value guard ============================
+=========================================== tensor / parameter / buffer type, dtype, device, shape, stride,
+requires_grad None, bool, Ellipsis ``x is v`` int, float, str, ... ``type(x) is T and x == v`` dtype, device, enum,
+class ``x is ___cN`` (``==`` for devices) tuple / list / dict type and length (items guarded as read) function
+``x.__code__ is ___cN`` nn.Module / object ``type(x) is ___cN`` Python module ``x is ___cN``
+============================ ===========================================
 """
 from __future__ import annotations
 

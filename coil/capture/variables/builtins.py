@@ -227,10 +227,9 @@ def _id(tx, args, kwargs):
 
 
 def known_object(tx, vt):
-    """The real object ``vt`` stands for, when it existed before the frame and was read
-    from a source (so a guard can pin its identity); None for tensors, objects made in
-    the traced region, trackers not built from one real object, and bound methods (made
-    afresh by each attribute read, so their id is not stable)."""
+    """The real object ``vt`` stands for, when it existed before the frame and was read from a source (so a guard can
+    pin its identity); None for tensors, objects made in the traced region, trackers not built from one real object, and
+    bound methods (made afresh by each attribute read, so their id is not stable)."""
     from coil.capture.variables.tensor import TensorVariable
 
     if vt.source is None or isinstance(vt, TensorVariable):

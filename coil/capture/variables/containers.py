@@ -1,10 +1,9 @@
 """Trackers for tuples, lists, dicts (incl. OrderedDict), sets, slices and iterators.
 
-Containers hold trackers. Lists, dicts and sets are mutable: a mutation inside the
-frame changes the tracker in place (so aliases see it), and when the container
-existed before the frame (it has a ``source``) the mutation is recorded as a side
-effect; the entry function then writes the final contents back into the real
-object (``src[:] = [...]``, ``src.clear(); src.update(...)``).
+Containers hold trackers. Lists, dicts and sets are mutable: a mutation inside the frame changes the tracker in place
+(so aliases see it), and when the container existed before the frame (it has a ``source``) the mutation is recorded as a
+side effect; the entry function then writes the final contents back into the real object (``src[:] = [...]``,
+``src.clear(); src.update(...)``).
 """
 from __future__ import annotations
 
@@ -621,10 +620,9 @@ class ResumedIteratorVariable(ListIteratorVariable):
     """A tuple or range iterator a resume function receives on its stack: the loop a graph
     break interrupted (``for layer in self.layers``, rebuilt as ``iter((...))`` there).
 
-    Read lazily through its source: the ``i``-th item taken is ``___iter_rest(it)[i]``,
-    guarded by ``length_hint(it) > i`` (and ``== i`` where the loop ends), so one compile
-    serves every position of the loop whose items trace alike, not one per remaining
-    count. At a later break it is the real iterator advanced by the items taken."""
+    Read lazily through its source: the ``i``-th item taken is ``___iter_rest(it)[i]``, guarded by ``length_hint(it) >
+    i`` (and ``== i`` where the loop ends), so one compile serves every position of the loop whose items trace alike,
+    not one per remaining count. At a later break it is the real iterator advanced by the items taken."""
 
     def __init__(self, value, source):
         VariableTracker.__init__(self, source)
@@ -712,16 +710,13 @@ def advanced(it, n: int):
 class GeneratorVariable(ListIteratorVariable):
     """A generator object made by calling a Python generator function in traced code.
 
-    Lazy and incremental: the generator's body is inlined by a suspended
-    ``InliningTranslator`` that runs to its next ``yield`` each time a value is needed
-    (``next``, ``FOR_ITER``), so the body's effects happen where eager Python runs them
-    (``@contextlib.contextmanager``: the code after ``yield`` runs at ``__exit__``). Uses
-    that need all items (``list(g)``, ``sum(g)``, unpacking: the ``items`` property) run it
-    to the end. A generator never started that *escapes* (returned, stored, live at a
-    graph break) is rebuilt by calling the real generator function with the same
-    arguments: the caller gets a real generator object. One that traced code started
-    cannot be rebuilt (its position lives in a real frame): ``reconstruct`` raises
-    ``Unsupported`` and the frame runs eagerly (logged)."""
+    Lazy and incremental: the generator's body is inlined by a suspended ``InliningTranslator`` that runs to its next
+    ``yield`` each time a value is needed (``next``, ``FOR_ITER``), so the body's effects happen where eager Python runs
+    them (``@contextlib.contextmanager``: the code after ``yield`` runs at ``__exit__``). Uses that need all items
+    (``list(g)``, ``sum(g)``, unpacking: the ``items`` property) run it to the end. A generator never started that
+    *escapes* (returned, stored, live at a graph break) is rebuilt by calling the real generator function with the same
+    arguments: the caller gets a real generator object. One that traced code started cannot be rebuilt (its position
+    lives in a real frame): ``reconstruct`` raises ``Unsupported`` and the frame runs eagerly (logged)."""
 
     def __init__(self, tx, fn, args, kwargs, start):
         VariableTracker.__init__(self, None)

@@ -1,7 +1,6 @@
-"""Trackers for callables written in Python: functions, closures, bound methods,
-``functools.partial``. Calling one inlines its bytecode into the current graph
-(:meth:`InstructionTranslator.inline_call`); a graph break inside an inlined call
-breaks at the call in the root frame, whose callee is then captured on its own.
+"""Trackers for callables written in Python: functions, closures, bound methods, ``functools.partial``. Calling one
+inlines its bytecode into the current graph (:meth:`InstructionTranslator.inline_call`); a graph break inside an inlined
+call breaks at the call in the root frame, whose callee is then captured on its own.
 """
 from __future__ import annotations
 

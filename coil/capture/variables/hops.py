@@ -1,11 +1,10 @@
 """Higher-order operators in capture: ``torch.cond`` and activation checkpointing.
 
-Capture traces each function argument in its own scope (:func:`trace_subgraph`) and cuts the nodes it
-added out into a ``torch.fx.Graph`` whose inputs are the operands, then every parent value read
-(*lifted*). The parent graph holds the subgraphs as ``GraphModule`` attributes and calls
-``torch.ops.higher_order.<op>`` on them, as torch's capture does, so AOT's ``make_fx`` applies the
-operator's own rules. Side effects inside are graph breaks; in-place writes to operands and mismatched
-branches are ``UserError`` s. ``checkpoint`` is traced inline and tags its nodes ``meta["recompute"]``
+Capture traces each function argument in its own scope (:func:`trace_subgraph`) and cuts the nodes it added out into a
+``torch.fx.Graph`` whose inputs are the operands, then every parent value read (*lifted*). The parent graph holds the
+subgraphs as ``GraphModule`` attributes and calls ``torch.ops.higher_order.<op>`` on them, as torch's capture does, so
+AOT's ``make_fx`` applies the operator's own rules. Side effects inside are graph breaks; in-place writes to operands
+and mismatched branches are ``UserError`` s. ``checkpoint`` is traced inline and tags its nodes ``meta["recompute"]``
 for the partitioner. docs/hops.md, "Capture".
 """
 from __future__ import annotations
@@ -105,12 +104,11 @@ def _cells_of(fn_vt) -> dict:
 
 def trace_subgraph(tx, fn_vt, operands: list, what: str, alias_ok: bool = True,
                    call: Optional[tuple] = None, flatten=None) -> Subgraph:
-    """Trace ``fn_vt(*operands)`` as a subgraph in its own scope (see module docstring). ``what`` names it in
-    messages (``"torch.cond true_fn"``). An output that is (a view of) an input is cloned, or with
-    ``alias_ok=False`` a UserError (eager's cond refuses it). ``call=(args, kwargs)`` calls ``fn_vt(*args,
-    **kwargs)`` instead, ``operands`` being the tensors among them (the rest of what the call reads is
-    lifted). ``flatten(result, what) -> (tensors, structure)`` (default :func:`_flat_outputs`) flattens the
-    function's result."""
+    """Trace ``fn_vt(*operands)`` as a subgraph in its own scope (see module docstring). ``what`` names it in messages
+    (``"torch.cond true_fn"``). An output that is (a view of) an input is cloned, or with ``alias_ok=False`` a UserError
+    (eager's cond refuses it). ``call=(args, kwargs)`` calls ``fn_vt(*args, **kwargs)`` instead, ``operands`` being the
+    tensors among them (the rest of what the call reads is lifted). ``flatten(result, what) -> (tensors, structure)``
+    (default :func:`_flat_outputs`) flattens the function's result."""
     out = tx.output
     graph = out.graph
     before = set(graph.nodes)
@@ -651,12 +649,11 @@ def call_checkpoint(tx, args: list, kwargs: dict) -> VariableTracker:
 # --------------------------------------------------------------------------- nested_compile_region
 
 def call_region(tx, fn_vt, args: list, kwargs: dict) -> VariableTracker:
-    """A ``torch.compiler.nested_compile_region`` call: ``fn(*args, **kwargs)`` traced as a subgraph (tensor
-    arguments are operands, what else it reads is lifted) called by :func:`coil.aot.regions.invoke_region`; a
-    call whose subgraph equals an earlier one's (:func:`_region_key`) reuses it, so AOT compiles it once.
-    Traced at every call: the Python state it reads (a rebound global) is in its graph. A body that cannot be
-    a subgraph (side effect, write to an input, output aliasing an input) is inlined, logged as
-    ``region_inlined``."""
+    """A ``torch.compiler.nested_compile_region`` call: ``fn(*args, **kwargs)`` traced as a subgraph (tensor arguments
+    are operands, what else it reads is lifted) called by :func:`coil.aot.regions.invoke_region`; a call whose subgraph
+    equals an earlier one's (:func:`_region_key`) reuses it, so AOT compiles it once. Traced at every call: the Python
+    state it reads (a rebound global) is in its graph. A body that cannot be a subgraph (side effect, write to an input,
+    output aliasing an input) is inlined, logged as ``region_inlined``."""
     from coil.aot.regions import invoke_region
 
     out = tx.output
@@ -755,9 +752,8 @@ def hop_handler(value):
         import torch._higher_order_ops as hops
         import torch.utils.checkpoint as ckpt
 
-        # the public operator functions of torch._higher_order_ops (scan, associative_scan,
-        # ...) not captured: a graph break naming them (not their helpers, e.g.
-        # nested_compile_region's wrapper, which is inlined)
+        # the public operator functions of torch._higher_order_ops (scan, associative_scan, ...) not captured: a graph
+        # break naming them (not their helpers, e.g. nested_compile_region's wrapper, which is inlined)
         for name, v in vars(hops).items():
             if not name.startswith("_") and isinstance(v, types.FunctionType):
                 _HANDLERS[v] = _not_captured

@@ -1,12 +1,11 @@
 """Trackers for objects: nn.Modules, user-defined objects and classes, Python modules,
 objects created inside the frame, and ``ModelOutput``-style dataclass dicts.
 
-Attribute reads follow Python's lookup order statically (:func:`lookup_attr`):
-pending writes made earlier in the frame, data descriptors (properties are inlined),
-the instance ``__dict__``, ``nn.Module``'s ``_parameters``/``_buffers``/``_modules``,
-then class attributes (functions become bound methods) and finally a user
-``__getattr__`` (inlined). Values read from real objects are wrapped with a source so
-guards cover them; parameters and buffers become graph inputs.
+Attribute reads follow Python's lookup order statically (:func:`lookup_attr`): pending writes made earlier in the frame,
+data descriptors (properties are inlined), the instance ``__dict__``, ``nn.Module``'s
+``_parameters``/``_buffers``/``_modules``, then class attributes (functions become bound methods) and finally a user
+``__getattr__`` (inlined). Values read from real objects are wrapped with a source so guards cover them; parameters and
+buffers become graph inputs.
 """
 from __future__ import annotations
 
@@ -28,8 +27,7 @@ from coil.capture.variables.functions import (UserFunctionVariable, UserMethodVa
 
 
 class AttributeMissing(Exception):
-    """Attribute lookup failed (AttributeError in eager); ``getattr(o, n, default)``
-    and ``hasattr`` catch it."""
+    """Attribute lookup failed (AttributeError in eager); ``getattr(o, n, default)`` and ``hasattr`` catch it."""
 
 
 _SENTINEL = object()
@@ -169,11 +167,10 @@ def lookup_attr(tx, vt: ObjectVariableBase, name: str, generic: bool = False):
 
 
 def _call_lru_cached(tx, vt, args, kwargs):
-    """A ``functools.lru_cache`` function called with constant arguments
-    (transformers' ``is_torch_distributed_available()``): called for real at trace time,
-    as eager calls it, and guarded by calling it again, a cache hit, which must give the
-    same object. Its body runs where eager's first call runs it, never once per compiled
-    call. Other arguments, or a result holding a tensor, stay a graph break."""
+    """A ``functools.lru_cache`` function called with constant arguments (transformers'
+    ``is_torch_distributed_available()``): called for real at trace time, as eager calls it, and guarded by calling it
+    again, a cache hit, which must give the same object. Its body runs where eager's first call runs it, never once per
+    compiled call. Other arguments, or a result holding a tensor, stay a graph break."""
     from coil.capture.variables.builder import wrap
 
     if vt.source is None or not all(isinstance(a, ConstantVariable)
@@ -200,10 +197,9 @@ _DICT_READS = ("get", "__getitem__", "__contains__")
 
 
 def _dict_lookup(tx, vt, name, args, kwargs):
-    """``d.get(k)`` / ``d[k]`` / ``k in d`` on a pre-existing dict whose keys are not all
-    literals (huggingface_hub's validator table keyed by types): looked up in the real
-    dict, guarded on what the lookup found (the same object, or still missing). None when
-    it does not apply (new dicts, unhashable or traced keys, tensor results)."""
+    """``d.get(k)`` / ``d[k]`` / ``k in d`` on a pre-existing dict whose keys are not all literals (huggingface_hub's
+    validator table keyed by types): looked up in the real dict, guarded on what the lookup found (the same object, or
+    still missing). None when it does not apply (new dicts, unhashable or traced keys, tensor results)."""
     from coil.capture.variables.builder import wrap
 
     d = vt.value
@@ -437,12 +433,11 @@ class InFrameModuleVariable(NNModuleVariable):
     """A parameter-free ``torch.nn`` module built inside the frame from constant
     arguments (``nn.CrossEntropyLoss(ignore_index=-100)(logits, y)``, ``nn.ReLU()(x)``).
 
-    The instance is built for real at trace time and used like a sourceless submodule:
-    its forward is inlined and its attributes are constants. Nothing is guarded on it:
-    the compiled code never sees it, and a rebuild (at a graph break, or when it escapes
-    the frame) constructs a fresh one from the same arguments, as each eager call does.
-    Only classes defined in ``torch.nn.modules`` qualify (their ``__init__`` has no side
-    effects); one that gets parameters or buffers, or a tensor argument, is a graph break.
+    The instance is built for real at trace time and used like a sourceless submodule: its forward is inlined and its
+    attributes are constants. Nothing is guarded on it: the compiled code never sees it, and a rebuild (at a graph
+    break, or when it escapes the frame) constructs a fresh one from the same arguments, as each eager call does. Only
+    classes defined in ``torch.nn.modules`` qualify (their ``__init__`` has no side effects); one that gets parameters
+    or buffers, or a tensor argument, is a graph break.
     """
 
     def __init__(self, value, args: tuple, kwargs: dict):
@@ -712,9 +707,8 @@ def is_model_output_class(cls) -> bool:
 
 
 class DataClassDictVariable(DictVariable):
-    """A ``ModelOutput``-style object built in the frame: a dataclass whose non-None
-    fields are also its dict items (keys in field order). Supports attribute and
-    item access, ``to_tuple()``, and is rebuilt as ``cls(**items)``."""
+    """A ``ModelOutput``-style object built in the frame: a dataclass whose non-None fields are also its dict items
+    (keys in field order). Supports attribute and item access, ``to_tuple()``, and is rebuilt as ``cls(**items)``."""
 
     def __init__(self, cls, items: dict):
         super().__init__(items, user_cls=cls)

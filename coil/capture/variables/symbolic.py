@@ -32,9 +32,8 @@ _BINARY = {operator.add: operator.add, operator.iadd: operator.add, operator.sub
 
 
 class SymNodeVariable(VariableTracker):
-    """A symbolic int/float/bool (see module docstring). ``recipe`` makes its graph node
-    on first use: ``("size"|"stride", tensor_vt, dim)``, ``("numel", tensor_vt)``,
-    ``("op", fn, operands)`` or ``("node", node)``."""
+    """A symbolic int/float/bool (see module docstring). ``recipe`` makes its graph node on first use:
+    ``("size"|"stride", tensor_vt, dim)``, ``("numel", tensor_vt)``, ``("op", fn, operands)`` or ``("node", node)``."""
 
     def __init__(self, output, value, recipe):
         super().__init__(None)

@@ -53,9 +53,8 @@ _DEVICE_QUERIES = {inspect.unwrap(f) for f in (
     torch.cuda.get_device_capability, torch.cuda.device_count, torch.cuda.get_device_name,
     torch.cuda.is_bf16_supported)}
 
-# compared unwrapped: torch wraps some of them later (torch._dynamo replaces torch.manual_seed
-# by a disable-wrapper on import, after which ``manual_seed`` in a compiled function was
-# dropped: it ran once, while tracing; fresh-user trial)
+# compared unwrapped: torch wraps some of them later (torch._dynamo replaces torch.manual_seed by a disable-wrapper on
+# import, after which ``manual_seed`` in a compiled function was dropped: it ran once, while tracing; fresh-user trial)
 _DENY = {inspect.unwrap(f) for f in (
     torch.manual_seed, torch.seed, torch.set_rng_state, torch.get_rng_state, torch.set_default_dtype,
     torch.use_deterministic_algorithms, torch.set_printoptions, torch.save, torch.load,
@@ -304,10 +303,9 @@ class DecoratedFunctionVariable(VariableTracker):
 
 
 class ResumedGradModeVariable(GradModeVariable):
-    """A grad-mode block entered before a graph break and left in a resume function.
-    Leaving it is traced, except when it turns grad back *on* in a graph called with
-    grad off: that exit is a graph break (the real ``__exit__`` runs), so every graph's
-    grad-enabled regions start in the mode it is called in (what AOT supports)."""
+    """A grad-mode block entered before a graph break and left in a resume function. Leaving it is traced, except when
+    it turns grad back *on* in a graph called with grad off: that exit is a graph break (the real ``__exit__`` runs), so
+    every graph's grad-enabled regions start in the mode it is called in (what AOT supports)."""
 
     def exit(self, tx):
         if self.prev and not torch.is_grad_enabled() and not tx.output.initial_grad:

@@ -32,8 +32,7 @@ _MODE_OPTIONS = {
 
 
 def _backend_name(backend: Union[str, Callable]) -> str:
-    return backend if isinstance(backend, str) else (getattr(backend, "__name__", None)
-                                                     or type(backend).__name__)
+    return backend if isinstance(backend, str) else (getattr(backend, "__name__", None) or type(backend).__name__)
 
 
 def _wrap_backend(backend: Callable, name: str, options: dict) -> Callable:
@@ -191,8 +190,7 @@ def compile(fn_or_module: Union[Callable, torch.nn.Module, None] = None, *,
         from coil import capture
 
         def capture_it(t):
-            return capture.wrap_callable(t, backend=backend_fn, fullgraph=fullgraph,
-                                         dynamic=dynamic, options=merged)
+            return capture.wrap_callable(t, backend=backend_fn, fullgraph=fullgraph, dynamic=dynamic, options=merged)
 
         if isinstance(target, torch.nn.Module):
             return OptimizedModule(target, capture_it(target), capture_it,

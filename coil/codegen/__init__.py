@@ -224,8 +224,7 @@ def _compile(gm, example_inputs, device, env) -> "CompiledGraph":
                 if (tiled := _tiling(s, be)) is not None:
                     # a 2-D tiled pointwise kernel: planned like a persistent reduction kernel without reductions over
                     # (Y, X); the Triton backend gives it a 2-D grid instead of a loop (codegen/tiling.py)
-                    plan = KernelPlan(FusedGroup(s.nodes, tiled[0], tiled[1], s.order), graph, live,
-                                      tiled=True)
+                    plan = KernelPlan(FusedGroup(s.nodes, tiled[0], tiled[1], s.order), graph, live, tiled=True)
                 else:
                     plan = KernelPlan(s, graph, live, be.persistent_rnumel)
                 kind = "til" if tiled is not None else "poi" if plan.rnumel == 1 else \
@@ -241,8 +240,7 @@ def _compile(gm, example_inputs, device, env) -> "CompiledGraph":
                 wait()
         # a backward recorded as a CUDA graph may release the forward's saved
         # activations as it goes (runtime/cudagraph_trees.py: Tree._lend_saved)
-        boxed = config.cudagraphs and gm.meta.get("coil_aot_graph") == "backward" and \
-            not gm.meta.get("coil_aot_piece")
+        boxed = config.cudagraphs and gm.meta.get("coil_aot_graph") == "backward" and not gm.meta.get("coil_aot_piece")
         source, glb = WrapperCodegen(graph, sched.steps, kernels, boxed=boxed).generate()
         if trace.enabled():
             trace.artifact("wrapper", lambda: source, kind="python")

@@ -87,8 +87,7 @@ class KernelPlan:
         self.input_names = list(dict.fromkeys(
             n for pn in self.nodes for n, _ in kernel_deps(pn.buffer, self.numel, self.rnumel).loads
             if n not in own))
-        self.output_names = [pn.name for pn in self.nodes
-                             if pn.name in live_after or pn.name in cross_section]
+        self.output_names = [pn.name for pn in self.nodes if pn.name in live_after or pn.name in cross_section]
         self.removed_names = [pn.name for pn in self.nodes if pn.name not in self.output_names]
 
     def replan(self, persistent_limit: int) -> None:
@@ -129,7 +128,6 @@ class KernelPlan:
         return self.graph.name_to_buffer[name]
 
     def describe(self) -> str:
-        kind = "pointwise" if self.rnumel == 1 else ("persistent reduction" if self.persistent
-                                                     else "looped reduction")
+        kind = "pointwise" if self.rnumel == 1 else ("persistent reduction" if self.persistent else "looped reduction")
         return (f"{kind} numel={self.numel} rnumel={self.rnumel} nodes="
                 f"{[p.name for p in self.nodes]} stores={self.output_names} removed={self.removed_names}")

@@ -400,8 +400,7 @@ class WrapperCodegen:
                 outs.append(self._arg(o.value))
         L.append(f"    return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
         needed: set = set()
-        _free_size_symbols([list(g.buffers)] + [[o.size, o.stride, o.offset, o.value] for o in g.outputs],
-                           needed)
+        _free_size_symbols([list(g.buffers)] + [[o.size, o.stride, o.offset, o.value] for o in g.outputs], needed)
         for k in self.kernels.values():
             _free_size_symbols(k.generated.size_args, needed)
         for b in g.buffers:
@@ -409,8 +408,7 @@ class WrapperCodegen:
                 _free_size_symbols([b.args, b.kwargs], needed)
         # int arguments made symbolic (``n`` in ``x * n``, ``topk(k)``) are not sizes (they
         # may be <= 0, so not positive) but extern ops and outputs read them: bind them too
-        ints = {as_expr(v) for v in g.example_inputs
-                if isinstance(v, torch.SymInt) and as_expr(v).is_Symbol}
+        ints = {as_expr(v) for v in g.example_inputs if isinstance(v, torch.SymInt) and as_expr(v).is_Symbol}
         if ints:
             leaves = [o.value for o in g.outputs] + [x for b in g.buffers if isinstance(b, ExternKernel)
                                                      for x in torch.utils._pytree.tree_leaves([b.args, b.kwargs])]

@@ -219,8 +219,7 @@ def submit(path: str, module: str, name: str, args: list, configs: list[dict]) -
     if (pool := get_pool()) is None:
         return []
     env = triton_env()
-    return [pool.submit(dict(path=path, module=module, name=name, args=args, config=c, env=env))
-            for c in configs]
+    return [pool.submit(dict(path=path, module=module, name=name, args=args, config=c, env=env)) for c in configs]
 
 
 def triton_env() -> dict:

@@ -162,11 +162,8 @@ def _compile_to(source: str, flags: list[str], so_path: str) -> None:
         with _lock:
             stats["compiles"] += 1
         if out.returncode != 0:
-            raise CppCompileError(
-                f"C++ compile failed (exit {out.returncode}): {shlex.join(cmd)}",
-                out.stderr[-6000:])
-        trace.log("cpp_compile", stage="codegen", so=so_path,
-                  duration_ms=round((time.perf_counter() - t0) * 1e3, 2))
+            raise CppCompileError(f"C++ compile failed (exit {out.returncode}): {shlex.join(cmd)}", out.stderr[-6000:])
+        trace.log("cpp_compile", stage="codegen", so=so_path, duration_ms=round((time.perf_counter() - t0) * 1e3, 2))
         os.replace(tmp_src, src_path)  # keep the source next to the object for reading
         os.replace(tmp_so, so_path)
     finally:

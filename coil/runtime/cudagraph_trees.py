@@ -52,8 +52,7 @@ class Node:
         self.writeback: list = []
         # storages only the backward holds: one that also backs a user output may be
         # kept by the caller long after the backward ran
-        self.saved_slots = plan.slots_of(*fn.saved) - plan.slots_of(0, fn.saved[0]) \
-            if fn.saved else set()
+        self.saved_slots = plan.slots_of(*fn.saved) - plan.slots_of(0, fn.saved[0]) if fn.saved else set()
         #: forward node -> its saved slots whose memory this backward's recording released and reused (Tree._lend_saved)
         self.consumes: dict = {}
         self._inplace_args = _getter([i for i, _ in inplace])
@@ -273,13 +272,11 @@ class Tree:
             f = self.pool_storages.get(a.untyped_storage().data_ptr())
             if f is None or f.fn.kind != "forward" or f in self.released:
                 continue
-            slot = next((k for k, (p, _, _) in enumerate(f.plan.slots)
-                         if p == a.untyped_storage().data_ptr()), None)
+            slot = next((k for k, (p, _, _) in enumerate(f.plan.slots) if p == a.untyped_storage().data_ptr()), None)
             if slot not in f.saved_slots:
                 continue
             own = next(o for o in f.plan.owned if o.untyped_storage().data_ptr() == f.plan.slots[slot][0])
-            static_args[i] = _tensor_over(own.untyped_storage(), a.dtype, a.shape, a.stride(),
-                                          a.storage_offset())
+            static_args[i] = _tensor_over(own.untyped_storage(), a.dtype, a.shape, a.stride(), a.storage_offset())
             lent.setdefault(f, set()).add(slot)
         for f, slots in lent.items():
             ptrs = {f.plan.slots[k][0] for k in slots}

@@ -93,8 +93,7 @@ class DynamicTritonLauncher(TritonLauncher):
             self._claim_pool_jobs()  # its first launch compiles next
             self.chosen = dict(preset)
         self._tuned.append(((bucket[0].bit_length(), bucket[1].bit_length()), self.chosen))
-        trace.log("dynamic_launch_bucket", stage="runtime", kernel=self.name, bucket=list(bucket),
-                  config=self.chosen)
+        trace.log("dynamic_launch_bucket", stage="runtime", kernel=self.name, bucket=list(bucket), config=self.chosen)
         return self.chosen
 
     def __call__(self, *args):
@@ -121,8 +120,7 @@ class DynamicTritonLauncher(TritonLauncher):
         """Triton's specialization class of the int arguments ``ints`` (``xnumel``,
         [``rnumel``], symbols): a binary each."""
         n = 1 + self.red
-        return (tuple((v == 1, v % 16 == 0, v >> 31 == 0) for v in ints[:n]),
-                tuple(v >> 31 == 0 for v in ints[n:]))
+        return (tuple((v == 1, v % 16 == 0, v >> 31 == 0) for v in ints[:n]), tuple(v >> 31 == 0 for v in ints[n:]))
 
     def _class_key(self, cfg: dict, cls: tuple) -> str:
         """The compile-pool key of one config's binary for one specialization class."""

@@ -139,8 +139,7 @@ def _make_shim():
             ref = next(a for a in args if isinstance(a, tl.core.tensor))
             datas = [a.handle.data if isinstance(a, tl.core.tensor) else a for a in args]
             if npfn is not np.nextafter:  # float32 in float64, rounded once (as tl.sin)
-                datas = [d.astype(np.float64) if getattr(d, "dtype", None) == np.float32 else d
-                         for d in datas]
+                datas = [d.astype(np.float64) if getattr(d, "dtype", None) == np.float32 else d for d in datas]
             with np.errstate(all="ignore"):
                 out = npfn(*datas)
             # the result has the arguments' broadcast shape, as libdevice calls on a GPU

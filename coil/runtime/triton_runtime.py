@@ -227,8 +227,7 @@ def blocks_divide(configs: list[dict], numel, rnumel) -> tuple[bool, bool]:
         return isinstance(n, int) or getattr(n, "is_Integer", False)
 
     x = static(numel) and all(int(numel) % c["XBLOCK"] == 0 for c in configs)
-    r = static(rnumel) and int(rnumel) > 1 and all(
-        "RBLOCK" in c and int(rnumel) % c["RBLOCK"] == 0 for c in configs)
+    r = static(rnumel) and int(rnumel) > 1 and all("RBLOCK" in c and int(rnumel) % c["RBLOCK"] == 0 for c in configs)
     return bool(configs) and x, bool(configs) and r
 
 
@@ -422,8 +421,7 @@ class TritonLauncher:
         if tuned not in self.configs:  # (None, or tuned for another candidate set)
             tuned, where = self._read_tuned(), "disk"
         if tuned is not None:
-            trace.log("autotune_reused", stage="runtime", kernel=self.name, key=self.key,
-                      config=tuned, tuned_in=where)
+            trace.log("autotune_reused", stage="runtime", kernel=self.name, key=self.key, config=tuned, tuned_in=where)
         return tuned
 
     def _preset(self, elements: int) -> Optional[dict]:
@@ -471,8 +469,7 @@ class TritonLauncher:
 
     def _grid(self, cfg: dict) -> tuple:
         """Programs per axis: x blocks, and for a tiled kernel r blocks too."""
-        return (_cdiv(self.numel, cfg["XBLOCK"]),) + ((_cdiv(self.rnumel, cfg["RBLOCK"]),)
-                                                       if self.tiled else ())
+        return (_cdiv(self.numel, cfg["XBLOCK"]),) + ((_cdiv(self.rnumel, cfg["RBLOCK"]),) if self.tiled else ())
 
     def _first_call(self, *args):
         """Launch through Triton's JIT once, then switch to the compiled kernel's own launcher (:meth:`_make_fast`)."""

@@ -184,8 +184,7 @@ class Scheduler:
         for n in g.nodes:
             if (deps := kernel_deps(n, g.numel, 1)) is None:
                 return None
-            pats.add((tuple(sorted(str(e) for _, e in deps.loads)),
-                      tuple(sorted(str(e) for _, e in deps.stores))))
+            pats.add((tuple(sorted(str(e) for _, e in deps.loads)), tuple(sorted(str(e) for _, e in deps.stores))))
         if len(pats) != 1:
             return None
         return g.numel, pats.pop()

@@ -65,8 +65,7 @@ class CompileCounter:
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
         self.frame_count += 1
         self.graphs.append(gm)
-        self.op_count += sum(1 for n in gm.graph.nodes
-                             if n.op in ("call_function", "call_method", "call_module"))
+        self.op_count += sum(1 for n in gm.graph.nodes if n.op in ("call_function", "call_method", "call_module"))
         return gm.forward
 
     def clear(self) -> None:
@@ -130,8 +129,7 @@ def _compare_tensor(what: str, actual: torch.Tensor, expected: torch.Tensor,
                 f"eager's {e_max:.3g} (allowed: {LOW_PRECISION_MARGIN}x eager's + {floor:.3g} rms, "
                 f"+ {at:.3g} max)")
     try:
-        torch.testing.assert_close(a, e, atol=at, rtol=rt, equal_nan=True,
-                                   check_device=False, check_stride=False)
+        torch.testing.assert_close(a, e, atol=at, rtol=rt, equal_nan=True, check_device=False, check_stride=False)
     except AssertionError as err:
         return f"{what}: {err}"
     return None
@@ -158,8 +156,7 @@ def _compare_trees(what: str, actual: Any, expected: Any, reference: Any, atol, 
             if not isinstance(a, torch.Tensor):
                 problems.append(f"{name}: got {type(a).__name__}, eager gave a tensor")
                 continue
-            msg = _compare_tensor(name, a, e, r if isinstance(r, torch.Tensor) else None,
-                                  atol, rtol)
+            msg = _compare_tensor(name, a, e, r if isinstance(r, torch.Tensor) else None, atol, rtol)
             if msg:
                 problems.append(msg)
         elif isinstance(a, torch.Tensor):
@@ -193,8 +190,7 @@ def _upcast(tree: Any) -> Any:
 
 
 def _has_low_precision(tree: Any) -> bool:
-    return any(isinstance(x, torch.Tensor) and x.dtype in _LOW_PRECISION
-               for x in pytree.tree_leaves(tree))
+    return any(isinstance(x, torch.Tensor) and x.dtype in _LOW_PRECISION for x in pytree.tree_leaves(tree))
 
 
 def _grad_leaves(args: Any, module: Optional[torch.nn.Module]) -> list:
@@ -223,14 +219,12 @@ def _run(fn: Callable, args: tuple, kwargs: dict, check_grads: bool,
         out = fn(*args, **kwargs)
     grads = None
     if check_grads:
-        outs = [o for o in pytree.tree_leaves(out)
-                if isinstance(o, torch.Tensor) and o.requires_grad]
+        outs = [o for o in pytree.tree_leaves(out) if isinstance(o, torch.Tensor) and o.requires_grad]
         if not outs:
             raise AssertionError("check_grads=True but no output requires grad "
                                  "(pass floating-point tensor inputs or a module with parameters)")
         gen = torch.Generator().manual_seed(cotangent_seed)
-        cots = [torch.randn(o.shape, generator=gen, dtype=torch.float32).to(o.dtype).to(o.device)
-                for o in outs]
+        cots = [torch.randn(o.shape, generator=gen, dtype=torch.float32).to(o.dtype).to(o.device) for o in outs]
         torch.autograd.backward(outs, cots)
         grads = {name: (x.grad if x.is_leaf else None) for name, x in leaves}
     return out, grads
@@ -275,8 +269,7 @@ def assert_same_as_eager(fn: Callable, args: Any, *, backend: Any = "coil",
         if upcast:
             a, k = _upcast((a, k))
             if is_module:
-                f = f.float() if any(p.dtype in _LOW_PRECISION for p in
-                                     list(f.parameters()) + list(f.buffers())) else f
+                f = f.float() if any(p.dtype in _LOW_PRECISION for p in list(f.parameters()) + list(f.buffers())) else f
         return f, a, k
 
     # Eager.
@@ -289,20 +282,17 @@ def assert_same_as_eager(fn: Callable, args: Any, *, backend: Any = "coil",
         is_module and any(p.dtype in _LOW_PRECISION for p in fn.parameters()))
     if low:
         r_fn, r_args, r_kwargs = fresh(upcast=True)
-        r_out, r_grads = _run(r_fn, r_args, r_kwargs, check_grads,
-                              r_fn if is_module else None, 7)
+        r_out, r_grads = _run(r_fn, r_args, r_kwargs, check_grads, r_fn if is_module else None, 7)
 
     # Compiled.
     c_fn, c_args, c_kwargs = fresh()
     compiled = coil.compile(c_fn, backend=backend)
-    c_out, c_grads = _run(compiled, c_args, c_kwargs, check_grads,
-                          c_fn if is_module else None, 7)
+    c_out, c_grads = _run(compiled, c_args, c_kwargs, check_grads, c_fn if is_module else None, 7)
 
     problems = _compare_trees("output", c_out, e_out, r_out, atol, rtol)
     if check_input_mutation:
         problems += _compare_trees("args after call", c_args, e_args, r_args, atol, rtol)
-        problems += _compare_trees("kwargs after call", c_kwargs, e_kwargs,
-                                   r_kwargs, atol, rtol)
+        problems += _compare_trees("kwargs after call", c_kwargs, e_kwargs, r_kwargs, atol, rtol)
         if is_module:
             problems += _compare_trees(
                 "module state", dict(c_fn.state_dict()), dict(e_fn.state_dict()),

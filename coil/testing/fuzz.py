@@ -43,8 +43,7 @@ from coil.testing.fuzz_ops import (DTYPES, FAMILIES, FAMILY_WEIGHTS, Ctx, gen_la
 __all__ = ["Program", "Input", "Stmt", "Result", "generate", "check", "check_program",
            "minimize", "replay", "main", "OUTCOMES", "BACKENDS"]
 
-OUTCOMES = ("ok", "mismatch", "error", "missing_error", "both_raise", "hang", "upstream",
-            "no_reference")
+OUTCOMES = ("ok", "mismatch", "error", "missing_error", "both_raise", "hang", "upstream", "no_reference")
 FAILURES = ("mismatch", "error", "missing_error", "hang")
 BACKENDS = ("cpp", "triton", "cpp_dynamic", "triton_dynamic", "aot_eager", "torch_aot_eager")
 _LOW = (torch.float16, torch.bfloat16)
@@ -80,8 +79,7 @@ class Stmt:
 
     @property
     def uses(self) -> set:
-        return {n.id for n in ast.walk(ast.parse(self.text))
-                if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+        return {n.id for n in ast.walk(ast.parse(self.text)) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
 
 
 @dataclasses.dataclass
@@ -451,8 +449,7 @@ class _Bounds(TorchDispatchMode):
                 k = x.numel() // max(out.numel(), 1) if op is torch.ops.aten.mean else 1
                 pos = func(x.clamp(min=0), *args[1:], **kwargs) * k >= torch.finfo(dt).max
                 neg = func(x.clamp(max=0), *args[1:], **kwargs) * k <= -torch.finfo(dt).max
-                bound = torch.where(pos & neg, math.nan, torch.where(pos, math.inf, torch.where(
-                    neg, -math.inf, bound)))
+                bound = torch.where(pos & neg, math.nan, torch.where(pos, math.inf, torch.where(neg, -math.inf, bound)))
             self.bounds[id(out)] = (out, bound) + ((exact,) if dt.is_floating_point else ())
         elif op in _REM_OPS and isinstance(args[1], torch.Tensor) and out.is_floating_point() \
                 and args[1].untyped_storage().data_ptr() not in self.inputs:
@@ -528,8 +525,7 @@ class _Bounds(TorchDispatchMode):
                 * torch.finfo(torch.promote_types(args[0].dtype, torch.float32)).eps * 4 * math.prod(args[1])
             u = torch.broadcast_to(  # (none where a statistic overflowed)
                 u * (w.double().abs() if w is not None else 1.0), out[0].shape).nan_to_num(0.0, 0.0, 0.0)
-            du, dw = (self.bounds[id(t)][1].double() if id(t) in self.bounds else torch.zeros(())
-                      for t in (args[0], w))
+            du, dw = (self.bounds[id(t)][1].double() if id(t) in self.bounds else torch.zeros(()) for t in (args[0], w))
             if du.any() or dw.any():  # its arguments' bounds, to first order: a row of close values
                 # normalized amplifies them by rstd (s206 #8553: a bf16 index_put_ accumulated in another order)
                 xh, m = ((x - out[1].double()) * r).abs(), lambda t: t.mean(dims, keepdim=True)  # noqa: E731
@@ -860,8 +856,7 @@ def _raised_in_dead_code(fn: Callable, err: BaseException) -> bool:
     """Eager raised in an assignment nothing live reads, directly or through other such ones (compilers drop such code;
     seed 90 #1299: ``v0 = b.as_strided(...)`` read by a dead ``v1``); live: the return, other statements, assignments
     calling an in-place method."""
-    lines = [f.lineno for f in traceback.extract_tb(err.__traceback__)
-             if f.filename == fn.__code__.co_filename]
+    lines = [f.lineno for f in traceback.extract_tb(err.__traceback__) if f.filename == fn.__code__.co_filename]
     try:
         tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
     except (OSError, TypeError, SyntaxError):
@@ -896,12 +891,10 @@ def check(fn: Callable, make_inputs: Callable, backend: str = "cpp",
         except Exception as err:
             e_out, e_err = None, err
         ref = _reference(fn, make_inputs, e_out, wrap) if e_err is None else None
-        ref64 = _run_in(_Stats64(), wrap(fn), make_inputs) \
-            if e_err is None and _F64_STATS.search(src) else None
+        ref64 = _run_in(_Stats64(), wrap(fn), make_inputs) if e_err is None and _F64_STATS.search(src) else None
         sums = "overflow" if e_err is None and _overflows(src, make_inputs()) else \
             bool(_SUMS.search(src)) or grad  # (a backward sums over broadcast dims)
-        bounds = _error_bounds(wrap(fn), make_inputs) if e_err is None and (sums or _BOUNDED.search(src)) \
-            else None
+        bounds = _error_bounds(wrap(fn), make_inputs) if e_err is None and (sums or _BOUNDED.search(src)) else None
         _reset(backend)
         try:
             with _deadline(timeout):
@@ -1020,8 +1013,7 @@ def _candidates(p: Program):
         if b.dtype is torch.bool or bool(_simple(b).all()):
             continue
         ints = b.dtype in (torch.uint8, torch.int32, torch.int64)
-        fills = [1] if ints and any(x in p.fn_source() for x in ("//", "%", "fmod", "remainder")) \
-            else [1, 0]
+        fills = [1] if ints and any(x in p.fn_source() for x in ("//", "%", "fmod", "remainder")) else [1, 0]
         for v in fills:
             yield _with_input(p, k, torch.full_like(b, v))
         yield _with_input(p, k, torch.where(_simple(b), b, torch.ones_like(b)))
@@ -1136,8 +1128,7 @@ def main(argv: Optional[list] = None) -> int:
             with open(path, "w") as f:
                 f.write(small.source(r).replace("\nimport torch", note + "\nimport torch", 1))
             classes[r.signature].append(path)
-            print(f"[{time.time() - start:7.0f}s] {prog.label}: {r.outcome} on {b}: {r.kind} -> {path}",
-                  flush=True)
+            print(f"[{time.time() - start:7.0f}s] {prog.label}: {r.outcome} on {b}: {r.kind} -> {path}", flush=True)
         if n % 20 == 19:
             gc.collect()
     print("\n" + _table(stats))

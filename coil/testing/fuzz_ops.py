@@ -79,8 +79,7 @@ class Ctx:
         self.counter = sum(1 for k in env if k.startswith("v"))
 
     def names(self, pred: Optional[Callable] = None) -> list:
-        return [k for k, v in self.env.items() if isinstance(v, torch.Tensor)
-                and (pred is None or pred(v))]
+        return [k for k, v in self.env.items() if isinstance(v, torch.Tensor) and (pred is None or pred(v))]
 
     def pick(self, pred: Optional[Callable] = None) -> str:
         """A random live tensor name satisfying ``pred``; :class:`Skip` if none."""
@@ -120,8 +119,7 @@ class Ctx:
             return self.rng.choice(["2", "-3", "1", "0", "7"])
         if r < 0.75:
             return self.rng.choice(["2.5", "-0.5", "0.25", "1.0", "-3.0"])
-        return self.rng.choice(["-0.0", "torch.inf", "-torch.inf", "torch.nan", "True",
-                                "300", "1e30", "1e-40"])
+        return self.rng.choice(["-0.0", "torch.inf", "-torch.inf", "torch.nan", "True", "300", "1e30", "1e-40"])
 
     def broadcastable_to(self, shape) -> list:
         def ok(v):
@@ -136,8 +134,7 @@ class Ctx:
 
         ``avoid``: the tensor an in-place op writes; a source sharing its memory would
         make eager's result depend on the kernel's order, so none is picked."""
-        c = [n for n in self.broadcastable_to(shape)
-             if avoid is None or not self.same_memory(self.env[n], avoid)]
+        c = [n for n in self.broadcastable_to(shape) if avoid is None or not self.same_memory(self.env[n], avoid)]
         if c and self.rng.random() < 0.8:
             y = self.rng.choice(c)
             e = f"{y}.expand({tuple(shape)})" if tuple(self.env[y].shape) != tuple(shape) else y
@@ -257,8 +254,7 @@ def _safe(fn: str, xv, yv) -> bool:
     y = torch.as_tensor(yv)
     if fn in ("%", "torch.fmod", "torch.remainder") and torch.result_type(xv, yv).is_floating_point:
         x, y = torch.as_tensor(xv).double(), y.double()
-        big = torch.finfo(torch.float64 if torch.result_type(xv, yv) == torch.float64
-                          else torch.float32).max
+        big = torch.finfo(torch.float64 if torch.result_type(xv, yv) == torch.float64 else torch.float32).max
         return not bool((x.isfinite() & (y != 0) & (x.abs() > y.abs() * big)).any())
     if not (is_int(xv) and is_int(yv)):
         return True
@@ -323,8 +319,7 @@ def cast(c: Ctx):
 def compare_where(c: Ctx):
     x = c.pick()
     cmp = c.rng.choice([">", "<", ">=", "==", "!="])
-    cond = x if c.env[x].dtype is torch.bool and c.rng.random() < 0.5 else \
-        f"{x} {cmp} {c.scalar(is_int(c.env[x]))}"
+    cond = x if c.env[x].dtype is torch.bool and c.rng.random() < 0.5 else f"{x} {cmp} {c.scalar(is_int(c.env[x]))}"
     other = c.pick(lambda v: _broadcasts(v.shape, c.env[x].shape))
     r = c.rng.random()
     if r < 0.4:
@@ -347,8 +342,7 @@ def reduction(c: Ctx):
     xv, rng = c.env[x], c.rng
     nd = xv.dim()
     args, r = [], rng.random()
-    multi = fn in ("sum", "mean", "amax", "amin", "any", "all", "std", "var", "logsumexp",
-                   "nansum", "count_nonzero")
+    multi = fn in ("sum", "mean", "amax", "amin", "any", "all", "std", "var", "logsumexp", "nansum", "count_nonzero")
     if fn in ("cumsum", "logsumexp") or (r < 0.55 and nd > 0) or fn in ("max", "min") and r < .7:
         d = c.dim(x)
         if multi and nd >= 2 and rng.random() < 0.3:
@@ -599,8 +593,7 @@ def indexing(c: Ctx):
         shp[d] = rng.randint(1, 4) if n else 0
         idx = torch.randint(0, max(n, 1), shp, generator=g)
         return f"{v} = torch.gather({x}, {d}, {literal(idx)})"
-    src = rng.choice([x] + c.names(lambda t: t.dim() == xv.dim() and all(
-        a >= b for a, b in zip(t.shape, shp))))
+    src = rng.choice([x] + c.names(lambda t: t.dim() == xv.dim() and all(a >= b for a, b in zip(t.shape, shp))))
     if k == "scatter":
         return f"{v} = torch.scatter({x}, {d}, {literal(c.perm_index(shp, d))}, {src})"
     idx = literal(torch.randint(0, max(n, 1), shp, generator=g))
@@ -662,8 +655,7 @@ def layer_norm(c: Ctx):
 def matmul(c: Ctx):
     x = c.pick(lambda v: _float(v) and v.dim() >= 1)
     xv = c.env[x]
-    ys = c.names(lambda v: v.dtype == xv.dtype and v.dim() >= 1 and
-                 v.shape[0 if v.dim() == 1 else -2] == xv.shape[-1])
+    ys = c.names(lambda v: v.dtype == xv.dtype and v.dim() >= 1 and v.shape[0 if v.dim() == 1 else -2] == xv.shape[-1])
     y = c.rng.choice(ys) if ys and c.rng.random() < 0.6 else (f"{x}.mT" if xv.dim() >= 2 else x)
     return f"{c.fresh()} = torch.matmul({x}, {y})"
 

@@ -51,8 +51,7 @@ class Compile:
 
     @property
     def sort_key(self) -> tuple:
-        return (self.pid, tuple((0, int(p), "") if p.isdigit() else (1, 0, p)
-                                for p in self.compile_id.split("/")))
+        return (self.pid, tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in self.compile_id.split("/")))
 
     def stage_totals(self) -> "OrderedDict[str, float]":
         """Milliseconds per stage name (nested stages are listed under their own name)."""

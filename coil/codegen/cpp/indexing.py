@@ -55,8 +55,7 @@ class Split:
 
     @property
     def vars(self) -> list:
-        return [sympy.Symbol(f"{self.prefix}{i}", integer=True, nonnegative=True)
-                for i in range(len(self.points))]
+        return [sympy.Symbol(f"{self.prefix}{i}", integer=True, nonnegative=True) for i in range(len(self.points))]
 
     @property
     def extents(self) -> list[int]:
@@ -86,8 +85,7 @@ class Split:
         e = e.replace(lambda t: isinstance(t, Mod) and isinstance(t.args[0], FloorDiv)
                       and t.args[0].args[0] == s,
                       lambda t: self.divmod(int(t.args[0].args[1]), int(t.args[1])))
-        e = e.replace(lambda t: isinstance(t, FloorDiv) and t.args[0] == s,
-                      lambda t: self.div(int(t.args[1])))
+        e = e.replace(lambda t: isinstance(t, FloorDiv) and t.args[0] == s, lambda t: self.div(int(t.args[1])))
         e = e.replace(lambda t: isinstance(t, Mod) and t.args[0] == s, lambda t: self.mod(int(t.args[1])))
         return e.xreplace({s: self.flat()})
 
@@ -147,8 +145,7 @@ class SymbolicSplit(Split):
 
     def div(self, p) -> sympy.Expr:
         k = self._pos(p)
-        return sum((v * sympy.expand(q / p) for v, q in list(zip(self.vars, self.points))[k:]),
-                   sympy.Integer(0))
+        return sum((v * sympy.expand(q / p) for v, q in list(zip(self.vars, self.points))[k:]), sympy.Integer(0))
 
     def mod(self, p) -> sympy.Expr:
         k = self._pos(p)
@@ -156,8 +153,7 @@ class SymbolicSplit(Split):
 
     def divmod(self, a, b) -> sympy.Expr:
         lo, hi = self._pos(a), self._pos(sympy.expand(a * b))
-        return sum((v * sympy.expand(q / a) for v, q in list(zip(self.vars, self.points))[lo:hi]),
-                   sympy.Integer(0))
+        return sum((v * sympy.expand(q / a) for v, q in list(zip(self.vars, self.points))[lo:hi]), sympy.Integer(0))
 
     def substitute(self, e: sympy.Expr) -> sympy.Expr:
         s = self.symbol

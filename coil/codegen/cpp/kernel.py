@@ -108,8 +108,7 @@ class CppKernel(OpsHandler):
         self.numel = as_size(plan.numel)
         self.rnumel = as_size(plan.rnumel)
         self.is_reduction = self.rnumel != 1
-        self.bounds = {XINDEX: self.numel,
-                       RINDEX: max(self.rnumel, 1) if isinstance(self.rnumel, int) else self.rnumel}
+        self.bounds = {XINDEX: self.numel, RINDEX: max(self.rnumel, 1) if isinstance(self.rnumel, int) else self.rnumel}
         sizes = getattr(plan, "size_symbols", None)  # (test plans may not have it)
         self.size_symbols = list(sizes()) if sizes is not None else []
         self.counter = itertools.count()
@@ -374,8 +373,7 @@ class CppKernel(OpsHandler):
 
     def load_seed(self, name, offset):
         ptr = self._arg(name, write=False)
-        return self._emit(f"{ptr}[{self._idx(offset)}]", torch.int64,
-                          key=("load", name, sympy.sympify(offset)))
+        return self._emit(f"{ptr}[{self._idx(offset)}]", torch.int64, key=("load", name, sympy.sympify(offset)))
 
     def rand(self, seed, offset):
         return self._emit(f"coil_rand(static_cast<uint64_t>({seed}), static_cast<uint64_t>({self._val(offset)}))",
@@ -582,8 +580,7 @@ class CppKernel(OpsHandler):
         if len(ext) == 1:
             simd = self._simd_for(lines)
             omp = self._omp(self.numel, " simd" if simd else "")
-            return [omp or simd, f"for (int64_t x0 = 0; x0 < {_c(ext[0])}; ++x0) {{",
-                    *("  " + l for l in lines), "}"]
+            return [omp or simd, f"for (int64_t x0 = 0; x0 < {_c(ext[0])}; ++x0) {{", *("  " + l for l in lines), "}"]
         hoisted, lines = self._hoist(lines, "x0")
         simd = self._simd_for(lines)
         outer = self.numel // ext[0] if isinstance(self.numel, int) else sympy.expand(self.numel / ext[0])
@@ -628,8 +625,7 @@ class CppKernel(OpsHandler):
         body = [self._fix(l) for l in sec.body]
         post = [self._fix(l) for l in sec.post]
         ext = rs.extents
-        opens = [f"for (int64_t r{i} = 0; r{i} < {_c(ext[i])}; ++r{i}) {{"
-                 for i in range(len(ext) - 1, 0, -1)]
+        opens = [f"for (int64_t r{i} = 0; r{i} < {_c(ext[i])}; ++r{i}) {{" for i in range(len(ext) - 1, 0, -1)]
         closes = ["}"] * len(opens)
         ind = "  " * len(opens)
         pre = [self._fix(l) for l in sec.pre]
@@ -699,8 +695,7 @@ class CppKernel(OpsHandler):
             out += [f"  {ind}    {l}" for l in self._rindex_decl(rs) + lane_body]
             out += [f"  {ind}  }}", f"  {ind}}}"]
         if n_tail:
-            out += [f"  {ind}for (int64_t l = 0; l < {n_tail}; ++l) {{",
-                    f"  {ind}  int64_t r0 = {tail0} + l;"]
+            out += [f"  {ind}for (int64_t l = 0; l < {n_tail}; ++l) {{", f"  {ind}  int64_t r0 = {tail0} + l;"]
             out += [f"  {ind}  {l}" for l in self._rindex_decl(rs) + tail_body]
             out += [f"  {ind}}}"]
         out += ["  " + c for c in closes] + ["}"]

@@ -73,8 +73,7 @@ class CppLauncher:
                 _flush()
             lib = self._future.result()
             fn = getattr(lib, self.symbol)
-            fn.argtypes = ([ctypes.c_void_p] * self.n_args + [ctypes.c_int64] * self.n_sizes
-                           + [ctypes.c_void_p])
+            fn.argtypes = ([ctypes.c_void_p] * self.n_args + [ctypes.c_int64] * self.n_sizes + [ctypes.c_void_p])
             fn.restype = ctypes.c_int64
             self._call = self._make_call(fn)
         return self

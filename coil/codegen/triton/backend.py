@@ -25,8 +25,7 @@ def stream_elem_bytes(plan) -> int:
     sizes blocks by it: a bf16-only kernel needs twice the elements per thread."""
     full = hint(plan.numel * plan.rnumel)
     bufs = [plan.buffer(n) for n in list(plan.input_names) + list(plan.output_names)]
-    return max((b.get_dtype().itemsize for b in bufs if math.prod(hint(s) for s in b.get_size()) >= full),
-               default=4)
+    return max((b.get_dtype().itemsize for b in bufs if math.prod(hint(s) for s in b.get_size()) >= full), default=4)
 
 
 def size_params(plan) -> list[str]:
@@ -132,8 +131,7 @@ def _module_source(plan, name: str, k: TritonKernel, exact) -> tuple[str, list[s
         out = ["@triton.jit", f"def {name}({', '.join(params + consts)}):"]
         body = [f"xnumel = {plan.numel}"]
     pid = "tl.program_id(0).to(tl.int64)" if k.index_dtype == "tl.int64" else "tl.program_id(0)"
-    body += [f"xoffset = {pid} * XBLOCK",
-             "xindex = xoffset + tl.arange(0, XBLOCK)" + ("[:, None]" if red else "")]
+    body += [f"xoffset = {pid} * XBLOCK", "xindex = xoffset + tl.arange(0, XBLOCK)" + ("[:, None]" if red else "")]
     # a mask that is all true for every launch config is not computed (mask_exactness)
     xmask = [] if exact[0] else ["xmask = xindex < xnumel"]
     rmask = [] if exact[1] else ["rmask = rindex < rnumel"]

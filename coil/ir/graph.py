@@ -74,8 +74,7 @@ _aten = torch.ops.aten
 #: extern ops that run channels-last when their 4-D inputs are (config.conv_channels_last)
 #: extern ops whose first argument is read (or written) through its storage: it gets
 #: eager's strides and offset, not the layout this graph chose for the value (fuzz s214 #5389)
-_STORAGE_OPS = (_aten.as_strided_scatter.default, _aten.as_strided.default,
-                _aten.as_strided_copy.default)
+_STORAGE_OPS = (_aten.as_strided_scatter.default, _aten.as_strided.default, _aten.as_strided_copy.default)
 _CHANNELS_LAST_OPS = (_aten.convolution.default, _aten.max_pool2d_with_indices.default,
                       _aten.avg_pool2d.default, _aten._adaptive_avg_pool2d.default,
                       _aten.convolution_backward.default,
@@ -148,8 +147,7 @@ def _empty_like_layout(lay: Optional[Layout], out: Layout) -> Layout:
         return out
     like = torch.empty_like(torch.empty_strided([int(v) for v in lay.size],
                                                 [int(v) for v in lay.stride], device="meta"))
-    return Layout(out.device, out.dtype, list(out.size), [sympy.Integer(v) for v in like.stride()],
-                  sympy.Integer(0))
+    return Layout(out.device, out.dtype, list(out.size), [sympy.Integer(v) for v in like.stride()], sympy.Integer(0))
 
 
 def misaligned_leading_dim(strides) -> bool:
@@ -320,8 +318,7 @@ class GraphLowering(torch.fx.Interpreter):
             import sys
             print(f"coil: extern kernels in this graph: {dict(self.fallbacks)}", file=sys.stderr)
         if trace.enabled():
-            trace.log("lowering_fallbacks", stage="lowering",
-                      fallbacks=dict(self.fallbacks), native=dict(self.native))
+            trace.log("lowering_fallbacks", stage="lowering", fallbacks=dict(self.fallbacks), native=dict(self.native))
             trace.artifact("loop_ir", lambda: self.format_ir(), kind="text")
         return self
 
@@ -333,8 +330,7 @@ class GraphLowering(torch.fx.Interpreter):
         output, and the cat's body then loaded buf1, which ran after it (the wrapper read an unassigned buf1)."""
         import heapq
         pos = {b.get_name(): i for i, b in enumerate(self.buffers)}
-        deps = [{pos[r] for r in b.get_read_names() if r in pos and r != b.get_name()}
-                for b in self.buffers]
+        deps = [{pos[r] for r in b.get_read_names() if r in pos and r != b.get_name()} for b in self.buffers]
         if all(d < i for i, ds in enumerate(deps) for d in ds):
             return
         users: dict = {}
@@ -438,8 +434,7 @@ class GraphLowering(torch.fx.Interpreter):
                 # the ATen op runs as an extern kernel instead (values stay exact)
                 if current_shape_env() is None:
                     raise
-                trace.log("dynamic_lowering_fallback", stage="lowering", op=str(target),
-                          error=str(e)[:500])
+                trace.log("dynamic_lowering_fallback", stage="lowering", op=str(target), error=str(e)[:500])
         self.fallbacks[str(target)] += 1
         return self.make_extern(target, args, kwargs)
 
@@ -503,8 +498,7 @@ class GraphLowering(torch.fx.Interpreter):
             return OutputSpec("value", value=r)
         d = r.data
         if isinstance(d, ReinterpretView):
-            return OutputSpec("view", d.data.get_name(), list(d.layout.size), list(d.layout.stride),
-                              d.layout.offset)
+            return OutputSpec("view", d.data.get_name(), list(d.layout.size), list(d.layout.stride), d.layout.offset)
         if isinstance(d, StorageBox):
             return OutputSpec("buffer", d.realize().get_name())
         return OutputSpec("buffer", self._materialize(r, None).get_name())
@@ -555,8 +549,7 @@ class GraphLowering(torch.fx.Interpreter):
             lay = d.data.layout
             if stride is not None and lay is not None and not _same_strides(lay, meta):
                 # a padded matmul result (its row stride), a channels-last convolution output
-                copy = TensorBox.create(Pointwise(r.get_device(), r.get_dtype(), r.make_loader(),
-                                                  r.get_size()))
+                copy = TensorBox.create(Pointwise(r.get_device(), r.get_dtype(), r.make_loader(), r.get_size()))
                 return OutputSpec("buffer", copy.data.realize(stride).get_name())
             if stride is not None and lay is not None and lay.offset == 0 and \
                     [str(v) for v in lay.stride] != [str(v) for v in stride]:
@@ -614,8 +607,7 @@ class GraphLowering(torch.fx.Interpreter):
                 return d
             # eager's strides on its size-1 dims too (the same elements): CPU flash attention
             # read a size-1 batch dim's stride 1 as a step and ran past an expanded input
-            unit = [as_expr(m) if n == 1 else s
-                    for n, s, m in zip(d.layout.size, d.layout.stride, meta.stride())]
+            unit = [as_expr(m) if n == 1 else s for n, s, m in zip(d.layout.size, d.layout.stride, meta.stride())]
             return d if unit == list(d.layout.stride) else \
                 ReinterpretView(d.data, dataclasses.replace(d.layout, stride=unit))
         return d.realize(stride) if isinstance(d, StorageBox) else self._materialize(x, stride)
@@ -674,8 +666,7 @@ class GraphLowering(torch.fx.Interpreter):
             # the weight as it comes: ATen's convolution makes the channels-last copy
             # itself (in C++, cheaper on the host than a generated kernel's launch)
             weight = self.realize_input(args[1], n.args[1].meta.get("val"))
-            args = tuple(conv(a, fa) if i != 1 else weight
-                         for i, (a, fa) in enumerate(zip(args, n.args)))
+            args = tuple(conv(a, fa) if i != 1 else weight for i, (a, fa) in enumerate(zip(args, n.args)))
         else:
             args = conv(tuple(args), tuple(n.args))
         kwargs = {k: conv(v, n.kwargs.get(k)) for k, v in kwargs.items()}
@@ -800,8 +791,7 @@ class GraphLowering(torch.fx.Interpreter):
             kp = -(-k // 8) * 8
             ap = self._padded_copy(base, k, kp)
             bp = self._padded_rows(self._strided(b) or self._materialize(b, None), k, kp)
-            out = ExternKernel(self.new_buffer_name(), _fake_layout(meta), torch.ops.aten.mm.default,
-                               (ap, bp), {})
+            out = ExternKernel(self.new_buffer_name(), _fake_layout(meta), torch.ops.aten.mm.default, (ap, bp), {})
             self.register_buffer(out)
             trace.log("pad_matmul_operand", stage="lowering", buffer=out.name, m=m, n=nn, k=k,
                       padded="k", operand=ap.get_name())
@@ -839,8 +829,7 @@ class GraphLowering(torch.fx.Interpreter):
         """A contiguous (R, cp) copy of 2-D ``x`` (R, c) with zero columns c..cp, made by a
         generated kernel once per source layout."""
         lay = x.layout
-        key = ("pad_cols", x.get_name(), tuple(map(str, lay.size)), tuple(map(str, lay.stride)),
-               str(lay.offset), cp)
+        key = ("pad_cols", x.get_name(), tuple(map(str, lay.size)), tuple(map(str, lay.stride)), str(lay.offset), cp)
         if (hit := self._materialized.get(key)) is not None:
             return hit[1]
         buf = self._padded_rows(x, c, cp, dim=1)
@@ -948,8 +937,7 @@ def _empty_eager(node: torch.fx.Node, memo: dict) -> Optional[torch.Tensor]:
         if not isinstance(out, torch.Tensor) or list(out.shape) != list(val.shape) \
                 or out.dtype != val.dtype:
             try:
-                out = torch.empty_strided(tuple(val.shape), val.stride(), dtype=val.dtype,
-                                          device=val.device)
+                out = torch.empty_strided(tuple(val.shape), val.stride(), dtype=val.dtype, device=val.device)
             except Exception:  # e.g. a device this process cannot allocate on
                 out = None
     memo[node] = out

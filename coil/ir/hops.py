@@ -25,8 +25,7 @@ def _compile_branch(gm: torch.fx.GraphModule, fakes: list, device, name: str) ->
 
     try:
         with trace.stage("hop_branch"):
-            trace.artifact(f"hop_subgraph {name}",
-                           lambda: gm.print_readable(print_output=False), kind="python")
+            trace.artifact(f"hop_subgraph {name}", lambda: gm.print_readable(print_output=False), kind="python")
             return compile_aten_graph(gm, fakes, device)
     except Exception as e:  # noqa: BLE001 - stay correct and say so
         trace.log("hop_branch_fallback", stage="lowering", branch=name,
@@ -49,8 +48,7 @@ def lower_cond(lowering, args: tuple, kwargs: dict):
     node = lowering.current_node
     pred, true_gm, false_gm, operands = args
     fakes = [a.meta.get("val") if isinstance(a, torch.fx.Node) else a for a in node.args[3]]
-    compiled = _compile_hop(lowering, "cond", [true_gm, false_gm],
-                            [node.args[1].target, node.args[2].target], fakes)
+    compiled = _compile_hop(lowering, "cond", [true_gm, false_gm], [node.args[1].target, node.args[2].target], fakes)
     return lowering.make_extern(run_cond, (pred, compiled[0], compiled[1], tuple(operands)), {})
 
 
@@ -73,12 +71,10 @@ def lower_while_loop(lowering, args: tuple, kwargs: dict):
     """Lower a while_loop node: cond_fn and body_fn compiled apart, the loop in the wrapper (:func:`run_while_loop`)."""
     node = lowering.current_node
     cond_gm, body_gm, carried, additional = args
-    fakes = [a.meta.get("val") if isinstance(a, torch.fx.Node) else a
-             for a in list(node.args[2]) + list(node.args[3])]
+    fakes = [a.meta.get("val") if isinstance(a, torch.fx.Node) else a for a in list(node.args[2]) + list(node.args[3])]
     compiled = _compile_hop(lowering, "while_loop", [cond_gm, body_gm],
                             [node.args[0].target, node.args[1].target], fakes)
-    return lowering.make_extern(run_while_loop, (compiled[0], compiled[1], tuple(carried),
-                                                 tuple(additional)), {})
+    return lowering.make_extern(run_while_loop, (compiled[0], compiled[1], tuple(carried), tuple(additional)), {})
 
 
 def run_map(body_fn: Callable, xs, args) -> tuple:

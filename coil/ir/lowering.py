@@ -339,8 +339,7 @@ def _div_mode(a, b, rounding_mode=None):
         return pointwise_lowering("truediv")(a, b)
     if odt.is_floating_point:
         cdt = compute_dtype(odt)
-        f = _float_floordiv(cdt) if rounding_mode == "floor" else (
-            lambda x, y: ops.trunc(ops.truediv(x, y)))
+        f = _float_floordiv(cdt) if rounding_mode == "floor" else (lambda x, y: ops.trunc(ops.truediv(x, y)))
         return make_pointwise_box(f, round_scalars([a, b], odt, (1,)), out_size(), odt, cdt)
     return pointwise_lowering("floordiv" if rounding_mode == "floor" else "truncdiv")(a, b)
 
@@ -476,8 +475,7 @@ def make_reduction(x: TensorBox, dims, keepdim: bool, reduction_type: str,
     kept = [d for d in range(nd) if d not in dims]
     ranges = [size[d] for d in kept]
     rranges = [size[d] for d in dims]
-    sdt = src_dtype or compute_dtype(dtype if reduction_type not in ("argmax", "argmin", "any")
-                                     else x.get_dtype())
+    sdt = src_dtype or compute_dtype(dtype if reduction_type not in ("argmax", "argmin", "any") else x.get_dtype())
     load = x.make_loader()
     xdt = x.get_dtype()
 
@@ -876,8 +874,7 @@ def _var(x, dims=None, correction=None, keepdim=False, **kwargs):
 
     ss = make_reduction(x, rdims, keepdim, "sum", acc, transform=centered_sq)
     denom = float(max(n - float(correction), 0))
-    return make_pointwise_box(lambda v: ops.truediv(v, ops.constant(denom, cdt)), [ss],
-                              out_size(), odt, cdt)
+    return make_pointwise_box(lambda v: ops.truediv(v, ops.constant(denom, cdt)), [ss], out_size(), odt, cdt)
 
 
 @register_lowering(aten.var_mean.correction)

@@ -64,8 +64,7 @@ def _convolution(x, weight, bias, *rest):
     size, odt = out_size(), out_dtype()
     cdt = compute_dtype(odt)
     load_conv, load_bias = loader_as(conv, size, cdt), loader_as(bias, [size[1]], cdt)
-    return TensorBox.create(Pointwise(device(), odt, lambda i: ops.add(load_conv(i), load_bias([i[1]])),
-                                      size))
+    return TensorBox.create(Pointwise(device(), odt, lambda i: ops.add(load_conv(i), load_bias([i[1]])), size))
 
 
 def _pair(v) -> tuple:

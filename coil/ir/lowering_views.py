@@ -47,8 +47,7 @@ def make_view(x: TensorBox, size, reindex: Callable, restride: Optional[Callable
 
 
 def _lay(layout, size, stride, offset=None) -> Layout:
-    return Layout(layout.device, layout.dtype, list(size), list(stride),
-                  layout.offset if offset is None else offset)
+    return Layout(layout.device, layout.dtype, list(size), list(stride), layout.offset if offset is None else offset)
 
 
 def view_reshape(x: TensorBox, new_size) -> TensorBox:
@@ -172,13 +171,10 @@ def _expand(x, size, implicit=False):
     bcast = [broadcasts(old[d], size[d + off]) for d in range(len(old))]
 
     def reindex(index):
-        return [sympy.Integer(0) if bcast[d] else index[d + off]
-                for d in range(len(old))]
+        return [sympy.Integer(0) if bcast[d] else index[d + off] for d in range(len(old))]
 
     def restride(l):
-        stride = [sympy.Integer(0)] * off + [
-            sympy.Integer(0) if bcast[d] else l.stride[d]
-            for d in range(len(old))]
+        stride = [sympy.Integer(0)] * off + [sympy.Integer(0) if bcast[d] else l.stride[d] for d in range(len(old))]
         return _lay(l, size, stride)
     return make_view(x, size, reindex, restride)
 
@@ -366,10 +362,8 @@ def _as_strided(x, size, stride, storage_offset=None):
         raise FallbackToExtern
     # ATen's offset is absolute in the storage; a layout's is relative to the buffer's
     # start, which for a graph input is the input's own storage offset
-    off = layout.offset if storage_offset is None else \
-        as_expr(storage_offset) - getattr(buf, "storage_offset", 0)
-    return TensorBox(ReinterpretView(buf, _lay(layout, [as_expr(s) for s in size],
-                                               [as_expr(s) for s in stride], off)))
+    off = layout.offset if storage_offset is None else as_expr(storage_offset) - getattr(buf, "storage_offset", 0)
+    return TensorBox(ReinterpretView(buf, _lay(layout, [as_expr(s) for s in size], [as_expr(s) for s in stride], off)))
 
 
 # ------------------------------------------------------------------------ concatenation
@@ -527,8 +521,7 @@ def _index(x, indices):
         bidx = list(index[first:first + nb])
         rest = list(index[:first]) + list(index[first + nb:])
         it = iter(rest)
-        return xl([ops.indirect_indexing(loaders[d](bidx), xs[d]) if d in loaders else next(it)
-                   for d in range(nd)])
+        return xl([ops.indirect_indexing(loaders[d](bidx), xs[d]) if d in loaders else next(it) for d in range(nd)])
 
     return TensorBox.create(Pointwise(device(), odt, inner, size))
 
@@ -724,8 +717,7 @@ def _index_put(x, indices, values, accumulate=False):
     def dest(index):
         bidx = list(index[first:first + nb])
         rest = iter(list(index[:first]) + list(index[first + nb:]))
-        return [ops.indirect_indexing(loaders[d](bidx), xs[d]) if d in loaders else next(rest)
-                for d in range(nd)]
+        return [ops.indirect_indexing(loaders[d](bidx), xs[d]) if d in loaders else next(rest) for d in range(nd)]
 
     return _scatter_box(x, rshape, dest, vload, "atomic_add" if accumulate else None)
 
@@ -738,8 +730,7 @@ def _scatter(x, dim, index, src):
     isize = list(index.get_size())
     il = index.make_loader()
     cdt = compute_dtype(x.get_dtype())
-    vload = loader_as(src, isize, cdt) if not is_box(src) else (
-        lambda i, l=loader_as(src, src.get_size(), cdt): l(i))
+    vload = loader_as(src, isize, cdt) if not is_box(src) else (lambda i, l=loader_as(src, src.get_size(), cdt): l(i))
 
     def dest(i):
         d = list(i)

@@ -126,8 +126,7 @@ def current_shape_env():
 
 def is_static(e) -> bool:
     """Whether ``e`` (int or sympy expression) is a plain integer."""
-    return isinstance(e, int) or getattr(e, "is_Integer", False) or (
-        isinstance(e, sympy.Basic) and e.is_number)
+    return isinstance(e, int) or getattr(e, "is_Integer", False) or (isinstance(e, sympy.Basic) and e.is_number)
 
 
 def is_size_symbol(s) -> bool:

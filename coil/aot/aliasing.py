@@ -407,8 +407,7 @@ def _error_on_empty(func, args, kwargs, as_long=frozenset()) -> Optional[str]:
         return pytree.tree_map_only(torch.Tensor, empty(torch.int64 if k in as_long else None), v)
     with torch.utils._python_dispatch._disable_current_modes():
         try:
-            func(*[replace(k, a) for k, a in enumerate(args)],
-                 **{n: replace(n, v) for n, v in kwargs.items()})
+            func(*[replace(k, a) for k, a in enumerate(args)], **{n: replace(n, v) for n, v in kwargs.items()})
         except (RuntimeError, IndexError) as e:
             return f"{type(e).__name__}: {e}"
     return None

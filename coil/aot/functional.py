@@ -196,8 +196,7 @@ class _ViewRewrites(TorchDispatchMode):
                     for s, d in zip(args[1], args[0].shape)):
             return aten.alias.default(args[0])
         if func is aten.as_strided_.default:  # as for as_strided (fuzz s92 #4, s81 #2963)
-            _lay_out_as_eager(self.roots.get(args[0], args[0]),
-                              aten.as_strided.default(*args, **(kwargs or {})))
+            _lay_out_as_eager(self.roots.get(args[0], args[0]), aten.as_strided.default(*args, **(kwargs or {})))
         for a in args:  # an as_strided view read after a write to its root (s93 #358)
             if isinstance(a, torch.Tensor) and a in self.strided and a in self.roots:
                 _lay_out_as_eager(self.roots[a], a)
@@ -495,8 +494,7 @@ def _view_of_written_intermediate(o: torch.Tensor) -> bool:
     (``torch.add(x, y, out=torch.empty(4, n).t())``): functionalization's new value of that intermediate has the
     out-of-place op's layout, so ``o`` is rebuilt from it at eager's strides."""
     base = o._base
-    return base is not None and isinstance(base, FunctionalTensor) and \
-        torch._functionalize_has_data_mutation(base.elem)
+    return base is not None and isinstance(base, FunctionalTensor) and torch._functionalize_has_data_mutation(base.elem)
 
 
 # --------------------------------------------------------------------------- tracing

@@ -231,8 +231,7 @@ class _Rewriter:
                     and isinstance(_val(given[a]), torch.Tensor)]
         operands += [_SAMPLE[type(given[names[i]].meta["val"])] for i in positions]
         try:
-            compute, _ = elementwise_dtypes(
-                *operands, type_promotion_kind=ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT)
+            compute, _ = elementwise_dtypes(*operands, type_promotion_kind=ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT)
         except Exception:  # noqa: BLE001 - no tensor operand: leave it
             return
         if not self._same_device(node, [self.tensor_of(given[names[i]]) for i in positions]):

@@ -206,13 +206,11 @@ class DynamicPolicy:
             if d not in dyn:
                 kinds.append(DimDynamic.STATIC)
             elif dyn[d] == "unbacked":
-                kinds.append(getattr(DimDynamic, "UNBACKED", None) or
-                             getattr(DimDynamic, "SIZE_LIKE_UNBACKED"))
+                kinds.append(getattr(DimDynamic, "UNBACKED", None) or getattr(DimDynamic, "SIZE_LIKE_UNBACKED"))
             else:
                 kinds.append(DimDynamic.DYNAMIC)
         # strides follow from the sizes where the input is contiguous (INFER_STRIDE)
-        ctx = StatelessSymbolicContext(dynamic_sizes=kinds,
-                                       dynamic_strides=[DimDynamic.INFER_STRIDE] * value.dim())
+        ctx = StatelessSymbolicContext(dynamic_sizes=kinds, dynamic_strides=[DimDynamic.INFER_STRIDE] * value.dim())
         fake = fake_mode.from_tensor(value, symbolic_context=ctx, source=ShapeSource(expr))
         env = fake_mode.shape_env
         for d, reason in dyn.items():
@@ -239,8 +237,7 @@ class DynamicPolicy:
 def _is_wrapper(t) -> bool:
     """A tensor subclass other than Parameter/Buffer: faked with static sizes (its own
     ``__torch_dispatch__`` may not accept symbolic ones)."""
-    return type(t) not in (torch.Tensor, torch.nn.Parameter) and not isinstance(
-        t, torch.nn.parameter.Buffer)
+    return type(t) not in (torch.Tensor, torch.nn.Parameter) and not isinstance(t, torch.nn.parameter.Buffer)
 
 
 def _symbol(s):
@@ -290,8 +287,7 @@ class SiteRecorder:
                 trace.log("specialization", stage="capture", symbol=str(pinned[0]),
                           value=pinned[1], guard=str(expr), user_line=where, reason=reason)
             else:
-                trace.log("shape_guard", stage="capture", guard=str(expr), user_line=where,
-                          reason=reason)
+                trace.log("shape_guard", stage="capture", guard=str(expr), user_line=where, reason=reason)
 
     def site_of(self, index: int) -> Optional[str]:
         for i, w in self.sites:
@@ -458,8 +454,7 @@ def is_symbolic_value(v: Any) -> bool:
     if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
         return True
     if isinstance(v, torch.Tensor):
-        return any(isinstance(s, torch.SymInt) for s in (*v.shape, *v.stride(),
-                                                          v.storage_offset()))
+        return any(isinstance(s, torch.SymInt) for s in (*v.shape, *v.stride(), v.storage_offset()))
     return False
 
 

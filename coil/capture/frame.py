@@ -133,8 +133,7 @@ class CaptureConfig:
 
 
 class CacheEntry:
-    __slots__ = ("guard", "entry", "guards", "guard_src", "argnames", "config", "input_shapes",
-                 "input_scalars")
+    __slots__ = ("guard", "entry", "guards", "guard_src", "argnames", "config", "input_shapes", "input_scalars")
 
     def __init__(self, guard, entry, guards, guard_src, argnames, config, input_shapes=None,
                  input_scalars=None):
@@ -758,10 +757,8 @@ def _build_entry(tx, output: OutputGraph, cfg: CaptureConfig, fn, code, argnames
     trace.artifact("entry", src, kind="python", frame=_label(code))
     for listener in _listeners:
         listener("frame", code, guard_src, src)
-    shapes = {src.expr(): tuple(real.shape) for (src, real, _) in output.inputs
-              if isinstance(real, torch.Tensor)}
-    return CacheEntry(guard_fn, entry_fn, output.guards, guard_src, argnames, cfg, shapes,
-                      dict(output.dynamic.scalars))
+    shapes = {src.expr(): tuple(real.shape) for (src, real, _) in output.inputs if isinstance(real, torch.Tensor)}
+    return CacheEntry(guard_fn, entry_fn, output.guards, guard_src, argnames, cfg, shapes, dict(output.dynamic.scalars))
 
 
 def _add_shape_guards(output: OutputGraph) -> list:
@@ -776,8 +773,7 @@ def _add_shape_guards(output: OutputGraph) -> list:
         return []
     prelude, exprs, names, checks = shape_guards(output.shape_env, inputs, output.guards.contiguous)
     output.guards.set_shape_guards(prelude, exprs, names)
-    trace.log("shape_guards", stage="capture", guards=[readable(e, names) for e in exprs],
-              runtime_asserts=checks)
+    trace.log("shape_guards", stage="capture", guards=[readable(e, names) for e in exprs], runtime_asserts=checks)
     return checks
 
 

@@ -313,8 +313,7 @@ class GuardSet:
                 ok = False
             if not ok:
                 text = readable(e, self.shape_names)
-                got = {self.shape_names[n]: ns.get(n) for n in sorted(set(
-                    __import__("re").findall(r"___z\d+", e)))}
+                got = {self.shape_names[n]: ns.get(n) for n in sorted(set(__import__("re").findall(r"___z\d+", e)))}
                 out.append({"guard": text, "value": None, "expected": "True", "got": repr(got),
                             "text": f"{text}  (sizes: {got})"})
                 if len(out) >= limit:
@@ -498,8 +497,7 @@ class _Parsed:
             if len(steps) < 2:
                 continue
             start = steps[0].col_offset
-            prefixes = [(self.raw[start:s.end_col_offset].decode("utf-8"), s.end_col_offset)
-                        for s in steps[1:]]
+            prefixes = [(self.raw[start:s.end_col_offset].decode("utf-8"), s.end_col_offset) for s in steps[1:]]
             entry = (start, prefixes)
             self.chains.append(entry)
             if first is not None and (first is n or (id(n) in func_attrs and first is n.value)):

@@ -105,8 +105,7 @@ def _probe_dtypes(target, mixed: bool = False, always: bool = False):
 
         def real(a):
             if isinstance(a, torch.Tensor):
-                return torch.zeros(a.shape if mixed else (1,) * a.dim(), dtype=a.dtype, device=a.device) \
-                    + (not mixed)
+                return torch.zeros(a.shape if mixed else (1,) * a.dim(), dtype=a.dtype, device=a.device) + (not mixed)
             return a
         with unset_fake_temporarily(), torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")

@@ -163,15 +163,13 @@ class OutputGraph:
         for dev in _autocast_devices():
             state = torch.is_autocast_enabled(dev)
             self.guards.ns["___autocast_enabled"] = torch.is_autocast_enabled
-            self.guards.add(f"___autocast_enabled({dev!r}) is {state!r}",
-                            f"___autocast_enabled({dev!r})", state)
+            self.guards.add(f"___autocast_enabled({dev!r}) is {state!r}", f"___autocast_enabled({dev!r})", state)
             if state:  # the graph was traced in this autocast dtype (bf16 vs fp16)
                 dtype = torch.get_autocast_dtype(dev)
                 const = f"___autocast_dtype_{dev}"
                 self.guards.ns["___autocast_dtype"] = torch.get_autocast_dtype
                 self.guards.ns[const] = dtype
-                self.guards.add(f"___autocast_dtype({dev!r}) is {const}",
-                                f"___autocast_dtype({dev!r})", dtype)
+                self.guards.add(f"___autocast_dtype({dev!r}) is {const}", f"___autocast_dtype({dev!r})", dtype)
 
     # --- inputs --------------------------------------------------------------------
     def _placeholder(self, name: str):
@@ -197,10 +195,8 @@ class OutputGraph:
         if (hit := self.input_vts.get(id(value))) is not None:
             return hit
         expr = source.expr()
-        is_param = isinstance(value, torch.nn.Parameter) or "._buffers[" in expr or \
-            isinstance(source, ConstSource)
-        fake = self.dynamic.fake_input(self.fake_mode, expr, value, is_param,
-                                       tx.location() if tx is not None else None)
+        is_param = isinstance(value, torch.nn.Parameter) or "._buffers[" in expr or isinstance(source, ConstSource)
+        fake = self.dynamic.fake_input(self.fake_mode, expr, value, is_param, tx.location() if tx is not None else None)
         node = self._placeholder(expr)
         node.meta["example_value"] = fake
         node.meta["source"] = source.expr()

@@ -70,8 +70,7 @@ def make_resume_code(code: types.CodeType, index: int, null_mask: tuple, local_n
     prologue.append(Instr("JUMP_FORWARD", label, lineno=lineno))
     if sys.version_info[:2] >= (3, 12):
         _two_arg_super(bc)
-    new = list(bc[:resume_pos + 1]) + prologue + list(bc[resume_pos + 1:insert_at]) + [label] + \
-        list(bc[insert_at:])
+    new = list(bc[:resume_pos + 1]) + prologue + list(bc[resume_pos + 1:insert_at]) + [label] + list(bc[insert_at:])
     if tail is not None:
         # the frame's cells are plain locals of the resume code (below): pass them on as is
         new = _with_tail(bc, new, tail[:2] + (set(),) + tail[3:])
@@ -265,8 +264,7 @@ def make_call_stub(code: types.CodeType, lineno: Optional[int], local_names: tup
         if line == first:
             src = "\n" * (first - 1) + f"def ___stub({params}): {body}\n"
         else:
-            src = "\n" * (first - 1) + f"def ___stub({params}):\n" + \
-                "\n" * (line - first - 1) + f"    {body}\n"
+            src = "\n" * (first - 1) + f"def ___stub({params}):\n" + "\n" * (line - first - 1) + f"    {body}\n"
         ns: dict = {}
         exec(compile(src, code.co_filename, "exec"), ns)
         bc = Bytecode.from_code(ns["___stub"].__code__)

@@ -96,8 +96,7 @@ def tensor(data, *, dtype=None, device=None, requires_grad=False, pin_memory=Fal
     sym = (torch.SymInt, torch.SymFloat)
     flat = pytree.tree_leaves(data)
     if not any(isinstance(v, sym) for v in flat) or requires_grad and not isinstance(data, sym):
-        return torch.tensor(data, dtype=dtype, device=device, requires_grad=requires_grad,
-                            pin_memory=pin_memory)
+        return torch.tensor(data, dtype=dtype, device=device, requires_grad=requires_grad, pin_memory=pin_memory)
     # eager's dtype and shape, from the values' hints (an unbacked one has none: a float of its
     # kind, so torch.tensor(x.sum().item()) stays float, not int64 truncating 3.75 to 3)
     like = torch.tensor(pytree.tree_map(lambda v: (v.node.hint if v.node.hint is not None else

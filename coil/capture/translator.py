@@ -219,8 +219,7 @@ class InstructionTranslatorBase:
         self.current = inst
         self.output.current_tx = self
         if (h := self.handlers.get(inst.opname)) is None:
-            raise Unsupported(f"opcode {inst.opname} is not supported",
-                              hint="add a handler in coil/capture/opcodes.py")
+            raise Unsupported(f"opcode {inst.opname} is not supported", hint="add a handler in coil/capture/opcodes.py")
         try:
             h(self, inst)
         except Unsupported as e:
@@ -441,8 +440,7 @@ class InstructionTranslatorBase:
             a = SetVariable([v.as_python_constant() for v in a.items])
         if isinstance(a, SetVariable) and isinstance(b, (SetVariable, ListIteratorVariable)) and op in (
                 operator.and_, operator.or_, operator.sub, operator.xor):
-            other = b.as_python_constant() if isinstance(b, SetVariable) else \
-                {v.as_python_constant() for v in b.items}
+            other = b.as_python_constant() if isinstance(b, SetVariable) else {v.as_python_constant() for v in b.items}
             return SetVariable(op(set(a.items), set(other)))
         from coil.capture.variables.builtins import IdVariable
 
@@ -487,8 +485,7 @@ class InstructionTranslatorBase:
                     SizeVariable if SizeVariable in (type(a), type(b)) else TupleVariable
                 return cls(a.items + b.items)     # tuple + torch.Size is a torch.Size
             if op in (operator.eq, operator.ne):
-                eq = len(a.items) == len(b.items) and all(
-                    self.values_equal(x, y) for x, y in zip(a.items, b.items))
+                eq = len(a.items) == len(b.items) and all(self.values_equal(x, y) for x, y in zip(a.items, b.items))
                 return ConstantVariable(eq if op is operator.eq else not eq)
         if isinstance(a, BaseListVariable) and op in (operator.mul, operator.imul) and b.is_python_constant():
             cls = ListVariable if isinstance(a, ListVariable) else TupleVariable
@@ -590,8 +587,7 @@ class InstructionTranslatorBase:
                 return InliningTranslator(code, fn.get_globals(), tx.output, bound, cells,
                                           parent=tx, fn_name=fn.fn_name())
             return GeneratorVariable(self, fn, args, kwargs, start)
-        sub = InliningTranslator(code, fn.get_globals(), self.output, bound, cells,
-                                 parent=self, fn_name=fn.fn_name())
+        sub = InliningTranslator(code, fn.get_globals(), self.output, bound, cells, parent=self, fn_name=fn.fn_name())
         return sub.run_inline()
 
     def call_module(self, mod_vt: NNModuleVariable, args: list, kwargs: dict) -> VariableTracker:

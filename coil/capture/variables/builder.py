@@ -119,8 +119,7 @@ def _build(tx, value, source, gs) -> VariableTracker:
     t = type(value)
     if t in (tuple, list) or (isinstance(value, tuple) and hasattr(t, "_fields")):
         if gs is not None:
-            gs.add(f"type({expr}) is {gs.const(t)} and len({expr}) == {len(value)}",
-                   f"len({expr})", len(value))
+            gs.add(f"type({expr}) is {gs.const(t)} and len({expr}) == {len(value)}", f"len({expr})", len(value))
         items = [wrap(tx, v, GetItemSource(source, i) if source is not None else None,
                       guard=gs is not None)
                  for i, v in enumerate(value)]
@@ -136,8 +135,7 @@ def _build(tx, value, source, gs) -> VariableTracker:
         if not all(is_literal(k) for k in value):
             return UserDefinedObjectVariable(value, source)
         if gs is not None:
-            gs.add(f"type({expr}) is {gs.const(t)} and list({expr}) == {list(value)!r}",
-                   f"list({expr})", list(value))
+            gs.add(f"type({expr}) is {gs.const(t)} and list({expr}) == {list(value)!r}", f"list({expr})", list(value))
         items = {k: wrap(tx, v, GetItemSource(source, k) if source is not None else None,
                          guard=gs is not None) for k, v in value.items()}
         return DictVariable(items, t, source)

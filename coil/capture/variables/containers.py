@@ -414,8 +414,7 @@ class DictVariable(VariableTracker):
         return [TupleVariable([self.wrap_key(tx, k), v]) for k, v in self.items.items()]
 
     def build_expr(self, cg):
-        body = "{" + ", ".join(f"{cg.const_expr(k)}: {cg.reconstruct(v)}"
-                               for k, v in self.items.items()) + "}"
+        body = "{" + ", ".join(f"{cg.const_expr(k)}: {cg.reconstruct(v)}" for k, v in self.items.items()) + "}"
         if self.user_cls is dict:
             return body
         if self.default_factory is not None:
@@ -453,8 +452,7 @@ class SetVariable(VariableTracker):
         if name in ("add", "discard", "remove", "update", "clear", "difference_update",
                     "intersection_update"):
             tx.output.side_effects.mutated(self)
-            cargs = [set(a.as_python_constant()) if name.endswith("update")
-                     else a.as_python_constant() for a in args]
+            cargs = [set(a.as_python_constant()) if name.endswith("update") else a.as_python_constant() for a in args]
             getattr(self.items, name)(*cargs)
             return ConstantVariable(None)
         if name == "__contains__":
@@ -783,8 +781,7 @@ class GeneratorVariable(ListIteratorVariable):
 
     def reconstruct(self, cg):
         if self._items is not None:
-            raise Unsupported("a generator started in traced code escapes the frame",
-                              hint="the frame runs eagerly")
+            raise Unsupported("a generator started in traced code escapes the frame", hint="the frame runs eagerly")
         args = "".join(cg.reconstruct(a) + ", " for a in self.args)
         kwargs = "".join(f"{k}={cg.reconstruct(v)}, " for k, v in self.kwargs.items())
         return f"{cg.reconstruct(self.fn)}({args}{kwargs})"

@@ -195,8 +195,7 @@ class NestedFunctionVariable(BaseFunctionVariable):
             closure = f"({cells},)"
         else:
             closure = "(" + ", ".join(cg.reconstruct_cell(c) for c in self.closure) + ",)" if self.closure else "None"
-        defaults = "(" + "".join(cg.reconstruct(d) + ", " for d in self.defaults) + ")" \
-            if self.defaults else "None"
+        defaults = "(" + "".join(cg.reconstruct(d) + ", " for d in self.defaults) + ")" if self.defaults else "None"
         fn = (f"___make_function({cg.const_expr(self.code)}, {cg.const_expr(self.globals)}, "
               f"{self.name!r}, {defaults}, {closure})")
         return cg.bind(self, fn)

@@ -340,8 +340,7 @@ def call_cond(tx, args: list, kwargs: dict) -> VariableTracker:
     if "operands" not in bound:
         bound["operands"] = TupleVariable([])
     if len(bound) != 4:
-        raise UserError("torch.cond(pred, true_fn, false_fn, operands): missing arguments",
-                        location=tx.location())
+        raise UserError("torch.cond(pred, true_fn, false_fn, operands): missing arguments", location=tx.location())
     pred, true_fn, false_fn = bound["pred"], bound["true_fn"], bound["false_fn"]
     operands = _operands(tx, bound["operands"])
     from coil.capture.variables.symbolic import SymNodeVariable
@@ -408,8 +407,7 @@ def _reorder_lifted(sg: Subgraph, order: dict) -> None:
     """Put ``sg``'s lifted placeholders in the order ``order`` gives their parent nodes."""
     phs = [n for n in sg.graph.nodes if n.op == "placeholder"][sg.n_operands:]
     pairs = sorted(zip(sg.lifted, phs), key=lambda p: order[p[0]])
-    anchor = [n for n in sg.graph.nodes if n.op == "placeholder"][sg.n_operands - 1] \
-        if sg.n_operands else None
+    anchor = [n for n in sg.graph.nodes if n.op == "placeholder"][sg.n_operands - 1] if sg.n_operands else None
     for _, p in pairs:
         if anchor is None:
             first = next(iter(sg.graph.nodes))
@@ -601,8 +599,7 @@ def call_scan(tx, args: list, kwargs: dict) -> VariableTracker:
     ys = items[n_carry:]
     if reverse:
         ys = [op(torch.flip, y, ConstantVariable([0])) for y in ys]
-    ys = [op(torch.movedim, y, ConstantVariable(0), ConstantVariable(d))
-          if d and d < y.fake.dim() else y for y in ys]
+    ys = [op(torch.movedim, y, ConstantVariable(0), ConstantVariable(d)) if d and d < y.fake.dim() else y for y in ys]
     trace.log("hop", stage="capture", op="scan", subgraphs=[name], length=int(length),
               cloned_carries=cloned,   # read by the body too: saved values would alias them
               lifted=[x.meta.get("source", x.name) for x in body.lifted],
@@ -612,8 +609,7 @@ def call_scan(tx, args: list, kwargs: dict) -> VariableTracker:
 
 # --------------------------------------------------------------------------- checkpoint
 
-_CHECKPOINT_DEFAULTS = {"preserve_rng_state": True, "context_fn": None,
-                        "determinism_check": "default", "debug": False}
+_CHECKPOINT_DEFAULTS = {"preserve_rng_state": True, "context_fn": None, "determinism_check": "default", "debug": False}
 
 
 def call_checkpoint(tx, args: list, kwargs: dict) -> VariableTracker:

@@ -131,8 +131,7 @@ def lookup_attr(tx, vt: ObjectVariableBase, name: str, generic: bool = False):
             return UserMethodVariable(value.__func__, vt)
         return wrap(tx, value, vt.attr_source(name))
     cls_attr = _static_lookup(cls, name)
-    is_data_descr = cls_attr is not _SENTINEL and (
-        isinstance(cls_attr, property) or hasattr(type(cls_attr), "__set__"))
+    is_data_descr = cls_attr is not _SENTINEL and (isinstance(cls_attr, property) or hasattr(type(cls_attr), "__set__"))
     if is_data_descr and not isinstance(cls_attr, property):
         try:
             return wrap(tx, getattr(obj, name), vt.attr_source(name))
@@ -272,8 +271,7 @@ class UserDefinedObjectVariable(ObjectVariableBase):
         if isinstance(method, BoundMethodVariable) and method.obj is self and method.name == name:
             # a C method of the object (e.g. random.Random().random): not traceable, and
             # asking this tracker again would recurse
-            raise Unsupported(f"call to C method {type(self.value).__name__}.{name}",
-                              hint="it runs outside the graph")
+            raise Unsupported(f"call to C method {type(self.value).__name__}.{name}", hint="it runs outside the graph")
         return tx.call(method, args, kwargs)
 
     def unpack(self, tx):
@@ -317,8 +315,7 @@ class NNModuleVariable(ObjectVariableBase):
     def _keys(self, tx):
         """The container's keys, guarded (an appended or deleted entry recompiles)."""
         m = self.value
-        dname = "_parameters" if isinstance(m, (torch.nn.ParameterList,
-                                                  torch.nn.ParameterDict)) else "_modules"
+        dname = "_parameters" if isinstance(m, (torch.nn.ParameterList, torch.nn.ParameterDict)) else "_modules"
         return _guard_keys(tx, self.source, m, dname)
 
     def unpack(self, tx):
@@ -394,8 +391,7 @@ class NNModuleVariable(ObjectVariableBase):
             rec = kwargs.get("recurse", ConstantVariable(True)).as_python_constant()
             return ListIteratorVariable([v for _, v in self._named(tx, kind, recurse=rec)])
         if name in ("named_parameters", "named_buffers", "named_children", "named_modules"):
-            return ListIteratorVariable([TupleVariable([ConstantVariable(q), v])
-                                         for q, v in self._named(tx, name)])
+            return ListIteratorVariable([TupleVariable([ConstantVariable(q), v]) for q, v in self._named(tx, name)])
         if name == "forward" and type(m).forward is torch.nn.Module.forward:
             raise Unsupported("module has no forward")
         return tx.call(self.var_getattr(tx, name), args, kwargs)
@@ -620,8 +616,7 @@ class PythonModuleVariable(ObjectVariableBase):
         src = self.attr_source(name)
         # torch's switches (torch.backends.cudnn.enabled, ...matmul.allow_tf32) change at
         # run time: a branch on one is guarded like any user global
-        switch = self.value.__name__.startswith("torch.backends") and isinstance(
-            value, (bool, int, float, str))
+        switch = self.value.__name__.startswith("torch.backends") and isinstance(value, (bool, int, float, str))
         if root in self.TRUSTED and not switch:
             if self.source is not None and vars(self.value).get(name, _SENTINEL) is value:
                 # `torch.nn.functional.relu = f` after compiling recompiles: one identity check
@@ -702,8 +697,7 @@ class NewObjectVariable(VariableTracker):
 
 def is_model_output_class(cls) -> bool:
     """Dataclasses that are also OrderedDicts (``transformers.utils.ModelOutput``)."""
-    return (isinstance(cls, type) and issubclass(cls, collections.OrderedDict)
-            and dataclasses.is_dataclass(cls))
+    return (isinstance(cls, type) and issubclass(cls, collections.OrderedDict) and dataclasses.is_dataclass(cls))
 
 
 class DataClassDictVariable(DictVariable):
@@ -724,8 +718,7 @@ class DataClassDictVariable(DictVariable):
         for f in dataclasses.fields(klass):
             if f.name not in values:
                 if f.default is not dataclasses.MISSING:
-                    values[f.name] = ConstantVariable(f.default) if f.default is None else \
-                        tx.wrap(f.default, None)
+                    values[f.name] = ConstantVariable(f.default) if f.default is None else tx.wrap(f.default, None)
                 else:
                     values[f.name] = ConstantVariable(None)
         items = {n: values[n] for n in names

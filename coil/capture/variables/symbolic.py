@@ -88,8 +88,7 @@ class SymNodeVariable(VariableTracker):
                 op = torch.ops.aten.sym_size.int if kind == "size" else torch.ops.aten.sym_stride.int
                 node = graph.create_node("call_function", op, (t.node, d), {})
         elif kind == "numel":
-            node = graph.create_node("call_function", torch.ops.aten.sym_numel.default,
-                                     (self.recipe[1].node,), {})
+            node = graph.create_node("call_function", torch.ops.aten.sym_numel.default, (self.recipe[1].node,), {})
         else:
             fn, operands = self.recipe[1], self.recipe[2]
             args = tuple(a.as_node() if isinstance(a, SymNodeVariable) else a for a in operands)

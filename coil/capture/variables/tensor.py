@@ -294,8 +294,7 @@ def _wrap_sequence(out, node, result) -> VariableTracker:
             sub = out.graph.create_node("call_function", operator.getitem, (node, i), {})
             sub.meta["example_value"] = r
             _copy_location(node, sub)
-            items.append(TensorVariable(sub, r) if isinstance(r, torch.Tensor)
-                         else _wrap_sequence(out, sub, r))
+            items.append(TensorVariable(sub, r) if isinstance(r, torch.Tensor) else _wrap_sequence(out, sub, r))
         else:
             items.append(ConstantVariable(r))
     if type(result) is dict:
@@ -334,8 +333,7 @@ def wrap_result(tx, node, result) -> VariableTracker:
         raise Unsupported(f"{_name(node.target)} returned tensors inside a {type(result).__name__}",
                           hint="the call runs outside the graph")
     name = _name(node.target)
-    side_effecting = (result is None or node.target is operator.setitem or name.endswith("_")
-                      or "out" in node.kwargs)
+    side_effecting = (result is None or node.target is operator.setitem or name.endswith("_") or "out" in node.kwargs)
     if len(node.users) == 0 and not side_effecting:
         out.graph.erase_node(node)
     from coil.capture.variables.builder import wrap_constant_result
@@ -386,8 +384,7 @@ def _split_scalar_tensor_index(t: "TensorVariable", idx):
     """``x[..., i, ...]`` with 0-d integer tensors ``i`` (and otherwise only ints, slices, ``None``, ``...``): the basic
     index with each such ``i`` replaced by ``:``, and the dims ``(position, i)`` of that view that ``i`` then picks.
     ``None`` when the index has no 0-d integer tensor or has anything else (lists, other tensors, bools)."""
-    items = list(idx.items) if isinstance(idx, TupleVariable) and not isinstance(
-        idx, NamedTupleVariable) else [idx]
+    items = list(idx.items) if isinstance(idx, TupleVariable) and not isinstance(idx, NamedTupleVariable) else [idx]
     picked = [_is_int_scalar_tensor(v) for v in items]
     if not any(picked) and not any(map(_is_symint, items)) or any(picked) and any(map(_is_symint, items)):
         return None  # (symbolic ints with 0-d tensors: C++ indexing, pinned)
@@ -472,8 +469,7 @@ class TensorVariable(VariableTracker):
             raise Unsupported("iteration over a 0-d tensor (raised by user code)")
         n = wrap_sym(tx.output, self.fake.shape[0], ("size", self, 0))
         n = n.evaluate("iteration over a tensor") if isinstance(n, SymNodeVariable) else n.value
-        return [call_op(tx, "call_function", operator.getitem, [self, ConstantVariable(i)], {})
-                for i in range(n)]
+        return [call_op(tx, "call_function", operator.getitem, [self, ConstantVariable(i)], {}) for i in range(n)]
 
     def var_getattr(self, tx, name):
         from coil.capture.variables.functions import BoundMethodVariable
@@ -545,8 +541,7 @@ class TensorVariable(VariableTracker):
             split = _split_scalar_tensor_index(self, args[0])
             if split is not None and _is_symint(split[1][0][1]):
                 view, value = _select_symints(tx, self, *split), args[1]
-                call_op(tx, "call_method", "copy_" if isinstance(value, TensorVariable) else "fill_",
-                        [view, value], {})
+                call_op(tx, "call_method", "copy_" if isinstance(value, TensorVariable) else "fill_", [view, value], {})
                 return ConstantVariable(None)
             if split is not None:
                 view = call_op(tx, "call_function", operator.getitem, [self, split[0]], {})

@@ -189,8 +189,7 @@ def _unbacked_shape_env(gm):
     tensor input holds (``x[:int(f)]`` for a dynamic float ``f``), or None."""
     for n in gm.graph.nodes:
         v = n.meta.get("val")
-        for s in [v] if isinstance(v, torch.SymInt) else \
-                list(v.shape) if isinstance(v, torch.Tensor) else []:
+        for s in [v] if isinstance(v, torch.SymInt) else list(v.shape) if isinstance(v, torch.Tensor) else []:
             if isinstance(s, torch.SymInt) and s.node.expr.free_symbols:
                 return s.node.shape_env
     return None

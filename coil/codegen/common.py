@@ -76,8 +76,7 @@ class KernelPlan:
                 section_has_loop = in_loop
                 for n in reads_own:
                     producer = self._node(n)
-                    if (produced_in[n] != section and producer.in_loop
-                            and not producer.buffer.is_reduction()):
+                    if (produced_in[n] != section and producer.in_loop and not producer.buffer.is_reduction()):
                         cross_section.add(n)  # in-loop value re-read by a later loop
             self.nodes.append(PlannedNode(buf, index, rindex, in_loop, section))
             produced_in[buf.get_name()] = section

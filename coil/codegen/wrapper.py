@@ -63,8 +63,7 @@ def empty_row_padded(size, row_stride: int, device, dtype) -> torch.Tensor:
     return torch.empty((m, row_stride), device=device, dtype=dtype)[:, :n]
 
 
-def matmul_padded(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
-                  bias: Optional[torch.Tensor] = None) -> None:
+def matmul_padded(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None) -> None:
     """``out = a @ b (+ bias)`` with every operand cuBLAS sees 16-byte aligned.
 
     ``a`` is (M, K), ``b`` (K, N), ``bias`` (N,), (1, N), (1,) or (); ``out`` is (M, N), either contiguous or from
@@ -382,8 +381,7 @@ class WrapperCodegen:
             for n in dict.fromkeys(reads[i]):
                 if last_use.get(n) == i and n in ours and n not in out_names:
                     b = g.name_to_buffer.get(n)
-                    if isinstance(b, ComputedBuffer) and key(b) in future_keys[i] and \
-                            n not in scatter_targets:
+                    if isinstance(b, ComputedBuffer) and key(b) in future_keys[i] and n not in scatter_targets:
                         pool.setdefault(key(b), []).append(n)
                     else:
                         L.append(f"    del {n}")

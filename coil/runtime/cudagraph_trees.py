@@ -196,8 +196,7 @@ class Tree:
             # Gradients (held in .grad across micro-batches) and this call's own arguments must survive: the call runs
             # un-graphed. Other outputs belong to an earlier step and go stale, as a replay's own do.
             ptrs = {a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor)}
-            if any(m.fn.kind == "backward" for m in later) or \
-                    any(self.pool_storages.get(p) in later for p in ptrs):
+            if any(m.fn.kind == "backward" for m in later) or any(self.pool_storages.get(p) in later for p in ptrs):
                 fn.log_skip("later", "outputs of a later recording are still alive (gradients "
                                      "held in .grad, or this call's arguments): runs un-graphed")
                 return fn.fn(*args)

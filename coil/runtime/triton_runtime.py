@@ -430,8 +430,7 @@ class TritonLauncher:
         ``config.autotune_min_elements`` ``elements``); None: autotune at the first call."""
         if (tuned := self._known_tuned()) is not None:
             return tuned
-        if len(self.configs) == 1 or not (config.autotune and self.gpu) \
-                or elements < config.autotune_min_elements:
+        if len(self.configs) == 1 or not (config.autotune and self.gpu) or elements < config.autotune_min_elements:
             return self.configs[0]
         return None
 

@@ -177,8 +177,7 @@ class Scheduler:
         limit = config.launch_fusion_max_numel
         if g.rnumel != 1 or limit <= 0 or hint(g.numel) > limit:
             return None
-        if any(r == "seeds" or not isinstance(self.graph.name_to_buffer.get(r), InputBuffer)
-               for r in g.read_names()):
+        if any(r == "seeds" or not isinstance(self.graph.name_to_buffer.get(r), InputBuffer) for r in g.read_names()):
             return None
         pats = set()
         for n in g.nodes:

@@ -121,8 +121,7 @@ def _compare_tensor(what: str, actual: torch.Tensor, expected: torch.Tensor,
         c_rms, c_max = _errors(a, ref)
         e_rms, e_max = _errors(e, ref)
         floor = at / 10
-        if c_rms <= LOW_PRECISION_MARGIN * e_rms + floor and \
-                c_max <= LOW_PRECISION_MARGIN * e_max + at:
+        if c_rms <= LOW_PRECISION_MARGIN * e_rms + floor and c_max <= LOW_PRECISION_MARGIN * e_max + at:
             return None
         return (f"{what} ({expected.dtype}): compiled is further from the fp32 reference than "
                 f"eager: rms error {c_rms:.3g} vs eager's {e_rms:.3g}, max error {c_max:.3g} vs "

@@ -139,8 +139,7 @@ def _replay_env(inputs: list, stmts: list) -> dict:
     return env
 
 
-def generate(seed: int, index: int, families: Optional[list] = None,
-             max_stmts: int = 8) -> Program:
+def generate(seed: int, index: int, families: Optional[list] = None, max_stmts: int = 8) -> Program:
     """Program number ``index`` of ``seed`` (independent of the others: replayable alone)."""
     rng = random.Random(f"coil-fuzz:{seed}:{index}")
     fams = [f for f in FAMILY_WEIGHTS if not families or f in families]
@@ -770,8 +769,7 @@ def _one_narrow_ulp(a: torch.Tensor, b: torch.Tensor, low: torch.dtype) -> torch
     return exact & ((a - b).abs() <= torch.exp2(torch.floor(torch.log2(big))) * torch.finfo(low).eps)
 
 
-def _documented_numerics(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype, r64,
-                         sums) -> torch.Tensor:
+def _documented_numerics(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype, r64, sums) -> torch.Tensor:
     """Elements where compiled ``a`` differs from eager ``b`` (float64 copies) in one of two documented ways: (1) given
     ``r64`` (the float64 reference of a program using an op whose CPU statistics coil computes in float64:
     layer_norm/var/std/prod, docs/ir.md Numerics), compiled is within the dtype's tolerance of the reference (eager's
@@ -873,8 +871,7 @@ def _raised_in_dead_code(fn: Callable, err: BaseException) -> bool:
     return False
 
 
-def check(fn: Callable, make_inputs: Callable, backend: str = "cpp",
-          timeout: float = 120.0) -> Result:
+def check(fn: Callable, make_inputs: Callable, backend: str = "cpp", timeout: float = 120.0) -> Result:
     """Run ``fn`` eagerly and compiled by ``backend`` on fresh ``make_inputs()``; classify. A ``backend`` name ending in
     ``+grad`` compares gradients too (:func:`_with_grads`)."""
     name = backend if isinstance(backend, str) else getattr(backend, "__name__", "custom")

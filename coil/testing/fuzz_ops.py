@@ -309,8 +309,7 @@ def cast(c: Ctx):
     if xv.is_floating_point() and dt in INTS and xv.numel():
         ii = torch.iinfo(dt)
         x64 = xv.double()
-        if not (torch.isfinite(x64).all() and (x64 > float(ii.min) - 1).all()
-                and (x64 < min(ii.max, 2 ** 62)).all()):
+        if not (torch.isfinite(x64).all() and (x64 > float(ii.min) - 1).all() and (x64 < min(ii.max, 2 ** 62)).all()):
             raise Skip  # out-of-range float -> int casts are undefined
     return f"{c.fresh()} = {x}.to({dname(dt)})"
 

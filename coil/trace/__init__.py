@@ -107,8 +107,7 @@ def _write(record: dict) -> None:
         _state.file.write(line + "\n")
 
 
-def log(event: str, *, stage: Optional[str] = None, duration_ms: Optional[float] = None,
-        **payload: Any) -> None:
+def log(event: str, *, stage: Optional[str] = None, duration_ms: Optional[float] = None, **payload: Any) -> None:
     """Append one event. ``payload`` must be JSON-serialisable (else ``str()`` is used)."""
     if _state.dir is None:
         return

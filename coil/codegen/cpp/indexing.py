@@ -198,8 +198,7 @@ def _symbolic_split(exprs, symbol, numel, prefix: str) -> Split:
     except TypeError:
         return flat
     divides = lambda p, q: sympy.denom(sympy.expand(q / p)) == 1
-    if not all(divides(chain[i], chain[i + 1]) for i in range(len(chain) - 1)) \
-            or not divides(chain[-1], numel):
+    if not all(divides(chain[i], chain[i + 1]) for i in range(len(chain) - 1)) or not divides(chain[-1], numel):
         return flat
     return SymbolicSplit(symbol, numel, chain, prefix)
 

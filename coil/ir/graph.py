@@ -184,8 +184,7 @@ def _maybe_pad_matmul_output(ek: ExternKernel, meta: torch.Tensor) -> None:
     a, b = ek.args[1:3] if ek.op is torch.ops.aten.addmm.default else ek.args[0:2]
     m, n = meta.shape
     k = a.get_size()[1]
-    if not (isinstance(n, int) and all(isinstance(v, int) for v in meta.stride())
-            and tuple(meta.stride()) == (n, 1)):
+    if not (isinstance(n, int) and all(isinstance(v, int) for v in meta.stride()) and tuple(meta.stride()) == (n, 1)):
         return  # N symbolic or the output not contiguous
     hm, hk = hint(as_expr(m)), hint(as_expr(k))
     big = hm * n >= (1 << 20) or hm * hk >= (1 << 20) or hk * n >= (1 << 20)
@@ -934,8 +933,7 @@ def _empty_eager(node: torch.fx.Node, memo: dict) -> Optional[torch.Tensor]:
                                       **torch.fx.node.map_arg(node.kwargs, ins.__getitem__))
                 except Exception:  # an op that needs more than empty tensors
                     out = None
-        if not isinstance(out, torch.Tensor) or list(out.shape) != list(val.shape) \
-                or out.dtype != val.dtype:
+        if not isinstance(out, torch.Tensor) or list(out.shape) != list(val.shape) or out.dtype != val.dtype:
             try:
                 out = torch.empty_strided(tuple(val.shape), val.stride(), dtype=val.dtype, device=val.device)
             except Exception:  # e.g. a device this process cannot allocate on

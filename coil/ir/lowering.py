@@ -427,8 +427,7 @@ def _unrounded(x) -> bool:
     from coil.ir.nodes import GenericView, Loops, StorageBox
     node = current_graph().current_node
     arg = node.args[1] if node.target == aten.copy.default else node.args[0]
-    if isinstance(arg, torch.fx.Node) and arg.target in (aten._to_copy.default,
-                                                          prims.convert_element_type.default):
+    if isinstance(arg, torch.fx.Node) and arg.target in (aten._to_copy.default, prims.convert_element_type.default):
         return False  # rounded by that conversion
     while isinstance(x, (TensorBox, StorageBox, GenericView)):
         x = x.data
@@ -611,8 +610,7 @@ def _split_decision(ranges, numel_r: int, reduction_type: str, leading: bool = F
     # work). A few long rows keep the exact rule, so their reductions stay fused (softmax's max and sum in one kernel)
     exact = numel_out > RAGGED_SPLIT_MAX_OUTPUTS
     s = 1
-    while (not exact or numel_r % (s * 2) == 0) and numel_out * s * 2 <= 8192 \
-            and numel_r // (s * 2) >= 512:
+    while (not exact or numel_r % (s * 2) == 0) and numel_out * s * 2 <= 8192 and numel_r // (s * 2) >= 512:
         s *= 2
     return (s if s >= 4 else 1), "few_outputs"
 

@@ -76,8 +76,7 @@ def _pair(v) -> tuple:
 def _max_pool2d(x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
     node = current_graph().current_node
     reads_indices = any(u.target is not operator.getitem or (u.args[1] != 0 and u.users) for u in node.users)
-    if (not config.lower_max_pool or reads_indices or len(x.get_size()) != 4
-            or not x.get_dtype().is_floating_point):
+    if (not config.lower_max_pool or reads_indices or len(x.get_size()) != 4 or not x.get_dtype().is_floating_point):
         raise FallbackToExtern()
     kh, kw = _pair(kernel_size)
     sh, sw = _pair(stride) if stride else (kh, kw)

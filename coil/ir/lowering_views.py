@@ -79,8 +79,7 @@ def view_reshape(x: TensorBox, new_size) -> TensorBox:
         return unflatten(linear_index(index, new_size), old)
 
     def restride(layout):
-        if all(st == c or s == 1 for s, st, c in zip(layout.size, layout.stride,
-                                                      contiguous_strides(layout.size))):
+        if all(st == c or s == 1 for s, st, c in zip(layout.size, layout.stride, contiguous_strides(layout.size))):
             return _lay(layout, new_size, contiguous_strides(new_size))
         stride = view_strides(layout.size, layout.stride, new_size)
         return _lay(layout, new_size, stride) if stride is not None else None

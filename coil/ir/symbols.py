@@ -44,8 +44,7 @@ def from_torch_sympy(e: sympy.Expr) -> sympy.Expr:
     ``ModularIndexing``, ``PythonMod``, ``Mod``, ``CeilDiv``, ``PowByNatural``, ``Max``, ``Min``) into
     coil's (sizes are non-negative, so floor and truncating division agree); other
     functions stay and make printing fail (the graph then falls back, logged)."""
-    if e.is_Atom or not any(type(a).__module__ == "torch.utils._sympy.functions"
-                            for a in sympy.preorder_traversal(e)):
+    if e.is_Atom or not any(type(a).__module__ == "torch.utils._sympy.functions" for a in sympy.preorder_traversal(e)):
         return e
     name = type(e).__name__
     if name.endswith("ToInt") and type(e).__module__ == "torch.utils._sympy.functions":

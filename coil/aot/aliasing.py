@@ -251,8 +251,7 @@ def input_groups(fake_args: list, mutated: list) -> Optional[InputGroups]:
                 raise RunEagerly(SYMBOLIC_OVERLAP_MESSAGE)
             else:
                 continue
-        if not all(_static(t.shape, t.stride(), t.storage_offset()) for t in ts) or \
-                len({t.dtype for t in ts}) != 1:
+        if not all(_static(t.shape, t.stride(), t.storage_offset()) for t in ts) or len({t.dtype for t in ts}) != 1:
             return None
         span = max(_extent(t)[1] for t in ts)
         groups.append(_Group([(i, tuple(t.shape), tuple(t.stride()), t.storage_offset())
@@ -382,8 +381,7 @@ def _eager_refuses(func, args, kwargs) -> Optional[str]:
     dtypes = [x.dtype for x in leaves if isinstance(x, torch.Tensor)] + \
         [x for x in leaves if isinstance(x, torch.dtype)]
     fmax = min((torch.finfo(d).max for d in dtypes if d in _NARROW_FLOATS), default=None)
-    if fmax is not None and any(type(x) in (int, float) and math.isfinite(x) and abs(x) > fmax
-                                for x in leaves):
+    if fmax is not None and any(type(x) in (int, float) and math.isfinite(x) and abs(x) > fmax for x in leaves):
         error = _error_on_empty(func, args, kwargs)
         return error if error and "without overflow" in error else None
     names = [a.name for a in func._schema.arguments]

@@ -56,8 +56,7 @@ def _saved_layouts(bw_fakes: list, fw_strides, start: int, num_saved: int, fake_
     out, changed = list(bw_fakes), 0
     for i in range(num_saved):
         f, st = out[i], fw_strides[start + i] if start + i < len(fw_strides) else None
-        if isinstance(f, torch.Tensor) and st is not None and len(st) == f.dim() \
-                and tuple(f.stride()) != tuple(st):
+        if isinstance(f, torch.Tensor) and st is not None and len(st) == f.dim() and tuple(f.stride()) != tuple(st):
             with fake_mode:
                 out[i] = torch.empty_strided(tuple(f.shape), tuple(st), dtype=f.dtype, device=f.device)
             changed += 1
@@ -464,8 +463,7 @@ def _compile(fn, example_inputs, fw_compiler, bw_compiler, partition_fn, decompo
     return run if groups is None else _with_input_groups(run, groups, user_fn)
 
 
-def _check_offsets_per_call(runner: Callable, gm: torch.fx.GraphModule, fake_args: list,
-                            fn: Callable) -> Callable:
+def _check_offsets_per_call(runner: Callable, gm: torch.fx.GraphModule, fake_args: list, fn: Callable) -> Callable:
     """``runner``, except on calls where an input that the graph reads through ``as_strided`` (directly or through
     views) starts at another storage offset than the compiled one: ``as_strided``'s offset is absolute in the
     storage, so the graph means something else for such a call, which runs ``fn`` eagerly

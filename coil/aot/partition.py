@@ -296,8 +296,7 @@ def checkpointed(candidates, regions: _Regions) -> set:
             continue
         if _draws_random(n.args[0] if n.target is operator.getitem else n):
             continue
-        if _saveable(n) and (n in fw_outs or any(
-                u in regions.fw_needed and _region_tag(u) != tag for u in n.users)):
+        if _saveable(n) and (n in fw_outs or any(u in regions.fw_needed and _region_tag(u) != tag for u in n.users)):
             continue
         out.add(n)
     return out
@@ -318,8 +317,7 @@ def _draws_random(n) -> bool:
 def _region_tag(n: torch.fx.Node):
     """A node's checkpoint region; a ``getitem`` of a tuple-valued node is in its producer's (the backward's reads of
     saved tuple items make untagged ones)."""
-    if n.target is operator.getitem and n.meta.get("recompute") is None and \
-            isinstance(n.args[0], torch.fx.Node):
+    if n.target is operator.getitem and n.meta.get("recompute") is None and isinstance(n.args[0], torch.fx.Node):
         n = n.args[0]
     if n.meta.get("recompute") not in _RECOMPUTE:
         return None

@@ -56,8 +56,7 @@ def inline_regions(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     for n in gm.graph.nodes:
         if n.op == "call_function" and n.target in _TARGETS:
             env[n] = _inline(g, getattr(gm, n.args[0].target), [env[a] for a in n.args[2:]], attrs)
-        elif n.op == "call_function" and n.target is operator.getitem and \
-                isinstance(env.get(n.args[0]), tuple):
+        elif n.op == "call_function" and n.target is operator.getitem and isinstance(env.get(n.args[0]), tuple):
             env[n] = env[n.args[0]][n.args[1]]
         else:
             env[n] = g.node_copy(n, lambda a: env[a])

@@ -91,8 +91,7 @@ def _is_number_type(t: str) -> bool:
     return t in ("number", "Optional[number]")
 
 
-def _tensor_overload(op: torch._ops.OpOverload, positions: set,
-                     absent: set) -> Optional[torch._ops.OpOverload]:
+def _tensor_overload(op: torch._ops.OpOverload, positions: set, absent: set) -> Optional[torch._ops.OpOverload]:
     """The overload of ``op``'s packet with the same arguments, except a Tensor where
     ``op`` takes a Scalar at each of ``positions`` (argument indices); the arguments
     named in ``absent`` (not given, or None) may have another optional type."""
@@ -103,8 +102,7 @@ def _tensor_overload(op: torch._ops.OpOverload, positions: set,
     for name in packet.overloads():
         cand = getattr(packet, name)
         cargs = cand._schema.arguments
-        if cand._schema.is_mutable or len(cargs) != len(args) \
-                or len(cand._schema.returns) != len(op._schema.returns):
+        if cand._schema.is_mutable or len(cargs) != len(args) or len(cand._schema.returns) != len(op._schema.returns):
             continue
         ok = True
         for i, (a, c) in enumerate(zip(args, cargs)):

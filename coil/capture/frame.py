@@ -104,8 +104,7 @@ _COIL_DIR = __file__.rsplit("/capture/", 1)[0]
 def _warn_user(msg: str) -> None:
     """``warnings.warn`` attributed to the first frame outside coil (the user's call)."""
     level, f = 2, sys._getframe(1)
-    while f is not None and (f.f_code.co_filename.startswith(_COIL_DIR) or
-                             f.f_code.co_filename.startswith("<coil")):
+    while f is not None and (f.f_code.co_filename.startswith(_COIL_DIR) or f.f_code.co_filename.startswith("<coil")):
         level += 1
         f = f.f_back
     warnings.warn(msg, UserWarning, stacklevel=level)
@@ -135,8 +134,7 @@ class CaptureConfig:
 class CacheEntry:
     __slots__ = ("guard", "entry", "guards", "guard_src", "argnames", "config", "input_shapes", "input_scalars")
 
-    def __init__(self, guard, entry, guards, guard_src, argnames, config, input_shapes=None,
-                 input_scalars=None):
+    def __init__(self, guard, entry, guards, guard_src, argnames, config, input_shapes=None, input_scalars=None):
         self.guard = guard
         self.entry = entry
         self.guards = guards
@@ -349,8 +347,7 @@ def _call_module_captured(mod, cfg, *args, **kwargs):
 
     from coil.capture.translator import _GLOBAL_HOOKS, _MODULE_HOOKS
 
-    if any(getattr(mod, h, None) for h in _MODULE_HOOKS) or \
-            any(getattr(_mm, h, None) for h in _GLOBAL_HOOKS):
+    if any(getattr(mod, h, None) for h in _MODULE_HOOKS) or any(getattr(_mm, h, None) for h in _GLOBAL_HOOKS):
         return mod(*args, **kwargs)
     forward = type(mod).forward
     if not isinstance(forward, types.FunctionType) or "forward" in mod.__dict__:
@@ -650,8 +647,7 @@ def _build_entry(tx, output: OutputGraph, cfg: CaptureConfig, fn, code, argnames
             # the getter of a property broke: call it from a stub (captured on its own
             # frame) and resume captured after the attribute load, as for a call
             obj = tx.pop()
-            if name == "LOAD_METHOD" or (name == "LOAD_ATTR" and sys.version_info >= (3, 12)
-                                         and inst.arg & 1):
+            if name == "LOAD_METHOD" or (name == "LOAD_ATTR" and sys.version_info >= (3, 12) and inst.arg & 1):
                 tx.push(NullVariable())        # a method-style load pushes NULL, value
             plan = ("call", index + 1, ConstantVariable(getter), [obj], {}, None, False, _line_of(inst))
             trace.log("break_plan", stage="capture", frame=_label(code), offset=inst.offset,

@@ -382,8 +382,7 @@ def _dynamic_tensor_guard(gs: GuardSet, expr: str, t: torch.Tensor, fake) -> Non
     shape = tuple(None if isinstance(s, torch.SymInt) else int(s) for s in fake.shape)
     stride = tuple(None if isinstance(s, torch.SymInt) else int(s) for s in fake.stride())
     batch = None  # as tensor_guard's, with the symbolic sizes and strides left unchecked
-    if type(t) in (torch.Tensor, torch.nn.Parameter) and t.layout is torch.strided \
-            and _TensorGuards is not None:
+    if type(t) in (torch.Tensor, torch.nn.Parameter) and t.layout is torch.strided and _TensorGuards is not None:
         batch = "___tensors_args" if "." not in expr else "___tensors_attrs"
         gs._batched.setdefault(expr, t)
         gs._batch_dims[expr] = (list(shape), list(stride))

@@ -72,8 +72,7 @@ def _setitem(args, kwargs) -> None:
     if len(args) < 3:
         return
     self, index, value = args[0], args[1], args[2]
-    if not (isinstance(self, torch.Tensor) and isinstance(value, torch.Tensor)) \
-            or self.dtype == value.dtype:
+    if not (isinstance(self, torch.Tensor) and isinstance(value, torch.Tensor)) or self.dtype == value.dtype:
         return
     if not (tensors := _tensors_in(index)):
         return
@@ -163,8 +162,7 @@ def check_graph(gm: torch.fx.GraphModule) -> None:
     gm.recompile()
 
 
-def cast_to_eager_dtype(graph: torch.fx.Graph, node: torch.fx.Node, fake: torch.Tensor,
-                        dtype: torch.dtype) -> tuple:
+def cast_to_eager_dtype(graph: torch.fx.Graph, node: torch.fx.Node, fake: torch.Tensor, dtype: torch.dtype) -> tuple:
     """Add ``node.to(dtype)`` after ``node``, a call whose meta kernel gives ``fake`` (its result) another dtype than
     eager's ``dtype``: ``bool ** True`` is bool in eager, int64 (with eager's values, 0 and 1) in the meta kernel.
     Logged (``meta_dtype_cast``). Returns the cast node and its fake value; the caller rewires ``node``'s users."""

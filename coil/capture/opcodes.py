@@ -693,8 +693,7 @@ def _exception_of(tx, v):
 
     if isinstance(v, ExceptionVariable):
         return v
-    if isinstance(v, UserDefinedClassVariable) and isinstance(v.value, type) and \
-            issubclass(v.value, BaseException):
+    if isinstance(v, UserDefinedClassVariable) and isinstance(v.value, type) and issubclass(v.value, BaseException):
         exc = tx.call(v, [], {})
         if isinstance(exc, ExceptionVariable):
             return exc

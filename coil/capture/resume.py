@@ -132,8 +132,7 @@ def _record_positions(new_code: types.CodeType, code: types.CodeType, bc, new: l
             m.append(k if parent is None or k is None else parent[k])
     user = [i.opname for i in dis.get_instructions(origin(code)) if i.opname != "EXTENDED_ARG"]
     made = [i.opname for i in dis.get_instructions(new_code) if i.opname != "EXTENDED_ARG"]
-    if len(made) == len(m) and all(k is None or (k < len(user) and user[k] == op)
-                                   for k, op in zip(m, made)):
+    if len(made) == len(m) and all(k is None or (k < len(user) and user[k] == op) for k, op in zip(m, made)):
         _POSITIONS[new_code] = m
 
 

@@ -56,8 +56,7 @@ def _(q, k, v, attn_mask, is_causal, scale, enable_gqa):
     return q.new_empty((shape[0], shape[2], shape[1], shape[3])).transpose(1, 2)
 
 
-def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-         enable_gqa=False):
+def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
     """``F.scaled_dot_product_attention`` (output shape ``query.shape[:-1] + (value.shape[-1],)``, query's dtype). With
     symbolic sizes and nothing to differentiate it is the opaque op ``coil::sdpa``, which picks its kernel when it runs:
     traced, the kernel choice (``_fused_sdp_choice``, on CUDA C++ checks of the sizes and of the mask's alignment) and
@@ -111,8 +110,7 @@ def _symbolic(*sizes) -> bool:
     return any(isinstance(n, torch.SymInt) for n in sizes)
 
 
-def max_pool1d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
-               return_indices=False):
+def max_pool1d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
     """``F.max_pool1d`` (and ``torch.max_pool1d``) of a symbolic length as ``max_pool2d_with_indices`` over a height of
     1: ATen's C++ composites read the length as an int (one graph per length)."""
     if not _symbolic(*input.shape) or return_indices:

@@ -323,8 +323,7 @@ class InstructionTranslatorBase:
     def getattr(self, obj: VariableTracker, name: str) -> VariableTracker:
         return obj.var_getattr(self, name)
 
-    def store_attr(self, obj: VariableTracker, name: str, value: VariableTracker,
-                   plain: bool = False) -> None:
+    def store_attr(self, obj: VariableTracker, name: str, value: VariableTracker, plain: bool = False) -> None:
         if isinstance(obj, (CellVariable, SourcedCellVariable)) and name == "cell_contents":
             self.write_cell(obj, value)
             return
@@ -477,8 +476,7 @@ class InstructionTranslatorBase:
             except Exception as e:  # noqa: BLE001
                 raise UserCodeError(f"{type(e).__name__}: {e}") from e
         if isinstance(a, BaseListVariable) and isinstance(b, BaseListVariable):
-            if op in (operator.add, operator.iadd) and isinstance(a, ListVariable) == isinstance(
-                    b, ListVariable):
+            if op in (operator.add, operator.iadd) and isinstance(a, ListVariable) == isinstance(b, ListVariable):
                 if op is operator.iadd and isinstance(a, ListVariable):
                     return a.call_method(self, "__iadd__", [b], {})
                 cls = ListVariable if isinstance(a, ListVariable) else \

@@ -449,8 +449,7 @@ class SetVariable(VariableTracker):
     var_getattr = method_getattr
 
     def call_method(self, tx, name, args, kwargs):
-        if name in ("add", "discard", "remove", "update", "clear", "difference_update",
-                    "intersection_update"):
+        if name in ("add", "discard", "remove", "update", "clear", "difference_update", "intersection_update"):
             tx.output.side_effects.mutated(self)
             cargs = [set(a.as_python_constant()) if name.endswith("update") else a.as_python_constant() for a in args]
             getattr(self.items, name)(*cargs)

@@ -34,8 +34,7 @@ class BaseFunctionVariable(VariableTracker):
         return tx.inline_call(self, args, kwargs)
 
 
-def bind_arguments(code: types.CodeType, name: str, args: list, kwargs: dict,
-                   defaults: list, kwdefaults: dict) -> dict:
+def bind_arguments(code: types.CodeType, name: str, args: list, kwargs: dict, defaults: list, kwdefaults: dict) -> dict:
     """Bind trackers to a code object's parameters, as CPython would.
 
     ``defaults`` are trackers for the trailing positional defaults, ``kwdefaults`` a

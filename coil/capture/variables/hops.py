@@ -90,8 +90,7 @@ def _fn_line(fn_vt) -> str:
 def _flat_outputs(res: VariableTracker, what: str):
     if isinstance(res, TensorVariable):
         return [res], "tensor"
-    if isinstance(res, (TupleVariable, ListVariable)) and all(
-            isinstance(v, TensorVariable) for v in res.items):
+    if isinstance(res, (TupleVariable, ListVariable)) and all(isinstance(v, TensorVariable) for v in res.items):
         return list(res.items), ("list" if isinstance(res, ListVariable) else "tuple")
     raise Unsupported(f"{what} returned {res} (a higher-order operator's function must "
                       "return a tensor or a tuple/list of tensors)")
@@ -455,8 +454,7 @@ def call_while_loop(tx, args: list, kwargs: dict) -> VariableTracker:
                         f"{len(carried)} carried input(s)", location=location)
     for i, (x, y) in enumerate(zip(carried, b.out_fakes)):
         x = x.fake
-        if x.dtype != y.dtype or tuple(x.shape) != tuple(y.shape) or \
-                (x.numel() > 1 and x.stride() != y.stride()):
+        if x.dtype != y.dtype or tuple(x.shape) != tuple(y.shape) or (x.numel() > 1 and x.stride() != y.stride()):
             raise UserError(f"torch.while_loop: body_fn changes carried input {i}: it comes in "
                             f"with {_meta_text(x)} and leaves with {_meta_text(y)}; the carried "
                             "state must keep its metadata", location=location)
@@ -567,8 +565,7 @@ def call_scan(tx, args: list, kwargs: dict) -> VariableTracker:
     for p in pieces:   # the slices were only the body's example inputs
         tx.output.graph.erase_node(p.node)
     n_carry, carry_struct, y_struct = body.structure
-    if n_carry != len(init) or carry_struct != init_struct or \
-            len(body.operand_nodes) != len(init) + len(pieces):
+    if n_carry != len(init) or carry_struct != init_struct or len(body.operand_nodes) != len(init) + len(pieces):
         raise UserError(f"scan: combine_fn returns a carry of {n_carry} tensor(s) for an init "
                         f"of {len(init)}", location=location)
     for i, (x, y) in enumerate(zip(init, body.out_fakes)):

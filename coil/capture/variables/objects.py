@@ -172,8 +172,7 @@ def _call_lru_cached(tx, vt, args, kwargs):
     compiled call. Other arguments, or a result holding a tensor, stay a graph break."""
     from coil.capture.variables.builder import wrap
 
-    if vt.source is None or not all(isinstance(a, ConstantVariable)
-                                    for a in list(args) + list(kwargs.values())):
+    if vt.source is None or not all(isinstance(a, ConstantVariable) for a in list(args) + list(kwargs.values())):
         raise Unsupported(f"call to an lru_cache function {vt.value!r} with non-constant arguments")
     cargs = [a.value for a in args]
     ckw = {k: v.value for k, v in kwargs.items()}
@@ -461,8 +460,7 @@ class InFrameModuleVariable(NNModuleVariable):
         try:
             # first on the meta device: a module with parameters costs no memory and
             # draws nothing from the RNG before it is refused
-            with torch.random.fork_rng(devices=[]), torch.device("meta"), \
-                    warnings.catch_warnings():
+            with torch.random.fork_rng(devices=[]), torch.device("meta"), warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # the real build below warns once
                 probe = mod_cls(*c, **kw)
             stateful = _has_state(probe)

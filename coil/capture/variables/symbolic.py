@@ -140,8 +140,7 @@ def binary(tx, op, a: VariableTracker, b: VariableTracker):
         return None
     vals = []
     for v in (a, b):
-        if isinstance(v, SymNodeVariable) or (isinstance(v, ConstantVariable)
-                                              and type(v.value) in (int, float, bool)):
+        if isinstance(v, SymNodeVariable) or (isinstance(v, ConstantVariable) and type(v.value) in (int, float, bool)):
             vals.append(v.value)
         else:
             return None

@@ -34,8 +34,7 @@ from coil.config import config, patch as config_patch
 from coil.aot.aliasing import RunEagerly, input_groups
 from coil.aot.decompositions import get_decompositions
 from coil.aot.cse import cse_graph
-from coil.aot.functional import (is_symbolic, analyze, fakeify, trace_inference, trace_joint,
-                                 trace_plain_inference)
+from coil.aot.functional import (is_symbolic, analyze, fakeify, trace_inference, trace_joint, trace_plain_inference)
 from coil.aot.partition import default_partition, drop_undefined_tangents, min_cut_partition
 from coil.aot.regions import compile_regional, region_calls
 from coil.aot.scalars import tensorize_scalar_reads

@@ -29,18 +29,15 @@ from coil.exc import Unsupported
 from coil.capture.source import BuiltinSource, ConstSource, GlobalSource
 from coil.capture.variables.base import CellVariable, ConstantVariable, SourcedCellVariable, VariableTracker
 from coil.capture.variables.builder import wrap, wrap_constant_result
-from coil.capture.variables.containers import (BaseListVariable, DictVariable,
-                                               GeneratorVariable, ListIteratorVariable, ListVariable,
-                                               NamedTupleVariable, SetVariable, SizeVariable,
+from coil.capture.variables.containers import (BaseListVariable, DictVariable, GeneratorVariable, ListIteratorVariable,
+                                               ListVariable, NamedTupleVariable, SetVariable, SizeVariable,
                                                TupleVariable)
 from coil.capture.variables.functions import (BaseFunctionVariable, TypeErrorInCall,
                                               UserFunctionVariable, UserMethodVariable)
 from coil.capture.variables.objects import (AttributeMissing, guard_mro_lookup, DataClassDictVariable,
-                                            InFrameModuleVariable,
-                                            NewObjectVariable, NNModuleVariable,
-                                            ObjectVariableBase, UserDefinedClassVariable,
-                                            UserDefinedObjectVariable, is_model_output_class,
-                                            _static_lookup, _SENTINEL)
+                                            InFrameModuleVariable, NewObjectVariable, NNModuleVariable,
+                                            ObjectVariableBase, UserDefinedClassVariable, UserDefinedObjectVariable,
+                                            is_model_output_class, _static_lookup, _SENTINEL)
 from coil.capture.variables.tensor import TensorVariable, UserCodeError, call_op
 from coil.capture.variables.symbolic import SymNodeVariable
 from coil.capture.variables.symbolic import binary as sym_binary, unary as sym_unary

@@ -14,8 +14,7 @@ from typing import Optional
 
 import sympy
 
-from coil.ir.symbols import (RINDEX, XINDEX, FloorDiv, Mod, as_size, current_shape_env, hint, product,
-                             simplify_index)
+from coil.ir.symbols import (RINDEX, XINDEX, FloorDiv, Mod, as_size, current_shape_env, hint, product, simplify_index)
 
 
 def decompose(var: sympy.Symbol, sizes: list) -> list:

@@ -37,8 +37,7 @@ import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from coil.testing import LOW_PRECISION_MARGIN, TOLERANCES
-from coil.testing.fuzz_ops import (DTYPES, FAMILIES, FAMILY_WEIGHTS, Ctx, gen_layout,
-                                   gen_shapes, gen_values, literal)
+from coil.testing.fuzz_ops import (DTYPES, FAMILIES, FAMILY_WEIGHTS, Ctx, gen_layout, gen_shapes, gen_values, literal)
 
 __all__ = ["Program", "Input", "Stmt", "Result", "generate", "check", "check_program",
            "minimize", "replay", "main", "OUTCOMES", "BACKENDS"]

@@ -21,9 +21,8 @@ from typing import Callable
 
 from coil.exc import Unsupported
 from coil.capture.variables.base import ConstantVariable, KnownCallableVariable, VariableTracker
-from coil.capture.variables.containers import (DictVariable, LazyIteratorVariable,
-                                               ListIteratorVariable, ListVariable, SetVariable,
-                                               SliceVariable, TupleVariable)
+from coil.capture.variables.containers import (DictVariable, LazyIteratorVariable, ListIteratorVariable, ListVariable,
+                                               SetVariable, SliceVariable, TupleVariable)
 
 _HANDLERS: dict[Callable, Callable] = {}
 _FOLDABLE = {abs, bool, int, float, str, round, divmod, pow, ord, chr, hex, oct, bin, hash,
@@ -550,8 +549,7 @@ class _WrapsDecorator(VariableTracker):
 
 @builtin(inspect.signature)
 def _signature(tx, args, kwargs):
-    from coil.capture.variables.functions import (NestedFunctionVariable, UserFunctionVariable,
-                                                  UserMethodVariable)
+    from coil.capture.variables.functions import (NestedFunctionVariable, UserFunctionVariable, UserMethodVariable)
     from coil.capture.variables.objects import NNModuleVariable
 
     f = args[0]

@@ -16,15 +16,13 @@ import operator
 
 import torch
 import torch.utils._pytree as pytree
-from torch._subclasses.fake_tensor import (DataDependentOutputException,
-                                           DynamicOutputShapeException, FakeTensor)
+from torch._subclasses.fake_tensor import (DataDependentOutputException, DynamicOutputShapeException, FakeTensor)
 
 from coil.exc import Unsupported
 from coil.capture.meta_checks import cast_to_eager_dtype, check_call
 from coil.capture.substitutes import substitute
 from coil.capture.variables.base import ConstantVariable, VariableTracker
-from coil.capture.variables.containers import (DictVariable, ListVariable,
-                                               NamedTupleVariable, SliceVariable,
+from coil.capture.variables.containers import (DictVariable, ListVariable, NamedTupleVariable, SliceVariable,
                                                TupleVariable)
 from coil.capture.variables.symbolic import SymNodeVariable, tensor_meta, wrap_sym
 

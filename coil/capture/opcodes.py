@@ -430,10 +430,7 @@ def BUILD_SET(tx, inst):
 @op("BUILD_MAP")
 def BUILD_MAP(tx, inst):
     items = tx.popn(2 * inst.arg)
-    d = {}
-    for k, v in zip(items[::2], items[1::2]):
-        d[DictVariable.key_of(k)] = v
-    tx.push(DictVariable(d))
+    tx.push(DictVariable({DictVariable.key_of(k): v for k, v in zip(items[::2], items[1::2])}))
 
 
 @op("BUILD_CONST_KEY_MAP")

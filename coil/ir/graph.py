@@ -851,9 +851,8 @@ class GraphLowering(torch.fx.Interpreter):
 
     def format_ir(self) -> str:
         from coil.ir.handlers import TextPrinter
-        lines = []
-        for name, b in self.graph_inputs.items():
-            lines.append(f"{name}: input {b.get_dtype()} size={b.get_size()} stride={b.get_stride()}")
+        lines = [f"{name}: input {b.get_dtype()} size={b.get_size()} stride={b.get_stride()}"
+                 for name, b in self.graph_inputs.items()]
         for b in self.buffers:
             if isinstance(b, ComputedBuffer):
                 lines.append(TextPrinter.format(b))

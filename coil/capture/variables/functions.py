@@ -8,7 +8,7 @@ import types
 
 from coil.exc import Unsupported
 from coil.capture.source import AttrSource, ConstSource, DefaultsSource, GetItemSource
-from coil.capture.variables.base import ConstantVariable, SourcedCellVariable, VariableTracker
+from coil.capture.variables.base import ConstantVariable, VariableTracker
 from coil.capture.variables.containers import DictVariable, TupleVariable
 
 
@@ -48,9 +48,7 @@ def bind_arguments(code: types.CodeType, name: str, args: list, kwargs: dict, de
     kwonly_names = varnames[nargs:nargs + nkwonly]
     has_varargs = bool(code.co_flags & 0x04)
     has_varkw = bool(code.co_flags & 0x08)
-    out: dict[str, VariableTracker] = {}
-    for i, a in enumerate(args[:nargs]):
-        out[pos_names[i]] = a
+    out: dict[str, VariableTracker] = dict(zip(pos_names, args[:nargs]))
     extra = list(args[nargs:])
     if extra and not has_varargs:
         raise TypeErrorInCall(f"{name}() takes {nargs} positional arguments but {len(args)} were given")
@@ -122,14 +120,11 @@ class UserFunctionVariable(BaseFunctionVariable):
     def bind_args(self, tx, args, kwargs):
         from coil.capture.variables.builder import wrap
 
-        defaults = []
-        for i, d in enumerate(self.fn.__defaults__ or ()):
-            src = DefaultsSource(self.source, i) if self.source is not None else None
-            defaults.append(wrap(tx, d, src))
-        kwdefaults = {}
-        for k, d in (self.fn.__kwdefaults__ or {}).items():
-            src = DefaultsSource(self.source, k, kw=True) if self.source is not None else None
-            kwdefaults[k] = wrap(tx, d, src)
+        src = self.source
+        defaults = [wrap(tx, d, DefaultsSource(src, i) if src else None)
+                    for i, d in enumerate(self.fn.__defaults__ or ())]
+        kwdefaults = {k: wrap(tx, d, DefaultsSource(src, k, kw=True) if src else None)
+                      for k, d in (self.fn.__kwdefaults__ or {}).items()}
         return bind_arguments(self.fn.__code__, self.fn.__name__, args, kwargs, defaults, kwdefaults)
 
     def var_getattr(self, tx, name):
@@ -189,11 +184,7 @@ class NestedFunctionVariable(BaseFunctionVariable):
         raise Unsupported(f"attribute {name} of a nested function")
 
     def reconstruct(self, cg):
-        if self.closure and not all(isinstance(c, SourcedCellVariable) for c in self.closure):
-            cells = ", ".join(cg.reconstruct_cell(c) for c in self.closure)
-            closure = f"({cells},)"
-        else:
-            closure = "(" + ", ".join(cg.reconstruct_cell(c) for c in self.closure) + ",)" if self.closure else "None"
+        closure = "(" + ", ".join(cg.reconstruct_cell(c) for c in self.closure) + ",)" if self.closure else "None"
         defaults = "(" + "".join(cg.reconstruct(d) + ", " for d in self.defaults) + ")" if self.defaults else "None"
         fn = (f"___make_function({cg.const_expr(self.code)}, {cg.const_expr(self.globals)}, "
               f"{self.name!r}, {defaults}, {closure})")

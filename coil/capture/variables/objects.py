@@ -709,16 +709,11 @@ class DataClassDictVariable(DictVariable):
     @classmethod
     def create(cls, tx, klass, args, kwargs):
         names = [f.name for f in dataclasses.fields(klass)]
-        values = {}
-        for n, a in zip(names, args):
-            values[n] = a
-        values.update(kwargs)
+        values = {**dict(zip(names, args)), **kwargs}
         for f in dataclasses.fields(klass):
             if f.name not in values:
-                if f.default is not dataclasses.MISSING:
-                    values[f.name] = ConstantVariable(f.default) if f.default is None else tx.wrap(f.default, None)
-                else:
-                    values[f.name] = ConstantVariable(None)
+                absent = f.default is None or f.default is dataclasses.MISSING
+                values[f.name] = ConstantVariable(None) if absent else tx.wrap(f.default, None)
         items = {n: values[n] for n in names
                  if not (isinstance(values[n], ConstantVariable) and values[n].value is None)}
         return cls(klass, items)

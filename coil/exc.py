@@ -1,11 +1,10 @@
 """coil's errors, in one place.
 
 - :class:`CoilError` is the base of everything coil raises on purpose.
-- :class:`Unsupported` is what capture raises internally for a construct it cannot
-  trace; the translator turns it into a graph break (or a :class:`UserError` under
-  ``fullgraph=True``).
-- :class:`UserError` is for bad input: it carries the user's source location
-  (file, line and that line's text) and says what to do.
+- :class:`Unsupported` is what capture raises internally for a construct it cannot trace; the translator turns it into a
+  graph break (or a :class:`UserError` under ``fullgraph=True``).
+- :class:`UserError` is for bad input: it carries the user's source location (file, line and that line's text) and says
+  what to do.
 - :class:`BackendCompilerFailed` wraps an exception raised by a backend, naming it.
 
 Messages say what happened *and* what to do about it (STYLE.md §6).

@@ -348,16 +348,15 @@ def _eager_refuses(func, args, kwargs) -> Optional[str]:
     """Eager's error for ``func`` where eager raises whatever the elements and the meta
     kernel (so the graph) does not, tried on real empty tensors; None where it runs:
 
-    - "value cannot be converted ... without overflow", when a finite number exceeds a
-      fp16/bf16/fp32 argument's range (a graph loses the check: ``masked_fill`` becomes
-      ``where`` of a saturating ``scalar_tensor``; ``add``, ``where`` accept such a scalar);
-    - ``view`` to sizes the input's strides cannot give (FakeTensor's view accepted
-      (6, 1, 3) with strides (1, 1, 6) as (1, 18));
-    - an in-place op whose result type cannot be cast to its tensor's dtype
-      (``bool.mul_(2)``: the decomposition casts);
+    - "value cannot be converted ... without overflow", when a finite number exceeds a fp16/bf16/fp32 argument's range
+      (a graph loses the check: ``masked_fill`` becomes ``where`` of a saturating ``scalar_tensor``; ``add``, ``where``
+      accept such a scalar);
+    - ``view`` to sizes the input's strides cannot give (FakeTensor's view accepted (6, 1, 3) with strides (1, 1, 6) as
+      (1, 18));
+    - an in-place op whose result type cannot be cast to its tensor's dtype (``bool.mul_(2)``: the decomposition casts);
     - ``sub``/``rsub`` with a bool operand (``x - True``; FakeTensor's sub accepts it);
-    - an index of a dtype eager refuses (``index_put`` with float32 indices, ``index_fill``
-      with int32 ones, empty or not): the op raises with them and runs with int64 indices;
+    - an index of a dtype eager refuses (``index_put`` with float32 indices, ``index_fill`` with int32 ones, empty or
+      not): the op raises with them and runs with int64 indices;
     - ``index_select`` of a 0-d tensor with more than one index."""
     if func is torch.ops.aten.index_select.default and args[0].dim() == 0 and \
             isinstance(args[2].numel(), int) and args[2].numel() > 1:  # (the meta returns a value)

@@ -240,15 +240,12 @@ def aot_compile(gm: Callable, example_inputs: list, fw_compiler: Callable,
     """Compile ``gm`` (a torch-level ``torch.fx.GraphModule`` or any traceable
     callable taking tensors positionally) ahead of time, autograd included.
 
-    - ``example_inputs``: real or fake tensors (and ints) matching ``gm``'s
-      placeholders; only their metadata is used.
-    - ``fw_compiler(aten_gm, fake_inputs) -> callable`` compiles the forward (or
-      inference) graph, ``bw_compiler`` (default: ``fw_compiler``) the backward.
-    - ``partition_fn(joint_gm, joint_info) -> Partition``: :func:`min_cut_partition`
-      (default; ``config.partitioner == "default"`` switches it to
-      :func:`default_partition`) or your own.
-    - ``decompositions``: the table for ``make_fx``; default
-      :func:`coil.aot.decompositions.get_decompositions`.
+    - ``example_inputs``: real or fake tensors (and ints) matching ``gm``'s placeholders; only their metadata is used.
+    - ``fw_compiler(aten_gm, fake_inputs) -> callable`` compiles the forward (or inference) graph, ``bw_compiler``
+      (default: ``fw_compiler``) the backward.
+    - ``partition_fn(joint_gm, joint_info) -> Partition``: :func:`min_cut_partition` (default; ``config.partitioner ==
+      "default"`` switches it to :func:`default_partition`) or your own.
+    - ``decompositions``: the table for ``make_fx``; default :func:`coil.aot.decompositions.get_decompositions`.
 
     Returns a callable with ``gm``'s calling convention. The inference path (one graph) is taken when grad mode is off
     at compile time or no input (or no output) requires grad; otherwise the training path. Shapes are specialized to the

@@ -585,17 +585,14 @@ def is_symbolic(args) -> bool:
 def _traced(fn: Callable, args: list) -> Callable:
     """``fn`` as ``make_fx`` traces it:
 
-    - symbolic size arithmetic is recorded lazily (``maybe_enable_thunkify``, as torch's
-      AOTAutograd does): a node only for a SymInt that a traced op or output uses. Each
-      view's or new tensor's symbolic sizes, strides and contiguity are otherwise graph
-      nodes, later dead: 12,000 of them for an 8-layer LLaMA at a symbolic length, 60% of
-      its trace time;
-    - its tensor arguments first get the ``item_memo`` of the fakes in ``args`` they were
-      made from. In "symbolic" mode make_fx fakes its arguments again (same sizes and
-      symbols) and the copies lose the memo, so ``.item()`` of a capture's 0-d float input
-      raised inside the trace; with it, ``.item()`` returns the capture's SymFloat, traced
-      as ``aten._local_scalar_dense`` of the input (which :mod:`coil.aot.scalars` then
-      replaces by reading the tensor)."""
+    - symbolic size arithmetic is recorded lazily (``maybe_enable_thunkify``, as torch's AOTAutograd does): a node only
+      for a SymInt that a traced op or output uses. Each view's or new tensor's symbolic sizes, strides and contiguity
+      are otherwise graph nodes, later dead: 12,000 of them for an 8-layer LLaMA at a symbolic length, 60% of its trace
+      time;
+    - its tensor arguments first get the ``item_memo`` of the fakes in ``args`` they were made from. In "symbolic" mode
+      make_fx fakes its arguments again (same sizes and symbols) and the copies lose the memo, so ``.item()`` of a
+      capture's 0-d float input raised inside the trace; with it, ``.item()`` returns the capture's SymFloat, traced as
+      ``aten._local_scalar_dense`` of the input (which :mod:`coil.aot.scalars` then replaces by reading the tensor)."""
     memos = [item_memo(a) for a in pytree.tree_leaves(args)]
 
     @functools.wraps(fn)  # make_fx reads the signature (placeholders)

@@ -2,14 +2,13 @@
 
 See docs/codegen.md for the contract. Built from a scheduler FusedGroup:
 
-- each node's loop variables in kernel symbols (``xindex``/``rindex``) and whether it
-  runs inside the reduction loop (``in_loop``);
-- loop sections: consecutive in-loop nodes share one loop over ``rindex``; a node that
-  reads a reduction result of this kernel, or an out-of-loop node, starts after the loop
-  it depends on. With ``persistent`` (the whole reduction fits in one block) there is a
-  single section and no loop;
-- which buffers must be stored (read after the kernel, graph outputs, or read in a later
-  loop section of a looped reduction) and which are removed (live only in registers).
+- each node's loop variables in kernel symbols (``xindex``/``rindex``) and whether it runs inside the reduction loop
+  (``in_loop``);
+- loop sections: consecutive in-loop nodes share one loop over ``rindex``; a node that reads a reduction result of this
+  kernel, or an out-of-loop node, starts after the loop it depends on. With ``persistent`` (the whole reduction fits in
+  one block) there is a single section and no loop;
+- which buffers must be stored (read after the kernel, graph outputs, or read in a later loop section of a looped
+  reduction) and which are removed (live only in registers).
 """
 from __future__ import annotations
 

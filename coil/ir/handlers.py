@@ -1,11 +1,10 @@
 """Three ops handlers that define and inspect loop bodies without any codegen.
 
 - :class:`TextPrinter` prints a body as straight-line ``ops.*`` code (compile log).
-- :class:`DependencyRecorder` records reads/writes with their index expressions (the
-  scheduler's dependency source) and counts ops (inlining heuristics).
-- :class:`ReferenceInterpreter` *executes* a body with torch ops over the whole
-  iteration space at once; it is the living definition of the loop IR: every lowering
-  is tested against it and against eager PyTorch.
+- :class:`DependencyRecorder` records reads/writes with their index expressions (the scheduler's dependency source) and
+  counts ops (inlining heuristics).
+- :class:`ReferenceInterpreter` *executes* a body with torch ops over the whole iteration space at once; it is the
+  living definition of the loop IR: every lowering is tested against it and against eager PyTorch.
 """
 from __future__ import annotations
 

@@ -5,11 +5,10 @@ Design note ----------- The reference for everything coil produces is eager PyTo
 itself when it is an ``nn.Module``), with the same RNG seed, and compares:
 
 - the outputs (any pytree of tensors and Python values): shape, dtype and values;
-- the arguments afterwards (so an in-place update the compiled code forgot, or one
-  it made up, is caught) and, for a module, its ``state_dict`` (buffers such as
-  BatchNorm's running statistics);
-- with ``check_grads=True``, the gradients of every floating-point tensor argument
-  and module parameter, from a backward pass with the same random cotangents.
+- the arguments afterwards (so an in-place update the compiled code forgot, or one it made up, is caught) and, for a
+  module, its ``state_dict`` (buffers such as BatchNorm's running statistics);
+- with ``check_grads=True``, the gradients of every floating-point tensor argument and module parameter, from a backward
+  pass with the same random cotangents.
 
 Tolerances are per dtype (:data:`TOLERANCES`; ``atol``/``rtol`` override them). Low-precision results (bf16/fp16) are
 also checked against an fp32 reference, the same program run on fp32 copies: the compiled result's error against it (RMS
@@ -194,10 +193,8 @@ def _has_low_precision(tree: Any) -> bool:
 
 def _grad_leaves(args: Any, module: Optional[torch.nn.Module]) -> list:
     """(name, tensor) of what gradients are compared for: float tensor args, params."""
-    out = []
-    for path, x in pytree.tree_flatten_with_path(args)[0]:
-        if isinstance(x, torch.Tensor) and (x.is_floating_point() or x.is_complex()):
-            out.append(("args" + _path_str(path), x))
+    out = [("args" + _path_str(path), x) for path, x in pytree.tree_flatten_with_path(args)[0]
+           if isinstance(x, torch.Tensor) and (x.is_floating_point() or x.is_complex())]
     if module is not None:
         out += [(f"param {n}", p) for n, p in module.named_parameters() if p.requires_grad]
     return out

@@ -1,17 +1,15 @@
 """Trackers for torch functions and torch's global-state context managers.
 
-- :class:`TorchFunctionVariable`: ``torch.*``, ``torch.nn.functional.*``,
-  ``torch.Tensor.*`` and friends. A call becomes an FX node (``call_op``) except for
-  a short table of functions answered at compile time (``torch.is_grad_enabled``,
-  ``torch.compiler.is_compiling``...) and a deny list that changes global state
-  (``torch.manual_seed``...), which is a graph break.
-- :class:`GradModeVariable`: ``torch.no_grad()``, ``torch.enable_grad()``,
-  ``torch.set_grad_enabled(b)``. ``torch.inference_mode()`` is a graph break (its
-  tensors are inference tensors; the block runs as eager Python).
-  Entering emits ``torch._C._set_grad_enabled(mode)`` into the graph and switches the
-  compiler's own grad mode so fake tensors get eager's ``requires_grad``.
-- :class:`AutocastVariable`: ``torch.autocast(...)`` emits the enter/exit calls of
-  ``torch.amp.autocast_mode`` into the graph.
+- :class:`TorchFunctionVariable`: ``torch.*``, ``torch.nn.functional.*``, ``torch.Tensor.*`` and friends. A call becomes
+  an FX node (``call_op``) except for a short table of functions answered at compile time (``torch.is_grad_enabled``,
+  ``torch.compiler.is_compiling``...) and a deny list that changes global state (``torch.manual_seed``...), which is a
+  graph break.
+- :class:`GradModeVariable`: ``torch.no_grad()``, ``torch.enable_grad()``, ``torch.set_grad_enabled(b)``.
+  ``torch.inference_mode()`` is a graph break (its tensors are inference tensors; the block runs as eager Python).
+  Entering emits ``torch._C._set_grad_enabled(mode)`` into the graph and switches the compiler's own grad mode so fake
+  tensors get eager's ``requires_grad``.
+- :class:`AutocastVariable`: ``torch.autocast(...)`` emits the enter/exit calls of ``torch.amp.autocast_mode`` into the
+  graph.
 """
 from __future__ import annotations
 

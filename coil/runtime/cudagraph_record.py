@@ -114,8 +114,7 @@ class CudaRecorder:
             try:
                 boxed(dry) if boxed is not None else fn(*dry)
             except Exception as e:  # noqa: BLE001 - the reason goes to the log
-                raise SkipGraph(f"syncs with the host or fails (dry run): {type(e).__name__}: "
-                                f"{str(e)[:300]}") from e
+                raise SkipGraph(f"syncs with the host or fails (dry run): {type(e).__name__}: {str(e)[:300]}") from e
             finally:
                 torch.cuda.set_sync_debug_mode(mode)
                 torch.cuda.set_rng_state(rng, self.device)

@@ -187,8 +187,7 @@ class Tree:
         if node is None and held:
             # gradient accumulation: the last replay's gradients are still held in .grad; this backward runs un-graphed
             # rather than in a second recording (a sibling recording gave wrong tied-weight gradients on the H200)
-            fn.log_skip("held", "gradients of the last replay still held (accumulation): "
-                                "this backward runs un-graphed")
+            fn.log_skip("held", "gradients of the last replay still held (accumulation): this backward runs un-graphed")
             return fn.fn(*args)
         later = [m for m in self.all_nodes if node is not None and m.index > node.index and m.busy()]
         if later:

@@ -141,8 +141,7 @@ def _compare_trees(what: str, actual: Any, expected: Any, reference: Any, atol, 
     a_leaves, a_spec = pytree.tree_flatten_with_path(actual)
     e_leaves, e_spec = pytree.tree_flatten_with_path(expected)
     if a_spec != e_spec:
-        return [f"{what}: pytree structure differs from eager's:\n      compiled: {a_spec}"
-                f"\n      eager:    {e_spec}"]
+        return [f"{what}: pytree structure differs from eager's:\n      compiled: {a_spec}\n      eager:    {e_spec}"]
     r_leaves = [x for _, x in pytree.tree_flatten_with_path(reference)[0]] \
         if reference is not None else [None] * len(e_leaves)
     if len(r_leaves) != len(e_leaves):

@@ -831,8 +831,7 @@ def _compare(c_out, e_out, c_args, e_args, ref, ref64=None, sums=False,
             problems.append(("out-" + p[0], p[1]))
         ej, cj = _alias_of(e, e_args), _alias_of(c, c_args)
         if ej != cj:
-            problems.append(("out-alias", f"output {i}: eager's is a view of input {ej}, "
-                                          f"compiled's of {cj}"))
+            problems.append(("out-alias", f"output {i}: eager's is a view of input {ej}, compiled's of {cj}"))
         elif ej is not None and _layout(c) != _layout(e):
             problems.append(("out-stride", f"output {i} (a view of input {ej}): stride "
                              f"{c.stride()} offset {c.storage_offset()} vs eager {e.stride()} "
@@ -840,8 +839,7 @@ def _compare(c_out, e_out, c_args, e_args, ref, ref64=None, sums=False,
     for j, (c, e, r, q, m) in enumerate(zip(c_args, e_args, r_args, q_args, m_args)):
         meta_c, meta_e = (tuple(c.shape),) + _layout(c), (tuple(e.shape),) + _layout(e)
         if meta_c != meta_e:
-            problems.append(("input-meta", f"input {j} (size, stride, offset) {meta_c} vs "
-                                           f"eager {meta_e}"))
+            problems.append(("input-meta", f"input {j} (size, stride, offset) {meta_c} vs eager {meta_e}"))
             continue
         p = _compare_tensor(f"input {j} after the call", c, e, r, q, sums, m, bits, narrow)
         if p:

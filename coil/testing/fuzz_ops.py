@@ -139,8 +139,7 @@ class Ctx:
             y = self.rng.choice(c)
             e = f"{y}.expand({tuple(shape)})" if tuple(self.env[y].shape) != tuple(shape) else y
             return e if self.env[y].dtype == dtype else f"{e}.to({dname(dtype)})"
-        return f"torch.full({tuple(shape)}, {self.scalar(is_int(torch.empty((), dtype=dtype)))}, " \
-               f"dtype={dname(dtype)})"
+        return f"torch.full({tuple(shape)}, {self.scalar(is_int(torch.empty((), dtype=dtype)))}, dtype={dname(dtype)})"
 
     def index(self, n: int, k: int, unique: bool = False, negative: bool = False) -> list:
         """``k`` indices into a dim of size ``n`` (unique ones when asked)."""
@@ -599,8 +598,7 @@ def indexing(c: Ctx):
     if k == "scatter_add":
         return f"{v} = torch.scatter_add({x}, {d}, {idx}, {src})"
     red = rng.choice(["sum", "prod", "mean", "amax", "amin"])
-    return f"{v} = torch.scatter_reduce({x}, {d}, {idx}, {src}, {red!r}, " \
-           f"include_self={rng.random() < 0.5})"
+    return f"{v} = torch.scatter_reduce({x}, {d}, {idx}, {src}, {red!r}, include_self={rng.random() < 0.5})"
 
 
 # --------------------------------------------------------------------- cat

@@ -106,12 +106,10 @@ def read_log(log_dir: str) -> Log:
         FileNotFoundError: ``log_dir`` does not exist or holds no ``.jsonl`` file.
     """
     if not os.path.isdir(log_dir):
-        raise FileNotFoundError(f"no such log directory: {log_dir!r} "
-                                "(run with COIL_TRACE=<dir> to write one)")
+        raise FileNotFoundError(f"no such log directory: {log_dir!r} (run with COIL_TRACE=<dir> to write one)")
     files = sorted(glob.glob(os.path.join(log_dir, "**", "*.jsonl"), recursive=True))
     if not files:
-        raise FileNotFoundError(f"no .jsonl compile log under {log_dir!r} "
-                                "(run with COIL_TRACE=<dir> to write one)")
+        raise FileNotFoundError(f"no .jsonl compile log under {log_dir!r} (run with COIL_TRACE=<dir> to write one)")
     records, bad = [], 0
     for path in files:
         with open(path, encoding="utf-8", errors="replace") as f:

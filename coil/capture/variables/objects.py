@@ -619,8 +619,7 @@ class PythonModuleVariable(ObjectVariableBase):
             if self.source is not None and vars(self.value).get(name, _SENTINEL) is value:
                 # `torch.nn.functional.relu = f` after compiling recompiles: one identity check
                 # through the module's __dict__ (skipped by tag while it is unchanged)
-                tx.output.guards.add(f"{self.source.expr()}.__dict__[{name!r}] is "
-                                     f"{tx.output.guards.const(value)}")
+                tx.output.guards.add(f"{self.source.expr()}.__dict__[{name!r}] is {tx.output.guards.const(value)}")
             return wrap(tx, value, src, guard=False)
         return wrap(tx, value, src)
 

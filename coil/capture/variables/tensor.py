@@ -149,14 +149,12 @@ def _autograd_state_change(kind: str, target, args: list, kwargs: dict) -> bool:
         if want is not None and isinstance(t, TensorVariable) and t.fake.requires_grad == want:
             return True
         what = "makes an autograd leaf" if want else "changes whether a tensor requires grad"
-        raise Unsupported(f"Tensor.requires_grad_({'' if want else want}) {what} inside "
-                          f"the frame", hint=_LEAF_HINT)
+        raise Unsupported(f"Tensor.requires_grad_({'' if want else want}) {what} inside the frame", hint=_LEAF_HINT)
     if kind == "call_method" and name == "retain_grad":
         raise Unsupported("Tensor.retain_grad() inside the frame",
                           hint="it runs outside the graph, so backward fills .grad")
     if "requires_grad" in kwargs and _requires_grad_flag(kwargs["requires_grad"]) is not False:
-        raise Unsupported(f"{name}(..., requires_grad=True) makes an autograd leaf inside "
-                          f"the frame", hint=_LEAF_HINT)
+        raise Unsupported(f"{name}(..., requires_grad=True) makes an autograd leaf inside the frame", hint=_LEAF_HINT)
     return False
 
 

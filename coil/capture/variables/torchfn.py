@@ -235,8 +235,7 @@ class GradModeVariable(ContextManagerVariable):
         if self.prev is not None and not self.exited and self.kind != "inference_mode":
             # entered and live at a graph break (inside its ``with`` block): a real context
             # object in the entered state; the entry has already set the grad mode
-            return cg.bind(self, f"{cg.const_expr(reenter_grad)}({self.kind!r}, {self.mode!r}, "
-                                 f"{self.prev!r})")
+            return cg.bind(self, f"{cg.const_expr(reenter_grad)}({self.kind!r}, {self.mode!r}, {self.prev!r})")
         if self.kind == "no_grad":
             return f"{cg.const_expr(torch.no_grad)}()"
         if self.kind == "enable_grad":

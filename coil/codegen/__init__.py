@@ -91,13 +91,9 @@ class CompiledGraph:
                 outs = tuple(gm(*a))
                 if strides is None:
                     return outs
-                fixed = []
-                for o, st in zip(outs, strides):
-                    if isinstance(o, torch.Tensor) and st is not None and o.dim() == len(st) \
-                            and tuple(o.stride()) != st:
-                        o = torch.empty_strided(o.shape, st, dtype=o.dtype, device=o.device).copy_(o)
-                    fixed.append(o)
-                return tuple(fixed)
+                return tuple(torch.empty_strided(o.shape, st, dtype=o.dtype, device=o.device).copy_(o)
+                             if isinstance(o, torch.Tensor) and st is not None and o.dim() == len(st)
+                             and tuple(o.stride()) != st else o for o, st in zip(outs, strides))
             self.call = run_aten
             return self.call(*args)
         except Exception as e:

@@ -227,6 +227,14 @@ class WrapperCodegen:
         items = [self._expr(x) for x in xs]
         return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
 
+    def _reinterpret(self, name: str, size, stride, offset) -> str:
+        return f"reinterpret({name}, {self._tuple(size)}, {self._tuple(stride)}, {self._expr(offset)})"
+
+    def _empty(self, b) -> str:
+        l = b.layout
+        return (f"    {b.name} = empty_strided({self._tuple(l.size)}, {self._tuple(l.stride)}, "
+                f"device={self._dev(l.device)}, dtype={l.dtype})")
+
     def _global(self, prefix: str, value) -> str:
         key = (prefix, id(value))
         if key not in self._extern_ids:
@@ -242,14 +250,11 @@ class WrapperCodegen:
 
     def _arg(self, a) -> str:
         if isinstance(a, ReinterpretView):
-            l = a.layout
-            return (f"reinterpret({a.data.get_name()}, {self._tuple(l.size)}, {self._tuple(l.stride)}, "
-                    f"{self._expr(l.offset)})")
+            return self._reinterpret(a.data.get_name(), a.layout.size, a.layout.stride, a.layout.offset)
         if isinstance(a, Buffer):
             return a.get_name()
         if isinstance(a, (list, tuple)):
-            inner = ", ".join(self._arg(x) for x in a)
-            return f"[{inner}]"
+            return "[" + ", ".join(self._arg(x) for x in a) + "]"
         if isinstance(a, torch.dtype):
             return str(a)
         if isinstance(a, torch.device):
@@ -324,9 +329,7 @@ class WrapperCodegen:
                     old = pool[k].pop()
                     L.append(f"    {b.name} = {old}  # reuse")
                 else:
-                    l = b.layout
-                    L.append(f"    {b.name} = empty_strided({self._tuple(l.size)}, {self._tuple(l.stride)}, "
-                             f"device={self._dev(l.device)}, dtype={l.dtype})")
+                    L.append(self._empty(b))
                 ours.add(b.name)
             if isinstance(s, FusedGroup):
                 k = self.kernels[id(s)]
@@ -350,8 +353,7 @@ class WrapperCodegen:
                             L.append(f"    {b.name} = empty_row_padded({self._tuple(l.size)}, "
                                      f"{self._expr(l.stride[0])}, device={self._dev(l.device)}, dtype={l.dtype})")
                         else:
-                            L.append(f"    {b.name} = empty_strided({self._tuple(l.size)}, "
-                                     f"{self._tuple(l.stride)}, device={self._dev(l.device)}, dtype={l.dtype})")
+                            L.append(self._empty(b))
                         mm_args = args[1:] + [args[0]] if len(args) == 3 else args
                         L.append(f"    matmul_padded({b.name}, {', '.join(mm_args)})  # {b.op}, padded")
                     else:
@@ -392,8 +394,7 @@ class WrapperCodegen:
             if o.kind == "buffer":
                 outs.append(o.name)
             elif o.kind == "view":
-                outs.append(f"reinterpret({o.name}, {self._tuple(o.size)}, {self._tuple(o.stride)}, "
-                            f"{self._expr(o.offset)})")
+                outs.append(self._reinterpret(o.name, o.size, o.stride, o.offset))
             else:
                 outs.append(self._arg(o.value))
         L.append(f"    return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")

@@ -377,10 +377,8 @@ def _compile(fn, example_inputs, fw_compiler, bw_compiler, partition_fn, decompo
         # #524: backward refused), as is its new value in the input's original layout
         trace.log("aot_restrided_grad_eager", stage="aot", inputs=info.restrided_inputs)
         return _eager(user_fn)
-    trace.log("aot_analysis", stage="aot", runs=1 if found else 2,
-              mutated_inputs=info.mutated_inputs,
-              outputs=[(o.kind, o.index) for o in info.outputs],
-              fw_out_requires_grad=info.fw_out_requires_grad)
+    trace.log("aot_analysis", stage="aot", runs=1 if found else 2, mutated_inputs=info.mutated_inputs,
+              outputs=[(o.kind, o.index) for o in info.outputs], fw_out_requires_grad=info.fw_out_requires_grad)
     _refuse_mutated_aliased_inputs(example_inputs, info.mutated_inputs)
     needs_grad = any(x.requires_grad for x in info.inputs) and any(info.fw_out_requires_grad)
     training = grad and needs_grad

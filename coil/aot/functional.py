@@ -464,8 +464,7 @@ def _describe(fn, fake_args, f_args, before, outs, grad, drop_error_checks, fake
         if o.kind == "alias_of_output":
             o.index = outputs[o.index].index
 
-    info = ProgramInfo(inputs, outputs, spec, graph_outputs, base_sources,
-                       drop_error_checks=drop_error_checks,
+    info = ProgramInfo(inputs, outputs, spec, graph_outputs, base_sources, drop_error_checks=drop_error_checks,
                        fake_inputs=list(fake_args) if is_symbolic(fake_args) else None)
     rg = [inputs[i].requires_grad and not inputs[i].mutation_hidden and grad for i in info.mutated_inputs]
     # a mutated input's new value requires grad if the program made it so

@@ -219,9 +219,8 @@ class DynamicPolicy:
             key = (expr, d)
             if key not in self.logged:
                 self.logged.add(key)
-                trace.log("dynamic_dim", stage="capture", source=expr, dim=d, reason=reason,
-                          size=int(value.shape[d]), symbol=str(sym) if sym is not None else None,
-                          specialized=sym is None)
+                trace.log("dynamic_dim", stage="capture", source=expr, dim=d, reason=reason, size=int(value.shape[d]),
+                          symbol=str(sym) if sym is not None else None, specialized=sym is None)
             if sym is None:
                 continue
             if d in marks:

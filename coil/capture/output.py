@@ -287,9 +287,8 @@ class EntryCodegen:
     def __init__(self, output: OutputGraph, graph_outputs: list[TensorVariable]):
         self.output = output
         self.ns = dict(output.guards.ns)
-        self.ns.update(___make_function=_make_function, ___new_object=_new_object,
-                       ___make_cell=_make_cell, ___MethodType=types.MethodType,
-                       ___partial=__import__("functools").partial)
+        self.ns.update(___make_function=_make_function, ___new_object=_new_object, ___make_cell=_make_cell,
+                       ___MethodType=types.MethodType, ___partial=__import__("functools").partial)
         self.lines: list[str] = []
         self.memo: dict[int, str] = {}
         self._tmp = 0

@@ -71,8 +71,7 @@ def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scal
     if not sym or grad or dropout_p:
         kw = {"enable_gqa": True} if enable_gqa else {}
         return torch.nn.functional.scaled_dot_product_attention(
-            query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
-            scale=scale, **kw)
+            query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale, **kw)
     trace.log("opaque_op", stage="capture", op="coil::sdpa",
               reason="symbolic sizes: the kernel is chosen per call, not by guards on them")
     if attn_mask is not None and attn_mask.dtype == torch.bool:

@@ -800,9 +800,8 @@ class GraphLowering(torch.fx.Interpreter):
             if bt is None or misaligned_leading_dim(bt.get_stride()):
                 return None
             mp = -(-m // 8) * 8
-            t = ReinterpretView(base.data, Layout(base.layout.device, base.layout.dtype,
-                                                  [as_expr(k), as_expr(m)], [as_expr(m), sympy.Integer(1)],
-                                                  base.layout.offset))
+            t = ReinterpretView(base.data, Layout(base.layout.device, base.layout.dtype, [as_expr(k), as_expr(m)],
+                                                  [as_expr(m), sympy.Integer(1)], base.layout.offset))
             tp = self._padded_copy(t, m, mp)
             ap = ReinterpretView(tp, Layout(tp.get_device(), tp.get_dtype(), [as_expr(mp), as_expr(k)],
                                             [sympy.Integer(1), as_expr(mp)], sympy.Integer(0)))

@@ -640,10 +640,9 @@ _UNLOGGED_SPLIT_REASONS = ("not_splittable", "short_reduction")
 def _log_split(box, dev, reduction_type, ranges, numel_r, leading, split, reason) -> None:
     """The ``reduction_split`` compile-log event of one reduction (``box``: its result)."""
     gpu = _gpu_split_rule(dev)
-    trace.log("reduction_split", stage="lowering", buffer=box.data.realize().get_name(),
-              device=str(dev), reduction_type=reduction_type, outputs=_numel(ranges),
-              rnumel=numel_r, leading=leading, split=split, chunk=-(-numel_r // split),
-              rule="gpu" if gpu else "cpu", sm_count=gpu_sm_count(dev) if gpu else None,
+    trace.log("reduction_split", stage="lowering", buffer=box.data.realize().get_name(), device=str(dev),
+              reduction_type=reduction_type, outputs=_numel(ranges), rnumel=numel_r, leading=leading, split=split,
+              chunk=-(-numel_r // split), rule="gpu" if gpu else "cpu", sm_count=gpu_sm_count(dev) if gpu else None,
               reason=reason)
 
 

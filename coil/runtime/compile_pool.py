@@ -54,9 +54,8 @@ class CompilePool:
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
         for _ in range(workers):
             try:
-                p = subprocess.Popen([sys.executable, "-m", "coil.runtime.compile_worker"],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.DEVNULL, env=env, text=True, bufsize=1)
+                p = subprocess.Popen([sys.executable, "-m", "coil.runtime.compile_worker"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, text=True, bufsize=1)
             except OSError as e:
                 trace.log("compile_pool_broken", stage="runtime", error=str(e))
                 break
@@ -146,9 +145,8 @@ class CompilePool:
                         self._last = time.monotonic()
                     job.done.set()
                 r = job.result or {}
-                trace.log("compile_pool_job", stage="runtime", kernel=job.payload["name"],
-                          config=job.payload["config"], seconds=r.get("seconds"),
-                          launcher_s=r.get("launcher_s"), error=r.get("error"))
+                trace.log("compile_pool_job", stage="runtime", kernel=job.payload["name"], config=job.payload["config"],
+                          seconds=r.get("seconds"), launcher_s=r.get("launcher_s"), error=r.get("error"))
         except Exception as e:  # noqa: BLE001 - a dead worker: the launchers compile themselves
             with self._lock:
                 self.alive -= 1
@@ -238,6 +236,5 @@ def claim(name: str, jobs: list) -> None:
     t0 = time.perf_counter()
     taken, waited = jobs[0].pool.claim(jobs, config.autotune_compile_timeout)
     failed = [j.result.get("error") for j in jobs if j.result and not j.result.get("ok")]
-    trace.log("compile_pool_claim", stage="runtime", kernel=name, jobs=len(jobs),
-              taken_back=taken, waited=waited, wait_s=round(time.perf_counter() - t0, 4),
-              errors=failed[:2])
+    trace.log("compile_pool_claim", stage="runtime", kernel=name, jobs=len(jobs), taken_back=taken, waited=waited,
+              wait_s=round(time.perf_counter() - t0, 4), errors=failed[:2])

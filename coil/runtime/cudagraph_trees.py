@@ -246,9 +246,8 @@ class Tree:
         for ptr, _, _ in plan.slots:
             self.pool_storages[ptr] = node
         self.nodes += 1
-        trace.log("cudagraph_record", stage="runtime", graph=fn.name, kind=fn.kind,
-                  depth=node.depth, recording=fn.records, copied_inputs=len(copied),
-                  inplace_inputs=len(inplace), outputs=len(plan.items),
+        trace.log("cudagraph_record", stage="runtime", graph=fn.name, kind=fn.kind, depth=node.depth,
+                  recording=fn.records, copied_inputs=len(copied), inplace_inputs=len(inplace), outputs=len(plan.items),
                   reuses_saved_of=[f.fn.name for f in lent])
         return node
 

@@ -507,12 +507,10 @@ class TritonLauncher:
         consts = [cfg[k] for k in ("XBLOCK", "RBLOCK", "PERSISTENT") if k in cfg]
         grid = grid or self._grid(cfg)
         on_gpu = all(getattr(a, "is_cuda", False) for a in args if not isinstance(a, int))
-        return _specialized_launch(kernel.run, args, (grid[0], grid[1] if len(grid) > 1 else 1),
-                                   consts, kernel.function, kernel.packed_metadata,
-                                   driver.active.get_current_stream,
-                                   driver.active.get_current_device(), slow or self._slow,
-                                   pointers_as_ints=on_gpu, direct=config.triton_direct_launch,
-                                   free=free)
+        return _specialized_launch(kernel.run, args, (grid[0], grid[1] if len(grid) > 1 else 1), consts,
+                                   kernel.function, kernel.packed_metadata, driver.active.get_current_stream,
+                                   driver.active.get_current_device(), slow or self._slow, pointers_as_ints=on_gpu,
+                                   direct=config.triton_direct_launch, free=free)
 
     def __call__(self, *args):
         if self.chosen is None:  # another copy of this body may have been tuned since

@@ -132,7 +132,6 @@ def kernel_deps(buf, numel, rnumel) -> Optional[KernelDeps]:
         rec = DependencyRecorder.record(buf, index, rindex)
         bounds = {XINDEX: numel, RINDEX: rnumel}
         res = KernelDeps([(n, simplify_index(sympy.sympify(e), bounds)) for n, e in rec.loads],
-                         [(n, simplify_index(sympy.sympify(e), bounds)) for n, e in rec.stores],
-                         in_loop)
+                         [(n, simplify_index(sympy.sympify(e), bounds)) for n, e in rec.stores], in_loop)
     _deps_cache[key] = (buf, res)
     return res

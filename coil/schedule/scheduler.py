@@ -95,8 +95,7 @@ class Scheduler:
             self.steps = sorted(self.groups, key=lambda g: g.order)
         if trace.enabled():
             trace.log("schedule", stage="schedule", kernels=sum(isinstance(s, FusedGroup) for s in self.steps),
-                      externs=sum(isinstance(s, ExternStep) for s in self.steps),
-                      groups=[s.names for s in self.steps])
+                      externs=sum(isinstance(s, ExternStep) for s in self.steps), groups=[s.names for s in self.steps])
 
     # ------------------------------------------------------------------ graph helpers
     def _owner_map(self) -> dict[str, object]:

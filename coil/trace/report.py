@@ -321,8 +321,7 @@ def artifact_diffs(prev: Compile, cur: Compile) -> list:
     diffs = []
     for name, text in new.items():
         if name in old and old[name] != text:
-            lines = difflib.unified_diff(old[name].splitlines(), text.splitlines(),
-                                         f"{prev.compile_id}/{name}",
+            lines = difflib.unified_diff(old[name].splitlines(), text.splitlines(), f"{prev.compile_id}/{name}",
                                          f"{cur.compile_id}/{name}", lineterm="", n=2)
             diffs.append({"name": name, "html": highlight("\n".join(lines), "diff")})
     return diffs
@@ -372,10 +371,9 @@ def write_report(log_dir: str, out_dir: Optional[str] = None) -> str:
         prev = previous.get((c.pid, c.compile_id))
         diffs = artifact_diffs(prev, c) if prev is not None else []
         page = env.get_template("compile.jinja").render(
-            title=row["title"] or f"compile {c.compile_id}", c=c, multi_pid=multi_pid,
-            total=total, breakdown=_breakdown_rows(totals, selfs, total),
-            groups=_group_tables(c.events), artifacts=_artifact_views(c.artifacts),
-            diffs=diffs, prev_page=prev.page if prev else "",
+            title=row["title"] or f"compile {c.compile_id}", c=c, multi_pid=multi_pid, total=total,
+            breakdown=_breakdown_rows(totals, selfs, total), groups=_group_tables(c.events),
+            artifacts=_artifact_views(c.artifacts), diffs=diffs, prev_page=prev.page if prev else "",
             prev_id=prev.compile_id if prev else "", **common)
         Path(out_dir, c.page).write_text(page, encoding="utf-8")
 

@@ -384,9 +384,8 @@ def call_cond(tx, args: list, kwargs: dict) -> VariableTracker:
     items = _emit(tx, torch.ops.higher_order.cond, (
         pred.node, g.get_attr(tname), g.get_attr(fname), node_ops),
         [_fresh(out, x, grad=grad) for x in t.out_fakes])
-    trace.log("hop", stage="capture", op="cond", predicate="tensor",
-              subgraphs=[tname, fname], lifted=[n.meta.get("source", n.name) for n in t.lifted],
-              where=str(location).splitlines()[0])
+    trace.log("hop", stage="capture", op="cond", predicate="tensor", subgraphs=[tname, fname],
+              lifted=[n.meta.get("source", n.name) for n in t.lifted], where=str(location).splitlines()[0])
     return _unflatten(items, t.structure)
 
 
@@ -472,8 +471,7 @@ def call_while_loop(tx, args: list, kwargs: dict) -> VariableTracker:
         g.get_attr(cname), g.get_attr(bname), tuple(x.node for x in carried), tuple(c.lifted)),
         [_fresh(out, x.fake) for x in carried])
     trace.log("hop", stage="capture", op="while_loop", subgraphs=[cname, bname],
-              lifted=[n.meta.get("source", n.name) for n in c.lifted],
-              where=str(location).splitlines()[0])
+              lifted=[n.meta.get("source", n.name) for n in c.lifted], where=str(location).splitlines()[0])
     return TupleVariable(items)
 
 
@@ -506,8 +504,7 @@ def call_map(tx, args: list, kwargs: dict) -> VariableTracker:
         g.get_attr(name), [xs.node], body.operand_nodes[1:] + body.lifted),
         [_fresh(out, y, (xs.fake.shape[0], *y.shape)) for y in body.out_fakes])
     trace.log("hop", stage="capture", op="map", subgraphs=[name],
-              lifted=[x.meta.get("source", x.name) for x in body.lifted],
-              where=str(location).splitlines()[0])
+              lifted=[x.meta.get("source", x.name) for x in body.lifted], where=str(location).splitlines()[0])
     return _unflatten(items, body.structure)
 
 
@@ -676,9 +673,8 @@ def call_region(tx, fn_vt, args: list, kwargs: dict) -> VariableTracker:
     entry[1] += 1
     items = _emit(tx, invoke_region, (out.graph.get_attr(entry[0]), entry[0],
                                       *sub.operand_nodes, *sub.lifted), sub.out_fakes)
-    trace.log("hop", stage="capture", op="nested_compile_region", subgraphs=[entry[0]],
-              call=entry[1], lifted=[n.meta.get("source", n.name) for n in sub.lifted],
-              where=str(tx.location()).splitlines()[0])
+    trace.log("hop", stage="capture", op="nested_compile_region", subgraphs=[entry[0]], call=entry[1],
+              lifted=[n.meta.get("source", n.name) for n in sub.lifted], where=str(tx.location()).splitlines()[0])
     return _unflatten(items, sub.structure)
 
 

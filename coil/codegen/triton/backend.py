@@ -69,8 +69,7 @@ def launch_args(plan, gpu: bool, outer: bool) -> dict:
     """The keyword arguments of :func:`coil.runtime.triton_runtime.launch_configs` (and of :class:`TritonLauncher`) for
     ``plan``: one place, so that the mask decision and the launcher see the same candidate configs."""
     return dict(numel=hint(plan.numel), rnumel=hint(plan.rnumel), persistent=plan.persistent, gpu=gpu,
-                outer=outer and not plan.tiled, elem_bytes=stream_elem_bytes(plan),
-                tiled=plan.tiled)
+                outer=outer and not plan.tiled, elem_bytes=stream_elem_bytes(plan), tiled=plan.tiled)
 
 
 def mask_exactness(plan, gpu: bool, outer: bool = False) -> tuple[bool, bool]:
@@ -204,16 +203,14 @@ class TritonBackend(KernelBackend):
             sizes = size_values(plan)
             # a symbolic row of one element at the hint is still a row (RBLOCK, rnumel)
             r = a["rnumel"] if is_static(plan.rnumel) else max(a["rnumel"], 2)
-            launcher = DynamicTritonLauncher(kernel_name, source, a["numel"], r, len(arg_names),
-                                             dev.type, outer=a["outer"], elem_bytes=a["elem_bytes"],
-                                             tiled=a["tiled"], arg_dtypes=dtypes,
-                                             size_hints=[hint(e) for e in sizes],
+            launcher = DynamicTritonLauncher(kernel_name, source, a["numel"], r, len(arg_names), dev.type,
+                                             outer=a["outer"], elem_bytes=a["elem_bytes"], tiled=a["tiled"],
+                                             arg_dtypes=dtypes, size_hints=[hint(e) for e in sizes],
                                              other_sizes=_other_sizes(plan, sizes) if dev.type != "cpu" else (),
                                              twin=k.twin is not None)
             return GeneratedKernel(kernel_name, source, arg_names, launcher, "triton", size_args=sizes)
-        launcher = TritonLauncher(kernel_name, source, a["numel"], a["rnumel"], a["persistent"],
-                                  dev.type, outer=a["outer"], elem_bytes=a["elem_bytes"],
-                                  tiled=a["tiled"], arg_dtypes=dtypes)
+        launcher = TritonLauncher(kernel_name, source, a["numel"], a["rnumel"], a["persistent"], dev.type,
+                                  outer=a["outer"], elem_bytes=a["elem_bytes"], tiled=a["tiled"], arg_dtypes=dtypes)
         ok = blocks_divide(launcher.configs, plan.numel, plan.rnumel)
         if (k.x_exact and not ok[0]) or (k.r_exact and not ok[1]):
             raise AssertionError(f"{kernel_name}: masks dropped for configs the launcher "

@@ -126,10 +126,7 @@ class ProgramInfo:
 
 def fake_mode_of(example_inputs: list) -> Optional[FakeTensorMode]:
     """The FakeTensorMode of the first fake tensor in ``example_inputs`` (or None)."""
-    for x in example_inputs:
-        if isinstance(x, FakeTensor):
-            return x.fake_mode
-    return None
+    return next((x.fake_mode for x in example_inputs if isinstance(x, FakeTensor)), None)
 
 
 def fakeify(example_inputs: list) -> tuple[FakeTensorMode, list]:

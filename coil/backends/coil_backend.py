@@ -18,10 +18,8 @@ from coil.backends.registry import register_backend
 
 
 def _graph_device(example_inputs: list) -> torch.device:
-    for x in example_inputs:
-        if isinstance(x, torch.Tensor) and x.device.type != "cpu":
-            return x.device
-    return torch.device("cpu")
+    return next((x.device for x in example_inputs if isinstance(x, torch.Tensor) and x.device.type != "cpu"),
+                torch.device("cpu"))
 
 
 def kernel_compiler(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:

@@ -289,10 +289,7 @@ class SiteRecorder:
                 trace.log("shape_guard", stage="capture", guard=str(expr), user_line=where, reason=reason)
 
     def site_of(self, index: int) -> Optional[str]:
-        for i, w in self.sites:
-            if i == index:
-                return w
-        return None
+        return next((w for i, w in self.sites if i == index), None)
 
 
 def _pinned_symbol(expr):

@@ -489,18 +489,12 @@ def _sum(tx, args, kwargs):
 
 @builtin(any)
 def _any(tx, args, kwargs):
-    for it in tx.unpack(args[0]):
-        if tx.truthy(it):
-            return ConstantVariable(True)
-    return ConstantVariable(False)
+    return ConstantVariable(any(tx.truthy(it) for it in tx.unpack(args[0])))
 
 
 @builtin(all)
 def _all(tx, args, kwargs):
-    for it in tx.unpack(args[0]):
-        if not tx.truthy(it):
-            return ConstantVariable(False)
-    return ConstantVariable(True)
+    return ConstantVariable(all(tx.truthy(it) for it in tx.unpack(args[0])))
 
 
 @builtin(super)

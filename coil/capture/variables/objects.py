@@ -34,10 +34,7 @@ _SENTINEL = object()
 
 
 def _static_lookup(cls: type, name: str):
-    for klass in cls.__mro__:
-        if name in klass.__dict__:
-            return klass.__dict__[name]
-    return _SENTINEL
+    return next((klass.__dict__[name] for klass in cls.__mro__ if name in klass.__dict__), _SENTINEL)
 
 
 def wrap_class_attr(tx, obj_vt: VariableTracker, cls: type, name: str, source=None):

@@ -137,10 +137,7 @@ class CppKernel(OpsHandler):
         return f"{prefix}{next(self.counter)}"
 
     def _lookup(self, key):
-        for scope in reversed(self.scopes):
-            if key in scope:
-                return scope[key]
-        return None
+        return next((scope[key] for scope in reversed(self.scopes) if key in scope), None)
 
     def _emit(self, expr: str, dtype: torch.dtype, key=None) -> CppVar:
         key = expr if key is None else key

@@ -13,6 +13,5 @@ from coil.api import (OptimizedModule, compile, cudagraph_mark_step_begin, disab
                       list_backends, mark_dynamic, mark_static, mark_unbacked, reset)
 
 __version__ = "0.1.0"
-__all__ = ["compile", "reset", "disable", "explain", "list_backends", "config", "exc", "trace",
-           "OptimizedModule", "cudagraph_mark_step_begin", "mark_dynamic", "mark_static",
-           "mark_unbacked"]
+__all__ = ["compile", "reset", "disable", "explain", "list_backends", "config", "exc", "trace", "OptimizedModule",
+           "cudagraph_mark_step_begin", "mark_dynamic", "mark_static", "mark_unbacked"]

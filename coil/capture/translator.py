@@ -503,13 +503,12 @@ class InstructionTranslatorBase:
     _DUNDER = {operator.add: ("__add__", "__radd__"), operator.sub: ("__sub__", "__rsub__"),
                operator.mul: ("__mul__", "__rmul__"), operator.truediv: ("__truediv__", "__rtruediv__"),
                operator.matmul: ("__matmul__", "__rmatmul__"), operator.eq: ("__eq__", "__eq__"),
-               operator.ne: ("__ne__", "__ne__"), operator.lt: ("__lt__", "__gt__"),
-               operator.gt: ("__gt__", "__lt__"), operator.le: ("__le__", "__ge__"),
-               operator.ge: ("__ge__", "__le__"), operator.floordiv: ("__floordiv__", "__rfloordiv__"),
-               operator.mod: ("__mod__", "__rmod__"), operator.pow: ("__pow__", "__rpow__"),
-               operator.iadd: ("__iadd__", "__radd__"), operator.imul: ("__imul__", "__rmul__"),
-               operator.isub: ("__isub__", "__rsub__"), operator.and_: ("__and__", "__rand__"),
-               operator.or_: ("__or__", "__ror__")}
+               operator.ne: ("__ne__", "__ne__"), operator.lt: ("__lt__", "__gt__"), operator.gt: ("__gt__", "__lt__"),
+               operator.le: ("__le__", "__ge__"), operator.ge: ("__ge__", "__le__"),
+               operator.floordiv: ("__floordiv__", "__rfloordiv__"), operator.mod: ("__mod__", "__rmod__"),
+               operator.pow: ("__pow__", "__rpow__"), operator.iadd: ("__iadd__", "__radd__"),
+               operator.imul: ("__imul__", "__rmul__"), operator.isub: ("__isub__", "__rsub__"),
+               operator.and_: ("__and__", "__rand__"), operator.or_: ("__or__", "__ror__")}
 
     def _user_binary(self, op, a, b):
         if (names := self._DUNDER.get(op)) is None:

@@ -226,9 +226,8 @@ BINARY = {
     prims.add: "add", prims.sub: "sub", prims.mul: "mul", prims.maximum: "maximum",
     prims.minimum: "minimum", prims.pow: "pow",
 }
-COMPARE = {aten.eq: "eq", aten.ne: "ne", aten.lt: "lt", aten.le: "le", aten.gt: "gt",
-           aten.ge: "ge", prims.eq: "eq", prims.ne: "ne", prims.lt: "lt", prims.le: "le",
-           prims.gt: "gt", prims.ge: "ge"}
+COMPARE = {aten.eq: "eq", aten.ne: "ne", aten.lt: "lt", aten.le: "le", aten.gt: "gt", aten.ge: "ge", prims.eq: "eq",
+           prims.ne: "ne", prims.lt: "lt", prims.le: "le", prims.gt: "gt", prims.ge: "ge"}
 LOGICAL = {aten.logical_and: "logical_and", aten.logical_or: "logical_or",
            aten.logical_xor: "logical_xor", aten.logical_not: "logical_not"}
 PREDICATES = {aten.isnan: "isnan", aten.isinf: "isinf", aten.signbit: "signbit"}

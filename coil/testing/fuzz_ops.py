@@ -370,9 +370,8 @@ def view_expr(c: Ctx, x: str) -> str:
     """An expression that is a view of ``x`` (slice, permute, expand, view, diagonal, ...)."""
     xv, rng = c.env[x], c.rng
     shape, nd = list(xv.shape), xv.dim()
-    k = rng.choice(["slice", "slice", "transpose", "permute", "expand", "unsqueeze", "squeeze",
-                    "reshape", "narrow", "diagonal", "as_strided", "select", "flatten",
-                    "view_dtype", "unflatten"])
+    k = rng.choice(["slice", "slice", "transpose", "permute", "expand", "unsqueeze", "squeeze", "reshape", "narrow",
+                    "diagonal", "as_strided", "select", "flatten", "view_dtype", "unflatten"])
     if k == "slice" and nd:
         d = rng.randrange(nd)
         n = shape[d]
@@ -484,9 +483,8 @@ def inplace(c: Ctx):
     lines, t = _target(c)
     tv, rng = c.env[t], c.rng
     shape = tuple(tv.shape)
-    k = rng.choice(["add_", "sub_", "mul_", "div_", "copy_", "fill_", "zero_", "clamp_",
-                    "masked_fill_", "setitem", "neg_", "abs_", "relu_", "exp_", "sigmoid_",
-                    "bool_setitem"])
+    k = rng.choice(["add_", "sub_", "mul_", "div_", "copy_", "fill_", "zero_", "clamp_", "masked_fill_", "setitem",
+                    "neg_", "abs_", "relu_", "exp_", "sigmoid_", "bool_setitem"])
     if k in ("add_", "sub_", "mul_", "div_", "copy_"):
         y = c.source(shape, tv.dtype, tv) if rng.random() < 0.7 else \
             (f"torch.tensor({c.scalar()})" if k == "copy_" else c.scalar(is_int(tv)))

@@ -112,8 +112,7 @@ def log(event: str, *, stage: Optional[str] = None, duration_ms: Optional[float]
     if _state.dir is None:
         return
     _write({"ts": time.time(), "pid": os.getpid(), "compile_id": current_compile_id(), "event": event,
-            "stage": stage if stage is not None else _current_stage(), "duration_ms": duration_ms,
-            **payload})
+            "stage": stage if stage is not None else _current_stage(), "duration_ms": duration_ms, **payload})
 
 
 def artifact(name: str, text: Any, kind: str = "text", **payload: Any) -> None:

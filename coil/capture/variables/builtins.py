@@ -124,9 +124,8 @@ def _is_callable(v):
     from coil.capture.variables.objects import NNModuleVariable, UserDefinedClassVariable
     from coil.capture.variables.torchfn import TorchFunctionVariable
 
-    return isinstance(v, (BaseFunctionVariable, BoundMethodVariable, PartialVariable,
-                          NNModuleVariable, UserDefinedClassVariable, TorchFunctionVariable,
-                          BuiltinVariable, PureFunctionVariable))
+    return isinstance(v, (BaseFunctionVariable, BoundMethodVariable, PartialVariable, NNModuleVariable,
+                          UserDefinedClassVariable, TorchFunctionVariable, BuiltinVariable, PureFunctionVariable))
 
 
 class DisabledFunctionVariable(VariableTracker):
@@ -143,14 +142,12 @@ class DisabledFunctionVariable(VariableTracker):
         return cg.const_expr(self.fn)
 
 
-_OPERATOR_BINARY = {operator.add, operator.sub, operator.mul, operator.truediv, operator.floordiv,
-                    operator.mod, operator.pow, operator.matmul, operator.and_, operator.or_,
-                    operator.xor, operator.lshift, operator.rshift, operator.eq, operator.ne,
-                    operator.lt, operator.le, operator.gt, operator.ge, operator.iadd,
-                    operator.isub, operator.imul, operator.itruediv, operator.ifloordiv,
-                    operator.imod, operator.ipow, operator.imatmul, operator.iand, operator.ior,
-                    operator.ixor, operator.ilshift, operator.irshift, operator.is_,
-                    operator.is_not, operator.contains}
+_OPERATOR_BINARY = {operator.add, operator.sub, operator.mul, operator.truediv, operator.floordiv, operator.mod,
+                    operator.pow, operator.matmul, operator.and_, operator.or_, operator.xor, operator.lshift,
+                    operator.rshift, operator.eq, operator.ne, operator.lt, operator.le, operator.gt, operator.ge,
+                    operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.ifloordiv, operator.imod,
+                    operator.ipow, operator.imatmul, operator.iand, operator.ior, operator.ixor, operator.ilshift,
+                    operator.irshift, operator.is_, operator.is_not, operator.contains}
 _OPERATOR_UNARY = {operator.neg, operator.pos, operator.invert, operator.not_, operator.truth,
                    operator.abs, operator.index}
 

@@ -544,9 +544,6 @@ class UserDefinedClassVariable(ObjectVariableBase):
     """A class object (user classes, torch classes, builtin types not handled as
     builtins). Calling it builds the instance symbolically where possible."""
 
-    def python_type(self):
-        return type(self.value)
-
     def as_python_constant(self):
         return self.value
 
@@ -596,9 +593,8 @@ class UserDefinedClassVariable(ObjectVariableBase):
 class PythonModuleVariable(ObjectVariableBase):
     """A Python module (``torch``, ``math``, ``torch.nn.functional``, user modules)."""
 
-    TRUSTED = ("torch", "math", "operator", "functools", "itertools", "collections", "typing",
-               "dataclasses", "builtins", "enum", "inspect", "warnings", "numbers", "abc",
-               "transformers", "numpy")
+    TRUSTED = ("torch", "math", "operator", "functools", "itertools", "collections", "typing", "dataclasses",
+               "builtins", "enum", "inspect", "warnings", "numbers", "abc", "transformers", "numpy")
 
     def var_getattr(self, tx, name):
         from coil.capture.variables.builder import wrap

@@ -236,13 +236,8 @@ class GradModeVariable(ContextManagerVariable):
             # entered and live at a graph break (inside its ``with`` block): a real context
             # object in the entered state; the entry has already set the grad mode
             return cg.bind(self, f"{cg.const_expr(reenter_grad)}({self.kind!r}, {self.mode!r}, {self.prev!r})")
-        if self.kind == "no_grad":
-            return f"{cg.const_expr(torch.no_grad)}()"
-        if self.kind == "enable_grad":
-            return f"{cg.const_expr(torch.enable_grad)}()"
-        if self.kind == "inference_mode":
-            return f"{cg.const_expr(torch.inference_mode)}({self.mode!r})"
-        return f"{cg.const_expr(torch.set_grad_enabled)}({self.mode!r})"
+        args = "" if self.kind in ("no_grad", "enable_grad") else repr(self.mode)
+        return f"{cg.const_expr(self.python_type())}({args})"
 
 
 class AutocastVariable(ContextManagerVariable):

@@ -21,10 +21,9 @@ from coil.capture.variables.base import ConstantVariable, VariableTracker
 
 
 def _frame_functions() -> set:
-    fns = {sys._getframe, inspect.currentframe, inspect.stack, inspect.trace,
-           inspect.getouterframes, inspect.getframeinfo, traceback.extract_stack,
-           traceback.format_stack, traceback.print_stack, traceback.walk_stack,
-           warnings.warn}
+    fns = {sys._getframe, inspect.currentframe, inspect.stack, inspect.trace, inspect.getouterframes,
+           inspect.getframeinfo, traceback.extract_stack, traceback.format_stack, traceback.print_stack,
+           traceback.walk_stack, warnings.warn}
     if hasattr(sys, "_getframemodulename"):
         fns.add(sys._getframemodulename)
     return fns

@@ -78,13 +78,11 @@ SKIP_MODULES = ("logging", "warnings", "inspect", "threading", "traceback", "pdb
                 "importlib", "os", "sys", "io", "pickle", "weakref", "random", "time")
 
 
-_INPLACE_TO_OUT = {operator.iadd: operator.add, operator.isub: operator.sub,
-                   operator.imul: operator.mul, operator.itruediv: operator.truediv,
-                   operator.ifloordiv: operator.floordiv, operator.imod: operator.mod,
-                   operator.ipow: operator.pow, operator.imatmul: operator.matmul,
-                   operator.iand: operator.and_, operator.ior: operator.or_,
-                   operator.ixor: operator.xor, operator.ilshift: operator.lshift,
-                   operator.irshift: operator.rshift}
+_INPLACE_TO_OUT = {operator.iadd: operator.add, operator.isub: operator.sub, operator.imul: operator.mul,
+                   operator.itruediv: operator.truediv, operator.ifloordiv: operator.floordiv,
+                   operator.imod: operator.mod, operator.ipow: operator.pow, operator.imatmul: operator.matmul,
+                   operator.iand: operator.and_, operator.ior: operator.or_, operator.ixor: operator.xor,
+                   operator.ilshift: operator.lshift, operator.irshift: operator.rshift}
 
 
 def const_value(v):

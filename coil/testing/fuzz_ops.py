@@ -231,10 +231,9 @@ def gen_shapes(rng: random.Random, n: int) -> list:
 # --------------------------------------------------------------- pointwise
 
 _DIVS = ("//", "%", "torch.fmod", "torch.remainder", "torch.floor_divide")
-BINARY = ("+", "-", "*", "/", "**", "&", "|", "^", "torch.maximum", "torch.minimum",
-          "torch.atan2", "torch.hypot", "torch.copysign", "torch.logical_and",
-          "torch.logical_xor", "torch.eq", "torch.ne", "torch.lt", "torch.le", "torch.gt",
-          "torch.ge") + _DIVS
+BINARY = ("+", "-", "*", "/", "**", "&", "|", "^", "torch.maximum", "torch.minimum", "torch.atan2", "torch.hypot",
+          "torch.copysign", "torch.logical_and", "torch.logical_xor", "torch.eq", "torch.ne", "torch.lt", "torch.le",
+          "torch.gt", "torch.ge") + _DIVS
 UNARY = ("abs", "neg", "exp", "exp2", "expm1", "log", "log2", "log1p", "sqrt", "rsqrt", "sin",
          "cos", "tan", "tanh", "atan", "asin", "sinh", "sigmoid", "erf", "floor", "ceil",
          "round", "trunc", "frac", "sign", "signbit", "reciprocal", "relu", "square", "isnan",

@@ -142,9 +142,8 @@ def read_log(log_dir: str) -> Log:
 
 # ------------------------------------------------------------------- highlighting
 
-_LEXERS = {"python": "python", "py": "python", "triton": "python", "fx": "python",
-           "cpp": "cpp", "c++": "cpp", "c": "c", "json": "json", "text": None,
-           "bytecode": None, "diff": "diff"}
+_LEXERS = {"python": "python", "py": "python", "triton": "python", "fx": "python", "cpp": "cpp", "c++": "cpp", "c": "c",
+           "json": "json", "text": None, "bytecode": None, "diff": "diff"}
 
 
 def highlight(text: str, kind: str) -> str:

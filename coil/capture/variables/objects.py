@@ -295,9 +295,8 @@ class NNModuleVariable(ObjectVariableBase):
         return lookup_attr(tx, self, name)
 
     def has_len(self):
-        return isinstance(self.value, (torch.nn.ModuleList, torch.nn.Sequential,
-                                       torch.nn.ModuleDict, torch.nn.ParameterList,
-                                       torch.nn.ParameterDict))
+        return isinstance(self.value, (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ModuleDict,
+                                       torch.nn.ParameterList, torch.nn.ParameterDict))
 
     def _sub(self, tx, key):
         from coil.capture.variables.builder import wrap

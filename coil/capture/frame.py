@@ -76,12 +76,10 @@ def is_disabled(fn) -> bool:
 
 def disable(fn):
     """Never capture ``fn``: calls to it run eagerly, and inside captured code they are graph breaks."""
-    try:
+    with contextlib.suppress(TypeError):
         _disabled_fns.add(fn)
         if hasattr(fn, "__code__"):
             _disabled_codes.add(fn.__code__)
-    except TypeError:
-        pass
     return fn
 
 

@@ -144,11 +144,10 @@ def _permute(x, dims):
     dims = [d % nd for d in dims]
     size = [x.get_size()[d] for d in dims]
 
+    inverse = {d: i for i, d in enumerate(dims)}
+
     def reindex(index):
-        out = [None] * nd
-        for i, d in enumerate(dims):
-            out[d] = index[i]
-        return out
+        return [index[inverse[d]] for d in range(nd)]
 
     return make_view(x, size, reindex, lambda l: _lay(l, size, [l.stride[d] for d in dims]))
 

@@ -56,9 +56,7 @@ class CompileCounter:
     """
 
     def __init__(self) -> None:
-        self.frame_count = 0
-        self.op_count = 0
-        self.graphs: list = []
+        self.clear()
         self.__name__ = "compile_counter"
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: list) -> Callable:

@@ -203,29 +203,16 @@ class ListVariable(BaseListVariable):
 
     def call_method(self, tx, name, args, kwargs):
         items = self.items
-        if name == "append":
+        in_place = {"append": lambda: items.append(args[0]), "extend": lambda: items.extend(tx.unpack(args[0])),
+                    "insert": lambda: items.insert(args[0].as_python_constant(), args[1]), "clear": items.clear,
+                    "reverse": items.reverse}  # methods returning None
+        if name in in_place:
             self._mutated(tx)
-            items.append(args[0])
-            return ConstantVariable(None)
-        if name == "extend":
-            self._mutated(tx)
-            items.extend(tx.unpack(args[0]))
-            return ConstantVariable(None)
-        if name == "insert":
-            self._mutated(tx)
-            items.insert(args[0].as_python_constant(), args[1])
+            in_place[name]()
             return ConstantVariable(None)
         if name == "pop":
             self._mutated(tx)
             return items.pop(args[0].as_python_constant() if args else -1)
-        if name == "clear":
-            self._mutated(tx)
-            items.clear()
-            return ConstantVariable(None)
-        if name == "reverse":
-            self._mutated(tx)
-            items.reverse()
-            return ConstantVariable(None)
         if name == "remove":
             for i, it in enumerate(items):
                 if tx.values_equal(it, args[0]):
@@ -346,13 +333,11 @@ class DictVariable(VariableTracker):
             return view
         if name == "__iter__":
             return ListIteratorVariable(self.unpack(tx), container=self)
-        if name == "__setitem__":
+        in_place = {"__setitem__": lambda: items.__setitem__(self.key_of(args[0]), args[1]), "clear": items.clear,
+                    "__delitem__": lambda: items.__delitem__(self.key_of(args[0]))}  # methods returning None
+        if name in in_place:
             self._mutated(tx)
-            items[self.key_of(args[0])] = args[1]
-            return ConstantVariable(None)
-        if name == "__delitem__":
-            self._mutated(tx)
-            del items[self.key_of(args[0])]
+            in_place[name]()
             return ConstantVariable(None)
         if name == "pop":
             k = self.key_of(args[0])
@@ -397,10 +382,6 @@ class DictVariable(VariableTracker):
             self._mutated(tx)
             k, v = items.popitem()
             return TupleVariable([self.wrap_key(tx, k), v])
-        if name == "clear":
-            self._mutated(tx)
-            items.clear()
-            return ConstantVariable(None)
         if name == "__or__" and isinstance(args[0], DictVariable):
             return DictVariable({**items, **args[0].items}, self.user_cls)
         raise Unsupported(f"dict.{name}")

@@ -174,34 +174,19 @@ def index_add(x, dim, index, source, *, alpha=1):
                                                                 list(source.shape)), source)
 
 
-@register(aten.var_mean.correction)
-def var_mean_correction(x, dim=None, *, correction=None, keepdim=False):
-    return _var_and_mean(x, dim, correction, keepdim)
+def _variance(take_sqrt: bool, with_mean: bool) -> Callable:
+    """var / std (``with_mean``: var_mean / std_mean) as :func:`_var_and_mean`, for the ``correction`` overloads and
+    the ``unbiased`` ones (``.dim``)."""
+    def decomposition(x, dim=None, unbiased=None, keepdim=False, *, correction=None):
+        out = _var_and_mean(x, dim, correction if unbiased is None else (1 if unbiased else 0), keepdim, take_sqrt)
+        return out if with_mean else out[0]
+    return decomposition
 
 
-@register(aten.var_mean.dim)
-def var_mean_dim(x, dim, unbiased=True, keepdim=False):
-    return _var_and_mean(x, dim, 1 if unbiased else 0, keepdim)
-
-
-@register(aten.var.correction)
-def var_correction(x, dim=None, *, correction=None, keepdim=False):
-    return _var_and_mean(x, dim, correction, keepdim)[0]
-
-
-@register(aten.var.dim)
-def var_dim(x, dim, unbiased=True, keepdim=False):
-    return _var_and_mean(x, dim, 1 if unbiased else 0, keepdim)[0]
-
-
-@register(aten.std.correction)
-def std_correction(x, dim=None, *, correction=None, keepdim=False):
-    return _var_and_mean(x, dim, correction, keepdim, take_sqrt=True)[0]
-
-
-@register(aten.std_mean.correction)
-def std_mean_correction(x, dim=None, *, correction=None, keepdim=False):
-    return _var_and_mean(x, dim, correction, keepdim, take_sqrt=True)
+register(aten.var_mean.correction, aten.var_mean.dim)(_variance(False, True))
+register(aten.var.correction, aten.var.dim)(_variance(False, False))
+register(aten.std.correction)(_variance(True, False))
+register(aten.std_mean.correction)(_variance(True, True))
 
 
 @register(aten.native_layer_norm.default)

@@ -288,19 +288,15 @@ class ReferenceInterpreter(OpsHandler):
     def load_seed(self, name, offset):
         return self.env[name][int(offset)]
 
-    def rand(self, seed, offset):
-        """Uniform [0, 1) per element, a function of (seed, offset) only (like Philox;
+    def rand(self, seed, offset, draw=torch.rand):
+        """Uniform [0, 1) per element (``randn``: normal), a function of (seed, offset) only (like Philox;
         not the same numbers as Triton's ``tl.rand``)."""
         off = torch.as_tensor(offset).long()
         g = torch.Generator().manual_seed(int(seed))
-        table = torch.rand(int(off.max()) + 1 if off.numel() else 1, generator=g)
-        return table[off]
+        return draw(int(off.max()) + 1 if off.numel() else 1, generator=g)[off]
 
     def randn(self, seed, offset):
-        off = torch.as_tensor(offset).long()
-        g = torch.Generator().manual_seed(int(seed))
-        table = torch.randn(int(off.max()) + 1 if off.numel() else 1, generator=g)
-        return table[off]
+        return self.rand(seed, offset, torch.randn)
 
     def __getattr__(self, op: str):
         if op in _TORCH_UNARY:

@@ -76,18 +76,17 @@ def out_meta():
     return current_graph().current_node.meta.get("val")
 
 
-def out_dtype() -> torch.dtype:
+def _first_out():
     v = out_meta()
-    if isinstance(v, (tuple, list)):
-        v = v[0]
-    return v.dtype
+    return v[0] if isinstance(v, (tuple, list)) else v
+
+
+def out_dtype() -> torch.dtype:
+    return _first_out().dtype
 
 
 def out_size() -> list:
-    v = out_meta()
-    if isinstance(v, (tuple, list)):
-        v = v[0]
-    return [as_expr(s) for s in v.shape]
+    return [as_expr(s) for s in _first_out().shape]
 
 
 def device() -> torch.device:

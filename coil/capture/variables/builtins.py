@@ -230,10 +230,8 @@ def known_object(tx, vt):
 
     if vt.source is None or isinstance(vt, TensorVariable):
         return None
-    for value, w in tx.output.wrapped.values():
-        if w is vt:
-            return None if isinstance(value, types.MethodType) else value
-    return None
+    return next((None if isinstance(value, types.MethodType) else value
+                 for value, w in tx.output.wrapped.values() if w is vt), None)
 
 
 @builtin(len)
@@ -350,15 +348,7 @@ def _set(tx, args, kwargs):
 @builtin(dict)
 def _dict(tx, args, kwargs):
     d = DictVariable({})
-    if args:
-        src = args[0]
-        if isinstance(src, DictVariable):
-            d.items.update(src.items)
-        else:
-            for pair in tx.unpack(src):
-                k, v = tx.unpack(pair)
-                d.items[DictVariable.key_of(k)] = v
-    d.items.update(kwargs)
+    d.update_items(tx, args, kwargs)
     return d
 
 

@@ -355,16 +355,7 @@ class DictVariable(VariableTracker):
             return items[k]
         if name == "update":
             self._mutated(tx)
-            if args:
-                other = args[0]
-                if isinstance(other, DictVariable):
-                    items.update(other.items)
-                else:
-                    for pair in tx.unpack(other):
-                        k, v = tx.unpack(pair)
-                        items[self.key_of(k)] = v
-            for k, v in kwargs.items():
-                items[k] = v
+            self.update_items(tx, args, kwargs)
             return ConstantVariable(None)
         if name == "copy":
             return DictVariable(dict(items), self.user_cls)
@@ -385,6 +376,16 @@ class DictVariable(VariableTracker):
         if name == "__or__" and isinstance(args[0], DictVariable):
             return DictVariable({**items, **args[0].items}, self.user_cls)
         raise Unsupported(f"dict.{name}")
+
+    def update_items(self, tx, args, kwargs) -> None:
+        """``items.update(*args, **kwargs)`` with trackers (``dict.update``, ``dict(...)``)."""
+        if args and isinstance(args[0], DictVariable):
+            self.items.update(args[0].items)
+        elif args:
+            for pair in tx.unpack(args[0]):
+                k, v = tx.unpack(pair)
+                self.items[self.key_of(k)] = v
+        self.items.update(kwargs)
 
     def view_items(self, tx, kind: str) -> list:
         """The items of ``d.keys()`` / ``d.values()`` / ``d.items()`` now."""

@@ -80,8 +80,7 @@ class OptimizedModule(torch.nn.Module):
                  rewrap: Optional[Callable[[torch.nn.Module], Callable]] = None,
                  compile_args: Optional[dict] = None):
         super().__init__()
-        self._orig_mod = mod
-        self._compiled_call = compiled_call
+        self._orig_mod, self._compiled_call = mod, compiled_call
         # rewrap(module) -> compiled call: used by copy.deepcopy so that a copy
         # compiles and runs *its own* module, not the original's.
         self._rewrap = rewrap

@@ -33,8 +33,7 @@ class ExceptionVariable(VariableTracker):
 
     def __init__(self, cls, args):
         super().__init__(None)
-        self.cls = cls
-        self.args = args
+        self.cls, self.args = cls, args
         self.origin: Optional[Unsupported] = None
 
     def python_type(self):

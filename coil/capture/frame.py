@@ -113,8 +113,7 @@ class CaptureConfig:
     input dim symbolic, ``False``: only marked dims; docs/dynamic_shapes.md)."""
 
     def __init__(self, backend: Callable, fullgraph: bool, dynamic, options=None):
-        self.backend = backend
-        self.fullgraph = fullgraph
+        self.backend, self.fullgraph = backend, fullgraph
         self.backend_name = getattr(backend, "__name__", str(backend))
         opts = options or {}
         cfg = _config.config
@@ -133,12 +132,8 @@ class CacheEntry:
     __slots__ = ("guard", "entry", "guards", "guard_src", "argnames", "config", "input_shapes", "input_scalars")
 
     def __init__(self, guard, entry, guards, guard_src, argnames, config, input_shapes=None, input_scalars=None):
-        self.guard = guard
-        self.entry = entry
-        self.guards = guards
-        self.guard_src = guard_src
-        self.argnames = argnames
-        self.config = config
+        self.guard, self.entry, self.guards, self.guard_src = guard, entry, guards, guard_src
+        self.argnames, self.config = argnames, config
         #: source expression -> shape of each tensor input at compile time (automatic dynamic)
         self.input_shapes = input_shapes or {}
         #: source expression -> Python int/float the frame read (automatic dynamic)

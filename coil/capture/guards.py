@@ -75,13 +75,8 @@ class Guard:
     def __init__(self, code: str, value_expr: Optional[str], expected: Any, src: Optional[str] = None,
                  fast: Optional[str] = None, group: Optional[str] = None,
                  batch: Optional[str] = None):
-        self.code = code
-        self.value_expr = value_expr
-        self.expected = expected
-        self.src = src
-        self.fast = fast
-        self.group = group
-        self.batch = batch
+        self.code, self.value_expr, self.expected, self.src = code, value_expr, expected, src
+        self.fast, self.group, self.batch = fast, group, batch
 
 
 class Hoister:

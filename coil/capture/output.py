@@ -137,8 +137,7 @@ class OutputGraph:
         self.symbol_nodes: dict = {}    # sympy symbol -> SymInt placeholder
         self.scalar_floats: list = []   # (source expr, SymFloat) of float inputs
         self.guards = GuardSet(f_globals)
-        self.f_globals = f_globals
-        self.argnames = argnames
+        self.f_globals, self.argnames = f_globals, argnames
         self.inputs: list[tuple[Any, Any, torch.fx.Node]] = []  # (source, real, node)
         self.layouts_at_call: list = []  # (fake, sizes, strides, offset) of each tensor input
         self.input_vts: dict[int, TensorVariable] = {}

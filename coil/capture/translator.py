@@ -111,10 +111,7 @@ class BreakInfo:
     """Where and why the root frame breaks: ``offset``, ``reason``, user ``stack``."""
 
     def __init__(self, offset: int, reason: str, stack: list[str], exc: Unsupported):
-        self.offset = offset
-        self.reason = reason
-        self.stack = stack
-        self.exc = exc
+        self.offset, self.reason, self.stack, self.exc = offset, reason, stack, exc
 
 
 class ReturnValue(Exception):
@@ -158,10 +155,7 @@ class InstructionTranslatorBase:
                  fn_name: str = ""):
         from coil.capture import opcodes
 
-        self.code = code
-        self.f_globals = f_globals
-        self.output = output
-        self.parent = parent
+        self.code, self.f_globals, self.output, self.parent = code, f_globals, output, parent
         self.instructions = instructions_of(code)
         self.offset_to_index = offset_map(code)
         self.ip = 0
@@ -738,8 +732,7 @@ class SuperVariable(VariableTracker):
 
     def __init__(self, cls, obj):
         super().__init__(None)
-        self.cls = cls
-        self.obj = obj
+        self.cls, self.obj = cls, obj
 
     def var_getattr(self, tx, name):
         mro = self.obj.python_type().__mro__ if not isinstance(self.obj, UserDefinedClassVariable) \
@@ -860,8 +853,7 @@ class InstructionTranslator(InstructionTranslatorBase):
 
     def __init__(self, code, f_globals, output, symbolic_locals, cells, break_at: dict, fullgraph: bool):
         super().__init__(code, f_globals, output, symbolic_locals, cells)
-        self.break_at = break_at
-        self.fullgraph = fullgraph
+        self.break_at, self.fullgraph = break_at, fullgraph
         self.result = None          # ("return", vt) or ("break", BreakInfo, inst)
 
     def run(self) -> None:

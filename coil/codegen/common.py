@@ -50,8 +50,7 @@ class KernelPlan:
         self.numel, self.rnumel = as_size(group.numel), as_size(group.rnumel)
         #: a 2-D tiled pointwise kernel over (numel, rnumel) (codegen/tiling.py): one
         #: section like a persistent reduction, each program one [XBLOCK, RBLOCK] tile
-        self.tiled = tiled
-        self.graph = graph
+        self.tiled, self.graph = tiled, graph
         self.group, self.live_after = group, live_after
         # a symbolic row length loops (``persistent``: a twin whose RBLOCK the launcher sets per size bucket)
         self.persistent = persistent or tiled or (is_static(self.rnumel) and self.rnumel <= persistent_limit)

@@ -221,8 +221,7 @@ class Reduction(Loops):
     def __init__(self, device, dtype, inner_fn, ranges, reduction_ranges, reduction_type, src_dtype):
         super().__init__(device, dtype, inner_fn, ranges)
         self.reduction_ranges = [as_expr(r) for r in reduction_ranges]
-        self.reduction_type = reduction_type
-        self.src_dtype = src_dtype
+        self.reduction_type, self.src_dtype = reduction_type, src_dtype
 
     def make_loader(self):
         raise RuntimeError("a Reduction must be realized before it is read")

@@ -599,8 +599,7 @@ class GetterVariable(VariableTracker):
 
     def __init__(self, kind, keys):
         super().__init__(None)
-        self.kind = kind
-        self.keys = keys
+        self.kind, self.keys = kind, keys
 
     def python_type(self):
         return operator.itemgetter if self.kind == "item" else operator.attrgetter

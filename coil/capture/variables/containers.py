@@ -699,8 +699,7 @@ class GeneratorVariable(ListIteratorVariable):
 
     def __init__(self, tx, fn, args, kwargs, start):
         VariableTracker.__init__(self, None)
-        self._tx = tx
-        self.fn = fn
+        self._tx, self.fn = tx, fn
         self.args = list(args)
         self.kwargs = dict(kwargs)
         self._start = start          # tx -> a suspended InliningTranslator over the body

@@ -154,9 +154,7 @@ class NestedFunctionVariable(BaseFunctionVariable):
 
     def __init__(self, code, name, globals_, defaults, kwdefaults, closure, annotations=None):
         super().__init__(None)
-        self.code = code
-        self.name = name
-        self.globals = globals_
+        self.code, self.name, self.globals = code, name, globals_
         self.defaults = defaults or []
         self.kwdefaults = kwdefaults or {}
         self.closure = closure or []  # CellVariable / SourcedCellVariable list
@@ -199,8 +197,7 @@ class UserMethodVariable(BaseFunctionVariable):
 
     def __init__(self, fn: types.FunctionType, obj: VariableTracker, source=None):
         super().__init__(source)
-        self.fn = fn
-        self.obj = obj
+        self.fn, self.obj = fn, obj
 
     def python_type(self):
         return types.MethodType
@@ -241,8 +238,7 @@ class BoundMethodVariable(VariableTracker):
 
     def __init__(self, obj: VariableTracker, name: str):
         super().__init__(None)
-        self.obj = obj
-        self.name = name
+        self.obj, self.name = obj, name
 
     def python_type(self):
         return types.BuiltinMethodType

@@ -31,8 +31,7 @@ class _RefusingSideEffects:
     through, any write to state outside the subgraph raises Unsupported."""
 
     def __init__(self, inner, what: str):
-        self._inner = inner
-        self._what = what
+        self._inner, self._what = inner, what
         self._start = VariableTracker().birth   # sourceless trackers made later: the body's
 
     def __getattr__(self, name):
@@ -63,12 +62,8 @@ class Subgraph:
     function's result nests them (``"tensor"``, ``"tuple"``, ``"list"``)."""
 
     def __init__(self, graph, n_operands, lifted, out_fakes, structure, user_line):
-        self.graph = graph
-        self.n_operands = n_operands
-        self.lifted = lifted
-        self.out_fakes = out_fakes
-        self.structure = structure
-        self.user_line = user_line
+        self.graph, self.n_operands, self.lifted, self.out_fakes = graph, n_operands, lifted, out_fakes
+        self.structure, self.user_line = structure, user_line
 
     def add_lifted(self, node) -> None:
         """Another parent node this subgraph takes (unused by it: the other branch reads it)."""

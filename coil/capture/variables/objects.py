@@ -433,8 +433,7 @@ class InFrameModuleVariable(NNModuleVariable):
 
     def __init__(self, value, args: tuple, kwargs: dict):
         super().__init__(value, None)
-        self.args = args
-        self.kwargs = kwargs
+        self.args, self.kwargs = args, kwargs
 
     @classmethod
     def create(cls, mod_cls: type, args: list, kwargs: dict) -> "InFrameModuleVariable":

@@ -37,9 +37,7 @@ class SymNodeVariable(VariableTracker):
 
     def __init__(self, output, value, recipe):
         super().__init__(None)
-        self.output = output
-        self.value = value
-        self.recipe = recipe
+        self.output, self.value, self.recipe = output, value, recipe
         self._node = None
 
     def python_type(self):

@@ -446,9 +446,7 @@ class TensorVariable(VariableTracker):
 
     def __init__(self, node, fake, source=None, cls=torch.Tensor):
         super().__init__(source)
-        self.node = node
-        self.fake = fake
-        self.cls = cls
+        self.node, self.fake, self.cls = node, fake, cls
 
     def python_type(self):
         return self.cls

@@ -207,8 +207,7 @@ class GradModeVariable(ContextManagerVariable):
 
     def __init__(self, mode: bool, kind: str = "set_grad_enabled"):
         super().__init__(None)
-        self.mode = mode
-        self.kind = kind
+        self.mode, self.kind = mode, kind
         self.prev = None
         self.exited = False
         self.called_as_function = False
@@ -282,8 +281,7 @@ class DecoratedFunctionVariable(VariableTracker):
 
     def __init__(self, ctx, fn):
         super().__init__(None)
-        self.ctx = ctx
-        self.fn = fn
+        self.ctx, self.fn = ctx, fn
 
     def call_function(self, tx, args, kwargs):
         ctx = type(self.ctx)(*self.ctx.ctor_args())

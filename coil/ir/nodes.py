@@ -334,8 +334,7 @@ class ComputedBuffer(Buffer):
 
     def __init__(self, name: str, layout: Layout, data: Loops):
         super().__init__(name, layout)
-        self.data = data
-        self._reads = None
+        self.data, self._reads = data, None
         self.loop_order = memory_loop_order(layout) if isinstance(data, Pointwise) else None
         self._rloop_order = False  # computed on first use (the body may read later buffers)
 

@@ -128,8 +128,7 @@ class Tree:
         #: storage data pointers some node reads in place (parameters, buffers): a view
         #: of them (a forward saving ``weight.t()``) is read in place too
         self.stable_storages: set = set()
-        self.steps = 0
-        self.nodes = 0
+        self.steps, self.nodes = 0, 0
         #: forward node -> recording index from which recordings may overlap the memory
         #: of its saved slots that a backward's recording released (Tree._lend_saved)
         self.released: dict = {}

@@ -500,8 +500,7 @@ class ListIteratorVariable(VariableTracker):
     def __init__(self, items, kind="iterator", container=None, view="keys"):
         super().__init__(None)
         self.items = list(items)
-        self.index = 0
-        self.kind = kind
+        self.index, self.kind = 0, kind
         if container is not None:
             self.container = container
             self.size = len(container.items)
@@ -705,9 +704,7 @@ class GeneratorVariable(ListIteratorVariable):
         self._start = start          # tx -> a suspended InliningTranslator over the body
         self._sub = None
         self._items = None           # values yielded so far (None: never started)
-        self._done = False
-        self.index = 0
-        self.kind = "iterator"
+        self._done, self.index, self.kind = False, 0, "iterator"
 
     def _advance(self, tx) -> bool:
         """Run the body to its next yield; False when it returned."""
@@ -781,8 +778,7 @@ class LazyIteratorVariable(GeneratorVariable):
         self._tx = tx
         self.builtin, self.iters, self.fn, self.start = builtin, list(iters), fn, start
         self._sub, self._items, self._done = None, [], False
-        self.index = 0
-        self.kind = "iterator"
+        self.index, self.kind = 0, "iterator"
         self._taken = 0          # values taken from the inner iterators (enumerate's count)
 
     def _advance(self, tx) -> bool:

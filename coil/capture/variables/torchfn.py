@@ -208,9 +208,7 @@ class GradModeVariable(ContextManagerVariable):
     def __init__(self, mode: bool, kind: str = "set_grad_enabled"):
         super().__init__(None)
         self.mode, self.kind = mode, kind
-        self.prev = None
-        self.exited = False
-        self.called_as_function = False
+        self.prev, self.exited, self.called_as_function = None, False, False
 
     def ctor_args(self):
         return (self.mode, self.kind)
@@ -244,8 +242,7 @@ class AutocastVariable(ContextManagerVariable):
 
     def __init__(self, args: tuple):
         super().__init__(None)
-        self.args = args
-        self.handle = None
+        self.args, self.handle = args, None
 
     def ctor_args(self):
         return (self.args,)

@@ -152,8 +152,7 @@ class TritonKernel(OpsHandler):
         # loads of a reduction whose address steps by 1 along x and by more along r
         # (``x.sum(0)``): the runtime then tries wide-XBLOCK, short-RBLOCK tiles
         self.max_accs: dict[str, tuple] = {}  # acc<N>_res -> (acc, value, section)
-        self.x_contiguous_loads = 0
-        self.r_contiguous_loads = 0
+        self.x_contiguous_loads, self.r_contiguous_loads = 0, 0
 
     # ----------------------------------------------------------------- structure
     def begin(self, pn) -> None:

@@ -40,9 +40,7 @@ def ensure_layout(t: torch.Tensor, size, stride) -> torch.Tensor:
         return t
     if all(a == b or n == 1 for a, b, n in zip(st, stride, size)):
         return t
-    out = torch.empty_strided(size, stride, dtype=t.dtype, device=t.device)
-    out.copy_(t)
-    return out
+    return torch.empty_strided(size, stride, dtype=t.dtype, device=t.device).copy_(t)
 
 
 def check_size(t, size, op: str) -> None:

@@ -88,6 +88,4 @@ def _restride(t: torch.Tensor, layout: Layout) -> torch.Tensor:
     stride = [int(s) for s in layout.stride]
     if all(a == b or n == 1 for a, b, n in zip(t.stride(), stride, size)):
         return t
-    out = torch.empty_strided(size, stride, dtype=t.dtype, device=t.device)
-    out.copy_(t)
-    return out
+    return torch.empty_strided(size, stride, dtype=t.dtype, device=t.device).copy_(t)

@@ -73,10 +73,9 @@ class BackendCompilerFailed(CoilError):
     def __init__(self, backend_name: str, inner: BaseException):
         self.backend_name, self.inner = backend_name, inner
         super().__init__(
-            f"backend {backend_name!r} failed to compile a graph: "
-            f"{type(inner).__name__}: {inner}\n"
-            "  what to do: try backend='aot_eager' or 'eager' to narrow it down, "
-            "and set COIL_TRACE=<dir> to see the graph it was given."
+            f"backend {backend_name!r} failed to compile a graph: {type(inner).__name__}: {inner}\n"
+            "  what to do: try backend='aot_eager' or 'eager' to narrow it down, and set COIL_TRACE=<dir> to see the "
+            "graph it was given."
         )
 
 

@@ -22,24 +22,20 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from coil import trace
 from coil.exc import CoilError
 
-OVERLAP_MESSAGE = ("unsupported operation: more than one element of the written-to tensor "
-                   "refers to a single memory location. Please clone() the tensor before "
-                   "performing the operation.")
+OVERLAP_MESSAGE = ("unsupported operation: more than one element of the written-to tensor refers to a single memory "
+                   "location. Please clone() the tensor before performing the operation.")
 
 
-SYMBOLIC_OVERLAP_MESSAGE = ("the program writes to an input whose elements overlap (an "
-                            "expanded input) and has symbolic sizes: synthetic bases need "
-                            "static layouts, so the program runs eagerly")
+SYMBOLIC_OVERLAP_MESSAGE = ("the program writes to an input whose elements overlap (an expanded input) and has "
+                            "symbolic sizes: synthetic bases need static layouts, so the program runs eagerly")
 
 
-OUTSIDE_MESSAGE = ("the program writes (through as_strided) to memory of an input's storage "
-                   "that is not one of the input's elements: coil's graphs see only those, so "
-                   "the program runs eagerly")
+OUTSIDE_MESSAGE = ("the program writes (through as_strided) to memory of an input's storage that is not one of the "
+                   "input's elements: coil's graphs see only those, so the program runs eagerly")
 
 
-OUTSIDE_READ_MESSAGE = ("the program reads (through as_strided) memory of a tensor it has written "
-                        "to that is not one of the tensor's elements: coil's graphs hold only "
-                        "those, so the program runs eagerly")
+OUTSIDE_READ_MESSAGE = ("the program reads (through as_strided) memory of a tensor it has written to that is not one "
+                        "of the tensor's elements: coil's graphs hold only those, so the program runs eagerly")
 
 
 OFFSET_WRITE_MESSAGE = ("the program writes through an as_strided view of a tensor that does not start "
@@ -47,9 +43,8 @@ OFFSET_WRITE_MESSAGE = ("the program writes through an as_strided view of a tens
                         "writes it back from 0), so the program runs eagerly")
 
 
-RESTRIDE_MESSAGE = ("the program restrides an input (as_strided_) past its last element, or one that "
-                    "does not start at its storage's start, which functionalization does not model, so "
-                    "the program runs eagerly")
+RESTRIDE_MESSAGE = ("the program restrides an input (as_strided_) past its last element, or one that does not start at "
+                    "its storage's start, which functionalization does not model, so the program runs eagerly")
 
 
 class RunEagerly(CoilError):

@@ -23,10 +23,9 @@ from coil.aot.functional import JointInfo, ProgramInfo
 from coil.runtime.cudagraph_trees import cudagraphify
 
 DOUBLE_BACKWARD_MESSAGE = (
-    "coil.aot: double backward through a compiled graph is not supported (its backward "
-    "graph was compiled without a backward of its own). What to do: compute higher-order "
-    "gradients outside the compiled region, or run this part eagerly "
-    "(coil.disable / torch.compiler.disable).")
+    "coil.aot: double backward through a compiled graph is not supported (its backward graph was compiled without a "
+    "backward of its own). What to do: compute higher-order gradients outside the compiled region, or run this part "
+    "eagerly (coil.disable / torch.compiler.disable).")
 
 
 def _copy_untracked(dsts: list, srcs: list) -> None:
@@ -106,10 +105,9 @@ def symbolic_evaluator(items: Any, fake_inputs: Sequence, value_shapes: Sequence
                 "be rebuilt as a view for each call.\n  what to do: return a copy (.clone()) of "
                 "that output, or do that indexing outside the compiled region.")
         raise CoilError(
-            f"coil.aot: the symbolic sizes {names} of an aliased output "
-            "are not sizes of the graph's inputs or values, so the output cannot be rebuilt "
-            "as a view for each call.\n  what to do: return a copy (.clone()) of that "
-            "output, or compile with static shapes (dynamic=False).")
+            f"coil.aot: the symbolic sizes {names} of an aliased output are not sizes of the graph's inputs or values, "
+            "so the output cannot be rebuilt as a view for each call.\n"
+            "  what to do: return a copy (.clone()) of that output, or compile with static shapes (dynamic=False).")
     names = {sym: sympy.Symbol(f"_s{n}", integer=True) for n, sym in enumerate(sorted(where, key=str))}
     printer = PythonPrinter()
 

@@ -196,9 +196,8 @@ class DynamicPolicy:
             n = value.shape[d]
             if (lo is not None and n < lo) or (hi is not None and n > hi):
                 raise UserError(
-                    f"size {n} of dim {d} of {expr} is outside the range "
-                    f"[{lo if lo is not None else 0}, {hi if hi is not None else 'inf'}] given "
-                    f"to coil.mark_dynamic", loc,
+                    f"size {n} of dim {d} of {expr} is outside the range [{lo if lo is not None else 0}, "
+                    f"{hi if hi is not None else 'inf'}] given to coil.mark_dynamic", loc,
                     hint=f"pass a tensor whose dim {d} is in range, or widen the range in "
                          f"coil.mark_dynamic({expr}, {d}, min=..., max=...)")
         kinds = []

@@ -261,10 +261,9 @@ def _under_functorch(fn, args, kwargs):
         trace.log("functorch_eager", stage="capture", frame=_label(fn.__code__),
                   reason="called inside a torch.func transform (vmap, grad, jvp)")
         import warnings
-        warnings.warn(f"coil: {_label(fn.__code__)} was called inside a torch.func transform "
-                      "(vmap, grad, jvp); coil cannot capture transformed tensors, so such calls run "
-                      "eagerly. What to do: compile the transformed function instead, "
-                      "coil.compile(torch.vmap(f)).", stacklevel=3)
+        warnings.warn(f"coil: {_label(fn.__code__)} was called inside a torch.func transform (vmap, grad, jvp); coil "
+                      "cannot capture transformed tensors, so such calls run eagerly. What to do: compile the "
+                      "transformed function instead, coil.compile(torch.vmap(f)).", stacklevel=3)
     return fn(*args, **kwargs)
 
 
@@ -627,8 +626,7 @@ def _build_entry(tx, output: OutputGraph, cfg: CaptureConfig, fn, code, argnames
                 ok, why = frame_result_ok(tx.instructions, index, target, call_args or [], call_kwargs or {})
                 if not ok:
                     raise FrameInspectionFallback(
-                        f"frame inspection at {code.co_filename}:{_line_of(inst)}: {why}; "
-                        f"the frame runs eagerly")
+                        f"frame inspection at {code.co_filename}:{_line_of(inst)}: {why}; the frame runs eagerly")
             plan = ("call", index + 1, call_fn, call_args, call_kwargs, star, direct, _line_of(inst))
             if in_block:
                 # inside try/with: the call must run under the frame's exception table

@@ -247,9 +247,8 @@ class GuardSet:
             self.ns[name], self._batch_srcs[name] = check, srcs
             for i, (s, t) in enumerate(zip(srcs, ts)):
                 keys[s] = (name, _dispatch_keys(t))
-                self._notes[s] = (f"{name}[{i}], {type(t).__name__} {t.dtype} {t.device} "
-                                  f"{tuple(t.shape)} stride {t.stride()} "
-                                  f"requires_grad={t.requires_grad}")
+                self._notes[s] = (f"{name}[{i}], {type(t).__name__} {t.dtype} {t.device} {tuple(t.shape)} stride "
+                                  f"{t.stride()} requires_grad={t.requires_grad}")
         self._batched.clear()
         last = {g.src: i for i, g in enumerate(self.guards) if g.batch is not None}
         for s in sorted(keys, key=last.get, reverse=True):    # inserting from the end

@@ -49,9 +49,8 @@ def check_size(t, size, op: str) -> None:
     ``len(y)``: eager broadcasts or raises there; torch.compile raises too)."""
     got = tuple(t.shape) if isinstance(t, torch.Tensor) else t
     if got != size:
-        raise RuntimeError(f"coil: runtime assertion failed: {op} returned {got}, "
-                           f"the compiled graph assumed {size} (broadcasting or a torch._check "
-                           f"decided it while tracing)")
+        raise RuntimeError(f"coil: runtime assertion failed: {op} returned {got}, the compiled graph assumed {size} "
+                           "(broadcasting or a torch._check decided it while tracing)")
 
 
 def empty_row_padded(size, row_stride: int, device, dtype) -> torch.Tensor:

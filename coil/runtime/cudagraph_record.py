@@ -28,11 +28,10 @@ SYNC_OPS = frozenset({
 })
 
 STALE_MESSAGE = (
-    "coil: this tensor is an output of a CUDA graph (mode=\"reduce-overhead\") and a "
-    "later replay of that graph has overwritten it. Outputs of a replay live in the CUDA "
-    "graph pool until the same graph runs again. What to do: clone what you keep across "
-    "calls (out.clone()), or call coil.cudagraph_mark_step_begin() where a new "
-    "iteration starts, before the next call.")
+    "coil: this tensor is an output of a CUDA graph (mode=\"reduce-overhead\") and a later replay of that graph has "
+    "overwritten it. Outputs of a replay live in the CUDA graph pool until the same graph runs again. What to do: "
+    "clone what you keep across calls (out.clone()), or call coil.cudagraph_mark_step_begin() where a new iteration "
+    "starts, before the next call.")
 
 
 class SkipGraph(Exception):

@@ -120,10 +120,9 @@ def _compare_tensor(what: str, actual: torch.Tensor, expected: torch.Tensor,
         floor = at / 10
         if c_rms <= LOW_PRECISION_MARGIN * e_rms + floor and c_max <= LOW_PRECISION_MARGIN * e_max + at:
             return None
-        return (f"{what} ({expected.dtype}): compiled is further from the fp32 reference than "
-                f"eager: rms error {c_rms:.3g} vs eager's {e_rms:.3g}, max error {c_max:.3g} vs "
-                f"eager's {e_max:.3g} (allowed: {LOW_PRECISION_MARGIN}x eager's + {floor:.3g} rms, "
-                f"+ {at:.3g} max)")
+        return (f"{what} ({expected.dtype}): compiled is further from the fp32 reference than eager: rms error "
+                f"{c_rms:.3g} vs eager's {e_rms:.3g}, max error {c_max:.3g} vs eager's {e_max:.3g} (allowed: "
+                f"{LOW_PRECISION_MARGIN}x eager's + {floor:.3g} rms, + {at:.3g} max)")
     try:
         torch.testing.assert_close(a, e, atol=at, rtol=rt, equal_nan=True, check_device=False, check_stride=False)
     except AssertionError as err:

@@ -833,9 +833,8 @@ def _compare(c_out, e_out, c_args, e_args, ref, ref64=None, sums=False,
         if ej != cj:
             problems.append(("out-alias", f"output {i}: eager's is a view of input {ej}, compiled's of {cj}"))
         elif ej is not None and _layout(c) != _layout(e):
-            problems.append(("out-stride", f"output {i} (a view of input {ej}): stride "
-                             f"{c.stride()} offset {c.storage_offset()} vs eager {e.stride()} "
-                             f"offset {e.storage_offset()}"))
+            problems.append(("out-stride", f"output {i} (a view of input {ej}): stride {c.stride()} offset "
+                             f"{c.storage_offset()} vs eager {e.stride()} offset {e.storage_offset()}"))
     for j, (c, e, r, q, m) in enumerate(zip(c_args, e_args, r_args, q_args, m_args)):
         meta_c, meta_e = (tuple(c.shape),) + _layout(c), (tuple(e.shape),) + _layout(e)
         if meta_c != meta_e:

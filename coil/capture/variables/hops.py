@@ -182,9 +182,8 @@ def _check_no_input_writes(region, inputs, what: str) -> None:
             src = storages[StorageWeakRef(fake.untyped_storage())]
             raise UserError(
                 f"{what} writes in place ({getattr(n.target, '__name__', n.target)}) to "
-                f"{src.meta.get('source', src.name)}, a tensor from outside the function "
-                f"(an operand or a closed-over tensor); higher-order operators' functions "
-                f"must not mutate their inputs",
+                f"{src.meta.get('source', src.name)}, a tensor from outside the function (an operand or a closed-over "
+                "tensor); higher-order operators' functions must not mutate their inputs",
                 location=_node_location(n), hint="compute a new tensor instead (x + 1, not x.add_(1))")
 
 
@@ -216,9 +215,8 @@ def _meta_text(f) -> str:
 def _check_same_outputs(a: Subgraph, b: Subgraph, names, location) -> None:
     if len(a.out_fakes) != len(b.out_fakes) or a.structure != b.structure:
         raise UserError(
-            f"torch.cond: {names[0]} returns {len(a.out_fakes)} tensor(s) as a {a.structure}, "
-            f"{names[1]} {len(b.out_fakes)} as a {b.structure}; both branches must return "
-            "the same structure", location=location)
+            f"torch.cond: {names[0]} returns {len(a.out_fakes)} tensor(s) as a {a.structure}, {names[1]} "
+            f"{len(b.out_fakes)} as a {b.structure}; both branches must return the same structure", location=location)
     for i, (x, y) in enumerate(zip(a.out_fakes, b.out_fakes)):
         same = (x.dtype == y.dtype and x.dim() == y.dim() and x.device == y.device
                 and all(torch.fx.experimental.symbolic_shapes.statically_known_true(p == q)
@@ -228,9 +226,8 @@ def _check_same_outputs(a: Subgraph, b: Subgraph, names, location) -> None:
                        for p, q, s in zip(x.stride(), y.stride(), x.shape) if s != 1)
         if not same:
             raise UserError(
-                f"torch.cond: output {i} of the branches differs: {names[0]} "
-                f"({a.user_line_text}) returns {_meta_text(x)}; {names[1]} "
-                f"({b.user_line_text}) returns {_meta_text(y)}. Both branches must return "
+                f"torch.cond: output {i} of the branches differs: {names[0]} ({a.user_line_text}) returns "
+                f"{_meta_text(x)}; {names[1]} ({b.user_line_text}) returns {_meta_text(y)}. Both branches must return "
                 "tensors with the same metadata", location=location)
 
 
@@ -352,9 +349,8 @@ def call_cond(tx, args: list, kwargs: dict) -> VariableTracker:
                   where=str(tx.location()).splitlines()[0])
         return tx.call(chosen, operands, {})
     if pred.fake.numel() != 1 or pred.fake.dtype is not torch.bool:
-        raise UserError(f"torch.cond: expected pred to be bool or a boolean tensor with a "
-                        f"single item, got a {pred.fake.dtype} tensor of shape "
-                        f"{tuple(pred.fake.shape)}", location=tx.location(),
+        raise UserError("torch.cond: expected pred to be bool or a boolean tensor with a single item, got a "
+                        f"{pred.fake.dtype} tensor of shape {tuple(pred.fake.shape)}", location=tx.location(),
                         hint="compare it, e.g. x.sum() > 0")
     location = tx.location()
     t = trace_subgraph(tx, true_fn, operands, "torch.cond true_fn", alias_ok=False)

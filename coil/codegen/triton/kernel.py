@@ -450,9 +450,8 @@ class TritonKernel(OpsHandler):
                                f"tl.where({v_m} > {acc_m}_prev, {acc} * {acc}_e + 1.0, {acc} + {acc}_e))"),
         ]
         # a row of only -inf: eager's exp(-inf - -inf) is NaN in every element
-        prev["post"].append(f"{acc}_res = tl.where({mres} == {ninf}, float('nan'), "
-                            f"red.sum(tl.where({acc_m} == {ninf}, 0.0, "
-                            f"{acc} * tl.exp({acc_m} - {mres})), 1)[:, None])")
+        prev["post"].append(f"{acc}_res = tl.where({mres} == {ninf}, float('nan'), red.sum(tl.where({acc_m} == {ninf}, "
+                            f"0.0, {acc} * tl.exp({acc_m} - {mres})), 1)[:, None])")
         return TVal(f"{acc}_res", acc_dt, frozenset({"x"}))
 
     def _after_reduction(self, res: TVal, reduction_type) -> TVal:

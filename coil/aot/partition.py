@@ -146,10 +146,7 @@ class _Regions:
 
     def read_by_backward(self) -> list:
         """Forward-region nodes the backward region reads (plus grads computed in the forward)."""
-        out = set()
-        for n in self.bw_needed:
-            if n in self.bw:
-                out.update(a for a in n.all_input_nodes if a not in self.bw)
+        out = {a for n in self.bw_needed if n in self.bw for a in n.all_input_nodes if a not in self.bw}
         out.update(g for g in self.grads if isinstance(g, torch.fx.Node) and g not in self.bw)
         return sorted(out, key=self.order.__getitem__)
 

@@ -68,10 +68,8 @@ def symbolic_evaluator(items: Any, fake_inputs: Sequence, value_shapes: Sequence
     from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
     from torch.utils._sympy.printers import PythonPrinter
 
-    needed: set = set()
-    for leaf in pytree.tree_leaves(items):
-        if isinstance(leaf, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-            needed |= _expr(leaf).free_symbols
+    needed: set = set().union(*(_expr(leaf).free_symbols for leaf in pytree.tree_leaves(items)
+                                if isinstance(leaf, (torch.SymInt, torch.SymFloat, torch.SymBool))))
     where: dict = {}
 
     def bind(v, code: str) -> None:

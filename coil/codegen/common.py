@@ -105,9 +105,7 @@ class KernelPlan:
             self._size_symbols = []  # a static graph (no ShapeEnv): nothing to look for
         if getattr(self, "_size_symbols", None) is None:
             from coil.ir.handlers import DependencyRecorder
-            syms = set()
-            for e in (self.numel, self.rnumel):
-                syms |= getattr(e, "free_symbols", set())
+            syms = set().union(*(getattr(e, "free_symbols", set()) for e in (self.numel, self.rnumel)))
             for pn in self.nodes:
                 rec = DependencyRecorder.record(pn.buffer, pn.index, pn.rindex)
                 for _, e in list(rec.loads) + list(rec.stores):

@@ -383,11 +383,8 @@ def _split_small(a: sympy.Expr, b, bounds: dict):
     if not (cb.is_Integer and a.is_Add):
         return None
     terms = sympy.Add.make_args(a)
-    gs = set()
-    for t in terms:
-        c, _ = t.as_coeff_Mul()
-        if c.is_Integer and math.gcd(int(c), int(cb)) > 1:
-            gs.add(math.gcd(int(c), int(cb)))
+    coeffs = [t.as_coeff_Mul()[0] for t in terms]
+    gs = {g for c in coeffs if c.is_Integer and (g := math.gcd(int(c), int(cb))) > 1}
     for g in sorted(gs, reverse=True):
         whole, rest = [], []
         for t in terms:

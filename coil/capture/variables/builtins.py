@@ -586,11 +586,8 @@ def _dc_replace(tx, args, kwargs):
 
     obj = args[0]
     cls = obj.python_type()
-    values = {}
-    for f in dataclasses.fields(cls):
-        if not f.init:
-            continue
-        values[f.name] = kwargs[f.name] if f.name in kwargs else tx.getattr(obj, f.name)
+    values = {f.name: kwargs[f.name] if f.name in kwargs else tx.getattr(obj, f.name)
+              for f in dataclasses.fields(cls) if f.init}
     return tx.construct_object(UserDefinedClassVariable(cls), [], values)
 
 

@@ -423,9 +423,7 @@ def collect_tensors(vts: list, out: list, seen: set) -> None:
         if isinstance(v, CellVariable):
             stack.append(v.content)
             continue
-        kids = v.children() if isinstance(v, VariableTracker) else []
-        for k in reversed(kids):
-            stack.append(k)
+        stack.extend(reversed(v.children() if isinstance(v, VariableTracker) else []))
         if cl := getattr(v, "closure", None):
             stack.extend(cl)
         for attr in ("obj", "fn"):

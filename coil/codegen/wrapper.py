@@ -298,8 +298,7 @@ class WrapperCodegen:
         acc: set = set()
         for i in range(len(self.steps) - 1, -1, -1):
             future_keys[i] = set(acc)
-            for b in allocs[i]:
-                acc.add(key(b))
+            acc.update(key(b) for b in allocs[i])
         pool: dict[tuple, list[str]] = {}
         scatter_targets = {b.target.get_name() for b in g.buffers if isinstance(b, ScatterBuffer)}
         ours: set[str] = set()

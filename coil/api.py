@@ -1,5 +1,4 @@
-"""The public entry points: :func:`compile`, :func:`reset`, :func:`disable`,
-:func:`list_backends`, :func:`explain`.
+"""The public entry points: :func:`compile`, :func:`reset`, :func:`disable`, :func:`list_backends`, :func:`explain`.
 
 ``coil.compile`` has torch.compile's shape, so switching is a one-name change::
 
@@ -33,8 +32,7 @@ _MODE_OPTIONS = {
 
 
 def _backend_name(backend: Union[str, Callable]) -> str:
-    return backend if isinstance(backend, str) else (getattr(backend, "__name__", None)
-                                                     or type(backend).__name__)
+    return backend if isinstance(backend, str) else (getattr(backend, "__name__", None) or type(backend).__name__)
 
 
 def _wrap_backend(backend: Callable, name: str, options: dict) -> Callable:
@@ -77,21 +75,18 @@ def _wrap_backend(backend: Callable, name: str, options: dict) -> Callable:
 class OptimizedModule(torch.nn.Module):
     """A compiled ``nn.Module``.
 
-    It shares the original's parameters, buffers and ``state_dict`` (same keys as the
-    original, no ``_orig_mod.`` prefix, the very same tensors, so an optimizer built
-    on either trains both), forwards attribute reads it does not have to the original,
-    and follows ``train()``/``eval()``: ``training`` is the original's flag, set by
-    calling ``train``/``eval`` on either object. ``_orig_mod`` is the original module.
-    ``copy.deepcopy`` copies the original and compiles the copy afresh, so the copy
-    runs its own weights.
+    It shares the original's parameters, buffers and ``state_dict`` (same keys as the original, no ``_orig_mod.``
+    prefix, the very same tensors, so an optimizer built on either trains both), forwards attribute reads it does not
+    have to the original, and follows ``train()``/``eval()``: ``training`` is the original's flag, set by calling
+    ``train``/``eval`` on either object. ``_orig_mod`` is the original module. ``copy.deepcopy`` copies the original and
+    compiles the copy afresh, so the copy runs its own weights.
     """
 
     def __init__(self, mod: torch.nn.Module, compiled_call: Callable,
                  rewrap: Optional[Callable[[torch.nn.Module], Callable]] = None,
                  compile_args: Optional[dict] = None):
         super().__init__()
-        self._orig_mod = mod
-        self._compiled_call = compiled_call
+        self._orig_mod, self._compiled_call = mod, compiled_call
         # rewrap(module) -> compiled call: used by copy.deepcopy so that a copy
         # compiles and runs *its own* module, not the original's.
         self._rewrap = rewrap
@@ -113,10 +108,9 @@ class OptimizedModule(torch.nn.Module):
         return self._compiled_call(*args, **kwargs)
 
     def __reduce__(self):
-        """Pickling (``pickle``, ``torch.save``) saves the original module and the
-        ``coil.compile`` arguments; unpickling compiles the loaded module again (compiled
-        code is not saved). Raises ``pickle.PicklingError`` when the arguments cannot be
-        pickled (a backend given as a local function)."""
+        """Pickling (``pickle``, ``torch.save``) saves the original module and the ``coil.compile`` arguments;
+        unpickling compiles the loaded module again (compiled code is not saved). Raises ``pickle.PicklingError`` when
+        the arguments cannot be pickled (a backend given as a local function)."""
         if (args := self._compile_args) is None:
             import pickle
             raise pickle.PicklingError("this OptimizedModule was not built by coil.compile; "
@@ -201,8 +195,7 @@ def compile(fn_or_module: Union[Callable, torch.nn.Module, None] = None, *,
         from coil import capture
 
         def capture_it(t):
-            return capture.wrap_callable(t, backend=backend_fn, fullgraph=fullgraph,
-                                         dynamic=dynamic, options=merged)
+            return capture.wrap_callable(t, backend=backend_fn, fullgraph=fullgraph, dynamic=dynamic, options=merged)
 
         if isinstance(target, torch.nn.Module):
             return OptimizedModule(target, capture_it(target), capture_it,

@@ -1,11 +1,9 @@
 """The ``coil`` command: ``coil demo``, ``coil bench``, ``coil conformance``, ``coil report``.
 
-Each subcommand is a thin argparse front over a library function (:mod:`coil.bench.demo`,
-:mod:`coil.bench.suite`, :mod:`coil.bench.conformance`, :mod:`coil.trace.report`), so
-everything the command does is callable from Python too; the bench front ends are in
-:mod:`coil.bench.cli`. ``main(argv)`` returns the exit
-status: 0 on success; for bench/conformance 0 even when rows fail (failures are results),
-unless ``--strict`` asks for 1 on any non-passing row.
+Each subcommand is a thin argparse front over a library function (:mod:`coil.bench.demo`, :mod:`coil.bench.suite`,
+:mod:`coil.bench.conformance`, :mod:`coil.trace.report`), so everything the command does is callable from Python too;
+the bench front ends are in :mod:`coil.bench.cli`. ``main(argv)`` returns the exit status: 0 on success; for
+bench/conformance 0 even when rows fail (failures are results), unless ``--strict`` asks for 1 on any non-passing row.
 """
 from __future__ import annotations
 
@@ -38,8 +36,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     add_conformance(sub)
     _add_report(sub)
     a = parser.parse_args(argv)
-    runner = {"demo": run_demo, "bench": run_bench, "conformance": run_conformance,
-              "report": _run_report}[a.command]
+    runner = {"demo": run_demo, "bench": run_bench, "conformance": run_conformance, "report": _run_report}[a.command]
     return runner(a)
 
 

@@ -30,8 +30,7 @@ class Config:
     #: CPU code generator for the "coil" backend: "cpp" (C++/OpenMP kernels) or
     #: "triton" (Triton kernels run by the CPU interpreter; for tests).
     cpu_backend: str = "cpp"
-    #: Call the ATen random ops instead of in-kernel RNG, so results equal eager
-    #: bit for bit given the same seed.
+    #: Call the ATen random ops instead of in-kernel RNG, so results equal eager bit for bit given the same seed.
     fallback_random: bool = False
     #: Recompiles of one code object after which it runs eagerly from then on.
     recompile_limit: int = 8
@@ -49,12 +48,10 @@ class Config:
     #: Threads compiling a kernel's candidate autotuning configs in parallel before they
     #: are timed (GPU only; 1 or 0: compile each config when it is first timed).
     autotune_compile_threads: int = 8
-    #: Worker processes that compile every Triton kernel's launch configs as soon as
-    #: code generation creates it, into Triton's disk cache (runtime/compile_pool.py;
-    #: GPU only). Negative: half the CPU cores, at most 8; 0: off.
+    #: Worker processes that compile every Triton kernel's launch configs as soon as code generation creates it, into
+    #: Triton's disk cache (runtime/compile_pool.py; GPU only). Negative: half the CPU cores, at most 8; 0: off.
     autotune_compile_processes: int = -1
-    #: Seconds a launcher waits for its configs that a worker process is compiling
-    #: before it compiles them itself.
+    #: Seconds a launcher waits for its configs that a worker process is compiling before it compiles them itself.
     autotune_compile_timeout: float = 120.0
     #: Seconds without compile jobs after which the worker processes exit (each holds a
     #: CUDA context, about 0.5 GB of GPU memory); the next compile starts them again.
@@ -76,21 +73,18 @@ class Config:
     #: ir/lowering.py, docs/codegen.md). 0: the device's own count (``torch.cuda.get_device_properties``), or
     #: 132 (an H200) when no CUDA device can be asked.
     gpu_sm_count: int = 0
-    #: Triton: leave ``xmask`` / ``rmask`` out of loads, stores and reduction guards when
-    #: every launch config's XBLOCK / RBLOCK divides numel / rnumel (all lanes in range;
-    #: decided per kernel from the runtime's candidate configs, logged in the kernel's
-    #: ``# masks:`` header line). Off: every kernel masks as before.
+    #: Triton: leave ``xmask`` / ``rmask`` out of loads, stores and reduction guards when every launch config's XBLOCK /
+    #: RBLOCK divides numel / rnumel (all lanes in range; decided per kernel from the runtime's candidate configs,
+    #: logged in the kernel's ``# masks:`` header line). Off: every kernel masks as before.
     triton_exact_masks: bool = True
     #: Launch compiled Triton kernels through their low-level launcher after the first
     #: call (skips Triton's per-call argument binding; GPU only).
     triton_fast_launch: bool = True
-    #: With ``triton_fast_launch``: after a first call with every pointer 16-byte
-    #: aligned, launch through generated code of the kernel's arity (one ``|`` of the
-    #: data pointers as the alignment check) and, on Triton versions where that is
-    #: possible, call the C launch function directly (runtime/triton_runtime.py).
+    #: With ``triton_fast_launch``: after a first call with every pointer 16-byte aligned, launch through generated code
+    #: of the kernel's arity (one ``|`` of the data pointers as the alignment check) and, on Triton versions where that
+    #: is possible, call the C launch function directly (runtime/triton_runtime.py).
     triton_direct_launch: bool = True
-    #: Use the min-cut partitioner for training graphs ("min_cut") or save what the
-    #: backward reads ("default").
+    #: Use the min-cut partitioner for training graphs ("min_cut") or save what the backward reads ("default").
     partitioner: str = "min_cut"
     #: AOT min-cut partitioner: a reduction is recomputed in the backward (instead of
     #: saved) only if its input has at most this many elements.
@@ -152,9 +146,8 @@ class Config:
     #: Capture ``Tensor.item()`` / ``tolist()`` as graph ops returning unbacked symbolic
     #: numbers instead of graph breaks (torch.compile's option of that name).
     capture_scalar_outputs: bool = False
-    #: Capture ops whose output size depends on data (``nonzero``, ``masked_select``,
-    #: boolean-mask indexing, ``unique``...) with unbacked symbolic sizes instead of
-    #: graph breaks (torch.compile's option of that name).
+    #: Capture ops whose output size depends on data (``nonzero``, ``masked_select``, boolean-mask indexing,
+    #: ``unique``...) with unbacked symbolic sizes instead of graph breaks (torch.compile's option of that name).
     capture_dynamic_output_shape_ops: bool = False
     #: Turn every fallback from coil's own kernels to ATen ops or the FX interpreter caused by an internal
     #: failure (a graph whose code generation raised, a kernel the GPU compiler rejected) into a

@@ -1,11 +1,10 @@
 """coil's errors, in one place.
 
 - :class:`CoilError` is the base of everything coil raises on purpose.
-- :class:`Unsupported` is what capture raises internally for a construct it cannot
-  trace; the translator turns it into a graph break (or a :class:`UserError` under
-  ``fullgraph=True``).
-- :class:`UserError` is for bad input: it carries the user's source location
-  (file, line and that line's text) and says what to do.
+- :class:`Unsupported` is what capture raises internally for a construct it cannot trace; the translator turns it into a
+  graph break (or a :class:`UserError` under ``fullgraph=True``).
+- :class:`UserError` is for bad input: it carries the user's source location (file, line and that line's text) and says
+  what to do.
 - :class:`BackendCompilerFailed` wraps an exception raised by a backend, naming it.
 
 Messages say what happened *and* what to do about it (STYLE.md §6).
@@ -74,10 +73,9 @@ class BackendCompilerFailed(CoilError):
     def __init__(self, backend_name: str, inner: BaseException):
         self.backend_name, self.inner = backend_name, inner
         super().__init__(
-            f"backend {backend_name!r} failed to compile a graph: "
-            f"{type(inner).__name__}: {inner}\n"
-            "  what to do: try backend='aot_eager' or 'eager' to narrow it down, "
-            "and set COIL_TRACE=<dir> to see the graph it was given."
+            f"backend {backend_name!r} failed to compile a graph: {type(inner).__name__}: {inner}\n"
+            "  what to do: try backend='aot_eager' or 'eager' to narrow it down, and set COIL_TRACE=<dir> to see the "
+            "graph it was given."
         )
 
 
@@ -116,8 +114,7 @@ def refuse_fallback(event: str, error: BaseException | str) -> None:
 
 
 class KernelIndexError(IndexError, RuntimeError):
-    """An index that a generated kernel's bounds check found out of range (``x[i]``, gather, scatter,
-    embedding, one_hot, nll_loss targets...). Eager raises IndexError for some of these ops and RuntimeError
-    for others, and a kernel check does not know which op it guards, so this is both: ``except IndexError``
-    and ``except RuntimeError`` each catch it. The message names the kernel, the check site and, where known,
-    the user's source line."""
+    """An index that a generated kernel's bounds check found out of range (``x[i]``, gather, scatter, embedding,
+    one_hot, nll_loss targets...). Eager raises IndexError for some of these ops and RuntimeError for others, and a
+    kernel check does not know which op it guards, so this is both: ``except IndexError`` and ``except RuntimeError``
+    each catch it. The message names the kernel, the check site and, where known, the user's source line."""

@@ -1,9 +1,8 @@
 """coil's ahead-of-time autograd (AOTAutograd's role).
 
-In: a torch-level ``torch.fx.GraphModule`` and example inputs (real or fake),
-from coil's capture or from ``torch.compile``. Out: a callable with the same
-calling convention that behaves like eager PyTorch, autograd included, whose
-work is done by functional ATen graphs handed to a fw/bw compiler.
+In: a torch-level ``torch.fx.GraphModule`` and example inputs (real or fake), from coil's capture or from
+``torch.compile``. Out: a callable with the same calling convention that behaves like eager PyTorch, autograd included,
+whose work is done by functional ATen graphs handed to a fw/bw compiler.
 
 Modules, in pipeline order:
 

@@ -1,11 +1,10 @@
 """Graph inputs that share memory, when the program writes to one of them.
 
-Functionalization treats every input as its own storage, so the inputs of one storage (a *group*:
-``f(a, a[0])``, an expanded input) are replaced by one **synthetic base**, a 1-D tensor spanning the
-memory they cover, and the program is traced as ``with_bases(*other_inputs, *bases)``, which rebuilds each
-member as an ``as_strided`` view of its base. :class:`OverlapGuard` raises :class:`RunEagerly` for a
-write functionalization would get wrong, and a call whose inputs are grouped differently runs eagerly
-(``aot_input_groups_eager``). docs/aot.md, "Inputs sharing memory".
+Functionalization treats every input as its own storage, so the inputs of one storage (a *group*: ``f(a, a[0])``, an
+expanded input) are replaced by one **synthetic base**, a 1-D tensor spanning the memory they cover, and the program is
+traced as ``with_bases(*other_inputs, *bases)``, which rebuilds each member as an ``as_strided`` view of its base.
+:class:`OverlapGuard` raises :class:`RunEagerly` for a write functionalization would get wrong, and a call whose inputs
+are grouped differently runs eagerly (``aot_input_groups_eager``). docs/aot.md, "Inputs sharing memory".
 """
 from __future__ import annotations
 
@@ -23,24 +22,20 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from coil import trace
 from coil.exc import CoilError
 
-OVERLAP_MESSAGE = ("unsupported operation: more than one element of the written-to tensor "
-                   "refers to a single memory location. Please clone() the tensor before "
-                   "performing the operation.")
+OVERLAP_MESSAGE = ("unsupported operation: more than one element of the written-to tensor refers to a single memory "
+                   "location. Please clone() the tensor before performing the operation.")
 
 
-SYMBOLIC_OVERLAP_MESSAGE = ("the program writes to an input whose elements overlap (an "
-                            "expanded input) and has symbolic sizes: synthetic bases need "
-                            "static layouts, so the program runs eagerly")
+SYMBOLIC_OVERLAP_MESSAGE = ("the program writes to an input whose elements overlap (an expanded input) and has "
+                            "symbolic sizes: synthetic bases need static layouts, so the program runs eagerly")
 
 
-OUTSIDE_MESSAGE = ("the program writes (through as_strided) to memory of an input's storage "
-                   "that is not one of the input's elements: coil's graphs see only those, so "
-                   "the program runs eagerly")
+OUTSIDE_MESSAGE = ("the program writes (through as_strided) to memory of an input's storage that is not one of the "
+                   "input's elements: coil's graphs see only those, so the program runs eagerly")
 
 
-OUTSIDE_READ_MESSAGE = ("the program reads (through as_strided) memory of a tensor it has written "
-                        "to that is not one of the tensor's elements: coil's graphs hold only "
-                        "those, so the program runs eagerly")
+OUTSIDE_READ_MESSAGE = ("the program reads (through as_strided) memory of a tensor it has written to that is not one "
+                        "of the tensor's elements: coil's graphs hold only those, so the program runs eagerly")
 
 
 OFFSET_WRITE_MESSAGE = ("the program writes through an as_strided view of a tensor that does not start "
@@ -48,9 +43,8 @@ OFFSET_WRITE_MESSAGE = ("the program writes through an as_strided view of a tens
                         "writes it back from 0), so the program runs eagerly")
 
 
-RESTRIDE_MESSAGE = ("the program restrides an input (as_strided_) past its last element, or one that "
-                    "does not start at its storage's start, which functionalization does not model, so "
-                    "the program runs eagerly")
+RESTRIDE_MESSAGE = ("the program restrides an input (as_strided_) past its last element, or one that does not start at "
+                    "its storage's start, which functionalization does not model, so the program runs eagerly")
 
 
 class RunEagerly(CoilError):
@@ -60,21 +54,19 @@ class RunEagerly(CoilError):
 
 
 def _overlaps(t: torch.Tensor) -> bool:
-    """Whether elements of ``t`` share memory: it has elements and a dim of size > 1 with
-    stride 0 (when ATen's ``has_internal_overlap`` says yes). Decided from the sizes and
-    strides alone: ATen first asks whether ``t`` is dense, which with symbolic sizes is
-    sympy work (8 ms a view of LLaMA's activations at a symbolic length)."""
+    """Whether elements of ``t`` share memory: it has elements and a dim of size > 1 with stride 0 (when ATen's
+    ``has_internal_overlap`` says yes). Decided from the sizes and strides alone: ATen first asks whether ``t`` is
+    dense, which with symbolic sizes is sympy work (8 ms a view of LLaMA's activations at a symbolic length)."""
     shape = t.shape
     return not any(guard_or_false(n == 0) for n in shape) and any(
         guard_or_false(st == 0) and guard_or_false(n > 1) for n, st in zip(shape, t.stride()))
 
 
 def _partial_overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """ATen's partial overlap of written ``a`` and operand ``b`` (``at::get_overlap_status``), for which an
-    in-place op raises: both dense, in one storage, their byte ranges intersecting but not the same range
-    with the same strides (``x[1:].add_(x[:-1])``, ``x.add_(x.t())``; s210 #3393). Symbolic layouts
-    (``x.copy_(x.t())`` under dynamic shapes) are decided through the ShapeEnv, each comparison a guard;
-    an unbacked size leaves it undecided (False)."""
+    """ATen's partial overlap of written ``a`` and operand ``b`` (``at::get_overlap_status``), for which an in-place op
+    raises: both dense, in one storage, their byte ranges intersecting but not the same range with the same strides
+    (``x[1:].add_(x[:-1])``, ``x.add_(x.t())``; s210 #3393). Symbolic layouts (``x.copy_(x.t())`` under dynamic shapes)
+    are decided through the ShapeEnv, each comparison a guard; an unbacked size leaves it undecided (False)."""
     if a is b or not isinstance(b, torch.Tensor) or \
             StorageWeakRef(a.untyped_storage()) != StorageWeakRef(b.untyped_storage()):
         return False
@@ -117,13 +109,11 @@ def _static(*vals) -> bool:
 
 @dataclasses.dataclass
 class _Group:
-    """Inputs ``members`` of one storage: each ``(input index, size, stride, offset)``,
-    the offset absolute in the storage; the base covers storage elements
-    ``[0, span)``. It starts at the storage's start, so that the ``as_strided`` offsets
-    in the graph (absolute, in ATen) mean the same at run time and inside compilers
-    (whose buffers start at offset 0; ``as_strided_scatter`` keeps its input's offset,
-    which fake tensors do not always say); the cost is copying back the elements
-    before the first member, unchanged."""
+    """Inputs ``members`` of one storage: each ``(input index, size, stride, offset)``, the offset absolute in the
+    storage; the base covers storage elements ``[0, span)``. It starts at the storage's start, so that the
+    ``as_strided`` offsets in the graph (absolute, in ATen) mean the same at run time and inside compilers (whose
+    buffers start at offset 0; ``as_strided_scatter`` keeps its input's offset, which fake tensors do not always say);
+    the cost is copying back the elements before the first member, unchanged."""
 
     members: list
     span: int
@@ -230,11 +220,10 @@ def _covering(ts: list, lo: int, hi: int) -> Optional[torch.Tensor]:
 
 
 def input_groups(fake_args: list, mutated: list) -> Optional[InputGroups]:
-    """The groups to trace through synthetic bases: storages holding a mutated input
-    together with another input, or a mutated input whose elements overlap. None when
-    there are none, or when some group cannot have one (symbolic layouts, several
-    dtypes on one storage): the caller then keeps inputs independent (and refuses or
-    runs aliased calls eagerly)."""
+    """The groups to trace through synthetic bases: storages holding a mutated input together with another input, or a
+    mutated input whose elements overlap. None when there are none, or when some group cannot have one (symbolic
+    layouts, several dtypes on one storage): the caller then keeps inputs independent (and refuses or runs aliased calls
+    eagerly)."""
     if not mutated:
         return None
     by_storage: dict = {}
@@ -257,8 +246,7 @@ def input_groups(fake_args: list, mutated: list) -> Optional[InputGroups]:
                 raise RunEagerly(SYMBOLIC_OVERLAP_MESSAGE)
             else:
                 continue
-        if not all(_static(t.shape, t.stride(), t.storage_offset()) for t in ts) or \
-                len({t.dtype for t in ts}) != 1:
+        if not all(_static(t.shape, t.stride(), t.storage_offset()) for t in ts) or len({t.dtype for t in ts}) != 1:
             return None
         span = max(_extent(t)[1] for t in ts)
         groups.append(_Group([(i, tuple(t.shape), tuple(t.stride()), t.storage_offset())
@@ -271,11 +259,10 @@ def input_groups(fake_args: list, mutated: list) -> Optional[InputGroups]:
 
 
 class OverlapGuard(TorchDispatchMode):
-    """While a program runs under functionalization (``analyze`` runs every program with
-    it), :class:`RunEagerly` is raised for an in-place write to overlapping memory or,
-    into an input's storage, outside the elements of every one of ``inputs`` (the
-    program's arguments, before it runs), an ``as_strided_`` past the tensor's storage
-    as functionalization sizes it, and an op that eager refuses for its scalar or index dtype."""
+    """While a program runs under functionalization (``analyze`` runs every program with it), :class:`RunEagerly` is
+    raised for an in-place write to overlapping memory or, into an input's storage, outside the elements of every one of
+    ``inputs`` (the program's arguments, before it runs), an ``as_strided_`` past the tensor's storage as
+    functionalization sizes it, and an op that eager refuses for its scalar or index dtype."""
 
     def __init__(self, inputs=()):
         super().__init__()
@@ -325,8 +312,7 @@ def inside(t: torch.Tensor, itemsize: int, x_addrs, x_lo: int, x_hi: int) -> boo
 
 
 def _addresses(t: torch.Tensor) -> tuple:
-    """(byte offsets of ``t``'s elements in its storage, or None when they fill
-    [lo, hi) densely; lo; hi)."""
+    """(byte offsets of ``t``'s elements in its storage, or None when they fill [lo, hi) densely; lo; hi)."""
     lo, end = _extent(t)
     size = t.dtype.itemsize
     if end - lo == t.numel() or t.numel() == 0:
@@ -357,16 +343,15 @@ def _eager_refuses(func, args, kwargs) -> Optional[str]:
     """Eager's error for ``func`` where eager raises whatever the elements and the meta
     kernel (so the graph) does not, tried on real empty tensors; None where it runs:
 
-    - "value cannot be converted ... without overflow", when a finite number exceeds a
-      fp16/bf16/fp32 argument's range (a graph loses the check: ``masked_fill`` becomes
-      ``where`` of a saturating ``scalar_tensor``; ``add``, ``where`` accept such a scalar);
-    - ``view`` to sizes the input's strides cannot give (FakeTensor's view accepted
-      (6, 1, 3) with strides (1, 1, 6) as (1, 18));
-    - an in-place op whose result type cannot be cast to its tensor's dtype
-      (``bool.mul_(2)``: the decomposition casts);
+    - "value cannot be converted ... without overflow", when a finite number exceeds a fp16/bf16/fp32 argument's range
+      (a graph loses the check: ``masked_fill`` becomes ``where`` of a saturating ``scalar_tensor``; ``add``, ``where``
+      accept such a scalar);
+    - ``view`` to sizes the input's strides cannot give (FakeTensor's view accepted (6, 1, 3) with strides (1, 1, 6) as
+      (1, 18));
+    - an in-place op whose result type cannot be cast to its tensor's dtype (``bool.mul_(2)``: the decomposition casts);
     - ``sub``/``rsub`` with a bool operand (``x - True``; FakeTensor's sub accepts it);
-    - an index of a dtype eager refuses (``index_put`` with float32 indices, ``index_fill``
-      with int32 ones, empty or not): the op raises with them and runs with int64 indices;
+    - an index of a dtype eager refuses (``index_put`` with float32 indices, ``index_fill`` with int32 ones, empty or
+      not): the op raises with them and runs with int64 indices;
     - ``index_select`` of a 0-d tensor with more than one index."""
     if func is torch.ops.aten.index_select.default and args[0].dim() == 0 and \
             isinstance(args[2].numel(), int) and args[2].numel() > 1:  # (the meta returns a value)
@@ -390,8 +375,7 @@ def _eager_refuses(func, args, kwargs) -> Optional[str]:
     dtypes = [x.dtype for x in leaves if isinstance(x, torch.Tensor)] + \
         [x for x in leaves if isinstance(x, torch.dtype)]
     fmax = min((torch.finfo(d).max for d in dtypes if d in _NARROW_FLOATS), default=None)
-    if fmax is not None and any(type(x) in (int, float) and math.isfinite(x) and abs(x) > fmax
-                                for x in leaves):
+    if fmax is not None and any(type(x) in (int, float) and math.isfinite(x) and abs(x) > fmax for x in leaves):
         error = _error_on_empty(func, args, kwargs)
         return error if error and "without overflow" in error else None
     names = [a.name for a in func._schema.arguments]
@@ -406,9 +390,8 @@ def _eager_refuses(func, args, kwargs) -> Optional[str]:
 
 
 def _error_on_empty(func, args, kwargs, as_long=frozenset()) -> Optional[str]:
-    """What eager's ``func`` raises (its message) on real empty tensors of the arguments'
-    dtypes (int64 for the arguments whose position or name is in ``as_long``), ranks and
-    devices; None if it runs."""
+    """What eager's ``func`` raises (its message) on real empty tensors of the arguments' dtypes (int64 for the
+    arguments whose position or name is in ``as_long``), ranks and devices; None if it runs."""
     def empty(dtype):
         return lambda x: torch.empty((0,) * x.dim(), dtype=dtype or x.dtype, device=x.device)
 
@@ -416,8 +399,7 @@ def _error_on_empty(func, args, kwargs, as_long=frozenset()) -> Optional[str]:
         return pytree.tree_map_only(torch.Tensor, empty(torch.int64 if k in as_long else None), v)
     with torch.utils._python_dispatch._disable_current_modes():
         try:
-            func(*[replace(k, a) for k, a in enumerate(args)],
-                 **{n: replace(n, v) for n, v in kwargs.items()})
+            func(*[replace(k, a) for k, a in enumerate(args)], **{n: replace(n, v) for n, v in kwargs.items()})
         except (RuntimeError, IndexError) as e:
             return f"{type(e).__name__}: {e}"
     return None

@@ -1,9 +1,8 @@
 """The ``"aot_eager"`` backend: coil's AOT autograd with the ATen halves run as
 Python (``GraphModule.forward``, i.e. each ATen op called eagerly).
 
-Use it to check tracing, functionalization, decompositions and partitioning apart
-from code generation: ``torch.compile(fn, backend=coil.aot.backend.aot_eager)`` or
-``coil.compile(fn, backend="aot_eager")``.
+Use it to check tracing, functionalization, decompositions and partitioning apart from code generation:
+``torch.compile(fn, backend=coil.aot.backend.aot_eager)`` or ``coil.compile(fn, backend="aot_eager")``.
 """
 from __future__ import annotations
 

@@ -10,9 +10,8 @@
 A graph holding ``nested_compile_region`` calls is compiled region by region instead
 (coil/aot/regions.py): each distinct region once, the ops between calls as segments.
 
-Parameters and buffers that are still attributes of ``gm`` (e.g. a
-``torch.fx.symbolic_trace``d module) are lifted to extra leading inputs, so they
-get gradients and their mutations (BatchNorm statistics) are replayed.
+Parameters and buffers that are still attributes of ``gm`` (e.g. a ``torch.fx.symbolic_trace``d module) are lifted to
+extra leading inputs, so they get gradients and their mutations (BatchNorm statistics) are replayed.
 """
 from __future__ import annotations
 
@@ -35,8 +34,7 @@ from coil.config import config, patch as config_patch
 from coil.aot.aliasing import RunEagerly, input_groups
 from coil.aot.decompositions import get_decompositions
 from coil.aot.cse import cse_graph
-from coil.aot.functional import (is_symbolic, analyze, fakeify, trace_inference, trace_joint,
-                                 trace_plain_inference)
+from coil.aot.functional import (is_symbolic, analyze, fakeify, trace_inference, trace_joint, trace_plain_inference)
 from coil.aot.partition import default_partition, drop_undefined_tangents, min_cut_partition
 from coil.aot.regions import compile_regional, region_calls
 from coil.aot.scalars import tensorize_scalar_reads
@@ -57,8 +55,7 @@ def _saved_layouts(bw_fakes: list, fw_strides, start: int, num_saved: int, fake_
     out, changed = list(bw_fakes), 0
     for i in range(num_saved):
         f, st = out[i], fw_strides[start + i] if start + i < len(fw_strides) else None
-        if isinstance(f, torch.Tensor) and st is not None and len(st) == f.dim() \
-                and tuple(f.stride()) != tuple(st):
+        if isinstance(f, torch.Tensor) and st is not None and len(st) == f.dim() and tuple(f.stride()) != tuple(st):
             with fake_mode:
                 out[i] = torch.empty_strided(tuple(f.shape), tuple(st), dtype=f.dtype, device=f.device)
             changed += 1
@@ -247,22 +244,17 @@ def aot_compile(gm: Callable, example_inputs: list, fw_compiler: Callable,
     """Compile ``gm`` (a torch-level ``torch.fx.GraphModule`` or any traceable
     callable taking tensors positionally) ahead of time, autograd included.
 
-    - ``example_inputs``: real or fake tensors (and ints) matching ``gm``'s
-      placeholders; only their metadata is used.
-    - ``fw_compiler(aten_gm, fake_inputs) -> callable`` compiles the forward (or
-      inference) graph, ``bw_compiler`` (default: ``fw_compiler``) the backward.
-    - ``partition_fn(joint_gm, joint_info) -> Partition``: :func:`min_cut_partition`
-      (default; ``config.partitioner == "default"`` switches it to
-      :func:`default_partition`) or your own.
-    - ``decompositions``: the table for ``make_fx``; default
-      :func:`coil.aot.decompositions.get_decompositions`.
+    - ``example_inputs``: real or fake tensors (and ints) matching ``gm``'s placeholders; only their metadata is used.
+    - ``fw_compiler(aten_gm, fake_inputs) -> callable`` compiles the forward (or inference) graph, ``bw_compiler``
+      (default: ``fw_compiler``) the backward.
+    - ``partition_fn(joint_gm, joint_info) -> Partition``: :func:`min_cut_partition` (default; ``config.partitioner ==
+      "default"`` switches it to :func:`default_partition`) or your own.
+    - ``decompositions``: the table for ``make_fx``; default :func:`coil.aot.decompositions.get_decompositions`.
 
-    Returns a callable with ``gm``'s calling convention. The inference path
-    (one graph) is taken when grad mode is off at compile time or no input (or
-    no output) requires grad; otherwise the training path. Shapes are
-    specialized to the example inputs unless these are fake tensors with
-    symbolic sizes. Raises :class:`coil.exc.CoilError` for programs it cannot
-    handle (metadata mutation of inputs).
+    Returns a callable with ``gm``'s calling convention. The inference path (one graph) is taken when grad mode is off
+    at compile time or no input (or no output) requires grad; otherwise the training path. Shapes are specialized to the
+    example inputs unless these are fake tensors with symbolic sizes. Raises :class:`coil.exc.CoilError` for programs it
+    cannot handle (metadata mutation of inputs).
     """
     bw_compiler = bw_compiler or fw_compiler
     if isinstance(gm, torch.fx.GraphModule) and region_calls(gm):
@@ -389,10 +381,8 @@ def _compile(fn, example_inputs, fw_compiler, bw_compiler, partition_fn, decompo
         # #524: backward refused), as is its new value in the input's original layout
         trace.log("aot_restrided_grad_eager", stage="aot", inputs=info.restrided_inputs)
         return _eager(user_fn)
-    trace.log("aot_analysis", stage="aot", runs=1 if found else 2,
-              mutated_inputs=info.mutated_inputs,
-              outputs=[(o.kind, o.index) for o in info.outputs],
-              fw_out_requires_grad=info.fw_out_requires_grad)
+    trace.log("aot_analysis", stage="aot", runs=1 if found else 2, mutated_inputs=info.mutated_inputs,
+              outputs=[(o.kind, o.index) for o in info.outputs], fw_out_requires_grad=info.fw_out_requires_grad)
     _refuse_mutated_aliased_inputs(example_inputs, info.mutated_inputs)
     needs_grad = any(x.requires_grad for x in info.inputs) and any(info.fw_out_requires_grad)
     training = grad and needs_grad
@@ -471,8 +461,7 @@ def _compile(fn, example_inputs, fw_compiler, bw_compiler, partition_fn, decompo
     return run if groups is None else _with_input_groups(run, groups, user_fn)
 
 
-def _check_offsets_per_call(runner: Callable, gm: torch.fx.GraphModule, fake_args: list,
-                            fn: Callable) -> Callable:
+def _check_offsets_per_call(runner: Callable, gm: torch.fx.GraphModule, fake_args: list, fn: Callable) -> Callable:
     """``runner``, except on calls where an input that the graph reads through ``as_strided`` (directly or through
     views) starts at another storage offset than the compiled one: ``as_strided``'s offset is absolute in the
     storage, so the graph means something else for such a call, which runs ``fn`` eagerly

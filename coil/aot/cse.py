@@ -1,11 +1,10 @@
 """Common-subexpression elimination on functional ATen graphs (docs/aot.md, "CSE").
 
-Hugging Face models slice and expand the attention mask inside every attention call: a 12-layer GPT-2
-graph held 12 identical ``slice``/``expand`` chains, and code generation materialized 12 identical masks.
-This pass keeps the first of every set of nodes that call the same ``OpOverload`` on the same arguments
-(nodes by identity after earlier merges, Python values by equality and type) and points the users of the
-others at it. Ops that mutate or draw random numbers, duplicates that are graph outputs (two outputs
-stay two tensors, as in eager) and placeholders are left alone.
+Hugging Face models slice and expand the attention mask inside every attention call: a 12-layer GPT-2 graph held
+12 identical ``slice``/``expand`` chains, and code generation materialized 12 identical masks. This pass keeps the first
+of every set of nodes that call the same ``OpOverload`` on the same arguments (nodes by identity after earlier merges,
+Python values by equality and type) and points the users of the others at it. Ops that mutate or draw random numbers,
+duplicates that are graph outputs (two outputs stay two tensors, as in eager) and placeholders are left alone.
 """
 from __future__ import annotations
 
@@ -44,8 +43,7 @@ def _key(value):
 
 
 def cse_graph(gm: torch.fx.GraphModule) -> int:
-    """Merge duplicate pure nodes of ``gm`` in place; returns how many were removed
-    (logged as event ``aot_cse``)."""
+    """Merge duplicate pure nodes of ``gm`` in place; returns how many were removed (logged as event ``aot_cse``)."""
     seen: dict = {}
     removed = 0
     for node in list(gm.graph.nodes):

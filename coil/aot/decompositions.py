@@ -1,11 +1,10 @@
 """The decomposition table: which ATen ops reach coil's IR, and in what form.
 
-Core ATen (``torch._decomp.core_aten_decompositions()``), further decomposed where a fused loop-level
-lowering beats a library call (softmax, layer_norm, silu, dropout...), minus :data:`KEEP_WHOLE` (matrix
-products, convolutions, attention, sorting, scans, ``_to_copy``), plus coil's own
-:data:`COIL_DECOMPOSITIONS` (``@register``, aten ops only, two-pass mean/variance that fuses), so that
-**no ``prims.*`` op reaches a compiler**. With ``config.fallback_random`` the :data:`RANDOM_OPS` are not
-decomposed (eager's numbers). docs/aot.md, "Decompositions", lists the sets.
+Core ATen (``torch._decomp.core_aten_decompositions()``), further decomposed where a fused loop-level lowering beats a
+library call (softmax, layer_norm, silu, dropout...), minus :data:`KEEP_WHOLE` (matrix products, convolutions,
+attention, sorting, scans, ``_to_copy``), plus coil's own :data:`COIL_DECOMPOSITIONS` (``@register``, aten ops only,
+two-pass mean/variance that fuses), so that **no ``prims.*`` op reaches a compiler**. With ``config.fallback_random``
+the :data:`RANDOM_OPS` are not decomposed (eager's numbers). docs/aot.md, "Decompositions", lists the sets.
 """
 from __future__ import annotations
 
@@ -103,10 +102,9 @@ def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
 def _stat_dtype(x: torch.Tensor) -> torch.dtype:
     """Accumulation dtype of mean/variance statistics (see docs/ir.md, "Numerics").
 
-    On CPU float64, as eager's CPU var/std kernels accumulate in double: the squares of
-    float32 values above ~1.8e19 overflow in float32 while ``x.std()`` of them is finite
-    (``torch.std(torch.tensor([1e20, -1e20]))`` is 1.41e20). Elsewhere float32 for half
-    inputs, else x's dtype, as eager's CUDA kernels do."""
+    On CPU float64, as eager's CPU var/std kernels accumulate in double: the squares of float32 values above ~1.8e19
+    overflow in float32 while ``x.std()`` of them is finite (``torch.std(torch.tensor([1e20, -1e20]))`` is 1.41e20).
+    Elsewhere float32 for half inputs, else x's dtype, as eager's CUDA kernels do."""
     if x.device.type == "cpu" and x.dtype.is_floating_point:
         return torch.float64
     return _acc_dtype(x.dtype)
@@ -131,10 +129,9 @@ def _mean(x, dims: list, n):
 def _var_and_mean(x, dim, correction, keepdim, take_sqrt=False):
     """Two-pass variance: mean (:func:`_mean`); var = sum((x - mean)^2) / max(n - c, 0).
 
-    Computed in :func:`_stat_dtype` (float64 on CPU); returns (var, mean) in x's dtype,
-    the standard deviation instead of the variance with ``take_sqrt`` (taken before
-    rounding to x's dtype, so a variance beyond float32's range still gives a finite
-    standard deviation, as eager).
+    Computed in :func:`_stat_dtype` (float64 on CPU); returns (var, mean) in x's dtype, the standard deviation instead
+    of the variance with ``take_sqrt`` (taken before rounding to x's dtype, so a variance beyond float32's range still
+    gives a finite standard deviation, as eager).
     """
     dims = _reduction_dims(x, dim)
     c = 1 if correction is None else correction
@@ -177,45 +174,29 @@ def index_add(x, dim, index, source, *, alpha=1):
                                                                 list(source.shape)), source)
 
 
-@register(aten.var_mean.correction)
-def var_mean_correction(x, dim=None, *, correction=None, keepdim=False):
-    return _var_and_mean(x, dim, correction, keepdim)
+def _variance(take_sqrt: bool, with_mean: bool) -> Callable:
+    """var / std (``with_mean``: var_mean / std_mean) as :func:`_var_and_mean`, for the ``correction`` overloads and
+    the ``unbiased`` ones (``.dim``)."""
+    def decomposition(x, dim=None, unbiased=None, keepdim=False, *, correction=None):
+        out = _var_and_mean(x, dim, correction if unbiased is None else (1 if unbiased else 0), keepdim, take_sqrt)
+        return out if with_mean else out[0]
+    return decomposition
 
 
-@register(aten.var_mean.dim)
-def var_mean_dim(x, dim, unbiased=True, keepdim=False):
-    return _var_and_mean(x, dim, 1 if unbiased else 0, keepdim)
-
-
-@register(aten.var.correction)
-def var_correction(x, dim=None, *, correction=None, keepdim=False):
-    return _var_and_mean(x, dim, correction, keepdim)[0]
-
-
-@register(aten.var.dim)
-def var_dim(x, dim, unbiased=True, keepdim=False):
-    return _var_and_mean(x, dim, 1 if unbiased else 0, keepdim)[0]
-
-
-@register(aten.std.correction)
-def std_correction(x, dim=None, *, correction=None, keepdim=False):
-    return _var_and_mean(x, dim, correction, keepdim, take_sqrt=True)[0]
-
-
-@register(aten.std_mean.correction)
-def std_mean_correction(x, dim=None, *, correction=None, keepdim=False):
-    return _var_and_mean(x, dim, correction, keepdim, take_sqrt=True)
+register(aten.var_mean.correction, aten.var_mean.dim)(_variance(False, True))
+register(aten.var.correction, aten.var.dim)(_variance(False, False))
+register(aten.std.correction)(_variance(True, False))
+register(aten.std_mean.correction)(_variance(True, True))
 
 
 @register(aten.native_layer_norm.default)
 def native_layer_norm(x, normalized_shape, weight, bias, eps):
     """out = (x - mean) * rsqrt(var + eps) * w + b over the trailing dims.
 
-    Returns (out, mean, rstd); mean/rstd have x's shape with the normalized dims
-    set to 1, in float32 (x's dtype for half inputs on CPU, as ATen does).
-    Computed in :func:`_stat_dtype` (float64 on CPU): float32 rows of values near
-    1e20 and beyond, whose squares overflow float32, normalize to finite values close
-    to float64's where eager's CPU kernel gives NaN (docs/ir.md, "Numerics").
+    Returns (out, mean, rstd); mean/rstd have x's shape with the normalized dims set to 1, in float32 (x's dtype for
+    half inputs on CPU, as ATen does). Computed in :func:`_stat_dtype` (float64 on CPU): float32 rows of values near
+    1e20 and beyond, whose squares overflow float32, normalize to finite values close to float64's where eager's CPU
+    kernel gives NaN (docs/ir.md, "Numerics").
     """
     axis = x.dim() - len(normalized_shape)
     dims = list(range(axis, x.dim()))

@@ -1,12 +1,11 @@
 """Tracing a torch-level program to functional ATen graphs, on fake tensors.
 
-:func:`analyze` runs the program once under ``FunctionalTensorMode`` without recording a graph and
-writes down what the runtime wrapper must do (:class:`ProgramInfo`: mutated inputs, outputs that alias
-inputs or each other, outputs requiring grad). :func:`trace_inference` / :func:`trace_joint` trace it
-under ``make_fx`` + functionalization + coil's decompositions to one flat-argument ATen GraphModule,
-``(*inputs) -> (*mutated_input_values, *graph_outputs)``, or for the joint ``(*primals, *tangents) ->
-(*mutated_input_values, *graph_outputs, *input_grads)`` (``JointInfo.grad_is_none`` lists dropped grads).
-"Graph outputs" own their storage; aliases are rebuilt by :mod:`coil.aot.runtime`. The graphs'
+:func:`analyze` runs the program once under ``FunctionalTensorMode`` without recording a graph and writes down what the
+runtime wrapper must do (:class:`ProgramInfo`: mutated inputs, outputs that alias inputs or each other, outputs
+requiring grad). :func:`trace_inference` / :func:`trace_joint` trace it under ``make_fx`` + functionalization + coil's
+decompositions to one flat-argument ATen GraphModule, ``(*inputs) -> (*mutated_input_values, *graph_outputs)``, or for
+the joint ``(*primals, *tangents) -> (*mutated_input_values, *graph_outputs, *input_grads)`` (``JointInfo.grad_is_none``
+lists dropped grads). "Graph outputs" own their storage; aliases are rebuilt by :mod:`coil.aot.runtime`. The graphs'
 invariants (functional, no ``prims.*``, ``meta["val"]`` everywhere): docs/aot.md.
 """
 from __future__ import annotations
@@ -127,10 +126,7 @@ class ProgramInfo:
 
 def fake_mode_of(example_inputs: list) -> Optional[FakeTensorMode]:
     """The FakeTensorMode of the first fake tensor in ``example_inputs`` (or None)."""
-    for x in example_inputs:
-        if isinstance(x, FakeTensor):
-            return x.fake_mode
-    return None
+    return next((x.fake_mode for x in example_inputs if isinstance(x, FakeTensor)), None)
 
 
 def fakeify(example_inputs: list) -> tuple[FakeTensorMode, list]:
@@ -197,8 +193,7 @@ class _ViewRewrites(TorchDispatchMode):
                     for s, d in zip(args[1], args[0].shape)):
             return aten.alias.default(args[0])
         if func is aten.as_strided_.default:  # as for as_strided (fuzz s92 #4, s81 #2963)
-            _lay_out_as_eager(self.roots.get(args[0], args[0]),
-                              aten.as_strided.default(*args, **(kwargs or {})))
+            _lay_out_as_eager(self.roots.get(args[0], args[0]), aten.as_strided.default(*args, **(kwargs or {})))
         for a in args:  # an as_strided view read after a write to its root (s93 #358)
             if isinstance(a, torch.Tensor) and a in self.strided and a in self.roots:
                 _lay_out_as_eager(self.roots[a], a)
@@ -466,8 +461,7 @@ def _describe(fn, fake_args, f_args, before, outs, grad, drop_error_checks, fake
         if o.kind == "alias_of_output":
             o.index = outputs[o.index].index
 
-    info = ProgramInfo(inputs, outputs, spec, graph_outputs, base_sources,
-                       drop_error_checks=drop_error_checks,
+    info = ProgramInfo(inputs, outputs, spec, graph_outputs, base_sources, drop_error_checks=drop_error_checks,
                        fake_inputs=list(fake_args) if is_symbolic(fake_args) else None)
     rg = [inputs[i].requires_grad and not inputs[i].mutation_hidden and grad for i in info.mutated_inputs]
     # a mutated input's new value requires grad if the program made it so
@@ -496,8 +490,7 @@ def _view_of_written_intermediate(o: torch.Tensor) -> bool:
     (``torch.add(x, y, out=torch.empty(4, n).t())``): functionalization's new value of that intermediate has the
     out-of-place op's layout, so ``o`` is rebuilt from it at eager's strides."""
     base = o._base
-    return base is not None and isinstance(base, FunctionalTensor) and \
-        torch._functionalize_has_data_mutation(base.elem)
+    return base is not None and isinstance(base, FunctionalTensor) and torch._functionalize_has_data_mutation(base.elem)
 
 
 # --------------------------------------------------------------------------- tracing
@@ -588,17 +581,14 @@ def is_symbolic(args) -> bool:
 def _traced(fn: Callable, args: list) -> Callable:
     """``fn`` as ``make_fx`` traces it:
 
-    - symbolic size arithmetic is recorded lazily (``maybe_enable_thunkify``, as torch's
-      AOTAutograd does): a node only for a SymInt that a traced op or output uses. Each
-      view's or new tensor's symbolic sizes, strides and contiguity are otherwise graph
-      nodes, later dead: 12,000 of them for an 8-layer LLaMA at a symbolic length, 60% of
-      its trace time;
-    - its tensor arguments first get the ``item_memo`` of the fakes in ``args`` they were
-      made from. In "symbolic" mode make_fx fakes its arguments again (same sizes and
-      symbols) and the copies lose the memo, so ``.item()`` of a capture's 0-d float input
-      raised inside the trace; with it, ``.item()`` returns the capture's SymFloat, traced
-      as ``aten._local_scalar_dense`` of the input (which :mod:`coil.aot.scalars` then
-      replaces by reading the tensor)."""
+    - symbolic size arithmetic is recorded lazily (``maybe_enable_thunkify``, as torch's AOTAutograd does): a node only
+      for a SymInt that a traced op or output uses. Each view's or new tensor's symbolic sizes, strides and contiguity
+      are otherwise graph nodes, later dead: 12,000 of them for an 8-layer LLaMA at a symbolic length, 60% of its trace
+      time;
+    - its tensor arguments first get the ``item_memo`` of the fakes in ``args`` they were made from. In "symbolic" mode
+      make_fx fakes its arguments again (same sizes and symbols) and the copies lose the memo, so ``.item()`` of a
+      capture's 0-d float input raised inside the trace; with it, ``.item()`` returns the capture's SymFloat, traced as
+      ``aten._local_scalar_dense`` of the input (which :mod:`coil.aot.scalars` then replaces by reading the tensor)."""
     memos = [item_memo(a) for a in pytree.tree_leaves(args)]
 
     @functools.wraps(fn)  # make_fx reads the signature (placeholders)

@@ -1,11 +1,10 @@
 """Splitting a joint forward+backward graph into a forward and a backward graph.
 
-A :class:`Partition` of the joint graph of :func:`coil.aot.functional.trace_joint` holds ``fw``:
-``(*primals) -> [*forward_outputs, *saved]`` and ``bw``: ``(*saved, *tangents) -> [*grads]``.
-:func:`default_partition` saves every forward-region value the backward reads; :func:`min_cut_partition`
-saves the fewest bytes that let the backward compute what it needs (a minimum s-t cut by networkx),
-recomputing cheap ops. The flow network, what counts as cheap and the ``aot_partition`` log event:
-docs/aot.md, "Partitioners".
+A :class:`Partition` of the joint graph of :func:`coil.aot.functional.trace_joint` holds ``fw``: ``(*primals) ->
+[*forward_outputs, *saved]`` and ``bw``: ``(*saved, *tangents) -> [*grads]``. :func:`default_partition` saves every
+forward-region value the backward reads; :func:`min_cut_partition` saves the fewest bytes that let the backward compute
+what it needs (a minimum s-t cut by networkx), recomputing cheap ops. The flow network, what counts as cheap and the
+``aot_partition`` log event: docs/aot.md, "Partitioners".
 """
 from __future__ import annotations
 
@@ -36,8 +35,7 @@ class Partition:
     num_saved: int
     #: bytes of the distinct storages saved (views of one input count it once)
     saved_bytes: int
-    #: per saved value: ``{"name", "bytes", "reason"}`` (+ ``"aliases_input"``: the
-    #: graph input it is a view of, if any)
+    #: per saved value: ``{"name", "bytes", "reason"}`` (+ ``"aliases_input"``: the graph input it is a view of, if any)
     saved: list
     #: names of forward-region nodes recomputed in the backward
     recomputed: list
@@ -148,10 +146,7 @@ class _Regions:
 
     def read_by_backward(self) -> list:
         """Forward-region nodes the backward region reads (plus grads computed in the forward)."""
-        out = set()
-        for n in self.bw_needed:
-            if n in self.bw:
-                out.update(a for a in n.all_input_nodes if a not in self.bw)
+        out = {a for n in self.bw_needed if n in self.bw for a in n.all_input_nodes if a not in self.bw}
         out.update(g for g in self.grads if isinstance(g, torch.fx.Node) and g not in self.bw)
         return sorted(out, key=self.order.__getitem__)
 
@@ -217,10 +212,9 @@ def _symbols_of(vals, plain: bool) -> set:
 
 
 def _save_symbols(joint, regions: _Regions, saved: list, reasons: dict, bw) -> bool:
-    """Save each input size symbol the backward graph ``bw`` uses but cannot bind from
-    its inputs by the wrapper's rule (:func:`coil.codegen.wrapper.symbol_bindings`; a
-    strided slice ``x[:, ::2]`` leaves it tensors of ``(s44 + 1) // 2`` rows), as a
-    SymInt primal or ``sym_size`` of a primal; True if one was missing."""
+    """Save each input size symbol the backward graph ``bw`` uses but cannot bind from its inputs by the wrapper's rule
+    (:func:`coil.codegen.wrapper.symbol_bindings`; a strided slice ``x[:, ::2]`` leaves it tensors of ``(s44 + 1) // 2``
+    rows), as a SymInt primal or ``sym_size`` of a primal; True if one was missing."""
     missing = _symbols_of((n.meta.get("val") for n in bw.graph.nodes), False) - _symbols_of(
         (n.meta.get("val") for n in bw.graph.nodes if n.op == "placeholder"), True)
     missing &= _symbols_of((p.meta.get("val") for p in regions.primals), True)
@@ -299,8 +293,7 @@ def checkpointed(candidates, regions: _Regions) -> set:
             continue
         if _draws_random(n.args[0] if n.target is operator.getitem else n):
             continue
-        if _saveable(n) and (n in fw_outs or any(
-                u in regions.fw_needed and _region_tag(u) != tag for u in n.users)):
+        if _saveable(n) and (n in fw_outs or any(u in regions.fw_needed and _region_tag(u) != tag for u in n.users)):
             continue
         out.add(n)
     return out
@@ -321,8 +314,7 @@ def _draws_random(n) -> bool:
 def _region_tag(n: torch.fx.Node):
     """A node's checkpoint region; a ``getitem`` of a tuple-valued node is in its producer's (the backward's reads of
     saved tuple items make untagged ones)."""
-    if n.target is operator.getitem and n.meta.get("recompute") is None and \
-            isinstance(n.args[0], torch.fx.Node):
+    if n.target is operator.getitem and n.meta.get("recompute") is None and isinstance(n.args[0], torch.fx.Node):
         n = n.args[0]
     if n.meta.get("recompute") not in _RECOMPUTE:
         return None

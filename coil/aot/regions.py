@@ -1,12 +1,10 @@
-"""Regional compilation: a ``torch.compiler.nested_compile_region`` compiled once, called
-many times.
+"""Regional compilation: a ``torch.compiler.nested_compile_region`` compiled once, called many times.
 
-Capture turns each region call into ``invoke_region(region_k, "region_k", *operands, *lifted)``, calls of
-one traced graph and input metadata sharing one ``region_k``. :func:`compile_regional` cuts such a graph
-at the calls into steps run in order: each distinct region compiled once by ``aot_compile`` with the
-caller's compilers, the ops between calls as *segments* (equal ones once), gradients flowing between
-steps through autograd. Graphs it cannot cut, and pieces that fail, compile whole with the regions
-inlined (event ``region_inlined``). docs/hops.md, "Regional compilation".
+Capture turns each region call into ``invoke_region(region_k, "region_k", *operands, *lifted)``, calls of one traced
+graph and input metadata sharing one ``region_k``. :func:`compile_regional` cuts such a graph at the calls into steps
+run in order: each distinct region compiled once by ``aot_compile`` with the caller's compilers, the ops between calls
+as *segments* (equal ones once), gradients flowing between steps through autograd. Graphs it cannot cut, and pieces that
+fail, compile whole with the regions inlined (event ``region_inlined``). docs/hops.md, "Regional compilation".
 """
 from __future__ import annotations
 
@@ -51,16 +49,14 @@ def _why_not_split(gm: torch.fx.GraphModule, calls: list):
 
 
 def inline_regions(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
-    """``gm`` with each region call replaced by the body of its subgraph (a new
-    GraphModule; ``gm`` is not changed)."""
+    """``gm`` with each region call replaced by the body of its subgraph (a new GraphModule; ``gm`` is not changed)."""
     g = torch.fx.Graph()
     env: dict = {}
     attrs: dict = {}
     for n in gm.graph.nodes:
         if n.op == "call_function" and n.target in _TARGETS:
             env[n] = _inline(g, getattr(gm, n.args[0].target), [env[a] for a in n.args[2:]], attrs)
-        elif n.op == "call_function" and n.target is operator.getitem and \
-                isinstance(env.get(n.args[0]), tuple):
+        elif n.op == "call_function" and n.target is operator.getitem and isinstance(env.get(n.args[0]), tuple):
             env[n] = env[n.args[0]][n.args[1]]
         else:
             env[n] = g.node_copy(n, lambda a: env[a])
@@ -127,9 +123,8 @@ def _meta_key(v) -> tuple:
 
 
 def _grad_union(calls: list, val: Callable) -> dict:
-    """Per distinct region (subgraph, input metadata): which inputs require grad in
-    some call. The region is compiled once with these; a call whose input does not
-    require grad gets no gradient for it (autograd drops it)."""
+    """Per distinct region (subgraph, input metadata): which inputs require grad in some call. The region is compiled
+    once with these; a call whose input does not require grad gets no gradient for it (autograd drops it)."""
     need: dict = {}
     for n in calls:
         fakes = [val(a) for a in n.args[2:]]

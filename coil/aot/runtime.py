@@ -1,13 +1,11 @@
 """Runtime wrappers: make compiled functional graphs behave like the eager program.
 
-Around the compiled forward (and backward): replay input mutations (copy the graph's new
-values into the real inputs, under ``no_grad`` when eager's were) and metadata mutations
-(``as_strided_`` to eager's final layout); regenerate aliased outputs as real views
-(``as_strided`` of their base; sizes from the inputs' symbols under dynamic shapes,
-:func:`symbolic_evaluator`); in training, run the forward/backward pair inside an
-``autograd.Function`` with eager's saved-tensor, non-differentiable-output and
-unused-input behaviour, raising :data:`DOUBLE_BACKWARD_MESSAGE` on double backward.
-docs/aot.md ("Runtime wrappers") has the details; ``benchmarks/aot_overhead.py`` the cost.
+Around the compiled forward (and backward): replay input mutations (copy the graph's new values into the real inputs,
+under ``no_grad`` when eager's were) and metadata mutations (``as_strided_`` to eager's final layout); regenerate
+aliased outputs as real views (``as_strided`` of their base; sizes from the inputs' symbols under dynamic shapes,
+:func:`symbolic_evaluator`); in training, run the forward/backward pair inside an ``autograd.Function`` with eager's
+saved-tensor, non-differentiable-output and unused-input behaviour, raising :data:`DOUBLE_BACKWARD_MESSAGE` on double
+backward. docs/aot.md ("Runtime wrappers") has the details; ``benchmarks/aot_overhead.py`` the cost.
 """
 from __future__ import annotations
 
@@ -25,10 +23,9 @@ from coil.aot.functional import JointInfo, ProgramInfo
 from coil.runtime.cudagraph_trees import cudagraphify
 
 DOUBLE_BACKWARD_MESSAGE = (
-    "coil.aot: double backward through a compiled graph is not supported (its backward "
-    "graph was compiled without a backward of its own). What to do: compute higher-order "
-    "gradients outside the compiled region, or run this part eagerly "
-    "(coil.disable / torch.compiler.disable).")
+    "coil.aot: double backward through a compiled graph is not supported (its backward graph was compiled without a "
+    "backward of its own). What to do: compute higher-order gradients outside the compiled region, or run this part "
+    "eagerly (coil.disable / torch.compiler.disable).")
 
 
 def _copy_untracked(dsts: list, srcs: list) -> None:
@@ -71,10 +68,8 @@ def symbolic_evaluator(items: Any, fake_inputs: Sequence, value_shapes: Sequence
     from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
     from torch.utils._sympy.printers import PythonPrinter
 
-    needed: set = set()
-    for leaf in pytree.tree_leaves(items):
-        if isinstance(leaf, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-            needed |= _expr(leaf).free_symbols
+    needed: set = set().union(*(_expr(leaf).free_symbols for leaf in pytree.tree_leaves(items)
+                                if isinstance(leaf, (torch.SymInt, torch.SymFloat, torch.SymBool))))
     where: dict = {}
 
     def bind(v, code: str) -> None:
@@ -108,10 +103,9 @@ def symbolic_evaluator(items: Any, fake_inputs: Sequence, value_shapes: Sequence
                 "be rebuilt as a view for each call.\n  what to do: return a copy (.clone()) of "
                 "that output, or do that indexing outside the compiled region.")
         raise CoilError(
-            f"coil.aot: the symbolic sizes {names} of an aliased output "
-            "are not sizes of the graph's inputs or values, so the output cannot be rebuilt "
-            "as a view for each call.\n  what to do: return a copy (.clone()) of that "
-            "output, or compile with static shapes (dynamic=False).")
+            f"coil.aot: the symbolic sizes {names} of an aliased output are not sizes of the graph's inputs or values, "
+            "so the output cannot be rebuilt as a view for each call.\n"
+            "  what to do: return a copy (.clone()) of that output, or compile with static shapes (dynamic=False).")
     names = {sym: sympy.Symbol(f"_s{n}", integer=True) for n, sym in enumerate(sorted(where, key=str))}
     printer = PythonPrinter()
 
@@ -335,9 +329,8 @@ def inference_runner(compiled_fw: Callable, info: ProgramInfo) -> Callable:
     grad_enabled, set_grad_enabled = torch.is_grad_enabled, torch._C._set_grad_enabled
 
     def run(*args):
-        # No output of this path requires grad (that is why it was chosen), but the
-        # graph's ATen ops run in the caller's grad mode: ``with no_grad(): return x*2``
-        # on an x that requires grad came back with requires_grad=True.
+        # No output of this path requires grad (that is why it was chosen), but the graph's ATen ops run in the caller's
+        # grad mode: ``with no_grad(): return x*2`` on an x that requires grad came back with requires_grad=True.
         if grad_enabled():
             # torch.no_grad() without its Python context-manager objects (~1 µs a call)
             set_grad_enabled(False)

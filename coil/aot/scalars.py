@@ -1,10 +1,9 @@
 """Python numbers that torch's capture passes as 0-d tensors are read as tensors.
 
-Traced to ATen, such a float (``LayerNorm.eps``, a sampling temperature) is ``s =
-aten._local_scalar_dense(t)`` passed as a Scalar argument, which a code generator would specialize (a
-recompile per value). :func:`tensorize_scalar_reads` rewrites each use to read the tensor, cast to the
-dtype the op computes a Python number in, and checks each rewrite on fake tensors; what cannot be
-rewritten keeps the SymFloat (logged ``aot_scalar_inputs``). docs/aot.md, "Scalar reads".
+Traced to ATen, such a float (``LayerNorm.eps``, a sampling temperature) is ``s = aten._local_scalar_dense(t)`` passed
+as a Scalar argument, which a code generator would specialize (a recompile per value). :func:`tensorize_scalar_reads`
+rewrites each use to read the tensor, cast to the dtype the op computes a Python number in, and checks each rewrite on
+fake tensors; what cannot be rewritten keeps the SymFloat (logged ``aot_scalar_inputs``). docs/aot.md, "Scalar reads".
 """
 from __future__ import annotations
 
@@ -92,8 +91,7 @@ def _is_number_type(t: str) -> bool:
     return t in ("number", "Optional[number]")
 
 
-def _tensor_overload(op: torch._ops.OpOverload, positions: set,
-                     absent: set) -> Optional[torch._ops.OpOverload]:
+def _tensor_overload(op: torch._ops.OpOverload, positions: set, absent: set) -> Optional[torch._ops.OpOverload]:
     """The overload of ``op``'s packet with the same arguments, except a Tensor where
     ``op`` takes a Scalar at each of ``positions`` (argument indices); the arguments
     named in ``absent`` (not given, or None) may have another optional type."""
@@ -104,8 +102,7 @@ def _tensor_overload(op: torch._ops.OpOverload, positions: set,
     for name in packet.overloads():
         cand = getattr(packet, name)
         cargs = cand._schema.arguments
-        if cand._schema.is_mutable or len(cargs) != len(args) \
-                or len(cand._schema.returns) != len(op._schema.returns):
+        if cand._schema.is_mutable or len(cargs) != len(args) or len(cand._schema.returns) != len(op._schema.returns):
             continue
         ok = True
         for i, (a, c) in enumerate(zip(args, cargs)):
@@ -232,8 +229,7 @@ class _Rewriter:
                     and isinstance(_val(given[a]), torch.Tensor)]
         operands += [_SAMPLE[type(given[names[i]].meta["val"])] for i in positions]
         try:
-            compute, _ = elementwise_dtypes(
-                *operands, type_promotion_kind=ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT)
+            compute, _ = elementwise_dtypes(*operands, type_promotion_kind=ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT)
         except Exception:  # noqa: BLE001 - no tensor operand: leave it
             return
         if not self._same_device(node, [self.tensor_of(given[names[i]]) for i in positions]):

@@ -1,8 +1,7 @@
 """Backends: ``backend(gm: torch.fx.GraphModule, example_inputs: list) -> callable``.
 
-This is torch.compile's contract, so coil's capture can hand graphs to any
-torch.compile backend and torch.compile can use coil's (``backend="coil"`` through
-the ``torch_dynamo_backends`` entry point).
+This is torch.compile's contract, so coil's capture can hand graphs to any torch.compile backend and torch.compile can
+use coil's (``backend="coil"`` through the ``torch_dynamo_backends`` entry point).
 
 Registered here:
 

@@ -1,12 +1,10 @@
 """The ``"coil"`` backend: AOT autograd, then coil's own kernels for each ATen graph.
 
-``coil(gm, example_inputs)`` = ``aot_compile(gm, example_inputs, fw_compiler=K,
-bw_compiler=K)`` with ``K = compile_aten_graph`` (loop IR → scheduler → Triton on
-CUDA tensors, C++/OpenMP on CPU tensors by default).
+``coil(gm, example_inputs)`` = ``aot_compile(gm, example_inputs, fw_compiler=K, bw_compiler=K)`` with ``K =
+compile_aten_graph`` (loop IR → scheduler → Triton on CUDA tensors, C++/OpenMP on CPU tensors by default).
 
-If code generation fails for one ATen graph (an internal error in coil), that graph
-runs through the FX interpreter instead, and the compile log records why
-(event ``codegen_fallback``); results stay correct, only slower.
+If code generation fails for one ATen graph (an internal error in coil), that graph runs through the FX interpreter
+instead, and the compile log records why (event ``codegen_fallback``); results stay correct, only slower.
 """
 from __future__ import annotations
 
@@ -20,10 +18,8 @@ from coil.backends.registry import register_backend
 
 
 def _graph_device(example_inputs: list) -> torch.device:
-    for x in example_inputs:
-        if isinstance(x, torch.Tensor) and x.device.type != "cpu":
-            return x.device
-    return torch.device("cpu")
+    return next((x.device for x in example_inputs if isinstance(x, torch.Tensor) and x.device.type != "cpu"),
+                torch.device("cpu"))
 
 
 def kernel_compiler(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:

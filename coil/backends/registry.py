@@ -72,9 +72,8 @@ def coil_backend_entry(gm: torch.fx.GraphModule, example_inputs: list,
     before it propagates: torch's capture turns it into a warning and runs the graph
     eagerly, so the compile log is the only record of why nothing was compiled.
 
-    torch's capture runs meta kernels only, so its graph first gets what coil's capture
-    does per call: eager's argument checks that meta kernels skip
-    (:func:`coil.capture.meta_checks.check_graph`) and checked substitutes
+    torch's capture runs meta kernels only, so its graph first gets what coil's capture does per call: eager's argument
+    checks that meta kernels skip (:func:`coil.capture.meta_checks.check_graph`) and checked substitutes
     (:func:`coil.capture.substitutes.substitute_graph`: ``F.one_hot``)."""
     from coil.capture.meta_checks import check_graph
     from coil.capture.substitutes import substitute_graph

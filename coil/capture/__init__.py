@@ -10,10 +10,9 @@ arguments, look up the per-code-object cache of (guard, entry) pairs), :mod:`.tr
 :mod:`.output` (the backend call and the generated entry), :mod:`.resume` (graph breaks:
 the rest of the frame as a resume function, captured in turn).
 
-Invariant: the compiled entry is observationally the frame (outputs, mutations in order,
-exceptions); what capture cannot prove is a graph break or a visible eager fallback.
-Public seam (used by :mod:`coil.api`): :func:`wrap_callable`, :func:`reset`,
-:func:`disable`, :func:`explain`.
+Invariant: the compiled entry is observationally the frame (outputs, mutations in order, exceptions); what capture
+cannot prove is a graph break or a visible eager fallback. Public seam (used by :mod:`coil.api`): :func:`wrap_callable`,
+:func:`reset`, :func:`disable`, :func:`explain`.
 """
 from __future__ import annotations
 
@@ -40,10 +39,9 @@ def wrap_callable(fn_or_module, *, backend: Callable, fullgraph: bool = False, d
         options: coil.config options of the compile; capture reads
             ``capture_scalar_outputs`` and ``capture_dynamic_output_shape_ops``.
 
-    A builtin or an ATen op (``torch.fmod``, ``torch.ops.aten.add``) is captured through a
-    Python function that calls it, a callable object through its ``__call__``; other
-    callables (classes, C extensions) run eagerly, with a warning and a
-    ``compile_target_eager`` log entry.
+    A builtin or an ATen op (``torch.fmod``, ``torch.ops.aten.add``) is captured through a Python function that calls
+    it, a callable object through its ``__call__``; other callables (classes, C extensions) run eagerly, with a warning
+    and a ``compile_target_eager`` log entry.
     """
     cfg = CaptureConfig(backend, fullgraph, dynamic, options)
     if isinstance(fn_or_module, torch.nn.Module):
@@ -77,8 +75,7 @@ def wrap_callable(fn_or_module, *, backend: Callable, fullgraph: bool = False, d
 
 @dataclass
 class ExplainOutput:
-    """What :func:`explain` found: counts, break reasons with user stacks, graphs and
-    guards (as Python source)."""
+    """What :func:`explain` found: counts, break reasons with user stacks, graphs and guards (as Python source)."""
 
     graph_count: int
     graph_break_count: int

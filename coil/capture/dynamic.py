@@ -1,12 +1,11 @@
 """Dynamic shapes in capture: which sizes are symbolic, the marks users put on
 tensors, where specializations come from, and the shape guards.
 
-Sizes are symbols of the frame's ``ShapeEnv``, owned by the :class:`~coil.capture.output.OutputGraph`'s
-FakeTensorMode. A dim is symbolic when marked (:func:`mark_dynamic`), under ``dynamic=True``, or, by
-default, when the frame was compiled before with another size there (``FrameCache.auto_dynamic``); sizes
-0 and 1 stay static. After the backend compiled the graph, :func:`shape_guards` asks the ShapeEnv for the
-relations the graph relied on, as Python over the frame's sources. docs/dynamic_shapes.md, "Choosing
-what is symbolic" and "Shape guards".
+Sizes are symbols of the frame's ``ShapeEnv``, owned by the :class:`~coil.capture.output.OutputGraph`'s FakeTensorMode.
+A dim is symbolic when marked (:func:`mark_dynamic`), under ``dynamic=True``, or, by default, when the frame was
+compiled before with another size there (``FrameCache.auto_dynamic``); sizes 0 and 1 stay static. After the backend
+compiled the graph, :func:`shape_guards` asks the ShapeEnv for the relations the graph relied on, as Python over the
+frame's sources. docs/dynamic_shapes.md, "Choosing what is symbolic" and "Shape guards".
 """
 from __future__ import annotations
 
@@ -43,9 +42,8 @@ def _dims(t: torch.Tensor, dim) -> list:
 def mark_dynamic(t: torch.Tensor, dim, min: Optional[int] = None, max: Optional[int] = None):
     """Compile ``t``'s dimension(s) ``dim`` with a symbolic size from the first call.
 
-    ``min``/``max`` bound the size: a call with a size outside raises
-    :class:`coil.exc.UserError`, and so does a program that forces the dim to a
-    constant. Sizes 0 and 1 still compile their own entries."""
+    ``min``/``max`` bound the size: a call with a size outside raises :class:`coil.exc.UserError`, and so does a program
+    that forces the dim to a constant. Sizes 0 and 1 still compile their own entries."""
     for d in _dims(t, dim):
         if min is not None and max is not None and min > max:
             raise ValueError(f"mark_dynamic: min={min} > max={max}")
@@ -57,8 +55,7 @@ def mark_dynamic(t: torch.Tensor, dim, min: Optional[int] = None, max: Optional[
 
 
 def mark_static(t: torch.Tensor, dim):
-    """Keep ``t``'s dimension(s) ``dim`` static (never symbolic, even under
-    ``dynamic=True`` or after a size change)."""
+    """Keep ``t``'s dimension(s) ``dim`` static (never symbolic, even under ``dynamic=True`` or after a size change)."""
     for d in _dims(t, dim):
         marks = dict(getattr(t, _DYN, {}))
         marks.pop(d, None)
@@ -95,8 +92,7 @@ class ShapeSource(_TorchSource):
 
 
 def source_name(src) -> str:
-    """The Python text of a torch ``Source`` (``name`` is a property in recent torch, a
-    method in older ones)."""
+    """The Python text of a torch ``Source`` (``name`` is a property in recent torch, a method in older ones)."""
     n = src.name
     return n() if callable(n) else n
 
@@ -122,11 +118,10 @@ class DynamicPolicy:
         """The tracker for a Python int/float read from ``source`` when it is a graph
         input (a symbol of the ShapeEnv), else None (a guarded constant).
 
-        Symbolic when the source's value changed between calls (``automatic``) or, under
-        ``dynamic=True``, for the frame's own arguments. An int is a SymInt placeholder
-        (0 and 1 stay constants); a float is a 0-d float64 tensor input read with
-        ``.item()`` (its fake's ``item_memo`` is the SymFloat: coil/aot/scalars.py), as in
-        torch's capture."""
+        Symbolic when the source's value changed between calls (``automatic``) or, under ``dynamic=True``, for the
+        frame's own arguments. An int is a SymInt placeholder (0 and 1 stay constants); a float is a 0-d float64 tensor
+        input read with ``.item()`` (its fake's ``item_memo`` is the SymFloat: coil/aot/scalars.py), as in torch's
+        capture."""
         from torch.fx.experimental.symbolic_shapes import DimDynamic
 
         from coil.capture.source import LocalSource
@@ -189,9 +184,8 @@ class DynamicPolicy:
         return out
 
     def fake_input(self, fake_mode, expr: str, value: torch.Tensor, is_param: bool, loc):
-        """The FakeTensor for input ``value`` (symbolic in the dims :meth:`dims_for`
-        picks), after checking ``mark_dynamic`` ranges (:class:`UserError` naming the dim
-        and the call)."""
+        """The FakeTensor for input ``value`` (symbolic in the dims :meth:`dims_for` picks), after checking
+        ``mark_dynamic`` ranges (:class:`UserError` naming the dim and the call)."""
         from torch.fx.experimental.symbolic_shapes import DimDynamic, StatelessSymbolicContext
 
         dyn = self.dims_for(expr, value, is_param) if not _is_wrapper(value) else {}
@@ -202,9 +196,8 @@ class DynamicPolicy:
             n = value.shape[d]
             if (lo is not None and n < lo) or (hi is not None and n > hi):
                 raise UserError(
-                    f"size {n} of dim {d} of {expr} is outside the range "
-                    f"[{lo if lo is not None else 0}, {hi if hi is not None else 'inf'}] given "
-                    f"to coil.mark_dynamic", loc,
+                    f"size {n} of dim {d} of {expr} is outside the range [{lo if lo is not None else 0}, "
+                    f"{hi if hi is not None else 'inf'}] given to coil.mark_dynamic", loc,
                     hint=f"pass a tensor whose dim {d} is in range, or widen the range in "
                          f"coil.mark_dynamic({expr}, {d}, min=..., max=...)")
         kinds = []
@@ -212,13 +205,11 @@ class DynamicPolicy:
             if d not in dyn:
                 kinds.append(DimDynamic.STATIC)
             elif dyn[d] == "unbacked":
-                kinds.append(getattr(DimDynamic, "UNBACKED", None) or
-                             getattr(DimDynamic, "SIZE_LIKE_UNBACKED"))
+                kinds.append(getattr(DimDynamic, "UNBACKED", None) or getattr(DimDynamic, "SIZE_LIKE_UNBACKED"))
             else:
                 kinds.append(DimDynamic.DYNAMIC)
         # strides follow from the sizes where the input is contiguous (INFER_STRIDE)
-        ctx = StatelessSymbolicContext(dynamic_sizes=kinds,
-                                       dynamic_strides=[DimDynamic.INFER_STRIDE] * value.dim())
+        ctx = StatelessSymbolicContext(dynamic_sizes=kinds, dynamic_strides=[DimDynamic.INFER_STRIDE] * value.dim())
         fake = fake_mode.from_tensor(value, symbolic_context=ctx, source=ShapeSource(expr))
         env = fake_mode.shape_env
         for d, reason in dyn.items():
@@ -227,9 +218,8 @@ class DynamicPolicy:
             key = (expr, d)
             if key not in self.logged:
                 self.logged.add(key)
-                trace.log("dynamic_dim", stage="capture", source=expr, dim=d, reason=reason,
-                          size=int(value.shape[d]), symbol=str(sym) if sym is not None else None,
-                          specialized=sym is None)
+                trace.log("dynamic_dim", stage="capture", source=expr, dim=d, reason=reason, size=int(value.shape[d]),
+                          symbol=str(sym) if sym is not None else None, specialized=sym is None)
             if sym is None:
                 continue
             if d in marks:
@@ -245,8 +235,7 @@ class DynamicPolicy:
 def _is_wrapper(t) -> bool:
     """A tensor subclass other than Parameter/Buffer: faked with static sizes (its own
     ``__torch_dispatch__`` may not accept symbolic ones)."""
-    return type(t) not in (torch.Tensor, torch.nn.Parameter) and not isinstance(
-        t, torch.nn.parameter.Buffer)
+    return type(t) not in (torch.Tensor, torch.nn.Parameter) and not isinstance(t, torch.nn.parameter.Buffer)
 
 
 def _symbol(s):
@@ -261,9 +250,8 @@ def _symbol(s):
 
 
 def changed_dims(old_shapes: dict, values: dict) -> dict:
-    """Automatic dynamic: ``{source expr: {dims}}`` of tensor inputs whose sizes differ
-    from the ones a cache entry was compiled for (same rank only). ``values`` maps a
-    source expression to this call's value (missing: unreadable)."""
+    """Automatic dynamic: ``{source expr: {dims}}`` of tensor inputs whose sizes differ from the ones a cache entry was
+    compiled for (same rank only). ``values`` maps a source expression to this call's value (missing: unreadable)."""
     out: dict = {}
     for expr, shape in old_shapes.items():
         v = values.get(expr)
@@ -287,9 +275,8 @@ class SiteRecorder:
         self.specializations: list = []
 
     def note(self, env, start: int, where: str, reason: Optional[str] = None) -> None:
-        """Attribute the ShapeEnv guards added since index ``start`` to user line
-        ``where``; log each (``specialization`` when it pins a symbol to a value, else
-        ``shape_guard``) with ``reason``."""
+        """Attribute the ShapeEnv guards added since index ``start`` to user line ``where``; log each
+        (``specialization`` when it pins a symbol to a value, else ``shape_guard``) with ``reason``."""
         for i in range(start, len(env.guards)):
             self.sites.append((i, where))
             expr = env.guards[i].expr
@@ -298,14 +285,10 @@ class SiteRecorder:
                 trace.log("specialization", stage="capture", symbol=str(pinned[0]),
                           value=pinned[1], guard=str(expr), user_line=where, reason=reason)
             else:
-                trace.log("shape_guard", stage="capture", guard=str(expr), user_line=where,
-                          reason=reason)
+                trace.log("shape_guard", stage="capture", guard=str(expr), user_line=where, reason=reason)
 
     def site_of(self, index: int) -> Optional[str]:
-        for i, w in self.sites:
-            if i == index:
-                return w
-        return None
+        return next((w for i, w in self.sites if i == index), None)
 
 
 def _pinned_symbol(expr):
@@ -363,14 +346,12 @@ _LOCAL = re.compile(r"___z\d+")
 
 
 def shape_guards(env, inputs: list, contiguous: set = frozenset()) -> tuple:
-    """The ShapeEnv's guards over ``inputs`` (``[(source expr, fake)]``: tensors with
-    symbolic sizes or strides, SymInt scalars) as ``(prelude, exprs, names, checks)``
-    (``contiguous``: sources whose tensor check asks ``is_contiguous()``):
-    ``prelude`` reads each size the guards use into a local (``___z0 = x.size()[0]``),
-    ``exprs`` are Python conditions over those locals, ``names`` maps a local back to its
-    source text (for recompile messages); ``checks``: lines that raise where a dim marked
-    unbacked breaks a fact the graph relied on (eager may broadcast it; torch.compile raises
-    too), which the frame's entry runs on every call."""
+    """The ShapeEnv's guards over ``inputs`` (``[(source expr, fake)]``: tensors with symbolic sizes or strides, SymInt
+    scalars) as ``(prelude, exprs, names, checks)`` (``contiguous``: sources whose tensor check asks
+    ``is_contiguous()``): ``prelude`` reads each size the guards use into a local (``___z0 = x.size()[0]``), ``exprs``
+    are Python conditions over those locals, ``names`` maps a local back to its source text (for recompile messages);
+    ``checks``: lines that raise where a dim marked unbacked breaks a fact the graph relied on (eager may broadcast it;
+    torch.compile raises too), which the frame's entry runs on every call."""
     if not inputs:
         return [], [], {}, []
     prelude: list = []
@@ -468,8 +449,7 @@ def is_symbolic_value(v: Any) -> bool:
     if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
         return True
     if isinstance(v, torch.Tensor):
-        return any(isinstance(s, torch.SymInt) for s in (*v.shape, *v.stride(),
-                                                          v.storage_offset()))
+        return any(isinstance(s, torch.SymInt) for s in (*v.shape, *v.stride(), v.storage_offset()))
     return False
 
 

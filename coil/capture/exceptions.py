@@ -1,16 +1,14 @@
 """Python exceptions raised and caught inside traced code.
 
-An exception met during translation is a :class:`coil.exc.Unsupported` carrying (or
-standing for) an :class:`ExceptionVariable`: a ``raise`` statement raises
-:class:`RaisedException`; a tracker implementing Python semantics raises a
-``UserCodeError`` ("user code raises KeyError: ...") or an ``Unsupported`` whose reason
-ends with "(raised by user code)", which :func:`exception_tracker` maps to the exception
-class. :meth:`InstructionTranslatorBase.step <coil.capture.translator.InstructionTranslatorBase.step>`
-looks the raising instruction up in the frame's exception table
-(https://docs.python.org/3.11/library/dis.html, ``dis._parse_exception_table``) and
-jumps to the handler; without one the exception leaves the frame and the caller's
-``step`` tries next. Not mapped (stay graph breaks): unsupported constructs, tensor data,
-failing tensor ops (their cause comes from torch) and RuntimeError.
+An exception met during translation is a :class:`coil.exc.Unsupported` carrying (or standing for) an
+:class:`ExceptionVariable`: a ``raise`` statement raises :class:`RaisedException`; a tracker implementing Python
+semantics raises a ``UserCodeError`` ("user code raises KeyError: ...") or an ``Unsupported`` whose reason ends with
+"(raised by user code)", which :func:`exception_tracker` maps to the exception class.
+:meth:`InstructionTranslatorBase.step <coil.capture.translator.InstructionTranslatorBase.step>` looks the raising
+instruction up in the frame's exception table (https://docs.python.org/3.11/library/dis.html,
+``dis._parse_exception_table``) and jumps to the handler; without one the exception leaves the frame and the caller's
+``step`` tries next. Not mapped (stay graph breaks): unsupported constructs, tensor data, failing tensor ops (their
+cause comes from torch) and RuntimeError.
 """
 from __future__ import annotations
 
@@ -29,15 +27,13 @@ from coil.capture.variables.tensor import UserCodeError
 
 
 class ExceptionVariable(VariableTracker):
-    """An exception object constructed in the frame, or raised by an operation with
-    Python semantics (``KeyError`` from a dict lookup). Raised, it goes to the nearest
-    handler in the traced frames; ``origin`` is the :class:`Unsupported` carrying it, so
-    an exception no traced frame handles breaks the graph where it was first raised."""
+    """An exception object constructed in the frame, or raised by an operation with Python semantics (``KeyError`` from
+    a dict lookup). Raised, it goes to the nearest handler in the traced frames; ``origin`` is the :class:`Unsupported`
+    carrying it, so an exception no traced frame handles breaks the graph where it was first raised."""
 
     def __init__(self, cls, args):
         super().__init__(None)
-        self.cls = cls
-        self.args = args
+        self.cls, self.args = cls, args
         self.origin: Optional[Unsupported] = None
 
     def python_type(self):

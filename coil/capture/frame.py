@@ -1,14 +1,11 @@
 """Frame entry: the wrapper ``coil.compile`` returns, the per-code-object cache of
 (guard, entry) pairs, recompiles, graph-break plans and eager fallbacks.
 
-Calling a wrapped function binds its arguments (a generated binder with the same
-signature: CPython does the binding), then tries each cache entry of the function's
-code object: the first whose guard returns True runs its entry. A miss translates
-the frame (:func:`_translate`), compiles the graph with the backend and appends a
-new entry; a recompile logs the first failing guard with old and new values. After
-``config.recompile_limit`` entries the code object runs eagerly (logged). Any
-internal error falls back to eager for that code object (logged), or raises under
-``fullgraph=True``.
+Calling a wrapped function binds its arguments (a generated binder with the same signature: CPython does the binding),
+then tries each cache entry of the function's code object: the first whose guard returns True runs its entry. A miss
+translates the frame (:func:`_translate`), compiles the graph with the backend and appends a new entry; a recompile logs
+the first failing guard with old and new values. After ``config.recompile_limit`` entries the code object runs eagerly
+(logged). Any internal error falls back to eager for that code object (logged), or raises under ``fullgraph=True``.
 """
 from __future__ import annotations
 
@@ -79,12 +76,10 @@ def is_disabled(fn) -> bool:
 
 def disable(fn):
     """Never capture ``fn``: calls to it run eagerly, and inside captured code they are graph breaks."""
-    try:
+    with contextlib.suppress(TypeError):
         _disabled_fns.add(fn)
         if hasattr(fn, "__code__"):
             _disabled_codes.add(fn.__code__)
-    except TypeError:
-        pass
     return fn
 
 
@@ -107,8 +102,7 @@ _COIL_DIR = __file__.rsplit("/capture/", 1)[0]
 def _warn_user(msg: str) -> None:
     """``warnings.warn`` attributed to the first frame outside coil (the user's call)."""
     level, f = 2, sys._getframe(1)
-    while f is not None and (f.f_code.co_filename.startswith(_COIL_DIR) or
-                             f.f_code.co_filename.startswith("<coil")):
+    while f is not None and (f.f_code.co_filename.startswith(_COIL_DIR) or f.f_code.co_filename.startswith("<coil")):
         level += 1
         f = f.f_back
     warnings.warn(msg, UserWarning, stacklevel=level)
@@ -119,8 +113,7 @@ class CaptureConfig:
     input dim symbolic, ``False``: only marked dims; docs/dynamic_shapes.md)."""
 
     def __init__(self, backend: Callable, fullgraph: bool, dynamic, options=None):
-        self.backend = backend
-        self.fullgraph = fullgraph
+        self.backend, self.fullgraph = backend, fullgraph
         self.backend_name = getattr(backend, "__name__", str(backend))
         opts = options or {}
         cfg = _config.config
@@ -136,17 +129,11 @@ class CaptureConfig:
 
 
 class CacheEntry:
-    __slots__ = ("guard", "entry", "guards", "guard_src", "argnames", "config", "input_shapes",
-                 "input_scalars")
+    __slots__ = ("guard", "entry", "guards", "guard_src", "argnames", "config", "input_shapes", "input_scalars")
 
-    def __init__(self, guard, entry, guards, guard_src, argnames, config, input_shapes=None,
-                 input_scalars=None):
-        self.guard = guard
-        self.entry = entry
-        self.guards = guards
-        self.guard_src = guard_src
-        self.argnames = argnames
-        self.config = config
+    def __init__(self, guard, entry, guards, guard_src, argnames, config, input_shapes=None, input_scalars=None):
+        self.guard, self.entry, self.guards, self.guard_src = guard, entry, guards, guard_src
+        self.argnames, self.config = argnames, config
         #: source expression -> shape of each tensor input at compile time (automatic dynamic)
         self.input_shapes = input_shapes or {}
         #: source expression -> Python int/float the frame read (automatic dynamic)
@@ -274,10 +261,9 @@ def _under_functorch(fn, args, kwargs):
         trace.log("functorch_eager", stage="capture", frame=_label(fn.__code__),
                   reason="called inside a torch.func transform (vmap, grad, jvp)")
         import warnings
-        warnings.warn(f"coil: {_label(fn.__code__)} was called inside a torch.func transform "
-                      "(vmap, grad, jvp); coil cannot capture transformed tensors, so such calls run "
-                      "eagerly. What to do: compile the transformed function instead, "
-                      "coil.compile(torch.vmap(f)).", stacklevel=3)
+        warnings.warn(f"coil: {_label(fn.__code__)} was called inside a torch.func transform (vmap, grad, jvp); coil "
+                      "cannot capture transformed tensors, so such calls run eagerly. What to do: compile the "
+                      "transformed function instead, coil.compile(torch.vmap(f)).", stacklevel=3)
     return fn(*args, **kwargs)
 
 
@@ -340,10 +326,9 @@ def _skipped_module(fn) -> bool:
     from coil.capture.translator import SKIP_MODULES
 
     mod = fn.__globals__.get("__name__", "") or ""
-    # torch's own functions called at a break (grad-mode/autocast helpers, hooks, the
-    # optimizer's step wrapper...) run as plain Python. Capturing torch.optim's step on its
-    # own frame makes graphs with no outputs (in-place parameter updates), which the AOT
-    # runtime cannot run today (IndexError in its epilogue).
+    # torch's own functions called at a break (grad-mode/autocast helpers, hooks, the optimizer's step wrapper...) run
+    # as plain Python. Capturing torch.optim's step on its own frame makes graphs with no outputs (in-place parameter
+    # updates), which the AOT runtime cannot run today (IndexError in its epilogue).
     return mod.split(".")[0] in SKIP_MODULES or mod.startswith("torch.")
 
 
@@ -354,8 +339,7 @@ def _call_module_captured(mod, cfg, *args, **kwargs):
 
     from coil.capture.translator import _GLOBAL_HOOKS, _MODULE_HOOKS
 
-    if any(getattr(mod, h, None) for h in _MODULE_HOOKS) or \
-            any(getattr(_mm, h, None) for h in _GLOBAL_HOOKS):
+    if any(getattr(mod, h, None) for h in _MODULE_HOOKS) or any(getattr(_mm, h, None) for h in _GLOBAL_HOOKS):
         return mod(*args, **kwargs)
     forward = type(mod).forward
     if not isinstance(forward, types.FunctionType) or "forward" in mod.__dict__:
@@ -578,9 +562,8 @@ def _in_exception_block(code, offset: int) -> bool:
 
 def _is_comprehension_cleanup(code, target: int) -> bool:
     """3.12 (PEP 709): is the handler at ``target`` an inlined comprehension's cleanup
-    (``SWAP``/``POP_TOP``/``STORE_FAST`` only, then ``RERAISE``)? Such a handler restores
-    locals that die with the exception anyway, so breaking the graph inside the
-    comprehension is safe. https://peps.python.org/pep-0709/"""
+    (``SWAP``/``POP_TOP``/``STORE_FAST`` only, then ``RERAISE``)? Such a handler restores locals that die with the
+    exception anyway, so breaking the graph inside the comprehension is safe. https://peps.python.org/pep-0709/"""
     if sys.version_info[:2] < (3, 12):
         return False
     for inst in dis.get_instructions(code):
@@ -643,8 +626,7 @@ def _build_entry(tx, output: OutputGraph, cfg: CaptureConfig, fn, code, argnames
                 ok, why = frame_result_ok(tx.instructions, index, target, call_args or [], call_kwargs or {})
                 if not ok:
                     raise FrameInspectionFallback(
-                        f"frame inspection at {code.co_filename}:{_line_of(inst)}: {why}; "
-                        f"the frame runs eagerly")
+                        f"frame inspection at {code.co_filename}:{_line_of(inst)}: {why}; the frame runs eagerly")
             plan = ("call", index + 1, call_fn, call_args, call_kwargs, star, direct, _line_of(inst))
             if in_block:
                 # inside try/with: the call must run under the frame's exception table
@@ -656,8 +638,7 @@ def _build_entry(tx, output: OutputGraph, cfg: CaptureConfig, fn, code, argnames
             # the getter of a property broke: call it from a stub (captured on its own
             # frame) and resume captured after the attribute load, as for a call
             obj = tx.pop()
-            if name == "LOAD_METHOD" or (name == "LOAD_ATTR" and sys.version_info >= (3, 12)
-                                         and inst.arg & 1):
+            if name == "LOAD_METHOD" or (name == "LOAD_ATTR" and sys.version_info >= (3, 12) and inst.arg & 1):
                 tx.push(NullVariable())        # a method-style load pushes NULL, value
             plan = ("call", index + 1, ConstantVariable(getter), [obj], {}, None, False, _line_of(inst))
             trace.log("break_plan", stage="capture", frame=_label(code), offset=inst.offset,
@@ -763,10 +744,8 @@ def _build_entry(tx, output: OutputGraph, cfg: CaptureConfig, fn, code, argnames
     trace.artifact("entry", src, kind="python", frame=_label(code))
     for listener in _listeners:
         listener("frame", code, guard_src, src)
-    shapes = {src.expr(): tuple(real.shape) for (src, real, _) in output.inputs
-              if isinstance(real, torch.Tensor)}
-    return CacheEntry(guard_fn, entry_fn, output.guards, guard_src, argnames, cfg, shapes,
-                      dict(output.dynamic.scalars))
+    shapes = {src.expr(): tuple(real.shape) for (src, real, _) in output.inputs if isinstance(real, torch.Tensor)}
+    return CacheEntry(guard_fn, entry_fn, output.guards, guard_src, argnames, cfg, shapes, dict(output.dynamic.scalars))
 
 
 def _add_shape_guards(output: OutputGraph) -> list:
@@ -781,8 +760,7 @@ def _add_shape_guards(output: OutputGraph) -> list:
         return []
     prelude, exprs, names, checks = shape_guards(output.shape_env, inputs, output.guards.contiguous)
     output.guards.set_shape_guards(prelude, exprs, names)
-    trace.log("shape_guards", stage="capture", guards=[readable(e, names) for e in exprs],
-              runtime_asserts=checks)
+    trace.log("shape_guards", stage="capture", guards=[readable(e, names) for e in exprs], runtime_asserts=checks)
     return checks
 
 
@@ -799,12 +777,11 @@ def _detach_outs(outs, idxs):
 
 
 def _balance_grad_mode(output: OutputGraph) -> bool:
-    """Make the graph's grad-mode switches self-contained: a graph that ends in another mode than it started
-    (a break inside ``with no_grad()``, ``set_grad_enabled(b)`` called as a function, a resume inside
-    ``no_grad`` leaving the block) switches back at its end, and the entry sets the final mode itself: AOT
-    (coil.aot) runs the graph's switches only inside the graph and decides outputs' ``requires_grad`` with the
-    graph's final mode equal to the mode it was called in. Returns whether the entry must call the graph with
-    grad enabled (never, today)."""
+    """Make the graph's grad-mode switches self-contained: a graph that ends in another mode than it started (a break
+    inside ``with no_grad()``, ``set_grad_enabled(b)`` called as a function, a resume inside ``no_grad`` leaving the
+    block) switches back at its end, and the entry sets the final mode itself: AOT (coil.aot) runs the graph's switches
+    only inside the graph and decides outputs' ``requires_grad`` with the graph's final mode equal to the mode it was
+    called in. Returns whether the entry must call the graph with grad enabled (never, today)."""
     graph = output.graph
     setter = torch._C._set_grad_enabled
     switches = [n for n in graph.nodes if n.op == "call_function" and n.target is setter]
@@ -900,18 +877,16 @@ def _emit_break(cg: EntryCodegen, tx, plan, fn, code, cfg, live_locals: dict) ->
 
 
 #: instructions a graph break may run alone (no jump, no NULL pushed): opname -> (pops, pushes)
-_ONE_INSTRUCTION = {"STORE_ATTR": (2, 0), "DELETE_ATTR": (1, 0), "STORE_SUBSCR": (3, 0),
-                    "DELETE_SUBSCR": (2, 0), "STORE_GLOBAL": (1, 0), "BINARY_SUBSCR": (2, 1),
-                    "BINARY_OP": (2, 1), "COMPARE_OP": (2, 1), "IS_OP": (2, 1),
-                    "CONTAINS_OP": (2, 1), "UNARY_NEGATIVE": (1, 1), "UNARY_NOT": (1, 1),
+_ONE_INSTRUCTION = {"STORE_ATTR": (2, 0), "DELETE_ATTR": (1, 0), "STORE_SUBSCR": (3, 0), "DELETE_SUBSCR": (2, 0),
+                    "STORE_GLOBAL": (1, 0), "BINARY_SUBSCR": (2, 1), "BINARY_OP": (2, 1), "COMPARE_OP": (2, 1),
+                    "IS_OP": (2, 1), "CONTAINS_OP": (2, 1), "UNARY_NEGATIVE": (1, 1), "UNARY_NOT": (1, 1),
                     "UNARY_INVERT": (1, 1), "STORE_SLICE": (4, 0), "BINARY_SLICE": (3, 1)}
 
 
 def _operator_form(inst):
-    """``(fn, n_operands)``: a function of the instruction's operands (top of stack last)
-    that computes what the instruction pushes, for instructions that pop their operands and
-    push one value; None for others. The function runs as plain Python (a ``__getitem__``
-    that broke once would break again on its own frame, at more cost per call). The
+    """``(fn, n_operands)``: a function of the instruction's operands (top of stack last) that computes what the
+    instruction pushes, for instructions that pop their operands and push one value; None for others. The function runs
+    as plain Python (a ``__getitem__`` that broke once would break again on its own frame, at more cost per call). The
     operators are the translator's own (``opcodes._BINARY``, ``opcodes._COMPARE``)."""
     import operator
 
@@ -952,10 +927,9 @@ def _depth_after(inst, stack: list):
 
 
 def _emit_trampoline(cg, tx, plan, fn, code, cfg, local_names, local_exprs, resume) -> None:
-    """A graph-break call inside a ``try``/``with`` block: the entry returns
-    ``trampoline(*stack, *locals)``, a resume-style function that runs the call under
-    the frame's own exception table and then returns the captured resume function's
-    result for the rest (``coil/capture/resume.py``, ``make_resume_code(tail=...)``)."""
+    """A graph-break call inside a ``try``/``with`` block: the entry returns ``trampoline(*stack, *locals)``, a
+    resume-style function that runs the call under the frame's own exception table and then returns the captured resume
+    function's result for the rest (``coil/capture/resume.py``, ``make_resume_code(tail=...)``)."""
     (_, next_index, call_fn, call_args, _kw, star, direct, _line, full_stack, start, call_index) = plan
     below = list(tx.stack)
     if any(isinstance(v, NullVariable) for v in below):
@@ -964,8 +938,7 @@ def _emit_trampoline(cg, tx, plan, fn, code, cfg, local_names, local_exprs, resu
     next_fn = cg.ns[rname.split(".")[0]].fn
     cell_names = set(code.co_cellvars)
     null_mask = tuple(isinstance(v, NullVariable) for v in full_stack)
-    tramp = make_resume_function(fn.__globals__, fn.__closure__, code, start, null_mask,
-                                 local_names,
+    tramp = make_resume_function(fn.__globals__, fn.__closure__, code, start, null_mask, local_names,
                                  tail=(call_index, len(below), cell_names, next_fn, local_names))
     # the callee is captured on its own frame unless it inspects frames
     n_call = len(full_stack) - len(below)

@@ -1,14 +1,13 @@
 """Skipping guards whose inputs did not change: dict version tags (PEP 509).
 
-A module tree's guard mostly re-reads state reached through dicts that almost never change; while
-every dict it read through keeps the version tag (``ma_version_tag``) it had at the last full pass, a
-check of only such values' identity or immutable value holds again. :func:`fast_guard` splits the
-generated ``___guard`` into the *full* guard (on success it records a :class:`_State` snapshot: the
-objects later checks need, the dicts to watch and their tags) and a *fast* guard run first: the checks
-that must run, an identity check of each root dict, and one C call comparing the watched tags
-(:data:`_SOURCE`), calling the full guard on a difference. docs/capture.md ("Skipping unchanged
-guards") lists what is implied, the limits and the measurements. Off with ``config.guard_versions =
-False``, on other Pythons and without a C++ compiler.
+A module tree's guard mostly re-reads state reached through dicts that almost never change; while every dict it read
+through keeps the version tag (``ma_version_tag``) it had at the last full pass, a check of only such values' identity
+or immutable value holds again. :func:`fast_guard` splits the generated ``___guard`` into the *full* guard (on success
+it records a :class:`_State` snapshot: the objects later checks need, the dicts to watch and their tags) and a *fast*
+guard run first: the checks that must run, an identity check of each root dict, and one C call comparing the watched
+tags (:data:`_SOURCE`), calling the full guard on a difference. docs/capture.md ("Skipping unchanged guards") lists what
+is implied, the limits and the measurements. Off with ``config.guard_versions = False``, on other Pythons and without a
+C++ compiler.
 """
 from __future__ import annotations
 
@@ -83,8 +82,7 @@ _INVALID = _snapshot(lambda: False)
 
 
 class _State:
-    """The fast guard's current snapshot (``cur``) and how many full passes in a row
-    found the previous one stale."""
+    """The fast guard's current snapshot (``cur``) and how many full passes in a row found the previous one stale."""
 
     def __init__(self, label: str, exact: tuple):
         self.cur, self.stale, self.label, self.exact = _INVALID, 0, label, exact
@@ -253,10 +251,9 @@ def _module_dicts_as_items(fn: ast.FunctionDef) -> ast.FunctionDef:
 
 
 def fast_guard(src: str, ns: dict, label: str) -> Optional[Callable]:
-    """The fast guard for the guard function ``src`` (``def ___guard(...)``) and its
-    namespace ``ns`` (extended in place with the full guard and the state; the fast
-    guard's source goes to the compile log, artifact ``guards_fast``); None when tags are
-    not available here or too little would be skipped."""
+    """The fast guard for the guard function ``src`` (``def ___guard(...)``) and its namespace ``ns`` (extended in place
+    with the full guard and the state; the fast guard's source goes to the compile log, artifact ``guards_fast``); None
+    when tags are not available here or too little would be skipped."""
     if _load_helper() is None:
         return None
     fn = _module_dicts_as_items(ast.parse(src).body[0])

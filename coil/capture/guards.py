@@ -1,11 +1,10 @@
 """Guards: what a captured graph assumed, as one generated Python function.
 
-A :class:`GuardSet` collects boolean Python expressions over :mod:`.source` expressions while a frame
-is translated, then :meth:`GuardSet.build` turns them into ``___guard(<args>, ___f)``: one ``if`` per
-tensor, common source prefixes read once into locals (:func:`_emit_guards`), tensors of exact type
-``Tensor``/``Parameter`` with static sizes checked in C++ by batch (:meth:`GuardSet._batch`).
-:meth:`GuardSet.failures` says which guards failed on a recompile. docs/capture.md ("Guards") gives the
-design, docs/dynamic_shapes.md ("Shape guards") the symbolic part.
+A :class:`GuardSet` collects boolean Python expressions over :mod:`.source` expressions while a frame is translated,
+then :meth:`GuardSet.build` turns them into ``___guard(<args>, ___f)``: one ``if`` per tensor, common source prefixes
+read once into locals (:func:`_emit_guards`), tensors of exact type ``Tensor``/``Parameter`` with static sizes checked
+in C++ by batch (:meth:`GuardSet._batch`). :meth:`GuardSet.failures` says which guards failed on a recompile.
+docs/capture.md ("Guards") gives the design, docs/dynamic_shapes.md ("Shape guards") the symbolic part.
 """
 from __future__ import annotations
 
@@ -76,13 +75,8 @@ class Guard:
     def __init__(self, code: str, value_expr: Optional[str], expected: Any, src: Optional[str] = None,
                  fast: Optional[str] = None, group: Optional[str] = None,
                  batch: Optional[str] = None):
-        self.code = code
-        self.value_expr = value_expr
-        self.expected = expected
-        self.src = src
-        self.fast = fast
-        self.group = group
-        self.batch = batch
+        self.code, self.value_expr, self.expected, self.src = code, value_expr, expected, src
+        self.fast, self.group, self.batch = fast, group, batch
 
 
 class Hoister:
@@ -196,9 +190,8 @@ class GuardSet:
         return "\n".join(lines) + "\n"
 
     def build(self, argnames: list[str], label: str = ""):
-        """Compile the guard function; returns ``(fn, source_text)``. With
-        ``config.guard_versions``, ``fn`` is the fast guard of :mod:`.guard_versions`
-        (its source is the compile log's artifact ``guards_fast``)."""
+        """Compile the guard function; returns ``(fn, source_text)``. With ``config.guard_versions``, ``fn`` is the fast
+        guard of :mod:`.guard_versions` (its source is the compile log's artifact ``guards_fast``)."""
         from coil.config import config
         from coil.capture.guard_versions import fast_guard
 
@@ -254,9 +247,8 @@ class GuardSet:
             self.ns[name], self._batch_srcs[name] = check, srcs
             for i, (s, t) in enumerate(zip(srcs, ts)):
                 keys[s] = (name, _dispatch_keys(t))
-                self._notes[s] = (f"{name}[{i}], {type(t).__name__} {t.dtype} {t.device} "
-                                  f"{tuple(t.shape)} stride {t.stride()} "
-                                  f"requires_grad={t.requires_grad}")
+                self._notes[s] = (f"{name}[{i}], {type(t).__name__} {t.dtype} {t.device} {tuple(t.shape)} stride "
+                                  f"{t.stride()} requires_grad={t.requires_grad}")
         self._batched.clear()
         last = {g.src: i for i, g in enumerate(self.guards) if g.batch is not None}
         for s in sorted(keys, key=last.get, reverse=True):    # inserting from the end
@@ -315,8 +307,7 @@ class GuardSet:
                 ok = False
             if not ok:
                 text = readable(e, self.shape_names)
-                got = {self.shape_names[n]: ns.get(n) for n in sorted(set(
-                    __import__("re").findall(r"___z\d+", e)))}
+                got = {self.shape_names[n]: ns.get(n) for n in sorted(set(__import__("re").findall(r"___z\d+", e)))}
                 out.append({"guard": text, "value": None, "expected": "True", "got": repr(got),
                             "text": f"{text}  (sizes: {got})"})
                 if len(out) >= limit:
@@ -342,19 +333,16 @@ def _contiguous_strides(shape: tuple) -> tuple:
 def tensor_guard(gs: GuardSet, expr: str, t: torch.Tensor, fake=None) -> None:
     """Guard a tensor's type, dtype, device, sizes, strides and requires_grad.
 
-    The six checks stay separate guards (recompile reasons name the one that failed) but
-    are generated as one ``if`` (``group``). Strides: for an exact ``torch.Tensor`` /
-    ``nn.Parameter`` whose sizes are all >= 2 and whose strides are the contiguous ones,
-    the generated code asks ``t.is_contiguous()`` (no tuple built) after the type and
-    shape checks passed: with those sizes, "contiguous" holds exactly when every stride is
-    the product of the later sizes (c10's ``compute_contiguous``), i.e. the same test. The
-    layout is checked too: an MKLDNN tensor (type ``torch.Tensor``) says contiguous with
-    strides ``(1, 0)``.
+    The six checks stay separate guards (recompile reasons name the one that failed) but are generated as one ``if``
+    (``group``). Strides: for an exact ``torch.Tensor`` / ``nn.Parameter`` whose sizes are all >= 2 and whose strides
+    are the contiguous ones, the generated code asks ``t.is_contiguous()`` (no tuple built) after the type and shape
+    checks passed: with those sizes, "contiguous" holds exactly when every stride is the product of the later sizes
+    (c10's ``compute_contiguous``), i.e. the same test. The layout is checked too: an MKLDNN tensor (type
+    ``torch.Tensor``) says contiguous with strides ``(1, 0)``.
 
-    An exact ``Tensor``/``Parameter`` of strided layout is batched instead (``batch``:
-    see :meth:`GuardSet._batch`): frame arguments and globals and their items (no
-    attribute step in ``expr``) in one check, emitted once the last of them is fetched,
-    so a changed input fails before module state is read; the rest in another."""
+    An exact ``Tensor``/``Parameter`` of strided layout is batched instead (``batch``: see :meth:`GuardSet._batch`):
+    frame arguments and globals and their items (no attribute step in ``expr``) in one check, emitted once the last of
+    them is fetched, so a changed input fails before module state is read; the rest in another."""
     if fake is not None and _symbolic(fake):
         return _dynamic_tensor_guard(gs, expr, t, fake)
     shape, stride = tuple(t.shape), tuple(t.stride())
@@ -388,8 +376,7 @@ def _dynamic_tensor_guard(gs: GuardSet, expr: str, t: torch.Tensor, fake) -> Non
     shape = tuple(None if isinstance(s, torch.SymInt) else int(s) for s in fake.shape)
     stride = tuple(None if isinstance(s, torch.SymInt) else int(s) for s in fake.stride())
     batch = None  # as tensor_guard's, with the symbolic sizes and strides left unchecked
-    if type(t) in (torch.Tensor, torch.nn.Parameter) and t.layout is torch.strided \
-            and _TensorGuards is not None:
+    if type(t) in (torch.Tensor, torch.nn.Parameter) and t.layout is torch.strided and _TensorGuards is not None:
         batch = "___tensors_args" if "." not in expr else "___tensors_attrs"
         gs._batched.setdefault(expr, t)
         gs._batch_dims[expr] = (list(shape), list(stride))
@@ -417,16 +404,14 @@ def _dynamic_tensor_guard(gs: GuardSet, expr: str, t: torch.Tensor, fake) -> Non
 # ------------------------------------------------------------------------------------
 # generating the guard function
 #
-# Every guard becomes ``if not (<code>): return False`` in the order it was added, with
-# source expressions read through locals. A guard's code is parsed (``ast``) to find its
-# *chains*: ``name``, ``.attr`` and ``[constant]`` steps (``self._modules['h']._parameters
-# ['w']``). The chain a guard evaluates first, unconditionally (the left operand of its
-# first comparison, ``type(X)``'s argument, the object of ``X.stride()``), and every prefix
-# of it, is safe to compute one line earlier: it is hoisted into a local when it is the
-# guard's ``src`` or when more than one chain in the function starts with it. Any other
-# chain (read only if an earlier ``and`` operand held) is not computed earlier; only its
-# longest prefix that is already a local is replaced. So each guard evaluates what it did
-# before, in the same order, each shared prefix once.
+# Every guard becomes ``if not (<code>): return False`` in the order it was added, with source expressions read through
+# locals. A guard's code is parsed (``ast``) to find its *chains*: ``name``, ``.attr`` and ``[constant]`` steps
+# (``self._modules['h']._parameters ['w']``). The chain a guard evaluates first, unconditionally (the left operand of
+# its first comparison, ``type(X)``'s argument, the object of ``X.stride()``), and every prefix of it, is safe to
+# compute one line earlier: it is hoisted into a local when it is the guard's ``src`` or when more than one chain in the
+# function starts with it. Any other chain (read only if an earlier ``and`` operand held) is not computed earlier; only
+# its longest prefix that is already a local is replaced. So each guard evaluates what it did before, in the same order,
+# each shared prefix once.
 
 
 def _chain_steps(node) -> Optional[list]:
@@ -505,8 +490,7 @@ class _Parsed:
             if len(steps) < 2:
                 continue
             start = steps[0].col_offset
-            prefixes = [(self.raw[start:s.end_col_offset].decode("utf-8"), s.end_col_offset)
-                        for s in steps[1:]]
+            prefixes = [(self.raw[start:s.end_col_offset].decode("utf-8"), s.end_col_offset) for s in steps[1:]]
             entry = (start, prefixes)
             self.chains.append(entry)
             if first is not None and (first is n or (id(n) in func_attrs and first is n.value)):

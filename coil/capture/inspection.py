@@ -1,14 +1,12 @@
 """Frame inspection and opaque C callables (docs/capture.md, "Frame inspection").
 
-A call that looks at Python frames (``sys._getframe``, ``inspect.stack``,
-``traceback.extract_stack``, logging's caller lookup, ``warnings.warn``) is a graph break
-run inside a *call stub* (:func:`coil.capture.resume.make_call_stub`): a frame with the
-user's code name, file, line and live locals. Inside an inlined callee, the root frame
-breaks at the call to the callee, which then runs uncaptured from the stub
-(``frame_inspection = True`` on the ``Unsupported``). A frame object obtained in the root
-frame outlives the stub, so :func:`frame_result_ok` lets it be used only as ``.f_code``;
-anything else runs the frame eagerly, logged. :class:`OpaqueCallableVariable` stands for a
-C function not known to be safe: loading it is fine, calling it is the graph break.
+A call that looks at Python frames (``sys._getframe``, ``inspect.stack``, ``traceback.extract_stack``, logging's caller
+lookup, ``warnings.warn``) is a graph break run inside a *call stub* (:func:`coil.capture.resume.make_call_stub`): a
+frame with the user's code name, file, line and live locals. Inside an inlined callee, the root frame breaks at the call
+to the callee, which then runs uncaptured from the stub (``frame_inspection = True`` on the ``Unsupported``). A frame
+object obtained in the root frame outlives the stub, so :func:`frame_result_ok` lets it be used only as ``.f_code``;
+anything else runs the frame eagerly, logged. :class:`OpaqueCallableVariable` stands for a C function not known to be
+safe: loading it is fine, calling it is the graph break.
 """
 from __future__ import annotations
 
@@ -23,10 +21,9 @@ from coil.capture.variables.base import ConstantVariable, VariableTracker
 
 
 def _frame_functions() -> set:
-    fns = {sys._getframe, inspect.currentframe, inspect.stack, inspect.trace,
-           inspect.getouterframes, inspect.getframeinfo, traceback.extract_stack,
-           traceback.format_stack, traceback.print_stack, traceback.walk_stack,
-           warnings.warn}
+    fns = {sys._getframe, inspect.currentframe, inspect.stack, inspect.trace, inspect.getouterframes,
+           inspect.getframeinfo, traceback.extract_stack, traceback.format_stack, traceback.print_stack,
+           traceback.walk_stack, warnings.warn}
     if hasattr(sys, "_getframemodulename"):
         fns.add(sys._getframemodulename)
     return fns
@@ -130,9 +127,8 @@ class FrameVariable(VariableTracker):
 
 
 class OpaqueCallableVariable(VariableTracker):
-    """A C function or method not known to be safe: calling it is a graph break (at the
-    ``CALL``; the entry runs it for real). Never evaluated at compile time, so it needs
-    no guard: the entry reads it from its source at run time."""
+    """A C function or method not known to be safe: calling it is a graph break (at the ``CALL``; the entry runs it for
+    real). Never evaluated at compile time, so it needs no guard: the entry reads it from its source at run time."""
 
     def __init__(self, fn, source=None):
         super().__init__(source)
@@ -160,10 +156,9 @@ class OpaqueCallableVariable(VariableTracker):
 
 
 class OpaqueObjectVariable(VariableTracker):
-    """A real object capture can hold but not use (``torch.Generator``, streams): it may
-    be stored, passed and returned; any use (an attribute, a method, an argument of a
-    traced call such as ``torch.rand(..., generator=g)``) is a graph break, so the use
-    runs for real (the generator's state advances as in eager)."""
+    """A real object capture can hold but not use (``torch.Generator``, streams): it may be stored, passed and returned;
+    any use (an attribute, a method, an argument of a traced call such as ``torch.rand(..., generator=g)``) is a graph
+    break, so the use runs for real (the generator's state advances as in eager)."""
 
     def __init__(self, value, source=None):
         super().__init__(source)

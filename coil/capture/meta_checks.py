@@ -1,15 +1,13 @@
 """Argument checks that eager kernels make and torch's meta (fake-tensor) kernels skip.
 
-Capture runs every torch call on fake tensors to learn its result; an error there is the
-user's error, reported at the user's line (:class:`~coil.capture.exceptions.UserCodeError`).
-A few meta kernels accept arguments eager refuses: ``index_add`` with a source of
-another dtype (an autocast region's bf16 into an fp32 buffer) gave a silently cast
-result. :func:`check_call` raises eager's error for those, before the fake run.
-Add a check by adding a function to :data:`CHECKS` under the op's name (no trailing
-``_``); it receives the call's fake arguments. Ops whose eager kernels refuse integer or
-bool dtypes are listed in :data:`_DTYPE_RESTRICTED` and probed (:func:`_probe_dtypes`); the
-probe's result also gives eager's dtype where the meta kernel's differs (``bool ** True`` is
-bool in eager, int64 in the meta kernel).
+Capture runs every torch call on fake tensors to learn its result; an error there is the user's error, reported at the
+user's line (:class:`~coil.capture.exceptions.UserCodeError`). A few meta kernels accept arguments eager refuses:
+``index_add`` with a source of another dtype (an autocast region's bf16 into an fp32 buffer) gave a silently cast
+result. :func:`check_call` raises eager's error for those, before the fake run. Add a check by adding a function to
+:data:`CHECKS` under the op's name (no trailing ``_``); it receives the call's fake arguments. Ops whose eager kernels
+refuse integer or bool dtypes are listed in :data:`_DTYPE_RESTRICTED` and probed (:func:`_probe_dtypes`); the probe's
+result also gives eager's dtype where the meta kernel's differs (``bool ** True`` is bool in eager, int64 in the meta
+kernel).
 """
 from __future__ import annotations
 
@@ -74,8 +72,7 @@ def _setitem(args, kwargs) -> None:
     if len(args) < 3:
         return
     self, index, value = args[0], args[1], args[2]
-    if not (isinstance(self, torch.Tensor) and isinstance(value, torch.Tensor)) \
-            or self.dtype == value.dtype:
+    if not (isinstance(self, torch.Tensor) and isinstance(value, torch.Tensor)) or self.dtype == value.dtype:
         return
     if not (tensors := _tensors_in(index)):
         return
@@ -86,15 +83,14 @@ def _setitem(args, kwargs) -> None:
 
 
 def _probe_dtypes(target, mixed: bool = False, always: bool = False):
-    """A check for an op whose eager kernels refuse dtypes its meta kernel accepts (``var`` of ints,
-    ``argmin`` of bools, ``silu`` of ints: "not implemented for 'Int'"): when an argument is an integer or
-    bool tensor, the op runs on one-element real tensors of the arguments' dtypes, ranks and devices, and what
-    it raises is raised (eager's own error, on the argument's device). These ops accept one-element inputs of
-    any rank (no size conditions: not ``topk``, ``glu``, ``cross``), their dtype support does not depend on
-    values, and none of them draws random numbers. Returns the probe's result (None when nothing was
-    probed). With ``mixed``, the probe runs where floating tensor arguments differ in dtype instead, on zeros of
-    the arguments' shapes (``mv`` refuses float and double, ``huber_loss`` returns the input's dtype); ``always``:
-    whatever the dtypes (the caller knows eager refuses them)."""
+    """A check for an op whose eager kernels refuse dtypes its meta kernel accepts (``var`` of ints, ``argmin`` of
+    bools, ``silu`` of ints: "not implemented for 'Int'"): when an argument is an integer or bool tensor, the op runs on
+    one-element real tensors of the arguments' dtypes, ranks and devices, and what it raises is raised (eager's own
+    error, on the argument's device). These ops accept one-element inputs of any rank (no size conditions: not ``topk``,
+    ``glu``, ``cross``), their dtype support does not depend on values, and none of them draws random numbers. Returns
+    the probe's result (None when nothing was probed). With ``mixed``, the probe runs where floating tensor arguments
+    differ in dtype instead, on zeros of the arguments' shapes (``mv`` refuses float and double, ``huber_loss`` returns
+    the input's dtype); ``always``: whatever the dtypes (the caller knows eager refuses them)."""
     def check(args, kwargs):
         leaves = pytree.tree_leaves((args, kwargs))
         tensors = [a for a in leaves if isinstance(a, torch.Tensor)]
@@ -108,8 +104,7 @@ def _probe_dtypes(target, mixed: bool = False, always: bool = False):
 
         def real(a):
             if isinstance(a, torch.Tensor):
-                return torch.zeros(a.shape if mixed else (1,) * a.dim(), dtype=a.dtype, device=a.device) \
-                    + (not mixed)
+                return torch.zeros(a.shape if mixed else (1,) * a.dim(), dtype=a.dtype, device=a.device) + (not mixed)
             return a
         with unset_fake_temporarily(), torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -122,11 +117,10 @@ def _probe_dtypes(target, mixed: bool = False, always: bool = False):
 
 #: ops whose eager CPU kernels refuse integer or bool inputs that fake tensors accept
 _DTYPE_RESTRICTED = (
-    "var std var_mean std_mean argmin argmax frac pow float_power silu gelu mish softplus elu "
-    "celu selu hardswish hardsigmoid hardshrink softshrink logsigmoid softmax log_softmax "
-    "softmin logaddexp logaddexp2 hypot nextafter igamma igammac logcumsumexp abs absolute "
-    "ceil floor round trunc fix fmod remainder mod sub subtract median nanmedian leaky_relu "
-    "trace lcm gcd bitwise_and bitwise_or bitwise_xor bitwise_not bitwise_left_shift "
+    "var std var_mean std_mean argmin argmax frac pow float_power silu gelu mish softplus elu celu selu hardswish "
+    "hardsigmoid hardshrink softshrink logsigmoid softmax log_softmax softmin logaddexp logaddexp2 hypot nextafter "
+    "igamma igammac logcumsumexp abs absolute ceil floor round trunc fix fmod remainder mod sub subtract median "
+    "nanmedian leaky_relu trace lcm gcd bitwise_and bitwise_or bitwise_xor bitwise_not bitwise_left_shift "
     "bitwise_right_shift").split()
 
 #: ops whose eager kernels refuse floating arguments of different dtypes, or give another result dtype than
@@ -167,12 +161,10 @@ def check_graph(gm: torch.fx.GraphModule) -> None:
     gm.recompile()
 
 
-def cast_to_eager_dtype(graph: torch.fx.Graph, node: torch.fx.Node, fake: torch.Tensor,
-                        dtype: torch.dtype) -> tuple:
-    """Add ``node.to(dtype)`` after ``node``, a call whose meta kernel gives ``fake`` (its
-    result) another dtype than eager's ``dtype``: ``bool ** True`` is bool in eager, int64
-    (with eager's values, 0 and 1) in the meta kernel. Logged (``meta_dtype_cast``).
-    Returns the cast node and its fake value; the caller rewires ``node``'s users."""
+def cast_to_eager_dtype(graph: torch.fx.Graph, node: torch.fx.Node, fake: torch.Tensor, dtype: torch.dtype) -> tuple:
+    """Add ``node.to(dtype)`` after ``node``, a call whose meta kernel gives ``fake`` (its result) another dtype than
+    eager's ``dtype``: ``bool ** True`` is bool in eager, int64 (with eager's values, 0 and 1) in the meta kernel.
+    Logged (``meta_dtype_cast``). Returns the cast node and its fake value; the caller rewires ``node``'s users."""
     with graph.inserting_after(node):
         cast = graph.create_node("call_method", "to", (node, dtype), {})
     value = fake.to(dtype)

@@ -1,10 +1,9 @@
 """One handler per opcode, registered for the CPython versions it serves.
 
-Each handler is ``handler(tx, inst)`` where ``inst`` is a :class:`dis.Instruction`
-(``argval`` already decoded by :mod:`dis`; jump targets are byte offsets). The
-registry is ``HANDLERS[opname]`` for the running interpreter. To add an opcode:
-write the function next to its neighbours, decorate it with
-``@op("NAME", versions)``, and link the ``dis`` documentation of the version(s).
+Each handler is ``handler(tx, inst)`` where ``inst`` is a :class:`dis.Instruction` (``argval`` already decoded by
+:mod:`dis`; jump targets are byte offsets). The registry is ``HANDLERS[opname]`` for the running interpreter. To add an
+opcode: write the function next to its neighbours, decorate it with ``@op("NAME", versions)``, and link the ``dis``
+documentation of the version(s).
 
 Reference: https://docs.python.org/3.11/library/dis.html and
 https://docs.python.org/3.12/library/dis.html (sections "Python Bytecode Instructions").
@@ -431,10 +430,7 @@ def BUILD_SET(tx, inst):
 @op("BUILD_MAP")
 def BUILD_MAP(tx, inst):
     items = tx.popn(2 * inst.arg)
-    d = {}
-    for k, v in zip(items[::2], items[1::2]):
-        d[DictVariable.key_of(k)] = v
-    tx.push(DictVariable(d))
+    tx.push(DictVariable({DictVariable.key_of(k): v for k, v in zip(items[::2], items[1::2])}))
 
 
 @op("BUILD_CONST_KEY_MAP")
@@ -694,8 +690,7 @@ def _exception_of(tx, v):
 
     if isinstance(v, ExceptionVariable):
         return v
-    if isinstance(v, UserDefinedClassVariable) and isinstance(v.value, type) and \
-            issubclass(v.value, BaseException):
+    if isinstance(v, UserDefinedClassVariable) and isinstance(v.value, type) and issubclass(v.value, BaseException):
         exc = tx.call(v, [], {})
         if isinstance(exc, ExceptionVariable):
             return exc

@@ -1,12 +1,10 @@
 """CPython 3.12-only opcode handlers (registered through :func:`coil.capture.opcodes.op`).
 
-3.12 moved several operations into "intrinsic" calls: ``CALL_INTRINSIC_1 n`` applies
-the n-th entry of ``opcode._intrinsic_1_descs`` to the top of the stack (``f(*args)``
-ends with ``INTRINSIC_LIST_TO_TUPLE``, unary ``+x`` is ``INTRINSIC_UNARY_POSITIVE``);
-``CALL_INTRINSIC_2`` takes two operands (``except*`` and generic type parameters).
-:mod:`dis` in 3.12 leaves ``argval`` as the raw number, so the names come from
-:mod:`opcode` (``opcode._intrinsic_1_descs``), the table :mod:`dis` itself uses for
-``argrepr``.
+3.12 moved several operations into "intrinsic" calls: ``CALL_INTRINSIC_1 n`` applies the n-th entry of
+``opcode._intrinsic_1_descs`` to the top of the stack (``f(*args)`` ends with ``INTRINSIC_LIST_TO_TUPLE``, unary ``+x``
+is ``INTRINSIC_UNARY_POSITIVE``); ``CALL_INTRINSIC_2`` takes two operands (``except*`` and generic type parameters).
+:mod:`dis` in 3.12 leaves ``argval`` as the raw number, so the names come from :mod:`opcode`
+(``opcode._intrinsic_1_descs``), the table :mod:`dis` itself uses for ``argrepr``.
 
 Generator delegation (``SEND``/``END_SEND``) and class bodies
 (``LOAD_FROM_DICT_OR_*``) are graph breaks with a reason rather than "unknown opcode".

@@ -137,8 +137,7 @@ class OutputGraph:
         self.symbol_nodes: dict = {}    # sympy symbol -> SymInt placeholder
         self.scalar_floats: list = []   # (source expr, SymFloat) of float inputs
         self.guards = GuardSet(f_globals)
-        self.f_globals = f_globals
-        self.argnames = argnames
+        self.f_globals, self.argnames = f_globals, argnames
         self.inputs: list[tuple[Any, Any, torch.fx.Node]] = []  # (source, real, node)
         self.layouts_at_call: list = []  # (fake, sizes, strides, offset) of each tensor input
         self.input_vts: dict[int, TensorVariable] = {}
@@ -163,15 +162,13 @@ class OutputGraph:
         for dev in _autocast_devices():
             state = torch.is_autocast_enabled(dev)
             self.guards.ns["___autocast_enabled"] = torch.is_autocast_enabled
-            self.guards.add(f"___autocast_enabled({dev!r}) is {state!r}",
-                            f"___autocast_enabled({dev!r})", state)
+            self.guards.add(f"___autocast_enabled({dev!r}) is {state!r}", f"___autocast_enabled({dev!r})", state)
             if state:  # the graph was traced in this autocast dtype (bf16 vs fp16)
                 dtype = torch.get_autocast_dtype(dev)
                 const = f"___autocast_dtype_{dev}"
                 self.guards.ns["___autocast_dtype"] = torch.get_autocast_dtype
                 self.guards.ns[const] = dtype
-                self.guards.add(f"___autocast_dtype({dev!r}) is {const}",
-                                f"___autocast_dtype({dev!r})", dtype)
+                self.guards.add(f"___autocast_dtype({dev!r}) is {const}", f"___autocast_dtype({dev!r})", dtype)
 
     # --- inputs --------------------------------------------------------------------
     def _placeholder(self, name: str):
@@ -197,10 +194,8 @@ class OutputGraph:
         if (hit := self.input_vts.get(id(value))) is not None:
             return hit
         expr = source.expr()
-        is_param = isinstance(value, torch.nn.Parameter) or "._buffers[" in expr or \
-            isinstance(source, ConstSource)
-        fake = self.dynamic.fake_input(self.fake_mode, expr, value, is_param,
-                                       tx.location() if tx is not None else None)
+        is_param = isinstance(value, torch.nn.Parameter) or "._buffers[" in expr or isinstance(source, ConstSource)
+        fake = self.dynamic.fake_input(self.fake_mode, expr, value, is_param, tx.location() if tx is not None else None)
         node = self._placeholder(expr)
         node.meta["example_value"] = fake
         node.meta["source"] = source.expr()
@@ -211,11 +206,10 @@ class OutputGraph:
         return vt
 
     def restore_input_layouts(self) -> None:
-        """Give the input fakes back the sizes, strides and offsets they had at the call. Tracing ran the
-        program on them, so after ``x.t_()`` / ``squeeze_`` / ``unsqueeze_`` they describe the input as the
-        program left it; the backend must trace from the input as it is at the call (a stale layout gave wrong
-        input types, size mismatches, and a segfault in functionalization for ``squeeze_`` of a symbolic dim).
-        Called once the graph is complete."""
+        """Give the input fakes back the sizes, strides and offsets they had at the call. Tracing ran the program on
+        them, so after ``x.t_()`` / ``squeeze_`` / ``unsqueeze_`` they describe the input as the program left it; the
+        backend must trace from the input as it is at the call (a stale layout gave wrong input types, size mismatches,
+        and a segfault in functionalization for ``squeeze_`` of a symbolic dim). Called once the graph is complete."""
         for fake, size, stride, offset in self.layouts_at_call:
             if (tuple(fake.shape), fake.stride(), fake.storage_offset()) != (size, stride, offset):
                 with self.fake_mode, torch.no_grad():
@@ -252,8 +246,7 @@ class OutputGraph:
         return f"{f}:{line} in {name}"
 
     def lift_constant_tensor(self, tx, value: torch.Tensor) -> TensorVariable:
-        """A real tensor with no source (made at compile time): an input the entry
-        passes from its namespace."""
+        """A real tensor with no source (made at compile time): an input the entry passes from its namespace."""
         name = self.guards.const(value)
         return self.add_input(tx, value, ConstSource(name))
 
@@ -293,9 +286,8 @@ class EntryCodegen:
     def __init__(self, output: OutputGraph, graph_outputs: list[TensorVariable]):
         self.output = output
         self.ns = dict(output.guards.ns)
-        self.ns.update(___make_function=_make_function, ___new_object=_new_object,
-                       ___make_cell=_make_cell, ___MethodType=types.MethodType,
-                       ___partial=__import__("functools").partial)
+        self.ns.update(___make_function=_make_function, ___new_object=_new_object, ___make_cell=_make_cell,
+                       ___MethodType=types.MethodType, ___partial=__import__("functools").partial)
         self.lines: list[str] = []
         self.memo: dict[int, str] = {}
         self._tmp = 0
@@ -307,9 +299,8 @@ class EntryCodegen:
         self._symbol_locals: dict[str, str] = {}
 
     def symbol_local(self, source_text: str) -> str:
-        """A local holding ``source_text`` (an input's size, ``x.size()[0]``) as read at
-        the entry's start: the graph may change the input's sizes (``x.t_()``), while a
-        symbol means the size at the call."""
+        """A local holding ``source_text`` (an input's size, ``x.size()[0]``) as read at the entry's start: the graph
+        may change the input's sizes (``x.t_()``), while a symbol means the size at the call."""
         if (name := self._symbol_locals.get(source_text)) is None:
             name = self._symbol_locals[source_text] = f"___z{len(self._symbol_locals)}s"
             self.early.append(f"{name} = {source_text}")
@@ -432,9 +423,7 @@ def collect_tensors(vts: list, out: list, seen: set) -> None:
         if isinstance(v, CellVariable):
             stack.append(v.content)
             continue
-        kids = v.children() if isinstance(v, VariableTracker) else []
-        for k in reversed(kids):
-            stack.append(k)
+        stack.extend(reversed(v.children() if isinstance(v, VariableTracker) else []))
         if cl := getattr(v, "closure", None):
             stack.extend(cl)
         for attr in ("obj", "fn"):

@@ -33,13 +33,11 @@ def make_resume_code(code: types.CodeType, index: int, null_mask: tuple, local_n
     """Code for a resume function starting at the ``index``-th instruction (counting
     :func:`dis.get_instructions` entries without EXTENDED_ARG).
 
-    ``tail = (call_index, n_below, cell_names, next_fn)`` makes a *trampoline* instead
-    (a graph-break call inside a ``try``/``with`` block): it starts at ``index`` (the
-    call's first instruction), runs the call instruction ``call_index`` under the frame's
-    own exception table (so the user's ``except``/``finally``/``__exit__`` see an
-    exception it raises), then leaves the table's range and returns
-    ``next_fn(*<n_below stack items>, <result>, *local_names)`` -- the captured resume
-    function for the rest. Not cached (``next_fn`` is new on each compile)."""
+    ``tail = (call_index, n_below, cell_names, next_fn)`` makes a *trampoline* instead (a graph-break call inside a
+    ``try``/``with`` block): it starts at ``index`` (the call's first instruction), runs the call instruction
+    ``call_index`` under the frame's own exception table (so the user's ``except``/``finally``/``__exit__`` see an
+    exception it raises), then leaves the table's range and returns ``next_fn(*<n_below stack items>, <result>,
+    *local_names)`` -- the captured resume function for the rest. Not cached (``next_fn`` is new on each compile)."""
     code, index, tail = _in_user_code(code, index, tail)
     key = (code, index, null_mask, local_names)
     hit = _CACHE.get(key) if tail is None else None
@@ -72,8 +70,7 @@ def make_resume_code(code: types.CodeType, index: int, null_mask: tuple, local_n
     prologue.append(Instr("JUMP_FORWARD", label, lineno=lineno))
     if sys.version_info[:2] >= (3, 12):
         _two_arg_super(bc)
-    new = list(bc[:resume_pos + 1]) + prologue + list(bc[resume_pos + 1:insert_at]) + [label] + \
-        list(bc[insert_at:])
+    new = list(bc[:resume_pos + 1]) + prologue + list(bc[resume_pos + 1:insert_at]) + [label] + list(bc[insert_at:])
     if tail is not None:
         # the frame's cells are plain locals of the resume code (below): pass them on as is
         new = _with_tail(bc, new, tail[:2] + (set(),) + tail[3:])
@@ -94,11 +91,10 @@ def make_resume_code(code: types.CodeType, index: int, null_mask: tuple, local_n
     out.docstring = None
     if hasattr(bc, "qualname"):
         out.qualname = getattr(root, "co_qualname", root.co_name)
-    # The resume code jumps over the start of any try block it resumes inside, so the
-    # bytecode library's flow analysis sees those TryBegins (and their handlers) as dead:
-    # their depth would be a sentinel and their stack use uncounted. The depths come from
-    # the original exception table (_copy_exception_depths above) and the stack size
-    # from the original code.
+    # The resume code jumps over the start of any try block it resumes inside, so the bytecode library's flow analysis
+    # sees those TryBegins (and their handlers) as dead: their depth would be a sentinel and their stack use uncounted.
+    # The depths come from the original exception table (_copy_exception_depths above) and the stack size from the
+    # original code.
     stacksize = code.co_stacksize + len(null_mask) + len(local_names) + 8
     new_code = out.to_code(stacksize=stacksize, compute_exception_stack_depths=False)
     _record_positions(new_code, code, bc, new)
@@ -136,20 +132,17 @@ def _record_positions(new_code: types.CodeType, code: types.CodeType, bc, new: l
             m.append(k if parent is None or k is None else parent[k])
     user = [i.opname for i in dis.get_instructions(origin(code)) if i.opname != "EXTENDED_ARG"]
     made = [i.opname for i in dis.get_instructions(new_code) if i.opname != "EXTENDED_ARG"]
-    if len(made) == len(m) and all(k is None or (k < len(user) and user[k] == op)
-                                   for k, op in zip(m, made)):
+    if len(made) == len(m) and all(k is None or (k < len(user) and user[k] == op) for k, op in zip(m, made)):
         _POSITIONS[new_code] = m
 
 
 def _cells_as_locals(new: list, names: set) -> list:
     """The frame's cell variables become plain locals holding the cells themselves.
 
-    A resume function receives the frame's cells as arguments (not their contents), so
-    closures made before the break and code after it share each cell, as in eager (a
-    closure may read a variable bound only after the break). ``LOAD_DEREF c`` becomes
-    ``c.cell_contents``, ``STORE_DEREF``/``DELETE_DEREF`` set/delete it, ``LOAD_CLOSURE c``
-    pushes the cell, ``MAKE_CELL c`` goes. Reading an empty cell raises ValueError where
-    eager raises NameError."""
+    A resume function receives the frame's cells as arguments (not their contents), so closures made before the break
+    and code after it share each cell, as in eager (a closure may read a variable bound only after the break).
+    ``LOAD_DEREF c`` becomes ``c.cell_contents``, ``STORE_DEREF``/``DELETE_DEREF`` set/delete it, ``LOAD_CLOSURE c``
+    pushes the cell, ``MAKE_CELL c`` goes. Reading an empty cell raises ValueError where eager raises NameError."""
     if not names:
         return new
     out = []
@@ -252,15 +245,13 @@ def label(code: types.CodeType) -> str:
 def make_call_stub(code: types.CodeType, lineno: Optional[int], local_names: tuple, fn_globals: dict):
     """The function a graph-break call runs in, standing in for the user's frame.
 
-    ``stub(fn, args, kwargs, *locals)`` returns ``fn(*args, **kwargs)`` from a frame whose
-    code has the user's ``co_name``, ``co_qualname``, ``co_filename`` and
-    ``co_firstlineno``, whose current line is the call's line ``lineno``, whose
-    ``f_globals`` are the frame's globals and whose ``f_locals`` are exactly the live
-    locals (the three helper arguments are deleted before the call). So
-    ``sys._getframe()``, ``inspect.currentframe()`` (and ``.f_code.co_name``,
-    ``.f_lineno``, ``.f_locals``), ``warnings.warn`` and logging locations and tracebacks
-    of an exception raised by the call look as in eager. ``f_back`` is coil's entry
-    function (as torch.compile's frames sit under its own wrapper).
+    ``stub(fn, args, kwargs, *locals)`` returns ``fn(*args, **kwargs)`` from a frame whose code has the user's
+    ``co_name``, ``co_qualname``, ``co_filename`` and ``co_firstlineno``, whose current line is the call's line
+    ``lineno``, whose ``f_globals`` are the frame's globals and whose ``f_locals`` are exactly the live locals (the
+    three helper arguments are deleted before the call). So ``sys._getframe()``, ``inspect.currentframe()`` (and
+    ``.f_code.co_name``, ``.f_lineno``, ``.f_locals``), ``warnings.warn`` and logging locations and tracebacks of an
+    exception raised by the call look as in eager. ``f_back`` is coil's entry function (as torch.compile's frames sit
+    under its own wrapper).
     """
     code = origin(code)
     first = code.co_firstlineno
@@ -272,8 +263,7 @@ def make_call_stub(code: types.CodeType, lineno: Optional[int], local_names: tup
         if line == first:
             src = "\n" * (first - 1) + f"def ___stub({params}): {body}\n"
         else:
-            src = "\n" * (first - 1) + f"def ___stub({params}):\n" + \
-                "\n" * (line - first - 1) + f"    {body}\n"
+            src = "\n" * (first - 1) + f"def ___stub({params}):\n" + "\n" * (line - first - 1) + f"    {body}\n"
         ns: dict = {}
         exec(compile(src, code.co_filename, "exec"), ns)
         bc = Bytecode.from_code(ns["___stub"].__code__)
@@ -292,12 +282,10 @@ def make_call_stub(code: types.CodeType, lineno: Optional[int], local_names: tup
 def _two_arg_super(bc) -> None:
     """3.12: turn every zero-argument ``LOAD_SUPER_ATTR`` into its two-argument form.
 
-    Both forms find ``super``, ``__class__`` and ``self`` on the stack, but the
-    zero-argument one calls ``super()`` with no arguments, which reads the *frame's first
-    local* -- in a resume function that is ``___stack0``, not ``self``. Setting the
-    two-argument flag makes it ``super(__class__, self)``, the same lookup.
-    (``bytecode`` spells the argument ``(method_load, two_arg, name)``.)
-    https://docs.python.org/3.12/library/dis.html#opcode-LOAD_SUPER_ATTR
+    Both forms find ``super``, ``__class__`` and ``self`` on the stack, but the zero-argument one calls ``super()`` with
+    no arguments, which reads the *frame's first local* -- in a resume function that is ``___stack0``, not ``self``.
+    Setting the two-argument flag makes it ``super(__class__, self)``, the same lookup. (``bytecode`` spells the
+    argument ``(method_load, two_arg, name)``.) https://docs.python.org/3.12/library/dis.html#opcode-LOAD_SUPER_ATTR
     """
     for ins in bc:
         if isinstance(ins, Instr) and ins.name == "LOAD_SUPER_ATTR":

@@ -1,9 +1,8 @@
 """Sources: where a traced value came from, as a Python expression.
 
-Every :class:`~coil.capture.variables.base.VariableTracker` built from a real value
-carries a ``Source``. A source prints as a Python expression over the frame's
-arguments (by name), ``___G`` (the function's globals) and ``___f`` (the function
-object itself, for closure cells), so the same text serves three purposes:
+Every :class:`~coil.capture.variables.base.VariableTracker` built from a real value carries a ``Source``. A source
+prints as a Python expression over the frame's arguments (by name), ``___G`` (the function's globals) and ``___f`` (the
+function object itself, for closure cells), so the same text serves three purposes:
 
 - guards: ``type(x) is ___Tensor and x.dtype is ___c3 ...`` (see :mod:`.guards`);
 - graph inputs: the generated entry fetches each lifted input by evaluating it;
@@ -87,8 +86,7 @@ class TypeSource(Source):
 
 @dataclass(frozen=True)
 class ModuleDictSource(Source):
-    """``base.<dict_name>[key]`` for an nn.Module's ``_modules``/``_parameters``/``_buffers``
-    (or ``__dict__``)."""
+    """``base.<dict_name>[key]`` for an nn.Module's ``_modules``/``_parameters``/``_buffers`` (or ``__dict__``)."""
     base: Source
     dict_name: str
     key: str
@@ -132,9 +130,8 @@ class ConstSource(Source):
 
 @dataclass(frozen=True)
 class IterRestSource(Source):
-    """``___iter_rest(base)``: the items a tuple or range iterator has left (see
-    :func:`iter_rest`); ``reduce_at``: ``base.__reduce__()[1][i]`` instead (the inner
-    iterator, or the count, of an ``enumerate``/``zip``)."""
+    """``___iter_rest(base)``: the items a tuple or range iterator has left (see :func:`iter_rest`); ``reduce_at``:
+    ``base.__reduce__()[1][i]`` instead (the inner iterator, or the count, of an ``enumerate``/``zip``)."""
     base: Source
     reduce_at: int = -1
 

@@ -1,13 +1,11 @@
 """Torch functions that capture records as a checked equivalent written with other ops.
 
-Some ops check their arguments' *values* in eager but lose the check once traced on
-fake tensors. ``F.one_hot(i, n)`` raises for a class outside ``[0, n)`` in eager; traced,
-it becomes ``i.unsqueeze(-1) == arange(n)``, which returns an all-zero row instead (a
-label bug became a zero target, user report 16). The substitute computes the same
-values with an op whose generated kernels check the index (``index_select``: an
-IndexError on the CPU backends, a device assert under Triton's debug mode), and keeps
-fusing: the identity matrix it gathers from is pointwise, so
-``one_hot(i, n).float() * 2`` is still one kernel.
+Some ops check their arguments' *values* in eager but lose the check once traced on fake tensors. ``F.one_hot(i, n)``
+raises for a class outside ``[0, n)`` in eager; traced, it becomes ``i.unsqueeze(-1) == arange(n)``, which returns an
+all-zero row instead (a label bug became a zero target, user report 16). The substitute computes the same values with an
+op whose generated kernels check the index (``index_select``: an IndexError on the CPU backends, a device assert under
+Triton's debug mode), and keeps fusing: the identity matrix it gathers from is pointwise, so ``one_hot(i, n).float() *
+2`` is still one kernel.
 
 Attention with symbolic sizes is recorded as the opaque op ``coil::sdpa`` (:func:`sdpa`),
 so that choosing its kernel adds no guards on the sizes.
@@ -26,9 +24,8 @@ from coil import trace
 
 
 def one_hot(x: torch.Tensor, num_classes: int = -1) -> torch.Tensor:
-    """``F.one_hot`` (int64, shape ``x.shape + (num_classes,)``) with the class index
-    bounds-checked by ``index_select``. ``num_classes=-1`` (read from the data) is
-    ``F.one_hot`` itself."""
+    """``F.one_hot`` (int64, shape ``x.shape + (num_classes,)``) with the class index bounds-checked by
+    ``index_select``. ``num_classes=-1`` (read from the data) is ``F.one_hot`` itself."""
     if not isinstance(num_classes, int) or num_classes < 0 or x.dtype != torch.int64:
         return torch.nn.functional.one_hot(x, num_classes)
     if num_classes == 0 and x.numel() != 0:
@@ -59,15 +56,12 @@ def _(q, k, v, attn_mask, is_causal, scale, enable_gqa):
     return q.new_empty((shape[0], shape[2], shape[1], shape[3])).transpose(1, 2)
 
 
-def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-         enable_gqa=False):
-    """``F.scaled_dot_product_attention`` (output shape ``query.shape[:-1] +
-    (value.shape[-1],)``, query's dtype). With symbolic sizes and nothing to differentiate
-    it is the opaque op ``coil::sdpa``, which picks its kernel when it runs: traced, the
-    kernel choice (``_fused_sdp_choice``, on CUDA C++ checks of the sizes and of the
-    mask's alignment) and the chosen kernel's mask padding added guards on the sequence
-    length (``L % 8 == 0``: a recompile for each new residue class). Static sizes, a
-    gradient or dropout keep the traced ATen ops."""
+def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    """``F.scaled_dot_product_attention`` (output shape ``query.shape[:-1] + (value.shape[-1],)``, query's dtype). With
+    symbolic sizes and nothing to differentiate it is the opaque op ``coil::sdpa``, which picks its kernel when it runs:
+    traced, the kernel choice (``_fused_sdp_choice``, on CUDA C++ checks of the sizes and of the mask's alignment) and
+    the chosen kernel's mask padding added guards on the sequence length (``L % 8 == 0``: a recompile for each new
+    residue class). Static sizes, a gradient or dropout keep the traced ATen ops."""
     if isinstance(scale, torch.SymFloat) and isinstance(query.shape[-1], int):
         # a changing scale: scale query (the default scale undone) instead of pinning it
         query, scale = query * (scale * math.sqrt(query.shape[-1])), None
@@ -77,8 +71,7 @@ def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scal
     if not sym or grad or dropout_p:
         kw = {"enable_gqa": True} if enable_gqa else {}
         return torch.nn.functional.scaled_dot_product_attention(
-            query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
-            scale=scale, **kw)
+            query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale, **kw)
     trace.log("opaque_op", stage="capture", op="coil::sdpa",
               reason="symbolic sizes: the kernel is chosen per call, not by guards on them")
     if attn_mask is not None and attn_mask.dtype == torch.bool:
@@ -89,22 +82,19 @@ def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scal
     return _sdpa_op(query, key, value, attn_mask, bool(is_causal), scale, bool(enable_gqa))
 
 
-#: coil's opaque ops -> their Python implementations, which generated wrappers call
-#: directly: a custom op's dispatch (autograd wrapper, redispatch) cost ~40 us of
-#: Python per call on CPU, 12 times per GPT-2 forward
+#: coil's opaque ops -> their Python implementations, which generated wrappers call directly: a custom op's dispatch
+#: (autograd wrapper, redispatch) cost ~40 us of Python per call on CPU, 12 times per GPT-2 forward
 OPAQUE_IMPLS: dict = {torch.ops.coil.sdpa.default: run_sdpa}
 
 
 def tensor(data, *, dtype=None, device=None, requires_grad=False, pin_memory=False):
-    """``torch.tensor`` of a symbolic int or float as ``torch.full((), data)``, and of a
-    (nested) list holding some as a ``stack`` of those: one graph for every value. torch's
-    own traced into a constant, specialized per value, and kept only the low 32 bits of an
-    int above 2**31 (``torch.tensor(n)``, n = 2**40 + 1: 1)."""
+    """``torch.tensor`` of a symbolic int or float as ``torch.full((), data)``, and of a (nested) list holding some as a
+    ``stack`` of those: one graph for every value. torch's own traced into a constant, specialized per value, and kept
+    only the low 32 bits of an int above 2**31 (``torch.tensor(n)``, n = 2**40 + 1: 1)."""
     sym = (torch.SymInt, torch.SymFloat)
     flat = pytree.tree_leaves(data)
     if not any(isinstance(v, sym) for v in flat) or requires_grad and not isinstance(data, sym):
-        return torch.tensor(data, dtype=dtype, device=device, requires_grad=requires_grad,
-                            pin_memory=pin_memory)
+        return torch.tensor(data, dtype=dtype, device=device, requires_grad=requires_grad, pin_memory=pin_memory)
     # eager's dtype and shape, from the values' hints (an unbacked one has none: a float of its
     # kind, so torch.tensor(x.sum().item()) stays float, not int64 truncating 3.75 to 3)
     like = torch.tensor(pytree.tree_map(lambda v: (v.node.hint if v.node.hint is not None else
@@ -119,11 +109,9 @@ def _symbolic(*sizes) -> bool:
     return any(isinstance(n, torch.SymInt) for n in sizes)
 
 
-def max_pool1d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
-               return_indices=False):
-    """``F.max_pool1d`` (and ``torch.max_pool1d``) of a symbolic length as
-    ``max_pool2d_with_indices`` over a height of 1: ATen's C++ composites read the length
-    as an int (one graph per length)."""
+def max_pool1d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
+    """``F.max_pool1d`` (and ``torch.max_pool1d``) of a symbolic length as ``max_pool2d_with_indices`` over a height of
+    1: ATen's C++ composites read the length as an int (one graph per length)."""
     if not _symbolic(*input.shape) or return_indices:
         return torch.nn.functional.max_pool1d(input, kernel_size, stride or None, padding, dilation,
                                               ceil_mode, return_indices)

@@ -1,20 +1,17 @@
 """InstructionTranslator: symbolic execution of CPython 3.11/3.12 bytecode.
 
-The translator walks a frame's instructions (from :func:`dis.get_instructions`)
-with a stack and locals of :class:`VariableTracker`s; each opcode has one small
-handler in :mod:`coil.capture.opcodes`. Calls to Python functions and
-``nn.Module.forward`` are inlined by an :class:`InliningTranslator` that shares the
+The translator walks a frame's instructions (from :func:`dis.get_instructions`) with a stack and locals of
+:class:`VariableTracker`s; each opcode has one small handler in :mod:`coil.capture.opcodes`. Calls to Python functions
+and ``nn.Module.forward`` are inlined by an :class:`InliningTranslator` that shares the
 :class:`~coil.capture.output.OutputGraph`.
 
-Graph breaks: when an instruction raises :class:`coil.exc.Unsupported` (directly or
-anywhere inside an inlined call), the root translator remembers the offset and
-restarts from scratch (:class:`RestartAnalysis`); on the second pass it stops *before*
-that instruction (:meth:`InstructionTranslator.break_graph`), so the graph holds only
-what ran before it and the stack/locals at that point are known exactly.
+Graph breaks: when an instruction raises :class:`coil.exc.Unsupported` (directly or anywhere inside an inlined call),
+the root translator remembers the offset and restarts from scratch (:class:`RestartAnalysis`); on the second pass it
+stops *before* that instruction (:meth:`InstructionTranslator.break_graph`), so the graph holds only what ran before it
+and the stack/locals at that point are known exactly.
 
-This module also holds the Python semantics shared by the handlers: binary and unary
-operators, attribute access, calls, ``nn.Module`` calls with hooks, object
-construction, iteration and truthiness.
+This module also holds the Python semantics shared by the handlers: binary and unary operators, attribute access, calls,
+``nn.Module`` calls with hooks, object construction, iteration and truthiness.
 """
 from __future__ import annotations
 
@@ -32,18 +29,15 @@ from coil.exc import Unsupported
 from coil.capture.source import BuiltinSource, ConstSource, GlobalSource
 from coil.capture.variables.base import CellVariable, ConstantVariable, SourcedCellVariable, VariableTracker
 from coil.capture.variables.builder import wrap, wrap_constant_result
-from coil.capture.variables.containers import (BaseListVariable, DictVariable,
-                                               GeneratorVariable, ListIteratorVariable, ListVariable,
-                                               NamedTupleVariable, SetVariable, SizeVariable,
+from coil.capture.variables.containers import (BaseListVariable, DictVariable, GeneratorVariable, ListIteratorVariable,
+                                               ListVariable, NamedTupleVariable, SetVariable, SizeVariable,
                                                TupleVariable)
 from coil.capture.variables.functions import (BaseFunctionVariable, TypeErrorInCall,
                                               UserFunctionVariable, UserMethodVariable)
 from coil.capture.variables.objects import (AttributeMissing, guard_mro_lookup, DataClassDictVariable,
-                                            InFrameModuleVariable,
-                                            NewObjectVariable, NNModuleVariable,
-                                            ObjectVariableBase, UserDefinedClassVariable,
-                                            UserDefinedObjectVariable, is_model_output_class,
-                                            _static_lookup, _SENTINEL)
+                                            InFrameModuleVariable, NewObjectVariable, NNModuleVariable,
+                                            ObjectVariableBase, UserDefinedClassVariable, UserDefinedObjectVariable,
+                                            is_model_output_class, _static_lookup, _SENTINEL)
 from coil.capture.variables.tensor import TensorVariable, UserCodeError, call_op
 from coil.capture.variables.symbolic import SymNodeVariable
 from coil.capture.variables.symbolic import binary as sym_binary, unary as sym_unary
@@ -84,13 +78,11 @@ SKIP_MODULES = ("logging", "warnings", "inspect", "threading", "traceback", "pdb
                 "importlib", "os", "sys", "io", "pickle", "weakref", "random", "time")
 
 
-_INPLACE_TO_OUT = {operator.iadd: operator.add, operator.isub: operator.sub,
-                   operator.imul: operator.mul, operator.itruediv: operator.truediv,
-                   operator.ifloordiv: operator.floordiv, operator.imod: operator.mod,
-                   operator.ipow: operator.pow, operator.imatmul: operator.matmul,
-                   operator.iand: operator.and_, operator.ior: operator.or_,
-                   operator.ixor: operator.xor, operator.ilshift: operator.lshift,
-                   operator.irshift: operator.rshift}
+_INPLACE_TO_OUT = {operator.iadd: operator.add, operator.isub: operator.sub, operator.imul: operator.mul,
+                   operator.itruediv: operator.truediv, operator.ifloordiv: operator.floordiv,
+                   operator.imod: operator.mod, operator.ipow: operator.pow, operator.imatmul: operator.matmul,
+                   operator.iand: operator.and_, operator.ior: operator.or_, operator.ixor: operator.xor,
+                   operator.ilshift: operator.lshift, operator.irshift: operator.rshift}
 
 
 def const_value(v):
@@ -119,10 +111,7 @@ class BreakInfo:
     """Where and why the root frame breaks: ``offset``, ``reason``, user ``stack``."""
 
     def __init__(self, offset: int, reason: str, stack: list[str], exc: Unsupported):
-        self.offset = offset
-        self.reason = reason
-        self.stack = stack
-        self.exc = exc
+        self.offset, self.reason, self.stack, self.exc = offset, reason, stack, exc
 
 
 class ReturnValue(Exception):
@@ -166,10 +155,7 @@ class InstructionTranslatorBase:
                  fn_name: str = ""):
         from coil.capture import opcodes
 
-        self.code = code
-        self.f_globals = f_globals
-        self.output = output
-        self.parent = parent
+        self.code, self.f_globals, self.output, self.parent = code, f_globals, output, parent
         self.instructions = instructions_of(code)
         self.offset_to_index = offset_map(code)
         self.ip = 0
@@ -222,8 +208,7 @@ class InstructionTranslatorBase:
         self.current = inst
         self.output.current_tx = self
         if (h := self.handlers.get(inst.opname)) is None:
-            raise Unsupported(f"opcode {inst.opname} is not supported",
-                              hint="add a handler in coil/capture/opcodes.py")
+            raise Unsupported(f"opcode {inst.opname} is not supported", hint="add a handler in coil/capture/opcodes.py")
         try:
             h(self, inst)
         except Unsupported as e:
@@ -327,8 +312,7 @@ class InstructionTranslatorBase:
     def getattr(self, obj: VariableTracker, name: str) -> VariableTracker:
         return obj.var_getattr(self, name)
 
-    def store_attr(self, obj: VariableTracker, name: str, value: VariableTracker,
-                   plain: bool = False) -> None:
+    def store_attr(self, obj: VariableTracker, name: str, value: VariableTracker, plain: bool = False) -> None:
         if isinstance(obj, (CellVariable, SourcedCellVariable)) and name == "cell_contents":
             self.write_cell(obj, value)
             return
@@ -444,8 +428,7 @@ class InstructionTranslatorBase:
             a = SetVariable([v.as_python_constant() for v in a.items])
         if isinstance(a, SetVariable) and isinstance(b, (SetVariable, ListIteratorVariable)) and op in (
                 operator.and_, operator.or_, operator.sub, operator.xor):
-            other = b.as_python_constant() if isinstance(b, SetVariable) else \
-                {v.as_python_constant() for v in b.items}
+            other = b.as_python_constant() if isinstance(b, SetVariable) else {v.as_python_constant() for v in b.items}
             return SetVariable(op(set(a.items), set(other)))
         from coil.capture.variables.builtins import IdVariable
 
@@ -482,16 +465,14 @@ class InstructionTranslatorBase:
             except Exception as e:  # noqa: BLE001
                 raise UserCodeError(f"{type(e).__name__}: {e}") from e
         if isinstance(a, BaseListVariable) and isinstance(b, BaseListVariable):
-            if op in (operator.add, operator.iadd) and isinstance(a, ListVariable) == isinstance(
-                    b, ListVariable):
+            if op in (operator.add, operator.iadd) and isinstance(a, ListVariable) == isinstance(b, ListVariable):
                 if op is operator.iadd and isinstance(a, ListVariable):
                     return a.call_method(self, "__iadd__", [b], {})
                 cls = ListVariable if isinstance(a, ListVariable) else \
                     SizeVariable if SizeVariable in (type(a), type(b)) else TupleVariable
                 return cls(a.items + b.items)     # tuple + torch.Size is a torch.Size
             if op in (operator.eq, operator.ne):
-                eq = len(a.items) == len(b.items) and all(
-                    self.values_equal(x, y) for x, y in zip(a.items, b.items))
+                eq = len(a.items) == len(b.items) and all(self.values_equal(x, y) for x, y in zip(a.items, b.items))
                 return ConstantVariable(eq if op is operator.eq else not eq)
         if isinstance(a, BaseListVariable) and op in (operator.mul, operator.imul) and b.is_python_constant():
             cls = ListVariable if isinstance(a, ListVariable) else TupleVariable
@@ -514,13 +495,12 @@ class InstructionTranslatorBase:
     _DUNDER = {operator.add: ("__add__", "__radd__"), operator.sub: ("__sub__", "__rsub__"),
                operator.mul: ("__mul__", "__rmul__"), operator.truediv: ("__truediv__", "__rtruediv__"),
                operator.matmul: ("__matmul__", "__rmatmul__"), operator.eq: ("__eq__", "__eq__"),
-               operator.ne: ("__ne__", "__ne__"), operator.lt: ("__lt__", "__gt__"),
-               operator.gt: ("__gt__", "__lt__"), operator.le: ("__le__", "__ge__"),
-               operator.ge: ("__ge__", "__le__"), operator.floordiv: ("__floordiv__", "__rfloordiv__"),
-               operator.mod: ("__mod__", "__rmod__"), operator.pow: ("__pow__", "__rpow__"),
-               operator.iadd: ("__iadd__", "__radd__"), operator.imul: ("__imul__", "__rmul__"),
-               operator.isub: ("__isub__", "__rsub__"), operator.and_: ("__and__", "__rand__"),
-               operator.or_: ("__or__", "__ror__")}
+               operator.ne: ("__ne__", "__ne__"), operator.lt: ("__lt__", "__gt__"), operator.gt: ("__gt__", "__lt__"),
+               operator.le: ("__le__", "__ge__"), operator.ge: ("__ge__", "__le__"),
+               operator.floordiv: ("__floordiv__", "__rfloordiv__"), operator.mod: ("__mod__", "__rmod__"),
+               operator.pow: ("__pow__", "__rpow__"), operator.iadd: ("__iadd__", "__radd__"),
+               operator.imul: ("__imul__", "__rmul__"), operator.isub: ("__isub__", "__rsub__"),
+               operator.and_: ("__and__", "__rand__"), operator.or_: ("__or__", "__ror__")}
 
     def _user_binary(self, op, a, b):
         if (names := self._DUNDER.get(op)) is None:
@@ -593,8 +573,7 @@ class InstructionTranslatorBase:
                 return InliningTranslator(code, fn.get_globals(), tx.output, bound, cells,
                                           parent=tx, fn_name=fn.fn_name())
             return GeneratorVariable(self, fn, args, kwargs, start)
-        sub = InliningTranslator(code, fn.get_globals(), self.output, bound, cells,
-                                 parent=self, fn_name=fn.fn_name())
+        sub = InliningTranslator(code, fn.get_globals(), self.output, bound, cells, parent=self, fn_name=fn.fn_name())
         return sub.run_inline()
 
     def call_module(self, mod_vt: NNModuleVariable, args: list, kwargs: dict) -> VariableTracker:
@@ -641,8 +620,7 @@ class InstructionTranslatorBase:
                 if not (isinstance(res, ConstantVariable) and res.value is None):
                     args = self.unpack(res) if isinstance(res, TupleVariable) else [res]
         if (inst_forward := m.__dict__.get("forward")) is not None:
-            # ``m.forward = f`` shadows the class's forward, as in Module.__call__; guarded
-            # on that object
+            # ``m.forward = f`` shadows the class's forward, as in Module.__call__; guarded on that object
             if src is not None:
                 e = src.expr()
                 gs.add(f"{e}.__dict__.get('forward') is {gs.const(inst_forward)}",
@@ -754,8 +732,7 @@ class SuperVariable(VariableTracker):
 
     def __init__(self, cls, obj):
         super().__init__(None)
-        self.cls = cls
-        self.obj = obj
+        self.cls, self.obj = cls, obj
 
     def var_getattr(self, tx, name):
         mro = self.obj.python_type().__mro__ if not isinstance(self.obj, UserDefinedClassVariable) \
@@ -876,8 +853,7 @@ class InstructionTranslator(InstructionTranslatorBase):
 
     def __init__(self, code, f_globals, output, symbolic_locals, cells, break_at: dict, fullgraph: bool):
         super().__init__(code, f_globals, output, symbolic_locals, cells)
-        self.break_at = break_at
-        self.fullgraph = fullgraph
+        self.break_at, self.fullgraph = break_at, fullgraph
         self.result = None          # ("return", vt) or ("break", BreakInfo, inst)
 
     def run(self) -> None:

@@ -11,8 +11,7 @@ The whole of coil's Inductor role in one call (docs/codegen.md):
    exec'd and returned. The returned callable takes the placeholders positionally and
    returns a tuple of what the graph returns.
 
-Everything goes to the compile log: the loop IR, fusion decisions, kernel sources,
-the wrapper.
+Everything goes to the compile log: the loop IR, fusion decisions, kernel sources, the wrapper.
 """
 from __future__ import annotations
 
@@ -69,9 +68,8 @@ class CompiledGraph:
             self._called = True
             return out
         except KernelCompileError as e:
-            # A generated kernel that the GPU compiler rejects (found on first launch,
-            # where kernels are compiled). The graph is functional, so running it again
-            # from the start with ATen ops gives the right result.
+            # A generated kernel that the GPU compiler rejects (found on first launch, where kernels are compiled). The
+            # graph is functional, so running it again from the start with ATen ops gives the right result.
             if self.gm is None:
                 raise
             if self._called and self.writes_inputs:
@@ -93,13 +91,9 @@ class CompiledGraph:
                 outs = tuple(gm(*a))
                 if strides is None:
                     return outs
-                fixed = []
-                for o, st in zip(outs, strides):
-                    if isinstance(o, torch.Tensor) and st is not None and o.dim() == len(st) \
-                            and tuple(o.stride()) != st:
-                        o = torch.empty_strided(o.shape, st, dtype=o.dtype, device=o.device).copy_(o)
-                    fixed.append(o)
-                return tuple(fixed)
+                return tuple(torch.empty_strided(o.shape, st, dtype=o.dtype, device=o.device).copy_(o)
+                             if isinstance(o, torch.Tensor) and st is not None and o.dim() == len(st)
+                             and tuple(o.stride()) != st else o for o, st in zip(outs, strides))
             self.call = run_aten
             return self.call(*args)
         except Exception as e:
@@ -155,9 +149,8 @@ def _tiling(group, backend):
 def compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: list, device) -> Callable:
     """Compile one functional ATen graph to generated kernels (see module docstring).
 
-    ``example_inputs``: fake or real tensors (shapes, strides, dtypes, devices are used,
-    values are not). Raises whatever lowering/codegen raises (the "coil" backend catches
-    it and falls back to the FX interpreter)."""
+    ``example_inputs``: fake or real tensors (shapes, strides, dtypes, devices are used, values are not). Raises
+    whatever lowering/codegen raises (the "coil" backend catches it and falls back to the FX interpreter)."""
     device = torch.device(device)
     env = _shape_env(example_inputs) or _unbacked_shape_env(gm)
     n_guards = len(env.guards) if env is not None else 0
@@ -192,8 +185,7 @@ def _unbacked_shape_env(gm):
     tensor input holds (``x[:int(f)]`` for a dynamic float ``f``), or None."""
     for n in gm.graph.nodes:
         v = n.meta.get("val")
-        for s in [v] if isinstance(v, torch.SymInt) else \
-                list(v.shape) if isinstance(v, torch.Tensor) else []:
+        for s in [v] if isinstance(v, torch.SymInt) else list(v.shape) if isinstance(v, torch.Tensor) else []:
             if isinstance(s, torch.SymInt) and s.node.expr.free_symbols:
                 return s.node.shape_env
     return None
@@ -225,11 +217,9 @@ def _compile(gm, example_inputs, device, env) -> "CompiledGraph":
                 gdev = s.nodes[0].get_device()
                 be = backend if gdev is None or gdev.type == device.type else _pick_backend(gdev)
                 if (tiled := _tiling(s, be)) is not None:
-                    # a 2-D tiled pointwise kernel: planned like a persistent reduction
-                    # kernel without reductions over (Y, X); the Triton backend gives it
-                    # a 2-D grid instead of a loop (codegen/tiling.py)
-                    plan = KernelPlan(FusedGroup(s.nodes, tiled[0], tiled[1], s.order), graph, live,
-                                      tiled=True)
+                    # a 2-D tiled pointwise kernel: planned like a persistent reduction kernel without reductions over
+                    # (Y, X); the Triton backend gives it a 2-D grid instead of a loop (codegen/tiling.py)
+                    plan = KernelPlan(FusedGroup(s.nodes, tiled[0], tiled[1], s.order), graph, live, tiled=True)
                 else:
                     plan = KernelPlan(s, graph, live, be.persistent_rnumel)
                 kind = "til" if tiled is not None else "poi" if plan.rnumel == 1 else \
@@ -245,8 +235,7 @@ def _compile(gm, example_inputs, device, env) -> "CompiledGraph":
                 wait()
         # a backward recorded as a CUDA graph may release the forward's saved
         # activations as it goes (runtime/cudagraph_trees.py: Tree._lend_saved)
-        boxed = config.cudagraphs and gm.meta.get("coil_aot_graph") == "backward" and \
-            not gm.meta.get("coil_aot_piece")
+        boxed = config.cudagraphs and gm.meta.get("coil_aot_graph") == "backward" and not gm.meta.get("coil_aot_piece")
         source, glb = WrapperCodegen(graph, sched.steps, kernels, boxed=boxed).generate()
         if trace.enabled():
             trace.artifact("wrapper", lambda: source, kind="python")

@@ -1,6 +1,5 @@
-"""The kernel-backend interface (docs/codegen.md): a backend turns a KernelPlan into a
-GeneratedKernel (source + launcher). Triton (coil/codegen/triton) and C++
-(coil/codegen/cpp) register themselves here."""
+"""The kernel-backend interface (docs/codegen.md): a backend turns a KernelPlan into a GeneratedKernel (source +
+launcher). Triton (coil/codegen/triton) and C++ (coil/codegen/cpp) register themselves here."""
 from __future__ import annotations
 
 import dataclasses
@@ -11,10 +10,9 @@ from coil.codegen.common import PERSISTENT_RNUMEL, KernelPlan
 
 @dataclasses.dataclass
 class GeneratedKernel:
-    """name: deterministic kernel name; source: the full kernel text; arg_names: IR buffer names the launcher
-    takes, in order; launcher(*tensors, *sizes) runs the kernel. ``size_args``: with symbolic sizes, the size
-    expressions (sympy, in the ShapeEnv's symbols) whose values the wrapper passes after the tensors, in
-    order; empty for static kernels."""
+    """name: deterministic kernel name; source: the full kernel text; arg_names: IR buffer names the launcher takes, in
+    order; launcher(*tensors, *sizes) runs the kernel. ``size_args``: with symbolic sizes, the size expressions (sympy,
+    in the ShapeEnv's symbols) whose values the wrapper passes after the tensors, in order; empty for static kernels."""
 
     name: str
     source: str

@@ -2,14 +2,13 @@
 
 See docs/codegen.md for the contract. Built from a scheduler FusedGroup:
 
-- each node's loop variables in kernel symbols (``xindex``/``rindex``) and whether it
-  runs inside the reduction loop (``in_loop``);
-- loop sections: consecutive in-loop nodes share one loop over ``rindex``; a node that
-  reads a reduction result of this kernel, or an out-of-loop node, starts after the loop
-  it depends on. With ``persistent`` (the whole reduction fits in one block) there is a
-  single section and no loop;
-- which buffers must be stored (read after the kernel, graph outputs, or read in a later
-  loop section of a looped reduction) and which are removed (live only in registers).
+- each node's loop variables in kernel symbols (``xindex``/``rindex``) and whether it runs inside the reduction loop
+  (``in_loop``);
+- loop sections: consecutive in-loop nodes share one loop over ``rindex``; a node that reads a reduction result of this
+  kernel, or an out-of-loop node, starts after the loop it depends on. With ``persistent`` (the whole reduction fits in
+  one block) there is a single section and no loop;
+- which buffers must be stored (read after the kernel, graph outputs, or read in a later loop section of a looped
+  reduction) and which are removed (live only in registers).
 """
 from __future__ import annotations
 
@@ -51,8 +50,7 @@ class KernelPlan:
         self.numel, self.rnumel = as_size(group.numel), as_size(group.rnumel)
         #: a 2-D tiled pointwise kernel over (numel, rnumel) (codegen/tiling.py): one
         #: section like a persistent reduction, each program one [XBLOCK, RBLOCK] tile
-        self.tiled = tiled
-        self.graph = graph
+        self.tiled, self.graph = tiled, graph
         self.group, self.live_after = group, live_after
         # a symbolic row length loops (``persistent``: a twin whose RBLOCK the launcher sets per size bucket)
         self.persistent = persistent or tiled or (is_static(self.rnumel) and self.rnumel <= persistent_limit)
@@ -76,8 +74,7 @@ class KernelPlan:
                 section_has_loop = in_loop
                 for n in reads_own:
                     producer = self._node(n)
-                    if (produced_in[n] != section and producer.in_loop
-                            and not producer.buffer.is_reduction()):
+                    if (produced_in[n] != section and producer.in_loop and not producer.buffer.is_reduction()):
                         cross_section.add(n)  # in-loop value re-read by a later loop
             self.nodes.append(PlannedNode(buf, index, rindex, in_loop, section))
             produced_in[buf.get_name()] = section
@@ -87,8 +84,7 @@ class KernelPlan:
         self.input_names = list(dict.fromkeys(
             n for pn in self.nodes for n, _ in kernel_deps(pn.buffer, self.numel, self.rnumel).loads
             if n not in own))
-        self.output_names = [pn.name for pn in self.nodes
-                             if pn.name in live_after or pn.name in cross_section]
+        self.output_names = [pn.name for pn in self.nodes if pn.name in live_after or pn.name in cross_section]
         self.removed_names = [pn.name for pn in self.nodes if pn.name not in self.output_names]
 
     def replan(self, persistent_limit: int) -> None:
@@ -103,16 +99,13 @@ class KernelPlan:
         return bool(self.size_symbols())
 
     def size_symbols(self) -> list:
-        """The ShapeEnv symbols this kernel needs at run time (numel, rnumel, index
-        expressions, sizes of indirect-index bounds), sorted by name: backends take them
-        as kernel arguments, the wrapper passes their values."""
+        """The ShapeEnv symbols this kernel needs at run time (numel, rnumel, index expressions, sizes of indirect-index
+        bounds), sorted by name: backends take them as kernel arguments, the wrapper passes their values."""
         if getattr(self, "_size_symbols", None) is None and current_shape_env() is None:
             self._size_symbols = []  # a static graph (no ShapeEnv): nothing to look for
         if getattr(self, "_size_symbols", None) is None:
             from coil.ir.handlers import DependencyRecorder
-            syms = set()
-            for e in (self.numel, self.rnumel):
-                syms |= getattr(e, "free_symbols", set())
+            syms = set().union(*(getattr(e, "free_symbols", set()) for e in (self.numel, self.rnumel)))
             for pn in self.nodes:
                 rec = DependencyRecorder.record(pn.buffer, pn.index, pn.rindex)
                 for _, e in list(rec.loads) + list(rec.stores):
@@ -130,7 +123,6 @@ class KernelPlan:
         return self.graph.name_to_buffer[name]
 
     def describe(self) -> str:
-        kind = "pointwise" if self.rnumel == 1 else ("persistent reduction" if self.persistent
-                                                     else "looped reduction")
+        kind = "pointwise" if self.rnumel == 1 else ("persistent reduction" if self.persistent else "looped reduction")
         return (f"{kind} numel={self.numel} rnumel={self.rnumel} nodes="
                 f"{[p.name for p in self.nodes]} stores={self.output_names} removed={self.removed_names}")

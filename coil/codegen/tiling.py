@@ -36,12 +36,10 @@ def tile_pointwise(group) -> Optional[tuple]:
     """``(Y, X)`` to run pointwise ``group`` (a scheduler FusedGroup with ``rnumel == 1``)
     as a 2-D tiled kernel, or None when a flat kernel coalesces every access already.
 
-    Tiled when, over ``(Y, X)``, some access is contiguous along x and another along r
-    (each access is a load or store with an affine index in the kernel symbols).
-    ``Y`` and ``X`` are ints, or size expressions under dynamic shapes (the kernel takes
-    them as ``xnumel`` / ``rnumel``, its grid follows them per call); a symbolic extent
-    counts as long (no hint is read), and a symbolic ``X`` is guarded to fit the grid's
-    y limit."""
+    Tiled when, over ``(Y, X)``, some access is contiguous along x and another along r (each access is a load or store
+    with an affine index in the kernel symbols). ``Y`` and ``X`` are ints, or size expressions under dynamic shapes (the
+    kernel takes them as ``xnumel`` / ``rnumel``, its grid follows them per call); a symbolic extent counts as long (no
+    hint is read), and a symbolic ``X`` is guarded to fit the grid's y limit."""
     from coil.ir.nodes import ScatterBuffer
     if group.rnumel != 1 or not group.nodes or any(isinstance(n, ScatterBuffer) for n in group.nodes):
         return None  # (a scatter's iteration space is its source elements, not a layout)

@@ -31,9 +31,8 @@ def ensure_layout(t: torch.Tensor, size, stride) -> torch.Tensor:
     """``t`` if its strides are ``stride`` (ignoring size-1 dims), else a copy that has
     them: extern kernels may pick another output layout than fake tensors predicted.
 
-    ``t`` may be None: CUDA attention kernels return undefined tensors (None in Python)
-    for outputs whose fake version is an empty tensor (e.g. a debug mask); those are
-    never read, so None passes through."""
+    ``t`` may be None: CUDA attention kernels return undefined tensors (None in Python) for outputs whose fake version
+    is an empty tensor (e.g. a debug mask); those are never read, so None passes through."""
     if t is None:
         return t
     st = t.stride()
@@ -41,21 +40,17 @@ def ensure_layout(t: torch.Tensor, size, stride) -> torch.Tensor:
         return t
     if all(a == b or n == 1 for a, b, n in zip(st, stride, size)):
         return t
-    out = torch.empty_strided(size, stride, dtype=t.dtype, device=t.device)
-    out.copy_(t)
-    return out
+    return torch.empty_strided(size, stride, dtype=t.dtype, device=t.device).copy_(t)
 
 
 def check_size(t, size, op: str) -> None:
-    """Raise where data-dependent op ``op`` returned a tensor ``t`` of another size than
-    ``size`` (or a number ``t`` other than ``size``: ``.item()``), the one the graph relied
-    on (``x.nonzero() + y`` assumed the count equals ``len(y)``: eager broadcasts or raises
-    there; torch.compile raises too)."""
+    """Raise where data-dependent op ``op`` returned a tensor ``t`` of another size than ``size`` (or a number ``t``
+    other than ``size``: ``.item()``), the one the graph relied on (``x.nonzero() + y`` assumed the count equals
+    ``len(y)``: eager broadcasts or raises there; torch.compile raises too)."""
     got = tuple(t.shape) if isinstance(t, torch.Tensor) else t
     if got != size:
-        raise RuntimeError(f"coil: runtime assertion failed: {op} returned {got}, "
-                           f"the compiled graph assumed {size} (broadcasting or a torch._check "
-                           f"decided it while tracing)")
+        raise RuntimeError(f"coil: runtime assertion failed: {op} returned {got}, the compiled graph assumed {size} "
+                           "(broadcasting or a torch._check decided it while tracing)")
 
 
 def empty_row_padded(size, row_stride: int, device, dtype) -> torch.Tensor:
@@ -65,18 +60,15 @@ def empty_row_padded(size, row_stride: int, device, dtype) -> torch.Tensor:
     return torch.empty((m, row_stride), device=device, dtype=dtype)[:, :n]
 
 
-def matmul_padded(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
-                  bias: Optional[torch.Tensor] = None) -> None:
+def matmul_padded(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None) -> None:
     """``out = a @ b (+ bias)`` with every operand cuBLAS sees 16-byte aligned.
 
-    ``a`` is (M, K), ``b`` (K, N), ``bias`` (N,), (1, N), (1,) or (); ``out`` is (M, N),
-    either contiguous or from :func:`empty_row_padded` (row stride ``P > N``). When K or N
-    is not a multiple of 8 (16-bit dtypes), ``a``/``b``/``bias`` are copied into
-    zero-padded buffers (K up to ``Kp``, N up to ``P``) and the product is written into
-    the whole (M, P) allocation. When only N is unaligned and both operands' leading
-    dimensions are aligned, nothing is copied: the first ``N - N % 8`` columns and the
-    last few are two products written into ``out``'s padded rows (GPT-2's LM head: a
-    77 MB weight copy per call saved; an ``align1`` GEMM takes ~3 ms at M = 4096)."""
+    ``a`` is (M, K), ``b`` (K, N), ``bias`` (N,), (1, N), (1,) or (); ``out`` is (M, N), either contiguous or from
+    :func:`empty_row_padded` (row stride ``P > N``). When K or N is not a multiple of 8 (16-bit dtypes),
+    ``a``/``b``/``bias`` are copied into zero-padded buffers (K up to ``Kp``, N up to ``P``) and the product is written
+    into the whole (M, P) allocation. When only N is unaligned and both operands' leading dimensions are aligned,
+    nothing is copied: the first ``N - N % 8`` columns and the last few are two products written into ``out``'s padded
+    rows (GPT-2's LM head: a 77 MB weight copy per call saved; an ``align1`` GEMM takes ~3 ms at M = 4096)."""
     m, n = out.shape
     k = a.shape[1]
     p = out.stride(0) if n > 1 else n
@@ -144,12 +136,11 @@ def _free_size_symbols(x, out: set) -> None:
 
 
 def symbol_bindings(graph, needed: set, sources: Optional[dict] = None) -> list[str]:
-    """Wrapper lines binding every size symbol in ``needed`` from the call's arguments,
-    once per call: a SymInt placeholder that is the symbol (``s0 = arg0``), else a size,
-    stride or storage offset of a tensor input that is exactly the symbol
-    (``s1 = primals_3.size(1)``), or the number a 0-d tensor input holds (``zf0 = arg1.item()``,
-    for a precomputed size made from a dynamic float). Raises NotImplementedError for a symbol no input
-    defines alone (the "coil" backend then falls back, logged)."""
+    """Wrapper lines binding every size symbol in ``needed`` from the call's arguments, once per call: a SymInt
+    placeholder that is the symbol (``s0 = arg0``), else a size, stride or storage offset of a tensor input that is
+    exactly the symbol (``s1 = primals_3.size(1)``), or the number a 0-d tensor input holds (``zf0 = arg1.item()``, for
+    a precomputed size made from a dynamic float). Raises NotImplementedError for a symbol no input defines alone (the
+    "coil" backend then falls back, logged)."""
     sources = _symbol_sources(graph) if sources is None else sources
     late = sorted((s for s in needed if s in PRECOMPUTED), key=lambda s: s.name)  # after what they read
     needed = (set(needed) - set(late)).union(*(PRECOMPUTED[s].free_symbols for s in late))
@@ -175,8 +166,7 @@ def _precomputed_after(sym, bound: set) -> list[str]:
 
 
 def _symbol_sources(graph) -> dict:
-    """Symbol -> the expression over the call's arguments that is exactly it (see
-    :func:`symbol_bindings`)."""
+    """Symbol -> the expression over the call's arguments that is exactly it (see :func:`symbol_bindings`)."""
     sources: dict = {}
     for name, value in zip(graph.placeholder_names, graph.example_inputs):
         if isinstance(value, torch.SymInt) and as_expr(value).is_Symbol:
@@ -203,9 +193,8 @@ class WrapperCodegen:
 
     @staticmethod
     def _bind_unbacked(value: str, layout, bound: set) -> list:
-        """Lines binding the data-dependent (unbacked) sizes of an extern kernel's output
-        ``value`` (``u1 = buf2.size(0)`` after ``nonzero``), the first time one appears,
-        before anything that uses them."""
+        """Lines binding the data-dependent (unbacked) sizes of an extern kernel's output ``value`` (``u1 =
+        buf2.size(0)`` after ``nonzero``), the first time one appears, before anything that uses them."""
         from torch.utils._sympy.symbol import SymT, symbol_is_type
 
         out = []
@@ -227,10 +216,9 @@ class WrapperCodegen:
         self._hoisted: dict[str, str] = {}  # size expression text -> its local (_expr)
 
     def _expr(self, e) -> str:
-        """The text of size ``e`` (int or sympy). A compound expression (``s0 * s1``) is
-        a local computed once per call after the symbol bindings (launches, allocations
-        and views reuse a few products; each recomputed costs host time per call),
-        except one reading a data-dependent size, which is bound later in the call."""
+        """The text of size ``e`` (int or sympy). A compound expression (``s0 * s1``) is a local computed once per call
+        after the symbol bindings (launches, allocations and views reuse a few products; each recomputed costs host time
+        per call), except one reading a data-dependent size, which is bound later in the call."""
         from torch.utils._sympy.symbol import SymT, symbol_is_type
         if isinstance(e, int):
             return str(e)
@@ -245,6 +233,14 @@ class WrapperCodegen:
     def _tuple(self, xs) -> str:
         items = [self._expr(x) for x in xs]
         return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
+
+    def _reinterpret(self, name: str, size, stride, offset) -> str:
+        return f"reinterpret({name}, {self._tuple(size)}, {self._tuple(stride)}, {self._expr(offset)})"
+
+    def _empty(self, b) -> str:
+        l = b.layout
+        return (f"    {b.name} = empty_strided({self._tuple(l.size)}, {self._tuple(l.stride)}, "
+                f"device={self._dev(l.device)}, dtype={l.dtype})")
 
     def _global(self, prefix: str, value) -> str:
         key = (prefix, id(value))
@@ -261,14 +257,11 @@ class WrapperCodegen:
 
     def _arg(self, a) -> str:
         if isinstance(a, ReinterpretView):
-            l = a.layout
-            return (f"reinterpret({a.data.get_name()}, {self._tuple(l.size)}, {self._tuple(l.stride)}, "
-                    f"{self._expr(l.offset)})")
+            return self._reinterpret(a.data.get_name(), a.layout.size, a.layout.stride, a.layout.offset)
         if isinstance(a, Buffer):
             return a.get_name()
         if isinstance(a, (list, tuple)):
-            inner = ", ".join(self._arg(x) for x in a)
-            return f"[{inner}]"
+            return "[" + ", ".join(self._arg(x) for x in a) + "]"
         if isinstance(a, torch.dtype):
             return str(a)
         if isinstance(a, torch.device):
@@ -299,9 +292,8 @@ class WrapperCodegen:
             else:
                 allocs.append([])
                 reads.append(s.read_names())
-        # an extern op returning a view of an argument (aten.view.dtype, view_as_real):
-        # the argument's storage lives while the view does, so a read of the view is a
-        # read of the argument, and an output view keeps it out of reuse
+        # an extern op returning a view of an argument (aten.view.dtype, view_as_real): the argument's storage lives
+        # while the view does, so a read of the view is a read of the argument, and an output view keeps it out of reuse
         roots = _alias_roots(g.buffers)
         reads = [rs + [r for n in rs for r in roots.get(n, ())] for rs in reads]
         out_names |= {r for n in list(out_names) for r in roots.get(n, ())}
@@ -316,8 +308,7 @@ class WrapperCodegen:
         acc: set = set()
         for i in range(len(self.steps) - 1, -1, -1):
             future_keys[i] = set(acc)
-            for b in allocs[i]:
-                acc.add(key(b))
+            acc.update(key(b) for b in allocs[i])
         pool: dict[tuple, list[str]] = {}
         scatter_targets = {b.target.get_name() for b in g.buffers if isinstance(b, ScatterBuffer)}
         ours: set[str] = set()
@@ -344,9 +335,7 @@ class WrapperCodegen:
                     old = pool[k].pop()
                     L.append(f"    {b.name} = {old}  # reuse")
                 else:
-                    l = b.layout
-                    L.append(f"    {b.name} = empty_strided({self._tuple(l.size)}, {self._tuple(l.stride)}, "
-                             f"device={self._dev(l.device)}, dtype={l.dtype})")
+                    L.append(self._empty(b))
                 ours.add(b.name)
             if isinstance(s, FusedGroup):
                 k = self.kernels[id(s)]
@@ -358,9 +347,8 @@ class WrapperCodegen:
                 b = s.buffer
                 if isinstance(b, ExternKernel):
                     padded = getattr(b, "padded_matmul", False)
-                    # an OpOverload's __call__ only forwards to its C++ ``_op``: bind
-                    # that directly (one Python frame less per extern call)
-                    # (coil's opaque ops: their Python implementation, no dispatch)
+                    # an OpOverload's __call__ only forwards to its C++ ``_op``: bind that directly (one Python frame
+                    # less per extern call) (coil's opaque ops: their Python implementation, no dispatch)
                     op = self._global("extern", OPAQUE_IMPLS.get(b.op) or getattr(b.op, "_op", b.op)
                                       if isinstance(b.op, torch._ops.OpOverload) else b.op)
                     args = [self._arg(a) for a in b.args]
@@ -371,8 +359,7 @@ class WrapperCodegen:
                             L.append(f"    {b.name} = empty_row_padded({self._tuple(l.size)}, "
                                      f"{self._expr(l.stride[0])}, device={self._dev(l.device)}, dtype={l.dtype})")
                         else:
-                            L.append(f"    {b.name} = empty_strided({self._tuple(l.size)}, "
-                                     f"{self._tuple(l.stride)}, device={self._dev(l.device)}, dtype={l.dtype})")
+                            L.append(self._empty(b))
                         mm_args = args[1:] + [args[0]] if len(args) == 3 else args
                         L.append(f"    matmul_padded({b.name}, {', '.join(mm_args)})  # {b.op}, padded")
                     else:
@@ -402,8 +389,7 @@ class WrapperCodegen:
             for n in dict.fromkeys(reads[i]):
                 if last_use.get(n) == i and n in ours and n not in out_names:
                     b = g.name_to_buffer.get(n)
-                    if isinstance(b, ComputedBuffer) and key(b) in future_keys[i] and \
-                            n not in scatter_targets:
+                    if isinstance(b, ComputedBuffer) and key(b) in future_keys[i] and n not in scatter_targets:
                         pool.setdefault(key(b), []).append(n)
                     else:
                         L.append(f"    del {n}")
@@ -414,14 +400,12 @@ class WrapperCodegen:
             if o.kind == "buffer":
                 outs.append(o.name)
             elif o.kind == "view":
-                outs.append(f"reinterpret({o.name}, {self._tuple(o.size)}, {self._tuple(o.stride)}, "
-                            f"{self._expr(o.offset)})")
+                outs.append(self._reinterpret(o.name, o.size, o.stride, o.offset))
             else:
                 outs.append(self._arg(o.value))
         L.append(f"    return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
         needed: set = set()
-        _free_size_symbols([list(g.buffers)] + [[o.size, o.stride, o.offset, o.value] for o in g.outputs],
-                           needed)
+        _free_size_symbols([list(g.buffers)] + [[o.size, o.stride, o.offset, o.value] for o in g.outputs], needed)
         for k in self.kernels.values():
             _free_size_symbols(k.generated.size_args, needed)
         for b in g.buffers:
@@ -429,8 +413,7 @@ class WrapperCodegen:
                 _free_size_symbols([b.args, b.kwargs], needed)
         # int arguments made symbolic (``n`` in ``x * n``, ``topk(k)``) are not sizes (they
         # may be <= 0, so not positive) but extern ops and outputs read them: bind them too
-        ints = {as_expr(v) for v in g.example_inputs
-                if isinstance(v, torch.SymInt) and as_expr(v).is_Symbol}
+        ints = {as_expr(v) for v in g.example_inputs if isinstance(v, torch.SymInt) and as_expr(v).is_Symbol}
         if ints:
             leaves = [o.value for o in g.outputs] + [x for b in g.buffers if isinstance(b, ExternKernel)
                                                      for x in torch.utils._pytree.tree_leaves([b.args, b.kwargs])]
@@ -447,9 +430,8 @@ class WrapperCodegen:
         return "\n".join(L) + "\n", self.globals
 
     def _boxed(self, body: list, head: list, dels: list, unread: set) -> list:
-        """``call_boxed(args)``: ``call``'s ``body`` (after its def line and the symbol
-        bindings ``head``) with each tensor input released after its last reader
-        (``dels``); tensor inputs never read are released first."""
+        """``call_boxed(args)``: ``call``'s ``body`` (after its def line and the symbol bindings ``head``) with each
+        tensor input released after its last reader (``dels``); tensor inputs never read are released first."""
         names = self.graph.placeholder_names
         out = ["", "def call_boxed(args):"]
         if names:

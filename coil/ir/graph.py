@@ -5,12 +5,10 @@ Output: ``self.buffers`` (ComputedBuffer / ExternKernel / MultiOutput in creatio
 order, then put in dependency order by :meth:`GraphLowering._order_buffers`), ``self.graph_inputs`` (InputBuffer per
 tensor placeholder), ``self.outputs`` (an :class:`OutputSpec` per graph output).
 
-Decisions made here (all logged): which ops fell back to extern kernels (event
-``lowering_fallbacks``), and when an unrealized pointwise value is realized (stored
-to memory) instead of inlined into readers: graph outputs, inputs of extern kernels,
-values with several readers whose body is expensive (more loads than
-``config.max_inline_reads`` or more than :data:`MAX_INLINE_OPS` ops), and bodies
-that grew larger than :data:`MAX_BODY_OPS` ops.
+Decisions made here (all logged): which ops fell back to extern kernels (event ``lowering_fallbacks``), and when an
+unrealized pointwise value is realized (stored to memory) instead of inlined into readers: graph outputs, inputs of
+extern kernels, values with several readers whose body is expensive (more loads than ``config.max_inline_reads`` or more
+than :data:`MAX_INLINE_OPS` ops), and bodies that grew larger than :data:`MAX_BODY_OPS` ops.
 """
 from __future__ import annotations
 
@@ -76,8 +74,7 @@ _aten = torch.ops.aten
 #: extern ops that run channels-last when their 4-D inputs are (config.conv_channels_last)
 #: extern ops whose first argument is read (or written) through its storage: it gets
 #: eager's strides and offset, not the layout this graph chose for the value (fuzz s214 #5389)
-_STORAGE_OPS = (_aten.as_strided_scatter.default, _aten.as_strided.default,
-                _aten.as_strided_copy.default)
+_STORAGE_OPS = (_aten.as_strided_scatter.default, _aten.as_strided.default, _aten.as_strided_copy.default)
 _CHANNELS_LAST_OPS = (_aten.convolution.default, _aten.max_pool2d_with_indices.default,
                       _aten.avg_pool2d.default, _aten._adaptive_avg_pool2d.default,
                       _aten.convolution_backward.default,
@@ -99,14 +96,12 @@ _PADDABLE_MATMULS = (torch.ops.aten.mm.default, torch.ops.aten.addmm.default)
 
 
 class _BernoulliInLayout:
-    """``torch.empty_like(x).bernoulli_(p)``, which the extern kernel of ``bernoulli.p`` /
-    ``bernoulli.Tensor`` runs when ``x`` is an uninitialized buffer (``_EMPTY_OPS``): that
-    is the functionalized form of an in-place fill (eager's CPU dropout is
-    ``empty_like(x).bernoulli_(1 - p)``, traced as ``bernoulli.p(empty_permuted(...))``),
-    which draws in the memory order of its buffer, while ATen's functional ``bernoulli``
-    allocates contiguous and draws in logical order: with ``fallback_random``, dropout of
-    a transposed tensor got another mask than eager (user report 9). A ``bernoulli.p`` of
-    any other tensor is the user's functional ``torch.bernoulli(x, p)`` and runs as is."""
+    """``torch.empty_like(x).bernoulli_(p)``, which the extern kernel of ``bernoulli.p`` / ``bernoulli.Tensor`` runs
+    when ``x`` is an uninitialized buffer (``_EMPTY_OPS``): that is the functionalized form of an in-place fill (eager's
+    CPU dropout is ``empty_like(x).bernoulli_(1 - p)``, traced as ``bernoulli.p(empty_permuted(...))``), which draws in
+    the memory order of its buffer, while ATen's functional ``bernoulli`` allocates contiguous and draws in logical
+    order: with ``fallback_random``, dropout of a transposed tensor got another mask than eager (user report 9). A
+    ``bernoulli.p`` of any other tensor is the user's functional ``torch.bernoulli(x, p)`` and runs as is."""
 
     def __call__(self, x, p=0.5, *, generator=None):
         return torch.empty_like(x).bernoulli_(p, generator=generator)
@@ -152,8 +147,7 @@ def _empty_like_layout(lay: Optional[Layout], out: Layout) -> Layout:
         return out
     like = torch.empty_like(torch.empty_strided([int(v) for v in lay.size],
                                                 [int(v) for v in lay.stride], device="meta"))
-    return Layout(out.device, out.dtype, list(out.size), [sympy.Integer(v) for v in like.stride()],
-                  sympy.Integer(0))
+    return Layout(out.device, out.dtype, list(out.size), [sympy.Integer(v) for v in like.stride()], sympy.Integer(0))
 
 
 def misaligned_leading_dim(strides) -> bool:
@@ -190,15 +184,13 @@ def _maybe_pad_matmul_output(ek: ExternKernel, meta: torch.Tensor) -> None:
     a, b = ek.args[1:3] if ek.op is torch.ops.aten.addmm.default else ek.args[0:2]
     m, n = meta.shape
     k = a.get_size()[1]
-    if not (isinstance(n, int) and all(isinstance(v, int) for v in meta.stride())
-            and tuple(meta.stride()) == (n, 1)):
+    if not (isinstance(n, int) and all(isinstance(v, int) for v in meta.stride()) and tuple(meta.stride()) == (n, 1)):
         return  # N symbolic or the output not contiguous
     hm, hk = hint(as_expr(m)), hint(as_expr(k))
     big = hm * n >= (1 << 20) or hm * hk >= (1 << 20) or hk * n >= (1 << 20)
     pad_n = n % 8 != 0 and n >= 64 and big
-    # an operand whose leading dimension (row stride, or column stride when transposed)
-    # is not a multiple of 8: K % 8, or a transposed operand with M % 8 / N % 8
-    # (a symbolic stride is never padded: _misaligned_ld is False for it)
+    # an operand whose leading dimension (row stride, or column stride when transposed) is not a multiple of 8: K %
+    # 8, or a transposed operand with M % 8 / N % 8 (a symbolic stride is never padded: _misaligned_ld is False for it)
     pad_k = big and min(hm, n, hk) >= 64 and (_misaligned_ld(a) or _misaligned_ld(b))
     if not (pad_n or pad_k):
         return
@@ -274,10 +266,9 @@ class GraphLowering(torch.fx.Interpreter):
         return use
 
     def default_strides(self, loops) -> Optional[list]:
-        """Strides for a value realized without a requested layout (None: contiguous).
-        In a channels-last graph, a 4-D pointwise value that reads a channels-last buffer
-        of its batch and channel sizes is channels-last too (BatchNorm + ReLU after a
-        convolution, a max pool's window), so the next convolution gets it without a
+        """Strides for a value realized without a requested layout (None: contiguous). In a channels-last graph, a 4-D
+        pointwise value that reads a channels-last buffer of its batch and channel sizes is channels-last too
+        (BatchNorm + ReLU after a convolution, a max pool's window), so the next convolution gets it without a
         transpose."""
         if not self.channels_last or not isinstance(loops, Pointwise) or len(loops.get_size()) != 4:
             return None
@@ -326,24 +317,19 @@ class GraphLowering(torch.fx.Interpreter):
             import sys
             print(f"coil: extern kernels in this graph: {dict(self.fallbacks)}", file=sys.stderr)
         if trace.enabled():
-            trace.log("lowering_fallbacks", stage="lowering",
-                      fallbacks=dict(self.fallbacks), native=dict(self.native))
+            trace.log("lowering_fallbacks", stage="lowering", fallbacks=dict(self.fallbacks), native=dict(self.native))
             trace.artifact("loop_ir", lambda: self.format_ir(), kind="text")
         return self
 
     def _order_buffers(self) -> None:
-        """Put every buffer after the buffers it reads (stable: a valid creation order
-        is kept as it is).
+        """Put every buffer after the buffers it reads (stable: a valid creation order is kept as it is).
 
-        Bodies are define-by-run, so a body whose loader is made when it runs reads
-        what its input is *then*: ``y = x * 2; return cat([y, x]), y`` lowered the cat
-        (buf0) while ``y`` was an inlined body; ``y`` became buf1 as a graph output, and
-        the cat's body then loaded buf1, which ran after it (the wrapper read an
-        unassigned buf1)."""
+        Bodies are define-by-run, so a body whose loader is made when it runs reads what its input is *then*: ``y = x *
+        2; return cat([y, x]), y`` lowered the cat (buf0) while ``y`` was an inlined body; ``y`` became buf1 as a graph
+        output, and the cat's body then loaded buf1, which ran after it (the wrapper read an unassigned buf1)."""
         import heapq
         pos = {b.get_name(): i for i, b in enumerate(self.buffers)}
-        deps = [{pos[r] for r in b.get_read_names() if r in pos and r != b.get_name()}
-                for b in self.buffers]
+        deps = [{pos[r] for r in b.get_read_names() if r in pos and r != b.get_name()} for b in self.buffers]
         if all(d < i for i, ds in enumerate(deps) for d in ds):
             return
         users: dict = {}
@@ -408,9 +394,8 @@ class GraphLowering(torch.fx.Interpreter):
         val = self.current_node.meta.get("val")
         if target is _aten._local_scalar_dense.default and isinstance(val, (torch.SymInt, torch.SymFloat)) \
                 and free_unbacked_symbols(val.node._expr):
-            # t.item() as a size: run it; the wrapper binds its symbol to the result, or
-            # checks it equals what the ShapeEnv replaced the symbol by (``arange(n) + y``:
-            # n == len(y))
+            # t.item() as a size: run it; the wrapper binds its symbol to the result, or checks it equals what the
+            # ShapeEnv replaced the symbol by (``arange(n) + y``: n == len(y))
             self.make_extern(target, args, kwargs)
             unbacked = free_unbacked_symbols(as_expr(val))
             self.buffers[-1].binds = as_expr(val) if unbacked else None
@@ -419,9 +404,8 @@ class GraphLowering(torch.fx.Interpreter):
         if target is _aten.sym_size.int and self.fresh_unbacked and isinstance(args[0], TensorBox):
             return args[0].get_size()[args[1]]  # a symbol no op binds (CSE merged two nonzeros)
         if isinstance(val, (torch.SymInt, torch.SymBool)):
-            # size arithmetic (sym_size, operator.mul, floordiv ...) and relations
-            # (runtime asserts): the fake trace's result is already the expression in
-            # the ShapeEnv's symbols
+            # size arithmetic (sym_size, operator.mul, floordiv ...) and relations (runtime asserts): the fake trace's
+            # result is already the expression in the ShapeEnv's symbols
             return as_expr(val)
         if getattr(target, "is_view", False) and not self.current_node.users:
             return None  # a view nothing reads (as_strided of an empty one ran: fuzz s81 #3325)
@@ -449,8 +433,7 @@ class GraphLowering(torch.fx.Interpreter):
                 # the ATen op runs as an extern kernel instead (values stay exact)
                 if current_shape_env() is None:
                     raise
-                trace.log("dynamic_lowering_fallback", stage="lowering", op=str(target),
-                          error=str(e)[:500])
+                trace.log("dynamic_lowering_fallback", stage="lowering", op=str(target), error=str(e)[:500])
         self.fallbacks[str(target)] += 1
         return self.make_extern(target, args, kwargs)
 
@@ -514,8 +497,7 @@ class GraphLowering(torch.fx.Interpreter):
             return OutputSpec("value", value=r)
         d = r.data
         if isinstance(d, ReinterpretView):
-            return OutputSpec("view", d.data.get_name(), list(d.layout.size), list(d.layout.stride),
-                              d.layout.offset)
+            return OutputSpec("view", d.data.get_name(), list(d.layout.size), list(d.layout.stride), d.layout.offset)
         if isinstance(d, StorageBox):
             return OutputSpec("buffer", d.realize().get_name())
         return OutputSpec("buffer", self._materialize(r, None).get_name())
@@ -545,14 +527,12 @@ class GraphLowering(torch.fx.Interpreter):
         return walk(self.current_node.meta.get("val")) or walk(list(args)) or walk(kwargs)
 
     def _output_spec(self, r, meta) -> OutputSpec:
-        """How graph output ``r`` (fake tensor ``meta``) is returned. Every tensor output
-        has exactly ``meta``'s strides (storage offset 0 for a copy): the caller may be
-        the backward graph, which was traced with these fake strides and indexes its
-        inputs with them (a slice saved for the backward, ``(x * 2)[:, 1:5]`` with
-        strides (7, 1), came back dense and the backward read the wrong elements), and
-        for a user the strides are eager's. A view whose strides already agree is
-        returned as a view; anything else is written into a buffer with those strides
-        (a non-dense one keeps its gaps; stride-0 dims are written once per element)."""
+        """How graph output ``r`` (fake tensor ``meta``) is returned. Every tensor output has exactly ``meta``'s strides
+        (storage offset 0 for a copy): the caller may be the backward graph, which was traced with these fake strides
+        and indexes its inputs with them (a slice saved for the backward, ``(x * 2)[:, 1:5]`` with strides (7, 1), came
+        back dense and the backward read the wrong elements), and for a user the strides are eager's. A view whose
+        strides already agree is returned as a view; anything else is written into a buffer with those strides (a
+        non-dense one keeps its gaps; stride-0 dims are written once per element)."""
         if not isinstance(r, TensorBox):
             return OutputSpec("value", value=r)
         d = r.data
@@ -568,8 +548,7 @@ class GraphLowering(torch.fx.Interpreter):
             lay = d.data.layout
             if stride is not None and lay is not None and not _same_strides(lay, meta):
                 # a padded matmul result (its row stride), a channels-last convolution output
-                copy = TensorBox.create(Pointwise(r.get_device(), r.get_dtype(), r.make_loader(),
-                                                  r.get_size()))
+                copy = TensorBox.create(Pointwise(r.get_device(), r.get_dtype(), r.make_loader(), r.get_size()))
                 return OutputSpec("buffer", copy.data.realize(stride).get_name())
             if stride is not None and lay is not None and lay.offset == 0 and \
                     [str(v) for v in lay.stride] != [str(v) for v in stride]:
@@ -582,8 +561,7 @@ class GraphLowering(torch.fx.Interpreter):
         return OutputSpec("buffer", self._materialize(r, stride).get_name())
 
     def _materialize(self, x: TensorBox, stride) -> Buffer:
-        """A ComputedBuffer holding view ``x`` (strides ``stride`` or contiguous), made
-        once per (view, strides)."""
+        """A ComputedBuffer holding view ``x`` (strides ``stride`` or contiguous), made once per (view, strides)."""
         key = (id(x.data), None if stride is None else tuple(stride))
         hit = self._materialized.get(key)
         if hit is not None and hit[0] is x.data:
@@ -613,9 +591,8 @@ class GraphLowering(torch.fx.Interpreter):
             sb.realize(stride)
 
     def realize_input(self, x: TensorBox, meta=None):
-        """A realized buffer or strided view to hand to an extern kernel. A value that
-        must be materialized gets the strides eager had (``meta``), since extern ops
-        choose their output layout from their inputs' strides."""
+        """A realized buffer or strided view to hand to an extern kernel. A value that must be materialized gets the
+        strides eager had (``meta``), since extern ops choose their output layout from their inputs' strides."""
         stride = None
         if isinstance(meta, torch.Tensor) and _same_size(meta, x.get_size()):
             try:  # (not dense: e.g. q/k/v, permuted slices of one projection)
@@ -629,18 +606,16 @@ class GraphLowering(torch.fx.Interpreter):
                 return d
             # eager's strides on its size-1 dims too (the same elements): CPU flash attention
             # read a size-1 batch dim's stride 1 as a step and ran past an expanded input
-            unit = [as_expr(m) if n == 1 else s
-                    for n, s, m in zip(d.layout.size, d.layout.stride, meta.stride())]
+            unit = [as_expr(m) if n == 1 else s for n, s, m in zip(d.layout.size, d.layout.stride, meta.stride())]
             return d if unit == list(d.layout.stride) else \
                 ReinterpretView(d.data, dataclasses.replace(d.layout, stride=unit))
         return d.realize(stride) if isinstance(d, StorageBox) else self._materialize(x, stride)
 
     def _eager_storage(self, x: TensorBox, fx_arg) -> TensorBox:
-        """``x`` as eager lays it out, for an op that reads its storage: a value this graph
-        realized with other strides (a scatter's target is laid out contiguous, eager's
-        out-of-place ``index_put`` keeps a transposed input's strides) or computed and
-        not yet realized is copied to eager's strides when those are dense at offset 0
-        (graph inputs have eager's layout already)."""
+        """``x`` as eager lays it out, for an op that reads its storage: a value this graph realized with other strides
+        (a scatter's target is laid out contiguous, eager's out-of-place ``index_put`` keeps a transposed input's
+        strides) or computed and not yet realized is copied to eager's strides when those are dense at offset 0 (graph
+        inputs have eager's layout already)."""
         from coil.ir.lowering_views import strided_base
 
         fv = fx_arg.meta.get("val") if isinstance(fx_arg, torch.fx.Node) else None
@@ -690,8 +665,7 @@ class GraphLowering(torch.fx.Interpreter):
             # the weight as it comes: ATen's convolution makes the channels-last copy
             # itself (in C++, cheaper on the host than a generated kernel's launch)
             weight = self.realize_input(args[1], n.args[1].meta.get("val"))
-            args = tuple(conv(a, fa) if i != 1 else weight
-                         for i, (a, fa) in enumerate(zip(args, n.args)))
+            args = tuple(conv(a, fa) if i != 1 else weight for i, (a, fa) in enumerate(zip(args, n.args)))
         else:
             args = conv(tuple(args), tuple(n.args))
         kwargs = {k: conv(v, n.kwargs.get(k)) for k, v in kwargs.items()}
@@ -729,12 +703,11 @@ class GraphLowering(torch.fx.Interpreter):
         return isinstance(d, StorageBox) and isinstance(d.data, InputBuffer)
 
     def _traced_layout_input(self, x: TensorBox, r, meta):
-        """In a channels-last graph, ``r`` (the realized ``x`` for an extern op that is
-        not one of the channels-last ops) with the strides the op was traced with when
-        ``r`` is a channels-last 4-D buffer or view and the traced input was not: some
-        ATen kernels give other values for such input (``_weight_norm_interface_backward``
-        on a channels-last ``convolution_backward`` weight gradient did), and the fake
-        outputs the rest of the graph relies on came from the traced strides."""
+        """In a channels-last graph, ``r`` (the realized ``x`` for an extern op that is not one of the channels-last
+        ops) with the strides the op was traced with when ``r`` is a channels-last 4-D buffer or view and the traced
+        input was not: some ATen kernels give other values for such input (``_weight_norm_interface_backward`` on a
+        channels-last ``convolution_backward`` weight gradient did), and the fake outputs the rest of the graph relies
+        on came from the traced strides."""
         lay = getattr(r, "layout", None)
         if (not isinstance(meta, torch.Tensor) or meta.dim() != 4 or lay is None
                 or len(lay.size) != 4 or not _is_channels_last(lay)
@@ -761,10 +734,9 @@ class GraphLowering(torch.fx.Interpreter):
 
     @staticmethod
     def _extern_layout(meta: torch.Tensor, channels_last: bool) -> Layout:
-        """The layout an extern kernel's output is given: the fake tensor's, or
-        channels-last for a 4-D output of a channels-last op (ATen's convolution and
-        pooling return the memory format of their input). A wrong guess costs a copy
-        (``ensure_layout``), never a wrong value."""
+        """The layout an extern kernel's output is given: the fake tensor's, or channels-last for a 4-D output of a
+        channels-last op (ATen's convolution and pooling return the memory format of their input). A wrong guess costs a
+        copy (``ensure_layout``), never a wrong value."""
         lay = _fake_layout(meta)
         if channels_last and meta.dim() == 4:
             lay = Layout(lay.device, lay.dtype, lay.size, _channels_last_strides(lay.size), lay.offset)
@@ -772,12 +744,11 @@ class GraphLowering(torch.fx.Interpreter):
 
     # -- matmul operands with a misaligned leading dimension ----------------------------
     def _matvec_as_reduction(self, target, args, meta) -> Optional[TensorBox]:
-        """A one-row CUDA fp16/bf16 ``mm``/``addmm`` ``(1, K) @ (K, N)`` that cuBLAS would
-        need padded (N or a leading dimension not a multiple of 8, see
-        :func:`_maybe_pad_matmul_output`), as a generated sum over K in float32, the bias
-        added before the one rounding (as cuBLAS does). A matrix-vector product is
-        memory-bound: this reads the weight once, where padding copied all of it every call
-        (GPT-2 decoding's LM head, 1 x 50257: 77 MB a token). None when it does not apply."""
+        """A one-row CUDA fp16/bf16 ``mm``/``addmm`` ``(1, K) @ (K, N)`` that cuBLAS would need padded (N or a leading
+        dimension not a multiple of 8, see :func:`_maybe_pad_matmul_output`), as a generated sum over K in float32, the
+        bias added before the one rounding (as cuBLAS does). A matrix-vector product is memory-bound: this reads the
+        weight once, where padding copied all of it every call (GPT-2 decoding's LM head, 1 x 50257: 77 MB a token).
+        None when it does not apply."""
         if not _pads_matmuls(meta):
             return None
         bias, (a, b) = (args[0], args[1:3]) if target is torch.ops.aten.addmm.default else (None, args[:2])
@@ -819,8 +790,7 @@ class GraphLowering(torch.fx.Interpreter):
             kp = -(-k // 8) * 8
             ap = self._padded_copy(base, k, kp)
             bp = self._padded_rows(self._strided(b) or self._materialize(b, None), k, kp)
-            out = ExternKernel(self.new_buffer_name(), _fake_layout(meta), torch.ops.aten.mm.default,
-                               (ap, bp), {})
+            out = ExternKernel(self.new_buffer_name(), _fake_layout(meta), torch.ops.aten.mm.default, (ap, bp), {})
             self.register_buffer(out)
             trace.log("pad_matmul_operand", stage="lowering", buffer=out.name, m=m, n=nn, k=k,
                       padded="k", operand=ap.get_name())
@@ -830,9 +800,8 @@ class GraphLowering(torch.fx.Interpreter):
             if bt is None or misaligned_leading_dim(bt.get_stride()):
                 return None
             mp = -(-m // 8) * 8
-            t = ReinterpretView(base.data, Layout(base.layout.device, base.layout.dtype,
-                                                  [as_expr(k), as_expr(m)], [as_expr(m), sympy.Integer(1)],
-                                                  base.layout.offset))
+            t = ReinterpretView(base.data, Layout(base.layout.device, base.layout.dtype, [as_expr(k), as_expr(m)],
+                                                  [as_expr(m), sympy.Integer(1)], base.layout.offset))
             tp = self._padded_copy(t, m, mp)
             ap = ReinterpretView(tp, Layout(tp.get_device(), tp.get_dtype(), [as_expr(mp), as_expr(k)],
                                             [sympy.Integer(1), as_expr(mp)], sympy.Integer(0)))
@@ -858,8 +827,7 @@ class GraphLowering(torch.fx.Interpreter):
         """A contiguous (R, cp) copy of 2-D ``x`` (R, c) with zero columns c..cp, made by a
         generated kernel once per source layout."""
         lay = x.layout
-        key = ("pad_cols", x.get_name(), tuple(map(str, lay.size)), tuple(map(str, lay.stride)),
-               str(lay.offset), cp)
+        key = ("pad_cols", x.get_name(), tuple(map(str, lay.size)), tuple(map(str, lay.stride)), str(lay.offset), cp)
         if (hit := self._materialized.get(key)) is not None:
             return hit[1]
         buf = self._padded_rows(x, c, cp, dim=1)
@@ -882,9 +850,8 @@ class GraphLowering(torch.fx.Interpreter):
 
     def format_ir(self) -> str:
         from coil.ir.handlers import TextPrinter
-        lines = []
-        for name, b in self.graph_inputs.items():
-            lines.append(f"{name}: input {b.get_dtype()} size={b.get_size()} stride={b.get_stride()}")
+        lines = [f"{name}: input {b.get_dtype()} size={b.get_size()} stride={b.get_stride()}"
+                 for name, b in self.graph_inputs.items()]
         for b in self.buffers:
             if isinstance(b, ComputedBuffer):
                 lines.append(TextPrinter.format(b))
@@ -901,16 +868,14 @@ def _same_size(meta: torch.Tensor, size) -> bool:
 
 
 def _dense_strides_like(t: torch.Tensor) -> list[int]:
-    """Dense strides for ``t``'s shape with the dims in ``t``'s memory order (largest
-    stride outermost; ties keep dim order). An extern op given a tensor laid out in this
-    order picks the output layout fake tracing predicted from ``t``: attention fed
-    contiguous (B, H, S, D) copies of q/k/v where eager had (B, S, H, D)-ordered views
-    returned another output layout, and every layer paid a copy to fix it up.
+    """Dense strides for ``t``'s shape with the dims in ``t``'s memory order (largest stride outermost; ties keep dim
+    order). An extern op given a tensor laid out in this order picks the output layout fake tracing predicted from
+    ``t``: attention fed contiguous (B, H, S, D) copies of q/k/v where eager had (B, S, H, D)-ordered views returned
+    another output layout, and every layer paid a copy to fix it up.
 
-    A broadcast (stride-0) dim sits just outside the dims after it, as in a contiguous
-    layout: ranked by its stride it would become the innermost dim, and ATen kernels
-    that read the last dim as contiguous without checking (the CPU flash attention of
-    SDPA, fed a K/V expanded over heads: Gemma's single KV head) computed garbage."""
+    A broadcast (stride-0) dim sits just outside the dims after it, as in a contiguous layout: ranked by its stride it
+    would become the innermost dim, and ATen kernels that read the last dim as contiguous without checking (the CPU
+    flash attention of SDPA, fed a K/V expanded over heads: Gemma's single KV head) computed garbage."""
     def rank(d):
         if t.stride(d) != 0:
             return t.stride(d)
@@ -941,14 +906,12 @@ def _strides_agree(size, a, b, symbolic: bool) -> bool:
 
 
 def _empty_eager(node: torch.fx.Node, memo: dict) -> Optional[torch.Tensor]:
-    """Zero-element ``node`` as eager computes it: its ATen op run (free) on empty tensors
-    that have the strides eager gives its inputs, so a zero-element graph output gets
-    eager's strides, which fake tensors do not always give (``x.t().contiguous() + 1`` of
-    a (0, 17) ``x``: eager (1, 17), fake (1, 1), since fake's elementwise rule takes every
-    empty tensor as contiguous; user report 4). A graph input, a value computed from
-    tensors with elements (``x[:, :0]``), a random op, or an op that fails on empty
-    tensors stands for itself with its fake strides. None when ``node`` is not a
-    zero-element tensor with static sizes."""
+    """Zero-element ``node`` as eager computes it: its ATen op run (free) on empty tensors that have the strides eager
+    gives its inputs, so a zero-element graph output gets eager's strides, which fake tensors do not always give
+    (``x.t().contiguous() + 1`` of a (0, 17) ``x``: eager (1, 17), fake (1, 1), since fake's elementwise rule takes
+    every empty tensor as contiguous; user report 4). A graph input, a value computed from tensors with elements (``x[:,
+    :0]``), a random op, or an op that fails on empty tensors stands for itself with its fake strides. None when
+    ``node`` is not a zero-element tensor with static sizes."""
     if node in memo:
         return memo[node]
     memo[node] = None
@@ -968,11 +931,9 @@ def _empty_eager(node: torch.fx.Node, memo: dict) -> Optional[torch.Tensor]:
                                       **torch.fx.node.map_arg(node.kwargs, ins.__getitem__))
                 except Exception:  # an op that needs more than empty tensors
                     out = None
-        if not isinstance(out, torch.Tensor) or list(out.shape) != list(val.shape) \
-                or out.dtype != val.dtype:
+        if not isinstance(out, torch.Tensor) or list(out.shape) != list(val.shape) or out.dtype != val.dtype:
             try:
-                out = torch.empty_strided(tuple(val.shape), val.stride(), dtype=val.dtype,
-                                          device=val.device)
+                out = torch.empty_strided(tuple(val.shape), val.stride(), dtype=val.dtype, device=val.device)
             except Exception:  # e.g. a device this process cannot allocate on
                 out = None
     memo[node] = out
@@ -980,8 +941,7 @@ def _empty_eager(node: torch.fx.Node, memo: dict) -> Optional[torch.Tensor]:
 
 
 def _same_strides(layout: Layout, t: torch.Tensor) -> bool:
-    """Whether ``layout`` has ``t``'s strides (size-1 dims ignored; symbolic strides are
-    compared as expressions)."""
+    """Whether ``layout`` has ``t``'s strides (size-1 dims ignored; symbolic strides are compared as expressions)."""
     return _strides_agree(t.shape, layout.stride, t.stride(), True)
 
 

@@ -1,11 +1,10 @@
 """Three ops handlers that define and inspect loop bodies without any codegen.
 
 - :class:`TextPrinter` prints a body as straight-line ``ops.*`` code (compile log).
-- :class:`DependencyRecorder` records reads/writes with their index expressions (the
-  scheduler's dependency source) and counts ops (inlining heuristics).
-- :class:`ReferenceInterpreter` *executes* a body with torch ops over the whole
-  iteration space at once; it is the living definition of the loop IR: every lowering
-  is tested against it and against eager PyTorch.
+- :class:`DependencyRecorder` records reads/writes with their index expressions (the scheduler's dependency source) and
+  counts ops (inlining heuristics).
+- :class:`ReferenceInterpreter` *executes* a body with torch ops over the whole iteration space at once; it is the
+  living definition of the loop IR: every lowering is tested against it and against eager PyTorch.
 """
 from __future__ import annotations
 
@@ -135,8 +134,7 @@ class DependencyRecorder(_Recording):
 
 
 def record_pointwise(loops) -> DependencyRecorder:
-    """The loads and op count of a Pointwise body (inlined readers included), over fresh
-    loop symbols ``i0..``."""
+    """The loads and op count of a Pointwise body (inlined readers included), over fresh loop symbols ``i0..``."""
     h = DependencyRecorder()
     index = [sym(f"i{d}") for d in range(len(loops.ranges))]
     with set_ops_handler(h):
@@ -290,19 +288,15 @@ class ReferenceInterpreter(OpsHandler):
     def load_seed(self, name, offset):
         return self.env[name][int(offset)]
 
-    def rand(self, seed, offset):
-        """Uniform [0, 1) per element, a function of (seed, offset) only (like Philox;
+    def rand(self, seed, offset, draw=torch.rand):
+        """Uniform [0, 1) per element (``randn``: normal), a function of (seed, offset) only (like Philox;
         not the same numbers as Triton's ``tl.rand``)."""
         off = torch.as_tensor(offset).long()
         g = torch.Generator().manual_seed(int(seed))
-        table = torch.rand(int(off.max()) + 1 if off.numel() else 1, generator=g)
-        return table[off]
+        return draw(int(off.max()) + 1 if off.numel() else 1, generator=g)[off]
 
     def randn(self, seed, offset):
-        off = torch.as_tensor(offset).long()
-        g = torch.Generator().manual_seed(int(seed))
-        table = torch.randn(int(off.max()) + 1 if off.numel() else 1, generator=g)
-        return table[off]
+        return self.rand(seed, offset, torch.randn)
 
     def __getattr__(self, op: str):
         if op in _TORCH_UNARY:

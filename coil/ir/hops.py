@@ -1,10 +1,9 @@
 """Higher-order operators in the IR: wrapper-level control flow over separately compiled subgraphs.
 
-``cond``, ``while_loop``, ``map_impl`` and ``scan`` in an ATen graph each lower to one extern call
-(:func:`run_cond`, :func:`run_while_loop`, :func:`run_map`, :func:`run_scan`) over subgraphs compiled on
-their own with :func:`coil.codegen.compile_aten_graph`; the parent's wrapper reads predicates with
-``.item()``. A subgraph whose compilation fails runs through the FX interpreter (event
-``hop_branch_fallback``), never silently. docs/hops.md, "IR".
+``cond``, ``while_loop``, ``map_impl`` and ``scan`` in an ATen graph each lower to one extern call (:func:`run_cond`,
+:func:`run_while_loop`, :func:`run_map`, :func:`run_scan`) over subgraphs compiled on their own with
+:func:`coil.codegen.compile_aten_graph`; the parent's wrapper reads predicates with ``.item()``. A subgraph whose
+compilation fails runs through the FX interpreter (event ``hop_branch_fallback``), never silently. docs/hops.md, "IR".
 """
 from __future__ import annotations
 
@@ -26,8 +25,7 @@ def _compile_branch(gm: torch.fx.GraphModule, fakes: list, device, name: str) ->
 
     try:
         with trace.stage("hop_branch"):
-            trace.artifact(f"hop_subgraph {name}",
-                           lambda: gm.print_readable(print_output=False), kind="python")
+            trace.artifact(f"hop_subgraph {name}", lambda: gm.print_readable(print_output=False), kind="python")
             return compile_aten_graph(gm, fakes, device)
     except Exception as e:  # noqa: BLE001 - stay correct and say so
         trace.log("hop_branch_fallback", stage="lowering", branch=name,
@@ -50,15 +48,13 @@ def lower_cond(lowering, args: tuple, kwargs: dict):
     node = lowering.current_node
     pred, true_gm, false_gm, operands = args
     fakes = [a.meta.get("val") if isinstance(a, torch.fx.Node) else a for a in node.args[3]]
-    compiled = _compile_hop(lowering, "cond", [true_gm, false_gm],
-                            [node.args[1].target, node.args[2].target], fakes)
+    compiled = _compile_hop(lowering, "cond", [true_gm, false_gm], [node.args[1].target, node.args[2].target], fakes)
     return lowering.make_extern(run_cond, (pred, compiled[0], compiled[1], tuple(operands)), {})
 
 
 def run_while_loop(cond_fn: Callable, body_fn: Callable, carried, additional) -> tuple:
-    """The wrapper's while_loop: the compiled body runs while the compiled cond_fn's
-    scalar (read on the host) is true. Zero iterations return copies of the carried
-    inputs (a graph output never aliases an input here)."""
+    """The wrapper's while_loop: the compiled body runs while the compiled cond_fn's scalar (read on the host) is true.
+    Zero iterations return copies of the carried inputs (a graph output never aliases an input here)."""
     state = list(carried)
     ran = False
     while _scalar(cond_fn(*state, *additional)):
@@ -72,16 +68,13 @@ def _scalar(v) -> bool:
 
 
 def lower_while_loop(lowering, args: tuple, kwargs: dict):
-    """Lower a while_loop node: cond_fn and body_fn compiled apart, the loop in the
-    wrapper (:func:`run_while_loop`)."""
+    """Lower a while_loop node: cond_fn and body_fn compiled apart, the loop in the wrapper (:func:`run_while_loop`)."""
     node = lowering.current_node
     cond_gm, body_gm, carried, additional = args
-    fakes = [a.meta.get("val") if isinstance(a, torch.fx.Node) else a
-             for a in list(node.args[2]) + list(node.args[3])]
+    fakes = [a.meta.get("val") if isinstance(a, torch.fx.Node) else a for a in list(node.args[2]) + list(node.args[3])]
     compiled = _compile_hop(lowering, "while_loop", [cond_gm, body_gm],
                             [node.args[0].target, node.args[1].target], fakes)
-    return lowering.make_extern(run_while_loop, (compiled[0], compiled[1], tuple(carried),
-                                                 tuple(additional)), {})
+    return lowering.make_extern(run_while_loop, (compiled[0], compiled[1], tuple(carried), tuple(additional)), {})
 
 
 def run_map(body_fn: Callable, xs, args) -> tuple:
@@ -91,8 +84,7 @@ def run_map(body_fn: Callable, xs, args) -> tuple:
 
 
 def lower_map(lowering, args: tuple, kwargs: dict):
-    """Lower a map_impl node: the body compiled once over one slice, the loop in the
-    wrapper (:func:`run_map`)."""
+    """Lower a map_impl node: the body compiled once over one slice, the loop in the wrapper (:func:`run_map`)."""
     node = lowering.current_node
     body_gm, xs, rest = args
     fakes = [a.meta["val"][0] for a in node.args[1]] + \
@@ -102,10 +94,9 @@ def lower_map(lowering, args: tuple, kwargs: dict):
 
 
 def run_scan(body_fn: Callable, init, xs, additional) -> tuple:
-    """The wrapper's scan: the compiled combine function once per leading index of
-    ``xs``, threading the carry; returns the last carry, then each output stacked. The
-    carry is made contiguous before each call (the body is compiled for that layout:
-    an initial carry can be expanded, e.g. the gradient of a sum, the next ones not)."""
+    """The wrapper's scan: the compiled combine function once per leading index of ``xs``, threading the carry; returns
+    the last carry, then each output stacked. The carry is made contiguous before each call (the body is compiled for
+    that layout: an initial carry can be expanded, e.g. the gradient of a sum, the next ones not)."""
     carry, ys = [c.contiguous() for c in init], []
     for i in range(xs[0].shape[0]):
         out = body_fn(*carry, *[x[i] for x in xs], *additional)

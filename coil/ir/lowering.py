@@ -1,13 +1,11 @@
 """The lowering registry: one small function per ATen op, added with one decorator.
 
-``@register_lowering(aten.add)`` registers a function that takes the op's arguments with
-tensors replaced by :class:`~coil.ir.nodes.TensorBox` and returns a TensorBox (or a
-tuple of them). Ops without a lowering run as extern kernels (the ATen op itself); the
-graph logs which ops fell back.
+``@register_lowering(aten.add)`` registers a function that takes the op's arguments with tensors replaced by
+:class:`~coil.ir.nodes.TensorBox` and returns a TensorBox (or a tuple of them). Ops without a lowering run as extern
+kernels (the ATen op itself); the graph logs which ops fell back.
 
-Lowerings know the node's output dtype/shape from fake-tensor metadata
-(:func:`out_meta`), so type promotion follows eager exactly: arithmetic runs in
-``compute_dtype(out_dtype)`` (fp32 for fp16/bf16) and the store rounds once.
+Lowerings know the node's output dtype/shape from fake-tensor metadata (:func:`out_meta`), so type promotion follows
+eager exactly: arithmetic runs in ``compute_dtype(out_dtype)`` (fp32 for fp16/bf16) and the store rounds once.
 
 Pointwise math is table-driven (:data:`UNARY`, :data:`BINARY`); views, indexing,
 concatenation and creation ops live in :mod:`coil.ir.lowering_views`; reductions below.
@@ -49,11 +47,10 @@ def register_lowering(*ops_: Any) -> Callable:
 
 
 def require_scalars_fit(dtype, *values) -> None:
-    """Raise FallbackToExtern when a Python number in ``values`` does not fit integer
-    ``dtype``, or a size (symbolic) may not (``dtype`` narrower than int64): ops that store
-    a scalar as it is (fill, full, masked_fill, where, clamp) raise in eager ("value cannot
-    be converted to type uint8_t without overflow"), so the ATen op runs and raises at call
-    time. (Arithmetic with a scalar wraps instead.)"""
+    """Raise FallbackToExtern when a Python number in ``values`` does not fit integer ``dtype``, or a size (symbolic)
+    may not (``dtype`` narrower than int64): ops that store a scalar as it is (fill, full, masked_fill, where, clamp)
+    raise in eager ("value cannot be converted to type uint8_t without overflow"), so the ATen op runs and raises at
+    call time. (Arithmetic with a scalar wraps instead.)"""
     if dtype.is_floating_point or dtype.is_complex or dtype == torch.bool:
         return
     info = torch.iinfo(dtype)
@@ -79,18 +76,17 @@ def out_meta():
     return current_graph().current_node.meta.get("val")
 
 
-def out_dtype() -> torch.dtype:
+def _first_out():
     v = out_meta()
-    if isinstance(v, (tuple, list)):
-        v = v[0]
-    return v.dtype
+    return v[0] if isinstance(v, (tuple, list)) else v
+
+
+def out_dtype() -> torch.dtype:
+    return _first_out().dtype
 
 
 def out_size() -> list:
-    v = out_meta()
-    if isinstance(v, (tuple, list)):
-        v = v[0]
-    return [as_expr(s) for s in v.shape]
+    return [as_expr(s) for s in _first_out().shape]
 
 
 def device() -> torch.device:
@@ -181,11 +177,10 @@ def pointwise_lowering(op_name: str, kind: str = "arith") -> Callable:
 
 
 def round_scalars(args: Sequence, dtype: torch.dtype, keep=()) -> list:
-    """``args`` with each Python float but those at ``keep`` rounded to fp16/bf16 ``dtype``
-    on the CPU, as eager's CPU kernels convert a scalar operand (``half + 70000`` is inf,
-    ``70000 // half`` NaN: s201 #5477) except mul's and the divisions' second, kept in
-    float. A 0-dim float tensor of another dtype is such a scalar too (``half + torch.tensor(0.1)``
-    adds fp16's 0.0999755859375). CUDA's kernels keep scalars in float, as coil does there."""
+    """``args`` with each Python float but those at ``keep`` rounded to fp16/bf16 ``dtype`` on the CPU, as eager's CPU
+    kernels convert a scalar operand (``half + 70000`` is inf, ``70000 // half`` NaN: s201 #5477) except mul's and the
+    divisions' second, kept in float. A 0-dim float tensor of another dtype is such a scalar too (``half +
+    torch.tensor(0.1)`` adds fp16's 0.0999755859375). CUDA's kernels keep scalars in float, as coil does there."""
     if dtype not in (torch.float16, torch.bfloat16) or device().type != "cpu":
         return list(args)
 
@@ -230,17 +225,15 @@ BINARY = {
     prims.add: "add", prims.sub: "sub", prims.mul: "mul", prims.maximum: "maximum",
     prims.minimum: "minimum", prims.pow: "pow",
 }
-COMPARE = {aten.eq: "eq", aten.ne: "ne", aten.lt: "lt", aten.le: "le", aten.gt: "gt",
-           aten.ge: "ge", prims.eq: "eq", prims.ne: "ne", prims.lt: "lt", prims.le: "le",
-           prims.gt: "gt", prims.ge: "ge"}
+COMPARE = {aten.eq: "eq", aten.ne: "ne", aten.lt: "lt", aten.le: "le", aten.gt: "gt", aten.ge: "ge", prims.eq: "eq",
+           prims.ne: "ne", prims.lt: "lt", prims.le: "le", prims.gt: "gt", prims.ge: "ge"}
 LOGICAL = {aten.logical_and: "logical_and", aten.logical_or: "logical_or",
            aten.logical_xor: "logical_xor", aten.logical_not: "logical_not"}
 PREDICATES = {aten.isnan: "isnan", aten.isinf: "isinf", aten.signbit: "signbit"}
 
 def _integral_lowering(name: str) -> Callable:
-    """A bitwise op: floating-point operands run as the ATen op, which raises eager's
-    error (``float ^ 2.5``: a Triton kernel of it does not compile for a GPU, and an
-    empty one raised nothing)."""
+    """A bitwise op: floating-point operands run as the ATen op, which raises eager's error (``float ^ 2.5``: a Triton
+    kernel of it does not compile for a GPU, and an empty one raised nothing)."""
     lower = pointwise_lowering(name)
 
     def f(*args):
@@ -289,9 +282,8 @@ def _pow_scalar(x, exponent):
 
 @register_lowering(aten.round.decimals)
 def _round_decimals(x, *, decimals=0):
-    """``round(x, decimals)`` as ATen computes it: ``rint(x * 10^d) / 10^d`` for
-    ``d >= 0``, ``rint(x / 10^-d) * 10^-d`` for ``d < 0`` (half to even), with the
-    power of ten in the compute dtype (ATen's round_decimals_kernel)."""
+    """``round(x, decimals)`` as ATen computes it: ``rint(x * 10^d) / 10^d`` for ``d >= 0``, ``rint(x / 10^-d) * 10^-d``
+    for ``d < 0`` (half to even), with the power of ten in the compute dtype (ATen's round_decimals_kernel)."""
     odt = out_dtype()
     cdt = compute_dtype(odt)
     if not odt.is_floating_point:
@@ -319,12 +311,11 @@ def _div(a, b):
 
 
 def _float_floordiv(cdt):
-    """Python's float floor division, as eager computes it: ``floor(a / b)`` rounds the
-    quotient first (``1.0 // 0.1`` would be 10, Python and eager give 9; ``inf // 2``
-    would be inf, not NaN). With ``m = fmod(a, b)`` (exact), ``d = (a - m) / b`` is an
-    integer up to rounding, corrected by 1 when ``m`` and ``b`` have opposite signs,
-    then rounded to the nearest integer; a zero result takes the sign of ``a / b``, and
-    ``b == 0`` gives IEEE ``a / b`` (CPython's ``float_floor_div``)."""
+    """Python's float floor division, as eager computes it: ``floor(a / b)`` rounds the quotient first (``1.0 // 0.1``
+    would be 10, Python and eager give 9; ``inf // 2`` would be inf, not NaN). With ``m = fmod(a, b)`` (exact), ``d =
+    (a - m) / b`` is an integer up to rounding, corrected by 1 when ``m`` and ``b`` have opposite signs, then rounded to
+    the nearest integer; a zero result takes the sign of ``a / b``, and ``b == 0`` gives IEEE ``a / b`` (CPython's
+    ``float_floor_div``)."""
     def f(x, y):
         zero, one, half = (ops.constant(v, cdt) for v in (0.0, 1.0, 0.5))
         m = ops.fmod(x, y)
@@ -346,8 +337,7 @@ def _div_mode(a, b, rounding_mode=None):
         return pointwise_lowering("truediv")(a, b)
     if odt.is_floating_point:
         cdt = compute_dtype(odt)
-        f = _float_floordiv(cdt) if rounding_mode == "floor" else (
-            lambda x, y: ops.trunc(ops.truediv(x, y)))
+        f = _float_floordiv(cdt) if rounding_mode == "floor" else (lambda x, y: ops.trunc(ops.truediv(x, y)))
         return make_pointwise_box(f, round_scalars([a, b], odt, (1,)), out_size(), odt, cdt)
     return pointwise_lowering("floordiv" if rounding_mode == "floor" else "truncdiv")(a, b)
 
@@ -375,13 +365,11 @@ def _clamp(x, min=None, max=None):
     lmin = loader_as(min, size, cdt) if min is not None else None
     lmax = loader_as(max, size, cdt) if max is not None else None
 
-    # a Python-number bound is a select, so a tie of signed zeros resolves as the device's
-    # eager does, whatever the backend's max/min make of it: on CPU a tie keeps x (eager's
-    # clamp(-0.0, min=0) is -0.0; numpy's maximum, which Triton's interpreter uses, gives
-    # +0.0); on CUDA eager's clamp resolves it as IEEE max/min (max.f32): +0.0 against a
-    # +0.0 lower bound, -0.0 against a -0.0 upper one (Triton's maximum kept -0.0 on the
-    # H200). A NaN x stays NaN. A tensor bound keeps maximum/minimum (it may hold NaN,
-    # which eager propagates).
+    # a Python-number bound is a select, so a tie of signed zeros resolves as the device's eager does, whatever the
+    # backend's max/min make of it: on CPU a tie keeps x (eager's clamp(-0.0, min=0) is -0.0; numpy's maximum, which
+    # Triton's interpreter uses, gives +0.0); on CUDA eager's clamp resolves it as IEEE max/min (max.f32): +0.0 against
+    # a +0.0 lower bound, -0.0 against a -0.0 upper one (Triton's maximum kept -0.0 on the H200). A NaN x stays NaN. A
+    # tensor bound keeps maximum/minimum (it may hold NaN, which eager propagates).
     cuda = device().type != "cpu"
     sel_min = isinstance(min, (int, float)) and not isinstance(min, bool) and min == min
     sel_max = isinstance(max, (int, float)) and not isinstance(max, bool) and max == max
@@ -420,9 +408,8 @@ def _to_copy(x, *args, **kwargs):
     load = broadcast_loader(x, size) if list(x.get_size()) != list(size) else x.make_loader()
     src = x.get_dtype()
     if src != odt and compute_dtype(src) != src and _unrounded(x):
-        # an fp16/bf16 body computed here is still float32: eager converts the rounded
-        # value ((x.half() * 2).float() is inf for x = 65504; 2.9999 rounds to 3 before
-        # .int())
+        # an fp16/bf16 body computed here is still float32: eager converts the rounded value ((x.half() * 2).float() is
+        # inf for x = 65504; 2.9999 rounds to 3 before .int())
         rounded = load
         load = lambda i: ops.to_dtype(rounded(i), src, compute_dtype(src))
     if src == odt or (compute_dtype(src) == compute_dtype(odt) and src.itemsize <= odt.itemsize):
@@ -438,8 +425,7 @@ def _unrounded(x) -> bool:
     from coil.ir.nodes import GenericView, Loops, StorageBox
     node = current_graph().current_node
     arg = node.args[1] if node.target == aten.copy.default else node.args[0]
-    if isinstance(arg, torch.fx.Node) and arg.target in (aten._to_copy.default,
-                                                          prims.convert_element_type.default):
+    if isinstance(arg, torch.fx.Node) and arg.target in (aten._to_copy.default, prims.convert_element_type.default):
         return False  # rounded by that conversion
     while isinstance(x, (TensorBox, StorageBox, GenericView)):
         x = x.data
@@ -486,8 +472,7 @@ def make_reduction(x: TensorBox, dims, keepdim: bool, reduction_type: str,
     kept = [d for d in range(nd) if d not in dims]
     ranges = [size[d] for d in kept]
     rranges = [size[d] for d in dims]
-    sdt = src_dtype or compute_dtype(dtype if reduction_type not in ("argmax", "argmin", "any")
-                                     else x.get_dtype())
+    sdt = src_dtype or compute_dtype(dtype if reduction_type not in ("argmax", "argmin", "any") else x.get_dtype())
     load = x.make_loader()
     xdt = x.get_dtype()
 
@@ -521,9 +506,8 @@ def make_reduction(x: TensorBox, dims, keepdim: bool, reduction_type: str,
         box = TensorBox(StorageBox(red))
     elif numel_r == 0:
         if reduction_type not in ("sum", "prod", "any", "welford_reduce"):
-            # max/min/arg* of an empty dim: eager raises "Expected reduction dim to have
-            # non-zero size" at run time (the ATen op, run as an extern kernel, does;
-            # some meta kernels, e.g. bool max.dim, let capture through)
+            # max/min/arg* of an empty dim: eager raises "Expected reduction dim to have non-zero size" at run time (the
+            # ATen op, run as an extern kernel, does; some meta kernels, e.g. bool max.dim, let capture through)
             raise FallbackToExtern(f"{reduction_type} over an empty dim")
         init = {"sum": 0, "prod": 1, "any": False}.get(reduction_type, float("nan"))
         return _full(_kept_size(size, dims, keepdim), init, dtype)
@@ -554,11 +538,10 @@ def make_reduction(x: TensorBox, dims, keepdim: bool, reduction_type: str,
 
 
 def _memory_inner_dim(x: TensorBox, size: list) -> Optional[int]:
-    """The dim of ``x`` that most of its loads step through contiguously (index
-    coefficient 1), or None when no load says: the memory order a split reduction's
-    partials follow (:func:`_split_reduction`). A channels-last ``(N, C, H, W)`` input
-    gives 1, so BatchNorm's statistics over ``(N, H, W)`` split as a leading reduction
-    (partials along C, loads coalesced), not as rows of stride-C loads."""
+    """The dim of ``x`` that most of its loads step through contiguously (index coefficient 1), or None when no load
+    says: the memory order a split reduction's partials follow (:func:`_split_reduction`). A channels-last ``(N, C, H,
+    W)`` input gives 1, so BatchNorm's statistics over ``(N, H, W)`` split as a leading reduction (partials along C,
+    loads coalesced), not as rows of stride-C loads."""
     from collections import Counter
 
     from coil.ir.handlers import DependencyRecorder
@@ -578,8 +561,7 @@ SPLITTABLE = {"sum": "sum", "prod": "prod", "max": "max", "min": "min", "any": "
 
 def _split_factor(ranges, numel_r: int, reduction_type: str, leading: bool = False,
                   device: Optional[torch.device] = None) -> int:
-    """How many partial reductions to run per output (1: no split); see
-    :func:`_split_decision`."""
+    """How many partial reductions to run per output (1: no split); see :func:`_split_decision`."""
     return _split_decision(ranges, numel_r, reduction_type, leading, device)[0]
 
 
@@ -587,16 +569,14 @@ def _split_decision(ranges, numel_r: int, reduction_type: str, leading: bool = F
                     device: Optional[torch.device] = None) -> tuple[int, str]:
     """``(S, reason)``: ``S`` partial reductions per output (1: no split) and why.
 
-    Few outputs with long reductions (a full ``x.sum()``, ``bias_grad = g.sum(0)``) would
-    run on too few programs: split the reduction in ``S`` chunks (a power of two) so there
-    are ~8k partials of >= 512 elements. ``leading`` (reduced dims first, the kernel tiles
-    64-256 outputs per program): 1k-32k outputs split up to 64k partials of >= 1024 rows
-    (>= 512 under 4k partials), and on a GPU fewer than 4096 outputs over 256-2047 rows
-    split to about one program per SM. Leading reductions and at most
-    :data:`RAGGED_SPLIT_MAX_OUTPUTS` outputs may end in a ragged chunk. On a GPU a row
-    reduction (one program per row) splits only with fewer rows than SMs and rows of >=
-    :data:`GPU_SPLIT_MIN_RNUMEL`. docs/codegen.md ("Split reductions on a GPU") has the
-    measurements behind each rule."""
+    Few outputs with long reductions (a full ``x.sum()``, ``bias_grad = g.sum(0)``) would run on too few programs: split
+    the reduction in ``S`` chunks (a power of two) so there are ~8k partials of >= 512 elements. ``leading`` (reduced
+    dims first, the kernel tiles 64-256 outputs per program): 1k-32k outputs split up to 64k partials of >= 1024 rows
+    (>= 512 under 4k partials), and on a GPU fewer than 4096 outputs over 256-2047 rows split to about one program
+    per SM. Leading reductions and at most :data:`RAGGED_SPLIT_MAX_OUTPUTS` outputs may end in a ragged chunk. On a
+    GPU a row reduction (one program per row) splits only with fewer rows than SMs and rows of >=
+    :data:`GPU_SPLIT_MIN_RNUMEL`. docs/codegen.md ("Split reductions on a GPU") has the measurements behind each
+    rule."""
     if reduction_type not in SPLITTABLE:
         return 1, "not_splittable"
     numel_out = _numel(ranges)
@@ -612,9 +592,8 @@ def _split_decision(ranges, numel_r: int, reduction_type: str, leading: bool = F
         s = 1
         while numel_out * s * 2 <= 65536 and numel_r // (s * 2) >= 1024:
             s *= 2
-        # fewer than ~4k partial results (about 128 programs of 32 outputs): partials of
-        # >= 512 rows. LLaMA's RMSNorm weight gradients (1024 outputs over 2048 rows)
-        # ran unsplit on 32 programs of a 132-SM H200 (~0.9 TB/s)
+        # fewer than ~4k partial results (about 128 programs of 32 outputs): partials of >= 512 rows. LLaMA's RMSNorm
+        # weight gradients (1024 outputs over 2048 rows) ran unsplit on 32 programs of a 132-SM H200 (~0.9 TB/s)
         while numel_out * s < 4096 and numel_r // (s * 2) >= 512:
             s *= 2
         return (s if s >= 2 else 1), "leading_few_programs"
@@ -625,13 +604,11 @@ def _split_decision(ranges, numel_r: int, reduction_type: str, leading: bool = F
             return 1, "gpu_rows_fill_sms"
         if numel_r < GPU_SPLIT_MIN_RNUMEL:
             return 1, "gpu_rows_short"
-    # chunks of equal size; a ragged last chunk only for full reductions (one output:
-    # unsplit, one program does all the work). A few long rows keep the exact rule, so
-    # their reductions stay fused (softmax's max and sum in one kernel)
+    # chunks of equal size; a ragged last chunk only for full reductions (one output: unsplit, one program does all the
+    # work). A few long rows keep the exact rule, so their reductions stay fused (softmax's max and sum in one kernel)
     exact = numel_out > RAGGED_SPLIT_MAX_OUTPUTS
     s = 1
-    while (not exact or numel_r % (s * 2) == 0) and numel_out * s * 2 <= 8192 \
-            and numel_r // (s * 2) >= 512:
+    while (not exact or numel_r % (s * 2) == 0) and numel_out * s * 2 <= 8192 and numel_r // (s * 2) >= 512:
         s *= 2
     return (s if s >= 4 else 1), "few_outputs"
 
@@ -647,9 +624,8 @@ def _numel(ranges) -> int:
 #: tests add "cpu" to plan a CPU graph like a CUDA one.
 _GPU_SPLIT_DEVICES = ("cuda",)
 
-#: On a GPU, rows shorter than this are not split even when there are fewer rows than
-#: SMs: the unsplit kernel is then latency-bound and a split costs mostly its launches
-#: (the break-even estimate is in docs/codegen.md).
+#: On a GPU, rows shorter than this are not split even when there are fewer rows than SMs: the unsplit kernel is then
+#: latency-bound and a split costs mostly its launches (the break-even estimate is in docs/codegen.md).
 GPU_SPLIT_MIN_RNUMEL = 16384
 
 #: SMs assumed when no CUDA device can be asked (an H200; ``config.gpu_sm_count``).
@@ -662,10 +638,9 @@ _UNLOGGED_SPLIT_REASONS = ("not_splittable", "short_reduction")
 def _log_split(box, dev, reduction_type, ranges, numel_r, leading, split, reason) -> None:
     """The ``reduction_split`` compile-log event of one reduction (``box``: its result)."""
     gpu = _gpu_split_rule(dev)
-    trace.log("reduction_split", stage="lowering", buffer=box.data.realize().get_name(),
-              device=str(dev), reduction_type=reduction_type, outputs=_numel(ranges),
-              rnumel=numel_r, leading=leading, split=split, chunk=-(-numel_r // split),
-              rule="gpu" if gpu else "cpu", sm_count=gpu_sm_count(dev) if gpu else None,
+    trace.log("reduction_split", stage="lowering", buffer=box.data.realize().get_name(), device=str(dev),
+              reduction_type=reduction_type, outputs=_numel(ranges), rnumel=numel_r, leading=leading, split=split,
+              chunk=-(-numel_r // split), rule="gpu" if gpu else "cpu", sm_count=gpu_sm_count(dev) if gpu else None,
               reason=reason)
 
 
@@ -688,8 +663,7 @@ def _cuda_sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
-#: Non-leading reductions with at most this many outputs may split into a ragged last
-#: chunk (see :func:`_split_factor`).
+#: Non-leading reductions with at most this many outputs may split into a ragged last chunk (see :func:`_split_factor`).
 RAGGED_SPLIT_MAX_OUTPUTS = 1
 
 
@@ -697,9 +671,8 @@ def _split_reduction(dev, dtype, sdt, inner, ranges, rranges, numel_r, split, re
                      leading: bool) -> TensorBox:
     """Two-stage reduction: ``split`` partial results per output, then reduce those.
 
-    With ``leading`` (the reduced dims come before the kept ones, e.g. ``sum(0)``) the
-    chunk index is the outer dim of the partial buffer so that neighbouring programs
-    read neighbouring memory."""
+    With ``leading`` (the reduced dims come before the kept ones, e.g. ``sum(0)``) the chunk index is the outer dim of
+    the partial buffer so that neighbouring programs read neighbouring memory."""
     from coil.ir.nodes import StorageBox
     from coil.ir.symbols import unflatten
     chunk = -(-numel_r // split)
@@ -771,9 +744,8 @@ def _sum(x, dim=None, keepdim=False, *, dtype=None, output_dtype=None):
 
 
 def _converted(x: TensorBox, dtype: Optional[torch.dtype]) -> TensorBox:
-    """``x.to(dtype)``: a reduction's ``dtype=`` converts the input first, so
-    ``x.sum(dtype=torch.float16)`` adds fp16-rounded elements (inf + -inf is NaN for
-    70000 and -70000) even though the sum itself runs in float32."""
+    """``x.to(dtype)``: a reduction's ``dtype=`` converts the input first, so ``x.sum(dtype=torch.float16)`` adds
+    fp16-rounded elements (inf + -inf is NaN for 70000 and -70000) even though the sum itself runs in float32."""
     if dtype is None or x.get_dtype() == dtype:
         return x
     load, src = x.make_loader(), x.get_dtype()
@@ -784,9 +756,8 @@ def _converted(x: TensorBox, dtype: Optional[torch.dtype]) -> TensorBox:
 
 @register_lowering(aten.prod.dim_int, aten.prod.default)
 def _prod(x, dim=None, keepdim=False, *, dtype=None):
-    """On CPU a float32/fp16/bf16 product accumulates in float64 (docs/ir.md, Numerics):
-    partial products of another order than eager's overflowed in one lane and underflowed
-    in another, and inf * 0 gave NaN where eager gave inf."""
+    """On CPU a float32/fp16/bf16 product accumulates in float64 (docs/ir.md, Numerics): partial products of another
+    order than eager's overflowed in one lane and underflowed in another, and inf * 0 gave NaN where eager gave inf."""
     x = _converted(x, dtype)
     odt = out_dtype()
     if device().type != "cpu" or odt not in (torch.float32, torch.float16, torch.bfloat16):
@@ -898,8 +869,7 @@ def _var(x, dims=None, correction=None, keepdim=False, **kwargs):
 
     ss = make_reduction(x, rdims, keepdim, "sum", acc, transform=centered_sq)
     denom = float(max(n - float(correction), 0))
-    return make_pointwise_box(lambda v: ops.truediv(v, ops.constant(denom, cdt)), [ss],
-                              out_size(), odt, cdt)
+    return make_pointwise_box(lambda v: ops.truediv(v, ops.constant(denom, cdt)), [ss], out_size(), odt, cdt)
 
 
 @register_lowering(aten.var_mean.correction)

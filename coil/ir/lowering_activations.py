@@ -1,13 +1,10 @@
 """Lowerings of activation functions kept whole by the decomposition table.
 
-``aten.gelu`` and ``aten.gelu_backward`` reach the IR undecomposed (see
-:data:`coil.aot.decompositions.EXTRA_DECOMPOSE`) so that the exact (erf) GELU can be
-written with ``ops.ndtr``, the standard normal CDF Φ: ``gelu(x) = x·Φ(x)``. The
-decomposition torch ships, ``x·0.5·(1 + erf(x/√2))``, costs a two-range erf per
-element, and a bf16 ``gelu(x + b)`` kernel on an H200 is bound by instruction issue
-rather than memory with it (about 40 SASS instructions per element; with
-``ops.ndtr`` as the Triton backend writes it, 27). The ``approximate="tanh"`` form
-follows torch's formula op by op.
+``aten.gelu`` and ``aten.gelu_backward`` reach the IR undecomposed (see :data:`coil.aot.decompositions.EXTRA_DECOMPOSE`)
+so that the exact (erf) GELU can be written with ``ops.ndtr``, the standard normal CDF Φ: ``gelu(x) = x·Φ(x)``. The
+decomposition torch ships, ``x·0.5·(1 + erf(x/√2))``, costs a two-range erf per element, and a bf16 ``gelu(x + b)``
+kernel on an H200 is bound by instruction issue rather than memory with it (about 40 SASS instructions per element; with
+``ops.ndtr`` as the Triton backend writes it, 27). The ``approximate="tanh"`` form follows torch's formula op by op.
 
 Dtypes: arithmetic runs in ``compute_dtype(out)`` (fp32 for fp16/bf16), rounded once at
 the store, like the other pointwise lowerings.

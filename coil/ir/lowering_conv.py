@@ -64,8 +64,7 @@ def _convolution(x, weight, bias, *rest):
     size, odt = out_size(), out_dtype()
     cdt = compute_dtype(odt)
     load_conv, load_bias = loader_as(conv, size, cdt), loader_as(bias, [size[1]], cdt)
-    return TensorBox.create(Pointwise(device(), odt, lambda i: ops.add(load_conv(i), load_bias([i[1]])),
-                                      size))
+    return TensorBox.create(Pointwise(device(), odt, lambda i: ops.add(load_conv(i), load_bias([i[1]])), size))
 
 
 def _pair(v) -> tuple:
@@ -77,8 +76,7 @@ def _pair(v) -> tuple:
 def _max_pool2d(x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
     node = current_graph().current_node
     reads_indices = any(u.target is not operator.getitem or (u.args[1] != 0 and u.users) for u in node.users)
-    if (not config.lower_max_pool or reads_indices or len(x.get_size()) != 4
-            or not x.get_dtype().is_floating_point):
+    if (not config.lower_max_pool or reads_indices or len(x.get_size()) != 4 or not x.get_dtype().is_floating_point):
         raise FallbackToExtern()
     kh, kw = _pair(kernel_size)
     sh, sw = _pair(stride) if stride else (kh, kw)

@@ -1,10 +1,9 @@
 """Lowerings that re-index instead of computing: views, indexing, concatenation,
 padding, scatter-into-slice, creation ops.
 
-Views of realized buffers become :class:`ReinterpretView` (a new strided layout on the
-same storage: extern kernels can take them as ``as_strided`` tensors); views of
-unrealized bodies become :class:`GenericView` (an index function), so a chain of
-views costs nothing until a kernel reads it.
+Views of realized buffers become :class:`ReinterpretView` (a new strided layout on the same storage: extern kernels can
+take them as ``as_strided`` tensors); views of unrealized bodies become :class:`GenericView` (an index function), so a
+chain of views costs nothing until a kernel reads it.
 """
 from __future__ import annotations
 
@@ -48,8 +47,7 @@ def make_view(x: TensorBox, size, reindex: Callable, restride: Optional[Callable
 
 
 def _lay(layout, size, stride, offset=None) -> Layout:
-    return Layout(layout.device, layout.dtype, list(size), list(stride),
-                  layout.offset if offset is None else offset)
+    return Layout(layout.device, layout.dtype, list(size), list(stride), layout.offset if offset is None else offset)
 
 
 def view_reshape(x: TensorBox, new_size) -> TensorBox:
@@ -81,8 +79,7 @@ def view_reshape(x: TensorBox, new_size) -> TensorBox:
         return unflatten(linear_index(index, new_size), old)
 
     def restride(layout):
-        if all(st == c or s == 1 for s, st, c in zip(layout.size, layout.stride,
-                                                      contiguous_strides(layout.size))):
+        if all(st == c or s == 1 for s, st, c in zip(layout.size, layout.stride, contiguous_strides(layout.size))):
             return _lay(layout, new_size, contiguous_strides(new_size))
         stride = view_strides(layout.size, layout.stride, new_size)
         return _lay(layout, new_size, stride) if stride is not None else None
@@ -94,12 +91,10 @@ def view_strides(old_size, old_stride, new_size) -> Optional[list]:
     copy, or None when no strides can (``Tensor.view``'s rule: each run of old dims that
     are contiguous with each other may be split or merged, never crossed).
 
-    E.g. a (32, 32) slice with strides (96, 1) of a (32, 96) matmul output viewed as
-    (2, 16, 4, 8) gets strides (1536, 96, 8, 1): GPT-2's q/k/v reach attention as views
-    of the QKV projection, like in eager, instead of copies. Symbolic sizes and strides
-    are matched as polynomials (a run of (s0, s1) dims is split into (s0, s1, ...) new
-    dims when the products agree); under dynamic shapes the copies were three kernels
-    per attention layer."""
+    E.g. a (32, 32) slice with strides (96, 1) of a (32, 96) matmul output viewed as (2, 16, 4, 8) gets strides (1536,
+    96, 8, 1): GPT-2's q/k/v reach attention as views of the QKV projection, like in eager, instead of copies. Symbolic
+    sizes and strides are matched as polynomials (a run of (s0, s1) dims is split into (s0, s1, ...) new dims when the
+    products agree); under dynamic shapes the copies were three kernels per attention layer."""
     osz, ost, nsz = ([as_expr(v) for v in xs] for xs in (old_size, old_stride, new_size))
 
     def eq(a, b):
@@ -149,11 +144,10 @@ def _permute(x, dims):
     dims = [d % nd for d in dims]
     size = [x.get_size()[d] for d in dims]
 
+    inverse = {d: i for i, d in enumerate(dims)}
+
     def reindex(index):
-        out = [None] * nd
-        for i, d in enumerate(dims):
-            out[d] = index[i]
-        return out
+        return [index[inverse[d]] for d in range(nd)]
 
     return make_view(x, size, reindex, lambda l: _lay(l, size, [l.stride[d] for d in dims]))
 
@@ -175,13 +169,10 @@ def _expand(x, size, implicit=False):
     bcast = [broadcasts(old[d], size[d + off]) for d in range(len(old))]
 
     def reindex(index):
-        return [sympy.Integer(0) if bcast[d] else index[d + off]
-                for d in range(len(old))]
+        return [sympy.Integer(0) if bcast[d] else index[d + off] for d in range(len(old))]
 
     def restride(l):
-        stride = [sympy.Integer(0)] * off + [
-            sympy.Integer(0) if bcast[d] else l.stride[d]
-            for d in range(len(old))]
+        stride = [sympy.Integer(0)] * off + [sympy.Integer(0) if bcast[d] else l.stride[d] for d in range(len(old))]
         return _lay(l, size, stride)
     return make_view(x, size, reindex, restride)
 
@@ -254,10 +245,9 @@ def _strided_slice(x, dim, start, step, size):
 
 
 def _wrap_index(idx, n):
-    """``idx`` into a dim of size ``n`` as a non-negative position, as eager's select wraps it.
-    A symbolic index's sign and range are guards (decided at the compile-time value): it read
-    ``x[-k]`` at ``-k`` unwrapped, outside the tensor (fresh-user trial). Raises IndexError
-    outside ``[-n, n)``, as eager."""
+    """``idx`` into a dim of size ``n`` as a non-negative position, as eager's select wraps it. A symbolic index's sign
+    and range are guards (decided at the compile-time value): it read ``x[-k]`` at ``-k`` unwrapped, outside the tensor
+    (fresh-user trial). Raises IndexError outside ``[-n, n)``, as eager."""
     n = as_expr(n)
     if is_static(idx):
         idx = int(idx)
@@ -370,10 +360,8 @@ def _as_strided(x, size, stride, storage_offset=None):
         raise FallbackToExtern
     # ATen's offset is absolute in the storage; a layout's is relative to the buffer's
     # start, which for a graph input is the input's own storage offset
-    off = layout.offset if storage_offset is None else \
-        as_expr(storage_offset) - getattr(buf, "storage_offset", 0)
-    return TensorBox(ReinterpretView(buf, _lay(layout, [as_expr(s) for s in size],
-                                               [as_expr(s) for s in stride], off)))
+    off = layout.offset if storage_offset is None else as_expr(storage_offset) - getattr(buf, "storage_offset", 0)
+    return TensorBox(ReinterpretView(buf, _lay(layout, [as_expr(s) for s in size], [as_expr(s) for s in stride], off)))
 
 
 # ------------------------------------------------------------------------ concatenation
@@ -531,8 +519,7 @@ def _index(x, indices):
         bidx = list(index[first:first + nb])
         rest = list(index[:first]) + list(index[first + nb:])
         it = iter(rest)
-        return xl([ops.indirect_indexing(loaders[d](bidx), xs[d]) if d in loaders else next(it)
-                   for d in range(nd)])
+        return xl([ops.indirect_indexing(loaders[d](bidx), xs[d]) if d in loaders else next(it) for d in range(nd)])
 
     return TensorBox.create(Pointwise(device(), odt, inner, size))
 
@@ -728,8 +715,7 @@ def _index_put(x, indices, values, accumulate=False):
     def dest(index):
         bidx = list(index[first:first + nb])
         rest = iter(list(index[:first]) + list(index[first + nb:]))
-        return [ops.indirect_indexing(loaders[d](bidx), xs[d]) if d in loaders else next(rest)
-                for d in range(nd)]
+        return [ops.indirect_indexing(loaders[d](bidx), xs[d]) if d in loaders else next(rest) for d in range(nd)]
 
     return _scatter_box(x, rshape, dest, vload, "atomic_add" if accumulate else None)
 
@@ -742,8 +728,7 @@ def _scatter(x, dim, index, src):
     isize = list(index.get_size())
     il = index.make_loader()
     cdt = compute_dtype(x.get_dtype())
-    vload = loader_as(src, isize, cdt) if not is_box(src) else (
-        lambda i, l=loader_as(src, src.get_size(), cdt): l(i))
+    vload = loader_as(src, isize, cdt) if not is_box(src) else (lambda i, l=loader_as(src, src.get_size(), cdt): l(i))
 
     def dest(i):
         d = list(i)
@@ -763,10 +748,9 @@ def _scatter(x, dim, index, src):
 @register_lowering(aten.rand, aten.rand_like, aten.randn, aten.randn_like, aten.bernoulli.p,
                    aten.bernoulli.default)
 def _random(*args, **kwargs):
-    """In-kernel Philox random numbers (``tl.rand``/``tl.randn``): one seed per op per
-    call from the wrapper's ``seeds`` buffer, offset = the element's flat index. The
-    stream differs from eager's; ``config.fallback_random``, and a random op off the graph's
-    device (a CPU ``torch.rand([])`` in a GPU graph), run the ATen op instead."""
+    """In-kernel Philox random numbers (``tl.rand``/``tl.randn``): one seed per op per call from the wrapper's ``seeds``
+    buffer, offset = the element's flat index. The stream differs from eager's; ``config.fallback_random``, and a random
+    op off the graph's device (a CPU ``torch.rand([])`` in a GPU graph), run the ATen op instead."""
     from coil.config import config
     from coil.ir.lowering import FallbackToExtern
     g = current_graph()

@@ -1,11 +1,10 @@
 """IR nodes of coil's loop-level IR.
 
-A lowering returns a :class:`TensorBox` (the IR value of one ATen tensor), whose chain is ``TensorBox →
-(views) → StorageBox → data`` (docs/ir.md, "Values"): views (:class:`ReinterpretView`,
-:class:`GenericView`) change indexing, never copy; ``StorageBox.data`` is unrealized loops
-(:class:`Pointwise`, :class:`Reduction`, inlined into every reader) or a realized :class:`Buffer`
-(:class:`InputBuffer`, :class:`ComputedBuffer`, :class:`ExternKernel`); ``StorageBox.realize()`` turns
-loops into a ComputedBuffer registered with the graph.
+A lowering returns a :class:`TensorBox` (the IR value of one ATen tensor), whose chain is ``TensorBox → (views) →
+StorageBox → data`` (docs/ir.md, "Values"): views (:class:`ReinterpretView`, :class:`GenericView`) change indexing,
+never copy; ``StorageBox.data`` is unrealized loops (:class:`Pointwise`, :class:`Reduction`, inlined into every reader)
+or a realized :class:`Buffer` (:class:`InputBuffer`, :class:`ComputedBuffer`, :class:`ExternKernel`);
+``StorageBox.realize()`` turns loops into a ComputedBuffer registered with the graph.
 
 Invariants: sizes/strides/index expressions are sympy expressions; a Buffer's
 ``layout`` is fixed once created; every realized buffer has a unique name ``bufN`` (or
@@ -222,8 +221,7 @@ class Reduction(Loops):
     def __init__(self, device, dtype, inner_fn, ranges, reduction_ranges, reduction_type, src_dtype):
         super().__init__(device, dtype, inner_fn, ranges)
         self.reduction_ranges = [as_expr(r) for r in reduction_ranges]
-        self.reduction_type = reduction_type
-        self.src_dtype = src_dtype
+        self.reduction_type, self.src_dtype = reduction_type, src_dtype
 
     def make_loader(self):
         raise RuntimeError("a Reduction must be realized before it is read")
@@ -265,12 +263,11 @@ def memory_loop_order(layout: Layout) -> Optional[list[int]]:
     outermost, size-1 dims first), or None when that is the logical (row-major) order or
     no such order exists (symbolic sizes, equal or zero strides: broadcast, overlap).
 
-    A pointwise ComputedBuffer iterates its ranges in this order, so a buffer stored
-    transposed (e.g. ``(3072, 4096)`` with strides ``(1, 3072)``, made for an extern
-    matmul that reads it as a transposed view) is written with consecutive addresses
-    per consecutive ``xindex`` instead of one element every 3072 (GPT-2's backward
-    spent 0.27 ms per layer in such a kernel on an H200, about 7x its memory floor).
-    Inductor reorders loops by stride for the same reason."""
+    A pointwise ComputedBuffer iterates its ranges in this order, so a buffer stored transposed (e.g. ``(3072, 4096)``
+    with strides ``(1, 3072)``, made for an extern matmul that reads it as a transposed view) is written with
+    consecutive addresses per consecutive ``xindex`` instead of one element every 3072 (GPT-2's backward spent 0.27 ms
+    per layer in such a kernel on an H200, about 7x its memory floor). Inductor reorders loops by stride for the same
+    reason."""
     try:
         sizes = [int(s) for s in layout.size]
         strides = [int(s) for s in layout.stride]
@@ -329,17 +326,15 @@ def _to_logical(order: Optional[list[int]], index: Sequence) -> list:
 class ComputedBuffer(Buffer):
     """A buffer computed by a loop body (``data`` is Pointwise or Reduction).
 
-    ``loop_order`` (pointwise buffers only): the logical dims in the order the buffer's
-    loops run, outermost first (:func:`memory_loop_order`), or None for the logical
-    order. ``get_ranges()`` and the ``index`` that :meth:`store_body` takes follow the
-    loop order; the body and the layout still see logical indices. Likewise
-    ``rloop_order`` for a reduction's reduced dims (:func:`reduction_loop_order`),
-    ``get_reduction_ranges()`` and ``rindex``."""
+    ``loop_order`` (pointwise buffers only): the logical dims in the order the buffer's loops run, outermost first
+    (:func:`memory_loop_order`), or None for the logical order. ``get_ranges()`` and the ``index`` that
+    :meth:`store_body` takes follow the loop order; the body and the layout still see logical indices. Likewise
+    ``rloop_order`` for a reduction's reduced dims (:func:`reduction_loop_order`), ``get_reduction_ranges()`` and
+    ``rindex``."""
 
     def __init__(self, name: str, layout: Layout, data: Loops):
         super().__init__(name, layout)
-        self.data = data
-        self._reads = None
+        self.data, self._reads = data, None
         self.loop_order = memory_loop_order(layout) if isinstance(data, Pointwise) else None
         self._rloop_order = False  # computed on first use (the body may read later buffers)
 
@@ -399,11 +394,10 @@ class ScatterBuffer(ComputedBuffer):
     """Writes into a fresh copy of a tensor at computed (often indirect) positions:
     ``index_put``, ``scatter``, ``scatter_add``.
 
-    Its storage *is* the storage of ``target`` (a ComputedBuffer made for this purpose
-    by the lowering, read by nothing else): the wrapper aliases it (``buf7 = buf5``)
-    instead of allocating. The body iterates over ``ranges`` (the scattered elements);
-    ``dest_fn(index)`` gives the destination index in the target's shape and
-    ``value_fn(index)`` the value; ``mode`` is None (overwrite) or "atomic_add".
+    Its storage *is* the storage of ``target`` (a ComputedBuffer made for this purpose by the lowering, read by nothing
+    else): the wrapper aliases it (``buf7 = buf5``) instead of allocating. The body iterates over ``ranges`` (the
+    scattered elements); ``dest_fn(index)`` gives the destination index in the target's shape and ``value_fn(index)``
+    the value; ``mode`` is None (overwrite) or "atomic_add".
     """
 
     def __init__(self, name, target: ComputedBuffer, ranges, dest_fn, value_fn, mode):
@@ -421,9 +415,8 @@ class ScatterBuffer(ComputedBuffer):
 
 
 class ExternKernel(Buffer):
-    """An ATen op run as-is. ``args``/``kwargs`` hold IR tensors (realized buffers or
-    ReinterpretViews) and plain Python values; ``layout`` is None when the op returns
-    several tensors (read them through :class:`MultiOutput`)."""
+    """An ATen op run as-is. ``args``/``kwargs`` hold IR tensors (realized buffers or ReinterpretViews) and plain Python
+    values; ``layout`` is None when the op returns several tensors (read them through :class:`MultiOutput`)."""
 
     def __init__(self, name, layout, op, args, kwargs):
         super().__init__(name, layout)

@@ -1,18 +1,16 @@
 """Run a lowered graph with the reference interpreter (no code generation).
 
-``run_reference(graph, args)`` executes every buffer of a :class:`GraphLowering` in
-order: ComputedBuffers through :class:`~coil.ir.handlers.ReferenceInterpreter` (torch
-ops over the whole iteration space), extern kernels with their ATen op. It returns the
-graph outputs. Tests compare it with eager PyTorch for every lowering, which checks
-the IR independently of any backend.
+``run_reference(graph, args)`` executes every buffer of a :class:`GraphLowering` in order: ComputedBuffers through
+:class:`~coil.ir.handlers.ReferenceInterpreter` (torch ops over the whole iteration space), extern kernels with their
+ATen op. It returns the graph outputs. Tests compare it with eager PyTorch for every lowering, which checks the IR
+independently of any backend.
 """
 from __future__ import annotations
 
 import torch
 
 from coil.ir.handlers import ReferenceInterpreter
-from coil.ir.nodes import (Buffer, ComputedBuffer, ExternKernel, Layout, MultiOutput,
-                           ReinterpretView, ScatterBuffer)
+from coil.ir.nodes import (Buffer, ComputedBuffer, ExternKernel, Layout, MultiOutput, ReinterpretView, ScatterBuffer)
 
 
 def _flat(t: torch.Tensor, layout: Layout) -> torch.Tensor:
@@ -90,6 +88,4 @@ def _restride(t: torch.Tensor, layout: Layout) -> torch.Tensor:
     stride = [int(s) for s in layout.stride]
     if all(a == b or n == 1 for a, b, n in zip(t.stride(), stride, size)):
         return t
-    out = torch.empty_strided(size, stride, dtype=t.dtype, device=t.device)
-    out.copy_(t)
-    return out
+    return torch.empty_strided(size, stride, dtype=t.dtype, device=t.device).copy_(t)

@@ -1,11 +1,10 @@
 """Index arithmetic for the loop IR: sympy symbols, integer division, simplification.
 
-Sizes, strides and index expressions are sympy expressions everywhere in coil's IR (Integers, or
-Symbols of the ShapeEnv under dynamic shapes). :class:`FloorDiv` and :class:`Mod` are our own sympy
-functions for non-negative integer division (sympy's ``floor``/``Mod`` are slow and simplify
-unpredictably); :func:`simplify_index` canonicalizes an index expression so that two expressions for the
-same element compare equal (docs/ir.md); ``XINDEX`` / ``RINDEX`` are the kernel-level iteration symbols
-every code generator sees (docs/codegen.md).
+Sizes, strides and index expressions are sympy expressions everywhere in coil's IR (Integers, or Symbols of the ShapeEnv
+under dynamic shapes). :class:`FloorDiv` and :class:`Mod` are our own sympy functions for non-negative integer division
+(sympy's ``floor``/``Mod`` are slow and simplify unpredictably); :func:`simplify_index` canonicalizes an index
+expression so that two expressions for the same element compare equal (docs/ir.md); ``XINDEX`` / ``RINDEX`` are the
+kernel-level iteration symbols every code generator sees (docs/codegen.md).
 """
 from __future__ import annotations
 
@@ -45,8 +44,7 @@ def from_torch_sympy(e: sympy.Expr) -> sympy.Expr:
     ``ModularIndexing``, ``PythonMod``, ``Mod``, ``CeilDiv``, ``PowByNatural``, ``Max``, ``Min``) into
     coil's (sizes are non-negative, so floor and truncating division agree); other
     functions stay and make printing fail (the graph then falls back, logged)."""
-    if e.is_Atom or not any(type(a).__module__ == "torch.utils._sympy.functions"
-                            for a in sympy.preorder_traversal(e)):
+    if e.is_Atom or not any(type(a).__module__ == "torch.utils._sympy.functions" for a in sympy.preorder_traversal(e)):
         return e
     name = type(e).__name__
     if name.endswith("ToInt") and type(e).__module__ == "torch.utils._sympy.functions":
@@ -80,9 +78,8 @@ _BY_EXPR: dict = {}
 def precomputed(e: sympy.Expr) -> sympy.Symbol:
     """The precomputed-size symbol standing for ShapeEnv expression ``e`` (one per expression)."""
     if (s := _BY_EXPR.get(e)) is None:
-        # non-negative only when provably so: an index made from a float argument
-        # (x[int(k)], TruncToInt(zf0)) may be negative, and the assumption decided its
-        # ``< 0`` (eager's wrap of a negative index) as False without a guard
+        # non-negative only when provably so: an index made from a float argument (x[int(k)], TruncToInt(zf0)) may be
+        # negative, and the assumption decided its ``< 0`` (eager's wrap of a negative index) as False without a guard
         sign = {"nonnegative": True} if _provably_nonneg(e) else {}
         s = _BY_EXPR[e] = sympy.Symbol(f"ps{len(_BY_EXPR)}", integer=True, **sign)
         PRECOMPUTED[s] = e
@@ -90,8 +87,7 @@ def precomputed(e: sympy.Expr) -> sympy.Symbol:
 
 
 def _provably_nonneg(e: sympy.Expr) -> bool:
-    """Whether ShapeEnv expression ``e`` is >= 0 by sympy's assumptions or the active
-    ShapeEnv's value ranges."""
+    """Whether ShapeEnv expression ``e`` is >= 0 by sympy's assumptions or the active ShapeEnv's value ranges."""
     if e.is_nonnegative:
         return True
     if (env := current_shape_env()) is None:
@@ -129,8 +125,7 @@ def current_shape_env():
 
 def is_static(e) -> bool:
     """Whether ``e`` (int or sympy expression) is a plain integer."""
-    return isinstance(e, int) or getattr(e, "is_Integer", False) or (
-        isinstance(e, sympy.Basic) and e.is_number)
+    return isinstance(e, int) or getattr(e, "is_Integer", False) or (isinstance(e, sympy.Basic) and e.is_number)
 
 
 def is_size_symbol(s) -> bool:
@@ -268,10 +263,9 @@ def _divides(b, t) -> bool:
     if b.is_Integer:
         c, _ = t.as_coeff_Mul()
         return c.is_Integer and int(c) % int(b) == 0
-    # every term of the expanded quotient an integer multiple of a product of non-negative
-    # powers: ``denom(t / b) == 1`` held for ``s*(2*M + h) / (2*s) = M + h/2`` (sympy's
-    # denominator of a sum), and that FloorDiv dropped the ``h/2`` (MHA's backward at a
-    # symbolic length read the wrong elements)
+    # every term of the expanded quotient an integer multiple of a product of non-negative powers: ``denom(t / b) == 1``
+    # held for ``s*(2*M + h) / (2*s) = M + h/2`` (sympy's denominator of a sum), and that FloorDiv dropped the ``h/2``
+    # (MHA's backward at a symbolic length read the wrong elements)
     for term in sympy.Add.make_args(sympy.expand(t / b)):
         c, rest = term.as_coeff_Mul()
         if not c.is_Integer or any(not (e.is_Integer and e >= 0)
@@ -304,9 +298,8 @@ class Mod(sympy.Function):
         if a.is_Integer and b.is_Integer:
             return sympy.Integer(int(a) % int(b))
         if a.is_Add:
-            # drop multiples of b, unless what is left may be negative: the generated
-            # code's % (C, Triton) keeps the sign of the dividend, so Mod(30 - i, 6) ->
-            # Mod(-i, 6) gave negative indices (user report 5)
+            # drop multiples of b, unless what is left may be negative: the generated code's % (C, Triton) keeps the
+            # sign of the dividend, so Mod(30 - i, 6) -> Mod(-i, 6) gave negative indices (user report 5)
             kept = [t for t in a.args if not _divides(b, t)]
             if len(kept) < len(a.args) and (not kept or _is_nonneg(sympy.Add(*kept))):
                 return Mod(sympy.Add(*kept), b)
@@ -390,11 +383,8 @@ def _split_small(a: sympy.Expr, b, bounds: dict):
     if not (cb.is_Integer and a.is_Add):
         return None
     terms = sympy.Add.make_args(a)
-    gs = set()
-    for t in terms:
-        c, _ = t.as_coeff_Mul()
-        if c.is_Integer and math.gcd(int(c), int(cb)) > 1:
-            gs.add(math.gcd(int(c), int(cb)))
+    coeffs = [t.as_coeff_Mul()[0] for t in terms]
+    gs = {g for c in coeffs if c.is_Integer and (g := math.gcd(int(c), int(cb))) > 1}
     for g in sorted(gs, reverse=True):
         whole, rest = [], []
         for t in terms:
@@ -541,15 +531,13 @@ def unflatten(flat: sympy.Expr, size: Sequence[sympy.Expr]) -> list[sympy.Expr]:
 
 
 def floor_safe(e: sympy.Expr) -> sympy.Expr:
-    """``e`` for a kernel, whose integer ``/`` and ``%`` (C++, Triton) truncate toward zero
-    where FloorDiv and Mod floor: each one over a numerator that may be negative is
-    rewritten over a non-negative one (``(-s) // 8`` -> ``-((s + 7) // 8)``, ``(-s) % 8``
-    -> ``7 - (s + 7) % 8``); one of unknown sign (``(s - 7) // 2``, a masked lane's
-    ``(x0 - 1) // 2``) gets the remainder ``((a % b) + b) % b`` and the exact quotient
-    ``(a - rem) / b``, right in either semantics. Divisors are sizes and strides (> 0) or
-    negative constants (the length of ``arange(n, 0, -2)``: ``(-n - 1) // -2``, rewritten
-    over ``-a`` and ``-b``).
-    Cached without a ShapeEnv (the result then depends on ``e`` alone)."""
+    """``e`` for a kernel, whose integer ``/`` and ``%`` (C++, Triton) truncate toward zero where FloorDiv and Mod
+    floor: each one over a numerator that may be negative is rewritten over a non-negative one (``(-s) // 8`` ->
+    ``-((s + 7) // 8)``, ``(-s) % 8`` -> ``7 - (s + 7) % 8``); one of unknown sign (``(s - 7) // 2``, a masked lane's
+    ``(x0 - 1) // 2``) gets the remainder ``((a % b) + b) % b`` and the exact quotient ``(a - rem) / b``, right in
+    either semantics. Divisors are sizes and strides (> 0) or negative constants (the length of ``arange(n, 0, -2)``:
+    ``(-n - 1) // -2``, rewritten over ``-a`` and ``-b``). Cached without a ShapeEnv (the result then depends on ``e``
+    alone)."""
     if not e.has(FloorDiv, Mod):
         return e
     return _floor_safe(e) if current_shape_env() is None else _floor_safe.__wrapped__(e)
@@ -595,10 +583,9 @@ def _sign(a: sympy.Expr) -> int:
 
 
 def pyexpr(e: sympy.Expr, minmax: tuple = ("min", "max")) -> str:
-    """Print an index expression as Python/Triton source (``//`` and ``%`` for FloorDiv
-    and Mod; integer-only arithmetic). Deterministic: same expression, same text.
-    ``minmax``: the functions Min and Max print as (Triton kernels: ``tl.minimum``,
-    ``tl.maximum``; Python's ``max(3, s0)`` of an interpreter tensor may return the int)."""
+    """Print an index expression as Python/Triton source (``//`` and ``%`` for FloorDiv and Mod; integer-only
+    arithmetic). Deterministic: same expression, same text. ``minmax``: the functions Min and Max print as (Triton
+    kernels: ``tl.minimum``, ``tl.maximum``; Python's ``max(3, s0)`` of an interpreter tensor may return the int)."""
     if e.is_Integer:
         return str(int(e))
     if e.is_Symbol:

@@ -1,15 +1,13 @@
 """The virtualized ``ops`` namespace that define-by-run loop bodies call.
 
-A loop body is a Python function of its index (a list of sympy expressions) that calls
-``ops.load(name, index)``, ``ops.add(a, b)``, ``ops.store(name, index, v)`` ... Which
-code runs depends on the *handler* installed with :func:`set_ops_handler`: the Triton
-code generator emits Triton source, the reference interpreter computes with torch ops,
-the dependency recorder collects reads and writes, the text printer prints the body.
+A loop body is a Python function of its index (a list of sympy expressions) that calls ``ops.load(name, index)``,
+``ops.add(a, b)``, ``ops.store(name, index, v)`` ... Which code runs depends on the *handler* installed with
+:func:`set_ops_handler`: the Triton code generator emits Triton source, the reference interpreter computes with torch
+ops, the dependency recorder collects reads and writes, the text printer prints the body.
 
-:class:`OpsHandler` documents every op a body may call (the loop IR's instruction set).
-Values passed between ops are whatever the current handler returns. Dtype rules:
-lowerings insert explicit ``to_dtype`` so binary ops see operands of one dtype, except
-that comparisons return bool and ``where`` takes a bool condition.
+:class:`OpsHandler` documents every op a body may call (the loop IR's instruction set). Values passed between ops are
+whatever the current handler returns. Dtype rules: lowerings insert explicit ``to_dtype`` so binary ops see operands of
+one dtype, except that comparisons return bool and ``where`` takes a bool condition.
 """
 from __future__ import annotations
 

@@ -1,12 +1,11 @@
 """Compiling Triton kernels in worker processes, ahead of their first launch (GPU only).
 
-Triton's compilation mostly holds the GIL, so every launcher, as soon as code generation creates it,
-queues one job per candidate config (:func:`submit`) to a few ``python -m coil.runtime.compile_worker``
-processes that compile into Triton's on-disk cache, which this process shares. Nothing here can change
-results: a worker only fills a cache whose keys Triton computes, and a differing key is a miss.
-:func:`claim` runs before the launcher compiles: jobs not started are taken back, running ones waited
-for (``config.autotune_compile_timeout``). docs/codegen.md ("Compile-worker pool") gives the design and
-the ``compile_pool_*`` events.
+Triton's compilation mostly holds the GIL, so every launcher, as soon as code generation creates it, queues one job per
+candidate config (:func:`submit`) to a few ``python -m coil.runtime.compile_worker`` processes that compile into
+Triton's on-disk cache, which this process shares. Nothing here can change results: a worker only fills a cache whose
+keys Triton computes, and a differing key is a miss. :func:`claim` runs before the launcher compiles: jobs not started
+are taken back, running ones waited for (``config.autotune_compile_timeout``). docs/codegen.md ("Compile-worker pool")
+gives the design and the ``compile_pool_*`` events.
 """
 from __future__ import annotations
 
@@ -55,9 +54,8 @@ class CompilePool:
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
         for _ in range(workers):
             try:
-                p = subprocess.Popen([sys.executable, "-m", "coil.runtime.compile_worker"],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.DEVNULL, env=env, text=True, bufsize=1)
+                p = subprocess.Popen([sys.executable, "-m", "coil.runtime.compile_worker"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, text=True, bufsize=1)
             except OSError as e:
                 trace.log("compile_pool_broken", stage="runtime", error=str(e))
                 break
@@ -147,9 +145,8 @@ class CompilePool:
                         self._last = time.monotonic()
                     job.done.set()
                 r = job.result or {}
-                trace.log("compile_pool_job", stage="runtime", kernel=job.payload["name"],
-                          config=job.payload["config"], seconds=r.get("seconds"),
-                          launcher_s=r.get("launcher_s"), error=r.get("error"))
+                trace.log("compile_pool_job", stage="runtime", kernel=job.payload["name"], config=job.payload["config"],
+                          seconds=r.get("seconds"), launcher_s=r.get("launcher_s"), error=r.get("error"))
         except Exception as e:  # noqa: BLE001 - a dead worker: the launchers compile themselves
             with self._lock:
                 self.alive -= 1
@@ -176,10 +173,9 @@ _pool_lock = threading.Lock()
 
 
 def workers() -> int:
-    """Worker processes to use: ``config.autotune_compile_processes``; a negative value
-    means all CPU cores but two (one for the compiling thread), at most 12; 0 turns the
-    pool off. (8 workers of a 16-core H200 host were the bottleneck of a 6-layer Qwen2
-    training step's first call: 570 jobs, 110 worker-seconds.)"""
+    """Worker processes to use: ``config.autotune_compile_processes``; a negative value means all CPU cores but two (one
+    for the compiling thread), at most 12; 0 turns the pool off. (8 workers of a 16-core H200 host were the bottleneck
+    of a 6-layer Qwen2 training step's first call: 570 jobs, 110 worker-seconds.)"""
     n = config.autotune_compile_processes
     if n < 0:
         n = min(12, max(1, (os.cpu_count() or 2) - 2))
@@ -191,12 +187,10 @@ PRESTART_GRACE_S = 120.0
 
 
 def prestart(reason: str) -> None:
-    """Start the pool now (without waiting for it), ahead of the first kernel: a worker
-    takes seconds to import torch and Triton and open a CUDA context, which then overlap
-    the capture, AOT and lowering stages instead of delaying the first compile jobs
-    (about 10 s on an H200 host). The pool then waits ``PRESTART_GRACE_S`` seconds longer
-    than ``config.autotune_compile_idle_s`` for its first job. Logged as
-    ``compile_pool_prestart`` with ``reason``."""
+    """Start the pool now (without waiting for it), ahead of the first kernel: a worker takes seconds to import torch
+    and Triton and open a CUDA context, which then overlap the capture, AOT and lowering stages instead of delaying the
+    first compile jobs (about 10 s on an H200 host). The pool then waits ``PRESTART_GRACE_S`` seconds longer than
+    ``config.autotune_compile_idle_s`` for its first job. Logged as ``compile_pool_prestart`` with ``reason``."""
     started = _pool is None or _pool.closed
     pool = get_pool()
     if pool is not None and started:
@@ -223,8 +217,7 @@ def submit(path: str, module: str, name: str, args: list, configs: list[dict]) -
     if (pool := get_pool()) is None:
         return []
     env = triton_env()
-    return [pool.submit(dict(path=path, module=module, name=name, args=args, config=c, env=env))
-            for c in configs]
+    return [pool.submit(dict(path=path, module=module, name=name, args=args, config=c, env=env)) for c in configs]
 
 
 def triton_env() -> dict:
@@ -243,6 +236,5 @@ def claim(name: str, jobs: list) -> None:
     t0 = time.perf_counter()
     taken, waited = jobs[0].pool.claim(jobs, config.autotune_compile_timeout)
     failed = [j.result.get("error") for j in jobs if j.result and not j.result.get("ok")]
-    trace.log("compile_pool_claim", stage="runtime", kernel=name, jobs=len(jobs),
-              taken_back=taken, waited=waited, wait_s=round(time.perf_counter() - t0, 4),
-              errors=failed[:2])
+    trace.log("compile_pool_claim", stage="runtime", kernel=name, jobs=len(jobs), taken_back=taken, waited=waited,
+              wait_s=round(time.perf_counter() - t0, 4), errors=failed[:2])

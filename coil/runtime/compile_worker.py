@@ -9,17 +9,14 @@ stdin and answers one JSON line per job on stdout, in order::
     -> {"id": 7, "ok": true, "seconds": 0.41}
     -> {"id": 7, "ok": false, "error": "OutOfResources: ..."}
 
-Each job is ``JITFunction.warmup(*args, grid=(1,), **config)`` (Triton 3.x: torch
-dtypes stand for 16-byte-aligned tensors of that dtype; an int is the value the launcher
-will pass, a dynamic kernel's size hint, which Triton specializes as it will the real
-one: divisible by 16, equal to 1, 32-bit): it compiles without launching and writes
-the binary to Triton's cache directory, which the parent process shares, so the
-parent's own compile of the same kernel, signature and options loads it from disk; the
-worker also builds the kernel's host launcher into that cache (:func:`_build_launcher`).
-The module is imported under the parent's module name, and the parent's ``TRITON_*``
-variables at submit time are set first, so that everything Triton hashes is the same in
-both processes. stdout carries only the answers (anything else a kernel
-module prints goes to stderr).
+Each job is ``JITFunction.warmup(*args, grid=(1,), **config)`` (Triton 3.x: torch dtypes stand for 16-byte-aligned
+tensors of that dtype; an int is the value the launcher will pass, a dynamic kernel's size hint, which Triton
+specializes as it will the real one: divisible by 16, equal to 1, 32-bit): it compiles without launching and writes the
+binary to Triton's cache directory, which the parent process shares, so the parent's own compile of the same kernel,
+signature and options loads it from disk; the worker also builds the kernel's host launcher into that cache
+(:func:`_build_launcher`). The module is imported under the parent's module name, and the parent's ``TRITON_*``
+variables at submit time are set first, so that everything Triton hashes is the same in both processes. stdout carries
+only the answers (anything else a kernel module prints goes to stderr).
 """
 from __future__ import annotations
 
@@ -51,11 +48,10 @@ def sync_triton_env(env: dict) -> None:
 
 
 def _build_launcher(kernel) -> None:
-    """Build the host launcher of a compiled kernel here, so that the parent finds it in
-    Triton's cache: Triton versions that generate a C launcher per kernel signature
-    compile it with the host C compiler the first time a signature is launched, in the
-    parent's thread, one kernel after another. Optional: any failure is ignored (the parent
-    builds it itself)."""
+    """Build the host launcher of a compiled kernel here, so that the parent finds it in Triton's cache: Triton versions
+    that generate a C launcher per kernel signature compile it with the host C compiler the first time a signature is
+    launched, in the parent's thread, one kernel after another. Optional: any failure is ignored (the parent builds it
+    itself)."""
     try:
         import fcntl
         import hashlib

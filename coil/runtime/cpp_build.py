@@ -1,20 +1,18 @@
 """Build and load C++ kernels: system compiler → shared object → ctypes, with a disk cache.
 
-The C++ code generator (``coil/codegen/cpp``) produces source text; this module turns it
-into callable functions and knows nothing about kernels. docs/cpp_backend.md ("Building
-and caching") gives the design; in short:
+The C++ code generator (``coil/codegen/cpp``) produces source text; this module turns it into callable functions and
+knows nothing about kernels. docs/cpp_backend.md ("Building and caching") gives the design; in short:
 
 - **Compiler** ``$CXX`` or the first of ``g++``, ``c++``, ``clang++``; flags :data:`DEFAULT_FLAGS` plus
   ``config.cpp_extra_flags``. Kernels keep IEEE semantics (no ``-ffast-math``, no ``-fno-trapping-math``, no fused
   multiply-adds: ``-ffp-contract=off``, fuzz s1006 #412); ``-fwrapv`` because eager's int64 results wrap;
-  ``-fno-tree-loop-if-convert`` because GCC 12 merged two masked blocks into one (fuzz s202 #16952). The doc names
-  the wrong results each flag prevents.
-- **Cache** sha256 of (source, compiler path, its ``--version``, flags) names
-  ``<cache_dir>/cpp/<key[:2]>/<key>.so``, written to a temporary file and renamed; a
-  warm call never starts the compiler; a second build of one key in a process returns
-  the loaded library. :func:`build_many` compiles one graph's sources on a thread pool.
-- **Failures** :class:`CompilerNotFound` and :class:`CppCompileError` (both
-  :class:`CppBuildError`), which the code generator turns into a logged extern fallback.
+  ``-fno-tree-loop-if-convert`` because GCC 12 merged two masked blocks into one (fuzz s202 #16952). The doc names the
+  wrong results each flag prevents.
+- **Cache** sha256 of (source, compiler path, its ``--version``, flags) names ``<cache_dir>/cpp/<key[:2]>/<key>.so``,
+  written to a temporary file and renamed; a warm call never starts the compiler; a second build of one key in a process
+  returns the loaded library. :func:`build_many` compiles one graph's sources on a thread pool.
+- **Failures** :class:`CompilerNotFound` and :class:`CppCompileError` (both :class:`CppBuildError`), which the code
+  generator turns into a logged extern fallback.
 - **Threads** OpenMP kernels use :func:`num_threads` threads, in torch's own libgomp.
 """
 from __future__ import annotations
@@ -163,11 +161,8 @@ def _compile_to(source: str, flags: list[str], so_path: str) -> None:
         with _lock:
             stats["compiles"] += 1
         if out.returncode != 0:
-            raise CppCompileError(
-                f"C++ compile failed (exit {out.returncode}): {shlex.join(cmd)}",
-                out.stderr[-6000:])
-        trace.log("cpp_compile", stage="codegen", so=so_path,
-                  duration_ms=round((time.perf_counter() - t0) * 1e3, 2))
+            raise CppCompileError(f"C++ compile failed (exit {out.returncode}): {shlex.join(cmd)}", out.stderr[-6000:])
+        trace.log("cpp_compile", stage="codegen", so=so_path, duration_ms=round((time.perf_counter() - t0) * 1e3, 2))
         os.replace(tmp_src, src_path)  # keep the source next to the object for reading
         os.replace(tmp_so, so_path)
     finally:

@@ -1,18 +1,16 @@
 """One recorded CUDA graph: capture, the plans that map a call's arguments onto it and
 its memory back onto fresh output tensors, and what cannot be captured.
 
-Used by :mod:`coil.runtime.cudagraph_trees` (docs/cudagraphs.md). A *recorder* does the
-device side: :class:`CudaRecorder` captures a ``torch.cuda.CUDAGraph`` into one memory pool
-(one ``graph_pool_handle`` for the whole tree) and replays it on the current stream; a stale
-output's storage is poisoned with ``torch._C._set_storage_data_ptr_access_error_msg`` so
-that touching its data, through any view, raises. The tree's tests run on CPU with
-``FakeRecorder`` (tests/runtime/fake_recorder.py), the same contract without CUDA.
+Used by :mod:`coil.runtime.cudagraph_trees` (docs/cudagraphs.md). A *recorder* does the device side:
+:class:`CudaRecorder` captures a ``torch.cuda.CUDAGraph`` into one memory pool (one ``graph_pool_handle`` for the whole
+tree) and replays it on the current stream; a stale output's storage is poisoned with
+``torch._C._set_storage_data_ptr_access_error_msg`` so that touching its data, through any view, raises. The tree's
+tests run on CPU with ``FakeRecorder`` (tests/runtime/fake_recorder.py), the same contract without CUDA.
 
 Outputs come back as *fresh storages over the recorded memory* on every replay
-(``torch._C._construct_storage_from_data_pointer``): the node keeps the tensors made
-during capture (so the pool never hands that memory out again), the caller gets
-tensors whose storage belongs to this replay alone, whose liveness can be watched with
-a weak reference and which can be poisoned when a later replay overwrites them.
+(``torch._C._construct_storage_from_data_pointer``): the node keeps the tensors made during capture (so the pool never
+hands that memory out again), the caller gets tensors whose storage belongs to this replay alone, whose liveness can be
+watched with a weak reference and which can be poisoned when a later replay overwrites them.
 """
 from __future__ import annotations
 
@@ -30,11 +28,10 @@ SYNC_OPS = frozenset({
 })
 
 STALE_MESSAGE = (
-    "coil: this tensor is an output of a CUDA graph (mode=\"reduce-overhead\") and a "
-    "later replay of that graph has overwritten it. Outputs of a replay live in the CUDA "
-    "graph pool until the same graph runs again. What to do: clone what you keep across "
-    "calls (out.clone()), or call coil.cudagraph_mark_step_begin() where a new "
-    "iteration starts, before the next call.")
+    "coil: this tensor is an output of a CUDA graph (mode=\"reduce-overhead\") and a later replay of that graph has "
+    "overwritten it. Outputs of a replay live in the CUDA graph pool until the same graph runs again. What to do: "
+    "clone what you keep across calls (out.clone()), or call coil.cudagraph_mark_step_begin() where a new iteration "
+    "starts, before the next call.")
 
 
 class SkipGraph(Exception):
@@ -57,11 +54,10 @@ def ungraphable_reason(gm: Optional[torch.fx.GraphModule]) -> Optional[str]:
 def ungraphable_node(node: torch.fx.Node) -> Optional[str]:
     """Why the ATen op ``node`` cannot be captured into a CUDA graph, or None.
 
-    Host syncs and data-dependent sizes (:data:`SYNC_OPS`, unbacked symbols in the
-    node's value or in a value it reads), CPU tensors computed or read (a CUDA graph
-    would keep the value of capture time), and random ops drawing from an explicit
-    ``torch.Generator`` (only the default CUDA generator is graph-safe: its Philox
-    offset advances on every replay)."""
+    Host syncs and data-dependent sizes (:data:`SYNC_OPS`, unbacked symbols in the node's value or in a value it reads),
+    CPU tensors computed or read (a CUDA graph would keep the value of capture time), and random ops drawing from an
+    explicit ``torch.Generator`` (only the default CUDA generator is graph-safe: its Philox offset advances on every
+    replay)."""
     if node.op != "call_function":
         return None
     from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
@@ -97,21 +93,18 @@ class CudaRecorder:
 
     def capture(self, fn: Callable, args: list, boxed: Optional[Callable] = None,
                 written: tuple = ()) -> tuple[Any, Any]:
-        """``(graph, outputs)`` of capturing ``fn(*args)``; ``args`` hold real values.
-        With ``boxed`` (``fn``'s ``call_boxed``), the capture runs ``boxed(args)``, which
-        empties ``args`` and releases each input after its last use, so the capture may
-        reuse the memory of inputs that only ``args`` held. ``written``: indices of the
+        """``(graph, outputs)`` of capturing ``fn(*args)``; ``args`` hold real values. With ``boxed`` (``fn``'s
+        ``call_boxed``), the capture runs ``boxed(args)``, which empties ``args`` and releases each input after its last
+        use, so the capture may reuse the memory of inputs that only ``args`` held. ``written``: indices of the
         arguments ``fn`` writes in place; the dry run writes copies of them.
 
-        First a dry run with ``torch.cuda.set_sync_debug_mode("error")``: a host sync
-        (``.item()``, a copy to pageable host memory, an op with a data-dependent size)
-        raises there, outside any capture, and the graph is skipped cleanly. A capture
-        that still fails is skipped too (:meth:`_recover`).
+        First a dry run with ``torch.cuda.set_sync_debug_mode("error")``: a host sync (``.item()``, a copy to pageable
+        host memory, an op with a data-dependent size) raises there, outside any capture, and the graph is skipped
+        cleanly. A capture that still fails is skipped too (:meth:`_recover`).
 
-        RNG: the dry run's draws are given back (the device generator's state is restored
-        after it) and a capture draws nothing (replays advance the generator), so the
-        recording call, like every call, consumes exactly what one run of ``fn`` does:
-        after ``torch.manual_seed`` the numbers are the same with or without CUDA graphs."""
+        RNG: the dry run's draws are given back (the device generator's state is restored after it) and a capture draws
+        nothing (replays advance the generator), so the recording call, like every call, consumes exactly what one run
+        of ``fn`` does: after ``torch.manual_seed`` the numbers are the same with or without CUDA graphs."""
         with torch.cuda.device(self.device):
             mode = torch.cuda.get_sync_debug_mode()
             rng = torch.cuda.get_rng_state(self.device)
@@ -120,8 +113,7 @@ class CudaRecorder:
             try:
                 boxed(dry) if boxed is not None else fn(*dry)
             except Exception as e:  # noqa: BLE001 - the reason goes to the log
-                raise SkipGraph(f"syncs with the host or fails (dry run): {type(e).__name__}: "
-                                f"{str(e)[:300]}") from e
+                raise SkipGraph(f"syncs with the host or fails (dry run): {type(e).__name__}: {str(e)[:300]}") from e
             finally:
                 torch.cuda.set_sync_debug_mode(mode)
                 torch.cuda.set_rng_state(rng, self.device)
@@ -160,10 +152,9 @@ class CudaRecorder:
                              "replays run in the CUDA graph pool")
 
     def _recover(self, stream) -> None:
-        """Undo what a failed capture leaves behind: its ``capture_end`` raised before
-        making the capture stream current again and before taking the default CUDA
-        generator out of capture mode (every later random op then raised "Offset
-        increment outside graph capture"). A tiny capture that succeeds does both."""
+        """Undo what a failed capture leaves behind: its ``capture_end`` raised before making the capture stream current
+        again and before taking the default CUDA generator out of capture mode (every later random op then raised
+        "Offset increment outside graph capture"). A tiny capture that succeeds does both."""
         torch.cuda.set_stream(stream)
         try:
             torch.cuda.synchronize()
@@ -201,10 +192,9 @@ def _clear_cublas_workspaces() -> None:
 
 
 class SlotRefs(tuple):
-    """Weak references (``cdata``) to one replay's slot storages, freed together when this
-    is dropped: torch's ``StorageWeakRef`` is a Python object per storage, and its
-    ``__init__``/``__del__`` were the largest host cost of a training step's replays
-    (190 outputs a step). Test an entry with ``torch._C.StorageBase._expired(cdata)``."""
+    """Weak references (``cdata``) to one replay's slot storages, freed together when this is dropped: torch's
+    ``StorageWeakRef`` is a Python object per storage, and its ``__init__``/``__del__`` were the largest host cost of a
+    training step's replays (190 outputs a step). Test an entry with ``torch._C.StorageBase._expired(cdata)``."""
 
     def __new__(cls, storages):
         return super().__new__(cls, [st._weak_ref() for st in storages])
@@ -244,10 +234,9 @@ def _tensor_over(storage, dtype, size, stride, offset: int, meta: Optional[dict]
 class OutputPlan:
     """How a recorded graph's outputs are rebuilt after each replay.
 
-    Each output is a constant (not a tensor), a view of one of the call's arguments
-    (the graph returned an input or a view of it: rebuilt on the argument of this call),
-    or a view into a *slot*: one storage the graph wrote, rebuilt over the recorded
-    memory as a fresh storage per replay (module docstring)."""
+    Each output is a constant (not a tensor), a view of one of the call's arguments (the graph returned an input or a
+    view of it: rebuilt on the argument of this call), or a view into a *slot*: one storage the graph wrote, rebuilt
+    over the recorded memory as a fresh storage per replay (module docstring)."""
 
     def __init__(self, outs, static_args: list, device_type: str):
         arg_of = {}

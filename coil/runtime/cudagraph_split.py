@@ -1,13 +1,12 @@
 """Partitioning for CUDA graphs: split an ATen graph around the ops a CUDA graph cannot
 hold, so that the rest is still recorded (docs/cudagraphs.md, "Partitioning").
 
-In: one functional ATen graph about to be compiled under ``config.cudagraphs``, its kind
-(``gm.meta["coil_aot_graph"]``) and the compiler the AOT layer would use for it. Out: one callable with
-the graph's calling convention that runs *pieces* in order, each compiled alone by that compiler: the
-graphable ones wrapped by :func:`~coil.runtime.cudagraph_trees.cudagraphify`, the others
-(:func:`~coil.runtime.cudagraph_record.ungraphable_node`) run as compiled code between them. Each op's
-level (odd: un-graphable, even: graphable, not below what it reads) is its piece; splits are logged
-(``cudagraph_split``).
+In: one functional ATen graph about to be compiled under ``config.cudagraphs``, its kind (``gm.meta["coil_aot_graph"]``)
+and the compiler the AOT layer would use for it. Out: one callable with the graph's calling convention that runs
+*pieces* in order, each compiled alone by that compiler: the graphable ones wrapped by
+:func:`~coil.runtime.cudagraph_trees.cudagraphify`, the others (:func:`~coil.runtime.cudagraph_record.ungraphable_node`)
+run as compiled code between them. Each op's level (odd: un-graphable, even: graphable, not below what it reads) is its
+piece; splits are logged (``cudagraph_split``).
 """
 from __future__ import annotations
 
@@ -96,14 +95,12 @@ class PartitionedGraph:
             piece = _subgraph(gm, members, ins, outs)
             piece.meta["coil_aot_graph"] = kind
             piece.meta["coil_aot_piece"] = True  # not the last reader of saved values
-            devices = {v.device.type for n in members + ins for v in [n.meta.get("val")]
-                       if isinstance(v, torch.Tensor)}
+            devices = {v.device.type for n in members + ins for v in [n.meta.get("val")] if isinstance(v, torch.Tensor)}
             # a piece moving tensors between devices runs its ATen ops as they are (one
             # compiled graph's kernels are generated for one device)
             fn = piece.forward if len(devices) > 1 else compiler(piece, [i.meta.get("val") for i in ins])
             if lv % 2 == 0:  # graphable
-                fn = cudagraphify(fn, kind, (sum(o in user for o in outs), len(outs))
-                                  if kind == "forward" else None)
+                fn = cudagraphify(fn, kind, (sum(o in user for o in outs), len(outs)) if kind == "forward" else None)
             for o in outs:
                 slot[o] = len(slot)
             self.pieces.append((fn, [slot[i] for i in ins], [slot[o] for o in outs]))

@@ -1,21 +1,16 @@
-"""CUDA graph trees: ``mode="reduce-overhead"``. The design (with a picture) is
-docs/cudagraphs.md; this is its summary.
+"""CUDA graph trees: ``mode="reduce-overhead"``. The design (with a picture) is docs/cudagraphs.md; this is its summary.
 
-Every compiled graph on a device (forwards, backwards, inference graphs, resume
-functions, one per size under dynamic shapes) is replayed from a CUDA graph recorded
-into one memory pool per device. The recordings form a tree of the paths a step takes:
-a call is served by a child of the last node run in this step (or a root) with the same
-graph, argument sizes and argument addresses; when there is none a new node is recorded
-there. A node owns its outputs' memory; intermediates go back to the pool for later
-recordings. The outputs a caller still holds from a node's previous replay are poisoned
-when it replays (reading them raises :data:`STALE_MESSAGE`). A backward's recording
-reuses the memory of the saved activations it reads last (:meth:`Tree._lend_saved`,
-``config.cudagraph_reuse_saved``). A node is never replayed while a later recording has
-live outputs that may share its intermediates' memory: that call runs un-graphed. A new
-step starts at :func:`mark_step_begin` or when a forward already on the path is called
-again with no backward pending. Parameters, buffers and fed-back outputs are read in
-place, guarded by address; other arguments are copied into placeholders. Fallbacks
-(``cudagraph_skip``, with a reason) run the graph compiled, without a CUDA graph.
+Every compiled graph on a device (forwards, backwards, inference graphs, resume functions, one per size under dynamic
+shapes) is replayed from a CUDA graph recorded into one memory pool per device. The recordings form a tree of the paths
+a step takes: a call is served by a child of the last node run in this step (or a root) with the same graph, argument
+sizes and argument addresses; when there is none a new node is recorded there. A node owns its outputs' memory;
+intermediates go back to the pool for later recordings. The outputs a caller still holds from a node's previous replay
+are poisoned when it replays (reading them raises :data:`STALE_MESSAGE`). A backward's recording reuses the memory of
+the saved activations it reads last (:meth:`Tree._lend_saved`, ``config.cudagraph_reuse_saved``). A node is never
+replayed while a later recording has live outputs that may share its intermediates' memory: that call runs un-graphed. A
+new step starts at :func:`mark_step_begin` or when a forward already on the path is called again with no backward
+pending. Parameters, buffers and fed-back outputs are read in place, guarded by address; other arguments are copied into
+placeholders. Fallbacks (``cudagraph_skip``, with a reason) run the graph compiled, without a CUDA graph.
 """
 from __future__ import annotations
 
@@ -57,10 +52,8 @@ class Node:
         self.writeback: list = []
         # storages only the backward holds: one that also backs a user output may be
         # kept by the caller long after the backward ran
-        self.saved_slots = plan.slots_of(*fn.saved) - plan.slots_of(0, fn.saved[0]) \
-            if fn.saved else set()
-        #: forward node -> its saved slots whose memory this backward's recording
-        #: released and reused (Tree._lend_saved)
+        self.saved_slots = plan.slots_of(*fn.saved) - plan.slots_of(0, fn.saved[0]) if fn.saved else set()
+        #: forward node -> its saved slots whose memory this backward's recording released and reused (Tree._lend_saved)
         self.consumes: dict = {}
         self._inplace_args = _getter([i for i, _ in inplace])
         self._inplace_ptrs = tuple(p for _, p in inplace)
@@ -70,10 +63,9 @@ class Node:
         self.tensor_check = _tensor_check(self._tensor_args(args))
 
     def matches(self, args) -> bool:
-        """Whether ``args`` has this recording's signature and in-place addresses: the
-        fast path of :meth:`Tree.run`, one C++ check of every tensor's type, dtype,
-        device, sizes, strides and ``requires_grad`` instead of a signature tuple. It is
-        stricter than the signature (False sends the call down the full path)."""
+        """Whether ``args`` has this recording's signature and in-place addresses: the fast path of :meth:`Tree.run`,
+        one C++ check of every tensor's type, dtype, device, sizes, strides and ``requires_grad`` instead of a signature
+        tuple. It is stricter than the signature (False sends the call down the full path)."""
         if self.tensor_check is None or len(args) != self.nargs:
             return False
         try:
@@ -136,8 +128,7 @@ class Tree:
         #: storage data pointers some node reads in place (parameters, buffers): a view
         #: of them (a forward saving ``weight.t()``) is read in place too
         self.stable_storages: set = set()
-        self.steps = 0
-        self.nodes = 0
+        self.steps, self.nodes = 0, 0
         #: forward node -> recording index from which recordings may overlap the memory
         #: of its saved slots that a backward's recording released (Tree._lend_saved)
         self.released: dict = {}
@@ -193,21 +184,17 @@ class Tree:
                 fn.log_skip("saved", why)
                 return fn.fn(*args)
         if node is None and held:
-            # gradient accumulation: the last replay's gradients are still held in
-            # .grad; this backward runs un-graphed rather than in a second recording
-            # (a sibling recording gave wrong tied-weight gradients on the H200)
-            fn.log_skip("held", "gradients of the last replay still held (accumulation): "
-                                "this backward runs un-graphed")
+            # gradient accumulation: the last replay's gradients are still held in .grad; this backward runs un-graphed
+            # rather than in a second recording (a sibling recording gave wrong tied-weight gradients on the H200)
+            fn.log_skip("held", "gradients of the last replay still held (accumulation): this backward runs un-graphed")
             return fn.fn(*args)
         later = [m for m in self.all_nodes if node is not None and m.index > node.index and m.busy()]
         if later:
-            # nodes recorded after this one still have outputs alive; their memory may be
-            # this node's intermediates. Gradients (held in .grad across micro-batches)
-            # and this call's own arguments must survive: the call runs un-graphed.
-            # Other outputs belong to an earlier step and go stale, as a replay's own do.
+            # nodes recorded after this one still have outputs alive; their memory may be this node's intermediates.
+            # Gradients (held in .grad across micro-batches) and this call's own arguments must survive: the call runs
+            # un-graphed. Other outputs belong to an earlier step and go stale, as a replay's own do.
             ptrs = {a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor)}
-            if any(m.fn.kind == "backward" for m in later) or \
-                    any(self.pool_storages.get(p) in later for p in ptrs):
+            if any(m.fn.kind == "backward" for m in later) or any(self.pool_storages.get(p) in later for p in ptrs):
                 fn.log_skip("later", "outputs of a later recording are still alive (gradients "
                                      "held in .grad, or this call's arguments): runs un-graphed")
                 return fn.fn(*args)
@@ -261,20 +248,18 @@ class Tree:
         for ptr, _, _ in plan.slots:
             self.pool_storages[ptr] = node
         self.nodes += 1
-        trace.log("cudagraph_record", stage="runtime", graph=fn.name, kind=fn.kind,
-                  depth=node.depth, recording=fn.records, copied_inputs=len(copied),
-                  inplace_inputs=len(inplace), outputs=len(plan.items),
+        trace.log("cudagraph_record", stage="runtime", graph=fn.name, kind=fn.kind, depth=node.depth,
+                  recording=fn.records, copied_inputs=len(copied), inplace_inputs=len(inplace), outputs=len(plan.items),
                   reuses_saved_of=[f.fn.name for f in lent])
         return node
 
     def _lend_saved(self, static_args: list) -> dict:
-        """Before a backward's capture: for each argument over a saved-only output of a forward node (memory
-        the forward node owns, which this backward is the last to read), put a view of the forward's own
-        tensor in ``static_args`` and drop the node's reference, so that the boxed call, releasing each input
-        after its last use, hands that memory to the backward's later allocations (torch.compile's trees reuse
-        saved activations in the backward alike). Returns ``{forward node: its slots lent}``. Not done when
-        ``config.cudagraph_reuse_saved`` is off or the backward keeps its graph (``retain_graph``: the saved
-        values are read again)."""
+        """Before a backward's capture: for each argument over a saved-only output of a forward node (memory the forward
+        node owns, which this backward is the last to read), put a view of the forward's own tensor in ``static_args``
+        and drop the node's reference, so that the boxed call, releasing each input after its last use, hands that
+        memory to the backward's later allocations (torch.compile's trees reuse saved activations in the backward
+        alike). Returns ``{forward node: its slots lent}``. Not done when ``config.cudagraph_reuse_saved`` is off or the
+        backward keeps its graph (``retain_graph``: the saved values are read again)."""
         from coil.config import config
 
         if not config.cudagraph_reuse_saved or _keep_graph():
@@ -286,13 +271,11 @@ class Tree:
             f = self.pool_storages.get(a.untyped_storage().data_ptr())
             if f is None or f.fn.kind != "forward" or f in self.released:
                 continue
-            slot = next((k for k, (p, _, _) in enumerate(f.plan.slots)
-                         if p == a.untyped_storage().data_ptr()), None)
+            slot = next((k for k, (p, _, _) in enumerate(f.plan.slots) if p == a.untyped_storage().data_ptr()), None)
             if slot not in f.saved_slots:
                 continue
             own = next(o for o in f.plan.owned if o.untyped_storage().data_ptr() == f.plan.slots[slot][0])
-            static_args[i] = _tensor_over(own.untyped_storage(), a.dtype, a.shape, a.stride(),
-                                          a.storage_offset())
+            static_args[i] = _tensor_over(own.untyped_storage(), a.dtype, a.shape, a.stride(), a.storage_offset())
             lent.setdefault(f, set()).add(slot)
         for f, slots in lent.items():
             ptrs = {f.plan.slots[k][0] for k in slots}

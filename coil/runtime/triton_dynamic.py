@@ -1,13 +1,11 @@
 """Launching Triton kernels generated for symbolic sizes (dynamic shapes).
 
-Such a kernel takes ``xnumel`` (``rnumel``) and the size symbols its indices use as
-trailing integer arguments: no binary per size, only per Triton specialization class
-(divisibility by 16, ``== 1``, the int32 range), whose other binaries are queued to the
-compile pool after a config's first launch. :class:`DynamicTritonLauncher` computes the
-grid per call and picks its launch config per *bucket* (the next powers of two of
-``xnumel`` and ``rnumel``; autotuned once per bucket on a GPU, nearest tuned bucket
-reused), so a new size in a known bucket costs one dictionary lookup. docs/dynamic_shapes.md
-("Launching dynamic Triton kernels") has the details and the measurements.
+Such a kernel takes ``xnumel`` (``rnumel``) and the size symbols its indices use as trailing integer arguments: no
+binary per size, only per Triton specialization class (divisibility by 16, ``== 1``, the int32 range), whose other
+binaries are queued to the compile pool after a config's first launch. :class:`DynamicTritonLauncher` computes the grid
+per call and picks its launch config per *bucket* (the next powers of two of ``xnumel`` and ``rnumel``; autotuned once
+per bucket on a GPU, nearest tuned bucket reused), so a new size in a known bucket costs one dictionary lookup.
+docs/dynamic_shapes.md ("Launching dynamic Triton kernels") has the details and the measurements.
 """
 from __future__ import annotations
 
@@ -37,14 +35,13 @@ class DynamicTritonLauncher(TritonLauncher):
                  device_type: str, outer: bool = False, elem_bytes: int = 4, tiled: bool = False,
                  arg_dtypes: Optional[list] = None, size_hints: Sequence[int] = (),
                  other_sizes: Sequence[Sequence[int]] = (), twin: bool = False):
-        """``arg_dtypes``: the torch dtype of each tensor argument; ``size_hints``: the example inputs' value
-        of each int argument (``xnumel``, [``rnumel``], symbols). ``tiled``: a 2-D tiled pointwise kernel
-        (grid ``(xnumel / XBLOCK, rnumel / RBLOCK)``). With both, on a GPU, the configs of the hint sizes'
-        bucket are queued to the compile pool now (:meth:`TritonLauncher._submit_to_pool`). ``other_sizes``:
-        the int arguments at other values of the symbols; once a config is compiled, the binaries of the
-        specialization classes they reach (``xnumel`` not divisible by 16 where the hint's was) are queued to
-        the pool behind it, so a later size of that class finds its binary compiled
-        (:meth:`_queue_other_classes`). ``twin``: a looped reduction with a persistent twin under the
+        """``arg_dtypes``: the torch dtype of each tensor argument; ``size_hints``: the example inputs' value of each
+        int argument (``xnumel``, [``rnumel``], symbols). ``tiled``: a 2-D tiled pointwise kernel (grid ``(xnumel /
+        XBLOCK, rnumel / RBLOCK)``). With both, on a GPU, the configs of the hint sizes' bucket are queued to the
+        compile pool now (:meth:`TritonLauncher._submit_to_pool`). ``other_sizes``: the int arguments at other values of
+        the symbols; once a config is compiled, the binaries of the specialization classes they reach (``xnumel`` not
+        divisible by 16 where the hint's was) are queued to the pool behind it, so a later size of that class finds its
+        binary compiled (:meth:`_queue_other_classes`). ``twin``: a looped reduction with a persistent twin under the
         constexpr ``PERSISTENT``, which buckets of rows up to ``config.triton_persistent_rnumel`` run."""
         self.n_ptrs, self.red, self.twin = n_ptrs, rnumel_hint != 1, twin
         self.outer = outer
@@ -96,8 +93,7 @@ class DynamicTritonLauncher(TritonLauncher):
             self._claim_pool_jobs()  # its first launch compiles next
             self.chosen = dict(preset)
         self._tuned.append(((bucket[0].bit_length(), bucket[1].bit_length()), self.chosen))
-        trace.log("dynamic_launch_bucket", stage="runtime", kernel=self.name, bucket=list(bucket),
-                  config=self.chosen)
+        trace.log("dynamic_launch_bucket", stage="runtime", kernel=self.name, bucket=list(bucket), config=self.chosen)
         return self.chosen
 
     def __call__(self, *args):
@@ -124,8 +120,7 @@ class DynamicTritonLauncher(TritonLauncher):
         """Triton's specialization class of the int arguments ``ints`` (``xnumel``,
         [``rnumel``], symbols): a binary each."""
         n = 1 + self.red
-        return (tuple((v == 1, v % 16 == 0, v >> 31 == 0) for v in ints[:n]),
-                tuple(v >> 31 == 0 for v in ints[n:]))
+        return (tuple((v == 1, v % 16 == 0, v >> 31 == 0) for v in ints[:n]), tuple(v >> 31 == 0 for v in ints[n:]))
 
     def _class_key(self, cfg: dict, cls: tuple) -> str:
         """The compile-pool key of one config's binary for one specialization class."""

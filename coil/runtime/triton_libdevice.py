@@ -18,14 +18,13 @@ def interpreting() -> bool:
 
 
 def _patch_interpreter_bf16_rounding() -> None:
-    """Make the Triton interpreter round fp32 -> bf16 to nearest even, like the GPU
-    (``cvt.rn.bf16.f32``): its ``cast_impl`` truncates the mantissa (``x.bfloat16()`` of
-    -8.4784 gave -8.4375, eager -8.5), so CPU tests of bf16 kernels disagreed with eager
-    by one bf16 ulp. bf16 -> fp32 is exact, as on the GPU (a 16-bit shift): the
-    interpreter's conversion gave bf16 subnormals other values (4.0408e-39 became
-    4.4081e-39). A NaN becomes +NaN (0x7FC0), as eager's scalar conversion and the GPU's
-    canonical NaN: torch's vectorized ``.to(bfloat16)`` gives 0xFFFF, whose sign bit
-    ``copysign`` reads (fuzz seed 99 #656). Patched once, only under the interpreter (the shims below)."""
+    """Make the Triton interpreter round fp32 -> bf16 to nearest even, like the GPU (``cvt.rn.bf16.f32``): its
+    ``cast_impl`` truncates the mantissa (``x.bfloat16()`` of -8.4784 gave -8.4375, eager -8.5), so CPU tests of bf16
+    kernels disagreed with eager by one bf16 ulp. bf16 -> fp32 is exact, as on the GPU (a 16-bit shift): the
+    interpreter's conversion gave bf16 subnormals other values (4.0408e-39 became 4.4081e-39). A NaN becomes +NaN
+    (0x7FC0), as eager's scalar conversion and the GPU's canonical NaN: torch's vectorized ``.to(bfloat16)`` gives
+    0xFFFF, whose sign bit ``copysign`` reads (fuzz seed 99 #656). Patched once, only under the interpreter (the shims
+    below)."""
     from triton.runtime import interpreter as interp
     import triton.language as tl
 
@@ -112,10 +111,9 @@ def _patch_interpreter_device_assert() -> None:
 
 
 def _patch_interpreter_compare_dtype(builder) -> None:
-    """Give the interpreter's comparison results the dtype int1: its ``create_fcmp*`` /
-    ``create_icmp*`` keep the operands' dtype on the value, so splatting a scalar
-    comparison into a block made a float block (``(x != 0.0) & mask`` of a scalar ``x``
-    failed in NumPy's ``bitwise_and``; the GPU compiler has no such problem)."""
+    """Give the interpreter's comparison results the dtype int1: its ``create_fcmp*`` / ``create_icmp*`` keep the
+    operands' dtype on the value, so splatting a scalar comparison into a block made a float block (``(x != 0.0) &
+    mask`` of a scalar ``x`` failed in NumPy's ``bitwise_and``; the GPU compiler has no such problem)."""
     import triton.language as tl
     from triton.runtime import interpreter as interp
 
@@ -141,8 +139,7 @@ def _make_shim():
             ref = next(a for a in args if isinstance(a, tl.core.tensor))
             datas = [a.handle.data if isinstance(a, tl.core.tensor) else a for a in args]
             if npfn is not np.nextafter:  # float32 in float64, rounded once (as tl.sin)
-                datas = [d.astype(np.float64) if getattr(d, "dtype", None) == np.float32 else d
-                         for d in datas]
+                datas = [d.astype(np.float64) if getattr(d, "dtype", None) == np.float32 else d for d in datas]
             with np.errstate(all="ignore"):
                 out = npfn(*datas)
             # the result has the arguments' broadcast shape, as libdevice calls on a GPU

@@ -1,15 +1,12 @@
 """Loading and launching generated Triton kernels; autotuning with a disk cache.
 
-A kernel's source is written to ``<cache>/triton/<sha256 of source>.py`` and imported
-(Triton's JIT needs a real file). On CPU tensors the module is imported with
-``TRITON_INTERPRET=1`` so Triton's interpreter runs it.
+A kernel's source is written to ``<cache>/triton/<sha256 of source>.py`` and imported (Triton's JIT needs a real file).
+On CPU tensors the module is imported with ``TRITON_INTERPRET=1`` so Triton's interpreter runs it.
 
-:class:`TritonLauncher` holds the precomputed grid and launch options, so a call is one
-Triton launch. On a GPU with ``config.autotune`` the first call times each candidate
-config (block sizes, warps) on copies of the arguments with the same layout
-(:func:`scratch_copies`; :func:`time_launches`: back-to-back launches in a CUDA graph),
-keeps the fastest, and records it in ``<cache>/triton/<sha>.tune.json`` for later
-processes.
+:class:`TritonLauncher` holds the precomputed grid and launch options, so a call is one Triton launch. On a GPU with
+``config.autotune`` the first call times each candidate config (block sizes, warps) on copies of the arguments with the
+same layout (:func:`scratch_copies`; :func:`time_launches`: back-to-back launches in a CUDA graph), keeps the fastest,
+and records it in ``<cache>/triton/<sha>.tune.json`` for later processes.
 """
 from __future__ import annotations
 
@@ -100,12 +97,11 @@ def canonical_name(source: str, name: str) -> str:
     """The name kernel ``name`` is compiled under: ``coil_<kind>_<hash of its body>``,
     e.g. ``coil_poi_3f2a91c0d4`` (``kind`` from ``triton_<kind>_...``).
 
-    Generated names carry buffer names (``triton_poi_3_buf17``), so the same fused body
-    in twelve layers would otherwise be twelve modules, twelve compilations and twelve
-    autotuning runs; the body's hash (with the name replaced by :data:`CANONICAL_NAME`)
-    gives them one name, while different bodies stay distinguishable in profiler
-    output (every kernel used to show up as ``coil_kernel``). The ``autotune`` event
-    records which generated kernel runs under which name."""
+    Generated names carry buffer names (``triton_poi_3_buf17``), so the same fused body in twelve layers would otherwise
+    be twelve modules, twelve compilations and twelve autotuning runs; the body's hash (with the name replaced by
+    :data:`CANONICAL_NAME`) gives them one name, while different bodies stay distinguishable in profiler output (every
+    kernel used to show up as ``coil_kernel``). The ``autotune`` event records which generated kernel runs under which
+    name."""
     # whole-line comments are left out: the header names the fused nodes' buffers
     placeholder = re.sub(rf"\b{re.escape(name)}\b", CANONICAL_NAME, re.sub(r"(?m)^[ \t]*#.*\n", "", source))
     parts = name.split("_")
@@ -152,15 +148,13 @@ def candidate_configs(numel: int, rnumel: int, persistent: bool, gpu: bool,
                       outer: bool = False, elem_bytes: int = 4) -> list[dict]:
     """Launch configs to try, best guess first: dicts with XBLOCK, (RBLOCK), num_warps.
 
-    At most 3 for pointwise kernels and 4 for reductions (each candidate is one Triton
-    compilation: GPT-2 spent most of its 86 s first-call compile autotuning 6 configs
-    per kernel). ``outer``: a reduction whose loads are contiguous along x (``x.sum(0)``),
-    tiled wide along x and short along r so that a warp reads consecutive addresses.
-    ``elem_bytes``: the widest element size of the kernel's full-size buffers; with 2-byte
-    (fp16/bf16) streams the blocks hold twice the elements per thread, so each thread
-    still has 32 bytes per stream in flight (bf16 ``gelu(x+b)`` reached 60% of copy
-    bandwidth on an H200 with 8 elements = 16 bytes per thread, fp32 99%).
-    On CPU (Triton interpreter) one config, sized for NumPy."""
+    At most 3 for pointwise kernels and 4 for reductions (each candidate is one Triton compilation: GPT-2 spent most of
+    its 86 s first-call compile autotuning 6 configs per kernel). ``outer``: a reduction whose loads are contiguous
+    along x (``x.sum(0)``), tiled wide along x and short along r so that a warp reads consecutive addresses.
+    ``elem_bytes``: the widest element size of the kernel's full-size buffers; with 2-byte (fp16/bf16) streams the
+    blocks hold twice the elements per thread, so each thread still has 32 bytes per stream in flight (bf16
+    ``gelu(x+b)`` reached 60% of copy bandwidth on an H200 with 8 elements = 16 bytes per thread, fp32 99%). On CPU
+    (Triton interpreter) one config, sized for NumPy."""
     xcap = _pow2(numel)
     wide = gpu and elem_bytes <= 2 and not outer
     out: list[dict] = []
@@ -188,9 +182,8 @@ def candidate_configs(numel: int, rnumel: int, persistent: bool, gpu: bool,
             xb = max(1, min(xcap, elems // rb))
             per_thread = 16 if wide else 8
             if _cdiv(numel, xb) < FEW_PROGRAMS:
-                # too few programs to fill the GPU (a final reduction over a few hundred
-                # partials, one loss value): latency-bound, so more warps each with a
-                # shorter chain of loads (2 elements per thread)
+                # too few programs to fill the GPU (a final reduction over a few hundred partials, one loss value):
+                # latency-bound, so more warps each with a shorter chain of loads (2 elements per thread)
                 per_thread = 2
             nw = max(1, min(16, (xb * rb) // (32 * per_thread)))
             add(dict(XBLOCK=xb, RBLOCK=rb, num_warps=nw))
@@ -204,10 +197,9 @@ def candidate_configs(numel: int, rnumel: int, persistent: bool, gpu: bool,
         for xb, rb, nw in ((128, 16, 4), (64, 32, 4), (256, 16, 8), (32, 64, 4)):
             add(dict(XBLOCK=min(xb, xcap), RBLOCK=min(rb, rcap), num_warps=nw))
         return out[:4]
-    # one row per program with 16-32 warps: an H200 sweep (benchmarks/gpu_sweep.py,
-    # BENCHMARKS.md) timed 8192x32768 softmax 548 µs at (1, 2048, 32) against
-    # 746 µs at the earlier best (1, 2048, 8), and 32768x4096 layer_norm 251 µs at
-    # (1, 4096, 16) against 262 µs; blocks of several short rows were slower on all rows
+    # one row per program with 16-32 warps: an H200 sweep (benchmarks/gpu_sweep.py, BENCHMARKS.md) timed 8192x32768
+    # softmax 548 µs at (1, 2048, 32) against 746 µs at the earlier best (1, 2048, 8), and 32768x4096 layer_norm 251 µs
+    # at (1, 4096, 16) against 262 µs; blocks of several short rows were slower on all rows
     looped = ((1, 2048, 16), (1, 4096, 16), (1, 2048, 32), (1, 1024, 8))
     if wide:  # 2-byte streams: the same bytes per thread take twice the elements
         looped = ((1, 4096, 16), (1, 4096, 8), (1, 4096, 32), (1, 8192, 16))
@@ -219,35 +211,31 @@ def candidate_configs(numel: int, rnumel: int, persistent: bool, gpu: bool,
 
 def launch_configs(numel: int, rnumel: int, persistent: bool, gpu: bool, outer: bool = False,
                    elem_bytes: int = 4, tiled: bool = False) -> list[dict]:
-    """Every launch config the runtime may run a kernel with: :func:`tiled_configs` for
-    a 2-D tiled kernel, else :func:`candidate_configs`. :class:`TritonLauncher` chooses
-    only among these (a disk-cached autotuning result outside them is ignored), so the
-    code generator may rely on properties all of them share (:func:`blocks_divide`)."""
+    """Every launch config the runtime may run a kernel with: :func:`tiled_configs` for a 2-D tiled kernel, else
+    :func:`candidate_configs`. :class:`TritonLauncher` chooses only among these (a disk-cached autotuning result outside
+    them is ignored), so the code generator may rely on properties all of them share (:func:`blocks_divide`)."""
     if tiled:
         return tiled_configs(numel, rnumel, gpu)
     return candidate_configs(numel, rnumel, persistent, gpu, outer, elem_bytes)
 
 
 def blocks_divide(configs: list[dict], numel, rnumel) -> tuple[bool, bool]:
-    """``(x exact, r exact)``: whether every config's XBLOCK divides ``numel`` (the grid
-    then covers exactly ``numel``, so ``xmask`` is all true) and, for kernels with an r
-    axis, every RBLOCK divides ``rnumel`` (a persistent block is the whole row, each
-    loop step / r tile is full). Symbolic (non-integer) sizes are never exact."""
+    """``(x exact, r exact)``: whether every config's XBLOCK divides ``numel`` (the grid then covers exactly ``numel``,
+    so ``xmask`` is all true) and, for kernels with an r axis, every RBLOCK divides ``rnumel`` (a persistent block is
+    the whole row, each loop step / r tile is full). Symbolic (non-integer) sizes are never exact."""
     def static(n):
         return isinstance(n, int) or getattr(n, "is_Integer", False)
 
     x = static(numel) and all(int(numel) % c["XBLOCK"] == 0 for c in configs)
-    r = static(rnumel) and int(rnumel) > 1 and all(
-        "RBLOCK" in c and int(rnumel) % c["RBLOCK"] == 0 for c in configs)
+    r = static(rnumel) and int(rnumel) > 1 and all("RBLOCK" in c and int(rnumel) % c["RBLOCK"] == 0 for c in configs)
     return bool(configs) and x, bool(configs) and r
 
 
 def _direct_launch(run):
-    """``(launch, cooperative, pdl)`` when ``run`` (a Triton ``CudaLauncher``) can be
-    bypassed: its ``__call__`` only allocates scratch buffers (none needed here) and
-    forwards to the C ``launch(gridX, gridY, gridZ, stream, function, cooperative, pdl,
-    global_scratch, profile_scratch, kernel_metadata, launch_metadata, enter_hook,
-    exit_hook, *args)`` (Triton 3.4-3.6); None for any other shape of launcher."""
+    """``(launch, cooperative, pdl)`` when ``run`` (a Triton ``CudaLauncher``) can be bypassed: its ``__call__`` only
+    allocates scratch buffers (none needed here) and forwards to the C ``launch(gridX, gridY, gridZ, stream, function,
+    cooperative, pdl, global_scratch, profile_scratch, kernel_metadata, launch_metadata, enter_hook, exit_hook, *args)``
+    (Triton 3.4-3.6); None for any other shape of launcher."""
     import inspect
     try:
         params = list(inspect.signature(type(run).__call__).parameters)
@@ -266,17 +254,15 @@ def _direct_launch(run):
 def _specialized_launch(run, first: tuple, grid: tuple, consts: list, function, packed,
                         get_stream, device, slow, pointers_as_ints: bool = False,
                         direct: bool = True, free: int = 0):
-    """Generated ``fast(a0, ..., aN)`` for a compiled kernel: one launch through
-    :func:`_direct_launch`'s C function (or, failing that or with ``direct`` False,
-    ``run``) while the call keeps the Triton specialization of ``first``, the arguments
-    of the call that compiled it; else ``slow`` (the JIT, which picks or compiles the
-    matching binary). docs/codegen.md ("Runtime") describes the check.
+    """Generated ``fast(a0, ..., aN)`` for a compiled kernel: one launch through :func:`_direct_launch`'s C function
+    (or, failing that or with ``direct`` False, ``run``) while the call keeps the Triton specialization of ``first``,
+    the arguments of the call that compiled it; else ``slow`` (the JIT, which picks or compiles the matching binary).
+    docs/codegen.md ("Runtime") describes the check.
 
-    ``first`` holds the tensors, then the ints (a dynamic kernel's ``xnumel`` and size arguments); the
-    last ``free`` ints are ``do_not_specialize`` (only their 32-bit range is checked). ``grid`` items are
-    ints or Python expressions in the argument names (``-(-a3 // 128)``). ``pointers_as_ints`` (every
-    tensor was a CUDA tensor on the first call): the direct launch gets the data pointers the check
-    already read, as ints."""
+    ``first`` holds the tensors, then the ints (a dynamic kernel's ``xnumel`` and size arguments); the last ``free``
+    ints are ``do_not_specialize`` (only their 32-bit range is checked). ``grid`` items are ints or Python expressions
+    in the argument names (``-(-a3 // 128)``). ``pointers_as_ints`` (every tensor was a CUDA tensor on the first call):
+    the direct launch gets the data pointers the check already read, as ints."""
     names = [f"a{i}" for i in range(len(first))]
     params = ", ".join(names)
     launch = _direct_launch(run) if direct else None
@@ -325,17 +311,15 @@ def _specialized_launch(run, first: tuple, grid: tuple, consts: list, function, 
 
 
 def time_launches(launch: Callable[[], object], budget_ms: float = 1.0, rounds: int = 3) -> float:
-    """Milliseconds one call of ``launch`` (a kernel launch) takes on the GPU, for
-    autotuning: ``launch`` is captured ``n`` times back to back in a CUDA graph (``n``
-    sized so that one replay takes about ``budget_ms``) and the median replay of
-    ``rounds`` is divided by ``n``.
+    """Milliseconds one call of ``launch`` (a kernel launch) takes on the GPU, for autotuning: ``launch`` is captured
+    ``n`` times back to back in a CUDA graph (``n`` sized so that one replay takes about ``budget_ms``) and the median
+    replay of ``rounds`` is divided by ``n``.
 
-    Timing single launches between CUDA events (``triton.testing.do_bench``) measures
-    the host's launch latency instead of the kernel whenever the kernel is shorter than
-    it: autotuning a 3 µs kernel through Triton's JIT launcher read 16-38 µs per config
-    on an H200 and chose by noise (BENCHMARKS.md). In the graph the kernels
-    run back to back, L2-warm as in a model where the producer has just written the
-    input. Falls back to ``do_bench`` when capture fails (e.g. a kernel that syncs)."""
+    Timing single launches between CUDA events (``triton.testing.do_bench``) measures the host's launch latency instead
+    of the kernel whenever the kernel is shorter than it: autotuning a 3 µs kernel through Triton's JIT launcher read
+    16-38 µs per config on an H200 and chose by noise (BENCHMARKS.md). In the graph the kernels run back to back,
+    L2-warm as in a model where the producer has just written the input. Falls back to ``do_bench`` when capture fails
+    (e.g. a kernel that syncs)."""
     import torch
     launch()  # compiled and warm
     torch.cuda.synchronize()
@@ -376,16 +360,13 @@ def time_launches(launch: Callable[[], object], budget_ms: float = 1.0, rounds: 
 
 
 def scratch_copies(args) -> tuple:
-    """Copies of a kernel's arguments for timed launches that index exactly like the
-    originals: each tensor keeps its size, strides and storage offset over a copy of
-    its whole storage, and arguments that share a storage share one copy (a kernel
-    reading a view of a buffer it also writes sees the same aliasing). Non-tensors are
-    passed through.
+    """Copies of a kernel's arguments for timed launches that index exactly like the originals: each tensor keeps its
+    size, strides and storage offset over a copy of its whole storage, and arguments that share a storage share one copy
+    (a kernel reading a view of a buffer it also writes sees the same aliasing). Non-tensors are passed through.
 
-    ``Tensor.clone()`` is not enough: a clone of a non-dense view (input ids
-    ``ids[:, :128]`` of an ``(8, 512)`` tensor) is contiguous and smaller, while the
-    kernel was generated for the view's strides (``in_ptr0 + 512 * (x // 128) + x % 128``)
-    and reads past the clone's end (an illegal memory access on a GPU)."""
+    ``Tensor.clone()`` is not enough: a clone of a non-dense view (input ids ``ids[:, :128]`` of an ``(8, 512)`` tensor)
+    is contiguous and smaller, while the kernel was generated for the view's strides (``in_ptr0 + 512 * (x // 128) + x %
+    128``) and reads past the clone's end (an illegal memory access on a GPU)."""
     import torch
 
     storages: dict[tuple, object] = {}
@@ -440,8 +421,7 @@ class TritonLauncher:
         if tuned not in self.configs:  # (None, or tuned for another candidate set)
             tuned, where = self._read_tuned(), "disk"
         if tuned is not None:
-            trace.log("autotune_reused", stage="runtime", kernel=self.name, key=self.key,
-                      config=tuned, tuned_in=where)
+            trace.log("autotune_reused", stage="runtime", kernel=self.name, key=self.key, config=tuned, tuned_in=where)
         return tuned
 
     def _preset(self, elements: int) -> Optional[dict]:
@@ -450,16 +430,14 @@ class TritonLauncher:
         ``config.autotune_min_elements`` ``elements``); None: autotune at the first call."""
         if (tuned := self._known_tuned()) is not None:
             return tuned
-        if len(self.configs) == 1 or not (config.autotune and self.gpu) \
-                or elements < config.autotune_min_elements:
+        if len(self.configs) == 1 or not (config.autotune and self.gpu) or elements < config.autotune_min_elements:
             return self.configs[0]
         return None
 
     def _submit_to_pool(self, args: list, preset: Optional[dict], key: Optional[str] = None) -> None:
-        """Queue the configs this kernel will be compiled with (``preset``, or every
-        candidate) to the compile-worker pool (runtime/compile_pool.py), once per ``key``
-        (default ``self.key``) and process. ``args``: a torch dtype per tensor argument and
-        the value of each int argument (Triton specializes the binary on it)."""
+        """Queue the configs this kernel will be compiled with (``preset``, or every candidate) to the compile-worker
+        pool (runtime/compile_pool.py), once per ``key`` (default ``self.key``) and process. ``args``: a torch dtype per
+        tensor argument and the value of each int argument (Triton specializes the binary on it)."""
         key = key or self.key
         if key in _pool_jobs:
             return
@@ -490,12 +468,10 @@ class TritonLauncher:
 
     def _grid(self, cfg: dict) -> tuple:
         """Programs per axis: x blocks, and for a tiled kernel r blocks too."""
-        return (_cdiv(self.numel, cfg["XBLOCK"]),) + ((_cdiv(self.rnumel, cfg["RBLOCK"]),)
-                                                       if self.tiled else ())
+        return (_cdiv(self.numel, cfg["XBLOCK"]),) + ((_cdiv(self.rnumel, cfg["RBLOCK"]),) if self.tiled else ())
 
     def _first_call(self, *args):
-        """Launch through Triton's JIT once, then switch to the compiled kernel's own
-        launcher (:meth:`_make_fast`)."""
+        """Launch through Triton's JIT once, then switch to the compiled kernel's own launcher (:meth:`_make_fast`)."""
         self._claim_pool_jobs()
         kernel, self._call = self._launch_first(self._slow, args)
         return kernel
@@ -518,27 +494,23 @@ class TritonLauncher:
 
     def _make_fast(self, kernel, args, cfg: Optional[dict] = None, grid: Optional[tuple] = None,
                    slow: Optional[Callable] = None, free: int = 0):
-        """A launch function for the compiled ``kernel`` (:func:`_specialized_launch`):
-        the constexprs of ``cfg`` (default: the chosen config) and ``grid`` (default: this
-        launcher's) on every call, while the call keeps the Triton specialization of
-        ``args`` (the first call's; the last ``free`` ints are not specialized); else
-        ``slow`` (default: the JIT launch).
+        """A launch function for the compiled ``kernel`` (:func:`_specialized_launch`): the constexprs of ``cfg``
+        (default: the chosen config) and ``grid`` (default: this launcher's) on every call, while the call keeps the
+        Triton specialization of ``args`` (the first call's; the last ``free`` ints are not specialized); else ``slow``
+        (default: the JIT launch).
 
-        On Triton versions whose launcher takes its scratch buffers as arguments (3.x
-        with ``CudaLauncher.__call__(gridX, gridY, gridZ, stream, function, *args)``) and
-        needs none, the C launch function is called directly, skipping
-        ``CudaLauncher.__call__``: about 2-4 µs of Python per launch on an H200 host."""
+        On Triton versions whose launcher takes its scratch buffers as arguments (3.x with
+        ``CudaLauncher.__call__(gridX, gridY, gridZ, stream, function, *args)``) and needs none, the C launch function
+        is called directly, skipping ``CudaLauncher.__call__``: about 2-4 µs of Python per launch on an H200 host."""
         from triton.runtime.driver import driver
         cfg = cfg or self.chosen
         consts = [cfg[k] for k in ("XBLOCK", "RBLOCK", "PERSISTENT") if k in cfg]
         grid = grid or self._grid(cfg)
         on_gpu = all(getattr(a, "is_cuda", False) for a in args if not isinstance(a, int))
-        return _specialized_launch(kernel.run, args, (grid[0], grid[1] if len(grid) > 1 else 1),
-                                   consts, kernel.function, kernel.packed_metadata,
-                                   driver.active.get_current_stream,
-                                   driver.active.get_current_device(), slow or self._slow,
-                                   pointers_as_ints=on_gpu, direct=config.triton_direct_launch,
-                                   free=free)
+        return _specialized_launch(kernel.run, args, (grid[0], grid[1] if len(grid) > 1 else 1), consts,
+                                   kernel.function, kernel.packed_metadata, driver.active.get_current_stream,
+                                   driver.active.get_current_device(), slow or self._slow, pointers_as_ints=on_gpu,
+                                   direct=config.triton_direct_launch, free=free)
 
     def __call__(self, *args):
         if self.chosen is None:  # another copy of this body may have been tuned since
@@ -567,11 +539,10 @@ class TritonLauncher:
             return None
 
     def _precompile(self, args) -> None:
-        """Compile every candidate config in a thread pool before timing them (Triton's
-        MLIR passes and ptxas run outside the GIL), through ``JITFunction.warmup`` (Triton
-        3.x: ``warmup(*args, grid=..., **constexprs_and_options)``); the timed launches
-        then hit Triton's in-memory cache. Any failure (another Triton API, a config
-        that does not compile) only loses the overlap: timing compiles serially."""
+        """Compile every candidate config in a thread pool before timing them (Triton's MLIR passes and ptxas run
+        outside the GIL), through ``JITFunction.warmup`` (Triton 3.x: ``warmup(*args, grid=...,
+        **constexprs_and_options)``); the timed launches then hit Triton's in-memory cache. Any failure (another Triton
+        API, a config that does not compile) only loses the overlap: timing compiles serially."""
         if len(self.configs) < 2 or config.autotune_compile_threads < 2:
             return
         from concurrent.futures import ThreadPoolExecutor
@@ -599,14 +570,11 @@ class TritonLauncher:
     def _autotune(self, args) -> None:
         """Time every candidate config and keep the fastest.
 
-        The timed launches run on *copies* of the tensor arguments
-        (:func:`scratch_copies`: same size, strides and storage offset, over a copy of
-        the whole storage): a kernel that accumulates into its output (atomic
-        scatter-add, embedding backward) or updates a buffer in place would otherwise be
-        applied once per timed launch, and the caller's real launch would start from a
-        corrupted buffer. Raises
-        KernelCompileError (naming the kernel and each config's error) when no candidate
-        compiles."""
+        The timed launches run on *copies* of the tensor arguments (:func:`scratch_copies`: same size, strides and
+        storage offset, over a copy of the whole storage): a kernel that accumulates into its output (atomic
+        scatter-add, embedding backward) or updates a buffer in place would otherwise be applied once per timed launch,
+        and the caller's real launch would start from a corrupted buffer. Raises KernelCompileError (naming the kernel
+        and each config's error) when no candidate compiles."""
         scratch = scratch_copies(args)
         with trace.stage("autotune_compile"):
             self._claim_pool_jobs()

@@ -14,8 +14,7 @@ from typing import Optional
 
 import sympy
 
-from coil.ir.symbols import (RINDEX, XINDEX, FloorDiv, Mod, as_size, current_shape_env, hint, product,
-                             simplify_index)
+from coil.ir.symbols import (RINDEX, XINDEX, FloorDiv, Mod, as_size, current_shape_env, hint, product, simplify_index)
 
 
 def decompose(var: sympy.Symbol, sizes: list) -> list:
@@ -37,10 +36,9 @@ def decompose(var: sympy.Symbol, sizes: list) -> list:
 
 
 def split_ranges(sizes: list, rnumel) -> Optional[tuple[list, list, Optional[int]]]:
-    """Split ``sizes`` into (x_sizes, r_sizes, split_dim) with ``prod(r_sizes) == rnumel``.
-    ``split_dim`` is the dim cut in two (its outer part ends x_sizes, inner part starts
-    r_sizes), or None. Returns None when impossible. A dim is cut in two only when the
-    quotient is exact (an integer, or an exact expression of symbolic sizes)."""
+    """Split ``sizes`` into (x_sizes, r_sizes, split_dim) with ``prod(r_sizes) == rnumel``. ``split_dim`` is the dim cut
+    in two (its outer part ends x_sizes, inner part starts r_sizes), or None. Returns None when impossible. A dim is cut
+    in two only when the quotient is exact (an integer, or an exact expression of symbolic sizes)."""
     rem, r_sizes, d = sympy.sympify(rnumel), [], len(sizes) - 1
     while rem != 1 and d >= 0:
         s = sympy.sympify(sizes[d])
@@ -135,7 +133,6 @@ def kernel_deps(buf, numel, rnumel) -> Optional[KernelDeps]:
         rec = DependencyRecorder.record(buf, index, rindex)
         bounds = {XINDEX: numel, RINDEX: rnumel}
         res = KernelDeps([(n, simplify_index(sympy.sympify(e), bounds)) for n, e in rec.loads],
-                         [(n, simplify_index(sympy.sympify(e), bounds)) for n, e in rec.stores],
-                         in_loop)
+                         [(n, simplify_index(sympy.sympify(e), bounds)) for n, e in rec.stores], in_loop)
     _deps_cache[key] = (buf, res)
     return res

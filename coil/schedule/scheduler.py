@@ -1,10 +1,9 @@
 """The scheduler: from IR buffers to an ordered list of fused kernels and extern calls.
 
-Input: a lowered :class:`~coil.ir.graph.GraphLowering`. Output: ``self.steps``, a list of
-:class:`FusedGroup` (one generated kernel each) and :class:`ExternStep` (an ATen call or
-a MultiOutput unpacking), in a valid execution order. Fusion is greedy, best first by the memory
-traffic saved, under the rules of docs/scheduler.md ("Fusion"), launch-saving horizontal fusion
-included; every decision is logged (event ``fusion``).
+Input: a lowered :class:`~coil.ir.graph.GraphLowering`. Output: ``self.steps``, a list of :class:`FusedGroup` (one
+generated kernel each) and :class:`ExternStep` (an ATen call or a MultiOutput unpacking), in a valid execution order.
+Fusion is greedy, best first by the memory traffic saved, under the rules of docs/scheduler.md ("Fusion"), launch-saving
+horizontal fusion included; every decision is logged (event ``fusion``).
 """
 from __future__ import annotations
 
@@ -97,8 +96,7 @@ class Scheduler:
             self.steps = sorted(self.groups, key=lambda g: g.order)
         if trace.enabled():
             trace.log("schedule", stage="schedule", kernels=sum(isinstance(s, FusedGroup) for s in self.steps),
-                      externs=sum(isinstance(s, ExternStep) for s in self.steps),
-                      groups=[s.names for s in self.steps])
+                      externs=sum(isinstance(s, ExternStep) for s in self.steps), groups=[s.names for s in self.steps])
 
     # ------------------------------------------------------------------ graph helpers
     def _owner_map(self) -> dict[str, object]:
@@ -179,24 +177,21 @@ class Scheduler:
         limit = config.launch_fusion_max_numel
         if g.rnumel != 1 or limit <= 0 or hint(g.numel) > limit:
             return None
-        if any(r == "seeds" or not isinstance(self.graph.name_to_buffer.get(r), InputBuffer)
-               for r in g.read_names()):
+        if any(r == "seeds" or not isinstance(self.graph.name_to_buffer.get(r), InputBuffer) for r in g.read_names()):
             return None
         pats = set()
         for n in g.nodes:
             if (deps := kernel_deps(n, g.numel, 1)) is None:
                 return None
-            pats.add((tuple(sorted(str(e) for _, e in deps.loads)),
-                      tuple(sorted(str(e) for _, e in deps.stores))))
+            pats.add((tuple(sorted(str(e) for _, e in deps.loads)), tuple(sorted(str(e) for _, e in deps.stores))))
         if len(pats) != 1:
             return None
         return g.numel, pats.pop()
 
     def _launch_candidates(self, kernels: list) -> list[tuple]:
-        """Pairs of input-only groups with the same pattern (:meth:`_input_only_pattern`),
-        consecutive in program order: fusing them saves a kernel launch (host time,
-        which bounds small-batch inference and training steps) and no memory traffic;
-        each round halves a bucket, so the rounds of :meth:`fuse` merge it into one."""
+        """Pairs of input-only groups with the same pattern (:meth:`_input_only_pattern`), consecutive in program order:
+        fusing them saves a kernel launch (host time, which bounds small-batch inference and training steps) and no
+        memory traffic; each round halves a bucket, so the rounds of :meth:`fuse` merge it into one."""
         buckets: dict[tuple, list] = defaultdict(list)
         for g in kernels:
             if (pat := self._input_only_pattern(g)) is not None:
@@ -294,11 +289,7 @@ class Scheduler:
         columns of the same inputs load different elements per iteration, and fusing them forced one access
         pattern onto both: uncoalesced loads, 2-3x slower on an H200)."""
         def loads(g):
-            out = set()
-            for n in g.nodes:
-                if (deps := kernel_deps(n, numel, rnumel)) is not None:
-                    out.update((name, e) for name, e in deps.loads)
-            return out
+            return {load for n in g.nodes if (deps := kernel_deps(n, numel, rnumel)) is not None for load in deps.loads}
         return bool(loads(a) & loads(b))
 
     def _merge(self, a: FusedGroup, b: FusedGroup) -> None:

@@ -1,28 +1,22 @@
 """Testing helpers: compare a compiled program with eager PyTorch.
 
-Design note
------------
-The reference for everything coil produces is eager PyTorch on the same inputs.
-:func:`assert_same_as_eager` runs ``fn`` eagerly and compiled on *separate deep
-copies* of the arguments (and of ``fn`` itself when it is an ``nn.Module``), with
-the same RNG seed, and compares:
+Design note ----------- The reference for everything coil produces is eager PyTorch on the same inputs.
+:func:`assert_same_as_eager` runs ``fn`` eagerly and compiled on *separate deep copies* of the arguments (and of ``fn``
+itself when it is an ``nn.Module``), with the same RNG seed, and compares:
 
 - the outputs (any pytree of tensors and Python values): shape, dtype and values;
-- the arguments afterwards (so an in-place update the compiled code forgot, or one
-  it made up, is caught) and, for a module, its ``state_dict`` (buffers such as
-  BatchNorm's running statistics);
-- with ``check_grads=True``, the gradients of every floating-point tensor argument
-  and module parameter, from a backward pass with the same random cotangents.
+- the arguments afterwards (so an in-place update the compiled code forgot, or one it made up, is caught) and, for a
+  module, its ``state_dict`` (buffers such as BatchNorm's running statistics);
+- with ``check_grads=True``, the gradients of every floating-point tensor argument and module parameter, from a backward
+  pass with the same random cotangents.
 
-Tolerances are per dtype (:data:`TOLERANCES`; ``atol``/``rtol`` override them).
-Low-precision results (bf16/fp16) are also checked against an fp32 reference, the
-same program run on fp32 copies: the compiled result's error against it (RMS and
-max-abs) must be at most ``LOW_PRECISION_MARGIN`` times eager's error plus a small
-floor. A compiled kernel that keeps intermediates in fp32 is then accepted even
-where it differs from eager's bf16 rounding, while a genuinely wrong one is not.
+Tolerances are per dtype (:data:`TOLERANCES`; ``atol``/``rtol`` override them). Low-precision results (bf16/fp16) are
+also checked against an fp32 reference, the same program run on fp32 copies: the compiled result's error against it (RMS
+and max-abs) must be at most ``LOW_PRECISION_MARGIN`` times eager's error plus a small floor. A compiled kernel that
+keeps intermediates in fp32 is then accepted even where it differs from eager's bf16 rounding, while a genuinely wrong
+one is not.
 
-:class:`CompileCounter` is a backend that counts graphs and operators and runs
-each graph as it is (``gm.forward``).
+:class:`CompileCounter` is a backend that counts graphs and operators and runs each graph as it is (``gm.forward``).
 """
 from __future__ import annotations
 
@@ -58,21 +52,17 @@ class CompileCounter:
         op_count: ``call_function`` / ``call_method`` / ``call_module`` nodes, summed.
         graphs: the ``torch.fx.GraphModule`` objects, in order.
 
-    Use as ``cnt = CompileCounter(); coil.compile(fn, backend=cnt)`` (or with
-    ``torch.compile``).
+    Use as ``cnt = CompileCounter(); coil.compile(fn, backend=cnt)`` (or with ``torch.compile``).
     """
 
     def __init__(self) -> None:
-        self.frame_count = 0
-        self.op_count = 0
-        self.graphs: list = []
+        self.clear()
         self.__name__ = "compile_counter"
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
         self.frame_count += 1
         self.graphs.append(gm)
-        self.op_count += sum(1 for n in gm.graph.nodes
-                             if n.op in ("call_function", "call_method", "call_module"))
+        self.op_count += sum(1 for n in gm.graph.nodes if n.op in ("call_function", "call_method", "call_module"))
         return gm.forward
 
     def clear(self) -> None:
@@ -128,16 +118,13 @@ def _compare_tensor(what: str, actual: torch.Tensor, expected: torch.Tensor,
         c_rms, c_max = _errors(a, ref)
         e_rms, e_max = _errors(e, ref)
         floor = at / 10
-        if c_rms <= LOW_PRECISION_MARGIN * e_rms + floor and \
-                c_max <= LOW_PRECISION_MARGIN * e_max + at:
+        if c_rms <= LOW_PRECISION_MARGIN * e_rms + floor and c_max <= LOW_PRECISION_MARGIN * e_max + at:
             return None
-        return (f"{what} ({expected.dtype}): compiled is further from the fp32 reference than "
-                f"eager: rms error {c_rms:.3g} vs eager's {e_rms:.3g}, max error {c_max:.3g} vs "
-                f"eager's {e_max:.3g} (allowed: {LOW_PRECISION_MARGIN}x eager's + {floor:.3g} rms, "
-                f"+ {at:.3g} max)")
+        return (f"{what} ({expected.dtype}): compiled is further from the fp32 reference than eager: rms error "
+                f"{c_rms:.3g} vs eager's {e_rms:.3g}, max error {c_max:.3g} vs eager's {e_max:.3g} (allowed: "
+                f"{LOW_PRECISION_MARGIN}x eager's + {floor:.3g} rms, + {at:.3g} max)")
     try:
-        torch.testing.assert_close(a, e, atol=at, rtol=rt, equal_nan=True,
-                                   check_device=False, check_stride=False)
+        torch.testing.assert_close(a, e, atol=at, rtol=rt, equal_nan=True, check_device=False, check_stride=False)
     except AssertionError as err:
         return f"{what}: {err}"
     return None
@@ -151,8 +138,7 @@ def _compare_trees(what: str, actual: Any, expected: Any, reference: Any, atol, 
     a_leaves, a_spec = pytree.tree_flatten_with_path(actual)
     e_leaves, e_spec = pytree.tree_flatten_with_path(expected)
     if a_spec != e_spec:
-        return [f"{what}: pytree structure differs from eager's:\n      compiled: {a_spec}"
-                f"\n      eager:    {e_spec}"]
+        return [f"{what}: pytree structure differs from eager's:\n      compiled: {a_spec}\n      eager:    {e_spec}"]
     r_leaves = [x for _, x in pytree.tree_flatten_with_path(reference)[0]] \
         if reference is not None else [None] * len(e_leaves)
     if len(r_leaves) != len(e_leaves):
@@ -164,8 +150,7 @@ def _compare_trees(what: str, actual: Any, expected: Any, reference: Any, atol, 
             if not isinstance(a, torch.Tensor):
                 problems.append(f"{name}: got {type(a).__name__}, eager gave a tensor")
                 continue
-            msg = _compare_tensor(name, a, e, r if isinstance(r, torch.Tensor) else None,
-                                  atol, rtol)
+            msg = _compare_tensor(name, a, e, r if isinstance(r, torch.Tensor) else None, atol, rtol)
             if msg:
                 problems.append(msg)
         elif isinstance(a, torch.Tensor):
@@ -199,16 +184,13 @@ def _upcast(tree: Any) -> Any:
 
 
 def _has_low_precision(tree: Any) -> bool:
-    return any(isinstance(x, torch.Tensor) and x.dtype in _LOW_PRECISION
-               for x in pytree.tree_leaves(tree))
+    return any(isinstance(x, torch.Tensor) and x.dtype in _LOW_PRECISION for x in pytree.tree_leaves(tree))
 
 
 def _grad_leaves(args: Any, module: Optional[torch.nn.Module]) -> list:
     """(name, tensor) of what gradients are compared for: float tensor args, params."""
-    out = []
-    for path, x in pytree.tree_flatten_with_path(args)[0]:
-        if isinstance(x, torch.Tensor) and (x.is_floating_point() or x.is_complex()):
-            out.append(("args" + _path_str(path), x))
+    out = [("args" + _path_str(path), x) for path, x in pytree.tree_flatten_with_path(args)[0]
+           if isinstance(x, torch.Tensor) and (x.is_floating_point() or x.is_complex())]
     if module is not None:
         out += [(f"param {n}", p) for n, p in module.named_parameters() if p.requires_grad]
     return out
@@ -229,14 +211,12 @@ def _run(fn: Callable, args: tuple, kwargs: dict, check_grads: bool,
         out = fn(*args, **kwargs)
     grads = None
     if check_grads:
-        outs = [o for o in pytree.tree_leaves(out)
-                if isinstance(o, torch.Tensor) and o.requires_grad]
+        outs = [o for o in pytree.tree_leaves(out) if isinstance(o, torch.Tensor) and o.requires_grad]
         if not outs:
             raise AssertionError("check_grads=True but no output requires grad "
                                  "(pass floating-point tensor inputs or a module with parameters)")
         gen = torch.Generator().manual_seed(cotangent_seed)
-        cots = [torch.randn(o.shape, generator=gen, dtype=torch.float32).to(o.dtype).to(o.device)
-                for o in outs]
+        cots = [torch.randn(o.shape, generator=gen, dtype=torch.float32).to(o.dtype).to(o.device) for o in outs]
         torch.autograd.backward(outs, cots)
         grads = {name: (x.grad if x.is_leaf else None) for name, x in leaves}
     return out, grads
@@ -281,8 +261,7 @@ def assert_same_as_eager(fn: Callable, args: Any, *, backend: Any = "coil",
         if upcast:
             a, k = _upcast((a, k))
             if is_module:
-                f = f.float() if any(p.dtype in _LOW_PRECISION for p in
-                                     list(f.parameters()) + list(f.buffers())) else f
+                f = f.float() if any(p.dtype in _LOW_PRECISION for p in list(f.parameters()) + list(f.buffers())) else f
         return f, a, k
 
     # Eager.
@@ -295,20 +274,17 @@ def assert_same_as_eager(fn: Callable, args: Any, *, backend: Any = "coil",
         is_module and any(p.dtype in _LOW_PRECISION for p in fn.parameters()))
     if low:
         r_fn, r_args, r_kwargs = fresh(upcast=True)
-        r_out, r_grads = _run(r_fn, r_args, r_kwargs, check_grads,
-                              r_fn if is_module else None, 7)
+        r_out, r_grads = _run(r_fn, r_args, r_kwargs, check_grads, r_fn if is_module else None, 7)
 
     # Compiled.
     c_fn, c_args, c_kwargs = fresh()
     compiled = coil.compile(c_fn, backend=backend)
-    c_out, c_grads = _run(compiled, c_args, c_kwargs, check_grads,
-                          c_fn if is_module else None, 7)
+    c_out, c_grads = _run(compiled, c_args, c_kwargs, check_grads, c_fn if is_module else None, 7)
 
     problems = _compare_trees("output", c_out, e_out, r_out, atol, rtol)
     if check_input_mutation:
         problems += _compare_trees("args after call", c_args, e_args, r_args, atol, rtol)
-        problems += _compare_trees("kwargs after call", c_kwargs, e_kwargs,
-                                   r_kwargs, atol, rtol)
+        problems += _compare_trees("kwargs after call", c_kwargs, e_kwargs, r_kwargs, atol, rtol)
         if is_module:
             problems += _compare_trees(
                 "module state", dict(c_fn.state_dict()), dict(e_fn.state_dict()),

@@ -1,11 +1,10 @@
 """Differential fuzzer: random straight-line programs, eager vs coil, with a minimizer.
 
-``python -m coil.testing.fuzz --time 3600 --seed 0 --backends cpp,triton,aot_eager
---out fuzz-out`` (docs/fuzzing.md). A :class:`Program` (inputs with exact values and a
-layout, statements from the op families of :mod:`coil.testing.fuzz_ops`) prints as a
-runnable repro; :func:`check` runs a function eagerly and compiled and classifies the
-result (:data:`OUTCOMES`); :func:`minimize` shrinks a failing program while its
-:attr:`Result.signature` stays the same.
+``python -m coil.testing.fuzz --time 3600 --seed 0 --backends cpp,triton,aot_eager --out fuzz-out`` (docs/fuzzing.md). A
+:class:`Program` (inputs with exact values and a layout, statements from the op families of
+:mod:`coil.testing.fuzz_ops`) prints as a runnable repro; :func:`check` runs a function eagerly and compiled and
+classifies the result (:data:`OUTCOMES`); :func:`minimize` shrinks a failing program while its :attr:`Result.signature`
+stays the same.
 """
 from __future__ import annotations
 
@@ -38,14 +37,12 @@ import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from coil.testing import LOW_PRECISION_MARGIN, TOLERANCES
-from coil.testing.fuzz_ops import (DTYPES, FAMILIES, FAMILY_WEIGHTS, Ctx, gen_layout,
-                                   gen_shapes, gen_values, literal)
+from coil.testing.fuzz_ops import (DTYPES, FAMILIES, FAMILY_WEIGHTS, Ctx, gen_layout, gen_shapes, gen_values, literal)
 
 __all__ = ["Program", "Input", "Stmt", "Result", "generate", "check", "check_program",
            "minimize", "replay", "main", "OUTCOMES", "BACKENDS"]
 
-OUTCOMES = ("ok", "mismatch", "error", "missing_error", "both_raise", "hang", "upstream",
-            "no_reference")
+OUTCOMES = ("ok", "mismatch", "error", "missing_error", "both_raise", "hang", "upstream", "no_reference")
 FAILURES = ("mismatch", "error", "missing_error", "hang")
 BACKENDS = ("cpp", "triton", "cpp_dynamic", "triton_dynamic", "aot_eager", "torch_aot_eager")
 _LOW = (torch.float16, torch.bfloat16)
@@ -81,8 +78,7 @@ class Stmt:
 
     @property
     def uses(self) -> set:
-        return {n.id for n in ast.walk(ast.parse(self.text))
-                if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+        return {n.id for n in ast.walk(ast.parse(self.text)) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
 
 
 @dataclasses.dataclass
@@ -142,8 +138,7 @@ def _replay_env(inputs: list, stmts: list) -> dict:
     return env
 
 
-def generate(seed: int, index: int, families: Optional[list] = None,
-             max_stmts: int = 8) -> Program:
+def generate(seed: int, index: int, families: Optional[list] = None, max_stmts: int = 8) -> Program:
     """Program number ``index`` of ``seed`` (independent of the others: replayable alone)."""
     rng = random.Random(f"coil-fuzz:{seed}:{index}")
     fams = [f for f in FAMILY_WEIGHTS if not families or f in families]
@@ -452,8 +447,7 @@ class _Bounds(TorchDispatchMode):
                 k = x.numel() // max(out.numel(), 1) if op is torch.ops.aten.mean else 1
                 pos = func(x.clamp(min=0), *args[1:], **kwargs) * k >= torch.finfo(dt).max
                 neg = func(x.clamp(max=0), *args[1:], **kwargs) * k <= -torch.finfo(dt).max
-                bound = torch.where(pos & neg, math.nan, torch.where(pos, math.inf, torch.where(
-                    neg, -math.inf, bound)))
+                bound = torch.where(pos & neg, math.nan, torch.where(pos, math.inf, torch.where(neg, -math.inf, bound)))
             self.bounds[id(out)] = (out, bound) + ((exact,) if dt.is_floating_point else ())
         elif op in _REM_OPS and isinstance(args[1], torch.Tensor) and out.is_floating_point() \
                 and args[1].untyped_storage().data_ptr() not in self.inputs:
@@ -529,8 +523,7 @@ class _Bounds(TorchDispatchMode):
                 * torch.finfo(torch.promote_types(args[0].dtype, torch.float32)).eps * 4 * math.prod(args[1])
             u = torch.broadcast_to(  # (none where a statistic overflowed)
                 u * (w.double().abs() if w is not None else 1.0), out[0].shape).nan_to_num(0.0, 0.0, 0.0)
-            du, dw = (self.bounds[id(t)][1].double() if id(t) in self.bounds else torch.zeros(())
-                      for t in (args[0], w))
+            du, dw = (self.bounds[id(t)][1].double() if id(t) in self.bounds else torch.zeros(()) for t in (args[0], w))
             if du.any() or dw.any():  # its arguments' bounds, to first order: a row of close values
                 # normalized amplifies them by rstd (s206 #8553: a bf16 index_put_ accumulated in another order)
                 xh, m = ((x - out[1].double()) * r).abs(), lambda t: t.mean(dims, keepdim=True)  # noqa: E731
@@ -775,8 +768,7 @@ def _one_narrow_ulp(a: torch.Tensor, b: torch.Tensor, low: torch.dtype) -> torch
     return exact & ((a - b).abs() <= torch.exp2(torch.floor(torch.log2(big))) * torch.finfo(low).eps)
 
 
-def _documented_numerics(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype, r64,
-                         sums) -> torch.Tensor:
+def _documented_numerics(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype, r64, sums) -> torch.Tensor:
     """Elements where compiled ``a`` differs from eager ``b`` (float64 copies) in one of two documented ways: (1) given
     ``r64`` (the float64 reference of a program using an op whose CPU statistics coil computes in float64:
     layer_norm/var/std/prod, docs/ir.md Numerics), compiled is within the dtype's tolerance of the reference (eager's
@@ -839,17 +831,14 @@ def _compare(c_out, e_out, c_args, e_args, ref, ref64=None, sums=False,
             problems.append(("out-" + p[0], p[1]))
         ej, cj = _alias_of(e, e_args), _alias_of(c, c_args)
         if ej != cj:
-            problems.append(("out-alias", f"output {i}: eager's is a view of input {ej}, "
-                                          f"compiled's of {cj}"))
+            problems.append(("out-alias", f"output {i}: eager's is a view of input {ej}, compiled's of {cj}"))
         elif ej is not None and _layout(c) != _layout(e):
-            problems.append(("out-stride", f"output {i} (a view of input {ej}): stride "
-                             f"{c.stride()} offset {c.storage_offset()} vs eager {e.stride()} "
-                             f"offset {e.storage_offset()}"))
+            problems.append(("out-stride", f"output {i} (a view of input {ej}): stride {c.stride()} offset "
+                             f"{c.storage_offset()} vs eager {e.stride()} offset {e.storage_offset()}"))
     for j, (c, e, r, q, m) in enumerate(zip(c_args, e_args, r_args, q_args, m_args)):
         meta_c, meta_e = (tuple(c.shape),) + _layout(c), (tuple(e.shape),) + _layout(e)
         if meta_c != meta_e:
-            problems.append(("input-meta", f"input {j} (size, stride, offset) {meta_c} vs "
-                                           f"eager {meta_e}"))
+            problems.append(("input-meta", f"input {j} (size, stride, offset) {meta_c} vs eager {meta_e}"))
             continue
         p = _compare_tensor(f"input {j} after the call", c, e, r, q, sums, m, bits, narrow)
         if p:
@@ -861,8 +850,7 @@ def _raised_in_dead_code(fn: Callable, err: BaseException) -> bool:
     """Eager raised in an assignment nothing live reads, directly or through other such ones (compilers drop such code;
     seed 90 #1299: ``v0 = b.as_strided(...)`` read by a dead ``v1``); live: the return, other statements, assignments
     calling an in-place method."""
-    lines = [f.lineno for f in traceback.extract_tb(err.__traceback__)
-             if f.filename == fn.__code__.co_filename]
+    lines = [f.lineno for f in traceback.extract_tb(err.__traceback__) if f.filename == fn.__code__.co_filename]
     try:
         tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
     except (OSError, TypeError, SyntaxError):
@@ -879,8 +867,7 @@ def _raised_in_dead_code(fn: Callable, err: BaseException) -> bool:
     return False
 
 
-def check(fn: Callable, make_inputs: Callable, backend: str = "cpp",
-          timeout: float = 120.0) -> Result:
+def check(fn: Callable, make_inputs: Callable, backend: str = "cpp", timeout: float = 120.0) -> Result:
     """Run ``fn`` eagerly and compiled by ``backend`` on fresh ``make_inputs()``; classify. A ``backend`` name ending in
     ``+grad`` compares gradients too (:func:`_with_grads`)."""
     name = backend if isinstance(backend, str) else getattr(backend, "__name__", "custom")
@@ -897,12 +884,10 @@ def check(fn: Callable, make_inputs: Callable, backend: str = "cpp",
         except Exception as err:
             e_out, e_err = None, err
         ref = _reference(fn, make_inputs, e_out, wrap) if e_err is None else None
-        ref64 = _run_in(_Stats64(), wrap(fn), make_inputs) \
-            if e_err is None and _F64_STATS.search(src) else None
+        ref64 = _run_in(_Stats64(), wrap(fn), make_inputs) if e_err is None and _F64_STATS.search(src) else None
         sums = "overflow" if e_err is None and _overflows(src, make_inputs()) else \
             bool(_SUMS.search(src)) or grad  # (a backward sums over broadcast dims)
-        bounds = _error_bounds(wrap(fn), make_inputs) if e_err is None and (sums or _BOUNDED.search(src)) \
-            else None
+        bounds = _error_bounds(wrap(fn), make_inputs) if e_err is None and (sums or _BOUNDED.search(src)) else None
         _reset(backend)
         try:
             with _deadline(timeout):
@@ -1021,8 +1006,7 @@ def _candidates(p: Program):
         if b.dtype is torch.bool or bool(_simple(b).all()):
             continue
         ints = b.dtype in (torch.uint8, torch.int32, torch.int64)
-        fills = [1] if ints and any(x in p.fn_source() for x in ("//", "%", "fmod", "remainder")) \
-            else [1, 0]
+        fills = [1] if ints and any(x in p.fn_source() for x in ("//", "%", "fmod", "remainder")) else [1, 0]
         for v in fills:
             yield _with_input(p, k, torch.full_like(b, v))
         yield _with_input(p, k, torch.where(_simple(b), b, torch.ones_like(b)))
@@ -1137,8 +1121,7 @@ def main(argv: Optional[list] = None) -> int:
             with open(path, "w") as f:
                 f.write(small.source(r).replace("\nimport torch", note + "\nimport torch", 1))
             classes[r.signature].append(path)
-            print(f"[{time.time() - start:7.0f}s] {prog.label}: {r.outcome} on {b}: {r.kind} -> {path}",
-                  flush=True)
+            print(f"[{time.time() - start:7.0f}s] {prog.label}: {r.outcome} on {b}: {r.kind} -> {path}", flush=True)
         if n % 20 == 19:
             gc.collect()
     print("\n" + _table(stats))

@@ -1,11 +1,10 @@
 """Op families and inputs for coil's differential fuzzer (docs/fuzzing.md).
 
-An op generator ``gen(ctx) -> str | list[str]``, registered with :func:`op`, reads the
-program's live eager values (``ctx.env``) and returns lines of source; it raises
-:class:`Skip` when it does not apply. The builder keeps only lines eager accepts, so a
-generator may be loose about validity, but it must check the live values for anything
-whose eager result is undefined (integer division by zero, out-of-range float-to-int
-casts, duplicate scatter indices, sources overlapping the target of an in-place op).
+An op generator ``gen(ctx) -> str | list[str]``, registered with :func:`op`, reads the program's live eager values
+(``ctx.env``) and returns lines of source; it raises :class:`Skip` when it does not apply. The builder keeps only lines
+eager accepts, so a generator may be loose about validity, but it must check the live values for anything whose eager
+result is undefined (integer division by zero, out-of-range float-to-int casts, duplicate scatter indices, sources
+overlapping the target of an in-place op).
 """
 from __future__ import annotations
 
@@ -80,8 +79,7 @@ class Ctx:
         self.counter = sum(1 for k in env if k.startswith("v"))
 
     def names(self, pred: Optional[Callable] = None) -> list:
-        return [k for k, v in self.env.items() if isinstance(v, torch.Tensor)
-                and (pred is None or pred(v))]
+        return [k for k, v in self.env.items() if isinstance(v, torch.Tensor) and (pred is None or pred(v))]
 
     def pick(self, pred: Optional[Callable] = None) -> str:
         """A random live tensor name satisfying ``pred``; :class:`Skip` if none."""
@@ -121,8 +119,7 @@ class Ctx:
             return self.rng.choice(["2", "-3", "1", "0", "7"])
         if r < 0.75:
             return self.rng.choice(["2.5", "-0.5", "0.25", "1.0", "-3.0"])
-        return self.rng.choice(["-0.0", "torch.inf", "-torch.inf", "torch.nan", "True",
-                                "300", "1e30", "1e-40"])
+        return self.rng.choice(["-0.0", "torch.inf", "-torch.inf", "torch.nan", "True", "300", "1e30", "1e-40"])
 
     def broadcastable_to(self, shape) -> list:
         def ok(v):
@@ -137,14 +134,12 @@ class Ctx:
 
         ``avoid``: the tensor an in-place op writes; a source sharing its memory would
         make eager's result depend on the kernel's order, so none is picked."""
-        c = [n for n in self.broadcastable_to(shape)
-             if avoid is None or not self.same_memory(self.env[n], avoid)]
+        c = [n for n in self.broadcastable_to(shape) if avoid is None or not self.same_memory(self.env[n], avoid)]
         if c and self.rng.random() < 0.8:
             y = self.rng.choice(c)
             e = f"{y}.expand({tuple(shape)})" if tuple(self.env[y].shape) != tuple(shape) else y
             return e if self.env[y].dtype == dtype else f"{e}.to({dname(dtype)})"
-        return f"torch.full({tuple(shape)}, {self.scalar(is_int(torch.empty((), dtype=dtype)))}, " \
-               f"dtype={dname(dtype)})"
+        return f"torch.full({tuple(shape)}, {self.scalar(is_int(torch.empty((), dtype=dtype)))}, dtype={dname(dtype)})"
 
     def index(self, n: int, k: int, unique: bool = False, negative: bool = False) -> list:
         """``k`` indices into a dim of size ``n`` (unique ones when asked)."""
@@ -236,10 +231,9 @@ def gen_shapes(rng: random.Random, n: int) -> list:
 # --------------------------------------------------------------- pointwise
 
 _DIVS = ("//", "%", "torch.fmod", "torch.remainder", "torch.floor_divide")
-BINARY = ("+", "-", "*", "/", "**", "&", "|", "^", "torch.maximum", "torch.minimum",
-          "torch.atan2", "torch.hypot", "torch.copysign", "torch.logical_and",
-          "torch.logical_xor", "torch.eq", "torch.ne", "torch.lt", "torch.le", "torch.gt",
-          "torch.ge") + _DIVS
+BINARY = ("+", "-", "*", "/", "**", "&", "|", "^", "torch.maximum", "torch.minimum", "torch.atan2", "torch.hypot",
+          "torch.copysign", "torch.logical_and", "torch.logical_xor", "torch.eq", "torch.ne", "torch.lt", "torch.le",
+          "torch.gt", "torch.ge") + _DIVS
 UNARY = ("abs", "neg", "exp", "exp2", "expm1", "log", "log2", "log1p", "sqrt", "rsqrt", "sin",
          "cos", "tan", "tanh", "atan", "asin", "sinh", "sigmoid", "erf", "floor", "ceil",
          "round", "trunc", "frac", "sign", "signbit", "reciprocal", "relu", "square", "isnan",
@@ -252,15 +246,13 @@ def _apply(fn: str, x: str, y: str) -> str:
 
 
 def _safe(fn: str, xv, yv) -> bool:
-    """False when eager's result is undefined or would trap (integer division by 0), or
-    depends on the element's position: eager's vectorized float fmod/remainder compute
-    ``a - trunc(a / b) * b``, NaN where ``a / b`` overflows (a subnormal ``b``), while its
-    scalar tail and fmod itself give the exact remainder."""
+    """False when eager's result is undefined or would trap (integer division by 0), or depends on the element's
+    position: eager's vectorized float fmod/remainder compute ``a - trunc(a / b) * b``, NaN where ``a / b`` overflows (a
+    subnormal ``b``), while its scalar tail and fmod itself give the exact remainder."""
     y = torch.as_tensor(yv)
     if fn in ("%", "torch.fmod", "torch.remainder") and torch.result_type(xv, yv).is_floating_point:
         x, y = torch.as_tensor(xv).double(), y.double()
-        big = torch.finfo(torch.float64 if torch.result_type(xv, yv) == torch.float64
-                          else torch.float32).max
+        big = torch.finfo(torch.float64 if torch.result_type(xv, yv) == torch.float64 else torch.float32).max
         return not bool((x.isfinite() & (y != 0) & (x.abs() > y.abs() * big)).any())
     if not (is_int(xv) and is_int(yv)):
         return True
@@ -315,8 +307,7 @@ def cast(c: Ctx):
     if xv.is_floating_point() and dt in INTS and xv.numel():
         ii = torch.iinfo(dt)
         x64 = xv.double()
-        if not (torch.isfinite(x64).all() and (x64 > float(ii.min) - 1).all()
-                and (x64 < min(ii.max, 2 ** 62)).all()):
+        if not (torch.isfinite(x64).all() and (x64 > float(ii.min) - 1).all() and (x64 < min(ii.max, 2 ** 62)).all()):
             raise Skip  # out-of-range float -> int casts are undefined
     return f"{c.fresh()} = {x}.to({dname(dt)})"
 
@@ -325,8 +316,7 @@ def cast(c: Ctx):
 def compare_where(c: Ctx):
     x = c.pick()
     cmp = c.rng.choice([">", "<", ">=", "==", "!="])
-    cond = x if c.env[x].dtype is torch.bool and c.rng.random() < 0.5 else \
-        f"{x} {cmp} {c.scalar(is_int(c.env[x]))}"
+    cond = x if c.env[x].dtype is torch.bool and c.rng.random() < 0.5 else f"{x} {cmp} {c.scalar(is_int(c.env[x]))}"
     other = c.pick(lambda v: _broadcasts(v.shape, c.env[x].shape))
     r = c.rng.random()
     if r < 0.4:
@@ -349,8 +339,7 @@ def reduction(c: Ctx):
     xv, rng = c.env[x], c.rng
     nd = xv.dim()
     args, r = [], rng.random()
-    multi = fn in ("sum", "mean", "amax", "amin", "any", "all", "std", "var", "logsumexp",
-                   "nansum", "count_nonzero")
+    multi = fn in ("sum", "mean", "amax", "amin", "any", "all", "std", "var", "logsumexp", "nansum", "count_nonzero")
     if fn in ("cumsum", "logsumexp") or (r < 0.55 and nd > 0) or fn in ("max", "min") and r < .7:
         d = c.dim(x)
         if multi and nd >= 2 and rng.random() < 0.3:
@@ -380,9 +369,8 @@ def view_expr(c: Ctx, x: str) -> str:
     """An expression that is a view of ``x`` (slice, permute, expand, view, diagonal, ...)."""
     xv, rng = c.env[x], c.rng
     shape, nd = list(xv.shape), xv.dim()
-    k = rng.choice(["slice", "slice", "transpose", "permute", "expand", "unsqueeze", "squeeze",
-                    "reshape", "narrow", "diagonal", "as_strided", "select", "flatten",
-                    "view_dtype", "unflatten"])
+    k = rng.choice(["slice", "slice", "transpose", "permute", "expand", "unsqueeze", "squeeze", "reshape", "narrow",
+                    "diagonal", "as_strided", "select", "flatten", "view_dtype", "unflatten"])
     if k == "slice" and nd:
         d = rng.randrange(nd)
         n = shape[d]
@@ -465,9 +453,8 @@ def copy(c: Ctx):
 # ---------------------------------------------------------------- mutation
 
 def _overlaps(v: torch.Tensor) -> bool:
-    """Elements share memory (an expand, or as_strided strides like (2, 3, 3)), or torch
-    cannot tell: eager's in-place ops do not always refuse such writes, and their result
-    depends on the order the kernel visits the elements."""
+    """Elements share memory (an expand, or as_strided strides like (2, 3, 3)), or torch cannot tell: eager's in-place
+    ops do not always refuse such writes, and their result depends on the order the kernel visits the elements."""
     return torch._debug_has_internal_overlap(v) != 0
 
 
@@ -495,9 +482,8 @@ def inplace(c: Ctx):
     lines, t = _target(c)
     tv, rng = c.env[t], c.rng
     shape = tuple(tv.shape)
-    k = rng.choice(["add_", "sub_", "mul_", "div_", "copy_", "fill_", "zero_", "clamp_",
-                    "masked_fill_", "setitem", "neg_", "abs_", "relu_", "exp_", "sigmoid_",
-                    "bool_setitem"])
+    k = rng.choice(["add_", "sub_", "mul_", "div_", "copy_", "fill_", "zero_", "clamp_", "masked_fill_", "setitem",
+                    "neg_", "abs_", "relu_", "exp_", "sigmoid_", "bool_setitem"])
     if k in ("add_", "sub_", "mul_", "div_", "copy_"):
         y = c.source(shape, tv.dtype, tv) if rng.random() < 0.7 else \
             (f"torch.tensor({c.scalar()})" if k == "copy_" else c.scalar(is_int(tv)))
@@ -602,16 +588,14 @@ def indexing(c: Ctx):
         shp[d] = rng.randint(1, 4) if n else 0
         idx = torch.randint(0, max(n, 1), shp, generator=g)
         return f"{v} = torch.gather({x}, {d}, {literal(idx)})"
-    src = rng.choice([x] + c.names(lambda t: t.dim() == xv.dim() and all(
-        a >= b for a, b in zip(t.shape, shp))))
+    src = rng.choice([x] + c.names(lambda t: t.dim() == xv.dim() and all(a >= b for a, b in zip(t.shape, shp))))
     if k == "scatter":
         return f"{v} = torch.scatter({x}, {d}, {literal(c.perm_index(shp, d))}, {src})"
     idx = literal(torch.randint(0, max(n, 1), shp, generator=g))
     if k == "scatter_add":
         return f"{v} = torch.scatter_add({x}, {d}, {idx}, {src})"
     red = rng.choice(["sum", "prod", "mean", "amax", "amin"])
-    return f"{v} = torch.scatter_reduce({x}, {d}, {idx}, {src}, {red!r}, " \
-           f"include_self={rng.random() < 0.5})"
+    return f"{v} = torch.scatter_reduce({x}, {d}, {idx}, {src}, {red!r}, include_self={rng.random() < 0.5})"
 
 
 # --------------------------------------------------------------------- cat
@@ -665,8 +649,7 @@ def layer_norm(c: Ctx):
 def matmul(c: Ctx):
     x = c.pick(lambda v: _float(v) and v.dim() >= 1)
     xv = c.env[x]
-    ys = c.names(lambda v: v.dtype == xv.dtype and v.dim() >= 1 and
-                 v.shape[0 if v.dim() == 1 else -2] == xv.shape[-1])
+    ys = c.names(lambda v: v.dtype == xv.dtype and v.dim() >= 1 and v.shape[0 if v.dim() == 1 else -2] == xv.shape[-1])
     y = c.rng.choice(ys) if ys and c.rng.random() < 0.6 else (f"{x}.mT" if xv.dim() >= 2 else x)
     return f"{c.fresh()} = torch.matmul({x}, {y})"
 

@@ -1,10 +1,9 @@
 """The structured compile log (``COIL_TRACE=<dir>``) and its HTML report.
 
-Every stage writes what it took in, produced and decided through :func:`log` and :func:`artifact`, and
-times itself with ``with trace.stage("aot"): ...``. With the log off each call is one attribute test
-and a return; on, each process appends JSON objects, one a line, to ``<dir>/coil_trace_<pid>.jsonl``.
-docs/compile_log.md gives the rules, the record format and the events; ``coil report <dir>``
-(:mod:`coil.trace.report`) renders the log as HTML.
+Every stage writes what it took in, produced and decided through :func:`log` and :func:`artifact`, and times itself with
+``with trace.stage("aot"): ...``. With the log off each call is one attribute test and a return; on, each process
+appends JSON objects, one a line, to ``<dir>/coil_trace_<pid>.jsonl``. docs/compile_log.md gives the rules, the record
+format and the events; ``coil report <dir>`` (:mod:`coil.trace.report`) renders the log as HTML.
 """
 from __future__ import annotations
 
@@ -72,9 +71,8 @@ def current_compile_id() -> Optional[str]:
 def compile_context(frame_id: int, attempt: int) -> Iterator[str]:
     """Tag every event inside the block with compile id ``f"{frame_id}/{attempt}"``.
 
-    Compile contexts and stages are per thread; a thread that has no compile context of
-    its own (a worker building kernels for the compile in progress) logs under the most
-    recently entered compile id of any thread."""
+    Compile contexts and stages are per thread; a thread that has no compile context of its own (a worker building
+    kernels for the compile in progress) logs under the most recently entered compile id of any thread."""
     cid = f"{frame_id}/{attempt}"
     own = _thread_list("compile_ids")
     own.append(cid)
@@ -109,14 +107,12 @@ def _write(record: dict) -> None:
         _state.file.write(line + "\n")
 
 
-def log(event: str, *, stage: Optional[str] = None, duration_ms: Optional[float] = None,
-        **payload: Any) -> None:
+def log(event: str, *, stage: Optional[str] = None, duration_ms: Optional[float] = None, **payload: Any) -> None:
     """Append one event. ``payload`` must be JSON-serialisable (else ``str()`` is used)."""
     if _state.dir is None:
         return
     _write({"ts": time.time(), "pid": os.getpid(), "compile_id": current_compile_id(), "event": event,
-            "stage": stage if stage is not None else _current_stage(), "duration_ms": duration_ms,
-            **payload})
+            "stage": stage if stage is not None else _current_stage(), "duration_ms": duration_ms, **payload})
 
 
 def artifact(name: str, text: Any, kind: str = "text", **payload: Any) -> None:

@@ -51,8 +51,7 @@ class Compile:
 
     @property
     def sort_key(self) -> tuple:
-        return (self.pid, tuple((0, int(p), "") if p.isdigit() else (1, 0, p)
-                                for p in self.compile_id.split("/")))
+        return (self.pid, tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in self.compile_id.split("/")))
 
     def stage_totals(self) -> "OrderedDict[str, float]":
         """Milliseconds per stage name (nested stages are listed under their own name)."""
@@ -107,12 +106,10 @@ def read_log(log_dir: str) -> Log:
         FileNotFoundError: ``log_dir`` does not exist or holds no ``.jsonl`` file.
     """
     if not os.path.isdir(log_dir):
-        raise FileNotFoundError(f"no such log directory: {log_dir!r} "
-                                "(run with COIL_TRACE=<dir> to write one)")
+        raise FileNotFoundError(f"no such log directory: {log_dir!r} (run with COIL_TRACE=<dir> to write one)")
     files = sorted(glob.glob(os.path.join(log_dir, "**", "*.jsonl"), recursive=True))
     if not files:
-        raise FileNotFoundError(f"no .jsonl compile log under {log_dir!r} "
-                                "(run with COIL_TRACE=<dir> to write one)")
+        raise FileNotFoundError(f"no .jsonl compile log under {log_dir!r} (run with COIL_TRACE=<dir> to write one)")
     records, bad = [], 0
     for path in files:
         with open(path, encoding="utf-8", errors="replace") as f:
@@ -145,9 +142,8 @@ def read_log(log_dir: str) -> Log:
 
 # ------------------------------------------------------------------- highlighting
 
-_LEXERS = {"python": "python", "py": "python", "triton": "python", "fx": "python",
-           "cpp": "cpp", "c++": "cpp", "c": "c", "json": "json", "text": None,
-           "bytecode": None, "diff": "diff"}
+_LEXERS = {"python": "python", "py": "python", "triton": "python", "fx": "python", "cpp": "cpp", "c++": "cpp", "c": "c",
+           "json": "json", "text": None, "bytecode": None, "diff": "diff"}
 
 
 def highlight(text: str, kind: str) -> str:
@@ -324,8 +320,7 @@ def artifact_diffs(prev: Compile, cur: Compile) -> list:
     diffs = []
     for name, text in new.items():
         if name in old and old[name] != text:
-            lines = difflib.unified_diff(old[name].splitlines(), text.splitlines(),
-                                         f"{prev.compile_id}/{name}",
+            lines = difflib.unified_diff(old[name].splitlines(), text.splitlines(), f"{prev.compile_id}/{name}",
                                          f"{cur.compile_id}/{name}", lineterm="", n=2)
             diffs.append({"name": name, "html": highlight("\n".join(lines), "diff")})
     return diffs
@@ -375,10 +370,9 @@ def write_report(log_dir: str, out_dir: Optional[str] = None) -> str:
         prev = previous.get((c.pid, c.compile_id))
         diffs = artifact_diffs(prev, c) if prev is not None else []
         page = env.get_template("compile.jinja").render(
-            title=row["title"] or f"compile {c.compile_id}", c=c, multi_pid=multi_pid,
-            total=total, breakdown=_breakdown_rows(totals, selfs, total),
-            groups=_group_tables(c.events), artifacts=_artifact_views(c.artifacts),
-            diffs=diffs, prev_page=prev.page if prev else "",
+            title=row["title"] or f"compile {c.compile_id}", c=c, multi_pid=multi_pid, total=total,
+            breakdown=_breakdown_rows(totals, selfs, total), groups=_group_tables(c.events),
+            artifacts=_artifact_views(c.artifacts), diffs=diffs, prev_page=prev.page if prev else "",
             prev_id=prev.compile_id if prev else "", **common)
         Path(out_dir, c.page).write_text(page, encoding="utf-8")
 

@@ -1,13 +1,11 @@
 """VariableTracker: the symbolic value the translator pushes on its stack.
 
-Every Python value seen while translating a frame is a tracker. Subclasses decide
-what the operations on it mean: a :class:`~.tensor.TensorVariable` turns calls into
-FX nodes, a :class:`ConstantVariable` folds them, containers hold trackers, and
-objects we know nothing about raise :class:`coil.exc.Unsupported` (a graph break).
-The interface (``python_type``, ``as_python_constant``, ``var_getattr``, ``call_function``,
-``call_method``, ``unpack``, ``reconstruct``...; the defaults raise ``Unsupported``) is listed in
-docs/capture.md, "How to add a VariableTracker". ``source`` says where a value came from
-(:mod:`coil.capture.source`).
+Every Python value seen while translating a frame is a tracker. Subclasses decide what the operations on it mean: a
+:class:`~.tensor.TensorVariable` turns calls into FX nodes, a :class:`ConstantVariable` folds them, containers hold
+trackers, and objects we know nothing about raise :class:`coil.exc.Unsupported` (a graph break). The interface
+(``python_type``, ``as_python_constant``, ``var_getattr``, ``call_function``, ``call_method``, ``unpack``,
+``reconstruct``...; the defaults raise ``Unsupported``) is listed in docs/capture.md, "How to add a VariableTracker".
+``source`` says where a value came from (:mod:`coil.capture.source`).
 """
 from __future__ import annotations
 

@@ -1,22 +1,15 @@
 """VariableBuilder: real value + source → tracker, adding the guards its use needs.
 
-:func:`wrap` is the only way real objects enter a translation. It de-duplicates by
-identity (one tracker per real object, so aliasing and mutation stay consistent;
-two sources reaching the same tensor get an ``a is b`` guard), chooses the tracker
-class, and adds guards on the value's source:
+:func:`wrap` is the only way real objects enter a translation. It de-duplicates by identity (one tracker per real
+object, so aliasing and mutation stay consistent; two sources reaching the same tensor get an ``a is b`` guard), chooses
+the tracker class, and adds guards on the value's source:
 
-============================  ===========================================
-value                          guard
-============================  ===========================================
-tensor / parameter / buffer    type, dtype, device, shape, stride, requires_grad
-None, bool, Ellipsis           ``x is v``
-int, float, str, ...           ``type(x) is T and x == v``
-dtype, device, enum, class     ``x is ___cN`` (``==`` for devices)
-tuple / list / dict            type and length (items guarded as read)
-function                       ``x.__code__ is ___cN``
-nn.Module / object             ``type(x) is ___cN``
-Python module                  ``x is ___cN``
-============================  ===========================================
+============================ =========================================== value guard ============================
+=========================================== tensor / parameter / buffer type, dtype, device, shape, stride,
+requires_grad None, bool, Ellipsis ``x is v`` int, float, str, ... ``type(x) is T and x == v`` dtype, device, enum,
+class ``x is ___cN`` (``==`` for devices) tuple / list / dict type and length (items guarded as read) function
+``x.__code__ is ___cN`` nn.Module / object ``type(x) is ___cN`` Python module ``x is ___cN``
+============================ ===========================================
 """
 from __future__ import annotations
 
@@ -90,6 +83,14 @@ def _build(tx, value, source, gs) -> VariableTracker:
     from coil.capture.variables.torchfn import CONTEXT_CLASSES
 
     expr = source.expr() if source is not None else None
+
+    def guard_is():  # the value by identity
+        if gs is not None:
+            gs.add(f"{expr} is {gs.const(value)}")
+
+    def guard_type():
+        if gs is not None:
+            gs.add(f"type({expr}) is {gs.const(type(value))}", f"type({expr})", type(value), src=expr)
     if is_literal(value):
         if gs is not None and type(value) in (int, float):
             sym = tx.output.dynamic.scalar_input(tx, value, source)   # dynamic.py
@@ -120,14 +121,12 @@ def _build(tx, value, source, gs) -> VariableTracker:
             tensor_guard(gs, expr, value, vt.fake)
         return vt
     if isinstance(value, torch.nn.Module):
-        if gs is not None:
-            gs.add(f"type({expr}) is {gs.const(type(value))}", f"type({expr})", type(value), src=expr)
+        guard_type()
         return NNModuleVariable(value, source)
     t = type(value)
     if t in (tuple, list) or (isinstance(value, tuple) and hasattr(t, "_fields")):
         if gs is not None:
-            gs.add(f"type({expr}) is {gs.const(t)} and len({expr}) == {len(value)}",
-                   f"len({expr})", len(value))
+            gs.add(f"type({expr}) is {gs.const(t)} and len({expr}) == {len(value)}", f"len({expr})", len(value))
         items = [wrap(tx, v, GetItemSource(source, i) if source is not None else None,
                       guard=gs is not None)
                  for i, v in enumerate(value)]
@@ -143,8 +142,7 @@ def _build(tx, value, source, gs) -> VariableTracker:
         if not all(is_literal(k) for k in value):
             return UserDefinedObjectVariable(value, source)
         if gs is not None:
-            gs.add(f"type({expr}) is {gs.const(t)} and list({expr}) == {list(value)!r}",
-                   f"list({expr})", list(value))
+            gs.add(f"type({expr}) is {gs.const(t)} and list({expr}) == {list(value)!r}", f"list({expr})", list(value))
         items = {k: wrap(tx, v, GetItemSource(source, k) if source is not None else None,
                          guard=gs is not None) for k, v in value.items()}
         return DictVariable(items, t, source)
@@ -163,24 +161,20 @@ def _build(tx, value, source, gs) -> VariableTracker:
         if vt is not None:
             return vt
     if isinstance(value, types.ModuleType):
-        if gs is not None:
-            gs.add(f"{expr} is {gs.const(value)}")
+        guard_is()
         return PythonModuleVariable(value, source)
     if value in CONTEXT_CLASSES if isinstance(value, type) else False:
         return UserDefinedClassVariable(value, source)
     if bi.is_builtin(value):
-        if gs is not None:
-            gs.add(f"{expr} is {gs.const(value)}")
+        guard_is()
         return bi.BuiltinVariable(value, source)
     if isinstance(value, types.FunctionType) and hop_handler(value) is not None:
         # torch.cond, checkpoint: their function arguments are traced as subgraphs
-        if gs is not None:
-            gs.add(f"{expr} is {gs.const(value)}")
+        guard_is()
         return HigherOrderVariable(value, source)
     if is_torch_function(value) and not hasattr(value, "__marked_compile_region_fn__"):
         # (a nested_compile_region wrapper is torch's Python code: inlined, builtins.py)
-        if gs is not None:
-            gs.add(f"{expr} is {gs.const(value)}")
+        guard_is()
         return TorchFunctionVariable(value, source)
     if isinstance(value, types.FunctionType):
         from coil.capture import frame as _frame
@@ -221,19 +215,17 @@ def _build(tx, value, source, gs) -> VariableTracker:
         fn = wrap(tx, value.func, AttrSource(src, "func") if src is not None else None, guard=gs is not None)
         args = [wrap(tx, a, GetItemSource(AttrSource(src, "args"), i) if src is not None else None,
                      guard=gs is not None) for i, a in enumerate(value.args)]
-        kwargs = {k: wrap(tx, a, GetItemSource(AttrSource(src, "keywords"), k) if src is not None
-                          else None, guard=gs is not None) for k, a in value.keywords.items()}
+        kwargs = {k: wrap(tx, a, GetItemSource(AttrSource(src, "keywords"), k) if src is not None else None,
+                          guard=gs is not None) for k, a in value.keywords.items()}
         return PartialVariable(fn, args, kwargs, source)
     if isinstance(value, type):
-        if gs is not None:
-            gs.add(f"{expr} is {gs.const(value)}")
+        guard_is()
         return UserDefinedClassVariable(value, source)
     if isinstance(value, (types.BuiltinFunctionType, types.MethodWrapperType,
                           types.MethodDescriptorType, types.WrapperDescriptorType)):
         mod = getattr(value, "__module__", None) or ""
         if mod in ("math", "_operator", "operator", "cmath") or bi.is_pure_builtin_method(value):
-            if gs is not None:
-                gs.add(f"{expr} is {gs.const(value)}")
+            guard_is()
             return bi.PureFunctionVariable(value, source)
         from coil.capture.inspection import OpaqueCallableVariable
 
@@ -242,22 +234,18 @@ def _build(tx, value, source, gs) -> VariableTracker:
         # may be held and passed around; using it (e.g. ``generator=g``) is a graph break
         from coil.capture.inspection import OpaqueObjectVariable
 
-        if gs is not None:
-            gs.add(f"type({expr}) is {gs.const(t)}", f"type({expr})", t, src=expr)
+        guard_type()
         return OpaqueObjectVariable(value, source)
     if t is types.CellType and source is not None:
         # a frame's cell handed to its resume function (resume.py): content read on use
-        if gs is not None:
-            gs.add(f"type({expr}) is {gs.const(t)}", f"type({expr})", t, src=expr)
+        guard_type()
         return tx.output.sourced_cell(value, AttrSource(source, "cell_contents"))
     if t is types.FrameType:
         from coil.capture.inspection import FrameVariable
 
-        if gs is not None:
-            gs.add(f"type({expr}) is {gs.const(t)}", f"type({expr})", t, src=expr)
+        guard_type()
         return FrameVariable(value, source)
-    if gs is not None:
-        gs.add(f"type({expr}) is {gs.const(t)}", f"type({expr})", t, src=expr)
+    guard_type()
     return UserDefinedObjectVariable(value, source)
 
 

@@ -21,9 +21,8 @@ from typing import Callable
 
 from coil.exc import Unsupported
 from coil.capture.variables.base import ConstantVariable, KnownCallableVariable, VariableTracker
-from coil.capture.variables.containers import (DictVariable, LazyIteratorVariable,
-                                               ListIteratorVariable, ListVariable, SetVariable,
-                                               SliceVariable, TupleVariable)
+from coil.capture.variables.containers import (DictVariable, LazyIteratorVariable, ListIteratorVariable, ListVariable,
+                                               SetVariable, SliceVariable, TupleVariable)
 
 _HANDLERS: dict[Callable, Callable] = {}
 _FOLDABLE = {abs, bool, int, float, str, round, divmod, pow, ord, chr, hex, oct, bin, hash,
@@ -125,9 +124,8 @@ def _is_callable(v):
     from coil.capture.variables.objects import NNModuleVariable, UserDefinedClassVariable
     from coil.capture.variables.torchfn import TorchFunctionVariable
 
-    return isinstance(v, (BaseFunctionVariable, BoundMethodVariable, PartialVariable,
-                          NNModuleVariable, UserDefinedClassVariable, TorchFunctionVariable,
-                          BuiltinVariable, PureFunctionVariable))
+    return isinstance(v, (BaseFunctionVariable, BoundMethodVariable, PartialVariable, NNModuleVariable,
+                          UserDefinedClassVariable, TorchFunctionVariable, BuiltinVariable, PureFunctionVariable))
 
 
 class DisabledFunctionVariable(VariableTracker):
@@ -144,14 +142,12 @@ class DisabledFunctionVariable(VariableTracker):
         return cg.const_expr(self.fn)
 
 
-_OPERATOR_BINARY = {operator.add, operator.sub, operator.mul, operator.truediv, operator.floordiv,
-                    operator.mod, operator.pow, operator.matmul, operator.and_, operator.or_,
-                    operator.xor, operator.lshift, operator.rshift, operator.eq, operator.ne,
-                    operator.lt, operator.le, operator.gt, operator.ge, operator.iadd,
-                    operator.isub, operator.imul, operator.itruediv, operator.ifloordiv,
-                    operator.imod, operator.ipow, operator.imatmul, operator.iand, operator.ior,
-                    operator.ixor, operator.ilshift, operator.irshift, operator.is_,
-                    operator.is_not, operator.contains}
+_OPERATOR_BINARY = {operator.add, operator.sub, operator.mul, operator.truediv, operator.floordiv, operator.mod,
+                    operator.pow, operator.matmul, operator.and_, operator.or_, operator.xor, operator.lshift,
+                    operator.rshift, operator.eq, operator.ne, operator.lt, operator.le, operator.gt, operator.ge,
+                    operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.ifloordiv, operator.imod,
+                    operator.ipow, operator.imatmul, operator.iand, operator.ior, operator.ixor, operator.ilshift,
+                    operator.irshift, operator.is_, operator.is_not, operator.contains}
 _OPERATOR_UNARY = {operator.neg, operator.pos, operator.invert, operator.not_, operator.truth,
                    operator.abs, operator.index}
 
@@ -227,18 +223,15 @@ def _id(tx, args, kwargs):
 
 
 def known_object(tx, vt):
-    """The real object ``vt`` stands for, when it existed before the frame and was read
-    from a source (so a guard can pin its identity); None for tensors, objects made in
-    the traced region, trackers not built from one real object, and bound methods (made
-    afresh by each attribute read, so their id is not stable)."""
+    """The real object ``vt`` stands for, when it existed before the frame and was read from a source (so a guard can
+    pin its identity); None for tensors, objects made in the traced region, trackers not built from one real object, and
+    bound methods (made afresh by each attribute read, so their id is not stable)."""
     from coil.capture.variables.tensor import TensorVariable
 
     if vt.source is None or isinstance(vt, TensorVariable):
         return None
-    for value, w in tx.output.wrapped.values():
-        if w is vt:
-            return None if isinstance(value, types.MethodType) else value
-    return None
+    return next((None if isinstance(value, types.MethodType) else value
+                 for value, w in tx.output.wrapped.values() if w is vt), None)
 
 
 @builtin(len)
@@ -355,15 +348,7 @@ def _set(tx, args, kwargs):
 @builtin(dict)
 def _dict(tx, args, kwargs):
     d = DictVariable({})
-    if args:
-        src = args[0]
-        if isinstance(src, DictVariable):
-            d.items.update(src.items)
-        else:
-            for pair in tx.unpack(src):
-                k, v = tx.unpack(pair)
-                d.items[DictVariable.key_of(k)] = v
-    d.items.update(kwargs)
+    d.update_items(tx, args, kwargs)
     return d
 
 
@@ -491,18 +476,12 @@ def _sum(tx, args, kwargs):
 
 @builtin(any)
 def _any(tx, args, kwargs):
-    for it in tx.unpack(args[0]):
-        if tx.truthy(it):
-            return ConstantVariable(True)
-    return ConstantVariable(False)
+    return ConstantVariable(any(tx.truthy(it) for it in tx.unpack(args[0])))
 
 
 @builtin(all)
 def _all(tx, args, kwargs):
-    for it in tx.unpack(args[0]):
-        if not tx.truthy(it):
-            return ConstantVariable(False)
-    return ConstantVariable(True)
+    return ConstantVariable(all(tx.truthy(it) for it in tx.unpack(args[0])))
 
 
 @builtin(super)
@@ -551,8 +530,7 @@ class _WrapsDecorator(VariableTracker):
 
 @builtin(inspect.signature)
 def _signature(tx, args, kwargs):
-    from coil.capture.variables.functions import (NestedFunctionVariable, UserFunctionVariable,
-                                                  UserMethodVariable)
+    from coil.capture.variables.functions import (NestedFunctionVariable, UserFunctionVariable, UserMethodVariable)
     from coil.capture.variables.objects import NNModuleVariable
 
     f = args[0]
@@ -608,11 +586,8 @@ def _dc_replace(tx, args, kwargs):
 
     obj = args[0]
     cls = obj.python_type()
-    values = {}
-    for f in dataclasses.fields(cls):
-        if not f.init:
-            continue
-        values[f.name] = kwargs[f.name] if f.name in kwargs else tx.getattr(obj, f.name)
+    values = {f.name: kwargs[f.name] if f.name in kwargs else tx.getattr(obj, f.name)
+              for f in dataclasses.fields(cls) if f.init}
     return tx.construct_object(UserDefinedClassVariable(cls), [], values)
 
 
@@ -621,8 +596,7 @@ class GetterVariable(VariableTracker):
 
     def __init__(self, kind, keys):
         super().__init__(None)
-        self.kind = kind
-        self.keys = keys
+        self.kind, self.keys = kind, keys
 
     def python_type(self):
         return operator.itemgetter if self.kind == "item" else operator.attrgetter

@@ -1,10 +1,9 @@
 """Trackers for tuples, lists, dicts (incl. OrderedDict), sets, slices and iterators.
 
-Containers hold trackers. Lists, dicts and sets are mutable: a mutation inside the
-frame changes the tracker in place (so aliases see it), and when the container
-existed before the frame (it has a ``source``) the mutation is recorded as a side
-effect; the entry function then writes the final contents back into the real
-object (``src[:] = [...]``, ``src.clear(); src.update(...)``).
+Containers hold trackers. Lists, dicts and sets are mutable: a mutation inside the frame changes the tracker in place
+(so aliases see it), and when the container existed before the frame (it has a ``source``) the mutation is recorded as a
+side effect; the entry function then writes the final contents back into the real object (``src[:] = [...]``,
+``src.clear(); src.update(...)``).
 """
 from __future__ import annotations
 
@@ -204,29 +203,16 @@ class ListVariable(BaseListVariable):
 
     def call_method(self, tx, name, args, kwargs):
         items = self.items
-        if name == "append":
+        in_place = {"append": lambda: items.append(args[0]), "extend": lambda: items.extend(tx.unpack(args[0])),
+                    "insert": lambda: items.insert(args[0].as_python_constant(), args[1]), "clear": items.clear,
+                    "reverse": items.reverse}  # methods returning None
+        if name in in_place:
             self._mutated(tx)
-            items.append(args[0])
-            return ConstantVariable(None)
-        if name == "extend":
-            self._mutated(tx)
-            items.extend(tx.unpack(args[0]))
-            return ConstantVariable(None)
-        if name == "insert":
-            self._mutated(tx)
-            items.insert(args[0].as_python_constant(), args[1])
+            in_place[name]()
             return ConstantVariable(None)
         if name == "pop":
             self._mutated(tx)
             return items.pop(args[0].as_python_constant() if args else -1)
-        if name == "clear":
-            self._mutated(tx)
-            items.clear()
-            return ConstantVariable(None)
-        if name == "reverse":
-            self._mutated(tx)
-            items.reverse()
-            return ConstantVariable(None)
         if name == "remove":
             for i, it in enumerate(items):
                 if tx.values_equal(it, args[0]):
@@ -347,13 +333,11 @@ class DictVariable(VariableTracker):
             return view
         if name == "__iter__":
             return ListIteratorVariable(self.unpack(tx), container=self)
-        if name == "__setitem__":
+        in_place = {"__setitem__": lambda: items.__setitem__(self.key_of(args[0]), args[1]), "clear": items.clear,
+                    "__delitem__": lambda: items.__delitem__(self.key_of(args[0]))}  # methods returning None
+        if name in in_place:
             self._mutated(tx)
-            items[self.key_of(args[0])] = args[1]
-            return ConstantVariable(None)
-        if name == "__delitem__":
-            self._mutated(tx)
-            del items[self.key_of(args[0])]
+            in_place[name]()
             return ConstantVariable(None)
         if name == "pop":
             k = self.key_of(args[0])
@@ -371,16 +355,7 @@ class DictVariable(VariableTracker):
             return items[k]
         if name == "update":
             self._mutated(tx)
-            if args:
-                other = args[0]
-                if isinstance(other, DictVariable):
-                    items.update(other.items)
-                else:
-                    for pair in tx.unpack(other):
-                        k, v = tx.unpack(pair)
-                        items[self.key_of(k)] = v
-            for k, v in kwargs.items():
-                items[k] = v
+            self.update_items(tx, args, kwargs)
             return ConstantVariable(None)
         if name == "copy":
             return DictVariable(dict(items), self.user_cls)
@@ -398,13 +373,19 @@ class DictVariable(VariableTracker):
             self._mutated(tx)
             k, v = items.popitem()
             return TupleVariable([self.wrap_key(tx, k), v])
-        if name == "clear":
-            self._mutated(tx)
-            items.clear()
-            return ConstantVariable(None)
         if name == "__or__" and isinstance(args[0], DictVariable):
             return DictVariable({**items, **args[0].items}, self.user_cls)
         raise Unsupported(f"dict.{name}")
+
+    def update_items(self, tx, args, kwargs) -> None:
+        """``items.update(*args, **kwargs)`` with trackers (``dict.update``, ``dict(...)``)."""
+        if args and isinstance(args[0], DictVariable):
+            self.items.update(args[0].items)
+        elif args:
+            for pair in tx.unpack(args[0]):
+                k, v = tx.unpack(pair)
+                self.items[self.key_of(k)] = v
+        self.items.update(kwargs)
 
     def view_items(self, tx, kind: str) -> list:
         """The items of ``d.keys()`` / ``d.values()`` / ``d.items()`` now."""
@@ -415,8 +396,7 @@ class DictVariable(VariableTracker):
         return [TupleVariable([self.wrap_key(tx, k), v]) for k, v in self.items.items()]
 
     def build_expr(self, cg):
-        body = "{" + ", ".join(f"{cg.const_expr(k)}: {cg.reconstruct(v)}"
-                               for k, v in self.items.items()) + "}"
+        body = "{" + ", ".join(f"{cg.const_expr(k)}: {cg.reconstruct(v)}" for k, v in self.items.items()) + "}"
         if self.user_cls is dict:
             return body
         if self.default_factory is not None:
@@ -451,11 +431,9 @@ class SetVariable(VariableTracker):
     var_getattr = method_getattr
 
     def call_method(self, tx, name, args, kwargs):
-        if name in ("add", "discard", "remove", "update", "clear", "difference_update",
-                    "intersection_update"):
+        if name in ("add", "discard", "remove", "update", "clear", "difference_update", "intersection_update"):
             tx.output.side_effects.mutated(self)
-            cargs = [set(a.as_python_constant()) if name.endswith("update")
-                     else a.as_python_constant() for a in args]
+            cargs = [set(a.as_python_constant()) if name.endswith("update") else a.as_python_constant() for a in args]
             getattr(self.items, name)(*cargs)
             return ConstantVariable(None)
         if name == "__contains__":
@@ -522,8 +500,7 @@ class ListIteratorVariable(VariableTracker):
     def __init__(self, items, kind="iterator", container=None, view="keys"):
         super().__init__(None)
         self.items = list(items)
-        self.index = 0
-        self.kind = kind
+        self.index, self.kind = 0, kind
         if container is not None:
             self.container = container
             self.size = len(container.items)
@@ -621,10 +598,9 @@ class ResumedIteratorVariable(ListIteratorVariable):
     """A tuple or range iterator a resume function receives on its stack: the loop a graph
     break interrupted (``for layer in self.layers``, rebuilt as ``iter((...))`` there).
 
-    Read lazily through its source: the ``i``-th item taken is ``___iter_rest(it)[i]``,
-    guarded by ``length_hint(it) > i`` (and ``== i`` where the loop ends), so one compile
-    serves every position of the loop whose items trace alike, not one per remaining
-    count. At a later break it is the real iterator advanced by the items taken."""
+    Read lazily through its source: the ``i``-th item taken is ``___iter_rest(it)[i]``, guarded by ``length_hint(it) >
+    i`` (and ``== i`` where the loop ends), so one compile serves every position of the loop whose items trace alike,
+    not one per remaining count. At a later break it is the real iterator advanced by the items taken."""
 
     def __init__(self, value, source):
         VariableTracker.__init__(self, source)
@@ -712,29 +688,23 @@ def advanced(it, n: int):
 class GeneratorVariable(ListIteratorVariable):
     """A generator object made by calling a Python generator function in traced code.
 
-    Lazy and incremental: the generator's body is inlined by a suspended
-    ``InliningTranslator`` that runs to its next ``yield`` each time a value is needed
-    (``next``, ``FOR_ITER``), so the body's effects happen where eager Python runs them
-    (``@contextlib.contextmanager``: the code after ``yield`` runs at ``__exit__``). Uses
-    that need all items (``list(g)``, ``sum(g)``, unpacking: the ``items`` property) run it
-    to the end. A generator never started that *escapes* (returned, stored, live at a
-    graph break) is rebuilt by calling the real generator function with the same
-    arguments: the caller gets a real generator object. One that traced code started
-    cannot be rebuilt (its position lives in a real frame): ``reconstruct`` raises
-    ``Unsupported`` and the frame runs eagerly (logged)."""
+    Lazy and incremental: the generator's body is inlined by a suspended ``InliningTranslator`` that runs to its next
+    ``yield`` each time a value is needed (``next``, ``FOR_ITER``), so the body's effects happen where eager Python runs
+    them (``@contextlib.contextmanager``: the code after ``yield`` runs at ``__exit__``). Uses that need all items
+    (``list(g)``, ``sum(g)``, unpacking: the ``items`` property) run it to the end. A generator never started that
+    *escapes* (returned, stored, live at a graph break) is rebuilt by calling the real generator function with the same
+    arguments: the caller gets a real generator object. One that traced code started cannot be rebuilt (its position
+    lives in a real frame): ``reconstruct`` raises ``Unsupported`` and the frame runs eagerly (logged)."""
 
     def __init__(self, tx, fn, args, kwargs, start):
         VariableTracker.__init__(self, None)
-        self._tx = tx
-        self.fn = fn
+        self._tx, self.fn = tx, fn
         self.args = list(args)
         self.kwargs = dict(kwargs)
         self._start = start          # tx -> a suspended InliningTranslator over the body
         self._sub = None
         self._items = None           # values yielded so far (None: never started)
-        self._done = False
-        self.index = 0
-        self.kind = "iterator"
+        self._done, self.index, self.kind = False, 0, "iterator"
 
     def _advance(self, tx) -> bool:
         """Run the body to its next yield; False when it returned."""
@@ -788,8 +758,7 @@ class GeneratorVariable(ListIteratorVariable):
 
     def reconstruct(self, cg):
         if self._items is not None:
-            raise Unsupported("a generator started in traced code escapes the frame",
-                              hint="the frame runs eagerly")
+            raise Unsupported("a generator started in traced code escapes the frame", hint="the frame runs eagerly")
         args = "".join(cg.reconstruct(a) + ", " for a in self.args)
         kwargs = "".join(f"{k}={cg.reconstruct(v)}, " for k, v in self.kwargs.items())
         return f"{cg.reconstruct(self.fn)}({args}{kwargs})"
@@ -809,8 +778,7 @@ class LazyIteratorVariable(GeneratorVariable):
         self._tx = tx
         self.builtin, self.iters, self.fn, self.start = builtin, list(iters), fn, start
         self._sub, self._items, self._done = None, [], False
-        self.index = 0
-        self.kind = "iterator"
+        self.index, self.kind = 0, "iterator"
         self._taken = 0          # values taken from the inner iterators (enumerate's count)
 
     def _advance(self, tx) -> bool:

@@ -1,7 +1,6 @@
-"""Trackers for callables written in Python: functions, closures, bound methods,
-``functools.partial``. Calling one inlines its bytecode into the current graph
-(:meth:`InstructionTranslator.inline_call`); a graph break inside an inlined call
-breaks at the call in the root frame, whose callee is then captured on its own.
+"""Trackers for callables written in Python: functions, closures, bound methods, ``functools.partial``. Calling one
+inlines its bytecode into the current graph (:meth:`InstructionTranslator.inline_call`); a graph break inside an inlined
+call breaks at the call in the root frame, whose callee is then captured on its own.
 """
 from __future__ import annotations
 
@@ -9,7 +8,7 @@ import types
 
 from coil.exc import Unsupported
 from coil.capture.source import AttrSource, ConstSource, DefaultsSource, GetItemSource
-from coil.capture.variables.base import ConstantVariable, SourcedCellVariable, VariableTracker
+from coil.capture.variables.base import ConstantVariable, VariableTracker
 from coil.capture.variables.containers import DictVariable, TupleVariable
 
 
@@ -35,8 +34,7 @@ class BaseFunctionVariable(VariableTracker):
         return tx.inline_call(self, args, kwargs)
 
 
-def bind_arguments(code: types.CodeType, name: str, args: list, kwargs: dict,
-                   defaults: list, kwdefaults: dict) -> dict:
+def bind_arguments(code: types.CodeType, name: str, args: list, kwargs: dict, defaults: list, kwdefaults: dict) -> dict:
     """Bind trackers to a code object's parameters, as CPython would.
 
     ``defaults`` are trackers for the trailing positional defaults, ``kwdefaults`` a
@@ -50,9 +48,7 @@ def bind_arguments(code: types.CodeType, name: str, args: list, kwargs: dict,
     kwonly_names = varnames[nargs:nargs + nkwonly]
     has_varargs = bool(code.co_flags & 0x04)
     has_varkw = bool(code.co_flags & 0x08)
-    out: dict[str, VariableTracker] = {}
-    for i, a in enumerate(args[:nargs]):
-        out[pos_names[i]] = a
+    out: dict[str, VariableTracker] = dict(zip(pos_names, args[:nargs]))
     extra = list(args[nargs:])
     if extra and not has_varargs:
         raise TypeErrorInCall(f"{name}() takes {nargs} positional arguments but {len(args)} were given")
@@ -124,14 +120,11 @@ class UserFunctionVariable(BaseFunctionVariable):
     def bind_args(self, tx, args, kwargs):
         from coil.capture.variables.builder import wrap
 
-        defaults = []
-        for i, d in enumerate(self.fn.__defaults__ or ()):
-            src = DefaultsSource(self.source, i) if self.source is not None else None
-            defaults.append(wrap(tx, d, src))
-        kwdefaults = {}
-        for k, d in (self.fn.__kwdefaults__ or {}).items():
-            src = DefaultsSource(self.source, k, kw=True) if self.source is not None else None
-            kwdefaults[k] = wrap(tx, d, src)
+        src = self.source
+        defaults = [wrap(tx, d, DefaultsSource(src, i) if src else None)
+                    for i, d in enumerate(self.fn.__defaults__ or ())]
+        kwdefaults = {k: wrap(tx, d, DefaultsSource(src, k, kw=True) if src else None)
+                      for k, d in (self.fn.__kwdefaults__ or {}).items()}
         return bind_arguments(self.fn.__code__, self.fn.__name__, args, kwargs, defaults, kwdefaults)
 
     def var_getattr(self, tx, name):
@@ -161,9 +154,7 @@ class NestedFunctionVariable(BaseFunctionVariable):
 
     def __init__(self, code, name, globals_, defaults, kwdefaults, closure, annotations=None):
         super().__init__(None)
-        self.code = code
-        self.name = name
-        self.globals = globals_
+        self.code, self.name, self.globals = code, name, globals_
         self.defaults = defaults or []
         self.kwdefaults = kwdefaults or {}
         self.closure = closure or []  # CellVariable / SourcedCellVariable list
@@ -191,13 +182,8 @@ class NestedFunctionVariable(BaseFunctionVariable):
         raise Unsupported(f"attribute {name} of a nested function")
 
     def reconstruct(self, cg):
-        if self.closure and not all(isinstance(c, SourcedCellVariable) for c in self.closure):
-            cells = ", ".join(cg.reconstruct_cell(c) for c in self.closure)
-            closure = f"({cells},)"
-        else:
-            closure = "(" + ", ".join(cg.reconstruct_cell(c) for c in self.closure) + ",)" if self.closure else "None"
-        defaults = "(" + "".join(cg.reconstruct(d) + ", " for d in self.defaults) + ")" \
-            if self.defaults else "None"
+        closure = "(" + ", ".join(cg.reconstruct_cell(c) for c in self.closure) + ",)" if self.closure else "None"
+        defaults = "(" + "".join(cg.reconstruct(d) + ", " for d in self.defaults) + ")" if self.defaults else "None"
         fn = (f"___make_function({cg.const_expr(self.code)}, {cg.const_expr(self.globals)}, "
               f"{self.name!r}, {defaults}, {closure})")
         return cg.bind(self, fn)
@@ -211,8 +197,7 @@ class UserMethodVariable(BaseFunctionVariable):
 
     def __init__(self, fn: types.FunctionType, obj: VariableTracker, source=None):
         super().__init__(source)
-        self.fn = fn
-        self.obj = obj
+        self.fn, self.obj = fn, obj
 
     def python_type(self):
         return types.MethodType
@@ -253,8 +238,7 @@ class BoundMethodVariable(VariableTracker):
 
     def __init__(self, obj: VariableTracker, name: str):
         super().__init__(None)
-        self.obj = obj
-        self.name = name
+        self.obj, self.name = obj, name
 
     def python_type(self):
         return types.BuiltinMethodType

@@ -1,11 +1,10 @@
 """Higher-order operators in capture: ``torch.cond`` and activation checkpointing.
 
-Capture traces each function argument in its own scope (:func:`trace_subgraph`) and cuts the nodes it
-added out into a ``torch.fx.Graph`` whose inputs are the operands, then every parent value read
-(*lifted*). The parent graph holds the subgraphs as ``GraphModule`` attributes and calls
-``torch.ops.higher_order.<op>`` on them, as torch's capture does, so AOT's ``make_fx`` applies the
-operator's own rules. Side effects inside are graph breaks; in-place writes to operands and mismatched
-branches are ``UserError`` s. ``checkpoint`` is traced inline and tags its nodes ``meta["recompute"]``
+Capture traces each function argument in its own scope (:func:`trace_subgraph`) and cuts the nodes it added out into a
+``torch.fx.Graph`` whose inputs are the operands, then every parent value read (*lifted*). The parent graph holds the
+subgraphs as ``GraphModule`` attributes and calls ``torch.ops.higher_order.<op>`` on them, as torch's capture does, so
+AOT's ``make_fx`` applies the operator's own rules. Side effects inside are graph breaks; in-place writes to operands
+and mismatched branches are ``UserError`` s. ``checkpoint`` is traced inline and tags its nodes ``meta["recompute"]``
 for the partitioner. docs/hops.md, "Capture".
 """
 from __future__ import annotations
@@ -32,8 +31,7 @@ class _RefusingSideEffects:
     through, any write to state outside the subgraph raises Unsupported."""
 
     def __init__(self, inner, what: str):
-        self._inner = inner
-        self._what = what
+        self._inner, self._what = inner, what
         self._start = VariableTracker().birth   # sourceless trackers made later: the body's
 
     def __getattr__(self, name):
@@ -64,12 +62,8 @@ class Subgraph:
     function's result nests them (``"tensor"``, ``"tuple"``, ``"list"``)."""
 
     def __init__(self, graph, n_operands, lifted, out_fakes, structure, user_line):
-        self.graph = graph
-        self.n_operands = n_operands
-        self.lifted = lifted
-        self.out_fakes = out_fakes
-        self.structure = structure
-        self.user_line = user_line
+        self.graph, self.n_operands, self.lifted, self.out_fakes = graph, n_operands, lifted, out_fakes
+        self.structure, self.user_line = structure, user_line
 
     def add_lifted(self, node) -> None:
         """Another parent node this subgraph takes (unused by it: the other branch reads it)."""
@@ -91,8 +85,7 @@ def _fn_line(fn_vt) -> str:
 def _flat_outputs(res: VariableTracker, what: str):
     if isinstance(res, TensorVariable):
         return [res], "tensor"
-    if isinstance(res, (TupleVariable, ListVariable)) and all(
-            isinstance(v, TensorVariable) for v in res.items):
+    if isinstance(res, (TupleVariable, ListVariable)) and all(isinstance(v, TensorVariable) for v in res.items):
         return list(res.items), ("list" if isinstance(res, ListVariable) else "tuple")
     raise Unsupported(f"{what} returned {res} (a higher-order operator's function must "
                       "return a tensor or a tuple/list of tensors)")
@@ -105,12 +98,11 @@ def _cells_of(fn_vt) -> dict:
 
 def trace_subgraph(tx, fn_vt, operands: list, what: str, alias_ok: bool = True,
                    call: Optional[tuple] = None, flatten=None) -> Subgraph:
-    """Trace ``fn_vt(*operands)`` as a subgraph in its own scope (see module docstring). ``what`` names it in
-    messages (``"torch.cond true_fn"``). An output that is (a view of) an input is cloned, or with
-    ``alias_ok=False`` a UserError (eager's cond refuses it). ``call=(args, kwargs)`` calls ``fn_vt(*args,
-    **kwargs)`` instead, ``operands`` being the tensors among them (the rest of what the call reads is
-    lifted). ``flatten(result, what) -> (tensors, structure)`` (default :func:`_flat_outputs`) flattens the
-    function's result."""
+    """Trace ``fn_vt(*operands)`` as a subgraph in its own scope (see module docstring). ``what`` names it in messages
+    (``"torch.cond true_fn"``). An output that is (a view of) an input is cloned, or with ``alias_ok=False`` a UserError
+    (eager's cond refuses it). ``call=(args, kwargs)`` calls ``fn_vt(*args, **kwargs)`` instead, ``operands`` being the
+    tensors among them (the rest of what the call reads is lifted). ``flatten(result, what) -> (tensors, structure)``
+    (default :func:`_flat_outputs`) flattens the function's result."""
     out = tx.output
     graph = out.graph
     before = set(graph.nodes)
@@ -190,9 +182,8 @@ def _check_no_input_writes(region, inputs, what: str) -> None:
             src = storages[StorageWeakRef(fake.untyped_storage())]
             raise UserError(
                 f"{what} writes in place ({getattr(n.target, '__name__', n.target)}) to "
-                f"{src.meta.get('source', src.name)}, a tensor from outside the function "
-                f"(an operand or a closed-over tensor); higher-order operators' functions "
-                f"must not mutate their inputs",
+                f"{src.meta.get('source', src.name)}, a tensor from outside the function (an operand or a closed-over "
+                "tensor); higher-order operators' functions must not mutate their inputs",
                 location=_node_location(n), hint="compute a new tensor instead (x + 1, not x.add_(1))")
 
 
@@ -224,9 +215,8 @@ def _meta_text(f) -> str:
 def _check_same_outputs(a: Subgraph, b: Subgraph, names, location) -> None:
     if len(a.out_fakes) != len(b.out_fakes) or a.structure != b.structure:
         raise UserError(
-            f"torch.cond: {names[0]} returns {len(a.out_fakes)} tensor(s) as a {a.structure}, "
-            f"{names[1]} {len(b.out_fakes)} as a {b.structure}; both branches must return "
-            "the same structure", location=location)
+            f"torch.cond: {names[0]} returns {len(a.out_fakes)} tensor(s) as a {a.structure}, {names[1]} "
+            f"{len(b.out_fakes)} as a {b.structure}; both branches must return the same structure", location=location)
     for i, (x, y) in enumerate(zip(a.out_fakes, b.out_fakes)):
         same = (x.dtype == y.dtype and x.dim() == y.dim() and x.device == y.device
                 and all(torch.fx.experimental.symbolic_shapes.statically_known_true(p == q)
@@ -236,9 +226,8 @@ def _check_same_outputs(a: Subgraph, b: Subgraph, names, location) -> None:
                        for p, q, s in zip(x.stride(), y.stride(), x.shape) if s != 1)
         if not same:
             raise UserError(
-                f"torch.cond: output {i} of the branches differs: {names[0]} "
-                f"({a.user_line_text}) returns {_meta_text(x)}; {names[1]} "
-                f"({b.user_line_text}) returns {_meta_text(y)}. Both branches must return "
+                f"torch.cond: output {i} of the branches differs: {names[0]} ({a.user_line_text}) returns "
+                f"{_meta_text(x)}; {names[1]} ({b.user_line_text}) returns {_meta_text(y)}. Both branches must return "
                 "tensors with the same metadata", location=location)
 
 
@@ -342,8 +331,7 @@ def call_cond(tx, args: list, kwargs: dict) -> VariableTracker:
     if "operands" not in bound:
         bound["operands"] = TupleVariable([])
     if len(bound) != 4:
-        raise UserError("torch.cond(pred, true_fn, false_fn, operands): missing arguments",
-                        location=tx.location())
+        raise UserError("torch.cond(pred, true_fn, false_fn, operands): missing arguments", location=tx.location())
     pred, true_fn, false_fn = bound["pred"], bound["true_fn"], bound["false_fn"]
     operands = _operands(tx, bound["operands"])
     from coil.capture.variables.symbolic import SymNodeVariable
@@ -361,9 +349,8 @@ def call_cond(tx, args: list, kwargs: dict) -> VariableTracker:
                   where=str(tx.location()).splitlines()[0])
         return tx.call(chosen, operands, {})
     if pred.fake.numel() != 1 or pred.fake.dtype is not torch.bool:
-        raise UserError(f"torch.cond: expected pred to be bool or a boolean tensor with a "
-                        f"single item, got a {pred.fake.dtype} tensor of shape "
-                        f"{tuple(pred.fake.shape)}", location=tx.location(),
+        raise UserError("torch.cond: expected pred to be bool or a boolean tensor with a single item, got a "
+                        f"{pred.fake.dtype} tensor of shape {tuple(pred.fake.shape)}", location=tx.location(),
                         hint="compare it, e.g. x.sum() > 0")
     location = tx.location()
     t = trace_subgraph(tx, true_fn, operands, "torch.cond true_fn", alias_ok=False)
@@ -388,9 +375,8 @@ def call_cond(tx, args: list, kwargs: dict) -> VariableTracker:
     items = _emit(tx, torch.ops.higher_order.cond, (
         pred.node, g.get_attr(tname), g.get_attr(fname), node_ops),
         [_fresh(out, x, grad=grad) for x in t.out_fakes])
-    trace.log("hop", stage="capture", op="cond", predicate="tensor",
-              subgraphs=[tname, fname], lifted=[n.meta.get("source", n.name) for n in t.lifted],
-              where=str(location).splitlines()[0])
+    trace.log("hop", stage="capture", op="cond", predicate="tensor", subgraphs=[tname, fname],
+              lifted=[n.meta.get("source", n.name) for n in t.lifted], where=str(location).splitlines()[0])
     return _unflatten(items, t.structure)
 
 
@@ -410,8 +396,7 @@ def _reorder_lifted(sg: Subgraph, order: dict) -> None:
     """Put ``sg``'s lifted placeholders in the order ``order`` gives their parent nodes."""
     phs = [n for n in sg.graph.nodes if n.op == "placeholder"][sg.n_operands:]
     pairs = sorted(zip(sg.lifted, phs), key=lambda p: order[p[0]])
-    anchor = [n for n in sg.graph.nodes if n.op == "placeholder"][sg.n_operands - 1] \
-        if sg.n_operands else None
+    anchor = [n for n in sg.graph.nodes if n.op == "placeholder"][sg.n_operands - 1] if sg.n_operands else None
     for _, p in pairs:
         if anchor is None:
             first = next(iter(sg.graph.nodes))
@@ -459,8 +444,7 @@ def call_while_loop(tx, args: list, kwargs: dict) -> VariableTracker:
                         f"{len(carried)} carried input(s)", location=location)
     for i, (x, y) in enumerate(zip(carried, b.out_fakes)):
         x = x.fake
-        if x.dtype != y.dtype or tuple(x.shape) != tuple(y.shape) or \
-                (x.numel() > 1 and x.stride() != y.stride()):
+        if x.dtype != y.dtype or tuple(x.shape) != tuple(y.shape) or (x.numel() > 1 and x.stride() != y.stride()):
             raise UserError(f"torch.while_loop: body_fn changes carried input {i}: it comes in "
                             f"with {_meta_text(x)} and leaves with {_meta_text(y)}; the carried "
                             "state must keep its metadata", location=location)
@@ -478,8 +462,7 @@ def call_while_loop(tx, args: list, kwargs: dict) -> VariableTracker:
         g.get_attr(cname), g.get_attr(bname), tuple(x.node for x in carried), tuple(c.lifted)),
         [_fresh(out, x.fake) for x in carried])
     trace.log("hop", stage="capture", op="while_loop", subgraphs=[cname, bname],
-              lifted=[n.meta.get("source", n.name) for n in c.lifted],
-              where=str(location).splitlines()[0])
+              lifted=[n.meta.get("source", n.name) for n in c.lifted], where=str(location).splitlines()[0])
     return TupleVariable(items)
 
 
@@ -512,8 +495,7 @@ def call_map(tx, args: list, kwargs: dict) -> VariableTracker:
         g.get_attr(name), [xs.node], body.operand_nodes[1:] + body.lifted),
         [_fresh(out, y, (xs.fake.shape[0], *y.shape)) for y in body.out_fakes])
     trace.log("hop", stage="capture", op="map", subgraphs=[name],
-              lifted=[x.meta.get("source", x.name) for x in body.lifted],
-              where=str(location).splitlines()[0])
+              lifted=[x.meta.get("source", x.name) for x in body.lifted], where=str(location).splitlines()[0])
     return _unflatten(items, body.structure)
 
 
@@ -571,8 +553,7 @@ def call_scan(tx, args: list, kwargs: dict) -> VariableTracker:
     for p in pieces:   # the slices were only the body's example inputs
         tx.output.graph.erase_node(p.node)
     n_carry, carry_struct, y_struct = body.structure
-    if n_carry != len(init) or carry_struct != init_struct or \
-            len(body.operand_nodes) != len(init) + len(pieces):
+    if n_carry != len(init) or carry_struct != init_struct or len(body.operand_nodes) != len(init) + len(pieces):
         raise UserError(f"scan: combine_fn returns a carry of {n_carry} tensor(s) for an init "
                         f"of {len(init)}", location=location)
     for i, (x, y) in enumerate(zip(init, body.out_fakes)):
@@ -603,8 +584,7 @@ def call_scan(tx, args: list, kwargs: dict) -> VariableTracker:
     ys = items[n_carry:]
     if reverse:
         ys = [op(torch.flip, y, ConstantVariable([0])) for y in ys]
-    ys = [op(torch.movedim, y, ConstantVariable(0), ConstantVariable(d))
-          if d and d < y.fake.dim() else y for y in ys]
+    ys = [op(torch.movedim, y, ConstantVariable(0), ConstantVariable(d)) if d and d < y.fake.dim() else y for y in ys]
     trace.log("hop", stage="capture", op="scan", subgraphs=[name], length=int(length),
               cloned_carries=cloned,   # read by the body too: saved values would alias them
               lifted=[x.meta.get("source", x.name) for x in body.lifted],
@@ -614,8 +594,7 @@ def call_scan(tx, args: list, kwargs: dict) -> VariableTracker:
 
 # --------------------------------------------------------------------------- checkpoint
 
-_CHECKPOINT_DEFAULTS = {"preserve_rng_state": True, "context_fn": None,
-                        "determinism_check": "default", "debug": False}
+_CHECKPOINT_DEFAULTS = {"preserve_rng_state": True, "context_fn": None, "determinism_check": "default", "debug": False}
 
 
 def call_checkpoint(tx, args: list, kwargs: dict) -> VariableTracker:
@@ -651,12 +630,11 @@ def call_checkpoint(tx, args: list, kwargs: dict) -> VariableTracker:
 # --------------------------------------------------------------------------- nested_compile_region
 
 def call_region(tx, fn_vt, args: list, kwargs: dict) -> VariableTracker:
-    """A ``torch.compiler.nested_compile_region`` call: ``fn(*args, **kwargs)`` traced as a subgraph (tensor
-    arguments are operands, what else it reads is lifted) called by :func:`coil.aot.regions.invoke_region`; a
-    call whose subgraph equals an earlier one's (:func:`_region_key`) reuses it, so AOT compiles it once.
-    Traced at every call: the Python state it reads (a rebound global) is in its graph. A body that cannot be
-    a subgraph (side effect, write to an input, output aliasing an input) is inlined, logged as
-    ``region_inlined``."""
+    """A ``torch.compiler.nested_compile_region`` call: ``fn(*args, **kwargs)`` traced as a subgraph (tensor arguments
+    are operands, what else it reads is lifted) called by :func:`coil.aot.regions.invoke_region`; a call whose subgraph
+    equals an earlier one's (:func:`_region_key`) reuses it, so AOT compiles it once. Traced at every call: the Python
+    state it reads (a rebound global) is in its graph. A body that cannot be a subgraph (side effect, write to an input,
+    output aliasing an input) is inlined, logged as ``region_inlined``."""
     from coil.aot.regions import invoke_region
 
     out = tx.output
@@ -686,9 +664,8 @@ def call_region(tx, fn_vt, args: list, kwargs: dict) -> VariableTracker:
     entry[1] += 1
     items = _emit(tx, invoke_region, (out.graph.get_attr(entry[0]), entry[0],
                                       *sub.operand_nodes, *sub.lifted), sub.out_fakes)
-    trace.log("hop", stage="capture", op="nested_compile_region", subgraphs=[entry[0]],
-              call=entry[1], lifted=[n.meta.get("source", n.name) for n in sub.lifted],
-              where=str(tx.location()).splitlines()[0])
+    trace.log("hop", stage="capture", op="nested_compile_region", subgraphs=[entry[0]], call=entry[1],
+              lifted=[n.meta.get("source", n.name) for n in sub.lifted], where=str(tx.location()).splitlines()[0])
     return _unflatten(items, sub.structure)
 
 
@@ -755,9 +732,8 @@ def hop_handler(value):
         import torch._higher_order_ops as hops
         import torch.utils.checkpoint as ckpt
 
-        # the public operator functions of torch._higher_order_ops (scan, associative_scan,
-        # ...) not captured: a graph break naming them (not their helpers, e.g.
-        # nested_compile_region's wrapper, which is inlined)
+        # the public operator functions of torch._higher_order_ops (scan, associative_scan, ...) not captured: a graph
+        # break naming them (not their helpers, e.g. nested_compile_region's wrapper, which is inlined)
         for name, v in vars(hops).items():
             if not name.startswith("_") and isinstance(v, types.FunctionType):
                 _HANDLERS[v] = _not_captured

@@ -1,12 +1,11 @@
 """Trackers for objects: nn.Modules, user-defined objects and classes, Python modules,
 objects created inside the frame, and ``ModelOutput``-style dataclass dicts.
 
-Attribute reads follow Python's lookup order statically (:func:`lookup_attr`):
-pending writes made earlier in the frame, data descriptors (properties are inlined),
-the instance ``__dict__``, ``nn.Module``'s ``_parameters``/``_buffers``/``_modules``,
-then class attributes (functions become bound methods) and finally a user
-``__getattr__`` (inlined). Values read from real objects are wrapped with a source so
-guards cover them; parameters and buffers become graph inputs.
+Attribute reads follow Python's lookup order statically (:func:`lookup_attr`): pending writes made earlier in the frame,
+data descriptors (properties are inlined), the instance ``__dict__``, ``nn.Module``'s
+``_parameters``/``_buffers``/``_modules``, then class attributes (functions become bound methods) and finally a user
+``__getattr__`` (inlined). Values read from real objects are wrapped with a source so guards cover them; parameters and
+buffers become graph inputs.
 """
 from __future__ import annotations
 
@@ -28,18 +27,14 @@ from coil.capture.variables.functions import (UserFunctionVariable, UserMethodVa
 
 
 class AttributeMissing(Exception):
-    """Attribute lookup failed (AttributeError in eager); ``getattr(o, n, default)``
-    and ``hasattr`` catch it."""
+    """Attribute lookup failed (AttributeError in eager); ``getattr(o, n, default)`` and ``hasattr`` catch it."""
 
 
 _SENTINEL = object()
 
 
 def _static_lookup(cls: type, name: str):
-    for klass in cls.__mro__:
-        if name in klass.__dict__:
-            return klass.__dict__[name]
-    return _SENTINEL
+    return next((klass.__dict__[name] for klass in cls.__mro__ if name in klass.__dict__), _SENTINEL)
 
 
 def wrap_class_attr(tx, obj_vt: VariableTracker, cls: type, name: str, source=None):
@@ -133,8 +128,7 @@ def lookup_attr(tx, vt: ObjectVariableBase, name: str, generic: bool = False):
             return UserMethodVariable(value.__func__, vt)
         return wrap(tx, value, vt.attr_source(name))
     cls_attr = _static_lookup(cls, name)
-    is_data_descr = cls_attr is not _SENTINEL and (
-        isinstance(cls_attr, property) or hasattr(type(cls_attr), "__set__"))
+    is_data_descr = cls_attr is not _SENTINEL and (isinstance(cls_attr, property) or hasattr(type(cls_attr), "__set__"))
     if is_data_descr and not isinstance(cls_attr, property):
         try:
             return wrap(tx, getattr(obj, name), vt.attr_source(name))
@@ -169,15 +163,13 @@ def lookup_attr(tx, vt: ObjectVariableBase, name: str, generic: bool = False):
 
 
 def _call_lru_cached(tx, vt, args, kwargs):
-    """A ``functools.lru_cache`` function called with constant arguments
-    (transformers' ``is_torch_distributed_available()``): called for real at trace time,
-    as eager calls it, and guarded by calling it again, a cache hit, which must give the
-    same object. Its body runs where eager's first call runs it, never once per compiled
-    call. Other arguments, or a result holding a tensor, stay a graph break."""
+    """A ``functools.lru_cache`` function called with constant arguments (transformers'
+    ``is_torch_distributed_available()``): called for real at trace time, as eager calls it, and guarded by calling it
+    again, a cache hit, which must give the same object. Its body runs where eager's first call runs it, never once per
+    compiled call. Other arguments, or a result holding a tensor, stay a graph break."""
     from coil.capture.variables.builder import wrap
 
-    if vt.source is None or not all(isinstance(a, ConstantVariable)
-                                    for a in list(args) + list(kwargs.values())):
+    if vt.source is None or not all(isinstance(a, ConstantVariable) for a in list(args) + list(kwargs.values())):
         raise Unsupported(f"call to an lru_cache function {vt.value!r} with non-constant arguments")
     cargs = [a.value for a in args]
     ckw = {k: v.value for k, v in kwargs.items()}
@@ -200,10 +192,9 @@ _DICT_READS = ("get", "__getitem__", "__contains__")
 
 
 def _dict_lookup(tx, vt, name, args, kwargs):
-    """``d.get(k)`` / ``d[k]`` / ``k in d`` on a pre-existing dict whose keys are not all
-    literals (huggingface_hub's validator table keyed by types): looked up in the real
-    dict, guarded on what the lookup found (the same object, or still missing). None when
-    it does not apply (new dicts, unhashable or traced keys, tensor results)."""
+    """``d.get(k)`` / ``d[k]`` / ``k in d`` on a pre-existing dict whose keys are not all literals (huggingface_hub's
+    validator table keyed by types): looked up in the real dict, guarded on what the lookup found (the same object, or
+    still missing). None when it does not apply (new dicts, unhashable or traced keys, tensor results)."""
     from coil.capture.variables.builder import wrap
 
     d = vt.value
@@ -276,8 +267,7 @@ class UserDefinedObjectVariable(ObjectVariableBase):
         if isinstance(method, BoundMethodVariable) and method.obj is self and method.name == name:
             # a C method of the object (e.g. random.Random().random): not traceable, and
             # asking this tracker again would recurse
-            raise Unsupported(f"call to C method {type(self.value).__name__}.{name}",
-                              hint="it runs outside the graph")
+            raise Unsupported(f"call to C method {type(self.value).__name__}.{name}", hint="it runs outside the graph")
         return tx.call(method, args, kwargs)
 
     def unpack(self, tx):
@@ -305,9 +295,8 @@ class NNModuleVariable(ObjectVariableBase):
         return lookup_attr(tx, self, name)
 
     def has_len(self):
-        return isinstance(self.value, (torch.nn.ModuleList, torch.nn.Sequential,
-                                       torch.nn.ModuleDict, torch.nn.ParameterList,
-                                       torch.nn.ParameterDict))
+        return isinstance(self.value, (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ModuleDict,
+                                       torch.nn.ParameterList, torch.nn.ParameterDict))
 
     def _sub(self, tx, key):
         from coil.capture.variables.builder import wrap
@@ -321,8 +310,7 @@ class NNModuleVariable(ObjectVariableBase):
     def _keys(self, tx):
         """The container's keys, guarded (an appended or deleted entry recompiles)."""
         m = self.value
-        dname = "_parameters" if isinstance(m, (torch.nn.ParameterList,
-                                                  torch.nn.ParameterDict)) else "_modules"
+        dname = "_parameters" if isinstance(m, (torch.nn.ParameterList, torch.nn.ParameterDict)) else "_modules"
         return _guard_keys(tx, self.source, m, dname)
 
     def unpack(self, tx):
@@ -398,8 +386,7 @@ class NNModuleVariable(ObjectVariableBase):
             rec = kwargs.get("recurse", ConstantVariable(True)).as_python_constant()
             return ListIteratorVariable([v for _, v in self._named(tx, kind, recurse=rec)])
         if name in ("named_parameters", "named_buffers", "named_children", "named_modules"):
-            return ListIteratorVariable([TupleVariable([ConstantVariable(q), v])
-                                         for q, v in self._named(tx, name)])
+            return ListIteratorVariable([TupleVariable([ConstantVariable(q), v]) for q, v in self._named(tx, name)])
         if name == "forward" and type(m).forward is torch.nn.Module.forward:
             raise Unsupported("module has no forward")
         return tx.call(self.var_getattr(tx, name), args, kwargs)
@@ -437,18 +424,16 @@ class InFrameModuleVariable(NNModuleVariable):
     """A parameter-free ``torch.nn`` module built inside the frame from constant
     arguments (``nn.CrossEntropyLoss(ignore_index=-100)(logits, y)``, ``nn.ReLU()(x)``).
 
-    The instance is built for real at trace time and used like a sourceless submodule:
-    its forward is inlined and its attributes are constants. Nothing is guarded on it:
-    the compiled code never sees it, and a rebuild (at a graph break, or when it escapes
-    the frame) constructs a fresh one from the same arguments, as each eager call does.
-    Only classes defined in ``torch.nn.modules`` qualify (their ``__init__`` has no side
-    effects); one that gets parameters or buffers, or a tensor argument, is a graph break.
+    The instance is built for real at trace time and used like a sourceless submodule: its forward is inlined and its
+    attributes are constants. Nothing is guarded on it: the compiled code never sees it, and a rebuild (at a graph
+    break, or when it escapes the frame) constructs a fresh one from the same arguments, as each eager call does. Only
+    classes defined in ``torch.nn.modules`` qualify (their ``__init__`` has no side effects); one that gets parameters
+    or buffers, or a tensor argument, is a graph break.
     """
 
     def __init__(self, value, args: tuple, kwargs: dict):
         super().__init__(value, None)
-        self.args = args
-        self.kwargs = kwargs
+        self.args, self.kwargs = args, kwargs
 
     @classmethod
     def create(cls, mod_cls: type, args: list, kwargs: dict) -> "InFrameModuleVariable":
@@ -470,8 +455,7 @@ class InFrameModuleVariable(NNModuleVariable):
         try:
             # first on the meta device: a module with parameters costs no memory and
             # draws nothing from the RNG before it is refused
-            with torch.random.fork_rng(devices=[]), torch.device("meta"), \
-                    warnings.catch_warnings():
+            with torch.random.fork_rng(devices=[]), torch.device("meta"), warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # the real build below warns once
                 probe = mod_cls(*c, **kw)
             stateful = _has_state(probe)
@@ -558,9 +542,6 @@ class UserDefinedClassVariable(ObjectVariableBase):
     """A class object (user classes, torch classes, builtin types not handled as
     builtins). Calling it builds the instance symbolically where possible."""
 
-    def python_type(self):
-        return type(self.value)
-
     def as_python_constant(self):
         return self.value
 
@@ -610,9 +591,8 @@ class UserDefinedClassVariable(ObjectVariableBase):
 class PythonModuleVariable(ObjectVariableBase):
     """A Python module (``torch``, ``math``, ``torch.nn.functional``, user modules)."""
 
-    TRUSTED = ("torch", "math", "operator", "functools", "itertools", "collections", "typing",
-               "dataclasses", "builtins", "enum", "inspect", "warnings", "numbers", "abc",
-               "transformers", "numpy")
+    TRUSTED = ("torch", "math", "operator", "functools", "itertools", "collections", "typing", "dataclasses",
+               "builtins", "enum", "inspect", "warnings", "numbers", "abc", "transformers", "numpy")
 
     def var_getattr(self, tx, name):
         from coil.capture.variables.builder import wrap
@@ -625,14 +605,12 @@ class PythonModuleVariable(ObjectVariableBase):
         src = self.attr_source(name)
         # torch's switches (torch.backends.cudnn.enabled, ...matmul.allow_tf32) change at
         # run time: a branch on one is guarded like any user global
-        switch = self.value.__name__.startswith("torch.backends") and isinstance(
-            value, (bool, int, float, str))
+        switch = self.value.__name__.startswith("torch.backends") and isinstance(value, (bool, int, float, str))
         if root in self.TRUSTED and not switch:
             if self.source is not None and vars(self.value).get(name, _SENTINEL) is value:
                 # `torch.nn.functional.relu = f` after compiling recompiles: one identity check
                 # through the module's __dict__ (skipped by tag while it is unchanged)
-                tx.output.guards.add(f"{self.source.expr()}.__dict__[{name!r}] is "
-                                     f"{tx.output.guards.const(value)}")
+                tx.output.guards.add(f"{self.source.expr()}.__dict__[{name!r}] is {tx.output.guards.const(value)}")
             return wrap(tx, value, src, guard=False)
         return wrap(tx, value, src)
 
@@ -707,14 +685,12 @@ class NewObjectVariable(VariableTracker):
 
 def is_model_output_class(cls) -> bool:
     """Dataclasses that are also OrderedDicts (``transformers.utils.ModelOutput``)."""
-    return (isinstance(cls, type) and issubclass(cls, collections.OrderedDict)
-            and dataclasses.is_dataclass(cls))
+    return (isinstance(cls, type) and issubclass(cls, collections.OrderedDict) and dataclasses.is_dataclass(cls))
 
 
 class DataClassDictVariable(DictVariable):
-    """A ``ModelOutput``-style object built in the frame: a dataclass whose non-None
-    fields are also its dict items (keys in field order). Supports attribute and
-    item access, ``to_tuple()``, and is rebuilt as ``cls(**items)``."""
+    """A ``ModelOutput``-style object built in the frame: a dataclass whose non-None fields are also its dict items
+    (keys in field order). Supports attribute and item access, ``to_tuple()``, and is rebuilt as ``cls(**items)``."""
 
     def __init__(self, cls, items: dict):
         super().__init__(items, user_cls=cls)
@@ -723,17 +699,11 @@ class DataClassDictVariable(DictVariable):
     @classmethod
     def create(cls, tx, klass, args, kwargs):
         names = [f.name for f in dataclasses.fields(klass)]
-        values = {}
-        for n, a in zip(names, args):
-            values[n] = a
-        values.update(kwargs)
+        values = {**dict(zip(names, args)), **kwargs}
         for f in dataclasses.fields(klass):
             if f.name not in values:
-                if f.default is not dataclasses.MISSING:
-                    values[f.name] = ConstantVariable(f.default) if f.default is None else \
-                        tx.wrap(f.default, None)
-                else:
-                    values[f.name] = ConstantVariable(None)
+                absent = f.default is None or f.default is dataclasses.MISSING
+                values[f.name] = ConstantVariable(None) if absent else tx.wrap(f.default, None)
         items = {n: values[n] for n in names
                  if not (isinstance(values[n], ConstantVariable) and values[n].value is None)}
         return cls(klass, items)

@@ -32,15 +32,12 @@ _BINARY = {operator.add: operator.add, operator.iadd: operator.add, operator.sub
 
 
 class SymNodeVariable(VariableTracker):
-    """A symbolic int/float/bool (see module docstring). ``recipe`` makes its graph node
-    on first use: ``("size"|"stride", tensor_vt, dim)``, ``("numel", tensor_vt)``,
-    ``("op", fn, operands)`` or ``("node", node)``."""
+    """A symbolic int/float/bool (see module docstring). ``recipe`` makes its graph node on first use:
+    ``("size"|"stride", tensor_vt, dim)``, ``("numel", tensor_vt)``, ``("op", fn, operands)`` or ``("node", node)``."""
 
     def __init__(self, output, value, recipe):
         super().__init__(None)
-        self.output = output
-        self.value = value
-        self.recipe = recipe
+        self.output, self.value, self.recipe = output, value, recipe
         self._node = None
 
     def python_type(self):
@@ -89,8 +86,7 @@ class SymNodeVariable(VariableTracker):
                 op = torch.ops.aten.sym_size.int if kind == "size" else torch.ops.aten.sym_stride.int
                 node = graph.create_node("call_function", op, (t.node, d), {})
         elif kind == "numel":
-            node = graph.create_node("call_function", torch.ops.aten.sym_numel.default,
-                                     (self.recipe[1].node,), {})
+            node = graph.create_node("call_function", torch.ops.aten.sym_numel.default, (self.recipe[1].node,), {})
         else:
             fn, operands = self.recipe[1], self.recipe[2]
             args = tuple(a.as_node() if isinstance(a, SymNodeVariable) else a for a in operands)
@@ -142,8 +138,7 @@ def binary(tx, op, a: VariableTracker, b: VariableTracker):
         return None
     vals = []
     for v in (a, b):
-        if isinstance(v, SymNodeVariable) or (isinstance(v, ConstantVariable)
-                                              and type(v.value) in (int, float, bool)):
+        if isinstance(v, SymNodeVariable) or (isinstance(v, ConstantVariable) and type(v.value) in (int, float, bool)):
             vals.append(v.value)
         else:
             return None

@@ -16,15 +16,13 @@ import operator
 
 import torch
 import torch.utils._pytree as pytree
-from torch._subclasses.fake_tensor import (DataDependentOutputException,
-                                           DynamicOutputShapeException, FakeTensor)
+from torch._subclasses.fake_tensor import (DataDependentOutputException, DynamicOutputShapeException, FakeTensor)
 
 from coil.exc import Unsupported
 from coil.capture.meta_checks import cast_to_eager_dtype, check_call
 from coil.capture.substitutes import substitute
 from coil.capture.variables.base import ConstantVariable, VariableTracker
-from coil.capture.variables.containers import (DictVariable, ListVariable,
-                                               NamedTupleVariable, SliceVariable,
+from coil.capture.variables.containers import (DictVariable, ListVariable, NamedTupleVariable, SliceVariable,
                                                TupleVariable)
 from coil.capture.variables.symbolic import SymNodeVariable, tensor_meta, wrap_sym
 
@@ -135,13 +133,11 @@ def _requires_grad_flag(v: VariableTracker):
 def _autograd_state_change(kind: str, target, args: list, kwargs: dict) -> bool:
     """Graph breaks for ops that change which tensors autograd tracks.
 
-    AOT turns a whole graph into one autograd node of its *inputs*: a tensor made to
-    require grad inside the graph (``t.requires_grad_()``, ``torch.zeros(3,
-    requires_grad=True)``) would come out as an output of that node, not a leaf, and
-    nothing computed from it would reach it in backward (silently missing grads);
-    ``retain_grad()`` on a fake tensor retains nothing. So these ops raise Unsupported,
-    a graph break: the op runs eagerly and the rest of the frame is captured with the
-    tensor as an input (what torch.compile does).
+    AOT turns a whole graph into one autograd node of its *inputs*: a tensor made to require grad inside the graph
+    (``t.requires_grad_()``, ``torch.zeros(3, requires_grad=True)``) would come out as an output of that node, not a
+    leaf, and nothing computed from it would reach it in backward (silently missing grads); ``retain_grad()`` on a fake
+    tensor retains nothing. So these ops raise Unsupported, a graph break: the op runs eagerly and the rest of the frame
+    is captured with the tensor as an input (what torch.compile does).
 
     Returns True for ``requires_grad_(b)`` on a tensor whose ``requires_grad`` is
     already ``b``: eager returns the tensor and changes nothing, so no node is needed."""
@@ -153,14 +149,12 @@ def _autograd_state_change(kind: str, target, args: list, kwargs: dict) -> bool:
         if want is not None and isinstance(t, TensorVariable) and t.fake.requires_grad == want:
             return True
         what = "makes an autograd leaf" if want else "changes whether a tensor requires grad"
-        raise Unsupported(f"Tensor.requires_grad_({'' if want else want}) {what} inside "
-                          f"the frame", hint=_LEAF_HINT)
+        raise Unsupported(f"Tensor.requires_grad_({'' if want else want}) {what} inside the frame", hint=_LEAF_HINT)
     if kind == "call_method" and name == "retain_grad":
         raise Unsupported("Tensor.retain_grad() inside the frame",
                           hint="it runs outside the graph, so backward fills .grad")
     if "requires_grad" in kwargs and _requires_grad_flag(kwargs["requires_grad"]) is not False:
-        raise Unsupported(f"{name}(..., requires_grad=True) makes an autograd leaf inside "
-                          f"the frame", hint=_LEAF_HINT)
+        raise Unsupported(f"{name}(..., requires_grad=True) makes an autograd leaf inside the frame", hint=_LEAF_HINT)
     return False
 
 
@@ -201,11 +195,10 @@ def call_op(tx, kind: str, target, args: list, kwargs: dict) -> VariableTracker:
                 result = target(*fake_args, **fake_kwargs)
             if any(t.shape != n and (t._is_view() or 0 not in n or not _dense(fake_args))
                    for t, n in zip(outs, shapes)):
-                # eager resizes the view itself, past its slice of the storage: functionalized,
-                # only the slice was written back (``torch.mul(x, 2, out=o[:2])``, 4 values). An
-                # empty tensor grows in the AOT epilogue (``resize_``: contiguous, as eager's is
-                # from contiguous operands; from a channels-last one eager's is channels-last,
-                # the meta kernel's contiguous)
+                # eager resizes the view itself, past its slice of the storage: functionalized, only the slice was
+                # written back (``torch.mul(x, 2, out=o[:2])``, 4 values). An empty tensor grows in the AOT epilogue
+                # (``resize_``: contiguous, as eager's is from contiguous operands; from a channels-last one eager's is
+                # channels-last, the meta kernel's contiguous)
                 raise Unsupported(f"{_name(target)}(out=...) resizes a view or a non-empty tensor, or "
                                   "gives an empty one non-contiguous strides",
                                   hint="pass an out= tensor of the result's shape")
@@ -241,9 +234,8 @@ def _dense(args) -> bool:
 
 
 def _symbolic_dispatch(out):
-    """With symbolic sizes, ops run under the Python dispatcher (as in torch's capture):
-    composite kernels that need concrete ints (``F.pad``'s ``constant_pad_nd``) take
-    their Python decompositions, which accept SymInts."""
+    """With symbolic sizes, ops run under the Python dispatcher (as in torch's capture): composite kernels that need
+    concrete ints (``F.pad``'s ``constant_pad_nd``) take their Python decompositions, which accept SymInts."""
     if not out.shape_env.var_to_range:
         return contextlib.nullcontext()
     from torch._dispatch.python import enable_python_dispatcher
@@ -256,17 +248,15 @@ _BUILTIN_OP_NAMESPACES = ("aten", "prims", "quantized", "_c10d_functional", "c10
 
 
 def _is_custom_op(target) -> bool:
-    """An OpOverload or OpOverloadPacket (whose namespace is in its qualified name) outside
-    torch's own namespaces."""
+    """An OpOverload or OpOverloadPacket (whose namespace is in its qualified name) outside torch's own namespaces."""
     ns = getattr(target, "namespace", None) or getattr(target, "_qualified_op_name", "aten::").split("::")[0]
     return ns not in _BUILTIN_OP_NAMESPACES
 
 
 def _check_custom_backward(target, fake_args: list, result) -> None:
-    """Run a custom op's registered backward once on the fake values. AOT's joint trace runs
-    it the same way, and one that cannot run there (transformers' grouped-mm fallback reads
-    ``offs.tolist()``) failed the whole compile; the call is a graph break instead, and the op
-    runs eagerly with its backward. Raises Unsupported."""
+    """Run a custom op's registered backward once on the fake values. AOT's joint trace runs it the same way, and one
+    that cannot run there (transformers' grouped-mm fallback reads ``offs.tolist()``) failed the whole compile; the call
+    is a graph break instead, and the op runs eagerly with its backward. Raises Unsupported."""
     outs = [o for o in pytree.tree_leaves(result) if isinstance(o, torch.Tensor) and o.requires_grad]
     ins = [a for a in pytree.tree_leaves(fake_args) if isinstance(a, torch.Tensor) and a.requires_grad]
     if not (outs and ins):
@@ -300,8 +290,7 @@ def _wrap_sequence(out, node, result) -> VariableTracker:
             sub = out.graph.create_node("call_function", operator.getitem, (node, i), {})
             sub.meta["example_value"] = r
             _copy_location(node, sub)
-            items.append(TensorVariable(sub, r) if isinstance(r, torch.Tensor)
-                         else _wrap_sequence(out, sub, r))
+            items.append(TensorVariable(sub, r) if isinstance(r, torch.Tensor) else _wrap_sequence(out, sub, r))
         else:
             items.append(ConstantVariable(r))
     if type(result) is dict:
@@ -340,8 +329,7 @@ def wrap_result(tx, node, result) -> VariableTracker:
         raise Unsupported(f"{_name(node.target)} returned tensors inside a {type(result).__name__}",
                           hint="the call runs outside the graph")
     name = _name(node.target)
-    side_effecting = (result is None or node.target is operator.setitem or name.endswith("_")
-                      or "out" in node.kwargs)
+    side_effecting = (result is None or node.target is operator.setitem or name.endswith("_") or "out" in node.kwargs)
     if len(node.users) == 0 and not side_effecting:
         out.graph.erase_node(node)
     from coil.capture.variables.builder import wrap_constant_result
@@ -389,12 +377,10 @@ def _select_symints(tx, t: "TensorVariable", basic, picks) -> "TensorVariable":
 
 
 def _split_scalar_tensor_index(t: "TensorVariable", idx):
-    """``x[..., i, ...]`` with 0-d integer tensors ``i`` (and otherwise only ints, slices,
-    ``None``, ``...``): the basic index with each such ``i`` replaced by ``:``, and the
-    dims ``(position, i)`` of that view that ``i`` then picks. ``None`` when the index has
-    no 0-d integer tensor or has anything else (lists, other tensors, bools)."""
-    items = list(idx.items) if isinstance(idx, TupleVariable) and not isinstance(
-        idx, NamedTupleVariable) else [idx]
+    """``x[..., i, ...]`` with 0-d integer tensors ``i`` (and otherwise only ints, slices, ``None``, ``...``): the basic
+    index with each such ``i`` replaced by ``:``, and the dims ``(position, i)`` of that view that ``i`` then picks.
+    ``None`` when the index has no 0-d integer tensor or has anything else (lists, other tensors, bools)."""
+    items = list(idx.items) if isinstance(idx, TupleVariable) and not isinstance(idx, NamedTupleVariable) else [idx]
     picked = [_is_int_scalar_tensor(v) for v in items]
     if not any(picked) and not any(map(_is_symint, items)) or any(picked) and any(map(_is_symint, items)):
         return None  # (symbolic ints with 0-d tensors: C++ indexing, pinned)
@@ -430,10 +416,9 @@ def _index_list(view: "TensorVariable", picks) -> ListVariable:
 
 
 def _index_with_scalar_tensors(tx, t: "TensorVariable", basic, picks) -> VariableTracker:
-    """``x[i]`` with a 0-d integer tensor ``i``: the basic view, then ``aten.index`` with
-    the tensors (no ``.item()``, no graph break). Eager returns a view here, the graph a
-    copy: the output graph remembers it, and an in-place op later in the frame (or a
-    graph break with it live) makes the frame run eagerly (:class:`IndexCopyAliasing`)."""
+    """``x[i]`` with a 0-d integer tensor ``i``: the basic view, then ``aten.index`` with the tensors (no ``.item()``,
+    no graph break). Eager returns a view here, the graph a copy: the output graph remembers it, and an in-place op
+    later in the frame (or a graph break with it live) makes the frame run eagerly (:class:`IndexCopyAliasing`)."""
     view = call_op(tx, "call_function", operator.getitem, [t, basic], {})
     out = call_op(tx, "call_function", torch.ops.aten.index.Tensor, [view, _index_list(view, picks)], {})
     tx.output.index_copies += 1
@@ -461,9 +446,7 @@ class TensorVariable(VariableTracker):
 
     def __init__(self, node, fake, source=None, cls=torch.Tensor):
         super().__init__(source)
-        self.node = node
-        self.fake = fake
-        self.cls = cls
+        self.node, self.fake, self.cls = node, fake, cls
 
     def python_type(self):
         return self.cls
@@ -480,8 +463,7 @@ class TensorVariable(VariableTracker):
             raise Unsupported("iteration over a 0-d tensor (raised by user code)")
         n = wrap_sym(tx.output, self.fake.shape[0], ("size", self, 0))
         n = n.evaluate("iteration over a tensor") if isinstance(n, SymNodeVariable) else n.value
-        return [call_op(tx, "call_function", operator.getitem, [self, ConstantVariable(i)], {})
-                for i in range(n)]
+        return [call_op(tx, "call_function", operator.getitem, [self, ConstantVariable(i)], {}) for i in range(n)]
 
     def var_getattr(self, tx, name):
         from coil.capture.variables.functions import BoundMethodVariable
@@ -553,8 +535,7 @@ class TensorVariable(VariableTracker):
             split = _split_scalar_tensor_index(self, args[0])
             if split is not None and _is_symint(split[1][0][1]):
                 view, value = _select_symints(tx, self, *split), args[1]
-                call_op(tx, "call_method", "copy_" if isinstance(value, TensorVariable) else "fill_",
-                        [view, value], {})
+                call_op(tx, "call_method", "copy_" if isinstance(value, TensorVariable) else "fill_", [view, value], {})
                 return ConstantVariable(None)
             if split is not None:
                 view = call_op(tx, "call_function", operator.getitem, [self, split[0]], {})

@@ -1,17 +1,15 @@
 """Trackers for torch functions and torch's global-state context managers.
 
-- :class:`TorchFunctionVariable`: ``torch.*``, ``torch.nn.functional.*``,
-  ``torch.Tensor.*`` and friends. A call becomes an FX node (``call_op``) except for
-  a short table of functions answered at compile time (``torch.is_grad_enabled``,
-  ``torch.compiler.is_compiling``...) and a deny list that changes global state
-  (``torch.manual_seed``...), which is a graph break.
-- :class:`GradModeVariable`: ``torch.no_grad()``, ``torch.enable_grad()``,
-  ``torch.set_grad_enabled(b)``. ``torch.inference_mode()`` is a graph break (its
-  tensors are inference tensors; the block runs as eager Python).
-  Entering emits ``torch._C._set_grad_enabled(mode)`` into the graph and switches the
-  compiler's own grad mode so fake tensors get eager's ``requires_grad``.
-- :class:`AutocastVariable`: ``torch.autocast(...)`` emits the enter/exit calls of
-  ``torch.amp.autocast_mode`` into the graph.
+- :class:`TorchFunctionVariable`: ``torch.*``, ``torch.nn.functional.*``, ``torch.Tensor.*`` and friends. A call becomes
+  an FX node (``call_op``) except for a short table of functions answered at compile time (``torch.is_grad_enabled``,
+  ``torch.compiler.is_compiling``...) and a deny list that changes global state (``torch.manual_seed``...), which is a
+  graph break.
+- :class:`GradModeVariable`: ``torch.no_grad()``, ``torch.enable_grad()``, ``torch.set_grad_enabled(b)``.
+  ``torch.inference_mode()`` is a graph break (its tensors are inference tensors; the block runs as eager Python).
+  Entering emits ``torch._C._set_grad_enabled(mode)`` into the graph and switches the compiler's own grad mode so fake
+  tensors get eager's ``requires_grad``.
+- :class:`AutocastVariable`: ``torch.autocast(...)`` emits the enter/exit calls of ``torch.amp.autocast_mode`` into the
+  graph.
 """
 from __future__ import annotations
 
@@ -53,9 +51,8 @@ _DEVICE_QUERIES = {inspect.unwrap(f) for f in (
     torch.cuda.get_device_capability, torch.cuda.device_count, torch.cuda.get_device_name,
     torch.cuda.is_bf16_supported)}
 
-# compared unwrapped: torch wraps some of them later (torch._dynamo replaces torch.manual_seed
-# by a disable-wrapper on import, after which ``manual_seed`` in a compiled function was
-# dropped: it ran once, while tracing; fresh-user trial)
+# compared unwrapped: torch wraps some of them later (torch._dynamo replaces torch.manual_seed by a disable-wrapper on
+# import, after which ``manual_seed`` in a compiled function was dropped: it ran once, while tracing; fresh-user trial)
 _DENY = {inspect.unwrap(f) for f in (
     torch.manual_seed, torch.seed, torch.set_rng_state, torch.get_rng_state, torch.set_default_dtype,
     torch.use_deterministic_algorithms, torch.set_printoptions, torch.save, torch.load,
@@ -210,11 +207,8 @@ class GradModeVariable(ContextManagerVariable):
 
     def __init__(self, mode: bool, kind: str = "set_grad_enabled"):
         super().__init__(None)
-        self.mode = mode
-        self.kind = kind
-        self.prev = None
-        self.exited = False
-        self.called_as_function = False
+        self.mode, self.kind = mode, kind
+        self.prev, self.exited, self.called_as_function = None, False, False
 
     def ctor_args(self):
         return (self.mode, self.kind)
@@ -238,15 +232,9 @@ class GradModeVariable(ContextManagerVariable):
         if self.prev is not None and not self.exited and self.kind != "inference_mode":
             # entered and live at a graph break (inside its ``with`` block): a real context
             # object in the entered state; the entry has already set the grad mode
-            return cg.bind(self, f"{cg.const_expr(reenter_grad)}({self.kind!r}, {self.mode!r}, "
-                                 f"{self.prev!r})")
-        if self.kind == "no_grad":
-            return f"{cg.const_expr(torch.no_grad)}()"
-        if self.kind == "enable_grad":
-            return f"{cg.const_expr(torch.enable_grad)}()"
-        if self.kind == "inference_mode":
-            return f"{cg.const_expr(torch.inference_mode)}({self.mode!r})"
-        return f"{cg.const_expr(torch.set_grad_enabled)}({self.mode!r})"
+            return cg.bind(self, f"{cg.const_expr(reenter_grad)}({self.kind!r}, {self.mode!r}, {self.prev!r})")
+        args = "" if self.kind in ("no_grad", "enable_grad") else repr(self.mode)
+        return f"{cg.const_expr(self.python_type())}({args})"
 
 
 class AutocastVariable(ContextManagerVariable):
@@ -254,8 +242,7 @@ class AutocastVariable(ContextManagerVariable):
 
     def __init__(self, args: tuple):
         super().__init__(None)
-        self.args = args
-        self.handle = None
+        self.args, self.handle = args, None
 
     def ctor_args(self):
         return (self.args,)
@@ -291,8 +278,7 @@ class DecoratedFunctionVariable(VariableTracker):
 
     def __init__(self, ctx, fn):
         super().__init__(None)
-        self.ctx = ctx
-        self.fn = fn
+        self.ctx, self.fn = ctx, fn
 
     def call_function(self, tx, args, kwargs):
         ctx = type(self.ctx)(*self.ctx.ctor_args())
@@ -304,10 +290,9 @@ class DecoratedFunctionVariable(VariableTracker):
 
 
 class ResumedGradModeVariable(GradModeVariable):
-    """A grad-mode block entered before a graph break and left in a resume function.
-    Leaving it is traced, except when it turns grad back *on* in a graph called with
-    grad off: that exit is a graph break (the real ``__exit__`` runs), so every graph's
-    grad-enabled regions start in the mode it is called in (what AOT supports)."""
+    """A grad-mode block entered before a graph break and left in a resume function. Leaving it is traced, except when
+    it turns grad back *on* in a graph called with grad off: that exit is a graph break (the real ``__exit__`` runs), so
+    every graph's grad-enabled regions start in the mode it is called in (what AOT supports)."""
 
     def exit(self, tx):
         if self.prev and not torch.is_grad_enabled() and not tx.output.initial_grad:

@@ -1,15 +1,13 @@
 """The C++/OpenMP kernel backend for CPU tensors (``config.cpu_backend == "cpp"``).
 
-What goes in: a :class:`coil.codegen.common.KernelPlan` (one fused group, see
-docs/codegen.md). What comes out: a :class:`coil.codegen.backend.GeneratedKernel`
-whose source is one ``extern "C"`` C++ function (plus the shared prelude) and whose
-launcher calls it through ctypes with the tensors' data pointers. docs/cpp_backend.md ("Files") says
-what each module of this package does.
+What goes in: a :class:`coil.codegen.common.KernelPlan` (one fused group, see docs/codegen.md). What comes out: a
+:class:`coil.codegen.backend.GeneratedKernel` whose source is one ``extern "C"`` C++ function (plus the shared prelude)
+and whose launcher calls it through ctypes with the tensors' data pointers. docs/cpp_backend.md ("Files") says what each
+module of this package does.
 
-Invariants: the same plan and kernel name give the same source (golden tests); the
-kernel never reads or writes outside the buffers' storage (indirect indices are
-bounds-checked and reported as ``IndexError``); results do not depend on the number
-of threads.
+Invariants: the same plan and kernel name give the same source (golden tests); the kernel never reads or writes outside
+the buffers' storage (indirect indices are bounds-checked and reported as ``IndexError``); results do not depend on the
+number of threads.
 """
 from __future__ import annotations
 
@@ -33,9 +31,8 @@ class CppBackend(KernelBackend):
     def generate(self, plan, kernel_name: str) -> GeneratedKernel:
         """Write and start building the kernel for ``plan``.
 
-        Raises :class:`coil.runtime.cpp_build.CompilerNotFound` at once when there is no
-        C++ compiler (the caller falls back to extern kernels for the graph) and
-        NotImplementedError for ops/dtypes the C++ backend does not support.
+        Raises :class:`coil.runtime.cpp_build.CompilerNotFound` at once when there is no C++ compiler (the caller falls
+        back to extern kernels for the graph) and NotImplementedError for ops/dtypes the C++ backend does not support.
         """
         cpp_build.compiler()
         k = CppKernel(plan, kernel_name, cpp_build.num_threads())

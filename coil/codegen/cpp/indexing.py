@@ -1,17 +1,14 @@
 """Index expressions → C++ for the C++ backend, with loop splitting.
 
-A kernel iterates a flat ``xindex`` (and ``rindex``); index expressions reach it as
-sympy expressions in those symbols, using :class:`coil.ir.symbols.FloorDiv` and
-:class:`coil.ir.symbols.Mod` to recover tensor dims. Printed literally that is one
-division and one modulo per element per dim — the main cost of naive CPU kernels.
+A kernel iterates a flat ``xindex`` (and ``rindex``); index expressions reach it as sympy expressions in those symbols,
+using :class:`coil.ir.symbols.FloorDiv` and :class:`coil.ir.symbols.Mod` to recover tensor dims. Printed literally that
+is one division and one modulo per element per dim — the main cost of naive CPU kernels.
 
-:func:`split_plan` looks at every expression of a kernel and, when each use of the
-flat symbol is ``s // p``, ``s % p`` or ``(s // a) % b`` with split points that form a
-divisibility chain ``1 < p1 | p2 | ... | pk | numel``, replaces the flat symbol by
-nested loop variables ``v0`` (innermost, extent ``p1``), ``v1`` (``p2/p1``) ... so
-``s // pj`` becomes ``sum_{i>=j} v_i * (p_i/p_j)`` and ``s % pj`` becomes
-``sum_{i<j} v_i * p_i``: no division left in the inner loop. Anything else (an
-unrecognized use of the symbol) keeps the flat loop.
+:func:`split_plan` looks at every expression of a kernel and, when each use of the flat symbol is ``s // p``, ``s % p``
+or ``(s // a) % b`` with split points that form a divisibility chain ``1 < p1 | p2 | ... | pk | numel``, replaces the
+flat symbol by nested loop variables ``v0`` (innermost, extent ``p1``), ``v1`` (``p2/p1``) ... so ``s // pj`` becomes
+``sum_{i>=j} v_i * (p_i/p_j)`` and ``s % pj`` becomes ``sum_{i<j} v_i * p_i``: no division left in the inner loop.
+Anything else (an unrecognized use of the symbol) keeps the flat loop.
 """
 from __future__ import annotations
 
@@ -26,10 +23,9 @@ from coil.ir.symbols import FloorDiv, Mod, TruncDiv, TruncMod, floor_safe, simpl
 def canonicalize(e: sympy.Expr, bounds: dict) -> sympy.Expr:
     """Simplify ``e`` bottom-up so split analysis sees plain ``s // p`` / ``s % p``.
 
-    Applies :func:`coil.ir.symbols.simplify_index` inside every FloorDiv/Mod argument
-    (it folds ``128*(x//128) + x%128 -> x`` only at the top of an expression) and
-    ``(a % m) // d -> (a // d) % (m/d)`` when ``d | m``, ``(a % m1) % m2 -> a % m2``
-    when ``m2 | m1``. ``bounds`` maps symbols to exclusive upper bounds.
+    Applies :func:`coil.ir.symbols.simplify_index` inside every FloorDiv/Mod argument (it folds ``128*(x//128) + x%128
+    -> x`` only at the top of an expression) and ``(a % m) // d -> (a // d) % (m/d)`` when ``d | m``, ``(a % m1) % m2 ->
+    a % m2`` when ``m2 | m1``. ``bounds`` maps symbols to exclusive upper bounds.
     """
     if not isinstance(e, sympy.Basic) or e.is_Atom:
         return e
@@ -59,8 +55,7 @@ class Split:
 
     @property
     def vars(self) -> list:
-        return [sympy.Symbol(f"{self.prefix}{i}", integer=True, nonnegative=True)
-                for i in range(len(self.points))]
+        return [sympy.Symbol(f"{self.prefix}{i}", integer=True, nonnegative=True) for i in range(len(self.points))]
 
     @property
     def extents(self) -> list[int]:
@@ -90,8 +85,7 @@ class Split:
         e = e.replace(lambda t: isinstance(t, Mod) and isinstance(t.args[0], FloorDiv)
                       and t.args[0].args[0] == s,
                       lambda t: self.divmod(int(t.args[0].args[1]), int(t.args[1])))
-        e = e.replace(lambda t: isinstance(t, FloorDiv) and t.args[0] == s,
-                      lambda t: self.div(int(t.args[1])))
+        e = e.replace(lambda t: isinstance(t, FloorDiv) and t.args[0] == s, lambda t: self.div(int(t.args[1])))
         e = e.replace(lambda t: isinstance(t, Mod) and t.args[0] == s, lambda t: self.mod(int(t.args[1])))
         return e.xreplace({s: self.flat()})
 
@@ -132,9 +126,8 @@ def split_plan(exprs: Iterable[sympy.Expr], symbol: sympy.Symbol, numel: int, pr
 
 
 class SymbolicSplit(Split):
-    """A :class:`Split` whose points are size expressions (dynamic shapes): ``points``
-    is a divisibility chain ``1 | p1 | ... | pk | numel``, so comparisons between points
-    are positions in the chain and quotients are exact."""
+    """A :class:`Split` whose points are size expressions (dynamic shapes): ``points`` is a divisibility chain ``1 | p1
+    | ... | pk | numel``, so comparisons between points are positions in the chain and quotients are exact."""
 
     @property
     def extents(self) -> list:
@@ -152,8 +145,7 @@ class SymbolicSplit(Split):
 
     def div(self, p) -> sympy.Expr:
         k = self._pos(p)
-        return sum((v * sympy.expand(q / p) for v, q in list(zip(self.vars, self.points))[k:]),
-                   sympy.Integer(0))
+        return sum((v * sympy.expand(q / p) for v, q in list(zip(self.vars, self.points))[k:]), sympy.Integer(0))
 
     def mod(self, p) -> sympy.Expr:
         k = self._pos(p)
@@ -161,8 +153,7 @@ class SymbolicSplit(Split):
 
     def divmod(self, a, b) -> sympy.Expr:
         lo, hi = self._pos(a), self._pos(sympy.expand(a * b))
-        return sum((v * sympy.expand(q / a) for v, q in list(zip(self.vars, self.points))[lo:hi]),
-                   sympy.Integer(0))
+        return sum((v * sympy.expand(q / a) for v, q in list(zip(self.vars, self.points))[lo:hi]), sympy.Integer(0))
 
     def substitute(self, e: sympy.Expr) -> sympy.Expr:
         s = self.symbol
@@ -207,8 +198,7 @@ def _symbolic_split(exprs, symbol, numel, prefix: str) -> Split:
     except TypeError:
         return flat
     divides = lambda p, q: sympy.denom(sympy.expand(q / p)) == 1
-    if not all(divides(chain[i], chain[i + 1]) for i in range(len(chain) - 1)) \
-            or not divides(chain[-1], numel):
+    if not all(divides(chain[i], chain[i + 1]) for i in range(len(chain) - 1)) or not divides(chain[-1], numel):
         return flat
     return SymbolicSplit(symbol, numel, chain, prefix)
 

@@ -1,15 +1,13 @@
 """The C++ ops handler and kernel assembler: one C++ function per fused group.
 
-``CppKernel(plan, name).source()`` runs every planned node's define-by-run body with this
-module's handler installed. Each op appends one C++ statement ``T tmpN = ...;`` to the
-current *block* and returns a :class:`CppVar` (CSE per scope). Index expressions are
-recorded as tokens and printed at the end, once :mod:`coil.codegen.cpp.indexing` has
-chosen how to split ``xindex``/``rindex`` into nested loops without per-element division.
-Pointwise kernels are an OpenMP-parallel outer loop with an ``omp simd`` inner loop;
-reductions keep ``LANES`` partial accumulators combined in a fixed order (deterministic
-for any thread count). Index arithmetic is ``int64_t``; fp16/bf16 are computed in float;
-indirect indices are bounds-checked (``coil_ind_checked``; the launcher raises
-``IndexError``). docs/cpp_backend.md draws each kernel shape.
+``CppKernel(plan, name).source()`` runs every planned node's define-by-run body with this module's handler installed.
+Each op appends one C++ statement ``T tmpN = ...;`` to the current *block* and returns a :class:`CppVar` (CSE per
+scope). Index expressions are recorded as tokens and printed at the end, once :mod:`coil.codegen.cpp.indexing` has
+chosen how to split ``xindex``/``rindex`` into nested loops without per-element division. Pointwise kernels are an
+OpenMP-parallel outer loop with an ``omp simd`` inner loop; reductions keep ``LANES`` partial accumulators combined in a
+fixed order (deterministic for any thread count). Index arithmetic is ``int64_t``; fp16/bf16 are computed in float;
+indirect indices are bounds-checked (``coil_ind_checked``; the launcher raises ``IndexError``). docs/cpp_backend.md
+draws each kernel shape.
 """
 from __future__ import annotations
 
@@ -110,8 +108,7 @@ class CppKernel(OpsHandler):
         self.numel = as_size(plan.numel)
         self.rnumel = as_size(plan.rnumel)
         self.is_reduction = self.rnumel != 1
-        self.bounds = {XINDEX: self.numel,
-                       RINDEX: max(self.rnumel, 1) if isinstance(self.rnumel, int) else self.rnumel}
+        self.bounds = {XINDEX: self.numel, RINDEX: max(self.rnumel, 1) if isinstance(self.rnumel, int) else self.rnumel}
         sizes = getattr(plan, "size_symbols", None)  # (test plans may not have it)
         self.size_symbols = list(sizes()) if sizes is not None else []
         self.counter = itertools.count()
@@ -140,10 +137,7 @@ class CppKernel(OpsHandler):
         return f"{prefix}{next(self.counter)}"
 
     def _lookup(self, key):
-        for scope in reversed(self.scopes):
-            if key in scope:
-                return scope[key]
-        return None
+        return next((scope[key] for scope in reversed(self.scopes) if key in scope), None)
 
     def _emit(self, expr: str, dtype: torch.dtype, key=None) -> CppVar:
         key = expr if key is None else key
@@ -298,9 +292,8 @@ class CppKernel(OpsHandler):
         return x if x.dtype == dtype else self._emit(_cast(x, dtype), dtype)
 
     def indirect_indexing(self, x, size, check=True, wrap_neg=True):
-        """An index read from a tensor, as one CSE'd expression (so a gather whose
-        index does not depend on the loop variable is computed, and checked, once per
-        row before the loop, and the loop stays ``omp simd``)."""
+        """An index read from a tensor, as one CSE'd expression (so a gather whose index does not depend on the loop
+        variable is computed, and checked, once per row before the loop, and the loop stays ``omp simd``)."""
         x = self._val(x)
         s = cexpr(sympy.sympify(size))
         key = ("ind", x.name, s, bool(check), bool(wrap_neg))
@@ -377,8 +370,7 @@ class CppKernel(OpsHandler):
 
     def load_seed(self, name, offset):
         ptr = self._arg(name, write=False)
-        return self._emit(f"{ptr}[{self._idx(offset)}]", torch.int64,
-                          key=("load", name, sympy.sympify(offset)))
+        return self._emit(f"{ptr}[{self._idx(offset)}]", torch.int64, key=("load", name, sympy.sympify(offset)))
 
     def rand(self, seed, offset):
         return self._emit(f"coil_rand(static_cast<uint64_t>({seed}), static_cast<uint64_t>({self._val(offset)}))",
@@ -557,10 +549,9 @@ class CppKernel(OpsHandler):
         return "#pragma omp simd"
 
     def _hoist(self, lines: list[str], inner_var: str) -> tuple[list[str], list[str]]:
-        """Split a pointwise body into (per-row, per-element) statements: declarations
-        that depend neither on ``inner_var`` nor on a per-element value (a row's gather
-        index and its bounds check, a broadcast load) move out of the inner loop.
-        Loads of buffers this kernel writes stay inside (a store may precede them)."""
+        """Split a pointwise body into (per-row, per-element) statements: declarations that depend neither on
+        ``inner_var`` nor on a per-element value (a row's gather index and its bounds check, a broadcast load) move out
+        of the inner loop. Loads of buffers this kernel writes stay inside (a store may precede them)."""
         outer, inner = [], []
         inner_names = {inner_var}
         written = {f"p_{n}" for n in self.written}
@@ -586,8 +577,7 @@ class CppKernel(OpsHandler):
         if len(ext) == 1:
             simd = self._simd_for(lines)
             omp = self._omp(self.numel, " simd" if simd else "")
-            return [omp or simd, f"for (int64_t x0 = 0; x0 < {_c(ext[0])}; ++x0) {{",
-                    *("  " + l for l in lines), "}"]
+            return [omp or simd, f"for (int64_t x0 = 0; x0 < {_c(ext[0])}; ++x0) {{", *("  " + l for l in lines), "}"]
         hoisted, lines = self._hoist(lines, "x0")
         simd = self._simd_for(lines)
         outer = self.numel // ext[0] if isinstance(self.numel, int) else sympy.expand(self.numel / ext[0])
@@ -632,8 +622,7 @@ class CppKernel(OpsHandler):
         body = [self._fix(l) for l in sec.body]
         post = [self._fix(l) for l in sec.post]
         ext = rs.extents
-        opens = [f"for (int64_t r{i} = 0; r{i} < {_c(ext[i])}; ++r{i}) {{"
-                 for i in range(len(ext) - 1, 0, -1)]
+        opens = [f"for (int64_t r{i} = 0; r{i} < {_c(ext[i])}; ++r{i}) {{" for i in range(len(ext) - 1, 0, -1)]
         closes = ["}"] * len(opens)
         ind = "  " * len(opens)
         pre = [self._fix(l) for l in sec.pre]
@@ -674,10 +663,9 @@ class CppKernel(OpsHandler):
             n_tail = f"({_cp(ext[0])} % {LANES})"
             tail0 = f"({_c(ext[0])} - {n_tail})"
         tail_body = [l.replace("@", "_lane[l]") for l in body]
-        # A static row shorter than LANES is all tail, which g++ unrolls into the enclosing
-        # loop and SLP-vectorizes there; g++ 12.2 with AVX-512 gives every vector of an SLP
-        # group of masked loads the first one's mask (docs/cpp_backend.md), so guarded loads
-        # there stay branches (a guard on r0 alone folds once unrolled).
+        # A static row shorter than LANES is all tail, which g++ unrolls into the enclosing loop and SLP-vectorizes
+        # there; g++ 12.2 with AVX-512 gives every vector of an SLP group of masked loads the first one's mask
+        # (docs/cpp_backend.md), so guarded loads there stay branches (a guard on r0 alone folds once unrolled).
         if tail0 == 0 and any(l.lstrip().startswith("if (") for l in body):
             self.no_if_convert = True
             trace.log("cpp_no_if_convert", stage="codegen", kernel=self.name,
@@ -704,8 +692,7 @@ class CppKernel(OpsHandler):
             out += [f"  {ind}    {l}" for l in self._rindex_decl(rs) + lane_body]
             out += [f"  {ind}  }}", f"  {ind}}}"]
         if n_tail:
-            out += [f"  {ind}for (int64_t l = 0; l < {n_tail}; ++l) {{",
-                    f"  {ind}  int64_t r0 = {tail0} + l;"]
+            out += [f"  {ind}for (int64_t l = 0; l < {n_tail}; ++l) {{", f"  {ind}  int64_t r0 = {tail0} + l;"]
             out += [f"  {ind}  {l}" for l in self._rindex_decl(rs) + tail_body]
             out += [f"  {ind}}}"]
         out += ["  " + c for c in closes] + ["}"]

@@ -47,12 +47,9 @@ class CppLauncher:
     def __init__(self, source: str, func_name: str, n_args: int, has_checks: bool,
                  describe: str = "", batch: bool = False, check_origins: Sequence = (),
                  n_sizes: int = 0):
-        self.source = source
-        self.func_name = func_name
-        self.n_args = n_args
+        self.source, self.func_name, self.n_args = source, func_name, n_args
         #: int64 size arguments after the tensors (dynamic shapes)
-        self.n_sizes = n_sizes
-        self.has_checks = has_checks
+        self.n_sizes, self.has_checks = n_sizes, has_checks
         #: per bounds-check site ``#n``: the user's line it checks (``"m.py:5 in f: ..."``)
         #: or None; read only when a check fails
         self.check_origins = list(check_origins)
@@ -73,8 +70,7 @@ class CppLauncher:
                 _flush()
             lib = self._future.result()
             fn = getattr(lib, self.symbol)
-            fn.argtypes = ([ctypes.c_void_p] * self.n_args + [ctypes.c_int64] * self.n_sizes
-                           + [ctypes.c_void_p])
+            fn.argtypes = ([ctypes.c_void_p] * self.n_args + [ctypes.c_int64] * self.n_sizes + [ctypes.c_void_p])
             fn.restype = ctypes.c_int64
             self._call = self._make_call(fn)
         return self

@@ -1,8 +1,7 @@
 """C++ spellings of the loop IR's math ops (one table per concern, STYLE.md §2).
 
-Each entry maps an op name to a function ``(args: list[str], dtype) -> str`` that
-returns a C++ expression; ``dtype`` is the compute dtype of the first operand.
-Float32 transcendental ops use the vectorizable versions of the prelude
+Each entry maps an op name to a function ``(args: list[str], dtype) -> str`` that returns a C++ expression; ``dtype`` is
+the compute dtype of the first operand. Float32 transcendental ops use the vectorizable versions of the prelude
 (``coil_exp`` ...); float64 and the rest call ``<cmath>``.
 """
 from __future__ import annotations
@@ -145,8 +144,7 @@ _pow = _float_or_int("cm::pow({}, {})", "coil_ipow")
 def _minmax(fn):
     def emit(a, dtype):
         if dtype.is_floating_point:
-            # NaN from either side; a tie (-0.0 vs 0.0) gives the first operand, as
-            # eager's clamp(x, min=0) keeps -0.0
+            # NaN from either side; a tie (-0.0 vs 0.0) gives the first operand, as eager's clamp(x, min=0) keeps -0.0
             return f"{fn}_prop_({a[0]}, {a[1]})"
         op = ">" if fn == "coil_max" else "<"
         return f"({a[0]} {op} {a[1]} ? {a[0]} : {a[1]})"

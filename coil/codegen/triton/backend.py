@@ -25,8 +25,7 @@ def stream_elem_bytes(plan) -> int:
     sizes blocks by it: a bf16-only kernel needs twice the elements per thread."""
     full = hint(plan.numel * plan.rnumel)
     bufs = [plan.buffer(n) for n in list(plan.input_names) + list(plan.output_names)]
-    return max((b.get_dtype().itemsize for b in bufs if math.prod(hint(s) for s in b.get_size()) >= full),
-               default=4)
+    return max((b.get_dtype().itemsize for b in bufs if math.prod(hint(s) for s in b.get_size()) >= full), default=4)
 
 
 def size_params(plan) -> list[str]:
@@ -67,12 +66,10 @@ def _plan_gpu(plan) -> bool:
 
 
 def launch_args(plan, gpu: bool, outer: bool) -> dict:
-    """The keyword arguments of :func:`coil.runtime.triton_runtime.launch_configs` (and
-    of :class:`TritonLauncher`) for ``plan``: one place, so that the mask decision and
-    the launcher see the same candidate configs."""
+    """The keyword arguments of :func:`coil.runtime.triton_runtime.launch_configs` (and of :class:`TritonLauncher`) for
+    ``plan``: one place, so that the mask decision and the launcher see the same candidate configs."""
     return dict(numel=hint(plan.numel), rnumel=hint(plan.rnumel), persistent=plan.persistent, gpu=gpu,
-                outer=outer and not plan.tiled, elem_bytes=stream_elem_bytes(plan),
-                tiled=plan.tiled)
+                outer=outer and not plan.tiled, elem_bytes=stream_elem_bytes(plan), tiled=plan.tiled)
 
 
 def mask_exactness(plan, gpu: bool, outer: bool = False) -> tuple[bool, bool]:
@@ -133,8 +130,7 @@ def _module_source(plan, name: str, k: TritonKernel, exact) -> tuple[str, list[s
         out = ["@triton.jit", f"def {name}({', '.join(params + consts)}):"]
         body = [f"xnumel = {plan.numel}"]
     pid = "tl.program_id(0).to(tl.int64)" if k.index_dtype == "tl.int64" else "tl.program_id(0)"
-    body += [f"xoffset = {pid} * XBLOCK",
-             "xindex = xoffset + tl.arange(0, XBLOCK)" + ("[:, None]" if red else "")]
+    body += [f"xoffset = {pid} * XBLOCK", "xindex = xoffset + tl.arange(0, XBLOCK)" + ("[:, None]" if red else "")]
     # a mask that is all true for every launch config is not computed (mask_exactness)
     xmask = [] if exact[0] else ["xmask = xindex < xnumel"]
     rmask = [] if exact[1] else ["rmask = rindex < rnumel"]
@@ -207,16 +203,14 @@ class TritonBackend(KernelBackend):
             sizes = size_values(plan)
             # a symbolic row of one element at the hint is still a row (RBLOCK, rnumel)
             r = a["rnumel"] if is_static(plan.rnumel) else max(a["rnumel"], 2)
-            launcher = DynamicTritonLauncher(kernel_name, source, a["numel"], r, len(arg_names),
-                                             dev.type, outer=a["outer"], elem_bytes=a["elem_bytes"],
-                                             tiled=a["tiled"], arg_dtypes=dtypes,
-                                             size_hints=[hint(e) for e in sizes],
+            launcher = DynamicTritonLauncher(kernel_name, source, a["numel"], r, len(arg_names), dev.type,
+                                             outer=a["outer"], elem_bytes=a["elem_bytes"], tiled=a["tiled"],
+                                             arg_dtypes=dtypes, size_hints=[hint(e) for e in sizes],
                                              other_sizes=_other_sizes(plan, sizes) if dev.type != "cpu" else (),
                                              twin=k.twin is not None)
             return GeneratedKernel(kernel_name, source, arg_names, launcher, "triton", size_args=sizes)
-        launcher = TritonLauncher(kernel_name, source, a["numel"], a["rnumel"], a["persistent"],
-                                  dev.type, outer=a["outer"], elem_bytes=a["elem_bytes"],
-                                  tiled=a["tiled"], arg_dtypes=dtypes)
+        launcher = TritonLauncher(kernel_name, source, a["numel"], a["rnumel"], a["persistent"], dev.type,
+                                  outer=a["outer"], elem_bytes=a["elem_bytes"], tiled=a["tiled"], arg_dtypes=dtypes)
         ok = blocks_divide(launcher.configs, plan.numel, plan.rnumel)
         if (k.x_exact and not ok[0]) or (k.r_exact and not ok[1]):
             raise AssertionError(f"{kernel_name}: masks dropped for configs the launcher "

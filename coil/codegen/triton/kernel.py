@@ -83,10 +83,9 @@ def _lit(value, dtype) -> str:
 
 
 def needs_int64(extents) -> bool:
-    """Whether indices over ``extents`` (element counts: ints or size expressions) need
-    int64. A symbolic extent whose example value is small is indexed in int32 under a
-    ShapeEnv guard that it stays below 2^31 - 1 (a larger call recompiles); one whose
-    example is large, or with a data-dependent size (no bound to guard), gets int64."""
+    """Whether indices over ``extents`` (element counts: ints or size expressions) need int64. A symbolic extent whose
+    example value is small is indexed in int32 under a ShapeEnv guard that it stays below 2^31 - 1 (a larger call
+    recompiles); one whose example is large, or with a data-dependent size (no bound to guard), gets int64."""
     from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
     big = False
     for e in extents:
@@ -153,8 +152,7 @@ class TritonKernel(OpsHandler):
         # loads of a reduction whose address steps by 1 along x and by more along r
         # (``x.sum(0)``): the runtime then tries wide-XBLOCK, short-RBLOCK tiles
         self.max_accs: dict[str, tuple] = {}  # acc<N>_res -> (acc, value, section)
-        self.x_contiguous_loads = 0
-        self.r_contiguous_loads = 0
+        self.x_contiguous_loads, self.r_contiguous_loads = 0, 0
 
     # ----------------------------------------------------------------- structure
     def begin(self, pn) -> None:
@@ -394,9 +392,8 @@ class TritonKernel(OpsHandler):
 
     @staticmethod
     def _arg_match(vals: str, best: str, dtype) -> str:
-        """Lanes of ``vals`` holding the reduced ``best`` (argmax/argmin). ``red.max`` /
-        ``red.min`` return NaN when a row holds one, and NaN != NaN: then the NaN lanes
-        match (eager returns the first NaN's index)."""
+        """Lanes of ``vals`` holding the reduced ``best`` (argmax/argmin). ``red.max`` / ``red.min`` return NaN when a
+        row holds one, and NaN != NaN: then the NaN lanes match (eager returns the first NaN's index)."""
         if not dtype.is_floating_point:
             return f"({vals} == {best})"
         return f"(({vals} == {best}) | (({best} != {best}) & ({vals} != {vals})))"
@@ -443,9 +440,8 @@ class TritonKernel(OpsHandler):
         prev["init"].append(f"{acc} = tl.full({full}, 0, {tdt})")
         i = prev["loop"].index(combine)
         ninf = 'float("-inf")'
-        # one exp per element: of (x, m_prev) one is the new max, so the update is
-        # s * exp(m_prev - x) + 1 when x > m_prev, else s + exp(x - m_prev); both
-        # exponents are -|x - m_prev| (half the exps of the two-exp form)
+        # one exp per element: of (x, m_prev) one is the new max, so the update is s * exp(m_prev - x) + 1 when x >
+        # m_prev, else s + exp(x - m_prev); both exponents are -|x - m_prev| (half the exps of the two-exp form)
         prev["loop"][i:i + 1] = [
             f"{acc_m}_prev = {acc_m}",
             combine,
@@ -454,9 +450,8 @@ class TritonKernel(OpsHandler):
                                f"tl.where({v_m} > {acc_m}_prev, {acc} * {acc}_e + 1.0, {acc} + {acc}_e))"),
         ]
         # a row of only -inf: eager's exp(-inf - -inf) is NaN in every element
-        prev["post"].append(f"{acc}_res = tl.where({mres} == {ninf}, float('nan'), "
-                            f"red.sum(tl.where({acc_m} == {ninf}, 0.0, "
-                            f"{acc} * tl.exp({acc_m} - {mres})), 1)[:, None])")
+        prev["post"].append(f"{acc}_res = tl.where({mres} == {ninf}, float('nan'), red.sum(tl.where({acc_m} == {ninf}, "
+                            f"0.0, {acc} * tl.exp({acc_m} - {mres})), 1)[:, None])")
         return TVal(f"{acc}_res", acc_dt, frozenset({"x"}))
 
     def _after_reduction(self, res: TVal, reduction_type) -> TVal:
@@ -512,9 +507,8 @@ class TritonKernel(OpsHandler):
             return x  # rounded to it already
         if compute_dtype(dtype) != dtype and isinstance(x, TVal) and x.const is None \
                 and x.dtype != dtype:
-            # explicit cast to fp16/bf16: round, then compute in fp32 again. From other
-            # types than fp32/fp16 through fp32 first, as eager's conversions do (Triton's
-            # CPU interpreter turns bool/int/fp64 -> bf16 into garbage)
+            # explicit cast to fp16/bf16: round, then compute in fp32 again. From other types than fp32/fp16 through
+            # fp32 first, as eager's conversions do (Triton's CPU interpreter turns bool/int/fp64 -> bf16 into garbage)
             src = x.name if x.dtype in (torch.float32, torch.float16) else f"{x}.to(tl.float32)"
             v = self.cse(f"{src}.to({TL_DTYPE[dtype]}).to({TL_DTYPE[compute_dtype(dtype)]})",
                          compute_dtype(dtype), x.dims)
@@ -530,10 +524,9 @@ class TritonKernel(OpsHandler):
     def indirect_indexing(self, x, size, check=True, wrap_neg=True):
         x = self._tensor(x)
         size = pyexpr(sympy.sympify(size))  # a literal, or a size symbol (kernel argument)
-        # negative indices always wrap here, ``wrap_neg`` or not: the bounds check below is
-        # a tl.device_assert, active only in Triton's debug mode (and always under the
-        # interpreter: coil.runtime.triton_libdevice), so an index that eager
-        # would reject must at least not address memory before the tensor
+        # negative indices always wrap here, ``wrap_neg`` or not: the bounds check below is a tl.device_assert, active
+        # only in Triton's debug mode (and always under the interpreter: coil.runtime.triton_libdevice), so an index
+        # that eager would reject must at least not address memory before the tensor
         v = self.cse(f"tl.where({x} < 0, {x} + {size}, {x})", x.dtype, x.dims)
         if check:
             mask, _ = self._mask(x.dims)
@@ -575,10 +568,9 @@ class TritonKernel(OpsHandler):
         return self.cse(f"rng.randn({seed}, ({offset}).to(tl.uint32))", torch.float32, offset.dims)
 
     def _fold_consts(self, *args) -> tuple:
-        """Operands of an op whose operands are all constants, as ``[1]`` tensors of their
-        dtypes: the op then runs in tensor arithmetic (wrapping in uint8, as eager), not
-        on Python ints (``tl.full([1], 2 * 253, tl.uint8)`` overflowed) or on a helper's
-        block result (``tl.full([1], _pow_int(...))``: "Cannot splat a block tensor")."""
+        """Operands of an op whose operands are all constants, as ``[1]`` tensors of their dtypes: the op then runs in
+        tensor arithmetic (wrapping in uint8, as eager), not on Python ints (``tl.full([1], 2 * 253, tl.uint8)``
+        overflowed) or on a helper's block result (``tl.full([1], _pow_int(...))``: "Cannot splat a block tensor")."""
         if all(isinstance(a, TVal) and a.const is not None for a in args):
             return tuple(self._tensor(a) for a in args)
         return args
@@ -625,13 +617,11 @@ class TritonKernel(OpsHandler):
                     return small
                 dt = torch.bool if op in _BOOL_OUT else (a.dtype if a.const is None else b.dtype)
                 if op == "pow" and not dt.is_floating_point and dt != torch.bool:
-                    # libdevice.pow is for floats (Triton rejects ints; the interpreter
-                    # raises for negative exponents)
+                    # libdevice.pow is for floats (Triton rejects ints; the interpreter raises for negative exponents)
                     return self._op(f"_pow_int({self._tensor(a)}, {self._tensor(b)})", dt, a, b)
                 if op == "fmod" and not dt.is_floating_point:
-                    # libdevice.fmod is float-only (the GPU compiler rejects int64, the
-                    # interpreter does not); Triton's integer % truncates like C's, as
-                    # torch.fmod does. Tensors on both sides: a Python % would floor.
+                    # libdevice.fmod is float-only (the GPU compiler rejects int64, the interpreter does not); Triton's
+                    # integer % truncates like C's, as torch.fmod does. Tensors on both sides: a Python % would floor.
                     a, b = self._tensor(a), self._tensor(b)
                     return self._op(f"({a} % {b})", dt, a, b)
                 if op == "add" and dt == torch.bool:  # bool + bool is logical or in torch

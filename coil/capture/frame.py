@@ -576,6 +576,16 @@ def _is_comprehension_cleanup(code, target: int) -> bool:
     return False
 
 
+def _forwards_call(tx, output: OutputGraph, code, inst) -> bool:
+    """Does the frame break at a call whose result it returns at once (``return
+    f(*args, **kwargs)``), having recorded no graph op and no side effect before it?"""
+    if inst.opname not in ("CALL", "CALL_FUNCTION_EX") or output.count_calls() or \
+            output.side_effects.order or _in_exception_block(code, inst.offset):
+        return False
+    after = tx.instructions[tx.offset_to_index[inst.offset] + 1:]
+    return bool(after) and after[0].opname == "RETURN_VALUE"
+
+
 def _build_entry(tx, output: OutputGraph, cfg: CaptureConfig, fn, code, argnames) -> CacheEntry:
     from coil.capture.opcodes import split_call
 
@@ -587,12 +597,18 @@ def _build_entry(tx, output: OutputGraph, cfg: CaptureConfig, fn, code, argnames
         values = [ret] + se.values()
     else:
         info, inst = tx.result[1], tx.result[2]
-        stats["graph_breaks"] += 1
         rec = {"reason": info.reason, "user_stack": info.stack, "frame": _label(code), "offset": info.offset}
-        break_log.append(rec)
-        trace.log("graph_break", stage="capture", **rec)
-        if _config.config.verbose:
-            print(f"coil: graph break in {_label(code)}: {info.reason}\n  " + "\n  ".join(info.stack))
+        if _forwards_call(tx, output, code, inst):
+            # the frame's own code made no graph and mutated nothing, and returns what the
+            # breaking call returns: nothing is split (the callee is captured on its own
+            # frame), so this is no graph break (a module's call frame, a decorator's wrapper)
+            trace.log("forwarded_call", stage="capture", **rec)
+        else:
+            stats["graph_breaks"] += 1
+            break_log.append(rec)
+            trace.log("graph_break", stage="capture", **rec)
+            if _config.config.verbose:
+                print(f"coil: graph break in {_label(code)}: {info.reason}\n  " + "\n  ".join(info.stack))
         if output.index_copies:
             from coil.capture.variables.tensor import IndexCopyAliasing
 

@@ -37,7 +37,7 @@ from coil.capture.variables.functions import (BaseFunctionVariable, TypeErrorInC
 from coil.capture.variables.objects import (AttributeMissing, guard_mro_lookup, DataClassDictVariable,
                                             InFrameModuleVariable, NewObjectVariable, NNModuleVariable,
                                             ObjectVariableBase, UserDefinedClassVariable, UserDefinedObjectVariable,
-                                            is_model_output_class, _static_lookup, _SENTINEL)
+                                            is_model_output_class, _static_lookup, _SENTINEL, _DICT_READS, _dict_lookup)
 from coil.capture.variables.tensor import TensorVariable, UserCodeError, call_op
 from coil.capture.variables.symbolic import SymNodeVariable
 from coil.capture.variables.symbolic import binary as sym_binary, unary as sym_unary
@@ -756,6 +756,8 @@ class SuperVariable(VariableTracker):
                     return tx.call(UserFunctionVariable(attr.fget), [self.obj], {})
                 if isinstance(self.obj, DictVariable) and klass in (dict, __import__("collections").OrderedDict):
                     return _BaseMethod(self.obj, name)
+                if klass is dict and name in _DICT_READS and isinstance(self.obj, UserDefinedObjectVariable):
+                    return _BaseDictRead(self.obj, name)
                 if attr is object.__setattr__:
                     return _ObjectSetattr(self.obj)
                 if attr is object.__getattribute__ and isinstance(self.obj, ObjectVariableBase):
@@ -782,6 +784,18 @@ class _BaseMethod(_SuperSlot):
 
     def call_function(self, tx, args, kwargs):
         return self.obj.call_method_base(tx, self.name, args, kwargs)
+
+
+class _BaseDictRead(_SuperSlot):
+    """``super().__getitem__(k)`` (``get``, ``__contains__``) inside a dict subclass's
+    override, on a dict that existed before the frame: read from the real dict."""
+
+    def call_function(self, tx, args, kwargs):
+        found = _dict_lookup(tx, self.obj, self.name, args, kwargs, base=True)
+        if found is None:
+            raise Unsupported(f"super().{self.name} of a {type(self.obj.value).__name__} "
+                              "(traced key, tensor value or missing key)")
+        return found
 
 
 class _ObjectSetattr(_SuperSlot):

@@ -74,3 +74,26 @@ def test_torch_func_transform_inside_the_compiled_function_says_it_runs_eagerly(
         torch.testing.assert_close(coil.compile(fn)(x), fn(x))
         reason = str(coil.explain(fn, x))
         assert f"torch.func.{'grad' if fn is f else 'vjp'} of a function made in the compiled frame" in reason
+
+
+def _loss(r):
+    return (r.sin() ** 2).sum()
+
+
+def test_torch_func_grad_of_a_global_function_breaks_instead_of_falling_back():
+    # grad(_loss) (a constant function) was traced into torch._functorch's
+    # grad_impl(_loss, ...) as a graph node: FX could not print the function (SyntaxError),
+    # and the whole frame -- or the resume frame after a lambda's break -- ran eagerly
+    from coil.capture import stats
+
+    def f(x):
+        return torch.func.grad(_loss)(x) + 1
+
+    def g(x):
+        return torch.func.grad(lambda r: (r.sin() ** 2).sum())(x) * 2
+
+    x = torch.randn(5, 3)
+    for fn in (f, g):
+        coil.reset()
+        torch.testing.assert_close(coil.compile(fn)(x), fn(x))
+        assert stats["fallbacks"] == 0 and stats["graphs"] == 1, dict(stats)

@@ -96,15 +96,28 @@ def test_module_with_parameters_still_breaks_and_keeps_the_rng():
     assert "parameters or buffers" in str(ex.break_reasons[0]["reason"])
 
 
-def test_user_subclass_still_breaks():
-    class MyLoss(nn.MSELoss):
+def test_user_subclass_with_torch_constructor_is_traced_and_own_constructor_breaks():
+    class MyLoss(nn.MSELoss):            # only forward: torch.nn's constructor
         def forward(self, a, b):
             return super().forward(a, b) * 3
+
+    class OwnInit(nn.MSELoss):           # a user constructor may have side effects
+        def __init__(self):
+            super().__init__()
+            self.scale = 3
+
+        def forward(self, a, b):
+            return super().forward(a, b) * self.scale
 
     def f(x, y):
         return MyLoss()(x, y)
 
+    def g(x, y):
+        return OwnInit()(x, y)
+
     ex = _check(f, torch.randn(3, requires_grad=True), torch.randn(3))
+    assert ex.graph_break_count == 0
+    ex = _check(g, torch.randn(3, requires_grad=True), torch.randn(3))
     assert ex.graph_break_count == 1
 
 

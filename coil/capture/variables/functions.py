@@ -145,6 +145,10 @@ class UserFunctionVariable(BaseFunctionVariable):
             raise AttributeMissing(name)
         raise Unsupported(f"function attribute {name}")
 
+    def reconstruct(self, cg):
+        # no source (``obj.method.__func__``): the object itself, which predates the frame
+        return cg.source_expr(self.source) if self.source is not None else cg.const_expr(self.fn)
+
     def __repr__(self):
         return f"UserFunctionVariable({self.fn.__qualname__})"
 

@@ -191,15 +191,18 @@ _MISSING = object()
 _DICT_READS = ("get", "__getitem__", "__contains__")
 
 
-def _dict_lookup(tx, vt, name, args, kwargs):
-    """``d.get(k)`` / ``d[k]`` / ``k in d`` on a pre-existing dict whose keys are not all literals (huggingface_hub's
-    validator table keyed by types): looked up in the real dict, guarded on what the lookup found (the same object, or
-    still missing). None when it does not apply (new dicts, unhashable or traced keys, tensor results)."""
+def _dict_lookup(tx, vt, name, args, kwargs, base=False):
+    """``d.get(k)`` / ``d[k]`` / ``k in d`` on a pre-existing dict whose keys are not all
+    literals (huggingface_hub's validator table keyed by types): looked up in the real
+    dict, guarded on what the lookup found (the same object, or still missing). None when
+    it does not apply (new dicts, unhashable or traced keys, tensor results). ``base``:
+    ``dict``'s own method on a subclass that overrides it (``super().__getitem__(k)``
+    inside the override: transformers' ``ACT2FN``)."""
     from coil.capture.variables.builder import wrap
 
     d = vt.value
-    if vt.source is None or kwargs or not args or type(d).__getitem__ is not dict.__getitem__ \
-            or (name == "get" and type(d).get is not dict.get):
+    if vt.source is None or kwargs or not args or (not base and (
+            type(d).__getitem__ is not dict.__getitem__ or (name == "get" and type(d).get is not dict.get))):
         return None
     kv = args[0]
     key = kv.value if isinstance(kv, (ConstantVariable, ObjectVariableBase)) else _MISSING
@@ -213,8 +216,9 @@ def _dict_lookup(tx, vt, name, args, kwargs):
         return None
     gs = tx.output.guards
     src = vt.source.expr()
-    gs.add(f"{src}.get({gs.const(key)}, {gs.const(_MISSING)}) is {gs.const(found)}",
-           f"{src}.get({gs.const(key)})", found, src=src)
+    get = f"___builtins.dict.get({src}, " if base else f"{src}.get("
+    gs.add(f"{get}{gs.const(key)}, {gs.const(_MISSING)}) is {gs.const(found)}",
+           f"{get}{gs.const(key)})", found, src=src)
     if name == "__contains__":
         return ConstantVariable(found is not _MISSING)
     if found is _MISSING:
@@ -424,11 +428,14 @@ class InFrameModuleVariable(NNModuleVariable):
     """A parameter-free ``torch.nn`` module built inside the frame from constant
     arguments (``nn.CrossEntropyLoss(ignore_index=-100)(logits, y)``, ``nn.ReLU()(x)``).
 
-    The instance is built for real at trace time and used like a sourceless submodule: its forward is inlined and its
-    attributes are constants. Nothing is guarded on it: the compiled code never sees it, and a rebuild (at a graph
-    break, or when it escapes the frame) constructs a fresh one from the same arguments, as each eager call does. Only
-    classes defined in ``torch.nn.modules`` qualify (their ``__init__`` has no side effects); one that gets parameters
-    or buffers, or a tensor argument, is a graph break.
+    The instance is built for real at trace time and used like a sourceless submodule:
+    its forward is inlined and its attributes are constants. Nothing is guarded on it:
+    the compiled code never sees it, and a rebuild (at a graph break, or when it escapes
+    the frame) constructs a fresh one from the same arguments, as each eager call does.
+    Only classes whose constructors are all ``torch.nn.modules``' qualify (they have no
+    side effects): torch.nn's own, and subclasses that only add methods (transformers'
+    ``SiLUActivation``, built by ``ACT2FN[...]`` in Mamba's forward); one that gets
+    parameters or buffers, or a tensor argument, is a graph break.
     """
 
     def __init__(self, value, args: tuple, kwargs: dict):
@@ -440,9 +447,10 @@ class InFrameModuleVariable(NNModuleVariable):
         from coil.capture.translator import const_value
 
         what = f"creating a {mod_cls.__name__} module inside the frame"
-        if not (mod_cls.__module__ or "").startswith("torch.nn.modules."):
-            raise Unsupported(what, hint="only parameter-free torch.nn modules are traced; "
-                                         "create the module in __init__")
+        inits = [k for k in mod_cls.__mro__ if k is not object and ("__init__" in k.__dict__ or "__new__" in k.__dict__)]
+        if not all((k.__module__ or "").startswith("torch.nn.modules.") for k in inits):
+            raise Unsupported(what, hint="only parameter-free modules whose constructor is torch.nn's "
+                                         "are traced; create the module in __init__")
         try:
             c = tuple(const_value(a) for a in args)
             kw = {k: const_value(v) for k, v in kwargs.items()}
@@ -491,6 +499,9 @@ class AutogradFunctionApplyVariable(VariableTracker):
 
     def python_type(self):
         return types.MethodType
+
+    def reconstruct(self, cg):
+        return f"{cg.reconstruct(self.cls_vt)}.apply"      # called from the entry at a break
 
     def call_function(self, tx, args, kwargs):
         from coil.capture.variables.tensor import TensorVariable, call_op, to_fake

@@ -11,8 +11,10 @@ ops that make a new autograd leaf, and ``retain_grad()``, are too (:func:`_autog
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import operator
+import types
 
 import torch
 import torch.utils._pytree as pytree
@@ -65,6 +67,10 @@ def to_node_arg(v: VariableTracker):
     if isinstance(v, NNModuleVariable):
         raise Unsupported("passing an nn.Module to a torch function")
     c = v.as_python_constant()
+    if isinstance(c, (types.FunctionType, types.MethodType, functools.partial)):
+        # a graph node cannot hold a Python function (torch.func.grad(f)(x) reaches
+        # torch._functorch's grad_impl(f, ...)): the call runs outside the graph
+        raise Unsupported(f"a torch function given the Python function {getattr(c, '__qualname__', c)}")
     return tuple(c) if isinstance(c, torch.Size) else c
 
 

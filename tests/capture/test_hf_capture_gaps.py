@@ -1,0 +1,149 @@
+"""Capture gaps found compiling transformers' Mamba and Jamba (slow path) and YOSO:
+
+- ``ACT2FN["silu"]`` in the forward: ``ClassInstantier.__getitem__`` (an ``OrderedDict``
+  subclass) calls ``super().__getitem__(key)`` (a graph break), then builds
+  ``SiLUActivation()``, an ``nn.Module`` subclass with torch.nn's constructor (a graph
+  break: only torch.nn's own classes were built in the frame);
+- kernels' ``use_kernelized_func`` stores ``(obj, obj.forward.__func__)`` in a global
+  before a graph break: the function has no source, so rebuilding the side effect failed
+  and the whole frame ran eagerly (a capture fallback);
+- YOSO's ``YosoCumulation.apply(..., self.config)`` (a custom autograd Function given a
+  non-tensor object) is a graph break whose call the entry makes: ``Fn.apply`` could not
+  be rebuilt there, and the whole frame ran eagerly."""
+import collections
+
+import torch
+
+import coil
+import coil.capture
+
+
+class Instantier(collections.OrderedDict):
+    def __getitem__(self, key):
+        content = super().__getitem__(key)
+        cls, kwargs = content if isinstance(content, tuple) else (content, {})
+        return cls(**kwargs)
+
+
+class Doubling(dict):
+    def __getitem__(self, key):
+        return super().__getitem__(key) * 2
+
+    def get(self, key, default=None):
+        return super().get(key, default)
+
+
+class SiLUActivation(torch.nn.Module):       # a user class with torch.nn's constructor
+    def forward(self, x):
+        return torch.nn.functional.silu(x)
+
+
+class Stateful(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.calls = []                         # a user constructor: not built in the frame
+
+    def forward(self, x):
+        return x
+
+
+ACT = Instantier({"silu": SiLUActivation, "gelu": (torch.nn.GELU, {"approximate": "tanh"}),
+                  "stateful": Stateful})
+TABLE = Doubling(a=3)
+
+
+def _run(fn, *args):
+    coil.reset()
+    compiled = coil.compile(fn, backend="eager")
+    torch.testing.assert_close(compiled(*args), fn(*args))
+    return compiled, coil.capture.stats
+
+
+def test_super_getitem_of_dict_subclass_and_user_module_in_frame():
+    def f(x):
+        return ACT["silu"](x) + ACT["gelu"](x) + TABLE["a"] + TABLE.get("b", 1)
+
+    x = torch.randn(6)
+    compiled, stats = _run(f, x)
+    assert stats["graph_breaks"] == 0 and stats["graphs"] == 1
+    # the dict is read through guards: a change recompiles, a removed key raises as in eager
+    TABLE["a"] = 5
+    ACT["silu"] = torch.nn.Tanh
+    try:
+        torch.testing.assert_close(compiled(x), f(x))
+        del TABLE["a"]
+        try:
+            compiled(x)
+            raise AssertionError("expected KeyError")
+        except KeyError:
+            pass
+    finally:
+        TABLE["a"] = 3
+        ACT["silu"] = SiLUActivation
+
+
+def test_user_constructor_is_still_a_break():
+    def f(x):
+        return ACT["stateful"](x) + 1
+
+    _, stats = _run(f, torch.randn(3))
+    assert stats["graph_breaks"] == 1
+
+
+class Holder:
+    value = None
+
+
+HOLDER = Holder()
+
+
+class Kernel(torch.nn.Module):
+    def forward(self, x):
+        return x * 2
+
+
+KERNEL = Kernel()
+
+
+def test_sourceless_function_in_a_side_effect_at_a_break():
+    def f(x):
+        HOLDER.value = {"k": (KERNEL, KERNEL.forward.__func__)}
+        y = x + 1
+        print("break")                            # a graph break after the store
+        return HOLDER.value["k"][1](KERNEL, y)
+
+    HOLDER.value = None
+    _, stats = _run(f, torch.randn(4))
+    assert stats["fallbacks"] == 0
+    assert HOLDER.value["k"][1] is Kernel.forward
+
+
+class Scale(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, cfg):
+        ctx.s = cfg.scale
+        return x * cfg.scale
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * ctx.s, None
+
+
+class Cfg:
+    scale = 3.0
+
+
+def test_autograd_function_with_an_object_argument_breaks_without_fallback():
+    def f(x, cfg):
+        return Scale.apply(x.sin(), cfg).cos()
+
+    coil.reset()
+    x = torch.randn(5, requires_grad=True)
+    out = coil.compile(f)(x, Cfg())
+    out.sum().backward()
+    grad, x.grad = x.grad, None
+    ref = f(x, Cfg())
+    ref.sum().backward()
+    torch.testing.assert_close(out, ref)
+    torch.testing.assert_close(grad, x.grad)
+    assert coil.capture.stats["fallbacks"] == 0 and coil.capture.stats["graph_breaks"] == 1

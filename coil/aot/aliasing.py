@@ -47,6 +47,11 @@ RESTRIDE_MESSAGE = ("the program restrides an input (as_strided_) past its last 
                     "its storage's start, which functionalization does not model, so the program runs eagerly")
 
 
+RESTRIDE_VIEWED_MESSAGE = ("the program restrides in place (squeeze_, t_, as_strided_...) a tensor that requires "
+                           "grad after taking views of it, whose autograd views torch cannot rebuild under "
+                           "functionalization, so the program runs eagerly")
+
+
 class RunEagerly(CoilError):
     """Raised while a program is analysed when its graphs cannot mean what eager does (the
     ``*_MESSAGE`` reasons, :func:`_eager_refuses`): ``aot_compile`` then runs it eagerly,

@@ -29,8 +29,8 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 
 from coil import trace
-from coil.aot.aliasing import (OFFSET_WRITE_MESSAGE, OUTSIDE_READ_MESSAGE, OverlapGuard, RunEagerly, _addresses,
-                               _extent, _overlaps, _static, inside)
+from coil.aot.aliasing import (OFFSET_WRITE_MESSAGE, OUTSIDE_READ_MESSAGE, RESTRIDE_VIEWED_MESSAGE, OverlapGuard,
+                               RunEagerly, _addresses, _extent, _overlaps, _static, inside)
 
 aten = torch.ops.aten
 
@@ -182,10 +182,16 @@ class _ViewRewrites(TorchDispatchMode):
         super().__init__()
         self.roots = WeakIdKeyDictionary()  # view -> the non-view tensor its chain starts at
         self.strided = WeakIdKeyDictionary()  # views made by as_strided
+        self.grad_viewed = WeakIdKeyDictionary()  # roots with views taken under autograd
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if isinstance(func, torch._ops.HigherOrderOperator):
             return func(*args, **(kwargs or {}))
+        if torch.Tag.inplace_view in func.tags and args[0] in self.grad_viewed:
+            # autograd rebuilds the views taken before by replaying their view ops on the restrided
+            # tensor (functional tensors have no as_strided): IndexError, a transpose of a 1-D
+            # tensor after squeeze_ (gradient fuzzer s1016 #980)
+            raise RunEagerly(RESTRIDE_VIEWED_MESSAGE)
         if func in _SQUEEZE_ and any(isinstance(n, torch.SymInt) for n in args[0].shape):
             return _squeeze_(func, *args)
         if func is aten.expand.default and len(args) >= 2 and len(args[1]) == args[0].dim() and \
@@ -234,6 +240,8 @@ class _ViewRewrites(TorchDispatchMode):
             strided = True
         if strided:
             self.strided[out] = True
+        if src.requires_grad and torch.is_grad_enabled():
+            self.grad_viewed[root] = True
         self.roots[out] = root
         return out
 

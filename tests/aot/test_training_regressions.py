@@ -360,18 +360,30 @@ def test_backward_of_an_in_place_op_through_an_identity_expand(backend):
     torch.testing.assert_close(grads[1], grads[0], equal_nan=True)
 
 
-def _view_before_squeeze_of_an_input(a):  # gradient fuzzer s1016 #980
+def _view_before_squeeze_of_an_input(a):
     v1 = a.transpose(-1, -2)
     a.squeeze_()
-    v4 = torch.var(v1, correction=0)  # noqa: F841
-    return ()
+    return torch.var(v1, correction=0)
 
 
-@pytest.mark.xfail(strict=True, reason="open: functionalization replays the transpose taken before squeeze_ on the "
-                   "squeezed input while the program is analysed (IndexError: dim -2 of a 1-D tensor) before coil's "
-                   "check that runs restrided inputs that require grad eagerly (s1003) is reached")
-def test_view_taken_before_squeeze_of_an_input_that_requires_grad():
-    """Gradient fuzzer s1016 #980: ``a.transpose(-1, -2)``, then ``a.squeeze_()`` on a (1, 1) view of a clone that
-    requires grad, then ``var`` of the transpose: BackendCompilerFailed (IndexError) where eager runs; without grad
-    (or with the input a leaf) it compiles."""
-    assert check(_view_before_squeeze_of_an_input, lambda: [torch.tensor([[1.0]])], "cpp+grad").outcome == "ok"
+def _view_before_squeeze_of_an_intermediate(a):
+    y = a * 2
+    v1 = y.transpose(-1, -2)
+    y.squeeze_()
+    return torch.var(v1, correction=0) + y
+
+
+@pytest.mark.parametrize("fn", [_view_before_squeeze_of_an_input, _view_before_squeeze_of_an_intermediate])
+def test_view_taken_before_squeeze_of_a_tensor_that_requires_grad(fn):
+    """Gradient fuzzer s1016 #980: ``a.transpose(-1, -2)``, then ``a.squeeze_()`` of a (1, 1) tensor that requires grad
+    (an input: a view of a clone of a leaf; or an intermediate), then ``var`` of the transpose: autograd rebuilt the
+    transpose under functionalization by replaying it on the squeezed tensor (IndexError, BackendCompilerFailed). Such a
+    program runs eagerly now; values, shapes and gradients are eager's."""
+    res = []
+    for f in (fn, coil.compile(fn)):
+        leaf = torch.tensor([3.0], requires_grad=True)
+        x = leaf.clone().as_strided((1, 1), (1, 1), 0)
+        out = f(x)
+        out.backward()
+        res.append((out.detach(), x.shape, leaf.grad))
+    torch.testing.assert_close(res[1], res[0])

@@ -56,7 +56,6 @@ class CompiledGraph:
         #: indices of the inputs the graph writes in place (ir/graph.py: _write_inputs_in_place)
         self.writes_inputs: tuple = ()
         self._called = False
-        self.__call__ = call
 
     def __call__(self, *args):
         if self.writes_inputs and not self._called:

@@ -44,10 +44,15 @@ def _op_name(target) -> str:
 
 
 def ungraphable_reason(gm: Optional[torch.fx.GraphModule]) -> Optional[str]:
-    """Why the ATen graph ``gm`` cannot be captured as a CUDA graph as a whole (the
-    first of :func:`ungraphable_node`'s reasons), or None."""
+    """Why the ATen graph ``gm`` cannot be captured as a CUDA graph as a whole, or None:
+    a graph with no CUDA tensor says so; otherwise the first of :func:`ungraphable_node`'s reasons."""
     if gm is None:
         return None
+    vals = [n.meta.get("val") for n in gm.graph.nodes]
+    devices = {v.device.type for v in vals if isinstance(v, torch.Tensor)}
+    if devices == {"cpu"}:
+        # a whole-CPU graph: say that, not which CPU op the per-node scan meets first
+        return "the graph runs on the CPU only (no CUDA tensor in it); CUDA graphs replay CUDA work"
     return next((r for r in map(ungraphable_node, gm.graph.nodes) if r is not None), None)
 
 

@@ -451,11 +451,10 @@ def cudagraphify(fn: Callable, kind: str, saved: Optional[tuple] = None) -> Call
         return fn  # (a PartitionedGraph's pieces are wrapped already)
     gf = GraphFunction(fn, kind, saved, limit=config.cudagraph_record_limit)
     gm = getattr(fn, "gm", None) or getattr(fn, "__self__", None)
-    reason = ungraphable_reason(gm if isinstance(gm, torch.fx.GraphModule) else None)
-    if reason is not None:
-        gf.skip_with(reason)
-    elif not cuda_available():
+    if not cuda_available():   # first: the one reason that holds for every graph of the process
         gf.skip_with("CUDA is not available")
+    elif (reason := ungraphable_reason(gm if isinstance(gm, torch.fx.GraphModule) else None)) is not None:
+        gf.skip_with(reason)
     return gf
 
 

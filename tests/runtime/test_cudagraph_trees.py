@@ -13,6 +13,7 @@ import coil
 from coil import trace
 from coil.config import config
 from coil.runtime.cudagraph_record import ungraphable_reason
+from coil.runtime import cudagraph_trees
 from coil.runtime.cudagraph_trees import GraphFunction, Tree
 from fake_recorder import FakeRecorder
 
@@ -211,7 +212,8 @@ def test_ungraphable_reasons():
     assert "_local_scalar_dense" in ungraphable_reason(_graph(aten._local_scalar_dense.default))
     assert "nonzero" in ungraphable_reason(_graph(aten.nonzero.default))
     assert "RNG" in ungraphable_reason(_graph(aten.bernoulli.default, generator=torch.Generator()))
-    assert "CPU tensor" in ungraphable_reason(make_fx(lambda x: x.sin() + 1)(torch.randn(3)))
+    # a graph of CPU tensors only says so (not "CPU tensor computed at <its first op>")
+    assert "runs on the CPU only" in ungraphable_reason(make_fx(lambda x: x.sin() + 1)(torch.randn(3)))
     assert ungraphable_reason(make_fx(lambda x: x.sin() + 1)(torch.randn(3, device="meta"))) is None
 
 
@@ -225,6 +227,18 @@ def test_compile_reduce_overhead_on_cpu_runs_compiled_and_logs_why(log_dir):
     torch.testing.assert_close(cf(x), f(x))
     reasons = [e["reason"] for e in events(log_dir, "cudagraph_skip")]
     assert reasons and all("CUDA" in r or "CPU" in r for r in reasons)
+
+
+def test_reduce_overhead_on_cpu_warns_that_the_graph_is_cpu_only():
+    """A CPU model under mode="reduce-overhead": the warning names the cause (no CUDA, or
+    the graph runs on the CPU), not the first CPU op of the graph (a permute for a Linear)."""
+    coil.reset()
+    cudagraph_trees._WARNED.clear()
+    f = coil.compile(torch.nn.Linear(8, 8), mode="reduce-overhead")
+    cause = "CUDA is not available" if not torch.cuda.is_available() else "runs on the CPU only"
+    with pytest.warns(UserWarning, match=cause) as w:
+        f(torch.randn(2, 8))
+    assert not any("permute" in str(x.message) for x in w)
 
 
 def test_a_saved_tensor_that_is_also_a_user_output_does_not_hold_the_step():

@@ -14,6 +14,7 @@ class ``x is ___cN`` (``==`` for devices) tuple / list / dict type and length (i
 from __future__ import annotations
 
 import collections
+import dataclasses
 import enum
 import functools
 import os
@@ -30,8 +31,8 @@ from coil.capture.variables.base import ConstantVariable, VariableTracker, is_li
 from coil.capture.variables.containers import (DictVariable, ListVariable, NamedTupleVariable,
                                                SetVariable, TupleVariable, method_getattr)
 from coil.capture.variables.functions import PartialVariable, UserFunctionVariable, UserMethodVariable
-from coil.capture.variables.objects import (NNModuleVariable, PythonModuleVariable,
-                                            UserDefinedClassVariable, UserDefinedObjectVariable)
+from coil.capture.variables.objects import (DataClassDictVariable, NNModuleVariable, PythonModuleVariable,
+                                            UserDefinedClassVariable, UserDefinedObjectVariable, is_model_output_class)
 from coil.capture.variables.torchfn import TorchFunctionVariable, is_torch_function
 from coil.capture.variables.hops import HigherOrderVariable, hop_handler
 
@@ -60,6 +61,14 @@ def _guard_literal(gs, expr, value):
         gs.add(f"type({expr}) is {type(value).__name__} and {expr} == {value!r}", expr, value, src=expr)
     else:
         gs.add(f"type({expr}) is {gs.const(type(value))} and {expr} == {gs.const(value)}", expr, value)
+
+
+def _fields_are_items(value) -> bool:
+    """Whether the ModelOutput ``value``'s dict items are exactly its non-None dataclass fields (setting a field
+    after construction can leave an attribute without its item, or an item whose attribute is None)."""
+    names = {f.name for f in dataclasses.fields(value)}
+    return all(type(k) is str and k in names for k in value) and all(
+        getattr(value, n, None) is (value[n] if n in value else None) for n in names)
 
 
 def wrap(tx, value: Any, source, guard: bool = True) -> VariableTracker:
@@ -135,6 +144,16 @@ def _build(tx, value, source, gs) -> VariableTracker:
         if t is tuple:
             return TupleVariable(items, source)
         return NamedTupleVariable(items, t, source)
+    if is_model_output_class(t) and _fields_are_items(value):
+        # a ModelOutput made outside the frame: its items are its non-None fields, read as ``x[key]``
+        keys = list(value)
+        if gs is not None:
+            gs.add(f"type({expr}) is {gs.const(t)} and list({expr}) == {keys!r}", f"list({expr})", keys)
+            for f in dataclasses.fields(t):
+                gs.add(f"{expr}.{f.name} is {expr}[{f.name!r}]" if f.name in value else f"{expr}.{f.name} is None")
+        items = {k: wrap(tx, v, GetItemSource(source, k) if source is not None else None,
+                         guard=gs is not None) for k, v in value.items()}
+        return DataClassDictVariable(t, items, source)
     if t in (dict, collections.OrderedDict) or (isinstance(value, dict) and t.__module__ != "builtins"
                                                 and t.__init__ is dict.__init__
                                                 and t.__getitem__ is dict.__getitem__   # (sources index it)

@@ -700,12 +700,17 @@ def is_model_output_class(cls) -> bool:
 
 
 class DataClassDictVariable(DictVariable):
-    """A ``ModelOutput``-style object built in the frame: a dataclass whose non-None fields are also its dict items
-    (keys in field order). Supports attribute and item access, ``to_tuple()``, and is rebuilt as ``cls(**items)``."""
+    """A ``ModelOutput``-style object: a dataclass whose non-None fields are also its dict items (keys in field
+    order), built in the frame or read from an input (``source``; mutating that one is a graph break). Supports attribute and item access, ``to_tuple()``, and is rebuilt as ``cls(**items)``."""
 
-    def __init__(self, cls, items: dict):
-        super().__init__(items, user_cls=cls)
+    def __init__(self, cls, items: dict, source=None):
+        super().__init__(items, user_cls=cls, source=source)
         self.fields = [f.name for f in dataclasses.fields(cls)]
+
+    def _mutated(self, tx):
+        if self.source is not None:   # the dict write-back (clear/update) is refused by ModelOutput
+            raise Unsupported(f"mutating a {self.user_cls.__name__} made outside the compiled frame")
+        super()._mutated(tx)
 
     @classmethod
     def create(cls, tx, klass, args, kwargs):
@@ -745,6 +750,7 @@ class DataClassDictVariable(DictVariable):
 
     def set_attr(self, tx, name, value):
         if name in self.fields:
+            self._mutated(tx)
             if not (isinstance(value, ConstantVariable) and value.value is None):
                 self.items[name] = value
             else:

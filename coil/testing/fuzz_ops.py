@@ -685,7 +685,7 @@ def order(c: Ctx):
     if k == "cummax":
         return f"{v} = torch.{rng.choice(['cummax', 'cummin'])}({x}, {d}).values"
     if k == "sort":
-        return f"{v}, {c.fresh()} = torch.sort({x}, {d}, descending={desc}, stable=True)"
+        return f"{v}, {c.fresh()} = torch.sort({x}, dim={d}, descending={desc}, stable=True)"
     if k == "argsort":
         return f"{v} = torch.argsort({x}, dim={d}, descending={desc}, stable=True)"
     n = rng.randint(0, xv.shape[d])

@@ -715,13 +715,18 @@ def pad(c: Ctx):
     return f"{c.fresh()} = torch.nn.functional.pad({e}, {tuple(pads)}, mode={mode!r}{val})"
 
 
+def _float_nchw(c: Ctx) -> tuple:
+    """A non-empty float tensor's value, and an expression of it as 3 dims (4 if it has 4)."""
+    x = c.pick(lambda v: _float(v) and v.numel() > 0)
+    nd = 4 if c.env[x].dim() == 4 else 3
+    return c.env[x], _nchw(c, x, nd)
+
+
 @op("spatial", 2)
 def pool(c: Ctx):
-    x = c.pick(lambda v: _float(v) and v.numel() > 0)
-    xv, rng = c.env[x], c.rng
-    nd = 4 if xv.dim() == 4 else 3
-    e, sp = _nchw(c, x, nd), nd - 2
-    size = min(c.value(_nchw(c, x, nd)).shape[2:])
+    e, rng = _float_nchw(c)[1], c.rng
+    sp = c.value(e).dim() - 2
+    size = min(c.value(e).shape[2:])
     kind = rng.choice(["max_pool", "avg_pool", "interpolate", "adaptive_avg_pool"])
     if kind == "interpolate":
         mode = rng.choice(["nearest", "nearest-exact", "linear" if sp == 1 else "bilinear"])
@@ -742,10 +747,8 @@ def pool(c: Ctx):
 
 @op("spatial", 2)
 def conv(c: Ctx):
-    x = c.pick(lambda v: _float(v) and v.numel() > 0)
-    xv, rng = c.env[x], c.rng
-    nd = 4 if xv.dim() == 4 else 3
-    e = _nchw(c, x, nd)
+    (xv, e), rng = _float_nchw(c), c.rng
+    nd = c.value(e).dim()
     cin = c.value(e).shape[1]
     groups = rng.choice([g for g in (1, 2, 3) if cin % g == 0])
     g = torch.Generator().manual_seed(rng.getrandbits(31))

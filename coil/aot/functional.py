@@ -264,14 +264,9 @@ def _lay_out_as_eager(t, view) -> bool:
     them; ``scatter_`` of a transposed input became an out-of-place ``scatter``, whose result is contiguous), it is
     replaced by a copy at ``t``'s strides and offset; returns whether it was (the view is to be taken again). Raises
     RunEagerly if ``view`` reads memory outside ``t``'s elements then (the graph does not hold it)."""
-    if not isinstance(t, FunctionalTensor):
-        return False
-    if not _static(t.shape, t.stride(), t.storage_offset(), view.shape, view.stride(), view.storage_offset()):
-        torch._sync(t)  # whether view stays inside t's elements is undecidable: eager's values (s312 #106,
-        if torch._functionalize_has_data_mutation(t.elem):  # b[2:4].copy_(c) then as_strided offset 1 read
-            raise RunEagerly(OUTSIDE_READ_MESSAGE + " (undecidable under symbolic sizes)")  # b's new value at 0)
-        return False
-    if _overlaps(t):
+    if not isinstance(t, FunctionalTensor) or not _static(
+            t.shape, t.stride(), t.storage_offset(), view.shape, view.stride(), view.storage_offset()) \
+            or _overlaps(t):
         return False
     torch._sync(t)
     if (torch._functionalize_has_data_mutation(t.elem) or not _same_layout(t)) and \

@@ -406,7 +406,7 @@ _BOUNDED = re.compile(r"\b(fmod|remainder|copysign|signbit|var|std|maximum|minim
                       r"gelu|prod|" + "|".join(_ULP_NAMES) + r")\b| % | \*\* ")
 _SUMS = re.compile(r"\b(sum|nansum|mean|cumsum|logsumexp|matmul|softmax|log_softmax|layer_norm|"
                    r"var|std|scaled_dot_product_attention|index_add_?|scatter_add_?|"
-                   r"scatter_reduce)\b")
+                   r"scatter_reduce|logcumsumexp|conv[12]d|avg_pool[12]d|adaptive_avg_pool[12]d|interpolate)\b")
 
 
 class _Bounds(TorchDispatchMode):

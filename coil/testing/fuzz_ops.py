@@ -18,7 +18,7 @@ import torch
 FAMILIES: dict = {}
 #: how often the program builder picks each family
 FAMILY_WEIGHTS = {"pointwise": 4, "reduction": 3, "view": 2, "mutation": 2, "metadata": 1,
-                  "indexing": 2, "cat": 1, "nn": 1}
+                  "indexing": 2, "cat": 1, "nn": 1, "order": 1, "spatial": 1}
 FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 INTS = (torch.uint8, torch.int32, torch.int64)
 DTYPES = FLOATS + INTS + (torch.bool,)
@@ -663,3 +663,97 @@ def sdpa(c: Ctx):
                      f"{q}[:, :1].expand(-1, {qv.shape[1]}, -1, -1).narrow(2, 0, {m})"])
     causal = rng.random() < 0.3
     return f"{c.fresh()} = torch.nn.functional.scaled_dot_product_attention({q}, {kv}, {kv}, is_causal={causal})"
+
+
+# ------------------------------------------------------------------- order
+
+@op("order", 3)
+def order(c: Ctx):
+    """Scans, sorts and top-k, and shifts of integers (values only where ties make indices unspecified)."""
+    x = c.pick(lambda v: v.dim() > 0)
+    xv, rng, v = c.env[x], c.rng, c.fresh()
+    d, k = c.dim(x), rng.choice(["cumprod", "logcumsumexp", "cummax", "sort", "argsort", "topk", "msort", "shift"])
+    if k == "cumprod":
+        return f"{v} = torch.cumprod({x}, {d}{', dtype=torch.float64' if rng.random() < 0.2 else ''})"
+    if k in ("logcumsumexp", "msort"):
+        return f"{v} = torch.{k}({x}{'' if k == 'msort' else f', {d}'})"
+    if k == "shift":
+        if not is_int(xv) or xv.dtype is torch.bool:
+            raise Skip
+        return f"{v} = {x} {rng.choice(['<<', '>>'])} {rng.randint(0, 7)}"
+    desc = rng.random() < 0.5
+    if k == "cummax":
+        return f"{v} = torch.{rng.choice(['cummax', 'cummin'])}({x}, {d}).values"
+    if k == "sort":
+        return f"{v}, {c.fresh()} = torch.sort({x}, dim={d}, descending={desc}, stable=True)"
+    if k == "argsort":
+        return f"{v} = torch.argsort({x}, dim={d}, descending={desc}, stable=True)"
+    n = rng.randint(0, xv.shape[d])
+    return f"{v} = torch.topk({x}, {n}, {d}, largest={desc}, sorted=True).values"
+
+
+# ----------------------------------------------------------------- spatial
+
+def _nchw(c: Ctx, x: str, nd: int) -> str:
+    """``x`` as a tensor of ``nd`` dims (batch, channels, spatial...): itself or a reshape."""
+    xv = c.env[x]
+    if xv.dim() == nd:
+        return x
+    return f"{x}.reshape({', '.join(['1'] * (nd - 1))}, -1)"
+
+
+@op("spatial", 2)
+def pad(c: Ctx):
+    x = c.pick(lambda v: v.dim() > 0)
+    xv, rng = c.env[x], c.rng
+    mode = rng.choice(["constant", "reflect", "replicate", "circular"])
+    nd = min(max(xv.dim(), 3), 4) if mode != "constant" else xv.dim()
+    e = _nchw(c, x, nd) if mode != "constant" else x
+    k = rng.randint(1, min(nd - (mode != "constant") * 2, 2) if nd > 1 else 1)
+    pads = [rng.randint(-1 if mode == "constant" else 0, 2) for _ in range(2 * k)]
+    val = f", value={c.scalar(is_int(xv))}" if mode == "constant" and rng.random() < 0.5 else ""
+    return f"{c.fresh()} = torch.nn.functional.pad({e}, {tuple(pads)}, mode={mode!r}{val})"
+
+
+def _float_nchw(c: Ctx) -> tuple:
+    """A non-empty float tensor's value, and an expression of it as 3 dims (4 if it has 4)."""
+    x = c.pick(lambda v: _float(v) and v.numel() > 0)
+    nd = 4 if c.env[x].dim() == 4 else 3
+    return c.env[x], _nchw(c, x, nd)
+
+
+@op("spatial", 2)
+def pool(c: Ctx):
+    e, rng = _float_nchw(c)[1], c.rng
+    sp = c.value(e).dim() - 2
+    size = min(c.value(e).shape[2:])
+    kind = rng.choice(["max_pool", "avg_pool", "interpolate", "adaptive_avg_pool"])
+    if kind == "interpolate":
+        mode = rng.choice(["nearest", "nearest-exact", "linear" if sp == 1 else "bilinear"])
+        ac = f", align_corners={rng.random() < 0.5}" if "linear" in mode else ""
+        how = f"scale_factor={rng.choice([0.5, 1.5, 2, 3])}" if rng.random() < 0.5 else f"size={rng.randint(1, 7)}"
+        return f"{c.fresh()} = torch.nn.functional.interpolate({e}, {how}, mode={mode!r}{ac})"
+    if kind == "adaptive_avg_pool":
+        return f"{c.fresh()} = torch.nn.functional.adaptive_avg_pool{sp}d({e}, {rng.randint(1, 4)})"
+    ks = rng.randint(1, max(min(size, 3), 1))
+    args = [e, str(ks), f"stride={rng.randint(1, 2)}", f"padding={rng.randint(0, ks // 2)}",
+            f"ceil_mode={rng.random() < 0.5}"]
+    if kind == "max_pool":
+        args.append(f"dilation={rng.choice([1, 1, 2])}")
+    elif rng.random() < 0.5:
+        args.append("count_include_pad=False")
+    return f"{c.fresh()} = torch.nn.functional.{kind}{sp}d({', '.join(args)})"
+
+
+@op("spatial", 2)
+def conv(c: Ctx):
+    (xv, e), rng = _float_nchw(c), c.rng
+    nd = c.value(e).dim()
+    cin = c.value(e).shape[1]
+    groups = rng.choice([g for g in (1, 2, 3) if cin % g == 0])
+    g = torch.Generator().manual_seed(rng.getrandbits(31))
+    kshape = (groups * rng.randint(1, 2), cin // groups) + (rng.randint(1, 3),) * (nd - 2)
+    w = (torch.randint(-15, 16, kshape, generator=g) / 16).to(xv.dtype)
+    bias = f", {literal(torch.arange(kshape[0]).to(xv.dtype) / 4)}" if rng.random() < 0.5 else ", None"
+    return f"{c.fresh()} = torch.nn.functional.conv{nd - 2}d({e}, {literal(w)}{bias}, stride={rng.randint(1, 2)}, " \
+           f"padding={rng.randint(0, 1)}, dilation={rng.randint(1, 2)}, groups={groups})"

@@ -488,8 +488,14 @@ def test_sum_bounds_survive_writes_and_freed_tensors():
     kept by tensor id apart from the bound entries, so a freed tensor's id, reused by an
     output, found a sum without a bound (KeyError: the fuzzer process died) or could have
     lent an unrelated sum to an output; they now live in the entry that holds the tensor."""
-    p = generate(96, 191)
-    assert "cumsum" in p.source() and "unsqueeze_" in p.source()
+    lines = ["v0 = torch.scatter(c, 1, torch.empty((2, 0), dtype=torch.int64), c)", "v1 = d.clone()",
+             "v2 = torch.cumsum(a, dim=-1)", "v3 = torch.min(v1)", "a.unsqueeze_(1)", "v4 = v1 // v0"]
+    f64 = torch.float64
+    ins = [Input("a", torch.empty((0, 4), dtype=f64), ".t()"),
+           Input("b", torch.empty((1, 0), dtype=f64), ".expand(4, 0)"),
+           Input("c", torch.empty((4, 0), dtype=f64), "[:, 0:0]"),
+           Input("d", torch.tensor(0.07888897101070765, dtype=f64))]
+    p = Program(ins, [Stmt(x, "reduction") for x in lines], ["v2", "v3", "v4"], "s96 #191")
     assert check_program(p, _fake(lambda s, o, a: o)).outcome == "ok"
 
 

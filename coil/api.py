@@ -56,16 +56,10 @@ def _wrap_backend(backend: Callable, name: str, options: dict) -> Callable:
         if not options:
             return compiled
 
-        cfg = _config.config.__dict__  # the names were checked by the patch above
-
         @functools.wraps(compiled)
-        def run(*args):  # _config.patch without its per-call generator and name check
-            old = {k: cfg[k] for k in options}
-            cfg.update(options)
-            try:
+        def run(*args):
+            with _config.patch(**options):
                 return compiled(*args)
-            finally:
-                cfg.update(old)
 
         return run
 

@@ -14,13 +14,12 @@ force for a compilation are written to the compile log (event ``config``).
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 import sys
 import types
 from dataclasses import dataclass, field, fields
-from typing import Any, Iterator
+from typing import Any
 
 
 @dataclass
@@ -207,19 +206,23 @@ def _from_env() -> Config:
 config: Config = _from_env()
 
 
-@contextlib.contextmanager
-def patch(**changes: Any) -> Iterator[Config]:
-    """Temporarily change options: ``with coil.config.patch(fusion=False): ...``.
+class patch:
+    """Temporarily change options: ``with coil.config.patch(fusion=False): ...`` (``as`` gives the config).
 
-    Raises ValueError on unknown option names.
-    """
-    check_option_names(changes)
-    old = {k: getattr(config, k) for k in changes}
-    config.__dict__.update(changes)
-    try:
-        yield config
-    finally:
-        config.__dict__.update(old)
+    A plain class, not a generator: compiled functions with options enter it on every call.
+    Raises ValueError on unknown option names."""
+
+    def __init__(self, **changes: Any):
+        check_option_names(changes)
+        self.changes = changes
+
+    def __enter__(self) -> Config:
+        self.old = {k: config.__dict__[k] for k in self.changes}
+        config.__dict__.update(self.changes)
+        return config
+
+    def __exit__(self, *exc) -> None:
+        config.__dict__.update(self.old)
 
 
 class _ConfigModule(types.ModuleType):

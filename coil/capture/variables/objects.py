@@ -447,7 +447,8 @@ class InFrameModuleVariable(NNModuleVariable):
         from coil.capture.translator import const_value
 
         what = f"creating a {mod_cls.__name__} module inside the frame"
-        inits = [k for k in mod_cls.__mro__ if k is not object and ("__init__" in k.__dict__ or "__new__" in k.__dict__)]
+        inits = [k for k in mod_cls.__mro__
+                 if k is not object and ("__init__" in k.__dict__ or "__new__" in k.__dict__)]
         if not all((k.__module__ or "").startswith("torch.nn.modules.") for k in inits):
             raise Unsupported(what, hint="only parameter-free modules whose constructor is torch.nn's "
                                          "are traced; create the module in __init__")
@@ -701,7 +702,8 @@ def is_model_output_class(cls) -> bool:
 
 class DataClassDictVariable(DictVariable):
     """A ``ModelOutput``-style object: a dataclass whose non-None fields are also its dict items (keys in field
-    order), built in the frame or read from an input (``source``; mutating that one is a graph break). Supports attribute and item access, ``to_tuple()``, and is rebuilt as ``cls(**items)``."""
+    order), built in the frame or read from an input (``source``; mutating that one is a graph break). Supports
+    attribute and item access, ``to_tuple()``, and is rebuilt as ``cls(**items)``."""
 
     def __init__(self, cls, items: dict, source=None):
         super().__init__(items, user_cls=cls, source=source)

@@ -5,6 +5,10 @@ view (no copy; cuBLAS sees aligned leading dimensions), and the whole product co
 coil and by torch.compile. One row per M, microseconds per call (CUDA events, median).
 
     python benchmarks/mm_alignment.py            # the H200: < 1 minute
+    BIAS=1 N=250002 MS=512,4096 python benchmarks/mm_alignment.py   # XLM-R's LM head, with its bias
+
+"pad+copy" is ``matmul_padded`` into a row-padded output followed by the copy to a contiguous one (what a padded
+product costs when it is a graph output).
 """
 from __future__ import annotations
 
@@ -39,20 +43,22 @@ def main() -> None:
     dev, dt = torch.device("cuda"), torch.bfloat16
     k, n = int(os.environ.get("K", 768)), int(os.environ.get("N", 50257))
     w = torch.randn(n, k, device=dev, dtype=dt)
-    print(f"K={k} N={n} bf16, us per call (median of 50)")
-    print(f"{'M':>6} {'plain':>8} {'padded':>8} {'out=pad':>8} {'coil':>8} {'tc':>8}  max|coil-plain|")
-    for m in (1, 2, 8, 64, 512, 4096):
+    bias = torch.randn(n, device=dev, dtype=dt) if os.environ.get("BIAS") == "1" else None
+    ms = [int(v) for v in os.environ.get("MS", "1,2,8,64,512,4096").split(",")]
+    print(f"K={k} N={n} bf16, bias {bias is not None}, us per call (median of 50)")
+    print(f"{'M':>6} {'plain':>8} {'padded':>8} {'out=pad':>8} {'coil':>8} {'tc':>8} {'pad+copy':>8}  max|coil-plain|")
+    for m in ms:
         a = torch.randn(m, k, device=dev, dtype=dt)
         outp = empty_row_padded((m, n), -(-n // 8) * 8, dev, dt)
-        f = lambda a, w: a @ w.t()  # noqa: E731
+        f = (lambda a, w: a @ w.t()) if bias is None else (lambda a, w: torch.nn.functional.linear(a, w, bias))
         cf = coil.compile(f, dynamic=False)
         tf = torch.compile(f, dynamic=False)
         ref = f(a, w)
         got = cf(a, w)
         diff = (got.float() - ref.float()).abs().max().item()
-        row = [timed(lambda: f(a, w)), timed(lambda: matmul_padded(outp, a, w.t())),
+        row = [timed(lambda: f(a, w)), timed(lambda: matmul_padded(outp, a, w.t(), bias)),
                timed(lambda: torch.mm(a, w.t(), out=outp)), timed(lambda: cf(a, w)),
-               timed(lambda: tf(a, w))]
+               timed(lambda: tf(a, w)), timed(lambda: (matmul_padded(outp, a, w.t(), bias), outp.contiguous()))]
         print(f"{m:>6} " + " ".join(f"{v:8.1f}" for v in row) + f"  {diff:.3g}", flush=True)
 
 

@@ -20,6 +20,7 @@ from torch.fx._lazy_graph_module import _make_graph_module
 import torch.utils.checkpoint
 
 from coil import trace
+from coil.config import config
 from coil.aot.functional import JointInfo
 from coil.exc import InternalError
 
@@ -341,9 +342,9 @@ def min_cut_partition(joint: torch.fx.GraphModule, info: JointInfo) -> Partition
     g.add_node("sink")
     bans = {}
     must_recompute = checkpointed(candidates, regions)
-    # inputs that require grad (parameters, leaves) stay alive for their .grad anyway: saving
-    # one is free, so a cast of a weight (autocast's bf16 copy) is recomputed, not kept
-    held = {regions.primals[i] for i in info.grad_inputs}
+    # inputs that require grad (parameters, leaves) stay alive for their .grad anyway: with
+    # aot_params_free_to_save saving one is free, so a weight's autocast bf16 copy is recomputed, not kept
+    held = {regions.primals[i] for i in info.grad_inputs} if config.aot_params_free_to_save else set()
     for n in candidates:
         ban = recompute_ban_reason(n)
         if n in must_recompute:

@@ -30,8 +30,9 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 
 from coil import trace
-from coil.aot.aliasing import (OFFSET_WRITE_MESSAGE, OUTSIDE_READ_MESSAGE, RESTRIDE_VIEWED_MESSAGE, OverlapGuard,
-                               RunEagerly, _addresses, _extent, _overlaps, _static, inside)
+from coil.aot.aliasing import (OFFSET_WRITE_MESSAGE, OUTSIDE_GRAD_MESSAGE, OUTSIDE_READ_MESSAGE,
+                               RESTRIDE_VIEWED_MESSAGE, OverlapGuard, RunEagerly, _addresses, _extent, _overlaps,
+                               _static, inside)
 
 aten = torch.ops.aten
 
@@ -235,6 +236,9 @@ class _ViewRewrites(TorchDispatchMode):
             out = aten.view.default(src, out.shape)
         root = self.roots.get(src, src)
         strided = func is aten.as_strided.default
+        if strided and root is not src and src.requires_grad and torch.is_grad_enabled() and \
+                not _reads_inside(out, src):  # a.narrow(0, 1, 1).as_strided((2,), (1,), 13) (s1027 #616)
+            raise RunEagerly(OUTSIDE_GRAD_MESSAGE)
         if out.dtype == root.dtype and ((strided and root is not src) or src in self.strided or
                                         (root is not src and _overlaps(src) and not _overlaps(out))):
             out = aten.as_strided.default(root, out.shape, out.stride(), out.storage_offset())

@@ -1046,8 +1046,20 @@ def test_as_strided_read_of_a_written_input_at_another_offset(dynamic):
         assert torch.equal(x, y)
 
 
+def _read_past_a_view(a):  # s1027 #616
+    return (a[:2].as_strided((1,), (1,), 2),)
+
+
 def _read_of_an_expanded_input(b):  # s1027 #12
     return (b.as_strided((3, 4, 1), (3, 0, 3), 3).abs(),)
+
+
+@pytest.mark.parametrize("backend", ["cpp", "cpp_dynamic", "triton_dynamic"])
+def test_grad_of_an_as_strided_read_past_the_view_it_is_taken_of(backend):
+    """s1027 #616/#836: ``a[:2].as_strided((1,), (1,), 2)`` reads ``a[2]``, not an element of ``a[:2]``: eager's
+    gradient (as_strided's backward w.r.t. ``a[:2]``) does not reach it. The output, a view of ``a``, was rebuilt as
+    ``as_strided`` of ``a`` itself, whose gradient does (0.3125 for 0). Such programs run eagerly."""
+    _ok(_read_past_a_view, lambda: [torch.tensor([1.0, 2.0, 3.0])], backend + "+grad")
 
 
 def test_grad_of_as_strided_of_an_expanded_input_under_dynamic_shapes():

@@ -43,6 +43,11 @@ OFFSET_WRITE_MESSAGE = ("the program writes through an as_strided view of a tens
                         "writes it back from 0), so the program runs eagerly")
 
 
+OUTSIDE_GRAD_MESSAGE = ("the program reads through as_strided of a view that requires grad memory that is not one of "
+                        "the view's elements (eager's gradient does not reach them; coil's view of the whole storage "
+                        "would send it there), so the program runs eagerly")
+
+
 RESTRIDE_MESSAGE = ("the program restrides an input (as_strided_) past its last element, or one that does not start at "
                     "its storage's start, which functionalization does not model, so the program runs eagerly")
 

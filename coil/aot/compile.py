@@ -408,14 +408,14 @@ def _compile(fn, example_inputs, fw_compiler, bw_compiler, partition_fn, decompo
             fw_gm.meta["coil_mutated_inputs"] = dict(enumerate(info.mutated_inputs))
         compiled = fw_compiler(fw_gm, _placeholder_fakes(fw_gm))
         run = _check_aliasing_per_call(inference_runner(compiled, info), fn, info.mutated_inputs)
-        run = _check_offsets_per_call(run, fw_gm, fake_args, fn)
+        run = _check_offsets_per_call(run, fw_gm, fake_args, fn, info.mutated_inputs)
         return run if groups is None else _with_input_groups(run, groups, user_fn)
     try:
         joint, jinfo = (joint, jinfo) if joint is not None else trace_joint(fn, fake_args, info, decomps, fake_mode)
     except (RuntimeError, ZeroDivisionError) as e:  # y = x.exp(); y.add_(1): eager raises it at backward only, a
         # forward must run; or a backward divides by a symbolic size that is 0 at these sizes, where eager's gradients
         # are inf/NaN (var(correction=2) of 2 elements under dynamic=True: s1006 #112)
-        if not isinstance(e, ZeroDivisionError) and "modified by an inplace operation" not in str(e):
+        if not isinstance(e, (ZeroDivisionError, RunEagerly)) and "modified by an inplace operation" not in str(e):
             raise
         trace.log("aot_backward_error_eager", stage="aot", reason=str(e))
         return _eager(user_fn)
@@ -457,19 +457,22 @@ def _compile(fn, example_inputs, fw_compiler, bw_compiler, partition_fn, decompo
             return bw_compiler(gm, bw_fakes), none
     run = _check_aliasing_per_call(training_runner(compiled_fw, None if lazy_bw else bw_compiler(part.bw, bw_fakes),
                                                    info, jinfo, part.num_saved, bw_for), fn, info.mutated_inputs)
-    run = _check_offsets_per_call(run, part.fw, fake_args, fn)
+    run = _check_offsets_per_call(run, part.fw, fake_args, fn, info.mutated_inputs)
     return run if groups is None else _with_input_groups(run, groups, user_fn)
 
 
-def _check_offsets_per_call(runner: Callable, gm: torch.fx.GraphModule, fake_args: list, fn: Callable) -> Callable:
+def _check_offsets_per_call(runner: Callable, gm: torch.fx.GraphModule, fake_args: list, fn: Callable,
+                            mutated: list) -> Callable:
     """``runner``, except on calls where an input that the graph reads through ``as_strided`` (directly or through
-    views) starts at another storage offset than the compiled one: ``as_strided``'s offset is absolute in the
-    storage, so the graph means something else for such a call, which runs ``fn`` eagerly
-    (``aot_storage_offset_eager``). Capture does not guard storage offsets."""
+    views; any ``mutated`` one, whose new value it may read so: ``x[2:4].copy_(c)`` then ``as_strided`` at offset 1
+    reads an old element, ``x[0:3]`` only new ones) starts at another storage offset than the compiled one:
+    ``as_strided``'s offset is absolute in the storage, so the graph means something else for such a call, which runs
+    ``fn`` eagerly (``aot_storage_offset_eager``). Capture does not guard storage offsets."""
     places = [n for n in gm.graph.nodes if n.op == "placeholder"]
     found: dict = {}
     for n in gm.graph.nodes:
         if n.op == "call_function" and n.target is torch.ops.aten.as_strided.default:
+            found.update((k, fake_args[k].storage_offset()) for k in mutated)
             src = n.args[0]
             while src.op == "call_function" and getattr(src.target, "is_view", False):
                 src = src.args[0]

@@ -23,14 +23,16 @@ import torch.utils._pytree as pytree
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, disable_fake_tensor_cache
 from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx, maybe_enable_thunkify
+from torch.fx.experimental.symbolic_shapes import guard_or_false
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary
 
 
 from coil import trace
-from coil.aot.aliasing import (OFFSET_WRITE_MESSAGE, OUTSIDE_READ_MESSAGE, RESTRIDE_VIEWED_MESSAGE, OverlapGuard,
-                               RunEagerly, _addresses, _extent, _overlaps, _static, inside)
+from coil.aot.aliasing import (OFFSET_WRITE_MESSAGE, OUTSIDE_GRAD_MESSAGE, OUTSIDE_READ_MESSAGE,
+                               RESTRIDE_VIEWED_MESSAGE, OverlapGuard, RunEagerly, _addresses, _extent, _overlaps,
+                               _static, inside)
 
 aten = torch.ops.aten
 
@@ -234,6 +236,9 @@ class _ViewRewrites(TorchDispatchMode):
             out = aten.view.default(src, out.shape)
         root = self.roots.get(src, src)
         strided = func is aten.as_strided.default
+        if strided and root is not src and src.requires_grad and torch.is_grad_enabled() and \
+                not _reads_inside(out, src):  # a.narrow(0, 1, 1).as_strided((2,), (1,), 13) (s1027 #616)
+            raise RunEagerly(OUTSIDE_GRAD_MESSAGE)
         if out.dtype == root.dtype and ((strided and root is not src) or src in self.strided or
                                         (root is not src and _overlaps(src) and not _overlaps(out))):
             out = aten.as_strided.default(root, out.shape, out.stride(), out.storage_offset())
@@ -264,15 +269,22 @@ def _lay_out_as_eager(t, view) -> bool:
     them; ``scatter_`` of a transposed input became an out-of-place ``scatter``, whose result is contiguous), it is
     replaced by a copy at ``t``'s strides and offset; returns whether it was (the view is to be taken again). Raises
     RunEagerly if ``view`` reads memory outside ``t``'s elements then (the graph does not hold it)."""
-    if not isinstance(t, FunctionalTensor) or not _static(
-            t.shape, t.stride(), t.storage_offset(), view.shape, view.stride(), view.storage_offset()) \
-            or _overlaps(t):
+    if not isinstance(t, FunctionalTensor) or _overlaps(t):
         return False
     torch._sync(t)
-    if (torch._functionalize_has_data_mutation(t.elem) or not _same_layout(t)) and \
-            not inside(view, t.dtype.itemsize, *_addresses(t)):
+    if (torch._functionalize_has_data_mutation(t.elem) or not _same_layout(t)) and not _reads_inside(view, t):
         raise RunEagerly(OUTSIDE_READ_MESSAGE)  # the graph holds t's new elements only
     return _relay(t, "as_strided reads storage")
+
+
+def _reads_inside(view, t) -> bool:
+    """Whether ``view`` reads only elements of ``t``. Symbolic layouts: decided, with guards, for a dense ``t`` (an
+    as_strided read at offset 1 of a written ``x[2:4]`` under ``dynamic=True`` read its new value from 0: s312 #106);
+    otherwise (or data-dependent) False."""
+    if _static(t.shape, t.stride(), t.storage_offset(), view.shape, view.stride(), view.storage_offset()):
+        return inside(view, t.dtype.itemsize, *_addresses(t))
+    (lo, hi), (t_lo, t_hi) = _extent(view), _extent(t)
+    return all(guard_or_false(c) for c in (t_hi - t_lo == t.numel(), t_lo <= lo, hi <= t_hi))
 
 
 def _same_layout(t) -> bool:

@@ -1008,16 +1008,66 @@ def _read_below_a_written_slice(b, c):  # s312 #106
     return (b.as_strided((2,), (1,), 1) * 1,)
 
 
-@pytest.mark.xfail(strict=True, reason="open: s312 #106, the layout check is skipped under symbolic sizes; running "
-                   "such programs eagerly (9bfde09) also sent gradient-mode as_strided reads of inputs there (s1027)")
 @pytest.mark.parametrize("backend", ["cpp_dynamic", "triton_dynamic"])
 def test_as_strided_read_below_a_written_slice_under_dynamic_shapes(backend):
     """s312 #106: ``b`` is elements 2-3 of a 4-element storage, written, then read by ``as_strided`` at the absolute
     offset 1 (an old element and a new one). Under ``dynamic=True`` the check whether the read stays inside ``b``'s
     elements was skipped (symbolic layout), and the view was taken of functionalization's value of ``b``, which starts
-    at 0: the new element and memory past the buffer."""
+    at 0: the new element and memory past the buffer. It is decided with guards now (the program runs eagerly)."""
     _ok(_read_below_a_written_slice, lambda: [torch.tensor([3.5, -1.5, 0.75, 0.5], dtype=torch.float64)[2:4],
                                               torch.tensor(1.0)], backend)
+
+
+def _read_of_a_scattered_transposed_input(x, idx, src):
+    x.scatter_(0, idx, src)
+    return (x.as_strided((2, 2), (1, 3), 1) * 1,)
+
+
+@pytest.mark.parametrize("backend", ["cpp_dynamic", "triton_dynamic"])
+def test_as_strided_read_of_a_scattered_transposed_input_under_dynamic_shapes(backend):
+    """Functionalization's value of the written transposed ``x`` is contiguous (an out-of-place ``scatter``); the
+    ``as_strided`` read took it in eager's strides only for static layouts, so under ``dynamic=True`` it read the
+    elements of another layout (-1 for 1)."""
+    _ok(_read_of_a_scattered_transposed_input, lambda: [torch.arange(12.0).reshape(4, 3).t(),
+                                                        torch.tensor([[0, 1, 2, 0], [2, 0, 1, 1]]),
+                                                        torch.full((2, 4), -1.0)], backend)
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_as_strided_read_of_a_written_input_at_another_offset(dynamic):
+    """Compiled for ``x[0:3]`` (the read at offset 1 holds new elements only), called with ``x[2:5]`` of the same
+    size, where it reads an old element: the graph read the new value at 1 (storage offsets are not guarded). A call
+    whose written input starts elsewhere runs eagerly."""
+    f = coil.compile(_read_below_a_written_slice, dynamic=dynamic)
+    for lo in (0, 2):
+        x, y = torch.arange(8.0), torch.arange(8.0)
+        assert torch.equal(f(x[lo:lo + 3], torch.tensor(9.0))[0], _read_below_a_written_slice(y[lo:lo + 3],
+                                                                                              torch.tensor(9.0))[0])
+        assert torch.equal(x, y)
+
+
+def _read_past_a_view(a):  # s1027 #616
+    return (a[:2].as_strided((1,), (1,), 2),)
+
+
+def _read_of_an_expanded_input(b):  # s1027 #12
+    return (b.as_strided((3, 4, 1), (3, 0, 3), 3).abs(),)
+
+
+@pytest.mark.parametrize("backend", ["cpp", "cpp_dynamic", "triton_dynamic"])
+def test_grad_of_an_as_strided_read_past_the_view_it_is_taken_of(backend):
+    """s1027 #616/#836: ``a[:2].as_strided((1,), (1,), 2)`` reads ``a[2]``, not an element of ``a[:2]``: eager's
+    gradient (as_strided's backward w.r.t. ``a[:2]``) does not reach it. The output, a view of ``a``, was rebuilt as
+    ``as_strided`` of ``a`` itself, whose gradient does (0.3125 for 0). Such programs run eagerly."""
+    _ok(_read_past_a_view, lambda: [torch.tensor([1.0, 2.0, 3.0])], backend + "+grad")
+
+
+def test_grad_of_as_strided_of_an_expanded_input_under_dynamic_shapes():
+    """s1027 #12: the backward of ``as_strided`` writes a zero-filled buffer of symbolic size and reads it with
+    ``as_strided``: its layout check, decided under symbolic sizes, finds the read inside the buffer (running written
+    tensors' symbolic as_strided reads eagerly failed there, an uncaught RunEagerly)."""
+    _ok(_read_of_an_expanded_input, lambda: [torch.linspace(-2, 2, 12).reshape(6, 2, 1).expand(6, 2, 3)],
+        "cpp_dynamic+grad")
 
 
 # -- products summed: rounded first, as eager (no fused multiply-add) ----------------

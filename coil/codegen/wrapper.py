@@ -68,12 +68,16 @@ def matmul_padded(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, bias: Opt
     ``a``/``b``/``bias`` are copied into zero-padded buffers (K up to ``Kp``, N up to ``P``) and the product is written
     into the whole (M, P) allocation. When only N is unaligned and both operands' leading dimensions are aligned,
     nothing is copied: the first ``N - N % 8`` columns and the last few are two products written into ``out``'s padded
-    rows (GPT-2's LM head: a 77 MB weight copy per call saved; an ``align1`` GEMM takes ~3 ms at M = 4096)."""
+    rows (GPT-2's LM head: a 77 MB weight copy per call saved; an ``align1`` GEMM takes ~3 ms at M = 4096). Not with
+    a bias when M > K: ATen's addmm into a non-contiguous ``out`` first fills it with the broadcast bias, a pass over
+    (M, N) that costs more than copying the (K, N) weight (XLM-R's LM head, 4096 x 768 @ 768 x 250002: 1.65 ms on an
+    H200), while into the whole contiguous (M, P) allocation cuBLASLt adds the bias in its epilogue."""
     m, n = out.shape
     k = a.shape[1]
     p = out.stride(0) if n > 1 else n
     kp = -(-k // 8) * 8
-    if p != n and kp == k and not (misaligned_leading_dim(a.stride()) or misaligned_leading_dim(b.stride())):
+    if p != n and kp == k and (bias is None or m <= k) and \
+            not (misaligned_leading_dim(a.stride()) or misaligned_leading_dim(b.stride())):
         n8 = n - n % 8
         bias = bias.reshape(-1).expand(n) if bias is not None else None
         for lo, hi in ((0, n8), (n8, n)):

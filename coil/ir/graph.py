@@ -651,7 +651,6 @@ class GraphLowering(torch.fx.Interpreter):
 
         n = self.current_node
         meta = self.current_node.meta.get("val")
-        bias = args[0] if target is _aten.addmm.default else None
         if target in _STORAGE_OPS and args and isinstance(args[0], TensorBox):
             args = (self._eager_storage(args[0], n.args[0]),) + tuple(args[1:])
         if target in _PADDABLE_MATMULS and not kwargs:
@@ -682,13 +681,6 @@ class GraphLowering(torch.fx.Interpreter):
             ek = ExternKernel(name, lay, op, args, kwargs)
             _maybe_pad_matmul_output(ek, meta)
             self.register_buffer(ek)
-            if getattr(ek, "padded_output", False) and op is _aten.addmm.default:
-                # ATen's addmm into padded rows first fills them with the broadcast bias (a whole pass over the
-                # output, 0.8 ms for XLM-R's 4096 x 250002 logits): the product is an mm and the bias a pointwise
-                # add, fused into the consumer (a graph output's contiguous copy); one more rounding than eager's
-                ek.op, ek.args = _aten.mm.default, args[1:3]
-                trace.log("addmm_bias_unfused", stage="lowering", buffer=name, reason="padded output")
-                return L.pointwise_lowering("add")(TensorBox(StorageBox(ek)), bias)  # (add.Tensor's reads the node)
             return _resolve_neg_bit(TensorBox(StorageBox(ek)), meta)
         ek = ExternKernel(name, None, target, args, kwargs)
         self.register_buffer(ek)

@@ -146,31 +146,6 @@ def test_padded_matmul_output(backend, monkeypatch):
 
 
 @pytest.mark.parametrize("backend", ["cpp", "triton"])
-def test_padded_addmm_bias_is_a_fused_add(backend, monkeypatch):
-    """XLM-R's LM head (4096 x 768 @ 768 x 250002 + bias, bf16) on an H200: addmm into the padded rows had ATen fill
-    them with the broadcast bias first (0.8 ms), then the graph output was copied to eager's contiguous strides
-    (0.95 ms). The product is now an mm and the bias an add in the kernel that writes the contiguous output."""
-    import coil.ir.graph as G
-    from codegen_helpers import compile_fn
-
-    monkeypatch.setattr(G, "_PAD_DEVICES", ("cuda", "cpu"))
-
-    def f(x, w, b):
-        return torch.nn.functional.linear(x, w, b)
-
-    x, w, b = (torch.randn(*s, dtype=torch.bfloat16) for s in ((1024, 64), (1027, 64), (1027,)))
-    c = compile_fn(f, x, w, b, backend=backend)
-    calls = [l for l in c.source.splitlines() if "matmul_padded(" in l]
-    assert len(calls) == 1 and calls[0].endswith("# aten.mm.default, padded"), c.source  # no bias argument
-    kernels = [l for l in c.source.splitlines() if l.strip().startswith("k") and "(" in l and "#" in l]
-    assert len(kernels) == 1, c.source  # the add writes the output: no separate copy
-    (out,), ref = c(x, w, b), f(x, w, b)
-    assert out.stride() == ref.stride()
-    exact = x.double() @ w.double().t() + b.double()
-    torch.testing.assert_close(out.double(), exact, atol=0.05, rtol=2 ** -7)  # rounded twice: within 2 ulps
-
-
-@pytest.mark.parametrize("backend", ["cpp", "triton"])
 def test_one_row_matmul_is_a_reduction(backend, monkeypatch):
     """A decoding step's LM head (1 row x 50257 words) copied the whole padded weight into
     ``matmul_padded`` every call (77 MB a token on an H200); a one-row product that would
@@ -290,17 +265,26 @@ def test_extern_inputs_keep_eagers_memory_order():
 
 @pytest.mark.parametrize("bias_shape", [None, (1027,), (1, 1027), (1,), ()])
 @pytest.mark.parametrize("k", [64, 67])
-def test_matmul_padded_split_and_copy_paths(bias_shape, k):
+@pytest.mark.parametrize("m", [33, 200])
+def test_matmul_padded_split_and_copy_paths(bias_shape, k, m, monkeypatch):
     """``matmul_padded`` into a row-padded output: with K aligned it writes two products
     (the first N - N % 8 columns, then the rest) without copying the weight; with K
-    unaligned it pads the operands. Both equal ``a @ b (+ bias)`` for every bias shape."""
+    unaligned it pads the operands. Both equal ``a @ b (+ bias)`` for every bias shape.
+    With a bias and M > K the operands are padded too, so that the one ``addmm`` writes a
+    contiguous ``out`` (into a strided one ATen first fills it with the bias: XLM-R's LM
+    head spent 1.65 ms of an H200's time on that)."""
     from coil.codegen.wrapper import empty_row_padded, matmul_padded
 
+    outs = []
+    addmm = torch.addmm
+    monkeypatch.setattr(torch, "addmm", lambda *a, out: (outs.append(out.is_contiguous()), addmm(*a, out=out))[1])
     torch.manual_seed(0)
-    a, w = torch.randn(33, k), torch.randn(1027, k)
+    a, w = torch.randn(m, k), torch.randn(1027, k)
     bias = torch.randn(bias_shape) if bias_shape is not None else None
-    out = empty_row_padded((33, 1027), 1032, "cpu", torch.float32)
+    out = empty_row_padded((m, 1027), 1032, "cpu", torch.float32)
     matmul_padded(out, a, w.t(), bias)
     ref = a @ w.t() + (bias if bias is not None else 0)
     assert out.stride() == (1032, 1)
     torch.testing.assert_close(out, ref)
+    if bias is not None:
+        assert outs == ([True] if m > k or k % 8 else [False, False])

@@ -145,6 +145,21 @@ def test_padded_matmul_output(backend, monkeypatch):
         torch.testing.assert_close(o.float(), r.float(), atol=0.1, rtol=0.02)
 
 
+def test_padded_addmm_rounds_once(monkeypatch):
+    """A padded bf16 addmm adds its bias before the one rounding, as eager does. Adding it after the product's
+    rounding (a fused add) flipped 120 ReLU masks of a 1024 x 1027 result where the bias cancels the product."""
+    import coil.ir.graph as G
+    from codegen_helpers import compile_fn
+
+    monkeypatch.setattr(G, "_PAD_DEVICES", ("cuda", "cpu"))
+    torch.manual_seed(0)
+    x, w, b = (torch.randn(*s, dtype=torch.bfloat16) for s in ((1024, 64), (1027, 64), (1027,)))
+    c = compile_fn(lambda x, w, b: (torch.addmm(b, x, w.t()).relu(),), x, w, b, backend="cpp")
+    assert "matmul_padded(" in c.source
+    (out,), ref = c(x, w, b), torch.addmm(b, x, w.t()).relu()
+    assert ((out > 0) != (ref > 0)).sum() <= 2
+
+
 @pytest.mark.parametrize("backend", ["cpp", "triton"])
 def test_one_row_matmul_is_a_reduction(backend, monkeypatch):
     """A decoding step's LM head (1 row x 50257 words) copied the whole padded weight into

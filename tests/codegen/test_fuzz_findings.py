@@ -97,9 +97,9 @@ def test_float32_atan2_of_equal_values_is_eagers(backend):
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
 def test_gelu_of_infinities(dtype, backend):
-    """Exact GELU at ±inf as eager's CPU kernel gives it for contiguous tensors: at +inf NaN for fp32/bf16 on an
-    AVX-512 machine, inf on an AVX2 one (coil asks eager once) and for fp16/fp64; NaN at -inf; the tanh form and
-    both backward forms too."""
+    """Exact GELU at ±inf as eager's CPU kernel gives it for contiguous tensors: NaN at
+    +inf for fp32/bf16 (oneDNN), inf for fp16/fp64; NaN at -inf; the tanh form and both
+    backward forms too."""
     def fn(a):
         g = torch.ones_like(a)
         return (torch.nn.functional.gelu(a), torch.nn.functional.gelu(a, approximate="tanh"),

@@ -39,7 +39,7 @@ from coil.capture.source import ClosureSource, LocalSource
 from coil.capture.translator import InstructionTranslator, RestartAnalysis, instructions_of
 from coil.capture.variables.base import ConstantVariable, NullVariable
 from coil.capture.variables.builder import wrap
-from coil.capture.variables.tensor import UserCodeError
+from coil.capture.variables.tensor import UserCodeError, call_op
 
 # ------------------------------------------------------------------------------------
 # global state
@@ -688,7 +688,12 @@ def _build_entry(tx, output: OutputGraph, cfg: CaptureConfig, fn, code, argnames
         elif plan[0] == "branch":
             values.append(plan[1])
     graph_outs: list = []
-    collect_tensors(values, graph_outs, set())
+    data_dependent: list = []
+    collect_tensors(values, graph_outs, set(), data_dependent)
+    for sym in data_dependent:  # a value of .item() or of a nonzero size leaves the graph as a 0-d tensor
+        dtype = {int: torch.int64, float: torch.float64, bool: torch.bool}[sym.python_type()]
+        sym.as_tensor = call_op(tx, "call_function", torch.ops.aten.scalar_tensor.default, [sym], {"dtype": dtype})
+        collect_tensors([sym.as_tensor], graph_outs, {id(t.node) for t in graph_outs})
     graph = output.graph
     lift_grad = _balance_grad_mode(output)
     graph.output(tuple(t.node for t in graph_outs))

@@ -306,12 +306,7 @@ def capture_callable(fn, cfg: CaptureConfig):
             return fn
         if _skipped_module(fn):
             return fn          # library code the translator never traces (logging, copy...)
-        key = fn
-        if (per := _fn_wrappers.get(key)) is None:
-            per = _fn_wrappers[key] = {}
-        if (w := per.get(id(cfg))) is None:
-            w = per[id(cfg)] = wrap_function(fn, cfg)
-        return w
+        return _wrapped_function(fn, cfg)
     if isinstance(fn, types.MethodType) and isinstance(fn.__func__, types.FunctionType):
         inner = capture_callable(fn.__func__, cfg)
         if inner is fn.__func__:
@@ -320,6 +315,14 @@ def capture_callable(fn, cfg: CaptureConfig):
     if isinstance(fn, torch.nn.Module) and type(fn).__call__ is torch.nn.Module.__call__:
         return functools.partial(_call_module_captured, fn, cfg)
     return fn
+
+
+def _wrapped_function(fn, cfg: CaptureConfig):
+    if (per := _fn_wrappers.get(fn)) is None:
+        per = _fn_wrappers[fn] = {}
+    if (w := per.get(id(cfg))) is None:
+        w = per[id(cfg)] = wrap_function(fn, cfg)
+    return w
 
 
 def _skipped_module(fn) -> bool:
@@ -344,6 +347,10 @@ def _call_module_captured(mod, cfg, *args, **kwargs):
     forward = type(mod).forward
     if not isinstance(forward, types.FunctionType) or "forward" in mod.__dict__:
         return mod(*args, **kwargs)  # (an instance forward, m.forward = f: run as is)
+    if forward.__module__.startswith("torch.nn.") and not is_disabled(forward):
+        # a torch.nn module's forward (Sequential, BatchNorm2d) is captured too: it is what the module's own frame
+        # inlined before the break, and skipping it as library code ran the whole module eagerly
+        return _wrapped_function(forward, cfg)(mod, *args, **kwargs)
     return capture_callable(forward, cfg)(mod, *args, **kwargs)
 
 
@@ -840,7 +847,10 @@ def _emit_break(cg: EntryCodegen, tx, plan, fn, code, cfg, live_locals: dict) ->
     def resume(index, items, captured=True):
         null_mask = tuple(isinstance(v, NullVariable) for v in items)
         rfn = make_resume_function(fn.__globals__, fn.__closure__, code, index, null_mask, local_names)
-        target = capture_callable(rfn, cfg) if captured else rfn
+        # (a resume function has its frame's globals: one of torch's own frames, a torch.nn forward, is
+        # captured on like the user's, not skipped as library code)
+        target = (_wrapped_function(rfn, cfg) if _skipped_module(rfn) and not is_disabled(rfn) and not
+                  rfn.__code__.co_flags & 0x2A0 else capture_callable(rfn, cfg)) if captured else rfn
         return cg.const_expr(_Holder(target)) + ".fn"
 
     if plan[0] == "call" and len(plan) > 8:

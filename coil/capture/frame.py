@@ -241,7 +241,7 @@ def wrap_function(fn: types.FunctionType, cfg: CaptureConfig, capture_exec: bool
                 return e.entry(*bound, fn)
         return _miss(fn, code, cfg, bound, args, kwargs)
 
-    coil_wrapper.__wrapped__ = fn
+    coil_wrapper.__wrapped__, coil_wrapper._coil_compiled = fn, True
     coil_wrapper.__name__ = getattr(fn, "__name__", "coil_wrapper")
     coil_wrapper.__qualname__ = getattr(fn, "__qualname__", "coil_wrapper")
     coil_wrapper.__doc__ = fn.__doc__
@@ -326,13 +326,14 @@ def _wrapped_function(fn, cfg: CaptureConfig):
 
 
 def _skipped_module(fn) -> bool:
-    from coil.capture.translator import SKIP_MODULES
+    from coil.capture.translator import SKIP_MODULES, TRACED_COIL_MODULES
 
     mod = fn.__globals__.get("__name__", "") or ""
     # torch's own functions called at a break (grad-mode/autocast helpers, hooks, the optimizer's step wrapper...) run
     # as plain Python. Capturing torch.optim's step on its own frame makes graphs with no outputs (in-place parameter
     # updates), which the AOT runtime cannot run today (IndexError in its epilogue).
-    return mod.split(".")[0] in SKIP_MODULES or mod.startswith("torch.")
+    return mod.split(".")[0] in SKIP_MODULES or mod.startswith("torch.") or (  # and coil's own runtime
+        mod.startswith("coil.") and not mod.startswith(TRACED_COIL_MODULES))
 
 
 def _call_module_captured(mod, cfg, *args, **kwargs):

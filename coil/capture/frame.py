@@ -39,7 +39,7 @@ from coil.capture.source import ClosureSource, LocalSource
 from coil.capture.translator import InstructionTranslator, RestartAnalysis, instructions_of
 from coil.capture.variables.base import ConstantVariable, NullVariable
 from coil.capture.variables.builder import wrap
-from coil.capture.variables.tensor import UserCodeError
+from coil.capture.variables.tensor import UserCodeError, call_op
 
 # ------------------------------------------------------------------------------------
 # global state
@@ -241,7 +241,7 @@ def wrap_function(fn: types.FunctionType, cfg: CaptureConfig, capture_exec: bool
                 return e.entry(*bound, fn)
         return _miss(fn, code, cfg, bound, args, kwargs)
 
-    coil_wrapper.__wrapped__ = fn
+    coil_wrapper.__wrapped__, coil_wrapper._coil_compiled = fn, True
     coil_wrapper.__name__ = getattr(fn, "__name__", "coil_wrapper")
     coil_wrapper.__qualname__ = getattr(fn, "__qualname__", "coil_wrapper")
     coil_wrapper.__doc__ = fn.__doc__
@@ -306,12 +306,7 @@ def capture_callable(fn, cfg: CaptureConfig):
             return fn
         if _skipped_module(fn):
             return fn          # library code the translator never traces (logging, copy...)
-        key = fn
-        if (per := _fn_wrappers.get(key)) is None:
-            per = _fn_wrappers[key] = {}
-        if (w := per.get(id(cfg))) is None:
-            w = per[id(cfg)] = wrap_function(fn, cfg)
-        return w
+        return _wrapped_function(fn, cfg)
     if isinstance(fn, types.MethodType) and isinstance(fn.__func__, types.FunctionType):
         inner = capture_callable(fn.__func__, cfg)
         if inner is fn.__func__:
@@ -322,14 +317,23 @@ def capture_callable(fn, cfg: CaptureConfig):
     return fn
 
 
+def _wrapped_function(fn, cfg: CaptureConfig):
+    if (per := _fn_wrappers.get(fn)) is None:
+        per = _fn_wrappers[fn] = {}
+    if (w := per.get(id(cfg))) is None:
+        w = per[id(cfg)] = wrap_function(fn, cfg)
+    return w
+
+
 def _skipped_module(fn) -> bool:
-    from coil.capture.translator import SKIP_MODULES
+    from coil.capture.translator import SKIP_MODULES, TRACED_COIL_MODULES
 
     mod = fn.__globals__.get("__name__", "") or ""
     # torch's own functions called at a break (grad-mode/autocast helpers, hooks, the optimizer's step wrapper...) run
     # as plain Python. Capturing torch.optim's step on its own frame makes graphs with no outputs (in-place parameter
     # updates), which the AOT runtime cannot run today (IndexError in its epilogue).
-    return mod.split(".")[0] in SKIP_MODULES or mod.startswith("torch.")
+    return mod.split(".")[0] in SKIP_MODULES or mod.startswith("torch.") or (  # and coil's own runtime
+        mod.startswith("coil.") and not mod.startswith(TRACED_COIL_MODULES))
 
 
 def _call_module_captured(mod, cfg, *args, **kwargs):
@@ -344,6 +348,10 @@ def _call_module_captured(mod, cfg, *args, **kwargs):
     forward = type(mod).forward
     if not isinstance(forward, types.FunctionType) or "forward" in mod.__dict__:
         return mod(*args, **kwargs)  # (an instance forward, m.forward = f: run as is)
+    if forward.__module__.startswith("torch.nn.") and not is_disabled(forward):
+        # a torch.nn module's forward (Sequential, BatchNorm2d) is captured too: it is what the module's own frame
+        # inlined before the break, and skipping it as library code ran the whole module eagerly
+        return _wrapped_function(forward, cfg)(mod, *args, **kwargs)
     return capture_callable(forward, cfg)(mod, *args, **kwargs)
 
 
@@ -688,7 +696,12 @@ def _build_entry(tx, output: OutputGraph, cfg: CaptureConfig, fn, code, argnames
         elif plan[0] == "branch":
             values.append(plan[1])
     graph_outs: list = []
-    collect_tensors(values, graph_outs, set())
+    data_dependent: list = []
+    collect_tensors(values, graph_outs, set(), data_dependent)
+    for sym in data_dependent:  # a value of .item() or of a nonzero size leaves the graph as a 0-d tensor
+        dtype = {int: torch.int64, float: torch.float64, bool: torch.bool}[sym.python_type()]
+        sym.as_tensor = call_op(tx, "call_function", torch.ops.aten.scalar_tensor.default, [sym], {"dtype": dtype})
+        collect_tensors([sym.as_tensor], graph_outs, {id(t.node) for t in graph_outs})
     graph = output.graph
     lift_grad = _balance_grad_mode(output)
     graph.output(tuple(t.node for t in graph_outs))
@@ -835,7 +848,10 @@ def _emit_break(cg: EntryCodegen, tx, plan, fn, code, cfg, live_locals: dict) ->
     def resume(index, items, captured=True):
         null_mask = tuple(isinstance(v, NullVariable) for v in items)
         rfn = make_resume_function(fn.__globals__, fn.__closure__, code, index, null_mask, local_names)
-        target = capture_callable(rfn, cfg) if captured else rfn
+        # (a resume function has its frame's globals: one of torch's own frames, a torch.nn forward, is
+        # captured on like the user's, not skipped as library code)
+        target = (_wrapped_function(rfn, cfg) if _skipped_module(rfn) and not is_disabled(rfn) and not
+                  rfn.__code__.co_flags & 0x2A0 else capture_callable(rfn, cfg)) if captured else rfn
         return cg.const_expr(_Holder(target)) + ".fn"
 
     if plan[0] == "call" and len(plan) > 8:

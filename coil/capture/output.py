@@ -32,6 +32,7 @@ from coil.exc import Unsupported
 from coil.capture.guards import GuardSet
 from coil.capture.source import ConstSource
 from coil.capture.variables.base import CellVariable, ConstantVariable, SourcedCellVariable, VariableTracker
+from coil.capture.variables.symbolic import SymNodeVariable
 from coil.capture.variables.tensor import TensorVariable
 
 
@@ -406,8 +407,10 @@ class EntryCodegen:
                                   f"{self.reconstruct(se.cells[id(cell_vt)])}")
 
 
-def collect_tensors(vts: list, out: list, seen: set) -> None:
-    """Tensor trackers reachable from ``vts`` (graph outputs), in first-seen order."""
+def collect_tensors(vts: list, out: list, seen: set, data_dependent: list | None = None) -> None:
+    """Tensor trackers reachable from ``vts`` (graph outputs), in first-seen order; symbolic numbers
+    over a data-dependent symbol (no input source: ``.item()``, a ``nonzero`` size) go to
+    ``data_dependent``."""
     stack = list(reversed(vts))
     visited = set()
     while stack:
@@ -419,6 +422,9 @@ def collect_tensors(vts: list, out: list, seen: set) -> None:
             if v.node.op != "placeholder" and id(v.node) not in seen:
                 seen.add(id(v.node))
                 out.append(v)
+            continue
+        if data_dependent is not None and isinstance(v, SymNodeVariable) and v.needs_graph_output():
+            data_dependent.append(v)
             continue
         if isinstance(v, CellVariable):
             stack.append(v.content)

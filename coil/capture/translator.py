@@ -544,6 +544,15 @@ class InstructionTranslatorBase:
 
     # --- calls ----------------------------------------------------------------------
     def inline_call(self, fn: BaseFunctionVariable, args: list, kwargs: dict) -> VariableTracker:
+        if getattr(inner := getattr(fn, "fn", None), "_coil_compiled", False) and \
+                isinstance(fn, (UserFunctionVariable, UserMethodVariable)):
+            # a coil-compiled function called from compiled code: its own function is inlined (as torch.compile
+            # nests), not coil's wrapper, whose frame machinery would be captured
+            from coil.capture.source import AttrSource
+
+            src = fn.source and AttrSource(fn.source, "__wrapped__")
+            fn = UserFunctionVariable(inner.__wrapped__, src) if isinstance(fn, UserFunctionVariable) else \
+                UserMethodVariable(inner.__wrapped__, fn.obj, src)
         code = fn.get_code()
         if self.depth >= MAX_INLINE_DEPTH:
             raise Unsupported("inlining too deep (recursion?)")
@@ -578,6 +587,13 @@ class InstructionTranslatorBase:
 
     def call_module(self, mod_vt: NNModuleVariable, args: list, kwargs: dict) -> VariableTracker:
         m = mod_vt.value
+        from coil.api import OptimizedModule
+
+        if type(m) is OptimizedModule:  # a coil-compiled module called from compiled code: the original is traced
+            from coil.capture.source import AttrSource
+
+            mod_vt = wrap(self, m._orig_mod, mod_vt.source and AttrSource(mod_vt.source, "_orig_mod"))
+            m = mod_vt.value
         cls = type(m)
         if cls.__call__ is not torch.nn.Module.__call__:
             return self.call(UserMethodVariable(cls.__call__, mod_vt), args, kwargs)

@@ -11,6 +11,7 @@ the store, like the other pointwise lowerings.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -44,6 +45,15 @@ def _pointwise(fn, args) -> TensorBox:
     return make_pointwise_box(lambda *v: fn(*v, cdt), args, out_size(), odt, cdt)
 
 
+@functools.cache
+def _eager_cpu_gelu_of_inf_is_nan(dtype: torch.dtype) -> bool:
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    with unset_fake_temporarily():
+        return dtype in (torch.float32, torch.bfloat16) and bool(
+            torch.nn.functional.gelu(torch.full((64,), math.inf, dtype=dtype))[0].isnan())
+
+
 @register_lowering(aten.gelu)
 def _gelu(x, approximate: str = "none"):
     """GELU: ``x·Φ(x)`` (exact) or ``0.5·x·(1 + tanh(√(2/π)(x + 0.044715x³)))``."""
@@ -51,9 +61,9 @@ def _gelu(x, approximate: str = "none"):
         def body(v, dt):
             _, t = _tanh_inner(v, dt)
             return ops.mul(ops.mul(_c(0.5, dt), v), ops.add(_c(1.0, dt), t))
-    elif device().type == "cpu" and out_dtype() in (torch.float32, torch.bfloat16):
-        # eager's CPU kernel for contiguous fp32/bf16 tensors (oneDNN) gives NaN at +inf
-        # (its scalar path, fp16/fp64 and CUDA give inf)
+    elif device().type == "cpu" and _eager_cpu_gelu_of_inf_is_nan(out_dtype()):
+        # eager's CPU kernel for contiguous fp32/bf16 tensors gives NaN at +inf on some CPUs (oneDNN on AVX-512;
+        # AVX2 gives inf, as its scalar path, fp16/fp64 and CUDA do): asked of eager once per dtype
         def body(v, dt):
             y = ops.mul(v, ops.ndtr(v))
             return ops.where(ops.eq(v, _c(math.inf, dt)), _c(math.nan, dt), y)

@@ -907,3 +907,31 @@ def test_tensor_of_an_unbacked_float_keeps_float_dtype():
     out = coil.compile(f, options={"capture_scalar_outputs": True})(x)
     assert out.dtype == f(x).dtype
     torch.testing.assert_close(out, f(x))
+
+
+@pytest.mark.parametrize("cond", ["nonzero_size", "item"])
+def test_branch_on_a_data_dependent_value_breaks_and_keeps_both_graphs(cond):
+    """``if rows.numel() == 0`` (``nonzero``) or ``if x.sum().item() > 0`` with capture_scalar_outputs: the
+    condition's symbol has no input source, and rebuilding it at the graph break raised, so the whole frame
+    ran eagerly (stats ``fallbacks``). The value now leaves the graph as a 0-d tensor the entry reads."""
+    from coil.capture.frame import reset_stats, stats
+
+    def f(x):
+        y = x * 2
+        if cond == "item":
+            if y.sum().item() > 0:
+                return y + 1
+            return y - 1
+        rows = (y > 0).nonzero().squeeze(-1)
+        n = rows.numel()
+        if n == 0:
+            return y, n
+        return y.index_select(0, rows) + 1, n
+
+    coil.reset()
+    reset_stats()
+    cf = coil.compile(f, backend="aot_eager", options=UNBACKED_OPTS)
+    for x in (torch.tensor([1.0, -2.0, 3.0]), torch.tensor([-1.0, -2.0, -3.0])):
+        out, ref = cf(x), f(x)
+        torch.testing.assert_close(out, ref)
+    assert stats["fallbacks"] == 0 and stats["graphs"] >= 2

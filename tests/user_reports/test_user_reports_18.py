@@ -222,11 +222,6 @@ def test_metadata_mutation_of_input_dynamic_true():
 _UNBACKED = {"capture_scalar_outputs": True, "capture_dynamic_output_shape_ops": True}
 
 
-@pytest.mark.xfail(strict=True, reason="a Python branch on an unbacked .item() under "
-                   "capture_scalar_outputs: docs/dynamic_shapes.md says the graph before "
-                   "the break is kept and the branch runs in Python, but the whole frame "
-                   "falls back to eager (capture_fallback 'Unsupported: symbolic value u0 "
-                   "has no source (data-dependent)'); values are right")
 def test_unbacked_item_branch_keeps_graph_before_break():
     _quiet()
 
@@ -241,9 +236,6 @@ def test_unbacked_item_branch_keeps_graph_before_break():
     assert capture.stats["fallbacks"] == 0 and capture.stats["graphs"] >= 1
 
 
-@pytest.mark.xfail(strict=True, reason="returning a Python number derived from an unbacked "
-                   "size (x.nonzero().shape[0] * 1.5) falls back to eager for the whole frame "
-                   "(capture_fallback 'symbolic value 1.5*ToFloat(u0) has no source')")
 def test_unbacked_size_returned_as_python_number():
     _quiet()
     f = lambda x: x.nonzero().shape[0] * 1.5  # noqa: E731

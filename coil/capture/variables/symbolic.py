@@ -95,8 +95,20 @@ class SymNodeVariable(VariableTracker):
         self._node = node
         return node
 
+    def needs_graph_output(self) -> bool:
+        """Whether a symbol of the value has no source in the frame's inputs (``.item()``, a ``nonzero``
+        size): the entry then reads the value from a 0-d graph output (:attr:`as_tensor`)."""
+        env = self.output.shape_env
+        return any(not env.var_to_sources.get(s) for s in self.value.node.expr.free_symbols)
+
+    #: the 0-d tensor graph output holding a data-dependent value (set by capture's frame builder)
+    as_tensor = None
+
     def reconstruct(self, cg):
-        """Python text over the frame's sources (``(x.size()[0] // 2)``)."""
+        """Python text over the frame's sources (``(x.size()[0] // 2)``), or, for a data-dependent value,
+        the ``.item()`` of its graph output."""
+        if self.as_tensor is not None:
+            return f"{cg.reconstruct(self.as_tensor)}.item()"
         return python_text(self.output.shape_env, self.value, getattr(cg, "symbol_local", None))
 
     def __repr__(self):

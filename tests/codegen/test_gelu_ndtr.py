@@ -59,12 +59,15 @@ def test_triton_ndtr_gelu_within_a_few_ulp_of_the_true_value():
 
 
 def test_gelu_special_values_match_eager():
-    """nan -> nan, -inf -> nan (eager: -inf·0), below -5.6 -> -0.0, +0/-0 kept."""
+    """nan -> nan, -inf -> nan (eager: -inf·0), tiny values keep their sign. The sign of a zero result (of ±0, and
+    below about -5.5 where it underflows) depends on eager's CPU kernel (-0.0 from an AVX-512 machine's, +0.0 from
+    an AVX2 one's): not compared."""
     x = torch.tensor(SPECIAL)
     out = compile_fn(lambda v: F.gelu(v), x)(x)[0]
     ref = F.gelu(x)
     torch.testing.assert_close(out, ref, equal_nan=True)
-    assert torch.equal(torch.signbit(out[~out.isnan()]), torch.signbit(ref[~ref.isnan()]))
+    keep = ~ref.isnan() & (ref != 0)
+    assert torch.equal(torch.signbit(out[keep]), torch.signbit(ref[keep]))
 
 
 def test_gelu_bias_bf16_is_one_kernel():

@@ -276,12 +276,38 @@ def _upsample_linear_vec(x, output_size, align_corners, scale_factors):
     return _upsample_linear(x, size, align_corners, scale_factors or [None] * len(size))
 
 
-# the python dispatcher (symbolic traces) runs torch's decomposition of the .vec overloads as their
+def _nearest_index(n_in, n_out, scale, device):
+    """eager's 2-d nearest source index (UpSampleKernel.cpp's ``nearest_idx``): the index where the size is kept,
+    ``i >> 1`` where it doubles, else ``min(floor(i * s), n_in - 1)`` in float; torch's decomposition only the last
+    (``scale_factor=1.1`` of 5 rows read row 0 twice)."""
+    i = aten.arange.start(0, n_out, dtype=torch.int64, device=device)
+    if n_out == n_in or n_out == 2 * n_in:
+        return i if n_out == n_in else aten.div.Tensor_mode(i, 2, rounding_mode="floor")
+    s = 1.0 / scale if scale is not None and scale > 0 else n_in / n_out
+    pos = aten.mul.Tensor(aten._to_copy.default(i, dtype=torch.float32), s)
+    return aten.clamp_max.default(aten._to_copy.default(pos, dtype=torch.int64), n_in - 1)
+
+
+@register(aten.upsample_nearest2d.default)
+def upsample_nearest2d(x, output_size, scales_h=None, scales_w=None):
+    for d, sc in ((2, scales_h), (3, scales_w)):
+        x = aten.index_select.default(x, d, _nearest_index(x.shape[d], output_size[d - 2], sc, x.device))
+    return x
+
+
+def _upsample_nearest2d_vec(x, output_size, scale_factors):
+    size = _decomp.decompositions.upsample_compute_output_size(x.size(), output_size, scale_factors)
+    return upsample_nearest2d(x, size, *(scale_factors or [None, None]))
+
+
+# the python dispatcher (symbolic traces) runs torch's decompositions of these as their
 # CompositeImplicitAutograd and Autograd kernels, before the table is consulted: coil's instead
-for _op in (aten.upsample_linear1d.vec, aten.upsample_bilinear2d.vec, aten.upsample_trilinear3d.vec):
+_LINEAR_VEC = (aten.upsample_linear1d.vec, aten.upsample_bilinear2d.vec, aten.upsample_trilinear3d.vec)
+for _op, _fn in [(op, _upsample_linear_vec) for op in _LINEAR_VEC] + [
+        (aten.upsample_nearest2d.vec, _upsample_nearest2d_vec), (aten.upsample_nearest2d.default, upsample_nearest2d)]:
     for _key in (torch._C.DispatchKey.CompositeImplicitAutograd, torch._C.DispatchKey.Autograd):
         _op.py_kernels.pop(_key, None)
-        _op.py_impl(_key)(_upsample_linear_vec)
+        _op.py_impl(_key)(_fn)
     _op._dispatch_cache.clear()
 
 

@@ -1075,3 +1075,13 @@ def test_dtypes_eager_refuses_for_padding_and_pooling(backend, op):
         f(x)
     with pytest.raises(NotImplementedError, match="not implemented for"):
         coil.compile(f, options={"cpu_backend": backend})(x)
+
+
+@pytest.mark.parametrize("backend", BACKENDS + ["cpp_dynamic"])
+def test_nearest_2d_where_a_size_is_kept_or_doubled(backend):
+    """Eager's 2-d nearest kernels take the index itself where a size is kept and ``i >> 1`` where it doubles;
+    torch's decomposition took ``floor(i / scale)``: ``scale_factor=1.1`` of 5 rows read row 0 twice, ``2.3`` of 3
+    read ``0, 0, 0, 1, 1, 2``."""
+    _ok(lambda x: (torch.nn.functional.interpolate(x, scale_factor=1.1, mode="nearest"),
+                   torch.nn.functional.interpolate(x[:, :, :3, :3], scale_factor=2.3, mode="nearest")),
+        lambda: [torch.arange(25.0).reshape(1, 1, 5, 5)], backend)

@@ -236,6 +236,12 @@ def native_layer_norm(x, normalized_shape, weight, bias, eps):
 
 
 
+def _in_input_format(out, x):
+    """``out`` in x's suggested memory format (eager's upsampling keeps channels-last)."""
+    fmt = torch._prims_common.suggest_memory_format(x)
+    return out if fmt == torch.contiguous_format else aten.clone.default(out, memory_format=fmt)
+
+
 def _upsample_linear(x, output_size, align_corners, scales):
     """Linear interpolation over x's trailing dims as eager's CPU kernel (UpSample.h): along each dim, last first,
     ``x[i0] * (1 - t) + x[i1] * t`` in float (double for double), ``t`` the source position's fraction, ``i1 = i0``
@@ -265,7 +271,7 @@ def _upsample_linear(x, output_size, align_corners, scales):
         w0 = rnd(aten.add.Tensor(aten.neg.default(t), 1.0))
         out = aten.add.Tensor(aten.mul.Tensor(aten.index_select.default(out, d, i0), w0),
                               aten.mul.Tensor(aten.index_select.default(out, d, i1), t))
-    return aten._to_copy.default(out, dtype=x.dtype) if acc != x.dtype else out
+    return _in_input_format(aten._to_copy.default(out, dtype=x.dtype) if acc != x.dtype else out, x)
 
 
 register(aten.upsample_linear1d.default)(lambda x, size, corners, s=None: _upsample_linear(x, size, corners, [s]))
@@ -290,9 +296,10 @@ def _nearest_index(n_in, n_out, scale, device):
 
 @register(aten.upsample_nearest2d.default)
 def upsample_nearest2d(x, output_size, scales_h=None, scales_w=None):
+    out = x
     for d, sc in ((2, scales_h), (3, scales_w)):
-        x = aten.index_select.default(x, d, _nearest_index(x.shape[d], output_size[d - 2], sc, x.device))
-    return x
+        out = aten.index_select.default(out, d, _nearest_index(x.shape[d], output_size[d - 2], sc, x.device))
+    return _in_input_format(out, x)
 
 
 def _upsample_nearest2d_vec(x, output_size, scale_factors):

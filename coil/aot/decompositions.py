@@ -236,6 +236,88 @@ def native_layer_norm(x, normalized_shape, weight, bias, eps):
 
 
 
+def _in_input_format(out, x):
+    """``out`` in x's suggested memory format (eager's upsampling keeps channels-last)."""
+    fmt = torch._prims_common.suggest_memory_format(x)
+    return out if fmt == torch.contiguous_format else aten.clone.default(out, memory_format=fmt)
+
+
+def _upsample_linear(x, output_size, align_corners, scales):
+    """Linear interpolation over x's trailing dims as eager's CPU kernel (UpSample.h): along each dim, last first,
+    ``x[i0] * (1 - t) + x[i1] * t`` in float (double for double), ``t`` the source position's fraction, ``i1 = i0``
+    where the dim keeps its size. torch's decomposition's ``a + (b - a) * t`` overflowed where ``b - a`` does
+    (values near ±2e38: inf for -6.25e37, NaN at ``t = 0``; fuzz s228 #2211), and interpolated where a size is kept
+    (``scale_factor=1.1`` of 5 elements)."""
+    acc = _acc_dtype(x.dtype)
+    out = aten._to_copy.default(x, dtype=acc) if acc != x.dtype else x
+
+    def rnd(w):  # eager's fp16/bf16 weights: t, then 1 - t, rounded to x's dtype
+        return aten._to_copy.default(aten._to_copy.default(w, dtype=x.dtype), dtype=acc) if acc != x.dtype else w
+    for d in reversed(range(2, x.dim())):
+        n_in, n_out, sc = x.shape[d], output_size[d - 2], scales[d - 2]
+        if n_in == n_out:
+            scale = 1.0
+        elif align_corners:
+            scale = (n_in - 1) / (n_out - 1) if n_out > 1 else 0.0
+        else:
+            scale = 1.0 / sc if sc is not None and sc > 0 else n_in / n_out
+        i = aten.arange.start(0, n_out, dtype=acc, device=x.device)
+        pos = aten.mul.Tensor(i, scale) if align_corners else aten.clamp_min.default(
+            aten.sub.Tensor(aten.mul.Tensor(aten.add.Tensor(i, 0.5), scale), 0.5), 0.0)
+        i0 = aten.clamp_max.default(aten._to_copy.default(pos, dtype=torch.int64), n_in - 1)
+        i1 = i0 if n_in == n_out else aten.clamp_max.default(aten.add.Tensor(i0, 1), n_in - 1)
+        t = aten.view.default(aten.clamp.default(aten.sub.Tensor(pos, i0), 0.0, 1.0), [n_out] + [1] * (x.dim() - 1 - d))
+        t = rnd(t)
+        w0 = rnd(aten.add.Tensor(aten.neg.default(t), 1.0))
+        out = aten.add.Tensor(aten.mul.Tensor(aten.index_select.default(out, d, i0), w0),
+                              aten.mul.Tensor(aten.index_select.default(out, d, i1), t))
+    return _in_input_format(aten._to_copy.default(out, dtype=x.dtype) if acc != x.dtype else out, x)
+
+
+register(aten.upsample_linear1d.default)(lambda x, size, corners, s=None: _upsample_linear(x, size, corners, [s]))
+
+
+def _upsample_linear_vec(x, output_size, align_corners, scale_factors):
+    size = _decomp.decompositions.upsample_compute_output_size(x.size(), output_size, scale_factors)
+    return _upsample_linear(x, size, align_corners, scale_factors or [None] * len(size))
+
+
+def _nearest_index(n_in, n_out, scale, device):
+    """eager's 2-d nearest source index (UpSampleKernel.cpp's ``nearest_idx``): the index where the size is kept,
+    ``i >> 1`` where it doubles, else ``min(floor(i * s), n_in - 1)`` in float; torch's decomposition only the last
+    (``scale_factor=1.1`` of 5 rows read row 0 twice)."""
+    i = aten.arange.start(0, n_out, dtype=torch.int64, device=device)
+    if n_out == n_in or n_out == 2 * n_in:
+        return i if n_out == n_in else aten.div.Tensor_mode(i, 2, rounding_mode="floor")
+    s = 1.0 / scale if scale is not None and scale > 0 else n_in / n_out
+    pos = aten.mul.Tensor(aten._to_copy.default(i, dtype=torch.float32), s)
+    return aten.clamp_max.default(aten._to_copy.default(pos, dtype=torch.int64), n_in - 1)
+
+
+@register(aten.upsample_nearest2d.default)
+def upsample_nearest2d(x, output_size, scales_h=None, scales_w=None):
+    out = x
+    for d, sc in ((2, scales_h), (3, scales_w)):
+        out = aten.index_select.default(out, d, _nearest_index(x.shape[d], output_size[d - 2], sc, x.device))
+    return _in_input_format(out, x)
+
+
+def _upsample_nearest2d_vec(x, output_size, scale_factors):
+    size = _decomp.decompositions.upsample_compute_output_size(x.size(), output_size, scale_factors)
+    return upsample_nearest2d(x, size, *(scale_factors or [None, None]))
+
+
+# the python dispatcher (symbolic traces) runs torch's decompositions of these as their
+# CompositeImplicitAutograd and Autograd kernels, before the table is consulted: coil's instead
+_LINEAR_VEC = (aten.upsample_linear1d.vec, aten.upsample_bilinear2d.vec, aten.upsample_trilinear3d.vec)
+for _op, _fn in [(op, _upsample_linear_vec) for op in _LINEAR_VEC] + [
+        (aten.upsample_nearest2d.vec, _upsample_nearest2d_vec), (aten.upsample_nearest2d.default, upsample_nearest2d)]:
+    for _key in (torch._C.DispatchKey.CompositeImplicitAutograd, torch._C.DispatchKey.Autograd):
+        _op.py_kernels.pop(_key, None)
+        _op.py_impl(_key)(_fn)
+    _op._dispatch_cache.clear()
+
+
 _TORCH_LN_BACKWARD = _decomp.decomposition_table[aten.native_layer_norm_backward.default]
 
 

@@ -344,7 +344,9 @@ def min_cut_partition(joint: torch.fx.GraphModule, info: JointInfo) -> Partition
     must_recompute = checkpointed(candidates, regions)
     # inputs that require grad (parameters, leaves) stay alive for their .grad anyway: with
     # aot_params_free_to_save saving one is free, so a weight's autocast bf16 copy is recomputed, not kept
-    held = {regions.primals[i] for i in info.grad_inputs} if config.aot_params_free_to_save else set()
+    grad_inputs = {regions.primals[i] for i in info.grad_inputs}
+    held = grad_inputs if config.aot_params_free_to_save else set()
+    free_inputs = {p for p in regions.primals if p not in grad_inputs and isinstance(p.meta.get("val"), torch.Tensor)}
     for n in candidates:
         ban = recompute_ban_reason(n)
         if n in must_recompute:
@@ -353,6 +355,12 @@ def min_cut_partition(joint: torch.fx.GraphModule, info: JointInfo) -> Partition
             ban = "checkpoint region output (kept, as eager's checkpoint keeps its inputs)"
         bans[n] = ban
         cap = float(node_bytes(n) * (n not in held)) if _saveable(n) and n not in must_recompute else inf
+        # an input that does not require grad, or a view of it, may be written after the call, which eager allows
+        # where its autograd saved what it computed from the input (fuzz s1029 #176: a bool mask, its float cast
+        # multiplied): saved only where no computed value can stand in
+        root = _view_root(n)
+        if cap != inf and root in free_inputs:
+            cap = cap * 1e6 + 1e6
         # a tiny tie-breaker prefers saving values the forward computes anyway
         if cap != inf and n not in regions.fw_needed and n.op != "placeholder":
             cap += 0.5

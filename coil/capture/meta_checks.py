@@ -61,6 +61,15 @@ def _dim(args, kwargs) -> None:
         torch._prims_common.canonicalize_dim(x.dim(), dim)
 
 
+def _pad(args, kwargs) -> None:
+    """``F.pad`` of an integer or bool tensor, probed (eager's reflect and replicate kernels refuse bools, which
+    torch's decompositions compute: fuzz s228 #1978) on trailing dims long enough for the pads."""
+    pad = _arg(args, kwargs, 1, "pad")
+    if isinstance(pad, (list, tuple)) and pad and all(type(p) is int for p in pad):
+        trailing = (2 * max(map(abs, pad)) + 1,) * (len(pad) // 2)
+        _probe_dtypes(torch.nn.functional.pad, trailing=trailing)(args, kwargs)
+
+
 def _tensors_in(index) -> list:
     items = index if isinstance(index, (tuple, list)) else [index]
     return [i for i in items if isinstance(i, torch.Tensor)]
@@ -82,13 +91,14 @@ def _setitem(args, kwargs) -> None:
     _index_put([self, None, value], {})
 
 
-def _probe_dtypes(target, mixed: bool = False, always: bool = False):
+def _probe_dtypes(target, mixed: bool = False, always: bool = False, trailing: tuple = ()):
     """A check for an op whose eager kernels refuse dtypes its meta kernel accepts (``var`` of ints, ``argmin`` of
     bools, ``silu`` of ints: "not implemented for 'Int'"): when an argument is an integer or bool tensor, the op runs on
     one-element real tensors of the arguments' dtypes, ranks and devices, and what it raises is raised (eager's own
     error, on the argument's device). These ops accept one-element inputs of any rank (no size conditions: not ``topk``,
     ``glu``, ``cross``), their dtype support does not depend on values, and none of them draws random numbers. Returns
-    the probe's result (None when nothing was probed). With ``mixed``, the probe runs where floating tensor arguments
+    the probe's result (None when nothing was probed). ``trailing``: the probe's last dims' sizes, where an op's
+    size conditions need more than one element (``pad``). With ``mixed``, the probe runs where floating tensor arguments
     differ in dtype instead, on zeros of the arguments' shapes (``mv`` refuses float and double, ``huber_loss`` returns
     the input's dtype); ``always``: whatever the dtypes (the caller knows eager refuses them)."""
     def check(args, kwargs):
@@ -104,7 +114,9 @@ def _probe_dtypes(target, mixed: bool = False, always: bool = False):
 
         def real(a):
             if isinstance(a, torch.Tensor):
-                return torch.zeros(a.shape if mixed else (1,) * a.dim(), dtype=a.dtype, device=a.device) + (not mixed)
+                last = trailing[len(trailing) - min(len(trailing), a.dim()):]
+                shape = a.shape if mixed else (1,) * (a.dim() - len(last)) + last
+                return torch.zeros(shape, dtype=a.dtype, device=a.device) + (not mixed)
             return a
         with unset_fake_temporarily(), torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -121,7 +133,7 @@ _DTYPE_RESTRICTED = (
     "hardsigmoid hardshrink softshrink logsigmoid softmax log_softmax softmin logaddexp logaddexp2 hypot nextafter "
     "igamma igammac logcumsumexp abs absolute ceil floor round trunc fix fmod remainder mod sub subtract median "
     "nanmedian leaky_relu trace lcm gcd bitwise_and bitwise_or bitwise_xor bitwise_not bitwise_left_shift "
-    "bitwise_right_shift").split()
+    "bitwise_right_shift interpolate upsample max_pool1d").split()
 
 #: ops whose eager kernels refuse floating arguments of different dtypes, or give another result dtype than
 #: their meta kernels, that fake tensors accept (probed with ``mixed``)
@@ -135,7 +147,7 @@ _INDEXED = {"index_select": (2, "index"), "index_add": (2, "index"), "index_fill
 #: op name (method or function, no trailing ``_``) -> check of its fake arguments
 CHECKS: dict[str, Callable] = {
     "index_add": _index_add, "index_copy": _index_copy, "index_put": _index_put,
-    "setitem": _setitem, "__setitem__": _setitem, "softmax": _dim, "softmin": _dim, "sort": _dim,
+    "setitem": _setitem, "__setitem__": _setitem, "softmax": _dim, "softmin": _dim, "sort": _dim, "pad": _pad,
 }
 
 

@@ -387,3 +387,18 @@ def test_view_taken_before_squeeze_of_a_tensor_that_requires_grad(fn):
         out.backward()
         res.append((out.detach(), x.shape, leaf.grad))
     torch.testing.assert_close(res[1], res[0])
+
+
+@pytest.mark.parametrize("backend", BACKENDS + ["cpp_dynamic"])
+def test_an_input_written_after_the_graph_is_not_saved_for_its_cast(backend):
+    """``v0.mul_(b.expand(1, 1).to(torch.float32))`` with a bool ``b``, then ``b[b] = False`` (a graph break): eager's
+    ``mul`` saved the float cast; the min cut saved ``b``'s view instead (one byte, the cast recomputed), the write
+    bumped its version, and the backward raised "modified by an inplace operation". An input that does not require
+    grad is saved only where nothing computed from it can be (gradient fuzzer s1029 #176)."""
+    def f(a, b):
+        v0 = a.reshape(1, -1)
+        v0.mul_(b.expand((1, 1)).to(torch.float32))
+        b[b] = False
+        return (torch.topk(v0, 0, 1, largest=False, sorted=True).values,)
+    r = check(f, lambda: [torch.tensor(1.0), torch.tensor(False)], backend + "+grad")
+    assert r.outcome == "ok", r

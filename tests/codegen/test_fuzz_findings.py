@@ -1084,3 +1084,55 @@ def test_a_product_added_is_rounded_first(backend):
     args = [torch.tensor([0.6875, 0.6875, -0.3125]), torch.tensor([1.0, -1.8951287e-38, 3.3e-38])]
     out = coil.compile(f, options={"cpu_backend": backend})(*args)[0]
     assert torch.equal(out, f(*args)[0]), out
+
+
+# -- linear interpolation as eager's weighted sum -------------------------------------
+
+def _interpolate_a_padded_row(b):  # s228 #2211
+    v0 = torch.nn.functional.pad(b, (1, 2), mode='constant')
+    return (torch.nn.functional.interpolate(v0.reshape(1, 1, -1), scale_factor=3, mode='linear', align_corners=True),)
+
+
+@pytest.mark.parametrize("backend", BACKENDS + ["cpp_dynamic"])
+def test_linear_interpolation_is_a_weighted_sum(backend):
+    """s228 #2211: torch's decomposition interpolated as ``a + (b - a) * t``, inf where ``b - a`` overflows
+    (-1.5e38 to 2.8e38) and eager's ``a * (1 - t) + b * t`` gives -6.25e37. Under dynamic shapes bilinear too."""
+    _ok(_interpolate_a_padded_row, lambda: [torch.tensor([[1.0, 1.0], [-1.5253234e+38, 2.8253388e+38]])], backend)
+    if backend == "cpp_dynamic":  # the middle column: -1e38 + 1e38 (torch's: -2e38 + inf)
+        x = torch.tensor([[-2e38, 2e38], [3e38, -3e38]]).reshape(1, 1, 2, 2)
+        _ok(lambda x: (torch.nn.functional.interpolate(x, size=(2, 3), mode='bilinear', align_corners=True),),
+            lambda: [x.clone()], backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_linear_interpolation_to_the_same_size_copies(backend):
+    """``scale_factor=1.1`` of 5 elements keeps the size: eager takes ``x[i] * 1 + x[i] * 0``, torch's decomposition
+    interpolated at the scale (0.8636 for 1.0)."""
+    _ok(lambda x: (torch.nn.functional.interpolate(x, scale_factor=1.1, mode='linear'),),
+        lambda: [torch.tensor([[[0.0, 1.0, 4.0, float("inf"), 16.0]]])], backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("op", ["reflect", "replicate", "interpolate", "max_pool1d"])
+def test_dtypes_eager_refuses_for_padding_and_pooling(backend, op):
+    """s228 #1978: ``F.pad(bool, mode='reflect')``, which eager refuses ("reflection_pad1d" not implemented for
+    'Bool'), was computed; so were linear interpolation and ``max_pool1d`` of integers."""
+    import torch.nn.functional as F
+    f = {"reflect": lambda x: F.pad(x, (1, 2), mode="reflect"), "replicate": lambda x: F.pad(x, (1, 2), mode="replicate"),
+         "interpolate": lambda x: F.interpolate(x.int(), scale_factor=2, mode="linear"),
+         "max_pool1d": lambda x: F.max_pool1d(x.long(), 2)}[op]
+    x = torch.tensor([[[True, False, True, True]]])
+    with pytest.raises(NotImplementedError, match="not implemented for"):
+        f(x)
+    with pytest.raises(NotImplementedError, match="not implemented for"):
+        coil.compile(f, options={"cpu_backend": backend})(x)
+
+
+@pytest.mark.parametrize("backend", BACKENDS + ["cpp_dynamic"])
+def test_nearest_2d_where_a_size_is_kept_or_doubled(backend):
+    """Eager's 2-d nearest kernels take the index itself where a size is kept and ``i >> 1`` where it doubles;
+    torch's decomposition took ``floor(i / scale)``: ``scale_factor=1.1`` of 5 rows read row 0 twice, ``2.3`` of 3
+    read ``0, 0, 0, 1, 1, 2``."""
+    _ok(lambda x: (torch.nn.functional.interpolate(x, scale_factor=1.1, mode="nearest"),
+                   torch.nn.functional.interpolate(x[:, :, :3, :3], scale_factor=2.3, mode="nearest")),
+        lambda: [torch.arange(25.0).reshape(1, 1, 5, 5)], backend)

@@ -56,9 +56,11 @@ def _wrap_backend(backend: Callable, name: str, options: dict) -> Callable:
         if not options:
             return compiled
 
+        patched = _config.patch(**options)
+
         @functools.wraps(compiled)
         def run(*args):
-            with _config.patch(**options):
+            with patched:
                 return compiled(*args)
 
         return run

@@ -213,20 +213,21 @@ config: Config = _from_env()
 class patch:
     """Temporarily change options: ``with coil.config.patch(fusion=False): ...`` (``as`` gives the config).
 
-    A plain class, not a generator: compiled functions with options enter it on every call.
-    Raises ValueError on unknown option names."""
+    A plain class, not a generator: a compiled function with options makes one and enters it on every call, also
+    re-entrantly (a recursive call). Raises ValueError on unknown option names."""
 
     def __init__(self, **changes: Any):
         check_option_names(changes)
-        self.changes = changes
+        self.changes, self._saved = changes, []
 
     def __enter__(self) -> Config:
-        self.old = {k: config.__dict__[k] for k in self.changes}
-        config.__dict__.update(self.changes)
+        d = config.__dict__
+        self._saved.append({k: d[k] for k in self.changes})
+        d.update(self.changes)
         return config
 
     def __exit__(self, *exc) -> None:
-        config.__dict__.update(self.old)
+        config.__dict__.update(self._saved.pop())
 
 
 class _ConfigModule(types.ModuleType):

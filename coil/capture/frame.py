@@ -325,15 +325,19 @@ def _wrapped_function(fn, cfg: CaptureConfig):
     return w
 
 
+#: coil's packages whose code is a user's (models): compiled and captured at a break like any user code
+USER_COIL_MODULES = ("coil.bench", "coil.testing")
+
+
 def _skipped_module(fn) -> bool:
-    from coil.capture.translator import SKIP_MODULES, TRACED_COIL_MODULES
+    from coil.capture.translator import SKIP_MODULES
 
     mod = fn.__globals__.get("__name__", "") or ""
     # torch's own functions called at a break (grad-mode/autocast helpers, hooks, the optimizer's step wrapper...) run
     # as plain Python. Capturing torch.optim's step on its own frame makes graphs with no outputs (in-place parameter
     # updates), which the AOT runtime cannot run today (IndexError in its epilogue).
-    return mod.split(".")[0] in SKIP_MODULES or mod.startswith("torch.") or (  # and coil's own runtime
-        mod.startswith("coil.") and not mod.startswith(TRACED_COIL_MODULES))
+    return mod.split(".")[0] in SKIP_MODULES or mod.startswith("torch.") or (  # and coil's own runtime, not the
+        mod.startswith("coil.") and not mod.startswith(USER_COIL_MODULES))  # models of coil's bench and tests
 
 
 def _call_module_captured(mod, cfg, *args, **kwargs):

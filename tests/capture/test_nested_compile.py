@@ -35,3 +35,18 @@ def test_compiled_method_and_module_called_inside_a_compiled_function_are_inline
     c, lin = C(), coil.compile(nn.Linear(4, 4), backend="aot_eager")
     s = _run(lambda x: c.meth(x) + lin(x).relu(), torch.randn(2, 4))
     assert s["graphs"] == 1 and s["graph_breaks"] == 0 and s["fallbacks"] == 0
+
+
+def test_a_model_of_coils_bench_is_captured_not_skipped():
+    """The models of coil's bench and tests are user code: skipping coil's own modules at a break (the fix above)
+    also skipped them, and the bench's reduce-overhead decoder ran eagerly, silently (0 graphs)."""
+    from coil.bench.reduce_overhead import CachedDecoder
+
+    torch.manual_seed(0)
+    m = CachedDecoder(64, 16, 2, 1, 16, 1).eval()
+    coil.reset()
+    reset_stats()
+    with torch.no_grad():
+        out = coil.compile(m, backend="aot_eager")(torch.randint(0, 64, (1, 8)), torch.arange(8))
+    assert stats["graphs"] >= 1 and stats["fallbacks"] == 0, dict(stats)
+    assert out[1].shape == (1, 64)

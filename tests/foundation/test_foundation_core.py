@@ -20,6 +20,18 @@ def test_patch_restores():
     assert config.config.fusion is before
 
 
+def test_one_patch_entered_again_inside_itself_restores():
+    """A compiled function with options enters one patch object per call; a recursive call enters it inside itself."""
+    before = config.config.fusion
+    p = config.patch(fusion=not before)
+    with p:
+        config.config.fusion = before  # changed inside: the inner entry saves and restores this value
+        with p:
+            assert config.config.fusion is (not before)
+        assert config.config.fusion is before
+    assert config.config.fusion is before
+
+
 def test_unknown_backend_lists_valid_ones():
     with pytest.raises(ValueError, match="eager"):
         coil.backends.lookup_backend("nope")

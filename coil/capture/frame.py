@@ -208,10 +208,14 @@ def make_binder(fn: types.FunctionType):
 # the wrapper
 
 
+#: co_flags of generators, coroutines and async generators (CO_GENERATOR | CO_COROUTINE | CO_ASYNC_GENERATOR)
+_GENERATOR_FLAGS = 0x20 | 0x80 | 0x200
+
+
 def wrap_function(fn: types.FunctionType, cfg: CaptureConfig, capture_exec: bool = True):
     """The capturing wrapper of a Python function (see module docstring)."""
     code = fn.__code__
-    if code.co_flags & (0x20 | 0x80 | 0x200):
+    if code.co_flags & _GENERATOR_FLAGS:
         return fn  # generators and coroutines run eagerly
     if not all(n.isidentifier() for n in _argnames(code)):
         return fn  # 3.11 comprehension frames (argument ``.0``) run eagerly
@@ -298,13 +302,15 @@ def wrap_module(mod: torch.nn.Module, cfg: CaptureConfig):
     return coil_module_wrapper
 
 
-def capture_callable(fn, cfg: CaptureConfig):
+def capture_callable(fn, cfg: CaptureConfig, library: bool = False):
     """Wrapper for a callee of a graph break: Python functions, bound methods and modules
-    are captured on their own; anything else is returned unchanged."""
+    are captured on their own; anything else is returned unchanged. A function of a skipped
+    module (:func:`_skipped_module`) is returned unchanged too, unless ``library`` (a torch.nn
+    forward, a resume function of one of torch's frames)."""
     if isinstance(fn, types.FunctionType) and not is_disabled(fn):
-        if fn.__code__.co_flags & (0x20 | 0x80 | 0x200):
+        if fn.__code__.co_flags & _GENERATOR_FLAGS:
             return fn
-        if _skipped_module(fn):
+        if not library and _skipped_module(fn):
             return fn          # library code the translator never traces (logging, copy...)
         return _wrapped_function(fn, cfg)
     if isinstance(fn, types.MethodType) and isinstance(fn.__func__, types.FunctionType):
@@ -352,11 +358,9 @@ def _call_module_captured(mod, cfg, *args, **kwargs):
     forward = type(mod).forward
     if not isinstance(forward, types.FunctionType) or "forward" in mod.__dict__:
         return mod(*args, **kwargs)  # (an instance forward, m.forward = f: run as is)
-    if forward.__module__.startswith("torch.nn.") and not is_disabled(forward):
-        # a torch.nn module's forward (Sequential, BatchNorm2d) is captured too: it is what the module's own frame
-        # inlined before the break, and skipping it as library code ran the whole module eagerly
-        return _wrapped_function(forward, cfg)(mod, *args, **kwargs)
-    return capture_callable(forward, cfg)(mod, *args, **kwargs)
+    # a torch.nn module's forward (Sequential, BatchNorm2d) is captured too: it is what the module's own frame
+    # inlined before the break, and skipping it as library code ran the whole module eagerly
+    return capture_callable(forward, cfg, library=forward.__module__.startswith("torch.nn."))(mod, *args, **kwargs)
 
 
 def _capturer(cfg):
@@ -854,8 +858,7 @@ def _emit_break(cg: EntryCodegen, tx, plan, fn, code, cfg, live_locals: dict) ->
         rfn = make_resume_function(fn.__globals__, fn.__closure__, code, index, null_mask, local_names)
         # (a resume function has its frame's globals: one of torch's own frames, a torch.nn forward, is
         # captured on like the user's, not skipped as library code)
-        target = (_wrapped_function(rfn, cfg) if _skipped_module(rfn) and not is_disabled(rfn) and not
-                  rfn.__code__.co_flags & 0x2A0 else capture_callable(rfn, cfg)) if captured else rfn
+        target = capture_callable(rfn, cfg, library=True) if captured else rfn
         return cg.const_expr(_Holder(target)) + ".fn"
 
     if plan[0] == "call" and len(plan) > 8:

@@ -60,6 +60,7 @@ def main() -> None:
                timed(lambda: torch.mm(a, w.t(), out=outp)), timed(lambda: cf(a, w)),
                timed(lambda: tf(a, w)), timed(lambda: (matmul_padded(outp, a, w.t(), bias), outp.contiguous()))]
         print(f"{m:>6} " + " ".join(f"{v:8.1f}" for v in row) + f"  {diff:.3g}", flush=True)
+        print(f"       output strides: eager {ref.stride()}, coil {got.stride()}, tc {tf(a, w).stride()}")
 
 
 if __name__ == "__main__":

@@ -101,6 +101,11 @@ class Config:
     #: CUDA fp16/bf16 mm/addmm outputs whose row length is not a multiple of 8 get a
     #: padded row stride, so cuBLAS can use its aligned kernels (see ir/graph.py).
     pad_matmul_outputs: bool = True
+    #: A user output that is such a padded matmul result (an LM head's logits) is returned with its padded row
+    #: stride, as torch.compile returns it, instead of being copied to eager's contiguous strides (a read and a
+    #: write of the whole output: 0.95 ms of XLM-R's 10 ms bf16 step on an H200). Values, shape and dtype are
+    #: eager's; ``stride(-2)`` is the padded row length and ``is_contiguous()`` is False. False copies.
+    keep_padded_matmul_outputs: bool = True
     #: CUDA graphs with 2-D convolutions run them channels-last: convolution and pooling inputs, their outputs
     #: and the pointwise buffers computed from them are laid out (N, H, W, C) in memory, so cuDNN needs no
     #: NCHW<->NHWC transposes (docs/ir.md, "Channels-last convolutions", with the H200 A/B).

@@ -404,6 +404,7 @@ def _compile(fn, example_inputs, fw_compiler, bw_compiler, partition_fn, decompo
         cse_graph(fw_gm)
         trace.artifact("aot_inference_graph", _graph_text(fw_gm, "aot inference graph (ATen)"), kind="python")
         fw_gm.meta["coil_aot_graph"] = "inference"
+        fw_gm.meta["coil_free_layout_outputs"] = info.free_layout_outputs
         if config.inplace_input_writes:  # output k is the new value of input mutated[k] (ir/graph.py)
             fw_gm.meta["coil_mutated_inputs"] = dict(enumerate(info.mutated_inputs))
         compiled = fw_compiler(fw_gm, _placeholder_fakes(fw_gm))
@@ -437,6 +438,7 @@ def _compile(fn, example_inputs, fw_compiler, bw_compiler, partition_fn, decompo
     n_fw = info.num_fw_outputs
     _clone_saved_mutated_inputs(part.fw, info, n_fw, part.num_saved)
     part.fw.meta["coil_saved_outputs"] = (n_fw, n_fw + part.num_saved)
+    part.fw.meta["coil_free_layout_outputs"] = info.free_layout_outputs
     compiled_fw = fw_compiler(part.fw, _placeholder_fakes(part.fw))
     bw_fakes = _saved_layouts(_placeholder_fakes(part.bw), getattr(compiled_fw, "output_strides", None),
                               n_fw, part.num_saved, fake_mode)

@@ -125,6 +125,16 @@ class ProgramInfo:
     def num_fw_outputs(self) -> int:
         return len(self.mutated_inputs) + len(self.graph_outputs) + len(self.base_sources)
 
+    @property
+    def free_layout_outputs(self) -> frozenset:
+        """Forward-graph output positions the runtime hands to the user as they come (user outputs that no other
+        output views and that share no input's memory): a compiler may return these in another layout than eager's
+        (``config.keep_padded_matmul_outputs``); every other output must have the traced strides."""
+        viewed = {o.index for o in self.outputs if o.kind == "alias_of_output"}
+        n_mut = len(self.mutated_inputs)
+        return frozenset(n_mut + o.index for o in self.outputs
+                         if o.kind == "graph" and o.shares < 0 and o.index not in viewed)
+
 
 def fake_mode_of(example_inputs: list) -> Optional[FakeTensorMode]:
     """The FakeTensorMode of the first fake tensor in ``example_inputs`` (or None)."""

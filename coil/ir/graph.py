@@ -208,6 +208,14 @@ def _maybe_pad_matmul_output(ek: ExternKernel, meta: torch.Tensor) -> None:
               k=str(k), pad_n=pad_n, pad_k=pad_k, row_stride=npad)
 
 
+def _padded_matmul_result(r) -> bool:
+    """Whether lowered value ``r`` is the row-padded output of a padded matmul (:func:`_maybe_pad_matmul_output`)
+    or a view of it."""
+    d = getattr(r, "data", None)
+    buf = d.data if isinstance(d, (ReinterpretView, StorageBox)) else None
+    return bool(getattr(buf, "padded_output", False))
+
+
 class GraphLowering(torch.fx.Interpreter):
     """Lower one ATen graph (see module docstring)."""
 
@@ -444,6 +452,7 @@ class GraphLowering(torch.fx.Interpreter):
         out_nodes = list(out_nodes) if isinstance(out_nodes, (list, tuple)) else [out_nodes]
         metas = [a.meta.get("val") if isinstance(a, torch.fx.Node) else None for a in out_nodes]
         saved = self.gm.meta.get("coil_saved_outputs") if self.free_saved_layouts else None
+        free = self.gm.meta.get("coil_free_layout_outputs", ()) if config.keep_padded_matmul_outputs else ()
         memo: dict = {}
         for i, (a, m) in enumerate(zip(out_nodes, metas)):
             if isinstance(m, torch.Tensor) and statically_known_true(m.numel() == 0) and \
@@ -452,6 +461,10 @@ class GraphLowering(torch.fx.Interpreter):
                 metas[i] = m if e is None else e
         for i, (r, meta) in enumerate(zip(flat, metas)):
             is_saved = saved is not None and saved[0] <= i < saved[1]
+            if i in free and _padded_matmul_result(r):  # an LM head's logits (config.keep_padded_matmul_outputs)
+                trace.log("padded_output_kept", stage="lowering", output=i, buffer=r.data.get_name(),
+                          reason="a user output computed by a padded matmul keeps its padded row stride")
+                is_saved = True
             self.outputs.append(self._saved_output_spec(r) if is_saved else self._output_spec(r, meta))
         self._write_inputs_in_place(flat)
         self.output_strides = [self._spec_strides(o) for o in self.outputs]

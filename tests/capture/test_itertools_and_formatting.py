@@ -1,0 +1,74 @@
+"""``itertools.product``/``combinations``/``permutations``/``combinations_with_replacement``/``pairwise`` over known
+items, and f-strings of lists and dicts of constants, inside a compiled frame.
+
+``for a, b in itertools.product(range(2), repeat=2)`` was a graph break ("constructing product (custom __new__)") and
+the loop over it a second one, after which the rest of the frame ran eagerly (0 graphs for the whole function);
+``f"{cfg.tags}"`` of a list broke the graph ("a list is not a compile-time constant")."""
+import dataclasses
+import itertools
+
+import pytest
+import torch
+
+import coil
+from coil.capture.frame import stats
+
+
+def test_itertools_combinatorics_are_traced():
+    def f(x, ws):
+        total = x * 0
+        for i, (a, b) in enumerate(itertools.product(range(2), [1, 3])):
+            total = total + a * b + i
+        for a, b in itertools.product([x, x * 2], repeat=2):
+            total = total + a * b
+        for a, b in itertools.combinations(ws, 2):
+            total = total + a @ b
+        for p in itertools.permutations(range(3)):
+            total = total + p[0] - p[2]
+        for a, b in itertools.pairwise(ws):
+            total = total - (a - b).sum()
+        return total, list(itertools.combinations_with_replacement("ab", 2))
+    coil.reset()
+    x = torch.randn(3)
+    ws = [torch.randn(3) for _ in range(3)]
+    got = coil.compile(f, fullgraph=True)(x, ws)
+    want = f(x, ws)
+    torch.testing.assert_close(got[0], want[0])
+    assert got[1] == want[1]
+    assert stats["graphs"] == 1 and stats["graph_breaks"] == 0
+
+
+def test_itertools_error_is_the_users():
+    coil.reset()
+    with pytest.raises(ValueError, match="non-negative"):
+        coil.compile(lambda x: (x, list(itertools.combinations(range(3), -1))))(torch.randn(2))
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+    k: int
+    tags: list = dataclasses.field(default_factory=list)
+
+
+def test_fstring_of_lists_and_dicts_follows_their_values():
+    def f(x, lst, d):
+        s = Spec(2, ["a", "b"])
+        return x + 1, f"{s.tags}|{lst}|{d!r}"
+    coil.reset()
+    c = coil.compile(f)
+    x = torch.zeros(1)
+    lst, d = [1, 2], {"a": 1}
+    assert c(x, lst, d)[1] == "['a', 'b']|[1, 2]|{'a': 1}"
+    lst[0], d["a"] = 5, 7
+    assert c(x, lst, d)[1] == "['a', 'b']|[5, 2]|{'a': 7}"
+    lst.append(3)
+    assert c(x, lst, d)[1] == "['a', 'b']|[5, 2, 3]|{'a': 7}"
+    assert stats["graph_breaks"] == 0
+
+
+def test_a_handled_library_function_called_at_a_break_is_itself():
+    """A call the tracer hands back to Python (the user's TypeError) is made by the entry, which rebuilt
+    ``itertools.chain`` as ``___builtins.chain``: AttributeError instead of the user's TypeError."""
+    coil.reset()
+    with pytest.raises(TypeError, match="not iterable"):
+        coil.compile(lambda x: (x, list(itertools.chain([1], 5))))(torch.randn(2))

@@ -72,3 +72,22 @@ def test_a_handled_library_function_called_at_a_break_is_itself():
     coil.reset()
     with pytest.raises(TypeError, match="not iterable"):
         coil.compile(lambda x: (x, list(itertools.chain([1], 5))))(torch.randn(2))
+
+
+def test_tuples_holding_tensors_compare_and_sort_as_python_does():
+    """``sorted(d.items())`` over tensor values and ``(1, t) < (2, t)`` broke the graph: sorting asked each key for a
+    compile-time constant, and ordering two tuples was unsupported. The first pair that differs decides; tensors
+    that would be compared (``bool()`` of a tensor) are a break, as they raise in eager."""
+    def f(x):
+        d = {"b": x, "a": x * 2, "c": x + 1}
+        ordered = [v for _, v in sorted(d.items())]
+        top = max([(2, x), (1, x * 2)])[1]
+        low = min([(2, x), (1, x * 2)], key=lambda p: (p[0], "k"))[1]
+        desc = [t[1] for t in sorted([(1, x), (3, x * 2), (2, x * 3)], reverse=True)]
+        return ordered, top, low, desc, (1, x) < (2, x), [1, 2] >= [1, 2, 0], sorted([(x.shape[0], x), (2, x)])[0][1]
+    coil.reset()
+    x = torch.randn(3)
+    got = coil.compile(f, fullgraph=True)(x)
+    want = f(x)
+    torch.testing.assert_close(got, want)
+    assert stats["graph_breaks"] == 0

@@ -122,3 +122,25 @@ def test_torch_dynamo_marks_are_honored():
     torch._dynamo.mark_dynamic(y, 0, min=2, max=8)
     with pytest.raises(coil.exc.UserError, match="outside the range"):
         coil.compile(f)(y)
+
+
+@pytest.mark.parametrize("backend", ["cpp", "triton"])
+def test_min_max_abs_of_a_changing_float_do_not_recompile_each_call(backend):
+    """``x * min(p, 2.0)``, ``max``, ``abs(-p)`` of an automatic-dynamic float: ``abs`` was folded as a constant (it
+    asked for the float's value) and the IR lowering pinned ``sym_min``/``sym_max`` results (no 0-d tensor rewrite in
+    coil/aot/scalars.py): a recompile per call. The Python numbers the entry returns are eager's exactly."""
+    def f(x, p, n):
+        a = x.shape[0] / 3.0 + p ** 0.5
+        b = float(n) * 1e-3 - p
+        c = max(p, 0.5) + min(b, 2.0)
+        d = -p * abs(b) + math.sqrt(p) * math.floor(p) + math.ceil(p * 1.5)
+        return x * a * c * d * abs(-p), a, b, c, d, int(p * 7) + n // 2, 0.1 * n + 0.2 * n + 0.3
+    coil.reset()
+    cf = coil.compile(f, options={"cpu_backend": backend})
+    for i in range(6):
+        x = torch.randn(3 + i, dtype=torch.float64)
+        p, n = 0.37 + 0.113 * i, 5 + 3 * i
+        got, want = cf(x, p, n), f(x, p, n)
+        torch.testing.assert_close(got[0], want[0])
+        assert got[1:] == want[1:] and [type(v) for v in got[1:]] == [type(v) for v in want[1:]], i
+    assert stats["recompiles"] == 1

@@ -214,7 +214,7 @@ def unary(tx, op, a: "SymNodeVariable"):
 #: Python functions of numbers evaluated symbolically (no guard), as torch's capture
 #: does: the node calls the torch.sym_* form.
 _NUMERIC = {int: torch.sym_int, float: torch.sym_float, math.sqrt: torch._sym_sqrt,
-            math.floor: math.floor, math.ceil: math.ceil,
+            math.floor: math.floor, math.ceil: math.ceil, abs: operator.abs,
             **{getattr(math, n): getattr(torch, f"_sym_{n}") for n in ("cos", "sin", "tan", "cosh", "sinh", "tanh",
                                                                        "acos", "asin", "atan", "log2")}}
 

@@ -91,3 +91,22 @@ def test_tuples_holding_tensors_compare_and_sort_as_python_does():
     want = f(x)
     torch.testing.assert_close(got, want)
     assert stats["graph_breaks"] == 0
+
+
+def test_explicit_dunder_next_is_next():
+    """``it.__next__()`` was a graph break ("iterator method __next__"); it is ``next(it)``."""
+    def gen(x):
+        yield x * 2
+        yield x * 3
+
+    def f(x):
+        it = iter([x, x + 1])
+        a = it.__next__()
+        b = zip([x], [x * 2]).__next__()[1]
+        g = gen(x)
+        return a + it.__next__() + b + g.__next__() + g.__next__()
+    coil.reset()
+    x = torch.randn(3)
+    torch.testing.assert_close(coil.compile(f, fullgraph=True)(x), f(x))
+    with pytest.raises(StopIteration):
+        coil.compile(lambda x: (x, iter([]).__next__()))(x)

@@ -578,6 +578,10 @@ class ListIteratorVariable(VariableTracker):
             return ConstantVariable(tx.contains(self.items[self.index:], args[0]))
         if name == "__iter__":
             return self if self.kind == "iterator" else self.iterate()
+        if name == "__next__" and self.kind == "iterator" and not args and not kwargs:   # it.__next__(): next(it)
+            from coil.capture.variables.builtins import _next
+
+            return _next(tx, [self], {})
         raise Unsupported(f"iterator method {name}")
 
     def iterate(self):

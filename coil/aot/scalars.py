@@ -29,7 +29,10 @@ _ARITH = {operator.add: aten.add.Tensor, operator.sub: aten.sub.Tensor,
           torch._sym_sqrt: aten.sqrt.default, torch._sym_sin: aten.sin.default,
           torch._sym_cos: aten.cos.default, torch._sym_tan: aten.tan.default,
           torch._sym_tanh: aten.tanh.default, torch._sym_log2: aten.log2.default,
-          torch.sym_float: aten.clone.default}  # (its operand is cast to float64 already)
+          torch.sym_float: aten.clone.default,  # (its operand is cast to float64 already)
+          operator.abs: aten.abs.default, torch.sym_min: aten.minimum.default, torch.sym_max: aten.maximum.default}
+#: ops of _ARITH whose operands must all be tensors (a number is made a 0-d float64 tensor)
+_TENSORS_ONLY = {torch.sym_min, torch.sym_max}
 #: comparisons of symbolic numbers (``x * (v > 0.5)``, ``v`` from ``.item()``) → a 0-d bool tensor
 _COMPARE = {operator.gt: aten.gt, operator.lt: aten.lt, operator.ge: aten.ge, operator.le: aten.le,
             operator.eq: aten.eq, operator.ne: aten.ne}
@@ -183,6 +186,9 @@ class _Rewriter:
                     ops = None
                     break
                 ops.append(a if t is None or exact_ints else self.cast(t, torch.float64, n))
+            if ops is not None and n.target in _TENSORS_ONLY:     # min(v, 2.0): both 0-d float64 tensors
+                ops = [o if isinstance(o, torch.fx.Node) else
+                       self._new(n, aten.scalar_tensor.default, (float(o),), {"dtype": torch.float64}) for o in ops]
             if ops is not None and not any(isinstance(o, torch.fx.Node) for o in ops[:1]):
                 # a number first (2.0 / s): make it a 0-d float64 tensor too
                 ops[0] = self._new(n, aten.scalar_tensor.default, (float(ops[0]),), {"dtype": torch.float64})

@@ -39,6 +39,16 @@ def _dims(t: torch.Tensor, dim) -> list:
     return out
 
 
+def _marks(t: torch.Tensor) -> dict:
+    """``{dim: (min, max)}`` of ``t``'s dims marked dynamic: by :func:`mark_dynamic`, or by torch's
+    ``torch._dynamo.mark_dynamic`` / ``maybe_mark_dynamic`` (a program written for torch.compile)."""
+    marks = {d: (None, None) for d in getattr(t, "_dynamo_weak_dynamic_indices", ())}
+    marks.update({r.dim: (r.min, r.max) for r in getattr(t, "_dynamo_dynamic_range", ())})
+    marks.update({d: marks.get(d, (None, None)) for d in getattr(t, "_dynamo_dynamic_indices", ())})
+    marks.update(getattr(t, _DYN, {}))
+    return marks
+
+
 def mark_dynamic(t: torch.Tensor, dim, min: Optional[int] = None, max: Optional[int] = None):
     """Compile ``t``'s dimension(s) ``dim`` with a symbolic size from the first call.
 
@@ -164,12 +174,11 @@ class DynamicPolicy:
     def dims_for(self, expr: str, t: torch.Tensor, is_param: bool) -> dict:
         """``{dim: reason}`` of ``t``'s symbolic dims, read from source ``expr``."""
         out = {}
-        static = getattr(t, _STATIC, ())
-        marks = getattr(t, _DYN, {})
-        for d in marks:
+        static = set(getattr(t, _STATIC, ())) | set(getattr(t, "_dynamo_static_indices", ()))
+        for d in _marks(t):
             if d < t.dim():
                 out[d] = "marked"
-        for d in getattr(t, _UNBACKED, ()):
+        for d in set(getattr(t, _UNBACKED, ())) | set(getattr(t, "_dynamo_unbacked_indices", ())):
             if d < t.dim():
                 out[d] = "unbacked"
         if self.mode is True and not is_param:
@@ -191,13 +200,13 @@ class DynamicPolicy:
         dyn = self.dims_for(expr, value, is_param) if not _is_wrapper(value) else {}
         if not dyn:
             return fake_mode.from_tensor(value, static_shapes=True)
-        marks = getattr(value, _DYN, {})
+        marks = _marks(value)
         for d, (lo, hi) in marks.items():
             n = value.shape[d]
             if (lo is not None and n < lo) or (hi is not None and n > hi):
                 raise UserError(
                     f"size {n} of dim {d} of {expr} is outside the range [{lo if lo is not None else 0}, "
-                    f"{hi if hi is not None else 'inf'}] given to coil.mark_dynamic", loc,
+                    f"{hi if hi is not None else 'inf'}] given to mark_dynamic", loc,
                     hint=f"pass a tensor whose dim {d} is in range, or widen the range in "
                          f"coil.mark_dynamic({expr}, {d}, min=..., max=...)")
         kinds = []
@@ -228,7 +237,8 @@ class DynamicPolicy:
                     vr = env.var_to_range[sym]
                     env.constrain_symbol_range(sym, max(lo if lo is not None else 2, 2),
                                                hi if hi is not None else vr.upper)
-                self.marked[sym] = (expr, d, marks[d])
+                if d in getattr(value, _DYN, {}) or d in getattr(value, "_dynamo_dynamic_indices", ()):
+                    self.marked[sym] = (expr, d, marks[d])      # (not maybe_mark_dynamic's: it may specialize)
         return fake
 
 

@@ -537,7 +537,9 @@ def FORMAT_VALUE(tx, inst):
     conv = inst.arg & 0x03
     if isinstance(v, TensorVariable):
         raise Unsupported("formatting a tensor into a string reads its data")
-    value = v.as_python_constant()
+    from coil.capture.translator import const_value
+
+    value = const_value(v)      # (a list or dict of constants too: f"{cfg.tags}")
     value = {0: value, 1: str(value), 2: repr(value), 3: ascii(value)}[conv]
     tx.push(ConstantVariable(format(value, fmt)))
 

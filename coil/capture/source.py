@@ -76,6 +76,15 @@ class AttrSource(Source):
 
 
 @dataclass(frozen=True)
+class CallSource(Source):
+    """``base()``: the referent of a ``weakref.ref``."""
+    base: Source
+
+    def expr(self) -> str:
+        return f"{self.base.expr()}()"
+
+
+@dataclass(frozen=True)
 class TypeSource(Source):
     """``type(base)``."""
     base: Source

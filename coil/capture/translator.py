@@ -399,8 +399,13 @@ class InstructionTranslatorBase:
         for it in items:
             k = self.call(key, [it], {}) if key is not None and not (
                 isinstance(key, ConstantVariable) and key.value is None) else it
-            keyed.append((k.as_python_constant(), it))
-        keyed.sort(key=lambda p: p[0], reverse=reverse)
+            keyed.append((k.as_python_constant() if k.is_python_constant() else k, it))
+        if all(not isinstance(k, VariableTracker) for k, _ in keyed):
+            keyed.sort(key=lambda p: p[0], reverse=reverse)
+        else:   # keys with traced parts (tuples holding tensors): compared as Python does, with < only
+            keyed = [(k if isinstance(k, VariableTracker) else wrap_constant_result(self, k), it) for k, it in keyed]
+            keyed.sort(key=functools.cmp_to_key(
+                lambda p, q: -1 if self.truthy(self.binary_op(operator.lt, p[0], q[0])) else 0), reverse=reverse)
         return [it for _, it in keyed]
 
     def is_same(self, a, b) -> bool:
@@ -474,6 +479,12 @@ class InstructionTranslatorBase:
             if op in (operator.eq, operator.ne):
                 eq = len(a.items) == len(b.items) and all(self.values_equal(x, y) for x, y in zip(a.items, b.items))
                 return ConstantVariable(eq if op is operator.eq else not eq)
+            if op in (operator.lt, operator.le, operator.gt, operator.ge) and \
+                    isinstance(a, ListVariable) == isinstance(b, ListVariable):
+                for x, y in zip(a.items, b.items):   # lexicographic: the first pair that differs decides
+                    if not self.values_equal(x, y):  # ((1, t) < (2, t), sorted(d.items()) with tensor values)
+                        return ConstantVariable(self.truthy(self.binary_op(op, x, y)))
+                return ConstantVariable(op(len(a.items), len(b.items)))
         if isinstance(a, BaseListVariable) and op in (operator.mul, operator.imul) and b.is_python_constant():
             cls = ListVariable if isinstance(a, ListVariable) else TupleVariable
             return cls(a.items * b.as_python_constant())

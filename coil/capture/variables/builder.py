@@ -63,6 +63,19 @@ def _guard_literal(gs, expr, value):
         gs.add(f"type({expr}) is {gs.const(type(value))} and {expr} == {gs.const(value)}", expr, value)
 
 
+def _changed_items(tx, value: tuple, expr: str) -> bool:
+    """Whether an int/float item of the constant tuple read from ``expr`` changed between calls (automatic dynamic:
+    an optimizer's ``betas`` under a momentum schedule recompiled every step). Then the tuple is wrapped item by item,
+    the changed items graph inputs; each such item is recorded to be compared on the next miss."""
+    dyn = tx.output.dynamic
+    changed = False
+    for i, v in enumerate(value):
+        if type(v) in (int, float):
+            dyn.scalars[f"{expr}[{i}]"] = v
+            changed |= "value" in dyn.auto.get(f"{expr}[{i}]", ())
+    return changed
+
+
 def _fields_are_items(value) -> bool:
     """Whether the ModelOutput ``value``'s dict items are exactly its non-None dataclass fields (setting a field
     after construction can leave an attribute without its item, or an item whose attribute is None)."""
@@ -100,7 +113,7 @@ def _build(tx, value, source, gs) -> VariableTracker:
     def guard_type():
         if gs is not None:
             gs.add(f"type({expr}) is {gs.const(type(value))}", f"type({expr})", type(value), src=expr)
-    if is_literal(value):
+    if is_literal(value) and not (gs is not None and type(value) is tuple and _changed_items(tx, value, expr)):
         if gs is not None and type(value) in (int, float):
             sym = tx.output.dynamic.scalar_input(tx, value, source)   # dynamic.py
             if sym is not None:

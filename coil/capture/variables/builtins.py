@@ -78,7 +78,11 @@ class BuiltinVariable(KnownCallableVariable):
         raise Unsupported(f"attribute {name} of builtin {self.fn}")
 
     def reconstruct(self, cg):
-        return f"___builtins.{self.fn.__name__}"
+        import builtins
+
+        if getattr(builtins, self.fn.__name__, None) is self.fn:
+            return f"___builtins.{self.fn.__name__}"
+        return cg.const_expr(self.fn)   # itertools.chain, functools.reduce...: not a name of builtins
 
     def __repr__(self):
         return f"BuiltinVariable({self.fn.__name__})"
@@ -410,6 +414,30 @@ def _chain(tx, args, kwargs):
     if kwargs:
         raise Unsupported("itertools.chain with keyword arguments")
     return ListIteratorVariable([v for a in args for v in tx.unpack(a)])
+
+
+def _indexed_itertool(fn, single: bool):
+    """``fn`` (``itertools.product``, ``combinations``...) over iterables with known items: CPython's own function run on
+    their indices, each index then mapped back to its item's tracker (a tuple position of ``product(a, b, repeat=2)``
+    indexes ``(a, b)[pos % 2]``)."""
+    def handler(tx, args, kwargs):
+        from coil.capture.variables.tensor import UserCodeError
+
+        k = 1 if single else len(args)
+        seqs = [tx.unpack(a) for a in args[:k]]
+        rest = [a.as_python_constant() for a in args[k:]]
+        kw = {n: v.as_python_constant() for n, v in kwargs.items()}
+        try:
+            out = list(fn(*[range(len(s)) for s in seqs], *rest, **kw))
+        except (TypeError, ValueError) as e:
+            raise UserCodeError(f"{type(e).__name__}: {e}") from e
+        return ListIteratorVariable([TupleVariable([seqs[p % k][i] for p, i in enumerate(t)]) for t in out])
+    return handler
+
+
+for _fn, _single in ((itertools.product, False), (itertools.combinations, True), (itertools.permutations, True),
+                     (itertools.combinations_with_replacement, True), (itertools.pairwise, True)):
+    builtin(_fn)(_indexed_itertool(_fn, _single))
 
 
 @builtin(reversed)

@@ -31,9 +31,17 @@ def _const_index(tx, v: VariableTracker):
 
 
 def method_getattr(self, tx, name):
-    """``var_getattr`` of trackers whose attributes are all methods: ``self.name`` bound."""
+    """``var_getattr`` of trackers whose attributes are all methods: ``self.name`` bound. A name the type lacks is
+    missing, as in eager (``hasattr(model_output, "vision_hidden_states")`` was True, and reading it then failed)."""
     from coil.capture.variables.functions import BoundMethodVariable
+    from coil.capture.variables.objects import AttributeMissing
 
+    try:
+        cls = self.python_type()
+    except Unsupported:
+        cls = None
+    if cls is not None and not hasattr(cls, name):
+        raise AttributeMissing(name)
     return BoundMethodVariable(self, name)
 
 
@@ -104,8 +112,7 @@ class TupleVariable(BaseListVariable):
     def python_type(self):
         return tuple
 
-    def var_getattr(self, tx, name):
-        raise Unsupported(f"tuple attribute {name}")
+    var_getattr = method_getattr
 
     def build_expr(self, cg):
         parts = [cg.reconstruct(i) for i in self.items]
@@ -571,6 +578,10 @@ class ListIteratorVariable(VariableTracker):
             return ConstantVariable(tx.contains(self.items[self.index:], args[0]))
         if name == "__iter__":
             return self if self.kind == "iterator" else self.iterate()
+        if name == "__next__" and self.kind == "iterator" and not args and not kwargs:   # it.__next__(): next(it)
+            from coil.capture.variables.builtins import _next
+
+            return _next(tx, [self], {})
         raise Unsupported(f"iterator method {name}")
 
     def iterate(self):

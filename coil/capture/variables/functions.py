@@ -137,6 +137,8 @@ class UserFunctionVariable(BaseFunctionVariable):
         if name in self.fn.__dict__:
             src = AttrSource(self.source, name) if self.source is not None else None
             return wrap(tx, self.fn.__dict__[name], src)
+        if name == "__get__":
+            return BoundMethodVariable(self, name)
         if not hasattr(self.fn, name):
             from coil.capture.variables.objects import AttributeMissing
 
@@ -144,6 +146,12 @@ class UserFunctionVariable(BaseFunctionVariable):
                 tx.output.guards.add(f"not hasattr({self.source.expr()}, {name!r})")
             raise AttributeMissing(name)
         raise Unsupported(f"function attribute {name}")
+
+    def call_method(self, tx, name, args, kwargs):
+        if name == "__get__" and 1 <= len(args) <= 2 and not kwargs:   # func.__get__(obj, cls): a bound method
+            none = isinstance(args[0], ConstantVariable) and args[0].value is None
+            return self if none else UserMethodVariable(self.fn, args[0])
+        return super().call_method(tx, name, args, kwargs)
 
     def reconstruct(self, cg):
         # no source (``obj.method.__func__``): the object itself, which predates the frame

@@ -248,6 +248,10 @@ class UserDefinedObjectVariable(ObjectVariableBase):
     def call_function(self, tx, args, kwargs):
         if isinstance(self.value, functools._lru_cache_wrapper):
             return _call_lru_cached(tx, self, args, kwargs)
+        if type(self.value) is weakref.ref and self.source is not None and not args and not kwargs:
+            from coil.capture.source import CallSource   # the referent, guarded as any input (lr_scheduler's opt_ref)
+
+            return tx.wrap(self.value(), CallSource(self.source))
         call = _static_lookup(type(self.value), "__call__")
         if isinstance(call, types.FunctionType):
             return tx.call(UserMethodVariable(call, self), args, kwargs)

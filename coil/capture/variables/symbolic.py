@@ -109,6 +109,13 @@ class SymNodeVariable(VariableTracker):
         the ``.item()`` of its graph output."""
         if self.as_tensor is not None:
             return f"{cg.reconstruct(self.as_tensor)}.item()"
+        if self.recipe[0] == "op" and any(isinstance(v, (float, torch.SymFloat)) for v in
+                                          [self.value] + [getattr(a, "value", a) for a in self.recipe[2]]):
+            # float arithmetic is replayed in the user's order: sympy reassociates the expression
+            # (0.05 + (0.002 - 0.05) / 2.0 * c printed as 0.026 - 0.024*c, an ulp off eager's Python float)
+            args = ", ".join(cg.reconstruct(a) if isinstance(a, VariableTracker) else cg.const_expr(a)
+                             for a in self.recipe[2])
+            return f"{cg.const_expr(self.recipe[1])}({args})"
         return python_text(self.output.shape_env, self.value, getattr(cg, "symbol_local", None))
 
     def __repr__(self):
@@ -207,7 +214,9 @@ def unary(tx, op, a: "SymNodeVariable"):
 #: Python functions of numbers evaluated symbolically (no guard), as torch's capture
 #: does: the node calls the torch.sym_* form.
 _NUMERIC = {int: torch.sym_int, float: torch.sym_float, math.sqrt: torch._sym_sqrt,
-            math.floor: math.floor, math.ceil: math.ceil}
+            math.floor: math.floor, math.ceil: math.ceil, abs: operator.abs,
+            **{getattr(math, n): getattr(torch, f"_sym_{n}") for n in ("cos", "sin", "tan", "cosh", "sinh", "tanh",
+                                                                       "acos", "asin", "atan", "log2")}}
 
 
 def call_numeric(tx, fn, args: list, kwargs: dict):

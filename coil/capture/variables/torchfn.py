@@ -336,6 +336,13 @@ class ProfilerRangeVariable(ContextManagerVariable):
         return f"{cg.const_expr(contextlib.nullcontext)}()"
 
 
+class _InferenceModeOff(ProfilerRangeVariable):
+    """``torch.inference_mode(False)`` entered outside inference mode: a context that changes nothing."""
+
+    def python_type(self):
+        return torch.inference_mode
+
+
 def make_context(tx, cls, args, kwargs):
     """Construct a supported context manager from its class, or None."""
     c = [a.as_python_constant() for a in args]
@@ -346,6 +353,9 @@ def make_context(tx, cls, args, kwargs):
         return GradModeVariable(False, "no_grad")
     if cls is torch.enable_grad:
         return GradModeVariable(True, "enable_grad")
+    if cls is torch.inference_mode and not (c[0] if c else kw.get("mode", True)) and \
+            not torch.is_inference_mode_enabled():    # (every frame guards the inference mode it was traced in)
+        return _InferenceModeOff(None)    # inference_mode(False) outside inference mode changes nothing
     if cls is torch.inference_mode:
         # tensors made inside are inference tensors (is_inference() True), which a
         # traced graph cannot produce: the block runs outside the graph, as eager

@@ -366,7 +366,9 @@ class CppKernel(OpsHandler):
     def where(self, c, a, b):
         a_dt = a.dtype if isinstance(a, CppVar) else (b.dtype if isinstance(b, CppVar) else None)
         c, a, b = self._val(c), self._val(a, a_dt), self._val(b, a_dt)
-        return self._emit(f"({c} ? {a} : {b})", a.dtype)
+        if cops.compute_ctype(a.dtype) != cops.compute_ctype(b.dtype):
+            return self._emit(f"({c} ? {a} : {b})", a.dtype)
+        return self._emit(f"coil_sel<{cops.compute_ctype(a.dtype)}>({c}, {a}, {b})", a.dtype)  # (vectorizes)
 
     def load_seed(self, name, offset):
         ptr = self._arg(name, write=False)
@@ -439,7 +441,7 @@ class CppKernel(OpsHandler):
                 upd = [f"{acc}@ = coil_{rt}_prop_({acc}@, static_cast<{at}>({value}));"]
             else:
                 op = ">" if rt == "max" else "<"
-                upd = [f"{acc}@ = ({value} {op} {acc}@) ? static_cast<{at}>({value}) : {acc}@;"]
+                upd = [f"{acc}@ = coil_sel<{at}>({value} {op} {acc}@, static_cast<{at}>({value}), {acc}@);"]
         elif rt == "any":
             fields = [("", "bool", "false")]
             upd = [f"{acc}@ = {acc}@ || ({value} != 0);"]
@@ -449,7 +451,8 @@ class CppKernel(OpsHandler):
             fields = [("_v", vt, lim), ("_i", "int64_t", "INT64_MAX")]
             self.needs_rindex = True
             upd = [f"{{ bool b_ = coil_{rt}_better({value}, rindex, {acc}_v@, {acc}_i@);",
-                   f"  {acc}_v@ = b_ ? {value} : {acc}_v@; {acc}_i@ = b_ ? rindex : {acc}_i@; }}"]
+                   f"  {acc}_v@ = coil_sel<{vt}>(b_, {value}, {acc}_v@); {acc}_i@ = coil_sel<int64_t>(b_, rindex, "
+                   f"{acc}_i@); }}"]
         elif rt == "welford_reduce":
             fields = [("_m", "float", "0"), ("_m2", "float", "0"), ("_w", "float", "0")]
             upd = [f"{{ float v_ = static_cast<float>({value}); {acc}_w@ += 1.0f;",

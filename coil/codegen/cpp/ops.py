@@ -77,8 +77,8 @@ def _reciprocal(a, dtype):
 
 def _relu(a, dtype):
     # a select, not max(x, 0): keeps -0.0 (and NaN) as eager does
-    z = f"({compute_ctype(dtype)})0"
-    return f"({a[0]} < 0 ? {z} : {a[0]})"
+    t = compute_ctype(dtype)
+    return f"coil_sel<{t}>({a[0]} < 0, ({t})0, {a[0]})"
 
 
 def _floor_int(f):
@@ -147,7 +147,7 @@ def _minmax(fn):
             # NaN from either side; a tie (-0.0 vs 0.0) gives the first operand, as eager's clamp(x, min=0) keeps -0.0
             return f"{fn}_prop_({a[0]}, {a[1]})"
         op = ">" if fn == "coil_max" else "<"
-        return f"({a[0]} {op} {a[1]} ? {a[0]} : {a[1]})"
+        return f"coil_sel<{compute_ctype(dtype)}>({a[0]} {op} {a[1]}, {a[0]}, {a[1]})"
     return emit
 
 

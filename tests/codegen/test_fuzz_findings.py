@@ -1019,6 +1019,23 @@ def test_as_strided_read_below_a_written_slice_under_dynamic_shapes(backend):
                                               torch.tensor(1.0)], backend)
 
 
+def _read_of_a_written_input_at_an_offset(a):  # s315 #543
+    a.scatter_(0, torch.tensor([[[0, 0, 0]]]), torch.full((1, 1, 3), 1.0))
+    return (a.as_strided((2, 4), (1, 2), 9) * 1,)
+
+
+@pytest.mark.parametrize("backend", ["cpp_dynamic", "triton_dynamic", "aot_eager"])
+def test_as_strided_read_of_a_written_input_at_a_symbolic_storage_offset(backend):
+    """s315 #543: ``a`` starts at element 6 of its storage and is written; the ``as_strided`` read at offset 9 takes
+    its value laid out at ``a``'s offset, which under ``dynamic=True`` is a symbol the wrapper could not bind (code
+    generation fell back to the FX interpreter). There, and under coil's ``aot_eager``, the first ``as_strided`` node,
+    of functionalization's value that starts at 0, was left in the graph dead and failed (``setStorage ... out of
+    bounds``)."""
+    _ok(_read_of_a_written_input_at_an_offset, lambda: [torch.arange(21.0).reshape(7, 1, 3)[2:7]], backend)
+    _ok(lambda a: (_read_of_a_written_input_at_an_offset(a), ())[1],
+        lambda: [torch.arange(21.0).reshape(7, 1, 3)[2:7]], backend)
+
+
 def _read_of_a_scattered_transposed_input(x, idx, src):
     x.scatter_(0, idx, src)
     return (x.as_strided((2, 2), (1, 3), 1) * 1,)

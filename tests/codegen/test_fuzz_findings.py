@@ -1129,6 +1129,29 @@ def test_linear_interpolation_to_the_same_size_copies(backend):
         lambda: [torch.tensor([[[0.0, 1.0, 4.0, float("inf"), 16.0]]])], backend)
 
 
+def _interpolate_by_three(a):  # s315 #432
+    return (torch.nn.functional.interpolate(a.reshape(1, 1, -1), scale_factor=3, mode='linear', align_corners=False),)
+
+
+@pytest.mark.parametrize("backend", BACKENDS + ["cpp_dynamic"])
+def test_linear_interpolation_source_position_is_rounded_once(backend):
+    """s315 #432: eager's float position of output 1 at ``scale_factor=3`` is ``fma(1/3, 1.5, -0.5)`` = 1.49e-8 (its
+    kernels are built with FMA contraction), so 3.34e38 beside it weighs 4.98e30; coil took 0 (two roundings) and gave
+    1.0. Double positions too, and eager's ``floorf`` rounds a double position to float before taking its row
+    (0.9999999999999999 is row 1 at weight 0); each output is eager's bit for bit (one-hot rows give the weights)."""
+    _ok(_interpolate_by_three, lambda: [torch.tensor([1.0, 3.3415702e+38])], backend)
+    if backend == "cpp":
+        import torch.nn.functional as F
+        for dtype in (torch.float32, torch.float64):
+            for n in (2, 3, 5):
+                x = torch.eye(n, dtype=dtype).reshape(1, n, n)
+                for kw in [dict(size=m) for m in (4, 6, 7, 9, 14, 21)] + [dict(scale_factor=s) for s in (1.7, 3.0, 7.0)]:
+                    for corners in (False, True):
+                        f = coil.compile(lambda x: F.interpolate(x, mode="linear", align_corners=corners, **kw))
+                        assert torch.equal(f(x), F.interpolate(x, mode="linear", align_corners=corners, **kw)), \
+                            (dtype, n, kw, corners)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("op", ["reflect", "replicate", "interpolate", "max_pool1d"])
 def test_dtypes_eager_refuses_for_padding_and_pooling(backend, op):

@@ -1168,6 +1168,31 @@ def test_dtypes_eager_refuses_for_padding_and_pooling(backend, op):
         coil.compile(f, options={"cpu_backend": backend})(x)
 
 
+@pytest.mark.parametrize("dynamic", [False, True])
+@pytest.mark.parametrize("mode,shape,kw", [
+    ("linear", (1, 1, 1), dict(scale_factor=0.5, align_corners=True)),  # s232 #73
+    ("linear", (1, 1, 3), dict(size=0)),
+    ("bilinear", (1, 1, 3, 1), dict(scale_factor=0.5)),
+    ("nearest", (1, 1, 3, 1), dict(scale_factor=0.5)),
+    ("trilinear", (1, 1, 2, 2, 1), dict(scale_factor=0.5)),
+    ("bicubic", (1, 1, 2, 2), dict(scale_factor=0.4)),
+])
+def test_interpolation_to_an_empty_size_raises_eagers_error(mode, shape, kw, dynamic):
+    """s232 #73: ``interpolate(x.reshape(1, 1, -1), scale_factor=0.5, mode='linear')`` of one element: eager refuses an
+    output size of 0, coil's decomposition (and under dynamic shapes those of bilinear, trilinear, nearest and bicubic)
+    returned an empty tensor. Adaptive pooling (``area``) accepts it."""
+    import torch.nn.functional as F
+    f = lambda x: F.interpolate(x, mode=mode, **kw) * 1  # noqa: E731
+    x = torch.ones(shape)
+    with pytest.raises(RuntimeError, match="Input and output sizes should be greater than 0") as e:
+        f(x)
+    with pytest.raises(RuntimeError, match="Input and output sizes should be greater than 0") as c:
+        coil.compile(f, dynamic=dynamic)(x)
+    assert str(c.value).endswith(str(e.value))
+    area = lambda x: F.interpolate(x, scale_factor=0.5, mode="area")  # noqa: E731
+    assert coil.compile(area, dynamic=dynamic)(torch.ones(1, 1, 3, 1)).shape == area(torch.ones(1, 1, 3, 1)).shape
+
+
 @pytest.mark.parametrize("backend", BACKENDS + ["cpp_dynamic"])
 def test_nearest_2d_where_a_size_is_kept_or_doubled(backend):
     """Eager's 2-d nearest kernels take the index itself where a size is kept and ``i >> 1`` where it doubles;

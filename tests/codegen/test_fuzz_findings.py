@@ -94,6 +94,22 @@ def test_float32_atan2_of_equal_values_is_eagers(backend):
         lambda: [torch.tensor([2.0, 0.0, -2.0, 3.0, -1.0])], backend)
 
 
+def _cos_of_atan(a):  # s1033 #729
+    return (torch.cos(torch.atan(torch.nn.functional.pad(a.reshape(1, 1, -1), (0, 1), mode='replicate'))),)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_trig_of_an_inverse_is_not_folded(dtype, backend):
+    """s1033 #729: ``cos(atan(nan))`` of float64 was 0 in coil's C++ kernel, eager NaN: with ``-fno-math-errno`` GCC 12
+    folds ``cos(atan(x))`` into ``1 / sqrt(x*x + 1)`` behind a ``|x| <`` test that NaN fails (``sin(atan(nan))`` gave
+    1, ``cos(atan(inf))`` 0 for 6.1e-17, others an ulp off; ``sinh``/``cosh`` of ``atanh`` alike)."""
+    _ok(_cos_of_atan, lambda: [torch.tensor(math.nan, dtype=dtype)], backend)
+    x = lambda: [torch.tensor([math.nan, math.inf, -math.inf, 2.0, -0.3, 1e200, 0.999999999], dtype=dtype)]  # noqa
+    _ok(lambda a: (torch.cos(torch.atan(a)), torch.sin(torch.atan(a)), torch.sinh(torch.atanh(a)),
+                   torch.cosh(torch.atanh(a)), torch.tanh(torch.atanh(a))), x, backend)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
 def test_gelu_of_infinities(dtype, backend):

@@ -283,8 +283,9 @@ def _upsample_linear(x, output_size, align_corners, scales):
     """Linear interpolation over x's trailing dims as eager's CPU kernel (UpSampleKernel.cpp's ``Interpolate``):
     along each dim, last first, ``x[i0] * (1 - t) + x[i1] * t`` in float (double for double), ``t`` the source
     position's fraction (:func:`_source_index`), ``i1 = i0`` where the dim keeps its size. Eager's kernels are built
-    with FMA contraction: the float sum is ``fma(x[i0], 1 - t, x[i1] * t)``, taken here in float64 (the product exact)
-    and rounded to float once. torch's decomposition's ``a + (b - a) * t`` overflowed where ``b - a`` does (values
+    with FMA contraction: the float sum is ``fma(x[i0], 1 - t, x[i1] * t)``, taken here in float64 (the product exact;
+    rounded twice where the sum lands on a float midpoint, within an ulp); the double sum rounds its product first
+    (a few ulps where the terms cancel: docs/fuzzing.md, open). torch's decomposition's ``a + (b - a) * t`` overflowed where ``b - a`` does (values
     near ±2e38: inf for -6.25e37, NaN at ``t = 0``; fuzz s228 #2211), and interpolated where a size is kept
     (``scale_factor=1.1`` of 5 elements)."""
     acc = _acc_dtype(x.dtype)
@@ -299,8 +300,8 @@ def _upsample_linear(x, output_size, align_corners, scales):
         else:  # (float64, exact for a float acc, rounded once for a double one)
             pos = aten._to_copy.default(_source_index(n_in, n_out, align_corners, sc, acc, x.device), dtype=acc)
         # floorf: a double position rounded to float first (0.9999999999999999 is row 1, at weight 0)
-        i0 = aten.clamp_max.default(aten._to_copy.default(
-            aten._to_copy.default(pos, dtype=torch.float32) if acc != torch.float32 else pos, dtype=torch.int64), n_in - 1)
+        row = aten._to_copy.default(pos, dtype=torch.float32) if acc != torch.float32 else pos
+        i0 = aten.clamp_max.default(aten._to_copy.default(row, dtype=torch.int64), n_in - 1)
         i1 = i0 if n_in == n_out else aten.clamp_max.default(aten.add.Tensor(i0, 1), n_in - 1)
         t = aten.view.default(aten.clamp.default(aten.sub.Tensor(pos, i0), 0.0, 1.0), [n_out] + [1] * (x.dim() - 1 - d))
         t = rnd(t)

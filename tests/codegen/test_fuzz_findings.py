@@ -1161,7 +1161,8 @@ def test_linear_interpolation_source_position_is_rounded_once(backend):
         for dtype in (torch.float32, torch.float64):
             for n in (2, 3, 5):
                 x = torch.eye(n, dtype=dtype).reshape(1, n, n)
-                for kw in [dict(size=m) for m in (4, 6, 7, 9, 14, 21)] + [dict(scale_factor=s) for s in (1.7, 3.0, 7.0)]:
+                sizes = [dict(size=m) for m in (4, 6, 7, 9, 14, 21)]
+                for kw in sizes + [dict(scale_factor=s) for s in (1.7, 3.0, 7.0)]:
                     for corners in (False, True):
                         f = coil.compile(lambda x: F.interpolate(x, mode="linear", align_corners=corners, **kw))
                         assert torch.equal(f(x), F.interpolate(x, mode="linear", align_corners=corners, **kw)), \

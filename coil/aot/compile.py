@@ -33,7 +33,7 @@ from coil import trace
 from coil.config import config, patch as config_patch
 from coil.aot.aliasing import RunEagerly, input_groups
 from coil.aot.decompositions import get_decompositions
-from coil.aot.cse import cse_graph
+from coil.aot.cse import cse_graph, drop_dead_views
 from coil.aot.functional import (is_symbolic, analyze, fakeify, trace_inference, trace_joint, trace_plain_inference)
 from coil.aot.partition import default_partition, drop_undefined_tangents, min_cut_partition
 from coil.aot.regions import compile_regional, region_calls
@@ -401,6 +401,7 @@ def _compile(fn, example_inputs, fw_compiler, bw_compiler, partition_fn, decompo
         if fw_gm is None:
             fw_gm = trace_inference(fn, fake_args, info, decomps, fake_mode)
         tensorize_scalar_reads(fw_gm, "inference")
+        drop_dead_views(fw_gm)
         cse_graph(fw_gm)
         trace.artifact("aot_inference_graph", _graph_text(fw_gm, "aot inference graph (ATen)"), kind="python")
         fw_gm.meta["coil_aot_graph"] = "inference"

@@ -13,7 +13,7 @@ import torch.fx
 
 from coil import trace
 
-__all__ = ["cse_graph"]
+__all__ = ["cse_graph", "drop_dead_views"]
 
 
 def _is_pure(target) -> bool:
@@ -65,4 +65,20 @@ def cse_graph(gm: torch.fx.GraphModule) -> int:
         gm.graph.lint()
         gm.recompile()
     trace.log("aot_cse", stage="aot", removed=removed)
+    return removed
+
+
+def drop_dead_views(gm: torch.fx.GraphModule) -> int:
+    """Erase the view nodes of ``gm`` nothing reads (last first, so chains go); returns how many. Functionalization
+    leaves one where an ``as_strided`` read was taken again of a value laid out at eager's strides and offset
+    (aot/functional.py): the first one, of a value that starts at 0, may reach past that value's storage, which
+    the FX interpreter (the "coil" backend's fallback) refused though nothing reads it (s315 #543)."""
+    removed = 0
+    for node in reversed(list(gm.graph.nodes)):
+        if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload) and node.target.is_view \
+                and not node.users and not node.target._schema.is_mutable:
+            gm.graph.erase_node(node)
+            removed += 1
+    if removed:
+        gm.recompile()
     return removed

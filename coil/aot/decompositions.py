@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import keyword
 import math
+import struct
 from typing import Callable, Optional, Sequence
 
 import torch
@@ -242,11 +243,50 @@ def _in_input_format(out, x):
     return out if fmt == torch.contiguous_format else aten.clone.default(out, memory_format=fmt)
 
 
+def _source_index(n_in, n_out, align_corners, scale, acc, device):
+    """eager's source positions along a dim (UpSample.h's ``area_pixel_compute_scale`` and
+    ``area_pixel_compute_source_index``) in ``acc``, eager's opmath (float, double for double): the scale (``1 /
+    scale`` of a ``scale_factor``, else ``n_in / n_out``, with ``align_corners`` ``(n_in - 1) / (n_out - 1)``), then
+    ``scale * i`` or ``max(scale * (i + 0.5) - 0.5, 0)``, which eager's kernels, built with FMA contraction, round
+    once: at ``scale_factor=3`` the float ``1/3 * 1.5 - 0.5`` is 1.49e-8, not 0, and an element of 3.3e38 beside it
+    weighs 5e30 (fuzz s315 #432). Taken in float64: for a float ``acc`` the products are exact; for a double one the
+    scale is split into two halves whose products are exact, and the position is their sum, rounded once."""
+    f64 = torch.float64
+    i = aten.arange.start(0, n_out, dtype=f64, device=device)
+    if align_corners:
+        s = (n_in - 1) / (n_out - 1) if n_out > 1 else 0.0
+    else:
+        s = 1.0 / scale if scale is not None and scale > 0 else n_in / n_out
+    if isinstance(s, (int, float)):  # static sizes or a scale factor: split in Python
+        s = struct.unpack("f", struct.pack("f", float(s)))[0] if acc != f64 else float(s)
+        c = s * 134217729.0  # Veltkamp: 26 bits and the rest (0 for a float)
+        hi = c - (c - s)
+        parts = [hi, s - hi]
+    else:  # a symbolic scale: a 0-d tensor, rounded to float, or split by its bits (27 of the significand's)
+        t = aten.scalar_tensor.default(s, dtype=acc, device=device)
+        if acc != f64:
+            parts = [aten._to_copy.default(t, dtype=f64), 0.0]
+        else:
+            hi = aten.view.dtype(aten.bitwise_and.Scalar(aten.view.dtype(t, torch.int64), -(1 << 26)), f64)
+            parts = [hi, aten.sub.Tensor(t, hi)]
+    if align_corners:  # scale * i: exact for a float scale, one rounding in double
+        return aten.mul.Tensor(i, s) if isinstance(s, float) else aten.mul.Tensor(
+            i, parts[0] if acc != f64 else aten.add.Tensor(parts[0], parts[1]))
+    h = aten.add.Tensor(i, 0.5)  # h * hi - 0.5 is exact, + h * lo rounds once
+    pos = aten.sub.Tensor(aten.mul.Tensor(h, parts[0]), 0.5)
+    if not isinstance(parts[1], float) or parts[1] != 0.0:
+        pos = aten.add.Tensor(pos, aten.mul.Tensor(h, parts[1]))
+    return aten.clamp_min.default(pos, 0.0)
+
+
 def _upsample_linear(x, output_size, align_corners, scales):
-    """Linear interpolation over x's trailing dims as eager's CPU kernel (UpSample.h): along each dim, last first,
-    ``x[i0] * (1 - t) + x[i1] * t`` in float (double for double), ``t`` the source position's fraction, ``i1 = i0``
-    where the dim keeps its size. torch's decomposition's ``a + (b - a) * t`` overflowed where ``b - a`` does
-    (values near ±2e38: inf for -6.25e37, NaN at ``t = 0``; fuzz s228 #2211), and interpolated where a size is kept
+    """Linear interpolation over x's trailing dims as eager's CPU kernel (UpSampleKernel.cpp's ``Interpolate``):
+    along each dim, last first, ``x[i0] * (1 - t) + x[i1] * t`` in float (double for double), ``t`` the source
+    position's fraction (:func:`_source_index`), ``i1 = i0`` where the dim keeps its size. Eager's kernels are built
+    with FMA contraction: the float sum is ``fma(x[i0], 1 - t, x[i1] * t)``, taken here in float64 (the product exact;
+    rounded twice where the sum lands on a float midpoint, within an ulp); the double sum rounds its product first
+    (a few ulps where the terms cancel: docs/fuzzing.md, open). torch's decomposition's ``a + (b - a) * t`` overflowed where ``b - a`` does (values
+    near ±2e38: inf for -6.25e37, NaN at ``t = 0``; fuzz s228 #2211), and interpolated where a size is kept
     (``scale_factor=1.1`` of 5 elements)."""
     acc = _acc_dtype(x.dtype)
     out = aten._to_copy.default(x, dtype=acc) if acc != x.dtype else x
@@ -256,21 +296,24 @@ def _upsample_linear(x, output_size, align_corners, scales):
     for d in reversed(range(2, x.dim())):
         n_in, n_out, sc = x.shape[d], output_size[d - 2], scales[d - 2]
         if n_in == n_out:
-            scale = 1.0
-        elif align_corners:
-            scale = (n_in - 1) / (n_out - 1) if n_out > 1 else 0.0
-        else:
-            scale = 1.0 / sc if sc is not None and sc > 0 else n_in / n_out
-        i = aten.arange.start(0, n_out, dtype=acc, device=x.device)
-        pos = aten.mul.Tensor(i, scale) if align_corners else aten.clamp_min.default(
-            aten.sub.Tensor(aten.mul.Tensor(aten.add.Tensor(i, 0.5), scale), 0.5), 0.0)
-        i0 = aten.clamp_max.default(aten._to_copy.default(pos, dtype=torch.int64), n_in - 1)
+            pos = aten.arange.start(0, n_out, dtype=acc, device=x.device)
+        else:  # (float64, exact for a float acc, rounded once for a double one)
+            pos = aten._to_copy.default(_source_index(n_in, n_out, align_corners, sc, acc, x.device), dtype=acc)
+        # floorf: a double position rounded to float first (0.9999999999999999 is row 1, at weight 0)
+        row = aten._to_copy.default(pos, dtype=torch.float32) if acc != torch.float32 else pos
+        i0 = aten.clamp_max.default(aten._to_copy.default(row, dtype=torch.int64), n_in - 1)
         i1 = i0 if n_in == n_out else aten.clamp_max.default(aten.add.Tensor(i0, 1), n_in - 1)
         t = aten.view.default(aten.clamp.default(aten.sub.Tensor(pos, i0), 0.0, 1.0), [n_out] + [1] * (x.dim() - 1 - d))
         t = rnd(t)
         w0 = rnd(aten.add.Tensor(aten.neg.default(t), 1.0))
-        out = aten.add.Tensor(aten.mul.Tensor(aten.index_select.default(out, d, i0), w0),
-                              aten.mul.Tensor(aten.index_select.default(out, d, i1), t))
+        near, far = aten.index_select.default(out, d, i0), aten.index_select.default(out, d, i1)
+        if acc == torch.float32:  # fma(near, w0, far * t): near * w0 is exact in float64
+            out = aten._to_copy.default(aten.add.Tensor(
+                aten.mul.Tensor(aten._to_copy.default(near, dtype=torch.float64), aten._to_copy.default(
+                    w0, dtype=torch.float64)), aten._to_copy.default(aten.mul.Tensor(far, t), dtype=torch.float64)),
+                dtype=acc)
+        else:
+            out = aten.add.Tensor(aten.mul.Tensor(near, w0), aten.mul.Tensor(far, t))
     return _in_input_format(aten._to_copy.default(out, dtype=x.dtype) if acc != x.dtype else out, x)
 
 

@@ -11,6 +11,7 @@ kernel).
 """
 from __future__ import annotations
 
+import math
 import warnings
 from typing import Callable, Optional
 
@@ -68,6 +69,32 @@ def _pad(args, kwargs) -> None:
     if isinstance(pad, (list, tuple)) and pad and all(type(p) is int for p in pad):
         trailing = (2 * max(map(abs, pad)) + 1,) * (len(pad) // 2)
         _probe_dtypes(torch.nn.functional.pad, trailing=trailing)(args, kwargs)
+
+
+def _interpolate(args, kwargs) -> None:
+    """``F.interpolate`` to or from an empty size (``scale_factor=0.5`` of one element): eager's upsampling kernels
+    refuse it, and the modes coil decomposes (linear; under dynamic shapes bilinear, trilinear, nearest, bicubic)
+    returned an empty tensor (fuzz s232 #73). ``area`` is adaptive pooling, which accepts it."""
+    x, size = _arg(args, kwargs, 0, "input"), _arg(args, kwargs, 1, "size")
+    scale = _arg(args, kwargs, 2, "scale_factor")
+    mode = _arg(args, kwargs, 3, "mode") or "nearest"
+    if not isinstance(x, torch.Tensor) or mode == "area" or not 3 <= x.dim() <= 5:
+        return
+    n, spatial = x.dim() - 2, list(x.shape[2:])
+    if size is not None:
+        out = list(size) if isinstance(size, (list, tuple)) else [size] * n
+    elif scale is not None:
+        scales = list(scale) if isinstance(scale, (list, tuple)) else [scale] * n
+        out = [math.floor(d * float(s)) for d, s in zip(spatial, scales)]
+    else:
+        return
+    if len(out) != n or not all(type(v) is int or isinstance(v, torch.SymInt) for v in spatial + out) or all(
+            v > 0 for v in spatial + out):
+        return
+    names = "DHW"[3 - n:]
+    shown = [", ".join(f"{a}: {v}" for a, v in zip(names, vs)) for vs in (spatial, out)]
+    raise RuntimeError("Input and output sizes should be greater than 0, but got input "
+                       + (f"({shown[0]}) and output ({shown[1]})" if n == 1 else f"({shown[0]}) output ({shown[1]})"))
 
 
 def _tensors_in(index) -> list:
@@ -148,6 +175,7 @@ _INDEXED = {"index_select": (2, "index"), "index_add": (2, "index"), "index_fill
 CHECKS: dict[str, Callable] = {
     "index_add": _index_add, "index_copy": _index_copy, "index_put": _index_put,
     "setitem": _setitem, "__setitem__": _setitem, "softmax": _dim, "softmin": _dim, "sort": _dim, "pad": _pad,
+    "interpolate": _interpolate, "upsample": _interpolate,
 }
 
 

@@ -189,6 +189,11 @@ def _symbol_sources(graph) -> dict:
         for d, e in enumerate(b.layout.stride):
             if e.is_Symbol:
                 sources.setdefault(e, f"{name}.stride({d})")
+    for name, value in zip(graph.placeholder_names, graph.example_inputs):
+        # an input's storage offset: AOT lays a written input's value out at it for an as_strided read (s315 #543)
+        if isinstance(value, torch.Tensor) and isinstance(off := value.storage_offset(), torch.SymInt) \
+                and as_expr(off).is_Symbol:
+            sources.setdefault(as_expr(off), f"{name}.storage_offset()")
     return sources
 
 

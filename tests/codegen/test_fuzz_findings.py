@@ -94,6 +94,22 @@ def test_float32_atan2_of_equal_values_is_eagers(backend):
         lambda: [torch.tensor([2.0, 0.0, -2.0, 3.0, -1.0])], backend)
 
 
+def _cos_of_atan(a):  # s1033 #729
+    return (torch.cos(torch.atan(torch.nn.functional.pad(a.reshape(1, 1, -1), (0, 1), mode='replicate'))),)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_trig_of_an_inverse_is_not_folded(dtype, backend):
+    """s1033 #729: ``cos(atan(nan))`` of float64 was 0 in coil's C++ kernel, eager NaN: with ``-fno-math-errno`` GCC 12
+    folds ``cos(atan(x))`` into ``1 / sqrt(x*x + 1)`` behind a ``|x| <`` test that NaN fails (``sin(atan(nan))`` gave
+    1, ``cos(atan(inf))`` 0 for 6.1e-17, others an ulp off; ``sinh``/``cosh`` of ``atanh`` alike)."""
+    _ok(_cos_of_atan, lambda: [torch.tensor(math.nan, dtype=dtype)], backend)
+    x = lambda: [torch.tensor([math.nan, math.inf, -math.inf, 2.0, -0.3, 1e200, 0.999999999], dtype=dtype)]  # noqa
+    _ok(lambda a: (torch.cos(torch.atan(a)), torch.sin(torch.atan(a)), torch.sinh(torch.atanh(a)),
+                   torch.cosh(torch.atanh(a)), torch.tanh(torch.atanh(a))), x, backend)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
 def test_gelu_of_infinities(dtype, backend):
@@ -1019,6 +1035,23 @@ def test_as_strided_read_below_a_written_slice_under_dynamic_shapes(backend):
                                               torch.tensor(1.0)], backend)
 
 
+def _read_of_a_written_input_at_an_offset(a):  # s315 #543
+    a.scatter_(0, torch.tensor([[[0, 0, 0]]]), torch.full((1, 1, 3), 1.0))
+    return (a.as_strided((2, 4), (1, 2), 9) * 1,)
+
+
+@pytest.mark.parametrize("backend", ["cpp_dynamic", "triton_dynamic", "aot_eager"])
+def test_as_strided_read_of_a_written_input_at_a_symbolic_storage_offset(backend):
+    """s315 #543: ``a`` starts at element 6 of its storage and is written; the ``as_strided`` read at offset 9 takes
+    its value laid out at ``a``'s offset, which under ``dynamic=True`` is a symbol the wrapper could not bind (code
+    generation fell back to the FX interpreter). There, and under coil's ``aot_eager``, the first ``as_strided`` node,
+    of functionalization's value that starts at 0, was left in the graph dead and failed (``setStorage ... out of
+    bounds``)."""
+    _ok(_read_of_a_written_input_at_an_offset, lambda: [torch.arange(21.0).reshape(7, 1, 3)[2:7]], backend)
+    _ok(lambda a: (_read_of_a_written_input_at_an_offset(a), ())[1],
+        lambda: [torch.arange(21.0).reshape(7, 1, 3)[2:7]], backend)
+
+
 def _read_of_a_scattered_transposed_input(x, idx, src):
     x.scatter_(0, idx, src)
     return (x.as_strided((2, 2), (1, 3), 1) * 1,)
@@ -1112,6 +1145,30 @@ def test_linear_interpolation_to_the_same_size_copies(backend):
         lambda: [torch.tensor([[[0.0, 1.0, 4.0, float("inf"), 16.0]]])], backend)
 
 
+def _interpolate_by_three(a):  # s315 #432
+    return (torch.nn.functional.interpolate(a.reshape(1, 1, -1), scale_factor=3, mode='linear', align_corners=False),)
+
+
+@pytest.mark.parametrize("backend", BACKENDS + ["cpp_dynamic"])
+def test_linear_interpolation_source_position_is_rounded_once(backend):
+    """s315 #432: eager's float position of output 1 at ``scale_factor=3`` is ``fma(1/3, 1.5, -0.5)`` = 1.49e-8 (its
+    kernels are built with FMA contraction), so 3.34e38 beside it weighs 4.98e30; coil took 0 (two roundings) and gave
+    1.0. Double positions too, and eager's ``floorf`` rounds a double position to float before taking its row
+    (0.9999999999999999 is row 1 at weight 0); each output is eager's bit for bit (one-hot rows give the weights)."""
+    _ok(_interpolate_by_three, lambda: [torch.tensor([1.0, 3.3415702e+38])], backend)
+    if backend == "cpp":
+        import torch.nn.functional as F
+        for dtype in (torch.float32, torch.float64):
+            for n in (2, 3, 5):
+                x = torch.eye(n, dtype=dtype).reshape(1, n, n)
+                sizes = [dict(size=m) for m in (4, 6, 7, 9, 14, 21)]
+                for kw in sizes + [dict(scale_factor=s) for s in (1.7, 3.0, 7.0)]:
+                    for corners in (False, True):
+                        f = coil.compile(lambda x: F.interpolate(x, mode="linear", align_corners=corners, **kw))
+                        assert torch.equal(f(x), F.interpolate(x, mode="linear", align_corners=corners, **kw)), \
+                            (dtype, n, kw, corners)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("op", ["reflect", "replicate", "interpolate", "max_pool1d"])
 def test_dtypes_eager_refuses_for_padding_and_pooling(backend, op):
@@ -1126,6 +1183,31 @@ def test_dtypes_eager_refuses_for_padding_and_pooling(backend, op):
         f(x)
     with pytest.raises(NotImplementedError, match="not implemented for"):
         coil.compile(f, options={"cpu_backend": backend})(x)
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+@pytest.mark.parametrize("mode,shape,kw", [
+    ("linear", (1, 1, 1), dict(scale_factor=0.5, align_corners=True)),  # s232 #73
+    ("linear", (1, 1, 3), dict(size=0)),
+    ("bilinear", (1, 1, 3, 1), dict(scale_factor=0.5)),
+    ("nearest", (1, 1, 3, 1), dict(scale_factor=0.5)),
+    ("trilinear", (1, 1, 2, 2, 1), dict(scale_factor=0.5)),
+    ("bicubic", (1, 1, 2, 2), dict(scale_factor=0.4)),
+])
+def test_interpolation_to_an_empty_size_raises_eagers_error(mode, shape, kw, dynamic):
+    """s232 #73: ``interpolate(x.reshape(1, 1, -1), scale_factor=0.5, mode='linear')`` of one element: eager refuses an
+    output size of 0, coil's decomposition (and under dynamic shapes those of bilinear, trilinear, nearest and bicubic)
+    returned an empty tensor. Adaptive pooling (``area``) accepts it."""
+    import torch.nn.functional as F
+    f = lambda x: F.interpolate(x, mode=mode, **kw) * 1  # noqa: E731
+    x = torch.ones(shape)
+    with pytest.raises(RuntimeError, match="Input and output sizes should be greater than 0") as e:
+        f(x)
+    with pytest.raises(RuntimeError, match="Input and output sizes should be greater than 0") as c:
+        coil.compile(f, dynamic=dynamic)(x)
+    assert str(c.value).endswith(str(e.value))
+    area = lambda x: F.interpolate(x, scale_factor=0.5, mode="area")  # noqa: E731
+    assert coil.compile(area, dynamic=dynamic)(torch.ones(1, 1, 3, 1)).shape == area(torch.ones(1, 1, 3, 1)).shape
 
 
 @pytest.mark.parametrize("backend", BACKENDS + ["cpp_dynamic"])

@@ -883,6 +883,34 @@ def test_an_ulp_of_a_transcendental_spreads_through_an_ill_conditioned_op(monkey
     assert fuzz.check(_tan_of_sinh, lambda: [torch.tensor([0.5])], "cpp").outcome == "mismatch"
 
 
+def _log_softmax_of_a_product(b):  # s231 #237
+    v0 = torch.log_softmax(b, -1)
+    return (torch.log_softmax(torch.matmul(v0, v0.mT), 0),)
+
+
+def test_eagers_log_softmax_rounds_the_rows_logsumexp_first(monkeypatch):
+    """Eager's CPU ``log_softmax`` takes ``x - (max + log(sum))`` with ``max + log(sum)`` rounded to the dtype first:
+    fp16 ``-1.3730`` where the correctly rounded value is ``-1.3740`` (s231 #237). Through ``matmul`` and another
+    ``log_softmax`` over rows that nearly cancel, that half ulp of the row's logsumexp moved an output from -0.1112 to
+    the correctly rounded chain's -0.1096 (10 times further from the fp32 reference than eager's): accepted. A
+    value off by more is not, nor one off where nothing was rounded that way."""
+    b = lambda: [torch.tensor([[1.0, 1.0, -0.1163, 1.484], [-0.285, 1.663, -0.9463, -2.004],  # noqa: E731
+                               [0.603, 0.5205, -1.807, -1.649]], dtype=torch.float16)]
+
+    def rounded_once(b):  # each op in float32, rounded to fp16 once, as coil's kernels
+        v0 = torch.log_softmax(b.float(), -1).half()
+        return (torch.log_softmax(torch.matmul(v0, v0.mT).float(), 0).half(),)
+    assert rounded_once(*b())[0][1, 2].item() == -0.109619140625
+    monkeypatch.setattr(fuzz, "compile_for", lambda fn, be: rounded_once)
+    assert fuzz.check(_log_softmax_of_a_product, b, "cpp").outcome == "ok"
+    monkeypatch.setattr(fuzz, "compile_for", lambda fn, be: lambda b: (rounded_once(b)[0] * 1.3,))
+    assert fuzz.check(_log_softmax_of_a_product, b, "cpp").outcome == "mismatch"
+    one = lambda: [torch.tensor([[0.0, 0.0]], dtype=torch.float16)]  # noqa: E731  (-log 2 exactly)
+    monkeypatch.setattr(fuzz, "compile_for", lambda fn, be: lambda b: (
+        torch.log_softmax(b, -1) * (1 + 2 ** -7),))
+    assert fuzz.check(lambda b: (torch.log_softmax(b, -1),), one, "cpp").outcome == "mismatch"
+
+
 def _mean_eq(c):  # s205 #3181
     return (torch.eq(torch.mean(c, dim=0), c),)
 

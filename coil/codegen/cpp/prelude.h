@@ -27,10 +27,22 @@ namespace cm {
                    COIL_INLINE double n(double x) { return __builtin_##n(x); }
 #define COIL_M2(n) COIL_INLINE float n(float x, float y) { return __builtin_##n##f(x, y); } \
                    COIL_INLINE double n(double x, double y) { return __builtin_##n(x, y); }
+// atan/atanh results pass an empty asm: with -fno-math-errno GCC 12 folds sin(atan(x)) into x / sqrt(x*x + 1) (NaN
+// gave 1, cos(atan(NaN)) 0, cos(atan(inf)) 0 for 6.1e-17; sinh/cosh of atanh alike; fuzz s1033 #729). libm calls
+// either way (the loop does not vectorize around them), so the barrier costs nothing.
+#if defined(__x86_64__) || defined(__i386__)
+#define COIL_OPAQUE(v) __asm__("" : "+x"(v))
+#elif defined(__aarch64__)
+#define COIL_OPAQUE(v) __asm__("" : "+w"(v))
+#else
+#define COIL_OPAQUE(v) __asm__("" : "+m"(v))
+#endif
+#define COIL_M1_OPAQUE(n) COIL_INLINE float n(float x) { float r = __builtin_##n##f(x); COIL_OPAQUE(r); return r; } \
+                          COIL_INLINE double n(double x) { double r = __builtin_##n(x); COIL_OPAQUE(r); return r; }
 COIL_M1(exp) COIL_M1(exp2) COIL_M1(expm1) COIL_M1(log) COIL_M1(log2) COIL_M1(log10)
 COIL_M1(log1p) COIL_M1(sqrt) COIL_M1(sin) COIL_M1(cos) COIL_M1(tan) COIL_M1(asin)
-COIL_M1(acos) COIL_M1(atan) COIL_M1(sinh) COIL_M1(cosh) COIL_M1(tanh) COIL_M1(asinh)
-COIL_M1(acosh) COIL_M1(atanh) COIL_M1(erf) COIL_M1(erfc) COIL_M1(lgamma) COIL_M1(floor)
+COIL_M1(acos) COIL_M1_OPAQUE(atan) COIL_M1(sinh) COIL_M1(cosh) COIL_M1(tanh) COIL_M1(asinh)
+COIL_M1(acosh) COIL_M1_OPAQUE(atanh) COIL_M1(erf) COIL_M1(erfc) COIL_M1(lgamma) COIL_M1(floor)
 COIL_M1(ceil) COIL_M1(trunc) COIL_M1(nearbyint) COIL_M1(fabs) COIL_M1(rint)
 COIL_M2(fmod) COIL_M2(pow) COIL_M2(atan2) COIL_M2(hypot) COIL_M2(copysign) COIL_M2(nextafter)
 COIL_INLINE float fma(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
@@ -40,6 +52,8 @@ COIL_INLINE bool isinf(double x) { return __builtin_isinf(x); }
 COIL_INLINE bool signbit(float x) { return __builtin_signbit(x); }
 COIL_INLINE bool signbit(double x) { return __builtin_signbit(x); }
 #undef COIL_M1
+#undef COIL_M1_OPAQUE
+#undef COIL_OPAQUE
 #undef COIL_M2
 }  // namespace cm
 

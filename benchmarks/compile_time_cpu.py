@@ -19,7 +19,8 @@ self seconds (wall) summed over every compile; the process's CPU time is printed
 (Triton source generation as on the GPU; ``TRITON_INTERPRET=1`` runs the kernels).
 ``--artifacts FILE`` writes the kernel, wrapper and guards artifacts of the log (name -> text, in
 order) as JSON, to diff two trees' code generation. ``--no-log`` times the call with the
-log off (no stages).
+log off (stages from a stage listener only: self CPU seconds of the compiling thread, which the
+log's runs print too).
 
 ``--broad NAME``: the first training step of a broad-suite model's small config
 (``coil.bench.broad``; the step ``coil bench`` times, on CPU in fp32 without autocast:
@@ -29,7 +30,11 @@ MobileNetV2 (17 inverted residual blocks, ReLU6, no TF padding), EfficientNet-B0
 (depths 2-2-6-2, window 7, narrow: embed 32) and a DenseNet-121 written here (dense blocks of
 6-12-24-16 layers, growth 32, concatenations). The summary then counts the kernels per graph
 and their distinct sources (the kernel's name taken out): on a GPU each distinct Triton
-kernel is compiled and autotuned.
+kernel is compiled and autotuned. ``--backend triton --no-run`` generates and loads the Triton
+kernels without running them in the interpreter (compile time only; the values are garbage) and
+counts the compilations a GPU would make:
+
+    OMP_NUM_THREADS=1 python benchmarks/compile_time_cpu.py --broad b_densenet121 --backend triton --no-run
 """
 from __future__ import annotations
 

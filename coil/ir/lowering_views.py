@@ -16,8 +16,8 @@ from coil.ir.lowering import (FallbackToExtern, _full, broadcast_loader, device,
                               out_dtype, out_size, register_lowering)
 from coil.ir.nodes import (GenericView, InputBuffer, Layout, Pointwise, ReinterpretView,
                            StorageBox, TensorBox, current_graph)
-from coil.ir.symbols import (FloorDiv, Mod, as_expr, as_size, broadcasts, contiguous_strides, guard_true, is_static,
-                             linear_index, product, unflatten)
+from coil.ir.symbols import (FloorDiv, Mod, as_expr, as_size, broadcasts, contiguous_strides, current_shape_env,
+                             guard_true, is_static, linear_index, product, unflatten)
 from coil.ir.virtualized import compute_dtype, ops
 
 aten = torch.ops.aten
@@ -75,8 +75,16 @@ def view_reshape(x: TensorBox, new_size) -> TensorBox:
             return _lay(layout, new_size, stride)
         return make_view(x, new_size, reindex, restride)
 
+    memo: dict = {}
+
     def reindex(index):
-        return unflatten(linear_index(index, new_size), old)
+        # each body reading the view asks again with the same loop symbols (Swin's window partition: five
+        # reshapes deep); static shapes only, where the expression depends on nothing else
+        if current_shape_env() is not None:
+            return unflatten(linear_index(index, new_size), old)
+        if (key := tuple(index)) not in memo:
+            memo[key] = unflatten(linear_index(index, new_size), old)
+        return list(memo[key])
 
     def restride(layout):
         if all(st == c or s == 1 for s, st, c in zip(layout.size, layout.stride, contiguous_strides(layout.size))):

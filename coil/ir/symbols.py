@@ -545,20 +545,28 @@ def floor_safe(e: sympy.Expr) -> sympy.Expr:
 
 @functools.lru_cache(maxsize=65536)
 def _floor_safe(e: sympy.Expr) -> sympy.Expr:
+    # (a kernel's expressions share their numerators: ``x // 16 % 1024`` in a dozen of them)
+    sign = _sign_cached if current_shape_env() is None else _sign
+
     def fix(t):
         a, b = t.args  # b: a size or stride (> 0 wherever a lane runs), or a step
-        if _sign(b) < 0:  # a negative step (a constant, or an int argument guarded negative):
+        if sign(b) < 0:  # a negative step (a constant, or an int argument guarded negative):
             # ceil((end - start) / step) in floor semantics over -a, -b (a % b == -((-a) % (-b)))
             inner = FloorDiv(-a, -b) if isinstance(t, FloorDiv) else Mod(-a, -b)
             safe = fix(inner) if isinstance(inner, (FloorDiv, Mod)) else _floor_safe.__wrapped__(inner)
             return safe if isinstance(t, FloorDiv) else -safe
-        if _sign(a) > 0:
+        if (sa := sign(a)) > 0:
             return t
-        if _sign(a) < 0:
+        if sa < 0:
             return -FloorDiv(b - 1 - a, b) if isinstance(t, FloorDiv) else b - 1 - Mod(b - 1 - a, b)
         rem = TruncMod(TruncMod(a, b) + b, b)  # the floor remainder in either semantics
         return TruncDiv(a - rem, b) if isinstance(t, FloorDiv) else rem
     return e.replace(lambda t: isinstance(t, (FloorDiv, Mod)), fix)
+
+
+@functools.lru_cache(maxsize=65536)
+def _sign_cached(a: sympy.Expr) -> int:
+    return _sign(a)
 
 
 def _sign(a: sympy.Expr) -> int:

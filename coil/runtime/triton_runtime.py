@@ -102,18 +102,24 @@ def canonical_name(source: str, name: str) -> str:
     :data:`CANONICAL_NAME`) gives them one name, while different bodies stay distinguishable in profiler output (every
     kernel used to show up as ``coil_kernel``). The ``autotune`` event records which generated kernel runs under which
     name."""
-    # whole-line comments are left out: the header names the fused nodes' buffers
-    placeholder = re.sub(rf"\b{re.escape(name)}\b", CANONICAL_NAME, re.sub(r"(?m)^[ \t]*#.*\n", "", source))
+    placeholder = re.sub(rf"\b{re.escape(name)}\b", CANONICAL_NAME, _without_comment_lines(source))
     parts = name.split("_")
     kind = parts[1] if len(parts) > 2 and parts[0] == "triton" else "kernel"
     return f"coil_{kind}_{source_key(placeholder)[:10]}"
 
 
+def _without_comment_lines(source: str) -> str:
+    # the header names the fused nodes' buffers: copies of a body differ only there
+    return re.sub(r"(?m)^[ \t]*#.*\n", "", source)
+
+
 def canonical_source(source: str, name: str) -> tuple[str, str]:
-    """``(source with its kernel's name replaced by the compiled name, that name)``
-    (:func:`canonical_name`; whole-word occurrences only)."""
+    """``(source without whole-line comments, its kernel's name replaced by the compiled name; that name)``
+    (:func:`canonical_name`; whole-word occurrences only). Copies of a body get one text, so one module, one
+    launcher key, one compile-pool job and one autotuning run: with the header's buffer names they got one each
+    (MobileNetV2's training step: 266 keys for 126 bodies)."""
     compiled = canonical_name(source, name)
-    return re.sub(rf"\b{re.escape(name)}\b", compiled, source), compiled
+    return re.sub(rf"\b{re.escape(name)}\b", compiled, _without_comment_lines(source)), compiled
 
 
 def _cdiv(a: int, b: int) -> int:

@@ -86,10 +86,14 @@ class Scheduler:
             for r in b.get_read_names():
                 self.users[r].add(b.get_name())
         owner = self._owner_map()
-        # group id -> ids of the groups that read what it writes (kept up to date by _merge)
+        # group id -> ids of the groups that read what it writes, and the reverse (kept up to date by _merge)
         self._succ = {id(g): {id(og) for n in g.names for u in self.users.get(n, ())
                               if (og := owner.get(u)) is not None and og is not g} for g in self.groups}
-        self._byid = {id(g): g for g in self.groups}
+        self._pred: dict[int, set] = {id(g): set() for g in self.groups}
+        for gid, ss in self._succ.items():
+            for s in ss:
+                self._pred[s].add(gid)
+        self._byid = {id(g): g for g in self.groups}   # the groups alive, by id
         with trace.stage("schedule"):
             if config.fusion:
                 self.fuse()
@@ -221,7 +225,7 @@ class Scheduler:
     def _fuse_round(self) -> bool:
         changed = False
         for score, a, b, kind in self._candidates():
-            if a not in self.groups or b not in self.groups:
+            if id(a) not in self._byid or id(b) not in self._byid:
                 continue
             reason = self._why_not(a, b)
             rec = {"decision": "refused" if reason else "fused", "kind": kind, "a": a.names,
@@ -295,41 +299,53 @@ class Scheduler:
     def _merge(self, a: FusedGroup, b: FusedGroup) -> None:
         numel, rnumel = self.combined_group(a, b)
         nodes = sorted(a.nodes + b.nodes, key=lambda n: self.order_of[n.get_name()])
-        g = FusedGroup(nodes, numel, rnumel, min(a.order, b.order))
-        self.groups.remove(a)
-        self.groups.remove(b)
-        self.groups.append(g)
+        lo, hi = sorted((a.order, b.order))
+        g = FusedGroup(nodes, numel, rnumel, lo)
         owner = self._owner_map()
         owner.update((n, g) for n in g.names)
-        ia, ib = id(a), id(b)
-        self._succ[id(g)] = (self._succ.pop(ia) | self._succ.pop(ib)) - {ia, ib}
-        for ss in self._succ.values():
-            if ia in ss or ib in ss:
-                ss -= {ia, ib}
-                ss.add(id(g))
+        ia, ib, ig = id(a), id(b), id(g)
+        self._succ[ig] = (self._succ.pop(ia) | self._succ.pop(ib)) - {ia, ib}
+        self._pred[ig] = (self._pred.pop(ia) | self._pred.pop(ib)) - {ia, ib}
+        for s in self._succ[ig]:
+            self._pred[s] -= {ia, ib}
+            self._pred[s].add(ig)
+        for p in self._pred[ig]:
+            self._succ[p] -= {ia, ib}
+            self._succ[p].add(ig)
         del self._byid[ia], self._byid[ib]
-        self._byid[id(g)] = g
-        self._reorder()
+        self._byid[ig] = g
+        self._reorder(g, lo, hi)
 
-    def _reorder(self) -> None:
-        """Topologically order groups (stable by original order)."""
-        indeg = {id(g): 0 for g in self.groups}
-        succs, byid = self._succ, self._byid
-        for ss in succs.values():
-            for s in ss:
-                indeg[s] += 1
-        import heapq
-        heap = [(g.order, i, id(g)) for i, g in enumerate(self.groups) if indeg[id(g)] == 0]
-        heapq.heapify(heap)
-        out = []
-        while heap:
-            _, _, gid = heapq.heappop(heap)
-            out.append(byid[gid])
-            for s in succs[gid]:
-                indeg[s] -= 1
-                if indeg[s] == 0:
-                    heapq.heappush(heap, (byid[s].order, len(out), s))
-        assert len(out) == len(self.groups), "cycle in fused groups"
-        for i, g in enumerate(out):
-            g.order = i
-        self.groups = out
+    def _reorder(self, g: FusedGroup, lo: int, hi: int) -> None:
+        """Order the groups topologically again after the groups ordered ``lo`` and ``hi`` became ``g`` (in
+        ``lo``'s place): the producers of the ``hi`` one ordered after ``lo`` (``up``; none is a consumer of the
+        ``lo`` one, which would be a cycle) must now come before ``g``. Up to the last of them, the groups that do
+        not depend on ``g`` move before it, in their order; nothing else moves. This is the order that sorting all
+        groups again gives (Kahn's algorithm, smallest order first), found without visiting them all; orders stay
+        increasing, not contiguous."""
+        import bisect
+        groups, byid, order = self.groups, self._byid, (lambda x: x.order)
+        del groups[bisect.bisect_left(groups, hi, key=order)]
+        i = bisect.bisect_left(groups, lo, key=order)
+        up, stack = set(), [id(g)]
+        while stack:
+            for p in self._pred[stack.pop()]:
+                if p not in up and byid[p].order > lo:
+                    up.add(p)
+                    stack.append(p)
+        if not up:
+            groups[i] = g
+            return
+        last = max(byid[p].order for p in up)
+        j = bisect.bisect_right(groups, last, key=order)
+        down, stack = set(), [id(g)]
+        while stack:
+            for c in self._succ[stack.pop()]:
+                if c not in down and lo < byid[c].order <= last:
+                    down.add(c)
+                    stack.append(c)
+        between = groups[i + 1:j]
+        out = [x for x in between if id(x) not in down] + [g] + [x for x in between if id(x) in down]
+        for x, o in zip(out, [lo] + [x.order for x in between]):
+            x.order = o
+        groups[i:j] = out

@@ -240,14 +240,15 @@ def test_static_copy_created_before_its_body_was_tuned_takes_the_result(gpu, mon
     assert b.chosen == a.chosen and gpu.timed == timed
 
 
-def test_copies_of_a_body_with_headers_naming_their_buffers_share_one_compiled_name():
+def test_copies_of_a_body_with_headers_naming_their_buffers_share_one_compiled_source():
     """Kernel headers name the fused nodes (``# pointwise ... nodes=['buf13']``): the
-    same body in twelve layers was twelve modules, compiles and tunings."""
+    same body in twelve layers was twelve modules, compiles and tunings (after one name, still
+    twelve modules and tunings: the key hashed the header)."""
     src = [f"# pointwise numel=512*s14 nodes=['buf{b}']\n" + SOURCE.replace("NAME", f"triton_poi_{i}_buf{b}")
            for i, b in ((4, 13), (10, 28))]
     a, b = (rt.canonical_source(s, f"triton_poi_{i}_buf{n}")
             for s, (i, n) in zip(src, ((4, 13), (10, 28))))
-    assert a[1] == b[1]
+    assert a == b  # one module, launcher key, pool job and tuning (the source too, not only the name)
     other = rt.canonical_source(src[0].replace("x % s0", "x // s0"), "triton_poi_4_buf13")
     assert other[1] != a[1]
 

@@ -284,7 +284,10 @@ COIL_INLINE void coil_sincos_r(float x, float* sr, float* cr, int32_t* q) {
   *sr = (float)__builtin_fma(-sp * z, r, r);
   *cr = (float)__builtin_fma(-cp * z, z, __builtin_fma(-0.5, z, 1.0));
   // j mod 4 in double: AVX2 has no vector double -> int64 conversion
-  int32_t qs = (int32_t)(j - 4.0 * __builtin_floor(j * 0.25));
+  // (floor as rint and a select: GCC 12 does not vectorize __builtin_floor of a double)
+  double t4 = j * 0.25, f4 = __builtin_rint(t4);
+  f4 = coil_sel(f4 > t4, f4 - 1.0, f4);
+  int32_t qs = (int32_t)(j - 4.0 * f4);
   qb = coil_sel(x < 0.0f, -qb, qb);
   *q = coil_sel(big, qb & 3, qs);
 }

@@ -21,6 +21,8 @@ BODIES = {
     "log": "coil_log(a[i])",
     "tanh": "coil_tanh(a[i])",
     "ndtr": "coil_ndtr(a[i])",
+    "sin": "coil_sin(a[i])",
+    "cos": "coil_cos(a[i])",
     "relu_select": "coil_sel<float>(a[i] < 0, (float)0, a[i])",
     "max_prop": "coil_max_prop_(a[i], 0.5f)",
     "bf16_round": "coil_round_bf16(a[i])",

@@ -6,11 +6,14 @@ Each row compiles one small function with ``coil.compile`` (C++ kernels on the C
 prints the best of 30 calls for both on 2^20 float32 elements (softmax: 256 x 4096). A row far below 1.0 is a loop
 GCC left scalar (check the kernel with ``-fopt-info-vec``: docs/cpp_backend.md, "Selects are bit masks").
 """
+import os
+import sys
 import time
 
 import torch
 
-import coil
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import coil  # noqa: E402
 
 FNS = {
     "exp": lambda x: x.exp(),

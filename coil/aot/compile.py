@@ -472,17 +472,16 @@ def _check_offsets_per_call(runner: Callable, gm: torch.fx.GraphModule, fake_arg
     ``as_strided``'s offset is absolute in the storage, so the graph means something else for such a call, which runs
     ``fn`` eagerly (``aot_storage_offset_eager``). Capture does not guard storage offsets."""
     places = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    found: dict = {}
-    for n in gm.graph.nodes:
-        if n.op == "call_function" and n.target is torch.ops.aten.as_strided.default:
-            found.update((k, fake_args[k].storage_offset()) for k in mutated)
-            src = n.args[0]
-            while src.op == "call_function" and getattr(src.target, "is_view", False):
-                src = src.args[0]
-            if src in places:
-                k = places.index(src)
-                if k < len(fake_args) and isinstance(fake_args[k], torch.Tensor):
-                    found[k] = fake_args[k].storage_offset()
+    strided = [n for n in gm.graph.nodes if n.op == "call_function" and n.target is torch.ops.aten.as_strided.default]
+    found: dict = {k: fake_args[k].storage_offset() for k in mutated} if strided else {}
+    for n in strided:
+        src = n.args[0]
+        while src.op == "call_function" and getattr(src.target, "is_view", False):
+            src = src.args[0]
+        if src in places:
+            k = places.index(src)
+            if k < len(fake_args) and isinstance(fake_args[k], torch.Tensor):
+                found[k] = fake_args[k].storage_offset()
     if not found or not all(isinstance(v, int) for v in found.values()):
         return runner
     checks = sorted(found.items())

@@ -460,12 +460,13 @@ class GraphLowering(torch.fx.Interpreter):
                 e = _empty_eager(a, memo)  # eager's strides for an empty output
                 metas[i] = m if e is None else e
         for i, (r, meta) in enumerate(zip(flat, metas)):
-            is_saved = saved is not None and saved[0] <= i < saved[1]
-            if i in free and _padded_matmul_result(r):  # an LM head's logits (config.keep_padded_matmul_outputs)
+            # a saved output, or an LM head's logits (config.keep_padded_matmul_outputs), keeps the layout it has
+            keep = saved is not None and saved[0] <= i < saved[1]
+            if not keep and i in free and _padded_matmul_result(r):
                 trace.log("padded_output_kept", stage="lowering", output=i, buffer=r.data.get_name(),
                           reason="a user output computed by a padded matmul keeps its padded row stride")
-                is_saved = True
-            self.outputs.append(self._saved_output_spec(r) if is_saved else self._output_spec(r, meta))
+                keep = True
+            self.outputs.append(self._saved_output_spec(r) if keep else self._output_spec(r, meta))
         self._write_inputs_in_place(flat)
         self.output_strides = [self._spec_strides(o) for o in self.outputs]
         return results

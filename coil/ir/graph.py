@@ -463,7 +463,7 @@ class GraphLowering(torch.fx.Interpreter):
             # a saved output, or an LM head's logits (config.keep_padded_matmul_outputs), keeps the layout it has
             keep = saved is not None and saved[0] <= i < saved[1]
             if not keep and i in free and _padded_matmul_result(r):
-                trace.log("padded_output_kept", stage="lowering", output=i, buffer=r.data.get_name(),
+                trace.log("padded_output_kept", stage="lowering", output=i, buffer=r.data.data.get_name(),
                           reason="a user output computed by a padded matmul keeps its padded row stride")
                 keep = True
             self.outputs.append(self._saved_output_spec(r) if keep else self._output_spec(r, meta))

@@ -36,8 +36,8 @@ def _key(value):
         return None if any(p[1] is None for p in parts) else ("dict", parts)
     if isinstance(value, (bool, int, float, str, type(None), torch.dtype, torch.device,
                           torch.layout, torch.memory_format)):
-        if isinstance(value, float) and value != value:  # NaN != NaN: never merge
-            return None
+        if isinstance(value, float):  # NaN != NaN: never merge; -0.0 == 0.0 but where(c, -0.0, 0.0) differs
+            return None if value != value else ("float", value.hex())
         return (type(value).__name__, value)
     return None
 

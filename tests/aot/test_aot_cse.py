@@ -73,3 +73,17 @@ def test_layer_norm_of_transposed_input_returns_contiguous():
         assert out.stride() == ref.stride(), (backend, out.stride(), ref.stride())
         torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
         out.view(-1)
+
+
+def test_scalars_of_opposite_zero_sign_are_not_merged():
+    """``torch.where(c, -0.0, 0.0)`` gave all +0.0: CSE keyed the two ``scalar_tensor`` nodes by ``0.0 == -0.0``."""
+    c = torch.tensor([True, False, True])
+    x = torch.randn(3)
+
+    def f(c, x):
+        return torch.where(c, -0.0, 0.0), x.masked_fill(c, -0.0).masked_fill(~c, 0.0)
+
+    for backend in ("aot_eager", "coil"):
+        coil.reset()
+        for o, r in zip(coil.compile(f, backend=backend)(c, x), f(c, x)):
+            assert torch.equal(o.signbit(), r.signbit()), (backend, o, r)

@@ -144,3 +144,14 @@ def test_min_max_abs_of_a_changing_float_do_not_recompile_each_call(backend):
         torch.testing.assert_close(got[0], want[0])
         assert got[1:] == want[1:] and [type(v) for v in got[1:]] == [type(v) for v in want[1:]], i
     assert stats["recompiles"] == 1
+
+
+def test_a_float_zero_guard_tells_its_sign():
+    """``x * p`` compiled for ``p = 0.0`` was reused for ``p = -0.0`` (``-0.0 == 0.0`` passed the guard), giving +0.0
+    where eager gives -0.0; the same for a zero inside a tuple."""
+    x = torch.ones(3)
+    for f, p, q in ((lambda x, p: x * p, 0.0, -0.0), (lambda x, t: x * t[1][0], (1, (-0.0,)), (1, (0.0,)))):
+        coil.reset()
+        c = coil.compile(f)
+        for v in (p, q, p):
+            assert torch.equal(c(x, v).signbit(), f(x, v).signbit()), v

@@ -17,6 +17,7 @@ import collections
 import dataclasses
 import enum
 import functools
+import math
 import os
 import types
 from typing import Any
@@ -61,6 +62,17 @@ def _guard_literal(gs, expr, value):
         gs.add(f"type({expr}) is {type(value).__name__} and {expr} == {value!r}", expr, value, src=expr)
     else:
         gs.add(f"type({expr}) is {gs.const(type(value))} and {expr} == {gs.const(value)}", expr, value)
+    for path, v in _float_zeros(value, ""):   # == cannot tell -0.0 from 0.0; x * -0.0 can
+        gs.add(f"math.copysign(1.0, {expr}{path}) == {math.copysign(1.0, v)}", f"{expr}{path}", v)
+
+
+def _float_zeros(value, path):
+    """(index path, value) of each float zero in a literal (tuples of tuples included)."""
+    if type(value) is float and value == 0:
+        yield path, value
+    elif type(value) is tuple:
+        for i, v in enumerate(value):
+            yield from _float_zeros(v, f"{path}[{i}]")
 
 
 def _changed_items(tx, value: tuple, expr: str) -> bool:

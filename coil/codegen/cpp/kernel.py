@@ -131,6 +131,9 @@ class CppKernel(OpsHandler):
         self.rdep: set[str] = {"rindex", "r0"}
         self.const_val: dict[str, Any] = {}  # variables known to hold a constant
         self.locals: set[str] = set()  # variables assigned by raw statements (never hoisted)
+        self.index_vars: dict[str, int] = {}  # integer index_expr variable -> its index's id
+        #: comparison of two index/constant operands -> (operand, operand, op); see _segments
+        self.range_masks: dict[str, tuple] = {}
 
     # ------------------------------------------------------------------ plumbing
     def _new(self, prefix: str = "tmp") -> str:
@@ -276,7 +279,11 @@ class CppKernel(OpsHandler):
 
     def index_expr(self, expr, dtype):
         cd = _compute_dtype(dtype)
-        return self._emit(f"static_cast<{cops.compute_ctype(cd)}>({self._idx(expr)})", cd)
+        tok = self._idx(expr)
+        var = self._emit(f"static_cast<{cops.compute_ctype(cd)}>({tok})", cd)
+        if not cd.is_floating_point:
+            self.index_vars[var.name] = int(tok[2:-1])
+        return var
 
     def to_dtype(self, x, dtype, src_dtype=None, use_compute_types=True):
         x = self._val(x, src_dtype)
@@ -412,7 +419,13 @@ class CppKernel(OpsHandler):
                 if a.dtype == torch.bool and op in ("add", "mul", "maximum", "minimum"):
                     e = {"add": f"({a} || {b})", "mul": f"({a} && {b})",
                          "maximum": f"({a} || {b})", "minimum": f"({a} && {b})"}[op]
-                return self._emit(e, out_dt)
+                out = self._emit(e, out_dt)
+                ab = [self.index_vars.get(v.name, self.const_val.get(v.name)) for v in (a, b)]
+                if op in ("lt", "le", "gt", "ge") and all(type(v) is int for v in ab) and \
+                        (a.name in self.index_vars or b.name in self.index_vars):
+                    self.range_masks[out.name] = (a.name in self.index_vars, ab[0],
+                                                  b.name in self.index_vars, ab[1], op)
+                return out
             return binary
         raise NotImplementedError(f"C++ backend does not implement ops.{op}")
 
@@ -572,17 +585,49 @@ class CppKernel(OpsHandler):
             depth += l.count("{") - l.count("}")
         return outer, inner
 
+    def _segments(self, xs: Split, lines: list[str], extent) -> list[tuple]:
+        """The inner loop ``[0, extent)`` as ``(lo, hi, lines)`` pieces in which every comparison of ``x0 + k`` with a
+        constant (``torch.cat``'s and ``pad``'s masks along the inner dim) has one value, written into the piece's
+        copy of the body: its ``if (mask)`` blocks fold away and each piece vectorizes (a masked block in the
+        loop kept it scalar). One piece, the whole loop, when there is no such mask, the extent is symbolic or
+        there would be more than four pieces."""
+        if not self.range_masks or not isinstance(extent, int):
+            return [(0, extent, lines)]
+        x0 = sympy.Symbol("x0", integer=True, nonnegative=True)
+        cuts, masks = set(), {}
+        for name, (a_ix, a, b_ix, b, op) in self.range_masks.items():
+            d = sum(sign * (xs.substitute(self.indices[v]) if ix else sympy.Integer(v))
+                    for sign, ix, v in ((1, a_ix, a), (-1, b_ix, b)))
+            c = d.coeff(x0) if d.is_polynomial(x0) else 0
+            if c not in (1, -1) or not (k := sympy.expand(c * d - x0)).is_Integer:
+                continue
+            op = op if c == 1 else {"lt": "gt", "le": "ge", "gt": "lt", "ge": "le"}[op]
+            cut = int(-k) + (op in ("le", "gt"))  # the mask is (x0 < cut) for lt/le, (x0 >= cut) for gt/ge
+            masks[name] = (cut, op in ("lt", "le"))
+            cuts.add(min(max(cut, 0), extent))
+        pts = sorted(cuts | {0, extent})
+        if not masks or len(pts) > 5:
+            return [(0, extent, lines)]
+        out = []
+        for lo, hi in zip(pts, pts[1:]):
+            val = {n: "true" if (hi <= cut) == below else "false" for n, (cut, below) in masks.items()}
+            out.append((lo, hi, [re.sub(r"^(\s*bool (\w+) = ).*;$", lambda m: m.group(1) + val[m.group(2)] + ";"
+                                        if m.group(2) in val else m.group(0), l) for l in lines]))
+        return out
+
     def _pointwise(self, xs: Split) -> list[str]:
         lines = [self._fix(l) for l in self.items]
         if self.numel == 0:
             return []
         ext = xs.extents
         if len(ext) == 1:
-            simd = self._simd_for(lines)
-            omp = self._omp(self.numel, " simd" if simd else "")
-            return [omp or simd, f"for (int64_t x0 = 0; x0 < {_c(ext[0])}; ++x0) {{", *("  " + l for l in lines), "}"]
+            out = []
+            for lo, hi, seg in self._segments(xs, lines, ext[0]):
+                simd = self._simd_for(seg)
+                out += [self._omp(self.numel, " simd" if simd else "") or simd,
+                        f"for (int64_t x0 = {lo}; x0 < {_c(hi)}; ++x0) {{", *("  " + l for l in seg), "}"]
+            return out
         hoisted, lines = self._hoist(lines, "x0")
-        simd = self._simd_for(lines)
         outer = self.numel // ext[0] if isinstance(self.numel, int) else sympy.expand(self.numel / ext[0])
         decl = []
         q = 1
@@ -591,13 +636,14 @@ class CppKernel(OpsHandler):
             decl.append(f"int64_t x{i} = {e}" + (f" % {_cp(ext[i])};" if i < len(ext) - 1 else ";"))
             q = q * ext[i]
         par_outer = hint(outer) >= 2 * self.num_threads
+        loops = []
+        for lo, hi, seg in self._segments(xs, lines, ext[0]):
+            simd = self._simd_for(seg)
+            loops += ["  " + ((self._omp(self.numel, " simd" if simd else "") or simd) if not par_outer else simd),
+                      f"  for (int64_t x0 = {lo}; x0 < {_c(hi)}; ++x0) {{", *("    " + l for l in seg), "  }"]
         return [self._omp(self.numel) if par_outer else "",
-               f"for (int64_t xo = 0; xo < {_c(outer)}; ++xo) {{", *("  " + d for d in decl),
-               *("  " + l for l in hoisted),
-               "  " + ((self._omp(self.numel, " simd" if simd else "") or simd)
-                       if not par_outer else simd),
-               f"  for (int64_t x0 = 0; x0 < {_c(ext[0])}; ++x0) {{",
-               *("    " + l for l in lines), "  }", "}"]
+                f"for (int64_t xo = 0; xo < {_c(outer)}; ++xo) {{", *("  " + d for d in decl),
+                *("  " + l for l in hoisted), *loops, "}"]
 
     def _xdecls(self, xs: Split) -> list[str]:
         ext = xs.extents

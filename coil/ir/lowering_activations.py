@@ -46,30 +46,44 @@ def _pointwise(fn, args) -> TensorBox:
 
 
 @functools.cache
-def _eager_cpu_gelu_of_inf_is_nan(dtype: torch.dtype) -> bool:
+def _eager_cpu_gelu(dtype: torch.dtype, v: float) -> float:
+    """Eager's CPU exact GELU of ``v`` in a contiguous tensor of ``dtype`` (the kernel depends on the CPU: below)."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     with unset_fake_temporarily():
-        return dtype in (torch.float32, torch.bfloat16) and bool(
-            torch.nn.functional.gelu(torch.full((64,), math.inf, dtype=dtype))[0].isnan())
+        return torch.nn.functional.gelu(torch.full((64,), v, dtype=dtype))[0].item()
+
+
+def _eager_cpu_gelu_of_inf_is_nan(dtype: torch.dtype) -> bool:
+    return dtype in (torch.float32, torch.bfloat16) and math.isnan(_eager_cpu_gelu(dtype, math.inf))
+
+
+def _eager_cpu_gelu_zero_is_positive(dtype: torch.dtype) -> bool:
+    return math.copysign(1.0, _eager_cpu_gelu(dtype, -0.0)) > 0
 
 
 @register_lowering(aten.gelu)
 def _gelu(x, approximate: str = "none"):
-    """GELU: ``x·Φ(x)`` (exact) or ``0.5·x·(1 + tanh(√(2/π)(x + 0.044715x³)))``."""
+    """GELU: ``x·Φ(x)`` (exact) or ``0.5·x·(1 + tanh(√(2/π)(x + 0.044715x³)))``.
+
+    Eager's CPU kernel for contiguous fp32 (and bf16 on AVX-512) tensors is oneDNN's, which differs from ATen's at the
+    edges, by CPU; asked of eager once per dtype: NaN at +inf on AVX-512 (AVX2 gives inf, as ATen's kernel, fp16/fp64
+    and CUDA do), and +0.0, never -0.0, for a zero result (of -0.0, and of x below about -5.5, where it underflows) on
+    AVX2 (ATen's kernel gives -0.0: x·0.5·(+0.0)). Eager's strided and one-element inputs take ATen's kernel: coil
+    matches the contiguous case."""
     if approximate == "tanh":
         def body(v, dt):
             _, t = _tanh_inner(v, dt)
             return ops.mul(ops.mul(_c(0.5, dt), v), ops.add(_c(1.0, dt), t))
-    elif device().type == "cpu" and _eager_cpu_gelu_of_inf_is_nan(out_dtype()):
-        # eager's CPU kernel for contiguous fp32/bf16 tensors gives NaN at +inf on some CPUs (oneDNN on AVX-512;
-        # AVX2 gives inf, as its scalar path, fp16/fp64 and CUDA do): asked of eager once per dtype
-        def body(v, dt):
-            y = ops.mul(v, ops.ndtr(v))
-            return ops.where(ops.eq(v, _c(math.inf, dt)), _c(math.nan, dt), y)
-    else:
-        def body(v, dt):
-            return ops.mul(v, ops.ndtr(v))
+        return _pointwise(body, [x])
+    cpu = device().type == "cpu"
+    inf_nan = cpu and _eager_cpu_gelu_of_inf_is_nan(out_dtype())
+    pos_zero = cpu and _eager_cpu_gelu_zero_is_positive(out_dtype())
+
+    def body(v, dt):
+        y = ops.mul(v, ops.ndtr(v))
+        y = ops.where(ops.eq(v, _c(math.inf, dt)), _c(math.nan, dt), y) if inf_nan else y
+        return ops.add(y, _c(0.0, dt)) if pos_zero else y  # -0.0 + 0.0 is +0.0; any other y is unchanged
     return _pointwise(body, [x])
 
 

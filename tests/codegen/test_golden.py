@@ -32,12 +32,13 @@ def _strip(src: str) -> str:
 
 @pytest.fixture(autouse=True)
 def _gelu_of_inf_as_on_avx512(monkeypatch):
-    """The exact GELU's lowering asks eager whether ``gelu(+inf)`` is NaN (AVX-512) or inf (AVX2); the goldens
-    hold the AVX-512 form on every machine."""
+    """The exact GELU's lowering asks eager whether ``gelu(+inf)`` is NaN (AVX-512) or inf (AVX2) and whether its
+    zeros are +0.0 (AVX2); the goldens hold the AVX-512 form on every machine."""
     from coil.ir import lowering_activations
 
     monkeypatch.setattr(lowering_activations, "_eager_cpu_gelu_of_inf_is_nan",
                         lambda dtype: dtype in (torch.float32, torch.bfloat16))
+    monkeypatch.setattr(lowering_activations, "_eager_cpu_gelu_zero_is_positive", lambda dtype: False)
 
 
 @pytest.mark.parametrize("name", sorted(_cases()))

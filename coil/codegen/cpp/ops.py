@@ -144,7 +144,9 @@ _pow = _float_or_int("cm::pow({}, {})", "coil_ipow")
 def _minmax(fn):
     def emit(a, dtype):
         if dtype.is_floating_point:
-            # NaN from either side; a tie (-0.0 vs 0.0) gives the first operand, as eager's clamp(x, min=0) keeps -0.0
+            # NaN from either side; a tie (-0.0 vs 0.0) gives the first operand, as eager's clamp(x, min=0) keeps -0.0.
+            # Eager's maximum/minimum (and clamp by a tensor) have no one answer there: the first operand from its
+            # scalar loop (tensors under two vectors, tails), the second from its vector body (vmaxps/vminps)
             return f"{fn}_prop_({a[0]}, {a[1]})"
         op = ">" if fn == "coil_max" else "<"
         return f"coil_sel<{compute_ctype(dtype)}>({a[0]} {op} {a[1]}, {a[0]}, {a[1]})"

@@ -177,11 +177,22 @@ COIL_INLINE float coil_exp(float x) {
   return coil_sel(x != x, x, y);
 }
 
+// expm1 in double, rounded once (within 0.5002 ulp; the float Taylor-or-exp(x)-1 split was 8 ulp off near
+// |x| = 0.1): x = n ln2 + r, |r| <= ln2/2, expm1(r) by Taylor to r^9, then 2^n expm1(r) + (2^n - 1). 2^n is
+// built from rint's bits (no float -> int conversion: AVX2 has none to int64); x is clamped so n fits.
 COIL_INLINE float coil_expm1(float x) {
-  // small |x|: Taylor to x^7 (rel err < 1e-8 for |x| < 0.1); else exp(x) - 1
-  float p = x * (1.0f + x * (0.5f + x * (1.0f / 6 + x * (1.0f / 24 + x * (1.0f / 120 + x * (1.0f / 720 + x * (1.0f / 5040)))))));
-  float e = coil_exp(x) - 1.0f;
-  return coil_sel(cm::fabs(x) < 0.1f, p, e);
+  double xd = coil_sel(x < -110.0f, -110.0f, coil_sel(x > 90.0f, 90.0f, x));
+  double n = __builtin_rint(xd * 1.4426950408889634), p = 1.0 / 362880;
+  double r = __builtin_fma(n, -6.93147180369123816490e-01, xd);
+  r = __builtin_fma(n, -1.90821492927058770002e-10, r);
+  p = __builtin_fma(p, r, 1.0 / 40320);
+  p = __builtin_fma(p, r, 1.0 / 5040); p = __builtin_fma(p, r, 1.0 / 720); p = __builtin_fma(p, r, 1.0 / 120);
+  p = __builtin_fma(p, r, 1.0 / 24); p = __builtin_fma(p, r, 1.0 / 6); p = __builtin_fma(p, r, 0.5);
+  int64_t nb; double nm = n + 6755399441055744.0 + 1023.0;  // 1.5 * 2^52: n + 1023 in the low bits
+  __builtin_memcpy(&nb, &nm, 8); nb <<= 52;
+  double s; __builtin_memcpy(&s, &nb, 8);
+  float y = (float)__builtin_fma(s, __builtin_fma(p * r, r, r), s - 1.0);
+  return coil_sel((x != x) | (x == 0.0f), x, y);  // NaN, and -0 (r is +0 there)
 }
 
 COIL_INLINE float coil_log(float x) {

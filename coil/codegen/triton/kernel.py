@@ -626,7 +626,8 @@ class TritonKernel(OpsHandler):
                     return self._op(f"({a} % {b})", dt, a, b)
                 if op == "add" and dt == torch.bool:  # bool + bool is logical or in torch
                     return self._op(f"({self._tensor(a)} | {self._tensor(b)})", dt, a, b)
-                if op in ("maximum", "minimum") and dt.is_floating_point:
+                if op in ("maximum", "minimum") and dt.is_floating_point:  # a -0.0/+0.0 tie: the second operand
+                    # under the interpreter (numpy), as eager's CPU vector body (its scalar loop gives the first)
                     return self._op(f"tl.{op}({self._tensor(a)}, {self._tensor(b)}{_nan(dt)})", dt, a, b)
                 if op in _FUNC_BIN or (op == "truediv" and b.const is not None and b.const == 0):
                     # (a constant 0 divisor as a tensor: 0.0 / 0.0 in the source is a Python

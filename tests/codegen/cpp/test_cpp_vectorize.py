@@ -19,6 +19,7 @@ from coil.runtime import cpp_build
 
 BODIES = {
     "exp": "coil_exp(a[i])",
+    "expm1": "coil_expm1(a[i])",
     "log": "coil_log(a[i])",
     "tanh": "coil_tanh(a[i])",
     "ndtr": "coil_ndtr(a[i])",

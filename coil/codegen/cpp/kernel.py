@@ -20,6 +20,7 @@ import sympy
 import torch
 
 from coil import trace
+from coil.exc import refuse_fallback
 from coil.codegen.cpp import ops as cops
 from coil.codegen.cpp.indexing import Split, canonicalize, cexpr, split_plan
 from coil.ir.nodes import current_origin, describe_origin
@@ -593,6 +594,24 @@ class CppKernel(OpsHandler):
         there would be more than four pieces."""
         if not self.range_masks or not isinstance(extent, int):
             return [(0, extent, lines)]
+        try:
+            cuts, masks = self._mask_cuts(xs, extent)
+        except Exception as e:  # an optional optimisation: the loop stays one piece (logged; a bug to fix)
+            refuse_fallback("cpp_pieces_fallback", e)   # config.strict_codegen: an error instead
+            trace.log("cpp_pieces_fallback", stage="codegen", kernel=self.name, error=f"{type(e).__name__}: {e}")
+            return [(0, extent, lines)]
+        pts = sorted(cuts | {0, extent})
+        if not masks or len(pts) > 5:
+            return [(0, extent, lines)]
+        out = []
+        for lo, hi in zip(pts, pts[1:]):
+            val = {n: "true" if (hi <= cut) == below else "false" for n, (cut, below) in masks.items()}
+            out.append((lo, hi, [re.sub(r"^(\s*bool (\w+) = ).*;$", lambda m: m.group(1) + val[m.group(2)] + ";"
+                                        if m.group(2) in val else m.group(0), l) for l in lines]))
+        return out
+
+    def _mask_cuts(self, xs: Split, extent: int) -> tuple[set, dict]:
+        """(points in ``[0, extent]`` where a range mask changes, mask variable -> (cut, true below the cut))."""
         x0 = sympy.Symbol("x0", integer=True, nonnegative=True)
         cuts, masks = set(), {}
         for name, (a_ix, a, b_ix, b, op) in self.range_masks.items():
@@ -605,15 +624,7 @@ class CppKernel(OpsHandler):
             cut = int(-k) + (op in ("le", "gt"))  # the mask is (x0 < cut) for lt/le, (x0 >= cut) for gt/ge
             masks[name] = (cut, op in ("lt", "le"))
             cuts.add(min(max(cut, 0), extent))
-        pts = sorted(cuts | {0, extent})
-        if not masks or len(pts) > 5:
-            return [(0, extent, lines)]
-        out = []
-        for lo, hi in zip(pts, pts[1:]):
-            val = {n: "true" if (hi <= cut) == below else "false" for n, (cut, below) in masks.items()}
-            out.append((lo, hi, [re.sub(r"^(\s*bool (\w+) = ).*;$", lambda m: m.group(1) + val[m.group(2)] + ";"
-                                        if m.group(2) in val else m.group(0), l) for l in lines]))
-        return out
+        return cuts, masks
 
     def _pointwise(self, xs: Split) -> list[str]:
         lines = [self._fix(l) for l in self.items]

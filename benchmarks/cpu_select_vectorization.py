@@ -3,7 +3,7 @@
     OMP_NUM_THREADS=1 taskset -c 0 python benchmarks/cpu_select_vectorization.py
 
 Each row compiles one small function with ``coil.compile`` (C++ kernels on the CPU), checks it against eager, and
-prints the best of 30 calls for both on 2^20 float32 elements (softmax: 256 x 4096). A row far below 1.0 is a loop
+prints the best of 30 calls for both on 2^20 float32 elements (softmax, rotate_half, pad: 256 x 4096). A row far below 1.0 is a loop
 GCC left scalar (check the kernel with ``-fopt-info-vec``: docs/cpp_backend.md, "Selects are bit masks").
 """
 import os
@@ -25,6 +25,9 @@ FNS = {
     "relu*2": lambda x: torch.relu(x) * 2,
     "where": lambda x: torch.where(x > 0, x, x * 0.1),
     "softmax": lambda x: torch.softmax(x, -1),
+    # masked blocks along the inner dim (docs/cpp_backend.md, "Inner-loop pieces for cat and pad"); 256 x 4096
+    "rotate_half": lambda x: x * 0.5 + torch.cat((-x[..., 2048:], x[..., :2048]), -1) * 0.25,
+    "pad": lambda x: torch.nn.functional.pad(x[:, 3:-5], (3, 5)) * 2,
 }
 
 
@@ -43,7 +46,7 @@ def main() -> None:
     torch.manual_seed(0)
     x, xb = torch.randn(1 << 20), torch.randn(256, 4096)
     for name, f in FNS.items():
-        a = xb if name == "softmax" else x
+        a = xb if name in ("softmax", "rotate_half", "pad") else x
         cf = coil.compile(f)
         torch.testing.assert_close(cf(a), f(a), rtol=1e-5, atol=1e-5)
         e, c = best_ms(f, a), best_ms(cf, a)

@@ -16,6 +16,8 @@ from typing import Callable, Optional, Sequence
 import torch
 import torch._decomp as _decomp
 
+from coil.capture.meta_checks import EAGER_LAYOUT_OPS, eager_layout
+
 aten = torch.ops.aten
 
 #: Core ATen ops that are decomposed further for fusion.
@@ -395,6 +397,8 @@ def get_decompositions(fallback_random: Optional[bool] = None) -> dict:
             for op in _overloads(RANDOM_OPS):
                 table.pop(op, None)
         table.update(COIL_DECOMPOSITIONS)
+        for op in set(EAGER_LAYOUT_OPS) & set(table):  # (their results in eager's layout: meta_checks)
+            table[op] = eager_layout(table[op])
         _TABLES[key] = table
     return _TABLES[key]
 

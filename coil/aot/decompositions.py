@@ -16,7 +16,7 @@ from typing import Callable, Optional, Sequence
 import torch
 import torch._decomp as _decomp
 
-from coil.capture.meta_checks import EAGER_LAYOUT_OPS, eager_layout
+import coil.capture.meta_checks  # noqa: F401  (eager's layout in some ops' decompositions, before a table is built)
 
 aten = torch.ops.aten
 
@@ -397,8 +397,6 @@ def get_decompositions(fallback_random: Optional[bool] = None) -> dict:
             for op in _overloads(RANDOM_OPS):
                 table.pop(op, None)
         table.update(COIL_DECOMPOSITIONS)
-        for op in set(EAGER_LAYOUT_OPS) & set(table):  # (their results in eager's layout: meta_checks)
-            table[op] = eager_layout(table[op])
         _TABLES[key] = table
     return _TABLES[key]
 

@@ -262,10 +262,11 @@ def eager_layout(fn: Callable) -> Callable:
     return laid_out
 
 
-_LIB = torch.library.Library("aten", "IMPL")
+_LIB, _TABLE = torch.library.Library("aten", "IMPL"), torch._decomp.decomposition_table
 for _op in EAGER_LAYOUT_OPS:
     _meta = eager_layout(_op.py_kernels[torch._C.DispatchKey.Meta])
     _LIB.impl(_op, _meta, "Meta")  # (fake tensors)
-    # (the python dispatcher, and fake tensors, which prefer torch's decompositions under symbolic shapes)
-    _op.py_kernels[torch._C.DispatchKey.Meta] = torch._decomp.meta_table[_op] = _meta
+    _op.py_kernels[torch._C.DispatchKey.Meta] = _meta  # (the python dispatcher: symbolic traces)
     _op._dispatch_cache.clear()
+    if _op in _TABLE:  # (fake tensors under symbolic shapes, and core ATen's decompositions, so coil's)
+        _TABLE[_op] = eager_layout(_TABLE[_op])

@@ -1244,3 +1244,16 @@ def test_results_have_eagers_strides(op, dynamic):
     for a, b in [(torch.ones(2, 2, 1), torch.ones(2, 2, 2).permute(1, 0, 2)), (torch.ones(4, 1), torch.ones(3, 4).t())]:
         coil.reset()
         assert coil.compile(lambda a, b: f(a, b) + 0, dynamic=dynamic)(a, b).stride() == f(a, b).stride()
+
+
+def test_floor_division_by_a_symbolic_float_compiles_once():
+    """The same ops with a symbolic float (``dynamic=True``): a layout kernel that fake tensors ran through the C++
+    dispatcher failed there (its ``expand`` refuses symbolic sizes), and the AOT trace baked ``b`` in: a compile per
+    value."""
+    from coil.capture.frame import stats
+    fn = lambda a, b: torch.div(a, b, rounding_mode="floor")  # noqa: E731
+    coil.reset()
+    c, x = coil.compile(fn, dynamic=True), torch.randn(3, 4).t()
+    for b in (2.5, 3.5, 0.7):
+        assert torch.equal(c(x, b), fn(x, b))
+    assert stats["recompiles"] == 0

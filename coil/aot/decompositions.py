@@ -16,6 +16,8 @@ from typing import Callable, Optional, Sequence
 import torch
 import torch._decomp as _decomp
 
+import coil.capture.meta_checks  # noqa: F401  (eager's layout in some ops' decompositions, before a table is built)
+
 aten = torch.ops.aten
 
 #: Core ATen ops that are decomposed further for fusion.

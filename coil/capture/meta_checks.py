@@ -16,8 +16,10 @@ import warnings
 from typing import Callable, Optional
 
 import torch
+import torch._decomp
 import torch.utils._pytree as pytree
 from torch._subclasses.fake_tensor import unset_fake_temporarily
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from coil import trace
 
@@ -235,3 +237,36 @@ def check_call(kind: str, target, args: list, kwargs: dict) -> Optional[torch.dt
         real = _probe_dtypes(target, mixed=True)(args, kwargs)
         return real.dtype if isinstance(real, torch.Tensor) else None
     return None
+
+
+#: TensorIterator ops whose meta kernels are torch's references or decompositions, which lay the result out as their
+#: last op does (``copysign`` is a ``where`` on ``signbit(b)``): ``copysign`` of a (2, 2, 1) and a permuted (2, 2, 2)
+#: had strides (2, 4, 1), eager's (4, 2, 1), and a ``view`` of it failed (fuzz s232 #369)
+EAGER_LAYOUT_OPS = [getattr(getattr(torch.ops.aten, n.split(".")[0]), n.split(".")[1]) for n in (
+    "floor_divide.default div.Tensor_mode copysign.Tensor xlogy.Tensor special_xlog1py.default heaviside.default "
+    "logaddexp.default logaddexp2.default logical_and.default logical_or.default logical_xor.default").split()]
+
+
+def eager_layout(fn: Callable) -> Callable:
+    """``fn`` (an op's meta kernel or decomposition) with its result laid out as TensorIterator lays out the op's
+    tensor arguments (eager), copied (``aten.copy``, one fused loop in a trace) where the strides differ."""
+    def laid_out(*args, **kwargs):
+        out = fn(*args, **kwargs)
+        want = torch._prims_common.compute_elementwise_output_strides(
+            *(a.expand(out.shape) for a in args if isinstance(a, torch.Tensor)))
+        if all(statically_known_true(n == 1) or statically_known_true(s == w)
+               for n, s, w in zip(out.shape, out.stride(), want)):
+            return out
+        empty = torch.ops.aten.empty_strided.default(out.shape, want, dtype=out.dtype, device=out.device)
+        return torch.ops.aten.copy.default(empty, out)
+    return laid_out
+
+
+_LIB, _TABLE = torch.library.Library("aten", "IMPL"), torch._decomp.decomposition_table
+for _op in EAGER_LAYOUT_OPS:
+    _meta = eager_layout(_op.py_kernels[torch._C.DispatchKey.Meta])
+    _LIB.impl(_op, _meta, "Meta")  # (fake tensors)
+    _op.py_kernels[torch._C.DispatchKey.Meta] = _meta  # (the python dispatcher: symbolic traces)
+    _op._dispatch_cache.clear()
+    if _op in _TABLE:  # (fake tensors under symbolic shapes, and core ATen's decompositions, so coil's)
+        _TABLE[_op] = eager_layout(_TABLE[_op])

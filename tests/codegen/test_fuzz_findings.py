@@ -1218,3 +1218,42 @@ def test_nearest_2d_where_a_size_is_kept_or_doubled(backend):
     _ok(lambda x: (torch.nn.functional.interpolate(x, scale_factor=1.1, mode="nearest"),
                    torch.nn.functional.interpolate(x[:, :, :3, :3], scale_factor=2.3, mode="nearest")),
         lambda: [torch.arange(25.0).reshape(1, 1, 5, 5)], backend)
+
+
+# -- result layouts where torch's meta kernel is a Python reference (s232 #369) ----
+
+_EAGER_LAYOUT = {"floor_divide": torch.floor_divide, "div_floor": lambda a, b: torch.div(a, b, rounding_mode="floor"),
+                 "copysign": torch.copysign, "xlogy": torch.xlogy, "xlog1py": torch.special.xlog1py,
+                 "heaviside": torch.heaviside, "logaddexp": torch.logaddexp, "logical_and": torch.logical_and}
+
+
+@pytest.mark.parametrize("backend", BACKENDS + ["cpp_dynamic"])
+def test_view_of_floor_divide_of_a_permuted_input(backend):
+    """Eager lays ``floor_divide(a, b)`` out as its arguments (TensorIterator): strides (4, 2, 1); torch's meta kernel,
+    a decomposition, gave (2, 4, 1) and the ``view`` raised at capture (fuzz s232 #369)."""
+    _ok(lambda a, b: (torch.floor_divide(a, b).view(2, -1),),
+        lambda: [torch.ones(2, 2, 1), torch.ones(2, 2, 2).permute(1, 0, 2)], backend)
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+@pytest.mark.parametrize("op", sorted(_EAGER_LAYOUT))
+def test_results_have_eagers_strides(op, dynamic):
+    """Those ops' results (and ``heaviside`` of a (4, 1) and a transposed (4, 3): eager's column-major) have the
+    strides eager gives them, under symbolic shapes too."""
+    f = _EAGER_LAYOUT[op]
+    for a, b in [(torch.ones(2, 2, 1), torch.ones(2, 2, 2).permute(1, 0, 2)), (torch.ones(4, 1), torch.ones(3, 4).t())]:
+        coil.reset()
+        assert coil.compile(lambda a, b: f(a, b) + 0, dynamic=dynamic)(a, b).stride() == f(a, b).stride()
+
+
+def test_floor_division_by_a_symbolic_float_compiles_once():
+    """The same ops with a symbolic float (``dynamic=True``): a layout kernel that fake tensors ran through the C++
+    dispatcher failed there (its ``expand`` refuses symbolic sizes), and the AOT trace baked ``b`` in: a compile per
+    value."""
+    from coil.capture.frame import stats
+    fn = lambda a, b: torch.div(a, b, rounding_mode="floor")  # noqa: E731
+    coil.reset()
+    c, x = coil.compile(fn, dynamic=True), torch.randn(3, 4).t()
+    for b in (2.5, 3.5, 0.7):
+        assert torch.equal(c(x, b), fn(x, b))
+    assert stats["recompiles"] == 0

@@ -264,9 +264,10 @@ def eager_layout(fn: Callable) -> Callable:
 
 _LIB, _TABLE = torch.library.Library("aten", "IMPL"), torch._decomp.decomposition_table
 for _op in EAGER_LAYOUT_OPS:
-    _meta = eager_layout(_op.py_kernels[torch._C.DispatchKey.Meta])
-    _LIB.impl(_op, _meta, "Meta")  # (fake tensors)
-    _op.py_kernels[torch._C.DispatchKey.Meta] = _meta  # (the python dispatcher: symbolic traces)
-    _op._dispatch_cache.clear()
+    if (_meta := _op.py_kernels.get(torch._C.DispatchKey.Meta)) is not None:  # (torch versions differ)
+        _meta = eager_layout(_meta)
+        _LIB.impl(_op, _meta, "Meta")  # (fake tensors)
+        _op.py_kernels[torch._C.DispatchKey.Meta] = _meta  # (the python dispatcher: symbolic traces)
+        _op._dispatch_cache.clear()
     if _op in _TABLE:  # (fake tensors under symbolic shapes, and core ATen's decompositions, so coil's)
         _TABLE[_op] = eager_layout(_TABLE[_op])

@@ -41,9 +41,6 @@ class Config:
     #: Kernels iterating fewer elements than this are not autotuned: they take their first (heuristic) config
     #: (launch-bound kernels, where tuning gained about 1 us: docs/codegen.md).
     autotune_min_elements: int = 16384
-    #: Dynamic-shape kernels: time the candidates again in each new size bucket (else
-    #: a new bucket runs the config tuned in the nearest bucket when it is a candidate).
-    autotune_each_bucket: bool = False
     #: Threads compiling a kernel's candidate autotuning configs in parallel before they
     #: are timed (GPU only; 1 or 0: compile each config when it is first timed).
     autotune_compile_threads: int = 8
@@ -72,10 +69,6 @@ class Config:
     #: ir/lowering.py, docs/codegen.md). 0: the device's own count (``torch.cuda.get_device_properties``), or
     #: 132 (an H200) when no CUDA device can be asked.
     gpu_sm_count: int = 0
-    #: Triton: leave ``xmask`` / ``rmask`` out of loads, stores and reduction guards when every launch config's XBLOCK /
-    #: RBLOCK divides numel / rnumel (all lanes in range; decided per kernel from the runtime's candidate configs,
-    #: logged in the kernel's ``# masks:`` header line). Off: every kernel masks as before.
-    triton_exact_masks: bool = True
     #: Launch compiled Triton kernels through their low-level launcher after the first
     #: call (skips Triton's per-call argument binding; GPU only).
     triton_fast_launch: bool = True

@@ -175,6 +175,21 @@ class ConstantVariable(VariableTracker):
         return f"Const({self.value!r})"
 
 
+class RealValueVariable(VariableTracker):
+    """Base of trackers for a real object ``value`` that exists outside the trace: its type is the value's, and the
+    entry reads it from its source, or holds it as a constant when it has none."""
+
+    def __init__(self, value, source=None):
+        super().__init__(source)
+        self.value = value
+
+    def python_type(self):
+        return type(self.value)
+
+    def reconstruct(self, cg):
+        return cg.source_expr(self.source) if self.source is not None else cg.const_expr(self.value)
+
+
 class KnownCallableVariable(VariableTracker):
     """Base of trackers that stand for one known Python callable ``fn`` (a builtin, a
     ``math``/``operator`` function, a torch function): the callable is its constant."""

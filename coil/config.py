@@ -69,13 +69,6 @@ class Config:
     #: ir/lowering.py, docs/codegen.md). 0: the device's own count (``torch.cuda.get_device_properties``), or
     #: 132 (an H200) when no CUDA device can be asked.
     gpu_sm_count: int = 0
-    #: Launch compiled Triton kernels through their low-level launcher after the first
-    #: call (skips Triton's per-call argument binding; GPU only).
-    triton_fast_launch: bool = True
-    #: With ``triton_fast_launch``: after a first call with every pointer 16-byte aligned, launch through generated code
-    #: of the kernel's arity (one ``|`` of the data pointers as the alignment check) and, on Triton versions where that
-    #: is possible, call the C launch function directly (runtime/triton_runtime.py).
-    triton_direct_launch: bool = True
     #: Use the min-cut partitioner for training graphs ("min_cut") or save what the backward reads ("default").
     partitioner: str = "min_cut"
     #: AOT min-cut partitioner: a reduction is recomputed in the backward (instead of

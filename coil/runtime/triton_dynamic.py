@@ -152,7 +152,7 @@ class DynamicTritonLauncher(TritonLauncher):
         def slow(*a):
             return self.fn[(-(-a[x] // xb),) + ((-(-a[x + 1] // rb),) if rb else ())](*a, **cfg)
 
-        if not self.gpu or not config.triton_fast_launch:
+        if not self.gpu:
             return slow
 
         def first(*a):

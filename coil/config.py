@@ -74,10 +74,6 @@ class Config:
     #: AOT min-cut partitioner: a reduction is recomputed in the backward (instead of
     #: saved) only if its input has at most this many elements.
     aot_max_recompute_reduction: int = 4096
-    #: AOT min-cut partitioner: count saving an input that requires grad (a parameter) as free, since it stays alive
-    #: for its .grad anyway. Then a cheap function of weights alone (autocast's bf16 copy of a weight) is recomputed in
-    #: the backward: less memory (no second copy of every weight), one more pass over the weights per step.
-    aot_params_free_to_save: bool = False
     #: Directory of the on-disk kernel cache; empty means ~/.cache/coil.
     cache_dir: str = ""
     #: A pointwise value with more than one user is realized (computed once into a buffer) when its body reads

@@ -92,8 +92,6 @@ def recompute_ban_reason(node: torch.fx.Node) -> Optional[str]:
 
     Cheap = pointwise ops (``torch.Tag.pointwise``), views, constants, casts, cat, ``getitem`` of a cheap node, and
     reductions over at most ``config.aot_max_recompute_reduction`` input elements."""
-    from coil.config import config
-
     if node.op == "placeholder":
         return "graph input"
     if node.op == "get_attr":
@@ -342,10 +340,7 @@ def min_cut_partition(joint: torch.fx.GraphModule, info: JointInfo) -> Partition
     g.add_node("sink")
     bans = {}
     must_recompute = checkpointed(candidates, regions)
-    # inputs that require grad (parameters, leaves) stay alive for their .grad anyway: with
-    # aot_params_free_to_save saving one is free, so a weight's autocast bf16 copy is recomputed, not kept
     grad_inputs = {regions.primals[i] for i in info.grad_inputs}
-    held = grad_inputs if config.aot_params_free_to_save else set()
     free_inputs = {p for p in regions.primals if p not in grad_inputs and isinstance(p.meta.get("val"), torch.Tensor)}
     for n in candidates:
         ban = recompute_ban_reason(n)
@@ -354,7 +349,7 @@ def min_cut_partition(joint: torch.fx.GraphModule, info: JointInfo) -> Partition
         elif ban is None and _region_tag(n) is not None and n.op == "call_function":
             ban = "checkpoint region output (kept, as eager's checkpoint keeps its inputs)"
         bans[n] = ban
-        cap = float(node_bytes(n) * (n not in held)) if _saveable(n) and n not in must_recompute else inf
+        cap = float(node_bytes(n)) if _saveable(n) and n not in must_recompute else inf
         # an input that does not require grad, or a view of it, may be written after the call, which eager allows
         # where its autograd saved what it computed from the input (fuzz s1029 #176: a bool mask, its float cast
         # multiplied): saved only where no computed value can stand in

@@ -212,7 +212,7 @@ def make_binder(fn: types.FunctionType):
 _GENERATOR_FLAGS = 0x20 | 0x80 | 0x200
 
 
-def wrap_function(fn: types.FunctionType, cfg: CaptureConfig, capture_exec: bool = True):
+def wrap_function(fn: types.FunctionType, cfg: CaptureConfig):
     """The capturing wrapper of a Python function (see module docstring)."""
     code = fn.__code__
     if code.co_flags & _GENERATOR_FLAGS:

@@ -75,11 +75,9 @@ _aten = torch.ops.aten
 #: extern ops whose first argument is read (or written) through its storage: it gets
 #: eager's strides and offset, not the layout this graph chose for the value (fuzz s214 #5389)
 _STORAGE_OPS = (_aten.as_strided_scatter.default, _aten.as_strided.default, _aten.as_strided_copy.default)
-_CHANNELS_LAST_OPS = (_aten.convolution.default, _aten.max_pool2d_with_indices.default,
-                      _aten.avg_pool2d.default, _aten._adaptive_avg_pool2d.default,
-                      _aten.convolution_backward.default,
-                      _aten.max_pool2d_with_indices_backward.default,
-                      _aten.avg_pool2d_backward.default,
+_CHANNELS_LAST_OPS = (_aten.convolution.default, _aten.max_pool2d_with_indices.default, _aten.avg_pool2d.default,
+                      _aten._adaptive_avg_pool2d.default, _aten.convolution_backward.default,
+                      _aten.max_pool2d_with_indices_backward.default, _aten.avg_pool2d_backward.default,
                       _aten._adaptive_avg_pool2d_backward.default)
 
 

@@ -32,10 +32,8 @@ from typing import Optional, Sequence
 from coil import trace
 from coil.exc import CoilError
 
-__all__ = [
-    "CppBuildError", "CompilerNotFound", "CppCompileError", "compiler", "compile_flags",
-    "cache_key", "cache_root", "build", "build_many", "num_threads", "stats",
-]
+__all__ = ["CppBuildError", "CompilerNotFound", "CppCompileError", "compiler", "compile_flags", "cache_key",
+           "cache_root", "build", "build_many", "num_threads", "stats"]
 
 DEFAULT_FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17",
                  "-fno-strict-aliasing", "-fwrapv", "-fno-tree-loop-if-convert", "-ffp-contract=off",

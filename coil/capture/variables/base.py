@@ -147,10 +147,9 @@ class ConstantVariable(VariableTracker):
         if name == "__contains__":
             return wrap_constant_result(tx, cargs[0] in self.value)
         method = getattr(self.value, name)
-        if isinstance(self.value, (str, bytes, int, float, complex, bool, type(None), torch.Size,
-                                   torch.dtype, torch.device, range, slice, tuple, frozenset,
-                                   inspect.Signature, inspect.Parameter, _types.MappingProxyType,
-                                   _types.CodeType, __import__("dataclasses").Field)):
+        if isinstance(self.value, (str, bytes, int, float, complex, bool, type(None), torch.Size, torch.dtype,
+                                   torch.device, range, slice, tuple, frozenset, inspect.Signature, inspect.Parameter,
+                                   _types.MappingProxyType, _types.CodeType, __import__("dataclasses").Field)):
             return wrap_constant_result(tx, method(*cargs, **ckw))
         raise Unsupported(f"method {name} of {type(self.value).__name__} constant")
 

@@ -737,9 +737,8 @@ def hop_handler(value):
         for name, v in vars(hops).items():
             if not name.startswith("_") and isinstance(v, types.FunctionType):
                 _HANDLERS[v] = _not_captured
-        _HANDLERS.update({torch.cond: call_cond, hops.cond: call_cond,
-                          hops.while_loop: call_while_loop, ckpt.checkpoint: call_checkpoint,
-                          hops.map: call_map, hops.scan: call_scan})
+        _HANDLERS.update({torch.cond: call_cond, hops.cond: call_cond, hops.while_loop: call_while_loop,
+                          ckpt.checkpoint: call_checkpoint, hops.map: call_map, hops.scan: call_scan})
     try:
         return _HANDLERS.get(value)
     except TypeError:  # unhashable

@@ -47,9 +47,8 @@ _register_compile_time()
 #: queries of the machine's devices, fixed for the process: called at compile time with the
 #: call's constant arguments (transformers asks ``get_device_capability`` inside its MoE
 #: layers; tracing into it reached ``os.getenv``, a graph break per layer)
-_DEVICE_QUERIES = {inspect.unwrap(f) for f in (
-    torch.cuda.get_device_capability, torch.cuda.device_count, torch.cuda.get_device_name,
-    torch.cuda.is_bf16_supported)}
+_DEVICE_QUERIES = {inspect.unwrap(f) for f in (torch.cuda.get_device_capability, torch.cuda.device_count,
+                                               torch.cuda.get_device_name, torch.cuda.is_bf16_supported)}
 
 # compared unwrapped: torch wraps some of them later (torch._dynamo replaces torch.manual_seed by a disable-wrapper on
 # import, after which ``manual_seed`` in a compiled function was dropped: it ran once, while tracing; fresh-user trial)
@@ -74,18 +73,16 @@ def is_torch_function(value) -> bool:
     if isinstance(value, type):
         return False
     if not isinstance(value, (types.FunctionType, types.BuiltinFunctionType, types.BuiltinMethodType,
-                              types.MethodDescriptorType, types.WrapperDescriptorType,
-                              types.MethodWrapperType, torch._ops.OpOverload,
-                              torch._ops.OpOverloadPacket)):
+                              types.MethodDescriptorType, types.WrapperDescriptorType, types.MethodWrapperType,
+                              torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
         return False
     code = getattr(value, "__code__", None)
     if code is _CM_HELPER or code is not None and code.co_flags & inspect.CO_GENERATOR:
         return False   # a @contextmanager or a generator: inlined, their objects made at each call
     mod = getattr(value, "__module__", None) or ""
-    if mod.startswith(("torch.nn.modules", "torch.utils", "torch._dynamo", "torch.fx",
-                       "torch.autograd.function", "torch.nn.utils", "torch.optim",
-                       "torch.distributed", "torch.compiler", "torch._tensor", "torch.testing",
-                       "torch.backends", "torch.overrides", "torch.amp", "torch.cuda")):
+    if mod.startswith(("torch.nn.modules", "torch.utils", "torch._dynamo", "torch.fx", "torch.autograd.function",
+                       "torch.nn.utils", "torch.optim", "torch.distributed", "torch.compiler", "torch._tensor",
+                       "torch.testing", "torch.backends", "torch.overrides", "torch.amp", "torch.cuda")):
         return value in _COMPILE_TIME or inspect.unwrap(value) in _DEVICE_QUERIES
     if mod.startswith("torch") or mod == "torch._C._nn" or mod == "torch._C._linalg":
         return True

@@ -750,7 +750,7 @@ def _build_entry(tx, output: OutputGraph, cfg: CaptureConfig, fn, code, argnames
             cg.ns["___set_grad"] = torch._C._set_grad_enabled
             lines.append("___set_grad(True)")
         lines.append(f"___o = ___graph({inputs}{',' if len(output.inputs) == 1 else ''})")
-        if _has_grad_switch(output.graph):
+        if output.graph.find_nodes(op="call_function", target=torch._C._set_grad_enabled):
             # outputs made under no_grad inside the graph: the backend's autograd wrapper
             # must not hand them back requiring grad (eager's requires_grad is the rule)
             nograd = tuple(i for i, t in enumerate(graph_outs) if not t.fake.requires_grad)
@@ -799,10 +799,6 @@ def _add_shape_guards(output: OutputGraph) -> list:
     output.guards.set_shape_guards(prelude, exprs, names)
     trace.log("shape_guards", stage="capture", guards=[readable(e, names) for e in exprs], runtime_asserts=checks)
     return checks
-
-
-def _has_grad_switch(graph) -> bool:
-    return any(n.op == "call_function" and n.target is torch._C._set_grad_enabled for n in graph.nodes)
 
 
 def _detach_outs(outs, idxs):

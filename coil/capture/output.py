@@ -36,23 +36,10 @@ from coil.capture.variables.symbolic import SymNodeVariable
 from coil.capture.variables.tensor import TensorVariable
 
 
-def _autocast_devices():
-    return ("cpu", "cuda") if torch.cuda.is_available() else ("cpu",)
-
-
-def _make_function(code, globals_, name, defaults, closure):
-    return types.FunctionType(code, globals_, name, defaults, closure)
-
-
 def _new_object(cls, attrs):
     obj = cls.__new__(cls)
     obj.__dict__.update(attrs)
     return obj
-
-
-def _make_cell(*value):
-    """A new cell holding ``value``, or an empty one."""
-    return types.CellType(*value)
 
 
 class SideEffects:
@@ -152,7 +139,7 @@ class OutputGraph:
         default = torch.get_default_dtype()
         self.guards.ns["___default_dtype"] = torch.get_default_dtype
         self.guards.add(f"___default_dtype() is {self.guards.const(default)}", "___default_dtype()", default)
-        for dev in _autocast_devices():
+        for dev in ("cpu", "cuda") if torch.cuda.is_available() else ("cpu",):
             state = torch.is_autocast_enabled(dev)
             self.guards.ns["___autocast_enabled"] = torch.is_autocast_enabled
             self.guards.add(f"___autocast_enabled({dev!r}) is {state!r}", f"___autocast_enabled({dev!r})", state)
@@ -272,7 +259,7 @@ class EntryCodegen:
     def __init__(self, output: OutputGraph, graph_outputs: list[TensorVariable]):
         self.output = output
         self.ns = dict(output.guards.ns)
-        self.ns.update(___make_function=_make_function, ___new_object=_new_object, ___make_cell=_make_cell,
+        self.ns.update(___make_function=types.FunctionType, ___new_object=_new_object, ___make_cell=types.CellType,
                        ___MethodType=types.MethodType, ___partial=__import__("functools").partial)
         self.lines: list[str] = []
         self.memo: dict[int, str] = {}

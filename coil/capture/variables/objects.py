@@ -322,7 +322,7 @@ class NNModuleVariable(ObjectVariableBase):
             return tx.unpack(tx.call(UserMethodVariable(it, self), [], {}))
         raise Unsupported(f"iteration over {type(m).__name__}")
 
-    def _named(self, tx, kind, prefix_arg=None, recurse=True):
+    def _named(self, tx, kind, recurse=True):
         from coil.capture.variables.builder import wrap
 
         m = self.value

@@ -67,10 +67,6 @@ class FallbackToExtern(Exception):
 _fallback_marker = FallbackToExtern
 
 
-def get_lowering(target) -> Optional[Callable]:
-    return LOWERINGS.get(target)
-
-
 def out_meta():
     """Fake-tensor value of the FX node being lowered (tensor or tuple)."""
     return current_graph().current_node.meta.get("val")

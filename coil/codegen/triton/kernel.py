@@ -200,7 +200,7 @@ class TritonKernel(OpsHandler):
             return "[XBLOCK]" if "x" in dims else "[1]"
         return f"[{'XBLOCK' if 'x' in dims else '1'}, {'RBLOCK' if 'r' in dims else '1'}]"
 
-    def _mask(self, dims, extra: Optional[TVal] = None) -> tuple[Optional[str], frozenset]:
+    def _mask(self, dims) -> tuple[Optional[str], frozenset]:
         parts, mdims = [], set()
         if "x" in dims and not self.x_exact:
             parts.append("xmask")
@@ -208,7 +208,7 @@ class TritonKernel(OpsHandler):
         if "r" in dims and not self.r_exact:
             parts.append("rmask")
             mdims.add("r")
-        for m in self.mask_stack + ([extra] if extra is not None else []):
+        for m in self.mask_stack:
             parts.append(m.name)
             mdims |= m.dims
         return (" & ".join(parts) if parts else None), frozenset(mdims)

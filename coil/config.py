@@ -55,12 +55,6 @@ class Config:
     #: Triton: fuse softmax's sum(exp(x - max)) into the max loop of looped reductions
     #: (running max and rescaled running sum; one read of x fewer).
     triton_online_softmax: bool = True
-    #: Triton: run a pointwise kernel whose loads/stores are contiguous along different
-    #: dims (a transpose) as 2-D tiles on a 2-D grid (codegen/tiling.py).
-    triton_tile_2d: bool = True
-    #: Triton: L2 eviction hints in looped reductions that walk a row more than once
-    #: (codegen/triton/eviction.py): keep it for the next walk, drop it after the last.
-    triton_eviction_hints: bool = True
     #: Triton: reductions of at most this many elements per output run persistent (one block holds the whole
     #: row); longer ones loop over the row (2048 after an H200 A/B, docs/codegen.md).
     triton_persistent_rnumel: int = 2048

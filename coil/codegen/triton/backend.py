@@ -148,9 +148,7 @@ def _module_source(plan, name: str, k: TritonKernel, exact) -> tuple[str, list[s
             body += ["rindex = rbase"] + rmask
         body += k.body
     else:
-        loops, looped = [sec["loop"] for sec in k.sections], []
-        if config.triton_eviction_hints:
-            loops = add_eviction_hints(loops)
+        loops, looped = add_eviction_hints([sec["loop"] for sec in k.sections]), []
         for sec, loop in zip(k.sections, loops):
             looped += sec["pre"] + sec["init"]
             if loop:

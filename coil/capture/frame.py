@@ -14,7 +14,6 @@ import dis
 import functools
 import gc
 import inspect
-import itertools
 import operator
 import sys
 import threading
@@ -49,7 +48,6 @@ _disabled_codes: "weakref.WeakSet" = weakref.WeakSet()
 _caches: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 _fn_wrappers: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 _module_wrappers: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-_frame_ids = itertools.count()
 
 #: Counters for tests and ``explain``: reset by :func:`reset_stats`.
 stats: dict = {}
@@ -146,7 +144,7 @@ class FrameCache:
     def __init__(self):
         self.entries: list[CacheEntry] = []
         self.eager_reason: Optional[str] = None
-        self.frame_id = next(_frame_ids)
+        self.frame_id = trace.next_frame_id()
         self.attempts = 0
         #: source expression -> dims seen with more than one size (automatic dynamic)
         self.auto_dynamic: dict = {}

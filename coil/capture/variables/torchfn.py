@@ -23,26 +23,20 @@ from coil.exc import Unsupported
 from coil.capture.variables.base import ConstantVariable, KnownCallableVariable, VariableTracker
 from coil.capture.variables.tensor import call_op
 
-_COMPILE_TIME = {}
 _CM_HELPER = contextlib.contextmanager(lambda: None).__code__
-
-
-def _register_compile_time():
-    c = _COMPILE_TIME
-    c[torch.is_grad_enabled] = lambda tx: torch.is_grad_enabled()
-    c[torch.get_default_dtype] = lambda tx: torch.get_default_dtype()
-    c[torch.jit.is_scripting] = lambda tx: False
-    c[torch.jit.is_tracing] = lambda tx: False
-    c[torch._C._get_tracing_state] = lambda tx: None
-    c[torch.is_inference_mode_enabled] = lambda tx: torch.is_inference_mode_enabled()
-    c[torch.compiler.is_compiling] = lambda tx: True
-    c[torch.compiler.is_dynamo_compiling] = lambda tx: True
-    c[torch.compiler.is_exporting] = lambda tx: False
-    c[torch.is_autocast_enabled] = None  # handled with arguments below
-    c[torch.cuda.is_available] = lambda tx: torch.cuda.is_available()
-
-
-_register_compile_time()
+_COMPILE_TIME = {
+    torch.is_grad_enabled: lambda tx: torch.is_grad_enabled(),
+    torch.get_default_dtype: lambda tx: torch.get_default_dtype(),
+    torch.jit.is_scripting: lambda tx: False,
+    torch.jit.is_tracing: lambda tx: False,
+    torch._C._get_tracing_state: lambda tx: None,
+    torch.is_inference_mode_enabled: lambda tx: torch.is_inference_mode_enabled(),
+    torch.compiler.is_compiling: lambda tx: True,
+    torch.compiler.is_dynamo_compiling: lambda tx: True,
+    torch.compiler.is_exporting: lambda tx: False,
+    torch.is_autocast_enabled: None,  # handled with arguments below
+    torch.cuda.is_available: lambda tx: torch.cuda.is_available(),
+}
 
 #: queries of the machine's devices, fixed for the process: called at compile time with the
 #: call's constant arguments (transformers asks ``get_device_capability`` inside its MoE

@@ -236,7 +236,7 @@ def host(name: str) -> None:
 def hostab(name: str) -> None:
     """A/B of host time per bf16 inference step in one process, timed in rounds so that
     the host CPU's drift hits every variant alike: torch.compile and coil variants named
-    by ``DIAG_VARIANTS`` (e.g. "inductor coil coil_nocl coil_clw coil_nodirect
+    by ``DIAG_VARIANTS`` (e.g. "inductor coil coil_nocl coil_clw
     coil_nopad", coil with one option changed each; see ``known``). Prints per variant
     the median wall ms (synchronized) and host ms (the Python call alone) over 40
     rounds. For ResNet-50 also the host µs per
@@ -250,11 +250,10 @@ def hostab(name: str) -> None:
     base, args, kwargs = _bf16_model(name)
     known = {"inductor": {}, "coil": {}, "coil_nocl": {"conv_channels_last": False},
              "coil_clw": {"conv_channels_last_weights": False},
-             "coil_nodirect": {"triton_direct_launch": False},
              "coil_nopad": {"pad_matmul_outputs": False}}
     import os
     variants = {t: known[t] for t in os.environ.get(
-        "DIAG_VARIANTS", "inductor coil coil_nocl coil_nodirect").split()}
+        "DIAG_VARIANTS", "inductor coil coil_nocl").split()}
     fns = {}
     for tag, opts in variants.items():
         m = copy.deepcopy(base)

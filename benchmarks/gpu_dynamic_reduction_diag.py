@@ -1,6 +1,6 @@
 """Static vs dynamic time of memory-bound reductions on CUDA, interleaved, with the launch
 config each chose: the dynamic graph warmed at half the rows first (as
-gpu_dynamic_shapes.py), and again with ``config.autotune_each_bucket``.
+gpu_dynamic_shapes.py).
 Run: python benchmarks/gpu_dynamic_reduction_diag.py (on a CUDA machine)."""
 import time
 
@@ -10,7 +10,6 @@ import torch.nn.functional as F
 
 import coil.codegen as cg
 from coil.backends.registry import coil_backend_entry as COIL
-from coil.config import config
 
 graphs = []
 orig = cg.compile_aten_graph
@@ -51,10 +50,9 @@ for name, fn, shape in CASES:
     x = torch.randn(*shape, device="cuda")
     y = torch.randn(shape[-1], device="cuda")
     fs = {}
-    for mode in ("static", "dynamic", "dynamic each"):
+    for mode in ("static", "dynamic"):
         graphs.clear()
         torch._dynamo.reset()
-        config.autotune_each_bucket = mode == "dynamic each"
         f = torch.compile(fn, backend=COIL, dynamic=mode != "static")
         if mode != "static":
             f(torch.randn(shape[0] // 2, shape[1], device="cuda"), y)
@@ -63,7 +61,6 @@ for name, fn, shape in CASES:
             f(x, y)
         fs[mode] = f
         print(name, mode, configs(), flush=True)
-    config.autotune_each_bucket = False
     ts = {m: [] for m in fs}
     for _ in range(7):
         for m, f in fs.items():

@@ -41,9 +41,6 @@ class Config:
     #: Kernels iterating fewer elements than this are not autotuned: they take their first (heuristic) config
     #: (launch-bound kernels, where tuning gained about 1 us: docs/codegen.md).
     autotune_min_elements: int = 16384
-    #: Dynamic-shape kernels: time the candidates again in each new size bucket (else
-    #: a new bucket runs the config tuned in the nearest bucket when it is a candidate).
-    autotune_each_bucket: bool = False
     #: Threads compiling a kernel's candidate autotuning configs in parallel before they
     #: are timed (GPU only; 1 or 0: compile each config when it is first timed).
     autotune_compile_threads: int = 8
@@ -58,12 +55,6 @@ class Config:
     #: Triton: fuse softmax's sum(exp(x - max)) into the max loop of looped reductions
     #: (running max and rescaled running sum; one read of x fewer).
     triton_online_softmax: bool = True
-    #: Triton: run a pointwise kernel whose loads/stores are contiguous along different
-    #: dims (a transpose) as 2-D tiles on a 2-D grid (codegen/tiling.py).
-    triton_tile_2d: bool = True
-    #: Triton: L2 eviction hints in looped reductions that walk a row more than once
-    #: (codegen/triton/eviction.py): keep it for the next walk, drop it after the last.
-    triton_eviction_hints: bool = True
     #: Triton: reductions of at most this many elements per output run persistent (one block holds the whole
     #: row); longer ones loop over the row (2048 after an H200 A/B, docs/codegen.md).
     triton_persistent_rnumel: int = 2048
@@ -72,26 +63,11 @@ class Config:
     #: ir/lowering.py, docs/codegen.md). 0: the device's own count (``torch.cuda.get_device_properties``), or
     #: 132 (an H200) when no CUDA device can be asked.
     gpu_sm_count: int = 0
-    #: Triton: leave ``xmask`` / ``rmask`` out of loads, stores and reduction guards when every launch config's XBLOCK /
-    #: RBLOCK divides numel / rnumel (all lanes in range; decided per kernel from the runtime's candidate configs,
-    #: logged in the kernel's ``# masks:`` header line). Off: every kernel masks as before.
-    triton_exact_masks: bool = True
-    #: Launch compiled Triton kernels through their low-level launcher after the first
-    #: call (skips Triton's per-call argument binding; GPU only).
-    triton_fast_launch: bool = True
-    #: With ``triton_fast_launch``: after a first call with every pointer 16-byte aligned, launch through generated code
-    #: of the kernel's arity (one ``|`` of the data pointers as the alignment check) and, on Triton versions where that
-    #: is possible, call the C launch function directly (runtime/triton_runtime.py).
-    triton_direct_launch: bool = True
     #: Use the min-cut partitioner for training graphs ("min_cut") or save what the backward reads ("default").
     partitioner: str = "min_cut"
     #: AOT min-cut partitioner: a reduction is recomputed in the backward (instead of
     #: saved) only if its input has at most this many elements.
     aot_max_recompute_reduction: int = 4096
-    #: AOT min-cut partitioner: count saving an input that requires grad (a parameter) as free, since it stays alive
-    #: for its .grad anyway. Then a cheap function of weights alone (autocast's bf16 copy of a weight) is recomputed in
-    #: the backward: less memory (no second copy of every weight), one more pass over the weights per step.
-    aot_params_free_to_save: bool = False
     #: Directory of the on-disk kernel cache; empty means ~/.cache/coil.
     cache_dir: str = ""
     #: A pointwise value with more than one user is realized (computed once into a buffer) when its body reads

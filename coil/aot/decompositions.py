@@ -21,20 +21,14 @@ import coil.capture.meta_checks  # noqa: F401  (eager's layout in some ops' deco
 aten = torch.ops.aten
 
 #: Core ATen ops that are decomposed further for fusion.
-EXTRA_DECOMPOSE = [
-    aten._softmax, aten._log_softmax, aten._softmax_backward_data,
-    aten._log_softmax_backward_data,
-    aten.native_layer_norm_backward,
-    aten.silu, aten.silu_backward, aten.native_dropout, aten.native_dropout_backward,
-    aten.hardtanh, aten.hardswish, aten.hardsigmoid, aten.mish, aten.softplus,
-    aten.leaky_relu, aten.elu, aten.native_batch_norm,
-    aten._native_batch_norm_legit, aten._native_batch_norm_legit_no_training,
-    aten._native_batch_norm_legit_functional, aten.native_batch_norm_backward,
-    aten.embedding_dense_backward, aten.nll_loss_forward, aten.nll_loss_backward,
-    aten.rsub, aten.addcmul, aten.addcdiv, aten.lerp, aten.logsumexp,
-    aten.tanh_backward, aten.sigmoid_backward, aten.threshold_backward,
-    aten.linalg_vector_norm,
-]
+EXTRA_DECOMPOSE = [aten._softmax, aten._log_softmax, aten._softmax_backward_data, aten._log_softmax_backward_data,
+                   aten.native_layer_norm_backward, aten.silu, aten.silu_backward, aten.native_dropout,
+                   aten.native_dropout_backward, aten.hardtanh, aten.hardswish, aten.hardsigmoid, aten.mish,
+                   aten.softplus, aten.leaky_relu, aten.elu, aten.native_batch_norm, aten._native_batch_norm_legit,
+                   aten._native_batch_norm_legit_no_training, aten._native_batch_norm_legit_functional,
+                   aten.native_batch_norm_backward, aten.embedding_dense_backward, aten.nll_loss_forward,
+                   aten.nll_loss_backward, aten.rsub, aten.addcmul, aten.addcdiv, aten.lerp, aten.logsumexp,
+                   aten.tanh_backward, aten.sigmoid_backward, aten.threshold_backward, aten.linalg_vector_norm]
 
 #: Ops never decomposed: they run as extern kernels or have their own lowering.
 KEEP_WHOLE = [
@@ -48,11 +42,9 @@ KEEP_WHOLE = [
 ]
 
 #: Random ops kept as ATen calls under ``fallback_random`` (bit-exact with eager).
-RANDOM_OPS = [
-    aten.native_dropout, aten.bernoulli, aten.bernoulli_, aten.rand, aten.rand_like,
-    aten.randn, aten.randn_like, aten.randint, aten.randint_like, aten.rrelu,
-    aten.normal, aten.uniform, aten.exponential, aten.multinomial,
-]
+RANDOM_OPS = [aten.native_dropout, aten.bernoulli, aten.bernoulli_, aten.rand, aten.rand_like, aten.randn,
+              aten.randn_like, aten.randint, aten.randint_like, aten.rrelu, aten.normal, aten.uniform, aten.exponential,
+              aten.multinomial]
 
 # FX prints an op as `torch.ops.aten.random.from`, a SyntaxError where the overload name is a keyword: an op whose
 # module is not torch's it names through a global of the generated code instead

@@ -493,10 +493,8 @@ def _describe(fn, fake_args, f_args, before, outs, grad, drop_error_checks, fake
 
     info = ProgramInfo(inputs, outputs, spec, graph_outputs, base_sources, drop_error_checks=drop_error_checks,
                        fake_inputs=list(fake_args) if is_symbolic(fake_args) else None)
-    rg = [inputs[i].requires_grad and not inputs[i].mutation_hidden and grad for i in info.mutated_inputs]
     # a mutated input's new value requires grad if the program made it so
-    for pos, i in enumerate(info.mutated_inputs):
-        rg[pos] = grad and not inputs[i].mutation_hidden and _is_differentiable(f_args[i])
+    rg = [grad and not inputs[i].mutation_hidden and _is_differentiable(f_args[i]) for i in info.mutated_inputs]
     rg += [outputs[k].requires_grad for k in graph_outputs]
     rg += [_is_differentiable(flat_outs[k]._base) for k in base_sources]
     info.fw_out_requires_grad = rg

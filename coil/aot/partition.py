@@ -63,13 +63,10 @@ def _saveable(node: torch.fx.Node) -> bool:
     return isinstance(val, (torch.Tensor, torch.SymInt, torch.SymFloat, torch.SymBool, int, float, bool))
 
 
-_VIEW_OPS = {
-    aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.permute.default,
-    aten.expand.default, aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default,
-    aten.unsqueeze.default, aten.slice.Tensor, aten.select.int, aten.t.default,
-    aten.transpose.int, aten.as_strided.default, aten.alias.default, aten.detach.default,
-    aten.unbind.int, aten.split.Tensor, aten.split_with_sizes.default,
-}
+_VIEW_OPS = {aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.permute.default,
+             aten.expand.default, aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default, aten.unsqueeze.default,
+             aten.slice.Tensor, aten.select.int, aten.t.default, aten.transpose.int, aten.as_strided.default,
+             aten.alias.default, aten.detach.default, aten.unbind.int, aten.split.Tensor, aten.split_with_sizes.default}
 _CHEAP_OPS = {
     aten._to_copy.default, aten.clone.default, aten.cat.default, aten.where.self,
     aten.full.default, aten.full_like.default, aten.zeros.default, aten.ones.default,
@@ -79,12 +76,10 @@ _CHEAP_OPS = {
     aten.slice_scatter.default, aten.select_scatter.default,
     aten.scatter.value,    # a one-hot (cross-entropy's backward): one write per element
 }
-_REDUCTIONS = {
-    aten.sum.dim_IntList, aten.sum.default, aten.mean.dim, aten.mean.default,
-    aten.amax.default, aten.amin.default, aten.max.dim, aten.min.dim, aten.max.default,
-    aten.min.default, aten.prod.dim_int, aten.prod.default, aten.any.dim, aten.any.default,
-    aten.all.dim, aten.all.default, aten.argmax.default, aten.argmin.default,
-}
+_REDUCTIONS = {aten.sum.dim_IntList, aten.sum.default, aten.mean.dim, aten.mean.default, aten.amax.default,
+               aten.amin.default, aten.max.dim, aten.min.dim, aten.max.default, aten.min.default, aten.prod.dim_int,
+               aten.prod.default, aten.any.dim, aten.any.default, aten.all.dim, aten.all.default, aten.argmax.default,
+               aten.argmin.default}
 
 
 def recompute_ban_reason(node: torch.fx.Node) -> Optional[str]:
@@ -92,8 +87,6 @@ def recompute_ban_reason(node: torch.fx.Node) -> Optional[str]:
 
     Cheap = pointwise ops (``torch.Tag.pointwise``), views, constants, casts, cat, ``getitem`` of a cheap node, and
     reductions over at most ``config.aot_max_recompute_reduction`` input elements."""
-    from coil.config import config
-
     if node.op == "placeholder":
         return "graph input"
     if node.op == "get_attr":
@@ -342,10 +335,7 @@ def min_cut_partition(joint: torch.fx.GraphModule, info: JointInfo) -> Partition
     g.add_node("sink")
     bans = {}
     must_recompute = checkpointed(candidates, regions)
-    # inputs that require grad (parameters, leaves) stay alive for their .grad anyway: with
-    # aot_params_free_to_save saving one is free, so a weight's autocast bf16 copy is recomputed, not kept
     grad_inputs = {regions.primals[i] for i in info.grad_inputs}
-    held = grad_inputs if config.aot_params_free_to_save else set()
     free_inputs = {p for p in regions.primals if p not in grad_inputs and isinstance(p.meta.get("val"), torch.Tensor)}
     for n in candidates:
         ban = recompute_ban_reason(n)
@@ -354,7 +344,7 @@ def min_cut_partition(joint: torch.fx.GraphModule, info: JointInfo) -> Partition
         elif ban is None and _region_tag(n) is not None and n.op == "call_function":
             ban = "checkpoint region output (kept, as eager's checkpoint keeps its inputs)"
         bans[n] = ban
-        cap = float(node_bytes(n) * (n not in held)) if _saveable(n) and n not in must_recompute else inf
+        cap = float(node_bytes(n)) if _saveable(n) and n not in must_recompute else inf
         # an input that does not require grad, or a view of it, may be written after the call, which eager allows
         # where its autograd saved what it computed from the input (fuzz s1029 #176: a bool mask, its float cast
         # multiplied): saved only where no computed value can stand in

@@ -134,21 +134,27 @@ def _grad_union(calls: list, val: Callable) -> dict:
     return need
 
 
-def _segment(gm: torch.fx.GraphModule, nodes: list):
-    """A GraphModule of ``nodes`` (a run of ``gm``'s nodes) reading the values it needs
-    from outside as placeholders, returning those used after it; and both node lists."""
-    inside = set(nodes)
-    ins = list(dict.fromkeys(a for n in nodes for a in n.all_input_nodes if a not in inside))
-    outs = [n for n in nodes if any(u not in inside for u in n.users)]
+def graph_piece(gm: torch.fx.GraphModule, nodes: list, ins: list, outs: list) -> torch.fx.GraphModule:
+    """A GraphModule of ``nodes`` (a run of ``gm``'s nodes) reading ``ins`` as placeholders (with their meta),
+    returning ``outs``."""
     g = torch.fx.Graph()
     env: dict = {}
     for a in ins:
         env[a] = g.placeholder(a.name)
-        env[a].meta.update({k: a.meta[k] for k in ("example_value", "val") if k in a.meta})
+        env[a].meta = dict(a.meta)
     for n in nodes:
         env[n] = g.node_copy(n, env.__getitem__)
     g.output(tuple(env[n] for n in outs))
-    return torch.fx.GraphModule(gm, g), ins, outs
+    return torch.fx.GraphModule(gm, g)
+
+
+def _segment(gm: torch.fx.GraphModule, nodes: list):
+    """:func:`graph_piece` of ``nodes`` reading the values it needs from outside, returning those used after it; and
+    both node lists."""
+    inside = set(nodes)
+    ins = list(dict.fromkeys(a for n in nodes for a in n.all_input_nodes if a not in inside))
+    outs = [n for n in nodes if any(u not in inside for u in n.users)]
+    return graph_piece(gm, nodes, ins, outs), ins, outs
 
 
 def _compile_split(gm: torch.fx.GraphModule, example_inputs: list, compile_piece: Callable):

@@ -132,7 +132,7 @@ def symbolic_evaluator(items: Any, fake_inputs: Sequence, value_shapes: Sequence
     return ns["layouts"]
 
 
-def _make_epilogue(info: ProgramInfo, args_index_of_output=None) -> Callable:
+def _make_epilogue(info: ProgramInfo) -> Callable:
     """``epilogue(args, fw_values) -> user outputs`` (mutations + aliases, see module doc).
 
     An aliased output that requires grad is made with grad enabled even when the caller's grad mode is off: it was

@@ -78,9 +78,8 @@ class RaisedException(Unsupported):
         self.exc_vt = exc_vt
 
 
-_BY_PREFIX = (("index out of range", IndexError), ("KeyError", KeyError),
-              ("StopIteration", StopIteration), ("zip(strict=True)", ValueError),
-              ("min/max of an empty", ValueError))
+_BY_PREFIX = (("index out of range", IndexError), ("KeyError", KeyError), ("StopIteration", StopIteration),
+              ("zip(strict=True)", ValueError), ("min/max of an empty", ValueError))
 
 
 def _python_exception(e: Unsupported):

@@ -14,7 +14,6 @@ import dis
 import functools
 import gc
 import inspect
-import itertools
 import operator
 import sys
 import threading
@@ -49,7 +48,6 @@ _disabled_codes: "weakref.WeakSet" = weakref.WeakSet()
 _caches: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 _fn_wrappers: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 _module_wrappers: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-_frame_ids = itertools.count()
 
 #: Counters for tests and ``explain``: reset by :func:`reset_stats`.
 stats: dict = {}
@@ -146,7 +144,7 @@ class FrameCache:
     def __init__(self):
         self.entries: list[CacheEntry] = []
         self.eager_reason: Optional[str] = None
-        self.frame_id = next(_frame_ids)
+        self.frame_id = trace.next_frame_id()
         self.attempts = 0
         #: source expression -> dims seen with more than one size (automatic dynamic)
         self.auto_dynamic: dict = {}
@@ -212,7 +210,7 @@ def make_binder(fn: types.FunctionType):
 _GENERATOR_FLAGS = 0x20 | 0x80 | 0x200
 
 
-def wrap_function(fn: types.FunctionType, cfg: CaptureConfig, capture_exec: bool = True):
+def wrap_function(fn: types.FunctionType, cfg: CaptureConfig):
     """The capturing wrapper of a Python function (see module docstring)."""
     code = fn.__code__
     if code.co_flags & _GENERATOR_FLAGS:
@@ -750,7 +748,7 @@ def _build_entry(tx, output: OutputGraph, cfg: CaptureConfig, fn, code, argnames
             cg.ns["___set_grad"] = torch._C._set_grad_enabled
             lines.append("___set_grad(True)")
         lines.append(f"___o = ___graph({inputs}{',' if len(output.inputs) == 1 else ''})")
-        if _has_grad_switch(output.graph):
+        if output.graph.find_nodes(op="call_function", target=torch._C._set_grad_enabled):
             # outputs made under no_grad inside the graph: the backend's autograd wrapper
             # must not hand them back requiring grad (eager's requires_grad is the rule)
             nograd = tuple(i for i, t in enumerate(graph_outs) if not t.fake.requires_grad)
@@ -799,10 +797,6 @@ def _add_shape_guards(output: OutputGraph) -> list:
     output.guards.set_shape_guards(prelude, exprs, names)
     trace.log("shape_guards", stage="capture", guards=[readable(e, names) for e in exprs], runtime_asserts=checks)
     return checks
-
-
-def _has_grad_switch(graph) -> bool:
-    return any(n.op == "call_function" and n.target is torch._C._set_grad_enabled for n in graph.nodes)
 
 
 def _detach_outs(outs, idxs):

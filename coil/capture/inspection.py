@@ -13,11 +13,10 @@ from __future__ import annotations
 import inspect
 import sys
 import traceback
-import types
 import warnings
 
 from coil.exc import Unsupported
-from coil.capture.variables.base import ConstantVariable, VariableTracker
+from coil.capture.variables.base import ConstantVariable, RealValueVariable, VariableTracker
 
 
 def _frame_functions() -> set:
@@ -92,17 +91,10 @@ def frame_result_ok(instructions: list, index: int, fn, args, kwargs=None) -> tu
     return False, f"frame object used by {nxt.opname} {nxt.argrepr}".rstrip()
 
 
-class FrameVariable(VariableTracker):
+class FrameVariable(RealValueVariable):
     """A real frame object reaching a captured frame (the result of a frame-inspecting
     call that ran in a call stub). ``f_code`` is a guarded constant; every other
     attribute is a graph break (its value can change as the frame runs)."""
-
-    def __init__(self, value: types.FrameType, source=None):
-        super().__init__(source)
-        self.value = value
-
-    def python_type(self):
-        return types.FrameType
 
     def var_getattr(self, tx, name):
         if name == "f_code":
@@ -116,11 +108,6 @@ class FrameVariable(VariableTracker):
 
     def call_method(self, tx, name, args, kwargs):
         raise frame_unsupported(f"frame method {name}", sys._getframe)
-
-    def reconstruct(self, cg):
-        if self.source is not None:
-            return cg.source_expr(self.source)
-        return cg.const_expr(self.value)
 
     def __repr__(self):
         return "FrameVariable()"
@@ -155,17 +142,10 @@ class OpaqueCallableVariable(VariableTracker):
         return f"OpaqueCallableVariable({getattr(self.fn, '__qualname__', self.fn)})"
 
 
-class OpaqueObjectVariable(VariableTracker):
+class OpaqueObjectVariable(RealValueVariable):
     """A real object capture can hold but not use (``torch.Generator``, streams): it may be stored, passed and returned;
     any use (an attribute, a method, an argument of a traced call such as ``torch.rand(..., generator=g)``) is a graph
     break, so the use runs for real (the generator's state advances as in eager)."""
-
-    def __init__(self, value, source=None):
-        super().__init__(source)
-        self.value = value
-
-    def python_type(self):
-        return type(self.value)
 
     def as_python_constant(self):
         raise Unsupported(f"{type(self.value).__name__} object used in traced code",
@@ -176,11 +156,6 @@ class OpaqueObjectVariable(VariableTracker):
 
     def call_method(self, tx, name, args, kwargs):
         self.as_python_constant()
-
-    def reconstruct(self, cg):
-        if self.source is not None:
-            return cg.source_expr(self.source)
-        return cg.const_expr(self.value)
 
     def __repr__(self):
         return f"OpaqueObjectVariable({type(self.value).__name__})"

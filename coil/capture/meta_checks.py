@@ -174,11 +174,9 @@ _INDEXED = {"index_select": (2, "index"), "index_add": (2, "index"), "index_fill
             "index_copy": (2, "index"), "index_reduce": (2, "index"), "put": (1, "index"), "index_put": (1, "indices")}
 
 #: op name (method or function, no trailing ``_``) -> check of its fake arguments
-CHECKS: dict[str, Callable] = {
-    "index_add": _index_add, "index_copy": _index_copy, "index_put": _index_put,
-    "setitem": _setitem, "__setitem__": _setitem, "softmax": _dim, "softmin": _dim, "sort": _dim, "pad": _pad,
-    "interpolate": _interpolate, "upsample": _interpolate,
-}
+CHECKS: dict[str, Callable] = {"index_add": _index_add, "index_copy": _index_copy, "index_put": _index_put,
+                               "setitem": _setitem, "__setitem__": _setitem, "softmax": _dim, "softmin": _dim,
+                               "sort": _dim, "pad": _pad, "interpolate": _interpolate, "upsample": _interpolate}
 
 
 def check_graph(gm: torch.fx.GraphModule) -> None:

@@ -286,16 +286,12 @@ def MAKE_FUNCTION(tx, inst):
 
 
 # --- operators -----------------------------------------------------------------------
-_BINARY = {
-    "+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv,
-    "//": operator.floordiv, "%": operator.mod, "**": operator.pow, "@": operator.matmul,
-    "&": operator.and_, "|": operator.or_, "^": operator.xor, "<<": operator.lshift,
-    ">>": operator.rshift,
-    "+=": operator.iadd, "-=": operator.isub, "*=": operator.imul, "/=": operator.itruediv,
-    "//=": operator.ifloordiv, "%=": operator.imod, "**=": operator.ipow, "@=": operator.imatmul,
-    "&=": operator.iand, "|=": operator.ior, "^=": operator.ixor, "<<=": operator.ilshift,
-    ">>=": operator.irshift,
-}
+_BINARY = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv, "//": operator.floordiv,
+           "%": operator.mod, "**": operator.pow, "@": operator.matmul, "&": operator.and_, "|": operator.or_,
+           "^": operator.xor, "<<": operator.lshift, ">>": operator.rshift, "+=": operator.iadd, "-=": operator.isub,
+           "*=": operator.imul, "/=": operator.itruediv, "//=": operator.ifloordiv, "%=": operator.imod,
+           "**=": operator.ipow, "@=": operator.imatmul, "&=": operator.iand, "|=": operator.ior, "^=": operator.ixor,
+           "<<=": operator.ilshift, ">>=": operator.irshift}
 
 
 # https://docs.python.org/3.11/library/dis.html#opcode-BINARY_OP

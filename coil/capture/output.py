@@ -36,23 +36,10 @@ from coil.capture.variables.symbolic import SymNodeVariable
 from coil.capture.variables.tensor import TensorVariable
 
 
-def _autocast_devices():
-    return ("cpu", "cuda") if torch.cuda.is_available() else ("cpu",)
-
-
-def _make_function(code, globals_, name, defaults, closure):
-    return types.FunctionType(code, globals_, name, defaults, closure)
-
-
 def _new_object(cls, attrs):
     obj = cls.__new__(cls)
     obj.__dict__.update(attrs)
     return obj
-
-
-def _make_cell(*value):
-    """A new cell holding ``value``, or an empty one."""
-    return types.CellType(*value)
 
 
 class SideEffects:
@@ -65,20 +52,18 @@ class SideEffects:
         self.globals: dict[tuple[int, str], VariableTracker] = {}
         self.cells: dict[int, VariableTracker] = {}
 
-    def mutated(self, vt) -> None:
-        if vt.source is None:
-            return
-        key = ("container", id(vt))
+    def _record(self, key: tuple, item: tuple) -> None:
         if key not in self._seen:
             self._seen.add(key)
-            self.order.append(("container", vt))
+            self.order.append(item)
+
+    def mutated(self, vt) -> None:
+        if vt.source is not None:
+            self._record(("container", id(vt)), ("container", vt))
 
     def store_attr(self, obj_vt, name, value) -> None:
         self.attrs[(id(obj_vt.value), name)] = value
-        key = ("attr", id(obj_vt.value), name)
-        if key not in self._seen:
-            self._seen.add(key)
-            self.order.append(("attr", obj_vt, name))
+        self._record(("attr", id(obj_vt.value), name), ("attr", obj_vt, name))
 
     def pending_attr(self, obj, name) -> Optional[VariableTracker]:
         if not self.attrs:
@@ -87,20 +72,14 @@ class SideEffects:
 
     def store_global(self, gdict, gname, name, value) -> None:
         self.globals[(id(gdict), name)] = value
-        key = ("global", id(gdict), name)
-        if key not in self._seen:
-            self._seen.add(key)
-            self.order.append(("global", gdict, gname, name))
+        self._record(("global", id(gdict), name), ("global", gdict, gname, name))
 
     def pending_global(self, gdict, name) -> Optional[VariableTracker]:
         return self.globals.get((id(gdict), name))
 
     def store_cell(self, cell_vt, value) -> None:
         self.cells[id(cell_vt)] = value
-        key = ("cell", id(cell_vt))
-        if key not in self._seen:
-            self._seen.add(key)
-            self.order.append(("cell", cell_vt))
+        self._record(("cell", id(cell_vt)), ("cell", cell_vt))
 
     def values(self) -> list:
         out = []
@@ -160,7 +139,7 @@ class OutputGraph:
         default = torch.get_default_dtype()
         self.guards.ns["___default_dtype"] = torch.get_default_dtype
         self.guards.add(f"___default_dtype() is {self.guards.const(default)}", "___default_dtype()", default)
-        for dev in _autocast_devices():
+        for dev in ("cpu", "cuda") if torch.cuda.is_available() else ("cpu",):
             state = torch.is_autocast_enabled(dev)
             self.guards.ns["___autocast_enabled"] = torch.is_autocast_enabled
             self.guards.add(f"___autocast_enabled({dev!r}) is {state!r}", f"___autocast_enabled({dev!r})", state)
@@ -178,17 +157,10 @@ class OutputGraph:
         if base in self._placeholder_names:
             base = f"{base}_{len(self._placeholder_names)}"
         self._placeholder_names.add(base)
-        if self._last_placeholder is None:
-            first = next(iter(self.graph.nodes), None)
-            ctx = self.graph.inserting_before(first) if first is not None else None
-        else:
-            ctx = self.graph.inserting_after(self._last_placeholder)
-        if ctx is None:
-            node = self.graph.placeholder(base)
-        else:
-            with ctx:
-                node = self.graph.placeholder(base)
-        self._last_placeholder = node
+        # after the last placeholder; the first one at the start of the graph (inserting_before(None))
+        last = self._last_placeholder
+        with self.graph.inserting_after(last) if last is not None else self.graph.inserting_before(None):
+            node = self._last_placeholder = self.graph.placeholder(base)
         return node
 
     def add_input(self, tx, value: torch.Tensor, source) -> TensorVariable:
@@ -287,7 +259,7 @@ class EntryCodegen:
     def __init__(self, output: OutputGraph, graph_outputs: list[TensorVariable]):
         self.output = output
         self.ns = dict(output.guards.ns)
-        self.ns.update(___make_function=_make_function, ___new_object=_new_object, ___make_cell=_make_cell,
+        self.ns.update(___make_function=types.FunctionType, ___new_object=_new_object, ___make_cell=types.CellType,
                        ___MethodType=types.MethodType, ___partial=__import__("functools").partial)
         self.lines: list[str] = []
         self.memo: dict[int, str] = {}

@@ -29,7 +29,7 @@ CO_VARKEYWORDS = 0x08
 
 
 def make_resume_code(code: types.CodeType, index: int, null_mask: tuple, local_names: tuple,
-                     tag: str, tail: Optional[tuple] = None) -> types.CodeType:
+                     tail: Optional[tuple] = None) -> types.CodeType:
     """Code for a resume function starting at the ``index``-th instruction (counting
     :func:`dis.get_instructions` entries without EXTENDED_ARG).
 
@@ -295,7 +295,6 @@ def _two_arg_super(bc) -> None:
 
 
 def make_resume_function(fn_globals: dict, closure: Optional[tuple], code: types.CodeType,
-                         index: int, null_mask: tuple, local_names: tuple, tag: str = "",
-                         tail: Optional[tuple] = None):
-    new_code = make_resume_code(code, index, null_mask, local_names, tag, tail)
+                         index: int, null_mask: tuple, local_names: tuple, tail: Optional[tuple] = None):
+    new_code = make_resume_code(code, index, null_mask, local_names, tail)
     return types.FunctionType(new_code, fn_globals, new_code.co_name, None, closure)

@@ -137,7 +137,7 @@ def atomic_add_dtype(device: torch.device, dtype: torch.dtype) -> torch.dtype:
 def _tiling(group, backend):
     """(Y, X) when ``group`` runs as a 2-D tiled pointwise kernel (Triton only), else None."""
     from coil.schedule.scheduler import FusedGroup
-    if backend.name != "triton" or not config.triton_tile_2d or not isinstance(group, FusedGroup):
+    if backend.name != "triton" or not isinstance(group, FusedGroup):
         return None
     from coil.codegen.tiling import tile_pointwise
     if (tiled := tile_pointwise(group)) is not None:

@@ -216,9 +216,8 @@ class WrapperCodegen:
     def __init__(self, graph, steps: list, kernels: dict, boxed: bool = False):
         self.graph, self.steps, self.kernels, self.boxed = graph, steps, kernels, boxed
         self.globals: dict[str, Any] = {"torch": torch, "math": math, "empty_strided": torch.empty_strided,
-                                        "reinterpret": reinterpret,
-                                        "ensure_layout": ensure_layout, "check_size": check_size,
-                                        "empty_row_padded": empty_row_padded,
+                                        "reinterpret": reinterpret, "ensure_layout": ensure_layout,
+                                        "check_size": check_size, "empty_row_padded": empty_row_padded,
                                         "matmul_padded": matmul_padded}
         self.lines: list[str] = []
         self._extern_ids: dict[Any, str] = {}

@@ -62,8 +62,8 @@ def _resolve_neg_bit(box: TensorBox, value: torch.Tensor) -> TensorBox:
     return make_pointwise_box(ops.neg, [box], list(box.get_size()), value.dtype, compute_dtype(value.dtype))
 
 
-def _fake_layout(t: torch.Tensor, device=None) -> Layout:
-    return Layout(device or t.device, t.dtype, [as_expr(s) for s in t.shape],
+def _fake_layout(t: torch.Tensor) -> Layout:
+    return Layout(t.device, t.dtype, [as_expr(s) for s in t.shape],
                   [as_expr(s) for s in t.stride()], sympy.Integer(0))
 
 
@@ -75,11 +75,9 @@ _aten = torch.ops.aten
 #: extern ops whose first argument is read (or written) through its storage: it gets
 #: eager's strides and offset, not the layout this graph chose for the value (fuzz s214 #5389)
 _STORAGE_OPS = (_aten.as_strided_scatter.default, _aten.as_strided.default, _aten.as_strided_copy.default)
-_CHANNELS_LAST_OPS = (_aten.convolution.default, _aten.max_pool2d_with_indices.default,
-                      _aten.avg_pool2d.default, _aten._adaptive_avg_pool2d.default,
-                      _aten.convolution_backward.default,
-                      _aten.max_pool2d_with_indices_backward.default,
-                      _aten.avg_pool2d_backward.default,
+_CHANNELS_LAST_OPS = (_aten.convolution.default, _aten.max_pool2d_with_indices.default, _aten.avg_pool2d.default,
+                      _aten._adaptive_avg_pool2d.default, _aten.convolution_backward.default,
+                      _aten.max_pool2d_with_indices_backward.default, _aten.avg_pool2d_backward.default,
                       _aten._adaptive_avg_pool2d_backward.default)
 
 
@@ -423,7 +421,7 @@ class GraphLowering(torch.fx.Interpreter):
             if target in LOWERINGS:
                 self.native[str(target)] += 1
                 return LOWERINGS[target](self, args, kwargs)
-        fn = L.get_lowering(target)
+        fn = L.LOWERINGS.get(target)
         if fn is not None and (self._has_complex(args, kwargs) or self.fresh_unbacked and
                                isinstance(val, torch.Tensor)):
             # no kernel backend has complex dtypes; a size only this op's output says (the

@@ -118,7 +118,5 @@ def lower_scan(lowering, args: tuple, kwargs: dict):
     return lowering.make_extern(run_scan, (compiled, list(init), list(xs), list(additional)), {})
 
 
-LOWERINGS = {torch.ops.higher_order.cond: lower_cond,
-             torch.ops.higher_order.while_loop: lower_while_loop,
-             torch.ops.higher_order.map_impl: lower_map,
-             torch.ops.higher_order.scan: lower_scan}
+LOWERINGS = {torch.ops.higher_order.cond: lower_cond, torch.ops.higher_order.while_loop: lower_while_loop,
+             torch.ops.higher_order.map_impl: lower_map, torch.ops.higher_order.scan: lower_scan}

@@ -67,10 +67,6 @@ class FallbackToExtern(Exception):
 _fallback_marker = FallbackToExtern
 
 
-def get_lowering(target) -> Optional[Callable]:
-    return LOWERINGS.get(target)
-
-
 def out_meta():
     """Fake-tensor value of the FX node being lowered (tensor or tuple)."""
     return current_graph().current_node.meta.get("val")
@@ -203,28 +199,20 @@ def _promote(args) -> torch.dtype:
     return dt
 
 
-UNARY = {
-    aten.abs: "abs", aten.neg: "neg", aten.exp: "exp", aten.exp2: "exp2", aten.expm1: "expm1",
-    aten.log: "log", aten.log2: "log2", aten.log10: "log10", aten.log1p: "log1p",
-    aten.sqrt: "sqrt", aten.rsqrt: "rsqrt", aten.sin: "sin", aten.cos: "cos", aten.tan: "tan",
-    aten.asin: "asin", aten.acos: "acos", aten.atan: "atan", aten.sinh: "sinh",
-    aten.cosh: "cosh", aten.tanh: "tanh", aten.asinh: "asinh", aten.acosh: "acosh",
-    aten.atanh: "atanh", aten.erf: "erf", aten.erfc: "erfc", aten.erfinv: "erfinv",
-    aten.sigmoid: "sigmoid", aten.floor: "floor", aten.ceil: "ceil",
-    aten.round: "round", aten.trunc: "trunc", aten.sign: "sign", aten.reciprocal: "reciprocal",
-    aten.bitwise_not: "bitwise_not", aten.lgamma: "lgamma", aten.frac: "frac",
-    prims.sqrt: "sqrt", prims.rsqrt: "rsqrt", prims.exp: "exp", prims.neg: "neg",
-}
-BINARY = {
-    aten.add: "add", aten.sub: "sub", aten.mul: "mul", aten.maximum: "maximum",
-    aten.minimum: "minimum", aten.atan2: "atan2", aten.pow: "pow", aten.hypot: "hypot",
-    aten.copysign: "copysign", aten.fmod: "fmod", aten.remainder: "remainder",
-    aten.bitwise_and: "bitwise_and", aten.bitwise_or: "bitwise_or",
-    aten.bitwise_xor: "bitwise_xor", aten.bitwise_left_shift: "left_shift",
-    aten.bitwise_right_shift: "right_shift", aten.nextafter: "nextafter",
-    prims.add: "add", prims.sub: "sub", prims.mul: "mul", prims.maximum: "maximum",
-    prims.minimum: "minimum", prims.pow: "pow",
-}
+UNARY = {aten.abs: "abs", aten.neg: "neg", aten.exp: "exp", aten.exp2: "exp2", aten.expm1: "expm1", aten.log: "log",
+         aten.log2: "log2", aten.log10: "log10", aten.log1p: "log1p", aten.sqrt: "sqrt", aten.rsqrt: "rsqrt",
+         aten.sin: "sin", aten.cos: "cos", aten.tan: "tan", aten.asin: "asin", aten.acos: "acos", aten.atan: "atan",
+         aten.sinh: "sinh", aten.cosh: "cosh", aten.tanh: "tanh", aten.asinh: "asinh", aten.acosh: "acosh",
+         aten.atanh: "atanh", aten.erf: "erf", aten.erfc: "erfc", aten.erfinv: "erfinv", aten.sigmoid: "sigmoid",
+         aten.floor: "floor", aten.ceil: "ceil", aten.round: "round", aten.trunc: "trunc", aten.sign: "sign",
+         aten.reciprocal: "reciprocal", aten.bitwise_not: "bitwise_not", aten.lgamma: "lgamma", aten.frac: "frac",
+         prims.sqrt: "sqrt", prims.rsqrt: "rsqrt", prims.exp: "exp", prims.neg: "neg"}
+BINARY = {aten.add: "add", aten.sub: "sub", aten.mul: "mul", aten.maximum: "maximum", aten.minimum: "minimum",
+          aten.atan2: "atan2", aten.pow: "pow", aten.hypot: "hypot", aten.copysign: "copysign", aten.fmod: "fmod",
+          aten.remainder: "remainder", aten.bitwise_and: "bitwise_and", aten.bitwise_or: "bitwise_or",
+          aten.bitwise_xor: "bitwise_xor", aten.bitwise_left_shift: "left_shift",
+          aten.bitwise_right_shift: "right_shift", aten.nextafter: "nextafter", prims.add: "add", prims.sub: "sub",
+          prims.mul: "mul", prims.maximum: "maximum", prims.minimum: "minimum", prims.pow: "pow"}
 COMPARE = {aten.eq: "eq", aten.ne: "ne", aten.lt: "lt", aten.le: "le", aten.gt: "gt", aten.ge: "ge", prims.eq: "eq",
            prims.ne: "ne", prims.lt: "lt", prims.le: "le", prims.gt: "gt", prims.ge: "ge"}
 LOGICAL = {aten.logical_and: "logical_and", aten.logical_or: "logical_or",

@@ -32,10 +32,8 @@ from typing import Optional, Sequence
 from coil import trace
 from coil.exc import CoilError
 
-__all__ = [
-    "CppBuildError", "CompilerNotFound", "CppCompileError", "compiler", "compile_flags",
-    "cache_key", "cache_root", "build", "build_many", "num_threads", "stats",
-]
+__all__ = ["CppBuildError", "CompilerNotFound", "CppCompileError", "compiler", "compile_flags", "cache_key",
+           "cache_root", "build", "build_many", "num_threads", "stats"]
 
 DEFAULT_FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17",
                  "-fno-strict-aliasing", "-fwrapv", "-fno-tree-loop-if-convert", "-ffp-contract=off",
@@ -137,10 +135,6 @@ def num_threads() -> int:
     return max(1, torch.get_num_threads())
 
 
-def _so_path(key: str) -> str:
-    return os.path.join(cache_root(), key[:2], key + ".so")
-
-
 def _compile_to(source: str, flags: list[str], so_path: str) -> None:
     path, _ = compiler()
     d = os.path.dirname(so_path)
@@ -183,7 +177,7 @@ def build(source: str, extra_flags: Sequence[str] = ()) -> ctypes.CDLL:
         with _lock:
             stats["memory_hits"] += 1
         return lib
-    so = _so_path(key)
+    so = os.path.join(cache_root(), key[:2], key + ".so")
     if os.path.exists(so):
         with _lock:
             stats["disk_hits"] += 1
@@ -197,17 +191,15 @@ def build(source: str, extra_flags: Sequence[str] = ()) -> ctypes.CDLL:
         return _loaded.setdefault(key, lib)
 
 
-def build_many(sources: Sequence[str], extra_flags: Sequence[str] = (),
-               max_workers: Optional[int] = None) -> list[ctypes.CDLL]:
+def build_many(sources: Sequence[str]) -> list[ctypes.CDLL]:
     """Build several sources in parallel (one compiler process per uncached source).
 
     Returns the libraries in the order of ``sources``; raises the first
     :class:`CppBuildError` met (the others still finish, and stay cached).
     """
     if len(sources) <= 1:
-        return [build(s, extra_flags) for s in sources]
+        return [build(s) for s in sources]
     compiler()  # fail fast, once, if there is none
-    workers = max_workers or max(1, min(len(sources), os.cpu_count() or 1))
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        futures = [pool.submit(build, s, extra_flags) for s in sources]
+    with ThreadPoolExecutor(max_workers=max(1, min(len(sources), os.cpu_count() or 1))) as pool:
+        futures = [pool.submit(build, s) for s in sources]
         return [f.result() for f in futures]

@@ -69,6 +69,7 @@ class PartitionedGraph:
     output_strides = None
 
     def __init__(self, gm: torch.fx.GraphModule, levels: dict, reasons: dict, compiler: Callable):
+        from coil.aot.regions import graph_piece
         from coil.runtime.cudagraph_trees import cudagraphify
 
         kind = gm.meta.get("coil_aot_graph", "inference")
@@ -92,7 +93,7 @@ class PartitionedGraph:
             ins = list(dict.fromkeys(i for n in members for i in n.all_input_nodes if levels.get(i) != lv))
             outs = [n for n in members if any(r > lv for r in readers.get(n, ()))]
             outs.sort(key=lambda n: n not in user)
-            piece = _subgraph(gm, members, ins, outs)
+            piece = graph_piece(gm, members, ins, outs)
             piece.meta["coil_aot_graph"] = kind
             piece.meta["coil_aot_piece"] = True  # not the last reader of saved values
             devices = {v.device.type for n in members + ins for v in [n.meta.get("val")] if isinstance(v, torch.Tensor)}
@@ -119,16 +120,3 @@ class PartitionedGraph:
             for i, v in zip(outs, res):
                 vals[i] = v
         return tuple(vals[x] if kind == "slot" else x for kind, x in self.outputs)
-
-
-def _subgraph(gm: torch.fx.GraphModule, members: list, ins: list, outs: list) -> torch.fx.GraphModule:
-    """A graph module of ``members`` reading ``ins`` as placeholders, returning ``outs``."""
-    g = torch.fx.Graph()
-    env: dict = {}
-    for i in ins:
-        env[i] = g.placeholder(i.name)
-        env[i].meta = dict(i.meta)
-    for n in members:
-        env[n] = g.node_copy(n, lambda a: env[a])
-    g.output(tuple(env[o] for o in outs))
-    return torch.fx.GraphModule(gm, g)

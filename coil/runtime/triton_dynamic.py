@@ -79,7 +79,7 @@ class DynamicTritonLauncher(TritonLauncher):
         self.numel, self.rnumel = args[self.n_ptrs], (args[self.n_ptrs + 1] if self.red else 1)
         self.chosen = None
         preset = self._enter_bucket(bucket)
-        if preset is None and not config.autotune_each_bucket:
+        if preset is None:
             # as one tuning for all sizes does: the config of the nearest tuned bucket
             n2, r2 = bucket[0].bit_length(), bucket[1].bit_length()
             # (any XBLOCK suits a plain pointwise kernel; a reduction's must be a candidate)
@@ -152,7 +152,7 @@ class DynamicTritonLauncher(TritonLauncher):
         def slow(*a):
             return self.fn[(-(-a[x] // xb),) + ((-(-a[x + 1] // rb),) if rb else ())](*a, **cfg)
 
-        if not self.gpu or not config.triton_fast_launch:
+        if not self.gpu:
             return slow
 
         def first(*a):

@@ -153,16 +153,12 @@ def _make_shim():
 
     def f64(f):  # torch's float64 function (erfinv, lgamma of a pole: inf)
         return lambda d: f(torch.as_tensor(d, dtype=torch.float64)).numpy()
-    table = {
-        "tanh": np.tanh, "log1p": np.log1p, "expm1": np.expm1, "pow": np.power,
-        "nearbyint": np.rint, "atan2": np.arctan2, "trunc": np.trunc, "asin": np.arcsin,
-        "acos": np.arccos, "atan": np.arctan, "sinh": np.sinh, "cosh": np.cosh,
-        "asinh": np.arcsinh, "acosh": np.arccosh, "atanh": np.arctanh, "tan": np.tan,
-        "exp2": np.exp2, "log2": np.log2, "log10": np.log10, "fmod": np.fmod,
-        "hypot": np.hypot, "copysign": np.copysign, "nextafter": np.nextafter,
-        "erfc": f64(torch.erfc), "lgamma": f64(torch.lgamma), "erf": f64(torch.erf),
-        "erfinv": f64(torch.erfinv),
-    }
+    table = {"tanh": np.tanh, "log1p": np.log1p, "expm1": np.expm1, "pow": np.power, "nearbyint": np.rint,
+             "atan2": np.arctan2, "trunc": np.trunc, "asin": np.arcsin, "acos": np.arccos, "atan": np.arctan,
+             "sinh": np.sinh, "cosh": np.cosh, "asinh": np.arcsinh, "acosh": np.arccosh, "atanh": np.arctanh,
+             "tan": np.tan, "exp2": np.exp2, "log2": np.log2, "log10": np.log10, "fmod": np.fmod, "hypot": np.hypot,
+             "copysign": np.copysign, "nextafter": np.nextafter, "erfc": f64(torch.erfc), "lgamma": f64(torch.lgamma),
+             "erf": f64(torch.erf), "erfinv": f64(torch.erfinv)}
     ns = types.SimpleNamespace(**{k: wrap(v) for k, v in table.items()})
     ns.signbit, ns.isinf, ns.isnan = (wrap(f, True) for f in (np.signbit, np.isinf, np.isnan))
     return ns

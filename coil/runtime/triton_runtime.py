@@ -258,10 +258,9 @@ def _direct_launch(run):
 
 
 def _specialized_launch(run, first: tuple, grid: tuple, consts: list, function, packed,
-                        get_stream, device, slow, pointers_as_ints: bool = False,
-                        direct: bool = True, free: int = 0):
+                        get_stream, device, slow, pointers_as_ints: bool = False, free: int = 0):
     """Generated ``fast(a0, ..., aN)`` for a compiled kernel: one launch through :func:`_direct_launch`'s C function
-    (or, failing that or with ``direct`` False, ``run``) while the call keeps the Triton specialization of ``first``,
+    (or, failing that, ``run``) while the call keeps the Triton specialization of ``first``,
     the arguments of the call that compiled it; else ``slow`` (the JIT, which picks or compiles the matching binary).
     docs/codegen.md ("Runtime") describes the check.
 
@@ -271,7 +270,7 @@ def _specialized_launch(run, first: tuple, grid: tuple, consts: list, function, 
     the direct launch gets the data pointers the check already read, as ints."""
     names = [f"a{i}" for i in range(len(first))]
     params = ", ".join(names)
-    launch = _direct_launch(run) if direct else None
+    launch = _direct_launch(run)
     env = dict(slow=slow, get_stream=get_stream, device=device, function=function, packed=packed)
     as_ints = pointers_as_ints and launch is not None
     body, passed, zero_low, nonzero_low, narrow, other = [], [], [], [], [], []
@@ -470,7 +469,7 @@ class TritonLauncher:
         kwargs = {k: v for k, v in cfg.items() if not (self.interpret and k == "num_warps")}
         launch = self.fn[self._grid(cfg)]
         self._slow = lambda *args: launch(*args, **kwargs)
-        self._call = self._first_call if self.gpu and config.triton_fast_launch else self._slow
+        self._call = self._first_call if self.gpu else self._slow
 
     def _grid(self, cfg: dict) -> tuple:
         """Programs per axis: x blocks, and for a tiled kernel r blocks too."""
@@ -516,7 +515,7 @@ class TritonLauncher:
         return _specialized_launch(kernel.run, args, (grid[0], grid[1] if len(grid) > 1 else 1), consts,
                                    kernel.function, kernel.packed_metadata, driver.active.get_current_stream,
                                    driver.active.get_current_device(), slow or self._slow, pointers_as_ints=on_gpu,
-                                   direct=config.triton_direct_launch, free=free)
+                                   free=free)
 
     def __call__(self, *args):
         if self.chosen is None:  # another copy of this body may have been tuned since

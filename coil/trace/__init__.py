@@ -15,10 +15,8 @@ import threading
 import time
 from typing import Any, Callable, Iterator, Optional
 
-__all__ = [
-    "enabled", "log", "artifact", "stage", "compile_context", "current_compile_id",
-    "next_frame_id", "set_dir", "trace_dir", "add_stage_listener", "remove_stage_listener",
-]
+__all__ = ["enabled", "log", "artifact", "stage", "compile_context", "current_compile_id", "next_frame_id", "set_dir",
+           "trace_dir", "add_stage_listener", "remove_stage_listener"]
 
 
 class _State:

@@ -284,13 +284,10 @@ def _artifact_views(records: list) -> list:
             seen[key]["times"] += 1
             continue
         extra = {k: v for k, v in payload(a).items() if k not in ("name", "kind", "text")}
-        views.append({
-            "name": str(a.get("name", "?")), "kind": str(a.get("kind", "text")), "times": 1,
-            "stage": a.get("stage"), "lines": len(text.splitlines()),
-            "html": highlight(text, str(a.get("kind", "text"))),
-            "extra": render_value(extra) if extra else "",
-            "open": len(records) <= 3 and len(text) < 20_000,
-        })
+        views.append({"name": str(a.get("name", "?")), "kind": str(a.get("kind", "text")), "times": 1,
+                      "stage": a.get("stage"), "lines": len(text.splitlines()),
+                      "html": highlight(text, str(a.get("kind", "text"))),
+                      "extra": render_value(extra) if extra else "", "open": len(records) <= 3 and len(text) < 20_000})
         seen[key] = views[-1]
     return views
 
@@ -361,9 +358,8 @@ def write_report(log_dir: str, out_dir: Optional[str] = None) -> str:
         all_selfs.update(selfs)
         total = c.total_ms()
         grand_total += total
-        row = {"pid": c.pid, "compile_id": c.compile_id, "page": c.page, "title": c.title(),
-               "total": total, "stages": totals, "n_events": len(c.events),
-               "n_artifacts": len(c.artifacts)}
+        row = {"pid": c.pid, "compile_id": c.compile_id, "page": c.page, "title": c.title(), "total": total,
+               "stages": totals, "n_events": len(c.events), "n_artifacts": len(c.artifacts)}
         row.update({ev: c.count(ev) for ev in COUNTED_EVENTS})
         rows.append(row)
 

@@ -6,7 +6,6 @@ import torch.nn as nn
 
 from coil.aot import aot_compile, default_partition, min_cut_partition
 from coil.aot.backend import run_graph
-from coil.config import patch as config_patch
 
 
 class Recorder:
@@ -465,23 +464,18 @@ def test_cross_entropy_one_hot_recomputed_not_saved():
     torch.testing.assert_close((gx, gw), (rx, rw))
 
 
-@pytest.mark.parametrize("free", [False, True])
-def test_cast_of_a_weight_saved_or_recomputed(free):
-    """Under autocast the backward reads a weight's bf16 copy. By default it is saved, as torch.compile does (the
-    backward reads 2 bytes per weight element, no second pass over the fp32 weight). With
-    ``aot_params_free_to_save`` saving the weight itself is free (it stays alive for its .grad) and the cast is
-    recomputed in the backward: no second, bf16 copy of every weight is kept."""
+def test_cast_of_a_weight_is_saved():
+    """Under autocast the backward reads a weight's bf16 copy. It is saved, as torch.compile does (the backward reads
+    2 bytes per weight element, no second pass over the fp32 weight)."""
     def f(x, w):
         return (x @ w.to(torch.bfloat16)).float().sin().sum()
 
     x = torch.randn(8, 16, dtype=torch.bfloat16, requires_grad=True)
     w = torch.randn(16, 32, requires_grad=True)
-    with config_patch(aot_params_free_to_save=free):
-        c = compile_fn(f, x, w)
+    c = compile_fn(f, x, w)
     fw = c.recorder.graphs[0]
     out = [n for n in fw.graph.nodes if n.op == "output"][0].args[0]
-    casts = [a for a in out if isinstance(a, torch.fx.Node) and a.target is torch.ops.aten._to_copy.default]
-    assert bool(casts) is not free
+    assert [a for a in out if isinstance(a, torch.fx.Node) and a.target is torch.ops.aten._to_copy.default]
     torch.testing.assert_close(torch.autograd.grad(c(x, w), [x, w]), torch.autograd.grad(f(x, w), [x, w]))
 
 

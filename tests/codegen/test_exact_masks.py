@@ -1,11 +1,11 @@
 """Masks that are all true for every launch config are left out of Triton kernels
-(``config.triton_exact_masks``; backend.mask_exactness): XBLOCK dividing numel for every
+(backend.mask_exactness): XBLOCK dividing numel for every
 candidate config drops ``xmask``, RBLOCK dividing rnumel drops ``rmask``. Each case
 also runs the kernel (Triton interpreter) against eager on random data."""
 import pytest
 import torch
 
-from codegen_helpers import check, compile_fn
+from codegen_helpers import check
 
 
 def _body(src: str) -> str:
@@ -139,20 +139,6 @@ def test_tiled_transpose_ragged_keeps_masks():
     body = _body(src)
     assert _masks_line(src) == "# masks: x masked, r masked"
     assert "xmask & rmask" in body, body
-
-
-# ------------------------------------------------------------------ the switch
-def test_switch_off_restores_masks():
-    x, w = torch.randn(8, 1024), torch.randn(1024)
-    on = _kernel(compile_fn(_rms, x, w))
-    off_c = compile_fn(_rms, x, w, triton_exact_masks=False)
-    off = _kernel(off_c)
-    assert "mask" not in _body(on)
-    assert _masks_line(off) == "# masks: x masked, r masked (triton_exact_masks off)"
-    body = _body(off)
-    assert "xmask = xindex < xnumel" in body and "rmask = rindex < rnumel" in body
-    assert "tl.where(xmask & rmask, " in body and "xmask & rmask, other=0.0)" in body, body
-    torch.testing.assert_close(off_c(x, w)[0], _rms(x, w), atol=1e-5, rtol=1e-4)
 
 
 # ------------------------------------------------------------------ GPU candidate sets

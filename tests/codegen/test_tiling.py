@@ -4,7 +4,7 @@ grid, so Triton can coalesce both sides."""
 import pytest
 import torch
 
-from codegen_helpers import check, compile_fn
+from codegen_helpers import check
 
 
 def _kinds(c):
@@ -41,11 +41,6 @@ def test_tiled_transpose_low_precision(dtype):
 
 def test_contiguous_pointwise_stays_flat():
     c = check(lambda x, y: x * y + 1, torch.randn(64, 48), torch.randn(64, 48), kernels=1)
-    assert _kinds(c) == ["poi"]
-
-
-def test_tiling_can_be_turned_off():
-    c = compile_fn(lambda x: x.t().contiguous() + 1, torch.randn(64, 48), triton_tile_2d=False)
     assert _kinds(c) == ["poi"]
 
 

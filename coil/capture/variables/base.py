@@ -147,10 +147,9 @@ class ConstantVariable(VariableTracker):
         if name == "__contains__":
             return wrap_constant_result(tx, cargs[0] in self.value)
         method = getattr(self.value, name)
-        if isinstance(self.value, (str, bytes, int, float, complex, bool, type(None), torch.Size,
-                                   torch.dtype, torch.device, range, slice, tuple, frozenset,
-                                   inspect.Signature, inspect.Parameter, _types.MappingProxyType,
-                                   _types.CodeType, __import__("dataclasses").Field)):
+        if isinstance(self.value, (str, bytes, int, float, complex, bool, type(None), torch.Size, torch.dtype,
+                                   torch.device, range, slice, tuple, frozenset, inspect.Signature, inspect.Parameter,
+                                   _types.MappingProxyType, _types.CodeType, __import__("dataclasses").Field)):
             return wrap_constant_result(tx, method(*cargs, **ckw))
         raise Unsupported(f"method {name} of {type(self.value).__name__} constant")
 
@@ -173,6 +172,21 @@ class ConstantVariable(VariableTracker):
 
     def __repr__(self):
         return f"Const({self.value!r})"
+
+
+class RealValueVariable(VariableTracker):
+    """Base of trackers for a real object ``value`` that exists outside the trace: its type is the value's, and the
+    entry reads it from its source, or holds it as a constant when it has none."""
+
+    def __init__(self, value, source=None):
+        super().__init__(source)
+        self.value = value
+
+    def python_type(self):
+        return type(self.value)
+
+    def reconstruct(self, cg):
+        return cg.source_expr(self.source) if self.source is not None else cg.const_expr(self.value)
 
 
 class KnownCallableVariable(VariableTracker):

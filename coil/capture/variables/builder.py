@@ -42,9 +42,8 @@ def wrap_constant_result(tx, value: Any) -> VariableTracker:
     """Wrap a value computed at compile time (no source, no guard)."""
     import inspect
 
-    if is_literal(value) or isinstance(value, (inspect.Signature, inspect.Parameter,
-                                               types.MappingProxyType, types.CodeType,
-                                               __import__("dataclasses").Field)):
+    if is_literal(value) or isinstance(value, (inspect.Signature, inspect.Parameter, types.MappingProxyType,
+                                               types.CodeType, __import__("dataclasses").Field)):
         return ConstantVariable(value)
     return wrap(tx, value, None)
 

@@ -44,9 +44,8 @@ def is_builtin(value) -> bool:
         return False
 
 
-_BREAK = {print: "call to print", input: "call to input", open: "call to open",
-          exec: "exec", eval: "eval", globals: "globals()",
-          locals: "locals()", vars: "vars()", breakpoint: "breakpoint()"}
+_BREAK = {print: "call to print", input: "call to input", open: "call to open", exec: "exec", eval: "eval",
+          globals: "globals()", locals: "locals()", vars: "vars()", breakpoint: "breakpoint()"}
 
 
 def is_pure_builtin_method(value) -> bool:

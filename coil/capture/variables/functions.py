@@ -13,13 +13,13 @@ from coil.capture.variables.containers import DictVariable, TupleVariable
 
 
 class BaseFunctionVariable(VariableTracker):
-    """Something with a code object the translator can inline."""
+    """Something with a code object the translator can inline (by default that of the Python function ``self.fn``)."""
 
     def get_code(self) -> types.CodeType:
-        raise NotImplementedError
+        return self.fn.__code__
 
     def get_globals(self) -> dict:
-        raise NotImplementedError
+        return self.fn.__globals__
 
     def closure_cells(self, tx) -> dict:
         return {}
@@ -99,12 +99,6 @@ class UserFunctionVariable(BaseFunctionVariable):
 
     def as_python_constant(self):
         return self.fn
-
-    def get_code(self):
-        return self.fn.__code__
-
-    def get_globals(self):
-        return self.fn.__globals__
 
     def closure_cells(self, tx):
         cells = {}
@@ -213,12 +207,6 @@ class UserMethodVariable(BaseFunctionVariable):
 
     def python_type(self):
         return types.MethodType
-
-    def get_code(self):
-        return self.fn.__code__
-
-    def get_globals(self):
-        return self.fn.__globals__
 
     def closure_cells(self, tx):
         return UserFunctionVariable(self.fn).closure_cells(tx)

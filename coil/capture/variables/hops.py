@@ -212,6 +212,12 @@ def _meta_text(f) -> str:
     return f"shape {tuple(f.shape)}, dtype {f.dtype}, stride {tuple(f.stride())}"
 
 
+def _changed_carry(carried: list, outs: list) -> Optional[int]:
+    """The first position whose output fake changes its carried fake's dtype, shape or (beyond one element) strides."""
+    return next((i for i, (x, y) in enumerate(zip(carried, outs)) if x.dtype != y.dtype or tuple(x.shape) !=
+                 tuple(y.shape) or (x.numel() > 1 and x.stride() != y.stride())), None)
+
+
 def _check_same_outputs(a: Subgraph, b: Subgraph, names, location) -> None:
     if len(a.out_fakes) != len(b.out_fakes) or a.structure != b.structure:
         raise UserError(
@@ -442,12 +448,10 @@ def call_while_loop(tx, args: list, kwargs: dict) -> VariableTracker:
     if len(b.out_fakes) != len(carried):
         raise UserError(f"torch.while_loop: body_fn returns {len(b.out_fakes)} tensor(s) for "
                         f"{len(carried)} carried input(s)", location=location)
-    for i, (x, y) in enumerate(zip(carried, b.out_fakes)):
-        x = x.fake
-        if x.dtype != y.dtype or tuple(x.shape) != tuple(y.shape) or (x.numel() > 1 and x.stride() != y.stride()):
-            raise UserError(f"torch.while_loop: body_fn changes carried input {i}: it comes in "
-                            f"with {_meta_text(x)} and leaves with {_meta_text(y)}; the carried "
-                            "state must keep its metadata", location=location)
+    if (i := _changed_carry([x.fake for x in carried], b.out_fakes)) is not None:
+        raise UserError(f"torch.while_loop: body_fn changes carried input {i}: it comes in with "
+                        f"{_meta_text(carried[i].fake)} and leaves with {_meta_text(b.out_fakes[i])}; the carried "
+                        "state must keep its metadata", location=location)
     if _needs_grad([x.node for x in carried] + b.lifted + c.lifted):
         raise Unsupported("torch.while_loop with inputs that require grad (its backward "
                           "needs the trip count as a size: not captured)",
@@ -556,12 +560,9 @@ def call_scan(tx, args: list, kwargs: dict) -> VariableTracker:
     if n_carry != len(init) or carry_struct != init_struct or len(body.operand_nodes) != len(init) + len(pieces):
         raise UserError(f"scan: combine_fn returns a carry of {n_carry} tensor(s) for an init "
                         f"of {len(init)}", location=location)
-    for i, (x, y) in enumerate(zip(init, body.out_fakes)):
-        if x.fake.dtype != y.dtype or tuple(x.fake.shape) != tuple(y.shape) or \
-                (x.fake.numel() > 1 and x.fake.stride() != y.stride()):
-            raise UserError(f"scan: combine_fn changes carry {i}: it comes in with "
-                            f"{_meta_text(x.fake)} and leaves with {_meta_text(y)}",
-                            location=location)
+    if (i := _changed_carry([x.fake for x in init], body.out_fakes)) is not None:
+        raise UserError(f"scan: combine_fn changes carry {i}: it comes in with {_meta_text(init[i].fake)} and leaves "
+                        f"with {_meta_text(body.out_fakes[i])}", location=location)
     grad = _needs_grad([t.node for t in init] + [x.node for x in lead] + body.lifted)
     ret = body.graph.output_node()
     outs, cloned = list(ret.args[0]), []
@@ -737,9 +738,8 @@ def hop_handler(value):
         for name, v in vars(hops).items():
             if not name.startswith("_") and isinstance(v, types.FunctionType):
                 _HANDLERS[v] = _not_captured
-        _HANDLERS.update({torch.cond: call_cond, hops.cond: call_cond,
-                          hops.while_loop: call_while_loop, ckpt.checkpoint: call_checkpoint,
-                          hops.map: call_map, hops.scan: call_scan})
+        _HANDLERS.update({torch.cond: call_cond, hops.cond: call_cond, hops.while_loop: call_while_loop,
+                          ckpt.checkpoint: call_checkpoint, hops.map: call_map, hops.scan: call_scan})
     try:
         return _HANDLERS.get(value)
     except TypeError:  # unhashable

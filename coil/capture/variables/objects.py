@@ -21,7 +21,7 @@ import torch
 
 from coil.exc import Unsupported
 from coil.capture.source import AttrSource, ModuleDictSource
-from coil.capture.variables.base import ConstantVariable, VariableTracker
+from coil.capture.variables.base import ConstantVariable, RealValueVariable, VariableTracker
 from coil.capture.variables.containers import DictVariable, ListIteratorVariable, TupleVariable
 from coil.capture.variables.functions import (UserFunctionVariable, UserMethodVariable)
 
@@ -70,15 +70,8 @@ def wrap_class_attr(tx, obj_vt: VariableTracker, cls: type, name: str, source=No
     return wrap(tx, attr, source)
 
 
-class ObjectVariableBase(VariableTracker):
+class ObjectVariableBase(RealValueVariable):
     """A tracker for a real (pre-existing) Python object ``value``."""
-
-    def __init__(self, value, source=None):
-        super().__init__(source)
-        self.value = value
-
-    def python_type(self):
-        return type(self.value)
 
     def attr_source(self, name):
         return AttrSource(self.source, name) if self.source is not None else None
@@ -88,9 +81,6 @@ class ObjectVariableBase(VariableTracker):
 
     def truthy(self, tx):
         return object_truthy(tx, self, type(self.value))
-
-    def reconstruct(self, cg):
-        return cg.source_expr(self.source) if self.source is not None else cg.const_expr(self.value)
 
     def __repr__(self):
         return f"{type(self).__name__}({type(self.value).__name__}, {self.source})"
@@ -332,7 +322,7 @@ class NNModuleVariable(ObjectVariableBase):
             return tx.unpack(tx.call(UserMethodVariable(it, self), [], {}))
         raise Unsupported(f"iteration over {type(m).__name__}")
 
-    def _named(self, tx, kind, prefix_arg=None, recurse=True):
+    def _named(self, tx, kind, recurse=True):
         from coil.capture.variables.builder import wrap
 
         m = self.value

@@ -24,11 +24,10 @@ _SYM = (torch.SymInt, torch.SymFloat, torch.SymBool)
 _BINARY = {operator.add: operator.add, operator.iadd: operator.add, operator.sub: operator.sub,
            operator.isub: operator.sub, operator.mul: operator.mul, operator.imul: operator.mul,
            operator.floordiv: operator.floordiv, operator.ifloordiv: operator.floordiv,
-           operator.truediv: operator.truediv, operator.itruediv: operator.truediv,
-           operator.mod: operator.mod, operator.imod: operator.mod, operator.pow: operator.pow,
-           operator.ipow: operator.pow, operator.lt: operator.lt, operator.le: operator.le,
-           operator.gt: operator.gt, operator.ge: operator.ge, operator.eq: operator.eq,
-           operator.ne: operator.ne}
+           operator.truediv: operator.truediv, operator.itruediv: operator.truediv, operator.mod: operator.mod,
+           operator.imod: operator.mod, operator.pow: operator.pow, operator.ipow: operator.pow,
+           operator.lt: operator.lt, operator.le: operator.le, operator.gt: operator.gt, operator.ge: operator.ge,
+           operator.eq: operator.eq, operator.ne: operator.ne}
 
 
 class SymNodeVariable(VariableTracker):

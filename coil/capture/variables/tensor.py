@@ -351,10 +351,8 @@ _META_ATTRS = {"shape", "dtype", "device", "ndim", "requires_grad", "is_leaf", "
                "is_cuda", "is_cpu", "is_sparse", "is_quantized", "is_meta", "is_mkldnn",
                "is_nested", "itemsize", "nbytes", "names", "is_mps", "is_xpu"}
 _TENSOR_ATTRS = {"T", "mT", "H", "mH", "real", "imag"}
-_BREAK_METHODS = {"item": "Tensor.item() reads tensor data",
-                  "tolist": "Tensor.tolist() reads tensor data",
-                  "numpy": "Tensor.numpy() leaves torch",
-                  "__bool__": "bool() of a tensor depends on its data",
+_BREAK_METHODS = {"item": "Tensor.item() reads tensor data", "tolist": "Tensor.tolist() reads tensor data",
+                  "numpy": "Tensor.numpy() leaves torch", "__bool__": "bool() of a tensor depends on its data",
                   "data_ptr": "Tensor.data_ptr()", "backward": "Tensor.backward() inside the frame",
                   "register_hook": "Tensor.register_hook", "__array__": "numpy conversion",
                   "untyped_storage": "storage access", "storage": "storage access",

@@ -23,33 +23,26 @@ from coil.exc import Unsupported
 from coil.capture.variables.base import ConstantVariable, KnownCallableVariable, VariableTracker
 from coil.capture.variables.tensor import call_op
 
-_COMPILE_TIME = {}
 _CM_HELPER = contextlib.contextmanager(lambda: None).__code__
-
-
-def _register_compile_time():
-    c = _COMPILE_TIME
-    c[torch.is_grad_enabled] = lambda tx: torch.is_grad_enabled()
-    c[torch.get_default_dtype] = lambda tx: torch.get_default_dtype()
-    c[torch.jit.is_scripting] = lambda tx: False
-    c[torch.jit.is_tracing] = lambda tx: False
-    c[torch._C._get_tracing_state] = lambda tx: None
-    c[torch.is_inference_mode_enabled] = lambda tx: torch.is_inference_mode_enabled()
-    c[torch.compiler.is_compiling] = lambda tx: True
-    c[torch.compiler.is_dynamo_compiling] = lambda tx: True
-    c[torch.compiler.is_exporting] = lambda tx: False
-    c[torch.is_autocast_enabled] = None  # handled with arguments below
-    c[torch.cuda.is_available] = lambda tx: torch.cuda.is_available()
-
-
-_register_compile_time()
+_COMPILE_TIME = {
+    torch.is_grad_enabled: lambda tx: torch.is_grad_enabled(),
+    torch.get_default_dtype: lambda tx: torch.get_default_dtype(),
+    torch.jit.is_scripting: lambda tx: False,
+    torch.jit.is_tracing: lambda tx: False,
+    torch._C._get_tracing_state: lambda tx: None,
+    torch.is_inference_mode_enabled: lambda tx: torch.is_inference_mode_enabled(),
+    torch.compiler.is_compiling: lambda tx: True,
+    torch.compiler.is_dynamo_compiling: lambda tx: True,
+    torch.compiler.is_exporting: lambda tx: False,
+    torch.is_autocast_enabled: None,  # handled with arguments below
+    torch.cuda.is_available: lambda tx: torch.cuda.is_available(),
+}
 
 #: queries of the machine's devices, fixed for the process: called at compile time with the
 #: call's constant arguments (transformers asks ``get_device_capability`` inside its MoE
 #: layers; tracing into it reached ``os.getenv``, a graph break per layer)
-_DEVICE_QUERIES = {inspect.unwrap(f) for f in (
-    torch.cuda.get_device_capability, torch.cuda.device_count, torch.cuda.get_device_name,
-    torch.cuda.is_bf16_supported)}
+_DEVICE_QUERIES = {inspect.unwrap(f) for f in (torch.cuda.get_device_capability, torch.cuda.device_count,
+                                               torch.cuda.get_device_name, torch.cuda.is_bf16_supported)}
 
 # compared unwrapped: torch wraps some of them later (torch._dynamo replaces torch.manual_seed by a disable-wrapper on
 # import, after which ``manual_seed`` in a compiled function was dropped: it ran once, while tracing; fresh-user trial)
@@ -74,18 +67,16 @@ def is_torch_function(value) -> bool:
     if isinstance(value, type):
         return False
     if not isinstance(value, (types.FunctionType, types.BuiltinFunctionType, types.BuiltinMethodType,
-                              types.MethodDescriptorType, types.WrapperDescriptorType,
-                              types.MethodWrapperType, torch._ops.OpOverload,
-                              torch._ops.OpOverloadPacket)):
+                              types.MethodDescriptorType, types.WrapperDescriptorType, types.MethodWrapperType,
+                              torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
         return False
     code = getattr(value, "__code__", None)
     if code is _CM_HELPER or code is not None and code.co_flags & inspect.CO_GENERATOR:
         return False   # a @contextmanager or a generator: inlined, their objects made at each call
     mod = getattr(value, "__module__", None) or ""
-    if mod.startswith(("torch.nn.modules", "torch.utils", "torch._dynamo", "torch.fx",
-                       "torch.autograd.function", "torch.nn.utils", "torch.optim",
-                       "torch.distributed", "torch.compiler", "torch._tensor", "torch.testing",
-                       "torch.backends", "torch.overrides", "torch.amp", "torch.cuda")):
+    if mod.startswith(("torch.nn.modules", "torch.utils", "torch._dynamo", "torch.fx", "torch.autograd.function",
+                       "torch.nn.utils", "torch.optim", "torch.distributed", "torch.compiler", "torch._tensor",
+                       "torch.testing", "torch.backends", "torch.overrides", "torch.amp", "torch.cuda")):
         return value in _COMPILE_TIME or inspect.unwrap(value) in _DEVICE_QUERIES
     if mod.startswith("torch") or mod == "torch._C._nn" or mod == "torch._C._linalg":
         return True

@@ -9,13 +9,10 @@ from __future__ import annotations
 import torch
 
 #: torch dtype → C++ storage type
-CTYPES = {
-    torch.float32: "float", torch.float64: "double", torch.float16: "coil_f16",
-    torch.bfloat16: "coil_bf16", torch.int8: "int8_t", torch.uint8: "uint8_t",
-    torch.int16: "int16_t", torch.int32: "int32_t", torch.int64: "int64_t",
-    torch.bool: "bool", torch.uint16: "uint16_t", torch.uint32: "uint32_t",
-    torch.uint64: "uint64_t",
-}
+CTYPES = {torch.float32: "float", torch.float64: "double", torch.float16: "coil_f16", torch.bfloat16: "coil_bf16",
+          torch.int8: "int8_t", torch.uint8: "uint8_t", torch.int16: "int16_t", torch.int32: "int32_t",
+          torch.int64: "int64_t", torch.bool: "bool", torch.uint16: "uint16_t", torch.uint32: "uint32_t",
+          torch.uint64: "uint64_t"}
 
 
 def ctype(dtype: torch.dtype) -> str:
@@ -165,18 +162,14 @@ def _shift(fn):
     return lambda a, d: f"{fn}<{compute_ctype(d)}>(({compute_ctype(d)})({a[0]}), {a[1]})"
 
 
-BINARY = {
-    "add": _binop("+"), "sub": _binop("-"), "mul": _binop("*"), "truediv": _div,
-    "floordiv": _floordiv, "truncdiv": _truncdiv, "mod": _remainder, "remainder": _remainder,
-    "fmod": _fmod, "pow": _pow, "maximum": _minmax("coil_max"), "minimum": _minmax("coil_min"),
-    "atan2": _std("atan2"), "hypot": _std("hypot"), "copysign": _std("copysign"),
-    "nextafter": _std("nextafter"),
-    "eq": _binop("=="), "ne": _binop("!="), "lt": _binop("<"), "le": _binop("<="),
-    "gt": _binop(">"), "ge": _binop(">="),
-    "logical_and": _logical("&&"), "logical_or": _logical("||"), "logical_xor": _logical("!="),
-    "bitwise_and": _binop("&"), "bitwise_or": _binop("|"), "bitwise_xor": _binop("^"),
-    "left_shift": _shift("coil_shl"), "right_shift": _shift("coil_shr"),
-}
+BINARY = {"add": _binop("+"), "sub": _binop("-"), "mul": _binop("*"), "truediv": _div, "floordiv": _floordiv,
+          "truncdiv": _truncdiv, "mod": _remainder, "remainder": _remainder, "fmod": _fmod, "pow": _pow,
+          "maximum": _minmax("coil_max"), "minimum": _minmax("coil_min"), "atan2": _std("atan2"),
+          "hypot": _std("hypot"), "copysign": _std("copysign"), "nextafter": _std("nextafter"), "eq": _binop("=="),
+          "ne": _binop("!="), "lt": _binop("<"), "le": _binop("<="), "gt": _binop(">"), "ge": _binop(">="),
+          "logical_and": _logical("&&"), "logical_or": _logical("||"), "logical_xor": _logical("!="),
+          "bitwise_and": _binop("&"), "bitwise_or": _binop("|"), "bitwise_xor": _binop("^"),
+          "left_shift": _shift("coil_shl"), "right_shift": _shift("coil_shr")}
 
 #: ops whose result is bool
 BOOL_RESULT = {"eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or",

@@ -75,9 +75,9 @@ def launch_args(plan, gpu: bool, outer: bool) -> dict:
 def mask_exactness(plan, gpu: bool, outer: bool = False) -> tuple[bool, bool]:
     """``(x exact, r exact)`` for ``plan``: whether ``xmask`` / ``rmask`` are all true for every launch config
     the runtime may choose (every XBLOCK divides numel, every RBLOCK divides rnumel); such masks are left out
-    of loads, stores and reduction guards. ``(False, False)`` with ``config.triton_exact_masks`` off."""
+    of loads, stores and reduction guards."""
     from coil.runtime.triton_runtime import blocks_divide, launch_configs
-    if not config.triton_exact_masks or plan.symbolic:
+    if plan.symbolic:
         return False, False  # (symbolic: any size may come, every mask stays)
     return blocks_divide(launch_configs(**launch_args(plan, gpu, outer)), plan.numel, plan.rnumel)
 
@@ -148,9 +148,7 @@ def _module_source(plan, name: str, k: TritonKernel, exact) -> tuple[str, list[s
             body += ["rindex = rbase"] + rmask
         body += k.body
     else:
-        loops, looped = [sec["loop"] for sec in k.sections], []
-        if config.triton_eviction_hints:
-            loops = add_eviction_hints(loops)
+        loops, looped = add_eviction_hints([sec["loop"] for sec in k.sections]), []
         for sec, loop in zip(k.sections, loops):
             looped += sec["pre"] + sec["init"]
             if loop:
@@ -169,8 +167,7 @@ def _module_source(plan, name: str, k: TritonKernel, exact) -> tuple[str, list[s
         # r walks rows of a row-major input: tiles are XBLOCK wide along memory
         header.append("# outer reduction: loads contiguous along x")
     word = lambda e: "exact" if e else "masked"
-    header.append(f"# masks: x {word(exact[0])}" + (f", r {word(exact[1])}" if red else "")
-                  + ("" if config.triton_exact_masks else " (triton_exact_masks off)"))
+    header.append(f"# masks: x {word(exact[0])}" + (f", r {word(exact[1])}" if red else ""))
     return "\n".join(header + PRELUDE.split("\n") + ["", ""] + out) + "\n", arg_names, k
 
 

@@ -26,11 +26,9 @@ from coil.ir.symbols import pyexpr as _pyexpr
 from coil.ir.virtualized import OpsHandler, compute_dtype
 from coil.schedule.indexing import axis_steps
 
-TL_DTYPE = {
-    torch.float32: "tl.float32", torch.float16: "tl.float16", torch.bfloat16: "tl.bfloat16",
-    torch.float64: "tl.float64", torch.int64: "tl.int64", torch.int32: "tl.int32",
-    torch.int16: "tl.int16", torch.int8: "tl.int8", torch.uint8: "tl.uint8", torch.bool: "tl.int1",
-}
+TL_DTYPE = {torch.float32: "tl.float32", torch.float16: "tl.float16", torch.bfloat16: "tl.bfloat16",
+            torch.float64: "tl.float64", torch.int64: "tl.int64", torch.int32: "tl.int32", torch.int16: "tl.int16",
+            torch.int8: "tl.int8", torch.uint8: "tl.uint8", torch.bool: "tl.int1"}
 
 
 def pyexpr(e) -> str:
@@ -202,7 +200,7 @@ class TritonKernel(OpsHandler):
             return "[XBLOCK]" if "x" in dims else "[1]"
         return f"[{'XBLOCK' if 'x' in dims else '1'}, {'RBLOCK' if 'r' in dims else '1'}]"
 
-    def _mask(self, dims, extra: Optional[TVal] = None) -> tuple[Optional[str], frozenset]:
+    def _mask(self, dims) -> tuple[Optional[str], frozenset]:
         parts, mdims = [], set()
         if "x" in dims and not self.x_exact:
             parts.append("xmask")
@@ -210,7 +208,7 @@ class TritonKernel(OpsHandler):
         if "r" in dims and not self.r_exact:
             parts.append("rmask")
             mdims.add("r")
-        for m in self.mask_stack + ([extra] if extra is not None else []):
+        for m in self.mask_stack:
             parts.append(m.name)
             mdims |= m.dims
         return (" & ".join(parts) if parts else None), frozenset(mdims)
@@ -492,8 +490,7 @@ class TritonKernel(OpsHandler):
             return self.constant(int(e), dtype)
         dims = self._dims_of_index(e)
         text = pyexpr(e)
-        if self.index_dtype == "tl.int32" and not _fits_int32(e, {XINDEX: self.plan.numel,
-                                                                  RINDEX: self.plan.rnumel}):
+        if self.index_dtype == "tl.int32" and not _fits_int32(e, {XINDEX: self.plan.numel, RINDEX: self.plan.rnumel}):
             # a value past int32 (arange(0, 50000**2, 50000), a start of 2**40) in int64
             text = pyexpr(e.subs({s: sym(f"{s.name}.to(tl.int64)") for s in e.free_symbols}))
         return self.cse(f"({text}).to({TL_DTYPE[dtype]})", dtype, dims)
@@ -657,39 +654,31 @@ class TritonKernel(OpsHandler):
 
 _BOOL_OUT = {"eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_xor",
              "logical_not", "isnan", "isinf", "signbit"}
-_BIN = {
-    "add": "({a} + {b})", "sub": "({a} - {b})", "mul": "({a} * {b})", "truediv": "({a} / {b})",
-    "eq": "({a} == {b})", "ne": "({a} != {b})", "lt": "({a} < {b})", "le": "({a} <= {b})",
-    "gt": "({a} > {b})", "ge": "({a} >= {b})", "logical_and": "({a} & {b})",
-    "logical_or": "({a} | {b})", "logical_xor": "({a} ^ {b})", "bitwise_and": "({a} & {b})",
-    "bitwise_or": "({a} | {b})", "bitwise_xor": "({a} ^ {b})", "left_shift": "({a} << {b})",
-    "right_shift": "({a} >> {b})", "maximum": "tl.maximum({a}, {b})",
-    "minimum": "tl.minimum({a}, {b})", "pow": "libdevice.pow({a}, {b})",
-    "atan2": "libdevice.atan2({a}, {b})", "hypot": "libdevice.hypot({a}, {b})",
-    "copysign": "libdevice.copysign({a}, {b})", "nextafter": "libdevice.nextafter({a}, {b})",
-    "fmod": "libdevice.fmod({a}, {b})",
-    "truncdiv": "_truncdiv({a}, {b})", "floordiv": "_floordiv({a}, {b})",
-    "remainder": "_remainder_{kind}({a}, {b})", "mod": "_remainder_{kind}({a}, {b})",
-}
+_BIN = {"add": "({a} + {b})", "sub": "({a} - {b})", "mul": "({a} * {b})", "truediv": "({a} / {b})",
+        "eq": "({a} == {b})", "ne": "({a} != {b})", "lt": "({a} < {b})", "le": "({a} <= {b})", "gt": "({a} > {b})",
+        "ge": "({a} >= {b})", "logical_and": "({a} & {b})", "logical_or": "({a} | {b})", "logical_xor": "({a} ^ {b})",
+        "bitwise_and": "({a} & {b})", "bitwise_or": "({a} | {b})", "bitwise_xor": "({a} ^ {b})",
+        "left_shift": "({a} << {b})", "right_shift": "({a} >> {b})", "maximum": "tl.maximum({a}, {b})",
+        "minimum": "tl.minimum({a}, {b})", "pow": "libdevice.pow({a}, {b})", "atan2": "libdevice.atan2({a}, {b})",
+        "hypot": "libdevice.hypot({a}, {b})", "copysign": "libdevice.copysign({a}, {b})",
+        "nextafter": "libdevice.nextafter({a}, {b})", "fmod": "libdevice.fmod({a}, {b})",
+        "truncdiv": "_truncdiv({a}, {b})", "floordiv": "_floordiv({a}, {b})",
+        "remainder": "_remainder_{kind}({a}, {b})", "mod": "_remainder_{kind}({a}, {b})"}
 _FUNC_BIN = {k for k, v in _BIN.items() if not v.startswith("(")}
-_UN = {
-    "abs": "tl.abs({x})", "neg": "(-{x})", "exp": "tl.exp({x})", "exp2": "libdevice.exp2({x})",
-    "expm1": "libdevice.expm1({x})", "log": "tl.log({x})", "log2": "libdevice.log2({x})",
-    "log10": "libdevice.log10({x})", "log1p": "libdevice.log1p({x})", "sqrt": "tl.sqrt({x})",
-    "rsqrt": "tl.rsqrt({x})", "sin": "tl.sin({x})", "cos": "tl.cos({x})",
-    "tan": "libdevice.tan({x})", "asin": "libdevice.asin({x})", "acos": "libdevice.acos({x})",
-    "atan": "libdevice.atan({x})", "sinh": "libdevice.sinh({x})", "cosh": "libdevice.cosh({x})",
-    "tanh": "libdevice.tanh({x})", "asinh": "libdevice.asinh({x})",
-    "acosh": "libdevice.acosh({x})", "atanh": "libdevice.atanh({x})", "erf": "tl.erf({x})",
-    "erfc": "libdevice.erfc({x})", "erfinv": "libdevice.erfinv({x})",
-    "sigmoid": "_sigmoid({x})", "relu": "tl.where({x} < {z}, {z}, {x})",
-    "floor": "tl.floor({x})", "ceil": "tl.ceil({x})", "round": "libdevice.nearbyint({x})",
-    "trunc": "libdevice.trunc({x})", "sign": "_sign({x})", "reciprocal": "(1.0 / {x})",
-    "square": "({x} * {x})", "bitwise_not": "(~{x})", "logical_not": "({x} == 0)",
-    "isnan": "({x} != {x})", "isinf": "libdevice.isinf({x})", "lgamma": "libdevice.lgamma({x})",
-    "signbit": "libdevice.signbit({x})", "frac": "({x} - libdevice.trunc({x}))",
-    "ndtr": "_ndtr({x})",
-}
+_UN = {"abs": "tl.abs({x})", "neg": "(-{x})", "exp": "tl.exp({x})", "exp2": "libdevice.exp2({x})",
+       "expm1": "libdevice.expm1({x})", "log": "tl.log({x})", "log2": "libdevice.log2({x})",
+       "log10": "libdevice.log10({x})", "log1p": "libdevice.log1p({x})", "sqrt": "tl.sqrt({x})",
+       "rsqrt": "tl.rsqrt({x})", "sin": "tl.sin({x})", "cos": "tl.cos({x})", "tan": "libdevice.tan({x})",
+       "asin": "libdevice.asin({x})", "acos": "libdevice.acos({x})", "atan": "libdevice.atan({x})",
+       "sinh": "libdevice.sinh({x})", "cosh": "libdevice.cosh({x})", "tanh": "libdevice.tanh({x})",
+       "asinh": "libdevice.asinh({x})", "acosh": "libdevice.acosh({x})", "atanh": "libdevice.atanh({x})",
+       "erf": "tl.erf({x})", "erfc": "libdevice.erfc({x})", "erfinv": "libdevice.erfinv({x})",
+       "sigmoid": "_sigmoid({x})", "relu": "tl.where({x} < {z}, {z}, {x})", "floor": "tl.floor({x})",
+       "ceil": "tl.ceil({x})", "round": "libdevice.nearbyint({x})", "trunc": "libdevice.trunc({x})",
+       "sign": "_sign({x})", "reciprocal": "(1.0 / {x})", "square": "({x} * {x})", "bitwise_not": "(~{x})",
+       "logical_not": "({x} == 0)", "isnan": "({x} != {x})", "isinf": "libdevice.isinf({x})",
+       "lgamma": "libdevice.lgamma({x})", "signbit": "libdevice.signbit({x})", "frac": "({x} - libdevice.trunc({x}))",
+       "ndtr": "_ndtr({x})"}
 _FUNC_UN = {k for k, v in _UN.items() if not v.startswith("(")} | {"frac"}
 #: Integer and bool spellings of float-only libdevice predicates.
 _INT_UN = {"isinf": "({x} != {x})", "signbit": "({x} < 0)"}

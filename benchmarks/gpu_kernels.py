@@ -1,7 +1,6 @@
 """One kernel, coil vs torch.compile, in detail: for the GPU machine.
 
     python benchmarks/gpu_kernels.py layer_norm rms_norm "gelu bf16"
-    COIL_TRITON_EXACT_MASKS=0 python benchmarks/gpu_kernels.py layer_norm
 
 For each case (the large shapes of benchmarks/microbench.py): the time (ms, median of
 ``triton.testing.do_bench``) and % of copy bandwidth for coil and torch.compile; coil's

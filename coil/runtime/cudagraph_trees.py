@@ -15,7 +15,6 @@ placeholders. Fallbacks (``cudagraph_skip``, with a reason) run the graph compil
 from __future__ import annotations
 
 import itertools
-import operator
 import weakref
 from typing import Callable, Optional
 
@@ -23,7 +22,7 @@ import torch
 
 from coil import trace
 from coil.runtime.cudagraph_record import (STALE_MESSAGE, CudaRecorder, OutputPlan, SkipGraph,
-                                           _tensor_over, ungraphable_reason)
+                                           _getter, _tensor_over, ungraphable_reason)
 
 __all__ = ["cudagraphify", "mark_step_begin", "reset", "GraphFunction", "Tree", "Node"]
 
@@ -57,23 +56,29 @@ class Node:
         self.consumes: dict = {}
         self._inplace_args = _getter([i for i, _ in inplace])
         self._inplace_ptrs = tuple(p for _, p in inplace)
+        self._copied_args = _getter(copied)
         self.nargs = len(args)
-        self._tensor_args = _getter([i for i, a in enumerate(args) if isinstance(a, torch.Tensor)])
+        tensors = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+        self._tensor_args, self._types = _getter(tensors), tuple(type(args[i]) for i in tensors)
+        # the signature holds a plain tensor's layout and only the kind of a Parameter (read in place, by address)
+        self._plain_args = _getter([i for i in tensors if not isinstance(args[i], torch.nn.Parameter)])
         self.others = [(i, (type(a), a)) for i, a in enumerate(args) if not isinstance(a, torch.Tensor)]
-        self.tensor_check = _tensor_check(self._tensor_args(args))
+        self.tensor_check = _tensor_check(self._plain_args(args))
 
     def matches(self, args) -> bool:
-        """Whether ``args`` has this recording's signature and in-place addresses: the fast path of :meth:`Tree.run`,
-        one C++ check of every tensor's type, dtype, device, sizes, strides and ``requires_grad`` instead of a signature
-        tuple. It is stricter than the signature (False sends the call down the full path)."""
+        """Whether ``args`` has this recording's signature and in-place addresses: the fast path of :meth:`Tree.run`.
+        Instead of a signature tuple, each tensor's exact type, and one C++ check of each plain tensor's dtype, device,
+        sizes, strides and ``requires_grad``: a Parameter's layout is not in the signature (a GPT-2 decoding step
+        passes ~150 parameters). It is stricter than the signature (False sends the call down the full path)."""
         if self.tensor_check is None or len(args) != self.nargs:
             return False
         try:
-            if not self.tensor_check.check(*self._tensor_args(args)):
+            if tuple(map(type, self._tensor_args(args))) != self._types or \
+                    not self.tensor_check.check(*self._plain_args(args)):
                 return False
         except TypeError:  # a tensor where this recording had something else
             return False
-        return all((type(args[i]), args[i]) == v for i, v in self.others) and not self.moved(args)
+        return (not self.others or all((type(args[i]), args[i]) == v for i, v in self.others)) and not self.moved(args)
 
     def moved(self, args) -> list:
         """Indices of in-place arguments not at their recorded address."""
@@ -99,12 +104,12 @@ class Node:
     def replay(self, args):
         """Copy the arguments in, poison what the last replay handed out, replay."""
         if self.copied:
-            srcs = [args[i] for i in self.copied]
-            with torch.no_grad():
-                if len(srcs) == 1:
-                    self.placeholders[0].copy_(srcs[0])
-                else:
-                    torch._foreach_copy_(self.placeholders, srcs)
+            srcs, grad = self._copied_args(args), _grad_enabled()
+            _set_grad_enabled(False)  # torch.no_grad() without its Python objects
+            try:
+                torch._foreach_copy_(self.placeholders, srcs) if len(srcs) > 1 else self.placeholders[0].copy_(srcs[0])
+            finally:
+                _set_grad_enabled(grad)
         self.poison_live()
         self.tree.recorder.replay(self.graph)
         if self.writeback:
@@ -132,7 +137,7 @@ class Tree:
         #: forward node -> recording index from which recordings may overlap the memory
         #: of its saved slots that a backward's recording released (Tree._lend_saved)
         self.released: dict = {}
-        self.all_nodes: list = []
+        self.all_nodes: list = []   # by index: all_nodes[k].index == k
         self.replays = 0
         _ALL_TREES.add(self)
 
@@ -188,7 +193,7 @@ class Tree:
             # rather than in a second recording (a sibling recording gave wrong tied-weight gradients on the H200)
             fn.log_skip("held", "gradients of the last replay still held (accumulation): this backward runs un-graphed")
             return fn.fn(*args)
-        later = [m for m in self.all_nodes if node is not None and m.index > node.index and m.busy()]
+        later = [m for m in self.all_nodes[node.index + 1:] if m.busy()] if node is not None else []
         if later:
             # nodes recorded after this one still have outputs alive; their memory may be this node's intermediates.
             # Gradients (held in .grad across micro-batches) and this call's own arguments must survive: the call runs
@@ -381,15 +386,9 @@ def _keep_graph() -> bool:
 
 
 _data_ptr = torch.Tensor.data_ptr
+_grad_enabled, _set_grad_enabled = torch.is_grad_enabled, torch._C._set_grad_enabled
 #: ``StorageWeakRef.expired`` without its two Python frames (called per output per call)
 _expired = getattr(torch._C.StorageBase, "_expired", None) or torch.UntypedStorage._expired
-
-
-def _getter(idx: list) -> Callable:
-    """``args -> tuple(args[i] for i in idx)``, in C."""
-    if len(idx) == 1:
-        return lambda args, i=idx[0]: (args[i],)
-    return operator.itemgetter(*idx) if idx else (lambda args: ())
 
 
 def _tensor_check(tensors: tuple):

@@ -212,10 +212,11 @@ def _make_epilogue(info: ProgramInfo, args_index_of_output=None) -> Callable:
             return container(vals[: len(plan)]) if container is not list else list(vals[: len(plan)])
         batch_dst: list = []
         batch_src: list = []
+        written = []
         for pos in range(n_mut):
             inp = args[mutated[pos]]
             if vals[pos] is inp:  # written in place by the graph (ir/graph.py); eager's in-place op bumps the version
-                _increment_version(inp)
+                written.append(inp)
                 continue
             if inp.shape != vals[pos].shape:  # out= into an empty tensor: eager resizes it, contiguous from
                 inp.resize_(vals[pos].shape)  # contiguous operands (capture runs every other resize eagerly)
@@ -228,6 +229,8 @@ def _make_epilogue(info: ProgramInfo, args_index_of_output=None) -> Callable:
                 _copy_untracked(batch_dst, batch_src)  # keep the program's order
                 inp.copy_(vals[pos])
         _copy_untracked(batch_dst, batch_src)
+        if written:
+            _increment_version(written)  # one call for all (a decoding step writes 2 KV caches a layer)
         for idx, stride in sources:
             if vals[idx].stride() != stride:
                 vals = list(vals)

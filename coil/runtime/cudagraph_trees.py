@@ -127,7 +127,8 @@ class Tree:
         self.recorder = recorder
         self.roots: list = []
         self.path: list = []
-        self.step_begin = False
+        #: the mark_step_begin count this tree's step started after: a new count starts a step
+        self.marks = _marks[0]
         #: storage data pointer of every node output -> node
         self.pool_storages: dict = {}
         #: storage data pointers some node reads in place (parameters, buffers): a view
@@ -139,12 +140,11 @@ class Tree:
         self.released: dict = {}
         self.all_nodes: list = []   # by index: all_nodes[k].index == k
         self.replays = 0
-        _ALL_TREES.add(self)
 
     def new_step(self) -> None:
         """Go back to the roots: the next call starts a step."""
         self.path = []
-        self.step_begin = False
+        self.marks = _marks[0]
         self.steps += 1
 
     def run(self, fn: "GraphFunction", args: tuple):
@@ -162,7 +162,7 @@ class Tree:
                 else:
                     fn.warm[sig] = [weakref.ref(a) if isinstance(a, torch.Tensor) else None for a in args]
                 return fn.fn(*args)
-        if self.step_begin or (self.path and fn.kind != "backward" and
+        if self.marks != _marks[0] or (self.path and fn.kind != "backward" and
                                any(n.fn is fn for n in self.path) and
                                not any(n.pending_backward() for n in self.path)):
             self.new_step()
@@ -418,7 +418,8 @@ def _device_reason(args, device_type: str) -> Optional[str]:
 
 
 _TREES: dict = {}
-_ALL_TREES: "weakref.WeakSet[Tree]" = weakref.WeakSet()
+#: calls of mark_step_begin: each tree compares it with the count its step started after
+_marks = [0]
 
 
 def pick_tree(args) -> Optional[Tree]:
@@ -460,8 +461,7 @@ def cudagraphify(fn: Callable, kind: str, saved: Optional[tuple] = None) -> Call
 def mark_step_begin() -> None:
     """Start a new step: the next compiled call starts again from the tree's roots, and outputs of the last
     step become stale once their graphs replay (clone what you keep)."""
-    for tree in list(_ALL_TREES):
-        tree.step_begin = True
+    _marks[0] += 1
 
 
 def reset() -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import operator
 import sys
 from typing import Any, Callable, Sequence
 
@@ -141,6 +142,7 @@ def _make_epilogue(info: ProgramInfo, args_index_of_output=None) -> Callable:
     mutated = info.mutated_inputs
     hidden = [info.inputs[i].mutation_hidden for i in mutated]
     n_mut = len(mutated)
+    mutated_of = operator.itemgetter(*mutated) if n_mut > 1 else lambda args: (args[mutated[0]],)
     n_graph = len(info.graph_outputs)
     spec = info.out_spec
     flat_tuple = spec.num_leaves == spec.num_nodes - 1 and spec.type in (tuple, list)
@@ -212,9 +214,10 @@ def _make_epilogue(info: ProgramInfo, args_index_of_output=None) -> Callable:
             return container(vals[: len(plan)]) if container is not list else list(vals[: len(plan)])
         batch_dst: list = []
         batch_src: list = []
-        written = []
-        for pos in range(n_mut):
-            inp = args[mutated[pos]]
+        written, ins = [], mutated_of(args) if n_mut else ()
+        if all(map(operator.is_, vals, ins)):  # each written in place (below): one C pass
+            written, ins = list(ins), ()
+        for pos, inp in enumerate(ins):
             if vals[pos] is inp:  # written in place by the graph (ir/graph.py); eager's in-place op bumps the version
                 written.append(inp)
                 continue

@@ -27,6 +27,7 @@ from typing import Any, Callable, Optional
 
 import torch
 import torch.fx
+from torch.nn.modules import module as _mm
 
 from coil import config as _config
 from coil import trace
@@ -36,7 +37,8 @@ from coil.capture.inspection import frame_result_ok, is_frame_function
 from coil.capture.resume import label as _label
 from coil.capture.resume import make_call_stub, make_resume_function
 from coil.capture.source import ClosureSource, LocalSource
-from coil.capture.translator import InstructionTranslator, RestartAnalysis, instructions_of
+from coil.capture.translator import (_GLOBAL_HOOKS, _MODULE_HOOKS, SKIP_MODULES, InstructionTranslator,
+                                     RestartAnalysis, instructions_of)
 from coil.capture.variables.base import ConstantVariable, NullVariable
 from coil.capture.variables.builder import wrap
 from coil.capture.variables.tensor import UserCodeError, call_op
@@ -336,8 +338,6 @@ USER_COIL_MODULES = ("coil.bench", "coil.testing")
 
 
 def _skipped_module(fn) -> bool:
-    from coil.capture.translator import SKIP_MODULES
-
     mod = fn.__globals__.get("__name__", "") or ""
     # torch's own functions called at a break (grad-mode/autocast helpers, hooks, the optimizer's step wrapper...) run
     # as plain Python. Capturing torch.optim's step on its own frame makes graphs with no outputs (in-place parameter
@@ -349,10 +349,6 @@ def _skipped_module(fn) -> bool:
 def _call_module_captured(mod, cfg, *args, **kwargs):
     """``mod(*args, **kwargs)`` with ``forward`` captured on its own frame (hooks, if
     any, make the whole call run eagerly)."""
-    from torch.nn.modules import module as _mm
-
-    from coil.capture.translator import _GLOBAL_HOOKS, _MODULE_HOOKS
-
     if any(getattr(mod, h, None) for h in _MODULE_HOOKS) or any(getattr(_mm, h, None) for h in _GLOBAL_HOOKS):
         return mod(*args, **kwargs)
     forward = type(mod).forward

@@ -741,7 +741,7 @@ def _build_entry(tx, output: OutputGraph, cfg: CaptureConfig, fn, code, argnames
         if lift_grad:
             cg.ns["___set_grad"] = torch._C._set_grad_enabled
             lines.append("___set_grad(True)")
-        lines.append(_INPUTS)   # the inputs and the call, once the guard is built (_entry_inputs)
+        lines.append(None)   # the inputs and the call, once the guard is built (_entry_inputs)
         if _has_grad_switch(output.graph):
             # outputs made under no_grad inside the graph: the backend's autograd wrapper
             # must not hand them back requiring grad (eager's requires_grad is the rule)
@@ -763,7 +763,7 @@ def _build_entry(tx, output: OutputGraph, cfg: CaptureConfig, fn, code, argnames
     lines[:0] = _add_shape_guards(output) + cg.early  # after the backend: guards it added count too
     guard_fn, guard_src = output.guards.build(argnames, _label(code))
     if needs_graph:
-        k = lines.index(_INPUTS)
+        k = lines.index(None)
         lines[k:k + 1] = _entry_inputs([src.expr() for (src, _, _) in output.inputs], output.guards, cg.ns)
     params = ", ".join(argnames + ["___f"])
     src = f"def ___entry({params}):\n" + "".join(f"    {ln}\n" for ln in lines)
@@ -780,31 +780,24 @@ def _build_entry(tx, output: OutputGraph, cfg: CaptureConfig, fn, code, argnames
     return CacheEntry(guard_fn, entry_fn, output.guards, guard_src, argnames, cfg, shapes, dict(output.dynamic.scalars))
 
 
-_INPUTS = "# <the graph's inputs>"
-
-
 def _entry_inputs(exprs: list, guards, ns: dict) -> list:
-    """The entry's lines reading the graph's inputs (source expressions ``exprs``) and calling it. The inputs the fast
-    guard keeps (guard_versions: values reached only through dicts whose version tags it watches) come from its
-    snapshot while that holds for this call's root dicts, else through the module tree as the others (a 12-layer GPT-2
-    decoding step reads ~150 parameters: ~25 µs a call)."""
+    """The entry's lines reading the graph's inputs (source expressions ``exprs``) and calling it: those the fast guard
+    keeps (values reached only through dicts whose version tags it watches) come from its snapshot while that holds
+    for this call's root dicts (a 12-layer GPT-2 step reads ~150 parameters: ~25 µs), else through the module tree."""
     from coil.capture.guards import Hoister
 
     kept = {e: k for e, k in guards.kept(exprs).items() if not e.isidentifier()}
-    kept = kept if len(kept) >= 8 else {}
-    hoister, lines, walk = Hoister("___i"), [], []
+    kept, hoister, lines, walk = kept if len(kept) >= 8 else {}, Hoister("___i"), [], []
     for e in sorted(exprs, key=lambda e: e in kept):  # (stable: the others first, in order)
         hoister.hoist(e, walk if e in kept else lines, indent="")
     args = [hoister.hoist(e, [], indent="") for e in exprs]
     call = f"___o = ___graph({', '.join(args)}{',' if len(args) == 1 else ''})"
     if not kept:
         return lines + [call]
-    names = list(dict.fromkeys(hoister.names[e] for e in kept))
-    at = {hoister.names[e]: k for e, k in kept.items()}
-    ns["___kstate"], ns["___kpick"] = guards.state, operator.itemgetter(*[at[n] for n in names])
+    ns["___kstate"], ns["___kpick"] = guards.state, operator.itemgetter(*kept.values())
     roots = ", ".join(f"{a}.__dict__" for a in guards.state.root_args)
     return lines + [f"___kc = ___kstate.cached({roots})", "if ___kc is None:", *("    " + ln for ln in walk),
-                    "else:", f"    {', '.join(names)} = ___kpick(___kc)", call]
+                    "else:", f"    {', '.join(hoister.names[e] for e in kept)} = ___kpick(___kc)", call]
 
 
 def _add_shape_guards(output: OutputGraph) -> list:

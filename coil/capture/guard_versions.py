@@ -87,13 +87,11 @@ class _State:
 
     def __init__(self, label: str, exact: tuple, names: tuple = (), root_args: tuple = ()):
         self.cur, self.stale, self.label, self.exact = _INVALID, 0, label, exact
-        #: the locals a snapshot's ``cache`` holds, and the argument whose ``__dict__`` each root is
-        self.names, self.root_args = names, root_args
+        self.names, self.root_args = names, root_args  # the locals a snapshot's cache holds; each root's argument
 
     def cached(self, *roots):
-        """The current snapshot's ``cache`` while it holds for these root dicts (every watched dict keeps its tag:
-        each value is what the guard's expression gives now), else None. The entry takes the graph inputs the guard
-        keeps from here instead of reading them through the module tree again (frame.py, ``_entry_inputs``)."""
+        """The snapshot's ``cache`` while it holds for these root dicts (each value is what its guard expression gives
+        now), else None: the entry's inputs (frame.py, ``_entry_inputs``)."""
         s = self.cur
         return s.cache if s.ok() and len(roots) == len(s.roots) and all(map(operator.is_, roots, s.roots)) else None
 

@@ -134,8 +134,7 @@ class GuardSet:
         self._notes: dict[str, str] = {}    # src -> comment on its batched check
         self._batch_srcs: dict[str, list] = {}  # batch -> the sources it checks, in order
         self._const_ids: dict[int, str] = {}
-        self.locals: dict[str, str] = {}
-        self.state = None
+        self.locals, self.state = {}, None  # source expression -> guard local; the fast guard's state (kept)
         # shape guards of a dynamic entry (coil/capture/dynamic.py): locals reading sizes,
         # then conditions over them; checked after every other guard
         self.shape_prelude: list[str] = []
@@ -172,7 +171,6 @@ class GuardSet:
         """The guard function's source (see :func:`_emit_guards` for what is hoisted)."""
         params = ", ".join(list(argnames) + ["___f"])
         lines = [f"def ___guard({params}):"]
-        #: source expression -> the guard's local holding its value
         self.locals = _emit_guards([g for g in self.guards if g.group != _AFTER], lines, self._notes)
         late = [g.code for g in self.guards if g.group == _AFTER]
         memo, ind = self._shape_memo(), "    "
@@ -204,15 +202,12 @@ class GuardSet:
         ns = dict(self.ns)
         exec(compile(src, "<coil guards>", "exec"), ns)
         fast = fast_guard(src, ns, label) if config.guard_versions else None
-        #: the fast guard's state (guard_versions._State), whose snapshot the entry may read inputs from (kept)
-        self.state = ns.get("___vstate") if fast is not None else None
+        self.state = ns.get("___vstate")
         return (ns["___guard"] if fast is None else fast), src
 
     def kept(self, exprs: list) -> dict:
-        """``{expr: position in the fast guard's snapshot cache}`` for the source expressions ``exprs`` whose values
-        the fast guard keeps (reached only through dicts whose version tags it watches); empty without one."""
-        names = getattr(self.state, "names", ())
-        at = {n: k for k, n in enumerate(names)}
+        """``{expr: position in the snapshot cache}`` of the source expressions ``exprs`` the fast guard keeps."""
+        at = {n: k for k, n in enumerate(getattr(self.state, "names", ()))}
         return {e: at[self.locals[e]] for e in exprs if self.locals.get(e) in at}
 
     def _shape_memo(self) -> str:

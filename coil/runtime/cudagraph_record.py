@@ -14,7 +14,6 @@ watched with a weak reference and which can be poisoned when a later replay over
 """
 from __future__ import annotations
 
-import operator
 from typing import Any, Callable, Optional
 
 import torch
@@ -197,15 +196,6 @@ def _clear_cublas_workspaces() -> None:
         clear()
 
 
-_storage_at = torch._C._construct_storage_from_data_pointer
-
-
-def _getter(idx: list) -> Callable:
-    """``args -> tuple(args[i] for i in idx)``, in C."""
-    return operator.itemgetter(*idx) if len(idx) > 1 else (lambda args, i=idx[0]: (args[i],)) if idx else (
-        lambda args: ())
-
-
 class SlotRefs(tuple):
     """Weak references (``cdata``) to one replay's slot storages, freed together when this is dropped: torch's
     ``StorageWeakRef`` is a Python object per storage, and its ``__init__``/``__del__`` were the largest host cost of a
@@ -291,26 +281,14 @@ class OutputPlan:
             self.items.append(("slot", slot_of[key], meta, o.storage_offset(), fast))
         #: the tensors made during capture, kept so the pool never reuses their memory
         self.owned = [o for o in outs if isinstance(o, torch.Tensor)]
-        # for build: the constants in place, runs of arguments handed back (a graph's mutated inputs, written in
-        # place, come first) as (start, stop, getter), and the tensors made per replay
-        self._template = [it[1] if it[0] == "const" else None for it in self.items]
-        self._handed: list = []
-        for k, it in enumerate(self.items):
-            if it[0] == "self":
-                if self._handed and self._handed[-1][1] == k:
-                    self._handed[-1][1:] = [k + 1, self._handed[-1][2] + [it[1]]]
-                else:
-                    self._handed.append([k, k + 1, [it[1]]])
-        self._handed = [(a, b, _getter(idx)) for a, b, idx in self._handed]
+        # for build: the tensors made per replay
         self._made = [(k, *it[:4], it[4] if it[0] == "slot" else None) for k, it in enumerate(self.items)
                       if it[0] in ("slot", "arg")]
 
     def build(self, args) -> tuple[list, list]:
         """``(outputs, weak refs of this replay's slot storages)``."""
-        storages = [_storage_at(p, dev, n) for p, n, dev in self.slots]
-        outs = self._template.copy()
-        for a, b, get in self._handed:
-            outs[a:b] = get(args)
+        storages = [torch._C._construct_storage_from_data_pointer(p, dev, n) for p, n, dev in self.slots]
+        outs = [it[1] if it[0] == "const" else args[it[1]] if it[0] == "self" else None for it in self.items]
         for k, kind, i, (dtype, size, stride), offset, fast in self._made:
             if kind == "slot":
                 outs[k] = _tensor_over(storages[i], dtype, size, stride, offset, fast)

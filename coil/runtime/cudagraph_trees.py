@@ -15,6 +15,7 @@ placeholders. Fallbacks (``cudagraph_skip``, with a reason) run the graph compil
 from __future__ import annotations
 
 import itertools
+import operator
 import weakref
 from typing import Callable, Optional
 
@@ -22,7 +23,7 @@ import torch
 
 from coil import trace
 from coil.runtime.cudagraph_record import (STALE_MESSAGE, CudaRecorder, OutputPlan, SkipGraph,
-                                           _getter, _tensor_over, ungraphable_reason)
+                                           _tensor_over, ungraphable_reason)
 
 __all__ = ["cudagraphify", "mark_step_begin", "reset", "GraphFunction", "Tree", "Node"]
 
@@ -389,6 +390,13 @@ _data_ptr = torch.Tensor.data_ptr
 _grad_enabled, _set_grad_enabled = torch.is_grad_enabled, torch._C._set_grad_enabled
 #: ``StorageWeakRef.expired`` without its two Python frames (called per output per call)
 _expired = getattr(torch._C.StorageBase, "_expired", None) or torch.UntypedStorage._expired
+
+
+def _getter(idx: list) -> Callable:
+    """``args -> tuple(args[i] for i in idx)``, in C."""
+    if len(idx) == 1:
+        return lambda args, i=idx[0]: (args[i],)
+    return operator.itemgetter(*idx) if idx else (lambda args: ())
 
 
 def _tensor_check(tensors: tuple):

@@ -200,7 +200,7 @@ def _clone_saved_mutated_inputs(fw: torch.fx.GraphModule, info, n_fw: int, num_s
         trace.log("aot_clone_saved_mutated_inputs", stage="aot", inputs=changed)
 
 
-def _check_aliasing_per_call(runner: Callable, gm: Callable, mutated: list) -> Callable:
+def _check_aliasing_per_call(runner: Callable, gm: Callable, mutated: list, example_inputs: list) -> Callable:
     """``runner``, except on calls whose inputs share memory with a mutated input (the check of
     :func:`_refuse_mutated_aliased_inputs`, about 0.1 µs per tensor input and only for graphs that mutate an input):
     those run ``fn``, the captured program, eagerly, which gives eager's values (logged as
@@ -212,16 +212,20 @@ def _check_aliasing_per_call(runner: Callable, gm: Callable, mutated: list) -> C
     from coil.exc import CoilError
 
     storage_id, tensor = torch._C._storage_id, torch.Tensor
+    # all example inputs tensors (parameters, buffers, activations): no per-call test; a call passing something
+    # else fails storage_id and takes the full check
+    all_tensors = all(isinstance(a, tensor) for a in example_inputs)
 
     @functools.wraps(runner)  # keeps the runner's attributes (_coil_aot_path, ...)
     def run(*args):
         # every storage distinct: the common case, without the fake-tensor test (C-level maps: a GPT-2 decoding
         # step passes ~175 tensors, and a list comprehension cost ~0.3 µs a tensor more)
-        tensors = args if all(map(tensor.__instancecheck__, args)) else [a for a in args if isinstance(a, tensor)]
+        tensors = args if all_tensors or all(map(tensor.__instancecheck__, args)) else \
+            [a for a in args if isinstance(a, tensor)]
         try:
             distinct = len(set(map(storage_id, tensors))) == len(tensors)
-        except RuntimeError:  # a tensor without a storage (a wrapper subclass): the full check
-            distinct = False
+        except (RuntimeError, TypeError):  # a tensor without a storage (a wrapper subclass), a non-tensor where
+            distinct = False               # the example had a tensor: the full check
         if distinct:
             return runner(*args)
         try:
@@ -409,7 +413,7 @@ def _compile(fn, example_inputs, fw_compiler, bw_compiler, partition_fn, decompo
         if config.inplace_input_writes:  # output k is the new value of input mutated[k] (ir/graph.py)
             fw_gm.meta["coil_mutated_inputs"] = dict(enumerate(info.mutated_inputs))
         compiled = fw_compiler(fw_gm, _placeholder_fakes(fw_gm))
-        run = _check_aliasing_per_call(inference_runner(compiled, info), fn, info.mutated_inputs)
+        run = _check_aliasing_per_call(inference_runner(compiled, info), fn, info.mutated_inputs, fake_args)
         run = _check_offsets_per_call(run, fw_gm, fake_args, fn, info.mutated_inputs)
         return run if groups is None else _with_input_groups(run, groups, user_fn)
     try:
@@ -459,7 +463,8 @@ def _compile(fn, example_inputs, fw_compiler, bw_compiler, partition_fn, decompo
             gm, none = drop_undefined_tangents(pristine, part.num_saved, missing)
             return bw_compiler(gm, bw_fakes), none
     run = _check_aliasing_per_call(training_runner(compiled_fw, None if lazy_bw else bw_compiler(part.bw, bw_fakes),
-                                                   info, jinfo, part.num_saved, bw_for), fn, info.mutated_inputs)
+                                                   info, jinfo, part.num_saved, bw_for), fn, info.mutated_inputs,
+                                  fake_args)
     run = _check_offsets_per_call(run, part.fw, fake_args, fn, info.mutated_inputs)
     return run if groups is None else _with_input_groups(run, groups, user_fn)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import operator
 import sys
 from typing import Any, Callable, Sequence
 
@@ -141,6 +142,7 @@ def _make_epilogue(info: ProgramInfo) -> Callable:
     mutated = info.mutated_inputs
     hidden = [info.inputs[i].mutation_hidden for i in mutated]
     n_mut = len(mutated)
+    mutated_of = operator.itemgetter(*mutated) if n_mut > 1 else lambda args: (args[mutated[0]],)
     n_graph = len(info.graph_outputs)
     spec = info.out_spec
     flat_tuple = spec.num_leaves == spec.num_nodes - 1 and spec.type in (tuple, list)
@@ -212,10 +214,12 @@ def _make_epilogue(info: ProgramInfo) -> Callable:
             return container(vals[: len(plan)]) if container is not list else list(vals[: len(plan)])
         batch_dst: list = []
         batch_src: list = []
-        for pos in range(n_mut):
-            inp = args[mutated[pos]]
+        written, ins = [], mutated_of(args) if n_mut else ()
+        if all(map(operator.is_, vals, ins)):  # each written in place (below): one C pass
+            written, ins = list(ins), ()
+        for pos, inp in enumerate(ins):
             if vals[pos] is inp:  # written in place by the graph (ir/graph.py); eager's in-place op bumps the version
-                _increment_version(inp)
+                written.append(inp)
                 continue
             if inp.shape != vals[pos].shape:  # out= into an empty tensor: eager resizes it, contiguous from
                 inp.resize_(vals[pos].shape)  # contiguous operands (capture runs every other resize eagerly)
@@ -228,6 +232,8 @@ def _make_epilogue(info: ProgramInfo) -> Callable:
                 _copy_untracked(batch_dst, batch_src)  # keep the program's order
                 inp.copy_(vals[pos])
         _copy_untracked(batch_dst, batch_src)
+        if written:
+            _increment_version(written)  # one call for all (a decoding step writes 2 KV caches a layer)
         for idx, stride in sources:
             if vals[idx].stride() != stride:
                 vals = list(vals)

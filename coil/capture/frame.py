@@ -26,6 +26,7 @@ from typing import Any, Callable, Optional
 
 import torch
 import torch.fx
+from torch.nn.modules import module as _mm
 
 from coil import config as _config
 from coil import trace
@@ -35,7 +36,8 @@ from coil.capture.inspection import frame_result_ok, is_frame_function
 from coil.capture.resume import label as _label
 from coil.capture.resume import make_call_stub, make_resume_function
 from coil.capture.source import ClosureSource, LocalSource
-from coil.capture.translator import InstructionTranslator, RestartAnalysis, instructions_of
+from coil.capture.translator import (_GLOBAL_HOOKS, _MODULE_HOOKS, SKIP_MODULES, InstructionTranslator,
+                                     RestartAnalysis, instructions_of)
 from coil.capture.variables.base import ConstantVariable, NullVariable
 from coil.capture.variables.builder import wrap
 from coil.capture.variables.tensor import UserCodeError, call_op
@@ -334,8 +336,6 @@ USER_COIL_MODULES = ("coil.bench", "coil.testing")
 
 
 def _skipped_module(fn) -> bool:
-    from coil.capture.translator import SKIP_MODULES
-
     mod = fn.__globals__.get("__name__", "") or ""
     # torch's own functions called at a break (grad-mode/autocast helpers, hooks, the optimizer's step wrapper...) run
     # as plain Python. Capturing torch.optim's step on its own frame makes graphs with no outputs (in-place parameter
@@ -347,10 +347,6 @@ def _skipped_module(fn) -> bool:
 def _call_module_captured(mod, cfg, *args, **kwargs):
     """``mod(*args, **kwargs)`` with ``forward`` captured on its own frame (hooks, if
     any, make the whole call run eagerly)."""
-    from torch.nn.modules import module as _mm
-
-    from coil.capture.translator import _GLOBAL_HOOKS, _MODULE_HOOKS
-
     if any(getattr(mod, h, None) for h in _MODULE_HOOKS) or any(getattr(_mm, h, None) for h in _GLOBAL_HOOKS):
         return mod(*args, **kwargs)
     forward = type(mod).forward
@@ -740,14 +736,10 @@ def _build_entry(tx, output: OutputGraph, cfg: CaptureConfig, fn, code, argnames
         for listener in _listeners:
             listener("graph", gm, example_inputs)
         cg.ns["___graph"] = compiled
-        from coil.capture.guards import Hoister
-
-        hoister = Hoister("___i")
-        inputs = ", ".join(hoister.hoist(src.expr(), lines, indent="") for (src, _, _) in output.inputs)
         if lift_grad:
             cg.ns["___set_grad"] = torch._C._set_grad_enabled
             lines.append("___set_grad(True)")
-        lines.append(f"___o = ___graph({inputs}{',' if len(output.inputs) == 1 else ''})")
+        lines.append(None)   # the inputs and the call, once the guard is built (_entry_inputs)
         if output.graph.find_nodes(op="call_function", target=torch._C._set_grad_enabled):
             # outputs made under no_grad inside the graph: the backend's autograd wrapper
             # must not hand them back requiring grad (eager's requires_grad is the rule)
@@ -767,6 +759,10 @@ def _build_entry(tx, output: OutputGraph, cfg: CaptureConfig, fn, code, argnames
     else:
         _emit_break(cg, tx, plan, fn, code, cfg, live_locals)
     lines[:0] = _add_shape_guards(output) + cg.early  # after the backend: guards it added count too
+    guard_fn, guard_src = output.guards.build(argnames, _label(code))
+    if needs_graph:
+        k = lines.index(None)
+        lines[k:k + 1] = _entry_inputs([src.expr() for (src, _, _) in output.inputs], output.guards, cg.ns)
     params = ", ".join(argnames + ["___f"])
     src = f"def ___entry({params}):\n" + "".join(f"    {ln}\n" for ln in lines)
     try:
@@ -774,13 +770,32 @@ def _build_entry(tx, output: OutputGraph, cfg: CaptureConfig, fn, code, argnames
     except SyntaxError as e:
         raise SyntaxError(f"{e}\n{src}") from None
     entry_fn = cg.ns["___entry"]
-    guard_fn, guard_src = output.guards.build(argnames, _label(code))
     trace.artifact("guards", guard_src, kind="python", frame=_label(code))
     trace.artifact("entry", src, kind="python", frame=_label(code))
     for listener in _listeners:
         listener("frame", code, guard_src, src)
     shapes = {src.expr(): tuple(real.shape) for (src, real, _) in output.inputs if isinstance(real, torch.Tensor)}
     return CacheEntry(guard_fn, entry_fn, output.guards, guard_src, argnames, cfg, shapes, dict(output.dynamic.scalars))
+
+
+def _entry_inputs(exprs: list, guards, ns: dict) -> list:
+    """The entry's lines reading the graph's inputs (source expressions ``exprs``) and calling it: those the fast guard
+    keeps (values reached only through dicts whose version tags it watches) come from its snapshot while that holds
+    for this call's root dicts (a 12-layer GPT-2 step reads ~150 parameters: ~25 µs), else through the module tree."""
+    from coil.capture.guards import Hoister
+
+    kept = {e: k for e, k in guards.kept(exprs).items() if not e.isidentifier()}
+    kept, hoister, lines, walk = kept if len(kept) >= 8 else {}, Hoister("___i"), [], []
+    for e in sorted(exprs, key=lambda e: e in kept):  # (stable: the others first, in order)
+        hoister.hoist(e, walk if e in kept else lines, indent="")
+    args = [hoister.hoist(e, [], indent="") for e in exprs]
+    call = f"___o = ___graph({', '.join(args)}{',' if len(args) == 1 else ''})"
+    if not kept:
+        return lines + [call]
+    ns["___kstate"], ns["___kpick"] = guards.state, operator.itemgetter(*kept.values())
+    roots = ", ".join(f"{a}.__dict__" for a in guards.state.root_args)
+    return lines + [f"___kc = ___kstate.cached({roots})", "if ___kc is None:", *("    " + ln for ln in walk),
+                    "else:", f"    {', '.join(hoister.names[e] for e in kept)} = ___kpick(___kc)", call]
 
 
 def _add_shape_guards(output: OutputGraph) -> list:

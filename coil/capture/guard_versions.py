@@ -14,6 +14,7 @@ from __future__ import annotations
 import ast
 import collections
 import ctypes
+import operator
 import sys
 import types
 from typing import Any, Callable, Optional
@@ -84,8 +85,15 @@ _INVALID = _snapshot(lambda: False)
 class _State:
     """The fast guard's current snapshot (``cur``) and how many full passes in a row found the previous one stale."""
 
-    def __init__(self, label: str, exact: tuple):
+    def __init__(self, label: str, exact: tuple, names: tuple = (), root_args: tuple = ()):
         self.cur, self.stale, self.label, self.exact = _INVALID, 0, label, exact
+        self.names, self.root_args = names, root_args  # the locals a snapshot's cache holds; each root's argument
+
+    def cached(self, *roots):
+        """The snapshot's ``cache`` while it holds for these root dicts (each value is what its guard expression gives
+        now), else None: the entry's inputs (frame.py, ``_entry_inputs``)."""
+        s = self.cur
+        return s.cache if s.ok() and len(roots) == len(s.roots) and all(map(operator.is_, roots, s.roots)) else None
 
     def snap(self, cache: tuple, roots: tuple, watched: tuple) -> bool:
         """Called by the full guard when it passes; returns True (the guard's result)."""
@@ -128,6 +136,7 @@ class _Split:
         self.args = {a.arg for a in fn.args.args}
         self.stable: set = set()        # locals reached only through watched dicts
         self.roots: list = []           # locals `= arg.__dict__`, identity-checked
+        self.root_args: list = []       # their arguments
         self.watch: dict = {}           # expression text -> needs a plain dict
 
     def value(self, e) -> bool:
@@ -160,6 +169,7 @@ class _Split:
         if isinstance(rhs, ast.Attribute) and rhs.attr == "__dict__" and isinstance(rhs.value, ast.Name):
             if rhs.value.id in self.args:
                 self.roots.append(name)
+                self.root_args.append(rhs.value.id)
                 self.stable.add(name)
                 return False
             if rhs.value.id in self.stable:
@@ -287,7 +297,7 @@ def fast_guard(src: str, ns: dict, label: str) -> Optional[Callable]:
                     & (split.stable - set(split.roots)))
     watched = list(split.watch)
     exact = tuple(i for i, w in enumerate(watched) if split.watch[w])
-    ns["___vstate"] = state = _State(label, exact)
+    ns["___vstate"] = state = _State(label, exact, tuple(needed), tuple(split.root_args))
     tup = lambda xs: f"({', '.join(xs)}{',' if len(xs) == 1 else ''})"  # noqa: E731
     full = src.rstrip().rsplit("\n", 1)[0] + (
         f"\n    return ___vstate.snap({tup(needed)}, {tup(split.roots)}, {tup(watched)})\n")

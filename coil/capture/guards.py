@@ -134,6 +134,7 @@ class GuardSet:
         self._notes: dict[str, str] = {}    # src -> comment on its batched check
         self._batch_srcs: dict[str, list] = {}  # batch -> the sources it checks, in order
         self._const_ids: dict[int, str] = {}
+        self.locals, self.state = {}, None  # source expression -> guard local; the fast guard's state (kept)
         # shape guards of a dynamic entry (coil/capture/dynamic.py): locals reading sizes,
         # then conditions over them; checked after every other guard
         self.shape_prelude: list[str] = []
@@ -170,7 +171,7 @@ class GuardSet:
         """The guard function's source (see :func:`_emit_guards` for what is hoisted)."""
         params = ", ".join(list(argnames) + ["___f"])
         lines = [f"def ___guard({params}):"]
-        _emit_guards([g for g in self.guards if g.group != _AFTER], lines, self._notes)
+        self.locals = _emit_guards([g for g in self.guards if g.group != _AFTER], lines, self._notes)
         late = [g.code for g in self.guards if g.group == _AFTER]
         memo, ind = self._shape_memo(), "    "
         if late and not memo:  # else under the memo
@@ -201,7 +202,13 @@ class GuardSet:
         ns = dict(self.ns)
         exec(compile(src, "<coil guards>", "exec"), ns)
         fast = fast_guard(src, ns, label) if config.guard_versions else None
+        self.state = ns.get("___vstate")
         return (ns["___guard"] if fast is None else fast), src
+
+    def kept(self, exprs: list) -> dict:
+        """``{expr: position in the snapshot cache}`` of the source expressions ``exprs`` the fast guard keeps."""
+        at = {n: k for k, n in enumerate(getattr(self.state, "names", ()))}
+        return {e: at[self.locals[e]] for e in exprs if self.locals.get(e) in at}
 
     def _shape_memo(self) -> str:
         """The arguments of the ``___tensors_args`` check (``"x, y"``) when every size the
@@ -502,7 +509,7 @@ class _Parsed:
 _MODULE_DICTS = ("_modules", "_parameters", "_buffers")
 
 
-def _emit_guards(guards: list, lines: list, notes: dict) -> None:
+def _emit_guards(guards: list, lines: list, notes: dict) -> dict:
     parsed: list = []
     counts: dict[str, int] = {}
     for g in guards:
@@ -581,3 +588,4 @@ def _emit_guards(guards: list, lines: list, notes: dict) -> None:
         if g.group is None:
             flush()
     flush()
+    return names

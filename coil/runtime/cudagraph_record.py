@@ -281,25 +281,23 @@ class OutputPlan:
             self.items.append(("slot", slot_of[key], meta, o.storage_offset(), fast))
         #: the tensors made during capture, kept so the pool never reuses their memory
         self.owned = [o for o in outs if isinstance(o, torch.Tensor)]
+        # for build: the tensors made per replay
+        self._made = [(k, *it[:4], it[4] if it[0] == "slot" else None) for k, it in enumerate(self.items)
+                      if it[0] in ("slot", "arg")]
 
     def build(self, args) -> tuple[list, list]:
         """``(outputs, weak refs of this replay's slot storages)``."""
         storages = [torch._C._construct_storage_from_data_pointer(p, dev, n) for p, n, dev in self.slots]
-        refs = SlotRefs(storages)
-        outs = []
-        for item in self.items:
-            if item[0] in ("const", "self"):
-                outs.append(item[1] if item[0] == "const" else args[item[1]])
+        outs = [it[1] if it[0] == "const" else args[it[1]] if it[0] == "self" else None for it in self.items]
+        for k, kind, i, (dtype, size, stride), offset, fast in self._made:
+            if kind == "slot":
+                outs[k] = _tensor_over(storages[i], dtype, size, stride, offset, fast)
                 continue
-            (dtype, size, stride) = item[2]
-            if item[0] == "slot":
-                outs.append(_tensor_over(storages[item[1]], dtype, size, stride, item[3], item[4]))
-                continue
-            base = args[item[1]]
+            base = args[i]
             storage = base.untyped_storage()
-            offset = (base.data_ptr() - storage.data_ptr() + item[3]) // dtype.itemsize
-            outs.append(_tensor_over(storage, dtype, size, stride, offset))
-        return outs, refs
+            offset = (base.data_ptr() - storage.data_ptr() + offset) // dtype.itemsize
+            outs[k] = _tensor_over(storage, dtype, size, stride, offset)
+        return outs, SlotRefs(storages)
 
     def slots_of(self, start: int, stop: int) -> set:
         """The slots holding outputs ``start..stop-1``."""

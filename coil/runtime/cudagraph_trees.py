@@ -57,23 +57,29 @@ class Node:
         self.consumes: dict = {}
         self._inplace_args = _getter([i for i, _ in inplace])
         self._inplace_ptrs = tuple(p for _, p in inplace)
+        self._copied_args = _getter(copied)
         self.nargs = len(args)
-        self._tensor_args = _getter([i for i, a in enumerate(args) if isinstance(a, torch.Tensor)])
+        tensors = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+        self._tensor_args, self._types = _getter(tensors), tuple(type(args[i]) for i in tensors)
+        # the signature holds a plain tensor's layout and only the kind of a Parameter (read in place, by address)
+        self._plain_args = _getter([i for i in tensors if not isinstance(args[i], torch.nn.Parameter)])
         self.others = [(i, (type(a), a)) for i, a in enumerate(args) if not isinstance(a, torch.Tensor)]
-        self.tensor_check = _tensor_check(self._tensor_args(args))
+        self.tensor_check = _tensor_check(self._plain_args(args))
 
     def matches(self, args) -> bool:
-        """Whether ``args`` has this recording's signature and in-place addresses: the fast path of :meth:`Tree.run`,
-        one C++ check of every tensor's type, dtype, device, sizes, strides and ``requires_grad`` instead of a signature
-        tuple. It is stricter than the signature (False sends the call down the full path)."""
+        """Whether ``args`` has this recording's signature and in-place addresses: the fast path of :meth:`Tree.run`.
+        Instead of a signature tuple, each tensor's exact type, and one C++ check of each plain tensor's dtype, device,
+        sizes, strides and ``requires_grad``: a Parameter's layout is not in the signature (a GPT-2 decoding step
+        passes ~150 parameters). It is stricter than the signature (False sends the call down the full path)."""
         if self.tensor_check is None or len(args) != self.nargs:
             return False
         try:
-            if not self.tensor_check.check(*self._tensor_args(args)):
+            if tuple(map(type, self._tensor_args(args))) != self._types or \
+                    not self.tensor_check.check(*self._plain_args(args)):
                 return False
         except TypeError:  # a tensor where this recording had something else
             return False
-        return all((type(args[i]), args[i]) == v for i, v in self.others) and not self.moved(args)
+        return (not self.others or all((type(args[i]), args[i]) == v for i, v in self.others)) and not self.moved(args)
 
     def moved(self, args) -> list:
         """Indices of in-place arguments not at their recorded address."""
@@ -99,12 +105,12 @@ class Node:
     def replay(self, args):
         """Copy the arguments in, poison what the last replay handed out, replay."""
         if self.copied:
-            srcs = [args[i] for i in self.copied]
-            with torch.no_grad():
-                if len(srcs) == 1:
-                    self.placeholders[0].copy_(srcs[0])
-                else:
-                    torch._foreach_copy_(self.placeholders, srcs)
+            srcs, grad = self._copied_args(args), _grad_enabled()
+            _set_grad_enabled(False)  # torch.no_grad() without its Python objects
+            try:
+                torch._foreach_copy_(self.placeholders, srcs) if len(srcs) > 1 else self.placeholders[0].copy_(srcs[0])
+            finally:
+                _set_grad_enabled(grad)
         self.poison_live()
         self.tree.recorder.replay(self.graph)
         if self.writeback:
@@ -122,7 +128,8 @@ class Tree:
         self.recorder = recorder
         self.roots: list = []
         self.path: list = []
-        self.step_begin = False
+        #: the mark_step_begin count this tree's step started after: a new count starts a step
+        self.marks = _marks[0]
         #: storage data pointer of every node output -> node
         self.pool_storages: dict = {}
         #: storage data pointers some node reads in place (parameters, buffers): a view
@@ -132,14 +139,13 @@ class Tree:
         #: forward node -> recording index from which recordings may overlap the memory
         #: of its saved slots that a backward's recording released (Tree._lend_saved)
         self.released: dict = {}
-        self.all_nodes: list = []
+        self.all_nodes: list = []   # by index: all_nodes[k].index == k
         self.replays = 0
-        _ALL_TREES.add(self)
 
     def new_step(self) -> None:
         """Go back to the roots: the next call starts a step."""
         self.path = []
-        self.step_begin = False
+        self.marks = _marks[0]
         self.steps += 1
 
     def run(self, fn: "GraphFunction", args: tuple):
@@ -157,7 +163,7 @@ class Tree:
                 else:
                     fn.warm[sig] = [weakref.ref(a) if isinstance(a, torch.Tensor) else None for a in args]
                 return fn.fn(*args)
-        if self.step_begin or (self.path and fn.kind != "backward" and
+        if self.marks != _marks[0] or (self.path and fn.kind != "backward" and
                                any(n.fn is fn for n in self.path) and
                                not any(n.pending_backward() for n in self.path)):
             self.new_step()
@@ -188,7 +194,7 @@ class Tree:
             # rather than in a second recording (a sibling recording gave wrong tied-weight gradients on the H200)
             fn.log_skip("held", "gradients of the last replay still held (accumulation): this backward runs un-graphed")
             return fn.fn(*args)
-        later = [m for m in self.all_nodes if node is not None and m.index > node.index and m.busy()]
+        later = [m for m in self.all_nodes[node.index + 1:] if m.busy()] if node is not None else []
         if later:
             # nodes recorded after this one still have outputs alive; their memory may be this node's intermediates.
             # Gradients (held in .grad across micro-batches) and this call's own arguments must survive: the call runs
@@ -381,6 +387,7 @@ def _keep_graph() -> bool:
 
 
 _data_ptr = torch.Tensor.data_ptr
+_grad_enabled, _set_grad_enabled = torch.is_grad_enabled, torch._C._set_grad_enabled
 #: ``StorageWeakRef.expired`` without its two Python frames (called per output per call)
 _expired = getattr(torch._C.StorageBase, "_expired", None) or torch.UntypedStorage._expired
 
@@ -419,7 +426,8 @@ def _device_reason(args, device_type: str) -> Optional[str]:
 
 
 _TREES: dict = {}
-_ALL_TREES: "weakref.WeakSet[Tree]" = weakref.WeakSet()
+#: calls of mark_step_begin: each tree compares it with the count its step started after
+_marks = [0]
 
 
 def pick_tree(args) -> Optional[Tree]:
@@ -461,8 +469,7 @@ def cudagraphify(fn: Callable, kind: str, saved: Optional[tuple] = None) -> Call
 def mark_step_begin() -> None:
     """Start a new step: the next compiled call starts again from the tree's roots, and outputs of the last
     step become stale once their graphs replay (clone what you keep)."""
-    for tree in list(_ALL_TREES):
-        tree.step_begin = True
+    _marks[0] += 1
 
 
 def reset() -> None:

@@ -256,3 +256,23 @@ def test_module_tree_reached_through_modules_is_left_out_of_the_fast_guard():
     torch.testing.assert_close(cm(x), m(x))
     m[3].lin = torch.nn.Linear(4, 4)
     torch.testing.assert_close(cm(x), m(x))
+
+
+def test_entry_reads_inputs_from_the_snapshot_only_while_it_holds_for_its_roots():
+    """The entry takes the parameters from the fast guard's snapshot (frame.py, _entry_inputs) only while the snapshot
+    holds for this call's root dicts; else (another module object, a parameter assigned since: what another thread
+    could do between a guard and its entry) it reads them through the module tree."""
+    coil.reset()
+    torch.manual_seed(0)
+    a, b, x = Net().eval(), Net().eval(), torch.randn(4, 8)
+    cm = coil.compile(a)
+    with torch.no_grad():
+        for _ in range(3):
+            torch.testing.assert_close(cm(x), a(x))
+        (entry,) = _entries()
+        fn = cm._compiled_call._coil_fn
+        assert entry.guard.__globals__["___vstate"] is entry.entry.__globals__["___kstate"]
+        torch.testing.assert_close(entry.entry(a, (x,), {}, fn), a(x))    # from the snapshot
+        torch.testing.assert_close(entry.entry(b, (x,), {}, fn), b(x))    # other roots: b's own parameters
+        a.head.weight = nn.Parameter(torch.randn(3, 8))                  # a watched dict written
+        torch.testing.assert_close(entry.entry(a, (x,), {}, fn), a(x))

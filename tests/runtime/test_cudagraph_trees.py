@@ -616,6 +616,24 @@ def test_fast_match_serves_steady_calls_and_never_a_call_of_other_metadata(monke
     assert calls and tree.nodes >= 3
 
 
+def test_fast_match_checks_a_parameters_kind_not_its_layout(monkeypatch):
+    """Node.matches leaves a Parameter's layout to the address guard, as the signature does (a GPT-2 step passes ~150
+    parameters), but a plain tensor in a Parameter's place is another signature: the full path, not a replay."""
+    from coil.runtime import cudagraph_trees as ct
+
+    tree = Tree(FakeRecorder())
+    f = GraphFunction(lambda x, w: (x @ w,), "inference", tree=tree)
+    w, x = torch.nn.Parameter(torch.randn(4, 4), requires_grad=False), torch.randn(3, 4)
+    for _ in range(3):
+        f(x, w)
+    node, calls, real = tree.roots[0], [], ct._signature
+    assert node.tensor_check is not None and len(node._plain_args((x, w))) == 1
+    monkeypatch.setattr(ct, "_signature", lambda args: calls.append(1) or real(args))
+    replays = tree.recorder.replays
+    torch.testing.assert_close(f(x, w.detach())[0], x @ w)   # same memory, not a Parameter: a warm-up
+    assert calls == [1] and tree.recorder.replays == replays
+
+
 def test_equal_scalars_of_another_type_are_another_recording():
     # 1, 1.0 and True compare equal; an int tensor times 1.0 is float: replaying the
     # graph recorded with 1 returned int64

@@ -57,3 +57,26 @@ def test_associative_scan_reverse_and_length_one():
     x, y = torch.randn(6, 3), torch.randn(3, 1)
     coil.reset()
     torch.testing.assert_close(coil.compile(f)(x, y), f(x, y))
+
+
+def test_scan_length_stays_symbolic():
+    # the compile log's int(length) specialized the scan's length: one compile per
+    # sequence length (torch.compile: 2); values and gradients at each length
+    from coil.testing import CompileCounter
+
+    def g(a, b):
+        return associative_scan(_ssm_combine, (a.sigmoid(), b), dim=1, combine_mode="generic")[1]
+
+    coil.reset()
+    cnt = CompileCounter()
+    cf, cc = coil.compile(g, backend=cnt), coil.compile(g)
+    for n in (5, 7, 9):
+        a = torch.randn(2, n, 3, requires_grad=True)
+        b = torch.randn(2, n, 3, requires_grad=True)
+        r = g(a, b)
+        torch.testing.assert_close(cf(a, b), r)
+        o = cc(a, b)
+        torch.testing.assert_close(o, r)
+        torch.testing.assert_close(torch.autograd.grad(o.square().sum(), (a, b)),
+                                   torch.autograd.grad(r.square().sum(), (a, b)))
+    assert cnt.frame_count == 2

@@ -585,7 +585,7 @@ def call_scan(tx, args: list, kwargs: dict) -> VariableTracker:
     if reverse:
         ys = [op(torch.flip, y, ConstantVariable([0])) for y in ys]
     ys = [op(torch.movedim, y, ConstantVariable(0), ConstantVariable(d)) if d and d < y.fake.dim() else y for y in ys]
-    trace.log("hop", stage="capture", op="scan", subgraphs=[name], length=int(length),
+    trace.log("hop", stage="capture", op="scan", subgraphs=[name], length=length if isinstance(length, int) else str(length),
               cloned_carries=cloned,   # read by the body too: saved values would alias them
               lifted=[x.meta.get("source", x.name) for x in body.lifted],
               where=str(location).splitlines()[0])

@@ -80,3 +80,18 @@ def test_scan_length_stays_symbolic():
         torch.testing.assert_close(torch.autograd.grad(o.square().sum(), (a, b)),
                                    torch.autograd.grad(r.square().sum(), (a, b)))
     assert cnt.frame_count == 2
+
+
+def test_circular_padding_conv_has_no_graph_break():
+    # nn.Conv1d(padding_mode="circular") calls _single(0) = tuple(itertools.repeat(0, 1)):
+    # a graph break per convolution in transformers' Informer (torch.compile: none)
+    conv = torch.nn.Conv1d(3, 4, 3, padding=1, padding_mode="circular")
+    g = lambda t: conv(t.relu()) * 2  # noqa: E731
+    x = torch.randn(2, 3, 8)
+    coil.reset()
+    assert coil.explain(g, x).graph_break_count == 0
+    coil.reset()
+    torch.testing.assert_close(coil.compile(g)(x), g(x))
+    f = lambda t: t * len(list(__import__("itertools").repeat(t, 3)))  # noqa: E731
+    coil.reset()
+    torch.testing.assert_close(coil.compile(f)(x), f(x))

@@ -416,6 +416,16 @@ def _chain(tx, args, kwargs):
     return ListIteratorVariable([v for a in args for v in tx.unpack(a)])
 
 
+@builtin(itertools.repeat)
+def _repeat(tx, args, kwargs):
+    """``itertools.repeat(obj, times)`` with a constant count (``torch.nn.modules.utils._single(0)``, which
+    convolutions with ``padding_mode="circular"`` call): ``obj`` ``times`` times. Without a count it is endless."""
+    bound = dict(zip(("object", "times"), args), **kwargs)
+    if len(args) > 2 or set(bound) - {"object", "times"} or "times" not in bound:
+        raise Unsupported("itertools.repeat without a count")
+    return ListIteratorVariable([bound["object"]] * max(int(bound["times"].as_python_constant()), 0))
+
+
 def _indexed_itertool(fn, single: bool):
     """``fn`` (``itertools.product``, ``combinations``...) over iterables with known items: CPython's own function run on
     their indices, each index then mapped back to its item's tracker (a tuple position of ``product(a, b, repeat=2)``

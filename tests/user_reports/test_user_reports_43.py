@@ -95,3 +95,16 @@ def test_circular_padding_conv_has_no_graph_break():
     f = lambda t: t * len(list(__import__("itertools").repeat(t, 3)))  # noqa: E731
     coil.reset()
     torch.testing.assert_close(coil.compile(f)(x), f(x))
+
+
+def test_hasattr_of_a_constant_is_answered():
+    # torch.overrides.is_tensor_like(3.0) (torch.distributions' broadcast_all) asked
+    # hasattr(3.0, "__torch_function__"): a graph break instead of False
+    def f(x):
+        return x * 2 if torch.overrides.is_tensor_like(3.0) or hasattr("s", "upper") else x - 1
+
+    x = torch.randn(3)
+    coil.reset()
+    assert coil.explain(f, x).graph_break_count == 0
+    coil.reset()
+    torch.testing.assert_close(coil.compile(f)(x), f(x))

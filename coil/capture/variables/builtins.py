@@ -297,6 +297,8 @@ def _getattr(tx, args, kwargs):
 def _hasattr(tx, args, kwargs):
     from coil.capture.variables.objects import AttributeMissing
 
+    if type(args[0]) is ConstantVariable:  # a number, string, None, dtype: Python's answer (is_tensor_like(3.0))
+        return ConstantVariable(hasattr(args[0].value, args[1].as_python_constant()))
     try:
         tx.getattr(args[0], args[1].as_python_constant())
         return ConstantVariable(True)

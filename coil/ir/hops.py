@@ -15,8 +15,25 @@ import torch
 from coil import trace
 
 
+def _contiguous(values) -> list:
+    """Tensor operands of a subgraph as it was compiled (:func:`_fakes`): contiguous. The wrapper may hand an extern a
+    value realized with other strides than the ATen graph's (a permuted slice it materialized alone), and a compiled
+    subgraph reads its inputs with the strides it was compiled for."""
+    return [v.contiguous() if isinstance(v, torch.Tensor) else v for v in values]
+
+
+def _fakes(values) -> list:
+    """Example inputs to compile a subgraph for: each tensor's ``meta["val"]`` made contiguous (:func:`_contiguous`)."""
+    out = []
+    for a in values:
+        v = a.meta.get("val") if isinstance(a, torch.fx.Node) else a
+        out.append(torch.empty_like(v, memory_format=torch.contiguous_format) if isinstance(v, torch.Tensor) else v)
+    return out
+
+
 def run_cond(pred: torch.Tensor, true_fn: Callable, false_fn: Callable, operands) -> Any:
     """The wrapper's cond: one host read of ``pred`` (a bool under torch's capture), then one branch's graph."""
+    operands = _contiguous(operands)
     return true_fn(*operands) if pred else false_fn(*operands)
 
 
@@ -47,7 +64,7 @@ def lower_cond(lowering, args: tuple, kwargs: dict):
     """Lower a cond node (see module docstring) in GraphLowering ``lowering``."""
     node = lowering.current_node
     pred, true_gm, false_gm, operands = args
-    fakes = [a.meta.get("val") if isinstance(a, torch.fx.Node) else a for a in node.args[3]]
+    fakes = _fakes(node.args[3])
     compiled = _compile_hop(lowering, "cond", [true_gm, false_gm], [node.args[1].target, node.args[2].target], fakes)
     return lowering.make_extern(run_cond, (pred, compiled[0], compiled[1], tuple(operands)), {})
 
@@ -55,10 +72,10 @@ def lower_cond(lowering, args: tuple, kwargs: dict):
 def run_while_loop(cond_fn: Callable, body_fn: Callable, carried, additional) -> tuple:
     """The wrapper's while_loop: the compiled body runs while the compiled cond_fn's scalar (read on the host) is true.
     Zero iterations return copies of the carried inputs (a graph output never aliases an input here)."""
-    state = list(carried)
+    state, additional = _contiguous(carried), _contiguous(additional)
     ran = False
     while _scalar(cond_fn(*state, *additional)):
-        state = list(body_fn(*state, *additional))
+        state = _contiguous(body_fn(*state, *additional))
         ran = True
     return tuple(state) if ran else tuple(t.clone() for t in state)
 
@@ -71,7 +88,7 @@ def lower_while_loop(lowering, args: tuple, kwargs: dict):
     """Lower a while_loop node: cond_fn and body_fn compiled apart, the loop in the wrapper (:func:`run_while_loop`)."""
     node = lowering.current_node
     cond_gm, body_gm, carried, additional = args
-    fakes = [a.meta.get("val") if isinstance(a, torch.fx.Node) else a for a in list(node.args[2]) + list(node.args[3])]
+    fakes = _fakes(list(node.args[2]) + list(node.args[3]))
     compiled = _compile_hop(lowering, "while_loop", [cond_gm, body_gm],
                             [node.args[0].target, node.args[1].target], fakes)
     return lowering.make_extern(run_while_loop, (compiled[0], compiled[1], tuple(carried), tuple(additional)), {})
@@ -79,7 +96,8 @@ def lower_while_loop(lowering, args: tuple, kwargs: dict):
 
 def run_map(body_fn: Callable, xs, args) -> tuple:
     """The wrapper's map: the compiled body once per leading index of ``xs``; each output stacked."""
-    outs = [body_fn(*[x[i] for x in xs], *args) for i in range(xs[0].shape[0])]
+    args = _contiguous(args)
+    outs = [body_fn(*_contiguous([x[i] for x in xs]), *args) for i in range(xs[0].shape[0])]
     return tuple(torch.stack([o[k] for o in outs]) for k in range(len(outs[0])))
 
 
@@ -87,8 +105,7 @@ def lower_map(lowering, args: tuple, kwargs: dict):
     """Lower a map_impl node: the body compiled once over one slice, the loop in the wrapper (:func:`run_map`)."""
     node = lowering.current_node
     body_gm, xs, rest = args
-    fakes = [a.meta["val"][0] for a in node.args[1]] + \
-        [a.meta.get("val") if isinstance(a, torch.fx.Node) else a for a in node.args[2]]
+    fakes = _fakes([a.meta["val"][0] for a in node.args[1]] + list(node.args[2]))
     compiled, = _compile_hop(lowering, "map", [body_gm], [node.args[0].target], fakes)
     return lowering.make_extern(run_map, (compiled, list(xs), list(rest)), {})
 
@@ -97,9 +114,9 @@ def run_scan(body_fn: Callable, init, xs, additional) -> tuple:
     """The wrapper's scan: the compiled combine function once per leading index of ``xs``, threading the carry; returns
     the last carry, then each output stacked. The carry is made contiguous before each call (the body is compiled for
     that layout: an initial carry can be expanded, e.g. the gradient of a sum, the next ones not)."""
-    carry, ys = [c.contiguous() for c in init], []
+    carry, ys, additional = _contiguous(init), [], _contiguous(additional)
     for i in range(xs[0].shape[0]):
-        out = body_fn(*carry, *[x[i] for x in xs], *additional)
+        out = body_fn(*carry, *_contiguous([x[i] for x in xs]), *additional)
         carry, y = [c.contiguous() for c in out[:len(carry)]], out[len(carry):]
         ys.append(y)
     return tuple(carry) + tuple(torch.stack([y[k] for y in ys]) for k in range(len(ys[0])))
@@ -110,10 +127,7 @@ def lower_scan(lowering, args: tuple, kwargs: dict):
     in the wrapper (:func:`run_scan`)."""
     node = lowering.current_node
     body_gm, init, xs, additional = args
-    fakes = [torch.empty_like(a.meta["val"], memory_format=torch.contiguous_format)
-             for a in node.args[1]] + \
-        [a.meta["val"][0] for a in node.args[2]] + \
-        [a.meta.get("val") if isinstance(a, torch.fx.Node) else a for a in node.args[3]]
+    fakes = _fakes(list(node.args[1]) + [a.meta["val"][0] for a in node.args[2]] + list(node.args[3]))
     compiled, = _compile_hop(lowering, "scan", [body_gm], [node.args[0].target], fakes)
     return lowering.make_extern(run_scan, (compiled, list(init), list(xs), list(additional)), {})
 

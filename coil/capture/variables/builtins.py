@@ -296,6 +296,8 @@ def _getattr(tx, args, kwargs):
 def _hasattr(tx, args, kwargs):
     from coil.capture.variables.objects import AttributeMissing
 
+    if type(args[0]) is ConstantVariable:  # a number, string, None, dtype: Python's answer (is_tensor_like(3.0))
+        return ConstantVariable(hasattr(args[0].value, args[1].as_python_constant()))
     try:
         tx.getattr(args[0], args[1].as_python_constant())
         return ConstantVariable(True)
@@ -413,6 +415,16 @@ def _chain(tx, args, kwargs):
     if kwargs:
         raise Unsupported("itertools.chain with keyword arguments")
     return ListIteratorVariable([v for a in args for v in tx.unpack(a)])
+
+
+@builtin(itertools.repeat)
+def _repeat(tx, args, kwargs):
+    """``itertools.repeat(obj, times)`` with a constant count (``torch.nn.modules.utils._single(0)``, which
+    convolutions with ``padding_mode="circular"`` call): ``obj`` ``times`` times. Without a count it is endless."""
+    bound = dict(zip(("object", "times"), args), **kwargs)
+    if len(args) > 2 or set(bound) - {"object", "times"} or "times" not in bound:
+        raise Unsupported("itertools.repeat without a count")
+    return ListIteratorVariable([bound["object"]] * max(int(bound["times"].as_python_constant()), 0))
 
 
 def _indexed_itertool(fn, single: bool):

@@ -586,11 +586,76 @@ def call_scan(tx, args: list, kwargs: dict) -> VariableTracker:
     if reverse:
         ys = [op(torch.flip, y, ConstantVariable([0])) for y in ys]
     ys = [op(torch.movedim, y, ConstantVariable(0), ConstantVariable(d)) if d and d < y.fake.dim() else y for y in ys]
-    trace.log("hop", stage="capture", op="scan", subgraphs=[name], length=int(length),
+    trace.log("hop", stage="capture", op="scan", subgraphs=[name], length=length if isinstance(length, int) else str(length),
               cloned_carries=cloned,   # read by the body too: saved values would alias them
               lifted=[x.meta.get("source", x.name) for x in body.lifted],
               where=str(location).splitlines()[0])
     return TupleVariable([_unflatten(items[:n_carry], carry_struct), _unflatten(ys, y_struct)])
+
+
+class _CarryAndOutput(VariableTracker):
+    """Calls ``fn`` and returns ``(result, copy of result)``: a scan body whose carry is its output (a scan body
+    may not return one tensor twice)."""
+
+    def __init__(self, fn: VariableTracker):
+        super().__init__(None)
+        self.fn = fn
+        self.closure = getattr(fn, "closure", None)
+
+    def call_function(self, tx, args, kwargs):
+        from coil.capture.variables.tensor import call_op
+
+        out = tx.call(self.fn, list(args), dict(kwargs))
+        ts, struct = _tensor_tree(out, "associative_scan combine_fn")
+        return TupleVariable([out, _unflatten([call_op(tx, "call_function", torch.clone, [t], {}) for t in ts], struct)])
+
+
+def call_associative_scan(tx, args: list, kwargs: dict) -> VariableTracker:
+    """``associative_scan(combine_fn, xs, dim, reverse=False, combine_mode="pointwise")``: a :func:`call_scan` whose
+    carry is the running combination ``combine_fn(carry, x)`` of single elements (as the generic mode's vmap calls
+    it), started at a contiguous copy of the first element, which is put back in front of the outputs. The same
+    values as torch's log-depth scan up to rounding (``combine_fn`` is associative). What eager refuses (pointwise
+    mode off CUDA, a bad ``dim``) or a combine_fn that changes an element's metadata is left to eager."""
+    from coil.capture.variables.tensor import call_op
+
+    bound = dict(zip(["combine_fn", "xs", "dim", "reverse", "combine_mode"], args), **kwargs)
+    if {"combine_fn", "xs", "dim"} - set(bound) or set(bound) - {"combine_fn", "xs", "dim", "reverse", "combine_mode"}:
+        raise Unsupported("associative_scan called without combine_fn, xs or dim, or with other arguments")
+    dim, reverse, mode = (bound.get(k, ConstantVariable(v)).as_python_constant()
+                          for k, v in (("dim", 0), ("reverse", False), ("combine_mode", "pointwise")))
+    xs, struct = _tensor_tree(bound["xs"], "associative_scan xs")
+    nd = xs[0].fake.dim()
+    d = dim + nd if isinstance(dim, int) and dim < 0 else dim
+    if mode not in ("pointwise", "generic") or not isinstance(d, int) or not 0 <= d < nd or \
+            any(x.fake.dim() != nd or x.fake.shape[d] == 0 for x in xs) or \
+            mode == "pointwise" and any(x.fake.device.type not in ("cuda", "xpu") for x in xs):
+        raise Unsupported("associative_scan arguments eager refuses: left to eager to raise")
+
+    def op(fn, *a, **kw):
+        return call_op(tx, "call_function", fn, list(a), {k: ConstantVariable(v) for k, v in kw.items()})
+
+    getitem = __import__("operator").getitem
+    lead = []
+    for x in xs:
+        x = op(torch.movedim, x, ConstantVariable(d), ConstantVariable(0)) if d else x
+        lead.append(op(torch.flip, x, ConstantVariable([0])) if reverse else x)
+    firsts = [op(getitem, x, ConstantVariable(slice(0, 1))) for x in lead]
+    if lead[0].fake.shape[0] > 1:
+        init = [op(torch.clone, op(getitem, x, ConstantVariable(0)), memory_format=torch.contiguous_format)
+                for x in lead]
+        rest = [op(getitem, x, ConstantVariable(slice(1, None))) for x in lead]
+        try:
+            res = call_scan(tx, [_CarryAndOutput(bound["combine_fn"]), _unflatten(init, struct), _unflatten(rest, struct)], {})
+        except UserError as e:
+            raise Unsupported(f"associative_scan: {e}") from e
+        ys, _ = _tensor_tree(res.items[1], "associative_scan combine_fn")
+        outs = [op(torch.cat, TupleVariable([f, y]), ConstantVariable(0)) for f, y in zip(firsts, ys)]
+    else:
+        outs = firsts
+    if reverse:
+        outs = [op(torch.flip, y, ConstantVariable([0])) for y in outs]
+    outs = [op(torch.movedim, y, ConstantVariable(0), ConstantVariable(d)) if d else y for y in outs]
+    return _unflatten(outs, struct)
 
 
 # --------------------------------------------------------------------------- checkpoint
@@ -739,7 +804,8 @@ def hop_handler(value):
             if not name.startswith("_") and isinstance(v, types.FunctionType):
                 _HANDLERS[v] = _not_captured
         _HANDLERS.update({torch.cond: call_cond, hops.cond: call_cond, hops.while_loop: call_while_loop,
-                          ckpt.checkpoint: call_checkpoint, hops.map: call_map, hops.scan: call_scan})
+                          ckpt.checkpoint: call_checkpoint, hops.map: call_map, hops.scan: call_scan,
+                          hops.associative_scan: call_associative_scan})
     try:
         return _HANDLERS.get(value)
     except TypeError:  # unhashable

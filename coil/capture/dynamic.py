@@ -141,6 +141,10 @@ class DynamicPolicy:
         self.scalars[expr] = value
         if type(value) not in (int, float) or value != value or value in (math.inf, -math.inf):
             return None  # NaN and inf stay guarded constants (a symbol's graph assumes finite)
+        if type(value) is float and value == 0.0:
+            # a float zero stays a constant too, guarded with its sign: a symbol's hint is a sympy Float, which has
+            # no -0.0 (math.copysign(1.0, p) of p = -0.0 read +0.0 and guarded p == 0, which -0.0 passes)
+            return None
         if not ("value" in self.auto.get(expr, ()) and self.mode is not False) and not (
                 self.mode is True and isinstance(source, LocalSource)):
             return None

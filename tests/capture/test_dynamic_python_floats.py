@@ -155,3 +155,17 @@ def test_a_float_zero_guard_tells_its_sign():
         c = coil.compile(f)
         for v in (p, q, p):
             assert torch.equal(c(x, v).signbit(), f(x, v).signbit()), v
+
+
+def test_a_symbolic_float_specialized_at_zero_keeps_its_sign():
+    """Under ``dynamic=True`` a float argument of -0.0 was a symbol whose hint (a sympy Float, no -0.0) read +0.0:
+    ``math.copysign(1.0, p)`` specialized to 1.0 and the guard ``p == 0`` let -0.0 through. A float zero stays a
+    constant guarded with its sign (as the ints 0 and 1 stay constants)."""
+    def f(x, p):
+        return x * math.copysign(1.0, p)
+    x = torch.ones(2)
+    for first in (0.0, -0.0):
+        coil.reset()
+        c = coil.compile(f, dynamic=True)
+        for p in (first, -first, 2.0, -0.0, 0.0, -3.0):
+            assert torch.equal(c(x, p), f(x, p)), (first, p)

@@ -169,3 +169,15 @@ def test_a_symbolic_float_specialized_at_zero_keeps_its_sign():
         c = coil.compile(f, dynamic=True)
         for p in (first, -first, 2.0, -0.0, 0.0, -3.0):
             assert torch.equal(c(x, p), f(x, p)), (first, p)
+
+
+def test_zero_times_a_symbolic_float_keeps_the_product_sign():
+    """``x + 0.0 * p`` with ``x = -0.0``: sympy folded ``0.0 * p`` to +0 for a symbolic ``p``; eager's zero has the
+    product's sign (-0.0 for a negative ``p``). Also ``p * 0`` and a negative zero constant."""
+    x = -torch.zeros(2)
+    for f in (lambda x, p: x + 0.0 * p, lambda x, p: x + p * 0, lambda x, p: x + (-0.0) * p,
+              lambda x, p: torch.full((2,), 0.0 * p) + x):
+        coil.reset()
+        c = coil.compile(f, dynamic=True)
+        for p in (-3.0, 2.0, -1.5, 0.0, -0.0):
+            assert torch.equal(c(x, p).signbit(), f(x, p).signbit()), p

@@ -174,9 +174,23 @@ def binary(tx, op, a: VariableTracker, b: VariableTracker):
         from coil.capture.variables.tensor import UserCodeError
 
         raise UserCodeError(f"ZeroDivisionError: {e}") from e
+    if fn is operator.mul and isinstance(res, torch.SymFloat) and res.node.expr.is_number and res.node.expr == 0:
+        res = _signed_zero_product(vals, res)
     out.sites.note(env, start, out.where(), reason=f"symbolic {fn.__name__}")
     operands = [v if isinstance(v, SymNodeVariable) else v.value for v in (a, b)]
     return wrap_sym(out, res, ("op", fn, operands))
+
+
+def _signed_zero_product(vals: list, res):
+    """``0.0 * p`` of a symbolic float ``p``: sympy folds it to 0, IEEE gives it the sign of the product of signs
+    (``x + 0.0 * p`` is -0.0 for a negative ``p`` and ``x = -0.0``). The sign of ``p`` is guarded (one recompile
+    when it flips; a ``p`` of 0 is then a constant with its sign: dynamic.scalar_input)."""
+    c = next((v for v in vals if type(v) in (int, float, bool)), None)
+    p = next((v for v in vals if isinstance(v, torch.SymFloat)), None)
+    if c is None or p is None or c != 0:
+        return res
+    sign = 1.0 if bool(p > 0) else -1.0 if bool(p < 0) else 0.0
+    return math.copysign(0.0, math.copysign(1.0, float(c)) * sign) if sign else res
 
 
 def sym_minmax(items: list, op):

@@ -264,7 +264,10 @@ _LIB, _TABLE = torch.library.Library("aten", "IMPL"), torch._decomp.decompositio
 for _op in EAGER_LAYOUT_OPS:
     if (_meta := _op.py_kernels.get(torch._C.DispatchKey.Meta)) is not None:  # (torch versions differ)
         _meta = eager_layout(_meta)
-        _LIB.impl(_op, _meta, "Meta")  # (fake tensors)
+        try:
+            _LIB.impl(_op, _meta, "Meta")  # (fake tensors)
+        except RuntimeError:  # a torch that refuses the override: the op keeps torch's layout (import must not fail)
+            continue
         _op.py_kernels[torch._C.DispatchKey.Meta] = _meta  # (the python dispatcher: symbolic traces)
         _op._dispatch_cache.clear()
     if _op in _TABLE:  # (fake tensors under symbolic shapes, and core ATen's decompositions, so coil's)

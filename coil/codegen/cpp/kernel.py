@@ -421,11 +421,11 @@ class CppKernel(OpsHandler):
                     e = {"add": f"({a} || {b})", "mul": f"({a} && {b})",
                          "maximum": f"({a} || {b})", "minimum": f"({a} && {b})"}[op]
                 out = self._emit(e, out_dt)
-                ab = [self.index_vars.get(v.name, self.const_val.get(v.name)) for v in (a, b)]
-                if op in ("lt", "le", "gt", "ge") and all(type(v) is int for v in ab) and \
-                        (a.name in self.index_vars or b.name in self.index_vars):
-                    self.range_masks[out.name] = (a.name in self.index_vars, ab[0],
-                                                  b.name in self.index_vars, ab[1], op)
+                if op in ("lt", "le", "gt", "ge") and (a.name in self.index_vars or b.name in self.index_vars):
+                    ab = [self.index_vars.get(v.name, self.const_val.get(v.name)) for v in (a, b)]
+                    if all(type(v) is int for v in ab):
+                        self.range_masks[out.name] = (a.name in self.index_vars, ab[0],
+                                                      b.name in self.index_vars, ab[1], op)
                 return out
             return binary
         raise NotImplementedError(f"C++ backend does not implement ops.{op}")

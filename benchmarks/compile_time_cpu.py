@@ -203,6 +203,7 @@ def main() -> int:
     ap.add_argument("--backend", choices=("cpp", "triton"), default="cpp")
     ap.add_argument("--model", choices=("gpt2", "qwen2", "smallgpt"), default="gpt2")
     ap.add_argument("--broad", default=None, help="a broad-suite model's training step instead (see above)")
+    ap.add_argument("--autocast", action="store_true", help="run the step under bf16 autocast (the GPU suite's AMP)")
     ap.add_argument("--labels-loss", action="store_true", help="qwen2: the loss is model(...).loss alone")
     ap.add_argument("--cprofile", action="store_true", help="profile the compiling (calling) thread")
     ap.add_argument("--top", type=int, default=40)
@@ -268,6 +269,8 @@ def main() -> int:
         loss.backward()
         return loss
     step = step if args.broad else lm_step
+    if args.autocast:  # the GPU suite's AMP step: bf16 autocast (on CPU here)
+        step = torch.autocast("cpu", dtype=torch.bfloat16)(step)
 
     prof = cProfile.Profile() if args.cprofile else None
     t0, c0 = time.perf_counter(), time.process_time()

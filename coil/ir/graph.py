@@ -30,9 +30,9 @@ from coil.ir import lowering as L
 from coil.ir import lowering_activations  # noqa: F401  (registers gelu lowerings)
 from coil.ir import lowering_conv  # noqa: F401  (registers conv-bias / max-pool lowerings)
 from coil.ir import lowering_views  # noqa: F401  (registers view/index lowerings)
-from coil.ir.nodes import (Buffer, ComputedBuffer, ConstantBuffer, ExternKernel, InputBuffer, Layout,
-                           MultiOutput, Pointwise, ReinterpretView, ScatterBuffer, StorageBox, TensorBox, V)
-from coil.ir.symbols import as_expr, current_shape_env, hint
+from coil.ir.nodes import (Buffer, ComputedBuffer, ConstantBuffer, ExternKernel, GenericView, InputBuffer, Layout,
+                           Loops, MultiOutput, Pointwise, ReinterpretView, ScatterBuffer, StorageBox, TensorBox, V)
+from coil.ir.symbols import as_expr, current_shape_env, hint, product
 from coil.ir.virtualized import compute_dtype, ops
 
 MAX_INLINE_OPS = 64
@@ -613,6 +613,8 @@ class GraphLowering(torch.fx.Interpreter):
             except GuardOnDataDependentSymNode:  # strides of unknown order (unbacked): contiguous
                 stride = None
         d = x.data
+        if isinstance(d, GenericView):
+            d = self._view_of_base(d, stride) or d
         if isinstance(d, ReinterpretView):
             if stride is None:
                 return d
@@ -622,6 +624,36 @@ class GraphLowering(torch.fx.Interpreter):
             return d if unit == list(d.layout.stride) else \
                 ReinterpretView(d.data, dataclasses.replace(d.layout, stride=unit))
         return d.realize(stride) if isinstance(d, StorageBox) else self._materialize(x, stride)
+
+    def _view_of_base(self, view: GenericView, stride) -> Optional[ReinterpretView]:
+        """``view`` (views of unrealized loops of as many elements) as a strided view of the loops realized in their
+        default layout, when that view has ``stride`` (any strides when None); else None. A linear layer's backward
+        reads the output gradient ``g`` in one ``mm`` and ``g.t()`` in the other: both then read one buffer, where a
+        copy of ``g.t()`` wrote every element a second time."""
+        chain, base = [], view
+        while isinstance(base, GenericView):
+            if base.restride is None:
+                return None
+            chain.append(base.restride)
+            base = base.data
+        if not isinstance(base, StorageBox) or not isinstance(base.data, (Loops, Buffer)) or \
+                sympy.expand(product(view.get_size()) - product(base.data.get_size())) != 0:
+            return None
+        if isinstance(base.data, Buffer):  # realized since the views were made
+            lay = base_stride = base.data.layout
+        else:
+            loops = base.data
+            base_stride = self.default_strides(loops)
+            lay = (Layout(loops.device, loops.dtype, list(loops.get_size()), list(base_stride))
+                   if base_stride is not None else Layout.contiguous(loops.device, loops.dtype, loops.get_size()))
+        if lay is None:
+            return None
+        for restride in reversed(chain):
+            if (lay := restride(lay)) is None:
+                return None
+        if stride is not None and any(str(n) != "1" and str(a) != str(b) for n, a, b in zip(lay.size, lay.stride, stride)):
+            return None
+        return ReinterpretView(base.realize(None if isinstance(base_stride, Layout) else base_stride), lay)
 
     def _eager_storage(self, x: TensorBox, fx_arg) -> TensorBox:
         """``x`` as eager lays it out, for an op that reads its storage: a value this graph realized with other strides

@@ -43,7 +43,7 @@ def make_view(x: TensorBox, size, reindex: Callable, restride: Optional[Callable
         buf, layout = base
         if (new := restride(layout)) is not None:
             return TensorBox(ReinterpretView(buf, new))
-    return TensorBox(GenericView(x.data, size, reindex))
+    return TensorBox(GenericView(x.data, size, reindex, restride))
 
 
 def _lay(layout, size, stride, offset=None) -> Layout:

@@ -471,10 +471,11 @@ class ReinterpretView(_Laid):
 
 
 class GenericView(IRNode):
-    """A view of any IR value by re-indexing: ``self[index] = data[reindex(index)]``."""
+    """A view of any IR value by re-indexing: ``self[index] = data[reindex(index)]``. ``restride(layout)``, when
+    given, is the view's strided layout over ``data`` realized with ``layout`` (None where not expressible)."""
 
-    def __init__(self, data: IRNode, size, reindex: Callable):
-        self.data, self.size, self.reindex = data, [as_expr(s) for s in size], reindex
+    def __init__(self, data: IRNode, size, reindex: Callable, restride: Optional[Callable] = None):
+        self.data, self.size, self.reindex, self.restride = data, [as_expr(s) for s in size], reindex, restride
 
     def get_size(self):
         return self.size

@@ -121,6 +121,34 @@ def test_residual_stream_is_realized_not_recomputed():
     assert max(l.count(",") + 1 for l in calls) <= 7, "\n".join(calls)
 
 
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_transposed_view_for_an_extern_reads_the_one_buffer(dynamic, monkeypatch):
+    """A linear layer's backward: ``g`` (pointwise, not yet realized) is read by ``mm(g, W)`` and, transposed, by
+    ``mm(g.t(), x)``. Both read one buffer of ``g``; before, the transposed view was materialized as a second buffer,
+    and the kernel stored every element of ``g`` twice (NeoX's training step did so for each linear layer)."""
+    import coil.codegen
+
+    sources = []
+    orig = coil.codegen.compile_aten_graph
+
+    def spy(gm, example_inputs, device):
+        c = orig(gm, example_inputs, device)
+        sources.append(c.source)
+        return c
+    monkeypatch.setattr(coil.codegen, "compile_aten_graph", spy)
+
+    def f(a, b, w, x):
+        g = a * torch.sigmoid(b)
+        gt = g.flatten(0, 1).t()
+        return g.flatten(0, 1) @ w, gt @ x
+
+    args = [torch.randn(2, 16, 48), torch.randn(2, 16, 48), torch.randn(48, 16), torch.randn(32, 24)]
+    for o, r in zip(coil.compile(f, dynamic=dynamic)(*args), f(*args)):
+        torch.testing.assert_close(o, r)
+    src = sources[-1][sources[-1].find("def call"):]
+    assert src.count("empty_strided") == 1, src
+
+
 @pytest.mark.parametrize("backend", ["cpp", "triton"])
 def test_padded_matmul_output(backend, monkeypatch):
     """GPT-2's LM head (N = 50257) ran cuBLAS's slow ``align1`` kernel on an H200

@@ -119,7 +119,7 @@ STAND_INS = {
 }
 
 
-def _broad_step(name: str, compile_fn):
+def _broad_step(name: str, compile_fn, autocast: bool = False):
     """(description, the first training step of broad model ``name``'s small config on CPU)."""
     import importlib.util
     from coil.bench import suite
@@ -134,7 +134,7 @@ def _broad_step(name: str, compile_fn):
         module, args, kwargs, desc = built.module, built.args, built.kwargs, built.config
     module.train()
     fn = compile_fn(module)
-    return desc, suite.make_step(fn, suite._trainable(module), args, kwargs, "train", cpu)
+    return desc, suite.make_step(fn, suite._trainable(module), args, kwargs, "train", cpu, autocast=autocast)
 
 
 class _StageCPU:
@@ -239,7 +239,7 @@ def main() -> int:
     trace.add_stage_listener(stage_cpu)
     torch.manual_seed(0)
     if args.broad:
-        desc, step = _broad_step(args.broad, coil.compile)
+        desc, step = _broad_step(args.broad, coil.compile, args.autocast)
         print(f"{args.broad}: {desc}")
     elif args.model == "gpt2":
         from transformers import GPT2Config, GPT2LMHeadModel
@@ -269,7 +269,7 @@ def main() -> int:
         loss.backward()
         return loss
     step = step if args.broad else lm_step
-    if args.autocast:  # the GPU suite's AMP step: bf16 autocast (on CPU here)
+    if args.autocast and not args.broad:
         step = torch.autocast("cpu", dtype=torch.bfloat16)(step)
 
     prof = cProfile.Profile() if args.cprofile else None

@@ -140,16 +140,17 @@ def _cast_inputs(obj: Any, dtype: torch.dtype) -> Any:
 
 
 def make_step(fn: Callable, params: list[torch.nn.Parameter], args: tuple, kwargs: dict,
-              mode: str, device: torch.device, autocast: bool = True) -> Callable[[], list]:
+              mode: str, device: torch.device, autocast: Optional[bool] = None) -> Callable[[], list]:
     """A zero-argument callable running one step of ``mode``; returns a list of tensors
-    (outputs for inference; ``[loss, *grads]`` for ``train``)."""
+    (outputs for inference; ``[loss, *grads]`` for ``train``). ``train`` runs under bf16
+    autocast on CUDA (``autocast=None``), or as ``autocast`` says."""
     if mode in ("fp32", "bf16"):
         def infer():
             with torch.no_grad():
                 return flatten_outputs(fn(*args, **kwargs))
         return infer
 
-    use_autocast = autocast and device.type == "cuda"
+    use_autocast = device.type == "cuda" if autocast is None else autocast
 
     def train():
         for p in params:

@@ -71,6 +71,22 @@ _PAD_DEVICES = ("cuda",)  # tests add "cpu" to exercise the path without a GPU
 _CHANNELS_LAST_DEVICES = ("cuda",)  # likewise
 
 _aten = torch.ops.aten
+_RESHAPES = {_aten.permute.default, _aten.transpose.int, _aten.view.default, _aten._unsafe_view.default,
+             _aten.reshape.default, _aten.unsqueeze.default, _aten.squeeze.dim}
+
+
+def _feeds_one_copy(n: torch.fx.Node) -> bool:
+    """Whether ``n``'s only use is a chain of at most three reshapes or permutes ending in one ``clone``
+    (a rotary backward's ``cat`` of the q/k/v gradients, transposed and made contiguous for the projection's mm)."""
+    for _ in range(4):
+        if len(n.users) != 1:
+            return False
+        n = next(iter(n.users))
+        if n.target is _aten.clone.default:
+            return True
+        if n.target not in _RESHAPES:
+            return False
+    return False
 #: extern ops that run channels-last when their 4-D inputs are (config.conv_channels_last)
 #: extern ops whose first argument is read (or written) through its storage: it gets
 #: eager's strides and offset, not the layout this graph chose for the value (fuzz s214 #5389)
@@ -549,6 +565,8 @@ class GraphLowering(torch.fx.Interpreter):
             return OutputSpec("value", value=r)
         d = r.data
         stride = [as_expr(s) for s in meta.stride()] if isinstance(meta, torch.Tensor) else None
+        if isinstance(d, GenericView):  # (a weight's autocast copy, transposed, saved for the backward)
+            d = self._view_of_base(d, stride) or d
         if isinstance(d, ReinterpretView):
             if stride is not None and not _same_strides(d.layout, meta):
                 # e.g. a view of a row-padded matmul result
@@ -590,6 +608,8 @@ class GraphLowering(torch.fx.Interpreter):
         users = len(n.users)
         from coil.ir.handlers import count_ops
         nops, nreads = count_ops(sb.data)
+        if nops > MAX_BODY_OPS and users == 1 and _feeds_one_copy(n):
+            return  # the copy takes the body and is realized in its own layout (no transposing copy kernel)
         if nops > MAX_BODY_OPS or (users > 1 and (nreads > config.max_inline_reads or nops > MAX_INLINE_OPS)):
             # eager's layout when it is a dense permutation (the value may also be a graph
             # output, which must have the fake strides: no copy then); contiguous ones

@@ -149,6 +149,36 @@ def test_transposed_view_for_an_extern_reads_the_one_buffer(dynamic, monkeypatch
     assert src.count("empty_strided") == 1, src
 
 
+def test_large_body_transposed_into_a_copy_is_written_once(monkeypatch):
+    """A value whose body is too large to inline (over ``MAX_BODY_OPS``: NeoX's rotary backward ``cat`` of the q/k/v
+    gradients) whose only use is ``transpose(1, 2).contiguous()``: the copy takes the body and is the one buffer.
+    Before, the value was realized in its own layout and copied by a transposing kernel (a tiled transpose on a GPU)."""
+    import coil.codegen
+
+    sources = []
+    orig = coil.codegen.compile_aten_graph
+
+    def spy(gm, example_inputs, device):
+        c = orig(gm, example_inputs, device)
+        sources.append(c.source)
+        return c
+    monkeypatch.setattr(coil.codegen, "compile_aten_graph", spy)
+
+    def f(x, w):
+        parts = []
+        for k in range(3):
+            y = x + k
+            for _ in range(50):
+                y = y * 0.999 + 0.001
+            parts.append(y)
+        return torch.cat(parts, -1).transpose(1, 2).contiguous().view(16, 192) @ w
+
+    args = [torch.randn(2, 4, 8, 16), torch.randn(192, 8)]
+    torch.testing.assert_close(coil.compile(f)(*args), f(*args))
+    src = sources[-1][sources[-1].find("def call"):]
+    assert src.count("empty_strided") == 1, src
+
+
 @pytest.mark.parametrize("backend", ["cpp", "triton"])
 def test_padded_matmul_output(backend, monkeypatch):
     """GPT-2's LM head (N = 50257) ran cuBLAS's slow ``align1`` kernel on an H200

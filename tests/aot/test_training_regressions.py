@@ -209,6 +209,25 @@ def test_read_before_a_no_op_squeeze_under_dynamic_shapes(backend, unseen, monke
     torch.testing.assert_close(res[1], res[0], rtol=1e-13, atol=0)
 
 
+@pytest.mark.parametrize("backend", ["aot_eager", "coil"])
+def test_an_invalid_gradient_the_outputs_never_reach(backend):
+    """``a.copy_(scatter(a, 0, index, a))`` with ``src`` larger than ``index``: scatter's backward gives ``src`` a
+    gradient of the index's shape, which autograd refuses ("returned an invalid gradient"), eager only if a backward
+    reaches it; the joint trace differentiates ``a``'s new value and failed the compile. It runs eagerly now (as
+    for the version check). Found by the gradient fuzzer (s1035 #1689)."""
+    def f(a, b):
+        a.copy_(torch.scatter(a, 0, torch.tensor([[0, 0]]), a))
+        return (b * 2,)
+
+    res = []
+    for fn in (f, coil.compile(f, backend=backend)):
+        leaf, b = torch.tensor([[1.0, 2.0, 3.0]], requires_grad=True), torch.tensor(-1.0, requires_grad=True)
+        a = leaf.clone()
+        fn(a, b)[0].backward()
+        res.append((a.detach(), b.grad))
+    torch.testing.assert_close(res[1], res[0], rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_write_through_as_strided_of_a_non_contiguous_input_that_requires_grad(backend):
     """``c.as_strided((1, 1), (0, 2), 7).div_(2)`` of a transposed non-leaf ``c`` that requires grad: replaying

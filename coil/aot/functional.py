@@ -324,13 +324,14 @@ def _relay(t, why: str) -> bool:
 def _squeeze_(func, t, dims=None):
     """``t.squeeze_(dims)`` of a tensor with symbolic sizes as ``squeeze_`` of exactly the dims whose size is 1 (a no-op
     when none is): functionalization's ``squeeze_`` of a dim with a symbolic size killed the process (SIGSEGV, user
-    report 18 #1)."""
+    report 18 #1). Squeezing no dim is still a restride of ``t`` (the analysis records it; autograd has rebased its
+    history, so a joint trace would drop the gradient of what read it before: s319 #989)."""
     if func is aten.squeeze_.default:
         dims = range(t.dim())
     elif func is aten.squeeze_.dim:
         dims = [dims]
     dims = sorted({d % t.dim() for d in dims if t.dim() and t.shape[d] == 1})
-    return aten.squeeze_.dims(t, dims) if dims else t
+    return aten.squeeze_.dims(t, dims)
 
 
 def _call(fn: Callable, args: list, drop_error_checks: bool):
@@ -906,9 +907,14 @@ def trace_joint(fn: Callable, fake_args: list, info: ProgramInfo, decompositions
                 f_tangents = [_to_functional(t) for t in tangents]
                 # a mutated (or restrided) input that requires grad is cloned first, so that its gradient is
                 # taken w.r.t. its value (and layout) before the mutation
+                fns = [f_primals[i].grad_fn for i in grad_inputs]
                 args = [a.clone() if i in clone else a for i, a in enumerate(f_primals)]
                 with torch.set_grad_enabled(grad):
                     vals = _forward_values(fn, args, info, label_autograd=True)
+                if any(f_primals[i].grad_fn is not g for i, g in zip(grad_inputs, fns)):
+                    # an in-place op the analysis missed rebased an input's history: its gradient would be the
+                    # restrided tensor's, without what was read before (a no-op squeeze_: s319 #989)
+                    raise RunEagerly("the program changed an input's autograd history in place unseen")
                 diff = [v for v, rg in zip(vals, info.fw_out_requires_grad) if rg]
                 wrt = [f_primals[i] for i in grad_inputs]
                 _locate_backward(diff)

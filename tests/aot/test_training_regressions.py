@@ -181,6 +181,53 @@ def test_metadata_mutation_of_an_input_that_requires_grad(fn, shape, backend):
     torch.testing.assert_close(res[1], res[0], rtol=0, atol=0)
 
 
+def _read_before_a_no_op_squeeze_(b):
+    v0 = torch.tanh(b)
+    b.squeeze_()
+    return (v0, torch.expm1(b))
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "coil"])
+@pytest.mark.parametrize("unseen", [False, True], ids=["analysed", "unseen-by-the-analysis"])
+def test_read_before_a_no_op_squeeze_under_dynamic_shapes(backend, unseen, monkeypatch):
+    """``v0 = tanh(b); b.squeeze_()`` of a non-leaf ``b`` that requires grad with no size-1 dim, under
+    ``dynamic=True``: the symbolic ``squeeze_`` rewrite returned ``b`` without dispatching, so the analysis saw no
+    restride, while autograd had rebased ``b``'s history; the joint trace took the gradient w.r.t. the squeezed
+    ``b`` and dropped ``tanh``'s (float64 gradients wrong; gradient fuzzer s319 #989). ``unseen``: the rewrite as it
+    was; the joint trace notices the rebased input itself and the program runs eagerly."""
+    import coil.aot.functional as functional
+    if unseen:
+        monkeypatch.setattr(functional, "_squeeze_", lambda func, t, *dims: t)
+    res = []
+    for f in (_read_before_a_no_op_squeeze_, coil.compile(_read_before_a_no_op_squeeze_, dynamic=True,
+                                                           backend=backend)):
+        leaf = torch.tensor([[0.5, -1.25, 2.0], [0.25, 3.0, -0.75]], dtype=torch.float64, requires_grad=True)
+        b = leaf.clone()
+        outs = f(b)
+        torch.autograd.backward(outs, [torch.full_like(o, 0.75) for o in outs])
+        res.append(([o.detach() for o in outs], b.shape, leaf.grad))
+    torch.testing.assert_close(res[1], res[0], rtol=1e-13, atol=0)
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "coil"])
+def test_an_invalid_gradient_the_outputs_never_reach(backend):
+    """``a.copy_(scatter(a, 0, index, a))`` with ``src`` larger than ``index``: scatter's backward gives ``src`` a
+    gradient of the index's shape, which autograd refuses ("returned an invalid gradient"), eager only if a backward
+    reaches it; the joint trace differentiates ``a``'s new value and failed the compile. It runs eagerly now (as
+    for the version check). Found by the gradient fuzzer (s1035 #1689)."""
+    def f(a, b):
+        a.copy_(torch.scatter(a, 0, torch.tensor([[0, 0]]), a))
+        return (b * 2,)
+
+    res = []
+    for fn in (f, coil.compile(f, backend=backend)):
+        leaf, b = torch.tensor([[1.0, 2.0, 3.0]], requires_grad=True), torch.tensor(-1.0, requires_grad=True)
+        a = leaf.clone()
+        fn(a, b)[0].backward()
+        res.append((a.detach(), b.grad))
+    torch.testing.assert_close(res[1], res[0], rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_write_through_as_strided_of_a_non_contiguous_input_that_requires_grad(backend):
     """``c.as_strided((1, 1), (0, 2), 7).div_(2)`` of a transposed non-leaf ``c`` that requires grad: replaying

@@ -181,3 +181,5 @@ def test_zero_times_a_symbolic_float_keeps_the_product_sign():
         c = coil.compile(f, dynamic=True)
         for p in (-3.0, 2.0, -1.5, 0.0, -0.0):
             assert torch.equal(c(x, p).signbit(), f(x, p).signbit()), p
+        for p in (math.inf, -math.inf, math.nan):  # 0 * inf is NaN: the symbol's guard sends these to a constant
+            assert c(x, p).isnan().all(), p

@@ -121,11 +121,8 @@ def test_residual_stream_is_realized_not_recomputed():
     assert max(l.count(",") + 1 for l in calls) <= 7, "\n".join(calls)
 
 
-@pytest.mark.parametrize("dynamic", [False, True])
-def test_transposed_view_for_an_extern_reads_the_one_buffer(dynamic, monkeypatch):
-    """A linear layer's backward: ``g`` (pointwise, not yet realized) is read by ``mm(g, W)`` and, transposed, by
-    ``mm(g.t(), x)``. Both read one buffer of ``g``; before, the transposed view was materialized as a second buffer,
-    and the kernel stored every element of ``g`` twice (NeoX's training step did so for each linear layer)."""
+def _wrapper_sources(monkeypatch) -> list:
+    """The generated source of every graph ``coil.compile`` compiles from now on, in order."""
     import coil.codegen
 
     sources = []
@@ -136,6 +133,15 @@ def test_transposed_view_for_an_extern_reads_the_one_buffer(dynamic, monkeypatch
         sources.append(c.source)
         return c
     monkeypatch.setattr(coil.codegen, "compile_aten_graph", spy)
+    return sources
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_transposed_view_for_an_extern_reads_the_one_buffer(dynamic, monkeypatch):
+    """A linear layer's backward: ``g`` (pointwise, not yet realized) is read by ``mm(g, W)`` and, transposed, by
+    ``mm(g.t(), x)``. Both read one buffer of ``g``; before, the transposed view was materialized as a second buffer,
+    and the kernel stored every element of ``g`` twice (NeoX's training step did so for each linear layer)."""
+    sources = _wrapper_sources(monkeypatch)
 
     def f(a, b, w, x):
         g = a * torch.sigmoid(b)
@@ -153,16 +159,7 @@ def test_large_body_transposed_into_a_copy_is_written_once(monkeypatch):
     """A value whose body is too large to inline (over ``MAX_BODY_OPS``: NeoX's rotary backward ``cat`` of the q/k/v
     gradients) whose only use is ``transpose(1, 2).contiguous()``: the copy takes the body and is the one buffer.
     Before, the value was realized in its own layout and copied by a transposing kernel (a tiled transpose on a GPU)."""
-    import coil.codegen
-
-    sources = []
-    orig = coil.codegen.compile_aten_graph
-
-    def spy(gm, example_inputs, device):
-        c = orig(gm, example_inputs, device)
-        sources.append(c.source)
-        return c
-    monkeypatch.setattr(coil.codegen, "compile_aten_graph", spy)
+    sources = _wrapper_sources(monkeypatch)
 
     def f(x, w):
         parts = []

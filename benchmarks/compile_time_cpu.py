@@ -35,6 +35,11 @@ kernels without running them in the interpreter (compile time only; the values a
 counts the compilations a GPU would make:
 
     OMP_NUM_THREADS=1 python benchmarks/compile_time_cpu.py --broad b_densenet121 --backend triton --no-run
+
+``--autocast`` runs the step under bf16 autocast, as the GPU suite's AMP training rows do; the summary's
+elements per graph (the buffers each wrapper allocates) then compare what the generated kernels write:
+
+    OMP_NUM_THREADS=1 python benchmarks/compile_time_cpu.py --broad b_gpt_neox --backend triton --no-run --autocast
 """
 from __future__ import annotations
 
@@ -43,6 +48,7 @@ import cProfile
 import collections
 import io
 import json
+import math
 import os
 import pstats
 import sys
@@ -176,9 +182,10 @@ def _gpu_configs(launchers: list) -> str:
 
 
 def _kernel_counts(log) -> str:
-    """Per compiled graph: kernels generated and distinct kernel sources (name taken out)."""
+    """Per compiled graph: kernels generated and distinct kernel sources (name taken out), and the elements of the
+    buffers its wrapper allocates (static shapes; what the generated kernels write)."""
     import re
-    rows, every = [], set()
+    rows, every, elems = [], set(), []
     for c in log.compiles:
         graphs, cur = [], None
         for a in c.artifacts:
@@ -192,10 +199,14 @@ def _kernel_counts(log) -> str:
                 cur.append(re.sub(rf"\b{re.escape(name[len('kernel '):])}\b", "KERNEL", body))
             elif name == "wrapper":
                 cur = None
+                # the elements of the buffers the wrapper allocates (what generated kernels write)
+                sizes = re.findall(r"empty_strided\(\(([^)]*)\)", a.get("text") or "")
+                elems.append(sum(math.prod(int(d) for d in s.split(",") if d.strip()) for s in sizes))
         for g in graphs:
             rows.append(f"{len(g)}/{len(set(g))}")
             every.update(g)
-    return f"kernels per graph (generated/distinct): {' '.join(rows)}; distinct over all: {len(every)}"
+    return (f"kernels per graph (generated/distinct): {' '.join(rows)}; distinct over all: {len(every)}\n"
+            f"elements of the buffers allocated per graph: {' '.join(str(e) for e in elems)}")
 
 
 def main() -> int:

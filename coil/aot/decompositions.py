@@ -15,6 +15,7 @@ from typing import Callable, Optional, Sequence
 
 import torch
 import torch._decomp as _decomp
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 import coil.capture.meta_checks  # noqa: F401  (eager's layout in some ops' decompositions, before a table is built)
 
@@ -109,8 +110,6 @@ def _mean(x, dims: list, n):
     """``sum(x - p) / n + p`` with ``p`` the first element along ``dims``: exact for a row of equal values, as
     eager's Welford mean is (``sum(x) / n`` of six 1e30 is an ulp off, which a layer_norm then scales to ±1
     instead of 0). Plain ``sum(x) / n`` where a reduced dim may be empty."""
-    from torch.fx.experimental.symbolic_shapes import statically_known_true
-
     p = x
     for d in dims:
         if not statically_known_true(x.shape[d] > 0):
@@ -228,7 +227,6 @@ def native_layer_norm(x, normalized_shape, weight, bias, eps):
         mean = aten._to_copy.default(mean, dtype=stat_dtype)
         rstd = aten._to_copy.default(rstd, dtype=stat_dtype)
     return out, mean, rstd
-
 
 
 def _in_input_format(out, x):

@@ -18,6 +18,8 @@ from typing import Any, Callable, Sequence
 import sympy
 import torch
 import torch.utils._pytree as pytree
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+from torch.utils._sympy.printers import PythonPrinter
 
 from coil import trace
 from coil.aot.functional import JointInfo, ProgramInfo
@@ -66,9 +68,6 @@ def symbolic_evaluator(items: Any, fake_inputs: Sequence, value_shapes: Sequence
     known only once the graph has run). The function is generated Python (torch's ``PythonPrinter``), so a call costs
     a few integer operations; its source is the ``aot_symbolic_layouts`` artifact. Raises :class:`coil.exc.CoilError`
     for a symbol found in neither."""
-    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
-    from torch.utils._sympy.printers import PythonPrinter
-
     needed: set = set().union(*(_expr(leaf).free_symbols for leaf in pytree.tree_leaves(items)
                                 if isinstance(leaf, (torch.SymInt, torch.SymFloat, torch.SymBool))))
     where: dict = {}

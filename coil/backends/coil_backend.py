@@ -15,6 +15,9 @@ import torch
 
 from coil import trace
 from coil.backends.registry import register_backend
+from coil.aot import aot_compile
+from coil.codegen import compile_aten_graph
+from coil.config import config
 
 
 def _graph_device(example_inputs: list) -> torch.device:
@@ -26,8 +29,6 @@ def kernel_compiler(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
     """Compile one functional ATen graph to generated kernels, falling back to the
     FX interpreter (logged, with a warning) if code generation raises; with
     ``config.strict_codegen`` the failure raises ``coil.exc.StrictCodegenError``."""
-    from coil.codegen import compile_aten_graph
-
     try:
         return compile_aten_graph(gm, example_inputs, _graph_device(example_inputs))
     except Exception as e:  # an internal failure: stay correct, say so
@@ -45,9 +46,6 @@ def kernel_compiler(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
 @register_backend("coil")
 def coil(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
     """The whole pipeline's backend (see module docstring)."""
-    from coil.aot import aot_compile
-    from coil.config import config
-
     if _graph_device(example_inputs).type == "cuda" and config.autotune:
         from coil.runtime import compile_pool
         compile_pool.prestart("a CUDA graph is compiling: Triton kernels follow")

@@ -25,6 +25,7 @@ import torch
 
 from coil.capture.frame import (CaptureConfig, break_log, capture_callable, disable,  # noqa: F401
                                 reset, reset_stats, stats, wrap_function, wrap_module)
+from coil.capture import frame as _frame
 
 
 def wrap_callable(fn_or_module, *, backend: Callable, fullgraph: bool = False, dynamic=None,
@@ -99,8 +100,6 @@ class ExplainOutput:
 def explain(fn, *args, **kwargs) -> ExplainOutput:
     """Capture ``fn(*args, **kwargs)`` with a recording eager backend and report the
     graphs, graph breaks (reason and user stack) and guards."""
-    from coil.capture import frame as _frame
-
     graphs, guards, entries = [], [], []
 
     def backend(gm, example_inputs):

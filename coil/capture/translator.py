@@ -24,8 +24,9 @@ import types
 from typing import Any, Optional
 
 import torch
+from torch.nn.modules import module as _mm
 
-from coil.exc import Unsupported
+from coil.exc import SourceLocation, Unsupported
 from coil.capture.source import BuiltinSource, ConstSource, GlobalSource
 from coil.capture.variables.base import CellVariable, ConstantVariable, SourcedCellVariable, VariableTracker
 from coil.capture.variables.builder import wrap, wrap_constant_result
@@ -42,6 +43,8 @@ from coil.capture.variables.tensor import TensorVariable, UserCodeError, call_op
 from coil.capture.variables.symbolic import SymNodeVariable
 from coil.capture.variables.symbolic import binary as sym_binary, unary as sym_unary
 from coil.capture.exceptions import ExceptionVariable, exception_table, exception_tracker
+from coil.capture.variables.objects import lookup_attr
+from coil.capture.variables.torchfn import CONTEXT_CLASSES, make_context
 
 CO_GENERATOR = 0x20
 CO_COROUTINE = 0x80
@@ -256,8 +259,6 @@ class InstructionTranslatorBase:
             node.meta["stack_trace"] = trace
 
     def location(self):
-        from coil.exc import SourceLocation
-
         inst = self.current
         line = inst.positions.lineno if inst is not None and inst.positions else self.code.co_firstlineno
         return SourceLocation.of(self.code.co_filename, line or self.code.co_firstlineno)
@@ -608,8 +609,6 @@ class InstructionTranslatorBase:
         cls = type(m)
         if cls.__call__ is not torch.nn.Module.__call__:
             return self.call(UserMethodVariable(cls.__call__, mod_vt), args, kwargs)
-        from torch.nn.modules import module as _mm
-
         gs = self.output.guards
         # hooks registered later must be seen: the hook dicts are guarded (a new hook
         # recompiles, the recompile event naming the dict)
@@ -674,8 +673,6 @@ class InstructionTranslatorBase:
         return out
 
     def construct_object(self, cls_vt: UserDefinedClassVariable, args: list, kwargs: dict):
-        from coil.capture.variables.torchfn import CONTEXT_CLASSES, make_context
-
         cls = cls_vt.value
         if cls in CONTEXT_CLASSES:
             return make_context(self, cls, args, kwargs)
@@ -839,8 +836,6 @@ class _ObjectGetattribute(_SuperSlot):
     its own ``__getattribute__`` reading past it: transformers' configs)."""
 
     def call_function(self, tx, args, kwargs):
-        from coil.capture.variables.objects import lookup_attr
-
         return lookup_attr(tx, self.obj, args[0].as_python_constant(), generic=True)
 
 

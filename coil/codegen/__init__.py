@@ -27,6 +27,9 @@ from coil.codegen.common import KernelPlan
 from coil.config import config
 from coil.exc import CoilError, KernelCompileError
 from coil.ir.symbols import shape_env_scope
+from coil.codegen.wrapper import WrapperCodegen
+from coil.ir.graph import GraphLowering
+from coil.schedule.scheduler import FusedGroup, Scheduler
 
 __all__ = ["compile_aten_graph", "CompiledGraph"]
 
@@ -136,7 +139,6 @@ def atomic_add_dtype(device: torch.device, dtype: torch.dtype) -> torch.dtype:
 
 def _tiling(group, backend):
     """(Y, X) when ``group`` runs as a 2-D tiled pointwise kernel (Triton only), else None."""
-    from coil.schedule.scheduler import FusedGroup
     if backend.name != "triton" or not isinstance(group, FusedGroup):
         return None
     from coil.codegen.tiling import tile_pointwise
@@ -191,10 +193,6 @@ def _unbacked_shape_env(gm):
 
 
 def _compile(gm, example_inputs, device, env) -> "CompiledGraph":
-    from coil.ir.graph import GraphLowering
-    from coil.schedule.scheduler import FusedGroup, Scheduler
-    from coil.codegen.wrapper import WrapperCodegen
-
     with trace.stage("codegen_graph"):
         graph = GraphLowering(gm, example_inputs, device).lower()
         sched = Scheduler(graph)

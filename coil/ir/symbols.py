@@ -15,6 +15,10 @@ import threading
 from typing import Iterable, Sequence
 
 import sympy
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+from torch.utils._sympy import functions as tf
+from torch.utils._sympy.symbol import SymT, symbol_is_type
+from torch.utils._sympy.value_ranges import ValueRanges, bound_sympy
 
 XINDEX = sympy.Symbol("xindex", integer=True, nonnegative=True)
 RINDEX = sympy.Symbol("rindex", integer=True, nonnegative=True)
@@ -92,7 +96,6 @@ def _provably_nonneg(e: sympy.Expr) -> bool:
         return True
     if (env := current_shape_env()) is None:
         return False
-    from torch.utils._sympy.value_ranges import bound_sympy
     try:
         return bool(bound_sympy(e, dict(env.var_to_range)).lower >= 0)
     except Exception:  # noqa: BLE001 - an expression the ranges cannot bound
@@ -132,8 +135,6 @@ def is_size_symbol(s) -> bool:
     """Whether sympy symbol ``s`` is a ShapeEnv size the wrapper binds and kernels take as an argument: a
     backed size (``s0``: positive) or an unbacked one (``u0``: from ``mark_unbacked`` or a data-dependent op;
     may be 0, so not positive). Index variables (``x0``, ``r0``) are neither."""
-    from torch.utils._sympy.symbol import SymT, symbol_is_type
-
     # an int argument made symbolic (``s5`` for ``n`` in ``x * n``) is a backed SIZE-typed
     # symbol without the positive assumption; kernels read it as an argument too
     return bool(s.is_positive) or s in PRECOMPUTED or symbol_is_type(s, (SymT.UNBACKED_INT, SymT.SIZE)) \
@@ -199,8 +200,6 @@ def broadcasts(src, dst) -> bool:
         return True
     if is_static(src):
         return False
-    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
-
     src = sympy.sympify(src)
     if _SCOPE.env is None or free_unbacked_symbols(src):
         return False
@@ -212,7 +211,6 @@ def _to_torch_sympy(e):
     expressions handed to the ShapeEnv."""
     if e.is_Atom or not e.has(FloorDiv, Mod):
         return e
-    from torch.utils._sympy import functions as tf
     args = [_to_torch_sympy(a) for a in e.args]
     if isinstance(e, FloorDiv):
         return tf.FloorDiv(*args)
@@ -573,8 +571,6 @@ def _sign(a: sympy.Expr) -> int:
     """1: ``a >= 0``, -1: ``a <= 0``, 0: unknown (sympy's assumptions, then the ShapeEnv's ranges)."""
     if a.is_nonnegative or a.is_nonpositive:
         return 1 if a.is_nonnegative else -1
-    from torch.utils._sympy import functions as tf
-    from torch.utils._sympy.value_ranges import ValueRanges, bound_sympy
     env = current_shape_env()
     a = a.replace(lambda t: isinstance(t, FloorDiv), lambda t: tf.FloorDiv(*t.args)).replace(
         lambda t: isinstance(t, Mod), lambda t: tf.PythonMod(*t.args))

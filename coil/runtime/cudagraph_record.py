@@ -17,6 +17,10 @@ from __future__ import annotations
 from typing import Any, Callable, Optional
 
 import torch
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+from coil import trace
+from coil.config import config
 
 #: ATen ops whose result the host must read (a device sync) or whose output size
 #: depends on the data; a graph holding one is not recorded.
@@ -65,8 +69,6 @@ def ungraphable_node(node: torch.fx.Node) -> Optional[str]:
     replay)."""
     if node.op != "call_function":
         return None
-    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
-
     name = _op_name(node.target)
     if name in SYNC_OPS:
         return f"op {name} syncs with the host or has a data-dependent shape ({node.name})"
@@ -142,9 +144,6 @@ class CudaRecorder:
         capture (``config.cudagraph_release_cache``): the un-graphed warm-up call and the
         dry run ran there and left the graph's working set cached, which its replays,
         running in the tree's pool, never use (it held as much memory again as the pool)."""
-        from coil import trace
-        from coil.config import config
-
         if not config.cudagraph_release_cache:
             return
         before = torch.cuda.memory_reserved(self.device)

@@ -17,6 +17,9 @@ import torch
 
 from coil import trace
 from coil.runtime.cudagraph_record import ungraphable_node
+from coil.aot.regions import graph_piece
+from coil.config import config
+from coil.runtime.cudagraph_trees import cudagraphify
 
 __all__ = ["partitioning", "split_levels", "PartitionedGraph"]
 
@@ -25,8 +28,6 @@ def partitioning(compiler: Callable) -> Callable:
     """``compiler(gm, example_inputs)``, except that a graph holding un-graphable ops is
     compiled as pieces (module docstring) when ``config.cudagraphs`` is on."""
     def compile_graph(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
-        from coil.config import config
-
         if config.cudagraphs:
             levels, reasons = split_levels(gm)
             if reasons and any(lv % 2 == 0 and not _is_view(n) for n, lv in levels.items()):
@@ -69,9 +70,6 @@ class PartitionedGraph:
     output_strides = None
 
     def __init__(self, gm: torch.fx.GraphModule, levels: dict, reasons: dict, compiler: Callable):
-        from coil.aot.regions import graph_piece
-        from coil.runtime.cudagraph_trees import cudagraphify
-
         kind = gm.meta.get("coil_aot_graph", "inference")
         saved = gm.meta.get("coil_saved_outputs")
         nodes = list(gm.graph.nodes)

@@ -24,6 +24,7 @@ import torch
 from coil import trace
 from coil.runtime.cudagraph_record import (STALE_MESSAGE, CudaRecorder, OutputPlan, SkipGraph,
                                            _tensor_over, ungraphable_reason)
+from coil.config import config
 
 __all__ = ["cudagraphify", "mark_step_begin", "reset", "GraphFunction", "Tree", "Node"]
 
@@ -266,8 +267,6 @@ class Tree:
         memory to the backward's later allocations (torch.compile's trees reuse saved activations in the backward
         alike). Returns ``{forward node: its slots lent}``. Not done when ``config.cudagraph_reuse_saved`` is off or the
         backward keeps its graph (``retain_graph``: the saved values are read again)."""
-        from coil.config import config
-
         if not config.cudagraph_reuse_saved or _keep_graph():
             return {}
         lent: dict = {}
@@ -453,8 +452,6 @@ def cuda_available() -> bool:
 def cudagraphify(fn: Callable, kind: str, saved: Optional[tuple] = None) -> Callable:
     """``fn`` (one compiled graph) replayed from CUDA graphs when ``config.cudagraphs``
     is on, else ``fn`` itself. Called by the AOT runtime for each graph it runs."""
-    from coil.config import config
-
     if not config.cudagraphs or getattr(fn, "cudagraph_partitioned", False):
         return fn  # (a PartitionedGraph's pieces are wrapped already)
     gf = GraphFunction(fn, kind, saved, limit=config.cudagraph_record_limit)

@@ -11,6 +11,9 @@ import os
 import types
 
 import numpy as np
+import torch
+
+from coil.exc import KernelIndexError
 
 
 def interpreting() -> bool:
@@ -86,7 +89,6 @@ def _patch_interpreter_device_assert() -> None:
     process's heap), as ``coil.exc.KernelIndexError``, what C++ kernels raise (not inside Triton's
     ``InterpreterError``). Other asserts (Triton's own overflow checks) keep Triton's behaviour."""
     from triton.runtime import interpreter as interp
-    from coil.exc import KernelIndexError
 
     orig, run = interp.interpreter_semantic.device_assert, interp.GridExecutor.__call__
 
@@ -130,7 +132,6 @@ def _patch_interpreter_compare_dtype(builder) -> None:
 
 def _make_shim():
     _patch_interpreter_bf16_rounding()
-    import torch
     import triton.language as tl
     from triton.runtime.interpreter import TensorHandle
 

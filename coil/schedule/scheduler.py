@@ -7,6 +7,7 @@ horizontal fusion included; every decision is logged (event ``fusion``).
 """
 from __future__ import annotations
 
+import bisect
 import dataclasses
 from collections import defaultdict
 from typing import Optional
@@ -323,7 +324,6 @@ class Scheduler:
         not depend on ``g`` move before it, in their order; nothing else moves. This is the order that sorting all
         groups again gives (Kahn's algorithm, smallest order first), found without visiting them all; orders stay
         increasing, not contiguous."""
-        import bisect
         groups, byid, order = self.groups, self._byid, (lambda x: x.order)
         del groups[bisect.bisect_left(groups, hi, key=order)]
         i = bisect.bisect_left(groups, lo, key=order)

@@ -26,6 +26,8 @@ from typing import Any, Callable, Optional
 import torch
 import torch.utils._pytree as pytree
 
+import coil
+
 __all__ = ["assert_same_as_eager", "CompileCounter", "TOLERANCES", "LOW_PRECISION_MARGIN"]
 
 #: (atol, rtol) per dtype for compiled vs eager. Looser than torch.testing's
@@ -248,8 +250,6 @@ def assert_same_as_eager(fn: Callable, args: Any, *, backend: Any = "coil",
         AssertionError: listing every mismatch found (outputs, mutated inputs,
         gradients), each with its pytree path.
     """
-    import coil
-
     if not isinstance(args, tuple):
         args = (args,)
     kwargs = dict(kwargs or {})

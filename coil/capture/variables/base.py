@@ -9,7 +9,10 @@ trackers, and objects we know nothing about raise :class:`coil.exc.Unsupported` 
 """
 from __future__ import annotations
 
+import enum
+import inspect
 import itertools
+import types as _types
 from typing import Any, Optional
 
 import torch
@@ -95,8 +98,6 @@ CONSTANT_TYPES = (type(None), bool, int, float, complex, str, bytes, torch.dtype
 
 
 def is_literal(value: Any) -> bool:
-    import enum
-
     if isinstance(value, (tuple, frozenset)) and type(value) in (tuple, frozenset):
         return all(is_literal(v) for v in value)
     if isinstance(value, enum.Enum):
@@ -137,9 +138,6 @@ class ConstantVariable(VariableTracker):
         # (a non-constant argument, e.g. int * tensor, raises: the other side decides)
         cargs = [const_value(a) for a in args]
         ckw = {k: const_value(v) for k, v in kwargs.items()}
-        import inspect
-        import types as _types
-
         if name == "__len__":
             return wrap_constant_result(tx, len(self.value))
         if name == "__getitem__":
@@ -154,8 +152,6 @@ class ConstantVariable(VariableTracker):
         raise Unsupported(f"method {name} of {type(self.value).__name__} constant")
 
     def unpack(self, tx):
-        import types as _types
-
         if isinstance(self.value, (str, tuple, range, torch.Size, frozenset, bytes, _types.MappingProxyType)):
             from coil.capture.variables.builder import wrap_constant_result
 

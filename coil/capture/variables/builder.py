@@ -17,6 +17,7 @@ import collections
 import dataclasses
 import enum
 import functools
+import inspect
 import math
 import os
 import types
@@ -34,14 +35,12 @@ from coil.capture.variables.containers import (DictVariable, ListVariable, Named
 from coil.capture.variables.functions import PartialVariable, UserFunctionVariable, UserMethodVariable
 from coil.capture.variables.objects import (DataClassDictVariable, NNModuleVariable, PythonModuleVariable,
                                             UserDefinedClassVariable, UserDefinedObjectVariable, is_model_output_class)
-from coil.capture.variables.torchfn import TorchFunctionVariable, is_torch_function
+from coil.capture.variables.torchfn import CONTEXT_CLASSES, TorchFunctionVariable, is_torch_function
 from coil.capture.variables.hops import HigherOrderVariable, hop_handler
 
 
 def wrap_constant_result(tx, value: Any) -> VariableTracker:
     """Wrap a value computed at compile time (no source, no guard)."""
-    import inspect
-
     if is_literal(value) or isinstance(value, (inspect.Signature, inspect.Parameter, types.MappingProxyType,
                                                types.CodeType, __import__("dataclasses").Field)):
         return ConstantVariable(value)
@@ -113,7 +112,6 @@ def wrap(tx, value: Any, source, guard: bool = True) -> VariableTracker:
 
 def _build(tx, value, source, gs) -> VariableTracker:
     from coil.capture.variables import builtins as bi
-    from coil.capture.variables.torchfn import CONTEXT_CLASSES
 
     expr = source.expr() if source is not None else None
 

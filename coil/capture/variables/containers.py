@@ -8,14 +8,14 @@ side effect; the entry function then writes the final contents back into the rea
 from __future__ import annotations
 
 import collections
-import types
 import operator
+import types
 from typing import Any
 
 import torch
 
 from coil.exc import Unsupported
-from coil.capture.source import IterRestSource
+from coil.capture.source import GetItemSource, IterRestSource, iter_rest
 from coil.capture.variables.base import ConstantVariable, VariableTracker
 
 
@@ -620,7 +620,6 @@ class ResumedIteratorVariable(ListIteratorVariable):
         self._tx = None
 
     def _take(self, tx, i: int):
-        from coil.capture.source import GetItemSource, iter_rest
         from coil.capture.variables.builder import wrap
 
         rest = iter_rest(self.value)
@@ -661,8 +660,6 @@ RESUMED_ITERATORS = (type(iter(())), type(iter(range(0))))
 def resumed_iterator(tx, value, source):
     """The tracker for iterator ``value`` on a resume function's stack (``source``), or
     None: tuple and range iterators, and ``enumerate`` / ``zip`` over them."""
-    from coil.capture.source import IterRestSource
-
     t = type(value)
     if t not in RESUMED_ITERATORS + (enumerate, zip):
         return None

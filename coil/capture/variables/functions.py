@@ -4,6 +4,7 @@ call breaks at the call in the root frame, whose callee is then captured on its 
 """
 from __future__ import annotations
 
+import functools
 import types
 
 from coil.exc import Unsupported
@@ -270,8 +271,6 @@ class PartialVariable(VariableTracker):
         self.kwargs = dict(kwargs)
 
     def python_type(self):
-        import functools
-
         return functools.partial
 
     def call_function(self, tx, args, kwargs):

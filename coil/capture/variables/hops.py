@@ -16,12 +16,14 @@ from typing import Optional
 import torch
 import torch.fx
 from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils.checkpoint import CheckpointPolicy
 
 from coil import trace
 from coil.exc import SourceLocation, Unsupported, UserError
 from coil.capture.variables.base import CellVariable, ConstantVariable, VariableTracker
 from coil.capture.variables.containers import ListVariable, TupleVariable
-from coil.capture.variables.tensor import TensorVariable, _is_inplace
+from coil.capture.variables.tensor import TensorVariable, _is_inplace, call_op
+from coil.capture.variables.symbolic import SymNodeVariable
 
 _region_ids = itertools.count()
 
@@ -340,8 +342,6 @@ def call_cond(tx, args: list, kwargs: dict) -> VariableTracker:
         raise UserError("torch.cond(pred, true_fn, false_fn, operands): missing arguments", location=tx.location())
     pred, true_fn, false_fn = bound["pred"], bound["true_fn"], bound["false_fn"]
     operands = _operands(tx, bound["operands"])
-    from coil.capture.variables.symbolic import SymNodeVariable
-
     if isinstance(pred, SymNodeVariable):
         pred = ConstantVariable(bool(pred.evaluate("torch.cond predicate")))
     if not isinstance(pred, TensorVariable):
@@ -482,8 +482,6 @@ def call_map(tx, args: list, kwargs: dict) -> VariableTracker:
         raise Unsupported("torch map over a non-tensor xs or with non-tensor args")
     if xs.fake.dim() == 0 or xs.fake.shape[0] == 0:
         raise UserError("map: xs needs a non-empty leading dimension", location=tx.location())
-    from coil.capture.variables.tensor import call_op
-
     location = tx.location()
     piece = call_op(tx, "call_function", __import__("operator").getitem, [xs, ConstantVariable(0)], {})
     body = trace_subgraph(tx, f, [piece] + rest, "torch map f")
@@ -527,8 +525,6 @@ def call_scan(tx, args: list, kwargs: dict) -> VariableTracker:
     front and flips for ``reverse`` around ``torch.ops.higher_order.scan`` as torch's scan does. The carry it
     returns must keep ``init``'s metadata (a :class:`UserError` names the first that changes). Gradients are
     torch's scan autograd rule (a backward scan)."""
-    from coil.capture.variables.tensor import call_op
-
     bound = dict(zip(["combine_fn", "init", "xs"], args), **kwargs)
     if {"combine_fn", "init", "xs"} - set(bound):
         raise Unsupported("torch scan called without combine_fn, init or xs")
@@ -603,8 +599,6 @@ class _CarryAndOutput(VariableTracker):
         self.closure = getattr(fn, "closure", None)
 
     def call_function(self, tx, args, kwargs):
-        from coil.capture.variables.tensor import call_op
-
         out = tx.call(self.fn, list(args), dict(kwargs))
         ts, struct = _tensor_tree(out, "associative_scan combine_fn")
         return TupleVariable([out, _unflatten([call_op(tx, "call_function", torch.clone, [t], {}) for t in ts], struct)])
@@ -616,8 +610,6 @@ def call_associative_scan(tx, args: list, kwargs: dict) -> VariableTracker:
     it), started at a contiguous copy of the first element, which is put back in front of the outputs. The same
     values as torch's log-depth scan up to rounding (``combine_fn`` is associative). What eager refuses (pointwise
     mode off CUDA, a bad ``dim``) or a combine_fn that changes an element's metadata is left to eager."""
-    from coil.capture.variables.tensor import call_op
-
     bound = dict(zip(["combine_fn", "xs", "dim", "reverse", "combine_mode"], args), **kwargs)
     if {"combine_fn", "xs", "dim"} - set(bound) or set(bound) - {"combine_fn", "xs", "dim", "reverse", "combine_mode"}:
         raise Unsupported("associative_scan called without combine_fn, xs or dim, or with other arguments")
@@ -681,8 +673,6 @@ def call_checkpoint(tx, args: list, kwargs: dict) -> VariableTracker:
     res = tx.call(args[0], list(args[1:]), kwargs)
     region = next(_region_ids)
     tagged = 0
-    from torch.utils.checkpoint import CheckpointPolicy
-
     for n in out.graph.nodes:
         if n not in before and n.op == "call_function" and "recompute" not in n.meta:
             n.meta["recompute"] = CheckpointPolicy.PREFER_RECOMPUTE

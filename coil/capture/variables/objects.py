@@ -23,7 +23,8 @@ from coil.exc import Unsupported
 from coil.capture.source import AttrSource, ModuleDictSource
 from coil.capture.variables.base import ConstantVariable, RealValueVariable, VariableTracker
 from coil.capture.variables.containers import DictVariable, ListIteratorVariable, TupleVariable
-from coil.capture.variables.functions import (UserFunctionVariable, UserMethodVariable)
+from coil.capture.variables.functions import BoundMethodVariable, UserFunctionVariable, UserMethodVariable
+from coil.capture.variables.tensor import TensorVariable, call_op, to_fake
 
 
 class AttributeMissing(Exception):
@@ -256,8 +257,6 @@ class UserDefinedObjectVariable(ObjectVariableBase):
         return super().var_getattr(tx, name)
 
     def call_method(self, tx, name, args, kwargs):
-        from coil.capture.variables.functions import BoundMethodVariable
-
         if isinstance(self.value, dict) and name in _DICT_READS:
             if (found := _dict_lookup(tx, self, name, args, kwargs)) is not None:
                 return found
@@ -499,8 +498,6 @@ class AutogradFunctionApplyVariable(VariableTracker):
         return f"{cg.reconstruct(self.cls_vt)}.apply"      # called from the entry at a break
 
     def call_function(self, tx, args, kwargs):
-        from coil.capture.variables.tensor import TensorVariable, call_op, to_fake
-
         cls = self.cls_vt.value
         name = cls.__name__
         if kwargs or not all(isinstance(a, (TensorVariable, ConstantVariable)) for a in args):

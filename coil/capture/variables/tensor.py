@@ -19,6 +19,7 @@ import types
 import torch
 import torch.utils._pytree as pytree
 from torch._subclasses.fake_tensor import (DataDependentOutputException, DynamicOutputShapeException, FakeTensor)
+from torch._dispatch.python import enable_python_dispatcher
 
 from coil.exc import Unsupported
 from coil.capture.meta_checks import cast_to_eager_dtype, check_call
@@ -27,6 +28,7 @@ from coil.capture.variables.base import ConstantVariable, VariableTracker
 from coil.capture.variables.containers import (DictVariable, ListVariable, NamedTupleVariable, SliceVariable,
                                                TupleVariable)
 from coil.capture.variables.symbolic import SymNodeVariable, tensor_meta, wrap_sym
+from coil.capture.variables.functions import BoundMethodVariable
 
 
 class UserCodeError(Unsupported):
@@ -244,8 +246,6 @@ def _symbolic_dispatch(out):
     concrete ints (``F.pad``'s ``constant_pad_nd``) take their Python decompositions, which accept SymInts."""
     if not out.shape_env.var_to_range:
         return contextlib.nullcontext()
-    from torch._dispatch.python import enable_python_dispatcher
-
     return enable_python_dispatcher()
 
 
@@ -470,8 +470,6 @@ class TensorVariable(VariableTracker):
         return [call_op(tx, "call_function", operator.getitem, [self, ConstantVariable(i)], {}) for i in range(n)]
 
     def var_getattr(self, tx, name):
-        from coil.capture.variables.functions import BoundMethodVariable
-
         if name == "is_leaf" and self.fake.requires_grad and self.source is not None:
             for src, value, node in tx.output.inputs:   # an input's fake is a leaf; eager's may not be
                 if node is self.node:

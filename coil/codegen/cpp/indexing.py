@@ -17,7 +17,7 @@ from typing import Iterable
 
 import sympy
 
-from coil.ir.symbols import FloorDiv, Mod, TruncDiv, TruncMod, floor_safe, simplify_index
+from coil.ir.symbols import FloorDiv, Mod, TruncDiv, TruncMod, floor_safe, hint, simplify_index
 
 
 def canonicalize(e: sympy.Expr, bounds: dict) -> sympy.Expr:
@@ -181,7 +181,6 @@ def _symbolic_split(exprs, symbol, numel, prefix: str) -> Split:
     """The loop split of a symbolic extent: nested loops at the (symbolic) divisors the indices use when they
     form a divisibility chain dividing ``numel`` (``x % s1`` and ``x // s1`` become a loop over ``s1`` inside
     one over ``s0``: no run-time division or modulo per element), else one flat loop."""
-    from coil.ir.symbols import hint
     flat = Split(symbol, numel, [1], prefix)
     points: list = []
     if not all(_collect(e, symbol, points, _size_divisor) for e in exprs):

@@ -18,13 +18,15 @@ from typing import Optional
 
 import sympy
 import torch
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
 from coil.config import config
 from coil.ir.nodes import current_origin, describe_origin
-from coil.ir.symbols import PRECOMPUTED, RINDEX, XINDEX, floor_safe, guard_true, hint, is_static, simplify_index, sym
 from coil.ir.symbols import pyexpr as _pyexpr
 from coil.ir.virtualized import OpsHandler, compute_dtype
 from coil.schedule.indexing import axis_steps
+from coil.ir.symbols import (PRECOMPUTED, RINDEX, XINDEX, floor_safe, guard_true, hint, is_static, simplify_index, sym,
+                             upper_bound)
 
 TL_DTYPE = {torch.float32: "tl.float32", torch.float16: "tl.float16", torch.bfloat16: "tl.bfloat16",
             torch.float64: "tl.float64", torch.int64: "tl.int64", torch.int32: "tl.int32", torch.int16: "tl.int16",
@@ -84,7 +86,6 @@ def needs_int64(extents) -> bool:
     """Whether indices over ``extents`` (element counts: ints or size expressions) need int64. A symbolic extent whose
     example value is small is indexed in int32 under a ShapeEnv guard that it stays below 2^31 - 1 (a larger call
     recompiles); one whose example is large, or with a data-dependent size (no bound to guard), gets int64."""
-    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
     big = False
     for e in extents:
         if is_static(e):
@@ -101,7 +102,6 @@ def _fits_int32(e: sympy.Expr, bounds: dict) -> bool:
     """Whether every value of the index expression ``e`` (loop symbols below their static
     ``bounds``) is provably within int32; a symbolic bound counts as not (no guard: the
     bound of a padded or sliced size expression may not be one the ShapeEnv can take)."""
-    from coil.ir.symbols import upper_bound
     total = 0
     for t in (e.args if e.is_Add else (e,)):
         c, rest = t.as_coeff_Mul()

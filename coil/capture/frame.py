@@ -41,7 +41,7 @@ from coil.capture.translator import (_GLOBAL_HOOKS, _MODULE_HOOKS, SKIP_MODULES,
                                      RestartAnalysis, instructions_of)
 from coil.capture.variables.base import ConstantVariable, NullVariable
 from coil.capture.variables.builder import wrap
-from coil.capture.variables.tensor import UserCodeError, call_op
+from coil.capture.variables.tensor import IndexCopyAliasing, UserCodeError, call_op
 from coil.capture.dynamic import (DynamicPolicy, SymbolSource, changed_dims, check_marked, is_symbolic_value, readable,
                                   shape_guards)
 from coil.capture.guards import Hoister
@@ -618,8 +618,6 @@ def _build_entry(tx, output: OutputGraph, cfg: CaptureConfig, fn, code, argnames
             if _config.config.verbose:
                 print(f"coil: graph break in {_label(code)}: {info.reason}\n  " + "\n  ".join(info.stack))
         if output.index_copies:
-            from coil.capture.variables.tensor import IndexCopyAliasing
-
             raise IndexCopyAliasing("graph break after indexing with a 0-d integer tensor (a "
                                     "view in eager, a copy in the graph): the frame runs eagerly")
         if tx.exc_stack:

@@ -25,7 +25,7 @@ from coil import trace
 from coil.codegen.backend import GeneratedKernel, get_kernel_backend
 from coil.codegen.common import KernelPlan
 from coil.config import config
-from coil.exc import CoilError, KernelCompileError
+from coil.exc import CoilError, KernelCompileError, refuse_fallback
 from coil.ir.symbols import shape_env_scope
 from coil.codegen.wrapper import WrapperCodegen
 from coil.ir.graph import GraphLowering
@@ -81,7 +81,6 @@ class CompiledGraph:
                                 "False avoids it.") from e
             import warnings
             trace.log("kernel_compile_fallback", stage="runtime", error=str(e)[:4000])
-            from coil.exc import refuse_fallback
             refuse_fallback("kernel_compile_fallback", e)  # config.strict_codegen
             warnings.warn(f"coil: a generated kernel failed to compile ({str(e)[:500]}); "
                           "running this graph with ATen ops instead (slower, same results)")

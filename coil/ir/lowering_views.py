@@ -13,8 +13,8 @@ import sympy
 import torch
 
 from coil.config import config
-from coil.ir.lowering import (FallbackToExtern, _full, broadcast_loader, device, is_box, loader_as, out_dtype,
-                              out_size, register_lowering, require_scalars_fit)
+from coil.ir.lowering import (FallbackToExtern, _full, broadcast_loader, device, is_box, loader_as, make_pointwise_box,
+                              out_dtype, out_size, register_lowering, require_scalars_fit)
 from coil.ir.nodes import (GenericView, InputBuffer, Layout, Pointwise, ReinterpretView, ScatterBuffer, StorageBox,
                            TensorBox, current_graph)
 from coil.ir.symbols import (FloorDiv, Mod, as_expr, as_size, broadcasts, contiguous_strides, current_shape_env,
@@ -668,7 +668,6 @@ def _scatter_box(x, ranges, dest_fn, value_fn, mode, acc_dtype=None) -> TensorBo
         from coil.codegen import atomic_add_dtype
         acc = acc_dtype or atomic_add_dtype(x.get_device(), dt)
         if acc != dt:
-            from coil.ir.lowering import make_pointwise_box
             xs = list(x.get_size())
             wide = make_pointwise_box(lambda v: v, [x], xs, acc, acc)
             out = _scatter_box(wide, ranges, dest_fn, value_fn, mode, acc)
@@ -703,7 +702,6 @@ def _index_put(x, indices, values, accumulate=False):
     indices = list(indices) + [None] * (nd - len(indices))
     pos = [d for d, t in enumerate(indices) if t is not None]
     if not pos or any(indices[d].get_dtype() in (torch.bool, torch.uint8) for d in pos):
-        from coil.ir.lowering import FallbackToExtern
         raise FallbackToExtern()
     adjacent = pos == list(range(pos[0], pos[-1] + 1))
     bshape = _broadcast_sizes([list(indices[d].get_size()) for d in pos])

@@ -384,7 +384,6 @@ class ComputedBuffer(Buffer):
     def get_read_names(self) -> list[str]:
         """Names of buffers the body loads, in first-read order (cached)."""
         if self._reads is None:
-            from coil.ir.handlers import DependencyRecorder
             self._reads = DependencyRecorder.record(self).read_names()
         return self._reads
 

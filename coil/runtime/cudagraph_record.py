@@ -167,8 +167,6 @@ class CudaRecorder:
                 probe.add_(1)
             torch.cuda.synchronize()
         except Exception as e:  # noqa: BLE001 - best effort; the skip is logged anyway
-            from coil import trace
-
             trace.log("cudagraph_recover_failed", stage="runtime", error=str(e)[:300])
         finally:
             torch.cuda.set_stream(stream)

@@ -30,12 +30,14 @@ from coil.exc import Unsupported
 from coil.capture.guards import tensor_guard
 from coil.capture.source import AttrSource, GetItemSource, LocalSource
 from coil.capture.variables.base import ConstantVariable, VariableTracker, is_literal
-from coil.capture.variables.containers import (DictVariable, ListVariable, NamedTupleVariable,
-                                               SetVariable, TupleVariable, method_getattr)
-from coil.capture.variables.functions import PartialVariable, UserFunctionVariable, UserMethodVariable
+from coil.capture.variables.containers import (DictVariable, ListVariable, NamedTupleVariable, SetVariable,
+                                               TupleVariable, method_getattr, resumed_iterator)
+from coil.capture.variables.functions import (BoundMethodVariable, PartialVariable, UserFunctionVariable,
+                                              UserMethodVariable)
 from coil.capture.variables.objects import (DataClassDictVariable, NNModuleVariable, PythonModuleVariable,
                                             UserDefinedClassVariable, UserDefinedObjectVariable, is_model_output_class)
-from coil.capture.variables.torchfn import CONTEXT_CLASSES, TorchFunctionVariable, is_torch_function
+from coil.capture.variables.torchfn import (CONTEXT_CLASSES, ResumedGradModeVariable, TorchFunctionVariable,
+                                            is_torch_function)
 from coil.capture.variables.hops import HigherOrderVariable, hop_handler
 
 
@@ -196,8 +198,6 @@ def _build(tx, value, source, gs) -> VariableTracker:
     if value is os.environ:
         return EnvironVariable(source)
     if gs is not None and isinstance(source, LocalSource) and source.name.startswith("___stack"):
-        from coil.capture.variables.containers import resumed_iterator
-
         vt = resumed_iterator(tx, value, source)   # a loop a graph break interrupted
         if vt is not None:
             return vt
@@ -231,9 +231,6 @@ def _build(tx, value, source, gs) -> VariableTracker:
             type(value.__self__) in (torch.no_grad, torch.enable_grad, torch.set_grad_enabled) \
             and isinstance(getattr(value.__self__, "prev", None), bool):
         # the __exit__ of a grad-mode block a graph break resumed inside (torchfn.reenter_grad)
-        from coil.capture.variables.functions import BoundMethodVariable
-        from coil.capture.variables.torchfn import ResumedGradModeVariable
-
         obj = value.__self__
         if gs is not None:
             gs.add(f"type({expr}.__self__) is {gs.const(type(obj))} and "

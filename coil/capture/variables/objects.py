@@ -61,8 +61,6 @@ def wrap_class_attr(tx, obj_vt: VariableTracker, cls: type, name: str, source=No
     if isinstance(attr, types.FunctionType):
         return UserMethodVariable(attr, obj_vt, source)
     if isinstance(attr, (types.BuiltinFunctionType, types.MethodDescriptorType, types.WrapperDescriptorType)):
-        from coil.capture.variables.functions import BoundMethodVariable
-
         return BoundMethodVariable(obj_vt, name)
     if hasattr(type(attr), "__get__") and not isinstance(attr, (type,)):
         if obj_vt.source is None or getattr(obj_vt, "value", None) is None:
@@ -251,8 +249,6 @@ class UserDefinedObjectVariable(ObjectVariableBase):
     def var_getattr(self, tx, name):
         if isinstance(self.value, dict) and name in _DICT_READS and self.source is not None \
                 and getattr(type(self.value), name) is getattr(dict, name):
-            from coil.capture.variables.functions import BoundMethodVariable
-
             return BoundMethodVariable(self, name)      # call_method: _dict_lookup
         return super().var_getattr(tx, name)
 
@@ -286,8 +282,6 @@ class NNModuleVariable(ObjectVariableBase):
 
     def var_getattr(self, tx, name):
         if name in self._SPECIAL and _static_lookup(type(self.value), name) is getattr(torch.nn.Module, name):
-            from coil.capture.variables.functions import BoundMethodVariable
-
             return BoundMethodVariable(self, name)
         return lookup_attr(tx, self, name)
 

@@ -27,7 +27,7 @@ import torch
 from torch.nn.modules import module as _mm
 
 from coil.exc import SourceLocation, Unsupported
-from coil.capture.source import BuiltinSource, ConstSource, GlobalSource
+from coil.capture.source import AttrSource, BuiltinSource, ConstSource, GlobalSource
 from coil.capture.variables.base import CellVariable, ConstantVariable, SourcedCellVariable, VariableTracker
 from coil.capture.variables.builder import wrap, wrap_constant_result
 from coil.capture.variables.containers import (BaseListVariable, DictVariable, GeneratorVariable, ListIteratorVariable,
@@ -60,10 +60,6 @@ _CAPTURE_DIR = __file__.rsplit("/", 1)[0] + "/"
 
 def _stack_lines(frames) -> list[str]:
     return [f'File "{f}", line {line}, in {name}' for f, line, name in frames]
-
-
-def _stack_summary(lines: list[str]) -> str:
-    return " <- ".join(reversed(lines[-3:]))
 
 
 def _stack_trace(frames) -> str:
@@ -131,6 +127,8 @@ def instructions_of(code: types.CodeType) -> tuple:
 
 @functools.lru_cache(maxsize=8192)
 def _offset_map(code: types.CodeType) -> dict:
+    """Byte offset → instruction index; an EXTENDED_ARG maps to the instruction it
+    extends (jumps may target it). Shared: callers copy it."""
     out, pending, idx = {}, [], 0
     for inst in dis.get_instructions(code):
         if inst.opname == "EXTENDED_ARG":
@@ -144,12 +142,6 @@ def _offset_map(code: types.CodeType) -> dict:
     return out
 
 
-def offset_map(code: types.CodeType) -> dict:
-    """Byte offset → instruction index; an EXTENDED_ARG maps to the instruction it
-    extends (jumps may target it). A fresh dict (the cached one is shared)."""
-    return dict(_offset_map(code))
-
-
 class InstructionTranslatorBase:
     """State and semantics shared by the root and inlining translators."""
 
@@ -160,7 +152,7 @@ class InstructionTranslatorBase:
 
         self.code, self.f_globals, self.output, self.parent = code, f_globals, output, parent
         self.instructions = instructions_of(code)
-        self.offset_to_index = offset_map(code)
+        self.offset_to_index = dict(_offset_map(code))
         self.ip = 0
         self.stack: list[VariableTracker] = []
         self.locals: dict[str, VariableTracker] = dict(symbolic_locals)
@@ -254,7 +246,7 @@ class InstructionTranslatorBase:
         key torch.fx's ``print_readable``, ``make_fx`` (which copies it into the ATen graphs) and torch's
         backends read; a kernel's failed bounds check names its innermost line."""
         frames = self.user_frames()
-        node.meta["stack"] = _stack_summary(_stack_lines(frames))
+        node.meta["stack"] = " <- ".join(reversed(_stack_lines(frames)[-3:]))
         if trace := _stack_trace(frames):
             node.meta["stack_trace"] = trace
 
@@ -560,8 +552,6 @@ class InstructionTranslatorBase:
                 isinstance(fn, (UserFunctionVariable, UserMethodVariable)):
             # a coil-compiled function called from compiled code: its own function is inlined (as torch.compile
             # nests), not coil's wrapper, whose frame machinery would be captured
-            from coil.capture.source import AttrSource
-
             src = fn.source and AttrSource(fn.source, "__wrapped__")
             fn = UserFunctionVariable(inner.__wrapped__, src) if isinstance(fn, UserFunctionVariable) else \
                 UserMethodVariable(inner.__wrapped__, fn.obj, src)
@@ -602,8 +592,6 @@ class InstructionTranslatorBase:
         from coil.api import OptimizedModule
 
         if type(m) is OptimizedModule:  # a coil-compiled module called from compiled code: the original is traced
-            from coil.capture.source import AttrSource
-
             mod_vt = wrap(self, m._orig_mod, mod_vt.source and AttrSource(mod_vt.source, "_orig_mod"))
             m = mod_vt.value
         cls = type(m)
@@ -743,9 +731,6 @@ class InstructionTranslatorBase:
             if obj is None and first in self.cells:
                 obj = self.load_cell(first)
         return SuperVariable(cls, obj)
-
-    def wrap_object_key(self, k):
-        raise Unsupported("non-constant dict key")
 
     def wrap(self, value, source):
         return wrap(self, value, source)
@@ -910,11 +895,9 @@ class InstructionTranslator(InstructionTranslatorBase):
                     # was first raised (the handler then runs in plain Python)
                     off = getattr(e, "root_offset", None)
                     off = inst.offset if off is None else off
-                    self.break_at[off] = BreakInfo(off, e.reason, self.user_stack_at(e), e)
+                    stack = getattr(e, "user_stack", None) or self.user_stack()
+                    self.break_at[off] = BreakInfo(off, e.reason, stack, e)
                     raise RestartAnalysis() from e
             raise Unsupported("too many instructions (infinite loop?)")
         except ReturnValue as r:
             self.result = ("return", r.value)
-
-    def user_stack_at(self, e) -> list[str]:
-        return getattr(e, "user_stack", None) or self.user_stack()

@@ -187,7 +187,8 @@ class RealValueVariable(VariableTracker):
 
 class KnownCallableVariable(VariableTracker):
     """Base of trackers that stand for one known Python callable ``fn`` (a builtin, a
-    ``math``/``operator`` function, a torch function): the callable is its constant."""
+    ``math``/``operator`` function, a torch function, a higher-order operator): the callable is its constant, and the
+    entry holds it as one."""
 
     def __init__(self, fn, source=None):
         super().__init__(source)
@@ -198,6 +199,9 @@ class KnownCallableVariable(VariableTracker):
 
     def as_python_constant(self):
         return self.fn
+
+    def reconstruct(self, cg):
+        return cg.const_expr(self.fn)
 
 
 class NullVariable(VariableTracker):

@@ -31,7 +31,7 @@ from coil.capture.variables.containers import (DictVariable, LazyIteratorVariabl
 from coil.capture.variables.functions import (BaseFunctionVariable, BoundMethodVariable, NestedFunctionVariable,
                                               PartialVariable, UserFunctionVariable, UserMethodVariable)
 from coil.capture.variables.hops import call_region
-from coil.capture.variables.objects import (AttributeMissing, NewObjectVariable, NNModuleVariable, ObjectVariableBase,
+from coil.capture.variables.objects import (AttributeMissing, NNModuleVariable, NewObjectVariable, ObjectVariableBase,
                                             UserDefinedClassVariable)
 from coil.capture.variables.symbolic import call_numeric, sym_minmax
 from coil.capture.variables.tensor import TensorVariable, UserCodeError, call_op
@@ -84,8 +84,6 @@ class BuiltinVariable(KnownCallableVariable):
         if name == "__name__":
             return ConstantVariable(self.fn.__name__)
         if isinstance(self.fn, type):
-            from coil.capture.variables.objects import UserDefinedClassVariable
-
             return UserDefinedClassVariable(self.fn).var_getattr(tx, name)
         raise Unsupported(f"attribute {name} of builtin {self.fn}")
 
@@ -187,8 +185,6 @@ class PureFunctionVariable(KnownCallableVariable):
         except Exception as e:  # noqa: BLE001
             raise UserCodeError(f"{type(e).__name__}: {e}") from e
 
-    def reconstruct(self, cg):
-        return cg.const_expr(self.fn)
 
 
 # ---------------------------------------------------------------------------------------
@@ -243,8 +239,6 @@ def _isinstance(tx, args, kwargs):
     try:
         return ConstantVariable(issubclass(t, classes))
     except TypeError as e:
-        from coil.capture.variables.tensor import UserCodeError
-
         raise UserCodeError(f"TypeError: {e}") from e
 
 

@@ -291,7 +291,7 @@ class DictVariable(VariableTracker):
     def wrap_key(self, tx, k):
         if isinstance(k, (str, int, float, bool, type(None), tuple, torch.dtype)):
             return ConstantVariable(k)
-        return tx.wrap_object_key(k)
+        raise Unsupported("non-constant dict key")
 
     def _mutated(self, tx):
         tx.output.side_effects.mutated(self)

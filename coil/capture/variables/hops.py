@@ -20,7 +20,7 @@ from torch.utils.checkpoint import CheckpointPolicy
 
 from coil import trace
 from coil.exc import SourceLocation, Unsupported, UserError
-from coil.capture.variables.base import CellVariable, ConstantVariable, VariableTracker
+from coil.capture.variables.base import CellVariable, ConstantVariable, KnownCallableVariable, VariableTracker
 from coil.capture.variables.containers import ListVariable, TupleVariable
 from coil.capture.variables.tensor import TensorVariable, _is_inplace, call_op
 from coil.capture.variables.symbolic import SymNodeVariable
@@ -808,19 +808,12 @@ def _not_captured(tx, args, kwargs):
                       "the graph", hint="torch.cond and while_loop are captured (docs/hops.md)")
 
 
-class HigherOrderVariable(VariableTracker):
+class HigherOrderVariable(KnownCallableVariable):
     """A higher-order callable (``torch.cond``, ``checkpoint``): calls go to its handler."""
 
     def __init__(self, fn, source=None):
-        super().__init__(source)
-        self.fn = fn
+        super().__init__(fn, source)
         self.handler = hop_handler(fn)
-
-    def python_type(self):
-        return type(self.fn)
-
-    def as_python_constant(self):
-        return self.fn
 
     def call_function(self, tx, args, kwargs):
         if self.handler is _not_captured:
@@ -828,9 +821,6 @@ class HigherOrderVariable(VariableTracker):
                               "is not captured: it runs outside the graph",
                               hint="torch.cond and while_loop are captured (docs/hops.md)")
         return self.handler(tx, list(args), dict(kwargs))
-
-    def reconstruct(self, cg):
-        return cg.const_expr(self.fn)
 
     def __repr__(self):
         return f"HigherOrderVariable({getattr(self.fn, '__name__', self.fn)})"

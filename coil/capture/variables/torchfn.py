@@ -22,7 +22,7 @@ from torch.amp.autocast_mode import _enter_autocast, _exit_autocast
 
 from coil.exc import Unsupported
 from coil.capture.variables.base import ConstantVariable, KnownCallableVariable, VariableTracker
-from coil.capture.variables.tensor import call_op
+from coil.capture.variables.tensor import TensorVariable, call_op
 from coil.capture.variables.functions import BaseFunctionVariable, BoundMethodVariable
 
 _CM_HELPER = contextlib.contextmanager(lambda: None).__code__
@@ -139,8 +139,6 @@ class TorchFunctionVariable(KnownCallableVariable):
             ctx.called_as_function = True
             return ctx
         if fn is torch.is_tensor:
-            from coil.capture.variables.tensor import TensorVariable
-
             return ConstantVariable(isinstance(args[0], TensorVariable))
         name = getattr(fn, "__name__", None)
         if name and getattr(torch.Tensor, name, None) is fn:
@@ -151,9 +149,6 @@ class TorchFunctionVariable(KnownCallableVariable):
         if name in ("__name__", "__qualname__", "__module__", "__doc__"):
             return ConstantVariable(getattr(self.fn, name))
         raise Unsupported(f"attribute {name} of {self.fn}")
-
-    def reconstruct(self, cg):
-        return cg.const_expr(self.fn)
 
     def __repr__(self):
         return f"TorchFunctionVariable({getattr(self.fn, '__name__', self.fn)})"

@@ -203,6 +203,9 @@ class KnownCallableVariable(VariableTracker):
     def reconstruct(self, cg):
         return cg.const_expr(self.fn)
 
+    def __repr__(self):
+        return f"{type(self).__name__}({getattr(self.fn, '__name__', self.fn)})"
+
 
 class NullVariable(VariableTracker):
     """The NULL CPython pushes below a callable (``PUSH_NULL``, ``LOAD_GLOBAL`` bit 0)."""

@@ -92,9 +92,6 @@ class BuiltinVariable(KnownCallableVariable):
             return f"___builtins.{self.fn.__name__}"
         return cg.const_expr(self.fn)   # itertools.chain, functools.reduce...: not a name of builtins
 
-    def __repr__(self):
-        return f"BuiltinVariable({self.fn.__name__})"
-
 
 def _fold(tx, fn, args, kwargs):
     if fn in (int, float, bool, complex) and args and isinstance(args[0], TensorVariable):

@@ -822,6 +822,3 @@ class HigherOrderVariable(KnownCallableVariable):
                               hint="torch.cond and while_loop are captured (docs/hops.md)")
         return self.handler(tx, list(args), dict(kwargs))
 
-    def __repr__(self):
-        return f"HigherOrderVariable({getattr(self.fn, '__name__', self.fn)})"
-

@@ -150,9 +150,6 @@ class TorchFunctionVariable(KnownCallableVariable):
             return ConstantVariable(getattr(self.fn, name))
         raise Unsupported(f"attribute {name} of {self.fn}")
 
-    def __repr__(self):
-        return f"TorchFunctionVariable({getattr(self.fn, '__name__', self.fn)})"
-
 
 class ContextManagerVariable(VariableTracker):
     """Base of the context managers capture understands."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import pickle
 from typing import Any, Callable, Optional, Union
 
 import torch
@@ -107,7 +108,6 @@ class OptimizedModule(torch.nn.Module):
         unpickling compiles the loaded module again (compiled code is not saved). Raises ``pickle.PicklingError`` when
         the arguments cannot be pickled (a backend given as a local function)."""
         if (args := self._compile_args) is None:
-            import pickle
             raise pickle.PicklingError("this OptimizedModule was not built by coil.compile; "
                                        "pickle its _orig_mod and compile it after loading")
         return (_compile_unpickled, (self._orig_mod, args))

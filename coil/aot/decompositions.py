@@ -18,6 +18,7 @@ import torch._decomp as _decomp
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 import coil.capture.meta_checks  # noqa: F401  (eager's layout in some ops' decompositions, before a table is built)
+from coil.config import config
 
 aten = torch.ops.aten
 
@@ -375,7 +376,6 @@ def get_decompositions(fallback_random: Optional[bool] = None) -> dict:
     random ops of :data:`RANDOM_OPS` whole.
     """
     if fallback_random is None:
-        from coil.config import config
         fallback_random = config.fallback_random
     key = bool(fallback_random)
     if key not in _TABLES:

@@ -22,6 +22,7 @@ from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 from torch.utils._sympy.printers import PythonPrinter
 
 from coil import trace
+from coil.exc import CoilError
 from coil.aot.functional import JointInfo, ProgramInfo
 from coil.runtime.cudagraph_trees import cudagraphify
 
@@ -93,8 +94,6 @@ def symbolic_evaluator(items: Any, fake_inputs: Sequence, value_shapes: Sequence
         for d, v in enumerate(shape):
             bind(v, f"vals[{k}].size({d})")
     if missing := needed - set(where):
-        from coil.exc import CoilError
-
         names = sorted(map(str, missing))
         if any(free_unbacked_symbols(s) for s in missing):  # from .item() / .tolist() / nonzero
             raise CoilError(

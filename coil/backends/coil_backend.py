@@ -17,6 +17,7 @@ from coil import trace
 from coil.backends.registry import register_backend
 from coil.aot import aot_compile
 from coil.config import config
+from coil.exc import refuse_fallback
 
 
 def _graph_device(example_inputs: list) -> torch.device:
@@ -35,7 +36,6 @@ def kernel_compiler(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
     except Exception as e:  # an internal failure: stay correct, say so
         trace.log("codegen_fallback", stage="codegen", error=f"{type(e).__name__}: {e}",
                   traceback=traceback.format_exc())
-        from coil.exc import refuse_fallback
         refuse_fallback("codegen_fallback", e)  # config.strict_codegen: an error instead
         import warnings
 

@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import inspect
 import types
+import warnings
 from dataclasses import dataclass, field
 from typing import Optional, Any, Callable
 
 import torch
 
+from coil import trace
 from coil.capture.frame import (CaptureConfig, break_log, capture_callable, disable,  # noqa: F401
                                 reset, reset_stats, stats, wrap_function, wrap_module)
 from coil.capture import frame as _frame
@@ -63,9 +65,6 @@ def wrap_callable(fn_or_module, *, backend: Callable, fullgraph: bool = False, d
     if isinstance(dunder_call, types.FunctionType) and not isinstance(fn_or_module, type):  # a callable object
         return types.MethodType(wrap_function(dunder_call, cfg), fn_or_module)
     if callable(fn_or_module):
-        import warnings
-
-        from coil import trace
         what = getattr(fn_or_module, "__qualname__", type(fn_or_module).__name__)
         trace.log("compile_target_eager", stage="capture", target=what)
         warnings.warn(f"coil.compile: {what} is not a Python function or nn.Module; it runs eagerly "

@@ -268,7 +268,6 @@ def _under_functorch(fn, args, kwargs):
         _functorch_warned.append(True)
         trace.log("functorch_eager", stage="capture", frame=_label(fn.__code__),
                   reason="called inside a torch.func transform (vmap, grad, jvp)")
-        import warnings
         warnings.warn(f"coil: {_label(fn.__code__)} was called inside a torch.func transform (vmap, grad, jvp); coil "
                       "cannot capture transformed tensors, so such calls run eagerly. What to do: compile the "
                       "transformed function instead, coil.compile(torch.vmap(f)).", stacklevel=3)

@@ -16,6 +16,7 @@ import dataclasses
 import heapq
 import itertools
 import operator
+import sys
 from collections import Counter
 from typing import Any, Optional
 
@@ -323,7 +324,6 @@ class GraphLowering(torch.fx.Interpreter):
         finally:
             V.graph = prev
         if config.verbose and self.fallbacks:
-            import sys
             print(f"coil: extern kernels in this graph: {dict(self.fallbacks)}", file=sys.stderr)
         if trace.enabled():
             trace.log("lowering_fallbacks", stage="lowering", fallbacks=dict(self.fallbacks), native=dict(self.native))

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import operator
+import warnings
 import weakref
 from typing import Callable, Optional
 
@@ -359,7 +360,6 @@ class GraphFunction:
         kind = reason.split(" at ")[0]  # one warning per kind of reason, not per node
         if kind not in _WARNED:
             _WARNED.add(kind)
-            import warnings
             warnings.warn(f"coil: CUDA graphs (mode='reduce-overhead' / 'max-autotune') are not used "
                           f"for graph {self.name}: {reason}. It runs compiled, without CUDA graphs "
                           "(the compile log's cudagraph_skip events list every such graph).", stacklevel=2)

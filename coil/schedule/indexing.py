@@ -14,6 +14,7 @@ from typing import Optional
 
 import sympy
 
+from coil.ir.handlers import DependencyRecorder
 from coil.ir.symbols import (RINDEX, XINDEX, FloorDiv, Mod, as_size, current_shape_env, hint, product, simplify_index)
 
 
@@ -128,7 +129,6 @@ def kernel_deps(buf, numel, rnumel) -> Optional[KernelDeps]:
     if (ki := kernel_index(buf, numel, rnumel)) is None:
         res = None
     else:
-        from coil.ir.handlers import DependencyRecorder
         index, rindex, in_loop = ki
         rec = DependencyRecorder.record(buf, index, rindex)
         bounds = {XINDEX: numel, RINDEX: rnumel}

@@ -381,13 +381,12 @@ class CppKernel(OpsHandler):
         ptr = self._arg(name, write=False)
         return self._emit(f"{ptr}[{self._idx(offset)}]", torch.int64, key=("load", name, sympy.sympify(offset)))
 
-    def rand(self, seed, offset):
-        return self._emit(f"coil_rand(static_cast<uint64_t>({seed}), static_cast<uint64_t>({self._val(offset)}))",
+    def rand(self, seed, offset, fn="coil_rand"):
+        return self._emit(f"{fn}(static_cast<uint64_t>({seed}), static_cast<uint64_t>({self._val(offset)}))",
                           torch.float32)
 
     def randn(self, seed, offset):
-        return self._emit(f"coil_randn(static_cast<uint64_t>({seed}), static_cast<uint64_t>({self._val(offset)}))",
-                          torch.float32)
+        return self.rand(seed, offset, "coil_randn")
 
     def __getattr__(self, op: str):
         if op.startswith("_"):

@@ -169,11 +169,6 @@ class TritonKernel(OpsHandler):
         sec = self.sections[self.cur.loop_id]
         return sec["loop"] if self.cur.in_loop else sec["pre"]
 
-    def _lookup_store(self, key):
-        if key in self.store_cache:
-            return self.store_cache[key]
-        return self.loop_store_cache.get(key) if self._in_loop() else None
-
     def cse(self, expr: str, dtype, dims, lines=None) -> TVal:
         d = self.loop_cse if self._in_loop() else self.outer_cse
         if expr in d:
@@ -228,8 +223,8 @@ class TritonKernel(OpsHandler):
     def load(self, name, index):
         e = simplify_index(sympy.sympify(index), {XINDEX: self.plan.numel, RINDEX: self.plan.rnumel})
         key = (name, e)
-        if (hit := self._lookup_store(key)) is not None:
-            return hit
+        if hit := self.store_cache.get(key) or self._in_loop() and self.loop_store_cache.get(key):
+            return hit  # (a value stored earlier: served from registers)
         buf_dtype = self.plan.buffer(name).get_dtype()
         dims = self._dims_of_index(e)
         if self.red:
@@ -556,13 +551,12 @@ class TritonKernel(OpsHandler):
     def load_seed(self, name, offset):
         return self.cse(f"tl.load({self.args[name]} + {int(offset)})", torch.int64, frozenset())
 
-    def rand(self, seed, offset):
+    def rand(self, seed, offset, fn="rng.rand"):
         offset = self._tensor(offset)
-        return self.cse(f"rng.rand({seed}, ({offset}).to(tl.uint32))", torch.float32, offset.dims)
+        return self.cse(f"{fn}({seed}, ({offset}).to(tl.uint32))", torch.float32, offset.dims)
 
     def randn(self, seed, offset):
-        offset = self._tensor(offset)
-        return self.cse(f"rng.randn({seed}, ({offset}).to(tl.uint32))", torch.float32, offset.dims)
+        return self.rand(seed, offset, "rng.randn")
 
     def _fold_consts(self, *args) -> tuple:
         """Operands of an op whose operands are all constants, as ``[1]`` tensors of their dtypes: the op then runs in

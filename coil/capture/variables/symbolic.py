@@ -272,9 +272,6 @@ def tensor_meta(tx, t, name: str, result):
         return SizeVariable(items) if kind == "size" else TupleVariable(items)
     if isinstance(result, _SYM):
         return wrap_sym(out, result, ("numel", t) if name in ("numel", "nelement") else
-                        ("node", _meta_node(out, t, name)))
+                        ("node", out.graph.create_node("call_method", name, (t.node,), {})))
     return ConstantVariable(result)
 
-
-def _meta_node(out, t, name):
-    return out.graph.create_node("call_method", name, (t.node,), {})

@@ -34,14 +34,18 @@ class AttributeMissing(Exception):
 _SENTINEL = object()
 
 
+def wrap(tx, value, source, guard: bool = True) -> VariableTracker:
+    """:func:`coil.capture.variables.builder.wrap`, imported per call (builder imports this module)."""
+    from coil.capture.variables.builder import wrap
+    return wrap(tx, value, source, guard)
+
+
 def _static_lookup(cls: type, name: str):
     return next((klass.__dict__[name] for klass in cls.__mro__ if name in klass.__dict__), _SENTINEL)
 
 
 def wrap_class_attr(tx, obj_vt: VariableTracker, cls: type, name: str, source=None):
     """A class attribute seen through an instance (methods get bound to ``obj_vt``)."""
-    from coil.capture.variables.builder import wrap
-
     attr = _static_lookup(cls, name)
     if attr is _SENTINEL:
         raise AttributeMissing(name)
@@ -88,8 +92,6 @@ class ObjectVariableBase(RealValueVariable):
 def lookup_attr(tx, vt: ObjectVariableBase, name: str, generic: bool = False):
     """Python attribute lookup on a real object, symbolically (see module docstring);
     ``generic``: ``object.__getattribute__(obj, name)``, past a custom ``__getattribute__``."""
-    from coil.capture.variables.builder import wrap
-
     obj = vt.value
     if (pending := tx.output.side_effects.pending_attr(obj, name)) is not None:
         return pending
@@ -156,8 +158,6 @@ def _call_lru_cached(tx, vt, args, kwargs):
     ``is_torch_distributed_available()``): called for real at trace time, as eager calls it, and guarded by calling it
     again, a cache hit, which must give the same object. Its body runs where eager's first call runs it, never once per
     compiled call. Other arguments, or a result holding a tensor, stay a graph break."""
-    from coil.capture.variables.builder import wrap
-
     if vt.source is None or not all(isinstance(a, ConstantVariable) for a in list(args) + list(kwargs.values())):
         raise Unsupported(f"call to an lru_cache function {vt.value!r} with non-constant arguments")
     cargs = [a.value for a in args]
@@ -187,8 +187,6 @@ def _dict_lookup(tx, vt, name, args, kwargs, base=False):
     it does not apply (new dicts, unhashable or traced keys, tensor results). ``base``:
     ``dict``'s own method on a subclass that overrides it (``super().__getitem__(k)``
     inside the override: transformers' ``ACT2FN``)."""
-    from coil.capture.variables.builder import wrap
-
     d = vt.value
     if vt.source is None or kwargs or not args or (not base and (
             type(d).__getitem__ is not dict.__getitem__ or (name == "get" and type(d).get is not dict.get))):
@@ -290,8 +288,6 @@ class NNModuleVariable(ObjectVariableBase):
                                        torch.nn.ParameterList, torch.nn.ParameterDict))
 
     def _sub(self, tx, key):
-        from coil.capture.variables.builder import wrap
-
         m = self.value
         d = m._parameters if isinstance(m, (torch.nn.ParameterList, torch.nn.ParameterDict)) else m._modules
         dname = "_parameters" if d is m._parameters else "_modules"
@@ -316,8 +312,6 @@ class NNModuleVariable(ObjectVariableBase):
         raise Unsupported(f"iteration over {type(m).__name__}")
 
     def _named(self, tx, kind, recurse=True):
-        from coil.capture.variables.builder import wrap
-
         m = self.value
         dname = {"named_parameters": "_parameters", "named_buffers": "_buffers"}.get(kind, "_modules")
 
@@ -353,8 +347,6 @@ class NNModuleVariable(ObjectVariableBase):
                 return self._sub(tx, key)
             keys = self._keys(tx)
             if isinstance(key, slice):
-                from coil.capture.variables.builder import wrap
-
                 for k in keys[key]:     # the new container's entries keep their sources (wrap
                     self._sub(tx, k)    # finds them by identity): read per call, not constants
                 return wrap(tx, m[key], None)
@@ -543,8 +535,6 @@ class UserDefinedClassVariable(ObjectVariableBase):
         return self.value
 
     def var_getattr(self, tx, name):
-        from coil.capture.variables.builder import wrap
-
         cls = self.value
         if name in ("__name__", "__qualname__", "__module__"):
             return ConstantVariable(getattr(cls, name))
@@ -592,8 +582,6 @@ class PythonModuleVariable(ObjectVariableBase):
                "builtins", "enum", "inspect", "warnings", "numbers", "abc", "transformers", "numpy")
 
     def var_getattr(self, tx, name):
-        from coil.capture.variables.builder import wrap
-
         try:
             value = getattr(self.value, name)
         except AttributeError:

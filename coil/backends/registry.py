@@ -10,6 +10,7 @@ import torch
 from coil import trace
 from coil.capture.meta_checks import check_graph
 from coil.capture.substitutes import substitute_graph
+from coil.config import check_option_names
 
 Backend = Callable[[torch.fx.GraphModule, list], Callable]
 
@@ -87,7 +88,6 @@ def coil_backend_entry(gm: torch.fx.GraphModule, example_inputs: list,
         options = {**_MODE_OPTIONS[mode], **(options or {})}
     if options:
         from coil.api import _wrap_backend
-        from coil.config import check_option_names
         check_option_names(options)
         return _wrap_backend(coil_backend_entry, "coil", dict(options))(gm, example_inputs)
     try:

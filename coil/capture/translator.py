@@ -45,6 +45,8 @@ from coil.capture.variables.symbolic import binary as sym_binary, unary as sym_u
 from coil.capture.exceptions import ExceptionVariable, exception_table, exception_tracker
 from coil.capture.variables.objects import lookup_attr
 from coil.capture.variables.torchfn import CONTEXT_CLASSES, make_context
+from coil.capture.inspection import frame_unsupported
+from coil.capture.resume import is_resume
 
 CO_GENERATOR = 0x20
 CO_COROUTINE = 0x80
@@ -563,8 +565,6 @@ class InstructionTranslatorBase:
         mod = fn.get_globals().get("__name__", "") or ""
         if mod.split(".")[0] in SKIP_MODULES or (
                 mod.startswith(("torch._dynamo", "coil.")) and not mod.startswith(TRACED_COIL_MODULES)):
-            from coil.capture.inspection import frame_unsupported
-
             obj = getattr(fn, "fn", None)
             wrapped = getattr(obj, "__wrapped__", None)
             if mod.startswith("torch._dynamo") and callable(wrapped):  # torch.compiler.disable(f)
@@ -721,8 +721,6 @@ class InstructionTranslatorBase:
                 raise Unsupported("super() without __class__ cell")
             cls = self.load_cell("__class__").as_python_constant()
             first = self.code.co_varnames[0]
-            from coil.capture.resume import is_resume
-
             if is_resume(self.code):
                 # a resume function's first arguments are stack slots (___stackN); the
                 # method's own first argument comes after them

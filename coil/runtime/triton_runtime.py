@@ -26,6 +26,7 @@ import torch
 from coil import trace
 from coil.config import config
 from coil.runtime import compile_pool
+from coil.exc import KernelCompileError
 
 
 def _ensure_interpreter_if_no_gpu() -> None:
@@ -459,7 +460,6 @@ class TritonLauncher:
         queued under ``key``, default ``self.key``)."""
         key = key or self.key
         if jobs := _pool_jobs.get(key):
-            from coil.runtime import compile_pool
             _pool_jobs[key] = []
             compile_pool.claim(self.name, jobs)
 
@@ -594,7 +594,6 @@ class TritonLauncher:
             timings.append((ms, cfg))
         scratch = None  # (the copies: freed before the winner runs)
         if not timings:
-            from coil.exc import KernelCompileError
             raise KernelCompileError(f"no launch config of Triton kernel {self.name} compiled:\n  "
                                + "\n  ".join(errors))
         timings.sort(key=lambda t: t[0])

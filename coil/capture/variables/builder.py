@@ -39,6 +39,8 @@ from coil.capture.variables.objects import (DataClassDictVariable, NNModuleVaria
 from coil.capture.variables.torchfn import (CONTEXT_CLASSES, ResumedGradModeVariable, TorchFunctionVariable,
                                             is_torch_function)
 from coil.capture.variables.hops import HigherOrderVariable, hop_handler
+from coil.capture import frame as _frame
+from coil.capture.inspection import FrameVariable, OpaqueCallableVariable, OpaqueObjectVariable
 
 
 def wrap_constant_result(tx, value: Any) -> VariableTracker:
@@ -218,8 +220,6 @@ def _build(tx, value, source, gs) -> VariableTracker:
         guard_is()
         return TorchFunctionVariable(value, source)
     if isinstance(value, types.FunctionType):
-        from coil.capture import frame as _frame
-
         if _frame.is_disabled(value):
             return bi.DisabledFunctionVariable(value, source)
         if gs is not None:
@@ -265,13 +265,9 @@ def _build(tx, value, source, gs) -> VariableTracker:
         if mod in ("math", "_operator", "operator", "cmath") or bi.is_pure_builtin_method(value):
             guard_is()
             return bi.PureFunctionVariable(value, source)
-        from coil.capture.inspection import OpaqueCallableVariable
-
         return OpaqueCallableVariable(value, source)   # calling it is the graph break
     if isinstance(value, (torch.Generator, torch.Stream)):
         # may be held and passed around; using it (e.g. ``generator=g``) is a graph break
-        from coil.capture.inspection import OpaqueObjectVariable
-
         guard_type()
         return OpaqueObjectVariable(value, source)
     if t is types.CellType and source is not None:
@@ -279,8 +275,6 @@ def _build(tx, value, source, gs) -> VariableTracker:
         guard_type()
         return tx.output.sourced_cell(value, AttrSource(source, "cell_contents"))
     if t is types.FrameType:
-        from coil.capture.inspection import FrameVariable
-
         guard_type()
         return FrameVariable(value, source)
     guard_type()

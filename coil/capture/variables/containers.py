@@ -311,13 +311,11 @@ class DictVariable(VariableTracker):
 
     def call_method(self, tx, name, args, kwargs):
         if self.user_cls not in (dict, collections.OrderedDict) and type(self) is DictVariable:
-            import types as _types
-
             from coil.capture.variables.functions import UserMethodVariable
             from coil.capture.variables.objects import _static_lookup
 
             fn = _static_lookup(self.user_cls, name)
-            if isinstance(fn, _types.FunctionType):
+            if isinstance(fn, types.FunctionType):
                 return tx.call(UserMethodVariable(fn, self), args, kwargs)
         return self.call_method_base(tx, name, args, kwargs)
 

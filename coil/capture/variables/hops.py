@@ -15,6 +15,8 @@ from typing import Optional
 
 import torch
 import torch.fx
+import torch._higher_order_ops as hops
+import torch.utils.checkpoint as ckpt
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils.checkpoint import CheckpointPolicy
 
@@ -785,9 +787,6 @@ _HANDLERS: dict = {}
 def hop_handler(value):
     """The capture handler for a higher-order callable ``value``, or None."""
     if not _HANDLERS:
-        import torch._higher_order_ops as hops
-        import torch.utils.checkpoint as ckpt
-
         # the public operator functions of torch._higher_order_ops (scan, associative_scan, ...) not captured: a graph
         # break naming them (not their helpers, e.g. nested_compile_region's wrapper, which is inlined)
         for name, v in vars(hops).items():

@@ -19,8 +19,23 @@ import torch
 
 from coil.exc import Unsupported
 
-
 _BIRTHS = itertools.count(1)
+
+
+class AttributeMissing(Exception):
+    """Attribute lookup failed (AttributeError in eager); ``getattr(o, n, default)`` and ``hasattr`` catch it."""
+
+
+def wrap(tx, value, source, guard: bool = True) -> "VariableTracker":
+    """:func:`coil.capture.variables.builder.wrap`, imported per call (builder imports the tracker modules)."""
+    from coil.capture.variables.builder import wrap
+    return wrap(tx, value, source, guard)
+
+
+def wrap_constant_result(tx, value) -> "VariableTracker":
+    """:func:`coil.capture.variables.builder.wrap_constant_result`, imported per call (as :func:`wrap`)."""
+    from coil.capture.variables.builder import wrap_constant_result
+    return wrap_constant_result(tx, value)
 
 
 class VariableTracker:
@@ -119,22 +134,16 @@ class ConstantVariable(VariableTracker):
         return self.value
 
     def var_getattr(self, tx, name):
-        from coil.capture.variables.builder import wrap_constant_result
-
         if name.startswith("__") and name not in ("__name__", "__class__", "__doc__"):
             raise Unsupported(f"attribute {name} of constant {self.value!r}")
         try:
             value = getattr(self.value, name)
         except AttributeError:
-            from coil.capture.variables.objects import AttributeMissing
-
             raise AttributeMissing(name)
         return wrap_constant_result(tx, value)
 
     def call_method(self, tx, name, args, kwargs):
         from coil.capture.translator import const_value
-        from coil.capture.variables.builder import wrap_constant_result
-
         # (a non-constant argument, e.g. int * tensor, raises: the other side decides)
         cargs = [const_value(a) for a in args]
         ckw = {k: const_value(v) for k, v in kwargs.items()}
@@ -153,8 +162,6 @@ class ConstantVariable(VariableTracker):
 
     def unpack(self, tx):
         if isinstance(self.value, (str, tuple, range, torch.Size, frozenset, bytes, _types.MappingProxyType)):
-            from coil.capture.variables.builder import wrap_constant_result
-
             return [wrap_constant_result(tx, v) for v in self.value]
         raise Unsupported(f"iteration over {self.value!r}")
 

@@ -16,7 +16,7 @@ import torch
 
 from coil.exc import Unsupported
 from coil.capture.source import GetItemSource, IterRestSource, iter_rest
-from coil.capture.variables.base import ConstantVariable, VariableTracker
+from coil.capture.variables.base import AttributeMissing, ConstantVariable, VariableTracker, wrap, wrap_constant_result
 
 
 def _const_index(tx, v: VariableTracker):
@@ -34,8 +34,6 @@ def method_getattr(self, tx, name):
     """``var_getattr`` of trackers whose attributes are all methods: ``self.name`` bound. A name the type lacks is
     missing, as in eager (``hasattr(model_output, "vision_hidden_states")`` was True, and reading it then failed)."""
     from coil.capture.variables.functions import BoundMethodVariable
-    from coil.capture.variables.objects import AttributeMissing
-
     try:
         cls = self.python_type()
     except Unsupported:
@@ -484,8 +482,6 @@ class SliceVariable(VariableTracker):
         return BoundMethodVariable(self, name)
 
     def call_method(self, tx, name, args, kwargs):
-        from coil.capture.variables.builder import wrap_constant_result
-
         if name == "indices":
             return wrap_constant_result(tx, self.as_python_constant().indices(args[0].as_python_constant()))
         raise Unsupported(f"slice.{name}")
@@ -618,8 +614,6 @@ class ResumedIteratorVariable(ListIteratorVariable):
         self._tx = None
 
     def _take(self, tx, i: int):
-        from coil.capture.variables.builder import wrap
-
         rest = iter_rest(self.value)
         gs, src = tx.output.guards, self.source.expr()
         if i >= len(rest):
@@ -675,8 +669,6 @@ def resumed_iterator(tx, value, source):
             return None          # zip(..., strict=True)
         gs.add(f"len({src}.__reduce__()[1]) == {len(parts)}", f"len({src}.__reduce__()[1])", len(parts))
         return LazyIteratorVariable(tx, zip, iters)
-    from coil.capture.variables.builder import wrap
-
     # the count is an int input: automatic dynamic makes it a SymInt once it changed, so
     # one compile serves every later position of the loop
     count = wrap(tx, parts[1], IterRestSource(source, 1))

@@ -9,7 +9,7 @@ import types
 
 from coil.exc import Unsupported
 from coil.capture.source import AttrSource, ConstSource, DefaultsSource, GetItemSource
-from coil.capture.variables.base import ConstantVariable, VariableTracker
+from coil.capture.variables.base import AttributeMissing, ConstantVariable, VariableTracker, wrap
 from coil.capture.variables.containers import DictVariable, TupleVariable
 
 
@@ -113,8 +113,6 @@ class UserFunctionVariable(BaseFunctionVariable):
         return cells
 
     def bind_args(self, tx, args, kwargs):
-        from coil.capture.variables.builder import wrap
-
         src = self.source
         defaults = [wrap(tx, d, DefaultsSource(src, i) if src else None)
                     for i, d in enumerate(self.fn.__defaults__ or ())]
@@ -123,8 +121,6 @@ class UserFunctionVariable(BaseFunctionVariable):
         return bind_arguments(self.fn.__code__, self.fn.__name__, args, kwargs, defaults, kwdefaults)
 
     def var_getattr(self, tx, name):
-        from coil.capture.variables.builder import wrap
-
         if name in ("__name__", "__qualname__", "__module__", "__doc__", "__code__"):
             return ConstantVariable(getattr(self.fn, name))
         if name in ("__defaults__", "__kwdefaults__") and self.source is not None:
@@ -135,8 +131,6 @@ class UserFunctionVariable(BaseFunctionVariable):
         if name == "__get__":
             return BoundMethodVariable(self, name)
         if not hasattr(self.fn, name):
-            from coil.capture.variables.objects import AttributeMissing
-
             if self.source is not None:   # absent now; guard that it stays absent
                 tx.output.guards.add(f"not hasattr({self.source.expr()}, {name!r})")
             raise AttributeMissing(name)

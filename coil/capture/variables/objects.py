@@ -21,23 +21,14 @@ import torch
 
 from coil.exc import Unsupported
 from coil.capture.source import AttrSource, ModuleDictSource
-from coil.capture.variables.base import ConstantVariable, RealValueVariable, VariableTracker
+from coil.capture.variables.base import (AttributeMissing, ConstantVariable, RealValueVariable, VariableTracker,
+                                         wrap)
 from coil.capture.variables.containers import DictVariable, ListIteratorVariable, TupleVariable
 from coil.capture.variables.functions import BoundMethodVariable, UserFunctionVariable, UserMethodVariable
 from coil.capture.variables.tensor import TensorVariable, call_op, to_fake
 
 
-class AttributeMissing(Exception):
-    """Attribute lookup failed (AttributeError in eager); ``getattr(o, n, default)`` and ``hasattr`` catch it."""
-
-
 _SENTINEL = object()
-
-
-def wrap(tx, value, source, guard: bool = True) -> VariableTracker:
-    """:func:`coil.capture.variables.builder.wrap`, imported per call (builder imports this module)."""
-    from coil.capture.variables.builder import wrap
-    return wrap(tx, value, source, guard)
 
 
 def _static_lookup(cls: type, name: str):

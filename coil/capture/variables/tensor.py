@@ -24,7 +24,7 @@ from torch._dispatch.python import enable_python_dispatcher
 from coil.exc import Unsupported
 from coil.capture.meta_checks import cast_to_eager_dtype, check_call
 from coil.capture.substitutes import substitute
-from coil.capture.variables.base import ConstantVariable, VariableTracker
+from coil.capture.variables.base import AttributeMissing, ConstantVariable, VariableTracker, wrap_constant_result
 from coil.capture.variables.containers import (DictVariable, ListVariable, NamedTupleVariable, SliceVariable,
                                                TupleVariable)
 from coil.capture.variables.symbolic import SymNodeVariable, tensor_meta, wrap_sym
@@ -338,8 +338,6 @@ def wrap_result(tx, node, result) -> VariableTracker:
     side_effecting = (result is None or node.target is operator.setitem or name.endswith("_") or "out" in node.kwargs)
     if len(node.users) == 0 and not side_effecting:
         out.graph.erase_node(node)
-    from coil.capture.variables.builder import wrap_constant_result
-
     return wrap_constant_result(tx, result)
 
 
@@ -486,16 +484,12 @@ class TensorVariable(VariableTracker):
         if name == "grad":
             raise Unsupported("Tensor.grad inside a compiled frame")
         if name == "__class__":
-            from coil.capture.variables.builder import wrap_constant_result
-
             return wrap_constant_result(tx, self.cls)
         if name in ("grad_fn", "_base", "_version"):
             raise Unsupported(f"Tensor.{name} inside a compiled frame")
         if hasattr(torch.Tensor, name) and callable(getattr(torch.Tensor, name)):
             return BoundMethodVariable(self, name)
         if not hasattr(torch.Tensor, name):
-            from coil.capture.variables.objects import AttributeMissing
-
             raise AttributeMissing(name)
         raise Unsupported(f"Tensor attribute {name}")
 

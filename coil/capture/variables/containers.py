@@ -30,10 +30,37 @@ def _const_index(tx, v: VariableTracker):
     return c
 
 
+class BoundMethodVariable(VariableTracker):
+    """``obj.name`` where ``obj``'s tracker implements the method itself
+    (tensor, list, dict methods): calling it is ``obj.call_method(name, ...)``."""
+
+    def __init__(self, obj: VariableTracker, name: str):
+        super().__init__(None)
+        self.obj, self.name = obj, name
+
+    def python_type(self):
+        return types.BuiltinMethodType
+
+    def call_function(self, tx, args, kwargs):
+        return self.obj.call_method(tx, self.name, list(args), dict(kwargs))
+
+    def var_getattr(self, tx, name):
+        if name == "__self__":
+            return self.obj
+        if name == "__name__":
+            return ConstantVariable(self.name)
+        raise Unsupported(f"attribute {name} of a bound method")
+
+    def reconstruct(self, cg):
+        return f"{cg.reconstruct(self.obj)}.{self.name}"
+
+    def __repr__(self):
+        return f"BoundMethodVariable({self.obj!r}.{self.name})"
+
+
 def method_getattr(self, tx, name):
     """``var_getattr`` of trackers whose attributes are all methods: ``self.name`` bound. A name the type lacks is
     missing, as in eager (``hasattr(model_output, "vision_hidden_states")`` was True, and reading it then failed)."""
-    from coil.capture.variables.functions import BoundMethodVariable
     try:
         cls = self.python_type()
     except Unsupported:
@@ -128,8 +155,6 @@ class SizeVariable(TupleVariable):
 
     def var_getattr(self, tx, name):
         if name in ("numel", "index", "count"):
-            from coil.capture.variables.functions import BoundMethodVariable
-
             return BoundMethodVariable(self, name)
         return super().var_getattr(tx, name)
 
@@ -160,8 +185,6 @@ class NamedTupleVariable(TupleVariable):
         if name in fields:
             return self.items[fields.index(name)]
         if name in ("_replace", "_asdict"):
-            from coil.capture.variables.functions import BoundMethodVariable
-
             return BoundMethodVariable(self, name)
         if name == "_fields":
             return ConstantVariable(tuple(fields))
@@ -477,8 +500,6 @@ class SliceVariable(VariableTracker):
         parts += [ConstantVariable(None)] * (3 - len(parts))
         if name in ("start", "stop", "step"):
             return parts[("start", "stop", "step").index(name)]
-        from coil.capture.variables.functions import BoundMethodVariable
-
         return BoundMethodVariable(self, name)
 
     def call_method(self, tx, name, args, kwargs):

@@ -10,7 +10,7 @@ import types
 from coil.exc import Unsupported
 from coil.capture.source import AttrSource, ConstSource, DefaultsSource, GetItemSource
 from coil.capture.variables.base import AttributeMissing, ConstantVariable, VariableTracker, wrap
-from coil.capture.variables.containers import DictVariable, TupleVariable
+from coil.capture.variables.containers import BoundMethodVariable, DictVariable, TupleVariable
 
 
 class BaseFunctionVariable(VariableTracker):
@@ -225,34 +225,6 @@ class UserMethodVariable(BaseFunctionVariable):
 
     def __repr__(self):
         return f"UserMethodVariable({self.fn.__qualname__})"
-
-
-class BoundMethodVariable(VariableTracker):
-    """``obj.name`` where ``obj``'s tracker implements the method itself
-    (tensor, list, dict methods): calling it is ``obj.call_method(name, ...)``."""
-
-    def __init__(self, obj: VariableTracker, name: str):
-        super().__init__(None)
-        self.obj, self.name = obj, name
-
-    def python_type(self):
-        return types.BuiltinMethodType
-
-    def call_function(self, tx, args, kwargs):
-        return self.obj.call_method(tx, self.name, list(args), dict(kwargs))
-
-    def var_getattr(self, tx, name):
-        if name == "__self__":
-            return self.obj
-        if name == "__name__":
-            return ConstantVariable(self.name)
-        raise Unsupported(f"attribute {name} of a bound method")
-
-    def reconstruct(self, cg):
-        return f"{cg.reconstruct(self.obj)}.{self.name}"
-
-    def __repr__(self):
-        return f"BoundMethodVariable({self.obj!r}.{self.name})"
 
 
 class PartialVariable(VariableTracker):

@@ -17,9 +17,7 @@ import torch
 
 from coil import trace
 from coil.runtime.cudagraph_record import ungraphable_node
-from coil.aot.regions import graph_piece
 from coil.config import config
-from coil.runtime.cudagraph_trees import cudagraphify
 
 __all__ = ["partitioning", "split_levels", "PartitionedGraph"]
 
@@ -70,6 +68,9 @@ class PartitionedGraph:
     output_strides = None
 
     def __init__(self, gm: torch.fx.GraphModule, levels: dict, reasons: dict, compiler: Callable):
+        from coil.aot.regions import graph_piece  # (coil.aot imports this module)
+        from coil.runtime.cudagraph_trees import cudagraphify
+
         kind = gm.meta.get("coil_aot_graph", "inference")
         saved = gm.meta.get("coil_saved_outputs")
         nodes = list(gm.graph.nodes)

@@ -42,11 +42,6 @@ class SkipGraph(Exception):
     """This graph cannot be recorded; ``str(exc)`` is the reason (it runs un-graphed)."""
 
 
-def _op_name(target) -> str:
-    schema = getattr(target, "_schema", None)
-    return schema.name if schema is not None else ""
-
-
 def ungraphable_reason(gm: Optional[torch.fx.GraphModule]) -> Optional[str]:
     """Why the ATen graph ``gm`` cannot be captured as a CUDA graph as a whole, or None:
     a graph with no CUDA tensor says so; otherwise the first of :func:`ungraphable_node`'s reasons."""
@@ -69,7 +64,7 @@ def ungraphable_node(node: torch.fx.Node) -> Optional[str]:
     replay)."""
     if node.op != "call_function":
         return None
-    name = _op_name(node.target)
+    name = getattr(getattr(node.target, "_schema", None), "name", "")
     if name in SYNC_OPS:
         return f"op {name} syncs with the host or has a data-dependent shape ({node.name})"
     val = node.meta.get("val")

@@ -16,10 +16,6 @@ import torch
 from coil.exc import KernelIndexError
 
 
-def interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-
-
 def _patch_interpreter_bf16_rounding() -> None:
     """Make the Triton interpreter round fp32 -> bf16 to nearest even, like the GPU (``cvt.rn.bf16.f32``): its
     ``cast_impl`` truncates the mantissa (``x.bfloat16()`` of -8.4784 gave -8.4375, eager -8.5), so CPU tests of bf16
@@ -210,7 +206,7 @@ def _make_red_shim():
 def __getattr__(name):
     if name not in ("red", "rng", "libdevice"):
         raise AttributeError(name)
-    if interpreting():
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):  # the CPU interpreter
         if name not in _SHIMS:
             _SHIMS[name] = {"red": _make_red_shim, "rng": _make_rng_shim, "libdevice": _make_shim}[name]()
         return _SHIMS[name]

@@ -113,9 +113,6 @@ class KernelDeps:
     def __init__(self, loads, stores, in_loop):
         self.loads, self.stores, self.in_loop = loads, stores, in_loop
 
-    def loads_of(self, name):
-        return [e for n, e in self.loads if n == name]
-
 
 #: (id(buffer), numel, rnumel) -> (buffer, KernelDeps): one graph's, cleared by each Scheduler
 _deps_cache: dict = {}

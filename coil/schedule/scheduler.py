@@ -278,8 +278,8 @@ class Scheduler:
                     p_in_loop = pdeps.in_loop and not p.is_reduction()
                     if p_in_loop and not cdeps.in_loop and rnumel != 1:
                         return f"{c.get_name()} reads {name} once per output but it is computed in the loop"
-                    for e in cdeps.loads_of(name):
-                        if e != store:
+                    for read, e in cdeps.loads:
+                        if read == name and e != store:
                             return f"{c.get_name()} reads {name}[{e}] but it is written at [{store}]"
         if not crossing and not self._shares_an_element(a, b, numel, rnumel):
             pa = self._input_only_pattern(a)

@@ -79,11 +79,6 @@ class CompileCounter:
 
 # ----------------------------------------------------------------- comparisons
 
-def _tolerance(dtype: torch.dtype, atol: Optional[float], rtol: Optional[float]):
-    d_atol, d_rtol = TOLERANCES.get(dtype, (0.0, 0.0))
-    return (d_atol if atol is None else atol), (d_rtol if rtol is None else rtol)
-
-
 def _errors(x: torch.Tensor, ref: torch.Tensor):
     """(rms, max-abs) of ``x - ref`` in fp64, ignoring positions where both are nan/equal inf."""
     a, b = x.detach().to(torch.float64), ref.detach().to(torch.float64)
@@ -114,7 +109,8 @@ def _compare_tensor(what: str, actual: torch.Tensor, expected: torch.Tensor,
         return f"{what}: {bad.shape[0]} of {a.numel()} elements differ (exact dtype {a.dtype}); " \
                f"first at index {tuple(bad[0].tolist())}: {a[tuple(bad[0])].item()} vs eager " \
                f"{e[tuple(bad[0])].item()}"
-    at, rt = _tolerance(expected.dtype, atol, rtol)
+    d_atol, d_rtol = TOLERANCES.get(expected.dtype, (0.0, 0.0))
+    at, rt = (d_atol if atol is None else atol), (d_rtol if rtol is None else rtol)
     if expected.dtype in _LOW_PRECISION and reference is not None:
         ref = reference.detach().to(torch.float32)
         c_rms, c_max = _errors(a, ref)

@@ -9,12 +9,14 @@
 """
 from __future__ import annotations
 
+import copy
 import functools
+import pickle
 from typing import Any, Callable, Optional, Union
 
 import torch
 
-from coil import config as _config
+from coil import capture, config as _config
 from coil import trace
 from coil.backends import list_backends, lookup_backend
 from coil.backends.registry import log_backend_failure
@@ -92,8 +94,6 @@ class OptimizedModule(torch.nn.Module):
         del self.__dict__["training"]
 
     def __deepcopy__(self, memo: dict) -> "OptimizedModule":
-        import copy
-
         mod = copy.deepcopy(self._orig_mod, memo)
         if self._rewrap is None:
             raise TypeError("this OptimizedModule cannot be copied (built without rewrap); "
@@ -108,7 +108,6 @@ class OptimizedModule(torch.nn.Module):
         unpickling compiles the loaded module again (compiled code is not saved). Raises ``pickle.PicklingError`` when
         the arguments cannot be pickled (a backend given as a local function)."""
         if (args := self._compile_args) is None:
-            import pickle
             raise pickle.PicklingError("this OptimizedModule was not built by coil.compile; "
                                        "pickle its _orig_mod and compile it after loading")
         return (_compile_unpickled, (self._orig_mod, args))
@@ -188,8 +187,6 @@ def compile(fn_or_module: Union[Callable, torch.nn.Module, None] = None, *,
     backend_fn = _wrap_backend(backend_fn, _backend_name(backend), merged)
 
     def wrap(target):
-        from coil import capture
-
         def capture_it(t):
             return capture.wrap_callable(t, backend=backend_fn, fullgraph=fullgraph, dynamic=dynamic, options=merged)
 
@@ -207,7 +204,6 @@ from coil.capture.dynamic import mark_dynamic, mark_static, mark_unbacked  # noq
 
 def reset() -> None:
     """Drop every cache: compiled frames, guards, kernel caches in memory, recorded CUDA graphs."""
-    from coil import capture
     from coil.runtime import cudagraph_trees
 
     capture.reset()
@@ -225,15 +221,11 @@ def cudagraph_mark_step_begin() -> None:
 
 def disable(fn: Callable) -> Callable:
     """Never capture ``fn`` (it and what it calls run eagerly, even inside compiled code)."""
-    from coil import capture
-
     return capture.disable(fn)
 
 
 def explain(fn: Callable, *args: Any, **kwargs: Any):
     """Capture ``fn(*args, **kwargs)`` and report graphs, graph breaks and their reasons."""
-    from coil import capture
-
     return capture.explain(fn, *args, **kwargs)
 
 

@@ -16,6 +16,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Optional
 
+from coil.config import config
+
 
 class CoilError(RuntimeError):
     """Base class of all errors coil raises on purpose."""
@@ -103,8 +105,6 @@ def refuse_fallback(event: str, error: BaseException | str) -> None:
     the FX interpreter instead of its own kernels because of an internal failure (``event``: the compile-log
     event it logs, e.g. ``codegen_fallback``). With ``config.strict_codegen`` on, raise
     :class:`StrictCodegenError` from ``error`` instead; otherwise return."""
-    from coil.config import config
-
     fallback_counts[event] += 1
     if not config.strict_codegen:
         return

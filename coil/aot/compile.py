@@ -28,6 +28,7 @@ import torch.fx
 import torch.utils._pytree as pytree
 from torch._subclasses.fake_tensor import DynamicOutputShapeException, FakeTensor
 from torch.fx._lazy_graph_module import _make_graph_module, _use_lazy_graph_module
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
 from coil import trace
 from coil.config import config, patch as config_patch
@@ -40,6 +41,7 @@ from coil.aot.regions import compile_regional, region_calls
 from coil.aot.scalars import tensorize_scalar_reads
 from coil.aot.runtime import AUTOCAST_DEVICES, inference_runner, training_runner
 from coil.runtime.cudagraph_split import partitioning
+from coil.exc import CoilError
 
 
 def _placeholder_fakes(gm: torch.fx.GraphModule) -> list:
@@ -88,8 +90,6 @@ def _symbolic_placeholder_values(gm: torch.fx.GraphModule, example_inputs: list,
 def _has_unbacked(gm: torch.fx.GraphModule) -> bool:
     """Whether a value of ``gm`` has a data-dependent (unbacked) size or number, or ``gm`` calls while_loop
     (its trip count is one): the capture's ShapeEnv allowed it, so only the capture's fake mode can trace it."""
-    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
-
     for n in gm.graph.nodes:
         v = n.meta.get("example_value", n.meta.get("val"))
         if n.target is torch.ops.higher_order.while_loop:
@@ -142,7 +142,6 @@ def _refuse_mutated_aliased_inputs(example_inputs: list, mutated: list) -> None:
         return
     if len({x.untyped_storage().data_ptr() for x in tensors}) == len(tensors):
         return  # every storage distinct (the per-call common case: one set, ~0.1 µs a tensor)
-    from coil.exc import CoilError
     owners: dict = {}
     for i, x in enumerate(example_inputs):
         if isinstance(x, torch.Tensor):
@@ -209,8 +208,6 @@ def _check_aliasing_per_call(runner: Callable, gm: Callable, mutated: list, exam
     if not mutated:
         return runner
     mutated = list(mutated)
-    from coil.exc import CoilError
-
     storage_id, tensor = torch._C._storage_id, torch.Tensor
     # all example inputs tensors (parameters, buffers, activations): no per-call test; a call passing something
     # else fails storage_id and takes the full check
@@ -516,7 +513,6 @@ def _dual_inputs_eager(runner: Callable, fn: Callable) -> Callable:
             return fn(*args)
         return runner(*args)
     return run
-
 
 
 def _zero_fill_evenly_distributed(joint: torch.fx.GraphModule) -> None:

@@ -15,8 +15,10 @@ from typing import Callable, Optional, Sequence
 
 import torch
 import torch._decomp as _decomp
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 import coil.capture.meta_checks  # noqa: F401  (eager's layout in some ops' decompositions, before a table is built)
+from coil.config import config
 
 aten = torch.ops.aten
 
@@ -109,8 +111,6 @@ def _mean(x, dims: list, n):
     """``sum(x - p) / n + p`` with ``p`` the first element along ``dims``: exact for a row of equal values, as
     eager's Welford mean is (``sum(x) / n`` of six 1e30 is an ulp off, which a layer_norm then scales to ±1
     instead of 0). Plain ``sum(x) / n`` where a reduced dim may be empty."""
-    from torch.fx.experimental.symbolic_shapes import statically_known_true
-
     p = x
     for d in dims:
         if not statically_known_true(x.shape[d] > 0):
@@ -228,7 +228,6 @@ def native_layer_norm(x, normalized_shape, weight, bias, eps):
         mean = aten._to_copy.default(mean, dtype=stat_dtype)
         rstd = aten._to_copy.default(rstd, dtype=stat_dtype)
     return out, mean, rstd
-
 
 
 def _in_input_format(out, x):
@@ -377,7 +376,6 @@ def get_decompositions(fallback_random: Optional[bool] = None) -> dict:
     random ops of :data:`RANDOM_OPS` whole.
     """
     if fallback_random is None:
-        from coil.config import config
         fallback_random = config.fallback_random
     key = bool(fallback_random)
     if key not in _TABLES:

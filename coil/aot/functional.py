@@ -20,14 +20,15 @@ import torch
 import torch.fx
 import torch.fx.traceback as fx_traceback
 import torch.utils._pytree as pytree
+from torch._dispatch.python import enable_python_dispatcher
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, disable_fake_tensor_cache
 from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx, maybe_enable_thunkify
-from torch.fx.experimental.symbolic_shapes import guard_or_false
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols, guard_or_false
+from torch.fx.passes.runtime_assert import insert_deferred_runtime_asserts
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary
-
 
 from coil import trace
 from coil.aot.aliasing import (OFFSET_WRITE_MESSAGE, OUTSIDE_GRAD_MESSAGE, OUTSIDE_READ_MESSAGE,
@@ -368,7 +369,6 @@ def untraced(fake_mode: FakeTensorMode):
     if (env := fake_mode.shape_env) is None:
         yield
         return
-    from torch._dispatch.python import enable_python_dispatcher
     with env.ignore_fresh_unbacked_symbols(), enable_python_dispatcher():
         yield
 
@@ -693,8 +693,6 @@ def _insert_runtime_asserts(gm: torch.fx.GraphModule, env) -> None:
     runtime asserts, which tracing leaves out of the graph, so the compiled program returned values where eager
     raised. Each check goes right after the node that binds its symbols (torch.fx's
     ``insert_deferred_runtime_asserts``); logged ``runtime_asserts``."""
-    from torch.fx.passes.runtime_assert import insert_deferred_runtime_asserts
-
     before = len(gm.graph.nodes)
     insert_deferred_runtime_asserts(gm, env, "coil")
     added = [str(n.args[1]) for n in gm.graph.nodes if n.target is torch.ops.aten._assert_scalar.default]
@@ -792,7 +790,6 @@ def _cudnn_layouts(gm: torch.fx.GraphModule, fake_mode: FakeTensorMode) -> None:
     a ``_CUDNN_LAYOUT_DEVICES`` convolution: with cuDNN off its fake output is NCHW, where eager's cuDNN keeps a
     channels-last input's layout, and graph outputs take fake strides (a channels-last CNN's output came back NCHW).
     Uncached (the cache key lacks the flag); skipped for data-dependent sizes; logged."""
-    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
     nodes, meta = list(gm.graph.nodes), torch.device("meta")
     if not torch._C._get_cudnn_enabled() or not any(
             n.target in (aten.convolution.default, aten.convolution_backward.default) and getattr(

@@ -17,6 +17,7 @@ import torch.fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from coil import trace
+from coil.aot.functional import fake_mode_of, is_symbolic
 
 
 def invoke_region(subgraph: torch.fx.GraphModule, identifier: str, *operands):
@@ -158,7 +159,6 @@ def _segment(gm: torch.fx.GraphModule, nodes: list):
 
 
 def _compile_split(gm: torch.fx.GraphModule, example_inputs: list, compile_piece: Callable):
-    from coil.aot.functional import fake_mode_of, is_symbolic
     from coil.capture.variables.hops import _region_key  # the same notion of equal graphs
 
     nodes = list(gm.graph.nodes)

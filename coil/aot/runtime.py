@@ -18,8 +18,11 @@ from typing import Any, Callable, Sequence
 import sympy
 import torch
 import torch.utils._pytree as pytree
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+from torch.utils._sympy.printers import PythonPrinter
 
 from coil import trace
+from coil.exc import CoilError
 from coil.aot.functional import JointInfo, ProgramInfo
 from coil.runtime.cudagraph_trees import cudagraphify
 
@@ -66,9 +69,6 @@ def symbolic_evaluator(items: Any, fake_inputs: Sequence, value_shapes: Sequence
     known only once the graph has run). The function is generated Python (torch's ``PythonPrinter``), so a call costs
     a few integer operations; its source is the ``aot_symbolic_layouts`` artifact. Raises :class:`coil.exc.CoilError`
     for a symbol found in neither."""
-    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
-    from torch.utils._sympy.printers import PythonPrinter
-
     needed: set = set().union(*(_expr(leaf).free_symbols for leaf in pytree.tree_leaves(items)
                                 if isinstance(leaf, (torch.SymInt, torch.SymFloat, torch.SymBool))))
     where: dict = {}
@@ -94,8 +94,6 @@ def symbolic_evaluator(items: Any, fake_inputs: Sequence, value_shapes: Sequence
         for d, v in enumerate(shape):
             bind(v, f"vals[{k}].size({d})")
     if missing := needed - set(where):
-        from coil.exc import CoilError
-
         names = sorted(map(str, missing))
         if any(free_unbacked_symbols(s) for s in missing):  # from .item() / .tolist() / nonzero
             raise CoilError(

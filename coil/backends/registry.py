@@ -2,9 +2,15 @@
 from __future__ import annotations
 
 import importlib
+import traceback
 from typing import Callable, Optional, Union
 
 import torch
+
+from coil import trace
+from coil.capture.meta_checks import check_graph
+from coil.capture.substitutes import substitute_graph
+from coil.config import check_option_names
 
 Backend = Callable[[torch.fx.GraphModule, list], Callable]
 
@@ -75,9 +81,6 @@ def coil_backend_entry(gm: torch.fx.GraphModule, example_inputs: list,
     torch's capture runs meta kernels only, so its graph first gets what coil's capture does per call: eager's argument
     checks that meta kernels skip (:func:`coil.capture.meta_checks.check_graph`) and checked substitutes
     (:func:`coil.capture.substitutes.substitute_graph`: ``F.one_hot``)."""
-    from coil.capture.meta_checks import check_graph
-    from coil.capture.substitutes import substitute_graph
-
     if mode not in (None, "default"):
         from coil.api import _MODE_OPTIONS, MODES
         if mode not in MODES:
@@ -85,7 +88,6 @@ def coil_backend_entry(gm: torch.fx.GraphModule, example_inputs: list,
         options = {**_MODE_OPTIONS[mode], **(options or {})}
     if options:
         from coil.api import _wrap_backend
-        from coil.config import check_option_names
         check_option_names(options)
         return _wrap_backend(coil_backend_entry, "coil", dict(options))(gm, example_inputs)
     try:
@@ -99,9 +101,5 @@ def coil_backend_entry(gm: torch.fx.GraphModule, example_inputs: list,
 
 def log_backend_failure(name: str, e: BaseException) -> None:
     """Log event ``backend_failed`` for backend ``name`` raising ``e`` (in an except block)."""
-    import traceback
-
-    from coil import trace
-
     trace.log("backend_failed", stage="backend", backend=name, error=f"{type(e).__name__}: {e}"[:4000],
               traceback=traceback.format_exc())

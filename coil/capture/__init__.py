@@ -18,13 +18,16 @@ from __future__ import annotations
 
 import inspect
 import types
+import warnings
 from dataclasses import dataclass, field
 from typing import Optional, Any, Callable
 
 import torch
 
+from coil import trace
 from coil.capture.frame import (CaptureConfig, break_log, capture_callable, disable,  # noqa: F401
                                 reset, reset_stats, stats, wrap_function, wrap_module)
+from coil.capture import frame as _frame
 
 
 def wrap_callable(fn_or_module, *, backend: Callable, fullgraph: bool = False, dynamic=None,
@@ -62,9 +65,6 @@ def wrap_callable(fn_or_module, *, backend: Callable, fullgraph: bool = False, d
     if isinstance(dunder_call, types.FunctionType) and not isinstance(fn_or_module, type):  # a callable object
         return types.MethodType(wrap_function(dunder_call, cfg), fn_or_module)
     if callable(fn_or_module):
-        import warnings
-
-        from coil import trace
         what = getattr(fn_or_module, "__qualname__", type(fn_or_module).__name__)
         trace.log("compile_target_eager", stage="capture", target=what)
         warnings.warn(f"coil.compile: {what} is not a Python function or nn.Module; it runs eagerly "
@@ -99,8 +99,6 @@ class ExplainOutput:
 def explain(fn, *args, **kwargs) -> ExplainOutput:
     """Capture ``fn(*args, **kwargs)`` with a recording eager backend and report the
     graphs, graph breaks (reason and user stack) and guards."""
-    from coil.capture import frame as _frame
-
     graphs, guards, entries = [], [], []
 
     def backend(gm, example_inputs):

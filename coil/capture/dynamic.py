@@ -14,12 +14,15 @@ import math
 import re
 from typing import Any, Optional
 
+import sympy
 import torch
 from torch._guards import GuardSource, Source as _TorchSource
-from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+from torch.fx.experimental.symbolic_shapes import DimDynamic, StatelessSymbolicContext, free_unbacked_symbols
 
 from coil import trace
 from coil.exc import UserError
+from coil.capture.source import LocalSource
+from coil.capture.variables.symbolic import SymNodeVariable
 
 # ------------------------------------------------------------------------------------
 # marks (stored on the tensor object, like torch's own marks)
@@ -132,11 +135,6 @@ class DynamicPolicy:
         frame's own arguments. An int is a SymInt placeholder (0 and 1 stay constants); a float is a 0-d float64 tensor
         input read with ``.item()`` (its fake's ``item_memo`` is the SymFloat: coil/aot/scalars.py), as in torch's
         capture."""
-        from torch.fx.experimental.symbolic_shapes import DimDynamic
-
-        from coil.capture.source import LocalSource
-        from coil.capture.variables.symbolic import SymNodeVariable
-
         expr = source.expr()
         self.scalars[expr] = value
         if type(value) not in (int, float) or value != value or value in (math.inf, -math.inf):
@@ -199,8 +197,6 @@ class DynamicPolicy:
     def fake_input(self, fake_mode, expr: str, value: torch.Tensor, is_param: bool, loc):
         """The FakeTensor for input ``value`` (symbolic in the dims :meth:`dims_for` picks), after checking
         ``mark_dynamic`` ranges (:class:`UserError` naming the dim and the call)."""
-        from torch.fx.experimental.symbolic_shapes import DimDynamic, StatelessSymbolicContext
-
         dyn = self.dims_for(expr, value, is_param) if not _is_wrapper(value) else {}
         if not dyn:
             return fake_mode.from_tensor(value, static_shapes=True)
@@ -254,8 +250,6 @@ def _is_wrapper(t) -> bool:
 
 def _symbol(s):
     """The sympy symbol of a SymInt that is a bare symbol, else None."""
-    import sympy
-
     if isinstance(s, torch.SymInt):
         e = s.node.expr
         if isinstance(e, sympy.Symbol):
@@ -307,8 +301,6 @@ class SiteRecorder:
 
 def _pinned_symbol(expr):
     """``(symbol, value)`` when guard ``expr`` is ``Eq(symbol, integer)``."""
-    import sympy
-
     if isinstance(expr, sympy.Eq):
         a, b = expr.args
         if isinstance(a, sympy.Symbol) and isinstance(b, sympy.Integer):
@@ -321,8 +313,6 @@ def _pinned_symbol(expr):
 def check_marked(env, policy: DynamicPolicy, sites: SiteRecorder) -> None:
     """Raise :class:`UserError` when the program forced a ``mark_dynamic`` dim to a
     constant (naming the dim, the user line and what to do)."""
-    import sympy
-
     for sym, (expr, d, _rng) in policy.marked.items():
         rep = env.replacements.get(sym)
         value = None

@@ -14,6 +14,7 @@ import dis
 import functools
 import gc
 import inspect
+import io
 import operator
 import sys
 import threading
@@ -40,7 +41,10 @@ from coil.capture.translator import (_GLOBAL_HOOKS, _MODULE_HOOKS, SKIP_MODULES,
                                      RestartAnalysis, instructions_of)
 from coil.capture.variables.base import ConstantVariable, NullVariable
 from coil.capture.variables.builder import wrap
-from coil.capture.variables.tensor import UserCodeError, call_op
+from coil.capture.variables.tensor import IndexCopyAliasing, UserCodeError, call_op
+from coil.capture.dynamic import (DynamicPolicy, SymbolSource, changed_dims, check_marked, is_symbolic_value, readable,
+                                  shape_guards)
+from coil.capture.guards import Hoister
 
 # ------------------------------------------------------------------------------------
 # global state
@@ -264,7 +268,6 @@ def _under_functorch(fn, args, kwargs):
         _functorch_warned.append(True)
         trace.log("functorch_eager", stage="capture", frame=_label(fn.__code__),
                   reason="called inside a torch.func transform (vmap, grad, jvp)")
-        import warnings
         warnings.warn(f"coil: {_label(fn.__code__)} was called inside a torch.func transform (vmap, grad, jvp); coil "
                       "cannot capture transformed tensors, so such calls run eagerly. What to do: compile the "
                       "transformed function instead, coil.compile(torch.vmap(f)).", stacklevel=3)
@@ -475,8 +478,6 @@ def _miss(fn, code, cfg, bound, args, kwargs):
 def _note_changed_sizes(cache: FrameCache, old: CacheEntry, bound, fn) -> None:
     """Automatic dynamic: remember the dims of tensor inputs whose size differs from
     ``old``'s compile (the next translation makes them symbolic)."""
-    from coil.capture.dynamic import changed_dims
-
     ns = dict(old.guards.ns)
     ns.update(zip(list(old.argnames) + ["___f"], tuple(bound) + (fn,)))
     values = {}
@@ -495,8 +496,6 @@ def _note_changed_sizes(cache: FrameCache, old: CacheEntry, bound, fn) -> None:
 
 
 def _translate(fn, code, cfg, bound, auto_dynamic=None) -> CacheEntry:
-    from coil.capture.dynamic import DynamicPolicy
-
     stats["frames"] += 1
     argnames = _argnames(code)
     trace.artifact("capture_source", lambda: _source_of(fn), kind="python", frame=_label(code))
@@ -548,8 +547,6 @@ def _source_of(fn) -> str:
 
 
 def _dis_text(code) -> str:
-    import io
-
     buf = io.StringIO()
     dis.dis(code, file=buf, depth=0)
     return buf.getvalue()
@@ -620,8 +617,6 @@ def _build_entry(tx, output: OutputGraph, cfg: CaptureConfig, fn, code, argnames
             if _config.config.verbose:
                 print(f"coil: graph break in {_label(code)}: {info.reason}\n  " + "\n  ".join(info.stack))
         if output.index_copies:
-            from coil.capture.variables.tensor import IndexCopyAliasing
-
             raise IndexCopyAliasing("graph break after indexing with a 0-d integer tensor (a "
                                     "view in eager, a copy in the graph): the frame runs eagerly")
         if tx.exc_stack:
@@ -712,8 +707,6 @@ def _build_entry(tx, output: OutputGraph, cfg: CaptureConfig, fn, code, argnames
     cg = EntryCodegen(output, graph_outs)
     lines = cg.lines
     output.restore_input_layouts()  # the backend traces from the inputs as at the call
-    from coil.capture.dynamic import check_marked
-
     check_marked(output.shape_env, output.dynamic, output.sites)
     if needs_graph:
         stats["graphs"] += 1
@@ -782,8 +775,6 @@ def _entry_inputs(exprs: list, guards, ns: dict) -> list:
     """The entry's lines reading the graph's inputs (source expressions ``exprs``) and calling it: those the fast guard
     keeps (values reached only through dicts whose version tags it watches) come from its snapshot while that holds
     for this call's root dicts (a 12-layer GPT-2 step reads ~150 parameters: ~25 µs), else through the module tree."""
-    from coil.capture.guards import Hoister
-
     kept = {e: k for e, k in guards.kept(exprs).items() if not e.isidentifier()}
     kept, hoister, lines, walk = kept if len(kept) >= 8 else {}, Hoister("___i"), [], []
     for e in sorted(exprs, key=lambda e: e in kept):  # (stable: the others first, in order)
@@ -801,8 +792,6 @@ def _entry_inputs(exprs: list, guards, ns: dict) -> list:
 def _add_shape_guards(output: OutputGraph) -> list:
     """The ShapeEnv's guards over the symbolic inputs, into the frame's guard set; returns
     the entry's runtime asserts (dims marked unbacked, :func:`~coil.capture.dynamic.shape_guards`)."""
-    from coil.capture.dynamic import SymbolSource, is_symbolic_value, readable, shape_guards
-
     inputs = [(src.expr(), node.meta["example_value"]) for (src, _, node) in output.inputs
               if not isinstance(src, SymbolSource) and is_symbolic_value(node.meta["example_value"])]
     inputs += output.scalar_floats
@@ -936,8 +925,6 @@ def _operator_form(inst):
     instruction pushes, for instructions that pop their operands and push one value; None for others. The function runs
     as plain Python (a ``__getitem__`` that broke once would break again on its own frame, at more cost per call). The
     operators are the translator's own (``opcodes._BINARY``, ``opcodes._COMPARE``)."""
-    import operator
-
     from coil.capture.opcodes import _BINARY, _COMPARE
 
     name = inst.opname

@@ -17,6 +17,8 @@ import torch
 
 from coil import trace
 from coil.capture.source import iter_rest
+from coil.capture.dynamic import _LOCAL, _PROP, readable
+from coil.config import config
 
 try:
     from torch._C._dynamo.guards import TensorGuards as _TensorGuards
@@ -27,8 +29,6 @@ except ImportError:    # a torch without it: every tensor is checked in Python
 #: The ``group`` of guards generated after all others, in one ``if`` (a dynamic tensor's
 #: ``is_contiguous()``, once its batched C++ check passed)
 _AFTER = "___after"
-
-
 
 
 _NEVER = types.SimpleNamespace(check=lambda *tensors: False)  # a memo's `last` before any add
@@ -193,7 +193,6 @@ class GuardSet:
     def build(self, argnames: list[str], label: str = ""):
         """Compile the guard function; returns ``(fn, source_text)``. With ``config.guard_versions``, ``fn`` is the fast
         guard of :mod:`.guard_versions` (its source is the compile log's artifact ``guards_fast``)."""
-        from coil.config import config
         from coil.capture.guard_versions import fast_guard
 
         if self._batched:
@@ -214,8 +213,6 @@ class GuardSet:
         """The arguments of the ``___tensors_args`` check (``"x, y"``) when every size the
         shape guards read is a size or stride of one of them (then their truth follows
         from those tensors' exact sizes and strides: :class:`_ShapeMemo`); else ``""``."""
-        from coil.capture.dynamic import _LOCAL, _PROP
-
         srcs = self._batch_srcs.get("___tensors_args", [])
         props = [_PROP.match(self.shape_names[n]) for n in set(_LOCAL.findall(" ".join(self.shape_exprs)))]
         if not self.shape_exprs or not srcs or not all(m and m.group(1) in srcs for m in props):
@@ -297,8 +294,6 @@ class GuardSet:
         return out
 
     def _shape_failures(self, ns: dict, limit: int) -> list[dict]:
-        from coil.capture.dynamic import readable
-
         try:
             for ln in self.shape_prelude:
                 exec(ln, ns)
@@ -424,8 +419,6 @@ def _dynamic_tensor_guard(gs: GuardSet, expr: str, t: torch.Tensor, fake) -> Non
 def _chain_steps(node) -> Optional[list]:
     """The nodes of a chain, root first (a Name, then Attribute / Subscript-by-constant
     steps), or None if ``node`` is not a chain."""
-    import ast
-
     steps = []
     while True:
         steps.append(node)
@@ -440,8 +433,6 @@ def _chain_steps(node) -> Optional[list]:
 
 def _first_chain(node):
     """The chain node ``node`` evaluates before anything else, if any."""
-    import ast
-
     while True:
         if isinstance(node, ast.Expression):
             node = node.body
@@ -472,8 +463,6 @@ class _Parsed:
     __slots__ = ("raw", "chains", "first")
 
     def __init__(self, code: str):
-        import ast
-
         self.raw = code.encode("utf-8")
         tree = ast.parse(code, mode="eval")
         inner: set = set()

@@ -33,28 +33,21 @@ def _arg(args, kwargs, i: int, name: str):
     return args[i] if len(args) > i else kwargs.get(name)
 
 
-def _check_same_dtype(message: str, self, other) -> None:
-    """RuntimeError ``message`` (formatted with the ATen type names ``a`` and ``b``) when
-    tensors ``self`` and ``other`` differ in dtype."""
-    if isinstance(self, torch.Tensor) and isinstance(other, torch.Tensor) and self.dtype != other.dtype:
-        raise RuntimeError(message.format(a=_type_name(self.dtype), b=_type_name(other.dtype)))
+def _same_dtype(message: str, at: int, name: str) -> Callable:
+    """A check raising RuntimeError ``message`` (formatted with the ATen type names ``a`` and ``b``) when the op's
+    input and its tensor argument ``name`` (position ``at``) differ in dtype."""
+    def check(args, kwargs) -> None:
+        self, other = _arg(args, kwargs, 0, "input"), _arg(args, kwargs, at, name)
+        if isinstance(self, torch.Tensor) and isinstance(other, torch.Tensor) and self.dtype != other.dtype:
+            raise RuntimeError(message.format(a=_type_name(self.dtype), b=_type_name(other.dtype)))
+    return check
 
 
-def _index_add(args, kwargs) -> None:
-    _check_same_dtype("index_add_(): self ({a}) and source ({b}) must have the same scalar type",
-                      _arg(args, kwargs, 0, "input"), _arg(args, kwargs, 3, "source"))
-
-
-def _index_copy(args, kwargs) -> None:
-    _check_same_dtype("index_copy_(): self and source expected to have the same dtype, but got "
-                      "(self) {a} and (source) {b}",
-                      _arg(args, kwargs, 0, "input"), _arg(args, kwargs, 3, "source"))
-
-
-def _index_put(args, kwargs) -> None:
-    _check_same_dtype("Index put requires the source and destination dtypes match, got {a} for "
-                      "the destination and {b} for the source.",
-                      _arg(args, kwargs, 0, "input"), _arg(args, kwargs, 2, "values"))
+_index_add = _same_dtype("index_add_(): self ({a}) and source ({b}) must have the same scalar type", 3, "source")
+_index_copy = _same_dtype("index_copy_(): self and source expected to have the same dtype, but got (self) {a} and "
+                          "(source) {b}", 3, "source")
+_index_put = _same_dtype("Index put requires the source and destination dtypes match, got {a} for the destination "
+                         "and {b} for the source.", 2, "values")
 
 
 def _dim(args, kwargs) -> None:

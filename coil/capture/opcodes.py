@@ -11,6 +11,7 @@ https://docs.python.org/3.12/library/dis.html (sections "Python Bytecode Instruc
 from __future__ import annotations
 
 import dis
+import importlib
 import operator
 import sys
 
@@ -18,8 +19,14 @@ from coil.exc import Unsupported
 from coil.capture.variables.base import CellVariable, ConstantVariable, NullVariable
 from coil.capture.variables.containers import (DictVariable, ListIteratorVariable, ListVariable,
                                                SetVariable, SliceVariable, TupleVariable)
-from coil.capture.variables.functions import NestedFunctionVariable
+from coil.capture.variables.functions import BoundMethodVariable, NestedFunctionVariable
 from coil.capture.variables.tensor import TensorVariable, UserCodeError
+from coil.capture.exceptions import ExceptionVariable
+from coil.capture.source import ConstSource
+from coil.capture.translator import ReturnValue, const_value
+from coil.capture.variables.builder import wrap
+from coil.capture.variables.objects import NewObjectVariable, UserDefinedClassVariable
+from coil.capture.variables.torchfn import ContextManagerVariable
 
 PY = sys.version_info[:2]
 HANDLERS: dict = {}
@@ -38,8 +45,6 @@ def op(name: str, versions=BOTH):
 
 
 def _return(tx, value):
-    from coil.capture.translator import ReturnValue
-
     raise ReturnValue(value)
 
 
@@ -212,9 +217,6 @@ def STORE_ATTR(tx, inst):
 
 @op("DELETE_ATTR")
 def DELETE_ATTR(tx, inst):
-    from coil.capture.variables.objects import NewObjectVariable
-    from coil.capture.variables.tensor import UserCodeError
-
     obj = tx.pop()
     if isinstance(obj, NewObjectVariable) and type(getattr(obj, "attrs", None)) is dict:
         if inst.argval not in obj.attrs:
@@ -533,8 +535,6 @@ def FORMAT_VALUE(tx, inst):
     conv = inst.arg & 0x03
     if isinstance(v, TensorVariable):
         raise Unsupported("formatting a tensor into a string reads its data")
-    from coil.capture.translator import const_value
-
     value = const_value(v)      # (a list or dict of constants too: f"{cfg.tags}")
     value = {0: value, 1: str(value), 2: repr(value), 3: ascii(value)}[conv]
     tx.push(ConstantVariable(format(value, fmt)))
@@ -655,9 +655,6 @@ def YIELD_VALUE(tx, inst):
 # https://docs.python.org/3.11/library/dis.html#opcode-BEFORE_WITH
 @op("BEFORE_WITH")
 def BEFORE_WITH(tx, inst):
-    from coil.capture.variables.functions import BoundMethodVariable
-    from coil.capture.variables.torchfn import ContextManagerVariable
-
     ctx = tx.pop()
     if isinstance(ctx, ContextManagerVariable):
         tx.push(BoundMethodVariable(ctx, "__exit__"))
@@ -672,8 +669,6 @@ def BEFORE_WITH(tx, inst):
 # https://docs.python.org/3.11/library/dis.html#opcode-LOAD_ASSERTION_ERROR
 @op("LOAD_ASSERTION_ERROR")
 def LOAD_ASSERTION_ERROR(tx, inst):
-    from coil.capture.variables.objects import UserDefinedClassVariable
-
     tx.push(UserDefinedClassVariable(AssertionError))
 
 
@@ -683,9 +678,6 @@ def LOAD_ASSERTION_ERROR(tx, inst):
 # its call instruction; an exception no traced frame handles is a graph break where it was
 # first raised. tx.exc_stack holds the exceptions being handled (sys.exc_info()).
 def _exception_of(tx, v):
-    from coil.capture.exceptions import ExceptionVariable
-    from coil.capture.variables.objects import UserDefinedClassVariable
-
     if isinstance(v, ExceptionVariable):
         return v
     if isinstance(v, UserDefinedClassVariable) and isinstance(v.value, type) and issubclass(v.value, BaseException):
@@ -726,9 +718,6 @@ def POP_EXCEPT(tx, inst):
 # https://docs.python.org/3.11/library/dis.html#opcode-CHECK_EXC_MATCH
 @op("CHECK_EXC_MATCH")
 def CHECK_EXC_MATCH(tx, inst):
-    from coil.capture.exceptions import ExceptionVariable
-    from coil.capture.translator import const_value
-
     want = tx.pop()
     exc = tx.stack[-1]
     if not isinstance(exc, ExceptionVariable):
@@ -753,9 +742,6 @@ def RERAISE(tx, inst):
 # Stack: [..., __exit__, lasti, previous exception, exception]; push __exit__(type, value, tb).
 @op("WITH_EXCEPT_START")
 def WITH_EXCEPT_START(tx, inst):
-    from coil.capture.exceptions import ExceptionVariable
-    from coil.capture.variables.objects import UserDefinedClassVariable
-
     exc = tx.stack[-1]
     if not isinstance(exc, ExceptionVariable):
         raise Unsupported(f"with block exiting on {exc}")
@@ -771,22 +757,16 @@ def _exception_path(tx, inst):
 # https://docs.python.org/3.11/library/dis.html#opcode-IMPORT_NAME
 @op("IMPORT_NAME")
 def IMPORT_NAME(tx, inst):
-    import importlib
-    import sys as _sys
-
     fromlist = tx.pop().as_python_constant()
     level = tx.pop().as_python_constant()
     name = inst.argval
     if level != 0:
         raise Unsupported("relative import inside the frame")
-    if name not in _sys.modules:
+    if name not in sys.modules:
         raise Unsupported(f"import of {name} (not imported yet)")
     mod = importlib.import_module(name)
     if not fromlist:
-        mod = _sys.modules[name.split(".")[0]]
-    from coil.capture.source import ConstSource
-    from coil.capture.variables.builder import wrap
-
+        mod = sys.modules[name.split(".")[0]]
     # held by identity, so what is read through it is guarded (mod.K, from mod import cfg)
     tx.push(wrap(tx, mod, ConstSource(tx.output.guards.const(mod))))
 

@@ -27,6 +27,7 @@ from typing import Any, Optional
 import torch
 import torch.fx
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 from coil.exc import Unsupported
 from coil.capture.guards import GuardSet
@@ -34,6 +35,8 @@ from coil.capture.source import ConstSource
 from coil.capture.variables.base import CellVariable, ConstantVariable, SourcedCellVariable, VariableTracker
 from coil.capture.variables.symbolic import SymNodeVariable
 from coil.capture.variables.tensor import TensorVariable
+from coil.capture.dynamic import DynamicPolicy, SiteRecorder, SymbolSource, _symbol, source_name
+from coil.capture.variables.containers import DictVariable, ListVariable, SetVariable
 
 
 def _new_object(cls, attrs):
@@ -100,10 +103,6 @@ class OutputGraph:
 
     def __init__(self, f_globals: dict, argnames: list[str], scalar_outputs: bool = False,
                  dynamic_output_shapes: bool = False):
-        from torch.fx.experimental.symbolic_shapes import ShapeEnv
-
-        from coil.capture.dynamic import DynamicPolicy, SiteRecorder
-
         self.graph = torch.fx.Graph()
         # sizes of dynamic inputs are symbols of this ShapeEnv (coil/capture/dynamic.py);
         # data-dependent outputs stay graph breaks unless the options allow them
@@ -191,8 +190,6 @@ class OutputGraph:
     def symbol_input(self, value) -> Optional[torch.fx.Node]:
         """The SymInt placeholder for ``value`` when it is a bare symbol named by an input's size or stride
         (made once per symbol; the entry passes ``x.size()[0]``), else None."""
-        from coil.capture.dynamic import SymbolSource, _symbol, source_name
-
         if (sym := _symbol(value)) is None:
             return None
         if (node := self.symbol_nodes.get(sym)) is not None:
@@ -346,8 +343,6 @@ class EntryCodegen:
         return self.const_expr(cell.cell)
 
     def side_effect_lines(self, se: SideEffects) -> None:
-        from coil.capture.variables.containers import DictVariable, ListVariable, SetVariable
-
         for item in se.order:
             kind = item[0]
             if kind == "container":

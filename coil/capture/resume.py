@@ -10,11 +10,12 @@ the user's code (:data:`_POSITIONS`), so a loop makes one resume function, not o
 """
 from __future__ import annotations
 
+import dis
 import sys
 import types
 from typing import Optional
 
-from bytecode import Bytecode, Instr, Label
+from bytecode import Bytecode, Instr, Label, TryBegin, TryEnd
 from bytecode.instr import CellVar
 
 _CACHE: dict = {}
@@ -121,8 +122,6 @@ def _in_user_code(code: types.CodeType, index: int, tail: Optional[tuple]):
 def _record_positions(new_code: types.CodeType, code: types.CodeType, bc, new: list) -> None:
     """Map ``new_code``'s instructions to the user's code's (kept only if every mapped pair
     has the same opname: the bytecode library keeps instructions one for one)."""
-    import dis
-
     at = {id(ins): k for k, ins in enumerate(i for i in bc if isinstance(i, Instr))}
     parent = _POSITIONS.get(code)
     m = []
@@ -175,8 +174,6 @@ def _cells_as_locals(new: list, names: set) -> list:
 
 def _with_tail(bc, new: list, tail: tuple) -> list:
     """Insert the trampoline's tail after the call instruction (see make_resume_code)."""
-    from bytecode import TryBegin, TryEnd
-
     call_index, n_below, cell_names, next_fn, local_names = tail
     count, call_ins = -1, None
     for ins in bc:
@@ -214,10 +211,6 @@ def _with_tail(bc, new: list, tail: tuple) -> list:
 def _copy_exception_depths(bc, code: types.CodeType) -> None:
     """Set each ``TryBegin.stack_depth`` of ``bc`` (``Bytecode.from_code(code)``, whose
     TryBegins follow the exception table's order) to the depth CPython recorded."""
-    import dis
-
-    from bytecode import TryBegin
-
     table = dis._parse_exception_table(code)
     tbs = [ins for ins in bc if isinstance(ins, TryBegin)]
     if len(tbs) != len(table):

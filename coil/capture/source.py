@@ -18,10 +18,13 @@ from typing import Any
 
 
 class Source:
-    """Base class: ``expr()`` is the Python expression text for the value."""
+    """Base class: ``expr()`` is the Python expression text for the value: by default the class's ``template``
+    formatted with its fields (a field that is a source formats as its expression)."""
 
-    def expr(self) -> str:  # pragma: no cover - abstract
-        raise NotImplementedError
+    template = ""
+
+    def expr(self) -> str:
+        return self.template.format(**self.__dict__)
 
     def __str__(self) -> str:
         return self.expr()
@@ -31,9 +34,7 @@ class Source:
 class LocalSource(Source):
     """A frame argument, by name (the guard and entry functions take them as parameters)."""
     name: str
-
-    def expr(self) -> str:
-        return self.name
+    template = "{name}"
 
 
 @dataclass(frozen=True)
@@ -42,27 +43,21 @@ class GlobalSource(Source):
     from other modules use a namespace-held dict (``gname``)."""
     name: str
     gname: str = "___G"
-
-    def expr(self) -> str:
-        return f"{self.gname}[{self.name!r}]"
+    template = "{gname}[{name!r}]"
 
 
 @dataclass(frozen=True)
 class BuiltinSource(Source):
     """A name of the builtins module."""
     name: str
-
-    def expr(self) -> str:
-        return f"___builtins.{self.name}"
+    template = "___builtins.{name}"
 
 
 @dataclass(frozen=True)
 class ClosureSource(Source):
     """The content of the root function's ``index``-th closure cell."""
     index: int
-
-    def expr(self) -> str:
-        return f"___f.__closure__[{self.index}].cell_contents"
+    template = "___f.__closure__[{index}].cell_contents"
 
 
 @dataclass(frozen=True)
@@ -70,27 +65,21 @@ class AttrSource(Source):
     """``base.attr`` (plain attribute access)."""
     base: Source
     attr: str
-
-    def expr(self) -> str:
-        return f"{self.base.expr()}.{self.attr}"
+    template = "{base}.{attr}"
 
 
 @dataclass(frozen=True)
 class CallSource(Source):
     """``base()``: the referent of a ``weakref.ref``."""
     base: Source
-
-    def expr(self) -> str:
-        return f"{self.base.expr()}()"
+    template = "{base}()"
 
 
 @dataclass(frozen=True)
 class TypeSource(Source):
     """``type(base)``."""
     base: Source
-
-    def expr(self) -> str:
-        return f"type({self.base.expr()})"
+    template = "type({base})"
 
 
 @dataclass(frozen=True)
@@ -99,9 +88,7 @@ class ModuleDictSource(Source):
     base: Source
     dict_name: str
     key: str
-
-    def expr(self) -> str:
-        return f"{self.base.expr()}.{self.dict_name}[{self.key!r}]"
+    template = "{base}.{dict_name}[{key!r}]"
 
 
 @dataclass(frozen=True)
@@ -109,9 +96,7 @@ class GetItemSource(Source):
     """``base[key]`` with a constant key (int, str, ...)."""
     base: Source
     key: Any
-
-    def expr(self) -> str:
-        return f"{self.base.expr()}[{self.key!r}]"
+    template = "{base}[{key!r}]"
 
 
 @dataclass(frozen=True)
@@ -132,9 +117,7 @@ class ConstSource(Source):
     """A value the generated code holds directly (namespace name ``name``); used for
     values such as closure cells of inlined functions that are guarded by identity."""
     name: str
-
-    def expr(self) -> str:
-        return self.name
+    template = "{name}"
 
 
 @dataclass(frozen=True)

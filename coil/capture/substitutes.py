@@ -19,6 +19,7 @@ from typing import Callable, Optional
 
 import torch
 import torch.utils._pytree as pytree
+from torch.utils.checkpoint import CheckpointPolicy
 
 from coil import trace
 
@@ -163,8 +164,6 @@ def _inline_checkpoint(gm: torch.fx.GraphModule, node: torch.fx.Node) -> None:
     """torch's capture of ``torch.utils.checkpoint.checkpoint``, a ``tag_activation_checkpoint`` call of a
     subgraph, inlined and tagged as coil's capture does (``call_checkpoint``): run as a HOP by make_fx,
     eager's checkpoint machinery refused an in-place op or dropout in the body."""
-    from torch.utils.checkpoint import CheckpointPolicy
-
     from coil.capture.variables.hops import _region_ids
     body, region, before = getattr(gm, node.args[0].target), next(_region_ids), set(gm.graph.nodes)
     with gm.graph.inserting_before(node):

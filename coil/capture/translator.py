@@ -24,9 +24,10 @@ import types
 from typing import Any, Optional
 
 import torch
+from torch.nn.modules import module as _mm
 
-from coil.exc import Unsupported
-from coil.capture.source import BuiltinSource, ConstSource, GlobalSource
+from coil.exc import SourceLocation, Unsupported
+from coil.capture.source import AttrSource, BuiltinSource, ConstSource, GlobalSource
 from coil.capture.variables.base import CellVariable, ConstantVariable, SourcedCellVariable, VariableTracker
 from coil.capture.variables.builder import wrap, wrap_constant_result
 from coil.capture.variables.containers import (BaseListVariable, DictVariable, GeneratorVariable, ListIteratorVariable,
@@ -42,6 +43,10 @@ from coil.capture.variables.tensor import TensorVariable, UserCodeError, call_op
 from coil.capture.variables.symbolic import SymNodeVariable
 from coil.capture.variables.symbolic import binary as sym_binary, unary as sym_unary
 from coil.capture.exceptions import ExceptionVariable, exception_table, exception_tracker
+from coil.capture.variables.objects import lookup_attr
+from coil.capture.variables.torchfn import CONTEXT_CLASSES, make_context
+from coil.capture.inspection import frame_unsupported
+from coil.capture.resume import is_resume
 
 CO_GENERATOR = 0x20
 CO_COROUTINE = 0x80
@@ -57,10 +62,6 @@ _CAPTURE_DIR = __file__.rsplit("/", 1)[0] + "/"
 
 def _stack_lines(frames) -> list[str]:
     return [f'File "{f}", line {line}, in {name}' for f, line, name in frames]
-
-
-def _stack_summary(lines: list[str]) -> str:
-    return " <- ".join(reversed(lines[-3:]))
 
 
 def _stack_trace(frames) -> str:
@@ -128,6 +129,8 @@ def instructions_of(code: types.CodeType) -> tuple:
 
 @functools.lru_cache(maxsize=8192)
 def _offset_map(code: types.CodeType) -> dict:
+    """Byte offset → instruction index; an EXTENDED_ARG maps to the instruction it
+    extends (jumps may target it). Shared: callers copy it."""
     out, pending, idx = {}, [], 0
     for inst in dis.get_instructions(code):
         if inst.opname == "EXTENDED_ARG":
@@ -141,12 +144,6 @@ def _offset_map(code: types.CodeType) -> dict:
     return out
 
 
-def offset_map(code: types.CodeType) -> dict:
-    """Byte offset → instruction index; an EXTENDED_ARG maps to the instruction it
-    extends (jumps may target it). A fresh dict (the cached one is shared)."""
-    return dict(_offset_map(code))
-
-
 class InstructionTranslatorBase:
     """State and semantics shared by the root and inlining translators."""
 
@@ -157,7 +154,7 @@ class InstructionTranslatorBase:
 
         self.code, self.f_globals, self.output, self.parent = code, f_globals, output, parent
         self.instructions = instructions_of(code)
-        self.offset_to_index = offset_map(code)
+        self.offset_to_index = dict(_offset_map(code))
         self.ip = 0
         self.stack: list[VariableTracker] = []
         self.locals: dict[str, VariableTracker] = dict(symbolic_locals)
@@ -251,13 +248,11 @@ class InstructionTranslatorBase:
         key torch.fx's ``print_readable``, ``make_fx`` (which copies it into the ATen graphs) and torch's
         backends read; a kernel's failed bounds check names its innermost line."""
         frames = self.user_frames()
-        node.meta["stack"] = _stack_summary(_stack_lines(frames))
+        node.meta["stack"] = " <- ".join(reversed(_stack_lines(frames)[-3:]))
         if trace := _stack_trace(frames):
             node.meta["stack_trace"] = trace
 
     def location(self):
-        from coil.exc import SourceLocation
-
         inst = self.current
         line = inst.positions.lineno if inst is not None and inst.positions else self.code.co_firstlineno
         return SourceLocation.of(self.code.co_filename, line or self.code.co_firstlineno)
@@ -559,8 +554,6 @@ class InstructionTranslatorBase:
                 isinstance(fn, (UserFunctionVariable, UserMethodVariable)):
             # a coil-compiled function called from compiled code: its own function is inlined (as torch.compile
             # nests), not coil's wrapper, whose frame machinery would be captured
-            from coil.capture.source import AttrSource
-
             src = fn.source and AttrSource(fn.source, "__wrapped__")
             fn = UserFunctionVariable(inner.__wrapped__, src) if isinstance(fn, UserFunctionVariable) else \
                 UserMethodVariable(inner.__wrapped__, fn.obj, src)
@@ -572,8 +565,6 @@ class InstructionTranslatorBase:
         mod = fn.get_globals().get("__name__", "") or ""
         if mod.split(".")[0] in SKIP_MODULES or (
                 mod.startswith(("torch._dynamo", "coil.")) and not mod.startswith(TRACED_COIL_MODULES)):
-            from coil.capture.inspection import frame_unsupported
-
             obj = getattr(fn, "fn", None)
             wrapped = getattr(obj, "__wrapped__", None)
             if mod.startswith("torch._dynamo") and callable(wrapped):  # torch.compiler.disable(f)
@@ -601,15 +592,11 @@ class InstructionTranslatorBase:
         from coil.api import OptimizedModule
 
         if type(m) is OptimizedModule:  # a coil-compiled module called from compiled code: the original is traced
-            from coil.capture.source import AttrSource
-
             mod_vt = wrap(self, m._orig_mod, mod_vt.source and AttrSource(mod_vt.source, "_orig_mod"))
             m = mod_vt.value
         cls = type(m)
         if cls.__call__ is not torch.nn.Module.__call__:
             return self.call(UserMethodVariable(cls.__call__, mod_vt), args, kwargs)
-        from torch.nn.modules import module as _mm
-
         gs = self.output.guards
         # hooks registered later must be seen: the hook dicts are guarded (a new hook
         # recompiles, the recompile event naming the dict)
@@ -674,8 +661,6 @@ class InstructionTranslatorBase:
         return out
 
     def construct_object(self, cls_vt: UserDefinedClassVariable, args: list, kwargs: dict):
-        from coil.capture.variables.torchfn import CONTEXT_CLASSES, make_context
-
         cls = cls_vt.value
         if cls in CONTEXT_CLASSES:
             return make_context(self, cls, args, kwargs)
@@ -736,8 +721,6 @@ class InstructionTranslatorBase:
                 raise Unsupported("super() without __class__ cell")
             cls = self.load_cell("__class__").as_python_constant()
             first = self.code.co_varnames[0]
-            from coil.capture.resume import is_resume
-
             if is_resume(self.code):
                 # a resume function's first arguments are stack slots (___stackN); the
                 # method's own first argument comes after them
@@ -746,9 +729,6 @@ class InstructionTranslatorBase:
             if obj is None and first in self.cells:
                 obj = self.load_cell(first)
         return SuperVariable(cls, obj)
-
-    def wrap_object_key(self, k):
-        raise Unsupported("non-constant dict key")
 
     def wrap(self, value, source):
         return wrap(self, value, source)
@@ -839,8 +819,6 @@ class _ObjectGetattribute(_SuperSlot):
     its own ``__getattribute__`` reading past it: transformers' configs)."""
 
     def call_function(self, tx, args, kwargs):
-        from coil.capture.variables.objects import lookup_attr
-
         return lookup_attr(tx, self.obj, args[0].as_python_constant(), generic=True)
 
 
@@ -915,11 +893,9 @@ class InstructionTranslator(InstructionTranslatorBase):
                     # was first raised (the handler then runs in plain Python)
                     off = getattr(e, "root_offset", None)
                     off = inst.offset if off is None else off
-                    self.break_at[off] = BreakInfo(off, e.reason, self.user_stack_at(e), e)
+                    stack = getattr(e, "user_stack", None) or self.user_stack()
+                    self.break_at[off] = BreakInfo(off, e.reason, stack, e)
                     raise RestartAnalysis() from e
             raise Unsupported("too many instructions (infinite loop?)")
         except ReturnValue as r:
             self.result = ("return", r.value)
-
-    def user_stack_at(self, e) -> list[str]:
-        return getattr(e, "user_stack", None) or self.user_stack()

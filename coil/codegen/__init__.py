@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import warnings
 from typing import Callable
 
 import torch
@@ -24,9 +25,13 @@ import torch
 from coil import trace
 from coil.codegen.backend import GeneratedKernel, get_kernel_backend
 from coil.codegen.common import KernelPlan
+from coil.codegen.tiling import tile_pointwise
 from coil.config import config
-from coil.exc import CoilError, KernelCompileError
+from coil.exc import CoilError, KernelCompileError, refuse_fallback
 from coil.ir.symbols import shape_env_scope
+from coil.codegen.wrapper import WrapperCodegen
+from coil.ir.graph import GraphLowering
+from coil.schedule.scheduler import FusedGroup, Scheduler
 
 __all__ = ["compile_aten_graph", "CompiledGraph"]
 
@@ -76,9 +81,7 @@ class CompiledGraph:
                                 f"already wrote its inputs {list(self.writes_inputs)} in place, so it cannot be "
                                 "re-run with ATen ops. Please report this bug; coil.config.inplace_input_writes = "
                                 "False avoids it.") from e
-            import warnings
             trace.log("kernel_compile_fallback", stage="runtime", error=str(e)[:4000])
-            from coil.exc import refuse_fallback
             refuse_fallback("kernel_compile_fallback", e)  # config.strict_codegen
             warnings.warn(f"coil: a generated kernel failed to compile ({str(e)[:500]}); "
                           "running this graph with ATen ops instead (slower, same results)")
@@ -136,10 +139,8 @@ def atomic_add_dtype(device: torch.device, dtype: torch.dtype) -> torch.dtype:
 
 def _tiling(group, backend):
     """(Y, X) when ``group`` runs as a 2-D tiled pointwise kernel (Triton only), else None."""
-    from coil.schedule.scheduler import FusedGroup
     if backend.name != "triton" or not isinstance(group, FusedGroup):
         return None
-    from coil.codegen.tiling import tile_pointwise
     if (tiled := tile_pointwise(group)) is not None:
         trace.log("tile_2d", stage="codegen", group=group.names, y=tiled[0], x=tiled[1])
     return tiled
@@ -191,10 +192,6 @@ def _unbacked_shape_env(gm):
 
 
 def _compile(gm, example_inputs, device, env) -> "CompiledGraph":
-    from coil.ir.graph import GraphLowering
-    from coil.schedule.scheduler import FusedGroup, Scheduler
-    from coil.codegen.wrapper import WrapperCodegen
-
     with trace.stage("codegen_graph"):
         graph = GraphLowering(gm, example_inputs, device).lower()
         sched = Scheduler(graph)

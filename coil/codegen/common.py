@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from coil.ir.handlers import DependencyRecorder
 from coil.ir.nodes import ComputedBuffer
 from coil.ir.symbols import RINDEX, XINDEX, as_size, current_shape_env, is_size_symbol, is_static
 from coil.ir.virtualized import set_ops_handler
@@ -104,7 +105,6 @@ class KernelPlan:
         if getattr(self, "_size_symbols", None) is None and current_shape_env() is None:
             self._size_symbols = []  # a static graph (no ShapeEnv): nothing to look for
         if getattr(self, "_size_symbols", None) is None:
-            from coil.ir.handlers import DependencyRecorder
             syms = set().union(*(getattr(e, "free_symbols", set()) for e in (self.numel, self.rnumel)))
             for pn in self.nodes:
                 rec = DependencyRecorder.record(pn.buffer, pn.index, pn.rindex)

@@ -14,6 +14,7 @@ import sympy
 
 from coil.ir.symbols import as_size, guard_true, hint, is_static
 from coil.schedule.indexing import axis_steps, kernel_deps, kernel_index
+from coil.ir.nodes import ScatterBuffer
 
 #: Grid y dimension limit of CUDA (tiles along X must fit in it).
 _MAX_GRID_Y = 65535
@@ -40,7 +41,6 @@ def tile_pointwise(group) -> Optional[tuple]:
     with an affine index in the kernel symbols). ``Y`` and ``X`` are ints, or size expressions under dynamic shapes (the
     kernel takes them as ``xnumel`` / ``rnumel``, its grid follows them per call); a symbolic extent counts as long (no
     hint is read), and a symbolic ``X`` is guarded to fit the grid's y limit."""
-    from coil.ir.nodes import ScatterBuffer
     if group.rnumel != 1 or not group.nodes or any(isinstance(n, ScatterBuffer) for n in group.nodes):
         return None  # (a scatter's iteration space is its source elements, not a layout)
     try:

@@ -13,6 +13,8 @@ from typing import Optional, Any
 
 import sympy
 import torch
+from torch.utils._sympy.printers import PythonPrinter
+from torch.utils._sympy.symbol import SymT, symbol_is_type
 
 from coil.ir.nodes import (Buffer, ComputedBuffer, ExternKernel, Layout,
                            MultiOutput, ReinterpretView, ScatterBuffer, describe_origin)
@@ -151,7 +153,6 @@ def symbol_bindings(graph, needed: set, sources: Optional[dict] = None) -> list[
     if missing := sorted(str(s) for s in needed if s not in sources):
         raise NotImplementedError(f"coil wrapper: size symbols {missing} are not a size, stride "
                                   "or SymInt input of this graph")
-    from torch.utils._sympy.printers import PythonPrinter
     return [f"    {s.name} = {sources[s]}" for s in sorted(needed, key=lambda s: s.name)] + [
         f"    {s.name} = {PythonPrinter().doprint(PRECOMPUTED[s])}" for s in late]
 
@@ -160,7 +161,6 @@ def _precomputed_after(sym, bound: set) -> list[str]:
     """Lines computing the precomputed sizes made from data-dependent symbol ``sym`` just
     bound (``ps0 = math.trunc(zuf2)`` for ``zeros(int(t.item()))``), added to ``bound``:
     they cannot be computed with the other bindings at the call's start."""
-    from torch.utils._sympy.printers import PythonPrinter
     lines = []
     for s, e in list(PRECOMPUTED.items()):
         if sym in e.free_symbols and s not in bound and e.free_symbols <= bound:
@@ -204,8 +204,6 @@ class WrapperCodegen:
     def _bind_unbacked(value: str, layout, bound: set) -> list:
         """Lines binding the data-dependent (unbacked) sizes of an extern kernel's output ``value`` (``u1 =
         buf2.size(0)`` after ``nonzero``), the first time one appears, before anything that uses them."""
-        from torch.utils._sympy.symbol import SymT, symbol_is_type
-
         out = []
         for d, e in enumerate(getattr(layout, "size", None) or ()):
             if isinstance(e, sympy.Symbol) and symbol_is_type(e, SymT.UNBACKED_INT) and e not in bound:
@@ -227,7 +225,6 @@ class WrapperCodegen:
         """The text of size ``e`` (int or sympy). A compound expression (``s0 * s1``) is a local computed once per call
         after the symbol bindings (launches, allocations and views reuse a few products; each recomputed costs host time
         per call), except one reading a data-dependent size, which is bound later in the call."""
-        from torch.utils._sympy.symbol import SymT, symbol_is_type
         if isinstance(e, int):
             return str(e)
         e = sympy.sympify(e)

@@ -13,15 +13,18 @@ than :data:`MAX_INLINE_OPS` ops), and bodies that grew larger than :data:`MAX_BO
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import itertools
 import operator
+import sys
 from collections import Counter
 from typing import Any, Optional
 
 import sympy
 import torch
 import torch.fx
-from torch.fx.experimental.symbolic_shapes import (GuardOnDataDependentSymNode, free_unbacked_symbols,
+from torch._subclasses.fake_tensor import unset_fake_temporarily
+from torch.fx.experimental.symbolic_shapes import (GuardOnDataDependentSymNode, free_unbacked_symbols, guard_or_true,
                                                    statically_known_true)
 
 from coil import trace
@@ -34,6 +37,9 @@ from coil.ir.nodes import (Buffer, ComputedBuffer, ConstantBuffer, ExternKernel,
                            Loops, MultiOutput, Pointwise, ReinterpretView, ScatterBuffer, StorageBox, TensorBox, V)
 from coil.ir.symbols import as_expr, current_shape_env, hint, product
 from coil.ir.virtualized import compute_dtype, ops
+from coil.ir.handlers import TextPrinter, count_ops, record_pointwise
+from coil.ir.lowering import make_pointwise_box
+from coil.ir.lowering_views import strided_base
 
 MAX_INLINE_OPS = 64
 MAX_BODY_OPS = 256
@@ -58,7 +64,6 @@ def _resolve_neg_bit(box: TensorBox, value: torch.Tensor) -> TensorBox:
     run, read the bit themselves; they get the negated values realized.)"""
     if not value.is_neg():
         return box
-    from coil.ir.lowering import make_pointwise_box
     return make_pointwise_box(ops.neg, [box], list(box.get_size()), value.dtype, compute_dtype(value.dtype))
 
 
@@ -294,7 +299,6 @@ class GraphLowering(torch.fx.Interpreter):
         transpose."""
         if not self.channels_last or not isinstance(loops, Pointwise) or len(loops.get_size()) != 4:
             return None
-        from coil.ir.handlers import record_pointwise
         size = [str(v) for v in loops.get_size()[:2]]
         for name in record_pointwise(loops).read_names():
             b = self.name_to_buffer.get(name)
@@ -336,7 +340,6 @@ class GraphLowering(torch.fx.Interpreter):
         finally:
             V.graph = prev
         if config.verbose and self.fallbacks:
-            import sys
             print(f"coil: extern kernels in this graph: {dict(self.fallbacks)}", file=sys.stderr)
         if trace.enabled():
             trace.log("lowering_fallbacks", stage="lowering", fallbacks=dict(self.fallbacks), native=dict(self.native))
@@ -349,7 +352,6 @@ class GraphLowering(torch.fx.Interpreter):
         Bodies are define-by-run, so a body whose loader is made when it runs reads what its input is *then*: ``y = x *
         2; return cat([y, x]), y`` lowered the cat (buf0) while ``y`` was an inlined body; ``y`` became buf1 as a graph
         output, and the cat's body then loaded buf1, which ran after it (the wrapper read an unassigned buf1)."""
-        import heapq
         pos = {b.get_name(): i for i, b in enumerate(self.buffers)}
         deps = [{pos[r] for r in b.get_read_names() if r in pos and r != b.get_name()} for b in self.buffers]
         if all(d < i for i, ds in enumerate(deps) for d in ds):
@@ -606,7 +608,6 @@ class GraphLowering(torch.fx.Interpreter):
         if not isinstance(sb, StorageBox) or not isinstance(sb.data, Pointwise):
             return
         users = len(n.users)
-        from coil.ir.handlers import count_ops
         nops, nreads = count_ops(sb.data)
         if nops > MAX_BODY_OPS and users == 1 and _feeds_one_copy(n):
             return  # the copy takes the body and is realized in its own layout (no transposing copy kernel)
@@ -680,8 +681,6 @@ class GraphLowering(torch.fx.Interpreter):
         (a scatter's target is laid out contiguous, eager's out-of-place ``index_put`` keeps a transposed input's
         strides) or computed and not yet realized is copied to eager's strides when those are dense at offset 0 (graph
         inputs have eager's layout already)."""
-        from coil.ir.lowering_views import strided_base
-
         fv = fx_arg.meta.get("val") if isinstance(fx_arg, torch.fx.Node) else None
         if not (isinstance(fv, torch.Tensor) and fv.storage_offset() == 0 and _dense_non_overlapping(fv)):
             return x
@@ -913,7 +912,6 @@ class GraphLowering(torch.fx.Interpreter):
         return TensorBox.create(Pointwise(x.get_device(), x.get_dtype(), inner, size)).data.realize()
 
     def format_ir(self) -> str:
-        from coil.ir.handlers import TextPrinter
         lines = [f"{name}: input {b.get_dtype()} size={b.get_size()} stride={b.get_stride()}"
                  for name, b in self.graph_inputs.items()]
         for b in self.buffers:
@@ -983,7 +981,6 @@ def _empty_eager(node: torch.fx.Node, memo: dict) -> Optional[torch.Tensor]:
     if not isinstance(val, torch.Tensor) or val.numel() != 0 or any(
             not isinstance(v, int) for v in list(val.shape) + list(val.stride())):
         return None
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
     out = None
     with unset_fake_temporarily(), torch.no_grad():
         if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload) \
@@ -1012,7 +1009,6 @@ def _same_strides(layout: Layout, t: torch.Tensor) -> bool:
 def _dense_non_overlapping(t: torch.Tensor) -> bool:
     # an undecidable (unbacked) size counts as not 1, an undecidable stride as another:
     # both can only say "not dense", which is safe
-    from torch.fx.experimental.symbolic_shapes import guard_or_true
     pairs = sorted((st, s) for s, st in zip(t.shape, t.stride()) if guard_or_true(s != 1))
     expect = 1
     for st, s in pairs:

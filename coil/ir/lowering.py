@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections import Counter
 from typing import Any, Callable, Optional, Sequence
 
 import sympy
@@ -22,9 +23,10 @@ from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
 from coil import trace
 from coil.config import config
-from coil.ir.nodes import (Pointwise, Reduction, TensorBox, current_graph)
-from coil.ir.symbols import FloorDiv, Mod, as_expr, as_size, broadcasts, is_static
-from coil.ir.virtualized import compute_dtype, ops
+from coil.ir.nodes import GenericView, Loops, Pointwise, Reduction, StorageBox, TensorBox, current_graph
+from coil.ir.symbols import FloorDiv, Mod, as_expr, as_size, broadcasts, is_static, sym, unflatten
+from coil.ir.virtualized import compute_dtype, ops, set_ops_handler
+from coil.ir.handlers import DependencyRecorder
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -62,9 +64,6 @@ def require_scalars_fit(dtype, *values) -> None:
 
 class FallbackToExtern(Exception):
     """Raised by a lowering for argument combinations it does not handle natively."""
-
-
-_fallback_marker = FallbackToExtern
 
 
 def out_meta():
@@ -410,7 +409,6 @@ def _to_copy(x, *args, **kwargs):
 def _unrounded(x) -> bool:
     """Whether reading ``x`` runs an unrealized body that is not a dtype conversion:
     its value is in the compute dtype, not yet rounded to ``x``'s dtype."""
-    from coil.ir.nodes import GenericView, Loops, StorageBox
     node = current_graph().current_node
     arg = node.args[1] if node.target == aten.copy.default else node.args[0]
     if isinstance(arg, torch.fx.Node) and arg.target in (aten._to_copy.default, prims.convert_element_type.default):
@@ -479,7 +477,6 @@ def make_reduction(x: TensorBox, dims, keepdim: bool, reduction_type: str,
             pass
         return v
 
-    from coil.ir.nodes import StorageBox
     dev = x.get_device()
     numel_r = 1
     for r in rranges:
@@ -530,11 +527,6 @@ def _memory_inner_dim(x: TensorBox, size: list) -> Optional[int]:
     says: the memory order a split reduction's partials follow (:func:`_split_reduction`). A channels-last ``(N, C, H,
     W)`` input gives 1, so BatchNorm's statistics over ``(N, H, W)`` split as a leading reduction (partials along C,
     loads coalesced), not as rows of stride-C loads."""
-    from collections import Counter
-
-    from coil.ir.handlers import DependencyRecorder
-    from coil.ir.symbols import sym
-    from coil.ir.virtualized import set_ops_handler
     idx, h = [sym(f"i{d}") for d in range(len(size))], DependencyRecorder()
     with set_ops_handler(h):
         x.make_loader()(idx)
@@ -661,8 +653,6 @@ def _split_reduction(dev, dtype, sdt, inner, ranges, rranges, numel_r, split, re
 
     With ``leading`` (the reduced dims come before the kept ones, e.g. ``sum(0)``) the chunk index is the outer dim of
     the partial buffer so that neighbouring programs read neighbouring memory."""
-    from coil.ir.nodes import StorageBox
-    from coil.ir.symbols import unflatten
     chunk = -(-numel_r // split)
     ragged = chunk * split != numel_r
     nk = len(ranges)

@@ -15,6 +15,7 @@ import functools
 import math
 
 import torch
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from coil.ir.lowering import device, make_pointwise_box, out_dtype, out_size, register_lowering
 from coil.ir.nodes import TensorBox
@@ -48,8 +49,6 @@ def _pointwise(fn, args) -> TensorBox:
 @functools.cache
 def _eager_cpu_gelu(dtype: torch.dtype, v: float) -> float:
     """Eager's CPU exact GELU of ``v`` in a contiguous tensor of ``dtype`` (the kernel depends on the CPU: below)."""
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
-
     with unset_fake_temporarily():
         return torch.nn.functional.gelu(torch.full((64,), v, dtype=dtype))[0].item()
 

@@ -12,10 +12,11 @@ from typing import Callable, Optional
 import sympy
 import torch
 
-from coil.ir.lowering import (FallbackToExtern, _full, broadcast_loader, device, is_box, loader_as,
-                              out_dtype, out_size, register_lowering)
-from coil.ir.nodes import (GenericView, InputBuffer, Layout, Pointwise, ReinterpretView,
-                           StorageBox, TensorBox, current_graph)
+from coil.config import config
+from coil.ir.lowering import (FallbackToExtern, _full, broadcast_loader, device, is_box, loader_as, make_pointwise_box,
+                              out_dtype, out_size, register_lowering, require_scalars_fit)
+from coil.ir.nodes import (GenericView, InputBuffer, Layout, Pointwise, ReinterpretView, ScatterBuffer, StorageBox,
+                           TensorBox, current_graph)
 from coil.ir.symbols import (FloorDiv, Mod, as_expr, as_size, broadcasts, contiguous_strides, current_shape_env,
                              guard_true, is_static, linear_index, product, unflatten)
 from coil.ir.virtualized import compute_dtype, ops
@@ -141,8 +142,7 @@ def view_strides(old_size, old_stride, new_size) -> Optional[list]:
 @register_lowering(aten.view, aten._unsafe_view, aten.reshape, aten.view.dtype)
 def _view(x, size):
     if isinstance(size, torch.dtype):
-        from coil.ir.lowering import _fallback_marker
-        raise _fallback_marker()
+        raise FallbackToExtern()
     return view_reshape(x, out_size())
 
 
@@ -512,8 +512,7 @@ def _index(x, indices):
     indices = list(indices) + [None] * (nd - len(indices))
     pos = [d for d, t in enumerate(indices) if t is not None]
     if any(indices[d].get_dtype() in (torch.bool, torch.uint8) for d in pos):
-        from coil.ir.lowering import _fallback_marker
-        raise _fallback_marker()
+        raise FallbackToExtern()
     adjacent = pos == list(range(pos[0], pos[-1] + 1))
     # the indices' broadcast shape sits in the output's (static or symbolic) shape:
     # where the indexed dims were when they are adjacent, else in front
@@ -574,7 +573,6 @@ def _creation(*args, **kwargs):
         value = args[0]
     else:
         value = 1 if "ones" in name else 0
-    from coil.ir.lowering import require_scalars_fit
     require_scalars_fit(out_dtype(), value)
     return _full(out_size(), value, out_dtype())
 
@@ -665,13 +663,11 @@ def _scatter_box(x, ranges, dest_fn, value_fn, mode, acc_dtype=None) -> TensorBo
     """A ScatterBuffer over a fresh copy of ``x``. An accumulating one adds into a copy in
     ``acc_dtype`` (default: the dtype the kernel backend adds atomically in,
     ``coil.codegen.atomic_add_dtype``) converted back to ``x``'s dtype afterwards."""
-    from coil.ir.nodes import ScatterBuffer
     dt = x.get_dtype()
     if mode == "atomic_add":
         from coil.codegen import atomic_add_dtype
         acc = acc_dtype or atomic_add_dtype(x.get_device(), dt)
         if acc != dt:
-            from coil.ir.lowering import make_pointwise_box
             xs = list(x.get_size())
             wide = make_pointwise_box(lambda v: v, [x], xs, acc, acc)
             out = _scatter_box(wide, ranges, dest_fn, value_fn, mode, acc)
@@ -706,7 +702,6 @@ def _index_put(x, indices, values, accumulate=False):
     indices = list(indices) + [None] * (nd - len(indices))
     pos = [d for d, t in enumerate(indices) if t is not None]
     if not pos or any(indices[d].get_dtype() in (torch.bool, torch.uint8) for d in pos):
-        from coil.ir.lowering import FallbackToExtern
         raise FallbackToExtern()
     adjacent = pos == list(range(pos[0], pos[-1] + 1))
     bshape = _broadcast_sizes([list(indices[d].get_size()) for d in pos])
@@ -759,8 +754,6 @@ def _random(*args, **kwargs):
     """In-kernel Philox random numbers (``tl.rand``/``tl.randn``): one seed per op per call from the wrapper's ``seeds``
     buffer, offset = the element's flat index. The stream differs from eager's; ``config.fallback_random``, and a random
     op off the graph's device (a CPU ``torch.rand([])`` in a GPU graph), run the ATen op instead."""
-    from coil.config import config
-    from coil.ir.lowering import FallbackToExtern
     g = current_graph()
     if config.fallback_random or device().type != g.device.type:
         raise FallbackToExtern()    # (the seeds live on the graph's device)

@@ -23,7 +23,8 @@ import sympy
 import torch
 
 from coil.ir.symbols import as_expr, contiguous_strides, is_static, product, sym
-from coil.ir.virtualized import ops
+from coil.ir.virtualized import ops, set_ops_handler
+from coil.ir.handlers import DependencyRecorder
 
 
 class _Current(threading.local):
@@ -288,8 +289,6 @@ def reduction_loop_order(data: "Reduction") -> Optional[list[int]]:
     memory order too (TensorIterator sorts dims by stride): summing ``x.t()`` of ``[[1.5e308, 9e-308],
     [-8e307, -1.7e308]]`` in logical order added -8e307 and -1.7e308 first and overflowed to -inf where eager
     gives -1.04e308. Not for argmax/argmin, whose result is the position in logical order."""
-    from coil.ir.handlers import DependencyRecorder
-    from coil.ir.virtualized import set_ops_handler
     rr = data.reduction_ranges
     if data.reduction_type in ("argmax", "argmin") or not all(is_static(s) for s in rr):
         return None
@@ -385,7 +384,6 @@ class ComputedBuffer(Buffer):
     def get_read_names(self) -> list[str]:
         """Names of buffers the body loads, in first-read order (cached)."""
         if self._reads is None:
-            from coil.ir.handlers import DependencyRecorder
             self._reads = DependencyRecorder.record(self).read_names()
         return self._reads
 

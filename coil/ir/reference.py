@@ -19,6 +19,7 @@ def _flat(t: torch.Tensor, layout: Layout) -> torch.Tensor:
 
 
 def _view(flat: torch.Tensor, layout: Layout) -> torch.Tensor:
+    """``flat``'s memory as ``layout`` (or anything with its ``size``, ``stride`` and ``offset``) lays it out."""
     return flat.as_strided([int(s) for s in layout.size], [int(s) for s in layout.stride],
                            flat.storage_offset() + int(layout.offset))
 
@@ -41,9 +42,7 @@ def run_reference(graph, args: list) -> tuple:
 
     def arg(a):
         if isinstance(a, ReinterpretView):
-            base = tensors[a.data.get_name()]
-            return base.as_strided([int(s) for s in a.layout.size], [int(s) for s in a.layout.stride],
-                                   base.storage_offset() + int(a.layout.offset))
+            return _view(tensors[a.data.get_name()], a.layout)
         if isinstance(a, Buffer):
             return tensors[a.get_name()]
         if isinstance(a, (list, tuple)):
@@ -75,9 +74,7 @@ def run_reference(graph, args: list) -> tuple:
         if o.kind == "buffer":
             outs.append(tensors[o.name])
         elif o.kind == "view":
-            base = tensors[o.name]
-            outs.append(base.as_strided([int(s) for s in o.size], [int(s) for s in o.stride],
-                                        base.storage_offset() + int(o.offset)))
+            outs.append(_view(tensors[o.name], o))
         else:
             outs.append(o.value)
     return tuple(outs)

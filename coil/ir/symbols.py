@@ -15,6 +15,10 @@ import threading
 from typing import Iterable, Sequence
 
 import sympy
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+from torch.utils._sympy import functions as tf
+from torch.utils._sympy.symbol import SymT, symbol_is_type
+from torch.utils._sympy.value_ranges import ValueRanges, bound_sympy
 
 XINDEX = sympy.Symbol("xindex", integer=True, nonnegative=True)
 RINDEX = sympy.Symbol("rindex", integer=True, nonnegative=True)
@@ -92,7 +96,6 @@ def _provably_nonneg(e: sympy.Expr) -> bool:
         return True
     if (env := current_shape_env()) is None:
         return False
-    from torch.utils._sympy.value_ranges import bound_sympy
     try:
         return bool(bound_sympy(e, dict(env.var_to_range)).lower >= 0)
     except Exception:  # noqa: BLE001 - an expression the ranges cannot bound
@@ -132,8 +135,6 @@ def is_size_symbol(s) -> bool:
     """Whether sympy symbol ``s`` is a ShapeEnv size the wrapper binds and kernels take as an argument: a
     backed size (``s0``: positive) or an unbacked one (``u0``: from ``mark_unbacked`` or a data-dependent op;
     may be 0, so not positive). Index variables (``x0``, ``r0``) are neither."""
-    from torch.utils._sympy.symbol import SymT, symbol_is_type
-
     # an int argument made symbolic (``s5`` for ``n`` in ``x * n``) is a backed SIZE-typed
     # symbol without the positive assumption; kernels read it as an argument too
     return bool(s.is_positive) or s in PRECOMPUTED or symbol_is_type(s, (SymT.UNBACKED_INT, SymT.SIZE)) \
@@ -199,8 +200,6 @@ def broadcasts(src, dst) -> bool:
         return True
     if is_static(src):
         return False
-    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
-
     src = sympy.sympify(src)
     if _SCOPE.env is None or free_unbacked_symbols(src):
         return False
@@ -212,7 +211,6 @@ def _to_torch_sympy(e):
     expressions handed to the ShapeEnv."""
     if e.is_Atom or not e.has(FloorDiv, Mod):
         return e
-    from torch.utils._sympy import functions as tf
     args = [_to_torch_sympy(a) for a in e.args]
     if isinstance(e, FloorDiv):
         return tf.FloorDiv(*args)
@@ -573,8 +571,6 @@ def _sign(a: sympy.Expr) -> int:
     """1: ``a >= 0``, -1: ``a <= 0``, 0: unknown (sympy's assumptions, then the ShapeEnv's ranges)."""
     if a.is_nonnegative or a.is_nonpositive:
         return 1 if a.is_nonnegative else -1
-    from torch.utils._sympy import functions as tf
-    from torch.utils._sympy.value_ranges import ValueRanges, bound_sympy
     env = current_shape_env()
     a = a.replace(lambda t: isinstance(t, FloorDiv), lambda t: tf.FloorDiv(*t.args)).replace(
         lambda t: isinstance(t, Mod), lambda t: tf.PythonMod(*t.args))
@@ -590,53 +586,61 @@ def _sign(a: sympy.Expr) -> int:
     return 1 if r.lower >= 0 else -1 if r.upper <= 0 else 0
 
 
-def pyexpr(e: sympy.Expr, minmax: tuple = ("min", "max")) -> str:
-    """Print an index expression as Python/Triton source (``//`` and ``%`` for FloorDiv and Mod; integer-only
+class IndexPrinter:
+    """Prints an index expression as Python/Triton source (``//`` and ``%`` for FloorDiv and Mod; integer-only
     arithmetic). Deterministic: same expression, same text. ``minmax``: the functions Min and Max print as (Triton
-    kernels: ``tl.minimum``, ``tl.maximum``; Python's ``max(3, s0)`` of an interpreter tensor may return the int)."""
-    if e.is_Integer:
-        return str(int(e))
-    if e.is_Symbol:
-        return e.name
-    if isinstance(e, (FloorDiv, TruncDiv)):
-        return f"({_paren(e.args[0], False, minmax)} // {_paren(e.args[1], True, minmax)})"
-    if isinstance(e, (Mod, TruncMod)):
-        return f"({_paren(e.args[0], False, minmax)} % {_paren(e.args[1], True, minmax)})"
-    if e.is_Add:
-        terms = sorted(e.args, key=lambda t: (t.is_Integer, sympy.default_sort_key(t)))
-        out = pyexpr(terms[0], minmax)
-        for t in terms[1:]:
-            c, _ = t.as_coeff_Mul()
-            out += f" - {pyexpr(-t, minmax)}" if (c.is_Integer and int(c) < 0) else f" + {pyexpr(t, minmax)}"
-        return out
-    if e.is_Mul:
-        c, rest = e.as_coeff_Mul()
-        parts = [_paren(a, False, minmax) for a in sorted(sympy.Mul.make_args(rest), key=sympy.default_sort_key)]
-        if c == -1:
-            return "-" + " * ".join(parts)
-        if c != 1:
-            parts = [str(int(c)) if c.is_Integer else str(c)] + parts
-        return " * ".join(parts)
-    if e.is_Pow and e.args[1].is_Integer and int(e.args[1]) > 0:
-        return " * ".join([_paren(e.args[0], False, minmax)] * int(e.args[1]))
-    if isinstance(e, sympy.core.relational.Relational):   # runtime asserts: u1 <= 3
-        return f"{pyexpr(e.lhs, minmax)} {e.rel_op} {pyexpr(e.rhs, minmax)}"
-    if e in (sympy.true, sympy.false):
-        return str(bool(e))
-    if isinstance(e, sympy.Min):
-        return _nest(minmax[0], e.args, minmax)
-    if isinstance(e, sympy.Max):
-        return _nest(minmax[1], e.args, minmax)
-    raise NotImplementedError(f"cannot print index expression {e!r}")
+    kernels: ``tl.minimum``, ``tl.maximum``; Python's ``max(3, s0)`` of an interpreter tensor may return the int).
+    The C++ backend's printer (:func:`coil.codegen.cpp.indexing.cexpr`) changes the spellings below."""
+
+    div = "//"
+
+    def __init__(self, minmax: tuple = ("min", "max")):
+        self.minmax = minmax
+
+    def literal(self, v: int) -> str:
+        return str(v)
+
+    def paren(self, e: sympy.Expr, divisor: bool = False) -> str:
+        s = self.print(e)
+        return f"({s})" if e.is_Add or (divisor and (e.is_Mul or e.is_Pow)) else s
+
+    def print(self, e: sympy.Expr) -> str:
+        if e.is_Integer:
+            return self.literal(int(e))
+        if e.is_Symbol:
+            return e.name
+        if isinstance(e, (FloorDiv, TruncDiv, Mod, TruncMod)):
+            op = self.div if isinstance(e, (FloorDiv, TruncDiv)) else "%"
+            return f"({self.paren(e.args[0])} {op} {self.paren(e.args[1], True)})"
+        if e.is_Add:
+            terms = sorted(e.args, key=lambda t: (t.is_Integer, sympy.default_sort_key(t)))
+            out = self.print(terms[0])
+            for t in terms[1:]:
+                c, _ = t.as_coeff_Mul()
+                out += f" - {self.print(-t)}" if (c.is_Integer and int(c) < 0) else f" + {self.print(t)}"
+            return out
+        if e.is_Mul:
+            c, rest = e.as_coeff_Mul()
+            parts = [self.paren(a) for a in sorted(sympy.Mul.make_args(rest), key=sympy.default_sort_key)]
+            if c == -1:
+                return "-" + " * ".join(parts)
+            if c != 1:
+                parts = [self.literal(int(c)) if c.is_Integer else str(c)] + parts
+            return " * ".join(parts)
+        if e.is_Pow and e.args[1].is_Integer and int(e.args[1]) > 0:
+            return " * ".join([self.paren(e.args[0])] * int(e.args[1]))
+        if isinstance(e, sympy.core.relational.Relational):   # runtime asserts: u1 <= 3
+            return f"{self.print(e.lhs)} {e.rel_op} {self.print(e.rhs)}"
+        if e in (sympy.true, sympy.false):
+            return str(bool(e))
+        if isinstance(e, (sympy.Min, sympy.Max)):
+            out = self.print(e.args[0])
+            for a in e.args[1:]:
+                out = f"{self.minmax[isinstance(e, sympy.Max)]}({out}, {self.print(a)})"
+            return out
+        raise NotImplementedError(f"cannot print index expression {e!r}")
 
 
-def _nest(fn, args, minmax):
-    out = pyexpr(args[0], minmax)
-    for a in args[1:]:
-        out = f"{fn}({out}, {pyexpr(a, minmax)})"
-    return out
-
-
-def _paren(e: sympy.Expr, divisor: bool = False, minmax: tuple = ("min", "max")) -> str:
-    s = pyexpr(e, minmax)
-    return f"({s})" if e.is_Add or (divisor and (e.is_Mul or e.is_Pow)) else s
+def pyexpr(e: sympy.Expr, minmax: tuple = ("min", "max")) -> str:
+    """``e`` as Python/Triton source (:class:`IndexPrinter`)."""
+    return IndexPrinter(minmax).print(e)

@@ -29,8 +29,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Optional, Sequence
 
+import torch
+
 from coil import trace
 from coil.exc import CoilError
+from coil.config import config
 
 __all__ = ["CppBuildError", "CompilerNotFound", "CppCompileError", "compiler", "compile_flags", "cache_key",
            "cache_root", "build", "build_many", "num_threads", "stats"]
@@ -101,15 +104,11 @@ def _reset_compiler() -> None:
 
 def compile_flags(extra: Sequence[str] = ()) -> list[str]:
     """The full flag list: defaults, then ``config.cpp_extra_flags``, then ``extra``."""
-    from coil.config import config
-
     return [*DEFAULT_FLAGS, *shlex.split(config.cpp_extra_flags or ""), *extra]
 
 
 def cache_root() -> str:
     """``<config.cache_dir or ~/.cache/coil>/cpp``."""
-    from coil.config import config
-
     base = config.cache_dir or os.path.join(os.path.expanduser("~"), ".cache", "coil")
     return os.path.join(base, "cpp")
 
@@ -126,12 +125,8 @@ def cache_key(source: str, flags: Sequence[str]) -> str:
 
 def num_threads() -> int:
     """OpenMP threads for kernels: ``config.cpp_threads`` or ``torch.get_num_threads()``."""
-    from coil.config import config
-
     if config.cpp_threads > 0:
         return config.cpp_threads
-    import torch
-
     return max(1, torch.get_num_threads())
 
 

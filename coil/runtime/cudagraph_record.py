@@ -17,6 +17,10 @@ from __future__ import annotations
 from typing import Any, Callable, Optional
 
 import torch
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+from coil import trace
+from coil.config import config
 
 #: ATen ops whose result the host must read (a device sync) or whose output size
 #: depends on the data; a graph holding one is not recorded.
@@ -36,11 +40,6 @@ STALE_MESSAGE = (
 
 class SkipGraph(Exception):
     """This graph cannot be recorded; ``str(exc)`` is the reason (it runs un-graphed)."""
-
-
-def _op_name(target) -> str:
-    schema = getattr(target, "_schema", None)
-    return schema.name if schema is not None else ""
 
 
 def ungraphable_reason(gm: Optional[torch.fx.GraphModule]) -> Optional[str]:
@@ -65,9 +64,7 @@ def ungraphable_node(node: torch.fx.Node) -> Optional[str]:
     replay)."""
     if node.op != "call_function":
         return None
-    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
-
-    name = _op_name(node.target)
+    name = getattr(getattr(node.target, "_schema", None), "name", "")
     if name in SYNC_OPS:
         return f"op {name} syncs with the host or has a data-dependent shape ({node.name})"
     val = node.meta.get("val")
@@ -142,9 +139,6 @@ class CudaRecorder:
         capture (``config.cudagraph_release_cache``): the un-graphed warm-up call and the
         dry run ran there and left the graph's working set cached, which its replays,
         running in the tree's pool, never use (it held as much memory again as the pool)."""
-        from coil import trace
-        from coil.config import config
-
         if not config.cudagraph_release_cache:
             return
         before = torch.cuda.memory_reserved(self.device)
@@ -168,8 +162,6 @@ class CudaRecorder:
                 probe.add_(1)
             torch.cuda.synchronize()
         except Exception as e:  # noqa: BLE001 - best effort; the skip is logged anyway
-            from coil import trace
-
             trace.log("cudagraph_recover_failed", stage="runtime", error=str(e)[:300])
         finally:
             torch.cuda.set_stream(stream)

@@ -17,6 +17,7 @@ import torch
 
 from coil import trace
 from coil.runtime.cudagraph_record import ungraphable_node
+from coil.config import config
 
 __all__ = ["partitioning", "split_levels", "PartitionedGraph"]
 
@@ -25,8 +26,6 @@ def partitioning(compiler: Callable) -> Callable:
     """``compiler(gm, example_inputs)``, except that a graph holding un-graphable ops is
     compiled as pieces (module docstring) when ``config.cudagraphs`` is on."""
     def compile_graph(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
-        from coil.config import config
-
         if config.cudagraphs:
             levels, reasons = split_levels(gm)
             if reasons and any(lv % 2 == 0 and not _is_view(n) for n, lv in levels.items()):
@@ -69,7 +68,7 @@ class PartitionedGraph:
     output_strides = None
 
     def __init__(self, gm: torch.fx.GraphModule, levels: dict, reasons: dict, compiler: Callable):
-        from coil.aot.regions import graph_piece
+        from coil.aot.regions import graph_piece  # (coil.aot imports this module)
         from coil.runtime.cudagraph_trees import cudagraphify
 
         kind = gm.meta.get("coil_aot_graph", "inference")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import operator
+import warnings
 import weakref
 from typing import Callable, Optional
 
@@ -24,6 +25,7 @@ import torch
 from coil import trace
 from coil.runtime.cudagraph_record import (STALE_MESSAGE, CudaRecorder, OutputPlan, SkipGraph,
                                            _tensor_over, ungraphable_reason)
+from coil.config import config
 
 __all__ = ["cudagraphify", "mark_step_begin", "reset", "GraphFunction", "Tree", "Node"]
 
@@ -266,8 +268,6 @@ class Tree:
         memory to the backward's later allocations (torch.compile's trees reuse saved activations in the backward
         alike). Returns ``{forward node: its slots lent}``. Not done when ``config.cudagraph_reuse_saved`` is off or the
         backward keeps its graph (``retain_graph``: the saved values are read again)."""
-        from coil.config import config
-
         if not config.cudagraph_reuse_saved or _keep_graph():
             return {}
         lent: dict = {}
@@ -360,7 +360,6 @@ class GraphFunction:
         kind = reason.split(" at ")[0]  # one warning per kind of reason, not per node
         if kind not in _WARNED:
             _WARNED.add(kind)
-            import warnings
             warnings.warn(f"coil: CUDA graphs (mode='reduce-overhead' / 'max-autotune') are not used "
                           f"for graph {self.name}: {reason}. It runs compiled, without CUDA graphs "
                           "(the compile log's cudagraph_skip events list every such graph).", stacklevel=2)
@@ -453,8 +452,6 @@ def cuda_available() -> bool:
 def cudagraphify(fn: Callable, kind: str, saved: Optional[tuple] = None) -> Callable:
     """``fn`` (one compiled graph) replayed from CUDA graphs when ``config.cudagraphs``
     is on, else ``fn`` itself. Called by the AOT runtime for each graph it runs."""
-    from coil.config import config
-
     if not config.cudagraphs or getattr(fn, "cudagraph_partitioned", False):
         return fn  # (a PartitionedGraph's pieces are wrapped already)
     gf = GraphFunction(fn, kind, saved, limit=config.cudagraph_record_limit)

@@ -11,10 +11,9 @@ import os
 import types
 
 import numpy as np
+import torch
 
-
-def interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+from coil.exc import KernelIndexError
 
 
 def _patch_interpreter_bf16_rounding() -> None:
@@ -86,7 +85,6 @@ def _patch_interpreter_device_assert() -> None:
     process's heap), as ``coil.exc.KernelIndexError``, what C++ kernels raise (not inside Triton's
     ``InterpreterError``). Other asserts (Triton's own overflow checks) keep Triton's behaviour."""
     from triton.runtime import interpreter as interp
-    from coil.exc import KernelIndexError
 
     orig, run = interp.interpreter_semantic.device_assert, interp.GridExecutor.__call__
 
@@ -130,7 +128,6 @@ def _patch_interpreter_compare_dtype(builder) -> None:
 
 def _make_shim():
     _patch_interpreter_bf16_rounding()
-    import torch
     import triton.language as tl
     from triton.runtime.interpreter import TensorHandle
 
@@ -209,7 +206,7 @@ def _make_red_shim():
 def __getattr__(name):
     if name not in ("red", "rng", "libdevice"):
         raise AttributeError(name)
-    if interpreting():
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):  # the CPU interpreter
         if name not in _SHIMS:
             _SHIMS[name] = {"red": _make_red_shim, "rng": _make_rng_shim, "libdevice": _make_shim}[name]()
         return _SHIMS[name]

@@ -12,15 +12,21 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import inspect
 import json
 import os
 import re
 import sys
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Optional
+
+import torch
 
 from coil import trace
 from coil.config import config
+from coil.runtime import compile_pool
+from coil.exc import KernelCompileError
 
 
 def _ensure_interpreter_if_no_gpu() -> None:
@@ -28,7 +34,6 @@ def _ensure_interpreter_if_no_gpu() -> None:
     interpreted: with no CUDA device, turn the interpreter on before triton loads."""
     if "triton" in sys.modules:
         return
-    import torch
     if not torch.cuda.is_available():
         os.environ.setdefault("TRITON_INTERPRET", "1")
 
@@ -242,7 +247,6 @@ def _direct_launch(run):
     allocates scratch buffers (none needed here) and forwards to the C ``launch(gridX, gridY, gridZ, stream, function,
     cooperative, pdl, global_scratch, profile_scratch, kernel_metadata, launch_metadata, enter_hook, exit_hook, *args)``
     (Triton 3.4-3.6); None for any other shape of launcher."""
-    import inspect
     try:
         params = list(inspect.signature(type(run).__call__).parameters)
     except (TypeError, ValueError):
@@ -325,7 +329,6 @@ def time_launches(launch: Callable[[], object], budget_ms: float = 1.0, rounds: 
     16-38 µs per config on an H200 and chose by noise (BENCHMARKS.md). In the graph the kernels run back to back,
     L2-warm as in a model where the producer has just written the input. Falls back to ``do_bench`` when capture fails
     (e.g. a kernel that syncs)."""
-    import torch
     launch()  # compiled and warm
     torch.cuda.synchronize()
     try:
@@ -372,8 +375,6 @@ def scratch_copies(args) -> tuple:
     ``Tensor.clone()`` is not enough: a clone of a non-dense view (input ids ``ids[:, :128]`` of an ``(8, 512)`` tensor)
     is contiguous and smaller, while the kernel was generated for the view's strides (``in_ptr0 + 512 * (x // 128) + x %
     128``) and reads past the clone's end (an illegal memory access on a GPU)."""
-    import torch
-
     storages: dict[tuple, object] = {}
     out = []
     for a in args:
@@ -446,7 +447,6 @@ class TritonLauncher:
         key = key or self.key
         if key in _pool_jobs:
             return
-        from coil.runtime import compile_pool
         todo = [preset] if preset is not None else self.configs
         names = [a if isinstance(a, int) else str(a).replace("torch.", "") for a in args]
         try:
@@ -460,7 +460,6 @@ class TritonLauncher:
         queued under ``key``, default ``self.key``)."""
         key = key or self.key
         if jobs := _pool_jobs.get(key):
-            from coil.runtime import compile_pool
             _pool_jobs[key] = []
             compile_pool.claim(self.name, jobs)
 
@@ -530,7 +529,6 @@ class TritonLauncher:
         """``k<source sha>.<gpu>.c<candidates sha>.tune.json``: the candidate set is part
         of the key, so a change of :func:`candidate_configs` re-tunes kernels whose
         source did not change instead of reusing a winner from the old set."""
-        import torch
         dev = torch.cuda.get_device_name().replace(" ", "_") if self.gpu else "cpu"
         cands = source_key(json.dumps(self.configs, sort_keys=True))[:8]
         return os.path.join(cache_dir(), f"k{self.key}.{dev}.c{cands}.tune.json")
@@ -550,8 +548,6 @@ class TritonLauncher:
         API, a config that does not compile) only loses the overlap: timing compiles serially."""
         if len(self.configs) < 2 or config.autotune_compile_threads < 2:
             return
-        from concurrent.futures import ThreadPoolExecutor
-
         def one(cfg):
             self.fn.warmup(*args, grid=(1,), **cfg)
 
@@ -598,7 +594,6 @@ class TritonLauncher:
             timings.append((ms, cfg))
         scratch = None  # (the copies: freed before the winner runs)
         if not timings:
-            from coil.exc import KernelCompileError
             raise KernelCompileError(f"no launch config of Triton kernel {self.name} compiled:\n  "
                                + "\n  ".join(errors))
         timings.sort(key=lambda t: t[0])

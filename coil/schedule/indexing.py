@@ -14,6 +14,7 @@ from typing import Optional
 
 import sympy
 
+from coil.ir.handlers import DependencyRecorder
 from coil.ir.symbols import (RINDEX, XINDEX, FloorDiv, Mod, as_size, current_shape_env, hint, product, simplify_index)
 
 
@@ -112,9 +113,6 @@ class KernelDeps:
     def __init__(self, loads, stores, in_loop):
         self.loads, self.stores, self.in_loop = loads, stores, in_loop
 
-    def loads_of(self, name):
-        return [e for n, e in self.loads if n == name]
-
 
 #: (id(buffer), numel, rnumel) -> (buffer, KernelDeps): one graph's, cleared by each Scheduler
 _deps_cache: dict = {}
@@ -128,7 +126,6 @@ def kernel_deps(buf, numel, rnumel) -> Optional[KernelDeps]:
     if (ki := kernel_index(buf, numel, rnumel)) is None:
         res = None
     else:
-        from coil.ir.handlers import DependencyRecorder
         index, rindex, in_loop = ki
         rec = DependencyRecorder.record(buf, index, rindex)
         bounds = {XINDEX: numel, RINDEX: rnumel}

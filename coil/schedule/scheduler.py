@@ -7,6 +7,7 @@ horizontal fusion included; every decision is logged (event ``fusion``).
 """
 from __future__ import annotations
 
+import bisect
 import dataclasses
 from collections import defaultdict
 from typing import Optional
@@ -277,8 +278,8 @@ class Scheduler:
                     p_in_loop = pdeps.in_loop and not p.is_reduction()
                     if p_in_loop and not cdeps.in_loop and rnumel != 1:
                         return f"{c.get_name()} reads {name} once per output but it is computed in the loop"
-                    for e in cdeps.loads_of(name):
-                        if e != store:
+                    for read, e in cdeps.loads:
+                        if read == name and e != store:
                             return f"{c.get_name()} reads {name}[{e}] but it is written at [{store}]"
         if not crossing and not self._shares_an_element(a, b, numel, rnumel):
             pa = self._input_only_pattern(a)
@@ -323,7 +324,6 @@ class Scheduler:
         not depend on ``g`` move before it, in their order; nothing else moves. This is the order that sorting all
         groups again gives (Kahn's algorithm, smallest order first), found without visiting them all; orders stay
         increasing, not contiguous."""
-        import bisect
         groups, byid, order = self.groups, self._byid, (lambda x: x.order)
         del groups[bisect.bisect_left(groups, hi, key=order)]
         i = bisect.bisect_left(groups, lo, key=order)

@@ -26,6 +26,8 @@ from typing import Any, Callable, Optional
 import torch
 import torch.utils._pytree as pytree
 
+import coil
+
 __all__ = ["assert_same_as_eager", "CompileCounter", "TOLERANCES", "LOW_PRECISION_MARGIN"]
 
 #: (atol, rtol) per dtype for compiled vs eager. Looser than torch.testing's
@@ -77,11 +79,6 @@ class CompileCounter:
 
 # ----------------------------------------------------------------- comparisons
 
-def _tolerance(dtype: torch.dtype, atol: Optional[float], rtol: Optional[float]):
-    d_atol, d_rtol = TOLERANCES.get(dtype, (0.0, 0.0))
-    return (d_atol if atol is None else atol), (d_rtol if rtol is None else rtol)
-
-
 def _errors(x: torch.Tensor, ref: torch.Tensor):
     """(rms, max-abs) of ``x - ref`` in fp64, ignoring positions where both are nan/equal inf."""
     a, b = x.detach().to(torch.float64), ref.detach().to(torch.float64)
@@ -112,7 +109,8 @@ def _compare_tensor(what: str, actual: torch.Tensor, expected: torch.Tensor,
         return f"{what}: {bad.shape[0]} of {a.numel()} elements differ (exact dtype {a.dtype}); " \
                f"first at index {tuple(bad[0].tolist())}: {a[tuple(bad[0])].item()} vs eager " \
                f"{e[tuple(bad[0])].item()}"
-    at, rt = _tolerance(expected.dtype, atol, rtol)
+    d_atol, d_rtol = TOLERANCES.get(expected.dtype, (0.0, 0.0))
+    at, rt = (d_atol if atol is None else atol), (d_rtol if rtol is None else rtol)
     if expected.dtype in _LOW_PRECISION and reference is not None:
         ref = reference.detach().to(torch.float32)
         c_rms, c_max = _errors(a, ref)
@@ -248,8 +246,6 @@ def assert_same_as_eager(fn: Callable, args: Any, *, backend: Any = "coil",
         AssertionError: listing every mismatch found (outputs, mutated inputs,
         gradients), each with its pytree path.
     """
-    import coil
-
     if not isinstance(args, tuple):
         args = (args,)
     kwargs = dict(kwargs or {})

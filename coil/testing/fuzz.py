@@ -36,6 +36,8 @@ import torch
 import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
+import coil
+from coil import trace
 from coil.testing import LOW_PRECISION_MARGIN, TOLERANCES
 from coil.testing.fuzz_ops import (DTYPES, FAMILIES, FAMILY_WEIGHTS, Ctx, gen_layout, gen_shapes, gen_values, literal)
 
@@ -261,7 +263,6 @@ def compile_for(fn: Callable, backend) -> Callable:
     ``dynamic=True``, symbolic sizes through every layer).
 
     A callable ``backend`` is used as ``backend(fn)`` (tests plant fake compilers so)."""
-    import coil
     if callable(backend):
         return backend(fn)
     if backend.startswith("triton"):
@@ -276,7 +277,6 @@ def compile_for(fn: Callable, backend) -> Callable:
 
 
 def _reset(backend: str) -> None:
-    import coil
     coil.reset()
     if str(backend).startswith("torch"):
         torch.compiler.reset()
@@ -286,7 +286,6 @@ def _site(exc: BaseException) -> str:
     """``Type@coil/file.py:function`` of the innermost coil frame of the root cause."""
     while exc.__cause__ is not None:
         exc = exc.__cause__
-    import coil
     root = os.path.dirname(coil.__file__)  # coil's own files, not generated kernels
     frames = [f for f in traceback.extract_tb(exc.__traceback__)
               if f.filename.startswith(root) and os.sep + "testing" + os.sep not in f.filename]
@@ -1088,8 +1087,6 @@ def main(argv: Optional[list] = None) -> int:
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds a compiled run may take")
     ap.add_argument("--grad", action="store_true", help="compare the inputs' gradients too (BACKEND+grad)")
     a = ap.parse_args(argv)
-    import coil.trace as trace
-
     backends = [b + "+grad" * a.grad for b in a.backends.split(",") if b]
     if a.torch_ref or a.grad or "torch_aot_eager" in backends or "aot_eager" in backends:
         logging.getLogger("torch").setLevel(logging.CRITICAL)  # its compile errors are results here

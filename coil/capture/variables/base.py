@@ -9,15 +9,33 @@ trackers, and objects we know nothing about raise :class:`coil.exc.Unsupported` 
 """
 from __future__ import annotations
 
+import enum
+import inspect
 import itertools
+import types as _types
 from typing import Any, Optional
 
 import torch
 
 from coil.exc import Unsupported
 
-
 _BIRTHS = itertools.count(1)
+
+
+class AttributeMissing(Exception):
+    """Attribute lookup failed (AttributeError in eager); ``getattr(o, n, default)`` and ``hasattr`` catch it."""
+
+
+def wrap(tx, value, source, guard: bool = True) -> "VariableTracker":
+    """:func:`coil.capture.variables.builder.wrap`, imported per call (builder imports the tracker modules)."""
+    from coil.capture.variables.builder import wrap
+    return wrap(tx, value, source, guard)
+
+
+def wrap_constant_result(tx, value) -> "VariableTracker":
+    """:func:`coil.capture.variables.builder.wrap_constant_result`, imported per call (as :func:`wrap`)."""
+    from coil.capture.variables.builder import wrap_constant_result
+    return wrap_constant_result(tx, value)
 
 
 class VariableTracker:
@@ -95,8 +113,6 @@ CONSTANT_TYPES = (type(None), bool, int, float, complex, str, bytes, torch.dtype
 
 
 def is_literal(value: Any) -> bool:
-    import enum
-
     if isinstance(value, (tuple, frozenset)) and type(value) in (tuple, frozenset):
         return all(is_literal(v) for v in value)
     if isinstance(value, enum.Enum):
@@ -118,28 +134,19 @@ class ConstantVariable(VariableTracker):
         return self.value
 
     def var_getattr(self, tx, name):
-        from coil.capture.variables.builder import wrap_constant_result
-
         if name.startswith("__") and name not in ("__name__", "__class__", "__doc__"):
             raise Unsupported(f"attribute {name} of constant {self.value!r}")
         try:
             value = getattr(self.value, name)
         except AttributeError:
-            from coil.capture.variables.objects import AttributeMissing
-
             raise AttributeMissing(name)
         return wrap_constant_result(tx, value)
 
     def call_method(self, tx, name, args, kwargs):
         from coil.capture.translator import const_value
-        from coil.capture.variables.builder import wrap_constant_result
-
         # (a non-constant argument, e.g. int * tensor, raises: the other side decides)
         cargs = [const_value(a) for a in args]
         ckw = {k: const_value(v) for k, v in kwargs.items()}
-        import inspect
-        import types as _types
-
         if name == "__len__":
             return wrap_constant_result(tx, len(self.value))
         if name == "__getitem__":
@@ -154,11 +161,7 @@ class ConstantVariable(VariableTracker):
         raise Unsupported(f"method {name} of {type(self.value).__name__} constant")
 
     def unpack(self, tx):
-        import types as _types
-
         if isinstance(self.value, (str, tuple, range, torch.Size, frozenset, bytes, _types.MappingProxyType)):
-            from coil.capture.variables.builder import wrap_constant_result
-
             return [wrap_constant_result(tx, v) for v in self.value]
         raise Unsupported(f"iteration over {self.value!r}")
 
@@ -191,7 +194,8 @@ class RealValueVariable(VariableTracker):
 
 class KnownCallableVariable(VariableTracker):
     """Base of trackers that stand for one known Python callable ``fn`` (a builtin, a
-    ``math``/``operator`` function, a torch function): the callable is its constant."""
+    ``math``/``operator`` function, a torch function, a higher-order operator): the callable is its constant, and the
+    entry holds it as one."""
 
     def __init__(self, fn, source=None):
         super().__init__(source)
@@ -202,6 +206,12 @@ class KnownCallableVariable(VariableTracker):
 
     def as_python_constant(self):
         return self.fn
+
+    def reconstruct(self, cg):
+        return cg.const_expr(self.fn)
+
+    def __repr__(self):
+        return f"{type(self).__name__}({getattr(self.fn, '__name__', self.fn)})"
 
 
 class NullVariable(VariableTracker):

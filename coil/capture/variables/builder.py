@@ -17,6 +17,7 @@ import collections
 import dataclasses
 import enum
 import functools
+import inspect
 import math
 import os
 import types
@@ -29,19 +30,21 @@ from coil.exc import Unsupported
 from coil.capture.guards import tensor_guard
 from coil.capture.source import AttrSource, GetItemSource, LocalSource
 from coil.capture.variables.base import ConstantVariable, VariableTracker, is_literal
-from coil.capture.variables.containers import (DictVariable, ListVariable, NamedTupleVariable,
-                                               SetVariable, TupleVariable, method_getattr)
-from coil.capture.variables.functions import PartialVariable, UserFunctionVariable, UserMethodVariable
+from coil.capture.variables.containers import (DictVariable, ListVariable, NamedTupleVariable, SetVariable,
+                                               TupleVariable, method_getattr, resumed_iterator)
+from coil.capture.variables.functions import (BoundMethodVariable, PartialVariable, UserFunctionVariable,
+                                              UserMethodVariable)
 from coil.capture.variables.objects import (DataClassDictVariable, NNModuleVariable, PythonModuleVariable,
                                             UserDefinedClassVariable, UserDefinedObjectVariable, is_model_output_class)
-from coil.capture.variables.torchfn import TorchFunctionVariable, is_torch_function
+from coil.capture.variables.torchfn import (CONTEXT_CLASSES, ResumedGradModeVariable, TorchFunctionVariable,
+                                            is_torch_function)
 from coil.capture.variables.hops import HigherOrderVariable, hop_handler
+from coil.capture import frame as _frame
+from coil.capture.inspection import FrameVariable, OpaqueCallableVariable, OpaqueObjectVariable
 
 
 def wrap_constant_result(tx, value: Any) -> VariableTracker:
     """Wrap a value computed at compile time (no source, no guard)."""
-    import inspect
-
     if is_literal(value) or isinstance(value, (inspect.Signature, inspect.Parameter, types.MappingProxyType,
                                                types.CodeType, __import__("dataclasses").Field)):
         return ConstantVariable(value)
@@ -113,7 +116,6 @@ def wrap(tx, value: Any, source, guard: bool = True) -> VariableTracker:
 
 def _build(tx, value, source, gs) -> VariableTracker:
     from coil.capture.variables import builtins as bi
-    from coil.capture.variables.torchfn import CONTEXT_CLASSES
 
     expr = source.expr() if source is not None else None
 
@@ -198,8 +200,6 @@ def _build(tx, value, source, gs) -> VariableTracker:
     if value is os.environ:
         return EnvironVariable(source)
     if gs is not None and isinstance(source, LocalSource) and source.name.startswith("___stack"):
-        from coil.capture.variables.containers import resumed_iterator
-
         vt = resumed_iterator(tx, value, source)   # a loop a graph break interrupted
         if vt is not None:
             return vt
@@ -220,8 +220,6 @@ def _build(tx, value, source, gs) -> VariableTracker:
         guard_is()
         return TorchFunctionVariable(value, source)
     if isinstance(value, types.FunctionType):
-        from coil.capture import frame as _frame
-
         if _frame.is_disabled(value):
             return bi.DisabledFunctionVariable(value, source)
         if gs is not None:
@@ -233,9 +231,6 @@ def _build(tx, value, source, gs) -> VariableTracker:
             type(value.__self__) in (torch.no_grad, torch.enable_grad, torch.set_grad_enabled) \
             and isinstance(getattr(value.__self__, "prev", None), bool):
         # the __exit__ of a grad-mode block a graph break resumed inside (torchfn.reenter_grad)
-        from coil.capture.variables.functions import BoundMethodVariable
-        from coil.capture.variables.torchfn import ResumedGradModeVariable
-
         obj = value.__self__
         if gs is not None:
             gs.add(f"type({expr}.__self__) is {gs.const(type(obj))} and "
@@ -270,13 +265,9 @@ def _build(tx, value, source, gs) -> VariableTracker:
         if mod in ("math", "_operator", "operator", "cmath") or bi.is_pure_builtin_method(value):
             guard_is()
             return bi.PureFunctionVariable(value, source)
-        from coil.capture.inspection import OpaqueCallableVariable
-
         return OpaqueCallableVariable(value, source)   # calling it is the graph break
     if isinstance(value, (torch.Generator, torch.Stream)):
         # may be held and passed around; using it (e.g. ``generator=g``) is a graph break
-        from coil.capture.inspection import OpaqueObjectVariable
-
         guard_type()
         return OpaqueObjectVariable(value, source)
     if t is types.CellType and source is not None:
@@ -284,8 +275,6 @@ def _build(tx, value, source, gs) -> VariableTracker:
         guard_type()
         return tx.output.sourced_cell(value, AttrSource(source, "cell_contents"))
     if t is types.FrameType:
-        from coil.capture.inspection import FrameVariable
-
         guard_type()
         return FrameVariable(value, source)
     guard_type()

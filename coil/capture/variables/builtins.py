@@ -11,18 +11,31 @@ compile-time constants and it is in ``_FOLDABLE``; otherwise it is a graph break
 """
 from __future__ import annotations
 
+import builtins
 import dataclasses
 import functools
 import inspect
 import itertools
 import operator
+import sys
 import types
 from typing import Callable
 
 from coil.exc import Unsupported
+from coil.capture.source import TypeSource
+from coil.capture.translator import const_value
 from coil.capture.variables.base import ConstantVariable, KnownCallableVariable, VariableTracker
+from coil.capture.variables.builder import wrap, wrap_constant_result
 from coil.capture.variables.containers import (DictVariable, LazyIteratorVariable, ListIteratorVariable, ListVariable,
                                                SetVariable, SliceVariable, TupleVariable)
+from coil.capture.variables.functions import (BaseFunctionVariable, BoundMethodVariable, NestedFunctionVariable,
+                                              PartialVariable, UserFunctionVariable, UserMethodVariable)
+from coil.capture.variables.hops import call_region
+from coil.capture.variables.objects import (AttributeMissing, NNModuleVariable, NewObjectVariable, ObjectVariableBase,
+                                            UserDefinedClassVariable)
+from coil.capture.variables.symbolic import call_numeric, sym_minmax
+from coil.capture.variables.tensor import TensorVariable, UserCodeError, call_op
+from coil.capture.variables.torchfn import TorchFunctionVariable
 
 _HANDLERS: dict[Callable, Callable] = {}
 _FOLDABLE = {abs, bool, int, float, str, round, divmod, pow, ord, chr, hex, oct, bin, hash,
@@ -71,33 +84,21 @@ class BuiltinVariable(KnownCallableVariable):
         if name == "__name__":
             return ConstantVariable(self.fn.__name__)
         if isinstance(self.fn, type):
-            from coil.capture.variables.objects import UserDefinedClassVariable
-
             return UserDefinedClassVariable(self.fn).var_getattr(tx, name)
         raise Unsupported(f"attribute {name} of builtin {self.fn}")
 
     def reconstruct(self, cg):
-        import builtins
-
         if getattr(builtins, self.fn.__name__, None) is self.fn:
             return f"___builtins.{self.fn.__name__}"
         return cg.const_expr(self.fn)   # itertools.chain, functools.reduce...: not a name of builtins
 
-    def __repr__(self):
-        return f"BuiltinVariable({self.fn.__name__})"
-
 
 def _fold(tx, fn, args, kwargs):
-    from coil.capture.variables.builder import wrap_constant_result
-    from coil.capture.variables.tensor import TensorVariable, UserCodeError
-
     if fn in (int, float, bool, complex) and args and isinstance(args[0], TensorVariable):
         dunder = {int: "__int__", float: "__float__", bool: "__bool__", complex: "__complex__"}[fn]
         return args[0].call_method(tx, dunder, [], {})
     if fn is bool and len(args) == 1:
         return ConstantVariable(tx.truthy(args[0]))
-    from coil.capture.variables.symbolic import call_numeric
-
     sym = call_numeric(tx, fn, args, kwargs)     # int(n), float(n) of a symbolic size
     if sym is not None:
         return sym
@@ -123,10 +124,6 @@ def _fold(tx, fn, args, kwargs):
 
 
 def _is_callable(v):
-    from coil.capture.variables.functions import BaseFunctionVariable, BoundMethodVariable, PartialVariable
-    from coil.capture.variables.objects import NNModuleVariable, UserDefinedClassVariable
-    from coil.capture.variables.torchfn import TorchFunctionVariable
-
     return isinstance(v, (BaseFunctionVariable, BoundMethodVariable, PartialVariable, NNModuleVariable,
                           UserDefinedClassVariable, TorchFunctionVariable, BuiltinVariable, PureFunctionVariable))
 
@@ -172,28 +169,19 @@ class PureFunctionVariable(KnownCallableVariable):
             return tx.call_dunder(args[0], "__setitem__", [args[1], args[2]])
         if isinstance(fn, operator.attrgetter):
             raise Unsupported("operator.attrgetter object")
-        from coil.capture.variables.symbolic import call_numeric
-
         sym = call_numeric(tx, fn, args, kwargs)   # math.prod(x.shape), math.sqrt(n)
         if sym is not None:
             return sym
-        from coil.capture.translator import const_value
-
         try:
             c = [const_value(a) for a in args]
             kw = {k: const_value(v) for k, v in kwargs.items()}
         except Unsupported:
             raise Unsupported(f"{getattr(fn, '__qualname__', fn)} on non-constant arguments")
-        from coil.capture.variables.builder import wrap_constant_result
-        from coil.capture.variables.tensor import UserCodeError
-
         try:
             return wrap_constant_result(tx, fn(*c, **kw))
         except Exception as e:  # noqa: BLE001
             raise UserCodeError(f"{type(e).__name__}: {e}") from e
 
-    def reconstruct(self, cg):
-        return cg.const_expr(self.fn)
 
 
 # ---------------------------------------------------------------------------------------
@@ -229,8 +217,6 @@ def known_object(tx, vt):
     """The real object ``vt`` stands for, when it existed before the frame and was read from a source (so a guard can
     pin its identity); None for tensors, objects made in the traced region, trackers not built from one real object, and
     bound methods (made afresh by each attribute read, so their id is not stable)."""
-    from coil.capture.variables.tensor import TensorVariable
-
     if vt.source is None or isinstance(vt, TensorVariable):
         return None
     return next((None if isinstance(value, types.MethodType) else value
@@ -250,8 +236,6 @@ def _isinstance(tx, args, kwargs):
     try:
         return ConstantVariable(issubclass(t, classes))
     except TypeError as e:
-        from coil.capture.variables.tensor import UserCodeError
-
         raise UserCodeError(f"TypeError: {e}") from e
 
 
@@ -270,18 +254,12 @@ def _type(tx, args, kwargs):
 def type_of(tx, vt):
     """``type(obj)``: a class read through an object with a source keeps one
     (``type(self).X`` guards X; without it X was a constant)."""
-    from coil.capture.source import TypeSource
-    from coil.capture.variables.builder import wrap
-    from coil.capture.variables.objects import ObjectVariableBase
-
     src = vt.source if isinstance(vt, ObjectVariableBase) else None
     return wrap(tx, vt.python_type(), TypeSource(src) if src is not None else None)
 
 
 @builtin(getattr)
 def _getattr(tx, args, kwargs):
-    from coil.capture.variables.objects import AttributeMissing
-
     obj, name = args[0], args[1].as_python_constant()
     try:
         return tx.getattr(obj, name)
@@ -294,8 +272,6 @@ def _getattr(tx, args, kwargs):
 
 @builtin(hasattr)
 def _hasattr(tx, args, kwargs):
-    from coil.capture.variables.objects import AttributeMissing
-
     if type(args[0]) is ConstantVariable:  # a number, string, None, dtype: Python's answer (is_tensor_like(3.0))
         return ConstantVariable(hasattr(args[0].value, args[1].as_python_constant()))
     try:
@@ -391,8 +367,6 @@ def _zip(tx, args, kwargs):
 
 
 def _invoke_subgraph_placeholder():
-    import sys
-
     import torch._higher_order_ops.invoke_subgraph  # noqa: F401
     # (the package attribute of that name is the operator, not the module)
     m = sys.modules["torch._higher_order_ops.invoke_subgraph"]
@@ -403,8 +377,6 @@ def _invoke_subgraph_placeholder():
 def _nested_compile_region_call(tx, args, kwargs):
     """A ``torch.compiler.nested_compile_region`` function's call: a region subgraph
     compiled once and reused (:func:`coil.capture.variables.hops.call_region`)."""
-    from coil.capture.variables.hops import call_region
-
     return call_region(tx, args[0], list(args[1:]), kwargs)
 
 
@@ -432,8 +404,6 @@ def _indexed_itertool(fn, single: bool):
     their indices, each index then mapped back to its item's tracker (a tuple position of ``product(a, b, repeat=2)``
     indexes ``(a, b)[pos % 2]``)."""
     def handler(tx, args, kwargs):
-        from coil.capture.variables.tensor import UserCodeError
-
         k = 1 if single else len(args)
         seqs = [tx.unpack(a) for a in args[:k]]
         rest = [a.as_python_constant() for a in args[k:]]
@@ -479,8 +449,6 @@ def _minmax(tx, args, kwargs, op):
         if "default" in kwargs:
             return kwargs["default"]
         raise Unsupported("min/max of an empty sequence (raised by user code)")
-    from coil.capture.variables.symbolic import sym_minmax
-
     if key is None:
         sym = sym_minmax(items, op)      # max(n - 1, 2) of sizes: torch.sym_max, no guard
         if sym is not None:
@@ -530,15 +498,11 @@ def _super(tx, args, kwargs):
 
 @builtin(object)
 def _object(tx, args, kwargs):
-    from coil.capture.variables.objects import NewObjectVariable
-
     return NewObjectVariable(object)
 
 
 @builtin(functools.partial)
 def _partial(tx, args, kwargs):
-    from coil.capture.variables.functions import PartialVariable
-
     return PartialVariable(args[0], args[1:], kwargs)
 
 
@@ -569,9 +533,6 @@ class _WrapsDecorator(VariableTracker):
 
 @builtin(inspect.signature)
 def _signature(tx, args, kwargs):
-    from coil.capture.variables.functions import (NestedFunctionVariable, UserFunctionVariable, UserMethodVariable)
-    from coil.capture.variables.objects import NNModuleVariable
-
     f = args[0]
     if isinstance(f, UserFunctionVariable):
         return ConstantVariable(inspect.signature(f.fn))
@@ -601,8 +562,6 @@ def _dc_fields(tx, args, kwargs):
 
 @builtin(dataclasses.asdict)
 def _dc_asdict(tx, args, kwargs):
-    from coil.capture.variables.tensor import TensorVariable, call_op
-
     def conv(v):
         t = v.python_type()
         if dataclasses.is_dataclass(t) and not isinstance(t, type(None)):
@@ -621,8 +580,6 @@ def _dc_asdict(tx, args, kwargs):
 
 @builtin(dataclasses.replace)
 def _dc_replace(tx, args, kwargs):
-    from coil.capture.variables.objects import UserDefinedClassVariable
-
     obj = args[0]
     cls = obj.python_type()
     values = {f.name: kwargs[f.name] if f.name in kwargs else tx.getattr(obj, f.name)

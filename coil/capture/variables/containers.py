@@ -8,15 +8,15 @@ side effect; the entry function then writes the final contents back into the rea
 from __future__ import annotations
 
 import collections
-import types
 import operator
+import types
 from typing import Any
 
 import torch
 
 from coil.exc import Unsupported
-from coil.capture.source import IterRestSource
-from coil.capture.variables.base import ConstantVariable, VariableTracker
+from coil.capture.source import GetItemSource, IterRestSource, iter_rest
+from coil.capture.variables.base import AttributeMissing, ConstantVariable, VariableTracker, wrap, wrap_constant_result
 
 
 def _const_index(tx, v: VariableTracker):
@@ -30,12 +30,37 @@ def _const_index(tx, v: VariableTracker):
     return c
 
 
+class BoundMethodVariable(VariableTracker):
+    """``obj.name`` where ``obj``'s tracker implements the method itself
+    (tensor, list, dict methods): calling it is ``obj.call_method(name, ...)``."""
+
+    def __init__(self, obj: VariableTracker, name: str):
+        super().__init__(None)
+        self.obj, self.name = obj, name
+
+    def python_type(self):
+        return types.BuiltinMethodType
+
+    def call_function(self, tx, args, kwargs):
+        return self.obj.call_method(tx, self.name, list(args), dict(kwargs))
+
+    def var_getattr(self, tx, name):
+        if name == "__self__":
+            return self.obj
+        if name == "__name__":
+            return ConstantVariable(self.name)
+        raise Unsupported(f"attribute {name} of a bound method")
+
+    def reconstruct(self, cg):
+        return f"{cg.reconstruct(self.obj)}.{self.name}"
+
+    def __repr__(self):
+        return f"BoundMethodVariable({self.obj!r}.{self.name})"
+
+
 def method_getattr(self, tx, name):
     """``var_getattr`` of trackers whose attributes are all methods: ``self.name`` bound. A name the type lacks is
     missing, as in eager (``hasattr(model_output, "vision_hidden_states")`` was True, and reading it then failed)."""
-    from coil.capture.variables.functions import BoundMethodVariable
-    from coil.capture.variables.objects import AttributeMissing
-
     try:
         cls = self.python_type()
     except Unsupported:
@@ -130,8 +155,6 @@ class SizeVariable(TupleVariable):
 
     def var_getattr(self, tx, name):
         if name in ("numel", "index", "count"):
-            from coil.capture.variables.functions import BoundMethodVariable
-
             return BoundMethodVariable(self, name)
         return super().var_getattr(tx, name)
 
@@ -162,8 +185,6 @@ class NamedTupleVariable(TupleVariable):
         if name in fields:
             return self.items[fields.index(name)]
         if name in ("_replace", "_asdict"):
-            from coil.capture.variables.functions import BoundMethodVariable
-
             return BoundMethodVariable(self, name)
         if name == "_fields":
             return ConstantVariable(tuple(fields))
@@ -291,7 +312,7 @@ class DictVariable(VariableTracker):
     def wrap_key(self, tx, k):
         if isinstance(k, (str, int, float, bool, type(None), tuple, torch.dtype)):
             return ConstantVariable(k)
-        return tx.wrap_object_key(k)
+        raise Unsupported("non-constant dict key")
 
     def _mutated(self, tx):
         tx.output.side_effects.mutated(self)
@@ -311,13 +332,11 @@ class DictVariable(VariableTracker):
 
     def call_method(self, tx, name, args, kwargs):
         if self.user_cls not in (dict, collections.OrderedDict) and type(self) is DictVariable:
-            import types as _types
-
             from coil.capture.variables.functions import UserMethodVariable
             from coil.capture.variables.objects import _static_lookup
 
             fn = _static_lookup(self.user_cls, name)
-            if isinstance(fn, _types.FunctionType):
+            if isinstance(fn, types.FunctionType):
                 return tx.call(UserMethodVariable(fn, self), args, kwargs)
         return self.call_method_base(tx, name, args, kwargs)
 
@@ -481,13 +500,9 @@ class SliceVariable(VariableTracker):
         parts += [ConstantVariable(None)] * (3 - len(parts))
         if name in ("start", "stop", "step"):
             return parts[("start", "stop", "step").index(name)]
-        from coil.capture.variables.functions import BoundMethodVariable
-
         return BoundMethodVariable(self, name)
 
     def call_method(self, tx, name, args, kwargs):
-        from coil.capture.variables.builder import wrap_constant_result
-
         if name == "indices":
             return wrap_constant_result(tx, self.as_python_constant().indices(args[0].as_python_constant()))
         raise Unsupported(f"slice.{name}")
@@ -620,9 +635,6 @@ class ResumedIteratorVariable(ListIteratorVariable):
         self._tx = None
 
     def _take(self, tx, i: int):
-        from coil.capture.source import GetItemSource, iter_rest
-        from coil.capture.variables.builder import wrap
-
         rest = iter_rest(self.value)
         gs, src = tx.output.guards, self.source.expr()
         if i >= len(rest):
@@ -661,8 +673,6 @@ RESUMED_ITERATORS = (type(iter(())), type(iter(range(0))))
 def resumed_iterator(tx, value, source):
     """The tracker for iterator ``value`` on a resume function's stack (``source``), or
     None: tuple and range iterators, and ``enumerate`` / ``zip`` over them."""
-    from coil.capture.source import IterRestSource
-
     t = type(value)
     if t not in RESUMED_ITERATORS + (enumerate, zip):
         return None
@@ -680,8 +690,6 @@ def resumed_iterator(tx, value, source):
             return None          # zip(..., strict=True)
         gs.add(f"len({src}.__reduce__()[1]) == {len(parts)}", f"len({src}.__reduce__()[1])", len(parts))
         return LazyIteratorVariable(tx, zip, iters)
-    from coil.capture.variables.builder import wrap
-
     # the count is an int input: automatic dynamic makes it a SymInt once it changed, so
     # one compile serves every later position of the loop
     count = wrap(tx, parts[1], IterRestSource(source, 1))

@@ -4,12 +4,13 @@ call breaks at the call in the root frame, whose callee is then captured on its 
 """
 from __future__ import annotations
 
+import functools
 import types
 
 from coil.exc import Unsupported
 from coil.capture.source import AttrSource, ConstSource, DefaultsSource, GetItemSource
-from coil.capture.variables.base import ConstantVariable, VariableTracker
-from coil.capture.variables.containers import DictVariable, TupleVariable
+from coil.capture.variables.base import AttributeMissing, ConstantVariable, VariableTracker, wrap
+from coil.capture.variables.containers import BoundMethodVariable, DictVariable, TupleVariable
 
 
 class BaseFunctionVariable(VariableTracker):
@@ -112,8 +113,6 @@ class UserFunctionVariable(BaseFunctionVariable):
         return cells
 
     def bind_args(self, tx, args, kwargs):
-        from coil.capture.variables.builder import wrap
-
         src = self.source
         defaults = [wrap(tx, d, DefaultsSource(src, i) if src else None)
                     for i, d in enumerate(self.fn.__defaults__ or ())]
@@ -122,8 +121,6 @@ class UserFunctionVariable(BaseFunctionVariable):
         return bind_arguments(self.fn.__code__, self.fn.__name__, args, kwargs, defaults, kwdefaults)
 
     def var_getattr(self, tx, name):
-        from coil.capture.variables.builder import wrap
-
         if name in ("__name__", "__qualname__", "__module__", "__doc__", "__code__"):
             return ConstantVariable(getattr(self.fn, name))
         if name in ("__defaults__", "__kwdefaults__") and self.source is not None:
@@ -134,8 +131,6 @@ class UserFunctionVariable(BaseFunctionVariable):
         if name == "__get__":
             return BoundMethodVariable(self, name)
         if not hasattr(self.fn, name):
-            from coil.capture.variables.objects import AttributeMissing
-
             if self.source is not None:   # absent now; guard that it stays absent
                 tx.output.guards.add(f"not hasattr({self.source.expr()}, {name!r})")
             raise AttributeMissing(name)
@@ -232,34 +227,6 @@ class UserMethodVariable(BaseFunctionVariable):
         return f"UserMethodVariable({self.fn.__qualname__})"
 
 
-class BoundMethodVariable(VariableTracker):
-    """``obj.name`` where ``obj``'s tracker implements the method itself
-    (tensor, list, dict methods): calling it is ``obj.call_method(name, ...)``."""
-
-    def __init__(self, obj: VariableTracker, name: str):
-        super().__init__(None)
-        self.obj, self.name = obj, name
-
-    def python_type(self):
-        return types.BuiltinMethodType
-
-    def call_function(self, tx, args, kwargs):
-        return self.obj.call_method(tx, self.name, list(args), dict(kwargs))
-
-    def var_getattr(self, tx, name):
-        if name == "__self__":
-            return self.obj
-        if name == "__name__":
-            return ConstantVariable(self.name)
-        raise Unsupported(f"attribute {name} of a bound method")
-
-    def reconstruct(self, cg):
-        return f"{cg.reconstruct(self.obj)}.{self.name}"
-
-    def __repr__(self):
-        return f"BoundMethodVariable({self.obj!r}.{self.name})"
-
-
 class PartialVariable(VariableTracker):
     """``functools.partial(fn, *args, **kwargs)``."""
 
@@ -270,8 +237,6 @@ class PartialVariable(VariableTracker):
         self.kwargs = dict(kwargs)
 
     def python_type(self):
-        import functools
-
         return functools.partial
 
     def call_function(self, tx, args, kwargs):

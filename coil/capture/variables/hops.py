@@ -15,13 +15,17 @@ from typing import Optional
 
 import torch
 import torch.fx
+import torch._higher_order_ops as hops
+import torch.utils.checkpoint as ckpt
 from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils.checkpoint import CheckpointPolicy
 
 from coil import trace
 from coil.exc import SourceLocation, Unsupported, UserError
-from coil.capture.variables.base import CellVariable, ConstantVariable, VariableTracker
+from coil.capture.variables.base import CellVariable, ConstantVariable, KnownCallableVariable, VariableTracker
 from coil.capture.variables.containers import ListVariable, TupleVariable
-from coil.capture.variables.tensor import TensorVariable, _is_inplace
+from coil.capture.variables.tensor import TensorVariable, _is_inplace, call_op
+from coil.capture.variables.symbolic import SymNodeVariable
 
 _region_ids = itertools.count()
 
@@ -340,8 +344,6 @@ def call_cond(tx, args: list, kwargs: dict) -> VariableTracker:
         raise UserError("torch.cond(pred, true_fn, false_fn, operands): missing arguments", location=tx.location())
     pred, true_fn, false_fn = bound["pred"], bound["true_fn"], bound["false_fn"]
     operands = _operands(tx, bound["operands"])
-    from coil.capture.variables.symbolic import SymNodeVariable
-
     if isinstance(pred, SymNodeVariable):
         pred = ConstantVariable(bool(pred.evaluate("torch.cond predicate")))
     if not isinstance(pred, TensorVariable):
@@ -482,8 +484,6 @@ def call_map(tx, args: list, kwargs: dict) -> VariableTracker:
         raise Unsupported("torch map over a non-tensor xs or with non-tensor args")
     if xs.fake.dim() == 0 or xs.fake.shape[0] == 0:
         raise UserError("map: xs needs a non-empty leading dimension", location=tx.location())
-    from coil.capture.variables.tensor import call_op
-
     location = tx.location()
     piece = call_op(tx, "call_function", __import__("operator").getitem, [xs, ConstantVariable(0)], {})
     body = trace_subgraph(tx, f, [piece] + rest, "torch map f")
@@ -527,8 +527,6 @@ def call_scan(tx, args: list, kwargs: dict) -> VariableTracker:
     front and flips for ``reverse`` around ``torch.ops.higher_order.scan`` as torch's scan does. The carry it
     returns must keep ``init``'s metadata (a :class:`UserError` names the first that changes). Gradients are
     torch's scan autograd rule (a backward scan)."""
-    from coil.capture.variables.tensor import call_op
-
     bound = dict(zip(["combine_fn", "init", "xs"], args), **kwargs)
     if {"combine_fn", "init", "xs"} - set(bound):
         raise Unsupported("torch scan called without combine_fn, init or xs")
@@ -603,8 +601,6 @@ class _CarryAndOutput(VariableTracker):
         self.closure = getattr(fn, "closure", None)
 
     def call_function(self, tx, args, kwargs):
-        from coil.capture.variables.tensor import call_op
-
         out = tx.call(self.fn, list(args), dict(kwargs))
         ts, struct = _tensor_tree(out, "associative_scan combine_fn")
         return TupleVariable([out, _unflatten([call_op(tx, "call_function", torch.clone, [t], {}) for t in ts], struct)])
@@ -616,8 +612,6 @@ def call_associative_scan(tx, args: list, kwargs: dict) -> VariableTracker:
     it), started at a contiguous copy of the first element, which is put back in front of the outputs. The same
     values as torch's log-depth scan up to rounding (``combine_fn`` is associative). What eager refuses (pointwise
     mode off CUDA, a bad ``dim``) or a combine_fn that changes an element's metadata is left to eager."""
-    from coil.capture.variables.tensor import call_op
-
     bound = dict(zip(["combine_fn", "xs", "dim", "reverse", "combine_mode"], args), **kwargs)
     if {"combine_fn", "xs", "dim"} - set(bound) or set(bound) - {"combine_fn", "xs", "dim", "reverse", "combine_mode"}:
         raise Unsupported("associative_scan called without combine_fn, xs or dim, or with other arguments")
@@ -681,8 +675,6 @@ def call_checkpoint(tx, args: list, kwargs: dict) -> VariableTracker:
     res = tx.call(args[0], list(args[1:]), kwargs)
     region = next(_region_ids)
     tagged = 0
-    from torch.utils.checkpoint import CheckpointPolicy
-
     for n in out.graph.nodes:
         if n not in before and n.op == "call_function" and "recompute" not in n.meta:
             n.meta["recompute"] = CheckpointPolicy.PREFER_RECOMPUTE
@@ -795,9 +787,6 @@ _HANDLERS: dict = {}
 def hop_handler(value):
     """The capture handler for a higher-order callable ``value``, or None."""
     if not _HANDLERS:
-        import torch._higher_order_ops as hops
-        import torch.utils.checkpoint as ckpt
-
         # the public operator functions of torch._higher_order_ops (scan, associative_scan, ...) not captured: a graph
         # break naming them (not their helpers, e.g. nested_compile_region's wrapper, which is inlined)
         for name, v in vars(hops).items():
@@ -818,19 +807,12 @@ def _not_captured(tx, args, kwargs):
                       "the graph", hint="torch.cond and while_loop are captured (docs/hops.md)")
 
 
-class HigherOrderVariable(VariableTracker):
+class HigherOrderVariable(KnownCallableVariable):
     """A higher-order callable (``torch.cond``, ``checkpoint``): calls go to its handler."""
 
     def __init__(self, fn, source=None):
-        super().__init__(source)
-        self.fn = fn
+        super().__init__(fn, source)
         self.handler = hop_handler(fn)
-
-    def python_type(self):
-        return type(self.fn)
-
-    def as_python_constant(self):
-        return self.fn
 
     def call_function(self, tx, args, kwargs):
         if self.handler is _not_captured:
@@ -838,10 +820,4 @@ class HigherOrderVariable(VariableTracker):
                               "is not captured: it runs outside the graph",
                               hint="torch.cond and while_loop are captured (docs/hops.md)")
         return self.handler(tx, list(args), dict(kwargs))
-
-    def reconstruct(self, cg):
-        return cg.const_expr(self.fn)
-
-    def __repr__(self):
-        return f"HigherOrderVariable({getattr(self.fn, '__name__', self.fn)})"
 

@@ -21,13 +21,11 @@ import torch
 
 from coil.exc import Unsupported
 from coil.capture.source import AttrSource, ModuleDictSource
-from coil.capture.variables.base import ConstantVariable, RealValueVariable, VariableTracker
+from coil.capture.variables.base import (AttributeMissing, ConstantVariable, RealValueVariable, VariableTracker,
+                                         wrap)
 from coil.capture.variables.containers import DictVariable, ListIteratorVariable, TupleVariable
-from coil.capture.variables.functions import (UserFunctionVariable, UserMethodVariable)
-
-
-class AttributeMissing(Exception):
-    """Attribute lookup failed (AttributeError in eager); ``getattr(o, n, default)`` and ``hasattr`` catch it."""
+from coil.capture.variables.functions import BoundMethodVariable, UserFunctionVariable, UserMethodVariable
+from coil.capture.variables.tensor import TensorVariable, call_op, to_fake
 
 
 _SENTINEL = object()
@@ -39,8 +37,6 @@ def _static_lookup(cls: type, name: str):
 
 def wrap_class_attr(tx, obj_vt: VariableTracker, cls: type, name: str, source=None):
     """A class attribute seen through an instance (methods get bound to ``obj_vt``)."""
-    from coil.capture.variables.builder import wrap
-
     attr = _static_lookup(cls, name)
     if attr is _SENTINEL:
         raise AttributeMissing(name)
@@ -60,8 +56,6 @@ def wrap_class_attr(tx, obj_vt: VariableTracker, cls: type, name: str, source=No
     if isinstance(attr, types.FunctionType):
         return UserMethodVariable(attr, obj_vt, source)
     if isinstance(attr, (types.BuiltinFunctionType, types.MethodDescriptorType, types.WrapperDescriptorType)):
-        from coil.capture.variables.functions import BoundMethodVariable
-
         return BoundMethodVariable(obj_vt, name)
     if hasattr(type(attr), "__get__") and not isinstance(attr, (type,)):
         if obj_vt.source is None or getattr(obj_vt, "value", None) is None:
@@ -89,8 +83,6 @@ class ObjectVariableBase(RealValueVariable):
 def lookup_attr(tx, vt: ObjectVariableBase, name: str, generic: bool = False):
     """Python attribute lookup on a real object, symbolically (see module docstring);
     ``generic``: ``object.__getattribute__(obj, name)``, past a custom ``__getattribute__``."""
-    from coil.capture.variables.builder import wrap
-
     obj = vt.value
     if (pending := tx.output.side_effects.pending_attr(obj, name)) is not None:
         return pending
@@ -157,8 +149,6 @@ def _call_lru_cached(tx, vt, args, kwargs):
     ``is_torch_distributed_available()``): called for real at trace time, as eager calls it, and guarded by calling it
     again, a cache hit, which must give the same object. Its body runs where eager's first call runs it, never once per
     compiled call. Other arguments, or a result holding a tensor, stay a graph break."""
-    from coil.capture.variables.builder import wrap
-
     if vt.source is None or not all(isinstance(a, ConstantVariable) for a in list(args) + list(kwargs.values())):
         raise Unsupported(f"call to an lru_cache function {vt.value!r} with non-constant arguments")
     cargs = [a.value for a in args]
@@ -188,8 +178,6 @@ def _dict_lookup(tx, vt, name, args, kwargs, base=False):
     it does not apply (new dicts, unhashable or traced keys, tensor results). ``base``:
     ``dict``'s own method on a subclass that overrides it (``super().__getitem__(k)``
     inside the override: transformers' ``ACT2FN``)."""
-    from coil.capture.variables.builder import wrap
-
     d = vt.value
     if vt.source is None or kwargs or not args or (not base and (
             type(d).__getitem__ is not dict.__getitem__ or (name == "get" and type(d).get is not dict.get))):
@@ -250,14 +238,10 @@ class UserDefinedObjectVariable(ObjectVariableBase):
     def var_getattr(self, tx, name):
         if isinstance(self.value, dict) and name in _DICT_READS and self.source is not None \
                 and getattr(type(self.value), name) is getattr(dict, name):
-            from coil.capture.variables.functions import BoundMethodVariable
-
             return BoundMethodVariable(self, name)      # call_method: _dict_lookup
         return super().var_getattr(tx, name)
 
     def call_method(self, tx, name, args, kwargs):
-        from coil.capture.variables.functions import BoundMethodVariable
-
         if isinstance(self.value, dict) and name in _DICT_READS:
             if (found := _dict_lookup(tx, self, name, args, kwargs)) is not None:
                 return found
@@ -287,8 +271,6 @@ class NNModuleVariable(ObjectVariableBase):
 
     def var_getattr(self, tx, name):
         if name in self._SPECIAL and _static_lookup(type(self.value), name) is getattr(torch.nn.Module, name):
-            from coil.capture.variables.functions import BoundMethodVariable
-
             return BoundMethodVariable(self, name)
         return lookup_attr(tx, self, name)
 
@@ -297,8 +279,6 @@ class NNModuleVariable(ObjectVariableBase):
                                        torch.nn.ParameterList, torch.nn.ParameterDict))
 
     def _sub(self, tx, key):
-        from coil.capture.variables.builder import wrap
-
         m = self.value
         d = m._parameters if isinstance(m, (torch.nn.ParameterList, torch.nn.ParameterDict)) else m._modules
         dname = "_parameters" if d is m._parameters else "_modules"
@@ -323,8 +303,6 @@ class NNModuleVariable(ObjectVariableBase):
         raise Unsupported(f"iteration over {type(m).__name__}")
 
     def _named(self, tx, kind, recurse=True):
-        from coil.capture.variables.builder import wrap
-
         m = self.value
         dname = {"named_parameters": "_parameters", "named_buffers": "_buffers"}.get(kind, "_modules")
 
@@ -360,8 +338,6 @@ class NNModuleVariable(ObjectVariableBase):
                 return self._sub(tx, key)
             keys = self._keys(tx)
             if isinstance(key, slice):
-                from coil.capture.variables.builder import wrap
-
                 for k in keys[key]:     # the new container's entries keep their sources (wrap
                     self._sub(tx, k)    # finds them by identity): read per call, not constants
                 return wrap(tx, m[key], None)
@@ -499,8 +475,6 @@ class AutogradFunctionApplyVariable(VariableTracker):
         return f"{cg.reconstruct(self.cls_vt)}.apply"      # called from the entry at a break
 
     def call_function(self, tx, args, kwargs):
-        from coil.capture.variables.tensor import TensorVariable, call_op, to_fake
-
         cls = self.cls_vt.value
         name = cls.__name__
         if kwargs or not all(isinstance(a, (TensorVariable, ConstantVariable)) for a in args):
@@ -552,8 +526,6 @@ class UserDefinedClassVariable(ObjectVariableBase):
         return self.value
 
     def var_getattr(self, tx, name):
-        from coil.capture.variables.builder import wrap
-
         cls = self.value
         if name in ("__name__", "__qualname__", "__module__"):
             return ConstantVariable(getattr(cls, name))
@@ -601,8 +573,6 @@ class PythonModuleVariable(ObjectVariableBase):
                "builtins", "enum", "inspect", "warnings", "numbers", "abc", "transformers", "numpy")
 
     def var_getattr(self, tx, name):
-        from coil.capture.variables.builder import wrap
-
         try:
             value = getattr(self.value, name)
         except AttributeError:

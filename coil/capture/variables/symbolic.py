@@ -14,9 +14,12 @@ import operator
 import re
 
 import torch
+from torch.fx.experimental.symbolic_shapes import statically_known_true
+from torch.utils._sympy.printers import PythonPrinter
 
 from coil.exc import Unsupported
 from coil.capture.variables.base import ConstantVariable, VariableTracker
+from coil.capture.variables.containers import SizeVariable, TupleVariable
 
 _SYM = (torch.SymInt, torch.SymFloat, torch.SymBool)
 
@@ -125,8 +128,6 @@ def python_text(env, value, bind=None) -> str:
     """``value`` (a Sym*) as Python over the sources of its symbols; ``bind`` (source text ->
     expression) replaces each symbol's source read, e.g. by a local read at the entry's start
     (:meth:`~coil.capture.output.EntryCodegen.symbol_local`)."""
-    from torch.utils._sympy.printers import PythonPrinter
-
     from coil.capture.dynamic import source_name
 
     expr = value.node.expr
@@ -197,8 +198,6 @@ def sym_minmax(items: list, op):
     """``min``/``max`` (``op``: ``operator.lt``/``gt``) of symbolic and constant numbers as
     ``torch.sym_min``/``sym_max`` where the ShapeEnv cannot decide the order without a
     guard; None when no item is symbolic or an item is not a number."""
-    from torch.fx.experimental.symbolic_shapes import statically_known_true
-
     if len(items) < 2 or not any(isinstance(i, SymNodeVariable) for i in items) or not all(
             isinstance(i, SymNodeVariable) and not isinstance(i.value, torch.SymBool) or
             isinstance(i, ConstantVariable) and type(i.value) in (int, float) for i in items):
@@ -264,8 +263,6 @@ def call_numeric(tx, fn, args: list, kwargs: dict):
 def tensor_meta(tx, t, name: str, result):
     """The tracker for metadata ``name`` (``size``, ``stride``, ``numel``, ``shape``) of tensor tracker ``t``
     whose fake value is ``result``: constants when static, symbolic items otherwise."""
-    from coil.capture.variables.containers import SizeVariable, TupleVariable
-
     out = tx.output
     if name in ("size", "shape", "stride") and isinstance(result, (tuple, torch.Size)):
         if not any(isinstance(s, torch.SymInt) for s in result):
@@ -275,9 +272,6 @@ def tensor_meta(tx, t, name: str, result):
         return SizeVariable(items) if kind == "size" else TupleVariable(items)
     if isinstance(result, _SYM):
         return wrap_sym(out, result, ("numel", t) if name in ("numel", "nelement") else
-                        ("node", _meta_node(out, t, name)))
+                        ("node", out.graph.create_node("call_method", name, (t.node,), {})))
     return ConstantVariable(result)
 
-
-def _meta_node(out, t, name):
-    return out.graph.create_node("call_method", name, (t.node,), {})

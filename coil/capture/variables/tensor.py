@@ -19,14 +19,16 @@ import types
 import torch
 import torch.utils._pytree as pytree
 from torch._subclasses.fake_tensor import (DataDependentOutputException, DynamicOutputShapeException, FakeTensor)
+from torch._dispatch.python import enable_python_dispatcher
 
 from coil.exc import Unsupported
 from coil.capture.meta_checks import cast_to_eager_dtype, check_call
 from coil.capture.substitutes import substitute
-from coil.capture.variables.base import ConstantVariable, VariableTracker
+from coil.capture.variables.base import AttributeMissing, ConstantVariable, VariableTracker, wrap_constant_result
 from coil.capture.variables.containers import (DictVariable, ListVariable, NamedTupleVariable, SliceVariable,
                                                TupleVariable)
 from coil.capture.variables.symbolic import SymNodeVariable, tensor_meta, wrap_sym
+from coil.capture.variables.functions import BoundMethodVariable
 
 
 class UserCodeError(Unsupported):
@@ -244,8 +246,6 @@ def _symbolic_dispatch(out):
     concrete ints (``F.pad``'s ``constant_pad_nd``) take their Python decompositions, which accept SymInts."""
     if not out.shape_env.var_to_range:
         return contextlib.nullcontext()
-    from torch._dispatch.python import enable_python_dispatcher
-
     return enable_python_dispatcher()
 
 
@@ -338,8 +338,6 @@ def wrap_result(tx, node, result) -> VariableTracker:
     side_effecting = (result is None or node.target is operator.setitem or name.endswith("_") or "out" in node.kwargs)
     if len(node.users) == 0 and not side_effecting:
         out.graph.erase_node(node)
-    from coil.capture.variables.builder import wrap_constant_result
-
     return wrap_constant_result(tx, result)
 
 
@@ -470,8 +468,6 @@ class TensorVariable(VariableTracker):
         return [call_op(tx, "call_function", operator.getitem, [self, ConstantVariable(i)], {}) for i in range(n)]
 
     def var_getattr(self, tx, name):
-        from coil.capture.variables.functions import BoundMethodVariable
-
         if name == "is_leaf" and self.fake.requires_grad and self.source is not None:
             for src, value, node in tx.output.inputs:   # an input's fake is a leaf; eager's may not be
                 if node is self.node:
@@ -488,16 +484,12 @@ class TensorVariable(VariableTracker):
         if name == "grad":
             raise Unsupported("Tensor.grad inside a compiled frame")
         if name == "__class__":
-            from coil.capture.variables.builder import wrap_constant_result
-
             return wrap_constant_result(tx, self.cls)
         if name in ("grad_fn", "_base", "_version"):
             raise Unsupported(f"Tensor.{name} inside a compiled frame")
         if hasattr(torch.Tensor, name) and callable(getattr(torch.Tensor, name)):
             return BoundMethodVariable(self, name)
         if not hasattr(torch.Tensor, name):
-            from coil.capture.variables.objects import AttributeMissing
-
             raise AttributeMissing(name)
         raise Unsupported(f"Tensor attribute {name}")
 

@@ -18,10 +18,12 @@ import inspect
 import types
 
 import torch
+from torch.amp.autocast_mode import _enter_autocast, _exit_autocast
 
 from coil.exc import Unsupported
 from coil.capture.variables.base import ConstantVariable, KnownCallableVariable, VariableTracker
-from coil.capture.variables.tensor import call_op
+from coil.capture.variables.tensor import TensorVariable, call_op
+from coil.capture.variables.functions import BaseFunctionVariable, BoundMethodVariable
 
 _CM_HELPER = contextlib.contextmanager(lambda: None).__code__
 _COMPILE_TIME = {
@@ -137,8 +139,6 @@ class TorchFunctionVariable(KnownCallableVariable):
             ctx.called_as_function = True
             return ctx
         if fn is torch.is_tensor:
-            from coil.capture.variables.tensor import TensorVariable
-
             return ConstantVariable(isinstance(args[0], TensorVariable))
         name = getattr(fn, "__name__", None)
         if name and getattr(torch.Tensor, name, None) is fn:
@@ -149,12 +149,6 @@ class TorchFunctionVariable(KnownCallableVariable):
         if name in ("__name__", "__qualname__", "__module__", "__doc__"):
             return ConstantVariable(getattr(self.fn, name))
         raise Unsupported(f"attribute {name} of {self.fn}")
-
-    def reconstruct(self, cg):
-        return cg.const_expr(self.fn)
-
-    def __repr__(self):
-        return f"TorchFunctionVariable({getattr(self.fn, '__name__', self.fn)})"
 
 
 class ContextManagerVariable(VariableTracker):
@@ -167,8 +161,6 @@ class ContextManagerVariable(VariableTracker):
         raise NotImplementedError
 
     def var_getattr(self, tx, name):
-        from coil.capture.variables.functions import BoundMethodVariable
-
         if name in ("__enter__", "__exit__", "clone"):
             return BoundMethodVariable(self, name)
         raise Unsupported(f"attribute {name} of {type(self).__name__}")
@@ -185,8 +177,6 @@ class ContextManagerVariable(VariableTracker):
 
     def call_function(self, tx, args, kwargs):
         # used as a decorator: ``@torch.no_grad()``
-        from coil.capture.variables.functions import BaseFunctionVariable
-
         if len(args) == 1 and isinstance(args[0], BaseFunctionVariable):
             return DecoratedFunctionVariable(self, args[0])
         raise Unsupported(f"call to {type(self).__name__}")
@@ -242,8 +232,6 @@ class AutocastVariable(ContextManagerVariable):
         return torch.autocast
 
     def enter(self, tx):
-        from torch.amp.autocast_mode import _enter_autocast
-
         device_type, dtype, enabled, cache = self.args
         self.handle = tx.output.graph.create_node(
             "call_function", _enter_autocast, (device_type, dtype, enabled, cache), {})
@@ -254,8 +242,6 @@ class AutocastVariable(ContextManagerVariable):
         return ConstantVariable(None)
 
     def exit(self, tx):
-        from torch.amp.autocast_mode import _exit_autocast
-
         tx.locate_node(tx.output.graph.create_node("call_function", _exit_autocast, (self.handle,), {}))
         self.real.__exit__(None, None, None)
         tx.output.open_contexts.remove(self)

@@ -17,7 +17,7 @@ from typing import Iterable
 
 import sympy
 
-from coil.ir.symbols import FloorDiv, Mod, TruncDiv, TruncMod, floor_safe, simplify_index
+from coil.ir.symbols import FloorDiv, IndexPrinter, Mod, floor_safe, hint, simplify_index
 
 
 def canonicalize(e: sympy.Expr, bounds: dict) -> sympy.Expr:
@@ -181,7 +181,6 @@ def _symbolic_split(exprs, symbol, numel, prefix: str) -> Split:
     """The loop split of a symbolic extent: nested loops at the (symbolic) divisors the indices use when they
     form a divisibility chain dividing ``numel`` (``x % s1`` and ``x // s1`` become a loop over ``s1`` inside
     one over ``s0``: no run-time division or modulo per element), else one flat loop."""
-    from coil.ir.symbols import hint
     flat = Split(symbol, numel, [1], prefix)
     points: list = []
     if not all(_collect(e, symbol, points, _size_divisor) for e in exprs):
@@ -203,45 +202,31 @@ def _symbolic_split(exprs, symbol, numel, prefix: str) -> Split:
     return SymbolicSplit(symbol, numel, chain, prefix)
 
 
+class _CppPrinter(IndexPrinter):
+    """:class:`~coil.ir.symbols.IndexPrinter` for C++ (int64_t arithmetic): ``/`` and ``%`` over non-negative
+    numerators only (:func:`~coil.ir.symbols.floor_safe`: C's truncate), literals past int32 as ``LL``, products and
+    powers parenthesized as operands, Min/Max as ``coil_imin``/``coil_imax``."""
+
+    div = "/"
+
+    def literal(self, v: int) -> str:
+        return f"{v}LL" if abs(v) >= 2 ** 31 else str(v)
+
+    def paren(self, e: sympy.Expr, divisor: bool = False) -> str:
+        s = self.print(e)
+        return f"({s})" if e.is_Add or e.is_Pow or e.is_Mul else s
+
+    def print(self, e: sympy.Expr) -> str:
+        if isinstance(e, (FloorDiv, Mod)) and e != (safe := floor_safe(e)):
+            return f"({self.print(safe)})"
+        if e.is_Mul and not e.as_coeff_Mul()[0].is_Integer:
+            raise NotImplementedError(f"C++ backend cannot print index expression {e!r}")
+        return super().print(e)
+
+
+_CPP_PRINTER = _CppPrinter(("coil_imin", "coil_imax"))
+
+
 def cexpr(e: sympy.Expr) -> str:
     """Print an integer index expression as C++ (int64_t arithmetic)."""
-    if e.is_Integer:
-        v = int(e)
-        return f"{v}LL" if abs(v) >= 2 ** 31 else str(v)
-    if e.is_Symbol:
-        return e.name
-    if isinstance(e, (FloorDiv, Mod)) and e != (safe := floor_safe(e)):
-        return f"({cexpr(safe)})"  # C's / and % truncate: a non-negative numerator only
-    if isinstance(e, (FloorDiv, TruncDiv)):
-        return f"({_paren(e.args[0])} / {_paren(e.args[1])})"
-    if isinstance(e, (Mod, TruncMod)):
-        return f"({_paren(e.args[0])} % {_paren(e.args[1])})"
-    if e.is_Add:
-        terms = sorted(e.args, key=lambda t: (t.is_Integer, sympy.default_sort_key(t)))
-        out = cexpr(terms[0])
-        for t in terms[1:]:
-            c, _ = t.as_coeff_Mul()
-            out += f" - {cexpr(-t)}" if (c.is_Integer and int(c) < 0) else f" + {cexpr(t)}"
-        return out
-    if e.is_Mul:
-        c, rest = e.as_coeff_Mul()
-        parts = [_paren(a) for a in sorted(sympy.Mul.make_args(rest), key=sympy.default_sort_key)]
-        if c == -1:
-            return "-" + " * ".join(parts)
-        if c != 1:
-            parts = [cexpr(c)] + parts
-        return " * ".join(parts)
-    if e.is_Pow and e.args[1].is_Integer and int(e.args[1]) > 0:
-        return " * ".join([_paren(e.args[0])] * int(e.args[1]))
-    if isinstance(e, (sympy.Min, sympy.Max)):
-        fn = "coil_imin" if isinstance(e, sympy.Min) else "coil_imax"
-        out = cexpr(e.args[0])
-        for a in e.args[1:]:
-            out = f"{fn}({out}, {cexpr(a)})"
-        return out
-    raise NotImplementedError(f"C++ backend cannot print index expression {e!r}")
-
-
-def _paren(e: sympy.Expr) -> str:
-    s = cexpr(e)
-    return f"({s})" if (e.is_Add or e.is_Pow or (e.is_Mul and not isinstance(e, (FloorDiv, Mod)))) else s
+    return _CPP_PRINTER.print(e)

@@ -255,7 +255,6 @@ class CppKernel(OpsHandler):
             self.cur.append(f"{target} = {self._convert_store(buf_dtype, value)};")
         else:
             raise NotImplementedError(f"C++ backend: store mode {mode!r}")
-        return
 
     def store_reduction(self, name, index, value):
         dt = self.plan.buffer(name).get_dtype()
@@ -382,13 +381,12 @@ class CppKernel(OpsHandler):
         ptr = self._arg(name, write=False)
         return self._emit(f"{ptr}[{self._idx(offset)}]", torch.int64, key=("load", name, sympy.sympify(offset)))
 
-    def rand(self, seed, offset):
-        return self._emit(f"coil_rand(static_cast<uint64_t>({seed}), static_cast<uint64_t>({self._val(offset)}))",
+    def rand(self, seed, offset, fn="coil_rand"):
+        return self._emit(f"{fn}(static_cast<uint64_t>({seed}), static_cast<uint64_t>({self._val(offset)}))",
                           torch.float32)
 
     def randn(self, seed, offset):
-        return self._emit(f"coil_randn(static_cast<uint64_t>({seed}), static_cast<uint64_t>({self._val(offset)}))",
-                          torch.float32)
+        return self.rand(seed, offset, "coil_randn")
 
     def __getattr__(self, op: str):
         if op.startswith("_"):
@@ -730,27 +728,22 @@ class CppKernel(OpsHandler):
             self.no_if_convert = True
             trace.log("cpp_no_if_convert", stage="codegen", kernel=self.name,
                       reason="guarded loads in a static row shorter than LANES (g++ 12 SLP masks)")
+        out += [f"  {ind}int64_t rb = 0;"]
+        lane = ind + "  " * bool(blocked)  # the lane loop: inside the loop over blocks of sums
         if blocked:
-            out += [f"  {ind}int64_t rb = 0;",
-                    f"  {ind}for (int64_t rb0 = 0; rb0 + {LANES} <= {_c(ext[0])}; rb0 += {SUM_BLOCK}) {{"]
+            out += [f"  {ind}for (int64_t rb0 = 0; rb0 + {LANES} <= {_c(ext[0])}; rb0 += {SUM_BLOCK}) {{"]
             out += [f"  {ind}  for (int l = 0; l < {LANES}; ++l) {acc}_blk[l] = 0;" for acc in blocked]
-            out += [f"  {ind}  for (rb = rb0; rb + {LANES} <= {_c(ext[0])} && rb < rb0 + {SUM_BLOCK}; rb += {LANES}) {{",
-                    f"  {ind}    {self._simd_for(body)}",
-                    f"  {ind}    for (int64_t l = 0; l < {LANES}; ++l) {{",
-                    f"  {ind}      int64_t r0 = rb + l;"]
-            out += [f"  {ind}      {l}" for l in self._rindex_decl(rs) + lane_body]
-            out += [f"  {ind}    }}", f"  {ind}  }}"]
+            out += [f"  {lane}for (rb = rb0; rb + {LANES} <= {_c(ext[0])} && rb < rb0 + {SUM_BLOCK}; rb += {LANES}) {{"]
+        else:
+            out += [f"  {lane}for (; rb + {LANES} <= {_c(ext[0])}; rb += {LANES}) {{"]
+        out += [f"  {lane}  {self._simd_for(body)}", f"  {lane}  for (int64_t l = 0; l < {LANES}; ++l) {{",
+                f"  {lane}    int64_t r0 = rb + l;"]
+        out += [f"  {lane}    {l}" for l in self._rindex_decl(rs) + lane_body]
+        out += [f"  {lane}  }}", f"  {lane}}}"]
+        if blocked:
             out += [f"  {ind}  for (int l = 0; l < {LANES}; ++l) {acc}_lane[l] = {acc}_lane[l] + {acc}_blk[l];"
                     for acc in blocked]
             out += [f"  {ind}}}"]
-        else:
-            out += [f"  {ind}int64_t rb = 0;",
-                    f"  {ind}for (; rb + {LANES} <= {_c(ext[0])}; rb += {LANES}) {{",
-                    f"  {ind}  {self._simd_for(body)}",
-                    f"  {ind}  for (int64_t l = 0; l < {LANES}; ++l) {{",
-                    f"  {ind}    int64_t r0 = rb + l;"]
-            out += [f"  {ind}    {l}" for l in self._rindex_decl(rs) + lane_body]
-            out += [f"  {ind}  }}", f"  {ind}}}"]
         if n_tail:
             out += [f"  {ind}for (int64_t l = 0; l < {n_tail}; ++l) {{", f"  {ind}  int64_t r0 = {tail0} + l;"]
             out += [f"  {ind}  {l}" for l in self._rindex_decl(rs) + tail_body]

@@ -18,13 +18,15 @@ from typing import Optional
 
 import sympy
 import torch
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
 from coil.config import config
 from coil.ir.nodes import current_origin, describe_origin
-from coil.ir.symbols import PRECOMPUTED, RINDEX, XINDEX, floor_safe, guard_true, hint, is_static, simplify_index, sym
 from coil.ir.symbols import pyexpr as _pyexpr
 from coil.ir.virtualized import OpsHandler, compute_dtype
 from coil.schedule.indexing import axis_steps
+from coil.ir.symbols import (PRECOMPUTED, RINDEX, XINDEX, floor_safe, guard_true, hint, is_static, simplify_index, sym,
+                             upper_bound)
 
 TL_DTYPE = {torch.float32: "tl.float32", torch.float16: "tl.float16", torch.bfloat16: "tl.bfloat16",
             torch.float64: "tl.float64", torch.int64: "tl.int64", torch.int32: "tl.int32", torch.int16: "tl.int16",
@@ -84,7 +86,6 @@ def needs_int64(extents) -> bool:
     """Whether indices over ``extents`` (element counts: ints or size expressions) need int64. A symbolic extent whose
     example value is small is indexed in int32 under a ShapeEnv guard that it stays below 2^31 - 1 (a larger call
     recompiles); one whose example is large, or with a data-dependent size (no bound to guard), gets int64."""
-    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
     big = False
     for e in extents:
         if is_static(e):
@@ -101,7 +102,6 @@ def _fits_int32(e: sympy.Expr, bounds: dict) -> bool:
     """Whether every value of the index expression ``e`` (loop symbols below their static
     ``bounds``) is provably within int32; a symbolic bound counts as not (no guard: the
     bound of a padded or sliced size expression may not be one the ShapeEnv can take)."""
-    from coil.ir.symbols import upper_bound
     total = 0
     for t in (e.args if e.is_Add else (e,)):
         c, rest = t.as_coeff_Mul()
@@ -169,11 +169,6 @@ class TritonKernel(OpsHandler):
         sec = self.sections[self.cur.loop_id]
         return sec["loop"] if self.cur.in_loop else sec["pre"]
 
-    def _lookup_store(self, key):
-        if key in self.store_cache:
-            return self.store_cache[key]
-        return self.loop_store_cache.get(key) if self._in_loop() else None
-
     def cse(self, expr: str, dtype, dims, lines=None) -> TVal:
         d = self.loop_cse if self._in_loop() else self.outer_cse
         if expr in d:
@@ -228,8 +223,8 @@ class TritonKernel(OpsHandler):
     def load(self, name, index):
         e = simplify_index(sympy.sympify(index), {XINDEX: self.plan.numel, RINDEX: self.plan.rnumel})
         key = (name, e)
-        if (hit := self._lookup_store(key)) is not None:
-            return hit
+        if hit := self.store_cache.get(key) or self._in_loop() and self.loop_store_cache.get(key):
+            return hit  # (a value stored earlier: served from registers)
         buf_dtype = self.plan.buffer(name).get_dtype()
         dims = self._dims_of_index(e)
         if self.red:
@@ -556,13 +551,12 @@ class TritonKernel(OpsHandler):
     def load_seed(self, name, offset):
         return self.cse(f"tl.load({self.args[name]} + {int(offset)})", torch.int64, frozenset())
 
-    def rand(self, seed, offset):
+    def rand(self, seed, offset, fn="rng.rand"):
         offset = self._tensor(offset)
-        return self.cse(f"rng.rand({seed}, ({offset}).to(tl.uint32))", torch.float32, offset.dims)
+        return self.cse(f"{fn}({seed}, ({offset}).to(tl.uint32))", torch.float32, offset.dims)
 
     def randn(self, seed, offset):
-        offset = self._tensor(offset)
-        return self.cse(f"rng.randn({seed}, ({offset}).to(tl.uint32))", torch.float32, offset.dims)
+        return self.rand(seed, offset, "rng.randn")
 
     def _fold_consts(self, *args) -> tuple:
         """Operands of an op whose operands are all constants, as ``[1]`` tensors of their dtypes: the op then runs in

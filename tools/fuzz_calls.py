@@ -21,6 +21,7 @@ import ast
 import dataclasses
 import gc
 import inspect
+import json
 import logging
 import operator
 import os
@@ -43,8 +44,8 @@ from coil.testing.fuzz import (_BIT_VIEW, _BOUNDED, _CASTS, _F64_STATS, _SUMS, F
 from coil.testing.fuzz_ops import FLOATS, gen_values
 
 BACKENDS = {"auto": {}, "dynamic": {"dynamic": True}, "static": {"dynamic": False}, "mark": {"dynamic": False}}
-KINDS = ("first", "values", "resize", "back", "layout", "dtype", "grad", "scalars")
-WEIGHTS = (0, 2, 5, 2, 2, 1.5, 1, 2)
+KINDS = ("first", "values", "resize", "back", "layout", "dtype", "grad", "scalars", "alias")
+WEIGHTS = (0, 2, 5, 2, 2, 1.5, 1, 2, 1.5)
 OUTCOMES = ("ok", "mismatch", "error", "missing_error", "both_raise", "undefined", "rejected", "hang")
 
 
@@ -67,11 +68,14 @@ class Call:
     scalars: dict
     grad: bool = False
     marks: tuple = ()
+    same: tuple = ()  # (name, other): argument ``name`` is the tensor passed as ``other``
 
     def args(self) -> list:
-        xs = [i.make() for i in self.inputs]
+        xs, names = [i.make() for i in self.inputs], [i.name for i in self.inputs]
+        for n, o in self.same:
+            xs[names.index(n)] = xs[names.index(o)]
         for n, d in self.marks:
-            coil.mark_dynamic(xs[[i.name for i in self.inputs].index(n)], d)
+            coil.mark_dynamic(xs[names.index(n)], d)
         return xs + list(self.scalars.values())
 
 
@@ -164,7 +168,7 @@ def _rebuild(inp: Input, shape, pool: torch.Tensor, rng: random.Random) -> Input
 def _variant(kind: str, prog: CallProgram, calls: list, rng: random.Random):
     """A new :class:`Call` of ``kind`` after ``calls`` (None where it does not apply)."""
     prev = calls[-1]
-    new = dataclasses.replace(prev, kind=kind, grad=False, marks=(), inputs=list(prev.inputs), scalars=dict(prev.scalars))
+    new = dataclasses.replace(prev, kind=kind, grad=False, marks=(), same=(), inputs=list(prev.inputs), scalars=dict(prev.scalars))
     pools = {i.name: i.base for i in prog.inputs}
     shapes = [list(i.make().shape) for i in prev.inputs]
     if kind == "values":
@@ -201,6 +205,12 @@ def _variant(kind: str, prog: CallProgram, calls: list, rng: random.Random):
         if not others:
             return None
         new.inputs[j] = Input(prev.inputs[j].name, prev.inputs[j].base.to(rng.choice(others)), prev.inputs[j].suffix)
+    elif kind == "alias":  # one tensor passed for two arguments
+        ts = [(tuple(s), i.base.dtype, i.name) for i, s in zip(prev.inputs, shapes)]
+        pairs = [(n, o) for k, (s, d, n) in enumerate(ts) for s2, d2, o in ts[:k] if (s, d) == (s2, d2)]
+        if not pairs:
+            return None
+        new.same = (rng.choice(pairs),)
     elif kind == "grad":
         if not any(i.base.is_floating_point() for i in prev.inputs):
             return None
@@ -214,7 +224,7 @@ def _variant(kind: str, prog: CallProgram, calls: list, rng: random.Random):
                 new.scalars[p] = rng.choice([0.5, -1.5, 2.0, 3.25, -0.0, 1.0, 1e-3, 100.0, float(abs(v) + 1)])
             else:
                 new.scalars[p] = rng.choice([1, 2, 3, 5, 7]) * (-1 if v < 0 else 1) if v else rng.choice([0, 0, 1, 2])
-    if kind != "grad" and all(map(operator.is_, new.inputs, prev.inputs)) and new.scalars == prev.scalars:
+    if kind not in ("grad", "alias") and all(map(operator.is_, new.inputs, prev.inputs)) and new.scalars == prev.scalars:
         return None
     return new
 
@@ -314,11 +324,11 @@ def check_call(fn: Callable, compiled: Callable, mk: Callable, grad: bool, name:
 def run_calls(fn: Callable, calls: list, backend: str, timeout: float = 120.0) -> list:
     """Results of ``calls`` (objects with ``args()`` and ``grad``) on one fresh compile of ``fn``; stops at a failure."""
     _reset("cpp")
-    results = []
-    try:
-        compiled = coil.compile(fn, **BACKENDS[backend])
+    results, name = [], getattr(backend, "__name__", backend)
+    try:  # (a callable backend is a compiler ``backend(fn)``: tests plant broken ones)
+        compiled = backend(fn) if callable(backend) else coil.compile(fn, **BACKENDS[backend])
         for c in calls:
-            results.append(check_call(fn, compiled, c.args, c.grad, backend, timeout))
+            results.append(check_call(fn, compiled, c.args, c.grad, name, timeout))
             if results[-1].outcome in FAILURES:
                 break
     finally:
@@ -334,7 +344,8 @@ def _signature(results: list) -> str:
 def _restrict(prog: Program, calls: list) -> list:
     names = {i.name for i in prog.inputs}
     return [dataclasses.replace(c, inputs=[i for i in c.inputs if i.name in names],
-                                marks=tuple(m for m in c.marks if m[0] in names)) for c in calls]
+                                marks=tuple(m for m in c.marks if m[0] in names),
+                                same=tuple(m for m in c.same if {*m} <= names)) for c in calls]
 
 
 def shrink(prog: CallProgram, calls: list, backend: str, sig: str, budget: float, timeout: float) -> tuple:
@@ -373,6 +384,7 @@ def repro_source(prog: CallProgram, calls: list, backend: str, results: list) ->
     for k, c in enumerate(calls):
         out += f"\ndef call_{k}():  # {c.kind}{' (gradient mode)' if c.grad else ''}\n"
         out += "".join(f"    {i.source()}\n" for i in c.inputs)
+        out += "".join(f"    {n} = {o}\n" for n, o in c.same)
         out += "".join(f"    coil.mark_dynamic({n}, {d})\n" for n, d in c.marks)
         out += f"    return [{', '.join([i.name for i in c.inputs] + [repr(v) for v in c.scalars.values()])}]\n\n"
     out += "\nCALLS = [" + ", ".join(f"(call_{k}, {c.grad})" for k, c in enumerate(calls)) + "]\n"
@@ -456,6 +468,8 @@ def main(argv=None) -> int:
     print("\ncalls by kind\n" + _table(per_call, [k for k in KINDS + tuple(k + " (grad)" for k in KINDS)
                                                    if any((k, o) in per_call for o in OUTCOMES)] + ["all calls"], "call"))
     print("\nsequences (first failure)\n" + _table(per_seq, backends + ["all sequences"], "backend"))
+    print("\nSUMMARY " + json.dumps({"calls": [[*k, v] for k, v in per_call.items()],
+                                      "sequences": [[*k, v] for k, v in per_seq.items()]}))
     print(f"\n{len(classes)} distinct failure signature(s):")
     for sig, paths in sorted(classes.items()):
         print(f"  {len(paths):4d}  {sig}\n        e.g. {paths[0]}")

@@ -41,8 +41,13 @@ def _check_same_dtype(message: str, self, other) -> None:
 
 
 def _index_add(args, kwargs) -> None:
-    _check_same_dtype("index_add_(): self ({a}) and source ({b}) must have the same scalar type",
-                      _arg(args, kwargs, 0, "input"), _arg(args, kwargs, 3, "source"))
+    x, dim, src = _arg(args, kwargs, 0, "input"), _arg(args, kwargs, 1, "dim"), _arg(args, kwargs, 3, "source")
+    _check_same_dtype("index_add_(): self ({a}) and source ({b}) must have the same scalar type", x, src)
+    if isinstance(x, torch.Tensor) and isinstance(src, torch.Tensor) and isinstance(dim, int) and x.dim() and src.dim():
+        rest = [[n for i, n in enumerate(t.shape) if i != dim % x.dim()] for t in (x, src)]  # (the meta kernel
+        if rest[0] != rest[1]:  # broadcast the source: fuzz_calls s102 #99)
+            raise RuntimeError("source tensor shape must match self tensor shape, excluding the specified dimension. "
+                               f"Got self.shape = {list(x.shape)} source.shape = {list(src.shape)}")
 
 
 def _index_copy(args, kwargs) -> None:

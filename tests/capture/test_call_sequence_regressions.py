@@ -34,3 +34,17 @@ def test_a_split_checked_after_an_in_place_unsqueeze_of_an_expanded_input():
     assert torch.equal(compiled(torch.ones(1, 1).expand(6, 4)), fn(torch.ones(1, 1).expand(6, 4)))
     with pytest.raises(RuntimeError, match="split_with_sizes expects split_sizes to sum exactly to 3"):
         compiled(torch.ones(1, 1).expand(6, 3))
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_index_add_refuses_a_source_of_another_shape(dynamic):
+    # fuzz_calls s102 #99 (a resized input): eager refuses a source whose other dims differ from self's; the meta kernel
+    # broadcast it, and coil added it into every column
+    def fn(b, src):
+        return b.index_add(0, torch.tensor([0, 0, 0]), src)
+
+    compiled = coil.compile(fn, dynamic=dynamic)
+    b, ok = torch.zeros(2, 5, dtype=torch.float64), torch.ones(3, 5, dtype=torch.float64)
+    assert torch.equal(compiled(b, ok), fn(b, ok))
+    with pytest.raises(RuntimeError, match="source tensor shape must match self tensor shape"):
+        compiled(b, torch.ones(3, 1, dtype=torch.float64))

@@ -6,7 +6,7 @@ dynamic shapes, ``dynamic=True`` entries reused across sizes, ``mark_dynamic`` a
 program of :func:`coil.testing.fuzz.generate` is compiled once (a fresh ``coil.compile``) and called on 3-6 variants
 of its inputs: new values, dims resized consistently across the inputs (0, 1, 2 and others), an earlier call again
 (A, B, A), the same values in another layout (transposed, offset, strided), another dtype, gradient mode for one
-call, changed Python scalars (numbers of the program lifted into arguments).
+call, changed Python scalars (numbers of the program lifted into arguments), one tensor for two arguments.
 
     OMP_NUM_THREADS=1 python tools/fuzz_calls.py --time 600 --seed 0 --out fcalls-out
     python tools/fuzz_calls.py --seed 0 --index 17            # one sequence, printed

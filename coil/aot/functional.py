@@ -542,6 +542,9 @@ def eager_layouts(fn: Callable, fake_args: list, fake_mode: FakeTensorMode,
     do not depend on it, and no autograd check is wanted here: the functional run made them)."""
     with fake_mode, untraced(fake_mode), torch.no_grad(), without_cudnn_choices():
         args = [a.detach() if isinstance(a, torch.Tensor) else a for a in fake_args]
+        for a, f in zip(args, fake_args):  # a float argument's number (the detached copy lost it)
+            if item_memo(f) is not None:
+                a.item_memo = item_memo(f)
         outs = _call(fn, list(args), drop_error_checks)
 
     def lay(t):

@@ -349,13 +349,15 @@ def check_marked(env, policy: DynamicPolicy, sites: SiteRecorder) -> None:
 _LOCAL = re.compile(r"___z\d+")
 
 
-def shape_guards(env, inputs: list, contiguous: set = frozenset()) -> tuple:
+def shape_guards(env, inputs: list, contiguous: set = frozenset(), at_call: Optional[dict] = None) -> tuple:
     """The ShapeEnv's guards over ``inputs`` (``[(source expr, fake)]``: tensors with symbolic sizes or strides, SymInt
     scalars) as ``(prelude, exprs, names, checks)`` (``contiguous``: sources whose tensor check asks
     ``is_contiguous()``): ``prelude`` reads each size the guards use into a local (``___z0 = x.size()[0]``), ``exprs``
     are Python conditions over those locals, ``names`` maps a local back to its source text (for recompile messages);
     ``checks``: lines that raise where a dim marked unbacked breaks a fact the graph relied on (eager may broadcast it;
-    torch.compile raises too), which the frame's entry runs on every call."""
+    torch.compile raises too), which the frame's entry runs on every call. ``at_call``: id(fake) -> (sizes, strides)
+    as the capture made them (SymInts), for inputs whose metadata the program changed in place (``x.t_()``): their
+    fakes got these back as ints where a symbol was pinned to a constant, so only this names the constant's dim."""
     if not inputs:
         return [], [], {}, []
     prelude: list = []
@@ -384,7 +386,8 @@ def shape_guards(env, inputs: list, contiguous: set = frozenset()) -> tuple:
     for text, fake in inputs:
         if not isinstance(fake, torch.Tensor):
             continue
-        for kind, vals in (("size", fake.shape), ("stride", fake.stride())):
+        size, stride = (at_call or {}).get(id(fake), (fake.shape, fake.stride()))
+        for kind, vals in (("size", size), ("stride", stride)):
             for i, v in enumerate(vals):
                 if isinstance(v, torch.SymInt):
                     c = env.simplify(v.node.expr)

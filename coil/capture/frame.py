@@ -792,12 +792,13 @@ def _entry_inputs(exprs: list, guards, ns: dict) -> list:
 def _add_shape_guards(output: OutputGraph) -> list:
     """The ShapeEnv's guards over the symbolic inputs, into the frame's guard set; returns
     the entry's runtime asserts (dims marked unbacked, :func:`~coil.capture.dynamic.shape_guards`)."""
-    inputs = [(src.expr(), node.meta["example_value"]) for (src, _, node) in output.inputs
-              if not isinstance(src, SymbolSource) and is_symbolic_value(node.meta["example_value"])]
+    at_call = {id(f): (size, stride) for f, size, stride, _ in output.layouts_at_call}  # (before x.t_(): s1 == 4)
+    inputs = [(src.expr(), v) for (src, _, node) in output.inputs if not isinstance(src, SymbolSource) and (
+        is_symbolic_value(v := node.meta["example_value"]) or any(map(is_symbolic_value, at_call.get(id(v), [[]])[0])))]
     inputs += output.scalar_floats
     if not inputs:
         return []
-    prelude, exprs, names, checks = shape_guards(output.shape_env, inputs, output.guards.contiguous)
+    prelude, exprs, names, checks = shape_guards(output.shape_env, inputs, output.guards.contiguous, at_call)
     output.guards.set_shape_guards(prelude, exprs, names)
     trace.log("shape_guards", stage="capture", guards=[readable(e, names) for e in exprs], runtime_asserts=checks)
     return checks

@@ -43,11 +43,21 @@ def _same_dtype(message: str, at: int, name: str) -> Callable:
     return check
 
 
-_index_add = _same_dtype("index_add_(): self ({a}) and source ({b}) must have the same scalar type", 3, "source")
 _index_copy = _same_dtype("index_copy_(): self and source expected to have the same dtype, but got (self) {a} and "
                           "(source) {b}", 3, "source")
 _index_put = _same_dtype("Index put requires the source and destination dtypes match, got {a} for the destination "
                          "and {b} for the source.", 2, "values")
+_index_add_dtype = _same_dtype("index_add_(): self ({a}) and source ({b}) must have the same scalar type", 3, "source")
+
+
+def _index_add(args, kwargs) -> None:
+    _index_add_dtype(args, kwargs)
+    x, dim, src = _arg(args, kwargs, 0, "input"), _arg(args, kwargs, 1, "dim"), _arg(args, kwargs, 3, "source")
+    if isinstance(x, torch.Tensor) and isinstance(src, torch.Tensor) and isinstance(dim, int) and x.dim() and src.dim():
+        rest = [[n for i, n in enumerate(t.shape) if i != dim % x.dim()] for t in (x, src)]  # (the meta kernel
+        if rest[0] != rest[1]:  # broadcast the source: fuzz_calls s102 #99)
+            raise RuntimeError("source tensor shape must match self tensor shape, excluding the specified dimension. "
+                               f"Got self.shape = {list(x.shape)} source.shape = {list(src.shape)}")
 
 
 def _dim(args, kwargs) -> None:

@@ -95,7 +95,8 @@ def _feeds_one_copy(n: torch.fx.Node) -> bool:
 #: extern ops that run channels-last when their 4-D inputs are (config.conv_channels_last)
 #: extern ops whose first argument is read (or written) through its storage: it gets
 #: eager's strides and offset, not the layout this graph chose for the value (fuzz s214 #5389)
-_STORAGE_OPS = (_aten.as_strided_scatter.default, _aten.as_strided.default, _aten.as_strided_copy.default)
+_STORAGE_OPS = (_aten.as_strided_scatter.default, _aten.as_strided.default, _aten.as_strided_copy.default,
+                _aten.view.dtype)
 _CHANNELS_LAST_OPS = (_aten.convolution.default, _aten.max_pool2d_with_indices.default, _aten.avg_pool2d.default,
                       _aten._adaptive_avg_pool2d.default, _aten.convolution_backward.default,
                       _aten.max_pool2d_with_indices_backward.default, _aten.avg_pool2d_backward.default,
@@ -646,18 +647,18 @@ class GraphLowering(torch.fx.Interpreter):
                 ReinterpretView(d.data, dataclasses.replace(d.layout, stride=unit))
         return d.realize(stride) if isinstance(d, StorageBox) else self._materialize(x, stride)
 
-    def _view_of_base(self, view: GenericView, stride) -> Optional[ReinterpretView]:
-        """``view`` (views of unrealized loops of as many elements) as a strided view of the loops realized in their
-        default layout, when that view has ``stride`` (any strides when None); else None. A linear layer's backward
-        reads the output gradient ``g`` in one ``mm`` and ``g.t()`` in the other: both then read one buffer, where a
-        copy of ``g.t()`` wrote every element a second time."""
+    def _view_of_base(self, view: GenericView, stride, partial: bool = False) -> Optional[ReinterpretView]:
+        """``view`` (views of unrealized loops of as many elements; of fewer too when ``partial``) as a strided view of
+        the loops realized in their default layout, when that view has ``stride`` (any strides when None); else None. A
+        linear layer's backward reads the output gradient ``g`` in one ``mm`` and ``g.t()`` in the other: both then
+        read one buffer, where a copy of ``g.t()`` wrote every element a second time."""
         chain, base = [], view
         while isinstance(base, GenericView):
             if base.restride is None:
                 return None
             chain.append(base.restride)
             base = base.data
-        if not isinstance(base, StorageBox) or not isinstance(base.data, (Loops, Buffer)) or \
+        if not isinstance(base, StorageBox) or not isinstance(base.data, (Loops, Buffer)) or not partial and \
                 sympy.expand(product(view.get_size()) - product(base.data.get_size())) != 0:
             return None
         if isinstance(base.data, Buffer):  # realized since the views were made
@@ -680,8 +681,15 @@ class GraphLowering(torch.fx.Interpreter):
         """``x`` as eager lays it out, for an op that reads its storage: a value this graph realized with other strides
         (a scatter's target is laid out contiguous, eager's out-of-place ``index_put`` keeps a transposed input's
         strides) or computed and not yet realized is copied to eager's strides when those are dense at offset 0 (graph
-        inputs have eager's layout already)."""
+        inputs have eager's layout already). A view of a value not yet realized whose storage in eager is that value
+        (``split(a, [2, 4])[0].view(torch.int32)``, then read past the slice by ``as_strided``) is a view of the value
+        realized whole, not a copy of the view's elements alone."""
         fv = fx_arg.meta.get("val") if isinstance(fx_arg, torch.fx.Node) else None
+        if isinstance(fv, torch.Tensor) and isinstance(x.data, GenericView) and (v := self._view_of_base(
+                x.data, [as_expr(s) for s in fv.stride()], partial=True)) is not None and \
+                sympy.expand(v.layout.offset - as_expr(fv.storage_offset())) == 0 and \
+                sympy.expand(product(v.data.get_size()) * fv.element_size() - as_expr(fv.untyped_storage().nbytes())) == 0:
+            return TensorBox(v)
         if not (isinstance(fv, torch.Tensor) and fv.storage_offset() == 0 and _dense_non_overlapping(fv)):
             return x
         eager = [as_expr(s) for s in fv.stride()]

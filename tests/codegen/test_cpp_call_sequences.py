@@ -26,8 +26,6 @@ def test_index_into_an_empty_dim_raises_instead_of_faulting(accumulate):
             compiled(torch.ones(0, 2))
 
 
-@pytest.mark.xfail(strict=True, reason="open: view.dtype of a slice of a computed buffer is an extern on the slice "
-                   "materialized alone, so as_strided past the slice reads beyond that copy (docs/fuzzing.md)")
 def test_as_strided_past_a_dtype_view_of_a_written_slice():
     # fuzz_calls s200 #158 (a straight-line program: its first call); coil's aot_eager and torch's are right
     def fn(a):

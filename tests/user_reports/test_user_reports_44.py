@@ -38,3 +38,51 @@ def test_model_output_field_set_after_construction_keeps_eager_key_order(fn, coi
     assert got.loss is None if want.loss is None else torch.equal(got.loss, want.loss)
     for a, b in zip(want.to_tuple(), got.to_tuple()):
         torch.testing.assert_close(b, a)
+
+
+def _two_layer():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Tanh(), torch.nn.Linear(3, 2))
+
+
+def test_clip_grad_norm_reads_grads_in_the_graph(coil_reset):
+    """``Tensor.grad`` of a graph input is read as an input (torch.compile captures
+    ``clip_grad_norm_`` whole; it was a graph break and ran eagerly)."""
+    import copy
+    m = _two_layer()
+    m2 = copy.deepcopy(m)
+
+    def clip(params, max_norm):
+        return torch.nn.utils.clip_grad_norm_(params, max_norm)
+    compiled = coil.compile(clip)
+    for i, max_norm in enumerate([0.1, 5.0, 0.1]):
+        for mm in (m, m2):
+            mm.zero_grad()
+            mm(torch.full((2, 4), i + 1.0)).sum().backward()
+            mm[2].bias.grad = None if i == 2 else mm[2].bias.grad   # a None grad: guarded
+        want, got = clip(list(m.parameters()), max_norm), compiled(list(m2.parameters()), max_norm)
+        torch.testing.assert_close(got, want)
+        for p, q in zip(m.parameters(), m2.parameters()):
+            assert (p.grad is None) == (q.grad is None)
+            if p.grad is not None:
+                torch.testing.assert_close(q.grad, p.grad)
+    assert coil.explain(clip, list(m2.parameters()), 1.0).graph_count == 1
+
+
+def _grad_ops(p):
+    p.grad.mul_(2)
+    g = p.grad
+    p.grad = p.grad * 3
+    return g + 1, p.grad + p
+
+
+def test_grad_mutation_and_rebinding_in_the_frame(coil_reset):
+    torch.manual_seed(0)
+    a = torch.randn(3, requires_grad=True)
+    a.grad = torch.randn(3)
+    b = a.detach().clone().requires_grad_()
+    b.grad = a.grad.clone()
+    want, got = _grad_ops(a), coil.compile(_grad_ops)(b)
+    for x, y in zip(want, got):
+        torch.testing.assert_close(y, x)
+    torch.testing.assert_close(b.grad, a.grad)

@@ -86,3 +86,23 @@ def test_grad_mutation_and_rebinding_in_the_frame(coil_reset):
     for x, y in zip(want, got):
         torch.testing.assert_close(y, x)
     torch.testing.assert_close(b.grad, a.grad)
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "coil"])
+def test_lstm_training_step_on_cpu(backend, coil_reset):
+    """A bidirectional 2-layer LSTM trained with an input that needs no grad: torch's LSTM decomposition picked
+    ``mkldnn_rnn_layer``, whose workspace is undefined under the compiled forward's no_grad, and the backward raised
+    "Expected a proper Tensor but got None ... 'workspace'" (torch.compile graph-breaks on RNNs)."""
+    import copy
+    torch.manual_seed(0)
+    m = torch.nn.LSTM(6, 8, num_layers=2, batch_first=True, bidirectional=True)
+    m2 = copy.deepcopy(m)
+    compiled = coil.compile(m2, backend=backend)
+    x = torch.randn(2, 5, 6)
+    want, got = m(x)[0], compiled(x)[0]
+    torch.testing.assert_close(got, want)
+    want.pow(2).sum().backward()
+    got.pow(2).sum().backward()
+    for p, q in zip(m.parameters(), m2.parameters()):
+        torch.testing.assert_close(q.grad, p.grad)
+    assert torch._C._get_mkldnn_enabled()

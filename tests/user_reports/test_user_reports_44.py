@@ -106,3 +106,18 @@ def test_lstm_training_step_on_cpu(backend, coil_reset):
     for p, q in zip(m.parameters(), m2.parameters()):
         torch.testing.assert_close(q.grad, p.grad)
     assert torch._C._get_mkldnn_enabled()
+
+
+def _popitems(x):
+    import collections
+    d = collections.OrderedDict(a=x, b=x + 1, c=x * 3)
+    first = d.popitem(last=False)
+    last = d.popitem()
+    return first[0], first[1], last[0], list(d), {"p": x}.popitem()[0]
+
+
+def test_ordered_dict_popitem_last_false_pops_the_first_item(coil_reset):
+    x = torch.randn(2)
+    want, got = _popitems(x), coil.compile(_popitems)(x)
+    assert (want[0], want[2], want[3], want[4]) == (got[0], got[2], got[3], got[4]) == ("a", "c", ["b"], "p")
+    torch.testing.assert_close(got[1], want[1])

@@ -121,3 +121,16 @@ def test_ordered_dict_popitem_last_false_pops_the_first_item(coil_reset):
     want, got = _popitems(x), coil.compile(_popitems)(x)
     assert (want[0], want[2], want[3], want[4]) == (got[0], got[2], got[3], got[4]) == ("a", "c", ["b"], "p")
     torch.testing.assert_close(got[1], want[1])
+
+
+def _frozensets(x):
+    fs = frozenset([1, 1, 2])
+    return fs, fs | {4}, {fs: x + 1}, 2 in fs, sorted(fs)
+
+
+def test_frozenset_stays_a_frozenset(coil_reset):
+    x = torch.randn(2)
+    want, got = _frozensets(x), coil.compile(_frozensets)(x)
+    assert [type(v) for v in got] == [type(v) for v in want]
+    assert got[0] == want[0] and got[1] == want[1] and got[3:] == want[3:]
+    torch.testing.assert_close(got[2][frozenset([1, 2])], want[2][frozenset([1, 2])])

@@ -773,6 +773,20 @@ def _stack_trace_setter(trace: str) -> Callable:
     return prehook
 
 
+@contextlib.contextmanager
+def _without_mkldnn():
+    """oneDNN off for the joint trace: torch's LSTM decomposition picks ``mkldnn_rnn_layer`` when the *input* needs no
+    grad, even with trainable weights, and that op gives no workspace under the no_grad the compiled forward runs in
+    (the backward raised "got None for argument #22 'workspace'"); off, the LSTM traces as portable cell ops. No other
+    decomposition or meta kernel reads the flag (convolutions trace as ``aten.convolution``)."""
+    on = torch._C._get_mkldnn_enabled()
+    torch._C._set_mkldnn_enabled(False)
+    try:
+        yield
+    finally:
+        torch._C._set_mkldnn_enabled(on)
+
+
 def without_cudnn_choices():
     """cuDNN off while tracing (fake tensors: no kernel runs), so that composite ops that pick a cuDNN-specific ATen op
     by the global flag trace their portable form: ``batch_norm`` on CUDA picks ``cudnn_batch_norm``, whose schema
@@ -928,12 +942,14 @@ def trace_joint(fn: Callable, fake_args: list, info: ProgramInfo, decompositions
             return [_from_functional(v) for v in vals], [_from_functional(g) for g in grads if g is not None]
 
     try:
-        gm = _make_fx(joint, [list(fake_args), tangents], decompositions, fake_mode)
+        with _without_mkldnn():
+            gm = _make_fx(joint, [list(fake_args), tangents], decompositions, fake_mode)
     except AssertionError as e:  # an error check only in the backward (see _DropErrorChecks)
         if "token for effect" not in str(e) or info.drop_error_checks:
             raise
         info.drop_error_checks = True
-        gm = _make_fx(joint, [list(fake_args), tangents], decompositions, fake_mode)
+        with _without_mkldnn():
+            gm = _make_fx(joint, [list(fake_args), tangents], decompositions, fake_mode)
     gm = _flatten_signature(gm)
     return gm, JointInfo(len(fake_args), info.num_fw_outputs, grad_inputs, list(grad_is_none))
 

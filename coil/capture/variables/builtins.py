@@ -320,10 +320,15 @@ def _tuple(tx, args, kwargs):
     return TupleVariable(tx.unpack(args[0]) if args else [])
 
 
-@builtin(set, frozenset)
+@builtin(set)
 def _set(tx, args, kwargs):
     items = [a.as_python_constant() for a in tx.unpack(args[0])] if args else []
     return SetVariable(items)
+
+
+@builtin(frozenset)
+def _frozenset(tx, args, kwargs):   # a constant: a SetVariable came back as a set
+    return ConstantVariable(frozenset(a.as_python_constant() for a in tx.unpack(args[0])) if args else frozenset())
 
 
 @builtin(dict)

@@ -396,9 +396,12 @@ class DictVariable(VariableTracker):
                 self.items = {k: v, **items}
             return ConstantVariable(None)
         if name == "popitem":
+            last = (args[0] if args else kwargs.get("last", ConstantVariable(True))).as_python_constant()
+            if not items or (args or kwargs) and not issubclass(self.user_cls, collections.OrderedDict):
+                raise Unsupported(f"{self.user_cls.__name__}.popitem raising (user code)")
             self._mutated(tx)
-            k, v = items.popitem()
-            return TupleVariable([self.wrap_key(tx, k), v])
+            k = next(reversed(items)) if last else next(iter(items))   # OrderedDict.popitem(last=False): the first
+            return TupleVariable([self.wrap_key(tx, k), items.pop(k)])
         if name == "__or__" and isinstance(args[0], DictVariable):
             return DictVariable({**items, **args[0].items}, self.user_cls)
         raise Unsupported(f"dict.{name}")

@@ -718,9 +718,9 @@ class DataClassDictVariable(DictVariable):
         if name in self.fields:
             self._mutated(tx)
             if not (isinstance(value, ConstantVariable) and value.value is None):
-                self.items[name] = value
-            else:
-                self.items.pop(name, None)
+                self.items[name] = value   # a new key goes last, as ModelOutput.__setattr__ adds it
+            elif name in self.items:   # eager keeps the item and sets only the attribute to None
+                raise Unsupported(f"setting {self.user_cls.__name__}.{name} = None over an item")
             return
         raise Unsupported(f"setting non-field attribute {name} on {self.user_cls.__name__}")
 
@@ -729,4 +729,13 @@ class DataClassDictVariable(DictVariable):
 
     def build_expr(self, cg):
         body = ", ".join(f"{k}={cg.reconstruct(v)}" for k, v in self.items.items())
-        return f"{cg.const_expr(self.user_cls)}({body})"
+        if list(self.items) == [f for f in self.fields if f in self.items]:
+            return f"{cg.const_expr(self.user_cls)}({body})"
+        return f"{cg.const_expr(_in_order)}({cg.const_expr(self.user_cls)}({body}), {list(self.items)!r})"
+
+
+def _in_order(obj, keys):
+    """``obj`` with its items moved into ``keys``' order (fields set after construction go last)."""
+    for k in keys:
+        collections.OrderedDict.move_to_end(obj, k)
+    return obj

@@ -274,6 +274,15 @@ def _check_custom_backward(target, fake_args: list, result) -> None:
                           f"({type(e).__name__})", hint="the op runs outside the graph") from e
 
 
+def _input_value(tx, v):
+    """The real tensor behind graph input ``v`` (None for a tensor made in the frame)."""
+    if v.source is not None:
+        for src, value, node in tx.output.inputs:
+            if node is v.node:
+                return value
+    return None
+
+
 def _name(target) -> str:
     return target if isinstance(target, str) else getattr(target, "__name__", str(target))
 
@@ -482,7 +491,11 @@ class TensorVariable(VariableTracker):
         if name == "data":
             return call_op(tx, "call_method", "detach", [self], {})
         if name == "grad":
-            raise Unsupported("Tensor.grad inside a compiled frame")
+            real = _input_value(tx, self)
+            if real is None:
+                raise Unsupported("Tensor.grad of a tensor made inside a compiled frame")
+            from coil.capture.source import AttrSource
+            return tx.wrap(real.grad, AttrSource(self.source, "grad"))
         if name == "__class__":
             return wrap_constant_result(tx, self.cls)
         if name in ("grad_fn", "_base", "_version"):

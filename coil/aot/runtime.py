@@ -377,18 +377,20 @@ def _distinct_grads(grads: list) -> list:
     return out
 
 
-def _own_outputs(outs: tuple, computed: range, vals) -> tuple:
+def _own_outputs(outs: tuple, computed: range, vals, args) -> tuple:
     """``outs`` with each computed output that the compiled graph returned as a view of one of its buffers (``(x *
     2).t()`` as a strided view of ``x * 2``) made a tensor of its own: autograd forbids in-place writes to a custom
     Function's view outputs, where eager's output is writable. It keeps the buffer when nothing else the forward
     returns uses its memory, and gets a copy of it when another value does (a tensor saved for the backward: the
-    caller's in-place write would change it)."""
+    caller's in-place write would change it). A view of an input stays one (a split of an expanded input)."""
     outs = list(outs)
     for k in computed:
         o = outs[k]
         if not (isinstance(o, torch.Tensor) and o._is_view()):
             continue
         ptr = o.untyped_storage().data_ptr()
+        if any(isinstance(a, torch.Tensor) and a.untyped_storage().data_ptr() == ptr for a in args):
+            continue
         if any(isinstance(v, torch.Tensor) and j != k and v.untyped_storage().data_ptr() == ptr
                for j, v in enumerate(vals)):
             outs[k] = o.new_empty((0,)).set_(o.untyped_storage().clone(), o.storage_offset(), o.shape, o.stride())
@@ -440,7 +442,7 @@ def training_runner(compiled_fw: Callable, compiled_bw: Callable, info: ProgramI
             ctx.save_for_backward(*[s for s, t in zip(saved, tensor_mask) if t])
             outs = tuple(vals[:n_fw])
             if any(isinstance(outs[k], torch.Tensor) and outs[k]._is_view() for k in computed):
-                outs = _own_outputs(outs, computed, vals)
+                outs = _own_outputs(outs, computed, vals, args)
             if nondiff:
                 ctx.mark_non_differentiable(*[outs[k] for k in nondiff])
             # None for an output that gets no gradient, not autograd's zeros (one fill launch per output per

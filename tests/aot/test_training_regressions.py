@@ -491,3 +491,16 @@ def test_output_view_of_a_saved_buffer_is_a_copy():
         out[1].sum().backward()
         ref.append(c.grad)
     torch.testing.assert_close(ref[1], ref[0])
+
+
+def test_output_view_of_an_input_stays_a_view_of_it():
+    """s1036 #360: ``torch.split`` of an expanded input that requires grad: the graph returns the pieces as views of
+    the input (eager's are), and making every view output a tensor of its own (above) lost that (out-alias)."""
+    def fn(a):
+        v1, v2 = torch.split(a, [1, 1], 0)
+        return torch.stack([a, a], 2), v1, v2
+
+    def make_inputs():
+        return [torch.tensor([[-2.35, 1.875, -0.6875, 4.25, -0.0625, 4.0]]).expand(2, 6)]
+    r = check(fn, make_inputs, "cpp+grad")
+    assert r.outcome == "ok", (r.kind, r.detail)

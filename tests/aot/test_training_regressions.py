@@ -504,3 +504,17 @@ def test_output_view_of_an_input_stays_a_view_of_it():
         return [torch.tensor([[-2.35, 1.875, -0.6875, 4.25, -0.0625, 4.0]]).expand(2, 6)]
     r = check(fn, make_inputs, "cpp+grad")
     assert r.outcome == "ok", (r.kind, r.detail)
+
+
+def test_missing_derivative_only_the_joint_trace_meets_runs_eagerly():
+    """s321 #256: ``floor_divide(a, 7)`` written into an empty slice of a view of ``a`` (a view of a leaf), nothing
+    returned: eager never runs a backward, the joint trace differentiates ``a``'s new value and met floor_divide's
+    missing derivative, and the compile failed. Like the version check, that error makes the program run eagerly."""
+    def fn(a):
+        v0 = torch.floor_divide(a, 7)
+        v1 = a.view(1, -1)
+        v1[:, 1:] = v0.expand((1, 0))
+        return ()
+
+    r = check(fn, lambda: [torch.tensor(1.0)], "cpp_dynamic+grad", grad_key=82192693)
+    assert r.outcome == "ok", (r.kind, r.detail)

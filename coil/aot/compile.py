@@ -417,10 +417,12 @@ def _compile(fn, example_inputs, fw_compiler, bw_compiler, partition_fn, decompo
         joint, jinfo = (joint, jinfo) if joint is not None else trace_joint(fn, fake_args, info, decomps, fake_mode)
     except (RuntimeError, ZeroDivisionError) as e:  # y = x.exp(); y.add_(1): eager raises it at backward only, a
         # forward must run (also a formula's gradient of the wrong shape: scatter's of a src larger than its index,
-        # s1035 #1689); or a backward divides by a symbolic size that is 0 at these sizes, where eager's gradients
+        # s1035 #1689; or floor_divide's missing derivative, whose value only a write into an empty slice of an
+        # input reads: s321 #256); or a backward divides by a symbolic size that is 0 at these sizes, where eager's gradients
         # are inf/NaN (var(correction=2) of 2 elements under dynamic=True: s1006 #112)
         if not isinstance(e, (ZeroDivisionError, RunEagerly)) and \
-                not re.search("modified by an inplace operation|returned an invalid gradient", str(e)):
+                not re.search("modified by an inplace operation|returned an invalid gradient|derivative for .* is "
+                              "not implemented", str(e)):
             raise
         trace.log("aot_backward_error_eager", stage="aot", reason=str(e))
         return _eager(user_fn)

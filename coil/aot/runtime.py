@@ -375,6 +375,28 @@ def _distinct_grads(grads: list) -> list:
     return out
 
 
+def _own_outputs(outs: tuple, computed: range, vals, args) -> tuple:
+    """``outs`` with each computed output that the compiled graph returned as a view of one of its buffers (``(x *
+    2).t()`` as a strided view of ``x * 2``) made a tensor of its own: autograd forbids in-place writes to a custom
+    Function's view outputs, where eager's output is writable. It keeps the buffer when nothing else the forward
+    returns uses its memory, and gets a copy of it when another value does (a tensor saved for the backward: the
+    caller's in-place write would change it). A view of an input stays one (a split of an expanded input)."""
+    outs = list(outs)
+    for k in computed:
+        o = outs[k]
+        if not (isinstance(o, torch.Tensor) and o._is_view()):
+            continue
+        ptr = o.untyped_storage().data_ptr()
+        if any(isinstance(a, torch.Tensor) and a.untyped_storage().data_ptr() == ptr for a in args):
+            continue
+        if any(isinstance(v, torch.Tensor) and j != k and v.untyped_storage().data_ptr() == ptr
+               for j, v in enumerate(vals)):
+            outs[k] = o.new_empty((0,)).set_(o.untyped_storage().clone(), o.storage_offset(), o.shape, o.stride())
+        else:
+            outs[k] = torch.ops.aten._unsafe_view(o, o.shape)
+    return tuple(outs)
+
+
 class _BackwardOnce(torch.autograd.Function):
     """Runs a compiled backward when autograd records it (``create_graph=True``): its outputs, the gradients, depend on
     its inputs (the saved values and tangents, which lead back to the forward's inputs), so differentiating them
@@ -406,6 +428,7 @@ def training_runner(compiled_fw: Callable, compiled_bw: Callable, info: ProgramI
     backwards = {} if compiled_bw is None else {(): (without_autocast(cudagraphify(compiled_bw, "backward")), grad_slots)}
     # differentiable outputs of a symbolic shape: a missing gradient's zeros take this call's (forward keeps it)
     sym_shape = [k for k in tangent_pos if _has_symint(info.fw_out_meta[k][0])]
+    computed = range(len(info.mutated_inputs), n_fw)  # (a mutated input's value may be the input itself)
 
     class CompiledFunction(torch.autograd.Function):
         @staticmethod
@@ -416,6 +439,8 @@ def training_runner(compiled_fw: Callable, compiled_bw: Callable, info: ProgramI
             ctx.others = [s for s, t in zip(saved, tensor_mask) if not t]
             ctx.save_for_backward(*[s for s, t in zip(saved, tensor_mask) if t])
             outs = tuple(vals[:n_fw])
+            if any(isinstance(outs[k], torch.Tensor) and outs[k]._is_view() for k in computed):
+                outs = _own_outputs(outs, computed, vals, args)
             if nondiff:
                 ctx.mark_non_differentiable(*[outs[k] for k in nondiff])
             # None for an output that gets no gradient, not autograd's zeros (one fill launch per output per

@@ -479,6 +479,8 @@ class GraphLowering(torch.fx.Interpreter):
         for i, (r, meta) in enumerate(zip(flat, metas)):
             # a saved output, or an LM head's logits (config.keep_padded_matmul_outputs), keeps the layout it has
             keep = saved is not None and saved[0] <= i < saved[1]
+            if keep and isinstance(meta, torch.Tensor) and not all(isinstance(s, int) for s in meta.stride()):
+                keep = False  # symbolic strides: output_strides are ints, the backward would read the traced ones
             if not keep and i in free and _padded_matmul_result(r):
                 trace.log("padded_output_kept", stage="lowering", output=i, buffer=r.data.data.get_name(),
                           reason="a user output computed by a padded matmul keeps its padded row stride")

@@ -85,11 +85,14 @@ class Stmt:
 
 @dataclasses.dataclass
 class Program:
-    """A straight-line program: inputs, statements and the names it returns."""
+    """A straight-line program: inputs, statements and the names it returns. ``grad_key`` seeds gradient mode's draws
+    (:func:`_with_grads`; None: a hash of the source): a generated program's comes from its (seed, index), so the
+    minimizer's smaller variants are checked under the same draws."""
     inputs: list
     stmts: list
     returns: list
     label: str = ""
+    grad_key: Optional[int] = None
 
     def fn_source(self) -> str:
         ret = ", ".join(self.returns) + ("," if len(self.returns) == 1 else "")
@@ -121,11 +124,12 @@ class Program:
         inputs = "".join(f"    {i.source()}\n" for i in self.inputs)
         names = ", ".join(i.name for i in self.inputs)
         backend = result.backend if result is not None else "cpp"
+        key = f", grad_key={self.grad_key}" if self.grad_key is not None and backend.endswith("+grad") else ""
         return ("\n".join(head) + "\nimport torch\nfrom math import inf, nan\n\n\n"
                 + self.fn_source() + "\n\ndef make_inputs():\n" + inputs
                 + f"    return [{names}]\n\n\nif __name__ == \"__main__\":\n"
                 "    from coil.testing.fuzz import replay\n"
-                f"    replay(fn, make_inputs, {backend!r})\n")
+                f"    replay(fn, make_inputs, {backend!r}{key})\n")
 
 
 def _quiet():
@@ -148,7 +152,7 @@ def generate(seed: int, index: int, families: Optional[list] = None, max_stmts: 
         raise ValueError(f"no such op family in {families}; known: {sorted(FAMILY_WEIGHTS)}")
     for _ in range(50):
         prog = _build(rng, fams, max_stmts)
-        prog.label = f"seed {seed} index {index}"
+        prog.label, prog.grad_key = f"seed {seed} index {index}", zlib.crc32(f"{seed}:{index}".encode())
         if prog.stmts and _deterministic(prog):
             return prog
     raise RuntimeError(f"could not build a program for seed {seed} index {index}")
@@ -873,15 +877,17 @@ def _raised_in_dead_code(fn: Callable, err: BaseException) -> bool:
     return False
 
 
-def check(fn: Callable, make_inputs: Callable, backend: str = "cpp", timeout: float = 120.0) -> Result:
+def check(fn: Callable, make_inputs: Callable, backend: str = "cpp", timeout: float = 120.0,
+          grad_key: Optional[int] = None) -> Result:
     """Run ``fn`` eagerly and compiled by ``backend`` on fresh ``make_inputs()``; classify. A ``backend`` name ending in
-    ``+grad`` compares gradients too (:func:`_with_grads`)."""
+    ``+grad`` compares gradients too (:func:`_with_grads`, its draws seeded by ``grad_key``, else by ``fn``'s source)."""
     name = backend if isinstance(backend, str) else getattr(backend, "__name__", "custom")
     src = ""
     with contextlib.suppress(OSError, TypeError):
         src = inspect.getsource(fn)
     grad = name.endswith("+grad")
-    wrap = (lambda f: _with_grads(f, zlib.crc32(src.encode()))) if grad else (lambda f: f)
+    key = zlib.crc32(src.encode()) if grad_key is None else grad_key
+    wrap = (lambda f: _with_grads(f, key)) if grad else (lambda f: f)
     backend = backend[:-5] if grad and isinstance(backend, str) else backend
     with _quiet():
         e_args = make_inputs()
@@ -931,12 +937,12 @@ def check(fn: Callable, make_inputs: Callable, backend: str = "cpp", timeout: fl
 
 def check_program(prog: Program, backend: str = "cpp", timeout: float = 120.0) -> Result:
     """:func:`check` for a :class:`Program`."""
-    return check(prog.function(), prog.make_inputs, backend, timeout)
+    return check(prog.function(), prog.make_inputs, backend, timeout, prog.grad_key)
 
 
-def replay(fn: Callable, make_inputs: Callable, backend: str = "cpp") -> Result:
+def replay(fn: Callable, make_inputs: Callable, backend: str = "cpp", grad_key: Optional[int] = None) -> Result:
     """Check a repro's ``fn``/``make_inputs`` and print what was found."""
-    r = check(fn, make_inputs, backend)
+    r = check(fn, make_inputs, backend, grad_key=grad_key)
     print(f"{r.outcome} on {backend}: {r.kind}\n{r.detail}".rstrip())
     return r
 

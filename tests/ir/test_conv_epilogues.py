@@ -275,3 +275,21 @@ def test_conv_layouts_traced_with_cudnn_flag(log, monkeypatch):
     out = compiled(f, "cpp")(x)
     assert_like_eager(out, f(x), atol=1e-5, rtol=1e-5)
     assert [e["restrided"] > 0 for e in events(log, "aot_cudnn_layouts")] == [True]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_dynamic_training_saved_channels_last_activation(log, backend):
+    """``conv2d(x, w).relu()`` trained with ``dynamic=True``: the forward saved relu's output for the backward in the
+    channels-last layout it computed it in, and reported no strides for it (``output_strides`` are ints, these are
+    symbolic), so the backward was compiled for the traced NCHW strides and read the NHWC buffer as NCHW: x's gradient
+    was wrong everywhere. A symbolic saved output now has the traced strides."""
+    def f(x, w):
+        return F.conv2d(x, w).relu()
+
+    x, w, g = torch.randn(2, 3, 6, 6), torch.randn(4, 3, 3, 3), torch.randn(2, 4, 4, 4)
+    grads = []
+    for fn in (f, coil.compile(f, dynamic=True, options={"cpu_backend": backend})):
+        a, b = x.clone().requires_grad_(), w.clone().requires_grad_()
+        fn(a, b).backward(g)
+        grads.append((a.grad, b.grad))
+    torch.testing.assert_close(grads[1], grads[0])

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from coil.testing import fuzz
-from coil.testing.fuzz import Input, Program, Stmt, check, check_program, generate, minimize
+from coil.testing.fuzz import Input, Program, Stmt, _drop, check, check_program, generate, minimize
 from coil.testing.fuzz_ops import DTYPES, FAMILIES, literal
 
 #: The CI sample: programs ``range(SAMPLE)`` of seed ``SEED``.
@@ -88,6 +88,34 @@ def test_grad_mode_makes_inputs_leaves_or_views_of_a_cloned_leaf():
         assert a.tolist() == [[2.0, 10.0], [6.0, 14.0]] and a.stride() == (1, 2)  # written back, same layout
         assert rg == [True] and gn is None and ga.shape == (4,) and bool((ga != 0).all())
     assert seen == {"leaf", "view"}
+
+
+
+def test_grad_mode_draws_come_from_seed_and_index_and_survive_minimization(monkeypatch):
+    """Gradient mode's leaf-or-view draw and cotangents are seeded by the program's (seed, index), not by its source:
+    a smaller variant the minimizer checks (a statement dropped) is checked under the original program's draws, and
+    its repro file replays under them too."""
+    keys = []
+    real = fuzz._with_grads
+    monkeypatch.setattr(fuzz, "_with_grads", lambda fn, key=0: (keys.append(key), real(fn, key))[1])
+    prog = generate(SEED, 3)
+    assert prog.grad_key is not None and prog.grad_key == generate(SEED, 3).grad_key != generate(SEED, 4).grad_key
+    small = _drop(prog, len(prog.stmts) - 1)
+    assert small.fn_source() != prog.fn_source() and small.grad_key == prog.grad_key
+    monkeypatch.setattr(fuzz, "compile_for", lambda f, b: f)  # (eager twice: the draws are what is looked at)
+    for p in (prog, small):
+        keys.clear()
+        check_program(p, "cpp+grad")
+        assert keys and set(keys) == {prog.grad_key}, keys
+    src = small.source(fuzz.Result("mismatch", "cpp+grad", "grad-value"))
+    assert f"replay(fn, make_inputs, 'cpp+grad', grad_key={prog.grad_key})" in src
+    keys.clear()
+    exec(src.replace('__name__ == "__main__"', "True"), {})
+    assert keys and set(keys) == {prog.grad_key}, keys
+    # a function without a program (a hand-written repro) still draws from its source
+    keys.clear()
+    check(small.function(), small.make_inputs, "cpp+grad")
+    assert keys and prog.grad_key not in keys
 
 
 # ------------------------------------------------------------------ generator

@@ -40,7 +40,7 @@ import coil
 from coil.testing.fuzz import (_BIT_VIEW, _BOUNDED, _CASTS, _F64_STATS, _SUMS, FAILURES, Input, Program, Result,
                                _compare, _deadline, _drop, _error_bounds, _grad_problem, _Hang, _overflows,
                                _Overflowed, _prune, _quiet, _raised_in_dead_code, _reference, _reset, _run_in,
-                               _same_bits, _site, _Stats64, _with_grads, generate)
+                               _same_bits, _site, _Stats64, _with_grads, generate, report_signatures)
 from coil.testing.fuzz_ops import FLOATS, gen_values
 
 BACKENDS = {"auto": {}, "dynamic": {"dynamic": True}, "static": {"dynamic": False}, "mark": {"dynamic": False}}
@@ -470,10 +470,7 @@ def main(argv=None) -> int:
     print("\nsequences (first failure)\n" + _table(per_seq, backends + ["all sequences"], "backend"))
     print("\nSUMMARY " + json.dumps({"calls": [[*k, v] for k, v in per_call.items()],
                                       "sequences": [[*k, v] for k, v in per_seq.items()]}))
-    print(f"\n{len(classes)} distinct failure signature(s):")
-    for sig, paths in sorted(classes.items()):
-        print(f"  {len(paths):4d}  {sig}\n        e.g. {paths[0]}")
-    return 1 if classes else 0
+    return report_signatures(classes)
 
 
 if __name__ == "__main__":

@@ -1135,6 +1135,11 @@ def main(argv: Optional[list] = None) -> int:
         if n % 20 == 19:
             gc.collect()
     print("\n" + _table(stats))
+    return report_signatures(classes)
+
+
+def report_signatures(classes: dict) -> int:
+    """Print each failure signature (signature -> repro paths) with a count and an example; 1 if any, else 0."""
     print(f"\n{len(classes)} distinct failure signature(s):")
     for sig, paths in sorted(classes.items()):
         print(f"  {len(paths):4d}  {sig}\n        e.g. {paths[0]}")

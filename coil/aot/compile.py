@@ -20,6 +20,7 @@ import copy
 import functools
 import re
 import time
+import warnings
 from typing import Callable, Optional
 
 import torch
@@ -373,7 +374,7 @@ def _compile(fn, example_inputs, fw_compiler, bw_compiler, partition_fn, decompo
                 r"as_strided(\(\) is non-compos|_scatter is curr)|mutated that has internal overlap", str(e)):
             raise
         trace.log("aot_overlapping_write_eager", stage="aot", reason=str(e))
-        return _eager(user_fn)
+        return _eager(user_fn, "functionalization refuses its writes: " + str(e).split("\n")[0])
     written = dict(zip(info.mutated_inputs, info.fw_out_requires_grad))
     if grad and any(info.inputs[i].requires_grad or written.get(i) for i in info.restrided_inputs):
         # an input whose metadata the program changes and that requires grad (or is written differentiably): a view
@@ -381,7 +382,7 @@ def _compile(fn, example_inputs, fw_compiler, bw_compiler, partition_fn, decompo
         # changed under it, which the joint trace regenerates in the new layout (s1003 #154, #875: shape errors;
         # #524: backward refused), as is its new value in the input's original layout
         trace.log("aot_restrided_grad_eager", stage="aot", inputs=info.restrided_inputs)
-        return _eager(user_fn)
+        return _eager(user_fn, "it changes the shape or strides of an input that requires grad in place")
     trace.log("aot_analysis", stage="aot", runs=1 if found else 2, mutated_inputs=info.mutated_inputs,
               outputs=[(o.kind, o.index) for o in info.outputs], fw_out_requires_grad=info.fw_out_requires_grad)
     _refuse_mutated_aliased_inputs(example_inputs, info.mutated_inputs)
@@ -425,7 +426,8 @@ def _compile(fn, example_inputs, fw_compiler, bw_compiler, partition_fn, decompo
                               "not implemented", str(e)):
             raise
         trace.log("aot_backward_error_eager", stage="aot", reason=str(e))
-        return _eager(user_fn)
+        return _eager(user_fn, "its backward cannot be traced; eager raises the same error if backward runs: "
+                      + str(e).split("\n")[0].split(" Hint:")[0])
     tensorize_scalar_reads(joint, "joint")
     _zero_fill_evenly_distributed(joint)
     trace.artifact("aot_joint_graph", _graph_text(joint, "aot joint graph (ATen)"), kind="python")
@@ -535,9 +537,13 @@ def _zero_fill_evenly_distributed(joint: torch.fx.GraphModule) -> None:
             n.target, n.args = aten.where.ScalarOther, (m, d, 0.0)
     joint.recompile()
 
-def _eager(fn: Callable) -> Callable:
-    """``fn`` run eagerly; a GraphModule through its ``forward``, whose call wrapper would print
-    FX's "Call using an FX-traced Module" traceback to stderr before the user's own error."""
+def _eager(fn: Callable, why: str) -> Callable:
+    """``fn`` run eagerly on every call (a GraphModule through its ``forward``, whose call wrapper would print FX's
+    "Call using an FX-traced Module" traceback to stderr before the user's own error). Warned, and logged as an
+    ``eager_fallback`` the report counts with the codegen fallbacks: the user sees that this graph is not compiled."""
+    trace.log("eager_fallback", stage="aot", reason=why)
+    warnings.warn(f"coil: a captured graph runs eagerly on every call, not compiled ({why}); results are eager's",
+                  stacklevel=2)
     run = functools.partial(fn.forward if isinstance(fn, torch.fx.GraphModule) else fn)
     run._coil_aot_path = "eager"  # type: ignore[attr-defined]
     return run

@@ -518,3 +518,29 @@ def test_missing_derivative_only_the_joint_trace_meets_runs_eagerly():
 
     r = check(fn, lambda: [torch.tensor(1.0)], "cpp_dynamic+grad", grad_key=82192693)
     assert r.outcome == "ok", (r.kind, r.detail)
+
+
+def test_a_graph_run_eagerly_is_warned_and_counted(tmp_path):
+    """A graph AOT cannot compile (here its backward is refused: ``exp``'s saved output is written in place) runs
+    eagerly on every call: the user gets a warning naming why, and the compile log an ``eager_fallback`` event (the
+    report's fallbacks column)."""
+    import json
+
+    import coil
+    from coil import trace
+
+    def f(x):
+        y = x.exp()
+        y.add_(1)
+        return y
+
+    x = torch.randn(3, requires_grad=True)
+    trace.set_dir(str(tmp_path))
+    try:
+        with pytest.warns(UserWarning, match="runs eagerly on every call"):
+            out = coil.compile(f)(x)
+    finally:
+        trace.set_dir(None)
+    assert torch.equal(out, f(x))
+    events = [json.loads(ln).get("event") for p in tmp_path.glob("*.jsonl") for ln in open(p)]
+    assert "eager_fallback" in events

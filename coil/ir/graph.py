@@ -649,22 +649,27 @@ class GraphLowering(torch.fx.Interpreter):
                 ReinterpretView(d.data, dataclasses.replace(d.layout, stride=unit))
         return d.realize(stride) if isinstance(d, StorageBox) else self._materialize(x, stride)
 
-    def _view_of_base(self, view: GenericView, stride, partial: bool = False) -> Optional[ReinterpretView]:
-        """``view`` (views of unrealized loops of as many elements; of fewer too when ``partial``) as a strided view of
-        the loops realized in their default layout, when that view has ``stride`` (any strides when None); else None. A
-        linear layer's backward reads the output gradient ``g`` in one ``mm`` and ``g.t()`` in the other: both then
-        read one buffer, where a copy of ``g.t()`` wrote every element a second time."""
+    def _view_of_base(self, view: GenericView, stride, storage: Optional[torch.Tensor] = None) -> Optional[ReinterpretView]:
+        """``view`` (views of unrealized loops of as many elements) as a strided view of the loops realized in their
+        default layout, when that view has ``stride`` (any strides when None); else None, realizing nothing. A linear
+        layer's backward reads the output gradient ``g`` in one ``mm`` and ``g.t()`` in the other: both then read one
+        buffer, where a copy of ``g.t()`` wrote every element a second time. With ``storage`` (the view's fake tensor,
+        for a storage op) the view may hold fewer elements; the loops must then be that fake's whole storage and the
+        view at its storage offset."""
         chain, base = [], view
         while isinstance(base, GenericView):
             if base.restride is None:
                 return None
             chain.append(base.restride)
             base = base.data
-        if not isinstance(base, StorageBox) or not isinstance(base.data, (Loops, Buffer)) or not partial and \
-                sympy.expand(product(view.get_size()) - product(base.data.get_size())) != 0:
+        if not isinstance(base, StorageBox) or not isinstance(base.data, (Loops, Buffer)):
             return None
+        elems = product(base.data.get_size())
+        if storage is None and sympy.expand(product(view.get_size()) - elems) != 0:
+            return None
+        base_stride = None
         if isinstance(base.data, Buffer):  # realized since the views were made
-            lay = base_stride = base.data.layout
+            lay = base.data.layout
         else:
             loops = base.data
             base_stride = self.default_strides(loops)
@@ -677,7 +682,11 @@ class GraphLowering(torch.fx.Interpreter):
                 return None
         if stride is not None and any(str(n) != "1" and str(a) != str(b) for n, a, b in zip(lay.size, lay.stride, stride)):
             return None
-        return ReinterpretView(base.realize(None if isinstance(base_stride, Layout) else base_stride), lay)
+        if storage is not None and (
+                sympy.expand(lay.offset - as_expr(storage.storage_offset())) != 0 or
+                sympy.expand(elems * storage.element_size() - as_expr(storage.untyped_storage().nbytes())) != 0):
+            return None
+        return ReinterpretView(base.realize(base_stride), lay)
 
     def _eager_storage(self, x: TensorBox, fx_arg) -> TensorBox:
         """``x`` as eager lays it out, for an op that reads its storage: a value this graph realized with other strides
@@ -688,9 +697,7 @@ class GraphLowering(torch.fx.Interpreter):
         realized whole, not a copy of the view's elements alone."""
         fv = fx_arg.meta.get("val") if isinstance(fx_arg, torch.fx.Node) else None
         if isinstance(fv, torch.Tensor) and isinstance(x.data, GenericView) and (v := self._view_of_base(
-                x.data, [as_expr(s) for s in fv.stride()], partial=True)) is not None and \
-                sympy.expand(v.layout.offset - as_expr(fv.storage_offset())) == 0 and \
-                sympy.expand(product(v.data.get_size()) * fv.element_size() - as_expr(fv.untyped_storage().nbytes())) == 0:
+                x.data, [as_expr(s) for s in fv.stride()], storage=fv)) is not None:
             return TensorBox(v)
         if not (isinstance(fv, torch.Tensor) and fv.storage_offset() == 0 and _dense_non_overlapping(fv)):
             return x

@@ -147,3 +147,45 @@ def test_autograd_function_with_an_object_argument_breaks_without_fallback():
     torch.testing.assert_close(out, ref)
     torch.testing.assert_close(grad, x.grad)
     assert coil.capture.stats["fallbacks"] == 0 and coil.capture.stats["graph_breaks"] == 1
+
+
+@torch.jit.script
+def _scripted_expand(pos: torch.Tensor, q: torch.Tensor, rel: torch.Tensor) -> torch.Tensor:
+    return pos.expand([q.size(0), q.size(1), q.size(2), rel.size(-1)])
+
+
+@torch.jit.script
+def _scripted_scale(q: torch.Tensor, factor: int) -> torch.Tensor:
+    return torch.sqrt(torch.tensor(q.size(-1), dtype=torch.float) * factor)
+
+
+@torch.jit.script
+def _scripted_one(q: torch.Tensor, factor: int) -> torch.Tensor:
+    return torch.ones(())
+
+
+def _traced_double(x):
+    return x * 2 + 1
+
+
+_TRACED = torch.jit.trace(_traced_double, torch.randn(3))
+
+
+def test_scripted_and_traced_functions_are_inlined():
+    """DeBERTa-v2 (transformers 5.17) calls ``@torch.jit.script`` helpers in every attention layer: each call was a
+    graph break. Their Python functions are traced instead; replacing the global recompiles."""
+    global _scripted_scale
+
+    def f(x, pos, rel):
+        y = x / _scripted_scale(x, 2) + _scripted_expand(pos, x, rel)
+        return _TRACED(y)
+
+    x, pos, rel = torch.randn(2, 3, 4, 5), torch.randn(1, 1, 4, 5), torch.randn(1, 4, 5)
+    compiled, stats = _run(f, x, pos, rel)
+    assert stats["graph_breaks"] == 0 and stats["graphs"] == 1
+    saved = _scripted_scale
+    _scripted_scale = _scripted_one
+    try:
+        torch.testing.assert_close(compiled(x, pos, rel), f(x, pos, rel))
+    finally:
+        _scripted_scale = saved

@@ -485,7 +485,7 @@ class GraphLowering(torch.fx.Interpreter):
                 trace.log("padded_output_kept", stage="lowering", output=i, buffer=r.data.data.get_name(),
                           reason="a user output computed by a padded matmul keeps its padded row stride")
                 keep = True
-            self.outputs.append(self._saved_output_spec(r) if keep else self._output_spec(r, meta))
+            self.outputs.append(self._saved_output_spec(r, meta) if keep else self._output_spec(r, meta))
         self._write_inputs_in_place(flat)
         self.output_strides = [self._spec_strides(o) for o in self.outputs]
         return results
@@ -522,13 +522,20 @@ class GraphLowering(torch.fx.Interpreter):
         if self.inputs_written:
             trace.log("inputs_written_in_place", stage="lowering", inputs=self.inputs_written)
 
-    def _saved_output_spec(self, r) -> OutputSpec:
+    def _saved_output_spec(self, r, meta) -> OutputSpec:
         """A saved-for-backward output of a forward whose backward is compiled with the
         strides this graph reports (``output_strides``): it keeps the layout it has
-        (a channels-last activation stays NHWC instead of being copied to NCHW)."""
+        (a channels-last activation stays NHWC instead of being copied to NCHW). A view not
+        yet realized is realized as an extern op's argument is (:meth:`realize_input`): the
+        backward's extern op reads it as the forward's did (an attention bias keeps its
+        aligned rows), and the two share one copy."""
         if not isinstance(r, TensorBox):
             return OutputSpec("value", value=r)
         d = r.data
+        if isinstance(d, GenericView) and isinstance(meta, torch.Tensor):
+            d = self.realize_input(r, meta)
+            if not isinstance(d, ReinterpretView):
+                return OutputSpec("buffer", d.get_name())
         if isinstance(d, ReinterpretView):
             return OutputSpec("view", d.data.get_name(), list(d.layout.size), list(d.layout.stride), d.layout.offset)
         if isinstance(d, StorageBox):
@@ -954,7 +961,11 @@ def _dense_strides_like(t: torch.Tensor) -> list[int]:
 
     A broadcast (stride-0) dim sits just outside the dims after it, as in a contiguous layout: ranked by its stride it
     would become the innermost dim, and ATen kernels that read the last dim as contiguous without checking (the CPU
-    flash attention of SDPA, fed a K/V expanded over heads: Gemma's single KV head) computed garbage."""
+    flash attention of SDPA, fed a K/V expanded over heads: Gemma's single KV head) computed garbage.
+
+    A stride that was a multiple of 8 elements and 16 bytes in ``t`` stays one (the rows are padded): eager's SDPA pads an
+    attention mask's last dim to 8 elements and slices it, and the CUDA kernel rejects a bias realized densely
+    (``attn_bias is not correctly aligned``: HF Swin's training step, 49 x 49 windows)."""
     def rank(d):
         if t.stride(d) != 0:
             return t.stride(d)
@@ -963,8 +974,11 @@ def _dense_strides_like(t: torch.Tensor) -> list[int]:
 
     order = sorted(range(t.dim()), key=lambda d: (-rank(d), d))
     strides = [0] * t.dim()
-    acc = 1
+    acc, align = 1, max(8, 16 // t.element_size())
     for d in reversed(order):
+        s = t.stride(d)
+        if isinstance(s, int) and s and s % align == 0 and isinstance(acc, int) and acc > 1 and acc % align:
+            acc += align - acc % align   # aligned rows, as in t
         strides[d] = acc
         n = t.shape[d]
         # a symbolic size (>= 2) multiplies as its expression: int() would specialize it

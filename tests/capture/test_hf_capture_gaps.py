@@ -178,11 +178,14 @@ def test_scripted_and_traced_functions_are_inlined():
 
     def f(x, pos, rel):
         y = x / _scripted_scale(x, 2) + _scripted_expand(pos, x, rel)
-        return _TRACED(y)
+        return _TRACED(y) * _scripted_scale(y, 3)     # the same scripted function read twice
 
     x, pos, rel = torch.randn(2, 3, 4, 5), torch.randn(1, 1, 4, 5), torch.randn(1, 4, 5)
     compiled, stats = _run(f, x, pos, rel)
-    assert stats["graph_breaks"] == 0 and stats["graphs"] == 1
+    for _ in range(3):
+        torch.testing.assert_close(compiled(x, pos, rel), f(x, pos, rel))
+    # (a guard comparing the scripted function with its Python function recompiled every call)
+    assert stats["graph_breaks"] == 0 and stats["graphs"] == 1 and stats["recompiles"] == 0
     saved = _scripted_scale
     _scripted_scale = _scripted_one
     try:

@@ -277,13 +277,10 @@ def _build(tx, value, source, gs) -> VariableTracker:
     if t is types.FrameType:
         guard_type()
         return FrameVariable(value, source)
-    original = inspect.getattr_static(value, "_torchdynamo_inline", None)
-    if isinstance(original, types.FunctionType):
-        # ``torch.jit.script`` / ``torch.jit.trace`` of a function keep the Python function here: traced like any
-        # call (DeBERTa-v2's scripted helpers were a graph break per attention layer)
-        guard_is()
-        return wrap(tx, original, AttrSource(source, "_torchdynamo_inline") if source is not None else None, False)
-    guard_type()
+    if isinstance(inspect.getattr_static(value, "_torchdynamo_inline", None), types.FunctionType):
+        guard_is()   # a scripted or traced function: its Python function is traced when called
+    else:
+        guard_type()
     return UserDefinedObjectVariable(value, source)
 
 

@@ -13,6 +13,7 @@ import collections
 import dataclasses
 import enum
 import functools
+import inspect
 import types
 import warnings
 import weakref
@@ -233,6 +234,12 @@ class UserDefinedObjectVariable(ObjectVariableBase):
         call = _static_lookup(type(self.value), "__call__")
         if isinstance(call, types.FunctionType):
             return tx.call(UserMethodVariable(call, self), args, kwargs)
+        original = inspect.getattr_static(self.value, "_torchdynamo_inline", None)
+        if isinstance(original, types.FunctionType):
+            # ``torch.jit.script`` / ``torch.jit.trace`` of a function keep the Python function here: traced like any
+            # call (DeBERTa-v2's scripted helpers were a graph break per attention layer)
+            src = AttrSource(self.source, "_torchdynamo_inline") if self.source is not None else None
+            return tx.call(UserFunctionVariable(original, src), args, kwargs)
         raise Unsupported(f"call to a {type(self.value).__name__} object")
 
     def var_getattr(self, tx, name):

@@ -8,7 +8,13 @@ in its own process (an illegal memory access ends a CUDA context).
 
 ``--arg`` gives each tensor argument in order (``SIZExSIZE:dtype``, contiguous, random);
 ``--config XBLOCK,RBLOCK,num_warps`` (RBLOCK 0: a pointwise kernel); the grid is
-``ceil(NUMEL / XBLOCK)``.
+``ceil(NUMEL / XBLOCK)``. The HF Swin-T training reduction (BENCHMARKS.md, 2026-12-05):
+
+    CUDA_LAUNCH_BLOCKING=1 python benchmarks/gpu_kernel_replay.py \
+        benchmarks/results/kernels/hf_swin_train_red_6272.py triton_red_92_buf177 384 \
+        --arg 6272x384:bf16 --arg 6272x384:bf16 --arg 6272x384:bf16 --arg 6272x384:f32 \
+        --arg 6272:f32 --arg 6272:f32 --arg 384:f32 \
+        --config 1,4096,8 --config 1,4096,16 --config 1,4096,32 --config 1,8192,16 [--drop-asserts]
 """
 import argparse
 import importlib.util

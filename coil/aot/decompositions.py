@@ -41,6 +41,7 @@ KEEP_WHOLE = [
     aten.sort, aten.topk, aten.cumsum, aten.cumprod, aten._to_copy,
     aten.multilabel_margin_loss_forward,
     aten.select_scatter,  # torch's decomposition (a where) promotes src's dtype; the lowering casts it to x's
+    aten.gelu_backward,  # core ATen decomposes it with erf: libm's scalar double erf per element on CPU; the lowering's ndtr vectorizes
 ]
 
 #: Random ops kept as ATen calls under ``fallback_random`` (bit-exact with eager).

@@ -26,8 +26,10 @@ from coil.codegen.cpp.indexing import Split, canonicalize, cexpr, split_plan
 from coil.ir.nodes import current_origin, describe_origin
 from coil.ir.symbols import RINDEX, XINDEX, as_size, hint, is_static, simplify_index
 from coil.ir.virtualized import OpsHandler
+from coil.schedule.indexing import axis_steps
 
 SUM_BLOCK = 1024  # elements per blocked-sum partial (see _section)
+X_LANES_BLOCK = 32  # rows per block partial of an outer sum (see _reduction_x_lanes)
 LANES = 8
 PARALLEL_MIN = 32768  # elements of work before a kernel uses OpenMP threads
 
@@ -135,6 +137,7 @@ class CppKernel(OpsHandler):
         self.index_vars: dict[str, int] = {}  # integer index_expr variable -> its index's id
         #: comparison of two index/constant operands -> (operand, operand, op); see _segments
         self.range_masks: dict[str, tuple] = {}
+        self.x_contiguous_loads = self.r_contiguous_loads = 0  # see _outer_sum
 
     # ------------------------------------------------------------------ plumbing
     def _new(self, prefix: str = "tmp") -> str:
@@ -227,6 +230,9 @@ class CppKernel(OpsHandler):
         if self._empty(name):
             return self.constant(0, dtype)
         ptr = self._arg(name, write=False)
+        if self.is_reduction and (steps := axis_steps(index)) is not None:
+            self.x_contiguous_loads += steps[0] == 1 and abs(steps[1]) > 1
+            self.r_contiguous_loads += steps[1] == 1
         raw = f"{ptr}[{self._idx(index)}]"
         if dtype in _TO_FLOAT:
             raw = f"{_TO_FLOAT[dtype]}({raw})"
@@ -674,11 +680,60 @@ class CppKernel(OpsHandler):
     def _reduction(self, xs: Split, rs: Split) -> list[str]:
         if self.numel == 0:
             return []
+        if self._outer_sum() and isinstance(xs.extents[0], int) and xs.extents[0] % LANES == 0:
+            return self._reduction_x_lanes(xs, rs)  # (the lanes of a group: consecutive x in one run)
         body = [l for item in self.items
                 for l in (self._section(item, rs) if isinstance(item, _Section) else [self._fix(item)])]
         return [self._omp(self.numel * self.bounds[RINDEX]) if not is_static(self.numel) or self.numel >= 2 else "",
                 f"for (int64_t xindex = 0; xindex < {_c(self.numel)}; ++xindex) {{",
                 *("  " + d for d in self._xdecls(xs)), *("  " + l for l in body), "}"]
+
+    def _outer_sum(self) -> bool:
+        """Whether this reduction is a floating sum over a non-contiguous dim whose loads are contiguous along x (a bias
+        gradient: ``g.sum(0)`` of a row-major ``g``), written as :meth:`_reduction_x_lanes`."""
+        secs = [i for i, item in enumerate(self.items) if isinstance(item, _Section)]
+        decl = re.compile(r"^[A-Za-z_][\w:<>]* [A-Za-z_]\w* = [^;]*;$")   # (a row's value, no store)
+        if len(secs) != 1 or not all(decl.match(l) for l in self.items[:secs[0]]):
+            return False
+        sec = self.items[secs[0]]
+        return (isinstance(self.numel, int) and self.x_contiguous_loads > self.r_contiguous_loads
+                and isinstance(self.numel, int) and self.x_contiguous_loads > self.r_contiguous_loads
+                and all(rt == "sum" and len(f) == 1 and f[0][1] in ("float", "double") for _, rt, f in sec.accs))
+
+    def _reduction_x_lanes(self, xs: Split, rs: Split) -> list[str]:
+        """An outer sum with its lanes along x: each r step reads ``LANES`` consecutive x (one vector load per input),
+        where one row at a time read a column with stride ``rnumel``-apart loads (a cache miss each: DeBERTa's CPU
+        training step spent more time in its bias gradients than in their matmuls). Each lane sums its column in
+        blocks of ``X_LANES_BLOCK`` rows and adds the block partials with Kahan's compensated summation, in order
+        (deterministic for any thread count; as accurate as the lanes along r, which :meth:`_section` blocks)."""
+        i = next(i for i, item in enumerate(self.items) if isinstance(item, _Section))
+        head, sec, tail = self.items[:i], self.items[i], self.items[i + 1:]
+        ext = rs.extents
+        row = [self._fix(l) for l in head + sec.pre]  # the row's values, read by the body and after it
+        body = row + [self._fix(l) for l in sec.body]
+        post = row + [self._fix(l) for l in sec.post + tail]
+        opens = [f"for (int64_t r{i} = 0; r{i} < {_c(ext[i])}; ++r{i}) {{" for i in range(len(ext) - 1, 0, -1)]
+        lane = ["int64_t xindex = xb + l;", *self._xdecls(xs)]
+        out = [self._omp(self.numel * self.bounds[RINDEX]) if self.numel > LANES else "",
+               f"for (int64_t xb = 0; xb < {self.numel}; xb += {LANES}) {{"]
+        for acc, _, ((_, t, init),) in sec.accs:
+            out += [f"  {t} {acc}_xl[{LANES}], {acc}_blk[{LANES}], {acc}_c[{LANES}];",
+                    f"  for (int l = 0; l < {LANES}; ++l) {{ {acc}_xl[l] = {init}; {acc}_c[l] = 0; }}"]
+        inner = [l.replace("@", "_blk[l]") for l in body]
+        out += ["  " + o for o in opens]
+        out += [f"  for (int64_t rb0 = 0; rb0 < {_c(ext[0])}; rb0 += {X_LANES_BLOCK}) {{"]
+        out += [f"    for (int l = 0; l < {LANES}; ++l) {acc}_blk[l] = 0;" for acc, _, _ in sec.accs]
+        out += [f"    for (int64_t r0 = rb0; r0 < {_c(ext[0])} && r0 < rb0 + {X_LANES_BLOCK}; ++r0) {{",
+                f"      {self._simd_for(inner)}", f"      for (int64_t l = 0; l < {LANES}; ++l) {{"]
+        out += [f"        {l}" for l in lane + self._rindex_decl(rs) + inner]
+        out += ["      }", "    }"]
+        out += [f"    for (int l = 0; l < {LANES}; ++l) {{ {t} y = {acc}_blk[l] - {acc}_c[l], s = {acc}_xl[l] + y; "
+                f"{acc}_c[l] = (s - {acc}_xl[l]) - y; {acc}_xl[l] = s; }}" for acc, _, ((_, t, _),) in sec.accs]
+        out += ["  }"] + ["  }"] * len(opens)
+        out += [f"  for (int64_t l = 0; l < {LANES}; ++l) {{", *("    " + l for l in lane)]
+        out += [f"    {t} {acc} = {acc}_xl[l];" for acc, _, ((_, t, _),) in sec.accs]
+        out += [f"    {l}" for l in post] + ["  }", "}"]
+        return out
 
     def _rindex_decl(self, rs: Split) -> list[str]:
         return [f"int64_t rindex = {cexpr(rs.flat())};"] if self.needs_rindex else []

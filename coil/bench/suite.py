@@ -185,9 +185,11 @@ def _trainable(module: torch.nn.Module) -> list[torch.nn.Parameter]:
 
 def _step_on_copy(module: torch.nn.Module, args: tuple, kwargs: dict, mode: str,
                   device: torch.device, dtype: Optional[torch.dtype] = None,
-                  autocast: bool = True) -> Callable[[], list]:
+                  autocast: Optional[bool] = None) -> Callable[[], list]:
     """An eager step (see :func:`make_step`) on a fresh copy of ``module`` cast to
-    ``dtype`` (default: the mode's precision), inputs cast alike."""
+    ``dtype`` (default: the mode's precision), inputs cast alike; ``autocast`` as
+    :func:`make_step` (None: on CUDA only, as the compiled steps run; the CPU eager
+    baseline of a training row ran under bf16 autocast and its compiled steps did not)."""
     dtype = dtype or _mode_dtype(mode)
     m = _prepared_copy(module, mode, dtype)
     return make_step(m, _trainable(m), _cast_inputs(args, dtype), _cast_inputs(kwargs, dtype),

@@ -378,15 +378,17 @@ def _analyze(fn, fake_args, fake_mode, grad, drop_error_checks) -> ProgramInfo:
         with FunctionalTensorMode():
             f_args = [_to_functional(a) for a in fake_args]
             before = _aliases_before(f_args)
+            grad_fns = [getattr(a, "grad_fn", None) for a in f_args]
             with OverlapGuard(inputs=f_args):  # eager's refusal of overlapping writes
                 outs = _call(fn, f_args, drop_error_checks)
-        return _describe(fn, fake_args, f_args, before, outs, grad, drop_error_checks, fake_mode)
+        return _describe(fn, fake_args, f_args, before, outs, grad, drop_error_checks, fake_mode, grad_fns=grad_fns)
 
 
 def _describe(fn, fake_args, f_args, before, outs, grad, drop_error_checks, fake_mode,
-              plain: bool = False) -> Optional[ProgramInfo]:
+              plain: bool = False, grad_fns=None) -> Optional[ProgramInfo]:
     """What a functional run of ``fn`` on ``f_args`` (made from ``fake_args``; ``before``: their
-    :func:`_aliases_before`) that returned ``outs`` did: the :class:`ProgramInfo`. ``plain``: None unless the program
+    :func:`_aliases_before`; ``grad_fns``: their ``grad_fn`` before it) that returned ``outs`` did: the
+    :class:`ProgramInfo`. ``plain``: None unless the program
     mutates and restrides no input, no output aliases an input or another output and none requires grad
     (:func:`trace_plain_inference`)."""
     for t in before:
@@ -401,6 +403,8 @@ def _describe(fn, fake_args, f_args, before, outs, grad, drop_error_checks, fake
         torch._sync(fa)
         mutated = torch._functionalize_has_data_mutation(fa.elem)
         hidden = mutated and torch._functionalize_are_all_mutations_under_no_grad_or_inference_mode(fa.elem)
+        # or only through tensors that are no autograd view of it (a.detach().mul_(b)): its history is as before
+        hidden = hidden or mutated and grad_fns is not None and fa.grad_fn is grad_fns[i]
         inputs.append(InputInfo(True, _is_differentiable(a), mutated, hidden))
         if torch._functionalize_has_metadata_mutation(fa.elem):
             inputs[-1].layout = ()  # filled in from eager_layouts below
@@ -428,12 +432,15 @@ def _describe(fn, fake_args, f_args, before, outs, grad, drop_error_checks, fake
             # a view as another dtype (view(dtype)) is not differentiable; the graph computes a differentiable
             # one (view_as_real: a copy) and one of an input whose elements share memory (an expand): as_strided
             # of that differentiates its storage (each element got the mean of theirs), not its elements
+            # no autograd view of an input at all (view(dtype) and back to its dtype, detach(), or a view of those)
+            # has a gradient of its own too (s1037 #1355: a.view(torch.int32).view(torch.float32).add_(floor(a)))
             other = fake_args[input_storage[st]].dtype != o.dtype
-            if not (meta["requires_grad"] and (other or _overlaps(fake_args[input_storage[st]]))):
+            own = other or all(o._base is not fa for fa in f_args)
+            if not (meta["requires_grad"] and (own or _overlaps(fake_args[input_storage[st]]))):
                 outputs.append(OutputInfo("alias_of_input", input_storage[st], **meta,
                                           dtype=o.dtype if other else None))
                 continue
-            if other and not _overlaps(fake_args[input_storage[st]]) and inputs[input_storage[st]].layout is None:
+            if own and not _overlaps(fake_args[input_storage[st]]) and inputs[input_storage[st]].layout is None:
                 meta["shares"] = input_storage[st]  # (s1015 #155: b.view(torch.float16).div_(b.sum()))
         outputs.append(OutputInfo("graph", -1, **meta))
         if st not in input_storage:

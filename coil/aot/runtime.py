@@ -442,6 +442,11 @@ def training_runner(compiled_fw: Callable, compiled_bw: Callable, info: ProgramI
             if any(isinstance(outs[k], torch.Tensor) and outs[k]._is_view() for k in computed):
                 outs = _own_outputs(outs, computed, vals, args)
             if nondiff:
+                # one value returned as both (an input's new value written where autograd does not see it and an
+                # output: a.detach().mul_(b)): marking it would leave the output without its gradient
+                diff = {id(outs[k]) for k in tangent_pos}
+                if any(id(outs[k]) in diff for k in nondiff):
+                    outs = tuple(o.detach() if k in nondiff and id(o) in diff else o for k, o in enumerate(outs))
                 ctx.mark_non_differentiable(*[outs[k] for k in nondiff])
             # None for an output that gets no gradient, not autograd's zeros (one fill launch per output per
             # step: ResNet-50 has 106 BatchNorm running statistics; and eager skips what it flows through)

@@ -388,6 +388,45 @@ def test_dtype_view_of_an_input_written_differentiably_is_returned_over_its_memo
     torch.testing.assert_close(res[1], res[0])
 
 
+def _dtype_round_trip_written(a):  # gradient fuzzer s1037 #1355
+    v = a.view(torch.int32).view(torch.float32)
+    v.add_(torch.floor(a))
+    return v, a * 2
+
+
+def _detached_written(a, b):
+    d = a.detach()
+    d.mul_(b)
+    return d, a * 2
+
+
+def _view_of_detached_written(a, b):
+    d = a.detach()[1:]
+    d.mul_(b)
+    return d, a * 2
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("f", [_dtype_round_trip_written, _detached_written, _view_of_detached_written])
+def test_input_written_through_no_autograd_view_of_it(backend, f):
+    """Gradient fuzzer s1037 #1355: ``a.view(torch.int32).view(torch.float32)`` is no autograd view of ``a`` (nor is
+    ``a.detach()``); ``add_(floor(a))`` gives it a history of its own, floor's zero gradient, and leaves a's as it
+    was. coil returned it as a differentiable view of ``a`` (a's gradient got its cotangent: 0.4375 for 0) and, for
+    ``detach``, replayed the write with autograd (a's history replaced, b's gradient lost: the value returned twice
+    by the forward was marked non-differentiable). Such an output is computed with its own gradient over a's
+    memory, and a write autograd never saw is replayed untracked."""
+    res = []
+    for fn in (f, coil.compile(f, options={"cpu_backend": backend})):
+        leaf = torch.tensor([1.5, -2.0, 3.25], requires_grad=True)
+        b = torch.tensor([3.0], requires_grad=True)
+        a = leaf.clone()
+        outs = fn(a) if f is _dtype_round_trip_written else fn(a, b)
+        assert outs[0].requires_grad and outs[0].untyped_storage().data_ptr() == a.untyped_storage().data_ptr()
+        torch.autograd.backward(outs, [torch.tensor([0.4375, -0.25, 0.5])[-len(outs[0]):], torch.full((3,), 0.75)])
+        res.append((outs[0].detach(), a.detach(), leaf.grad, b.grad))
+    torch.testing.assert_close(res[1], res[0], rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_backward_of_an_in_place_op_through_an_identity_expand(backend):
     """Gradient fuzzer s1016 #102: ``b.expand(-1).relu_()`` at b = 0, then ``remainder(b, nan) % b``: autograd

@@ -49,3 +49,23 @@ def test_a_stale_cache_is_caught_and_written_as_a_repro(tmp_path):
     src = fc.repro_source(prog, calls, "auto", results)
     assert "def call_1():  # resize" in src and "a = torch.tensor([1.0, 1.0, 1.0, 1.0]" in src
     compile(src, "repro", "exec")
+
+
+def test_one_tensor_for_the_target_and_source_of_an_in_place_op_is_not_drawn():
+    """s401 #364, #517: the ``alias`` variant passed ``b`` for ``c`` in ``c.view(1, -1).index_add_(1, i,
+    b.expand(1, 2))``: the op reads an element it has written (eager -12, the functional -9), which the generator
+    never draws for one input. Such a call is not drawn; an elementwise op of a tensor with itself still is."""
+    def index_add(b, c):
+        c.view(1, -1).index_add_(1, torch.tensor([0, 0]), b.expand(1, 2))
+
+    def mul(b, c):
+        c.mul_(b)
+
+    for f, found in ((index_add, True), (mul, False)):
+        t, mode = torch.tensor(-3.0), fc._SelfReads()
+        mode.wrap(f)(t, t)
+        assert mode.found == found
+    for i in (364, 517):
+        prog, calls = fc.sequence(401, i, backend="dynamic")
+        assert "alias" not in [c.kind for c in calls] and fc._signature(fc.run_calls(prog.function(), calls,
+                                                                                      "dynamic")) == "ok"

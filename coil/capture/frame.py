@@ -352,6 +352,8 @@ def _call_module_captured(mod, cfg, *args, **kwargs):
     any, make the whole call run eagerly)."""
     if any(getattr(mod, h, None) for h in _MODULE_HOOKS) or any(getattr(_mm, h, None) for h in _GLOBAL_HOOKS):
         return mod(*args, **kwargs)
+    if isinstance(mod, torch.jit.ScriptModule):
+        return mod(*args, **kwargs)  # TorchScript runs its own graph (type(mod).forward raises AttributeError)
     forward = type(mod).forward
     if not isinstance(forward, types.FunctionType) or "forward" in mod.__dict__:
         return mod(*args, **kwargs)  # (an instance forward, m.forward = f: run as is)

@@ -490,13 +490,35 @@ class InstructionTranslatorBase:
                 a.call_method(self, "update", [b], {})
                 return a
             return DictVariable({**a.items, **b.items}, a.user_cls)
+        if isinstance(a, DictVariable) and isinstance(b, DictVariable) and op in (operator.eq, operator.ne):
+            plain = (dict.__eq__, collections.OrderedDict.__eq__)
+            if _static_lookup(a.user_cls, "__eq__") not in plain or _static_lookup(b.user_cls, "__eq__") not in plain:
+                raise Unsupported(f"operator {op.__name__} on a {a.user_cls.__qualname__} (its own __eq__)")
+            ordered = all(issubclass(d.user_cls, collections.OrderedDict) for d in (a, b))
+            eq = (list(a.items) == list(b.items) if ordered else a.items.keys() == b.items.keys()) and all(
+                self.is_same(v, b.items[k]) or self.values_equal(v, b.items[k]) for k, v in a.items.items())
+            return ConstantVariable(eq if op is operator.eq else not eq)   # as dict.__eq__: identity, then ==
         if (res := self._user_binary(op, a, b)) is not None:
             return res
         if op in (operator.eq, operator.ne):
+            for v in (a, b):    # identity is == only for objects whose class keeps object's __eq__/__ne__:
+                cls = self._object_class(v)   # a C-level __eq__ (numpy scalars: np.int64(0) == 0) decides itself
+                if cls is not None and (_static_lookup(cls, "__eq__") is not object.__eq__
+                                        or _static_lookup(cls, "__ne__") is not object.__ne__):
+                    raise Unsupported(f"operator {op.__name__} on {cls.__qualname__} objects (their own __eq__)")
             same = self.is_same(a, b)
             if same or not (isinstance(a, ConstantVariable) and isinstance(b, ConstantVariable)):
                 return ConstantVariable(same if op is operator.eq else not same)
         raise Unsupported(f"operator {op.__name__} on {a} and {b}")
+
+    @staticmethod
+    def _object_class(v) -> Optional[type]:
+        """The class of a traced user object (None for other trackers)."""
+        if isinstance(v, NewObjectVariable):
+            return v.cls
+        if isinstance(v, (UserDefinedObjectVariable, NNModuleVariable)):
+            return type(v.value)
+        return None
 
     _DUNDER = {operator.add: ("__add__", "__radd__"), operator.sub: ("__sub__", "__rsub__"),
                operator.mul: ("__mul__", "__rmul__"), operator.truediv: ("__truediv__", "__rtruediv__"),
@@ -526,6 +548,11 @@ class InstructionTranslatorBase:
                 res = self.call(UserMethodVariable(fn, obj), [other], {})
                 if not (isinstance(res, ConstantVariable) and res.value is NotImplemented):
                     return res
+            elif op is operator.ne and fn is object.__ne__ and isinstance(eq := _static_lookup(cls, "__eq__"),
+                                                                         types.FunctionType):
+                res = self.call(UserMethodVariable(eq, obj), [other], {})   # object.__ne__ negates __eq__
+                if not (isinstance(res, ConstantVariable) and res.value is NotImplemented):
+                    return ConstantVariable(not self.truthy(res))
         return None
 
     def unary_op(self, op, a: VariableTracker) -> VariableTracker:

@@ -436,6 +436,8 @@ def _miss_entry(fn, code, cfg, bound):
                       traceback=traceback.format_exc())
             if _config.config.verbose:
                 print(f"coil: running {_label(code)} eagerly: {reason}")
+            _warn_user(f"coil: could not capture {code.co_name} ({code.co_filename}:{code.co_firstlineno}); it runs "
+                       f"eagerly, uncompiled: {reason[:300]}")
             cache.eager_reason = reason
             entry = None
     if entry is not None:

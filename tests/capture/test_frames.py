@@ -278,3 +278,24 @@ def test_device_queries_are_compile_time_constants():
             g(x)
         with pytest.raises(type(got.value)):
             torch.cuda.get_device_capability()
+
+
+def test_a_frame_run_eagerly_is_warned():
+    """A frame capture gives up on runs eagerly on every call; that was seen only in ``stats["fallbacks"]`` and the
+    compile log (FINDINGS_50 #3: a graph break after indexing with a 0-d integer tensor, Autoformer's attention)."""
+    def f(x):
+        y = x.sin()
+        idx = torch.topk(y.mean(0), 2)[1]
+        s = torch.stack([y[:, idx[i]] for i in range(2)], -1)
+        return y.roll(int(idx[0]), 1) * s.sum()
+
+    x = torch.randn(4, 6)
+    coil.reset()
+    cf = coil.compile(f)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        torch.testing.assert_close(cf(x), f(x))
+        cf(x)
+    ours = [m for m in w if "runs eagerly, uncompiled" in str(m.message)]
+    assert len(ours) == 1 and "0-d integer tensor" in str(ours[0].message), [str(m.message) for m in w]
+    assert ours[0].filename == __file__     # attributed to the user's call

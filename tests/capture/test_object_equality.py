@@ -87,3 +87,4 @@ def test_script_module_called_from_compiled_function():
     x = torch.randn(3, 4)
     got, ref = _both(f, x)   # raised AttributeError: '_CachedForward' object has no attribute '__getattr__'
     torch.testing.assert_close(got, ref)
+

@@ -30,6 +30,7 @@ from coil.schedule.indexing import axis_steps
 
 SUM_BLOCK = 1024  # elements per blocked-sum partial (see _section)
 X_LANES_BLOCK = 32  # rows per block partial of an outer sum (see _reduction_x_lanes)
+_DECL = re.compile(r"^[A-Za-z_][\w:<>]* [A-Za-z_]\w* = [^;]*;$")  # one declared value, no store (see _outer_sum)
 LANES = 8
 PARALLEL_MIN = 32768  # elements of work before a kernel uses OpenMP threads
 
@@ -680,33 +681,33 @@ class CppKernel(OpsHandler):
     def _reduction(self, xs: Split, rs: Split) -> list[str]:
         if self.numel == 0:
             return []
-        if self._outer_sum() and isinstance(xs.extents[0], int) and xs.extents[0] % LANES == 0:
-            return self._reduction_x_lanes(xs, rs)  # (the lanes of a group: consecutive x in one run)
+        if (i := self._outer_sum(xs)) is not None:
+            return self._reduction_x_lanes(xs, rs, i)
         body = [l for item in self.items
                 for l in (self._section(item, rs) if isinstance(item, _Section) else [self._fix(item)])]
         return [self._omp(self.numel * self.bounds[RINDEX]) if not is_static(self.numel) or self.numel >= 2 else "",
                 f"for (int64_t xindex = 0; xindex < {_c(self.numel)}; ++xindex) {{",
                 *("  " + d for d in self._xdecls(xs)), *("  " + l for l in body), "}"]
 
-    def _outer_sum(self) -> bool:
-        """Whether this reduction is a floating sum over a non-contiguous dim whose loads are contiguous along x (a bias
-        gradient: ``g.sum(0)`` of a row-major ``g``), written as :meth:`_reduction_x_lanes`."""
+    def _outer_sum(self, xs: Split) -> Optional[int]:
+        """The position in ``items`` of the one section when this reduction is a floating sum over a non-contiguous dim
+        whose loads are contiguous along x (a bias gradient: ``g.sum(0)`` of a row-major ``g``), written as
+        :meth:`_reduction_x_lanes`, else None. The innermost x run is a multiple of ``LANES`` (a lane group reads
+        consecutive x), and the per-x code before the section only declares values (it is repeated per lane)."""
         secs = [i for i, item in enumerate(self.items) if isinstance(item, _Section)]
-        decl = re.compile(r"^[A-Za-z_][\w:<>]* [A-Za-z_]\w* = [^;]*;$")   # (a row's value, no store)
-        if len(secs) != 1 or not all(decl.match(l) for l in self.items[:secs[0]]):
-            return False
-        sec = self.items[secs[0]]
-        return (isinstance(self.numel, int) and self.x_contiguous_loads > self.r_contiguous_loads
-                and isinstance(self.numel, int) and self.x_contiguous_loads > self.r_contiguous_loads
-                and all(rt == "sum" and len(f) == 1 and f[0][1] in ("float", "double") for _, rt, f in sec.accs))
+        if (len(secs) != 1 or not isinstance(self.numel, int) or self.x_contiguous_loads <= self.r_contiguous_loads
+                or not isinstance(xs.extents[0], int) or xs.extents[0] % LANES
+                or not all(_DECL.match(l) for l in self.items[:secs[0]])):
+            return None
+        ok = all(rt == "sum" and len(f) == 1 and f[0][1] in ("float", "double") for _, rt, f in self.items[secs[0]].accs)
+        return secs[0] if ok else None
 
-    def _reduction_x_lanes(self, xs: Split, rs: Split) -> list[str]:
+    def _reduction_x_lanes(self, xs: Split, rs: Split, i: int) -> list[str]:
         """An outer sum with its lanes along x: each r step reads ``LANES`` consecutive x (one vector load per input),
         where one row at a time read a column with stride ``rnumel``-apart loads (a cache miss each: DeBERTa's CPU
         training step spent more time in its bias gradients than in their matmuls). Each lane sums its column in
         blocks of ``X_LANES_BLOCK`` rows and adds the block partials with Kahan's compensated summation, in order
         (deterministic for any thread count; as accurate as the lanes along r, which :meth:`_section` blocks)."""
-        i = next(i for i, item in enumerate(self.items) if isinstance(item, _Section))
         head, sec, tail = self.items[:i], self.items[i], self.items[i + 1:]
         ext = rs.extents
         row = [self._fix(l) for l in head + sec.pre]  # the row's values, read by the body and after it

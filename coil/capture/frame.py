@@ -620,9 +620,6 @@ def _build_entry(tx, output: OutputGraph, cfg: CaptureConfig, fn, code, argnames
             trace.log("graph_break", stage="capture", **rec)
             if _config.config.verbose:
                 print(f"coil: graph break in {_label(code)}: {info.reason}\n  " + "\n  ".join(info.stack))
-        if output.index_copies:
-            raise IndexCopyAliasing("graph break after indexing with a 0-d integer tensor (a "
-                                    "view in eager, a copy in the graph): the frame runs eagerly")
         if tx.exc_stack:
             # inside an except block of an exception raised and caught symbolically: the
             # handler's rest would see no real exception (sys.exc_info(), bare raise)
@@ -699,6 +696,11 @@ def _build_entry(tx, output: OutputGraph, cfg: CaptureConfig, fn, code, argnames
     graph_outs: list = []
     data_dependent: list = []
     collect_tensors(values, graph_outs, set(), data_dependent)
+    copies = {id(f) for f in output.index_copies}
+    if plan is not None and any(id(t.fake if t.fake._base is None else t.fake._base) in copies for t in graph_outs):
+        # a copy (a view in eager) outlives the graph: code after the break could write through it
+        raise IndexCopyAliasing("graph break with the result of indexing with a 0-d integer tensor "
+                                "live (a view in eager, a copy in the graph): the frame runs eagerly")
     for sym in data_dependent:  # a value of .item() or of a nonzero size leaves the graph as a 0-d tensor
         dtype = {int: torch.int64, float: torch.float64, bool: torch.bool}[sym.python_type()]
         sym.as_tensor = call_op(tx, "call_function", torch.ops.aten.scalar_tensor.default, [sym], {"dtype": dtype})

@@ -124,7 +124,7 @@ class OutputGraph:
         self.side_effects = SideEffects()
         self.sourced_cells: dict[int, SourcedCellVariable] = {}
         self.open_contexts: list = []
-        self.index_copies = 0       # x[i] with 0-d int tensors traced as copies (tensor.py)
+        self.index_copies: list = []  # fakes of x[i] with 0-d int tensors, traced as copies (tensor.py)
         self.subgraphs: dict = {}   # name -> GraphModule of a higher-order op (hops.py)
         self.initial_grad = torch.is_grad_enabled()
         self._last_placeholder = None

@@ -286,8 +286,8 @@ def test_a_frame_run_eagerly_is_warned():
     def f(x):
         y = x.sin()
         idx = torch.topk(y.mean(0), 2)[1]
-        s = torch.stack([y[:, idx[i]] for i in range(2)], -1)
-        return y.roll(int(idx[0]), 1) * s.sum()
+        v = y[:, idx[0]]            # a view in eager, a copy in the graph, live at the break
+        return y.roll(int(idx[0]), 1) * v.sum()
 
     x = torch.randn(4, 6)
     coil.reset()

@@ -54,3 +54,37 @@ def test_write_through_indexed_result_runs_eagerly():
     got = coil.compile(write_through_result, backend="eager")(x.clone(), i)
     torch.testing.assert_close(got, want)
     assert coil.capture.stats["fallbacks"] == 1
+
+
+def consumed_before_break(x):
+    y = x.sin()
+    idx = torch.topk(y.mean(0), 2)[1]
+    s = torch.stack([y[:, idx[i]] for i in range(2)], -1)   # the index copies die in the stack
+    return y.roll(int(idx[0]), 1) * s.sum()
+
+
+def live_view_across_break(x):
+    y = x.sin()
+    idx = torch.topk(y.mean(0), 2)[1]
+    v = y[:, idx[0]].unsqueeze(0)      # a view of the copy; in eager a view of y
+    n = int(idx[1])                    # graph break
+    y.add_(1)                          # eager's v sees this write
+    return v * n
+
+
+def test_break_after_consumed_index_copies_stays_compiled():
+    """FINDINGS_50 #3 (Autoformer's attention): the copies were consumed before the break, so the frame is
+    captured in graphs around it instead of running eagerly."""
+    x = torch.randn(4, 6)
+    coil.reset()
+    e = coil.explain(consumed_before_break, x)
+    assert e.graph_count == 2, e.break_reasons
+    torch.testing.assert_close(coil.compile(consumed_before_break)(x), consumed_before_break(x))
+    assert coil.capture.stats["fallbacks"] == 0
+
+
+def test_break_with_live_view_of_index_copy_runs_eagerly():
+    x = torch.randn(4, 6)
+    coil.reset()
+    torch.testing.assert_close(coil.compile(live_view_across_break, backend="eager")(x), live_view_across_break(x))
+    assert coil.capture.stats["fallbacks"] == 1

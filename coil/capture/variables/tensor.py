@@ -429,10 +429,10 @@ def _index_list(view: "TensorVariable", picks) -> ListVariable:
 def _index_with_scalar_tensors(tx, t: "TensorVariable", basic, picks) -> VariableTracker:
     """``x[i]`` with a 0-d integer tensor ``i``: the basic view, then ``aten.index`` with the tensors (no ``.item()``,
     no graph break). Eager returns a view here, the graph a copy: the output graph remembers it, and an in-place op
-    later in the frame (or a graph break with it live) makes the frame run eagerly (:class:`IndexCopyAliasing`)."""
+    later in the frame (or a graph break with it, or a view of it, live) makes the frame run eagerly (:class:`IndexCopyAliasing`)."""
     view = call_op(tx, "call_function", operator.getitem, [t, basic], {})
     out = call_op(tx, "call_function", torch.ops.aten.index.Tensor, [view, _index_list(view, picks)], {})
-    tx.output.index_copies += 1
+    tx.output.index_copies.append(out.fake)
     return out
 
 

@@ -54,8 +54,10 @@ class SideEffects:
         self.attrs: dict[tuple[int, str], VariableTracker] = {}
         self.globals: dict[tuple[int, str], VariableTracker] = {}
         self.cells: dict[int, VariableTracker] = {}
+        self.count = 0          # mutations so far (a traced call that must mutate nothing compares it)
 
     def _record(self, key: tuple, item: tuple) -> None:
+        self.count += 1
         if key not in self._seen:
             self._seen.add(key)
             self.order.append(item)

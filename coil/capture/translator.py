@@ -36,9 +36,9 @@ from coil.capture.variables.containers import (BaseListVariable, DictVariable, G
 from coil.capture.variables.functions import (BaseFunctionVariable, TypeErrorInCall,
                                               UserFunctionVariable, UserMethodVariable)
 from coil.capture.variables.objects import (AttributeMissing, guard_mro_lookup, DataClassDictVariable,
-                                            InFrameModuleVariable, NewObjectVariable, NNModuleVariable,
+                                            InFrameModuleVariable, ModuleInitProbe, NewObjectVariable, NNModuleVariable,
                                             ObjectVariableBase, UserDefinedClassVariable, UserDefinedObjectVariable,
-                                            is_model_output_class, _static_lookup, _SENTINEL, _DICT_READS, _dict_lookup)
+                                            is_model_output_class, _static_lookup, _SENTINEL, _DICT_READS, _dict_lookup, _torch_nn)
 from coil.capture.variables.tensor import TensorVariable, UserCodeError, call_op
 from coil.capture.variables.symbolic import SymNodeVariable
 from coil.capture.variables.symbolic import binary as sym_binary, unary as sym_unary
@@ -704,7 +704,7 @@ class InstructionTranslatorBase:
             return NamedTupleVariable([values[f] if f in values else wrap_constant_result(self, defaults[f])
                                        for f in cls._fields], cls)
         if isinstance(cls, type) and issubclass(cls, torch.nn.Module):
-            return InFrameModuleVariable.create(cls, args, kwargs)
+            return InFrameModuleVariable.create(self, cls, args, kwargs)
         if isinstance(cls, type) and issubclass(cls, torch.Tensor):
             raise Unsupported(f"constructing {cls.__name__} inside the frame")
         if cls is torch.Size and len(args) == 1 and not kwargs and not args[0].is_python_constant():
@@ -776,7 +776,8 @@ class SuperVariable(VariableTracker):
         for klass in mro[idx:]:
             if name in klass.__dict__:
                 attr = klass.__dict__[name]
-                if attr is object.__init__:
+                if attr is object.__init__ or (name == "__init__" and isinstance(self.obj, ModuleInitProbe)
+                                               and _torch_nn(klass)):
                     return _NoOp()
                 if attr is torch.nn.Module.__getattr__:
                     return _ModuleGetattr(self.obj)

@@ -41,14 +41,40 @@ class SiLUActivation(torch.nn.Module):       # a user class with torch.nn's cons
 class Stateful(torch.nn.Module):
     def __init__(self):
         super().__init__()
-        self.calls = []                         # a user constructor: not built in the frame
+        self.calls = []                         # a pure user constructor: built in the frame
 
     def forward(self, x):
-        return x
+        self.calls.append(1)
+        return x * len(self.calls)
+
+
+BUILT = [0]
+
+
+class GELUActivation(torch.nn.Module):        # transformers' own __init__ (DeBERTa's ContextPooler)
+    def __init__(self, use_gelu_python: bool = False):
+        super().__init__()
+        self.act = self._gelu_python if use_gelu_python else torch.nn.functional.gelu
+
+    def _gelu_python(self, x):
+        return x * 0.5 * (1.0 + torch.erf(x / 1.4142135623730951))
+
+    def forward(self, x):
+        return self.act(x)
+
+
+class Counting(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        BUILT[0] += 1                           # a side effect outside the object: a break
+
+    def forward(self, x):
+        return x * BUILT[0]
 
 
 ACT = Instantier({"silu": SiLUActivation, "gelu": (torch.nn.GELU, {"approximate": "tanh"}),
-                  "stateful": Stateful})
+                  "stateful": Stateful, "gelu_py": (GELUActivation, {"use_gelu_python": True}),
+                  "counting": Counting})
 TABLE = Doubling(a=3)
 
 
@@ -82,12 +108,31 @@ def test_super_getitem_of_dict_subclass_and_user_module_in_frame():
         ACT["silu"] = SiLUActivation
 
 
-def test_user_constructor_is_still_a_break():
+def test_pure_user_constructor_is_built_in_the_frame():
+    """FINDINGS_50 #4: ``ACT2FN["gelu"]`` builds transformers' ``GELUActivation`` (its own ``__init__``) in
+    DeBERTa's pooler; its ``__init__`` is traced, found pure, and the module built at trace time."""
     def f(x):
-        return ACT["stateful"](x) + 1
+        return ACT["stateful"](x) + ACT["stateful"](x) + ACT["gelu_py"](x)
 
-    _, stats = _run(f, torch.randn(3))
-    assert stats["graph_breaks"] == 1
+    compiled, stats = _run(f, torch.randn(3))
+    assert stats["graph_breaks"] == 0 and stats["graphs"] == 1
+    x = torch.randn(3)
+    torch.testing.assert_close(compiled(x), f(x))
+
+
+def test_user_constructor_with_side_effects_is_a_break():
+    def f(x):
+        return ACT["counting"](x) + 1
+
+    BUILT[0] = 0
+    coil.reset()
+    compiled = coil.compile(f, backend="eager")
+    x = torch.randn(3)
+    got = [compiled(x) for _ in range(3)]
+    assert BUILT[0] == 3 and coil.capture.stats["graph_breaks"] == 1
+    BUILT[0] = 0
+    for g in got:
+        torch.testing.assert_close(g, f(x))
 
 
 class Holder:

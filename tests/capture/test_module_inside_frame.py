@@ -96,15 +96,22 @@ def test_module_with_parameters_still_breaks_and_keeps_the_rng():
     assert "parameters or buffers" in str(ex.break_reasons[0]["reason"])
 
 
-def test_user_subclass_with_torch_constructor_is_traced_and_own_constructor_breaks():
+def test_user_subclass_is_traced_and_a_constructor_with_effects_breaks():
     class MyLoss(nn.MSELoss):            # only forward: torch.nn's constructor
         def forward(self, a, b):
             return super().forward(a, b) * 3
 
-    class OwnInit(nn.MSELoss):           # a user constructor may have side effects
+    class OwnInit(nn.MSELoss):           # a pure user constructor: traced, then built
         def __init__(self):
             super().__init__()
             self.scale = 3
+
+    log = []
+
+    class Logging(OwnInit):               # a user constructor with a side effect
+        def __init__(self):
+            super().__init__()
+            log.append(1)
 
         def forward(self, a, b):
             return super().forward(a, b) * self.scale
@@ -117,8 +124,13 @@ def test_user_subclass_with_torch_constructor_is_traced_and_own_constructor_brea
 
     ex = _check(f, torch.randn(3, requires_grad=True), torch.randn(3))
     assert ex.graph_break_count == 0
+    def h(x, y):
+        return Logging()(x, y)
+
     ex = _check(g, torch.randn(3, requires_grad=True), torch.randn(3))
-    assert ex.graph_break_count == 1
+    assert ex.graph_break_count == 0
+    ex = _check(h, torch.randn(3, requires_grad=True), torch.randn(3))
+    assert ex.graph_break_count == 1 and "mutates state" in str(ex.break_reasons[0]["reason"])
 
 
 @pytest.mark.filterwarnings("ignore")

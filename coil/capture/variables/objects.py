@@ -409,10 +409,11 @@ class InFrameModuleVariable(NNModuleVariable):
     its forward is inlined and its attributes are constants. Nothing is guarded on it:
     the compiled code never sees it, and a rebuild (at a graph break, or when it escapes
     the frame) constructs a fresh one from the same arguments, as each eager call does.
-    Only classes whose constructors are all ``torch.nn.modules``' qualify (they have no
-    side effects): torch.nn's own, and subclasses that only add methods (transformers'
-    ``SiLUActivation``, built by ``ACT2FN[...]`` in Mamba's forward); one that gets
-    parameters or buffers, or a tensor argument, is a graph break.
+    torch.nn's own constructors have no side effects. A user subclass's own ``__init__``s
+    (transformers' ``GELUActivation``, built by ``ACT2FN["gelu"]`` in DeBERTa's pooler) are
+    first traced on a :class:`ModuleInitProbe`, torch.nn's part skipped: if that adds no
+    graph op and no mutation outside the new object, running them for real is pure too.
+    One that gets parameters or buffers, or a tensor argument, is a graph break.
     """
 
     def __init__(self, value, args: tuple, kwargs: dict):
@@ -420,15 +421,14 @@ class InFrameModuleVariable(NNModuleVariable):
         self.args, self.kwargs = args, kwargs
 
     @classmethod
-    def create(cls, mod_cls: type, args: list, kwargs: dict) -> "InFrameModuleVariable":
+    def create(cls, tx, mod_cls: type, args: list, kwargs: dict) -> "InFrameModuleVariable":
         from coil.capture.translator import const_value
 
         what = f"creating a {mod_cls.__name__} module inside the frame"
-        inits = [k for k in mod_cls.__mro__
-                 if k is not object and ("__init__" in k.__dict__ or "__new__" in k.__dict__)]
-        if not all((k.__module__ or "").startswith("torch.nn.modules.") for k in inits):
-            raise Unsupported(what, hint="only parameter-free modules whose constructor is torch.nn's "
-                                         "are traced; create the module in __init__")
+        own = [k for k in mod_cls.__mro__ if k is not object and not _torch_nn(k) and
+               ("__init__" in k.__dict__ or "__new__" in k.__dict__)]
+        if any("__new__" in k.__dict__ or not isinstance(k.__dict__["__init__"], types.FunctionType) for k in own):
+            raise Unsupported(what + " (a custom __new__ or C __init__)", hint="create the module in __init__")
         try:
             c = tuple(const_value(a) for a in args)
             kw = {k: const_value(v) for k, v in kwargs.items()}
@@ -438,6 +438,13 @@ class InFrameModuleVariable(NNModuleVariable):
         if _holds_tensor(c) or _holds_tensor(kw):
             raise Unsupported(what + " (a tensor argument)", hint="create the module in "
                               "__init__, or call the torch.nn.functional form")
+        if own:   # before anything runs for real
+            out = tx.output
+            before = (len(out.graph.nodes), out.side_effects.count)
+            tx.call(UserMethodVariable(own[0].__dict__["__init__"], ModuleInitProbe(mod_cls)), args, kwargs)
+            if (len(out.graph.nodes), out.side_effects.count) != before:
+                raise Unsupported(what + " (its __init__ runs tensor ops or mutates state outside it)",
+                                  hint="create the module in __init__")
         try:
             # first on the meta device: a module with parameters costs no memory and
             # draws nothing from the RNG before it is refused
@@ -456,6 +463,10 @@ class InFrameModuleVariable(NNModuleVariable):
         args = ", ".join([cg.const_expr(a) for a in self.args] +
                          [f"{k}={cg.const_expr(v)}" for k, v in self.kwargs.items()])
         return cg.bind(self, f"{cg.const_expr(type(self.value))}({args})")
+
+
+def _torch_nn(k: type) -> bool:
+    return k is torch.nn.Module or (k.__module__ or "").startswith("torch.nn.modules.")
 
 
 def _has_state(m: torch.nn.Module) -> bool:
@@ -664,6 +675,11 @@ class NewObjectVariable(VariableTracker):
     def reconstruct(self, cg):
         attrs = "{" + ", ".join(f"{k!r}: {cg.reconstruct(v)}" for k, v in self.attrs.items()) + "}"
         return cg.bind(self, f"___new_object({cg.const_expr(self.cls)}, {attrs})")
+
+
+class ModuleInitProbe(NewObjectVariable):
+    """The ``self`` of a user ``nn.Module`` subclass's ``__init__`` traced to prove it pure
+    (:meth:`InFrameModuleVariable.create`); ``super().__init__`` into torch.nn is skipped."""
 
 
 def is_model_output_class(cls) -> bool:

@@ -594,6 +594,7 @@ def test_gpu_looped_candidates_are_sane():
                         assert 1 <= nw <= 32 and nw & (nw - 1) == 0, c
                         assert xb & (xb - 1) == 0 and rb & (rb - 1) == 0, c
                         assert rb <= _pow2(rnumel) and xb <= _pow2(numel), c
+                        assert rb <= 4096, c     # (1, 8192, 16): an illegal memory access in Triton 3.6 (H200)
                         if persistent:
                             assert rb >= rnumel, c
                         else:

@@ -110,3 +110,17 @@ def test_explicit_dunder_next_is_next():
     torch.testing.assert_close(coil.compile(f, fullgraph=True)(x), f(x))
     with pytest.raises(StopIteration):
         coil.compile(lambda x: (x, iter([]).__next__()))(x)
+
+
+def test_accumulate_islice_zip_longest_are_traced():
+    """``itertools.accumulate`` was a graph break ("constructing accumulate (custom __new__)") and the loop over it a
+    second one; ``islice`` and ``zip_longest`` likewise."""
+    def f(x):
+        acc = list(itertools.accumulate([x, x * 2, x * 3]))
+        m = list(itertools.accumulate([x, x + 1, x - 2], torch.maximum, initial=x * 0))
+        s = list(itertools.islice(iter([x, x + 1, x + 2, x + 3]), 1, None, 2))
+        z = [a * (1 if b is None else b) for a, b in itertools.zip_longest([x, x], [2.0], fillvalue=None)]
+        return torch.stack(acc + m + s + z)
+    coil.reset()
+    x = torch.randn(3)
+    torch.testing.assert_close(coil.compile(f, fullgraph=True)(x), f(x))

@@ -404,6 +404,34 @@ def _repeat(tx, args, kwargs):
     return ListIteratorVariable([bound["object"]] * max(int(bound["times"].as_python_constant()), 0))
 
 
+@builtin(itertools.accumulate)
+def _accumulate(tx, args, kwargs):
+    """``itertools.accumulate(iterable, func=operator.add, *, initial=None)`` over known items, each step traced."""
+    b = dict(zip(("iterable", "func"), args), **kwargs)
+    none = lambda v: v is None or v.is_python_constant() and v.as_python_constant() is None  # noqa: E731
+    func = tx.wrap(operator.add, None) if none(b.get("func")) else b["func"]
+    acc = None if none(b.get("initial")) else b["initial"]
+    out = [] if acc is None else [acc]
+    for v in tx.unpack(b["iterable"]):
+        acc = v if acc is None else tx.call(func, [acc, v], {})
+        out.append(acc)
+    return ListIteratorVariable(out)
+
+
+@builtin(itertools.islice)
+def _islice(tx, args, kwargs):
+    """``itertools.islice(iterable, [start,] stop[, step])`` with constant bounds over known items."""
+    return ListIteratorVariable(tx.unpack(args[0])[slice(*[a.as_python_constant() for a in args[1:]])])
+
+
+@builtin(itertools.zip_longest)
+def _zip_longest(tx, args, kwargs):
+    fill = kwargs.get("fillvalue", ConstantVariable(None))
+    seqs = [tx.unpack(a) for a in args]
+    return ListIteratorVariable([TupleVariable([s[i] if i < len(s) else fill for s in seqs])
+                                 for i in range(max(map(len, seqs), default=0))])
+
+
 def _indexed_itertool(fn, single: bool):
     """``fn`` (``itertools.product``, ``combinations``...) over iterables with known items: CPython's own function run on
     their indices, each index then mapped back to its item's tracker (a tuple position of ``product(a, b, repeat=2)``

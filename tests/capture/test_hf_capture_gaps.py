@@ -237,3 +237,16 @@ def test_scripted_and_traced_functions_are_inlined():
         torch.testing.assert_close(compiled(x, pos, rel), f(x, pos, rel))
     finally:
         _scripted_scale = saved
+
+
+def test_jit_annotate_is_its_value():
+    """``torch.jit.annotate(torch.Tensor, v)`` (TorchScript-ready model code) was recorded as a graph call whose class
+    argument made the graph's code a SyntaxError: the whole frame ran eagerly."""
+    def f(x):
+        y: torch.Tensor = torch.jit.annotate(torch.Tensor, x * 2)
+        out = torch.jit.annotate(list[torch.Tensor], [])
+        out.append(y + 1)
+        return out[0]
+
+    _, stats = _run(f, torch.randn(3))
+    assert stats["graphs"] == 1 and stats["graph_breaks"] == 0 and stats["fallbacks"] == 0

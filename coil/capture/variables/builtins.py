@@ -21,6 +21,8 @@ import sys
 import types
 from typing import Callable
 
+import torch
+
 from coil.exc import Unsupported
 from coil.capture.source import TypeSource
 from coil.capture.translator import const_value
@@ -402,6 +404,13 @@ def _repeat(tx, args, kwargs):
     if len(args) > 2 or set(bound) - {"object", "times"} or "times" not in bound:
         raise Unsupported("itertools.repeat without a count")
     return ListIteratorVariable([bound["object"]] * max(int(bound["times"].as_python_constant()), 0))
+
+
+@builtin(torch.jit.annotate)
+def _annotate(tx, args, kwargs):
+    """``torch.jit.annotate(type, value)`` is ``value`` in Python (recorded as a graph call, its type argument made
+    the graph's code a SyntaxError and the whole frame ran eagerly)."""
+    return dict(zip(("the_type", "the_value"), args), **kwargs)["the_value"]
 
 
 @builtin(itertools.accumulate)

@@ -241,7 +241,8 @@ def test_scripted_and_traced_functions_are_inlined():
 
 def test_jit_annotate_is_its_value():
     """``torch.jit.annotate(torch.Tensor, v)`` (TorchScript-ready model code) was recorded as a graph call whose class
-    argument made the graph's code a SyntaxError: the whole frame ran eagerly."""
+    argument made the graph's code a SyntaxError: the whole frame ran eagerly; ``list[torch.Tensor]`` looked up
+    ``list.__getitem__`` instead of ``__class_getitem__`` (a TypeError eager never raises, and a graph break)."""
     def f(x):
         y: torch.Tensor = torch.jit.annotate(torch.Tensor, x * 2)
         out = torch.jit.annotate(list[torch.Tensor], [])

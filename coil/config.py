@@ -82,6 +82,9 @@ class Config:
     #: write of the whole output: 0.95 ms of XLM-R's 10 ms bf16 step on an H200). Values, shape and dtype are
     #: eager's; ``stride(-2)`` is the padded row length and ``is_contiguous()`` is False. False copies.
     keep_padded_matmul_outputs: bool = True
+    #: A kernel stores an output over an input buffer that no later step reads, when the two have one layout and
+    #: every load of the input is at the output's index (codegen/common.py, ``KernelPlan.inplace``): peak memory.
+    inplace_buffers: bool = True
     #: CUDA graphs with 2-D convolutions run them channels-last: convolution and pooling inputs, their outputs
     #: and the pointwise buffers computed from them are laid out (N, H, W, C) in memory, so cuDNN needs no
     #: NCHW<->NHWC transposes (docs/ir.md, "Channels-last convolutions", with the H200 A/B).

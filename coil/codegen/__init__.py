@@ -28,8 +28,9 @@ from coil.codegen.common import KernelPlan
 from coil.codegen.tiling import tile_pointwise
 from coil.config import config
 from coil.exc import CoilError, KernelCompileError, refuse_fallback
+from coil.ir.nodes import ComputedBuffer, ExternKernel, ScatterBuffer
 from coil.ir.symbols import shape_env_scope
-from coil.codegen.wrapper import WrapperCodegen
+from coil.codegen.wrapper import WrapperCodegen, _alias_roots
 from coil.ir.graph import GraphLowering
 from coil.schedule.scheduler import FusedGroup, Scheduler
 
@@ -191,6 +192,19 @@ def _unbacked_shape_env(gm):
     return None
 
 
+def _ownable_buffers(graph) -> set:
+    """Buffers a kernel may store an output over once no later step reads them: outputs of this graph's own kernels
+    and of extern ATen ops whose results alias no argument, that are not graph outputs, scatter targets, padded
+    matmul results or the base of an extern view (KernelPlan.inplace)."""
+    keep = {o.name for o in graph.outputs if o.name is not None}
+    keep |= {r for rs in _alias_roots(graph.buffers).values() for r in rs}
+    keep |= {b.target.get_name() for b in graph.buffers if isinstance(b, ScatterBuffer)}
+    return {b.get_name() for b in graph.buffers if b.get_name() not in keep and (
+        type(b) is ComputedBuffer or isinstance(b, ExternKernel) and isinstance(b.op, torch._ops.OpOverload)
+        and b.layout is not None and not getattr(b, "padded_matmul", False)
+        and not any(r.alias_info is not None for r in b.op._schema.returns))}
+
+
 def _compile(gm, example_inputs, device, env) -> "CompiledGraph":
     with trace.stage("codegen_graph"):
         graph = GraphLowering(gm, example_inputs, device).lower()
@@ -201,6 +215,7 @@ def _compile(gm, example_inputs, device, env) -> "CompiledGraph":
             for n in s.read_names():
                 readers.setdefault(n, set()).add(id(s))
         out_names = {o.name for o in graph.outputs if o.name is not None}
+        ownable = _ownable_buffers(graph) if config.inplace_buffers else set()
         kernels: dict[int, _Kernel] = {}
         ki = 0
         with trace.stage("kernels"):
@@ -208,6 +223,7 @@ def _compile(gm, example_inputs, device, env) -> "CompiledGraph":
                 if not isinstance(s, FusedGroup):
                     continue
                 live = {n for n in s.names if n in out_names or readers.get(n, set()) - {id(s)}}
+                dead = frozenset(n for n in s.read_names() if n in ownable and readers.get(n) == {id(s)})
                 # a CPU group in a GPU graph (``torch.rand([])`` for layerdrop) gets the CPU
                 # backend: Triton would run it in its interpreter, ~10 ms a launch
                 gdev = s.nodes[0].get_device()
@@ -215,9 +231,10 @@ def _compile(gm, example_inputs, device, env) -> "CompiledGraph":
                 if (tiled := _tiling(s, be)) is not None:
                     # a 2-D tiled pointwise kernel: planned like a persistent reduction kernel without reductions over
                     # (Y, X); the Triton backend gives it a 2-D grid instead of a loop (codegen/tiling.py)
-                    plan = KernelPlan(FusedGroup(s.nodes, tiled[0], tiled[1], s.order), graph, live, tiled=True)
+                    plan = KernelPlan(FusedGroup(s.nodes, tiled[0], tiled[1], s.order), graph, live, tiled=True,
+                                      dead_inputs=dead)
                 else:
-                    plan = KernelPlan(s, graph, live, be.persistent_rnumel)
+                    plan = KernelPlan(s, graph, live, be.persistent_rnumel, dead_inputs=dead)
                 kind = "til" if tiled is not None else "poi" if plan.rnumel == 1 else \
                     "per" if plan.persistent else "red"
                 name = f"{be.name}_{kind}_{ki}_{'_'.join(s.names[:3])}"

@@ -46,7 +46,7 @@ class KernelPlan:
     """One kernel's plan (see module docstring)."""
 
     def __init__(self, group, graph, live_after: set, persistent_limit: int = PERSISTENT_RNUMEL,
-                 tiled: bool = False, persistent: bool = False):
+                 tiled: bool = False, persistent: bool = False, dead_inputs: frozenset = frozenset()):
         # ints; sympy expressions in the ShapeEnv's symbols when sizes are dynamic
         self.numel, self.rnumel = as_size(group.numel), as_size(group.rnumel)
         #: a 2-D tiled pointwise kernel over (numel, rnumel) (codegen/tiling.py): one
@@ -87,12 +87,47 @@ class KernelPlan:
             if n not in own))
         self.output_names = [pn.name for pn in self.nodes if pn.name in live_after or pn.name in cross_section]
         self.removed_names = [pn.name for pn in self.nodes if pn.name not in self.output_names]
+        #: {output: input}: an output stored over an input's memory (the caller's ``dead_inputs``: buffers of
+        #: this graph's own kernels or non-aliasing extern ops that no later step reads). Backends address both
+        #: through the input's pointer; the wrapper binds the output's name to the input's tensor
+        self.dead_inputs, self.inplace = dead_inputs, self._inplace_pairs(dead_inputs) if dead_inputs else {}
+
+    def _inplace_pairs(self, dead: frozenset) -> dict:
+        """Pairs whose element-by-element overwrite is safe: every load of the input, in this kernel, is at the
+        index the output is stored at (so each element is read by the program that writes it, before it writes
+        it), no node after the storing one loads the input, and both buffers have one layout."""
+        loads: dict = {}   # input -> (its load indices, position of the last node loading it)
+        for pos, pn in enumerate(self.nodes):
+            for n, e in kernel_deps(pn.buffer, self.numel, self.rnumel).loads:
+                if n in dead:
+                    loads[n] = (loads.get(n, (set(), 0))[0] | {e}, pos)
+        pairs: dict = {}
+        for pos, pn in enumerate(self.nodes):
+            stores = kernel_deps(pn.buffer, self.numel, self.rnumel).stores
+            if type(pn.buffer) is not ComputedBuffer or pn.name not in self.output_names or len(stores) != 1:
+                continue
+            a = pn.buffer.layout
+            for n, (idx, last) in loads.items():
+                b = self.buffer(n).layout
+                if n not in pairs.values() and last <= pos and idx == {stores[0][1]} and (
+                        a.dtype, a.device, a.offset) == (b.dtype, b.device, b.offset) and \
+                        list(map(as_size, a.size)) == list(map(as_size, b.size)) and \
+                        list(map(as_size, a.stride)) == list(map(as_size, b.stride)):
+                    pairs[pn.name] = n
+                    break
+        return pairs
+
+    @property
+    def arg_output_names(self) -> list:
+        """The outputs that are kernel arguments (those stored over an input are not)."""
+        return [n for n in self.output_names if n not in self.inplace]
 
     def replan(self, persistent_limit: int) -> None:
         """Plan the same group again, in place, with another persistent-reduction limit (a backend that finds,
         while generating, that a persistent tile would be too large). In place because the wrapper reads this
         object's output/input names (a looped plan may store extra cross-loop buffers)."""
-        self.__init__(self.group, self.graph, self.live_after, persistent_limit, self.tiled)
+        self.__init__(self.group, self.graph, self.live_after, persistent_limit, self.tiled,
+                      dead_inputs=self.dead_inputs)
 
     @property
     def symbolic(self) -> bool:
@@ -125,4 +160,5 @@ class KernelPlan:
     def describe(self) -> str:
         kind = "pointwise" if self.rnumel == 1 else ("persistent reduction" if self.persistent else "looped reduction")
         return (f"{kind} numel={self.numel} rnumel={self.rnumel} nodes="
-                f"{[p.name for p in self.nodes]} stores={self.output_names} removed={self.removed_names}")
+                f"{[p.name for p in self.nodes]} stores={self.output_names} removed={self.removed_names}"
+                + (f" over_inputs={self.inplace}" if self.inplace else ""))

@@ -315,6 +315,9 @@ class WrapperCodegen:
             future_keys[i] = set(acc)
             acc.update(key(b) for b in allocs[i])
         pool: dict[tuple, list[str]] = {}
+        # outputs stored over a dead input (KernelPlan.inplace): the input's storage is the output's from then on
+        inplace = {o: n for k in self.kernels.values() for o, n in getattr(k.plan, "inplace", {}).items()}
+        handed = set(inplace.values())
         scatter_targets = {b.target.get_name() for b in g.buffers if isinstance(b, ScatterBuffer)}
         ours: set[str] = set()
         bound_late: set = set()  # unbacked sizes bound from extern outputs (_bind_unbacked)
@@ -336,7 +339,9 @@ class WrapperCodegen:
                     L.append(f"    {b.name} = {b.target.get_name()}  # scatter into its target")
                     ours.add(b.name)
                     continue
-                if pool.get(k):
+                if b.name in inplace:
+                    L.append(f"    {b.name} = {inplace[b.name]}  # in place")
+                elif pool.get(k):
                     old = pool[k].pop()
                     L.append(f"    {b.name} = {old}  # reuse")
                 else:
@@ -394,7 +399,8 @@ class WrapperCodegen:
             for n in dict.fromkeys(reads[i]):
                 if last_use.get(n) == i and n in ours and n not in out_names:
                     b = g.name_to_buffer.get(n)
-                    if isinstance(b, ComputedBuffer) and key(b) in future_keys[i] and n not in scatter_targets:
+                    if isinstance(b, ComputedBuffer) and key(b) in future_keys[i] and n not in scatter_targets \
+                            and n not in handed:
                         pool.setdefault(key(b), []).append(n)
                     else:
                         L.append(f"    del {n}")

@@ -3,6 +3,8 @@ CPU device is allowed here to exercise the path). cuDNN transposed ResNet-50's N
 activations to NHWC and back around every convolution (0.58 ms of a 2.47 ms bf16 step on
 an H200, BENCHMARKS.md); with the option on, convolution and pooling inputs, their
 outputs and the pointwise buffers made from them are (N, H, W, C) in memory."""
+import re
+
 import pytest
 import torch
 
@@ -126,7 +128,8 @@ def test_channels_last_layouts_in_the_wrapper(monkeypatch):
     assert "(16384, 1, 512, 16)" in c.source, c.source  # conv1 output, NHWC
     pw = [k for k in c.kernels if "triton_poi" in k.name and "in_ptr5" in k.source]
     assert pw, c.source
-    assert "tl.store(out_ptr0 + (xindex)" in pw[0].source, pw[0].source
+    # (stored over its dead input, the convolution's output: config.inplace_buffers)
+    assert re.search(r"tl\.store\((out|in)_ptr\d+ \+ \(xindex\)", pw[0].source), pw[0].source
 
 
 def _train_both(backend, monkeypatch, **options):

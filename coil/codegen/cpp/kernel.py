@@ -204,6 +204,7 @@ class CppKernel(OpsHandler):
         raise NotImplementedError(f"C++ backend: unexpected value {v!r}")
 
     def _arg(self, name: str, write: bool) -> str:
+        name = getattr(self.plan, "inplace", {}).get(name, name)   # stored over an input: its pointer
         lst = self.written if write else self.read
         if name not in lst:
             lst.append(name)

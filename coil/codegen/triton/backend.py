@@ -96,7 +96,8 @@ def kernel_source(plan, name: str, gpu: Optional[bool] = None) -> tuple[str, lis
     if k.looped and not is_static(plan.rnumel) and not k.outer_reduction:
         # a symbolic row length: a persistent twin too, under ``if PERSISTENT:``, which the launcher
         # sets for size buckets of short rows (softmax over 1000 of 65536 rows: 1.8x faster on an H200)
-        twin = KernelPlan(plan.group, plan.graph, plan.live_after, tiled=plan.tiled, persistent=True)
+        twin = KernelPlan(plan.group, plan.graph, plan.live_after, tiled=plan.tiled, persistent=True,
+                          dead_inputs=plan.dead_inputs)
         k.twin = _run_kernel(twin, name, exact, k.args)
     return _module_source(plan, name, k, exact)
 
@@ -112,7 +113,7 @@ def _run_kernel(plan, name: str, exact: tuple[bool, bool], args: Optional[dict] 
 
 
 def _module_source(plan, name: str, k: TritonKernel, exact) -> tuple[str, list[str], TritonKernel]:
-    arg_names = list(plan.input_names) + list(plan.output_names)
+    arg_names = list(plan.input_names) + plan.arg_output_names
     params = [k.args[n] for n in arg_names]
     red = plan.rnumel != 1
     consts = ["XBLOCK: tl.constexpr"] + (["RBLOCK: tl.constexpr"] if red else []) + (

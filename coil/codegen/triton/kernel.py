@@ -132,7 +132,8 @@ class TritonKernel(OpsHandler):
         self.numel_names = {e: sympy.Symbol(n, integer=True) for e, n in (
             (plan.numel, "xnumel"), (plan.rnumel, "rnumel")) if isinstance(e, sympy.Symbol)}
         self.args: dict[str, str] = {n: f"in_ptr{i}" for i, n in enumerate(plan.input_names)}
-        self.args.update({n: f"out_ptr{i}" for i, n in enumerate(plan.output_names)})
+        self.args.update({n: f"out_ptr{i}" for i, n in enumerate(plan.arg_output_names)})
+        self.args.update({o: self.args[n] for o, n in plan.inplace.items()})   # stored over the input
         self.counter = itertools.count()
         # per section: pre / init / loop / post line lists
         self.sections = [dict(pre=[], init=[], loop=[], post=[]) for _ in range(plan.section_count)]

@@ -8,6 +8,7 @@ releases each input after its last reader. docs/codegen.md, "Wrapper".
 """
 from __future__ import annotations
 
+import bisect
 import math
 from typing import Optional, Any
 
@@ -309,15 +310,17 @@ class WrapperCodegen:
         def key(b: Buffer):
             l = b.layout
             return (tuple(map(as_size, l.size)), tuple(map(as_size, l.stride)), l.dtype, str(l.device))
-        future_keys = [set() for _ in self.steps]
-        acc: set = set()
-        for i in range(len(self.steps) - 1, -1, -1):
-            future_keys[i] = set(acc)
-            acc.update(key(b) for b in allocs[i])
-        pool: dict[tuple, list[str]] = {}
         # outputs stored over a dead input (KernelPlan.inplace): the input's storage is the output's from then on
         inplace = {o: n for k in self.kernels.values() for o, n in getattr(k.plan, "inplace", {}).items()}
         handed = set(inplace.values())
+        # the steps that allocate each layout from the pool: a freed buffer is kept for reuse only while the pool
+        # holds fewer of its layout than later steps will take (more would stay alive to the end, unused)
+        alloc_steps: dict = {}
+        for i, bs in enumerate(allocs):
+            for b in bs:
+                if b.get_name() not in inplace:
+                    alloc_steps.setdefault(key(b), []).append(i)
+        pool: dict[tuple, list[str]] = {}
         scatter_targets = {b.target.get_name() for b in g.buffers if isinstance(b, ScatterBuffer)}
         ours: set[str] = set()
         bound_late: set = set()  # unbacked sizes bound from extern outputs (_bind_unbacked)
@@ -399,9 +402,11 @@ class WrapperCodegen:
             for n in dict.fromkeys(reads[i]):
                 if last_use.get(n) == i and n in ours and n not in out_names:
                     b = g.name_to_buffer.get(n)
-                    if isinstance(b, ComputedBuffer) and key(b) in future_keys[i] and n not in scatter_targets \
+                    lk = key(b) if isinstance(b, ComputedBuffer) else None
+                    later = len(alloc_steps.get(lk, ())) - bisect.bisect_right(alloc_steps.get(lk, ()), i)
+                    if lk is not None and len(pool.get(lk, ())) < later and n not in scatter_targets \
                             and n not in handed:
-                        pool.setdefault(key(b), []).append(n)
+                        pool.setdefault(lk, []).append(n)
                     else:
                         L.append(f"    del {n}")
                 elif last_use.get(n) == i and n in inputs:

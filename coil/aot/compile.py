@@ -478,10 +478,13 @@ def _check_offsets_per_call(runner: Callable, gm: torch.fx.GraphModule, fake_arg
     views; any ``mutated`` one, whose new value it may read so: ``x[2:4].copy_(c)`` then ``as_strided`` at offset 1
     reads an old element, ``x[0:3]`` only new ones) starts at another storage offset than the compiled one:
     ``as_strided``'s offset is absolute in the storage, so the graph means something else for such a call, which runs
-    ``fn`` eagerly (``aot_storage_offset_eager``). Capture does not guard storage offsets."""
+    ``fn`` eagerly (``aot_storage_offset_eager``). Capture does not guard storage offsets. So does a call whose input
+    has fewer storage bytes than such a read reaches (eager's "out of bounds for storage" error; fake tensors do not
+    check it, and the kernel read past the storage: s403 #29)."""
     places = [n for n in gm.graph.nodes if n.op == "placeholder"]
     strided = [n for n in gm.graph.nodes if n.op == "call_function" and n.target is torch.ops.aten.as_strided.default]
     found: dict = {k: fake_args[k].storage_offset() for k in mutated} if strided else {}
+    need: dict = {}  # input -> storage bytes its as_strided reads reach
     for n in strided:
         src = n.args[0]
         while src.op == "call_function" and getattr(src.target, "is_view", False):
@@ -490,10 +493,18 @@ def _check_offsets_per_call(runner: Callable, gm: torch.fx.GraphModule, fake_arg
             k = places.index(src)
             if k < len(fake_args) and isinstance(fake_args[k], torch.Tensor):
                 found[k] = fake_args[k].storage_offset()
-    if not found or not all(isinstance(v, int) for v in found.values()):
+                size, stride, off = n.args[1], n.args[2], (n.args[3:] or [None])[0]
+                off = n.args[0].meta["val"].storage_offset() if off is None else off
+                if all(type(v) is int for v in (*size, *stride, off)) and 0 not in size:
+                    last = off + sum((a - 1) * b for a, b in zip(size, stride)) + 1
+                    need[k] = max(need.get(k, 0), last * n.meta["val"].element_size())
+    if not all(isinstance(v, int) for v in found.values()):
+        found = {}
+    if not found and not need:
         return runner
     checks = sorted(found.items())
-    trace.log("aot_storage_offset_checks", stage="aot", inputs=checks)
+    trace.log("aot_storage_offset_checks", stage="aot", inputs=checks, storage_bytes=sorted(need.items()))
+    eager = fn.forward if isinstance(fn, torch.fx.GraphModule) else fn  # (FX's call wrapper prints a traceback)
 
     @functools.wraps(runner)
     def run(*args):
@@ -501,7 +512,11 @@ def _check_offsets_per_call(runner: Callable, gm: torch.fx.GraphModule, fake_arg
             if args[k].storage_offset() != off:
                 trace.log("aot_storage_offset_eager", stage="aot", input=k,
                           offset=args[k].storage_offset(), compiled=off)
-                return fn(*args)
+                return eager(*args)
+        for k, nbytes in need.items():
+            if args[k].untyped_storage().nbytes() < nbytes:
+                trace.log("aot_storage_offset_eager", stage="aot", input=k, storage_bytes=nbytes)
+                return eager(*args)
         return runner(*args)
     return run
 

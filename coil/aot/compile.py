@@ -385,7 +385,10 @@ def _compile(fn, example_inputs, fw_compiler, bw_compiler, partition_fn, decompo
         return _eager(user_fn, "it changes the shape or strides of an input that requires grad in place")
     trace.log("aot_analysis", stage="aot", runs=1 if found else 2, mutated_inputs=info.mutated_inputs,
               outputs=[(o.kind, o.index) for o in info.outputs], fw_out_requires_grad=info.fw_out_requires_grad)
-    _refuse_mutated_aliased_inputs(example_inputs, info.mutated_inputs)
+    try:  # several dtypes or symbolic layouts on one storage (no synthetic base); a graph break makes them of one
+        _refuse_mutated_aliased_inputs(example_inputs, info.mutated_inputs)  # input (a.view(torch.int32): s251 #414)
+    except CoilError as e:
+        return _eager(user_fn, str(e).split(";")[0].removeprefix("coil.aot: "))
     needs_grad = any(x.requires_grad for x in info.inputs) and any(info.fw_out_requires_grad)
     training = grad and needs_grad
     # Under the caller's no_grad, an output that requires grad in the fake run comes from the program's own

@@ -385,7 +385,10 @@ def _compile(fn, example_inputs, fw_compiler, bw_compiler, partition_fn, decompo
         return _eager(user_fn, "it changes the shape or strides of an input that requires grad in place")
     trace.log("aot_analysis", stage="aot", runs=1 if found else 2, mutated_inputs=info.mutated_inputs,
               outputs=[(o.kind, o.index) for o in info.outputs], fw_out_requires_grad=info.fw_out_requires_grad)
-    _refuse_mutated_aliased_inputs(example_inputs, info.mutated_inputs)
+    try:  # several dtypes or symbolic layouts on one storage (no synthetic base); a graph break makes them of one
+        _refuse_mutated_aliased_inputs(example_inputs, info.mutated_inputs)  # input (a.view(torch.int32): s251 #414)
+    except CoilError as e:
+        return _eager(user_fn, str(e).split(";")[0].removeprefix("coil.aot: "))
     needs_grad = any(x.requires_grad for x in info.inputs) and any(info.fw_out_requires_grad)
     training = grad and needs_grad
     # Under the caller's no_grad, an output that requires grad in the fake run comes from the program's own
@@ -478,10 +481,13 @@ def _check_offsets_per_call(runner: Callable, gm: torch.fx.GraphModule, fake_arg
     views; any ``mutated`` one, whose new value it may read so: ``x[2:4].copy_(c)`` then ``as_strided`` at offset 1
     reads an old element, ``x[0:3]`` only new ones) starts at another storage offset than the compiled one:
     ``as_strided``'s offset is absolute in the storage, so the graph means something else for such a call, which runs
-    ``fn`` eagerly (``aot_storage_offset_eager``). Capture does not guard storage offsets."""
+    ``fn`` eagerly (``aot_storage_offset_eager``). Capture does not guard storage offsets. So does a call whose input
+    has fewer storage bytes than such a read reaches (eager's "out of bounds for storage" error; fake tensors do not
+    check it, and the kernel read past the storage: s403 #29)."""
     places = [n for n in gm.graph.nodes if n.op == "placeholder"]
     strided = [n for n in gm.graph.nodes if n.op == "call_function" and n.target is torch.ops.aten.as_strided.default]
     found: dict = {k: fake_args[k].storage_offset() for k in mutated} if strided else {}
+    need: dict = {}  # input -> storage bytes its as_strided reads reach
     for n in strided:
         src = n.args[0]
         while src.op == "call_function" and getattr(src.target, "is_view", False):
@@ -490,10 +496,18 @@ def _check_offsets_per_call(runner: Callable, gm: torch.fx.GraphModule, fake_arg
             k = places.index(src)
             if k < len(fake_args) and isinstance(fake_args[k], torch.Tensor):
                 found[k] = fake_args[k].storage_offset()
-    if not found or not all(isinstance(v, int) for v in found.values()):
+                size, stride, off = n.args[1], n.args[2], (n.args[3:] or [None])[0]
+                off = n.args[0].meta["val"].storage_offset() if off is None else off
+                if all(type(v) is int for v in (*size, *stride, off)) and 0 not in size:
+                    last = off + sum((a - 1) * b for a, b in zip(size, stride)) + 1
+                    need[k] = max(need.get(k, 0), last * n.meta["val"].element_size())
+    if not all(isinstance(v, int) for v in found.values()):
+        found = {}
+    if not found and not need:
         return runner
     checks = sorted(found.items())
-    trace.log("aot_storage_offset_checks", stage="aot", inputs=checks)
+    trace.log("aot_storage_offset_checks", stage="aot", inputs=checks, storage_bytes=sorted(need.items()))
+    eager = fn.forward if isinstance(fn, torch.fx.GraphModule) else fn  # (FX's call wrapper prints a traceback)
 
     @functools.wraps(runner)
     def run(*args):
@@ -501,7 +515,11 @@ def _check_offsets_per_call(runner: Callable, gm: torch.fx.GraphModule, fake_arg
             if args[k].storage_offset() != off:
                 trace.log("aot_storage_offset_eager", stage="aot", input=k,
                           offset=args[k].storage_offset(), compiled=off)
-                return fn(*args)
+                return eager(*args)
+        for k, nbytes in need.items():
+            if args[k].untyped_storage().nbytes() < nbytes:
+                trace.log("aot_storage_offset_eager", stage="aot", input=k, storage_bytes=nbytes)
+                return eager(*args)
         return runner(*args)
     return run
 

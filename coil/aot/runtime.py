@@ -475,15 +475,19 @@ def training_runner(compiled_fw: Callable, compiled_bw: Callable, info: ProgramI
             return tuple(result.get(i) for i in range(n_in))
 
     CompiledFunction.__name__ = "CoilCompiledFunction"
+    # inputs that get no gradient enter autograd's node detached: eager's backward never reaches their history, and
+    # an edge to it would run its nodes (floor_divide's missing derivative raises: s1038 #195, a graph break's local)
+    no_grad = set(jinfo.grad_inputs) - set(grad_slots)
 
     def run(*args):
+        fargs = [a.detach() if i in no_grad else a for i, a in enumerate(args)] if no_grad else args
         if torch.is_grad_enabled():
-            vals = CompiledFunction.apply(*args)
+            vals = CompiledFunction.apply(*fargs)
         else:
             # compiled under no_grad for a program with its own enable_grad region (aot compile.py): autograd
             # must record this call; outputs computed with grad off are marked non-differentiable
             with torch.enable_grad():
-                vals = CompiledFunction.apply(*args)
+                vals = CompiledFunction.apply(*fargs)
         return epilogue(args, vals)
 
     run._coil_aot_path = "training"  # type: ignore[attr-defined]

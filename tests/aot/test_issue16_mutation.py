@@ -399,6 +399,22 @@ def test_as_strided_of_inputs_at_other_storage_offsets(capture, backend):
         torch.testing.assert_close(compiled(x), f(x))
 
 
+@pytest.mark.parametrize("capture,backend", CAPTURES)
+def test_as_strided_past_an_inputs_storage_raises(capture, backend):
+    # s403 #29: fake tensors do not check as_strided against the storage, and the kernel read
+    # past it (garbage, no error); a call whose input storage is too small now runs eagerly
+    def f(x):
+        return torch.as_strided(x, (2, 2), (1, 2), 3) * 2
+
+    compiled = _compiled(f, capture, backend)
+    x = torch.arange(10.0)[:6]  # 6 elements of a storage of 10: in bounds
+    torch.testing.assert_close(compiled(x), f(x))
+    for _ in range(2):  # the same sizes and strides, a storage of 6 (then a fresh compile)
+        with pytest.raises(RuntimeError, match="out of bounds for storage"):
+            compiled(torch.arange(6.0))
+        compiled = _compiled(f, capture, backend)
+
+
 # -------------------------------------------------------------- fuzzer findings (as_strided)
 
 def _fill_before_the_input(b):

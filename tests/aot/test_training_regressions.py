@@ -583,3 +583,18 @@ def test_a_graph_run_eagerly_is_warned_and_counted(tmp_path):
     assert torch.equal(out, f(x))
     events = [json.loads(ln).get("event") for p in tmp_path.glob("*.jsonl") for ln in open(p)]
     assert "eager_fallback" in events
+
+
+def test_an_input_without_gradient_is_not_differentiated():
+    """s1038 #195: a graph break's local ``v = b // 2`` is an input of the next graph, which never reads it: eager's
+    backward never reaches ``v``'s history, the compiled one gave autograd an edge to it and ran floor_divide's
+    missing derivative ("not implemented"). An input that gets no gradient enters the autograd node detached."""
+    def f(a, b):
+        v = b // 2
+        print(end="")  # a graph break: v is an input of the second graph
+        return a * 2, v
+
+    for fn in (f, coil.compile(f)):
+        a, b = torch.ones(2, requires_grad=True), torch.ones(1, requires_grad=True)
+        fn(a, b)[0].sum().backward()
+        assert a.grad.tolist() == [2.0, 2.0] and b.grad is None

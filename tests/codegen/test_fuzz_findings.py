@@ -1257,3 +1257,16 @@ def test_floor_division_by_a_symbolic_float_compiles_once():
     for b in (2.5, 3.5, 0.7):
         assert torch.equal(c(x, b), fn(x, b))
     assert stats["recompiles"] == 0
+
+
+@pytest.mark.parametrize("backend", ["cpp", "cpp_dynamic"])
+def test_write_through_a_dtype_view_after_a_graph_break(backend):
+    """fuzz s251 #414: ``v0 = a.view(torch.int32); v0[v0 > 0] = 2`` breaks the graph (a 0-d boolean mask), and the next
+    graph gets ``a`` and ``v0``, one storage in two dtypes, and writes one: no synthetic base can hold both, and the
+    compile was refused (CoilError) where eager runs. That graph now runs eagerly, as such calls of a compiled one do."""
+    def fn(a):
+        v0 = a.view(torch.int32)
+        v0[v0 > 0] = 2
+        v0.view(torch.float32).div_(2.0)
+        return ()
+    _ok(fn, lambda: [torch.tensor(-1.0)], backend)

@@ -1,0 +1,46 @@
+"""Regressions from new-user trial 51 (FINDINGS_51.md): models and programs the authors did not write."""
+import functools
+
+import pytest
+import torch
+
+import coil
+
+_SCALE = [1.0]
+
+
+def _scaled(fn):
+    @functools.wraps(fn)          # the wrapper claims to be torch.sin (__module__, __name__)
+    def wrapper(*args, **kwargs):
+        return fn(*args, **kwargs) * _SCALE[0]
+    return wrapper
+
+
+_my_sin = _scaled(torch.sin)
+
+
+def test_user_wrapper_of_a_torch_function_runs_its_python(coil_reset):
+    """A functools.wraps wrapper of a torch function was recorded as one opaque graph node: its Python ran only while
+    tracing (a global it read was frozen, a call counter stopped counting)."""
+    f = coil.compile(lambda x: _my_sin(x) + 1)
+    x = torch.ones(2)
+    try:
+        torch.testing.assert_close(f(x), torch.sin(x) + 1)
+        _SCALE[0] = 3.0
+        torch.testing.assert_close(f(x), torch.sin(x) * 3 + 1)
+    finally:
+        _SCALE[0] = 1.0
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager", "coil"])
+def test_func_transform_of_a_torch_function_in_the_graph(backend, coil_reset):
+    """``torch.func.jacrev(torch.tanh)`` is a graph node whose target carries torch.tanh's name: FX wrote it into the
+    graph's code as ``torch.tanh`` (backend eager: a (3,) result for eager's (3, 3); coil: an IndexError compiling)."""
+    x = torch.randn(3)
+    f = lambda x: torch.func.jacrev(torch.tanh)(x).diagonal() * 2  # noqa: E731
+    g = lambda x: torch.func.jacrev(torch.tanh)(x) + 1  # noqa: E731
+    torch.testing.assert_close(coil.compile(f, backend=backend)(x), f(x))
+    torch.testing.assert_close(coil.compile(g, backend=backend)(x), g(x))
+    a, b = torch.randn(2, 3), torch.randn(2, 3)
+    torch.testing.assert_close(coil.compile(lambda a, b: torch.func.vmap(torch.dot)(a, b), backend=backend)(a, b),
+                               torch.func.vmap(torch.dot)(a, b))

@@ -44,3 +44,35 @@ def test_func_transform_of_a_torch_function_in_the_graph(backend, coil_reset):
     a, b = torch.randn(2, 3), torch.randn(2, 3)
     torch.testing.assert_close(coil.compile(lambda a, b: torch.func.vmap(torch.dot)(a, b), backend=backend)(a, b),
                                torch.func.vmap(torch.dot)(a, b))
+
+
+def test_default_device_context_is_guarded(coil_reset):
+    """A graph traced under ``with torch.device("meta")`` kept making meta tensors outside it (no guard on the default
+    device)."""
+    f = lambda x: torch.zeros(3) + x.sum()  # noqa: E731
+    cf = coil.compile(f)
+    x = torch.ones(2, 3)
+    with torch.device("meta"):
+        assert cf(x).device.type == "meta"
+    assert cf(x).device.type == "cpu"
+    torch.testing.assert_close(cf(x), f(x))
+
+
+class _AddOneToSin(torch.overrides.TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        return out + 1 if func is torch.sin else out
+
+
+def test_call_under_a_torch_function_mode_runs_it(coil_reset):
+    """A TorchFunctionMode around a compiled call was ignored (the cached graph ran): now the call runs eagerly, warned."""
+    f = lambda x: torch.sin(x) * 2  # noqa: E731
+    cf = coil.compile(f)
+    x = torch.zeros(2)
+    cf(x)
+    with _AddOneToSin():
+        want = f(x)
+        with pytest.warns(UserWarning, match="TorchFunctionMode"):
+            got = cf(x)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(cf(x), f(x))

@@ -76,3 +76,18 @@ def test_call_under_a_torch_function_mode_runs_it(coil_reset):
             got = cf(x)
     torch.testing.assert_close(got, want)
     torch.testing.assert_close(cf(x), f(x))
+
+
+@pytest.mark.parametrize("fn", [lambda x: x + torch.tensor(3, dtype=int), lambda x: x.to(float) * 2,
+                                lambda x: x.sum(dtype=int), lambda x: torch.zeros(2, dtype=bool) | (x > 0),
+                                lambda x: x.new_zeros(2, dtype=complex) + x])
+def test_python_type_as_dtype_is_captured(fn, coil_reset):
+    """``dtype=int`` / ``x.to(float)``: FX wrote the class into the graph's code as ``<class 'int'>`` (a SyntaxError),
+    so the whole frame ran eagerly (jamba/bamba caches: ``torch.tensor(0, dtype=int)``)."""
+    import coil.capture as cc
+    cc.reset_stats()
+    x = torch.randn(2)
+    want, got = fn(x), coil.compile(fn)(x)
+    assert got.dtype == want.dtype
+    torch.testing.assert_close(got, want)
+    assert cc.stats["fallbacks"] == 0 and cc.stats["graphs"] == 1

@@ -91,3 +91,19 @@ def test_python_type_as_dtype_is_captured(fn, coil_reset):
     assert got.dtype == want.dtype
     torch.testing.assert_close(got, want)
     assert cc.stats["fallbacks"] == 0 and cc.stats["graphs"] == 1
+
+
+def test_dict_fromkeys_is_captured(coil_reset):
+    """``dict.fromkeys`` was a graph break ("call into C function dict.fromkeys"): five per forward of every hybrid
+    transformers model (Jamba, Bamba, Zamba2: the linear-attention cache layers)."""
+    def f(x, n):
+        a, b = dict.fromkeys(range(n)), dict.fromkeys(["p", "q"], False)
+        a[0] = x * 2
+        b["q"] = True
+        return a, b, x + sum(v is None for v in a.values())
+    ex = coil.explain(f, torch.ones(2), 3)
+    assert ex.graph_break_count == 0
+    want, got = f(torch.ones(2), 3), coil.compile(f)(torch.ones(2), 3)
+    assert got[1] == want[1] and list(got[0]) == list(want[0]) and got[0][1] is None
+    torch.testing.assert_close(got[0][0], want[0][0])
+    torch.testing.assert_close(got[2], want[2])

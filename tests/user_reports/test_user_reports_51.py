@@ -107,3 +107,28 @@ def test_dict_fromkeys_is_captured(coil_reset):
     assert got[1] == want[1] and list(got[0]) == list(want[0]) and got[0][1] is None
     torch.testing.assert_close(got[0][0], want[0][0])
     torch.testing.assert_close(got[2], want[2])
+
+
+def test_dynamic_index_signs_are_remembered_per_graph(coil_reset, monkeypatch):
+    """A kernel's printer asked for the sign of every FloorDiv/Mod numerator of every index afresh under a ShapeEnv
+    (bound_sympy each time): Bamba's training recompile with a symbolic length spent 150 of its 225 s there. This
+    chunked scan made 1146 bound_sympy calls; remembered for the graph, 17."""
+    import torch.nn.functional as F
+    import coil.ir.symbols as S
+    calls = [0]
+    orig = S.bound_sympy
+
+    def counting(*args, **kwargs):
+        calls[0] += 1
+        return orig(*args, **kwargs)
+    monkeypatch.setattr(S, "bound_sympy", counting)
+
+    def f(x, ch=8):
+        b, n, h = x.shape
+        x = F.pad(x, (0, 0, 0, (ch - n % ch) % ch)).reshape(b, -1, ch, h).permute(0, 3, 1, 2)
+        seg = x[..., None].expand(*x.shape, ch)
+        s = seg.masked_fill(~torch.tril(torch.ones(ch, ch, dtype=torch.bool), -1), 0).cumsum(-2).exp()
+        return (s * x[..., None, :]).sum(-1).permute(0, 2, 3, 1).reshape(b, -1, h)[:, :n]
+    x = torch.randn(2, 13, 4)
+    torch.testing.assert_close(coil.compile(f, dynamic=True)(x), f(x))
+    assert calls[0] < 200

@@ -260,18 +260,24 @@ _peek_functorch = torch._C._functorch.peek_interpreter_stack
 _functorch_warned: list = []
 
 
-def _under_functorch(fn, args, kwargs):
+def _under_functorch(fn, args, kwargs, what="a torch.func transform (vmap, grad, jvp)",
+                     todo="compile the transformed function instead, coil.compile(torch.vmap(f))"):
     """A compiled function called inside a torch.func transform (``vmap(compiled)``,
     ``grad(compiled)``): the transform's wrapped tensors cannot be captured, so the call
-    runs eagerly, with a warning (once) and a ``functorch_eager`` event in the compile log."""
-    if not _functorch_warned:
-        _functorch_warned.append(True)
-        trace.log("functorch_eager", stage="capture", frame=_label(fn.__code__),
-                  reason="called inside a torch.func transform (vmap, grad, jvp)")
-        warnings.warn(f"coil: {_label(fn.__code__)} was called inside a torch.func transform (vmap, grad, jvp); coil "
-                      "cannot capture transformed tensors, so such calls run eagerly. What to do: compile the "
-                      "transformed function instead, coil.compile(torch.vmap(f)).", stacklevel=3)
+    runs eagerly, with a warning (once) and a ``functorch_eager`` event in the compile log.
+    Also a call under a user's TorchFunctionMode (capture does not run its ``__torch_function__``)."""
+    if what not in _functorch_warned:
+        _functorch_warned.append(what)
+        trace.log("functorch_eager", stage="capture", frame=_label(fn.__code__), reason=f"called inside {what}")
+        warnings.warn(f"coil: {_label(fn.__code__)} was called inside {what}; coil cannot capture it, so such calls "
+                      f"run eagerly. What to do: {todo}.", stacklevel=3)
     return fn(*args, **kwargs)
+
+
+def _user_function_mode() -> bool:
+    """A TorchFunctionMode other than ``with torch.device(d)``'s is active."""
+    from torch.utils._device import DeviceContext
+    return any(not isinstance(m, DeviceContext) for m in torch.overrides._get_current_function_mode_stack())
 
 
 def _module_call_code(mod: torch.nn.Module) -> types.CodeType:
@@ -470,6 +476,8 @@ def _miss(fn, code, cfg, bound, args, kwargs):
     """A cache miss: compile (one thread at a time) and run this call."""
     if _peek_functorch() is not None:  # under vmap / grad / jvp: the guards refused its wrapped tensors
         return _under_functorch(fn, args, kwargs)
+    if torch._C._is_torch_function_mode_enabled() and _user_function_mode():
+        return _under_functorch(fn, args, kwargs, "a TorchFunctionMode", "leave the mode out of the compiled call")
     with _compile_lock, _gc_paused():
         entry = _miss_entry(fn, code, cfg, bound)
     if entry is None:

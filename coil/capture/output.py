@@ -140,6 +140,15 @@ class OutputGraph:
         default = torch.get_default_dtype()
         self.guards.ns["___default_dtype"] = torch.get_default_dtype
         self.guards.add(f"___default_dtype() is {self.guards.const(default)}", "___default_dtype()", default)
+        # torch function modes change what torch calls do: ``with torch.device(d)`` / set_default_device is traced
+        # into factories (guarded); under any other mode the frame runs eagerly (frame.py _miss)
+        modes = torch._C._is_torch_function_mode_enabled()
+        self.guards.ns["___fn_modes"] = torch._C._is_torch_function_mode_enabled
+        self.guards.add(f"___fn_modes() is {modes!r}", "___fn_modes()", modes)
+        if modes:
+            device = torch.get_default_device()
+            self.guards.ns["___default_device"] = torch.get_default_device
+            self.guards.add(f"___default_device() == {self.guards.const(device)}", "___default_device()", device)
         for dev in ("cpu", "cuda") if torch.cuda.is_available() else ("cpu",):
             state = torch.is_autocast_enabled(dev)
             self.guards.ns["___autocast_enabled"] = torch.is_autocast_enabled

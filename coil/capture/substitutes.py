@@ -15,6 +15,9 @@ so that choosing its kernel adds no guards on the sizes.
 from __future__ import annotations
 
 import math
+import sys
+import types
+import weakref
 from typing import Callable, Optional
 
 import torch
@@ -180,6 +183,28 @@ def _inline_checkpoint(gm: torch.fx.GraphModule, node: torch.fx.Node) -> None:
 def substitute(target):
     """The function to record for ``call_function`` target ``target``."""
     try:
-        return SUBSTITUTES.get(target, target)
+        new = SUBSTITUTES.get(target, target)
     except TypeError:  # unhashable target
         return target
+    return _by_object(new) if isinstance(new, types.FunctionType) and _misnamed(new) else new
+
+
+_CALLERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _misnamed(fn: types.FunctionType) -> bool:
+    """FX writes a torch function into the graph's code by its ``__module__`` and name, so a torch function that is not
+    there by that name was called as another: ``torch.func.jacrev(torch.tanh)`` (``functools.wraps``) as ``torch.tanh``,
+    a silent wrong result under backends that run the graph's code."""
+    module = fn.__module__ or ""
+    return module.startswith("torch") and getattr(sys.modules.get(module), fn.__name__, None) is not fn
+
+
+def _by_object(fn: types.FunctionType) -> Callable:
+    """A caller of ``fn`` that FX refers to as an object (a global of the graph's code), not by name."""
+    if fn not in _CALLERS:
+        def call(*args, **kwargs):
+            return fn(*args, **kwargs)
+        call.__name__ = call.__qualname__ = fn.__name__
+        _CALLERS[fn] = call
+    return _CALLERS[fn]

@@ -104,6 +104,7 @@ def _provably_nonneg(e: sympy.Expr) -> bool:
 
 class _ShapeEnvScope(threading.local):
     env = None
+    memo = None     # floor_safe / sign results under env: its ranges only narrow, so a sign found stays true
 
 
 _SCOPE = _ShapeEnvScope()
@@ -113,12 +114,12 @@ _SCOPE = _ShapeEnvScope()
 def shape_env_scope(env):
     """Make ``env`` (a ShapeEnv or None) the one :func:`hint` and :func:`guard_true`
     consult while one graph is compiled."""
-    prev = _SCOPE.env
-    _SCOPE.env = env
+    prev = _SCOPE.env, _SCOPE.memo
+    _SCOPE.env, _SCOPE.memo = env, {}
     try:
         yield
     finally:
-        _SCOPE.env = prev
+        _SCOPE.env, _SCOPE.memo = prev
 
 
 def current_shape_env():
@@ -538,13 +539,23 @@ def floor_safe(e: sympy.Expr) -> sympy.Expr:
     alone)."""
     if not e.has(FloorDiv, Mod):
         return e
-    return _floor_safe(e) if current_shape_env() is None else _floor_safe.__wrapped__(e)
+    return _floor_safe(e) if current_shape_env() is None else _scoped(_floor_safe.__wrapped__, e)
+
+
+def _scoped(fn, e):
+    """``fn(e)`` remembered for the current shape_env_scope (a kernel's printer asks for every subexpression of
+    every index, each of them ranged by bound_sympy: a mamba2 training graph spent 150 s there)."""
+    if (memo := _SCOPE.memo) is None:
+        return fn(e)
+    if (r := memo.get((fn, e))) is None:
+        r = memo[(fn, e)] = fn(e)
+    return r
 
 
 @functools.lru_cache(maxsize=65536)
 def _floor_safe(e: sympy.Expr) -> sympy.Expr:
     # (a kernel's expressions share their numerators: ``x // 16 % 1024`` in a dozen of them)
-    sign = _sign_cached if current_shape_env() is None else _sign
+    sign = _sign_cached if current_shape_env() is None else functools.partial(_scoped, _sign)
 
     def fix(t):
         a, b = t.args  # b: a size or stride (> 0 wherever a lane runs), or a step

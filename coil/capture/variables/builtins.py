@@ -86,6 +86,8 @@ class BuiltinVariable(KnownCallableVariable):
         if name == "__name__":
             return ConstantVariable(self.fn.__name__)
         if isinstance(self.fn, type):
+            if is_builtin(attr := getattr(self.fn, name, None)):    # dict.fromkeys
+                return BuiltinVariable(attr)
             return UserDefinedClassVariable(self.fn).var_getattr(tx, name)
         raise Unsupported(f"attribute {name} of builtin {self.fn}")
 
@@ -337,6 +339,14 @@ def _frozenset(tx, args, kwargs):   # a constant: a SetVariable came back as a s
 def _dict(tx, args, kwargs):
     d = DictVariable({})
     d.update_items(tx, args, kwargs)
+    return d
+
+
+@builtin(dict.fromkeys)
+def _dict_fromkeys(tx, args, kwargs):   # every key maps to the same value (transformers' linear-attention caches)
+    d, value = DictVariable({}), args[1] if len(args) > 1 else ConstantVariable(None)
+    for k in tx.unpack(args[0]):
+        d.items[d.key_of(k)] = value
     return d
 
 

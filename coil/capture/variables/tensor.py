@@ -73,7 +73,12 @@ def to_node_arg(v: VariableTracker):
         # a graph node cannot hold a Python function (torch.func.grad(f)(x) reaches
         # torch._functorch's grad_impl(f, ...)): the call runs outside the graph
         raise Unsupported(f"a torch function given the Python function {getattr(c, '__qualname__', c)}")
+    if isinstance(c, type) and c in _PY_DTYPES:   # x.to(float), torch.tensor(0, dtype=int): a class has no source in the graph's code
+        return _PY_DTYPES[c]
     return tuple(c) if isinstance(c, torch.Size) else c
+
+
+_PY_DTYPES = {int: torch.int64, float: torch.float64, bool: torch.bool, complex: torch.complex128}
 
 
 def to_fake(v: VariableTracker):

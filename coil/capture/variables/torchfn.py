@@ -64,6 +64,10 @@ _GUARDED = {inspect.unwrap(f) for f in (
     torch.get_num_threads, torch.get_num_interop_threads, torch.is_anomaly_enabled)}
 
 
+#: modules whose wrappers torch puts on its own functions (``@deprecated``, ``singledispatch``)
+_WRAPPER_HOMES = {"contextlib", "typing_extensions", "functools", "warnings"}
+
+
 def is_torch_function(value) -> bool:
     """Callables that should become graph nodes rather than be inlined."""
     if isinstance(value, type):
@@ -75,6 +79,9 @@ def is_torch_function(value) -> bool:
     code = getattr(value, "__code__", None)
     if code is _CM_HELPER or code is not None and code.co_flags & inspect.CO_GENERATOR:
         return False   # a @contextmanager or a generator: inlined, their objects made at each call
+    home = str(getattr(value, "__globals__", {}).get("__name__"))
+    if code is not None and not home.startswith("torch") and home not in _WRAPPER_HOMES:
+        return False   # user code under a torch function's name (functools.wraps): inlined, its Python runs
     mod = getattr(value, "__module__", None) or ""
     if mod.startswith(("torch.nn.modules", "torch.utils", "torch._dynamo", "torch.fx", "torch.autograd.function",
                        "torch.nn.utils", "torch.optim", "torch.distributed", "torch.compiler", "torch._tensor",

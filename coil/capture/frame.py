@@ -704,9 +704,10 @@ def _build_entry(tx, output: OutputGraph, cfg: CaptureConfig, fn, code, argnames
     graph_outs: list = []
     data_dependent: list = []
     collect_tensors(values, graph_outs, set(), data_dependent)
-    copies = {id(f) for f in output.index_copies}
-    if plan is not None and any(id(t.fake if t.fake._base is None else t.fake._base) in copies for t in graph_outs):
-        # a copy (a view in eager) outlives the graph: code after the break could write through it
+    copies = {f.untyped_storage()._cdata for f in output.index_copies}
+    if plan is not None and any(t.fake.untyped_storage()._cdata in copies for t in graph_outs):
+        # a copy (a view in eager), or a view / detach of it, outlives the graph: code after the break could write
+        # through it
         raise IndexCopyAliasing("graph break with the result of indexing with a 0-d integer tensor "
                                 "live (a view in eager, a copy in the graph): the frame runs eagerly")
     for sym in data_dependent:  # a value of .item() or of a nonzero size leaves the graph as a 0-d tensor

@@ -118,9 +118,41 @@ def test_accumulate_islice_zip_longest_are_traced():
     def f(x):
         acc = list(itertools.accumulate([x, x * 2, x * 3]))
         m = list(itertools.accumulate([x, x + 1, x - 2], torch.maximum, initial=x * 0))
-        s = list(itertools.islice(iter([x, x + 1, x + 2, x + 3]), 1, None, 2))
+        s = list(itertools.islice([x, x + 1, x + 2, x + 3], 1, None, 2))
         z = [a * (1 if b is None else b) for a, b in itertools.zip_longest([x, x], [2.0], fillvalue=None)]
         return torch.stack(acc + m + s + z)
     coil.reset()
     x = torch.randn(3)
     torch.testing.assert_close(coil.compile(f, fullgraph=True)(x), f(x))
+
+
+def test_lazy_itertools_over_iterators_keep_eagers_order():
+    """``islice``/``accumulate``/``zip_longest`` of an iterator read it lazily: reading all of it at once left nothing
+    for a later ``next``; a Python ``func`` of ``accumulate`` ran before the loop body; a negative bound raises."""
+    log = []
+
+    def add(a, b):
+        log.append("f")
+        return a + b
+
+    def f(x):
+        it = iter([x, x + 1, x + 2, x + 3])
+        head = list(itertools.islice(it, 2))
+        out = x * 0
+        for v in itertools.accumulate([x, x, x], add):
+            log.append("body")
+            out = out + v
+        return len(head), len(list(it)), out
+
+    x = torch.randn(3)
+    want = f(x)
+    want_log, log[:] = list(log), []
+    coil.reset()
+    got = coil.compile(f)(x)
+    assert got[:2] == want[:2] and log == want_log
+    torch.testing.assert_close(got[2], want[2])
+
+    def g(x):
+        return list(itertools.islice([x], -1))
+    with pytest.raises(ValueError):
+        coil.compile(g)(x)

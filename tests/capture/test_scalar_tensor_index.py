@@ -88,3 +88,20 @@ def test_break_with_live_view_of_index_copy_runs_eagerly():
     coil.reset()
     torch.testing.assert_close(coil.compile(live_view_across_break, backend="eager")(x), live_view_across_break(x))
     assert coil.capture.stats["fallbacks"] == 1
+
+
+def live_detached_view_across_break(x):
+    y = x.sin()
+    idx = torch.topk(y.mean(0), 2)[1]
+    v = y[:, idx[0]].detach()          # shares the copy's storage without a _base
+    n = int(idx[1])
+    y.add_(1)
+    return v * n
+
+
+def test_break_with_live_detached_index_copy_runs_eagerly():
+    x = torch.randn(4, 6)
+    coil.reset()
+    want = live_detached_view_across_break(x.clone())
+    torch.testing.assert_close(coil.compile(live_detached_view_across_break)(x.clone()), want)
+    assert coil.capture.stats["fallbacks"] == 1

@@ -28,8 +28,9 @@ from coil.capture.source import TypeSource
 from coil.capture.translator import const_value
 from coil.capture.variables.base import ConstantVariable, KnownCallableVariable, VariableTracker
 from coil.capture.variables.builder import wrap, wrap_constant_result
-from coil.capture.variables.containers import (DictVariable, LazyIteratorVariable, ListIteratorVariable, ListVariable,
-                                               SetVariable, SliceVariable, TupleVariable)
+from coil.capture.variables.containers import (DictVariable, GeneratorVariable, LazyIteratorVariable,
+                                               ListIteratorVariable, ListVariable, SetVariable, SliceVariable,
+                                               TupleVariable)
 from coil.capture.variables.functions import (BaseFunctionVariable, BoundMethodVariable, NestedFunctionVariable,
                                               PartialVariable, UserFunctionVariable, UserMethodVariable)
 from coil.capture.variables.hops import call_region
@@ -423,15 +424,28 @@ def _annotate(tx, args, kwargs):
     return dict(zip(("the_type", "the_value"), args), **kwargs)["the_value"]
 
 
+def _sequence_items(tx, v, what: str) -> list:
+    """The items of a list, tuple or range given to a lazy itertool; an iterator is a graph break (reading all of it
+    here would consume what eager leaves for later ``next`` calls)."""
+    if isinstance(v, ListIteratorVariable) and (v.kind == "iterator" or isinstance(v, GeneratorVariable)):
+        raise Unsupported(f"itertools.{what} over an iterator")
+    return tx.unpack(v)
+
+
 @builtin(itertools.accumulate)
 def _accumulate(tx, args, kwargs):
-    """``itertools.accumulate(iterable, func=operator.add, *, initial=None)`` over known items, each step traced."""
+    """``itertools.accumulate(iterable, func=operator.add, *, initial=None)`` over a sequence, each step traced
+    (``func`` an operator or torch function: the steps run before the loop over them, not between its bodies)."""
     b = dict(zip(("iterable", "func"), args), **kwargs)
     none = lambda v: v is None or v.is_python_constant() and v.as_python_constant() is None  # noqa: E731
     func = tx.wrap(operator.add, None) if none(b.get("func")) else b["func"]
+    fv = func.as_python_constant() if func.is_python_constant() else None
+    if getattr(fv, "__module__", None) not in ("_operator", "operator", "torch") and \
+            not str(getattr(fv, "__module__", "")).startswith("torch."):
+        raise Unsupported("itertools.accumulate with a Python function (its calls would run before the loop body)")
     acc = None if none(b.get("initial")) else b["initial"]
     out = [] if acc is None else [acc]
-    for v in tx.unpack(b["iterable"]):
+    for v in _sequence_items(tx, b["iterable"], "accumulate"):
         acc = v if acc is None else tx.call(func, [acc, v], {})
         out.append(acc)
     return ListIteratorVariable(out)
@@ -439,14 +453,17 @@ def _accumulate(tx, args, kwargs):
 
 @builtin(itertools.islice)
 def _islice(tx, args, kwargs):
-    """``itertools.islice(iterable, [start,] stop[, step])`` with constant bounds over known items."""
-    return ListIteratorVariable(tx.unpack(args[0])[slice(*[a.as_python_constant() for a in args[1:]])])
+    """``itertools.islice(sequence, [start,] stop[, step])`` with constant bounds (a negative one raises, as eager)."""
+    bounds = [a.as_python_constant() for a in args[1:]]
+    if any(b is not None and (not isinstance(b, int) or b < 0) for b in bounds) or 0 in bounds[2:]:
+        raise UserCodeError("ValueError: Indices for islice() must be None or an integer: 0 <= x <= sys.maxsize.")
+    return ListIteratorVariable(_sequence_items(tx, args[0], "islice")[slice(*bounds)])
 
 
 @builtin(itertools.zip_longest)
 def _zip_longest(tx, args, kwargs):
     fill = kwargs.get("fillvalue", ConstantVariable(None))
-    seqs = [tx.unpack(a) for a in args]
+    seqs = [_sequence_items(tx, a, "zip_longest") for a in args]
     return ListIteratorVariable([TupleVariable([s[i] if i < len(s) else fill for s in seqs])
                                  for i in range(max(map(len, seqs), default=0))])
 

@@ -616,10 +616,10 @@ class ListIteratorVariable(VariableTracker):
             # later mutations behave as in eager (list appends seen, dict resizes raise)
             obj = cg.reconstruct(c)
             it = f"iter({obj}.{self.view}())" if isinstance(c, DictVariable) else f"iter({obj})"
-            return f"{cg.const_expr(advanced)}({it}, {self.index})"
+            return cg.bind(self, f"{cg.const_expr(advanced)}({it}, {self.index})")   # one object for every use
         inner = "(" + "".join(cg.reconstruct(i) + ", " for i in self.items[self.index:]) + ")"
         if self.kind == "iterator":
-            return f"iter({inner})"
+            return cg.bind(self, f"iter({inner})")
         return f"dict({inner}).items()" if self.kind == "items" else f"list({inner})"
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import dis
 import enum
 import functools
 import inspect
@@ -429,6 +430,9 @@ class InFrameModuleVariable(NNModuleVariable):
                ("__init__" in k.__dict__ or "__new__" in k.__dict__)]
         if any("__new__" in k.__dict__ or not isinstance(k.__dict__["__init__"], types.FunctionType) for k in own):
             raise Unsupported(what + " (a custom __new__ or C __init__)", hint="create the module in __init__")
+        if not all(_calls_only_super_init(k.__dict__["__init__"]) for k in own):
+            raise Unsupported(what + " (its __init__ calls more than super().__init__ or writes more than "
+                              "attributes)", hint="create the module in __init__")
         try:
             c = tuple(const_value(a) for a in args)
             kw = {k: const_value(v) for k, v in kwargs.items()}
@@ -463,6 +467,18 @@ class InFrameModuleVariable(NNModuleVariable):
         args = ", ".join([cg.const_expr(a) for a in self.args] +
                          [f"{k}={cg.const_expr(v)}" for k, v in self.kwargs.items()])
         return cg.bind(self, f"{cg.const_expr(type(self.value))}({args})")
+
+
+def _calls_only_super_init(init) -> bool:
+    """``init``'s bytecode calls nothing but ``super().__init__(...)`` and stores nothing but attributes and locals
+    (no ``+=`` on an object): effects the trace cannot see (a mutable default argument appended to, a cached
+    function's side effect) need a call or an in-place operator."""
+    ins = list(dis.get_instructions(init))
+    calls = sum(i.opname.startswith("CALL") for i in ins)
+    writes = any(i.opname.startswith(("STORE_SUBSCR", "STORE_GLOBAL", "STORE_DEREF", "DELETE", "IMPORT", "YIELD"))
+                 or i.opname == "BINARY_OP" and "=" in i.argrepr or i.opname.startswith("INPLACE") for i in ins)
+    supers = sum(i.argval == "super" for i in ins if i.opname.startswith("LOAD_GLOBAL"))
+    return not writes and (calls == 0 or calls <= 2 and supers == 1)   # (3.12: one CALL after LOAD_SUPER_ATTR)
 
 
 def _torch_nn(k: type) -> bool:

@@ -33,3 +33,15 @@ def test_demo_runs_and_writes_log_and_report(tmp_path, capsys):
     assert "speedup" in out.out and "outputs match eager" in out.out
     assert any(f.endswith(".jsonl") for f in os.listdir(tmp_path / "trace"))
     assert (tmp_path / "report" / "index.html").exists()
+
+
+def test_python_dash_m_coil_runs_the_cli():
+    """``python -m coil report LOG`` as well as the ``coil`` entry point (a new user tried it; there was no
+    coil/__main__.py)."""
+    import os
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    r = subprocess.run([sys.executable, "-m", "coil", "--help"], capture_output=True, text=True, cwd=root,
+                       env=dict(os.environ, PYTHONPATH=root))
+    assert r.returncode == 0 and "report" in r.stdout, r.stderr

@@ -704,8 +704,8 @@ def _build_entry(tx, output: OutputGraph, cfg: CaptureConfig, fn, code, argnames
     graph_outs: list = []
     data_dependent: list = []
     collect_tensors(values, graph_outs, set(), data_dependent)
-    copies = {f.untyped_storage()._cdata for f in output.index_copies}
-    if plan is not None and any(t.fake.untyped_storage()._cdata in copies for t in graph_outs):
+    copies = {f.untyped_storage()._cdata for f in output.index_copies} if plan is not None else ()
+    if copies and any(t.fake.untyped_storage()._cdata in copies for t in graph_outs):
         # a copy (a view in eager), or a view / detach of it, outlives the graph: code after the break could write
         # through it
         raise IndexCopyAliasing("graph break with the result of indexing with a 0-d integer tensor "

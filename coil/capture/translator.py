@@ -354,9 +354,8 @@ class InstructionTranslatorBase:
         return obj.call_method(self, name, list(args), {})
 
     def getitem(self, obj, key):
-        if isinstance(obj, UserDefinedClassVariable):
-            return wrap_constant_result(self, obj.value[key.as_python_constant()])
-        if obj.is_python_constant() and isinstance(obj.as_python_constant(), type):  # list[int]: __class_getitem__
+        if isinstance(obj, UserDefinedClassVariable) or (   # a class: its __class_getitem__ (list[int])
+                obj.is_python_constant() and isinstance(obj.as_python_constant(), type)):
             return wrap_constant_result(self, obj.as_python_constant()[key.as_python_constant()])
         if isinstance(obj, ConstantVariable) and isinstance(key, TensorVariable):
             raise Unsupported("indexing a constant with a tensor")

@@ -192,11 +192,11 @@ def _unbacked_shape_env(gm):
     return None
 
 
-def _ownable_buffers(graph) -> set:
+def _ownable_buffers(graph, out_names: set) -> set:
     """Buffers a kernel may store an output over once no later step reads them: outputs of this graph's own kernels
     and of extern ATen ops whose results alias no argument, that are not graph outputs, scatter targets, padded
     matmul results or the base of an extern view (KernelPlan.inplace)."""
-    keep = {o.name for o in graph.outputs if o.name is not None}
+    keep = set(out_names)
     keep |= {r for rs in _alias_roots(graph.buffers).values() for r in rs}
     keep |= {b.target.get_name() for b in graph.buffers if isinstance(b, ScatterBuffer)}
     return {b.get_name() for b in graph.buffers if b.get_name() not in keep and (
@@ -215,7 +215,7 @@ def _compile(gm, example_inputs, device, env) -> "CompiledGraph":
             for n in s.read_names():
                 readers.setdefault(n, set()).add(id(s))
         out_names = {o.name for o in graph.outputs if o.name is not None}
-        ownable = _ownable_buffers(graph) if config.inplace_buffers else set()
+        ownable = _ownable_buffers(graph, out_names) if config.inplace_buffers else set()
         kernels: dict[int, _Kernel] = {}
         ki = 0
         with trace.stage("kernels"):

@@ -20,6 +20,12 @@ from coil.ir.symbols import RINDEX, XINDEX, as_size, current_shape_env, is_size_
 from coil.ir.virtualized import set_ops_handler
 from coil.schedule.indexing import kernel_deps, kernel_index
 
+def layout_key(layout) -> tuple:
+    """What two buffers must share for one to take the other's memory: sizes, strides, offset, dtype, device."""
+    return (tuple(map(as_size, layout.size)), tuple(map(as_size, layout.stride)), layout.offset, layout.dtype,
+            str(layout.device))
+
+
 #: Reductions up to this many elements run as one block per output ("persistent").
 PERSISTENT_RNUMEL = 4096
 
@@ -106,13 +112,10 @@ class KernelPlan:
             stores = kernel_deps(pn.buffer, self.numel, self.rnumel).stores
             if type(pn.buffer) is not ComputedBuffer or pn.name not in self.output_names or len(stores) != 1:
                 continue
-            a = pn.buffer.layout
+            lay = layout_key(pn.buffer.layout)
             for n, (idx, last) in loads.items():
-                b = self.buffer(n).layout
-                if n not in pairs.values() and last <= pos and idx == {stores[0][1]} and (
-                        a.dtype, a.device, a.offset) == (b.dtype, b.device, b.offset) and \
-                        list(map(as_size, a.size)) == list(map(as_size, b.size)) and \
-                        list(map(as_size, a.stride)) == list(map(as_size, b.stride)):
+                if n not in pairs.values() and last <= pos and idx == {stores[0][1]} and \
+                        layout_key(self.buffer(n).layout) == lay:
                     pairs[pn.name] = n
                     break
         return pairs

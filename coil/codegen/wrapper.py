@@ -23,6 +23,7 @@ from coil.capture.substitutes import OPAQUE_IMPLS
 from coil.ir.graph import misaligned_leading_dim
 from coil.ir.symbols import PRECOMPUTED, as_expr, as_size, is_size_symbol, pyexpr
 from coil.schedule.scheduler import FusedGroup
+from coil.codegen.common import layout_key
 
 
 def reinterpret(t: torch.Tensor, size, stride, offset: int) -> torch.Tensor:
@@ -308,8 +309,7 @@ class WrapperCodegen:
             for n in rs:
                 last_use[n] = i
         def key(b: Buffer):
-            l = b.layout
-            return (tuple(map(as_size, l.size)), tuple(map(as_size, l.stride)), l.dtype, str(l.device))
+            return layout_key(b.layout)
         # outputs stored over a dead input (KernelPlan.inplace): the input's storage is the output's from then on
         inplace = {o: n for k in self.kernels.values() for o, n in getattr(k.plan, "inplace", {}).items()}
         handed = set(inplace.values())

@@ -439,9 +439,8 @@ def _accumulate(tx, args, kwargs):
     b = dict(zip(("iterable", "func"), args), **kwargs)
     none = lambda v: v is None or v.is_python_constant() and v.as_python_constant() is None  # noqa: E731
     func = tx.wrap(operator.add, None) if none(b.get("func")) else b["func"]
-    fv = func.as_python_constant() if func.is_python_constant() else None
-    if getattr(fv, "__module__", None) not in ("_operator", "operator", "torch") and \
-            not str(getattr(fv, "__module__", "")).startswith("torch."):
+    home = str(getattr(func.as_python_constant_or_none(), "__module__", ""))
+    if home not in ("_operator", "operator") and home.split(".")[0] != "torch":
         raise Unsupported("itertools.accumulate with a Python function (its calls would run before the loop body)")
     acc = None if none(b.get("initial")) else b["initial"]
     out = [] if acc is None else [acc]

@@ -411,9 +411,11 @@ class InFrameModuleVariable(NNModuleVariable):
     the compiled code never sees it, and a rebuild (at a graph break, or when it escapes
     the frame) constructs a fresh one from the same arguments, as each eager call does.
     torch.nn's own constructors have no side effects. A user subclass's own ``__init__``s
-    (transformers' ``GELUActivation``, built by ``ACT2FN["gelu"]`` in DeBERTa's pooler) are
-    first traced on a :class:`ModuleInitProbe`, torch.nn's part skipped: if that adds no
-    graph op and no mutation outside the new object, running them for real is pure too.
+    (transformers' ``GELUActivation``, built by ``ACT2FN["gelu"]`` in DeBERTa's pooler) may
+    call nothing but ``super().__init__`` and write nothing but attributes
+    (:func:`_calls_only_super_init`), and are first traced on a :class:`ModuleInitProbe`,
+    torch.nn's part skipped: if that adds no graph op and no mutation outside the new
+    object, running them for real is pure too.
     One that gets parameters or buffers, or a tensor argument, is a graph break.
     """
 

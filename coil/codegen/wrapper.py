@@ -21,7 +21,7 @@ from coil.ir.nodes import (Buffer, ComputedBuffer, ExternKernel, Layout,
                            MultiOutput, ReinterpretView, ScatterBuffer, describe_origin)
 from coil.capture.substitutes import OPAQUE_IMPLS
 from coil.ir.graph import misaligned_leading_dim
-from coil.ir.symbols import PRECOMPUTED, as_expr, as_size, is_size_symbol, pyexpr
+from coil.ir.symbols import PRECOMPUTED, as_expr, is_size_symbol, pyexpr
 from coil.schedule.scheduler import FusedGroup
 from coil.codegen.common import layout_key
 

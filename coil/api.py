@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import functools
 import pickle
+import warnings
 from typing import Any, Callable, Optional, Union
 
 import torch
@@ -190,6 +191,14 @@ def compile(fn_or_module: Union[Callable, torch.nn.Module, None] = None, *,
         def capture_it(t):
             return capture.wrap_callable(t, backend=backend_fn, fullgraph=fullgraph, dynamic=dynamic, options=merged)
 
+        if isinstance(getattr(target, "__self__", None), torch.optim.Optimizer):
+            # capture skips torch.optim's frames (docs/capture.md, "Known limitations"): say so instead of running
+            # the step eagerly behind a compiled-looking wrapper
+            why = f"{type(target.__self__).__name__}.{target.__name__}: optimizer steps are not compiled by coil yet"
+            trace.log("eager_fallback", stage="capture", reason=why)
+            warnings.warn(f"coil: {why}; it runs eagerly. Compile the model (or the loss and backward) instead.",
+                          stacklevel=3)
+            return target
         if isinstance(target, torch.nn.Module):
             return OptimizedModule(target, capture_it(target), capture_it,
                                    dict(backend=backend, mode=mode, fullgraph=fullgraph,

@@ -248,10 +248,9 @@ def test_pointwise_and_softmax_keep_eagers_strides():
 # ---------------------------------------------------------------------------------
 
 @pytest.mark.xfail(strict=True, reason=(
-    "capture: coil.compile(optimizer.step) captures 0 graphs (graph break 'call to a "
-    "_lru_cache_wrapper object' in torch.autograd.profiler.record_function's __init__, "
-    "reached from Optimizer.profile_hook_step) and runs the whole step eagerly without "
-    "a warning; torch.compile(opt.step) is a common pattern"))
+    "capture: optimizer steps are not compiled (torch.optim frames are skipped); "
+    "coil.compile(optimizer.step) warns and runs the step eagerly "
+    "(tests/capture/test_optimizer_step_eager.py); torch.compile(opt.step) is a common pattern"))
 def test_compiled_adamw_step_captures_a_graph():
     m = torch.nn.Linear(10, 5)
     opt = torch.optim.AdamW(m.parameters(), lr=1e-2)

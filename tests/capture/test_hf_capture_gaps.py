@@ -251,3 +251,20 @@ def test_jit_annotate_is_its_value():
 
     _, stats = _run(f, torch.randn(3))
     assert stats["graphs"] == 1 and stats["graph_breaks"] == 0 and stats["fallbacks"] == 0
+
+
+def test_typing_subscripts_are_compile_time_constants():
+    """``typing.List[torch.Tensor]`` calls typing's ``lru_cache`` with the alias and a class: classes, typing forms
+    and tuples of them are constant arguments now (before, each subscript was a graph break)."""
+    import typing
+
+    def f(x):
+        out = torch.jit.annotate(typing.List[torch.Tensor], [])
+        named = torch.jit.annotate(typing.Dict[str, torch.Tensor], {})
+        none = torch.jit.annotate(typing.Optional[torch.Tensor], None)
+        out.append(x * 2)
+        named["a"] = x
+        return out[0] + named["a"] if none is None else x
+
+    _, stats = _run(f, torch.randn(3))
+    assert stats["graphs"] == 1 and stats["graph_breaks"] == 0 and stats["fallbacks"] == 0

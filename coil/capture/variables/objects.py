@@ -150,11 +150,19 @@ def _call_lru_cached(tx, vt, args, kwargs):
     """A ``functools.lru_cache`` function called with constant arguments (transformers'
     ``is_torch_distributed_available()``): called for real at trace time, as eager calls it, and guarded by calling it
     again, a cache hit, which must give the same object. Its body runs where eager's first call runs it, never once per
-    compiled call. Other arguments, or a result holding a tensor, stay a graph break."""
-    if vt.source is None or not all(isinstance(a, ConstantVariable) for a in list(args) + list(kwargs.values())):
+    compiled call. Classes count as constants, and tuples of them (``typing.List[torch.Tensor]`` is such a call).
+    Other arguments, or a result holding a tensor, stay a graph break."""
+    def const(a):
+        if isinstance(a, TupleVariable):
+            return tuple(const(i) for i in a.items)
+        v = getattr(a, "value", getattr(a, "fn", None))  # (typing's special forms: immutable, hashable)
+        if isinstance(a, ConstantVariable) or isinstance(v, type) or type(v).__module__ == "typing":
+            return v
         raise Unsupported(f"call to an lru_cache function {vt.value!r} with non-constant arguments")
-    cargs = [a.value for a in args]
-    ckw = {k: v.value for k, v in kwargs.items()}
+    if vt.source is None:
+        const(None)
+    cargs = [const(a) for a in args]
+    ckw = {k: const(v) for k, v in kwargs.items()}
     try:
         result = vt.value(*cargs, **ckw)
     except Exception as e:  # noqa: BLE001 - raised again by eager at the break

@@ -43,7 +43,7 @@ from coil.capture.variables.tensor import TensorVariable, UserCodeError, call_op
 from coil.capture.variables.symbolic import SymNodeVariable
 from coil.capture.variables.symbolic import binary as sym_binary, unary as sym_unary
 from coil.capture.exceptions import ExceptionVariable, exception_table, exception_tracker
-from coil.capture.variables.objects import lookup_attr
+from coil.capture.variables.objects import lookup_attr, static_value
 from coil.capture.variables.torchfn import CONTEXT_CLASSES, make_context
 from coil.capture.inspection import frame_unsupported
 from coil.capture.resume import is_resume
@@ -354,9 +354,11 @@ class InstructionTranslatorBase:
         return obj.call_method(self, name, list(args), {})
 
     def getitem(self, obj, key):
-        if isinstance(obj, UserDefinedClassVariable) or (   # a class: its __class_getitem__ (list[int])
+        if isinstance(obj, UserDefinedClassVariable) or type(getattr(obj, "value", None)).__module__ == "typing" or (
                 obj.is_python_constant() and isinstance(obj.as_python_constant(), type)):
-            return wrap_constant_result(self, obj.as_python_constant()[key.as_python_constant()])
+            # a class: its __class_getitem__ (list[int]); a typing form (typing.Dict[str, torch.Tensor])
+            what = f"subscript of {obj.python_type().__name__} by a value known only at run time"
+            return wrap_constant_result(self, static_value(obj, what)[static_value(key, what)])
         if isinstance(obj, ConstantVariable) and isinstance(key, TensorVariable):
             raise Unsupported("indexing a constant with a tensor")
         return obj.call_method(self, "__getitem__", [key], {})

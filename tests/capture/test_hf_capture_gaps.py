@@ -254,14 +254,17 @@ def test_jit_annotate_is_its_value():
 
 
 def test_typing_subscripts_are_compile_time_constants():
-    """``typing.List[torch.Tensor]`` calls typing's ``lru_cache`` with the alias and a class: classes, typing forms
-    and tuples of them are constant arguments now (before, each subscript was a graph break)."""
+    """``typing.List[torch.Tensor]`` is evaluated at trace time (a subscript of a typing form by classes, typing forms,
+    constants and tuples or lists of them); before, typing's ``lru_cache`` (3.11) or its ``_caches`` dict (3.12)
+    made each subscript a graph break."""
     import typing
 
     def f(x):
         out = torch.jit.annotate(typing.List[torch.Tensor], [])
         named = torch.jit.annotate(typing.Dict[str, torch.Tensor], {})
         none = torch.jit.annotate(typing.Optional[torch.Tensor], None)
+        torch.jit.annotate(typing.Callable[[int], str], None)
+        torch.jit.annotate(typing.Tuple[int, ...], (1,))
         out.append(x * 2)
         named["a"] = x
         return out[0] + named["a"] if none is None else x

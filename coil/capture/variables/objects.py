@@ -25,7 +25,7 @@ from coil.exc import Unsupported
 from coil.capture.source import AttrSource, ModuleDictSource
 from coil.capture.variables.base import (AttributeMissing, ConstantVariable, RealValueVariable, VariableTracker,
                                          wrap)
-from coil.capture.variables.containers import DictVariable, ListIteratorVariable, TupleVariable
+from coil.capture.variables.containers import DictVariable, ListIteratorVariable, ListVariable, TupleVariable
 from coil.capture.variables.functions import BoundMethodVariable, UserFunctionVariable, UserMethodVariable
 from coil.capture.variables.tensor import TensorVariable, call_op, to_fake
 
@@ -146,23 +146,30 @@ def lookup_attr(tx, vt: ObjectVariableBase, name: str, generic: bool = False):
     raise AttributeMissing(name)
 
 
+def static_value(vt, what: str):
+    """The Python value of a constant, a class, one of typing's special forms (immutable and hashable, like
+    ``typing.List``) or a tuple of those; raises :class:`Unsupported` (``what``) for anything else."""
+    if type(vt) in (TupleVariable, ListVariable):   # (typing.Callable[[int], str])
+        return (tuple if type(vt) is TupleVariable else list)(static_value(i, what) for i in vt.items)
+    v = getattr(vt, "value", getattr(vt, "fn", None))
+    if isinstance(vt, ConstantVariable) or isinstance(v, type) or type(v).__module__ == "typing":
+        return v
+    if vt.is_python_constant():
+        return vt.as_python_constant()
+    raise Unsupported(what)
+
+
 def _call_lru_cached(tx, vt, args, kwargs):
     """A ``functools.lru_cache`` function called with constant arguments (transformers'
     ``is_torch_distributed_available()``): called for real at trace time, as eager calls it, and guarded by calling it
     again, a cache hit, which must give the same object. Its body runs where eager's first call runs it, never once per
     compiled call. Classes count as constants, and tuples of them (``typing.List[torch.Tensor]`` is such a call).
     Other arguments, or a result holding a tensor, stay a graph break."""
-    def const(a):
-        if isinstance(a, TupleVariable):
-            return tuple(const(i) for i in a.items)
-        v = getattr(a, "value", getattr(a, "fn", None))  # (typing's special forms: immutable, hashable)
-        if isinstance(a, ConstantVariable) or isinstance(v, type) or type(v).__module__ == "typing":
-            return v
-        raise Unsupported(f"call to an lru_cache function {vt.value!r} with non-constant arguments")
+    what = f"call to an lru_cache function {vt.value!r} with non-constant arguments"
     if vt.source is None:
-        const(None)
-    cargs = [const(a) for a in args]
-    ckw = {k: const(v) for k, v in kwargs.items()}
+        raise Unsupported(what)
+    cargs = [static_value(a, what) for a in args]
+    ckw = {k: static_value(v, what) for k, v in kwargs.items()}
     try:
         result = vt.value(*cargs, **ckw)
     except Exception as e:  # noqa: BLE001 - raised again by eager at the break

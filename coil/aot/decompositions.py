@@ -368,7 +368,7 @@ def native_layer_norm_backward(dy, x, normalized_shape, mean, rstd, weight, bias
 @register(aten.native_batch_norm_backward.default)
 def native_batch_norm_backward(dy, x, weight, running_mean, running_var, save_mean, save_invstd, train, eps, mask):
     """BatchNorm's gradients by torch's formulas in its op order (the same kernels), each per-channel vector broadcast
-    by one ``view`` where torch's unsqueezes it a dim at a time: 8 traced ops of ~25 fewer (docs/aot.md)."""
+    by one ``view`` where torch's unsqueezes it a dim at a time: 20 traced ops, not 28 (docs/aot.md)."""
     acc, shape = _acc_dtype(x.dtype), [1, x.shape[1]] + [1] * (x.dim() - 2)
     dy, xa, w, mean, invstd = (t if t is None else t.to(acc) for t in (dy, x, weight, save_mean, save_invstd))
     if not train:

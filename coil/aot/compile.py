@@ -2,9 +2,9 @@
 
     torch-level GraphModule + example inputs
       → fakeify inputs (reuse their FakeTensorMode if already fake)
-      → analyze (one functional fake run: mutations, aliasing, requires_grad)
-      → inference path: trace one functional ATen graph → fw_compiler
-        training path: trace the joint graph once → partition_fn → fw/bw compilers
+      → analyze (mutations, aliasing, requires_grad) while tracing the ATen graph (else in a fake run first)
+      → inference path: the forward graph → fw_compiler
+        training path: the joint graph → partition_fn → fw/bw compilers
       → runtime wrapper (coil.aot.runtime)
 
 A graph holding ``nested_compile_region`` calls is compiled region by region instead
@@ -36,7 +36,7 @@ from coil.config import config, patch as config_patch
 from coil.aot.aliasing import RunEagerly, input_groups
 from coil.aot.decompositions import get_decompositions
 from coil.aot.cse import cse_graph, drop_dead_views
-from coil.aot.functional import (is_symbolic, analyze, fakeify, trace_inference, trace_joint, trace_plain_inference)
+from coil.aot.functional import (is_symbolic, analyze, fakeify, trace_inference, trace_joint)
 from coil.aot.partition import default_partition, drop_undefined_tangents, min_cut_partition
 from coil.aot.regions import compile_regional, region_calls
 from coil.aot.scalars import tensorize_scalar_reads
@@ -358,14 +358,16 @@ def _compile(fn, example_inputs, fw_compiler, bw_compiler, partition_fn, decompo
         if isinstance(fn, torch.fx.GraphModule) and fn.graph.find_nodes(
                 op="call_function", target=torch.autograd.grad_mode._enter_inference_mode):
             raise RunEagerly("torch.inference_mode() in torch's graph: a compiled graph cannot make inference tensors")
-        found = None if grad else trace_plain_inference(fn, fake_args, fake_mode, decomps)
-        info, fw_gm = found or (analyze(fn, fake_args, fake_mode, grad), None)
+        one = trace_joint(fn, fake_args, None, decomps, fake_mode, grad) if not grad or not is_symbolic(
+            fake_args) and any(isinstance(a, torch.Tensor) and a.requires_grad for a in fake_args) else None
+        info, fw_gm = (one[1].program, None if grad else one[0]) if one else (
+            analyze(fn, fake_args, fake_mode, grad), None)
         if (groups := input_groups(fake_args, info.mutated_inputs)) is not None:
             # inputs sharing memory with a mutated one: traced through synthetic bases
             fn = groups.wrap(fn)
             fake_args = groups.fake_args(fake_args, fake_mode)
             example_inputs = fake_args
-            info = analyze(fn, fake_args, fake_mode, grad)
+            info, one, fw_gm = analyze(fn, fake_args, fake_mode, grad), None, None
     except (RunEagerly, RuntimeError) as e:
         # also: functionalization refuses a write through as_strided of a restrided input, or (its replay under
         # autograd) of a non-contiguous input that requires grad (s1003 #733: "only supported for contiguous inputs"),
@@ -383,7 +385,7 @@ def _compile(fn, example_inputs, fw_compiler, bw_compiler, partition_fn, decompo
         # #524: backward refused), as is its new value in the input's original layout
         trace.log("aot_restrided_grad_eager", stage="aot", inputs=info.restrided_inputs)
         return _eager(user_fn, "it changes the shape or strides of an input that requires grad in place")
-    trace.log("aot_analysis", stage="aot", runs=1 if found else 2, mutated_inputs=info.mutated_inputs,
+    trace.log("aot_analysis", stage="aot", runs=1 if one else 2, mutated_inputs=info.mutated_inputs,
               outputs=[(o.kind, o.index) for o in info.outputs], fw_out_requires_grad=info.fw_out_requires_grad)
     try:  # several dtypes or symbolic layouts on one storage (no synthetic base); a graph break makes them of one
         _refuse_mutated_aliased_inputs(example_inputs, info.mutated_inputs)  # input (a.view(torch.int32): s251 #414)
@@ -395,7 +397,7 @@ def _compile(fn, example_inputs, fw_compiler, bw_compiler, partition_fn, decompo
     # ``torch.enable_grad()`` region: the training path, with the joint graph traced in the caller's grad mode
     # so that values computed outside the region are not differentiated. If that trace fails (autograd's
     # checks see what eager only meets at backward time), the inference path runs it with detached outputs.
-    joint = None
+    joint, jinfo = one or (None, None)
     if needs_grad and not grad and not torch.is_inference_mode_enabled():
         try:
             joint, jinfo = trace_joint(fn, fake_args, info, decomps, fake_mode, grad=False)

@@ -89,10 +89,6 @@ def _reduction_dims(x: torch.Tensor, dim: Optional[Sequence[int]]) -> list[int]:
     return [d % max(x.dim(), 1) for d in ([dim] if isinstance(dim, int) else dim)]
 
 
-def _count(x: torch.Tensor, dims: list[int]):
-    return math.prod(x.shape[d] for d in dims)
-
-
 def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
@@ -131,7 +127,7 @@ def _var_and_mean(x, dim, correction, keepdim, take_sqrt=False):
     """
     dims = _reduction_dims(x, dim)
     c = 1 if correction is None else correction
-    n = _count(x, dims)
+    n = math.prod(x.shape[d] for d in dims)
     sdt = _stat_dtype(x)
     xa = aten._to_copy.default(x, dtype=sdt) if sdt != x.dtype else x
     mean = _mean(xa, dims, n)
@@ -200,7 +196,7 @@ def native_layer_norm(x, normalized_shape, weight, bias, eps):
     dims = list(range(axis, x.dim()))
     acc, sdt = _acc_dtype(x.dtype), _stat_dtype(x)
     xs = aten._to_copy.default(x, dtype=sdt) if sdt != x.dtype else x
-    n = _count(x, dims)
+    n = math.prod(x.shape[d] for d in dims)
     mean = _mean(xs, dims, n)
     centered = aten.sub.Tensor(xs, mean)
     var = aten.div.Scalar(aten.sum.dim_IntList(aten.mul.Tensor(centered, centered), dims, True), n)
@@ -367,6 +363,30 @@ def native_layer_norm_backward(dy, x, normalized_shape, mean, rstd, weight, bias
     mean, rstd = (aten._to_copy.default(t, dtype=torch.float32) if t.dtype in (torch.float16, torch.bfloat16)
                   else t for t in (mean, rstd))
     return _TORCH_LN_BACKWARD(dy, x, normalized_shape, mean, rstd, weight, bias, output_mask)
+
+
+@register(aten.native_batch_norm_backward.default)
+def native_batch_norm_backward(dy, x, weight, running_mean, running_var, save_mean, save_invstd, train, eps, mask):
+    """BatchNorm's gradients by torch's formulas in its op order (the same kernels), each per-channel vector broadcast
+    by one ``view`` where torch's unsqueezes it a dim at a time: 20 traced ops, not 28 (docs/aot.md)."""
+    acc, shape = _acc_dtype(x.dtype), [1, x.shape[1]] + [1] * (x.dim() - 2)
+    dy, xa, w, mean, invstd = (t if t is None else t.to(acc) for t in (dy, x, weight, save_mean, save_invstd))
+    if not train:
+        mean, invstd = running_mean.to(acc), aten.rsqrt.default(aten.add.Tensor(running_var.to(acc), eps))
+    dims, norm = [0] + list(range(2, x.dim())), 1.0 / (math.prod(x.shape) / x.shape[1])
+    mean = aten.view.default(mean, shape)
+    dy_sum = aten.sum.dim_IntList(dy, dims)
+    dot = aten.sum.dim_IntList(aten.mul.Tensor(dy, aten.sub.Tensor(xa, mean)), dims)
+    dy_mean = aten.view.default(aten.mul.Tensor(dy_sum, norm), shape)
+    proj = aten.view.default(aten.mul.Tensor(aten.mul.Tensor(dot, norm), aten.mul.Tensor(invstd, invstd)), shape)
+    scale = aten.mul.Tensor(aten.view.default(invstd, shape), 1.0) if w is None else \
+        aten.view.default(aten.mul.Tensor(invstd, w), shape)
+    dx = aten.mul.Tensor(aten.sub.Tensor(aten.sub.Tensor(dy, aten.mul.Tensor(aten.sub.Tensor(xa, mean), proj)),
+                                         dy_mean), scale) if train else aten.mul.Tensor(dy, scale)
+    wdt = x.dtype if weight is None else weight.dtype
+    return dx.to(x.dtype), aten.mul.Tensor(dot, invstd).to(wdt) if mask[1] else None, \
+        dy_sum.to(wdt) if mask[2] else None
+
 
 def _overloads(packets) -> set:
     return {getattr(packet, name) for packet in packets for name in packet.overloads()}

@@ -22,8 +22,9 @@ import torch.fx.traceback as fx_traceback
 import torch.utils._pytree as pytree
 from torch._dispatch.python import enable_python_dispatcher
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, disable_fake_tensor_cache
-from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
-from torch.fx.experimental.proxy_tensor import make_fx, maybe_enable_thunkify
+from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode, disable_functional_mode
+from torch.fx.experimental.proxy_tensor import (disable_proxy_modes_tracing, get_proxy_mode, make_fx,
+                                               maybe_enable_thunkify, track_tensor_tree)
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols, guard_or_false
 from torch.fx.passes.runtime_assert import insert_deferred_runtime_asserts
 from torch.multiprocessing.reductions import StorageWeakRef
@@ -384,13 +385,13 @@ def _analyze(fn, fake_args, fake_mode, grad, drop_error_checks) -> ProgramInfo:
         return _describe(fn, fake_args, f_args, before, outs, grad, drop_error_checks, fake_mode, grad_fns=grad_fns)
 
 
-def _describe(fn, fake_args, f_args, before, outs, grad, drop_error_checks, fake_mode,
-              plain: bool = False, grad_fns=None) -> Optional[ProgramInfo]:
+def _describe(fn, fake_args, f_args, before, outs, grad, drop_error_checks, fake_mode, grad_fns=None,
+              one_run: bool = False) -> Optional[ProgramInfo]:
     """What a functional run of ``fn`` on ``f_args`` (made from ``fake_args``; ``before``: their
     :func:`_aliases_before`; ``grad_fns``: their ``grad_fn`` before it) that returned ``outs`` did: the
-    :class:`ProgramInfo`. ``plain``: None unless the program
-    mutates and restrides no input, no output aliases an input or another output and none requires grad
-    (:func:`trace_plain_inference`)."""
+    :class:`ProgramInfo`. ``one_run`` (a run that is also the trace, :func:`trace_joint`'s): None if the program
+    restrides an input, writes one that requires grad or returns a view of one it changed; with symbolic sizes also if
+    it changes any input or returns an alias or a SymInt."""
     for t in before:
         if isinstance(t, torch.Tensor):
             torch._sync(t)
@@ -465,10 +466,13 @@ def _describe(fn, fake_args, f_args, before, outs, grad, drop_error_checks, fake
                 outputs[k].kind, outputs[k].index = "alias_of_base", len(base_sources) - 1
                 outputs[k].src_stride = tuple(flat_outs[first]._base.stride())
     changed = {i for i, x in enumerate(inputs) if x.mutated or x.layout is not None}
-    if plain and changed:
+    layouts = any(x.layout is not None for x in inputs) or any(
+        o.kind == "alias_of_input" and o.index in changed for o in outputs)
+    plain = one_run and is_symbolic(fake_args) and (changed or base_sources or not all(
+        o.kind == "graph" or o.kind == "constant" and not isinstance(o.value, torch.SymInt) for o in outputs))
+    if plain or one_run and (layouts or any(inputs[i].requires_grad for i in changed)):
         return None
-    if any(x.layout is not None for x in inputs) or any(
-            o.kind == "alias_of_input" and o.index in changed for o in outputs):
+    if layouts:
         in_lay, out_lay, fresh = eager_layouts(fn, fake_args, fake_mode, drop_error_checks)
         for i in changed:
             if inputs[i].layout is not None:
@@ -509,9 +513,6 @@ def _describe(fn, fake_args, f_args, before, outs, grad, drop_error_checks, fake
     fw_vals = ([before[i] for i in info.mutated_inputs] + [flat_outs[k] for k in graph_outputs]
                + [flat_outs[k]._base for k in base_sources])
     info.fw_out_meta = [(tuple(v.shape), v.dtype, v.device) for v in fw_vals]
-    if plain and (any(rg) or base_sources or not all(o.kind == "graph" or o.kind == "constant" and not
-                                                     isinstance(o.value, torch.SymInt) for o in outputs)):
-        return None
     return info
 
 
@@ -567,12 +568,14 @@ def eager_layouts(fn: Callable, fake_args: list, fake_mode: FakeTensorMode,
 
 def _forward_values(fn, args, info: ProgramInfo, label_autograd: bool = False):
     before = _aliases_before(args) if info.restrided_inputs else args
-    outs = _call(_located(fn, label_autograd), args, info.drop_error_checks)
-    flat, _ = pytree.tree_flatten(outs)
-    vals = [before[i] for i in info.mutated_inputs]
-    vals += [flat[k] for k in info.graph_outputs]
-    vals += [flat[k]._base for k in info.base_sources]
-    return vals
+    return _selected(before, _call(_located(fn, label_autograd), args, info.drop_error_checks), info)
+
+
+def _selected(before: list, outs, info: ProgramInfo) -> list:
+    """The forward graph's values (mutated inputs, graph outputs, bases) of a run that returned ``outs``."""
+    flat = pytree.tree_leaves(outs)
+    return [before[i] for i in info.mutated_inputs] + [flat[k] for k in info.graph_outputs] + [
+        flat[k]._base for k in info.base_sources]
 
 
 def _flatten_signature(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
@@ -746,16 +749,21 @@ def _located(fn: Callable, label_autograd: bool) -> Callable:
 _TRACE_KEY = "coil_stack_trace"  # in grad_fn.metadata
 
 
+def _autograd_nodes(tensors, seen: Callable):
+    """The autograd nodes reachable from ``tensors`` through nodes not ``seen`` (asked once per visit), depth first."""
+    todo = [t.grad_fn for t in tensors if isinstance(t, torch.Tensor)]
+    while todo:
+        node = todo.pop()
+        if node is not None and not seen(node):
+            yield node
+            todo.extend(fn for fn, _ in node.next_functions)
+
+
 def _label_grad_fns(value: Any, trace: str) -> None:
     """Label every autograd node reachable from the tensors in ``value`` and not labelled yet (those the last graph node
     created) with ``trace``."""
-    todo = [t.grad_fn for t in pytree.tree_leaves(value) if isinstance(t, torch.Tensor)]
-    while todo:
-        node = todo.pop()
-        if node is None or _TRACE_KEY in node.metadata:
-            continue
+    for node in _autograd_nodes(pytree.tree_leaves(value), lambda n: _TRACE_KEY in n.metadata):
         node.metadata[_TRACE_KEY] = trace
-        todo.extend(fn for fn, _ in node.next_functions)
 
 
 def _locate_backward(outputs: list) -> None:
@@ -763,15 +771,9 @@ def _locate_backward(outputs: list) -> None:
     backward starts, so the backward's ATen nodes carry the line of the forward op they differentiate (gradient sums:
     the consumer's line)."""
     seen: set = set()
-    todo = [t.grad_fn for t in outputs if isinstance(t, torch.Tensor)]
-    while todo:
-        node = todo.pop()
-        if node is None or node in seen:
-            continue
-        seen.add(node)
+    for node in _autograd_nodes(outputs, lambda n: n in seen or seen.add(n)):
         if (trace := node.metadata.get(_TRACE_KEY)) is not None:
             node.register_prehook(_stack_trace_setter(trace))
-        todo.extend(fn for fn, _ in node.next_functions)
 
 
 def _stack_trace_setter(trace: str) -> Callable:
@@ -869,33 +871,6 @@ def trace_inference(fn: Callable, fake_args: list, info: ProgramInfo, decomposit
     return _flatten_signature(_make_fx(inference, [list(fake_args)], decompositions, fake_mode))
 
 
-def trace_plain_inference(fn: Callable, fake_args: list, fake_mode: FakeTensorMode,
-                          decompositions: dict) -> Optional[tuple[ProgramInfo, torch.fx.GraphModule]]:
-    """:func:`analyze` and :func:`trace_inference` in one run of ``fn``, for a program called under no_grad that mutates
-    and restrides no input and returns no alias (a model's inference): ``(info, graph)``, or None for any other
-    program (or an error), which the caller then analyses and traces in two runs. With symbolic sizes each op of a
-    run is sympy work (an 8-layer LLaMA's analysis took a third of its AOT time)."""
-    found: list = []
-
-    def inference(primals):
-        with torch.no_grad():
-            with FunctionalTensorMode():
-                f_args = [_to_functional(a) for a in primals]
-                with OverlapGuard(inputs=f_args):
-                    outs = _call(_located(fn, False), f_args, False)
-            found.append(_describe(fn, fake_args, f_args, f_args, outs, False, False, fake_mode, plain=True))
-            if found[0] is None:
-                raise ValueError("not plain")  # caught below
-            flat = pytree.tree_leaves(outs)
-            return [_from_functional(flat[k]) for k in found[0].graph_outputs]
-
-    try:
-        gm = _make_fx(inference, [list(fake_args)], decompositions, fake_mode)
-    except Exception:  # noqa: BLE001 - the two runs then decide, and raise what they raise
-        return None
-    return found[0], _flatten_signature(gm)
-
-
 @dataclasses.dataclass
 class JointInfo:
     """Shape of a joint graph: ``num_primals`` primals, then one tangent per forward output that requires grad; outputs
@@ -905,34 +880,47 @@ class JointInfo:
     num_fw_outputs: int
     grad_inputs: list  # input indices that require grad
     grad_is_none: list  # per grad_inputs entry: the gradient is None (unused input)
+    program: Optional[ProgramInfo] = None  # what the trace's own run found, when it analysed the program
 
 
-def trace_joint(fn: Callable, fake_args: list, info: ProgramInfo, decompositions: dict,
-                fake_mode: FakeTensorMode, grad: bool = True) -> tuple[torch.fx.GraphModule, JointInfo]:
+def trace_joint(fn: Callable, fake_args: list, info: Optional[ProgramInfo], decompositions: dict,
+                fake_mode: FakeTensorMode, grad: bool = True) -> Optional[tuple[torch.fx.GraphModule, JointInfo]]:
     """Trace forward + backward into one functional ATen graph (see module docstring).
 
     ``grad``: the caller's grad mode, which the program runs in (its own ``torch.enable_grad()`` / ``no_grad``
-    regions then decide what is differentiable, as in eager); False only for a program called under no_grad that
-    turns grad on itself."""
-    grad_inputs = [i for i, x in enumerate(info.inputs) if x.requires_grad]
-    clone = {i for i in info.mutated_inputs + info.restrided_inputs if info.inputs[i].requires_grad}
+    regions then decide what is differentiable, as in eager); False under the caller's no_grad. ``info`` None: the
+    forward's run is also the analysis (``JointInfo.program``; tangents become graph inputs once it is over: static
+    sizes, grad on), so a model's ops run once, not twice; None for a program it cannot describe alone
+    (:func:`_describe`'s ``one_run``), another needing tangents or an error: :func:`analyze` and a trace decide."""
+    grad_inputs = [i for i, a in enumerate(fake_args) if isinstance(a, torch.Tensor) and _is_differentiable(a)]
+    one_run = info is None
     with fake_mode:
-        tangents = [torch.empty(shape, dtype=dtype, device=device)
-                    for (shape, dtype, device), rg in zip(info.fw_out_meta, info.fw_out_requires_grad) if rg]
+        tangents = [] if info is None else [torch.empty(shape, dtype=dtype, device=device) for (shape, dtype, device),
+                                            rg in zip(info.fw_out_meta, info.fw_out_requires_grad) if rg]
     grad_is_none: list = []
 
     def joint(primals, tangents):
+        nonlocal info
         with torch.enable_grad():
             with FunctionalTensorMode():
                 f_primals = [_to_functional(a) for a in primals]
+                fns = [getattr(a, "grad_fn", None) for a in f_primals]
+                if one_run:
+                    with torch.set_grad_enabled(grad), OverlapGuard(inputs=f_primals):
+                        outs = _call(_located(fn, True), f_primals, False)
+                    info = _describe(fn, fake_args, f_primals, f_primals, outs, grad, False, fake_mode, fns, True)
+                    if info is None or any(info.fw_out_requires_grad) and (not grad or is_symbolic(primals)):
+                        raise ValueError("not one run")  # caught below
+                    vals, tangents = _selected(f_primals, outs, info), _tangent_inputs(info)
+                else:
+                    # a mutated (or restrided) input that requires grad is cloned first, so that its gradient is
+                    # taken w.r.t. its value (and layout) before the mutation
+                    clone = {i for i in info.mutated_inputs + info.restrided_inputs if info.inputs[i].requires_grad}
+                    args = [a.clone() if i in clone else a for i, a in enumerate(f_primals)]
+                    with torch.set_grad_enabled(grad):
+                        vals = _forward_values(fn, args, info, label_autograd=True)
                 f_tangents = [_to_functional(t) for t in tangents]
-                # a mutated (or restrided) input that requires grad is cloned first, so that its gradient is
-                # taken w.r.t. its value (and layout) before the mutation
-                fns = [f_primals[i].grad_fn for i in grad_inputs]
-                args = [a.clone() if i in clone else a for i, a in enumerate(f_primals)]
-                with torch.set_grad_enabled(grad):
-                    vals = _forward_values(fn, args, info, label_autograd=True)
-                if any(f_primals[i].grad_fn is not g for i, g in zip(grad_inputs, fns)):
+                if any(f_primals[i].grad_fn is not fns[i] for i in grad_inputs):
                     # an in-place op the analysis missed rebased an input's history: its gradient would be the
                     # restrided tensor's, without what was read before (a no-op squeeze_: s319 #989)
                     raise RunEagerly("the program changed an input's autograd history in place unseen")
@@ -948,15 +936,30 @@ def trace_joint(fn: Callable, fake_args: list, info: ProgramInfo, decompositions
             grad_is_none[:] = [g is None for g in grads]
             return [_from_functional(v) for v in vals], [_from_functional(g) for g in grads if g is not None]
 
-    try:
-        with _without_mkldnn():
+    try:  # (oneDNN only for the backward's sake)
+        with _without_mkldnn() if grad or not one_run else contextlib.nullcontext():
             gm = _make_fx(joint, [list(fake_args), tangents], decompositions, fake_mode)
-    except AssertionError as e:  # an error check only in the backward (see _DropErrorChecks)
-        if "token for effect" not in str(e) or info.drop_error_checks:
+    except Exception as e:  # noqa: BLE001 - an error check only in the backward (see _DropErrorChecks), or one run
+        if one_run:
+            return None
+        if not isinstance(e, AssertionError) or "token for effect" not in str(e) or info.drop_error_checks:
             raise
         info.drop_error_checks = True
         with _without_mkldnn():
             gm = _make_fx(joint, [list(fake_args), tangents], decompositions, fake_mode)
-    gm = _flatten_signature(gm)
-    return gm, JointInfo(len(fake_args), info.num_fw_outputs, grad_inputs, list(grad_is_none))
+    return _flatten_signature(gm), JointInfo(len(fake_args), info.num_fw_outputs, grad_inputs, list(grad_is_none),
+                                             info if one_run else None)
+
+
+def _tangent_inputs(info: ProgramInfo) -> list:
+    """Fake tangents for ``info``'s values that require grad, made the traced graph's inputs after the primals."""
+    tracer = get_proxy_mode().tracer
+    with disable_functional_mode(), disable_proxy_modes_tracing():  # (before the first op: one made each value)
+        fakes = [torch.empty(shape, dtype=dtype, device=device)
+                 for (shape, dtype, device), rg in zip(info.fw_out_meta, info.fw_out_requires_grad) if rg]
+        with tracer.graph.inserting_before(next((n for n in tracer.graph.nodes if n.op != "placeholder"), None)):
+            for k, t in enumerate(fakes):
+                track_tensor_tree(t, tracer.create_proxy("placeholder", f"tangents_{k + 1}", (), {}), constant=None,
+                                  tracer=tracer)
+    return fakes
 

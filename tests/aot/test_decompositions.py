@@ -112,3 +112,29 @@ def test_select_scatter_keeps_the_input_dtype(backend):
         want, got = f(x, y), coil.compile(f, backend=backend)(x, y)
         assert got.dtype == want.dtype == torch.float32
         torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("train", [True, False])
+@pytest.mark.parametrize("shape", [(4, 3), (2, 3, 5), (2, 3, 4, 5)])
+@pytest.mark.parametrize("dtype,weight", [(torch.float32, True), (torch.float32, False), (torch.bfloat16, True)])
+def test_batch_norm_backward_broadcasts_with_one_view(train, shape, dtype, weight):
+    """coil's native_batch_norm_backward equals ATen's kernel, and broadcasts each per-channel vector with one
+    ``view`` (torch's decomposition unsqueezed it a dim at a time: 12 of a 4-D BatchNorm's 28 backward ops)."""
+    x, dy = torch.randn(shape).to(dtype), torch.randn(shape).to(dtype)
+    c = shape[1]
+    w = torch.rand(c) + 0.5 if weight else None
+    rm, rv = torch.randn(c), torch.rand(c) + 0.5
+    mean, invstd = x.float().mean([d for d in range(x.dim()) if d != 1]), torch.rand(c) + 0.5
+    args = (dy, x, w, rm, rv, mean, invstd, train, 1e-5, [True, weight, True])
+    ref = aten.native_batch_norm_backward.default(*args)
+    fn = COIL_DECOMPOSITIONS[aten.native_batch_norm_backward.default]
+    tol = dict(rtol=2e-2, atol=2e-2) if dtype == torch.bfloat16 else {}
+    for r, g in zip(ref, fn(*args)):
+        assert (r is None) == (g is None)
+        if r is not None:
+            assert r.dtype == g.dtype and r.shape == g.shape
+            torch.testing.assert_close(g, r, **tol)
+    if weight:  # traced: 4 views, no unsqueeze
+        gm = make_fx(lambda *a: fn(*a, *args[7:]), tracing_mode="fake")(*args[:7])
+        assert [str(n.target) for n in gm.graph.nodes if "squeeze" in str(n.target) or "view" in str(n.target)] == \
+            ["aten.view.default"] * 4

@@ -17,7 +17,7 @@ from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, Stateles
 
 from coil.aot.aliasing import _overlaps
 from coil.aot.decompositions import get_decompositions
-from coil.aot.functional import analyze, trace_inference
+from coil.aot.functional import analyze, trace_inference, trace_joint
 
 
 def _symbolic(mode, t, dynamic_dims):
@@ -85,7 +85,7 @@ def _mutates(x, w):
 
 def _aliases(x, w):
     y = x @ w
-    return y, y.t()
+    return y, y.transpose(1, 2)
 
 
 def _view_of_input(x, w):
@@ -93,26 +93,69 @@ def _view_of_input(x, w):
 
 
 @pytest.mark.parametrize("symbolic", [False, True])
-@pytest.mark.parametrize("program,plain", [(_program, True), (_mutates, False), (_aliases, False),
-                                           (_view_of_input, False)])
-def test_plain_inference_is_analysed_and_traced_in_one_run(program, plain, symbolic):
-    """Under no_grad a program that mutates no input and returns no alias is analysed while
-    it is traced (one run of its ops, not two); any other program takes both runs. The one
-    run gives the graph and description the two give."""
-    from coil.aot.functional import trace_plain_inference
-
+@pytest.mark.parametrize("program,static_only", [(_program, False), (_mutates, True), (_aliases, True),
+                                                 (_view_of_input, True)])
+def test_inference_is_analysed_and_traced_in_one_run(program, static_only, symbolic):
+    """Under no_grad a program is analysed while it is traced (one run of its ops, not two); with symbolic sizes one
+    that mutates an input or returns an alias takes both runs. The one run gives the graph and description the two
+    give."""
     env = ShapeEnv()
     mode = FakeTensorMode(shape_env=env if symbolic else None)
     x = torch.randn(3, 5, 8)
     args = [_symbolic(mode, x, {1}) if symbolic else mode.from_tensor(x), torch.randn(8, 6)]
     args[1] = _symbolic(mode, args[1], set()) if symbolic else mode.from_tensor(args[1])
     with torch.no_grad():
-        found = trace_plain_inference(program, args, mode, get_decompositions())
-        assert (found is not None) == plain
-        if not plain:
+        found = trace_joint(program, args, None, get_decompositions(), mode, grad=False)
+        assert (found is not None) == (not symbolic or not static_only)
+        if found is None:
             return
-        info, gm = found
-        want = analyze(program, args, mode, grad=False)
-        assert (info.graph_outputs, info.fw_out_requires_grad, [o.kind for o in info.outputs]) == \
-            (want.graph_outputs, want.fw_out_requires_grad, [o.kind for o in want.outputs])
+        gm, joint = found
+        info, want = joint.program, analyze(program, args, mode, grad=False)
+        assert (info.mutated_inputs, info.graph_outputs, info.fw_out_requires_grad, [o.kind for o in info.outputs]) \
+            == (want.mutated_inputs, want.graph_outputs, want.fw_out_requires_grad, [o.kind for o in want.outputs])
         assert gm.code == trace_inference(program, args, want, get_decompositions(), mode).code
+
+
+def _batch_norm(x, w, rm, rv):
+    return torch.nn.functional.batch_norm(x @ w, rm, rv, training=True).relu()
+
+
+def _writes_an_input_needing_grad(x, w, rm, rv):
+    w.mul_(2)
+    return x @ w
+
+
+def _restrides(x, w, rm, rv):
+    rm.unsqueeze_(0)
+    return x @ w
+
+
+def _view_of_written(x, w, rm, rv):
+    rm.add_(1)
+    return x @ w, rm[1:]
+
+
+@pytest.mark.parametrize("program,one", [(_batch_norm, True), (_writes_an_input_needing_grad, False),
+                                         (_restrides, False), (_view_of_written, False)])
+def test_training_step_is_analysed_and_traced_in_one_run(program, one):
+    """With static shapes a training graph's forward runs once: analysed while the joint graph is traced, the tangents
+    made graph inputs once it ran (a BatchNorm's buffers are written: one run); a program that writes an input needing
+    grad (cloned first), restrides one or returns a view of one it wrote takes two runs. The one run gives the
+    description and the graph the two give."""
+    mode = FakeTensorMode()
+    x, w = torch.randn(3, 5, 8, requires_grad=True), torch.randn(8, 6, requires_grad=True) * 1
+    args = [mode.from_tensor(t) for t in (x, w, torch.zeros(5), torch.ones(5))]
+    found = trace_joint(program, args, None, get_decompositions(), mode)
+    assert (found is not None) == one
+    if not one:
+        return
+    gm, joint = found
+    want = analyze(program, args, mode, grad=True)
+    info = joint.program
+    assert (info.mutated_inputs, info.graph_outputs, info.fw_out_requires_grad, info.fw_out_meta,
+            [o.kind for o in info.outputs]) == (want.mutated_inputs, want.graph_outputs, want.fw_out_requires_grad,
+                                                want.fw_out_meta, [o.kind for o in want.outputs])
+    gm2, joint2 = trace_joint(program, args, want, get_decompositions(), mode)
+    assert gm.code == gm2.code and (joint.grad_inputs, joint.grad_is_none) == (joint2.grad_inputs, joint2.grad_is_none)
+    assert [n.meta["val"].shape for n in gm.graph.nodes if n.op == "placeholder"] == \
+        [n.meta["val"].shape for n in gm2.graph.nodes if n.op == "placeholder"]

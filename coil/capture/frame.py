@@ -865,7 +865,9 @@ def _emit_break(cg: EntryCodegen, tx, plan, fn, code, cfg, live_locals: dict) ->
         for name, v in zip(local_names, live_locals.values()):
             if isinstance(v, SymNodeVariable) and tx.output.sites.drawn & v.value.node.expr.free_symbols:
                 # a value drawn from random: a graph input there too, not a constant guarded per value
-                _caches.setdefault(rfn.__code__, FrameCache()).auto_dynamic[name] = {"value"}
+                if (cache := _caches.get(rfn.__code__)) is None:
+                    cache = _caches[rfn.__code__] = FrameCache()
+                cache.auto_dynamic[name] = {"value"}
         # (a resume function has its frame's globals: one of torch's own frames, a torch.nn forward, is
         # captured on like the user's, not skipped as library code)
         target = capture_callable(rfn, cfg, library=True) if captured else rfn

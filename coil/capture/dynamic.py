@@ -9,6 +9,7 @@ frame's sources. docs/dynamic_shapes.md, "Choosing what is symbolic" and "Shape 
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import re
@@ -18,9 +19,10 @@ import sympy
 import torch
 from torch._guards import GuardSource, Source as _TorchSource
 from torch.fx.experimental.symbolic_shapes import DimDynamic, StatelessSymbolicContext, free_unbacked_symbols
+from torch.utils._sympy.value_ranges import ValueRanges
 
 from coil import trace
-from coil.exc import UserError
+from coil.exc import Unsupported, UserError
 from coil.capture.source import LocalSource
 from coil.capture.variables.symbolic import SymNodeVariable
 
@@ -61,18 +63,14 @@ def mark_dynamic(t: torch.Tensor, dim, min: Optional[int] = None, max: Optional[
         if min is not None and max is not None and min > max:
             raise ValueError(f"mark_dynamic: min={min} > max={max}")
         getattr(t, _STATIC, set()).discard(d)
-        marks = dict(getattr(t, _DYN, {}))
-        marks[d] = (min, max)
-        setattr(t, _DYN, marks)
+        setattr(t, _DYN, {**getattr(t, _DYN, {}), d: (min, max)})
     return t
 
 
 def mark_static(t: torch.Tensor, dim):
     """Keep ``t``'s dimension(s) ``dim`` static (never symbolic, even under ``dynamic=True`` or after a size change)."""
     for d in _dims(t, dim):
-        marks = dict(getattr(t, _DYN, {}))
-        marks.pop(d, None)
-        setattr(t, _DYN, marks)
+        setattr(t, _DYN, {k: v for k, v in getattr(t, _DYN, {}).items() if k != d})
         setattr(t, _STATIC, set(getattr(t, _STATIC, set())) | {d})
     return t
 
@@ -132,9 +130,7 @@ class DynamicPolicy:
         input (a symbol of the ShapeEnv), else None (a guarded constant).
 
         Symbolic when the source's value changed between calls (``automatic``) or, under ``dynamic=True``, for the
-        frame's own arguments. An int is a SymInt placeholder (0 and 1 stay constants); a float is a 0-d float64 tensor
-        input read with ``.item()`` (its fake's ``item_memo`` is the SymFloat: coil/aot/scalars.py), as in torch's
-        capture."""
+        frame's own arguments (:func:`symbolic_input`)."""
         expr = source.expr()
         self.scalars[expr] = value
         if type(value) not in (int, float) or value != value or value in (math.inf, -math.inf):
@@ -146,43 +142,19 @@ class DynamicPolicy:
         if not ("value" in self.auto.get(expr, ()) and self.mode is not False) and not (
                 self.mode is True and isinstance(source, LocalSource)):
             return None
-        out = tx.output
-        env = out.shape_env
-        src = ShapeSource(expr)
-        if type(value) is int:
-            sym = env.create_unspecified_symint_and_symbol(value, src, DimDynamic.DYNAMIC)
-            if not isinstance(sym, torch.SymInt):
-                return None                       # 0 / 1: specialized
-            node = out._placeholder(expr)
-            node.meta["example_value"] = sym
-            out.inputs.append((source, value, node))
-        else:
-            s = env.create_unspecified_symbol(value, src, dynamic_dim=DimDynamic.DYNAMIC)
-            sym = env.create_symfloatnode(s, hint=value, source=src)
-            real = torch.tensor(value, dtype=torch.float64)
-            fake = out.fake_mode.from_tensor(real, static_shapes=True)
-            fake.item_memo = sym
-            out.guards.ns["___scalar_tensor"] = _scalar_tensor
-            node = out._placeholder(expr)
-            node.meta["example_value"] = fake
-            out.inputs.append((ScalarTensorSource(expr), real, node))
-            out.scalar_floats.append((expr, sym))
-            node = out.graph.create_node("call_method", "item", (node,), {})
-            node.meta["example_value"] = sym
+        sym, node = symbolic_input(tx.output, value, expr, source)
+        if type(value) is float:
+            tx.output.scalar_floats.append((expr, sym))
         trace.log("dynamic_scalar", stage="capture", source=expr, type=type(value).__name__,
                   reason="automatic" if self.mode is None else "dynamic=True")
-        return SymNodeVariable(out, sym, ("node", node))
+        return SymNodeVariable(tx.output, sym, ("node", node))
 
     def dims_for(self, expr: str, t: torch.Tensor, is_param: bool) -> dict:
         """``{dim: reason}`` of ``t``'s symbolic dims, read from source ``expr``."""
-        out = {}
         static = set(getattr(t, _STATIC, ())) | set(getattr(t, "_dynamo_static_indices", ()))
-        for d in _marks(t):
-            if d < t.dim():
-                out[d] = "marked"
-        for d in set(getattr(t, _UNBACKED, ())) | set(getattr(t, "_dynamo_unbacked_indices", ())):
-            if d < t.dim():
-                out[d] = "unbacked"
+        out = {d: "marked" for d in _marks(t) if d < t.dim()}
+        unbacked = set(getattr(t, _UNBACKED, ())) | set(getattr(t, "_dynamo_unbacked_indices", ()))
+        out.update({d: "unbacked" for d in unbacked if d < t.dim()})
         if self.mode is True and not is_param:
             for d in range(t.dim()):
                 out.setdefault(d, "dynamic=True")
@@ -209,14 +181,9 @@ class DynamicPolicy:
                     f"{hi if hi is not None else 'inf'}] given to mark_dynamic", loc,
                     hint=f"pass a tensor whose dim {d} is in range, or widen the range in "
                          f"coil.mark_dynamic({expr}, {d}, min=..., max=...)")
-        kinds = []
-        for d in range(value.dim()):
-            if d not in dyn:
-                kinds.append(DimDynamic.STATIC)
-            elif dyn[d] == "unbacked":
-                kinds.append(getattr(DimDynamic, "UNBACKED", None) or getattr(DimDynamic, "SIZE_LIKE_UNBACKED"))
-            else:
-                kinds.append(DimDynamic.DYNAMIC)
+        unbacked = getattr(DimDynamic, "UNBACKED", None) or getattr(DimDynamic, "SIZE_LIKE_UNBACKED")
+        kinds = [DimDynamic.STATIC if d not in dyn else unbacked if dyn[d] == "unbacked" else DimDynamic.DYNAMIC
+                 for d in range(value.dim())]
         # strides follow from the sizes where the input is contiguous (INFER_STRIDE)
         ctx = StatelessSymbolicContext(dynamic_sizes=kinds, dynamic_strides=[DimDynamic.INFER_STRIDE] * value.dim())
         fake = fake_mode.from_tensor(value, symbolic_context=ctx, source=ShapeSource(expr))
@@ -250,11 +217,8 @@ def _is_wrapper(t) -> bool:
 
 def _symbol(s):
     """The sympy symbol of a SymInt that is a bare symbol, else None."""
-    if isinstance(s, torch.SymInt):
-        e = s.node.expr
-        if isinstance(e, sympy.Symbol):
-            return e
-    return None
+    e = s.node.expr if isinstance(s, torch.SymInt) else None
+    return e if isinstance(e, sympy.Symbol) else None
 
 
 def changed_dims(old_shapes: dict, values: dict) -> dict:
@@ -281,13 +245,18 @@ class SiteRecorder:
     def __init__(self):
         self.sites: list = []       # (guard index, "file:line")
         self.specializations: list = []
+        self.drawn: set = set()     # symbols of values drawn from Python's random (random_draw)
 
     def note(self, env, start: int, where: str, reason: Optional[str] = None) -> None:
         """Attribute the ShapeEnv guards added since index ``start`` to user line ``where``; log each
-        (``specialization`` when it pins a symbol to a value, else ``shape_guard``) with ``reason``."""
+        (``specialization`` when it pins a symbol to a value, else ``shape_guard``) with ``reason``. A guard on a
+        value drawn from ``random`` is a graph break instead (Python decides there, for each value)."""
         for i in range(start, len(env.guards)):
             self.sites.append((i, where))
             expr = env.guards[i].expr
+            if self.drawn & expr.free_symbols:
+                raise Unsupported(f"{reason}, over a value drawn from Python's random ({expr}: a guard on it "
+                                  "would recompile for each value)", hint="Python decides it at a graph break")
             if (pinned := _pinned_symbol(expr)) is not None:
                 self.specializations.append((pinned, str(expr), where))
                 trace.log("specialization", stage="capture", symbol=str(pinned[0]),
@@ -301,12 +270,9 @@ class SiteRecorder:
 
 def _pinned_symbol(expr):
     """``(symbol, value)`` when guard ``expr`` is ``Eq(symbol, integer)``."""
-    if isinstance(expr, sympy.Eq):
-        a, b = expr.args
+    for a, b in (expr.args, expr.args[::-1]) if isinstance(expr, sympy.Eq) else ():
         if isinstance(a, sympy.Symbol) and isinstance(b, sympy.Integer):
             return a, int(b)
-        if isinstance(b, sympy.Symbol) and isinstance(a, sympy.Integer):
-            return b, int(a)
     return None
 
 
@@ -314,26 +280,13 @@ def check_marked(env, policy: DynamicPolicy, sites: SiteRecorder) -> None:
     """Raise :class:`UserError` when the program forced a ``mark_dynamic`` dim to a
     constant (naming the dim, the user line and what to do)."""
     for sym, (expr, d, _rng) in policy.marked.items():
-        rep = env.replacements.get(sym)
-        value = None
-        if isinstance(rep, sympy.Integer):
-            value = int(rep)
+        rep, vr = env.replacements.get(sym), env.var_to_range.get(sym)
+        if isinstance(rep, sympy.Integer) or vr is not None and vr.is_singleton():
+            value = int(rep if isinstance(rep, sympy.Integer) else vr.lower)
         else:
-            vr = env.var_to_range.get(sym)
-            if vr is not None and vr.is_singleton():
-                value = int(vr.lower)
-        if value is None:
             continue
-        where = None
-        for (s, _g, w) in sites.specializations:
-            if s[0] == sym:
-                where = w
-                break
-        if where is None:
-            for i, g in enumerate(env.guards):
-                if sym in g.expr.free_symbols:
-                    if where := sites.site_of(i):
-                        break
+        where = next((w for (s, _g, w) in sites.specializations if s[0] == sym), None) or next(
+            (w for i, g in enumerate(env.guards) if sym in g.expr.free_symbols and (w := sites.site_of(i))), None)
         raise UserError(
             f"dim {d} of {expr} was marked dynamic (coil.mark_dynamic), but the program "
             f"forces it to the constant {value}"
@@ -458,6 +411,61 @@ def is_symbolic_value(v: Any) -> bool:
     if isinstance(v, torch.Tensor):
         return any(isinstance(s, torch.SymInt) for s in (*v.shape, *v.stride(), v.storage_offset()))
     return False
+
+
+def symbolic_input(out, value, text: str, source=None) -> tuple:
+    """A graph input for the Python int/float the entry reads as ``text`` (``source``: its coil source), a new symbol
+    of the ShapeEnv: an int is a SymInt placeholder, a float a 0-d float64 tensor input read with ``.item()`` (its
+    fake's ``item_memo`` is the SymFloat: coil/aot/scalars.py), as in torch's capture. Returns (symbol, node)."""
+    env = out.shape_env
+    src = ShapeSource(text)
+    s = env.create_unspecified_symbol(value, src, dynamic_dim=DimDynamic.DYNAMIC)
+    node = out._placeholder(text)
+    if type(value) is int:
+        sym = env.create_symintnode(s, hint=value, source=src)
+        out.inputs.append((source or SymbolSource(text), value, node))
+    else:
+        sym = env.create_symfloatnode(s, hint=value, source=src)
+        real = torch.tensor(value, dtype=torch.float64)
+        node.meta["example_value"] = fake = out.fake_mode.from_tensor(real, static_shapes=True)
+        fake.item_memo = sym
+        out.guards.ns["___scalar_tensor"] = _scalar_tensor
+        out.inputs.append((ScalarTensorSource(text), real, node))
+        node = out.graph.create_node("call_method", "item", (node,), {})
+    node.meta["example_value"] = sym
+    return sym, node
+
+
+#: ``random.Random`` methods the entry draws from (:func:`random_draw`); others (``seed``, ``shuffle``) are breaks
+RANDOM_DRAWS = frozenset(("random", "uniform", "triangular", "gauss", "normalvariate", "lognormvariate",
+                          "expovariate", "vonmisesvariate", "gammavariate", "betavariate", "paretovariate",
+                          "weibullvariate", "randint", "randrange", "getrandbits"))
+
+
+def random_draw(tx, method: str, rng, name: str, args: list, kwargs: dict) -> SymNodeVariable:
+    """``rng.<name>(*args)`` of a ``random.Random`` (``random.uniform(0, 1)``: the module's), read as ``method``: the
+    entry draws it before the graph, in program order, into a new symbol, a graph input that nothing may guard on
+    (control flow on it is a break: :class:`SiteRecorder`). The trace reads the value from a copy of ``rng``."""
+    out = tx.output
+    try:
+        if not all(v.is_python_constant() for v in [*args, *kwargs.values()]):
+            raise TypeError("arguments that are not constants")
+        a = tuple(v.as_python_constant() for v in args)
+        kw = {k: v.as_python_constant() for k, v in kwargs.items()}
+        value = getattr(copy.copy(rng), name)(*a, **kw)
+    except Exception as e:  # noqa: BLE001 - eager calls it at the break (and raises there)
+        raise Unsupported(f"random.{name} ({type(e).__name__}: {e})", hint="it runs outside the graph") from None
+    text = f"___rnd{len(out.draws)}"
+    out.draws.append((method, a, kw))
+    sym, node = symbolic_input(out, value, text)
+    out.sites.drawn.add(sym.node.expr)
+    if not kw and (name == "random" and not a or name in ("uniform", "randint") and len(a) == 2 and a[0] <= a[1]):
+        # its range decides ``p < 0.0`` (LayerDrop off) with no guard (uniform may round up past b)
+        lo, hi = a or (0.0, 1.0)
+        out.shape_env.var_to_range[sym.node.expr] = ValueRanges(sympy.sympify(lo), sympy.oo if name == "uniform"
+                                                                else sympy.sympify(hi))
+    trace.log("random_draw", stage="capture", call=f"{method}{a}", input=text, user_line=out.where())
+    return SymNodeVariable(out, sym, ("node", node))
 
 
 @dataclasses.dataclass(frozen=True)

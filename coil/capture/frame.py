@@ -41,6 +41,7 @@ from coil.capture.translator import (_GLOBAL_HOOKS, _MODULE_HOOKS, SKIP_MODULES,
                                      RestartAnalysis, instructions_of)
 from coil.capture.variables.base import ConstantVariable, NullVariable
 from coil.capture.variables.builder import wrap
+from coil.capture.variables.symbolic import SymNodeVariable
 from coil.capture.variables.tensor import IndexCopyAliasing, UserCodeError, call_op
 from coil.capture.dynamic import (DynamicPolicy, SymbolSource, changed_dims, check_marked, is_symbolic_value, readable,
                                   shape_guards)
@@ -295,10 +296,8 @@ def wrap_module(mod: torch.nn.Module, cfg: CaptureConfig):
     # the compile log shows the module's forward as this frame's source (the frame
     # itself is the generated ``self(*args, **kwargs)``)
     cls = type(mod)
-    if cls.__call__ is not torch.nn.Module.__call__:  # an overridden __call__ is what runs
-        fn._coil_source_of = (cls.__name__, "__call__", cls.__call__)
-    else:
-        fn._coil_source_of = (cls.__name__, "forward", cls.forward)
+    attr = "__call__" if cls.__call__ is not torch.nn.Module.__call__ else "forward"  # (an overridden __call__ runs)
+    fn._coil_source_of = (cls.__name__, attr, getattr(cls, attr))
     inner = wrap_function(fn, cfg)
     mod_ref = weakref.ref(mod)
 
@@ -333,8 +332,7 @@ def capture_callable(fn, cfg: CaptureConfig, library: bool = False):
 
 
 def _wrapped_function(fn, cfg: CaptureConfig):
-    if (per := _fn_wrappers.get(fn)) is None:
-        per = _fn_wrappers[fn] = {}
+    per = _fn_wrappers.setdefault(fn, {})
     if (w := per.get(id(cfg))) is None:
         w = per[id(cfg)] = wrap_function(fn, cfg)
     return w
@@ -543,19 +541,13 @@ def _translate(fn, code, cfg, bound, auto_dynamic=None) -> CacheEntry:
 
 
 def _source_of(fn) -> str:
-    module_call = getattr(fn, "_coil_source_of", None)
-    if module_call is not None:  # a module's call frame (wrap_module)
-        name, attr, target = module_call
-        head = (f"# {name}.__call__: hooks, then {name}.forward:\n" if attr == "forward"
-                else f"# {name}.__call__ (overridden):\n")
-        try:
-            return head + inspect.getsource(target)
-        except (OSError, TypeError):
-            return f"<source unavailable for {name}.{attr}>"
+    name, attr, target = getattr(fn, "_coil_source_of", None) or (None, None, fn)   # (a module's call: wrap_module)
+    head = "" if name is None else f"# {name}.__call__: hooks, then {name}.forward:\n" if attr == "forward" \
+        else f"# {name}.__call__ (overridden):\n"
     try:
-        return inspect.getsource(fn)
+        return head + inspect.getsource(target)
     except (OSError, TypeError):
-        return f"<source unavailable for {fn.__code__.co_name}>"
+        return f"<source unavailable for {f'{name}.{attr}' if name else fn.__code__.co_name}>"
 
 
 def _dis_text(code) -> str:
@@ -870,6 +862,12 @@ def _emit_break(cg: EntryCodegen, tx, plan, fn, code, cfg, live_locals: dict) ->
     def resume(index, items, captured=True):
         null_mask = tuple(isinstance(v, NullVariable) for v in items)
         rfn = make_resume_function(fn.__globals__, fn.__closure__, code, index, null_mask, local_names)
+        for name, v in zip(local_names, live_locals.values()):
+            if isinstance(v, SymNodeVariable) and tx.output.sites.drawn & v.value.node.expr.free_symbols:
+                # a value drawn from random: a graph input there too, not a constant guarded per value
+                if (cache := _caches.get(rfn.__code__)) is None:
+                    cache = _caches[rfn.__code__] = FrameCache()
+                cache.auto_dynamic[name] = {"value"}
         # (a resume function has its frame's globals: one of torch's own frames, a torch.nn forward, is
         # captured on like the user's, not skipped as library code)
         target = capture_callable(rfn, cfg, library=True) if captured else rfn

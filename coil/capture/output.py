@@ -71,9 +71,7 @@ class SideEffects:
         self._record(("attr", id(obj_vt.value), name), ("attr", obj_vt, name))
 
     def pending_attr(self, obj, name) -> Optional[VariableTracker]:
-        if not self.attrs:
-            return None
-        return self.attrs.get((id(obj), name))
+        return self.attrs.get((id(obj), name)) if self.attrs else None
 
     def store_global(self, gdict, gname, name, value) -> None:
         self.globals[(id(gdict), name)] = value
@@ -86,18 +84,15 @@ class SideEffects:
         self.cells[id(cell_vt)] = value
         self._record(("cell", id(cell_vt)), ("cell", cell_vt))
 
+    def value(self, item: tuple) -> VariableTracker:
+        """What ``item`` of :attr:`order` wrote (a mutated container: the container)."""
+        kind = item[0]
+        if kind in ("container", "attr"):
+            return item[1] if kind == "container" else self.attrs[(id(item[1].value), item[2])]
+        return self.globals[(id(item[1]), item[3])] if kind == "global" else self.cells[id(item[1])]
+
     def values(self) -> list:
-        out = []
-        for item in self.order:
-            if item[0] == "container":
-                out.append(item[1])
-            elif item[0] == "attr":
-                out.append(self.attrs[(id(item[1].value), item[2])])
-            elif item[0] == "global":
-                out.append(self.globals[(id(item[1]), item[3])])
-            else:
-                out.append(self.cells[id(item[1])])
-        return out
+        return [self.value(item) for item in self.order]
 
 
 class OutputGraph:
@@ -117,6 +112,7 @@ class OutputGraph:
         self.current_tx = None          # the translator running an instruction (where())
         self.symbol_nodes: dict = {}    # sympy symbol -> SymInt placeholder
         self.scalar_floats: list = []   # (source expr, SymFloat) of float inputs
+        self.draws: list = []   # (method text, args, kwargs) of each draw from random, in order (dynamic.random_draw)
         self.guards = GuardSet(f_globals)
         self.f_globals, self.argnames = f_globals, argnames
         self.inputs: list[tuple[Any, Any, torch.fx.Node]] = []  # (source, real, node)
@@ -274,9 +270,10 @@ class EntryCodegen:
         self._tmp = 0
         self.out_index = {id(t.node): i for i, t in enumerate(graph_outputs)}
         self._const_ids: dict[int, str] = {}
-        #: lines the entry runs first, before the graph: reads of input sizes that symbolic
-        #: outputs name (:meth:`symbol_local`)
-        self.early: list[str] = []
+        #: lines the entry runs first, before the graph: the draws from ``random``, then reads of input sizes that
+        #: symbolic outputs name (:meth:`symbol_local`)
+        self.early = [f"___rnd{i} = {fn}(*{self.const_expr(a)}, **{self.const_expr(kw)})"
+                      for i, (fn, a, kw) in enumerate(output.draws)]
         self._symbol_locals: dict[str, str] = {}
 
     def symbol_local(self, source_text: str) -> str:
@@ -372,17 +369,12 @@ class EntryCodegen:
                 else:
                     raise Unsupported(f"mutation of {vt}")
             elif kind == "attr":
-                obj_vt, name = item[1], item[2]
-                value = se.attrs[(id(obj_vt.value), name)]
-                self.lines.append(f"setattr({self.reconstruct(obj_vt)}, {name!r}, {self.reconstruct(value)})")
+                obj = self.reconstruct(item[1])
+                self.lines.append(f"setattr({obj}, {item[2]!r}, {self.reconstruct(se.value(item))})")
             elif kind == "global":
-                gdict, gname, name = item[1], item[2], item[3]
-                value = se.globals[(id(gdict), name)]
-                self.lines.append(f"{gname}[{name!r}] = {self.reconstruct(value)}")
+                self.lines.append(f"{item[2]}[{item[3]!r}] = {self.reconstruct(se.value(item))}")
             else:
-                cell_vt = item[1]
-                self.lines.append(f"{self.cell_expr(cell_vt)}.cell_contents = "
-                                  f"{self.reconstruct(se.cells[id(cell_vt)])}")
+                self.lines.append(f"{self.cell_expr(item[1])}.cell_contents = {self.reconstruct(se.value(item))}")
 
 
 def collect_tensors(vts: list, out: list, seen: set, data_dependent: list | None = None) -> None:

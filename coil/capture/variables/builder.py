@@ -20,6 +20,7 @@ import functools
 import inspect
 import math
 import os
+import random
 import types
 from typing import Any
 
@@ -27,6 +28,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
 from coil.exc import Unsupported
+from coil.capture.dynamic import RANDOM_DRAWS
 from coil.capture.guards import tensor_guard
 from coil.capture.source import AttrSource, GetItemSource, LocalSource
 from coil.capture.variables.base import ConstantVariable, VariableTracker, is_literal
@@ -82,12 +84,9 @@ def _changed_items(tx, value: tuple, expr: str) -> bool:
     an optimizer's ``betas`` under a momentum schedule recompiled every step). Then the tuple is wrapped item by item,
     the changed items graph inputs; each such item is recorded to be compared on the next miss."""
     dyn = tx.output.dynamic
-    changed = False
-    for i, v in enumerate(value):
-        if type(v) in (int, float):
-            dyn.scalars[f"{expr}[{i}]"] = v
-            changed |= "value" in dyn.auto.get(f"{expr}[{i}]", ())
-    return changed
+    items = {f"{expr}[{i}]": v for i, v in enumerate(value) if type(v) in (int, float)}
+    dyn.scalars.update(items)
+    return any("value" in dyn.auto.get(k, ()) for k in items)
 
 
 def _fields_are_items(value) -> bool:
@@ -227,6 +226,10 @@ def _build(tx, value, source, gs) -> VariableTracker:
         return UserFunctionVariable(value, source)
     if isinstance(value, torch.inference_mode):
         raise Unsupported("torch.inference_mode object (its block runs outside the graph)")
+    if isinstance(value, (types.MethodType, types.BuiltinMethodType)) and type(value.__self__) is random.Random \
+            and value.__name__ in RANDOM_DRAWS and source is not None:  # random.uniform: a draw (objects.py)
+        guard_is()
+        return BoundMethodVariable(wrap(tx, value.__self__, AttrSource(source, "__self__")), value.__name__)
     if isinstance(value, types.MethodType) and value.__name__ == "__exit__" and \
             type(value.__self__) in (torch.no_grad, torch.enable_grad, torch.set_grad_enabled) \
             and isinstance(getattr(value.__self__, "prev", None), bool):

@@ -15,6 +15,7 @@ import dis
 import enum
 import functools
 import inspect
+import random
 import types
 import warnings
 import weakref
@@ -22,12 +23,13 @@ import weakref
 import torch
 
 from coil.exc import Unsupported
+from coil.capture.dynamic import RANDOM_DRAWS, random_draw
 from coil.capture.source import AttrSource, ModuleDictSource
 from coil.capture.variables.base import (AttributeMissing, ConstantVariable, RealValueVariable, VariableTracker,
                                          wrap)
 from coil.capture.variables.containers import DictVariable, ListIteratorVariable, ListVariable, TupleVariable
 from coil.capture.variables.functions import BoundMethodVariable, UserFunctionVariable, UserMethodVariable
-from coil.capture.variables.tensor import TensorVariable, call_op, to_fake
+from coil.capture.variables.tensor import TensorVariable, call_op
 
 
 _SENTINEL = object()
@@ -260,11 +262,16 @@ class UserDefinedObjectVariable(ObjectVariableBase):
 
     def var_getattr(self, tx, name):
         if isinstance(self.value, dict) and name in _DICT_READS and self.source is not None \
-                and getattr(type(self.value), name) is getattr(dict, name):
-            return BoundMethodVariable(self, name)      # call_method: _dict_lookup
+                and getattr(type(self.value), name) is getattr(dict, name) or self._draws(name):
+            return BoundMethodVariable(self, name)      # call_method: _dict_lookup, random_draw
         return super().var_getattr(tx, name)
 
+    def _draws(self, name) -> bool:
+        return type(self.value) is random.Random and name in RANDOM_DRAWS and self.source is not None
+
     def call_method(self, tx, name, args, kwargs):
+        if self._draws(name):
+            return random_draw(tx, f"{self.source.expr()}.{name}", self.value, name, args, kwargs)
         if isinstance(self.value, dict) and name in _DICT_READS:
             if (found := _dict_lookup(tx, self, name, args, kwargs)) is not None:
                 return found
@@ -343,12 +350,7 @@ class NNModuleVariable(ObjectVariableBase):
         for qual, sub in (m.named_modules() if deep else [("", m)]):
             for d in {"_modules", dname} if deep else (dname,):
                 _guard_keys(tx, source(qual, "_modules"), sub, d)
-        if kind == "named_parameters":
-            pairs = list(m.named_parameters(recurse=recurse))
-        elif kind == "named_buffers":
-            pairs = list(m.named_buffers(recurse=recurse))
-        else:
-            pairs = list(m.named_children() if kind == "named_children" else m.named_modules())
+        pairs = list(getattr(m, kind)(recurse=recurse) if dname != "_modules" else getattr(m, kind)())
         return [(qual, wrap(tx, value, source(qual, dname))) for qual, value in pairs]
 
     def call_method(self, tx, name, args, kwargs):
@@ -378,10 +380,8 @@ class NNModuleVariable(ObjectVariableBase):
             return ListIteratorVariable([TupleVariable([ConstantVariable(k), self._sub(tx, k)])
                                          for k in keys], kind="items")
         if name in ("parameters", "buffers", "children", "modules"):
-            kind = {"parameters": "named_parameters", "buffers": "named_buffers",
-                    "children": "named_children", "modules": "named_modules"}[name]
             rec = kwargs.get("recurse", ConstantVariable(True)).as_python_constant()
-            return ListIteratorVariable([v for _, v in self._named(tx, kind, recurse=rec)])
+            return ListIteratorVariable([v for _, v in self._named(tx, "named_" + name, recurse=rec)])
         if name in ("named_parameters", "named_buffers", "named_children", "named_modules"):
             return ListIteratorVariable([TupleVariable([ConstantVariable(q), v]) for q, v in self._named(tx, name)])
         if name == "forward" and type(m).forward is torch.nn.Module.forward:
@@ -510,10 +510,9 @@ class AutogradFunctionApplyVariable(VariableTracker):
     """``MyFn.apply`` of a custom ``torch.autograd.Function``: the call is one graph node whose target is
     ``MyFn.apply``. AOT's joint trace runs it under ``make_fx``, so the user's ``forward`` becomes the forward
     graph's ops and the user's ``backward`` (run by ``autograd.grad`` in the joint trace) the backward
-    graph's: gradients are the user's, never autograd's derivative of ``forward``. At capture the forward and
-    a backward are run once on fake tensors; if either cannot run there (data-dependent code, non-tensor
-    work), or an argument is not a tensor or a constant, the call stays a graph break.
-    ``forward``/``backward`` are guarded by identity; globals they read are not."""
+    graph's: gradients are the user's, never autograd's derivative of ``forward``. A Python side effect in them
+    (eager runs it on every call), code capture cannot trace (:func:`probe_autograd`), or an argument that is not a
+    tensor or a constant makes the call a graph break. They are guarded by identity, the globals they read too."""
 
     def __init__(self, cls_vt):
         super().__init__(None)
@@ -535,20 +534,12 @@ class AutogradFunctionApplyVariable(VariableTracker):
         for meth in ("forward", "backward", "setup_context"):
             fn = getattr(cls, meth, None)
             gs.add(f"{src}.{meth} is {gs.const(fn)}", f"{src}.{meth}", fn, src=src)
-        try:
-            with tx.output.fake_mode, torch.enable_grad():
-                fakes = [to_fake(a) for a in args]
-                res = cls.apply(*fakes)
-                outs = [o for o in (res if isinstance(res, (tuple, list)) else [res])
-                        if isinstance(o, torch.Tensor) and o.requires_grad]
-                ins = [a for a in fakes if isinstance(a, torch.Tensor) and a.requires_grad]
-                if outs and ins:
-                    torch.autograd.grad(outs, ins, [torch.ones_like(o) for o in outs], allow_unused=True)
-        except Unsupported:
-            raise
-        except Exception as e:  # noqa: BLE001 - eager runs it at the break
-            raise Unsupported(f"{name}.apply cannot be traced ({type(e).__name__}: {e})",
-                              hint="its forward or backward runs outside the graph") from e
+        base = _static_lookup(torch.autograd.Function, "setup_context")
+        setup = cls.setup_context if _static_lookup(cls, "setup_context") is not base else None
+
+        def forward(ctx):
+            return tx.call(UserFunctionVariable(inspect.unwrap(cls.forward)), ([] if setup else [ctx]) + list(args), {})
+        probe_autograd(tx, f"{name}.apply", list(args), forward, setup, cls.backward)
         return call_op(tx, "call_function", _apply_target(cls), list(args), {})
 
 
@@ -715,6 +706,56 @@ class ModuleInitProbe(NewObjectVariable):
     (:meth:`InFrameModuleVariable.create`); ``super().__init__`` into torch.nn is skipped."""
 
 
+class FunctionCtxProbe(NewObjectVariable):
+    """The ``ctx`` of a custom autograd formula traced by :func:`probe_autograd`: attributes are kept,
+    ``save_for_backward`` keeps its tensors as ``saved_tensors``, the other ctx calls do nothing."""
+
+    CALLS = ("save_for_backward", "save_for_forward", "mark_dirty", "mark_non_differentiable", "set_materialize_grads")
+
+    def var_getattr(self, tx, name):
+        return BoundMethodVariable(self, name) if name in self.CALLS else super().var_getattr(tx, name)
+
+    def call_method(self, tx, name, args, kwargs):
+        if name not in self.CALLS:
+            return super().call_method(tx, name, args, kwargs)
+        if name == "save_for_backward":
+            self.attrs["saved_tensors"] = TupleVariable(list(args))
+        return ConstantVariable(None)
+
+
+def probe_autograd(tx, what: str, inputs: list, forward, setup_context, backward) -> None:
+    """Trace a custom autograd formula once, before anything runs it (``forward(ctx)`` traces its forward;
+    ``setup_context`` is None where forward takes ``ctx``). The graph runs none of its Python per call, so a side
+    effect, or code capture cannot trace, raises Unsupported (a break). Its nodes are removed, its guards kept."""
+    from coil.capture.variables.hops import _RefusingSideEffects
+
+    out = tx.output
+    before, saved, draws = set(out.graph.nodes), out.side_effects, len(out.draws)
+    out.side_effects = _RefusingSideEffects(saved, what)
+    try:
+        ctx = FunctionCtxProbe(object)
+        grad = torch.is_grad_enabled() and any(isinstance(a, TensorVariable) and a.fake.requires_grad for a in inputs)
+        ctx.attrs["needs_input_grad"] = ConstantVariable(tuple(grad and isinstance(a, TensorVariable) and
+                                                               a.fake.requires_grad for a in inputs))
+        res = forward(ctx)
+        if setup_context is not None:
+            tx.call(UserFunctionVariable(inspect.unwrap(setup_context)), [ctx, TupleVariable(list(inputs)), res], {})
+        outs = res.items if isinstance(res, (TupleVariable, ListVariable)) else [res]
+        if grad:
+            grads = [call_op(tx, "call_function", torch.ones_like, [o], {}) if isinstance(o, TensorVariable)
+                     else ConstantVariable(None) for o in outs]
+            tx.call(UserFunctionVariable(inspect.unwrap(backward)), [ctx] + grads, {})
+        if len(out.draws) != draws:
+            raise Unsupported("a draw from Python's random")
+    except Unsupported as e:
+        raise Unsupported(f"{what} cannot be traced free of Python side effects, which eager runs on every call "
+                          f"({e.reason})", hint="it runs eagerly") from e
+    finally:
+        out.side_effects = saved
+        for n in reversed([n for n in out.graph.nodes if n not in before and n.op != "placeholder"]):
+            out.graph.erase_node(n)
+
+
 def is_model_output_class(cls) -> bool:
     """Dataclasses that are also OrderedDicts (``transformers.utils.ModelOutput``)."""
     return (isinstance(cls, type) and issubclass(cls, collections.OrderedDict) and dataclasses.is_dataclass(cls))
@@ -765,9 +806,6 @@ class DataClassDictVariable(DictVariable):
             return TupleVariable(list(self.items.values()))
         if name == "__getitem__":
             return self.getitem(tx, args[0])
-        if name in ("__setitem__",):
-            super().call_method(tx, name, args, kwargs)
-            return ConstantVariable(None)
         return super().call_method(tx, name, args, kwargs)
 
     def set_attr(self, tx, name, value):

@@ -20,6 +20,7 @@ import torch
 import torch.utils._pytree as pytree
 from torch._subclasses.fake_tensor import (DataDependentOutputException, DynamicOutputShapeException, FakeTensor)
 from torch._dispatch.python import enable_python_dispatcher
+from torch._library.custom_ops import OPDEFS
 
 from coil.exc import Unsupported
 from coil.capture.meta_checks import cast_to_eager_dtype, check_call
@@ -98,17 +99,11 @@ def to_fake(v: VariableTracker):
 def contains_tensor(v) -> bool:
     if isinstance(v, TensorVariable):
         return True
-    if isinstance(v, (list, tuple)):
-        return any(contains_tensor(x) for x in v)
+    if isinstance(v, (TupleVariable, ListVariable, DictVariable, SliceVariable)):
+        v = v.parts if isinstance(v, SliceVariable) else v.items
     if isinstance(v, dict):
-        return any(contains_tensor(x) for x in v.values())
-    if isinstance(v, (TupleVariable, ListVariable)):
-        return any(contains_tensor(x) for x in v.items)
-    if isinstance(v, DictVariable):
-        return any(contains_tensor(x) for x in v.items.values())
-    if isinstance(v, SliceVariable):
-        return any(contains_tensor(x) for x in v.parts)
-    return False
+        v = list(v.values())
+    return isinstance(v, (list, tuple)) and any(contains_tensor(x) for x in v)
 
 
 class _QuietMetaFailures(logging.Filter):
@@ -185,6 +180,16 @@ def call_op(tx, kind: str, target, args: list, kwargs: dict) -> VariableTracker:
                           hint="allocate a tensor of the new size (torch.empty) instead")
     if kind == "call_function":
         target = substitute(target)  # checked equivalents (F.one_hot)
+    opdef = OPDEFS.get(getattr(target, "_name", None) or getattr(target, "_qualified_op_name", None)) \
+        if _is_custom_op(target) else None
+    if torch.is_grad_enabled() and getattr(opdef, "_backward_fn", None):   # its Python autograd formula
+        from coil.capture.variables.objects import probe_autograd
+
+        def forward(ctx):
+            with torch.no_grad():      # (no autograd: nothing runs the formula)
+                return call_op(tx, kind, target, args, kwargs)
+        probe_autograd(tx, _name(target), list(args) + list(kwargs.values()), forward, opdef._setup_context_fn,
+                       opdef._backward_fn)
     node_args = tuple(_map(a, to_node_arg) for a in args)
     node_kwargs = {k: _map(v, to_node_arg) for k, v in kwargs.items()}
     fake_args = [_map(a, to_fake) for a in args]
@@ -218,8 +223,6 @@ def call_op(tx, kind: str, target, args: list, kwargs: dict) -> VariableTracker:
             if isinstance(result, torch.Tensor) and eager_dtype not in (None, result.dtype):
                 node, result = cast_to_eager_dtype(out.graph, node, result, eager_dtype)
                 tx.locate_node(node)
-            if torch.is_grad_enabled() and _is_custom_op(target):
-                _check_custom_backward(target, fake_args, result)
     except (DataDependentOutputException, DynamicOutputShapeException) as e:
         out.graph.erase_node(node)
         raise Unsupported(f"data-dependent operation {_name(target)} ({type(e).__name__})",
@@ -262,21 +265,6 @@ def _is_custom_op(target) -> bool:
     """An OpOverload or OpOverloadPacket (whose namespace is in its qualified name) outside torch's own namespaces."""
     ns = getattr(target, "namespace", None) or getattr(target, "_qualified_op_name", "aten::").split("::")[0]
     return ns not in _BUILTIN_OP_NAMESPACES
-
-
-def _check_custom_backward(target, fake_args: list, result) -> None:
-    """Run a custom op's registered backward once on the fake values. AOT's joint trace runs it the same way, and one
-    that cannot run there (transformers' grouped-mm fallback reads ``offs.tolist()``) failed the whole compile; the call
-    is a graph break instead, and the op runs eagerly with its backward. Raises Unsupported."""
-    outs = [o for o in pytree.tree_leaves(result) if isinstance(o, torch.Tensor) and o.requires_grad]
-    ins = [a for a in pytree.tree_leaves(fake_args) if isinstance(a, torch.Tensor) and a.requires_grad]
-    if not (outs and ins):
-        return
-    try:
-        torch.autograd.grad(outs, ins, [torch.ones_like(o) for o in outs], allow_unused=True)
-    except Exception as e:  # noqa: BLE001 - eager runs it at the break
-        raise Unsupported(f"the backward of custom op {_name(target)} cannot be traced "
-                          f"({type(e).__name__})", hint="the op runs outside the graph") from e
 
 
 def _input_value(tx, v):
@@ -413,14 +401,12 @@ def _split_scalar_tensor_index(t: "TensorVariable", idx):
             basic.append(ConstantVariable(slice(None)))
             picks.append((r, v))
             r += 1
-        elif isinstance(v, ConstantVariable) and v.value is Ellipsis:
-            basic.append(v)
-            r += t.fake.dim() - consumed
-        elif isinstance(v, ConstantVariable) and type(v.value) is int:
-            basic.append(v)
         else:
             basic.append(v)
-            r += 1
+            if isinstance(v, ConstantVariable) and v.value is Ellipsis:
+                r += t.fake.dim() - consumed
+            elif not (isinstance(v, ConstantVariable) and type(v.value) is int):
+                r += 1
     return TupleVariable(basic), picks
 
 

@@ -597,8 +597,8 @@ class _Bounds(TorchDispatchMode):
         both (bound NaN) either one or NaN (inf + -inf: s217 #1622); a sum's exact value rounded (the mean of six
         equal values is that value: s205 #3181)."""
         e, x = self.bounds[id(t)], t.double()
-        if t.dtype == torch.bool:  # a signbit of a computed NaN: its other value there
-            return [e[2][0].to(t.dtype)]
+        if t.dtype == torch.bool:  # a signbit of a computed NaN: its other value there; a comparison that may flip
+            return [e[2][0].to(t.dtype) if len(e) > 2 else t ^ (e[1] != 0)]  # (bound 1): the flipped one (c406 #11)
         bd, exact = e[1].double(), e[2][0].to(t.dtype).double() if len(e) > 2 else x
         fin, inf = bd.nan_to_num(0.0, 0.0, 0.0), math.inf
         alts = [x + fin, x - fin] + [torch.where(x.abs() <= fin, z, x) for z in (0.0, -0.0)] + [

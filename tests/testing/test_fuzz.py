@@ -778,6 +778,17 @@ def test_a_sum_that_overflows_both_ways_may_be_nan_downstream():
     assert check_program(p, _fake(lambda s, o, x: (o[0], o[1] + 1))).kind == "out-value"
 
 
+def test_a_comparison_that_may_flip_spreads_into_what_reads_it():
+    """fuzz call sequences seed 406 #11: ``c.masked_fill(nansum(b) < 1, 2.5)`` of bf16 summands
+    near +-2.5e38: eager's sum is -1.26e38 (True), coil's lanes met +inf and -inf (NaN: False).
+    The comparison carries bound 1 and its flip is the bool's alternative in what reads it (it
+    raised, so masked_fill got no bound). A value beyond either choice is still a mismatch."""
+    p = _prog(["v0 = torch.nansum(a)", "v1 = b.masked_fill(v0 < 1, 2.5)"],
+              torch.tensor([2.5e38, -2.5e38, 2.5e38, -2.5e38, -1e38]), torch.tensor([1.0, 2.0]), returns=["v1"])
+    assert check_program(p, _fake(lambda s, o, a: (a[1].clone(),))).outcome == "ok"
+    assert check_program(p, _fake(lambda s, o, a: (a[1] + 10,))).kind == "out-value"
+
+
 def _cat_of_an_int_logsumexp(a, c):  # fuzz seed 217 #7072
     return (torch.cat([a, torch.logsumexp(c, dim=0, keepdim=True)], 1),)
 

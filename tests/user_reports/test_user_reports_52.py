@@ -1,0 +1,39 @@
+"""Regressions from new-user trial 52 (FINDINGS_52.md): models and programs the authors did not write."""
+import torch
+
+import coil
+
+
+def test_foreach_scalar_that_changes_is_not_frozen(coil_reset):
+    """An EMA update with a decay that changes (``torch._foreach_mul_(ema, d)``): from the second value on ``d`` is a
+    graph input, but the ATen op takes it as a Scalar, which the wrapper wrote as a constant without a guard; the third
+    call multiplied by the second call's ``d``."""
+    def ema(avg, params, d):
+        torch._foreach_mul_(avg, d)
+        torch._foreach_add_(avg, params, alpha=1 - d)
+
+    cf = coil.compile(ema)
+    for d in (0.9, 0.91, 0.92, 0.93):
+        params = [torch.randn(3), torch.randn(2, 2)]
+        want = [torch.ones(3), torch.ones(2, 2)]
+        got = [t.clone() for t in want]
+        ema(want, params, d)
+        cf(got, params, d)
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w)
+
+
+def test_module_float_attribute_read_by_a_foreach_op(coil_reset):
+    """A temperature kept as a module attribute and changed between calls, read by an op without a lowering (an extern
+    kernel): calls 3 and 4 used call 2's value."""
+    class Scaled(torch.nn.Module):
+        temperature = 1.0
+
+        def forward(self, x):
+            return torch._foreach_div([x], self.temperature)[0]
+
+    m = Scaled()
+    cm = coil.compile(m)
+    for t in (1.0, 0.5, 0.25, 2.0):
+        m.temperature = t
+        torch.testing.assert_close(cm(torch.ones(2)), torch.full((2,), 1 / t))

@@ -1,5 +1,7 @@
 """Regressions from new-user trial 52 (FINDINGS_52.md): models and programs the authors did not write."""
+import pytest
 import torch
+import torch.nn.functional as F
 
 import coil
 
@@ -37,3 +39,33 @@ def test_module_float_attribute_read_by_a_foreach_op(coil_reset):
     for t in (1.0, 0.5, 0.25, 2.0):
         m.temperature = t
         torch.testing.assert_close(cm(torch.ones(2)), torch.full((2,), 1 / t))
+
+
+def test_foreach_scalar_list_that_changes(coil_reset):
+    """The same through a list of Python floats (``_foreach_mul(xs, [a, b])``)."""
+    f = lambda x, k: torch._foreach_mul([x, x], [k * 0.5, k * 1.5])[1]  # noqa: E731
+    cf = coil.compile(f)
+    for k in (2, 3, 4, 6):
+        torch.testing.assert_close(cf(torch.ones(3), k), f(torch.ones(3), k))
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "coil"])
+def test_unused_dropout_in_training_still_draws(backend, coil_reset):
+    """CanineForSequenceClassification in train(): the final character encoder's dropouts feed only the unused
+    sequence output. The partitioner built the forward graph from what its outputs need, which dropped those random
+    ops, so the classifier's dropout drew other numbers than eager's (with ``fallback_random``, and under
+    ``aot_eager``), and the RNG state after the call differed."""
+    w = torch.randn(8, 8, requires_grad=True)
+
+    def f(x):
+        unused = F.dropout(x @ w, 0.5)  # noqa: F841
+        return F.dropout(x @ w, 0.5)
+
+    x = torch.randn(4, 8)
+    cf = coil.compile(f, backend=backend, options={"fallback_random": True} if backend == "coil" else None)
+    torch.manual_seed(0)
+    want, want_next = f(x), torch.rand(3)
+    torch.manual_seed(0)
+    got, got_next = cf(x), torch.rand(3)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(got_next, want_next)

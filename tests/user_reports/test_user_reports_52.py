@@ -1,4 +1,6 @@
 """Regressions from new-user trial 52 (FINDINGS_52.md): models and programs the authors did not write."""
+import warnings
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -69,3 +71,24 @@ def test_unused_dropout_in_training_still_draws(backend, coil_reset):
     got, got_next = cf(x), torch.rand(3)
     torch.testing.assert_close(got, want)
     torch.testing.assert_close(got_next, want_next)
+
+
+def test_channels_last_global_pool_after_a_size_change_is_compiled(coil_reset):
+    """A channels-last conv net's global pool (``adaptive_avg_pool2d(x, 1)``): its kernel restrides the fresh output
+    (``as_strided_``); under the symbolic sizes of the recompile after a batch change, the check that a restride stays
+    inside its storage gave up ("undecidable"), and the graph ran eagerly on every call (warned)."""
+    f = lambda x: F.adaptive_avg_pool2d(x, 1)  # noqa: E731
+    cf = coil.compile(f)
+    for n in (2, 3, 4):
+        x = torch.randn(n, 8, 4, 4).to(memory_format=torch.channels_last).requires_grad_()
+        x2 = x.detach().clone().requires_grad_()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            got = cf(x2)
+        assert not [w for w in caught if "runs eagerly" in str(w.message)]
+        want = f(x)
+        torch.testing.assert_close(got, want)
+        assert got.stride() == want.stride()
+        got.sum().backward()
+        want.sum().backward()
+        torch.testing.assert_close(x2.grad, x.grad)

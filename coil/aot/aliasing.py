@@ -341,12 +341,11 @@ def _restrides_beyond(t, size, stride, storage_offset=None) -> bool:
     if t.storage_offset() != 0:    # (a symbolic offset: guarded, s302 #376)
         return True
     offset = t.storage_offset() if storage_offset is None else storage_offset
-    if not _static(size, stride, offset, t.untyped_storage().nbytes()):
-        return True    # undecidable under symbolic sizes: eager's values (s308 #1147)
-    if 0 in size:
+    if any(guard_or_false(n == 0) for n in size):
         return False
     end = offset + sum((n - 1) * st for n, st in zip(size, stride)) + 1
-    return end * t.dtype.itemsize > t.untyped_storage().nbytes()
+    # under symbolic sizes, undecidable is beyond: eager's values (s308 #1147)
+    return not guard_or_false(end * t.dtype.itemsize <= t.untyped_storage().nbytes())
 
 
 def _eager_refuses(func, args, kwargs) -> Optional[str]:

@@ -172,8 +172,9 @@ _CHECKS = {aten._assert_async.msg, aten._assert_async.default, aten._assert_scal
 def _extract(joint: torch.fx.GraphModule, inputs: list, outputs: list, what: str,
              checks: bool = False) -> torch.fx.GraphModule:
     """A GraphModule computing ``outputs`` from ``inputs`` with the joint graph's nodes; with ``checks``, also every
-    runtime check (:data:`_CHECKS`) computable from ``inputs`` (the forward keeps them: a check no output depends on
-    was dropped, and a division by zero returned numbers where eager raised)."""
+    runtime check (:data:`_CHECKS`) and random op computable from ``inputs`` (the forward keeps them: a check no output
+    depends on was dropped, and a division by zero returned numbers where eager raised; a dropout whose result is
+    unused still draws eager's numbers, which the random ops after it follow)."""
     g = torch.fx.Graph()
     env: dict = {}
     for n in inputs:
@@ -183,7 +184,7 @@ def _extract(joint: torch.fx.GraphModule, inputs: list, outputs: list, what: str
     roots = list(outputs)
     if checks:
         for n in joint.graph.nodes:
-            if n.op == "call_function" and n.target in _CHECKS and \
+            if n.op == "call_function" and (n.target in _CHECKS or _draws_random(n)) and \
                     not any(a.op == "placeholder" and a not in env for a in _ancestors([n], set(env))):
                 roots.append(n)
     needed = _ancestors(roots, stop=set(env))

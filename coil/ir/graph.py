@@ -23,6 +23,7 @@ from typing import Any, Optional
 import sympy
 import torch
 import torch.fx
+import torch.utils._pytree as pytree
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.fx.experimental.symbolic_shapes import (GuardOnDataDependentSymNode, free_unbacked_symbols, guard_or_true,
                                                    statically_known_true)
@@ -65,6 +66,12 @@ def _resolve_neg_bit(box: TensorBox, value: torch.Tensor) -> TensorBox:
     if not value.is_neg():
         return box
     return make_pointwise_box(ops.neg, [box], list(box.get_size()), value.dtype, compute_dtype(value.dtype))
+
+
+def _specialize_floats(tree):
+    """``tree`` with each backed SymFloat made the float it is now, a guard on its value (a recompile per value): a
+    Python number an op takes as a Scalar is a constant of the generated code (docs/aot.md, "Scalar reads")."""
+    return pytree.tree_map_only(torch.SymFloat, lambda v: v if free_unbacked_symbols(v.node._expr) else float(v), tree)
 
 
 def _fake_layout(t: torch.Tensor) -> Layout:
@@ -428,6 +435,9 @@ class GraphLowering(torch.fx.Interpreter):
             return as_expr(val)
         if target is _aten.sym_size.int and self.fresh_unbacked and isinstance(args[0], TensorBox):
             return args[0].get_size()[args[1]]  # a symbol no op binds (CSE merged two nonzeros)
+        if isinstance(val, torch.SymFloat) and not free_unbacked_symbols(val.node._expr):
+            return val  # a number the ops below read as a constant: specialized there (_specialize_floats)
+        args, kwargs = _specialize_floats((args, kwargs))
         if isinstance(val, (torch.SymInt, torch.SymBool)):
             # size arithmetic (sym_size, operator.mul, floordiv ...) and relations (runtime asserts): the fake trace's
             # result is already the expression in the ShapeEnv's symbols

@@ -435,9 +435,6 @@ class GraphLowering(torch.fx.Interpreter):
             return as_expr(val)
         if target is _aten.sym_size.int and self.fresh_unbacked and isinstance(args[0], TensorBox):
             return args[0].get_size()[args[1]]  # a symbol no op binds (CSE merged two nonzeros)
-        if isinstance(val, torch.SymFloat) and not free_unbacked_symbols(val.node._expr):
-            return val  # a number the ops below read as a constant: specialized there (_specialize_floats)
-        args, kwargs = _specialize_floats((args, kwargs))
         if isinstance(val, (torch.SymInt, torch.SymBool)):
             # size arithmetic (sym_size, operator.mul, floordiv ...) and relations (runtime asserts): the fake trace's
             # result is already the expression in the ShapeEnv's symbols
@@ -730,6 +727,8 @@ class GraphLowering(torch.fx.Interpreter):
         return TensorBox(StorageBox(buf))
 
     def make_extern(self, target, args, kwargs):
+        if isinstance(target, torch._ops.OpOverload):  # an ATen op's Scalar (the wrapper would write it as a constant)
+            args, kwargs = _specialize_floats((args, kwargs))
         cl = self.channels_last and target in _CHANNELS_LAST_OPS
 
         def conv(a, fa):

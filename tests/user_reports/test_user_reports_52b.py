@@ -1,0 +1,105 @@
+"""Regressions from new-user trial 52b: adversarial programs against the day's changes (Python random draws as graph
+inputs, autograd.Function side effects, AOT's one-run analysis and BatchNorm backward, typing subscripts,
+compiled optimizer steps)."""
+import random
+
+import pytest
+import torch
+
+import coil
+
+
+@pytest.fixture(autouse=True)
+def _keep_random_state():
+    state = random.getstate()
+    yield
+    random.setstate(state)
+
+
+def _uniform_up_to_item(x):
+    return x * random.uniform(0, abs(x.sum().item()))     # the break at item() leaves random.uniform on the stack
+
+
+class _Owner(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.rng = random.Random(3)
+
+    def forward(self, x):
+        return x * self.rng.uniform(0, abs(x.sum().item()))
+
+
+def _owner_fn(m):
+    return lambda x: m(x)
+
+
+@pytest.mark.parametrize("which", ["module_random", "random_instance_attr"])
+def test_draw_method_live_at_a_break_does_not_recompile(which, coil_reset):
+    """A draw's bound method (``random.uniform``, ``self.rng.uniform``) on the stack at a graph break was rebuilt as
+    a new bound method each call and its resume function guarded it by identity: a recompile on every call, then
+    the recompile limit and the whole frame eager."""
+    x = torch.randn(4)
+    if which == "module_random":
+        fn, ref = _uniform_up_to_item, _uniform_up_to_item
+    else:
+        fn, ref = _Owner(), _Owner()
+    cf = coil.compile(fn)
+    random.seed(0)
+    want = [ref(x) for _ in range(10)]
+    after = random.getstate()
+    random.seed(0)
+    got = [cf(x) for _ in range(10)]
+    assert random.getstate() == after
+    if which != "module_random":
+        assert fn.rng.getstate() == ref.rng.getstate()
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w)
+    assert coil.capture.stats["recompiles"] == 0 and coil.capture.stats["eager_limit"] == 0
+
+
+def test_monkeypatched_random_function_is_seen(coil_reset):
+    cf = coil.compile(lambda x: x * random.random())
+    x = torch.randn(3)
+    cf(x)
+    orig = random.random
+    try:
+        random.random = lambda: 0.25
+        torch.testing.assert_close(cf(x), x * 0.25)
+        random.random = random.Random(1).random
+        torch.testing.assert_close(cf(x), x * random.Random(1).random())
+    finally:
+        random.random = orig
+
+
+_BUF = torch.zeros(3)
+
+
+class _BumpsGlobalTensor(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        _BUF.add_(1)
+        return x * _BUF
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * _BUF
+
+
+@pytest.mark.parametrize("grad", [True, False])
+def test_autograd_function_mutating_a_global_tensor_runs_once(grad, coil_reset):
+    """The forward of a Function mutating a global tensor in place ran for real while capture ran the node on fake
+    tensors (FakeTensorMode mutates a real tensor before refusing it), then again at the graph break: the global
+    was bumped twice per call (outputs and gradients wrong)."""
+    fn = lambda x: _BumpsGlobalTensor.apply(x) + 1     # noqa: E731
+    res = {}
+    for mode in ("eager", "compiled"):
+        _BUF.zero_()
+        f = fn if mode == "eager" else coil.compile(fn)
+        x = torch.ones(3, requires_grad=grad)
+        with torch.set_grad_enabled(grad):
+            y = f(x)
+        if grad:
+            y.sum().backward()
+        res[mode] = (y.detach(), x.grad, _BUF.clone())
+    for g, w in zip(res["compiled"], res["eager"]):
+        torch.testing.assert_close(g, w)

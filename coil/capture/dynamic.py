@@ -455,6 +455,11 @@ def random_draw(tx, method: str, rng, name: str, args: list, kwargs: dict) -> Sy
         value = getattr(copy.copy(rng), name)(*a, **kw)
     except Exception as e:  # noqa: BLE001 - eager calls it at the break (and raises there)
         raise Unsupported(f"random.{name} ({type(e).__name__}: {e})", hint="it runs outside the graph") from None
+    if type(value) is int and value in (0, 1):
+        # a size of 0 or 1 is specialized (broadcasting, contiguity) by guards the trace's later stages add, which
+        # nothing checks on a drawn value: every later draw would get this one's size (torch.arange(randint(1, 4)))
+        raise Unsupported(f"random.{name} drew {value}, a value sizes are specialized to", hint="it runs outside "
+                          "the graph")
     text = f"___rnd{len(out.draws)}"
     out.draws.append((method, a, kw))
     sym, node = symbolic_input(out, value, text)

@@ -103,3 +103,23 @@ def test_autograd_function_mutating_a_global_tensor_runs_once(grad, coil_reset):
         res[mode] = (y.detach(), x.grad, _BUF.clone())
     for g, w in zip(res["compiled"], res["eager"]):
         torch.testing.assert_close(g, w)
+
+
+def _arange_of_a_draw(x):
+    return torch.arange(random.randint(1, 4)), x[:random.randint(0, 3)] * 2
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "coil"])
+def test_a_drawn_size_of_0_or_1_is_not_pinned(backend, coil_reset):
+    """A size drawn as 1 (or 0) on the traced call: the later stages pinned the draw's symbol to it (guards
+    ``s < 2``, ``Eq(s, 0)`` that nothing checks on a drawn value), so every later call got that size, silently."""
+    seed = next(s for s in range(100) if (random.seed(s), random.randint(1, 4), random.randint(0, 3))[1:] == (1, 0))
+    x = torch.randn(5)
+    random.seed(seed)
+    want = [_arange_of_a_draw(x) for _ in range(8)]
+    cf = coil.compile(_arange_of_a_draw, backend=backend)
+    random.seed(seed)
+    got = [cf(x) for _ in range(8)]
+    for g, w in zip(got, want):
+        assert g[0].shape == w[0].shape and g[1].shape == w[1].shape
+        torch.testing.assert_close(g, w)

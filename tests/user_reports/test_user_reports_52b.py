@@ -123,3 +123,33 @@ def test_a_drawn_size_of_0_or_1_is_not_pinned(backend, coil_reset):
     for g, w in zip(got, want):
         assert g[0].shape == w[0].shape and g[1].shape == w[1].shape
         torch.testing.assert_close(g, w)
+
+
+def _ones_of_a_draw_minus_one(x):
+    return torch.ones(random.randint(2, 5) - 1) + x.sum()
+
+
+def test_a_size_derived_from_a_draw_is_not_pinned_by_the_backend(coil_reset):
+    """``randint(2, 5) - 1`` traced as 1: the backend's guard on it (added after the trace, so no break) pinned every
+    later call's size to 1. Such a guard now recaptures the frame with a break at the draw."""
+    seed = next(s for s in range(100) if (random.seed(s), random.randint(2, 5))[1] == 2)
+    x = torch.randn(3)
+    random.seed(seed)
+    want = [_ones_of_a_draw_minus_one(x) for _ in range(8)]
+    cf = coil.compile(_ones_of_a_draw_minus_one)
+    random.seed(seed)
+    got = [cf(x) for _ in range(8)]
+    for g, w in zip(got, want):
+        assert g.shape == w.shape
+        torch.testing.assert_close(g, w)
+
+
+def test_a_coin_flip_multiplier_stays_in_the_graph(coil_reset):
+    x = torch.randn(3)
+    cf = coil.compile(lambda x: x * random.randint(0, 1))
+    random.seed(0)
+    want = [x * random.randint(0, 1) for _ in range(6)]
+    random.seed(0)
+    for w in want:
+        torch.testing.assert_close(cf(x), w)
+    assert coil.capture.stats["graph_breaks"] == 0

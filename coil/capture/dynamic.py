@@ -246,6 +246,7 @@ class SiteRecorder:
         self.sites: list = []       # (guard index, "file:line")
         self.specializations: list = []
         self.drawn: set = set()     # symbols of values drawn from Python's random (random_draw)
+        self.draw_at: dict = {}     # drawn symbol -> (root frame offset, user stack) of its draw
 
     def note(self, env, start: int, where: str, reason: Optional[str] = None) -> None:
         """Attribute the ShapeEnv guards added since index ``start`` to user line ``where``; log each
@@ -459,6 +460,10 @@ def random_draw(tx, method: str, rng, name: str, args: list, kwargs: dict) -> Sy
     out.draws.append((method, a, kw))
     sym, node = symbolic_input(out, value, text)
     out.sites.drawn.add(sym.node.expr)
+    root = tx
+    while root.parent is not None:
+        root = root.parent
+    out.sites.draw_at[sym.node.expr] = (root.instructions[root.ip - 1].offset, tx.user_stack())
     if not kw and (name == "random" and not a or name in ("uniform", "randint") and len(a) == 2 and a[0] <= a[1]):
         # its range decides ``p < 0.0`` (LayerDrop off) with no guard (uniform may round up past b)
         lo, hi = a or (0.0, 1.0)

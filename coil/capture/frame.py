@@ -38,7 +38,7 @@ from coil.capture.resume import label as _label
 from coil.capture.resume import make_call_stub, make_resume_function
 from coil.capture.source import ClosureSource, LocalSource
 from coil.capture.translator import (_GLOBAL_HOOKS, _MODULE_HOOKS, SKIP_MODULES, InstructionTranslator,
-                                     RestartAnalysis, instructions_of)
+                                     BreakInfo, RestartAnalysis, instructions_of)
 from coil.capture.variables.base import ConstantVariable, NullVariable
 from coil.capture.variables.builder import wrap
 from coil.capture.variables.symbolic import SymNodeVariable
@@ -536,8 +536,22 @@ def _translate(fn, code, cfg, bound, auto_dynamic=None) -> CacheEntry:
             raise
         finally:
             output.restore_global_state()
-        return _build_entry(tx, output, cfg, fn, code, argnames)
+        try:
+            return _build_entry(tx, output, cfg, fn, code, argnames)
+        except _DrawPinned as e:    # a break at the draw instead, Python drawing it
+            if cfg.fullgraph:
+                raise GraphBreakInFullgraph(f"graph break under fullgraph=True: {e.exc.reason}", None) from None
+            break_at[e.offset] = BreakInfo(e.offset, e.exc.reason, e.stack, e.exc)
     raise Unsupported("too many graph-break restarts")
+
+
+class _DrawPinned(Exception):
+    """A guard added after the trace (AOT, the backend) over a value drawn from random: nothing can check it before
+    the entry draws the value, so the frame is captured again with a break at the draw."""
+
+    def __init__(self, offset: int, stack: list, exc: Unsupported):
+        super().__init__(exc.reason)
+        self.offset, self.stack, self.exc = offset, stack, exc
 
 
 def _source_of(fn) -> str:
@@ -799,6 +813,13 @@ def _entry_inputs(exprs: list, guards, ns: dict) -> list:
 def _add_shape_guards(output: OutputGraph) -> list:
     """The ShapeEnv's guards over the symbolic inputs, into the frame's guard set; returns
     the entry's runtime asserts (dims marked unbacked, :func:`~coil.capture.dynamic.shape_guards`)."""
+    env, drawn = output.shape_env, output.sites.drawn
+    for g in env.guards if drawn else ():
+        if (hit := drawn & g.expr.free_symbols):
+            offset, stack = output.sites.draw_at[min(hit, key=str)]
+            raise _DrawPinned(offset, stack, Unsupported(
+                f"a guard on a value drawn from Python's random ({g.expr}), added after the trace",
+                hint="Python draws it at a graph break"))
     at_call = {id(f): (size, stride) for f, size, stride, _ in output.layouts_at_call}  # (before x.t_(): s1 == 4)
     inputs = [(src.expr(), v) for (src, _, node) in output.inputs if not isinstance(src, SymbolSource) and (
         is_symbolic_value(v := node.meta["example_value"]) or any(map(is_symbolic_value, at_call.get(id(v), [[]])[0])))]

@@ -228,8 +228,11 @@ def _build(tx, value, source, gs) -> VariableTracker:
         raise Unsupported("torch.inference_mode object (its block runs outside the graph)")
     if isinstance(value, (types.MethodType, types.BuiltinMethodType)) and type(value.__self__) is random.Random \
             and value.__name__ in RANDOM_DRAWS and source is not None:  # random.uniform: a draw (objects.py)
-        guard_is()
-        return BoundMethodVariable(wrap(tx, value.__self__, AttrSource(source, "__self__")), value.__name__)
+        if gs is not None:  # not by identity: ``rng.uniform`` is a new bound method each time it is read
+            gs.add(f"type({expr}) is {gs.const(type(value))} and {expr}.__name__ == {value.__name__!r}")
+        method = BoundMethodVariable(wrap(tx, value.__self__, AttrSource(source, "__self__")), value.__name__)
+        method.source = source      # rebuilt at a break as the same object (``obj.name`` is a new one each time)
+        return method
     if isinstance(value, types.MethodType) and value.__name__ == "__exit__" and \
             type(value.__self__) in (torch.no_grad, torch.enable_grad, torch.set_grad_enabled) \
             and isinstance(getattr(value.__self__, "prev", None), bool):

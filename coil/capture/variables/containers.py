@@ -52,6 +52,8 @@ class BoundMethodVariable(VariableTracker):
         raise Unsupported(f"attribute {name} of a bound method")
 
     def reconstruct(self, cg):
+        if self.source is not None:
+            return cg.source_expr(self.source)
         return f"{cg.reconstruct(self.obj)}.{self.name}"
 
     def __repr__(self):

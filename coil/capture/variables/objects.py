@@ -747,6 +747,14 @@ def probe_autograd(tx, what: str, inputs: list, forward, setup_context, backward
             tx.call(UserFunctionVariable(inspect.unwrap(backward)), [ctx] + grads, {})
         if len(out.draws) != draws:
             raise Unsupported("a draw from Python's random")
+        args = {a.node for a in inputs if isinstance(a, TensorVariable)}
+        new = [n for n in out.graph.nodes if n not in before]
+        if any(isinstance(m.meta.get("example_value"), torch.Tensor) and m not in args
+               and (m.op == "placeholder" or m in before) and not all(u.target == "item" for u in m.users)
+               for n in new for m in [n, *n.all_input_nodes]):    # (a Python float's 0-d tensor: its item)
+            # a tensor it reads that is not an argument (a global, a closure's): the node's fake run would run the
+            # formula's Python on the real tensor (an in-place op on it mutates it while tracing), AOT's bakes it in
+            raise Unsupported("it reads a tensor that is not one of its arguments")
     except Unsupported as e:
         raise Unsupported(f"{what} cannot be traced free of Python side effects, which eager runs on every call "
                           f"({e.reason})", hint="it runs eagerly") from e

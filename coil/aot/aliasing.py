@@ -133,9 +133,7 @@ class _Group:
 def _extent(t: torch.Tensor) -> tuple[int, int]:
     """[first, last + 1) storage elements ``t`` covers (empty: (offset, offset))."""
     lo = t.storage_offset()
-    if t.numel() == 0:
-        return lo, lo
-    return lo, lo + sum((s - 1) * st for s, st in zip(t.shape, t.stride())) + 1
+    return (lo, lo) if t.numel() == 0 else (lo, lo + sum((s - 1) * st for s, st in zip(t.shape, t.stride())) + 1)
 
 
 class InputGroups:

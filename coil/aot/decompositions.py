@@ -99,9 +99,7 @@ def _stat_dtype(x: torch.Tensor) -> torch.dtype:
     On CPU float64, as eager's CPU var/std kernels accumulate in double: the squares of float32 values above ~1.8e19
     overflow in float32 while ``x.std()`` of them is finite (``torch.std(torch.tensor([1e20, -1e20]))`` is 1.41e20).
     Elsewhere float32 for half inputs, else x's dtype, as eager's CUDA kernels do."""
-    if x.device.type == "cpu" and x.dtype.is_floating_point:
-        return torch.float64
-    return _acc_dtype(x.dtype)
+    return torch.float64 if x.device.type == "cpu" and x.dtype.is_floating_point else _acc_dtype(x.dtype)
 
 
 def _mean(x, dims: list, n):

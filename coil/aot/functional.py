@@ -556,9 +556,7 @@ def eager_layouts(fn: Callable, fake_args: list, fake_mode: FakeTensorMode,
         outs = _call(fn, list(args), drop_error_checks)
 
     def lay(t):
-        if not isinstance(t, torch.Tensor):
-            return None
-        return tuple(t.shape), tuple(t.stride()), t.storage_offset()
+        return None if not isinstance(t, torch.Tensor) else (tuple(t.shape), tuple(t.stride()), t.storage_offset())
     flat = pytree.tree_leaves(outs)
     ins = {StorageWeakRef(a.untyped_storage()) for a in args if isinstance(a, torch.Tensor)}
     fresh = [isinstance(o, torch.Tensor) and all(o is not p for p in flat[:k])

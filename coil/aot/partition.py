@@ -53,9 +53,7 @@ def node_bytes(node: torch.fx.Node) -> int:
         if isinstance(numel, torch.SymInt):
             numel = numel.node.hint if numel.node.has_hint() else 4096
         return int(numel) * val.element_size()
-    if isinstance(val, (torch.SymInt, torch.SymFloat, int, float, bool)):
-        return 8
-    return 0
+    return 8 if isinstance(val, (torch.SymInt, torch.SymFloat, int, float, bool)) else 0
 
 
 def _saveable(node: torch.fx.Node) -> bool:
@@ -105,17 +103,13 @@ def recompute_ban_reason(node: torch.fx.Node) -> Optional[str]:
     if target in _REDUCTIONS:
         src = node.args[0]
         n = node_bytes(src) // max(src.meta["val"].element_size(), 1) if isinstance(src, torch.fx.Node) else 0
-        if n <= config.aot_max_recompute_reduction:
-            return None
-        return f"reduction over {n} elements"
+        return None if n <= config.aot_max_recompute_reduction else f"reduction over {n} elements"
     name = target._schema.name.split("::")[-1]
     if name in ("mm", "addmm", "bmm", "baddbmm", "matmul"):
         return "matmul"
     if "convolution" in name:
         return "convolution"
-    if "attention" in name:
-        return "attention"
-    return f"not known to be cheap ({name})"
+    return "attention" if "attention" in name else f"not known to be cheap ({name})"
 
 
 class _Regions:
@@ -311,9 +305,7 @@ def _region_tag(n: torch.fx.Node):
     saved tuple items make untagged ones)."""
     if n.target is operator.getitem and n.meta.get("recompute") is None and isinstance(n.args[0], torch.fx.Node):
         n = n.args[0]
-    if n.meta.get("recompute") not in _RECOMPUTE:
-        return None
-    return n.meta.get("ac_graph_id", 0)
+    return None if n.meta.get("recompute") not in _RECOMPUTE else n.meta.get("ac_graph_id", 0)
 
 
 _RECOMPUTE = {torch.utils.checkpoint.CheckpointPolicy.MUST_RECOMPUTE,

@@ -273,9 +273,7 @@ def _make_epilogue(info: ProgramInfo) -> Callable:
             args[i].as_strided_(size, stride, args[i].storage_offset() + offset)
         if container is not None:
             return container(flat)
-        if single_leaf:
-            return flat[0]
-        return pytree.tree_unflatten(flat, spec)
+        return flat[0] if single_leaf else pytree.tree_unflatten(flat, spec)
 
     return epilogue
 

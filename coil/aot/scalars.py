@@ -340,6 +340,4 @@ def _call_args(op: torch._ops.OpOverload, given: dict) -> tuple:
 def _val(a: Any) -> Any:
     if isinstance(a, torch.fx.Node):
         return a.meta["val"]
-    if isinstance(a, (list, tuple)):
-        return type(a)(_val(x) for x in a)
-    return a
+    return type(a)(_val(x) for x in a) if isinstance(a, (list, tuple)) else a

@@ -94,9 +94,7 @@ def _python_exception(e: Unsupported):
         cause = e.__cause__
         if cause is not None and type(cause).__module__.startswith("torch"):
             return None      # a tensor op failed: a graph break, eager raises its error
-        if cls is RuntimeError:
-            return None
-        return cls, msg.strip()
+        return None if cls is RuntimeError else (cls, msg.strip())
     if reason.endswith(" (raised by user code)"):
         head = reason[:-len(" (raised by user code)")]
         for prefix, cls in _BY_PREFIX:

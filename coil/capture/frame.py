@@ -323,9 +323,7 @@ def capture_callable(fn, cfg: CaptureConfig, library: bool = False):
         return _wrapped_function(fn, cfg)
     if isinstance(fn, types.MethodType) and isinstance(fn.__func__, types.FunctionType):
         inner = capture_callable(fn.__func__, cfg)
-        if inner is fn.__func__:
-            return fn
-        return types.MethodType(inner, fn.__self__)
+        return fn if inner is fn.__func__ else types.MethodType(inner, fn.__self__)
     if isinstance(fn, torch.nn.Module) and type(fn).__call__ is torch.nn.Module.__call__:
         return functools.partial(_call_module_captured, fn, cfg)
     return fn
@@ -866,9 +864,7 @@ def _property_getter(tx, inst) -> Optional[types.FunctionType]:
     if not isinstance(cls, type) or cls.__getattribute__ is not object.__getattribute__:
         return None
     attr = inspect.getattr_static(cls, inst.argval, None)
-    if isinstance(attr, property) and isinstance(attr.fget, types.FunctionType):
-        return attr.fget
-    return None
+    return attr.fget if isinstance(attr, property) and isinstance(attr.fget, types.FunctionType) else None
 
 
 def _emit_break(cg: EntryCodegen, tx, plan, fn, code, cfg, live_locals: dict) -> None:

@@ -134,9 +134,7 @@ class OpaqueCallableVariable(VariableTracker):
         raise Unsupported(f"attribute {name} of C function {self.fn!r}")
 
     def reconstruct(self, cg):
-        if self.source is not None:
-            return cg.source_expr(self.source)
-        return cg.const_expr(self.fn)
+        return cg.source_expr(self.source) if self.source is not None else cg.const_expr(self.fn)
 
     def __repr__(self):
         return f"OpaqueCallableVariable({getattr(self.fn, '__qualname__', self.fn)})"

@@ -327,9 +327,7 @@ class EntryCodegen:
         return name
 
     def reconstruct_container(self, vt) -> str:
-        if vt.source is not None:
-            return self.source_expr(vt.source)
-        return self.bind(vt, vt.build_expr(self))
+        return self.source_expr(vt.source) if vt.source is not None else self.bind(vt, vt.build_expr(self))
 
     def reconstruct_cell(self, cell) -> str:
         if isinstance(cell, SourcedCellVariable):

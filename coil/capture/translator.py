@@ -94,9 +94,7 @@ def const_value(v):
         return {k: const_value(x) for k, x in v.items.items()}
     if isinstance(v, ListIteratorVariable):
         return [const_value(x) for x in v.items[v.index:]]
-    if isinstance(v, SetVariable):
-        return set(v.items)
-    return v.as_python_constant()
+    return set(v.items) if isinstance(v, SetVariable) else v.as_python_constant()
 
 
 #: nn.Module hook dicts a traced module call depends on (per module, and global)
@@ -417,9 +415,7 @@ class InstructionTranslatorBase:
         fa, fb = getattr(a, "fn", _SENTINEL), getattr(b, "fn", _SENTINEL)
         if fa is not _SENTINEL and fa is fb and type(a) is type(b) and not hasattr(a, "obj"):
             return True
-        if isinstance(a, TensorVariable) and isinstance(b, TensorVariable):
-            return a.node is b.node
-        return False
+        return a.node is b.node if isinstance(a, TensorVariable) and isinstance(b, TensorVariable) else False
 
     def binary_op(self, op, a: VariableTracker, b: VariableTracker) -> VariableTracker:
         if isinstance(a, BaseListVariable) and isinstance(b, ConstantVariable) and type(b.value) is tuple:
@@ -519,9 +515,7 @@ class InstructionTranslatorBase:
         """The class of a traced user object (None for other trackers)."""
         if isinstance(v, NewObjectVariable):
             return v.cls
-        if isinstance(v, (UserDefinedObjectVariable, NNModuleVariable)):
-            return type(v.value)
-        return None
+        return type(v.value) if isinstance(v, (UserDefinedObjectVariable, NNModuleVariable)) else None
 
     _DUNDER = {operator.add: ("__add__", "__radd__"), operator.sub: ("__sub__", "__rsub__"),
                operator.mul: ("__mul__", "__rmul__"), operator.truediv: ("__truediv__", "__rtruediv__"),

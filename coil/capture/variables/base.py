@@ -115,9 +115,7 @@ CONSTANT_TYPES = (type(None), bool, int, float, complex, str, bytes, torch.dtype
 def is_literal(value: Any) -> bool:
     if isinstance(value, (tuple, frozenset)) and type(value) in (tuple, frozenset):
         return all(is_literal(v) for v in value)
-    if isinstance(value, enum.Enum):
-        return True
-    return type(value) in CONSTANT_TYPES
+    return True if isinstance(value, enum.Enum) else type(value) in CONSTANT_TYPES
 
 
 class ConstantVariable(VariableTracker):

@@ -166,9 +166,7 @@ def _build(tx, value, source, gs) -> VariableTracker:
                  for i, v in enumerate(value)]
         if t is list:
             return ListVariable(items, source)
-        if t is tuple:
-            return TupleVariable(items, source)
-        return NamedTupleVariable(items, t, source)
+        return TupleVariable(items, source) if t is tuple else NamedTupleVariable(items, t, source)
     if is_model_output_class(t) and _fields_are_items(value):
         # a ModelOutput made outside the frame: its items are its non-None fields, read as ``x[key]``
         keys = list(value)

@@ -163,9 +163,7 @@ class PureFunctionVariable(KnownCallableVariable):
     def call_function(self, tx, args, kwargs):
         fn = self.fn
         if fn in _OPERATOR_BINARY and len(args) == 2:
-            if fn is operator.contains:
-                return tx.contains_op(args[0], args[1])
-            return tx.binary_op(fn, args[0], args[1])
+            return tx.contains_op(args[0], args[1]) if fn is operator.contains else tx.binary_op(fn, args[0], args[1])
         if fn in _OPERATOR_UNARY and len(args) == 1:
             return tx.unary_op(fn, args[0])
         if fn is operator.getitem:

@@ -156,9 +156,7 @@ class SizeVariable(TupleVariable):
         return f"{cg.const_expr(torch.Size)}({TupleVariable.build_expr(self, cg)})"
 
     def var_getattr(self, tx, name):
-        if name in ("numel", "index", "count"):
-            return BoundMethodVariable(self, name)
-        return super().var_getattr(tx, name)
+        return BoundMethodVariable(self, name) if name in ("numel", "index", "count") else super().var_getattr(tx, name)
 
     def call_method(self, tx, name, args, kwargs):
         if name == "numel" and not args and not kwargs:     # symbolic product, no guard
@@ -307,9 +305,7 @@ class DictVariable(VariableTracker):
     def key_of(v: VariableTracker):
         from coil.capture.variables.objects import ObjectVariableBase
 
-        if isinstance(v, ObjectVariableBase) and v.value is not None:
-            return v.value
-        return v.as_python_constant()
+        return v.value if isinstance(v, ObjectVariableBase) and v.value is not None else v.as_python_constant()
 
     def wrap_key(self, tx, k):
         if isinstance(k, (str, int, float, bool, type(None), tuple, torch.dtype)):
@@ -476,9 +472,7 @@ class SetVariable(VariableTracker):
         return SetVariable(res) if isinstance(res, set) else ConstantVariable(res)
 
     def build_expr(self, cg):
-        if not self.items:
-            return "set()"
-        return "{" + ", ".join(cg.const_expr(v) for v in self.items) + "}"
+        return "set()" if not self.items else "{" + ", ".join(cg.const_expr(v) for v in self.items) + "}"
 
     def reconstruct(self, cg):
         return cg.reconstruct_container(self)
@@ -771,9 +765,7 @@ class GeneratorVariable(ListIteratorVariable):
         return types.GeneratorType
 
     def children(self):
-        if self._items is None:
-            return [self.fn] + self.args + list(self.kwargs.values())
-        return self._items[self.index:]
+        return [self.fn] + self.args + list(self.kwargs.values()) if self._items is None else self._items[self.index:]
 
     def call_method(self, tx, name, args, kwargs):
         if name in ("send", "throw", "close", "gi_frame"):

@@ -181,8 +181,8 @@ def call_op(tx, kind: str, target, args: list, kwargs: dict) -> VariableTracker:
     if kind == "call_function":
         target = substitute(target)  # checked equivalents (F.one_hot)
     opdef = OPDEFS.get(getattr(target, "_name", None) or getattr(target, "_qualified_op_name", None)) \
-        if _is_custom_op(target) else None
-    if torch.is_grad_enabled() and getattr(opdef, "_backward_fn", None):   # its Python autograd formula
+        if torch.is_grad_enabled() and _is_custom_op(target) else None
+    if getattr(opdef, "_backward_fn", None):   # its Python autograd formula (grad mode on)
         from coil.capture.variables.objects import probe_autograd
 
         def forward(ctx):

@@ -1,9 +1,9 @@
 """Call-sequence fuzzer: one compiled function called on a sequence of inputs, every call compared with eager.
 
-The straight-line fuzzer (``python -m coil.testing.fuzz``, docs/fuzzing.md) runs each program once eagerly and
+The straight-line fuzzer (``python -m coil.bench.fuzz``, docs/fuzzing.md) runs each program once eagerly and
 compiled. This one exercises what lies between calls: guards, recompilation, the choice of a cache entry, automatic
 dynamic shapes, ``dynamic=True`` entries reused across sizes, ``mark_dynamic`` and state left by earlier calls. Each
-program of :func:`coil.testing.fuzz.generate` is compiled once (a fresh ``coil.compile``) and called on 3-6 variants
+program of :func:`coil.bench.fuzz.generate` is compiled once (a fresh ``coil.compile``) and called on 3-6 variants
 of its inputs: new values, dims resized consistently across the inputs (0, 1, 2 and others), an earlier call again
 (A, B, A), the same values in another layout (transposed, offset, strided), another dtype, gradient mode for one
 call, changed Python scalars (numbers of the program lifted into arguments), one tensor for two arguments.
@@ -38,11 +38,11 @@ import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import coil
-from coil.testing.fuzz import (_BIT_VIEW, _BOUNDED, _CASTS, _F64_STATS, _SUMS, FAILURES, Input, Program, Result,
+from coil.bench.fuzz import (_BIT_VIEW, _BOUNDED, _CASTS, _F64_STATS, _SUMS, FAILURES, Input, Program, Result,
                                _compare, _deadline, _drop, _error_bounds, _grad_problem, _Hang, _overflows,
                                _Overflowed, _prune, _quiet, _raised_in_dead_code, _reference, _reset, _run_in,
                                _same_bits, _site, _Stats64, _with_grads, generate, report_signatures)
-from coil.testing.fuzz_ops import FLOATS, gen_values
+from coil.bench.fuzz_ops import FLOATS, gen_values
 
 BACKENDS = {"auto": {}, "dynamic": {"dynamic": True}, "static": {"dynamic": False}, "mark": {"dynamic": False}}
 KINDS = ("first", "values", "resize", "back", "layout", "dtype", "grad", "scalars", "alias")
@@ -448,7 +448,7 @@ def main(argv=None) -> int:
     ap.add_argument("--start", type=int, default=0, help="first program index")
     ap.add_argument("--index", type=int, default=None, help="run only program INDEX, verbosely")
     ap.add_argument("--backends", default="auto,dynamic,mark", help=f"program i uses the (i mod n)th of {list(BACKENDS)}")
-    ap.add_argument("--family", default="", help="comma list of op families (coil.testing.fuzz_ops)")
+    ap.add_argument("--family", default="", help="comma list of op families (coil.bench.fuzz_ops)")
     ap.add_argument("--out", default="fcalls-out", help="where failures' repro files go")
     ap.add_argument("--no-minimize", action="store_true")
     ap.add_argument("--minimize-time", type=float, default=60.0)

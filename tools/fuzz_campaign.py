@@ -1,9 +1,9 @@
 """A long fuzz campaign in bounded-memory chunks (docs/fuzzing.md).
 
-``python -m coil.testing.fuzz`` grows by about 1 MB a program (each program's C++ kernel
+``python -m coil.bench.fuzz`` grows by about 1 MB a program (each program's C++ kernel
 libraries stay loaded, FakeTensor's cache grows), so one process cannot run 20,000
 programs on a small machine. This script runs programs ``[0, --programs)`` of one seed as
-chunks of ``--chunk`` programs, each in a fresh ``python -m coil.testing.fuzz --start I
+chunks of ``--chunk`` programs, each in a fresh ``python -m coil.bench.fuzz --start I
 --count N`` process, ``--workers`` chunks at a time, and sums the chunks' summary tables
 into one (same families and outcome columns). Each chunk's output is kept in
 ``OUT/chunk-<start>.txt``; repro files of failures go to ``OUT`` as usual. A chunk that
@@ -23,7 +23,7 @@ import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
-from coil.testing.fuzz import FAILURES, OUTCOMES, _table
+from coil.bench.fuzz import FAILURES, OUTCOMES, _table
 
 
 def _parse_table(text: str) -> Counter:
@@ -63,7 +63,7 @@ def main() -> int:
         count = min(a.chunk, a.first + a.programs - start)
         sub = os.path.join(a.out, f"chunk-{start}")
         os.makedirs(sub, exist_ok=True)  # each chunk its own _in_flight.py
-        cmd = [sys.executable, "-m", "coil.testing.fuzz", "--seed", str(a.seed), "--start", str(start),
+        cmd = [sys.executable, "-m", "coil.bench.fuzz", "--seed", str(a.seed), "--start", str(start),
                "--count", str(count), "--time", "1e9", "--out", sub] + extra
         with open(sub + ".txt", "w") as f:
             rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT).returncode

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import coil
-from coil.testing.fuzz import check
+from coil.bench.fuzz import check
 
 BACKENDS = ["cpp", "triton"]
 

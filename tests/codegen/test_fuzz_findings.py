@@ -1,5 +1,5 @@
 """Smallest inputs of the silent mismatches coil's differential fuzzer found
-(docs/fuzzing.md), each checked against eager through ``coil.testing.fuzz.check``
+(docs/fuzzing.md), each checked against eager through ``coil.bench.fuzz.check``
 (outputs, dtypes, strides of views, which input an output shares memory with, the
 inputs afterwards) on both CPU kernel backends."""
 import math
@@ -9,7 +9,7 @@ import torch
 
 import coil
 from coil import trace
-from coil.testing.fuzz import check
+from coil.bench.fuzz import check
 
 BACKENDS = ["cpp", "triton"]
 

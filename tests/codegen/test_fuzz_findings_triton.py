@@ -1,10 +1,10 @@
 """Smallest inputs of fuzzer findings (docs/fuzzing.md) in accumulating scatters, the
 Triton backend's loads and comparisons, and the order of multi-dim reductions, each
-checked against eager through ``coil.testing.fuzz.check`` on both CPU kernel backends."""
+checked against eager through ``coil.bench.fuzz.check`` on both CPU kernel backends."""
 import pytest
 import torch
 
-from coil.testing.fuzz import check
+from coil.bench.fuzz import check
 
 BACKENDS = ["cpp", "triton"]
 _SMALL = [torch.bool, torch.int8, torch.uint8, torch.int16, torch.bfloat16]

@@ -175,7 +175,7 @@ def test_fuzz_program_kernels_compile_for_sm90(monkeypatch):
     that match eager, as generated for the interpreter and for a GPU launch, compiles
     for sm_90: the interpreter ran kernels the GPU compiler rejects (a negative literal
     beside a uint8 tensor)."""
-    from coil.testing.fuzz import check_program, generate
+    from coil.bench.fuzz import check_program, generate
 
     made = _record_kernels(monkeypatch, gpu_variants=True)
     kept = []

@@ -5,9 +5,9 @@ import math
 import pytest
 import torch
 
-from coil.testing import fuzz
-from coil.testing.fuzz import Input, Program, Stmt, _drop, check, check_program, generate, minimize
-from coil.testing.fuzz_ops import DTYPES, FAMILIES, literal
+from coil.bench import fuzz
+from coil.bench.fuzz import Input, Program, Stmt, _drop, check, check_program, generate, minimize
+from coil.bench.fuzz_ops import DTYPES, FAMILIES, literal
 
 #: The CI sample: programs ``range(SAMPLE)`` of seed ``SEED``.
 SEED, SAMPLE, TRITON_SAMPLE = 16, 40, 6
@@ -406,7 +406,7 @@ def test_remainder_by_a_computed_divisor_moves_by_the_quotient():
 def test_gelu_of_values_past_half_the_max_is_not_generated():
     """Eager's GELU of x >= max/2 is inf in its vector lanes and x in its scalar tail
     (fuzz s81 #2280: fmod(x, gelu(x)) was x in eager, 0 compiled); +inf: NaN or inf."""
-    from coil.testing.fuzz_ops import Ctx, Skip, unary
+    from coil.bench.fuzz_ops import Ctx, Skip, unary
 
     for v in (torch.tensor([1.0, 2e38]), torch.tensor([1.0, math.inf], dtype=torch.bfloat16)):
         for seed in range(40):
@@ -421,7 +421,7 @@ def test_argmax_of_computed_non_integer_ties_is_not_generated():
     """fuzz seed 81 #2967: logsumexp of rows with equal multisets of 0/1 gave equal floats
     in eager's summation order and an ulp apart in coil's, so argmax broke the tie
     differently. Ties of an input, or of integer values (exact in any order), are kept."""
-    from coil.testing.fuzz_ops import Ctx, Skip, reduction
+    from coil.bench.fuzz_ops import Ctx, Skip, reduction
 
     def lines(env, inputs):
         out = []
@@ -1030,7 +1030,7 @@ def test_dynamic_backends_compile_with_symbolic_sizes(tmp_path):
 
     import coil
     from coil import trace
-    from coil.testing.fuzz import compile_for
+    from coil.bench.fuzz import compile_for
 
     old = trace.trace_dir()
     for backend in ("cpp_dynamic", "triton_dynamic"):

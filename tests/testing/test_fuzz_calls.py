@@ -5,7 +5,7 @@ import os
 
 import torch
 
-from coil.testing.fuzz import Stmt
+from coil.bench.fuzz import Stmt
 
 _PATH = os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, "tools", "fuzz_calls.py")
 _spec = importlib.util.spec_from_file_location("fuzz_calls", _PATH)

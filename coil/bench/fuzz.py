@@ -1,8 +1,8 @@
 """Differential fuzzer: random straight-line programs, eager vs coil, with a minimizer.
 
-``python -m coil.testing.fuzz --time 3600 --seed 0 --backends cpp,triton,aot_eager --out fuzz-out`` (docs/fuzzing.md). A
+``python -m coil.bench.fuzz --time 3600 --seed 0 --backends cpp,triton,aot_eager --out fuzz-out`` (docs/fuzzing.md). A
 :class:`Program` (inputs with exact values and a layout, statements from the op families of
-:mod:`coil.testing.fuzz_ops`) prints as a runnable repro; :func:`check` runs a function eagerly and compiled and
+:mod:`coil.bench.fuzz_ops`) prints as a runnable repro; :func:`check` runs a function eagerly and compiled and
 classifies the result (:data:`OUTCOMES`); :func:`minimize` shrinks a failing program while its :attr:`Result.signature`
 stays the same.
 """
@@ -39,7 +39,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import coil
 from coil import trace
 from coil.testing import LOW_PRECISION_MARGIN, TOLERANCES
-from coil.testing.fuzz_ops import (DTYPES, FAMILIES, FAMILY_WEIGHTS, Ctx, gen_layout, gen_shapes, gen_values, literal)
+from coil.bench.fuzz_ops import (DTYPES, FAMILIES, FAMILY_WEIGHTS, Ctx, gen_layout, gen_shapes, gen_values, literal)
 
 __all__ = ["Program", "Input", "Stmt", "Result", "generate", "check", "check_program",
            "minimize", "replay", "main", "OUTCOMES", "BACKENDS"]
@@ -128,7 +128,7 @@ class Program:
         return ("\n".join(head) + "\nimport torch\nfrom math import inf, nan\n\n\n"
                 + self.fn_source() + "\n\ndef make_inputs():\n" + inputs
                 + f"    return [{names}]\n\n\nif __name__ == \"__main__\":\n"
-                "    from coil.testing.fuzz import replay\n"
+                "    from coil.bench.fuzz import replay\n"
                 f"    replay(fn, make_inputs, {backend!r}{key})\n")
 
 
@@ -1077,7 +1077,7 @@ def _table(stats: dict) -> str:
 
 def main(argv: Optional[list] = None) -> int:
     """Command line: fuzz for ``--time`` seconds or ``--count`` programs; print a summary."""
-    ap = argparse.ArgumentParser(prog="python -m coil.testing.fuzz", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m coil.bench.fuzz", description=__doc__.split("\n")[0])
     ap.add_argument("--time", type=float, default=600.0, help="seconds to run (default 600)")
     ap.add_argument("--count", type=int, default=None, help="stop after N programs")
     ap.add_argument("--seed", type=int, default=0)

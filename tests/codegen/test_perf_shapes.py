@@ -71,6 +71,17 @@ def test_outer_reduction_looped(shape):
     assert "# outer reduction" in src and "for roffset" in src, src
 
 
+def test_outer_reduction_ignores_per_row_vectors():
+    """A column reduction that also reads per-row vectors (LayerNorm's weight gradient:
+    ``sum_rows(dy * (x - mean) * rstd)``) is an outer reduction: the vectors are the same
+    for every column, so they do not count against the x-contiguous loads (HF Swin-T's
+    training step ran it one column per program, reading 2-byte elements 384 apart)."""
+    dy, x, m, s = torch.randn(512, 80), torch.randn(512, 80), torch.randn(512), torch.rand(512)
+    c = check(lambda dy, x, m, s: (dy * (x - m[:, None]) * s[:, None]).sum(0), dy, x, m, s,
+              atol=1e-4, rtol=1e-4)
+    assert "# outer reduction" in "\n".join(k.source for k in c.kernels)
+
+
 def test_candidate_config_counts():
     """GPU autotuning tries at most 3 pointwise and 4 reduction configs."""
     from coil.runtime.triton_runtime import candidate_configs

@@ -247,13 +247,15 @@ class TritonKernel(OpsHandler):
 
     def _note_strides(self, e) -> None:
         """Count loads that are contiguous along x (stride 1 in x, > 1 in r) or along r,
-        from the address at (x, r) = (0, 0), (1, 0), (0, 1); indirect loads are skipped."""
+        from the address at (x, r) = (0, 0), (1, 0), (0, 1); indirect loads are skipped, and so
+        are loads the same for every x (a per-row vector such as LayerNorm's mean, broadcast
+        along x: one short read per block, whatever the tiling)."""
         if (steps := axis_steps(e)) is None:
             return
         dx, dr = steps
         if dx == 1 and abs(dr) > 1:
             self.x_contiguous_loads += 1
-        elif dr == 1:
+        elif dr == 1 and dx != 0:
             self.r_contiguous_loads += 1
 
     @property

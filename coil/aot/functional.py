@@ -879,6 +879,9 @@ class JointInfo:
     grad_inputs: list  # input indices that require grad
     grad_is_none: list  # per grad_inputs entry: the gradient is None (unused input)
     program: Optional[ProgramInfo] = None  # what the trace's own run found, when it analysed the program
+    #: grad_inputs entries that are not leaves: the caller may write them in place after the call (eager allows it
+    #: where its autograd did not save them), so the min cut saves them only where nothing computed can stand in
+    nonleaf_inputs: tuple = ()
 
 
 def trace_joint(fn: Callable, fake_args: list, info: Optional[ProgramInfo], decompositions: dict,
@@ -946,7 +949,8 @@ def trace_joint(fn: Callable, fake_args: list, info: Optional[ProgramInfo], deco
         with _without_mkldnn():
             gm = _make_fx(joint, [list(fake_args), tangents], decompositions, fake_mode)
     return _flatten_signature(gm), JointInfo(len(fake_args), info.num_fw_outputs, grad_inputs, list(grad_is_none),
-                                             info if one_run else None)
+                                             info if one_run else None,
+                                             tuple(i for i in grad_inputs if not fake_args[i].is_leaf))
 
 
 def _tangent_inputs(info: ProgramInfo) -> list:

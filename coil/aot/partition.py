@@ -328,8 +328,8 @@ def min_cut_partition(joint: torch.fx.GraphModule, info: JointInfo) -> Partition
     g.add_node("sink")
     bans = {}
     must_recompute = checkpointed(candidates, regions)
-    grad_inputs = {regions.primals[i] for i in info.grad_inputs}
-    free_inputs = {p for p in regions.primals if p not in grad_inputs and isinstance(p.meta.get("val"), torch.Tensor)}
+    grad_leaves = {regions.primals[i] for i in info.grad_inputs if i not in info.nonleaf_inputs}
+    free_inputs = {p for p in regions.primals if p not in grad_leaves and isinstance(p.meta.get("val"), torch.Tensor)}
     for n in candidates:
         ban = recompute_ban_reason(n)
         if n in must_recompute:
@@ -338,9 +338,10 @@ def min_cut_partition(joint: torch.fx.GraphModule, info: JointInfo) -> Partition
             ban = "checkpoint region output (kept, as eager's checkpoint keeps its inputs)"
         bans[n] = ban
         cap = float(node_bytes(n)) if _saveable(n) and n not in must_recompute else inf
-        # an input that does not require grad, or a view of it, may be written after the call, which eager allows
-        # where its autograd saved what it computed from the input (fuzz s1029 #176: a bool mask, its float cast
-        # multiplied): saved only where no computed value can stand in
+        # an input that does not require grad or is not a leaf, or a view of it, may be written after the call, which
+        # eager allows where its autograd saved what it computed from the input (fuzz s1029 #176: a bool mask, its
+        # float cast multiplied; s1042 #309: min(b, dim) saves its indices, not b): saved only where no computed value
+        # can stand in (a leaf that requires grad cannot be written in place under grad mode)
         root = _view_root(n)
         if cap != inf and root in free_inputs:
             cap = cap * 1e6 + 1e6

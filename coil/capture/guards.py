@@ -69,14 +69,15 @@ class Guard:
     expression the generated function uses instead, valid only after the guards before it in the same
     ``group`` passed (e.g. ``t.is_contiguous()`` for ``t.stride() == (8, 1)`` once ``t.shape == (4, 8)``
     held); ``group`` joins the consecutive checks of one tensor into one generated ``if``; ``batch`` names the
-    C++ tensor check that replaces it in the generated function (None: generated)."""
-    __slots__ = ("code", "value_expr", "expected", "src", "fast", "group", "batch")
+    C++ tensor check that replaces it in the generated function (None: generated); ``note`` says in words what a
+    failure means (recompile reasons)."""
+    __slots__ = ("code", "value_expr", "expected", "src", "fast", "group", "batch", "note")
 
     def __init__(self, code: str, value_expr: Optional[str], expected: Any, src: Optional[str] = None,
                  fast: Optional[str] = None, group: Optional[str] = None,
-                 batch: Optional[str] = None):
+                 batch: Optional[str] = None, note: Optional[str] = None):
         self.code, self.value_expr, self.expected, self.src = code, value_expr, expected, src
-        self.fast, self.group, self.batch = fast, group, batch
+        self.fast, self.group, self.batch, self.note = fast, group, batch, note
 
 
 class Hoister:
@@ -158,14 +159,14 @@ class GuardSet:
 
     def add(self, code: str, value_expr: Optional[str] = None, expected: Any = None,
             src: Optional[str] = None, fast: Optional[str] = None,
-            group: Optional[str] = None, batch: Optional[str] = None) -> None:
+            group: Optional[str] = None, batch: Optional[str] = None, note: Optional[str] = None) -> None:
         """Add ``code`` (a boolean expression). ``value_expr``/``expected`` describe the guarded value for
         recompile messages; ``src`` is the source expression the code reads (hoisted into a local variable in
-        the generated function); ``fast``, ``group`` and ``batch``: see :class:`Guard`."""
+        the generated function); ``fast``, ``group``, ``batch`` and ``note``: see :class:`Guard`."""
         if code in self._seen:
             return
         self._seen.add(code)
-        self.guards.append(Guard(code, value_expr, expected, src, fast, group, batch))
+        self.guards.append(Guard(code, value_expr, expected, src, fast, group, batch, note))
 
     def source_text(self, argnames: list[str]) -> str:
         """The guard function's source (see :func:`_emit_guards` for what is hoisted)."""
@@ -285,12 +286,33 @@ class GuardSet:
                     except Exception as e:  # noqa: BLE001
                         got = f"<{type(e).__name__}>"
                     text += f"  ({g.value_expr}: expected {g.expected!r}, got {got})"
+                if g.note:
+                    text += f"  ({g.note})"
                 out.append({"guard": g.code, "value": g.value_expr, "expected": repr(g.expected),
                             "got": got, "text": text})
             if len(out) >= limit:
                 break
+        if len(out) < limit:
+            out.extend(self._batch_failures(ns, limit - len(out)))
         if self.shape_exprs and len(out) < limit:
             out.extend(self._shape_failures(ns, limit - len(out)))
+        return out
+
+    def _batch_failures(self, ns: dict, limit: int) -> list[dict]:
+        """Arguments that are one tensor where the C++ batch check (:meth:`_batch`) was built for distinct ones: it
+        refuses a tensor passed twice (``f(a, a)`` after ``f(a, b)``), which no per-tensor guard says."""
+        out: list[dict] = []
+        for name, srcs in self._batch_srcs.items():
+            try:
+                vals = [eval(e, ns) for e in srcs]
+            except Exception:  # noqa: BLE001 - a failed access is reported by its own guard
+                continue
+            for j, e in enumerate(srcs):
+                first = next((srcs[i] for i in range(j) if vals[i] is vals[j]), None)
+                if first is not None and len(out) < limit:
+                    text = f"{first} and {e} are the same tensor on this call (they were distinct when compiled)"
+                    out.append({"guard": f"{name}.check({', '.join(srcs)})", "value": f"{e} is {first}",
+                                "expected": "False", "got": "True", "text": text})
         return out
 
     def _shape_failures(self, ns: dict, limit: int) -> list[dict]:

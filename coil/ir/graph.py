@@ -68,10 +68,16 @@ def _resolve_neg_bit(box: TensorBox, value: torch.Tensor) -> TensorBox:
     return make_pointwise_box(ops.neg, [box], list(box.get_size()), value.dtype, compute_dtype(value.dtype))
 
 
-def _specialize_floats(tree):
-    """``tree`` with each backed SymFloat made the float it is now, a guard on its value (a recompile per value): a
-    Python number an op takes as a Scalar is a constant of the generated code (docs/aot.md, "Scalar reads")."""
-    return pytree.tree_map_only(torch.SymFloat, lambda v: v if free_unbacked_symbols(v.node._expr) else float(v), tree)
+def _specialize_floats(tree, computed: dict, specialize: bool):
+    """``tree`` with each SymFloat an extern kernel of this graph computes (``d.item()``, ``1 - d``: ``computed`` maps
+    its expression to that extern) read from that extern's result at run time, as eager passes the Python number; with
+    ``specialize``, each other backed SymFloat made the float it is now, a guard on its value (a recompile per value):
+    the wrapper would write it as a constant (docs/aot.md, "Scalar reads")."""
+    def value(v):
+        if (ek := computed.get(v.node._expr)) is not None:
+            return ek
+        return float(v) if specialize and not free_unbacked_symbols(v.node._expr) else v
+    return pytree.tree_map_only(torch.SymFloat, value, tree)
 
 
 def _fake_layout(t: torch.Tensor) -> Layout:
@@ -263,6 +269,7 @@ class GraphLowering(torch.fx.Interpreter):
         self.fallbacks: Counter = Counter()
         self.native: Counter = Counter()
         self.seen_unbacked: set = set()  # (run_node)
+        self.float_externs: dict = {}  # SymFloat expression -> the extern kernel computing it (_specialize_floats)
         self.current_node: Optional[torch.fx.Node] = None
         self._counter = itertools.count()
         #: random ops lowered natively; the wrapper draws this many seeds per call
@@ -727,8 +734,7 @@ class GraphLowering(torch.fx.Interpreter):
         return TensorBox(StorageBox(buf))
 
     def make_extern(self, target, args, kwargs):
-        if isinstance(target, torch._ops.OpOverload):  # an ATen op's Scalar (the wrapper would write it as a constant)
-            args, kwargs = _specialize_floats((args, kwargs))
+        args, kwargs = _specialize_floats((args, kwargs), self.float_externs, isinstance(target, torch._ops.OpOverload))
         cl = self.channels_last and target in _CHANNELS_LAST_OPS
 
         def conv(a, fa):
@@ -780,6 +786,8 @@ class GraphLowering(torch.fx.Interpreter):
             return _resolve_neg_bit(TensorBox(StorageBox(ek)), meta)
         ek = ExternKernel(name, None, target, args, kwargs)
         self.register_buffer(ek)
+        if isinstance(meta, torch.SymFloat):  # a Python float at run time, which later externs read (_specialize_floats)
+            self.float_externs[meta.node._expr] = ek
 
         def build(v, path):
             if isinstance(v, torch.Tensor):

@@ -727,7 +727,9 @@ def _index_put(x, indices, values, accumulate=False):
 def _scatter(x, dim, index, src):
     target = current_graph().current_node.target
     xs = list(x.get_size())
-    dim = dim % max(len(xs), 1)
+    if not xs:
+        raise FallbackToExtern()  # 0-d: eager's only index is 0 (min.dim's backward of a 0-d input)
+    dim = dim % len(xs)
     isize = list(index.get_size())
     il = index.make_loader()
     cdt = compute_dtype(x.get_dtype())

@@ -598,3 +598,30 @@ def test_an_input_without_gradient_is_not_differentiated():
         a, b = torch.ones(2, requires_grad=True), torch.ones(1, requires_grad=True)
         fn(a, b)[0].sum().backward()
         assert a.grad.tolist() == [2.0, 2.0] and b.grad is None
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "coil"])
+def test_a_non_leaf_input_written_after_the_graph_is_not_saved_for_min_dim(backend):
+    """``v1, _ = torch.min(b, dim=-1, keepdim=True)``, a graph break, then ``b[b > 0] = 1`` on a non-leaf 0-d ``b``:
+    eager's ``min`` saves its indices (8 bytes), the min cut saved ``b`` (4 bytes, the min recomputed), the write bumped
+    its version and the backward raised "modified by an inplace operation" (gradient fuzzer s1042 #309, shared with
+    torch.compile's aot_eager). An input that is not a leaf is saved only where nothing computed can stand in."""
+    def f(b):
+        v1, _ = torch.min(b, dim=-1, keepdim=True)
+        print("graph break")
+        b[b > 0] = 1
+        return v1 * 3
+
+    cnt = coil.testing.CompileCounter()
+    grads, xs = [], [torch.tensor(0.5), torch.randn(2, 3)]
+    for fn in (f, coil.compile(f, backend=backend), coil.compile(f, backend=cnt)):
+        coil.reset()
+        for x in xs:
+            a = x.clone().requires_grad_()
+            b = a * 2
+            out = fn(b)
+            out.sum().backward()
+            grads.append((out.detach(), b.detach(), a.grad))
+    for got in (grads[2:4], grads[4:6]):
+        torch.testing.assert_close(got, grads[0:2])
+    assert 2 <= cnt.frame_count <= 5   # the graphs before and after the break, then the recompiles for a new shape

@@ -183,3 +183,74 @@ def test_zero_times_a_symbolic_float_keeps_the_product_sign():
             assert torch.equal(c(x, p).signbit(), f(x, p).signbit()), p
         for p in (math.inf, -math.inf, math.nan):  # 0 * inf is NaN: the symbol's guard sends these to a constant
             assert c(x, p).isnan().all(), p
+
+
+def _no_coil_warnings(caught) -> None:
+    assert not [w for w in caught if str(w.message).startswith("coil")], [str(w.message) for w in caught]
+
+
+def test_ema_with_a_decay_that_changes_every_step_compiles_twice():
+    """``torch._foreach_mul_(avg, d); torch._foreach_add_(avg, params, alpha=1 - d)`` with ``d`` new every step: the
+    foreach ops run as extern kernels, which specialized the symbolic ``d`` (a guard on its value), so every step
+    recompiled until the recompile limit (8) ran the function eagerly. The extern now reads the Python float the
+    graph computes (``d.item()``, ``1 - d``) at run time: one compile for the first value, one symbolic."""
+    import warnings
+
+    def ema(avg, params, d):
+        torch._foreach_mul_(avg, d)
+        torch._foreach_add_(avg, params, alpha=1 - d)
+
+    coil.reset()
+    cf = coil.compile(ema)
+    want = [torch.randn(3), torch.randn(2, 2)]
+    got = [t.clone() for t in want]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for step in range(12):
+            d = 0.9 + 0.0075 * step
+            params = [torch.randn(3), torch.randn(2, 2)]
+            ema(want, params, d)
+            cf(got, params, d)
+            for g, w in zip(got, want):
+                assert torch.equal(g, w), step   # the ATen op gets eager's Python float
+    _no_coil_warnings(caught)
+    assert stats["frames"] == 2 and stats["eager_limit"] == 0
+
+
+@pytest.mark.parametrize("op", ["scalar_list", "lerp", "pow", "add_scalar", "sub_scalar", "addcmul", "clamp_min",
+                                "div_scalar", "mul_tensor_scalar"])
+def test_foreach_ops_reading_a_changing_float_stay_symbolic(op):
+    """Each foreach overload with a Scalar (or a list of Scalars) reads the float at run time: the values are eager's,
+    and a new value needs no recompile."""
+    import warnings
+
+    def f(xs, ys, k):
+        if op == "scalar_list":
+            return torch._foreach_mul(xs, [k * 0.5, k * 1.5])
+        if op == "lerp":
+            return torch._foreach_lerp(xs, ys, k)
+        if op == "pow":
+            return torch._foreach_pow(xs, k)
+        if op == "add_scalar":
+            return torch._foreach_add(xs, k)
+        if op == "sub_scalar":
+            return torch._foreach_sub(xs, k)
+        if op == "addcmul":
+            return torch._foreach_addcmul(xs, ys, ys, value=-k)
+        if op == "clamp_min":
+            return torch._foreach_clamp_min(xs, k)
+        if op == "div_scalar":
+            return torch._foreach_div(xs, k / 3)
+        return torch._foreach_mul(xs, ys[0].sum() * k)    # the Tensor overload, k times a 0-d tensor
+
+    coil.reset()
+    cf = coil.compile(f)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for i in range(6):
+            xs, ys = [torch.rand(3) + 0.5, torch.rand(2, 2) + 0.5], [torch.randn(3), torch.randn(2, 2)]
+            k = 0.25 + 0.3 * i
+            for g, w in zip(cf(xs, ys, k), f(xs, ys, k)):
+                torch.testing.assert_close(g, w, rtol=0, atol=0)
+    _no_coil_warnings(caught)
+    assert stats["frames"] == 2 and stats["eager_limit"] == 0

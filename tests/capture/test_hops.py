@@ -622,3 +622,90 @@ def test_scan_carry_changing_strides_raises():
 
     with pytest.raises(UserError, match="changes carry 0"):
         coil.compile(fn, backend="eager")(torch.randn(3, 4))
+
+
+def _method_body(x):
+    y = (x * 2).sin() * x
+    return torch.cos(y).exp().relu() + y.tanh()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_checkpoint_body_with_tensor_methods_saves_only_its_input(backend, tmp_path):
+    """A checkpoint body calling tensor methods (``x.sin()``, ``z.relu()``): capture tagged only its ``call_function``
+    nodes for recomputation, so each method call was outside the region, the values feeding it were region outputs
+    kept for the backward, and the body saved three activations where eager's checkpoint saves only its input."""
+    from torch.utils.checkpoint import checkpoint
+
+    def fn(x):
+        return checkpoint(_method_body, x, use_reentrant=False)
+
+    assert_same_as_eager(fn, (torch.randn(8),), backend=backend, check_grads=True)
+    assert _activation_bytes(tmp_path, fn, torch.randn(8, requires_grad=True), backend) == 0
+
+
+def _random_bodies():
+    return {"rand_like": lambda x: x * torch.rand_like(x),
+            "dropout": lambda x: torch.nn.functional.dropout(x.sin(), 0.5, training=True) * x}
+
+
+@pytest.mark.parametrize("body", ["rand_like", "dropout"])
+@pytest.mark.parametrize("fallback_random", [True, False])
+def test_checkpoint_over_torch_random_ops_matches_eager(body, fallback_random):
+    """Non-reentrant checkpoint over ``torch.rand_like`` / dropout: eager recomputes the body in the backward with the
+    torch RNG state restored (same numbers); coil never recomputes a random op (the partitioner saves it). With
+    ``fallback_random`` (eager's kernels) values, gradients and the RNG state afterwards are eager's bit for bit;
+    without, coil's in-kernel stream differs from eager's, but the gradient uses the forward's numbers."""
+    from torch.utils.checkpoint import checkpoint
+
+    f = _random_bodies()[body]
+
+    def fn(x):
+        return checkpoint(f, x, use_reentrant=False)
+
+    x0 = torch.randn(16) + 3   # (no zeros: out / x below)
+    res = []
+    for g in (fn, coil.compile(fn, options={"fallback_random": fallback_random})):
+        torch.manual_seed(0)
+        x = x0.clone().requires_grad_()
+        out = g(x)
+        out.backward(torch.ones_like(out))
+        res.append((out.detach(), x.grad, torch.rand(3)))
+    if fallback_random:
+        torch.testing.assert_close(res[1], res[0], rtol=0, atol=0)
+    out, grad, _ = res[1]
+    if body == "rand_like":    # d(x * r)/dx = r = out / x
+        torch.testing.assert_close(grad, out / x0)
+    else:                      # the dropout mask of the forward, in the sin's derivative
+        torch.testing.assert_close(grad, torch.where(out != 0, 2 * (x0.sin() + x0 * x0.cos()), 0.0))
+
+
+def test_checkpoint_over_python_random_draws_once():
+    """Sharp edge: ``random.random()`` in a checkpoint body is drawn once, in the forward (the entry calls it and
+    passes the number to the graph), and the gradient uses that number. Eager's checkpoint restores the torch RNG
+    state, not Python's: its backward re-runs the body and draws a second number, which the recomputed tensors (the
+    ``sin``'s input) take while ``mul``'s Scalar stays the first, and leaves Python's RNG one draw further. Values are
+    eager's; eager's gradient (of two draws) and the Python RNG state afterwards are not."""
+    import math
+    import random
+
+    from torch.utils.checkpoint import checkpoint
+
+    def body(x):
+        return (x * random.random()).sin()
+
+    def fn(x):
+        return checkpoint(body, x, use_reentrant=False)
+
+    res = []
+    for g in (fn, coil.compile(fn)):
+        random.seed(0)
+        x = torch.ones(4, requires_grad=True)
+        out = g(x)
+        out.sum().backward()
+        res.append((out.detach(), x.grad, random.random()))
+    random.seed(0)
+    first, second, third = random.random(), random.random(), random.random()
+    torch.testing.assert_close(res[1][0], res[0][0])                  # forward: the first draw, both
+    torch.testing.assert_close(res[0][1], torch.full((4,), math.cos(second) * first))   # eager: two draws
+    torch.testing.assert_close(res[1][1], torch.full((4,), math.cos(first) * first))    # coil: the forward's
+    assert (res[0][2], res[1][2]) == (third, second)

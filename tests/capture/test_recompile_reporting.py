@@ -113,3 +113,28 @@ def test_recompile_limit_from_compile_options():
     g(torch.ones(2)), g(torch.ones(3))
     with pytest.warns(UserWarning, match=r"recompile limit \(2\)"):
         g(torch.ones(4))
+
+
+@pytest.mark.parametrize("first_same", [False, True])
+def test_recompile_for_aliased_inputs_says_which_inputs(tmp_path, first_same):
+    """``f(a, b)`` then ``f(a, a)``: the C++ batch check of the tensor arguments refuses one tensor passed twice, which no
+    per-tensor guard says, so the recompile's reason was None (in the log, the report and the recompile-limit
+    warning). The other order failed the identity guard ``y is x``, named without what it meant."""
+    def f(x, y):
+        return x + y * 2
+
+    a, b = torch.randn(3), torch.randn(3)
+    calls = [(a, a), (a, b)] if first_same else [(a, b), (a, a)]
+    trace.set_dir(str(tmp_path))
+    try:
+        c = coil.compile(f)
+        for args in calls + calls:
+            torch.testing.assert_close(c(*args), f(*args))
+    finally:
+        trace.set_dir(None)
+    rec = [r for r in _records(tmp_path) if r.get("event") == "recompile"]
+    assert len(rec) == 1, rec   # the third and fourth calls reuse the two entries
+    want = ("x and y were one object when compiled; they are distinct on this call" if first_same else
+            "x and y are the same tensor on this call (they were distinct when compiled)")
+    assert want in rec[0]["reason"], rec[0]
+    assert rec[0]["failed_guards"] and rec[0]["failed_guards"][0]["text"] == rec[0]["reason"]

@@ -1270,3 +1270,12 @@ def test_write_through_a_dtype_view_after_a_graph_break(backend):
         v0.view(torch.float32).div_(2.0)
         return ()
     _ok(fn, lambda: [torch.tensor(-1.0)], backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_scatter_into_a_zero_dim_tensor(backend):
+    """``scatter``/``scatter_add`` of a 0-d tensor (``min(b, dim=-1)``'s backward on a 0-d ``b``): the lowering indexed
+    the size of dim -1 of no dims (IndexError) and the graph ran in the FX interpreter, warned. It runs the ATen op."""
+    def f(x, i, s):
+        return x.scatter(-1, i, s), x.scatter_add(0, i, s), x.scatter(0, i, 2.5)
+    _ok(f, lambda: [torch.tensor(1.5), torch.tensor(0), torch.tensor(-2.0)], backend)

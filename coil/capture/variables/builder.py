@@ -104,7 +104,9 @@ def wrap(tx, value: Any, source, guard: bool = True) -> VariableTracker:
         if (hit := out.wrapped.get(id(value))) is not None:
             vt = hit[1]
             if guard and source is not None and vt.source is not None and source != vt.source:
-                out.guards.add(f"{source.expr()} is {vt.source.expr()}")
+                a, b = vt.source.expr(), source.expr()
+                out.guards.add(f"{b} is {a}", note=f"{a} and {b} were one object when compiled; they are "
+                                                     f"distinct on this call")
             return vt
     gs = out.guards if (guard and source is not None) else None
     vt = _build(tx, value, source, gs)

@@ -676,7 +676,7 @@ def call_checkpoint(tx, args: list, kwargs: dict) -> VariableTracker:
     region = next(_region_ids)
     tagged = 0
     for n in out.graph.nodes:
-        if n not in before and n.op == "call_function" and "recompute" not in n.meta:
+        if n not in before and n.op in ("call_function", "call_method") and "recompute" not in n.meta:
             n.meta["recompute"] = CheckpointPolicy.PREFER_RECOMPUTE
             n.meta["ac_graph_id"] = region
             tagged += 1

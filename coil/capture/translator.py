@@ -54,7 +54,7 @@ CO_ASYNC_GENERATOR = 0x200
 MAX_INLINE_DEPTH = 48
 #: coil modules holding user-level model code (the bench suite's own models) that are
 #: traced like user code; the rest of coil is compiler code and runs outside graphs.
-TRACED_COIL_MODULES = ("coil.bench.models", "coil.bench.broad")  # the bench's model code
+TRACED_COIL_MODULES = ("coil.bench.models", "coil.bench.broad", "coil.bench.reduce_overhead")  # the bench's model code
 MAX_STEPS = 2_000_000
 
 _CAPTURE_DIR = __file__.rsplit("/", 1)[0] + "/"

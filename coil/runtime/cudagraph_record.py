@@ -201,6 +201,7 @@ class SlotRefs(tuple):
             torch.UntypedStorage._free_weak_ref(c)
 
 
+_storage_over = torch._C._construct_storage_from_data_pointer
 #: torch's C constructor of a CUDA tensor over a given storage (CUDA builds; about a
 #: quarter of ``empty((0,)).set_(...)``'s cost). Checked on first use; None once it
 #: is missing, raises or builds something else, and ``set_`` is used instead.
@@ -273,14 +274,18 @@ class OutputPlan:
             self.items.append(("slot", slot_of[key], meta, o.storage_offset(), fast))
         #: the tensors made during capture, kept so the pool never reuses their memory
         self.owned = [o for o in outs if isinstance(o, torch.Tensor)]
-        # for build: the tensors made per replay
+        # for build, computed once: the constants in place, the arguments handed back, the tensors made per replay
+        self._template = [it[1] if it[0] == "const" else None for it in self.items]
+        self._selves = [(k, it[1]) for k, it in enumerate(self.items) if it[0] == "self"]
         self._made = [(k, *it[:4], it[4] if it[0] == "slot" else None) for k, it in enumerate(self.items)
                       if it[0] in ("slot", "arg")]
 
     def build(self, args) -> tuple[list, list]:
         """``(outputs, weak refs of this replay's slot storages)``."""
-        storages = [torch._C._construct_storage_from_data_pointer(p, dev, n) for p, n, dev in self.slots]
-        outs = [it[1] if it[0] == "const" else args[it[1]] if it[0] == "self" else None for it in self.items]
+        storages = [_storage_over(p, dev, n) for p, n, dev in self.slots]
+        outs = self._template.copy()
+        for k, i in self._selves:
+            outs[k] = args[i]
         for k, kind, i, (dtype, size, stride), offset, fast in self._made:
             if kind == "slot":
                 outs[k] = _tensor_over(storages[i], dtype, size, stride, offset, fast)

@@ -62,7 +62,8 @@ class Node:
         self._copied_args = _getter(copied)
         self.nargs = len(args)
         tensors = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
-        self._tensor_args, self._types = _getter(tensors), tuple(type(args[i]) for i in tensors)
+        self._types = tuple(type(args[i]) for i in tensors)
+        self._tensor_args = _getter(tensors) if len(tensors) < len(args) else _same  # (no 175-tuple per call)
         # the signature holds a plain tensor's layout and only the kind of a Parameter (read in place, by address)
         self._plain_args = _getter([i for i in tensors if not isinstance(args[i], torch.nn.Parameter)])
         self.others = [(i, (type(a), a)) for i, a in enumerate(args) if not isinstance(a, torch.Tensor)]
@@ -107,12 +108,15 @@ class Node:
     def replay(self, args):
         """Copy the arguments in, poison what the last replay handed out, replay."""
         if self.copied:
-            srcs, grad = self._copied_args(args), _grad_enabled()
-            _set_grad_enabled(False)  # torch.no_grad() without its Python objects
-            try:
-                torch._foreach_copy_(self.placeholders, srcs) if len(srcs) > 1 else self.placeholders[0].copy_(srcs[0])
-            finally:
-                _set_grad_enabled(grad)
+            srcs = self._copied_args(args)
+            if _grad_enabled():  # (the inference path runs without grad already)
+                _set_grad_enabled(False)  # torch.no_grad() without its Python objects
+                try:
+                    _copy_in(self.placeholders, srcs)
+                finally:
+                    _set_grad_enabled(True)
+            else:
+                _copy_in(self.placeholders, srcs)
         self.poison_live()
         self.tree.recorder.replay(self.graph)
         if self.writeback:
@@ -389,6 +393,14 @@ _data_ptr = torch.Tensor.data_ptr
 _grad_enabled, _set_grad_enabled = torch.is_grad_enabled, torch._C._set_grad_enabled
 #: ``StorageWeakRef.expired`` without its two Python frames (called per output per call)
 _expired = getattr(torch._C.StorageBase, "_expired", None) or torch.UntypedStorage._expired
+
+
+def _same(args):
+    return args
+
+
+def _copy_in(placeholders: list, srcs: tuple) -> None:
+    torch._foreach_copy_(placeholders, srcs) if len(srcs) > 1 else placeholders[0].copy_(srcs[0])
 
 
 def _getter(idx: list) -> Callable:

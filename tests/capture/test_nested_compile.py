@@ -39,7 +39,9 @@ def test_compiled_method_and_module_called_inside_a_compiled_function_are_inline
 
 def test_a_model_of_coils_bench_is_captured_not_skipped():
     """The models of coil's bench and tests are user code: skipping coil's own modules at a break (the fix above)
-    also skipped them, and the bench's reduce-overhead decoder ran eagerly, silently (0 graphs)."""
+    also skipped them, and the bench's reduce-overhead decoder ran eagerly, silently (0 graphs). Its forward is
+    traced in the module's call frame, as a user's model is: captured at a break on a frame of its own, each
+    decoding step ran three frames (the call, forward, the call's resume function), three sets of guards."""
     from coil.bench.reduce_overhead import CachedDecoder
 
     torch.manual_seed(0)
@@ -49,4 +51,5 @@ def test_a_model_of_coils_bench_is_captured_not_skipped():
     with torch.no_grad():
         out = coil.compile(m, backend="aot_eager")(torch.randint(0, 64, (1, 8)), torch.arange(8))
     assert stats["graphs"] >= 1 and stats["fallbacks"] == 0, dict(stats)
+    assert stats["frames"] == 1, dict(stats)
     assert out[1].shape == (1, 64)

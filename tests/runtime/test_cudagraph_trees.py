@@ -189,6 +189,23 @@ def test_outputs_aliasing_inputs_are_views_of_this_calls_argument():
         torch.testing.assert_close(c, x[1:] * 2)
 
 
+def test_rebuilt_outputs_keep_their_kinds_and_order_on_every_replay():
+    """The rebuild's template (OutputPlan.build, made at record time): constants, arguments handed back as the
+    caller's objects, views of an argument and new memory, interleaved, as a tuple or a list, on each replay."""
+    for wrap in (tuple, list):
+        tree, f = make(body=lambda x, w: wrap((3, w, x * 2, None, x[1:], w + x, 2.5)))
+        w = torch.nn.Parameter(torch.randn(3, 4))
+        for _ in range(4):
+            x = torch.randn(3, 4)
+            out = f(x, w)
+            assert type(out) is wrap and len(out) == 7
+            assert out[0] == 3 and out[1] is w and out[3] is None and out[6] == 2.5
+            torch.testing.assert_close(out[2], x * 2)
+            torch.testing.assert_close(out[4], x[1:])
+            torch.testing.assert_close(out[5], w + x)
+        assert tree.recorder.captures == 1 and tree.replays >= 2
+
+
 def test_cpu_tensors_fall_back_with_a_reason(log_dir):
     tree, f = make(device_type="cuda")
     x, w = torch.randn(2, 4), torch.randn(4, 4)

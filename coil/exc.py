@@ -98,6 +98,8 @@ class StrictCodegenError(InternalError):
 #: Fallbacks to ATen ops / the FX interpreter this process took, by compile-log event
 #: (:func:`refuse_fallback` counts them; the bench reports them per row).
 fallback_counts: Counter = Counter()
+#: ``"<event>: <error>"`` of each of those fallbacks, in order (the first 300 characters of the error)
+fallback_errors: list = []
 
 
 def refuse_fallback(event: str, error: BaseException | str) -> None:
@@ -106,9 +108,10 @@ def refuse_fallback(event: str, error: BaseException | str) -> None:
     event it logs, e.g. ``codegen_fallback``). With ``config.strict_codegen`` on, raise
     :class:`StrictCodegenError` from ``error`` instead; otherwise return."""
     fallback_counts[event] += 1
+    msg = f"{type(error).__name__}: {error}" if isinstance(error, BaseException) else str(error)
+    fallback_errors.append(f"{event}: {msg[:300]}")
     if not config.strict_codegen:
         return
-    msg = f"{type(error).__name__}: {error}" if isinstance(error, BaseException) else str(error)
     raise StrictCodegenError(f"{event} refused (strict_codegen): {msg}") from (
         error if isinstance(error, BaseException) else None)
 

@@ -115,6 +115,8 @@ class Row:
     #: kernels because code generation failed, during compile and first call
     #: (``coil.exc.fallback_counts``; None for compilers that do not use coil's backend)
     codegen_fallbacks: Optional[int] = None
+    #: each of those fallbacks' compile-log event and error text (JSON only)
+    fallback_errors: Optional[list] = None
     traceback: Optional[str] = None
     #: timed with ``--paired`` (eager_ms is the one eager series shared by the rows of
     #: its model and mode)
@@ -240,8 +242,8 @@ def prepare_row(compiler: Compiler, module: torch.nn.Module, args: tuple, kwargs
     def make(compiled: Any) -> Callable[[], list]:
         return make_step(compiled, params, a, kw, mode, device)
 
-    from coil.exc import fallback_counts
-    fallbacks_before = sum(fallback_counts.values())
+    from coil.exc import fallback_counts, fallback_errors
+    fallbacks_before, errors_before = sum(fallback_counts.values()), len(fallback_errors)
     compiled, probe = compiler.compile(test_mod)
     step = make(compiled)
     cold, first = _timed_first_call(step, device)
@@ -249,6 +251,7 @@ def prepare_row(compiler: Compiler, module: torch.nn.Module, args: tuple, kwargs
     counts = probe.read()
     if getattr(compiler, "coil_kernels", False):
         row.codegen_fallbacks = sum(fallback_counts.values()) - fallbacks_before
+        row.fallback_errors = fallback_errors[errors_before:] or None
     if compiler.name != "eager":
         row.cold_compile_s = cold
     row.graphs, row.graph_breaks = counts.graphs, counts.graph_breaks

@@ -49,7 +49,7 @@ def test_cli_broad_suite_defaults_to_bf16_and_train(monkeypatch):
 
 def test_rows_count_codegen_fallbacks(monkeypatch):
     """A coil row whose code generation fails runs with the FX interpreter (correct
-    values, a pass) and says how many graphs fell back; other compilers' rows say None."""
+    values, a pass) and says how many graphs fell back and why; other compilers' rows say None."""
     import coil.codegen as C
     from coil.config import patch
 
@@ -64,6 +64,7 @@ def test_rows_count_codegen_fallbacks(monkeypatch):
         rows = {r["compiler"]: r for r in suite.run_bench(opts)["rows"]}
     assert rows["coil"]["status"] == "pass", rows["coil"]["error"]
     assert rows["coil"]["codegen_fallbacks"] == rows["coil"]["graphs"] >= 1
+    assert rows["coil"]["fallback_errors"][0] == "codegen_fallback: AssertionError: test: code generation failed"
     assert rows["eager"]["codegen_fallbacks"] is None
     assert "fallbacks" in suite.format_text({"meta": {}, "rows": list(rows.values())})
 

@@ -59,6 +59,10 @@ class Node:
         self.consumes: dict = {}
         self._inplace_args = _getter([i for i, _ in inplace])
         self._inplace_ptrs = tuple(p for _, p in inplace)
+        # for torch's C check (_ptrs_at): the recorded pointers by argument index, the indices
+        self._ptr_table, self._inplace_idx = [None] * len(args), [i for i, _ in inplace]
+        for i, p in inplace:
+            self._ptr_table[i] = p
         self._copied_args = _getter(copied)
         self.nargs = len(args)
         tensors = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
@@ -86,9 +90,30 @@ class Node:
 
     def moved(self, args) -> list:
         """Indices of in-place arguments not at their recorded address."""
-        if self.inplace and tuple(map(_data_ptr, self._inplace_args(args))) == self._inplace_ptrs:
+        if self.inplace and self._at_recorded(args):
             return []
         return [i for i, p in self.inplace if args[i].data_ptr() != p]
+
+    def _at_recorded(self, args) -> bool:
+        """Whether every in-place argument is at its recorded address: one C call (:data:`_ptrs_at`) once it has agreed
+        with the Python check on a call and refused a wrong address, else a data pointer per argument from Python."""
+        global _ptrs_at, _ptrs_at_checked
+        if _ptrs_at_checked:
+            try:
+                return _ptrs_at(list(args), self._ptr_table, self._inplace_idx)
+            except Exception:  # noqa: BLE001 - an argument it cannot read: the Python check from now on
+                _ptrs_at_checked, _ptrs_at = False, None
+        same = tuple(map(_data_ptr, self._inplace_args(args))) == self._inplace_ptrs
+        if _ptrs_at is not None:
+            i = self._inplace_idx[0]
+            wrong = self._ptr_table[:i] + [args[i].data_ptr() + 1] + self._ptr_table[i + 1:]
+            try:
+                _ptrs_at_checked = _ptrs_at(list(args), self._ptr_table, self._inplace_idx) is same and \
+                    _ptrs_at(list(args), wrong, [i]) is False
+            except Exception:  # noqa: BLE001 - another signature
+                pass
+            _ptrs_at = _ptrs_at if _ptrs_at_checked else None
+        return same
 
     def busy(self) -> bool:
         """Something still holds an output of the last replay."""
@@ -390,6 +415,10 @@ def _keep_graph() -> bool:
 
 
 _data_ptr = torch.Tensor.data_ptr
+#: torch's C check that tensors sit at given data pointers (CUDA builds; torch.compile's trees use it), used once it is
+#: seen to agree with the Python check (Node._at_recorded); None where it is missing, raises or disagrees
+_ptrs_at = getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", None)
+_ptrs_at_checked = False
 _grad_enabled, _set_grad_enabled = torch.is_grad_enabled, torch._C._set_grad_enabled
 #: ``StorageWeakRef.expired`` without its two Python frames (called per output per call)
 _expired = getattr(torch._C.StorageBase, "_expired", None) or torch.UntypedStorage._expired

@@ -633,6 +633,37 @@ def test_fast_match_serves_steady_calls_and_never_a_call_of_other_metadata(monke
     assert calls and tree.nodes >= 3
 
 
+@pytest.mark.parametrize("kind", ["right", "raises", "always true"])
+def test_c_address_check_is_used_only_once_seen_right(monkeypatch, kind):
+    """The in-place addresses are checked by torch's C function where it exists (CUDA builds) only after it agreed
+    with the Python check and refused a wrong address; a moved parameter is re-recorded whichever is used."""
+    from coil.runtime import cudagraph_trees as ct
+
+    used = []
+
+    def fake(tensors, ptrs, idx):
+        used.append(1)
+        if kind == "raises":
+            raise TypeError("another signature")
+        return kind == "always true" or all(tensors[i].data_ptr() == ptrs[i] for i in idx)
+
+    monkeypatch.setattr(ct, "_ptrs_at", fake)
+    monkeypatch.setattr(ct, "_ptrs_at_checked", False)
+    tree = Tree(FakeRecorder())
+    f = GraphFunction(lambda x, w: (x @ w,), "inference", tree=tree)
+    w = torch.nn.Parameter(torch.randn(4, 4), requires_grad=False)
+    for _ in range(4):
+        x = torch.randn(3, 4)
+        torch.testing.assert_close(f(x, w)[0], x @ w)
+    assert ct._ptrs_at_checked == (kind == "right") and (ct._ptrs_at is fake) == (kind == "right") and used
+    n = len(used)
+    w2 = torch.nn.Parameter(torch.randn(4, 4), requires_grad=False)  # moved: its own recording
+    for _ in range(3):
+        torch.testing.assert_close(f(x, w2)[0], x @ w2)
+        torch.testing.assert_close(f(x, w)[0], x @ w)
+    assert tree.nodes == 2 and (len(used) > n) == (kind == "right")
+
+
 def test_fast_match_checks_a_parameters_kind_not_its_layout(monkeypatch):
     """Node.matches leaves a Parameter's layout to the address guard, as the signature does (a GPT-2 step passes ~150
     parameters), but a plain tensor in a Parameter's place is another signature: the full path, not a replay."""

@@ -74,6 +74,11 @@ class Config:
     #: more than this many buffers; below that it is inlined into each user. 4 keeps transformer residual
     #: streams from being recomputed by every later layer (the same threshold as Inductor's).
     max_inline_reads: int = 4
+    #: A ``cat`` of at least this many non-empty inputs is a concat buffer: its output is allocated once and each
+    #: input is computed or copied into its slice (docs/ir.md, "Concat buffers"); fewer inputs make one pointwise
+    #: body selecting among them, inlined into the readers. DenseNet's dense blocks concatenate up to 32 feature
+    #: maps: as selections, one kernel source per concatenation, each with that many masked loads. 0: never.
+    concat_buffer_min_inputs: int = 5
     #: CUDA fp16/bf16 mm/addmm outputs whose row length is not a multiple of 8 get a
     #: padded row stride, so cuBLAS can use its aligned kernels (see ir/graph.py).
     pad_matmul_outputs: bool = True

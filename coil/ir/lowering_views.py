@@ -15,8 +15,8 @@ import torch
 from coil.config import config
 from coil.ir.lowering import (FallbackToExtern, _full, broadcast_loader, device, is_box, loader_as, make_pointwise_box,
                               out_dtype, out_size, register_lowering, require_scalars_fit)
-from coil.ir.nodes import (GenericView, InputBuffer, Layout, Pointwise, ReinterpretView, ScatterBuffer, StorageBox,
-                           TensorBox, current_graph)
+from coil.ir.nodes import (ConcatBuffer, ConcatSlice, GenericView, InputBuffer, Layout, Pointwise, ReinterpretView,
+                           ScatterBuffer, StorageBox, TensorBox, current_graph)
 from coil.ir.symbols import (FloorDiv, Mod, as_expr, as_size, broadcasts, contiguous_strides, current_shape_env,
                              guard_true, is_static, linear_index, product, unflatten)
 from coil.ir.virtualized import compute_dtype, ops
@@ -397,6 +397,9 @@ def _cat(tensors, dim=0):
         n = as_size(t.get_size()[dim])
         parts.append((offset, n, t))
         offset += n
+    if 0 < config.concat_buffer_min_inputs <= sum(1 for _, n, _ in parts if n != 0) and \
+            not any(s == 0 for s in size):
+        return _concat_buffer(parts, dim, size, odt)
 
     def inner(index):
         result = None
@@ -418,6 +421,53 @@ def _cat(tensors, dim=0):
         return result
 
     return TensorBox.create(Pointwise(device(), odt, inner, size))
+
+
+def _concat_strides(parts, dim: int, size) -> list:
+    """Strides of a concat buffer: channels-last when the graph runs its convolutions so and an input is a
+    channels-last buffer (the next convolution reads it without a copy), else eager's when dense, else contiguous."""
+    from coil.ir.graph import _channels_last_strides, _is_channels_last
+    g = current_graph()
+    if getattr(g, "channels_last", False) and len(size) == 4 and dim == 1 and any(
+            (b := strided_base(t)) is not None and _is_channels_last(b[1]) for _, _, t in parts):
+        return _channels_last_strides(size)
+    meta = g.current_node.meta.get("val") if getattr(g, "current_node", None) is not None else None
+    if isinstance(meta, torch.Tensor) and all(is_static(v) for v in list(size) + list(meta.stride())):
+        stride = [int(v) for v in meta.stride()]
+        dense = sorted((st, int(n)) for st, n in zip(stride, size) if int(n) != 1)
+        expect = 1
+        for st, n in dense:
+            if st != expect:
+                break
+            expect *= n
+        else:
+            return [as_expr(v) for v in stride]
+    return contiguous_strides(size)
+
+
+def _concat_buffer(parts, dim: int, size, odt) -> TensorBox:
+    """``cat`` as a :class:`ConcatBuffer` (docs/ir.md, "Concat buffers"): each non-empty input is a
+    :class:`ConcatSlice` of it, an unrealized pointwise input of the output dtype computed straight into its slice
+    (its readers then read the slice), any other input copied (converted to the output dtype)."""
+    g, dev = current_graph(), device()
+    stride = _concat_strides(parts, dim, size)
+    cat = ConcatBuffer(g.new_buffer_name(), Layout(dev, odt, list(size), list(stride)))
+    for o, n, t in parts:
+        if n == 0:
+            continue
+        lay = Layout(dev, odt, [as_expr(v) for v in t.get_size()], list(stride))
+        d = t.data
+        if isinstance(d, StorageBox) and type(d.data) is Pointwise and d.data.dtype == odt:
+            body = d.data
+        else:
+            body = Pointwise(dev, odt, loader_as(t, t.get_size(), compute_dtype(odt)), t.get_size())
+        sl = ConcatSlice(g.new_buffer_name(), lay, body, cat, as_expr(o) * stride[dim])
+        if body is getattr(d, "data", None):
+            d.data = sl  # the input's other readers read the slice
+        g.register_buffer(sl)
+        cat.slices.append(sl)
+    g.register_buffer(cat)
+    return TensorBox(StorageBox(cat))
 
 
 @register_lowering(aten.constant_pad_nd)

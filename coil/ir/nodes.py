@@ -412,6 +412,32 @@ class ScatterBuffer(ComputedBuffer):
         return list(dict.fromkeys(super().get_read_names() + [self.target.get_name()]))
 
 
+class ConcatBuffer(Buffer):
+    """The result of a ``cat`` whose inputs are written straight into it (docs/ir.md, "Concat buffers").
+
+    It computes nothing: each input is a :class:`ConcatSlice` (``slices``) that the wrapper binds to a strided view of
+    this buffer's storage, allocated before the first of them runs. It reads its slices, so every reader of the whole
+    comes after the last slice is written (the scheduler sees a step between them and fuses across it nothing)."""
+
+    def __init__(self, name: str, layout: Layout):
+        super().__init__(name, layout)
+        self.slices: list = []
+
+    def get_read_names(self):
+        return [s.get_name() for s in self.slices]
+
+
+class ConcatSlice(ComputedBuffer):
+    """Input of a :class:`ConcatBuffer` computed (or copied) into its slice. Its layout has the concat buffer's
+    strides at offset 0: its name is bound to a view of the concat buffer ``view_offset`` elements past its start,
+    so the offset never appears in a kernel (same-shaped slices of one buffer share a kernel source). A slice never
+    takes a freed buffer, is never stored over a dead input and is not returned to the user as it is."""
+
+    def __init__(self, name: str, layout: Layout, data: Loops, concat: ConcatBuffer, view_offset):
+        super().__init__(name, layout, data)
+        self.concat, self.view_offset = concat, as_expr(view_offset)
+
+
 class ExternKernel(Buffer):
     """An ATen op run as-is. ``args``/``kwargs`` hold IR tensors (realized buffers or ReinterpretViews) and plain Python
     values; ``layout`` is None when the op returns several tensors (read them through :class:`MultiOutput`)."""

@@ -10,7 +10,8 @@ from __future__ import annotations
 import torch
 
 from coil.ir.handlers import ReferenceInterpreter
-from coil.ir.nodes import (Buffer, ComputedBuffer, ExternKernel, Layout, MultiOutput, ReinterpretView, ScatterBuffer)
+from coil.ir.nodes import (Buffer, ComputedBuffer, ConcatSlice, ExternKernel, Layout, MultiOutput, ReinterpretView,
+                           ScatterBuffer)
 
 
 def _flat(t: torch.Tensor, layout: Layout) -> torch.Tensor:
@@ -53,6 +54,14 @@ def run_reference(graph, args: list) -> tuple:
         if isinstance(b, ComputedBuffer):
             if isinstance(b, ScatterBuffer):
                 env[b.name] = env[b.target.get_name()]  # writes into its target's storage
+            elif isinstance(b, ConcatSlice):  # writes into its slice of the concatenation's storage
+                cat = b.concat
+                if cat.name not in env:
+                    env[cat.name] = torch.empty(int(cat.layout.storage_numel()), dtype=cat.get_dtype(),
+                                                device=cat.get_device())
+                    tensors[cat.name] = _view(env[cat.name], cat.layout)
+                flat = env[cat.name]
+                env[b.name] = flat[int(b.view_offset):]
             ReferenceInterpreter.run(b, env)
             tensors[b.name] = _view(env[b.name], b.layout)
         elif isinstance(b, ExternKernel):

@@ -720,8 +720,8 @@ class GraphLowering(torch.fx.Interpreter):
             return x
         eager = [as_expr(s) for s in fv.stride()]
         base = strided_base(x)
-        if base is not None and (isinstance(base[0], InputBuffer) or
-                                 (list(base[1].stride) == eager and base[1].offset == 0)):
+        if base is not None and not isinstance(base[0], ConcatSlice) and (  # (a slice's storage is its cat's)
+                isinstance(base[0], InputBuffer) or (list(base[1].stride) == eager and base[1].offset == 0)):
             return x
         if base is None and isinstance(x.data, StorageBox):
             x.data.realize(stride=eager)

@@ -178,3 +178,14 @@ def test_dynamic_concat_offsets(backend):
         for n in (2, 5, 9):
             args = [r(n + k, 3) for k in range(5)]
             torch.testing.assert_close(f(*args), fn(*args))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_storage_views_of_a_computed_slice(backend):
+    """A value computed into its slice and then read through its storage (``view(dtype)``, ``as_strided``) reads
+    its own elements, not the concatenation's (ATen's storage offsets are absolute)."""
+    def f(a, b, c, d, e):
+        a2 = a * 2
+        return torch.cat([a2, b, c, d, e], 0) + 1, a2.view(torch.int32), a2.as_strided((3,), (2,), 1)
+    xs = [r(2, 4) for _ in range(5)]
+    check(f, *xs, backend=backend)

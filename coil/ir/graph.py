@@ -584,8 +584,10 @@ class GraphLowering(torch.fx.Interpreter):
             return OutputSpec("value", value=r)
         d = r.data
         stride = [as_expr(s) for s in meta.stride()] if isinstance(meta, torch.Tensor) else None
-        if (base := strided_base(r)) is not None and isinstance(base[0], ConcatSlice):
-            # a concatenated input: returned as it is, it would share the concatenation's storage
+        if (base := strided_base(r)) is not None and (isinstance(base[0], ConcatSlice) or isinstance(
+                base[0], ConcatBuffer) and list(base[0].layout.size) != list(base[0].storage.layout.size)):
+            # a concatenated input, or a concatenation that a longer one extends: returned as it is, it would
+            # share its storage with the longer concatenation
             return OutputSpec("buffer", self._materialize(r, stride).get_name())
         if isinstance(d, GenericView):  # (a weight's autocast copy, transposed, saved for the backward)
             d = self._view_of_base(d, stride) or d
@@ -720,7 +722,7 @@ class GraphLowering(torch.fx.Interpreter):
             return x
         eager = [as_expr(s) for s in fv.stride()]
         base = strided_base(x)
-        if base is not None and not isinstance(base[0], ConcatSlice) and (  # (a slice's storage is its cat's)
+        if base is not None and not isinstance(base[0], (ConcatSlice, ConcatBuffer)) and (  # (shared storage)
                 isinstance(base[0], InputBuffer) or (list(base[1].stride) == eager and base[1].offset == 0)):
             return x
         if base is None and isinstance(x.data, StorageBox):
@@ -953,7 +955,7 @@ class GraphLowering(torch.fx.Interpreter):
         for b in self.buffers:
             if isinstance(b, ConcatSlice):
                 head, _, body = TextPrinter.format(b).partition("\n")
-                lines.append(f"{head} view of {b.concat.name} at +{b.view_offset}\n{body}")
+                lines.append(f"{head} view of {b.storage.name} at +{b.view_offset}\n{body}")
             elif isinstance(b, ComputedBuffer):
                 lines.append(TextPrinter.format(b))
             elif isinstance(b, ExternKernel):
@@ -961,7 +963,7 @@ class GraphLowering(torch.fx.Interpreter):
             elif isinstance(b, MultiOutput):
                 lines.append(f"{b.name}: {b.parent.name}{''.join(f'[{i}]' for i in b.path)}")
             elif isinstance(b, ConcatBuffer):
-                lines.append(f"{b.name}: concatenation of {', '.join(b.get_read_names())}")
+                lines.append(f"{b.name}: concatenation of {', '.join(b.get_read_names())} (view of {b.storage.name})")
         return "\n".join(lines)
 
 

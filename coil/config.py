@@ -74,10 +74,10 @@ class Config:
     #: more than this many buffers; below that it is inlined into each user. 4 keeps transformer residual
     #: streams from being recomputed by every later layer (the same threshold as Inductor's).
     max_inline_reads: int = 4
-    #: A ``cat`` of at least this many non-empty inputs is a concat buffer: its output is allocated once and each
-    #: input is computed or copied into its slice (docs/ir.md, "Concat buffers"); fewer inputs make one pointwise
-    #: body selecting among them, inlined into the readers. DenseNet's dense blocks concatenate up to 32 feature
-    #: maps: as selections, one kernel source per concatenation, each with that many masked loads. 0: never.
+    #: A ``cat`` whose longest extension (a cat of the same inputs and more, as in a DenseNet block) has at least
+    #: this many non-empty inputs is a concat buffer: one storage for the family, each input computed or copied
+    #: into its slice once (docs/ir.md, "Concat buffers"); otherwise one pointwise body selecting among the inputs,
+    #: inlined into the readers (a where-chain of masked loads per concatenation). 0: never.
     concat_buffer_min_inputs: int = 5
     #: CUDA fp16/bf16 mm/addmm outputs whose row length is not a multiple of 8 get a
     #: padded row stride, so cuBLAS can use its aligned kernels (see ir/graph.py).

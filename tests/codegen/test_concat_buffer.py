@@ -189,3 +189,30 @@ def test_storage_views_of_a_computed_slice(backend):
         return torch.cat([a2, b, c, d, e], 0) + 1, a2.view(torch.int32), a2.as_strided((3,), (2,), 1)
     xs = [r(2, 4) for _ in range(5)]
     check(f, *xs, backend=backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_dense_block_shares_one_storage(backend):
+    """A dense block's concatenations are prefixes of its last one: one storage, each feature map written once."""
+    torch.manual_seed(0)
+    m = Dense(layers=6).eval()
+    with torch.no_grad():
+        c = check(lambda x: m(x), torch.randn(2, 8, 6, 6), backend=backend, atol=1e-4, rtol=1e-4)
+    assert _slices(c) == 7 and c.source.count("# concatenation of") == 7, c.source
+    assert c.source.count("empty_strided((2, 32, 6, 6)") == 1, c.source
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_families_that_branch_and_prefixes_returned(backend):
+    """Two longer concatenations extend the same prefix; the prefix and both are returned (each its own memory)."""
+    def f(a, b, c, d, e, g, h, i):
+        be = b.exp()
+        p = torch.cat([a, be], 1)
+        x = torch.cat([a, be, c, d, e], 1)
+        y = torch.cat([a, be, g, h, i, c], 1)
+        return p, x * 2, y, p.sum(1)
+    args = [r(3, k + 2) for k in range(8)]
+    c = check(f, *args, backend=backend, atol=1e-5)
+    out = c(*args)
+    assert len({o.untyped_storage().data_ptr() for o in out[:3]}) == 3
+    assert _slices(c) == 5 + 6, c.source  # p is a prefix of y (the longest), x has its own storage

@@ -35,7 +35,8 @@ from coil.ir import lowering_activations  # noqa: F401  (registers gelu lowering
 from coil.ir import lowering_conv  # noqa: F401  (registers conv-bias / max-pool lowerings)
 from coil.ir import lowering_views  # noqa: F401  (registers view/index lowerings)
 from coil.ir.nodes import (Buffer, ComputedBuffer, ConcatBuffer, ConcatSlice, ConstantBuffer, ExternKernel, GenericView,
-                           InputBuffer, Layout, Loops, MultiOutput, Pointwise, ReinterpretView, ScatterBuffer, StorageBox, TensorBox, V)
+                           InputBuffer, Layout, Loops, MultiOutput, Pointwise, ReinterpretView, ScatterBuffer, StorageBox,
+                           TensorBox, V)
 from coil.ir.symbols import as_expr, current_shape_env, hint, product
 from coil.ir.virtualized import compute_dtype, ops
 from coil.ir.handlers import TextPrinter, count_ops, record_pointwise
@@ -963,7 +964,8 @@ class GraphLowering(torch.fx.Interpreter):
             elif isinstance(b, MultiOutput):
                 lines.append(f"{b.name}: {b.parent.name}{''.join(f'[{i}]' for i in b.path)}")
             elif isinstance(b, ConcatBuffer):
-                lines.append(f"{b.name}: concatenation of {', '.join(b.get_read_names())} (view of {b.storage.name})")
+                lines.append(f"{b.name}: concatenation of {', '.join(b.get_read_names())} "
+                             f"(view of {b.storage.name})")
         return "\n".join(lines)
 
 

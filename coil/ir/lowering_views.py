@@ -17,8 +17,8 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true
 from coil.config import config
 from coil.ir.lowering import (FallbackToExtern, _full, broadcast_loader, device, is_box, loader_as, make_pointwise_box,
                               out_dtype, out_size, register_lowering, require_scalars_fit)
-from coil.ir.nodes import (ConcatBuffer, ConcatSlice, ConcatStorage, GenericView, InputBuffer, Layout, Pointwise, ReinterpretView,
-                           ScatterBuffer, StorageBox, TensorBox, current_graph)
+from coil.ir.nodes import (ConcatBuffer, ConcatSlice, ConcatStorage, GenericView, InputBuffer, Layout, Pointwise,
+                           ReinterpretView, ScatterBuffer, StorageBox, TensorBox, current_graph)
 from coil.ir.symbols import (FloorDiv, Mod, as_expr, as_size, broadcasts, contiguous_strides, current_shape_env,
                              guard_true, is_static, linear_index, product, unflatten)
 from coil.ir.virtualized import compute_dtype, ops

@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 
 from coil.ir.handlers import ReferenceInterpreter
-from coil.ir.nodes import (Buffer, ComputedBuffer, ConcatBuffer, ConcatSlice, ExternKernel, Layout, MultiOutput, ReinterpretView,
-                           ScatterBuffer)
+from coil.ir.nodes import (Buffer, ComputedBuffer, ConcatBuffer, ConcatSlice, ExternKernel, Layout, MultiOutput,
+                           ReinterpretView, ScatterBuffer)
 
 
 def _flat(t: torch.Tensor, layout: Layout) -> torch.Tensor:

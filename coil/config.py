@@ -74,6 +74,11 @@ class Config:
     #: more than this many buffers; below that it is inlined into each user. 4 keeps transformer residual
     #: streams from being recomputed by every later layer (the same threshold as Inductor's).
     max_inline_reads: int = 4
+    #: A ``cat`` whose longest extension (a cat of the same inputs and more, as in a DenseNet block) has at least
+    #: this many non-empty inputs is a concat buffer: one storage for the family, each input computed or copied
+    #: into its slice once (docs/ir.md, "Concat buffers"); otherwise one pointwise body selecting among the inputs,
+    #: inlined into the readers (a where-chain of masked loads per concatenation). 0: never.
+    concat_buffer_min_inputs: int = 5
     #: CUDA fp16/bf16 mm/addmm outputs whose row length is not a multiple of 8 get a
     #: padded row stride, so cuBLAS can use its aligned kernels (see ir/graph.py).
     pad_matmul_outputs: bool = True

@@ -17,7 +17,7 @@ import torch
 from torch.utils._sympy.printers import PythonPrinter
 from torch.utils._sympy.symbol import SymT, symbol_is_type
 
-from coil.ir.nodes import (Buffer, ComputedBuffer, ExternKernel, Layout,
+from coil.ir.nodes import (Buffer, ComputedBuffer, ConcatBuffer, ConcatSlice, ConcatStorage, ExternKernel, Layout,
                            MultiOutput, ReinterpretView, ScatterBuffer, describe_origin)
 from coil.capture.substitutes import OPAQUE_IMPLS
 from coil.ir.graph import misaligned_leading_dim
@@ -125,6 +125,9 @@ def _alias_roots(buffers) -> dict:
         src = b.parent if isinstance(b, MultiOutput) else b
         names = [n for n in src.input_names()]
         roots[b.get_name()] = list(dict.fromkeys(names + [r for n in names for r in roots.get(n, ())]))
+    for b in buffers:  # concatenations and their inputs are views of their storage
+        if isinstance(b, (ConcatSlice, ConcatBuffer)):
+            roots[b.get_name()] = [b.storage.get_name()]
     return roots
 
 
@@ -291,10 +294,18 @@ class WrapperCodegen:
         # allocations and reads per step
         allocs: list[list[Buffer]] = []
         reads: list[list[str]] = []
+        concats: set = set()  # allocated before the first of their slices
         for s in self.steps:
             if isinstance(s, FusedGroup):
                 k = self.kernels[id(s)]
-                allocs.append([g.name_to_buffer[n] for n in k.plan.output_names])
+                bs = []
+                for n in k.plan.output_names:
+                    b = g.name_to_buffer[n]
+                    if isinstance(b, ConcatSlice) and b.storage.name not in concats:
+                        concats.add(b.storage.name)
+                        bs.append(b.storage)
+                    bs.append(b)
+                allocs.append(bs)
                 reads.append(list(k.plan.input_names))
             else:
                 allocs.append([])
@@ -318,7 +329,7 @@ class WrapperCodegen:
         alloc_steps: dict = {}
         for i, bs in enumerate(allocs):
             for b in bs:
-                if b.get_name() not in inplace:
+                if b.get_name() not in inplace and not isinstance(b, ConcatSlice):
                     alloc_steps.setdefault(key(b), []).append(i)
         pool: dict[tuple, list[str]] = {}
         scatter_targets = {b.target.get_name() for b in g.buffers if isinstance(b, ScatterBuffer)}
@@ -340,6 +351,12 @@ class WrapperCodegen:
                 k = key(b)
                 if isinstance(b, ScatterBuffer):
                     L.append(f"    {b.name} = {b.target.get_name()}  # scatter into its target")
+                    ours.add(b.name)
+                    continue
+                if isinstance(b, ConcatSlice):
+                    lay = b.layout
+                    L.append(f"    {b.name} = {self._reinterpret(b.storage.name, lay.size, lay.stride, b.view_offset)}"
+                             f"  # slice of {b.storage.name}")
                     ours.add(b.name)
                     continue
                 if b.name in inplace:
@@ -391,6 +408,9 @@ class WrapperCodegen:
                     if b.layout is not None:
                         L.append(f"    {b.name} = ensure_layout({b.name}, {self._tuple(b.layout.size)}, "
                                  f"{self._tuple(b.layout.stride)})")
+                elif isinstance(b, ConcatBuffer):
+                    L.append(f"    {b.name} = {self._reinterpret(b.storage.name, b.layout.size, b.layout.stride, 0)}"
+                             f"  # concatenation of {', '.join(b.get_read_names())}")
                 elif isinstance(b, MultiOutput):
                     part = f"{b.parent.name}{''.join(f'[{i}]' for i in b.path)}"
                     L += self._bind_unbacked(part, b.layout, bound_late)
@@ -402,7 +422,8 @@ class WrapperCodegen:
             for n in dict.fromkeys(reads[i]):
                 if last_use.get(n) == i and n in ours and n not in out_names:
                     b = g.name_to_buffer.get(n)
-                    lk = key(b) if isinstance(b, ComputedBuffer) else None
+                    pooled = isinstance(b, (ComputedBuffer, ConcatStorage)) and not isinstance(b, ConcatSlice)
+                    lk = key(b) if pooled else None
                     later = len(alloc_steps.get(lk, ())) - bisect.bisect_right(alloc_steps.get(lk, ()), i)
                     if lk is not None and len(pool.get(lk, ())) < later and n not in scatter_targets \
                             and n not in handed:
@@ -421,7 +442,8 @@ class WrapperCodegen:
                 outs.append(self._arg(o.value))
         L.append(f"    return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
         needed: set = set()
-        _free_size_symbols([list(g.buffers)] + [[o.size, o.stride, o.offset, o.value] for o in g.outputs], needed)
+        _free_size_symbols([list(g.buffers)] + [[o.size, o.stride, o.offset, o.value] for o in g.outputs]
+                           + [[b.view_offset, b.storage] for b in g.buffers if isinstance(b, ConcatSlice)], needed)
         for k in self.kernels.values():
             _free_size_symbols(k.generated.size_args, needed)
         for b in g.buffers:

@@ -34,8 +34,9 @@ from coil.ir import lowering as L
 from coil.ir import lowering_activations  # noqa: F401  (registers gelu lowerings)
 from coil.ir import lowering_conv  # noqa: F401  (registers conv-bias / max-pool lowerings)
 from coil.ir import lowering_views  # noqa: F401  (registers view/index lowerings)
-from coil.ir.nodes import (Buffer, ComputedBuffer, ConstantBuffer, ExternKernel, GenericView, InputBuffer, Layout,
-                           Loops, MultiOutput, Pointwise, ReinterpretView, ScatterBuffer, StorageBox, TensorBox, V)
+from coil.ir.nodes import (Buffer, ComputedBuffer, ConcatBuffer, ConcatSlice, ConstantBuffer, ExternKernel, GenericView,
+                           InputBuffer, Layout, Loops, MultiOutput, Pointwise, ReinterpretView, ScatterBuffer, StorageBox,
+                           TensorBox, V)
 from coil.ir.symbols import as_expr, current_shape_env, hint, product
 from coil.ir.virtualized import compute_dtype, ops
 from coil.ir.handlers import TextPrinter, count_ops, record_pointwise
@@ -591,6 +592,11 @@ class GraphLowering(torch.fx.Interpreter):
             return OutputSpec("value", value=r)
         d = r.data
         stride = [as_expr(s) for s in meta.stride()] if isinstance(meta, torch.Tensor) else None
+        if (base := strided_base(r)) is not None and (isinstance(base[0], ConcatSlice) or isinstance(
+                base[0], ConcatBuffer) and list(base[0].layout.size) != list(base[0].storage.layout.size)):
+            # a concatenated input, or a concatenation that a longer one extends: returned as it is, it would
+            # share its storage with the longer concatenation
+            return OutputSpec("buffer", self._materialize(r, stride).get_name())
         if isinstance(d, GenericView):  # (a weight's autocast copy, transposed, saved for the backward)
             d = self._view_of_base(d, stride) or d
         if isinstance(d, ReinterpretView):
@@ -724,8 +730,8 @@ class GraphLowering(torch.fx.Interpreter):
             return x
         eager = [as_expr(s) for s in fv.stride()]
         base = strided_base(x)
-        if base is not None and (isinstance(base[0], InputBuffer) or
-                                 (list(base[1].stride) == eager and base[1].offset == 0)):
+        if base is not None and not isinstance(base[0], (ConcatSlice, ConcatBuffer)) and (  # (shared storage)
+                isinstance(base[0], InputBuffer) or (list(base[1].stride) == eager and base[1].offset == 0)):
             return x
         if base is None and isinstance(x.data, StorageBox):
             x.data.realize(stride=eager)
@@ -956,12 +962,18 @@ class GraphLowering(torch.fx.Interpreter):
         lines = [f"{name}: input {b.get_dtype()} size={b.get_size()} stride={b.get_stride()}"
                  for name, b in self.graph_inputs.items()]
         for b in self.buffers:
-            if isinstance(b, ComputedBuffer):
+            if isinstance(b, ConcatSlice):
+                head, _, body = TextPrinter.format(b).partition("\n")
+                lines.append(f"{head} view of {b.storage.name} at +{b.view_offset}\n{body}")
+            elif isinstance(b, ComputedBuffer):
                 lines.append(TextPrinter.format(b))
             elif isinstance(b, ExternKernel):
                 lines.append(f"{b.name}: extern {b.op}({', '.join(sorted(b.input_names()))})")
             elif isinstance(b, MultiOutput):
                 lines.append(f"{b.name}: {b.parent.name}{''.join(f'[{i}]' for i in b.path)}")
+            elif isinstance(b, ConcatBuffer):
+                lines.append(f"{b.name}: concatenation of {', '.join(b.get_read_names())} "
+                             f"(view of {b.storage.name})")
         return "\n".join(lines)
 
 

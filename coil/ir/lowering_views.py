@@ -11,12 +11,14 @@ from typing import Callable, Optional
 
 import sympy
 import torch
+import torch.fx
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from coil.config import config
 from coil.ir.lowering import (FallbackToExtern, _full, broadcast_loader, device, is_box, loader_as, make_pointwise_box,
                               out_dtype, out_size, register_lowering, require_scalars_fit)
-from coil.ir.nodes import (GenericView, InputBuffer, Layout, Pointwise, ReinterpretView, ScatterBuffer, StorageBox,
-                           TensorBox, current_graph)
+from coil.ir.nodes import (ConcatBuffer, ConcatSlice, ConcatStorage, GenericView, InputBuffer, Layout, Pointwise,
+                           ReinterpretView, ScatterBuffer, StorageBox, TensorBox, current_graph)
 from coil.ir.symbols import (FloorDiv, Mod, as_expr, as_size, broadcasts, contiguous_strides, current_shape_env,
                              guard_true, is_static, linear_index, product, unflatten)
 from coil.ir.virtualized import compute_dtype, ops
@@ -389,14 +391,18 @@ def _cat(tensors, dim=0):
     size, odt = out_size(), out_dtype()
     cdt = compute_dtype(odt)
     dim = dim % len(size)
-    parts = []
+    parts, positions = [], []
     offset = 0
-    for t in tensors:
+    for i, t in enumerate(tensors):
         if len(t.get_size()) == 1 and t.get_size()[0] == 0 and len(size) > 1:
             continue  # legacy empty tensor
         n = as_size(t.get_size()[dim])
         parts.append((offset, n, t))
+        positions.append(i)
         offset += n
+    if config.concat_buffer_min_inputs > 0 and not any(s == 0 for s in size) and \
+            (buf := _concat_buffer(parts, positions, dim, size, odt)) is not None:
+        return buf
 
     def inner(index):
         result = None
@@ -418,6 +424,83 @@ def _cat(tensors, dim=0):
         return result
 
     return TensorBox.create(Pointwise(device(), odt, inner, size))
+
+
+def _concat_strides(parts, dim: int, size, meta) -> list:
+    """Strides of a concat storage of ``size`` (fake tensor ``meta``): channels-last when the graph runs its
+    convolutions so and an input is a channels-last buffer (the next convolution reads it without a copy), else
+    eager's when dense, else contiguous."""
+    from coil.ir.graph import _channels_last_strides, _dense_non_overlapping, _is_channels_last
+    if getattr(current_graph(), "channels_last", False) and len(size) == 4 and dim == 1 and any(
+            (b := strided_base(t)) is not None and _is_channels_last(b[1]) for _, _, t in parts):
+        return _channels_last_strides(size)
+    if isinstance(meta, torch.Tensor) and all(is_static(v) for v in list(size) + list(meta.stride())) \
+            and _dense_non_overlapping(meta):
+        return [as_expr(v) for v in meta.stride()]
+    return contiguous_strides(size)
+
+
+def _non_empty(n) -> bool:
+    v = n.meta.get("val") if isinstance(n, torch.fx.Node) else None
+    return not (isinstance(v, torch.Tensor) and statically_known_true(v.numel() == 0))
+
+
+def _longest_extension(node, dim: int, odt):
+    """The ``cat`` of the graph along ``dim`` with ``odt`` results whose inputs begin with ``node``'s, the one with
+    the most inputs (``node`` itself when none has more): DenseNet's dense layers each concatenate the feature maps
+    before them, and the block's last concatenation holds every earlier one as a prefix."""
+    ins, best = list(node.args[0]), node
+    for n in node.graph.find_nodes(op="call_function", target=aten.cat.default):
+        a, v = n.args[0], n.meta.get("val")
+        d = n.args[1] if len(n.args) > 1 else n.kwargs.get("dim", 0)
+        if len(a) > len(best.args[0]) and list(a[:len(ins)]) == ins and isinstance(v, torch.Tensor) \
+                and v.dtype == odt and v.dim() == len(node.meta["val"].shape) and d % v.dim() == dim:
+            best = n
+    return best
+
+
+def _concat_buffer(parts, positions, dim: int, size, odt) -> Optional[TensorBox]:
+    """``cat`` as a :class:`ConcatBuffer` (docs/ir.md, "Concat buffers"), or None when it stays one pointwise body
+    (the longest concatenation extending this one has fewer than ``config.concat_buffer_min_inputs`` non-empty
+    inputs). Every concatenation of one family (:func:`_longest_extension`) views one :class:`ConcatStorage` sized
+    for the longest; each input not yet in it becomes a :class:`ConcatSlice`: an unrealized pointwise input of the
+    output dtype computed straight into its slice (its readers then read the slice), any other input copied
+    (converted to the output dtype)."""
+    g, dev = current_graph(), device()
+    node = getattr(g, "current_node", None)
+    if not isinstance(node, torch.fx.Node) or node.target is not aten.cat.default:
+        return None
+    longest = _longest_extension(node, dim, odt)
+    if sum(1 for a in longest.args[0] if _non_empty(a)) < config.concat_buffer_min_inputs:
+        return None
+    memo = g.__dict__.setdefault("_concat_storages", {})
+    if longest not in memo:
+        meta = longest.meta["val"]
+        full = [as_expr(v) for v in meta.shape]
+        lay = Layout(dev, odt, full, _concat_strides(parts, dim, full, meta))
+        storage = ConcatStorage(g.new_buffer_name(), lay)
+        g.name_to_buffer[storage.name] = storage
+        memo[longest] = (storage, {})
+    storage, placed = memo[longest]
+    stride = list(storage.layout.stride)
+    for (o, n, t), i in zip(parts, positions):
+        if i in placed or n == 0:
+            continue
+        lay = Layout(dev, odt, [as_expr(v) for v in t.get_size()], stride)
+        d = t.data
+        if isinstance(d, StorageBox) and type(d.data) is Pointwise and d.data.dtype == odt:
+            body = d.data
+        else:
+            body = Pointwise(dev, odt, loader_as(t, t.get_size(), compute_dtype(odt)), t.get_size())
+        sl = ConcatSlice(g.new_buffer_name(), lay, body, storage, as_expr(o) * stride[dim])
+        if body is getattr(d, "data", None):
+            d.data = sl  # the input's other readers read the slice
+        g.register_buffer(sl)
+        placed[i] = sl
+    mine = [placed[i] for (_, n, _), i in zip(parts, positions) if i in placed]
+    cat = ConcatBuffer(g.new_buffer_name(), Layout(dev, odt, list(size), stride), storage, mine)
+    g.register_buffer(cat)
+    return TensorBox(StorageBox(cat))
 
 
 @register_lowering(aten.constant_pad_nd)

@@ -412,6 +412,37 @@ class ScatterBuffer(ComputedBuffer):
         return list(dict.fromkeys(super().get_read_names() + [self.target.get_name()]))
 
 
+class ConcatStorage(Buffer):
+    """The memory of one or more concatenations (docs/ir.md, "Concat buffers"): allocated by the wrapper before the
+    first :class:`ConcatSlice` written into it; no step computes or reads it by name (its slices and its
+    :class:`ConcatBuffer` views do)."""
+
+
+class ConcatBuffer(Buffer):
+    """The result of a ``cat`` whose inputs are written straight into ``storage`` (docs/ir.md, "Concat buffers"):
+    a view of the storage from its start with the storage's strides (a concatenation whose inputs begin another's,
+    as in a dense block, is a prefix of it). It computes nothing and reads its slices, so every reader comes after
+    the last of them is written (the scheduler sees a step between them and fuses across it nothing)."""
+
+    def __init__(self, name: str, layout: Layout, storage: ConcatStorage, slices: list):
+        super().__init__(name, layout)
+        self.storage, self.slices = storage, slices
+
+    def get_read_names(self):
+        return [s.get_name() for s in self.slices]
+
+
+class ConcatSlice(ComputedBuffer):
+    """An input of a concatenation computed (or copied) into its slice of ``storage``. Its layout has the storage's
+    strides at offset 0: its name is bound to a view of the storage ``view_offset`` elements past its start, so the
+    offset never appears in a kernel (same-shaped slices of one storage share a kernel source). A slice never takes
+    a freed buffer, is never stored over a dead input and is not returned to the user as it is."""
+
+    def __init__(self, name: str, layout: Layout, data: Loops, storage: ConcatStorage, view_offset):
+        super().__init__(name, layout, data)
+        self.storage, self.view_offset = storage, as_expr(view_offset)
+
+
 class ExternKernel(Buffer):
     """An ATen op run as-is. ``args``/``kwargs`` hold IR tensors (realized buffers or ReinterpretViews) and plain Python
     values; ``layout`` is None when the op returns several tensors (read them through :class:`MultiOutput`)."""

@@ -10,7 +10,8 @@ from __future__ import annotations
 import torch
 
 from coil.ir.handlers import ReferenceInterpreter
-from coil.ir.nodes import (Buffer, ComputedBuffer, ExternKernel, Layout, MultiOutput, ReinterpretView, ScatterBuffer)
+from coil.ir.nodes import (Buffer, ComputedBuffer, ConcatBuffer, ConcatSlice, ExternKernel, Layout, MultiOutput,
+                           ReinterpretView, ScatterBuffer)
 
 
 def _flat(t: torch.Tensor, layout: Layout) -> torch.Tensor:
@@ -53,6 +54,12 @@ def run_reference(graph, args: list) -> tuple:
         if isinstance(b, ComputedBuffer):
             if isinstance(b, ScatterBuffer):
                 env[b.name] = env[b.target.get_name()]  # writes into its target's storage
+            elif isinstance(b, ConcatSlice):  # writes into its slice of the concatenation's storage
+                st = b.storage
+                if st.name not in env:
+                    env[st.name] = torch.empty(int(st.layout.storage_numel()), dtype=st.get_dtype(),
+                                               device=st.get_device())
+                env[b.name] = env[st.name][int(b.view_offset):]
             ReferenceInterpreter.run(b, env)
             tensors[b.name] = _view(env[b.name], b.layout)
         elif isinstance(b, ExternKernel):
@@ -62,6 +69,9 @@ def run_reference(graph, args: list) -> tuple:
                 out = out.contiguous() if b.layout is None else out
                 env[b.name] = _flat(_restride(out, b.layout), b.layout)
                 tensors[b.name] = _view(env[b.name], b.layout)
+        elif isinstance(b, ConcatBuffer):  # a view of its storage
+            env[b.name] = env[b.storage.name]
+            tensors[b.name] = _view(env[b.name], b.layout)
         elif isinstance(b, MultiOutput):
             v = tensors[b.parent.name]
             for i in b.path:

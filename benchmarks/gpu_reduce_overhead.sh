@@ -3,7 +3,7 @@
 # `coil bench --mode reduce-overhead` (eager vs torch.compile vs coil, both with
 # mode="reduce-overhead", in one process; coil/bench/reduce_overhead.py). Rows not started
 # before the budget runs out are reported as skipped. MODELS="gpt2_b1 train_gpt" picks
-# workloads. Files in $OUT: tests.log, ro.json, ro.md, bench.log, setup.log.
+# workloads; BUDGET=s (default 525) bounds the whole call. Files in $OUT: tests.log, ro.json, ro.md, bench.log, setup.log.
 # Usage: bash benchmarks/gpu_reduce_overhead.sh   (with .whl/ carried: see gpu_env.sh)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -16,7 +16,7 @@ if [ "${TESTS:-1}" = 1 ]; then
     -p no:cacheprovider --tb=short 2>&1 | tee "$OUT/tests.log" | tail -c 6000
 fi
 step bench
-LEFT=$(( 525 - ($(date +%s) - START) ))
+LEFT=$(( ${BUDGET:-525} - ($(date +%s) - START) ))
 # shellcheck disable=SC2086
 timeout -k 10 "$LEFT" "$PY" -m coil.cli bench --mode reduce-overhead ${MODELS:+--model $MODELS} \
   --repeat 10 --max-timing 10 --row-timeout 200 --budget $(( LEFT - 150 )) --no-progress \

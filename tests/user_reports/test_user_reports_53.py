@@ -91,6 +91,19 @@ def test_parameter_grouping_by_attribute(coil_reset):
     torch.testing.assert_close(coil.compile(reg)([a, b], x), reg([a, b], x))   # eager 3, coil 9
 
 
+@pytest.mark.xfail(strict=True, reason="FINDINGS_53 #1: the same for an instance attribute of a dict subclass "
+                   "(containers.method_getattr answers from the type only): getattr default / hasattr False")
+def test_getattr_and_hasattr_see_an_attribute_of_a_dict_subclass(coil_reset):
+    class Batch(dict):
+        pass
+
+    d = Batch(a=1)
+    d.extra = 9
+    f = lambda x, d: x * getattr(d, "extra", 0) + (2 if hasattr(d, "extra") else 3)  # noqa: E731
+    x = torch.ones(2)
+    torch.testing.assert_close(coil.compile(f)(x, d), f(x, d))   # eager 11, coil 3
+
+
 @pytest.mark.xfail(strict=True, reason="FINDINGS_53 #2: reading a user attribute of a Parameter (self.w.tag, or a "
                    "method of a Parameter subclass) makes the whole forward run eagerly (AttributeMissing)")
 def test_reading_a_parameter_attribute_is_captured(coil_reset):

@@ -254,6 +254,34 @@ def test_inference_mode_block_inside_is_captured(coil_reset):
     assert coil.capture.stats["fallbacks"] == 0, (coil.capture.stats, warns)
 
 
+class _ScaleByConfig(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, cfg):
+        ctx.k = cfg["k"]
+        return x * cfg["k"]
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * ctx.k, None
+
+
+_CFG = {"k": 2.0}
+
+
+@pytest.mark.xfail(strict=True, reason="FINDINGS_53 #9: a custom autograd.Function whose apply takes a dict of "
+                   "constants (YOSO's lsh_config) is a graph break; torch.compile makes one graph")
+def test_autograd_function_with_a_dict_argument_is_not_a_graph_break(coil_reset):
+    def f(x):
+        return _ScaleByConfig.apply(x.sin(), _CFG).cos()
+
+    x = torch.randn(3, requires_grad=True)
+    out = coil.compile(f)(x)
+    want = f(x)
+    torch.testing.assert_close(out, want)
+    torch.testing.assert_close(torch.autograd.grad(out.sum(), x)[0], torch.autograd.grad(want.sum(), x)[0])
+    assert coil.capture.stats["graph_breaks"] == 0, coil.capture.stats
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Things that work (kept as regressions)
 # ---------------------------------------------------------------------------------------------------------------

@@ -290,6 +290,27 @@ def test_unknown_cpu_backend_value_is_rejected(coil_reset):
         coil.compile(lambda x: x + 1, options={"cpu_backend": "CPP"})(torch.ones(2))
 
 
+def _scaled(x, scale=2.0, flag=False):
+    return x * scale
+
+
+_SIG = __import__("inspect").signature(_scaled)
+
+
+@pytest.mark.xfail(strict=True, reason="FINDINGS_53 #11: inspect.Signature.bind / BoundArguments.apply_defaults are "
+                   "graph breaks (4 breaks here); torch.compile makes one graph. transformers' output-capturing "
+                   "wrapper calls them on every forward of Llava's vision tower")
+def test_signature_bind_is_not_a_graph_break(coil_reset):
+    def f(x, **kw):
+        b = _SIG.bind(x, **kw)
+        b.apply_defaults()
+        return _scaled(*b.args, **b.kwargs) + b.arguments["scale"]
+
+    x = torch.ones(2)
+    torch.testing.assert_close(coil.compile(f)(x, scale=3.0), f(x, scale=3.0))
+    assert coil.capture.stats["graph_breaks"] == 0, coil.capture.stats
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Things that work (kept as regressions)
 # ---------------------------------------------------------------------------------------------------------------

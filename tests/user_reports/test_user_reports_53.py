@@ -91,6 +91,17 @@ def test_parameter_grouping_by_attribute(coil_reset):
     torch.testing.assert_close(coil.compile(reg)([a, b], x), reg([a, b], x))   # eager 3, coil 9
 
 
+@pytest.mark.xfail(strict=True, reason="FINDINGS_53 #1: an attribute set on a tensor inside the frame (after the "
+                   "graph break of the setattr) is not seen by getattr(t, name, default) either")
+def test_getattr_sees_an_attribute_set_earlier_in_the_same_frame(coil_reset):
+    def f(x):
+        y = x * 2
+        y.tag = 3
+        return y * getattr(y, "tag", 1)
+
+    torch.testing.assert_close(coil.compile(f)(torch.ones(2)), torch.full((2,), 6.0))   # coil: 2.0
+
+
 @pytest.mark.xfail(strict=True, reason="FINDINGS_53 #1: the same for an instance attribute of a dict subclass "
                    "(containers.method_getattr answers from the type only): getattr default / hasattr False")
 def test_getattr_and_hasattr_see_an_attribute_of_a_dict_subclass(coil_reset):

@@ -2,8 +2,6 @@
 
 The xfail(strict=True) tests are open bugs: each fails today and starts passing (so must lose its mark) once fixed.
 """
-import functools
-import math
 import os
 import warnings
 
@@ -358,7 +356,8 @@ def test_integer_and_rounding_semantics(name, coil_reset):
 def test_python_scalar_arguments_of_equal_value_and_other_type_or_sign(calls, coil_reset):
     """0.0 then -0.0 (equal under ==, but 1/s differs), True then 1 then 1.0 (equal, other dtypes)."""
     def f(x, s):
-        return torch.copysign(x, torch.tensor(s, dtype=torch.float32)) if isinstance(s, float) else x, torch.full((2,), s)
+        signed = torch.copysign(x, torch.tensor(s, dtype=torch.float32)) if isinstance(s, float) else x
+        return signed, torch.full((2,), s)
 
     cf = coil.compile(f)
     x = torch.ones(2)

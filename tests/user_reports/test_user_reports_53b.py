@@ -380,3 +380,48 @@ def test_reduce_overhead_on_cpu_mutations_and_outputs(coil_reset):
         for g, s in zip(got, snap):
             assert torch.equal(g, s)
     assert coil.capture.stats["frames"] == 1
+
+
+def _saved_names(tmp_path, fn, x):
+    trace.set_dir(str(tmp_path))
+    try:
+        coil.compile(fn)(x).backward()
+    finally:
+        trace.set_dir(None)
+    recs = []
+    for name in os.listdir(tmp_path):
+        with open(tmp_path / name) as fh:
+            recs += [json.loads(line) for line in fh]
+    parts = [r for r in recs if r.get("event") == "aot_partition"]
+    assert len(parts) == 1
+    return [s["name"] for s in parts[0]["saved"]]
+
+
+def test_checkpoint_of_tensor_methods_saves_only_its_input(tmp_path, coil_reset):
+    def f(x):
+        return checkpoint(lambda z: z.sin().view(8, 8).t().exp().tanh() + 1, x, use_reentrant=False).sum()
+
+    assert _saved_names(tmp_path, f, torch.randn(64, requires_grad=True)) == ["primals_1"]
+
+
+@pytest.mark.xfail(strict=True, reason="nested non-reentrant checkpoints save the inner checkpoint's input and output "
+                                       "(3x eager's saved bytes here; torch.compile saves the input only). With tensor methods this is new today (e833ccf: "
+                                       "01444b8 saved primals_1 only); with torch.sin/torch.exp calls it was so before")
+@pytest.mark.parametrize("style", ["methods", "functions"])
+def test_nested_checkpoint_saves_only_the_outer_input(style, tmp_path, coil_reset):
+    if style == "methods":
+        inner = lambda z: z.sin().exp()
+        outer = lambda z: checkpoint(inner, z.cos(), use_reentrant=False).tanh() + 1
+    else:
+        inner = lambda z: torch.exp(torch.sin(z))
+        outer = lambda z: torch.tanh(checkpoint(inner, torch.cos(z), use_reentrant=False)) + 1
+
+    def f(x):
+        return checkpoint(outer, x, use_reentrant=False).sum()
+
+    x = torch.randn(64, requires_grad=True)
+    xe = x.detach().clone().requires_grad_()
+    f(xe).backward()
+    names = _saved_names(tmp_path, f, x)
+    torch.testing.assert_close(x.grad, xe.grad)
+    assert names == ["primals_1"], names

@@ -155,9 +155,6 @@ def test_attribute_set_on_a_tensor_inside_the_frame_is_kept(coil_reset):
 # Finding 3: a Python int beyond 64 bits as a graph input is wrapped instead of raising OverflowError
 # ---------------------------------------------------------------------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason="FINDINGS_53 #3: after automatic dynamic makes an int argument a graph "
-                   "input, 2**70 is passed truncated: x * 2**70 gives 0.0 where eager (and torch.compile) raise "
-                   "OverflowError")
 def test_python_int_beyond_int64_raises_like_eager(coil_reset):
     f = lambda x, s: x * s  # noqa: E731
     cf = coil.compile(f)

@@ -288,9 +288,6 @@ def test_autograd_function_with_a_dict_argument_is_not_a_graph_break(coil_reset)
     assert coil.capture.stats["graph_breaks"] == 0, coil.capture.stats
 
 
-@pytest.mark.xfail(strict=True, reason="FINDINGS_53 #10: an unknown value of a known option (cpu_backend='CPP', "
-                   "'nope') is accepted silently and compiles with the Triton backend (under the interpreter on CPU, "
-                   "5-7x slower); unknown option names and modes raise ValueError")
 def test_unknown_cpu_backend_value_is_rejected(coil_reset):
     with pytest.raises(ValueError):
         coil.compile(lambda x: x + 1, options={"cpu_backend": "CPP"})(torch.ones(2))

@@ -193,9 +193,6 @@ def test_changing_positive_float_argument_squared_stays_compiled(coil_reset):
     assert coil.capture.stats["fallbacks"] == 0, coil.capture.stats
 
 
-@pytest.mark.xfail(strict=True, reason="FINDINGS_53 #5: torch._check_tensor_all(cond): the frame resumed after "
-                   "the .item() break records torch._check_with(<class 'RuntimeError'>, True, None), whose FX code "
-                   "is a SyntaxError, so the frame runs eagerly (transformers' torch_compilable_check, Siglip2)")
 def test_check_tensor_all_does_not_make_invalid_fx_code(coil_reset):
     def f(x):
         torch._check_tensor_all(x > 0)

@@ -67,7 +67,8 @@ def method_getattr(self, tx, name):
         cls = self.python_type()
     except Unsupported:
         cls = None
-    real = next((v for v, vt in tx.output.wrapped.values() if vt is self), None) if self.source is not None else None
+    real = next((v for v, vt in tx.output.wrapped.values() if vt is self), None) if self.source is not None and \
+        getattr(cls, "__dictoffset__", 0) else None   # (instances of a subclass without __slots__ have a __dict__)
     if getattr(real, "__dict__", None) is not None:   # an instance attribute of a subclass (``batch.extra = 9``)
         if name in real.__dict__:
             return wrap(tx, real.__dict__[name], AttrSource(self.source, name))

@@ -174,8 +174,8 @@ def compile(fn_or_module: Union[Callable, torch.nn.Module, None] = None, *,
         options: coil.config options for this compile (``coil.config.option_names()``).
 
     Raises:
-        ValueError: unknown ``mode``, ``backend`` or option key (the message lists
-            the valid ones).
+        ValueError: unknown ``mode``, ``backend``, option key or value of an enumerated
+            option (``cpu_backend``, ``partitioner``; the message lists the valid ones).
     """
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; valid modes are: {', '.join(map(repr, MODES))}")

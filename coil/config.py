@@ -9,7 +9,8 @@ overridden three ways, later ones winning:
 3. per compile, ``coil.compile(fn, options={"cpu_backend": "triton"})``, or in a block,
    ``with coil.config.patch(fallback_random=True): ...``.
 
-Unknown option names raise ``ValueError`` listing the valid ones. The options in
+Unknown option names, and values of the enumerated options (``cpu_backend``, ``partitioner``, ``dynamic``)
+outside their values, raise ``ValueError`` listing the valid ones. The options in
 force for a compilation are written to the compile log (event ``config``).
 """
 from __future__ import annotations
@@ -19,7 +20,7 @@ import os
 import sys
 import types
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, Optional
 
 
 @dataclass
@@ -171,11 +172,27 @@ def option_names() -> list[str]:
 _OPTION_NAMES = frozenset(option_names())
 
 
+#: The values of the enumerated options (a kernel backend registered with
+#: ``coil.codegen.backend.register_kernel_backend`` is a valid ``cpu_backend`` too).
+_CHOICES = {"cpu_backend": ("cpp", "triton"), "partitioner": ("min_cut", "default"), "dynamic": (None, True, False)}
+
+
+def option_choices(name: str) -> Optional[tuple]:
+    """The valid values of option ``name``, or None when it is not enumerated."""
+    if name == "cpu_backend":
+        registered = getattr(sys.modules.get("coil.codegen.backend"), "_BACKENDS", {})
+        return tuple(dict.fromkeys(_CHOICES[name] + tuple(registered)))
+    return _CHOICES.get(name)
+
+
 def check_option_names(options: dict) -> None:
-    """Raise ``ValueError`` naming every unknown key of ``options`` and the valid ones.
-    (Per call of a compile with options: :func:`patch` runs it.)"""
+    """Raise ``ValueError`` naming every unknown key of ``options`` and the valid ones, and every value of an
+    enumerated option that is not one of its values. (Per call of a compile with options: :func:`patch` runs it.)"""
     if unknown := sorted(set(options) - _OPTION_NAMES):
         raise ValueError(f"unknown coil option(s) {unknown}; valid options are: {', '.join(option_names())}")
+    if bad := [f"{k}={v!r} (valid values: {', '.join(map(repr, option_choices(k)))})" for k, v in options.items()
+               if k in _CHOICES and v not in option_choices(k)]:
+        raise ValueError(f"invalid value of coil option(s): {'; '.join(bad)}")
 
 
 def _coerce(value: str, default: Any) -> Any:
@@ -229,6 +246,7 @@ class _ConfigModule(types.ModuleType):
     def __setattr__(self, name: str, value: Any) -> None:
         if name not in _OPTION_NAMES and name not in self.__dict__ and not name.startswith("_"):
             raise AttributeError(f"coil.config has no option {name!r}; valid options are: {', '.join(option_names())}")
+        check_option_names({name: value} if name in _OPTION_NAMES else {})
         setattr(config, name, value) if name in _OPTION_NAMES else types.ModuleType.__setattr__(self, name, value)
 
 

@@ -142,6 +142,10 @@ class DynamicPolicy:
         if not ("value" in self.auto.get(expr, ()) and self.mode is not False) and not (
                 self.mode is True and isinstance(source, LocalSource)):
             return None
+        if type(value) is int:   # a SymInt input is an int64: a bigger int stays a constant (torch raises on it)
+            if not -2**63 <= value < 2**63:
+                return None
+            tx.output.guards.add(f"-2**63 <= {expr} < 2**63", expr, "an int64", src=expr)
         sym, node = symbolic_input(tx.output, value, expr, source)
         if type(value) is float:
             tx.output.scalar_floats.append((expr, sym))

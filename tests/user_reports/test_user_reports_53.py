@@ -24,9 +24,6 @@ def _warnings_of(fn, *args):
 # Finding 1: a Python attribute set on a tensor / Parameter is invisible to getattr(..., default) and hasattr
 # ---------------------------------------------------------------------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason="FINDINGS_53 #1: getattr(tensor, name, default) ignores the tensor's own "
-                   "__dict__ (TensorVariable.var_getattr raises AttributeMissing for any name torch.Tensor lacks); "
-                   "silent wrong value")
 def test_getattr_with_default_sees_an_attribute_set_on_an_input_tensor(coil_reset):
     def f(x, t):
         return x * (2 if getattr(t, "flag", False) else 3)
@@ -37,7 +34,6 @@ def test_getattr_with_default_sees_an_attribute_set_on_an_input_tensor(coil_rese
     torch.testing.assert_close(coil.compile(f)(x, t), f(x, t))   # eager 2, coil 3
 
 
-@pytest.mark.xfail(strict=True, reason="FINDINGS_53 #1: hasattr(tensor, name) is False for a user attribute")
 def test_hasattr_sees_an_attribute_set_on_a_parameter(coil_reset):
     class M(nn.Module):
         def __init__(self):
@@ -53,8 +49,6 @@ def test_hasattr_sees_an_attribute_set_on_a_parameter(coil_reset):
     torch.testing.assert_close(coil.compile(m)(x), m(x))
 
 
-@pytest.mark.xfail(strict=True, reason="FINDINGS_53 #1: a class attribute of a Parameter subclass is not seen "
-                   "by getattr(p, name, default)")
 def test_getattr_sees_a_class_attribute_of_a_parameter_subclass(coil_reset):
     class QParam(nn.Parameter):
         quantized = True
@@ -72,8 +66,6 @@ def test_getattr_sees_a_class_attribute_of_a_parameter_subclass(coil_reset):
     torch.testing.assert_close(coil.compile(m)(x), m(x))
 
 
-@pytest.mark.xfail(strict=True, reason="FINDINGS_53 #1: a weight-decay style grouping of parameters by a "
-                   "Python attribute counts the excluded parameter")
 def test_parameter_grouping_by_attribute(coil_reset):
     def reg(params, x):
         tot = 0
@@ -89,8 +81,6 @@ def test_parameter_grouping_by_attribute(coil_reset):
     torch.testing.assert_close(coil.compile(reg)([a, b], x), reg([a, b], x))   # eager 3, coil 9
 
 
-@pytest.mark.xfail(strict=True, reason="FINDINGS_53 #1: an attribute set on a tensor inside the frame (after the "
-                   "graph break of the setattr) is not seen by getattr(t, name, default) either")
 def test_getattr_sees_an_attribute_set_earlier_in_the_same_frame(coil_reset):
     def f(x):
         y = x * 2
@@ -100,8 +90,6 @@ def test_getattr_sees_an_attribute_set_earlier_in_the_same_frame(coil_reset):
     torch.testing.assert_close(coil.compile(f)(torch.ones(2)), torch.full((2,), 6.0))   # coil: 2.0
 
 
-@pytest.mark.xfail(strict=True, reason="FINDINGS_53 #1: the same for an instance attribute of a dict subclass "
-                   "(containers.method_getattr answers from the type only): getattr default / hasattr False")
 def test_getattr_and_hasattr_see_an_attribute_of_a_dict_subclass(coil_reset):
     class Batch(dict):
         pass
@@ -113,8 +101,6 @@ def test_getattr_and_hasattr_see_an_attribute_of_a_dict_subclass(coil_reset):
     torch.testing.assert_close(coil.compile(f)(x, d), f(x, d))   # eager 11, coil 3
 
 
-@pytest.mark.xfail(strict=True, reason="FINDINGS_53 #2: reading a user attribute of a Parameter (self.w.tag, or a "
-                   "method of a Parameter subclass) makes the whole forward run eagerly (AttributeMissing)")
 def test_reading_a_parameter_attribute_is_captured(coil_reset):
     class TaggedParam(nn.Parameter):
         def scale(self):
@@ -137,6 +123,20 @@ def test_reading_a_parameter_attribute_is_captured(coil_reset):
     assert coil.capture.stats["fallbacks"] == 0 and coil.capture.stats["graphs"] == 1, (coil.capture.stats, warns)
 
 
+def test_tensor_attribute_added_changed_or_removed_later_recompiles(coil_reset):
+    """The attribute lookup is guarded: absent stays absent, a found value stays that value; an input returned by
+    an in-place op (a new tracker without a source) is still looked up on the input."""
+    def f(x, t):
+        return x * (2 if getattr(t, "flag", False) else 3) * getattr(t.add_(0), "k", 1)
+
+    cf, x, t = coil.compile(f), torch.ones(2), torch.ones(2)
+    for change in (None, lambda: setattr(t, "flag", True), lambda: setattr(t, "k", 5),
+                   lambda: setattr(t, "flag", False), lambda: delattr(t, "k")):
+        if change:
+            change()
+        torch.testing.assert_close(cf(x, t), f(x, t))
+
+
 def test_attribute_set_on_a_tensor_inside_the_frame_is_kept(coil_reset):
     """Setting attributes works (a graph break each, then eager's object): on an input and on an output."""
     def f(x):
@@ -155,9 +155,6 @@ def test_attribute_set_on_a_tensor_inside_the_frame_is_kept(coil_reset):
 # Finding 3: a Python int beyond 64 bits as a graph input is wrapped instead of raising OverflowError
 # ---------------------------------------------------------------------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason="FINDINGS_53 #3: after automatic dynamic makes an int argument a graph "
-                   "input, 2**70 is passed truncated: x * 2**70 gives 0.0 where eager (and torch.compile) raise "
-                   "OverflowError")
 def test_python_int_beyond_int64_raises_like_eager(coil_reset):
     f = lambda x, s: x * s  # noqa: E731
     cf = coil.compile(f)
@@ -196,9 +193,6 @@ def test_changing_positive_float_argument_squared_stays_compiled(coil_reset):
     assert coil.capture.stats["fallbacks"] == 0, coil.capture.stats
 
 
-@pytest.mark.xfail(strict=True, reason="FINDINGS_53 #5: torch._check_tensor_all(cond): the frame resumed after "
-                   "the .item() break records torch._check_with(<class 'RuntimeError'>, True, None), whose FX code "
-                   "is a SyntaxError, so the frame runs eagerly (transformers' torch_compilable_check, Siglip2)")
 def test_check_tensor_all_does_not_make_invalid_fx_code(coil_reset):
     def f(x):
         torch._check_tensor_all(x > 0)
@@ -291,9 +285,6 @@ def test_autograd_function_with_a_dict_argument_is_not_a_graph_break(coil_reset)
     assert coil.capture.stats["graph_breaks"] == 0, coil.capture.stats
 
 
-@pytest.mark.xfail(strict=True, reason="FINDINGS_53 #10: an unknown value of a known option (cpu_backend='CPP', "
-                   "'nope') is accepted silently and compiles with the Triton backend (under the interpreter on CPU, "
-                   "5-7x slower); unknown option names and modes raise ValueError")
 def test_unknown_cpu_backend_value_is_rejected(coil_reset):
     with pytest.raises(ValueError):
         coil.compile(lambda x: x + 1, options={"cpu_backend": "CPP"})(torch.ones(2))

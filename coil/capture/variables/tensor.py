@@ -276,6 +276,30 @@ def _input_value(tx, v):
     return None
 
 
+def _user_attr(tx, v, name):
+    """A Python attribute torch.Tensor lacks (``p._no_weight_decay``, a Parameter subclass's class attribute or
+    method): looked up on the real tensor, its instance ``__dict__`` then its class (whose type is guarded). Guarded
+    to stay where it was found: a value by its source, an absent name by ``name not in t.__dict__`` (added
+    later, it recompiles). A tensor made in the frame has no instance attributes (setting one is a graph break,
+    after which it is an input), unless it is an input returned by an in-place op: that input is looked up."""
+    from coil.capture.source import AttrSource
+    from coil.capture.variables.objects import wrap_class_attr
+
+    src, real = v.source, _input_value(tx, v)
+    if src is None:
+        src, real = next(((s, r) for s, r, n in tx.output.inputs if n.meta.get("example_value") is v.fake),
+                         (None, None))
+    if real is None and src is not None:
+        raise Unsupported(f"attribute {name} of a tensor that is not a graph input")
+    cls = type(real) if real is not None else v.cls
+    if real is not None:
+        e = src.expr()
+        if name in real.__dict__:
+            return tx.wrap(real.__dict__[name], AttrSource(src, name))
+        tx.output.guards.add(f"{name!r} not in {e}.__dict__", f"{name!r} in {e}.__dict__", False, src=e)
+    return wrap_class_attr(tx, v, cls, name, AttrSource(src, name) if src is not None else None)
+
+
 def _name(target) -> str:
     return target if isinstance(target, str) else getattr(target, "__name__", str(target))
 
@@ -494,7 +518,7 @@ class TensorVariable(VariableTracker):
         if hasattr(torch.Tensor, name) and callable(getattr(torch.Tensor, name)):
             return BoundMethodVariable(self, name)
         if not hasattr(torch.Tensor, name):
-            raise AttributeMissing(name)
+            return _user_attr(tx, self, name)
         raise Unsupported(f"Tensor attribute {name}")
 
     def call_method(self, tx, name, args, kwargs):

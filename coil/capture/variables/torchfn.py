@@ -64,6 +64,10 @@ _GUARDED = {inspect.unwrap(f) for f in (
     torch.get_num_threads, torch.get_num_interop_threads, torch.is_anomaly_enabled)}
 
 
+#: ``torch._check``-style functions: the index of their condition argument
+_CHECKS = {inspect.unwrap(torch._check): 0, inspect.unwrap(torch._check_with): 1}
+
+
 #: modules whose wrappers torch puts on its own functions (``@deprecated``, ``singledispatch``)
 _WRAPPER_HOMES = {"contextlib", "typing_extensions", "functools", "warnings"}
 
@@ -147,6 +151,9 @@ class TorchFunctionVariable(KnownCallableVariable):
             return ctx
         if fn is torch.is_tensor:
             return ConstantVariable(isinstance(args[0], TensorVariable))
+        if base in _CHECKS and len(args) > _CHECKS[base] and args[_CHECKS[base]].is_python_constant() and \
+                args[_CHECKS[base]].as_python_constant() is True:
+            return ConstantVariable(None)   # passes, as in eager (a node would print _check_with's error class)
         name = getattr(fn, "__name__", None)
         if name and getattr(torch.Tensor, name, None) is fn:
             return call_op(tx, "call_method", name, list(args), kwargs)

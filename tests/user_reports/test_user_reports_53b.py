@@ -32,12 +32,10 @@ _CONST_BOUND = {
     "clamp_max_float": lambda x, k: x.clamp(-10.0, k),
     "hardtanh": lambda x, k: F.hardtanh(x, k, 1.0),
     "clip": lambda x, k: torch.clip(x, k, 2.0),
+    "clamp_int_bound": lambda x, k: x.clamp(k, 10),
 }
 
 
-@pytest.mark.xfail(strict=True, reason="a clamp whose one bound is a changing Python float and the other a constant "
-                                       "guards the float's value: a recompile per call, then the recompile limit and "
-                                       "eager (torch.compile: 2 graphs); present before today (01444b8)")
 @pytest.mark.parametrize("op", sorted(_CONST_BOUND))
 def test_clamp_with_a_changing_float_and_a_constant_bound_compiles_at_most_twice(op, coil_reset):
     fn = _CONST_BOUND[op]
@@ -61,8 +59,6 @@ def test_clamp_with_two_changing_floats_compiles_twice(coil_reset):
     assert coil.capture.stats["frames"] == 2
 
 
-@pytest.mark.xfail(strict=True, reason="the resume function after an item() break clamps by a changing float and "
-                                       "a constant one: recompiles per value, then eager (torch.compile: 4 graphs)")
 def test_clamp_by_a_float_live_across_an_item_break_compiles_a_few_times(coil_reset):
     """``s = k * 0.5``, then ``x.max().item()`` (a graph break), then ``x.clamp(s, m)`` in the resume function: ``m``
     is the same every call (a constant bound), ``s`` changes: the resume function recompiles per value (same cause as

@@ -344,6 +344,39 @@ def preserve_global_state():
             now = torch.autocast_increment_nesting()
 
 
+#: decompositions for the forward of _tensorized_forward: ops whose float argument has no Tensor overload
+_FLOAT_DECOMPS = {torch.ops.aten.dist.default: torch._decomp.decomposition_table[torch.ops.aten.dist.default],
+                  torch.ops.aten._foreach_lerp.Scalar: lambda xs, ys, w: [torch.ops.aten.lerp.Scalar(x, y, w)
+                                                                           for x, y in zip(xs, ys)]}
+
+
+def _tensorized_forward(fn, fake_args, info, decomps, fake_mode):
+    """``fn`` as its forward ATen graph with its Python-float reads tensorized (docs/aot.md, "Scalar reads"), where
+    ``fn`` reads a symbolic float and returns only new values: the joint trace then differentiates ``lerp.Tensor``,
+    not ``lerp.Scalar``, whose C++ formula reads the float as a number (a guard on its value, a recompile per value);
+    the backward reads the 0-d tensor, a graph input like the forward's. Else ``fn``."""
+    if info.mutated_inputs or info.base_sources or info.restrided_inputs or not isinstance(fn, torch.fx.GraphModule) \
+            or not fn.graph.find_nodes(op="call_method", target="item"):
+        return fn
+    if any(w in str(n.target) for n in fn.graph.nodes for w in ("grad", "detach", "autograd", "higher_order", "data",
+                                                                 "checkpoint", "inference")):
+        return fn  # the ATen graph forgets what autograd must not see (no_grad regions, detach)
+    try:
+        with torch.no_grad():
+            fw = trace_inference(fn, fake_args, info, {**decomps, **_FLOAT_DECOMPS}, fake_mode)
+    except Exception:  # noqa: BLE001 - optional: the joint of fn itself (specialized) is the fallback
+        return fn
+    if not tensorize_scalar_reads(fw, "forward")["tensorized"]:
+        return fn
+
+    def run(*args):
+        flat = [None] * (max(info.graph_outputs, default=-1) + 1)
+        for k, v in zip(info.graph_outputs, fw(*args)):
+            flat[k] = v
+        return flat
+    return run
+
+
 def _compile(fn, example_inputs, fw_compiler, bw_compiler, partition_fn, decompositions):
     decomps = get_decompositions() if decompositions is None else decompositions
     if decompositions is None and isinstance(fn, torch.fx.GraphModule) and any(
@@ -419,6 +452,8 @@ def _compile(fn, example_inputs, fw_compiler, bw_compiler, partition_fn, decompo
         run = _check_aliasing_per_call(inference_runner(compiled, info), fn, info.mutated_inputs, fake_args)
         run = _check_offsets_per_call(run, fw_gm, fake_args, fn, info.mutated_inputs)
         return run if groups is None else _with_input_groups(run, groups, user_fn)
+    if joint is None and groups is None:
+        fn = _tensorized_forward(fn, fake_args, info, decomps, fake_mode)
     try:
         joint, jinfo = (joint, jinfo) if joint is not None else trace_joint(fn, fake_args, info, decomps, fake_mode)
     except (RuntimeError, ZeroDivisionError) as e:  # y = x.exp(); y.add_(1): eager raises it at backward only, a

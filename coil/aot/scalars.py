@@ -228,12 +228,17 @@ class _Rewriter:
         if op in _ALPHA_OPS and positions == {names.index("alpha")}:
             return self._rewrite_alpha(node, given)
         absent = {a for a in names if given.get(a) is None}
+        consts: set = set()  # clamp(x, s, 10.0): the constant bound is made a 0-d tensor too
         if (new_op := _tensor_overload(op, positions, absent)) is None:
-            return
+            consts = {i for i, a in enumerate(names) if i not in positions and type(given.get(a)) in (int, float)
+                      and _is_number_type(str(schema.arguments[i].type))}
+            if not consts or (new_op := _tensor_overload(op, positions | consts, absent)) is None:
+                return
         # the dtype a Python number of that kind becomes inside the op
         operands = [_val(given[a]) for i, a in enumerate(names) if a in given and i not in positions
                     and isinstance(_val(given[a]), torch.Tensor)]
         operands += [_SAMPLE[type(given[names[i]].meta["val"])] for i in positions]
+        operands += [given[names[i]] for i in consts]
         try:
             compute, _ = elementwise_dtypes(*operands, type_promotion_kind=ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT)
         except Exception:  # noqa: BLE001 - no tensor operand: leave it
@@ -244,6 +249,8 @@ class _Rewriter:
             new = dict(given)
             for i in positions:
                 new[names[i]] = self.cast(self.tensor_of(given[names[i]]), compute, node)
+            for i in consts:
+                new[names[i]] = self._new(node, aten.scalar_tensor.default, (given[names[i]],), {"dtype": compute})
             args, kwargs = _call_args(new_op, new)
             with self.fake_mode:
                 val = new_op(*[_val(a) for a in args], **{k: _val(v) for k, v in kwargs.items()})

@@ -32,12 +32,10 @@ _CONST_BOUND = {
     "clamp_max_float": lambda x, k: x.clamp(-10.0, k),
     "hardtanh": lambda x, k: F.hardtanh(x, k, 1.0),
     "clip": lambda x, k: torch.clip(x, k, 2.0),
+    "clamp_int_bound": lambda x, k: x.clamp(k, 10),
 }
 
 
-@pytest.mark.xfail(strict=True, reason="a clamp whose one bound is a changing Python float and the other a constant "
-                                       "guards the float's value: a recompile per call, then the recompile limit and "
-                                       "eager (torch.compile: 2 graphs); present before today (01444b8)")
 @pytest.mark.parametrize("op", sorted(_CONST_BOUND))
 def test_clamp_with_a_changing_float_and_a_constant_bound_compiles_at_most_twice(op, coil_reset):
     fn = _CONST_BOUND[op]
@@ -61,8 +59,6 @@ def test_clamp_with_two_changing_floats_compiles_twice(coil_reset):
     assert coil.capture.stats["frames"] == 2
 
 
-@pytest.mark.xfail(strict=True, reason="the resume function after an item() break clamps by a changing float and "
-                                       "a constant one: recompiles per value, then eager (torch.compile: 4 graphs)")
 def test_clamp_by_a_float_live_across_an_item_break_compiles_a_few_times(coil_reset):
     """``s = k * 0.5``, then ``x.max().item()`` (a graph break), then ``x.clamp(s, m)`` in the resume function: ``m``
     is the same every call (a constant bound), ``s`` changes: the resume function recompiles per value (same cause as
@@ -91,10 +87,6 @@ _TRAIN_FLOAT = {
 }
 
 
-@pytest.mark.xfail(strict=True, reason="with gradients, a changing Python float read by pow/lerp/_foreach_lerp/celu/"
-                                       "vector_norm/dist is guarded by value: a recompile per call, then eager "
-                                       "(inference: 2 graphs; torch.compile aot_eager: 2 graphs; coil's aot_eager "
-                                       "shares it); present before today")
 @pytest.mark.parametrize("op", sorted(_TRAIN_FLOAT))
 def test_training_with_a_changing_float_compiles_at_most_twice(op, coil_reset):
     fn = _TRAIN_FLOAT[op]
@@ -109,6 +101,25 @@ def test_training_with_a_changing_float_compiles_at_most_twice(op, coil_reset):
             cf(xc, k).backward()
             torch.testing.assert_close(xc.grad, xe.grad, atol=1e-4, rtol=1e-4)
     assert coil.capture.stats["frames"] <= 2 and coil.capture.stats["eager_limit"] == 0, coil.capture.stats
+
+
+def test_training_with_a_float_and_no_grad_regions_keeps_eager_gradients(coil_reset):
+    """A float read beside a ``no_grad`` region and a ``detach``: the joint is not traced from the forward ATen graph
+    (which forgets both), so the gradients stay eager's."""
+    def fn(x, k):
+        with torch.no_grad():
+            y = x * k
+        return (torch.lerp(x, y, k) + x.detach() * k * x).sum()
+
+    cf = coil.compile(fn)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for i in range(4):
+            x0, k = torch.randn(4, 6), 0.3 + 0.13 * i
+            xe, xc = x0.clone().requires_grad_(), x0.clone().requires_grad_()
+            fn(xe, k).backward()
+            cf(xc, k).backward()
+            torch.testing.assert_close(xc.grad, xe.grad, atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("op", sorted(_TRAIN_FLOAT))

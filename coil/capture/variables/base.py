@@ -32,6 +32,17 @@ def wrap(tx, value, source, guard: bool = True) -> "VariableTracker":
     return wrap(tx, value, source, guard)
 
 
+def instance_dict_attr(tx, real, source, name: str):
+    """``real.__dict__[name]`` wrapped with its source, or None when ``name`` is not there (guarded to stay absent:
+    adding it later recompiles). ``real``: the object a traced tensor or container with ``source`` stands for."""
+    if name in real.__dict__:
+        from coil.capture.source import AttrSource
+        return wrap(tx, real.__dict__[name], AttrSource(source, name))
+    e = source.expr()
+    tx.output.guards.add(f"{name!r} not in {e}.__dict__", f"{name!r} in {e}.__dict__", False, src=e)
+    return None
+
+
 def wrap_constant_result(tx, value) -> "VariableTracker":
     """:func:`coil.capture.variables.builder.wrap_constant_result`, imported per call (as :func:`wrap`)."""
     from coil.capture.variables.builder import wrap_constant_result

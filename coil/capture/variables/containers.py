@@ -15,8 +15,9 @@ from typing import Any
 import torch
 
 from coil.exc import Unsupported
-from coil.capture.source import AttrSource, GetItemSource, IterRestSource, iter_rest
-from coil.capture.variables.base import AttributeMissing, ConstantVariable, VariableTracker, wrap, wrap_constant_result
+from coil.capture.source import GetItemSource, IterRestSource, iter_rest
+from coil.capture.variables.base import (AttributeMissing, ConstantVariable, VariableTracker, instance_dict_attr, wrap,
+                                         wrap_constant_result)
 
 
 def _const_index(tx, v: VariableTracker):
@@ -69,11 +70,9 @@ def method_getattr(self, tx, name):
         cls = None
     real = next((v for v, vt in tx.output.wrapped.values() if vt is self), None) if self.source is not None and \
         getattr(cls, "__dictoffset__", 0) else None   # (instances of a subclass without __slots__ have a __dict__)
-    if getattr(real, "__dict__", None) is not None:   # an instance attribute of a subclass (``batch.extra = 9``)
-        if name in real.__dict__:
-            return wrap(tx, real.__dict__[name], AttrSource(self.source, name))
-        e = self.source.expr()
-        tx.output.guards.add(f"{name!r} not in {e}.__dict__", f"{name!r} in {e}.__dict__", False, src=e)
+    if getattr(real, "__dict__", None) is not None and \
+            (found := instance_dict_attr(tx, real, self.source, name)) is not None:  # ``batch.extra = 9``
+        return found
     if cls is not None and not hasattr(cls, name):
         raise AttributeMissing(name)
     return BoundMethodVariable(self, name)

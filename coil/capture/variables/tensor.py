@@ -25,7 +25,8 @@ from torch._library.custom_ops import OPDEFS
 from coil.exc import Unsupported
 from coil.capture.meta_checks import cast_to_eager_dtype, check_call
 from coil.capture.substitutes import substitute
-from coil.capture.variables.base import AttributeMissing, ConstantVariable, VariableTracker, wrap_constant_result
+from coil.capture.variables.base import (AttributeMissing, ConstantVariable, VariableTracker, instance_dict_attr,
+                                         wrap_constant_result)
 from coil.capture.variables.containers import (DictVariable, ListVariable, NamedTupleVariable, SliceVariable,
                                                TupleVariable)
 from coil.capture.variables.symbolic import SymNodeVariable, tensor_meta, wrap_sym
@@ -292,11 +293,8 @@ def _user_attr(tx, v, name):
     if real is None and src is not None:
         raise Unsupported(f"attribute {name} of a tensor that is not a graph input")
     cls = type(real) if real is not None else v.cls
-    if real is not None:
-        e = src.expr()
-        if name in real.__dict__:
-            return tx.wrap(real.__dict__[name], AttrSource(src, name))
-        tx.output.guards.add(f"{name!r} not in {e}.__dict__", f"{name!r} in {e}.__dict__", False, src=e)
+    if real is not None and (found := instance_dict_attr(tx, real, src, name)) is not None:
+        return found
     return wrap_class_attr(tx, v, cls, name, AttrSource(src, name) if src is not None else None)
 
 

@@ -265,6 +265,17 @@ class WrapperCodegen:
         self.globals[name] = device
         return name
 
+    def _on_kernel_device(self, plan, name: str) -> str:
+        """The argument expression of buffer ``name`` for the kernel of ``plan``: a CPU buffer that a GPU kernel reads
+        (a 0-d CPU tensor beside CUDA tensors, which eager takes as a scalar: DeBERTa's
+        ``torch.sqrt(torch.tensor(d) * scale)``) is copied to the kernel's device at each launch, since a GPU kernel
+        cannot dereference host memory. Graphs that read CPU tensors are not recorded as CUDA graphs
+        (runtime/cudagraph_record.py), so the copy is never captured."""
+        kdev, dev = plan.buffer(plan.nodes[0].name).get_device(), plan.buffer(name).get_device()
+        if kdev is None or dev is None or kdev.type == "cpu" or dev.type != "cpu":
+            return name
+        return f"{name}.to({self._dev(kdev)}, non_blocking=True)"
+
     def _arg(self, a) -> str:
         if isinstance(a, ReinterpretView):
             return self._reinterpret(a.data.get_name(), a.layout.size, a.layout.stride, a.layout.offset)
@@ -371,7 +382,8 @@ class WrapperCodegen:
                 k = self.kernels[id(s)]
                 if not (isinstance(k.plan.numel, int) and k.plan.numel == 0):
                     kname = self._global("k", k.generated.launcher)
-                    args = list(k.generated.arg_names) + [self._expr(e) for e in k.generated.size_args]
+                    args = [self._on_kernel_device(k.plan, n) for n in k.generated.arg_names]
+                    args += [self._expr(e) for e in k.generated.size_args]
                     L.append(f"    {kname}({', '.join(args)})  # {k.generated.name}")
             else:
                 b = s.buffer

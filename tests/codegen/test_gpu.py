@@ -351,3 +351,26 @@ def test_cpu_group_in_a_gpu_graph_is_not_interpreted():
         torch.testing.assert_close(y, x * 2)
         assert keep.device.type == "cpu" and bool(keep)
     assert [k.name.split("_")[0] for k in c.kernels].count("triton") == 1, [k.name for k in c.kernels]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64])
+def test_gpu_kernel_reading_a_cpu_scalar(dtype):
+    """DeBERTa-v2's ``x / torch.sqrt(torch.tensor(d, dtype=torch.float) * scale)``: a 0-d CPU tensor (computed in a
+    CPU kernel, or a CPU input) read by a CUDA kernel. Triton refused the host pointer ("Pointer argument (at 1)
+    cannot be accessed from Triton (cpu tensor?)") and the whole graph fell back to ATen ops; the wrapper now
+    copies the scalar to the kernel's device."""
+    from coil import config
+
+    def fn(x, s):
+        scale = torch.sqrt(torch.tensor(64, dtype=torch.float) * 3).to(x.dtype)
+        return x / scale + s, (x * s).sum(-1)
+
+    x, s = r(128, 64, dtype=dtype), torch.tensor(1.5, dtype=dtype)
+    with config.patch(strict_codegen=True):   # a kernel that fails to compile raises instead of falling back
+        gm = aten_graph(fn, x, s)
+        c = compile_aten_graph(gm, [x, s], torch.device("cuda"))
+        for v in (1.5, -2.25):
+            s = torch.tensor(v, dtype=dtype)
+            out, ref = c(x, s), fn(x, s)
+            for o, e in zip(out, ref):
+                torch.testing.assert_close(o, e, atol=1e-2, rtol=1e-2)

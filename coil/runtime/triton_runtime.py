@@ -369,26 +369,33 @@ def time_launches(launch: Callable[[], object], budget_ms: float = 1.0, rounds: 
         return do_bench(launch, warmup=3, rep=10)
 
 
-def scratch_copies(args) -> tuple:
+def scratch_copies(args, written: Optional[frozenset] = None) -> tuple:
     """Copies of a kernel's arguments for timed launches that index exactly like the originals: each tensor keeps its
     size, strides and storage offset over a copy of its whole storage, and arguments that share a storage share one copy
     (a kernel reading a view of a buffer it also writes sees the same aliasing). Non-tensors are passed through.
+    ``written``: the positions of the arguments the kernel stores to (None: all). Only storages some written argument
+    lives in are copied; arguments only read are passed as they are (timing reads them, never changes them), so
+    autotuning does not allocate a copy of every weight and activation a kernel reads (that memory stayed reserved
+    in the caching allocator afterwards).
 
     ``Tensor.clone()`` is not enough: a clone of a non-dense view (input ids ``ids[:, :128]`` of an ``(8, 512)`` tensor)
     is contiguous and smaller, while the kernel was generated for the view's strides (``in_ptr0 + 512 * (x // 128) + x %
     128``) and reads past the clone's end (an illegal memory access on a GPU)."""
     storages: dict[tuple, object] = {}
+    key = lambda a: (a.device, a.untyped_storage().data_ptr(), a.untyped_storage().nbytes())
+    copied = None if written is None else {key(a) for i, a in enumerate(args)
+                                           if i in written and isinstance(a, torch.Tensor)}
     out = []
     for a in args:
-        if not isinstance(a, torch.Tensor):
+        if not isinstance(a, torch.Tensor) or copied is not None and key(a) not in copied:
             out.append(a)
             continue
         st = a.untyped_storage()
-        key = (a.device, st.data_ptr(), st.nbytes())
-        if key not in storages:
-            storages[key] = st.clone()
+        key_ = key(a)
+        if key_ not in storages:
+            storages[key_] = st.clone()
         out.append(torch.empty(0, dtype=a.dtype, device=a.device).set_(
-            storages[key], a.storage_offset(), a.size(), a.stride()))
+            storages[key_], a.storage_offset(), a.size(), a.stride()))
     return tuple(out)
 
 
@@ -578,7 +585,7 @@ class TritonLauncher:
         scatter-add, embedding backward) or updates a buffer in place would otherwise be applied once per timed launch,
         and the caller's real launch would start from a corrupted buffer. Raises KernelCompileError (naming the kernel
         and each config's error) when no candidate compiles."""
-        scratch = scratch_copies(args)
+        scratch = scratch_copies(args, getattr(self, "written", None))
         with trace.stage("autotune_compile"):
             self._claim_pool_jobs()
             self._precompile(scratch)

@@ -46,3 +46,39 @@ def test_scratch_copies_offsets_transposes_aliases_and_scalars():
         if isinstance(c, torch.Tensor):
             c.fill_(3)
     assert torch.equal(base, before)
+
+
+def test_scratch_copies_copy_only_what_the_kernel_writes():
+    """Arguments only read are passed as they are (autotuning allocated a copy of every weight a kernel read, memory
+    the caching allocator kept reserved afterwards); a read argument sharing a storage with a written one shares that
+    argument's copy, so the kernel still sees its aliasing."""
+    w, x, out = torch.randn(64, 8), torch.randn(8), torch.empty(8)
+    buf = torch.randn(16)
+    args = (w, x, buf[:8], out, buf[8:])
+    copies = scratch_copies(args, written=frozenset({3, 4}))
+    for i in (0, 1):
+        assert copies[i] is args[i]
+    for i in (2, 3, 4):
+        _same_layout(copies[i], args[i])
+    assert copies[2].untyped_storage().data_ptr() == copies[4].untyped_storage().data_ptr()
+
+
+def test_triton_launcher_knows_which_arguments_it_writes():
+    """The Triton backend tells the launcher the positions of the arguments it stores to: its outputs, and an input
+    an output is stored over in place."""
+    import sys
+    sys.path.insert(0, __file__.rsplit("/runtime/", 1)[0] + "/codegen")
+    from codegen_helpers import aten_graph
+    from coil.codegen import compile_aten_graph
+    from coil.config import patch
+
+    def fn(x, w):
+        return torch.relu(x @ w).sum(-1), torch.sigmoid(x) * 2
+
+    x, w = torch.randn(4, 8), torch.randn(8, 8)
+    with patch(cpu_backend="triton"):
+        c = compile_aten_graph(aten_graph(fn, x, w), [x, w], torch.device("cpu"))
+    assert c.kernels
+    for k in c.kernels:   # (no in-place outputs here) the outputs: the trailing arguments; inputs only read
+        n, w = len(k.arg_names), k.launcher.written
+        assert 0 < len(w) < n and w == frozenset(range(n - len(w), n)), (k.name, k.arg_names, w)

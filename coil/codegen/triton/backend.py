@@ -206,6 +206,7 @@ class TritonBackend(KernelBackend):
                                              arg_dtypes=dtypes, size_hints=[hint(e) for e in sizes],
                                              other_sizes=_other_sizes(plan, sizes) if dev.type != "cpu" else (),
                                              twin=k.twin is not None)
+            launcher.written = _written_args(plan, arg_names)
             return GeneratedKernel(kernel_name, source, arg_names, launcher, "triton", size_args=sizes)
         launcher = TritonLauncher(kernel_name, source, a["numel"], a["rnumel"], a["persistent"], dev.type,
                                   outer=a["outer"], elem_bytes=a["elem_bytes"], tiled=a["tiled"], arg_dtypes=dtypes)
@@ -213,4 +214,12 @@ class TritonBackend(KernelBackend):
         if (k.x_exact and not ok[0]) or (k.r_exact and not ok[1]):
             raise AssertionError(f"{kernel_name}: masks dropped for configs the launcher "
                                  f"does not use ({launcher.configs})")
+        launcher.written = _written_args(plan, arg_names)
         return GeneratedKernel(kernel_name, source, arg_names, launcher, "triton")
+
+
+def _written_args(plan, arg_names: list) -> frozenset:
+    """Positions in ``arg_names`` of the arguments the kernel stores to: its outputs, and the inputs an output is
+    stored over (``plan.inplace``). Autotuning copies only these (runtime/triton_runtime.py: scratch_copies)."""
+    written = set(plan.arg_output_names) | set(plan.inplace.values())
+    return frozenset(i for i, n in enumerate(arg_names) if n in written)

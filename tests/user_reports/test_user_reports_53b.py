@@ -415,9 +415,6 @@ def test_checkpoint_of_tensor_methods_saves_only_its_input(tmp_path, coil_reset)
     assert _saved_names(tmp_path, f, torch.randn(64, requires_grad=True)) == ["primals_1"]
 
 
-@pytest.mark.xfail(strict=True, reason="nested non-reentrant checkpoints save the inner checkpoint's input and output "
-                                       "(3x eager's saved bytes here; torch.compile saves the input only). With tensor methods this is new today (e833ccf: "
-                                       "01444b8 saved primals_1 only); with torch.sin/torch.exp calls it was so before")
 @pytest.mark.parametrize("style", ["methods", "functions"])
 def test_nested_checkpoint_saves_only_the_outer_input(style, tmp_path, coil_reset):
     if style == "methods":

@@ -675,9 +675,9 @@ def call_checkpoint(tx, args: list, kwargs: dict) -> VariableTracker:
     res = tx.call(args[0], list(args[1:]), kwargs)
     region = next(_region_ids)
     tagged = 0
-    for n in out.graph.nodes:
-        if n not in before and n.op in ("call_function", "call_method") and "recompute" not in n.meta:
-            n.meta["recompute"] = CheckpointPolicy.PREFER_RECOMPUTE
+    for n in out.graph.nodes:  # a nested checkpoint's nodes join this region: eager recomputes them with the rest
+        if n not in before and n.op in ("call_function", "call_method"):
+            n.meta.setdefault("recompute", CheckpointPolicy.PREFER_RECOMPUTE)
             n.meta["ac_graph_id"] = region
             tagged += 1
     trace.log("hop", stage="capture", op="checkpoint", region=region, nodes=tagged,

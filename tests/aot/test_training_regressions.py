@@ -2,6 +2,7 @@
 backward passes (accumulation) and in-place gradient updates."""
 import copy
 import math
+import warnings
 
 import pytest
 import torch
@@ -625,3 +626,44 @@ def test_a_non_leaf_input_written_after_the_graph_is_not_saved_for_min_dim(backe
     for got in (grads[2:4], grads[4:6]):
         torch.testing.assert_close(got, grads[0:2])
     assert 2 <= cnt.frame_count <= 5   # the graphs before and after the break, then the recompiles for a new shape
+
+
+def _checkpointed_writes():
+    from torch.utils.checkpoint import checkpoint
+
+    def viewed(z):
+        y = z.tanh()
+        w = y.view(-1).sin()
+        y.add_(1)
+        return w.view(2, 3) * y
+
+    bodies = {"tanh_add_": lambda z: z.tanh().add_(1.0),
+              "relu__mul_": lambda z: torch.relu_(z * 2).mul_(2),
+              "replayed": lambda z: z.tanh().add_(1.0).exp(),  # eager's recomputation writes before exp's save
+              "view": viewed}
+    fns = {k: (lambda b: lambda x: checkpoint(b, x, use_reentrant=False).sum())(b) for k, b in bodies.items()}
+    fns["after"] = lambda x: checkpoint(torch.tanh, x, use_reentrant=False).mul_(3).sum()
+    return fns
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "coil"])
+@pytest.mark.parametrize("body", ["tanh_add_", "relu__mul_", "replayed", "view", "after"])
+def test_checkpointed_value_written_after_it_was_saved(body, backend):
+    """A non-reentrant checkpoint body writing a value its autograd saved (``z.tanh().add_(1)``): eager's checkpoint
+    recomputes saved values in the backward (up to the region's last save), so it has no version error; the joint
+    trace met autograd's, and coil ran the graph eagerly without the checkpoint, whose backward raised. The joint now
+    reads the value as eager's recomputation gives it (the partitioner recomputes the region): eager's gradients,
+    compiled, only the input saved."""
+    from helpers import CountingAotEager
+
+    f = _checkpointed_writes()[body]
+    x0 = torch.randn(2, 3)
+    xe, xc = x0.clone().requires_grad_(), x0.clone().requires_grad_()
+    f(xe).backward()
+    coil.reset()
+    counter = CountingAotEager()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        coil.compile(f, backend=counter if backend == "aot_eager" else "coil")(xc).backward()
+    torch.testing.assert_close(xc.grad, xe.grad)
+    assert counter.paths in ([], ["training"])

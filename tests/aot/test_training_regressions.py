@@ -667,3 +667,63 @@ def test_checkpointed_value_written_after_it_was_saved(body, backend):
         coil.compile(f, backend=counter if backend == "aot_eager" else "coil")(xc).backward()
     torch.testing.assert_close(xc.grad, xe.grad)
     assert counter.paths in ([], ["training"])
+
+
+class _Triples(torch.autograd.Function):
+    """Forward doubles, backward triples: a gradient that is not the forward's derivative."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 3
+
+
+def _no_grad_region(x, k):
+    with torch.no_grad():
+        y = x * k
+    return y
+
+
+_BESIDE_A_FLOAT = {"no_grad": _no_grad_region, "detach": lambda x, k: x.detach() * k,
+                   "data": lambda x, k: x.data * k, "torch_detach": lambda x, k: torch.detach(x) * k,
+                   "function": lambda x, k: _Triples.apply(x) * k,
+                   "gradient": lambda x, k: torch.gradient(x, dim=1)[0] * k}
+
+
+@pytest.mark.parametrize("what", sorted(_BESIDE_A_FLOAT))
+def test_training_float_beside_what_the_forward_aten_graph_forgets(what):
+    """A training graph reading a changing Python float is differentiated from its forward ATen graph with the float
+    tensorized (no recompile per value), except where a node does more for autograd than its ATen ops (a no_grad
+    region, detach, ``.data``, an autograd.Function), which that graph forgets: gradients stay eager's. The check was a
+    substring filter on target names, which also refused ``torch.gradient`` (a recompile per value, then eager)."""
+    g = _BESIDE_A_FLOAT[what]
+
+    def fn(x, k):
+        return (torch.lerp(x, g(x, k), k) * x).sum()
+
+    coil.reset()
+    cf = coil.compile(fn)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for i in range(5):
+            x0, k = torch.randn(3, 4), 0.3 + 0.13 * i
+            xe, xc = x0.clone().requires_grad_(), x0.clone().requires_grad_()
+            fn(xe, k).backward()
+            cf(xc, k).backward()
+            torch.testing.assert_close(xc.grad, xe.grad)
+    if what == "gradient":
+        assert coil.capture.stats["frames"] <= 2 and coil.capture.stats["eager_limit"] == 0, coil.capture.stats
+
+
+def test_autograd_function_beside_a_changing_float_keeps_its_backward():
+    """``_Triples.apply(x) * k`` with ``k`` a symbolic float (its second value): the substring filter missed capture's
+    ``_Triples_apply`` target, the joint differentiated the forward ATen graph (``x * 2``) and the gradient was
+    ``2k`` where eager's backward gives ``3k`` (silently)."""
+    cf = coil.compile(lambda x, k: (_Triples.apply(x) * k).sum())
+    for k in (0.5, 0.7, 0.9):
+        x = torch.ones(3, requires_grad=True)
+        cf(x, k).backward()
+        torch.testing.assert_close(x.grad, torch.full((3,), 3 * k))

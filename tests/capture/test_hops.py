@@ -726,3 +726,24 @@ def test_nested_checkpoint_saves_only_the_outer_input(backend, tmp_path):
 
     assert_same_as_eager(fn, (torch.randn(8),), backend=backend, check_grads=True)
     assert _activation_bytes(tmp_path, fn, torch.randn(8, requires_grad=True), backend) == 0
+
+
+def test_checkpoint_with_early_stop_off_runs_eagerly():
+    """``set_checkpoint_early_stop(False)``: eager's recomputation runs the whole body, so ``z.tanh().add_(1)``
+    differentiates tanh at the written value (``1 - (tanh + 1) ** 2``); the compiled graph reads saved values as of
+    the region's last save (early stop). Capture guards the flag and breaks at the checkpoint when it is off."""
+    from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
+
+    def fn(x):
+        return checkpoint(lambda z: z.tanh().add_(1.0), x, use_reentrant=False).sum()
+
+    cf = coil.compile(fn)
+    x0 = torch.randn(5)
+    for early_stop in (True, False, True):
+        with set_checkpoint_early_stop(early_stop):
+            grads = []
+            for f in (fn, cf):
+                x = x0.clone().requires_grad_()
+                f(x).backward()
+                grads.append(x.grad)
+        torch.testing.assert_close(grads[1], grads[0])

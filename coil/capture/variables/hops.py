@@ -654,7 +654,8 @@ def call_associative_scan(tx, args: list, kwargs: dict) -> VariableTracker:
 
 # --------------------------------------------------------------------------- checkpoint
 
-_CHECKPOINT_DEFAULTS = {"preserve_rng_state": True, "context_fn": None, "determinism_check": "default", "debug": False}
+_CHECKPOINT_DEFAULTS = {"preserve_rng_state": True, "context_fn": None, "determinism_check": "default", "debug": False,
+                        "early_stop": True}
 
 
 def call_checkpoint(tx, args: list, kwargs: dict) -> VariableTracker:
@@ -670,6 +671,12 @@ def call_checkpoint(tx, args: list, kwargs: dict) -> VariableTracker:
             if v != default and k != "preserve_rng_state":
                 raise Unsupported(f"torch.utils.checkpoint.checkpoint({k}={v!r})",
                                   hint="only the default value is captured")
+    # without early stop, eager's recomputation replays the body's in-place writes after the last save into the saved
+    # values (coil/aot/functional.py, _CheckpointSaves, reads them as of that save)
+    flag = f"{tx.output.guards.const(ckpt)}._enable_checkpoint_early_stop"
+    if ckpt._enable_checkpoint_early_stop is False:
+        raise Unsupported("torch.utils.checkpoint.checkpoint under set_checkpoint_early_stop(False)")
+    tx.output.guards.add(f"{flag} is not False", flag, ckpt._enable_checkpoint_early_stop)
     out = tx.output
     before = set(out.graph.nodes)
     res = tx.call(args[0], list(args[1:]), kwargs)

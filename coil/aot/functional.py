@@ -733,7 +733,7 @@ class _LocatingInterpreter(torch.fx.Interpreter):
         return super().run(*args)
 
     def run_node(self, n: torch.fx.Node) -> Any:
-        region = checkpoint_region(n) if self.label_autograd else None
+        region = checkpoint_region(n) if self.label_autograd and not n.meta.get("ac_reentrant") else None
         if region is None:
             out = super().run_node(n)
         else:

@@ -727,3 +727,20 @@ def test_autograd_function_beside_a_changing_float_keeps_its_backward():
         x = torch.ones(3, requires_grad=True)
         cf(x, k).backward()
         torch.testing.assert_close(x.grad, torch.full((3,), 3 * k))
+
+
+def test_reentrant_checkpoint_writing_its_saved_output_raises_as_eager():
+    """With ``use_reentrant=True`` eager's backward re-runs the whole body under autograd, whose version check refuses
+    ``z.tanh().add_(1)``: the saved values are not read as of their save (the graph runs eagerly, warned, and its
+    backward raises eager's error)."""
+    from torch.utils.checkpoint import checkpoint
+
+    def f(x):
+        return checkpoint(lambda z: z.tanh().add_(1.0), x, use_reentrant=True).sum()
+
+    coil.reset()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for g in (f, coil.compile(f)):
+            with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+                g(torch.randn(4, requires_grad=True)).backward()

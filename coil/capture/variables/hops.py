@@ -664,7 +664,8 @@ def call_checkpoint(tx, args: list, kwargs: dict) -> VariableTracker:
     if not args:
         raise UserError("checkpoint() needs the function to run", location=tx.location())
     kwargs = dict(kwargs)
-    kwargs.pop("use_reentrant", None)  # same values and gradients either way
+    reentrant = kwargs.pop("use_reentrant", None)  # same values and gradients, but for in-place writes (hops.md)
+    reentrant = reentrant is None or reentrant.as_python_constant_or_none() is not False
     for k, default in _CHECKPOINT_DEFAULTS.items():
         if k in kwargs:
             v = kwargs.pop(k).as_python_constant_or_none()
@@ -686,6 +687,7 @@ def call_checkpoint(tx, args: list, kwargs: dict) -> VariableTracker:
         if n not in before and n.op in ("call_function", "call_method"):
             n.meta.setdefault("recompute", CheckpointPolicy.PREFER_RECOMPUTE)
             n.meta["ac_graph_id"] = region
+            n.meta["ac_reentrant"] = n.meta.get("ac_reentrant", False) or reentrant
             tagged += 1
     trace.log("hop", stage="capture", op="checkpoint", region=region, nodes=tagged,
               where=str(tx.location()).splitlines()[0])

@@ -362,8 +362,8 @@ def _autograd_beyond_ops(n: torch.fx.Node) -> bool:
 
 
 _AUTOGRAD_TARGETS = {torch._C._set_grad_enabled, torch.detach, torch.Tensor.detach, torch.Tensor.detach_,
-                     torch.Tensor.requires_grad_, *(getattr(torch.ops.aten, op) for op in ("detach", "detach_")),
-                     torch.ops.aten.detach.default, torch.ops.aten.detach_.default}
+                     torch.Tensor.requires_grad_, torch.ops.aten.detach, torch.ops.aten.detach.default,
+                     torch.ops.aten.detach_, torch.ops.aten.detach_.default}
 #: modules of autograd APIs (``torch._C._autograd._get_data_attr`` is torch's capture of ``.data``); capture's
 #: ``autograd.Function`` calls are functions of ``coil.capture.autograd_function``
 _AUTOGRAD_MODULES = ("torch.autograd", "torch._C._autograd", "torch._functorch", "torch._C._functorch",

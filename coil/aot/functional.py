@@ -719,7 +719,8 @@ class _LocatingInterpreter(torch.fx.Interpreter):
     """Runs a torch-level GraphModule node by node while ``make_fx`` traces it, each node's meta being the current one
     (``Interpreter`` sets it under ``preserve_node_meta``): make_fx copies its ``stack_trace`` (the user's source
     lines, from coil's capture or Dynamo) onto the ATen nodes it becomes. With ``label_autograd``, the autograd nodes
-    a graph node creates are labelled with the same trace, for :func:`_locate_backward`."""
+    a graph node creates are labelled with the same trace, for :func:`_locate_backward`, and the values a checkpoint
+    region's nodes save are read as eager's checkpoint recomputes them (:class:`_CheckpointSaves`)."""
 
     def __init__(self, gm: torch.fx.GraphModule, label_autograd: bool):
         super().__init__(gm)
@@ -791,6 +792,7 @@ class _CheckpointSaves:
         if any(r._version != v for r, v in self.reads.values()):
             raise RuntimeError("one of the variables needed for gradient computation has been modified by an "
                                "inplace operation: an input of its checkpoint region")
+        trace.log("aot_checkpoint_written_save", stage="aot", shape=[str(d) for d in e[0].shape])
         return e[2]
 
 

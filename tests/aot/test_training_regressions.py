@@ -744,3 +744,23 @@ def test_reentrant_checkpoint_writing_its_saved_output_raises_as_eager():
         for g in (f, coil.compile(f)):
             with pytest.raises(RuntimeError, match="modified by an inplace operation"):
                 g(torch.randn(4, requires_grad=True)).backward()
+
+
+def test_checkpointed_value_written_after_it_was_saved_saves_only_the_input(tmp_path):
+    """The copy the backward reads of ``tanh`` (written by ``add_``) is recomputed with the region: the forward saves
+    the checkpoint's input only, as eager's checkpoint does (compile log: ``aot_partition``,
+    ``aot_checkpoint_written_save``)."""
+    import json
+
+    from coil import trace
+
+    coil.reset()
+    trace.set_dir(str(tmp_path))
+    try:
+        coil.compile(_checkpointed_writes()["tanh_add_"])(torch.randn(2, 3, requires_grad=True)).backward()
+    finally:
+        trace.set_dir(None)
+    events = [json.loads(line) for f in tmp_path.iterdir() for line in f.open()]
+    parts = [e for e in events if e.get("event") == "aot_partition"]
+    assert [[s["name"] for s in p["saved"]] for p in parts] == [["primals_1"]]
+    assert [e["shape"] for e in events if e.get("event") == "aot_checkpoint_written_save"] == [["2", "3"]]

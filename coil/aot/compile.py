@@ -350,6 +350,26 @@ _FLOAT_DECOMPS = {torch.ops.aten.dist.default: torch._decomp.decomposition_table
                                                                            for x, y in zip(xs, ys)]}
 
 
+def _autograd_beyond_ops(n: torch.fx.Node) -> bool:
+    """Whether node ``n`` of a torch-level graph does more for autograd than the ATen ops it runs, which the forward
+    ATen graph (traced under no_grad) forgets: a grad-mode switch (a ``no_grad`` region), ``detach`` (``.data``), an
+    autograd or functorch API, or an ``autograd.Function`` or higher-order operator (their own backward)."""
+    if n.op == "call_method":
+        return n.target in ("detach", "detach_", "requires_grad_")
+    module = getattr(n.target, "__module__", None) or ""
+    return n.op == "call_function" and (n.target in _AUTOGRAD_TARGETS or isinstance(
+        n.target, torch._ops.HigherOrderOperator) or module.startswith(_AUTOGRAD_MODULES))
+
+
+_AUTOGRAD_TARGETS = {torch._C._set_grad_enabled, torch.detach, torch.Tensor.detach, torch.Tensor.detach_,
+                     torch.Tensor.requires_grad_, torch.ops.aten.detach, torch.ops.aten.detach.default,
+                     torch.ops.aten.detach_, torch.ops.aten.detach_.default}
+#: modules of autograd APIs (``torch._C._autograd._get_data_attr`` is torch's capture of ``.data``); capture's
+#: ``autograd.Function`` calls are functions of ``coil.capture.autograd_function``
+_AUTOGRAD_MODULES = ("torch.autograd", "torch._C._autograd", "torch._functorch", "torch._C._functorch",
+                     "coil.capture.autograd_function")
+
+
 def _tensorized_forward(fn, fake_args, info, decomps, fake_mode):
     """``fn`` as its forward ATen graph with its Python-float reads tensorized (docs/aot.md, "Scalar reads"), where
     ``fn`` reads a symbolic float and returns only new values: the joint trace then differentiates ``lerp.Tensor``,
@@ -358,9 +378,8 @@ def _tensorized_forward(fn, fake_args, info, decomps, fake_mode):
     if info.mutated_inputs or info.base_sources or info.restrided_inputs or not isinstance(fn, torch.fx.GraphModule) \
             or not fn.graph.find_nodes(op="call_method", target="item"):
         return fn
-    if any(w in str(n.target) for n in fn.graph.nodes for w in ("grad", "detach", "autograd", "higher_order", "data",
-                                                                 "checkpoint", "inference")):
-        return fn  # the ATen graph forgets what autograd must not see (no_grad regions, detach)
+    if any(map(_autograd_beyond_ops, fn.graph.nodes)):
+        return fn
     try:
         with torch.no_grad():
             fw = trace_inference(fn, fake_args, info, {**decomps, **_FLOAT_DECOMPS}, fake_mode)

@@ -29,6 +29,7 @@ from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols, guard_o
 from torch.fx.passes.runtime_assert import insert_deferred_runtime_asserts
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.checkpoint import CheckpointPolicy
 from torch.utils.weak import WeakIdKeyDictionary
 
 from coil import trace
@@ -718,12 +719,14 @@ class _LocatingInterpreter(torch.fx.Interpreter):
     """Runs a torch-level GraphModule node by node while ``make_fx`` traces it, each node's meta being the current one
     (``Interpreter`` sets it under ``preserve_node_meta``): make_fx copies its ``stack_trace`` (the user's source
     lines, from coil's capture or Dynamo) onto the ATen nodes it becomes. With ``label_autograd``, the autograd nodes
-    a graph node creates are labelled with the same trace, for :func:`_locate_backward`."""
+    a graph node creates are labelled with the same trace, for :func:`_locate_backward`, and the values a checkpoint
+    region's nodes save are read as eager's checkpoint recomputes them (:class:`_CheckpointSaves`)."""
 
     def __init__(self, gm: torch.fx.GraphModule, label_autograd: bool):
         super().__init__(gm)
         self.extra_traceback = False  # errors keep their own message
         self.label_autograd = label_autograd
+        self.checkpoints: dict = {}  # checkpoint region -> its _CheckpointSaves (while the joint is traced)
 
     def run(self, *args):
         if self.label_autograd:
@@ -731,10 +734,66 @@ class _LocatingInterpreter(torch.fx.Interpreter):
         return super().run(*args)
 
     def run_node(self, n: torch.fx.Node) -> Any:
-        out = super().run_node(n)
+        region = checkpoint_region(n) if self.label_autograd and not n.meta.get("ac_reentrant") else None
+        if region is None:
+            out = super().run_node(n)
+        else:
+            saves = self.checkpoints.setdefault(region, _CheckpointSaves())
+            for a in n.all_input_nodes:
+                if checkpoint_region(a) != region:
+                    saves.read(self.env[a])
+            with torch.autograd.graph.saved_tensors_hooks(saves.pack, saves.unpack):
+                out = super().run_node(n)
         if self.label_autograd:
             _label_grad_fns(out, n.meta.get("stack_trace", ""))
         return out
+
+
+def checkpoint_region(n: torch.fx.Node) -> Optional[int]:
+    """The activation-checkpoint region of node ``n`` (``meta["ac_graph_id"]`` where ``meta["recompute"]`` is a
+    recompute policy: capture's tags on a ``torch.utils.checkpoint.checkpoint`` body, docs/hops.md), or None."""
+    return n.meta.get("ac_graph_id", 0) if n.meta.get("recompute") in _RECOMPUTE else None
+
+
+_RECOMPUTE = {CheckpointPolicy.MUST_RECOMPUTE, CheckpointPolicy.PREFER_RECOMPUTE}
+
+
+class _CheckpointSaves:
+    """What the autograd of one checkpoint region saves while the joint graph is traced. Eager's non-reentrant
+    checkpoint saves nothing: its backward recomputes the region from the region's inputs up to the region's last
+    save, so a saved value written in place afterwards (by the body: ``z.tanh().add_(1)``, or after the region) is
+    recomputed as it was at that last save, where autograd's version check refuses it. The partitioner recomputes
+    the region, so the joint's backward reads a copy made at each save (a dead node where the value is not written).
+    A region input written before the backward (eager recomputes from the written input) raises autograd's error."""
+
+    def __init__(self):
+        self.reads: dict = {}   # id -> (tensor the region reads from outside it, its version at the first read)
+        self.saved: list = []   # [tensor, version when saved, its value at the region's latest save, that version]
+
+    def read(self, value: Any) -> None:
+        """Note the tensors of ``value`` (an input of a region node computed outside the region)."""
+        for t in pytree.tree_leaves(value):
+            if isinstance(t, torch.Tensor):
+                self.reads.setdefault(id(t), (t, t._version))
+
+    def pack(self, t: torch.Tensor) -> list:
+        """saved_tensors_hooks pack: the tensor, its version and a copy; earlier saves written since get new copies."""
+        with torch.no_grad():
+            for e in self.saved:
+                if e[0]._version != e[3]:
+                    e[2:] = e[0].clone(), e[0]._version
+            self.saved.append(e := [t, t._version, t.clone(), t._version])
+        return e
+
+    def unpack(self, e: list) -> torch.Tensor:
+        """saved_tensors_hooks unpack: the tensor if unwritten, else its value at the region's last save."""
+        if e[0]._version == e[1]:
+            return e[0]
+        if any(r._version != v for r, v in self.reads.values()):
+            raise RuntimeError("one of the variables needed for gradient computation has been modified by an "
+                               "inplace operation: an input of its checkpoint region")
+        trace.log("aot_checkpoint_written_save", stage="aot", shape=[str(d) for d in e[0].shape])
+        return e[2]
 
 
 def _located(fn: Callable, label_autograd: bool) -> Callable:

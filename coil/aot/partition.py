@@ -17,11 +17,10 @@ from typing import Optional
 import torch
 import torch.fx
 from torch.fx._lazy_graph_module import _make_graph_module
-import torch.utils.checkpoint
 
 from coil import trace
 from coil.config import config
-from coil.aot.functional import JointInfo
+from coil.aot.functional import JointInfo, checkpoint_region
 from coil.exc import InternalError
 
 aten = torch.ops.aten
@@ -305,11 +304,7 @@ def _region_tag(n: torch.fx.Node):
     saved tuple items make untagged ones)."""
     if n.target is operator.getitem and n.meta.get("recompute") is None and isinstance(n.args[0], torch.fx.Node):
         n = n.args[0]
-    return None if n.meta.get("recompute") not in _RECOMPUTE else n.meta.get("ac_graph_id", 0)
-
-
-_RECOMPUTE = {torch.utils.checkpoint.CheckpointPolicy.MUST_RECOMPUTE,
-              torch.utils.checkpoint.CheckpointPolicy.PREFER_RECOMPUTE}
+    return checkpoint_region(n)
 
 
 def min_cut_partition(joint: torch.fx.GraphModule, info: JointInfo) -> Partition:

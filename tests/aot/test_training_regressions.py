@@ -2,6 +2,7 @@
 backward passes (accumulation) and in-place gradient updates."""
 import copy
 import math
+import warnings
 
 import pytest
 import torch
@@ -625,3 +626,141 @@ def test_a_non_leaf_input_written_after_the_graph_is_not_saved_for_min_dim(backe
     for got in (grads[2:4], grads[4:6]):
         torch.testing.assert_close(got, grads[0:2])
     assert 2 <= cnt.frame_count <= 5   # the graphs before and after the break, then the recompiles for a new shape
+
+
+def _checkpointed_writes():
+    from torch.utils.checkpoint import checkpoint
+
+    def viewed(z):
+        y = z.tanh()
+        w = y.view(-1).sin()
+        y.add_(1)
+        return w.view(2, 3) * y
+
+    bodies = {"tanh_add_": lambda z: z.tanh().add_(1.0),
+              "relu__mul_": lambda z: torch.relu_(z * 2).mul_(2),
+              "replayed": lambda z: z.tanh().add_(1.0).exp(),  # eager's recomputation writes before exp's save
+              "view": viewed}
+    fns = {k: (lambda b: lambda x: checkpoint(b, x, use_reentrant=False).sum())(b) for k, b in bodies.items()}
+    fns["after"] = lambda x: checkpoint(torch.tanh, x, use_reentrant=False).mul_(3).sum()
+    return fns
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "coil"])
+@pytest.mark.parametrize("body", ["tanh_add_", "relu__mul_", "replayed", "view", "after"])
+def test_checkpointed_value_written_after_it_was_saved(body, backend):
+    """A non-reentrant checkpoint body writing a value its autograd saved (``z.tanh().add_(1)``): eager's checkpoint
+    recomputes saved values in the backward (up to the region's last save), so it has no version error; the joint
+    trace met autograd's, and coil ran the graph eagerly without the checkpoint, whose backward raised. The joint now
+    reads the value as eager's recomputation gives it (the partitioner recomputes the region): eager's gradients,
+    compiled, only the input saved."""
+    from helpers import CountingAotEager
+
+    f = _checkpointed_writes()[body]
+    x0 = torch.randn(2, 3)
+    xe, xc = x0.clone().requires_grad_(), x0.clone().requires_grad_()
+    f(xe).backward()
+    coil.reset()
+    counter = CountingAotEager()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        coil.compile(f, backend=counter if backend == "aot_eager" else "coil")(xc).backward()
+    torch.testing.assert_close(xc.grad, xe.grad)
+    assert counter.paths in ([], ["training"])
+
+
+class _Triples(torch.autograd.Function):
+    """Forward doubles, backward triples: a gradient that is not the forward's derivative."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 3
+
+
+def _no_grad_region(x, k):
+    with torch.no_grad():
+        y = x * k
+    return y
+
+
+_BESIDE_A_FLOAT = {"no_grad": _no_grad_region, "detach": lambda x, k: x.detach() * k,
+                   "data": lambda x, k: x.data * k, "torch_detach": lambda x, k: torch.detach(x) * k,
+                   "function": lambda x, k: _Triples.apply(x) * k,
+                   "gradient": lambda x, k: torch.gradient(x, dim=1)[0] * k}
+
+
+@pytest.mark.parametrize("what", sorted(_BESIDE_A_FLOAT))
+def test_training_float_beside_what_the_forward_aten_graph_forgets(what):
+    """A training graph reading a changing Python float is differentiated from its forward ATen graph with the float
+    tensorized (no recompile per value), except where a node does more for autograd than its ATen ops (a no_grad
+    region, detach, ``.data``, an autograd.Function), which that graph forgets: gradients stay eager's. The check was a
+    substring filter on target names, which also refused ``torch.gradient`` (a recompile per value, then eager)."""
+    g = _BESIDE_A_FLOAT[what]
+
+    def fn(x, k):
+        return (torch.lerp(x, g(x, k), k) * x).sum()
+
+    coil.reset()
+    cf = coil.compile(fn)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for i in range(5):
+            x0, k = torch.randn(3, 4), 0.3 + 0.13 * i
+            xe, xc = x0.clone().requires_grad_(), x0.clone().requires_grad_()
+            fn(xe, k).backward()
+            cf(xc, k).backward()
+            torch.testing.assert_close(xc.grad, xe.grad)
+    if what == "gradient":
+        assert coil.capture.stats["frames"] <= 2 and coil.capture.stats["eager_limit"] == 0, coil.capture.stats
+
+
+def test_autograd_function_beside_a_changing_float_keeps_its_backward():
+    """``_Triples.apply(x) * k`` with ``k`` a symbolic float (its second value): the substring filter missed capture's
+    ``_Triples_apply`` target, the joint differentiated the forward ATen graph (``x * 2``) and the gradient was
+    ``2k`` where eager's backward gives ``3k`` (silently)."""
+    cf = coil.compile(lambda x, k: (_Triples.apply(x) * k).sum())
+    for k in (0.5, 0.7, 0.9):
+        x = torch.ones(3, requires_grad=True)
+        cf(x, k).backward()
+        torch.testing.assert_close(x.grad, torch.full((3,), 3 * k))
+
+
+def test_reentrant_checkpoint_writing_its_saved_output_raises_as_eager():
+    """With ``use_reentrant=True`` eager's backward re-runs the whole body under autograd, whose version check refuses
+    ``z.tanh().add_(1)``: the saved values are not read as of their save (the graph runs eagerly, warned, and its
+    backward raises eager's error)."""
+    from torch.utils.checkpoint import checkpoint
+
+    def f(x):
+        return checkpoint(lambda z: z.tanh().add_(1.0), x, use_reentrant=True).sum()
+
+    coil.reset()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for g in (f, coil.compile(f)):
+            with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+                g(torch.randn(4, requires_grad=True)).backward()
+
+
+def test_checkpointed_value_written_after_it_was_saved_saves_only_the_input(tmp_path):
+    """The copy the backward reads of ``tanh`` (written by ``add_``) is recomputed with the region: the forward saves
+    the checkpoint's input only, as eager's checkpoint does (compile log: ``aot_partition``,
+    ``aot_checkpoint_written_save``)."""
+    import json
+
+    from coil import trace
+
+    coil.reset()
+    trace.set_dir(str(tmp_path))
+    try:
+        coil.compile(_checkpointed_writes()["tanh_add_"])(torch.randn(2, 3, requires_grad=True)).backward()
+    finally:
+        trace.set_dir(None)
+    events = [json.loads(line) for f in tmp_path.iterdir() for line in f.open()]
+    parts = [e for e in events if e.get("event") == "aot_partition"]
+    assert [[s["name"] for s in p["saved"]] for p in parts] == [["primals_1"]]
+    assert [e["shape"] for e in events if e.get("event") == "aot_checkpoint_written_save"] == [["2", "3"]]

@@ -709,3 +709,41 @@ def test_checkpoint_over_python_random_draws_once():
     torch.testing.assert_close(res[0][1], torch.full((4,), math.cos(second) * first))   # eager: two draws
     torch.testing.assert_close(res[1][1], torch.full((4,), math.cos(first) * first))    # coil: the forward's
     assert (res[0][2], res[1][2]) == (third, second)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_nested_checkpoint_saves_only_the_outer_input(backend, tmp_path):
+    """A checkpoint inside a checkpoint's body: capture gave the inner body's nodes their own region, so the inner
+    checkpoint's input and output were outputs of the inner region read by the outer one, kept for the backward.
+    Eager's outer checkpoint recomputes them like every other value of its body: one region, only ``x`` saved."""
+    from torch.utils.checkpoint import checkpoint
+
+    def outer(z):
+        return checkpoint(lambda a: a.sin().exp(), z.cos(), use_reentrant=False).tanh() + 1
+
+    def fn(x):
+        return checkpoint(outer, x, use_reentrant=False)
+
+    assert_same_as_eager(fn, (torch.randn(8),), backend=backend, check_grads=True)
+    assert _activation_bytes(tmp_path, fn, torch.randn(8, requires_grad=True), backend) == 0
+
+
+def test_checkpoint_with_early_stop_off_runs_eagerly():
+    """``set_checkpoint_early_stop(False)``: eager's recomputation runs the whole body, so ``z.tanh().add_(1)``
+    differentiates tanh at the written value (``1 - (tanh + 1) ** 2``); the compiled graph reads saved values as of
+    the region's last save (early stop). Capture guards the flag and breaks at the checkpoint when it is off."""
+    from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
+
+    def fn(x):
+        return checkpoint(lambda z: z.tanh().add_(1.0), x, use_reentrant=False).sum()
+
+    cf = coil.compile(fn)
+    x0 = torch.randn(5)
+    for early_stop in (True, False, True):
+        with set_checkpoint_early_stop(early_stop):
+            grads = []
+            for f in (fn, cf):
+                x = x0.clone().requires_grad_()
+                f(x).backward()
+                grads.append(x.grad)
+        torch.testing.assert_close(grads[1], grads[0])

@@ -134,11 +134,6 @@ def test_inference_with_a_changing_float_compiles_twice(op, coil_reset):
     assert coil.capture.stats["frames"] == 2
 
 
-@pytest.mark.xfail(strict=True, reason="an in-place op on a checkpointed body's saved output (tanh().add_(), "
-                                       "relu_().mul_()) runs under eager's non-reentrant checkpoint (it recomputes "
-                                       "what it saved), but coil runs the graph eagerly without the checkpoint and "
-                                       "its backward fails autograd's version check; the warning says 'eager raises "
-                                       "the same error', which eager does not (torch.compile aot_eager fails too)")
 @pytest.mark.parametrize("body", ["tanh_add_", "relu__mul_"])
 def test_checkpoint_body_writing_its_saved_output_in_place(body, coil_reset):
     fns = {"tanh_add_": lambda z: z.tanh().add_(1.0), "relu__mul_": lambda z: torch.relu_(z * 2).mul_(2)}
@@ -415,9 +410,6 @@ def test_checkpoint_of_tensor_methods_saves_only_its_input(tmp_path, coil_reset)
     assert _saved_names(tmp_path, f, torch.randn(64, requires_grad=True)) == ["primals_1"]
 
 
-@pytest.mark.xfail(strict=True, reason="nested non-reentrant checkpoints save the inner checkpoint's input and output "
-                                       "(3x eager's saved bytes here; torch.compile saves the input only). With tensor methods this is new today (e833ccf: "
-                                       "01444b8 saved primals_1 only); with torch.sin/torch.exp calls it was so before")
 @pytest.mark.parametrize("style", ["methods", "functions"])
 def test_nested_checkpoint_saves_only_the_outer_input(style, tmp_path, coil_reset):
     if style == "methods":

@@ -654,7 +654,8 @@ def call_associative_scan(tx, args: list, kwargs: dict) -> VariableTracker:
 
 # --------------------------------------------------------------------------- checkpoint
 
-_CHECKPOINT_DEFAULTS = {"preserve_rng_state": True, "context_fn": None, "determinism_check": "default", "debug": False}
+_CHECKPOINT_DEFAULTS = {"preserve_rng_state": True, "context_fn": None, "determinism_check": "default", "debug": False,
+                        "early_stop": True}
 
 
 def call_checkpoint(tx, args: list, kwargs: dict) -> VariableTracker:
@@ -663,22 +664,30 @@ def call_checkpoint(tx, args: list, kwargs: dict) -> VariableTracker:
     if not args:
         raise UserError("checkpoint() needs the function to run", location=tx.location())
     kwargs = dict(kwargs)
-    kwargs.pop("use_reentrant", None)  # same values and gradients either way
+    reentrant = kwargs.pop("use_reentrant", None)  # same values and gradients, but for in-place writes (hops.md)
+    reentrant = reentrant is None or reentrant.as_python_constant_or_none() is not False
     for k, default in _CHECKPOINT_DEFAULTS.items():
         if k in kwargs:
             v = kwargs.pop(k).as_python_constant_or_none()
             if v != default and k != "preserve_rng_state":
                 raise Unsupported(f"torch.utils.checkpoint.checkpoint({k}={v!r})",
                                   hint="only the default value is captured")
+    # without early stop, eager's recomputation replays the body's in-place writes after the last save into the saved
+    # values (coil/aot/functional.py, _CheckpointSaves, reads them as of that save)
+    flag = f"{tx.output.guards.const(ckpt)}._enable_checkpoint_early_stop"
+    if ckpt._enable_checkpoint_early_stop is False:
+        raise Unsupported("torch.utils.checkpoint.checkpoint under set_checkpoint_early_stop(False)")
+    tx.output.guards.add(f"{flag} is not False", flag, ckpt._enable_checkpoint_early_stop)
     out = tx.output
     before = set(out.graph.nodes)
     res = tx.call(args[0], list(args[1:]), kwargs)
     region = next(_region_ids)
     tagged = 0
-    for n in out.graph.nodes:
-        if n not in before and n.op in ("call_function", "call_method") and "recompute" not in n.meta:
-            n.meta["recompute"] = CheckpointPolicy.PREFER_RECOMPUTE
+    for n in out.graph.nodes:  # a nested checkpoint's nodes join this region: eager recomputes them with the rest
+        if n not in before and n.op in ("call_function", "call_method"):
+            n.meta.setdefault("recompute", CheckpointPolicy.PREFER_RECOMPUTE)
             n.meta["ac_graph_id"] = region
+            n.meta["ac_reentrant"] = n.meta.get("ac_reentrant", False) or reentrant
             tagged += 1
     trace.log("hop", stage="capture", op="checkpoint", region=region, nodes=tagged,
               where=str(tx.location()).splitlines()[0])

@@ -215,8 +215,6 @@ def test_check_tensor_all_still_raises(coil_reset):
             coil.compile(f)(-torch.ones(3))
 
 
-@pytest.mark.xfail(strict=True, reason="FINDINGS_53 #6: os.getenv / os.environ.get is a graph break ('not "
-                   "traced'); torch.compile makes one graph. transformers' torch_compilable_check calls it")
 def test_os_getenv_is_not_a_graph_break(coil_reset):
     def f(x):
         if os.getenv("COIL_TRIAL53_FLAG", "0") == "1":

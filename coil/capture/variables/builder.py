@@ -299,6 +299,8 @@ class EnvironVariable(VariableTracker):
         gs = tx.output.guards
         env = gs.const(os.environ)
         if name in ("get", "__getitem__", "__contains__"):
+            if "default" in kwargs:     # os.getenv(key, default=...)
+                args = [args[0], kwargs["default"]]
             key = args[0].as_python_constant()
             value = os.environ.get(key)
             gs.add(f"{env}.get({key!r}) == {value!r}", f"{env}.get({key!r})", value)

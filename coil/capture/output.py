@@ -20,6 +20,7 @@ After translation the output is compiled into a :class:`CompiledFrame`:
 from __future__ import annotations
 
 import contextlib
+import inspect
 import math
 import types
 from typing import Any, Optional
@@ -41,7 +42,10 @@ from coil.capture.variables.containers import DictVariable, ListVariable, SetVar
 
 def _new_object(cls, attrs):
     obj = cls.__new__(cls)
-    obj.__dict__.update(attrs)
+    for name in [k for k in attrs if isinstance(inspect.getattr_static(cls, k, None), types.MemberDescriptorType)]:
+        object.__setattr__(obj, name, attrs.pop(name))    # ``__slots__`` entries
+    if attrs:
+        obj.__dict__.update(attrs)
     return obj
 
 

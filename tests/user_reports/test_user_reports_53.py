@@ -295,9 +295,6 @@ def _scaled(x, scale=2.0, flag=False):
 _SIG = __import__("inspect").signature(_scaled)
 
 
-@pytest.mark.xfail(strict=True, reason="FINDINGS_53 #11: inspect.Signature.bind / BoundArguments.apply_defaults are "
-                   "graph breaks (4 breaks here); torch.compile makes one graph. transformers' output-capturing "
-                   "wrapper calls them on every forward of Llava's vision tower")
 def test_signature_bind_is_not_a_graph_break(coil_reset):
     def f(x, **kw):
         b = _SIG.bind(x, **kw)

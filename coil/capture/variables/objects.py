@@ -655,8 +655,12 @@ class NewObjectVariable(VariableTracker):
         return list(self.attrs.values())
 
     def var_getattr(self, tx, name):
+        attr = _static_lookup(self.cls, name)
+        if isinstance(attr, types.MemberDescriptorType):    # a ``__slots__`` entry: stored like an attribute
+            if name not in self.attrs:
+                raise AttributeMissing(name)
+            return self.attrs[name]
         if name in self.attrs:
-            attr = _static_lookup(self.cls, name)
             if not (isinstance(attr, property) or hasattr(type(attr), "__set__")) or attr is _SENTINEL:
                 return self.attrs[name]
         if name == "__class__":

@@ -269,8 +269,6 @@ class _ScaleByConfig(torch.autograd.Function):
 _CFG = {"k": 2.0}
 
 
-@pytest.mark.xfail(strict=True, reason="FINDINGS_53 #9: a custom autograd.Function whose apply takes a dict of "
-                   "constants (YOSO's lsh_config) is a graph break; torch.compile makes one graph")
 def test_autograd_function_with_a_dict_argument_is_not_a_graph_break(coil_reset):
     def f(x):
         return _ScaleByConfig.apply(x.sin(), _CFG).cos()

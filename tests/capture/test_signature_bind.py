@@ -30,7 +30,8 @@ def test_bind_apply_defaults_args_kwargs_in_one_graph():
     (got, bound), (want, wbound) = coil.compile(f)(x), f(x)
     torch.testing.assert_close(got, want)
     assert type(bound) is inspect.BoundArguments and bound.signature is _SIG
-    assert bound.arguments.keys() == wbound.arguments.keys() and bound.kwargs == wbound.kwargs == {"flag": False, "z": 1}
+    assert bound.arguments.keys() == wbound.arguments.keys()
+    assert bound.kwargs == wbound.kwargs == {"flag": False, "z": 1}
     assert coil.capture.stats["graph_breaks"] == 0 and coil.capture.stats["graphs"] == 1, coil.capture.stats
 
 

@@ -179,10 +179,10 @@ def _build(tx, value, source, gs) -> VariableTracker:
         items = {k: wrap(tx, v, GetItemSource(source, k) if source is not None else None,
                          guard=gs is not None) for k, v in value.items()}
         return DataClassDictVariable(t, items, source)
-    if t in (dict, collections.OrderedDict, types.MappingProxyType) or (isinstance(value, dict) and t.__module__ != "builtins"
-                                                and t.__init__ is dict.__init__
-                                                and t.__getitem__ is dict.__getitem__   # (sources index it)
-                                                and all(is_literal(k) for k in value)):
+    if t in (dict, collections.OrderedDict, types.MappingProxyType) or (
+            isinstance(value, dict) and t.__module__ != "builtins" and t.__init__ is dict.__init__
+            and t.__getitem__ is dict.__getitem__   # (sources index it)
+            and all(is_literal(k) for k in value)):
         if not all(is_literal(k) for k in value):
             return UserDefinedObjectVariable(value, source)
         if gs is not None:

@@ -225,9 +225,6 @@ def test_os_getenv_is_not_a_graph_break(coil_reset):
     assert coil.capture.stats["graph_breaks"] == 0, coil.capture.stats
 
 
-@pytest.mark.xfail(strict=True, reason="FINDINGS_53 #7: an int argument that changes used as an exponent "
-                   "(2 ** s): code generation fails ('cannot print index expression 2**s..') and the graph runs in the "
-                   "FX interpreter")
 def test_int_power_of_a_changing_int_argument_generates_code(coil_reset):
     f = lambda x, s: x * 2 ** s  # noqa: E731
     cf = coil.compile(f)

@@ -171,9 +171,6 @@ def test_python_int_beyond_int64_raises_like_eager(coil_reset):
 # Finding 4: frames that run eagerly (warned) where torch.compile captures them
 # ---------------------------------------------------------------------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason="FINDINGS_53 #4: a negative float argument that changes, raised to a "
-                   "power (s ** 2, s ** 3): once the float is a graph input the frame runs eagerly ('Expected cond to "
-                   "be True', the ShapeEnv's pow needs a non-negative base); torch.compile raises there")
 def test_changing_negative_float_argument_squared_stays_compiled(coil_reset):
     f = lambda x, s: x * s ** 2  # noqa: E731
     cf = coil.compile(f)

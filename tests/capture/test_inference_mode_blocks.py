@@ -60,15 +60,20 @@ def test_inference_mode_block_is_captured_with_eagers_inference_tensors():
             flag = torch.is_inference_mode_enabled() and y.is_inference() and not v.is_inference()
         return y, y, y * 2, v, flag, torch.is_inference_mode_enabled()
 
+    @torch.inference_mode()
+    def g(x):
+        return x.sin()
+
     coil.reset()
     x = torch.randn(2, 3)
-    got, want = coil.compile(f)(x), f(x)
-    for a, b in zip(got, want):
-        if isinstance(b, torch.Tensor):
-            torch.testing.assert_close(a, b)
-            assert (a.is_inference(), a.requires_grad) == (b.is_inference(), b.requires_grad)
-        else:
-            assert a == b
+    for fn in (f, lambda x: (g(x), x.cos())):
+        got, want = coil.compile(fn)(x), fn(x)
+        for a, b in zip(got, want):
+            if isinstance(b, torch.Tensor):
+                torch.testing.assert_close(a, b)
+                assert (a.is_inference(), a.requires_grad) == (b.is_inference(), b.requires_grad)
+            else:
+                assert a == b
     out = coil.compile(f)(x)
     assert out[0] is out[1]
     assert stats["graph_breaks"] == 0 and stats["fallbacks"] == 0, stats

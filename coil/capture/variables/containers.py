@@ -282,7 +282,7 @@ class ListVariable(BaseListVariable):
         return "[" + ", ".join(cg.reconstruct(i) for i in self.items) + "]"
 
 
-_PROXY_READS = ("__getitem__", "__len__", "__contains__", "get", "keys", "values", "items", "__iter__", "copy")
+_PROXY_READS = ("__getitem__", "__len__", "__contains__", "get", "keys", "values", "items", "__iter__")
 
 
 class DictVariable(VariableTracker):

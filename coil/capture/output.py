@@ -48,7 +48,8 @@ def _inference_copy(t):
 
 def _new_object(cls, attrs):
     obj = cls.__new__(cls)
-    for name in [k for k in attrs if isinstance(inspect.getattr_static(cls, k, None), types.MemberDescriptorType)]:
+    for name in [k for k in attrs if hasattr(cls, "__slots__") and
+                 isinstance(inspect.getattr_static(cls, k, None), types.MemberDescriptorType)]:
         object.__setattr__(obj, name, attrs.pop(name))    # ``__slots__`` entries
     if attrs:
         obj.__dict__.update(attrs)

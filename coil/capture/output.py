@@ -20,6 +20,7 @@ After translation the output is compiled into a :class:`CompiledFrame`:
 from __future__ import annotations
 
 import contextlib
+import inspect
 import math
 import types
 from typing import Any, Optional
@@ -34,14 +35,24 @@ from coil.capture.guards import GuardSet
 from coil.capture.source import ConstSource
 from coil.capture.variables.base import CellVariable, ConstantVariable, SourcedCellVariable, VariableTracker
 from coil.capture.variables.symbolic import SymNodeVariable
-from coil.capture.variables.tensor import TensorVariable
+from coil.capture.variables.tensor import InferenceTensorUse, TensorVariable
 from coil.capture.dynamic import DynamicPolicy, SiteRecorder, SymbolSource, _symbol, source_name
 from coil.capture.variables.containers import DictVariable, ListVariable, SetVariable
 
 
+def _inference_copy(t):
+    """An inference tensor equal to graph output ``t`` (eager made it inside ``torch.inference_mode()``)."""
+    with torch.inference_mode():
+        return t.clone()
+
+
 def _new_object(cls, attrs):
     obj = cls.__new__(cls)
-    obj.__dict__.update(attrs)
+    for name in [k for k in attrs if hasattr(cls, "__slots__") and
+                 isinstance(inspect.getattr_static(cls, k, None), types.MemberDescriptorType)]:
+        object.__setattr__(obj, name, attrs.pop(name))    # ``__slots__`` entries
+    if attrs:
+        obj.__dict__.update(attrs)
     return obj
 
 
@@ -123,6 +134,8 @@ class OutputGraph:
         self.sourced_cells: dict[int, SourcedCellVariable] = {}
         self.open_contexts: list = []
         self.index_copies: list = []  # fakes of x[i] with 0-d int tensors, traced as copies (tensor.py)
+        self.inference_depth = 0    # inside a traced ``torch.inference_mode()`` block (as no_grad)
+        self.inference_made: dict[int, Any] = {}  # id -> fake of each tensor eager makes an inference tensor
         self.subgraphs: dict = {}   # name -> GraphModule of a higher-order op (hops.py)
         self.initial_grad = torch.is_grad_enabled()
         self._last_placeholder = None
@@ -309,6 +322,11 @@ class EntryCodegen:
             return t.source.expr()
         if (idx := self.out_index.get(id(t.node))) is None:
             raise Unsupported("internal: tensor missing from graph outputs")
+        if id(t.fake) in self.output.inference_made:    # made in torch.inference_mode(): an inference tensor
+            if t.fake._is_view():
+                raise InferenceTensorUse("a view of a tensor made in torch.inference_mode() leaves the graph: the "
+                                         "frame runs eagerly (a copy would not alias its base)")
+            return self.bind(t, f"{self.const_expr(_inference_copy)}(___o[{idx}])")
         return f"___o[{idx}]"
 
     def reconstruct(self, vt: VariableTracker) -> str:

@@ -78,6 +78,14 @@ def _stack_trace(frames) -> str:
 SKIP_MODULES = ("logging", "warnings", "inspect", "threading", "traceback", "pdb", "copy",
                 "importlib", "os", "sys", "io", "pickle", "weakref", "random", "time")
 
+# pure-Python library classes whose methods are traced though their module is skipped
+# (transformers' output capturing binds ``forward``'s signature on every call)
+_TRACED_LIBRARY_CLASSES = {"inspect": ("Signature.", "BoundArguments.", "Parameter.")}
+
+
+def _traced_library_code(mod: str, code) -> bool:
+    return code.co_qualname.startswith(_TRACED_LIBRARY_CLASSES.get(mod, "\0"))
+
 
 _INPLACE_TO_OUT = {operator.iadd: operator.add, operator.isub: operator.sub, operator.imul: operator.mul,
                    operator.itruediv: operator.truediv, operator.ifloordiv: operator.floordiv,
@@ -587,7 +595,7 @@ class InstructionTranslatorBase:
         if code.co_flags & (CO_COROUTINE | CO_ASYNC_GENERATOR):
             raise Unsupported("call to a coroutine function")
         mod = fn.get_globals().get("__name__", "") or ""
-        if mod.split(".")[0] in SKIP_MODULES or (
+        if mod.split(".")[0] in SKIP_MODULES and not _traced_library_code(mod, code) or (
                 mod.startswith(("torch._dynamo", "coil.")) and not mod.startswith(TRACED_COIL_MODULES)):
             obj = getattr(fn, "fn", None)
             wrapped = getattr(obj, "__wrapped__", None)

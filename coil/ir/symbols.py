@@ -39,11 +39,11 @@ def as_expr(x) -> sympy.Expr:
     if node is not None and hasattr(node, "expr"):  # torch.SymInt
         env = getattr(node, "shape_env", None)
         expr = node.expr
-        return from_torch_sympy(env.replace(expr) if env is not None else expr)
+        return from_torch_sympy(env.replace(expr) if env is not None else expr, env)
     return sympy.Integer(int(x))
 
 
-def from_torch_sympy(e: sympy.Expr) -> sympy.Expr:
+def from_torch_sympy(e: sympy.Expr, env=None) -> sympy.Expr:
     """A ShapeEnv expression with torch's integer functions (``FloorDiv``, ``CleanDiv``,
     ``ModularIndexing``, ``PythonMod``, ``Mod``, ``CeilDiv``, ``PowByNatural``, ``Max``, ``Min``) into
     coil's (sizes are non-negative, so floor and truncating division agree); other
@@ -53,7 +53,12 @@ def from_torch_sympy(e: sympy.Expr) -> sympy.Expr:
     name = type(e).__name__
     if name.endswith("ToInt") and type(e).__module__ == "torch.utils._sympy.functions":
         return precomputed(e)  # (TruncToInt, FloorToInt, CeilToInt, RoundToInt of float steps)
-    args = [from_torch_sympy(a) for a in e.args]
+    if name == "PowByNatural" and not e.args[1].is_Integer:    # 2 ** s: computed by the wrapper, guarded to fit
+        env = env or current_shape_env()                        # int64 (eager keeps a bigger Python int exact)
+        if env is None or not (env.evaluate_expr(e < 2 ** 63) and env.evaluate_expr(e >= -2 ** 63)):
+            raise NotImplementedError(f"{e} is beyond int64")
+        return precomputed(e)
+    args = [from_torch_sympy(a, env) for a in e.args]
     if type(e).__module__ == "torch.utils._sympy.functions":
         if name in ("FloorDiv", "CleanDiv"):
             return FloorDiv(*args)

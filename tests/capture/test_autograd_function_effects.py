@@ -237,3 +237,37 @@ def test_a_global_read_in_forward_is_guarded():
     finally:
         SCALE = 2.0
     assert coil.capture.stats["graph_breaks"] == 0
+
+
+class ScalesByConfig(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, cfg, ks):
+        assert type(cfg) is dict and type(ks) is tuple
+        ctx.k = cfg["k"] * ks[1]
+        return x * ctx.k
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * ctx.k, None, None
+
+
+CFG = {"k": 2.0, "names": ["a", "b"]}
+
+
+def test_a_dict_of_constants_argument_stays_in_the_graph_and_is_guarded():
+    """YOSO's ``YosoCumulation.apply(..., self.lsh_config)``: a dict / tuple of constants was a graph break; the
+    Function gets a real dict and tuple, a changed value recompiles once and is then a symbolic graph input."""
+    f = lambda x: ScalesByConfig.apply(x.sin(), CFG, (1, 3)).cos()  # noqa: E731
+    cf = coil.compile(f)
+    x = torch.randn(3, requires_grad=True)
+    assert_same_as_eager(f, (x,), check_grads=True)
+    torch.testing.assert_close(cf(x), f(x))
+    try:
+        for k in (5.0, -1.5):           # the changed float becomes a graph input (automatic dynamic)
+            CFG["k"] = k
+            got, want = cf(x), f(x)
+            torch.testing.assert_close(got, want)
+            torch.testing.assert_close(torch.autograd.grad(got.sum(), x)[0], torch.autograd.grad(want.sum(), x)[0])
+    finally:
+        CFG["k"] = 2.0
+    assert coil.capture.stats["graph_breaks"] == 0 and coil.capture.stats["recompiles"] == 1, coil.capture.stats

@@ -1,6 +1,6 @@
 """Graph breaks inside ``with`` (grad-mode contexts) and ``try`` blocks: the frame is not
 run eagerly any more; values, requires_grad, grad mode after the call and exceptions
-equal eager. ``torch.inference_mode`` is a graph break (inference tensors, as eager)."""
+equal eager. ``torch.inference_mode`` blocks and decorators give inference tensors, as eager."""
 import pytest
 import torch
 

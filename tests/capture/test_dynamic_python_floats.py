@@ -254,3 +254,16 @@ def test_foreach_ops_reading_a_changing_float_stay_symbolic(op):
                 torch.testing.assert_close(g, w, rtol=0, atol=0)
     _no_coil_warnings(caught)
     assert stats["frames"] == 2 and stats["eager_limit"] == 0
+
+
+def test_a_negative_changing_float_to_an_integer_power_stays_compiled():
+    """``s ** 3`` of a float argument that became a graph input: torch's symbolic pow requires a base >= 0, and a
+    negative ``s`` ran the frame eagerly ('Expected cond to be True'). Now ``-((-s) ** 3)``, the sign guarded: one
+    more compile when it flips, values exactly eager's."""
+    f = lambda x, s: x * s ** 3 + s ** -2 + s ** 2.0  # noqa: E731
+    coil.reset()
+    cf = coil.compile(f)
+    x = torch.ones(3, dtype=torch.float64)
+    for s in (0.3, -0.4, -1.7, 0.6, 2.5, -3.1):
+        torch.testing.assert_close(cf(x, s), f(x, s), rtol=0, atol=0)
+    assert coil.capture.stats["fallbacks"] == 0 and coil.capture.stats["recompiles"] == 2, coil.capture.stats

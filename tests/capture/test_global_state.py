@@ -50,3 +50,22 @@ def test_global_settings_read_in_the_function_are_guarded():
         torch.set_num_threads(threads)
     torch.testing.assert_close(cf(x), f(x))
     torch.testing.assert_close(cg(x), g(x))
+
+
+def test_os_getenv_is_read_at_trace_time_and_guarded(monkeypatch):
+    """``os.getenv(key, default)`` (transformers' ``torch_compilable_check``) was a graph break; its value is now a
+    constant guarded on the variable, so setting or changing it recompiles."""
+    import os
+
+    def f(x):
+        return x * 2 if os.getenv("COIL_TEST_GETENV", default="0") == "1" else x + int(os.getenv("COIL_TEST_N", "1"))
+
+    cf, x = coil.compile(f), torch.ones(2)
+    coil.reset()
+    monkeypatch.delenv("COIL_TEST_GETENV", raising=False)
+    monkeypatch.delenv("COIL_TEST_N", raising=False)
+    for env in ({}, {"COIL_TEST_N": "5"}, {"COIL_TEST_GETENV": "1"}):
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
+        torch.testing.assert_close(cf(x), f(x))
+    assert coil.capture.stats["graph_breaks"] == 0 and coil.capture.stats["graphs"] == 3, coil.capture.stats

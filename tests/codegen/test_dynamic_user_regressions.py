@@ -634,3 +634,23 @@ def test_index_from_a_float_argument_wraps_when_negative(backend):
         got, exp = cf(x, k), f(x, k)
         torch.testing.assert_close(got[0], exp[0])
         torch.testing.assert_close(got[1], exp[1])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_power_of_an_int_argument_is_computed_by_the_wrapper(backend):
+    """``2 ** s`` (``PowByNatural``) could not be printed ('cannot print index expression 2**s') and the graph ran in
+    the FX interpreter; it is now a precomputed size. A value past int64 (``3 ** 40``) recompiles and, as a Python
+    int eager keeps exact, runs in the interpreter (warned)."""
+    import warnings
+
+    f = lambda x, s: x * 2 ** s + x.sum() * 3 ** s  # noqa: E731
+    cf = coil.compile(f, options={"cpu_backend": backend})
+    coil.reset()
+    x = torch.ones(3)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for s in (2, 3, 5, 20):
+            torch.testing.assert_close(cf(x, s), f(x, s))
+        assert not [w for w in caught if "code generation failed" in str(w.message)]
+        torch.testing.assert_close(cf(x, 40), f(x, 40))
+    assert coil.capture.stats["recompiles"] == 2, coil.capture.stats

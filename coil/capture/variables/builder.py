@@ -179,10 +179,10 @@ def _build(tx, value, source, gs) -> VariableTracker:
         items = {k: wrap(tx, v, GetItemSource(source, k) if source is not None else None,
                          guard=gs is not None) for k, v in value.items()}
         return DataClassDictVariable(t, items, source)
-    if t in (dict, collections.OrderedDict) or (isinstance(value, dict) and t.__module__ != "builtins"
-                                                and t.__init__ is dict.__init__
-                                                and t.__getitem__ is dict.__getitem__   # (sources index it)
-                                                and all(is_literal(k) for k in value)):
+    if t in (dict, collections.OrderedDict, types.MappingProxyType) or (
+            isinstance(value, dict) and t.__module__ != "builtins" and t.__init__ is dict.__init__
+            and t.__getitem__ is dict.__getitem__   # (sources index it)
+            and all(is_literal(k) for k in value)):
         if not all(is_literal(k) for k in value):
             return UserDefinedObjectVariable(value, source)
         if gs is not None:
@@ -224,8 +224,6 @@ def _build(tx, value, source, gs) -> VariableTracker:
         if gs is not None:
             gs.add(f"{expr}.__code__ is {gs.const(value.__code__)}", src=expr)
         return UserFunctionVariable(value, source)
-    if isinstance(value, torch.inference_mode):
-        raise Unsupported("torch.inference_mode object (its block runs outside the graph)")
     if isinstance(value, (types.MethodType, types.BuiltinMethodType)) and type(value.__self__) is random.Random \
             and value.__name__ in RANDOM_DRAWS and source is not None:  # random.uniform: a draw (objects.py)
         if gs is not None:  # not by identity: ``rng.uniform`` is a new bound method each time it is read
@@ -246,6 +244,12 @@ def _build(tx, value, source, gs) -> VariableTracker:
         ctx = ResumedGradModeVariable(getattr(obj, "mode", kind == "enable_grad"), kind)
         ctx.prev = obj.prev
         return BoundMethodVariable(ctx, "__exit__")
+    if isinstance(value, types.MethodType) and value.__func__ is torch.inference_mode.clone:
+        # ``@torch.inference_mode()``'s ctx_factory: a new context of the same mode (torchfn.make_context)
+        if gs is not None:
+            gs.add(f"{expr}.__func__ is {gs.const(value.__func__)} and {expr}.__self__.mode is {value.__self__.mode!r}")
+        return PartialVariable(UserDefinedClassVariable(torch.inference_mode), [ConstantVariable(value.__self__.mode)],
+                               {})
     if isinstance(value, types.MethodType):
         self_src = AttrSource(source, "__self__") if source is not None else None
         fn_src = AttrSource(source, "__func__") if source is not None else None
@@ -299,6 +303,8 @@ class EnvironVariable(VariableTracker):
         gs = tx.output.guards
         env = gs.const(os.environ)
         if name in ("get", "__getitem__", "__contains__"):
+            if "default" in kwargs:     # os.getenv(key, default=...)
+                args = [args[0], kwargs["default"]]
             key = args[0].as_python_constant()
             value = os.environ.get(key)
             gs.add(f"{env}.get({key!r}) == {value!r}", f"{env}.get({key!r})", value)

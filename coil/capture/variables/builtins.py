@@ -17,6 +17,7 @@ import functools
 import inspect
 import itertools
 import operator
+import os
 import sys
 import types
 from typing import Callable
@@ -611,6 +612,13 @@ def _signature(tx, args, kwargs):
     if isinstance(f, NNModuleVariable):
         return ConstantVariable(inspect.signature(f.value))
     raise Unsupported(f"inspect.signature of {f}")
+
+
+@builtin(os.getenv)
+def _getenv(tx, args, kwargs):  # os.environ.get: the value read is guarded (transformers' torch_compilable_check)
+    from coil.capture.variables.builder import EnvironVariable
+
+    return EnvironVariable().call_method(tx, "get", args, kwargs)
 
 
 @builtin(object.__setattr__)

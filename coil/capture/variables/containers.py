@@ -282,6 +282,9 @@ class ListVariable(BaseListVariable):
         return "[" + ", ".join(cg.reconstruct(i) for i in self.items) + "]"
 
 
+_PROXY_READS = ("__getitem__", "__len__", "__contains__", "get", "keys", "values", "items", "__iter__")
+
+
 class DictVariable(VariableTracker):
     """A dict (or OrderedDict / other dict subclass) with compile-time-constant keys."""
 
@@ -335,6 +338,8 @@ class DictVariable(VariableTracker):
     var_getattr = method_getattr
 
     def call_method(self, tx, name, args, kwargs):
+        if self.user_cls is types.MappingProxyType and name not in _PROXY_READS:   # (a read-only view)
+            raise Unsupported(f"mappingproxy.{name}")
         if self.user_cls not in (dict, collections.OrderedDict) and type(self) is DictVariable:
             from coil.capture.variables.functions import UserMethodVariable
             from coil.capture.variables.objects import _static_lookup

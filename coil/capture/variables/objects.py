@@ -29,6 +29,7 @@ from coil.capture.variables.base import (AttributeMissing, ConstantVariable, Rea
                                          wrap)
 from coil.capture.variables.containers import DictVariable, ListIteratorVariable, ListVariable, TupleVariable
 from coil.capture.variables.functions import BoundMethodVariable, UserFunctionVariable, UserMethodVariable
+from coil.capture.variables.symbolic import SymNodeVariable
 from coil.capture.variables.tensor import TensorVariable, call_op
 
 
@@ -527,8 +528,13 @@ class AutogradFunctionApplyVariable(VariableTracker):
     def call_function(self, tx, args, kwargs):
         cls = self.cls_vt.value
         name = cls.__name__
-        if kwargs or not all(isinstance(a, (TensorVariable, ConstantVariable)) for a in args):
-            raise Unsupported(f"{name}.apply with arguments other than tensors and constants")
+        leaves: list = []
+        try:    # a dict / list / tuple of constants (YOSO's lsh_config) is rebuilt by the node's target, its leaves
+            structs = [a if isinstance(a, TensorVariable) else _flatten(a, leaves) for a in args]   # node arguments
+        except Unsupported:     # (FX would hand the function immutable copies: ``type(cfg) is dict`` false)
+            raise Unsupported(f"{name}.apply with arguments other than tensors and constants") from None
+        if kwargs:
+            raise Unsupported(f"{name}.apply with keyword arguments")
         gs = tx.output.guards
         src = self.cls_vt.source.expr()
         for meth in ("forward", "backward", "setup_context"):
@@ -540,23 +546,53 @@ class AutogradFunctionApplyVariable(VariableTracker):
         def forward(ctx):
             return tx.call(UserFunctionVariable(inspect.unwrap(cls.forward)), ([] if setup else [ctx]) + list(args), {})
         probe_autograd(tx, f"{name}.apply", list(args), forward, setup, cls.backward)
-        return call_op(tx, "call_function", _apply_target(cls), list(args), {})
+        if not leaves:
+            return call_op(tx, "call_function", _apply_target(cls), list(args), {})
+        tensors = [a for a in structs if isinstance(a, TensorVariable)]
+        structs = [_Leaf(len(leaves) + tensors.index(a)) if isinstance(a, TensorVariable) else a for a in structs]
+        return call_op(tx, "call_function", _apply_target(cls, structs), leaves + tensors, {})
+
+
+class _Leaf(int):
+    """The position of a constant, symbolic scalar or tensor among an ``apply`` node's arguments."""
+
+
+def _flatten(v, leaves: list):
+    """``v``'s Python structure (plain dicts, lists, tuples), each constant or symbolic scalar in it replaced by a
+    :class:`_Leaf`, appended to ``leaves``; Unsupported for anything else."""
+    if type(v) is DictVariable and v.user_cls is dict:
+        return {k: _flatten(x, leaves) for k, x in v.items.items()}
+    if type(v) in (ListVariable, TupleVariable):
+        return (list if type(v) is ListVariable else tuple)(_flatten(x, leaves) for x in v.items)
+    if not isinstance(v, (ConstantVariable, SymNodeVariable)):
+        raise Unsupported(f"{v} in an apply argument")
+    leaves.append(v)
+    return _Leaf(len(leaves) - 1)
+
+
+def _unflatten(s, args):
+    if type(s) is _Leaf:
+        return args[s]
+    if type(s) is dict:
+        return {k: _unflatten(x, args) for k, x in s.items()}
+    return type(s)(_unflatten(x, args) for x in s) if type(s) in (list, tuple) else s
 
 
 _APPLY_TARGETS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
-def _apply_target(cls):
+def _apply_target(cls, structs=None):
     """The graph target for ``cls.apply``: a plain function named after the class (a
-    bound ``apply`` would print as an import from ``torch.autograd.function``)."""
-    if (fn := _APPLY_TARGETS.get(cls)) is None:
+    bound ``apply`` would print as an import from ``torch.autograd.function``); with
+    ``structs`` (:func:`_flatten`), it rebuilds the arguments from the node's."""
+    if (fn := _APPLY_TARGETS.get(cls)) is None or structs:
         ref = weakref.ref(cls)
 
         def apply(*args):
-            return ref().apply(*args)
+            return ref().apply(*(_unflatten(s, args) for s in structs) if structs else args)
         apply.__name__ = apply.__qualname__ = f"{cls.__name__}_apply"
         apply.__module__ = "coil.capture.autograd_function"
-        fn = _APPLY_TARGETS[cls] = apply
+        fn = apply if structs else _APPLY_TARGETS.setdefault(cls, apply)
     return fn
 
 
@@ -655,8 +691,12 @@ class NewObjectVariable(VariableTracker):
         return list(self.attrs.values())
 
     def var_getattr(self, tx, name):
+        attr = _static_lookup(self.cls, name)
+        if isinstance(attr, types.MemberDescriptorType):    # a ``__slots__`` entry: stored like an attribute
+            if name not in self.attrs:
+                raise AttributeMissing(name)
+            return self.attrs[name]
         if name in self.attrs:
-            attr = _static_lookup(self.cls, name)
             if not (isinstance(attr, property) or hasattr(type(attr), "__set__")) or attr is _SENTINEL:
                 return self.attrs[name]
         if name == "__class__":

@@ -167,6 +167,13 @@ def binary(tx, op, a: VariableTracker, b: VariableTracker):
         raise Unsupported(f"float {'%' if fn is operator.mod else '//'} of a dynamic float",
                           hint="it is computed in Python at a graph break")
     out = a.output if isinstance(a, SymNodeVariable) else b.output
+    if fn is operator.pow and isinstance(vals[0], torch.SymFloat) and type(vals[1]) in (int, float) and \
+            float(vals[1]).is_integer() and not statically_known_true(vals[0] >= 0) and \
+            binary(tx, operator.lt, a, ConstantVariable(0)).evaluate("the sign of a float raised to a power"):
+        # torch's symbolic pow requires a base >= 0; a negative base to an integer power is (-a) ** n, negated for
+        # an odd n (exactly Python's pow), with the sign guarded
+        res = binary(tx, op, unary(tx, operator.neg, a), b)
+        return unary(tx, operator.neg, res) if int(vals[1]) % 2 else res
     env = out.shape_env
     start = len(env.guards)
     try:

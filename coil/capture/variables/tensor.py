@@ -241,7 +241,29 @@ def call_op(tx, kind: str, target, args: list, kwargs: dict) -> VariableTracker:
         raise UserCodeError(f"{type(e).__name__}: {e}") from e
     if len(out.shape_env.guards) > guards_before:
         out.sites.note(out.shape_env, guards_before, out.where(), reason=_name(target))
+    if out.inference_depth or out.inference_made:
+        _track_inference(out, kind, target, [fake_args, fake_kwargs], result, kwargs)
     return wrap_result(tx, node, result)
+
+
+def _track_inference(out, kind, target, fake_args, result, kwargs) -> None:
+    """Eager's inference tensors: a tensor an op makes inside ``torch.inference_mode()`` (not a view of a normal
+    tensor) and any view of one is one, kept in ``out.inference_made``. Outside the block eager refuses one in
+    an in-place op or in autograd-recorded math (grad on, an input requiring grad): the frame runs eagerly there."""
+    made = out.inference_made
+    ins = [t for t in pytree.tree_leaves(fake_args) if isinstance(t, torch.Tensor)]
+    if not out.inference_depth and any(id(t) in made for t in ins) and (_is_inplace(kind, target, kwargs) or (
+            torch.is_grad_enabled() and any(t.requires_grad for t in ins))):
+        raise InferenceTensorUse(f"{_name(target)} of a tensor made in torch.inference_mode(), in place or with "
+                                 "autograd recording (eager raises or records differently): the frame runs eagerly")
+    for r in pytree.tree_leaves(result):
+        if isinstance(r, torch.Tensor) and all(r is not t for t in ins) and (
+                id(r._base) in made if r._is_view() else out.inference_depth):
+            made[id(r)] = r
+
+
+class InferenceTensorUse(Exception):
+    """An inference tensor used where eager refuses it or treats it unlike a no_grad tensor: the frame runs eagerly."""
 
 
 def _dense(args) -> bool:
@@ -527,6 +549,8 @@ class TensorVariable(VariableTracker):
             raise Unsupported(_BREAK_METHODS[name], hint="it runs outside the graph" + (
                 "; options={'capture_scalar_outputs': True} keeps it in the graph" if name in (
                     "item", "__int__", "__float__", "__index__") else ""))
+        if name == "is_inference" and id(self.fake) in tx.output.inference_made:
+            return ConstantVariable(True)
         if name in _META_METHODS:
             fargs = [to_fake(a) for a in args]
             fkw = {k: to_fake(v) for k, v in kwargs.items()}

@@ -32,7 +32,7 @@ _COMPILE_TIME = {
     torch.jit.is_scripting: lambda tx: False,
     torch.jit.is_tracing: lambda tx: False,
     torch._C._get_tracing_state: lambda tx: None,
-    torch.is_inference_mode_enabled: lambda tx: torch.is_inference_mode_enabled(),
+    torch.is_inference_mode_enabled: lambda tx: torch.is_inference_mode_enabled() or tx.output.inference_depth > 0,
     torch.compiler.is_compiling: lambda tx: True,
     torch.compiler.is_dynamo_compiling: lambda tx: True,
     torch.compiler.is_exporting: lambda tx: False,
@@ -217,14 +217,18 @@ class GradModeVariable(ContextManagerVariable):
             return ConstantVariable(None)
         self.prev = torch.is_grad_enabled()
         tx.output.set_grad_mode(tx, self.mode)
+        tx.output.inference_depth += self.kind == "inference_mode"
         return ConstantVariable(None)
 
     def exit(self, tx):
         tx.output.set_grad_mode(tx, self.prev)
+        tx.output.inference_depth -= self.kind == "inference_mode"
         self.exited = True
 
     def reconstruct(self, cg):
-        if self.prev is not None and not self.exited and self.kind != "inference_mode":
+        if self.prev is not None and not self.exited and self.kind == "inference_mode":
+            raise Unsupported("graph break inside torch.inference_mode")    # (the frame runs eagerly)
+        if self.prev is not None and not self.exited:
             # entered and live at a graph break (inside its ``with`` block): a real context
             # object in the entered state; the entry has already set the grad mode
             return cg.bind(self, f"{cg.const_expr(reenter_grad)}({self.kind!r}, {self.mode!r}, {self.prev!r})")
@@ -328,7 +332,7 @@ class ProfilerRangeVariable(ContextManagerVariable):
 
 
 class _InferenceModeOff(ProfilerRangeVariable):
-    """``torch.inference_mode(False)`` entered outside inference mode: a context that changes nothing."""
+    """``torch.inference_mode(mode)`` entered in that mode already: a context that changes nothing."""
 
     def python_type(self):
         return torch.inference_mode
@@ -344,14 +348,15 @@ def make_context(tx, cls, args, kwargs):
         return GradModeVariable(False, "no_grad")
     if cls is torch.enable_grad:
         return GradModeVariable(True, "enable_grad")
-    if cls is torch.inference_mode and not (c[0] if c else kw.get("mode", True)) and \
-            not torch.is_inference_mode_enabled():    # (every frame guards the inference mode it was traced in)
-        return _InferenceModeOff(None)    # inference_mode(False) outside inference mode changes nothing
+    mode = c[0] if c else kw.get("mode", True)
+    if cls is torch.inference_mode and torch.is_inference_mode_enabled() == bool(mode) and not \
+            tx.output.inference_depth:      # (every frame guards the inference mode it was traced in)
+        return _InferenceModeOff(None)    # inference_mode(m) in mode m changes nothing
     if cls is torch.inference_mode:
-        # tensors made inside are inference tensors (is_inference() True), which a
-        # traced graph cannot produce: the block runs outside the graph, as eager
-        raise Unsupported("torch.inference_mode: tensors made inside are inference tensors",
-                          hint="the with block runs outside the graph")
+        if not mode or tx.output.inference_depth:
+            raise Unsupported("torch.inference_mode(False) inside inference mode, or nested")
+        # captured as no_grad; the tensors it makes are tracked (OutputGraph.inference_made)
+        return GradModeVariable(False, "inference_mode")
     if cls is torch.set_grad_enabled:
         v = GradModeVariable(c[0] if c else kw["mode"])
         v.enter(tx)

@@ -18,7 +18,7 @@ self seconds (wall) summed over every compile; the process's CPU time is printed
 (steadier than wall time on a shared machine). ``--backend triton`` sets ``cpu_backend="triton"``
 (Triton source generation as on the GPU; ``TRITON_INTERPRET=1`` runs the kernels).
 ``--artifacts FILE`` writes the kernel, wrapper and guards artifacts of the log (name -> text, in
-order) as JSON, to diff two trees' code generation. ``--no-log`` times the call with the
+order) as JSON, to diff two trees' code generation; the summary prints their sha256 (log on). ``--no-log`` times the call with the
 log off (stages from a stage listener only: self CPU seconds of the compiling thread, which the
 log's runs print too).
 
@@ -46,6 +46,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import collections
+import hashlib
 import io
 import json
 import math
@@ -310,9 +311,12 @@ def main() -> int:
             print(_gpu_configs(launchers))
         print("STAGES " + json.dumps({"total": total, "cpu": cpu, **{k: round(v, 3) for k, v in selfs.items()},
                                       **{f"cpu_{k}": round(v, 3) for k, v in stage_cpu.selfs.items()}}))
+        arts = [(a.get("name"), a.get("text")) for c in log.compiles for a in c.artifacts
+                if a.get("name") in ("wrapper", "guards", "guards_fast") or str(a.get("name")).startswith("kernel ")]
+        # one hash of the generated code, to compare two trees' code generation at a glance
+        print(f"artifacts {len(arts)} (kernels, wrappers, guards), sha256 "
+              + hashlib.sha256(json.dumps(arts).encode()).hexdigest()[:16])
         if args.artifacts:
-            arts = [(a.get("name"), a.get("text")) for c in log.compiles for a in c.artifacts
-                    if a.get("name") in ("wrapper", "guards") or str(a.get("name")).startswith("kernel ")]
             with open(args.artifacts, "w") as f:
                 json.dump(arts, f, indent=0)
             print(f"{len(arts)} kernel/wrapper/guards artifacts -> {args.artifacts}")

@@ -234,18 +234,21 @@ def _immutable(v) -> bool:
     return type(v) in _IMMUTABLE and (type(v) is not tuple or all(_immutable(x) for x in v))
 
 
-def _module_dicts_as_items(fn: ast.FunctionDef) -> ast.FunctionDef:
+_MODULE_DICTS = ("_modules", "_parameters", "_buffers")
+
+
+def _module_dicts_as_items(fn: ast.FunctionDef, lines: list) -> ast.FunctionDef:
     """``m._modules`` (``_parameters``, ``_buffers``: what capture's ModuleDictSource writes) read as
     ``m.__dict__['_modules']``, the same dict of an nn.Module, so that a module tree reached from an argument is reached
     through watched dicts: an argument's ``__dict__`` becomes a root local at the top. Before, every check
-    under ``self._modules`` ran on each call (a 12-layer GPT-2's module walk)."""
+    under ``self._modules`` ran on each call (a 12-layer GPT-2's module walk). ``lines``: the source's lines."""
     args = {a.arg for a in fn.args.args}
     roots: dict = {}
 
     class Rewrite(ast.NodeTransformer):
         def visit_Attribute(self, node):
             self.generic_visit(node)
-            if node.attr not in ("_modules", "_parameters", "_buffers") or not isinstance(node.ctx, ast.Load):
+            if node.attr not in _MODULE_DICTS or not isinstance(node.ctx, ast.Load):
                 return node
             owner = node.value
             if isinstance(owner, ast.Name) and owner.id in args:
@@ -256,7 +259,9 @@ def _module_dicts_as_items(fn: ast.FunctionDef) -> ast.FunctionDef:
             return at(ast.Subscript(owner, at(ast.Constant(node.attr), node), ast.Load()), node)
 
     at = ast.copy_location      # (new nodes only: the tree is compiled as it is, not walked for locations)
-    fn = Rewrite().visit(fn)
+    for st in fn.body:          # (only the statements whose text names one: most do not)
+        if any(a in line for line in lines[st.lineno - 1:st.end_lineno] for a in _MODULE_DICTS):
+            Rewrite().visit(st)
     top = fn.body[0]
     fn.body[:0] = [at(ast.Assign([at(ast.Name(r, ast.Store()), top)], at(ast.Attribute(
         at(ast.Name(a, ast.Load()), top), "__dict__", ast.Load()), top)), top) for a, r in roots.items()]
@@ -269,7 +274,7 @@ def fast_guard(src: str, ns: dict, label: str) -> Optional[Callable]:
     when tags are not available here or too little would be skipped."""
     if _load_helper() is None:
         return None
-    fn = _module_dicts_as_items(ast.parse(src).body[0])
+    fn = _module_dicts_as_items(ast.parse(src).body[0], src.splitlines())
     split = _Split(fn, ns)
     params = ", ".join(a.arg for a in fn.args.args)
     head, tail, skipped = [], [], 0     # fast statements before / after the snapshot check

@@ -18,8 +18,8 @@ self seconds (wall) summed over every compile; the process's CPU time is printed
 (steadier than wall time on a shared machine). ``--backend triton`` sets ``cpu_backend="triton"``
 (Triton source generation as on the GPU; ``TRITON_INTERPRET=1`` runs the kernels).
 ``--artifacts FILE`` writes the kernel, wrapper and guards artifacts of the log (name -> text, in
-order) as JSON, to diff two trees' code generation; the summary prints their sha256 (log on). ``--no-log`` times the call with the
-log off (stages from a stage listener only: self CPU seconds of the compiling thread, which the
+order) as JSON, to diff two trees' code generation; the summary prints their sha256 (log on). ``--no-log`` times
+the call with the log off (stages from a stage listener only: self CPU seconds of the compiling thread, which the
 log's runs print too).
 
 ``--broad NAME``: the first training step of a broad-suite model's small config
@@ -316,7 +316,8 @@ def main() -> int:
         # one hash of the generated code, to compare two trees' code generation at a glance (an identity guard's
         # address, different in every process, left out)
         same = json.dumps([(n, re.sub(r"(___id\([^)]*\) == )\d+", r"\1ID", t or "")) for n, t in arts])
-        print(f"artifacts {len(arts)} (kernels, wrappers, guards), sha256 {hashlib.sha256(same.encode()).hexdigest()[:16]}")
+        digest = hashlib.sha256(same.encode()).hexdigest()[:16]
+        print(f"artifacts {len(arts)} (kernels, wrappers, guards), sha256 {digest}")
         if args.artifacts:
             with open(args.artifacts, "w") as f:
                 json.dump(arts, f, indent=0)

@@ -275,7 +275,7 @@ class Scheduler:
             produced = {n.get_name(): n for n in prod_g.nodes}
             for c in cons_g.nodes:
                 cdeps = kernel_deps(c, numel, rnumel)
-                for name in set(c.get_read_names()) & set(produced):
+                for name in [n for n in dict.fromkeys(c.get_read_names()) if n in produced]:  # (read order)
                     crossing = True
                     p = produced[name]
                     pdeps = kernel_deps(p, numel, rnumel)

@@ -18,8 +18,8 @@ self seconds (wall) summed over every compile; the process's CPU time is printed
 (steadier than wall time on a shared machine). ``--backend triton`` sets ``cpu_backend="triton"``
 (Triton source generation as on the GPU; ``TRITON_INTERPRET=1`` runs the kernels).
 ``--artifacts FILE`` writes the kernel, wrapper and guards artifacts of the log (name -> text, in
-order) as JSON, to diff two trees' code generation. ``--no-log`` times the call with the
-log off (stages from a stage listener only: self CPU seconds of the compiling thread, which the
+order) as JSON, to diff two trees' code generation; the summary prints their sha256 (log on). ``--no-log`` times
+the call with the log off (stages from a stage listener only: self CPU seconds of the compiling thread, which the
 log's runs print too).
 
 ``--broad NAME``: the first training step of a broad-suite model's small config
@@ -46,11 +46,13 @@ from __future__ import annotations
 import argparse
 import cProfile
 import collections
+import hashlib
 import io
 import json
 import math
 import os
 import pstats
+import re
 import sys
 import tempfile
 import time
@@ -184,7 +186,6 @@ def _gpu_configs(launchers: list) -> str:
 def _kernel_counts(log) -> str:
     """Per compiled graph: kernels generated and distinct kernel sources (name taken out), and the elements of the
     buffers its wrapper allocates (static shapes; what the generated kernels write)."""
-    import re
     rows, every, elems = [], set(), []
     for c in log.compiles:
         graphs, cur = [], None
@@ -310,9 +311,14 @@ def main() -> int:
             print(_gpu_configs(launchers))
         print("STAGES " + json.dumps({"total": total, "cpu": cpu, **{k: round(v, 3) for k, v in selfs.items()},
                                       **{f"cpu_{k}": round(v, 3) for k, v in stage_cpu.selfs.items()}}))
+        arts = [(a.get("name"), a.get("text")) for c in log.compiles for a in c.artifacts
+                if a.get("name") in ("wrapper", "guards", "guards_fast") or str(a.get("name")).startswith("kernel ")]
+        # one hash of the generated code, to compare two trees' code generation at a glance (an identity guard's
+        # address, different in every process, left out)
+        same = json.dumps([(n, re.sub(r"(___id\([^)]*\) == )\d+", r"\1ID", t or "")) for n, t in arts])
+        digest = hashlib.sha256(same.encode()).hexdigest()[:16]
+        print(f"artifacts {len(arts)} (kernels, wrappers, guards), sha256 {digest}")
         if args.artifacts:
-            arts = [(a.get("name"), a.get("text")) for c in log.compiles for a in c.artifacts
-                    if a.get("name") in ("wrapper", "guards") or str(a.get("name")).startswith("kernel ")]
             with open(args.artifacts, "w") as f:
                 json.dump(arts, f, indent=0)
             print(f"{len(arts)} kernel/wrapper/guards artifacts -> {args.artifacts}")

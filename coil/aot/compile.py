@@ -518,7 +518,7 @@ def _compile(fn, example_inputs, fw_compiler, bw_compiler, partition_fn, decompo
 
     def bw_for(missing):  # the backward for calls whose tangents ``missing`` are None, as the compile would make it
         from coil.capture.frame import _gc_paused  # (not its lock: autograd may run this on a device thread)
-        with _gc_paused(), config_patch(**opts), \
+        with _gc_paused(), config_patch(**opts), _use_lazy_graph_module(True), \
                 trace.compile_context(*cid.split("/")) if cid else contextlib.nullcontext():
             if not missing:
                 return bw_compiler(part.bw, bw_fakes), [False] * len(jinfo.grad_inputs)

@@ -3,8 +3,8 @@
 A :class:`Partition` of the joint graph of :func:`coil.aot.functional.trace_joint` holds ``fw``: ``(*primals) ->
 [*forward_outputs, *saved]`` and ``bw``: ``(*saved, *tangents) -> [*grads]``. :func:`default_partition` saves every
 forward-region value the backward reads; :func:`min_cut_partition` saves the fewest bytes that let the backward compute
-what it needs (a minimum s-t cut by networkx), recomputing cheap ops. The flow network, what counts as cheap and the
-``aot_partition`` log event: docs/aot.md, "Partitioners".
+what it needs (a minimum s-t cut, :func:`_sink_side`), recomputing cheap ops. The flow network, what counts as cheap and
+the ``aot_partition`` log event: docs/aot.md, "Partitioners".
 """
 from __future__ import annotations
 
@@ -312,15 +312,11 @@ def min_cut_partition(joint: torch.fx.GraphModule, info: JointInfo) -> Partition
 
     See the module docstring for the flow network. Returns a :class:`Partition`. Raises :class:`InternalError` if the
     cut is infinite (a bug: something the backward needs can neither be saved nor recomputed)."""
-    import networkx as nx
-
     regions = _Regions(joint, info)
     sinks = regions.read_by_backward()
     candidates = _ancestors(sinks, stop=regions.bw)
     inf = math.inf
-    g = nx.DiGraph()
-    g.add_node("source")
-    g.add_node("sink")
+    arcs: list = []     # (from, to, capacity) of the flow network
     bans = {}
     must_recompute = checkpointed(candidates, regions)
     grad_leaves = {regions.primals[i] for i in info.grad_inputs if i not in info.nonleaf_inputs}
@@ -343,22 +339,19 @@ def min_cut_partition(joint: torch.fx.GraphModule, info: JointInfo) -> Partition
         # a tiny tie-breaker prefers saving values the forward computes anyway
         if cap != inf and n not in regions.fw_needed and n.op != "placeholder":
             cap += 0.5
-        g.add_edge(n.name + "_in", n.name + "_out", capacity=cap)
+        arcs.append((n.name + "_in", n.name + "_out", cap))
         if ban is not None:
-            g.add_edge("source", n.name + "_in", capacity=inf)
-        for a in n.all_input_nodes:
-            if a in candidates:
-                g.add_edge(a.name + "_out", n.name + "_in", capacity=inf)
-    for n in sinks:
-        g.add_edge(n.name + "_out", "sink", capacity=inf)
-    cut_value, (reachable, _) = nx.minimum_cut(g, "source", "sink")
-    if cut_value == inf:
+            arcs.append(("source", n.name + "_in", inf))
+        arcs.extend((a.name + "_out", n.name + "_in", inf) for a in n.all_input_nodes if a in candidates)
+    arcs.extend((n.name + "_out", "sink", inf) for n in sinks)
+    sink_side = _sink_side(arcs, "source", "sink")
+    if sink_side is None:
         raise InternalError("aot min-cut: no finite cut (a value the backward needs can be "
                             "neither saved nor recomputed)")
     if must_recompute:
         trace.log("aot_checkpoint", stage="aot", recomputed=len(must_recompute))
     saved = sorted((n for n in candidates
-                    if n.name + "_in" in reachable and n.name + "_out" not in reachable),
+                    if n.name + "_in" not in sink_side and n.name + "_out" in sink_side),
                    key=regions.order.__getitem__)
     reasons = {}
     for n in saved:
@@ -367,6 +360,70 @@ def min_cut_partition(joint: torch.fx.GraphModule, info: JointInfo) -> Partition
         else:
             reasons[n] = "min cut: cheaper to save than to recompute from saved values"
     return _build(joint, info, regions, saved, reasons, "min_cut")
+
+
+def _sink_side(arcs: list, source, sink) -> Optional[set]:
+    """The nodes that reach ``sink`` in the residual network of a maximum ``source``-``sink`` flow over ``arcs``
+    (``(u, v, capacity)``; ``math.inf`` allowed): the sink side of a minimum cut, the smallest one, the same for every
+    maximum flow (so for any max-flow algorithm). None if an infinite-capacity path joins them (no finite cut).
+    Dinic's algorithm: a breadth-first level graph, then augmenting paths along it (current-arc pointers) until
+    none is left. Capacities here are multiples of 0.5 (bytes), exact in floats."""
+    ids: dict = {}
+    for u, v, _ in arcs:
+        ids.setdefault(u, len(ids))
+        ids.setdefault(v, len(ids))
+    s, t = ids.setdefault(source, len(ids)), ids.setdefault(sink, len(ids))
+    big = sum(c for *_, c in arcs if c != math.inf) + 1.0  # (more than any finite cut: never saturated)
+    out: list = [[] for _ in ids]   # node -> its arc ids; arc e's reverse is e ^ 1
+    to, cap, infinite = [], [], []
+    for u, v, c in arcs:
+        for a, b, r in ((ids[u], ids[v], c), (ids[v], ids[u], 0.0)):
+            out[a].append(len(to))
+            to.append(b)
+            cap.append(big if r == math.inf else r)
+            infinite.append(r == math.inf)
+
+    def levels(usable) -> list:
+        level = [-1] * len(out)
+        level[s], queue = 0, [s]
+        for u in queue:
+            for e in out[u]:
+                if usable(e) and level[to[e]] < 0:
+                    level[to[e]] = level[u] + 1
+                    queue.append(to[e])
+        return level
+    if levels(infinite.__getitem__)[t] >= 0:
+        return None
+    while (level := levels(lambda e: cap[e] > 0))[t] >= 0:
+        arc, path, u = [0] * len(out), [], s
+        while True:
+            if u == t:
+                f = min(cap[e] for e in path)
+                for e in path:
+                    cap[e] -= f
+                    cap[e ^ 1] += f
+                path, u = [], s
+                continue
+            arcs_u = out[u]
+            while arc[u] < len(arcs_u) and not (cap[e := arcs_u[arc[u]]] > 0 and level[to[e]] == level[u] + 1):
+                arc[u] += 1
+            if arc[u] < len(arcs_u):
+                path.append(e)
+                u = to[e]
+            elif path:              # a dead end: leave it and retreat
+                level[u] = -1
+                u = to[path.pop() ^ 1]
+                arc[u] += 1
+            else:
+                break
+    names = list(ids)
+    seen, queue = {t}, [t]
+    for v in queue:             # backwards along arcs with residual capacity
+        for e in out[v]:
+            if cap[e ^ 1] > 0 and to[e] not in seen:
+                seen.add(to[e])
+                queue.append(to[e])
+    return {names[i] for i in seen}
 
 
 def drop_undefined_tangents(bw: torch.fx.GraphModule, num_saved: int, missing: tuple) -> tuple:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import collections
+import copy
 import ctypes
 import operator
 import sys
@@ -233,31 +234,38 @@ def _immutable(v) -> bool:
     return type(v) in _IMMUTABLE and (type(v) is not tuple or all(_immutable(x) for x in v))
 
 
-def _module_dicts_as_items(fn: ast.FunctionDef) -> ast.FunctionDef:
+_MODULE_DICTS = ("_modules", "_parameters", "_buffers")
+
+
+def _module_dicts_as_items(fn: ast.FunctionDef, lines: list) -> ast.FunctionDef:
     """``m._modules`` (``_parameters``, ``_buffers``: what capture's ModuleDictSource writes) read as
     ``m.__dict__['_modules']``, the same dict of an nn.Module, so that a module tree reached from an argument is reached
     through watched dicts: an argument's ``__dict__`` becomes a root local at the top. Before, every check
-    under ``self._modules`` ran on each call (a 12-layer GPT-2's module walk)."""
+    under ``self._modules`` ran on each call (a 12-layer GPT-2's module walk). ``lines``: the source's lines."""
     args = {a.arg for a in fn.args.args}
     roots: dict = {}
 
     class Rewrite(ast.NodeTransformer):
         def visit_Attribute(self, node):
             self.generic_visit(node)
-            if node.attr not in ("_modules", "_parameters", "_buffers") or not isinstance(node.ctx, ast.Load):
+            if node.attr not in _MODULE_DICTS or not isinstance(node.ctx, ast.Load):
                 return node
             owner = node.value
             if isinstance(owner, ast.Name) and owner.id in args:
-                owner = ast.Name(roots.setdefault(owner.id, f"___d_{owner.id}"), ast.Load())
+                owner = at(ast.Name(roots.setdefault(owner.id, f"___d_{owner.id}"), ast.Load()), node)
             else:
-                owner = ast.Attribute(owner, "__dict__", ast.Load())
+                owner = at(ast.Attribute(owner, "__dict__", ast.Load()), node)
             # (an object whose attribute of that name is not in its __dict__ raises: a guard miss, never a pass)
-            return ast.Subscript(owner, ast.Constant(node.attr), ast.Load())
+            return at(ast.Subscript(owner, at(ast.Constant(node.attr), node), ast.Load()), node)
 
-    fn = Rewrite().visit(fn)
-    fn.body[:0] = [ast.Assign([ast.Name(r, ast.Store())], ast.Attribute(ast.Name(a, ast.Load()), "__dict__",
-                                                                         ast.Load())) for a, r in roots.items()]
-    return ast.fix_missing_locations(fn)
+    at = ast.copy_location      # (new nodes only: the tree is compiled as it is, not walked for locations)
+    for st in fn.body:          # (only the statements whose text names one: most do not)
+        if any(a in line for line in lines[st.lineno - 1:st.end_lineno] for a in _MODULE_DICTS):
+            Rewrite().visit(st)
+    top = fn.body[0]
+    fn.body[:0] = [at(ast.Assign([at(ast.Name(r, ast.Store()), top)], at(ast.Attribute(
+        at(ast.Name(a, ast.Load()), top), "__dict__", ast.Load()), top)), top) for a, r in roots.items()]
+    return fn
 
 
 def fast_guard(src: str, ns: dict, label: str) -> Optional[Callable]:
@@ -266,8 +274,7 @@ def fast_guard(src: str, ns: dict, label: str) -> Optional[Callable]:
     when tags are not available here or too little would be skipped."""
     if _load_helper() is None:
         return None
-    fn = _module_dicts_as_items(ast.parse(src).body[0])
-    src = ast.unparse(fn) + "\n"
+    fn = _module_dicts_as_items(ast.parse(src).body[0], src.splitlines())
     split = _Split(fn, ns)
     params = ", ".join(a.arg for a in fn.args.args)
     head, tail, skipped = [], [], 0     # fast statements before / after the snapshot check
@@ -299,9 +306,12 @@ def fast_guard(src: str, ns: dict, label: str) -> Optional[Callable]:
     exact = tuple(i for i, w in enumerate(watched) if split.watch[w])
     ns["___vstate"] = state = _State(label, exact, tuple(needed), tuple(split.root_args))
     tup = lambda xs: f"({', '.join(xs)}{',' if len(xs) == 1 else ''})"  # noqa: E731
-    full = src.rstrip().rsplit("\n", 1)[0] + (
-        f"\n    return ___vstate.snap({tup(needed)}, {tup(split.roots)}, {tup(watched)})\n")
-    exec(compile(full.replace("def ___guard(", "def ___guard_full(", 1), "<coil guards>", "exec"), ns)
+    # the full guard, compiled from its tree (not printed and parsed again): its last line returns the snapshot
+    snap = ast.parse(f"return ___vstate.snap({tup(needed)}, {tup(split.roots)}, {tup(watched)})").body
+    ast.increment_lineno(snap[0], fn.body[-1].lineno - 1)
+    full = copy.copy(fn)
+    full.name, full.body = "___guard_full", fn.body[:-1] + snap
+    exec(compile(ast.Module([full], []), "<coil guards>", "exec"), ns)
     lines = [f"def ___guard({params}):"]
     lines += ["    " + ast.unparse(st).replace("\n", "\n    ") for st in head]
     lines.append("    ___s = ___vstate.cur")

@@ -200,8 +200,9 @@ class GuardSet:
             self._batch()
         src = self.source_text(argnames)
         ns = dict(self.ns)
-        exec(compile(src, "<coil guards>", "exec"), ns)
         fast = fast_guard(src, ns, label) if config.guard_versions else None
+        if fast is None:
+            exec(compile(src, "<coil guards>", "exec"), ns)
         self.state = ns.get("___vstate")
         return (ns["___guard"] if fast is None else fast), src
 

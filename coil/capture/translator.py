@@ -126,28 +126,31 @@ class ReturnValue(Exception):
         self.value = value
 
 
-@functools.lru_cache(maxsize=8192)
 def instructions_of(code: types.CodeType) -> tuple:
     """The instructions of ``code`` without EXTENDED_ARG (cached per code object: a GPT-2 capture inlines
     ~1500 calls of a few dozen functions, and disassembling each call again took 1.6 s of its 3.5 s)."""
-    return tuple(i for i in dis.get_instructions(code) if i.opname != "EXTENDED_ARG")
+    return _decoded(code)[0]
 
 
-@functools.lru_cache(maxsize=8192)
 def _offset_map(code: types.CodeType) -> dict:
     """Byte offset → instruction index; an EXTENDED_ARG maps to the instruction it
     extends (jumps may target it). Shared: callers copy it."""
-    out, pending, idx = {}, [], 0
+    return _decoded(code)[1]
+
+
+@functools.lru_cache(maxsize=8192)
+def _decoded(code: types.CodeType) -> tuple:
+    """(:func:`instructions_of`, :func:`_offset_map`) of ``code``, from one disassembly."""
+    insts, offsets, pending = [], {}, []
     for inst in dis.get_instructions(code):
         if inst.opname == "EXTENDED_ARG":
             pending.append(inst.offset)
             continue
-        for off in pending:
-            out[off] = idx
+        for off in pending + [inst.offset]:
+            offsets[off] = len(insts)
         pending.clear()
-        out[inst.offset] = idx
-        idx += 1
-    return out
+        insts.append(inst)
+    return tuple(insts), offsets
 
 
 class InstructionTranslatorBase:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import functools
 from collections import defaultdict
 from typing import Optional
 
@@ -66,6 +67,10 @@ def _bytes(buf: Buffer, memo: dict) -> int:
         except Exception:
             memo[buf] = 0
     return memo[buf]
+
+
+#: an index expression's text (the same few are printed in many refusal reasons: sympy's printer is slow)
+_text = functools.lru_cache(maxsize=4096)(str)
 
 
 class Scheduler:
@@ -270,7 +275,7 @@ class Scheduler:
             produced = {n.get_name(): n for n in prod_g.nodes}
             for c in cons_g.nodes:
                 cdeps = kernel_deps(c, numel, rnumel)
-                for name in set(c.get_read_names()) & set(produced):
+                for name in [n for n in dict.fromkeys(c.get_read_names()) if n in produced]:  # (read order)
                     crossing = True
                     p = produced[name]
                     pdeps = kernel_deps(p, numel, rnumel)
@@ -280,7 +285,7 @@ class Scheduler:
                         return f"{c.get_name()} reads {name} once per output but it is computed in the loop"
                     for read, e in cdeps.loads:
                         if read == name and e != store:
-                            return f"{c.get_name()} reads {name}[{e}] but it is written at [{store}]"
+                            return f"{c.get_name()} reads {name}[{_text(e)}] but it is written at [{_text(store)}]"
         if not crossing and not self._shares_an_element(a, b, numel, rnumel):
             pa = self._input_only_pattern(a)
             if pa is None or pa != self._input_only_pattern(b):

@@ -586,6 +586,21 @@ def test_min_cut_saves_no_more_than_default():
     assert got["min_cut_partition"] <= got["default_partition"]
 
 
+def test_min_cut_sink_side_is_the_smallest_and_none_when_unbounded():
+    # the partitioner's own max flow (replacing networkx): of two equal cuts the one nearest the sink is taken (the
+    # sink side is the nodes that still reach the sink, the same for every maximum flow), and an infinite path
+    # from source to sink has no finite cut
+    import math
+    from coil.aot.partition import _sink_side
+    inf = math.inf
+    chain = [("s", "a_in", inf), ("a_in", "a_out", 4.0), ("a_out", "b_in", inf), ("b_in", "b_out", 4.0),
+             ("b_out", "t", inf), ("s", "c_in", inf), ("c_in", "c_out", 2.5), ("c_out", "b_in", inf)]
+    assert _sink_side(chain, "s", "t") == {"b_out", "t"}
+    chain[3] = ("b_in", "b_out", 8.0)      # now a and c (4 + 2.5) are cut
+    assert _sink_side(chain, "s", "t") == {"a_out", "c_out", "b_in", "b_out", "t"}
+    assert _sink_side([("s", "x", inf), ("x", "t", inf), ("s", "t", 1.0)], "s", "t") is None
+
+
 def test_same_tensor_returned_twice_is_the_same_object():
     def f(x):
         y = x.exp()

@@ -22,6 +22,17 @@ def test_transposed_read_is_refused_with_reason():
                for d in refused), c.scheduler.decisions
 
 
+def test_refusal_reason_names_the_first_mismatched_read():
+    # both transposed reads mismatch; the reason named whichever a set of names gave first, which changed between
+    # processes (string hashes): the compile log differed run to run
+    def f(x):
+        a, b = (x * 2).exp(), (x * 3).exp()
+        return a + b, (a.t() + b.t() * 3).contiguous()
+    c = check(f, r(16, 16), atol=1e-4, max_inline_reads=0)
+    reasons = [d["reason"] for d in c.scheduler.decisions if "written at" in d.get("reason", "")]
+    assert reasons and all(x.startswith("buf3 reads buf0[") for x in reasons), c.scheduler.decisions
+
+
 def test_every_decision_logged_with_bytes_saved():
     c = check(lambda x, w, b: F.layer_norm(x.relu() + 1, (32,), w, b), r(8, 32), r(32), r(32))
     assert c.kernel_count == 1

@@ -198,6 +198,9 @@ def _symbol_sources(graph) -> dict:
         for d, e in enumerate(b.layout.size):
             if e.is_Symbol:
                 sources.setdefault(e, f"{name}.size({d})")
+            elif e.is_Add and len(e.free_symbols) == 1 and (c := e - next(iter(e.free_symbols))).is_Integer:
+                # ``u1 + 1`` (a backward's tangent of a ``zeros(t.item() + 1)`` output): u1 is the size less 1
+                sources.setdefault(e - c, f"({name}.size({d}) - {c})")
         for d, e in enumerate(b.layout.stride):
             if e.is_Symbol:
                 sources.setdefault(e, f"{name}.stride({d})")

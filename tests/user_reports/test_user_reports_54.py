@@ -108,7 +108,7 @@ def test_segment_sum_sized_by_an_item_trains_compiled(coil_reset):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Finding 6: generator.send / close in traced code run the whole frame eagerly
+# Finding 6 (send fixed): generator.send / close in traced code ran the whole frame eagerly
 # ---------------------------------------------------------------------------------------------------------------
 
 def _gen(x):
@@ -118,13 +118,51 @@ def _gen(x):
             x = x + y
 
 
-@pytest.mark.xfail(strict=True, reason="FINDINGS_54 #6: generator.send() in traced code runs the frame eagerly")
+def _accumulate():
+    total = 0
+    while True:
+        v = yield total
+        if v is None:
+            break
+        total = total + v
+
+
 def test_generator_send_is_captured(coil_reset):
     def f(x):
         it = _gen(x)
         a = next(it)
         b = it.send(1.0)
-        return a + b + next(it)
+        acc = _accumulate()
+        next(acc)
+        outs = [acc.send(x * i) for i in range(3)]
+        return a + b + next(it), outs
+
+    x = torch.randn(3)
+    out, warned = _run(f, x)
+    ref = f(x)
+    torch.testing.assert_close(out[0], ref[0])
+    for o, r in zip(out[1], ref[1]):
+        torch.testing.assert_close(o, r)
+    assert not warned and coil.capture.stats["fallbacks"] == 0 and coil.capture.stats["graph_breaks"] == 0
+
+
+def test_generator_send_to_a_new_generator_raises_like_eager(coil_reset):
+    def f(x):
+        return _accumulate().send(x)
+
+    with pytest.raises(TypeError):
+        f(torch.ones(2))
+    with pytest.raises(TypeError):
+        coil.compile(f)(torch.ones(2))
+
+
+@pytest.mark.xfail(strict=True, reason="FINDINGS_54 #6: generator.close() in traced code runs the frame eagerly")
+def test_generator_close_is_captured(coil_reset):
+    def f(x):
+        it = _gen(x)
+        a = next(it)
+        it.close()
+        return a + 1
 
     x = torch.randn(3)
     out, warned = _run(f, x)

@@ -198,9 +198,12 @@ def _symbol_sources(graph) -> dict:
         for d, e in enumerate(b.layout.size):
             if e.is_Symbol:
                 sources.setdefault(e, f"{name}.size({d})")
-            elif e.is_Add and len(e.free_symbols) == 1 and (c := e - next(iter(e.free_symbols))).is_Integer:
-                # ``u1 + 1`` (a backward's tangent of a ``zeros(t.item() + 1)`` output): u1 is the size less 1
-                sources.setdefault(e - c, f"({name}.size({d}) - {c})")
+            elif e.is_Add and len(e.free_symbols) == 1:
+                # ``2*u1 + 1`` (a backward's tangent of a ``zeros(2 * t.item() + 1)`` output): u1 from the size
+                s = next(iter(e.free_symbols))
+                a, c = e.coeff(s), e.subs(s, 0)
+                if a.is_Integer and a != 0 and c.is_Integer and sympy.expand(e - a * s - c) == 0:
+                    sources.setdefault(s, f"(({name}.size({d}) - {c}) // {a})")
         for d, e in enumerate(b.layout.stride):
             if e.is_Symbol:
                 sources.setdefault(e, f"{name}.stride({d})")

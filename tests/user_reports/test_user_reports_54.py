@@ -87,12 +87,13 @@ def test_sparse_embedding_gradient(coil_reset):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Finding 5 (fixed): a backward whose tangent is sized ``u0 + 1`` (an .item()-sized output) ran in the FX interpreter
+# Finding 5 (fixed): a backward whose tangent is sized ``a*u0 + c`` (an .item()-sized output) ran in the FX interpreter
 # ---------------------------------------------------------------------------------------------------------------
 
-def test_segment_sum_sized_by_an_item_trains_compiled(coil_reset):
+@pytest.mark.parametrize("rows", [lambda m: m + 1, lambda m: 2 * m + 2], ids=["u+1", "2u+2"])
+def test_segment_sum_sized_by_an_item_trains_compiled(coil_reset, rows):
     def f(x, dst):
-        n = int(dst.max().item()) + 1
+        n = rows(int(dst.max().item()))
         return torch.zeros(n, x.shape[1]).index_add_(0, dst, x)
 
     x = torch.randn(5, 3, requires_grad=True)

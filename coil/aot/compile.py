@@ -36,7 +36,7 @@ from coil.config import config, patch as config_patch
 from coil.aot.aliasing import RunEagerly, input_groups
 from coil.aot.decompositions import get_decompositions
 from coil.aot.cse import cse_graph, drop_dead_views
-from coil.aot.functional import (is_symbolic, analyze, fakeify, trace_inference, trace_joint)
+from coil.aot.functional import (is_symbolic, analyze, fake_mode_of, fakeify, trace_inference, trace_joint)
 from coil.aot.partition import default_partition, drop_undefined_tangents, min_cut_partition
 from coil.aot.regions import compile_regional, region_calls
 from coil.aot.scalars import tensorize_scalar_reads
@@ -270,6 +270,9 @@ def aot_compile(gm: Callable, example_inputs: list, fw_compiler: Callable,
         partition_fn = default_partition
     lifted: list = []
     fn = gm
+    symbolic = _symbolic_placeholder_values(gm, list(example_inputs)) if isinstance(gm, torch.fx.GraphModule) else None
+    if symbolic is not None:
+        example_inputs = symbolic
     if isinstance(gm, torch.nn.Module):
         named = list(gm.named_parameters(remove_duplicate=False)) + list(gm.named_buffers(remove_duplicate=False))
         if named:
@@ -280,11 +283,11 @@ def aot_compile(gm: Callable, example_inputs: list, fw_compiler: Callable,
             def fn(*args):
                 return torch.func.functional_call(gm, dict(zip(names, args[:n_lift])),
                                                   tuple(args[n_lift:]), tie_weights=False, strict=True)
-            example_inputs = lifted + list(example_inputs)
-
-    if not lifted and isinstance(gm, torch.fx.GraphModule):
-        if (symbolic := _symbolic_placeholder_values(gm, list(example_inputs))) is not None:
-            example_inputs = symbolic
+            # with the capture's fakes (a float's ``item_memo``: an optimizer's lr under torch.compile), the
+            # attributes (its parameters) are traced as fakes of the same mode, of static sizes
+            mode = fake_mode_of(example_inputs) if symbolic is not None else None
+            example_inputs = [mode.from_tensor(t, static_shapes=True) if mode else t for t in lifted] + \
+                list(example_inputs)
 
     t0 = time.perf_counter()
     if torch.is_anomaly_enabled():

@@ -355,7 +355,8 @@ def _distinct_grads(grads: list) -> list:
     Gradients in distinct storages cost one pointer read each; views of one storage are cloned only where their
     elements overlap (eager's ``split`` backward shares storage too)."""
     tensor = torch.Tensor
-    ptrs = [g.untyped_storage().data_ptr() if isinstance(g, tensor) else 0 for g in grads]  # (empty: 0)
+    ptrs = [g.untyped_storage().data_ptr() if isinstance(g, tensor) and g.layout is torch.strided else 0
+            for g in grads]  # (empty or sparse, as embedding(sparse=True)'s: 0)
     live = [p for p in ptrs if p]
     if len(set(live)) == len(live):
         return grads

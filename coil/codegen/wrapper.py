@@ -174,6 +174,13 @@ def _precomputed_after(sym, bound: set) -> list[str]:
     return lines
 
 
+def _bound_late(s) -> bool:
+    """Whether size symbol ``s`` is bound mid-call: a data-dependent number (``u0``, ``zuf0``) or a precomputed size
+    made from one (``ps0 = math.trunc(zuf2)``), so no expression of it can be computed at the call's start."""
+    return symbol_is_type(s, (SymT.UNBACKED_INT, SymT.UNBACKED_FLOAT)) or \
+        (s in PRECOMPUTED and any(_bound_late(v) for v in PRECOMPUTED[s].free_symbols))
+
+
 def _symbol_sources(graph) -> dict:
     """Symbol -> the expression over the call's arguments that is exactly it (see :func:`symbol_bindings`)."""
     sources: dict = {}
@@ -191,6 +198,12 @@ def _symbol_sources(graph) -> dict:
         for d, e in enumerate(b.layout.size):
             if e.is_Symbol:
                 sources.setdefault(e, f"{name}.size({d})")
+            elif e.is_Add and len(e.free_symbols) == 1:
+                # ``2*u1 + 1`` (a backward's tangent of a ``zeros(2 * t.item() + 1)`` output): u1 from the size
+                s = next(iter(e.free_symbols))
+                a, c = e.coeff(s), e.subs(s, 0)
+                if a.is_Integer and a != 0 and c.is_Integer and sympy.expand(e - a * s - c) == 0:
+                    sources.setdefault(s, f"(({name}.size({d}) - {c}) // {a})")
         for d, e in enumerate(b.layout.stride):
             if e.is_Symbol:
                 sources.setdefault(e, f"{name}.stride({d})")
@@ -233,7 +246,7 @@ class WrapperCodegen:
         if isinstance(e, int):
             return str(e)
         e = sympy.sympify(e)
-        if e.is_Symbol or e.is_number or any(symbol_is_type(s, SymT.UNBACKED_INT) for s in e.free_symbols):
+        if e.is_Symbol or e.is_number or any(_bound_late(s) for s in e.free_symbols):
             return pyexpr(e)
         return self._hoisted.setdefault(pyexpr(e), f"_sz{len(self._hoisted)}")
 

@@ -323,7 +323,8 @@ def _repeat(x, repeats):
     size = out_size()
 
     def reindex(index):
-        return [sympy.Integer(0) if xs[d] == 1 else Mod(index[d + extra], xs[d]) for d in range(len(xs))]
+        # a size-0 dim: the output is empty too, nothing is read (no ``i % 0``)
+        return [sympy.Integer(0) if xs[d] in (0, 1) else Mod(index[d + extra], xs[d]) for d in range(len(xs))]
     return make_view(x, size, reindex, None)
 
 

@@ -779,6 +779,13 @@ class GeneratorVariable(ListIteratorVariable):
         return [self.fn] + self.args + list(self.kwargs.values()) if self._items is None else self._items[self.index:]
 
     def call_method(self, tx, name, args, kwargs):
+        if name == "send" and len(args) == 1 and not kwargs and self._sub is not None and not self._done \
+                and self.index == len(self._items):
+            # the body waits at a ``yield`` whose value (None, pushed by YIELD_VALUE) becomes the sent one
+            self._sub.stack[-1] = args[0]
+            if (v := self.next(tx)) is None:
+                raise Unsupported("generator.send reaching the end of the generator (StopIteration)")
+            return v
         if name in ("send", "throw", "close", "gi_frame"):
             raise Unsupported(f"generator.{name}")
         return super().call_method(tx, name, args, kwargs)

@@ -1,0 +1,372 @@
+"""Regressions from new-user trial 54 (FINDINGS_54.md): training-loop programs, data-dependent sizes, Python
+generators and context managers, torch.func inside a compiled frame.
+
+The xfail(strict=True) tests are open bugs: each fails today and starts passing (so must lose its mark) once fixed.
+"""
+import contextlib
+import copy
+import warnings
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import coil
+
+
+def _run(fn, *args, **options):
+    """``(compiled result, coil warnings)`` of ``coil.compile(fn, options=options)(*args)``."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = coil.compile(fn, options=options or None)(*args)
+    return out, [str(w.message) for w in caught if "coil" in str(w.message)]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Finding 1 (fixed): a size made from .item() plus a constant was computed before the .item() ran (UnboundLocalError)
+# ---------------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("backend", ["cpp", "triton"])
+def test_arange_of_an_item_plus_one(coil_reset, backend):
+    def f(x):
+        return torch.arange(int(x.max().item()) + 1).float() * x.mean()
+
+    for x in (torch.tensor([2.5, 1.0]), torch.tensor([4.0, 0.5, 1.0])):
+        out, warned = _run(f, x, capture_scalar_outputs=True, cpu_backend=backend)
+        torch.testing.assert_close(out, f(x))
+        assert not warned
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Finding 2 (fixed): repeat of an empty tensor failed code generation (i % 0) and ran in the FX interpreter
+# ---------------------------------------------------------------------------------------------------------------
+
+def test_repeat_of_an_empty_dim_compiles(coil_reset):
+    f = lambda x: x.repeat(2, 1) + 1  # noqa: E731
+    x = torch.randn(0, 2)
+    out, warned = _run(f, x, strict_codegen=True)
+    assert out.shape == (0, 2) and not warned
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Finding 3 (fixed): torch.compile(opt.step, backend="coil") with an LR scheduler failed on the lr's .item()
+# ---------------------------------------------------------------------------------------------------------------
+
+def test_torch_compile_of_an_optimizer_step_with_a_changing_lr(coil_reset, dynamo_reset):
+    torch.manual_seed(0)
+    ref = nn.Linear(4, 2)
+    models = [ref, copy.deepcopy(ref)]
+    opts = [torch.optim.AdamW(m.parameters(), lr=0.01, foreach=True) for m in models]
+    scheds = [torch.optim.lr_scheduler.StepLR(o, 1, gamma=0.5) for o in opts]
+    steps = [opts[0].step, torch.compile(opts[1].step, backend="coil")]
+    for _ in range(3):
+        x = torch.randn(3, 4)
+        for m, o, s, step in zip(models, opts, scheds, steps):
+            m(x).pow(2).sum().backward()
+            step()
+            o.zero_grad()
+            s.step()
+    for p, q in zip(*(m.parameters() for m in models)):
+        torch.testing.assert_close(q, p, atol=1e-6, rtol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Finding 4 (fixed): the backward of Embedding(sparse=True) raised "Cannot access storage of SparseTensorImpl"
+# ---------------------------------------------------------------------------------------------------------------
+
+def test_sparse_embedding_gradient(coil_reset):
+    torch.manual_seed(0)
+    e1 = nn.Embedding(10, 4, sparse=True)
+    e2 = copy.deepcopy(e1)
+    ids = torch.tensor([[1, 2, 2], [3, 9, 1]])
+    e1(ids).pow(2).sum().backward()
+    coil.compile(lambda i: e2(i).pow(2).sum())(ids).backward()
+    assert e2.weight.grad.layout == torch.sparse_coo
+    torch.testing.assert_close(e2.weight.grad.to_dense(), e1.weight.grad.to_dense())
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Finding 5 (fixed): a backward whose tangent is sized ``a*u0 + c`` (an .item()-sized output) ran in the FX interpreter
+# ---------------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("rows", [lambda m: m + 1, lambda m: 2 * m + 2], ids=["u+1", "2u+2"])
+def test_segment_sum_sized_by_an_item_trains_compiled(coil_reset, rows):
+    def f(x, dst):
+        n = rows(int(dst.max().item()))
+        return torch.zeros(n, x.shape[1]).index_add_(0, dst, x)
+
+    x = torch.randn(5, 3, requires_grad=True)
+    x2 = x.detach().clone().requires_grad_()
+    dst = torch.tensor([0, 2, 2, 1, 3])
+    out, warned = _run(f, x2, dst, capture_scalar_outputs=True, strict_codegen=True)
+    ref = f(x, dst)
+    torch.testing.assert_close(out, ref)
+    ref.pow(2).sum().backward()
+    out.pow(2).sum().backward()
+    torch.testing.assert_close(x2.grad, x.grad)
+    assert not warned
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Finding 6 (send fixed): generator.send / close in traced code ran the whole frame eagerly
+# ---------------------------------------------------------------------------------------------------------------
+
+def _gen(x):
+    for i in range(3):
+        y = yield x * i
+        if y is not None:
+            x = x + y
+
+
+def _accumulate():
+    total = 0
+    while True:
+        v = yield total
+        if v is None:
+            break
+        total = total + v
+
+
+def test_generator_send_is_captured(coil_reset):
+    def f(x):
+        it = _gen(x)
+        a = next(it)
+        b = it.send(1.0)
+        acc = _accumulate()
+        next(acc)
+        outs = [acc.send(x * i) for i in range(3)]
+        return a + b + next(it), outs
+
+    x = torch.randn(3)
+    out, warned = _run(f, x)
+    ref = f(x)
+    torch.testing.assert_close(out[0], ref[0])
+    for o, r in zip(out[1], ref[1]):
+        torch.testing.assert_close(o, r)
+    assert not warned and coil.capture.stats["fallbacks"] == 0 and coil.capture.stats["graph_breaks"] == 0
+
+
+def test_generator_send_to_a_new_generator_raises_like_eager(coil_reset):
+    def f(x):
+        return _accumulate().send(x)
+
+    with pytest.raises(TypeError):
+        f(torch.ones(2))
+    with pytest.raises(TypeError):
+        coil.compile(f)(torch.ones(2))
+
+
+@pytest.mark.xfail(strict=True, reason="FINDINGS_54 #6: generator.close() in traced code runs the frame eagerly")
+def test_generator_close_is_captured(coil_reset):
+    def f(x):
+        it = _gen(x)
+        a = next(it)
+        it.close()
+        return a + 1
+
+    x = torch.randn(3)
+    out, warned = _run(f, x)
+    torch.testing.assert_close(out, f(x))
+    assert not warned and coil.capture.stats["fallbacks"] == 0
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Finding 7: an exception raised inside a @contextmanager block and caught outside runs the frame eagerly
+# ---------------------------------------------------------------------------------------------------------------
+
+_STATE = {"scale": 1.0}
+
+
+@contextlib.contextmanager
+def _scaled(s):
+    old, _STATE["scale"] = _STATE["scale"], s
+    try:
+        yield s
+    finally:
+        _STATE["scale"] = old
+
+
+@pytest.mark.xfail(strict=True, reason="FINDINGS_54 #7: an exception leaving a @contextmanager block in traced "
+                                       "code runs the frame eagerly (generator.throw)")
+def test_exception_through_a_contextmanager_is_captured(coil_reset):
+    def f(x):
+        try:
+            with _scaled(5.0):
+                raise KeyError("k")
+        except KeyError:
+            pass
+        return x * _STATE["scale"]
+
+    x = torch.randn(3)
+    out, warned = _run(f, x)
+    torch.testing.assert_close(out, f(x))
+    assert _STATE["scale"] == 1.0
+    assert not warned and coil.capture.stats["fallbacks"] == 0
+
+
+def test_contextmanager_restores_state_in_the_graph(coil_reset):
+    def f(x):
+        with _scaled(3.0) as s:
+            y = x * _STATE["scale"] + s
+        return y * _STATE["scale"]
+
+    x = torch.randn(3)
+    out, warned = _run(f, x)
+    torch.testing.assert_close(out, f(x))
+    assert _STATE["scale"] == 1.0 and not warned and coil.capture.stats["graph_breaks"] == 0
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Finding 8: contextlib.ExitStack breaks the graph four times (deque, sys.exc_info)
+# ---------------------------------------------------------------------------------------------------------------
+
+@pytest.mark.xfail(strict=True, reason="FINDINGS_54 #8: contextlib.ExitStack is 4 graph breaks (deque construction, "
+                                       "sys.exc_info); torch.compile has none")
+def test_exit_stack_has_no_graph_break(coil_reset):
+    def f(x):
+        with contextlib.ExitStack() as st:
+            st.enter_context(_scaled(7.0))
+            y = x * _STATE["scale"]
+        return y, x * _STATE["scale"]
+
+    x = torch.randn(3)
+    out, _ = _run(f, x)
+    for o, r in zip(out, f(x)):
+        torch.testing.assert_close(o, r)
+    assert coil.capture.stats["graph_breaks"] == 0
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Finding 9: torch.func.linearize inside a compiled function raises IndexError
+# ---------------------------------------------------------------------------------------------------------------
+
+@pytest.mark.xfail(strict=True, reason="FINDINGS_54 #9: torch.func.linearize in a compiled frame raises IndexError "
+                                       "from its const-folded graph")
+def test_linearize_inside_a_compiled_function(coil_reset):
+    f = lambda x: torch.func.linearize(torch.sin, x)[1](torch.ones_like(x))  # noqa: E731
+    x = torch.randn(3)
+    torch.testing.assert_close(coil.compile(f)(x), f(x))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Finding 10: Embedding(sparse=True, padding_idx=...) cannot be trained compiled
+# ---------------------------------------------------------------------------------------------------------------
+
+@pytest.mark.xfail(strict=True, reason="FINDINGS_54 #10: the sparse embedding backward with a padding_idx "
+                                       "(a boolean-mask index) fails AOT tracing: BackendCompilerFailed")
+def test_sparse_embedding_with_padding_idx_trains(coil_reset):
+    torch.manual_seed(0)
+    e1 = nn.Embedding(10, 4, sparse=True, padding_idx=0)
+    e2 = copy.deepcopy(e1)
+    ids = torch.tensor([1, 0, 2])
+    e1(ids).sum().backward()
+    coil.compile(lambda i: e2(i).sum())(ids).backward()
+    torch.testing.assert_close(e2.weight.grad.to_dense(), e1.weight.grad.to_dense())
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Guards for what works
+# ---------------------------------------------------------------------------------------------------------------
+
+def test_whole_training_step_with_clipping_and_scheduler(coil_reset):
+    """forward, backward, clip_grad_norm_, AdamW.step, zero_grad(set_to_none) and a scheduler in one compiled step."""
+    torch.manual_seed(0)
+    ref = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2))
+    models = [ref, copy.deepcopy(ref)]
+    opts = [torch.optim.AdamW(m.parameters(), lr=0.01) for m in models]
+    scheds = [torch.optim.lr_scheduler.StepLR(o, 1, gamma=0.5) for o in opts]
+
+    def make_step(m, o):
+        def step(x, y):
+            loss = F.mse_loss(m(x), y)
+            loss.backward()
+            nn.utils.clip_grad_norm_(m.parameters(), 0.5)
+            o.step()
+            o.zero_grad(set_to_none=True)
+            return loss
+        return step
+
+    steps = [make_step(models[0], opts[0]), coil.compile(make_step(models[1], opts[1]))]
+    for _ in range(3):
+        x, y = torch.randn(5, 4), torch.randn(5, 2)
+        losses = [s(x, y) for s in steps]
+        torch.testing.assert_close(losses[1], losses[0])
+        for s in scheds:
+            s.step()
+    for p, q in zip(*(m.parameters() for m in models)):
+        torch.testing.assert_close(q, p, atol=1e-6, rtol=1e-5)
+        assert q.grad is None
+
+
+def test_stateful_module_python_state_across_calls(coil_reset):
+    """A step counter, a tensor carried to the next call, a list and a dict of tensors, a float attribute and an EMA
+    buffer, all updated in forward."""
+    class Stateful(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(3, 3)
+            self.step, self.prev, self.cache, self.hist, self.scale = 0, None, [], {}, 1.0
+            self.register_buffer("ema", torch.zeros(3))
+
+        def forward(self, x):
+            self.step += 1
+            y = self.lin(x) * self.step
+            if self.prev is not None:
+                y = y + self.prev
+            self.prev = y.detach()[0]
+            self.cache.append(y.sum().detach())
+            if len(self.cache) > 2:
+                self.cache.pop(0)
+            self.hist[self.step % 2] = y.mean().detach()
+            self.ema.mul_(0.9).add_(0.1 * y.mean(0).detach())
+            self.scale = self.scale * 1.5
+            return y * self.scale + sum(self.cache) + sum(self.hist.values()) + self.ema
+
+    torch.manual_seed(0)
+    m = Stateful()
+    mc = copy.deepcopy(m)
+    cm = coil.compile(mc)
+    for _ in range(6):
+        x = torch.randn(2, 3)
+        torch.testing.assert_close(cm(x), m(x), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(mc.ema, m.ema)
+    assert mc.step == 6 and coil.capture.stats["fallbacks"] == 0
+
+
+@pytest.mark.parametrize("opts", [{}, {"fallback_random": True}])
+def test_generator_argument_draws_like_eager(coil_reset, opts):
+    """A torch.Generator argument: the values, its state after the call, and the global RNG left alone."""
+    def f(x, g):
+        return x + torch.rand(x.shape, generator=g) + torch.randperm(4, generator=g).float()
+
+    x = torch.randn(4)
+    g = torch.Generator().manual_seed(3)
+    torch.manual_seed(0)
+    cf = coil.compile(f, options=opts)
+    a, a2 = cf(x, g), cf(x, g)
+    after = torch.rand(2)
+    torch.manual_seed(0)
+    assert torch.equal(after, torch.rand(2))
+    g.manual_seed(3)
+    e, e2 = f(x, g), f(x, g)
+    assert torch.equal(a, e) and torch.equal(a2, e2)
+
+
+def test_grad_mode_mixes_inside_and_around_a_compiled_function(coil_reset):
+    def f(x, w):
+        with torch.enable_grad():
+            y = (x * w).sum()
+        with torch.no_grad():
+            s = (x * w).sum()
+        return y, x * w * s
+
+    cf = coil.compile(f)
+    for ctx in (torch.no_grad, contextlib.nullcontext, torch.no_grad):
+        x, w = torch.randn(3, 3, requires_grad=True), torch.randn(3, 3, requires_grad=True)
+        x2, w2 = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+        with ctx():
+            ref, out = f(x, w), cf(x2, w2)
+        for r, o in zip(ref, out):
+            assert r.requires_grad == o.requires_grad
+            torch.testing.assert_close(o, r)

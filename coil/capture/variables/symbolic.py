@@ -74,8 +74,9 @@ class SymNodeVariable(VariableTracker):
 
     # --- graph ----------------------------------------------------------------------
     def as_node(self):
-        """The graph node computing this value (made on first use)."""
-        if self._node is not None:
+        """The graph node computing this value (made on first use; made again where a speculative trace that
+        first used it, an autograd.Function's probe, erased it)."""
+        if self._node is not None and not self._node._erased:
             return self._node
         out = self.output
         kind = self.recipe[0]

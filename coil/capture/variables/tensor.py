@@ -343,6 +343,11 @@ def _wrap_sequence(out, node, result) -> VariableTracker:
             sub.meta["example_value"] = r
             _copy_location(node, sub)
             items.append(TensorVariable(sub, r) if isinstance(r, torch.Tensor) else _wrap_sequence(out, sub, r))
+        elif isinstance(r, (torch.SymInt, torch.SymFloat, torch.SymBool)):  # (an autograd.Function's k * 2)
+            sub = out.graph.create_node("call_function", operator.getitem, (node, i), {})
+            sub.meta["example_value"] = r
+            _copy_location(node, sub)
+            items.append(wrap_sym(out, r, ("node", sub)))
         else:
             items.append(ConstantVariable(r))
     if type(result) is dict:

@@ -252,8 +252,12 @@ def _track_inference(out, kind, target, fake_args, result, kwargs) -> None:
     an in-place op or in autograd-recorded math (grad on, an input requiring grad): the frame runs eagerly there."""
     made = out.inference_made
     ins = [t for t in pytree.tree_leaves(fake_args) if isinstance(t, torch.Tensor)]
-    if not out.inference_depth and any(id(t) in made for t in ins) and (_is_inplace(kind, target, kwargs) or (
-            torch.is_grad_enabled() and any(t.requires_grad for t in ins))):
+    args, f_kwargs = fake_args
+    written = pytree.tree_leaves(f_kwargs["out"] if "out" in f_kwargs else args[0] if args and not isinstance(
+        target, torch._ops.OpOverload) else fake_args)    # (eager writes a normal tensor from an inference one)
+    if not out.inference_depth and any(id(t) in made for t in ins) and (
+            (_is_inplace(kind, target, kwargs) and any(id(t) in made for t in written if isinstance(t, torch.Tensor)))
+            or (torch.is_grad_enabled() and any(t.requires_grad for t in ins))):
         raise InferenceTensorUse(f"{_name(target)} of a tensor made in torch.inference_mode(), in place or with "
                                  "autograd recording (eager raises or records differently): the frame runs eagerly")
     for r in pytree.tree_leaves(result):

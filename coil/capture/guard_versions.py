@@ -233,13 +233,18 @@ def _immutable(v) -> bool:
     return type(v) in _IMMUTABLE and (type(v) is not tuple or all(_immutable(x) for x in v))
 
 
-def _module_dicts_as_items(fn: ast.FunctionDef) -> ast.FunctionDef:
+def _module_dicts_as_items(fn: ast.FunctionDef, ns: dict) -> ast.FunctionDef:
     """``m._modules`` (``_parameters``, ``_buffers``: what capture's ModuleDictSource writes) read as
     ``m.__dict__['_modules']``, the same dict of an nn.Module, so that a module tree reached from an argument is reached
     through watched dicts: an argument's ``__dict__`` becomes a root local at the top. Before, every check
     under ``self._modules`` ran on each call (a 12-layer GPT-2's module walk)."""
     args = {a.arg for a in fn.args.args}
     roots: dict = {}
+    import torch    # (an object of another class, a Signature's _parameters in __slots__, is read as it is)
+    modules = {n.left.args[0].id for n in ast.walk(fn) if isinstance(n, ast.Compare) and isinstance(n.left, ast.Call)
+               and getattr(n.left.func, "id", None) == "type" and isinstance(n.left.args[0], ast.Name)
+               and isinstance(n.ops[0], ast.Is) and isinstance(n.comparators[0], ast.Name)
+               and isinstance(c := ns.get(n.comparators[0].id), type) and issubclass(c, torch.nn.Module)}
 
     class Rewrite(ast.NodeTransformer):
         def visit_Attribute(self, node):
@@ -247,7 +252,9 @@ def _module_dicts_as_items(fn: ast.FunctionDef) -> ast.FunctionDef:
             if node.attr not in ("_modules", "_parameters", "_buffers") or not isinstance(node.ctx, ast.Load):
                 return node
             owner = node.value
-            if isinstance(owner, ast.Name) and owner.id in args:
+            if not (isinstance(owner, ast.Name) and owner.id in modules):
+                return node
+            if owner.id in args:
                 owner = ast.Name(roots.setdefault(owner.id, f"___d_{owner.id}"), ast.Load())
             else:
                 owner = ast.Attribute(owner, "__dict__", ast.Load())
@@ -266,7 +273,7 @@ def fast_guard(src: str, ns: dict, label: str) -> Optional[Callable]:
     when tags are not available here or too little would be skipped."""
     if _load_helper() is None:
         return None
-    fn = _module_dicts_as_items(ast.parse(src).body[0])
+    fn = _module_dicts_as_items(ast.parse(src).body[0], ns)
     src = ast.unparse(fn) + "\n"
     split = _Split(fn, ns)
     params = ", ".join(a.arg for a in fn.args.args)

@@ -55,7 +55,8 @@ def from_torch_sympy(e: sympy.Expr, env=None) -> sympy.Expr:
         return precomputed(e)  # (TruncToInt, FloorToInt, CeilToInt, RoundToInt of float steps)
     if name == "PowByNatural" and not e.args[1].is_Integer:    # 2 ** s: computed by the wrapper, guarded to fit
         env = env or current_shape_env()                        # int64 (eager keeps a bigger Python int exact)
-        if env is None or not (env.evaluate_expr(e < 2 ** 63) and env.evaluate_expr(e >= -2 ** 63)):
+        m = type(e)(-e.args[0], e.args[1]) if e.args[0].is_number and e.args[0] < 0 else e   # |(-2) ** s|: torch's
+        if env is None or not (env.evaluate_expr(m < 2 ** 63) and env.evaluate_expr(m >= -2 ** 63)):  # ranges recurse
             raise NotImplementedError(f"{e} is beyond int64")
         return precomputed(e)
     args = [from_torch_sympy(a, env) for a in e.args]

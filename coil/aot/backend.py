@@ -6,6 +6,7 @@ Use it to check tracing, functionalization, decompositions and partitioning apar
 """
 from __future__ import annotations
 
+import operator
 from typing import Callable
 
 import torch
@@ -14,7 +15,15 @@ from coil.aot.compile import aot_compile
 
 
 def run_graph(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
-    """A fw/bw compiler that runs the ATen graph as it is."""
+    """A fw/bw compiler that runs the ATen graph as it is (a negative constant base of a symbolic power made a node:
+    FX's code prints ``operator.pow(-2, s)`` as ``-2 ** s``, which Python reads as ``-(2 ** s)``)."""
+    pows = [n for n in gm.graph.find_nodes(op="call_function", target=operator.pow)
+            if isinstance(n.args[0], (int, float)) and n.args[0] < 0]
+    for n in pows:
+        with gm.graph.inserting_before(n):
+            n.args = (gm.graph.call_function(operator.neg, (-n.args[0],)),) + n.args[1:]
+    if pows:
+        gm.recompile()
     return gm.forward
 
 

@@ -16,6 +16,7 @@ import torch
 from coil import trace
 from coil.backends.registry import register_backend
 from coil.aot import aot_compile
+from coil.aot.backend import run_graph
 from coil.config import config
 from coil.exc import refuse_fallback
 
@@ -41,7 +42,7 @@ def kernel_compiler(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
 
         warnings.warn(f"coil: code generation failed ({type(e).__name__}: {e}); "
                       "running this graph with the FX interpreter instead")
-        return gm.forward
+        return run_graph(gm, example_inputs)
 
 
 @register_backend("coil")

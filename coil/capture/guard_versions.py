@@ -237,13 +237,20 @@ def _immutable(v) -> bool:
 _MODULE_DICTS = ("_modules", "_parameters", "_buffers")
 
 
-def _module_dicts_as_items(fn: ast.FunctionDef, lines: list) -> ast.FunctionDef:
+def _module_dicts_as_items(fn: ast.FunctionDef, lines: list, ns: dict) -> ast.FunctionDef:
     """``m._modules`` (``_parameters``, ``_buffers``: what capture's ModuleDictSource writes) read as
     ``m.__dict__['_modules']``, the same dict of an nn.Module, so that a module tree reached from an argument is reached
     through watched dicts: an argument's ``__dict__`` becomes a root local at the top. Before, every check
-    under ``self._modules`` ran on each call (a 12-layer GPT-2's module walk). ``lines``: the source's lines."""
+    under ``self._modules`` ran on each call (a 12-layer GPT-2's module walk). ``lines``: the source's lines; ``ns``: its
+    namespace. Only names the guard checks to be of an nn.Module class (``type(x) is C``) are rewritten: an object of
+    another class (a Signature's ``_parameters`` is a ``__slots__`` attribute) is read as it is."""
     args = {a.arg for a in fn.args.args}
     roots: dict = {}
+    import torch
+    modules = {n.left.args[0].id for n in ast.walk(fn) if isinstance(n, ast.Compare) and isinstance(n.left, ast.Call)
+               and getattr(n.left.func, "id", None) == "type" and n.left.args and isinstance(n.left.args[0], ast.Name)
+               and isinstance(n.ops[0], ast.Is) and isinstance(n.comparators[0], ast.Name)
+               and isinstance(c := ns.get(n.comparators[0].id), type) and issubclass(c, torch.nn.Module)}
 
     class Rewrite(ast.NodeTransformer):
         def visit_Attribute(self, node):
@@ -251,7 +258,9 @@ def _module_dicts_as_items(fn: ast.FunctionDef, lines: list) -> ast.FunctionDef:
             if node.attr not in _MODULE_DICTS or not isinstance(node.ctx, ast.Load):
                 return node
             owner = node.value
-            if isinstance(owner, ast.Name) and owner.id in args:
+            if not (isinstance(owner, ast.Name) and owner.id in modules):
+                return node
+            if owner.id in args:
                 owner = at(ast.Name(roots.setdefault(owner.id, f"___d_{owner.id}"), ast.Load()), node)
             else:
                 owner = at(ast.Attribute(owner, "__dict__", ast.Load()), node)
@@ -274,7 +283,7 @@ def fast_guard(src: str, ns: dict, label: str) -> Optional[Callable]:
     when tags are not available here or too little would be skipped."""
     if _load_helper() is None:
         return None
-    fn = _module_dicts_as_items(ast.parse(src).body[0], src.splitlines())
+    fn = _module_dicts_as_items(ast.parse(src).body[0], src.splitlines(), ns)
     split = _Split(fn, ns)
     params = ", ".join(a.arg for a in fn.args.args)
     head, tail, skipped = [], [], 0     # fast statements before / after the snapshot check

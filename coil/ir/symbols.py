@@ -48,16 +48,19 @@ def from_torch_sympy(e: sympy.Expr, env=None) -> sympy.Expr:
     ``ModularIndexing``, ``PythonMod``, ``Mod``, ``CeilDiv``, ``PowByNatural``, ``Max``, ``Min``) into
     coil's (sizes are non-negative, so floor and truncating division agree); other
     functions stay and make printing fail (the graph then falls back, logged)."""
-    if e.is_Atom or not any(type(a).__module__ == "torch.utils._sympy.functions" for a in sympy.preorder_traversal(e)):
+    if e.is_Atom:
+        return e
+    for p in e.atoms(sympy.Pow):    # s ** 40: kernels compute it in int64, where eager's Python int is exact
+        if p.exp.is_Integer and p.exp > 2 and p.free_symbols:
+            _fits_int64(p, env)
+    if not any(type(a).__module__ == "torch.utils._sympy.functions" for a in sympy.preorder_traversal(e)):
         return e
     name = type(e).__name__
     if name.endswith("ToInt") and type(e).__module__ == "torch.utils._sympy.functions":
         return precomputed(e)  # (TruncToInt, FloorToInt, CeilToInt, RoundToInt of float steps)
     if name == "PowByNatural" and not e.args[1].is_Integer:    # 2 ** s: computed by the wrapper, guarded to fit
-        env = env or current_shape_env()                        # int64 (eager keeps a bigger Python int exact)
-        if env is None or not (env.evaluate_expr(e < 2 ** 63) and env.evaluate_expr(e >= -2 ** 63)):
-            raise NotImplementedError(f"{e} is beyond int64")
-        return precomputed(e)
+        _fits_int64(type(e)(-e.args[0], e.args[1]) if e.args[0].is_number and e.args[0] < 0 else e, env)  # |(-2)**s|
+        return precomputed(e)                                  # (torch's value ranges recurse on a negative base)
     args = [from_torch_sympy(a, env) for a in e.args]
     if type(e).__module__ == "torch.utils._sympy.functions":
         if name in ("FloorDiv", "CleanDiv"):
@@ -74,6 +77,14 @@ def from_torch_sympy(e: sympy.Expr, env=None) -> sympy.Expr:
             return (sympy.Max if name == "Max" else sympy.Min)(*args)
         return e
     return e.func(*args)
+
+
+def _fits_int64(e: sympy.Expr, env) -> None:
+    """Guard that the integer power ``e`` fits int64 (NotImplementedError where it does not: the graph falls back to
+    running as Python, whose ints eager's are)."""
+    env = env or current_shape_env()
+    if env is None or not (env.evaluate_expr(e < 2 ** 63) and env.evaluate_expr(e >= -2 ** 63)):
+        raise NotImplementedError(f"{e} is beyond int64")
 
 
 #: Precomputed sizes: symbol ``ps<k>`` -> a ShapeEnv size with float steps that kernels cannot print

@@ -675,7 +675,10 @@ def call_checkpoint(tx, args: list, kwargs: dict) -> VariableTracker:
     # without early stop, eager's recomputation replays the body's in-place writes after the last save into the saved
     # values (coil/aot/functional.py, _CheckpointSaves, reads them as of that save)
     flag = f"{tx.output.guards.const(ckpt)}._enable_checkpoint_early_stop"
-    if ckpt._enable_checkpoint_early_stop is False:
+    se = tx.output.side_effects    # (set_checkpoint_early_stop(False) entered in the frame: a pending global store)
+    pending = se.pending_global(vars(ckpt), "_enable_checkpoint_early_stop") or se.pending_attr(
+        ckpt, "_enable_checkpoint_early_stop")
+    if (ckpt._enable_checkpoint_early_stop if pending is None else pending.as_python_constant_or_none()) is False:
         raise Unsupported("torch.utils.checkpoint.checkpoint under set_checkpoint_early_stop(False)")
     tx.output.guards.add(f"{flag} is not False", flag, ckpt._enable_checkpoint_early_stop)
     out = tx.output

@@ -74,8 +74,9 @@ class SymNodeVariable(VariableTracker):
 
     # --- graph ----------------------------------------------------------------------
     def as_node(self):
-        """The graph node computing this value (made on first use)."""
-        if self._node is not None:
+        """The graph node computing this value (made on first use; made again where a speculative trace that
+        first used it, an autograd.Function's probe, erased it)."""
+        if self._node is not None and not self._node._erased:
             return self._node
         out = self.output
         kind = self.recipe[0]
@@ -92,6 +93,8 @@ class SymNodeVariable(VariableTracker):
         else:
             fn, operands = self.recipe[1], self.recipe[2]
             args = tuple(a.as_node() if isinstance(a, SymNodeVariable) else a for a in operands)
+            if fn is operator.pow and isinstance(args[0], (int, float)) and args[0] < 0:  # FX prints -2 ** s: -(2**s)
+                args = (graph.create_node("call_function", operator.neg, (-args[0],), {}),) + args[1:]
             node = graph.create_node("call_function", fn, args, {})
         node.meta.setdefault("example_value", self.value)
         self._node = node

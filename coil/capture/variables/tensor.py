@@ -252,14 +252,19 @@ def _track_inference(out, kind, target, fake_args, result, kwargs) -> None:
     an in-place op or in autograd-recorded math (grad on, an input requiring grad): the frame runs eagerly there."""
     made = out.inference_made
     ins = [t for t in pytree.tree_leaves(fake_args) if isinstance(t, torch.Tensor)]
-    if not out.inference_depth and any(id(t) in made for t in ins) and (_is_inplace(kind, target, kwargs) or (
-            torch.is_grad_enabled() and any(t.requires_grad for t in ins))):
+    args, f_kwargs = fake_args
+    written = pytree.tree_leaves(f_kwargs["out"] if "out" in f_kwargs else args[0] if args and not isinstance(
+        target, torch._ops.OpOverload) else fake_args)    # (eager writes a normal tensor from an inference one)
+    if not out.inference_depth and any(id(t) in made for t in ins) and (
+            (_is_inplace(kind, target, kwargs) and any(made.get(id(t)) is t for t in written))
+            or (torch.is_grad_enabled() and any(t.requires_grad for t in ins))):
         raise InferenceTensorUse(f"{_name(target)} of a tensor made in torch.inference_mode(), in place or with "
                                  "autograd recording (eager raises or records differently): the frame runs eagerly")
+    detached = _name(target) in ("detach", "_get_data_attr") and any(id(t) in made for t in ins)
     for r in pytree.tree_leaves(result):
         if isinstance(r, torch.Tensor) and all(r is not t for t in ins) and (
-                id(r._base) in made if r._is_view() else out.inference_depth):
-            made[id(r)] = r
+                id(r._base) in made if r._is_view() else out.inference_depth or detached):
+            made[id(r)] = (r,) if detached else r   # (eager writes a detached one in place: not ``is`` its fake)
 
 
 class InferenceTensorUse(Exception):
@@ -343,6 +348,11 @@ def _wrap_sequence(out, node, result) -> VariableTracker:
             sub.meta["example_value"] = r
             _copy_location(node, sub)
             items.append(TensorVariable(sub, r) if isinstance(r, torch.Tensor) else _wrap_sequence(out, sub, r))
+        elif isinstance(r, (torch.SymInt, torch.SymFloat, torch.SymBool)):  # (an autograd.Function's k * 2)
+            sub = out.graph.create_node("call_function", operator.getitem, (node, i), {})
+            sub.meta["example_value"] = r
+            _copy_location(node, sub)
+            items.append(wrap_sym(out, r, ("node", sub)))
         else:
             items.append(ConstantVariable(r))
     if type(result) is dict:

@@ -21,7 +21,7 @@ from coil.ir.nodes import (Buffer, ComputedBuffer, ConcatBuffer, ConcatSlice, Co
                            MultiOutput, ReinterpretView, ScatterBuffer, describe_origin)
 from coil.capture.substitutes import OPAQUE_IMPLS
 from coil.ir.graph import misaligned_leading_dim
-from coil.ir.symbols import PRECOMPUTED, as_expr, is_size_symbol, pyexpr
+from coil.ir.symbols import PRECOMPUTED, as_expr, is_size_symbol, precomputed_symbol_of, pyexpr
 from coil.schedule.scheduler import FusedGroup
 from coil.codegen.common import layout_key
 
@@ -153,7 +153,8 @@ def symbol_bindings(graph, needed: set, sources: Optional[dict] = None) -> list[
     a precomputed size made from a dynamic float). Raises NotImplementedError for a symbol no input defines alone (the
     "coil" backend then falls back, logged)."""
     sources = _symbol_sources(graph) if sources is None else sources
-    late = sorted((s for s in needed if s in PRECOMPUTED), key=lambda s: s.name)  # after what they read
+    # after what they read; one an input passes whole (a backward's ``int(k * 10)``) is bound from it instead
+    late = sorted((s for s in needed if s in PRECOMPUTED and s not in sources), key=lambda s: s.name)
     needed = (set(needed) - set(late)).union(*(PRECOMPUTED[s].free_symbols for s in late))
     if missing := sorted(str(s) for s in needed if s not in sources):
         raise NotImplementedError(f"coil wrapper: size symbols {missing} are not a size, stride "
@@ -187,6 +188,10 @@ def _symbol_sources(graph) -> dict:
     for name, value in zip(graph.placeholder_names, graph.example_inputs):
         if isinstance(value, torch.SymInt) and as_expr(value).is_Symbol:
             sources.setdefault(as_expr(value), name)
+        elif isinstance(value, torch.SymInt) and (ps := precomputed_symbol_of(as_expr(value))) is not None:
+            # a precomputed size passed in whole: a backward reading the forward's ``int(k * 10)``, whose float
+            # symbol no input of the backward defines
+            sources.setdefault(ps, name)
     for n in graph.gm.graph.find_nodes(op="call_function", target=torch.ops.aten._local_scalar_dense.default):
         # a 0-d tensor input holding a dynamic number (a float's ``zf0``) that a size is made from
         v, src = n.meta.get("val"), n.args[0]

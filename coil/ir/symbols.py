@@ -12,7 +12,7 @@ import contextlib
 import functools
 import math
 import threading
-from typing import Iterable, Sequence
+from typing import Iterable, Optional, Sequence
 
 import sympy
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
@@ -104,6 +104,11 @@ def precomputed(e: sympy.Expr) -> sympy.Symbol:
         s = _BY_EXPR[e] = sympy.Symbol(f"ps{len(_BY_EXPR)}", integer=True, **sign)
         PRECOMPUTED[s] = e
     return s
+
+
+def precomputed_symbol_of(e: sympy.Expr) -> Optional[sympy.Symbol]:
+    """The precomputed-size symbol made for ShapeEnv expression ``e`` so far, or None."""
+    return _BY_EXPR.get(e)
 
 
 def _provably_nonneg(e: sympy.Expr) -> bool:

@@ -256,9 +256,11 @@ def _make_epilogue(info: ProgramInfo) -> Callable:
             else:  # 4: a constant, 8: a symbolic number (x.shape[0] * 2 under torch's capture)
                 flat.append(extra if kind == 4 else lay[idx])
         for k, i, extra in shared:  # computed with its grad_fn; eager's shares the input's memory
-            v = view(args[i], *extra)
+            v, version = view(args[i], *extra), flat[k]._version
             with torch.no_grad():
                 flat[k].set_(v.untyped_storage(), v.storage_offset(), v.shape, v.stride())
+            # set_ writes no value: values saved for the backward over the output's old memory keep their version
+            _set_version((flat[k],), (version,))  # (s1044 #112: a view of the new input value, max_pool's input)
         for k, (conj, neg) in lazy:
             flat[k] = torch._neg_view(flat[k]) if neg else flat[k]
             flat[k] = torch._conj(flat[k]) if conj else flat[k]
@@ -322,6 +324,7 @@ def opaque_to_torch_compile(fn: Callable) -> Callable:
 
 
 _increment_version = torch.autograd.graph.increment_version
+_set_version = torch._C._autograd._unsafe_set_version_counter
 
 
 def inference_runner(compiled_fw: Callable, info: ProgramInfo) -> Callable:

@@ -467,13 +467,17 @@ class _Bounds(TorchDispatchMode):
             v = x.detach().double().square().max() * torch.finfo(x.dtype).eps * 4 * (x.numel() // max(out.numel(), 1))
             self.bounds[id(out)] = out, torch.full(out.shape, (v if op is torch.ops.aten.var else v.sqrt()).item(),
                                                    dtype=torch.float64)
-        elif op is torch.ops.aten.gelu and out.is_floating_point():  # 1 + erf cancels in the
-            self.bounds[id(out)] = out, x.double().abs() * torch.finfo(x.dtype).eps * 4  # tail: s203 #10433
+        elif op is torch.ops.aten.gelu and out.is_floating_point():  # 1 + erf cancels in the tail: s203 #10433
+            sp = self._spread(func, args, kwargs, out)  # (plus its argument's bound)
+            self.bounds[id(out)] = out, x.double().abs() * torch.finfo(x.dtype).eps * 4 + (0.0 if sp is None else sp)
         elif op is torch.ops.aten.prod and out.is_floating_point() and x.numel():
-            # partial products past the range in some order (no zero factor): 0, inf or the value (s203 #11361)
+            # partial products past the range in some order (no zero factor): 0, inf or the value (s203 #11361),
+            # plus the factors' bounds (a float64 prod of a float32 gelu's tail: s326 #850)
             a, fi, kw = x.double().abs(), torch.finfo(out.dtype), {k: v for k, v in kwargs.items() if k != "dtype"}
             odd = (func(a.clamp(min=1), *args[1:], **kw) >= fi.max) | (func(a.clamp(max=1), *args[1:], **kw) <= fi.tiny)
-            self.bounds[id(out)] = out, (odd & (func((a != 0).double(), *args[1:], **kw) != 0)).double() * ANYTHING
+            sp = self._spread(func, args, kwargs, out)
+            self.bounds[id(out)] = out, (odd & (func((a != 0).double(), *args[1:], **kw) != 0)).double() * ANYTHING + (
+                0.0 if sp is None else sp)
         elif op in (torch.ops.aten.copysign, torch.ops.aten.signbit) and isinstance(
                 s := args[-1], torch.Tensor) and s.untyped_storage().data_ptr() not in self.inputs:
             # IEEE 754 leaves an arithmetic NaN's sign to the implementation (eager's float32 sum of

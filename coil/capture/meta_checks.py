@@ -136,8 +136,9 @@ def _probe_dtypes(target, mixed: bool = False, always: bool = False, trailing: t
     def check(args, kwargs):
         leaves = pytree.tree_leaves((args, kwargs))
         tensors = [a for a in leaves if isinstance(a, torch.Tensor)]
-        if mixed:
-            leaves += [d for t in tensors for d in t.shape]
+        if mixed:  # (symbolic sizes: the call's own, their hints; s409 #145: matmul under dynamic=True)
+            hints = {id(t): [d if isinstance(d, int) else d.node.hint for d in t.shape] for t in tensors}
+            leaves += [d for h in hints.values() for d in h if d is None]
             needed = always or len({t.dtype for t in tensors if t.is_floating_point()}) > 1
         else:
             needed = any(not (a.is_floating_point() or a.is_complex()) for a in tensors)
@@ -147,7 +148,7 @@ def _probe_dtypes(target, mixed: bool = False, always: bool = False, trailing: t
         def real(a):
             if isinstance(a, torch.Tensor):
                 last = trailing[len(trailing) - min(len(trailing), a.dim()):]
-                shape = a.shape if mixed else (1,) * (a.dim() - len(last)) + last
+                shape = hints[id(a)] if mixed else (1,) * (a.dim() - len(last)) + last
                 return torch.zeros(shape, dtype=a.dtype, device=a.device) + (not mixed)
             return a
         with unset_fake_temporarily(), torch.no_grad(), warnings.catch_warnings():
@@ -169,7 +170,7 @@ _DTYPE_RESTRICTED = (
 
 #: ops whose eager kernels refuse floating arguments of different dtypes, or give another result dtype than
 #: their meta kernels, that fake tensors accept (probed with ``mixed``)
-_MIXED_RESTRICTED = ("mv addmv heaviside cross linalg_cross batch_norm instance_norm layer_norm nll_loss "
+_MIXED_RESTRICTED = ("mv addmv matmul heaviside cross linalg_cross batch_norm instance_norm layer_norm nll_loss "
                      "cross_entropy binary_cross_entropy huber_loss soft_margin_loss").split()
 
 #: index ops whose meta kernels accept a floating index -> (position, name) of the index argument

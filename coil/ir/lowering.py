@@ -189,7 +189,8 @@ def round_scalars(args: Sequence, dtype: torch.dtype, keep=()) -> list:
 def _promote(args) -> torch.dtype:
     tensors = [torch.empty((1,) * max(len(a.get_size()), 1) if a.get_size() else (), dtype=a.get_dtype(),
                            device="meta") for a in args if is_box(a)]
-    scalars = [a for a in args if isinstance(a, (bool, int, float))]
+    scalars = [a for a in args if isinstance(a, (bool, int, float))] + [  # a symbolic number (dynamic shapes)
+        1 if a.is_integer else 1.0 for a in args if isinstance(a, sympy.Expr)]  # (s409 #544: bool == s0 as bools)
     items = tensors + scalars
     dt = torch.result_type(items[0], items[1]) if len(items) > 1 else (
         items[0].dtype if isinstance(items[0], torch.Tensor) else torch.tensor(items[0]).dtype)

@@ -429,6 +429,26 @@ def test_input_written_through_no_autograd_view_of_it(backend, f):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_input_written_through_a_dtype_view_then_saved_for_backward(backend):
+    """Gradient fuzzer s1044 #112: ``v1 = b.squeeze().view(torch.bfloat16); v1.add_(c.bfloat16())``, then
+    ``max_pool1d(b.reshape(1, 1, -1), 1)``: the forward saved a view of b's new value (max_pool's input), and the
+    ``set_`` that puts ``v1`` over b's memory bumped the version counter it shares with it: the backward raised
+    "modified by an inplace operation". ``set_`` writes no value; the version stays."""
+    def f(b, c):
+        v1 = b.squeeze().view(torch.bfloat16)
+        v1.add_(c.to(torch.bfloat16))
+        return v1, torch.nn.functional.max_pool1d(b.reshape(1, 1, -1), 1, stride=2)
+
+    res = []
+    for fn in (f, coil.compile(f, options={"cpu_backend": backend})):
+        b, c = torch.tensor(1.0, dtype=torch.float16, requires_grad=True), torch.tensor(1.0, requires_grad=True)
+        outs = fn(b, c)
+        torch.autograd.backward(outs, [torch.tensor(0.5, dtype=torch.bfloat16), torch.full((1, 1, 1), 0.75).half()])
+        res.append((outs[0].detach(), outs[1].detach(), b.detach(), b.grad, c.grad))
+    torch.testing.assert_close(res[1], res[0], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_backward_of_an_in_place_op_through_an_identity_expand(backend):
     """Gradient fuzzer s1016 #102: ``b.expand(-1).relu_()`` at b = 0, then ``remainder(b, nan) % b``: autograd
     writes relu's gradient through the expand in the backward, which functionalization wrote back as

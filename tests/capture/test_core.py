@@ -220,3 +220,10 @@ def test_compiling_a_builtin_an_aten_op_or_a_callable_object_captures_it():
     with pytest.warns(UserWarning, match="runs eagerly") as rec:
         assert coil.compile(dict)(a=1) == {"a": 1}
     assert rec[0].filename == __file__
+
+
+def test_negative_literal_base_of_a_power():
+    """Gradient fuzzer s1044 #819: ``(-0.5) ** a`` gave -1 at a = 0 where the captured graph's code ran (the eager
+    backend, a graph that runs eagerly): FX printed ``operator.pow(-0.5, a)`` as ``-0.5 ** a``, -(0.5 ** a)."""
+    a = torch.tensor([0.0, 1.0, 2.0])
+    _check(lambda x: ((-0.5) ** x, (-2) ** x.long(), (-0.0) ** x, (-float("inf")) ** x), a)

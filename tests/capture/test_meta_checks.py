@@ -79,6 +79,7 @@ def test_checks_run_on_torch_compile_graphs():
 
 @pytest.mark.parametrize("name, fn", [
     ("mv", lambda x, y: torch.mv(x, y[0])),
+    ("matmul", lambda x, y: torch.matmul(x, y[0].bfloat16())),  # call sequences s409 #145 (its mv)
     ("heaviside", lambda x, y: torch.heaviside(x, y)),
     ("binary_cross_entropy", lambda x, y: torch.nn.functional.binary_cross_entropy(x.sigmoid(), y.sigmoid())),
     ("layer_norm", lambda x, y: torch.nn.functional.layer_norm(x, (3,), y[0])),
@@ -91,6 +92,17 @@ def test_mixed_float_dtypes_eager_refuses(name, fn):
         fn(x, y)
     with pytest.raises(RuntimeError) as got:
         coil.compile(fn)(x, y)
+    assert str(got.value) == str(ref.value)
+
+
+def test_mixed_float_dtypes_eager_refuses_under_dynamic_shapes():
+    """Call sequences s409 #145 (``dynamic=True``): the probe was skipped for symbolic sizes; it runs at their hints."""
+    fn = lambda x, y: torch.matmul(x, y)  # noqa: E731
+    x, y = torch.randn(4, 2, 2), torch.tensor([-1.914], dtype=torch.bfloat16).expand(2)
+    with pytest.raises(RuntimeError) as ref:
+        fn(x, y)
+    with pytest.raises(RuntimeError) as got:
+        coil.compile(fn, dynamic=True)(x, y)
     assert str(got.value) == str(ref.value)
 
 

@@ -64,3 +64,16 @@ def test_complex_ops_run_as_extern():
     fn, *args = CASES["fft_then_abs"]
     g, _ = lower_and_run(fn, *args)
     assert any("abs" in k for k in g.fallbacks), g.fallbacks
+
+
+@pytest.mark.parametrize("backend", ["cpp", "triton"])
+def test_comparison_with_a_symbolic_number_promotes_like_eager(backend):
+    """Call sequences s409 #544 (``dynamic=True``): ``torch.any(a) == p0`` with p0 = 7 a symbolic int: the common
+    dtype left the symbolic number out, so 7 was compared as a bool (True == True); eager compares as int64."""
+    import coil
+
+    def fn(a, p0):
+        return torch.any(a) == p0, a.bool() < p0 * 0.5
+    a = torch.tensor([2])
+    out = coil.compile(fn, dynamic=True, options={"cpu_backend": backend})(a, 7)
+    assert [o.item() for o in out] == [o.item() for o in fn(a, 7)] == [False, True]

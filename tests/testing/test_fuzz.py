@@ -403,6 +403,16 @@ def test_remainder_by_a_computed_divisor_moves_by_the_quotient():
     assert check_program(q, _fake(lambda s, o, a: (o[0] + 2e-4,))).kind == "out-value"
 
 
+def test_prod_carries_its_factors_bounds():
+    """fuzz seed 326 #850: a float64 ``prod`` of a float32 0-d GELU at -3.52: eager's scalar
+    GELU (libm's erf) is -7.57758e-4, coil's (eager's vector formula) -7.57967e-4, both within
+    GELU's tail bound; the prod dropped that bound. Accepted within it, not beyond."""
+    p = _prog(["v0 = torch.nn.functional.gelu(a)", "v1 = torch.prod(v0, dtype=torch.float64)"],
+              torch.tensor(-3.520649), returns=["v1"])
+    assert check_program(p, _fake(lambda s, o, a: (o[0] - 2.1e-7,))).outcome == "ok"
+    assert check_program(p, _fake(lambda s, o, a: (o[0] - 1e-5,))).kind == "out-value"
+
+
 def test_gelu_of_values_past_half_the_max_is_not_generated():
     """Eager's GELU of x >= max/2 is inf in its vector lanes and x in its scalar tail
     (fuzz s81 #2280: fmod(x, gelu(x)) was x in eager, 0 compiled); +inf: NaN or inf."""

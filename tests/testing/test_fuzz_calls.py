@@ -69,3 +69,14 @@ def test_one_tensor_for_the_target_and_source_of_an_in_place_op_is_not_drawn():
         prog, calls = fc.sequence(401, i, backend="dynamic")
         assert "alias" not in [c.kind for c in calls] and fc._signature(fc.run_calls(prog.function(), calls,
                                                                                       "dynamic")) == "ok"
+
+
+def test_lifted_numbers_become_arguments():
+    """Call-sequence seed 408 drew no ``scalars`` call in 673 sequences: ``lift_scalars`` passed its numbers as the
+    program's ``grad_key`` (a field added before ``params``), so the lifted ``fn`` had no ``p0`` argument, failed its
+    check against the original and was dropped. s408 #5 (``v4 = v0 // 2.5``) lifts the 2.5; #4 (``v0 = 1 / d``)
+    draws ``scalars`` calls."""
+    prog = fc.lift_scalars(fc.generate(408, 5), __import__("random").Random(0))
+    assert prog.params == {"p0": 2.5} and "def fn(a, p0):" in prog.fn_source()
+    lifted, calls = fc.sequence(408, 4, backend="auto")
+    assert lifted.params == {"p0": 1} and "scalars" in [c.kind for c in calls]

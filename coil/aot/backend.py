@@ -15,13 +15,12 @@ from coil.aot.compile import aot_compile
 
 
 def run_graph(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
-    """A fw/bw compiler that runs the ATen graph as it is (a negative constant base of a symbolic power made a node:
-    FX's code prints ``operator.pow(-2, s)`` as ``-2 ** s``, which Python reads as ``-(2 ** s)``)."""
+    """A fw/bw compiler that runs the ATen graph as it is (``operator.pow`` of a negative constant base called as the
+    builtin ``pow``: FX's code prints the operator as ``-2 ** s``, which Python reads as ``-(2 ** s)``)."""
     pows = [n for n in gm.graph.find_nodes(op="call_function", target=operator.pow)
             if isinstance(n.args[0], (int, float)) and n.args[0] < 0]
     for n in pows:
-        with gm.graph.inserting_before(n):
-            n.args = (gm.graph.call_function(operator.neg, (-n.args[0],)),) + n.args[1:]
+        n.target = pow
     if pows:
         gm.recompile()
     return gm.forward

@@ -93,8 +93,6 @@ class SymNodeVariable(VariableTracker):
         else:
             fn, operands = self.recipe[1], self.recipe[2]
             args = tuple(a.as_node() if isinstance(a, SymNodeVariable) else a for a in operands)
-            if fn is operator.pow and isinstance(args[0], (int, float)) and args[0] < 0:  # FX prints -2 ** s: -(2**s)
-                args = (graph.create_node("call_function", operator.neg, (-args[0],), {}),) + args[1:]
             node = graph.create_node("call_function", fn, args, {})
         node.meta.setdefault("example_value", self.value)
         self._node = node

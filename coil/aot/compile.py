@@ -488,8 +488,8 @@ def _compile(fn, example_inputs, fw_compiler, bw_compiler, partition_fn, decompo
                               "not implemented", str(e)):
             raise
         trace.log("aot_backward_error_eager", stage="aot", reason=str(e))
-        return _eager(user_fn, "its backward cannot be traced; eager raises the same error if backward runs: "
-                      + str(e).split("\n")[0].split(" Hint:")[0])
+        return _eager(user_fn, "its backward cannot be traced (" + str(e).split("\n")[0].split(" Hint:")[0]
+                      + "); it runs eagerly, where autograd's own backward decides whether that error happens")
     tensorize_scalar_reads(joint, "joint")
     _zero_fill_evenly_distributed(joint)
     trace.artifact("aot_joint_graph", _graph_text(joint, "aot joint graph (ATen)"), kind="python")

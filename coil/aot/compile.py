@@ -27,7 +27,7 @@ import torch
 import torch.autograd.forward_ad as fwAD
 import torch.fx
 import torch.utils._pytree as pytree
-from torch._subclasses.fake_tensor import DynamicOutputShapeException, FakeTensor
+from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException, FakeTensor
 from torch.fx._lazy_graph_module import _make_graph_module, _use_lazy_graph_module
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
@@ -305,9 +305,14 @@ def aot_compile(gm: Callable, example_inputs: list, fw_compiler: Callable,
             # tensor): only the capture's fake mode, which allowed it, can trace it
             fakes = _symbolic_placeholder_values(gm, [], True) if not lifted and \
                 isinstance(gm, torch.fx.GraphModule) else None
-            if fakes is None or all(a is b for a, b in zip(fakes, example_inputs)):
-                raise
-            run = _compile(fn, fakes, fw_compiler, bw_compiler, partition_fn, decompositions)
+            try:
+                if fakes is None or all(a is b for a, b in zip(fakes, example_inputs)):
+                    raise
+                run = _compile(fn, fakes, fw_compiler, bw_compiler, partition_fn, decompositions)
+            except (DynamicOutputShapeException, DataDependentOutputException) as e:
+                # a data-dependent size no trace can follow (nn.Embedding(sparse=True, padding_idx=...)'s backward
+                # masks rows with nonzero): eager computes it
+                run = _eager(fn, f"its joint graph reads an op whose output size depends on data ({e})")
     trace.log("aot_done", stage="aot", path=run._coil_aot_path, compile_ms=(time.perf_counter() - t0) * 1e3)
     run = _dual_inputs_eager(run, fn)
     if not lifted:

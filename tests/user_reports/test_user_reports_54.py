@@ -253,16 +253,30 @@ def test_linearize_inside_a_compiled_function(coil_reset):
 # Finding 10: Embedding(sparse=True, padding_idx=...) cannot be trained compiled
 # ---------------------------------------------------------------------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason="FINDINGS_54 #10: the sparse embedding backward with a padding_idx "
-                                       "(a boolean-mask index) fails AOT tracing: BackendCompilerFailed")
-def test_sparse_embedding_with_padding_idx_trains(coil_reset):
+def _sparse_padding_idx_grads():
     torch.manual_seed(0)
     e1 = nn.Embedding(10, 4, sparse=True, padding_idx=0)
     e2 = copy.deepcopy(e1)
     ids = torch.tensor([1, 0, 2])
     e1(ids).sum().backward()
     coil.compile(lambda i: e2(i).sum())(ids).backward()
-    torch.testing.assert_close(e2.weight.grad.to_dense(), e1.weight.grad.to_dense())
+    return e2.weight.grad.to_dense(), e1.weight.grad.to_dense()
+
+
+def test_sparse_embedding_with_padding_idx_trains(coil_reset):
+    """FINDINGS_54 #10: the backward masks padding rows with ``nonzero``, a data-dependent size the joint trace cannot
+    follow. It raised BackendCompilerFailed; the graph now runs eagerly, warned, with eager's gradients."""
+    with pytest.warns(UserWarning, match="output size depends on data"):
+        got, want = _sparse_padding_idx_grads()
+    torch.testing.assert_close(got, want)
+
+
+@pytest.mark.xfail(strict=True, reason="FINDINGS_54 #10: the sparse embedding backward with a padding_idx (a "
+                                       "boolean-mask index) is not traced: the graph runs eagerly")
+def test_sparse_embedding_with_padding_idx_trains_compiled(coil_reset):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _sparse_padding_idx_grads()
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -6,7 +6,6 @@ Use it to check tracing, functionalization, decompositions and partitioning apar
 """
 from __future__ import annotations
 
-import operator
 from typing import Callable
 
 import torch
@@ -17,11 +16,8 @@ from coil.aot.compile import aot_compile
 def run_graph(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
     """A fw/bw compiler that runs the ATen graph as it is (``operator.pow`` of a negative constant base called as the
     builtin ``pow``: FX's code prints the operator as ``-2 ** s``, which Python reads as ``-(2 ** s)``)."""
-    pows = [n for n in gm.graph.find_nodes(op="call_function", target=operator.pow)
-            if isinstance(n.args[0], (int, float)) and n.args[0] < 0]
-    for n in pows:
-        n.target = pow
-    if pows:
+    from coil.capture.frame import print_negative_bases_as_calls
+    if print_negative_bases_as_calls(gm.graph):
         gm.recompile()
     return gm.forward
 

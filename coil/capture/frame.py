@@ -721,7 +721,7 @@ def _build_entry(tx, output: OutputGraph, cfg: CaptureConfig, fn, code, argnames
     graph = output.graph
     lift_grad = _balance_grad_mode(output)
     graph.output(tuple(t.node for t in graph_outs))
-    _print_negative_bases_as_calls(graph)
+    print_negative_bases_as_calls(graph)
     gm = torch.fx.GraphModule(output.root_module(), graph)
     needs_graph = bool(graph_outs) or output.count_calls() > 0
     cg = EntryCodegen(output, graph_outs)
@@ -839,13 +839,16 @@ def _detach_outs(outs, idxs):
     return outs
 
 
-def _print_negative_bases_as_calls(graph: torch.fx.Graph) -> None:
+def print_negative_bases_as_calls(graph: torch.fx.Graph) -> bool:
     """Give ``operator.pow`` of a negative literal base the builtin ``pow`` as target: FX prints the operator as
     ``-0.5 ** a``, which Python reads as ``-(0.5 ** a)`` (s1044 #819: ``(-0.5) ** a`` gave -1 at a = 0 where a graph
-    ran its code, as one that runs eagerly does); ``pow(-0.5, a)`` is the same call."""
-    for n in graph.nodes:
-        if n.target is operator.pow and n.args and type(b := n.args[0]) in (int, float) and str(b).startswith("-"):
-            n.target = pow
+    ran its code, as one that runs eagerly does); ``pow(-0.5, a)`` is the same call. Used for capture's graphs and
+    for the ATen graphs run as they are (coil/aot/backend.py). Returns whether a node changed."""
+    changed = False
+    for n in graph.find_nodes(op="call_function", target=operator.pow):
+        if n.args and type(b := n.args[0]) in (int, float) and str(b).startswith("-"):
+            n.target, changed = pow, True
+    return changed
 
 
 def _balance_grad_mode(output: OutputGraph) -> bool:

@@ -381,21 +381,21 @@ def scratch_copies(args, written: Optional[frozenset] = None) -> tuple:
     ``Tensor.clone()`` is not enough: a clone of a non-dense view (input ids ``ids[:, :128]`` of an ``(8, 512)`` tensor)
     is contiguous and smaller, while the kernel was generated for the view's strides (``in_ptr0 + 512 * (x // 128) + x %
     128``) and reads past the clone's end (an illegal memory access on a GPU)."""
+    def key(a):
+        st = a.untyped_storage()
+        return a.device, st.data_ptr(), st.nbytes()
+    keys = [key(a) if isinstance(a, torch.Tensor) else None for a in args]
+    copied = {k for i, k in enumerate(keys) if k is not None and (written is None or i in written)}
     storages: dict[tuple, object] = {}
-    key = lambda a: (a.device, a.untyped_storage().data_ptr(), a.untyped_storage().nbytes())
-    copied = None if written is None else {key(a) for i, a in enumerate(args)
-                                           if i in written and isinstance(a, torch.Tensor)}
     out = []
-    for a in args:
-        if not isinstance(a, torch.Tensor) or copied is not None and key(a) not in copied:
+    for a, k in zip(args, keys):
+        if k not in copied:     # (a non-tensor's None is not in it)
             out.append(a)
             continue
-        st = a.untyped_storage()
-        key_ = key(a)
-        if key_ not in storages:
-            storages[key_] = st.clone()
+        if k not in storages:
+            storages[k] = a.untyped_storage().clone()
         out.append(torch.empty(0, dtype=a.dtype, device=a.device).set_(
-            storages[key_], a.storage_offset(), a.size(), a.stride()))
+            storages[k], a.storage_offset(), a.size(), a.stride()))
     return tuple(out)
 
 

@@ -392,6 +392,8 @@ def _to_copy(x, *args, **kwargs):
     if not is_box(x):
         return _full(out_size(), x, out_dtype())
     size, odt = out_size(), out_dtype()
+    if (alias := _clone_in_place(x, odt)) is not None:
+        return alias
     # aten.copy(self, src) broadcasts src to self's shape (e.g. ``y[:, 0] = 0``)
     load = broadcast_loader(x, size) if list(x.get_size()) != list(size) else x.make_loader()
     src = x.get_dtype()
@@ -405,6 +407,23 @@ def _to_copy(x, *args, **kwargs):
     else:
         inner = lambda i: ops.to_dtype(load(i), odt, compute_dtype(src))
     return TensorBox.create(Pointwise(device(), odt, inner, size))
+
+
+def _clone_in_place(x, odt) -> Optional[TensorBox]:
+    """``x`` itself for a ``clone`` of a view of a concat buffer laid out for that clone (``lowering_views._copy_strides``:
+    the concatenation's one use is this clone, after reshapes and permutes) when the view already has the clone's
+    strides: nothing else reads that storage, so the copy would only move every element once more."""
+    from coil.ir.lowering_views import strided_base
+    from coil.ir.nodes import ConcatBuffer
+    node, base = current_graph().current_node, strided_base(x) if is_box(x) else None
+    meta = node.meta.get("val")
+    if node.target is not aten.clone.default or base is None or not isinstance(base[0], ConcatBuffer) \
+            or not getattr(base[0].storage, "for_copy", False) or not isinstance(meta, torch.Tensor):
+        return None
+    lay = base[1]
+    same = lay.dtype == odt and lay.offset == 0 and [as_expr(v) for v in meta.stride()] == list(lay.stride) \
+        and [as_expr(v) for v in meta.shape] == list(lay.size)
+    return x if same else None
 
 
 def _unrounded(x) -> bool:
@@ -554,7 +573,8 @@ def _split_decision(ranges, numel_r: int, reduction_type: str, leading: bool = F
     the reduction in ``S`` chunks (a power of two) so there are ~8k partials of >= 512 elements. ``leading`` (reduced
     dims first, the kernel tiles 64-256 outputs per program): 1k-32k outputs split up to 64k partials of >= 1024 rows
     (>= 512 under 4k partials), and on a GPU fewer than 4096 outputs over 256-2047 rows split to about one program
-    per SM. Leading reductions and at most :data:`RAGGED_SPLIT_MAX_OUTPUTS` outputs may end in a ragged chunk. On a
+    per SM, and 256-32k outputs over >= 2048 rows split into chunks of 256 rows (at most 32k partials). Leading
+    reductions and at most :data:`RAGGED_SPLIT_MAX_OUTPUTS` outputs may end in a ragged chunk. On a
     GPU a row reduction (one program per row) splits only with fewer rows than SMs and rows of >=
     :data:`GPU_SPLIT_MIN_RNUMEL`. docs/codegen.md ("Split reductions on a GPU") has the measurements behind each
     rule."""
@@ -569,6 +589,13 @@ def _split_decision(ranges, numel_r: int, reduction_type: str, leading: bool = F
         return (s if s >= 2 else 1), "gpu_leading_few_programs"
     if numel_r < (2048 if leading else 4096):
         return 1, "short_reduction"
+    if leading and _gpu_split_rule(device) and 256 <= numel_out < 32768:
+        # chunks of 256 rows, at most 32k partials: on the H200 1.2-1.6x faster than chunks of 512-1024 rows
+        # (benchmarks/gpu_leading_split.py; LLaMA's RMSNorm weight gradients, 2048 outputs over 2048 rows)
+        s = 1
+        while numel_r // (s * 2) >= 256 and numel_out * s * 2 <= 32768:
+            s *= 2
+        return (s if s >= 2 else 1), "gpu_leading_rows"
     if leading and 1024 <= numel_out < 32768:
         s = 1
         while numel_out * s * 2 <= 65536 and numel_r // (s * 2) >= 1024:

@@ -402,7 +402,7 @@ def _cat(tensors, dim=0):
         positions.append(i)
         offset += n
     if config.concat_buffer_min_inputs > 0 and not any(s == 0 for s in size) and \
-            (buf := _concat_buffer(parts, positions, dim, size, odt)) is not None:
+            (buf := _concat_buffer(parts, positions, dim, size, odt, _costly(parts))) is not None:
         return buf
 
     def inner(index):
@@ -441,6 +441,37 @@ def _concat_strides(parts, dim: int, size, meta) -> list:
     return contiguous_strides(size)
 
 
+def _copy_strides(node) -> Optional[list]:
+    """Static strides for ``node``'s value under which its one use, a chain of reshapes and permutes ending in a
+    ``clone`` (``graph._feeds_one_copy``), reads it in the clone's own order (a rotary backward's q/k/v gradient
+    ``cat``, transposed for the projection's mm), or None."""
+    from coil.ir.graph import _feeds_one_copy
+    cats = node.graph.find_nodes(op="call_function", target=aten.cat.default)
+    if not _feeds_one_copy(node) or any(n is not node and list(node.args[0][:len(n.args[0])]) == list(n.args[0])
+                                        for n in cats):
+        return None  # (a concatenation of a family of several: its storage is theirs too)
+    chain, n = [], node
+    while not chain or chain[-1].target is not aten.clone.default:
+        n = next(iter(n.users))
+        chain.append(n)
+    out = chain[-1].meta.get("val")
+    if not isinstance(out, torch.Tensor) or not all(is_static(v) for v in [*out.shape, *out.stride()]):
+        return None
+    t = torch.empty_strided(tuple(out.shape), tuple(out.stride()), device="meta")
+    try:
+        for m in reversed(chain[:-1]):
+            if m.target is aten.permute.default:
+                perm = [d % t.dim() for d in m.args[1]]
+                t = t.permute([perm.index(d) for d in range(t.dim())])
+            elif m.target is aten.transpose.int:
+                t = t.transpose(m.args[1], m.args[2])
+            else:
+                t = t.view(tuple(m.args[0].meta["val"].shape))
+    except RuntimeError:
+        return None  # a reshape the clone's layout cannot be viewed back through
+    return [as_expr(v) for v in t.stride()]
+
+
 def _non_empty(n) -> bool:
     v = n.meta.get("val") if isinstance(n, torch.fx.Node) else None
     return not (isinstance(v, torch.Tensor) and statically_known_true(v.numel() == 0))
@@ -460,10 +491,22 @@ def _longest_extension(node, dim: int, odt):
     return best
 
 
-def _concat_buffer(parts, positions, dim: int, size, odt) -> Optional[TensorBox]:
+def _costly(parts) -> bool:
+    """Whether the unrealized pointwise inputs of a ``cat`` hold more than ``MAX_INLINE_OPS`` ops together: inlined as
+    one where-chain, every element would compute all of them (GPT-NeoX's query/key/value gradient, a cat of partial
+    rotary backwards, evaluated six sines and cosines per element), computed into slices each element computes its
+    own."""
+    from coil.ir.graph import MAX_INLINE_OPS
+    from coil.ir.handlers import count_ops
+    bodies = [t.data.data for _, n, t in parts if n != 0 and isinstance(getattr(t, "data", None), StorageBox)
+              and type(t.data.data) is Pointwise]
+    return len(parts) > 1 and sum(count_ops(b)[0] for b in bodies) > MAX_INLINE_OPS
+
+
+def _concat_buffer(parts, positions, dim: int, size, odt, costly: bool = False) -> Optional[TensorBox]:
     """``cat`` as a :class:`ConcatBuffer` (docs/ir.md, "Concat buffers"), or None when it stays one pointwise body
     (the longest concatenation extending this one has fewer than ``config.concat_buffer_min_inputs`` non-empty
-    inputs). Every concatenation of one family (:func:`_longest_extension`) views one :class:`ConcatStorage` sized
+    inputs and its inputs are not ``costly``). Every concatenation of one family (:func:`_longest_extension`) views one :class:`ConcatStorage` sized
     for the longest; each input not yet in it becomes a :class:`ConcatSlice`: an unrealized pointwise input of the
     output dtype computed straight into its slice (its readers then read the slice), any other input copied
     (converted to the output dtype)."""
@@ -472,14 +515,16 @@ def _concat_buffer(parts, positions, dim: int, size, odt) -> Optional[TensorBox]
     if not isinstance(node, torch.fx.Node) or node.target is not aten.cat.default:
         return None
     longest = _longest_extension(node, dim, odt)
-    if sum(1 for a in longest.args[0] if _non_empty(a)) < config.concat_buffer_min_inputs:
+    if sum(1 for a in longest.args[0] if _non_empty(a)) < config.concat_buffer_min_inputs and not costly:
         return None
     memo = g.__dict__.setdefault("_concat_storages", {})
     if longest not in memo:
         meta = longest.meta["val"]
         full = [as_expr(v) for v in meta.shape]
-        lay = Layout(dev, odt, full, _concat_strides(parts, dim, full, meta))
+        copy = _copy_strides(longest)
+        lay = Layout(dev, odt, full, copy or _concat_strides(parts, dim, full, meta))
         storage = ConcatStorage(g.new_buffer_name(), lay)
+        storage.for_copy = copy is not None  # the clone ending its one use may read it as it is (lowering._to_copy)
         g.name_to_buffer[storage.name] = storage
         memo[longest] = (storage, {})
     storage, placed = memo[longest]

@@ -216,3 +216,43 @@ def test_families_that_branch_and_prefixes_returned(backend):
     out = c(*args)
     assert len({o.untyped_storage().data_ptr() for o in out[:3]}) == 3
     assert _slices(c) == 5 + 6, c.source  # p is a prefix of y (the longest), x has its own storage
+
+
+def _costly(x, n=10):
+    """A pointwise body of about ``5 n`` ops, each value read once."""
+    for k in range(n):
+        x = (x * (1 + k / 10)).sin() + k
+    return x
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_costly_inputs_computed_into_their_slices(backend):
+    # two inputs of ~40 ops each: inlined as one where-chain, every element would compute both
+    c = check(lambda a, b: torch.cat([_costly(a), _costly(b.cos())], 1) * 3, r(3, 4), r(3, 5), backend=backend,
+              atol=1e-4)
+    assert _slices(c) == 2, c.source
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_costly_cat_laid_out_for_its_transposing_clone(backend):
+    """A rotary backward's shape: the q/k/v gradient ``cat`` is permuted and cloned for the projection's mm. The
+    storage takes the clone's layout, the slices are written there, and the clone reads it as it is: no kernel
+    copies the whole concatenation."""
+    def f(q, k, v, w):
+        cat = torch.cat([_costly(q), _costly(k), v * 2], 3)  # (2, 4, 6, 24): batch, heads, tokens, 3 x 8
+        return cat.permute(0, 2, 1, 3).contiguous().view(2, 6, 96) @ w
+    c = check(f, r(2, 4, 6, 8), r(2, 4, 6, 8), r(2, 4, 6, 8), r(96, 5), backend=backend, atol=1e-4)
+    assert _slices(c) == 3, c.source
+    assert c.kernel_count == 1, c.source  # the three slices, fused; no copy of the whole concatenation
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_costly_cat_of_a_family_is_still_cloned(backend):
+    # a shorter cat shares the storage: the clone of the longer one copies, and both results stay eager's
+    def f(a, b, c):
+        short = torch.cat([_costly(a), _costly(b)], 1)
+        long = torch.cat([_costly(a), _costly(b), c], 1)
+        return short * 2, long.t().clone()
+    outs = check(f, r(3, 4), r(3, 5), r(3, 2), backend=backend, atol=1e-4)
+    got = outs(r(3, 4), r(3, 5), r(3, 2))
+    assert got[1].untyped_storage().data_ptr() != got[0].untyped_storage().data_ptr()

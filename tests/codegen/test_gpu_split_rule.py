@@ -56,13 +56,17 @@ def test_gpu_few_long_rows_still_split():
         assert L._split_factor([64], 5000, "max", device=CUDA) == 1
 
 
-def test_gpu_leading_and_full_reductions_keep_their_rules():
+def test_gpu_leading_reductions_split_into_chunks_of_256_rows():
     with patch(gpu_sm_count=132):
-        # LLaMA RMSNorm weight gradients: dim 0 of (4*512, 4096) and of (2048, 1024)
-        assert L._split_decision([4096], 2048, "sum", True, CUDA) == (2, "leading_few_programs")
-        assert L._split_factor([1024], 2048, "sum", leading=True, device=CUDA) == 4
-        assert L._split_factor([4096], 32768, "sum", leading=True, device=CUDA) == 16
-        assert L._split_factor([512], 8192, "sum", leading=True, device=CUDA) == 16
+        # LLaMA RMSNorm weight gradients: dim 0 of (4*512, 4096) and of (2048, 1024); at most 32k partials
+        assert L._split_decision([4096], 2048, "sum", True, CUDA) == (8, "gpu_leading_rows")
+        assert L._split_factor([1024], 2048, "sum", leading=True, device=CUDA) == 8
+        assert L._split_factor([768], 2048, "sum", leading=True, device=CUDA) == 8
+        assert L._split_factor([4096], 32768, "sum", leading=True, device=CUDA) == 8
+        assert L._split_factor([512], 8192, "sum", leading=True, device=CUDA) == 32
+        assert L._split_factor([32768], 8192, "sum", leading=True, device=CUDA) == 1
+        # the CPU keeps its rule; full reductions keep theirs
+        assert L._split_decision([4096], 2048, "sum", True, torch.device("cpu")) == (2, "leading_few_programs")
         assert L._split_factor([], 12297, "sum", leading=True, device=CUDA) > 1
 
 
@@ -116,8 +120,8 @@ def test_rms_norm_weight_grad_split_on_gpu_plan(gpu_plan, tmp_path):
     splits = _split_events(tmp_path, f, *args, atol=2e-3, rtol=1e-4)
     assert len(splits) == 2, splits
     for e in splits:
-        assert (e["outputs"], e["rnumel"], e["leading"], e["split"]) == (1024, 2048, True, 4), e
-        assert e["reason"] == "leading_few_programs" and e["rule"] == "gpu" and e["sm_count"] == 132
+        assert (e["outputs"], e["rnumel"], e["leading"], e["split"]) == (1024, 2048, True, 8), e
+        assert e["reason"] == "gpu_leading_rows" and e["rule"] == "gpu" and e["sm_count"] == 132
 
 
 def test_reduction_split_event(gpu_plan, tmp_path):

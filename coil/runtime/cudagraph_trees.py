@@ -349,7 +349,7 @@ class Tree:
                 if sp not in self.pool_storages:
                     self.stable_storages.add(sp)
                 continue
-            p = torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device=a.device)
+            p = self.recorder.placeholder(a)
             with torch.no_grad():
                 p.copy_(a)  # the recorder may run the function once before capturing it
             copied.append(i)

@@ -22,6 +22,10 @@ class FakeRecorder:
         #: poisoned storages (their StorageImpl address) -> the message
         self.stale: dict = {}
 
+    def placeholder(self, a: torch.Tensor) -> torch.Tensor:
+        """An uninitialized tensor like ``a``, for a copied input (CudaRecorder: in the graphs' pool)."""
+        return torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device=a.device)
+
     def capture(self, fn: Callable, args: list, boxed: Optional[Callable] = None,
                 written: tuple = ()) -> tuple[Any, Any]:
         """Run ``fn`` (``boxed(args)`` if given, as :meth:`CudaRecorder.capture`) once

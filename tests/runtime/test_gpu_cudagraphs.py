@@ -508,3 +508,17 @@ def test_gpu_node_fed_its_own_output_in_place_position():
         for _ in range(5):
             x, ref = f(x), torch.sin(ref) + ref.flip(0)
             torch.testing.assert_close(x, ref)
+
+
+def test_gpu_copied_input_placeholders_live_in_the_graph_pool():
+    """A new input tensor each call is copied into a placeholder, allocated in the graphs' pool (as torch.compile's
+    trees do) rather than holding a segment of the default pool of its own."""
+    f = coil.compile(lambda x: (x * 2).relu() + 1, mode="reduce-overhead")
+    for _ in range(3):
+        x = torch.randn(300, 300, device="cuda")
+        torch.testing.assert_close(f(x), (x * 2).relu() + 1)
+    (node,) = tree().all_nodes
+    assert node.placeholders and node.copied == [0]
+    ptr = node.placeholders[0].untyped_storage().data_ptr()
+    (seg,) = [s for s in torch.cuda.memory_snapshot() if s["address"] <= ptr < s["address"] + s["total_size"]]
+    assert tuple(seg["segment_pool_id"]) != (0, 0), seg["segment_pool_id"]

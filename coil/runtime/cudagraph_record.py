@@ -91,6 +91,8 @@ class CudaRecorder:
 
     def __init__(self, device: torch.device):
         self.device = torch.device(device)
+        if self.device.index is None:  # (use_mem_pool wants an index)
+            self.device = torch.device("cuda", torch.cuda.current_device())
         self.mem_pool = torch.cuda.MemPool()
         self.pool = self.mem_pool.id
 

@@ -101,6 +101,21 @@ def test_defaults_of_the_compiled_function_reassigned_or_edited():
     torch.testing.assert_close(fast(x, 2.0, t=0.5), x * 2.0 + 0.5)
 
 
+def test_defaults_of_an_inlined_function_reassigned():
+    # literal defaults of a function called inside the frame are guarded by one identity check of the tuple
+    def helper(x, s=2.0, b=None, mode="mul"):
+        y = x * s if mode == "mul" else x + s
+        return y if b is None else y + b
+
+    fast = coil.compile(lambda x: helper(x))
+    x = torch.randn(4)
+    torch.testing.assert_close(fast(x), x * 2.0)
+    helper.__defaults__ = (3.0, None, "add")
+    torch.testing.assert_close(fast(x), x + 3.0)
+    helper.__defaults__ = (3.0, 1.0, "mul")
+    torch.testing.assert_close(fast(x), x * 3.0 + 1.0)
+
+
 def test_property_replaced_on_the_class_after_first_call():
     # methods replaced on the class recompiled, properties did not: the compiled
     # function kept the old getter's value

@@ -9,7 +9,7 @@ import types
 
 from coil.exc import Unsupported
 from coil.capture.source import AttrSource, ConstSource, DefaultsSource, GetItemSource
-from coil.capture.variables.base import AttributeMissing, ConstantVariable, VariableTracker, wrap
+from coil.capture.variables.base import AttributeMissing, ConstantVariable, VariableTracker, is_literal, wrap
 from coil.capture.variables.containers import BoundMethodVariable, DictVariable, TupleVariable
 
 
@@ -113,9 +113,15 @@ class UserFunctionVariable(BaseFunctionVariable):
         return cells
 
     def bind_args(self, tx, args, kwargs):
-        src = self.source
-        defaults = [wrap(tx, d, DefaultsSource(src, i) if src else None)
-                    for i, d in enumerate(self.fn.__defaults__ or ())]
+        src, defs = self.source, self.fn.__defaults__ or ()
+        if src is not None and defs and is_literal(defs):
+            # one identity check of the (immutable) tuple instead of one per default used: HF's decorators take ten
+            # None defaults each, and a Marian forward read 60 of them per call
+            tx.output.guards.add(f"{src.expr()}.__defaults__ is {tx.output.guards.const(defs)}")
+            src_of = lambda i: None  # noqa: E731
+        else:
+            src_of = lambda i: DefaultsSource(src, i) if src else None  # noqa: E731
+        defaults = [wrap(tx, d, src_of(i)) for i, d in enumerate(defs)]
         kwdefaults = {k: wrap(tx, d, DefaultsSource(src, k, kw=True) if src else None)
                       for k, d in (self.fn.__kwdefaults__ or {}).items()}
         return bind_arguments(self.fn.__code__, self.fn.__name__, args, kwargs, defaults, kwdefaults)

@@ -56,6 +56,16 @@ def _new_object(cls, attrs):
     return obj
 
 
+class BreakEarlier(Exception):
+    """A problem found after the instruction that causes it (a guard added by AOT over a value drawn from random, a
+    dict an ``autograd.Function``'s ctx keeps, changed or rebuilt later): the frame is captured again with a break
+    at ``offset``."""
+
+    def __init__(self, offset: int, stack: list, exc: Unsupported):
+        super().__init__(exc.reason)
+        self.offset, self.stack, self.exc = offset, stack, exc
+
+
 class SideEffects:
     """Mutations of objects that exist outside the frame, in program order."""
 
@@ -66,6 +76,7 @@ class SideEffects:
         self.globals: dict[tuple[int, str], VariableTracker] = {}
         self.cells: dict[int, VariableTracker] = {}
         self.count = 0          # mutations so far (a traced call that must mutate nothing compares it)
+        self.held: dict[int, tuple] = {}    # id -> (container, Unsupported breaking at its apply): a ctx keeps it
 
     def _record(self, key: tuple, item: tuple) -> None:
         self.count += 1
@@ -74,6 +85,8 @@ class SideEffects:
             self.order.append(item)
 
     def mutated(self, vt) -> None:
+        if (held := self.held.get(id(vt))) is not None:
+            raise held[1]       # the compiled backward would read the contents of the forward's time
         if vt.source is not None:
             self._record(("container", id(vt)), ("container", vt))
 
@@ -345,6 +358,8 @@ class EntryCodegen:
         return name
 
     def reconstruct_container(self, vt) -> str:
+        if (held := self.output.side_effects.held.get(id(vt))) is not None:   # (it leaves the frame: may change)
+            raise BreakEarlier(held[1].root_offset, held[1].user_stack, held[1])
         return self.source_expr(vt.source) if vt.source is not None else self.bind(vt, vt.build_expr(self))
 
     def reconstruct_cell(self, cell) -> str:

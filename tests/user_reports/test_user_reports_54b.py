@@ -44,10 +44,11 @@ class _CfgFn(torch.autograd.Function):
         return g * ctx.cfg["a"], None
 
 
-@pytest.mark.xfail(strict=True, reason="FINDINGS_54b #9: the apply node rebuilds a dict argument from its traced "
-                                       "leaves; eager's backward reads the live dict the user mutated")
-@pytest.mark.parametrize("where", ["in_frame", "after_call"])
+@pytest.mark.parametrize("where", ["in_frame", "after_call", "returned", "after_a_break"])
 def test_autograd_function_dict_argument_mutated_before_backward(where, coil_reset):
+    """FINDINGS_54b #9 (fixed): the node rebuilds the dict, so the compiled backward read the forward's values; a dict
+    the ctx keeps that the caller passed is now a graph break at the call, one made in the frame too once it is
+    changed or leaves the frame (returned, or live at a later break)."""
     def in_frame(x, k):
         cfg = {"a": k}
         out = _CfgFn.apply(x, cfg)
@@ -56,13 +57,26 @@ def test_autograd_function_dict_argument_mutated_before_backward(where, coil_res
 
     def after_call(x, cfg):
         return _CfgFn.apply(x, cfg)
-    fn = in_frame if where == "in_frame" else after_call
+
+    def returned(x, k):
+        cfg = {"a": k}
+        return _CfgFn.apply(x, cfg), cfg
+
+    def after_a_break(x, k):
+        cfg = {"a": k}
+        out = _CfgFn.apply(x, cfg)
+        torch._dynamo.graph_break()
+        cfg["a"] = 100.0
+        return out
+    fn = {"in_frame": in_frame, "after_call": after_call, "returned": returned, "after_a_break": after_a_break}[where]
     grads = []
     for f in (fn, coil.compile(fn)):
         x = torch.ones(3, requires_grad=True)
-        cfg = 2.0 if where == "in_frame" else {"a": 2.0}
+        cfg = {"a": 2.0} if where == "after_call" else 2.0
         out = f(x, cfg)
-        if where == "after_call":
+        if where == "returned":
+            out, cfg = out
+        if where in ("after_call", "returned"):
             cfg["a"] = 7.0
         out.sum().backward()
         grads.append(x.grad)

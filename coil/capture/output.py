@@ -76,7 +76,7 @@ class SideEffects:
         self.globals: dict[tuple[int, str], VariableTracker] = {}
         self.cells: dict[int, VariableTracker] = {}
         self.count = 0          # mutations so far (a traced call that must mutate nothing compares it)
-        self.held: dict[int, tuple] = {}    # id -> (container, Unsupported breaking at its apply): a ctx keeps it
+        self.held: dict[int, Unsupported] = {}  # id -> the break at the apply whose ctx keeps this container
 
     def _record(self, key: tuple, item: tuple) -> None:
         self.count += 1
@@ -86,7 +86,7 @@ class SideEffects:
 
     def mutated(self, vt) -> None:
         if (held := self.held.get(id(vt))) is not None:
-            raise held[1]       # the compiled backward would read the contents of the forward's time
+            raise held          # the compiled backward would read the contents of the forward's time
         if vt.source is not None:
             self._record(("container", id(vt)), ("container", vt))
 
@@ -359,7 +359,7 @@ class EntryCodegen:
 
     def reconstruct_container(self, vt) -> str:
         if (held := self.output.side_effects.held.get(id(vt))) is not None:   # (it leaves the frame: may change)
-            raise BreakEarlier(held[1].root_offset, held[1].user_stack, held[1])
+            raise BreakEarlier(held.root_offset, held.user_stack, held)
         return self.source_expr(vt.source) if vt.source is not None else self.bind(vt, vt.build_expr(self))
 
     def reconstruct_cell(self, cell) -> str:

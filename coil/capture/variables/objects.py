@@ -27,7 +27,8 @@ from coil.capture.dynamic import RANDOM_DRAWS, random_draw
 from coil.capture.source import AttrSource, ModuleDictSource
 from coil.capture.variables.base import (AttributeMissing, ConstantVariable, RealValueVariable, VariableTracker,
                                          wrap)
-from coil.capture.variables.containers import BaseListVariable, DictVariable, ListIteratorVariable, ListVariable, TupleVariable
+from coil.capture.variables.containers import (BaseListVariable, DictVariable, ListIteratorVariable, ListVariable,
+                                               TupleVariable)
 from coil.capture.variables.functions import BoundMethodVariable, UserFunctionVariable, UserMethodVariable
 from coil.capture.variables.symbolic import SymNodeVariable
 from coil.capture.variables.tensor import TensorVariable, call_op
@@ -547,19 +548,16 @@ class AutogradFunctionApplyVariable(VariableTracker):
             return tx.call(UserFunctionVariable(inspect.unwrap(cls.forward)), ([] if setup else [ctx]) + list(args), {})
         ctx = probe_autograd(tx, f"{name}.apply", list(args), forward, setup, cls.backward)
         kept = _mutable_containers(ctx.attrs.values())
-        for v in _mutable_containers(args).values():
-            if id(v) not in kept:   # (the node rebuilds it: values kept on ctx are those of the forward's time)
-                continue
-            what = f"{name}.apply keeps a {v.python_type().__name__} argument on ctx"
+        for v in (v for k, v in _mutable_containers(args).items() if k in kept):   # (the node rebuilds it)
+            what = f"{name}.apply keeps a {v.python_type().__name__} argument on ctx, which backward reads then"
             if v.source is not None:
-                raise Unsupported(f"{what} that the caller can change before backward, which reads it then",
-                                  hint="keep its values on ctx (ctx.k = cfg['k']) to compile the call")
+                raise Unsupported(f"{what} (the caller can change it)", hint="keep its values on ctx: ctx.k = cfg['k']")
             root = tx
             while root.parent is not None:
                 root = root.parent
-            exc = Unsupported(f"{what}, changed or kept after the call: backward reads it at backward time")
+            exc = Unsupported(f"{what} (changed or kept after the call)")
             exc.root_offset, exc.user_stack = root.current.offset, tx.user_stack()
-            tx.output.side_effects.held[id(v)] = (v, exc)   # a later change or rebuild breaks at this call
+            tx.output.side_effects.held[id(v)] = exc    # a later change or rebuild breaks at this call
         if not leaves:
             return call_op(tx, "call_function", _apply_target(cls), list(args), {})
         tensors = [a for a in structs if isinstance(a, TensorVariable)]
@@ -567,17 +565,14 @@ class AutogradFunctionApplyVariable(VariableTracker):
         return call_op(tx, "call_function", _apply_target(cls, structs), leaves + tensors, {})
 
 
-def _mutable_containers(vts) -> dict:
+def _mutable_containers(vts, found=None) -> dict:
     """id -> tracker of each dict or list in or under ``vts`` (through dicts, lists and tuples)."""
-    found, seen, todo = {}, set(), list(vts)
-    while todo:
-        v = todo.pop()
-        if id(v) in seen or not isinstance(v, (DictVariable, BaseListVariable)):
-            continue
-        seen.add(id(v))
-        if v.mutable:
-            found[id(v)] = v
-        todo.extend(v.children())
+    found = {} if found is None else found
+    for v in vts:
+        if isinstance(v, (DictVariable, BaseListVariable)) and id(v) not in found:
+            if v.mutable:
+                found[id(v)] = v
+            _mutable_containers(v.children(), found)
     return found
 
 

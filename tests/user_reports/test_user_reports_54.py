@@ -284,12 +284,15 @@ def test_exit_stack_has_no_graph_break(coil_reset):
 # Finding 9: torch.func.linearize inside a compiled function raises IndexError
 # ---------------------------------------------------------------------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason="FINDINGS_54 #9: torch.func.linearize in a compiled frame raises IndexError "
-                                       "from its const-folded graph")
 def test_linearize_inside_a_compiled_function(coil_reset):
+    """FINDINGS_54 #9 (fixed): capture ran linearize's ``jvp_fn`` on fake tensors as an op; its const-folded graph
+    folded its constants on that first call (and failed on the fakes), leaving the real module without them. A torch
+    function holding a module is now a graph break."""
     f = lambda x: torch.func.linearize(torch.sin, x)[1](torch.ones_like(x))  # noqa: E731
     x = torch.randn(3)
     torch.testing.assert_close(coil.compile(f)(x), f(x))
+    _, jvp = torch.func.linearize(torch.sin, x)     # made eagerly, called in the compiled frame
+    torch.testing.assert_close(coil.compile(lambda t: jvp(t))(torch.ones(3)), x.cos())
 
 
 # ---------------------------------------------------------------------------------------------------------------

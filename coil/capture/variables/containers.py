@@ -742,6 +742,7 @@ class GeneratorVariable(ListIteratorVariable):
         if self._sub is None:
             self._sub = self._start(tx)
             self._items = []
+            tx.output.generators.append(self)
         self._sub.parent = tx
         if (got := self._sub.run_until_yield()) is None:
             self._done = True

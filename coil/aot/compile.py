@@ -36,7 +36,8 @@ from coil.config import config, patch as config_patch
 from coil.aot.aliasing import RunEagerly, input_groups
 from coil.aot.decompositions import get_decompositions
 from coil.aot.cse import cse_graph, drop_dead_views
-from coil.aot.functional import (is_symbolic, analyze, fake_mode_of, fakeify, trace_inference, trace_joint)
+from coil.aot.functional import (is_symbolic, analyze, fake_mode_of, fakeify, run_eagerly, trace_inference,
+                                 trace_joint)
 from coil.aot.partition import default_partition, drop_undefined_tangents, min_cut_partition
 from coil.aot.regions import compile_regional, region_calls
 from coil.aot.scalars import tensorize_scalar_reads
@@ -626,7 +627,7 @@ def _eager(fn: Callable, why: str) -> Callable:
     trace.log("eager_fallback", stage="aot", reason=why)
     warnings.warn(f"coil: a captured graph runs eagerly on every call, not compiled ({why}); results are eager's",
                   stacklevel=2)
-    run = functools.partial(fn.forward if isinstance(fn, torch.fx.GraphModule) else fn)
+    run = functools.partial(run_eagerly(fn) if isinstance(fn, torch.fx.GraphModule) else fn)
     run._coil_aot_path = "eager"  # type: ignore[attr-defined]
     return run
 

@@ -29,6 +29,7 @@ from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols, guard_o
 from torch.fx.passes.runtime_assert import insert_deferred_runtime_asserts
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
+import torch.utils.checkpoint as ckpt
 from torch.utils.checkpoint import CheckpointPolicy
 from torch.utils.weak import WeakIdKeyDictionary
 
@@ -758,6 +759,45 @@ def checkpoint_region(n: torch.fx.Node) -> Optional[int]:
 _RECOMPUTE = {CheckpointPolicy.MUST_RECOMPUTE, CheckpointPolicy.PREFER_RECOMPUTE}
 
 
+def run_eagerly(gm: torch.fx.GraphModule) -> Callable:
+    """``gm``'s forward, each activation-checkpoint region of a captured graph run by ``torch.utils.checkpoint`` as
+    in the user's program: its backward recomputes the region from the checkpoint's tensor arguments (which autograd
+    refuses to find written) and the current values of the other tensors it reads (capture's ``ac_args``)."""
+    regions: dict = {}
+    for n in gm.graph.nodes:
+        if (r := checkpoint_region(n)) is not None:
+            regions.setdefault(r, []).append(n)
+    if not regions:
+        return gm.forward
+
+    class Checkpointing(torch.fx.Interpreter):
+        def run_node(self, n):
+            if (nodes := regions.get(checkpoint_region(n))) is None:
+                return super().run_node(n)
+            if n is not nodes[-1]:    # the region runs at its last node (nodes between it are not calls)
+                return None
+            env, inside = self.env, set(nodes)
+            outs = [m for m in nodes if any(u not in inside for u in m.users)]
+            names = set().union(*(m.meta.get("ac_args", ()) for m in nodes))
+            args = list({a: 0 for m in nodes for a in m.all_input_nodes if a not in inside and a.name in names})
+
+            def body(*values):
+                local = dict(zip(args, values))
+                for m in nodes:
+                    a, kw = torch.fx.node.map_arg((m.args, m.kwargs), lambda x: local.get(x, env.get(x)))
+                    local[m] = getattr(self, m.op)(m.target, a, kw)
+                return tuple(local[m] for m in outs)
+            env.update(zip(outs, ckpt.checkpoint(body, *[env[a] for a in args],
+                                                  use_reentrant=bool(n.meta.get("ac_reentrant")))))
+            return env.get(n)
+
+    def run(*args):
+        interp = Checkpointing(gm, garbage_collect_values=False)
+        interp.extra_traceback = False
+        return interp.run(*args)
+    return run
+
+
 class _CheckpointSaves:
     """What the autograd of one checkpoint region saves while the joint graph is traced. Eager's non-reentrant
     checkpoint saves nothing: its backward recomputes the region from the region's inputs up to the region's last
@@ -787,11 +827,11 @@ class _CheckpointSaves:
 
     def unpack(self, e: list) -> torch.Tensor:
         """saved_tensors_hooks unpack: the tensor if unwritten, else its value at the region's last save."""
-        if e[0]._version == e[1]:
-            return e[0]
-        if any(r._version != v for r, v in self.reads.values()):
+        if any(r._version != v for r, v in self.reads.values()):  # (eager: recomputed from it, or refused)
             raise RuntimeError("one of the variables needed for gradient computation has been modified by an "
                                "inplace operation: an input of its checkpoint region")
+        if e[0]._version == e[1]:
+            return e[0]
         trace.log("aot_checkpoint_written_save", stage="aot", shape=[str(d) for d in e[0].shape])
         return e[2]
 

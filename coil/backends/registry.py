@@ -56,8 +56,10 @@ def lookup_backend(backend: Union[str, Backend]) -> Backend:
 
 @register_backend("eager")
 def eager(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
-    """Run the captured graph as it is."""
-    return gm.forward
+    """Run the captured graph as it is (checkpoint regions by ``torch.utils.checkpoint``)."""
+    from coil.aot.functional import run_eagerly
+
+    return run_eagerly(gm)
 
 
 @register_backend("inductor")

@@ -51,6 +51,10 @@ class ExceptionVariable(VariableTracker):
             return UserDefinedClassVariable(self.cls)
         raise Unsupported(f"attribute {name} of a {self.cls.__name__} raised in the frame")
 
+    def set_attr(self, tx, name, value):
+        if name != "__traceback__":     # (contextlib's __exit__ sets it to the traceback it was given)
+            raise Unsupported(f"setting attribute {name} of a {self.cls.__name__} raised in the frame")
+
     def truthy(self, tx) -> bool:
         return True
 

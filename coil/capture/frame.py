@@ -32,7 +32,7 @@ from torch.nn.modules import module as _mm
 from coil import config as _config
 from coil import trace
 from coil.exc import BackendCompilerFailed, GraphBreakInFullgraph, SourceLocation, Unsupported, UserError
-from coil.capture.output import EntryCodegen, OutputGraph, collect_tensors
+from coil.capture.output import BreakEarlier, EntryCodegen, OutputGraph, collect_tensors
 from coil.capture.inspection import frame_result_ok, is_frame_function
 from coil.capture.resume import label as _label
 from coil.capture.resume import make_call_stub, make_resume_function
@@ -536,20 +536,11 @@ def _translate(fn, code, cfg, bound, auto_dynamic=None) -> CacheEntry:
             output.restore_global_state()
         try:
             return _build_entry(tx, output, cfg, fn, code, argnames)
-        except _DrawPinned as e:    # a break at the draw instead, Python drawing it
+        except BreakEarlier as e:    # (a draw from random guarded after the trace; a Function's ctx-kept dict)
             if cfg.fullgraph:
                 raise GraphBreakInFullgraph(f"graph break under fullgraph=True: {e.exc.reason}", None) from None
             break_at[e.offset] = BreakInfo(e.offset, e.exc.reason, e.stack, e.exc)
     raise Unsupported("too many graph-break restarts")
-
-
-class _DrawPinned(Exception):
-    """A guard added after the trace (AOT, the backend) over a value drawn from random: nothing can check it before
-    the entry draws the value, so the frame is captured again with a break at the draw."""
-
-    def __init__(self, offset: int, stack: list, exc: Unsupported):
-        super().__init__(exc.reason)
-        self.offset, self.stack, self.exc = offset, stack, exc
 
 
 def _source_of(fn) -> str:
@@ -816,7 +807,7 @@ def _add_shape_guards(output: OutputGraph) -> list:
     for g in env.guards if drawn else ():
         if (hit := drawn & g.expr.free_symbols):
             offset, stack = output.sites.draw_at[min(hit, key=str)]
-            raise _DrawPinned(offset, stack, Unsupported(
+            raise BreakEarlier(offset, stack, Unsupported(
                 f"a guard on a value drawn from Python's random ({g.expr}), added after the trace",
                 hint="Python draws it at a graph break"))
     at_call = {id(f): (size, stride) for f, size, stride, _ in output.layouts_at_call}  # (before x.t_(): s1 == 4)

@@ -45,6 +45,9 @@ def op(name: str, versions=BOTH):
 
 
 def _return(tx, value):
+    for g in tx.output.generators if tx.parent is None else ():     # dropped: eager closes them (finally blocks)
+        if not g._done:
+            g.call_method(tx, "close", [], {})
     raise ReturnValue(value)
 
 

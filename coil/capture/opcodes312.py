@@ -20,6 +20,7 @@ import opcode as _opcode
 import operator
 
 from coil.exc import Unsupported
+from coil.capture.exceptions import ExceptionVariable
 from coil.capture.opcodes import PY312, op
 from coil.capture.variables.base import NullVariable
 from coil.capture.variables.containers import TupleVariable
@@ -42,8 +43,9 @@ def CALL_INTRINSIC_1(tx, inst):
         tx.push(TupleVariable(tx.unpack(tx.pop())))
     elif name == "INTRINSIC_UNARY_POSITIVE":
         tx.push(tx.unary_op(operator.pos, tx.pop()))
-    elif name == "INTRINSIC_STOPITERATION_ERROR":
-        raise Unsupported("StopIteration inside a generator (INTRINSIC_STOPITERATION_ERROR)")
+    elif name == "INTRINSIC_STOPITERATION_ERROR":   # (another exception leaves the generator as it is: close())
+        if not isinstance(tx.stack[-1], ExceptionVariable) or issubclass(tx.stack[-1].cls, StopIteration):
+            raise Unsupported("StopIteration inside a generator (INTRINSIC_STOPITERATION_ERROR)")
     else:
         raise Unsupported(f"CALL_INTRINSIC_1 {name}")
 

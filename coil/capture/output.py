@@ -56,6 +56,16 @@ def _new_object(cls, attrs):
     return obj
 
 
+class BreakEarlier(Exception):
+    """A problem found after the instruction that causes it (a guard added by AOT over a value drawn from random, a
+    dict an ``autograd.Function``'s ctx keeps, changed or rebuilt later): the frame is captured again with a break
+    at ``offset``."""
+
+    def __init__(self, offset: int, stack: list, exc: Unsupported):
+        super().__init__(exc.reason)
+        self.offset, self.stack, self.exc = offset, stack, exc
+
+
 class SideEffects:
     """Mutations of objects that exist outside the frame, in program order."""
 
@@ -66,6 +76,7 @@ class SideEffects:
         self.globals: dict[tuple[int, str], VariableTracker] = {}
         self.cells: dict[int, VariableTracker] = {}
         self.count = 0          # mutations so far (a traced call that must mutate nothing compares it)
+        self.held: dict[int, Unsupported] = {}  # id -> the break at the apply whose ctx keeps this container
 
     def _record(self, key: tuple, item: tuple) -> None:
         self.count += 1
@@ -74,6 +85,8 @@ class SideEffects:
             self.order.append(item)
 
     def mutated(self, vt) -> None:
+        if (held := self.held.get(id(vt))) is not None:
+            raise held          # the compiled backward would read the contents of the forward's time
         if vt.source is not None:
             self._record(("container", id(vt)), ("container", vt))
 
@@ -133,6 +146,7 @@ class OutputGraph:
         self.side_effects = SideEffects()
         self.sourced_cells: dict[int, SourcedCellVariable] = {}
         self.open_contexts: list = []
+        self.generators: list = []      # generators started in traced code (closed at the frame's return, as eager)
         self.index_copies: list = []  # fakes of x[i] with 0-d int tensors, traced as copies (tensor.py)
         self.inference_depth = 0    # inside a traced ``torch.inference_mode()`` block (as no_grad)
         self.inference_made: dict[int, Any] = {}  # id -> fake of each tensor eager makes an inference tensor
@@ -345,6 +359,8 @@ class EntryCodegen:
         return name
 
     def reconstruct_container(self, vt) -> str:
+        if (held := self.output.side_effects.held.get(id(vt))) is not None:   # (it leaves the frame: may change)
+            raise BreakEarlier(held.root_offset, held.user_stack, held)
         return self.source_expr(vt.source) if vt.source is not None else self.bind(vt, vt.build_expr(self))
 
     def reconstruct_cell(self, cell) -> str:

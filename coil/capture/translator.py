@@ -354,6 +354,8 @@ class InstructionTranslatorBase:
             return
         if isinstance(obj, TensorVariable):
             raise Unsupported(f"setting attribute {name} on a tensor")
+        if hasattr(obj, "set_attr"):    # (an exception's __traceback__)
+            return obj.set_attr(self, name, value)
         raise Unsupported(f"setting attribute {name} on {obj}")
 
     def call(self, fn: VariableTracker, args: list, kwargs: dict) -> VariableTracker:

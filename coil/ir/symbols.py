@@ -59,8 +59,10 @@ def from_torch_sympy(e: sympy.Expr, env=None) -> sympy.Expr:
     if name.endswith("ToInt") and type(e).__module__ == "torch.utils._sympy.functions":
         return precomputed(e)  # (TruncToInt, FloorToInt, CeilToInt, RoundToInt of float steps)
     if name == "PowByNatural" and not e.args[1].is_Integer:    # 2 ** s: computed by the wrapper, guarded to fit
-        _fits_int64(type(e)(-e.args[0], e.args[1]) if e.args[0].is_number and e.args[0] < 0 else e, env)  # |(-2)**s|
-        return precomputed(e)                                  # (torch's value ranges recurse on a negative base)
+        b = e.args[0]     # |b ** s| = |b| ** s: torch's value ranges recurse on a base that may be negative
+        if not (b.is_number and abs(b) <= 1):   # (0 ** (s - 3): the exponent's range may be negative)
+            _fits_int64(e if b.is_nonnegative else type(e)(abs(b) if b.is_number else sympy.Max(b, -b), e.args[1]), env)
+        return precomputed(e)
     args = [from_torch_sympy(a, env) for a in e.args]
     if type(e).__module__ == "torch.utils._sympy.functions":
         if name in ("FloorDiv", "CleanDiv"):

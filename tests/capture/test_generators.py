@@ -78,6 +78,35 @@ def test_partially_consumed_generator_runs_eagerly():
     assert coil.capture.stats["fallbacks"] == 1
 
 
+_CLOSED = []
+
+
+def _closing(x):
+    try:
+        for i in range(3):
+            yield x * i
+    finally:
+        _CLOSED.append(len(_CLOSED))
+
+
+def _break_out(x):
+    for v in _closing(x):
+        if True:
+            break
+    it = _closing(x)
+    return v + next(it)
+
+
+def test_a_dropped_suspended_generator_runs_its_finally():
+    """Eager closes a suspended generator when it is dropped (a break out of its loop, the frame's end): its finally
+    blocks run; traced generators are closed at the frame's return."""
+    x = torch.randn(3)
+    want, closed = _break_out(x), list(_CLOSED)
+    _CLOSED.clear()
+    torch.testing.assert_close(coil.compile(_break_out)(x), want)
+    assert _CLOSED == closed == [0, 1] and coil.capture.stats["graph_breaks"] == 0
+
+
 def generator_across_break(x):
     g = (x * i for i in range(1, 3))
     print("coil-gen", end="\r")

@@ -157,8 +157,9 @@ def test_generator_send_to_a_new_generator_raises_like_eager(coil_reset):
         coil.compile(f)(torch.ones(2))
 
 
-@pytest.mark.xfail(strict=True, reason="FINDINGS_54 #6: generator.close() in traced code runs the frame eagerly")
 def test_generator_close_is_captured(coil_reset):
+    """FINDINGS_54 #6 (close fixed): ``close()`` raises GeneratorExit in the body at its ``yield``
+    (``GeneratorVariable._throw``)."""
     def f(x):
         it = _gen(x)
         a = next(it)
@@ -169,6 +170,46 @@ def test_generator_close_is_captured(coil_reset):
     out, warned = _run(f, x)
     torch.testing.assert_close(out, f(x))
     assert not warned and coil.capture.stats["fallbacks"] == 0
+
+
+_LOG = []
+
+
+def _guarded(x):
+    try:
+        yield x + 1
+        yield x + 2
+    except ValueError:
+        yield x * 10
+    finally:
+        _LOG.append("finally")
+
+
+@pytest.mark.parametrize("case", ["handled", "unhandled", "close_runs_finally", "close_unstarted"])
+def test_generator_throw_runs_the_body_handlers(case, coil_reset):
+    def f(x):
+        it = _guarded(x)
+        if case == "close_unstarted":
+            it.close()
+            return x * 2
+        a = next(it)
+        if case == "handled":
+            return a + it.throw(ValueError("v"))    # (dropped suspended: closed at the return, its finally runs)
+        if case == "close_runs_finally":
+            it.close()
+            return a * 3
+        try:
+            it.throw(KeyError("k"))
+        except KeyError:
+            return a - 1
+
+    x = torch.randn(3)
+    _LOG.clear()
+    want, logged = f(x), list(_LOG)
+    _LOG.clear()
+    out, warned = _run(f, x)
+    torch.testing.assert_close(out, want)
+    assert _LOG == logged and not warned and coil.capture.stats["graph_breaks"] == 0
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -187,9 +228,9 @@ def _scaled(s):
         _STATE["scale"] = old
 
 
-@pytest.mark.xfail(strict=True, reason="FINDINGS_54 #7: an exception leaving a @contextmanager block in traced "
-                                       "code runs the frame eagerly (generator.throw)")
 def test_exception_through_a_contextmanager_is_captured(coil_reset):
+    """FINDINGS_54 #7 (fixed): ``_GeneratorContextManager.__exit__`` calls ``gen.throw`` (now traced) and sets the
+    exception's ``__traceback__`` (now allowed)."""
     def f(x):
         try:
             with _scaled(5.0):
@@ -241,12 +282,15 @@ def test_exit_stack_has_no_graph_break(coil_reset):
 # Finding 9: torch.func.linearize inside a compiled function raises IndexError
 # ---------------------------------------------------------------------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason="FINDINGS_54 #9: torch.func.linearize in a compiled frame raises IndexError "
-                                       "from its const-folded graph")
 def test_linearize_inside_a_compiled_function(coil_reset):
+    """FINDINGS_54 #9 (fixed): capture ran linearize's ``jvp_fn`` on fake tensors as an op; its const-folded graph
+    folded its constants on that first call (and failed on the fakes), leaving the real module without them. A torch
+    function holding a module is now a graph break."""
     f = lambda x: torch.func.linearize(torch.sin, x)[1](torch.ones_like(x))  # noqa: E731
     x = torch.randn(3)
     torch.testing.assert_close(coil.compile(f)(x), f(x))
+    _, jvp = torch.func.linearize(torch.sin, x)     # made eagerly, called in the compiled frame
+    torch.testing.assert_close(coil.compile(lambda t: jvp(t))(torch.ones(3)), x.cos())
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -742,6 +742,7 @@ class GeneratorVariable(ListIteratorVariable):
         if self._sub is None:
             self._sub = self._start(tx)
             self._items = []
+            tx.output.generators.append(self)
         self._sub.parent = tx
         if (got := self._sub.run_until_yield()) is None:
             self._done = True
@@ -786,9 +787,43 @@ class GeneratorVariable(ListIteratorVariable):
             if (v := self.next(tx)) is None:
                 raise Unsupported("generator.send reaching the end of the generator (StopIteration)")
             return v
+        if name in ("throw", "close") and (self._sub is None or self._done or self.index == len(self._items)):
+            return self._throw(tx, name, args)
         if name in ("send", "throw", "close", "gi_frame"):
             raise Unsupported(f"generator.{name}")
         return super().call_method(tx, name, args, kwargs)
+
+    def _throw(self, tx, name, args):
+        """``throw(exc)`` / ``close()``: ``exc`` (``GeneratorExit``) raised in the body at its ``yield``, as CPython
+        does: its handlers and ``finally`` blocks run; the value it yields next is returned, its return raises
+        StopIteration (``close``: returns None, also when GeneratorExit leaves it), another exception leaves the call."""
+        from coil.capture.exceptions import ExceptionVariable, exception_tracker
+        from coil.capture.opcodes import _exception_of
+
+        given = args[1] if len(args) > 1 and args[1].python_type() is not type(None) else args[0] if args else None
+        exc = ExceptionVariable(GeneratorExit, []) if name == "close" else _exception_of(tx, given)
+        try:
+            if self._sub is None or self._done or not self._sub.handle_exception(self._sub.current, exc):
+                exc.raise_()
+            self._sub.parent = tx
+            got = self._sub.run_until_yield()
+        except Unsupported as e:
+            self._done = True
+            if (out := exception_tracker(e.__cause__ if e.reason.endswith("escaping a generator") else e)) is None:
+                raise
+            if name == "close" and out.cls is GeneratorExit:
+                return ConstantVariable(None)
+            out.raise_()
+        self._done = got is None
+        if name == "close":
+            if got is None:
+                return ConstantVariable(None)
+            raise Unsupported("generator ignored GeneratorExit (RuntimeError)")
+        if got is None:
+            ExceptionVariable(StopIteration, []).raise_()
+        self._items.append(got[0])
+        self.index += 1
+        return got[0]
 
     def reconstruct(self, cg):
         if self._items is not None:

@@ -685,12 +685,13 @@ def call_checkpoint(tx, args: list, kwargs: dict) -> VariableTracker:
     before = set(out.graph.nodes)
     res = tx.call(args[0], list(args[1:]), kwargs)
     region = next(_region_ids)
-    tagged = 0
+    tagged, names = 0, frozenset(a.node.name for a in args[1:] if isinstance(a, TensorVariable))  # (saved by eager)
     for n in out.graph.nodes:  # a nested checkpoint's nodes join this region: eager recomputes them with the rest
         if n not in before and n.op in ("call_function", "call_method"):
             n.meta.setdefault("recompute", CheckpointPolicy.PREFER_RECOMPUTE)
             n.meta["ac_graph_id"] = region
             n.meta["ac_reentrant"] = n.meta.get("ac_reentrant", False) or reentrant
+            n.meta["ac_args"] = n.meta.get("ac_args", frozenset()) | names
             tagged += 1
     trace.log("hop", stage="capture", op="checkpoint", region=region, nodes=tagged,
               where=str(tx.location()).splitlines()[0])

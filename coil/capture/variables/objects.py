@@ -27,7 +27,8 @@ from coil.capture.dynamic import RANDOM_DRAWS, random_draw
 from coil.capture.source import AttrSource, ModuleDictSource
 from coil.capture.variables.base import (AttributeMissing, ConstantVariable, RealValueVariable, VariableTracker,
                                          wrap)
-from coil.capture.variables.containers import DictVariable, ListIteratorVariable, ListVariable, TupleVariable
+from coil.capture.variables.containers import (BaseListVariable, DictVariable, ListIteratorVariable, ListVariable,
+                                               TupleVariable)
 from coil.capture.variables.functions import BoundMethodVariable, UserFunctionVariable, UserMethodVariable
 from coil.capture.variables.symbolic import SymNodeVariable
 from coil.capture.variables.tensor import TensorVariable, call_op
@@ -545,12 +546,34 @@ class AutogradFunctionApplyVariable(VariableTracker):
 
         def forward(ctx):
             return tx.call(UserFunctionVariable(inspect.unwrap(cls.forward)), ([] if setup else [ctx]) + list(args), {})
-        probe_autograd(tx, f"{name}.apply", list(args), forward, setup, cls.backward)
+        ctx = probe_autograd(tx, f"{name}.apply", list(args), forward, setup, cls.backward)
+        kept = _mutable_containers(ctx.attrs.values())
+        for v in (v for k, v in _mutable_containers(args).items() if k in kept):   # (the node rebuilds it)
+            what = f"{name}.apply keeps a {v.python_type().__name__} argument on ctx, which backward reads then"
+            if v.source is not None:
+                raise Unsupported(f"{what} (the caller can change it)", hint="keep its values on ctx: ctx.k = cfg['k']")
+            root = tx
+            while root.parent is not None:
+                root = root.parent
+            exc = Unsupported(f"{what} (changed or kept after the call)")
+            exc.root_offset, exc.user_stack = root.current.offset, tx.user_stack()
+            tx.output.side_effects.held[id(v)] = exc    # a later change or rebuild breaks at this call
         if not leaves:
             return call_op(tx, "call_function", _apply_target(cls), list(args), {})
         tensors = [a for a in structs if isinstance(a, TensorVariable)]
         structs = [_Leaf(len(leaves) + tensors.index(a)) if isinstance(a, TensorVariable) else a for a in structs]
         return call_op(tx, "call_function", _apply_target(cls, structs), leaves + tensors, {})
+
+
+def _mutable_containers(vts, found=None) -> dict:
+    """id -> tracker of each dict or list in or under ``vts`` (through dicts, lists and tuples)."""
+    found = {} if found is None else found
+    for v in vts:
+        if isinstance(v, (DictVariable, BaseListVariable)) and id(v) not in found:
+            if v.mutable:
+                found[id(v)] = v
+            _mutable_containers(v.children(), found)
+    return found
 
 
 class _Leaf(int):
@@ -763,10 +786,11 @@ class FunctionCtxProbe(NewObjectVariable):
         return ConstantVariable(None)
 
 
-def probe_autograd(tx, what: str, inputs: list, forward, setup_context, backward) -> None:
+def probe_autograd(tx, what: str, inputs: list, forward, setup_context, backward) -> "FunctionCtxProbe":
     """Trace a custom autograd formula once, before anything runs it (``forward(ctx)`` traces its forward;
     ``setup_context`` is None where forward takes ``ctx``). The graph runs none of its Python per call, so a side
-    effect, or code capture cannot trace, raises Unsupported (a break). Its nodes are removed, its guards kept."""
+    effect, or code capture cannot trace, raises Unsupported (a break). Its nodes are removed, its guards kept;
+    returns the probe's ctx."""
     from coil.capture.variables.hops import _RefusingSideEffects
 
     out = tx.output
@@ -795,6 +819,7 @@ def probe_autograd(tx, what: str, inputs: list, forward, setup_context, backward
             # a tensor it reads that is not an argument (a global, a closure's): the node's fake run would run the
             # formula's Python on the real tensor (an in-place op on it mutates it while tracing), AOT's bakes it in
             raise Unsupported("it reads a tensor that is not one of its arguments")
+        return ctx
     except Unsupported as e:
         raise Unsupported(f"{what} cannot be traced free of Python side effects, which eager runs on every call "
                           f"({e.reason})", hint="it runs eagerly") from e

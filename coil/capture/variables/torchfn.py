@@ -120,6 +120,10 @@ class TorchFunctionVariable(KnownCallableVariable):
         if base in _FUNC_TRANSFORMS and not all(a.is_python_constant() for a in [*args, *kwargs.values()]):
             raise Unsupported(f"torch.func.{fn.__name__} of a function made in the compiled frame, or of tensors, "
                               "is not captured", hint="this call of the transform runs eagerly")
+        if getattr(base, "__closure__", None) and any(isinstance(v, torch.nn.Module) for v in inspect.getclosurevars(
+                base).nonlocals.values()):   # (linearize's jvp_fn: a const-folded graph folds on its first real call)
+            raise Unsupported(f"{base.__qualname__} holds a module, whose Python a run on fake tensors would run",
+                              hint="this call runs eagerly")
         if getattr(base, "__module__", None) == "torch.autograd.forward_ad":
             raise ForwardADFrame(f"{fn.__name__}: forward AD in the frame (dual levels, dual tensors)")
         if fn is torch.is_autocast_enabled:

@@ -201,8 +201,8 @@ def _clone_saved_mutated_inputs(fw: torch.fx.GraphModule, info, n_fw: int, num_s
 
 
 def _storage_objects_preserved() -> bool:
-    """Whether a tensor's ``untyped_storage()`` is one Python object per storage (torch keeps the object of a storage
-    alive while it is referenced from C++, since 2.0), hashed by identity: views of one storage give the same object."""
+    """Whether a tensor's ``untyped_storage()`` is one Python object per storage, hashed by identity (torch preserves
+    a storage's Python object; checked here on two views of one storage)."""
     t = torch.empty(2)
     st = torch.UntypedStorage
     return t.untyped_storage() is t[1:].untyped_storage() and st.__hash__ is object.__hash__ and \

@@ -4,6 +4,8 @@ given, small widths: the host path depends on the number of inputs, not their si
 ``mode="reduce-overhead"``, its tree recording through a recorder whose replay does nothing.
 Prints wall and main-thread CPU µs per step; ``--sample`` adds a sampling profile of the main
 thread (inclusive and exclusive shares by function; cProfile inflates this path several-fold).
+The sampler runs only when the main thread lets go of the GIL (every torch op and ctypes call that
+releases it, else every 20 µs), so the callers of such calls are over-sampled: time a suspect alone.
 
     python benchmarks/ro_host_path_cpu.py [LAYERS] [--sample]      # < 1 minute
 """

@@ -201,6 +201,21 @@ def _clone_saved_mutated_inputs(fw: torch.fx.GraphModule, info, n_fw: int, num_s
         trace.log("aot_clone_saved_mutated_inputs", stage="aot", inputs=changed)
 
 
+def _storage_objects_preserved() -> bool:
+    """Whether a tensor's ``untyped_storage()`` is one Python object per storage, hashed by identity (torch preserves
+    a storage's Python object; checked here on two views of one storage)."""
+    t = torch.empty(2)
+    st = torch.UntypedStorage
+    return t.untyped_storage() is t[1:].untyped_storage() and st.__hash__ is object.__hash__ and \
+        st.__eq__ is object.__eq__
+
+
+#: one key per storage (StorageImpl) of a tensor, for the per-call aliasing check: the storage object itself where
+#: torch preserves it (a C getter, half the cost of ``torch._C._storage_id``'s binding: a GPT-2 decoding step passes
+#: ~175 tensors), else the storage's id
+_storage_key = torch.Tensor.untyped_storage if _storage_objects_preserved() else torch._C._storage_id
+
+
 def _check_aliasing_per_call(runner: Callable, gm: Callable, mutated: list, example_inputs: list) -> Callable:
     """``runner``, except on calls whose inputs share memory with a mutated input (the check of
     :func:`_refuse_mutated_aliased_inputs`, about 0.1 µs per tensor input and only for graphs that mutate an input):
@@ -210,9 +225,9 @@ def _check_aliasing_per_call(runner: Callable, gm: Callable, mutated: list, exam
     if not mutated:
         return runner
     mutated = list(mutated)
-    storage_id, tensor = torch._C._storage_id, torch.Tensor
+    storage_of, storage_id, tensor = _storage_key, torch._C._storage_id, torch.Tensor
     # all example inputs tensors (parameters, buffers, activations): no per-call test; a call passing something
-    # else fails storage_id and takes the full check
+    # else fails storage_of and takes the full check
     all_tensors = all(isinstance(a, tensor) for a in example_inputs)
 
     @functools.wraps(runner)  # keeps the runner's attributes (_coil_aot_path, ...)
@@ -222,9 +237,12 @@ def _check_aliasing_per_call(runner: Callable, gm: Callable, mutated: list, exam
         tensors = args if all_tensors or all(map(tensor.__instancecheck__, args)) else \
             [a for a in args if isinstance(a, tensor)]
         try:
-            distinct = len(set(map(storage_id, tensors))) == len(tensors)
-        except (RuntimeError, TypeError):  # a tensor without a storage (a wrapper subclass), a non-tensor where
-            distinct = False               # the example had a tensor: the full check
+            distinct = len(set(map(storage_of, tensors))) == len(tensors)
+        except (RuntimeError, TypeError):  # a wrapper subclass has no storage object; a non-tensor where the
+            try:                           # example had a tensor fails both: the full check
+                distinct = len(set(map(storage_id, tensors))) == len(tensors)
+            except (RuntimeError, TypeError):
+                distinct = False
         if distinct:
             return runner(*args)
         try:

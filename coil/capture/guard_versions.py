@@ -66,7 +66,9 @@ def _load_helper():
         if any(_tag(x) == t for x, t in zip(ds, before)):
             raise RuntimeError("a dict's version tag did not change on a write")
         from coil.runtime import cpp_build
-        fn = cpp_build.build(_SOURCE).coil_tags_equal
+        # called with the GIL held (PyDLL): a few hundred loads need no release, and a release lets another thread
+        # run in the middle of the guard (a sampling profiler then charged ~20% of a decoding step to this call)
+        fn = ctypes.PyDLL(cpp_build.build(_SOURCE)._name).coil_tags_equal
         fn.restype = ctypes.c_int
         fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
     except Exception as e:  # noqa: BLE001 - the full guard runs alone

@@ -219,8 +219,9 @@ _from_metadata = getattr(torch._C, "_construct_CUDA_Tensor_From_Storage_And_Meta
 _from_metadata_checked = False
 
 
-def _tensor_over(storage, dtype, size, stride, offset: int, meta: Optional[dict] = None):
-    """A tensor of ``dtype``/``size``/``stride`` at element ``offset`` of ``storage``."""
+def _tensor_over(storage, dtype, size, stride, offset: int, meta: Optional[dict] = None, blank=None):
+    """A tensor of ``dtype``/``size``/``stride`` at element ``offset`` of ``storage``; ``blank``: an empty tensor of
+    that dtype and device, whose ``new()`` starts it for less than a third of ``torch.empty``'s parsing."""
     global _from_metadata, _from_metadata_checked
     if meta is not None and _from_metadata is not None:
         try:
@@ -236,7 +237,8 @@ def _tensor_over(storage, dtype, size, stride, offset: int, meta: Optional[dict]
                 _from_metadata_checked = True
                 return t
             _from_metadata = None
-    return torch.empty((0,), dtype=dtype, device=storage.device).set_(storage, offset, size, stride)
+    t = blank.new() if blank is not None else torch.empty((0,), dtype=dtype, device=storage.device)
+    return t.set_(storage, offset, size, stride)
 
 
 class OutputPlan:
@@ -287,8 +289,8 @@ class OutputPlan:
         # for build, computed once: the constants in place, the arguments handed back, the tensors made per replay
         self._template = [it[1] if it[0] == "const" else None for it in self.items]
         self._selves = [(k, it[1]) for k, it in enumerate(self.items) if it[0] == "self"]
-        self._made = [(k, *it[:4], it[4] if it[0] == "slot" else None) for k, it in enumerate(self.items)
-                      if it[0] in ("slot", "arg")]
+        self._made = [(k, *it[:4], it[4] if it[0] == "slot" else None, torch.empty(0, dtype=o.dtype, device=o.device))
+                      for k, (it, o) in enumerate(zip(self.items, outs)) if it[0] in ("slot", "arg")]
 
     def build(self, args) -> tuple[list, list]:
         """``(outputs, weak refs of this replay's slot storages)``."""
@@ -296,14 +298,14 @@ class OutputPlan:
         outs = self._template.copy()
         for k, i in self._selves:
             outs[k] = args[i]
-        for k, kind, i, (dtype, size, stride), offset, fast in self._made:
+        for k, kind, i, (dtype, size, stride), offset, fast, blank in self._made:
             if kind == "slot":
-                outs[k] = _tensor_over(storages[i], dtype, size, stride, offset, fast)
+                outs[k] = _tensor_over(storages[i], dtype, size, stride, offset, fast, blank)
                 continue
             base = args[i]
             storage = base.untyped_storage()
             offset = (base.data_ptr() - storage.data_ptr() + offset) // dtype.itemsize
-            outs[k] = _tensor_over(storage, dtype, size, stride, offset)
+            outs[k] = _tensor_over(storage, dtype, size, stride, offset, None, blank)
         return outs, SlotRefs(storages)
 
     def slots_of(self, start: int, stop: int) -> set:

@@ -51,3 +51,11 @@ def test_mutated_input_with_a_view_held_elsewhere():
     x, y = torch.ones(4), torch.ones(4)
     torch.testing.assert_close(c(x, y), torch.full((4,), 2.0))
     torch.testing.assert_close(x, torch.full((4,), 2.0))
+
+
+def test_check_keys_storages_by_their_python_object():
+    # the cases above then test the storage-object key (one object per storage, views included), not the id fallback
+    from coil.aot.compile import _storage_key
+    assert _storage_key is torch.Tensor.untyped_storage
+    b = torch.arange(6.0)
+    assert len({_storage_key(b[:4]), _storage_key(b.view(6)[2:]), _storage_key(torch.ones(2))}) == 2

@@ -206,6 +206,23 @@ def test_rebuilt_outputs_keep_their_kinds_and_order_on_every_replay():
         assert tree.recorder.captures == 1 and tree.replays >= 2
 
 
+def test_rebuilt_outputs_keep_each_outputs_dtype_and_are_new_tensors_each_replay():
+    """Outputs are started from an empty tensor of their own dtype (OutputPlan.build): a view of an argument as
+    another dtype and new memory of other dtypes come back with eager's dtypes, values and layouts, as new objects."""
+    tree, f = make(body=lambda x: (x.view(torch.int32), x > 0, x.sum(1, dtype=torch.float64), x.t()[1:]))
+    seen = []
+    for _ in range(4):
+        x = torch.randn(3, 4)
+        out = f(x)
+        ref = (x.view(torch.int32), x > 0, x.sum(1, dtype=torch.float64), x.t()[1:])
+        for o, r in zip(out, ref):
+            assert (o.dtype, o.shape, o.stride()) == (r.dtype, r.shape, r.stride()) and not o.requires_grad
+            torch.testing.assert_close(o, r)
+        assert out[0].data_ptr() == x.data_ptr() and not any(o is p for o in out for p in seen)
+        seen = list(out)
+    assert tree.recorder.captures == 1 and tree.replays >= 2
+
+
 def test_cpu_tensors_fall_back_with_a_reason(log_dir):
     tree, f = make(device_type="cuda")
     x, w = torch.randn(2, 4), torch.randn(4, 4)

@@ -247,7 +247,7 @@ def _check_aliasing_per_call(runner: Callable, gm: Callable, mutated: list, exam
             return runner(*args)
         try:
             _refuse_mutated_aliased_inputs(args, mutated)
-        except CoilError as e:
+        except (CoilError, RuntimeError) as e:  # (RuntimeError: a subclass whose storage cannot be read)
             trace.log("aot_aliased_inputs_eager", stage="aot", reason=str(e).split("\n")[0])
             return gm(*args)
         return runner(*args)

@@ -59,3 +59,18 @@ def test_check_keys_storages_by_their_python_object():
     assert _storage_key is torch.Tensor.untyped_storage
     b = torch.arange(6.0)
     assert len({_storage_key(b[:4]), _storage_key(b.view(6)[2:]), _storage_key(torch.ones(2))}) == 2
+
+
+def test_aliased_subclass_whose_storage_cannot_be_read_runs_eagerly():
+    # the full check read untyped_storage() of every input and raised where a wrapper subclass has none (a TwoTensor
+    # beside aliased inputs); such a call now runs eagerly like any call the check cannot clear
+    class NoStorage(torch.Tensor):
+        def untyped_storage(self):
+            raise RuntimeError("invalid python storage")
+
+    c = aot_compile(f, [torch.ones(4), torch.ones(4)], run_graph)
+    c(torch.ones(4), torch.ones(4))
+    a = torch.ones(4)
+    out = c(a, a.as_subclass(NoStorage))
+    torch.testing.assert_close(a, torch.full((4,), 2.0))
+    torch.testing.assert_close(out.as_subclass(torch.Tensor), torch.full((4,), 3.0))

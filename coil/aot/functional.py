@@ -420,6 +420,11 @@ def _describe(fn, fake_args, f_args, before, outs, grad, drop_error_checks, fake
         if not isinstance(o, torch.Tensor):
             outputs.append(OutputInfo("constant", value=o))
             continue
+        if _multi_output_view(o):  # (split's piece, its base written after: autograd refuses its history when it is
+            try:  # read, s1046 #65; eager raises at the caller's read, so the program runs eagerly)
+                o.grad_fn
+            except RuntimeError:
+                raise RunEagerly(MULTI_OUTPUT_WRITTEN_MESSAGE) from None
         meta = dict(size=tuple(o.shape), stride=tuple(o.stride()), offset=o.storage_offset(),
                     requires_grad=_is_differentiable(o), multi_output=_multi_output_view(o),
                     lazy=(o.is_conj(), o.is_neg()))
@@ -516,6 +521,11 @@ def _describe(fn, fake_args, f_args, before, outs, grad, drop_error_checks, fake
                + [flat_outs[k]._base for k in base_sources])
     info.fw_out_meta = [(tuple(v.shape), v.dtype, v.device) for v in fw_vals]
     return info
+
+
+MULTI_OUTPUT_WRITTEN_MESSAGE = ("the program returns a view made by an op that returns several views (split, "
+                                "unbind) after writing its base in place, whose history autograd refuses, so the "
+                                "program runs eagerly")
 
 
 def _multi_output_view(o: torch.Tensor) -> bool:

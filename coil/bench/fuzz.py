@@ -467,6 +467,18 @@ class _Bounds(TorchDispatchMode):
             v = x.detach().double().square().max() * torch.finfo(x.dtype).eps * 4 * (x.numel() // max(out.numel(), 1))
             self.bounds[id(out)] = out, torch.full(out.shape, (v if op is torch.ops.aten.var else v.sqrt()).item(),
                                                    dtype=torch.float64)
+        elif op in _PRODUCTS and out.is_floating_point() and out.numel() and all(
+                isinstance(t, torch.Tensor) for t in args[:2]):
+            # a sum of products, a sum's bound, accumulated in float32 at least (s1045 #921: a bf16 mv whose partial
+            # sums overflow to inf in eager's order and not in coil's float32 mul + sum, which gives the float64 value)
+            a, c, dt, sp = args[0].double(), args[1].double(), out.dtype, self._spread(func, args, kwargs, out)
+            eps = torch.finfo(torch.promote_types(dt, torch.float32)).eps
+            err = func(a.abs(), c.abs()) * eps * a.shape[-1] + (0.0 if sp is None else sp)
+            pos, neg = (lambda t: t.clamp(min=0)), (lambda t: t.clamp(max=0))  # noqa: E731
+            up = func(pos(a), pos(c)) + func(neg(a), neg(c)) >= torch.finfo(dt).max
+            down = func(pos(a), neg(c)) + func(neg(a), pos(c)) <= -torch.finfo(dt).max
+            bound = torch.where(up & down, math.nan, torch.where(up, math.inf, torch.where(down, -math.inf, err)))
+            self.bounds[id(out)] = out, bound, (func(a, c), err)
         elif op is torch.ops.aten.gelu and out.is_floating_point():  # 1 + erf cancels in the tail: s203 #10433
             sp = self._spread(func, args, kwargs, out)  # (plus its argument's bound)
             self.bounds[id(out)] = out, x.double().abs() * torch.finfo(x.dtype).eps * 4 + (0.0 if sp is None else sp)
@@ -505,9 +517,10 @@ class _Bounds(TorchDispatchMode):
                         _flat(out), torch.zeros(_flat(out).shape, dtype=torch.float64)))
                     if f.dtype == out.dtype:
                         sb.as_strided(out.shape, out.stride(), out.storage_offset()).copy_(acc)
-        elif b and (func.is_view or op in (torch.ops.aten.clone, torch.ops.aten._to_copy)):
+        elif b and (func.is_view or op in (torch.ops.aten.clone, torch.ops.aten._to_copy, torch.ops.aten._unsafe_view)):
+            shaped = func.is_view or op is torch.ops.aten._unsafe_view  # (matmul's mv output: s1045 #921)
             try:  # the same values: the same bound (and exact value), viewed the same way
-                bs = [u if not func.is_view else func(u, *args[1:], **kwargs) for u in (b[1], *sum(b[2:], ()))]
+                bs = [func(u, *args[1:], **kwargs) if shaped else u for u in (b[1], *sum(b[2:], ()))]
             except Exception:
                 return out
             for t, u, *ex in zip(pytree.tree_leaves(out), *map(pytree.tree_leaves, bs)):
@@ -662,6 +675,7 @@ _REM_OPS = {torch.ops.aten.fmod, torch.ops.aten.remainder}
 _ACC_OPS = {torch.ops.aten.index_add, torch.ops.aten.index_add_, torch.ops.aten.scatter_add,
             torch.ops.aten.scatter_add_, torch.ops.aten.index_put, torch.ops.aten.index_put_}
 _SUM_OPS = {torch.ops.aten.sum, torch.ops.aten.nansum, torch.ops.aten.mean, torch.ops.aten.cumsum}
+_PRODUCTS = {torch.ops.aten.mm, torch.ops.aten.bmm, torch.ops.aten.mv, torch.ops.aten.dot}  # sums of products
 _EXTREMA_OPS = {torch.ops.aten.amax, torch.ops.aten.amin, torch.ops.aten.max, torch.ops.aten.min}
 _TIE_OPS = {torch.ops.aten.maximum, torch.ops.aten.minimum, torch.ops.aten.fmax, torch.ops.aten.fmin}
 _BILINEAR = {torch.ops.aten.mm, torch.ops.aten.bmm, torch.ops.aten.matmul, torch.ops.aten.mv,

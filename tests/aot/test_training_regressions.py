@@ -449,6 +449,27 @@ def test_input_written_through_a_dtype_view_then_saved_for_backward(backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_split_piece_returned_after_its_base_was_written_raises_eagers_error(backend):
+    """Gradient fuzzer s1046 #65: ``v1, v2 = torch.split(b, [4, 2]); b.view(torch.int64)[:, 0:] = 2; return v2`` with
+    b a view that requires grad: autograd refuses v2's history once its base was written after it ("Output 1 of
+    SplitWithSizes is a view and its base ... has been modified inplace") where the caller reads it; the compiled
+    graph returned a fresh view and its gradient. Such a program runs eagerly (warned), raising eager's error."""
+    def f(b):
+        v1, v2 = torch.split(b, [4, 2], 0)
+        b.view(torch.int64)[:, 0:] = 2
+        return v2
+
+    for fn in (f, coil.compile(f, options={"cpu_backend": backend})):
+        b = torch.ones(6, 1, dtype=torch.float64, requires_grad=True).clone()
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            out = fn(b)
+        assert fn is f or any("runs eagerly" in str(w.message) for w in seen)
+        with pytest.raises(RuntimeError, match="SplitWithSizes is a view and its base"):
+            out.sum().backward()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_backward_of_an_in_place_op_through_an_identity_expand(backend):
     """Gradient fuzzer s1016 #102: ``b.expand(-1).relu_()`` at b = 0, then ``remainder(b, nan) % b``: autograd
     writes relu's gradient through the expand in the backward, which functionalization wrote back as

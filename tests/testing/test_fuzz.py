@@ -1092,3 +1092,20 @@ def test_layer_norm_backward_is_compared_within_its_rounding():
     kernel cancels ``rstd g`` (rstd 316) against its other terms to 0.0099. ``native_layer_norm_backward`` now
     carries the rounding bound of those terms, through the index_put_ and as_strided backwards to ``a.grad``."""
     assert check(_layer_norm_of_one_element, lambda: [torch.tensor(1.0)], "cpp+grad").outcome == "ok"
+
+
+def _mv_of_expanded(b, c):  # s1045 #921
+    return (torch.matmul(b.unflatten(-2, (1, -1)), c),)
+
+
+def test_a_product_whose_partial_sums_overflowed_only_in_eagers_order_accepts_the_float64_sum():
+    """fuzz seed 1045 #921: a bf16 ``mv`` of six products near +-2e38 that cancel to -1.24e37: eager's order
+    overflows to inf, coil's float32 ``mul`` + ``sum`` gives the float64 value. A matrix product is a sum of
+    products: the float64 value is accepted (within the summation bound), a value of the other sign is not."""
+    inputs = lambda: [torch.tensor([[1.734, 1.76, 0.0, -0.0, -2.17, -1.43]], dtype=torch.bfloat16),  # noqa: E731
+                      torch.tensor([1.13e+38], dtype=torch.bfloat16).expand(6)]
+    assert _mv_of_expanded(*inputs())[0].isinf().all()  # eager's order
+    exact = lambda b, c: torch.matmul(b.double().unflatten(-2, (1, -1)), c.double()).bfloat16()  # noqa: E731
+    assert fuzz.check(_mv_of_expanded, inputs, lambda fn: lambda b, c: (exact(b, c),)).outcome == "ok"
+    assert fuzz.check(_mv_of_expanded, inputs, lambda fn: lambda b, c: (-exact(b, c),)).outcome == "mismatch"
+    assert fuzz.check(_mv_of_expanded, inputs, "aot_eager").outcome == "ok"  # (coil's float32 mul + sum)

@@ -1,0 +1,58 @@
+"""Regressions from new-user trial 56 (FINDINGS_56.md): rarely compiled torch.nn modules and functionals,
+torch.distributions, in-place writes to views and buffers, integer / low-precision dtype edge cases, empty and
+0-d tensors.
+
+The xfail(strict=True) tests are open bugs: each fails today and starts passing (so must lose its mark) once fixed.
+"""
+import warnings
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import coil
+
+
+def _run(fn, *args, **options):
+    """``(compiled result, coil warnings)`` of ``coil.compile(fn, options=options)(*args)``."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = coil.compile(fn, options=options or None)(*args)
+    return out, [str(w.message) for w in caught if "coil" in str(w.message)]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Finding 1 (fixed): x.new(torch.Size) made a tensor holding the sizes (the graph's tuple read as data)
+# ---------------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("size", ["shape", "size_slice", "constant_size"])
+def test_tensor_new_of_a_size_is_a_shape(coil_reset, size):
+    def f(x):
+        s = {"shape": x.shape, "size_slice": x.size()[1:], "constant_size": torch.Size((2, 5))}[size]
+        return x.new(s).fill_(1.0) * 2
+
+    x = torch.randn(3, 4)
+    out, warned = _run(f, x)
+    ref = f(x)
+    assert out.shape == ref.shape and out.dtype == ref.dtype
+    torch.testing.assert_close(out, ref)
+    assert not warned
+
+
+def test_tensor_new_of_a_tuple_is_data(coil_reset):
+    f = lambda x: x.new((2, 5)) + x.sum()  # noqa: E731 - a plain tuple is the data, as in eager
+    x = torch.randn(3, 4)
+    torch.testing.assert_close(coil.compile(f)(x), f(x))
+
+
+def test_multinomial_distribution_sample(coil_reset):
+    def f(logits):
+        return torch.distributions.Multinomial(5, logits=logits).sample()
+
+    lg = torch.randn(2, 5)
+    torch.manual_seed(0)
+    ref = f(lg)
+    torch.manual_seed(0)
+    out, _ = _run(f, lg, fallback_random=True)
+    torch.testing.assert_close(out, ref)

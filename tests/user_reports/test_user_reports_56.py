@@ -56,3 +56,41 @@ def test_multinomial_distribution_sample(coil_reset):
     torch.manual_seed(0)
     out, _ = _run(f, lg, fallback_random=True)
     torch.testing.assert_close(out, ref)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Finding 2 (fixed): objects made in the frame that refer to each other (a cycle) raised RecursionError in capture
+# (the frame ran eagerly, warned): torch.distributions.Gumbel (a transform and its inverse), a linked pair
+# ---------------------------------------------------------------------------------------------------------------
+
+class _Node:
+    def __init__(self, v):
+        self.v, self.peer = v, None
+
+
+def test_gumbel_log_prob_compiles(coil_reset):
+    def f(loc, x):
+        d = torch.distributions.Gumbel(loc, 2.0, validate_args=False)
+        return d.log_prob(x), d
+
+    loc, x = torch.randn(3), torch.randn(3)
+    (out, d), warned = _run(f, loc, x)
+    torch.testing.assert_close(out, f(loc, x)[0])
+    torch.testing.assert_close(d.log_prob(x), out)
+    assert not warned and coil.capture.stats["fallbacks"] == 0
+
+
+def test_objects_made_in_the_frame_referring_to_each_other_are_returned(coil_reset):
+    def f(x):
+        a, b = _Node(x * 2), _Node(x + 1)
+        a.peer, b.peer = b, a
+        c = _Node(x)
+        c.peer = c
+        return a.v + a.peer.peer.v, a, [c]
+
+    x = torch.randn(3)
+    (out, a, (c,)), warned = _run(f, x)
+    torch.testing.assert_close(out, x * 4)
+    assert a.peer.peer is a and c.peer is c
+    torch.testing.assert_close(a.peer.v, x + 1)
+    assert not warned

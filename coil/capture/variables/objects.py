@@ -690,6 +690,9 @@ class NewObjectVariable(VariableTracker):
     def children(self):
         return list(self.attrs.values())
 
+    def is_python_constant(self):
+        return False   # never one (and its attributes may point back to it: no walk)
+
     def var_getattr(self, tx, name):
         attr = _static_lookup(self.cls, name)
         if isinstance(attr, types.MemberDescriptorType):    # a ``__slots__`` entry: stored like an attribute
@@ -737,8 +740,10 @@ class NewObjectVariable(VariableTracker):
         return object_truthy(tx, self, self.cls)
 
     def reconstruct(self, cg):
-        attrs = "{" + ", ".join(f"{k!r}: {cg.reconstruct(v)}" for k, v in self.attrs.items()) + "}"
-        return cg.bind(self, f"___new_object({cg.const_expr(self.cls)}, {attrs})")
+        name = cg.bind(self, f"___new_object({cg.const_expr(self.cls)}, {{}})")   # first: an attribute may be itself
+        attrs = ", ".join(f"{k!r}: {cg.reconstruct(v)}" for k, v in self.attrs.items())
+        cg.lines.append(f"___new_object({name}, {{{attrs}}})")
+        return name
 
 
 class ModuleInitProbe(NewObjectVariable):

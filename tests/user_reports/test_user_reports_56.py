@@ -94,3 +94,25 @@ def test_objects_made_in_the_frame_referring_to_each_other_are_returned(coil_res
     assert a.peer.peer is a and c.peer is c
     torch.testing.assert_close(a.peer.v, x + 1)
     assert not warned
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Finding 3 (fixed): a parameter's .detach() passed as an argument and written in place (the parameter read in the
+# same frame) raised "a view of a leaf Variable that requires grad is being used in an in-place operation"
+# ---------------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("backend", ["aot_eager", "coil"])
+def test_detached_parameter_written_in_place_beside_the_parameter(coil_reset, backend):
+    torch.manual_seed(0)
+    lin = nn.Linear(3, 3)
+    w0, x = lin.weight.detach().clone(), torch.randn(2, 3)
+
+    def f(w, x):
+        w.add_(1.0)
+        return lin(x)
+
+    out = coil.compile(f, backend=backend)(lin.weight.detach(), x)
+    torch.testing.assert_close(lin.weight.detach(), w0 + 1)
+    torch.testing.assert_close(out, x @ (w0 + 1).t() + lin.bias)
+    out.sum().backward()
+    torch.testing.assert_close(lin.weight.grad, x.sum(0).expand(3, 3))

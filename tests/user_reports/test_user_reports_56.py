@@ -116,3 +116,79 @@ def test_detached_parameter_written_in_place_beside_the_parameter(coil_reset, ba
     torch.testing.assert_close(out, x @ (w0 + 1).t() + lin.bias)
     out.sum().backward()
     torch.testing.assert_close(lin.weight.grad, x.sum(0).expand(3, 3))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Finding 4 (fixed): writes through obj.__dict__ of an object made in the frame were dropped (silent wrong value)
+# ---------------------------------------------------------------------------------------------------------------
+
+class _Plain:
+    pass
+
+
+def test_instance_dict_writes_of_an_object_made_in_the_frame(coil_reset):
+    def f(x):
+        o = _Plain()
+        o.a = x
+        o.__dict__["a"] = x * 2
+        o.__dict__.update(b=x * 3)
+        return o.a + o.b, o
+
+    x = torch.randn(3)
+    (out, o), warned = _run(f, x)
+    torch.testing.assert_close(out, x * 5)
+    torch.testing.assert_close(o.b, x * 3)
+    assert not warned
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Finding 5 (fixed): a Python descriptor (torch.distributions' lazy_property) read on an object made in the frame was a
+# graph break, and torch.distributions' Python functions became graph nodes (a break on a distribution argument)
+# ---------------------------------------------------------------------------------------------------------------
+
+class _Cached:
+    def __init__(self, f):
+        self.f = f
+
+    def __get__(self, obj, cls):
+        if obj is None:
+            return self
+        obj.__dict__[self.f.__name__] = v = self.f(obj)
+        return v
+
+
+class _WithCached:
+    def __init__(self, x):
+        self.x, self.calls = x, 0
+
+    @_Cached
+    def sq(self):
+        self.calls += 1
+        return self.x ** 2
+
+
+def test_python_descriptor_on_an_object_made_in_the_frame(coil_reset):
+    def f(x):
+        o = _WithCached(x)
+        return o.sq + o.sq, o
+
+    x = torch.randn(3)
+    (out, o), warned = _run(f, x)
+    torch.testing.assert_close(out, 2 * x ** 2)
+    assert o.calls == 1 and "sq" in o.__dict__
+    assert coil.capture.stats["graph_breaks"] == 0 and not warned
+
+
+def test_categorical_probs_and_entropy_are_one_graph(coil_reset):
+    D = torch.distributions
+
+    def f(logits, a):
+        d = D.Categorical(logits=logits, validate_args=False)
+        b = D.Bernoulli(logits=logits, validate_args=False)
+        return d.log_prob(a), d.entropy(), d.probs, b.probs
+
+    logits, a = torch.randn(2, 4), torch.tensor([1, 3])
+    out, warned = _run(f, logits, a)
+    for o, r in zip(out, f(logits, a)):
+        torch.testing.assert_close(o, r)
+    assert coil.capture.stats["graph_breaks"] == 0 and coil.capture.stats["graphs"] == 1

@@ -64,6 +64,9 @@ def wrap_class_attr(tx, obj_vt: VariableTracker, cls: type, name: str, source=No
         return BoundMethodVariable(obj_vt, name)
     if hasattr(type(attr), "__get__") and not isinstance(attr, (type,)):
         if obj_vt.source is None or getattr(obj_vt, "value", None) is None:
+            get = getattr(type(attr), "__get__")
+            if isinstance(get, types.FunctionType):   # a Python descriptor (torch.distributions' lazy_property)
+                return tx.call(UserFunctionVariable(get), [wrap(tx, attr, None), obj_vt, UserDefinedClassVariable(cls)], {})
             raise Unsupported(f"descriptor {type(attr).__name__} {name!r} on a new object")
         return wrap(tx, getattr(obj_vt.value, name), source)
     return wrap(tx, attr, source)
@@ -705,7 +708,9 @@ class NewObjectVariable(VariableTracker):
         if name == "__class__":
             return UserDefinedClassVariable(self.cls)
         if name == "__dict__":
-            return DictVariable(dict(self.attrs))
+            d = DictVariable({})
+            d.items = self.attrs   # the same dict: writes through it are the object's attributes
+            return d
         try:
             return wrap_class_attr(tx, self, self.cls, name)
         except AttributeMissing:

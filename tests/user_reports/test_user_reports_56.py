@@ -192,3 +192,22 @@ def test_categorical_probs_and_entropy_are_one_graph(coil_reset):
     for o, r in zip(out, f(logits, a)):
         torch.testing.assert_close(o, r)
     assert coil.capture.stats["graph_breaks"] == 0 and coil.capture.stats["graphs"] == 1
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Finding 6 (fixed): with fallback_random, fusion reordered eager's random draws (bernoulli then dropout drew in the
+# other order: both tensors differed from eager's for the same seed; silent)
+# ---------------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("backend", ["cpp", "triton"])
+def test_fallback_random_keeps_the_order_of_random_draws(coil_reset, backend):
+    def f(x):
+        return torch.bernoulli(x.sigmoid()), F.dropout(x, 0.5), torch.rand_like(x)
+
+    x = torch.randn(4, 8)
+    torch.manual_seed(0)
+    ref = f(x)
+    torch.manual_seed(0)
+    out, _ = _run(f, x, fallback_random=True, cpu_backend=backend)
+    for o, r in zip(out, ref):
+        torch.testing.assert_close(o, r, rtol=0, atol=0)

@@ -141,6 +141,18 @@ def test_instance_dict_writes_of_an_object_made_in_the_frame(coil_reset):
     assert not warned
 
 
+def test_vars_of_an_object_made_in_the_frame(coil_reset):
+    def f(x):
+        o = _Plain()
+        vars(o)["a"] = x * 2
+        return o.a + 1
+
+    x = torch.randn(3)
+    out, warned = _run(f, x)
+    torch.testing.assert_close(out, x * 2 + 1)
+    assert not warned and coil.capture.stats["graph_breaks"] == 0
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Finding 5 (fixed): a Python descriptor (torch.distributions' lazy_property) read on an object made in the frame was a
 # graph break, and torch.distributions' Python functions became graph nodes (a break on a distribution argument)

@@ -66,7 +66,8 @@ def wrap_class_attr(tx, obj_vt: VariableTracker, cls: type, name: str, source=No
         if obj_vt.source is None or getattr(obj_vt, "value", None) is None:
             get = getattr(type(attr), "__get__")
             if isinstance(get, types.FunctionType):   # a Python descriptor (torch.distributions' lazy_property)
-                return tx.call(UserFunctionVariable(get), [wrap(tx, attr, None), obj_vt, UserDefinedClassVariable(cls)], {})
+                owner = UserDefinedClassVariable(cls)
+                return tx.call(UserFunctionVariable(get), [wrap(tx, attr, None), obj_vt, owner], {})
             raise Unsupported(f"descriptor {type(attr).__name__} {name!r} on a new object")
         return wrap(tx, getattr(obj_vt.value, name), source)
     return wrap(tx, attr, source)

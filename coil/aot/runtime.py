@@ -221,9 +221,11 @@ def _make_epilogue(info: ProgramInfo) -> Callable:
                 continue
             if inp.shape != vals[pos].shape:  # out= into an empty tensor: eager resizes it, contiguous from
                 inp.resize_(vals[pos].shape)  # contiguous operands (capture runs every other resize eagerly)
-            # a leaf that requires grad can only have been mutated outside autograd (a differentiable in-place op on
-            # it fails while tracing, as in eager): through .detach(), e.g. F.embedding's max_norm renorm
-            if hidden[pos] or not torch.is_grad_enabled() or (inp.is_leaf and inp.requires_grad):
+            # a leaf that requires grad, or a view of one (the synthetic base of a parameter passed with its .detach()),
+            # can only have been mutated outside autograd (a differentiable in-place op on it fails while tracing, as
+            # in eager): through .detach(), e.g. F.embedding's max_norm renorm
+            root = inp if inp._base is None else inp._base
+            if hidden[pos] or not torch.is_grad_enabled() or (root.is_leaf and root.requires_grad):
                 batch_dst.append(inp)
                 batch_src.append(vals[pos])
             else:

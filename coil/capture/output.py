@@ -47,7 +47,8 @@ def _inference_copy(t):
 
 
 def _new_object(cls, attrs):
-    obj = cls.__new__(cls)
+    """A ``cls`` instance made without ``__init__`` (``cls`` an instance: that one) given ``attrs``."""
+    obj, cls = (cls.__new__(cls), cls) if isinstance(cls, type) else (cls, type(cls))
     for name in [k for k in attrs if hasattr(cls, "__slots__") and
                  isinstance(inspect.getattr_static(cls, k, None), types.MemberDescriptorType)]:
         object.__setattr__(obj, name, attrs.pop(name))    # ``__slots__`` entries

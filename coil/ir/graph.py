@@ -137,6 +137,8 @@ class _BernoulliInLayout:
     order: with ``fallback_random``, dropout of a transposed tensor got another mask than eager (user report 9). A
     ``bernoulli.p`` of any other tensor is the user's functional ``torch.bernoulli(x, p)`` and runs as is."""
 
+    tags = (torch.Tag.nondeterministic_seeded,)   # it draws from the generator (the scheduler keeps draws in order)
+
     def __call__(self, x, p=0.5, *, generator=None):
         return torch.empty_like(x).bernoulli_(p, generator=generator)
 

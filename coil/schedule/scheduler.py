@@ -13,6 +13,8 @@ import functools
 from collections import defaultdict
 from typing import Optional
 
+import torch
+
 from coil import trace
 from coil.config import config
 from coil.ir.nodes import (Buffer, ComputedBuffer, InputBuffer, ScatterBuffer)
@@ -96,6 +98,10 @@ class Scheduler:
         self._succ = {id(g): {id(og) for n in g.names for u in self.users.get(n, ())
                               if (og := owner.get(u)) is not None and og is not g} for g in self.groups}
         self._pred: dict[int, set] = {id(g): set() for g in self.groups}
+        draws = [id(g) for g in self.groups if isinstance(g, ExternStep) and
+                 torch.Tag.nondeterministic_seeded in getattr(getattr(g.buffer, "op", None), "tags", ())]
+        for a, b in zip(draws, draws[1:]):   # eager's generator draws in program order (fallback_random)
+            self._succ[a].add(b)
         for gid, ss in self._succ.items():
             for s in ss:
                 self._pred[s].add(gid)

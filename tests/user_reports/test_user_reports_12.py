@@ -215,12 +215,8 @@ def test_functional_bernoulli_of_empty_like_transposed():
     assert_outputs_match(out, ref, atol=0, rtol=0)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "(not from the bernoulli change: HEAD~1 does the same) with fallback_random the "
-    "random ops do not run in program order: a dropout whose noise buffer depends on "
-    "nothing computed draws before an earlier rand_like/bernoulli of a computed value "
-    "(x.sigmoid()), so both get other numbers than eager under the same seed"))
 def test_random_op_order_with_dropout_after():
+    """Fixed (trial 56, finding 6): the scheduler keeps extern random draws in program order."""
     r = _gen(20)
     out, ref, _, _ = run_on_copies(lambda x: (torch.rand_like(x.sigmoid()), F.dropout(x, 0.3)),
                           (r(6, 8),), seed=0, fallback_random=True)

@@ -76,6 +76,8 @@ class BuiltinVariable(KnownCallableVariable):
 
     def call_function(self, tx, args, kwargs):
         fn = self.fn
+        if fn is vars and len(args) == 1 and not kwargs:
+            return args[0].var_getattr(tx, "__dict__")   # (an object made in the frame: its attributes)
         if fn in _BREAK:
             raise Unsupported(_BREAK[fn], hint="it runs outside the graph")
         if (h := _HANDLERS.get(fn)) is not None:

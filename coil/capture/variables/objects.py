@@ -65,6 +65,10 @@ def wrap_class_attr(tx, obj_vt: VariableTracker, cls: type, name: str, source=No
         return BoundMethodVariable(obj_vt, name)
     if hasattr(type(attr), "__get__") and not isinstance(attr, (type,)):
         if obj_vt.source is None or getattr(obj_vt, "value", None) is None:
+            get = getattr(type(attr), "__get__")
+            if isinstance(get, types.FunctionType):   # a Python descriptor (torch.distributions' lazy_property)
+                owner = UserDefinedClassVariable(cls)
+                return tx.call(UserFunctionVariable(get), [wrap(tx, attr, None), obj_vt, owner], {})
             raise Unsupported(f"descriptor {type(attr).__name__} {name!r} on a new object")
         return wrap(tx, getattr(obj_vt.value, name), source)
     return wrap(tx, attr, source)
@@ -713,6 +717,9 @@ class NewObjectVariable(VariableTracker):
     def children(self):
         return list(self.attrs.values())
 
+    def is_python_constant(self):
+        return False   # never one (and its attributes may point back to it: no walk)
+
     def var_getattr(self, tx, name):
         attr = _static_lookup(self.cls, name)
         if isinstance(attr, types.MemberDescriptorType):    # a ``__slots__`` entry: stored like an attribute
@@ -725,7 +732,9 @@ class NewObjectVariable(VariableTracker):
         if name == "__class__":
             return UserDefinedClassVariable(self.cls)
         if name == "__dict__":
-            return DictVariable(dict(self.attrs))
+            d = DictVariable({})
+            d.items = self.attrs   # the same dict: writes through it are the object's attributes
+            return d
         try:
             return wrap_class_attr(tx, self, self.cls, name)
         except AttributeMissing:
@@ -760,8 +769,10 @@ class NewObjectVariable(VariableTracker):
         return object_truthy(tx, self, self.cls)
 
     def reconstruct(self, cg):
-        attrs = "{" + ", ".join(f"{k!r}: {cg.reconstruct(v)}" for k, v in self.attrs.items()) + "}"
-        return cg.bind(self, f"___new_object({cg.const_expr(self.cls)}, {attrs})")
+        name = cg.bind(self, f"___new_object({cg.const_expr(self.cls)}, {{}})")   # first: an attribute may be itself
+        attrs = ", ".join(f"{k!r}: {cg.reconstruct(v)}" for k, v in self.attrs.items())
+        cg.lines.append(f"___new_object({name}, {{{attrs}}})")
+        return name
 
 
 class ModuleInitProbe(NewObjectVariable):

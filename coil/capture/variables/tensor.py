@@ -610,6 +610,8 @@ class TensorVariable(VariableTracker):
             raise Unsupported("`in` on a tensor depends on its data")
         if name == "new_tensor" and contains_tensor(list(args)):
             raise Unsupported("Tensor.new_tensor of a tensor")
+        if name == "new" and len(args) == 1 and args[0].python_type() is torch.Size:
+            name = "new_empty"   # x.new(torch.Size) is a shape; the graph's plain tuple would be data
         return call_op(tx, "call_method", name, [self] + list(args), kwargs)
 
     def reconstruct(self, cg):

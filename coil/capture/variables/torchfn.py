@@ -89,7 +89,8 @@ def is_torch_function(value) -> bool:
     mod = getattr(value, "__module__", None) or ""
     if mod.startswith(("torch.nn.modules", "torch.utils", "torch._dynamo", "torch.fx", "torch.autograd.function",
                        "torch.nn.utils", "torch.optim", "torch.distributed", "torch.compiler", "torch._tensor",
-                       "torch.testing", "torch.backends", "torch.overrides", "torch.amp", "torch.cuda")):
+                       "torch.testing", "torch.backends", "torch.overrides", "torch.amp", "torch.cuda",
+                       "torch.distributions")):
         return value in _COMPILE_TIME or inspect.unwrap(value) in _DEVICE_QUERIES
     if mod.startswith("torch") or mod == "torch._C._nn" or mod == "torch._C._linalg":
         return True

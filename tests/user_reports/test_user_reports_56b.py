@@ -1,0 +1,68 @@
+"""Regressions from new-user trial 56b (FINDINGS_56b.md): dynamic shapes and training loops as a new user writes
+them (symbolic slicing and views, cat/split, unbacked sizes, `.item()` control flow, pooling and convolutions over
+dynamic spatial sizes, causal attention, optimizers over variable batches, changing Python numbers)."""
+import copy
+import warnings
+
+import pytest
+import torch
+import torch.nn as nn
+
+import coil
+from coil.capture.frame import stats
+
+
+def _calls(fn, cf, argss):
+    """Run ``fn`` eagerly and ``cf`` on deep copies of each argument tuple; compare outputs."""
+    for args in argss:
+        ae, ac = copy.deepcopy(args), copy.deepcopy(args)
+        torch.testing.assert_close(cf(*ac), fn(*ae))
+
+
+# ----------------------------------------------------------------------------- fixed
+
+
+@pytest.mark.parametrize("dynamic", [None, True])
+def test_as_tensor_of_a_changing_number_compiles_once(dynamic, coil_reset):
+    """FINDINGS_56b #1: ``torch.as_tensor(n)`` of a symbolic int or float was traced into a constant, so every new
+    value recompiled (the recompile limit then ran the frame eagerly); ``torch.tensor(n)`` kept one graph."""
+    fn = lambda x, n: torch.as_tensor(n) + x  # noqa: E731
+    cf = coil.compile(fn, dynamic=dynamic)
+    _calls(fn, cf, [(torch.ones(2), n) for n in (1, 2, 3, 4, 5)])
+    _calls(fn, cf, [(torch.ones(2), n) for n in (1.5, 2.5, 3.5, 4.5)])
+    assert stats["frames"] <= (4 if dynamic is None else 2)
+
+
+class _Counter(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.step = 0
+
+    def forward(self, x):
+        self.step += 1
+        return x * self.step
+
+
+class _Memory(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("mem", torch.zeros(0, 3))
+
+    def forward(self, x):
+        self.mem = torch.cat([self.mem, x])[-8:]
+        return self.mem.mean(0) + x
+
+
+@pytest.mark.parametrize("cls", [_Counter, _Memory])
+def test_dynamic_true_makes_a_changing_module_attribute_symbolic(cls, coil_reset):
+    """FINDINGS_56b #2: under ``dynamic=True`` a module's int attribute (a step counter) and a buffer that grows were
+    never made symbolic (automatic dynamic ran only for ``dynamic=None``): one compile per value, then the recompile
+    limit ran the module eagerly, while the default compiled twice."""
+    me, mc = cls(), cls()
+    cf = coil.compile(mc, dynamic=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")     # (the recompile limit's warning)
+        for _ in range(10):
+            x = torch.randn(2, 3)
+            torch.testing.assert_close(cf(x), me(x))
+    assert stats["frames"] <= 3 and stats["eager_limit"] == 0

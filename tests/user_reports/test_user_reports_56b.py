@@ -66,3 +66,42 @@ def test_dynamic_true_makes_a_changing_module_attribute_symbolic(cls, coil_reset
             x = torch.randn(2, 3)
             torch.testing.assert_close(cf(x), me(x))
     assert stats["frames"] <= 3 and stats["eager_limit"] == 0
+
+
+def test_divmod_and_shifts_of_a_symbolic_int_keep_one_graph(coil_reset):
+    """FINDINGS_56b #3: ``divmod(n, 3)`` of a symbolic int was folded to constants (a guard ``n == 2``: one compile
+    per value, then eager at the recompile limit); ``n >> 1`` and ``n << 2`` were graph breaks."""
+    fn = lambda x, n: (x * divmod(n, 3)[1], x * divmod(17, n)[0], x * (n >> 1), x * (n << 2))  # noqa: E731
+    cf = coil.compile(fn, dynamic=True)
+    _calls(fn, cf, [(torch.randn(4), n) for n in (2, 3, 4, 5, 7, 9, -3, -8)])
+    assert stats["frames"] <= 2 and stats["graph_breaks"] == 0
+
+
+def test_negative_shift_count_still_raises(coil_reset):
+    """The control of #3: a shift by a symbolic count stays a graph break, so ``3 >> n`` raises eager's ValueError for a
+    negative ``n``."""
+    cf = coil.compile(lambda x, n: x * (3 >> n), dynamic=True)
+    torch.testing.assert_close(cf(torch.ones(2), 1), torch.ones(2))
+    torch.testing.assert_close(cf(torch.ones(2), 2), torch.zeros(2))
+    with pytest.raises(ValueError, match="negative shift count"):
+        cf(torch.ones(2), -1)
+
+
+def test_tensor_method_left_on_the_stack_by_a_break_is_traced(coil_reset):
+    """FINDINGS_56b #4: a graph break inside a tensor method's argument list (``x.reshape(-1, int(k.item()))``) left
+    the bound method on the stack; the resumed frame called it as an unknown C function, a second graph break that ran
+    the method and everything after it in that frame eagerly."""
+    def fn(x, w, k):
+        h = x @ w
+        return h.reshape(-1, int(k.item())).softmax(-1) * 2
+    cf = coil.compile(fn)
+    for k in (2, 3):
+        args = (torch.randn(4, 3, requires_grad=True), torch.randn(3, 6, requires_grad=True), torch.tensor(k))
+        ae, ac = copy.deepcopy(args), copy.deepcopy(args)
+        want, got = fn(*ae), cf(*ac)
+        torch.testing.assert_close(got, want)
+        want.pow(2).sum().backward()
+        got.pow(2).sum().backward()
+        torch.testing.assert_close(ac[0].grad, ae[0].grad)
+        torch.testing.assert_close(ac[1].grad, ae[1].grad)
+    assert stats["graph_breaks"] == 1    # the .item() alone

@@ -105,3 +105,41 @@ def test_tensor_method_left_on_the_stack_by_a_break_is_traced(coil_reset):
         torch.testing.assert_close(ac[0].grad, ae[0].grad)
         torch.testing.assert_close(ac[1].grad, ae[1].grad)
     assert stats["graph_breaks"] == 1    # the .item() alone
+
+
+# ----------------------------------------------------------------------------- open (xfail, strict)
+
+
+@pytest.mark.xfail(strict=True, reason="open: ATen's triu_indices takes int sizes, so tracing pins them (a guard "
+                                       "x.size()[0] == 6): one compile per size until the recompile limit")
+def test_triu_indices_of_a_dynamic_size_compiles_once(coil_reset):
+    """FINDINGS_56b #5."""
+    fn = lambda x: torch.triu_indices(x.shape[0], x.shape[0]) * 2  # noqa: E731
+    cf = coil.compile(fn, dynamic=True)
+    _calls(fn, cf, [(torch.randn(n),) for n in (4, 6, 7, 9)])
+    assert stats["frames"] == 1
+
+
+@pytest.mark.xfail(strict=True, reason="open: eager checks that a Python float fits the tensor's dtype when the op "
+                                       "converts it; a symbolic float is a graph input and nothing checks it")
+def test_clamp_of_half_by_a_changing_float_out_of_range_raises(coil_reset):
+    """FINDINGS_56b #6: eager raises 'value cannot be converted to type c10::Half without overflow'; compiled with the
+    float symbolic, the call returns a tensor (the same call with the float a constant runs eagerly and raises)."""
+    fn = lambda h, s: torch.clamp(h, max=s)  # noqa: E731
+    cf = coil.compile(fn, dynamic=True)
+    h = torch.randn(4).half()
+    torch.testing.assert_close(cf(h, 1.0), fn(h, 1.0))
+    with pytest.raises(RuntimeError, match="without overflow"):
+        fn(h, 70000.0)
+    with pytest.raises(RuntimeError, match="without overflow"):
+        cf(h, 70000.0)
+
+
+@pytest.mark.xfail(strict=True, reason="open: `&`, `|`, `^` of a symbolic int are graph breaks (torch's SymInt makes "
+                                       "BitwiseFn expressions that coil's index printers cannot print)")
+def test_bitwise_and_of_a_symbolic_int_stays_in_the_graph(coil_reset):
+    """FINDINGS_56b #7."""
+    fn = lambda x, n: x * (n & 3)  # noqa: E731
+    cf = coil.compile(fn, dynamic=True)
+    _calls(fn, cf, [(torch.randn(4), n) for n in (2, 5, 7)])
+    assert stats["graph_breaks"] == 0

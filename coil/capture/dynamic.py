@@ -162,7 +162,7 @@ class DynamicPolicy:
         if self.mode is True and not is_param:
             for d in range(t.dim()):
                 out.setdefault(d, "dynamic=True")
-        elif self.mode is None:
+        if self.mode is not False:   # (a buffer's size that changed: automatic under dynamic=True too)
             for d in self.auto.get(expr, ()):
                 if isinstance(d, int) and d < t.dim():     # ("value": a number's change)
                     out.setdefault(d, "automatic")

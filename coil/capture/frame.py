@@ -420,7 +420,7 @@ def _miss_entry(fn, code, cfg, bound):
             fails = old.guards.failures(old.argnames, tuple(bound) + (fn,))
             reason = fails[0]["text"] if fails else None
             trace.log("recompile", stage="capture", frame=_label(code), reason=reason, failed_guards=fails)
-            if cfg.dynamic is None:
+            if cfg.dynamic is not False:   # (dynamic=True too: a module's int attribute, a buffer's size)
                 _note_changed_sizes(cache, old, bound, fn)
             if _config.config.verbose:
                 print(f"coil: recompiling {_label(code)}: {reason}")

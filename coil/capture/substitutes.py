@@ -109,6 +109,15 @@ def tensor(data, *, dtype=None, device=None, requires_grad=False, pin_memory=Fal
     return torch.stack([torch.full((), v, dtype=like.dtype, device=device) for v in flat]).reshape(like.shape)
 
 
+def as_tensor(data, dtype=None, device=None):
+    """``torch.as_tensor`` of a symbolic number or a list holding some: :func:`tensor` (a new tensor in eager too);
+    traced, the value was pinned (one graph per value)."""
+    if isinstance(data, torch.Tensor) or not any(isinstance(v, (torch.SymInt, torch.SymFloat))
+                                                 for v in pytree.tree_leaves(data)):
+        return torch.as_tensor(data, dtype=dtype, device=device)
+    return tensor(data, dtype=dtype, device=device)
+
+
 def _symbolic(*sizes) -> bool:
     return any(isinstance(n, torch.SymInt) for n in sizes)
 
@@ -141,6 +150,7 @@ def linspace(start, end, steps, *, dtype=None, device=None, layout=None, require
 
 #: torch function -> the function capture records in its place
 SUBSTITUTES: dict[Callable, Callable] = {torch.nn.functional.one_hot: one_hot, torch.tensor: tensor,
+                                         torch.as_tensor: as_tensor,
                                          torch.max_pool1d: max_pool1d, torch.linspace: linspace,
                                          torch.nn.functional.max_pool1d: max_pool1d,
                                          torch.nn.functional.scaled_dot_product_attention: sdpa}

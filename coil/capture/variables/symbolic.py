@@ -30,7 +30,8 @@ _BINARY = {operator.add: operator.add, operator.iadd: operator.add, operator.sub
            operator.truediv: operator.truediv, operator.itruediv: operator.truediv, operator.mod: operator.mod,
            operator.imod: operator.mod, operator.pow: operator.pow, operator.ipow: operator.pow,
            operator.lt: operator.lt, operator.le: operator.le, operator.gt: operator.gt, operator.ge: operator.ge,
-           operator.eq: operator.eq, operator.ne: operator.ne}
+           operator.eq: operator.eq, operator.ne: operator.ne, operator.lshift: operator.lshift,
+           operator.ilshift: operator.lshift, operator.rshift: operator.rshift, operator.irshift: operator.rshift}
 
 
 class SymNodeVariable(VariableTracker):
@@ -162,6 +163,9 @@ def binary(tx, op, a: VariableTracker, b: VariableTracker):
             vals.append(v.value)
         else:
             return None
+    if fn in (operator.lshift, operator.rshift) and not (isinstance(vals[0], torch.SymInt) and type(vals[1]) is int
+                                                         and vals[1] >= 0):
+        return None     # (a shift by a constant count is a product or a floor division; `& | ^` are graph breaks)
     if fn in (operator.mod, operator.floordiv) and any(isinstance(v, (float, torch.SymFloat)) for v in vals):
         # Python's float % and // round as CPython's divmod does (-3.5 // 0.7 == -6.0, not
         # floor(-3.5 / 0.7) == -5.0), and the graph's lowering of a float % read a stale value
@@ -255,6 +259,8 @@ def call_numeric(tx, fn, args: list, kwargs: dict):
         for i in items:
             total = tx.binary_op(operator.mul, total, i)
         return total
+    if fn is divmod and len(args) == 2 and any(isinstance(a, SymNodeVariable) for a in args):
+        return TupleVariable([tx.binary_op(operator.floordiv, *args), tx.binary_op(operator.mod, *args)])
     if len(args) != 1 or not isinstance(args[0], SymNodeVariable):
         return None
     a = args[0]

@@ -106,3 +106,12 @@ def assert_grads_match(a_ref, a_out, atol: float, rtol: float, same=strides_agre
             torch.testing.assert_close(y.grad, x.grad, atol=atol, rtol=rtol,
                                        msg=lambda m: f"grad of arg {i}: {m}")
             assert same(y.grad, x.grad), (i, y.grad.stride(), x.grad.stride())
+
+
+def run_warned(fn, *args, **options):
+    """``(compiled result, coil warnings)`` of ``coil.compile(fn, options=options)(*args)``."""
+    import warnings
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = coil.compile(fn, options=options or None)(*args)
+    return out, [str(w.message) for w in caught if "coil" in str(w.message)]

@@ -15,12 +15,7 @@ import torch.nn.functional as F
 import coil
 
 
-def _run(fn, *args, **options):
-    """``(compiled result, coil warnings)`` of ``coil.compile(fn, options=options)(*args)``."""
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        out = coil.compile(fn, options=options or None)(*args)
-    return out, [str(w.message) for w in caught if "coil" in str(w.message)]
+from report_helpers import run_warned as _run
 
 
 # ---------------------------------------------------------------------------------------------------------------

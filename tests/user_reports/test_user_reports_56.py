@@ -4,7 +4,6 @@ torch.distributions, in-place writes to views and buffers, integer / low-precisi
 
 The xfail(strict=True) tests are open bugs: each fails today and starts passing (so must lose its mark) once fixed.
 """
-import warnings
 
 import pytest
 import torch
@@ -14,12 +13,7 @@ import torch.nn.functional as F
 import coil
 
 
-def _run(fn, *args, **options):
-    """``(compiled result, coil warnings)`` of ``coil.compile(fn, options=options)(*args)``."""
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        out = coil.compile(fn, options=options or None)(*args)
-    return out, [str(w.message) for w in caught if "coil" in str(w.message)]
+from report_helpers import run_warned as _run
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -94,18 +94,21 @@ _RESHAPES = {_aten.permute.default, _aten.transpose.int, _aten.view.default, _at
              _aten.reshape.default, _aten.unsqueeze.default, _aten.squeeze.dim}
 
 
-def _feeds_one_copy(n: torch.fx.Node) -> bool:
-    """Whether ``n``'s only use is a chain of at most three reshapes or permutes ending in one ``clone``
-    (a rotary backward's ``cat`` of the q/k/v gradients, transposed and made contiguous for the projection's mm)."""
+def one_copy_chain(n: torch.fx.Node) -> Optional[list]:
+    """The nodes from ``n``'s only use on when that is a chain of at most three reshapes or permutes ending in one
+    ``clone`` (a rotary backward's ``cat`` of the q/k/v gradients, transposed and made contiguous for the projection's
+    mm), the clone last; else None."""
+    chain = []
     for _ in range(4):
         if len(n.users) != 1:
-            return False
+            return None
         n = next(iter(n.users))
+        chain.append(n)
         if n.target is _aten.clone.default:
-            return True
+            return chain
         if n.target not in _RESHAPES:
-            return False
-    return False
+            return None
+    return None
 #: extern ops that run channels-last when their 4-D inputs are (config.conv_channels_last)
 #: extern ops whose first argument is read (or written) through its storage: it gets
 #: eager's strides and offset, not the layout this graph chose for the value (fuzz s214 #5389)
@@ -641,7 +644,7 @@ class GraphLowering(torch.fx.Interpreter):
             return
         users = len(n.users)
         nops, nreads = count_ops(sb.data)
-        if nops > MAX_BODY_OPS and users == 1 and _feeds_one_copy(n):
+        if nops > MAX_BODY_OPS and users == 1 and one_copy_chain(n) is not None:
             return  # the copy takes the body and is realized in its own layout (no transposing copy kernel)
         if nops > MAX_BODY_OPS or (users > 1 and (nreads > config.max_inline_reads or nops > MAX_INLINE_OPS)):
             # eager's layout when it is a dense permutation (the value may also be a graph

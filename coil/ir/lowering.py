@@ -418,7 +418,7 @@ def _clone_in_place(x, odt) -> Optional[TensorBox]:
     node, base = current_graph().current_node, strided_base(x) if is_box(x) else None
     meta = node.meta.get("val")
     if node.target is not aten.clone.default or base is None or not isinstance(base[0], ConcatBuffer) \
-            or not getattr(base[0].storage, "for_copy", False) or not isinstance(meta, torch.Tensor):
+            or not base[0].storage.for_copy or not isinstance(meta, torch.Tensor):
         return None
     lay = base[1]
     same = lay.dtype == odt and lay.offset == 0 and [as_expr(v) for v in meta.stride()] == list(lay.stride) \

@@ -443,17 +443,13 @@ def _concat_strides(parts, dim: int, size, meta) -> list:
 
 def _copy_strides(node) -> Optional[list]:
     """Static strides for ``node``'s value under which its one use, a chain of reshapes and permutes ending in a
-    ``clone`` (``graph._feeds_one_copy``), reads it in the clone's own order (a rotary backward's q/k/v gradient
+    ``clone`` (``graph.one_copy_chain``), reads it in the clone's own order (a rotary backward's q/k/v gradient
     ``cat``, transposed for the projection's mm), or None."""
-    from coil.ir.graph import _feeds_one_copy
+    from coil.ir.graph import one_copy_chain
     cats = node.graph.find_nodes(op="call_function", target=aten.cat.default)
-    if not _feeds_one_copy(node) or any(n is not node and list(node.args[0][:len(n.args[0])]) == list(n.args[0])
-                                        for n in cats):
+    if (chain := one_copy_chain(node)) is None or \
+            any(n is not node and list(node.args[0][:len(n.args[0])]) == list(n.args[0]) for n in cats):
         return None  # (a concatenation of a family of several: its storage is theirs too)
-    chain, n = [], node
-    while not chain or chain[-1].target is not aten.clone.default:
-        n = next(iter(n.users))
-        chain.append(n)
     out = chain[-1].meta.get("val")
     if not isinstance(out, torch.Tensor) or not all(is_static(v) for v in [*out.shape, *out.stride()]):
         return None
@@ -524,7 +520,7 @@ def _concat_buffer(parts, positions, dim: int, size, odt, costly: bool = False) 
         copy = _copy_strides(longest)
         lay = Layout(dev, odt, full, copy or _concat_strides(parts, dim, full, meta))
         storage = ConcatStorage(g.new_buffer_name(), lay)
-        storage.for_copy = copy is not None  # the clone ending its one use may read it as it is (lowering._to_copy)
+        storage.for_copy = copy is not None
         g.name_to_buffer[storage.name] = storage
         memo[longest] = (storage, {})
     storage, placed = memo[longest]

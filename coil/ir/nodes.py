@@ -417,6 +417,10 @@ class ConcatStorage(Buffer):
     first :class:`ConcatSlice` written into it; no step computes or reads it by name (its slices and its
     :class:`ConcatBuffer` views do)."""
 
+    #: laid out for the clone that ends its concatenation's one use, which may then read it as it is
+    #: (``lowering_views._copy_strides``, ``lowering._clone_in_place``)
+    for_copy = False
+
 
 class ConcatBuffer(Buffer):
     """The result of a ``cat`` whose inputs are written straight into ``storage`` (docs/ir.md, "Concat buffers"):

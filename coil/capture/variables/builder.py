@@ -224,21 +224,16 @@ def _build(tx, value, source, gs) -> VariableTracker:
         if gs is not None:
             gs.add(f"{expr}.__code__ is {gs.const(value.__code__)}", src=expr)
         return UserFunctionVariable(value, source)
-    if isinstance(value, (types.MethodType, types.BuiltinMethodType)) and type(value.__self__) is random.Random \
-            and value.__name__ in RANDOM_DRAWS and source is not None:  # random.uniform: a draw (objects.py)
+    if source is not None and isinstance(value, (types.MethodType, types.BuiltinMethodType)) and (
+            (type(value.__self__) is random.Random and value.__name__ in RANDOM_DRAWS)  # a draw (objects.py)
+            # ``x.reshape`` left on the stack by a graph break inside its argument list (``x.reshape(-1,
+            # int(k.item()))``): the tensor's method, not a call into C that breaks again
+            or (isinstance(value, types.BuiltinMethodType) and isinstance(value.__self__, torch.Tensor)
+                and callable(getattr(torch.Tensor, value.__name__, None)))):
         if gs is not None:  # not by identity: ``rng.uniform`` is a new bound method each time it is read
             gs.add(f"type({expr}) is {gs.const(type(value))} and {expr}.__name__ == {value.__name__!r}")
         method = BoundMethodVariable(wrap(tx, value.__self__, AttrSource(source, "__self__")), value.__name__)
         method.source = source      # rebuilt at a break as the same object (``obj.name`` is a new one each time)
-        return method
-    if isinstance(value, types.BuiltinMethodType) and isinstance(value.__self__, torch.Tensor) and source is not None \
-            and callable(getattr(torch.Tensor, value.__name__, None)):
-        # ``x.reshape`` left on the stack by a graph break inside its argument list (``x.reshape(-1, int(k.item()))``):
-        # the tensor's method, not a call into C that breaks again
-        if gs is not None:
-            gs.add(f"type({expr}) is {gs.const(type(value))} and {expr}.__name__ == {value.__name__!r}")
-        method = BoundMethodVariable(wrap(tx, value.__self__, AttrSource(source, "__self__")), value.__name__)
-        method.source = source
         return method
     if isinstance(value, types.MethodType) and value.__name__ == "__exit__" and \
             type(value.__self__) in (torch.no_grad, torch.enable_grad, torch.set_grad_enabled) \

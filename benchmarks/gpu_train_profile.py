@@ -71,6 +71,41 @@ def _profile(step, steps: int, device: torch.device) -> tuple[float, int, Counte
     return total, sum(calls.values()) // steps, times, calls
 
 
+_CLASSES = (("gemm", ("gemm", "nvjet", "cutlass", "xmma", "cublas", "splitk", "sm90_", "sm80_")),
+            ("attention", ("sdpa", "flash", "fmha", "attention", "efficient")),
+            ("conv", ("conv", "cudnn", "implicit", "winograd", "fft")),
+            ("generated", ("coil_", "triton_")))
+
+
+def _classes(times: Counter) -> str:
+    """Device ms per step by kernel class (GEMM, attention, convolution, generated, other ATen)."""
+    out = Counter()
+    for name, ms in times.items():
+        low = name.lower()
+        kind = next((k for k, keys in _CLASSES if any(key in low for key in keys)), "other")
+        out[kind] += ms
+    return "  ".join(f"{k} {out[k]:.3f}" for k in [c for c, _ in _CLASSES] + ["other"])
+
+
+def _host_profile(step, steps: int, top: int, sync) -> str:
+    """The host (Python) side of ``steps`` steps under cProfile: the ``top`` functions by own time, µs per step."""
+    import cProfile
+    import pstats
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(steps):
+        step()
+    sync()
+    prof.disable()
+    st = pstats.Stats(prof)
+    rows = sorted(st.stats.items(), key=lambda kv: -kv[1][2])[:top]
+    total = sum(v[2] for v in st.stats.values())
+    out = [f"   host, cProfile: {total / steps * 1e6:.0f} us/step of own time; top functions (us/step, calls/step):"]
+    for (file, line, fn), (cc, nc, tt, ct, _) in rows:
+        out.append(f"     {tt / steps * 1e6:8.1f} {nc / steps:7.1f}  {os.path.basename(file)}:{line} {fn}")
+    return "\n".join(out)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True)
@@ -81,6 +116,8 @@ def main() -> int:
     ap.add_argument("--mode", default="train")
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--pyprof", type=int, default=0,
+                    help="also cProfile the host side of each compiler's steps: the top N functions by own time")
     a = ap.parse_args()
     import coil
     from coil.bench.broad import BROAD_MODELS
@@ -122,6 +159,9 @@ def main() -> int:
         report[comp] = times
         lines.append(f"\n== {comp}: first call {first:.1f} s, wall {wall:.2f} ms/step, device "
                      f"{total:.2f} ms/step, {kernels} kernels/step")
+        lines.append(f"   by class (ms/step): {_classes(times)}")
+        if a.pyprof:
+            lines.append(_host_profile(step, a.steps, a.pyprof, sync))
         info = _coil_kernels(trace_dir) if comp == "coil" else {}
         for name, ms in times.most_common(a.top):
             lines.append(f"  {ms:8.3f} ms  {calls[name] / a.steps:6.1f}x  {name}")
@@ -130,7 +170,7 @@ def main() -> int:
     text = "\n".join(lines)
     print(text)
     os.makedirs(a.out, exist_ok=True)
-    with open(os.path.join(a.out, f"train_profile_{a.model}.txt"), "w") as f:
+    with open(os.path.join(a.out, f"train_profile_{a.model}" + ("" if a.mode == "train" else f"_{a.mode}") + ".txt"), "w") as f:
         f.write(text + "\n")
     return 0
 

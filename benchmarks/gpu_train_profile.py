@@ -68,6 +68,12 @@ def _profile(step, steps: int, device: torch.device) -> tuple[float, int, Counte
         times[_family(e.name)] += t / steps / 1000.0
         calls[_family(e.name)] += 1
     total = sum(times.values())
+    ops = Counter()
+    for k in prof.key_averages():  # ATen ops by the device time of the kernels they launched themselves
+        t = getattr(k, "self_device_time_total", None) or getattr(k, "self_cuda_time_total", 0)
+        if t and k.key.startswith("aten::"):
+            ops[k.key] += t / steps / 1000.0
+    _profile.ops = ops
     return total, sum(calls.values()) // steps, times, calls
 
 
@@ -160,6 +166,10 @@ def main() -> int:
         lines.append(f"\n== {comp}: first call {first:.1f} s, wall {wall:.2f} ms/step, device "
                      f"{total:.2f} ms/step, {kernels} kernels/step")
         lines.append(f"   by class (ms/step): {_classes(times)}")
+        lines.append("   ATen ops by their own kernels' device time (ms/step): " + ", ".join(
+            f"{k[6:]} {v:.3f}" for k, v in _profile.ops.most_common(12)))
+        outs = [o for o in step() if isinstance(o, torch.Tensor)][:4]
+        lines.append("   first outputs (shape, stride): " + "; ".join(f"{tuple(o.shape)} {o.stride()}" for o in outs))
         if a.pyprof:
             lines.append(_host_profile(step, a.steps, a.pyprof, sync))
         info = _coil_kernels(trace_dir) if comp == "coil" else {}

@@ -51,7 +51,7 @@ def _profile(step, steps: int, device: torch.device) -> tuple[float, int, Counte
     from torch.profiler import ProfilerActivity, profile
 
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    with profile(activities=acts) as prof:
+    with profile(activities=acts, record_shapes=True, with_stack=device.type == "cuda") as prof:
         for _ in range(steps):
             step()
         if device.type == "cuda":
@@ -74,6 +74,12 @@ def _profile(step, steps: int, device: torch.device) -> tuple[float, int, Counte
         if t and k.key.startswith("aten::"):
             ops[k.key] += t / steps / 1000.0
     _profile.ops = ops
+    shaped = sorted(((getattr(k, "self_device_time_total", 0) or 0) / steps / 1000.0, k.key, k.input_shapes)
+                    for k in prof.key_averages(group_by_input_shape=True) if k.key.startswith("aten::"))
+    _profile.shaped = shaped[::-1][:6]
+    stacked = sorted(((getattr(k, "self_device_time_total", 0) or 0) / steps / 1000.0, k.key, k.stack)
+                     for k in prof.key_averages(group_by_stack_n=6) if k.key.startswith("aten::"))
+    _profile.stacked = stacked[::-1][:4]
     return total, sum(calls.values()) // steps, times, calls
 
 
@@ -168,6 +174,9 @@ def main() -> int:
         lines.append(f"   by class (ms/step): {_classes(times)}")
         lines.append("   ATen ops by their own kernels' device time (ms/step): " + ", ".join(
             f"{k[6:]} {v:.3f}" for k, v in _profile.ops.most_common(12)))
+        lines += [f"     {ms:7.3f} ms  {key} {shapes}" for ms, key, shapes in _profile.shaped if ms > 0]
+        lines += [f"     {ms:7.3f} ms  {key} from " + " <- ".join(stack or []) for ms, key, stack in _profile.stacked
+                  if ms > 0]
         outs = [o for o in step() if isinstance(o, torch.Tensor)][:4]
         lines.append("   first outputs (shape, stride): " + "; ".join(f"{tuple(o.shape)} {o.stride()}" for o in outs))
         if a.pyprof:

@@ -415,3 +415,29 @@ def test_matmul_padded_split_and_copy_paths(bias_shape, k, m, monkeypatch):
     torch.testing.assert_close(out, ref)
     if bias is not None:
         assert outs == ([True] if m > k or k % 8 else [False, False])
+
+
+def test_padded_operand_shared_by_transposed_product_of_a_view(monkeypatch):
+    """A linear layer's backward with a misaligned vocabulary (XLM-R's LM head, V = 250002): ``g @ W`` pads a copy
+    of the output gradient ``g`` and ``g.t() @ x`` reads that copy transposed. When ``x`` was a view of a value not
+    yet realized (the decoder's input, reshaped), the second product fell to ``matmul_padded``, which copied
+    ``g.t()`` with a transposing ATen copy: 6.8 ms of XLM-R's training step on an H200."""
+    import coil.ir.graph as G
+    from codegen_helpers import compile_fn
+
+    monkeypatch.setattr(G, "_PAD_DEVICES", ("cuda", "cpu"))
+    torch.manual_seed(0)
+    g = torch.randn(1024, 2051, dtype=torch.bfloat16)
+    w = torch.randn(2051, 64, dtype=torch.bfloat16)
+    x3 = torch.randn(8, 128, 64, dtype=torch.bfloat16)
+
+    def f(g, w, x3):
+        h = (x3 * 2).view(-1, 64)
+        return g @ w, g.t() @ h
+
+    c = compile_fn(f, g, w, x3, backend="cpp")
+    assert "matmul_padded(" not in c.source, c.source
+    assert c.source.count("empty_strided((1024, 2056)") == 1, c.source  # one padded copy of g, read twice
+    for o, r in zip(c(g, w, x3), f(g, w, x3)):
+        assert o.stride() == r.stride()
+        torch.testing.assert_close(o.float(), r.float(), atol=0.5, rtol=0.02)

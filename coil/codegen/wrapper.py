@@ -64,6 +64,24 @@ def empty_row_padded(size, row_stride: int, device, dtype) -> torch.Tensor:
     return torch.empty((m, row_stride), device=device, dtype=dtype)[:, :n]
 
 
+def aligned_copy(x: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    """A (rows, cols) copy of 2-D ``x`` (at most that large; zeros beyond its rows and columns) whose BLAS leading
+    dimension is a multiple of 8 elements, in ``x``'s own order: column-major when ``x`` is (a transposed operand),
+    else row-major, so that the copy reads and writes memory in order. (Copied row-major, XLM-R's transposed output
+    gradient, 250002 x 4096 bf16, took 6.8 ms on an H200.)"""
+    r, c = x.shape
+    if x.stride(0) == 1 and x.stride(1) != 1:  # column-major
+        dst = torch.empty((cols, -(-rows // 8) * 8), device=x.device, dtype=x.dtype)[:, :rows].t()
+    else:
+        dst = torch.empty((rows, -(-cols // 8) * 8), device=x.device, dtype=x.dtype)[:, :cols]
+    dst[:r, :c].copy_(x)
+    if rows > r:
+        dst[r:].zero_()
+    if cols > c:
+        dst[:r, c:].zero_()
+    return dst
+
+
 def matmul_padded(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None) -> None:
     """``out = a @ b (+ bias)`` with every operand cuBLAS sees 16-byte aligned.
 
@@ -91,20 +109,8 @@ def matmul_padded(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, bias: Opt
                 torch.addmm(bias[lo:hi], a, b[:, lo:hi], out=out[:, lo:hi])
         return
     full = out.as_strided((m, p), (p, 1)) if p != n else out
-    if kp != k or misaligned_leading_dim(a.stride()):
-        ap = torch.empty((m, kp), device=a.device, dtype=a.dtype)
-        ap[:, :k].copy_(a)
-        ap[:, k:].zero_()
-    else:
-        ap = a
-    if kp != k or p != n or misaligned_leading_dim(b.stride()):
-        bp = torch.empty((p, kp), device=b.device, dtype=b.dtype)
-        bp[:n, :k].copy_(b.t())
-        bp[n:].zero_()
-        bp[:n, k:].zero_()
-        bt = bp.t()
-    else:
-        bt = b
+    ap = aligned_copy(a, m, kp) if kp != k or misaligned_leading_dim(a.stride()) else a
+    bt = aligned_copy(b, kp, p) if kp != k or p != n or misaligned_leading_dim(b.stride()) else b
     if bias is None:
         torch.mm(ap, bt, out=full)
     else:

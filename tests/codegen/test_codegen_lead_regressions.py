@@ -441,3 +441,24 @@ def test_padded_operand_shared_by_transposed_product_of_a_view(monkeypatch):
     for o, r in zip(c(g, w, x3), f(g, w, x3)):
         assert o.stride() == r.stride()
         torch.testing.assert_close(o.float(), r.float(), atol=0.5, rtol=0.02)
+
+
+@pytest.mark.parametrize("a_cols_major", [False, True])
+@pytest.mark.parametrize("b_cols_major", [False, True])
+def test_matmul_padded_copies_operands_in_their_own_order(a_cols_major, b_cols_major):
+    """``matmul_padded``'s aligned copies keep each operand's major order (a transposed operand is copied
+    column-major, with an aligned column stride) and pad with zeros: values equal ``a @ b`` for every mix of
+    row- and column-major operands with misaligned K, M and N."""
+    from coil.codegen.wrapper import aligned_copy, empty_row_padded, matmul_padded
+
+    torch.manual_seed(0)
+    m, k, n = 37, 21, 43
+    a = torch.randn(k, m).t() if a_cols_major else torch.randn(m, k)
+    b = torch.randn(n, k).t() if b_cols_major else torch.randn(k, n)
+    out = empty_row_padded((m, n), 48, "cpu", torch.float32)
+    matmul_padded(out, a, b)
+    torch.testing.assert_close(out, a @ b)
+    c = aligned_copy(a, m, 24)
+    assert c.shape == (m, 24) and (c.stride() == (1, 40) if a_cols_major else c.stride() == (24, 1))
+    torch.testing.assert_close(c[:, :k], a)
+    assert not c[:, k:].any()

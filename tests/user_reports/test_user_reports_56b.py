@@ -135,11 +135,17 @@ def test_clamp_of_half_by_a_changing_float_out_of_range_raises(coil_reset):
         cf(h, 70000.0)
 
 
-@pytest.mark.xfail(strict=True, reason="open: `&`, `|`, `^` of a symbolic int are graph breaks (torch's SymInt makes "
-                                       "BitwiseFn expressions that coil's index printers cannot print)")
 def test_bitwise_and_of_a_symbolic_int_stays_in_the_graph(coil_reset):
     """FINDINGS_56b #7."""
     fn = lambda x, n: x * (n & 3)  # noqa: E731
     cf = coil.compile(fn, dynamic=True)
     _calls(fn, cf, [(torch.randn(4), n) for n in (2, 5, 7)])
     assert stats["graph_breaks"] == 0
+
+
+def test_bitwise_or_xor_of_a_negative_symbolic_int_as_a_size(coil_reset):
+    """FINDINGS_56b #7: `|` and `^` of a negative symbolic int, printed into a size, keep one graph."""
+    fn = lambda x, n: torch.zeros((n | 1) + (n ^ -5) + 12) + x.sum()  # noqa: E731
+    cf = coil.compile(fn, dynamic=True)
+    _calls(fn, cf, [(torch.randn(4), n) for n in (-6, -3, 2, 5)])
+    assert stats["graph_breaks"] == 0 and stats["frames"] == 1

@@ -120,8 +120,6 @@ def test_triu_indices_of_a_dynamic_size_compiles_once(coil_reset):
     assert stats["frames"] == 1
 
 
-@pytest.mark.xfail(strict=True, reason="open: eager checks that a Python float fits the tensor's dtype when the op "
-                                       "converts it; a symbolic float is a graph input and nothing checks it")
 def test_clamp_of_half_by_a_changing_float_out_of_range_raises(coil_reset):
     """FINDINGS_56b #6: eager raises 'value cannot be converted to type c10::Half without overflow'; compiled with the
     float symbolic, the call returns a tensor (the same call with the float a constant runs eagerly and raises)."""
@@ -133,6 +131,22 @@ def test_clamp_of_half_by_a_changing_float_out_of_range_raises(coil_reset):
         fn(h, 70000.0)
     with pytest.raises(RuntimeError, match="without overflow"):
         cf(h, 70000.0)
+
+
+def test_a_changing_float_checked_against_the_type_eager_converts_it_to(coil_reset):
+    """FINDINGS_56b #6: masked_fill converts its value to float16 (70000.0 raises), leaky_relu its slope to float32
+    (70000.0 runs, -1e300 raises); an in-range value after an out-of-range one compiles again."""
+    h = torch.randn(4).half()
+    fill = lambda h, s: h.masked_fill(h > 0, s)  # noqa: E731
+    slope = lambda h, s: torch.nn.functional.leaky_relu(h, s)  # noqa: E731
+    for fn, fmax in ((fill, 65504.0), (slope, 3.4e38)):
+        cf = coil.compile(fn, dynamic=True)
+        for s in (2.0, 70000.0, -1e300, 3.0):
+            if abs(s) <= fmax:
+                torch.testing.assert_close(cf(h, s), fn(h, s))
+            else:
+                with pytest.raises(RuntimeError, match="without overflow"):
+                    cf(h, s)
 
 
 def test_bitwise_and_of_a_symbolic_int_stays_in_the_graph(coil_reset):

@@ -110,13 +110,19 @@ def test_tensor_method_left_on_the_stack_by_a_break_is_traced(coil_reset):
 # ----------------------------------------------------------------------------- open (xfail, strict)
 
 
-@pytest.mark.xfail(strict=True, reason="open: ATen's triu_indices takes int sizes, so tracing pins them (a guard "
-                                       "x.size()[0] == 6): one compile per size until the recompile limit")
 def test_triu_indices_of_a_dynamic_size_compiles_once(coil_reset):
     """FINDINGS_56b #5."""
     fn = lambda x: torch.triu_indices(x.shape[0], x.shape[0]) * 2  # noqa: E731
     cf = coil.compile(fn, dynamic=True)
     _calls(fn, cf, [(torch.randn(n),) for n in (4, 6, 7, 9)])
+    assert stats["frames"] == 1
+
+
+def test_tril_indices_of_two_dynamic_sizes_and_an_offset_compiles_once(coil_reset):
+    """FINDINGS_56b #5: the closed-form count of a rectangle's lower triangle past its diagonal (offset 1), int32."""
+    fn = lambda x, y: torch.tril_indices(x.shape[0], y.shape[0], 1, dtype=torch.int32) + 1  # noqa: E731
+    cf = coil.compile(fn, dynamic=True)
+    _calls(fn, cf, [(torch.randn(n), torch.randn(m)) for n, m in ((4, 3), (6, 9), (7, 2), (9, 9), (2, 5))])
     assert stats["frames"] == 1
 
 

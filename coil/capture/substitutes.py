@@ -149,8 +149,8 @@ def linspace(start, end, steps, *, dtype=None, device=None, layout=None, require
 
 
 def _triu_count(row, col, offset):
-    """How many ``(i, j)`` of a ``row`` x ``col`` grid have ``j - i >= offset``: ``a`` full rows, then rows of
-    ``col - offset - i`` elements for ``i`` in ``[lo, hi)`` (symbolic: ``sym_min``/``sym_max``, no guard)."""
+    """How many ``(i, j)`` of a ``row`` x ``col`` grid have ``j - i >= offset``: ``min(row, lo)`` full rows, then rows
+    of ``col - offset - i`` elements for ``i`` in ``[lo, hi)`` (symbolic: ``sym_min``/``sym_max``, no guard)."""
     lo = torch.sym_max(0, 1 - offset)
     hi = torch.sym_min(row, col - offset)
     b = torch.sym_max(0, hi - lo)

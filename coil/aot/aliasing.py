@@ -385,6 +385,8 @@ def _eager_refuses(func, args, kwargs) -> Optional[str]:
     if fmax is not None and any(type(x) in (int, float) and math.isfinite(x) and abs(x) > fmax for x in leaves):
         error = _error_on_empty(func, args, kwargs)
         return error if error and "without overflow" in error else None
+    if fmax is not None and (error := _symbolic_scalar_overflows(func, args, kwargs, dtypes)):
+        return error
     names = [a.name for a in func._schema.arguments]
     index = {n for k, n in enumerate(names) if n in ("index", "indices") and any(
         isinstance(t, torch.Tensor) and t.dtype != torch.int64
@@ -394,6 +396,46 @@ def _eager_refuses(func, args, kwargs) -> Optional[str]:
     error = _error_on_empty(func, args, kwargs)
     as_long = {k for k, n in enumerate(names) if n in index} | index
     return error if error and _error_on_empty(func, args, kwargs, as_long) is None else None
+
+
+def _symbolic_scalar_overflows(func, args, kwargs, dtypes) -> Optional[str]:
+    """Eager's overflow error where a symbolic number at a ``Scalar`` argument does not fit the floating type the op
+    converts it to (``clamp(h, max=s)`` of a float16 ``h`` and ``s`` 70000.0), else None. Which type that is, if any,
+    is eager's choice (clamp converts to the tensor's dtype, leaky_relu to float32): a probe on empty tensors (the
+    other symbolic numbers at their values now) with the number just past each narrow range tells. The range found is
+    guarded (a value crossing it recompiles); a symbolic value is finite and not NaN (capture guards that), as eager's
+    check (c10's ``overflows``) then asks."""
+    sym = (torch.SymInt, torch.SymFloat, torch.SymBool)
+    at = {k: a.name for k, a in enumerate(func._schema.arguments) if str(a.type) in ("number", "Optional[number]")
+          and isinstance(args[k] if k < len(args) else kwargs.get(a.name), sym)}
+    leaves = pytree.tree_leaves((args, kwargs))
+    if not at or any(isinstance(x, sym) and not x.node.has_hint() for x in leaves):
+        return None
+    hinted = pytree.tree_map_only(sym, lambda x: x.node.pytype(x.node.hint), (list(args), dict(kwargs)))
+    ranges = sorted({torch.finfo(d).max for d in dtypes if d in _NARROW_FLOATS} | {torch.finfo(torch.float32).max})
+    for k, name in at.items():
+        v = args[k] if k < len(args) else kwargs[name]
+        for m in ranges:
+            if isinstance(v, torch.SymInt) and m >= 2 ** 63:
+                break   # (an int64 fits bfloat16's and float32's range)
+            p_args, p_kwargs = list(hinted[0]), dict(hinted[1])
+            past = math.nextafter(m, math.inf) if isinstance(v, torch.SymFloat) else int(m) + 1
+            if k < len(args):
+                p_args[k] = past
+            else:
+                p_kwargs[name] = past
+            try:
+                error = _error_on_empty(func, p_args, p_kwargs)
+            except Exception:  # noqa: BLE001 - a probe the op refuses otherwise (a TypeError): no check learnt
+                error = None
+            if error and "without overflow" in error:
+                fits = bool(v <= m) and bool(v >= -m)     # (guards)
+                trace.log("scalar_range_guard", stage="aot", op=str(func), arg=name, bound=m, fits=fits,
+                          reason="eager checks that the number fits the type the op converts it to")
+                if not fits:
+                    return error
+                break
+    return None
 
 
 def _error_on_empty(func, args, kwargs, as_long=frozenset()) -> Optional[str]:

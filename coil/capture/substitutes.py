@@ -148,10 +148,47 @@ def linspace(start, end, steps, *, dtype=None, device=None, layout=None, require
     return torch.where(i < steps // 2, start + i * step, end - (steps - 1 - i) * step)
 
 
+def _triu_count(row, col, offset):
+    """How many ``(i, j)`` of a ``row`` x ``col`` grid have ``j - i >= offset``: ``min(row, lo)`` full rows, then rows
+    of ``col - offset - i`` elements for ``i`` in ``[lo, hi)`` (symbolic: ``sym_min``/``sym_max``, no guard)."""
+    lo = torch.sym_max(0, 1 - offset)
+    hi = torch.sym_min(row, col - offset)
+    b = torch.sym_max(0, hi - lo)
+    return torch.sym_min(row, lo) * col + b * (2 * (col - offset) - lo - hi + 1) // 2
+
+
+def _triangle_indices(upper: bool, row, col, offset=0, *, dtype=torch.long, device=None, layout=torch.strided,
+                      pin_memory=False):
+    """``torch.triu_indices`` (``upper``) / ``tril_indices`` of symbolic sizes: the grid's positions kept by the
+    mask, scattered in row-major order into a ``(2, N)`` result of the closed-form count ``N``; traced, ATen's int
+    sizes were pinned (one graph per size)."""
+    op = torch.triu_indices if upper else torch.tril_indices
+    if not _symbolic(row, col, offset) or isinstance(offset, torch.SymInt) or layout not in (None, torch.strided):
+        return op(row, col, offset, dtype=dtype, device=device, layout=layout, pin_memory=pin_memory)
+    n = _triu_count(row, col, offset) if upper else row * col - _triu_count(row, col, offset + 1)
+    k = torch.arange(row * col, device=device)
+    i, j = k // col, k % col
+    keep = j - i >= offset if upper else j - i <= offset
+    dest = torch.where(keep, torch.cumsum(keep, 0) - 1, n).expand(2, -1)
+    out = torch.zeros((2, n + 1), dtype=torch.long, device=device).scatter(1, dest, torch.stack([i, j]))
+    return out[:, :n].to(dtype or torch.long)
+
+
+def triu_indices(row, col, offset=0, **kwargs):
+    """``torch.triu_indices`` of symbolic sizes in one graph (:func:`_triangle_indices`)."""
+    return _triangle_indices(True, row, col, offset, **kwargs)
+
+
+def tril_indices(row, col, offset=0, **kwargs):
+    """``torch.tril_indices`` of symbolic sizes in one graph (:func:`_triangle_indices`)."""
+    return _triangle_indices(False, row, col, offset, **kwargs)
+
+
 #: torch function -> the function capture records in its place
 SUBSTITUTES: dict[Callable, Callable] = {torch.nn.functional.one_hot: one_hot, torch.tensor: tensor,
                                          torch.as_tensor: as_tensor,
                                          torch.max_pool1d: max_pool1d, torch.linspace: linspace,
+                                         torch.triu_indices: triu_indices, torch.tril_indices: tril_indices,
                                          torch.nn.functional.max_pool1d: max_pool1d,
                                          torch.nn.functional.scaled_dot_product_attention: sdpa}
 

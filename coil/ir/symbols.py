@@ -672,7 +672,12 @@ class IndexPrinter:
             for a in e.args[1:]:
                 out = f"{self.minmax[isinstance(e, sympy.Max)]}({out}, {self.print(a)})"
             return out
+        if (op := _BITWISE_OPS.get(type(e))) is not None:    # n & 3 of a symbolic int: the same in Python, Triton, C
+            return "(" + f" {op} ".join(f"({self.print(a)})" for a in e.args) + ")"
         raise NotImplementedError(f"cannot print index expression {e!r}")
+
+
+_BITWISE_OPS = {tf.BitwiseFn_bitwise_and: "&", tf.BitwiseFn_bitwise_or: "|", tf.BitwiseFn_bitwise_xor: "^"}
 
 
 def pyexpr(e: sympy.Expr, minmax: tuple = ("min", "max")) -> str:

@@ -227,6 +227,20 @@ def test_size_expression_printers_parenthesize_divisors():
                 assert eval(cexpr(e).replace("/", "//"), {"xindex": x, "s5": sv}) == want, cexpr(e)
 
 
+def test_size_expression_printers_print_bitwise_ops_of_negative_ints():
+    # n & 3, n | 1, n ^ 5 of a symbolic int (torch's BitwiseFn) were "cannot print index expression"
+    import sympy
+    from torch.utils._sympy import functions as tf
+    from coil.codegen.cpp.indexing import cexpr
+    from coil.ir.symbols import pyexpr
+    s = sympy.Symbol("s5", integer=True)
+    for e in (2 * tf.BitwiseFn_bitwise_and(s - 7, 3), tf.BitwiseFn_bitwise_or(-s, 1) + 1,
+              tf.BitwiseFn_bitwise_xor(3 * s, -5)):
+        for sv in (-6, -1, 0, 2, 5, 7):
+            want = int(e.subs({s: sv}))
+            assert eval(pyexpr(e), {"s5": sv}) == want and eval(cexpr(e), {"s5": sv}) == want, (pyexpr(e), sv)
+
+
 def test_symbolic_index_simplification_folds_relinearized_dims():
     # s1*(x // s1) + x % s1 -> x, with size symbols and their powers as coefficients
     import sympy

@@ -239,7 +239,6 @@ def test_distribution_with_default_validation_is_one_graph(coil_reset):
         D.Distribution.set_default_validate_args(saved)
 
 
-@pytest.mark.xfail(strict=True, reason="finding 8: namedtuple._make calls tuple.__new__, a graph break")
 def test_namedtuple_make_is_one_graph(coil_reset):
     import collections
     P = collections.namedtuple("P", "x y")
@@ -248,3 +247,12 @@ def test_namedtuple_make_is_one_graph(coil_reset):
     out, _ = _run(f, x)
     torch.testing.assert_close(out, x * 2)
     assert coil.capture.stats["graph_breaks"] == 0
+
+
+def test_namedtuple_make_of_a_wrong_count_raises_eagers_error(coil_reset):
+    """finding 8: ``_make`` of too few items raises namedtuple's own TypeError, as eager does."""
+    import collections
+    P = collections.namedtuple("P", "x y")
+    cf = coil.compile(lambda x: P._make([x]).x * 2)
+    with pytest.raises(TypeError, match="Expected 2 arguments, got 1"):
+        cf(torch.randn(3))

@@ -110,8 +110,6 @@ def test_tensor_method_left_on_the_stack_by_a_break_is_traced(coil_reset):
 # ----------------------------------------------------------------------------- open (xfail, strict)
 
 
-@pytest.mark.xfail(strict=True, reason="open: ATen's triu_indices takes int sizes, so tracing pins them (a guard "
-                                       "x.size()[0] == 6): one compile per size until the recompile limit")
 def test_triu_indices_of_a_dynamic_size_compiles_once(coil_reset):
     """FINDINGS_56b #5."""
     fn = lambda x: torch.triu_indices(x.shape[0], x.shape[0]) * 2  # noqa: E731
@@ -120,8 +118,14 @@ def test_triu_indices_of_a_dynamic_size_compiles_once(coil_reset):
     assert stats["frames"] == 1
 
 
-@pytest.mark.xfail(strict=True, reason="open: eager checks that a Python float fits the tensor's dtype when the op "
-                                       "converts it; a symbolic float is a graph input and nothing checks it")
+def test_tril_indices_of_two_dynamic_sizes_and_an_offset_compiles_once(coil_reset):
+    """FINDINGS_56b #5: the closed-form count of a rectangle's lower triangle past its diagonal (offset 1), int32."""
+    fn = lambda x, y: torch.tril_indices(x.shape[0], y.shape[0], 1, dtype=torch.int32) + 1  # noqa: E731
+    cf = coil.compile(fn, dynamic=True)
+    _calls(fn, cf, [(torch.randn(n), torch.randn(m)) for n, m in ((4, 3), (6, 9), (7, 2), (9, 9), (2, 5))])
+    assert stats["frames"] == 1
+
+
 def test_clamp_of_half_by_a_changing_float_out_of_range_raises(coil_reset):
     """FINDINGS_56b #6: eager raises 'value cannot be converted to type c10::Half without overflow'; compiled with the
     float symbolic, the call returns a tensor (the same call with the float a constant runs eagerly and raises)."""
@@ -135,11 +139,33 @@ def test_clamp_of_half_by_a_changing_float_out_of_range_raises(coil_reset):
         cf(h, 70000.0)
 
 
-@pytest.mark.xfail(strict=True, reason="open: `&`, `|`, `^` of a symbolic int are graph breaks (torch's SymInt makes "
-                                       "BitwiseFn expressions that coil's index printers cannot print)")
+def test_a_changing_float_checked_against_the_type_eager_converts_it_to(coil_reset):
+    """FINDINGS_56b #6: masked_fill converts its value to float16 (70000.0 raises), leaky_relu its slope to float32
+    (70000.0 runs, -1e300 raises); an in-range value after an out-of-range one compiles again."""
+    h = torch.randn(4).half()
+    fill = lambda h, s: h.masked_fill(h > 0, s)  # noqa: E731
+    slope = lambda h, s: torch.nn.functional.leaky_relu(h, s)  # noqa: E731
+    for fn, fmax in ((fill, 65504.0), (slope, 3.4e38)):
+        cf = coil.compile(fn, dynamic=True)
+        for s in (2.0, 70000.0, -1e300, 3.0):
+            if abs(s) <= fmax:
+                torch.testing.assert_close(cf(h, s), fn(h, s))
+            else:
+                with pytest.raises(RuntimeError, match="without overflow"):
+                    cf(h, s)
+
+
 def test_bitwise_and_of_a_symbolic_int_stays_in_the_graph(coil_reset):
     """FINDINGS_56b #7."""
     fn = lambda x, n: x * (n & 3)  # noqa: E731
     cf = coil.compile(fn, dynamic=True)
     _calls(fn, cf, [(torch.randn(4), n) for n in (2, 5, 7)])
     assert stats["graph_breaks"] == 0
+
+
+def test_bitwise_or_xor_of_a_negative_symbolic_int_as_a_size(coil_reset):
+    """FINDINGS_56b #7: `|` and `^` of a negative symbolic int, printed into a size, keep one graph."""
+    fn = lambda x, n: torch.zeros((n | 1) + (n ^ -5) + 12) + x.sum()  # noqa: E731
+    cf = coil.compile(fn, dynamic=True)
+    _calls(fn, cf, [(torch.randn(4), n) for n in (-6, -3, 2, 5)])
+    assert stats["graph_breaks"] == 0 and stats["frames"] == 1

@@ -30,8 +30,8 @@ from coil.capture.translator import const_value
 from coil.capture.variables.base import ConstantVariable, KnownCallableVariable, VariableTracker
 from coil.capture.variables.builder import wrap, wrap_constant_result
 from coil.capture.variables.containers import (DictVariable, GeneratorVariable, LazyIteratorVariable,
-                                               ListIteratorVariable, ListVariable, SetVariable, SliceVariable,
-                                               TupleVariable)
+                                               ListIteratorVariable, ListVariable, NamedTupleVariable, SetVariable,
+                                               SliceVariable, TupleVariable)
 from coil.capture.variables.functions import (BaseFunctionVariable, BoundMethodVariable, NestedFunctionVariable,
                                               PartialVariable, UserFunctionVariable, UserMethodVariable)
 from coil.capture.variables.hops import call_region
@@ -324,6 +324,17 @@ def _list(tx, args, kwargs):
 @builtin(tuple)
 def _tuple(tx, args, kwargs):
     return TupleVariable(tx.unpack(args[0]) if args else [])
+
+
+@builtin(tuple.__new__)
+def _tuple_new(tx, args, kwargs):
+    """``tuple.__new__(cls, iterable)``, as ``namedtuple._make`` calls it: a tuple of ``cls`` with the items."""
+    cls = args[0].as_python_constant()
+    items = tx.unpack(args[1]) if len(args) > 1 else []
+    if not (isinstance(cls, type) and issubclass(cls, tuple)) or kwargs or len(args) > 2 or \
+            len(items) != len(getattr(cls, "_fields", items)):    # (a wrong count: _make's error runs for real)
+        raise Unsupported(f"tuple.__new__ of {cls!r} with {len(items)} items")
+    return TupleVariable(items) if cls is tuple else NamedTupleVariable(items, cls)
 
 
 @builtin(set)

@@ -31,7 +31,10 @@ _BINARY = {operator.add: operator.add, operator.iadd: operator.add, operator.sub
            operator.imod: operator.mod, operator.pow: operator.pow, operator.ipow: operator.pow,
            operator.lt: operator.lt, operator.le: operator.le, operator.gt: operator.gt, operator.ge: operator.ge,
            operator.eq: operator.eq, operator.ne: operator.ne, operator.lshift: operator.lshift,
-           operator.ilshift: operator.lshift, operator.rshift: operator.rshift, operator.irshift: operator.rshift}
+           operator.ilshift: operator.lshift, operator.rshift: operator.rshift, operator.irshift: operator.rshift,
+           operator.and_: operator.and_, operator.iand: operator.and_, operator.or_: operator.or_,
+           operator.ior: operator.or_, operator.xor: operator.xor, operator.ixor: operator.xor}
+_BITWISE = (operator.and_, operator.or_, operator.xor)
 
 
 class SymNodeVariable(VariableTracker):
@@ -165,7 +168,9 @@ def binary(tx, op, a: VariableTracker, b: VariableTracker):
             return None
     if fn in (operator.lshift, operator.rshift) and not (isinstance(vals[0], torch.SymInt) and type(vals[1]) is int
                                                          and vals[1] >= 0):
-        return None     # (a shift by a constant count is a product or a floor division; `& | ^` are graph breaks)
+        return None     # (a shift by a constant count is a product or a floor division)
+    if fn in _BITWISE and not all(isinstance(v, torch.SymInt) or type(v) is int for v in vals):
+        return None     # (`& | ^` of ints only: of bools they are logical)
     if fn in (operator.mod, operator.floordiv) and any(isinstance(v, (float, torch.SymFloat)) for v in vals):
         # Python's float % and // round as CPython's divmod does (-3.5 // 0.7 == -6.0, not
         # floor(-3.5 / 0.7) == -5.0), and the graph's lowering of a float % read a stale value

@@ -77,6 +77,8 @@ def to_node_arg(v: VariableTracker):
         raise Unsupported(f"a torch function given the Python function {getattr(c, '__qualname__', c)}")
     if isinstance(c, type) and c in _PY_DTYPES:   # x.to(float), torch.tensor(0, dtype=int): a class has no source in the graph's code
         return _PY_DTYPES[c]
+    if type(c).__module__ == "numpy" and getattr(c, "ndim", 1) == 0:
+        return c.item()     # a numpy scalar (np.sqrt(d)): torch reads it as the Python number; FX cannot print it
     return tuple(c) if isinstance(c, torch.Size) else c
 
 

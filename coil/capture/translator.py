@@ -352,6 +352,8 @@ class InstructionTranslatorBase:
                 raise Unsupported("assigning a tensor to a registered parameter inside the frame")
             self.output.side_effects.store_attr(obj, name, value)
             return
+        if isinstance(obj, TensorVariable) and name == "data" and value is obj:
+            return      # ``p.data = p``: Module.to() of a dtype and device it already has (``t.to`` returned t)
         if isinstance(obj, TensorVariable):
             raise Unsupported(f"setting attribute {name} on a tensor")
         if hasattr(obj, "set_attr"):    # (an exception's __traceback__)

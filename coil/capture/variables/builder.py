@@ -48,7 +48,8 @@ from coil.capture.inspection import FrameVariable, OpaqueCallableVariable, Opaqu
 def wrap_constant_result(tx, value: Any) -> VariableTracker:
     """Wrap a value computed at compile time (no source, no guard)."""
     if is_literal(value) or isinstance(value, (inspect.Signature, inspect.Parameter, types.MappingProxyType,
-                                               types.CodeType, __import__("dataclasses").Field)):
+                                               types.CodeType, __import__("dataclasses").Field)) or \
+            type(value).__module__ == "numpy" and getattr(value, "ndim", 1) == 0:  # a numpy scalar (np.sqrt(d))
         return ConstantVariable(value)
     return wrap(tx, value, None)
 
@@ -254,6 +255,9 @@ def _build(tx, value, source, gs) -> VariableTracker:
             gs.add(f"{expr}.__func__ is {gs.const(value.__func__)} and {expr}.__self__.mode is {value.__self__.mode!r}")
         return PartialVariable(UserDefinedClassVariable(torch.inference_mode), [ConstantVariable(value.__self__.mode)],
                                {})
+    if isinstance(value, types.MethodType) and isinstance(value.__func__, functools._lru_cache_wrapper) and \
+            source is not None:   # ``logger.warning_once(msg)``: called as an lru_cache function (objects.py)
+        return UserDefinedObjectVariable(value, source)
     if isinstance(value, types.MethodType):
         self_src = AttrSource(source, "__self__") if source is not None else None
         fn_src = AttrSource(source, "__func__") if source is not None else None
@@ -280,6 +284,9 @@ def _build(tx, value, source, gs) -> VariableTracker:
             guard_is()
             return bi.PureFunctionVariable(value, source)
         return OpaqueCallableVariable(value, source)   # calling it is the graph break
+    if t.__name__ == "ufunc" and t.__module__ == "numpy":   # ``np.sqrt(head_dim)``: folded on constants
+        guard_is()
+        return bi.PureFunctionVariable(value, source)
     if isinstance(value, (torch.Generator, torch.Stream)):
         # may be held and passed around; using it (e.g. ``generator=g``) is a graph break
         guard_type()

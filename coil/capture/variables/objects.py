@@ -249,8 +249,8 @@ class UserDefinedObjectVariable(ObjectVariableBase):
     """An instance of a user class that existed before the frame ran."""
 
     def call_function(self, tx, args, kwargs):
-        if isinstance(self.value, functools._lru_cache_wrapper):
-            return _call_lru_cached(tx, self, args, kwargs)
+        if isinstance(getattr(self.value, "__func__", self.value), functools._lru_cache_wrapper):
+            return _call_lru_cached(tx, self, args, kwargs)     # (a bound method of one too: its object is the key)
         if type(self.value) is weakref.ref and self.source is not None and not args and not kwargs:
             from coil.capture.source import CallSource   # the referent, guarded as any input (lr_scheduler's opt_ref)
 
@@ -533,6 +533,8 @@ class AutogradFunctionApplyVariable(VariableTracker):
     def call_function(self, tx, args, kwargs):
         cls = self.cls_vt.value
         name = cls.__name__
+        if not torch.is_grad_enabled():
+            return self._forward_only(tx, cls, args, kwargs)
         leaves: list = []
         try:    # a dict / list / tuple of constants (YOSO's lsh_config) is rebuilt by the node's target, its leaves
             structs = [a if isinstance(a, TensorVariable) else _flatten(a, leaves) for a in args]   # node arguments
@@ -567,6 +569,32 @@ class AutogradFunctionApplyVariable(VariableTracker):
         tensors = [a for a in structs if isinstance(a, TensorVariable)]
         structs = [_Leaf(len(leaves) + tensors.index(a)) if isinstance(a, TensorVariable) else a for a in structs]
         return call_op(tx, "call_function", _apply_target(cls, structs), leaves + tensors, {})
+
+
+    def _forward_only(self, tx, cls, args, kwargs):
+        """``apply`` with grad mode off (inference under ``no_grad``): no gradient can flow, so eager's ``apply``
+        only runs ``forward`` (and ``setup_context``) on a fresh ctx: inlined here as a call, any argument goes (a
+        module, a list it appends to). An input returned as is comes back as a view of it, as from eager."""
+        gs = tx.output.guards
+        src = self.cls_vt.source.expr()
+        for meth in ("forward", "setup_context"):
+            fn = getattr(cls, meth, None)
+            gs.add(f"{src}.{meth} is {gs.const(fn)}", f"{src}.{meth}", fn, src=src)
+        ctx = FunctionCtxProbe(object)
+        ctx.attrs["needs_input_grad"] = ConstantVariable((False,) * len(args))
+        custom_setup = _static_lookup(cls, "setup_context") is not _static_lookup(torch.autograd.Function,
+                                                                                  "setup_context")
+        res = tx.call(UserFunctionVariable(inspect.unwrap(cls.forward)), ([] if custom_setup else [ctx]) + list(args),
+                      kwargs)
+        if custom_setup:
+            tx.call(UserFunctionVariable(inspect.unwrap(cls.setup_context)), [ctx, TupleVariable(list(args)), res], {})
+        ins = [a for a in args if isinstance(a, TensorVariable)]
+
+        def fresh(o):
+            return call_op(tx, "call_method", "view_as", [o, o], {}) if any(o is a for a in ins) else o
+        if isinstance(res, TupleVariable) and type(res) is TupleVariable:
+            return TupleVariable([fresh(o) for o in res.items])
+        return fresh(res)
 
 
 def _mutable_containers(vts, found=None) -> dict:

@@ -77,6 +77,8 @@ def to_node_arg(v: VariableTracker):
         raise Unsupported(f"a torch function given the Python function {getattr(c, '__qualname__', c)}")
     if isinstance(c, type) and c in _PY_DTYPES:   # x.to(float), torch.tensor(0, dtype=int): a class has no source in the graph's code
         return _PY_DTYPES[c]
+    if type(c).__module__ == "numpy" and getattr(c, "ndim", 1) == 0:
+        return c.item()     # a numpy scalar (np.sqrt(d)): torch reads it as the Python number; FX cannot print it
     return tuple(c) if isinstance(c, torch.Size) else c
 
 
@@ -559,6 +561,11 @@ class TensorVariable(VariableTracker):
             raise Unsupported(_BREAK_METHODS[name], hint="it runs outside the graph" + (
                 "; options={'capture_scalar_outputs': True} keeps it in the graph" if name in (
                     "item", "__int__", "__float__", "__index__") else ""))
+        if name == "to" and not any(isinstance(a, TensorVariable) for a in [*args, *kwargs.values()]):
+            with tx.output.fake_mode:       # ``t.to(its own dtype / device)`` is ``t`` itself, as in eager
+                if self.fake.to(*[to_fake(a) for a in args], **{k: to_fake(v) for k, v in kwargs.items()}) \
+                        is self.fake:
+                    return self
         if name == "is_inference" and id(self.fake) in tx.output.inference_made:
             return ConstantVariable(True)
         if name in _META_METHODS:

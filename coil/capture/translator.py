@@ -576,6 +576,8 @@ class InstructionTranslatorBase:
             return call_op(self, "call_function", op, [a], {})
         if isinstance(a, SymNodeVariable) and op in (operator.neg, operator.pos, operator.abs):
             return sym_unary(self, op, a)
+        if isinstance(a, SymNodeVariable) and op is operator.invert and isinstance(a.value, torch.SymInt):
+            return sym_binary(self, operator.sub, sym_unary(self, operator.neg, a), ConstantVariable(1))  # ~n = -n - 1
         if a.is_python_constant():
             try:
                 return wrap_constant_result(self, op(a.as_python_constant()))

@@ -169,3 +169,12 @@ def test_bitwise_or_xor_of_a_negative_symbolic_int_as_a_size(coil_reset):
     cf = coil.compile(fn, dynamic=True)
     _calls(fn, cf, [(torch.randn(4), n) for n in (-6, -3, 2, 5)])
     assert stats["graph_breaks"] == 0 and stats["frames"] == 1
+
+
+def test_invert_of_a_symbolic_int_stays_in_the_graph(coil_reset):
+    """``~n`` of a symbolic int was a graph break (the note on FINDINGS_56b #7): it is ``-n - 1``, negative values
+    included."""
+    fn = lambda x, n: x * (~n) + torch.zeros(~n + 20)[:4]  # noqa: E731
+    cf = coil.compile(fn, dynamic=True)
+    _calls(fn, cf, [(torch.randn(4), n) for n in (-6, -3, 2, 5)])
+    assert stats["graph_breaks"] == 0 and stats["frames"] == 1

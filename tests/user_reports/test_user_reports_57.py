@@ -129,6 +129,32 @@ def test_autograd_function_returning_its_input_under_no_grad_gives_a_view(coil_r
     assert y.data_ptr() == x.data_ptr() and y._base is x
 
 
+class _AddOneInPlace(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, t):
+        ctx.mark_dirty(t)
+        return t.add_(1)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+def test_autograd_function_returning_a_dirty_input_under_no_grad_gives_the_input(coil_reset):
+    """An input the forward marked dirty (written in place) comes back from ``apply`` as the input itself, as from
+    eager; an input returned unchanged comes back as a view (the test above)."""
+    f = lambda t: _AddOneInPlace.apply(t) * 1  # noqa: E731
+    g = lambda t: _AddOneInPlace.apply(t)  # noqa: E731
+    with torch.no_grad():
+        for fn in (f, g):
+            xe, xc = torch.zeros(3), torch.zeros(3)
+            re, rc = fn(xe), coil.compile(fn)(xc)
+            torch.testing.assert_close(rc, re)
+            torch.testing.assert_close(xc, xe)
+        xe, xc = torch.zeros(3), torch.zeros(3)
+        assert g(xe) is xe and coil.compile(g)(xc) is xc
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Finding 3 (fixed): a numpy ufunc on constants (Reformer's ``key_vectors / np.sqrt(self.attention_head_size)``)
 # was a graph break ("call to a ufunc object"), and a numpy scalar was not a compile-time constant

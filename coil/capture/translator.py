@@ -574,10 +574,9 @@ class InstructionTranslatorBase:
             return ConstantVariable(self.truthy(a))
         if isinstance(a, TensorVariable):
             return call_op(self, "call_function", op, [a], {})
-        if isinstance(a, SymNodeVariable) and op in (operator.neg, operator.pos, operator.abs):
+        if isinstance(a, SymNodeVariable) and (op in (operator.neg, operator.pos, operator.abs) or (
+                op is operator.invert and isinstance(a.value, torch.SymInt))):
             return sym_unary(self, op, a)
-        if isinstance(a, SymNodeVariable) and op is operator.invert and isinstance(a.value, torch.SymInt):
-            return sym_binary(self, operator.sub, sym_unary(self, operator.neg, a), ConstantVariable(1))  # ~n = -n - 1
         if a.is_python_constant():
             try:
                 return wrap_constant_result(self, op(a.as_python_constant()))

@@ -873,7 +873,7 @@ class GraphLowering(torch.fx.Interpreter):
             return None
         if m != 1 or k * n < (1 << 20) or not (n % 8 or _misaligned_ld(a) or _misaligned_ld(b)):
             return None
-        la = (self._strided(a) or self._materialize(a, None)).make_loader()  # K values, read N times
+        la = self._strided_or_copy(a).make_loader()  # K values, read N times
         lb, f32 = b.make_loader(), torch.float32
         prod = Pointwise(meta.device, f32, lambda i: ops.mul(la([i[0], i[2]]), lb([i[2], i[1]])), [m, n, k])
         lr = L.make_reduction(TensorBox.create(prod), [2], False, "sum", f32).make_loader()
@@ -904,18 +904,16 @@ class GraphLowering(torch.fx.Interpreter):
         if s1 == 1 and s0 == k and k % 8 != 0:  # row-major, misaligned K
             kp = -(-k // 8) * 8
             ap = self._padded_copy(base, k, kp)
-            bp = self._padded_rows(self._strided(b) or self._materialize(b, None), k, kp)
+            bp = self._padded_rows(self._strided_or_copy(b), k, kp)
             out = ExternKernel(self.new_buffer_name(), _fake_layout(meta), torch.ops.aten.mm.default, (ap, bp), {})
             self.register_buffer(out)
             trace.log("pad_matmul_operand", stage="lowering", buffer=out.name, m=m, n=nn, k=k,
                       padded="k", operand=ap.get_name())
             return TensorBox(StorageBox(out))
         if s0 == 1 and s1 == m and m % 8 != 0:  # transposed, misaligned M
-            # (a linear layer's weight gradient g.t() @ x, x often a view of a value not yet realized: as the
-            # extern's argument it would be realized the same way; else matmul_padded made a transposing ATen
-            # copy of g.t(), 6.8 ms of XLM-R's training step on an H200)
-            bt = self._strided(b) or (isinstance(b.data, GenericView) and self._view_of_base(b.data, None)) \
-                or self._materialize(b, None)
+            # (a linear layer's weight gradient g.t() @ x, x often a view of a value not yet realized; giving up
+            # there, matmul_padded made a transposing ATen copy of g.t(): 6.8 ms of XLM-R's step on an H200)
+            bt = self._strided_or_copy(b)
             if bt is None or misaligned_leading_dim(bt.get_stride()):
                 return None
             mp = -(-m // 8) * 8
@@ -934,6 +932,12 @@ class GraphLowering(torch.fx.Interpreter):
             return TensorBox(ReinterpretView(out, Layout(dev, dt, [as_expr(m), as_expr(nn)],
                                                          [as_expr(nn), sympy.Integer(1)])))
         return None
+
+    def _strided_or_copy(self, x: TensorBox):
+        """``x`` as a realized buffer or strided view (:meth:`_strided`; a view of a value not yet realized: of that
+        value realized whole, :meth:`_view_of_base`), else a copy of its elements (:meth:`_materialize`)."""
+        return self._strided(x) or (isinstance(x.data, GenericView) and self._view_of_base(x.data, None)) or \
+            self._materialize(x, None)
 
     def _strided(self, x: TensorBox):
         """``x`` as a realized buffer or ReinterpretView (realizing computed values)."""

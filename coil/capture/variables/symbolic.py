@@ -235,7 +235,9 @@ def sym_minmax(items: list, op):
 
 
 def unary(tx, op, a: "SymNodeVariable"):
-    """``-a``, ``+a``, ``abs(a)`` of a symbolic number."""
+    """``-a``, ``+a``, ``abs(a)`` of a symbolic number; ``~a`` of a symbolic int (``-a - 1``)."""
+    if op is operator.invert:
+        return binary(tx, operator.sub, unary(tx, operator.neg, a), ConstantVariable(1))
     fn = operator.abs if op is abs else op
     return wrap_sym(a.output, fn(a.value), ("op", fn, [a]))
 

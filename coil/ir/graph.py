@@ -129,6 +129,19 @@ def _channels_last_strides(size) -> list:
 def _is_channels_last(layout: Layout) -> bool:
     return len(layout.size) == 4 and _strides_agree(layout.size, layout.stride,
                                                     _channels_last_strides(layout.size), False)
+
+
+def _in_channels_last_order(layout: Layout) -> bool:
+    """Whether a 4-D layout walks memory in (N, H, W, C) order with C at stride 1, dense or not: a channels-last
+    buffer, or a channel slice of one (a view of a DenseNet concat storage, whose row holds more channels)."""
+    if len(layout.size) != 4:
+        return False
+    try:
+        n, c, h, w = (int(v) for v in layout.size)
+        sn, sc, sh, sw = (int(v) for v in layout.stride)
+    except (TypeError, ValueError):
+        return _is_channels_last(layout)
+    return c > 1 and sc == 1 and (w == 1 or sw >= c) and (h == 1 or sh >= sw * w) and (n == 1 or sn >= sh * h)
 _PADDABLE_MATMULS = (torch.ops.aten.mm.default, torch.ops.aten.addmm.default)
 
 
@@ -315,16 +328,20 @@ class GraphLowering(torch.fx.Interpreter):
 
     def default_strides(self, loops) -> Optional[list]:
         """Strides for a value realized without a requested layout (None: contiguous). In a channels-last graph, a 4-D
-        pointwise value that reads a channels-last buffer of its batch and channel sizes is channels-last too
-        (BatchNorm + ReLU after a convolution, a max pool's window), so the next convolution gets it without a
-        transpose."""
+        pointwise value that reads a buffer in channels-last order of its batch and channel sizes or of its batch and
+        image sizes is channels-last too (BatchNorm + ReLU after a convolution, a max pool's window, BatchNorm of a
+        concatenation or of a concat storage's channel slice in a DenseNet), so the next convolution gets it without a
+        transpose and a reduction over it reads along C like the other channels-last buffers of the graph."""
         if not self.channels_last or not isinstance(loops, Pointwise) or len(loops.get_size()) != 4:
             return None
-        size = [str(v) for v in loops.get_size()[:2]]
+        size = [str(v) for v in loops.get_size()]
         for name in record_pointwise(loops).read_names():
             b = self.name_to_buffer.get(name)
-            if (b is not None and b.layout is not None and _is_channels_last(b.layout)
-                    and [str(v) for v in b.layout.size[:2]] == size):
+            if b is None or b.layout is None or not _in_channels_last_order(b.layout):
+                continue
+            other = [str(v) for v in b.layout.size]
+            # the same batch and channels (a pooling window's image is smaller) or batch and image (a concatenation)
+            if other[0] == size[0] and (other[1] == size[1] or other[2:] == size[2:]):
                 return _channels_last_strides(loops.get_size())
         return None
 

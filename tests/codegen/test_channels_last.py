@@ -210,3 +210,67 @@ def test_training_graphs_follow_the_training_option(training, monkeypatch, tmp_p
         assert enabled == {"forward": False, "backward": False}, enabled
     else:
         assert enabled == {"inference": True}, enabled
+
+
+class _DenseLayer(torch.nn.Module):
+    """A DenseNet layer (timm's): BatchNorm + ReLU of the concatenation of every earlier feature map, then
+    1x1 and 3x3 convolutions."""
+
+    def __init__(self, cin, growth):
+        super().__init__()
+        self.n1, self.c1 = torch.nn.BatchNorm2d(cin), torch.nn.Conv2d(cin, 2 * growth, 1, bias=False)
+        self.n2, self.c2 = torch.nn.BatchNorm2d(2 * growth), torch.nn.Conv2d(2 * growth, growth, 3, padding=1, bias=False)
+
+    def forward(self, feats):
+        return self.c2(torch.relu(self.n2(self.c1(torch.relu(self.n1(torch.cat(feats, 1)))))))
+
+
+class _DenseBlock(torch.nn.Module):
+    def __init__(self, layers, c0=8, growth=4):
+        super().__init__()
+        self.stem = torch.nn.Conv2d(3, c0, 3, padding=1, bias=False)
+        self.layers = torch.nn.ModuleList(_DenseLayer(c0 + i * growth, growth) for i in range(layers))
+
+    def forward(self, x):
+        feats = [self.stem(x)]
+        for layer in self.layers:
+            feats.append(layer(feats))
+        return torch.cat(feats, 1).mean((2, 3)).sum()
+
+
+@pytest.mark.parametrize("layers", [2, 5])  # a cat as a where-chain; a concat storage (config.concat_buffer_min_inputs)
+def test_dense_block_training_buffers_stay_channels_last(layers, monkeypatch, tmp_path):
+    """Every 4-D buffer a DenseNet block's training graphs compute is channels-last. The backward recomputes ReLU(BN(
+    concatenation)) for the ReLU mask; that buffer reads a concatenation (inputs of other channel counts) or a channel
+    slice of a concat storage (row stride the storage's channel count, not the slice's), and was laid out NCHW, so
+    the BatchNorm-backward reductions over it mixed NCHW and NHWC loads and ran as uncoalesced row reductions
+    (DenseNet-121 training on an H100: 0.89 of torch.compile)."""
+    import json
+    from coil import trace
+    monkeypatch.setattr(G, "_CHANNELS_LAST_DEVICES", ("cuda", "cpu"))
+    torch.manual_seed(0)
+    m, x = _DenseBlock(layers), torch.randn(2, 3, 8, 8)
+    m2 = _DenseBlock(layers)
+    m2.load_state_dict(m.state_dict())
+    old = trace.trace_dir()
+    trace.set_dir(str(tmp_path))
+    try:
+        coil.reset()
+        f = coil.compile(m, options={"cpu_backend": "triton"})
+        loss = f(x)
+        loss.backward()
+    finally:
+        trace.set_dir(old)
+    ref = m2(x)
+    ref.backward()
+    torch.testing.assert_close(loss, ref, atol=1e-4, rtol=1e-4)
+    for (n, p), p2 in zip(m.named_parameters(), m2.parameters()):
+        torch.testing.assert_close(p.grad, p2.grad, atol=1e-4, rtol=1e-4, msg=n)
+    events = [json.loads(line) for p in tmp_path.iterdir() for line in p.read_text().splitlines()]
+    irs = [e["text"] for e in events if e["event"] == "artifact" and e["name"].startswith("loop_ir")]
+    assert len(irs) == 2
+    nchw = []  # activations (batch 2, 8 x 8 images) of more than one channel whose W is at stride 1
+    for line in (line for ir in irs for line in ir.splitlines()):
+        if (m_ := re.match(r"buf\d+: Pointwise.* size=\['2', '(\d+)', '8', '8'\] stride=\[.*'1'\]$", line)) and m_[1] != "1":
+            nchw.append(line)
+    assert nchw == [], nchw

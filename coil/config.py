@@ -111,6 +111,9 @@ class Config:
     #: ``max_pool2d`` whose indices are unused is a generated pointwise window max, fused with the BatchNorm +
     #: ReLU before it (else ATen's kernel, which also writes int64 indices; ir/lowering_conv.py).
     lower_max_pool: bool = True
+    #: ``avg_pool2d`` with every window inside the image, and its backward where windows do not overlap (DenseNet's
+    #: transitions), are generated pointwise values fused with their neighbours (else ATen's kernels).
+    lower_avg_pool: bool = True
     #: Fuse nodes in the scheduler. Off gives one kernel per buffer (debugging).
     fusion: bool = True
     #: An inference graph's ``index_copy_`` / ``index_put_`` / ``scatter_`` of an input (a KV cache) writes into the

@@ -2,8 +2,9 @@
 
 Loop-level values the scheduler fuses with their neighbours instead of ATen's kernels (docs/ir.md,
 "Convolution epilogues"): a CUDA convolution's ``+ bias`` (``config.conv_bias_epilogue``), a 1x1
-convolution of a 1x1 image as a generated reduction (``config.conv_matvec_max_macs``), and
-``max_pool2d_with_indices`` whose indices no op reads as a window max (``config.lower_max_pool``).
+convolution of a 1x1 image as a generated reduction (``config.conv_matvec_max_macs``),
+``max_pool2d_with_indices`` whose indices no op reads as a window max (``config.lower_max_pool``), and the
+average pool of windows inside the image with its backward where windows do not overlap (``config.lower_avg_pool``).
 Each raises :class:`~coil.ir.lowering.FallbackToExtern` where it does not apply, and the ATen op runs.
 """
 from __future__ import annotations
@@ -18,6 +19,7 @@ from coil.ir.lowering import (FallbackToExtern, device, is_box, loader_as, make_
                               make_reduction, out_dtype, out_size, register_lowering)
 from coil.ir.lowering_views import view_reshape
 from coil.ir.nodes import Pointwise, TensorBox, current_graph
+from coil.ir.symbols import FloorDiv
 from coil.ir.virtualized import compute_dtype, ops
 
 aten = torch.ops.aten
@@ -119,3 +121,79 @@ def _max_pool2d(x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=Fals
               reason="indices unused: the window max is a pointwise value fused with its input")
     values = TensorBox.create(Pointwise(device(), odt, inner, size))
     return values, None
+
+
+def _avg_pool_plan(x, kernel_size, stride, padding, ceil_mode, divisor_override, backward: bool):
+    """``(kh, kw, sh, sw, divisor)`` of an ``avg_pool2d`` (or its backward) whose windows all lie inside the image, or
+    raises FallbackToExtern: padding (a divisor per window under ``count_include_pad=False``), a partial last window
+    of ``ceil_mode``, symbolic sizes, and for the backward windows that overlap (stride below kernel)."""
+    if not config.lower_avg_pool or len(x.get_size()) != 4 or not x.get_dtype().is_floating_point:
+        raise FallbackToExtern()
+    kh, kw = _pair(kernel_size)
+    sh, sw = _pair(stride) if stride else (kh, kw)
+    try:
+        h, w = (int(v) for v in x.get_size()[2:])
+    except (TypeError, ValueError):
+        raise FallbackToExtern() from None
+    oh, ow = (h - kh) // sh + 1, (w - kw) // sw + 1
+    if ceil_mode:  # the same windows unless ceil mode adds a partial one
+        if -(-(h - kh) // sh) + 1 != oh or -(-(w - kw) // sw) + 1 != ow:
+            raise FallbackToExtern()
+    if any(_pair(padding)) or (backward and (sh < kh or sw < kw)) or oh < 1 or ow < 1:
+        raise FallbackToExtern()
+    trace.log("avg_pool_lowered", stage="lowering", node=current_graph().current_node.name, backward=backward,
+              kernel=[kh, kw], stride=[sh, sw], reason="every window inside the image: a pointwise value fused with "
+              "its neighbours")
+    return kh, kw, sh, sw, divisor_override or kh * kw
+
+
+@register_lowering(aten.avg_pool2d.default)
+def _avg_pool2d(x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
+                divisor_override=None):
+    """The window mean as a pointwise value fused with its input (fp32 sum in eager's window order, then one
+    division, as ATen's kernel computes it)."""
+    kh, kw, sh, sw, div = _avg_pool_plan(x, kernel_size, stride, padding, ceil_mode, divisor_override, False)
+    size, odt = out_size(), out_dtype()
+    load = loader_as(x, list(x.get_size()), compute_dtype(odt))
+
+    def inner(index):
+        n, c, oh, ow = index
+        total = None
+        for i in range(kh):
+            for j in range(kw):
+                v = load([n, c, oh * sh + i, ow * sw + j])
+                total = v if total is None else ops.add(total, v)
+        return ops.truediv(total, ops.constant(float(div), compute_dtype(odt)))
+
+    return TensorBox.create(Pointwise(device(), odt, inner, size))
+
+
+@register_lowering(aten.avg_pool2d_backward.default)
+def _avg_pool2d_backward(grad, x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
+    """Each input pixel's gradient is its one window's output gradient over the divisor (windows that do not
+    overlap), 0 in the rows and columns no window covers."""
+    kh, kw, sh, sw, div = _avg_pool_plan(x, kernel_size, stride, padding, ceil_mode, divisor_override, True)
+    size, odt = out_size(), out_dtype()
+    cdt = compute_dtype(odt)
+    oh, ow = (int(v) for v in grad.get_size()[2:])
+    load = loader_as(grad, list(grad.get_size()), cdt)
+
+    def inner(index):
+        n, c, y, x_ = index
+        r, s = FloorDiv(y, sh), FloorDiv(x_, sw)
+        inside = []
+        for q, ext, k, st, in_ext in ((y, oh, kh, sh, int(size[2])), (x_, ow, kw, sw, int(size[3]))):
+            if (ext - 1) * st + k < in_ext:  # rows / columns past the last window
+                inside.append(ops.lt(ops.index_expr(q, torch.int64), ops.constant((ext - 1) * st + k, torch.int64)))
+            if st > k:  # the gap between two windows
+                inside.append(ops.lt(ops.index_expr(q - FloorDiv(q, st) * st, torch.int64),
+                                     ops.constant(k, torch.int64)))
+        value = lambda: ops.truediv(load([n, c, r, s]), ops.constant(float(div), cdt))  # noqa: E731
+        if not inside:
+            return value()
+        cond = inside[0]
+        for more in inside[1:]:
+            cond = ops.logical_and(cond, more)
+        return ops.masked(cond, value, 0.0)
+
+    return TensorBox.create(Pointwise(device(), odt, inner, size))

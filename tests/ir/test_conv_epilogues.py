@@ -72,6 +72,34 @@ def test_max_pool_lowered_matches_eager(log, backend, k, s, p, d, ceil):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("k,s,ceil,div,lowered", [
+    (2, 2, False, None, {False, True}), ((2, 3), (2, 4), False, 5, {False, True}), ((3, 1), (3, 1), True, None, {False, True}),
+    (3, 2, False, None, {False}),  # overlapping windows: the forward is lowered, the backward runs ATen's
+    (2, 3, True, None, set())])  # ceil mode adds a partial window: both run ATen's
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_avg_pool_lowered_matches_eager(log, backend, k, s, ceil, div, lowered, dtype):
+    """Window mean and its gradient over odd image sizes (rows and columns no window covers, gaps between windows of
+    a stride above the kernel), with divisor_override, NCHW and channels-last, fp32 and bf16."""
+    torch.manual_seed(0)
+    x0 = torch.randn(2, 3, 9, 11, dtype=dtype)
+
+    def f(x):
+        return F.avg_pool2d(torch.relu(x) * 2 - 1, k, s, ceil_mode=ceil, divisor_override=div)
+    tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=1e-2, rtol=1e-2)
+    for inp in (x0, x0.to(memory_format=torch.channels_last)):
+        a, b = inp.clone().requires_grad_(), inp.clone().requires_grad_()
+        out, ref = compiled(f, backend)(a), f(b)
+        assert_like_eager(out, ref, **tol)
+        g = torch.randn_like(ref)
+        out.backward(g)
+        ref.backward(g)
+        torch.testing.assert_close(a.grad, b.grad, **tol)
+        assert a.grad.stride() == b.grad.stride()
+    kinds = {e["backward"] for e in events(log, "avg_pool_lowered")}
+    assert kinds == lowered, kinds
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_max_pool_indices_read_runs_aten(log, backend):
     """With return_indices the ATen op runs (its indices are eager's)."""
     x = torch.randn(1, 2, 8, 8)

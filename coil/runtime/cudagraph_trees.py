@@ -41,6 +41,8 @@ class Node:
         self.tree, self.fn, self.sig, self.parent = tree, fn, sig, parent
         self.graph, self.plan = graph, plan
         self.copied, self.placeholders = copied, placeholders
+        #: (indices, placeholders) of one device and dtype each, when the placeholders mix dtypes (:func:`_dtype_groups`)
+        self._copy_groups = _dtype_groups(list(enumerate(placeholders)))
         #: (argument index, data pointer) read in place
         self.inplace = inplace
         self.children: list = []
@@ -50,7 +52,7 @@ class Node:
         self.index = tree.nodes
         #: weak refs of the slot storages handed out by the last replay
         self.live: list = []
-        #: (argument index, placeholder) of copied arguments the graph writes (Tree.record)
+        #: (argument index, placeholder) of copied arguments the graph writes (Tree.record), in lists of one dtype
         self.writeback: list = []
         # storages only the backward holds: one that also backs a user output may be
         # kept by the caller long after the backward ran
@@ -130,6 +132,13 @@ class Node:
         """A forward whose saved tensors from the last replay are still held."""
         return any(not _expired(self.live[s]) for s in self.saved_slots) if self.live else False
 
+    def _copy_in(self, srcs) -> None:
+        if len(self._copy_groups) == 1:
+            _copy_in(self.placeholders, srcs)
+            return
+        for group in self._copy_groups:
+            _copy_in([p for _, p in group], tuple(srcs[k] for k, _ in group))
+
     def replay(self, args):
         """Copy the arguments in, poison what the last replay handed out, replay."""
         if self.copied:
@@ -137,16 +146,17 @@ class Node:
             if _grad_enabled():  # (the inference path runs without grad already)
                 _set_grad_enabled(False)  # torch.no_grad() without its Python objects
                 try:
-                    _copy_in(self.placeholders, srcs)
+                    self._copy_in(srcs)
                 finally:
                     _set_grad_enabled(True)
             else:
-                _copy_in(self.placeholders, srcs)
+                self._copy_in(srcs)
         self.poison_live()
         self.tree.recorder.replay(self.graph)
         if self.writeback:
             with torch.no_grad():
-                torch._foreach_copy_([args[i] for i, _ in self.writeback], [p for _, p in self.writeback])
+                for group in self.writeback:
+                    torch._foreach_copy_([args[i] for i, _ in group], [p for _, p in group])
         self.tree.replays += 1
         outs, self.live = self.plan.build(args)
         return tuple(outs) if self.plan.is_tuple else outs
@@ -279,7 +289,7 @@ class Tree:
         node = Node(self, fn, sig, parent, graph, plan, copied, placeholders, inplace, args)
         node.consumes = lent
         # an argument copied into a placeholder that the graph writes in place: copied back after each replay
-        node.writeback = [(i, p) for i, p in zip(copied, placeholders) if i in written]
+        node.writeback = _dtype_groups([(i, p) for i, p in zip(copied, placeholders) if i in written])
         (parent.children if parent is not None else self.roots).append(node)
         self.all_nodes.append(node)
         for ptr, _, _ in plan.slots:
@@ -426,6 +436,16 @@ _expired = getattr(torch._C.StorageBase, "_expired", None) or torch.UntypedStora
 
 def _same(args):
     return args
+
+
+def _dtype_groups(pairs: list) -> list:
+    """``pairs`` of (index, placeholder) in lists of one device and dtype, in first-seen order: ``_foreach_copy_``
+    takes its multi-tensor fast path for one dtype only, and a list that mixes float and int64 tensors (BatchNorm's
+    running stats and counters; token ids beside float inputs) ran one copy launch each."""
+    groups: dict = {}
+    for i, p in pairs:
+        groups.setdefault((p.device, p.dtype), []).append((i, p))
+    return list(groups.values())
 
 
 def _copy_in(placeholders: list, srcs: tuple) -> None:

@@ -748,3 +748,35 @@ def test_scatter_into_a_copied_input_is_written_back(fake_cuda):
             torch.testing.assert_close(cache, ref)
     (root,) = fake_cuda.roots
     assert root.copied and root.writeback and fake_cuda.replays == 3
+
+
+def test_copies_in_and_back_go_per_dtype(fake_cuda, monkeypatch):
+    """Arguments copied into placeholders and written back after the replay are copied one ``_foreach_copy_`` per
+    dtype: its multi-tensor fast path takes one dtype, and a list of float and int64 tensors ran a copy each."""
+    calls = []
+    real = torch._foreach_copy_
+
+    def record(dsts, srcs, *a, **k):
+        calls.append(sorted({str(t.dtype) for t in list(dsts) + list(srcs)}))
+        return real(dsts, srcs, *a, **k)
+
+    monkeypatch.setattr(torch, "_foreach_copy_", record)
+
+    def f(cache, counts, k, ids, w, pos):
+        cache.index_add_(0, pos, k)
+        counts.index_add_(0, pos, torch.ones_like(pos))
+        return cache.sum(0) + w[ids].sum(0) + counts.sum()
+
+    cf = coil.compile(f, mode="reduce-overhead")
+    k, w, pos = torch.randn(1, 4), torch.randn(6, 4), torch.tensor([2])
+    with torch.no_grad():
+        for step in range(4):
+            cache, counts = torch.randn(5, 4), torch.arange(5)
+            k2, ids = k + step, torch.tensor([step % 6, 1])
+            ref_cache, ref_counts = cache.clone(), counts.clone()
+            torch.testing.assert_close(cf(cache, counts, k2, ids, w, pos), f(ref_cache, ref_counts, k2, ids, w, pos))
+            torch.testing.assert_close(cache, ref_cache)
+            torch.testing.assert_close(counts, ref_counts)
+    (root,) = fake_cuda.roots
+    assert len(root.writeback) == 2 and fake_cuda.replays == 3
+    assert calls and all(len(c) == 1 for c in calls), calls

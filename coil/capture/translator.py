@@ -28,7 +28,8 @@ from torch.nn.modules import module as _mm
 
 from coil.exc import SourceLocation, Unsupported
 from coil.capture.source import AttrSource, BuiltinSource, ConstSource, GlobalSource
-from coil.capture.variables.base import CellVariable, ConstantVariable, SourcedCellVariable, VariableTracker
+from coil.capture.variables.base import (CellVariable, ConstantVariable, NumpyArrayVariable, SourcedCellVariable,
+                                         VariableTracker)
 from coil.capture.variables.builder import wrap, wrap_constant_result
 from coil.capture.variables.containers import (BaseListVariable, DictVariable, GeneratorVariable, ListIteratorVariable,
                                                ListVariable, NamedTupleVariable, SetVariable, SizeVariable,
@@ -477,6 +478,8 @@ class InstructionTranslatorBase:
             try:
                 return wrap_constant_result(self, op(ca, cb))
             except Exception as e:  # noqa: BLE001
+                if isinstance(a, NumpyArrayVariable) or isinstance(b, NumpyArrayVariable):  # (``a += 1``: read-only)
+                    raise Unsupported(f"numpy array {getattr(op, '__name__', op)} raised {type(e).__name__}") from None
                 raise UserCodeError(f"{type(e).__name__}: {e}") from e
         if isinstance(a, BaseListVariable) and isinstance(b, BaseListVariable):
             if op in (operator.add, operator.iadd) and isinstance(a, ListVariable) == isinstance(b, ListVariable):

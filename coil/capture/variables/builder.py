@@ -31,7 +31,7 @@ from coil.exc import Unsupported
 from coil.capture.dynamic import RANDOM_DRAWS
 from coil.capture.guards import tensor_guard
 from coil.capture.source import AttrSource, GetItemSource, LocalSource
-from coil.capture.variables.base import ConstantVariable, VariableTracker, is_literal
+from coil.capture.variables.base import ConstantVariable, NumpyArrayVariable, VariableTracker, is_literal
 from coil.capture.variables.containers import (DictVariable, ListVariable, NamedTupleVariable, SetVariable,
                                                TupleVariable, method_getattr, resumed_iterator)
 from coil.capture.variables.functions import (BoundMethodVariable, PartialVariable, UserFunctionVariable,
@@ -45,12 +45,28 @@ from coil.capture import frame as _frame
 from coil.capture.inspection import FrameVariable, OpaqueCallableVariable, OpaqueObjectVariable
 
 
+#: numpy functions without side effects, folded on constant arguments (numpy arrays among them: NumpyArrayVariable)
+_NUMPY_PURE = frozenset(
+    "array asarray arange zeros ones full zeros_like ones_like full_like linspace concatenate stack vstack hstack "
+    "reshape transpose where sum prod cumsum cumprod mean max min amax amin argmax argmin argsort sort unique clip "
+    "repeat tile flip roll diff nonzero round floor ceil abs all any isin searchsorted squeeze expand_dims "
+    "broadcast_to pad take dot matmul outer eye identity tril triu count_nonzero ravel".split())
+
+
+def _numpy_pure(value) -> bool:
+    np = __import__("sys").modules.get("numpy")
+    name = getattr(value, "__name__", None)
+    return np is not None and name in _NUMPY_PURE and getattr(np, name, None) is value
+
+
 def wrap_constant_result(tx, value: Any) -> VariableTracker:
     """Wrap a value computed at compile time (no source, no guard)."""
     if is_literal(value) or isinstance(value, (inspect.Signature, inspect.Parameter, types.MappingProxyType,
                                                types.CodeType, __import__("dataclasses").Field)) or \
             type(value).__module__ == "numpy" and getattr(value, "ndim", 1) == 0:  # a numpy scalar (np.sqrt(d))
         return ConstantVariable(value)
+    if type(value).__name__ == "ndarray" and type(value).__module__ == "numpy":   # np.array([64, 128]) // 8
+        return NumpyArrayVariable(value)
     return wrap(tx, value, None)
 
 
@@ -277,6 +293,9 @@ def _build(tx, value, source, gs) -> VariableTracker:
     if isinstance(value, type):
         guard_is()
         return UserDefinedClassVariable(value, source)
+    if _numpy_pure(value):     # ``np.array([64, 128])``: folded on constants
+        guard_is()
+        return bi.PureFunctionVariable(value, source)
     if isinstance(value, (types.BuiltinFunctionType, types.MethodWrapperType,
                           types.MethodDescriptorType, types.WrapperDescriptorType)):
         mod = getattr(value, "__module__", None) or ""

@@ -27,7 +27,7 @@ import torch
 from coil.exc import Unsupported
 from coil.capture.source import TypeSource
 from coil.capture.translator import const_value
-from coil.capture.variables.base import ConstantVariable, KnownCallableVariable, VariableTracker
+from coil.capture.variables.base import ConstantVariable, KnownCallableVariable, NumpyArrayVariable, VariableTracker
 from coil.capture.variables.builder import wrap, wrap_constant_result
 from coil.capture.variables.containers import (DictVariable, GeneratorVariable, LazyIteratorVariable,
                                                ListIteratorVariable, ListVariable, NamedTupleVariable, SetVariable,
@@ -186,6 +186,8 @@ class PureFunctionVariable(KnownCallableVariable):
         try:
             return wrap_constant_result(tx, fn(*c, **kw))
         except Exception as e:  # noqa: BLE001
+            if any(isinstance(a, NumpyArrayVariable) for a in [*args, *kwargs.values()]):   # (``out=a``: read-only)
+                raise Unsupported(f"{getattr(fn, '__name__', fn)} on a numpy array raised {type(e).__name__}") from None
             raise UserCodeError(f"{type(e).__name__}: {e}") from e
 
 

@@ -36,14 +36,17 @@ from coil.capture.variables.containers import (DictVariable, ListVariable, Named
                                                TupleVariable, method_getattr, resumed_iterator)
 from coil.capture.variables.functions import (BoundMethodVariable, PartialVariable, UserFunctionVariable,
                                               UserMethodVariable)
-from coil.capture.variables.objects import (DataClassDictVariable, NNModuleVariable, PythonModuleVariable,
-                                            UserDefinedClassVariable, UserDefinedObjectVariable, is_model_output_class)
+from coil.capture.variables.objects import (AutogradFunctionApplyVariable, DataClassDictVariable, NNModuleVariable,
+                                            PythonModuleVariable, UserDefinedClassVariable, UserDefinedObjectVariable,
+                                            is_model_output_class)
 from coil.capture.variables.torchfn import (CONTEXT_CLASSES, ResumedGradModeVariable, TorchFunctionVariable,
                                             is_torch_function)
 from coil.capture.variables.hops import HigherOrderVariable, hop_handler
 from coil.capture import frame as _frame
 from coil.capture.inspection import FrameVariable, OpaqueCallableVariable, OpaqueObjectVariable
 
+
+_FUNCTION_APPLY = torch.autograd.Function.apply.__func__
 
 #: numpy functions without side effects, folded on constant arguments (numpy arrays among them: NumpyArrayVariable)
 _NUMPY_PURE = frozenset(
@@ -274,6 +277,12 @@ def _build(tx, value, source, gs) -> VariableTracker:
     if isinstance(value, types.MethodType) and isinstance(value.__func__, functools._lru_cache_wrapper) and \
             source is not None:   # ``logger.warning_once(msg)``: called as an lru_cache function (objects.py)
         return UserDefinedObjectVariable(value, source)
+    if isinstance(value, types.MethodType) and value.__func__ is _FUNCTION_APPLY and source is not None and \
+            isinstance(value.__self__, type):   # ``self.fn = MyFn.apply`` kept on a module (I-BERT's QuantAct)
+        if gs is not None:
+            gs.add(f"{expr}.__func__ is {gs.const(value.__func__)}", src=expr)
+        return AutogradFunctionApplyVariable(wrap(tx, value.__self__, AttrSource(source, "__self__"),
+                                                  guard=gs is not None))
     if isinstance(value, types.MethodType):
         self_src = AttrSource(source, "__self__") if source is not None else None
         fn_src = AttrSource(source, "__func__") if source is not None else None

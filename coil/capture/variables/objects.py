@@ -21,6 +21,7 @@ import warnings
 import weakref
 
 import torch
+from torch.fx.experimental.proxy_tensor import get_proxy_mode
 
 from coil.exc import Unsupported
 from coil.capture.dynamic import RANDOM_DRAWS, random_draw
@@ -644,11 +645,34 @@ def _apply_target(cls, structs=None):
         ref = weakref.ref(cls)
 
         def apply(*args):
-            return ref().apply(*(_unflatten(s, args) for s in structs) if structs else args)
+            c = ref()
+            c = _marked_backward(c) if get_proxy_mode() is not None else c     # (AOT's joint trace)
+            return c.apply(*(_unflatten(s, args) for s in structs) if structs else args)
         apply.__name__ = apply.__qualname__ = f"{cls.__name__}_apply"
         apply.__module__ = "coil.capture.autograd_function"
         fn = apply if structs else _APPLY_TARGETS.setdefault(cls, apply)
     return fn
+
+
+_MARKED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _marked_backward(cls):
+    """``cls`` whose backward, when autograd materializes its gradients, passes them through
+    :func:`coil.aot.partition.grad_in` first: the joint graph then shows where an undefined gradient becomes zeros
+    in eager. ``cls`` itself where it defines ``vjp`` (a subclass may not define both)."""
+    if _static_lookup(cls, "vjp") is not _static_lookup(torch.autograd.Function, "vjp"):
+        return cls
+    if (sub := _MARKED.get(cls)) is None:
+        from coil.aot.partition import grad_in
+
+        def backward(ctx, *grads):
+            if getattr(ctx, "materialize_grads", True):
+                grads = [grad_in(g) if isinstance(g, torch.Tensor) else g for g in grads]
+            return cls.backward(ctx, *grads)
+        sub = _MARKED.setdefault(cls, type(cls)(cls.__name__, (cls,), {"backward": staticmethod(backward),
+                                                                      "__module__": cls.__module__}))
+    return sub
 
 
 class UserDefinedClassVariable(ObjectVariableBase):

@@ -636,6 +636,18 @@ def _getenv(tx, args, kwargs):  # os.environ.get: the value read is guarded (tra
     return EnvironVariable().call_method(tx, "get", args, kwargs)
 
 
+@builtin(sys.exc_info)
+def _exc_info(tx, args, kwargs):  # ``ExitStack.__exit__``: no exception handled here, and none by the caller (guarded)
+    t = tx
+    while t is not None:
+        if t.exc_stack or t.parent is None and sys.exc_info()[1] is not None:   # (the caller's, at this call)
+            raise Unsupported("sys.exc_info() while an exception is handled (tracebacks are not modelled)")
+        t = t.parent
+    gs = tx.output.guards
+    gs.add(f"{gs.const(sys.exc_info)}()[1] is None", note="sys.exc_info() in the frame: no exception handled")
+    return ConstantVariable((None, None, None))
+
+
 @builtin(object.__setattr__)
 def _object_setattr(tx, args, kwargs):
     tx.store_attr(args[0], args[1].as_python_constant(), args[2], plain=True)

@@ -654,25 +654,20 @@ def _apply_target(cls, structs=None):
     return fn
 
 
-_MARKED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-
-
 def _marked_backward(cls):
     """``cls`` whose backward, when autograd materializes its gradients, passes them through
     :func:`coil.aot.partition.grad_in` first: the joint graph then shows where an undefined gradient becomes zeros
-    in eager. ``cls`` itself where it defines ``vjp`` (a subclass may not define both)."""
+    in eager. ``cls`` itself where it defines ``vjp`` (a subclass may not define both). Made per trace, not cached:
+    a cache keyed by ``cls`` holding its subclass would keep ``cls`` alive."""
     if _static_lookup(cls, "vjp") is not _static_lookup(torch.autograd.Function, "vjp"):
         return cls
-    if (sub := _MARKED.get(cls)) is None:
-        from coil.aot.partition import grad_in
+    from coil.aot.partition import grad_in
 
-        def backward(ctx, *grads):
-            if getattr(ctx, "materialize_grads", True):
-                grads = [grad_in(g) if isinstance(g, torch.Tensor) else g for g in grads]
-            return cls.backward(ctx, *grads)
-        sub = _MARKED.setdefault(cls, type(cls)(cls.__name__, (cls,), {"backward": staticmethod(backward),
-                                                                      "__module__": cls.__module__}))
-    return sub
+    def backward(ctx, *grads):
+        if getattr(ctx, "materialize_grads", True):
+            grads = [grad_in(g) if isinstance(g, torch.Tensor) else g for g in grads]
+        return cls.backward(ctx, *grads)
+    return type(cls)(cls.__name__, (cls,), {"backward": staticmethod(backward), "__module__": cls.__module__})
 
 
 class UserDefinedClassVariable(ObjectVariableBase):

@@ -38,7 +38,8 @@ from coil.aot.decompositions import get_decompositions
 from coil.aot.cse import cse_graph, drop_dead_views
 from coil.aot.functional import (is_symbolic, analyze, fake_mode_of, fakeify, run_eagerly, trace_inference,
                                  trace_joint)
-from coil.aot.partition import default_partition, drop_undefined_tangents, min_cut_partition
+from coil.aot.partition import (default_partition, drop_undefined_tangents, grad_in_tangents, min_cut_partition,
+                                strip_grad_in)
 from coil.aot.regions import compile_regional, region_calls
 from coil.aot.scalars import tensorize_scalar_reads
 from coil.aot.runtime import AUTOCAST_DEVICES, inference_runner, training_runner
@@ -537,22 +538,25 @@ def _compile(fn, example_inputs, fw_compiler, bw_compiler, partition_fn, decompo
     bw_fakes = _saved_layouts(_placeholder_fakes(part.bw), getattr(compiled_fw, "output_strides", None),
                               n_fw, part.num_saved, fake_mode)
     pristine = _make_graph_module(part.bw, copy.deepcopy(part.bw.graph))  # (a compiler may change part.bw)
+    reach = grad_in_tangents(pristine, part.num_saved)    # (tangents entering a custom Function's backward)
+    strip_grad_in(part.bw)
     # static shapes: the backward is compiled at the first backward call, like one for a call whose tangents are
     # partly None (a step whose loss leaves an output without gradient, HF's ``labels=`` loss beside its logits,
     # never runs the full one); now with symbolic ones (the guards it adds join the frame's) or CUDA graphs
     lazy_bw = not config.cudagraphs and not is_symbolic([n.meta.get("val") for n in part.bw.graph.nodes])
     opts, cid = config.as_dict(), trace.current_compile_id()
 
-    def bw_for(missing):  # the backward for calls whose tangents ``missing`` are None, as the compile would make it
+    def bw_for(missing, reached=()):  # the backward for calls whose tangents ``missing`` are None (``reached``:
+        # those of them the backward pass reached, drop_undefined_tangents), as the compile would make it
         from coil.capture.frame import _gc_paused  # (not its lock: autograd may run this on a device thread)
         with _gc_paused(), config_patch(**opts), _use_lazy_graph_module(True), \
                 trace.compile_context(*cid.split("/")) if cid else contextlib.nullcontext():
             if not missing:
                 return bw_compiler(part.bw, bw_fakes), [False] * len(jinfo.grad_inputs)
-            gm, none = drop_undefined_tangents(pristine, part.num_saved, missing)
+            gm, none = drop_undefined_tangents(pristine, part.num_saved, missing, reached)
             return bw_compiler(gm, bw_fakes), none
     run = _check_aliasing_per_call(training_runner(compiled_fw, None if lazy_bw else bw_compiler(part.bw, bw_fakes),
-                                                   info, jinfo, part.num_saved, bw_for), fn, info.mutated_inputs,
+                                                   info, jinfo, part.num_saved, bw_for, reach), fn, info.mutated_inputs,
                                   fake_args)
     run = _check_offsets_per_call(run, part.fw, fake_args, fn, info.mutated_inputs)
     return run if groups is None else _with_input_groups(run, groups, user_fn)

@@ -426,22 +426,76 @@ def _sink_side(arcs: list, source, sink) -> Optional[set]:
     return {names[i] for i in seen}
 
 
-def drop_undefined_tangents(bw: torch.fx.GraphModule, num_saved: int, missing: tuple) -> tuple:
+@torch.library.custom_op("coil::grad_in", mutates_args=())
+def grad_in(g: torch.Tensor) -> torch.Tensor:
+    """A gradient entering a custom ``autograd.Function``'s backward in a traced joint graph (an identity, stripped
+    before compiling: :func:`strip_grad_in`). Autograd materializes an undefined one there as zeros when that node
+    runs (``ctx.materialize_grads``), where a built-in op's backward keeps it undefined: see
+    :func:`drop_undefined_tangents`."""
+    return g.clone()
+
+
+@grad_in.register_fake
+def _grad_in_fake(g):
+    return torch.empty_like(g)
+
+
+def _is_grad_in(n) -> bool:
+    return n.op == "call_function" and n.target is torch.ops.coil.grad_in.default
+
+
+def strip_grad_in(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """``gm`` with each :func:`grad_in` replaced by its input (in place)."""
+    for n in [n for n in gm.graph.nodes if _is_grad_in(n)]:
+        n.replace_all_uses_with(n.args[0])
+        gm.graph.erase_node(n)
+    gm.recompile()
+    return gm
+
+
+def grad_in_tangents(bw: torch.fx.GraphModule, num_saved: int) -> list:
+    """Positions of the tangents of backward graph ``bw`` that reach a custom Function's backward (:func:`grad_in`)."""
+    places = [n for n in bw.graph.nodes if n.op == "placeholder"][num_saved:]
+    deps = {n: {k} for k, n in enumerate(places)}
+    found: set = set()
+    for n in bw.graph.nodes:
+        if n.op == "call_function":
+            deps[n] = set().union(*(deps.get(a, ()) for a in n.all_input_nodes))
+            if _is_grad_in(n):
+                found |= deps[n]
+    return sorted(found)
+
+
+def drop_undefined_tangents(bw: torch.fx.GraphModule, num_saved: int, missing: tuple, reached: tuple = ()) -> tuple:
     """(graph, per output: is it None) of backward graph ``bw`` for calls whose tangents at positions ``missing`` are
     undefined (autograd's None: an output the loss does not use). Eager skips the backward of an op whose incoming
     gradient is undefined; zeros in their place are not the same (``x * 2, x.sqrt()`` of ``x = 0``, the loss on the
     first: ``2 + 0 * inf``). Backward values are linear in the tangents: one computed from undefined ones only is
     undefined (an undefined output is a None gradient), ``add`` of an undefined and a defined one is the defined one,
-    any other op mixing them reads zeros for the undefined one."""
+    any other op mixing them reads zeros for the undefined one. Tangents ``reached`` (of ``missing``) are outputs
+    the backward pass reached with an undefined gradient: a custom Function's backward the undefined value enters
+    (:func:`grad_in`) runs in eager, on zeros."""
     g = copy.deepcopy(bw.graph)
     places = [n for n in g.nodes if n.op == "placeholder"]
     undef, dep = {places[num_saved + k] for k in missing}, set(places[num_saved:])
+    live = {places[num_saved + k] for k in reached}
     meta = lambda n: (getattr(v := n.meta.get("val"), "shape", None), getattr(v, "dtype", 0))  # noqa: E731
     for n in list(g.nodes):
         ins = [a for a in n.all_input_nodes if a in dep]
         if n.op != "call_function" or not ins or isinstance(n.meta.get("val"), (int, float, bool, torch.SymInt)):
             continue
         dep.add(n)
+        if any(a in live for a in ins):
+            live.add(n)
+        if _is_grad_in(n) and n.args[0] in undef:
+            if n in live:       # materialized: zeros, a defined gradient from here on
+                with g.inserting_before(n):
+                    z = g.call_function(aten.zeros_like.default, (n.args[0],))
+                z.meta = dict(n.meta)
+                n.replace_all_uses_with(z)
+            else:
+                undef.add(n)
+            continue
         off = [a for a in ins if a in undef]  # (an add's other term is a gradient even if constant: copysign's zeros)
         on = [a for a in (n.all_input_nodes if n.target is aten.add.Tensor else ins) if a not in undef]
         if off and not on:
@@ -455,4 +509,4 @@ def drop_undefined_tangents(bw: torch.fx.GraphModule, num_saved: int, missing: t
     out = next(n for n in g.nodes if n.op == "output")
     none, out.args = [o in undef for o in out.args[0]], ([o for o in out.args[0] if o not in undef],)
     g.eliminate_dead_code()
-    return _make_graph_module(bw, g), none
+    return strip_grad_in(_make_graph_module(bw, g)), none

@@ -425,19 +425,38 @@ class _BackwardOnce(torch.autograd.Function):
         raise RuntimeError(DOUBLE_BACKWARD_MESSAGE)
 
 
+class _Reached(torch.autograd.Function):
+    """An identity on a compiled forward's output whose gradient enters a custom Function's backward: its backward
+    runs iff the backward pass reaches that output (an undefined gradient too), and records it on the compiled
+    node, which then tells an output eager's custom Function sees as zeros from one it never runs for."""
+
+    @staticmethod
+    def forward(ctx, node, j, t):
+        ctx.set_materialize_grads(False)
+        ctx.node, ctx.j = node, j
+        return t.detach()
+
+    @staticmethod
+    def backward(ctx, g):
+        ctx.node.reached.add(ctx.j)
+        return None, None, g
+
+
 def training_runner(compiled_fw: Callable, compiled_bw: Callable, info: ProgramInfo,
-                    jinfo: JointInfo, num_saved: int, bw_for: Callable) -> Callable:
-    """The callable for the training path (see module docstring). ``bw_for(missing)``: (compiled backward, per gradient:
-    is it None) for calls whose tangents at positions ``missing`` are None
+                    jinfo: JointInfo, num_saved: int, bw_for: Callable, reach=()) -> Callable:
+    """The callable for the training path (see module docstring). ``bw_for(missing, reached)``: (compiled backward,
+    per gradient: is it None) for calls whose tangents at positions ``missing`` are None
     (:func:`coil.aot.partition.drop_undefined_tangents`), compiled at the first such call; ``compiled_bw`` (all
-    tangents defined) is None when that one too is compiled at its first call."""
+    tangents defined) is None when that one too is compiled at its first call. ``reach``: tangent positions whose
+    outputs pass through :class:`_Reached` (``reached``: those of ``missing`` the backward pass reached)."""
     epilogue, n_fw = _make_epilogue(info), info.num_fw_outputs
     compiled_fw = without_autocast(cudagraphify(compiled_fw, "forward", (n_fw, n_fw + num_saved)))
     n_in = len(info.inputs)
     nondiff = [k for k, rg in enumerate(info.fw_out_requires_grad) if not rg]
     tangent_pos = [k for k, rg in enumerate(info.fw_out_requires_grad) if rg]
     grad_slots = [i for i, none in zip(jinfo.grad_inputs, jinfo.grad_is_none) if not none]
-    backwards = {} if compiled_bw is None else {(): (without_autocast(cudagraphify(compiled_bw, "backward")), grad_slots)}
+    backwards = {} if compiled_bw is None else {((), ()): (without_autocast(cudagraphify(compiled_bw, "backward")),
+                                                           grad_slots)}
     # differentiable outputs of a symbolic shape: a missing gradient's zeros take this call's (forward keeps it)
     sym_shape = [k for k in tangent_pos if _has_symint(info.fw_out_meta[k][0])]
     computed = range(len(info.mutated_inputs), n_fw)  # (a mutated input's value may be the input itself)
@@ -472,11 +491,15 @@ def training_runner(compiled_fw: Callable, compiled_bw: Callable, info: ProgramI
             tensors, others = iter(ctx.saved_tensors), iter(ctx.others)
             saved = [next(tensors) if t else next(others) for t in ctx.tensor_mask]
             missing = tuple(j for j, k in enumerate(tangent_pos) if grad_outs[k] is None)
-            if missing not in backwards:  # (its graph reads only the shapes of their zeros)
-                bw, none = bw_for(missing)
-                backwards[missing] = (without_autocast(cudagraphify(bw, "backward")),
-                                      [s for s, dropped in zip(grad_slots, none) if not dropped])
-            compiled_bw, slots = backwards[missing]
+            hit = getattr(ctx, "reached", None)
+            key = (missing, tuple(j for j in missing if j in hit)) if hit else (missing, ())
+            if hit:
+                hit.clear()     # (per backward pass)
+            if key not in backwards:  # (its graph reads only the shapes of their zeros)
+                bw, none = bw_for(*key)
+                backwards[key] = (without_autocast(cudagraphify(bw, "backward")),
+                                  [s for s, dropped in zip(grad_slots, none) if not dropped])
+            compiled_bw, slots = backwards[key]
             tangents = [grad_outs[k].contiguous() if grad_outs[k] is not None else torch.zeros(
                 ctx.out_shapes.get(k, info.fw_out_meta[k][0]), dtype=info.fw_out_meta[k][1],
                 device=info.fw_out_meta[k][2]) for k in tangent_pos]
@@ -500,7 +523,23 @@ def training_runner(compiled_fw: Callable, compiled_bw: Callable, info: ProgramI
             # must record this call; outputs computed with grad off are marked non-differentiable
             with torch.enable_grad():
                 vals = CompiledFunction.apply(*fargs)
+        if reached:
+            vals = _reached(vals, args)
         return epilogue(args, vals)
+
+    reached = [(j, tangent_pos[j]) for j in reach if tangent_pos[j] in computed]
+
+    def _reached(vals, args):
+        vals, node = list(vals), next((v.grad_fn for _, k in reached if (v := vals[k]).grad_fn is not None), None)
+        if node is None:
+            return vals
+        node.reached = set()
+        with torch.enable_grad():
+            for j, k in reached:
+                if vals[k].grad_fn is node and not any(vals[k] is a for a in args) and \
+                        sum(v is vals[k] for v in vals) == 1:   # (one object returned twice stays one)
+                    vals[k] = _Reached.apply(node, j, vals[k])
+        return tuple(vals)
 
     run._coil_aot_path = "training"  # type: ignore[attr-defined]
     return run

@@ -28,10 +28,11 @@ from torch.nn.modules import module as _mm
 
 from coil.exc import SourceLocation, Unsupported
 from coil.capture.source import AttrSource, BuiltinSource, ConstSource, GlobalSource
-from coil.capture.variables.base import CellVariable, ConstantVariable, SourcedCellVariable, VariableTracker
+from coil.capture.variables.base import (CellVariable, ConstantVariable, NumpyArrayVariable, SourcedCellVariable,
+                                         VariableTracker)
 from coil.capture.variables.builder import wrap, wrap_constant_result
-from coil.capture.variables.containers import (BaseListVariable, DictVariable, GeneratorVariable, ListIteratorVariable,
-                                               ListVariable, NamedTupleVariable, SetVariable, SizeVariable,
+from coil.capture.variables.containers import (BaseListVariable, DequeVariable, DictVariable, GeneratorVariable,
+                                               ListIteratorVariable, ListVariable, NamedTupleVariable, SetVariable, SizeVariable,
                                                TupleVariable)
 from coil.capture.variables.functions import (BaseFunctionVariable, TypeErrorInCall,
                                               UserFunctionVariable, UserMethodVariable)
@@ -384,6 +385,8 @@ class InstructionTranslatorBase:
             return self.get_iter(it) if not isinstance(it, ListIteratorVariable) else it
         if isinstance(v, ListIteratorVariable):
             return v.iterate()
+        if isinstance(v, DequeVariable):
+            return v.iterator()
         if type(v) in (ListVariable, DictVariable, SetVariable):
             # CPython semantics on mutation during the loop (see ListIteratorVariable)
             return ListIteratorVariable(self.unpack(v), container=v)
@@ -477,6 +480,8 @@ class InstructionTranslatorBase:
             try:
                 return wrap_constant_result(self, op(ca, cb))
             except Exception as e:  # noqa: BLE001
+                if isinstance(a, NumpyArrayVariable) or isinstance(b, NumpyArrayVariable):  # (``a += 1``: read-only)
+                    raise Unsupported(f"numpy array {getattr(op, '__name__', op)} raised {type(e).__name__}") from None
                 raise UserCodeError(f"{type(e).__name__}: {e}") from e
         if isinstance(a, BaseListVariable) and isinstance(b, BaseListVariable):
             if op in (operator.add, operator.iadd) and isinstance(a, ListVariable) == isinstance(b, ListVariable):
@@ -727,6 +732,16 @@ class InstructionTranslatorBase:
             c = [const_value(a) for a in args]
             kw = {k: const_value(v) for k, v in kwargs.items()}
             return wrap_constant_result(self, cls(*c, **kw))
+        if cls is types.MethodType and len(args) == 2 and not kwargs and type(args[0]) is UserFunctionVariable and \
+                not (isinstance(args[1], ConstantVariable) and args[1].value is None):   # ExitStack's exit wrapper
+            return UserMethodVariable(args[0].fn, args[1])
+        if cls is collections.deque and len(args) + len(kwargs) <= 2 and set(kwargs) <= {"iterable", "maxlen"}:
+            items = args[0] if args else kwargs.get("iterable")
+            maxlen = args[1] if len(args) > 1 else kwargs.get("maxlen")
+            maxlen = None if maxlen is None else const_value(maxlen)
+            if maxlen is not None and (type(maxlen) is not int or maxlen < 0):
+                raise Unsupported("deque with a maxlen that is not a non-negative int (raised by user code)")
+            return DequeVariable(list(self.unpack(items)) if items is not None else [], maxlen)
         if cls is collections.defaultdict:
             d = DictVariable({}, cls)
             d.default_factory = args[0] if args else None

@@ -257,8 +257,6 @@ def test_contextmanager_restores_state_in_the_graph(coil_reset):
 # Finding 8: contextlib.ExitStack breaks the graph four times (deque, sys.exc_info)
 # ---------------------------------------------------------------------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason="FINDINGS_54 #8: contextlib.ExitStack is 4 graph breaks (deque construction, "
-                                       "sys.exc_info); torch.compile has none")
 def test_exit_stack_has_no_graph_break(coil_reset):
     def f(x):
         with contextlib.ExitStack() as st:
@@ -270,7 +268,54 @@ def test_exit_stack_has_no_graph_break(coil_reset):
     out, _ = _run(f, x)
     for o, r in zip(out, f(x)):
         torch.testing.assert_close(o, r)
+    assert coil.capture.stats["graph_breaks"] == 0 and _STATE["scale"] == 1.0
+
+
+def test_deque_built_in_the_frame_is_traced(coil_reset):
+    """FINDINGS_54 #8: a ``deque(maxlen=2)`` rolling buffer is one graph and comes back a deque with its maxlen;
+    mutating one while iterating it raises eager's RuntimeError, and popping an empty one eager's IndexError."""
+    import collections
+
+    def roll(x):
+        buf = collections.deque(maxlen=2)
+        for i in range(4):
+            buf.append(x * i)
+        buf.appendleft(x)
+        buf.rotate(1)
+        return sum(buf), buf
+
+    def mutates(x):
+        d = collections.deque([1, 2])
+        for _ in d:
+            d.append(3)
+        return x
+
+    x = torch.randn(3)
+    (s, buf), (rs, rbuf) = _run(roll, x)[0], roll(x)
+    torch.testing.assert_close(s, rs)
+    assert type(buf) is collections.deque and buf.maxlen == 2 and len(buf) == len(rbuf)
+    for a, b in zip(buf, rbuf):
+        torch.testing.assert_close(a, b)
     assert coil.capture.stats["graph_breaks"] == 0
+    with pytest.raises(RuntimeError, match="deque mutated during iteration"):
+        coil.compile(mutates)(x)
+    with pytest.raises(IndexError, match="pop from an empty deque"):
+        coil.compile(lambda t: (t, collections.deque().pop()))(x)
+
+
+def test_sys_exc_info_sees_the_callers_exception(coil_reset):
+    """``sys.exc_info()`` (ExitStack's ``__exit__``) folds to no exception, guarded: called from the caller's
+    ``except`` block, eager's sees the caller's exception, and so does the compiled function."""
+    import sys
+    f = lambda x: (x + 1, sys.exc_info()[0])  # noqa: E731
+    cf = coil.compile(f)
+    x = torch.randn(3)
+    assert cf(x)[1] is None
+    try:
+        raise ValueError("v")
+    except ValueError:
+        assert cf(x)[1] is f(x)[1] is ValueError
+    assert cf(x)[1] is None
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ inference and a training step against eager.
 The xfail(strict=True) tests are open bugs: each fails today and starts passing (so must lose its mark) once fixed.
 """
 
+import copy
 import functools
 import logging
 
@@ -176,12 +177,11 @@ def test_numpy_ufunc_on_constants_is_folded(coil_reset):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Finding 4 (open): numpy arrays are not traced (BigBird's block-sparse random plan: 24 breaks in inference, 78 in
-# a training step); torch.compile traces numpy through torch
+# Finding 4 (partly fixed): numpy arrays were not traced (BigBird's block-sparse random plan: 24 breaks in inference,
+# 78 in a training step). Arrays computed from constants now fold at compile time (read-only: a write into one, or
+# handing one to torch, is still a graph break); torch.compile traces numpy through torch
 # ---------------------------------------------------------------------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason="numpy arrays are opaque to capture: np.array(...) is 'call into C function "
-                   "array', and every ndarray operation after it breaks again (BigBird's _bigbird_block_rand_mask)")
 def test_numpy_array_arithmetic_on_constants_is_one_graph(coil_reset):
     np = __import__("numpy")
 
@@ -192,11 +192,42 @@ def test_numpy_array_arithmetic_on_constants_is_one_graph(coil_reset):
     x = torch.randn(3)
     e = coil.explain(f, x)
     assert (e.graph_count, e.graph_break_count) == (1, 0), e.break_reasons
+    torch.testing.assert_close(coil.compile(f)(x), f(x))
+
+
+def test_numpy_array_built_in_the_frame_keeps_eager_semantics(coil_reset):
+    """An array folded at compile time is read-only inside the trace: a write into it is a graph break (eager writes
+    into a fresh copy), handing it to torch is one too, and each call returns a new, writable array."""
+    np = __import__("numpy")
+
+    def g(x):
+        a = np.arange(6).reshape(2, 3).sum(0) * np.array([1, 2, 3]) + len(np.array([1, 2]))
+        n = int(a.max()) + sum(int(v) for v in a)
+        return x * n, a
+
+    def h(x):
+        a = np.array([1.0, 2.0]) * 2
+        a += 1                                  # in place: eager runs it
+        a[0] = 7
+        return x + torch.from_numpy(a).sum(), a
+
+    x = torch.randn(3)
+    e = coil.explain(g, x)
+    assert (e.graph_count, e.graph_break_count) == (1, 0), e.break_reasons
+    cg, ch = coil.compile(g), coil.compile(h)
+    for f, cf in ((g, cg), (h, ch)):
+        for _ in range(2):
+            (out, arr), (ref, rarr) = cf(x), f(x)
+            torch.testing.assert_close(out, ref)
+            assert arr.dtype == rarr.dtype and arr.flags.writeable and np.array_equal(arr, rarr)
+            arr[...] = -1                       # the caller owns it: the next call's array is unchanged
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Finding 5 (open): ``self.fn = MyFunction.apply`` kept on a module (I-BERT's QuantLinear / QuantAct) was traced as
-# torch's Python ``Function.apply`` and broke at its ``super().apply`` (48 breaks in an I-BERT forward)
+# Finding 5 (fixed): ``self.fn = MyFunction.apply`` kept on a module (I-BERT's QuantLinear / QuantAct) was traced as
+# torch's Python ``Function.apply`` and broke at its ``super().apply`` (48 breaks in an I-BERT forward). Captured as
+# the Function's apply, it exposed an AOT bug: an output reached with an undefined gradient gave None where the
+# custom Function's backward in the graph runs on zeros in eager (I-BERT's two embedding gradients)
 # ---------------------------------------------------------------------------------------------------------------
 
 class _FloorSte(torch.autograd.Function):
@@ -218,10 +249,6 @@ class _KeepsApply(torch.nn.Module):
         return self.fn(x * 3) + 1
 
 
-@pytest.mark.xfail(strict=True, reason="MyFunction.apply read from a module attribute is a bound method whose "
-                   "__func__ is torch's Python Function.apply: inlined, it breaks at super().apply. Wrapping it as "
-                   "MyFunction.apply (AutogradFunctionApplyVariable) removes the breaks, but then I-BERT's training "
-                   "step lost the gradients of two embedding tables (None vs eager's); not reduced yet")
 def test_autograd_function_apply_kept_as_a_module_attribute_is_one_graph(coil_reset):
     m = _KeepsApply()
     x = torch.randn(5, requires_grad=True)
@@ -231,6 +258,47 @@ def test_autograd_function_apply_kept_as_a_module_attribute_is_one_graph(coil_re
     got, x.grad = x.grad, None
     m(x).sum().backward()
     torch.testing.assert_close(got, x.grad)     # the Function's straight-through backward, not floor's zero
+
+
+class _DropsIdentity(torch.autograd.Function):
+    """I-BERT's ``FixedPointMul``: its backward gives ``identity`` no gradient (None)."""
+    @staticmethod
+    def forward(ctx, x, identity):
+        return x + identity
+
+    @staticmethod
+    def backward(ctx, g):
+        return g, None
+
+
+class _TwoQuantized(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w, self.v = torch.nn.Parameter(torch.randn(3)), torch.nn.Parameter(torch.randn(3))
+        self.fn = _FloorSte.apply
+
+    def forward(self, x):
+        return x * 2, self.fn(self.w * 3), self.fn(self.v)
+
+
+@pytest.mark.parametrize("uses_identity", [True, False])
+def test_custom_function_reached_with_no_gradient_gets_eagers_zeros(coil_reset, uses_identity):
+    """FINDINGS_57 #5's I-BERT training step: an output of a compiled graph that the backward pass reaches with an
+    undefined gradient (a custom Function downstream returned None for it) enters a custom Function's backward
+    inside the graph, which eager runs on zeros (``materialize_grads``): the embedding's gradient is zeros, not None.
+    An output the loss does not reach at all leaves it None, as in eager."""
+    torch.manual_seed(0)
+    m = _TwoQuantized()
+    c = copy.deepcopy(m)
+    for mod in (m, coil.compile(c)):
+        x = torch.randn(3, requires_grad=True)
+        a, b, _ = mod(x)
+        (a.sum() + (_DropsIdentity.apply(a, b).sum() if uses_identity else 0)).backward()
+    for p, q in zip(m.parameters(), c.parameters()):
+        assert (p.grad is None) == (q.grad is None), (p.grad, q.grad)
+        if p.grad is not None:
+            torch.testing.assert_close(q.grad, p.grad)
+    assert (m.w.grad is not None) == uses_identity and m.v.grad is None
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -186,6 +186,67 @@ class ConstantVariable(VariableTracker):
         return f"Const({self.value!r})"
 
 
+class NumpyArrayVariable(ConstantVariable):
+    """A numpy array computed at compile time from constants (``np.array(plan) // block``): ``value`` is a read-only
+    view of it, so reads, arithmetic and pure numpy calls fold at trace time, and anything that would write into it
+    (``a[i] = v``, ``a += 1``, ``out=``, ``a.sort()``) raises and becomes a graph break, after which eager runs on a
+    fresh copy. Handed to torch it is a graph break too (``torch.from_numpy`` would share it across calls). Where it
+    leaves the graph it is rebuilt as a new array holding the same data (two that share memory are not: eager's
+    aliasing between them would be lost, so the frame runs eagerly)."""
+
+    _WRITES = {"fill", "sort", "partition", "put", "itemset", "resize", "setflags", "setfield", "byteswap",
+               "tofile", "dump", "__setitem__", "__delitem__"}
+
+    def __init__(self, value):
+        value = value.view()
+        value.setflags(write=False)
+        super().__init__(value)
+
+    def _fold(self, what, fn):
+        try:
+            return fn()
+        except Exception as e:  # noqa: BLE001 - (a write into the read-only view raises too): eager runs it
+            raise Unsupported(f"numpy array {what} raised {type(e).__name__}") from None
+
+    def var_getattr(self, tx, name):
+        if name in ("base", "flags", "ctypes", "data", "__array_interface__"):
+            raise Unsupported(f"attribute {name} of a numpy array")
+        if callable(getattr(self.value, name, None)):      # ``a.reshape(2, 3)``: call_method
+            from coil.capture.variables.containers import BoundMethodVariable
+            return BoundMethodVariable(self, name)
+        return super().var_getattr(tx, name)
+
+    def call_method(self, tx, name, args, kwargs):
+        from coil.capture.translator import const_value
+        if name == "__iter__":
+            from coil.capture.variables.containers import ListIteratorVariable
+            return ListIteratorVariable(self.unpack(tx))
+        if name in self._WRITES or name.startswith("__i") and name not in ("__invert__", "__index__", "__int__"):
+            raise Unsupported(f"ndarray.{name} writes into a numpy array")
+        cargs = [const_value(a) for a in args]
+        ckw = {k: const_value(v) for k, v in kwargs.items()}
+        if "out" in ckw:
+            raise Unsupported("a numpy call with out=")
+        return wrap_constant_result(tx, self._fold(name, lambda: getattr(self.value, name)(*cargs, **ckw)))
+
+    def unpack(self, tx):
+        return [wrap_constant_result(tx, v) for v in self._fold("iteration", lambda: list(self.value))]
+
+    def truthy(self, tx):
+        return self._fold("truth", lambda: bool(self.value))
+
+    def reconstruct(self, cg):
+        rebuilt = cg.__dict__.setdefault("numpy_arrays", [])
+        if any(__import__("numpy").may_share_memory(self.value, a) for a in rebuilt):
+            raise Unsupported("two numpy arrays computed in traced code, one a view of the other, escape the frame",
+                              hint="the frame runs eagerly")
+        rebuilt.append(self.value)
+        return cg.bind(self, f"{cg.const_expr(self.value)}.copy(order='K')")
+
+    def __repr__(self):
+        return f"NumpyArray({self.value!r})"
+
+
 class RealValueVariable(VariableTracker):
     """Base of trackers for a real object ``value`` that exists outside the trace: its type is the value's, and the
     entry reads it from its source, or holds it as a constant when it has none."""

@@ -31,18 +31,35 @@ from coil.exc import Unsupported
 from coil.capture.dynamic import RANDOM_DRAWS
 from coil.capture.guards import tensor_guard
 from coil.capture.source import AttrSource, GetItemSource, LocalSource
-from coil.capture.variables.base import ConstantVariable, VariableTracker, is_literal
+from coil.capture.variables.base import ConstantVariable, NumpyArrayVariable, VariableTracker, is_literal
 from coil.capture.variables.containers import (DictVariable, ListVariable, NamedTupleVariable, SetVariable,
                                                TupleVariable, method_getattr, resumed_iterator)
 from coil.capture.variables.functions import (BoundMethodVariable, PartialVariable, UserFunctionVariable,
                                               UserMethodVariable)
-from coil.capture.variables.objects import (DataClassDictVariable, NNModuleVariable, PythonModuleVariable,
-                                            UserDefinedClassVariable, UserDefinedObjectVariable, is_model_output_class)
+from coil.capture.variables.objects import (AutogradFunctionApplyVariable, DataClassDictVariable, NNModuleVariable,
+                                            PythonModuleVariable, UserDefinedClassVariable, UserDefinedObjectVariable,
+                                            is_model_output_class)
 from coil.capture.variables.torchfn import (CONTEXT_CLASSES, ResumedGradModeVariable, TorchFunctionVariable,
                                             is_torch_function)
 from coil.capture.variables.hops import HigherOrderVariable, hop_handler
 from coil.capture import frame as _frame
 from coil.capture.inspection import FrameVariable, OpaqueCallableVariable, OpaqueObjectVariable
+
+
+_FUNCTION_APPLY = torch.autograd.Function.apply.__func__
+
+#: numpy functions without side effects, folded on constant arguments (numpy arrays among them: NumpyArrayVariable)
+_NUMPY_PURE = frozenset(
+    "array asarray arange zeros ones full zeros_like ones_like full_like linspace concatenate stack vstack hstack "
+    "reshape transpose where sum prod cumsum cumprod mean max min amax amin argmax argmin argsort sort unique clip "
+    "repeat tile flip roll diff nonzero round floor ceil abs all any isin searchsorted squeeze expand_dims "
+    "broadcast_to pad take dot matmul outer eye identity tril triu count_nonzero ravel".split())
+
+
+def _numpy_pure(value) -> bool:
+    np = __import__("sys").modules.get("numpy")
+    name = getattr(value, "__name__", None)
+    return np is not None and name in _NUMPY_PURE and getattr(np, name, None) is value
 
 
 def wrap_constant_result(tx, value: Any) -> VariableTracker:
@@ -51,6 +68,8 @@ def wrap_constant_result(tx, value: Any) -> VariableTracker:
                                                types.CodeType, __import__("dataclasses").Field)) or \
             type(value).__module__ == "numpy" and getattr(value, "ndim", 1) == 0:  # a numpy scalar (np.sqrt(d))
         return ConstantVariable(value)
+    if type(value).__name__ == "ndarray" and type(value).__module__ == "numpy":   # np.array([64, 128]) // 8
+        return NumpyArrayVariable(value)
     return wrap(tx, value, None)
 
 
@@ -258,6 +277,12 @@ def _build(tx, value, source, gs) -> VariableTracker:
     if isinstance(value, types.MethodType) and isinstance(value.__func__, functools._lru_cache_wrapper) and \
             source is not None:   # ``logger.warning_once(msg)``: called as an lru_cache function (objects.py)
         return UserDefinedObjectVariable(value, source)
+    if isinstance(value, types.MethodType) and value.__func__ is _FUNCTION_APPLY and source is not None and \
+            isinstance(value.__self__, type):   # ``self.fn = MyFn.apply`` kept on a module (I-BERT's QuantAct)
+        if gs is not None:
+            gs.add(f"{expr}.__func__ is {gs.const(value.__func__)}", src=expr)
+        return AutogradFunctionApplyVariable(wrap(tx, value.__self__, AttrSource(source, "__self__"),
+                                                  guard=gs is not None))
     if isinstance(value, types.MethodType):
         self_src = AttrSource(source, "__self__") if source is not None else None
         fn_src = AttrSource(source, "__func__") if source is not None else None
@@ -277,6 +302,9 @@ def _build(tx, value, source, gs) -> VariableTracker:
     if isinstance(value, type):
         guard_is()
         return UserDefinedClassVariable(value, source)
+    if _numpy_pure(value):     # ``np.array([64, 128])``: folded on constants
+        guard_is()
+        return bi.PureFunctionVariable(value, source)
     if isinstance(value, (types.BuiltinFunctionType, types.MethodWrapperType,
                           types.MethodDescriptorType, types.WrapperDescriptorType)):
         mod = getattr(value, "__module__", None) or ""

@@ -27,7 +27,7 @@ import torch
 from coil.exc import Unsupported
 from coil.capture.source import TypeSource
 from coil.capture.translator import const_value
-from coil.capture.variables.base import ConstantVariable, KnownCallableVariable, VariableTracker
+from coil.capture.variables.base import ConstantVariable, KnownCallableVariable, NumpyArrayVariable, VariableTracker
 from coil.capture.variables.builder import wrap, wrap_constant_result
 from coil.capture.variables.containers import (DictVariable, GeneratorVariable, LazyIteratorVariable,
                                                ListIteratorVariable, ListVariable, NamedTupleVariable, SetVariable,
@@ -186,6 +186,8 @@ class PureFunctionVariable(KnownCallableVariable):
         try:
             return wrap_constant_result(tx, fn(*c, **kw))
         except Exception as e:  # noqa: BLE001
+            if any(isinstance(a, NumpyArrayVariable) for a in [*args, *kwargs.values()]):   # (``out=a``: read-only)
+                raise Unsupported(f"{getattr(fn, '__name__', fn)} on a numpy array raised {type(e).__name__}") from None
             raise UserCodeError(f"{type(e).__name__}: {e}") from e
 
 
@@ -632,6 +634,18 @@ def _getenv(tx, args, kwargs):  # os.environ.get: the value read is guarded (tra
     from coil.capture.variables.builder import EnvironVariable
 
     return EnvironVariable().call_method(tx, "get", args, kwargs)
+
+
+@builtin(sys.exc_info)
+def _exc_info(tx, args, kwargs):  # ``ExitStack.__exit__``: no exception handled here, and none by the caller (guarded)
+    t = tx
+    while t is not None:
+        if t.exc_stack or t.parent is None and sys.exc_info()[1] is not None:   # (the caller's, at this call)
+            raise Unsupported("sys.exc_info() while an exception is handled (tracebacks are not modelled)")
+        t = t.parent
+    gs = tx.output.guards
+    gs.add(f"{gs.const(sys.exc_info)}()[1] is None", note="sys.exc_info() in the frame: no exception handled")
+    return ConstantVariable((None, None, None))
 
 
 @builtin(object.__setattr__)

@@ -282,6 +282,80 @@ class ListVariable(BaseListVariable):
         return "[" + ", ".join(cg.reconstruct(i) for i in self.items) + "]"
 
 
+class DequeVariable(ListVariable):
+    """A ``collections.deque`` built in the frame (``ExitStack``'s callbacks, a ``deque(maxlen=n)`` rolling buffer):
+    a list of items whose appends past ``maxlen`` drop from the other end. Deques read from outside the frame stay
+    opaque."""
+
+    _METHODS = ("append", "appendleft", "pop", "popleft", "extend", "extendleft", "clear", "copy", "count", "index",
+                "remove", "reverse", "rotate", "__len__", "__contains__", "__getitem__", "__iter__", "__bool__")
+
+    def __init__(self, items, maxlen=None):
+        super().__init__(items[len(items) - maxlen:] if maxlen is not None and len(items) > maxlen else items)
+        self.maxlen = maxlen
+
+    def python_type(self):
+        return collections.deque
+
+    def var_getattr(self, tx, name):
+        if name == "maxlen":
+            return ConstantVariable(self.maxlen)
+        return method_getattr(self, tx, name)
+
+    def _trim(self, left: bool):
+        if self.maxlen is not None:
+            while len(self.items) > self.maxlen:
+                self.items.pop(-1 if left else 0)
+
+    def call_method(self, tx, name, args, kwargs):
+        items = self.items
+        if name not in self._METHODS or kwargs:
+            raise Unsupported(f"deque.{name}")
+        if name in ("pop", "popleft"):
+            if args or not items:
+                raise Unsupported(f"deque.{name} raising (user code)")
+            self._mutated(tx)
+            return items.pop(-1 if name == "pop" else 0)
+        if name in ("appendleft", "extendleft"):
+            self._mutated(tx)
+            for v in ([args[0]] if name == "appendleft" else tx.unpack(args[0])):
+                items.insert(0, v)
+                self._trim(True)
+            return ConstantVariable(None)
+        if name == "rotate":
+            n = args[0].as_python_constant() if args else 1
+            self._mutated(tx)
+            if items:
+                n %= len(items)
+                items[:] = items[-n:] + items[:-n] if n else items
+            return ConstantVariable(None)
+        if name == "copy":
+            return DequeVariable(list(items), self.maxlen)
+        if name == "__bool__":
+            return ConstantVariable(bool(items))
+        if name == "__iter__":
+            return self.iterator()
+        if name == "__getitem__" and not isinstance(_const_index(tx, args[0]), int):
+            raise Unsupported("deque index that is not an int")
+        res = super().call_method(tx, name, args, kwargs)
+        if name in ("append", "extend"):
+            self._trim(False)
+        return res
+
+    def _mutated(self, tx):
+        super()._mutated(tx)
+        self.version = getattr(self, "version", 0) + 1
+
+    def iterator(self):
+        """An iterator over the items now; a later change to the deque is eager's RuntimeError at its next step."""
+        it = ListIteratorVariable(self.items, container=self)     # (rebuilt at a break over the real deque)
+        it.deque, it.deque_version = self, getattr(self, "version", 0)
+        return it
+
+    def build_expr(self, cg):
+        return f"{cg.const_expr(collections.deque)}({super().build_expr(cg)}, {self.maxlen!r})"
+
+
 _PROXY_READS = ("__getitem__", "__len__", "__contains__", "get", "keys", "values", "items", "__iter__")
 
 
@@ -565,6 +639,8 @@ class ListIteratorVariable(VariableTracker):
         return self.kind != "iterator"
 
     def _check_size(self):
+        if (d := getattr(self, "deque", None)) is not None and getattr(d, "version", 0) != self.deque_version:
+            raise Unsupported("deque mutated during iteration (raised by user code)", hint="the frame runs eagerly")
         c = self.container
         if c is not None and not isinstance(c, ListVariable) and len(c.items) != self.size:
             # eager raises RuntimeError here; the frame runs eagerly so that it does

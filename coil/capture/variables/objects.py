@@ -21,6 +21,7 @@ import warnings
 import weakref
 
 import torch
+from torch.fx.experimental.proxy_tensor import get_proxy_mode
 
 from coil.exc import Unsupported
 from coil.capture.dynamic import RANDOM_DRAWS, random_draw
@@ -644,11 +645,29 @@ def _apply_target(cls, structs=None):
         ref = weakref.ref(cls)
 
         def apply(*args):
-            return ref().apply(*(_unflatten(s, args) for s in structs) if structs else args)
+            c = ref()
+            c = _marked_backward(c) if get_proxy_mode() is not None else c     # (AOT's joint trace)
+            return c.apply(*(_unflatten(s, args) for s in structs) if structs else args)
         apply.__name__ = apply.__qualname__ = f"{cls.__name__}_apply"
         apply.__module__ = "coil.capture.autograd_function"
         fn = apply if structs else _APPLY_TARGETS.setdefault(cls, apply)
     return fn
+
+
+def _marked_backward(cls):
+    """``cls`` whose backward, when autograd materializes its gradients, passes them through
+    :func:`coil.aot.partition.grad_in` first: the joint graph then shows where an undefined gradient becomes zeros
+    in eager. ``cls`` itself where it defines ``vjp`` (a subclass may not define both). Made per trace, not cached:
+    a cache keyed by ``cls`` holding its subclass would keep ``cls`` alive."""
+    if _static_lookup(cls, "vjp") is not _static_lookup(torch.autograd.Function, "vjp"):
+        return cls
+    from coil.aot.partition import grad_in
+
+    def backward(ctx, *grads):
+        if getattr(ctx, "materialize_grads", True):
+            grads = [grad_in(g) if isinstance(g, torch.Tensor) else g for g in grads]
+        return cls.backward(ctx, *grads)
+    return type(cls)(cls.__name__, (cls,), {"backward": staticmethod(backward), "__module__": cls.__module__})
 
 
 class UserDefinedClassVariable(ObjectVariableBase):

@@ -25,8 +25,8 @@ from torch._library.custom_ops import OPDEFS
 from coil.exc import Unsupported
 from coil.capture.meta_checks import cast_to_eager_dtype, check_call
 from coil.capture.substitutes import substitute
-from coil.capture.variables.base import (AttributeMissing, ConstantVariable, VariableTracker, instance_dict_attr,
-                                         wrap_constant_result)
+from coil.capture.variables.base import (AttributeMissing, ConstantVariable, NumpyArrayVariable, VariableTracker,
+                                         instance_dict_attr, wrap_constant_result)
 from coil.capture.variables.containers import (DictVariable, ListVariable, NamedTupleVariable, SliceVariable,
                                                TupleVariable)
 from coil.capture.variables.symbolic import SymNodeVariable, tensor_meta, wrap_sym
@@ -70,6 +70,8 @@ def to_node_arg(v: VariableTracker):
 
     if isinstance(v, NNModuleVariable):
         raise Unsupported("passing an nn.Module to a torch function")
+    if isinstance(v, NumpyArrayVariable):
+        raise Unsupported("a numpy array handed to torch", hint="the call runs eagerly")
     c = v.as_python_constant()
     if isinstance(c, (types.FunctionType, types.MethodType, functools.partial)):
         # a graph node cannot hold a Python function (torch.func.grad(f)(x) reaches

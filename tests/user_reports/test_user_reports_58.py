@@ -101,6 +101,47 @@ def test_group_norm_half_input_float_weight_backward_triton_matches(coil_reset):
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# Finding 2 (open, wrong strides): max_unpool2d of a channels-last input returns a contiguous (NCHW) tensor where eager
+# returns channels-last. Values and gradients are right, but anything stride-dependent downstream differs from eager:
+# torch.randn_like(out) draws its numbers in the output's memory order, so the same seed gives other values per element.
+# ---------------------------------------------------------------------------------------------------------------
+
+def _pool_unpool(x):
+    y, i = F.max_pool2d(x, 2, return_indices=True)
+    return F.max_unpool2d(y, i, 2)
+
+
+@pytest.mark.xfail(strict=True, reason="max_unpool2d of a channels-last input: coil returns NCHW strides, eager channels-last")
+def test_max_unpool2d_channels_last_input_keeps_eager_strides(coil_reset):
+    torch.manual_seed(0)
+    x = torch.randn(1, 2, 4, 4).contiguous(memory_format=torch.channels_last)
+    ref, out = _pool_unpool(x), coil.compile(_pool_unpool)(x)
+    torch.testing.assert_close(out, ref)
+    assert ref.stride() == (32, 1, 8, 2)
+    assert out.stride() == ref.stride()
+
+
+def test_max_unpool2d_channels_last_gradients_match(coil_reset, gpu_plan):
+    """The training values are right (cotangent built from the shape, not with randn_like)."""
+    torch.manual_seed(0)
+    w, b = torch.randn(6, 4, 1, 1), torch.randn(6)
+    x = torch.randn(2, 4, 8, 8).contiguous(memory_format=torch.channels_last)
+    cot = torch.randn(2, 6, 8, 8)
+
+    def f(x, w, b):
+        return _pool_unpool(F.conv2d(x, w, b))
+
+    grads = []
+    for fn in (f, coil.compile(f)):
+        a = [t.clone().requires_grad_() for t in (x, w, b)]
+        out = fn(*a)
+        out.backward(cot)
+        grads.append([out.detach()] + [t.grad for t in a])
+    for o, r in zip(grads[1], grads[0]):
+        torch.testing.assert_close(o, r, atol=1e-5, rtol=1e-4)
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # Passing cases (keep them passing): CNN-family training steps through the channels-last path
 # ---------------------------------------------------------------------------------------------------------------
 

@@ -31,14 +31,19 @@ def reinterpret(t: torch.Tensor, size, stride, offset: int) -> torch.Tensor:
     return t.as_strided(size, stride, t.storage_offset() + offset)
 
 
-def ensure_layout(t: torch.Tensor, size, stride) -> torch.Tensor:
+def ensure_layout(t: torch.Tensor, size, stride, dtype=None) -> torch.Tensor:
     """``t`` if its strides are ``stride`` (ignoring size-1 dims), else a copy that has
     them: extern kernels may pick another output layout than fake tensors predicted.
 
     ``t`` may be None: CUDA attention kernels return undefined tensors (None in Python) for outputs whose fake version
-    is an empty tensor (e.g. a debug mask); those are never read, so None passes through."""
+    is an empty tensor (e.g. a debug mask); those are never read, so None passes through. ``dtype`` (an output of a
+    multi-output op): converted to it when the kernel returned another, as the CPU ``native_group_norm`` of a bf16 input
+    with fp32 weights returns fp32 statistics where its meta function says bf16 (generated C++ code read them as bf16:
+    garbage gradients, user report 58)."""
     if t is None:
         return t
+    if dtype is not None and t.dtype != dtype:
+        t = t.to(dtype)
     st = t.stride()
     if st == stride:  # the common case: one tuple comparison
         return t
@@ -453,7 +458,7 @@ class WrapperCodegen:
                     if torch.Tag.dynamic_output_shape in getattr(b.parent.op, "tags", ()):
                         L.append(self._check_size(part, self._tuple(b.layout.size), b.parent.op))
                     L.append(f"    {b.name} = ensure_layout({part}, {self._tuple(b.layout.size)}, "
-                             f"{self._tuple(b.layout.stride)})")
+                             f"{self._tuple(b.layout.stride)}, {b.layout.dtype})")
                 ours.add(b.name)
             for n in dict.fromkeys(reads[i]):
                 if last_use.get(n) == i and n in ours and n not in out_names:

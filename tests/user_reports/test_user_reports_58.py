@@ -25,7 +25,7 @@ def gpu_plan(monkeypatch):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Finding 1 (open, silent wrong value): GroupNorm's backward with a bf16 / fp16 input and float32 weight (a conv
+# Finding 1 (fixed: the wrapper's ensure_layout converts a multi-output op's output to its predicted dtype; silent wrong value): GroupNorm's backward with a bf16 / fp16 input and float32 weight (a conv
 # followed by nn.GroupNorm under torch.autocast("cpu", bfloat16)) gives garbage gradients on the C++ backend.
 # On CPU, ATen's native_group_norm returns float32 mean / rstd for a half input with float32 weight, but its meta
 # function says bf16; coil's extern call keeps the meta dtype and the backward kernel reads the float32 buffers as
@@ -39,8 +39,6 @@ def _group_norm_grads(fn, x, w, b):
     return out, xi.grad, wi.grad, bi.grad
 
 
-@pytest.mark.xfail(strict=True, reason="native_group_norm's float32 mean/rstd (mixed-dtype CPU kernel) are read as "
-                                       "bf16 by the C++ backward kernel: garbage x.grad / weight.grad")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_group_norm_half_input_float_weight_backward_cpp(coil_reset, dtype):
     def f(x, w, b):
@@ -55,7 +53,6 @@ def test_group_norm_half_input_float_weight_backward_cpp(coil_reset, dtype):
         torch.testing.assert_close(o.float(), r.float(), rtol=2e-2, atol=2e-2)
 
 
-@pytest.mark.xfail(strict=True, reason="GroupNorm under bf16 autocast: the C++ backward reads float32 mean/rstd as bf16")
 def test_conv_group_norm_training_step_under_bf16_autocast_cpp(coil_reset, gpu_plan):
     torch.manual_seed(0)
     m = nn.Sequential(nn.Conv2d(5, 6, 1), nn.GroupNorm(3, 6))
@@ -71,8 +68,6 @@ def test_conv_group_norm_training_step_under_bf16_autocast_cpp(coil_reset, gpu_p
         torch.testing.assert_close(pc.grad, pe.grad, rtol=5e-2, atol=5e-2, msg=lambda s: f"{n}: {s}")
 
 
-@pytest.mark.xfail(strict=True, reason="GroupNorm bf16 input / float32 weight backward through torch.compile(backend='coil'): "
-                                       "the C++ kernel reads float32 mean/rstd as bf16")
 def test_group_norm_half_input_backward_through_torch_compile_backend_coil(coil_reset, dynamo_reset):
     def f(x, w, b):
         return F.group_norm(x, 3, w, b)

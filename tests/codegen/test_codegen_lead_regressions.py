@@ -374,8 +374,8 @@ def test_extern_inputs_keep_eagers_memory_order():
     copies = []
     orig = W.ensure_layout
 
-    def counting(t, size, stride):
-        out = orig(t, size, stride)
+    def counting(t, size, stride, dtype=None):
+        out = orig(t, size, stride, dtype)
         if out is not t:
             copies.append((size, stride))
         return out

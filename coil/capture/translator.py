@@ -474,6 +474,10 @@ class InstructionTranslatorBase:
             if not isinstance(a, TensorVariable) and op in _INPLACE_TO_OUT:
                 op = _INPLACE_TO_OUT[op]
             return call_op(self, "call_function", op, [a, b], {})
+        if (isinstance(a, DequeVariable) or isinstance(b, DequeVariable)) and not (
+                type(a) is type(b) and op in (operator.eq, operator.ne, operator.lt, operator.le, operator.gt,
+                                              operator.ge)):   # a deque is no list: == [..] is False, + keeps maxlen
+            raise Unsupported(f"operator {getattr(op, '__name__', op)} on a deque")
         if a.is_python_constant() and b.is_python_constant() and not isinstance(
                 a, (BaseFunctionVariable, UserDefinedClassVariable)):
             ca, cb = a.as_python_constant(), b.as_python_constant()

@@ -223,6 +223,16 @@ def test_numpy_array_built_in_the_frame_keeps_eager_semantics(coil_reset):
             arr[...] = -1                       # the caller owns it: the next call's array is unchanged
 
 
+def test_numpy_array_equals_a_list_elementwise(coil_reset):
+    """``a == [3, 1, 2]`` of a folded array is numpy's elementwise array (both orders, and ``!=``); the identity
+    fallback for objects without their own ``__eq__`` gave False (deque/numpy probe beside fuzz seed 1047)."""
+    np = __import__("numpy")
+    f = lambda x: (x + 1, np.array([3, 1, 2]) == [3, 1, 2], [4, 1, 3] != np.array([3, 1, 2]))  # noqa: E731
+    x = torch.randn(3)
+    for o, r in zip(coil.compile(f)(x)[1:], f(x)[1:]):
+        assert type(o) is np.ndarray and np.array_equal(o, r)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Finding 5 (fixed): ``self.fn = MyFunction.apply`` kept on a module (I-BERT's QuantLinear / QuantAct) was traced as
 # torch's Python ``Function.apply`` and broke at its ``super().apply`` (48 breaks in an I-BERT forward). Captured as

@@ -525,7 +525,7 @@ class InstructionTranslatorBase:
             return res
         if op in (operator.eq, operator.ne):
             for v in (a, b):    # identity is == only for objects whose class keeps object's __eq__/__ne__:
-                cls = type(v.value) if isinstance(v, NumpyArrayVariable) else self._object_class(v)   # (arrays: elementwise)
+                cls = type(v.value) if isinstance(v, NumpyArrayVariable) else self._object_class(v)  # (elementwise)
                 if cls is not None and (_static_lookup(cls, "__eq__") is not object.__eq__
                                         or _static_lookup(cls, "__ne__") is not object.__ne__):
                     raise Unsupported(f"operator {op.__name__} on {cls.__qualname__} objects (their own __eq__)")

@@ -311,6 +311,31 @@ def test_custom_function_reached_with_no_gradient_gets_eagers_zeros(coil_reset, 
     assert (m.w.grad is not None) == uses_identity and m.v.grad is None
 
 
+class _Pair(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, y):
+        return x * 2, y * 3
+
+    @staticmethod
+    def backward(ctx, g1, g2):
+        return g1 * 2, g2 * 3
+
+
+def test_custom_function_runs_with_one_output_gradient_undefined(coil_reset):
+    """A custom Function in the graph whose second output reaches only a graph output the loss never uses: eager runs
+    its backward (the first output has a gradient) on materialized zeros for the second, so ``y.grad`` is zeros; coil
+    dropped that gradient as undefined and left None (probe of the grad_in change beside fuzz seed 1047)."""
+    f = lambda x, y: (lambda a, b: (a, b + 1))(*_Pair.apply(x, y))  # noqa: E731
+    grads = []
+    for fn in (f, coil.compile(f)):
+        x, y = torch.ones(2, requires_grad=True), torch.ones(2, requires_grad=True)
+        fn(x, y)[0].sum().backward()
+        grads.append((x.grad, y.grad))
+    (ex, ey), (cx, cy) = grads
+    torch.testing.assert_close(cx, ex)
+    assert cy is not None and torch.equal(cy, ey)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Finding 6 (fixed): ``self.classifier = self.classifier.to(self.dtype)`` in forward (SwitchTransformers' router),
 # a no-op conversion, broke at ``param.data = param`` in Module._apply (36 breaks); ``t.to(t.dtype)`` was a new

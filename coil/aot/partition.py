@@ -427,16 +427,16 @@ def _sink_side(arcs: list, source, sink) -> Optional[set]:
 
 
 @torch.library.custom_op("coil::grad_in", mutates_args=())
-def grad_in(g: torch.Tensor) -> torch.Tensor:
+def grad_in(g: torch.Tensor, call: int) -> torch.Tensor:
     """A gradient entering a custom ``autograd.Function``'s backward in a traced joint graph (an identity, stripped
-    before compiling: :func:`strip_grad_in`). Autograd materializes an undefined one there as zeros when that node
-    runs (``ctx.materialize_grads``), where a built-in op's backward keeps it undefined: see
-    :func:`drop_undefined_tangents`."""
+    before compiling: :func:`strip_grad_in`; ``call`` numbers that backward's call, the same for all its gradients).
+    Autograd materializes an undefined one there as zeros when that node runs (``ctx.materialize_grads``), where a
+    built-in op's backward keeps it undefined: see :func:`drop_undefined_tangents`."""
     return g.clone()
 
 
 @grad_in.register_fake
-def _grad_in_fake(g):
+def _grad_in_fake(g, call):
     return torch.empty_like(g)
 
 
@@ -474,7 +474,7 @@ def drop_undefined_tangents(bw: torch.fx.GraphModule, num_saved: int, missing: t
     undefined (an undefined output is a None gradient), ``add`` of an undefined and a defined one is the defined one,
     any other op mixing them reads zeros for the undefined one. Tangents ``reached`` (of ``missing``) are outputs
     the backward pass reached with an undefined gradient: a custom Function's backward the undefined value enters
-    (:func:`grad_in`) runs in eager, on zeros."""
+    (:func:`grad_in`) runs in eager, on zeros; so it does where another gradient of that call is defined."""
     g = copy.deepcopy(bw.graph)
     places = [n for n in g.nodes if n.op == "placeholder"]
     undef, dep = {places[num_saved + k] for k in missing}, set(places[num_saved:])
@@ -488,7 +488,8 @@ def drop_undefined_tangents(bw: torch.fx.GraphModule, num_saved: int, missing: t
         if any(a in live for a in ins):
             live.add(n)
         if _is_grad_in(n) and n.args[0] in undef:
-            if n in live:       # materialized: zeros, a defined gradient from here on
+            # materialized (zeros, a defined gradient from here on) where the call's node runs
+            if n in live or any(m.args[0] not in undef for m in g.nodes if _is_grad_in(m) and m.args[1] == n.args[1]):
                 with g.inserting_before(n):
                     z = g.call_function(aten.zeros_like.default, (n.args[0],))
                 z.meta = dict(n.meta)

@@ -474,6 +474,10 @@ class InstructionTranslatorBase:
             if not isinstance(a, TensorVariable) and op in _INPLACE_TO_OUT:
                 op = _INPLACE_TO_OUT[op]
             return call_op(self, "call_function", op, [a, b], {})
+        if (isinstance(a, DequeVariable) or isinstance(b, DequeVariable)) and not (
+                type(a) is type(b) and op in (operator.eq, operator.ne, operator.lt, operator.le, operator.gt,
+                                              operator.ge)):   # a deque is no list: == [..] is False, + keeps maxlen
+            raise Unsupported(f"operator {getattr(op, '__name__', op)} on a deque")
         if a.is_python_constant() and b.is_python_constant() and not isinstance(
                 a, (BaseFunctionVariable, UserDefinedClassVariable)):
             ca, cb = a.as_python_constant(), b.as_python_constant()
@@ -521,7 +525,7 @@ class InstructionTranslatorBase:
             return res
         if op in (operator.eq, operator.ne):
             for v in (a, b):    # identity is == only for objects whose class keeps object's __eq__/__ne__:
-                cls = self._object_class(v)   # a C-level __eq__ (numpy scalars: np.int64(0) == 0) decides itself
+                cls = type(v.value) if isinstance(v, NumpyArrayVariable) else self._object_class(v)  # (elementwise)
                 if cls is not None and (_static_lookup(cls, "__eq__") is not object.__eq__
                                         or _static_lookup(cls, "__ne__") is not object.__ne__):
                     raise Unsupported(f"operator {op.__name__} on {cls.__qualname__} objects (their own __eq__)")

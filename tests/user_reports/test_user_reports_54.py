@@ -303,6 +303,38 @@ def test_deque_built_in_the_frame_is_traced(coil_reset):
         coil.compile(lambda t: (t, collections.deque().pop()))(x)
 
 
+def test_deque_operators_are_not_list_operators(coil_reset):
+    """A traced deque is no list under operators: ``deque == [1, 2]`` and ``== (1, 2)`` are False, ``d + d2`` and
+    ``d * 2`` are deques that keep ``d``'s maxlen, ``d + [3]`` raises (the deque fuzz probe, 2026-12-06: coil gave
+    True, True and lists, and concatenated the list)."""
+    import collections
+    D = collections.deque
+
+    def f(x):
+        return x + 1, D([1, 2]) == [1, 2], D([1, 2]) == (1, 2), D([1, 2], 3) + D([3, 4]), D([1, 2], 3) * 2
+
+    x = torch.randn(3)
+    out, ref = coil.compile(f)(x), f(x)
+    assert out[1:3] == ref[1:3] == (False, False)
+    for o, r in zip(out[3:], ref[3:]):
+        assert type(o) is D and o.maxlen == r.maxlen == 3 and list(o) == list(r)
+    with pytest.raises(TypeError, match="can only concatenate deque"):
+        coil.compile(lambda t: (t, D([1]) + [2]))(x)
+
+
+def test_list_and_deque_index_honour_start_and_stop(coil_reset):
+    """``[1, 2, 1].index(1, 1)`` is 2: the traced ``index`` searched from 0 whatever its bounds (lists built in the
+    frame and deques; found probing deques beside fuzz seed 1047)."""
+    import collections
+
+    def f(x):
+        a, d = [1, 2, 1, 1], collections.deque([1, 2, 1])
+        return x + 1, a.index(1, 1), a.index(1, -2, 4), d.index(1, 1), a.index(2, -9, 2)
+
+    x = torch.randn(3)
+    assert coil.compile(f)(x)[1:] == f(x)[1:] == (2, 2, 2, 1)
+
+
 def test_sys_exc_info_sees_the_callers_exception(coil_reset):
     """``sys.exc_info()`` (ExitStack's ``__exit__``) folds to no exception, guarded: called from the caller's
     ``except`` block, eager's sees the caller's exception, and so does the compiled function."""

@@ -223,6 +223,16 @@ def test_numpy_array_built_in_the_frame_keeps_eager_semantics(coil_reset):
             arr[...] = -1                       # the caller owns it: the next call's array is unchanged
 
 
+def test_numpy_array_equals_a_list_elementwise(coil_reset):
+    """``a == [3, 1, 2]`` of a folded array is numpy's elementwise array (both orders, and ``!=``); the identity
+    fallback for objects without their own ``__eq__`` gave False (deque/numpy probe beside fuzz seed 1047)."""
+    np = __import__("numpy")
+    f = lambda x: (x + 1, np.array([3, 1, 2]) == [3, 1, 2], [4, 1, 3] != np.array([3, 1, 2]))  # noqa: E731
+    x = torch.randn(3)
+    for o, r in zip(coil.compile(f)(x)[1:], f(x)[1:]):
+        assert type(o) is np.ndarray and np.array_equal(o, r)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Finding 5 (fixed): ``self.fn = MyFunction.apply`` kept on a module (I-BERT's QuantLinear / QuantAct) was traced as
 # torch's Python ``Function.apply`` and broke at its ``super().apply`` (48 breaks in an I-BERT forward). Captured as
@@ -299,6 +309,31 @@ def test_custom_function_reached_with_no_gradient_gets_eagers_zeros(coil_reset, 
         if p.grad is not None:
             torch.testing.assert_close(q.grad, p.grad)
     assert (m.w.grad is not None) == uses_identity and m.v.grad is None
+
+
+class _Pair(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, y):
+        return x * 2, y * 3
+
+    @staticmethod
+    def backward(ctx, g1, g2):
+        return g1 * 2, g2 * 3
+
+
+def test_custom_function_runs_with_one_output_gradient_undefined(coil_reset):
+    """A custom Function in the graph whose second output reaches only a graph output the loss never uses: eager runs
+    its backward (the first output has a gradient) on materialized zeros for the second, so ``y.grad`` is zeros; coil
+    dropped that gradient as undefined and left None (probe of the grad_in change beside fuzz seed 1047)."""
+    f = lambda x, y: (lambda a, b: (a, b + 1))(*_Pair.apply(x, y))  # noqa: E731
+    grads = []
+    for fn in (f, coil.compile(f)):
+        x, y = torch.ones(2, requires_grad=True), torch.ones(2, requires_grad=True)
+        fn(x, y)[0].sum().backward()
+        grads.append((x.grad, y.grad))
+    (ex, ey), (cx, cy) = grads
+    torch.testing.assert_close(cx, ex)
+    assert cy is not None and torch.equal(cy, ey)
 
 
 # ---------------------------------------------------------------------------------------------------------------

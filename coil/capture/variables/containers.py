@@ -120,8 +120,9 @@ class BaseListVariable(VariableTracker):
             return ConstantVariable(len(self.items))
         if name == "__contains__":
             return ConstantVariable(tx.contains(self.items, args[0]))
-        if name == "index":
-            for i, it in enumerate(self.items):
+        if name == "index":    # (start and stop clamp as a slice's bounds do)
+            lo, hi, _ = slice(*([a.as_python_constant() for a in args[1:3]] + [None] * 2)[:2]).indices(len(self.items))
+            for i, it in zip(range(lo, hi), self.items[lo:hi]):
                 if tx.values_equal(it, args[0]):
                     return ConstantVariable(i)
             raise Unsupported("list.index: value not found")

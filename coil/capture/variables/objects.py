@@ -665,7 +665,7 @@ def _marked_backward(cls):
 
     def backward(ctx, *grads):
         if getattr(ctx, "materialize_grads", True):
-            grads = [grad_in(g) if isinstance(g, torch.Tensor) else g for g in grads]
+            grads = [grad_in(g, id(ctx)) if isinstance(g, torch.Tensor) else g for g in grads]
         return cls.backward(ctx, *grads)
     return type(cls)(cls.__name__, (cls,), {"backward": staticmethod(backward), "__module__": cls.__module__})
 

@@ -24,7 +24,7 @@ from torch.utils._sympy.printers import PythonPrinter
 from coil import trace
 from coil.exc import CoilError
 from coil.aot.functional import JointInfo, ProgramInfo
-from coil.runtime.cudagraph_trees import cudagraphify
+from coil.runtime.cudagraph_trees import dtype_groups, cudagraphify
 
 DOUBLE_BACKWARD_MESSAGE = (
     "coil.aot: double backward through a compiled graph is not supported (its backward graph was compiled without a "
@@ -35,25 +35,20 @@ DOUBLE_BACKWARD_MESSAGE = (
 def _copy_untracked(dsts: list, srcs: list) -> None:
     """``dst.copy_(src)`` for each pair under ``no_grad``, then empties both lists.
 
-    Pairs of one device and dtypes go through one ``torch._foreach_copy_`` (on CUDA one multi-tensor kernel for dense
-    tensors instead of a copy launch each: a ResNet-50 training step updates 159 BatchNorm buffers). The groups matter:
-    ATen's fast path takes one dtype only, and a list that mixes BatchNorm's float running stats with its int64
-    ``num_batches_tracked`` ran a copy each (DenseNet-121: 363 device memcpys a step). The order of the copies cannot
-    matter: mutated inputs never share memory here (aot/compile.py refuses that at compile time and runs such calls
-    eagerly)."""
+    Pairs of one device and dtype (:func:`~coil.runtime.cudagraph_trees.dtype_groups`) go through one
+    ``torch._foreach_copy_`` (on CUDA one multi-tensor kernel for dense tensors instead of a copy launch each: a
+    ResNet-50 training step updates 159 BatchNorm buffers). The groups matter: ATen's fast path takes one dtype only,
+    and a list that mixes BatchNorm's float running stats with its int64 ``num_batches_tracked`` ran a copy each
+    (DenseNet-121: 363 device memcpys a step). The order of the copies cannot matter: mutated inputs never share
+    memory here (aot/compile.py refuses that at compile time and runs such calls eagerly)."""
     if not dsts:
         return
-    groups: dict = {}
-    for d, s in zip(dsts, srcs):
-        g = groups.setdefault((d.device, d.dtype, s.dtype), ([], []))
-        g[0].append(d)
-        g[1].append(s)
     with torch.no_grad():
-        for ds, ss in groups.values():
-            if len(ds) == 1:
-                ds[0].copy_(ss[0])
+        for group in dtype_groups(list(zip(srcs, dsts))):
+            if len(group) == 1:
+                group[0][1].copy_(group[0][0])
             else:
-                torch._foreach_copy_(ds, ss)
+                torch._foreach_copy_([d for _, d in group], [s for s, _ in group])
     dsts.clear()
     srcs.clear()
 

@@ -41,8 +41,8 @@ class Node:
         self.tree, self.fn, self.sig, self.parent = tree, fn, sig, parent
         self.graph, self.plan = graph, plan
         self.copied, self.placeholders = copied, placeholders
-        #: (indices, placeholders) of one device and dtype each, when the placeholders mix dtypes (:func:`_dtype_groups`)
-        self._copy_groups = _dtype_groups(list(enumerate(placeholders)))
+        #: (index, placeholder) pairs in lists of one device and dtype (:func:`dtype_groups`; one list: one copy call)
+        self._copy_groups = dtype_groups(list(enumerate(placeholders)))
         #: (argument index, data pointer) read in place
         self.inplace = inplace
         self.children: list = []
@@ -289,7 +289,7 @@ class Tree:
         node = Node(self, fn, sig, parent, graph, plan, copied, placeholders, inplace, args)
         node.consumes = lent
         # an argument copied into a placeholder that the graph writes in place: copied back after each replay
-        node.writeback = _dtype_groups([(i, p) for i, p in zip(copied, placeholders) if i in written])
+        node.writeback = dtype_groups([(i, p) for i, p in zip(copied, placeholders) if i in written])
         (parent.children if parent is not None else self.roots).append(node)
         self.all_nodes.append(node)
         for ptr, _, _ in plan.slots:
@@ -438,10 +438,10 @@ def _same(args):
     return args
 
 
-def _dtype_groups(pairs: list) -> list:
-    """``pairs`` of (index, placeholder) in lists of one device and dtype, in first-seen order: ``_foreach_copy_``
-    takes its multi-tensor fast path for one dtype only, and a list that mixes float and int64 tensors (BatchNorm's
-    running stats and counters; token ids beside float inputs) ran one copy launch each."""
+def dtype_groups(pairs: list) -> list:
+    """``pairs`` of (anything, tensor) in lists of one device and tensor dtype, in first-seen order:
+    ``_foreach_copy_`` takes its multi-tensor fast path for one dtype only, and a list that mixes float and int64
+    tensors (BatchNorm's running stats and counters; token ids beside float inputs) ran one copy launch each."""
     groups: dict = {}
     for i, p in pairs:
         groups.setdefault((p.device, p.dtype), []).append((i, p))

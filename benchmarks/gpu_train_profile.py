@@ -130,6 +130,8 @@ def main() -> int:
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--pyprof", type=int, default=0,
                     help="also cProfile the host side of each compiler's steps: the top N functions by own time")
+    ap.add_argument("--trace-dir", default=None,
+                    help="write coil's compile log here (kernel sources, graphs) instead of a temporary folder")
     a = ap.parse_args()
     import coil
     from coil.bench.broad import BROAD_MODELS
@@ -143,7 +145,7 @@ def main() -> int:
     report = {}
     import tempfile
     from coil import trace
-    trace_dir = tempfile.mkdtemp(prefix="coil_train_profile_")
+    trace_dir = a.trace_dir or tempfile.mkdtemp(prefix="coil_train_profile_")
     for comp in a.compilers:
         torch._dynamo.reset()
         coil.reset()

@@ -182,11 +182,12 @@ register(aten.std_mean.correction)(_variance(True, True))
 
 
 @register(aten.native_layer_norm.default)
+@coil.capture.meta_checks.cpu_mixed_norm
 def native_layer_norm(x, normalized_shape, weight, bias, eps):
     """out = (x - mean) * rsqrt(var + eps) * w + b over the trailing dims.
 
     Returns (out, mean, rstd); mean/rstd have x's shape with the normalized dims set to 1, in float32 (x's dtype for
-    half inputs on CPU, as ATen does). Computed in :func:`_stat_dtype` (float64 on CPU): float32 rows of values near
+    half inputs on CPU without float32 weights, as ATen does). Computed in :func:`_stat_dtype` (float64 on CPU): float32 rows of values near
     1e20 and beyond, whose squares overflow float32, normalize to finite values close to float64's where eager's CPU
     kernel gives NaN (docs/ir.md, "Numerics").
     """
@@ -305,6 +306,17 @@ def _upsample_linear(x, output_size, align_corners, scales):
         else:
             out = aten.add.Tensor(aten.mul.Tensor(near, w0), aten.mul.Tensor(far, t))
     return _in_input_format(aten._to_copy.default(out, dtype=x.dtype) if acc != x.dtype else out, x)
+
+
+_TORCH_MAX_UNPOOL2D = _decomp.decomposition_table[aten.max_unpool2d.default]
+
+
+@register(aten.max_unpool2d.default)
+def max_unpool2d(x, indices, output_size):
+    """torch's decomposition, laid out as eager's CPU kernel lays it out: in x's memory format (channels-last in,
+    channels-last out; torch's gave NCHW strides, and ``randn_like`` of it other numbers than eager's)."""
+    out = _TORCH_MAX_UNPOOL2D(x, indices, output_size)
+    return _in_input_format(out, x) if x.device.type == "cpu" else out
 
 
 register(aten.upsample_linear1d.default)(lambda x, size, corners, s=None: _upsample_linear(x, size, corners, [s]))

@@ -262,10 +262,28 @@ def eager_layout(fn: Callable) -> Callable:
     return laid_out
 
 
+def cpu_mixed_norm(fn: Callable) -> Callable:
+    """``fn`` (a norm's meta kernel or decomposition) with eager's CPU dtypes for a half input with float32 weights,
+    bias or running stats (ATen's "mixed type": float32 statistics, where torch's give the input's dtype): run on the
+    input in float32 (as eager computes), the normalized output cast back."""
+    def mixed(x, *args, **kwargs):  # (a fake tensor's device is "meta" inside a meta kernel)
+        if getattr(x, "fake_device", x.device).type != "cpu" or x.dtype not in (torch.float16, torch.bfloat16) or not any(
+                isinstance(a, torch.Tensor) and a.dtype == torch.float32 for a in args):
+            return fn(x, *args, **kwargs)
+        out = fn(torch.ops.aten._to_copy.default(x, dtype=torch.float32), *args, **kwargs)
+        return (torch.ops.aten._to_copy.default(out[0], dtype=x.dtype), *out[1:])
+    return mixed
+
+
+_aten = torch.ops.aten
+MIXED_NORM_OPS = [_aten.native_group_norm.default, _aten.native_layer_norm.default, _aten.native_batch_norm.default,
+                  _aten._native_batch_norm_legit.default, _aten._native_batch_norm_legit.no_stats,
+                  _aten._native_batch_norm_legit_functional.default, _aten._native_batch_norm_legit_no_training.default]
 _LIB, _TABLE = torch.library.Library("aten", "IMPL"), torch._decomp.decomposition_table
-for _op in EAGER_LAYOUT_OPS:
+_FAKE = torch._subclasses.fake_impls.op_implementations_dict
+for _op, _wrap in [(op, eager_layout) for op in EAGER_LAYOUT_OPS] + [(op, cpu_mixed_norm) for op in MIXED_NORM_OPS]:
     if (_meta := _op.py_kernels.get(torch._C.DispatchKey.Meta)) is not None:  # (torch versions differ)
-        _meta = eager_layout(_meta)
+        _meta = _wrap(_meta)
         try:
             _LIB.impl(_op, _meta, "Meta")  # (fake tensors)
         except RuntimeError:  # a torch that refuses the override: the op keeps torch's layout (import must not fail)
@@ -273,4 +291,6 @@ for _op in EAGER_LAYOUT_OPS:
         _op.py_kernels[torch._C.DispatchKey.Meta] = _meta  # (the python dispatcher: symbolic traces)
         _op._dispatch_cache.clear()
     if _op in _TABLE:  # (fake tensors under symbolic shapes, and core ATen's decompositions, so coil's)
-        _TABLE[_op] = eager_layout(_TABLE[_op])
+        _TABLE[_op] = _wrap(_TABLE[_op])
+    if _op in _FAKE:  # (fake tensors' own rule: native_layer_norm's runs its reference, as the table does)
+        _FAKE[_op] = lambda mode, func, *args, **kwargs: _TABLE[func](*args, **kwargs)

@@ -19,9 +19,10 @@ import torch
 import torch._decomp
 import torch.utils._pytree as pytree
 from torch._subclasses.fake_tensor import unset_fake_temporarily
-from torch.fx.experimental.symbolic_shapes import statically_known_true
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols, statically_known_true
 
 from coil import trace
+from coil.exc import Unsupported
 
 
 def _type_name(dtype: torch.dtype) -> str:
@@ -74,6 +75,15 @@ def _pad(args, kwargs) -> None:
     if isinstance(pad, (list, tuple)) and pad and all(type(p) is int for p in pad):
         trailing = (2 * max(map(abs, pad)) + 1,) * (len(pad) // 2)
         _probe_dtypes(torch.nn.functional.pad, trailing=trailing)(args, kwargs)
+
+
+def _squeeze(args, kwargs) -> None:
+    """``squeeze`` of a dim of unbacked size: the meta kernel keeps it (assumed not 1), eager drops it where it is 1, a
+    shape the graph cannot follow: a graph break (``x[mask].squeeze(0)`` of one selected row was (1, n), eager's (n,))."""
+    x, dims = _arg(args, kwargs, 0, "input"), _arg(args, kwargs, 1, "dim")
+    dims = range(x.dim()) if dims is None else [dims] if isinstance(dims, int) else dims
+    if any(free_unbacked_symbols(x.shape[d]) and not statically_known_true(x.shape[d] != 1) for d in dims):
+        raise Unsupported("squeeze of a dim of data-dependent size", hint="the call runs outside the graph")
 
 
 def _interpolate(args, kwargs) -> None:
@@ -180,7 +190,7 @@ _INDEXED = {"index_select": (2, "index"), "index_add": (2, "index"), "index_fill
 #: op name (method or function, no trailing ``_``) -> check of its fake arguments
 CHECKS: dict[str, Callable] = {"index_add": _index_add, "index_copy": _index_copy, "index_put": _index_put,
                                "setitem": _setitem, "__setitem__": _setitem, "softmax": _dim, "softmin": _dim,
-                               "sort": _dim, "pad": _pad, "interpolate": _interpolate, "upsample": _interpolate}
+                               "sort": _dim, "pad": _pad, "squeeze": _squeeze, "interpolate": _interpolate, "upsample": _interpolate}
 
 
 def check_graph(gm: torch.fx.GraphModule) -> None:
@@ -194,8 +204,11 @@ def check_graph(gm: torch.fx.GraphModule) -> None:
 
     for node in list(gm.graph.nodes):
         if node.op in ("call_function", "call_method"):
-            dtype = check_call(node.op, node.target, [val(a) for a in node.args],
-                               {k: val(v) for k, v in node.kwargs.items()})
+            try:
+                dtype = check_call(node.op, node.target, [val(a) for a in node.args],
+                                   {k: val(v) for k, v in node.kwargs.items()})
+            except Unsupported:  # (a graph break for coil's capture; torch's graph keeps the call)
+                continue
             fake = val(node)
             if isinstance(fake, torch.Tensor) and dtype not in (None, fake.dtype):
                 cast, _ = cast_to_eager_dtype(gm.graph, node, fake, dtype)
@@ -266,12 +279,12 @@ def cpu_mixed_norm(fn: Callable) -> Callable:
     """``fn`` (a norm's meta kernel or decomposition) with eager's CPU dtypes for a half input with float32 weights,
     bias or running stats (ATen's "mixed type": float32 statistics, where torch's give the input's dtype): run on the
     input in float32 (as eager computes), the normalized output cast back."""
-    def mixed(x, *args, **kwargs):  # (a fake tensor's device is "meta" inside a meta kernel)
-        if getattr(x, "fake_device", x.device).type != "cpu" or x.dtype not in (torch.float16, torch.bfloat16) or not any(
-                isinstance(a, torch.Tensor) and a.dtype == torch.float32 for a in args):
+    def mixed(x, *args, **kwargs):  # (a fake tensor's device is "meta" inside a meta kernel: its fake_device)
+        if getattr(x, "fake_device", x.device).type != "cpu" or x.dtype not in (torch.float16, torch.bfloat16) or \
+                not any(isinstance(a, torch.Tensor) and a.dtype == torch.float32 for a in args):
             return fn(x, *args, **kwargs)
-        out = fn(torch.ops.aten._to_copy.default(x, dtype=torch.float32), *args, **kwargs)
-        return (torch.ops.aten._to_copy.default(out[0], dtype=x.dtype), *out[1:])
+        out = fn(_aten._to_copy.default(x, dtype=torch.float32), *args, **kwargs)
+        return (_aten._to_copy.default(out[0], dtype=x.dtype), *out[1:])
     return mixed
 
 

@@ -187,9 +187,9 @@ def native_layer_norm(x, normalized_shape, weight, bias, eps):
     """out = (x - mean) * rsqrt(var + eps) * w + b over the trailing dims.
 
     Returns (out, mean, rstd); mean/rstd have x's shape with the normalized dims set to 1, in float32 (x's dtype for
-    half inputs on CPU without float32 weights, as ATen does). Computed in :func:`_stat_dtype` (float64 on CPU): float32 rows of values near
-    1e20 and beyond, whose squares overflow float32, normalize to finite values close to float64's where eager's CPU
-    kernel gives NaN (docs/ir.md, "Numerics").
+    half inputs on CPU without float32 weights, as ATen does). Computed in :func:`_stat_dtype` (float64 on CPU):
+    float32 rows of values near 1e20 and beyond, whose squares overflow float32, normalize to finite values close to
+    float64's where eager's CPU kernel gives NaN (docs/ir.md, "Numerics").
     """
     axis = x.dim() - len(normalized_shape)
     dims = list(range(axis, x.dim()))
@@ -308,15 +308,20 @@ def _upsample_linear(x, output_size, align_corners, scales):
     return _in_input_format(aten._to_copy.default(out, dtype=x.dtype) if acc != x.dtype else out, x)
 
 
-_TORCH_MAX_UNPOOL2D = _decomp.decomposition_table[aten.max_unpool2d.default]
+def _eager_cpu_format(op, when: Callable = lambda *args: True) -> None:
+    """torch's decomposition of ``op``, its result in x's memory format on CPU where ``when(*args)``, as eager's CPU
+    kernel allocates it: max_unpool2d and roll (over dims) of a channels-last input are channels-last (torch's gave
+    NCHW strides, and ``randn_like`` of the result other numbers than eager's)."""
+    torchs = _decomp.decomposition_table[op]
+
+    def decomposition(x, *args):
+        out = torchs(x, *args)
+        return _in_input_format(out, x) if x.device.type == "cpu" and when(*args) else out
+    register(op)(decomposition)
 
 
-@register(aten.max_unpool2d.default)
-def max_unpool2d(x, indices, output_size):
-    """torch's decomposition, laid out as eager's CPU kernel lays it out: in x's memory format (channels-last in,
-    channels-last out; torch's gave NCHW strides, and ``randn_like`` of it other numbers than eager's)."""
-    out = _TORCH_MAX_UNPOOL2D(x, indices, output_size)
-    return _in_input_format(out, x) if x.device.type == "cpu" else out
+_eager_cpu_format(aten.max_unpool2d.default)
+_eager_cpu_format(aten.roll.default, lambda shifts, dims=(): dims not in ((), []))
 
 
 register(aten.upsample_linear1d.default)(lambda x, size, corners, s=None: _upsample_linear(x, size, corners, [s]))

@@ -313,11 +313,8 @@ def _eager_cpu_format(op, when: Callable = lambda *args: True) -> None:
     kernel allocates it: max_unpool2d and roll (over dims) of a channels-last input are channels-last (torch's gave
     NCHW strides, and ``randn_like`` of the result other numbers than eager's)."""
     torchs = _decomp.decomposition_table[op]
-
-    def decomposition(x, *args):
-        out = torchs(x, *args)
-        return _in_input_format(out, x) if x.device.type == "cpu" and when(*args) else out
-    register(op)(decomposition)
+    register(op)(lambda x, *args: _in_input_format(torchs(x, *args), x) if x.device.type == "cpu" and when(*args)
+                 else torchs(x, *args))
 
 
 _eager_cpu_format(aten.max_unpool2d.default)

@@ -190,7 +190,8 @@ _INDEXED = {"index_select": (2, "index"), "index_add": (2, "index"), "index_fill
 #: op name (method or function, no trailing ``_``) -> check of its fake arguments
 CHECKS: dict[str, Callable] = {"index_add": _index_add, "index_copy": _index_copy, "index_put": _index_put,
                                "setitem": _setitem, "__setitem__": _setitem, "softmax": _dim, "softmin": _dim,
-                               "sort": _dim, "pad": _pad, "squeeze": _squeeze, "interpolate": _interpolate, "upsample": _interpolate}
+                               "sort": _dim, "pad": _pad, "squeeze": _squeeze, "interpolate": _interpolate,
+                               "upsample": _interpolate}
 
 
 def check_graph(gm: torch.fx.GraphModule) -> None:
@@ -239,17 +240,14 @@ def check_call(kind: str, target, args: list, kwargs: dict) -> Optional[torch.dt
     if check is not None:
         check(args, kwargs)
     base = name.strip("_") if name else ""
-    # operator.ipow / __rpow__ / add_: the op itself
-    if base and (base in _DTYPE_RESTRICTED or base[:1] in "ir" and base[1:] in _DTYPE_RESTRICTED):
-        real = _probe_dtypes(target)(args, kwargs)
-        return real.dtype if isinstance(real, torch.Tensor) else None
     if base in _INDEXED and any(isinstance(t, torch.Tensor) and t.is_floating_point()
                                 for t in pytree.tree_leaves(_arg(args, kwargs, *_INDEXED[base]))):
         _probe_dtypes(target, mixed=True, always=True)(args, kwargs)  # eager's error for a float index
-    if base in _MIXED_RESTRICTED:
-        real = _probe_dtypes(target, mixed=True)(args, kwargs)
+    # operator.ipow / __rpow__ / add_: the op itself
+    ints = base and (base in _DTYPE_RESTRICTED or base[:1] in "ir" and base[1:] in _DTYPE_RESTRICTED)
+    if ints or base in _MIXED_RESTRICTED:
+        real = _probe_dtypes(target, mixed=not ints)(args, kwargs)
         return real.dtype if isinstance(real, torch.Tensor) else None
-    return None
 
 
 #: TensorIterator ops whose meta kernels are torch's references or decompositions, which lay the result out as their

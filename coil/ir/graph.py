@@ -1061,19 +1061,19 @@ def _empty_eager(node: torch.fx.Node, memo: dict) -> Optional[torch.Tensor]:
     """Zero-element ``node`` as eager computes it: its ATen op run (free) on empty tensors that have the strides eager
     gives its inputs, so a zero-element graph output gets eager's strides, which fake tensors do not always give
     (``x.t().contiguous() + 1`` of a (0, 17) ``x``: eager (1, 17), fake (1, 1), since fake's elementwise rule takes
-    every empty tensor as contiguous; user report 4). A graph input, a value computed from tensors with elements (``x[:,
-    :0]``), a random op, or an op that fails on empty tensors stands for itself with its fake strides. None when
-    ``node`` is not a zero-element tensor with static sizes."""
+    every empty tensor as contiguous; user report 4). A graph input, a small tensor with elements (a 0-d scale, a
+    broadcast (17, 1) operand), a random op, or an op that fails on empty tensors stands for itself with its fake
+    strides. None when ``node`` is not a tensor of at most 4096 elements with static sizes."""
     if node in memo:
         return memo[node]
     memo[node] = None
     val = node.meta.get("val")
-    if not isinstance(val, torch.Tensor) or val.numel() != 0 or any(
-            not isinstance(v, int) for v in list(val.shape) + list(val.stride())):
+    if not isinstance(val, torch.Tensor) or any(not isinstance(v, int) for v in [*val.shape, *val.stride()]) \
+            or val.numel() > 4096:
         return None
     out = None
     with unset_fake_temporarily(), torch.no_grad():
-        if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload) \
+        if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload) and val.numel() == 0 \
                 and torch.Tag.nondeterministic_seeded not in node.target.tags:
             ins = {a: _empty_eager(a, memo) for a in node.all_input_nodes}
             if all(t is not None for t in ins.values()):

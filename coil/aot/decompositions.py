@@ -310,8 +310,7 @@ def _upsample_linear(x, output_size, align_corners, scales):
 
 def _eager_cpu_format(op, when: Callable = lambda *args: True) -> None:
     """torch's decomposition of ``op``, its result in x's memory format on CPU where ``when(*args)``, as eager's CPU
-    kernel allocates it: max_unpool2d and roll (over dims) of a channels-last input are channels-last (torch's gave
-    NCHW strides, and ``randn_like`` of the result other numbers than eager's)."""
+    kernel allocates it (channels-last in, channels-last out; torch's gave NCHW strides)."""
     torchs = _decomp.decomposition_table[op]
     register(op)(lambda x, *args: _in_input_format(torchs(x, *args), x) if x.device.type == "cpu" and when(*args)
                  else torchs(x, *args))

@@ -274,9 +274,8 @@ def eager_layout(fn: Callable) -> Callable:
 
 
 def cpu_mixed_norm(fn: Callable) -> Callable:
-    """``fn`` (a norm's meta kernel or decomposition) with eager's CPU dtypes for a half input with float32 weights,
-    bias or running stats (ATen's "mixed type": float32 statistics, where torch's give the input's dtype): run on the
-    input in float32 (as eager computes), the normalized output cast back."""
+    """``fn`` (a norm's meta or decomposition) run as eager's CPU "mixed type" kernel (half input, float32 weights or
+    stats: float32 statistics, where torch's gave the input's dtype): on the input in float32, the output cast back."""
     def mixed(x, *args, **kwargs):  # (a fake tensor's device is "meta" inside a meta kernel: its fake_device)
         if getattr(x, "fake_device", x.device).type != "cpu" or x.dtype not in (torch.float16, torch.bfloat16) or \
                 not any(isinstance(a, torch.Tensor) and a.dtype == torch.float32 for a in args):
@@ -289,7 +288,7 @@ def cpu_mixed_norm(fn: Callable) -> Callable:
 _aten = torch.ops.aten
 MIXED_NORM_OPS = [_aten.native_group_norm.default, _aten.native_layer_norm.default, _aten.native_batch_norm.default,
                   _aten._native_batch_norm_legit.default, _aten._native_batch_norm_legit.no_stats,
-                  _aten._native_batch_norm_legit_functional.default, _aten._native_batch_norm_legit_no_training.default]
+                  _aten._native_batch_norm_legit_functional.default]  # (_no_training calls _native_batch_norm_legit)
 _LIB, _TABLE = torch.library.Library("aten", "IMPL"), torch._decomp.decomposition_table
 _FAKE = torch._subclasses.fake_impls.op_implementations_dict
 for _op, _wrap in [(op, eager_layout) for op in EAGER_LAYOUT_OPS] + [(op, cpu_mixed_norm) for op in MIXED_NORM_OPS]:

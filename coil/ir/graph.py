@@ -582,13 +582,9 @@ class GraphLowering(torch.fx.Interpreter):
     def _spec_strides(self, o: OutputSpec):
         """The strides output ``o`` is returned with (ints), or None (not a tensor)."""
         try:
-            if o.kind == "view":
-                return tuple(int(v) for v in o.stride)
-            if o.kind == "buffer":
-                return tuple(int(v) for v in self.name_to_buffer[o.name].get_stride())
-        except (TypeError, KeyError, AttributeError):
+            return tuple(int(v) for v in (o.stride if o.kind == "view" else self.name_to_buffer[o.name].get_stride()))
+        except (TypeError, KeyError, AttributeError):  # (a value: no name)
             return None
-        return None
 
     # -- helpers --------------------------------------------------------------------------
     def _has_complex(self, args, kwargs) -> bool:
@@ -632,8 +628,7 @@ class GraphLowering(torch.fx.Interpreter):
             lay = d.data.layout
             if stride is not None and lay is not None and not _same_strides(lay, meta):
                 # a padded matmul result (its row stride), a channels-last convolution output
-                copy = TensorBox.create(Pointwise(r.get_device(), r.get_dtype(), r.make_loader(), r.get_size()))
-                return OutputSpec("buffer", copy.data.realize(stride).get_name())
+                return OutputSpec("buffer", self._materialize(r, stride).get_name())
             if stride is not None and lay is not None and lay.offset == 0 and \
                     [str(v) for v in lay.stride] != [str(v) for v in stride]:
                 # strides that differ only on size-1 dims: an as_strided view with the

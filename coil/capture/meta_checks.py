@@ -81,8 +81,11 @@ def _squeeze(args, kwargs) -> None:
     """``squeeze`` of a dim of unbacked size: the meta kernel keeps it (assumed not 1), eager drops it where it is 1, a
     shape the graph cannot follow: a graph break (``x[mask].squeeze(0)`` of one selected row was (1, n), eager's (n,))."""
     x, dims = _arg(args, kwargs, 0, "input"), _arg(args, kwargs, 1, "dim")
+    if not isinstance(x, torch.Tensor) or not free_unbacked_symbols(x.shape):
+        return
     dims = range(x.dim()) if dims is None else [dims] if isinstance(dims, int) else dims
-    if any(free_unbacked_symbols(x.shape[d]) and not statically_known_true(x.shape[d] != 1) for d in dims):
+    if any(type(d) is int and -x.dim() <= d < x.dim() and free_unbacked_symbols(x.shape[d])
+           and not statically_known_true(x.shape[d] != 1) for d in dims):
         raise Unsupported("squeeze of a dim of data-dependent size", hint="the call runs outside the graph")
 
 

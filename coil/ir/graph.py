@@ -1056,8 +1056,8 @@ def _empty_eager(node: torch.fx.Node, memo: dict) -> Optional[torch.Tensor]:
     """Zero-element ``node`` as eager computes it: its ATen op run (free) on empty tensors that have the strides eager
     gives its inputs, so a zero-element graph output gets eager's strides, which fake tensors do not always give
     (``x.t().contiguous() + 1`` of a (0, 17) ``x``: eager (1, 17), fake (1, 1), since fake's elementwise rule takes
-    every empty tensor as contiguous; user report 4). A graph input, a small tensor with elements (a 0-d scale, a
-    broadcast (17, 1) operand), a random op, or an op that fails on empty tensors stands for itself with its fake
+    every empty tensor as contiguous; user report 4). A graph input, a small tensor with elements (zeros: a 0-d scale,
+    a broadcast (17, 1) operand), a random op, or an op that fails on empty tensors stands for itself with its fake
     strides. None when ``node`` is not a tensor of at most 4096 elements with static sizes."""
     if node in memo:
         return memo[node]
@@ -1079,7 +1079,7 @@ def _empty_eager(node: torch.fx.Node, memo: dict) -> Optional[torch.Tensor]:
                     out = None
         if not isinstance(out, torch.Tensor) or list(out.shape) != list(val.shape) or out.dtype != val.dtype:
             try:
-                out = torch.empty_strided(tuple(val.shape), val.stride(), dtype=val.dtype, device=val.device)
+                out = torch.empty_strided(tuple(val.shape), val.stride(), dtype=val.dtype, device=val.device).zero_()
             except Exception:  # e.g. a device this process cannot allocate on
                 out = None
     memo[node] = out

@@ -182,13 +182,14 @@ register(aten.std_mean.correction)(_variance(True, True))
 
 
 @register(aten.native_layer_norm.default)
+@coil.capture.meta_checks.cpu_mixed_norm
 def native_layer_norm(x, normalized_shape, weight, bias, eps):
     """out = (x - mean) * rsqrt(var + eps) * w + b over the trailing dims.
 
     Returns (out, mean, rstd); mean/rstd have x's shape with the normalized dims set to 1, in float32 (x's dtype for
-    half inputs on CPU, as ATen does). Computed in :func:`_stat_dtype` (float64 on CPU): float32 rows of values near
-    1e20 and beyond, whose squares overflow float32, normalize to finite values close to float64's where eager's CPU
-    kernel gives NaN (docs/ir.md, "Numerics").
+    half inputs on CPU without float32 weights, as ATen does). Computed in :func:`_stat_dtype` (float64 on CPU):
+    float32 rows of values near 1e20 and beyond, whose squares overflow float32, normalize to finite values close to
+    float64's where eager's CPU kernel gives NaN (docs/ir.md, "Numerics").
     """
     axis = x.dim() - len(normalized_shape)
     dims = list(range(axis, x.dim()))
@@ -305,6 +306,18 @@ def _upsample_linear(x, output_size, align_corners, scales):
         else:
             out = aten.add.Tensor(aten.mul.Tensor(near, w0), aten.mul.Tensor(far, t))
     return _in_input_format(aten._to_copy.default(out, dtype=x.dtype) if acc != x.dtype else out, x)
+
+
+def _eager_cpu_format(op, when: Callable = lambda *args: True) -> None:
+    """torch's decomposition of ``op``, its result in x's memory format on CPU where ``when(*args)``, as eager's CPU
+    kernel allocates it (channels-last in, channels-last out; torch's gave NCHW strides)."""
+    torchs = _decomp.decomposition_table[op]
+    register(op)(lambda x, *args: _in_input_format(torchs(x, *args), x) if x.device.type == "cpu" and when(*args)
+                 else torchs(x, *args))
+
+
+_eager_cpu_format(aten.max_unpool2d.default)
+_eager_cpu_format(aten.roll.default, lambda shifts, dims=(): dims not in ((), []))
 
 
 register(aten.upsample_linear1d.default)(lambda x, size, corners, s=None: _upsample_linear(x, size, corners, [s]))

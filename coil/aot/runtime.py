@@ -463,7 +463,8 @@ def training_runner(compiled_fw: Callable, compiled_bw: Callable, info: ProgramI
             saved = vals[n_fw: n_fw + num_saved]
             ctx.tensor_mask = tensor_mask = [isinstance(s, torch.Tensor) for s in saved]
             ctx.others = [s for s, t in zip(saved, tensor_mask) if not t]
-            ctx.save_for_backward(*[s for s, t in zip(saved, tensor_mask) if t])
+            if any(tensor_mask):  # (else nothing is freed: a second backward through it runs, as eager's would)
+                ctx.save_for_backward(*[s for s, t in zip(saved, tensor_mask) if t])
             outs = tuple(vals[:n_fw])
             if any(isinstance(outs[k], torch.Tensor) and outs[k]._is_view() for k in computed):
                 outs = _own_outputs(outs, computed, vals, args)
@@ -483,7 +484,7 @@ def training_runner(compiled_fw: Callable, compiled_bw: Callable, info: ProgramI
         @staticmethod
         @opaque_to_torch_compile
         def backward(ctx, *grad_outs):
-            tensors, others = iter(ctx.saved_tensors), iter(ctx.others)
+            tensors, others = iter(ctx.saved_tensors if any(ctx.tensor_mask) else ()), iter(ctx.others)
             saved = [next(tensors) if t else next(others) for t in ctx.tensor_mask]
             missing = tuple(j for j, k in enumerate(tangent_pos) if grad_outs[k] is None)
             hit = getattr(ctx, "reached", None)

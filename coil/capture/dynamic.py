@@ -19,7 +19,8 @@ import sympy
 import torch
 from torch._guards import GuardSource, Source as _TorchSource
 from torch.fx.experimental.symbolic_shapes import DimDynamic, StatelessSymbolicContext, free_unbacked_symbols
-from torch.utils._sympy.value_ranges import ValueRanges
+from torch.utils._sympy.printers import PythonPrinter
+from torch.utils._sympy.value_ranges import ValueRanges, bound_sympy
 
 from coil import trace
 from coil.exc import Unsupported, UserError
@@ -352,6 +353,14 @@ def shape_guards(env, inputs: list, contiguous: set = frozenset(), at_call: Opti
                     if getattr(c, "is_number", False):
                         (asserts if free_unbacked_symbols(v.node._expr) else exprs).append(
                             f"{ref_text(f'{text}.{kind}()[{i}]')} == {int(c)}")
+    # facts the program asserted about sizes of dims marked unbacked (``torch._check``, a view's inferred -1 dividing
+    # them): the ShapeEnv defers them to runtime, and no graph node reads an input's size to check them there
+    syms = {v.node.expr: f"{text}.size()[{i}]" for text, fake in inputs if isinstance(fake, torch.Tensor)
+            for i, v in enumerate(fake.shape) if isinstance(v, torch.SymInt) and v.node.expr.is_symbol}
+    for ra in (ra for ras in env.deferred_runtime_asserts.values() for ra in ras):
+        if ra.expr.free_symbols <= syms.keys() and bound_sympy(ra.expr, env.var_to_range).lower is not sympy.true:
+            asserts.append(PythonPrinter().doprint(ra.expr.xreplace(
+                {s: sympy.Symbol(ref_text(syms[s])) for s in ra.expr.free_symbols})))
     # a symbolic float is finite (inf stays a constant: scalar_input); sympy drops `a != inf`
     exprs += [f"math.isfinite({ref_text(t)})" for t, f in inputs if isinstance(f, torch.SymFloat)]
     # a storage offset's 0/1 bound only: graphs never read offsets, so an input that is

@@ -19,9 +19,10 @@ import torch
 import torch._decomp
 import torch.utils._pytree as pytree
 from torch._subclasses.fake_tensor import unset_fake_temporarily
-from torch.fx.experimental.symbolic_shapes import statically_known_true
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols, statically_known_true
 
 from coil import trace
+from coil.exc import Unsupported
 
 
 def _type_name(dtype: torch.dtype) -> str:
@@ -74,6 +75,18 @@ def _pad(args, kwargs) -> None:
     if isinstance(pad, (list, tuple)) and pad and all(type(p) is int for p in pad):
         trailing = (2 * max(map(abs, pad)) + 1,) * (len(pad) // 2)
         _probe_dtypes(torch.nn.functional.pad, trailing=trailing)(args, kwargs)
+
+
+def _squeeze(args, kwargs) -> None:
+    """``squeeze`` of a dim of unbacked size: the meta kernel keeps it (assumed not 1), eager drops it where it is 1, a
+    shape the graph cannot follow: a graph break (``x[mask].squeeze(0)`` of one selected row was (1, n), eager's (n,))."""
+    x, dims = _arg(args, kwargs, 0, "input"), _arg(args, kwargs, 1, "dim")
+    if not isinstance(x, torch.Tensor) or not free_unbacked_symbols(x.shape):
+        return
+    dims = range(x.dim()) if dims is None else [dims] if isinstance(dims, int) else dims
+    if any(type(d) is int and -x.dim() <= d < x.dim() and free_unbacked_symbols(x.shape[d])
+           and not statically_known_true(x.shape[d] != 1) for d in dims):
+        raise Unsupported("squeeze of a dim of data-dependent size", hint="the call runs outside the graph")
 
 
 def _interpolate(args, kwargs) -> None:
@@ -180,7 +193,8 @@ _INDEXED = {"index_select": (2, "index"), "index_add": (2, "index"), "index_fill
 #: op name (method or function, no trailing ``_``) -> check of its fake arguments
 CHECKS: dict[str, Callable] = {"index_add": _index_add, "index_copy": _index_copy, "index_put": _index_put,
                                "setitem": _setitem, "__setitem__": _setitem, "softmax": _dim, "softmin": _dim,
-                               "sort": _dim, "pad": _pad, "interpolate": _interpolate, "upsample": _interpolate}
+                               "sort": _dim, "pad": _pad, "squeeze": _squeeze, "interpolate": _interpolate,
+                               "upsample": _interpolate}
 
 
 def check_graph(gm: torch.fx.GraphModule) -> None:
@@ -194,8 +208,11 @@ def check_graph(gm: torch.fx.GraphModule) -> None:
 
     for node in list(gm.graph.nodes):
         if node.op in ("call_function", "call_method"):
-            dtype = check_call(node.op, node.target, [val(a) for a in node.args],
-                               {k: val(v) for k, v in node.kwargs.items()})
+            try:
+                dtype = check_call(node.op, node.target, [val(a) for a in node.args],
+                                   {k: val(v) for k, v in node.kwargs.items()})
+            except Unsupported:  # (a graph break for coil's capture; torch's graph keeps the call)
+                continue
             fake = val(node)
             if isinstance(fake, torch.Tensor) and dtype not in (None, fake.dtype):
                 cast, _ = cast_to_eager_dtype(gm.graph, node, fake, dtype)
@@ -226,17 +243,14 @@ def check_call(kind: str, target, args: list, kwargs: dict) -> Optional[torch.dt
     if check is not None:
         check(args, kwargs)
     base = name.strip("_") if name else ""
-    # operator.ipow / __rpow__ / add_: the op itself
-    if base and (base in _DTYPE_RESTRICTED or base[:1] in "ir" and base[1:] in _DTYPE_RESTRICTED):
-        real = _probe_dtypes(target)(args, kwargs)
-        return real.dtype if isinstance(real, torch.Tensor) else None
     if base in _INDEXED and any(isinstance(t, torch.Tensor) and t.is_floating_point()
                                 for t in pytree.tree_leaves(_arg(args, kwargs, *_INDEXED[base]))):
         _probe_dtypes(target, mixed=True, always=True)(args, kwargs)  # eager's error for a float index
-    if base in _MIXED_RESTRICTED:
-        real = _probe_dtypes(target, mixed=True)(args, kwargs)
+    # operator.ipow / __rpow__ / add_: the op itself
+    ints = base and (base in _DTYPE_RESTRICTED or base[:1] in "ir" and base[1:] in _DTYPE_RESTRICTED)
+    if ints or base in _MIXED_RESTRICTED:
+        real = _probe_dtypes(target, mixed=not ints)(args, kwargs)
         return real.dtype if isinstance(real, torch.Tensor) else None
-    return None
 
 
 #: TensorIterator ops whose meta kernels are torch's references or decompositions, which lay the result out as their
@@ -262,10 +276,27 @@ def eager_layout(fn: Callable) -> Callable:
     return laid_out
 
 
+def cpu_mixed_norm(fn: Callable) -> Callable:
+    """``fn`` (a norm's meta or decomposition) run as eager's CPU "mixed type" kernel (half input, float32 weights or
+    stats: float32 statistics, where torch's gave the input's dtype): on the input in float32, the output cast back."""
+    def mixed(x, *args, **kwargs):  # (a fake tensor's device is "meta" inside a meta kernel: its fake_device)
+        if getattr(x, "fake_device", x.device).type != "cpu" or x.dtype not in (torch.float16, torch.bfloat16) or \
+                not any(isinstance(a, torch.Tensor) and a.dtype == torch.float32 for a in args):
+            return fn(x, *args, **kwargs)
+        out = fn(_aten._to_copy.default(x, dtype=torch.float32), *args, **kwargs)
+        return (_aten._to_copy.default(out[0], dtype=x.dtype), *out[1:])
+    return mixed
+
+
+_aten = torch.ops.aten
+MIXED_NORM_OPS = [_aten.native_group_norm.default, _aten.native_layer_norm.default, _aten.native_batch_norm.default,
+                  _aten._native_batch_norm_legit.default, _aten._native_batch_norm_legit.no_stats,
+                  _aten._native_batch_norm_legit_functional.default]  # (_no_training calls _native_batch_norm_legit)
 _LIB, _TABLE = torch.library.Library("aten", "IMPL"), torch._decomp.decomposition_table
-for _op in EAGER_LAYOUT_OPS:
+_FAKE = torch._subclasses.fake_impls.op_implementations_dict
+for _op, _wrap in [(op, eager_layout) for op in EAGER_LAYOUT_OPS] + [(op, cpu_mixed_norm) for op in MIXED_NORM_OPS]:
     if (_meta := _op.py_kernels.get(torch._C.DispatchKey.Meta)) is not None:  # (torch versions differ)
-        _meta = eager_layout(_meta)
+        _meta = _wrap(_meta)
         try:
             _LIB.impl(_op, _meta, "Meta")  # (fake tensors)
         except RuntimeError:  # a torch that refuses the override: the op keeps torch's layout (import must not fail)
@@ -273,4 +304,6 @@ for _op in EAGER_LAYOUT_OPS:
         _op.py_kernels[torch._C.DispatchKey.Meta] = _meta  # (the python dispatcher: symbolic traces)
         _op._dispatch_cache.clear()
     if _op in _TABLE:  # (fake tensors under symbolic shapes, and core ATen's decompositions, so coil's)
-        _TABLE[_op] = eager_layout(_TABLE[_op])
+        _TABLE[_op] = _wrap(_TABLE[_op])
+    if _op in _FAKE:  # (fake tensors' own rule: native_layer_norm's runs its reference, as the table does)
+        _FAKE[_op] = lambda mode, func, *args, **kwargs: _TABLE[func](*args, **kwargs)

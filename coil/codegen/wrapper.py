@@ -37,9 +37,7 @@ def ensure_layout(t: torch.Tensor, size, stride, dtype=None) -> torch.Tensor:
 
     ``t`` may be None: CUDA attention kernels return undefined tensors (None in Python) for outputs whose fake version
     is an empty tensor (e.g. a debug mask); those are never read, so None passes through. ``dtype`` (an output of a
-    multi-output op): converted to it when the kernel returned another, as the CPU ``native_group_norm`` of a bf16 input
-    with fp32 weights returns fp32 statistics where its meta function says bf16 (generated C++ code read them as bf16:
-    garbage gradients, user report 58)."""
+    multi-output op): converted to it where the kernel returned another than its meta kernel said (user report 58)."""
     if t is None:
         return t
     if dtype is not None and t.dtype != dtype:

@@ -582,13 +582,9 @@ class GraphLowering(torch.fx.Interpreter):
     def _spec_strides(self, o: OutputSpec):
         """The strides output ``o`` is returned with (ints), or None (not a tensor)."""
         try:
-            if o.kind == "view":
-                return tuple(int(v) for v in o.stride)
-            if o.kind == "buffer":
-                return tuple(int(v) for v in self.name_to_buffer[o.name].get_stride())
-        except (TypeError, KeyError, AttributeError):
+            return tuple(int(v) for v in (o.stride if o.kind == "view" else self.name_to_buffer[o.name].get_stride()))
+        except (TypeError, KeyError, AttributeError):  # (a value: no name)
             return None
-        return None
 
     # -- helpers --------------------------------------------------------------------------
     def _has_complex(self, args, kwargs) -> bool:
@@ -632,8 +628,7 @@ class GraphLowering(torch.fx.Interpreter):
             lay = d.data.layout
             if stride is not None and lay is not None and not _same_strides(lay, meta):
                 # a padded matmul result (its row stride), a channels-last convolution output
-                copy = TensorBox.create(Pointwise(r.get_device(), r.get_dtype(), r.make_loader(), r.get_size()))
-                return OutputSpec("buffer", copy.data.realize(stride).get_name())
+                return OutputSpec("buffer", self._materialize(r, stride).get_name())
             if stride is not None and lay is not None and lay.offset == 0 and \
                     [str(v) for v in lay.stride] != [str(v) for v in stride]:
                 # strides that differ only on size-1 dims: an as_strided view with the
@@ -1061,19 +1056,19 @@ def _empty_eager(node: torch.fx.Node, memo: dict) -> Optional[torch.Tensor]:
     """Zero-element ``node`` as eager computes it: its ATen op run (free) on empty tensors that have the strides eager
     gives its inputs, so a zero-element graph output gets eager's strides, which fake tensors do not always give
     (``x.t().contiguous() + 1`` of a (0, 17) ``x``: eager (1, 17), fake (1, 1), since fake's elementwise rule takes
-    every empty tensor as contiguous; user report 4). A graph input, a value computed from tensors with elements (``x[:,
-    :0]``), a random op, or an op that fails on empty tensors stands for itself with its fake strides. None when
-    ``node`` is not a zero-element tensor with static sizes."""
+    every empty tensor as contiguous; user report 4). A graph input, a small tensor with elements (zeros: a 0-d scale,
+    a broadcast (17, 1) operand), a random op, or an op that fails on empty tensors stands for itself with its fake
+    strides. None when ``node`` is not a tensor of at most 4096 elements with static sizes."""
     if node in memo:
         return memo[node]
     memo[node] = None
     val = node.meta.get("val")
-    if not isinstance(val, torch.Tensor) or val.numel() != 0 or any(
-            not isinstance(v, int) for v in list(val.shape) + list(val.stride())):
+    if not isinstance(val, torch.Tensor) or any(not isinstance(v, int) for v in [*val.shape, *val.stride()]) \
+            or val.numel() > 4096:
         return None
     out = None
     with unset_fake_temporarily(), torch.no_grad():
-        if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload) \
+        if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload) and val.numel() == 0 \
                 and torch.Tag.nondeterministic_seeded not in node.target.tags:
             ins = {a: _empty_eager(a, memo) for a in node.all_input_nodes}
             if all(t is not None for t in ins.values()):
@@ -1084,7 +1079,7 @@ def _empty_eager(node: torch.fx.Node, memo: dict) -> Optional[torch.Tensor]:
                     out = None
         if not isinstance(out, torch.Tensor) or list(out.shape) != list(val.shape) or out.dtype != val.dtype:
             try:
-                out = torch.empty_strided(tuple(val.shape), val.stride(), dtype=val.dtype, device=val.device)
+                out = torch.empty_strided(tuple(val.shape), val.stride(), dtype=val.dtype, device=val.device).zero_()
             except Exception:  # e.g. a device this process cannot allocate on
                 out = None
     memo[node] = out

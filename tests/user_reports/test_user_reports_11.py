@@ -258,12 +258,7 @@ def test_launch_fusion_merges_more_than_256_casts_into_one_kernel():
     assert len(c.kernels) == 1, len(c.kernels)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "torch.roll over some dims of a channels-last tensor: eager keeps channels-last "
-    "strides (empty_like with preserve), coil returns contiguous strides. The graph is "
-    "decomposed by torch's core-ATen roll decomposition (index/cat), whose fake output "
-    "is contiguous, so coil follows the traced strides; backend='aot_eager' shows the "
-    "same strides. Not in today's changes; found while testing channels-last graphs"))
+# fixed: coil's roll decomposition lays a roll over dims out in x's memory format on CPU, as eager's kernel does
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_roll_of_channels_last_tensor_keeps_strides(backend):
     x = _gen(12)(2, 4, 5, 5).contiguous(memory_format=torch.channels_last)

@@ -1,29 +1,52 @@
 """Open defects from a new-user trial of ~1,100 programs (~6,000 program x mode checks: both
 CPU backends, static, automatic dynamic, ``dynamic=True``, unbacked sizes, training). What it
 found and was fixed has its regression test next to the fix (FINDINGS_20.md lists them); the
-defects below are still open, each a strict xfail (index_add's is fixed). CPU only."""
+defects below were open as strict xfails, now fixed. CPU only."""
 import pytest
 import torch
 
 import coil
 
 
-@pytest.mark.xfail(strict=True, reason="open: squeeze of an unbacked size-1 dim keeps it (eager [2], coil [1, 2])")
 def test_squeeze_of_an_unbacked_dim_that_is_one_at_runtime():
     """``x[mask].squeeze(0)``: the traced size is unbacked, assumed not 1 (size-oblivious), so
-    the kept dim is a shape the graph planned; eager squeezes when one row is selected."""
+    the kept dim is a shape the graph planned; eager squeezes when one row is selected (fixed: a
+    squeeze of an unbacked dim is a graph break)."""
     f = lambda x: x[x[:, 0] > 0].squeeze(0) * 1  # noqa: E731
     x = torch.tensor([[1.0, 2.0], [-1.0, 3.0]])
     out = coil.compile(f, options={"capture_dynamic_output_shape_ops": True})(x)
     assert out.shape == f(x).shape
 
 
-@pytest.mark.xfail(strict=True, reason="open: an unbacked size skips eager's view check")
 def test_view_of_an_unbacked_size_that_does_not_divide_raises():
+    """The ShapeEnv defers the check that 2 divides the unbacked size to runtime; nothing checked it there (fixed:
+    the frame's entry checks deferred asserts over dims marked unbacked)."""
     x = torch.randn(5)
     coil.mark_unbacked(x, 0)
     with pytest.raises(RuntimeError):
         coil.compile(lambda x: x.view(-1, 2).sum(1))(x)
+
+
+def test_torch_check_of_a_dim_marked_unbacked_is_checked_per_call():
+    def f(x):
+        torch._check(x.shape[0] % 2 == 0)
+        return x * 2
+
+    x = torch.randn(4)
+    coil.mark_unbacked(x, 0)
+    fc = coil.compile(f)
+    torch.testing.assert_close(fc(x), f(x))
+    with pytest.raises(RuntimeError, match="assertion failed"):
+        fc(torch.randn(5))
+
+
+def test_squeeze_of_an_unbacked_dim_in_torchs_graph_stays_in_it(dynamo_reset, monkeypatch):
+    """torch's capture decided the graph: coil's graph break on the squeeze does not apply (no error)."""
+    import torch._dynamo
+    monkeypatch.setattr(torch._dynamo.config, "capture_dynamic_output_shape_ops", True)
+    f = lambda x: x[x[:, 0] > 0].squeeze(0) * 1  # noqa: E731
+    x = torch.tensor([[1.0, 2.0], [1.0, 3.0]])
+    torch.testing.assert_close(torch.compile(f, backend="coil")(x), f(x))
 
 
 def test_out_into_a_transposed_tensor_keeps_its_strides():

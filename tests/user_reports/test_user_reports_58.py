@@ -53,10 +53,7 @@ def test_group_norm_half_input_float_weight_backward_cpp(coil_reset, dtype):
         torch.testing.assert_close(o.float(), r.float(), rtol=2e-2, atol=2e-2)
 
 
-@pytest.mark.xfail(strict=True, reason="torch's meta kernels give the CPU mixed-dtype norms' statistics the input's "
-                   "dtype, eager's kernels float32: coil follows the meta (ensure_layout converts native_group_norm's "
-                   "since d2942a2; native_layer_norm and native_batch_norm decompose so); the fix is eager's dtype in "
-                   "those metas and decompositions (fuzz seed 1047 probe)")
+# (fixed: coil.capture.meta_checks.cpu_mixed_norm gives the metas and decompositions eager's float32 statistics)
 @pytest.mark.parametrize("op", ["group_norm", "layer_norm", "batch_norm"])
 def test_mixed_dtype_norm_statistics_keep_eagers_float32(coil_reset, op):
     w, b = torch.ones(4), torch.zeros(4)
@@ -110,7 +107,8 @@ def test_group_norm_half_input_float_weight_backward_triton_matches(coil_reset):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Finding 2 (open, wrong strides): max_unpool2d of a channels-last input returns a contiguous (NCHW) tensor where eager
+# Finding 2 (fixed: coil's max_unpool2d decomposition keeps x's memory format on CPU; wrong strides): max_unpool2d
+# of a channels-last input returned a contiguous (NCHW) tensor where eager
 # returns channels-last. Values and gradients are right, but anything stride-dependent downstream differs from eager:
 # torch.randn_like(out) draws its numbers in the output's memory order, so the same seed gives other values per element.
 # ---------------------------------------------------------------------------------------------------------------
@@ -120,7 +118,6 @@ def _pool_unpool(x):
     return F.max_unpool2d(y, i, 2)
 
 
-@pytest.mark.xfail(strict=True, reason="max_unpool2d of a channels-last input: coil returns NCHW strides, eager channels-last")
 def test_max_unpool2d_channels_last_input_keeps_eager_strides(coil_reset):
     torch.manual_seed(0)
     x = torch.randn(1, 2, 4, 4).contiguous(memory_format=torch.channels_last)

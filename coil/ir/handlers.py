@@ -235,11 +235,6 @@ class ReferenceInterpreter(OpsHandler):
             return v.sum(-1, dtype=compute_dtype(dtype) if dtype.is_floating_point else None)
         if reduction_type == "any":
             return v.bool().any(-1)
-        if reduction_type == "welford_reduce":
-            vf = v.float()
-            mean = vf.mean(-1)
-            m2 = ((vf - mean[..., None]) ** 2).sum(-1)
-            return mean, m2, torch.full_like(mean, v.shape[-1])
         method = {"prod": "prod", "max": "amax", "min": "amin", "argmax": "argmax",
                   "argmin": "argmin"}.get(reduction_type)
         if method is None:

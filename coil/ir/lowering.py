@@ -493,11 +493,11 @@ def make_reduction(x: TensorBox, dims, keepdim: bool, reduction_type: str,
         red = Pointwise(dev, dtype, lambda index: _cast(inner(index, [0] * len(dims)), vdt, dtype, reduction_type), ranges)
         box = TensorBox(StorageBox(red))
     elif numel_r == 0:
-        if reduction_type not in ("sum", "prod", "any", "welford_reduce"):
+        if reduction_type not in ("sum", "prod", "any"):
             # max/min/arg* of an empty dim: eager raises "Expected reduction dim to have non-zero size" at run time (the
             # ATen op, run as an extern kernel, does; some meta kernels, e.g. bool max.dim, let capture through)
             raise FallbackToExtern(f"{reduction_type} over an empty dim")
-        init = {"sum": 0, "prod": 1, "any": False}.get(reduction_type, float("nan"))
+        init = {"sum": 0, "prod": 1, "any": False}[reduction_type]
         return _full(_kept_size(size, dims, keepdim), init, dtype)
     else:
         # "leading": the reduction is not over the innermost dim, so the kernel tiles

@@ -22,10 +22,10 @@ import torch
 #: few fp32 ulp of the true value rather than through erf.
 UNARY_OPS = ["abs", "neg", "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sqrt", "rsqrt", "sin", "cos",
              "tan", "asin", "acos", "atan", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh", "erf", "erfc", "erfinv",
-             "sigmoid", "relu", "floor", "ceil", "round", "trunc", "sign", "reciprocal", "square", "bitwise_not",
-             "logical_not", "isnan", "isinf", "lgamma", "signbit", "frac", "ndtr"]
+             "sigmoid", "floor", "ceil", "round", "trunc", "sign", "reciprocal", "bitwise_not", "logical_not", "isnan",
+             "isinf", "lgamma", "signbit", "ndtr"]
 #: Binary ops: ``ops.<name>(a, b)``; comparisons and logical ops return bool.
-BINARY_OPS = ["add", "sub", "mul", "truediv", "floordiv", "truncdiv", "mod", "fmod", "remainder", "pow", "maximum",
+BINARY_OPS = ["add", "sub", "mul", "truediv", "floordiv", "truncdiv", "fmod", "remainder", "pow", "maximum",
               "minimum", "atan2", "hypot", "copysign", "nextafter", "eq", "ne", "lt", "le", "gt", "ge", "logical_and",
               "logical_or", "logical_xor", "bitwise_and", "bitwise_or", "bitwise_xor", "left_shift", "right_shift"]
 REDUCTION_TYPES = ["sum", "prod", "max", "min", "argmax", "argmin", "any"]

@@ -149,7 +149,7 @@ def test_gather_bounds_check_raises():
 
 
 @pytest.mark.parametrize("op", ["exp", "log", "tanh", "erf", "sigmoid", "expm1", "sqrt", "sin", "cos", "erfinv",
-                                "floor", "round", "sign", "relu", "abs"])
+                                "floor", "round", "sign", "abs"])
 def test_unary_math(op):
     def body():
         ops.store("y", X, getattr(ops, op)(ops.load("x", X)))
@@ -162,7 +162,7 @@ def test_unary_math(op):
         x = torch.rand(4000) * 2 - 1
     t = {"x": x, "y": torch.empty_like(x)}
     _run(_Plan(x.numel(), 1, [_Node(body)], {"x": torch.float32, "y": torch.float32}), t, name=f"u_{op}")
-    ref = getattr(torch, op)(x.double()).float() if op != "relu" else torch.relu(x)
+    ref = getattr(torch, op)(x.double()).float()
     torch.testing.assert_close(t["y"], ref, equal_nan=True, atol=1e-5, rtol=3e-6)
 
 

@@ -15,11 +15,10 @@ force for a compilation are written to the compile log (event ``config``).
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 import sys
 import types
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from typing import Any, Optional
 
 
@@ -156,20 +155,14 @@ class Config:
     cpp_threads: int = 0
     #: Print graph breaks to stderr as they happen (they are always logged).
     verbose: bool = False
-    extra: dict = field(default_factory=dict, repr=False)
-
-    def replace(self, **changes: Any) -> "Config":
-        """Return a copy with ``changes`` applied; raises ValueError on unknown keys."""
-        check_option_names(changes)
-        return dataclasses.replace(self, **changes)
 
     def as_dict(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 def option_names() -> list[str]:
     """The valid option names, sorted."""
-    return sorted(f.name for f in fields(Config) if f.name != "extra")
+    return sorted(f.name for f in fields(Config))
 
 
 _OPTION_NAMES = frozenset(option_names())

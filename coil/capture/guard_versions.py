@@ -18,7 +18,7 @@ import ctypes
 import operator
 import sys
 import types
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 from coil import trace
 

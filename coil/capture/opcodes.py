@@ -213,8 +213,7 @@ def LOAD_METHOD(tx, inst):
 # https://docs.python.org/3.11/library/dis.html#opcode-STORE_ATTR
 @op("STORE_ATTR")
 def STORE_ATTR(tx, inst):
-    obj = tx.pop()
-    value = tx.pop()
+    value, obj = tx.popn(2)
     tx.store_attr(obj, inst.argval, value)
 
 
@@ -302,8 +301,7 @@ _BINARY = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operato
 # https://docs.python.org/3.11/library/dis.html#opcode-BINARY_OP
 @op("BINARY_OP")
 def BINARY_OP(tx, inst):
-    b = tx.pop()
-    a = tx.pop()
+    a, b = tx.popn(2)
     sym = dis._nb_ops[inst.arg][1]
     tx.push(tx.binary_op(_BINARY[sym], a, b))
 
@@ -315,24 +313,21 @@ _COMPARE = {"<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operat
 # https://docs.python.org/3.11/library/dis.html#opcode-COMPARE_OP
 @op("COMPARE_OP")
 def COMPARE_OP(tx, inst):
-    b = tx.pop()
-    a = tx.pop()
+    a, b = tx.popn(2)
     tx.push(tx.binary_op(_COMPARE[inst.argval], a, b))
 
 
 # https://docs.python.org/3.11/library/dis.html#opcode-IS_OP
 @op("IS_OP")
 def IS_OP(tx, inst):
-    b = tx.pop()
-    a = tx.pop()
+    a, b = tx.popn(2)
     tx.push(tx.binary_op(operator.is_not if inst.arg else operator.is_, a, b))
 
 
 # https://docs.python.org/3.11/library/dis.html#opcode-CONTAINS_OP
 @op("CONTAINS_OP")
 def CONTAINS_OP(tx, inst):
-    container = tx.pop()
-    item = tx.pop()
+    item, container = tx.popn(2)
     res = tx.contains_op(container, item)
     if inst.arg:
         res = ConstantVariable(not tx.truthy(res))
@@ -364,44 +359,35 @@ def UNARY_INVERT(tx, inst):
 # https://docs.python.org/3.11/library/dis.html#opcode-BINARY_SUBSCR
 @op("BINARY_SUBSCR")
 def BINARY_SUBSCR(tx, inst):
-    key = tx.pop()
-    obj = tx.pop()
+    obj, key = tx.popn(2)
     tx.push(tx.getitem(obj, key))
 
 
 # https://docs.python.org/3.11/library/dis.html#opcode-STORE_SUBSCR
 @op("STORE_SUBSCR")
 def STORE_SUBSCR(tx, inst):
-    key = tx.pop()
-    obj = tx.pop()
-    value = tx.pop()
+    value, obj, key = tx.popn(3)
     tx.call_dunder(obj, "__setitem__", [key, value])
 
 
 # https://docs.python.org/3.11/library/dis.html#opcode-DELETE_SUBSCR
 @op("DELETE_SUBSCR")
 def DELETE_SUBSCR(tx, inst):
-    key = tx.pop()
-    obj = tx.pop()
+    obj, key = tx.popn(2)
     tx.call_dunder(obj, "__delitem__", [key])
 
 
 # https://docs.python.org/3.12/library/dis.html#opcode-BINARY_SLICE
 @op("BINARY_SLICE", PY312)
 def BINARY_SLICE(tx, inst):
-    end = tx.pop()
-    start = tx.pop()
-    obj = tx.pop()
+    obj, start, end = tx.popn(3)
     tx.push(tx.getitem(obj, SliceVariable([start, end])))
 
 
 # https://docs.python.org/3.12/library/dis.html#opcode-STORE_SLICE
 @op("STORE_SLICE", PY312)
 def STORE_SLICE(tx, inst):
-    end = tx.pop()
-    start = tx.pop()
-    obj = tx.pop()
-    value = tx.pop()
+    value, obj, start, end = tx.popn(4)
     tx.call_dunder(obj, "__setitem__", [SliceVariable([start, end]), value])
 
 
@@ -471,8 +457,7 @@ def SET_ADD(tx, inst):
 
 @op("MAP_ADD")
 def MAP_ADD(tx, inst):
-    v = tx.pop()
-    k = tx.pop()
+    k, v = tx.popn(2)
     _build_target(tx, inst.arg).items[DictVariable.key_of(k)] = v
 
 
@@ -512,8 +497,7 @@ def UNPACK_SEQUENCE(tx, inst):
     items = tx.unpack(tx.pop())
     if len(items) != inst.arg:
         raise UserCodeError(f"ValueError: expected {inst.arg} values to unpack, got {len(items)}")
-    for v in reversed(items):
-        tx.push(v)
+    tx.stack.extend(reversed(items))
 
 
 # https://docs.python.org/3.11/library/dis.html#opcode-UNPACK_EX
@@ -523,11 +507,8 @@ def UNPACK_EX(tx, inst):
     items = tx.unpack(tx.pop())
     if len(items) < before + after:
         raise UserCodeError("ValueError: not enough values to unpack")
-    head = items[:before]
-    mid = items[before:len(items) - after]
-    tail = items[len(items) - after:]
-    for v in reversed(head + [ListVariable(mid)] + tail):
-        tx.push(v)
+    mid = len(items) - after
+    tx.stack.extend(reversed(items[:before] + [ListVariable(items[before:mid])] + items[mid:]))
 
 
 # https://docs.python.org/3.11/library/dis.html#opcode-FORMAT_VALUE
@@ -597,21 +578,18 @@ op("POP_JUMP_IF_NONE", PY312)(_none_jump(True))
 op("POP_JUMP_IF_NOT_NONE", PY312)(_none_jump(False))
 
 
+def _jump_or_pop(jump_if_true: bool):
+    def handler(tx, inst):
+        if tx.truthy(tx.stack[-1]) == jump_if_true:
+            tx.jump(inst.argval)
+        else:
+            tx.pop()
+    return handler
+
+
 # https://docs.python.org/3.11/library/dis.html#opcode-JUMP_IF_TRUE_OR_POP
-@op("JUMP_IF_TRUE_OR_POP", PY311)
-def JUMP_IF_TRUE_OR_POP(tx, inst):
-    if tx.truthy(tx.stack[-1]):
-        tx.jump(inst.argval)
-    else:
-        tx.pop()
-
-
-@op("JUMP_IF_FALSE_OR_POP", PY311)
-def JUMP_IF_FALSE_OR_POP(tx, inst):
-    if not tx.truthy(tx.stack[-1]):
-        tx.jump(inst.argval)
-    else:
-        tx.pop()
+op("JUMP_IF_TRUE_OR_POP", PY311)(_jump_or_pop(True))
+op("JUMP_IF_FALSE_OR_POP", PY311)(_jump_or_pop(False))
 
 
 # https://docs.python.org/3.11/library/dis.html#opcode-GET_ITER

@@ -150,10 +150,10 @@ def count_ops(loops) -> tuple[int, int]:
 
 # ----------------------------------------------------------------------------- reference
 
-_TORCH_UNARY = {"neg": torch.neg, "relu": torch.relu, "reciprocal": torch.reciprocal, "square": torch.square,
-                "logical_not": torch.logical_not, "bitwise_not": torch.bitwise_not, "ndtr": torch.special.ndtr}
+_TORCH_UNARY = {"neg": torch.neg, "reciprocal": torch.reciprocal, "logical_not": torch.logical_not,
+                "bitwise_not": torch.bitwise_not, "ndtr": torch.special.ndtr}
 _TORCH_BINARY = {"truediv": torch.true_divide, "floordiv": lambda a, b: torch.div(a, b, rounding_mode="floor"),
-                 "truncdiv": lambda a, b: torch.div(a, b, rounding_mode="trunc"), "mod": torch.remainder,
+                 "truncdiv": lambda a, b: torch.div(a, b, rounding_mode="trunc"),
                  "maximum": torch.maximum, "minimum": torch.minimum, "left_shift": torch.bitwise_left_shift,
                  "right_shift": torch.bitwise_right_shift}
 
@@ -235,11 +235,6 @@ class ReferenceInterpreter(OpsHandler):
             return v.sum(-1, dtype=compute_dtype(dtype) if dtype.is_floating_point else None)
         if reduction_type == "any":
             return v.bool().any(-1)
-        if reduction_type == "welford_reduce":
-            vf = v.float()
-            mean = vf.mean(-1)
-            m2 = ((vf - mean[..., None]) ** 2).sum(-1)
-            return mean, m2, torch.full_like(mean, v.shape[-1])
         method = {"prod": "prod", "max": "amax", "min": "amin", "argmax": "argmax",
                   "argmin": "argmin"}.get(reduction_type)
         if method is None:

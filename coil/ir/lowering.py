@@ -29,7 +29,6 @@ from coil.ir.virtualized import compute_dtype, ops, set_ops_handler
 from coil.ir.handlers import DependencyRecorder
 
 aten = torch.ops.aten
-prims = torch.ops.prims
 
 #: OpOverload (or OpOverloadPacket) -> lowering function.
 LOWERINGS: dict[Any, Callable] = {}
@@ -205,16 +204,13 @@ UNARY = {aten.abs: "abs", aten.neg: "neg", aten.exp: "exp", aten.exp2: "exp2", a
          aten.sinh: "sinh", aten.cosh: "cosh", aten.tanh: "tanh", aten.asinh: "asinh", aten.acosh: "acosh",
          aten.atanh: "atanh", aten.erf: "erf", aten.erfc: "erfc", aten.erfinv: "erfinv", aten.sigmoid: "sigmoid",
          aten.floor: "floor", aten.ceil: "ceil", aten.round: "round", aten.trunc: "trunc", aten.sign: "sign",
-         aten.reciprocal: "reciprocal", aten.bitwise_not: "bitwise_not", aten.lgamma: "lgamma", aten.frac: "frac",
-         prims.sqrt: "sqrt", prims.rsqrt: "rsqrt", prims.exp: "exp", prims.neg: "neg"}
+         aten.reciprocal: "reciprocal", aten.bitwise_not: "bitwise_not", aten.lgamma: "lgamma"}
 BINARY = {aten.add: "add", aten.sub: "sub", aten.mul: "mul", aten.maximum: "maximum", aten.minimum: "minimum",
           aten.atan2: "atan2", aten.pow: "pow", aten.hypot: "hypot", aten.copysign: "copysign", aten.fmod: "fmod",
           aten.remainder: "remainder", aten.bitwise_and: "bitwise_and", aten.bitwise_or: "bitwise_or",
           aten.bitwise_xor: "bitwise_xor", aten.bitwise_left_shift: "left_shift",
-          aten.bitwise_right_shift: "right_shift", aten.nextafter: "nextafter", prims.add: "add", prims.sub: "sub",
-          prims.mul: "mul", prims.maximum: "maximum", prims.minimum: "minimum", prims.pow: "pow"}
-COMPARE = {aten.eq: "eq", aten.ne: "ne", aten.lt: "lt", aten.le: "le", aten.gt: "gt", aten.ge: "ge", prims.eq: "eq",
-           prims.ne: "ne", prims.lt: "lt", prims.le: "le", prims.gt: "gt", prims.ge: "ge"}
+          aten.bitwise_right_shift: "right_shift", aten.nextafter: "nextafter"}
+COMPARE = {aten.eq: "eq", aten.ne: "ne", aten.lt: "lt", aten.le: "le", aten.gt: "gt", aten.ge: "ge"}
 LOGICAL = {aten.logical_and: "logical_and", aten.logical_or: "logical_or",
            aten.logical_xor: "logical_xor", aten.logical_not: "logical_not"}
 PREDICATES = {aten.isnan: "isnan", aten.isinf: "isinf", aten.signbit: "signbit"}
@@ -290,12 +286,9 @@ def _round_decimals(x, *, decimals=0):
     return make_pointwise_box(f, [x], out_size(), odt, cdt)
 
 
-@register_lowering(aten.div.Tensor, aten.div.Scalar, prims.div)
+@register_lowering(aten.div.Tensor, aten.div.Scalar)
 def _div(a, b):
-    odt = out_dtype()
-    if odt.is_floating_point or current_graph().current_node.target in (aten.div.Tensor, aten.div.Scalar):
-        return pointwise_lowering("truediv")(a, b)
-    return pointwise_lowering("truncdiv")(a, b)
+    return pointwise_lowering("truediv")(a, b)
 
 
 def _float_floordiv(cdt):
@@ -330,8 +323,7 @@ def _div_mode(a, b, rounding_mode=None):
     return pointwise_lowering("floordiv" if rounding_mode == "floor" else "truncdiv")(a, b)
 
 
-@register_lowering(aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther,
-                   aten.where.Scalar, prims.where)
+@register_lowering(aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar)
 def _where(cond, a, b):
     size, odt = out_size(), out_dtype()
     require_scalars_fit(odt, a, b)
@@ -341,11 +333,8 @@ def _where(cond, a, b):
     return TensorBox.create(Pointwise(device(), odt, lambda i: ops.where(c(i), la(i), lb(i)), size))
 
 
-@register_lowering(aten.clamp, aten.clamp_min, aten.clamp_max, aten.clamp.Tensor)
+@register_lowering(aten.clamp, aten.clamp.Tensor)
 def _clamp(x, min=None, max=None):
-    target = current_graph().current_node.target
-    if target in (aten.clamp_max.default, aten.clamp_max.Tensor):
-        min, max = None, min
     size, odt = out_size(), out_dtype()
     require_scalars_fit(odt, min, max)
     cdt = compute_dtype(odt)
@@ -384,7 +373,7 @@ def _relu(x):
     return _clamp(x, 0)
 
 
-@register_lowering(aten._to_copy, prims.convert_element_type, aten.clone, aten.alias,
+@register_lowering(aten._to_copy, aten.clone, aten.alias,
                    aten.lift_fresh_copy, aten.copy)
 def _to_copy(x, *args, **kwargs):
     if current_graph().current_node.target == aten.copy.default:
@@ -431,7 +420,7 @@ def _unrounded(x) -> bool:
     its value is in the compute dtype, not yet rounded to ``x``'s dtype."""
     node = current_graph().current_node
     arg = node.args[1] if node.target == aten.copy.default else node.args[0]
-    if isinstance(arg, torch.fx.Node) and arg.target in (aten._to_copy.default, prims.convert_element_type.default):
+    if isinstance(arg, torch.fx.Node) and arg.target == aten._to_copy.default:
         return False  # rounded by that conversion
     while isinstance(x, (TensorBox, StorageBox, GenericView)):
         x = x.data
@@ -457,18 +446,16 @@ def _norm_dims(dims, ndim) -> list[int]:
 
 
 def make_reduction(x: TensorBox, dims, keepdim: bool, reduction_type: str,
-                   dtype: torch.dtype, transform: Optional[Callable] = None,
-                   src_dtype: Optional[torch.dtype] = None) -> TensorBox:
+                   dtype: torch.dtype, src_dtype: Optional[torch.dtype] = None) -> TensorBox:
     """Reduce ``x`` over ``dims``; the result is realized (a ComputedBuffer).
 
-    ``transform(value, full_index)`` may rewrite each element before reducing.
     Arg reductions return int64 positions within the reduced dims (row-major)."""
     if x.get_dtype() == torch.bool and reduction_type in ("max", "min", "argmax", "argmin"):
         # reduced as uint8 0/1 (the same order): code generators need the identity of
         # max/min in the value's dtype, and bool has none (no iinfo)
         as_u8 = make_pointwise_box(lambda v: v, [x], list(x.get_size()), torch.uint8, torch.uint8)
         r = make_reduction(as_u8, dims, keepdim, reduction_type,
-                           torch.uint8 if dtype == torch.bool else dtype, transform, src_dtype)
+                           torch.uint8 if dtype == torch.bool else dtype, src_dtype)
         if dtype != torch.bool:
             return r
         return make_pointwise_box(lambda v: v, [r], list(r.get_size()), torch.bool, torch.bool)
@@ -491,10 +478,6 @@ def make_reduction(x: TensorBox, dims, keepdim: bool, reduction_type: str,
         v = load(full)
         if compute_dtype(xdt) != sdt and reduction_type != "any":
             v = ops.to_dtype(v, sdt, compute_dtype(xdt))
-        if transform is not None:
-            v = transform(v, full)
-        if reduction_type in ("argmax", "argmin") and len(dims) > 1:
-            pass
         return v
 
     dev = x.get_device()
@@ -510,11 +493,11 @@ def make_reduction(x: TensorBox, dims, keepdim: bool, reduction_type: str,
         red = Pointwise(dev, dtype, lambda index: _cast(inner(index, [0] * len(dims)), vdt, dtype, reduction_type), ranges)
         box = TensorBox(StorageBox(red))
     elif numel_r == 0:
-        if reduction_type not in ("sum", "prod", "any", "welford_reduce"):
+        if reduction_type not in ("sum", "prod", "any"):
             # max/min/arg* of an empty dim: eager raises "Expected reduction dim to have non-zero size" at run time (the
             # ATen op, run as an extern kernel, does; some meta kernels, e.g. bool max.dim, let capture through)
             raise FallbackToExtern(f"{reduction_type} over an empty dim")
-        init = {"sum": 0, "prod": 1, "any": False}.get(reduction_type, float("nan"))
+        init = {"sum": 0, "prod": 1, "any": False}[reduction_type]
         return _full(_kept_size(size, dims, keepdim), init, dtype)
     else:
         # "leading": the reduction is not over the innermost dim, so the kernel tiles
@@ -744,8 +727,8 @@ def _kept_size(size, dims, keepdim):
     return [s for d, s in enumerate(size) if d not in dims]
 
 
-@register_lowering(aten.sum.dim_IntList, aten.sum.default, prims.sum)
-def _sum(x, dim=None, keepdim=False, *, dtype=None, output_dtype=None):
+@register_lowering(aten.sum.dim_IntList)
+def _sum(x, dim=None, keepdim=False, *, dtype=None):
     return make_reduction(_converted(x, dtype), dim, keepdim, "sum", out_dtype())
 
 
@@ -772,12 +755,12 @@ def _prod(x, dim=None, keepdim=False, *, dtype=None):
     return make_pointwise_box(lambda v: v, [r], out_size(), odt, compute_dtype(odt))
 
 
-@register_lowering(aten.amax, prims.amax)
+@register_lowering(aten.amax)
 def _amax(x, dim=(), keepdim=False):
     return make_reduction(x, dim, keepdim, "max", out_dtype())
 
 
-@register_lowering(aten.amin, prims.amin)
+@register_lowering(aten.amin)
 def _amin(x, dim=(), keepdim=False):
     return make_reduction(x, dim, keepdim, "min", out_dtype())
 
@@ -845,41 +828,3 @@ def _mean(x, dim=None, keepdim=False, *, dtype=None):
     # accumulation does: an fp16 sum of 4096 values ~16 is inf before the division
     s = make_reduction(x, dims, keepdim, "sum", cdt if odt.is_floating_point else odt)
     return make_pointwise_box(ops.truediv, [s, n], out_size(), odt, cdt)
-
-
-@register_lowering(aten.var.correction, prims.var, aten.var.dim)
-def _var(x, dims=None, correction=None, keepdim=False, **kwargs):
-    """Two-pass variance: mean (a reduction), then sum((x - mean)^2) / (n - correction)."""
-    target = current_graph().current_node.target
-    if target == prims.var.default:
-        correction = correction if correction is not None else kwargs.get("correction", 1)
-    if target == aten.var.dim:
-        correction = 1 if (correction is None or correction) else 0
-    if correction is None:
-        correction = kwargs.get("correction", 1) if kwargs.get("correction") is not None else 1
-    odt = out_dtype()
-    cdt = compute_dtype(odt)
-    size = list(x.get_size())
-    rdims = _norm_dims(dims, len(size))
-    n = 1
-    for d in rdims:
-        n *= int(size[d])
-    # sums in the compute dtype (fp32 for fp16/bf16) until divided (see _mean)
-    acc = cdt if odt.is_floating_point else odt
-    total = make_reduction(x, rdims, True, "sum", acc)
-    mean_load = broadcast_loader(total, size)
-
-    def centered_sq(v, full):
-        d = ops.sub(v, ops.truediv(mean_load(full), ops.constant(float(n), cdt)))
-        return ops.mul(d, d)
-
-    ss = make_reduction(x, rdims, keepdim, "sum", acc, transform=centered_sq)
-    denom = float(max(n - float(correction), 0))
-    return make_pointwise_box(lambda v: ops.truediv(v, ops.constant(denom, cdt)), [ss], out_size(), odt, cdt)
-
-
-@register_lowering(aten.var_mean.correction)
-def _var_mean(x, dims=None, *, correction=None, keepdim=False):
-    v = _var(x, dims, correction if correction is not None else 1, keepdim)
-    m = _mean(x, dims, keepdim)
-    return v, m

@@ -24,7 +24,6 @@ from coil.ir.symbols import (FloorDiv, Mod, as_expr, as_size, broadcasts, contig
 from coil.ir.virtualized import compute_dtype, ops
 
 aten = torch.ops.aten
-prims = torch.ops.prims
 
 
 def strided_base(x: TensorBox):
@@ -162,15 +161,6 @@ def _permute(x, dims):
     return make_view(x, size, reindex, lambda l: _lay(l, size, [l.stride[d] for d in dims]))
 
 
-@register_lowering(aten.t, aten.transpose.int)
-def _transpose(x, d0=0, d1=1):
-    nd = len(x.get_size())
-    dims = list(range(nd))
-    if nd >= 2:
-        dims[d0 % nd], dims[d1 % nd] = dims[d1 % nd], dims[d0 % nd]
-    return _permute(x, dims)
-
-
 @register_lowering(aten.expand, aten.broadcast_to)
 def _expand(x, size, implicit=False):
     size = out_size()
@@ -187,25 +177,7 @@ def _expand(x, size, implicit=False):
     return make_view(x, size, reindex, restride)
 
 
-@register_lowering(prims.broadcast_in_dim)
-def _broadcast_in_dim(x, shape, broadcast_dimensions):
-    size = out_size()
-    bdims = list(broadcast_dimensions)
-    old = list(x.get_size())
-    bcast = [broadcasts(old[i], size[d]) for i, d in enumerate(bdims)]
-
-    def reindex(index):
-        return [sympy.Integer(0) if bcast[i] else index[d] for i, d in enumerate(bdims)]
-
-    def restride(l):
-        stride = [sympy.Integer(0)] * len(size)
-        for i, d in enumerate(bdims):
-            stride[d] = sympy.Integer(0) if bcast[i] else l.stride[i]
-        return _lay(l, size, stride)
-    return make_view(x, size, reindex, restride)
-
-
-@register_lowering(aten.unsqueeze, aten.squeeze, prims.squeeze)
+@register_lowering(aten.unsqueeze, aten.squeeze)
 def _unsqueeze_squeeze(x, *args):
     return view_reshape(x, out_size())
 
@@ -684,11 +656,9 @@ def _gather(x, dim, index, sparse_grad=False):
 
 # ----------------------------------------------------------------------------- creation
 
-@register_lowering(aten.full, aten.full_like, aten.zeros, aten.ones, aten.zeros_like,
-                   aten.ones_like, aten.empty, aten.empty_like, aten.empty_strided,
-                   aten.scalar_tensor, aten.new_zeros, aten.new_ones, aten.new_full,
-                   aten.new_empty, aten.new_empty_strided, prims.full, aten.fill.Scalar,
-                   aten.empty_permuted)
+@register_lowering(aten.full, aten.full_like, aten.zeros_like, aten.ones_like, aten.empty, aten.empty_strided,
+                   aten.scalar_tensor, aten.new_zeros, aten.new_ones, aten.new_full, aten.new_empty,
+                   aten.new_empty_strided, aten.fill.Scalar, aten.empty_permuted)
 def _creation(*args, **kwargs):
     target = current_graph().current_node.target
     name = target._overloadpacket.__name__ if hasattr(target, "_overloadpacket") else str(target)
@@ -702,16 +672,8 @@ def _creation(*args, **kwargs):
     return _full(out_size(), value, out_dtype())
 
 
-@register_lowering(aten.arange.start_step, aten.arange.start, aten.arange.default, prims.iota)
-def _arange(*args, **kwargs):
-    target = current_graph().current_node.target
-    if target == prims.iota.default:
-        start, step = kwargs.get("start", 0), kwargs.get("step", 1)
-    elif target == aten.arange.default:
-        start, step = 0, 1
-    else:
-        start = args[0]
-        step = args[2] if len(args) > 2 else kwargs.get("step", 1)
+@register_lowering(aten.arange.start_step)
+def _arange(start, end, step=1, **kwargs):
     size, odt = out_size(), out_dtype()
     cdt = compute_dtype(odt)
 
@@ -743,13 +705,6 @@ def _split(x, sizes, dim=0):
         out.append(_slice_view(x, dim, start, start + s))
         start += s
     return out
-
-
-@register_lowering(aten.unbind.int)
-def _unbind(x, dim=0):
-    size = list(x.get_size())
-    dim = dim % len(size)
-    return [_select_view(x, dim, i) for i in range(int(size[dim]))]
 
 
 def _slice_view(x, dim, start, end):

@@ -22,13 +22,13 @@ import torch
 #: few fp32 ulp of the true value rather than through erf.
 UNARY_OPS = ["abs", "neg", "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sqrt", "rsqrt", "sin", "cos",
              "tan", "asin", "acos", "atan", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh", "erf", "erfc", "erfinv",
-             "sigmoid", "relu", "floor", "ceil", "round", "trunc", "sign", "reciprocal", "square", "bitwise_not",
-             "logical_not", "isnan", "isinf", "lgamma", "signbit", "frac", "ndtr"]
+             "sigmoid", "floor", "ceil", "round", "trunc", "sign", "reciprocal", "bitwise_not", "logical_not", "isnan",
+             "isinf", "lgamma", "signbit", "ndtr"]
 #: Binary ops: ``ops.<name>(a, b)``; comparisons and logical ops return bool.
-BINARY_OPS = ["add", "sub", "mul", "truediv", "floordiv", "truncdiv", "mod", "fmod", "remainder", "pow", "maximum",
+BINARY_OPS = ["add", "sub", "mul", "truediv", "floordiv", "truncdiv", "fmod", "remainder", "pow", "maximum",
               "minimum", "atan2", "hypot", "copysign", "nextafter", "eq", "ne", "lt", "le", "gt", "ge", "logical_and",
               "logical_or", "logical_xor", "bitwise_and", "bitwise_or", "bitwise_xor", "left_shift", "right_shift"]
-REDUCTION_TYPES = ["sum", "prod", "max", "min", "argmax", "argmin", "any", "welford_reduce"]
+REDUCTION_TYPES = ["sum", "prod", "max", "min", "argmax", "argmin", "any"]
 
 
 class OpsHandler:
@@ -39,8 +39,7 @@ class OpsHandler:
                                            offset included) of buffer ``name``
       store(name, index, value)           write value at ``index``
       reduction(dtype, src_dtype, reduction_type, value) -> value
-                                           reduce ``value`` over the reduction dims;
-                                           ``welford_reduce`` returns (mean, m2, weight)
+                                           reduce ``value`` over the reduction dims
       store_reduction(name, index, value)  store a reduction result at (output) ``index``
     Values:
       constant(value, dtype) -> value; index_expr(expr, dtype) -> value (the integer

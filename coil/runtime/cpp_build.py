@@ -10,7 +10,7 @@ knows nothing about kernels. docs/cpp_backend.md ("Building and caching") gives 
   wrong results each flag prevents.
 - **Cache** sha256 of (source, compiler path, its ``--version``, flags) names ``<cache_dir>/cpp/<key[:2]>/<key>.so``,
   written to a temporary file and renamed; a warm call never starts the compiler; a second build of one key in a process
-  returns the loaded library. :func:`build_many` compiles one graph's sources on a thread pool.
+  returns the loaded library.
 - **Failures** :class:`CompilerNotFound` and :class:`CppCompileError` (both :class:`CppBuildError`), which the code
   generator turns into a logged extern fallback.
 - **Threads** OpenMP kernels use :func:`num_threads` threads, in torch's own libgomp.
@@ -26,7 +26,6 @@ import subprocess
 import tempfile
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Optional, Sequence
 
 import torch
@@ -36,7 +35,7 @@ from coil.exc import CoilError
 from coil.config import config
 
 __all__ = ["CppBuildError", "CompilerNotFound", "CppCompileError", "compiler", "compile_flags", "cache_key",
-           "cache_root", "build", "build_many", "num_threads", "stats"]
+           "cache_root", "build", "num_threads", "stats"]
 
 DEFAULT_FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17",
                  "-fno-strict-aliasing", "-fwrapv", "-fno-tree-loop-if-convert", "-ffp-contract=off",
@@ -102,9 +101,9 @@ def _reset_compiler() -> None:
         _compiler = None
 
 
-def compile_flags(extra: Sequence[str] = ()) -> list[str]:
-    """The full flag list: defaults, then ``config.cpp_extra_flags``, then ``extra``."""
-    return [*DEFAULT_FLAGS, *shlex.split(config.cpp_extra_flags or ""), *extra]
+def compile_flags() -> list[str]:
+    """The full flag list: defaults, then ``config.cpp_extra_flags``."""
+    return [*DEFAULT_FLAGS, *shlex.split(config.cpp_extra_flags or "")]
 
 
 def cache_root() -> str:
@@ -160,13 +159,13 @@ def _compile_to(source: str, flags: list[str], so_path: str) -> None:
                 os.unlink(p)
 
 
-def build(source: str, extra_flags: Sequence[str] = ()) -> ctypes.CDLL:
+def build(source: str) -> ctypes.CDLL:
     """Compile ``source`` (unless cached) and return the loaded library.
 
     Raises :class:`CompilerNotFound` or :class:`CppCompileError`. Repeated calls with
     the same source and flags return the same ``ctypes.CDLL`` object.
     """
-    flags = compile_flags(extra_flags)
+    flags = compile_flags()
     key = cache_key(source, flags)
     if (lib := _loaded.get(key)) is not None:
         with _lock:
@@ -184,17 +183,3 @@ def build(source: str, extra_flags: Sequence[str] = ()) -> ctypes.CDLL:
         raise CppCompileError(f"could not load compiled kernel {so}: {e}") from e
     with _lock:
         return _loaded.setdefault(key, lib)
-
-
-def build_many(sources: Sequence[str]) -> list[ctypes.CDLL]:
-    """Build several sources in parallel (one compiler process per uncached source).
-
-    Returns the libraries in the order of ``sources``; raises the first
-    :class:`CppBuildError` met (the others still finish, and stay cached).
-    """
-    if len(sources) <= 1:
-        return [build(s) for s in sources]
-    compiler()  # fail fast, once, if there is none
-    with ThreadPoolExecutor(max_workers=max(1, min(len(sources), os.cpu_count() or 1))) as pool:
-        futures = [pool.submit(build, s) for s in sources]
-        return [f.result() for f in futures]

@@ -416,10 +416,9 @@ class GraphFunction:
 
 
 def _keep_graph() -> bool:
-    """Whether the running backward keeps its graph (``retain_graph``); True when this torch cannot say."""
-    get = getattr(torch._C._autograd, "_get_current_graph_task_keep_graph", None)
+    """Whether the running backward keeps its graph (``retain_graph``)."""
     try:
-        return bool(get()) if get is not None else True
+        return bool(torch._C._autograd._get_current_graph_task_keep_graph())
     except RuntimeError:  # not inside a backward
         return False
 

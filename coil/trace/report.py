@@ -164,12 +164,9 @@ def highlight(text: str, kind: str) -> str:
 
 
 def _pygments_css() -> str:
-    try:
-        from pygments.formatters import HtmlFormatter
+    from pygments.formatters import HtmlFormatter
 
-        return HtmlFormatter(style="default").get_style_defs(".hl")
-    except Exception:  # pragma: no cover - pygments is a dependency
-        return ""
+    return HtmlFormatter(style="default").get_style_defs(".hl")
 
 
 # ---------------------------------------------------------------- value rendering

@@ -125,13 +125,6 @@ def test_config_reads_coil_environment_variables(monkeypatch):
     assert (cfg.fusion, cfg.recompile_limit, cfg.cpu_backend) == (False, 3, "triton")
 
 
-def test_config_replace_checks_names():
-    cfg = config.config.replace(fusion=False)
-    assert cfg.fusion is False and cfg is not config.config
-    with pytest.raises(ValueError, match="valid options"):
-        config.config.replace(fusoin=False)
-
-
 def test_option_assigned_on_the_config_module_takes_effect():
     # coil.config.fallback_random = True set a module attribute nothing read (the options live on
     # coil.config.config): silently ignored

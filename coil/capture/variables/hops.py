@@ -273,18 +273,22 @@ def _contiguous_grads(sg: torch.fx.Graph) -> None:
             p.replace_all_uses_with(q, delete_user_cb=lambda u: u is not q)
 
 
-def _register(out, prefix: str, sg: torch.fx.Graph, index: int) -> str:
-    """Make ``sg`` a GraphModule attribute of the parent graph; returns its name."""
-    subs = out.subgraphs
-    name = f"{prefix}_{index}"
-    while name in subs:
-        name += "_"
-    root = torch.nn.Module()
-    for n in sg.nodes:  # subgraphs of operators nested inside this one move with it
-        if n.op == "get_attr" and n.target in subs:
-            setattr(root, n.target, subs.pop(n.target))
-    subs[name] = torch.fx.GraphModule(root, sg, class_name=name)
-    return name
+def _register(out, *subgraphs: tuple[str, torch.fx.Graph]) -> list[str]:
+    """Make each ``(prefix, graph)`` of one operator call a GraphModule attribute of the parent graph, named
+    ``<prefix>_<index>`` with the call's index; returns the names."""
+    subs, names = out.subgraphs, []
+    index = out.hop_count = getattr(out, "hop_count", -1) + 1
+    for prefix, sg in subgraphs:
+        name = f"{prefix}_{index}"
+        while name in subs:
+            name += "_"
+        root = torch.nn.Module()
+        for n in sg.nodes:  # subgraphs of operators nested inside this one move with it
+            if n.op == "get_attr" and n.target in subs:
+                setattr(root, n.target, subs.pop(n.target))
+        subs[name] = torch.fx.GraphModule(root, sg, class_name=name)
+        names.append(name)
+    return names
 
 
 def _fresh(out, like: torch.Tensor, shape=None, grad: bool = False) -> torch.Tensor:
@@ -376,9 +380,7 @@ def call_cond(tx, args: list, kwargs: dict) -> VariableTracker:
         raise Unsupported("torch.cond returning integer or bool tensors with inputs that "
                           "require grad (torch's cond backward cannot trace it; eager fails "
                           "in backward)", hint="return the non-float outputs outside the cond")
-    index = out.hop_count = getattr(out, "hop_count", -1) + 1
-    tname = _register(out, "cond_true", t.graph, index)
-    fname = _register(out, "cond_false", f.graph, index)
+    tname, fname = _register(out, ("cond_true", t.graph), ("cond_false", f.graph))
     g = out.graph
     items = _emit(tx, torch.ops.higher_order.cond, (
         pred.node, g.get_attr(tname), g.get_attr(fname), node_ops),
@@ -460,9 +462,7 @@ def call_while_loop(tx, args: list, kwargs: dict) -> VariableTracker:
                           hint="run it under torch.no_grad(), or it runs outside the graph")
     _share_lifted(c, b)
     out = tx.output
-    index = out.hop_count = getattr(out, "hop_count", -1) + 1
-    cname = _register(out, "while_cond", c.graph, index)
-    bname = _register(out, "while_body", b.graph, index)
+    cname, bname = _register(out, ("while_cond", c.graph), ("while_body", b.graph))
     g = out.graph
     items = _emit(tx, torch.ops.higher_order.while_loop, (
         g.get_attr(cname), g.get_attr(bname), tuple(x.node for x in carried), tuple(c.lifted)),
@@ -492,8 +492,7 @@ def call_map(tx, args: list, kwargs: dict) -> VariableTracker:
         raise Unsupported("torch map with inputs that require grad (not captured)",
                           hint="run it under torch.no_grad(), or it runs outside the graph")
     out = tx.output
-    index = out.hop_count = getattr(out, "hop_count", -1) + 1
-    name = _register(out, "map_body", body.graph, index)
+    (name,) = _register(out, ("map_body", body.graph))
     g = out.graph
     items = _emit(tx, torch.ops.higher_order.map_impl, (
         g.get_attr(name), [xs.node], body.operand_nodes[1:] + body.lifted),
@@ -572,8 +571,7 @@ def call_scan(tx, args: list, kwargs: dict) -> VariableTracker:
             outs[i].meta["example_value"] = r.meta["example_value"]
     ret.args = (tuple(outs),)
     out = tx.output
-    index = out.hop_count = getattr(out, "hop_count", -1) + 1
-    name = _register(out, "scan_combine", body.graph, index)
+    (name,) = _register(out, ("scan_combine", body.graph))
     g = out.graph
     length = lead[0].fake.shape[0]
     items = _emit(tx, torch.ops.higher_order.scan, (
@@ -726,8 +724,7 @@ def call_region(tx, fn_vt, args: list, kwargs: dict) -> VariableTracker:
     key = _region_key(sub.graph, out.subgraphs)
     regions = out.__dict__.setdefault("regions", {})   # key -> [subgraph name, calls]
     if (entry := regions.get(key)) is None:
-        index = out.hop_count = getattr(out, "hop_count", -1) + 1
-        entry = regions[key] = [_register(out, "region", sub.graph, index), 0]
+        entry = regions[key] = [*_register(out, ("region", sub.graph)), 0]
     else:  # the same region again: this call's nested subgraphs are not needed
         for n in sub.graph.nodes:
             if n.op == "get_attr":

@@ -25,8 +25,8 @@ from torch._library.custom_ops import OPDEFS
 from coil.exc import Unsupported
 from coil.capture.meta_checks import cast_to_eager_dtype, check_call
 from coil.capture.substitutes import substitute
-from coil.capture.variables.base import (AttributeMissing, ConstantVariable, NumpyArrayVariable, VariableTracker,
-                                         instance_dict_attr, wrap_constant_result)
+from coil.capture.variables.base import (ConstantVariable, NumpyArrayVariable, VariableTracker, instance_dict_attr,
+                                         wrap_constant_result)
 from coil.capture.variables.containers import (DictVariable, ListVariable, NamedTupleVariable, SliceVariable,
                                                TupleVariable)
 from coil.capture.variables.symbolic import SymNodeVariable, tensor_meta, wrap_sym

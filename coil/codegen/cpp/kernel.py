@@ -480,11 +480,6 @@ class CppKernel(OpsHandler):
             upd = [f"{{ bool b_ = coil_{rt}_better({value}, rindex, {acc}_v@, {acc}_i@);",
                    f"  {acc}_v@ = coil_sel<{vt}>(b_, {value}, {acc}_v@); {acc}_i@ = coil_sel<int64_t>(b_, rindex, "
                    f"{acc}_i@); }}"]
-        elif rt == "welford_reduce":
-            fields = [("_m", "float", "0"), ("_m2", "float", "0"), ("_w", "float", "0")]
-            upd = [f"{{ float v_ = static_cast<float>({value}); {acc}_w@ += 1.0f;",
-                   f"  float d_ = v_ - {acc}_m@; {acc}_m@ += d_ / {acc}_w@;",
-                   f"  {acc}_m2@ += d_ * (v_ - {acc}_m@); }}"]
         else:
             raise NotImplementedError(f"C++ backend: reduction {rt!r}")
         sec.accs.append((acc, rt, fields))
@@ -492,9 +487,6 @@ class CppKernel(OpsHandler):
         # code after the reduction (store_reduction, epilogue math) runs once per x
         self.cur = sec.post
         self.scopes = [self.outer_cse]
-        if rt == "welford_reduce":
-            return (CppVar(f"{acc}_m", torch.float32), CppVar(f"{acc}_m2", torch.float32),
-                    CppVar(f"{acc}_w", torch.float32))
         if rt in ("argmax", "argmin"):
             return CppVar(f"{acc}_i", torch.int64)
         return CppVar(acc, _compute_dtype(dtype) if rt != "any" else torch.bool)
@@ -506,9 +498,6 @@ class CppKernel(OpsHandler):
             return self.constant(0, torch.int64)
         if rt == "any":
             return self.to_dtype(value, torch.bool)
-        if rt == "welford_reduce":
-            return (self.to_dtype(value, torch.float32), self.constant(0.0, torch.float32),
-                    self.constant(1.0, torch.float32))
         if rt in ("sum", "prod", "max", "min"):
             return self.to_dtype(value, _compute_dtype(dtype))
         raise NotImplementedError(f"C++ backend: reduction {rt!r}")
@@ -837,10 +826,6 @@ class CppKernel(OpsHandler):
         elif rt in ("argmax", "argmin"):
             out.append(f"{loop}{{ if (coil_{rt}_better({acc}_v{s}, {acc}_i{s}, {acc}_v, {acc}_i)) "
                        f"{{ {acc}_v = {acc}_v{s}; {acc}_i = {acc}_i{s}; }} }}")
-        elif rt == "welford_reduce":
-            out.append(f"{loop}{{ coil_welford a_ = {{{acc}_m, {acc}_m2, {acc}_w}}, "
-                       f"b_ = {{{acc}_m{s}, {acc}_m2{s}, {acc}_w{s}}}; a_ = coil_welford_combine(a_, b_); "
-                       f"{acc}_m = a_.mean; {acc}_m2 = a_.m2; {acc}_w = a_.weight; }}")
         if rt in ("argmax", "argmin"):
             out.append(f"if ({acc}_i == INT64_MAX) {acc}_i = 0;")
         return out

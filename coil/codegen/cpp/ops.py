@@ -72,12 +72,6 @@ def _reciprocal(a, dtype):
     return f"({one} / {a[0]})"
 
 
-def _relu(a, dtype):
-    # a select, not max(x, 0): keeps -0.0 (and NaN) as eager does
-    t = compute_ctype(dtype)
-    return f"coil_sel<{t}>({a[0]} < 0, ({t})0, {a[0]})"
-
-
 def _floor_int(f):
     return lambda a, dtype: f(a, dtype) if dtype.is_floating_point else a[0]
 
@@ -100,21 +94,18 @@ UNARY = {
     "erfinv": lambda a, d: f"coil_erfinv({a[0]})",
     "ndtr": lambda a, d: f"coil_ndtr({a[0]})",
     "sigmoid": lambda a, d: (f"coil_sigmoid({a[0]})" if _f32(d) else f"(1.0 / (1.0 + cm::exp(-{a[0]})))"),
-    "relu": _relu,
     "floor": _floor_int(lambda a, d: f"cm::floor({a[0]})"),
     "ceil": _floor_int(lambda a, d: f"cm::ceil({a[0]})"),
     "round": _floor_int(lambda a, d: f"cm::nearbyint({a[0]})"),
     "trunc": _floor_int(lambda a, d: f"cm::trunc({a[0]})"),
     "sign": _sign,
     "reciprocal": _reciprocal,
-    "square": lambda a, d: f"({a[0]} * {a[0]})",
     "bitwise_not": lambda a, d: f"(!{a[0]})" if d == torch.bool else f"(({compute_ctype(d)})~{a[0]})",
     "logical_not": lambda a, d: f"(!{a[0]})",
     "isnan": lambda a, d: f"({a[0]} != {a[0]})" if d.is_floating_point else "false",
     "isinf": lambda a, d: f"cm::isinf({a[0]})" if d.is_floating_point else "false",
     "lgamma": _std("lgamma"),
     "signbit": lambda a, d: f"coil_signbit({a[0]})" if d.is_floating_point else (f"({a[0]} < 0)" if d.is_signed else "false"),
-    "frac": lambda a, d: f"({a[0]} - cm::trunc({a[0]}))",
 }
 
 
@@ -163,7 +154,7 @@ def _shift(fn):
 
 
 BINARY = {"add": _binop("+"), "sub": _binop("-"), "mul": _binop("*"), "truediv": _div, "floordiv": _floordiv,
-          "truncdiv": _truncdiv, "mod": _remainder, "remainder": _remainder, "fmod": _fmod, "pow": _pow,
+          "truncdiv": _truncdiv, "remainder": _remainder, "fmod": _fmod, "pow": _pow,
           "maximum": _minmax("coil_max"), "minimum": _minmax("coil_min"), "atan2": _std("atan2"),
           "hypot": _std("hypot"), "copysign": _std("copysign"), "nextafter": _std("nextafter"), "eq": _binop("=="),
           "ne": _binop("!="), "lt": _binop("<"), "le": _binop("<="), "gt": _binop(">"), "ge": _binop(">="),
@@ -177,4 +168,4 @@ BOOL_RESULT = {"eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or",
 
 #: ops that wrap small integer types in C++ arithmetic: cast the result back
 INT_WRAP = {"add", "sub", "mul", "neg", "bitwise_and", "bitwise_or", "bitwise_xor",
-            "abs", "square", "floordiv", "truncdiv", "mod", "remainder", "fmod"}
+            "abs", "floordiv", "truncdiv", "remainder", "fmod"}

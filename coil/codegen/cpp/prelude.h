@@ -365,18 +365,6 @@ template <typename T> COIL_INLINE T coil_min(T a, T b) { return coil_sel((a != a
 template <typename T> COIL_INLINE T coil_max_prop_(T a, T b) { return coil_sel((b != b) | (b > a), b, a); }
 template <typename T> COIL_INLINE T coil_min_prop_(T a, T b) { return coil_sel((b != b) | (b < a), b, a); }
 
-struct coil_welford { float mean; float m2; float weight; };
-COIL_INLINE coil_welford coil_welford_combine(coil_welford a, coil_welford b) {
-  float w = a.weight + b.weight;
-  float delta = b.mean - a.mean;
-  float wb = w == 0.0f ? 0.0f : b.weight / w;
-  coil_welford r;
-  r.mean = a.mean + delta * wb;
-  r.m2 = a.m2 + b.m2 + delta * delta * a.weight * wb;
-  r.weight = w;
-  return r;
-}
-
 // argmax/argmin: ties keep the smaller index; NaN wins (like torch).
 // (v, i) beats the best (bv, bi) so far: NaN first, then the larger (smaller) value, ties to the lower index; bitwise
 // on bools, without branches, so the lane loop vectorizes

@@ -644,7 +644,7 @@ class TritonKernel(OpsHandler):
                     return self._op(f"(0.5 * libdevice.erfc({self._tensor(x)} * -0.7071067811865476))", dt, x)
                 if op in _FUNC_UN or (op == "reciprocal" and x.const is not None and x.const == 0):
                     x = self._tensor(x)
-                return self._op(fmt.format(x=x, z=_lit(0, x.dtype)), dt, x)
+                return self._op(fmt.format(x=x), dt, x)
             return g
         raise NotImplementedError(f"Triton codegen: ops.{op}")
 
@@ -660,7 +660,7 @@ _BIN = {"add": "({a} + {b})", "sub": "({a} - {b})", "mul": "({a} * {b})", "trued
         "hypot": "libdevice.hypot({a}, {b})", "copysign": "libdevice.copysign({a}, {b})",
         "nextafter": "libdevice.nextafter({a}, {b})", "fmod": "libdevice.fmod({a}, {b})",
         "truncdiv": "_truncdiv({a}, {b})", "floordiv": "_floordiv({a}, {b})",
-        "remainder": "_remainder_{kind}({a}, {b})", "mod": "_remainder_{kind}({a}, {b})"}
+        "remainder": "_remainder_{kind}({a}, {b})"}
 _FUNC_BIN = {k for k, v in _BIN.items() if not v.startswith("(")}
 _UN = {"abs": "tl.abs({x})", "neg": "(-{x})", "exp": "tl.exp({x})", "exp2": "libdevice.exp2({x})",
        "expm1": "libdevice.expm1({x})", "log": "tl.log({x})", "log2": "libdevice.log2({x})",
@@ -670,13 +670,13 @@ _UN = {"abs": "tl.abs({x})", "neg": "(-{x})", "exp": "tl.exp({x})", "exp2": "lib
        "sinh": "libdevice.sinh({x})", "cosh": "libdevice.cosh({x})", "tanh": "libdevice.tanh({x})",
        "asinh": "libdevice.asinh({x})", "acosh": "libdevice.acosh({x})", "atanh": "libdevice.atanh({x})",
        "erf": "tl.erf({x})", "erfc": "libdevice.erfc({x})", "erfinv": "libdevice.erfinv({x})",
-       "sigmoid": "_sigmoid({x})", "relu": "tl.where({x} < {z}, {z}, {x})", "floor": "tl.floor({x})",
+       "sigmoid": "_sigmoid({x})", "floor": "tl.floor({x})",
        "ceil": "tl.ceil({x})", "round": "libdevice.nearbyint({x})", "trunc": "libdevice.trunc({x})",
-       "sign": "_sign({x})", "reciprocal": "(1.0 / {x})", "square": "({x} * {x})", "bitwise_not": "(~{x})",
+       "sign": "_sign({x})", "reciprocal": "(1.0 / {x})", "bitwise_not": "(~{x})",
        "logical_not": "({x} == 0)", "isnan": "({x} != {x})", "isinf": "libdevice.isinf({x})",
-       "lgamma": "libdevice.lgamma({x})", "signbit": "libdevice.signbit({x})", "frac": "({x} - libdevice.trunc({x}))",
+       "lgamma": "libdevice.lgamma({x})", "signbit": "libdevice.signbit({x})",
        "ndtr": "_ndtr({x})"}
-_FUNC_UN = {k for k, v in _UN.items() if not v.startswith("(")} | {"frac"}
+_FUNC_UN = {k for k, v in _UN.items() if not v.startswith("(")}
 #: Integer and bool spellings of float-only libdevice predicates.
 _INT_UN = {"isinf": "({x} != {x})", "signbit": "({x} < 0)"}
 

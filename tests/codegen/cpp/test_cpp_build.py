@@ -64,12 +64,6 @@ def test_flags_are_in_key(cache):
     assert k1 != k2
 
 
-def test_build_many_parallel(cache):
-    tags = [random.randrange(1 << 30) for _ in range(3)]
-    libs = cpp_build.build_many([_src(t) for t in tags])
-    assert [_call(lib, 0) for lib in libs] == tags
-
-
 def test_compile_error_is_specific(cache):
     with pytest.raises(cpp_build.CppCompileError) as info:
         cpp_build.build("this is not C++;")

@@ -1,5 +1,5 @@
 """C++ kernels from hand-written plans (no lowering/scheduler involved): pointwise with
-loop splitting and bf16 loads, looped reductions (max, sum, argmax, welford) with
+loop splitting and bf16 loads, looped reductions (max, sum, argmax) with
 epilogues, gathers with bounds checks, math functions of the prelude."""
 import ctypes
 
@@ -84,30 +84,28 @@ def test_looped_reductions_and_epilogue():
     def am():
         ops.store_reduction("am", X, ops.reduction(torch.int64, torch.float32, "argmax", ops.load("a", X * C + R)))
 
-    def wf():
-        m, m2, w = ops.reduction(torch.float32, torch.float32, "welford_reduce", ops.load("a", X * C + R))
-        ops.store_reduction("mean", X, m)
-        ops.store_reduction("var", X, ops.truediv(m2, w))
+    def mean():
+        s = ops.reduction(torch.float32, torch.float32, "sum", ops.load("a", X * C + R))
+        ops.store_reduction("mean", X, ops.truediv(s, ops.constant(float(C), torch.float32)))
 
     def epi():
-        ops.store("e", X, ops.add(ops.load("mean", X), ops.load("var", X)))
+        ops.store("e", X, ops.mul(ops.load("mean", X), ops.constant(2.0, torch.float32)))
 
     bufs = {"a": torch.float32, "mx": torch.float32, "sm": torch.float32, "o": torch.float32,
-            "am": torch.int64, "mean": torch.float32, "var": torch.float32, "e": torch.float32}
+            "am": torch.int64, "mean": torch.float32, "e": torch.float32}
     plan = _Plan(N, C, [_Node(sm_max, True, 0), _Node(sm_sum, True, 1), _Node(sm_out, True, 2),
-                        _Node(am, True, 0), _Node(wf, True, 0), _Node(epi, False, 3)], bufs,
+                        _Node(am, True, 0), _Node(mean, True, 0), _Node(epi, False, 3)], bufs,
                  removed=["mx", "sm"])
     a = torch.randn(N, C)
     a[3, 7] = 100
     a[4, :] = 1.0  # argmax ties: first index
     t = {"a": a, "o": torch.empty(N, C), "am": torch.empty(N, dtype=torch.int64),
-         "mean": torch.empty(N), "var": torch.empty(N), "e": torch.empty(N)}
+         "mean": torch.empty(N), "e": torch.empty(N)}
     _run(plan, t)
     torch.testing.assert_close(t["o"], a.softmax(-1))
     assert torch.equal(t["am"], a.argmax(-1))
     torch.testing.assert_close(t["mean"], a.mean(-1))
-    torch.testing.assert_close(t["var"], a.var(-1, unbiased=False))
-    torch.testing.assert_close(t["e"], a.mean(-1) + a.var(-1, unbiased=False))
+    torch.testing.assert_close(t["e"], a.mean(-1) * 2)
 
 
 def test_max_propagates_nan_and_threads_do_not_change_sums():
@@ -151,7 +149,7 @@ def test_gather_bounds_check_raises():
 
 
 @pytest.mark.parametrize("op", ["exp", "log", "tanh", "erf", "sigmoid", "expm1", "sqrt", "sin", "cos", "erfinv",
-                                "floor", "round", "sign", "relu", "abs"])
+                                "floor", "round", "sign", "abs"])
 def test_unary_math(op):
     def body():
         ops.store("y", X, getattr(ops, op)(ops.load("x", X)))
@@ -164,7 +162,7 @@ def test_unary_math(op):
         x = torch.rand(4000) * 2 - 1
     t = {"x": x, "y": torch.empty_like(x)}
     _run(_Plan(x.numel(), 1, [_Node(body)], {"x": torch.float32, "y": torch.float32}), t, name=f"u_{op}")
-    ref = getattr(torch, op)(x.double()).float() if op != "relu" else torch.relu(x)
+    ref = getattr(torch, op)(x.double()).float()
     torch.testing.assert_close(t["y"], ref, equal_nan=True, atol=1e-5, rtol=3e-6)
 
 

@@ -330,11 +330,14 @@ class EntryCodegen:
         return name
 
     def source_expr(self, source) -> str:
-        return source.expr()
+        """``source`` as read at the entry's start: a side effect written before this use may rebind it (``old =
+        s.q; s.q = [7]; return old``; ``s.a, s.b = s.b, s.a``)."""
+        e = source.expr()
+        return e if e.isidentifier() else self.symbol_local(e)
 
     def graph_output(self, t: TensorVariable) -> str:
         if t.node.op == "placeholder" and t.source is not None:
-            return t.source.expr()
+            return self.source_expr(t.source)
         if (idx := self.out_index.get(id(t.node))) is None:
             raise Unsupported("internal: tensor missing from graph outputs")
         if id(t.fake) in self.output.inference_made:    # made in torch.inference_mode(): an inference tensor
@@ -378,7 +381,7 @@ class EntryCodegen:
         """The real cell a ``SourcedCellVariable`` stands for, reached through its source
         (``<src>.cell_contents`` is its content's source); the traced object otherwise."""
         if cell.source is not None:
-            expr = self.source_expr(cell.source)
+            expr = cell.source.expr()
             if expr.endswith(".cell_contents"):
                 return expr[:-len(".cell_contents")]
         return self.const_expr(cell.cell)

@@ -44,3 +44,84 @@ def test_write_through_flat_of_a_numpy_array_made_in_the_frame(coil_reset):
 
     x = torch.randn(3)
     torch.testing.assert_close(coil.compile(f)(x), f(x))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Finding 2 (fixed; silent wrong value): a value read from an object outside the frame (``old = s.q``) was rebuilt
+# after the graph by re-reading its source, after the frame's side effects were replayed, so it came back as what
+# the frame stored there later. ``s.a, s.b = s.b, s.a`` left both attributes equal, ``old = s.q; s.q = [7]; return
+# old`` returned [7], ``a = lst[0]; lst[0] = "new"`` returned "new", and contextlib.ExitStack.pop_all() handed the
+# new stack an empty callback deque (its callbacks never ran). Now the entry reads such sources at its start.
+# ---------------------------------------------------------------------------------------------------------------
+
+class _Box:
+    pass
+
+
+def _run_on_boxes(fn, make):
+    ref_args, out_args = make(), make()
+    coil.reset()
+    return fn(torch.ones(2), *ref_args), coil.compile(fn)(torch.ones(2), *out_args), ref_args, out_args
+
+
+def test_swap_of_two_attributes(coil_reset):
+    def f(x, s):
+        s.a, s.b = s.b, s.a
+        return x + 1
+
+    def make():
+        s = _Box()
+        s.a, s.b = [1], [2]
+        return (s,)
+
+    _, _, (ref,), (out,) = _run_on_boxes(f, make)
+    assert (out.a, out.b) == (ref.a, ref.b) == ([2], [1])
+
+
+@pytest.mark.parametrize("where", ["attr", "item"])
+def test_old_value_returned_after_its_slot_is_rebound(coil_reset, where):
+    def f_attr(x, s):
+        old = s.q
+        s.q = [7]
+        return x + 1, old
+
+    def f_item(x, lst):
+        old = lst[0]
+        lst[0] = [7]
+        return x + 1, old
+
+    def make():
+        if where == "item":
+            return ([[1, 2]],)
+        s = _Box()
+        s.q = [1, 2]
+        return (s,)
+
+    ref, out, _, _ = _run_on_boxes(f_attr if where == "attr" else f_item, make)
+    assert out[1] == ref[1] == [1, 2]
+
+
+def test_old_tensor_attribute_returned_after_rebinding(coil_reset):
+    def f(x, s):
+        old = s.q
+        s.q = x * 5
+        return old
+
+    s = _Box()
+    s.q = torch.zeros(2)
+    q = s.q
+    assert coil.compile(f)(torch.ones(2), s) is q
+
+
+def test_exit_stack_pop_all_keeps_the_callbacks(coil_reset):
+    import contextlib
+
+    def f(x):
+        log = []
+        st = contextlib.ExitStack()
+        st.callback(log.append, "a")
+        st2 = st.pop_all()
+        st2.close()
+        return x + 1, log
+
+    assert coil.compile(f)(torch.ones(2))[1] == f(torch.ones(2))[1] == ["a"]

@@ -125,3 +125,47 @@ def test_exit_stack_pop_all_keeps_the_callbacks(coil_reset):
         return x + 1, log
 
     assert coil.compile(f)(torch.ones(2))[1] == f(torch.ones(2))[1] == ["a"]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Finding 3 (fixed; silent wrong value): an attribute store on an object whose class defines ``__setattr__`` ran
+# that ``__setattr__`` twice: once traced (its body's effects and its ``object.__setattr__``), once more when the
+# entry replayed the store with ``setattr``. A ``__setattr__`` that transforms the value stored it transformed twice;
+# one that logs logged twice. The replay is now ``object.__setattr__`` for such classes.
+# ---------------------------------------------------------------------------------------------------------------
+
+class _Doubling:
+    def __init__(self):
+        self.v = 0
+
+    def __setattr__(self, name, value):
+        super().__setattr__(name, value * 2)
+
+
+class _Logging:
+    def __init__(self):
+        object.__setattr__(self, "log", [])
+
+    def __setattr__(self, name, value):
+        self.log.append(name)
+        object.__setattr__(self, name, value)
+
+
+def test_custom_setattr_runs_once_per_store(coil_reset):
+    def f(x, o):
+        o.v = 3
+        return x * o.v
+
+    ref, out = _Doubling(), _Doubling()
+    torch.testing.assert_close(coil.compile(f)(torch.ones(2), out), f(torch.ones(2), ref))
+    assert out.v == ref.v == 6
+
+    def g(x, o):
+        o.a = 1
+        return x + 1
+
+    ref, out = _Logging(), _Logging()
+    g(torch.ones(2), ref)
+    coil.compile(g)(torch.ones(2), out)
+    assert out.log == ref.log == ["a"]
+

@@ -169,3 +169,38 @@ def test_custom_setattr_runs_once_per_store(coil_reset):
     coil.compile(g)(torch.ones(2), out)
     assert out.log == ref.log == ["a"]
 
+
+# ---------------------------------------------------------------------------------------------------------------
+# Finding 4 (fixed; silent wrong value): ``l *= n`` on a list and ``s |= t`` / ``&=`` / ``-=`` / ``^=`` on a set made
+# a new list / set instead of changing the object: a list or set from outside the frame was left unchanged, and
+# another name for it (``m = l; l *= 2; return m``) did not see the change. (``l += [..]`` and ``d |= {..}`` were
+# right.) Now they change the traced container itself, recorded as a side effect.
+# ---------------------------------------------------------------------------------------------------------------
+
+def test_list_imul_and_set_inplace_ops_change_the_object(coil_reset):
+    def f(x, lst, s):
+        alias = lst
+        lst *= 2
+        s |= {3}
+        s -= {1}
+        s ^= {9}
+        return x * len(alias)
+
+    ref_args, out_args = ([1, 2], {1, 2}), ([1, 2], {1, 2})
+    ref = f(torch.ones(2), *ref_args)
+    torch.testing.assert_close(coil.compile(f)(torch.ones(2), *out_args), ref)
+    assert out_args == ref_args == ([1, 2, 1, 2], {2, 3, 9})
+
+
+def test_set_inplace_or_with_a_frozenset_and_with_dict_keys(coil_reset):
+    def f(x, s, fs, d):
+        s |= fs             # in place
+        t = s
+        t |= d.keys()       # set.__ior__ declines dict_keys: dict_keys.__ror__ makes a new set, t is rebound
+        return x * len(t), t
+
+    ref_args, out_args = ({1}, frozenset({2}), {3: 0}), ({1}, frozenset({2}), {3: 0})
+    ref = f(torch.ones(2), *ref_args)
+    out = coil.compile(f)(torch.ones(2), *out_args)   # raised TypeError (set |= list) where eager runs
+    torch.testing.assert_close(out[0], ref[0])
+    assert out[1] == ref[1] == {1, 2, 3} and out_args[0] == ref_args[0] == {1, 2}

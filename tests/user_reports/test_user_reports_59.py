@@ -204,3 +204,39 @@ def test_set_inplace_or_with_a_frozenset_and_with_dict_keys(coil_reset):
     out = coil.compile(f)(torch.ones(2), *out_args)   # raised TypeError (set |= list) where eager runs
     torch.testing.assert_close(out[0], ref[0])
     assert out[1] == ref[1] == {1, 2, 3} and out_args[0] == ref_args[0] == {1, 2}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Finding 5 (fixed; silent wrong value): a value looked up in a dict subclass from outside the frame
+# (``collections.defaultdict``, looked up in the real dict and guarded) had no source, so writes into it were not
+# replayed: ``d["k"].append(1)`` left the list empty (also through a subclass's own ``__getitem__``). Now the value's
+# source is the guarded lookup itself.
+# ---------------------------------------------------------------------------------------------------------------
+
+def test_append_to_a_list_held_by_a_defaultdict(coil_reset):
+    import collections
+
+    def f(x, d):
+        d["k"].append(1)
+        return x + 1
+
+    ref, out = collections.defaultdict(int, {"k": []}), collections.defaultdict(int, {"k": []})
+    f(torch.ones(2), ref)
+    coil.compile(f)(torch.ones(2), out)
+    assert out["k"] == ref["k"] == [1]
+
+
+class _GetItemDict(dict):
+    def __getitem__(self, key):
+        return super().__getitem__(key)
+
+
+def test_write_into_a_value_of_a_dict_subclass_with_getitem(coil_reset):
+    def f(x, d):
+        d[(1, 2)].append(3)
+        return x + 1
+
+    ref, out = _GetItemDict({(1, 2): [1]}), _GetItemDict({(1, 2): [1]})
+    f(torch.ones(2), ref)
+    coil.compile(f)(torch.ones(2), out)
+    assert out[(1, 2)] == ref[(1, 2)] == [1, 3]

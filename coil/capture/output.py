@@ -186,8 +186,7 @@ class OutputGraph:
 
     # --- inputs --------------------------------------------------------------------
     def _placeholder(self, name: str):
-        base = "".join(c if c.isalnum() else "_" for c in name).strip("_")[-60:] or "arg"
-        base = "L_" + base
+        base = "L_" + ("".join(c if c.isalnum() else "_" for c in name).strip("_")[-60:] or "arg")
         if base in self._placeholder_names:
             base = f"{base}_{len(self._placeholder_names)}"
         self._placeholder_names.add(base)
@@ -205,7 +204,7 @@ class OutputGraph:
         fake = self.dynamic.fake_input(self.fake_mode, expr, value, is_param, tx.location() if tx is not None else None)
         node = self._placeholder(expr)
         node.meta["example_value"] = fake
-        node.meta["source"] = source.expr()
+        node.meta["source"] = expr
         self.layouts_at_call.append((fake, tuple(fake.shape), fake.stride(), fake.storage_offset()))
         vt = TensorVariable(node, fake, source, cls=type(value))
         self.inputs.append((source, value, node))
@@ -243,9 +242,7 @@ class OutputGraph:
 
     def where(self) -> str:
         """``file:line`` of the user code being translated (for specialization logs)."""
-        if (tx := self.current_tx) is None:
-            return "?"
-        if not (frames := tx.user_frames()):
+        if not (frames := self.current_tx.user_frames() if self.current_tx is not None else None):
             return "?"
         f, line, name = frames[-1]
         return f"{f}:{line} in {name}"
@@ -329,12 +326,13 @@ class EntryCodegen:
             self.ns[name] = value
         return name
 
-    def source_expr(self, source) -> str:
-        return source.expr()
+    def source_expr(self, source) -> str:   # read at the entry's start: side effects may rebind it (s.q = s.r)
+        e = source.expr()
+        return e if e.isidentifier() else self.symbol_local(e)
 
     def graph_output(self, t: TensorVariable) -> str:
         if t.node.op == "placeholder" and t.source is not None:
-            return t.source.expr()
+            return self.source_expr(t.source)
         if (idx := self.out_index.get(id(t.node))) is None:
             raise Unsupported("internal: tensor missing from graph outputs")
         if id(t.fake) in self.output.inference_made:    # made in torch.inference_mode(): an inference tensor
@@ -378,7 +376,7 @@ class EntryCodegen:
         """The real cell a ``SourcedCellVariable`` stands for, reached through its source
         (``<src>.cell_contents`` is its content's source); the traced object otherwise."""
         if cell.source is not None:
-            expr = self.source_expr(cell.source)
+            expr = cell.source.expr()
             if expr.endswith(".cell_contents"):
                 return expr[:-len(".cell_contents")]
         return self.const_expr(cell.cell)
@@ -395,15 +393,15 @@ class EntryCodegen:
                     body = "{" + ", ".join(f"{self.const_expr(k)}: {self.reconstruct(v)}"
                                            for k, v in vt.items.items()) + "}"
                     t = self.tmp()
-                    self.lines.append(f"{t} = {body}")
-                    self.lines.append(f"{src}.clear(); {src}.update({t})")
+                    self.lines += [f"{t} = {body}", f"{src}.clear(); {src}.update({t})"]
                 elif isinstance(vt, SetVariable):
                     self.lines.append(f"{src}.clear(); {src}.update({vt.build_expr(self)})")
                 else:
                     raise Unsupported(f"mutation of {vt}")
-            elif kind == "attr":
-                obj = self.reconstruct(item[1])
-                self.lines.append(f"setattr({obj}, {item[2]!r}, {self.reconstruct(se.value(item))})")
+            elif kind == "attr":    # (a custom __setattr__ was traced: its object.__setattr__ is what is left)
+                own = type(item[1].value).__setattr__ in (object.__setattr__, torch.nn.Module.__setattr__)
+                obj, setter = self.reconstruct(item[1]), "setattr" if own else self.const_expr(object.__setattr__)
+                self.lines.append(f"{setter}({obj}, {item[2]!r}, {self.reconstruct(se.value(item))})")
             elif kind == "global":
                 self.lines.append(f"{item[2]}[{item[3]!r}] = {self.reconstruct(se.value(item))}")
             else:

@@ -114,8 +114,8 @@ class DefaultsSource(Source):
 
 @dataclass(frozen=True)
 class ConstSource(Source):
-    """A value the generated code holds directly (namespace name ``name``); used for
-    values such as closure cells of inlined functions that are guarded by identity."""
+    """A value the generated code holds directly (namespace name ``name``; or an expression over such names, as a
+    guarded dict lookup): closure cells of inlined functions guarded by identity."""
     name: str
     template = "{name}"
 

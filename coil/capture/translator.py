@@ -93,6 +93,8 @@ _INPLACE_TO_OUT = {operator.iadd: operator.add, operator.isub: operator.sub, ope
                    operator.imod: operator.mod, operator.ipow: operator.pow, operator.imatmul: operator.matmul,
                    operator.iand: operator.and_, operator.ior: operator.or_, operator.ixor: operator.xor,
                    operator.ilshift: operator.lshift, operator.irshift: operator.rshift}
+_SET_UPDATES = {operator.ior: "update", operator.iand: "intersection_update", operator.isub: "difference_update",
+                operator.ixor: "symmetric_difference_update"}   # ``s |= t`` changes s itself
 
 
 def const_value(v):
@@ -440,6 +442,11 @@ class InstructionTranslatorBase:
             b = TupleVariable([ConstantVariable(v) for v in b.value])
         if isinstance(b, BaseListVariable) and isinstance(a, ConstantVariable) and type(a.value) is tuple:
             a = TupleVariable([ConstantVariable(v) for v in a.value])
+        if isinstance(a, SetVariable) and op in _SET_UPDATES:
+            if isinstance(b, SetVariable) or type(b.as_python_constant_or_none()) is frozenset:
+                a.call_method(self, _SET_UPDATES[op], [b], {})
+                return a
+            op = _INPLACE_TO_OUT[op]    # ``s |= d.keys()``: a new set (dict_keys.__ror__), as in eager
         if isinstance(a, ListIteratorVariable) and a.kind in ("keys", "items") and op in (
                 operator.and_, operator.or_, operator.sub, operator.xor):
             a = SetVariable([v.as_python_constant() for v in a.items])
@@ -458,10 +465,8 @@ class InstructionTranslatorBase:
             res = sym_binary(self, op, a, b)     # sizes stay symbolic (variables/symbolic.py)
             if res is not None:
                 return res
-        if op is operator.is_:
-            return ConstantVariable(self.is_same(a, b))
-        if op is operator.is_not:
-            return ConstantVariable(not self.is_same(a, b))
+        if op in (operator.is_, operator.is_not):
+            return ConstantVariable(self.is_same(a, b) == (op is operator.is_))
         if isinstance(a, TensorVariable) or isinstance(b, TensorVariable):
             if isinstance(a, (NNModuleVariable, UserDefinedObjectVariable, NewObjectVariable)) or \
                     isinstance(b, (NNModuleVariable, UserDefinedObjectVariable, NewObjectVariable)):
@@ -503,11 +508,11 @@ class InstructionTranslatorBase:
                     if not self.values_equal(x, y):  # ((1, t) < (2, t), sorted(d.items()) with tensor values)
                         return ConstantVariable(self.truthy(self.binary_op(op, x, y)))
                 return ConstantVariable(op(len(a.items), len(b.items)))
+        if isinstance(a, ListVariable) and op in (operator.iadd, operator.imul):    # the list itself
+            return a.call_method(self, f"__{op.__name__}__", [b], {})
         if isinstance(a, BaseListVariable) and op in (operator.mul, operator.imul) and b.is_python_constant():
             cls = ListVariable if isinstance(a, ListVariable) else TupleVariable
             return cls(a.items * b.as_python_constant())
-        if isinstance(a, ListVariable) and op is operator.iadd:
-            return a.call_method(self, "__iadd__", [b], {})
         if isinstance(a, DictVariable) and isinstance(b, DictVariable) and op in (operator.or_, operator.ior):
             if op is operator.ior:
                 a.call_method(self, "update", [b], {})

@@ -209,7 +209,7 @@ class NumpyArrayVariable(ConstantVariable):
             raise Unsupported(f"numpy array {what} raised {type(e).__name__}") from None
 
     def var_getattr(self, tx, name):
-        if name in ("base", "flags", "ctypes", "data", "__array_interface__"):
+        if name in ("base", "flags", "flat", "ctypes", "data", "__array_interface__"):  # (views of its memory)
             raise Unsupported(f"attribute {name} of a numpy array")
         if callable(getattr(self.value, name, None)):      # ``a.reshape(2, 3)``: call_method
             from coil.capture.variables.containers import BoundMethodVariable

@@ -238,6 +238,9 @@ def _build(tx, value, source, gs) -> VariableTracker:
         # (a nested_compile_region wrapper is torch's Python code: inlined, builtins.py)
         guard_is()
         return TorchFunctionVariable(value, source)
+    if _numpy_pure(value):     # ``np.array([64, 128])``, ``np.eye(2)`` (Python, not inlined): folded on constants
+        guard_is()
+        return bi.PureFunctionVariable(value, source)
     if isinstance(value, types.FunctionType):
         if _frame.is_disabled(value):
             return bi.DisabledFunctionVariable(value, source)
@@ -302,9 +305,6 @@ def _build(tx, value, source, gs) -> VariableTracker:
     if isinstance(value, type):
         guard_is()
         return UserDefinedClassVariable(value, source)
-    if _numpy_pure(value):     # ``np.array([64, 128])``: folded on constants
-        guard_is()
-        return bi.PureFunctionVariable(value, source)
     if isinstance(value, (types.BuiltinFunctionType, types.MethodWrapperType,
                           types.MethodDescriptorType, types.WrapperDescriptorType)):
         mod = getattr(value, "__module__", None) or ""

@@ -273,9 +273,10 @@ class ListVariable(BaseListVariable):
             self._mutated(tx)
             del items[_const_index(tx, args[0])]
             return ConstantVariable(None)
-        if name == "__iadd__":
+        if name in ("__iadd__", "__imul__"):
+            new = items + tx.unpack(args[0]) if name == "__iadd__" else items * args[0].as_python_constant()
             self._mutated(tx)
-            items.extend(tx.unpack(args[0]))
+            items[:] = new
             return self
         return super().call_method(tx, name, args, kwargs)
 
@@ -304,9 +305,8 @@ class DequeVariable(ListVariable):
         return method_getattr(self, tx, name)
 
     def _trim(self, left: bool):
-        if self.maxlen is not None:
-            while len(self.items) > self.maxlen:
-                self.items.pop(-1 if left else 0)
+        while self.maxlen is not None and len(self.items) > self.maxlen:
+            self.items.pop(-1 if left else 0)
 
     def call_method(self, tx, name, args, kwargs):
         items = self.items
@@ -324,11 +324,9 @@ class DequeVariable(ListVariable):
                 self._trim(True)
             return ConstantVariable(None)
         if name == "rotate":
-            n = args[0].as_python_constant() if args else 1
+            n = (args[0].as_python_constant() if args else 1) % max(len(items), 1)
             self._mutated(tx)
-            if items:
-                n %= len(items)
-                items[:] = items[-n:] + items[:-n] if n else items
+            items[:] = items[-n:] + items[:-n] if n else items
             return ConstantVariable(None)
         if name == "copy":
             return DequeVariable(list(items), self.maxlen)
@@ -544,16 +542,13 @@ class SetVariable(VariableTracker):
     var_getattr = method_getattr
 
     def call_method(self, tx, name, args, kwargs):
-        if name in ("add", "discard", "remove", "update", "clear", "difference_update", "intersection_update"):
+        if name in ("add", "discard", "remove", "update", "clear", "difference_update", "intersection_update",
+                    "symmetric_difference_update"):
             tx.output.side_effects.mutated(self)
             cargs = [set(a.as_python_constant()) if name.endswith("update") else a.as_python_constant() for a in args]
             getattr(self.items, name)(*cargs)
             return ConstantVariable(None)
-        if name == "__contains__":
-            return ConstantVariable(args[0].as_python_constant() in self.items)
-        if name == "__len__":
-            return ConstantVariable(len(self.items))
-        cargs = [a.as_python_constant() for a in args]
+        cargs = [a.as_python_constant() for a in args]     # (``__contains__``, ``__len__``, ``union``...)
         res = getattr(self.items, name)(*cargs)
         return SetVariable(res) if isinstance(res, set) else ConstantVariable(res)
 

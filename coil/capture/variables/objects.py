@@ -25,7 +25,7 @@ from torch.fx.experimental.proxy_tensor import get_proxy_mode
 
 from coil.exc import Unsupported
 from coil.capture.dynamic import RANDOM_DRAWS, random_draw
-from coil.capture.source import AttrSource, ModuleDictSource
+from coil.capture.source import AttrSource, ConstSource, ModuleDictSource
 from coil.capture.variables.base import (AttributeMissing, ConstantVariable, RealValueVariable, VariableTracker,
                                          wrap)
 from coil.capture.variables.containers import (BaseListVariable, DictVariable, ListIteratorVariable, ListVariable,
@@ -221,15 +221,15 @@ def _dict_lookup(tx, vt, name, args, kwargs, base=False):
     gs = tx.output.guards
     src = vt.source.expr()
     get = f"___builtins.dict.get({src}, " if base else f"{src}.get("
-    gs.add(f"{get}{gs.const(key)}, {gs.const(_MISSING)}) is {gs.const(found)}",
-           f"{get}{gs.const(key)})", found, src=src)
+    found_expr = f"{get}{gs.const(key)}, {gs.const(_MISSING)})"
+    gs.add(f"{found_expr} is {gs.const(found)}", f"{get}{gs.const(key)})", found, src=src)
     if name == "__contains__":
         return ConstantVariable(found is not _MISSING)
     if found is _MISSING:
         if name == "get":
             return args[1] if len(args) > 1 else ConstantVariable(None)
         return None             # KeyError: a graph break, eager raises
-    return wrap(tx, found, None)
+    return wrap(tx, found, ConstSource(found_expr))    # (a source: writes into it are replayed)
 
 
 def object_truthy(tx, vt: VariableTracker, cls: type) -> bool:

@@ -49,6 +49,29 @@ def test_batchnorm_cumulative_average_under_inference_mode(coil_reset):
         torch.testing.assert_close(m2.running_var, m1.running_var)
 
 
+def test_float_attribute_and_random_draw_under_inference_mode_dynamic(coil_reset):
+    import random
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.temperature = 1.0
+
+        def forward(self, x):
+            return (x / self.temperature).softmax(-1) * random.random()
+
+    m = M()
+    cm = coil.compile(m, dynamic=True)
+    with torch.inference_mode():
+        for i, t in enumerate((0.5, 0.7, 1.3)):
+            m.temperature = t
+            x = torch.randn(2, 4 + i)
+            random.seed(i)
+            a = m(x)
+            random.seed(i)
+            torch.testing.assert_close(cm(x), a)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Programs that matched eager
 # ---------------------------------------------------------------------------------------------------------------

@@ -420,11 +420,9 @@ def readable(expr: str, names: dict) -> str:
 
 def is_symbolic_value(v: Any) -> bool:
     """Does a fake tensor (sizes, strides, offset) or scalar hold a symbol?"""
-    if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-        return True
     if isinstance(v, torch.Tensor):
         return any(isinstance(s, torch.SymInt) for s in (*v.shape, *v.stride(), v.storage_offset()))
-    return False
+    return isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool))
 
 
 def symbolic_input(out, value, text: str, source=None) -> tuple:
@@ -440,7 +438,8 @@ def symbolic_input(out, value, text: str, source=None) -> tuple:
         out.inputs.append((source or SymbolSource(text), value, node))
     else:
         sym = env.create_symfloatnode(s, hint=value, source=src)
-        real = torch.tensor(value, dtype=torch.float64)
+        with torch.inference_mode(False):  # a fake of an inference tensor keeps no item_memo
+            real = torch.tensor(value, dtype=torch.float64)
         node.meta["example_value"] = fake = out.fake_mode.from_tensor(real, static_shapes=True)
         fake.item_memo = sym
         out.guards.ns["___scalar_tensor"] = _scalar_tensor

@@ -429,13 +429,13 @@ class InstructionTranslatorBase:
             return True
         if isinstance(a, ConstantVariable) and isinstance(b, ConstantVariable):
             return a.value is b.value
-        va, vb = getattr(a, "value", _SENTINEL), getattr(b, "value", _SENTINEL)
         if isinstance(a, ObjectVariableBase) and isinstance(b, ObjectVariableBase):
-            return va is vb
+            return getattr(a, "value", _SENTINEL) is getattr(b, "value", _SENTINEL)
         fa, fb = getattr(a, "fn", _SENTINEL), getattr(b, "fn", _SENTINEL)
         if fa is not _SENTINEL and fa is fb and type(a) is type(b) and not hasattr(a, "obj"):
             return True
-        return a.node is b.node if isinstance(a, TensorVariable) and isinstance(b, TensorVariable) else False
+        # an in-place op (``y = x.add_(1)``, ``y += 1``) returns the tensor it wrote: a new node, the same fake
+        return isinstance(a, TensorVariable) and isinstance(b, TensorVariable) and (a.node is b.node or a.fake is b.fake)
 
     def binary_op(self, op, a: VariableTracker, b: VariableTracker) -> VariableTracker:
         if isinstance(a, BaseListVariable) and isinstance(b, ConstantVariable) and type(b.value) is tuple:

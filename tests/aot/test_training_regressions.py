@@ -805,3 +805,18 @@ def test_checkpointed_value_written_after_it_was_saved_saves_only_the_input(tmp_
     parts = [e for e in events if e.get("event") == "aot_partition"]
     assert [[s["name"] for s in p["saved"]] for p in parts] == [["primals_1"]]
     assert [e["shape"] for e in events if e.get("event") == "aot_checkpoint_written_save"] == [["2", "3"]]
+
+
+@pytest.mark.xfail(strict=True, reason="open: relu_'s saved output written afterwards through another view; eager's "
+                   "backward raises the version check, coil's functional graph differentiates the value relu read "
+                   "(torch's aot_eager misses it too; docs/fuzzing.md, the open missing_error class)")
+def test_relu_output_written_through_another_view_fails_backward_as_eager():
+    """s1053 #263 (``cpp_dynamic+grad``; static shapes the same class as s1004 #110)."""
+    def fn(a):
+        a.view(1, -1).relu_()
+        v3 = a.squeeze()
+        v3[v3 > 0] = -0.0
+        return (a,)
+
+    r = check(fn, lambda: [torch.tensor(1.0)], "cpp_dynamic+grad", grad_key=3097863368)
+    assert r.outcome == "both_raise", (r.kind, r.detail)

@@ -88,3 +88,13 @@ def test_script_module_called_from_compiled_function():
     got, ref = _both(f, x)   # raised AttributeError: '_CachedForward' object has no attribute '__getattr__'
     torch.testing.assert_close(got, ref)
 
+
+
+def test_in_place_result_is_the_tensor_it_wrote():
+    # ``y += 1`` and ``x.add_(1)`` return x itself: ``is`` was False under capture (a new node)
+    def f(x):
+        y = x
+        y += 1
+        return x is y, x.mul_(2) is x, x.t_() is x, x.clone() is x
+
+    assert coil.compile(f, fullgraph=True)(torch.ones(2, 2)) == (True, True, True, False)

@@ -530,5 +530,6 @@ def mark_step_begin() -> None:
 
 
 def reset() -> None:
-    """Forget every recorded graph and pool."""
+    """Forget every recorded graph and pool, and which skip reasons have warned (they warn again)."""
     _TREES.clear()
+    _WARNED.clear()

@@ -42,6 +42,9 @@ def main() -> None:
     ap.add_argument("--inductor", action="store_true")
     ap.add_argument("--top", type=int, default=6)
     ap.add_argument("--device", default="auto")
+    ap.add_argument("--seeds", type=int, default=0,
+                    help="instead: N fresh random inputs; per seed, the forward's output error "
+                         "and its mean's error (the loss) for eager, coil and torch.compile")
     a = ap.parse_args()
     import coil
     from coil.bench import measure, suite
@@ -50,6 +53,8 @@ def main() -> None:
     device = suite.resolve_device(a.device)
     built = BROAD_MODELS[a.model].build(device, "full" if device.type == "cuda" else "small")
     print(f"{a.model} ({built.config}), mode {a.mode}, {device}, torch {torch.__version__}")
+    if a.seeds:
+        return _seeds(built, a, device)
     ref, eager = suite._reference_outputs(built, a.mode, device)
     names = ["loss"] + [n for n, p in built.module.named_parameters() if p.requires_grad] \
         if a.mode == "train" else [f"output {i}" for i in range(len(ref))]
@@ -85,6 +90,48 @@ def main() -> None:
             print(f"   {names[i][-48:]:48s} {rms:10.3g} {e_err:10.3g} {c_err:10.3g} {ratio:8.2f}"
                   f"{'' if ok else '  FAIL'}")
     sys.stdout.flush()
+
+
+def _seeds(built, a, device) -> None:
+    """Forward-only error statistics over ``a.seeds`` random inputs: the output's rmse
+    against the float64 model and the error of its mean (the training loss), per
+    compiler, so a loss that fails the rule can be told from rounding luck."""
+    import coil
+    from coil.bench import measure, suite
+    from coil.bench.models import flatten_outputs, reduce_to_scalar_loss
+
+    def copy(dtype):
+        return suite._prepared_copy(built.module, a.mode, dtype)
+
+    ref_m = copy(torch.float64)
+    fns = {"eager": copy(torch.float32)}
+    coil.reset()
+    fns["coil"] = coil.compile(copy(torch.float32))
+    if a.inductor:
+        fns["torch.compile"] = torch.compile(copy(torch.float32))
+    print(f"{'seed':>4s} " + " ".join(f"{k + ' out':>14s} {k + ' loss':>14s}" for k in fns))
+    sums = {k: [0.0, 0.0] for k in fns}
+    for seed in range(a.seeds):
+        torch.manual_seed(seed)
+        args = [torch.randn_like(t) * t.float().std() + t.float().mean()
+                if isinstance(t, torch.Tensor) and t.is_floating_point() else t
+                for t in built.args]
+        with torch.no_grad():
+            r_out = flatten_outputs(ref_m(*suite._cast_inputs(args, torch.float64)))
+        r_loss = reduce_to_scalar_loss(r_out)
+        cells = []
+        for k, f in fns.items():
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+                out = flatten_outputs(f(*args))
+            loss = reduce_to_scalar_loss(out).detach().double()
+            o_err = measure.rmse(r_out[0], out[0].detach())
+            l_err = abs(float(loss - r_loss))
+            sums[k][0] += o_err ** 2
+            sums[k][1] += l_err ** 2
+            cells.append(f"{o_err:14.3g} {l_err:14.3g}")
+        print(f"{seed:4d} " + " ".join(cells))
+    print(f"{'rms':>4s} " + " ".join(f"{(o / a.seeds) ** .5:14.3g} {(l / a.seeds) ** .5:14.3g}"
+                                    for o, l in sums.values()))
 
 
 if __name__ == "__main__":

@@ -15,7 +15,11 @@ computed in float64::
 arithmetic: factor 3, and ``atol`` the larger of 1e-5 and 1e-3 of the reference's rms
 (an AMP step's float32 loss of about 7: eager's error on that one scalar was 2.5e-7 by
 chance, and 1e-5 is a hundredth of a bf16 rounding step there; a gradient of rms 1e-4
-keeps an ``atol`` of 1e-5). Shape differences, NaN/inf where the reference has finite values, and
+keeps an ``atol`` of 1e-5); a one-element float32 result (the loss) at least 1e-4: timm models' loss is the mean
+of the bf16 logits, about 1e-3, and over 8 random inputs eager's own error on it had an rms of 1.2e-5, so a 1e-5
+floor failed a compiler whenever eager's rounding happened to cancel (ConvNeXt-T on an H100: eager 3e-7, coil
+1.6e-5; over the 8 inputs coil's rms 1.25e-5, torch.compile's 1.12e-5; ``benchmarks/gpu_accuracy_diag.py
+--seeds``). Shape differences, NaN/inf where the reference has finite values, and
 any difference in non-floating outputs fail.
 
 Speedup. Eager and compiled runs alternate (eager, compiled, eager, compiled, ...) after
@@ -97,7 +101,7 @@ def compare(ref: Sequence[torch.Tensor], eager: Sequence[torch.Tensor],
             e64 = e.detach().to(torch.float64)
         factor, atol = tolerance(c.dtype)
         if low_precision and c.dtype == torch.float32:
-            factor, atol = 3.0, max(atol, 1e-3 * rmse(r64, torch.zeros_like(r64)))
+            factor, atol = 3.0, max(atol, 1e-3 * rmse(r64, torch.zeros_like(r64)), 1e-4 if r64.numel() == 1 else 0.0)
         e_err, c_err = rmse(r64, e64), rmse(r64, c64)
         ratio = c_err / max(e_err, 1e-30) if c_err > 0 else 0.0
         worst = max(worst, ratio)

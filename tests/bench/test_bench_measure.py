@@ -147,3 +147,16 @@ def test_compare_under_autocast_takes_the_16_bit_tolerance():
     # a small gradient keeps a small atol: 1e-3 of its rms
     g = [torch.full((100,), 1e-4, dtype=torch.float64)]
     assert not measure.compare(g, [g[0].float()], [(g[0] + 1e-4).float()], low_precision=True).ok
+
+
+def test_compare_under_autocast_scalar_loss_near_zero():
+    # ConvNeXt-T channels-last AMP training on an H100: the loss (mean of 64,000 bf16 logits) was 1.1e-3; eager's error
+    # 2.95e-7 by chance, coil's 1.56e-5 failed 3x + 1e-5, though over 8 random inputs eager's own rms error was 1.2e-5
+    ref = [torch.tensor(1.11e-3, dtype=torch.float64)]
+    eager, res = [(ref[0] + 2.95e-7).float()], [(ref[0] + 1.56e-5).float()]
+    assert measure.compare(ref, eager, res, low_precision=True).ok
+    assert not measure.compare(ref, eager, res).ok                      # full precision keeps 2x + 1e-5
+    assert not measure.compare(ref, eager, [(ref[0] + 1e-3).float()], low_precision=True).ok
+    # tensors with more than one element keep the floor of 1e-5
+    g = [torch.full((4,), 1.11e-3, dtype=torch.float64)]
+    assert not measure.compare(g, [(g[0] + 2.95e-7).float()], [(g[0] + 1.56e-5).float()], low_precision=True).ok

@@ -871,10 +871,12 @@ class GraphLowering(torch.fx.Interpreter):
 
     # -- matmul operands with a misaligned leading dimension ----------------------------
     def _matvec_as_reduction(self, target, args, meta) -> Optional[TensorBox]:
-        """A one-row CUDA fp16/bf16 ``mm``/``addmm`` ``(1, K) @ (K, N)`` that cuBLAS would need padded (N or a leading
-        dimension not a multiple of 8, see :func:`_maybe_pad_matmul_output`), as a generated sum over K in float32, the
-        bias added before the one rounding (as cuBLAS does). A matrix-vector product is memory-bound: this reads the
-        weight once, where padding copied all of it every call (GPT-2 decoding's LM head, 1 x 50257: 77 MB a token).
+        """A one-row CUDA fp16/bf16 ``mm``/``addmm`` ``(1, K) @ (K, N)`` with at least 2^18 weight elements, as a
+        generated sum over K in float32, the bias added before the one rounding (as cuBLAS does). A matrix-vector
+        product is memory-bound: this reads the weight once, where a product cuBLAS would need padded (N or a leading
+        dimension not a multiple of 8) copied all of it every call (GPT-2 decoding's LM head, 1 x 50257: 77 MB a
+        token), and an aligned one ran cuBLAS's GEMM kernel plus, for long K, a split-K reduction kernel (a decoding
+        step's four matmuls a layer), whose epilogue (bias, GELU, residual add) is now fused into the sum's kernel.
         None when it does not apply."""
         if not _pads_matmuls(meta):
             return None
@@ -883,7 +885,7 @@ class GraphLowering(torch.fx.Interpreter):
             (m, k), (_, n) = [int(v) for v in a.get_size()], [int(v) for v in b.get_size()]
         except (TypeError, AttributeError):
             return None
-        if m != 1 or k * n < (1 << 20) or not (n % 8 or _misaligned_ld(a) or _misaligned_ld(b)):
+        if m != 1 or k * n < (1 << 18):
             return None
         la = self._strided_or_copy(a).make_loader()  # K values, read N times
         lb, f32 = b.make_loader(), torch.float32

@@ -272,12 +272,14 @@ def test_padded_addmm_rounds_once(monkeypatch):
     assert ((out > 0) != (ref > 0)).sum() <= 2
 
 
+@pytest.mark.parametrize("n", [4099, 1024])
 @pytest.mark.parametrize("backend", ["cpp", "triton"])
-def test_one_row_matmul_is_a_reduction(backend, monkeypatch):
+def test_one_row_matmul_is_a_reduction(backend, n, monkeypatch):
     """A decoding step's LM head (1 row x 50257 words) copied the whole padded weight into
-    ``matmul_padded`` every call (77 MB a token on an H200); a one-row product that would
-    need padding is now a generated float32 sum over K (bias added before rounding), with
-    eager's dtype and strides."""
+    ``matmul_padded`` every call (77 MB a token on an H200); a one-row product is now a
+    generated float32 sum over K (bias added before rounding), with eager's dtype and
+    strides, aligned N too (a decoding step's per-layer matmuls ran cuBLAS GEMM and split-K
+    kernels, their bias and GELU in separate kernels)."""
     import coil.ir.graph as G
     from codegen_helpers import compile_fn
 
@@ -287,9 +289,9 @@ def test_one_row_matmul_is_a_reduction(backend, monkeypatch):
         return torch.addmm(b, x, w.t()), (x @ w.t()).relu(), torch.nn.functional.linear(x * 2, w)
 
     torch.manual_seed(0)
-    x, w, b = (torch.randn(*s, dtype=torch.bfloat16) for s in ((1, 256), (4099, 256), (4099,)))
+    x, w, b = (torch.randn(*s, dtype=torch.bfloat16) for s in ((1, 256), (n, 256), (n,)))
     c = compile_fn(f, x, w, b, backend=backend)
-    assert "matmul_padded(" not in c.source and "aten.mm" not in c.source, c.source
+    assert "matmul_padded(" not in c.source and "aten.mm" not in c.source and "aten.addmm" not in c.source, c.source
     exact = (x.double() @ w.double().t(), x.double() @ w.double().t(), (2 * x.double()) @ w.double().t())
     exact = (exact[0] + b.double(), exact[1].relu(), exact[2])
     for o, r, e in zip(c(x, w, b), f(x, w, b), exact):

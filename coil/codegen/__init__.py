@@ -32,6 +32,7 @@ from coil.ir.nodes import ComputedBuffer, ExternKernel, ScatterBuffer
 from coil.ir.symbols import shape_env_scope
 from coil.codegen.wrapper import WrapperCodegen, _alias_roots
 from coil.ir.graph import GraphLowering
+from coil.ir.upcast_matmul import upcast_matmuls
 from coil.schedule.scheduler import FusedGroup, Scheduler
 
 __all__ = ["compile_aten_graph", "CompiledGraph"]
@@ -206,6 +207,8 @@ def _ownable_buffers(graph, out_names: set) -> set:
 
 
 def _compile(gm, example_inputs, device, env) -> "CompiledGraph":
+    if config.matmul_float32_grads:
+        upcast_matmuls(gm)
     with trace.stage("codegen_graph"):
         graph = GraphLowering(gm, example_inputs, device).lower()
         sched = Scheduler(graph)

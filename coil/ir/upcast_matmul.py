@@ -1,0 +1,71 @@
+"""A bf16 matmul whose only use is a float32 cast that the graph returns, as one float32-output matmul.
+
+Under bf16 autocast a linear layer's weight gradient is a bf16 product ``g.t() @ x`` cast to float32 for the float32
+parameter (``_to_copy``, often through ``permute``s that cancel): cuBLAS rounds its float32 accumulator to bf16, and a
+kernel of its own reads that and writes float32. ``aten.mm.dtype(a, b, torch.float32)`` has cuBLAS write the
+accumulator as float32: no cast kernel, 2 more bytes an element in the product's epilogue, and no bf16 rounding of the
+gradient (its values are closer to the exact product than eager's; bf16 has float32's exponent range, so no value
+overflows in one and not the other). fp16 products are left alone: their rounding to fp16 is where eager's gradients
+overflow to inf, which ``GradScaler`` looks for. Off unless ``config.matmul_float32_grads``;
+``benchmarks/mm_out_dtype.py`` times the two forms.
+"""
+from __future__ import annotations
+
+import torch
+import torch.fx
+
+from coil import trace
+
+aten = torch.ops.aten
+#: devices whose ``aten.mm.dtype`` takes bf16 operands (tests add "cpu" with a kernel of their own)
+DEVICES = ("cuda",)
+_VIEWS = (aten.permute.default, aten.t.default, aten.transpose.int)
+_CASTS = (aten._to_copy.default, torch.ops.prims.convert_element_type.default)
+
+
+def upcast_matmuls(gm: torch.fx.GraphModule) -> int:
+    """Rewrite, in place, each ``_to_copy(v(mm(a, b)), dtype=float32)`` of ``gm`` (``v``: zero or more transposes,
+    each the only user of its input, composing to ``mm``'s own layout) whose result only the graph's output reads and
+    whose bf16 ``mm`` on a ``DEVICES`` device has static sizes that are multiples of 8 (cuBLAS's aligned kernels),
+    into ``aten.mm.dtype(a, b, torch.float32)``. Returns how many were rewritten (event ``matmul_float32_out``)."""
+    if getattr(aten.mm, "dtype", None) is None:
+        return 0
+    graph, done = gm.graph, 0
+    for cast in list(graph.nodes):
+        if cast.op != "call_function" or cast.target not in _CASTS or \
+                any(u.op != "output" for u in cast.users) or not _only_dtype(cast):
+            continue
+        out, chain, src = cast.meta.get("val"), [], cast.args[0]
+        while isinstance(src, torch.fx.Node) and src.target in _VIEWS and len(src.users) == 1:
+            chain.append(src)
+            src = src.args[0]
+        if not (isinstance(src, torch.fx.Node) and src.target is aten.mm.default and len(src.users) == 1):
+            continue
+        mv = src.meta.get("val")
+        ops = [a.meta.get("val") for a in src.args]
+        if not (isinstance(out, torch.Tensor) and isinstance(mv, torch.Tensor) and out.dtype == torch.float32
+                and mv.dtype == torch.bfloat16 and mv.device.type in DEVICES
+                and tuple(out.shape) == tuple(mv.shape) and tuple(out.stride()) == tuple(mv.stride())
+                and all(isinstance(s, int) and s % 8 == 0 for t in ops for s in t.shape)):
+            continue
+        with graph.inserting_before(cast):
+            new = graph.call_function(aten.mm.dtype, (src.args[0], src.args[1], torch.float32))
+        new.meta = dict(src.meta)
+        new.meta["val"] = out
+        cast.replace_all_uses_with(new)
+        for n in [cast, *chain, src]:
+            graph.erase_node(n)
+        done += 1
+    if done:
+        gm.recompile()
+        trace.log("matmul_float32_out", stage="lowering", count=done)
+    return done
+
+
+def _only_dtype(cast: torch.fx.Node) -> bool:
+    """Whether the cast changes nothing but the dtype (no memory format, device or layout change)."""
+    extra = {k: v for k, v in cast.kwargs.items() if k != "dtype"}
+    val, src = cast.meta.get("val"), getattr(cast.args[0], "meta", {}).get("val")
+    return isinstance(val, torch.Tensor) and isinstance(src, torch.Tensor) and val.device == src.device and \
+        extra.get("layout", torch.strided) is torch.strided and extra.get("memory_format") in (None, torch.preserve_format) \
+        and set(extra) <= {"layout", "device", "memory_format"}

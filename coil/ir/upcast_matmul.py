@@ -11,6 +11,8 @@ overflow to inf, which ``GradScaler`` looks for. Off unless ``config.matmul_floa
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.fx
 
@@ -44,7 +46,7 @@ def upcast_matmuls(gm: torch.fx.GraphModule) -> int:
         mv = src.meta.get("val")
         ops = [a.meta.get("val") for a in src.args]
         if not (isinstance(out, torch.Tensor) and isinstance(mv, torch.Tensor) and out.dtype == torch.float32
-                and mv.dtype == torch.bfloat16 and mv.device.type in DEVICES
+                and mv.dtype == torch.bfloat16 and mv.device.type in DEVICES and _works(mv.device)
                 and tuple(out.shape) == tuple(mv.shape) and tuple(out.stride()) == tuple(mv.stride())
                 and all(isinstance(s, int) and s % 8 == 0 for t in ops for s in t.shape)):
             continue
@@ -60,6 +62,18 @@ def upcast_matmuls(gm: torch.fx.GraphModule) -> int:
         gm.recompile()
         trace.log("matmul_float32_out", stage="lowering", count=done)
     return done
+
+
+@functools.lru_cache(maxsize=None)
+def _works(device: torch.device) -> bool:
+    """Whether this torch's ``aten.mm.dtype`` runs bf16 operands on ``device`` (probed once; logged where not)."""
+    try:
+        a = torch.ones(8, 8, dtype=torch.bfloat16, device=device)
+        return bool(aten.mm.dtype(a, a, torch.float32).dtype == torch.float32)
+    except (RuntimeError, NotImplementedError) as e:
+        trace.log("matmul_float32_out", stage="lowering", count=0,
+                  reason=f"aten.mm.dtype fails on {device}: {str(e).splitlines()[0][:200]}")
+        return False
 
 
 def _only_dtype(cast: torch.fx.Node) -> bool:

@@ -19,8 +19,25 @@ def cpu_mm_dtype(monkeypatch):
     lib.impl("mm.dtype", lambda a, b, dt: torch.mm(a.float(), b.float()).to(dt), "CPU")
     monkeypatch.setattr(U, "DEVICES", ("cuda", "cpu"))
     monkeypatch.setattr(coil.config, "matmul_float32_grads", True)
+    U._works.cache_clear()
     yield
     lib._destroy()
+    U._works.cache_clear()
+
+
+def _graph(n, users_out_too=False):
+    """``_to_copy(mm(a, b), float32)`` over bf16 (16, 8) @ (8, n) fakes, returned (and the product too)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    g = torch.fx.Graph()
+    a, b = g.placeholder("a"), g.placeholder("b")
+    mm = g.call_function(torch.ops.aten.mm.default, (a, b))
+    cast = g.call_function(torch.ops.aten._to_copy.default, (mm,), {"dtype": torch.float32})
+    g.output((cast, mm) if users_out_too else (cast,))
+    with FakeTensorMode():
+        a.meta["val"], b.meta["val"] = torch.empty(16, 8, dtype=torch.bfloat16), torch.empty(8, n, dtype=torch.bfloat16)
+        mm.meta["val"] = a.meta["val"] @ b.meta["val"]
+        cast.meta["val"] = mm.meta["val"].float()
+    return torch.fx.GraphModule(torch.nn.Module(), g)
 
 
 def _step(fn, lin, x):
@@ -57,27 +74,20 @@ def test_weight_gradient_is_one_float32_product(cpu_mm_dtype, tmp_path):
 
 
 def test_left_alone_when_misaligned_or_read_by_more(cpu_mm_dtype):
-    g = torch.fx.Graph()
-    a, b = g.placeholder("a"), g.placeholder("b")
-    mm = g.call_function(torch.ops.aten.mm.default, (a, b))
-    cast = g.call_function(torch.ops.aten._to_copy.default, (mm,), {"dtype": torch.float32})
-    g.output((cast, mm))  # the bf16 product is read by the output too
-    gm = torch.fx.GraphModule(torch.nn.Module(), g)
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    with FakeTensorMode() as mode:
-        ta, tb = torch.empty(16, 8, dtype=torch.bfloat16), torch.empty(8, 24, dtype=torch.bfloat16)
-        a.meta["val"], b.meta["val"] = ta, tb
-        mm.meta["val"] = ta @ tb
-        cast.meta["val"] = mm.meta["val"].float()
-    assert U.upcast_matmuls(gm) == 0
-    g2 = torch.fx.Graph()
-    a2, b2 = g2.placeholder("a"), g2.placeholder("b")
-    mm2 = g2.call_function(torch.ops.aten.mm.default, (a2, b2))
-    cast2 = g2.call_function(torch.ops.aten._to_copy.default, (mm2,), {"dtype": torch.float32})
-    g2.output((cast2,))
-    with mode:
-        ta, tb = torch.empty(16, 8, dtype=torch.bfloat16), torch.empty(8, 20, dtype=torch.bfloat16)  # N % 8 != 0
-        a2.meta["val"], b2.meta["val"] = ta, tb
-        mm2.meta["val"] = ta @ tb
-        cast2.meta["val"] = mm2.meta["val"].float()
-    assert U.upcast_matmuls(torch.fx.GraphModule(torch.nn.Module(), g2)) == 0
+    assert U.upcast_matmuls(_graph(24, users_out_too=True)) == 0   # the bf16 product is an output too
+    assert U.upcast_matmuls(_graph(20)) == 0                        # N % 8 != 0: cuBLAS's unaligned kernels
+    gm = _graph(24)
+    assert U.upcast_matmuls(gm) == 1
+    assert [n.target for n in gm.graph.nodes if n.op == "call_function"] == [torch.ops.aten.mm.dtype]
+
+
+def test_left_alone_where_mm_dtype_fails(monkeypatch):
+    """Without a kernel for the device (this torch's CPU build has none), the probe fails and nothing changes."""
+    monkeypatch.setattr(U, "DEVICES", ("cuda", "cpu"))
+    U._works.cache_clear()
+    if getattr(torch.ops.aten.mm, "dtype", None) is None or U._works(torch.device("cpu")):
+        pytest.skip("this torch runs aten.mm.dtype on CPU")
+    try:
+        assert U.upcast_matmuls(_graph(24)) == 0
+    finally:
+        U._works.cache_clear()

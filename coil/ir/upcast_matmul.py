@@ -67,9 +67,11 @@ def upcast_matmuls(gm: torch.fx.GraphModule) -> int:
 @functools.lru_cache(maxsize=None)
 def _works(device: torch.device) -> bool:
     """Whether this torch's ``aten.mm.dtype`` runs bf16 operands on ``device`` (probed once; logged where not)."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
     try:
-        a = torch.ones(8, 8, dtype=torch.bfloat16, device=device)
-        return bool(aten.mm.dtype(a, a, torch.float32).dtype == torch.float32)
+        with unset_fake_temporarily():  # real tensors: a fake mode would answer from the op's meta kernel
+            a = torch.ones(8, 8, dtype=torch.bfloat16, device=device)
+            return bool(aten.mm.dtype(a, a, torch.float32).dtype == torch.float32)
     except (RuntimeError, NotImplementedError) as e:
         trace.log("matmul_float32_out", stage="lowering", count=0,
                   reason=f"aten.mm.dtype fails on {device}: {str(e).splitlines()[0][:200]}")

@@ -16,24 +16,10 @@ rms (the rounding the cast path adds: about 2^-9).
 from __future__ import annotations
 
 import os
-import statistics
 
 import torch
 
-
-def timed(fn, reps: int = 50) -> float:
-    for _ in range(5):
-        fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(reps):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        e.synchronize()
-        ts.append(s.elapsed_time(e) * 1000)
-    return statistics.median(ts)
+from mm_alignment import timed  # (this directory is on sys.path when the script runs)
 
 
 def main() -> None:

@@ -242,22 +242,25 @@ def _check_same_outputs(a: Subgraph, b: Subgraph, names, location) -> None:
 
 
 class ContiguousGrad(torch.autograd.Function):
-    """Identity whose backward makes the incoming gradient contiguous. Put on each input
-    of a cond branch: torch's cond backward merges the two branch gradients' strides and
-    refuses an expanded gradient (``y.sum()``'s) against a dense one."""
+    """Identity whose backward makes the incoming gradient contiguous (with ``copy``, a
+    copy). Put on each input of a cond branch: torch's cond backward merges the two branch
+    gradients' strides and refuses an expanded gradient (``y.sum()``'s) against a dense one;
+    with ``copy`` on each output of a cond: its backward cond refuses gradients that alias
+    each other (``a + b`` of two outputs gives both one gradient)."""
 
     @staticmethod
-    def forward(ctx, x):
+    def forward(ctx, x, copy=False):
+        ctx.copy = copy
         return x.view_as(x)
 
     @staticmethod
     def backward(ctx, grad):
-        return grad.contiguous()
+        return grad.clone(memory_format=torch.contiguous_format) if ctx.copy else grad.contiguous(), None
 
 
-def contiguous_grad(x: torch.Tensor) -> torch.Tensor:
+def contiguous_grad(x: torch.Tensor, copy: bool = False) -> torch.Tensor:
     """``x`` (a view), with a contiguous gradient (:class:`ContiguousGrad`)."""
-    return ContiguousGrad.apply(x)
+    return ContiguousGrad.apply(x, copy)
 
 
 def _contiguous_grads(sg: torch.fx.Graph) -> None:
@@ -385,6 +388,11 @@ def call_cond(tx, args: list, kwargs: dict) -> VariableTracker:
     items = _emit(tx, torch.ops.higher_order.cond, (
         pred.node, g.get_attr(tname), g.get_attr(fname), node_ops),
         [_fresh(out, x, grad=grad) for x in t.out_fakes])
+    for k, item in enumerate(items if grad else ()):  # one gradient tensor per output
+        node = g.call_function(contiguous_grad, (item.node, True))
+        node.meta["example_value"] = fake = _fresh(out, item.fake, grad=True)
+        tx.locate_node(node)
+        items[k] = TensorVariable(node, fake)
     trace.log("hop", stage="capture", op="cond", predicate="tensor", subgraphs=[tname, fname],
               lifted=[n.meta.get("source", n.name) for n in t.lifted], where=str(location).splitlines()[0])
     return _unflatten(items, t.structure)

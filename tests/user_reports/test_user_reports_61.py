@@ -32,3 +32,50 @@ def test_cond_two_outputs_added_backward(coil_reset):
         out.sum().backward()
         torch.testing.assert_close(x2.grad, x.grad)
         torch.testing.assert_close(y2.grad, y.grad)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Finding 2 (fixed; crash): writing a row of a parameter in place under ``torch.no_grad()`` inside the compiled
+# function (``w[0].mul_(0.5)``; ``emb.weight[pad].zero_()`` in a forward) failed to compile with autograd's "A view was
+# created in no_grad mode and its base ... has been modified inplace" error: the joint trace labels the autograd node
+# of every value with its source line, and reading ``.grad_fn`` of such a view raises (eager never reads it).
+# ---------------------------------------------------------------------------------------------------------------
+
+def test_no_grad_write_to_a_row_of_a_leaf(coil_reset):
+    def f(x, w):
+        with torch.no_grad():
+            w[0].mul_(0.5)
+        return (x * w).sum()
+
+    x, w = torch.randn(2, 3), torch.randn(2, 3, requires_grad=True)
+    w2 = w.detach().clone().requires_grad_()
+    ref = f(x, w)
+    out = coil.compile(f)(x, w2)
+    torch.testing.assert_close(out, ref)
+    torch.testing.assert_close(w2.detach(), w.detach())
+    ref.backward()
+    out.backward()
+    torch.testing.assert_close(w2.grad, w.grad)
+
+
+def test_module_zeroing_a_padding_row_under_no_grad(coil_reset):
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = torch.nn.Embedding(5, 3)
+
+        def forward(self, i):
+            with torch.no_grad():
+                self.emb.weight[0].zero_()
+            return self.emb(i).tanh().sum()
+
+    m = M()
+    m2 = __import__("copy").deepcopy(m)
+    cm = coil.compile(m2)
+    for i in (torch.tensor([0, 1, 2, 0]), torch.tensor([3, 0])):
+        ref, out = m(i), cm(i)
+        torch.testing.assert_close(out, ref)
+        ref.backward()
+        out.backward()
+    torch.testing.assert_close(m2.emb.weight, m.emb.weight)
+    torch.testing.assert_close(m2.emb.weight.grad, m.emb.weight.grad)

@@ -79,3 +79,31 @@ def test_module_zeroing_a_padding_row_under_no_grad(coil_reset):
         out.backward()
     torch.testing.assert_close(m2.emb.weight, m.emb.weight)
     torch.testing.assert_close(m2.emb.weight.grad, m.emb.weight.grad)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Finding 3 (fixed; slow path): slicing a tensor whose size is unbacked (``m[1:] - m[:-1]`` of ``m = x[x > 0]``, a
+# ``nonzero()`` result, a ``mark_unbacked`` dim) gave up code generation ("Could not guard on data-dependent
+# expression 1 > u0") and ran the whole graph through the FX interpreter, with a warning: the slice lowering
+# clamped the start into ``[0, n]`` by asking the ShapeEnv. A constant start now clamps at run time (Min / Max).
+# ---------------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kernels", ["cpp", "triton"])
+def test_slices_of_an_unbacked_size_are_generated_code(coil_reset, kernels, monkeypatch):
+    import warnings
+    options = {"capture_dynamic_output_shape_ops": True}
+    if kernels == "triton":
+        pytest.importorskip("triton")
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+        options["cpu_backend"] = "triton"
+
+    def f(x):
+        m = x[x > 0]
+        return m[1:] - m[:-1], m[-2:] * 2, m[5:]
+
+    cf = coil.compile(f, options=options)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "code generation failed ... FX interpreter instead"
+        for x in (torch.randn(8), -torch.ones(3), torch.tensor([1.0, -1.0, 2.0])):
+            for got, ref in zip(cf(x), f(x)):
+                torch.testing.assert_close(got, ref)

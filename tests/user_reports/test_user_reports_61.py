@@ -107,3 +107,34 @@ def test_slices_of_an_unbacked_size_are_generated_code(coil_reset, kernels, monk
         for x in (torch.randn(8), -torch.ones(3), torch.tensor([1.0, -1.0, 2.0])):
             for got, ref in zip(cf(x), f(x)):
                 torch.testing.assert_close(got, ref)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Finding 4 (fixed; error where eager runs): ``torch.cond(p, lambda x, y: x + 1, lambda x, y: y * 2, (x, y))`` with
+# x and y of one size compiled at the first call, then raised "output 0 of the branches differs: (s0,) ... (s1,)"
+# once sizes changed (automatic dynamic after a recompile, or dynamic=True): the branches' sizes come from two
+# inputs, equal but not provably so. They are now compared at their values (a guard). Branch outputs whose sizes
+# really differ (eager's cond accepts them: ``x[:1]`` against ``x``) are a graph break, not a UserError.
+# ---------------------------------------------------------------------------------------------------------------
+
+def f_cond_two_sources(x, y):
+    return torch.cond(x.sum() > 0, lambda x, y: x + 1, lambda x, y: y * 2, (x, y))
+
+
+@pytest.mark.parametrize("dynamic", [None, True])
+def test_cond_branch_sizes_from_two_inputs(coil_reset, dynamic):
+    cf = coil.compile(f_cond_two_sources, dynamic=dynamic)
+    for n, sign in ((3, 1), (5, -1), (6, 1), (4, -1)):
+        x, y = torch.rand(n) * sign, torch.randn(n)
+        torch.testing.assert_close(cf(x, y), f_cond_two_sources(x, y))
+    x, y = -torch.rand(3), torch.randn(5)  # sizes differ: the guard fails, eager's cond runs
+    torch.testing.assert_close(cf(x, y), f_cond_two_sources(x, y))
+
+
+def test_cond_branches_of_other_sizes_run_like_eager(coil_reset):
+    def f(x):
+        return torch.cond(x.sum() > 0, lambda x: x[:1] * 2, lambda x: x + 1, (x,))
+
+    cf = coil.compile(f)
+    for x in (torch.rand(3, 2), -torch.rand(3, 2)):
+        torch.testing.assert_close(cf(x), f(x))

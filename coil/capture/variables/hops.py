@@ -227,13 +227,19 @@ def _check_same_outputs(a: Subgraph, b: Subgraph, names, location) -> None:
         raise UserError(
             f"torch.cond: {names[0]} returns {len(a.out_fakes)} tensor(s) as a {a.structure}, {names[1]} "
             f"{len(b.out_fakes)} as a {b.structure}; both branches must return the same structure", location=location)
+    def equal(p, q) -> bool:  # sizes from two sources (x + 1 / y * 2, dynamic): equal now, guarded
+        try:
+            return bool(p == q)
+        except Exception:  # noqa: BLE001 - unbacked
+            return torch.fx.experimental.symbolic_shapes.statically_known_true(p == q)
+
     for i, (x, y) in enumerate(zip(a.out_fakes, b.out_fakes)):
-        same = (x.dtype == y.dtype and x.dim() == y.dim() and x.device == y.device
-                and all(torch.fx.experimental.symbolic_shapes.statically_known_true(p == q)
-                        for p, q in zip(x.shape, y.shape)))
+        same = x.dtype == y.dtype and x.dim() == y.dim() and x.device == y.device
+        if same and not all(equal(p, q) for p, q in zip(x.shape, y.shape)):  # eager's cond runs it
+            raise Unsupported(f"torch.cond: output {i} of the branches has other sizes: {_meta_text(x)} and "
+                              f"{_meta_text(y)}", hint="return tensors of one shape from both branches")
         if same and x.numel() > 1:
-            same = all(torch.fx.experimental.symbolic_shapes.statically_known_true(p == q)
-                       for p, q, s in zip(x.stride(), y.stride(), x.shape) if s != 1)
+            same = all(equal(p, q) for p, q, s in zip(x.stride(), y.stride(), x.shape) if s != 1)
         if not same:
             raise UserError(
                 f"torch.cond: output {i} of the branches differs: {names[0]} ({a.user_line_text}) returns "

@@ -138,3 +138,30 @@ def test_cond_branches_of_other_sizes_run_like_eager(coil_reset):
     cf = coil.compile(f)
     for x in (torch.rand(3, 2), -torch.rand(3, 2)):
         torch.testing.assert_close(cf(x), f(x))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Finding 5 (fixed; crash): a while_loop inside a cond branch, a map body or a scan body failed to compile with
+# "AttributeError: 'NoneType' object has no attribute 'ignore_fresh_unbacked_symbols'": torch's while_loop fake rule
+# needs a ShapeEnv, so a graph calling while_loop is traced on capture's fakes, but capture and AOT looked for the
+# call only among the top graph's nodes, not inside the operators' subgraphs.
+# ---------------------------------------------------------------------------------------------------------------
+
+def _times8(z):
+    return torch._higher_order_ops.while_loop(lambda i, v: i < 3, lambda i, v: (i + 1, v * 2),
+                                              (torch.tensor(0), z))[1]
+
+
+@pytest.mark.parametrize("where", ["cond", "map", "scan"])
+def test_while_loop_inside_another_operator(coil_reset, where):
+    def f(x):
+        if where == "cond":
+            return torch.cond(x.sum() > 0, _times8, lambda z: z - 1, (x,))
+        if where == "map":
+            return torch._higher_order_ops.map(_times8, x)
+        return torch._higher_order_ops.scan(lambda c, xi: (_times8(c) + xi, c.clone()), x[0], x)
+
+    cf = coil.compile(f)
+    for x in (torch.rand(3, 2), -torch.rand(3, 2)):
+        for got, ref in zip(torch.utils._pytree.tree_leaves(cf(x)), torch.utils._pytree.tree_leaves(f(x))):
+            torch.testing.assert_close(got, ref)

@@ -165,3 +165,39 @@ def test_while_loop_inside_another_operator(coil_reset, where):
     for x in (torch.rand(3, 2), -torch.rand(3, 2)):
         for got, ref in zip(torch.utils._pytree.tree_leaves(cf(x)), torch.utils._pytree.tree_leaves(f(x))):
             torch.testing.assert_close(got, ref)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Finding 6 (fixed; silent wrong gradients): ``checkpoint(l1, x, use_reentrant=True)`` where no tensor argument
+# requires grad (the first block of a model, fed the data batch): eager's reentrant checkpoint is an
+# autograd.Function whose body runs under no_grad, so its output does not require grad and l1's parameters get no
+# gradient (eager warns "None of the inputs have requires_grad=True"). coil inlined the body with grad on: l1 got
+# gradients eager never computes (torch.compile does the same). The body is now traced under no_grad there.
+# ---------------------------------------------------------------------------------------------------------------
+
+def test_reentrant_checkpoint_without_grad_inputs_gives_no_parameter_grads(coil_reset):
+    import copy
+    import warnings
+    from torch.utils.checkpoint import checkpoint
+
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.l1, self.l2 = torch.nn.Linear(4, 4), torch.nn.Linear(4, 1)
+
+        def forward(self, x):
+            h = checkpoint(self.l1, x, use_reentrant=True)
+            return self.l2(h.relu()).sum(), h
+
+    m = M()
+    m2 = copy.deepcopy(m)
+    x = torch.randn(3, 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        (ref, ref_h), (out, out_h) = m(x), coil.compile(m2)(x)
+    assert out_h.requires_grad == ref_h.requires_grad == False  # noqa: E712
+    torch.testing.assert_close(out, ref)
+    ref.backward()
+    out.backward()
+    assert m.l1.weight.grad is None and m2.l1.weight.grad is None
+    torch.testing.assert_close(m2.l2.weight.grad, m.l2.weight.grad)

@@ -695,7 +695,16 @@ def call_checkpoint(tx, args: list, kwargs: dict) -> VariableTracker:
     tx.output.guards.add(f"{flag} is not False", flag, ckpt._enable_checkpoint_early_stop)
     out = tx.output
     before = set(out.graph.nodes)
-    res = tx.call(args[0], list(args[1:]), kwargs)
+    # eager's reentrant checkpoint is an autograd.Function run under no_grad: no argument that requires grad, no grad
+    grad = torch.is_grad_enabled()
+    if off := grad and reentrant and not any(isinstance(a, TensorVariable) and a.fake.requires_grad for a in args[1:]):
+        out.set_grad_mode(tx, False)
+    try:
+        res = tx.call(args[0], list(args[1:]), kwargs)
+    finally:
+        torch._C._set_grad_enabled(grad)
+    if off:
+        out.set_grad_mode(tx, True)
     region = next(_region_ids)
     tagged, names = 0, frozenset(a.node.name for a in args[1:] if isinstance(a, TensorVariable))  # (saved by eager)
     for n in out.graph.nodes:  # a nested checkpoint's nodes join this region: eager recomputes them with the rest

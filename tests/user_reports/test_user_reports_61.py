@@ -201,3 +201,19 @@ def test_reentrant_checkpoint_without_grad_inputs_gives_no_parameter_grads(coil_
     out.backward()
     assert m.l1.weight.grad is None and m2.l1.weight.grad is None
     torch.testing.assert_close(m2.l2.weight.grad, m.l2.weight.grad)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Finding 7 (fixed; error where eager runs): torch.cond with nested operands (``((x, y),)``, ``({"a": x},)``), which
+# eager's cond accepts ("possibly nested dict/list/tuple that only consists of tensor leaves"), raised coil's
+# UserError "expected operands to be a tuple or list of tensors". It is now a graph break: eager's cond runs it.
+# ---------------------------------------------------------------------------------------------------------------
+
+def test_cond_with_nested_operands(coil_reset):
+    def f(x):
+        return torch.cond(x.sum() > 0, lambda d: d["a"] * d["b"][0], lambda d: d["a"] + d["b"][1],
+                          ({"a": x, "b": (x * 2, x - 1)},))
+
+    cf = coil.compile(f)
+    for x in (torch.rand(3), -torch.rand(3)):
+        torch.testing.assert_close(cf(x), f(x))

@@ -23,7 +23,7 @@ from torch.utils.checkpoint import CheckpointPolicy
 from coil import trace
 from coil.exc import SourceLocation, Unsupported, UserError
 from coil.capture.variables.base import CellVariable, ConstantVariable, KnownCallableVariable, VariableTracker
-from coil.capture.variables.containers import ListVariable, TupleVariable
+from coil.capture.variables.containers import DictVariable, ListVariable, TupleVariable
 from coil.capture.variables.tensor import TensorVariable, _is_inplace, call_op
 from coil.capture.variables.symbolic import SymNodeVariable
 
@@ -337,6 +337,8 @@ def _operands(tx, v: VariableTracker) -> list:
     items = v.items if isinstance(v, (TupleVariable, ListVariable)) else None
     if isinstance(v, ConstantVariable) and v.value in ((), []):
         items = []
+    if items and any(isinstance(i, (TupleVariable, ListVariable, DictVariable)) for i in items):
+        raise Unsupported("torch.cond with nested operands", hint="pass a flat tuple of tensors")  # eager runs it
     if items is None or not all(isinstance(i, TensorVariable) for i in items):
         raise UserError("torch.cond: expected operands to be a tuple or list of tensors, "
                         f"got {v}", location=tx.location())

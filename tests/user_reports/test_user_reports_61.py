@@ -217,3 +217,20 @@ def test_cond_with_nested_operands(coil_reset):
     cf = coil.compile(f)
     for x in (torch.rand(3), -torch.rand(3)):
         torch.testing.assert_close(cf(x), f(x))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Finding 8 (fixed; silent wrong type): ``while_loop(cond_fn, body_fn, [i, x])`` whose body returns a list gave a
+# tuple; eager's while_loop returns the body's container (a list).
+# ---------------------------------------------------------------------------------------------------------------
+
+def test_while_loop_returns_the_bodys_list(coil_reset):
+    def f(x):
+        return torch._higher_order_ops.while_loop(lambda i, v: i < 3, lambda i, v: [i + 1, v * 2],
+                                                  [torch.tensor(0), x])
+
+    x = torch.rand(3)
+    out, ref = coil.compile(f)(x), f(x)
+    assert type(out) is type(ref) is list
+    for got, want in zip(out, ref):
+        torch.testing.assert_close(got, want)

@@ -485,7 +485,7 @@ def call_while_loop(tx, args: list, kwargs: dict) -> VariableTracker:
         [_fresh(out, x.fake) for x in carried])
     trace.log("hop", stage="capture", op="while_loop", subgraphs=[cname, bname],
               lifted=[n.meta.get("source", n.name) for n in c.lifted], where=str(location).splitlines()[0])
-    return TupleVariable(items)
+    return ListVariable(items) if b.structure == "list" else TupleVariable(items)  # eager: the body's container
 
 
 # --------------------------------------------------------------------------- map

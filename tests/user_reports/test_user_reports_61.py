@@ -253,3 +253,33 @@ def test_batched_grads_through_a_compiled_graph(coil_reset):
     ref = torch.autograd.grad(g(y), y, torch.eye(3), is_grads_batched=True)[0]
     out = torch.autograd.grad(coil.compile(g)(y), y, torch.eye(3), is_grads_batched=True)[0]
     torch.testing.assert_close(out, ref)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Finding 10 (fixed; crash): a scan inside a reentrant checkpoint, with grad, failed to compile with networkx's
+# "NetworkXError: node source not in graph": capture tagged every node of the checkpoint body for recomputation,
+# the scan node too; make_fx copies a node's tags onto what it traces under it, so the joint graph of the scan body,
+# which torch's scan autograd partitions with its own min-cut, came out all "recompute" and the cut had no source.
+# Operator nodes (and their getitems) are no longer tagged.
+# ---------------------------------------------------------------------------------------------------------------
+
+def test_scan_inside_a_reentrant_checkpoint_with_grad(coil_reset):
+    from torch.utils.checkpoint import checkpoint
+    w = torch.randn(3, 3, requires_grad=True)
+
+    def f(x, h):
+        return checkpoint(lambda a, b: torch._higher_order_ops.scan(
+            lambda c, r: ((c @ w + r).tanh(), c.clone()), b, a), x, h, use_reentrant=True)
+
+    x, h = torch.randn(4, 3, requires_grad=True), torch.randn(3, requires_grad=True)
+    x2, h2 = x.detach().clone().requires_grad_(), h.detach().clone().requires_grad_()
+    ref, out = f(x, h), coil.compile(f)(x2, h2)
+    for got, want in zip(out, ref):
+        torch.testing.assert_close(got, want)
+    (ref[0].sum() + ref[1].pow(2).sum()).backward()
+    g_ref = w.grad.clone()
+    w.grad = None
+    (out[0].sum() + out[1].pow(2).sum()).backward()
+    torch.testing.assert_close(x2.grad, x.grad)
+    torch.testing.assert_close(h2.grad, h.grad)
+    torch.testing.assert_close(w.grad, g_ref)

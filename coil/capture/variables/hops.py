@@ -709,8 +709,12 @@ def call_checkpoint(tx, args: list, kwargs: dict) -> VariableTracker:
         out.set_grad_mode(tx, True)
     region = next(_region_ids)
     tagged, names = 0, frozenset(a.node.name for a in args[1:] if isinstance(a, TensorVariable))  # (saved by eager)
+    # an operator (scan, cond) and its getitems stay untagged: make_fx would copy the tags onto the joint graph
+    # torch's scan autograd partitions, whose min-cut then has no source (NetworkXError)
+    hop = lambda n: isinstance(n, torch.fx.Node) and isinstance(n.target, torch._ops.HigherOrderOperator)  # noqa: E731
     for n in out.graph.nodes:  # a nested checkpoint's nodes join this region: eager recomputes them with the rest
-        if n not in before and n.op in ("call_function", "call_method"):
+        if n not in before and n.op in ("call_function", "call_method") and not hop(n) and not (
+                n.target is __import__("operator").getitem and hop(n.args[0])):
             n.meta.setdefault("recompute", CheckpointPolicy.PREFER_RECOMPUTE)
             n.meta["ac_graph_id"] = region
             n.meta["ac_reentrant"] = n.meta.get("ac_reentrant", False) or reentrant

@@ -283,3 +283,19 @@ def test_scan_inside_a_reentrant_checkpoint_with_grad(coil_reset):
     torch.testing.assert_close(x2.grad, x.grad)
     torch.testing.assert_close(h2.grad, h.grad)
     torch.testing.assert_close(w.grad, g_ref)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Finding 11 (fixed; bad error): torch.cond with operands that share memory (``(x, x[0])``), which eager's cond
+# refuses, failed as "BackendCompilerFailed: ... RuntimeError: cond_true might be aliasing the input or the output!"
+# from inside torch's functionalization. It is now coil's UserError at the user's line, naming the cause.
+# ---------------------------------------------------------------------------------------------------------------
+
+def test_cond_with_aliased_operands_is_a_user_error(coil_reset):
+    from coil.exc import UserError
+
+    def f(x):
+        return torch.cond(x.sum() > 0, lambda a, b: a * 2 + b.sum(), lambda a, b: a - b.mean(), (x, x[0]))
+
+    with pytest.raises(UserError, match="operands share memory"):
+        coil.compile(f)(torch.randn(3, 4))

@@ -376,6 +376,9 @@ def call_cond(tx, args: list, kwargs: dict) -> VariableTracker:
                         f"{pred.fake.dtype} tensor of shape {tuple(pred.fake.shape)}", location=tx.location(),
                         hint="compare it, e.g. x.sum() > 0")
     location = tx.location()
+    if len({StorageWeakRef(o.fake.untyped_storage()) for o in operands}) < len({o.node for o in operands}):
+        raise UserError("torch.cond: operands share memory (views of one tensor); eager's cond refuses aliased "
+                        "operands", location=location, hint="pass a .clone() of one of them")
     t = trace_subgraph(tx, true_fn, operands, "torch.cond true_fn", alias_ok=False)
     f = trace_subgraph(tx, false_fn, operands, "torch.cond false_fn", alias_ok=False)
     t.user_line_text, f.user_line_text = _fn_line(true_fn), _fn_line(false_fn)

@@ -299,3 +299,23 @@ def test_cond_with_aliased_operands_is_a_user_error(coil_reset):
 
     with pytest.raises(UserError, match="operands share memory"):
         coil.compile(f)(torch.randn(3, 4))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Finding 12 (open, xfail; crash): with ``capture_scalar_outputs``, ``.item()`` inside a while_loop's cond_fn
+# (``lambda i, v: i < n.item()``) fails to compile with torch's PendingUnbackedSymbolNotFound: the cond_fn subgraph
+# holds the ``.item()`` and its unbacked symbol, which torch's alias check (it re-traces the subgraph on fakes) finds
+# in no output. Eager and torch.compile (also with capture_scalar_outputs) run it; coil without the option too.
+# ---------------------------------------------------------------------------------------------------------------
+
+@pytest.mark.xfail(strict=True, reason="an .item() inside a while_loop cond_fn leaves an unbacked symbol in the "
+                                       "subgraph that torch's subgraph re-trace refuses (PendingUnbackedSymbolNotFound)")
+def test_item_inside_while_loop_cond_fn(coil_reset):
+    def f(x, n):
+        return torch._higher_order_ops.while_loop(lambda i, v: i < n.item(), lambda i, v: (i + 1, v * 2),
+                                                  (torch.tensor(0), x))
+
+    x, n = torch.randn(3), torch.tensor(3)
+    out = coil.compile(f, options={"capture_scalar_outputs": True})(x, n)
+    for got, want in zip(out, f(x, n)):
+        torch.testing.assert_close(got, want)

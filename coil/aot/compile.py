@@ -93,10 +93,11 @@ def _symbolic_placeholder_values(gm: torch.fx.GraphModule, example_inputs: list,
 def _has_unbacked(gm: torch.fx.GraphModule) -> bool:
     """Whether a value of ``gm`` has a data-dependent (unbacked) size or number, or ``gm`` calls while_loop
     (its trip count is one): the capture's ShapeEnv allowed it, so only the capture's fake mode can trace it."""
+    if any(n.target is torch.ops.higher_order.while_loop for m in gm.modules()
+           if isinstance(m, torch.fx.GraphModule) for n in m.graph.nodes):  # also inside a cond's branch
+        return True
     for n in gm.graph.nodes:
         v = n.meta.get("example_value", n.meta.get("val"))
-        if n.target is torch.ops.higher_order.while_loop:
-            return True
         try:
             if v is not None and free_unbacked_symbols(v):
                 return True

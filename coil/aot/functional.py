@@ -858,12 +858,21 @@ _TRACE_KEY = "coil_stack_trace"  # in grad_fn.metadata
 
 def _autograd_nodes(tensors, seen: Callable):
     """The autograd nodes reachable from ``tensors`` through nodes not ``seen`` (asked once per visit), depth first."""
-    todo = [t.grad_fn for t in tensors if isinstance(t, torch.Tensor)]
+    todo = [_grad_fn(t) for t in tensors if isinstance(t, torch.Tensor)]
     while todo:
         node = todo.pop()
         if node is not None and not seen(node):
             yield node
             todo.extend(fn for fn, _ in node.next_functions)
+
+
+def _grad_fn(t: torch.Tensor):
+    """``t.grad_fn``; None for a view made under no_grad whose base was then written (``w[0].mul_(2)`` under no_grad:
+    autograd refuses to rebuild its grad_fn, and eager never asks)."""
+    try:
+        return t.grad_fn
+    except RuntimeError:
+        return None
 
 
 def _label_grad_fns(value: Any, trace: str) -> None:

@@ -722,7 +722,8 @@ def _build_entry(tx, output: OutputGraph, cfg: CaptureConfig, fn, code, argnames
     if needs_graph:
         stats["graphs"] += 1
         example_inputs = [real for (_, real, _) in output.inputs]
-        if any(n.target is torch.ops.higher_order.while_loop for n in graph.nodes):
+        if any(n.target is torch.ops.higher_order.while_loop for m in gm.modules()
+               if isinstance(m, torch.fx.GraphModule) for n in m.graph.nodes):  # also inside a cond
             # torch's while_loop needs a fake mode with a ShapeEnv (its trip count is an
             # unbacked size): the backend gets capture's own fake inputs (hops.py)
             example_inputs = [n.meta["example_value"] for (_, _, n) in output.inputs]

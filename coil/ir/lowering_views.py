@@ -12,7 +12,7 @@ from typing import Callable, Optional
 import sympy
 import torch
 import torch.fx
-from torch.fx.experimental.symbolic_shapes import statically_known_true
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols, statically_known_true
 
 from coil.config import config
 from coil.ir.lowering import (FallbackToExtern, _full, broadcast_loader, device, is_box, loader_as, make_pointwise_box,
@@ -189,6 +189,8 @@ def _slice_bound(v, n, default):
     if v is None:
         return sympy.Integer(default)
     v, n = as_expr(v), as_expr(n)
+    if is_static(v) and free_unbacked_symbols(n):  # x[1:] of a nonzero() result: no guard can decide, clamp at run time
+        return sympy.Max(0, v + n) if v < 0 else sympy.Min(v, n)
     if guard_true(sympy.Lt(v, 0)):
         v = v + n
     if guard_true(sympy.Gt(v, n)):

@@ -23,7 +23,7 @@ from torch.utils.checkpoint import CheckpointPolicy
 from coil import trace
 from coil.exc import SourceLocation, Unsupported, UserError
 from coil.capture.variables.base import CellVariable, ConstantVariable, KnownCallableVariable, VariableTracker
-from coil.capture.variables.containers import ListVariable, TupleVariable
+from coil.capture.variables.containers import DictVariable, ListVariable, TupleVariable
 from coil.capture.variables.tensor import TensorVariable, _is_inplace, call_op
 from coil.capture.variables.symbolic import SymNodeVariable
 
@@ -227,13 +227,19 @@ def _check_same_outputs(a: Subgraph, b: Subgraph, names, location) -> None:
         raise UserError(
             f"torch.cond: {names[0]} returns {len(a.out_fakes)} tensor(s) as a {a.structure}, {names[1]} "
             f"{len(b.out_fakes)} as a {b.structure}; both branches must return the same structure", location=location)
+    def equal(p, q) -> bool:  # sizes from two sources (x + 1 / y * 2, dynamic): equal now, guarded
+        try:
+            return bool(p == q)
+        except Exception:  # noqa: BLE001 - unbacked
+            return torch.fx.experimental.symbolic_shapes.statically_known_true(p == q)
+
     for i, (x, y) in enumerate(zip(a.out_fakes, b.out_fakes)):
-        same = (x.dtype == y.dtype and x.dim() == y.dim() and x.device == y.device
-                and all(torch.fx.experimental.symbolic_shapes.statically_known_true(p == q)
-                        for p, q in zip(x.shape, y.shape)))
+        same = x.dtype == y.dtype and x.dim() == y.dim() and x.device == y.device
+        if same and not all(equal(p, q) for p, q in zip(x.shape, y.shape)):  # eager's cond runs it
+            raise Unsupported(f"torch.cond: output {i} of the branches has other sizes: {_meta_text(x)} and "
+                              f"{_meta_text(y)}", hint="return tensors of one shape from both branches")
         if same and x.numel() > 1:
-            same = all(torch.fx.experimental.symbolic_shapes.statically_known_true(p == q)
-                       for p, q, s in zip(x.stride(), y.stride(), x.shape) if s != 1)
+            same = all(equal(p, q) for p, q, s in zip(x.stride(), y.stride(), x.shape) if s != 1)
         if not same:
             raise UserError(
                 f"torch.cond: output {i} of the branches differs: {names[0]} ({a.user_line_text}) returns "
@@ -242,22 +248,25 @@ def _check_same_outputs(a: Subgraph, b: Subgraph, names, location) -> None:
 
 
 class ContiguousGrad(torch.autograd.Function):
-    """Identity whose backward makes the incoming gradient contiguous. Put on each input
-    of a cond branch: torch's cond backward merges the two branch gradients' strides and
-    refuses an expanded gradient (``y.sum()``'s) against a dense one."""
+    """Identity whose backward makes the incoming gradient contiguous (with ``copy``, a
+    copy). Put on each input of a cond branch: torch's cond backward merges the two branch
+    gradients' strides and refuses an expanded gradient (``y.sum()``'s) against a dense one;
+    with ``copy`` on each output of a cond: its backward cond refuses gradients that alias
+    each other (``a + b`` of two outputs gives both one gradient)."""
 
     @staticmethod
-    def forward(ctx, x):
+    def forward(ctx, x, copy=False):
+        ctx.copy = copy
         return x.view_as(x)
 
     @staticmethod
     def backward(ctx, grad):
-        return grad.contiguous()
+        return grad.clone(memory_format=torch.contiguous_format) if ctx.copy else grad.contiguous(), None
 
 
-def contiguous_grad(x: torch.Tensor) -> torch.Tensor:
+def contiguous_grad(x: torch.Tensor, copy: bool = False) -> torch.Tensor:
     """``x`` (a view), with a contiguous gradient (:class:`ContiguousGrad`)."""
-    return ContiguousGrad.apply(x)
+    return ContiguousGrad.apply(x, copy)
 
 
 def _contiguous_grads(sg: torch.fx.Graph) -> None:
@@ -328,6 +337,8 @@ def _operands(tx, v: VariableTracker) -> list:
     items = v.items if isinstance(v, (TupleVariable, ListVariable)) else None
     if isinstance(v, ConstantVariable) and v.value in ((), []):
         items = []
+    if items and any(isinstance(i, (TupleVariable, ListVariable, DictVariable)) for i in items):
+        raise Unsupported("torch.cond with nested operands", hint="pass a flat tuple of tensors")  # eager runs it
     if items is None or not all(isinstance(i, TensorVariable) for i in items):
         raise UserError("torch.cond: expected operands to be a tuple or list of tensors, "
                         f"got {v}", location=tx.location())
@@ -365,6 +376,9 @@ def call_cond(tx, args: list, kwargs: dict) -> VariableTracker:
                         f"{pred.fake.dtype} tensor of shape {tuple(pred.fake.shape)}", location=tx.location(),
                         hint="compare it, e.g. x.sum() > 0")
     location = tx.location()
+    if len({StorageWeakRef(o.fake.untyped_storage()) for o in operands}) < len({o.node for o in operands}):
+        raise UserError("torch.cond: operands share memory (views of one tensor); eager's cond refuses aliased "
+                        "operands", location=location, hint="pass a .clone() of one of them")
     t = trace_subgraph(tx, true_fn, operands, "torch.cond true_fn", alias_ok=False)
     f = trace_subgraph(tx, false_fn, operands, "torch.cond false_fn", alias_ok=False)
     t.user_line_text, f.user_line_text = _fn_line(true_fn), _fn_line(false_fn)
@@ -385,6 +399,11 @@ def call_cond(tx, args: list, kwargs: dict) -> VariableTracker:
     items = _emit(tx, torch.ops.higher_order.cond, (
         pred.node, g.get_attr(tname), g.get_attr(fname), node_ops),
         [_fresh(out, x, grad=grad) for x in t.out_fakes])
+    for k, item in enumerate(items if grad else ()):  # one gradient tensor per output
+        node = g.call_function(contiguous_grad, (item.node, True))
+        node.meta["example_value"] = fake = _fresh(out, item.fake, grad=True)
+        tx.locate_node(node)
+        items[k] = TensorVariable(node, fake)
     trace.log("hop", stage="capture", op="cond", predicate="tensor", subgraphs=[tname, fname],
               lifted=[n.meta.get("source", n.name) for n in t.lifted], where=str(location).splitlines()[0])
     return _unflatten(items, t.structure)
@@ -469,7 +488,7 @@ def call_while_loop(tx, args: list, kwargs: dict) -> VariableTracker:
         [_fresh(out, x.fake) for x in carried])
     trace.log("hop", stage="capture", op="while_loop", subgraphs=[cname, bname],
               lifted=[n.meta.get("source", n.name) for n in c.lifted], where=str(location).splitlines()[0])
-    return TupleVariable(items)
+    return ListVariable(items) if b.structure == "list" else TupleVariable(items)  # eager: the body's container
 
 
 # --------------------------------------------------------------------------- map
@@ -681,11 +700,24 @@ def call_checkpoint(tx, args: list, kwargs: dict) -> VariableTracker:
     tx.output.guards.add(f"{flag} is not False", flag, ckpt._enable_checkpoint_early_stop)
     out = tx.output
     before = set(out.graph.nodes)
-    res = tx.call(args[0], list(args[1:]), kwargs)
+    # eager's reentrant checkpoint is an autograd.Function run under no_grad: no argument that requires grad, no grad
+    grad = torch.is_grad_enabled()
+    if off := grad and reentrant and not any(isinstance(a, TensorVariable) and a.fake.requires_grad for a in args[1:]):
+        out.set_grad_mode(tx, False)
+    try:
+        res = tx.call(args[0], list(args[1:]), kwargs)
+    finally:
+        torch._C._set_grad_enabled(grad)
+    if off:
+        out.set_grad_mode(tx, True)
     region = next(_region_ids)
     tagged, names = 0, frozenset(a.node.name for a in args[1:] if isinstance(a, TensorVariable))  # (saved by eager)
+    # an operator (scan, cond) and its getitems stay untagged: make_fx would copy the tags onto the joint graph
+    # torch's scan autograd partitions, whose min-cut then has no source (NetworkXError)
+    hop = lambda n: isinstance(n, torch.fx.Node) and isinstance(n.target, torch._ops.HigherOrderOperator)  # noqa: E731
     for n in out.graph.nodes:  # a nested checkpoint's nodes join this region: eager recomputes them with the rest
-        if n not in before and n.op in ("call_function", "call_method"):
+        if n not in before and n.op in ("call_function", "call_method") and not hop(n) and not (
+                n.target is __import__("operator").getitem and hop(n.args[0])):
             n.meta.setdefault("recompute", CheckpointPolicy.PREFER_RECOMPUTE)
             n.meta["ac_graph_id"] = region
             n.meta["ac_reentrant"] = n.meta.get("ac_reentrant", False) or reentrant

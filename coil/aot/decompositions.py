@@ -66,6 +66,15 @@ _LIB.impl("multilabel_margin_loss_backward", lambda g, x, *a: torch.empty_like(x
 aten.affine_grid_generator.default.py_impl(torch._C.DispatchKey.Autograd)(
     _decomp.decomposition_table[aten.affine_grid_generator.default])
 
+# dropout that draws nothing (eval, p = 0, empty) is the input itself in eager's composite; torch's kernel under the
+# Python dispatcher (symbolic traces) a clone, so dynamic=True lost an in-place write through it to the input
+_TORCH_DROPOUT = _decomp.decompositions.dropout
+for _key in (torch._C.DispatchKey.CompositeImplicitAutograd, torch._C.DispatchKey.Autograd):
+    aten.dropout.default.py_kernels.pop(_key, None)
+    aten.dropout.default.py_impl(_key)(
+        lambda x, p, train: x if not train or p == 0 or x.numel() == 0 else _TORCH_DROPOUT(x, p, train))
+aten.dropout.default._dispatch_cache.clear()
+
 _TORCH_INDEX_ADD = _decomp.decomposition_table[aten.index_add.default]  # (core's: the same; indexing it built it)
 
 #: coil's own decompositions: ``{OpOverload: fn}``; each fn uses aten ops only.

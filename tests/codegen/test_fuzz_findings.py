@@ -1279,3 +1279,15 @@ def test_scatter_into_a_zero_dim_tensor(backend):
     def f(x, i, s):
         return x.scatter(-1, i, s), x.scatter_add(0, i, s), x.scatter(0, i, 2.5)
     _ok(f, lambda: [torch.tensor(1.5), torch.tensor(0), torch.tensor(-2.0)], backend)
+
+
+@pytest.mark.parametrize("backend", ["cpp_dynamic", "triton_dynamic", "cpp_dynamic+grad"])
+def test_dropout_that_draws_nothing_is_its_input_under_dynamic_shapes(backend):
+    """Probe beside fuzz seed 1055: eager's ``F.dropout`` in eval mode (or of p = 0) returns its input itself; under
+    ``dynamic=True`` torch's Python-dispatcher kernel traced a clone, so ``v.add_(1)`` never reached ``a`` and the
+    returned ``F.dropout(a, 0.0)`` was no view of ``a``."""
+    def fn(a):
+        v = torch.nn.functional.dropout(a, 0.3, training=False)
+        v.add_(1)
+        return a, torch.nn.functional.dropout(a, 0.0)
+    _ok(fn, lambda: [torch.tensor([[-5.0, 5.0, 2.5], [1.0, 7.0, -2.0]])], backend)

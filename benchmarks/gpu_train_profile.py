@@ -59,7 +59,8 @@ def _profile(step, steps: int, device: torch.device) -> tuple[float, int, Counte
     times, calls = Counter(), Counter()
     for e in prof.events():
         dev = getattr(e, "device_type", None)
-        if device.type == "cuda" and str(dev).endswith("CUDA"):
+        if device.type == "cuda" and str(dev).endswith("CUDA") and not e.name.startswith("## "):
+            # ("## Call CompiledFxGraph ... ##": torch.compile's user annotations, a whole graph's span, not a kernel)
             t = e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
         elif device.type == "cpu" and e.cpu_parent is None:
             t = e.cpu_time_total

@@ -437,6 +437,15 @@ class _Reached(torch.autograd.Function):
         return None, None, g
 
 
+def _storageless(t: torch.Tensor) -> bool:
+    """Whether ``t`` has no storage a generated kernel could read (a vmap-batched tangent, legacy or functorch)."""
+    try:
+        t.data_ptr()
+        return False
+    except RuntimeError:
+        return True
+
+
 def training_runner(compiled_fw: Callable, compiled_bw: Callable, info: ProgramInfo,
                     jinfo: JointInfo, num_saved: int, bw_for: Callable, reach=()) -> Callable:
     """The callable for the training path (see module docstring). ``bw_for(missing, reached)``: (compiled backward,
@@ -451,7 +460,7 @@ def training_runner(compiled_fw: Callable, compiled_bw: Callable, info: ProgramI
     tangent_pos = [k for k, rg in enumerate(info.fw_out_requires_grad) if rg]
     grad_slots = [i for i, none in zip(jinfo.grad_inputs, jinfo.grad_is_none) if not none]
     backwards = {} if compiled_bw is None else {((), ()): (without_autocast(cudagraphify(compiled_bw, "backward")),
-                                                           grad_slots)}
+                                                           grad_slots, compiled_bw)}
     # differentiable outputs of a symbolic shape: a missing gradient's zeros take this call's (forward keeps it)
     sym_shape = [k for k in tangent_pos if _has_symint(info.fw_out_meta[k][0])]
     computed = range(len(info.mutated_inputs), n_fw)  # (a mutated input's value may be the input itself)
@@ -494,12 +503,19 @@ def training_runner(compiled_fw: Callable, compiled_bw: Callable, info: ProgramI
             if key not in backwards:  # (its graph reads only the shapes of their zeros)
                 bw, none = bw_for(*key)
                 backwards[key] = (without_autocast(cudagraphify(bw, "backward")),
-                                  [s for s, dropped in zip(grad_slots, none) if not dropped])
-            compiled_bw, slots = backwards[key]
+                                  [s for s, dropped in zip(grad_slots, none) if not dropped], bw)
+            compiled_bw, slots, raw = backwards[key]
             tangents = [grad_outs[k].contiguous() if grad_outs[k] is not None else torch.zeros(
                 ctx.out_shapes.get(k, info.fw_out_meta[k][0]), dtype=info.fw_out_meta[k][1],
                 device=info.fw_out_meta[k][2]) for k in tangent_pos]
-            run_bw = lambda *a: _distinct_grads(compiled_bw(*a))  # noqa: E731 (create_graph=True: _BackwardOnce)
+            if tangents and _storageless(next((g for g in grad_outs if g is not None), tangents[0])):
+                # autograd.grad(..., is_grads_batched=True) or a vmap over the backward: batched tangents have no
+                # storage for generated kernels; the backward's ATen graph runs, and vmap batches its ops
+                gm = getattr(raw, "gm", None) or raw
+                trace.log("aot_batched_backward_eager", stage="runtime", reason="batched tangents (vmap)")
+                run_bw = lambda *a: tuple(gm(*a))  # noqa: E731 (no storage to compare: _distinct_grads)
+            else:
+                run_bw = lambda *a: _distinct_grads(compiled_bw(*a))  # noqa: E731 (create_graph=True: _BackwardOnce)
             grads = _BackwardOnce.apply(run_bw, *saved, *tangents) if torch.is_grad_enabled() else run_bw(
                 *saved, *tangents)
             result = dict(zip(slots, grads))

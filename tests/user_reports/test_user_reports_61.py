@@ -237,22 +237,29 @@ def test_while_loop_returns_the_bodys_list(coil_reset):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Finding 9 (open, xfail; crash): ``torch.autograd.grad(out, x, torch.eye(3), is_grads_batched=True)`` through a
-# compiled graph's output raises "Cannot access data pointer of Tensor that doesn't have storage": autograd runs the
-# backward under (legacy) vmap, so coil's compiled backward kernels get batched tensors, which have no storage.
-# torch.compile's aot_eager runs its backward as ATen ops, which vmap batches.
+# Finding 9 (fixed; crash): ``torch.autograd.grad(out, x, torch.eye(3), is_grads_batched=True)`` through a
+# compiled graph's output raised "Cannot access data pointer of Tensor that doesn't have storage": autograd runs the
+# backward under (legacy) vmap, so coil's compiled backward kernels got batched tensors, which have no storage.
+# Storage-less tangents now run the backward's ATen graph (as torch.compile's aot_eager does), which vmap batches.
 # ---------------------------------------------------------------------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason="compiled backward kernels get vmap's storage-less batched tangents "
-                                       "(is_grads_batched=True); no eager fallback for batched tangents")
 def test_batched_grads_through_a_compiled_graph(coil_reset):
-    def g(t):
-        return t ** 2
+    def g(t, w):
+        return (t ** 2) @ w, t.sin()
 
-    y = torch.randn(3, requires_grad=True)
-    ref = torch.autograd.grad(g(y), y, torch.eye(3), is_grads_batched=True)[0]
-    out = torch.autograd.grad(coil.compile(g)(y), y, torch.eye(3), is_grads_batched=True)[0]
-    torch.testing.assert_close(out, ref)
+    y, w = torch.randn(3, requires_grad=True), torch.randn(3, 4, requires_grad=True)
+    f = coil.compile(g)
+    for fn in (g, f):
+        out = fn(y, w)
+        grads = torch.autograd.grad(out[0], (y, w), torch.eye(4), is_grads_batched=True)
+        if fn is g:
+            ref = grads
+    for got, want in zip(grads, ref):
+        torch.testing.assert_close(got, want)
+    # the next unbatched backward runs the generated kernels again
+    (gy,) = torch.autograd.grad(f(y, w)[0].sum() + f(y, w)[1].sum(), y)
+    (ry,) = torch.autograd.grad(g(y, w)[0].sum() + g(y, w)[1].sum(), y)
+    torch.testing.assert_close(gy, ry)
 
 
 # ---------------------------------------------------------------------------------------------------------------

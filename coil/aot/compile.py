@@ -555,6 +555,7 @@ def _compile(fn, example_inputs, fw_compiler, bw_compiler, partition_fn, decompo
             if not missing:
                 return bw_compiler(part.bw, bw_fakes), [False] * len(jinfo.grad_inputs)
             gm, none = drop_undefined_tangents(pristine, part.num_saved, missing, reached)
+            gm.meta["coil_aot_graph"] = "backward"  # (CUDA graphs' kind, upcast_matmuls)
             return bw_compiler(gm, bw_fakes), none
     run = _check_aliasing_per_call(training_runner(compiled_fw, None if lazy_bw else bw_compiler(part.bw, bw_fakes),
                                                    info, jinfo, part.num_saved, bw_for, reach), fn, info.mutated_inputs,

@@ -26,11 +26,12 @@ _CASTS = (aten._to_copy.default, torch.ops.prims.convert_element_type.default)
 
 
 def upcast_matmuls(gm: torch.fx.GraphModule) -> int:
-    """Rewrite, in place, each ``_to_copy(v(mm(a, b)), dtype=float32)`` of ``gm`` (``v``: zero or more transposes,
+    """Rewrite, in place, each ``_to_copy(v(mm(a, b)), dtype=float32)`` of backward graph ``gm`` (a user sees the
+    outputs of forward and inference graphs, which keep eager's rounding; ``v``: zero or more transposes,
     each the only user of its input, composing to ``mm``'s own layout) whose result only the graph's output reads and
     whose bf16 ``mm`` on a ``DEVICES`` device has static sizes that are multiples of 8 (cuBLAS's aligned kernels),
     into ``aten.mm.dtype(a, b, torch.float32)``. Returns how many were rewritten (event ``matmul_float32_out``)."""
-    if getattr(aten.mm, "dtype", None) is None:
+    if getattr(aten.mm, "dtype", None) is None or getattr(gm, "meta", {}).get("coil_aot_graph") != "backward":
         return 0
     graph, done = gm.graph, 0
     for cast in list(graph.nodes):

@@ -46,3 +46,24 @@ def test_path_is_fixed_at_compile_time():
     # generated-kernel compiler would return a tensor without grad_fn
     assert c._coil_aot_path == "inference"
     torch.testing.assert_close(out, f(x, w))
+
+
+def test_backward_for_missing_tangents_is_labelled_backward():
+    """The backward compiled for calls whose tangents are partly None (an output the loss does not use) is a new graph
+    module; it lacked ``meta["coil_aot_graph"] = "backward"``, so code generation took it for an inference graph
+    (channels-last choice for training graphs, the CUDA-graph kind of its pieces, backward-only rewrites)."""
+    kinds = []
+
+    def bw(gm, ex):
+        kinds.append(gm.meta.get("coil_aot_graph"))
+        return gm.forward
+
+    def f(x, w):
+        return x @ w, (w * 2).sum()
+
+    x, w = torch.randn(4, 3), torch.randn(3, 5, requires_grad=True)
+    c = aot_compile(f, [x, w], lambda gm, ex: gm.forward, bw)
+    out, _ = c(x, w)
+    out.sum().backward()    # the second output (it requires grad) gets none: its tangent is None
+    torch.testing.assert_close(w.grad, x.t() @ torch.ones(4, 5))
+    assert kinds and all(k == "backward" for k in kinds), kinds

@@ -37,7 +37,9 @@ def _graph(n, users_out_too=False):
         a.meta["val"], b.meta["val"] = torch.empty(16, 8, dtype=torch.bfloat16), torch.empty(8, n, dtype=torch.bfloat16)
         mm.meta["val"] = a.meta["val"] @ b.meta["val"]
         cast.meta["val"] = mm.meta["val"].float()
-    return torch.fx.GraphModule(torch.nn.Module(), g)
+    gm = torch.fx.GraphModule(torch.nn.Module(), g)
+    gm.meta["coil_aot_graph"] = "backward"
+    return gm
 
 
 def _step(fn, lin, x):
@@ -76,6 +78,9 @@ def test_weight_gradient_is_one_float32_product(cpu_mm_dtype, tmp_path):
 def test_left_alone_when_misaligned_or_read_by_more(cpu_mm_dtype):
     assert U.upcast_matmuls(_graph(24, users_out_too=True)) == 0   # the bf16 product is an output too
     assert U.upcast_matmuls(_graph(20)) == 0                        # N % 8 != 0: cuBLAS's unaligned kernels
+    forward = _graph(24)
+    forward.meta["coil_aot_graph"] = "forward"                      # a user sees its outputs: eager's rounding
+    assert U.upcast_matmuls(forward) == 0
     gm = _graph(24)
     assert U.upcast_matmuls(gm) == 1
     assert [n.target for n in gm.graph.nodes if n.op == "call_function"] == [torch.ops.aten.mm.dtype]

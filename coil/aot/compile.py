@@ -43,6 +43,7 @@ from coil.aot.partition import (default_partition, drop_undefined_tangents, grad
 from coil.aot.regions import compile_regional, region_calls
 from coil.aot.scalars import tensorize_scalar_reads
 from coil.aot.runtime import AUTOCAST_DEVICES, inference_runner, training_runner
+from coil.capture.variables.hops import calls_while_loop
 from coil.runtime.cudagraph_split import partitioning
 from coil.exc import CoilError
 
@@ -93,8 +94,7 @@ def _symbolic_placeholder_values(gm: torch.fx.GraphModule, example_inputs: list,
 def _has_unbacked(gm: torch.fx.GraphModule) -> bool:
     """Whether a value of ``gm`` has a data-dependent (unbacked) size or number, or ``gm`` calls while_loop
     (its trip count is one): the capture's ShapeEnv allowed it, so only the capture's fake mode can trace it."""
-    if any(n.target is torch.ops.higher_order.while_loop for m in gm.modules()
-           if isinstance(m, torch.fx.GraphModule) for n in m.graph.nodes):  # also inside a cond's branch
+    if calls_while_loop(gm):
         return True
     for n in gm.graph.nodes:
         v = n.meta.get("example_value", n.meta.get("val"))

@@ -41,6 +41,7 @@ from coil.capture.translator import (_GLOBAL_HOOKS, _MODULE_HOOKS, SKIP_MODULES,
                                      BreakInfo, RestartAnalysis, instructions_of)
 from coil.capture.variables.base import ConstantVariable, NullVariable
 from coil.capture.variables.builder import wrap
+from coil.capture.variables.hops import calls_while_loop
 from coil.capture.variables.symbolic import SymNodeVariable
 from coil.capture.variables.tensor import IndexCopyAliasing, UserCodeError, call_op
 from coil.capture.dynamic import (DynamicPolicy, SymbolSource, changed_dims, check_marked, is_symbolic_value, readable,
@@ -722,8 +723,7 @@ def _build_entry(tx, output: OutputGraph, cfg: CaptureConfig, fn, code, argnames
     if needs_graph:
         stats["graphs"] += 1
         example_inputs = [real for (_, real, _) in output.inputs]
-        if any(n.target is torch.ops.higher_order.while_loop for m in gm.modules()
-               if isinstance(m, torch.fx.GraphModule) for n in m.graph.nodes):  # also inside a cond
+        if calls_while_loop(gm):
             # torch's while_loop needs a fake mode with a ShapeEnv (its trip count is an
             # unbacked size): the backend gets capture's own fake inputs (hops.py)
             example_inputs = [n.meta["example_value"] for (_, _, n) in output.inputs]

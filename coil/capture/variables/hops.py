@@ -10,6 +10,7 @@ for the partitioner. docs/hops.md, "Capture".
 from __future__ import annotations
 
 import itertools
+import operator
 import types
 from typing import Optional
 
@@ -280,6 +281,13 @@ def _contiguous_grads(sg: torch.fx.Graph) -> None:
             q = sg.call_function(contiguous_grad, (p,))
             q.meta["example_value"] = val
             p.replace_all_uses_with(q, delete_user_cb=lambda u: u is not q)
+
+
+def calls_while_loop(gm: torch.fx.GraphModule) -> bool:
+    """Whether ``gm`` or a subgraph of an operator in it (a cond's branch, a map body) calls while_loop: its trip
+    count is an unbacked size, so only the capture's fake mode and ShapeEnv can trace the graph again."""
+    return any(n.target is torch.ops.higher_order.while_loop for m in gm.modules()
+               if isinstance(m, torch.fx.GraphModule) for n in m.graph.nodes)
 
 
 def _register(out, *subgraphs: tuple[str, torch.fx.Graph]) -> list[str]:
@@ -717,7 +725,7 @@ def call_checkpoint(tx, args: list, kwargs: dict) -> VariableTracker:
     hop = lambda n: isinstance(n, torch.fx.Node) and isinstance(n.target, torch._ops.HigherOrderOperator)  # noqa: E731
     for n in out.graph.nodes:  # a nested checkpoint's nodes join this region: eager recomputes them with the rest
         if n not in before and n.op in ("call_function", "call_method") and not hop(n) and not (
-                n.target is __import__("operator").getitem and hop(n.args[0])):
+                n.target is operator.getitem and hop(n.args[0])):
             n.meta.setdefault("recompute", CheckpointPolicy.PREFER_RECOMPUTE)
             n.meta["ac_graph_id"] = region
             n.meta["ac_reentrant"] = n.meta.get("ac_reentrant", False) or reentrant

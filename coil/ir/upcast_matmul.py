@@ -35,8 +35,7 @@ def upcast_matmuls(gm: torch.fx.GraphModule) -> int:
         return 0
     graph, done = gm.graph, 0
     for cast in list(graph.nodes):
-        if cast.op != "call_function" or cast.target not in _CASTS or \
-                any(u.op != "output" for u in cast.users) or not _only_dtype(cast):
+        if cast.op != "call_function" or cast.target not in _CASTS or any(u.op != "output" for u in cast.users):
             continue
         out, chain, src = cast.meta.get("val"), [], cast.args[0]
         while isinstance(src, torch.fx.Node) and src.target in _VIEWS and len(src.users) == 1:
@@ -48,7 +47,9 @@ def upcast_matmuls(gm: torch.fx.GraphModule) -> int:
         ops = [a.meta.get("val") for a in src.args]
         if not (isinstance(out, torch.Tensor) and isinstance(mv, torch.Tensor) and out.dtype == torch.float32
                 and mv.dtype == torch.bfloat16 and mv.device.type in DEVICES and _works(mv.device)
-                and tuple(out.shape) == tuple(mv.shape) and tuple(out.stride()) == tuple(mv.stride())
+                # only the dtype changes (the same device, sizes and strides: the transposes cancel)
+                and out.device == mv.device and tuple(out.shape) == tuple(mv.shape)
+                and tuple(out.stride()) == tuple(mv.stride())
                 and all(isinstance(s, int) and s % 8 == 0 for t in ops for s in t.shape)):
             continue
         with graph.inserting_before(cast):
@@ -78,11 +79,3 @@ def _works(device: torch.device) -> bool:
                   reason=f"aten.mm.dtype fails on {device}: {str(e).splitlines()[0][:200]}")
         return False
 
-
-def _only_dtype(cast: torch.fx.Node) -> bool:
-    """Whether the cast changes nothing but the dtype (no memory format, device or layout change)."""
-    extra = {k: v for k, v in cast.kwargs.items() if k != "dtype"}
-    val, src = cast.meta.get("val"), getattr(cast.args[0], "meta", {}).get("val")
-    return isinstance(val, torch.Tensor) and isinstance(src, torch.Tensor) and val.device == src.device and \
-        extra.get("layout", torch.strided) is torch.strided and extra.get("memory_format") in (None, torch.preserve_format) \
-        and set(extra) <= {"layout", "device", "memory_format"}

@@ -78,4 +78,3 @@ def _works(device: torch.device) -> bool:
         trace.log("matmul_float32_out", stage="lowering", count=0,
                   reason=f"aten.mm.dtype fails on {device}: {str(e).splitlines()[0][:200]}")
         return False
-

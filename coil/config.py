@@ -84,8 +84,8 @@ class Config:
     pad_matmul_outputs: bool = True
     #: A bf16 CUDA matmul whose only use is a float32 cast the graph returns (an AMP weight gradient) is one
     #: float32-output cuBLAS product (``aten.mm.dtype``): no cast kernel, no bf16 rounding of the gradient
-    #: (coil/ir/upcast_matmul.py). Off until measured on the GPU (``benchmarks/mm_out_dtype.py``).
-    matmul_float32_grads: bool = False
+    #: (coil/ir/upcast_matmul.py). H100, LLaMA 4x2048 AMP step: 7.73 -> 7.33 ms device time (BENCHMARKS.md).
+    matmul_float32_grads: bool = True
     #: A user output that is such a padded matmul result (an LM head's logits) is returned with its padded row
     #: stride, as torch.compile returns it, instead of being copied to eager's contiguous strides (a read and a
     #: write of the whole output: 0.95 ms of XLM-R's 10 ms bf16 step on an H200). Values, shape and dtype are

@@ -274,3 +274,32 @@ def test_dense_block_training_buffers_stay_channels_last(layers, monkeypatch, tm
         if (m_ := re.match(r"buf\d+: Pointwise.* size=\['2', '(\d+)', '8', '8'\] stride=\[.*'1'\]$", line)) and m_[1] != "1":
             nchw.append(line)
     assert nchw == [], nchw
+
+
+@pytest.mark.parametrize("groups,expect", [(4, False), (16, True)])
+def test_grouped_convolutions_run_nchw(groups, expect, monkeypatch, tmp_path):
+    """cuDNN runs a grouped convolution of more than one input channel per group slower channels-last (RegNetY's 24
+    channels a group: a generic transform kernel of its own, 2x the NCHW time on an H100); a depthwise one (16
+    groups of 16 channels: one each) is what channels-last makes fast. The graph's values are eager's either way."""
+    import json
+    from coil import trace
+    monkeypatch.setattr(G, "_CHANNELS_LAST_DEVICES", ("cuda", "cpu"))
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 1), torch.nn.BatchNorm2d(16), torch.nn.ReLU(),
+                            torch.nn.Conv2d(16, 16, 3, padding=1, groups=groups), torch.nn.ReLU())
+    x = torch.randn(2, 3, 8, 8, requires_grad=True)
+    old = trace.trace_dir()
+    trace.set_dir(str(tmp_path))
+    try:
+        coil.reset()
+        f = coil.compile(m, options={"cpu_backend": "cpp"})
+        out = f(x)
+        out.sum().backward()
+    finally:
+        trace.set_dir(old)
+    ref = m(x.detach())
+    torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
+    events = [json.loads(line) for p in tmp_path.iterdir() for line in p.read_text().splitlines()]
+    cl = {e["graph"]: (e["enabled"], e["reason"]) for e in events if e["event"] == "layout_channels_last"}
+    assert {g: e for g, (e, _) in cl.items()} == {"forward": expect, "backward": expect}, cl
+    assert all(("grouped convolution" in (r or "")) != expect for _, r in cl.values()), cl

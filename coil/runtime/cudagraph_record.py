@@ -131,7 +131,7 @@ class CudaRecorder:
                 torch.cuda.set_rng_state(rng, self.device)
             graph = torch.cuda.CUDAGraph()
             torch.cuda.synchronize()
-            self._release_cache()
+            self.release_cache()
             stream = torch.cuda.current_stream()
             try:
                 with torch.cuda.graph(graph, pool=self.pool):
@@ -144,11 +144,12 @@ class CudaRecorder:
                 _clear_cublas_workspaces()
         return graph, outs
 
-    def _release_cache(self) -> None:
+    def release_cache(self) -> None:
         """Hand the default pool's unused cached memory back to the device before a
         capture (``config.cudagraph_release_cache``): the un-graphed warm-up call and the
         dry run ran there and left the graph's working set cached, which its replays,
-        running in the tree's pool, never use (it held as much memory again as the pool)."""
+        running in the tree's pool, never use (it held as much memory again as the pool); again at the start of the
+        next step (``Tree.new_step``), for the warm-up outputs that were still held at the capture."""
         if not config.cudagraph_release_cache:
             return
         before = torch.cuda.memory_reserved(self.device)

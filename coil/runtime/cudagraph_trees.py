@@ -182,9 +182,15 @@ class Tree:
         self.released: dict = {}
         self.all_nodes: list = []   # by index: all_nodes[k].index == k
         self.replays = 0
+        self.recorded = False   # in this step (new_step)
 
     def new_step(self) -> None:
-        """Go back to the roots: the next call starts a step."""
+        """Go back to the roots: the next call starts a step. The first step after a recording releases the default
+        pool's cache again (``recorder.release_cache``): the un-graphed warm-up call's outputs were still held at the
+        capture, so their segments stayed cached there (GPT-2 at 8 x 64: the 49 MiB logits)."""
+        if self.recorded:
+            self.recorded = False
+            self.recorder.release_cache()
         self.path = []
         self.marks = _marks[0]
         self.steps += 1
@@ -286,6 +292,7 @@ class Tree:
             for f in lent:  # from here on, recordings may overlap their memory
                 self.released[f] = self.nodes + 1
         fn.records += 1
+        self.recorded = True
         node = Node(self, fn, sig, parent, graph, plan, copied, placeholders, inplace, args)
         node.consumes = lent
         # an argument copied into a placeholder that the graph writes in place: copied back after each replay

@@ -19,12 +19,17 @@ class FakeRecorder:
         self.device_type = device_type
         self.captures = 0
         self.replays = 0
+        self.releases = 0
         #: poisoned storages (their StorageImpl address) -> the message
         self.stale: dict = {}
 
     def placeholder(self, a: torch.Tensor) -> torch.Tensor:
         """An uninitialized tensor like ``a``, for a copied input (CudaRecorder: in the graphs' pool)."""
         return torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device=a.device)
+
+    def release_cache(self) -> None:
+        """Count a release of the default pool's cache (CudaRecorder: ``torch.cuda.empty_cache``)."""
+        self.releases += 1
 
     def capture(self, fn: Callable, args: list, boxed: Optional[Callable] = None,
                 written: tuple = ()) -> tuple[Any, Any]:

@@ -40,6 +40,20 @@ def _block():
     return m
 
 
+def _logged(tmp_path, run) -> list:
+    """Run ``run()`` with the compile log in ``tmp_path``; its events."""
+    import json
+    from coil import trace
+    old = trace.trace_dir()
+    trace.set_dir(str(tmp_path))
+    try:
+        coil.reset()
+        run()
+    finally:
+        trace.set_dir(old)
+    return [json.loads(line) for p in tmp_path.iterdir() for line in p.read_text().splitlines()]
+
+
 @pytest.mark.parametrize("backend", ["triton", "cpp"])
 def test_resnet_block_runs_channels_last_without_copies(backend, monkeypatch):
     monkeypatch.setattr(G, "_CHANNELS_LAST_DEVICES", ("cuda", "cpu"))
@@ -187,14 +201,10 @@ def test_channels_last_training_survives_the_aten_fallback(monkeypatch):
 def test_training_graphs_follow_the_training_option(training, monkeypatch, tmp_path):
     """``conv_channels_last`` (on by default) covers inference graphs; training graphs
     follow ``conv_channels_last_training`` (on by default, turned off here)."""
-    import json
-    from coil import trace
     monkeypatch.setattr(G, "_CHANNELS_LAST_DEVICES", ("cuda", "cpu"))
     m, x = _block().train(training), torch.randn(2, 3, 32, 32)
-    old = trace.trace_dir()
-    trace.set_dir(str(tmp_path))
-    try:
-        coil.reset()
+
+    def run():
         f = coil.compile(m, options={"cpu_backend": "cpp", "conv_channels_last_training": False})
         if training:
             out = f(x)
@@ -202,9 +212,7 @@ def test_training_graphs_follow_the_training_option(training, monkeypatch, tmp_p
         else:
             with torch.no_grad():
                 f(x)
-    finally:
-        trace.set_dir(old)
-    events = [json.loads(line) for p in tmp_path.iterdir() for line in p.read_text().splitlines()]
+    events = _logged(tmp_path, run)
     enabled = {e["graph"]: e["enabled"] for e in events if e["event"] == "layout_channels_last"}
     if training:
         assert enabled == {"forward": False, "backward": False}, enabled
@@ -245,28 +253,23 @@ def test_dense_block_training_buffers_stay_channels_last(layers, monkeypatch, tm
     slice of a concat storage (row stride the storage's channel count, not the slice's), and was laid out NCHW, so
     the BatchNorm-backward reductions over it mixed NCHW and NHWC loads and ran as uncoalesced row reductions
     (DenseNet-121 training on an H100: 0.89 of torch.compile)."""
-    import json
-    from coil import trace
     monkeypatch.setattr(G, "_CHANNELS_LAST_DEVICES", ("cuda", "cpu"))
     torch.manual_seed(0)
     m, x = _DenseBlock(layers), torch.randn(2, 3, 8, 8)
     m2 = _DenseBlock(layers)
     m2.load_state_dict(m.state_dict())
-    old = trace.trace_dir()
-    trace.set_dir(str(tmp_path))
-    try:
-        coil.reset()
-        f = coil.compile(m, options={"cpu_backend": "triton"})
-        loss = f(x)
-        loss.backward()
-    finally:
-        trace.set_dir(old)
+    losses = []
+
+    def run():
+        losses.append(coil.compile(m, options={"cpu_backend": "triton"})(x))
+        losses[0].backward()
+    events = _logged(tmp_path, run)
+    loss = losses[0]
     ref = m2(x)
     ref.backward()
     torch.testing.assert_close(loss, ref, atol=1e-4, rtol=1e-4)
     for (n, p), p2 in zip(m.named_parameters(), m2.parameters()):
         torch.testing.assert_close(p.grad, p2.grad, atol=1e-4, rtol=1e-4, msg=n)
-    events = [json.loads(line) for p in tmp_path.iterdir() for line in p.read_text().splitlines()]
     irs = [e["text"] for e in events if e["event"] == "artifact" and e["name"].startswith("loop_ir")]
     assert len(irs) == 2
     nchw = []  # activations (batch 2, 8 x 8 images) of more than one channel whose W is at stride 1
@@ -281,25 +284,18 @@ def test_grouped_convolutions_run_nchw(groups, expect, monkeypatch, tmp_path):
     """cuDNN runs a grouped convolution of more than one input channel per group slower channels-last (RegNetY's 24
     channels a group: a generic transform kernel of its own, 2x the NCHW time on an H100); a depthwise one (16
     groups of 16 channels: one each) is what channels-last makes fast. The graph's values are eager's either way."""
-    import json
-    from coil import trace
     monkeypatch.setattr(G, "_CHANNELS_LAST_DEVICES", ("cuda", "cpu"))
     torch.manual_seed(0)
     m = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 1), torch.nn.BatchNorm2d(16), torch.nn.ReLU(),
                             torch.nn.Conv2d(16, 16, 3, padding=1, groups=groups), torch.nn.ReLU())
     x = torch.randn(2, 3, 8, 8, requires_grad=True)
-    old = trace.trace_dir()
-    trace.set_dir(str(tmp_path))
-    try:
-        coil.reset()
-        f = coil.compile(m, options={"cpu_backend": "cpp"})
-        out = f(x)
-        out.sum().backward()
-    finally:
-        trace.set_dir(old)
-    ref = m(x.detach())
-    torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
-    events = [json.loads(line) for p in tmp_path.iterdir() for line in p.read_text().splitlines()]
+    outs = []
+
+    def run():
+        outs.append(coil.compile(m, options={"cpu_backend": "cpp"})(x))
+        outs[0].sum().backward()
+    events = _logged(tmp_path, run)
+    torch.testing.assert_close(outs[0], m(x.detach()), atol=1e-4, rtol=1e-4)
     cl = {e["graph"]: (e["enabled"], e["reason"]) for e in events if e["event"] == "layout_channels_last"}
     assert {g: e for g, (e, _) in cl.items()} == {"forward": expect, "backward": expect}, cl
     assert all(("grouped convolution" in (r or "")) != expect for _, r in cl.values()), cl

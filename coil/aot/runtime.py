@@ -10,6 +10,7 @@ backward. docs/aot.md ("Runtime wrappers") has the details; ``benchmarks/aot_ove
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import operator
 import sys
@@ -329,6 +330,8 @@ def opaque_to_torch_compile(fn: Callable) -> Callable:
 
 
 _increment_version = torch.autograd.graph.increment_version
+_TENSOR = itertools.repeat(torch.Tensor)
+_functorch_active, _unwrap_if_dead = torch._C._are_functorch_transforms_active, torch._C._functorch.unwrap_if_dead
 _set_version = torch._C._autograd._unsafe_set_version_counter
 
 
@@ -526,15 +529,24 @@ def training_runner(compiled_fw: Callable, compiled_bw: Callable, info: ProgramI
     # an edge to it would run its nodes (floor_divide's missing derivative raises: s1038 #195, a graph break's local)
     no_grad = set(jinfo.grad_inputs) - set(grad_slots)
 
+    c_apply = super(torch.autograd.Function, CompiledFunction).apply
+
+    def apply(*args):
+        # CompiledFunction.apply without its Python prologue (~1 µs an argument): with no functorch transform active
+        # and tensor arguments only, that unwraps dead functorch wrappers and calls torch's C apply, as this does
+        if not _functorch_active() and all(map(isinstance, args, _TENSOR)):
+            return c_apply(*map(_unwrap_if_dead, args))
+        return CompiledFunction.apply(*args)
+
     def run(*args):
         fargs = [a.detach() if i in no_grad else a for i, a in enumerate(args)] if no_grad else args
         if torch.is_grad_enabled():
-            vals = CompiledFunction.apply(*fargs)
+            vals = apply(*fargs)
         else:
             # compiled under no_grad for a program with its own enable_grad region (aot compile.py): autograd
             # must record this call; outputs computed with grad off are marked non-differentiable
             with torch.enable_grad():
-                vals = CompiledFunction.apply(*fargs)
+                vals = apply(*fargs)
         if reached:
             vals = _reached(vals, args)
         return epilogue(args, vals)

@@ -473,10 +473,12 @@ def training_runner(compiled_fw: Callable, compiled_bw: Callable, info: ProgramI
         def forward(ctx, *args):
             vals = compiled_fw(*args)
             saved = vals[n_fw: n_fw + num_saved]
-            ctx.tensor_mask = tensor_mask = [isinstance(s, torch.Tensor) for s in saved]
-            ctx.others = [s for s, t in zip(saved, tensor_mask) if not t]
-            if any(tensor_mask):  # (else nothing is freed: a second backward through it runs, as eager's would)
-                ctx.save_for_backward(*[s for s, t in zip(saved, tensor_mask) if t])
+            # tensor_mask None: every saved value is a tensor (one C pass, no per-value lists)
+            ctx.tensor_mask = mask = None if all(map(isinstance, saved, _TENSOR)) else [
+                isinstance(s, torch.Tensor) for s in saved]
+            ctx.others = [s for s, t in zip(saved, mask) if not t] if mask else ()
+            if kept := saved if mask is None else [s for s, t in zip(saved, mask) if t]:
+                ctx.save_for_backward(*kept)  # (else nothing is freed: a second backward runs, as eager's would)
             outs = tuple(vals[:n_fw])
             if any(isinstance(outs[k], torch.Tensor) and outs[k]._is_view() for k in computed):
                 outs = _own_outputs(outs, computed, vals, args)
@@ -496,8 +498,11 @@ def training_runner(compiled_fw: Callable, compiled_bw: Callable, info: ProgramI
         @staticmethod
         @opaque_to_torch_compile
         def backward(ctx, *grad_outs):
-            tensors, others = iter(ctx.saved_tensors if any(ctx.tensor_mask) else ()), iter(ctx.others)
-            saved = [next(tensors) if t else next(others) for t in ctx.tensor_mask]
+            if ctx.tensor_mask is None:
+                saved = ctx.saved_tensors if num_saved else ()
+            else:
+                tensors, others = iter(ctx.saved_tensors if any(ctx.tensor_mask) else ()), iter(ctx.others)
+                saved = [next(tensors) if t else next(others) for t in ctx.tensor_mask]
             missing = tuple(j for j, k in enumerate(tangent_pos) if grad_outs[k] is None)
             hit = getattr(ctx, "reached", None)
             key = (missing, tuple(j for j in missing if j in hit)) if hit else (missing, ())
@@ -522,7 +527,7 @@ def training_runner(compiled_fw: Callable, compiled_bw: Callable, info: ProgramI
             grads = _BackwardOnce.apply(run_bw, *saved, *tangents) if torch.is_grad_enabled() else run_bw(
                 *saved, *tangents)
             result = dict(zip(slots, grads))
-            return tuple(result.get(i) for i in range(n_in))
+            return tuple(map(result.get, range(n_in)))
 
     CompiledFunction.__name__ = "CoilCompiledFunction"
     # inputs that get no gradient enter autograd's node detached: eager's backward never reaches their history, and

@@ -9,7 +9,6 @@ backward. docs/aot.md ("Runtime wrappers") has the details; ``benchmarks/aot_ove
 """
 from __future__ import annotations
 
-import contextlib
 import itertools
 import math
 import operator
@@ -294,17 +293,21 @@ def without_autocast(fn: Callable) -> Callable:
     """``fn`` run with autocast off: a traced graph already holds autocast's casts as explicit ``_to_copy`` ops, so
     running its ATen ops (extern kernels, or the FX interpreter) under the caller's still-active ``torch.autocast``
     would cast again: LLaMA's rotary ``inv_freq @ position_ids`` (float32 in eager, which turns autocast off around
-    it) came out bf16, and a kernel compiled for a float32 input failed."""
-    is_on = torch.is_autocast_enabled
+    it) came out bf16, and a kernel compiled for a float32 input failed. Only the enabled flags are cleared and
+    restored: all that ``torch.autocast(d, enabled=False)`` changed here, for ~15 µs a call."""
+    is_on, set_on = torch.is_autocast_enabled, torch.set_autocast_enabled
 
     def call(*args):
         if not (is_on("cuda") or is_on("cpu")):  # AUTOCAST_DEVICES, unrolled (per call)
             return fn(*args)
         on = [d for d in AUTOCAST_DEVICES if is_on(d)]
-        with contextlib.ExitStack() as stack:
-            for d in on:
-                stack.enter_context(torch.autocast(d, enabled=False))
+        for d in on:
+            set_on(d, False)
+        try:
             return fn(*args)
+        finally:
+            for d in on:
+                set_on(d, True)
     return call
 
 

@@ -288,10 +288,14 @@ class OutputPlan:
         #: the tensors made during capture, kept so the pool never reuses their memory
         self.owned = [o for o in outs if isinstance(o, torch.Tensor)]
         # for build, computed once: the constants in place, the arguments handed back, the tensors made per replay
+        # (output index, slot or argument, layout, offset, C constructor's metadata (CUDA slots), an empty tensor)
         self._template = [it[1] if it[0] == "const" else None for it in self.items]
         self._selves = [(k, it[1]) for k, it in enumerate(self.items) if it[0] == "self"]
-        self._made = [(k, *it[:4], it[4] if it[0] == "slot" else None, torch.empty(0, dtype=o.dtype, device=o.device))
-                      for k, (it, o) in enumerate(zip(self.items, outs)) if it[0] in ("slot", "arg")]
+        made = [(it[0], k, *it[1:4], it[4] if it[0] == "slot" else None, torch.empty(0, dtype=o.dtype, device=o.device))
+                for k, (it, o) in enumerate(zip(self.items, outs)) if it[0] in ("slot", "arg")]
+        self._over_slots = [m[1:] for m in made if m[0] == "slot"]
+        self._over_args = [m[1:] for m in made if m[0] == "arg"]
+        self._cuda = all(m[4] is not None for m in self._over_slots)  # (every one has the C constructor's metadata)
 
     def build(self, args) -> tuple[list, list]:
         """``(outputs, weak refs of this replay's slot storages)``."""
@@ -299,10 +303,14 @@ class OutputPlan:
         outs = self._template.copy()
         for k, i in self._selves:
             outs[k] = args[i]
-        for k, kind, i, (dtype, size, stride), offset, fast, blank in self._made:
-            if kind == "slot":
-                outs[k] = _tensor_over(storages[i], dtype, size, stride, offset, fast, blank)
-                continue
+        if _from_metadata_checked and _from_metadata is not None and self._cuda:  # seen to build what is asked
+            for k, i, _, _, fast, _ in self._over_slots:
+                outs[k] = _from_metadata(fast, storages[i])
+        else:
+            for k, i, (dtype, size, stride), offset, fast, blank in self._over_slots:
+                outs[k] = blank.new().set_(storages[i], offset, size, stride) if fast is None else \
+                    _tensor_over(storages[i], dtype, size, stride, offset, fast, blank)
+        for k, i, (dtype, size, stride), offset, _, blank in self._over_args:
             base = args[i]
             storage = base.untyped_storage()
             offset = (base.data_ptr() - storage.data_ptr() + offset) // dtype.itemsize

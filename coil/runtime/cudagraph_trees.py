@@ -119,13 +119,12 @@ class Node:
 
     def busy(self) -> bool:
         """Something still holds an output of the last replay."""
-        return any(not _expired(c) for c in self.live)
+        return not all(map(_expired, self.live))
 
     def poison_live(self) -> None:
         """Make what the last replay handed out raise when read (it is about to be overwritten)."""
-        for c in self.live:
-            if not _expired(c):
-                self.tree.recorder.poison(c, STALE_MESSAGE)
+        for c in itertools.filterfalse(_expired, self.live):
+            self.tree.recorder.poison(c, STALE_MESSAGE)
         self.live = []
 
     def pending_backward(self) -> bool:

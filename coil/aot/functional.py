@@ -672,15 +672,16 @@ def _make_fx(fn: Callable, args: list, decompositions: dict, fake_mode: FakeTens
 
 
 #: integer division ops that raise ``RuntimeError: ZeroDivisionError`` in eager on the CPU
-_INT_DIVISIONS = {aten.floor_divide.default, aten.remainder.Tensor, aten.fmod.Tensor, aten.div.Tensor_mode}
+_INT_DIVISIONS = {aten.floor_divide.default, aten.remainder.Tensor, aten.fmod.Tensor, aten.div.Tensor_mode,
+                  aten.remainder.Scalar, aten.fmod.Scalar}
 
 
 def _insert_zero_division_checks(gm: torch.fx.GraphModule) -> None:
     """Before each integer division, remainder or fmod by a CPU tensor, check that no divisor is 0
     (``aten._assert_async.msg``, raising eager's ``RuntimeError: ZeroDivisionError``): the kernels divide without a
-    check and returned numbers where eager raised. A Python 0 divisor (``x // 0``) fails the check for a non-empty
-    result; other Python numbers are checked by eager's own trace; CUDA's eager does not raise. Logged
-    ``zero_division_checks``."""
+    check and returned numbers where eager raised. A Python divisor that is 0 in the result's dtype, or a symbolic one
+    that is 0, fails the check for a non-empty result; other Python numbers are checked by eager's own trace; CUDA's
+    eager does not raise. Logged ``zero_division_checks``."""
     added = 0
     for n in list(gm.graph.nodes):
         if n.op != "call_function" or n.target not in _INT_DIVISIONS or len(n.args) < 2:
@@ -690,20 +691,25 @@ def _insert_zero_division_checks(gm: torch.fx.GraphModule) -> None:
         if not isinstance(out, torch.Tensor) or out.dtype.is_floating_point or out.dtype.is_complex or \
                 out.dtype == torch.bool or out.device.type != "cpu":
             continue
-        if isinstance(bv, torch.Tensor):
-            check, val = (aten.ne.Scalar, (b, 0)), bv.ne(0)
-        elif type(b) is int and b == 0:  # ``x // 0``: eager raises for every element there is
-            check, val = (aten.ne.Tensor, (n, n)), out.ne(out)
-        else:
+        if isinstance(bv, torch.SymInt) or type(b) is int and b % (1 << 8 * out.dtype.itemsize) == 0:
+            # a Python divisor that is 0 in the result's dtype (``x // 0``, int8 ``x // 256``: eager casts it) or a
+            # symbolic one (an int that changed between calls), as a tensor of the result's shape: eager raises for
+            # every element there is
+            with gm.graph.inserting_after(n):
+                zeros = gm.graph.call_function(aten.mul.Tensor, (n, 0))
+            with gm.graph.inserting_after(zeros):
+                b = gm.graph.call_function(aten.add.Tensor, (zeros, b))
+            b.meta["val"] = zeros.meta["val"] = bv = out
+        elif not isinstance(bv, torch.Tensor):
             continue
-        with gm.graph.inserting_after(n) if bv is None else gm.graph.inserting_before(n):
-            nonzero = gm.graph.call_function(check[0], check[1])
+        with gm.graph.inserting_before(n) if b is n.args[1] else gm.graph.inserting_after(b):
+            nonzero = gm.graph.call_function(aten.ne.Scalar, (b, 0))
         with gm.graph.inserting_after(nonzero):
             ok = gm.graph.call_function(aten.all.default, (nonzero,))
         with gm.graph.inserting_after(ok):
             gm.graph.call_function(aten._assert_async.msg, (ok, "ZeroDivisionError"))
-        nonzero.meta["val"] = val
-        ok.meta["val"] = val.all()
+        nonzero.meta["val"] = bv.ne(0)
+        ok.meta["val"] = bv.ne(0).all()
         added += 1
     if added:
         gm.recompile()

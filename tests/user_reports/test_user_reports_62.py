@@ -1,0 +1,43 @@
+"""Regressions from new-user trial 62 (FINDINGS_62.md): training steps with optimizers, clipping and CPU autocast;
+in-place ops on views, indexing writes, integer / bool dtypes and Python-scalar promotion; ``dynamic=True`` over
+several sizes; graph breaks in training.
+"""
+
+import pytest
+import torch
+
+import coil
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Finding 1 (fixed; silent wrong values): an integer tensor floor-divided (or ``%``, ``fmod``, ``div(...,
+# rounding_mode=...)``) by a Python int that changed between calls, so became a symbolic graph input, returned zeros
+# when the int was 0 (eager raises ``RuntimeError: ZeroDivisionError``); so did a constant divisor that is 0 in the
+# tensor's dtype (int8 ``x // 256``: eager casts the number to int8 first). aot's zero-division check now covers
+# symbolic divisors and divisors that are 0 after the cast, as a tensor of the result's shape (an empty result passes,
+# as eager's).
+# ---------------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("op", [lambda x, s: x // s, lambda x, s: x % s, lambda x, s: torch.fmod(x, s),
+                                lambda x, s: torch.div(x, s, rounding_mode="trunc")])
+def test_int_division_by_symbolic_zero(coil_reset, op):
+    cf = coil.compile(op)
+    x = torch.tensor([50, -7, 100])
+    for s in (3, 5, 7):                       # the second size makes ``s`` a graph input
+        torch.testing.assert_close(cf(x, s), op(x, s))
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+        op(x, 0)
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+        cf(x, 0)
+    torch.testing.assert_close(cf(x[:0], 0), op(x[:0], 0))     # nothing to divide: no error
+
+
+def test_int8_division_by_number_that_wraps_to_zero(coil_reset):
+    x = torch.tensor([50, -7, 100], dtype=torch.int8)
+    for f in (lambda x: x // 256, lambda x: torch.div(x, 512, rounding_mode="trunc")):
+        with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+            f(x)
+        coil.reset()
+        with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+            coil.compile(f)(x)
+    torch.testing.assert_close(coil.compile(lambda x: x // 259)(x), x // 259)     # 259 is 3 in int8

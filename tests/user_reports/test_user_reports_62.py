@@ -41,3 +41,25 @@ def test_int8_division_by_number_that_wraps_to_zero(coil_reset):
         with pytest.raises(RuntimeError, match="ZeroDivisionError"):
             coil.compile(f)(x)
     torch.testing.assert_close(coil.compile(lambda x: x // 259)(x), x // 259)     # 259 is 3 in int8
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Finding 2 (fixed; silent value where eager raises): ``index_copy`` / ``index_copy_`` with a negative index wrote the
+# row counted from the end; eager raises IndexError ("index -1 is out of bounds"). torch's decomposition goes through
+# ``index_put``, which wraps negative indices; coil now decomposes it as a ``scatter`` of the source at the index
+# expanded along ``dim`` (as it already did ``index_add`` with ``scatter_add``), whose bounds check rejects it.
+# ---------------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("inplace", [False, True])
+def test_index_copy_negative_index_raises(coil_reset, inplace):
+    def f(x, i, s):
+        return x.index_copy_(0, i, s) if inplace else x.index_copy(0, i, s)
+
+    x, s = torch.zeros(5, 3), torch.ones(2, 3)
+    with pytest.raises(IndexError):
+        f(x.clone(), torch.tensor([-1, 0]), s)
+    cf = coil.compile(f)
+    with pytest.raises(IndexError):
+        cf(x.clone(), torch.tensor([-1, 0]), s)
+    for i in ([4, 0], [1, 3]):
+        torch.testing.assert_close(cf(x.clone(), torch.tensor(i), s), f(x.clone(), torch.tensor(i), s))

@@ -453,6 +453,8 @@ def _describe(fn, fake_args, f_args, before, outs, grad, drop_error_checks, fake
         outputs.append(OutputInfo("graph", -1, **meta))
         if st not in input_storage:
             groups.setdefault((st, o.dtype), []).append(k)
+            if _view_of_written_intermediate(o, o):  # (its new value has the out-of-place op's layout: trial 62)
+                outputs[-1].src_stride = meta["stride"]
 
     base_sources: list = []
     for members in groups.values():
@@ -534,11 +536,11 @@ def _multi_output_view(o: torch.Tensor) -> bool:
         torch._C._autograd.CreationMeta.MULTI_OUTPUT_NODE
 
 
-def _view_of_written_intermediate(o: torch.Tensor) -> bool:
-    """Whether output ``o`` is a view of an intermediate the program wrote through a view
-    (``torch.add(x, y, out=torch.empty(4, n).t())``): functionalization's new value of that intermediate has the
-    out-of-place op's layout, so ``o`` is rebuilt from it at eager's strides."""
-    base = o._base
+def _view_of_written_intermediate(o: torch.Tensor, base: Optional[torch.Tensor] = None) -> bool:
+    """Whether output ``o`` is a view of an intermediate (``base``: is that intermediate) the program wrote through a
+    view (``torch.add(x, y, out=torch.empty(4, n).t())``, ``y.t().masked_fill_(m, 0)``): functionalization's new value
+    of that intermediate has the out-of-place op's layout, so ``o`` is rebuilt from it at eager's strides."""
+    base = o._base if base is None else base
     return base is not None and isinstance(base, FunctionalTensor) and torch._functionalize_has_data_mutation(base.elem)
 
 

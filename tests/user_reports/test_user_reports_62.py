@@ -63,3 +63,45 @@ def test_index_copy_negative_index_raises(coil_reset, inplace):
         cf(x.clone(), torch.tensor([-1, 0]), s)
     for i in ([4, 0], [1, 3]):
         torch.testing.assert_close(cf(x.clone(), torch.tensor(i), s), f(x.clone(), torch.tensor(i), s))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Finding 3 (fixed; silent wrong values under dynamic=True, wrong strides always): an intermediate written in place
+# through a transposed view by an op whose out-of-place form returns a contiguous tensor (``masked_fill_``), returned
+# with that view. Functionalization's new value of the intermediate is the permute of a contiguous ``where``, so the
+# compiled graph returned it in other strides than eager's; the runtime copies such a tensor into eager's strides
+# before rebuilding views of it, but skipped that when the strides were symbolic, so under ``dynamic=True`` the view
+# ``v`` was taken with eager's strides of memory laid out otherwise (other elements). The intermediate itself
+# returned alone kept the wrong strides even statically (``y.view(-1)`` then failed where eager's works).
+# ---------------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dynamic", [None, True])
+def test_written_intermediate_and_its_view_keep_eager_strides(coil_reset, dynamic):
+    def f(x):
+        y = x * 1
+        v = y.t()
+        v.masked_fill_(v > 0.3, -1.0)
+        return y, v
+
+    x = torch.randn(4, 3)
+    ref, out = f(x), coil.compile(f, dynamic=dynamic)(x)
+    for o, r in zip(out, ref):
+        torch.testing.assert_close(o, r)
+        assert o.stride() == r.stride()
+    assert out[1].data_ptr() == out[0].data_ptr()          # still a view of y, as eager's
+
+
+@pytest.mark.parametrize("dynamic", [None, True])
+def test_written_intermediate_returned_alone_keeps_eager_strides(coil_reset, dynamic):
+    def f(x):
+        y = x * 1
+        y.t().masked_fill_(y.t() > 0.3, -1.0)
+        return y
+
+    cf = coil.compile(f, dynamic=dynamic)
+    for n in (4, 5):
+        x = torch.randn(n, 3)
+        out, ref = cf(x), f(x)
+        torch.testing.assert_close(out, ref)
+        assert out.stride() == ref.stride()
+        torch.testing.assert_close(out.view(-1), ref.view(-1))

@@ -105,3 +105,27 @@ def test_written_intermediate_returned_alone_keeps_eager_strides(coil_reset, dyn
         torch.testing.assert_close(out, ref)
         assert out.stride() == ref.stride()
         torch.testing.assert_close(out.view(-1), ref.view(-1))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Finding 4 (fixed; a value where eager raises): a Python number out of an integer tensor's range at an argument eager
+# converts to that dtype (``torch.add(x, y, alpha=300)``, ``addcmul(value=300)``, ``threshold(x, 300, 1)`` of int8)
+# gave wrapped values; eager raises "value cannot be converted to type int8_t without overflow". aot's check of eager's
+# scalar-overflow error (a probe on empty tensors, until now for fp16 / bf16 / fp32 only) covers integer dtypes too.
+# ---------------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("f", [lambda x: torch.add(x, x, alpha=300), lambda x: torch.add(x, 3, alpha=300),
+                               lambda x: torch.addcmul(x, x, x, value=300), lambda x: torch.threshold(x, 300, 1),
+                               lambda x: x.clone().add_(x, alpha=-200)])
+def test_int8_scalar_argument_overflow_raises(coil_reset, f):
+    x = torch.tensor([50, -7, 100], dtype=torch.int8)
+    with pytest.raises(RuntimeError, match="without overflow"):
+        f(x)
+    with pytest.raises(RuntimeError, match="without overflow"):
+        coil.compile(f)(x)
+
+
+def test_int8_plus_large_number_still_wraps(coil_reset):
+    x = torch.tensor([50, -7, 100], dtype=torch.int8)
+    f = lambda x: (x + 300, x - 1000, x * 259)       # noqa: E731 - eager wraps these (no conversion check)
+    torch.testing.assert_close(coil.compile(f)(x), f(x))

@@ -340,7 +340,12 @@ def _squeeze_(func, t, dims=None):
 
 def _call(fn: Callable, args: list, drop_error_checks: bool):
     with _ViewRewrites(), _DropErrorChecks() if drop_error_checks else contextlib.nullcontext():
-        return fn(*args)
+        try:
+            return fn(*args)
+        except ValueError as e:  # symbolic sizes: FakeTensor's view of functionalization's new value of an
+            if not str(e).startswith("Cannot view a tensor"):  # intermediate, in another layout than eager's
+                raise  # (y.t().masked_fill_(m, 0); y.view(-1)), checks its strides (trial 62 finding 5)
+            raise RunEagerly(f"a view of a written tensor's new value: {e}") from e
 
 
 def _is_differentiable(t: torch.Tensor) -> bool:

@@ -350,7 +350,8 @@ def _eager_refuses(func, args, kwargs) -> Optional[str]:
     """Eager's error for ``func`` where eager raises whatever the elements and the meta
     kernel (so the graph) does not, tried on real empty tensors; None where it runs:
 
-    - "value cannot be converted ... without overflow", when a finite number exceeds a fp16/bf16/fp32 argument's range
+    - "value cannot be converted ... without overflow", when a finite number exceeds a fp16/bf16/fp32 or integer
+      argument's range
       (a graph loses the check: ``masked_fill`` becomes ``where`` of a saturating ``scalar_tensor``; ``add``, ``where``
       accept such a scalar);
     - ``view`` to sizes the input's strides cannot give (FakeTensor's view accepted (6, 1, 3) with strides (1, 1, 6) as
@@ -381,10 +382,12 @@ def _eager_refuses(func, args, kwargs) -> Optional[str]:
         return _error_on_empty(func, args, kwargs)  # float - True: eager's bool check (s99 #2532)
     dtypes = [x.dtype for x in leaves if isinstance(x, torch.Tensor)] + \
         [x for x in leaves if isinstance(x, torch.dtype)]
-    fmax = min((torch.finfo(d).max for d in dtypes if d in _NARROW_FLOATS), default=None)
-    if fmax is not None and any(type(x) in (int, float) and math.isfinite(x) and abs(x) > fmax for x in leaves):
-        error = _error_on_empty(func, args, kwargs)
+    ranges = [torch.finfo(d) for d in dtypes if d in _NARROW_FLOATS] + [
+        torch.iinfo(d) for d in dtypes if not (d.is_floating_point or d.is_complex or d is torch.bool)]
+    if any(type(x) in (int, float) and math.isfinite(x) and not r.min <= x <= r.max for x in leaves for r in ranges):
+        error = _error_on_empty(func, args, kwargs)  # (int8 add(x, y, alpha=300), threshold: trial 62)
         return error if error and "without overflow" in error else None
+    fmax = min((r.max for r in ranges if isinstance(r, torch.finfo)), default=None)
     if fmax is not None and (error := _symbolic_scalar_overflows(func, args, kwargs, dtypes)):
         return error
     names = [a.name for a in func._schema.arguments]

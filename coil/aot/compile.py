@@ -486,8 +486,10 @@ def _compile(fn, example_inputs, fw_compiler, bw_compiler, partition_fn, decompo
         except Exception as e:  # noqa: BLE001 - optional: the inference path is the fallback
             trace.log("aot_enable_grad_region_fallback", stage="aot", error=str(e)[:2000])
     if not training:
-        if fw_gm is None:
-            fw_gm = trace_inference(fn, fake_args, info, decomps, fake_mode)
+        try:
+            fw_gm = fw_gm if fw_gm is not None else trace_inference(fn, fake_args, info, decomps, fake_mode)
+        except RunEagerly as e:
+            return _eager(user_fn, str(e))
         tensorize_scalar_reads(fw_gm, "inference")
         drop_dead_views(fw_gm)
         cse_graph(fw_gm)

@@ -8,6 +8,7 @@ the :data:`RANDOM_OPS` are not decomposed (eager's numbers). docs/aot.md, "Decom
 """
 from __future__ import annotations
 
+import functools
 import keyword
 import math
 import struct
@@ -76,6 +77,7 @@ for _key in (torch._C.DispatchKey.CompositeImplicitAutograd, torch._C.DispatchKe
 aten.dropout.default._dispatch_cache.clear()
 
 _TORCH_INDEX_ADD = _decomp.decomposition_table[aten.index_add.default]  # (core's: the same; indexing it built it)
+_TORCH_INDEX_COPY = _decomp.decomposition_table[aten.index_copy.default]
 
 #: coil's own decompositions: ``{OpOverload: fn}``; each fn uses aten ops only.
 COIL_DECOMPOSITIONS: dict = {}
@@ -157,13 +159,12 @@ def _var_and_mean(x, dim, correction, keepdim, take_sqrt=False):
     return var, mean
 
 
-@register(aten.index_add.default)
-def index_add(x, dim, index, source, *, alpha=1):
-    """``x.index_add(dim, index, source)`` as ``scatter_add`` of ``source`` at ``index`` expanded
-    along ``dim``: eager rejects a negative index, and torch's decomposition to ``index_put``
-    wrapped it (fresh-user trial). A 0-d operand takes torch's decomposition."""
+def _index_scatter(x, dim, index, source, *, alpha=1, copy=False):
+    """``x.index_add(dim, index, source)`` (``copy``: ``index_copy``) as ``scatter_add`` (``scatter``) of ``source``
+    at ``index`` expanded along ``dim``: eager rejects a negative index, and torch's decompositions to ``index_put``
+    wrapped it (fresh-user trials; trial 62 finding 2). A 0-d operand takes torch's decomposition."""
     if x.dim() == 0 or source.dim() == 0 or index.dim() != 1:
-        return _TORCH_INDEX_ADD(x, dim, index, source, alpha=alpha)
+        return _TORCH_INDEX_COPY(x, dim, index, source) if copy else _TORCH_INDEX_ADD(x, dim, index, source, alpha=alpha)
     if x.dim() > 1 and any(type(n) is int and n == 0 for n in x.shape):  # no elements: eager's kernel returns
         return aten.clone.default(x)  # before it checks the indices (fuzz_calls s103 #102)
     dim = dim % x.dim()
@@ -171,8 +172,12 @@ def index_add(x, dim, index, source, *, alpha=1):
         source = aten.mul.Tensor(source, alpha)
     shape = [1] * source.dim()
     shape[dim] = -1
-    return aten.scatter_add.default(x, dim, aten.expand.default(aten.view.default(index, shape),
-                                                                list(source.shape)), source)
+    index = aten.expand.default(aten.view.default(index, shape), list(source.shape))
+    return (aten.scatter.src if copy else aten.scatter_add.default)(x, dim, index, source)
+
+
+register(aten.index_add.default)(_index_scatter)
+register(aten.index_copy.default)(functools.partial(_index_scatter, copy=True))
 
 
 def _variance(take_sqrt: bool, with_mean: bool) -> Callable:

@@ -340,7 +340,12 @@ def _squeeze_(func, t, dims=None):
 
 def _call(fn: Callable, args: list, drop_error_checks: bool):
     with _ViewRewrites(), _DropErrorChecks() if drop_error_checks else contextlib.nullcontext():
-        return fn(*args)
+        try:
+            return fn(*args)
+        except ValueError as e:  # symbolic sizes: FakeTensor's view of functionalization's new value of an
+            if not str(e).startswith("Cannot view a tensor"):  # intermediate, in another layout than eager's
+                raise  # (y.t().masked_fill_(m, 0); y.view(-1)), checks its strides (trial 62 finding 5)
+            raise RunEagerly(f"a view of a written tensor's new value: {e}") from e
 
 
 def _is_differentiable(t: torch.Tensor) -> bool:
@@ -453,6 +458,8 @@ def _describe(fn, fake_args, f_args, before, outs, grad, drop_error_checks, fake
         outputs.append(OutputInfo("graph", -1, **meta))
         if st not in input_storage:
             groups.setdefault((st, o.dtype), []).append(k)
+            if _view_of_written_intermediate(o, o):  # (its new value has the out-of-place op's layout: trial 62)
+                outputs[-1].src_stride = meta["stride"]
 
     base_sources: list = []
     for members in groups.values():
@@ -534,11 +541,11 @@ def _multi_output_view(o: torch.Tensor) -> bool:
         torch._C._autograd.CreationMeta.MULTI_OUTPUT_NODE
 
 
-def _view_of_written_intermediate(o: torch.Tensor) -> bool:
-    """Whether output ``o`` is a view of an intermediate the program wrote through a view
-    (``torch.add(x, y, out=torch.empty(4, n).t())``): functionalization's new value of that intermediate has the
-    out-of-place op's layout, so ``o`` is rebuilt from it at eager's strides."""
-    base = o._base
+def _view_of_written_intermediate(o: torch.Tensor, base: Optional[torch.Tensor] = None) -> bool:
+    """Whether output ``o`` is a view of an intermediate (``base``: is that intermediate) the program wrote through a
+    view (``torch.add(x, y, out=torch.empty(4, n).t())``, ``y.t().masked_fill_(m, 0)``): functionalization's new value
+    of that intermediate has the out-of-place op's layout, so ``o`` is rebuilt from it at eager's strides."""
+    base = o._base if base is None else base
     return base is not None and isinstance(base, FunctionalTensor) and torch._functionalize_has_data_mutation(base.elem)
 
 
@@ -672,15 +679,16 @@ def _make_fx(fn: Callable, args: list, decompositions: dict, fake_mode: FakeTens
 
 
 #: integer division ops that raise ``RuntimeError: ZeroDivisionError`` in eager on the CPU
-_INT_DIVISIONS = {aten.floor_divide.default, aten.remainder.Tensor, aten.fmod.Tensor, aten.div.Tensor_mode}
+_INT_DIVISIONS = {aten.floor_divide.default, aten.remainder.Tensor, aten.fmod.Tensor, aten.div.Tensor_mode,
+                  aten.remainder.Scalar, aten.fmod.Scalar}
 
 
 def _insert_zero_division_checks(gm: torch.fx.GraphModule) -> None:
     """Before each integer division, remainder or fmod by a CPU tensor, check that no divisor is 0
     (``aten._assert_async.msg``, raising eager's ``RuntimeError: ZeroDivisionError``): the kernels divide without a
-    check and returned numbers where eager raised. A Python 0 divisor (``x // 0``) fails the check for a non-empty
-    result; other Python numbers are checked by eager's own trace; CUDA's eager does not raise. Logged
-    ``zero_division_checks``."""
+    check and returned numbers where eager raised. A Python divisor that is 0 in the result's dtype, or a symbolic one
+    that is 0, fails the check for a non-empty result; other Python numbers are checked by eager's own trace; CUDA's
+    eager does not raise. Logged ``zero_division_checks``."""
     added = 0
     for n in list(gm.graph.nodes):
         if n.op != "call_function" or n.target not in _INT_DIVISIONS or len(n.args) < 2:
@@ -690,20 +698,25 @@ def _insert_zero_division_checks(gm: torch.fx.GraphModule) -> None:
         if not isinstance(out, torch.Tensor) or out.dtype.is_floating_point or out.dtype.is_complex or \
                 out.dtype == torch.bool or out.device.type != "cpu":
             continue
-        if isinstance(bv, torch.Tensor):
-            check, val = (aten.ne.Scalar, (b, 0)), bv.ne(0)
-        elif type(b) is int and b == 0:  # ``x // 0``: eager raises for every element there is
-            check, val = (aten.ne.Tensor, (n, n)), out.ne(out)
-        else:
+        if isinstance(bv, torch.SymInt) or type(b) is int and b % (1 << 8 * out.dtype.itemsize) == 0:
+            # a Python divisor that is 0 in the result's dtype (``x // 0``, int8 ``x // 256``: eager casts it) or a
+            # symbolic one (an int that changed between calls), as a tensor of the result's shape: eager raises for
+            # every element there is
+            with gm.graph.inserting_after(n):
+                zeros = gm.graph.call_function(aten.mul.Tensor, (n, 0))
+            with gm.graph.inserting_after(zeros):
+                b = gm.graph.call_function(aten.add.Tensor, (zeros, b))
+            b.meta["val"] = zeros.meta["val"] = bv = out
+        elif not isinstance(bv, torch.Tensor):
             continue
-        with gm.graph.inserting_after(n) if bv is None else gm.graph.inserting_before(n):
-            nonzero = gm.graph.call_function(check[0], check[1])
+        with gm.graph.inserting_before(n) if b is n.args[1] else gm.graph.inserting_after(b):
+            nonzero = gm.graph.call_function(aten.ne.Scalar, (b, 0))
         with gm.graph.inserting_after(nonzero):
             ok = gm.graph.call_function(aten.all.default, (nonzero,))
         with gm.graph.inserting_after(ok):
             gm.graph.call_function(aten._assert_async.msg, (ok, "ZeroDivisionError"))
-        nonzero.meta["val"] = val
-        ok.meta["val"] = val.all()
+        nonzero.meta["val"] = bv.ne(0)
+        ok.meta["val"] = bv.ne(0).all()
         added += 1
     if added:
         gm.recompile()

@@ -162,13 +162,14 @@ def _make_epilogue(info: ProgramInfo) -> Callable:
             plan.append((5, o.index, None))
         else:
             plan.append((4, None, o.value))
-    # (value position, eager strides) of the tensors aliased outputs view: a compiled
-    # graph may return one in other strides (a decomposition's layout, under aot_eager)
-    sources = sorted({(p[1], o.src_stride) for p, o in zip(plan, info.outputs)
-                      if p[0] == 3 and o.src_stride is not None and not _has_symint(o.src_stride)})
+    # {value position: eager strides} of the tensors aliased outputs view: a compiled graph may return one in other
+    # strides (a decomposition's layout: masked_fill's contiguous where of a transposed view); symbolic strides are
+    # an entry of ``layouts`` (below; dynamic=True returned the view of the wrong elements: trial 62 finding 3)
+    sources = {p[1]: o.src_stride for p, o in zip(plan, info.outputs) if p[0] in (0, 3) and o.src_stride is not None}
+    sym_sources = [i for i, st in sources.items() if _has_symint(st)]
     # the program returns one leaf, not a container (an empty tuple is one node too)
     single_leaf = spec.num_nodes == 1 and spec.num_leaves == 1
-    simple = not mutated and all(p[0] == 0 for p in plan) and (flat_tuple or single_leaf) and \
+    simple = not mutated and not sources and all(p[0] == 0 for p in plan) and (flat_tuple or single_leaf) and \
         [p[1] for p in plan] == list(range(len(plan)))
     container = spec.type if flat_tuple else None
     # inputs whose metadata the program changes in place: (input, size, stride, offset)
@@ -177,9 +178,11 @@ def _make_epilogue(info: ProgramInfo) -> Callable:
     # call's entry ``j`` of ``layouts(args, vals)``, as kind 8's number; a restrided input's layout is ``len(sym) + r``
     sym = [k for k, p in enumerate(plan) if p[0] in (2, 3) and _has_symint(p[2][:3]) or p[0] == 4 and _has_symint(p[2])]
     layouts = None
-    if sym or _has_symint([r[1:] for r in restride]):
+    if sym or sym_sources or _has_symint([r[1:] for r in restride]):
         layouts = symbolic_evaluator([plan[k][2][:3] if plan[k][0] != 4 else plan[k][2] for k in sym] + [
-            r[1:] for r in restride], info.fake_inputs or (), [m[0] for m in info.fw_out_meta])
+            r[1:] for r in restride] + [sources[i] for i in sym_sources], info.fake_inputs or (),
+            [m[0] for m in info.fw_out_meta])
+        sources.update({i: len(sym) + len(restride) + j for j, i in enumerate(sym_sources)})
         for j, k in enumerate(sym):
             kind, idx, extra = plan[k]
             plan[k] = (8, j, None) if kind == 4 else (kind + 4, idx, (j, *extra[3:]))
@@ -237,11 +240,12 @@ def _make_epilogue(info: ProgramInfo) -> Callable:
         _copy_untracked(batch_dst, batch_src)
         if written:
             _increment_version(written)  # one call for all (a decoding step writes 2 KV caches a layer)
-        for idx, stride in sources:
+        lay = layouts(args, vals) if layouts is not None else None
+        for idx, stride in sources.items():
+            stride = lay[stride] if type(stride) is int else stride
             if vals[idx].stride() != stride:
                 vals = list(vals)
                 vals[idx] = vals[idx].new_empty_strided(vals[idx].shape, stride).copy_(vals[idx])
-        lay = layouts(args, vals) if layouts is not None else None
         flat = []
         for kind, idx, extra in plan:
             if kind == 0:

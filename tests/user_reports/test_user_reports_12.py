@@ -187,11 +187,9 @@ def test_inplace_bernoulli_of_transposed_input():
     assert_args_match(a_ref, a_out, atol=0, rtol=0)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "torch.empty_like(x).bernoulli_(p) of a transposed x: the mask values now match, but "
-    "the output is copied into bernoulli.p's fake (contiguous) strides: (8, 1), eager "
-    "returns the empty_like buffer, (1, 6)"))
 def test_inplace_bernoulli_of_empty_like_strides():
+    """Fixed (trial 62, finding 3): ``torch.empty_like(x).bernoulli_(p)`` of a transposed x returns eager's
+    empty_like strides (1, 6); a returned intermediate the program wrote in place is copied into eager's strides."""
     r = _gen(10)
     out, ref, _, _ = run_on_copies(lambda x: torch.empty_like(x).bernoulli_(0.3), (r(8, 6).t(),),
                           seed=0, fallback_random=True)

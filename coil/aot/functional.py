@@ -716,7 +716,7 @@ def _insert_zero_division_checks(gm: torch.fx.GraphModule) -> None:
         with gm.graph.inserting_after(ok):
             gm.graph.call_function(aten._assert_async.msg, (ok, "ZeroDivisionError"))
         nonzero.meta["val"] = bv.ne(0)
-        ok.meta["val"] = bv.ne(0).all()
+        ok.meta["val"] = nonzero.meta["val"].all()
         added += 1
     if added:
         gm.recompile()

@@ -73,6 +73,8 @@ def _bytes(buf: Buffer, memo: dict) -> int:
 
 #: an index expression's text (the same few are printed in many refusal reasons: sympy's printer is slow)
 _text = functools.lru_cache(maxsize=4096)(str)
+#: iterations (x times r) up to which a kernel is launch-bound: two such groups of one size fuse whatever they read
+_TINY = 1 << 16
 
 
 class Scheduler:
@@ -216,7 +218,17 @@ class Scheduler:
         for gs in buckets.values():
             gs.sort(key=lambda g: g.order)
             out += [(gs[i], gs[i + 1]) for i in range(len(gs) - 1)]
+        for g in kernels if config.launch_fusion_max_numel > 0 else ():  # tiny siblings: groups of one size fed by one group (the second stages of split reductions)
+            sibs = sorted((s for s in self._successors(g) if isinstance(s, FusedGroup) and self._tiny(s)),
+                          key=lambda s: (s.numel, s.rnumel, s.order))
+            out += [(a, b) for a, b in zip(sibs, sibs[1:]) if (a.numel, a.rnumel) == (b.numel, b.rnumel)]
         return out
+
+    @staticmethod
+    def _tiny(g: FusedGroup) -> bool:
+        """Static sizes and at most ``_TINY`` iterations: such a kernel's time is its launch, whatever it reads."""
+        sizes = (g.numel, g.rnumel)
+        return all(isinstance(v, int) or getattr(v, "is_number", False) for v in sizes) and product(sizes) <= _TINY
 
     def _score(self, a: FusedGroup, b: FusedGroup) -> int:
         """Bytes of memory traffic saved by running a and b as one kernel."""
@@ -292,7 +304,7 @@ class Scheduler:
                     for read, e in cdeps.loads:
                         if read == name and e != store:
                             return f"{c.get_name()} reads {name}[{_text(e)}] but it is written at [{_text(store)}]"
-        if not crossing and not self._shares_an_element(a, b, numel, rnumel):
+        if not crossing and not self._shares_an_element(a, b, numel, rnumel) and not (self._tiny(a) and self._tiny(b)):
             pa = self._input_only_pattern(a)
             if pa is None or pa != self._input_only_pattern(b):
                 return "their shared reads are of different elements per iteration (nothing reused)"

@@ -96,3 +96,22 @@ def test_channels_last_weight_copies_share_kernels(monkeypatch):
         torch.testing.assert_close(c(x, *ps)[0], m(x), atol=1e-4, rtol=1e-4)
         counts[limit] = len(c.kernels)
     assert counts[1 << 24] == counts[0] - 2, counts  # three 8x8x3x3 weight copies: one kernel
+
+
+@pytest.mark.parametrize("backend", ["triton", "cpp"])
+def test_second_stages_of_split_reductions_share_one_kernel(backend):
+    """A BatchNorm-backward-like pair of column sums over many rows is split into partial sums and second stages;
+    the two tiny second stages, fed by one kernel, run as one kernel."""
+    def f(dy, x, m):
+        return dy.sum(0), (dy * (x - m)).sum(0)
+    g = torch.Generator().manual_seed(2)
+    args = [torch.randn(8192, 8, generator=g), torch.randn(8192, 8, generator=g), torch.randn(8, generator=g)]
+    gm = make_fx(f, decomposition_table=get_decompositions())(*args)
+    counts = {}
+    for limit in (0, 1 << 24):
+        with patch(cpu_backend=backend, launch_fusion_max_numel=limit):
+            c = compile_aten_graph(gm, args, torch.device("cpu"))
+        for got, want in zip(c(*args), f(*args)):
+            torch.testing.assert_close(got, want, atol=1e-3, rtol=1e-4)
+        counts[limit] = len(c.kernels)
+    assert counts[1 << 24] == counts[0] - 1, counts

@@ -111,8 +111,8 @@ class Config:
     #: CUDA 1x1 convolutions of 1x1 images (squeeze-excitation) with at most this many
     #: multiply-adds are a generated reduction instead of a cuDNN call; 0 turns it off.
     conv_matvec_max_macs: int = 1 << 21
-    #: ``max_pool2d`` whose indices are unused is a generated pointwise window max, fused with the BatchNorm +
-    #: ReLU before it (else ATen's kernel, which also writes int64 indices; ir/lowering_conv.py).
+    #: ``max_pool2d_with_indices`` (window max and ATen's indices) and its backward are generated pointwise values,
+    #: fused with the BatchNorm + ReLU before them (else ATen's kernels; ir/lowering_conv.py).
     lower_max_pool: bool = True
     #: ``avg_pool2d`` with every window inside the image, and its backward where windows do not overlap (DenseNet's
     #: transitions), are generated pointwise values fused with their neighbours (else ATen's kernels).

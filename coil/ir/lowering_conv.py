@@ -3,13 +3,14 @@
 Loop-level values the scheduler fuses with their neighbours instead of ATen's kernels (docs/ir.md,
 "Convolution epilogues"): a CUDA convolution's ``+ bias`` (``config.conv_bias_epilogue``), a 1x1
 convolution of a 1x1 image as a generated reduction (``config.conv_matvec_max_macs``),
-``max_pool2d_with_indices`` whose indices no op reads as a window max (``config.lower_max_pool``), and the
+``max_pool2d_with_indices`` as the window max and its index, and its backward as a gather of the gradients whose
+index a pixel is (``config.lower_max_pool``), and the
 average pool of windows inside the image with its backward where windows do not overlap (``config.lower_avg_pool``).
 Each raises :class:`~coil.ir.lowering.FallbackToExtern` where it does not apply, and the ATen op runs.
 """
 from __future__ import annotations
 
-import operator
+import functools
 
 import torch
 
@@ -74,53 +75,97 @@ def _pair(v) -> tuple:
     return int(v[0]), int(v[-1])
 
 
+def _max_pool_geometry(x, kernel_size, stride, padding, dilation) -> list:
+    """``[(k, s, p, d, extent)]`` for rows and columns of a ``max_pool2d`` (or its backward) of ``x``, or raises
+    FallbackToExtern (config off, not 4-D, not floating point); a symbolic extent raises TypeError (the ATen op
+    runs)."""
+    if not config.lower_max_pool or len(x.get_size()) != 4 or not x.get_dtype().is_floating_point:
+        raise FallbackToExtern()
+    k = _pair(kernel_size)
+    return list(zip(k, _pair(stride) if stride else k, _pair(padding), _pair(dilation),
+                    (int(v) for v in x.get_size()[2:])))
+
+
+def _within(e, low: bool, high) -> list:
+    """Checks that index ``e`` is >= 0 (``low``) and < ``high`` (unless None)."""
+    v = ops.index_expr(e, torch.int64) if low or high is not None else None
+    return (([ops.ge(v, ops.constant(0, torch.int64))] if low else [])
+            + ([ops.lt(v, ops.constant(high, torch.int64))] if high is not None else []))
+
+
+def _all(checks):
+    return functools.reduce(ops.logical_and, checks) if checks else None
+
+
 @register_lowering(aten.max_pool2d_with_indices.default)
 def _max_pool2d(x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
-    node = current_graph().current_node
-    reads_indices = any(u.target is not operator.getitem or (u.args[1] != 0 and u.users) for u in node.users)
-    if (not config.lower_max_pool or reads_indices or len(x.get_size()) != 4 or not x.get_dtype().is_floating_point):
-        raise FallbackToExtern()
-    kh, kw = _pair(kernel_size)
-    sh, sw = _pair(stride) if stride else (kh, kw)
-    ph, pw = _pair(padding)
-    dh, dw = _pair(dilation)
+    """The window max and the flat index ``r * W + s`` of its tap in the input plane, as ATen's kernels pick it: the
+    first maximum in row-major tap order, the last NaN (``val > best || isnan(val)``), never a padding tap (a window
+    of -inf gives its first tap inside the image). Two pointwise values with the same loads: fused into one kernel."""
+    (kh, sh, ph, dh, h), (kw, sw, pw, dw, w) = geo = _max_pool_geometry(x, kernel_size, stride, padding, dilation)
     size, odt = out_size(), out_dtype()
-    h, w = (int(v) for v in x.get_size()[2:])
-    cdt = compute_dtype(odt)
-    load = loader_as(x, list(x.get_size()), cdt)
+    load = loader_as(x, list(x.get_size()), compute_dtype(odt))
+    last = [int(v) - 1 for v in size[2:]]
 
-    oh_last, ow_last = int(size[2]) - 1, int(size[3]) - 1
-
-    def inside(r, tap, pad, last, stride_, dil, extent):
-        """Bounds checks of input row/column ``r`` that can fail (none: None)."""
-        checks = []
-        if tap * dil < pad:
-            checks.append(ops.ge(ops.index_expr(r, torch.int64), ops.constant(0, torch.int64)))
-        if last * stride_ - pad + tap * dil >= extent:
-            checks.append(ops.lt(ops.index_expr(r, torch.int64), ops.constant(extent, torch.int64)))
-        return checks
-
-    def inner(index):
+    def window(index):
         n, c, oh, ow = index
-        best = None
+        best = at = unset = None
         for i in range(kh):
             for j in range(kw):
                 r, s = oh * sh - ph + i * dh, ow * sw - pw + j * dw
-                checks = inside(r, i, ph, oh_last, sh, dh, h) + inside(s, j, pw, ow_last, sw, dw, w)
-                if checks:
-                    cond = checks[0]
-                    for more in checks[1:]:
-                        cond = ops.logical_and(cond, more)
-                    v = ops.masked(cond, lambda r=r, s=s: load([n, c, r, s]), float("-inf"))
-                else:
-                    v = load([n, c, r, s])
-                best = v if best is None else ops.maximum(best, v)
-        return best
+                cond = _all([chk for e, t, o, (_, st, p, d, ext) in ((r, i, last[0], geo[0]), (s, j, last[1], geo[1]))
+                             for chk in _within(e, t * d < p, ext if o * st - p + t * d >= ext else None)])
+                v = load([n, c, r, s]) if cond is None else ops.masked(cond, lambda r=r, s=s: load([n, c, r, s]),
+                                                                       float("-inf"))
+                flat = ops.index_expr(r * w + s, torch.int64)
+                if best is None:  # ATen starts from -inf at the first tap inside the image
+                    best, at, unset = v, flat, None if cond is None else ops.logical_not(cond)
+                    continue
+                take = ops.logical_or(ops.gt(v, best), ops.isnan(v))
+                take = take if unset is None else ops.logical_or(take, unset)
+                take = take if cond is None else ops.logical_and(take, cond)
+                best, at = ops.where(take, v, best), ops.where(take, flat, at)
+                unset = None if unset is None or cond is None else ops.logical_and(unset, ops.logical_not(cond))
+        return best, at
 
-    trace.log("max_pool_lowered", stage="lowering", node=node.name, kernel=[kh, kw], stride=[sh, sw],
-              reason="indices unused: the window max is a pointwise value fused with its input")
-    values = TensorBox.create(Pointwise(device(), odt, inner, size))
-    return values, None
+    node = current_graph().current_node
+    trace.log("max_pool_lowered", stage="lowering", node=node.name, kernel=[kh, kw], stride=[sh, sw], backward=False,
+              reason="the window max and its index: pointwise values fused with the input's producer")
+    return (TensorBox.create(Pointwise(device(), odt, lambda i: window(i)[0], size)),
+            TensorBox.create(Pointwise(device(), torch.int64, lambda i: window(i)[1], size)))
+
+
+@register_lowering(aten.max_pool2d_with_indices_backward.default)
+def _max_pool2d_backward(grad, x, kernel_size, stride, padding, dilation, ceil_mode, indices):
+    """Each input pixel gathers the output gradients of the windows that can cover it whose index is that pixel, in
+    window order, summed in float32 from 0 (as ATen's CUDA kernel). Indices are assumed to lie in their window (the
+    forward's do)."""
+    geo = _max_pool_geometry(x, kernel_size, stride, padding, dilation)
+    size, odt, gsize = out_size(), out_dtype(), list(grad.get_size())
+    cdt = compute_dtype(odt)
+    load_g, load_i = loader_as(grad, gsize, cdt), loader_as(indices, gsize, torch.int64)
+    outs = [int(v) for v in gsize[2:]]
+    # windows oh with oh * s - p <= y <= oh * s - p + (k - 1) * d: oh = (y + p) // s - t for t < (k - 1) * d // s + 1
+    spans = [range((k - 1) * d // st, -1, -1) for k, st, p, d, _ in geo]
+
+    def inner(index):
+        n, c, y, x_ = index
+        here = ops.index_expr(y * geo[1][4] + x_, torch.int64)
+        total = ops.constant(0.0, cdt)
+        for t in spans[0]:
+            for u in spans[1]:
+                oh, ow = FloorDiv(y + geo[0][2], geo[0][1]) - t, FloorDiv(x_ + geo[1][2], geo[1][1]) - u
+                cond = _all([chk for e, m, o, (_, st, p, d, ext) in ((oh, t, outs[0], geo[0]), (ow, u, outs[1], geo[1]))
+                             for chk in _within(e, m > 0, o if (ext - 1 + p) // st - m >= o else None)])
+                pick = lambda oh=oh, ow=ow: ops.where(ops.eq(load_i([n, c, oh, ow]), here),  # noqa: E731
+                                                      load_g([n, c, oh, ow]), ops.constant(0.0, cdt))
+                total = ops.add(total, pick() if cond is None else ops.masked(cond, pick, 0.0))
+        return total
+
+    trace.log("max_pool_lowered", stage="lowering", node=current_graph().current_node.name, backward=True,
+              kernel=[geo[0][0], geo[1][0]], stride=[geo[0][1], geo[1][1]],
+              reason="each pixel gathers the gradients of the windows whose index it is")
+    return TensorBox.create(Pointwise(device(), odt, inner, size))
 
 
 def _avg_pool_plan(x, kernel_size, stride, padding, ceil_mode, divisor_override, backward: bool):

@@ -4,10 +4,11 @@ with the BatchNorm + ReLU before it, and channels-last layouts carried through t
 
 CPU tests with the CUDA channels-last path switched on for CPU tensors
 (``_CHANNELS_LAST_DEVICES``), on both kernel backends (C++ and Triton through its
-interpreter); the reference is eager: values, output strides, and the indices of a max pool
-whose indices are read.
+interpreter); the reference is eager: values, output strides, and a max pool's indices and
+input gradient.
 """
 import json
+import re
 import pytest
 import torch
 import torch.nn as nn
@@ -99,16 +100,83 @@ def test_avg_pool_lowered_matches_eager(log, backend, k, s, ceil, div, lowered, 
     assert kinds == lowered, kinds
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_max_pool_indices_read_runs_aten(log, backend):
-    """With return_indices the ATen op runs (its indices are eager's)."""
-    x = torch.randn(1, 2, 8, 8)
+#: every (kernel, stride, padding, dilation, ceil_mode) of kernels 2/3, strides 1/2, padding 0/1, dilation 1/2
+POOLS = [(k, s, p, d, c) for k in (2, 3) for s in (1, 2) for p in (0, 1) for d in (1, 2) for c in (False, True)]
+#: 8 of them (a fractional factorial: each pair of factors takes all four level pairs) for the CI run
+POOLS_CI = [(k, s, p, d, c) for k, s, p, d, c in POOLS if ((k == 3) != (s == 2)) == (d == 2) and ((k == 3) != p) == c]
+
+
+def _pool_input(dtype):
+    """(2, 3, 11, 12) planes: random with a NaN; integer values (ties, signed zeros); all equal; random with a
+    -inf block; two NaNs in one window and a NaN beside a larger value; all -inf (every index is the first tap inside
+    the image)."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 11, 12)
+    x[0, 0, 4, 5] = float("nan")
+    x[0, 1] = torch.randint(-2, 3, (11, 12)).float()
+    x[0, 1, ::2] *= -1  # (-0.0 beside 0.0: the first of the two is picked)
+    x[0, 2] = 1.5
+    x[1, 0, 2:7, 3:9] = float("-inf")
+    x[1, 1, 0, 0] = x[1, 1, 1, 1] = x[1, 1, 6, 6] = float("nan")
+    x[1, 1, 6, 7] = 100.0
+    x[1, 2] = float("-inf")
+    return x.to(dtype)
+
+
+@pytest.mark.parametrize("backend,dtype,pools", [
+    pytest.param(b, dt, pools, id=f"{b}-{str(dt)[6:]}-{len(pools)}",
+                 marks=[pytest.mark.slow] if pools is POOLS or (b, dt) == ("triton", torch.bfloat16) else [])
+    for b in BACKENDS for dt in (torch.float32, torch.bfloat16) for pools in (POOLS_CI, POOLS)])
+def test_max_pool_indices_and_backward(log, backend, dtype, pools):
+    """``max_pool2d_with_indices`` and its backward generated for each of ``pools`` in one training graph: values and
+    indices exactly eager's (ties pick the first tap, NaN the last NaN, never a padding tap), the input gradient
+    within float32 rounding (bf16: one rounding of the fp32 sum), strides as eager's, NCHW and channels-last."""
+    x0 = _pool_input(dtype)
 
     def f(x):
-        return F.max_pool2d(x + 1, 3, 2, 1, return_indices=True)
-    out, ref = compiled(f, backend)(x), f(x)
-    assert_like_eager(out, ref)
-    assert not events(log, "max_pool_lowered")
+        return [t for k, s, p, d, c in pools for t in F.max_pool2d(x * 1, k, s, p, d, c, return_indices=True)]
+    # (bf16: autograd sums the pools' gradients in bf16, in an order of its own)
+    tol = dict(atol=1e-5, rtol=1e-6) if dtype == torch.float32 else dict(atol=1e-2, rtol=2e-2)
+    for inp in (x0, x0.to(memory_format=torch.channels_last)):
+        a, b = inp.clone().requires_grad_(), inp.clone().requires_grad_()
+        out, ref = compiled(f, backend)(a), f(b)
+        for o, r in zip(out, ref):
+            assert torch.equal(o.float().nan_to_num(7.0), r.float().nan_to_num(7.0)) and o.stride() == r.stride()
+        for vals, x in ((out, a), (ref, b)):
+            sum((v.float() * torch.linspace(-1, 1, v.numel()).view(v.shape)).nan_to_num(0.0).sum()
+                for v in vals[::2]).backward()
+        torch.testing.assert_close(a.grad, b.grad, equal_nan=True, **tol)
+        assert a.grad.stride() == b.grad.stride()
+    lowered = events(log, "max_pool_lowered")
+    assert sum(e["backward"] for e in lowered) == sum(not e["backward"] for e in lowered) == 2 * len(pools)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_max_pool_training_channels_last(log, backend):
+    """A channels-last training graph (conv + ReLU + max pool + conv): the pool's values and indices are one generated
+    kernel writing NHWC buffers (no ATen pool in either wrapper), its backward is generated too, and the gradients
+    and their strides are eager's."""
+    torch.manual_seed(0)
+    w1, w2 = torch.randn(8, 3, 3, 3), torch.randn(4, 8, 1, 1)
+
+    def f(x, w1, w2):
+        return F.conv2d(F.max_pool2d(F.relu(F.conv2d(x, w1, padding=1)), 3, 2, 1), w2)
+    x0 = torch.randn(2, 3, 10, 10).to(memory_format=torch.channels_last)
+    grads = []
+    for fn in (f, compiled(f, backend)):
+        args = [t.clone().requires_grad_() for t in (x0, w1, w2)]
+        fn(*args).sum().backward()
+        grads.append([t.grad for t in args])
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+        assert a.stride() == b.stride()
+    assert sorted(e["backward"] for e in events(log, "max_pool_lowered")) == [False, True]
+    wrappers = [e["text"] for e in events(log, "artifact") if e["name"] == "wrapper"]
+    assert len(wrappers) == 2 and not any("aten.max_pool" in w for w in wrappers)
+    pooled = {line.split(" = ")[0].strip() for line in wrappers[0].splitlines()
+              if "empty_strided((2, 8, 5, 5), (200, 1, 40, 8)" in line}  # the values and the int64 indices
+    assert len(pooled) == 2 and any(re.match(r"\s*k\d+\(", line) and all(b in line for b in pooled)
+                                    for line in wrappers[0].splitlines()), (pooled, wrappers[0])
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -116,6 +184,10 @@ def test_max_pool_off(log, backend):
     x = torch.randn(1, 2, 8, 8)
     f = lambda x: F.max_pool2d(x, 2)  # noqa: E731
     assert_like_eager(compiled(f, backend, lower_max_pool=False)(x), f(x))
+    a, b = x.clone().requires_grad_(), x.clone().requires_grad_()
+    compiled(lambda x: F.max_pool2d(x, 3, 2, 1), backend, lower_max_pool=False)(a).sum().backward()
+    F.max_pool2d(b, 3, 2, 1).sum().backward()
+    assert torch.equal(a.grad, b.grad)
     assert not events(log, "max_pool_lowered")
 
 

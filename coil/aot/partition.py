@@ -336,6 +336,8 @@ def min_cut_partition(joint: torch.fx.GraphModule, info: JointInfo) -> Partition
         root = _view_root(n)
         if cap != inf and root in free_inputs:
             cap = cap * 1e6 + 1e6
+        elif cap != inf and root is not n and root.op == "placeholder":
+            cap += 0.25  # a leaf that requires grad over a view of it (t(weight)), as eager: nothing rebuilt per call
         # a tiny tie-breaker prefers saving values the forward computes anyway
         if cap != inf and n not in regions.fw_needed and n.op != "placeholder":
             cap += 0.5
@@ -367,7 +369,7 @@ def _sink_side(arcs: list, source, sink) -> Optional[set]:
     (``(u, v, capacity)``; ``math.inf`` allowed): the sink side of a minimum cut, the smallest one, the same for every
     maximum flow (so for any max-flow algorithm). None if an infinite-capacity path joins them (no finite cut).
     Dinic's algorithm: a breadth-first level graph, then augmenting paths along it (current-arc pointers) until
-    none is left. Capacities here are multiples of 0.5 (bytes), exact in floats."""
+    none is left. Capacities here are multiples of 0.25 (bytes), exact in floats."""
     ids: dict = {}
     for u, v, _ in arcs:
         ids.setdefault(u, len(ids))

@@ -14,6 +14,7 @@ watched with a weak reference and which can be poisoned when a later replay over
 """
 from __future__ import annotations
 
+import collections
 from typing import Any, Callable, Optional
 
 import torch
@@ -205,11 +206,13 @@ class SlotRefs(tuple):
     training step's replays (190 outputs a step). Test an entry with ``torch._C.StorageBase._expired(cdata)``."""
 
     def __new__(cls, storages):
-        return super().__new__(cls, [st._weak_ref() for st in storages])
+        return super().__new__(cls, map(_weak_ref, storages))   # (C maps: ~-0.25 µs a storage)
 
-    def __del__(self):
-        for c in self:
-            torch.UntypedStorage._free_weak_ref(c)
+    def __del__(self, _drain=collections.deque, _free=torch.UntypedStorage._free_weak_ref):
+        _drain(map(_free, self), 0)
+
+
+_weak_ref = torch.UntypedStorage._weak_ref
 
 
 _storage_over = torch._C._construct_storage_from_data_pointer

@@ -27,8 +27,7 @@ from coil.exc import Unsupported, UserError
 from coil.capture.source import LocalSource
 from coil.capture.variables.symbolic import SymNodeVariable
 
-# ------------------------------------------------------------------------------------
-# marks (stored on the tensor object, like torch's own marks)
+# --- marks (stored on the tensor object, like torch's own marks) --------------------------
 
 _DYN, _STATIC, _UNBACKED = "_coil_dynamic_dims", "_coil_static_dims", "_coil_unbacked_dims"
 
@@ -84,8 +83,7 @@ def mark_unbacked(t: torch.Tensor, dim):
     return t
 
 
-# ------------------------------------------------------------------------------------
-# sources as the ShapeEnv sees them
+# --- sources as the ShapeEnv sees them ----------------------------------------------------
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,8 +107,7 @@ def source_name(src) -> str:
     return n() if callable(n) else n
 
 
-# ------------------------------------------------------------------------------------
-# which dims are symbolic
+# --- which dims are symbolic --------------------------------------------------------------
 
 
 class DynamicPolicy:
@@ -239,8 +236,7 @@ def changed_dims(old_shapes: dict, values: dict) -> dict:
     return out
 
 
-# ------------------------------------------------------------------------------------
-# where a guard came from
+# --- where a guard came from --------------------------------------------------------------
 
 
 class SiteRecorder:
@@ -301,8 +297,7 @@ def check_marked(env, policy: DynamicPolicy, sites: SiteRecorder) -> None:
                  f"that line so the size is not required to be {value}")
 
 
-# ------------------------------------------------------------------------------------
-# shape guards
+# --- shape guards -------------------------------------------------------------------------
 
 
 _LOCAL = re.compile(r"___z\d+")

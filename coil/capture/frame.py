@@ -48,8 +48,7 @@ from coil.capture.dynamic import (DynamicPolicy, SymbolSource, changed_dims, che
                                   shape_guards)
 from coil.capture.guards import Hoister
 
-# ------------------------------------------------------------------------------------
-# global state
+# --- global state -------------------------------------------------------------------------
 
 _disabled_fns: "weakref.WeakSet" = weakref.WeakSet()
 _disabled_codes: "weakref.WeakSet" = weakref.WeakSet()
@@ -158,8 +157,7 @@ class FrameCache:
         self.auto_dynamic: dict = {}
 
 
-# ------------------------------------------------------------------------------------
-# binding arguments
+# --- binding arguments --------------------------------------------------------------------
 
 
 def _argnames(code: types.CodeType) -> list[str]:
@@ -210,8 +208,7 @@ def make_binder(fn: types.FunctionType):
     return ns["___bind"]
 
 
-# ------------------------------------------------------------------------------------
-# the wrapper
+# --- the wrapper --------------------------------------------------------------------------
 
 
 #: co_flags of generators, coroutines and async generators (CO_GENERATOR | CO_COROUTINE | CO_ASYNC_GENERATOR)
@@ -371,8 +368,7 @@ def _capturer(cfg):
     return ___cap
 
 
-# ------------------------------------------------------------------------------------
-# compiling a frame
+# --- compiling a frame --------------------------------------------------------------------
 
 
 def _find_entry(cache: "FrameCache", cfg, bound, fn):

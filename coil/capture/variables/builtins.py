@@ -192,8 +192,7 @@ class PureFunctionVariable(KnownCallableVariable):
 
 
 
-# ---------------------------------------------------------------------------------------
-# handlers
+# --- handlers -----------------------------------------------------------------------------
 
 
 class IdVariable(VariableTracker):

@@ -304,24 +304,14 @@ def CONTAINS_OP(tx, inst):
     tx.push(res)
 
 
-@op("UNARY_NEGATIVE")
-def UNARY_NEGATIVE(tx, inst):
-    tx.push(tx.unary_op(operator.neg, tx.pop()))
+def _unary(fn):
+    return lambda tx, inst: tx.push(tx.unary_op(fn, tx.pop()))
 
 
-@op("UNARY_POSITIVE", PY311)
-def UNARY_POSITIVE(tx, inst):
-    tx.push(tx.unary_op(operator.pos, tx.pop()))
-
-
-@op("UNARY_NOT")
-def UNARY_NOT(tx, inst):
-    tx.push(tx.unary_op(operator.not_, tx.pop()))
-
-
-@op("UNARY_INVERT")
-def UNARY_INVERT(tx, inst):
-    tx.push(tx.unary_op(operator.invert, tx.pop()))
+op("UNARY_NEGATIVE")(_unary(operator.neg))
+op("UNARY_POSITIVE", PY311)(_unary(operator.pos))
+op("UNARY_NOT")(_unary(operator.not_))
+op("UNARY_INVERT")(_unary(operator.invert))
 
 
 # --- subscripts and slices --------------------------------------------------------------
@@ -361,14 +351,8 @@ def BUILD_SLICE(tx, inst):
 
 
 # --- building containers ------------------------------------------------------------------
-@op("BUILD_TUPLE")
-def BUILD_TUPLE(tx, inst):
-    tx.push(TupleVariable(tx.popn(inst.arg)))
-
-
-@op("BUILD_LIST")
-def BUILD_LIST(tx, inst):
-    tx.push(ListVariable(tx.popn(inst.arg)))
+op("BUILD_TUPLE")(lambda tx, inst: tx.push(TupleVariable(tx.popn(inst.arg))))
+op("BUILD_LIST")(lambda tx, inst: tx.push(ListVariable(tx.popn(inst.arg))))
 
 
 @op("BUILD_SET")

@@ -82,8 +82,7 @@ def _specialize_floats(tree, computed: dict, specialize: bool):
 
 
 def _fake_layout(t: torch.Tensor) -> Layout:
-    return Layout(t.device, t.dtype, [as_expr(s) for s in t.shape],
-                  [as_expr(s) for s in t.stride()], sympy.Integer(0))
+    return Layout(t.device, t.dtype, [as_expr(s) for s in t.shape], [as_expr(s) for s in t.stride()])
 
 
 _PAD_DEVICES = ("cuda",)  # tests add "cpu" to exercise the path without a GPU
@@ -109,11 +108,11 @@ def one_copy_chain(n: torch.fx.Node) -> Optional[list]:
         if n.target not in _RESHAPES:
             return None
     return None
-#: extern ops that run channels-last when their 4-D inputs are (config.conv_channels_last)
 #: extern ops whose first argument is read (or written) through its storage: it gets
 #: eager's strides and offset, not the layout this graph chose for the value (fuzz s214 #5389)
 _STORAGE_OPS = (_aten.as_strided_scatter.default, _aten.as_strided.default, _aten.as_strided_copy.default,
                 _aten.view.dtype)
+#: extern ops that run channels-last when their 4-D inputs are (config.conv_channels_last)
 _CHANNELS_LAST_OPS = (_aten.convolution.default, _aten.max_pool2d_with_indices.default, _aten.avg_pool2d.default,
                       _aten._adaptive_avg_pool2d.default, _aten.convolution_backward.default,
                       _aten.max_pool2d_with_indices_backward.default, _aten.avg_pool2d_backward.default,
@@ -768,8 +767,7 @@ class GraphLowering(torch.fx.Interpreter):
         if base is None and isinstance(x.data, StorageBox):
             x.data.realize(stride=eager)
             return x
-        buf = self._materialize(x, eager)
-        return TensorBox(StorageBox(buf))
+        return TensorBox(StorageBox(self._materialize(x, eager)))
 
     def make_extern(self, target, args, kwargs):
         args, kwargs = _specialize_floats((args, kwargs), self.float_externs, isinstance(target, torch._ops.OpOverload))
@@ -851,10 +849,8 @@ class GraphLowering(torch.fx.Interpreter):
         channels-last ``convolution_backward`` weight gradient did), and the fake outputs the rest of the graph relies
         on came from the traced strides."""
         lay = getattr(r, "layout", None)
-        if (not isinstance(meta, torch.Tensor) or meta.dim() != 4 or lay is None
-                or len(lay.size) != 4 or not _is_channels_last(lay)
-                or not _dense_non_overlapping(meta)
-                or not _same_size(meta, x.get_size())):
+        if not isinstance(meta, torch.Tensor) or meta.dim() != 4 or lay is None or len(lay.size) != 4 \
+                or not _is_channels_last(lay) or not _dense_non_overlapping(meta) or not _same_size(meta, x.get_size()):
             return r
         want = [as_expr(v) for v in meta.stride()]
         if all(str(a) == str(b) or str(n) == "1" for a, b, n in zip(lay.stride, want, meta.shape)):
@@ -971,9 +967,7 @@ class GraphLowering(torch.fx.Interpreter):
     def _strided(self, x: TensorBox):
         """``x`` as a realized buffer or ReinterpretView (realizing computed values)."""
         d = x.data
-        if isinstance(d, ReinterpretView):
-            return d
-        return d.realize() if isinstance(d, StorageBox) else None
+        return d if isinstance(d, ReinterpretView) else d.realize() if isinstance(d, StorageBox) else None
 
     def _padded_copy(self, x, c: int, cp: int) -> Buffer:
         """A contiguous (R, cp) copy of 2-D ``x`` (R, c) with zero columns c..cp, made by a

@@ -309,10 +309,9 @@ def wrap_module(mod: torch.nn.Module, cfg: CaptureConfig):
 
 
 def capture_callable(fn, cfg: CaptureConfig, library: bool = False):
-    """Wrapper for a callee of a graph break: Python functions, bound methods and modules
-    are captured on their own; anything else is returned unchanged. A function of a skipped
-    module (:func:`_skipped_module`) is returned unchanged too, unless ``library`` (a torch.nn
-    forward, a resume function of one of torch's frames)."""
+    """Wrapper for a callee of a graph break: Python functions, bound methods and modules are captured on their own;
+    anything else is returned unchanged. A function of a skipped module (:func:`_skipped_module`) is returned unchanged
+    too, unless ``library`` (a torch.nn forward, a resume function of one of torch's frames)."""
     if isinstance(fn, types.FunctionType) and not is_disabled(fn):
         if fn.__code__.co_flags & _GENERATOR_FLAGS:
             return fn

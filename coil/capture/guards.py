@@ -65,12 +65,11 @@ class _ShapeMemo:
 
 
 class Guard:
-    """One check. ``code`` is what :meth:`GuardSet.failures` evaluates (and names); ``fast`` is an equivalent
-    expression the generated function uses instead, valid only after the guards before it in the same
-    ``group`` passed (e.g. ``t.is_contiguous()`` for ``t.stride() == (8, 1)`` once ``t.shape == (4, 8)``
-    held); ``group`` joins the consecutive checks of one tensor into one generated ``if``; ``batch`` names the
-    C++ tensor check that replaces it in the generated function (None: generated); ``note`` says in words what a
-    failure means (recompile reasons)."""
+    """One check. ``code`` is what :meth:`GuardSet.failures` evaluates (and names); ``fast`` is an equivalent expression
+    the generated function uses instead, valid only after the guards before it in the same ``group`` passed (e.g.
+    ``t.is_contiguous()`` for ``t.stride() == (8, 1)`` once ``t.shape == (4, 8)`` held); ``group`` joins the consecutive
+    checks of one tensor into one generated ``if``; ``batch`` names the C++ tensor check that replaces it in the
+    generated function (None: generated); ``note`` says in words what a failure means (recompile reasons)."""
     __slots__ = ("code", "value_expr", "expected", "src", "fast", "group", "batch", "note")
 
     def __init__(self, code: str, value_expr: Optional[str], expected: Any, src: Optional[str] = None,

@@ -589,10 +589,9 @@ def LOAD_ASSERTION_ERROR(tx, inst):
 
 
 # --- exceptions raised and handled inside traced code ----------------------------------
-# A raise goes through InstructionTranslatorBase.step: the frame's exception table
-# (dis._parse_exception_table) names the handler; without one the caller's frame tries at
-# its call instruction; an exception no traced frame handles is a graph break where it was
-# first raised. tx.exc_stack holds the exceptions being handled (sys.exc_info()).
+# A raise goes through InstructionTranslatorBase.step: the frame's exception table (dis._parse_exception_table) names
+# the handler; without one the caller's frame tries at its call instruction; an exception no traced frame handles is a
+# graph break where it was first raised. tx.exc_stack holds the exceptions being handled (sys.exc_info()).
 def _exception_of(tx, v):
     if isinstance(v, ExceptionVariable):
         return v

@@ -409,9 +409,8 @@ class EntryCodegen:
 
 
 def collect_tensors(vts: list, out: list, seen: set, data_dependent: list | None = None) -> None:
-    """Tensor trackers reachable from ``vts`` (graph outputs), in first-seen order; symbolic numbers
-    over a data-dependent symbol (no input source: ``.item()``, a ``nonzero`` size) go to
-    ``data_dependent``."""
+    """Tensor trackers reachable from ``vts`` (graph outputs), in first-seen order; symbolic numbers over a
+    data-dependent symbol (no input source: ``.item()``, a ``nonzero`` size) go to ``data_dependent``."""
     stack = list(reversed(vts))
     visited = set()
     while stack:

@@ -537,12 +537,11 @@ def _split_decision(ranges, numel_r: int, reduction_type: str, leading: bool = F
     Few outputs with long reductions (a full ``x.sum()``, ``bias_grad = g.sum(0)``) would run on too few programs: split
     the reduction in ``S`` chunks (a power of two) so there are ~8k partials of >= 512 elements. ``leading`` (reduced
     dims first, the kernel tiles 64-256 outputs per program): 1k-32k outputs split up to 64k partials of >= 1024 rows
-    (>= 512 under 4k partials), and on a GPU fewer than 4096 outputs over 256-2047 rows split to about one program
-    per SM, and 256-32k outputs over >= 2048 rows split into chunks of 256 rows (at most 32k partials). Leading
-    reductions and at most :data:`RAGGED_SPLIT_MAX_OUTPUTS` outputs may end in a ragged chunk. On a
-    GPU a row reduction (one program per row) splits only with fewer rows than SMs and rows of >=
-    :data:`GPU_SPLIT_MIN_RNUMEL`. docs/codegen.md ("Split reductions on a GPU") has the measurements behind each
-    rule."""
+    (>= 512 under 4k partials), and on a GPU fewer than 4096 outputs over 256-2047 rows split to about one program per
+    SM, and 256-32k outputs over >= 2048 rows split into chunks of 256 rows (at most 32k partials). Leading reductions
+    and at most :data:`RAGGED_SPLIT_MAX_OUTPUTS` outputs may end in a ragged chunk. On a GPU a row reduction (one
+    program per row) splits only with fewer rows than SMs and rows of >= :data:`GPU_SPLIT_MIN_RNUMEL`. docs/codegen.md
+    ("Split reductions on a GPU") has the measurements behind each rule."""
     if reduction_type not in SPLITTABLE:
         return 1, "not_splittable"
     numel_out = _numel(ranges)

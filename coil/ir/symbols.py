@@ -260,11 +260,10 @@ class FloorDiv(sympy.Function):
         if isinstance(a, FloorDiv):
             return FloorDiv(a.args[0], a.args[1] * b)
         if a.is_Add:
-            # (k*b*y + rest) // b -> k*y + rest // b when rest >= 0 ((rindex + 1024*(xindex
-            # // 3072)) // 512 in split bias-gradient reductions became 2*(xindex // 3072)
-            # + rindex // 512). Only for a provably non-negative rest: the generated code
-            # divides with C's / and Triton's //, which truncate, and a negative rest
-            # ((30 - i) // 6 -> 5 + (-i) // 6) gave wrong indices (user report 5)
+            # (k*b*y + rest) // b -> k*y + rest // b when rest >= 0 ((rindex + 1024*(xindex // 3072)) // 512 in split
+            # bias-gradient reductions became 2*(xindex // 3072) + rindex // 512). Only for a provably non-negative
+            # rest: the generated code divides with C's / and Triton's //, which truncate, and a negative rest ((30 - i)
+            # // 6 -> 5 + (-i) // 6) gave wrong indices (user report 5)
             whole, rest = [], []
             for t in a.args:
                 (whole if _divides(b, t) else rest).append(t)

@@ -263,9 +263,8 @@ class RealValueVariable(VariableTracker):
 
 
 class KnownCallableVariable(VariableTracker):
-    """Base of trackers that stand for one known Python callable ``fn`` (a builtin, a
-    ``math``/``operator`` function, a torch function, a higher-order operator): the callable is its constant, and the
-    entry holds it as one."""
+    """Base of trackers that stand for one known Python callable ``fn`` (a builtin, a ``math``/``operator`` function, a
+    torch function, a higher-order operator): the callable is its constant, and the entry holds it as one."""
 
     def __init__(self, fn, source=None):
         super().__init__(source)

@@ -249,11 +249,10 @@ def _check_same_outputs(a: Subgraph, b: Subgraph, names, location) -> None:
 
 
 class ContiguousGrad(torch.autograd.Function):
-    """Identity whose backward makes the incoming gradient contiguous (with ``copy``, a
-    copy). Put on each input of a cond branch: torch's cond backward merges the two branch
-    gradients' strides and refuses an expanded gradient (``y.sum()``'s) against a dense one;
-    with ``copy`` on each output of a cond: its backward cond refuses gradients that alias
-    each other (``a + b`` of two outputs gives both one gradient)."""
+    """Identity whose backward makes the incoming gradient contiguous (with ``copy``, a copy). Put on each input of a
+    cond branch: torch's cond backward merges the two branch gradients' strides and refuses an expanded gradient
+    (``y.sum()``'s) against a dense one; with ``copy`` on each output of a cond: its backward cond refuses gradients
+    that alias each other (``a + b`` of two outputs gives both one gradient)."""
 
     @staticmethod
     def forward(ctx, x, copy=False):

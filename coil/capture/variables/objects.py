@@ -198,12 +198,11 @@ _DICT_READS = ("get", "__getitem__", "__contains__")
 
 
 def _dict_lookup(tx, vt, name, args, kwargs, base=False):
-    """``d.get(k)`` / ``d[k]`` / ``k in d`` on a pre-existing dict whose keys are not all
-    literals (huggingface_hub's validator table keyed by types): looked up in the real
-    dict, guarded on what the lookup found (the same object, or still missing). None when
-    it does not apply (new dicts, unhashable or traced keys, tensor results). ``base``:
-    ``dict``'s own method on a subclass that overrides it (``super().__getitem__(k)``
-    inside the override: transformers' ``ACT2FN``)."""
+    """``d.get(k)`` / ``d[k]`` / ``k in d`` on a pre-existing dict whose keys are not all literals (huggingface_hub's
+    validator table keyed by types): looked up in the real dict, guarded on what the lookup found (the same object, or
+    still missing). None when it does not apply (new dicts, unhashable or traced keys, tensor results). ``base``:
+    ``dict``'s own method on a subclass that overrides it (``super().__getitem__(k)`` inside the override: transformers'
+    ``ACT2FN``)."""
     d = vt.value
     if vt.source is None or kwargs or not args or (not base and (
             type(d).__getitem__ is not dict.__getitem__ or (name == "get" and type(d).get is not dict.get))):
@@ -425,20 +424,17 @@ def _holds_tensor(value) -> bool:
 
 
 class InFrameModuleVariable(NNModuleVariable):
-    """A parameter-free ``torch.nn`` module built inside the frame from constant
-    arguments (``nn.CrossEntropyLoss(ignore_index=-100)(logits, y)``, ``nn.ReLU()(x)``).
+    """A parameter-free ``torch.nn`` module built inside the frame from constant arguments
+    (``nn.CrossEntropyLoss(ignore_index=-100)(logits, y)``, ``nn.ReLU()(x)``).
 
-    The instance is built for real at trace time and used like a sourceless submodule:
-    its forward is inlined and its attributes are constants. Nothing is guarded on it:
-    the compiled code never sees it, and a rebuild (at a graph break, or when it escapes
-    the frame) constructs a fresh one from the same arguments, as each eager call does.
-    torch.nn's own constructors have no side effects. A user subclass's own ``__init__``s
-    (transformers' ``GELUActivation``, built by ``ACT2FN["gelu"]`` in DeBERTa's pooler) may
-    call nothing but ``super().__init__`` and write nothing but attributes
-    (:func:`_calls_only_super_init`), and are first traced on a :class:`ModuleInitProbe`,
-    torch.nn's part skipped: if that adds no graph op and no mutation outside the new
-    object, running them for real is pure too.
-    One that gets parameters or buffers, or a tensor argument, is a graph break.
+    The instance is built for real at trace time and used like a sourceless submodule: its forward is inlined and its
+    attributes are constants. Nothing is guarded on it: the compiled code never sees it, and a rebuild (at a graph
+    break, or when it escapes the frame) constructs a fresh one from the same arguments, as each eager call does.
+    torch.nn's own constructors have no side effects. A user subclass's own ``__init__``s (transformers'
+    ``GELUActivation``, built by ``ACT2FN["gelu"]`` in DeBERTa's pooler) may call nothing but ``super().__init__`` and
+    write nothing but attributes (:func:`_calls_only_super_init`), and are first traced on a :class:`ModuleInitProbe`,
+    torch.nn's part skipped: if that adds no graph op and no mutation outside the new object, running them for real is
+    pure too. One that gets parameters or buffers, or a tensor argument, is a graph break.
     """
 
     def __init__(self, value, args: tuple, kwargs: dict):

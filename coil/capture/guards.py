@@ -117,18 +117,10 @@ class GuardSet:
         self.guards: list[Guard] = []
         self._seen: set[str] = set()
         self.ns: dict[str, Any] = {
-            "___G": global_ns,
-            "___Tensor": torch.Tensor,
-            "___Parameter": torch.nn.Parameter,
-            "___builtins": builtins,
-            "___grad_enabled": torch.is_grad_enabled,
-            "___id": id,
-            "math": __import__("math"),     # shape guards on floats (math.isnan,
-            "torch": torch,                 # torch.sym_float(x.size()[0]))
-            "___keys": _dispatch_keys,
-            "___iter_rest": iter_rest,
+            "___G": global_ns, "___Tensor": torch.Tensor, "___Parameter": torch.nn.Parameter, "___builtins": builtins,
+            "___grad_enabled": torch.is_grad_enabled, "___id": id, "___keys": _dispatch_keys, "___iter_rest": iter_rest,
             "___length_hint": __import__("operator").length_hint,
-        }
+            "math": __import__("math"), "torch": torch}  # shape guards on floats (math.isnan, torch.sym_float(...))
         self._batched: dict[str, torch.Tensor] = {}   # src -> example tensor, until build
         self._batch_dims: dict[str, tuple] = {}  # src -> (sizes, strides), None: symbolic
         self._notes: dict[str, str] = {}    # src -> comment on its batched check
@@ -425,9 +417,7 @@ def _dynamic_tensor_guard(gs: GuardSet, expr: str, t: torch.Tensor, fake) -> Non
     gs.add(f"{expr}.requires_grad is {t.requires_grad!r}", f"{expr}.requires_grad", t.requires_grad, **kw)
 
 
-# ------------------------------------------------------------------------------------
-# generating the guard function
-#
+# --- generating the guard function -------------------------------------------------------
 # Every guard becomes ``if not (<code>): return False`` in the order it was added, with source expressions read through
 # locals. A guard's code is parsed (``ast``) to find its *chains*: ``name``, ``.attr`` and ``[constant]`` steps
 # (``self._modules['h']._parameters ['w']``). The chain a guard evaluates first, unconditionally (the left operand of

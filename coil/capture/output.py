@@ -249,8 +249,7 @@ class OutputGraph:
 
     def lift_constant_tensor(self, tx, value: torch.Tensor) -> TensorVariable:
         """A real tensor with no source (made at compile time): an input the entry passes from its namespace."""
-        name = self.guards.const(value)
-        return self.add_input(tx, value, ConstSource(name))
+        return self.add_input(tx, value, ConstSource(self.guards.const(value)))
 
     def sourced_cell(self, cell, source) -> SourcedCellVariable:
         if (hit := self.sourced_cells.get(id(cell))) is None:
@@ -314,11 +313,8 @@ class EntryCodegen:
         return f"___t{self._tmp}"
 
     def const_expr(self, value) -> str:
-        if value is None or type(value) in (bool, str, bytes, int):
-            return repr(value)
-        if type(value) is float and math.isfinite(value):
-            return repr(value)
-        if type(value) is tuple and all(type(v) in (int, str, bool, type(None)) for v in value):
+        if value is None or type(value) in (bool, str, bytes, int) or type(value) is float and math.isfinite(value) \
+                or type(value) is tuple and all(type(v) in (int, str, bool, type(None)) for v in value):
             return repr(value)
         if (name := self._const_ids.get(id(value))) is None:
             name = f"___k{len(self._const_ids)}"

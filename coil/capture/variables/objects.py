@@ -2,9 +2,8 @@
 objects created inside the frame, and ``ModelOutput``-style dataclass dicts.
 
 Attribute reads follow Python's lookup order statically (:func:`lookup_attr`): pending writes made earlier in the frame,
-data descriptors (properties are inlined), the instance ``__dict__``, ``nn.Module``'s
-``_parameters``/``_buffers``/``_modules``, then class attributes (functions become bound methods) and finally a user
-``__getattr__`` (inlined). Values read from real objects are wrapped with a source so guards cover them; parameters and
+data descriptors (properties are inlined), the instance ``__dict__``, ``nn.Module``'s ``_parameters``/``_buffers``/
+``_modules``, then class attributes (functions become bound methods) and finally a user ``__getattr__`` (inlined). Values read from real objects are wrapped with a source so guards cover them; parameters and
 buffers become graph inputs.
 """
 from __future__ import annotations
@@ -224,10 +223,8 @@ def _dict_lookup(tx, vt, name, args, kwargs, base=False):
     gs.add(f"{found_expr} is {gs.const(found)}", f"{get}{gs.const(key)})", found, src=src)
     if name == "__contains__":
         return ConstantVariable(found is not _MISSING)
-    if found is _MISSING:
-        if name == "get":
-            return args[1] if len(args) > 1 else ConstantVariable(None)
-        return None             # KeyError: a graph break, eager raises
+    if found is _MISSING:   # d[k]: KeyError, a graph break where eager raises
+        return (args[1] if len(args) > 1 else ConstantVariable(None)) if name == "get" else None
     return wrap(tx, found, ConstSource(found_expr))    # (a source: writes into it are replayed)
 
 
@@ -414,13 +411,9 @@ def guard_mro_lookup(tx, mro, name: str) -> None:
 
 
 def _holds_tensor(value) -> bool:
-    if isinstance(value, torch.Tensor):
-        return True
-    if isinstance(value, (list, tuple, set, frozenset)):
-        return any(_holds_tensor(v) for v in value)
-    if isinstance(value, dict):
-        return any(_holds_tensor(v) for v in value.values())
-    return False
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple, set, frozenset)) \
+        else ()
+    return isinstance(value, torch.Tensor) or any(map(_holds_tensor, items))
 
 
 class InFrameModuleVariable(NNModuleVariable):
@@ -566,7 +559,6 @@ class AutogradFunctionApplyVariable(VariableTracker):
         tensors = [a for a in structs if isinstance(a, TensorVariable)]
         structs = [_Leaf(len(leaves) + tensors.index(a)) if isinstance(a, TensorVariable) else a for a in structs]
         return call_op(tx, "call_function", _apply_target(cls, structs), leaves + tensors, {})
-
 
     def _forward_only(self, tx, cls, args, kwargs):
         """``apply`` with grad mode off (inference under ``no_grad``): no gradient can flow, so eager's ``apply``

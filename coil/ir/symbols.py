@@ -178,9 +178,7 @@ def hint(e) -> int:
     """The value of size expression ``e`` for the example inputs (the ShapeEnv's hint):
     for performance heuristics only (block sizes, persistent or looped reductions,
     autotuning buckets), never for a decision that values depend on. Adds no guard."""
-    if isinstance(e, int):
-        return e
-    if getattr(e, "is_Integer", False):
+    if isinstance(e, int) or getattr(e, "is_Integer", False):
         return int(e)
     if (env := _SCOPE.env) is None:
         raise TypeError(f"size {e} is symbolic and no ShapeEnv is active")
@@ -222,10 +220,7 @@ def broadcasts(src, dst) -> bool:
         return False
     if src == 1:
         return True
-    if is_static(src):
-        return False
-    src = sympy.sympify(src)
-    if _SCOPE.env is None or free_unbacked_symbols(src):
+    if is_static(src) or _SCOPE.env is None or free_unbacked_symbols(sympy.sympify(src)):
         return False
     return guard_true(sympy.Eq(src, 1))
 
@@ -339,9 +334,7 @@ def upper_bound(e: sympy.Expr, bounds: dict):
     if e.is_Integer:
         return int(e) + 1
     if e.is_Symbol:
-        if e in bounds:
-            return bounds[e]
-        return e + 1 if e.is_positive else None
+        return bounds[e] if e in bounds else e + 1 if e.is_positive else None
     if isinstance(e, Mod):
         b = e.args[1]
         return int(b) if b.is_Integer else b
@@ -363,12 +356,8 @@ def upper_bound(e: sympy.Expr, bounds: dict):
             out = out * (ub - 1)
         return out + 1
     if e.is_Add:
-        total = 0
-        for t in e.args:
-            if (ub := upper_bound(t, bounds)) is None:
-                return None
-            total += ub - 1
-        return total + 1
+        ubs = [upper_bound(t, bounds) for t in e.args]
+        return None if any(ub is None for ub in ubs) else sum(ub - 1 for ub in ubs) + 1
     return None
 
 
@@ -389,11 +378,7 @@ def _is_nonneg(e: sympy.Expr) -> bool:
         return int(e) >= 0
     if e.is_Symbol or isinstance(e, (Mod, FloorDiv)):
         return True
-    if e.is_Mul:
-        return all(_is_nonneg(t) for t in e.args)
-    if e.is_Add:
-        return all(_is_nonneg(t) for t in e.args)
-    return False
+    return (e.is_Mul or e.is_Add) and all(_is_nonneg(t) for t in e.args)
 
 
 def _split_small(a: sympy.Expr, b, bounds: dict):
@@ -504,18 +489,12 @@ def simplify_index(e: sympy.Expr, bounds: dict | None = None) -> sympy.Expr:
 
 @functools.lru_cache(maxsize=65536)
 def _simplify(e: sympy.Expr, bounds: frozenset) -> sympy.Expr:
-    b = dict(bounds)
-    e = sympy.expand(e)
-    e = _range_rules(e, b)
-    e = _fold_pairs(e)
-    return sympy.expand(_range_rules(e, b))
+    b = dict(bounds)   # range rules, pair folding, range rules again
+    return sympy.expand(_range_rules(_fold_pairs(_range_rules(sympy.expand(e), b)), b))
 
 
 def product(xs: Iterable) -> sympy.Expr:
-    out = sympy.Integer(1)
-    for x in xs:
-        out = out * x
-    return out
+    return math.prod(xs, start=sympy.Integer(1))
 
 
 def contiguous_strides(size: Sequence[sympy.Expr]) -> list[sympy.Expr]:

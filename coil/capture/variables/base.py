@@ -315,10 +315,8 @@ class CellVariable(_CellBase):
 
 
 class SourcedCellVariable(_CellBase):
-    """A real closure cell of a function that existed before tracing.
-
-    Reads are guarded values; writes are side effects replayed on the real cell.
-    """
+    """A real closure cell of a function that existed before tracing: reads are guarded values; writes are side
+    effects replayed on the real cell."""
 
     def __init__(self, cell, source):
         super().__init__(source)

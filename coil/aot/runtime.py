@@ -280,7 +280,9 @@ def _make_epilogue(info: ProgramInfo) -> Callable:
             # the program's t_ / squeeze_ / as_strided_ on the caller's tensor, after its
             # data was written and its views were taken with the layout it had
             args[i].as_strided_(size, stride, args[i].storage_offset() + offset)
-        return container(flat) if container is not None else flat[0] if single_leaf else pytree.tree_unflatten(flat, spec)
+        if container is not None:
+            return container(flat)
+        return flat[0] if single_leaf else pytree.tree_unflatten(flat, spec)
 
     return epilogue
 

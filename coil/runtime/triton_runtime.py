@@ -99,10 +99,10 @@ _pool_jobs: dict[str, list] = {}
 
 def canonical_name(source: str, name: str) -> str:
     """The name kernel ``name`` is compiled under: ``coil_<kind>_<hash of its body>``, e.g. ``coil_poi_3f2a91c0d4``
-    (``kind`` from ``triton_<kind>_...``). Generated names carry buffer names (``triton_poi_3_buf17``); the body's hash
-    (with the name replaced by :data:`CANONICAL_NAME`) gives the same fused body in twelve layers one module, compilation
-    and autotuning run, while different bodies stay distinguishable in profiler output. The ``autotune`` event records
-    which generated kernel runs under which name."""
+    (``kind`` from ``triton_<kind>_...``). Generated names carry buffer names (``triton_poi_3_buf17``); the body's
+    hash (with the name replaced by :data:`CANONICAL_NAME`) gives the same fused body in twelve layers one module,
+    compilation and autotuning run, while different bodies stay distinguishable in profiler output. The ``autotune``
+    event records which generated kernel runs under which name."""
     placeholder = re.sub(rf"\b{re.escape(name)}\b", CANONICAL_NAME, _without_comment_lines(source))
     parts = name.split("_")
     kind = parts[1] if len(parts) > 2 and parts[0] == "triton" else "kernel"

@@ -1,10 +1,11 @@
-"""Trackers for objects: nn.Modules, user-defined objects and classes, Python modules,
-objects created inside the frame, and ``ModelOutput``-style dataclass dicts.
+"""Trackers for objects: nn.Modules, user-defined objects and classes, Python modules, objects created inside the frame,
+and ``ModelOutput``-style dataclass dicts.
 
 Attribute reads follow Python's lookup order statically (:func:`lookup_attr`): pending writes made earlier in the frame,
 data descriptors (properties are inlined), the instance ``__dict__``, ``nn.Module``'s ``_parameters``/``_buffers``/
-``_modules``, then class attributes (functions become bound methods) and finally a user ``__getattr__`` (inlined). Values read from real objects are wrapped with a source so guards cover them; parameters and
-buffers become graph inputs.
+``_modules``, then class attributes (functions become bound methods) and finally a user ``__getattr__`` (inlined).
+Values read from real objects are wrapped with a source so guards cover them; parameters and buffers become graph
+inputs.
 """
 from __future__ import annotations
 

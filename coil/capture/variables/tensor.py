@@ -299,7 +299,9 @@ def _is_custom_op(target) -> bool:
 
 def _input_value(tx, v):
     """The real tensor behind graph input ``v`` (None for a tensor made in the frame)."""
-    return next((value for _, value, node in tx.output.inputs if node is v.node), None) if v.source is not None else None
+    if v.source is None:
+        return None
+    return next((value for _, value, node in tx.output.inputs if node is v.node), None)
 
 
 def _user_attr(tx, v, name):

@@ -319,9 +319,7 @@ class WrapperCodegen:
             a = int(a)
         if isinstance(a, float) and (a != a or a in (float("inf"), float("-inf"))):
             return f"float('{a}')"
-        if isinstance(a, (int, float, bool, str, type(None))):
-            return repr(a)
-        return self._global("c", a)
+        return repr(a) if isinstance(a, (int, float, bool, str, type(None))) else self._global("c", a)
 
     def generate(self) -> tuple[str, dict]:
         g = self.graph

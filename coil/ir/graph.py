@@ -829,9 +829,7 @@ class GraphLowering(torch.fx.Interpreter):
                 mo = MultiOutput(self.new_buffer_name(), self._extern_layout(v, cl), ek, path)
                 self.register_buffer(mo)
                 return TensorBox(StorageBox(mo))
-            if isinstance(v, (list, tuple)):
-                return type(v)(build(x, path + (i,)) for i, x in enumerate(v))
-            return v
+            return type(v)(build(x, path + (i,)) for i, x in enumerate(v)) if isinstance(v, (list, tuple)) else v
         return build(meta, ())
 
     # -- channels-last convolutions -----------------------------------------------------
@@ -865,9 +863,7 @@ class GraphLowering(torch.fx.Interpreter):
                 and _is_channels_last(d.data.layout):
             return d.data
         stride = _channels_last_strides(x.get_size())
-        if isinstance(d, StorageBox) and not d.is_realized():
-            return d.realize(stride)
-        return self._materialize(x, stride)
+        return d.realize(stride) if isinstance(d, StorageBox) and not d.is_realized() else self._materialize(x, stride)
 
     @staticmethod
     def _extern_layout(meta: torch.Tensor, channels_last: bool) -> Layout:

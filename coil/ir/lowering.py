@@ -267,9 +267,7 @@ def _round_decimals(x, *, decimals=0):
 
     def f(v):
         c = ops.constant(p, cdt)
-        if neg:
-            return ops.mul(ops.round(ops.truediv(v, c)), c)
-        return ops.truediv(ops.round(ops.mul(v, c)), c)
+        return ops.mul(ops.round(ops.truediv(v, c)), c) if neg else ops.truediv(ops.round(ops.mul(v, c)), c)
 
     return make_pointwise_box(f, [x], out_size(), odt, cdt)
 

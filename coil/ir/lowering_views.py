@@ -32,9 +32,7 @@ def strided_base(x: TensorBox):
     d = x.data
     if isinstance(d, StorageBox) and d.is_realized():
         return d.data, d.data.layout
-    if isinstance(d, ReinterpretView):
-        return d.data, d.layout
-    return None
+    return (d.data, d.layout) if isinstance(d, ReinterpretView) else None
 
 
 def make_view(x: TensorBox, size, reindex: Callable, restride: Optional[Callable]) -> TensorBox:

@@ -265,9 +265,7 @@ class FloorDiv(sympy.Function):
             if whole and (not rest or _is_nonneg(sympy.Add(*rest))):
                 out = sympy.Add(*[t / b for t in whole])
                 return out + FloorDiv(sympy.Add(*rest), b) if rest else out
-        if _divides(b, a):
-            return a / b
-        return None
+        return a / b if _divides(b, a) else None
 
     def _sympystr(self, printer):
         return f"({printer._print(self.args[0])} // {printer._print(self.args[1])})"
@@ -319,9 +317,7 @@ class Mod(sympy.Function):
             kept = [t for t in a.args if not _divides(b, t)]
             if len(kept) < len(a.args) and (not kept or _is_nonneg(sympy.Add(*kept))):
                 return Mod(sympy.Add(*kept), b)
-        if _divides(b, a):
-            return sympy.Integer(0)
-        return None
+        return sympy.Integer(0) if _divides(b, a) else None
 
     def _sympystr(self, printer):
         return f"({printer._print(self.args[0])} % {printer._print(self.args[1])})"

@@ -53,9 +53,7 @@ class BoundMethodVariable(VariableTracker):
         raise Unsupported(f"attribute {name} of a bound method")
 
     def reconstruct(self, cg):
-        if self.source is not None:
-            return cg.source_expr(self.source)
-        return f"{cg.reconstruct(self.obj)}.{self.name}"
+        return cg.source_expr(self.source) if self.source is not None else f"{cg.reconstruct(self.obj)}.{self.name}"
 
     def __repr__(self):
         return f"BoundMethodVariable({self.obj!r}.{self.name})"
@@ -300,9 +298,7 @@ class DequeVariable(ListVariable):
         return collections.deque
 
     def var_getattr(self, tx, name):
-        if name == "maxlen":
-            return ConstantVariable(self.maxlen)
-        return method_getattr(self, tx, name)
+        return ConstantVariable(self.maxlen) if name == "maxlen" else method_getattr(self, tx, name)
 
     def _trim(self, left: bool):
         while self.maxlen is not None and len(self.items) > self.maxlen:

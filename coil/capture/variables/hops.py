@@ -82,9 +82,7 @@ class Subgraph:
 def _fn_line(fn_vt) -> str:
     fn = getattr(fn_vt, "fn", None)
     code = getattr(fn, "__code__", None) or getattr(fn_vt, "code", None)
-    if code is None:
-        return "?"
-    return f"{code.co_filename}:{code.co_firstlineno} ({code.co_name})"
+    return "?" if code is None else f"{code.co_filename}:{code.co_firstlineno} ({code.co_name})"
 
 
 def _flat_outputs(res: VariableTracker, what: str):
@@ -335,9 +333,7 @@ def _emit(tx, target, args: tuple, fakes: list) -> list:
 
 
 def _unflatten(items: list, structure: str) -> VariableTracker:
-    if structure == "tensor":
-        return items[0]
-    return ListVariable(items) if structure == "list" else TupleVariable(items)
+    return items[0] if structure == "tensor" else ListVariable(items) if structure == "list" else TupleVariable(items)
 
 
 def _operands(tx, v: VariableTracker) -> list:

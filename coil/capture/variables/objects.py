@@ -910,9 +910,7 @@ class DataClassDictVariable(DictVariable):
     def var_getattr(self, tx, name):
         if name in self.items:
             return self.items[name]
-        if name in self.fields:
-            return ConstantVariable(None)
-        return super().var_getattr(tx, name)
+        return ConstantVariable(None) if name in self.fields else super().var_getattr(tx, name)
 
     def getitem(self, tx, key):
         k = key.as_python_constant()
@@ -924,9 +922,7 @@ class DataClassDictVariable(DictVariable):
     def call_method(self, tx, name, args, kwargs):
         if name == "to_tuple":
             return TupleVariable(list(self.items.values()))
-        if name == "__getitem__":
-            return self.getitem(tx, args[0])
-        return super().call_method(tx, name, args, kwargs)
+        return self.getitem(tx, args[0]) if name == "__getitem__" else super().call_method(tx, name, args, kwargs)
 
     def set_attr(self, tx, name, value):
         if name in self.fields:

@@ -48,9 +48,7 @@ def _map(v, fn):
         return fn(v)
     if isinstance(v, (list, tuple)):
         return type(v)(_map(x, fn) for x in v)
-    if isinstance(v, dict):
-        return {k: _map(x, fn) for k, x in v.items()}
-    return v
+    return {k: _map(x, fn) for k, x in v.items()} if isinstance(v, dict) else v
 
 
 def to_node_arg(v: VariableTracker):
@@ -96,9 +94,7 @@ def to_fake(v: VariableTracker):
         return (list if isinstance(v, ListVariable) else tuple)(to_fake(i) for i in v.items)
     if isinstance(v, SliceVariable):
         return slice(*[to_fake(p) for p in v.parts])
-    if isinstance(v, DictVariable):
-        return {k: to_fake(x) for k, x in v.items.items()}
-    return v.as_python_constant()
+    return {k: to_fake(x) for k, x in v.items.items()} if isinstance(v, DictVariable) else v.as_python_constant()
 
 
 def contains_tensor(v) -> bool:

@@ -450,9 +450,7 @@ class TritonKernel(OpsHandler):
         return TVal(f"{acc}_res", acc_dt, frozenset({"x"}))
 
     def _after_reduction(self, res: TVal, reduction_type) -> TVal:
-        if reduction_type == "any":
-            return TVal(f"({res.name} != 0)", torch.bool, res.dims)
-        return res
+        return TVal(f"({res.name} != 0)", torch.bool, res.dims) if reduction_type == "any" else res
 
     @staticmethod
     def _final(reduction_type, v) -> str:

@@ -117,8 +117,7 @@ class DynamicPolicy:
     dims that changed size between calls (automatic dynamic)."""
 
     def __init__(self, mode: Optional[bool], auto: Optional[dict] = None):
-        self.mode = mode
-        self.auto = auto or {}
+        self.mode, self.auto = mode, auto or {}
         self.marked: dict = {}      # symbol -> (source expr, dim, (min, max))
         self.logged: set = set()
         self.scalars: dict = {}     # source expr -> int/float value read (automatic dynamic)

@@ -132,8 +132,7 @@ class OutputGraph:
         self.shape_env = ShapeEnv(allow_scalar_outputs=scalar_outputs,
                                   allow_dynamic_output_shape_ops=dynamic_output_shapes)
         self.fake_mode = FakeTensorMode(shape_env=self.shape_env)
-        self.dynamic = DynamicPolicy(None)
-        self.sites = SiteRecorder()
+        self.dynamic, self.sites = DynamicPolicy(None), SiteRecorder()
         self.current_tx = None          # the translator running an instruction (where())
         self.symbol_nodes: dict = {}    # sympy symbol -> SymInt placeholder
         self.scalar_floats: list = []   # (source expr, SymFloat) of float inputs

@@ -65,8 +65,7 @@ class Node:
         self._ptr_table, self._inplace_idx = [None] * len(args), [i for i, _ in inplace]
         for i, p in inplace:
             self._ptr_table[i] = p
-        self._copied_args = _getter(copied)
-        self.nargs = len(args)
+        self._copied_args, self.nargs = _getter(copied), len(args)
         tensors = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
         self._types = tuple(type(args[i]) for i in tensors)
         self._tensor_args = _getter(tensors) if len(tensors) < len(args) else _same  # (no 175-tuple per call)

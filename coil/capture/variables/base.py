@@ -56,8 +56,7 @@ class VariableTracker:
     birth = 0   # creation order (a higher-order operator's body may mutate what it made)
 
     def __init__(self, source=None):
-        self.source = source
-        self.birth = next(_BIRTHS)
+        self.source, self.birth = source, next(_BIRTHS)
 
     # --- introspection -------------------------------------------------------------
     def python_type(self) -> type:

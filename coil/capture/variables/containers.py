@@ -796,8 +796,7 @@ class GeneratorVariable(ListIteratorVariable):
     def __init__(self, tx, fn, args, kwargs, start):
         VariableTracker.__init__(self, None)
         self._tx, self.fn = tx, fn
-        self.args = list(args)
-        self.kwargs = dict(kwargs)
+        self.args, self.kwargs = list(args), dict(kwargs)
         self._start = start          # tx -> a suspended InliningTranslator over the body
         self._sub = None
         self._items = None           # values yielded so far (None: never started)

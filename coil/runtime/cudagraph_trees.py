@@ -14,6 +14,7 @@ placeholders. Fallbacks (``cudagraph_skip``, with a reason) run the graph compil
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import operator
 import warnings
@@ -108,11 +109,9 @@ class Node:
         if _ptrs_at is not None:
             i = self._inplace_idx[0]
             wrong = self._ptr_table[:i] + [args[i].data_ptr() + 1] + self._ptr_table[i + 1:]
-            try:
+            with contextlib.suppress(Exception):  # (another signature)
                 _ptrs_at_checked = _ptrs_at(list(args), self._ptr_table, self._inplace_idx) is same and \
                     _ptrs_at(list(args), wrong, [i]) is False
-            except Exception:  # noqa: BLE001 - another signature
-                pass
             _ptrs_at = _ptrs_at if _ptrs_at_checked else None
         return same
 

@@ -1042,7 +1042,5 @@ class _Holder:
 
 
 _RESULT = object.__new__(type("ResultSlot", (), {}))
-
-
 __all__ = ["wrap_function", "wrap_module", "disable", "reset", "stats", "CaptureConfig",
            "SourceLocation", "instructions_of"]

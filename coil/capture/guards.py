@@ -29,8 +29,6 @@ except ImportError:    # a torch without it: every tensor is checked in Python
 #: The ``group`` of guards generated after all others, in one ``if`` (a dynamic tensor's
 #: ``is_contiguous()``, once its batched C++ check passed)
 _AFTER = "___after"
-
-
 _NEVER = types.SimpleNamespace(check=lambda *tensors: False)  # a memo's `last` before any add
 
 

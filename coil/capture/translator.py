@@ -560,12 +560,7 @@ class InstructionTranslatorBase:
         if (names := self._DUNDER.get(op)) is None:
             return None
         for obj, other, name in ((a, b, names[0]), (b, a, names[1])):
-            cls = None
-            if isinstance(obj, NewObjectVariable):
-                cls = obj.cls
-            elif isinstance(obj, (UserDefinedObjectVariable, NNModuleVariable)):
-                cls = type(obj.value)
-            if cls is None:
+            if (cls := self._object_class(obj)) is None:
                 continue
             fn = _static_lookup(cls, name)
             if fn is _SENTINEL and op is operator.iadd:
@@ -706,10 +701,8 @@ class InstructionTranslatorBase:
             out = self.call(UserMethodVariable(forward, mod_vt), args, kwargs)
         for hid, hook in list(m._forward_hooks.items()):
             hook_vt = wrap(self, hook, ConstSource(gs.const(hook)))
-            if hid in m._forward_hooks_with_kwargs:
-                res = self.call(hook_vt, [mod_vt, TupleVariable(args), DictVariable(kwargs), out], {})
-            else:
-                res = self.call(hook_vt, [mod_vt, TupleVariable(args), out], {})
+            with_kwargs = [DictVariable(kwargs)] if hid in m._forward_hooks_with_kwargs else []
+            res = self.call(hook_vt, [mod_vt, TupleVariable(args), *with_kwargs, out], {})
             if not (isinstance(res, ConstantVariable) and res.value is None):
                 out = res
         return out

@@ -771,8 +771,7 @@ class InstructionTranslatorBase:
 
     def make_super(self, args):
         if args:
-            cls = args[0].as_python_constant()
-            obj = args[1]
+            cls, obj = args[0].as_python_constant(), args[1]
         else:
             if "__class__" not in self.cells:
                 raise Unsupported("super() without __class__ cell")
@@ -856,8 +855,7 @@ class _BaseDictRead(_SuperSlot):
     override, on a dict that existed before the frame: read from the real dict."""
 
     def call_function(self, tx, args, kwargs):
-        found = _dict_lookup(tx, self.obj, self.name, args, kwargs, base=True)
-        if found is None:
+        if (found := _dict_lookup(tx, self.obj, self.name, args, kwargs, base=True)) is None:
             raise Unsupported(f"super().{self.name} of a {type(self.obj.value).__name__} "
                               "(traced key, tensor value or missing key)")
         return found
@@ -867,8 +865,7 @@ class _ObjectSetattr(_SuperSlot):
     """``object.__setattr__(obj, name, value)`` reached through ``super()``."""
 
     def call_function(self, tx, args, kwargs):
-        name, value = args[0].as_python_constant(), args[1]
-        tx.store_attr(self.obj, name, value, plain=True)
+        tx.store_attr(self.obj, args[0].as_python_constant(), args[1], plain=True)
         return ConstantVariable(None)
 
 

@@ -454,14 +454,13 @@ def _gc_paused():
     """Python's cyclic GC off while a frame compiles (unless it is off already). A compile allocates millions
     of objects, and each full collection they triggered walked the whole heap: ~10 of them were 1-2 s of a
     12-layer GPT-2 training step's 12 s compile. The compile's cyclic garbage is collected after it."""
-    if not gc.isenabled():
-        yield
-        return
+    was = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
-        gc.enable()
+        if was:
+            gc.enable()
 
 
 def _miss(fn, code, cfg, bound, args, kwargs):

@@ -679,9 +679,7 @@ class ListIteratorVariable(VariableTracker):
 
     def iterate(self):
         """A fresh iterator over this dict view (checking its dict's size from now on)."""
-        c = self.container
-        return ListIteratorVariable(self.items, container=c, view=self.view) if c is not None \
-            else ListIteratorVariable(self.items)
+        return ListIteratorVariable(self.items, container=self.container, view=getattr(self, "view", "keys"))
 
     def reconstruct(self, cg):
         c = self.container
@@ -709,8 +707,7 @@ class ResumedIteratorVariable(ListIteratorVariable):
     def __init__(self, value, source):
         VariableTracker.__init__(self, source)
         self.value = value
-        self._items, self.index, self.kind = [], 0, "iterator"
-        self._tx = None
+        self._items, self.index, self.kind, self._tx = [], 0, "iterator", None
 
     def _take(self, tx, i: int):
         rest = iter_rest(self.value)

@@ -843,13 +843,9 @@ def _balance_grad_mode(output: OutputGraph) -> bool:
     block) switches back at its end, and the entry sets the final mode itself: AOT (coil.aot) runs the graph's switches
     only inside the graph and decides outputs' ``requires_grad`` with the graph's final mode equal to the mode it was
     called in. Returns whether the entry must call the graph with grad enabled (never, today)."""
-    graph = output.graph
     setter = torch._C._set_grad_enabled
-    switches = [n for n in graph.nodes if n.op == "call_function" and n.target is setter]
-    if not switches:
-        return False
-    if output.final_grad != output.initial_grad:
-        graph.create_node("call_function", setter, (output.initial_grad,), {})
+    if output.final_grad != output.initial_grad and output.graph.find_nodes(op="call_function", target=setter):
+        output.graph.create_node("call_function", setter, (output.initial_grad,), {})
     return False
 
 
@@ -1017,8 +1013,7 @@ def _emit_trampoline(cg, tx, plan, fn, code, cfg, local_names, local_exprs, resu
             cg.ns["___cap"] = _capturer(cfg)
             e = f"___cap({e})"
         exprs.append(e)
-    lines = cg.lines
-    lines.append(f"return {cg.const_expr(tramp)}({', '.join(exprs + local_exprs)})")
+    cg.lines.append(f"return {cg.const_expr(tramp)}({', '.join(exprs + local_exprs)})")
 
 
 def _line_of(inst):

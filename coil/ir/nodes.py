@@ -176,6 +176,10 @@ class _Laid(IRNode):
     def get_device(self):
         return self.layout.device
 
+    def make_loader(self):
+        name, indexer = self.get_name(), self.layout.make_indexer()
+        return lambda index: ops.load(name, indexer(index))
+
 
 # ---------------------------------------------------------------------------- loops
 
@@ -236,10 +240,6 @@ class Buffer(_Laid):
 
     def get_name(self) -> str:
         return self.name
-
-    def make_loader(self):
-        name, indexer = self.name, self.layout.make_indexer()
-        return lambda index: ops.load(name, indexer(index))
 
     def __repr__(self):
         return f"{type(self).__name__}({self.name}, size={self.layout.size}, dtype={self.layout.dtype})"
@@ -489,10 +489,6 @@ class ReinterpretView(_Laid):
 
     def get_name(self):
         return self.data.get_name()
-
-    def make_loader(self):
-        name, indexer = self.data.get_name(), self.layout.make_indexer()
-        return lambda index: ops.load(name, indexer(index))
 
 
 class GenericView(IRNode):

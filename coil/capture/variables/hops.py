@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import operator
+import re
 import types
 from typing import Optional
 
@@ -198,17 +199,10 @@ def _needs_grad(nodes) -> bool:
 
 
 def _node_location(n) -> Optional[SourceLocation]:
-    trace_text = n.meta.get("stack_trace", "")
-    for line in reversed(trace_text.splitlines()):
-        line = line.strip()
-        if line.startswith('File "'):
-            try:
-                fname = line.split('"')[1]
-                lineno = int(line.split("line ")[1].split(",")[0])
-            except (IndexError, ValueError):
-                return None
-            return SourceLocation.of(fname, lineno)
-    return None
+    """The user's innermost frame in node ``n``'s ``stack_trace`` (None if it names none)."""
+    frames = [ln.strip() for ln in n.meta.get("stack_trace", "").splitlines() if ln.strip().startswith('File "')]
+    m = re.match(r'File "([^"]*)", line (\d+)', frames[-1]) if frames else None
+    return SourceLocation.of(m.group(1), int(m.group(2))) if m else None
 
 
 def _meta_text(f) -> str:

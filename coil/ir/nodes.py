@@ -162,7 +162,7 @@ class IRNode:
 
 
 class _Laid(IRNode):
-    """A node with a :class:`Layout` (``self.layout``): its size, strides, dtype, device, and loads of ``get_name()``."""
+    """A node with a :class:`Layout` (``self.layout``): its size, strides, dtype, device; loads of ``get_name()``."""
 
     def get_size(self):
         return self.layout.size

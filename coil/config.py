@@ -170,8 +170,6 @@ def option_names() -> list[str]:
 
 
 _OPTION_NAMES = frozenset(option_names())
-
-
 #: The values of the enumerated options (a kernel backend registered with
 #: ``coil.codegen.backend.register_kernel_backend`` is a valid ``cpu_backend`` too).
 _CHOICES = {"cpu_backend": ("cpp", "triton"), "partitioner": ("min_cut", "default"), "dynamic": (None, True, False)}

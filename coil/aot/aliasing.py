@@ -24,34 +24,20 @@ from coil.exc import CoilError
 
 OVERLAP_MESSAGE = ("unsupported operation: more than one element of the written-to tensor refers to a single memory "
                    "location. Please clone() the tensor before performing the operation.")
-
-
 SYMBOLIC_OVERLAP_MESSAGE = ("the program writes to an input whose elements overlap (an expanded input) and has "
                             "symbolic sizes: synthetic bases need static layouts, so the program runs eagerly")
-
-
 OUTSIDE_MESSAGE = ("the program writes (through as_strided) to memory of an input's storage that is not one of the "
                    "input's elements: coil's graphs see only those, so the program runs eagerly")
-
-
 OUTSIDE_READ_MESSAGE = ("the program reads (through as_strided) memory of a tensor it has written to that is not one "
                         "of the tensor's elements: coil's graphs hold only those, so the program runs eagerly")
-
-
 OFFSET_WRITE_MESSAGE = ("the program writes through an as_strided view of a tensor that does not start "
                         "at its storage's start (as_strided's offset is absolute; functionalization "
                         "writes it back from 0), so the program runs eagerly")
-
-
 OUTSIDE_GRAD_MESSAGE = ("the program reads through as_strided of a view that requires grad memory that is not one of "
                         "the view's elements (eager's gradient does not reach them; coil's view of the whole storage "
                         "would send it there), so the program runs eagerly")
-
-
 RESTRIDE_MESSAGE = ("the program restrides an input (as_strided_) past its last element, or one that does not start at "
                     "its storage's start, which functionalization does not model, so the program runs eagerly")
-
-
 RESTRIDE_VIEWED_MESSAGE = ("the program restrides in place (squeeze_, t_, as_strided_...) a tensor that requires "
                            "grad after taking views of it, whose autograd views torch cannot rebuild under "
                            "functionalization, so the program runs eagerly")
@@ -244,15 +230,12 @@ def input_groups(fake_args: list, mutated: list) -> Optional[InputGroups]:
             continue
         ts = [fake_args[i] for i in members]
         if len(members) == 1:
-            t = ts[0]
-            if _static(t.shape, t.stride()):
-                if not _overlaps(t):
-                    continue
-            elif 0 in [st for st in t.stride() if isinstance(st, int)] and _overlaps(t):
+            t, static = ts[0], _static(ts[0].shape, ts[0].stride())
+            if not static and 0 in [st for st in t.stride() if isinstance(st, int)] and _overlaps(t):
                 # an expanded input with symbolic sizes: no synthetic base (static
                 # layouts only) and no single new value to copy back: run eagerly
                 raise RunEagerly(SYMBOLIC_OVERLAP_MESSAGE)
-            else:
+            if not (static and _overlaps(t)):
                 continue
         if not all(_static(t.shape, t.stride(), t.storage_offset()) for t in ts) or len({t.dtype for t in ts}) != 1:
             return None
@@ -351,9 +334,8 @@ def _eager_refuses(func, args, kwargs) -> Optional[str]:
     kernel (so the graph) does not, tried on real empty tensors; None where it runs:
 
     - "value cannot be converted ... without overflow", when a finite number exceeds a fp16/bf16/fp32 or integer
-      argument's range
-      (a graph loses the check: ``masked_fill`` becomes ``where`` of a saturating ``scalar_tensor``; ``add``, ``where``
-      accept such a scalar);
+      argument's range (a graph loses the check: ``masked_fill`` becomes ``where`` of a saturating ``scalar_tensor``;
+      ``add``, ``where`` accept such a scalar);
     - ``view`` to sizes the input's strides cannot give (FakeTensor's view accepted (6, 1, 3) with strides (1, 1, 6) as
       (1, 18));
     - an in-place op whose result type cannot be cast to its tensor's dtype (``bool.mul_(2)``: the decomposition casts);
@@ -373,8 +355,7 @@ def _eager_refuses(func, args, kwargs) -> Optional[str]:
     if func._schema.is_mutable and args and isinstance(args[0], torch.Tensor) and any(
             isinstance(o, (bool, int, float, torch.Tensor)) and not isinstance(o, torch.SymInt)
             and not torch.can_cast(torch.result_type(args[0], o), args[0].dtype) for o in args[1:2]):
-        error = _error_on_empty(func, args, kwargs)  # bool.mul_(2): eager's cast (s97 #202)
-        if error:
+        if error := _error_on_empty(func, args, kwargs):  # bool.mul_(2): eager's cast (s97 #202)
             return error
     leaves = pytree.tree_leaves((args, kwargs))
     if func._schema.name in _SUB_OPS and any(

@@ -109,13 +109,9 @@ def _has_unbacked(gm: torch.fx.GraphModule) -> bool:
 def _fake_as_at_call(vals: list, example_inputs: list) -> list:
     """``vals`` (the capture's placeholder values) with each tensor replaced by a fake of the real example input, made
     in the FakeTensorMode torch hands backends (``TracingContext.fake_mode``, on the capture's ShapeEnv), with the
-    capture's symbols.
-
-    The capture ran the program on its placeholder fakes, so they describe the inputs as the program *left* them:
-    after ``y.mul_(x)`` with ``x`` requiring grad, ``y``'s fake requires grad and has a ``grad_fn`` from the
-    capture's trace, and it belongs to the capture's own FakeTensorMode. Analysing with it treated ``y`` as a
-    differentiable input, and ``make_fx`` (which fakes its arguments again in the backend mode) failed with "Mixing
-    fake modes NYI". ``FakeTensorMode.from_tensor`` of a real tensor the capture recorded
+    capture's symbols. The capture's placeholder fakes describe the inputs as the program *left* them (after
+    ``y.mul_(x)``, ``y``'s fake requires grad and has a ``grad_fn``) and belong to the capture's own FakeTensorMode
+    (``make_fx`` refused: "Mixing fake modes NYI"). ``FakeTensorMode.from_tensor`` of a real tensor the capture recorded
     (``TracingContext.tensor_to_context``) reuses the symbols the capture gave it, so the graph's SymInt placeholders
     stay valid. Unchanged (``vals``) outside torch's capture, or when some tensor input was not recorded by it."""
     from torch._guards import TracingContext  # torch's capture → backend seam, not torch._dynamo
@@ -166,12 +162,11 @@ def _refuse_mutated_aliased_inputs(example_inputs: list, mutated: list) -> None:
 def _clone_saved_mutated_inputs(fw: torch.fx.GraphModule, info, n_fw: int, num_saved: int) -> None:
     """Save a copy of a mutated input that the backward reads, not the input itself.
 
-    The backward of ``y.mul_(x)`` (``y`` mutated, ``x`` requiring grad) reads ``y``'s value before the mutation; the
-    partitioner saves that value as the forward's input ``y``, which the epilogue then overwrites in place (and whose
-    version bump made every backward raise "modified by an inplace operation"); the same for a saved view of it
-    (``y[0].mul_(x)`` saves ``select(y)``). Eager autograd saves the original the same way: a clone before the
-    in-place op. A restrided input too: the epilogue's ``as_strided_`` bumps its version (``remainder(c, a)`` after
-    ``a.squeeze_()`` saved ``a``: fuzz s1005 #348). Rewrites ``fw`` in place."""
+    The backward of ``y.mul_(x)`` (``y`` mutated, ``x`` requiring grad) reads ``y``'s value before the mutation, which
+    the partitioner saves as the forward's input ``y``; the epilogue then overwrites it in place (and its version bump
+    failed every backward); the same for a saved view of it (``y[0].mul_(x)`` saves ``select(y)``). Eager autograd saves
+    a clone before the in-place op too. A restrided input also: the epilogue's ``as_strided_`` bumps its version (fuzz
+    s1005 #348). Rewrites ``fw`` in place."""
     places, changed = [n for n in fw.graph.nodes if n.op == "placeholder"], info.mutated_inputs + info.restrided_inputs
     if len(places) != len(info.inputs) or not changed:
         return
@@ -645,6 +640,7 @@ def _zero_fill_evenly_distributed(joint: torch.fx.GraphModule) -> None:
                 and getattr(m.meta.get("val"), "dtype", None) == torch.bool:
             n.target, n.args = aten.where.ScalarOther, (m, d, 0.0)
     joint.recompile()
+
 
 def _eager(fn: Callable, why: str) -> Callable:
     """``fn`` run eagerly on every call (a GraphModule through its ``forward``, whose call wrapper would print FX's

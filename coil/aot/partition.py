@@ -241,12 +241,10 @@ def _build(joint, info: JointInfo, regions: _Regions, saved: list, reasons: dict
     bw_nodes = {n.name for n in bw.graph.nodes if n.op == "call_function"}
     recomputed = [n.name for n in joint.graph.nodes
                   if n.op == "call_function" and n not in regions.bw and n.name in bw_nodes]
-    # bytes of distinct storages: a saved view of an input costs its input once
-    total = sum(storages.values())
-    part = Partition(fw, bw, len(saved), total, saved_info, recomputed)
+    total = sum(storages.values())  # bytes of distinct storages: a saved view of an input costs its input once
     trace.log("aot_partition", stage="aot", partitioner=kind, saved=saved_info,
               saved_bytes=total, recomputed=recomputed, num_saved=len(saved))
-    return part
+    return Partition(fw, bw, len(saved), total, saved_info, recomputed)
 
 
 # --------------------------------------------------------------------------- partitioners
@@ -289,9 +287,8 @@ def checkpointed(candidates, regions: _Regions) -> set:
 
 def _draws_random(n) -> bool:
     """A random op (recomputing it would draw other numbers); attention with ``dropout_p == 0`` draws nothing."""
-    if not (isinstance(n, torch.fx.Node) and isinstance(n.target, torch._ops.OpOverload)):
-        return False
-    if torch.Tag.nondeterministic_seeded not in n.target.tags:
+    if not (isinstance(n, torch.fx.Node) and isinstance(n.target, torch._ops.OpOverload)) or \
+            torch.Tag.nondeterministic_seeded not in n.target.tags:
         return False
     if "attention" in n.target._schema.name:
         p = n.kwargs.get("dropout_p", n.args[3] if len(n.args) > 3 else 0.0)
@@ -355,12 +352,8 @@ def min_cut_partition(joint: torch.fx.GraphModule, info: JointInfo) -> Partition
     saved = sorted((n for n in candidates
                     if n.name + "_in" not in sink_side and n.name + "_out" in sink_side),
                    key=regions.order.__getitem__)
-    reasons = {}
-    for n in saved:
-        if bans[n] is not None:
-            reasons[n] = f"not recomputable: {bans[n]}"
-        else:
-            reasons[n] = "min cut: cheaper to save than to recompute from saved values"
+    reasons = {n: f"not recomputable: {bans[n]}" if bans[n] is not None else
+               "min cut: cheaper to save than to recompute from saved values" for n in saved}
     return _build(joint, info, regions, saved, reasons, "min_cut")
 
 

@@ -35,12 +35,10 @@ DOUBLE_BACKWARD_MESSAGE = (
 def _copy_untracked(dsts: list, srcs: list) -> None:
     """``dst.copy_(src)`` for each pair under ``no_grad``, then empties both lists.
 
-    Pairs of one device and dtype (:func:`~coil.runtime.cudagraph_trees.dtype_groups`) go through one
-    ``torch._foreach_copy_`` (on CUDA one multi-tensor kernel for dense tensors instead of a copy launch each: a
-    ResNet-50 training step updates 159 BatchNorm buffers). The groups matter: ATen's fast path takes one dtype only,
-    and a list that mixes BatchNorm's float running stats with its int64 ``num_batches_tracked`` ran a copy each
-    (DenseNet-121: 363 device memcpys a step). The order of the copies cannot matter: mutated inputs never share
-    memory here (aot/compile.py refuses that at compile time and runs such calls eagerly)."""
+    Pairs of one device and dtype (:func:`~coil.runtime.cudagraph_trees.dtype_groups`: ATen's fast path takes one dtype
+    only) go through one ``torch._foreach_copy_``, on CUDA one multi-tensor kernel instead of a copy launch each (a
+    ResNet-50 training step updates 159 BatchNorm buffers). The order of the copies cannot matter: mutated inputs never
+    share memory here (aot/compile.py runs such calls eagerly)."""
     if not dsts:
         return
     with torch.no_grad():
@@ -317,14 +315,11 @@ def without_autocast(fn: Callable) -> Callable:
 
 def opaque_to_torch_compile(fn: Callable) -> Callable:
     """``fn`` run with torch.compile's frame hook off, so an enclosing ``torch.compile`` never traces coil's runtime
-    code.
-
-    The autograd engine calls a compiled graph's backward from the user's frame, where torch.compile's hook is still
-    on after a graph break at ``torch.autograd.grad`` / ``.backward()``: it traced the backward, the generated
-    wrapper and its helpers as user code, made the saved sizes (``s77 = primals_1``) SymInts under ``dynamic=True``
-    and handed one to ``as_strided`` (RuntimeError). torch's own runtime lives in files its capture skips; coil's is
-    wrapped here. Without ``torch._dynamo`` imported, or with no hook on in this thread, ``fn`` runs directly (the
-    disabled wrapper costs ~3.5 µs a call)."""
+    code. The autograd engine calls a compiled graph's backward from the user's frame, where torch.compile's hook is
+    still on after a graph break at ``torch.autograd.grad`` / ``.backward()``: it traced the backward and the wrapper
+    as user code (under ``dynamic=True`` a saved size became a SymInt ``as_strided`` refused). Without
+    ``torch._dynamo`` imported, or with no hook on in this thread, ``fn`` runs directly (the disabled wrapper costs
+    ~3.5 µs a call)."""
     disabled: list = []
 
     def call(*args):

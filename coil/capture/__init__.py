@@ -1,14 +1,12 @@
 """Capture: Python bytecode → FX graphs (Dynamo's role in coil; docs/capture.md).
 
-In: a Python function or ``nn.Module`` and a backend (``backend(gm, example_inputs) ->
-callable``). Out: a wrapper that on each call runs a cached compiled entry whose guards
-pass, or translates the frame again. Steps, one module each: :mod:`.frame` (bind the
-arguments, look up the per-code-object cache of (guard, entry) pairs), :mod:`.translator`
-+ :mod:`.opcodes` (symbolic execution of CPython 3.11/3.12 bytecode over
-:mod:`.variables` trackers, torch calls into an ``fx.Graph`` on fake tensors),
-:mod:`.guards` (the checks each real value read adds, generated as one function),
-:mod:`.output` (the backend call and the generated entry), :mod:`.resume` (graph breaks:
-the rest of the frame as a resume function, captured in turn).
+In: a Python function or ``nn.Module`` and a backend (``backend(gm, example_inputs) -> callable``). Out: a wrapper that
+on each call runs a cached compiled entry whose guards pass, or translates the frame again. Steps, one module each:
+:mod:`.frame` (bind the arguments, look up the per-code-object cache of (guard, entry) pairs), :mod:`.translator` +
+:mod:`.opcodes` (symbolic execution of CPython 3.11/3.12 bytecode over :mod:`.variables` trackers, torch calls into an
+``fx.Graph`` on fake tensors), :mod:`.guards` (the checks each real value read adds, generated as one function),
+:mod:`.output` (the backend call and the generated entry), :mod:`.resume` (graph breaks: the rest of the frame as a
+resume function, captured in turn).
 
 Invariant: the compiled entry is observationally the frame (outputs, mutations in order, exceptions); what capture
 cannot prove is a graph break or a visible eager fallback. Public seam (used by :mod:`coil.api`): :func:`wrap_callable`,

@@ -27,8 +27,7 @@ from coil.exc import Unsupported, UserError
 from coil.capture.source import LocalSource
 from coil.capture.variables.symbolic import SymNodeVariable
 
-# ------------------------------------------------------------------------------------
-# marks (stored on the tensor object, like torch's own marks)
+# --- marks (stored on the tensor object, like torch's own marks) --------------------------
 
 _DYN, _STATIC, _UNBACKED = "_coil_dynamic_dims", "_coil_static_dims", "_coil_unbacked_dims"
 
@@ -84,8 +83,7 @@ def mark_unbacked(t: torch.Tensor, dim):
     return t
 
 
-# ------------------------------------------------------------------------------------
-# sources as the ShapeEnv sees them
+# --- sources as the ShapeEnv sees them ----------------------------------------------------
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,8 +107,7 @@ def source_name(src) -> str:
     return n() if callable(n) else n
 
 
-# ------------------------------------------------------------------------------------
-# which dims are symbolic
+# --- which dims are symbolic --------------------------------------------------------------
 
 
 class DynamicPolicy:
@@ -120,8 +117,7 @@ class DynamicPolicy:
     dims that changed size between calls (automatic dynamic)."""
 
     def __init__(self, mode: Optional[bool], auto: Optional[dict] = None):
-        self.mode = mode
-        self.auto = auto or {}
+        self.mode, self.auto = mode, auto or {}
         self.marked: dict = {}      # symbol -> (source expr, dim, (min, max))
         self.logged: set = set()
         self.scalars: dict = {}     # source expr -> int/float value read (automatic dynamic)
@@ -194,11 +190,9 @@ class DynamicPolicy:
         fake = fake_mode.from_tensor(value, symbolic_context=ctx, source=ShapeSource(expr))
         env = fake_mode.shape_env
         for d, reason in dyn.items():
-            s = fake.shape[d]
-            sym = _symbol(s)
-            key = (expr, d)
-            if key not in self.logged:
-                self.logged.add(key)
+            sym = _symbol(fake.shape[d])
+            if (expr, d) not in self.logged:
+                self.logged.add((expr, d))
                 trace.log("dynamic_dim", stage="capture", source=expr, dim=d, reason=reason, size=int(value.shape[d]),
                           symbol=str(sym) if sym is not None else None, specialized=sym is None)
             if sym is None:
@@ -233,14 +227,12 @@ def changed_dims(old_shapes: dict, values: dict) -> dict:
     for expr, shape in old_shapes.items():
         v = values.get(expr)
         if isinstance(v, torch.Tensor) and v.dim() == len(shape):
-            dims = {i for i, (a, b) in enumerate(zip(shape, v.shape)) if a != b}
-            if dims:
+            if dims := {i for i, (a, b) in enumerate(zip(shape, v.shape)) if a != b}:
                 out[expr] = dims
     return out
 
 
-# ------------------------------------------------------------------------------------
-# where a guard came from
+# --- where a guard came from --------------------------------------------------------------
 
 
 class SiteRecorder:
@@ -287,22 +279,19 @@ def check_marked(env, policy: DynamicPolicy, sites: SiteRecorder) -> None:
     constant (naming the dim, the user line and what to do)."""
     for sym, (expr, d, _rng) in policy.marked.items():
         rep, vr = env.replacements.get(sym), env.var_to_range.get(sym)
-        if isinstance(rep, sympy.Integer) or vr is not None and vr.is_singleton():
-            value = int(rep if isinstance(rep, sympy.Integer) else vr.lower)
-        else:
+        if not (isinstance(rep, sympy.Integer) or vr is not None and vr.is_singleton()):
             continue
+        value = int(rep if isinstance(rep, sympy.Integer) else vr.lower)
         where = next((w for (s, _g, w) in sites.specializations if s[0] == sym), None) or next(
             (w for i, g in enumerate(env.guards) if sym in g.expr.free_symbols and (w := sites.site_of(i))), None)
         raise UserError(
-            f"dim {d} of {expr} was marked dynamic (coil.mark_dynamic), but the program "
-            f"forces it to the constant {value}"
-            + (f" at {where}" if where else ""),
+            f"dim {d} of {expr} was marked dynamic (coil.mark_dynamic), but the program forces it to the constant "
+            f"{value}" + (f" at {where}" if where else ""),
             hint=f"remove the mark (coil.mark_dynamic({expr}, {d})) or change the code at "
                  f"that line so the size is not required to be {value}")
 
 
-# ------------------------------------------------------------------------------------
-# shape guards
+# --- shape guards -------------------------------------------------------------------------
 
 
 _LOCAL = re.compile(r"___z\d+")
@@ -366,8 +355,7 @@ def shape_guards(env, inputs: list, contiguous: set = frozenset(), at_call: Opti
     # a storage offset's 0/1 bound only: graphs never read offsets, so an input that is
     # a slice at offset 0 and one at offset 24 share the entry
     exprs = [e for e in exprs
-             if not (re.fullmatch(r"2 <= ___z\d+", e) and
-                     names[e.split()[-1]].endswith(".storage_offset()"))]
+             if not (re.fullmatch(r"2 <= ___z\d+", e) and names[e.split()[-1]].endswith(".storage_offset()"))]
     # a stride symbol of a contiguous input equals the product of the later sizes: the
     # tensor check's is_contiguous() (sizes >= 2) already says so
     exprs = [e for e in exprs if not _implied_by_contiguity(e, names, contiguous)]
@@ -385,11 +373,8 @@ _PROP = re.compile(r"^(.*)\.(size|stride)\(\)\[(\d+)\]$")
 def _implied_by_contiguity(expr: str, names: dict, contiguous: set) -> bool:
     if (m := re.fullmatch(r"(___z\d+) == (___z\d+)|2 <= (___z\d+)", expr)) is None:
         return False
-    for local in filter(None, m.groups()):
-        p = _PROP.match(names[local])
-        if p and p.group(2) == "stride" and p.group(1) in contiguous:
-            return True
-    return False
+    return any((p := _PROP.match(names[local])) and p.group(2) == "stride" and p.group(1) in contiguous
+               for local in filter(None, m.groups()))
 
 
 def _unpacked_prelude(used: set, names: dict, ranks: dict) -> list:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import contextlib
 import dis
 import types
 from typing import Optional
@@ -105,10 +106,8 @@ def _python_exception(e: Unsupported):
             if head.startswith(prefix):
                 msg = head[len(prefix):].lstrip(": ") if cls is KeyError else head
                 if cls is KeyError:
-                    try:
+                    with contextlib.suppress(ValueError, SyntaxError):
                         return cls, ast.literal_eval(msg)
-                    except (ValueError, SyntaxError):
-                        pass
                 return cls, msg
     return None
 

@@ -48,8 +48,7 @@ from coil.capture.dynamic import (DynamicPolicy, SymbolSource, changed_dims, che
                                   shape_guards)
 from coil.capture.guards import Hoister
 
-# ------------------------------------------------------------------------------------
-# global state
+# --- global state -------------------------------------------------------------------------
 
 _disabled_fns: "weakref.WeakSet" = weakref.WeakSet()
 _disabled_codes: "weakref.WeakSet" = weakref.WeakSet()
@@ -158,8 +157,7 @@ class FrameCache:
         self.auto_dynamic: dict = {}
 
 
-# ------------------------------------------------------------------------------------
-# binding arguments
+# --- binding arguments --------------------------------------------------------------------
 
 
 def _argnames(code: types.CodeType) -> list[str]:
@@ -210,8 +208,7 @@ def make_binder(fn: types.FunctionType):
     return ns["___bind"]
 
 
-# ------------------------------------------------------------------------------------
-# the wrapper
+# --- the wrapper --------------------------------------------------------------------------
 
 
 #: co_flags of generators, coroutines and async generators (CO_GENERATOR | CO_COROUTINE | CO_ASYNC_GENERATOR)
@@ -312,10 +309,9 @@ def wrap_module(mod: torch.nn.Module, cfg: CaptureConfig):
 
 
 def capture_callable(fn, cfg: CaptureConfig, library: bool = False):
-    """Wrapper for a callee of a graph break: Python functions, bound methods and modules
-    are captured on their own; anything else is returned unchanged. A function of a skipped
-    module (:func:`_skipped_module`) is returned unchanged too, unless ``library`` (a torch.nn
-    forward, a resume function of one of torch's frames)."""
+    """Wrapper for a callee of a graph break: Python functions, bound methods and modules are captured on their own;
+    anything else is returned unchanged. A function of a skipped module (:func:`_skipped_module`) is returned unchanged
+    too, unless ``library`` (a torch.nn forward, a resume function of one of torch's frames)."""
     if isinstance(fn, types.FunctionType) and not is_disabled(fn):
         if fn.__code__.co_flags & _GENERATOR_FLAGS:
             return fn
@@ -371,8 +367,7 @@ def _capturer(cfg):
     return ___cap
 
 
-# ------------------------------------------------------------------------------------
-# compiling a frame
+# --- compiling a frame --------------------------------------------------------------------
 
 
 def _find_entry(cache: "FrameCache", cfg, bound, fn):
@@ -459,14 +454,13 @@ def _gc_paused():
     """Python's cyclic GC off while a frame compiles (unless it is off already). A compile allocates millions
     of objects, and each full collection they triggered walked the whole heap: ~10 of them were 1-2 s of a
     12-layer GPT-2 training step's 12 s compile. The compile's cyclic garbage is collected after it."""
-    if not gc.isenabled():
-        yield
-        return
+    was = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
-        gc.enable()
+        if was:
+            gc.enable()
 
 
 def _miss(fn, code, cfg, bound, args, kwargs):
@@ -849,13 +843,9 @@ def _balance_grad_mode(output: OutputGraph) -> bool:
     block) switches back at its end, and the entry sets the final mode itself: AOT (coil.aot) runs the graph's switches
     only inside the graph and decides outputs' ``requires_grad`` with the graph's final mode equal to the mode it was
     called in. Returns whether the entry must call the graph with grad enabled (never, today)."""
-    graph = output.graph
     setter = torch._C._set_grad_enabled
-    switches = [n for n in graph.nodes if n.op == "call_function" and n.target is setter]
-    if not switches:
-        return False
-    if output.final_grad != output.initial_grad:
-        graph.create_node("call_function", setter, (output.initial_grad,), {})
+    if output.final_grad != output.initial_grad and output.graph.find_nodes(op="call_function", target=setter):
+        output.graph.create_node("call_function", setter, (output.initial_grad,), {})
     return False
 
 
@@ -1023,8 +1013,7 @@ def _emit_trampoline(cg, tx, plan, fn, code, cfg, local_names, local_exprs, resu
             cg.ns["___cap"] = _capturer(cfg)
             e = f"___cap({e})"
         exprs.append(e)
-    lines = cg.lines
-    lines.append(f"return {cg.const_expr(tramp)}({', '.join(exprs + local_exprs)})")
+    cg.lines.append(f"return {cg.const_expr(tramp)}({', '.join(exprs + local_exprs)})")
 
 
 def _line_of(inst):
@@ -1047,7 +1036,5 @@ class _Holder:
 
 
 _RESULT = object.__new__(type("ResultSlot", (), {}))
-
-
 __all__ = ["wrap_function", "wrap_module", "disable", "reset", "stats", "CaptureConfig",
            "SourceLocation", "instructions_of"]

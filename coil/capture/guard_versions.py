@@ -127,8 +127,7 @@ class _State:
         self.stale = 0
 
 
-# ------------------------------------------------------------------------------------
-# splitting the generated guard function
+# --- splitting the generated guard function -----------------------------------------------
 
 
 class _Split:

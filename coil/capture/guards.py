@@ -29,8 +29,6 @@ except ImportError:    # a torch without it: every tensor is checked in Python
 #: The ``group`` of guards generated after all others, in one ``if`` (a dynamic tensor's
 #: ``is_contiguous()``, once its batched C++ check passed)
 _AFTER = "___after"
-
-
 _NEVER = types.SimpleNamespace(check=lambda *tensors: False)  # a memo's `last` before any add
 
 
@@ -65,12 +63,11 @@ class _ShapeMemo:
 
 
 class Guard:
-    """One check. ``code`` is what :meth:`GuardSet.failures` evaluates (and names); ``fast`` is an equivalent
-    expression the generated function uses instead, valid only after the guards before it in the same
-    ``group`` passed (e.g. ``t.is_contiguous()`` for ``t.stride() == (8, 1)`` once ``t.shape == (4, 8)``
-    held); ``group`` joins the consecutive checks of one tensor into one generated ``if``; ``batch`` names the
-    C++ tensor check that replaces it in the generated function (None: generated); ``note`` says in words what a
-    failure means (recompile reasons)."""
+    """One check. ``code`` is what :meth:`GuardSet.failures` evaluates (and names); ``fast`` is an equivalent expression
+    the generated function uses instead, valid only after the guards before it in the same ``group`` passed (e.g.
+    ``t.is_contiguous()`` for ``t.stride() == (8, 1)`` once ``t.shape == (4, 8)`` held); ``group`` joins the consecutive
+    checks of one tensor into one generated ``if``; ``batch`` names the C++ tensor check that replaces it in the
+    generated function (None: generated); ``note`` says in words what a failure means (recompile reasons)."""
     __slots__ = ("code", "value_expr", "expected", "src", "fast", "group", "batch", "note")
 
     def __init__(self, code: str, value_expr: Optional[str], expected: Any, src: Optional[str] = None,
@@ -118,18 +115,10 @@ class GuardSet:
         self.guards: list[Guard] = []
         self._seen: set[str] = set()
         self.ns: dict[str, Any] = {
-            "___G": global_ns,
-            "___Tensor": torch.Tensor,
-            "___Parameter": torch.nn.Parameter,
-            "___builtins": builtins,
-            "___grad_enabled": torch.is_grad_enabled,
-            "___id": id,
-            "math": __import__("math"),     # shape guards on floats (math.isnan,
-            "torch": torch,                 # torch.sym_float(x.size()[0]))
-            "___keys": _dispatch_keys,
-            "___iter_rest": iter_rest,
+            "___G": global_ns, "___Tensor": torch.Tensor, "___Parameter": torch.nn.Parameter, "___builtins": builtins,
+            "___grad_enabled": torch.is_grad_enabled, "___id": id, "___keys": _dispatch_keys, "___iter_rest": iter_rest,
             "___length_hint": __import__("operator").length_hint,
-        }
+            "math": __import__("math"), "torch": torch}  # shape guards on floats (math.isnan, torch.sym_float(...))
         self._batched: dict[str, torch.Tensor] = {}   # src -> example tensor, until build
         self._batch_dims: dict[str, tuple] = {}  # src -> (sizes, strides), None: symbolic
         self._notes: dict[str, str] = {}    # src -> comment on its batched check
@@ -426,9 +415,7 @@ def _dynamic_tensor_guard(gs: GuardSet, expr: str, t: torch.Tensor, fake) -> Non
     gs.add(f"{expr}.requires_grad is {t.requires_grad!r}", f"{expr}.requires_grad", t.requires_grad, **kw)
 
 
-# ------------------------------------------------------------------------------------
-# generating the guard function
-#
+# --- generating the guard function -------------------------------------------------------
 # Every guard becomes ``if not (<code>): return False`` in the order it was added, with source expressions read through
 # locals. A guard's code is parsed (``ast``) to find its *chains*: ``name``, ``.attr`` and ``[constant]`` steps
 # (``self._modules['h']._parameters ['w']``). The chain a guard evaluates first, unconditionally (the left operand of

@@ -2,11 +2,10 @@
 
 Each handler is ``handler(tx, inst)`` where ``inst`` is a :class:`dis.Instruction` (``argval`` already decoded by
 :mod:`dis`; jump targets are byte offsets). The registry is ``HANDLERS[opname]`` for the running interpreter. To add an
-opcode: write the function next to its neighbours, decorate it with ``@op("NAME", versions)``, and link the ``dis``
-documentation of the version(s).
+opcode: write the function next to its neighbours and decorate it with ``@op("NAME", versions)``.
 
-Reference: https://docs.python.org/3.11/library/dis.html and
-https://docs.python.org/3.12/library/dis.html (sections "Python Bytecode Instructions").
+Reference: each handler's opcode is documented at https://docs.python.org/3.11/library/dis.html#opcode-NAME (3.12:
+https://docs.python.org/3.12/library/dis.html#opcode-NAME); a comment links the page only where the anchor differs.
 """
 from __future__ import annotations
 
@@ -64,51 +63,43 @@ def _nop(tx, inst):
 
 
 # --- stack manipulation -----------------------------------------------------------------
-# https://docs.python.org/3.11/library/dis.html#opcode-POP_TOP
 @op("POP_TOP")
 def POP_TOP(tx, inst):
     tx.pop()
 
 
-# https://docs.python.org/3.11/library/dis.html#opcode-PUSH_NULL
 @op("PUSH_NULL")
 def PUSH_NULL(tx, inst):
     tx.push(NullVariable())
 
 
-# https://docs.python.org/3.11/library/dis.html#opcode-COPY
 @op("COPY")
 def COPY(tx, inst):
     tx.push(tx.stack[-inst.arg])
 
 
-# https://docs.python.org/3.11/library/dis.html#opcode-SWAP
 @op("SWAP")
 def SWAP(tx, inst):
     i = inst.arg
     tx.stack[-1], tx.stack[-i] = tx.stack[-i], tx.stack[-1]
 
 
-# https://docs.python.org/3.12/library/dis.html#opcode-END_FOR
 @op("END_FOR", PY312)
 def END_FOR(tx, inst):
     tx.popn(2)
 
 
 # --- constants, locals, globals, cells ----------------------------------------------
-# https://docs.python.org/3.11/library/dis.html#opcode-LOAD_CONST
 @op("LOAD_CONST")
 def LOAD_CONST(tx, inst):
     tx.push(ConstantVariable(inst.argval))
 
 
-# https://docs.python.org/3.12/library/dis.html#opcode-RETURN_CONST
 @op("RETURN_CONST", PY312)
 def RETURN_CONST(tx, inst):
     _return(tx, ConstantVariable(inst.argval))
 
 
-# https://docs.python.org/3.11/library/dis.html#opcode-LOAD_FAST
 @op("LOAD_FAST")
 @op("LOAD_FAST_CHECK", PY312)
 def LOAD_FAST(tx, inst):
@@ -118,13 +109,11 @@ def LOAD_FAST(tx, inst):
     tx.push(tx.locals[name])
 
 
-# https://docs.python.org/3.12/library/dis.html#opcode-LOAD_FAST_AND_CLEAR
 @op("LOAD_FAST_AND_CLEAR", PY312)
 def LOAD_FAST_AND_CLEAR(tx, inst):
     tx.push(tx.locals.pop(inst.argval, NullVariable()))
 
 
-# https://docs.python.org/3.11/library/dis.html#opcode-STORE_FAST
 @op("STORE_FAST")
 def STORE_FAST(tx, inst):
     v = tx.pop()
@@ -134,13 +123,11 @@ def STORE_FAST(tx, inst):
         tx.locals[inst.argval] = v
 
 
-# https://docs.python.org/3.11/library/dis.html#opcode-DELETE_FAST
 @op("DELETE_FAST")
 def DELETE_FAST(tx, inst):
     tx.locals.pop(inst.argval, None)
 
 
-# https://docs.python.org/3.11/library/dis.html#opcode-LOAD_GLOBAL
 # (3.11/3.12: the low bit of the argument pushes a NULL first)
 @op("LOAD_GLOBAL")
 def LOAD_GLOBAL(tx, inst):
@@ -149,13 +136,11 @@ def LOAD_GLOBAL(tx, inst):
     tx.push(tx.load_global(inst.argval))
 
 
-# https://docs.python.org/3.11/library/dis.html#opcode-STORE_GLOBAL
 @op("STORE_GLOBAL")
 def STORE_GLOBAL(tx, inst):
     tx.store_global(inst.argval, tx.pop())
 
 
-# https://docs.python.org/3.11/library/dis.html#opcode-MAKE_CELL
 @op("MAKE_CELL")
 def MAKE_CELL(tx, inst):
     name = inst.argval
@@ -164,32 +149,27 @@ def MAKE_CELL(tx, inst):
     tx.cells[name] = CellVariable(tx.locals.pop(name, None))
 
 
-# https://docs.python.org/3.11/library/dis.html#opcode-LOAD_DEREF
 @op("LOAD_DEREF")
 def LOAD_DEREF(tx, inst):
     tx.push(tx.load_cell(inst.argval))
 
 
-# https://docs.python.org/3.11/library/dis.html#opcode-STORE_DEREF
 @op("STORE_DEREF")
 def STORE_DEREF(tx, inst):
     tx.store_cell(inst.argval, tx.pop())
 
 
-# https://docs.python.org/3.11/library/dis.html#opcode-LOAD_CLOSURE
 @op("LOAD_CLOSURE")
 def LOAD_CLOSURE(tx, inst):
     tx.push(tx.cells[inst.argval])
 
 
-# https://docs.python.org/3.11/library/dis.html#opcode-LOAD_CLASSDEREF
 @op("LOAD_CLASSDEREF", PY311)
 def LOAD_CLASSDEREF(tx, inst):
     raise Unsupported("class body")
 
 
 # --- attributes -----------------------------------------------------------------------
-# https://docs.python.org/3.11/library/dis.html#opcode-LOAD_ATTR
 # 3.12: the low bit of the argument means "method load" (pushes NULL + attribute here)
 @op("LOAD_ATTR")
 def LOAD_ATTR(tx, inst):
@@ -199,7 +179,6 @@ def LOAD_ATTR(tx, inst):
     tx.push(tx.getattr(obj, inst.argval))
 
 
-# https://docs.python.org/3.11/library/dis.html#opcode-LOAD_METHOD
 @op("LOAD_METHOD", PY311)
 def LOAD_METHOD(tx, inst):
     obj = tx.pop()
@@ -210,7 +189,6 @@ def LOAD_METHOD(tx, inst):
 # LOAD_SUPER_ATTR (3.12): coil/capture/opcodes312.py
 
 
-# https://docs.python.org/3.11/library/dis.html#opcode-STORE_ATTR
 @op("STORE_ATTR")
 def STORE_ATTR(tx, inst):
     value, obj = tx.popn(2)
@@ -229,7 +207,6 @@ def DELETE_ATTR(tx, inst):
 
 
 # --- calls ------------------------------------------------------------------------------
-# https://docs.python.org/3.11/library/dis.html#opcode-KW_NAMES
 @op("KW_NAMES")
 def KW_NAMES(tx, inst):
     tx.kw_names = inst.argval if isinstance(inst.argval, tuple) else tx.code.co_consts[inst.arg]
@@ -250,14 +227,12 @@ def split_call(tx, argc: int):
     return fn, list(args), kwargs
 
 
-# https://docs.python.org/3.11/library/dis.html#opcode-CALL
 @op("CALL")
 def CALL(tx, inst):
     fn, args, kwargs = split_call(tx, inst.arg)
     tx.push(tx.call(fn, args, kwargs))
 
 
-# https://docs.python.org/3.11/library/dis.html#opcode-CALL_FUNCTION_EX
 @op("CALL_FUNCTION_EX")
 def CALL_FUNCTION_EX(tx, inst):
     kwargs = tx.pop() if inst.arg & 1 else None
@@ -273,7 +248,6 @@ def CALL_FUNCTION_EX(tx, inst):
     tx.push(tx.call(fn, tx.unpack(args), kw))
 
 
-# https://docs.python.org/3.11/library/dis.html#opcode-MAKE_FUNCTION
 @op("MAKE_FUNCTION")
 def MAKE_FUNCTION(tx, inst):
     code = tx.pop().as_python_constant()
@@ -298,7 +272,6 @@ _BINARY = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operato
            "<<=": operator.ilshift, ">>=": operator.irshift}
 
 
-# https://docs.python.org/3.11/library/dis.html#opcode-BINARY_OP
 @op("BINARY_OP")
 def BINARY_OP(tx, inst):
     a, b = tx.popn(2)
@@ -310,21 +283,18 @@ _COMPARE = {"<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operat
             ">": operator.gt, ">=": operator.ge}
 
 
-# https://docs.python.org/3.11/library/dis.html#opcode-COMPARE_OP
 @op("COMPARE_OP")
 def COMPARE_OP(tx, inst):
     a, b = tx.popn(2)
     tx.push(tx.binary_op(_COMPARE[inst.argval], a, b))
 
 
-# https://docs.python.org/3.11/library/dis.html#opcode-IS_OP
 @op("IS_OP")
 def IS_OP(tx, inst):
     a, b = tx.popn(2)
     tx.push(tx.binary_op(operator.is_not if inst.arg else operator.is_, a, b))
 
 
-# https://docs.python.org/3.11/library/dis.html#opcode-CONTAINS_OP
 @op("CONTAINS_OP")
 def CONTAINS_OP(tx, inst):
     item, container = tx.popn(2)
@@ -334,78 +304,55 @@ def CONTAINS_OP(tx, inst):
     tx.push(res)
 
 
-# https://docs.python.org/3.11/library/dis.html#opcode-UNARY_NEGATIVE
-@op("UNARY_NEGATIVE")
-def UNARY_NEGATIVE(tx, inst):
-    tx.push(tx.unary_op(operator.neg, tx.pop()))
+def _unary(fn):
+    return lambda tx, inst: tx.push(tx.unary_op(fn, tx.pop()))
 
 
-@op("UNARY_POSITIVE", PY311)
-def UNARY_POSITIVE(tx, inst):
-    tx.push(tx.unary_op(operator.pos, tx.pop()))
-
-
-@op("UNARY_NOT")
-def UNARY_NOT(tx, inst):
-    tx.push(tx.unary_op(operator.not_, tx.pop()))
-
-
-@op("UNARY_INVERT")
-def UNARY_INVERT(tx, inst):
-    tx.push(tx.unary_op(operator.invert, tx.pop()))
+op("UNARY_NEGATIVE")(_unary(operator.neg))
+op("UNARY_POSITIVE", PY311)(_unary(operator.pos))
+op("UNARY_NOT")(_unary(operator.not_))
+op("UNARY_INVERT")(_unary(operator.invert))
 
 
 # --- subscripts and slices --------------------------------------------------------------
-# https://docs.python.org/3.11/library/dis.html#opcode-BINARY_SUBSCR
 @op("BINARY_SUBSCR")
 def BINARY_SUBSCR(tx, inst):
     obj, key = tx.popn(2)
     tx.push(tx.getitem(obj, key))
 
 
-# https://docs.python.org/3.11/library/dis.html#opcode-STORE_SUBSCR
 @op("STORE_SUBSCR")
 def STORE_SUBSCR(tx, inst):
     value, obj, key = tx.popn(3)
     tx.call_dunder(obj, "__setitem__", [key, value])
 
 
-# https://docs.python.org/3.11/library/dis.html#opcode-DELETE_SUBSCR
 @op("DELETE_SUBSCR")
 def DELETE_SUBSCR(tx, inst):
     obj, key = tx.popn(2)
     tx.call_dunder(obj, "__delitem__", [key])
 
 
-# https://docs.python.org/3.12/library/dis.html#opcode-BINARY_SLICE
 @op("BINARY_SLICE", PY312)
 def BINARY_SLICE(tx, inst):
     obj, start, end = tx.popn(3)
     tx.push(tx.getitem(obj, SliceVariable([start, end])))
 
 
-# https://docs.python.org/3.12/library/dis.html#opcode-STORE_SLICE
 @op("STORE_SLICE", PY312)
 def STORE_SLICE(tx, inst):
     value, obj, start, end = tx.popn(4)
     tx.call_dunder(obj, "__setitem__", [SliceVariable([start, end]), value])
 
 
-# https://docs.python.org/3.11/library/dis.html#opcode-BUILD_SLICE
 @op("BUILD_SLICE")
 def BUILD_SLICE(tx, inst):
     tx.push(SliceVariable(tx.popn(inst.arg)))
 
 
 # --- building containers ------------------------------------------------------------------
-@op("BUILD_TUPLE")
-def BUILD_TUPLE(tx, inst):
-    tx.push(TupleVariable(tx.popn(inst.arg)))
-
-
-@op("BUILD_LIST")
-def BUILD_LIST(tx, inst):
-    tx.push(ListVariable(tx.popn(inst.arg)))
+op("BUILD_TUPLE")(lambda tx, inst: tx.push(TupleVariable(tx.popn(inst.arg))))
+op("BUILD_LIST")(lambda tx, inst: tx.push(ListVariable(tx.popn(inst.arg))))
 
 
 @op("BUILD_SET")
@@ -413,7 +360,6 @@ def BUILD_SET(tx, inst):
     tx.push(SetVariable([v.as_python_constant() for v in tx.popn(inst.arg)]))
 
 
-# https://docs.python.org/3.11/library/dis.html#opcode-BUILD_MAP
 @op("BUILD_MAP")
 def BUILD_MAP(tx, inst):
     items = tx.popn(2 * inst.arg)
@@ -427,7 +373,6 @@ def BUILD_CONST_KEY_MAP(tx, inst):
     tx.push(DictVariable(dict(zip(keys, values))))
 
 
-# https://docs.python.org/3.11/library/dis.html#opcode-BUILD_STRING
 @op("BUILD_STRING")
 def BUILD_STRING(tx, inst):
     parts = tx.popn(inst.arg)
@@ -491,7 +436,6 @@ def LIST_TO_TUPLE(tx, inst):
     tx.push(TupleVariable(tx.unpack(tx.pop())))
 
 
-# https://docs.python.org/3.11/library/dis.html#opcode-UNPACK_SEQUENCE
 @op("UNPACK_SEQUENCE")
 def UNPACK_SEQUENCE(tx, inst):
     items = tx.unpack(tx.pop())
@@ -500,7 +444,6 @@ def UNPACK_SEQUENCE(tx, inst):
     tx.stack.extend(reversed(items))
 
 
-# https://docs.python.org/3.11/library/dis.html#opcode-UNPACK_EX
 @op("UNPACK_EX")
 def UNPACK_EX(tx, inst):
     before, after = inst.arg & 0xFF, inst.arg >> 8
@@ -511,7 +454,6 @@ def UNPACK_EX(tx, inst):
     tx.stack.extend(reversed(items[:before] + [ListVariable(items[before:mid])] + items[mid:]))
 
 
-# https://docs.python.org/3.11/library/dis.html#opcode-FORMAT_VALUE
 @op("FORMAT_VALUE")
 def FORMAT_VALUE(tx, inst):
     fmt = tx.pop().as_python_constant() if (inst.arg & 0x04) else ""
@@ -524,14 +466,12 @@ def FORMAT_VALUE(tx, inst):
     tx.push(ConstantVariable(format(value, fmt)))
 
 
-# https://docs.python.org/3.11/library/dis.html#opcode-GET_LEN
 @op("GET_LEN")
 def GET_LEN(tx, inst):
     tx.push(tx.call_dunder(tx.stack[-1], "__len__", []))
 
 
 # --- control flow -----------------------------------------------------------------------
-# https://docs.python.org/3.11/library/dis.html#opcode-RETURN_VALUE
 @op("RETURN_VALUE")
 def RETURN_VALUE(tx, inst):
     _return(tx, tx.pop())
@@ -592,13 +532,11 @@ op("JUMP_IF_TRUE_OR_POP", PY311)(_jump_or_pop(True))
 op("JUMP_IF_FALSE_OR_POP", PY311)(_jump_or_pop(False))
 
 
-# https://docs.python.org/3.11/library/dis.html#opcode-GET_ITER
 @op("GET_ITER")
 def GET_ITER(tx, inst):
     tx.push(tx.get_iter(tx.pop()))
 
 
-# https://docs.python.org/3.11/library/dis.html#opcode-FOR_ITER
 # 3.11: exhausted -> pop the iterator, jump to the target.
 # 3.12: exhausted -> pop the iterator, jump past the END_FOR at the target.
 @op("FOR_ITER")
@@ -623,7 +561,6 @@ def RETURN_GENERATOR(tx, inst):
     tx.push(ConstantVariable(None))
 
 
-# https://docs.python.org/3.11/library/dis.html#opcode-YIELD_VALUE
 @op("YIELD_VALUE")
 def YIELD_VALUE(tx, inst):
     if tx.generated is None:
@@ -633,7 +570,6 @@ def YIELD_VALUE(tx, inst):
 
 
 # --- with blocks, exceptions, asserts ---------------------------------------------------
-# https://docs.python.org/3.11/library/dis.html#opcode-BEFORE_WITH
 @op("BEFORE_WITH")
 def BEFORE_WITH(tx, inst):
     ctx = tx.pop()
@@ -647,17 +583,15 @@ def BEFORE_WITH(tx, inst):
     tx.push(tx.call(enter, [], {}))
 
 
-# https://docs.python.org/3.11/library/dis.html#opcode-LOAD_ASSERTION_ERROR
 @op("LOAD_ASSERTION_ERROR")
 def LOAD_ASSERTION_ERROR(tx, inst):
     tx.push(UserDefinedClassVariable(AssertionError))
 
 
 # --- exceptions raised and handled inside traced code ----------------------------------
-# A raise goes through InstructionTranslatorBase.step: the frame's exception table
-# (dis._parse_exception_table) names the handler; without one the caller's frame tries at
-# its call instruction; an exception no traced frame handles is a graph break where it was
-# first raised. tx.exc_stack holds the exceptions being handled (sys.exc_info()).
+# A raise goes through InstructionTranslatorBase.step: the frame's exception table (dis._parse_exception_table) names
+# the handler; without one the caller's frame tries at its call instruction; an exception no traced frame handles is a
+# graph break where it was first raised. tx.exc_stack holds the exceptions being handled (sys.exc_info()).
 def _exception_of(tx, v):
     if isinstance(v, ExceptionVariable):
         return v
@@ -668,7 +602,6 @@ def _exception_of(tx, v):
     raise Unsupported(f"raise of {v}", hint="the exception is raised outside the graph")
 
 
-# https://docs.python.org/3.11/library/dis.html#opcode-RAISE_VARARGS
 @op("RAISE_VARARGS")
 def RAISE_VARARGS(tx, inst):
     if inst.arg == 0:
@@ -679,7 +612,6 @@ def RAISE_VARARGS(tx, inst):
     _exception_of(tx, args[0]).raise_()      # ``raise e from cause``: the cause is not kept
 
 
-# https://docs.python.org/3.11/library/dis.html#opcode-PUSH_EXC_INFO
 @op("PUSH_EXC_INFO")
 def PUSH_EXC_INFO(tx, inst):
     exc = tx.pop()
@@ -688,7 +620,6 @@ def PUSH_EXC_INFO(tx, inst):
     tx.exc_stack.append(exc)
 
 
-# https://docs.python.org/3.11/library/dis.html#opcode-POP_EXCEPT
 @op("POP_EXCEPT")
 def POP_EXCEPT(tx, inst):
     tx.pop()
@@ -696,7 +627,6 @@ def POP_EXCEPT(tx, inst):
         tx.exc_stack.pop()
 
 
-# https://docs.python.org/3.11/library/dis.html#opcode-CHECK_EXC_MATCH
 @op("CHECK_EXC_MATCH")
 def CHECK_EXC_MATCH(tx, inst):
     want = tx.pop()
@@ -710,7 +640,6 @@ def CHECK_EXC_MATCH(tx, inst):
         raise Unsupported(f"except clause with {want}") from e
 
 
-# https://docs.python.org/3.11/library/dis.html#opcode-RERAISE
 @op("RERAISE")
 def RERAISE(tx, inst):
     exc = tx.pop()
@@ -719,7 +648,6 @@ def RERAISE(tx, inst):
     _exception_of(tx, exc).raise_()
 
 
-# https://docs.python.org/3.11/library/dis.html#opcode-WITH_EXCEPT_START
 # Stack: [..., __exit__, lasti, previous exception, exception]; push __exit__(type, value, tb).
 @op("WITH_EXCEPT_START")
 def WITH_EXCEPT_START(tx, inst):
@@ -735,7 +663,6 @@ def _exception_path(tx, inst):
 
 
 # --- imports -------------------------------------------------------------------------
-# https://docs.python.org/3.11/library/dis.html#opcode-IMPORT_NAME
 @op("IMPORT_NAME")
 def IMPORT_NAME(tx, inst):
     fromlist = tx.pop().as_python_constant()

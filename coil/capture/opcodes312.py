@@ -6,10 +6,8 @@ is ``INTRINSIC_UNARY_POSITIVE``); ``CALL_INTRINSIC_2`` takes two operands (``exc
 :mod:`dis` in 3.12 leaves ``argval`` as the raw number, so the names come from :mod:`opcode`
 (``opcode._intrinsic_1_descs``), the table :mod:`dis` itself uses for ``argrepr``.
 
-Generator delegation (``SEND``/``END_SEND``) and class bodies
-(``LOAD_FROM_DICT_OR_*``) are graph breaks with a reason rather than "unknown opcode".
-
-This module is imported at the end of :mod:`coil.capture.opcodes`, so its
+Generator delegation (``SEND``/``END_SEND``) and class bodies (``LOAD_FROM_DICT_OR_*``) are graph breaks with a
+reason rather than "unknown opcode". This module is imported at the end of :mod:`coil.capture.opcodes`, so its
 registrations win over any same-named one there. It registers nothing on 3.11.
 
 Reference: https://docs.python.org/3.12/library/dis.html#opcode-CALL_INTRINSIC_1
@@ -35,7 +33,6 @@ def intrinsic_name(table: tuple, arg: int) -> str:
     return table[arg] if 0 <= arg < len(table) else f"intrinsic {arg}"
 
 
-# https://docs.python.org/3.12/library/dis.html#opcode-CALL_INTRINSIC_1
 @op("CALL_INTRINSIC_1", PY312)
 def CALL_INTRINSIC_1(tx, inst):
     name = intrinsic_name(_INTRINSIC_1, inst.arg)
@@ -50,20 +47,17 @@ def CALL_INTRINSIC_1(tx, inst):
         raise Unsupported(f"CALL_INTRINSIC_1 {name}")
 
 
-# https://docs.python.org/3.12/library/dis.html#opcode-CALL_INTRINSIC_2
 @op("CALL_INTRINSIC_2", PY312)
 def CALL_INTRINSIC_2(tx, inst):
     raise Unsupported(f"CALL_INTRINSIC_2 {intrinsic_name(_INTRINSIC_2, inst.arg)}")
 
 
-# https://docs.python.org/3.12/library/dis.html#opcode-SEND
 @op("SEND", PY312)
 @op("END_SEND", PY312)
 def _send(tx, inst):
     raise Unsupported(f"{inst.opname}: yield from / await")
 
 
-# https://docs.python.org/3.12/library/dis.html#opcode-LOAD_FROM_DICT_OR_DEREF
 @op("LOAD_FROM_DICT_OR_DEREF", PY312)
 @op("LOAD_FROM_DICT_OR_GLOBALS", PY312)
 @op("LOAD_LOCALS", PY312)

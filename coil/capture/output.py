@@ -132,8 +132,7 @@ class OutputGraph:
         self.shape_env = ShapeEnv(allow_scalar_outputs=scalar_outputs,
                                   allow_dynamic_output_shape_ops=dynamic_output_shapes)
         self.fake_mode = FakeTensorMode(shape_env=self.shape_env)
-        self.dynamic = DynamicPolicy(None)
-        self.sites = SiteRecorder()
+        self.dynamic, self.sites = DynamicPolicy(None), SiteRecorder()
         self.current_tx = None          # the translator running an instruction (where())
         self.symbol_nodes: dict = {}    # sympy symbol -> SymInt placeholder
         self.scalar_floats: list = []   # (source expr, SymFloat) of float inputs
@@ -249,8 +248,7 @@ class OutputGraph:
 
     def lift_constant_tensor(self, tx, value: torch.Tensor) -> TensorVariable:
         """A real tensor with no source (made at compile time): an input the entry passes from its namespace."""
-        name = self.guards.const(value)
-        return self.add_input(tx, value, ConstSource(name))
+        return self.add_input(tx, value, ConstSource(self.guards.const(value)))
 
     def sourced_cell(self, cell, source) -> SourcedCellVariable:
         if (hit := self.sourced_cells.get(id(cell))) is None:
@@ -314,11 +312,8 @@ class EntryCodegen:
         return f"___t{self._tmp}"
 
     def const_expr(self, value) -> str:
-        if value is None or type(value) in (bool, str, bytes, int):
-            return repr(value)
-        if type(value) is float and math.isfinite(value):
-            return repr(value)
-        if type(value) is tuple and all(type(v) in (int, str, bool, type(None)) for v in value):
+        if value is None or type(value) in (bool, str, bytes, int) or type(value) is float and math.isfinite(value) \
+                or type(value) is tuple and all(type(v) in (int, str, bool, type(None)) for v in value):
             return repr(value)
         if (name := self._const_ids.get(id(value))) is None:
             name = f"___k{len(self._const_ids)}"
@@ -409,9 +404,8 @@ class EntryCodegen:
 
 
 def collect_tensors(vts: list, out: list, seen: set, data_dependent: list | None = None) -> None:
-    """Tensor trackers reachable from ``vts`` (graph outputs), in first-seen order; symbolic numbers
-    over a data-dependent symbol (no input source: ``.item()``, a ``nonzero`` size) go to
-    ``data_dependent``."""
+    """Tensor trackers reachable from ``vts`` (graph outputs), in first-seen order; symbolic numbers over a
+    data-dependent symbol (no input source: ``.item()``, a ``nonzero`` size) go to ``data_dependent``."""
     stack = list(reversed(vts))
     visited = set()
     while stack:

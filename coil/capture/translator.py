@@ -560,12 +560,7 @@ class InstructionTranslatorBase:
         if (names := self._DUNDER.get(op)) is None:
             return None
         for obj, other, name in ((a, b, names[0]), (b, a, names[1])):
-            cls = None
-            if isinstance(obj, NewObjectVariable):
-                cls = obj.cls
-            elif isinstance(obj, (UserDefinedObjectVariable, NNModuleVariable)):
-                cls = type(obj.value)
-            if cls is None:
+            if (cls := self._object_class(obj)) is None:
                 continue
             fn = _static_lookup(cls, name)
             if fn is _SENTINEL and op is operator.iadd:
@@ -706,10 +701,8 @@ class InstructionTranslatorBase:
             out = self.call(UserMethodVariable(forward, mod_vt), args, kwargs)
         for hid, hook in list(m._forward_hooks.items()):
             hook_vt = wrap(self, hook, ConstSource(gs.const(hook)))
-            if hid in m._forward_hooks_with_kwargs:
-                res = self.call(hook_vt, [mod_vt, TupleVariable(args), DictVariable(kwargs), out], {})
-            else:
-                res = self.call(hook_vt, [mod_vt, TupleVariable(args), out], {})
+            with_kwargs = [DictVariable(kwargs)] if hid in m._forward_hooks_with_kwargs else []
+            res = self.call(hook_vt, [mod_vt, TupleVariable(args), *with_kwargs, out], {})
             if not (isinstance(res, ConstantVariable) and res.value is None):
                 out = res
         return out
@@ -778,8 +771,7 @@ class InstructionTranslatorBase:
 
     def make_super(self, args):
         if args:
-            cls = args[0].as_python_constant()
-            obj = args[1]
+            cls, obj = args[0].as_python_constant(), args[1]
         else:
             if "__class__" not in self.cells:
                 raise Unsupported("super() without __class__ cell")
@@ -863,8 +855,7 @@ class _BaseDictRead(_SuperSlot):
     override, on a dict that existed before the frame: read from the real dict."""
 
     def call_function(self, tx, args, kwargs):
-        found = _dict_lookup(tx, self.obj, self.name, args, kwargs, base=True)
-        if found is None:
+        if (found := _dict_lookup(tx, self.obj, self.name, args, kwargs, base=True)) is None:
             raise Unsupported(f"super().{self.name} of a {type(self.obj.value).__name__} "
                               "(traced key, tensor value or missing key)")
         return found
@@ -874,8 +865,7 @@ class _ObjectSetattr(_SuperSlot):
     """``object.__setattr__(obj, name, value)`` reached through ``super()``."""
 
     def call_function(self, tx, args, kwargs):
-        name, value = args[0].as_python_constant(), args[1]
-        tx.store_attr(self.obj, name, value, plain=True)
+        tx.store_attr(self.obj, args[0].as_python_constant(), args[1], plain=True)
         return ConstantVariable(None)
 
 

@@ -93,11 +93,10 @@ class CompiledGraph:
                 # outputs in the strides this graph promised (the backward may have been
                 # compiled for a saved tensor's channels-last layout)
                 outs = tuple(gm(*a))
-                if strides is None:
-                    return outs
-                return tuple(torch.empty_strided(o.shape, st, dtype=o.dtype, device=o.device).copy_(o)
-                             if isinstance(o, torch.Tensor) and st is not None and o.dim() == len(st)
-                             and tuple(o.stride()) != st else o for o, st in zip(outs, strides))
+                return outs if strides is None else tuple(
+                    torch.empty_strided(o.shape, st, dtype=o.dtype, device=o.device).copy_(o)
+                    if isinstance(o, torch.Tensor) and st is not None and o.dim() == len(st) and tuple(o.stride()) != st
+                    else o for o, st in zip(outs, strides))
             self.call = run_aten
             return self.call(*args)
         except Exception as e:
@@ -123,9 +122,7 @@ def _note_origin(e: BaseException, source: str) -> None:
 
 
 def _pick_backend(device: torch.device):
-    if device.type != "cpu":
-        return get_kernel_backend("triton")
-    be = get_kernel_backend(config.cpu_backend)
+    be = get_kernel_backend(config.cpu_backend) if device.type == "cpu" else None
     return be if be is not None else get_kernel_backend("triton")
 
 
@@ -134,9 +131,7 @@ def atomic_add_dtype(device: torch.device, dtype: torch.dtype) -> torch.dtype:
     itself where it adds atomically in it, else int32 (8/16-bit ints: converting the sum back wraps as eager's
     adds do; bool: nonzero is eager's True + True = True) or fp32 (bf16)."""
     ok = _pick_backend(device).atomic_add_dtypes
-    if ok is None or dtype in ok:
-        return dtype
-    return torch.float32 if dtype.is_floating_point else torch.int32
+    return dtype if ok is None or dtype in ok else torch.float32 if dtype.is_floating_point else torch.int32
 
 
 def _tiling(group, backend):
@@ -172,12 +167,9 @@ def _shape_env(example_inputs: list):
     """The ShapeEnv of symbolic example inputs (SymInts, fake tensors with SymInt sizes
     or strides), or None for static ones."""
     for x in example_inputs:
-        if isinstance(x, torch.SymInt):
-            return x.node.shape_env
-        if isinstance(x, torch.Tensor):
-            for v in [*x.shape, *x.stride()]:
-                if isinstance(v, torch.SymInt):
-                    return v.node.shape_env
+        vals = [x] if isinstance(x, torch.SymInt) else [*x.shape, *x.stride()] if isinstance(x, torch.Tensor) else []
+        if (s := next((v for v in vals if isinstance(v, torch.SymInt)), None)) is not None:
+            return s.node.shape_env
     return None
 
 

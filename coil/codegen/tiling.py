@@ -28,9 +28,7 @@ def _contiguous_axis(e) -> Optional[str]:
     dx, dr = steps
     if dx == 1 and abs(dr) > 1:
         return "x"
-    if dr == 1 and abs(dx) > 1:
-        return "r"
-    return None
+    return "r" if dr == 1 and abs(dx) > 1 else None
 
 
 def tile_pointwise(group) -> Optional[tuple]:

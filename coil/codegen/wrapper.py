@@ -43,9 +43,7 @@ def ensure_layout(t: torch.Tensor, size, stride, dtype=None) -> torch.Tensor:
     if dtype is not None and t.dtype != dtype:
         t = t.to(dtype)
     st = t.stride()
-    if st == stride:  # the common case: one tuple comparison
-        return t
-    if all(a == b or n == 1 for a, b, n in zip(st, stride, size)):
+    if st == stride or all(a == b or n == 1 for a, b, n in zip(st, stride, size)):  # (first: one tuple comparison)
         return t
     return torch.empty_strided(size, stride, dtype=t.dtype, device=t.device).copy_(t)
 
@@ -151,8 +149,7 @@ def _free_size_symbols(x, out: set) -> None:
     elif isinstance(x, dict):
         _free_size_symbols(list(x.values()), out)
     elif isinstance(getattr(x, "layout", None), Layout):
-        l = x.layout
-        _free_size_symbols([l.size, l.stride, l.offset], out)
+        _free_size_symbols([x.layout.size, x.layout.stride, x.layout.offset], out)
 
 
 def symbol_bindings(graph, needed: set, sources: Optional[dict] = None) -> list[str]:
@@ -322,9 +319,7 @@ class WrapperCodegen:
             a = int(a)
         if isinstance(a, float) and (a != a or a in (float("inf"), float("-inf"))):
             return f"float('{a}')"
-        if isinstance(a, (int, float, bool, str, type(None))):
-            return repr(a)
-        return self._global("c", a)
+        return repr(a) if isinstance(a, (int, float, bool, str, type(None))) else self._global("c", a)
 
     def generate(self) -> tuple[str, dict]:
         g = self.graph
@@ -353,10 +348,7 @@ class WrapperCodegen:
         roots = _alias_roots(g.buffers)
         reads = [rs + [r for n in rs for r in roots.get(n, ())] for rs in reads]
         out_names |= {r for n in list(out_names) for r in roots.get(n, ())}
-        last_use: dict[str, int] = {}
-        for i, rs in enumerate(reads):
-            for n in rs:
-                last_use[n] = i
+        last_use: dict[str, int] = {n: i for i, rs in enumerate(reads) for n in rs}
         def key(b: Buffer):
             return layout_key(b.layout)
         # outputs stored over a dead input (KernelPlan.inplace): the input's storage is the output's from then on
@@ -471,14 +463,8 @@ class WrapperCodegen:
                         L.append(f"    del {n}")
                 elif last_use.get(n) == i and n in inputs:
                     input_dels.append((len(L), n))
-        outs = []
-        for o in g.outputs:
-            if o.kind == "buffer":
-                outs.append(o.name)
-            elif o.kind == "view":
-                outs.append(self._reinterpret(o.name, o.size, o.stride, o.offset))
-            else:
-                outs.append(self._arg(o.value))
+        outs = [o.name if o.kind == "buffer" else self._reinterpret(o.name, o.size, o.stride, o.offset)
+                if o.kind == "view" else self._arg(o.value) for o in g.outputs]
         L.append(f"    return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
         needed: set = set()
         _free_size_symbols([list(g.buffers)] + [[o.size, o.stride, o.offset, o.value] for o in g.outputs]

@@ -82,8 +82,7 @@ def _specialize_floats(tree, computed: dict, specialize: bool):
 
 
 def _fake_layout(t: torch.Tensor) -> Layout:
-    return Layout(t.device, t.dtype, [as_expr(s) for s in t.shape],
-                  [as_expr(s) for s in t.stride()], sympy.Integer(0))
+    return Layout(t.device, t.dtype, [as_expr(s) for s in t.shape], [as_expr(s) for s in t.stride()])
 
 
 _PAD_DEVICES = ("cuda",)  # tests add "cpu" to exercise the path without a GPU
@@ -109,11 +108,11 @@ def one_copy_chain(n: torch.fx.Node) -> Optional[list]:
         if n.target not in _RESHAPES:
             return None
     return None
-#: extern ops that run channels-last when their 4-D inputs are (config.conv_channels_last)
 #: extern ops whose first argument is read (or written) through its storage: it gets
 #: eager's strides and offset, not the layout this graph chose for the value (fuzz s214 #5389)
 _STORAGE_OPS = (_aten.as_strided_scatter.default, _aten.as_strided.default, _aten.as_strided_copy.default,
                 _aten.view.dtype)
+#: extern ops that run channels-last when their 4-D inputs are (config.conv_channels_last)
 _CHANNELS_LAST_OPS = (_aten.convolution.default, _aten.max_pool2d_with_indices.default, _aten.avg_pool2d.default,
                       _aten._adaptive_avg_pool2d.default, _aten.convolution_backward.default,
                       _aten.max_pool2d_with_indices_backward.default, _aten.avg_pool2d_backward.default,
@@ -575,12 +574,11 @@ class GraphLowering(torch.fx.Interpreter):
             trace.log("inputs_written_in_place", stage="lowering", inputs=self.inputs_written)
 
     def _saved_output_spec(self, r, meta) -> OutputSpec:
-        """A saved-for-backward output of a forward whose backward is compiled with the
-        strides this graph reports (``output_strides``): it keeps the layout it has
-        (a channels-last activation stays NHWC instead of being copied to NCHW). A view not
-        yet realized is realized as an extern op's argument is (:meth:`realize_input`): the
-        backward's extern op reads it as the forward's did (an attention bias keeps its
-        aligned rows), and the two share one copy."""
+        """A saved-for-backward output of a forward whose backward is compiled with the strides this graph reports
+        (``output_strides``): it keeps the layout it has (a channels-last activation stays NHWC instead of being copied
+        to NCHW). A view not yet realized is realized as an extern op's argument is (:meth:`realize_input`): the
+        backward's extern op reads it as the forward's did (an attention bias keeps its aligned rows), and the two share
+        one copy."""
         if not isinstance(r, TensorBox):
             return OutputSpec("value", value=r)
         d = r.data
@@ -768,8 +766,7 @@ class GraphLowering(torch.fx.Interpreter):
         if base is None and isinstance(x.data, StorageBox):
             x.data.realize(stride=eager)
             return x
-        buf = self._materialize(x, eager)
-        return TensorBox(StorageBox(buf))
+        return TensorBox(StorageBox(self._materialize(x, eager)))
 
     def make_extern(self, target, args, kwargs):
         args, kwargs = _specialize_floats((args, kwargs), self.float_externs, isinstance(target, torch._ops.OpOverload))
@@ -832,9 +829,7 @@ class GraphLowering(torch.fx.Interpreter):
                 mo = MultiOutput(self.new_buffer_name(), self._extern_layout(v, cl), ek, path)
                 self.register_buffer(mo)
                 return TensorBox(StorageBox(mo))
-            if isinstance(v, (list, tuple)):
-                return type(v)(build(x, path + (i,)) for i, x in enumerate(v))
-            return v
+            return type(v)(build(x, path + (i,)) for i, x in enumerate(v)) if isinstance(v, (list, tuple)) else v
         return build(meta, ())
 
     # -- channels-last convolutions -----------------------------------------------------
@@ -851,10 +846,8 @@ class GraphLowering(torch.fx.Interpreter):
         channels-last ``convolution_backward`` weight gradient did), and the fake outputs the rest of the graph relies
         on came from the traced strides."""
         lay = getattr(r, "layout", None)
-        if (not isinstance(meta, torch.Tensor) or meta.dim() != 4 or lay is None
-                or len(lay.size) != 4 or not _is_channels_last(lay)
-                or not _dense_non_overlapping(meta)
-                or not _same_size(meta, x.get_size())):
+        if not isinstance(meta, torch.Tensor) or meta.dim() != 4 or lay is None or len(lay.size) != 4 \
+                or not _is_channels_last(lay) or not _dense_non_overlapping(meta) or not _same_size(meta, x.get_size()):
             return r
         want = [as_expr(v) for v in meta.stride()]
         if all(str(a) == str(b) or str(n) == "1" for a, b, n in zip(lay.stride, want, meta.shape)):
@@ -870,9 +863,7 @@ class GraphLowering(torch.fx.Interpreter):
                 and _is_channels_last(d.data.layout):
             return d.data
         stride = _channels_last_strides(x.get_size())
-        if isinstance(d, StorageBox) and not d.is_realized():
-            return d.realize(stride)
-        return self._materialize(x, stride)
+        return d.realize(stride) if isinstance(d, StorageBox) and not d.is_realized() else self._materialize(x, stride)
 
     @staticmethod
     def _extern_layout(meta: torch.Tensor, channels_last: bool) -> Layout:
@@ -971,9 +962,7 @@ class GraphLowering(torch.fx.Interpreter):
     def _strided(self, x: TensorBox):
         """``x`` as a realized buffer or ReinterpretView (realizing computed values)."""
         d = x.data
-        if isinstance(d, ReinterpretView):
-            return d
-        return d.realize() if isinstance(d, StorageBox) else None
+        return d if isinstance(d, ReinterpretView) else d.realize() if isinstance(d, StorageBox) else None
 
     def _padded_copy(self, x, c: int, cp: int) -> Buffer:
         """A contiguous (R, cp) copy of 2-D ``x`` (R, c) with zero columns c..cp, made by a

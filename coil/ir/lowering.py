@@ -99,12 +99,7 @@ def broadcast_loader(x, size: Sequence) -> Callable:
     off = len(size) - len(xs)
     inner = x.make_loader()
     bcast = [broadcasts(xs[d], size[d + off]) for d in range(len(xs))]
-
-    def load(index):
-        idx = [sympy.Integer(0) if bcast[d] else index[d + off] for d in range(len(xs))]
-        return inner(idx)
-
-    return load
+    return lambda index: inner([sympy.Integer(0) if bcast[d] else index[d + off] for d in range(len(xs))])
 
 
 def loader_as(x, size, dtype, via: Optional[torch.dtype] = None) -> Callable:
@@ -126,10 +121,8 @@ def loader_as(x, size, dtype, via: Optional[torch.dtype] = None) -> Callable:
     if isinstance(value, sympy.Expr) and not (value.is_number or value.has(FloorDiv, Mod)
                                               or free_unbacked_symbols(value)):
         return lambda index: ops.to_dtype(ops.index_expr(value, torch.int64), dtype, torch.int64)
-    if dtype == torch.bool:
-        value = bool(value)
-    else:
-        value = int(value) if not dtype.is_floating_point and not dtype.is_complex else float(value)
+    value = bool(value) if dtype == torch.bool else \
+        int(value) if not dtype.is_floating_point and not dtype.is_complex else float(value)
     return lambda index: ops.constant(value, dtype)
 
 
@@ -137,12 +130,7 @@ def make_pointwise_box(fn: Callable, args: Sequence, size, out_dt, in_dt, via=No
     """A Pointwise TensorBox computing ``fn(*loaded args)`` with args cast to ``in_dt`` (through ``via``:
     :func:`loader_as`)."""
     loaders = [loader_as(a, size, in_dt, via) for a in args]
-    dev = device()
-
-    def inner(index):
-        return fn(*[l(index) for l in loaders])
-
-    return TensorBox.create(Pointwise(dev, out_dt, inner, size))
+    return TensorBox.create(Pointwise(device(), out_dt, lambda index: fn(*[l(index) for l in loaders]), size))
 
 
 def pointwise_lowering(op_name: str, kind: str = "arith") -> Callable:
@@ -279,9 +267,7 @@ def _round_decimals(x, *, decimals=0):
 
     def f(v):
         c = ops.constant(p, cdt)
-        if neg:
-            return ops.mul(ops.round(ops.truediv(v, c)), c)
-        return ops.truediv(ops.round(ops.mul(v, c)), c)
+        return ops.mul(ops.round(ops.truediv(v, c)), c) if neg else ops.truediv(ops.round(ops.mul(v, c)), c)
 
     return make_pointwise_box(f, [x], out_size(), odt, cdt)
 
@@ -391,10 +377,8 @@ def _to_copy(x, *args, **kwargs):
         # inf for x = 65504; 2.9999 rounds to 3 before .int())
         rounded = load
         load = lambda i: ops.to_dtype(rounded(i), src, compute_dtype(src))
-    if src == odt or (compute_dtype(src) == compute_dtype(odt) and src.itemsize <= odt.itemsize):
-        inner = load  # exact: no rounding to do
-    else:
-        inner = lambda i: ops.to_dtype(load(i), odt, compute_dtype(src))
+    exact = src == odt or (compute_dtype(src) == compute_dtype(odt) and src.itemsize <= odt.itemsize)  # no rounding
+    inner = load if exact else lambda i: ops.to_dtype(load(i), odt, compute_dtype(src))
     return TensorBox.create(Pointwise(device(), odt, inner, size))
 
 
@@ -471,19 +455,15 @@ def make_reduction(x: TensorBox, dims, keepdim: bool, reduction_type: str,
 
     def inner(index, rindex):
         full = [None] * nd
-        for d, i in zip(kept, index):
+        for d, i in zip(kept + dims, list(index) + list(rindex)):
             full[d] = i
-        for d, r in zip(dims, rindex):
-            full[d] = r
         v = load(full)
         if compute_dtype(xdt) != sdt and reduction_type != "any":
             v = ops.to_dtype(v, sdt, compute_dtype(xdt))
         return v
 
     dev = x.get_device()
-    numel_r = 1
-    for r in rranges:
-        numel_r *= as_size(r)  # an int; a size expression with dynamic shapes
+    numel_r = math.prod(as_size(r) for r in rranges)  # an int; a size expression with dynamic shapes
     if numel_r == 1 and reduction_type in ("argmax", "argmin"):
         return _full(_kept_size(size, dims, keepdim), 0, dtype)
     if numel_r == 1:
@@ -555,12 +535,11 @@ def _split_decision(ranges, numel_r: int, reduction_type: str, leading: bool = F
     Few outputs with long reductions (a full ``x.sum()``, ``bias_grad = g.sum(0)``) would run on too few programs: split
     the reduction in ``S`` chunks (a power of two) so there are ~8k partials of >= 512 elements. ``leading`` (reduced
     dims first, the kernel tiles 64-256 outputs per program): 1k-32k outputs split up to 64k partials of >= 1024 rows
-    (>= 512 under 4k partials), and on a GPU fewer than 4096 outputs over 256-2047 rows split to about one program
-    per SM, and 256-32k outputs over >= 2048 rows split into chunks of 256 rows (at most 32k partials). Leading
-    reductions and at most :data:`RAGGED_SPLIT_MAX_OUTPUTS` outputs may end in a ragged chunk. On a
-    GPU a row reduction (one program per row) splits only with fewer rows than SMs and rows of >=
-    :data:`GPU_SPLIT_MIN_RNUMEL`. docs/codegen.md ("Split reductions on a GPU") has the measurements behind each
-    rule."""
+    (>= 512 under 4k partials), and on a GPU fewer than 4096 outputs over 256-2047 rows split to about one program per
+    SM, and 256-32k outputs over >= 2048 rows split into chunks of 256 rows (at most 32k partials). Leading reductions
+    and at most :data:`RAGGED_SPLIT_MAX_OUTPUTS` outputs may end in a ragged chunk. On a GPU a row reduction (one
+    program per row) splits only with fewer rows than SMs and rows of >= :data:`GPU_SPLIT_MIN_RNUMEL`. docs/codegen.md
+    ("Split reductions on a GPU") has the measurements behind each rule."""
     if reduction_type not in SPLITTABLE:
         return 1, "not_splittable"
     numel_out = _numel(ranges)
@@ -605,10 +584,7 @@ def _split_decision(ranges, numel_r: int, reduction_type: str, leading: bool = F
 
 
 def _numel(ranges) -> int:
-    n = 1
-    for r in ranges:
-        n *= int(r)
-    return n
+    return math.prod(int(r) for r in ranges)
 
 
 #: Device types whose reductions follow the GPU split rule (:func:`_split_decision`);
@@ -682,9 +658,7 @@ def _split_reduction(dev, dtype, sdt, inner, ranges, rranges, numel_r, split, re
         return ops.masked(valid, lambda: inner(list(idx), unflatten(flat, rranges)), identity)
 
     part = Reduction(dev, acc_dt, stage1, part_ranges, [chunk], reduction_type, sdt)
-    pbox = TensorBox(StorageBox(part))
-    pbuf = pbox.data.realize()
-    load = pbuf.make_loader()
+    load = TensorBox(StorageBox(part)).data.realize().make_loader()
 
     def stage2(index, rindex):
         return load(([rindex[0]] + list(index)) if leading else (list(index) + [rindex[0]]))
@@ -755,14 +729,10 @@ def _prod(x, dim=None, keepdim=False, *, dtype=None):
     return make_pointwise_box(lambda v: v, [r], out_size(), odt, compute_dtype(odt))
 
 
-@register_lowering(aten.amax)
-def _amax(x, dim=(), keepdim=False):
-    return make_reduction(x, dim, keepdim, "max", out_dtype())
-
-
-@register_lowering(aten.amin)
-def _amin(x, dim=(), keepdim=False):
-    return make_reduction(x, dim, keepdim, "min", out_dtype())
+@register_lowering(aten.amax, aten.amin)
+def _amax_amin(x, dim=(), keepdim=False):
+    is_max = current_graph().current_node.target.overloadpacket is aten.amax
+    return make_reduction(x, dim, keepdim, "max" if is_max else "min", out_dtype())
 
 
 @register_lowering(aten.max.default, aten.min.default)
@@ -799,7 +769,6 @@ def _argmax(x, dim=None, keepdim=False):
     if dim is None:
         from coil.ir.lowering_views import view_reshape
         x = view_reshape(x, [x.get_numel()])
-        dim = 0
         r = make_reduction(x, [0], False, t, torch.int64)
         return view_reshape(r, out_size()) if keepdim else r
     return make_reduction(x, [dim], keepdim, t, torch.int64)
@@ -808,11 +777,8 @@ def _argmax(x, dim=None, keepdim=False):
 @register_lowering(aten.any.dim, aten.any.default, aten.any.dims)
 def _any(x, dim=None, keepdim=False):
     r = make_reduction(x, dim, keepdim, "any", torch.bool, src_dtype=torch.bool)
-    odt = out_dtype()
-    if odt == torch.bool:
-        return r
-    # eager's any/all of a uint8 tensor is uint8 (0/1)
-    return make_pointwise_box(lambda v: v, [r], out_size(), odt, compute_dtype(odt))
+    odt = out_dtype()  # eager's any/all of a uint8 tensor is uint8 (0/1)
+    return r if odt == torch.bool else make_pointwise_box(lambda v: v, [r], out_size(), odt, compute_dtype(odt))
 
 
 @register_lowering(aten.mean.dim, aten.mean.default)
@@ -820,9 +786,7 @@ def _mean(x, dim=None, keepdim=False, *, dtype=None):
     odt = out_dtype()
     size = x.get_size()
     dims = _norm_dims(dim, len(size))
-    n = sympy.Integer(1)
-    for d in dims:
-        n *= size[d]  # a symbolic count is read in the kernel (loader_as)
+    n = math.prod((size[d] for d in dims), start=sympy.Integer(1))  # a symbolic count is read in the kernel (loader_as)
     cdt = compute_dtype(odt)
     # the sum stays in the compute dtype (fp32 for fp16/bf16) until divided, as eager's
     # accumulation does: an fp16 sum of 4096 values ~16 is inf before the division

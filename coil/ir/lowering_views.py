@@ -7,6 +7,7 @@ chain of views costs nothing until a kernel reads it.
 """
 from __future__ import annotations
 
+import functools
 from typing import Callable, Optional
 
 import sympy
@@ -31,9 +32,7 @@ def strided_base(x: TensorBox):
     d = x.data
     if isinstance(d, StorageBox) and d.is_realized():
         return d.data, d.data.layout
-    if isinstance(d, ReinterpretView):
-        return d.data, d.layout
-    return None
+    return (d.data, d.layout) if isinstance(d, ReinterpretView) else None
 
 
 def make_view(x: TensorBox, size, reindex: Callable, restride: Optional[Callable]) -> TensorBox:
@@ -127,10 +126,8 @@ def view_strides(old_size, old_stride, new_size) -> Optional[list]:
             d -= 1
         if not eq(acc, numel):
             return None
-    while d >= 0:
-        if nsz[d] != 1:
-            return None
-        d -= 1
+    if any(nsz[i] != 1 for i in range(d + 1)):
+        return None
     # size-1 dims: the stride of the next dim (as contiguous_strides gives them)
     nxt = sympy.Integer(1)
     for i in reversed(range(len(nsz))):
@@ -152,13 +149,9 @@ def _permute(x, dims):
     nd = len(x.get_size())
     dims = [d % nd for d in dims]
     size = [x.get_size()[d] for d in dims]
-
     inverse = {d: i for i, d in enumerate(dims)}
-
-    def reindex(index):
-        return [index[inverse[d]] for d in range(nd)]
-
-    return make_view(x, size, reindex, lambda l: _lay(l, size, [l.stride[d] for d in dims]))
+    return make_view(x, size, lambda index: [index[inverse[d]] for d in range(nd)],
+                     lambda l: _lay(l, size, [l.stride[d] for d in dims]))
 
 
 @register_lowering(aten.expand, aten.broadcast_to)
@@ -167,14 +160,9 @@ def _expand(x, size, implicit=False):
     old = list(x.get_size())
     off = len(size) - len(old)
     bcast = [broadcasts(old[d], size[d + off]) for d in range(len(old))]
-
-    def reindex(index):
-        return [sympy.Integer(0) if bcast[d] else index[d + off] for d in range(len(old))]
-
-    def restride(l):
-        stride = [sympy.Integer(0)] * off + [sympy.Integer(0) if bcast[d] else l.stride[d] for d in range(len(old))]
-        return _lay(l, size, stride)
-    return make_view(x, size, reindex, restride)
+    zero = sympy.Integer(0)
+    return make_view(x, size, lambda index: [zero if bcast[d] else index[d + off] for d in range(len(old))],
+                     lambda l: _lay(l, size, [zero] * off + [zero if b else st for b, st in zip(bcast, l.stride)]))
 
 
 @register_lowering(aten.unsqueeze, aten.squeeze)
@@ -216,16 +204,9 @@ def _slice(x, dim=0, start=None, end=None, step=1):
 
 def _strided_slice(x, dim, start, step, size):
     """The view ``x[..., start::step, ...]`` (along ``dim``) of size ``size``."""
-    def reindex(index):
-        out = list(index)
-        out[dim] = index[dim] * step + start
-        return out
-
-    def restride(l):
-        stride = list(l.stride)
-        stride[dim] = l.stride[dim] * step
-        return _lay(l, size, stride, l.offset + start * l.stride[dim])
-    return make_view(x, size, reindex, restride)
+    return make_view(x, size, lambda index: [i * step + start if d == dim else i for d, i in enumerate(index)],
+                     lambda l: _lay(l, size, [st * step if d == dim else st for d, st in enumerate(l.stride)],
+                                    l.offset + start * l.stride[dim]))
 
 
 def _wrap_index(idx, n):
@@ -282,10 +263,7 @@ def _flip(x, dims):
     size = list(x.get_size())
     nd = len(size)
     flipped = {d % nd for d in dims} if nd else set()
-
-    def reindex(index):
-        return [size[d] - 1 - i if d in flipped else i for d, i in enumerate(index)]
-    return make_view(x, size, reindex, None)
+    return make_view(x, size, lambda index: [size[d] - 1 - i if d in flipped else i for d, i in enumerate(index)], None)
 
 
 @register_lowering(aten.repeat)
@@ -355,10 +333,8 @@ def _idx(e):
     return ops.index_expr(e, torch.int64)
 
 
-def _c(v):
-    if not is_static(v):
-        return ops.index_expr(as_expr(v), torch.int64)  # a symbolic size (a kernel argument)
-    return ops.constant(int(v), torch.int64)
+def _c(v):  # (a symbolic size: a kernel argument)
+    return ops.constant(int(v), torch.int64) if is_static(v) else ops.index_expr(as_expr(v), torch.int64)
 
 
 @register_lowering(aten.cat)
@@ -476,10 +452,10 @@ def _costly(parts) -> bool:
 def _concat_buffer(parts, positions, dim: int, size, odt, costly: bool = False) -> Optional[TensorBox]:
     """``cat`` as a :class:`ConcatBuffer` (docs/ir.md, "Concat buffers"), or None when it stays one pointwise body
     (the longest concatenation extending this one has fewer than ``config.concat_buffer_min_inputs`` non-empty
-    inputs and its inputs are not ``costly``). Every concatenation of one family (:func:`_longest_extension`) views one :class:`ConcatStorage` sized
-    for the longest; each input not yet in it becomes a :class:`ConcatSlice`: an unrealized pointwise input of the
-    output dtype computed straight into its slice (its readers then read the slice), any other input copied
-    (converted to the output dtype)."""
+    inputs and its inputs are not ``costly``). Every concatenation of one family (:func:`_longest_extension`) views one
+    :class:`ConcatStorage` sized for the longest; each input not yet in it becomes a :class:`ConcatSlice`: an unrealized
+    pointwise input of the output dtype computed straight into its slice (its readers then read the slice), any other
+    input copied (converted to the output dtype)."""
     g, dev = current_graph(), device()
     node = getattr(g, "current_node", None)
     if not isinstance(node, torch.fx.Node) or node.target is not aten.cat.default:
@@ -504,10 +480,8 @@ def _concat_buffer(parts, positions, dim: int, size, odt, costly: bool = False) 
             continue
         lay = Layout(dev, odt, [as_expr(v) for v in t.get_size()], stride)
         d = t.data
-        if isinstance(d, StorageBox) and type(d.data) is Pointwise and d.data.dtype == odt:
-            body = d.data
-        else:
-            body = Pointwise(dev, odt, loader_as(t, t.get_size(), compute_dtype(odt)), t.get_size())
+        body = d.data if isinstance(d, StorageBox) and type(d.data) is Pointwise and d.data.dtype == odt else \
+            Pointwise(dev, odt, loader_as(t, t.get_size(), compute_dtype(odt)), t.get_size())
         sl = ConcatSlice(g.new_buffer_name(), lay, body, storage, as_expr(o) * stride[dim])
         if body is getattr(d, "data", None):
             d.data = sl  # the input's other readers read the slice
@@ -664,12 +638,8 @@ def _gather(x, dim, index, sparse_grad=False):
 def _creation(*args, **kwargs):
     target = current_graph().current_node.target
     name = target._overloadpacket.__name__ if hasattr(target, "_overloadpacket") else str(target)
-    if name in ("full", "full_like", "new_full", "fill"):
-        value = args[1]
-    elif name == "scalar_tensor":
-        value = args[0]
-    else:
-        value = 1 if "ones" in name else 0
+    value = args[1] if name in ("full", "full_like", "new_full", "fill") else args[0] if name == "scalar_tensor" \
+        else 1 if "ones" in name else 0
     require_scalars_fit(out_dtype(), value)
     return _full(out_size(), value, out_dtype())
 
@@ -718,16 +688,9 @@ def _slice_view(x, dim, start, end):
 def _select_view(x, dim, idx, size=None):
     """The view ``x.select(dim, idx)`` (``size``: its size, default ``x``'s less ``dim``)."""
     size = [s for d, s in enumerate(x.get_size()) if d != dim] if size is None else size
-
-    def reindex(index):
-        out = list(index)
-        out.insert(dim, sympy.sympify(idx))
-        return out
-
-    def restride(l):
-        stride = [s for d, s in enumerate(l.stride) if d != dim]
-        return _lay(l, size, stride, l.offset + idx * l.stride[dim])
-    return make_view(x, size, reindex, restride)
+    return make_view(x, size, lambda index: [*index[:dim], sympy.sympify(idx), *index[dim:]],
+                     lambda l: _lay(l, size, [s for d, s in enumerate(l.stride) if d != dim],
+                                    l.offset + idx * l.stride[dim]))
 
 
 # ----------------------------------------------------------------------------- scatter
@@ -769,10 +732,7 @@ def _broadcast_sizes(shapes: list) -> list:
     out = []
     for i in range(n):
         dims = [as_expr(s[len(s) - n + i]) for s in shapes if len(s) - n + i >= 0]
-        d = dims[0]
-        for e in dims[1:]:
-            d = e if broadcasts(d, e) else d
-        out.append(d)
+        out.append(functools.reduce(lambda d, e: e if broadcasts(d, e) else d, dims))
     return out
 
 

@@ -53,9 +53,7 @@ def current_graph():
 
 def _node_origin() -> Optional[str]:
     node = getattr(V.graph, "current_node", None)
-    if not (meta := getattr(node, "meta", None)):
-        return None
-    return meta.get("stack_trace") or meta.get("stack")
+    return None if not (meta := getattr(node, "meta", None)) else meta.get("stack_trace") or meta.get("stack")
 
 
 def current_origin() -> Optional[str]:
@@ -164,7 +162,7 @@ class IRNode:
 
 
 class _Laid(IRNode):
-    """A node with a :class:`Layout` (``self.layout``): its size, strides, dtype, device."""
+    """A node with a :class:`Layout` (``self.layout``): its size, strides, dtype, device; loads of ``get_name()``."""
 
     def get_size(self):
         return self.layout.size
@@ -177,6 +175,10 @@ class _Laid(IRNode):
 
     def get_device(self):
         return self.layout.device
+
+    def make_loader(self):
+        name, indexer = self.get_name(), self.layout.make_indexer()
+        return lambda index: ops.load(name, indexer(index))
 
 
 # ---------------------------------------------------------------------------- loops
@@ -239,10 +241,6 @@ class Buffer(_Laid):
     def get_name(self) -> str:
         return self.name
 
-    def make_loader(self):
-        name, indexer = self.name, self.layout.make_indexer()
-        return lambda index: ops.load(name, indexer(index))
-
     def __repr__(self):
         return f"{type(self).__name__}({self.name}, size={self.layout.size}, dtype={self.layout.dtype})"
 
@@ -278,9 +276,7 @@ def memory_loop_order(layout: Layout) -> Optional[list[int]]:
     if len({strides[d] for d in big}) != len(big) or any(strides[d] <= 0 for d in big):
         return None
     ordered = sorted(big, key=lambda d: -strides[d])
-    if ordered == big:
-        return None
-    return [d for d, s in enumerate(sizes) if s == 1] + ordered
+    return None if ordered == big else [d for d, s in enumerate(sizes) if s == 1] + ordered
 
 
 def reduction_loop_order(data: "Reduction") -> Optional[list[int]]:
@@ -306,9 +302,7 @@ def reduction_loop_order(data: "Reduction") -> Optional[list[int]]:
         if not all(s.is_Integer and s > 0 for s in strides) or len(set(strides)) != len(big):
             continue
         ordered = [d for _, d in sorted(zip(strides, big), key=lambda t: -t[0])]
-        if ordered == big:
-            return None
-        return [d for d in range(len(rr)) if d not in big] + ordered
+        return None if ordered == big else [d for d in range(len(rr)) if d not in big] + ordered
     return None
 
 
@@ -347,9 +341,7 @@ class ComputedBuffer(Buffer):
         return isinstance(self.data, Reduction)
 
     def get_ranges(self) -> list:
-        if self.loop_order is not None:
-            return [self.data.ranges[d] for d in self.loop_order]
-        return self.data.ranges
+        return [self.data.ranges[d] for d in self.loop_order] if self.loop_order is not None else self.data.ranges
 
     def get_reduction_ranges(self) -> list:
         if not self.is_reduction():
@@ -497,10 +489,6 @@ class ReinterpretView(_Laid):
 
     def get_name(self):
         return self.data.get_name()
-
-    def make_loader(self):
-        name, indexer = self.data.get_name(), self.layout.make_indexer()
-        return lambda index: ops.load(name, indexer(index))
 
 
 class GenericView(IRNode):

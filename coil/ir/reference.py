@@ -46,9 +46,7 @@ def run_reference(graph, args: list) -> tuple:
             return _view(tensors[a.data.get_name()], a.layout)
         if isinstance(a, Buffer):
             return tensors[a.get_name()]
-        if isinstance(a, (list, tuple)):
-            return type(a)(arg(x) for x in a)
-        return a
+        return type(a)(arg(x) for x in a) if isinstance(a, (list, tuple)) else a
 
     for b in graph.buffers:
         if isinstance(b, ComputedBuffer):

@@ -178,9 +178,7 @@ def hint(e) -> int:
     """The value of size expression ``e`` for the example inputs (the ShapeEnv's hint):
     for performance heuristics only (block sizes, persistent or looped reductions,
     autotuning buckets), never for a decision that values depend on. Adds no guard."""
-    if isinstance(e, int):
-        return e
-    if getattr(e, "is_Integer", False):
+    if isinstance(e, int) or getattr(e, "is_Integer", False):
         return int(e)
     if (env := _SCOPE.env) is None:
         raise TypeError(f"size {e} is symbolic and no ShapeEnv is active")
@@ -222,10 +220,7 @@ def broadcasts(src, dst) -> bool:
         return False
     if src == 1:
         return True
-    if is_static(src):
-        return False
-    src = sympy.sympify(src)
-    if _SCOPE.env is None or free_unbacked_symbols(src):
+    if is_static(src) or _SCOPE.env is None or free_unbacked_symbols(sympy.sympify(src)):
         return False
     return guard_true(sympy.Eq(src, 1))
 
@@ -260,20 +255,17 @@ class FloorDiv(sympy.Function):
         if isinstance(a, FloorDiv):
             return FloorDiv(a.args[0], a.args[1] * b)
         if a.is_Add:
-            # (k*b*y + rest) // b -> k*y + rest // b when rest >= 0 ((rindex + 1024*(xindex
-            # // 3072)) // 512 in split bias-gradient reductions became 2*(xindex // 3072)
-            # + rindex // 512). Only for a provably non-negative rest: the generated code
-            # divides with C's / and Triton's //, which truncate, and a negative rest
-            # ((30 - i) // 6 -> 5 + (-i) // 6) gave wrong indices (user report 5)
+            # (k*b*y + rest) // b -> k*y + rest // b when rest >= 0 ((rindex + 1024*(xindex // 3072)) // 512 in split
+            # bias-gradient reductions became 2*(xindex // 3072) + rindex // 512). Only for a provably non-negative
+            # rest: the generated code divides with C's / and Triton's //, which truncate, and a negative rest ((30 - i)
+            # // 6 -> 5 + (-i) // 6) gave wrong indices (user report 5)
             whole, rest = [], []
             for t in a.args:
                 (whole if _divides(b, t) else rest).append(t)
             if whole and (not rest or _is_nonneg(sympy.Add(*rest))):
                 out = sympy.Add(*[t / b for t in whole])
                 return out + FloorDiv(sympy.Add(*rest), b) if rest else out
-        if _divides(b, a):
-            return a / b
-        return None
+        return a / b if _divides(b, a) else None
 
     def _sympystr(self, printer):
         return f"({printer._print(self.args[0])} // {printer._print(self.args[1])})"
@@ -325,9 +317,7 @@ class Mod(sympy.Function):
             kept = [t for t in a.args if not _divides(b, t)]
             if len(kept) < len(a.args) and (not kept or _is_nonneg(sympy.Add(*kept))):
                 return Mod(sympy.Add(*kept), b)
-        if _divides(b, a):
-            return sympy.Integer(0)
-        return None
+        return sympy.Integer(0) if _divides(b, a) else None
 
     def _sympystr(self, printer):
         return f"({printer._print(self.args[0])} % {printer._print(self.args[1])})"
@@ -340,9 +330,7 @@ def upper_bound(e: sympy.Expr, bounds: dict):
     if e.is_Integer:
         return int(e) + 1
     if e.is_Symbol:
-        if e in bounds:
-            return bounds[e]
-        return e + 1 if e.is_positive else None
+        return bounds[e] if e in bounds else e + 1 if e.is_positive else None
     if isinstance(e, Mod):
         b = e.args[1]
         return int(b) if b.is_Integer else b
@@ -364,12 +352,8 @@ def upper_bound(e: sympy.Expr, bounds: dict):
             out = out * (ub - 1)
         return out + 1
     if e.is_Add:
-        total = 0
-        for t in e.args:
-            if (ub := upper_bound(t, bounds)) is None:
-                return None
-            total += ub - 1
-        return total + 1
+        ubs = [upper_bound(t, bounds) for t in e.args]
+        return None if any(ub is None for ub in ubs) else sum(ub - 1 for ub in ubs) + 1
     return None
 
 
@@ -390,11 +374,7 @@ def _is_nonneg(e: sympy.Expr) -> bool:
         return int(e) >= 0
     if e.is_Symbol or isinstance(e, (Mod, FloorDiv)):
         return True
-    if e.is_Mul:
-        return all(_is_nonneg(t) for t in e.args)
-    if e.is_Add:
-        return all(_is_nonneg(t) for t in e.args)
-    return False
+    return (e.is_Mul or e.is_Add) and all(_is_nonneg(t) for t in e.args)
 
 
 def _split_small(a: sympy.Expr, b, bounds: dict):
@@ -505,18 +485,12 @@ def simplify_index(e: sympy.Expr, bounds: dict | None = None) -> sympy.Expr:
 
 @functools.lru_cache(maxsize=65536)
 def _simplify(e: sympy.Expr, bounds: frozenset) -> sympy.Expr:
-    b = dict(bounds)
-    e = sympy.expand(e)
-    e = _range_rules(e, b)
-    e = _fold_pairs(e)
-    return sympy.expand(_range_rules(e, b))
+    b = dict(bounds)   # range rules, pair folding, range rules again
+    return sympy.expand(_range_rules(_fold_pairs(_range_rules(sympy.expand(e), b)), b))
 
 
 def product(xs: Iterable) -> sympy.Expr:
-    out = sympy.Integer(1)
-    for x in xs:
-        out = out * x
-    return out
+    return math.prod(xs, start=sympy.Integer(1))
 
 
 def contiguous_strides(size: Sequence[sympy.Expr]) -> list[sympy.Expr]:

@@ -124,9 +124,7 @@ def cache_key(source: str, flags: Sequence[str]) -> str:
 
 def num_threads() -> int:
     """OpenMP threads for kernels: ``config.cpp_threads`` or ``torch.get_num_threads()``."""
-    if config.cpp_threads > 0:
-        return config.cpp_threads
-    return max(1, torch.get_num_threads())
+    return config.cpp_threads if config.cpp_threads > 0 else max(1, torch.get_num_threads())
 
 
 def _compile_to(source: str, flags: list[str], so_path: str) -> None:

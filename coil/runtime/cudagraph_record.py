@@ -15,6 +15,7 @@ watched with a weak reference and which can be poisoned when a later replay over
 from __future__ import annotations
 
 import collections
+import contextlib
 from typing import Any, Callable, Optional
 
 import torch
@@ -71,11 +72,9 @@ def ungraphable_node(node: torch.fx.Node) -> Optional[str]:
     val = node.meta.get("val")
     read = [i.meta.get("val") for i in node.all_input_nodes]
     for v in [val] + read:
-        try:
+        with contextlib.suppress(Exception):  # (a value free_unbacked_symbols cannot walk)
             if v is not None and free_unbacked_symbols(v):
                 return f"data-dependent shape at {node.name} ({name or node.target})"
-        except Exception:  # noqa: BLE001 - a value free_unbacked_symbols cannot walk
-            pass
     if isinstance(val, torch.Tensor) and val.device.type == "cpu":
         return f"CPU tensor computed in the graph at {node.name} ({name or node.target})"
     if any(isinstance(v, torch.Tensor) and v.device.type == "cpu" for v in read):

@@ -14,6 +14,7 @@ placeholders. Fallbacks (``cudagraph_skip``, with a reason) run the graph compil
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import operator
 import warnings
@@ -65,8 +66,7 @@ class Node:
         self._ptr_table, self._inplace_idx = [None] * len(args), [i for i, _ in inplace]
         for i, p in inplace:
             self._ptr_table[i] = p
-        self._copied_args = _getter(copied)
-        self.nargs = len(args)
+        self._copied_args, self.nargs = _getter(copied), len(args)
         tensors = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
         self._types = tuple(type(args[i]) for i in tensors)
         self._tensor_args = _getter(tensors) if len(tensors) < len(args) else _same  # (no 175-tuple per call)
@@ -109,11 +109,9 @@ class Node:
         if _ptrs_at is not None:
             i = self._inplace_idx[0]
             wrong = self._ptr_table[:i] + [args[i].data_ptr() + 1] + self._ptr_table[i + 1:]
-            try:
+            with contextlib.suppress(Exception):  # (another signature)
                 _ptrs_at_checked = _ptrs_at(list(args), self._ptr_table, self._inplace_idx) is same and \
                     _ptrs_at(list(args), wrong, [i]) is False
-            except Exception:  # noqa: BLE001 - another signature
-                pass
             _ptrs_at = _ptrs_at if _ptrs_at_checked else None
         return same
 

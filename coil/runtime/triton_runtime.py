@@ -10,6 +10,7 @@ and records it in ``<cache>/triton/<sha>.tune.json`` for later processes.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import inspect
@@ -32,9 +33,7 @@ from coil.exc import KernelCompileError
 def _ensure_interpreter_if_no_gpu() -> None:
     """Triton decides at import time whether its own library functions (tl.sum...) are
     interpreted: with no CUDA device, turn the interpreter on before triton loads."""
-    if "triton" in sys.modules:
-        return
-    if not torch.cuda.is_available():
+    if "triton" not in sys.modules and not torch.cuda.is_available():
         os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
@@ -99,14 +98,11 @@ _pool_jobs: dict[str, list] = {}
 
 
 def canonical_name(source: str, name: str) -> str:
-    """The name kernel ``name`` is compiled under: ``coil_<kind>_<hash of its body>``,
-    e.g. ``coil_poi_3f2a91c0d4`` (``kind`` from ``triton_<kind>_...``).
-
-    Generated names carry buffer names (``triton_poi_3_buf17``), so the same fused body in twelve layers would otherwise
-    be twelve modules, twelve compilations and twelve autotuning runs; the body's hash (with the name replaced by
-    :data:`CANONICAL_NAME`) gives them one name, while different bodies stay distinguishable in profiler output (every
-    kernel used to show up as ``coil_kernel``). The ``autotune`` event records which generated kernel runs under which
-    name."""
+    """The name kernel ``name`` is compiled under: ``coil_<kind>_<hash of its body>``, e.g. ``coil_poi_3f2a91c0d4``
+    (``kind`` from ``triton_<kind>_...``). Generated names carry buffer names (``triton_poi_3_buf17``); the body's
+    hash (with the name replaced by :data:`CANONICAL_NAME`) gives the same fused body in twelve layers one module,
+    compilation and autotuning run, while different bodies stay distinguishable in profiler output. The ``autotune``
+    event records which generated kernel runs under which name."""
     placeholder = re.sub(rf"\b{re.escape(name)}\b", CANONICAL_NAME, _without_comment_lines(source))
     parts = name.split("_")
     kind = parts[1] if len(parts) > 2 and parts[0] == "triton" else "kernel"
@@ -159,13 +155,12 @@ def candidate_configs(numel: int, rnumel: int, persistent: bool, gpu: bool,
                       outer: bool = False, elem_bytes: int = 4) -> list[dict]:
     """Launch configs to try, best guess first: dicts with XBLOCK, (RBLOCK), num_warps.
 
-    At most 3 for pointwise kernels and 4 for reductions (each candidate is one Triton compilation: GPT-2 spent most of
-    its 86 s first-call compile autotuning 6 configs per kernel). ``outer``: a reduction whose loads are contiguous
-    along x (``x.sum(0)``), tiled wide along x and short along r so that a warp reads consecutive addresses.
-    ``elem_bytes``: the widest element size of the kernel's full-size buffers; with 2-byte (fp16/bf16) streams the
-    blocks hold twice the elements per thread, so each thread still has 32 bytes per stream in flight (bf16
-    ``gelu(x+b)`` reached 60% of copy bandwidth on an H200 with 8 elements = 16 bytes per thread, fp32 99%). On CPU
-    (Triton interpreter) one config, sized for NumPy."""
+    At most 3 for pointwise kernels and 4 for reductions (each candidate is one Triton compilation). ``outer``: a
+    reduction whose loads are contiguous along x (``x.sum(0)``), tiled wide along x and short along r so that a warp
+    reads consecutive addresses. ``elem_bytes``: the widest element size of the kernel's full-size buffers; with 2-byte
+    (fp16/bf16) streams the blocks hold twice the elements per thread, so each thread still has 32 bytes per stream in
+    flight (16 bytes reached 60% of copy bandwidth on an H200). On CPU (Triton interpreter) one config, sized for
+    NumPy."""
     xcap = _pow2(numel)
     wide = gpu and elem_bytes <= 2 and not outer
     out: list[dict] = []
@@ -227,9 +222,8 @@ def launch_configs(numel: int, rnumel: int, persistent: bool, gpu: bool, outer: 
     """Every launch config the runtime may run a kernel with: :func:`tiled_configs` for a 2-D tiled kernel, else
     :func:`candidate_configs`. :class:`TritonLauncher` chooses only among these (a disk-cached autotuning result outside
     them is ignored), so the code generator may rely on properties all of them share (:func:`blocks_divide`)."""
-    if tiled:
-        return tiled_configs(numel, rnumel, gpu)
-    return candidate_configs(numel, rnumel, persistent, gpu, outer, elem_bytes)
+    return tiled_configs(numel, rnumel, gpu) if tiled else candidate_configs(numel, rnumel, persistent, gpu, outer,
+                                                                              elem_bytes)
 
 
 def blocks_divide(configs: list[dict], numel, rnumel) -> tuple[bool, bool]:
@@ -327,10 +321,9 @@ def time_launches(launch: Callable[[], object], budget_ms: float = 1.0, rounds: 
     replay of ``rounds`` is divided by ``n``.
 
     Timing single launches between CUDA events (``triton.testing.do_bench``) measures the host's launch latency instead
-    of the kernel whenever the kernel is shorter than it: autotuning a 3 µs kernel through Triton's JIT launcher read
-    16-38 µs per config on an H200 and chose by noise (BENCHMARKS.md). In the graph the kernels run back to back,
-    L2-warm as in a model where the producer has just written the input. Falls back to ``do_bench`` when capture fails
-    (e.g. a kernel that syncs)."""
+    of a kernel shorter than it (a 3 µs kernel read 16-38 µs per config on an H200: BENCHMARKS.md). In the graph the
+    kernels run back to back, L2-warm as in a model. Falls back to ``do_bench`` when capture fails (a kernel that
+    syncs)."""
     launch()  # compiled and warm
     torch.cuda.synchronize()
     try:
@@ -361,8 +354,7 @@ def time_launches(launch: Callable[[], object], budget_ms: float = 1.0, rounds: 
                 times.append(start.elapsed_time(end) / n)
         torch.cuda.current_stream().wait_stream(stream)
         del graph
-        times.sort()
-        return times[len(times) // 2]
+        return sorted(times)[len(times) // 2]
     except Exception as e:  # noqa: BLE001 - capture unsupported here: time launches singly
         trace.log("autotune_graph_timing_unavailable", stage="runtime", error=str(e)[:300])
         from triton.testing import do_bench
@@ -496,7 +488,6 @@ class TritonLauncher:
         try:
             kernel = slow(*args)
         except Exception as e:  # the GPU compiler rejected the kernel
-            from coil.exc import KernelCompileError
             raise KernelCompileError(f"Triton kernel {self.name} failed to compile: "
                                      f"{type(e).__name__}: {str(e)[-1500:]}") from e
         try:
@@ -612,8 +603,5 @@ class TritonLauncher:
         trace.log("autotune", stage="runtime", kernel=self.name, compiled_name=self.compiled_name,
                   timings=[{"config": c, "ms": m} for m, c in timings], chosen=best,
                   heuristic_ms=next((m for m, c in timings if c == self.configs[0]), None))
-        try:
-            with open(self._tune_path(), "w") as f:
-                json.dump(best, f)
-        except OSError:
-            pass
+        with contextlib.suppress(OSError), open(self._tune_path(), "w") as f:
+            json.dump(best, f)

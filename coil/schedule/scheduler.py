@@ -57,9 +57,7 @@ class FusedGroup:
 
 
 def node_group(buf: ComputedBuffer) -> tuple[int, int]:
-    if buf.is_reduction():
-        return as_size(product(buf.get_ranges())), as_size(product(buf.get_reduction_ranges()))
-    return as_size(product(buf.get_ranges())), 1
+    return as_size(product(buf.get_ranges())), as_size(product(buf.get_reduction_ranges())) if buf.is_reduction() else 1
 
 
 def _bytes(buf: Buffer, memo: dict) -> int:
@@ -152,8 +150,13 @@ class Scheduler:
     def _candidates(self) -> list[tuple[int, object, object, str]]:
         owner = self._owner_map()
         kernels = [g for g in self.groups if isinstance(g, FusedGroup)]
-        seen = set()
-        cands = []
+        seen, cands = set(), []
+
+        def add(a, b, kind):
+            if (key := (id(a), id(b))) not in seen:
+                seen.add(key)
+                cands.append((self._score(a, b), a, b, kind))
+
         readers: dict[str, list] = defaultdict(list)
         for g in kernels:
             for r in g.read_names():
@@ -161,20 +164,12 @@ class Scheduler:
         for g in kernels:
             for n in g.names:
                 for u in self.users.get(n, ()):
-                    h = owner.get(u)
-                    if isinstance(h, FusedGroup) and h is not g:
-                        key = (id(g), id(h))
-                        if key not in seen:
-                            seen.add(key)
-                            cands.append((self._score(g, h), g, h, "vertical"))
-        for name, gs in readers.items():
+                    if isinstance(h := owner.get(u), FusedGroup) and h is not g:
+                        add(g, h, "vertical")
+        for gs in readers.values():
             for i in range(len(gs)):
                 for j in range(i + 1, len(gs)):
-                    a, b = sorted((gs[i], gs[j]), key=lambda g: g.order)
-                    key = (id(a), id(b))
-                    if key not in seen:
-                        seen.add(key)
-                        cands.append((self._score(a, b), a, b, "horizontal"))
+                    add(*sorted((gs[i], gs[j]), key=lambda g: g.order), "horizontal")
         cands += [(1, a, b, "horizontal (launch)") for a, b in self._launch_candidates(kernels)
                   if (id(a), id(b)) not in seen]
         cands.sort(key=lambda c: (-c[0], c[1].order, c[2].order))
@@ -202,9 +197,7 @@ class Scheduler:
             if (deps := kernel_deps(n, g.numel, 1)) is None:
                 return None
             pats.add((tuple(sorted(str(e) for _, e in deps.loads)), tuple(sorted(str(e) for _, e in deps.stores))))
-        if len(pats) != 1:
-            return None
-        return g.numel, pats.pop()
+        return (g.numel, pats.pop()) if len(pats) == 1 else None
 
     def _launch_candidates(self, kernels: list) -> list[tuple]:
         """Pairs of input-only groups with the same pattern (:meth:`_input_only_pattern`), consecutive in program order:
@@ -252,10 +245,8 @@ class Scheduler:
             if id(a) not in self._byid or id(b) not in self._byid:
                 continue
             reason = self._why_not(a, b)
-            rec = {"decision": "refused" if reason else "fused", "kind": kind, "a": a.names,
-                   "b": b.names, "bytes_saved": score - 1}
-            if reason:
-                rec["reason"] = reason
+            rec = {"decision": "refused" if reason else "fused", "kind": kind, "a": a.names, "b": b.names,
+                   "bytes_saved": score - 1, **({"reason": reason} if reason else {})}
             self.decisions.append(rec)
             trace.log("fusion", stage="schedule", **rec)
             if reason is None:
@@ -269,9 +260,7 @@ class Scheduler:
         if a.rnumel == 1 and b.rnumel == 1:
             return (a.numel, 1) if a.numel == b.numel else None
         red, pw = (a, b) if a.rnumel != 1 else (b, a)
-        if pw.numel in (red.numel, as_size(red.numel * red.rnumel)):
-            return red.numel, red.rnumel
-        return None
+        return (red.numel, red.rnumel) if pw.numel in (red.numel, as_size(red.numel * red.rnumel)) else None
 
     def _why_not(self, a: FusedGroup, b: FusedGroup) -> Optional[str]:
         if any(isinstance(n, ScatterBuffer) for n in a.nodes + b.nodes):

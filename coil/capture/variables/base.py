@@ -56,8 +56,7 @@ class VariableTracker:
     birth = 0   # creation order (a higher-order operator's body may mutate what it made)
 
     def __init__(self, source=None):
-        self.source = source
-        self.birth = next(_BIRTHS)
+        self.source, self.birth = source, next(_BIRTHS)
 
     # --- introspection -------------------------------------------------------------
     def python_type(self) -> type:
@@ -263,9 +262,8 @@ class RealValueVariable(VariableTracker):
 
 
 class KnownCallableVariable(VariableTracker):
-    """Base of trackers that stand for one known Python callable ``fn`` (a builtin, a
-    ``math``/``operator`` function, a torch function, a higher-order operator): the callable is its constant, and the
-    entry holds it as one."""
+    """Base of trackers that stand for one known Python callable ``fn`` (a builtin, a ``math``/``operator`` function, a
+    torch function, a higher-order operator): the callable is its constant, and the entry holds it as one."""
 
     def __init__(self, fn, source=None):
         super().__init__(source)
@@ -316,10 +314,8 @@ class CellVariable(_CellBase):
 
 
 class SourcedCellVariable(_CellBase):
-    """A real closure cell of a function that existed before tracing.
-
-    Reads are guarded values; writes are side effects replayed on the real cell.
-    """
+    """A real closure cell of a function that existed before tracing: reads are guarded values; writes are side
+    effects replayed on the real cell."""
 
     def __init__(self, cell, source):
         super().__init__(source)

@@ -2,14 +2,10 @@
 
 :func:`wrap` is the only way real objects enter a translation. It de-duplicates by identity (one tracker per real
 object, so aliasing and mutation stay consistent; two sources reaching the same tensor get an ``a is b`` guard), chooses
-the tracker class, and adds guards on the value's source:
-
-============================ =========================================== value guard ============================
-=========================================== tensor / parameter / buffer type, dtype, device, shape, stride,
-requires_grad None, bool, Ellipsis ``x is v`` int, float, str, ... ``type(x) is T and x == v`` dtype, device, enum,
-class ``x is ___cN`` (``==`` for devices) tuple / list / dict type and length (items guarded as read) function
-``x.__code__ is ___cN`` nn.Module / object ``type(x) is ___cN`` Python module ``x is ___cN``
-============================ ===========================================
+the tracker class, and adds guards on the value's source: a tensor, parameter or buffer its type, dtype, device, shape,
+stride and requires_grad; None, a bool, Ellipsis ``x is v``; an int, float, str... ``type(x) is T and x == v``; a dtype,
+device, enum or class ``x is ___cN`` (``==`` for devices); a tuple, list or dict its type and length (items guarded as
+read); a function ``x.__code__ is ___cN``; an nn.Module or object ``type(x) is ___cN``; a Python module ``x is ___cN``.
 """
 from __future__ import annotations
 

@@ -1,10 +1,11 @@
 """Builtins (``len``, ``isinstance``, ``getattr``, ``range``, ``zip``, ``min``...) and
 pure C functions (``math.*``, ``operator.*``).
 
-One registry, one small function per builtin::
+One registry, one small function per builtin (a one-expression handler is a lambda)::
 
-    @builtin(len)
-    def _len(tx, args, kwargs): ...
+    @builtin(isinstance)
+    def _isinstance(tx, args, kwargs): ...
+    builtin(len)(lambda tx, args, kwargs: tx.call_dunder(args[0], "__len__", []))
 
 A builtin without a handler is constant-folded when all its arguments are
 compile-time constants and it is in ``_FOLDABLE``; otherwise it is a graph break.
@@ -192,8 +193,7 @@ class PureFunctionVariable(KnownCallableVariable):
 
 
 
-# ---------------------------------------------------------------------------------------
-# handlers
+# --- handlers -----------------------------------------------------------------------------
 
 
 class IdVariable(VariableTracker):
@@ -231,9 +231,7 @@ def known_object(tx, vt):
                  for value, w in tx.output.wrapped.values() if w is vt), None)
 
 
-@builtin(len)
-def _len(tx, args, kwargs):
-    return tx.call_dunder(args[0], "__len__", [])
+builtin(len)(lambda tx, args, kwargs: tx.call_dunder(args[0], "__len__", []))
 
 
 @builtin(isinstance)
@@ -308,24 +306,10 @@ def _delattr(tx, args, kwargs):
     raise Unsupported("delattr")
 
 
-@builtin(range)
-def _range(tx, args, kwargs):
-    return ConstantVariable(range(*[a.as_python_constant() for a in args]))
-
-
-@builtin(slice)
-def _slice(tx, args, kwargs):
-    return SliceVariable(args)
-
-
-@builtin(list)
-def _list(tx, args, kwargs):
-    return ListVariable(tx.unpack(args[0]) if args else [])
-
-
-@builtin(tuple)
-def _tuple(tx, args, kwargs):
-    return TupleVariable(tx.unpack(args[0]) if args else [])
+builtin(range)(lambda tx, args, kwargs: ConstantVariable(range(*[a.as_python_constant() for a in args])))
+builtin(slice)(lambda tx, args, kwargs: SliceVariable(args))
+builtin(list)(lambda tx, args, kwargs: ListVariable(tx.unpack(args[0]) if args else []))
+builtin(tuple)(lambda tx, args, kwargs: TupleVariable(tx.unpack(args[0]) if args else []))
 
 
 @builtin(tuple.__new__)
@@ -339,10 +323,7 @@ def _tuple_new(tx, args, kwargs):
     return TupleVariable(items) if cls is tuple else NamedTupleVariable(items, cls)
 
 
-@builtin(set)
-def _set(tx, args, kwargs):
-    items = [a.as_python_constant() for a in tx.unpack(args[0])] if args else []
-    return SetVariable(items)
+builtin(set)(lambda tx, args, kwargs: SetVariable([a.as_python_constant() for a in tx.unpack(args[0])] if args else []))
 
 
 @builtin(frozenset)
@@ -365,9 +346,7 @@ def _dict_fromkeys(tx, args, kwargs):   # every key maps to the same value (tran
     return d
 
 
-@builtin(iter)
-def _iter(tx, args, kwargs):
-    return tx.get_iter(args[0])
+builtin(iter)(lambda tx, args, kwargs: tx.get_iter(args[0]))
 
 
 @builtin(next)
@@ -503,9 +482,7 @@ for _fn, _single in ((itertools.product, False), (itertools.combinations, True),
     builtin(_fn)(_indexed_itertool(_fn, _single))
 
 
-@builtin(reversed)
-def _reversed(tx, args, kwargs):
-    return ListIteratorVariable(list(reversed(tx.unpack(args[0]))))
+builtin(reversed)(lambda tx, args, kwargs: ListIteratorVariable(list(reversed(tx.unpack(args[0])))))
 
 
 @builtin(sorted)
@@ -514,14 +491,8 @@ def _sorted(tx, args, kwargs):
     return ListVariable(tx.sorted_items(tx.unpack(args[0]), kwargs.get("key"), rev))
 
 
-@builtin(map)
-def _map(tx, args, kwargs):
-    return LazyIteratorVariable(tx, map, [tx.get_iter(a) for a in args[1:]], fn=args[0])
-
-
-@builtin(filter)
-def _filter(tx, args, kwargs):
-    return LazyIteratorVariable(tx, filter, [tx.get_iter(args[1])], fn=args[0])
+builtin(map)(lambda tx, args, kwargs: LazyIteratorVariable(tx, map, [tx.get_iter(a) for a in args[1:]], fn=args[0]))
+builtin(filter)(lambda tx, args, kwargs: LazyIteratorVariable(tx, filter, [tx.get_iter(args[1])], fn=args[0]))
 
 
 def _minmax(tx, args, kwargs, op):
@@ -544,14 +515,8 @@ def _minmax(tx, args, kwargs, op):
     return best
 
 
-@builtin(min)
-def _min(tx, args, kwargs):
-    return _minmax(tx, args, kwargs, operator.lt)
-
-
-@builtin(max)
-def _max(tx, args, kwargs):
-    return _minmax(tx, args, kwargs, operator.gt)
+builtin(min)(functools.partial(_minmax, op=operator.lt))
+builtin(max)(functools.partial(_minmax, op=operator.gt))
 
 
 @builtin(sum)
@@ -563,40 +528,19 @@ def _sum(tx, args, kwargs):
     return total
 
 
-@builtin(any)
-def _any(tx, args, kwargs):
-    return ConstantVariable(any(tx.truthy(it) for it in tx.unpack(args[0])))
-
-
-@builtin(all)
-def _all(tx, args, kwargs):
-    return ConstantVariable(all(tx.truthy(it) for it in tx.unpack(args[0])))
-
-
-@builtin(super)
-def _super(tx, args, kwargs):
-    return tx.make_super(args)
-
-
-@builtin(object)
-def _object(tx, args, kwargs):
-    return NewObjectVariable(object)
-
-
-@builtin(functools.partial)
-def _partial(tx, args, kwargs):
-    return PartialVariable(args[0], args[1:], kwargs)
+builtin(any)(lambda tx, args, kwargs: ConstantVariable(any(tx.truthy(it) for it in tx.unpack(args[0]))))
+builtin(all)(lambda tx, args, kwargs: ConstantVariable(all(tx.truthy(it) for it in tx.unpack(args[0]))))
+builtin(super)(lambda tx, args, kwargs: tx.make_super(args))
+builtin(object)(lambda tx, args, kwargs: NewObjectVariable(object))
+builtin(functools.partial)(lambda tx, args, kwargs: PartialVariable(args[0], args[1:], kwargs))
 
 
 @builtin(functools.reduce)
 def _reduce(tx, args, kwargs):
-    fn, items = args[0], tx.unpack(args[1])
-    if len(args) > 2:
-        acc = args[2]
-    else:
-        acc, items = items[0], items[1:]
+    items = tx.unpack(args[1])
+    acc, items = (args[2], items) if len(args) > 2 else (items[0], items[1:])
     for it in items:
-        acc = tx.call(fn, [acc, it], {})
+        acc = tx.call(args[0], [acc, it], {})
     return acc
 
 
@@ -712,11 +656,5 @@ class GetterVariable(VariableTracker):
         return out[0] if len(out) == 1 else TupleVariable(out)
 
 
-@builtin(operator.itemgetter)
-def _itemgetter(tx, args, kwargs):
-    return GetterVariable("item", list(args))
-
-
-@builtin(operator.attrgetter)
-def _attrgetter(tx, args, kwargs):
-    return GetterVariable("attr", list(args))
+builtin(operator.itemgetter)(lambda tx, args, kwargs: GetterVariable("item", list(args)))
+builtin(operator.attrgetter)(lambda tx, args, kwargs: GetterVariable("attr", list(args)))

@@ -53,9 +53,7 @@ class BoundMethodVariable(VariableTracker):
         raise Unsupported(f"attribute {name} of a bound method")
 
     def reconstruct(self, cg):
-        if self.source is not None:
-            return cg.source_expr(self.source)
-        return f"{cg.reconstruct(self.obj)}.{self.name}"
+        return cg.source_expr(self.source) if self.source is not None else f"{cg.reconstruct(self.obj)}.{self.name}"
 
     def __repr__(self):
         return f"BoundMethodVariable({self.obj!r}.{self.name})"
@@ -300,9 +298,7 @@ class DequeVariable(ListVariable):
         return collections.deque
 
     def var_getattr(self, tx, name):
-        if name == "maxlen":
-            return ConstantVariable(self.maxlen)
-        return method_getattr(self, tx, name)
+        return ConstantVariable(self.maxlen) if name == "maxlen" else method_getattr(self, tx, name)
 
     def _trim(self, left: bool):
         while self.maxlen is not None and len(self.items) > self.maxlen:
@@ -683,9 +679,7 @@ class ListIteratorVariable(VariableTracker):
 
     def iterate(self):
         """A fresh iterator over this dict view (checking its dict's size from now on)."""
-        c = self.container
-        return ListIteratorVariable(self.items, container=c, view=self.view) if c is not None \
-            else ListIteratorVariable(self.items)
+        return ListIteratorVariable(self.items, container=self.container, view=getattr(self, "view", "keys"))
 
     def reconstruct(self, cg):
         c = self.container
@@ -713,8 +707,7 @@ class ResumedIteratorVariable(ListIteratorVariable):
     def __init__(self, value, source):
         VariableTracker.__init__(self, source)
         self.value = value
-        self._items, self.index, self.kind = [], 0, "iterator"
-        self._tx = None
+        self._items, self.index, self.kind, self._tx = [], 0, "iterator", None
 
     def _take(self, tx, i: int):
         rest = iter_rest(self.value)
@@ -800,8 +793,7 @@ class GeneratorVariable(ListIteratorVariable):
     def __init__(self, tx, fn, args, kwargs, start):
         VariableTracker.__init__(self, None)
         self._tx, self.fn = tx, fn
-        self.args = list(args)
-        self.kwargs = dict(kwargs)
+        self.args, self.kwargs = list(args), dict(kwargs)
         self._start = start          # tx -> a suspended InliningTranslator over the body
         self._sub = None
         self._items = None           # values yielded so far (None: never started)

@@ -41,14 +41,10 @@ def bind_arguments(code: types.CodeType, name: str, args: list, kwargs: dict, de
     ``defaults`` are trackers for the trailing positional defaults, ``kwdefaults`` a
     dict name → tracker. Raises Unsupported (TypeError in eager) on a bad call.
     """
-    nargs = code.co_argcount
-    nposonly = code.co_posonlyargcount
-    nkwonly = code.co_kwonlyargcount
-    varnames = code.co_varnames
-    pos_names = varnames[:nargs]
-    kwonly_names = varnames[nargs:nargs + nkwonly]
-    has_varargs = bool(code.co_flags & 0x04)
-    has_varkw = bool(code.co_flags & 0x08)
+    nargs, nposonly, nkwonly, varnames = code.co_argcount, code.co_posonlyargcount, code.co_kwonlyargcount, \
+        code.co_varnames
+    pos_names, kwonly_names = varnames[:nargs], varnames[nargs:nargs + nkwonly]
+    has_varargs, has_varkw = bool(code.co_flags & 0x04), bool(code.co_flags & 0x08)
     out: dict[str, VariableTracker] = dict(zip(pos_names, args[:nargs]))
     extra = list(args[nargs:])
     if extra and not has_varargs:
@@ -162,8 +158,7 @@ class NestedFunctionVariable(BaseFunctionVariable):
     def __init__(self, code, name, globals_, defaults, kwdefaults, closure, annotations=None):
         super().__init__(None)
         self.code, self.name, self.globals = code, name, globals_
-        self.defaults = defaults or []
-        self.kwdefaults = kwdefaults or {}
+        self.defaults, self.kwdefaults = defaults or [], kwdefaults or {}
         self.closure = closure or []  # CellVariable / SourcedCellVariable list
 
     def python_type(self):
@@ -225,9 +220,8 @@ class UserMethodVariable(BaseFunctionVariable):
         raise Unsupported(f"method attribute {name}")
 
     def reconstruct(self, cg):
-        if self.source is not None:
-            return cg.source_expr(self.source)
-        return f"___MethodType({cg.const_expr(self.fn)}, {cg.reconstruct(self.obj)})"
+        return cg.source_expr(self.source) if self.source is not None else \
+            f"___MethodType({cg.const_expr(self.fn)}, {cg.reconstruct(self.obj)})"
 
     def __repr__(self):
         return f"UserMethodVariable({self.fn.__qualname__})"
@@ -238,9 +232,7 @@ class PartialVariable(VariableTracker):
 
     def __init__(self, fn: VariableTracker, args: list, kwargs: dict, source=None):
         super().__init__(source)
-        self.fn = fn
-        self.args = list(args)
-        self.kwargs = dict(kwargs)
+        self.fn, self.args, self.kwargs = fn, list(args), dict(kwargs)
 
     def python_type(self):
         return functools.partial

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import operator
+import re
 import types
 from typing import Optional
 
@@ -82,9 +83,7 @@ class Subgraph:
 def _fn_line(fn_vt) -> str:
     fn = getattr(fn_vt, "fn", None)
     code = getattr(fn, "__code__", None) or getattr(fn_vt, "code", None)
-    if code is None:
-        return "?"
-    return f"{code.co_filename}:{code.co_firstlineno} ({code.co_name})"
+    return "?" if code is None else f"{code.co_filename}:{code.co_firstlineno} ({code.co_name})"
 
 
 def _flat_outputs(res: VariableTracker, what: str):
@@ -200,17 +199,10 @@ def _needs_grad(nodes) -> bool:
 
 
 def _node_location(n) -> Optional[SourceLocation]:
-    trace_text = n.meta.get("stack_trace", "")
-    for line in reversed(trace_text.splitlines()):
-        line = line.strip()
-        if line.startswith('File "'):
-            try:
-                fname = line.split('"')[1]
-                lineno = int(line.split("line ")[1].split(",")[0])
-            except (IndexError, ValueError):
-                return None
-            return SourceLocation.of(fname, lineno)
-    return None
+    """The user's innermost frame in node ``n``'s ``stack_trace`` (None if it names none)."""
+    frames = [ln.strip() for ln in n.meta.get("stack_trace", "").splitlines() if ln.strip().startswith('File "')]
+    m = re.match(r'File "([^"]*)", line (\d+)', frames[-1]) if frames else None
+    return SourceLocation.of(m.group(1), int(m.group(2))) if m else None
 
 
 def _meta_text(f) -> str:
@@ -249,11 +241,10 @@ def _check_same_outputs(a: Subgraph, b: Subgraph, names, location) -> None:
 
 
 class ContiguousGrad(torch.autograd.Function):
-    """Identity whose backward makes the incoming gradient contiguous (with ``copy``, a
-    copy). Put on each input of a cond branch: torch's cond backward merges the two branch
-    gradients' strides and refuses an expanded gradient (``y.sum()``'s) against a dense one;
-    with ``copy`` on each output of a cond: its backward cond refuses gradients that alias
-    each other (``a + b`` of two outputs gives both one gradient)."""
+    """Identity whose backward makes the incoming gradient contiguous (with ``copy``, a copy). Put on each input of a
+    cond branch: torch's cond backward merges the two branch gradients' strides and refuses an expanded gradient
+    (``y.sum()``'s) against a dense one; with ``copy`` on each output of a cond: its backward cond refuses gradients
+    that alias each other (``a + b`` of two outputs gives both one gradient)."""
 
     @staticmethod
     def forward(ctx, x, copy=False):
@@ -336,9 +327,7 @@ def _emit(tx, target, args: tuple, fakes: list) -> list:
 
 
 def _unflatten(items: list, structure: str) -> VariableTracker:
-    if structure == "tensor":
-        return items[0]
-    return ListVariable(items) if structure == "list" else TupleVariable(items)
+    return items[0] if structure == "tensor" else ListVariable(items) if structure == "list" else TupleVariable(items)
 
 
 def _operands(tx, v: VariableTracker) -> list:

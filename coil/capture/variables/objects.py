@@ -1,11 +1,11 @@
-"""Trackers for objects: nn.Modules, user-defined objects and classes, Python modules,
-objects created inside the frame, and ``ModelOutput``-style dataclass dicts.
+"""Trackers for objects: nn.Modules, user-defined objects and classes, Python modules, objects created inside the frame,
+and ``ModelOutput``-style dataclass dicts.
 
 Attribute reads follow Python's lookup order statically (:func:`lookup_attr`): pending writes made earlier in the frame,
-data descriptors (properties are inlined), the instance ``__dict__``, ``nn.Module``'s
-``_parameters``/``_buffers``/``_modules``, then class attributes (functions become bound methods) and finally a user
-``__getattr__`` (inlined). Values read from real objects are wrapped with a source so guards cover them; parameters and
-buffers become graph inputs.
+data descriptors (properties are inlined), the instance ``__dict__``, ``nn.Module``'s ``_parameters``/``_buffers``/
+``_modules``, then class attributes (functions become bound methods) and finally a user ``__getattr__`` (inlined).
+Values read from real objects are wrapped with a source so guards cover them; parameters and buffers become graph
+inputs.
 """
 from __future__ import annotations
 
@@ -198,12 +198,11 @@ _DICT_READS = ("get", "__getitem__", "__contains__")
 
 
 def _dict_lookup(tx, vt, name, args, kwargs, base=False):
-    """``d.get(k)`` / ``d[k]`` / ``k in d`` on a pre-existing dict whose keys are not all
-    literals (huggingface_hub's validator table keyed by types): looked up in the real
-    dict, guarded on what the lookup found (the same object, or still missing). None when
-    it does not apply (new dicts, unhashable or traced keys, tensor results). ``base``:
-    ``dict``'s own method on a subclass that overrides it (``super().__getitem__(k)``
-    inside the override: transformers' ``ACT2FN``)."""
+    """``d.get(k)`` / ``d[k]`` / ``k in d`` on a pre-existing dict whose keys are not all literals (huggingface_hub's
+    validator table keyed by types): looked up in the real dict, guarded on what the lookup found (the same object, or
+    still missing). None when it does not apply (new dicts, unhashable or traced keys, tensor results). ``base``:
+    ``dict``'s own method on a subclass that overrides it (``super().__getitem__(k)`` inside the override: transformers'
+    ``ACT2FN``)."""
     d = vt.value
     if vt.source is None or kwargs or not args or (not base and (
             type(d).__getitem__ is not dict.__getitem__ or (name == "get" and type(d).get is not dict.get))):
@@ -225,10 +224,8 @@ def _dict_lookup(tx, vt, name, args, kwargs, base=False):
     gs.add(f"{found_expr} is {gs.const(found)}", f"{get}{gs.const(key)})", found, src=src)
     if name == "__contains__":
         return ConstantVariable(found is not _MISSING)
-    if found is _MISSING:
-        if name == "get":
-            return args[1] if len(args) > 1 else ConstantVariable(None)
-        return None             # KeyError: a graph break, eager raises
+    if found is _MISSING:   # d[k]: KeyError, a graph break where eager raises
+        return (args[1] if len(args) > 1 else ConstantVariable(None)) if name == "get" else None
     return wrap(tx, found, ConstSource(found_expr))    # (a source: writes into it are replayed)
 
 
@@ -415,30 +412,23 @@ def guard_mro_lookup(tx, mro, name: str) -> None:
 
 
 def _holds_tensor(value) -> bool:
-    if isinstance(value, torch.Tensor):
-        return True
-    if isinstance(value, (list, tuple, set, frozenset)):
-        return any(_holds_tensor(v) for v in value)
-    if isinstance(value, dict):
-        return any(_holds_tensor(v) for v in value.values())
-    return False
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple, set, frozenset)) \
+        else ()
+    return isinstance(value, torch.Tensor) or any(map(_holds_tensor, items))
 
 
 class InFrameModuleVariable(NNModuleVariable):
-    """A parameter-free ``torch.nn`` module built inside the frame from constant
-    arguments (``nn.CrossEntropyLoss(ignore_index=-100)(logits, y)``, ``nn.ReLU()(x)``).
+    """A parameter-free ``torch.nn`` module built inside the frame from constant arguments
+    (``nn.CrossEntropyLoss(ignore_index=-100)(logits, y)``, ``nn.ReLU()(x)``).
 
-    The instance is built for real at trace time and used like a sourceless submodule:
-    its forward is inlined and its attributes are constants. Nothing is guarded on it:
-    the compiled code never sees it, and a rebuild (at a graph break, or when it escapes
-    the frame) constructs a fresh one from the same arguments, as each eager call does.
-    torch.nn's own constructors have no side effects. A user subclass's own ``__init__``s
-    (transformers' ``GELUActivation``, built by ``ACT2FN["gelu"]`` in DeBERTa's pooler) may
-    call nothing but ``super().__init__`` and write nothing but attributes
-    (:func:`_calls_only_super_init`), and are first traced on a :class:`ModuleInitProbe`,
-    torch.nn's part skipped: if that adds no graph op and no mutation outside the new
-    object, running them for real is pure too.
-    One that gets parameters or buffers, or a tensor argument, is a graph break.
+    The instance is built for real at trace time and used like a sourceless submodule: its forward is inlined and its
+    attributes are constants. Nothing is guarded on it: the compiled code never sees it, and a rebuild (at a graph
+    break, or when it escapes the frame) constructs a fresh one from the same arguments, as each eager call does.
+    torch.nn's own constructors have no side effects. A user subclass's own ``__init__``s (transformers'
+    ``GELUActivation``, built by ``ACT2FN["gelu"]`` in DeBERTa's pooler) may call nothing but ``super().__init__`` and
+    write nothing but attributes (:func:`_calls_only_super_init`), and are first traced on a :class:`ModuleInitProbe`,
+    torch.nn's part skipped: if that adds no graph op and no mutation outside the new object, running them for real is
+    pure too. One that gets parameters or buffers, or a tensor argument, is a graph break.
     """
 
     def __init__(self, value, args: tuple, kwargs: dict):
@@ -570,7 +560,6 @@ class AutogradFunctionApplyVariable(VariableTracker):
         tensors = [a for a in structs if isinstance(a, TensorVariable)]
         structs = [_Leaf(len(leaves) + tensors.index(a)) if isinstance(a, TensorVariable) else a for a in structs]
         return call_op(tx, "call_function", _apply_target(cls, structs), leaves + tensors, {})
-
 
     def _forward_only(self, tx, cls, args, kwargs):
         """``apply`` with grad mode off (inference under ``no_grad``): no gradient can flow, so eager's ``apply``
@@ -921,9 +910,7 @@ class DataClassDictVariable(DictVariable):
     def var_getattr(self, tx, name):
         if name in self.items:
             return self.items[name]
-        if name in self.fields:
-            return ConstantVariable(None)
-        return super().var_getattr(tx, name)
+        return ConstantVariable(None) if name in self.fields else super().var_getattr(tx, name)
 
     def getitem(self, tx, key):
         k = key.as_python_constant()
@@ -935,9 +922,7 @@ class DataClassDictVariable(DictVariable):
     def call_method(self, tx, name, args, kwargs):
         if name == "to_tuple":
             return TupleVariable(list(self.items.values()))
-        if name == "__getitem__":
-            return self.getitem(tx, args[0])
-        return super().call_method(tx, name, args, kwargs)
+        return self.getitem(tx, args[0]) if name == "__getitem__" else super().call_method(tx, name, args, kwargs)
 
     def set_attr(self, tx, name, value):
         if name in self.fields:

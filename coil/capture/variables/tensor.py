@@ -48,9 +48,7 @@ def _map(v, fn):
         return fn(v)
     if isinstance(v, (list, tuple)):
         return type(v)(_map(x, fn) for x in v)
-    if isinstance(v, dict):
-        return {k: _map(x, fn) for k, x in v.items()}
-    return v
+    return {k: _map(x, fn) for k, x in v.items()} if isinstance(v, dict) else v
 
 
 def to_node_arg(v: VariableTracker):
@@ -96,9 +94,7 @@ def to_fake(v: VariableTracker):
         return (list if isinstance(v, ListVariable) else tuple)(to_fake(i) for i in v.items)
     if isinstance(v, SliceVariable):
         return slice(*[to_fake(p) for p in v.parts])
-    if isinstance(v, DictVariable):
-        return {k: to_fake(x) for k, x in v.items.items()}
-    return v.as_python_constant()
+    return {k: to_fake(x) for k, x in v.items.items()} if isinstance(v, DictVariable) else v.as_python_constant()
 
 
 def contains_tensor(v) -> bool:
@@ -284,9 +280,7 @@ def _dense(args) -> bool:
 def _symbolic_dispatch(out):
     """With symbolic sizes, ops run under the Python dispatcher (as in torch's capture): composite kernels that need
     concrete ints (``F.pad``'s ``constant_pad_nd``) take their Python decompositions, which accept SymInts."""
-    if not out.shape_env.var_to_range:
-        return contextlib.nullcontext()
-    return enable_python_dispatcher()
+    return enable_python_dispatcher() if out.shape_env.var_to_range else contextlib.nullcontext()
 
 
 #: namespaces of torch's own operators; an OpOverload of any other one is a custom op
@@ -301,11 +295,9 @@ def _is_custom_op(target) -> bool:
 
 def _input_value(tx, v):
     """The real tensor behind graph input ``v`` (None for a tensor made in the frame)."""
-    if v.source is not None:
-        for src, value, node in tx.output.inputs:
-            if node is v.node:
-                return value
-    return None
+    if v.source is None:
+        return None
+    return next((value for _, value, node in tx.output.inputs if node is v.node), None)
 
 
 def _user_attr(tx, v, name):
@@ -347,18 +339,15 @@ def _wrap_sequence(out, node, result) -> VariableTracker:
     fake tensor must never reach user code as a constant."""
     items = []
     for i, r in (result.items() if type(result) is dict else enumerate(result)):
-        if isinstance(r, torch.Tensor) or _holds_tensor(r):
-            sub = out.graph.create_node("call_function", operator.getitem, (node, i), {})
-            sub.meta["example_value"] = r
-            _copy_location(node, sub)
-            items.append(TensorVariable(sub, r) if isinstance(r, torch.Tensor) else _wrap_sequence(out, sub, r))
-        elif isinstance(r, (torch.SymInt, torch.SymFloat, torch.SymBool)):  # (an autograd.Function's k * 2)
-            sub = out.graph.create_node("call_function", operator.getitem, (node, i), {})
-            sub.meta["example_value"] = r
-            _copy_location(node, sub)
-            items.append(wrap_sym(out, r, ("node", sub)))
-        else:
+        sym = isinstance(r, (torch.SymInt, torch.SymFloat, torch.SymBool))  # (an autograd.Function's k * 2)
+        if not (sym or _holds_tensor(r)):
             items.append(ConstantVariable(r))
+            continue
+        sub = out.graph.create_node("call_function", operator.getitem, (node, i), {})
+        sub.meta["example_value"] = r
+        _copy_location(node, sub)
+        items.append(TensorVariable(sub, r) if isinstance(r, torch.Tensor) else wrap_sym(out, r, ("node", sub)) if sym
+                     else _wrap_sequence(out, sub, r))
     if type(result) is dict:
         return DictVariable(dict(zip(result, items)))
     if hasattr(type(result), "_fields") or hasattr(type(result), "n_fields"):
@@ -419,9 +408,8 @@ _BREAK_METHODS = {"item": "Tensor.item() reads tensor data", "tolist": "Tensor.t
 
 
 def _is_int_scalar_tensor(v) -> bool:
-    return isinstance(v, TensorVariable) and v.fake.dim() == 0 and \
-        not v.fake.dtype.is_floating_point and not v.fake.dtype.is_complex and \
-        v.fake.dtype is not torch.bool
+    return isinstance(v, TensorVariable) and v.fake.dim() == 0 and not v.fake.dtype.is_floating_point and \
+        not v.fake.dtype.is_complex and v.fake.dtype is not torch.bool
 
 
 def _is_symint(v) -> bool:
@@ -533,8 +521,7 @@ class TensorVariable(VariableTracker):
                     tx.output.guards.add(f"{e}.is_leaf is {value.is_leaf}", f"{e}.is_leaf", value.is_leaf, src=e)
                     return ConstantVariable(value.is_leaf)
         if name in _META_ATTRS:
-            v = getattr(self.fake, name)
-            return tensor_meta(tx, self, name, v)
+            return tensor_meta(tx, self, name, getattr(self.fake, name))
         if name in _TENSOR_ATTRS:
             return call_op(tx, "call_function", getattr, [self, ConstantVariable(name)], {})
         if name == "data":
@@ -606,10 +593,8 @@ class TensorVariable(VariableTracker):
                 view = call_op(tx, "call_function", operator.getitem, [self, split[0]], {})
                 value = args[1]
                 if not isinstance(value, TensorVariable):
-                    value = call_op(tx, "call_function", torch.full,
-                                    [ConstantVariable(()), value],
-                                    {"dtype": ConstantVariable(self.fake.dtype),
-                                     "device": ConstantVariable(self.fake.device)})
+                    value = call_op(tx, "call_function", torch.full, [ConstantVariable(()), value], {
+                        "dtype": ConstantVariable(self.fake.dtype), "device": ConstantVariable(self.fake.device)})
                 call_op(tx, "call_function", torch.ops.aten.index_put_.default,
                         [view, _index_list(view, split[1]), value], {})
                 return ConstantVariable(None)

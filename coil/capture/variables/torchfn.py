@@ -56,18 +56,12 @@ _DENY = {inspect.unwrap(f) for f in (
 #: node that make_fx traces); of a function made in the frame or with tensors, a graph break
 _FUNC_TRANSFORMS = {inspect.unwrap(getattr(torch.func, n)) for n in (
     "grad", "grad_and_value", "vmap", "vjp", "jvp", "jacrev", "jacfwd", "hessian", "linearize", "functionalize")}
-
-
 #: argument-free queries of global settings: answered at compile time, guarded on their value
 _GUARDED = {inspect.unwrap(f) for f in (
     torch.are_deterministic_algorithms_enabled, torch.is_deterministic_algorithms_warn_only_enabled,
     torch.get_num_threads, torch.get_num_interop_threads, torch.is_anomaly_enabled)}
-
-
 #: ``torch._check``-style functions: the index of their condition argument
 _CHECKS = {inspect.unwrap(torch._check): 0, inspect.unwrap(torch._check_with): 1}
-
-
 #: modules whose wrappers torch puts on its own functions (``@deprecated``, ``singledispatch``)
 _WRAPPER_HOMES = {"contextlib", "typing_extensions", "functools", "warnings"}
 
@@ -98,11 +92,8 @@ def is_torch_function(value) -> bool:
     if name and getattr(torch.Tensor, name, None) is value:
         return True
     # builtins defined by torch's C extension (torch._C._VariableFunctions...)
-    if type(value).__name__ == "builtin_function_or_method":
-        self_mod = getattr(getattr(value, "__self__", None), "__name__", "") or ""
-        if str(self_mod).startswith("torch"):
-            return True
-    return False
+    return type(value).__name__ == "builtin_function_or_method" and \
+        str(getattr(getattr(value, "__self__", None), "__name__", "") or "").startswith("torch")
 
 
 class ForwardADFrame(RuntimeError):

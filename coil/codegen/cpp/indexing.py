@@ -106,9 +106,7 @@ def _collect(e: sympy.Expr, s: sympy.Symbol, points: list, divisor=lambda b: b.i
             points.append(e.args[1])
             return True
         return False
-    if e.is_Add or e.is_Mul:
-        return all(_collect(a, s, points, divisor) for a in e.args)
-    return False
+    return all(_collect(a, s, points, divisor) for a in e.args) if e.is_Add or e.is_Mul else False
 
 
 def split_plan(exprs: Iterable[sympy.Expr], symbol: sympy.Symbol, numel: int, prefix: str) -> Split:

@@ -25,9 +25,7 @@ def ctype(dtype: torch.dtype) -> str:
 
 def compute_ctype(dtype: torch.dtype) -> str:
     """C++ type arithmetic runs in (fp16/bf16 → float)."""
-    if dtype in (torch.float16, torch.bfloat16):
-        return "float"
-    return ctype(dtype)
+    return "float" if dtype in (torch.float16, torch.bfloat16) else ctype(dtype)
 
 
 def _f32(dtype) -> bool:
@@ -47,9 +45,7 @@ def _std(name: str):
 def _abs(a, dtype):
     if dtype.is_floating_point:
         return f"cm::fabs({a[0]})"
-    if dtype == torch.bool or not dtype.is_signed:
-        return a[0]
-    return f"({a[0]} < 0 ? -{a[0]} : {a[0]})"
+    return a[0] if dtype == torch.bool or not dtype.is_signed else f"({a[0]} < 0 ? -{a[0]} : {a[0]})"
 
 
 def _sign(a, dtype):
@@ -116,9 +112,7 @@ def _div(a, dtype):
 def _float_or_int(float_fn: str, int_fn: str):
     """A binary op: ``float_fn(a, b)`` for floats, ``int_fn<T>(a, b)`` for integers."""
     def emit(a, dtype):
-        if dtype.is_floating_point:
-            return float_fn.format(*a)
-        return f"{int_fn}<{compute_ctype(dtype)}>({a[0]}, {a[1]})"
+        return float_fn.format(*a) if dtype.is_floating_point else f"{int_fn}<{compute_ctype(dtype)}>({a[0]}, {a[1]})"
     return emit
 
 

@@ -246,10 +246,9 @@ class TritonKernel(OpsHandler):
         return self.cse(expr, cdt, dims)
 
     def _note_strides(self, e) -> None:
-        """Count loads that are contiguous along x (stride 1 in x, > 1 in r) or along r,
-        from the address at (x, r) = (0, 0), (1, 0), (0, 1); indirect loads are skipped, and so
-        are loads the same for every x (a per-row vector such as LayerNorm's mean, broadcast
-        along x: one short read per block, whatever the tiling)."""
+        """Count loads that are contiguous along x (stride 1 in x, > 1 in r) or along r, from the address at (x, r) =
+        (0, 0), (1, 0), (0, 1); indirect loads are skipped, and so are loads the same for every x (a per-row vector such
+        as LayerNorm's mean, broadcast along x: one short read per block, whatever the tiling)."""
         if (steps := axis_steps(e)) is None:
             return
         dx, dr = steps
@@ -395,13 +394,13 @@ class TritonKernel(OpsHandler):
         return f"(({vals} == {best}) | (({best} != {best}) & ({vals} != {vals})))"
 
     def _online_sum_exp(self, value, v: str, acc_dt, tdt: str, full: str) -> Optional[TVal]:
-        """``sum(exp(x - m))`` in the loop after the one computing ``m = max(x)`` (softmax, log_softmax,
-        cross-entropy, logsumexp over long rows): compute it in the max's loop instead, with a running max per
-        lane (the "online softmax" of Milakov & Gimelshein, 2018): ``s = s * exp(m_old - m_new) + exp(x -
-        m_new)``, written with one exp per element (``e = exp(-|x - m_old|)``; ``s*e + 1`` if ``x > m_old``
-        else ``s + e``), and after the loop ``sum(s * exp(m - max(m)))``. Saves one pass over ``x``. Lanes
-        whose max is still -inf contribute 0; a row of only -inf sums to NaN, as in two passes. Returns None
-        unless the pattern matches exactly (same load in both loops)."""
+        """``sum(exp(x - m))`` in the loop after the one computing ``m = max(x)`` (softmax, log_softmax, cross-entropy,
+        logsumexp over long rows): compute it in the max's loop instead, with a running max per lane (the "online
+        softmax" of Milakov & Gimelshein, 2018): ``s = s * exp(m_old - m_new) + exp(x - m_new)``, written with one exp
+        per element (``e = exp(-|x - m_old|)``; ``s*e + 1`` if ``x > m_old`` else ``s + e``), and after the loop
+        ``sum(s * exp(m - max(m)))``. Saves one pass over ``x``. Lanes whose max is still -inf contribute 0; a row of
+        only -inf sums to NaN, as in two passes. Returns None unless the pattern matches exactly (same load in both
+        loops)."""
         sid = self.cur.loop_id
         if not self.cur.in_loop or sid == 0 or v != value.name \
                 or value.dims != frozenset({"x", "r"}) or acc_dt != torch.float32:
@@ -451,9 +450,7 @@ class TritonKernel(OpsHandler):
         return TVal(f"{acc}_res", acc_dt, frozenset({"x"}))
 
     def _after_reduction(self, res: TVal, reduction_type) -> TVal:
-        if reduction_type == "any":
-            return TVal(f"({res.name} != 0)", torch.bool, res.dims)
-        return res
+        return TVal(f"({res.name} != 0)", torch.bool, res.dims) if reduction_type == "any" else res
 
     @staticmethod
     def _final(reduction_type, v) -> str:

@@ -421,6 +421,7 @@ class TritonLauncher:
         self.fn = getattr(load_module(canonical, self.interpret), self.compiled_name)
         self.key = source_key(canonical)
         self.chosen: Optional[dict] = None
+        self._call: Callable = self._untuned  # (_choose replaces it)
         self._module_at = module_location(canonical, self.interpret)
         if (preset := self._preset(numel * rnumel)) is not None:
             self._choose(preset)
@@ -496,7 +497,6 @@ class TritonLauncher:
         try:
             kernel = slow(*args)
         except Exception as e:  # the GPU compiler rejected the kernel
-            from coil.exc import KernelCompileError
             raise KernelCompileError(f"Triton kernel {self.name} failed to compile: "
                                      f"{type(e).__name__}: {str(e)[-1500:]}") from e
         try:
@@ -525,12 +525,17 @@ class TritonLauncher:
                                    driver.active.get_current_device(), slow or self._slow, pointers_as_ints=on_gpu,
                                    free=free)
 
+    #: what the wrapper calls (``k3._call(buf0)``): the launch itself, without a ``__call__`` frame per launch
+    wrapper_entry = "_call"
+
     def __call__(self, *args):
-        if self.chosen is None:  # another copy of this body may have been tuned since
-            if (tuned := self._known_tuned()) is None:
-                self._autotune(args)
-            else:
-                self._choose(tuned)
+        return self._call(*args)
+
+    def _untuned(self, *args):  # _call until _choose: another copy of this body may have been tuned since
+        if (tuned := self._known_tuned()) is None:
+            self._autotune(args)
+        else:
+            self._choose(tuned)
         return self._call(*args)
 
     # -------------------------------------------------------------- autotuning

@@ -40,7 +40,7 @@ def planned_peak(wrapper: str, extern_bytes: int = 4) -> int:
     size: dict = {}
     live = peak = 0
     for line in (ln.strip() for ln in wrapper.splitlines()):
-        if m := re.match(r"(buf\d+) = empty_strided\(\(([^)]*)\), \(([^)]*)\).*dtype=torch\.(\w+)", line):
+        if m := re.match(r"(buf\d+) = (?:torch\.)?empty_strided\(\(([^)]*)\), \(([^)]*)\).*torch\.(\w+)", line):
             sid = len(size) + 1
             size[sid] = _extent(m.group(2), m.group(3)) * _BYTES.get(m.group(4), 4)
         elif m := re.match(r"(buf\d+) = ensure_layout\(\1, \(([^)]*)\), \(([^)]*)\)\)", line):

@@ -30,6 +30,7 @@ def _bucket(xnumel: int, rnumel: int) -> tuple:
 
 class DynamicTritonLauncher(TritonLauncher):
     """``launcher(*pointers, xnumel, [rnumel], *sizes)`` for a symbolic-size kernel."""
+    wrapper_entry = None  # (the wrapper calls the launcher: its __call__ picks the size bucket's run)
 
     def __init__(self, name: str, source: str, numel_hint: int, rnumel_hint: int, n_ptrs: int,
                  device_type: str, outer: bool = False, elem_bytes: int = 4, tiled: bool = False,

@@ -152,7 +152,7 @@ def test_transposed_view_for_an_extern_reads_the_one_buffer(dynamic, monkeypatch
     for o, r in zip(coil.compile(f, dynamic=dynamic)(*args), f(*args)):
         torch.testing.assert_close(o, r)
     src = sources[-1][sources[-1].find("def call"):]
-    assert src.count("empty_strided") == 1, src
+    assert src.count("empty_strided((") == 1, src
 
 
 def test_large_body_transposed_into_a_copy_is_written_once(monkeypatch):
@@ -173,7 +173,7 @@ def test_large_body_transposed_into_a_copy_is_written_once(monkeypatch):
     args = [torch.randn(2, 4, 8, 16), torch.randn(192, 8)]
     torch.testing.assert_close(coil.compile(f)(*args), f(*args))
     src = sources[-1][sources[-1].find("def call"):]
-    assert src.count("empty_strided") == 1, src
+    assert src.count("empty_strided((") == 1, src
 
 
 @pytest.mark.parametrize("backend", ["cpp", "triton"])

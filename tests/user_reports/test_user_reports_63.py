@@ -1,0 +1,92 @@
+"""Regressions from new-user trial 63 (FINDINGS_63.md): Python generators and iterators across graph breaks, Python
+numbers that become graph inputs, ...
+"""
+
+import pytest
+import torch
+
+import coil
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Finding 1 (fixed; silent wrong values): a generator object made in traced code, live at a graph break on the stack
+# and in a local (``out = [next(g)]`` where ``next`` breaks: here a ``yield from`` in the generator), was rebuilt once
+# per use by the entry function (``inner()`` twice), so the resumed frame iterated a fresh generator: the first value
+# came twice. ``map`` / ``zip`` / ``enumerate`` objects were rebuilt per use too (``z is w`` was False).
+# ---------------------------------------------------------------------------------------------------------------
+
+def test_generator_live_at_graph_break_is_one_object(coil_reset):
+    log = []
+
+    def f(x):
+        def sub():
+            yield x * 0
+            yield x * 1
+
+        def inner():
+            log.append("inner")
+            yield from sub()           # GET_YIELD_FROM_ITER: a graph break at ``next(g)``
+            yield x * 5
+
+        g = inner()
+        out = [next(g)]
+        out += list(g)
+        return out
+
+    x = torch.ones(3)
+    ref = f(x)
+    assert log == ["inner"]
+    log.clear()
+    out = coil.compile(f)(x)
+    assert log == ["inner"]
+    assert len(out) == len(ref) == 3
+    for o, r in zip(out, ref):
+        torch.testing.assert_close(o, r)
+
+
+def test_map_object_live_at_graph_break_keeps_identity(coil_reset):
+    def h(t):
+        print("", end="")              # a graph break inside ``next(z)``
+        return t * 2
+
+    def f(x):
+        z = map(h, [x, x + 1, x + 2])
+        w = z
+        out = [next(z)]
+        return out, w is z, list(z)
+
+    x = torch.ones(3)
+    out, same, rest = coil.compile(f)(x)
+    assert same is True
+    torch.testing.assert_close(out[0], x * 2)
+    assert len(rest) == 2
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Finding 2 (fixed; a value where eager raises): an integer tensor raised to a Python int that changed between
+# calls (so became a symbolic graph input), then negative: eager raises "Integers to negative integer powers are not
+# allowed."; coil returned 0 / 1 / -1. (A constant negative exponent raised already: eager's check runs at trace
+# time.) aot now asserts a symbolic exponent of an integer ``pow`` is not negative.
+# ---------------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.uint8, torch.bool])
+def test_int_pow_by_symbolic_negative_exponent_raises(coil_reset, dtype):
+    f = lambda x, v: x ** v                                       # noqa: E731
+    cf = coil.compile(f)
+    x = torch.arange(-3, 4).to(dtype)
+    for v in (2, 3, 0):
+        torch.testing.assert_close(cf(x, v), f(x, v))
+    with pytest.raises(RuntimeError, match="negative integer powers"):
+        f(x, -1)
+    with pytest.raises(RuntimeError, match="negative integer powers"):
+        cf(x, -1)
+    torch.testing.assert_close(cf(x.float(), -1), f(x.float(), -1))   # float bases: no check
+
+
+def test_int_pow_by_negative_size_expression_raises(coil_reset):
+    f = lambda x: x ** (x.shape[0] - 3)                            # noqa: E731
+    cf = coil.compile(f, dynamic=True)
+    for n in (5, 4, 3):
+        torch.testing.assert_close(cf(torch.arange(1, n + 1)), f(torch.arange(1, n + 1)))
+    with pytest.raises(RuntimeError, match="negative integer powers"):
+        cf(torch.arange(1, 3))

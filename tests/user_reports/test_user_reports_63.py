@@ -90,3 +90,35 @@ def test_int_pow_by_negative_size_expression_raises(coil_reset):
         torch.testing.assert_close(cf(torch.arange(1, n + 1)), f(torch.arange(1, n + 1)))
     with pytest.raises(RuntimeError, match="negative integer powers"):
         cf(torch.arange(1, 3))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Finding 3 (fixed; a value where eager raises): a Python int that became a graph input, at an integer op's Scalar
+# argument, outside the range eager converts it to (int8 ``add(x, y, alpha=s)`` with ``s`` 300; ``threshold``,
+# ``addcmul(value=s)``, ``add_``; ``sub`` checks ``-alpha``): eager raises "value cannot be converted to type int8_t
+# without overflow". Trial 62 fixed constant numbers; aot's probe for symbolic numbers learnt float ranges only. It
+# now also probes the ranges of int8 / uint8 / int16 / int32 (and their negations) and guards the one eager checks.
+# ---------------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name, op, values", [
+    ("add_alpha", lambda x, v: x.add(1, alpha=v), (1, 2, 127, -128, 128, -129)),
+    ("sub_alpha", lambda x, v: x.sub(x, alpha=v), (1, 2, 128, -127, -128, 300)),
+    ("uint8_sub", lambda x, v: x.to(torch.uint8).sub(1, alpha=v), (-1, -2, -255, 0, 1, -256)),
+    ("uint8_add", lambda x, v: x.to(torch.uint8).add(1, alpha=v), (1, 2, 255, 0, -1, 256)),
+    ("threshold", lambda x, v: torch.threshold(x, v, 1), (1, 2, 300)),
+    ("addcmul", lambda x, v: torch.addcmul(x, x, x, value=v), (1, 2, 300)),
+    ("add_", lambda x, v: x.add_(1, alpha=v), (1, 2, 300)),
+    ("int32", lambda x, v: x.int().add(1, alpha=v), (1, 2, 2 ** 31)),
+])
+def test_int8_symbolic_scalar_argument_overflow_raises(coil_reset, name, op, values):
+    cf = coil.compile(op)
+    for v in values:
+        x = torch.arange(-2, 3, dtype=torch.int8)
+        try:
+            ref = op(x.clone(), v)
+        except RuntimeError as e:
+            assert "without overflow" in str(e)
+            with pytest.raises(RuntimeError, match="without overflow"):
+                cf(x.clone(), v)
+        else:
+            torch.testing.assert_close(cf(x.clone(), v), ref, rtol=0, atol=0)

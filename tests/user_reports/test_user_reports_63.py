@@ -122,3 +122,101 @@ def test_int8_symbolic_scalar_argument_overflow_raises(coil_reset, name, op, val
                 cf(x.clone(), v)
         else:
             torch.testing.assert_close(cf(x.clone(), v), ref, rtol=0, atol=0)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Finding 4 (fixed; an error where eager takes the ``except`` path): an op whose error depends on the data (an index
+# out of bounds, a matrix that is not positive-definite, an integer division by zero) inside ``try: ... except``
+# in the compiled function. Capture traces the try body into the graph, whose kernels check at run time; the error
+# then left the graph call in the entry function, outside the user's handler (psd-safe Cholesky: ``try:
+# cholesky(A) except: cholesky(A + jitter)``). A graph with an op made where a handler is active (``try``, ``with``)
+# now runs its frame eagerly from the start when it raises (no input was written yet: the graph writes no input in
+# place), so the user's handler sees eager's error.
+# ---------------------------------------------------------------------------------------------------------------
+
+def _catching(op, err):
+    def f(x, i):
+        try:
+            return op(x, i)
+        except err:
+            return x * 2
+    return f
+
+
+@pytest.mark.parametrize("name, op, err, bad", [
+    ("index", lambda x, i: x[i], IndexError, torch.tensor([5])),
+    ("index_select", lambda x, i: x.index_select(0, i), (IndexError, RuntimeError), torch.tensor([5])),
+    ("gather", lambda x, i: x.gather(0, i), RuntimeError, torch.tensor([5])),
+    ("int_div", lambda x, i: x.long() // i, RuntimeError, torch.tensor([0])),
+])
+def test_data_dependent_error_reaches_the_users_handler(coil_reset, name, op, err, bad):
+    f = _catching(op, err)
+    cf = coil.compile(f)
+    x = torch.arange(3.0)
+    torch.testing.assert_close(cf(x, bad), f(x, bad))
+    torch.testing.assert_close(cf(x, torch.tensor([1])), f(x, torch.tensor([1])))
+
+
+def test_psd_safe_cholesky_with_grad(coil_reset):
+    def chol(a):
+        try:
+            return torch.linalg.cholesky(a)
+        except torch.linalg.LinAlgError:
+            return torch.linalg.cholesky(a + 2 * torch.eye(a.shape[0]))
+
+    a = torch.tensor([[1.0, 2.0], [2.0, 1.0]], requires_grad=True)      # not positive-definite
+    ca = a.detach().clone().requires_grad_()
+    ref, out = chol(a), coil.compile(chol)(ca)
+    torch.testing.assert_close(out, ref)
+    ref.sum().backward()
+    out.sum().backward()
+    torch.testing.assert_close(ca.grad, a.grad)
+
+
+def test_input_written_before_the_error_is_written_once(coil_reset):
+    def f(x, i):
+        try:
+            x.add_(1)
+            return x[i]
+        except IndexError:
+            return x * 1
+
+    x, cx = torch.zeros(3), torch.zeros(3)
+    torch.testing.assert_close(coil.compile(f)(cx, torch.tensor([5])), f(x, torch.tensor([5])))
+    torch.testing.assert_close(cx, x)
+
+
+def test_kv_cache_scatter_before_the_error_is_written_once(coil_reset):
+    """An inference graph's scatter into an input writes the input itself (``inplace_input_writes``), before the
+    kernels that raise: a graph that may run again eagerly keeps that write to a copy."""
+    def f(cache, pos, v, a):
+        try:
+            cache.index_add_(0, pos, v)
+            return torch.linalg.cholesky(a)
+        except torch.linalg.LinAlgError:
+            return a
+
+    cf = coil.compile(f)
+    with torch.no_grad():
+        for a in (torch.eye(2), torch.eye(2), -torch.eye(2)):
+            c, cc = torch.zeros(4, 2), torch.zeros(4, 2)
+            torch.testing.assert_close(cf(cc, torch.tensor([1]), torch.ones(1, 2), a),
+                                       f(c, torch.tensor([1]), torch.ones(1, 2), a))
+            torch.testing.assert_close(cc, c)
+
+
+def test_try_finally_and_keyword_arguments(coil_reset):
+    log = []
+
+    def f(x, i, *rest, k=1, **kw):
+        try:
+            return x[i] * k + rest[0] + kw["m"]
+        except IndexError:
+            return x * k + rest[0] + kw["m"]
+        finally:
+            log.append("finally")
+
+    args, kwargs = (torch.zeros(3), torch.tensor([5]), 1.0), dict(k=3, m=2.0)
+    ref = f(*args, **kwargs)
+    torch.testing.assert_close(coil.compile(f)(*args, **kwargs), ref)
+    assert log == ["finally", "finally"]

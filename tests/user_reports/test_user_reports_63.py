@@ -129,9 +129,9 @@ def test_int8_symbolic_scalar_argument_overflow_raises(coil_reset, name, op, val
 # out of bounds, a matrix that is not positive-definite, an integer division by zero) inside ``try: ... except``
 # in the compiled function. Capture traces the try body into the graph, whose kernels check at run time; the error
 # then left the graph call in the entry function, outside the user's handler (psd-safe Cholesky: ``try:
-# cholesky(A) except: cholesky(A + jitter)``). A graph with an op made where a handler is active (``try``, ``with``)
-# now runs its frame eagerly from the start when it raises (no input was written yet: the graph writes no input in
-# place), so the user's handler sees eager's error.
+# cholesky(A) except: cholesky(A + jitter)``). A graph with an op made inside a ``try`` block (``except`` or
+# ``finally``; not a ``with`` block) now runs its frame eagerly from the start when it raises (no input was written
+# yet: such a graph writes no input in place), so the user's handler sees eager's error.
 # ---------------------------------------------------------------------------------------------------------------
 
 def _catching(op, err):
@@ -220,3 +220,26 @@ def test_try_finally_and_keyword_arguments(coil_reset):
     ref = f(*args, **kwargs)
     torch.testing.assert_close(coil.compile(f)(*args, **kwargs), ref)
     assert log == ["finally", "finally"]
+
+
+def test_with_block_graphs_keep_in_place_input_writes(coil_reset):
+    """Only ``try`` blocks mark a graph: ops inside a ``with`` block (``torch.no_grad()``, autocast) keep the KV-cache
+    path that writes an input in place."""
+    from coil import trace
+
+    def f(cache, pos, v):
+        with torch.no_grad():
+            cache.index_copy_(0, pos, v)
+        return cache.sum()
+
+    seen = []
+    real_log = trace.log
+    try:
+        trace.log = lambda event, **kw: (seen.append(event), real_log(event, **kw))[1]
+        with torch.no_grad():
+            c = torch.zeros(4, 2)
+            coil.compile(f)(c, torch.tensor([1]), torch.ones(1, 2))
+    finally:
+        trace.log = real_log
+    assert "inputs_written_in_place" in seen
+    torch.testing.assert_close(c[1], torch.ones(2))

@@ -243,3 +243,28 @@ def test_with_block_graphs_keep_in_place_input_writes(coil_reset):
         trace.log = real_log
     assert "inputs_written_in_place" in seen
     torch.testing.assert_close(c[1], torch.ones(2))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Finding 5 (fixed; a value where eager raises): Python arithmetic on a number that became a graph input, divided by
+# once it is 0 (``1.0 / s``, ``n / s``, ``s ** -1``): Python raises ZeroDivisionError; the symbolic division gave
+# inf / nan. The divisor (or the base of a negative power) is now guarded nonzero; at 0 the frame runs eagerly, which
+# raises Python's error.
+# ---------------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name, op, values", [
+    ("float_div", lambda x, v: x * (1.0 / v), (2.0, 3.0, 0.0, 4.0)),
+    ("int_truediv", lambda x, v: x * (10 / v), (2, 3, 0, 4)),
+    ("pow_minus_one", lambda x, v: x * (v ** -1), (2.0, 3.0, 0.0, 4.0)),
+])
+def test_python_division_by_symbolic_zero_raises(coil_reset, name, op, values):
+    cf = coil.compile(op)
+    x = torch.rand(6) + 0.5
+    for v in values:
+        if v == 0:
+            with pytest.raises(ZeroDivisionError):
+                op(x, v)
+            with pytest.raises(ZeroDivisionError):
+                cf(x, v)
+        else:
+            torch.testing.assert_close(cf(x, v), op(x, v))

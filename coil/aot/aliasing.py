@@ -368,8 +368,7 @@ def _eager_refuses(func, args, kwargs) -> Optional[str]:
     if any(type(x) in (int, float) and math.isfinite(x) and not r.min <= x <= r.max for x in leaves for r in ranges):
         error = _error_on_empty(func, args, kwargs)  # (int8 add(x, y, alpha=300), threshold: trial 62)
         return error if error and "without overflow" in error else None
-    fmax = min((r.max for r in ranges if isinstance(r, torch.finfo)), default=None)
-    if fmax is not None and (error := _symbolic_scalar_overflows(func, args, kwargs, dtypes)):
+    if ranges and (error := _symbolic_scalar_overflows(func, args, kwargs, dtypes)):
         return error
     names = [a.name for a in func._schema.arguments]
     index = {n for k, n in enumerate(names) if n in ("index", "indices") and any(
@@ -383,12 +382,12 @@ def _eager_refuses(func, args, kwargs) -> Optional[str]:
 
 
 def _symbolic_scalar_overflows(func, args, kwargs, dtypes) -> Optional[str]:
-    """Eager's overflow error where a symbolic number at a ``Scalar`` argument does not fit the floating type the op
-    converts it to (``clamp(h, max=s)`` of a float16 ``h`` and ``s`` 70000.0), else None. Which type that is, if any,
-    is eager's choice (clamp converts to the tensor's dtype, leaky_relu to float32): a probe on empty tensors (the
-    other symbolic numbers at their values now) with the number just past each narrow range tells. The range found is
-    guarded (a value crossing it recompiles); a symbolic value is finite and not NaN (capture guards that), as eager's
-    check (c10's ``overflows``) then asks."""
+    """Eager's overflow error where a symbolic number at a ``Scalar`` argument does not fit the type the op converts
+    it to (``clamp(h, max=s)`` of a float16 ``h`` and ``s`` 70000.0; int8 ``add(x, y, alpha=s)``), else None. Which
+    type that is, if any, is eager's choice (clamp converts to the tensor's dtype, leaky_relu to float32): a probe on
+    empty tensors (the other symbolic numbers at their values now) with the number just past each narrow range tells.
+    The range found is guarded (a value crossing it recompiles); a symbolic value is finite and not NaN (capture
+    guards that), as eager's check (c10's ``overflows``) then asks."""
     sym = (torch.SymInt, torch.SymFloat, torch.SymBool)
     at = {k: a.name for k, a in enumerate(func._schema.arguments) if str(a.type) in ("number", "Optional[number]")
           and isinstance(args[k] if k < len(args) else kwargs.get(a.name), sym)}
@@ -396,10 +395,12 @@ def _symbolic_scalar_overflows(func, args, kwargs, dtypes) -> Optional[str]:
     if not at or any(isinstance(x, sym) and not x.node.has_hint() for x in leaves):
         return None
     hinted = pytree.tree_map_only(sym, lambda x: x.node.pytype(x.node.hint), (list(args), dict(kwargs)))
-    ranges = sorted({torch.finfo(d).max for d in dtypes if d in _NARROW_FLOATS} | {torch.finfo(torch.float32).max})
+    ranges = sorted({(-(m := torch.finfo(d).max), m) for d in set(dtypes) & set(_NARROW_FLOATS) | {torch.float32}} | {
+        r for d in dtypes if d in _NARROW_INTS for i in [torch.iinfo(d)] for r in ((i.min, i.max), (-i.max, -i.min))
+    }, key=lambda r: r[1])      # (``sub`` checks that ``-alpha`` fits)
     for k, name in at.items():
         v = args[k] if k < len(args) else kwargs[name]
-        for m in ranges:
+        for lo, m in ranges:
             if isinstance(v, torch.SymInt) and m >= 2 ** 63:
                 break   # (an int64 fits bfloat16's and float32's range)
             p_args, p_kwargs = list(hinted[0]), dict(hinted[1])
@@ -413,7 +414,7 @@ def _symbolic_scalar_overflows(func, args, kwargs, dtypes) -> Optional[str]:
             except Exception:  # noqa: BLE001 - a probe the op refuses otherwise (a TypeError): no check learnt
                 error = None
             if error and "without overflow" in error:
-                fits = bool(v <= m) and bool(v >= -m)     # (guards)
+                fits = bool(v <= m) and bool(v >= lo)     # (guards)
                 trace.log("scalar_range_guard", stage="aot", op=str(func), arg=name, bound=m, fits=fits,
                           reason="eager checks that the number fits the type the op converts it to")
                 if not fits:
@@ -439,6 +440,7 @@ def _error_on_empty(func, args, kwargs, as_long=frozenset()) -> Optional[str]:
 
 
 _NARROW_FLOATS = (torch.float16, torch.bfloat16, torch.float32)
+_NARROW_INTS = (torch.int8, torch.uint8, torch.int16, torch.int32)
 _SUB_OPS = ("aten::sub", "aten::sub_", "aten::rsub")
 _WRITTEN: dict = {}
 

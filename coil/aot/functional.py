@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import operator
 import threading
 from typing import Any, Callable, Optional
 
@@ -688,9 +689,18 @@ def _insert_zero_division_checks(gm: torch.fx.GraphModule) -> None:
     (``aten._assert_async.msg``, raising eager's ``RuntimeError: ZeroDivisionError``): the kernels divide without a
     check and returned numbers where eager raised. A Python divisor that is 0 in the result's dtype, or a symbolic one
     that is 0, fails the check for a non-empty result; other Python numbers are checked by eager's own trace; CUDA's
-    eager does not raise. Logged ``zero_division_checks``."""
+    eager does not raise. An integer ``pow`` by a symbolic int checks it is not negative, as eager does. Logged
+    ``zero_division_checks``."""
     added = 0
     for n in list(gm.graph.nodes):
+        if n.target is aten.pow.Tensor_Scalar and isinstance(e := n.args[1], torch.fx.Node) and \
+                isinstance(ev := e.meta.get("val"), torch.SymInt) and not n.args[0].meta["val"].is_floating_point() \
+                and not n.args[0].meta["val"].is_complex():    # an integer power by an int that became symbolic
+            with gm.graph.inserting_before(n):
+                ge = gm.graph.call_function(operator.ge, (e, 0))
+                gm.graph.call_function(aten._assert_scalar.default,
+                                       (ge, "Integers to negative integer powers are not allowed."))
+            ge.meta["val"], added = ev >= 0, added + 1
         if n.op != "call_function" or n.target not in _INT_DIVISIONS or len(n.args) < 2:
             continue
         out, b = n.meta.get("val"), n.args[1]

@@ -724,8 +724,9 @@ def _build_entry(tx, output: OutputGraph, cfg: CaptureConfig, fn, code, argnames
         trace.artifact("captured_graph", lambda: gm.print_readable(print_output=False),
                        kind="python", frame=_label(code))
         t0 = time.perf_counter()
-        try:
-            compiled = cfg.backend(gm, example_inputs)
+        try:    # (a graph that may run again eagerly, below, writes no input in place)
+            with _config.patch(inplace_input_writes=False) if output.in_try else contextlib.nullcontext():
+                compiled = cfg.backend(gm, example_inputs)
         except BackendCompilerFailed:  # (the backend's wrapper said it: once)
             raise
         except Exception as e:  # noqa: BLE001
@@ -761,7 +762,14 @@ def _build_entry(tx, output: OutputGraph, cfg: CaptureConfig, fn, code, argnames
     guard_fn, guard_src = output.guards.build(argnames, _label(code))
     if needs_graph:
         k = lines.index(None)
-        lines[k:k + 1] = _entry_inputs([src.expr() for (src, _, _) in output.inputs], output.guards, cg.ns)
+        lines[k:k + 1] = call = _entry_inputs([src.expr() for (src, _, _) in output.inputs], output.guards, cg.ns)
+        if output.in_try:
+            # ops inside a try block: an error the graph raises (an index out of bounds, a singular matrix) must
+            # reach the user's handler, so the frame runs eagerly from its start instead (no input was written yet)
+            cg.ns.update(___set_grad=torch._C._set_grad_enabled, ___eagerly=_run_bound)
+            k += len(call) - 1
+            lines[k:k + 1] = ["try:", f"    {lines[k]}", "except Exception:", f"    ___set_grad({output.initial_grad})",
+                              f"    return ___eagerly(___f, {''.join(a + ', ' for a in argnames)})"]
     params = ", ".join(argnames + ["___f"])
     src = f"def ___entry({params}):\n" + "".join(f"    {ln}\n" for ln in lines)
     try:
@@ -775,6 +783,18 @@ def _build_entry(tx, output: OutputGraph, cfg: CaptureConfig, fn, code, argnames
         listener("frame", code, guard_src, src)
     shapes = {src.expr(): tuple(real.shape) for (src, real, _) in output.inputs if isinstance(real, torch.Tensor)}
     return CacheEntry(guard_fn, entry_fn, output.guards, guard_src, argnames, cfg, shapes, dict(output.dynamic.scalars))
+
+
+def _run_bound(fn, *bound):
+    """``fn`` run eagerly with a frame's arguments ``bound`` (in ``co_varnames`` order, as :func:`make_binder`'s)."""
+    c = fn.__code__
+    n, k = c.co_argcount, c.co_kwonlyargcount
+    args, kwargs = list(bound[:n]), dict(zip(c.co_varnames[n:n + k], bound[n:n + k]))
+    if c.co_flags & 0x04:
+        args += bound[n + k]
+    if c.co_flags & 0x08:
+        kwargs.update(bound[-1])
+    return fn(*args, **kwargs)
 
 
 def _entry_inputs(exprs: list, guards, ns: dict) -> list:

@@ -260,6 +260,13 @@ class InstructionTranslatorBase:
         key torch.fx's ``print_readable``, ``make_fx`` (which copies it into the ATen graphs) and torch's
         backends read; a kernel's failed bounds check names its innermost line."""
         frames = self.user_frames()
+        tx = self
+        while tx is not None and not self.output.in_try:    # made inside a try block (not a with): see frame.py
+            off, ins = tx.current.offset if tx.current is not None else -1, tx.instructions
+            self.output.in_try = any(e.start <= off < e.end and ins[k := tx.offset_to_index[e.target]].opname ==
+                                     "PUSH_EXC_INFO" and ins[k + 1].opname != "WITH_EXCEPT_START"
+                                     for e in exception_table(tx.code))
+            tx = tx.parent
         node.meta["stack"] = " <- ".join(reversed(_stack_lines(frames)[-3:]))
         if trace := _stack_trace(frames):
             node.meta["stack_trace"] = trace

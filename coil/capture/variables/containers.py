@@ -894,7 +894,7 @@ class GeneratorVariable(ListIteratorVariable):
             raise Unsupported("a generator started in traced code escapes the frame", hint="the frame runs eagerly")
         args = "".join(cg.reconstruct(a) + ", " for a in self.args)
         kwargs = "".join(f"{k}={cg.reconstruct(v)}, " for k, v in self.kwargs.items())
-        return f"{cg.reconstruct(self.fn)}({args}{kwargs})"
+        return cg.bind(self, f"{cg.reconstruct(self.fn)}({args}{kwargs})")     # one object for every use
 
     def __repr__(self):
         return f"GeneratorVariable({self.fn!r})"
@@ -955,11 +955,11 @@ class LazyIteratorVariable(GeneratorVariable):
         inner = [cg.reconstruct(it) for it in self.iters]
         b = cg.const_expr(self.builtin)
         if self.builtin is enumerate:
-            if not isinstance(self.start, int):
-                return f"{b}({inner[0]}, {cg.reconstruct(self.start)} + {self._taken})"
-            return f"{b}({inner[0]}, {self.start + self._taken})"
+            start = f"{cg.reconstruct(self.start)} + {self._taken}" if not isinstance(self.start, int) \
+                else self.start + self._taken
+            return cg.bind(self, f"{b}({inner[0]}, {start})")
         head = [cg.reconstruct(self.fn)] if self.fn is not None else []
-        return f"{b}({', '.join(head + inner)})"
+        return cg.bind(self, f"{b}({', '.join(head + inner)})")
 
     def __repr__(self):
         return f"LazyIteratorVariable({self.builtin.__name__})"

@@ -186,7 +186,12 @@ def binary(tx, op, a: VariableTracker, b: VariableTracker):
         return unary(tx, operator.neg, res) if int(vals[1]) % 2 else res
     env = out.shape_env
     start = len(env.guards)
-    try:
+    zero = vals[1] if fn in (operator.truediv, operator.floordiv, operator.mod) else \
+        vals[0] if fn is operator.pow and type(vals[1]) in (int, float) and vals[1] < 0 else None
+    try:    # a symbolic divisor (or base of a negative power) is guarded nonzero: at 0, Python raises
+        if isinstance(zero, _SYM) and zero.node.has_hint() and not statically_known_true(zero != 0) and \
+                not bool(zero != 0):
+            raise ZeroDivisionError("division by zero")
         res = fn(*vals)
     except ZeroDivisionError as e:
         from coil.capture.variables.tensor import UserCodeError

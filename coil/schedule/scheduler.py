@@ -71,7 +71,8 @@ def _bytes(buf: Buffer, memo: dict) -> int:
 
 #: an index expression's text (the same few are printed in many refusal reasons: sympy's printer is slow)
 _text = functools.lru_cache(maxsize=4096)(str)
-#: iterations (x times r) up to which a kernel is launch-bound: two such groups of one size fuse whatever they read
+#: iterations (x times r) up to which a kernel is launch-bound: two such groups of one size fed by one group fuse
+#: whatever they read (Scheduler._tiny_siblings)
 _TINY = 1 << 16
 
 
@@ -211,11 +212,15 @@ class Scheduler:
         for gs in buckets.values():
             gs.sort(key=lambda g: g.order)
             out += [(gs[i], gs[i + 1]) for i in range(len(gs) - 1)]
-        for g in kernels if config.launch_fusion_max_numel > 0 else ():  # tiny siblings: groups of one size fed by one group (the second stages of split reductions)
+        # tiny siblings: groups of one size fed by one group (the second stages of split reductions)
+        for g in kernels if config.launch_fusion_max_numel > 0 else ():
             sibs = sorted((s for s in self._successors(g) if isinstance(s, FusedGroup) and self._tiny(s)),
                           key=lambda s: (s.numel, s.rnumel, s.order))
             out += [(a, b) for a, b in zip(sibs, sibs[1:]) if (a.numel, a.rnumel) == (b.numel, b.rnumel)]
         return out
+
+    def _tiny_siblings(self, a: FusedGroup, b: FusedGroup) -> bool:
+        return self._tiny(a) and self._tiny(b) and bool(self._pred[id(a)] & self._pred[id(b)])
 
     @staticmethod
     def _tiny(g: FusedGroup) -> bool:
@@ -293,7 +298,7 @@ class Scheduler:
                     for read, e in cdeps.loads:
                         if read == name and e != store:
                             return f"{c.get_name()} reads {name}[{_text(e)}] but it is written at [{_text(store)}]"
-        if not crossing and not self._shares_an_element(a, b, numel, rnumel) and not (self._tiny(a) and self._tiny(b)):
+        if not crossing and not self._shares_an_element(a, b, numel, rnumel) and not self._tiny_siblings(a, b):
             pa = self._input_only_pattern(a)
             if pa is None or pa != self._input_only_pattern(b):
                 return "their shared reads are of different elements per iteration (nothing reused)"

@@ -24,7 +24,7 @@ from torch.utils._sympy.printers import PythonPrinter
 from coil import trace
 from coil.exc import CoilError
 from coil.aot.functional import JointInfo, ProgramInfo
-from coil.runtime.cudagraph_trees import _getter, dtype_groups, cudagraphify
+from coil.runtime.cudagraph_trees import dtype_groups, cudagraphify, index_getter
 
 DOUBLE_BACKWARD_MESSAGE = (
     "coil.aot: double backward through a compiled graph is not supported (its backward graph was compiled without a "
@@ -141,7 +141,7 @@ def _make_epilogue(info: ProgramInfo) -> Callable:
     mutated = info.mutated_inputs
     hidden = [info.inputs[i].mutation_hidden for i in mutated]
     n_mut = len(mutated)
-    mutated_of = operator.itemgetter(*mutated) if n_mut > 1 else lambda args: (args[mutated[0]],)
+    mutated_of = index_getter(mutated)
     # all mutations hidden (BatchNorm's running statistics): a copy per (device, dtype) group of the inputs (fixed by
     # the guards; from the first call), not the per-input Python loop below (~1 µs an input)
     all_hidden, copy_groups, shape = n_mut > 1 and all(hidden), [], operator.attrgetter("shape")
@@ -224,7 +224,8 @@ def _make_epilogue(info: ProgramInfo) -> Callable:
             written, ins = list(ins), ()
         elif all_hidden and not any(map(operator.is_, vals, ins)) and all(map(operator.eq, map(shape, ins),
                                                                                map(shape, vals))):
-            copy_groups[:] = copy_groups or [_getter([i for i, _ in g]) for g in dtype_groups(list(enumerate(ins)))]
+            if not copy_groups:
+                copy_groups[:] = [index_getter([i for i, _ in g]) for g in dtype_groups(list(enumerate(ins)))]
             with torch.no_grad():
                 for get in copy_groups:
                     torch._foreach_copy_(get(ins), get(vals))

@@ -60,18 +60,18 @@ class Node:
         self.saved_slots = plan.slots_of(*fn.saved) - plan.slots_of(0, fn.saved[0]) if fn.saved else set()
         #: forward node -> its saved slots whose memory this backward's recording released and reused (Tree._lend_saved)
         self.consumes: dict = {}
-        self._inplace_args = _getter([i for i, _ in inplace])
+        self._inplace_args = index_getter([i for i, _ in inplace])
         self._inplace_ptrs = tuple(p for _, p in inplace)
         # for torch's C check (_ptrs_at): the recorded pointers by argument index, the indices
         self._ptr_table, self._inplace_idx = [None] * len(args), [i for i, _ in inplace]
         for i, p in inplace:
             self._ptr_table[i] = p
-        self._copied_args, self.nargs = _getter(copied), len(args)
+        self._copied_args, self.nargs = index_getter(copied), len(args)
         tensors = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
         self._types = tuple(type(args[i]) for i in tensors)
-        self._tensor_args = _getter(tensors) if len(tensors) < len(args) else _same  # (no 175-tuple per call)
+        self._tensor_args = index_getter(tensors) if len(tensors) < len(args) else _same  # (no 175-tuple per call)
         # the signature holds a plain tensor's layout and only the kind of a Parameter (read in place, by address)
-        self._plain_args = _getter([i for i in tensors if not isinstance(args[i], torch.nn.Parameter)])
+        self._plain_args = index_getter([i for i in tensors if not isinstance(args[i], torch.nn.Parameter)])
         self.others = [(i, (type(a), a)) for i, a in enumerate(args) if not isinstance(a, torch.Tensor)]
         self.tensor_check = _tensor_check(self._plain_args(args))
 
@@ -455,7 +455,7 @@ def _copy_in(placeholders: list, srcs: tuple) -> None:
     torch._foreach_copy_(placeholders, srcs) if len(srcs) > 1 else placeholders[0].copy_(srcs[0])
 
 
-def _getter(idx: list) -> Callable:
+def index_getter(idx: list) -> Callable:
     """``args -> tuple(args[i] for i in idx)``, in C."""
     if len(idx) == 1:
         return lambda args, i=idx[0]: (args[i],)

@@ -48,6 +48,9 @@ def add_bench(sub) -> None:
     p.add_argument("--keep-caches", action="store_true",
                    help="use the existing on-disk compile caches (default: fresh empty ones)")
     p.add_argument("--row-timeout", type=float, default=600.0, help="seconds per row")
+    p.add_argument("--memory-jobs", type=int, default=4, help="reduce-overhead on CUDA: peak "
+                   "memory of each copy measured alone in its own process, this many at a time "
+                   "(0: in the shared process)")
     p.add_argument("--budget", type=float, help="total seconds; rows not started by then "
                    "are reported as skipped")
     p.add_argument("--isolate", action="store_true", help="run each model in its own subprocess")
@@ -93,7 +96,8 @@ def _run_reduce_overhead(a) -> int:
 
     compilers = list(ro.COMPILERS) if a.compiler == list(BENCH_DEFAULT) else \
         [c for c in a.compiler if c != "eager"]
-    return _run_alone(a, ro, compilers, max_timing_s=a.max_timing, row_timeout=a.row_timeout)
+    return _run_alone(a, ro, compilers, max_timing_s=a.max_timing, row_timeout=a.row_timeout,
+                      memory_jobs=a.memory_jobs)
 
 
 def _run_dynamic(a) -> int:

@@ -29,7 +29,11 @@ Workloads (``full`` on CUDA, ``small`` on CPU and in tests):
 - ``train_gpt``: coil's SmallGPT (6 layers, d=512), one training step: forward with
   the loss inside the compiled module under bf16 autocast, backward, AdamW (eager).
 
-Peak memory (``peak_gb``, steady state): ``torch.cuda.max_memory_reserved`` over
+Peak memory (``peak_gb``, steady state), measured for each copy **alone, in its own
+process** (:func:`isolated_peaks`, after all rows are timed; ``inproc_peak_gb`` in the
+JSON is the same measure taken in the shared process, where what the other compilers
+left in the caching allocator makes it depend on the order of the copies):
+``torch.cuda.max_memory_reserved`` over
 :data:`STEADY_STEPS` steps after the warm-up, minus ``torch.cuda.memory_reserved`` before
 the copy was compiled (taken after ``torch.cuda.empty_cache()``): the device memory the
 process holds for the copy, as a user sees it. Reserved memory counts the CUDA graph
@@ -55,10 +59,15 @@ reason; a compiler that raises gets an ``error`` row and the others are timed wi
 """
 from __future__ import annotations
 
+import concurrent.futures
 import copy
 import dataclasses
 import gc
+import json
 import math
+import os
+import subprocess
+import sys
 import time
 import traceback
 from typing import Any, Callable, Optional, Sequence
@@ -470,6 +479,45 @@ def run_workload(w: Workload, device: torch.device, size: str, compilers: Sequen
     return rows
 
 
+def _peak_child(name: str, compiler: str, size: str, warmup: int) -> dict:
+    """In a fresh process: build, compile and warm up one copy of workload ``name`` and
+    measure its memory as :func:`_prepare` does; ``{"peak_gb", "first_peak_gb"}``."""
+    dev = torch.device("cuda")
+    built = WORKLOADS[name].build(dev, size)
+    run = Run(compiler, {})
+    _prepare(run, built, dev, warmup, None)
+    return {k: run.row[k] for k in ("peak_gb", "first_peak_gb")}
+
+
+def isolated_peaks(rows: list[dict], size: str, warmup: int, jobs: int = 4,
+                   timeout_s: float = 300.0) -> None:
+    """Re-measure ``peak_gb`` / ``first_peak_gb`` (GiB) of every row that ran, each copy
+    alone in a child process (``python -m coil.bench.reduce_overhead --peak ...``), at
+    most ``jobs`` at a time (each process's caching allocator is its own, so children
+    running side by side do not change each other's numbers). The shared-process values
+    move to ``inproc_peak_gb`` / ``inproc_first_peak_gb``. A child that fails leaves
+    ``peak_gb`` None and says why in ``peak_error``."""
+    todo = [r for r in rows if r.get("peak_gb") is not None]
+
+    def one(r: dict) -> None:
+        cmd = [sys.executable, "-m", "coil.bench.reduce_overhead", "--peak", r["workload"],
+               r["compiler"], size, str(warmup)]
+        r["inproc_peak_gb"], r["inproc_first_peak_gb"] = r["peak_gb"], r.get("first_peak_gb")
+        r["peak_gb"] = r["first_peak_gb"] = None
+        try:
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=os.environ.copy())
+            line = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
+            if p.returncode or not line:
+                r["peak_error"] = f"exit {p.returncode}: {p.stderr[-300:]}"
+                return
+            r.update(json.loads(line[-1]))
+        except subprocess.TimeoutExpired:
+            r["peak_error"] = f"timed out after {timeout_s:.0f} s"
+
+    with concurrent.futures.ThreadPoolExecutor(max(1, jobs)) as pool:
+        list(pool.map(one, todo))
+
+
 # ---------------------------------------------------------------- the run
 
 def resolve(names: Optional[Sequence[str]], table: dict, kind: str, compilers: Sequence[str],
@@ -492,10 +540,12 @@ def run(workloads: Optional[Sequence[str]] = None, device: str = "auto", size: O
         compilers: Sequence[str] = ("inductor", "coil"), warmup: int = 3, repeat: int = 20,
         max_timing_s: Optional[float] = 30.0, row_timeout: Optional[float] = 300.0,
         budget_s: Optional[float] = None, progress: bool = True,
-        on_workload: Optional[Callable[[dict], None]] = None) -> dict:
+        on_workload: Optional[Callable[[dict], None]] = None, memory_jobs: int = 4) -> dict:
     """Run the workloads (default: all of :data:`WORKLOADS`); returns ``{"meta", "rows"}``
     (also handed to ``on_workload`` after each workload, so that a run killed from
-    outside keeps what finished).
+    outside keeps what finished). On CUDA, peak memory is then measured per copy in its
+    own process (:func:`isolated_peaks`, ``memory_jobs`` at a time; 0: keep the
+    shared-process values).
 
     Raises ValueError for an unknown workload or compiler name."""
     names, dev, size = resolve(workloads, WORKLOADS, "workloads", compilers, COMPILERS,
@@ -521,6 +571,11 @@ def run(workloads: Optional[Sequence[str]] = None, device: str = "auto", size: O
         if dev.type == "cuda":
             torch.cuda.empty_cache()
     bar.close()
+    if dev.type == "cuda" and memory_jobs > 0:
+        isolated_peaks(rows, size, max(warmup, 3), memory_jobs)
+        meta["peak_memory"] = "each copy alone in its own process"
+        if on_workload is not None:
+            on_workload({"meta": meta, "rows": rows})
     return {"meta": meta, "rows": rows}
 
 
@@ -558,3 +613,8 @@ def format_markdown(result: dict) -> str:
     if result["meta"].get("note"):
         parts += ["", "Note: " + result["meta"]["note"]]
     return "\n".join(parts) + "\n"
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--peak"]:
+    _name, _compiler, _size, _warmup = sys.argv[2:6]
+    print(json.dumps(_peak_child(_name, _compiler, _size, int(_warmup))), flush=True)

@@ -104,3 +104,23 @@ def test_decode_marks_a_step_per_token_and_checks_replayed_calls(monkeypatch):
     # 4 tokens per step (the prefill and 3 one-token calls), each marked
     steps = 1 + 3 + ro.STEADY_STEPS + 3
     assert len(marks) == 4 * steps, len(marks)
+
+
+def test_isolated_peaks_keep_the_shared_process_value_and_say_why_a_child_failed(monkeypatch):
+    calls = []
+
+    def fake_run(cmd, **kw):
+        calls.append(cmd)
+        ok = cmd[-3] == "coil"
+        return type("P", (), {"returncode": 0 if ok else 1, "stderr": "" if ok else "boom",
+                              "stdout": 'log\n{"peak_gb": 0.5, "first_peak_gb": 0.75}\n' if ok else ""})()
+
+    monkeypatch.setattr(ro.subprocess, "run", fake_run)
+    rows = [{"workload": "gpt2_b1", "compiler": c, "peak_gb": 1.0, "first_peak_gb": 2.0}
+            for c in ("inductor", "coil")] + [{"workload": "gpt2_b1", "compiler": "eager", "peak_gb": None}]
+    ro.isolated_peaks(rows, "full", 3, jobs=2)
+    assert len(calls) == 2 and all(c[1:4] == ["-m", "coil.bench.reduce_overhead", "--peak"] for c in calls)
+    tc, co, eager = rows
+    assert (co["peak_gb"], co["first_peak_gb"], co["inproc_peak_gb"]) == (0.5, 0.75, 1.0)
+    assert tc["peak_gb"] is None and tc["inproc_peak_gb"] == 1.0 and "boom" in tc["peak_error"]
+    assert "inproc_peak_gb" not in eager

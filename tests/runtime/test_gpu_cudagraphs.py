@@ -522,3 +522,13 @@ def test_gpu_copied_input_placeholders_live_in_the_graph_pool():
     ptr = node.placeholders[0].untyped_storage().data_ptr()
     (seg,) = [s for s in torch.cuda.memory_snapshot() if s["address"] <= ptr < s["address"] + s["total_size"]]
     assert tuple(seg["segment_pool_id"]) != (0, 0), seg["segment_pool_id"]
+
+
+def test_gpu_bench_peak_memory_of_a_copy_alone_in_its_own_process():
+    from coil.bench import reduce_overhead as ro
+
+    rows = [{"workload": "gpt2_b1", "compiler": c, "peak_gb": 9.0} for c in ("coil", "inductor")]
+    ro.isolated_peaks(rows, "small", 3, jobs=2)
+    for r in rows:
+        assert r.get("peak_error") is None, r
+        assert 0 <= r["peak_gb"] < 1 and r["inproc_peak_gb"] == 9.0

@@ -95,12 +95,17 @@ class CudaRecorder:
             self.device = torch.device("cuda", torch.cuda.current_device())
         self.mem_pool = torch.cuda.MemPool()
         self.pool = self.mem_pool.id
+        #: the stream every capture runs on; placeholders are allocated on it too
+        self.stream = torch.cuda.Stream(self.device)
 
     def placeholder(self, a: torch.Tensor) -> torch.Tensor:
         """An uninitialized tensor like ``a`` (shape, strides, dtype) in the graphs' pool, for a copied input: it
         shares the pool's segments with the graphs' intermediates instead of holding a segment of the default pool
-        (a 0.3 MB ResNet-50 image held a 2 MB one)."""
-        with torch.cuda.use_mem_pool(self.mem_pool, self.device):
+        (a 0.3 MB ResNet-50 image held a 2 MB one). It is allocated on the capture stream: the caching allocator
+        serves a free block only to the stream that made its segment, so a placeholder made on the current stream
+        held a 2 MiB segment of the pool that no capture could share (LLaMA 1x64 reserved 2 MiB more than
+        torch.compile's trees)."""
+        with torch.cuda.stream(self.stream), torch.cuda.use_mem_pool(self.mem_pool, self.device):
             return torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device=self.device)
 
     def capture(self, fn: Callable, args: list, boxed: Optional[Callable] = None,
@@ -134,7 +139,7 @@ class CudaRecorder:
             self.release_cache()
             stream = torch.cuda.current_stream()
             try:
-                with torch.cuda.graph(graph, pool=self.pool):
+                with torch.cuda.graph(graph, pool=self.pool, stream=self.stream):
                     outs = boxed(args) if boxed is not None else fn(*args)
             except Exception as e:  # noqa: BLE001 - the reason goes to the log
                 self._recover(stream)

@@ -522,6 +522,11 @@ def test_gpu_copied_input_placeholders_live_in_the_graph_pool():
     ptr = node.placeholders[0].untyped_storage().data_ptr()
     (seg,) = [s for s in torch.cuda.memory_snapshot() if s["address"] <= ptr < s["address"] + s["total_size"]]
     assert tuple(seg["segment_pool_id"]) != (0, 0), seg["segment_pool_id"]
+    # on the capture stream: the allocator serves a block only to its segment's stream, so a placeholder made on
+    # the current stream held a segment of the pool no capture could share (+2 MiB on LLaMA 1x64)
+    streams = {s["stream"] for s in torch.cuda.memory_snapshot() if tuple(s["segment_pool_id"]) == tuple(
+        seg["segment_pool_id"])}
+    assert streams == {seg["stream"]} and seg["stream"] == tree().recorder.stream.cuda_stream, streams
 
 
 def test_gpu_bench_peak_memory_of_a_copy_alone_in_its_own_process():

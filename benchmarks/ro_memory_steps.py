@@ -1,6 +1,7 @@
 """Where a reduce-overhead workload's memory goes, call by call: for one compiler alone, the device memory reserved and
 allocated after each of the first calls (the warm-up, the recording, the replays), in the default pool and in total,
-and what ``torch.cuda.empty_cache()`` would hand back (cached, unused). Finds memory a compiler leaves cached.
+and what ``torch.cuda.empty_cache()`` would hand back (cached, unused); then the segments by pool, stream and
+size class (2 MiB small / large), with the bytes in use. Finds memory a compiler leaves cached.
 
     python benchmarks/ro_memory_steps.py --workload gpt2_b8 --compiler coil     # the GPU machine, < 1 minute
 """
@@ -40,10 +41,15 @@ def main() -> None:
               f"{sum(t.numel() * t.element_size() for t in out) / mib:6.1f} MiB, small pool {small / mib:.1f} MiB")
         del out
         gc.collect()
+    groups: dict = {}
     for seg in torch.cuda.memory_snapshot():
-        free = sum(b["size"] for b in seg["blocks"] if b["state"] != "active_allocated")
-        if free == seg["total_size"]:
-            print(f"  unused segment {seg['total_size'] / mib:.1f} MiB, pool {seg.get('segment_pool_id')}")
+        used = sum(b["size"] for b in seg["blocks"] if b["state"] == "active_allocated")
+        g = groups.setdefault((tuple(seg.get("segment_pool_id") or ()), seg.get("stream"),
+                               seg["total_size"] < 2 ** 21 + 1), [0, 0, 0, 0])
+        g[0], g[1], g[2], g[3] = g[0] + 1, g[1] + seg["total_size"], g[2] + used, g[3] + (used == 0)
+    for (pool, stream, small), (n, total, used, unused) in sorted(groups.items(), key=str):
+        print(f"  pool {pool} stream {stream} {'small' if small else 'large'}: {n} segments, {total / mib:.1f} MiB, "
+              f"{used / mib:.2f} MiB in use, {unused} unused")
     before = torch.cuda.memory_reserved()
     torch.cuda.empty_cache()
     print(f"empty_cache after the calls hands back {(before - torch.cuda.memory_reserved()) / mib:.1f} MiB")

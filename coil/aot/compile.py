@@ -555,10 +555,25 @@ def _compile(fn, example_inputs, fw_compiler, bw_compiler, partition_fn, decompo
             gm.meta["coil_aot_graph"] = "backward"  # (CUDA graphs' kind, upcast_matmuls)
             return bw_compiler(gm, bw_fakes), none
     run = _check_aliasing_per_call(training_runner(compiled_fw, None if lazy_bw else bw_compiler(part.bw, bw_fakes),
-                                                   info, jinfo, part.num_saved, bw_for, reach), fn, info.mutated_inputs,
+                                                   info, jinfo, part.num_saved, bw_for, reach,
+                                                   _computed_saved_need_grad(part.fw, jinfo.grad_inputs, n_fw,
+                                                                             part.num_saved)), fn, info.mutated_inputs,
                                   fake_args)
     run = _check_offsets_per_call(run, part.fw, fake_args, fn, info.mutated_inputs)
     return run if groups is None else _with_input_groups(run, groups, user_fn)
+
+
+def _computed_saved_need_grad(fw: torch.fx.GraphModule, grad_inputs: list, start: int, num_saved: int) -> bool:
+    """Whether the forward computes a floating saved value from an input that requires grad: eager's counterpart has
+    a history, so gradients that read it require grad under ``create_graph=True`` (runtime's ``detached_saved``)."""
+    places = [n for n in fw.graph.nodes if n.op == "placeholder"]
+    dep = {places[i] for i in grad_inputs}
+    for n in fw.graph.nodes:
+        if n.op == "call_function" and any(a in dep for a in n.all_input_nodes):
+            dep.add(n)
+    saved = fw.graph.output_node().args[0][start:start + num_saved]
+    return any(isinstance(s, torch.fx.Node) and s.op != "placeholder" and s in dep and isinstance(
+        v := s.meta.get("val"), torch.Tensor) and (v.is_floating_point() or v.is_complex()) for s in saved)
 
 
 def _check_offsets_per_call(runner: Callable, gm: torch.fx.GraphModule, fake_args: list, fn: Callable,

@@ -151,8 +151,10 @@ def fakeify(example_inputs: list) -> tuple[FakeTensorMode, list]:
     leafness); reuses the inputs' fake mode if they are already fake. Non-tensors pass through."""
     if (mode := fake_mode_of(example_inputs)) is not None:
         return mode, list(example_inputs)
-    mode = FakeTensorMode(allow_non_fake_inputs=False)
-    return mode, [mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in example_inputs]
+    # symbolic numbers and no tensor (``torch.full((n,), 1.5)`` of an int that changed): their ShapeEnv
+    env = next((x.node.shape_env for x in example_inputs if isinstance(x, (torch.SymInt, torch.SymFloat))), None)
+    mode = FakeTensorMode(allow_non_fake_inputs=False, shape_env=env)
+    return mode, [mode.from_tensor(x, static_shapes=True) if isinstance(x, torch.Tensor) else x for x in example_inputs]
 
 
 def _to_functional(x: Any) -> Any:

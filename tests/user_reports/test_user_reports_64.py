@@ -32,3 +32,28 @@ def test_create_graph_gradient_of_computed_saved_values_is_not_detached(coil_res
     assert not g.requires_grad
     (out + g.pow(2).sum()).backward()
     torch.testing.assert_close(x.grad, torch.full((3,), 3.0))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Finding 2 (fixed; crash): a graph whose only inputs are Python numbers that changed between calls (so became
+# symbolic), e.g. ``torch.full((n,), 1.5)`` or ``torch.arange(0, 10, n)``: aot made a fake mode without a ShapeEnv
+# (there was no fake tensor to take one from) and make_fx's symbolic trace asserted "shape_env should be set".
+# ---------------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("backend", ["cpp", "triton"])
+@pytest.mark.parametrize("case", ["full", "arange", "zeros", "tensor"])
+def test_graph_of_symbolic_numbers_only(coil_reset, backend, case):
+    f = {"full": lambda n: torch.full((n,), 1.5),
+         "arange": lambda n: torch.arange(0, 10, n),
+         "zeros": lambda n: torch.zeros(n, 2) + n,
+         "tensor": lambda n: torch.tensor([n, 1]) * 2}[case]
+    cf = coil.compile(f, options={"cpu_backend": backend})
+    for n in (2, 3, 4):
+        out, ref = cf(n), f(n)
+        assert out.dtype == ref.dtype
+        torch.testing.assert_close(out, ref)
+    if case in ("full", "zeros"):
+        with pytest.raises(RuntimeError):
+            f(-1)
+        with pytest.raises(RuntimeError):
+            cf(-1)

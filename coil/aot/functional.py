@@ -35,6 +35,7 @@ from torch.utils.checkpoint import CheckpointPolicy
 from torch.utils.weak import WeakIdKeyDictionary
 
 from coil import trace
+from coil.exc import LINALG_ERROR_MESSAGE
 from coil.aot.aliasing import (OFFSET_WRITE_MESSAGE, OUTSIDE_GRAD_MESSAGE, OUTSIDE_READ_MESSAGE,
                                RESTRIDE_VIEWED_MESSAGE, OverlapGuard, RunEagerly, _addresses, _extent, _overlaps,
                                _static, inside)
@@ -168,13 +169,12 @@ def _from_functional(x: Any) -> Any:
 class _DropErrorChecks(TorchDispatchMode):
     """Replaces ``aten._linalg_check_errors`` (an ordered side effect that functionalization refuses without effect
     tokens) by ``aten._assert_async`` of ``info == 0``: a singular input raises a RuntimeError naming the function
-    (eager's is a ``LinAlgError``, a RuntimeError), where the graph returned inf/nan."""
+    (compiled code raises it as eager's ``LinAlgError``), where the graph returned inf/nan."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func in _ERROR_CHECK_OPS:
             info, api = args[0], args[1]
-            return aten._assert_async.msg(aten.eq.Scalar(info, 0).all(), f"{api}: the input is singular or not "
-                                          "positive-definite (the factorization could not be completed)")
+            return aten._assert_async.msg(aten.eq.Scalar(info, 0).all(), f"{api}: {LINALG_ERROR_MESSAGE}")
         return func(*args, **(kwargs or {}))
 
 

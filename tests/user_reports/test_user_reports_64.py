@@ -57,3 +57,29 @@ def test_graph_of_symbolic_numbers_only(coil_reset, backend, case):
             f(-1)
         with pytest.raises(RuntimeError):
             cf(-1)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Finding 3 (fixed; a different exception where eager raises): a singular input to a compiled ``linalg.inv`` /
+# ``solve`` / ``cholesky`` raised a plain RuntimeError; eager raises ``torch.linalg.LinAlgError``, which callers
+# catch by that name (``except torch.linalg.LinAlgError:`` around the compiled call missed it).
+# ---------------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("backend", ["cpp", "triton"])
+@pytest.mark.parametrize("op", ["inv", "solve", "cholesky"])
+def test_singular_input_raises_linalg_error(coil_reset, backend, op):
+    f = {"inv": lambda a: torch.linalg.inv(a) * 2,
+         "solve": lambda a: torch.linalg.solve(a, torch.ones(2)),
+         "cholesky": lambda a: torch.linalg.cholesky(a) + 1}[op]
+    cf = coil.compile(f, options={"cpu_backend": backend})
+    good = torch.eye(2) * 2
+    torch.testing.assert_close(cf(good), f(good))
+    bad = torch.zeros(2, 2)
+    with pytest.raises(torch.linalg.LinAlgError):
+        f(bad)
+    with pytest.raises(torch.linalg.LinAlgError):
+        cf(bad)
+    a = torch.tensor([[1.0, 2.0], [2.0, 1.0]], requires_grad=True)   # the training path (cholesky: not PD)
+    if op == "cholesky":
+        with pytest.raises(torch.linalg.LinAlgError):
+            cf(a)

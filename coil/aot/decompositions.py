@@ -334,6 +334,12 @@ _eager_cpu_format(aten.max_unpool2d.default)
 _eager_cpu_format(aten.roll.default, lambda shifts, dims=(): dims not in ((), []))
 
 
+_TORCH_LOGSPACE = _decomp.decomposition_table[aten.logspace.default]
+# torch's reference refuses a negative base (NotImplementedError); eager's kernel computes it: the op stays whole
+register(aten.logspace.default)(lambda start, end, steps, base=10.0, **kw: NotImplemented if base < 0
+                                else _TORCH_LOGSPACE(start, end, steps, base, **kw))
+
+
 register(aten.upsample_linear1d.default)(lambda x, size, corners, s=None: _upsample_linear(x, size, corners, [s]))
 
 

@@ -62,10 +62,11 @@ def _index_add(args, kwargs) -> None:
 
 
 def _dim(args, kwargs) -> None:
-    """``softmax`` / ``softmin`` / ``sort`` of a ``dim`` out of range: their meta kernels accept it, eager's IndexError."""
+    """``softmax`` / ``softmin`` / ``sort`` of a ``dim`` out of range: their meta kernels accept it, eager's IndexError.
+    A symbolic ``dim`` (a Python int that changed between calls) is specialized, as the op does anyway."""
     x, dim = _arg(args, kwargs, 0, "input"), _arg(args, kwargs, 1, "dim")
-    if isinstance(x, torch.Tensor) and type(dim) is int:
-        torch._prims_common.canonicalize_dim(x.dim(), dim)
+    if isinstance(x, torch.Tensor) and (type(dim) is int or isinstance(dim, torch.SymInt)):
+        torch._prims_common.canonicalize_dim(x.dim(), int(dim))
 
 
 def _pad(args, kwargs) -> None:

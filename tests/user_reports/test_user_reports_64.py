@@ -83,3 +83,38 @@ def test_singular_input_raises_linalg_error(coil_reset, backend, op):
     if op == "cholesky":
         with pytest.raises(torch.linalg.LinAlgError):
             cf(a)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Finding 4 (fixed; a different exception where eager raises): ``x.softmax(d)`` with a ``d`` that changed between
+# calls (so became symbolic), then out of range: eager raises IndexError, coil ``BackendCompilerFailed`` (the meta
+# kernel accepts any dim; capture's check of it took Python ints only, and aot's decomposition raised instead).
+# ---------------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("op", ["softmax", "softmin", "sort"])
+def test_symbolic_dim_out_of_range_raises_index_error(coil_reset, op):
+    f = {"softmax": lambda x, d: x.softmax(d), "softmin": lambda x, d: torch.nn.functional.softmin(x, d),
+         "sort": lambda x, d: x.sort(d)[0]}[op]
+    cf = coil.compile(f)
+    x = torch.randn(2, 6)
+    for d in (0, 1, -2):
+        torch.testing.assert_close(cf(x, d), f(x, d))
+    for d in (2, -3):
+        with pytest.raises(IndexError):
+            f(x, d)
+        with pytest.raises(IndexError):
+            cf(x, d)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Finding 5 (fixed; crash): ``torch.logspace(..., base=-2.0)``: torch's reference decomposition raises
+# NotImplementedError for a negative base (eager computes it), so the compile failed. The op now stays whole there.
+# ---------------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("backend", ["cpp", "triton"])
+def test_logspace_negative_base(coil_reset, backend):
+    f = lambda x, b: torch.logspace(0, 3, 4, base=b) + x           # noqa: E731
+    cf = coil.compile(f, options={"cpu_backend": backend})
+    x = torch.randn(4)
+    for b in (-2.0, 2.0, 3.0, -3.0, 0.0):       # constant, then symbolic
+        torch.testing.assert_close(cf(x, b), f(x, b), equal_nan=True)

@@ -118,3 +118,24 @@ def test_logspace_negative_base(coil_reset, backend):
     x = torch.randn(4)
     for b in (-2.0, 2.0, 3.0, -3.0, 0.0):       # constant, then symbolic
         torch.testing.assert_close(cf(x, b), f(x, b), equal_nan=True)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Finding 6 (fixed; silent wrong values): ``with torch.autocast("cpu", dtype=torch.bfloat16) as c:`` bound ``c`` to
+# None inside compiled code; eager's ``__enter__`` returns the autocast object (``c is None`` was True, ``c is ac``
+# False). ``c.fast_dtype`` / ``c.device`` are read as constants.
+# ---------------------------------------------------------------------------------------------------------------
+
+def test_autocast_as_target_is_the_autocast_object(coil_reset):
+    def f(x):
+        ac = torch.autocast("cpu", dtype=torch.bfloat16)
+        with ac as c:
+            y = x @ x
+            dt = c.fast_dtype
+        return y, c is None, c is ac, dt, c.device
+
+    x = torch.randn(3, 3)
+    out, ref = coil.compile(f)(x), f(x)
+    torch.testing.assert_close(out[0], ref[0])
+    assert out[0].dtype == ref[0].dtype == torch.bfloat16
+    assert out[1:] == ref[1:] == (False, True, torch.bfloat16, "cpu")

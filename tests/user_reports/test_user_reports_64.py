@@ -139,3 +139,15 @@ def test_autocast_as_target_is_the_autocast_object(coil_reset):
     torch.testing.assert_close(out[0], ref[0])
     assert out[0].dtype == ref[0].dtype == torch.bfloat16
     assert out[1:] == ref[1:] == (False, True, torch.bfloat16, "cpu")
+
+
+def test_inference_mode_off_as_target_is_none(coil_reset):
+    def f(x):
+        with torch.inference_mode(False) as c:      # (entered in that mode already: a no-op context)
+            y = x * 2
+        return y, c is None
+
+    x = torch.randn(3)
+    out = coil.compile(f)(x)
+    assert out[1] is True
+    torch.testing.assert_close(out[0], x * 2)

@@ -341,6 +341,9 @@ class _InferenceModeOff(ProfilerRangeVariable):
     def python_type(self):
         return torch.inference_mode
 
+    def enter(self, tx):
+        return ConstantVariable(None)   # (eager's ``__enter__`` returns None)
+
 
 def make_context(tx, cls, args, kwargs):
     """Construct a supported context manager from its class, or None."""

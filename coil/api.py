@@ -71,13 +71,17 @@ def _wrap_backend(backend: Callable, name: str, options: dict) -> Callable:
     return compile_graph
 
 
+#: OptimizedModule's own attributes; others are set on (and deleted from) the original module
+_OWN_ATTRIBUTES = frozenset({"_orig_mod", "_compiled_call", "_rewrap", "_compile_args"})
+
+
 class OptimizedModule(torch.nn.Module):
     """A compiled ``nn.Module``.
 
     It shares the original's parameters, buffers and ``state_dict`` (same keys as the original, no ``_orig_mod.``
     prefix, the very same tensors, so an optimizer built on either trains both), forwards attribute reads it does not
-    have to the original, and follows ``train()``/``eval()``: ``training`` is the original's flag, set by calling
-    ``train``/``eval`` on either object. ``_orig_mod`` is the original module. ``copy.deepcopy`` copies the original and
+    have, and attribute writes but its own, to the original, and follows ``train()``/``eval()``: ``training`` is the
+    original's flag, set by calling ``train``/``eval`` on either object. ``_orig_mod`` is the original module. ``copy.deepcopy`` copies the original and
     compiles the copy afresh, so the copy runs its own weights.
     """
 
@@ -126,7 +130,17 @@ class OptimizedModule(torch.nn.Module):
         if name == "training":
             self._orig_mod.training = value
             return
-        super().__setattr__(name, value)
+        modules = self.__dict__.get("_modules")
+        if name in _OWN_ATTRIBUTES or modules is None or "_orig_mod" not in modules or hasattr(type(self), name):
+            super().__setattr__(name, value)
+        else:   # (``model.scale = 2.0``: the compiled forward reads the original's attributes)
+            setattr(modules["_orig_mod"], name, value)
+
+    def __delattr__(self, name: str) -> None:
+        try:
+            super().__delattr__(name)
+        except AttributeError:
+            delattr(self._orig_mod, name)
 
     def train(self, mode: bool = True) -> "OptimizedModule":
         self._orig_mod.train(mode)

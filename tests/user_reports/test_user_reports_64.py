@@ -151,3 +151,40 @@ def test_inference_mode_off_as_target_is_none(coil_reset):
     out = coil.compile(f)(x)
     assert out[1] is True
     torch.testing.assert_close(out[0], x * 2)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Finding 7 (fixed; silent wrong values): an attribute set on the compiled module (``model = coil.compile(model);
+# model.scale = 3.0``, or a submodule swapped through it) landed on the wrapper, while the compiled forward reads the
+# original module's: the outputs ignored it. Writes (and deletes) other than the wrapper's own now go to the original,
+# as torch.compile's OptimizedModule does.
+# ---------------------------------------------------------------------------------------------------------------
+
+def test_attribute_set_on_compiled_module_reaches_the_original(coil_reset):
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+            self.scale, self.use_relu = 1.0, True
+
+        def forward(self, x):
+            y = self.lin(x) * self.scale
+            return y.relu() if self.use_relu else y
+
+    m = M()
+    cm = coil.compile(m)
+    x = torch.randn(2, 4)
+    torch.testing.assert_close(cm(x), m(x))
+    cm.scale = 3.0
+    cm.use_relu = False
+    assert m.scale == 3.0 and m.use_relu is False and cm.scale == 3.0
+    torch.testing.assert_close(cm(x), m(x))
+    cm.lin = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh())
+    assert m.lin is cm.lin
+    torch.testing.assert_close(cm(x), m(x))
+    assert dict(cm.state_dict()).keys() == dict(m.state_dict()).keys()
+    cm.extra = 1
+    del cm.extra
+    assert not hasattr(m, "extra")
+    cm.train(False)
+    assert m.training is False and cm.training is False

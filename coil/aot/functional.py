@@ -677,7 +677,7 @@ def _make_fx(fn: Callable, args: list, decompositions: dict, fake_mode: FakeTens
     _insert_zero_division_checks(gm)
     env = fake_mode.shape_env
     if env is not None and any(env.deferred_runtime_asserts.values()):
-        _insert_runtime_asserts(gm, env)
+        _insert_runtime_asserts(gm, env, [item_memo(a) for a in pytree.tree_leaves(args)])
     return gm
 
 
@@ -735,13 +735,23 @@ def _insert_zero_division_checks(gm: torch.fx.GraphModule) -> None:
         trace.log("zero_division_checks", stage="aot", checks=added)
 
 
-def _insert_runtime_asserts(gm: torch.fx.GraphModule, env) -> None:
+def _insert_runtime_asserts(gm: torch.fx.GraphModule, env, memos: list) -> None:
     """Add ``aten._assert_scalar`` nodes for the facts the program asserted about data-dependent sizes
     (``torch._check(n < 10)``, ``torch._check_is_size(n)`` on ``n = t.item()``): the ShapeEnv keeps them as deferred
     runtime asserts, which tracing leaves out of the graph, so the compiled program returned values where eager
     raised. Each check goes right after the node that binds its symbols (torch.fx's
     ``insert_deferred_runtime_asserts``); logged ``runtime_asserts``."""
     before = len(gm.graph.nodes)
+    places = gm.graph.find_nodes(op="placeholder")
+    for n in gm.graph.find_nodes(op="call_function", target=aten._local_scalar_dense.default):
+        # ``.item()`` of an input whose fake carries the capture's symbol (item_memo): no binding was recorded, so its
+        # checks (and a view's ``6 % u0 == 0``) had no node to follow; the read binds the symbol. One since replaced
+        # by a number (``x.view(n.item(), 3)`` of 6 elements pins it to 2) had no value: the wrapper checks it (ir).
+        memo = memos[places.index(n.args[0])] if n.args[0] in places else None
+        if memo is None or "unbacked_bindings" in n.meta or not (sym := memo.node._expr).is_Symbol or \
+                not free_unbacked_symbols(sym):
+            continue
+        n.meta["val"], n.meta["unbacked_bindings"] = memo, {sym: ()}
     insert_deferred_runtime_asserts(gm, env, "coil")
     added = [str(n.args[1]) for n in gm.graph.nodes if n.target is torch.ops.aten._assert_scalar.default]
     if added:

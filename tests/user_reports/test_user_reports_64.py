@@ -188,3 +188,50 @@ def test_attribute_set_on_compiled_module_reaches_the_original(coil_reset):
     assert not hasattr(m, "extra")
     cm.train(False)
     assert m.training is False and cm.training is False
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Finding 8 (fixed; silent wrong values, with ``capture_scalar_outputs``): ``.item()`` of a 0-d tensor *input* lost
+# every check on its value: ``torch._check(v < 10)`` did not raise, ``x.view(n.item(), -1)`` of 6 elements gave shape
+# (4, 1) for n = 4 (eager raises), and ``x.view(n.item(), 3)`` returned (2, 3) for n = 3. aot read the capture's
+# symbol for the input (its fake's item_memo) without recording which node binds it, so torch's pass placing the
+# ShapeEnv's deferred asserts found no node for them, and a symbol pinned to a number had no value to check.
+# (``.item()`` of a computed value, e.g. ``x.sum().item()``, was checked already.)
+# ---------------------------------------------------------------------------------------------------------------
+
+SCALAR_OPTS = {"capture_scalar_outputs": True}
+
+
+@pytest.mark.parametrize("backend", ["cpp", "triton"])
+def test_item_of_an_input_keeps_its_checks(coil_reset, backend):
+    def checked(x, n):
+        v = n.item()
+        torch._check(v < 10)
+        return x * v
+
+    opts = dict(SCALAR_OPTS, cpu_backend=backend)
+    x = torch.randn(6)
+    cf = coil.compile(checked, options=opts)
+    torch.testing.assert_close(cf(x, torch.tensor(2)), checked(x, torch.tensor(2)))
+    with pytest.raises(RuntimeError):
+        checked(x, torch.tensor(12))
+    with pytest.raises(RuntimeError):
+        cf(x, torch.tensor(12))
+
+    view = lambda x, n: x.view(n.item(), -1)                      # noqa: E731
+    cf = coil.compile(view, options=opts)
+    for n in (3, 2):
+        assert cf(x, torch.tensor(n)).shape == view(x, torch.tensor(n)).shape
+    for n in (4, 0):
+        with pytest.raises(RuntimeError):
+            view(x, torch.tensor(n))
+        with pytest.raises(RuntimeError):
+            cf(x, torch.tensor(n))
+
+    pinned = lambda x, n: x.view(n.item(), 3)                     # noqa: E731  (n must be 2)
+    cf = coil.compile(pinned, options=opts)
+    assert cf(x, torch.tensor(2)).shape == (2, 3)
+    with pytest.raises(RuntimeError):
+        pinned(x, torch.tensor(3))
+    with pytest.raises(RuntimeError):
+        cf(x, torch.tensor(3))

@@ -136,6 +136,19 @@ class OptimizedModule(torch.nn.Module):
         else:   # (``model.scale = 2.0``: the compiled forward reads the original's attributes)
             setattr(modules["_orig_mod"], name, value)
 
+    # a compiled Sequential / ModuleList / ModuleDict is indexed, iterated and measured as the original
+    def __len__(self) -> int:
+        return len(self._orig_mod)
+
+    def __bool__(self) -> bool:
+        return bool(self._orig_mod)     # (not __len__'s: a Linear has none)
+
+    def __getitem__(self, key: Any) -> Any:
+        return self._orig_mod[key]
+
+    def __iter__(self):
+        return iter(self._orig_mod)
+
     def __delattr__(self, name: str) -> None:
         try:
             super().__delattr__(name)

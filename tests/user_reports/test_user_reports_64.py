@@ -235,3 +235,15 @@ def test_item_of_an_input_keeps_its_checks(coil_reset, backend):
         pinned(x, torch.tensor(3))
     with pytest.raises(RuntimeError):
         cf(x, torch.tensor(3))
+
+
+def test_compiled_container_module_is_indexed_and_iterated_as_the_original(coil_reset):
+    """(with finding 7) ``len`` / ``[i]`` / ``iter`` of a compiled Sequential raised TypeError."""
+    seq = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+    cs = coil.compile(seq)
+    assert len(cs) == 2 and cs[0] is seq[0] and list(cs) == list(seq) and bool(cs)
+    assert bool(coil.compile(torch.nn.Linear(2, 2))) and not bool(coil.compile(torch.nn.Sequential()))
+    with pytest.raises(TypeError):
+        len(coil.compile(torch.nn.Linear(2, 2)))
+    x = torch.randn(3, 4)
+    torch.testing.assert_close(cs(x), seq(x))

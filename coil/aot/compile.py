@@ -342,18 +342,36 @@ def aot_compile(gm: Callable, example_inputs: list, fw_compiler: Callable,
 
 
 @contextlib.contextmanager
+def saved_tensors_hooks_aside():
+    """The caller's saved-tensor hooks (a non-reentrant checkpoint's, ``save_on_cpu``) set aside while capture and aot
+    trace: they are for the program's run, not for the fake tensors of a trace (a compiled module called inside
+    ``checkpoint(..., use_reentrant=False)`` failed to compile, then the checkpoint counted the trace's saves)."""
+    hooks, autograd = [], torch._C._autograd
+    while (top := autograd._top_saved_tensors_default_hooks(True)) is not None:
+        hooks.append(top)
+        autograd._pop_saved_tensors_default_hooks()
+    try:
+        yield
+    finally:
+        for pack, unpack in reversed(hooks):
+            autograd._push_saved_tensors_default_hooks(pack, unpack)
+
+
+@contextlib.contextmanager
 def preserve_global_state():
     """Restore grad mode and every device's autocast state (enabled, dtype, nesting) after tracing. A captured graph
     that ends inside a ``with torch.autocast(...)`` block (a graph break there) holds an ``_enter_autocast`` with no
     exit; tracing executes it for real, and without this the caller's code after the compiling call silently ran in
-    low precision (or, for an ``enabled=False`` island, in fp32)."""
+    low precision (or, for an ``enabled=False`` island, in fp32). The caller's saved-tensor hooks are set aside
+    (:func:`saved_tensors_hooks_aside`)."""
     grad = torch.is_grad_enabled()
     saved = [(d, torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in AUTOCAST_DEVICES]
     cache = torch.is_autocast_cache_enabled()
     nesting = torch.autocast_increment_nesting() - 1
     torch.autocast_decrement_nesting()
     try:
-        yield
+        with saved_tensors_hooks_aside():
+            yield
     finally:
         torch.set_grad_enabled(grad)
         for d, enabled, dtype in saved:

@@ -247,3 +247,42 @@ def test_compiled_container_module_is_indexed_and_iterated_as_the_original(coil_
         len(coil.compile(torch.nn.Linear(2, 2)))
     x = torch.randn(3, 4)
     torch.testing.assert_close(cs(x), seq(x))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Finding 9 (fixed; crash): a compiled function or module called inside ``torch.utils.checkpoint.checkpoint(...,
+# use_reentrant=False)`` (or under any ``saved_tensors_hooks``, e.g. ``save_on_cpu``) failed to compile: the user's
+# pack hooks ran on capture's and aot's fake tensors (the checkpoint's read their data). With that fixed, the
+# checkpoint's recomputation raised "a different number of tensors was saved" (the first call's trace had saved
+# some). Capture and aot now set the caller's hooks aside while they trace.
+# ---------------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("ctx", ["checkpoint", "save_on_cpu", "hooks"])
+def test_compiled_call_under_saved_tensors_hooks(coil_reset, ctx):
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(4, 4)
+    f = lambda t: (torch.nn.functional.gelu(lin(t)) * 2).sum()     # noqa: E731
+    cf = coil.compile(f)
+    packed = []
+
+    def pack(t):
+        packed.append(1)
+        return t
+
+    def run(fn, x):
+        if ctx == "checkpoint":
+            return torch.utils.checkpoint.checkpoint(fn, x, use_reentrant=False)
+        with (torch.autograd.graph.save_on_cpu() if ctx == "save_on_cpu" else
+              torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)):
+            return fn(x)
+
+    x0 = torch.randn(3, 4)
+    grads = []
+    for fn in (f, cf, cf):
+        x = x0.clone().requires_grad_()
+        lin.zero_grad()
+        run(fn, x).backward()
+        grads.append((x.grad, lin.weight.grad.clone()))
+    for g in grads[1:]:
+        torch.testing.assert_close(g[0], grads[0][0])
+        torch.testing.assert_close(g[1], grads[0][1])

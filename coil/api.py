@@ -108,6 +108,13 @@ class OptimizedModule(torch.nn.Module):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         return self._compiled_call(*args, **kwargs)
 
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self._forward_hooks or self._forward_pre_hooks or self._backward_hooks or self._backward_pre_hooks:
+            return super().__call__(*args, **kwargs)    # (hooks registered on the wrapper)
+        # global module hooks (``register_module_forward_hook``) fire for the original only, once, as in eager; the
+        # wrapper's own call ran them a second time (an output hook ``o * 3`` gave ``o * 9``)
+        return self._compiled_call(*args, **kwargs)
+
     def __reduce__(self):
         """Pickling (``pickle``, ``torch.save``) saves the original module and the ``coil.compile`` arguments;
         unpickling compiles the loaded module again (compiled code is not saved). Raises ``pickle.PicklingError`` when

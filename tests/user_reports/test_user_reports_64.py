@@ -306,3 +306,37 @@ def test_low_precision_rand_stays_below_one(coil_reset, backend, dtype):
         assert t.dtype == dtype
         assert t.max().item() < 1.0 and t.min().item() >= 0.0
         assert 0.45 < t.float().mean().item() < 0.55
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Finding 11 (fixed; silent wrong values): a global module hook (``nn.modules.module.register_module_forward_hook``,
+# as profilers and activation-statistics tools install) fired twice for a compiled module: for the original inside
+# the compiled code and again for the OptimizedModule wrapper, so an output hook ``o * 3`` gave ``o * 9``. (torch's
+# OptimizedModule does the same, with a warning.) The wrapper's call skips ``nn.Module.__call__`` unless hooks are
+# registered on the wrapper itself.
+# ---------------------------------------------------------------------------------------------------------------
+
+def test_global_module_hooks_fire_once_for_a_compiled_module(coil_reset):
+    torch.manual_seed(0)
+    m = torch.nn.Linear(4, 4)
+    cm = coil.compile(m)
+    x = torch.randn(2, 4)
+    cm(x)
+    seen = []
+    h1 = torch.nn.modules.module.register_module_forward_hook(
+        lambda mod, args, out: (seen.append(type(mod).__name__), out * 3)[1])
+    h2 = torch.nn.modules.module.register_module_forward_pre_hook(lambda mod, args: seen.append("pre"))
+    try:
+        ref = m(x)
+        assert seen == ["pre", "Linear"]
+        seen.clear()
+        out = cm(x)
+        assert seen == ["pre", "Linear"]
+    finally:
+        h1.remove()
+        h2.remove()
+    torch.testing.assert_close(out, ref)
+    wrapped = []
+    cm.register_forward_hook(lambda mod, args, out: wrapped.append(1))    # a hook on the wrapper still runs
+    cm(x)
+    assert wrapped == [1]

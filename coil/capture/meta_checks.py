@@ -69,6 +69,14 @@ def _dim(args, kwargs) -> None:
         torch._prims_common.canonicalize_dim(x.dim(), int(dim))
 
 
+def _celu(args, kwargs) -> None:
+    """``celu`` with ``alpha`` 0 (a symbolic one is guarded): eager refuses it, the meta kernel and the decomposition
+    returned values."""
+    alpha = _arg(args, kwargs, 1, "alpha")
+    if alpha is not None and alpha == 0:
+        raise RuntimeError("ZeroDivisionError: alpha cannot be 0 for CELU")
+
+
 def _pad(args, kwargs) -> None:
     """``F.pad`` of an integer or bool tensor, probed (eager's reflect and replicate kernels refuse bools, which
     torch's decompositions compute: fuzz s228 #1978) on trailing dims long enough for the pads."""
@@ -195,7 +203,7 @@ _INDEXED = {"index_select": (2, "index"), "index_add": (2, "index"), "index_fill
 CHECKS: dict[str, Callable] = {"index_add": _index_add, "index_copy": _index_copy, "index_put": _index_put,
                                "setitem": _setitem, "__setitem__": _setitem, "softmax": _dim, "softmin": _dim,
                                "sort": _dim, "pad": _pad, "squeeze": _squeeze, "interpolate": _interpolate,
-                               "upsample": _interpolate}
+                               "upsample": _interpolate, "celu": _celu}
 
 
 def check_graph(gm: torch.fx.GraphModule) -> None:

@@ -340,3 +340,24 @@ def test_global_module_hooks_fire_once_for_a_compiled_module(coil_reset):
     cm.register_forward_hook(lambda mod, args, out: wrapped.append(1))    # a hook on the wrapper still runs
     cm(x)
     assert wrapped == [1]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Finding 12 (fixed; a value where eager raises): ``F.celu(x, alpha=0.0)``: eager raises "ZeroDivisionError: alpha
+# cannot be 0 for CELU"; coil returned values (the meta kernel accepts it and the decomposition divides by a Python
+# 0 as inf). Also an ``alpha`` that changed between calls and then became 0 (guarded nonzero).
+# ---------------------------------------------------------------------------------------------------------------
+
+def test_celu_alpha_zero_raises(coil_reset):
+    x = torch.randn(5)
+    for f in (lambda x: torch.nn.functional.celu(x, 0.0), lambda x: torch.nn.CELU(alpha=0)(x)):
+        with pytest.raises(RuntimeError, match="alpha cannot be 0"):
+            f(x)
+        with pytest.raises(RuntimeError, match="alpha cannot be 0"):
+            coil.compile(f)(x)
+    g = lambda x, a: torch.nn.functional.celu(x, a)                # noqa: E731
+    cg = coil.compile(g)
+    for a in (1.0, 2.0, -0.5):
+        torch.testing.assert_close(cg(x, a), g(x, a))
+    with pytest.raises(RuntimeError, match="alpha cannot be 0"):
+        cg(x, 0.0)

@@ -81,8 +81,8 @@ class OptimizedModule(torch.nn.Module):
     It shares the original's parameters, buffers and ``state_dict`` (same keys as the original, no ``_orig_mod.``
     prefix, the very same tensors, so an optimizer built on either trains both), forwards attribute reads it does not
     have, and attribute writes but its own, to the original, and follows ``train()``/``eval()``: ``training`` is the
-    original's flag, set by calling ``train``/``eval`` on either object. ``_orig_mod`` is the original module. ``copy.deepcopy`` copies the original and
-    compiles the copy afresh, so the copy runs its own weights.
+    original's flag, set by calling ``train``/``eval`` on either object. ``_orig_mod`` is the original module.
+    ``copy.deepcopy`` copies the original and compiles the copy afresh, so the copy runs its own weights.
     """
 
     def __init__(self, mod: torch.nn.Module, compiled_call: Callable,

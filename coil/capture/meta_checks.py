@@ -77,6 +77,14 @@ def _celu(args, kwargs) -> None:
         raise RuntimeError("ZeroDivisionError: alpha cannot be 0 for CELU")
 
 
+def _bernoulli(args, kwargs) -> None:
+    """``bernoulli(x, p)`` / ``x.bernoulli_(p)`` of a number ``p`` outside [0, 1] (a symbolic one is guarded): eager
+    refuses it, the graph drew with a clamped probability. (A tensor ``p`` is checked in the graph: aot.)"""
+    p = _arg(args, kwargs, 1, "p")
+    if isinstance(p, (int, float, torch.SymInt, torch.SymFloat)) and not isinstance(p, bool) and not 0 <= p <= 1:
+        raise RuntimeError(f"bernoulli_ expects p to be in [0, 1], but got p={p}")
+
+
 def _pad(args, kwargs) -> None:
     """``F.pad`` of an integer or bool tensor, probed (eager's reflect and replicate kernels refuse bools, which
     torch's decompositions compute: fuzz s228 #1978) on trailing dims long enough for the pads."""
@@ -203,7 +211,7 @@ _INDEXED = {"index_select": (2, "index"), "index_add": (2, "index"), "index_fill
 CHECKS: dict[str, Callable] = {"index_add": _index_add, "index_copy": _index_copy, "index_put": _index_put,
                                "setitem": _setitem, "__setitem__": _setitem, "softmax": _dim, "softmin": _dim,
                                "sort": _dim, "pad": _pad, "squeeze": _squeeze, "interpolate": _interpolate,
-                               "upsample": _interpolate, "celu": _celu}
+                               "upsample": _interpolate, "celu": _celu, "bernoulli": _bernoulli}
 
 
 def check_graph(gm: torch.fx.GraphModule) -> None:

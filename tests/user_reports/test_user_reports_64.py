@@ -361,3 +361,34 @@ def test_celu_alpha_zero_raises(coil_reset):
         torch.testing.assert_close(cg(x, a), g(x, a))
     with pytest.raises(RuntimeError, match="alpha cannot be 0"):
         cg(x, 0.0)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Finding 13 (fixed; values where eager raises): probabilities outside [0, 1]. ``torch.bernoulli(p)`` of a tensor
+# ``p`` with an element 1.2, ``x.bernoulli_(1.5)`` and ``F.binary_cross_entropy`` of an input or target > 1 raise in
+# eager (its kernels check the values); coil drew with clamped probabilities or returned a loss. The checks are now
+# in the graph (``aten._assert_async``, the decompositions of bernoulli and binary_cross_entropy) or, for a Python
+# number ``p``, made by capture.
+# ---------------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("backend", ["cpp", "triton"])
+def test_probabilities_outside_unit_interval_raise(coil_reset, backend):
+    opts = {"cpu_backend": backend}
+    bce = coil.compile(lambda x, t: torch.nn.functional.binary_cross_entropy(x, t), options=opts)
+    x, t = torch.tensor([0.2, 0.9]), torch.tensor([0.0, 1.0])
+    torch.testing.assert_close(bce(x, t), torch.nn.functional.binary_cross_entropy(x, t))
+    for bad in ((x + 1, t), (x, t + 1), (torch.tensor([float("nan"), 0.5]), t)):
+        with pytest.raises(RuntimeError, match="should be between 0 and 1"):
+            torch.nn.functional.binary_cross_entropy(*bad)
+        with pytest.raises(RuntimeError, match="should be between 0 and 1"):
+            bce(*bad)
+    xg = x.clone().requires_grad_()
+    bce(xg, t).backward()
+    assert xg.grad is not None
+    draw = coil.compile(lambda p: torch.bernoulli(p), options=opts)
+    out = draw(torch.tensor([0.0, 1.0, 1.0]))
+    assert torch.equal(out, torch.tensor([0.0, 1.0, 1.0]))
+    with pytest.raises(RuntimeError, match="p_in >= 0"):
+        draw(torch.tensor([0.5, 1.2]))
+    with pytest.raises(RuntimeError, match=r"expects p to be in \[0, 1\]"):
+        coil.compile(lambda x: x.bernoulli_(1.5), options=opts)(torch.zeros(3))

@@ -71,14 +71,18 @@ def _wrap_backend(backend: Callable, name: str, options: dict) -> Callable:
     return compile_graph
 
 
+#: OptimizedModule's own attributes; others are set on (and deleted from) the original module
+_OWN_ATTRIBUTES = frozenset({"_orig_mod", "_compiled_call", "_rewrap", "_compile_args"})
+
+
 class OptimizedModule(torch.nn.Module):
     """A compiled ``nn.Module``.
 
     It shares the original's parameters, buffers and ``state_dict`` (same keys as the original, no ``_orig_mod.``
     prefix, the very same tensors, so an optimizer built on either trains both), forwards attribute reads it does not
-    have to the original, and follows ``train()``/``eval()``: ``training`` is the original's flag, set by calling
-    ``train``/``eval`` on either object. ``_orig_mod`` is the original module. ``copy.deepcopy`` copies the original and
-    compiles the copy afresh, so the copy runs its own weights.
+    have, and attribute writes but its own, to the original, and follows ``train()``/``eval()``: ``training`` is the
+    original's flag, set by calling ``train``/``eval`` on either object. ``_orig_mod`` is the original module.
+    ``copy.deepcopy`` copies the original and compiles the copy afresh, so the copy runs its own weights.
     """
 
     def __init__(self, mod: torch.nn.Module, compiled_call: Callable,
@@ -104,6 +108,13 @@ class OptimizedModule(torch.nn.Module):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         return self._compiled_call(*args, **kwargs)
 
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self._forward_hooks or self._forward_pre_hooks or self._backward_hooks or self._backward_pre_hooks:
+            return super().__call__(*args, **kwargs)    # (hooks registered on the wrapper)
+        # global module hooks (``register_module_forward_hook``) fire for the original only, once, as in eager; the
+        # wrapper's own call ran them a second time (an output hook ``o * 3`` gave ``o * 9``)
+        return self._compiled_call(*args, **kwargs)
+
     def __reduce__(self):
         """Pickling (``pickle``, ``torch.save``) saves the original module and the ``coil.compile`` arguments;
         unpickling compiles the loaded module again (compiled code is not saved). Raises ``pickle.PicklingError`` when
@@ -126,7 +137,30 @@ class OptimizedModule(torch.nn.Module):
         if name == "training":
             self._orig_mod.training = value
             return
-        super().__setattr__(name, value)
+        modules = self.__dict__.get("_modules")
+        if name in _OWN_ATTRIBUTES or modules is None or "_orig_mod" not in modules or hasattr(type(self), name):
+            super().__setattr__(name, value)
+        else:   # (``model.scale = 2.0``: the compiled forward reads the original's attributes)
+            setattr(modules["_orig_mod"], name, value)
+
+    # a compiled Sequential / ModuleList / ModuleDict is indexed, iterated and measured as the original
+    def __len__(self) -> int:
+        return len(self._orig_mod)
+
+    def __bool__(self) -> bool:
+        return bool(self._orig_mod)     # (not __len__'s: a Linear has none)
+
+    def __getitem__(self, key: Any) -> Any:
+        return self._orig_mod[key]
+
+    def __iter__(self):
+        return iter(self._orig_mod)
+
+    def __delattr__(self, name: str) -> None:
+        try:
+            super().__delattr__(name)
+        except AttributeError:
+            delattr(self._orig_mod, name)
 
     def train(self, mode: bool = True) -> "OptimizedModule":
         self._orig_mod.train(mode)

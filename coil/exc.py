@@ -116,6 +116,11 @@ def refuse_fallback(event: str, error: BaseException | str) -> None:
         error if isinstance(error, BaseException) else None)
 
 
+#: the end of the message of the check aot puts where eager's linalg functions raise ``torch.linalg.LinAlgError`` (a
+#: RuntimeError that compiled code raises as that type: coil.codegen.CompiledGraph)
+LINALG_ERROR_MESSAGE = "the input is singular or not positive-definite (the factorization could not be completed)"
+
+
 class KernelIndexError(IndexError, RuntimeError):
     """An index that a generated kernel's bounds check found out of range (``x[i]``, gather, scatter, embedding,
     one_hot, nll_loss targets...). Eager raises IndexError for some of these ops and RuntimeError for others, and a

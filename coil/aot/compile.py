@@ -342,18 +342,36 @@ def aot_compile(gm: Callable, example_inputs: list, fw_compiler: Callable,
 
 
 @contextlib.contextmanager
+def saved_tensors_hooks_aside():
+    """The caller's saved-tensor hooks (a non-reentrant checkpoint's, ``save_on_cpu``) set aside while capture and aot
+    trace: they are for the program's run, not for the fake tensors of a trace (a compiled module called inside
+    ``checkpoint(..., use_reentrant=False)`` failed to compile, then the checkpoint counted the trace's saves)."""
+    hooks, autograd = [], torch._C._autograd
+    while (top := autograd._top_saved_tensors_default_hooks(True)) is not None:
+        hooks.append(top)
+        autograd._pop_saved_tensors_default_hooks()
+    try:
+        yield
+    finally:
+        for pack, unpack in reversed(hooks):
+            autograd._push_saved_tensors_default_hooks(pack, unpack)
+
+
+@contextlib.contextmanager
 def preserve_global_state():
     """Restore grad mode and every device's autocast state (enabled, dtype, nesting) after tracing. A captured graph
     that ends inside a ``with torch.autocast(...)`` block (a graph break there) holds an ``_enter_autocast`` with no
     exit; tracing executes it for real, and without this the caller's code after the compiling call silently ran in
-    low precision (or, for an ``enabled=False`` island, in fp32)."""
+    low precision (or, for an ``enabled=False`` island, in fp32). The caller's saved-tensor hooks are set aside
+    (:func:`saved_tensors_hooks_aside`)."""
     grad = torch.is_grad_enabled()
     saved = [(d, torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in AUTOCAST_DEVICES]
     cache = torch.is_autocast_cache_enabled()
     nesting = torch.autocast_increment_nesting() - 1
     torch.autocast_decrement_nesting()
     try:
-        yield
+        with saved_tensors_hooks_aside():
+            yield
     finally:
         torch.set_grad_enabled(grad)
         for d, enabled, dtype in saved:
@@ -555,10 +573,25 @@ def _compile(fn, example_inputs, fw_compiler, bw_compiler, partition_fn, decompo
             gm.meta["coil_aot_graph"] = "backward"  # (CUDA graphs' kind, upcast_matmuls)
             return bw_compiler(gm, bw_fakes), none
     run = _check_aliasing_per_call(training_runner(compiled_fw, None if lazy_bw else bw_compiler(part.bw, bw_fakes),
-                                                   info, jinfo, part.num_saved, bw_for, reach), fn, info.mutated_inputs,
+                                                   info, jinfo, part.num_saved, bw_for, reach,
+                                                   _computed_saved_need_grad(part.fw, jinfo.grad_inputs, n_fw,
+                                                                             part.num_saved)), fn, info.mutated_inputs,
                                   fake_args)
     run = _check_offsets_per_call(run, part.fw, fake_args, fn, info.mutated_inputs)
     return run if groups is None else _with_input_groups(run, groups, user_fn)
+
+
+def _computed_saved_need_grad(fw: torch.fx.GraphModule, grad_inputs: list, start: int, num_saved: int) -> bool:
+    """Whether the forward computes a floating saved value from an input that requires grad: eager's counterpart has
+    a history, so gradients that read it require grad under ``create_graph=True`` (runtime's ``detached_saved``)."""
+    places = [n for n in fw.graph.nodes if n.op == "placeholder"]
+    dep = {places[i] for i in grad_inputs}
+    for n in fw.graph.nodes:
+        if n.op == "call_function" and any(a in dep for a in n.all_input_nodes):
+            dep.add(n)
+    saved = fw.graph.output_node().args[0][start:start + num_saved]
+    return any(isinstance(s, torch.fx.Node) and s.op != "placeholder" and s in dep and isinstance(
+        v := s.meta.get("val"), torch.Tensor) and (v.is_floating_point() or v.is_complex()) for s in saved)
 
 
 def _check_offsets_per_call(runner: Callable, gm: torch.fx.GraphModule, fake_args: list, fn: Callable,

@@ -334,6 +334,29 @@ _eager_cpu_format(aten.max_unpool2d.default)
 _eager_cpu_format(aten.roll.default, lambda shifts, dims=(): dims not in ((), []))
 
 
+def _checked(op, *checks: tuple) -> None:
+    """``op``'s decomposition after ``aten._assert_async`` that each ``(argument position, message)`` is in [0, 1], as
+    eager's kernel checks the values (bernoulli of p = 1.5, binary_cross_entropy of an input or target > 1: the
+    decompositions returned numbers). (``fallback_random`` keeps a random op whole: eager's kernel checks.)"""
+    torchs = _decomp.decomposition_table[op]
+
+    def decomp(*args, **kwargs):
+        for k, msg in checks:
+            aten._assert_async.msg(aten.logical_and(aten.ge.Scalar(args[k], 0), aten.le.Scalar(args[k], 1)).all(), msg)
+        return torchs(*args, **kwargs)
+    register(op)(decomp)
+
+
+_checked(aten.bernoulli.default, (0, "Expected p_in >= 0 && p_in <= 1 to be true, but got false."))
+_checked(aten.binary_cross_entropy.default, (0, "all elements of input should be between 0 and 1"),
+         (1, "all elements of target should be between 0 and 1"))
+
+_TORCH_LOGSPACE = _decomp.decomposition_table[aten.logspace.default]
+# torch's reference refuses a negative base (NotImplementedError); eager's kernel computes it: the op stays whole
+register(aten.logspace.default)(lambda start, end, steps, base=10.0, **kw: NotImplemented if base < 0
+                                else _TORCH_LOGSPACE(start, end, steps, base, **kw))
+
+
 register(aten.upsample_linear1d.default)(lambda x, size, corners, s=None: _upsample_linear(x, size, corners, [s]))
 
 
@@ -431,10 +454,10 @@ def get_decompositions(fallback_random: Optional[bool] = None) -> dict:
         table.update(_decomp.get_decompositions(EXTRA_DECOMPOSE))
         for op in _overloads(KEEP_WHOLE):
             table.pop(op, None)
+        table.update(COIL_DECOMPOSITIONS)
         if key:
             for op in _overloads(RANDOM_OPS):
                 table.pop(op, None)
-        table.update(COIL_DECOMPOSITIONS)
         _TABLES[key] = table
     return _TABLES[key]
 

@@ -35,6 +35,7 @@ from torch.utils.checkpoint import CheckpointPolicy
 from torch.utils.weak import WeakIdKeyDictionary
 
 from coil import trace
+from coil.exc import LINALG_ERROR_MESSAGE
 from coil.aot.aliasing import (OFFSET_WRITE_MESSAGE, OUTSIDE_GRAD_MESSAGE, OUTSIDE_READ_MESSAGE,
                                RESTRIDE_VIEWED_MESSAGE, OverlapGuard, RunEagerly, _addresses, _extent, _overlaps,
                                _static, inside)
@@ -151,8 +152,10 @@ def fakeify(example_inputs: list) -> tuple[FakeTensorMode, list]:
     leafness); reuses the inputs' fake mode if they are already fake. Non-tensors pass through."""
     if (mode := fake_mode_of(example_inputs)) is not None:
         return mode, list(example_inputs)
-    mode = FakeTensorMode(allow_non_fake_inputs=False)
-    return mode, [mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in example_inputs]
+    # symbolic numbers and no tensor (``torch.full((n,), 1.5)`` of an int that changed): their ShapeEnv
+    env = next((x.node.shape_env for x in example_inputs if isinstance(x, (torch.SymInt, torch.SymFloat))), None)
+    mode = FakeTensorMode(allow_non_fake_inputs=False, shape_env=env)
+    return mode, [mode.from_tensor(x, static_shapes=True) if isinstance(x, torch.Tensor) else x for x in example_inputs]
 
 
 def _to_functional(x: Any) -> Any:
@@ -166,13 +169,12 @@ def _from_functional(x: Any) -> Any:
 class _DropErrorChecks(TorchDispatchMode):
     """Replaces ``aten._linalg_check_errors`` (an ordered side effect that functionalization refuses without effect
     tokens) by ``aten._assert_async`` of ``info == 0``: a singular input raises a RuntimeError naming the function
-    (eager's is a ``LinAlgError``, a RuntimeError), where the graph returned inf/nan."""
+    (compiled code raises it as eager's ``LinAlgError``), where the graph returned inf/nan."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func in _ERROR_CHECK_OPS:
             info, api = args[0], args[1]
-            return aten._assert_async.msg(aten.eq.Scalar(info, 0).all(), f"{api}: the input is singular or not "
-                                          "positive-definite (the factorization could not be completed)")
+            return aten._assert_async.msg(aten.eq.Scalar(info, 0).all(), f"{api}: {LINALG_ERROR_MESSAGE}")
         return func(*args, **(kwargs or {}))
 
 
@@ -675,7 +677,7 @@ def _make_fx(fn: Callable, args: list, decompositions: dict, fake_mode: FakeTens
     _insert_zero_division_checks(gm)
     env = fake_mode.shape_env
     if env is not None and any(env.deferred_runtime_asserts.values()):
-        _insert_runtime_asserts(gm, env)
+        _insert_runtime_asserts(gm, env, [item_memo(a) for a in pytree.tree_leaves(args)])
     return gm
 
 
@@ -733,13 +735,23 @@ def _insert_zero_division_checks(gm: torch.fx.GraphModule) -> None:
         trace.log("zero_division_checks", stage="aot", checks=added)
 
 
-def _insert_runtime_asserts(gm: torch.fx.GraphModule, env) -> None:
+def _insert_runtime_asserts(gm: torch.fx.GraphModule, env, memos: list) -> None:
     """Add ``aten._assert_scalar`` nodes for the facts the program asserted about data-dependent sizes
     (``torch._check(n < 10)``, ``torch._check_is_size(n)`` on ``n = t.item()``): the ShapeEnv keeps them as deferred
     runtime asserts, which tracing leaves out of the graph, so the compiled program returned values where eager
     raised. Each check goes right after the node that binds its symbols (torch.fx's
     ``insert_deferred_runtime_asserts``); logged ``runtime_asserts``."""
     before = len(gm.graph.nodes)
+    places = gm.graph.find_nodes(op="placeholder")
+    for n in gm.graph.find_nodes(op="call_function", target=aten._local_scalar_dense.default):
+        # ``.item()`` of an input whose fake carries the capture's symbol (item_memo): no binding was recorded, so its
+        # checks (and a view's ``6 % u0 == 0``) had no node to follow; the read binds the symbol. One since replaced
+        # by a number (``x.view(n.item(), 3)`` of 6 elements pins it to 2) had no value: the wrapper checks it (ir).
+        memo = memos[places.index(n.args[0])] if n.args[0] in places else None
+        if memo is None or "unbacked_bindings" in n.meta or not (sym := memo.node._expr).is_Symbol or \
+                not free_unbacked_symbols(sym):
+            continue
+        n.meta["val"], n.meta["unbacked_bindings"] = memo, {sym: ()}
     insert_deferred_runtime_asserts(gm, env, "coil")
     added = [str(n.args[1]) for n in gm.graph.nodes if n.target is torch.ops.aten._assert_scalar.default]
     if added:

@@ -444,6 +444,10 @@ class _BackwardOnce(torch.autograd.Function):
         raise RuntimeError(DOUBLE_BACKWARD_MESSAGE)
 
 
+#: an input of :class:`_BackwardOnce` that requires grad, for gradients computed from detached saved values
+_DIFFERENTIABLE = torch.zeros((), requires_grad=True)
+
+
 class _Reached(torch.autograd.Function):
     """An identity on a compiled forward's output whose gradient enters a custom Function's backward: its backward
     runs iff the backward pass reaches that output (an undefined gradient too), and records it on the compiled
@@ -471,12 +475,15 @@ def _storageless(t: torch.Tensor) -> bool:
 
 
 def training_runner(compiled_fw: Callable, compiled_bw: Callable, info: ProgramInfo,
-                    jinfo: JointInfo, num_saved: int, bw_for: Callable, reach=()) -> Callable:
+                    jinfo: JointInfo, num_saved: int, bw_for: Callable, reach=(), detached_saved=False) -> Callable:
     """The callable for the training path (see module docstring). ``bw_for(missing, reached)``: (compiled backward,
     per gradient: is it None) for calls whose tangents at positions ``missing`` are None
     (:func:`coil.aot.partition.drop_undefined_tangents`), compiled at the first such call; ``compiled_bw`` (all
     tangents defined) is None when that one too is compiled at its first call. ``reach``: tangent positions whose
-    outputs pass through :class:`_Reached` (``reached``: those of ``missing`` the backward pass reached)."""
+    outputs pass through :class:`_Reached` (``reached``: those of ``missing`` the backward pass reached).
+    ``detached_saved``: a saved value is a float the forward computed from an input that requires grad; it reaches the
+    backward detached, so under ``create_graph=True`` the gradients also take :data:`_DIFFERENTIABLE` as an input:
+    they require grad as eager's do, and differentiating them raises, never a silently missing term."""
     epilogue, n_fw = _make_epilogue(info), info.num_fw_outputs
     compiled_fw = without_autocast(cudagraphify(compiled_fw, "forward", (n_fw, n_fw + num_saved)))
     n_in = len(info.inputs)
@@ -545,8 +552,12 @@ def training_runner(compiled_fw: Callable, compiled_bw: Callable, info: ProgramI
                 run_bw = lambda *a: tuple(gm(*a))  # noqa: E731 (no storage to compare: _distinct_grads)
             else:
                 run_bw = lambda *a: _distinct_grads(compiled_bw(*a))  # noqa: E731 (create_graph=True: _BackwardOnce)
-            grads = _BackwardOnce.apply(run_bw, *saved, *tangents) if torch.is_grad_enabled() else run_bw(
-                *saved, *tangents)
+            if not torch.is_grad_enabled():
+                grads = run_bw(*saved, *tangents)
+            elif detached_saved:
+                grads = _BackwardOnce.apply(lambda *a: run_bw(*a[:-1]), *saved, *tangents, _DIFFERENTIABLE)
+            else:
+                grads = _BackwardOnce.apply(run_bw, *saved, *tangents)
             result = dict(zip(slots, grads))
             return tuple(map(result.get, range(n_in)))
 

@@ -420,8 +420,9 @@ def _miss_entry(fn, code, cfg, bound):
                 _note_changed_sizes(cache, old, bound, fn)
             if _config.config.verbose:
                 print(f"coil: recompiling {_label(code)}: {reason}")
+        from coil.aot.compile import saved_tensors_hooks_aside
         try:
-            with trace.stage("capture", frame=_label(code)):
+            with trace.stage("capture", frame=_label(code)), saved_tensors_hooks_aside():
                 entry = _translate(fn, code, cfg, bound, cache.auto_dynamic)
         except (UserError, BackendCompilerFailed):
             raise

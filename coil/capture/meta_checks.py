@@ -62,10 +62,27 @@ def _index_add(args, kwargs) -> None:
 
 
 def _dim(args, kwargs) -> None:
-    """``softmax`` / ``softmin`` / ``sort`` of a ``dim`` out of range: their meta kernels accept it, eager's IndexError."""
+    """``softmax`` / ``softmin`` / ``sort`` of a ``dim`` out of range: their meta kernels accept it, eager's IndexError.
+    A symbolic ``dim`` (a Python int that changed between calls) is specialized, as the op does anyway."""
     x, dim = _arg(args, kwargs, 0, "input"), _arg(args, kwargs, 1, "dim")
-    if isinstance(x, torch.Tensor) and type(dim) is int:
-        torch._prims_common.canonicalize_dim(x.dim(), dim)
+    if isinstance(x, torch.Tensor) and (type(dim) is int or isinstance(dim, torch.SymInt)):
+        torch._prims_common.canonicalize_dim(x.dim(), int(dim))
+
+
+def _celu(args, kwargs) -> None:
+    """``celu`` with ``alpha`` 0 (a symbolic one is guarded): eager refuses it, the meta kernel and the decomposition
+    returned values."""
+    alpha = _arg(args, kwargs, 1, "alpha")
+    if alpha is not None and alpha == 0:
+        raise RuntimeError("ZeroDivisionError: alpha cannot be 0 for CELU")
+
+
+def _bernoulli(args, kwargs) -> None:
+    """``bernoulli(x, p)`` / ``x.bernoulli_(p)`` of a number ``p`` outside [0, 1] (a symbolic one is guarded): eager
+    refuses it, the graph drew with a clamped probability. (A tensor ``p`` is checked in the graph: aot.)"""
+    p = _arg(args, kwargs, 1, "p")
+    if isinstance(p, (int, float, torch.SymInt, torch.SymFloat)) and not isinstance(p, bool) and not 0 <= p <= 1:
+        raise RuntimeError(f"bernoulli_ expects p to be in [0, 1], but got p={p}")
 
 
 def _pad(args, kwargs) -> None:
@@ -194,7 +211,7 @@ _INDEXED = {"index_select": (2, "index"), "index_add": (2, "index"), "index_fill
 CHECKS: dict[str, Callable] = {"index_add": _index_add, "index_copy": _index_copy, "index_put": _index_put,
                                "setitem": _setitem, "__setitem__": _setitem, "softmax": _dim, "softmin": _dim,
                                "sort": _dim, "pad": _pad, "squeeze": _squeeze, "interpolate": _interpolate,
-                               "upsample": _interpolate}
+                               "upsample": _interpolate, "celu": _celu, "bernoulli": _bernoulli}
 
 
 def check_graph(gm: torch.fx.GraphModule) -> None:

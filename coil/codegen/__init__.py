@@ -27,7 +27,7 @@ from coil.codegen.backend import GeneratedKernel, get_kernel_backend
 from coil.codegen.common import KernelPlan
 from coil.codegen.tiling import tile_pointwise
 from coil.config import config
-from coil.exc import CoilError, KernelCompileError, refuse_fallback
+from coil.exc import LINALG_ERROR_MESSAGE, CoilError, KernelCompileError, refuse_fallback
 from coil.ir.nodes import ComputedBuffer, ExternKernel, ScatterBuffer
 from coil.ir.symbols import shape_env_scope
 from coil.codegen.wrapper import WrapperCodegen, _alias_roots
@@ -101,6 +101,10 @@ class CompiledGraph:
             return self.call(*args)
         except Exception as e:
             _note_origin(e, self.source)
+            if type(e) is RuntimeError and str(e).endswith(LINALG_ERROR_MESSAGE):   # (aot's check of a linalg op)
+                err = torch.linalg.LinAlgError(str(e))
+                err.__notes__ = getattr(e, "__notes__", [])
+                raise err from None
             raise
 
     @property

@@ -820,6 +820,10 @@ def _random(*args, **kwargs):
         v = ops.randn(seed, off) if name.startswith("randn") else ops.rand(seed, off)
         if p_load is not None:
             v = ops.to_dtype(ops.lt(v, p_load(index)), odt, torch.bool)
+        elif name in ("rand", "rand_like") and odt in (torch.float16, torch.bfloat16):
+            # [0, 1) as eager's: a float32 draw just below 1 rounds up to 1.0 in half / bfloat16 (0.2% of bf16 draws)
+            v = ops.minimum(v, ops.constant(1 - torch.finfo(odt).eps / 2, torch.float32))
+            v = ops.to_dtype(v, odt, torch.float32) if cdt != torch.float32 else v
         elif cdt != torch.float32:
             v = ops.to_dtype(v, odt, torch.float32)
         return v

@@ -253,12 +253,20 @@ class AutocastVariable(ContextManagerVariable):
         self.real = torch.autocast(device_type, dtype=dtype, enabled=enabled, cache_enabled=cache)
         self.real.__enter__()
         tx.output.open_contexts.append(self)
-        return ConstantVariable(None)
+        return self     # (``with torch.autocast(...) as c``: eager's ``__enter__`` returns the object)
 
     def exit(self, tx):
         tx.locate_node(tx.output.graph.create_node("call_function", _exit_autocast, (self.handle,), {}))
         self.real.__exit__(None, None, None)
         tx.output.open_contexts.remove(self)
+
+    def var_getattr(self, tx, name):
+        if name in ("fast_dtype", "device"):
+            device_type, dtype, enabled, cache = self.args
+            real = getattr(self, "real", None) or torch.autocast(device_type, dtype=dtype, enabled=enabled,
+                                                                   cache_enabled=cache)
+            return ConstantVariable(getattr(real, name))
+        return super().var_getattr(tx, name)
 
     def reconstruct(self, cg):
         raise Unsupported("graph break inside torch.autocast")
@@ -332,6 +340,9 @@ class _InferenceModeOff(ProfilerRangeVariable):
 
     def python_type(self):
         return torch.inference_mode
+
+    def enter(self, tx):
+        return ConstantVariable(None)   # (eager's ``__enter__`` returns None)
 
 
 def make_context(tx, cls, args, kwargs):

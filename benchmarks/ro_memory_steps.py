@@ -1,7 +1,9 @@
 """Where a reduce-overhead workload's memory goes, call by call: for one compiler alone, the device memory reserved and
 allocated after each of the first calls (the warm-up, the recording, the replays), in the default pool and in total,
 and what ``torch.cuda.empty_cache()`` would hand back (cached, unused); then the segments by pool, stream and
-size class (2 MiB small / large), with the bytes in use. Finds memory a compiler leaves cached.
+size class (2 MiB small / large), with the bytes in use. Finds memory a compiler leaves cached. ``--history``: at
+each new 2 MiB segment, the small blocks live on its stream and the code that allocated them (why a pool needs a
+second small segment).
 
     python benchmarks/ro_memory_steps.py --workload gpt2_b8 --compiler coil     # the GPU machine, < 1 minute
 """
@@ -21,7 +23,11 @@ def main() -> None:
     ap.add_argument("--workload", default="gpt2_b8")
     ap.add_argument("--compiler", default="coil", choices=sorted(ro.COMPILERS))
     ap.add_argument("--calls", type=int, default=6)
+    ap.add_argument("--history", action="store_true", help="record the allocator's history and, at each new "
+                    "small (2 MiB) segment, print the small blocks live then and where they were allocated")
     a = ap.parse_args()
+    if a.history:
+        torch.cuda.memory._record_memory_history(max_entries=500000)
     dev = torch.device("cuda")
     built = ro.WORKLOADS[a.workload].build(dev, "full")
     module = copy.deepcopy(built.module)
@@ -41,6 +47,8 @@ def main() -> None:
               f"{sum(t.numel() * t.element_size() for t in out) / mib:6.1f} MiB, small pool {small / mib:.1f} MiB")
         del out
         gc.collect()
+    if a.history:
+        small_segments(torch.cuda.memory._snapshot())
     groups: dict = {}
     for seg in torch.cuda.memory_snapshot():
         used = sum(b["size"] for b in seg["blocks"] if b["state"] == "active_allocated")
@@ -53,6 +61,30 @@ def main() -> None:
     before = torch.cuda.memory_reserved()
     torch.cuda.empty_cache()
     print(f"empty_cache after the calls hands back {(before - torch.cuda.memory_reserved()) / mib:.1f} MiB")
+
+
+def _where(entry: dict) -> str:
+    """The innermost frames of an allocation that are not torch's own Python."""
+    frames = [f for f in entry.get("frames", []) if f.get("filename") and "/torch/" not in f["filename"]
+              and not f["filename"].endswith((".cpp", ".h", ".cu")) and "??" not in f["filename"]]
+    return " < ".join(f"{f['filename'].rsplit('/', 1)[-1]}:{f['line']} {f['name']}" for f in frames[:3]) or "?"
+
+
+def small_segments(snapshot: dict) -> None:
+    """At each 2 MiB segment the allocator made, the small blocks (<= 1 MiB) live on that stream then."""
+    live: dict = {}
+    for ev in (e for trace in snapshot["device_traces"] for e in trace):
+        act, addr, size = ev["action"], ev["addr"], ev["size"]
+        if act == "alloc" and size <= 2 ** 20:
+            live[addr] = ev
+        elif act in ("free_requested", "free_completed"):
+            live.pop(addr, None)
+        elif act == "segment_alloc" and size <= 2 ** 21:
+            mine = sorted((e for e in live.values() if e["stream"] == ev["stream"]), key=lambda e: -e["size"])
+            print(f"  new small segment on stream {ev['stream']}: {sum(e['size'] for e in mine) / 2**10:.0f} KiB "
+                  f"of small blocks live in {len(mine)} blocks; the largest:")
+            for e in mine[:8]:
+                print(f"    {e['size'] / 2**10:8.1f} KiB  {_where(e)}")
 
 
 if __name__ == "__main__":

@@ -11,8 +11,7 @@ The whole of coil's Inductor role in one call (docs/codegen.md):
    exec'd and returned. The returned callable takes the placeholders positionally and
    returns a tuple of what the graph returns.
 
-Everything goes to the compile log: the loop IR, fusion decisions, kernel sources, the wrapper.
-"""
+Everything goes to the compile log: the loop IR, fusion decisions, kernel sources, the wrapper."""
 from __future__ import annotations
 
 import dataclasses

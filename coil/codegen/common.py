@@ -8,8 +8,7 @@ See docs/codegen.md for the contract. Built from a scheduler FusedGroup:
   kernel, or an out-of-loop node, starts after the loop it depends on. With ``persistent`` (the whole reduction fits in
   one block) there is a single section and no loop;
 - which buffers must be stored (read after the kernel, graph outputs, or read in a later loop section of a looped
-  reduction) and which are removed (live only in registers).
-"""
+  reduction) and which are removed (live only in registers)."""
 from __future__ import annotations
 
 import dataclasses

@@ -4,8 +4,7 @@ When one access of a pointwise group walks memory with ``xindex`` and another wi
 an NCHW -> NHWC copy), a 1-D kernel coalesces only one of them. :func:`tile_pointwise` re-plans such a
 group over ``(Y, X)``, ``X`` the innermost loop range of its first stored buffer: ``[XBLOCK, RBLOCK]``
 tiles on a 2-D grid, which Triton's coalescing pass lays out per access (Inductor tiles ``(y, x)`` ranges
-the same way). Triton only (event ``tile_2d``); docs/codegen.md.
-"""
+the same way). Triton only (event ``tile_2d``); docs/codegen.md."""
 from __future__ import annotations
 
 from typing import Optional

@@ -4,8 +4,7 @@
 allocates kernel outputs with ``empty_strided``, calls kernels and extern kernels, releases each buffer
 after its last reader and reuses freed buffers of the same size, stride, dtype and device (``buf7 = buf2
 # reuse``). With ``boxed=True`` it also defines ``call_boxed(args)``, which empties its input list and
-releases each input after its last reader. docs/codegen.md, "Wrapper".
-"""
+releases each input after its last reader. docs/codegen.md, "Wrapper"."""
 from __future__ import annotations
 
 import bisect

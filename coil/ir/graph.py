@@ -8,8 +8,7 @@ tensor placeholder), ``self.outputs`` (an :class:`OutputSpec` per graph output).
 Decisions made here (all logged): which ops fell back to extern kernels (event ``lowering_fallbacks``), and when an
 unrealized pointwise value is realized (stored to memory) instead of inlined into readers: graph outputs, inputs of
 extern kernels, values with several readers whose body is expensive (more loads than ``config.max_inline_reads`` or more
-than :data:`MAX_INLINE_OPS` ops), and bodies that grew larger than :data:`MAX_BODY_OPS` ops.
-"""
+than :data:`MAX_INLINE_OPS` ops), and bodies that grew larger than :data:`MAX_BODY_OPS` ops."""
 from __future__ import annotations
 
 import dataclasses

@@ -4,8 +4,7 @@
 - :class:`DependencyRecorder` records reads/writes with their index expressions (the scheduler's dependency source) and
   counts ops (inlining heuristics).
 - :class:`ReferenceInterpreter` *executes* a body with torch ops over the whole iteration space at once; it is the
-  living definition of the loop IR: every lowering is tested against it and against eager PyTorch.
-"""
+  living definition of the loop IR: every lowering is tested against it and against eager PyTorch."""
 from __future__ import annotations
 
 import itertools
@@ -163,8 +162,7 @@ class ReferenceInterpreter(OpsHandler):
 
     ``env`` maps buffer names to flat 1-D storage tensors (element ``i`` of the flat
     tensor is storage element ``i``). Values are tensors broadcastable to the iteration
-    shape ``ranges + reduction_ranges``. fp16/bf16 values are computed in fp32.
-    """
+    shape ``ranges + reduction_ranges``. fp16/bf16 values are computed in fp32."""
 
     def __init__(self, env: dict[str, torch.Tensor], var_values: dict, n_red_dims: int, iter_shape: tuple):
         self.env, self.var_values = env, dict(var_values)

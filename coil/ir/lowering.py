@@ -8,8 +8,7 @@ Lowerings know the node's output dtype/shape from fake-tensor metadata (:func:`o
 eager exactly: arithmetic runs in ``compute_dtype(out_dtype)`` (fp32 for fp16/bf16) and the store rounds once.
 
 Pointwise math is table-driven (:data:`UNARY`, :data:`BINARY`); views, indexing,
-concatenation and creation ops live in :mod:`coil.ir.lowering_views`; reductions below.
-"""
+concatenation and creation ops live in :mod:`coil.ir.lowering_views`; reductions below."""
 from __future__ import annotations
 
 import functools

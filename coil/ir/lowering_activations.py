@@ -7,8 +7,7 @@ kernel on an H200 is bound by instruction issue rather than memory with it (abou
 ``ops.ndtr`` as the Triton backend writes it, 27). The ``approximate="tanh"`` form follows torch's formula op by op.
 
 Dtypes: arithmetic runs in ``compute_dtype(out)`` (fp32 for fp16/bf16), rounded once at
-the store, like the other pointwise lowerings.
-"""
+the store, like the other pointwise lowerings."""
 from __future__ import annotations
 
 import functools

@@ -1,13 +1,11 @@
 """Lowerings around convolutions: the kernels a CNN runs between its convolutions.
 
-Loop-level values the scheduler fuses with their neighbours instead of ATen's kernels (docs/ir.md,
-"Convolution epilogues"): a CUDA convolution's ``+ bias`` (``config.conv_bias_epilogue``), a 1x1
-convolution of a 1x1 image as a generated reduction (``config.conv_matvec_max_macs``),
-``max_pool2d_with_indices`` as the window max and its index, and its backward as a gather of the gradients whose
-index a pixel is (``config.lower_max_pool``), and the
-average pool of windows inside the image with its backward where windows do not overlap (``config.lower_avg_pool``).
-Each raises :class:`~coil.ir.lowering.FallbackToExtern` where it does not apply, and the ATen op runs.
-"""
+Loop-level values the scheduler fuses with their neighbours instead of ATen's kernels (docs/ir.md, "Convolution
+epilogues"): a CUDA convolution's ``+ bias`` (``config.conv_bias_epilogue``), a 1x1 convolution of a 1x1 image as a
+generated reduction (``config.conv_matvec_max_macs``), ``max_pool2d_with_indices`` as the window max and its index, and
+its backward as a gather of the gradients whose index a pixel is (``config.lower_max_pool``), and the average pool of
+windows inside the image with its backward where windows do not overlap (``config.lower_avg_pool``). Each raises
+:class:`~coil.ir.lowering.FallbackToExtern` where it does not apply, and the ATen op runs."""
 from __future__ import annotations
 
 import functools

@@ -3,8 +3,7 @@ padding, scatter-into-slice, creation ops.
 
 Views of realized buffers become :class:`ReinterpretView` (a new strided layout on the same storage: extern kernels can
 take them as ``as_strided`` tensors); views of unrealized bodies become :class:`GenericView` (an index function), so a
-chain of views costs nothing until a kernel reads it.
-"""
+chain of views costs nothing until a kernel reads it."""
 from __future__ import annotations
 
 import functools

@@ -8,8 +8,7 @@ or a realized :class:`Buffer` (:class:`InputBuffer`, :class:`ComputedBuffer`, :c
 
 Invariants: sizes/strides/index expressions are sympy expressions; a Buffer's
 ``layout`` is fixed once created; every realized buffer has a unique name ``bufN`` (or
-the placeholder name for inputs); a body only reads buffers created before it.
-"""
+the placeholder name for inputs); a body only reads buffers created before it."""
 from __future__ import annotations
 
 import dataclasses
@@ -218,8 +217,7 @@ class Reduction(Loops):
     """``out[index] = reduce_{r in reduction_ranges} inner_fn(index, r)``.
 
     ``reduction_type`` is one of :data:`coil.ir.virtualized.REDUCTION_TYPES`; ``dtype``
-    is the output dtype, ``src_dtype`` the dtype of ``inner_fn``'s values.
-    """
+    is the output dtype, ``src_dtype`` the dtype of ``inner_fn``'s values."""
 
     def __init__(self, device, dtype, inner_fn, ranges, reduction_ranges, reduction_type, src_dtype):
         super().__init__(device, dtype, inner_fn, ranges)
@@ -387,8 +385,7 @@ class ScatterBuffer(ComputedBuffer):
     Its storage *is* the storage of ``target`` (a ComputedBuffer made for this purpose by the lowering, read by nothing
     else): the wrapper aliases it (``buf7 = buf5``) instead of allocating. The body iterates over ``ranges`` (the
     scattered elements); ``dest_fn(index)`` gives the destination index in the target's shape and ``value_fn(index)``
-    the value; ``mode`` is None (overwrite) or "atomic_add".
-    """
+    the value; ``mode`` is None (overwrite) or "atomic_add"."""
 
     def __init__(self, name, target: ComputedBuffer, ranges, dest_fn, value_fn, mode):
         data = Pointwise(target.get_device(), target.get_dtype(), value_fn, ranges)

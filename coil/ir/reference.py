@@ -3,8 +3,7 @@
 ``run_reference(graph, args)`` executes every buffer of a :class:`GraphLowering` in order: ComputedBuffers through
 :class:`~coil.ir.handlers.ReferenceInterpreter` (torch ops over the whole iteration space), extern kernels with their
 ATen op. It returns the graph outputs. Tests compare it with eager PyTorch for every lowering, which checks the IR
-independently of any backend.
-"""
+independently of any backend."""
 from __future__ import annotations
 
 import torch

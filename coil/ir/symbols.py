@@ -4,8 +4,7 @@ Sizes, strides and index expressions are sympy expressions everywhere in coil's 
 under dynamic shapes). :class:`FloorDiv` and :class:`Mod` are our own sympy functions for non-negative integer division
 (sympy's ``floor``/``Mod`` are slow and simplify unpredictably); :func:`simplify_index` canonicalizes an index
 expression so that two expressions for the same element compare equal (docs/ir.md); ``XINDEX`` / ``RINDEX`` are the
-kernel-level iteration symbols every code generator sees (docs/codegen.md).
-"""
+kernel-level iteration symbols every code generator sees (docs/codegen.md)."""
 from __future__ import annotations
 
 import contextlib

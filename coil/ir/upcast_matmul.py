@@ -7,8 +7,7 @@ accumulator as float32: no cast kernel, 2 more bytes an element in the product's
 gradient (its values are closer to the exact product than eager's; bf16 has float32's exponent range, so no value
 overflows in one and not the other). fp16 products are left alone: their rounding to fp16 is where eager's gradients
 overflow to inf, which ``GradScaler`` looks for. On unless ``config.matmul_float32_grads`` is False;
-``benchmarks/mm_out_dtype.py`` times the two forms.
-"""
+``benchmarks/mm_out_dtype.py`` times the two forms."""
 from __future__ import annotations
 
 import functools

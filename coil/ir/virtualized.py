@@ -7,8 +7,7 @@ ops, the dependency recorder collects reads and writes, the text printer prints 
 
 :class:`OpsHandler` documents every op a body may call (the loop IR's instruction set). Values passed between ops are
 whatever the current handler returns. Dtype rules: lowerings insert explicit ``to_dtype`` so binary ops see operands of
-one dtype, except that comparisons return bool and ``where`` takes a bool condition.
-"""
+one dtype, except that comparisons return bool and ``where`` takes a bool condition."""
 from __future__ import annotations
 
 import contextlib
@@ -55,8 +54,7 @@ class OpsHandler:
       where(cond, a, b), clamp via maximum/minimum, and UNARY_OPS / BINARY_OPS.
     Random:
       load_seed(name, offset) -> value (int64 seed); rand(seed, offset) -> float32 in
-      [0, 1); randn(seed, offset) -> float32 N(0, 1); ``offset`` from index_expr.
-    """
+      [0, 1); randn(seed, offset) -> float32 N(0, 1); ``offset`` from index_expr."""
 
     def __getattr__(self, name: str) -> Any:
         raise NotImplementedError(f"{type(self).__name__} does not implement ops.{name}")

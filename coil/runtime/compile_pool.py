@@ -5,8 +5,7 @@ candidate config (:func:`submit`) to a few ``python -m coil.runtime.compile_work
 Triton's on-disk cache, which this process shares. Nothing here can change results: a worker only fills a cache whose
 keys Triton computes, and a differing key is a miss. :func:`claim` runs before the launcher compiles: jobs not started
 are taken back, running ones waited for (``config.autotune_compile_timeout``). docs/codegen.md ("Compile-worker pool")
-gives the design and the ``compile_pool_*`` events.
-"""
+gives the design and the ``compile_pool_*`` events."""
 from __future__ import annotations
 
 import contextlib

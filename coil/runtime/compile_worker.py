@@ -16,8 +16,7 @@ binary to Triton's cache directory, which the parent process shares, so the pare
 signature and options loads it from disk; the worker also builds the kernel's host launcher into that cache
 (:func:`_build_launcher`). The module is imported under the parent's module name, and the parent's ``TRITON_*``
 variables at submit time are set first, so that everything Triton hashes is the same in both processes. stdout carries
-only the answers (anything else a kernel module prints goes to stderr).
-"""
+only the answers (anything else a kernel module prints goes to stderr)."""
 from __future__ import annotations
 
 import importlib.util

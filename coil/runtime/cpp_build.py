@@ -13,8 +13,7 @@ knows nothing about kernels. docs/cpp_backend.md ("Building and caching") gives 
   returns the loaded library.
 - **Failures** :class:`CompilerNotFound` and :class:`CppCompileError` (both :class:`CppBuildError`), which the code
   generator turns into a logged extern fallback.
-- **Threads** OpenMP kernels use :func:`num_threads` threads, in torch's own libgomp.
-"""
+- **Threads** OpenMP kernels use :func:`num_threads` threads, in torch's own libgomp."""
 from __future__ import annotations
 
 import ctypes
@@ -69,8 +68,7 @@ def compiler() -> tuple[str, str]:
     """The C++ compiler ``(path, version text)``; raises :class:`CompilerNotFound`.
 
     ``$CXX`` wins when set (it may be a name on PATH or a path). Asked once per
-    process (the answer is cached until :func:`_reset_compiler`).
-    """
+    process (the answer is cached until :func:`_reset_compiler`)."""
     global _compiler
     with _lock:
         if _compiler is not None:
@@ -161,8 +159,7 @@ def build(source: str) -> ctypes.CDLL:
     """Compile ``source`` (unless cached) and return the loaded library.
 
     Raises :class:`CompilerNotFound` or :class:`CppCompileError`. Repeated calls with
-    the same source and flags return the same ``ctypes.CDLL`` object.
-    """
+    the same source and flags return the same ``ctypes.CDLL`` object."""
     flags = compile_flags()
     key = cache_key(source, flags)
     if (lib := _loaded.get(key)) is not None:

@@ -10,8 +10,7 @@ tests run on CPU with ``FakeRecorder`` (tests/runtime/fake_recorder.py), the sam
 Outputs come back as *fresh storages over the recorded memory* on every replay
 (``torch._C._construct_storage_from_data_pointer``): the node keeps the tensors made during capture (so the pool never
 hands that memory out again), the caller gets tensors whose storage belongs to this replay alone, whose liveness can be
-watched with a weak reference and which can be poisoned when a later replay overwrites them.
-"""
+watched with a weak reference and which can be poisoned when a later replay overwrites them."""
 from __future__ import annotations
 
 import collections
@@ -99,12 +98,11 @@ class CudaRecorder:
         self.stream = torch.cuda.Stream(self.device)
 
     def placeholder(self, a: torch.Tensor) -> torch.Tensor:
-        """An uninitialized tensor like ``a`` (shape, strides, dtype) in the graphs' pool, for a copied input: it
-        shares the pool's segments with the graphs' intermediates instead of holding a segment of the default pool
-        (a 0.3 MB ResNet-50 image held a 2 MB one). It is allocated on the capture stream: the caching allocator
-        serves a free block only to the stream that made its segment, so a placeholder made on the current stream
-        held a 2 MiB segment of the pool that no capture could share (LLaMA 1x64 reserved 2 MiB more than
-        torch.compile's trees)."""
+        """An uninitialized tensor like ``a`` (shape, strides, dtype) in the graphs' pool, for a copied input: it shares
+        the pool's segments with the graphs' intermediates instead of holding a segment of the default pool (a 0.3 MB
+        ResNet-50 image held a 2 MB one). It is allocated on the capture stream: the caching allocator serves a free
+        block only to the stream that made its segment, so a placeholder made on the current stream held a 2 MiB segment
+        of the pool that no capture could share (LLaMA 1x64 reserved 2 MiB more than torch.compile's trees)."""
         with torch.cuda.stream(self.stream), torch.cuda.use_mem_pool(self.mem_pool, self.device):
             return torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device=self.device)
 

@@ -6,8 +6,7 @@ and the compiler the AOT layer would use for it. Out: one callable with the grap
 *pieces* in order, each compiled alone by that compiler: the graphable ones wrapped by
 :func:`~coil.runtime.cudagraph_trees.cudagraphify`, the others (:func:`~coil.runtime.cudagraph_record.ungraphable_node`)
 run as compiled code between them. Each op's level (odd: un-graphable, even: graphable, not below what it reads) is its
-piece; splits are logged (``cudagraph_split``).
-"""
+piece; splits are logged (``cudagraph_split``)."""
 from __future__ import annotations
 
 import operator

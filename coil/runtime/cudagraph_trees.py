@@ -10,8 +10,7 @@ the saved activations it reads last (:meth:`Tree._lend_saved`, ``config.cudagrap
 replayed while a later recording has live outputs that may share its intermediates' memory: that call runs un-graphed. A
 new step starts at :func:`mark_step_begin` or when a forward already on the path is called again with no backward
 pending. Parameters, buffers and fed-back outputs are read in place, guarded by address; other arguments are copied into
-placeholders. Fallbacks (``cudagraph_skip``, with a reason) run the graph compiled, without a CUDA graph.
-"""
+placeholders. Fallbacks (``cudagraph_skip``, with a reason) run the graph compiled, without a CUDA graph."""
 from __future__ import annotations
 
 import contextlib

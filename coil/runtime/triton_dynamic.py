@@ -5,8 +5,7 @@ binary per size, only per Triton specialization class (divisibility by 16, ``== 
 binaries are queued to the compile pool after a config's first launch. :class:`DynamicTritonLauncher` computes the grid
 per call and picks its launch config per *bucket* (the next powers of two of ``xnumel`` and ``rnumel``; autotuned once
 per bucket on a GPU, nearest tuned bucket reused), so a new size in a known bucket costs one dictionary lookup.
-docs/dynamic_shapes.md ("Launching dynamic Triton kernels") has the details and the measurements.
-"""
+docs/dynamic_shapes.md ("Launching dynamic Triton kernels") has the details and the measurements."""
 from __future__ import annotations
 
 from operator import itemgetter

@@ -2,8 +2,7 @@
 ``TRITON_INTERPRET=1`` (the interpreter cannot run libdevice calls).
 
 Generated kernels do ``from coil.runtime.triton_libdevice import libdevice`` and call
-``libdevice.tanh(x)`` etc.; kernel source is the same on both paths.
-"""
+``libdevice.tanh(x)`` etc.; kernel source is the same on both paths."""
 from __future__ import annotations
 
 import importlib

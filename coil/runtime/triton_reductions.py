@@ -3,8 +3,7 @@
 On a GPU these are ``tl.reduce`` with NaN-propagating combine functions (torch's ``amax``/``amin`` propagate NaN;
 ``tl.max`` does not). Under ``TRITON_INTERPRET=1`` ``coil.runtime.triton_libdevice.red`` replaces them with NumPy
 reductions: the interpreter runs custom combine functions element by element in Python, which is orders of magnitude
-slower.
-"""
+slower."""
 import triton
 import triton.language as tl
 

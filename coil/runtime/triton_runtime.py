@@ -6,8 +6,7 @@ On CPU tensors the module is imported with ``TRITON_INTERPRET=1`` so Triton's in
 :class:`TritonLauncher` holds the precomputed grid and launch options, so a call is one Triton launch. On a GPU with
 ``config.autotune`` the first call times each candidate config (block sizes, warps) on copies of the arguments with the
 same layout (:func:`scratch_copies`; :func:`time_launches`: back-to-back launches in a CUDA graph), keeps the fastest,
-and records it in ``<cache>/triton/<sha>.tune.json`` for later processes.
-"""
+and records it in ``<cache>/triton/<sha>.tune.json`` for later processes."""
 from __future__ import annotations
 
 import contextlib

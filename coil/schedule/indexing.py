@@ -5,8 +5,7 @@ A kernel iterates ``xindex in [0, numel)`` and, for reductions, ``rindex in [0, 
 those two symbols (a reduction, a pointwise buffer once per ``xindex``, or one inside the reduction loop
 whose trailing dims come from ``rindex``: docs/scheduler.md, "Iteration spaces"). :func:`kernel_deps`
 gives its loads and stores in kernel symbols, canonicalized by :func:`coil.ir.symbols.simplify_index`:
-two equal expressions denote the same element, which fusion legality and store→load forwarding rely on.
-"""
+two equal expressions denote the same element, which fusion legality and store→load forwarding rely on."""
 from __future__ import annotations
 
 import functools

@@ -3,8 +3,7 @@
 Input: a lowered :class:`~coil.ir.graph.GraphLowering`. Output: ``self.steps``, a list of :class:`FusedGroup` (one
 generated kernel each) and :class:`ExternStep` (an ATen call or a MultiOutput unpacking), in a valid execution order.
 Fusion is greedy, best first by the memory traffic saved, under the rules of docs/scheduler.md ("Fusion"), launch-saving
-horizontal fusion included; every decision is logged (event ``fusion``).
-"""
+horizontal fusion included; every decision is logged (event ``fusion``)."""
 from __future__ import annotations
 
 import bisect

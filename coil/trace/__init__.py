@@ -3,8 +3,7 @@
 Every stage writes what it took in, produced and decided through :func:`log` and :func:`artifact`, and times itself with
 ``with trace.stage("aot"): ...``. With the log off each call is one attribute test and a return; on, each process
 appends JSON objects, one a line, to ``<dir>/coil_trace_<pid>.jsonl``. docs/compile_log.md gives the rules, the record
-format and the events; ``coil report <dir>`` (:mod:`coil.trace.report`) renders the log as HTML.
-"""
+format and the events; ``coil report <dir>`` (:mod:`coil.trace.report`) renders the log as HTML."""
 from __future__ import annotations
 
 import contextlib
@@ -117,8 +116,7 @@ def artifact(name: str, text: Any, kind: str = "text", **payload: Any) -> None:
     """Append a text artifact (source, graph code, guards, kernel...).
 
     ``text`` may be a zero-argument callable, called only when the log is on, so that
-    costly formatting is skipped when it is off.
-    """
+    costly formatting is skipped when it is off."""
     if _state.dir is None:
         return
     if callable(text):

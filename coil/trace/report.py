@@ -5,8 +5,7 @@ The input is every ``*.jsonl`` file under ``<dir>`` (docs/compile_log.md gives t
 Events are rendered generically: a group of events with one name is a table whose columns are the union
 of their payload keys, and values get a readable form by shape (code, user stacks, lists, nested
 tables), so a new stage's events appear without any change here; lines that are not JSON are counted.
-Entry points: :func:`write_report` and :func:`main` (``python -m coil.trace.report`` works too).
-"""
+Entry points: :func:`write_report` and :func:`main` (``python -m coil.trace.report`` works too)."""
 from __future__ import annotations
 
 import argparse
@@ -103,8 +102,7 @@ def read_log(log_dir: str) -> Log:
     """Parse every ``*.jsonl`` file under ``log_dir`` (recursively).
 
     Raises:
-        FileNotFoundError: ``log_dir`` does not exist or holds no ``.jsonl`` file.
-    """
+        FileNotFoundError: ``log_dir`` does not exist or holds no ``.jsonl`` file."""
     if not os.path.isdir(log_dir):
         raise FileNotFoundError(f"no such log directory: {log_dir!r} (run with COIL_TRACE=<dir> to write one)")
     files = sorted(glob.glob(os.path.join(log_dir, "**", "*.jsonl"), recursive=True))
@@ -150,8 +148,7 @@ def highlight(text: str, kind: str) -> str:
     """HTML for ``text`` as code of ``kind`` (python, triton, cpp, json, diff, text).
 
     Uses pygments (classes styled by the report's stylesheet); unknown kinds and
-    very large texts (> 2 MB) are escaped without colour.
-    """
+    very large texts (> 2 MB) are escaped without colour."""
     lexer_name = _LEXERS.get(kind)
     if lexer_name is None or len(text) > 2_000_000:
         return '<pre class="code">%s</pre>' % html.escape(text)
@@ -336,8 +333,7 @@ def write_report(log_dir: str, out_dir: Optional[str] = None) -> str:
         The path of ``index.html``.
 
     Raises:
-        FileNotFoundError: ``log_dir`` is missing or has no ``.jsonl`` file.
-    """
+        FileNotFoundError: ``log_dir`` is missing or has no ``.jsonl`` file."""
     log = read_log(log_dir)
     out_dir = out_dir or os.path.join(log_dir, "report")
     os.makedirs(out_dir, exist_ok=True)

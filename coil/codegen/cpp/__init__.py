@@ -7,8 +7,7 @@ module of this package does.
 
 Invariants: the same plan and kernel name give the same source (golden tests); the kernel never reads or writes outside
 the buffers' storage (indirect indices are bounds-checked and reported as ``IndexError``); results do not depend on the
-number of threads.
-"""
+number of threads."""
 from __future__ import annotations
 
 from coil.codegen.backend import GeneratedKernel, KernelBackend, register_kernel_backend

@@ -8,8 +8,7 @@ is one division and one modulo per element per dim — the main cost of naive CP
 or ``(s // a) % b`` with split points that form a divisibility chain ``1 < p1 | p2 | ... | pk | numel``, replaces the
 flat symbol by nested loop variables ``v0`` (innermost, extent ``p1``), ``v1`` (``p2/p1``) ... so ``s // pj`` becomes
 ``sum_{i>=j} v_i * (p_i/p_j)`` and ``s % pj`` becomes ``sum_{i<j} v_i * p_i``: no division left in the inner loop.
-Anything else (an unrecognized use of the symbol) keeps the flat loop.
-"""
+Anything else (an unrecognized use of the symbol) keeps the flat loop."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -25,8 +24,7 @@ def canonicalize(e: sympy.Expr, bounds: dict) -> sympy.Expr:
 
     Applies :func:`coil.ir.symbols.simplify_index` inside every FloorDiv/Mod argument (it folds ``128*(x//128) + x%128
     -> x`` only at the top of an expression) and ``(a % m) // d -> (a // d) % (m/d)`` when ``d | m``, ``(a % m1) % m2 ->
-    a % m2`` when ``m2 | m1``. ``bounds`` maps symbols to exclusive upper bounds.
-    """
+    a % m2`` when ``m2 | m1``. ``bounds`` maps symbols to exclusive upper bounds."""
     if not isinstance(e, sympy.Basic) or e.is_Atom:
         return e
     args = [canonicalize(a, bounds) for a in e.args]

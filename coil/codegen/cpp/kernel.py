@@ -7,8 +7,7 @@ chosen how to split ``xindex``/``rindex`` into nested loops without per-element 
 OpenMP-parallel outer loop with an ``omp simd`` inner loop; reductions keep ``LANES`` partial accumulators combined in a
 fixed order (deterministic for any thread count). Index arithmetic is ``int64_t``; fp16/bf16 are computed in float;
 indirect indices are bounds-checked (``coil_ind_checked``; the launcher raises ``IndexError``). docs/cpp_backend.md
-draws each kernel shape.
-"""
+draws each kernel shape."""
 from __future__ import annotations
 
 import itertools

@@ -5,8 +5,7 @@ with ``batch=True`` (what the backend uses) the first ``wait()`` compiles every 
 one source per CPU core (docs/cpp_backend.md, "Building and caching"). A call goes through a Python
 function generated for the kernel's arity over a ctypes function whose ``argtypes`` are set once; a kernel
 that bounds-checks indirect indices fills an ``int64[4]`` error record and returns nonzero, and the
-launcher raises ``coil.exc.KernelIndexError`` (an IndexError and a RuntimeError).
-"""
+launcher raises ``coil.exc.KernelIndexError`` (an IndexError and a RuntimeError)."""
 from __future__ import annotations
 
 import ctypes

@@ -2,8 +2,7 @@
 
 Each entry maps an op name to a function ``(args: list[str], dtype) -> str`` that returns a C++ expression; ``dtype`` is
 the compute dtype of the first operand. Float32 transcendental ops use the vectorizable versions of the prelude
-(``coil_exp`` ...); float64 and the rest call ``<cmath>``.
-"""
+(``coil_exp`` ...); float64 and the rest call ``<cmath>``."""
 from __future__ import annotations
 
 import torch

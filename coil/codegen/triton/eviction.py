@@ -5,8 +5,7 @@ output) walks the row once per loop: the second walk is a cheap L2 hit only if t
 Loads of a pointer in a loop that a *later* loop loads again get ``eviction_policy='evict_last'`` (keep them); loads in
 a loop after which no loop needs the pointer get ``'evict_first'`` when an earlier loop loaded it (its last use: make
 room). Loads seen in one loop only keep the default. Torch Inductor marks its multi-pass reductions the same way. Hints
-change cache behaviour only, never values.
-"""
+change cache behaviour only, never values."""
 from __future__ import annotations
 
 import re

@@ -5,8 +5,7 @@ Pointwise kernels are 1-D (``xindex``, mask ``xmask``); reductions use ``[XBLOCK
 RBLOCK)`` per loop section, reducing after the loop). Masks that are all true for every launch config are
 left out (``x_exact`` / ``r_exact``). Values are CSE'd (``tmpN``), fp16/bf16 loads are upcast to fp32 and
 stores round once, and a load of an element stored earlier is served from registers. Numel and strides
-are literals (static shapes). docs/codegen.md, "The Triton backend", has the contract.
-"""
+are literals (static shapes). docs/codegen.md, "The Triton backend", has the contract."""
 from __future__ import annotations
 
 import itertools

@@ -488,7 +488,6 @@ class GraphLowering(torch.fx.Interpreter):
             return None  # a view nothing reads (as_strided of an empty one ran: fuzz s81 #3325)
         if isinstance(target, torch._ops.HigherOrderOperator):
             from coil.ir.hops import LOWERINGS  # cond: branches compiled apart (ir/hops.py)
-
             if target in LOWERINGS:
                 self.native[str(target)] += 1
                 return LOWERINGS[target](self, args, kwargs)
@@ -787,7 +786,6 @@ class GraphLowering(torch.fx.Interpreter):
                 fas = fa if isinstance(fa, (list, tuple)) and len(fa) == len(a) else [None] * len(a)
                 return type(a)(conv(x, f) for x, f in zip(a, fas))
             return a
-
         n = self.current_node
         meta = self.current_node.meta.get("val")
         if target in _STORAGE_OPS and args and isinstance(args[0], TensorBox):
@@ -988,7 +986,6 @@ class GraphLowering(torch.fx.Interpreter):
         def inner(index):
             ok = ops.lt(ops.index_expr(index[dim], idt), ops.constant(k, idt))
             return ops.masked(ok, lambda: load(list(index)), 0.0)
-
         return TensorBox.create(Pointwise(x.get_device(), x.get_dtype(), inner, size)).data.realize()
 
     def format_ir(self) -> str:
@@ -1033,7 +1030,6 @@ def _dense_strides_like(t: torch.Tensor) -> list[int]:
             return t.stride(d)
         inner = [t.stride(e) * t.shape[e] for e in range(d + 1, t.dim()) if t.stride(e) != 0]
         return max(inner, default=1)
-
     order = sorted(range(t.dim()), key=lambda d: (-rank(d), d))
     strides = [0] * t.dim()
     acc, align = 1, max(8, 16 // t.element_size())

@@ -40,7 +40,6 @@ def run_cond(pred: torch.Tensor, true_fn: Callable, false_fn: Callable, operands
 
 def _compile_branch(gm: torch.fx.GraphModule, fakes: list, device, name: str) -> Callable:
     from coil.codegen import compile_aten_graph  # looked up per call: tests count the compiles
-
     try:
         with trace.stage("hop_branch"):
             trace.artifact(f"hop_subgraph {name}", lambda: gm.print_readable(print_output=False), kind="python")

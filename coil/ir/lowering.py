@@ -267,7 +267,6 @@ def _round_decimals(x, *, decimals=0):
     def f(v):
         c = ops.constant(p, cdt)
         return ops.mul(ops.round(ops.truediv(v, c)), c) if neg else ops.truediv(ops.round(ops.mul(v, c)), c)
-
     return make_pointwise_box(f, [x], out_size(), odt, cdt)
 
 
@@ -326,7 +325,6 @@ def _clamp(x, min=None, max=None):
     lx = loader_as(x, size, cdt)
     lmin = loader_as(min, size, cdt) if min is not None else None
     lmax = loader_as(max, size, cdt) if max is not None else None
-
     # a Python-number bound is a select, so a tie of signed zeros resolves as the device's eager does, whatever the
     # backend's max/min make of it: on CPU a tie keeps x (eager's clamp(-0.0, min=0) is -0.0; numpy's maximum, which
     # Triton's interpreter uses, gives +0.0); on CUDA eager's clamp resolves it as IEEE max/min (max.f32): +0.0 against
@@ -347,7 +345,6 @@ def _clamp(x, min=None, max=None):
             v = ops.where((ops.ge if tie_max else ops.gt)(v, lmax(i)), lmax(i), v) if sel_max \
                 else ops.minimum(v, lmax(i))
         return v
-
     return TensorBox.create(Pointwise(device(), odt, inner, size))
 
 
@@ -460,7 +457,6 @@ def make_reduction(x: TensorBox, dims, keepdim: bool, reduction_type: str,
         if compute_dtype(xdt) != sdt and reduction_type != "any":
             v = ops.to_dtype(v, sdt, compute_dtype(xdt))
         return v
-
     dev = x.get_device()
     numel_r = math.prod(as_size(r) for r in rranges)  # an int; a size expression with dynamic shapes
     if numel_r == 1 and reduction_type in ("argmax", "argmin"):
@@ -655,13 +651,11 @@ def _split_reduction(dev, dtype, sdt, inner, ranges, rranges, numel_r, split, re
         idt = torch.int32 if numel_r < 2 ** 31 - 1 else torch.int64
         valid = ops.lt(ops.index_expr(flat, idt), ops.constant(numel_r, idt))
         return ops.masked(valid, lambda: inner(list(idx), unflatten(flat, rranges)), identity)
-
     part = Reduction(dev, acc_dt, stage1, part_ranges, [chunk], reduction_type, sdt)
     load = TensorBox(StorageBox(part)).data.realize().make_loader()
 
     def stage2(index, rindex):
         return load(([rindex[0]] + list(index)) if leading else (list(index) + [rindex[0]]))
-
     final = Reduction(dev, dtype, stage2, ranges, [split], reduction_type, compute_dtype(acc_dt)
                       if reduction_type != "any" else torch.bool)
     box = TensorBox(StorageBox(final))
@@ -758,7 +752,6 @@ def _max_min_dim(x, dim, keepdim=False):
         j = list(i)
         k = ops.indirect_indexing(il(j), n, wrap_neg=False)
         return xl(j[:d] + [k] + j[d + 1:] if keepdim else j[:d] + [k] + j[d:])
-
     return TensorBox.create(Pointwise(device(), x.get_dtype(), at_index, list(idx.get_size()))), idx
 
 

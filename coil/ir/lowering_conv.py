@@ -125,7 +125,6 @@ def _max_pool2d(x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=Fals
                 best, at = ops.where(take, v, best), ops.where(take, flat, at)
                 unset = None if unset is None or cond is None else ops.logical_and(unset, ops.logical_not(cond))
         return best, at
-
     node = current_graph().current_node
     trace.log("max_pool_lowered", stage="lowering", node=node.name, kernel=[kh, kw], stride=[sh, sw], backward=False,
               reason="the window max and its index: pointwise values fused with the input's producer")
@@ -159,7 +158,6 @@ def _max_pool2d_backward(grad, x, kernel_size, stride, padding, dilation, ceil_m
                                                       load_g([n, c, oh, ow]), ops.constant(0.0, cdt))
                 total = ops.add(total, pick() if cond is None else ops.masked(cond, pick, 0.0))
         return total
-
     trace.log("max_pool_lowered", stage="lowering", node=current_graph().current_node.name, backward=True,
               kernel=[geo[0][0], geo[1][0]], stride=[geo[0][1], geo[1][1]],
               reason="each pixel gathers the gradients of the windows whose index it is")
@@ -207,7 +205,6 @@ def _avg_pool2d(x, kernel_size, stride=(), padding=0, ceil_mode=False, count_inc
                 v = load([n, c, oh * sh + i, ow * sw + j])
                 total = v if total is None else ops.add(total, v)
         return ops.truediv(total, ops.constant(float(div), compute_dtype(odt)))
-
     return TensorBox.create(Pointwise(device(), odt, inner, size))
 
 
@@ -238,5 +235,4 @@ def _avg_pool2d_backward(grad, x, kernel_size, stride, padding, ceil_mode, count
         for more in inside[1:]:
             cond = ops.logical_and(cond, more)
         return ops.masked(cond, value, 0.0)
-
     return TensorBox.create(Pointwise(device(), odt, inner, size))

@@ -74,7 +74,6 @@ def view_reshape(x: TensorBox, new_size) -> TensorBox:
                 stride[dn] = layout.stride[do]
             return _lay(layout, new_size, stride)
         return make_view(x, new_size, reindex, restride)
-
     memo: dict = {}
 
     def reindex(index):
@@ -372,7 +371,6 @@ def _cat(tensors, dim=0):
                 v = ops.masked(cond, body, 0.0 if cdt.is_floating_point else 0)
             result = v if result is None else ops.where(ops.lt(_idx(index[dim]), _c(o)), result, v)
         return result
-
     return TensorBox.create(Pointwise(device(), odt, inner, size))
 
 
@@ -513,7 +511,6 @@ def _pad(x, pad, value=0.0):
             ok = ops.logical_and(ops.ge(_idx(src[d]), _c(0)), ops.lt(_idx(src[d]), _c(old[d])))
             cond = ok if cond is None else ops.logical_and(cond, ok)
         return load(src) if cond is None else ops.masked(cond, lambda: load(src), fill)
-
     return TensorBox.create(Pointwise(device(), odt, inner, size))
 
 
@@ -540,7 +537,6 @@ def _slice_scatter(x, src, dim=0, start=None, end=None, step=1):
                 if step != 1 else index[dim] - start
             return ls(j)
         return ops.where(cond, ops.masked(cond, body, 0), lx(index))
-
     return TensorBox.create(Pointwise(device(), odt, inner, size))
 
 
@@ -556,7 +552,6 @@ def _select_scatter(x, src, dim, idx):
         cond = ops.eq(_idx(index[dim]), _c(idx))
         j = [i for d, i in enumerate(index) if d != dim]
         return ops.where(cond, ops.masked(cond, lambda: ls(j), 0), lx(index))
-
     return TensorBox.create(Pointwise(device(), odt, inner, size))
 
 
@@ -572,7 +567,6 @@ def _embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse
     def inner(index):
         row = ops.indirect_indexing(il(index[:nidx]), num, wrap_neg=False)  # eager rejects < 0
         return wl([row] + list(index[nidx:]))
-
     return TensorBox.create(Pointwise(device(), odt, inner, size))
 
 
@@ -599,7 +593,6 @@ def _index(x, indices):
         rest = list(index[:first]) + list(index[first + nb:])
         it = iter(rest)
         return xl([ops.indirect_indexing(loaders[d](bidx), xs[d]) if d in loaders else next(it) for d in range(nd)])
-
     return TensorBox.create(Pointwise(device(), odt, inner, size))
 
 
@@ -615,7 +608,6 @@ def _gather_along(x, dim, index, row_index):
         if j := list(idx):
             j[dim] = ops.indirect_indexing(il(row_index(idx, dim)), n, wrap_neg=False)
         return xl(j)
-
     return TensorBox.create(Pointwise(device(), odt, inner, size))
 
 
@@ -647,7 +639,6 @@ def _creation(*args, **kwargs):
 def _arange(start, end, step=1, **kwargs):
     size, odt = out_size(), out_dtype()
     cdt = compute_dtype(odt)
-
     sym = lambda v: isinstance(v, torch.SymInt) or isinstance(v, sympy.Basic) and not v.is_number  # noqa: E731
 
     def inner(index):
@@ -659,7 +650,6 @@ def _arange(start, end, step=1, **kwargs):
             return ops.add(ops.mul(v, num(step)), num(start))
         step_e, start_e = (as_expr(v) if sym(v) else int(v) for v in (step, start))
         return ops.index_expr(index[0] * step_e + start_e, cdt)
-
     return TensorBox.create(Pointwise(device(), odt, inner, size))
 
 
@@ -760,7 +750,6 @@ def _index_put(x, indices, values, accumulate=False):
         bidx = list(index[first:first + nb])
         rest = iter(list(index[:first]) + list(index[first + nb:]))
         return [ops.indirect_indexing(loaders[d](bidx), xs[d]) if d in loaders else next(rest) for d in range(nd)]
-
     return _scatter_box(x, rshape, dest, vload, "atomic_add" if accumulate else None)
 
 
@@ -780,7 +769,6 @@ def _scatter(x, dim, index, src):
         d = list(i)
         d[dim] = ops.indirect_indexing(il(i), xs[dim], wrap_neg=False)  # eager rejects < 0
         return d
-
     mode = "atomic_add" if target == aten.scatter_add.default else None
     low = x.get_dtype() in (torch.float16, torch.bfloat16)
     # eager's CPU scatter_add accumulates fp16/bf16 in fp32 (4096 adds of 0.1 in bf16:
@@ -826,5 +814,4 @@ def _random(*args, **kwargs):
         elif cdt != torch.float32:
             v = ops.to_dtype(v, odt, torch.float32)
         return v
-
     return TensorBox.create(Pointwise(device(), odt, inner, size))

@@ -120,7 +120,6 @@ class Layout:
         def indexer(index):
             assert len(index) == len(size), (index, size)
             return _strided_index(offset, tuple((index[d], st) for d, st in dims))
-
         return indexer
 
     def storage_numel(self) -> sympy.Expr:
@@ -456,7 +455,6 @@ class ExternKernel(Buffer):
                 names.append(a.data.get_name())
             elif isinstance(a, Buffer):
                 names.append(a.get_name())
-
         visit(list(self.args) + list(self.kwargs.values()))
         return list(dict.fromkeys(names))
 

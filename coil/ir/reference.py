@@ -46,7 +46,6 @@ def run_reference(graph, args: list) -> tuple:
         if isinstance(a, Buffer):
             return tensors[a.get_name()]
         return type(a)(arg(x) for x in a) if isinstance(a, (list, tuple)) else a
-
     for b in graph.buffers:
         if isinstance(b, ComputedBuffer):
             if isinstance(b, ScatterBuffer):

@@ -418,7 +418,6 @@ def _range_rules(e: sympy.Expr, bounds: dict) -> sympy.Expr:
             g, w, r = sp
             return g * Mod(w, b / g) + r
         return Mod(a, b)
-
     return e.replace(lambda x: isinstance(x, FloorDiv), lambda x: fd(*x.args)).replace(
         lambda x: isinstance(x, Mod), lambda x: md(*x.args))
 

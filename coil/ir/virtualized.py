@@ -90,7 +90,6 @@ class _OpsProxy:
     def __getattr__(self, name: str) -> Callable:
         def call(*args, **kwargs):
             return getattr(current_handler(), name)(*args, **kwargs)
-
         call.__name__ = name
         return call
 

@@ -55,7 +55,6 @@ def _build_launcher(kernel) -> None:
         import fcntl
         import hashlib
         import tempfile
-
         from triton.runtime.driver import driver
         # one build per signature across the workers: the others wait, then load it
         sig = repr((sorted(kernel.src.signature.items()), sorted(map(repr, kernel.src.constants.items()))))
@@ -71,7 +70,6 @@ def _build_launcher(kernel) -> None:
 def run_job(job: dict, modules: dict) -> dict:
     """Compile one (kernel, config); returns the answer dict (never raises)."""
     import torch
-
     t0 = time.perf_counter()
     if "env" in job:
         sync_triton_env(job["env"])

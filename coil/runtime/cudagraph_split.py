@@ -69,7 +69,6 @@ class PartitionedGraph:
     def __init__(self, gm: torch.fx.GraphModule, levels: dict, reasons: dict, compiler: Callable):
         from coil.aot.regions import graph_piece  # (coil.aot imports this module)
         from coil.runtime.cudagraph_trees import cudagraphify
-
         kind = gm.meta.get("coil_aot_graph", "inference")
         saved = gm.meta.get("coil_saved_outputs")
         nodes = list(gm.graph.nodes)

@@ -151,7 +151,6 @@ class DynamicTritonLauncher(TritonLauncher):
 
         def slow(*a):
             return self.fn[(-(-a[x] // xb),) + ((-(-a[x + 1] // rb),) if rb else ())](*a, **cfg)
-
         if not self.gpu:
             return slow
 

@@ -25,7 +25,6 @@ def _patch_interpreter_bf16_rounding() -> None:
     below)."""
     from triton.runtime import interpreter as interp
     import triton.language as tl
-
     builder = interp.InterpreterBuilder
     if getattr(builder, "_coil_bf16_rtne", False):
         return
@@ -43,7 +42,6 @@ def _patch_interpreter_bf16_rounding() -> None:
             bits = np.asarray(src.data, dtype=np.uint16).astype(np.uint32) << 16
             return interp.TensorHandle(bits.view(np.float32), dst_type.scalar)
         return orig(self, src, dst_type)
-
     builder.cast_impl = cast_impl
     builder._coil_bf16_rtne = True
     # float32 sin/cos/exp/log in float64, rounded once: NumPy's are an ulp off more (s90 #2138)
@@ -72,7 +70,6 @@ def _patch_interpreter_fp16_atomic_add(builder) -> None:
             with np.errstate(over="ignore"):
                 native.store(p[at], (old[at] + v[at].astype(np.float64)).astype(np.float16), m[at])
         return type(val)(old.reshape(np.shape(val.data)), val.dtype.scalar)
-
     builder.create_atomic_rmw = create_atomic_rmw
 
 
@@ -84,7 +81,6 @@ def _patch_interpreter_device_assert() -> None:
     process's heap), as ``coil.exc.KernelIndexError``, what C++ kernels raise (not inside Triton's
     ``InterpreterError``). Other asserts (Triton's own overflow checks) keep Triton's behaviour."""
     from triton.runtime import interpreter as interp
-
     orig, run = interp.interpreter_semantic.device_assert, interp.GridExecutor.__call__
 
     def device_assert(cond, msg, mask=None):
@@ -103,7 +99,6 @@ def _patch_interpreter_device_assert() -> None:
             if isinstance(e.__cause__, KernelIndexError):
                 raise KernelIndexError(f"{e.__cause__} (coil Triton kernel {self.fn.__name__})") from None
             raise
-
     interp.interpreter_semantic.device_assert, interp.GridExecutor.__call__ = device_assert, launch
 
 
@@ -119,7 +114,6 @@ def _patch_interpreter_compare_dtype(builder) -> None:
             out = orig(self, lhs, rhs)
             return interp.TensorHandle(np.asarray(out.data, dtype=np.bool_), tl.int1)
         return cmp
-
     for name in dir(builder):
         if name.startswith(("create_fcmp", "create_icmp")):
             setattr(builder, name, fix(getattr(builder, name)))
@@ -178,7 +172,6 @@ def _make_rng_shim():
             return tl.core.tensor(TensorHandle(out, tl.float32), offset.type.with_element_ty(tl.float32)
                                   if offset.type.is_block() else tl.float32)
         return f
-
     return types.SimpleNamespace(rand=make("rand"), randn=make("randn"))
 
 
@@ -198,7 +191,6 @@ def _make_red_shim():
             ty = tl.block_type(x.dtype, shape) if shape else x.dtype
             return tl.core.tensor(TensorHandle(out, x.handle.dtype.scalar), ty)
         return f
-
     return types.SimpleNamespace(sum=make(np.sum), prod=make(np.prod), max=make(np.max), min=make(np.min))
 
 

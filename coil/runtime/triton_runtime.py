@@ -167,7 +167,6 @@ def candidate_configs(numel: int, rnumel: int, persistent: bool, gpu: bool,
     def add(c):
         if c not in out:
             out.append(c)
-
     if rnumel == 1:
         if not gpu:
             return [dict(XBLOCK=min(xcap, 4096), num_warps=4)]
@@ -231,7 +230,6 @@ def blocks_divide(configs: list[dict], numel, rnumel) -> tuple[bool, bool]:
     the whole row, each loop step / r tile is full). Symbolic (non-integer) sizes are never exact."""
     def static(n):
         return isinstance(n, int) or getattr(n, "is_Integer", False)
-
     x = static(numel) and all(int(numel) % c["XBLOCK"] == 0 for c in configs)
     r = static(rnumel) and int(rnumel) > 1 and all("RBLOCK" in c and int(rnumel) % c["RBLOCK"] == 0 for c in configs)
     return bool(configs) and x, bool(configs) and r
@@ -555,7 +553,6 @@ class TritonLauncher:
             return
         def one(cfg):
             self.fn.warmup(*args, grid=(1,), **cfg)
-
         try:
             # the first one alone: Triton creates its per-device kernel cache lazily, and
             # threads racing on that would each fill a different cache

@@ -156,7 +156,6 @@ class Scheduler:
             if (key := (id(a), id(b))) not in seen:
                 seen.add(key)
                 cands.append((self._score(a, b), a, b, kind))
-
         readers: dict[str, list] = defaultdict(list)
         for g in kernels:
             for r in g.read_names():

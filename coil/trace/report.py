@@ -155,14 +155,12 @@ def highlight(text: str, kind: str) -> str:
     from pygments import highlight as _hl
     from pygments.formatters import HtmlFormatter
     from pygments.lexers import get_lexer_by_name
-
     formatter = HtmlFormatter(cssclass="code hl", linenos=False, nowrap=False)
     return _hl(text, get_lexer_by_name(lexer_name, stripnl=False), formatter)
 
 
 def _pygments_css() -> str:
     from pygments.formatters import HtmlFormatter
-
     return HtmlFormatter(style="default").get_style_defs(".hl")
 
 
@@ -306,7 +304,6 @@ def artifact_diffs(prev: Compile, cur: Compile) -> list:
         for a in c.artifacts:
             out.setdefault(str(a.get("name")), str(a.get("text", "")))
         return out
-
     old, new = first_by_name(prev), first_by_name(cur)
     diffs = []
     for name, text in new.items():
@@ -340,7 +337,6 @@ def write_report(log_dir: str, out_dir: Optional[str] = None) -> str:
     env = _env()
     common = {"pygments_css": _pygments_css(), "loose_page": NO_COMPILE_ID_PAGE}
     multi_pid = len({c.pid for c in log.compiles}) > 1
-
     previous = previous_attempts(log.compiles)
     all_totals, all_selfs = Counter(), Counter()  # stage names in first-seen order
     rows = []
@@ -355,7 +351,6 @@ def write_report(log_dir: str, out_dir: Optional[str] = None) -> str:
                "stages": totals, "n_events": len(c.events), "n_artifacts": len(c.artifacts)}
         row.update({ev: c.count(ev) for ev in COUNTED_EVENTS})
         rows.append(row)
-
         prev = previous.get((c.pid, c.compile_id))
         diffs = artifact_diffs(prev, c) if prev is not None else []
         page = env.get_template("compile.jinja").render(
@@ -364,13 +359,11 @@ def write_report(log_dir: str, out_dir: Optional[str] = None) -> str:
             artifacts=_artifact_views(c.artifacts), diffs=diffs, prev_page=prev.page if prev else "",
             prev_id=prev.compile_id if prev else "", **common)
         Path(out_dir, c.page).write_text(page, encoding="utf-8")
-
     loose_events = [r for r in log.loose if r.get("event") not in ("artifact",)]
     loose_artifacts = [r for r in log.loose if r.get("event") == "artifact"]
     Path(out_dir, NO_COMPILE_ID_PAGE).write_text(env.get_template("loose.jinja").render(
         title="events without compile id", groups=_group_tables(loose_events),
         artifacts=_artifact_views(loose_artifacts), **common), encoding="utf-8")
-
     index = env.get_template("index.jinja").render(
         title="coil compile log", log_dir=log_dir, files=log.files, bad_lines=log.bad_lines,
         n_compiles=len(log.compiles), compiles=rows, stage_names=list(all_totals),

@@ -335,8 +335,7 @@ class WrapperCodegen:
     def generate(self) -> tuple[str, dict]:
         g = self.graph
         out_names = {o.name for o in g.outputs if o.name is not None}
-        # allocations and reads per step
-        allocs: list[list[Buffer]] = []
+        allocs: list[list[Buffer]] = []  # allocations and reads per step
         reads: list[list[str]] = []
         concats: set = set()  # allocated before the first of their slices
         for s in self.steps:

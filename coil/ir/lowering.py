@@ -731,8 +731,7 @@ def _amax_amin(x, dim=(), keepdim=False):
 @register_lowering(aten.max.default, aten.min.default)
 def _max_min_all(x):
     if any(int(d) == 0 for d in x.get_size()):
-        # eager raises (no identity for max/min): run the ATen op, which does at call time
-        raise FallbackToExtern()
+        raise FallbackToExtern()  # eager raises (no identity for max/min): run the ATen op, which does at call time
     is_max = current_graph().current_node.target == aten.max.default
     return make_reduction(x, None, False, "max" if is_max else "min", out_dtype())
 

@@ -106,8 +106,7 @@ def view_strides(old_size, old_stride, new_size) -> Optional[list]:
 
     def eq(a, b):
         return sympy.expand(a - b) == 0
-    # chunks of old dims (innermost first): (numel, stride of the innermost dim)
-    chunks = []
+    chunks = []  # chunks of old dims (innermost first): (numel, stride of the innermost dim)
     for s, st in reversed([(s, st) for s, st in zip(osz, ost) if s != 1]):
         if chunks and eq(st, chunks[-1][1] * chunks[-1][0]):
             chunks[-1] = (chunks[-1][0] * s, chunks[-1][1])

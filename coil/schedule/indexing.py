@@ -88,8 +88,7 @@ def axis_steps(e) -> Optional[tuple[int, int]]:
 def _axis_steps(e) -> Optional[tuple[int, int]]:
     sizes = {s for s in e.free_symbols if s not in (XINDEX, RINDEX) and s.is_positive}
     if sizes and current_shape_env() is not None:
-        # symbolic strides: the example sizes tell the axis (a heuristic)
-        e = e.subs({s: hint(s) for s in sizes})
+        e = e.subs({s: hint(s) for s in sizes})  # symbolic strides: the example sizes tell the axis (a heuristic)
     if not e.free_symbols <= {XINDEX, RINDEX}:
         return None
     try:

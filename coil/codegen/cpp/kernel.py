@@ -483,8 +483,7 @@ class CppKernel(OpsHandler):
             raise NotImplementedError(f"C++ backend: reduction {rt!r}")
         sec.accs.append((acc, rt, fields))
         self.cur.extend(upd)
-        # code after the reduction (store_reduction, epilogue math) runs once per x
-        self.cur = sec.post
+        self.cur = sec.post  # code after the reduction (store_reduction, epilogue math) runs once per x
         self.scopes = [self.outer_cse]
         if rt in ("argmax", "argmin"):
             return CppVar(f"{acc}_i", torch.int64)

@@ -90,8 +90,7 @@ def needs_int64(extents) -> bool:
         if is_static(e):
             big = big or int(e) >= 2 ** 31 - 1
         elif free_unbacked_symbols(sympy.sympify(e).xreplace(PRECOMPUTED)) or hint(e) >= 2 ** 31 - 1:
-            # (a precomputed size over a data-dependent one, int(t.item()), is one too)
-            big = True
+            big = True  # (a precomputed size over a data-dependent one, int(t.item()), is one too)
         else:
             guard_true(sympy.Lt(e, 2 ** 31 - 1))
     return big

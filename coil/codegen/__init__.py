@@ -4,12 +4,10 @@ The whole of coil's Inductor role in one call (docs/codegen.md):
 
 1. :class:`coil.ir.graph.GraphLowering` lowers the ATen graph to loop IR;
 2. :class:`coil.schedule.Scheduler` fuses buffers into kernel groups;
-3. a :class:`coil.codegen.backend.KernelBackend` (Triton for CUDA tensors;
-   ``config.cpu_backend`` for CPU: "cpp" or "triton" under the interpreter) writes and
-   loads one kernel per group;
-4. :class:`coil.codegen.wrapper.WrapperCodegen` writes the Python wrapper, which is
-   exec'd and returned. The returned callable takes the placeholders positionally and
-   returns a tuple of what the graph returns.
+3. a :class:`coil.codegen.backend.KernelBackend` (Triton for CUDA tensors; ``config.cpu_backend`` for CPU: "cpp" or
+   "triton" under the interpreter) writes and loads one kernel per group;
+4. :class:`coil.codegen.wrapper.WrapperCodegen` writes the Python wrapper, which is exec'd and returned. The returned
+   callable takes the placeholders positionally and returns a tuple of what the graph returns.
 
 Everything goes to the compile log: the loop IR, fusion decisions, kernel sources, the wrapper."""
 from __future__ import annotations
@@ -49,8 +47,7 @@ class CompiledGraph:
 
     def __init__(self, call, source, kernels, fallbacks, scheduler, gm=None, output_strides=None):
         self.call, self.source, self.kernels = call, source, kernels
-        self.fallbacks, self.scheduler = fallbacks, scheduler
-        self.gm = gm
+        self.fallbacks, self.scheduler, self.gm = fallbacks, scheduler, gm
         #: per graph output, the strides it is returned with (None: not a tensor); aot
         #: compiles a backward for the saved outputs' real strides (ir/graph.py)
         self.output_strides = output_strides

@@ -80,8 +80,7 @@ class Split:
             return e
         if len(self.points) == 1:
             return e.xreplace({s: self.vars[0]})
-        e = e.replace(lambda t: isinstance(t, Mod) and isinstance(t.args[0], FloorDiv)
-                      and t.args[0].args[0] == s,
+        e = e.replace(lambda t: isinstance(t, Mod) and isinstance(t.args[0], FloorDiv) and t.args[0].args[0] == s,
                       lambda t: self.divmod(int(t.args[0].args[1]), int(t.args[1])))
         e = e.replace(lambda t: isinstance(t, FloorDiv) and t.args[0] == s, lambda t: self.div(int(t.args[1])))
         e = e.replace(lambda t: isinstance(t, Mod) and t.args[0] == s, lambda t: self.mod(int(t.args[1])))
@@ -155,8 +154,7 @@ class SymbolicSplit(Split):
         s = self.symbol
         if not e.has(s) or len(self.points) == 1:
             return e.xreplace({s: self.vars[0]}) if e.has(s) else e
-        e = e.replace(lambda t: isinstance(t, Mod) and isinstance(t.args[0], FloorDiv)
-                      and t.args[0].args[0] == s,
+        e = e.replace(lambda t: isinstance(t, Mod) and isinstance(t.args[0], FloorDiv) and t.args[0].args[0] == s,
                       lambda t: self.divmod(t.args[0].args[1], t.args[1]))
         e = e.replace(lambda t: isinstance(t, FloorDiv) and t.args[0] == s, lambda t: self.div(t.args[1]))
         e = e.replace(lambda t: isinstance(t, Mod) and t.args[0] == s, lambda t: self.mod(t.args[1]))

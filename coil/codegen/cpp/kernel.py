@@ -263,8 +263,7 @@ class CppKernel(OpsHandler):
                 self.cur.append("#pragma omp critical(coil_atomic16)")
                 self.cur.append(f"{{ {target} = {self._convert_store(buf_dtype, CppVar(f'({up}({target}) + {value})', torch.float32))}; }}")
             else:
-                self.cur.append("#pragma omp atomic")
-                self.cur.append(f"{target} += {self._convert_store(buf_dtype, value)};")
+                self.cur += ["#pragma omp atomic", f"{target} += {self._convert_store(buf_dtype, value)};"]
         elif mode is None:
             self.cur.append(f"{target} = {self._convert_store(buf_dtype, value)};")
         else:
@@ -453,12 +452,9 @@ class CppKernel(OpsHandler):
         at = cops.compute_ctype(_compute_dtype(dtype))
         rt = reduction_type
         fp = value.dtype.is_floating_point
-        if rt == "sum":
-            fields = [("", at, "0")]
-            upd = [f"{acc}@ = {acc}@ + static_cast<{at}>({value});"]
-        elif rt == "prod":
-            fields = [("", at, "1")]
-            upd = [f"{acc}@ = {acc}@ * static_cast<{at}>({value});"]
+        if rt in ("sum", "prod"):
+            fields = [("", at, "0" if rt == "sum" else "1")]
+            upd = [f"{acc}@ = {acc}@ {'+' if rt == 'sum' else '*'} static_cast<{at}>({value});"]
         elif rt in ("max", "min"):
             lim = ("-" if rt == "max" else "") + f"coil_lim<{at}>::inf()" if fp else \
                 (f"coil_lim<{at}>::lowest()" if rt == "max" else f"coil_lim<{at}>::max()")
@@ -535,13 +531,8 @@ class CppKernel(OpsHandler):
     def _signature(self) -> str:
         params = []
         for n in self.arg_names():
-            t = cops.ctype(self.plan.buffer(n).get_dtype())
-            if n in self.written and n in self.read:
-                params.append(f"{t}* p_{n}")
-            elif n in self.written:
-                params.append(f"{t}* __restrict__ p_{n}")
-            else:
-                params.append(f"const {t}* __restrict__ p_{n}")
+            t, w = cops.ctype(self.plan.buffer(n).get_dtype()), n in self.written
+            params.append(f"{'' if w else 'const '}{t}*{'' if w and n in self.read else ' __restrict__'} p_{n}")
         params += [f"int64_t {s.name}" for s in self.size_symbols]  # dynamic sizes
         params.append("int64_t* coil_err")
         attr = '__attribute__((optimize("no-tree-loop-if-convert"))) ' if self.no_if_convert else ""
@@ -569,10 +560,8 @@ class CppKernel(OpsHandler):
         """Split a pointwise body into (per-row, per-element) statements: declarations that depend neither on
         ``inner_var`` nor on a per-element value (a row's gather index and its bounds check, a broadcast load) move out
         of the inner loop. Loads of buffers this kernel writes stay inside (a store may precede them)."""
-        outer, inner = [], []
-        inner_names = {inner_var}
-        written = {f"p_{n}" for n in self.written}
-        depth = 0
+        outer, inner, depth = [], [], 0
+        inner_names, written = {inner_var}, {f"p_{n}" for n in self.written}
         for l in lines:
             m = re.match(r"^([A-Za-z_][\w:<>]*) ([A-Za-z_]\w*) = (.*);$", l)
             toks = set(re.findall(r"[A-Za-z_]\w*", l))
@@ -652,9 +641,8 @@ class CppKernel(OpsHandler):
             simd = self._simd_for(seg)
             loops += ["  " + ((self._omp(self.numel, " simd" if simd else "") or simd) if not par_outer else simd),
                       f"  for (int64_t x0 = {lo}; x0 < {_c(hi)}; ++x0) {{", *("    " + l for l in seg), "  }"]
-        return [self._omp(self.numel) if par_outer else "",
-                f"for (int64_t xo = 0; xo < {_c(outer)}; ++xo) {{", *("  " + d for d in decl),
-                *("  " + l for l in hoisted), *loops, "}"]
+        return [self._omp(self.numel) if par_outer else "", f"for (int64_t xo = 0; xo < {_c(outer)}; ++xo) {{",
+                *("  " + d for d in decl), *("  " + l for l in hoisted), *loops, "}"]
 
     def _xdecls(self, xs: Split) -> list[str]:
         ext = xs.extents
@@ -809,18 +797,14 @@ class CppKernel(OpsHandler):
     def _combine(self, acc: str, rt: str, fields) -> list[str]:
         s, loop = "_lane[l]", f"for (int l = 0; l < {LANES}; ++l) "
         out = []
-        if rt == "sum":
-            out.append(f"{loop}{acc} = {acc} + {acc}{s};")
-        elif rt == "prod":
-            out.append(f"{loop}{acc} = {acc} * {acc}{s};")
+        if rt in ("sum", "prod", "any"):
+            out.append(f"{loop}{acc} = {acc} {dict(sum='+', prod='*', any='||')[rt]} {acc}{s};")
         elif rt in ("max", "min"):
             if fields[0][1] in ("float", "double"):
                 out.append(f"{loop}{acc} = coil_{rt}_prop_({acc}, {acc}{s});")
             else:
                 op = ">" if rt == "max" else "<"
                 out.append(f"{loop}{acc} = ({acc}{s} {op} {acc}) ? {acc}{s} : {acc};")
-        elif rt == "any":
-            out.append(f"{loop}{acc} = {acc} || {acc}{s};")
         elif rt in ("argmax", "argmin"):
             out.append(f"{loop}{{ if (coil_{rt}_better({acc}_v{s}, {acc}_i{s}, {acc}_v, {acc}_i)) "
                        f"{{ {acc}_v = {acc}_v{s}; {acc}_i = {acc}_i{s}; }} }}")

@@ -43,9 +43,8 @@ def _executor() -> ThreadPoolExecutor:
 class CppLauncher:
     """A compiled (or compiling) C++ kernel callable as ``launcher(*tensors)``."""
 
-    def __init__(self, source: str, func_name: str, n_args: int, has_checks: bool,
-                 describe: str = "", batch: bool = False, check_origins: Sequence = (),
-                 n_sizes: int = 0):
+    def __init__(self, source: str, func_name: str, n_args: int, has_checks: bool, describe: str = "",
+                 batch: bool = False, check_origins: Sequence = (), n_sizes: int = 0):
         self.source, self.func_name, self.n_args = source, func_name, n_args
         #: int64 size arguments after the tensors (dynamic shapes)
         self.n_sizes, self.has_checks = n_sizes, has_checks

@@ -147,13 +147,12 @@ def _shift(fn):
 
 
 BINARY = {"add": _binop("+"), "sub": _binop("-"), "mul": _binop("*"), "truediv": _div, "floordiv": _floordiv,
-          "truncdiv": _truncdiv, "remainder": _remainder, "fmod": _fmod, "pow": _pow,
-          "maximum": _minmax("coil_max"), "minimum": _minmax("coil_min"), "atan2": _std("atan2"),
-          "hypot": _std("hypot"), "copysign": _std("copysign"), "nextafter": _std("nextafter"), "eq": _binop("=="),
-          "ne": _binop("!="), "lt": _binop("<"), "le": _binop("<="), "gt": _binop(">"), "ge": _binop(">="),
-          "logical_and": _logical("&&"), "logical_or": _logical("||"), "logical_xor": _logical("!="),
-          "bitwise_and": _binop("&"), "bitwise_or": _binop("|"), "bitwise_xor": _binop("^"),
-          "left_shift": _shift("coil_shl"), "right_shift": _shift("coil_shr")}
+          "truncdiv": _truncdiv, "remainder": _remainder, "fmod": _fmod, "pow": _pow, "maximum": _minmax("coil_max"),
+          "minimum": _minmax("coil_min"), "atan2": _std("atan2"), "hypot": _std("hypot"), "copysign": _std("copysign"),
+          "nextafter": _std("nextafter"), "eq": _binop("=="), "ne": _binop("!="), "lt": _binop("<"), "le": _binop("<="),
+          "gt": _binop(">"), "ge": _binop(">="), "logical_and": _logical("&&"), "logical_or": _logical("||"),
+          "logical_xor": _logical("!="), "bitwise_and": _binop("&"), "bitwise_or": _binop("|"),
+          "bitwise_xor": _binop("^"), "left_shift": _shift("coil_shl"), "right_shift": _shift("coil_shr")}
 
 #: ops whose result is bool
 BOOL_RESULT = {"eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or",

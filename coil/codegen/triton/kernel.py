@@ -144,8 +144,7 @@ class TritonKernel(OpsHandler):
         #: fp32 value name -> (expression of the value it rounds, fp16/bf16 dtype), for stores
         self.rounded: dict[str, tuple] = {}
         self.indirect_dims: dict[str, frozenset] = {}
-        self.cur = None
-        self.cur_section = -1
+        self.cur, self.cur_section = None, -1
         # loads of a reduction whose address steps by 1 along x and by more along r
         # (``x.sum(0)``): the runtime then tries wide-XBLOCK, short-RBLOCK tiles
         self.max_accs: dict[str, tuple] = {}  # acc<N>_res -> (acc, value, section)
@@ -155,9 +154,7 @@ class TritonKernel(OpsHandler):
     def begin(self, pn) -> None:
         self.cur = pn
         if self.looped and pn.loop_id != self.cur_section:
-            self.cur_section = pn.loop_id
-            self.loop_cse = {}
-            self.loop_store_cache = {}
+            self.cur_section, self.loop_cse, self.loop_store_cache = pn.loop_id, {}, {}
 
     def _in_loop(self) -> bool:
         return self.looped and self.cur.in_loop
@@ -181,12 +178,7 @@ class TritonKernel(OpsHandler):
     def _dims_of_index(self, e) -> frozenset:
         dims = set()
         for s in sympy.sympify(e).free_symbols:
-            if s == XINDEX:
-                dims.add("x")
-            elif s == RINDEX:
-                dims.add("r")
-            else:
-                dims |= self.indirect_dims.get(s.name, frozenset())
+            dims |= {"x"} if s == XINDEX else {"r"} if s == RINDEX else self.indirect_dims.get(s.name, frozenset())
         return frozenset(dims)
 
     def _shape(self, dims) -> str:
@@ -195,16 +187,9 @@ class TritonKernel(OpsHandler):
         return f"[{'XBLOCK' if 'x' in dims else '1'}, {'RBLOCK' if 'r' in dims else '1'}]"
 
     def _mask(self, dims) -> tuple[Optional[str], frozenset]:
-        parts, mdims = [], set()
-        if "x" in dims and not self.x_exact:
-            parts.append("xmask")
-            mdims.add("x")
-        if "r" in dims and not self.r_exact:
-            parts.append("rmask")
-            mdims.add("r")
-        for m in self.mask_stack:
-            parts.append(m.name)
-            mdims |= m.dims
+        axes = [a for a, exact in (("x", self.x_exact), ("r", self.r_exact)) if a in dims and not exact]
+        parts = [f"{a}mask" for a in axes] + [m.name for m in self.mask_stack]
+        mdims = set(axes).union(*(m.dims for m in self.mask_stack))
         return (" & ".join(parts) if parts else None), frozenset(mdims)
 
     def _block_guard(self) -> Optional[str]:
@@ -305,9 +290,8 @@ class TritonKernel(OpsHandler):
             r = self.cse(f"{value.name}.to({TL_DTYPE[dt]}).to(tl.float32)", torch.float32, value.dims, lines=lines)
             self.rounded[r.name], value = (value.name, dt), r
         self.store_cache[(name, e)] = value
-        if name not in self.args:
-            return
-        self._emit_store(name, e, value, lines)
+        if name in self.args:
+            self._emit_store(name, e, value, lines)
 
     # ----------------------------------------------------------------- reductions
     _DEFAULT = {"sum": 0, "prod": 1, "any": 0, "max": "-inf", "min": "inf", "argmax": "-inf", "argmin": "inf"}
@@ -589,10 +573,7 @@ class TritonKernel(OpsHandler):
             return None  # int ** float promotes to float: leave to libdevice.pow
         n = abs(k)
         v = a if n == 1 else self.mul(a, a)
-        if n == 3:
-            v = self.mul(v, a)
-        elif n == 4:
-            v = self.mul(v, v)
+        v = self.mul(v, a) if n == 3 else self.mul(v, v) if n == 4 else v
         if k < 0:
             v = self._op(f"(1.0 / {v})", a.dtype, v)
         return v
@@ -665,11 +646,10 @@ _UN = {"abs": "tl.abs({x})", "neg": "(-{x})", "exp": "tl.exp({x})", "exp2": "lib
        "sinh": "libdevice.sinh({x})", "cosh": "libdevice.cosh({x})", "tanh": "libdevice.tanh({x})",
        "asinh": "libdevice.asinh({x})", "acosh": "libdevice.acosh({x})", "atanh": "libdevice.atanh({x})",
        "erf": "tl.erf({x})", "erfc": "libdevice.erfc({x})", "erfinv": "libdevice.erfinv({x})",
-       "sigmoid": "_sigmoid({x})", "floor": "tl.floor({x})",
-       "ceil": "tl.ceil({x})", "round": "libdevice.nearbyint({x})", "trunc": "libdevice.trunc({x})",
-       "sign": "_sign({x})", "reciprocal": "(1.0 / {x})", "bitwise_not": "(~{x})",
-       "logical_not": "({x} == 0)", "isnan": "({x} != {x})", "isinf": "libdevice.isinf({x})",
-       "lgamma": "libdevice.lgamma({x})", "signbit": "libdevice.signbit({x})",
+       "sigmoid": "_sigmoid({x})", "floor": "tl.floor({x})", "ceil": "tl.ceil({x})",
+       "round": "libdevice.nearbyint({x})", "trunc": "libdevice.trunc({x})", "sign": "_sign({x})",
+       "reciprocal": "(1.0 / {x})", "bitwise_not": "(~{x})", "logical_not": "({x} == 0)", "isnan": "({x} != {x})",
+       "isinf": "libdevice.isinf({x})", "lgamma": "libdevice.lgamma({x})", "signbit": "libdevice.signbit({x})",
        "ndtr": "_ndtr({x})"}
 _FUNC_UN = {k for k, v in _UN.items() if not v.startswith("(")}
 #: Integer and bool spellings of float-only libdevice predicates.

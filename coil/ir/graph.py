@@ -296,12 +296,10 @@ class GraphLowering(torch.fx.Interpreter):
         # (id of a view's IR node, strides) -> (the node, its materialized buffer): a value
         # handed to an extern kernel and also returned is copied once, not twice
         self._materialized: dict = {}
-        self.fallbacks: Counter = Counter()
-        self.native: Counter = Counter()
+        self.fallbacks, self.native = Counter(), Counter()
         self.seen_unbacked: set = set()  # (run_node)
         self.float_externs: dict = {}  # SymFloat expression -> the extern kernel computing it (_specialize_floats)
-        self.current_node: Optional[torch.fx.Node] = None
-        self._counter = itertools.count()
+        self.current_node, self._counter = None, itertools.count()
         #: random ops lowered natively; the wrapper draws this many seeds per call
         #: into the int64 buffer ``seeds`` (one Philox stream per op)
         self.seed_count = 0
@@ -309,8 +307,7 @@ class GraphLowering(torch.fx.Interpreter):
         self.channels_last = self._use_channels_last()
         #: a channels-last forward returns its saved tensors in the layout it computed
         #: them in; aot compiles the backward with those strides (``output_strides``)
-        self.free_saved_layouts = (self.channels_last and
-                                   self.gm.meta.get("coil_aot_graph") == "forward"
+        self.free_saved_layouts = (self.channels_last and self.gm.meta.get("coil_aot_graph") == "forward"
                                    and self.gm.meta.get("coil_saved_outputs") is not None)
         self.output_strides: list = []
 
@@ -326,11 +323,10 @@ class GraphLowering(torch.fx.Interpreter):
                           and n.args[0].meta["val"].dim() == 4)]
         convs = len(conv_nodes)
         kind = self.gm.meta.get("coil_aot_graph") if hasattr(self.gm, "meta") else None
-        training = kind in ("forward", "backward")
         # a training forward may only return saved tensors channels-last when aot
         # compiles the backward with the strides it reports (coil_saved_outputs is set)
         use = convs > 0 and (kind != "forward" or self.gm.meta.get("coil_saved_outputs") is not None)
-        reason = None if config.conv_channels_last_training or not training else \
+        reason = None if config.conv_channels_last_training or kind not in ("forward", "backward") else \
             "training graph (config.conv_channels_last_training is off)"
         if reason is None and any(map(_grouped_conv, conv_nodes)):
             reason = "grouped convolution with more than one input channel per group (cuDNN runs it channels-last " \
@@ -384,8 +380,7 @@ class GraphLowering(torch.fx.Interpreter):
 
     # -- running --------------------------------------------------------------------------
     def lower(self) -> "GraphLowering":
-        prev = V.graph
-        V.graph = self
+        prev, V.graph = V.graph, self
         try:
             with trace.stage("lowering"):
                 self.run(*self.example_inputs)
@@ -448,8 +443,7 @@ class GraphLowering(torch.fx.Interpreter):
             # where the input starts in its storage: layouts are relative to it, ATen's
             # as_strided offsets are absolute (lowering_views._as_strided)
             buf.storage_offset = as_expr(value.storage_offset())
-            self.graph_inputs[name] = buf
-            self.name_to_buffer[name] = buf
+            self.graph_inputs[name] = self.name_to_buffer[name] = buf
             return _resolve_neg_bit(TensorBox(StorageBox(buf)), value)
         if isinstance(value, (torch.SymInt, torch.SymBool)):  # a size the graph uses as an int: its expression;
             return sympy.Symbol(name) if isinstance(value, torch.SymBool) else as_expr(value)  # a bool: the arg
@@ -460,8 +454,7 @@ class GraphLowering(torch.fx.Interpreter):
         if isinstance(value, torch.Tensor):
             name = f"const_{target.replace('.', '_')}"
             buf = ConstantBuffer(name, _fake_layout(value), value)
-            self.constants[name] = value
-            self.name_to_buffer[name] = buf
+            self.constants[name], self.name_to_buffer[name] = value, buf
             return TensorBox(StorageBox(buf))
         return value
 
@@ -656,8 +649,7 @@ class GraphLowering(torch.fx.Interpreter):
     def _materialize(self, x: TensorBox, stride) -> Buffer:
         """A ComputedBuffer holding view ``x`` (strides ``stride`` or contiguous), made once per (view, strides)."""
         key = (id(x.data), None if stride is None else tuple(stride))
-        hit = self._materialized.get(key)
-        if hit is not None and hit[0] is x.data:
+        if (hit := self._materialized.get(key)) is not None and hit[0] is x.data:
             return hit[1]
         box = TensorBox.create(Pointwise(x.get_device(), x.get_dtype(), x.make_loader(), x.get_size()))
         buf = box.data.realize(stride)
@@ -677,12 +669,9 @@ class GraphLowering(torch.fx.Interpreter):
             # output, which must have the fake strides: no copy then); contiguous ones
             # go through the default (channels-last graphs choose their own)
             meta = n.meta.get("val")
-            stride = None
-            if (isinstance(meta, torch.Tensor) and _dense_non_overlapping(meta)
-                    and not meta.is_contiguous()
-                    and _same_size(meta, sb.data.get_size())):
-                stride = [as_expr(v) for v in meta.stride()]
-            sb.realize(stride)
+            dense = isinstance(meta, torch.Tensor) and _dense_non_overlapping(meta) and not meta.is_contiguous() \
+                and _same_size(meta, sb.data.get_size())
+            sb.realize([as_expr(v) for v in meta.stride()] if dense else None)
 
     def realize_input(self, x: TensorBox, meta=None):
         """A realized buffer or strided view to hand to an extern kernel. A value that must be materialized gets the
@@ -779,15 +768,12 @@ class GraphLowering(torch.fx.Interpreter):
                 if cl and len(a.get_size()) == 4:
                     return self._channels_last_input(a)
                 r = self.realize_input(a, meta)
-                if self.channels_last and not cl:
-                    r = self._traced_layout_input(a, r, meta)
-                return r
+                return self._traced_layout_input(a, r, meta) if self.channels_last and not cl else r
             if isinstance(a, (list, tuple)):
                 fas = fa if isinstance(fa, (list, tuple)) and len(fa) == len(a) else [None] * len(a)
                 return type(a)(conv(x, f) for x, f in zip(a, fas))
             return a
-        n = self.current_node
-        meta = self.current_node.meta.get("val")
+        n, meta = self.current_node, self.current_node.meta.get("val")
         if target in _STORAGE_OPS and args and isinstance(args[0], TensorBox):
             args = (self._eager_storage(args[0], n.args[0]),) + tuple(args[1:])
         if target in _PADDABLE_MATMULS and not kwargs:
@@ -796,7 +782,6 @@ class GraphLowering(torch.fx.Interpreter):
                 padded = self._mm_with_padded_operand(args, meta)
             if padded is not None:
                 return padded
-        weight = None
         if cl and target is _aten.convolution.default and not config.conv_channels_last_weights \
                 and len(args) > 1 and self._is_graph_input(args[1]):
             # the weight as it comes: ATen's convolution makes the channels-last copy
@@ -980,8 +965,7 @@ class GraphLowering(torch.fx.Interpreter):
         (zeros beyond ``k``): rows for ``dim=0``, columns for ``dim=1``."""
         size = [int(v) for v in x.get_size()]
         size[dim] = kp
-        load = x.make_loader()
-        idt = torch.int32
+        load, idt = x.make_loader(), torch.int32
 
         def inner(index):
             ok = ops.lt(ops.index_expr(index[dim], idt), ops.constant(k, idt))
@@ -1002,8 +986,7 @@ class GraphLowering(torch.fx.Interpreter):
             elif isinstance(b, MultiOutput):
                 lines.append(f"{b.name}: {b.parent.name}{''.join(f'[{i}]' for i in b.path)}")
             elif isinstance(b, ConcatBuffer):
-                lines.append(f"{b.name}: concatenation of {', '.join(b.get_read_names())} "
-                             f"(view of {b.storage.name})")
+                lines.append(f"{b.name}: concatenation of {', '.join(b.get_read_names())} (view of {b.storage.name})")
         return "\n".join(lines)
 
 

@@ -217,12 +217,9 @@ def _integral_lowering(name: str) -> Callable:
 _BITWISE = {"bitwise_not", "bitwise_and", "bitwise_or", "bitwise_xor", "left_shift", "right_shift"}
 for _op, _name in [*UNARY.items(), *BINARY.items()]:
     register_lowering(_op)((_integral_lowering if _name in _BITWISE else pointwise_lowering)(_name))
-for _op, _name in COMPARE.items():
-    register_lowering(_op)(pointwise_lowering(_name, "compare"))
-for _op, _name in LOGICAL.items():
-    register_lowering(_op)(pointwise_lowering(_name, "logical"))
-for _op, _name in PREDICATES.items():
-    register_lowering(_op)(pointwise_lowering(_name, "compare"))
+for _table, _kind in ((COMPARE, "compare"), (LOGICAL, "logical"), (PREDICATES, "compare")):
+    for _op, _name in _table.items():
+        register_lowering(_op)(pointwise_lowering(_name, _kind))
 
 
 @register_lowering(aten.add.Tensor, aten.add.Scalar, aten.sub.Tensor, aten.sub.Scalar)
@@ -355,8 +352,7 @@ def _relu(x):
     return _clamp(x, 0)
 
 
-@register_lowering(aten._to_copy, aten.clone, aten.alias,
-                   aten.lift_fresh_copy, aten.copy)
+@register_lowering(aten._to_copy, aten.clone, aten.alias, aten.lift_fresh_copy, aten.copy)
 def _to_copy(x, *args, **kwargs):
     if current_graph().current_node.target == aten.copy.default:
         x = args[0]
@@ -705,8 +701,7 @@ def _converted(x: TensorBox, dtype: Optional[torch.dtype]) -> TensorBox:
     if dtype is None or x.get_dtype() == dtype:
         return x
     load, src = x.make_loader(), x.get_dtype()
-    return TensorBox.create(Pointwise(x.get_device(), dtype,
-                                      lambda i: ops.to_dtype(load(i), dtype, compute_dtype(src)),
+    return TensorBox.create(Pointwise(x.get_device(), dtype, lambda i: ops.to_dtype(load(i), dtype, compute_dtype(src)),
                                       list(x.get_size())))
 
 

@@ -189,8 +189,7 @@ def _avg_pool_plan(x, kernel_size, stride, padding, ceil_mode, divisor_override,
 
 
 @register_lowering(aten.avg_pool2d.default)
-def _avg_pool2d(x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
-                divisor_override=None):
+def _avg_pool2d(x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True, divisor_override=None):
     """The window mean as a pointwise value fused with its input (fp32 sum in eager's window order, then one
     division, as ATen's kernel computes it)."""
     kh, kw, sh, sw, div = _avg_pool_plan(x, kernel_size, stride, padding, ceil_mode, divisor_override, False)

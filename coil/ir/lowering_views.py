@@ -778,8 +778,7 @@ def _scatter(x, dim, index, src):
 
 # ----------------------------------------------------------------------------- random
 
-@register_lowering(aten.rand, aten.rand_like, aten.randn, aten.randn_like, aten.bernoulli.p,
-                   aten.bernoulli.default)
+@register_lowering(aten.rand, aten.rand_like, aten.randn, aten.randn_like, aten.bernoulli.p, aten.bernoulli.default)
 def _random(*args, **kwargs):
     """In-kernel Philox random numbers (``tl.rand``/``tl.randn``): one seed per op per call from the wrapper's ``seeds``
     buffer, offset = the element's flat index. The stream differs from eager's; ``config.fallback_random``, and a random

@@ -26,10 +26,9 @@ from coil.config import config
 #: ATen ops whose result the host must read (a device sync) or whose output size
 #: depends on the data; a graph holding one is not recorded.
 SYNC_OPS = frozenset({
-    "aten::_local_scalar_dense", "aten::item", "aten::nonzero", "aten::nonzero_static",
-    "aten::masked_select", "aten::_unique", "aten::_unique2", "aten::unique_dim",
-    "aten::unique_consecutive", "aten::equal", "aten::is_nonzero", "aten::bincount",
-    "aten::repeat_interleave", "aten::_assert_scalar", "aten::histogram",
+    "aten::_local_scalar_dense", "aten::item", "aten::nonzero", "aten::nonzero_static", "aten::masked_select",
+    "aten::_unique", "aten::_unique2", "aten::unique_dim", "aten::unique_consecutive", "aten::equal",
+    "aten::is_nonzero", "aten::bincount", "aten::repeat_interleave", "aten::_assert_scalar", "aten::histogram",
 })
 
 STALE_MESSAGE = (

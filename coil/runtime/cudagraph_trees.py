@@ -35,9 +35,8 @@ _ids = itertools.count()
 class Node:
     """One recorded graph: its placeholders, guards and output plan (module docstring)."""
 
-    def __init__(self, tree: "Tree", fn: "GraphFunction", sig: tuple, parent: Optional["Node"],
-                 graph, plan: OutputPlan, copied: list, placeholders: list, inplace: list,
-                 args: tuple = ()):
+    def __init__(self, tree: "Tree", fn: "GraphFunction", sig: tuple, parent: Optional["Node"], graph, plan: OutputPlan,
+                 copied: list, placeholders: list, inplace: list, args: tuple = ()):
         self.tree, self.fn, self.sig, self.parent = tree, fn, sig, parent
         self.graph, self.plan = graph, plan
         self.copied, self.placeholders = copied, placeholders
@@ -162,9 +161,7 @@ class Tree:
     """The recorded graphs of one device, their shared pool and the current path."""
 
     def __init__(self, recorder):
-        self.recorder = recorder
-        self.roots: list = []
-        self.path: list = []
+        self.recorder, self.roots, self.path = recorder, [], []
         #: the mark_step_begin count this tree's step started after: a new count starts a step
         self.marks = _marks[0]
         #: storage data pointer of every node output -> node
@@ -187,8 +184,7 @@ class Tree:
         if self.recorded:
             self.recorded = False
             self.recorder.release_cache()
-        self.path = []
-        self.marks = _marks[0]
+        self.path, self.marks = [], _marks[0]
         self.steps += 1
 
     def run(self, fn: "GraphFunction", args: tuple):
@@ -200,8 +196,7 @@ class Tree:
             sig = _signature(args)
             warm = fn.warm.get(sig)
             if warm is None:
-                reason = _device_reason(args, self.recorder.device_type)
-                if reason is not None:
+                if (reason := _device_reason(args, self.recorder.device_type)) is not None:
                     fn.skip_with(reason)
                 else:
                     fn.warm[sig] = [weakref.ref(a) if isinstance(a, torch.Tensor) else None for a in args]
@@ -249,10 +244,8 @@ class Tree:
                 return fn.fn(*args)
             for m in later:
                 m.poison_live()
-        if node is None:
-            node = self.record(fn, sig, args, warm)
-            if node is None:
-                return fn.fn(*args)
+        if node is None and (node := self.record(fn, sig, args, warm)) is None:
+            return fn.fn(*args)
         self.path.append(node)
         fn.last = node
         return node.replay(args)
@@ -378,12 +371,9 @@ class GraphFunction:
     def __init__(self, fn: Callable, kind: str, saved: Optional[tuple] = None,
                  tree: Optional[Tree] = None, name: Optional[str] = None, limit: int = 8):
         self.fn, self.kind, self.saved, self.tree = fn, kind, saved, tree
-        self.name = name or f"{kind}_{next(_ids)}"
-        self.limit = limit
+        self.name, self.limit = name or f"{kind}_{next(_ids)}", limit
         self.skip: Optional[str] = None
-        self.warm: dict = {}
-        self.copy_always: dict = {}
-        self.records = 0
+        self.warm, self.copy_always, self.records = {}, {}, 0
         #: the node that served the last call: tried first (Node.matches)
         self.last: Optional[Node] = None
         self.logged: set = set()    # kinds of skip already logged (log_skip)

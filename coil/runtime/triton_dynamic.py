@@ -31,10 +31,9 @@ class DynamicTritonLauncher(TritonLauncher):
     """``launcher(*pointers, xnumel, [rnumel], *sizes)`` for a symbolic-size kernel."""
     wrapper_entry = None  # (the wrapper calls the launcher: its __call__ picks the size bucket's run)
 
-    def __init__(self, name: str, source: str, numel_hint: int, rnumel_hint: int, n_ptrs: int,
-                 device_type: str, outer: bool = False, elem_bytes: int = 4, tiled: bool = False,
-                 arg_dtypes: Optional[list] = None, size_hints: Sequence[int] = (),
-                 other_sizes: Sequence[Sequence[int]] = (), twin: bool = False):
+    def __init__(self, name: str, source: str, numel_hint: int, rnumel_hint: int, n_ptrs: int, device_type: str,
+                 outer: bool = False, elem_bytes: int = 4, tiled: bool = False, arg_dtypes: Optional[list] = None,
+                 size_hints: Sequence[int] = (), other_sizes: Sequence[Sequence[int]] = (), twin: bool = False):
         """``arg_dtypes``: the torch dtype of each tensor argument; ``size_hints``: the example inputs' value of each
         int argument (``xnumel``, [``rnumel``], symbols). ``tiled``: a 2-D tiled pointwise kernel (grid ``(xnumel /
         XBLOCK, rnumel / RBLOCK)``). With both, on a GPU, the configs of the hint sizes' bucket are queued to the

@@ -391,9 +391,8 @@ def scratch_copies(args, written: Optional[frozenset] = None) -> tuple:
 class TritonLauncher:
     """Callable ``launcher(*tensors)`` running one generated kernel."""
 
-    def __init__(self, name: str, source: str, numel: int, rnumel: int, persistent: bool,
-                 device_type: str, outer: bool = False, elem_bytes: int = 4, tiled: bool = False,
-                 arg_dtypes: Optional[list] = None):
+    def __init__(self, name: str, source: str, numel: int, rnumel: int, persistent: bool, device_type: str,
+                 outer: bool = False, elem_bytes: int = 4, tiled: bool = False, arg_dtypes: Optional[list] = None):
         self.name, self.source = name, source
         self.interpret = device_type == "cpu"
         self.gpu = not self.interpret

@@ -290,8 +290,7 @@ class WrapperCodegen:
     def _global(self, prefix: str, value) -> str:
         key = (prefix, id(value))
         if key not in self._extern_ids:
-            name = f"{prefix}{len(self._extern_ids)}"
-            self._extern_ids[key] = name
+            self._extern_ids[key] = name = f"{prefix}{len(self._extern_ids)}"
             self.globals[name] = value
         return self._extern_ids[key]
 
@@ -380,8 +379,7 @@ class WrapperCodegen:
         input_dels: list = []  # (line index, input name): where call_boxed releases it
         L = self.lines
         L.append(f"def call({params}):")
-        for name, c in g.constants.items():
-            self.globals[name] = c
+        self.globals.update(g.constants)
         if g.seed_count:
             self.globals["randint"] = torch.randint
             L.append(f"    seeds = randint({2 ** 31 - 1}, ({g.seed_count},), device={self._dev(g.device)}, "
@@ -402,8 +400,7 @@ class WrapperCodegen:
                 if b.name in inplace:
                     L.append(f"    {b.name} = {inplace[b.name]}  # in place")
                 elif pool.get(k):
-                    old = pool[k].pop()
-                    L.append(f"    {b.name} = {old}  # reuse")
+                    L.append(f"    {b.name} = {pool[k].pop()}  # reuse")
                 else:
                     L.append(self._empty(b))
                 ours.add(b.name)

@@ -28,8 +28,7 @@ class _Recording(OpsHandler):
 
     def __init__(self) -> None:
         self.lines: list[str] = []
-        self.counter = itertools.count()
-        self.indirect = itertools.count()
+        self.counter, self.indirect = itertools.count(), itertools.count()
         self.loads: list[tuple[str, sympy.Expr]] = []
         self.stores: list[tuple[str, sympy.Expr]] = []
         self.reduction_types: list[str] = []
@@ -42,9 +41,7 @@ class _Recording(OpsHandler):
         return set().union(*(e.free_symbols for e in self.exprs))
 
     def _emit(self, op: str, *args) -> str:
-        for a in args:
-            if isinstance(a, sympy.Basic):
-                self.exprs.append(a)
+        self.exprs += [a for a in args if isinstance(a, sympy.Basic)]
         name = f"tmp{next(self.counter)}"
         self.num_ops += 1
         if self.TEXT:
@@ -176,11 +173,8 @@ class ReferenceInterpreter(OpsHandler):
         index, rindex = buf.make_symbolic_index()
         sizes = [int(s) for s in list(buf.get_ranges()) + list(buf.get_reduction_ranges())]
         dev = buf.get_device()
-        values = {}
-        for d, (s, n) in enumerate(zip(list(index) + list(rindex), sizes)):
-            shape = [1] * len(sizes)
-            shape[d] = n
-            values[s] = torch.arange(n, device=dev).reshape(shape)
+        values = {s: torch.arange(n, device=dev).reshape([n if e == d else 1 for e in range(len(sizes))])
+                  for d, (s, n) in enumerate(zip(list(index) + list(rindex), sizes))}
         if buf.name not in env:
             env[buf.name] = torch.empty(int(buf.layout.storage_numel()), dtype=buf.get_dtype(), device=dev)
         if any(n == 0 for n in sizes):  # empty iteration space: nothing to compute
@@ -199,10 +193,9 @@ class ReferenceInterpreter(OpsHandler):
 
     def load(self, name, index):
         idx = self._eval(index)
-        flat = self.env[name]
         if self.masks:
             idx = torch.where(self.masks[-1], idx, torch.zeros_like(idx))
-        v = flat[idx.long()]
+        v = self.env[name][idx.long()]
         return v.to(compute_dtype(v.dtype))
 
     def store(self, name, index, value, mode=None):
@@ -226,9 +219,8 @@ class ReferenceInterpreter(OpsHandler):
         out[idx.expand(full).reshape(-1).long()] = torch.as_tensor(value).to(out.dtype).expand(full).reshape(-1)
 
     def reduction(self, dtype, src_dtype, reduction_type, value):
-        v = torch.as_tensor(value).expand(self.iter_shape)
         nd = len(self.iter_shape)
-        v = v.reshape(*self.iter_shape[: nd - self.n_red], -1)
+        v = torch.as_tensor(value).expand(self.iter_shape).reshape(*self.iter_shape[: nd - self.n_red], -1)
         if reduction_type == "sum":
             return v.sum(-1, dtype=compute_dtype(dtype) if dtype.is_floating_point else None)
         if reduction_type == "any":
@@ -291,10 +283,8 @@ class ReferenceInterpreter(OpsHandler):
             return lambda x: _TORCH_UNARY[op](torch.as_tensor(x))
         if op in _TORCH_BINARY:
             return lambda a, b: _TORCH_BINARY[op](torch.as_tensor(a), torch.as_tensor(b))
-        if op in UNARY_OPS and hasattr(torch, op):
-            f = getattr(torch, op)
+        if op in UNARY_OPS and (f := getattr(torch, op, None)) is not None:
             return lambda x: f(torch.as_tensor(x))
-        if op in BINARY_OPS and hasattr(torch, op):
-            f = getattr(torch, op)
+        if op in BINARY_OPS and (f := getattr(torch, op, None)) is not None:
             return lambda a, b: f(torch.as_tensor(a), torch.as_tensor(b))
         raise NotImplementedError(f"ReferenceInterpreter: ops.{op}")

@@ -25,11 +25,8 @@ def _contiguous(values) -> list:
 
 def _fakes(values) -> list:
     """Example inputs to compile a subgraph for: each tensor's ``meta["val"]`` made contiguous (:func:`_contiguous`)."""
-    out = []
-    for a in values:
-        v = a.meta.get("val") if isinstance(a, torch.fx.Node) else a
-        out.append(torch.empty_like(v, memory_format=torch.contiguous_format) if isinstance(v, torch.Tensor) else v)
-    return out
+    return [torch.empty_like(v, memory_format=torch.contiguous_format) if isinstance(v, torch.Tensor) else v
+            for v in (a.meta.get("val") if isinstance(a, torch.fx.Node) else a for a in values)]
 
 
 def run_cond(pred: torch.Tensor, true_fn: Callable, false_fn: Callable, operands) -> Any:

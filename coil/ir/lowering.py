@@ -252,8 +252,7 @@ def _pow_scalar(x, exponent):
 def _round_decimals(x, *, decimals=0):
     """``round(x, decimals)`` as ATen computes it: ``rint(x * 10^d) / 10^d`` for ``d >= 0``, ``rint(x / 10^-d) * 10^-d``
     for ``d < 0`` (half to even), with the power of ten in the compute dtype (ATen's round_decimals_kernel)."""
-    odt = out_dtype()
-    cdt = compute_dtype(odt)
+    odt, cdt = out_dtype(), compute_dtype(out_dtype())
     if not odt.is_floating_point:
         raise FallbackToExtern
     if decimals == 0:

@@ -40,8 +40,7 @@ def _tanh_inner(x, dt):
 
 def _pointwise(fn, args) -> TensorBox:
     """``fn(*loaded args, compute dtype)`` elementwise, in the node's output dtype."""
-    odt = out_dtype()
-    cdt = compute_dtype(odt)
+    odt, cdt = out_dtype(), compute_dtype(out_dtype())
     return make_pointwise_box(lambda *v: fn(*v, cdt), args, out_size(), odt, cdt)
 
 

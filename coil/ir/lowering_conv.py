@@ -62,8 +62,7 @@ def _convolution(x, weight, bias, *rest):
                   reason="cuDNN adds a bias with a kernel of its own; the add joins the next kernel")
     if not is_box(bias):
         return conv
-    size, odt = out_size(), out_dtype()
-    cdt = compute_dtype(odt)
+    size, odt, cdt = out_size(), out_dtype(), compute_dtype(out_dtype())
     load_conv, load_bias = loader_as(conv, size, cdt), loader_as(bias, [size[1]], cdt)
     return TensorBox.create(Pointwise(device(), odt, lambda i: ops.add(load_conv(i), load_bias([i[1]])), size))
 
@@ -212,8 +211,7 @@ def _avg_pool2d_backward(grad, x, kernel_size, stride, padding, ceil_mode, count
     """Each input pixel's gradient is its one window's output gradient over the divisor (windows that do not
     overlap), 0 in the rows and columns no window covers."""
     kh, kw, sh, sw, div = _avg_pool_plan(x, kernel_size, stride, padding, ceil_mode, divisor_override, True)
-    size, odt = out_size(), out_dtype()
-    cdt = compute_dtype(odt)
+    size, odt, cdt = out_size(), out_dtype(), compute_dtype(out_dtype())
     oh, ow = (int(v) for v in grad.get_size()[2:])
     load = loader_as(grad, list(grad.get_size()), cdt)
 

@@ -336,8 +336,7 @@ def _c(v):  # (a symbolic size: a kernel argument)
 
 @register_lowering(aten.cat)
 def _cat(tensors, dim=0):
-    size, odt = out_size(), out_dtype()
-    cdt = compute_dtype(odt)
+    size, odt, cdt = out_size(), out_dtype(), compute_dtype(out_dtype())
     dim = dim % len(size)
     parts, positions = [], []
     offset = 0
@@ -491,8 +490,7 @@ def _concat_buffer(parts, positions, dim: int, size, odt, costly: bool = False) 
 
 @register_lowering(aten.constant_pad_nd)
 def _pad(x, pad, value=0.0):
-    size, odt = out_size(), out_dtype()
-    cdt = compute_dtype(odt)
+    size, odt, cdt = out_size(), out_dtype(), compute_dtype(out_dtype())
     old = list(x.get_size())
     nd = len(old)
     lows = [0] * nd
@@ -515,8 +513,7 @@ def _pad(x, pad, value=0.0):
 
 @register_lowering(aten.slice_scatter)
 def _slice_scatter(x, src, dim=0, start=None, end=None, step=1):
-    size, odt = out_size(), out_dtype()
-    cdt = compute_dtype(odt)
+    size, odt, cdt = out_size(), out_dtype(), compute_dtype(out_dtype())
     dim = dim % len(size)
     n = int(size[dim])
     # eager's clamp into [0, n]: a[-4:] of 3 elements starts at 0, not -1
@@ -541,8 +538,7 @@ def _slice_scatter(x, src, dim=0, start=None, end=None, step=1):
 
 @register_lowering(aten.select_scatter)
 def _select_scatter(x, src, dim, idx):
-    size, odt = out_size(), out_dtype()
-    cdt = compute_dtype(odt)
+    size, odt, cdt = out_size(), out_dtype(), compute_dtype(out_dtype())
     dim = dim % len(size)
     idx = _wrap_index(idx, size[dim])
     lx, ls = loader_as(x, size, cdt), loader_as(src, src.get_size(), cdt)
@@ -589,8 +585,7 @@ def _index(x, indices):
 
     def inner(index):
         bidx = list(index[first:first + nb])
-        rest = list(index[:first]) + list(index[first + nb:])
-        it = iter(rest)
+        it = iter(list(index[:first]) + list(index[first + nb:]))
         return xl([ops.indirect_indexing(loaders[d](bidx), xs[d]) if d in loaders else next(it) for d in range(nd)])
     return TensorBox.create(Pointwise(device(), odt, inner, size))
 
@@ -636,8 +631,7 @@ def _creation(*args, **kwargs):
 
 @register_lowering(aten.arange.start_step)
 def _arange(start, end, step=1, **kwargs):
-    size, odt = out_size(), out_dtype()
-    cdt = compute_dtype(odt)
+    size, odt, cdt = out_size(), out_dtype(), compute_dtype(out_dtype())
     sym = lambda v: isinstance(v, torch.SymInt) or isinstance(v, sympy.Basic) and not v.is_number  # noqa: E731
 
     def inner(index):
@@ -660,11 +654,8 @@ def _split(x, sizes, dim=0):
     n = int(size[dim])
     if isinstance(sizes, int):
         sizes = [min(sizes, n - s) for s in range(0, n, sizes)] or [0]
-    out, start = [], 0
-    for s in sizes:
-        out.append(_slice_view(x, dim, start, start + s))
-        start += s
-    return out
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    return [_slice_view(x, dim, b, b + s) for b, s in zip(starts, sizes)]
 
 
 def _slice_view(x, dim, start, end):
@@ -684,8 +675,7 @@ def _select_view(x, dim, idx, size=None):
 # ----------------------------------------------------------------------------- scatter
 
 def _fresh_copy(x: TensorBox):
-    box = TensorBox.create(Pointwise(x.get_device(), x.get_dtype(), x.make_loader(), x.get_size()))
-    buf = box.data.realize()
+    buf = TensorBox.create(Pointwise(x.get_device(), x.get_dtype(), x.make_loader(), x.get_size())).data.realize()
     # a copy of a whole graph input: a scatter that makes the input's new value may write into the
     # input itself instead (GraphLowering._write_inputs_in_place)
     buf.copy_of = x.data.data if isinstance(x.data, StorageBox) and isinstance(x.data.data, InputBuffer) else None
@@ -717,11 +707,8 @@ def _scatter_box(x, ranges, dest_fn, value_fn, mode, acc_dtype=None) -> TensorBo
 def _broadcast_sizes(shapes: list) -> list:
     """The broadcast of ``shapes`` (lists of ints or sympy sizes), as ``torch.broadcast_shapes``."""
     n = max(map(len, shapes))
-    out = []
-    for i in range(n):
-        dims = [as_expr(s[len(s) - n + i]) for s in shapes if len(s) - n + i >= 0]
-        out.append(functools.reduce(lambda d, e: e if broadcasts(d, e) else d, dims))
-    return out
+    return [functools.reduce(lambda d, e: e if broadcasts(d, e) else d,
+                             [as_expr(s[len(s) - n + i]) for s in shapes if len(s) - n + i >= 0]) for i in range(n)]
 
 
 @register_lowering(aten.index_put, aten._unsafe_index_put)
@@ -759,8 +746,7 @@ def _scatter(x, dim, index, src):
     if not xs:
         raise FallbackToExtern()  # 0-d: eager's only index is 0 (min.dim's backward of a 0-d input)
     dim = dim % len(xs)
-    isize = list(index.get_size())
-    il = index.make_loader()
+    isize, il = list(index.get_size()), index.make_loader()
     cdt = compute_dtype(x.get_dtype())
     vload = loader_as(src, isize, cdt) if not is_box(src) else (lambda i, l=loader_as(src, src.get_size(), cdt): l(i))
 
@@ -788,8 +774,7 @@ def _random(*args, **kwargs):
         raise FallbackToExtern()    # (the seeds live on the graph's device)
     target = g.current_node.target
     name = target._overloadpacket.__name__
-    size, odt = out_size(), out_dtype()
-    cdt = compute_dtype(odt)
+    size, odt, cdt = out_size(), out_dtype(), compute_dtype(out_dtype())
     k = g.new_seed_index()
     p_load = None
     if name == "bernoulli":

@@ -265,8 +265,7 @@ def memory_loop_order(layout: Layout) -> Optional[list[int]]:
     per layer in such a kernel on an H200, about 7x its memory floor). Inductor reorders loops by stride for the same
     reason."""
     try:
-        sizes = [int(s) for s in layout.size]
-        strides = [int(s) for s in layout.stride]
+        sizes, strides = [int(s) for s in layout.size], [int(s) for s in layout.stride]
     except TypeError:
         return None
     big = [d for d, s in enumerate(sizes) if s != 1]
@@ -445,18 +444,13 @@ class ExternKernel(Buffer):
         self.origin = _node_origin()  # the wrapper's comment names it (an error raised here)
 
     def input_names(self) -> list[str]:
-        names = []
-
         def visit(a):
             if isinstance(a, (list, tuple)):
-                for x in a:
-                    visit(x)
-            elif isinstance(a, ReinterpretView):
-                names.append(a.data.get_name())
-            elif isinstance(a, Buffer):
-                names.append(a.get_name())
-        visit(list(self.args) + list(self.kwargs.values()))
-        return list(dict.fromkeys(names))
+                return [n for x in a for n in visit(x)]
+            if isinstance(a, ReinterpretView):
+                return [a.data.get_name()]
+            return [a.get_name()] if isinstance(a, Buffer) else []
+        return list(dict.fromkeys(visit(list(self.args) + list(self.kwargs.values()))))
 
     def get_read_names(self):
         return self.input_names()

@@ -72,23 +72,14 @@ def run_reference(graph, args: list) -> tuple:
             v = tensors[b.parent.name]
             for i in b.path:
                 v = v[i]
-            v = _restride(v, b.layout)
-            tensors[b.name] = v
+            tensors[b.name] = v = _restride(v, b.layout)
             env[b.name] = _flat(v, b.layout)
-    outs = []
-    for o in graph.outputs:
-        if o.kind == "buffer":
-            outs.append(tensors[o.name])
-        elif o.kind == "view":
-            outs.append(_view(tensors[o.name], o))
-        else:
-            outs.append(o.value)
-    return tuple(outs)
+    return tuple(tensors[o.name] if o.kind == "buffer" else _view(tensors[o.name], o) if o.kind == "view" else o.value
+                 for o in graph.outputs)
 
 
 def _restride(t: torch.Tensor, layout: Layout) -> torch.Tensor:
-    size = [int(s) for s in layout.size]
-    stride = [int(s) for s in layout.stride]
+    size, stride = [int(s) for s in layout.size], [int(s) for s in layout.stride]
     if all(a == b or n == 1 for a, b, n in zip(t.stride(), stride, size)):
         return t
     return torch.empty_strided(size, stride, dtype=t.dtype, device=t.device).copy_(t)

@@ -64,19 +64,10 @@ def from_torch_sympy(e: sympy.Expr, env=None) -> sympy.Expr:
         return precomputed(e)
     args = [from_torch_sympy(a, env) for a in e.args]
     if type(e).__module__ == "torch.utils._sympy.functions":
-        if name in ("FloorDiv", "CleanDiv"):
-            return FloorDiv(*args)
-        if name in ("Mod", "PythonMod"):
-            return Mod(*args)
-        if name == "ModularIndexing":
-            return Mod(FloorDiv(args[0], args[1]), args[2])
-        if name == "CeilDiv":
-            return FloorDiv(args[0] + args[1] - 1, args[1])
-        if name == "PowByNatural":
-            return sympy.Pow(*args)
-        if name in ("Max", "Min"):
-            return (sympy.Max if name == "Max" else sympy.Min)(*args)
-        return e
+        f = {"FloorDiv": FloorDiv, "CleanDiv": FloorDiv, "Mod": Mod, "PythonMod": Mod, "PowByNatural": sympy.Pow,
+             "ModularIndexing": lambda a, b, c: Mod(FloorDiv(a, b), c), "CeilDiv": lambda a, b: FloorDiv(a + b - 1, b),
+             "Max": sympy.Max, "Min": sympy.Min}.get(name)
+        return f(*args) if f is not None else e
     return e.func(*args)
 
 
@@ -240,8 +231,7 @@ def _to_torch_sympy(e):
 class FloorDiv(sympy.Function):
     """``a // b`` for a >= 0, b > 0 (integer division of index expressions)."""
 
-    nargs = (2,)
-    is_integer = True
+    nargs, is_integer = (2,), True
 
     @classmethod
     def eval(cls, a, b):
@@ -300,9 +290,7 @@ class TruncMod(sympy.Function):
 class Mod(sympy.Function):
     """``a % b`` for a >= 0, b > 0."""
 
-    nargs = (2,)
-    is_integer = True
-    is_nonnegative = True
+    nargs, is_integer, is_nonnegative = (2,), True, True
 
     @classmethod
     def eval(cls, a, b):
@@ -334,8 +322,7 @@ def upper_bound(e: sympy.Expr, bounds: dict):
         b = e.args[1]
         return int(b) if b.is_Integer else b
     if isinstance(e, FloorDiv):
-        ub = upper_bound(e.args[0], bounds)
-        b = e.args[1]
+        ub, b = upper_bound(e.args[0], bounds), e.args[1]
         if ub is None:
             return None
         if b.is_Integer and isinstance(ub, int):
@@ -407,8 +394,7 @@ def _range_rules(e: sympy.Expr, bounds: dict) -> sympy.Expr:
         if _nonneg_below(a, b, bounds):
             return sympy.Integer(0)
         if (sp := _split_small(a, b, bounds)) is not None:
-            g, w, _ = sp
-            return FloorDiv(w, b / g)
+            return FloorDiv(sp[1], b / sp[0])
         return FloorDiv(a, b)
 
     def md(a, b):
@@ -493,8 +479,7 @@ def product(xs: Iterable) -> sympy.Expr:
 
 def contiguous_strides(size: Sequence[sympy.Expr]) -> list[sympy.Expr]:
     """Row-major strides for ``size`` (sizes of 1 get the stride of the next dim)."""
-    strides = []
-    acc = sympy.Integer(1)
+    strides, acc = [], sympy.Integer(1)
     for s in reversed(list(size)):
         strides.append(acc)
         acc = acc * s
@@ -518,8 +503,7 @@ def unflatten(flat: sympy.Expr, size: Sequence[sympy.Expr]) -> list[sympy.Expr]:
         # a product of the later sizes: dividing the whole product by the earlier ones
         # left sympy's uncancelled 5*(s - 1)/(5*s - 5) in the kernel's index
         v = FloorDiv(flat, product(size[i + 1:]))
-        if i > 0:
-            v = Mod(v, s)
+        v = Mod(v, s) if i > 0 else v
         out.append(v if s != 1 else sympy.Integer(0))
     return out
 

@@ -53,8 +53,7 @@ def upcast_matmuls(gm: torch.fx.GraphModule) -> int:
             continue
         with graph.inserting_before(cast):
             new = graph.call_function(aten.mm.dtype, (src.args[0], src.args[1], torch.float32))
-        new.meta = dict(src.meta)
-        new.meta["val"] = out
+        new.meta = dict(src.meta, val=out)
         cast.replace_all_uses_with(new)
         for n in [cast, *chain, src]:
             graph.erase_node(n)

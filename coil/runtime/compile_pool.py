@@ -30,8 +30,7 @@ class _Job:
 
     def __init__(self, jid: int, payload: dict, pool: "CompilePool"):
         self.id, self.payload, self.state, self.pool = jid, payload, QUEUED, pool
-        self.done = threading.Event()
-        self.result: Optional[dict] = None
+        self.done, self.result = threading.Event(), None
 
 
 class CompilePool:
@@ -41,15 +40,12 @@ class CompilePool:
     def __init__(self, workers: int):
         self._lock = threading.Lock()
         self._queue: "queue.Queue[_Job]" = queue.Queue()
-        self._next = 0
-        self._procs: list[subprocess.Popen] = []
-        self._ready = threading.Event()
-        self.alive = 0
+        self._next, self._procs = 0, []
+        self._ready, self.alive = threading.Event(), 0
         #: jobs queued or running; time of the last submit or finished job
         self._pending, self._last = 0, time.monotonic()
         self.closed = False
-        env = dict(os.environ)
-        env.pop("TRITON_INTERPRET", None)
+        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
         for _ in range(workers):
             try:
@@ -163,8 +159,7 @@ class CompilePool:
                 p.wait(timeout=2)
             except subprocess.TimeoutExpired:
                 p.kill()
-        self._procs = []
-        self.alive = 0
+        self._procs, self.alive = [], 0
 
 
 _pool: Optional[CompilePool] = None
@@ -176,9 +171,7 @@ def workers() -> int:
     for the compiling thread), at most 12; 0 turns the pool off. (8 workers of a 16-core H200 host were the bottleneck
     of a 6-layer Qwen2 training step's first call: 570 jobs, 110 worker-seconds.)"""
     n = config.autotune_compile_processes
-    if n < 0:
-        n = min(12, max(1, (os.cpu_count() or 2) - 2))
-    return max(0, n)
+    return max(0, n) if n >= 0 else min(12, max(1, (os.cpu_count() or 2) - 2))
 
 
 #: seconds a prestarted pool waits for its first job on top of the idle timeout

@@ -73,11 +73,9 @@ def compiler() -> tuple[str, str]:
     with _lock:
         if _compiler is not None:
             return _compiler
-        env = os.environ.get("CXX")
-        candidates = [env] if env else ["g++", "c++", "clang++"]
+        candidates = [env] if (env := os.environ.get("CXX")) else ["g++", "c++", "clang++"]
         for name in candidates:
-            path = shutil.which(name) if name else None
-            if path is None:
+            if (path := shutil.which(name) if name else None) is None:
                 continue
             try:
                 out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30)
@@ -106,8 +104,7 @@ def compile_flags() -> list[str]:
 
 def cache_root() -> str:
     """``<config.cache_dir or ~/.cache/coil>/cpp``."""
-    base = config.cache_dir or os.path.join(os.path.expanduser("~"), ".cache", "coil")
-    return os.path.join(base, "cpp")
+    return os.path.join(config.cache_dir or os.path.join(os.path.expanduser("~"), ".cache", "coil"), "cpp")
 
 
 def cache_key(source: str, flags: Sequence[str]) -> str:
@@ -115,8 +112,7 @@ def cache_key(source: str, flags: Sequence[str]) -> str:
     path, version = compiler()
     h = hashlib.sha256()
     for part in (source, path, version, "\0".join(flags)):
-        h.update(part.encode())
-        h.update(b"\1")
+        h.update(part.encode() + b"\1")
     return h.hexdigest()
 
 
@@ -131,8 +127,7 @@ def _compile_to(source: str, flags: list[str], so_path: str) -> None:
     os.makedirs(d, exist_ok=True)
     fd, tmp_so = tempfile.mkstemp(suffix=".so", dir=d)
     os.close(fd)
-    src_path = so_path[:-3] + ".cpp"
-    tmp_src = tmp_so[:-3] + ".cpp"
+    src_path, tmp_src = so_path[:-3] + ".cpp", tmp_so[:-3] + ".cpp"
     try:
         with open(tmp_src, "w") as f:
             f.write(source)

@@ -42,14 +42,12 @@ class DynamicTritonLauncher(TritonLauncher):
         divisible by 16 where the hint's was) are queued to the pool behind it, so a later size of that class finds its
         binary compiled (:meth:`_queue_other_classes`). ``twin``: a looped reduction with a persistent twin under the
         constexpr ``PERSISTENT``, which buckets of rows up to ``config.triton_persistent_rnumel`` run."""
-        self.n_ptrs, self.red, self.twin = n_ptrs, rnumel_hint != 1, twin
-        self.outer = outer
+        self.n_ptrs, self.red, self.twin, self.outer = n_ptrs, rnumel_hint != 1, twin, outer
         # configs for the example sizes; each bucket chooses again (_for_bucket)
         super().__init__(name, source, numel_hint, rnumel_hint, False, device_type, outer=outer,
                          elem_bytes=elem_bytes, tiled=tiled, arg_dtypes=None)
         self.arg_dtypes = list(arg_dtypes) if arg_dtypes is not None else None
-        self.base_key = self.key
-        self.other_sizes = [list(v) for v in other_sizes]
+        self.base_key, self.other_sizes = self.key, [list(v) for v in other_sizes]
         self._runs: dict = {}  # (bucket, class of each int argument) -> run(*args)
         self._tuned: list = []  # ((log2 n, log2 r) of a bucket, its config)
         self._by_size: dict = {}  # xnumel or (xnumel, rnumel) -> its bucket's run (bounded)

@@ -394,12 +394,10 @@ class TritonLauncher:
     def __init__(self, name: str, source: str, numel: int, rnumel: int, persistent: bool, device_type: str,
                  outer: bool = False, elem_bytes: int = 4, tiled: bool = False, arg_dtypes: Optional[list] = None):
         self.name, self.source = name, source
-        self.interpret = device_type == "cpu"
-        self.gpu = not self.interpret
-        self.numel, self.rnumel, self.elem_bytes = numel, rnumel, elem_bytes
+        self.interpret, self.gpu = device_type == "cpu", device_type != "cpu"
+        self.numel, self.rnumel, self.elem_bytes, self.tiled = numel, rnumel, elem_bytes, tiled
         #: dtypes of the tensor arguments, in order (None if the caller did not say)
         self.arg_dtypes = list(arg_dtypes) if arg_dtypes is not None else None
-        self.tiled = tiled
         # the code generator dropped masks that are redundant for all of these
         # (codegen/triton/backend.py, mask_exactness): only they may run
         self.configs = launch_configs(numel, rnumel, persistent, self.gpu, outer, elem_bytes, tiled)
@@ -561,8 +559,7 @@ class TritonLauncher:
             except Exception as e:  # noqa: BLE001 - config too large, or another API
                 errors = [e]
             rest = self.configs[1:]
-            n = min(len(rest), config.autotune_compile_threads)
-            with ThreadPoolExecutor(max_workers=n) as pool:
+            with ThreadPoolExecutor(max_workers=min(len(rest), config.autotune_compile_threads)) as pool:
                 errors += [f.exception() for f in [pool.submit(one, c) for c in rest]]
             if bad := [str(e) for e in errors if e is not None]:
                 trace.log("autotune_precompile_error", stage="runtime", kernel=self.name, errors=bad[:2])

@@ -82,8 +82,7 @@ class Scheduler:
         self.graph = graph
         _deps_cache.clear()  # the last graph's buffers (it kept every graph's IR alive)
         self.output_names = {o.name for o in graph.outputs if o.name is not None}
-        self.steps: list = []
-        self.decisions: list[dict] = []
+        self.steps, self.decisions = [], []
         self.groups: list = [FusedGroup([b], *node_group(b), i) if isinstance(b, ComputedBuffer)
                              else ExternStep(b, i) for i, b in enumerate(graph.buffers)]
         self.order_of = {b.get_name(): i for i, b in enumerate(graph.buffers)}

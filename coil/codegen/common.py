@@ -56,16 +56,13 @@ class KernelPlan:
         self.numel, self.rnumel = as_size(group.numel), as_size(group.rnumel)
         #: a 2-D tiled pointwise kernel over (numel, rnumel) (codegen/tiling.py): one
         #: section like a persistent reduction, each program one [XBLOCK, RBLOCK] tile
-        self.tiled, self.graph = tiled, graph
-        self.group, self.live_after = group, live_after
+        self.tiled, self.graph, self.group, self.live_after = tiled, graph, group, live_after
         # a symbolic row length loops (``persistent``: a twin whose RBLOCK the launcher sets per size bucket)
         self.persistent = persistent or tiled or (is_static(self.rnumel) and self.rnumel <= persistent_limit)
         self.nodes: list[PlannedNode] = []
         own = {n.get_name() for n in group.nodes}
-        reduction_section: dict[str, int] = {}
-        produced_in: dict[str, int] = {}
-        section = 0
-        section_has_loop = False
+        reduction_section, produced_in = {}, {}
+        section, section_has_loop = 0, False
         cross_section: set[str] = set()
         for buf in group.nodes:
             index, rindex, in_loop = kernel_index(buf, self.numel, self.rnumel)
@@ -148,8 +145,7 @@ class KernelPlan:
                 for _, e in list(rec.loads) + list(rec.stores):
                     syms |= getattr(e, "free_symbols", set())
                 syms |= rec.size_symbols
-            self._size_symbols = sorted((s for s in syms
-                                         if is_size_symbol(s) and s not in (XINDEX, RINDEX)),
+            self._size_symbols = sorted((s for s in syms if is_size_symbol(s) and s not in (XINDEX, RINDEX)),
                                         key=lambda s: s.name)
         return self._size_symbols
 

@@ -51,10 +51,7 @@ def tile_pointwise(group) -> Optional[tuple]:
         return None
     axes = set()
     for n in group.nodes:
-        if kernel_index(n, y, x) is None:
-            return None
-        deps = kernel_deps(n, y, x)
-        if deps is None or not deps.in_loop:
+        if kernel_index(n, y, x) is None or (deps := kernel_deps(n, y, x)) is None or not deps.in_loop:
             return None
         axes.update(_contiguous_axis(e) for _, e in list(deps.loads) + list(deps.stores))
     if axes - {None} != {"x", "r"}:

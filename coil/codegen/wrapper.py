@@ -51,8 +51,7 @@ def check_size(t, size, op: str) -> None:
     """Raise where data-dependent op ``op`` returned a tensor ``t`` of another size than ``size`` (or a number ``t``
     other than ``size``: ``.item()``), the one the graph relied on (``x.nonzero() + y`` assumed the count equals
     ``len(y)``: eager broadcasts or raises there; torch.compile raises too)."""
-    got = tuple(t.shape) if isinstance(t, torch.Tensor) else t
-    if got != size:
+    if (got := tuple(t.shape) if isinstance(t, torch.Tensor) else t) != size:
         raise RuntimeError(f"coil: runtime assertion failed: {op} returned {got}, the compiled graph assumed {size} "
                            "(broadcasting or a torch._check decided it while tracing)")
 
@@ -124,8 +123,7 @@ def _alias_roots(buffers) -> dict:
     extern ops whose schema returns an alias of an argument (and their MultiOutputs)."""
     roots: dict = {}
     for b in buffers:
-        op = b.parent.op if isinstance(b, MultiOutput) else getattr(b, "op", None)
-        schema = getattr(op, "_schema", None)
+        schema = getattr(b.parent.op if isinstance(b, MultiOutput) else getattr(b, "op", None), "_schema", None)
         if schema is None or not any(r.alias_info is not None for r in schema.returns):
             continue
         src = b.parent if isinstance(b, MultiOutput) else b
@@ -288,8 +286,7 @@ class WrapperCodegen:
                 f"device={self._dev(l.device)}, dtype={l.dtype})")
 
     def _global(self, prefix: str, value) -> str:
-        key = (prefix, id(value))
-        if key not in self._extern_ids:
+        if (key := (prefix, id(value))) not in self._extern_ids:
             self._extern_ids[key] = name = f"{prefix}{len(self._extern_ids)}"
             self.globals[name] = value
         return self._extern_ids[key]
@@ -485,8 +482,7 @@ class WrapperCodegen:
                 _free_size_symbols([b.args, b.kwargs], needed)
         # int arguments made symbolic (``n`` in ``x * n``, ``topk(k)``) are not sizes (they
         # may be <= 0, so not positive) but extern ops and outputs read them: bind them too
-        ints = {as_expr(v) for v in g.example_inputs if isinstance(v, torch.SymInt) and as_expr(v).is_Symbol}
-        if ints:
+        if (ints := {as_expr(v) for v in g.example_inputs if isinstance(v, torch.SymInt) and as_expr(v).is_Symbol}):
             leaves = [o.value for o in g.outputs] + [x for b in g.buffers if isinstance(b, ExternKernel)
                                                      for x in torch.utils._pytree.tree_leaves([b.args, b.kwargs])]
             needed |= {s for x in leaves if isinstance(x, sympy.Basic) for s in x.free_symbols} & ints

@@ -275,8 +275,7 @@ def _padded_matmul_result(r) -> bool:
     """Whether lowered value ``r`` is the row-padded output of a padded matmul (:func:`_maybe_pad_matmul_output`)
     or a view of it."""
     d = getattr(r, "data", None)
-    buf = d.data if isinstance(d, (ReinterpretView, StorageBox)) else None
-    return bool(getattr(buf, "padded_output", False))
+    return bool(getattr(d.data if isinstance(d, (ReinterpretView, StorageBox)) else None, "padded_output", False))
 
 
 class GraphLowering(torch.fx.Interpreter):
@@ -918,8 +917,7 @@ class GraphLowering(torch.fx.Interpreter):
         if s0 == 1 and s1 == m and m % 8 != 0:  # transposed, misaligned M
             # (a linear layer's weight gradient g.t() @ x, x often a view of a value not yet realized; giving up
             # there, matmul_padded made a transposing ATen copy of g.t(): 6.8 ms of XLM-R's step on an H200)
-            bt = self._strided_or_copy(b)
-            if bt is None or misaligned_leading_dim(bt.get_stride()):
+            if (bt := self._strided_or_copy(b)) is None or misaligned_leading_dim(bt.get_stride()):
                 return None
             mp = -(-m // 8) * 8
             t = ReinterpretView(base.data, Layout(base.layout.device, base.layout.dtype, [as_expr(k), as_expr(m)],
@@ -1011,8 +1009,7 @@ def _dense_strides_like(t: torch.Tensor) -> list[int]:
     def rank(d):
         if t.stride(d) != 0:
             return t.stride(d)
-        inner = [t.stride(e) * t.shape[e] for e in range(d + 1, t.dim()) if t.stride(e) != 0]
-        return max(inner, default=1)
+        return max((t.stride(e) * t.shape[e] for e in range(d + 1, t.dim()) if t.stride(e) != 0), default=1)
     order = sorted(range(t.dim()), key=lambda d: (-rank(d), d))
     strides = [0] * t.dim()
     acc, align = 1, max(8, 16 // t.element_size())

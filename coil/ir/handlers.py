@@ -103,8 +103,7 @@ class TextPrinter(_Recording):
         index, rindex = buf.make_symbolic_index()
         with set_ops_handler(h):
             buf.store_body(index, rindex)
-        ranges = ", ".join(_fmt(r) for r in buf.get_ranges())
-        head = f"{buf.name}: {type(buf.data).__name__}[{ranges}]"
+        head = f"{buf.name}: {type(buf.data).__name__}[{', '.join(_fmt(r) for r in buf.get_ranges())}]"
         if buf.is_reduction():
             head += f" reduce[{', '.join(_fmt(r) for r in buf.get_reduction_ranges())}]"
         head += f" {buf.get_dtype()} size={list(map(_fmt, buf.get_size()))} stride={list(map(_fmt, buf.get_stride()))}"
@@ -272,8 +271,7 @@ class ReferenceInterpreter(OpsHandler):
         """Uniform [0, 1) per element (``randn``: normal), a function of (seed, offset) only (like Philox;
         not the same numbers as Triton's ``tl.rand``)."""
         off = torch.as_tensor(offset).long()
-        g = torch.Generator().manual_seed(int(seed))
-        return draw(int(off.max()) + 1 if off.numel() else 1, generator=g)[off]
+        return draw(int(off.max()) + 1 if off.numel() else 1, generator=torch.Generator().manual_seed(int(seed)))[off]
 
     def randn(self, seed, offset):
         return self.rand(seed, offset, torch.randn)

@@ -362,8 +362,7 @@ def _to_copy(x, *args, **kwargs):
         return alias
     # aten.copy(self, src) broadcasts src to self's shape (e.g. ``y[:, 0] = 0``)
     load = broadcast_loader(x, size) if list(x.get_size()) != list(size) else x.make_loader()
-    src = x.get_dtype()
-    if src != odt and compute_dtype(src) != src and _unrounded(x):
+    if (src := x.get_dtype()) != odt and compute_dtype(src) != src and _unrounded(x):
         # an fp16/bf16 body computed here is still float32: eager converts the rounded value ((x.half() * 2).float() is
         # inf for x = 65504; 2.9999 rounds to 3 before .int())
         rounded = load
@@ -467,8 +466,7 @@ def make_reduction(x: TensorBox, dims, keepdim: bool, reduction_type: str,
             # max/min/arg* of an empty dim: eager raises "Expected reduction dim to have non-zero size" at run time (the
             # ATen op, run as an extern kernel, does; some meta kernels, e.g. bool max.dim, let capture through)
             raise FallbackToExtern(f"{reduction_type} over an empty dim")
-        init = {"sum": 0, "prod": 1, "any": False}[reduction_type]
-        return _full(_kept_size(size, dims, keepdim), init, dtype)
+        return _full(_kept_size(size, dims, keepdim), {"sum": 0, "prod": 1, "any": False}[reduction_type], dtype)
     else:
         # "leading": the reduction is not over the innermost dim, so the kernel tiles
         # many outputs along contiguous memory (x.sum(0), x[a, r, c].sum(1))

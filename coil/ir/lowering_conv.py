@@ -52,8 +52,7 @@ def _convolution(x, weight, bias, *rest):
     g = current_graph()
     if device().type not in _CHANNELS_LAST_DEVICES:
         raise FallbackToExtern()
-    conv = _matvec_conv(x, weight, rest)
-    if conv is None and not (config.conv_bias_epilogue and is_box(bias)):
+    if (conv := _matvec_conv(x, weight, rest)) is None and not (config.conv_bias_epilogue and is_box(bias)):
         raise FallbackToExtern()
     if conv is None:
         g.fallbacks[str(aten.convolution.default)] += 1
@@ -228,8 +227,5 @@ def _avg_pool2d_backward(grad, x, kernel_size, stride, padding, ceil_mode, count
         value = lambda: ops.truediv(load([n, c, r, s]), ops.constant(float(div), cdt))  # noqa: E731
         if not inside:
             return value()
-        cond = inside[0]
-        for more in inside[1:]:
-            cond = ops.logical_and(cond, more)
-        return ops.masked(cond, value, 0.0)
+        return ops.masked(_all(inside), value, 0.0)
     return TensorBox.create(Pointwise(device(), odt, inner, size))

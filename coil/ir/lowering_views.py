@@ -38,8 +38,7 @@ def make_view(x: TensorBox, size, reindex: Callable, restride: Optional[Callable
     """View ``x`` with ``size``: ``new[index] = x[reindex(index)]``. ``restride(layout)``
     gives the strided layout of the view of a realized buffer, or None if not expressible."""
     size = [as_expr(s) for s in size]
-    base = strided_base(x)
-    if base is not None and restride is not None:
+    if (base := strided_base(x)) is not None and restride is not None:
         buf, layout = base
         if (new := restride(layout)) is not None:
             return TensorBox(ReinterpretView(buf, new))
@@ -186,8 +185,7 @@ def _slice_bound(v, n, default):
 @register_lowering(aten.slice.Tensor)
 def _slice(x, dim=0, start=None, end=None, step=1):
     size_in = list(x.get_size())
-    nd = len(size_in)
-    dim = dim % nd
+    dim = dim % len(size_in)
     if not all(is_static(v) for v in (size_in[dim], start or 0, end or 0)):
         start = _slice_bound(start, size_in[dim], 0)  # symbolic: clamped through the ShapeEnv
     else:
@@ -305,8 +303,7 @@ def _as_strided(x, size, stride, storage_offset=None):
     # transposed input's new value was realized contiguous here, transposed in eager)
     graph = current_graph()
     x = graph._eager_storage(x, graph.current_node.args[0])
-    base = strided_base(x)
-    if base is None and isinstance(x.data, StorageBox):
+    if (base := strided_base(x)) is None and isinstance(x.data, StorageBox):
         x.data.realize()
         base = strided_base(x)
     if base is None:
@@ -689,8 +686,7 @@ def _scatter_box(x, ranges, dest_fn, value_fn, mode, acc_dtype=None) -> TensorBo
     dt = x.get_dtype()
     if mode == "atomic_add":
         from coil.codegen import atomic_add_dtype
-        acc = acc_dtype or atomic_add_dtype(x.get_device(), dt)
-        if acc != dt:
+        if (acc := acc_dtype or atomic_add_dtype(x.get_device(), dt)) != dt:
             xs = list(x.get_size())
             wide = make_pointwise_box(lambda v: v, [x], xs, acc, acc)
             out = _scatter_box(wide, ranges, dest_fn, value_fn, mode, acc)
@@ -729,8 +725,7 @@ def _index_put(x, indices, values, accumulate=False):
     rest_dims = [xs[d] for d in range(nd) if d not in pos]
     rshape = xs[:first] + bshape + xs[pos[-1] + 1:] if adjacent else bshape + rest_dims
     loaders = {d: broadcast_loader(indices[d], bshape) for d in pos}
-    cdt = compute_dtype(x.get_dtype())
-    vload = loader_as(values, rshape, cdt)
+    vload = loader_as(values, rshape, compute_dtype(x.get_dtype()))
 
     def dest(index):
         bidx = list(index[first:first + nb])
@@ -742,8 +737,7 @@ def _index_put(x, indices, values, accumulate=False):
 @register_lowering(aten.scatter.src, aten.scatter.value, aten.scatter_add)
 def _scatter(x, dim, index, src):
     target = current_graph().current_node.target
-    xs = list(x.get_size())
-    if not xs:
+    if not (xs := list(x.get_size())):
         raise FallbackToExtern()  # 0-d: eager's only index is 0 (min.dim's backward of a 0-d input)
     dim = dim % len(xs)
     isize, il = list(index.get_size()), index.make_loader()

@@ -89,8 +89,7 @@ def describe_origin(origin: Optional[str]) -> Optional[str]:
         frames.reverse()
     if not frames:
         return None
-    user = [f for f in frames if not f[0].startswith(_TORCH_DIR)] or frames
-    file, line, fn, src = user[-1]
+    file, line, fn, src = ([f for f in frames if not f[0].startswith(_TORCH_DIR)] or frames)[-1]
     return f"{file}:{line} in {fn}" + (f": {src}" if src else "")
 
 
@@ -365,9 +364,8 @@ class ComputedBuffer(Buffer):
 
     def make_symbolic_index(self):
         """Fresh loop symbols ``(index, rindex)`` named i0.. / r0.. for this buffer."""
-        index = [sym(f"i{d}") for d in range(len(self.get_ranges()))]
-        rindex = [sym(f"r{d}") for d in range(len(self.get_reduction_ranges()))]
-        return index, rindex
+        return ([sym(f"i{d}") for d in range(len(self.get_ranges()))],
+                [sym(f"r{d}") for d in range(len(self.get_reduction_ranges()))])
 
     def get_read_names(self) -> list[str]:
         """Names of buffers the body loads, in first-read order (cached)."""

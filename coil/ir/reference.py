@@ -14,8 +14,7 @@ from coil.ir.nodes import (Buffer, ComputedBuffer, ConcatBuffer, ConcatSlice, Ex
 
 
 def _flat(t: torch.Tensor, layout: Layout) -> torch.Tensor:
-    n = int(layout.storage_numel())
-    return t.as_strided((n,), (1,), t.storage_offset())
+    return t.as_strided((int(layout.storage_numel()),), (1,), t.storage_offset())
 
 
 def _view(flat: torch.Tensor, layout: Layout) -> torch.Tensor:

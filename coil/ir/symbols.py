@@ -34,8 +34,7 @@ def as_expr(x) -> sympy.Expr:
     guard: coil's IR indexes with the ShapeEnv's own symbols (docs/dynamic_shapes.md)."""
     if isinstance(x, sympy.Basic):
         return x
-    node = getattr(x, "node", None)
-    if node is not None and hasattr(node, "expr"):  # torch.SymInt
+    if (node := getattr(x, "node", None)) is not None and hasattr(node, "expr"):  # torch.SymInt
         env = getattr(node, "shape_env", None)
         expr = node.expr
         return from_torch_sympy(env.replace(expr) if env is not None else expr, env)
@@ -191,8 +190,7 @@ def guard_true(cond) -> bool:
     """Decide the size relation ``cond`` (a sympy boolean) for correctness: static
     relations are evaluated, symbolic ones go through the ShapeEnv, which records the
     answer as a guard (a call whose sizes decide otherwise recompiles)."""
-    cond = sympy.sympify(cond)
-    if cond in (sympy.true, sympy.false):
+    if (cond := sympy.sympify(cond)) in (sympy.true, sympy.false):
         return bool(cond)
     if (env := _SCOPE.env) is None:
         raise TypeError(f"size relation {cond} is symbolic and no ShapeEnv is active")
@@ -332,8 +330,7 @@ def upper_bound(e: sympy.Expr, bounds: dict):
     if e.is_Mul:
         out = 1
         for t in e.args:
-            ub = upper_bound(t, bounds)
-            if ub is None or not _is_nonneg(t):
+            if (ub := upper_bound(t, bounds)) is None or not _is_nonneg(t):
                 return None
             out = out * (ub - 1)
         return out + 1
@@ -439,8 +436,7 @@ def _fold_pairs(e: sympy.Expr) -> sympy.Expr:
             if not isinstance(atom, Mod):
                 continue
             y, b = atom.args
-            partner = FloorDiv(y, b)
-            if partner in terms and _same(terms[partner], k * b):
+            if (partner := FloorDiv(y, b)) in terms and _same(terms[partner], k * b):
                 del terms[atom], terms[partner]
                 terms[y] = terms.get(y, 0) + k
                 changed = True

@@ -69,8 +69,7 @@ class CompilePool:
             idle = max(0.1, config.autotune_compile_idle_s)
             time.sleep(min(1.0, idle))
             with self._lock:
-                stop = self._pending == 0 and time.monotonic() - self._last > idle
-                if stop:
+                if (stop := self._pending == 0 and time.monotonic() - self._last > idle):
                     self.closed = True  # submit() now refuses, before the workers go
             if stop:
                 trace.log("compile_pool_stop", stage="runtime", reason="idle", idle_s=idle)
@@ -80,8 +79,7 @@ class CompilePool:
         with self._lock:
             job = _Job(self._next, payload, self)
             self._next += 1
-            refuse = self.alive == 0 or self.closed
-            if not refuse:
+            if not (refuse := self.alive == 0 or self.closed):
                 self._pending += 1
                 self._last = time.monotonic()
         if refuse:
@@ -184,8 +182,7 @@ def prestart(reason: str) -> None:
     first compile jobs (about 10 s on an H200 host). The pool then waits ``PRESTART_GRACE_S`` seconds longer than
     ``config.autotune_compile_idle_s`` for its first job. Logged as ``compile_pool_prestart`` with ``reason``."""
     started = _pool is None or _pool.closed
-    pool = get_pool()
-    if pool is not None and started:
+    if (pool := get_pool()) is not None and started:
         with pool._lock:  # a long AOT stage before the first job is not idleness
             pool._last = time.monotonic() + PRESTART_GRACE_S
         trace.log("compile_pool_prestart", stage="runtime", reason=reason)

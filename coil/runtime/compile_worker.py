@@ -29,8 +29,7 @@ import time
 def _load(path: str, module: str, cache: dict):
     if path not in cache:
         spec = importlib.util.spec_from_file_location(module, path)
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[module] = mod
+        mod = sys.modules[module] = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
         cache[path] = mod
     return cache[path]

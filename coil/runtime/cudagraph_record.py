@@ -48,8 +48,7 @@ def ungraphable_reason(gm: Optional[torch.fx.GraphModule]) -> Optional[str]:
     if gm is None:
         return None
     vals = [n.meta.get("val") for n in gm.graph.nodes]
-    devices = {v.device.type for v in vals if isinstance(v, torch.Tensor)}
-    if devices == {"cpu"}:
+    if (devices := {v.device.type for v in vals if isinstance(v, torch.Tensor)}) == {"cpu"}:
         # a whole-CPU graph: say that, not which CPU op the per-node scan meets first
         return "the graph runs on the CPU only (no CUDA tensor in it); CUDA graphs replay CUDA work"
     return next((r for r in map(ungraphable_node, gm.graph.nodes) if r is not None), None)
@@ -64,8 +63,7 @@ def ungraphable_node(node: torch.fx.Node) -> Optional[str]:
     replay)."""
     if node.op != "call_function":
         return None
-    name = getattr(getattr(node.target, "_schema", None), "name", "")
-    if name in SYNC_OPS:
+    if (name := getattr(getattr(node.target, "_schema", None), "name", "")) in SYNC_OPS:
         return f"op {name} syncs with the host or has a data-dependent shape ({node.name})"
     val = node.meta.get("val")
     read = [i.meta.get("val") for i in node.all_input_nodes]
@@ -157,8 +155,7 @@ class CudaRecorder:
         before = torch.cuda.memory_reserved(self.device)
         _clear_cublas_workspaces()  # the warm-up's 32 MiB workspace per stream, which replays never use
         torch.cuda.empty_cache()
-        freed = before - torch.cuda.memory_reserved(self.device)
-        if freed:
+        if (freed := before - torch.cuda.memory_reserved(self.device)):
             trace.log("cudagraph_release_cache", stage="runtime", freed_mb=round(freed / 2**20, 1),
                       reason="the warm-up and dry run left this cached in the default pool; "
                              "replays run in the CUDA graph pool")
@@ -196,8 +193,7 @@ def _clear_cublas_workspaces() -> None:
     """Release the workspace cuBLAS keeps per (handle, stream) (32 MiB each on an H200): one made in a capture
     stays allocated in the graph pool, one made by an un-graphed call in the default pool; the next matmul
     outside a capture makes a new one. torch.compile's trees clear them around each recording too."""
-    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
-    if clear is not None:
+    if (clear := getattr(torch._C, "_cuda_clearCublasWorkspaces", None)) is not None:
         clear()
 
 

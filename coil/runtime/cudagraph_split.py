@@ -42,8 +42,7 @@ def _is_view(node: torch.fx.Node) -> bool:
 def split_levels(gm: torch.fx.GraphModule) -> tuple[dict, dict]:
     """``(levels, reasons)``: the level of every op node (even: graphable) and, for
     each un-graphable one, why (module docstring)."""
-    levels: dict = {}
-    reasons: dict = {}
+    levels, reasons = {}, {}
     for n in gm.graph.nodes:
         if n.op not in ("call_function", "call_method", "call_module"):
             continue
@@ -51,8 +50,7 @@ def split_levels(gm: torch.fx.GraphModule) -> tuple[dict, dict]:
         if n.target is operator.getitem and n.args[0] in levels:
             levels[n] = levels[n.args[0]]
             continue
-        why = ungraphable_node(n)
-        if why is not None:
+        if (why := ungraphable_node(n)) is not None:
             reasons[n] = why
         levels[n] = base + ((base % 2 == 0) == (why is not None))
     return levels, reasons
@@ -91,8 +89,7 @@ class PartitionedGraph:
             outs = [n for n in members if any(r > lv for r in readers.get(n, ()))]
             outs.sort(key=lambda n: n not in user)
             piece = graph_piece(gm, members, ins, outs)
-            piece.meta["coil_aot_graph"] = kind
-            piece.meta["coil_aot_piece"] = True  # not the last reader of saved values
+            piece.meta.update(coil_aot_graph=kind, coil_aot_piece=True)  # not the last reader of saved values
             devices = {v.device.type for n in members + ins for v in [n.meta.get("val")] if isinstance(v, torch.Tensor)}
             # a piece moving tensors between devices runs its ATen ops as they are (one
             # compiled graph's kernels are generated for one device)

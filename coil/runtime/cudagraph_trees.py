@@ -189,13 +189,11 @@ class Tree:
 
     def run(self, fn: "GraphFunction", args: tuple):
         """Serve one call of ``fn`` (module docstring)."""
-        node = fn.last if fn.last is not None and fn.last.matches(args) else None
-        if node is not None:
+        if (node := fn.last if fn.last is not None and fn.last.matches(args) else None) is not None:
             sig, warm = node.sig, None   # warmed up: the node was recorded for this signature
         else:
             sig = _signature(args)
-            warm = fn.warm.get(sig)
-            if warm is None:
+            if (warm := fn.warm.get(sig)) is None:
                 if (reason := _device_reason(args, self.recorder.device_type)) is not None:
                     fn.skip_with(reason)
                 else:
@@ -215,16 +213,14 @@ class Tree:
                 if fn.kind == "backward" and cand.busy():
                     held = True  # its gradients still sit in .grad (accumulation)
                     continue
-                moved = cand.moved(args)
-                if not moved:
+                if not (moved := cand.moved(args)):
                     node = cand
                     break
                 fn.copy_always.setdefault(sig, set()).update(moved)
                 trace.log("cudagraph_rerecord", stage="runtime", graph=fn.name,
                           reason=f"arguments {moved} moved since recording")
         if self.released and (node is None or node.consumes or node.index >= min(self.released.values())):
-            why = self._overlaps_pending_saved(node)
-            if why is not None:
+            if (why := self._overlaps_pending_saved(node)) is not None:
                 fn.log_skip("saved", why)
                 return fn.fn(*args)
         if node is None and held:
@@ -232,8 +228,7 @@ class Tree:
             # rather than in a second recording (a sibling recording gave wrong tied-weight gradients on the H200)
             fn.log_skip("held", "gradients of the last replay still held (accumulation): this backward runs un-graphed")
             return fn.fn(*args)
-        later = [m for m in self.all_nodes[node.index + 1:] if m.busy()] if node is not None else []
-        if later:
+        if (later := [m for m in self.all_nodes[node.index + 1:] if m.busy()] if node is not None else []):
             # nodes recorded after this one still have outputs alive; their memory may be this node's intermediates.
             # Gradients (held in .grad across micro-batches) and this call's own arguments must survive: the call runs
             # un-graphed. Other outputs belong to an earlier step and go stale, as a replay's own do.
@@ -261,8 +256,7 @@ class Tree:
         try:
             static_args, copied, placeholders, inplace = self._inputs(fn, sig, args, warm)
             plan_args = list(static_args)
-            boxed = getattr(fn.fn, "call_boxed", None) if fn.kind == "backward" else None
-            if boxed is not None:
+            if (boxed := getattr(fn.fn, "call_boxed", None) if fn.kind == "backward" else None) is not None:
                 lent = self._lend_saved(static_args)
                 boxed = boxed if lent else None
                 # a lent argument's memory is released during the capture: an output found
@@ -399,8 +393,7 @@ class GraphFunction:
     def __call__(self, *args):
         if self.skip is not None:
             return self.fn(*args)
-        tree = self.tree
-        if tree is None:
+        if (tree := self.tree) is None:
             tree = self.tree = pick_tree(args)
             if tree is None:
                 self.skip_with("CPU tensors: no CUDA tensor among the inputs")
@@ -484,11 +477,9 @@ _marks = [0]
 
 def pick_tree(args) -> Optional[Tree]:
     """The tree (and pool) of the CUDA device of the first CUDA tensor in ``args``."""
-    dev = next((a.device for a in args if isinstance(a, torch.Tensor) and a.is_cuda), None)
-    if dev is None:
+    if (dev := next((a.device for a in args if isinstance(a, torch.Tensor) and a.is_cuda), None)) is None:
         return None
-    key = dev.index or 0
-    if key not in _TREES:
+    if (key := dev.index or 0) not in _TREES:
         _TREES[key] = Tree(CudaRecorder(torch.device("cuda", key)))
     return _TREES[key]
 

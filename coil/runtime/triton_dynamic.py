@@ -75,8 +75,7 @@ class DynamicTritonLauncher(TritonLauncher):
         """The launch config of size bucket ``(next_pow2(xnumel), next_pow2(rnumel))``."""
         self.numel, self.rnumel = args[self.n_ptrs], (args[self.n_ptrs + 1] if self.red else 1)
         self.chosen = None
-        preset = self._enter_bucket(bucket)
-        if preset is None:
+        if (preset := self._enter_bucket(bucket)) is None:
             # as one tuning for all sizes does: the config of the nearest tuned bucket
             n2, r2 = bucket[0].bit_length(), bucket[1].bit_length()
             # (any XBLOCK suits a plain pointwise kernel; a reduction's must be a candidate)

@@ -43,8 +43,7 @@ _modules: dict[tuple, object] = {}
 
 
 def cache_dir() -> str:
-    d = config.cache_dir or os.path.join(os.path.expanduser("~"), ".cache", "coil")
-    path = os.path.join(d, "triton")
+    path = os.path.join(config.cache_dir or os.path.join(os.path.expanduser("~"), ".cache", "coil"), "triton")
     os.makedirs(path, exist_ok=True)
     return path
 
@@ -440,8 +439,7 @@ class TritonLauncher:
         """Queue the configs this kernel will be compiled with (``preset``, or every candidate) to the compile-worker
         pool (runtime/compile_pool.py), once per ``key`` (default ``self.key``) and process. ``args``: a torch dtype per
         tensor argument and the value of each int argument (Triton specializes the binary on it)."""
-        key = key or self.key
-        if key in _pool_jobs:
+        if (key := key or self.key) in _pool_jobs:
             return
         todo = [preset] if preset is not None else self.configs
         names = [a if isinstance(a, int) else str(a).replace("torch.", "") for a in args]

@@ -41,8 +41,7 @@ def split_ranges(sizes: list, rnumel) -> Optional[tuple[list, list, Optional[int
     in two only when the quotient is exact (an integer, or an exact expression of symbolic sizes)."""
     rem, r_sizes, d = sympy.sympify(rnumel), [], len(sizes) - 1
     while rem != 1 and d >= 0:
-        s = sympy.sympify(sizes[d])
-        if s == 1:
+        if (s := sympy.sympify(sizes[d])) == 1:
             r_sizes.insert(0, sympy.Integer(1))
         elif sympy.denom(q := sympy.expand(rem / s)) == 1:
             r_sizes.insert(0, s)
@@ -62,8 +61,7 @@ def _kernel_index_cached(ranges: tuple, rranges: tuple, is_red: bool, numel, rnu
         if as_size(product(ranges)) != numel or as_size(product(rranges)) != rnumel:
             return None
         return decompose(XINDEX, list(ranges)), decompose(RINDEX, list(rranges)), True
-    n = as_size(product(ranges))
-    if n == numel:
+    if (n := as_size(product(ranges))) == numel:
         return decompose(XINDEX, list(ranges)), [], rnumel == 1
     if rnumel != 1 and n == as_size(numel * rnumel):
         if (sp := split_ranges(list(ranges), rnumel)) is None:
@@ -72,8 +70,7 @@ def _kernel_index_cached(ranges: tuple, rranges: tuple, is_red: bool, numel, rnu
         xv, rv = decompose(XINDEX, xs), decompose(RINDEX, rs)
         if split is None:
             return xv + rv, [], True
-        merged = xv[:-1] + [xv[-1] * rs[0] + rv[0]] + rv[1:]
-        return merged, [], True
+        return xv[:-1] + [xv[-1] * rs[0] + rv[0]] + rv[1:], [], True
     return None
 
 

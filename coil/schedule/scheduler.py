@@ -228,13 +228,11 @@ class Scheduler:
     def _score(self, a: FusedGroup, b: FusedGroup) -> int:
         """Bytes of memory traffic saved by running a and b as one kernel."""
         names_a, names_b = set(a.names), set(b.names)
-        saved = 0
-        both = names_a | names_b
+        saved, both = 0, names_a | names_b
         for n in a.nodes + b.nodes:
             name = n.get_name()
             readers = self.users.get(name, set())
-            crosses = (name in names_a and readers & names_b) or (name in names_b and readers & names_a)
-            if crosses:
+            if (name in names_a and readers & names_b) or (name in names_b and readers & names_a):
                 saved += _bytes(n, self._memo)  # the read
                 if readers <= both and name not in self.output_names:
                     saved += _bytes(n, self._memo)  # the write
@@ -289,15 +287,13 @@ class Scheduler:
                     p = produced[name]
                     pdeps = kernel_deps(p, numel, rnumel)
                     store = pdeps.stores[0][1]
-                    p_in_loop = pdeps.in_loop and not p.is_reduction()
-                    if p_in_loop and not cdeps.in_loop and rnumel != 1:
+                    if (p_in_loop := pdeps.in_loop and not p.is_reduction()) and not cdeps.in_loop and rnumel != 1:
                         return f"{c.get_name()} reads {name} once per output but it is computed in the loop"
                     for read, e in cdeps.loads:
                         if read == name and e != store:
                             return f"{c.get_name()} reads {name}[{_text(e)}] but it is written at [{_text(store)}]"
         if not crossing and not self._shares_an_element(a, b, numel, rnumel) and not self._tiny_siblings(a, b):
-            pa = self._input_only_pattern(a)
-            if pa is None or pa != self._input_only_pattern(b):
+            if (pa := self._input_only_pattern(a)) is None or pa != self._input_only_pattern(b):
                 return "their shared reads are of different elements per iteration (nothing reused)"
         return None
 
@@ -316,8 +312,7 @@ class Scheduler:
         nodes = sorted(a.nodes + b.nodes, key=lambda n: self.order_of[n.get_name()])
         lo, hi = sorted((a.order, b.order))
         g = FusedGroup(nodes, numel, rnumel, lo)
-        owner = self._owner_map()
-        owner.update((n, g) for n in g.names)
+        self._owner_map().update((n, g) for n in g.names)
         ia, ib, ig = id(a), id(b), id(g)
         self._succ[ig] = (self._succ.pop(ia) | self._succ.pop(ib)) - {ia, ib}
         self._pred[ig] = (self._pred.pop(ia) | self._pred.pop(ib)) - {ia, ib}

@@ -99,8 +99,7 @@ def _write(record: dict) -> None:
             return
         if _state.file is None:
             os.makedirs(_state.dir, exist_ok=True)
-            path = os.path.join(_state.dir, f"coil_trace_{os.getpid()}.jsonl")
-            _state.file = open(path, "a", buffering=1)
+            _state.file = open(os.path.join(_state.dir, f"coil_trace_{os.getpid()}.jsonl"), "a", buffering=1)
         _state.file.write(line + "\n")
 
 
@@ -119,9 +118,7 @@ def artifact(name: str, text: Any, kind: str = "text", **payload: Any) -> None:
     costly formatting is skipped when it is off."""
     if _state.dir is None:
         return
-    if callable(text):
-        text = text()
-    log("artifact", name=name, kind=kind, text=str(text), **payload)
+    log("artifact", name=name, kind=kind, text=str(text() if callable(text) else text), **payload)
 
 
 def add_stage_listener(fn: Callable[[str, str, Optional[float]], None]) -> None:

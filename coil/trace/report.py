@@ -105,8 +105,7 @@ def read_log(log_dir: str) -> Log:
         FileNotFoundError: ``log_dir`` does not exist or holds no ``.jsonl`` file."""
     if not os.path.isdir(log_dir):
         raise FileNotFoundError(f"no such log directory: {log_dir!r} (run with COIL_TRACE=<dir> to write one)")
-    files = sorted(glob.glob(os.path.join(log_dir, "**", "*.jsonl"), recursive=True))
-    if not files:
+    if not (files := sorted(glob.glob(os.path.join(log_dir, "**", "*.jsonl"), recursive=True))):
         raise FileNotFoundError(f"no .jsonl compile log under {log_dir!r} (run with COIL_TRACE=<dir> to write one)")
     records, bad = [], 0
     for path in files:
@@ -134,8 +133,7 @@ def read_log(log_dir: str) -> Log:
         {"stage": c.stages, "artifact": c.artifacts}.get(r.get("event"), c.events).append(r)
     for c in by_id.values():  # stage events are written at their end: order by start
         c.stages.sort(key=lambda r: (r.get("ts") or 0.0) - (r.get("duration_ms") or 0.0) / 1e3)
-    compiles = sorted(by_id.values(), key=lambda c: c.sort_key)
-    return Log(compiles=compiles, loose=loose, files=files, bad_lines=bad)
+    return Log(compiles=sorted(by_id.values(), key=lambda c: c.sort_key), loose=loose, files=files, bad_lines=bad)
 
 
 # ------------------------------------------------------------------- highlighting
@@ -149,8 +147,7 @@ def highlight(text: str, kind: str) -> str:
 
     Uses pygments (classes styled by the report's stylesheet); unknown kinds and
     very large texts (> 2 MB) are escaped without colour."""
-    lexer_name = _LEXERS.get(kind)
-    if lexer_name is None or len(text) > 2_000_000:
+    if (lexer_name := _LEXERS.get(kind)) is None or len(text) > 2_000_000:
         return '<pre class="code">%s</pre>' % html.escape(text)
     from pygments import highlight as _hl
     from pygments.formatters import HtmlFormatter
@@ -197,8 +194,7 @@ def render_value(v: Any, key: str = "") -> str:
         return str(v)
     if isinstance(v, str):
         if key in ("traceback", "code", "source", "guard_code") or "\n" in v:
-            kind = "python" if key in ("code", "source", "guard_code") else "text"
-            return highlight(v, kind)
+            return highlight(v, "python" if key in ("code", "source", "guard_code") else "text")
         return html.escape(v)
     if isinstance(v, list):
         if not v:
@@ -218,8 +214,7 @@ def render_value(v: Any, key: str = "") -> str:
     if isinstance(v, dict):
         if _is_frame(v):
             return render_stack([v])
-        rows = "".join('<tr><th>%s</th><td>%s</td></tr>' % (html.escape(str(k)),
-                                                             render_value(x, str(k)))
+        rows = "".join('<tr><th>%s</th><td>%s</td></tr>' % (html.escape(str(k)), render_value(x, str(k)))
                        for k, x in v.items())
         return f'<table class="kv">{rows}</table>'
     return html.escape(json.dumps(v, default=str))
@@ -244,12 +239,9 @@ def event_table(records: list) -> dict:
     show_stage = any(r.get("stage") for r in records)
     show_ms = any(r.get("duration_ms") is not None for r in records)
     head = (["stage"] if show_stage else []) + (["ms"] if show_ms else []) + cols
-    rows = []
-    for r in records:
-        p = payload(r)
-        rows.append(([html.escape(str(r.get("stage") or ""))] if show_stage else [])
-                    + ([render_value(r.get("duration_ms"), "duration_ms")] if show_ms else [])
-                    + [render_value(p[c], c) if c in p else "" for c in cols])
+    rows = [([html.escape(str(r.get("stage") or ""))] if show_stage else [])
+            + ([render_value(r.get("duration_ms"), "duration_ms")] if show_ms else [])
+            + [render_value(p[c], c) if c in p else "" for c in cols] for r, p in ((r, payload(r)) for r in records)]
     return {"head": head, "rows": rows}
 
 
@@ -271,8 +263,7 @@ def _artifact_views(records: list) -> list:
     views, seen = [], {}
     for a in records:
         text = str(a.get("text", ""))
-        key = (a.get("name"), a.get("kind"), text)
-        if key in seen:
+        if (key := (a.get("name"), a.get("kind"), text)) in seen:
             seen[key]["times"] += 1
             continue
         extra = {k: v for k, v in payload(a).items() if k not in ("name", "kind", "text")}
@@ -290,9 +281,8 @@ def previous_attempts(compiles: list) -> dict:
     out = {}
     for c in compiles:
         frame, _, attempt = c.compile_id.rpartition("/")
-        if attempt.isdigit() and int(attempt) > 0:
-            if (prev := by_id.get((c.pid, f"{frame}/{int(attempt) - 1}"))) is not None:
-                out[(c.pid, c.compile_id)] = prev
+        if attempt.isdigit() and int(attempt) > 0 and (prev := by_id.get((c.pid, f"{frame}/{int(attempt) - 1}"))):
+            out[(c.pid, c.compile_id)] = prev
     return out
 
 
@@ -339,8 +329,7 @@ def write_report(log_dir: str, out_dir: Optional[str] = None) -> str:
     multi_pid = len({c.pid for c in log.compiles}) > 1
     previous = previous_attempts(log.compiles)
     all_totals, all_selfs = Counter(), Counter()  # stage names in first-seen order
-    rows = []
-    grand_total = 0.0
+    rows, grand_total = [], 0.0
     for c in log.compiles:
         totals, selfs = c.stage_totals(), c.stage_self_totals()
         all_totals.update(totals)

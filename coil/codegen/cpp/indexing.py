@@ -37,9 +37,7 @@ def canonicalize(e: sympy.Expr, bounds: dict) -> sympy.Expr:
             if isinstance(e, Mod) and m % int(b) == 0:
                 return simplify_index(Mod(a.args[0], b), bounds)
         return simplify_index(type(e)(a, b), bounds)
-    if args != list(e.args):
-        e = e.func(*args)
-    return e
+    return e.func(*args) if args != list(e.args) else e
 
 
 @dataclass
@@ -50,6 +48,7 @@ class Split:
     numel: int
     points: list = field(default_factory=lambda: [1])
     prefix: str = "x"
+    _num = staticmethod(int)  # a split point as :meth:`div` / :meth:`mod` / :meth:`divmod` take it
 
     @property
     def vars(self) -> list:
@@ -80,10 +79,11 @@ class Split:
             return e
         if len(self.points) == 1:
             return e.xreplace({s: self.vars[0]})
+        n = self._num
         e = e.replace(lambda t: isinstance(t, Mod) and isinstance(t.args[0], FloorDiv) and t.args[0].args[0] == s,
-                      lambda t: self.divmod(int(t.args[0].args[1]), int(t.args[1])))
-        e = e.replace(lambda t: isinstance(t, FloorDiv) and t.args[0] == s, lambda t: self.div(int(t.args[1])))
-        e = e.replace(lambda t: isinstance(t, Mod) and t.args[0] == s, lambda t: self.mod(int(t.args[1])))
+                      lambda t: self.divmod(n(t.args[0].args[1]), n(t.args[1])))
+        e = e.replace(lambda t: isinstance(t, FloorDiv) and t.args[0] == s, lambda t: self.div(n(t.args[1])))
+        e = e.replace(lambda t: isinstance(t, Mod) and t.args[0] == s, lambda t: self.mod(n(t.args[1])))
         return e.xreplace({s: self.flat()})
 
 
@@ -113,8 +113,7 @@ def split_plan(exprs: Iterable[sympy.Expr], symbol: sympy.Symbol, numel: int, pr
     points: list = []
     if not all(_collect(e, symbol, points) for e in exprs):
         return Split(symbol, numel, [1], prefix)
-    pts = sorted({int(p) for p in points if 1 < p < numel})
-    chain = [1] + pts
+    chain = [1] + sorted({int(p) for p in points if 1 < p < numel})
     if any(chain[i + 1] % chain[i] for i in range(len(chain) - 1)) or numel % chain[-1]:
         return Split(symbol, numel, [1], prefix)
     return Split(symbol, numel, chain, prefix)
@@ -123,6 +122,8 @@ def split_plan(exprs: Iterable[sympy.Expr], symbol: sympy.Symbol, numel: int, pr
 class SymbolicSplit(Split):
     """A :class:`Split` whose points are size expressions (dynamic shapes): ``points`` is a divisibility chain ``1 | p1
     | ... | pk | numel``, so comparisons between points are positions in the chain and quotients are exact."""
+
+    _num = staticmethod(lambda p: p)  # (size expressions: :meth:`Split.substitute` keeps them)
 
     @property
     def extents(self) -> list:
@@ -150,23 +151,11 @@ class SymbolicSplit(Split):
         lo, hi = self._pos(a), self._pos(sympy.expand(a * b))
         return sum((v * sympy.expand(q / a) for v, q in list(zip(self.vars, self.points))[lo:hi]), sympy.Integer(0))
 
-    def substitute(self, e: sympy.Expr) -> sympy.Expr:
-        s = self.symbol
-        if not e.has(s) or len(self.points) == 1:
-            return e.xreplace({s: self.vars[0]}) if e.has(s) else e
-        e = e.replace(lambda t: isinstance(t, Mod) and isinstance(t.args[0], FloorDiv) and t.args[0].args[0] == s,
-                      lambda t: self.divmod(t.args[0].args[1], t.args[1]))
-        e = e.replace(lambda t: isinstance(t, FloorDiv) and t.args[0] == s, lambda t: self.div(t.args[1]))
-        e = e.replace(lambda t: isinstance(t, Mod) and t.args[0] == s, lambda t: self.mod(t.args[1]))
-        return e.xreplace({s: self.flat()})
-
 
 def _size_divisor(b) -> bool:
     """A divisor a symbolic split can cut at: an integer or a monomial in size symbols
     (``4 * s0 * s1``; quotients of monomials are exact, sums are not split)."""
-    if b.is_Integer:
-        return True
-    return all(f.is_Integer or (f.is_Symbol and f.is_positive) or
+    return b.is_Integer or all(f.is_Integer or (f.is_Symbol and f.is_positive) or
                (f.is_Pow and f.args[0].is_Symbol and f.args[0].is_positive and f.args[1].is_Integer)
                for f in sympy.Mul.make_args(b))
 
@@ -181,8 +170,7 @@ def _symbolic_split(exprs, symbol, numel, prefix: str) -> Split:
         return flat
     uniq: list = []
     for p in points:
-        p = sympy.expand(p)
-        if p != 1 and sympy.expand(p - numel) != 0 and all(sympy.expand(p - q) != 0 for q in uniq):
+        if (p := sympy.expand(p)) != 1 and sympy.expand(p - numel) != 0 and all(sympy.expand(p - q) != 0 for q in uniq):
             uniq.append(p)
     if not uniq:
         return flat

@@ -115,8 +115,7 @@ class CppKernel(OpsHandler):
         sizes = getattr(plan, "size_symbols", None)  # (test plans may not have it)
         self.size_symbols = list(sizes()) if sizes is not None else []
         self.counter = itertools.count()
-        self.indices: list[sympy.Expr] = []
-        self.index_of: dict = {}
+        self.indices, self.index_of = [], {}
         self.items: list = []  # str lines (per x) and _Section objects
         self.cur: list[str] = self.items  # where statements go
         self.section: Optional[_Section] = None
@@ -128,8 +127,7 @@ class CppKernel(OpsHandler):
         #: per check site: the user's line behind it (``nodes.describe_origin``) or None
         self.check_origins: list[Optional[str]] = []
         self.removed = set(getattr(plan, "removed_names", ()) or ())
-        self.read: list[str] = []
-        self.written: list[str] = []
+        self.read, self.written = [], []
         self.needs_rindex = False
         self.rdep: set[str] = {"rindex", "r0"}
         self.const_val: dict[str, Any] = {}  # variables known to hold a constant
@@ -152,8 +150,7 @@ class CppKernel(OpsHandler):
             return hit
         var = CppVar(self._new(), dtype)
         line = f"{cops.compute_ctype(dtype)} {var.name} = {expr};"
-        sec = self.section
-        if sec is not None and self.cur is sec.body:
+        if (sec := self.section) is not None and self.cur is sec.body:
             if self._depends_on_r(expr):
                 self.rdep.add(var.name)
             else:  # loop-invariant: compute once per x, before the section's loop
@@ -181,8 +178,7 @@ class CppKernel(OpsHandler):
     def _idx(self, expr) -> str:
         # canonical at record time: CSE keys and the loop-invariance test (``has(RINDEX)``)
         # must see ``(128*xindex + rindex) // 128`` as ``xindex``
-        expr = simplify_index(sympy.sympify(expr), self.bounds)
-        if expr not in self.index_of:
+        if (expr := simplify_index(sympy.sympify(expr), self.bounds)) not in self.index_of:
             self.index_of[expr] = len(self.indices)
             self.indices.append(expr)
         if expr.has(RINDEX):
@@ -254,8 +250,7 @@ class CppKernel(OpsHandler):
             self.scopes[-1][("store", name, index)] = value
         if name in self.removed or self._empty(name):
             return
-        ptr = self._arg(name, write=True)
-        target = f"{ptr}[{self._idx(index)}]"
+        target = f"{self._arg(name, write=True)}[{self._idx(index)}]"
         if mode in ("atomic_add", "add"):
             if buf_dtype in (torch.float16, torch.bfloat16):
                 # no 16-bit float atomics: read-add-round-write under a critical section
@@ -270,16 +265,14 @@ class CppKernel(OpsHandler):
             raise NotImplementedError(f"C++ backend: store mode {mode!r}")
 
     def store_reduction(self, name, index, value):
-        dt = self.plan.buffer(name).get_dtype()
-        if dt in (torch.float16, torch.bfloat16) and isinstance(value, CppVar):
+        if (dt := self.plan.buffer(name).get_dtype()) in (torch.float16, torch.bfloat16) and isinstance(value, CppVar):
             # eager rounds the result to its dtype: readers later in this kernel see that (s207 #10039)
             value = self.to_dtype(value, dt)
         return self.store(name, index, value)
 
     # ------------------------------------------------------------------ values
     def constant(self, value, dtype):
-        cd = _compute_dtype(dtype)
-        if cd == torch.bool:
+        if (cd := _compute_dtype(dtype)) == torch.bool:
             lit = "true" if value else "false"
         elif cd.is_floating_point:
             lit = _float_literal(float(value), cd)
@@ -321,20 +314,17 @@ class CppKernel(OpsHandler):
             return sympy.Symbol(hit.name, integer=True)
         i = f"static_cast<int64_t>({x})"
         if check:
-            self.has_checks = True
-            site = self.check_sites
+            self.has_checks, site = True, self.check_sites
             self.check_sites += 1
             self.check_origins.append(describe_origin(current_origin()))
             expr = f"coil_ind_checked({i}, {s}, {int(bool(wrap_neg))}, coil_err, {site})"
         else:
             expr = f"coil_ind_wrap({i}, {s})" if wrap_neg else i
-        var = self._emit(expr, torch.int64, key=key)
-        return sympy.Symbol(var.name, integer=True)
+        return sympy.Symbol(self._emit(expr, torch.int64, key=key).name, integer=True)
 
     def masked(self, mask, body, other):
         mask = self._val(mask)
-        outer = self.cur
-        inner: list[str] = []
+        outer, inner = self.cur, []
         self.cur = inner
         self.scopes.append({})
         try:
@@ -552,9 +542,8 @@ class CppKernel(OpsHandler):
     def _simd_for(lines: list[str]) -> str:
         """``#pragma omp simd`` unless the loop body has a bounds check or an atomic
         store (checks hoisted out of the loop do not count)."""
-        if any("coil_ind_checked(" in l or "omp atomic" in l or "omp critical" in l for l in lines):
-            return ""
-        return "#pragma omp simd"
+        return "" if any("coil_ind_checked(" in l or "omp atomic" in l or "omp critical" in l for l in lines) \
+            else "#pragma omp simd"
 
     def _hoist(self, lines: list[str], inner_var: str) -> tuple[list[str], list[str]]:
         """Split a pointwise body into (per-row, per-element) statements: declarations that depend neither on
@@ -629,8 +618,7 @@ class CppKernel(OpsHandler):
             return out
         hoisted, lines = self._hoist(lines, "x0")
         outer = self.numel // ext[0] if isinstance(self.numel, int) else sympy.expand(self.numel / ext[0])
-        decl = []
-        q = 1
+        decl, q = [], 1
         for i in range(1, len(ext)):
             e = f"(xo / {_cp(q)})" if q != 1 else "xo"
             decl.append(f"int64_t x{i} = {e}" + (f" % {_cp(ext[i])};" if i < len(ext) - 1 else ";"))
@@ -803,8 +791,7 @@ class CppKernel(OpsHandler):
             if fields[0][1] in ("float", "double"):
                 out.append(f"{loop}{acc} = coil_{rt}_prop_({acc}, {acc}{s});")
             else:
-                op = ">" if rt == "max" else "<"
-                out.append(f"{loop}{acc} = ({acc}{s} {op} {acc}) ? {acc}{s} : {acc};")
+                out.append(f"{loop}{acc} = ({acc}{s} {'>' if rt == 'max' else '<'} {acc}) ? {acc}{s} : {acc};")
         elif rt in ("argmax", "argmin"):
             out.append(f"{loop}{{ if (coil_{rt}_better({acc}_v{s}, {acc}_i{s}, {acc}_v, {acc}_i)) "
                        f"{{ {acc}_v = {acc}_v{s}; {acc}_i = {acc}_i{s}; }} }}")

@@ -66,8 +66,7 @@ class CppLauncher:
         if self._call is None:
             if self._future is None:
                 _flush()
-            lib = self._future.result()
-            fn = getattr(lib, self.symbol)
+            fn = getattr(self._future.result(), self.symbol)
             fn.argtypes = ([ctypes.c_void_p] * self.n_args + [ctypes.c_int64] * self.n_sizes + [ctypes.c_void_p])
             fn.restype = ctypes.c_int64
             self._call = self._make_call(fn)
@@ -95,8 +94,7 @@ class CppLauncher:
             err[i] = 0
         msg = (f"index {idx} is out of bounds for dimension with size {size} "
                f"(coil C++ kernel {self.func_name}, check #{site})")
-        origin = self.check_origins[site] if 0 <= site < len(self.check_origins) else None
-        if origin:
+        if (origin := self.check_origins[site] if 0 <= site < len(self.check_origins) else None):
             msg += f" -- from {origin}"
         raise KernelIndexError(msg)
 
@@ -135,8 +133,7 @@ def _flush() -> None:
         for chunk in chunks:
             if not chunk:
                 continue
-            src = prelude() + "\n" + "\n\n".join(l.source for l in chunk) + "\n"
-            fut = _executor().submit(cpp_build.build, src)
+            fut = _executor().submit(cpp_build.build, prelude() + "\n" + "\n\n".join(l.source for l in chunk) + "\n")
             for l in chunk:
                 l._future = fut
         for la in pending:  # (by launcher: two graphs' kernels may share a name)

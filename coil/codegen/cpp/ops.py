@@ -58,13 +58,11 @@ def _sign(a, dtype):
 
 
 def _rsqrt(a, dtype):
-    one = "1.0f" if _f32(dtype) else "1.0"
-    return f"({one} / cm::sqrt({a[0]}))"
+    return f"({'1.0f' if _f32(dtype) else '1.0'} / cm::sqrt({a[0]}))"
 
 
 def _reciprocal(a, dtype):
-    one = "1.0f" if _f32(dtype) else "1.0"
-    return f"({one} / {a[0]})"
+    return f"({'1.0f' if _f32(dtype) else '1.0'} / {a[0]})"
 
 
 def _floor_int(f):
@@ -72,34 +70,24 @@ def _floor_int(f):
 
 
 UNARY = {
-    "abs": _abs,
-    "neg": lambda a, d: f"(-{a[0]})",
-    "exp": _fn("coil_exp", "cm::exp"),
-    "exp2": _std("exp2"),
-    "expm1": _fn("coil_expm1", "cm::expm1"),
-    "log": _fn("coil_log", "cm::log"),
-    "log2": _std("log2"), "log10": _std("log10"), "log1p": _std("log1p"),
-    "sqrt": _std("sqrt"), "rsqrt": _rsqrt,
+    "abs": _abs, "neg": lambda a, d: f"(-{a[0]})", "exp": _fn("coil_exp", "cm::exp"), "exp2": _std("exp2"),
+    "expm1": _fn("coil_expm1", "cm::expm1"), "log": _fn("coil_log", "cm::log"), "log2": _std("log2"),
+    "log10": _std("log10"), "log1p": _std("log1p"), "sqrt": _std("sqrt"), "rsqrt": _rsqrt,
     "sin": _fn("coil_sin", "cm::sin"), "cos": _fn("coil_cos", "cm::cos"), "tan": _std("tan"), "asin": _std("asin"),
     "acos": _std("acos"), "atan": _std("atan"), "sinh": _std("sinh"), "cosh": _std("cosh"),
-    "tanh": _fn("coil_tanh", "cm::tanh"), "asinh": _std("asinh"), "acosh": _std("acosh"),
-    "atanh": _std("atanh"), "erfc": _std("erfc"),
+    "tanh": _fn("coil_tanh", "cm::tanh"), "asinh": _std("asinh"), "acosh": _std("acosh"), "atanh": _std("atanh"),
+    "erfc": _std("erfc"),
     # float32: libm's double erf, rounded, as eager's within 1 ulp (coil_erf: GELU's ndtr)
     "erf": lambda a, d: f"(float)cm::erf((double){a[0]})" if _f32(d) else f"cm::erf({a[0]})",
-    "erfinv": lambda a, d: f"coil_erfinv({a[0]})",
-    "ndtr": lambda a, d: f"coil_ndtr({a[0]})",
+    "erfinv": lambda a, d: f"coil_erfinv({a[0]})", "ndtr": lambda a, d: f"coil_ndtr({a[0]})",
     "sigmoid": lambda a, d: (f"coil_sigmoid({a[0]})" if _f32(d) else f"(1.0 / (1.0 + cm::exp(-{a[0]})))"),
-    "floor": _floor_int(lambda a, d: f"cm::floor({a[0]})"),
-    "ceil": _floor_int(lambda a, d: f"cm::ceil({a[0]})"),
-    "round": _floor_int(lambda a, d: f"cm::nearbyint({a[0]})"),
-    "trunc": _floor_int(lambda a, d: f"cm::trunc({a[0]})"),
-    "sign": _sign,
-    "reciprocal": _reciprocal,
+    "floor": _floor_int(lambda a, d: f"cm::floor({a[0]})"), "ceil": _floor_int(lambda a, d: f"cm::ceil({a[0]})"),
+    "round": _floor_int(lambda a, d: f"cm::nearbyint({a[0]})"), "trunc": _floor_int(lambda a, d: f"cm::trunc({a[0]})"),
+    "sign": _sign, "reciprocal": _reciprocal,
     "bitwise_not": lambda a, d: f"(!{a[0]})" if d == torch.bool else f"(({compute_ctype(d)})~{a[0]})",
     "logical_not": lambda a, d: f"(!{a[0]})",
     "isnan": lambda a, d: f"({a[0]} != {a[0]})" if d.is_floating_point else "false",
-    "isinf": lambda a, d: f"cm::isinf({a[0]})" if d.is_floating_point else "false",
-    "lgamma": _std("lgamma"),
+    "isinf": lambda a, d: f"cm::isinf({a[0]})" if d.is_floating_point else "false", "lgamma": _std("lgamma"),
     "signbit": lambda a, d: f"coil_signbit({a[0]})" if d.is_floating_point else (f"({a[0]} < 0)" if d.is_signed else "false"),
 }
 

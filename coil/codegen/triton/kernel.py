@@ -189,8 +189,7 @@ class TritonKernel(OpsHandler):
     def _mask(self, dims) -> tuple[Optional[str], frozenset]:
         axes = [a for a, exact in (("x", self.x_exact), ("r", self.r_exact)) if a in dims and not exact]
         parts = [f"{a}mask" for a in axes] + [m.name for m in self.mask_stack]
-        mdims = set(axes).union(*(m.dims for m in self.mask_stack))
-        return (" & ".join(parts) if parts else None), frozenset(mdims)
+        return (" & ".join(parts) if parts else None), frozenset(axes).union(*(m.dims for m in self.mask_stack))
 
     def _block_guard(self) -> Optional[str]:
         """The mask of a ``[XBLOCK, RBLOCK]`` tile's padded lanes (``xmask & rmask``, less
@@ -219,12 +218,10 @@ class TritonKernel(OpsHandler):
             # a scalar address under a mask that may be a block (``tl.full([1], ...)``)
             ptr = f"tl.broadcast_to({ptr}, {self._shape(dims | mdims)})"
             dims = dims | mdims
-        other = ", other=0.0" if mask else ""
-        expr = f"tl.load({ptr}{', ' + mask if mask else ''}{other})"
+        expr = f"tl.load({ptr}{', ' + mask + ', other=0.0' if mask else ''})"
         if buf_dtype == torch.bool:
             expr = f"{expr}.to(tl.int1)"
-        cdt = compute_dtype(buf_dtype)
-        if cdt != buf_dtype:
+        if (cdt := compute_dtype(buf_dtype)) != buf_dtype:
             expr = f"{expr}.to({TL_DTYPE[cdt]})"
         return self.cse(expr, cdt, dims)
 
@@ -302,8 +299,7 @@ class TritonKernel(OpsHandler):
         if reduction_type == "any":
             acc_dt = torch.int8
         tdt = TL_DTYPE[acc_dt if reduction_type not in ("argmax", "argmin") else value.dtype]
-        default = self._DEFAULT[reduction_type]
-        if default in ("inf", "-inf"):
+        if (default := self._DEFAULT[reduction_type]) in ("inf", "-inf"):
             default = f'float("{default}")' if value.dtype.is_floating_point else (
                 str(torch.iinfo(value.dtype).min) if default == "-inf" else str(torch.iinfo(value.dtype).max))
         v = value.name
@@ -406,8 +402,7 @@ class TritonKernel(OpsHandler):
         if any(re.search(rf"\b{n}\b", l) for l in loop for n in chain
                if not l.startswith(tuple(f"{c} = " for c in chain))):
             return None  # another value of this loop uses the chain
-        combine = self._guarded(acc_m, f"tl.maximum({acc_m}, {v_m}{_nan(torch.float32)})")
-        if combine not in prev["loop"]:
+        if (combine := self._guarded(acc_m, f"tl.maximum({acc_m}, {v_m}{_nan(torch.float32)})")) not in prev["loop"]:
             return None
         # rewrite: drop the chain from this loop, update a running sum in the max's loop
         self.sections[sid]["loop"] = [l for l in loop if not l.startswith(tuple(f"{c} = " for c in chain))]
@@ -522,8 +517,7 @@ class TritonKernel(OpsHandler):
             result = body()
         finally:
             self.mask_stack.pop()
-        other_v = self.constant(other, result.dtype) if not isinstance(other, TVal) else other
-        return self.where(mask, result, other_v)
+        return self.where(mask, result, self.constant(other, result.dtype) if not isinstance(other, TVal) else other)
 
     def where(self, c, a, b):
         dt = a.dtype if (isinstance(a, TVal) and a.const is None) else b.dtype
@@ -549,8 +543,7 @@ class TritonKernel(OpsHandler):
         return args
 
     def _op(self, expr, dtype, *args) -> TVal:
-        dims = frozenset().union(*[a.dims for a in args if isinstance(a, TVal)])
-        return self.cse(expr, dtype, dims)
+        return self.cse(expr, dtype, frozenset().union(*[a.dims for a in args if isinstance(a, TVal)]))
 
     def _small_int_pow(self, a, b) -> Optional[TVal]:
         """``a ** k`` for a constant integer-valued ``k`` with ``1 <= |k| <= 4`` as multiplies (and one
@@ -603,8 +596,7 @@ class TritonKernel(OpsHandler):
                     # (a constant 0 divisor as a tensor: 0.0 / 0.0 in the source is a Python
                     # ZeroDivisionError, a tensor division gives IEEE nan/inf; mean over an empty dim)
                     a, b = self._tensor(a), self._tensor(b)
-                kind = "float" if dt.is_floating_point else "int"
-                return self._op(fmt.format(a=a, b=b, kind=kind), dt, a, b)
+                return self._op(fmt.format(a=a, b=b, kind="float" if dt.is_floating_point else "int"), dt, a, b)
             return f
         if op in _UN:
             fmt = _UN[op]

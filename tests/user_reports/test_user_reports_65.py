@@ -23,3 +23,47 @@ def test_formatting_a_symbolic_shape_keeps_torch_size(coil_reset):
         out, ref = cf(x), f(x)
         assert out[1:] == ref[1:]
         torch.testing.assert_close(out[0], ref[0])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Finding 2 (fixed; error where eager runs): a buffer overwritten from a value that requires grad, with no
+# ``detach()`` (``self.stat.copy_(y.mean(0))``, ``.zero_()`` then ``+=``, ``[:] =``), in a training loop: the second
+# step's backward raised "Trying to backward through the graph a second time". That call's compiled node takes the
+# buffer (now carrying the first step's history) as an input and passes it no gradient; autograd still runs the
+# first step's node, whose saved values were freed. A compiled node reached with no gradient at all now returns
+# None without reading them, as eager's nodes do.
+# ---------------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("how", ["copy", "zero_add", "setitem", "fill_add"])
+def test_buffer_overwritten_from_grad_value_over_training_steps(coil_reset, how):
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("stat", torch.zeros(3))
+            self.lin = torch.nn.Linear(3, 3)
+
+        def forward(self, x):
+            y = self.lin(x)
+            v = y.mean(0)
+            if how == "copy":
+                self.stat.copy_(v)
+            elif how == "zero_add":
+                self.stat.zero_()
+                self.stat += v
+            elif how == "setitem":
+                self.stat[:] = v
+            else:
+                self.stat.fill_(0).add_(v)
+            return y
+
+    torch.manual_seed(0)
+    ref = M()
+    model = M()
+    model.load_state_dict(ref.state_dict())
+    cm = coil.compile(model)
+    for _ in range(3):
+        x = torch.randn(4, 3)
+        for m in (ref, cm):
+            m(x).pow(2).sum().backward()
+    torch.testing.assert_close(model.lin.weight.grad, ref.lin.weight.grad)
+    torch.testing.assert_close(model.stat, ref.stat)

@@ -67,3 +67,32 @@ def test_buffer_overwritten_from_grad_value_over_training_steps(coil_reset, how)
             m(x).pow(2).sum().backward()
     torch.testing.assert_close(model.lin.weight.grad, ref.lin.weight.grad)
     torch.testing.assert_close(model.stat, ref.stat)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Finding 3 (fixed; silent wrong buffers): BatchNorm (training) inside ``checkpoint(..., use_reentrant=True)``: eager's
+# backward runs the body again, so the running statistics are updated twice (``num_batches_tracked`` 2 after one
+# step); coil's compiled graph updated them once. A graph where a reentrant checkpoint body writes an input now runs
+# eagerly, warned (the non-reentrant case already did, through autograd's version check).
+# ---------------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("reentrant", [True, False])
+def test_reentrant_checkpoint_writing_running_stats(coil_reset, reentrant):
+    from torch.utils.checkpoint import checkpoint
+    torch.manual_seed(0)
+    ref = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.BatchNorm1d(3))
+    model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.BatchNorm1d(3))
+    model.load_state_dict(ref.state_dict())
+    f = lambda m, x: checkpoint(m, x, use_reentrant=reentrant)    # noqa: E731
+    cf = coil.compile(f)
+    for step in range(2):
+        x = torch.randn(4, 3, requires_grad=True)
+        f(ref, x).sum().backward()
+        if step == 0:
+            with pytest.warns(UserWarning, match="runs eagerly"):
+                cf(model, x.detach().clone().requires_grad_()).sum().backward()
+        else:
+            cf(model, x.detach().clone().requires_grad_()).sum().backward()
+    for (k, a), b in zip(ref.state_dict().items(), model.state_dict().values()):
+        torch.testing.assert_close(b, a, msg=k)
+    torch.testing.assert_close(model[0].weight.grad, ref[0].weight.grad)

@@ -2,6 +2,8 @@
 under capture, views and aliasing, and the CPU meaning of ``mode=``, compared with eager on CPU.
 """
 
+import warnings
+
 import pytest
 import torch
 
@@ -96,3 +98,37 @@ def test_reentrant_checkpoint_writing_running_stats(coil_reset, reentrant):
     for (k, a), b in zip(ref.state_dict().items(), model.state_dict().values()):
         torch.testing.assert_close(b, a, msg=k)
     torch.testing.assert_close(model[0].weight.grad, ref[0].weight.grad)
+
+
+# Finding 3, second part: a counter buffer bumped under ``no_grad`` in a reentrant checkpoint body. Eager counts the
+# backward's recomputation too (4 after two steps); coil counted 2, and once such a graph ran eagerly, its
+# replay returned the buffer through the reentrant checkpoint, which made the buffer that Function's output: the
+# backward recursed into itself until memory ran out. Tensors from outside the body are no longer returned through it.
+@pytest.mark.parametrize("reentrant", [True, False])
+def test_checkpoint_body_counting_under_no_grad(coil_reset, reentrant):
+    from torch.utils.checkpoint import checkpoint
+
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(3, 3)
+            self.register_buffer("calls", torch.zeros(()))
+
+        def forward(self, x):
+            with torch.no_grad():
+                self.calls += 1
+            return self.lin(x).tanh()
+
+    torch.manual_seed(0)
+    ref, model = M(), M()
+    model.load_state_dict(ref.state_dict())
+    f = lambda m, x: checkpoint(m, x, use_reentrant=reentrant)    # noqa: E731
+    cf = coil.compile(f)
+    for _ in range(2):
+        x = torch.randn(4, 3, requires_grad=True)
+        f(ref, x).sum().backward()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            cf(model, x.detach().clone().requires_grad_()).sum().backward()
+    assert model.calls.item() == ref.calls.item() == 4
+    torch.testing.assert_close(model.lin.weight.grad, ref.lin.weight.grad)

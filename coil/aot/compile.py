@@ -36,8 +36,8 @@ from coil.config import config, patch as config_patch
 from coil.aot.aliasing import RunEagerly, input_groups
 from coil.aot.decompositions import get_decompositions
 from coil.aot.cse import cse_graph, drop_dead_views
-from coil.aot.functional import (is_symbolic, analyze, fake_mode_of, fakeify, run_eagerly, trace_inference,
-                                 trace_joint)
+from coil.aot.functional import (is_symbolic, analyze, checkpoint_region, fake_mode_of, fakeify, run_eagerly,
+                                 trace_inference, trace_joint)
 from coil.aot.partition import (default_partition, drop_undefined_tangents, grad_in_tangents, min_cut_partition,
                                 strip_grad_in)
 from coil.aot.regions import compile_regional, region_calls
@@ -531,6 +531,9 @@ def _compile(fn, example_inputs, fw_compiler, bw_compiler, partition_fn, decompo
         trace.log("aot_backward_error_eager", stage="aot", reason=str(e))
         return _eager(user_fn, "its backward cannot be traced (" + str(e).split("\n")[0].split(" Hint:")[0]
                       + "); it runs eagerly, where autograd's own backward decides whether that error happens")
+    if _reentrant_checkpoint_writes_input(user_fn, joint, info):
+        return _eager(user_fn, "a use_reentrant checkpoint body writes an input in place (BatchNorm's running "
+                      "statistics): eager's backward runs the body again, writing it twice")
     tensorize_scalar_reads(joint, "joint")
     _zero_fill_evenly_distributed(joint)
     trace.artifact("aot_joint_graph", _graph_text(joint, "aot joint graph (ATen)"), kind="python")
@@ -673,6 +676,17 @@ def _zero_fill_evenly_distributed(joint: torch.fx.GraphModule) -> None:
                 and getattr(m.meta.get("val"), "dtype", None) == torch.bool:
             n.target, n.args = aten.where.ScalarOther, (m, d, 0.0)
     joint.recompile()
+
+
+def _reentrant_checkpoint_writes_input(fn, joint: torch.fx.GraphModule, info) -> bool:
+    """A mutated input's new value is computed inside a ``use_reentrant=True`` checkpoint region of ``fn`` (capture's
+    ``ac_reentrant``; make_fx copies only the region id onto the joint's nodes) and some output needs grad."""
+    if not info.mutated_inputs or not any(info.fw_out_requires_grad) or not isinstance(fn, torch.fx.GraphModule):
+        return False
+    ids = {checkpoint_region(n) for n in fn.graph.nodes if n.meta.get("ac_reentrant")} - {None}
+    out = next(n for n in reversed(joint.graph.nodes) if n.op == "output").args[0]
+    return bool(ids) and any(isinstance(v, torch.fx.Node) and checkpoint_region(v) in ids
+                             for v in out[:len(info.mutated_inputs)])
 
 
 def _eager(fn: Callable, why: str) -> Callable:

@@ -826,14 +826,19 @@ def run_eagerly(gm: torch.fx.GraphModule) -> Callable:
             names = set().union(*(m.meta.get("ac_args", ()) for m in nodes))
             args = list({a: 0 for m in nodes for a in m.all_input_nodes if a not in inside and a.name in names})
 
+            held: dict = {}  # outputs that are tensors from outside (a buffer's `+=`): not returned through the
+            # checkpoint, whose reentrant Function would make them its outputs and recurse into itself in the backward
+
             def body(*values):
                 local = dict(zip(args, values))
                 for m in nodes:
                     a, kw = torch.fx.node.map_arg((m.args, m.kwargs), lambda x: local.get(x, env.get(x)))
                     local[m] = getattr(self, m.op)(m.target, a, kw)
-                return tuple(local[m] for m in outs)
-            env.update(zip(outs, ckpt.checkpoint(body, *[env[a] for a in args],
-                                                  use_reentrant=bool(n.meta.get("ac_reentrant")))))
+                outer = {id(env[a]) for m in nodes for a in m.all_input_nodes if a not in inside and a in env}
+                held.update((m, local[m]) for m in outs if id(local[m]) in outer | set(map(id, values)))
+                return tuple(None if m in held else local[m] for m in outs)
+            vals = ckpt.checkpoint(body, *[env[a] for a in args], use_reentrant=bool(n.meta.get("ac_reentrant")))
+            env.update((m, held.get(m, v)) for m, v in zip(outs, vals))
             return env.get(n)
 
     def run(*args):

@@ -526,13 +526,17 @@ def training_runner(compiled_fw: Callable, compiled_bw: Callable, info: ProgramI
         @staticmethod
         @opaque_to_torch_compile
         def backward(ctx, *grad_outs):
+            hit = getattr(ctx, "reached", None)
+            if not hit and all(g is None for g in grad_outs):
+                # reached with no gradient (a buffer overwritten by copy_ in a later call: that call's node passes
+                # None to this one's history): nothing to compute, and eager never reads this node's saved values
+                return (None,) * n_in
             if ctx.tensor_mask is None:
                 saved = ctx.saved_tensors if num_saved else ()
             else:
                 tensors, others = iter(ctx.saved_tensors if any(ctx.tensor_mask) else ()), iter(ctx.others)
                 saved = [next(tensors) if t else next(others) for t in ctx.tensor_mask]
             missing = tuple(j for j, k in enumerate(tangent_pos) if grad_outs[k] is None)
-            hit = getattr(ctx, "reached", None)
             key = (missing, tuple(j for j in missing if j in hit)) if hit else (missing, ())
             if hit:
                 hit.clear()     # (per backward pass)

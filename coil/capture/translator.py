@@ -100,7 +100,8 @@ _SET_UPDATES = {operator.ior: "update", operator.iand: "intersection_update", op
 def const_value(v):
     """The Python value of a tracker made only of constants (lists and dicts included)."""
     if isinstance(v, (ListVariable, TupleVariable)) and not isinstance(v, NamedTupleVariable):
-        return (list if isinstance(v, ListVariable) else tuple)(const_value(i) for i in v.items)
+        kind = list if isinstance(v, ListVariable) else torch.Size if isinstance(v, SizeVariable) else tuple
+        return kind(const_value(i) for i in v.items)
     if isinstance(v, DictVariable):
         return {k: const_value(x) for k, x in v.items.items()}
     if isinstance(v, ListIteratorVariable):

@@ -2,6 +2,8 @@
 numbers that become graph inputs, ...
 """
 
+import math
+
 import pytest
 import torch
 
@@ -268,3 +270,29 @@ def test_python_division_by_symbolic_zero_raises(coil_reset, name, op, values):
                 cf(x, v)
         else:
             torch.testing.assert_close(cf(x, v), op(x, v))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Observation (fixed since): math.sqrt / log2 / acos / asin of a Python float that became a graph input and then left
+# the function's domain gave nan; Python raises ValueError. The domain is now guarded; outside it the frame runs
+# eagerly, which raises.
+# ---------------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name, fn, values", [
+    ("sqrt", math.sqrt, (4.0, 9.0, -1.0, 16.0)),
+    ("sqrt_int", math.sqrt, (4, 9, -1, 16)),
+    ("log2", math.log2, (4.0, 8.0, 0.0, 2.0)),
+    ("acos", math.acos, (0.5, 0.25, 1.5, -0.3)),
+])
+def test_math_function_of_a_symbolic_number_outside_its_domain_raises(coil_reset, name, fn, values):
+    op = lambda x, v: x * fn(v)  # noqa: E731
+    cf = coil.compile(op)
+    x = torch.rand(6) + 0.5
+    for v in values:
+        try:
+            want = op(x, v)
+        except ValueError:
+            with pytest.raises(ValueError, match="math domain error"):
+                cf(x, v)
+            continue
+        torch.testing.assert_close(cf(x, v), want)

@@ -283,7 +283,13 @@ def call_numeric(tx, fn, args: list, kwargs: dict):
     sym_fn = _NUMERIC.get(fn)
     if sym_fn is None or isinstance(a.value, torch.SymBool):
         return None
-    return wrap_sym(a.output, sym_fn(a.value), ("op", sym_fn, [a]))
+    v = a.value     # the domain of math.sqrt / log2 / acos / asin is guarded: outside it Python raises ValueError
+    lo, hi = {math.sqrt: (0, None), math.log2: (0, None), math.acos: (-1, 1), math.asin: (-1, 1)}.get(fn, (None, None))
+    if lo is not None and not (bool(v > lo) if fn is math.log2 else bool(v >= lo) and (hi is None or bool(v <= hi))):
+        from coil.capture.variables.tensor import UserCodeError
+
+        raise UserCodeError("ValueError: math domain error")
+    return wrap_sym(a.output, sym_fn(v), ("op", sym_fn, [a]))
 
 
 def tensor_meta(tx, t, name: str, result):

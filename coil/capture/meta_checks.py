@@ -85,6 +85,14 @@ def _bernoulli(args, kwargs) -> None:
         raise RuntimeError(f"bernoulli_ expects p to be in [0, 1], but got p={p}")
 
 
+def _lp_pool(args, kwargs) -> None:
+    """``lp_pool1d/2d/3d`` of a ``norm_type`` 0 (a symbolic one is guarded): eager's Python divides by it
+    (ZeroDivisionError), the captured functional's trace gave inf."""
+    p = _arg(args, kwargs, 1, "norm_type")
+    if isinstance(p, (int, float, torch.SymInt, torch.SymFloat)) and not isinstance(p, bool) and p == 0:
+        raise ZeroDivisionError("float division by zero")
+
+
 def _pad(args, kwargs) -> None:
     """``F.pad`` of an integer or bool tensor, probed (eager's reflect and replicate kernels refuse bools, which
     torch's decompositions compute: fuzz s228 #1978) on trailing dims long enough for the pads."""
@@ -211,7 +219,8 @@ _INDEXED = {"index_select": (2, "index"), "index_add": (2, "index"), "index_fill
 CHECKS: dict[str, Callable] = {"index_add": _index_add, "index_copy": _index_copy, "index_put": _index_put,
                                "setitem": _setitem, "__setitem__": _setitem, "softmax": _dim, "softmin": _dim,
                                "sort": _dim, "pad": _pad, "squeeze": _squeeze, "interpolate": _interpolate,
-                               "upsample": _interpolate, "celu": _celu, "bernoulli": _bernoulli}
+                               "upsample": _interpolate, "celu": _celu, "bernoulli": _bernoulli,
+                               **{f"lp_pool{d}d": _lp_pool for d in (1, 2, 3)}}
 
 
 def check_graph(gm: torch.fx.GraphModule) -> None:

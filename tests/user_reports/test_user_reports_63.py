@@ -296,3 +296,20 @@ def test_math_function_of_a_symbolic_number_outside_its_domain_raises(coil_reset
                 cf(x, v)
             continue
         torch.testing.assert_close(cf(x, v), want)
+
+
+# Observation (fixed since): lp_pool1d/2d with a norm_type that became a graph input and then 0: eager's Python divides
+# by it (ZeroDivisionError), the captured functional returned inf. A norm_type of 0 is now refused at capture (guarded).
+@pytest.mark.parametrize("dims, values", [(1, (2.0, 3.0, 0.0, 1.5)), (2, (2, 3, 0, 1))])
+def test_lp_pool_of_a_symbolic_norm_type_zero_raises(coil_reset, dims, values):
+    op = lambda x, p: getattr(torch.nn.functional, f"lp_pool{dims}d")(x, p, 2)  # noqa: E731
+    cf = coil.compile(op)
+    x = torch.rand(1, 2, *([4] * dims)) + 0.1
+    for p in values:
+        if p == 0:
+            with pytest.raises(ZeroDivisionError):
+                op(x, p)
+            with pytest.raises(ZeroDivisionError):
+                cf(x, p)
+        else:
+            torch.testing.assert_close(cf(x, p), op(x, p))

@@ -77,12 +77,15 @@ def _celu(args, kwargs) -> None:
         raise RuntimeError("ZeroDivisionError: alpha cannot be 0 for CELU")
 
 
-def _bernoulli(args, kwargs) -> None:
+def _bernoulli(args, kwargs, inplace: bool = False) -> None:
     """``bernoulli(x, p)`` / ``x.bernoulli_(p)`` of a number ``p`` outside [0, 1] (a symbolic one is guarded): eager
-    refuses it, the graph drew with a clamped probability. (A tensor ``p`` is checked in the graph: aot.)"""
-    p = _arg(args, kwargs, 1, "p")
+    refuses it, the graph drew with a clamped probability. (A tensor ``p`` is checked in the graph: aot.)
+    ``bernoulli(x)`` of an integer or bool ``x`` (its own probabilities): eager has no kernel (NotImplementedError)."""
+    p, x = _arg(args, kwargs, 1, "p"), _arg(args, kwargs, 0, "input")
     if isinstance(p, (int, float, torch.SymInt, torch.SymFloat)) and not isinstance(p, bool) and not 0 <= p <= 1:
         raise RuntimeError(f"bernoulli_ expects p to be in [0, 1], but got p={p}")
+    if not inplace and p is None and isinstance(x, torch.Tensor) and not (x.is_floating_point() or x.is_complex()):
+        raise NotImplementedError(f'"bernoulli" not implemented for {x.dtype}')
 
 
 def _lp_pool(args, kwargs) -> None:
@@ -220,6 +223,7 @@ CHECKS: dict[str, Callable] = {"index_add": _index_add, "index_copy": _index_cop
                                "setitem": _setitem, "__setitem__": _setitem, "softmax": _dim, "softmin": _dim,
                                "sort": _dim, "pad": _pad, "squeeze": _squeeze, "interpolate": _interpolate,
                                "upsample": _interpolate, "celu": _celu, "bernoulli": _bernoulli,
+                               "bernoulli_": lambda args, kwargs: _bernoulli(args, kwargs, inplace=True),
                                **{f"lp_pool{d}d": _lp_pool for d in (1, 2, 3)}}
 
 

@@ -392,3 +392,17 @@ def test_probabilities_outside_unit_interval_raise(coil_reset, backend):
         draw(torch.tensor([0.5, 1.2]))
     with pytest.raises(RuntimeError, match=r"expects p to be in \[0, 1\]"):
         coil.compile(lambda x: x.bernoulli_(1.5), options=opts)(torch.zeros(3))
+
+
+# Observation (fixed since): torch.bernoulli of an integer or bool tensor (its own probabilities) has no eager kernel
+# (NotImplementedError); the graph drew values. x.bernoulli_(0.5) and bernoulli(x, 0.5) of such a tensor stay valid.
+@pytest.mark.parametrize("dtype", [torch.int64, torch.bool])
+def test_bernoulli_of_an_integer_tensor_raises_as_eager(coil_reset, dtype):
+    x = torch.ones(3, dtype=dtype)
+    for fn in (lambda x: torch.bernoulli(x) + 1, lambda x: x.bernoulli() * 2):
+        with pytest.raises(NotImplementedError):
+            fn(x)
+        with pytest.raises(NotImplementedError):
+            coil.compile(fn)(x)
+    assert coil.compile(lambda x: x.bernoulli_(0.5))(x.clone()).dtype == dtype
+    assert coil.compile(lambda x: torch.bernoulli(x, 0.5))(x).dtype == dtype

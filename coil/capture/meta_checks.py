@@ -77,22 +77,38 @@ def _celu(args, kwargs) -> None:
         raise RuntimeError("ZeroDivisionError: alpha cannot be 0 for CELU")
 
 
+_NUMBER = (int, float, torch.SymInt, torch.SymFloat)
+
+
 def _bernoulli(args, kwargs, inplace: bool = False) -> None:
     """``bernoulli(x, p)`` / ``x.bernoulli_(p)`` of a number ``p`` outside [0, 1] (a symbolic one is guarded): eager
     refuses it, the graph drew with a clamped probability. (A tensor ``p`` is checked in the graph: aot.)
     ``bernoulli(x)`` of an integer or bool ``x`` (its own probabilities): eager has no kernel (NotImplementedError)."""
     p, x = _arg(args, kwargs, 1, "p"), _arg(args, kwargs, 0, "input")
-    if isinstance(p, (int, float, torch.SymInt, torch.SymFloat)) and not isinstance(p, bool) and not 0 <= p <= 1:
+    if isinstance(p, _NUMBER) and not isinstance(p, bool) and not 0 <= p <= 1:
         raise RuntimeError(f"bernoulli_ expects p to be in [0, 1], but got p={p}")
     if not inplace and p is None and isinstance(x, torch.Tensor) and not (x.is_floating_point() or x.is_complex()):
         raise NotImplementedError(f'"bernoulli" not implemented for {x.dtype}')
+
+
+def _scatter(args, kwargs) -> None:
+    """``scatter(x, dim, index, value)`` of an integer ``x`` and a number ``value`` it cannot hold (c10's
+    ``overflows``: an unsigned type also takes down to ``-max``; a symbolic one is guarded): eager refuses it when
+    ``index`` is not empty, the graph wrapped the value (the empty-tensor probe of aot never converts it)."""
+    x, index, v = _arg(args, kwargs, 0, "input"), _arg(args, kwargs, 2, "index"), _arg(args, kwargs, 3, "value")
+    if not (isinstance(x, torch.Tensor) and isinstance(index, torch.Tensor)) or x.is_floating_point() or \
+            x.is_complex() or x.dtype is torch.bool or not isinstance(v, _NUMBER) or isinstance(v, bool):
+        return
+    info = torch.iinfo(x.dtype)
+    if index.numel() != 0 and not (info.min or -info.max) <= v <= info.max:
+        raise RuntimeError(f"value cannot be converted to type {x.dtype} without overflow")
 
 
 def _lp_pool(args, kwargs) -> None:
     """``lp_pool1d/2d/3d`` of a ``norm_type`` 0 (a symbolic one is guarded): eager's Python divides by it
     (ZeroDivisionError), the captured functional's trace gave inf."""
     p = _arg(args, kwargs, 1, "norm_type")
-    if isinstance(p, (int, float, torch.SymInt, torch.SymFloat)) and not isinstance(p, bool) and p == 0:
+    if isinstance(p, _NUMBER) and not isinstance(p, bool) and p == 0:
         raise ZeroDivisionError("float division by zero")
 
 
@@ -222,7 +238,7 @@ _INDEXED = {"index_select": (2, "index"), "index_add": (2, "index"), "index_fill
 CHECKS: dict[str, Callable] = {"index_add": _index_add, "index_copy": _index_copy, "index_put": _index_put,
                                "setitem": _setitem, "__setitem__": _setitem, "softmax": _dim, "softmin": _dim,
                                "sort": _dim, "pad": _pad, "squeeze": _squeeze, "interpolate": _interpolate,
-                               "upsample": _interpolate, "celu": _celu, "bernoulli": _bernoulli,
+                               "upsample": _interpolate, "celu": _celu, "bernoulli": _bernoulli, "scatter": _scatter,
                                "bernoulli_": lambda args, kwargs: _bernoulli(args, kwargs, inplace=True),
                                **{f"lp_pool{d}d": _lp_pool for d in (1, 2, 3)}}
 

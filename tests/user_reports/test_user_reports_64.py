@@ -406,3 +406,23 @@ def test_bernoulli_of_an_integer_tensor_raises_as_eager(coil_reset, dtype):
             coil.compile(fn)(x)
     assert coil.compile(lambda x: x.bernoulli_(0.5))(x.clone()).dtype == dtype
     assert coil.compile(lambda x: torch.bernoulli(x, 0.5))(x).dtype == dtype
+
+
+# Observation (fixed since): an integer scatter of a Python number that changed between calls and then did not fit the
+# dtype wrapped it (300 -> 44 in int8); eager raises "value cannot be converted ... without overflow" (an unsigned
+# type also takes values down to -max, as c10's overflows does). An empty index converts nothing: no error.
+@pytest.mark.parametrize("dtype", [torch.int8, torch.uint8])
+def test_integer_scatter_of_a_symbolic_value_out_of_range_raises(coil_reset, dtype):
+    i, empty = torch.tensor([0]), torch.tensor([], dtype=torch.long)
+    for fn in (lambda x, v: x.scatter(0, i, v), lambda x, v: torch.scatter(x, 0, i, value=v),
+               lambda x, v: x.clone().scatter_(0, i, v, reduce="add"), lambda x, v: x.scatter(0, empty, v)):
+        coil.reset()
+        cf, x = coil.compile(fn), torch.zeros(3, dtype=dtype)
+        for v in (3, 5, 300, -1, -300, 7):
+            try:
+                want = fn(x, v)
+            except RuntimeError:
+                with pytest.raises(RuntimeError, match="without overflow"):
+                    cf(x, v)
+                continue
+            torch.testing.assert_close(cf(x, v), want)

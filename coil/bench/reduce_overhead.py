@@ -65,7 +65,6 @@ import dataclasses
 import gc
 import json
 import math
-import os
 import subprocess
 import sys
 import time
@@ -505,7 +504,7 @@ def isolated_peaks(rows: list[dict], size: str, warmup: int, jobs: int = 4,
         r["inproc_peak_gb"], r["inproc_first_peak_gb"] = r["peak_gb"], r.get("first_peak_gb")
         r["peak_gb"] = r["first_peak_gb"] = None
         try:
-            p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=os.environ.copy())
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
             line = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
             if p.returncode or not line:
                 r["peak_error"] = f"exit {p.returncode}: {p.stderr[-300:]}"

@@ -254,6 +254,9 @@ _NUMERIC = {int: torch.sym_int, float: torch.sym_float, math.sqrt: torch._sym_sq
             **{getattr(math, n): getattr(torch, f"_sym_{n}") for n in ("cos", "sin", "tan", "cosh", "sinh", "tanh",
                                                                        "acos", "asin", "atan", "log2")}}
 
+#: (low, high) bounds of the math functions above whose domain Python checks (log2's low bound is excluded)
+_DOMAINS = {math.sqrt: (0, None), math.log2: (0, None), math.acos: (-1, 1), math.asin: (-1, 1)}
+
 
 def call_numeric(tx, fn, args: list, kwargs: dict):
     """``int(n)``, ``float(n)``, ``math.sqrt/floor/ceil(n)``, ``math.prod(sizes)`` with symbolic operands,
@@ -284,7 +287,7 @@ def call_numeric(tx, fn, args: list, kwargs: dict):
     if sym_fn is None or isinstance(a.value, torch.SymBool):
         return None
     v = a.value     # the domain of math.sqrt / log2 / acos / asin is guarded: outside it Python raises ValueError
-    lo, hi = {math.sqrt: (0, None), math.log2: (0, None), math.acos: (-1, 1), math.asin: (-1, 1)}.get(fn, (None, None))
+    lo, hi = _DOMAINS.get(fn, (None, None))
     if lo is not None and not (bool(v > lo) if fn is math.log2 else bool(v >= lo) and (hi is None or bool(v <= hi))):
         from coil.capture.variables.tensor import UserCodeError
 

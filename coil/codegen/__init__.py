@@ -244,7 +244,10 @@ def _compile(gm, example_inputs, device, env) -> "CompiledGraph":
         # a backward recorded as a CUDA graph may release the forward's saved
         # activations as it goes (runtime/cudagraph_trees.py: Tree._lend_saved)
         boxed = config.cudagraphs and gm.meta.get("coil_aot_graph") == "backward" and not gm.meta.get("coil_aot_piece")
-        source, glb = WrapperCodegen(graph, sched.steps, kernels, boxed=boxed).generate()
+        # recorded as a CUDA graph, the wrapper's host time is not replayed: each buffer is freed after its last reader
+        # and the caching allocator places the next (holding it for a later step of its layout fragments the pool)
+        reuse = not (config.cudagraphs and getattr(graph.device, "type", None) == "cuda")
+        source, glb = WrapperCodegen(graph, sched.steps, kernels, boxed=boxed, reuse=reuse).generate()
         if trace.enabled():
             trace.artifact("wrapper", lambda: source, kind="python")
         exec(compile(source, "<coil wrapper>", "exec"), glb)

@@ -237,8 +237,8 @@ class WrapperCodegen:
                 out.append(f"    {e.name} = {value}.size({d})")
         return out
 
-    def __init__(self, graph, steps: list, kernels: dict, boxed: bool = False):
-        self.graph, self.steps, self.kernels, self.boxed = graph, steps, kernels, boxed
+    def __init__(self, graph, steps: list, kernels: dict, boxed: bool = False, reuse: bool = True):
+        self.graph, self.steps, self.kernels, self.boxed, self.reuse = graph, steps, kernels, boxed, reuse
         self.globals: dict[str, Any] = {"torch": torch, "math": math, "empty_strided": torch.empty_strided,
                                         "reinterpret": reinterpret, "ensure_layout": ensure_layout,
                                         "check_size": check_size, "empty_row_padded": empty_row_padded,
@@ -462,7 +462,7 @@ class WrapperCodegen:
                     pooled = isinstance(b, (ComputedBuffer, ConcatStorage)) and not isinstance(b, ConcatSlice)
                     lk = key(b) if pooled else None
                     later = len(alloc_steps.get(lk, ())) - bisect.bisect_right(alloc_steps.get(lk, ()), i)
-                    if lk is not None and len(pool.get(lk, ())) < later and n not in scatter_targets \
+                    if self.reuse and lk is not None and len(pool.get(lk, ())) < later and n not in scatter_targets \
                             and n not in handed:
                         pool.setdefault(lk, []).append(n)
                     else:

@@ -1,0 +1,36 @@
+"""Regressions for open observations of new-user trials 63-65 (FINDINGS_63.md, FINDINGS_64.md, FINDINGS_65.md),
+closed afterwards: random draws of a graph that reruns eagerly inside ``try``, ...
+"""
+
+import random
+
+import torch
+
+import coil
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# FINDINGS_63 (trial 63's limit of finding 4): a graph made inside ``try`` that raises at run time reruns the frame
+# eagerly; the graph's draws (torch's default generator, Python's ``random``) were drawn a second time, so the stream
+# after the call differed from eager's.
+# ---------------------------------------------------------------------------------------------------------------
+
+def test_graph_rerun_eagerly_in_try_draws_once(coil_reset):
+    def f(x, i):
+        try:
+            return torch.rand(3) + x[i] * random.random()
+        except IndexError:
+            return torch.zeros(3)
+
+    cf = coil.compile(f)
+    x = torch.ones(4)
+    for i in (0, 9):
+        streams = []
+        for fn in (f, cf):
+            torch.manual_seed(0)
+            random.seed(0)
+            fn(x, torch.tensor(i))
+            streams.append((torch.rand(2), random.random()))
+        if i == 9:      # (the graph's own draws differ from eager's unless fallback_random; its error path does not)
+            torch.testing.assert_close(streams[1][0], streams[0][0], rtol=0, atol=0)
+        assert streams[1][1] == streams[0][1]

@@ -35,7 +35,7 @@ from torch.utils.checkpoint import CheckpointPolicy
 from torch.utils.weak import WeakIdKeyDictionary
 
 from coil import trace
-from coil.exc import LINALG_ERROR_MESSAGE
+from coil.exc import LINALG_ERROR_MESSAGE, ZERO_DIVISION_MARK
 from coil.aot.aliasing import (OFFSET_WRITE_MESSAGE, OUTSIDE_GRAD_MESSAGE, OUTSIDE_READ_MESSAGE,
                                RESTRIDE_VIEWED_MESSAGE, OverlapGuard, RunEagerly, _addresses, _extent, _overlaps,
                                _static, inside)
@@ -753,6 +753,10 @@ def _insert_runtime_asserts(gm: torch.fx.GraphModule, env, memos: list) -> None:
             continue
         n.meta["val"], n.meta["unbacked_bindings"] = memo, {sym: ()}
     insert_deferred_runtime_asserts(gm, env, "coil")
+    ours = {f"expression {ra.expr} on": ra.msg for ras in env.deferred_runtime_asserts.values() for ra in ras
+            if ra.msg.startswith(ZERO_DIVISION_MARK)}     # (capture's, for Python's ZeroDivisionError: its message)
+    for n in gm.graph.find_nodes(op="call_function", target=aten._assert_scalar.default):
+        n.args = (n.args[0], next((m for e, m in ours.items() if e in str(n.args[1])), n.args[1]))
     added = [str(n.args[1]) for n in gm.graph.nodes if n.target is torch.ops.aten._assert_scalar.default]
     if added:
         gm.recompile()

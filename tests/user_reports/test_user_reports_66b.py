@@ -4,6 +4,7 @@ closed afterwards: random draws of a graph that reruns eagerly inside ``try``, .
 
 import random
 
+import pytest
 import torch
 
 import coil
@@ -34,3 +35,24 @@ def test_graph_rerun_eagerly_in_try_draws_once(coil_reset):
         if i == 9:      # (the graph's own draws differ from eager's unless fallback_random; its error path does not)
             torch.testing.assert_close(streams[1][0], streams[0][0], rtol=0, atol=0)
         assert streams[1][1] == streams[0][1]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# FINDINGS_64: ``1.0 / n.item()`` with ``capture_scalar_outputs`` and ``n`` 0 gave inf where Python raises
+# ZeroDivisionError (trial 63's nonzero guard covers backed symbols only; an ``.item()`` is unbacked).
+# ---------------------------------------------------------------------------------------------------------------
+
+def test_python_division_by_an_item_that_is_zero_raises(coil_reset):
+    fns = [lambda x, n: x * (1.0 / n.item()),        # an int read: "float division by zero"
+           lambda x, n: x * (3 / n.item()),          # int / int: "division by zero"
+           lambda x, n: x * (n.item() ** -1)]        # "0.0 cannot be raised to a negative power"
+    with coil.config.patch(capture_scalar_outputs=True):
+        for fn, n in [(f, torch.tensor(2)) for f in fns] + [(fns[0], torch.tensor(2.0))]:    # (and a float read)
+            cf = coil.compile(fn)
+            x = torch.ones(3)
+            torch.testing.assert_close(cf(x, n), fn(x, n))
+            with pytest.raises(ZeroDivisionError) as ref:
+                fn(x, n * 0)
+            with pytest.raises(ZeroDivisionError, match=str(ref.value)):
+                cf(x, n * 0)
+

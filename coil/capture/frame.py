@@ -774,6 +774,8 @@ def _build_entry(tx, output: OutputGraph, cfg: CaptureConfig, fn, code, argnames
                               f"    ___set_grad({output.initial_grad})",
                               f"    return ___eagerly(___f, {''.join(a + ', ' for a in argnames)})"]
             lines.insert(0, f"___r = ___rng({''.join(sorted({m.rsplit('.', 1)[0] + ', ' for m, _, _ in output.draws}))})")
+            trace.log("graph_in_try", stage="capture", frame=_label(code), user_line=output.in_try,
+                      reason="an op inside try (or a with block that may suppress): if the graph raises, the frame reruns")
     params = ", ".join(argnames + ["___f"])
     src = f"def ___entry({params}):\n" + "".join(f"    {ln}\n" for ln in lines)
     try:

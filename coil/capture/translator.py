@@ -31,8 +31,8 @@ from coil.capture.source import AttrSource, BuiltinSource, ConstSource, GlobalSo
 from coil.capture.variables.base import (CellVariable, ConstantVariable, NumpyArrayVariable, SourcedCellVariable,
                                          VariableTracker)
 from coil.capture.variables.builder import wrap, wrap_constant_result
-from coil.capture.variables.containers import (BaseListVariable, DequeVariable, DictVariable, GeneratorVariable,
-                                               ListIteratorVariable, ListVariable, NamedTupleVariable, SetVariable, SizeVariable,
+from coil.capture.variables.containers import (BaseListVariable, BoundMethodVariable, DequeVariable, DictVariable,
+                                               GeneratorVariable, ListIteratorVariable, ListVariable, NamedTupleVariable, SetVariable, SizeVariable,
                                                TupleVariable)
 from coil.capture.variables.functions import (BaseFunctionVariable, TypeErrorInCall,
                                               UserFunctionVariable, UserMethodVariable)
@@ -45,7 +45,7 @@ from coil.capture.variables.symbolic import SymNodeVariable
 from coil.capture.variables.symbolic import binary as sym_binary, unary as sym_unary
 from coil.capture.exceptions import ExceptionVariable, exception_table, exception_tracker
 from coil.capture.variables.objects import lookup_attr, static_value
-from coil.capture.variables.torchfn import CONTEXT_CLASSES, make_context
+from coil.capture.variables.torchfn import CONTEXT_CLASSES, ContextManagerVariable, make_context
 from coil.capture.inspection import frame_unsupported
 from coil.capture.resume import is_resume
 
@@ -262,11 +262,14 @@ class InstructionTranslatorBase:
         backends read; a kernel's failed bounds check names its innermost line."""
         frames = self.user_frames()
         tx = self
-        while tx is not None and not self.output.in_try:    # made inside a try block (not a with): see frame.py
+        while tx is not None and not self.output.in_try:    # made inside a try block: see frame.py
             off, ins = tx.current.offset if tx.current is not None else -1, tx.instructions
+            # (or a with block whose __exit__ may suppress the error, contextlib.suppress: not no_grad / autocast)
             self.output.in_try = any(e.start <= off < e.end and ins[k := tx.offset_to_index[e.target]].opname ==
-                                     "PUSH_EXC_INFO" and ins[k + 1].opname != "WITH_EXCEPT_START"
-                                     for e in exception_table(tx.code))
+                                     "PUSH_EXC_INFO" and (ins[k + 1].opname != "WITH_EXCEPT_START" or not isinstance(
+                                         x := tx.stack[e.depth - 1], BoundMethodVariable) or
+                                         not isinstance(x.obj, ContextManagerVariable))
+                                     for e in exception_table(tx.code)) and self.output.where()
             tx = tx.parent
         node.meta["stack"] = " <- ".join(reversed(_stack_lines(frames)[-3:]))
         if trace := _stack_trace(frames):

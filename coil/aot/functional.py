@@ -93,6 +93,8 @@ class OutputInfo:
     #: differentiable) that a differentiable in-place op made require grad; the runtime points the computed tensor
     #: at that input's storage (``dtype`` and a byte ``offset`` as for an alias)
     shares: int = -1
+    #: eager's output is no autograd view (``x.detach()``): the runtime's alias is detached too
+    detached: bool = False
 
 
 @dataclasses.dataclass
@@ -435,7 +437,7 @@ def _describe(fn, fake_args, f_args, before, outs, grad, drop_error_checks, fake
                 raise RunEagerly(MULTI_OUTPUT_WRITTEN_MESSAGE) from None
         meta = dict(size=tuple(o.shape), stride=tuple(o.stride()), offset=o.storage_offset(),
                     requires_grad=_is_differentiable(o), multi_output=_multi_output_view(o),
-                    lazy=(o.is_conj(), o.is_neg()))
+                    lazy=(o.is_conj(), o.is_neg()), detached=not o._is_view())
         if same := [j for j, fa in enumerate(f_args) if fa is o]:
             outputs.append(OutputInfo("input", same[0], **meta))
             continue

@@ -158,7 +158,7 @@ def _make_epilogue(info: ProgramInfo) -> Callable:
         elif o.kind in ("alias_of_input", "alias_of_output", "alias_of_base"):
             src = o.index if o.kind == "alias_of_input" else n_mut + o.index + n_graph * (o.kind == "alias_of_base")
             plan.append((2 if o.kind == "alias_of_input" else 3, src, (o.size, o.stride, o.offset, o.requires_grad,
-                                                                        o.dtype)))
+                                                                        o.dtype, o.detached)))
         elif o.kind == "same_as_output":
             plan.append((5, o.index, None))
         else:
@@ -193,7 +193,7 @@ def _make_epilogue(info: ProgramInfo) -> Callable:
               if o.kind == "graph" and o.shares >= 0 and not _has_symint((o.size, o.stride, o.offset))]
     lazy = [(k, o.lazy) for k, o in enumerate(info.outputs) if any(o.lazy) and plan[k][0] in (2, 3, 6, 7)]
 
-    def view(src: torch.Tensor, size, stride, offset, requires_grad, dtype=None) -> torch.Tensor:
+    def view(src: torch.Tensor, size, stride, offset, requires_grad, dtype=None, detached=False) -> torch.Tensor:
         if dtype is not None and dtype.to_real() == src.dtype.to_real():  # .real, view_as_real/complex: differentiable
             if src.is_complex():
                 return view(torch.view_as_real(src), size, stride, offset // dtype.itemsize, requires_grad)
@@ -207,10 +207,10 @@ def _make_epilogue(info: ProgramInfo) -> Callable:
         if requires_grad and not torch.is_grad_enabled():
             with torch.enable_grad():
                 return torch.as_strided(src, size, stride, src.storage_offset() + offset)
+        if not requires_grad and (detached or src.requires_grad and torch.is_grad_enabled()):
+            src = src.detach()  # (eager's x.detach()[1:] is a view of x.detach(); x.detach() is no view)
         out = torch.as_strided(src, size, stride, src.storage_offset() + offset)
-        if not requires_grad and out.requires_grad:
-            out = out.detach()
-        return out
+        return out.detach() if detached else out
 
     def epilogue(args, vals):
         if simple and not restride:

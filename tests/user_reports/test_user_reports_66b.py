@@ -75,3 +75,25 @@ def test_suppress_around_a_data_dependent_error(coil_reset):
     x = torch.ones(4)
     for i in (1, 9):
         torch.testing.assert_close(cf(x, torch.tensor(i)), f(x, torch.tensor(i)))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# FINDINGS_65: ``x.detach()`` of an input came back as an autograd view (``_is_view()`` True, ``_base`` the input)
+# where eager's is none; ``x.detach()[1:]`` of an input that requires grad came back as no view where eager's is one.
+# ---------------------------------------------------------------------------------------------------------------
+
+def test_detach_of_an_input_is_no_view(coil_reset):
+    fns = [lambda x: x.detach(), lambda x: x[1:].detach(), lambda x: x.detach()[1:],
+           lambda x: (x.exp(), x.exp().detach())[1]]
+    for fn in fns:
+        for rg in (False, True):
+            cf = coil.compile(fn)
+            x = torch.randn(2, 4, requires_grad=rg)
+            ref, out = fn(x), cf(x)
+            assert (out._is_view(), out.requires_grad, out.storage_offset()) == \
+                (ref._is_view(), ref.requires_grad, ref.storage_offset())
+            torch.testing.assert_close(out, ref)
+    y = coil.compile(fns[0])(x)
+    v = x._version
+    y.add_(1)       # (shares the input's version counter, as eager's)
+    assert x._version > v

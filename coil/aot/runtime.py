@@ -495,6 +495,8 @@ def training_runner(compiled_fw: Callable, compiled_bw: Callable, info: ProgramI
     # differentiable outputs of a symbolic shape: a missing gradient's zeros take this call's (forward keeps it)
     sym_shape = [k for k in tangent_pos if _has_symint(info.fw_out_meta[k][0])]
     computed = range(len(info.mutated_inputs), n_fw)  # (a mutated input's value may be the input itself)
+    n_mut = len(info.mutated_inputs)
+    watch = [(n_mut + o.index, [n_mut + i for i in o.saved]) for o in info.outputs if o.kind == "graph" and o.saved]
 
     class CompiledFunction(torch.autograd.Function):
         @staticmethod
@@ -521,6 +523,7 @@ def training_runner(compiled_fw: Callable, compiled_bw: Callable, info: ProgramI
             # step: ResNet-50 has 106 BatchNorm running statistics; and eager skips what it flows through)
             ctx.set_materialize_grads(False)
             ctx.out_shapes = {k: outs[k].shape for k in sym_shape}
+            ctx.watch = [(k, ks, outs[k].detach(), outs[k]._version) for k, ks in watch]  # (OutputInfo.saved)
             return outs
 
         @staticmethod
@@ -531,6 +534,12 @@ def training_runner(compiled_fw: Callable, compiled_bw: Callable, info: ProgramI
                 # reached with no gradient (a buffer overwritten by copy_ in a later call: that call's node passes
                 # None to this one's history): nothing to compute, and eager never reads this node's saved values
                 return (None,) * n_in
+            for k, ks, t, v in ctx.watch:   # eager's backward reads a value saved in this output's memory
+                if t._version != v and any(grad_outs[i] is not None for i in ks):
+                    raise RuntimeError("one of the variables needed for gradient computation has been modified by an "
+                                       f"inplace operation: [{t.type()} {list(t.shape)}], output {k} of "
+                                       f"{CompiledFunction.__name__}, is at version {t._version}; expected version "
+                                       f"{v} instead (eager's autograd saved it for this backward)")
             if ctx.tensor_mask is None:
                 saved = ctx.saved_tensors if num_saved else ()
             else:

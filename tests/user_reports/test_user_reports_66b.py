@@ -97,3 +97,33 @@ def test_detach_of_an_input_is_no_view(coil_reset):
     v = x._version
     y.add_(1)       # (shares the input's version counter, as eager's)
     assert x._version > v
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# FINDINGS_65: an output written in place whose memory holds a value eager's autograd saved for the backward that
+# then runs (``x.exp().t()``: exp saves its result): eager's backward raises its version error; coil's backward used
+# its own saved copy and succeeded (with the gradient of the unwritten value).
+# ---------------------------------------------------------------------------------------------------------------
+
+def test_backward_after_writing_an_output_eager_saved_raises(coil_reset):
+    def views(x):
+        b = x * 3
+        return x.exp().t(), b.t(), b.sin()
+
+    cf = coil.compile(views)
+    for loss, raises in [(lambda o: o[0].sum(), True),     # exp's saved result, through the output's view
+                         (lambda o: o[2].sum(), True),     # sin's saved input b, written through the output b.t()
+                         (lambda o: o[1].sum(), False)]:   # b's own backward (a product by 3) saves nothing of b
+        results = []
+        for fn in (views, cf):
+            x = torch.randn(2, 3, requires_grad=True)
+            out = fn(x)
+            out[0].add_(1)
+            out[1].add_(1)
+            try:
+                loss(out).backward()
+                results.append("ok")
+            except RuntimeError as e:
+                assert "modified by an inplace operation" in str(e)
+                results.append("raise")
+        assert results == ["raise" if raises else "ok"] * 2

@@ -412,7 +412,7 @@ def _saved_storages(node, memo: dict) -> set:
             memo[n] = set()
             for v in (_saved_value(n, a[4:]) for a in dir(n) if a.startswith("_raw_saved_")):  # (tensors only)
                 memo[n].update(StorageWeakRef(t.untyped_storage()) for t in (v if isinstance(v, tuple) else (v,))
-                               if isinstance(t, torch.Tensor))
+                               if isinstance(t, torch.Tensor) and t.layout == torch.strided)
         out |= memo[n]
     return out
 

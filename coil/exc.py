@@ -119,6 +119,9 @@ def refuse_fallback(event: str, error: BaseException | str) -> None:
 #: the end of the message of the check aot puts where eager's linalg functions raise ``torch.linalg.LinAlgError`` (a
 #: RuntimeError that compiled code raises as that type: coil.codegen.CompiledGraph)
 LINALG_ERROR_MESSAGE = "the input is singular or not positive-definite (the factorization could not be completed)"
+#: the start of the message of a runtime assert capture defers where Python raises ZeroDivisionError (a division by a
+#: number read from a tensor, ``1.0 / n.item()``, that is 0): compiled code raises it as that error (CompiledGraph)
+ZERO_DIVISION_MARK = "coil: ZeroDivisionError: "
 
 
 class KernelIndexError(IndexError, RuntimeError):

@@ -35,7 +35,7 @@ from torch.utils.checkpoint import CheckpointPolicy
 from torch.utils.weak import WeakIdKeyDictionary
 
 from coil import trace
-from coil.exc import LINALG_ERROR_MESSAGE
+from coil.exc import LINALG_ERROR_MESSAGE, ZERO_DIVISION_MARK
 from coil.aot.aliasing import (OFFSET_WRITE_MESSAGE, OUTSIDE_GRAD_MESSAGE, OUTSIDE_READ_MESSAGE,
                                RESTRIDE_VIEWED_MESSAGE, OverlapGuard, RunEagerly, _addresses, _extent, _overlaps,
                                _static, inside)
@@ -93,6 +93,11 @@ class OutputInfo:
     #: differentiable) that a differentiable in-place op made require grad; the runtime points the computed tensor
     #: at that input's storage (``dtype`` and a byte ``offset`` as for an alias)
     shares: int = -1
+    #: eager's output is no autograd view (``x.detach()``): the runtime's alias is detached too
+    detached: bool = False
+    #: the graph outputs whose backward in eager reads a value autograd saved in this (computed) output's memory
+    #: (``x.exp()``, ``x.exp().t()``): the runtime refuses, as eager, such a backward after a write to it
+    saved: tuple = ()
 
 
 @dataclasses.dataclass
@@ -395,6 +400,30 @@ def _analyze(fn, fake_args, fake_mode, grad, drop_error_checks) -> ProgramInfo:
         return _describe(fn, fake_args, f_args, before, outs, grad, drop_error_checks, fake_mode, grad_fns=grad_fns)
 
 
+def _saved_storages(node, memo: dict) -> set:
+    """The storages of the tensors autograd saved for the backward from ``node`` (``memo``: node -> its own)."""
+    todo, seen, out = [node], set(), set()
+    while todo:
+        if (n := todo.pop()) is None or n in seen:
+            continue
+        seen.add(n)
+        todo += [m for m, _ in n.next_functions]
+        if n not in memo:
+            memo[n] = set()
+            for v in (_saved_value(n, a[4:]) for a in dir(n) if a.startswith("_raw_saved_")):  # (tensors only)
+                memo[n].update(StorageWeakRef(t.untyped_storage()) for t in (v if isinstance(v, tuple) else (v,))
+                               if isinstance(t, torch.Tensor) and t.layout == torch.strided)
+        out |= memo[n]
+    return out
+
+
+def _saved_value(node, name: str) -> Any:
+    try:
+        return getattr(node, name)
+    except (RuntimeError, AttributeError):    # (written since: eager's backward raises there; a Function's)
+        return None
+
+
 def _describe(fn, fake_args, f_args, before, outs, grad, drop_error_checks, fake_mode, grad_fns=None,
               one_run: bool = False) -> Optional[ProgramInfo]:
     """What a functional run of ``fn`` on ``f_args`` (made from ``fake_args``; ``before``: their
@@ -435,7 +464,7 @@ def _describe(fn, fake_args, f_args, before, outs, grad, drop_error_checks, fake
                 raise RunEagerly(MULTI_OUTPUT_WRITTEN_MESSAGE) from None
         meta = dict(size=tuple(o.shape), stride=tuple(o.stride()), offset=o.storage_offset(),
                     requires_grad=_is_differentiable(o), multi_output=_multi_output_view(o),
-                    lazy=(o.is_conj(), o.is_neg()))
+                    lazy=(o.is_conj(), o.is_neg()), detached=not o._is_view())
         if same := [j for j, fa in enumerate(f_args) if fa is o]:
             outputs.append(OutputInfo("input", same[0], **meta))
             continue
@@ -520,6 +549,12 @@ def _describe(fn, fake_args, f_args, before, outs, grad, drop_error_checks, fake
         if o.kind == "alias_of_output":
             o.index = outputs[o.index].index
 
+    memo: dict = {}     # output k's backward in eager reads what autograd saved in storages reads[k]
+    reads = {k: _saved_storages(flat_outs[k].grad_fn, memo) for k in graph_outputs
+             if outputs[k].requires_grad and flat_outs[k].grad_fn is not None}
+    for j in graph_outputs if reads else ():
+        st = StorageWeakRef(flat_outs[j].untyped_storage())
+        outputs[j].saved = tuple(outputs[k].index for k, r in reads.items() if st in r)
     info = ProgramInfo(inputs, outputs, spec, graph_outputs, base_sources, drop_error_checks=drop_error_checks,
                        fake_inputs=list(fake_args) if is_symbolic(fake_args) else None)
     # a mutated input's new value requires grad if the program made it so
@@ -753,6 +788,10 @@ def _insert_runtime_asserts(gm: torch.fx.GraphModule, env, memos: list) -> None:
             continue
         n.meta["val"], n.meta["unbacked_bindings"] = memo, {sym: ()}
     insert_deferred_runtime_asserts(gm, env, "coil")
+    ours = {f"expression {ra.expr} on": ra.msg for ras in env.deferred_runtime_asserts.values() for ra in ras
+            if ra.msg.startswith(ZERO_DIVISION_MARK)}     # (capture's, for Python's ZeroDivisionError: its message)
+    for n in gm.graph.find_nodes(op="call_function", target=aten._assert_scalar.default):
+        n.args = (n.args[0], next((m for e, m in ours.items() if e in str(n.args[1])), n.args[1]))
     added = [str(n.args[1]) for n in gm.graph.nodes if n.target is torch.ops.aten._assert_scalar.default]
     if added:
         gm.recompile()
@@ -882,7 +921,8 @@ class _CheckpointSaves:
                                "inplace operation: an input of its checkpoint region")
         if e[0]._version == e[1]:
             return e[0]
-        trace.log("aot_checkpoint_written_save", stage="aot", shape=[str(d) for d in e[0].shape])
+        if len(e) == 4:     # (once: _saved_storages reads it too)
+            e.append(trace.log("aot_checkpoint_written_save", stage="aot", shape=[str(d) for d in e[0].shape]))
         return e[2]
 
 

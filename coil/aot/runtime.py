@@ -158,7 +158,7 @@ def _make_epilogue(info: ProgramInfo) -> Callable:
         elif o.kind in ("alias_of_input", "alias_of_output", "alias_of_base"):
             src = o.index if o.kind == "alias_of_input" else n_mut + o.index + n_graph * (o.kind == "alias_of_base")
             plan.append((2 if o.kind == "alias_of_input" else 3, src, (o.size, o.stride, o.offset, o.requires_grad,
-                                                                        o.dtype)))
+                                                                        o.dtype, o.detached)))
         elif o.kind == "same_as_output":
             plan.append((5, o.index, None))
         else:
@@ -193,7 +193,7 @@ def _make_epilogue(info: ProgramInfo) -> Callable:
               if o.kind == "graph" and o.shares >= 0 and not _has_symint((o.size, o.stride, o.offset))]
     lazy = [(k, o.lazy) for k, o in enumerate(info.outputs) if any(o.lazy) and plan[k][0] in (2, 3, 6, 7)]
 
-    def view(src: torch.Tensor, size, stride, offset, requires_grad, dtype=None) -> torch.Tensor:
+    def view(src: torch.Tensor, size, stride, offset, requires_grad, dtype=None, detached=False) -> torch.Tensor:
         if dtype is not None and dtype.to_real() == src.dtype.to_real():  # .real, view_as_real/complex: differentiable
             if src.is_complex():
                 return view(torch.view_as_real(src), size, stride, offset // dtype.itemsize, requires_grad)
@@ -207,10 +207,10 @@ def _make_epilogue(info: ProgramInfo) -> Callable:
         if requires_grad and not torch.is_grad_enabled():
             with torch.enable_grad():
                 return torch.as_strided(src, size, stride, src.storage_offset() + offset)
+        if not requires_grad and (detached or src.requires_grad and torch.is_grad_enabled()):
+            src = src.detach()  # (eager's x.detach()[1:] is a view of x.detach(); x.detach() is no view)
         out = torch.as_strided(src, size, stride, src.storage_offset() + offset)
-        if not requires_grad and out.requires_grad:
-            out = out.detach()
-        return out
+        return out.detach() if detached else out
 
     def epilogue(args, vals):
         if simple and not restride:
@@ -495,6 +495,8 @@ def training_runner(compiled_fw: Callable, compiled_bw: Callable, info: ProgramI
     # differentiable outputs of a symbolic shape: a missing gradient's zeros take this call's (forward keeps it)
     sym_shape = [k for k in tangent_pos if _has_symint(info.fw_out_meta[k][0])]
     computed = range(len(info.mutated_inputs), n_fw)  # (a mutated input's value may be the input itself)
+    n_mut = len(info.mutated_inputs)
+    watch = [(n_mut + o.index, [n_mut + i for i in o.saved]) for o in info.outputs if o.kind == "graph" and o.saved]
 
     class CompiledFunction(torch.autograd.Function):
         @staticmethod
@@ -521,6 +523,7 @@ def training_runner(compiled_fw: Callable, compiled_bw: Callable, info: ProgramI
             # step: ResNet-50 has 106 BatchNorm running statistics; and eager skips what it flows through)
             ctx.set_materialize_grads(False)
             ctx.out_shapes = {k: outs[k].shape for k in sym_shape}
+            ctx.watch = [(k, ks, outs[k].detach(), outs[k]._version) for k, ks in watch]  # (OutputInfo.saved)
             return outs
 
         @staticmethod
@@ -531,6 +534,12 @@ def training_runner(compiled_fw: Callable, compiled_bw: Callable, info: ProgramI
                 # reached with no gradient (a buffer overwritten by copy_ in a later call: that call's node passes
                 # None to this one's history): nothing to compute, and eager never reads this node's saved values
                 return (None,) * n_in
+            for k, ks, t, v in ctx.watch:   # eager's backward reads a value saved in this output's memory
+                if t._version != v and any(grad_outs[i] is not None for i in ks):
+                    raise RuntimeError("one of the variables needed for gradient computation has been modified by an "
+                                       f"inplace operation: [{t.type()} {list(t.shape)}], output {k} of "
+                                       f"{CompiledFunction.__name__}, is at version {t._version}; expected version "
+                                       f"{v} instead (eager's autograd saved it for this backward)")
             if ctx.tensor_mask is None:
                 saved = ctx.saved_tensors if num_saved else ()
             else:

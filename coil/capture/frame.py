@@ -766,11 +766,16 @@ def _build_entry(tx, output: OutputGraph, cfg: CaptureConfig, fn, code, argnames
         lines[k:k + 1] = call = _entry_inputs([src.expr() for (src, _, _) in output.inputs], output.guards, cg.ns)
         if output.in_try:
             # ops inside a try block: an error the graph raises (an index out of bounds, a singular matrix) must
-            # reach the user's handler, so the frame runs eagerly from its start instead (no input was written yet)
-            cg.ns.update(___set_grad=torch._C._set_grad_enabled, ___eagerly=_run_bound)
+            # reach the user's handler, so the frame runs eagerly from its start instead (no input was written yet;
+            # the default generators' and the drawn random.Randoms' states are put back: the eager run draws anew)
+            cg.ns.update(___set_grad=torch._C._set_grad_enabled, ___eagerly=_run_bound, ___rng=_rng_states)
             k += len(call) - 1
-            lines[k:k + 1] = ["try:", f"    {lines[k]}", "except Exception:", f"    ___set_grad({output.initial_grad})",
+            lines[k:k + 1] = ["try:", f"    {lines[k]}", "except Exception:", "    ___rng(*___r)",
+                              f"    ___set_grad({output.initial_grad})",
                               f"    return ___eagerly(___f, {''.join(a + ', ' for a in argnames)})"]
+            lines.insert(0, f"___r = ___rng({''.join(sorted({m.rsplit('.', 1)[0] + ', ' for m, _, _ in output.draws}))})")
+            trace.log("graph_in_try", stage="capture", frame=_label(code), user_line=output.in_try,
+                      reason="an op inside try (or a with block that may suppress): if the graph raises, the frame reruns")
     params = ", ".join(argnames + ["___f"])
     src = f"def ___entry({params}):\n" + "".join(f"    {ln}\n" for ln in lines)
     try:
@@ -784,6 +789,19 @@ def _build_entry(tx, output: OutputGraph, cfg: CaptureConfig, fn, code, argnames
         listener("frame", code, guard_src, src)
     shapes = {src.expr(): tuple(real.shape) for (src, real, _) in output.inputs if isinstance(real, torch.Tensor)}
     return CacheEntry(guard_fn, entry_fn, output.guards, guard_src, argnames, cfg, shapes, dict(output.dynamic.scalars))
+
+
+def _rng_states(*randoms):
+    """The states of the default generators (CPU's; CUDA's once initialized) and of ``random.Random`` objects
+    ``randoms``; called with such a tuple, puts them back."""
+    if not (randoms and isinstance(randoms[0], torch.Tensor)):
+        return torch.get_rng_state(), torch.cuda.is_initialized() and torch.cuda.get_rng_state_all(), \
+            [(r, r.getstate()) for r in randoms]
+    torch.set_rng_state(randoms[0])
+    if randoms[1]:
+        torch.cuda.set_rng_state_all(randoms[1])
+    for r, state in randoms[2]:
+        r.setstate(state)
 
 
 def _run_bound(fn, *bound):

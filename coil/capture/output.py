@@ -147,7 +147,7 @@ class OutputGraph:
         self.sourced_cells: dict[int, SourcedCellVariable] = {}
         self.open_contexts: list = []
         self.generators: list = []      # generators started in traced code (closed at the frame's return, as eager)
-        self.in_try = False             # an op made inside a try block (frame.py)
+        self.in_try = False             # where an op was made inside a try block (frame.py)
         self.index_copies: list = []  # fakes of x[i] with 0-d int tensors, traced as copies (tensor.py)
         self.inference_depth = 0    # inside a traced ``torch.inference_mode()`` block (as no_grad)
         self.inference_made: dict[int, Any] = {}  # id -> fake of each tensor eager makes an inference tensor

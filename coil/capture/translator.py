@@ -16,6 +16,7 @@ This module also holds the Python semantics shared by the handlers: binary and u
 from __future__ import annotations
 
 import collections
+import contextlib
 import dis
 import functools
 import linecache
@@ -31,8 +32,8 @@ from coil.capture.source import AttrSource, BuiltinSource, ConstSource, GlobalSo
 from coil.capture.variables.base import (CellVariable, ConstantVariable, NumpyArrayVariable, SourcedCellVariable,
                                          VariableTracker)
 from coil.capture.variables.builder import wrap, wrap_constant_result
-from coil.capture.variables.containers import (BaseListVariable, DequeVariable, DictVariable, GeneratorVariable,
-                                               ListIteratorVariable, ListVariable, NamedTupleVariable, SetVariable, SizeVariable,
+from coil.capture.variables.containers import (BaseListVariable, BoundMethodVariable, DequeVariable, DictVariable,
+                                               GeneratorVariable, ListIteratorVariable, ListVariable, NamedTupleVariable, SetVariable, SizeVariable,
                                                TupleVariable)
 from coil.capture.variables.functions import (BaseFunctionVariable, TypeErrorInCall,
                                               UserFunctionVariable, UserMethodVariable)
@@ -45,7 +46,7 @@ from coil.capture.variables.symbolic import SymNodeVariable
 from coil.capture.variables.symbolic import binary as sym_binary, unary as sym_unary
 from coil.capture.exceptions import ExceptionVariable, exception_table, exception_tracker
 from coil.capture.variables.objects import lookup_attr, static_value
-from coil.capture.variables.torchfn import CONTEXT_CLASSES, make_context
+from coil.capture.variables.torchfn import CONTEXT_CLASSES, ContextManagerVariable, make_context
 from coil.capture.inspection import frame_unsupported
 from coil.capture.resume import is_resume
 
@@ -157,6 +158,19 @@ def _decoded(code: types.CodeType) -> tuple:
     return tuple(insts), offsets
 
 
+def _may_suppress(exit_: VariableTracker) -> bool:
+    """Whether a with block's ``__exit__`` may swallow an exception: not one of coil's regions (no_grad, autocast),
+    nor a @contextmanager whose generator catches none (no POP_EXCEPT but before a re-raise: ``try``/``finally``)."""
+    if isinstance(exit_, BoundMethodVariable):
+        return not isinstance(exit_.obj, ContextManagerVariable)
+    gen = getattr(getattr(exit_, "obj", None), "attrs", {}).get("gen")
+    if getattr(exit_, "fn", None) is contextlib._GeneratorContextManager.__exit__ and \
+            isinstance(gen, GeneratorVariable) and isinstance(gen.fn, UserFunctionVariable):
+        ins = list(dis.get_instructions(gen.fn.fn))
+        return any(a.opname == "POP_EXCEPT" and b.opname != "RERAISE" for a, b in zip(ins, ins[1:]))
+    return True
+
+
 class InstructionTranslatorBase:
     """State and semantics shared by the root and inlining translators."""
 
@@ -262,11 +276,13 @@ class InstructionTranslatorBase:
         backends read; a kernel's failed bounds check names its innermost line."""
         frames = self.user_frames()
         tx = self
-        while tx is not None and not self.output.in_try:    # made inside a try block (not a with): see frame.py
+        while tx is not None and not self.output.in_try:    # made inside a try block: see frame.py
             off, ins = tx.current.offset if tx.current is not None else -1, tx.instructions
+            # (or a with block whose __exit__ may suppress the error, contextlib.suppress: not no_grad / autocast)
             self.output.in_try = any(e.start <= off < e.end and ins[k := tx.offset_to_index[e.target]].opname ==
-                                     "PUSH_EXC_INFO" and ins[k + 1].opname != "WITH_EXCEPT_START"
-                                     for e in exception_table(tx.code))
+                                     "PUSH_EXC_INFO" and (ins[k + 1].opname != "WITH_EXCEPT_START" or
+                                                          _may_suppress(tx.stack[e.depth - 1]))
+                                     for e in exception_table(tx.code)) and self.output.where()
             tx = tx.parent
         node.meta["stack"] = " <- ".join(reversed(_stack_lines(frames)[-3:]))
         if trace := _stack_trace(frames):

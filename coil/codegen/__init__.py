@@ -24,7 +24,7 @@ from coil.codegen.backend import GeneratedKernel, get_kernel_backend
 from coil.codegen.common import KernelPlan
 from coil.codegen.tiling import tile_pointwise
 from coil.config import config
-from coil.exc import LINALG_ERROR_MESSAGE, CoilError, KernelCompileError, refuse_fallback
+from coil.exc import LINALG_ERROR_MESSAGE, ZERO_DIVISION_MARK, CoilError, KernelCompileError, refuse_fallback
 from coil.ir.nodes import ComputedBuffer, ExternKernel, ScatterBuffer
 from coil.ir.symbols import shape_env_scope
 from coil.codegen.wrapper import WrapperCodegen, _alias_roots
@@ -101,6 +101,8 @@ class CompiledGraph:
                 err = torch.linalg.LinAlgError(str(e))
                 err.__notes__ = getattr(e, "__notes__", [])
                 raise err from None
+            if type(e) is RuntimeError and str(e).startswith(ZERO_DIVISION_MARK):  # (capture's, of an unbacked divisor)
+                raise ZeroDivisionError(str(e)[len(ZERO_DIVISION_MARK):]) from None
             raise
 
     @property

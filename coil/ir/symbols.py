@@ -593,8 +593,8 @@ class IndexPrinter:
     def print(self, e: sympy.Expr) -> str:
         if e.is_Integer:
             return self.literal(int(e))
-        if e.is_Symbol:
-            return e.name
+        if e.is_Symbol or e.is_Float:       # (a float: a runtime assert's, ``zuf0 != 0.0``)
+            return e.name if e.is_Symbol else repr(float(e))
         if isinstance(e, (FloorDiv, TruncDiv, Mod, TruncMod)):
             op = self.div if isinstance(e, (FloorDiv, TruncDiv)) else "%"
             return f"({self.paren(e.args[0])} {op} {self.paren(e.args[1], True)})"

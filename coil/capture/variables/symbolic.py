@@ -17,7 +17,7 @@ import torch
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch.utils._sympy.printers import PythonPrinter
 
-from coil.exc import Unsupported
+from coil.exc import ZERO_DIVISION_MARK, Unsupported
 from coil.capture.variables.base import ConstantVariable, VariableTracker
 from coil.capture.variables.containers import SizeVariable, TupleVariable
 
@@ -192,6 +192,11 @@ def binary(tx, op, a: VariableTracker, b: VariableTracker):
         if isinstance(zero, _SYM) and zero.node.has_hint() and not statically_known_true(zero != 0) and \
                 not bool(zero != 0):
             raise ZeroDivisionError("division by zero")
+        if isinstance(zero, _SYM) and not zero.node.has_hint() and not statically_known_true(zero != 0):
+            try:    # an unbacked one (``1.0 / n.item()``): a runtime assert, with Python's message for a 0 there
+                fn(*(v.node.pytype(v is not zero) if isinstance(v, _SYM) else v for v in vals))
+            except ZeroDivisionError as e:
+                env.guard_or_defer_runtime_assert((zero != 0).node.expr, f"{ZERO_DIVISION_MARK}{e}")
         res = fn(*vals)
     except ZeroDivisionError as e:
         from coil.capture.variables.tensor import UserCodeError

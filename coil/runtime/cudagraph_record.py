@@ -163,7 +163,13 @@ class CudaRecorder:
     def _recover(self, stream) -> None:
         """Undo what a failed capture leaves behind: its ``capture_end`` raised before making the capture stream current
         again and before taking the default CUDA generator out of capture mode (every later random op then raised
-        "Offset increment outside graph capture"). A tiny capture that succeeds does both."""
+        "Offset increment outside graph capture"), and before ending the routing of allocations to the pool (a later
+        ``MemPool`` destructor asserted ``captures_underway.empty()`` and aborted the process). A tiny capture that
+        succeeds does the first two; the routing is ended here."""
+        try:
+            torch._C._cuda_endAllocateToPool(self.device.index, self.pool)
+        except (AttributeError, RuntimeError):  # (capture_end got that far: nothing left to end)
+            pass
         torch.cuda.set_stream(stream)
         try:
             torch.cuda.synchronize()

@@ -329,7 +329,7 @@ def test_gpu_fallbacks_log_reasons(log_dir):
 
 def test_gpu_a_failed_capture_leaves_streams_and_rng_usable(log_dir):
     """A capture that fails inside (here an ``.item()`` hidden from the dry run by
-    running only under capture) is skipped, and later work is unaffected."""
+    running only under capture) is skipped, and later work is unaffected (streams, RNG, the allocator's routing)."""
     def fn(x):
         if torch.cuda.is_current_stream_capturing():
             x.sum().item()
@@ -343,6 +343,10 @@ def test_gpu_a_failed_capture_leaves_streams_and_rng_usable(log_dir):
     assert g.skip.startswith("capture failed"), g.skip
     assert torch.cuda.current_stream() == torch.cuda.default_stream()
     torch.testing.assert_close(torch.randn(8, device="cuda").abs().sign(), torch.ones(8, device="cuda"))
+    # the failed capture_end skipped ending the routing of allocations to the pool; left so, the pool's destructor
+    # asserted "captures_underway.empty()" and aborted the process at exit: the recorder ended it
+    with pytest.raises(RuntimeError, match="not currently recording"):
+        torch._C._cuda_endAllocateToPool(t.recorder.device.index, t.recorder.pool)
 
 
 # ------------------------------------------------------------------ RNG

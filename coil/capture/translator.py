@@ -33,8 +33,8 @@ from coil.capture.variables.base import (CellVariable, ConstantVariable, NumpyAr
                                          VariableTracker)
 from coil.capture.variables.builder import wrap, wrap_constant_result
 from coil.capture.variables.containers import (BaseListVariable, BoundMethodVariable, DequeVariable, DictVariable,
-                                               GeneratorVariable, ListIteratorVariable, ListVariable, NamedTupleVariable, SetVariable, SizeVariable,
-                                               TupleVariable)
+                                               GeneratorVariable, ListIteratorVariable, ListVariable,
+                                               NamedTupleVariable, SetVariable, SizeVariable, TupleVariable)
 from coil.capture.variables.functions import (BaseFunctionVariable, TypeErrorInCall,
                                               UserFunctionVariable, UserMethodVariable)
 from coil.capture.variables.objects import (AttributeMissing, guard_mro_lookup, DataClassDictVariable,
@@ -159,10 +159,15 @@ def _decoded(code: types.CodeType) -> tuple:
 
 
 def _may_suppress(exit_: VariableTracker) -> bool:
-    """Whether a with block's ``__exit__`` may swallow an exception: not one of coil's regions (no_grad, autocast),
-    nor a @contextmanager whose generator catches none (no POP_EXCEPT but before a re-raise: ``try``/``finally``)."""
+    """Whether a with block's ``__exit__`` may swallow an exception: not one of coil's regions (no_grad, autocast), nor
+    one that returns only None / False constants, nor a @contextmanager whose generator catches none (no POP_EXCEPT but
+    before a re-raise: ``try``/``finally``)."""
     if isinstance(exit_, BoundMethodVariable):
         return not isinstance(exit_.obj, ContextManagerVariable)
+    ins = list(dis.get_instructions(fn)) if isinstance(fn := getattr(exit_, "fn", None), types.FunctionType) else []
+    if ins and not any(b.opname == "RETURN_CONST" and b.argval or b.opname == "RETURN_VALUE" and (    # (nullcontext)
+            b.is_jump_target or not (a.opname == "LOAD_CONST" and not a.argval)) for a, b in zip(ins, ins[1:])):
+        return False    # an __exit__ that returns only None / False constants swallows nothing
     gen = getattr(getattr(exit_, "obj", None), "attrs", {}).get("gen")
     if getattr(exit_, "fn", None) is contextlib._GeneratorContextManager.__exit__ and \
             isinstance(gen, GeneratorVariable) and isinstance(gen.fn, UserFunctionVariable):

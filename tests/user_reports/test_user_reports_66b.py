@@ -87,6 +87,50 @@ def test_suppress_around_a_data_dependent_error(coil_reset):
             torch.testing.assert_close(cf(x, torch.tensor(i)), f(x, torch.tensor(i)))
 
 
+class _ExitFalse:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+class _ExitTrue(_ExitFalse):
+    def __exit__(self, *exc):
+        return True
+
+
+def test_with_blocks_whose_exit_swallows_nothing_stay_out_of_try(coil_reset, tmp_path):
+    """contextlib.nullcontext (common: ``ctx = autocast() if amp else nullcontext()``), a context manager object passed
+    in, and an ``__exit__`` returning False cannot swallow an error: their graphs keep in-place input writes and are
+    not marked to rerun eagerly (``graph_in_try``); one whose ``__exit__`` returns True is."""
+    import json
+    import os
+
+    from coil import trace
+
+    def f(x, ctx):
+        with ctx:
+            x.add_(1)
+            return x.sin()
+
+    old = trace.trace_dir()
+    for k, (ctx, marked) in enumerate([(contextlib.nullcontext(), False), (torch.no_grad(), False),
+                                       (_ExitFalse(), False), (_ExitTrue(), True)]):
+        coil.reset()
+        trace.set_dir(str(tmp_path / str(k)))
+        try:
+            x = torch.randn(4)
+            ref = x + 1
+            torch.testing.assert_close(coil.compile(f)(x, ctx), ref.sin())
+            torch.testing.assert_close(x, ref)
+        finally:
+            trace.set_dir(old)
+        events = [json.loads(line)["event"] for n in os.listdir(tmp_path / str(k)) if n.endswith(".jsonl")
+                  for line in open(tmp_path / str(k) / n)]
+        assert ("graph_in_try" in events) == marked, (type(ctx).__name__, events)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # FINDINGS_65: ``x.detach()`` of an input came back as an autograd view (``_is_view()`` True, ``_base`` the input)
 # where eager's is none; ``x.detach()[1:]`` of an input that requires grad came back as no view where eager's is one.

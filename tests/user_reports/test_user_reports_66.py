@@ -1,0 +1,92 @@
+"""Regressions from new-user trial 66 (FINDINGS_66.md): operator breadth and numerics (reductions, scans, sorting,
+indexing and scatter ops, integer and low-precision arithmetic, unusual layouts, ``dynamic=True``, gradients),
+compared with eager on CPU.
+"""
+
+import pytest
+import torch
+
+import coil
+
+
+def _raises_like_eager(fn, *args, **compile_kwargs):
+    """``fn(*args)`` raises in eager; the compiled ``fn`` raises the same exception type and message."""
+    with pytest.raises(Exception) as eager:
+        fn(*[a.clone() if isinstance(a, torch.Tensor) else a for a in args])
+    with pytest.raises(type(eager.value)) as compiled:
+        coil.compile(fn, **compile_kwargs)(*args)
+    assert str(compiled.value) == str(eager.value)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Finding 1 (fixed; values where eager raises, read past the values' buffer): ``index_put`` / ``x[i] = v`` with
+# integer indices and values that do not broadcast to the indexing result. torch's meta kernel does not check the
+# values' shape, so capture accepted the call and the kernel read 3 values from a 2-element buffer.
+# ---------------------------------------------------------------------------------------------------------------
+
+def _setitem(x, v):
+    x[torch.tensor([0, 1, 1])] = v
+    return x
+
+
+def _setitem_cols(x, v):
+    x[:, torch.tensor([0, 1, 1])] = v
+    return x
+
+
+def _setitem_list(x, v):
+    x[[0, 1, 1]] = v
+    return x
+
+
+@pytest.mark.parametrize("fn, shape, vshape", [
+    (lambda x, v: x.index_put((torch.tensor([0, 1, 1]),), v), (4,), (2,)),
+    (lambda x, v: x.index_put((torch.tensor([0, 1, 1]),), v, accumulate=True), (4, 2), (2, 2)),
+    (lambda x, v: x.index_put_((torch.tensor([0, 1, 1]),), v, accumulate=True), (3, 4), (4, 4)),
+    (_setitem, (4,), (2,)), (_setitem_cols, (3, 4), (3, 2)), (_setitem_list, (3, 4), (2, 4))])
+def test_index_put_values_that_do_not_broadcast_raise(coil_reset, fn, shape, vshape):
+    _raises_like_eager(fn, torch.zeros(shape), torch.ones(vshape))
+
+
+def test_index_put_values_that_broadcast_still_compile(coil_reset):
+    def f(x, v, w):
+        x[torch.tensor([0, 1, 1])] = v
+        x[:, torch.tensor([[0], [2]])] = w
+        return x.index_put((torch.tensor([2, 0]),), v[:1], accumulate=True)
+    args = (torch.zeros(3, 4), torch.randn(3, 4), torch.randn(3, 1, 1))
+    ref = f(*[a.clone() for a in args])
+    torch.testing.assert_close(coil.compile(f)(*args), ref)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Finding 2 (fixed; values where eager raises): ``3 % x`` of an integer tensor holding 0 (``remainder.Scalar_Tensor``)
+# returned numbers; eager raises ZeroDivisionError as it does for ``x % 0`` (already checked).
+# ---------------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_python_number_modulo_int_tensor_with_zero_raises(coil_reset, dynamic):
+    _raises_like_eager(lambda x: 3 % x, torch.tensor([1, 0, -4]), dynamic=dynamic)
+    torch.testing.assert_close(coil.compile(lambda x: 3 % x)(torch.tensor([2, -4])), torch.tensor([1, -1]))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Finding 3 (fixed; silent wrong values): ``torch.nextafter`` of float16 / bfloat16 returned its input: the kernel
+# stepped in float32 and rounded back to the storage dtype.
+# ---------------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_nextafter_low_precision_steps_in_its_dtype(coil_reset, dtype):
+    a = torch.tensor([0.0, 1.5, -2.5, 1.0], dtype=dtype)
+    b = torch.tensor([1.0, 0.0, 0.0, 2.0], dtype=dtype)
+    torch.testing.assert_close(coil.compile(torch.nextafter)(a, b), torch.nextafter(a, b), atol=0, rtol=0)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Finding 4 (fixed; values where eager raises): ``clamp`` / ``clamp_min`` / ``clamp_max`` of a bool tensor with
+# Python bounds ran; eager's CPU kernels refuse bool ("clamp_min_scalar_cpu" not implemented for 'Bool').
+# ---------------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("fn", [lambda b: torch.clamp(b, min=True), lambda b: b.clamp(b, b),
+                                lambda b: torch.clamp_max(b, False), lambda b: b.clamp_(max=True)])
+def test_clamp_of_bool_raises(coil_reset, fn):
+    _raises_like_eager(fn, torch.tensor([True, False]))

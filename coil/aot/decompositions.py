@@ -242,10 +242,13 @@ def native_layer_norm(x, normalized_shape, weight, bias, eps):
     return out, mean, rstd
 
 
-def _in_input_format(out, x):
-    """``out`` in x's suggested memory format (eager's upsampling keeps channels-last)."""
+def _in_input_format(out, x, always: bool = False):
+    """``out`` in x's suggested memory format (eager's upsampling keeps channels-last); with ``always`` also a
+    contiguous one (a tuple's first). Free where out is pointwise: the clone computes it."""
     fmt = torch._prims_common.suggest_memory_format(x)
-    return out if fmt == torch.contiguous_format else aten.clone.default(out, memory_format=fmt)
+    if isinstance(out, tuple):
+        return (_in_input_format(out[0], x, always), *out[1:])
+    return out if fmt == torch.contiguous_format and not always else aten.clone.default(out, memory_format=fmt)
 
 
 def _source_index(n_in, n_out, align_corners, scale, acc, device):
@@ -322,16 +325,20 @@ def _upsample_linear(x, output_size, align_corners, scales):
     return _in_input_format(aten._to_copy.default(out, dtype=x.dtype) if acc != x.dtype else out, x)
 
 
-def _eager_cpu_format(op, when: Callable = lambda *args: True) -> None:
+def _eager_cpu_format(op, when: Callable = lambda *args: True, always: bool = False) -> None:
     """torch's decomposition of ``op``, its result in x's memory format on CPU where ``when(*args)``, as eager's CPU
-    kernel allocates it (channels-last in, channels-last out; torch's gave NCHW strides)."""
+    kernel allocates it (channels-last in, channels-last out; torch's gave NCHW strides; ``always``: batch norm of a
+    transposed input is contiguous in eager, its decomposition kept the input's strides)."""
     torchs = _decomp.decomposition_table[op]
-    register(op)(lambda x, *args: _in_input_format(torchs(x, *args), x) if x.device.type == "cpu" and when(*args)
-                 else torchs(x, *args))
+    register(op)(lambda x, *args: _in_input_format(torchs(x, *args), x, always)
+                 if x.device.type == "cpu" and when(*args) else torchs(x, *args))
 
 
 _eager_cpu_format(aten.max_unpool2d.default)
 _eager_cpu_format(aten.roll.default, lambda shifts, dims=(): dims not in ((), []))
+for _bn in (aten.native_batch_norm.default, aten._native_batch_norm_legit.default, aten._native_batch_norm_legit.no_stats,
+            aten._native_batch_norm_legit_no_training.default, aten._native_batch_norm_legit_functional.default):
+    _eager_cpu_format(_bn, always=True)
 
 
 def _checked(op, *checks: tuple) -> None:

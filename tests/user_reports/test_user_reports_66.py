@@ -90,3 +90,20 @@ def test_nextafter_low_precision_steps_in_its_dtype(coil_reset, dtype):
                                 lambda b: torch.clamp_max(b, False), lambda b: b.clamp_(max=True)])
 def test_clamp_of_bool_raises(coil_reset, fn):
     _raises_like_eager(fn, torch.tensor([True, False]))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Finding 5 (fixed; strides eager promises, then an error where eager runs): batch norm of an input that is neither
+# contiguous nor channels-last (``x.transpose(2, 3)``) returned the input's strides; eager's CPU kernel allocates its
+# output in the input's suggested memory format (contiguous here), so ``bn(x).view(2, -1)`` ran in eager only.
+# ---------------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("train", [True, False])
+def test_batch_norm_of_transposed_input_is_contiguous(coil_reset, train):
+    bn = torch.nn.BatchNorm2d(3).train(train)
+    f = lambda x: bn(x)                                           # noqa: E731
+    for x in (torch.randn(2, 3, 5, 4).transpose(2, 3), torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last)):
+        out = coil.compile(f)(x)
+        assert out.stride() == torch.nn.BatchNorm2d(3).train(train)(x).stride()
+    assert coil.compile(lambda x: torch.nn.functional.batch_norm(x, None, None, training=True))(
+        torch.randn(2, 3, 5, 4).transpose(2, 3)).view(2, -1).shape == (2, 60)

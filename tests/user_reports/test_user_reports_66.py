@@ -107,3 +107,21 @@ def test_batch_norm_of_transposed_input_is_contiguous(coil_reset, train):
         assert out.stride() == torch.nn.BatchNorm2d(3).train(train)(x).stride()
     assert coil.compile(lambda x: torch.nn.functional.batch_norm(x, None, None, training=True))(
         torch.randn(2, 3, 5, 4).transpose(2, 3)).view(2, -1).shape == (2, 60)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Finding 6 (fixed; error where eager runs): an output that requires grad in eager but whose backward gives no input a
+# gradient (``torch.linalg.vector_norm(x, 0)``: its derivative is None) came back with ``requires_grad=False``, so
+# ``out.sum().backward()`` raised "element 0 of tensors does not require grad". Inputs that get no gradient enter the
+# compiled node detached; with none left, nothing made its outputs differentiable.
+# ---------------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_output_requiring_grad_with_no_input_gradient(coil_reset, dynamic):
+    cf = coil.compile(lambda x: torch.linalg.vector_norm(x, 0, dim=-1), dynamic=dynamic)
+    for n in (4, 5):
+        x = torch.randn(3, n, requires_grad=True)
+        out = cf(x)
+        assert out.requires_grad and torch.equal(out, torch.linalg.vector_norm(x, 0, dim=-1))
+        out.sum().backward()
+        assert x.grad is None

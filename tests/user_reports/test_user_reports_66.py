@@ -125,3 +125,21 @@ def test_output_requiring_grad_with_no_input_gradient(coil_reset, dynamic):
         assert out.requires_grad and torch.equal(out, torch.linalg.vector_norm(x, 0, dim=-1))
         out.sum().backward()
         assert x.grad is None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Finding 7 (fixed; compile failure where eager runs): ``torch.take`` with a 0-d index tensor, and the backward of
+# ``torch.put`` (a ``take`` of the gradient) with one: torch's decomposition ``x.reshape(-1)[index]`` is Python
+# indexing, which reads a 0-d integer index's value (DataDependentOutputException).
+# ---------------------------------------------------------------------------------------------------------------
+
+def test_take_and_put_backward_with_0d_index(coil_reset):
+    x, i = torch.randn(2, 3), torch.tensor(-2)
+    torch.testing.assert_close(coil.compile(torch.take)(x, i), torch.take(x, i))
+    src = torch.tensor(2.0)
+    xs = [torch.randn(3, requires_grad=True) for _ in range(2)]
+    outs = [f(x, torch.tensor(1), src, accumulate=True) for f, x in zip((torch.put, coil.compile(torch.put)), xs)]
+    for out in outs:
+        (out * torch.arange(3.0)).sum().backward()
+    torch.testing.assert_close(outs[1], outs[0])
+    torch.testing.assert_close(xs[1].grad, xs[0].grad)

@@ -178,6 +178,8 @@ def _index_scatter(x, dim, index, source, *, alpha=1, copy=False):
 
 register(aten.index_add.default)(_index_scatter)
 register(aten.index_copy.default)(functools.partial(_index_scatter, copy=True))
+# a ZeroTensor (sgn's derivative of a real input) has no storage: a gradient made of it failed the backward's checks
+register(aten._efficientzerotensor.default)(lambda size, **kwargs: aten.zeros.default(size, **kwargs))
 # torch's ``x.reshape(-1)[index]`` reads a 0-d index's value at trace time (Python indexing): a compile failure
 register(aten.take.default)(lambda x, index: aten.index.Tensor(aten.reshape.default(x, [-1]), [index]))
 

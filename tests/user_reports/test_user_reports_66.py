@@ -143,3 +143,15 @@ def test_take_and_put_backward_with_0d_index(coil_reset):
         (out * torch.arange(3.0)).sum().backward()
     torch.testing.assert_close(outs[1], outs[0])
     torch.testing.assert_close(xs[1].grad, xs[0].grad)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Finding 8 (fixed; error where eager runs): the backward of ``torch.sgn`` of a real tensor raised "Attempted to access
+# the data pointer on an invalid python storage": its derivative is ``aten._efficientzerotensor``, a ZeroTensor with
+# no storage, which the compiled backward returned as the gradient.
+# ---------------------------------------------------------------------------------------------------------------
+
+def test_sgn_backward_zero_gradient(coil_reset):
+    x = torch.randn(3, requires_grad=True)
+    coil.compile(torch.sgn)(x).backward(torch.ones(3))
+    assert torch.equal(x.grad, torch.zeros(3)) and not x.grad._is_zerotensor()

@@ -178,6 +178,18 @@ def _index_scatter(x, dim, index, source, *, alpha=1, copy=False):
 
 register(aten.index_add.default)(_index_scatter)
 register(aten.index_copy.default)(functools.partial(_index_scatter, copy=True))
+
+
+@register(aten.any.dims)
+def _any_dims(x, dim=None, keepdim=False):
+    """any / all over no dims reduce nothing in eager (x != 0, contiguous as a reduction's result); the lowering read
+    ``[]`` as every dim (an error, or shape (1, 1) with keepdim)."""
+    if dim is None or len(dim):
+        return NotImplemented
+    ne = aten._to_copy.default(aten.ne.Scalar(x, 0), dtype=torch.uint8 if x.dtype == torch.uint8 else torch.bool)
+    return aten.clone.default(ne, memory_format=torch.contiguous_format)
+
+
 # a ZeroTensor (sgn's derivative of a real input) has no storage: a gradient made of it failed the backward's checks
 register(aten._efficientzerotensor.default)(lambda size, **kwargs: aten.zeros.default(size, **kwargs))
 # torch's ``x.reshape(-1)[index]`` reads a 0-d index's value at trace time (Python indexing): a compile failure
@@ -340,8 +352,9 @@ def _eager_cpu_format(op, when: Callable = lambda *args: True, always: bool = Fa
 
 _eager_cpu_format(aten.max_unpool2d.default)
 _eager_cpu_format(aten.roll.default, lambda shifts, dims=(): dims not in ((), []))
-for _bn in (aten.native_batch_norm.default, aten._native_batch_norm_legit.default, aten._native_batch_norm_legit.no_stats,
-            aten._native_batch_norm_legit_no_training.default, aten._native_batch_norm_legit_functional.default):
+for _bn in (aten.native_batch_norm.default, aten._native_batch_norm_legit.default,
+            aten._native_batch_norm_legit.no_stats, aten._native_batch_norm_legit_no_training.default,
+            aten._native_batch_norm_legit_functional.default):
     _eager_cpu_format(_bn, always=True)
 
 

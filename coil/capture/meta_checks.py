@@ -241,7 +241,8 @@ _DTYPE_RESTRICTED = (
     "hardsigmoid hardshrink softshrink logsigmoid softmax log_softmax softmin logaddexp logaddexp2 hypot nextafter "
     "igamma igammac logcumsumexp abs absolute ceil floor round trunc fix fmod remainder mod sub subtract median "
     "nanmedian leaky_relu trace lcm gcd bitwise_and bitwise_or bitwise_xor bitwise_not bitwise_left_shift "
-    "bitwise_right_shift interpolate upsample max_pool1d clamp clamp_min clamp_max clip").split()
+    "bitwise_right_shift interpolate upsample max_pool1d clamp clamp_min clamp_max clip lerp addcmul addcdiv dot "
+    "vdot mv matmul").split()
 
 #: ops whose eager kernels refuse floating arguments of different dtypes, or give another result dtype than
 #: their meta kernels, that fake tensors accept (probed with ``mixed``)
@@ -312,9 +313,10 @@ def check_call(kind: str, target, args: list, kwargs: dict) -> Optional[torch.dt
         _probe_dtypes(target, mixed=True, always=True)(args, kwargs)  # eager's error for a float index
     # operator.ipow / __rpow__ / add_: the op itself
     ints = base and (base in _DTYPE_RESTRICTED or base[:1] in "ir" and base[1:] in _DTYPE_RESTRICTED)
-    if ints or base in _MIXED_RESTRICTED:
-        real = _probe_dtypes(target, mixed=not ints)(args, kwargs)
-        return real.dtype if isinstance(real, torch.Tensor) else None
+    real = _probe_dtypes(target)(args, kwargs) if ints else None
+    if real is None and base in _MIXED_RESTRICTED:  # (mv, matmul: both)
+        real = _probe_dtypes(target, mixed=True)(args, kwargs)
+    return real.dtype if isinstance(real, torch.Tensor) else None
 
 
 #: TensorIterator ops whose meta kernels are torch's references or decompositions, which lay the result out as their

@@ -82,13 +82,19 @@ def test_nextafter_low_precision_steps_in_its_dtype(coil_reset, dtype):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Finding 4 (fixed; values where eager raises): ``clamp`` / ``clamp_min`` / ``clamp_max`` of a bool tensor with
-# Python bounds ran; eager's CPU kernels refuse bool ("clamp_min_scalar_cpu" not implemented for 'Bool').
+# Finding 4 (fixed; values where eager raises, one compile failure): ops whose eager CPU kernels refuse bool or
+# integer tensors ran: ``clamp`` / ``clamp_min`` / ``clamp_max`` of bool with Python bounds ("clamp_min_scalar_cpu"
+# not implemented for 'Bool'), ``lerp`` of integers and bools, ``addcdiv`` of bools, ``dot`` / ``vdot`` / ``mv`` /
+# 1-D ``@`` of bools; ``addcmul`` of bools failed to compile (BackendCompilerFailed, not eager's NotImplementedError).
 # ---------------------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("fn", [lambda b: torch.clamp(b, min=True), lambda b: b.clamp(b, b),
-                                lambda b: torch.clamp_max(b, False), lambda b: b.clamp_(max=True)])
-def test_clamp_of_bool_raises(coil_reset, fn):
+                                lambda b: torch.clamp_max(b, False), lambda b: b.clamp_(max=True),
+                                lambda b: torch.lerp(b, b, 0.5), lambda b: b.long().lerp_(b.long(), 0.5),
+                                lambda b: torch.addcdiv(b, b, b), lambda b: torch.addcmul(b, b, b),
+                                lambda b: torch.dot(b, b), lambda b: torch.vdot(b, b), lambda b: b @ b,
+                                lambda b: torch.mv(b.view(1, 2), b)])
+def test_ops_refusing_bool_or_int_raise(coil_reset, fn):
     _raises_like_eager(fn, torch.tensor([True, False]))
 
 
@@ -155,3 +161,19 @@ def test_sgn_backward_zero_gradient(coil_reset):
     x = torch.randn(3, requires_grad=True)
     coil.compile(torch.sgn)(x).backward(torch.ones(3))
     assert torch.equal(x.grad, torch.zeros(3)) and not x.grad._is_zerotensor()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Finding 9 (fixed; silent wrong shape and values, or an error where eager runs): ``x.any(())`` / ``x.all(())``
+# reduce nothing in eager (``x != 0``, contiguous); the ``any`` lowering read the empty dim list as every dim:
+# ``any((), keepdim=True)`` gave shape (1, 1), ``any(())`` raised "mismatch in length of strides and shape".
+# ---------------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("keepdim", [False, True])
+@pytest.mark.parametrize("op", ["any", "all"])
+def test_any_all_over_no_dims_reduce_nothing(coil_reset, op, keepdim):
+    f = lambda x: getattr(x, op)((), keepdim=keepdim)       # noqa: E731
+    nan = float("nan")
+    for x in (torch.tensor([[0.0, -0.0, nan], [2.0, 0.0, 1.0]]).t(), torch.tensor([[0, 3]], dtype=torch.uint8)):
+        out, ref = coil.compile(f)(x), f(x)
+        assert out.dtype == ref.dtype and out.stride() == ref.stride() and torch.equal(out, ref)

@@ -177,3 +177,22 @@ def test_any_all_over_no_dims_reduce_nothing(coil_reset, op, keepdim):
     for x in (torch.tensor([[0.0, -0.0, nan], [2.0, 0.0, 1.0]]).t(), torch.tensor([[0, 3]], dtype=torch.uint8)):
         out, ref = coil.compile(f)(x), f(x)
         assert out.dtype == ref.dtype and out.stride() == ref.stride() and torch.equal(out, ref)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Finding 10 (fixed by an eager fallback; compile failure where eager runs): ``x.fill_diagonal_(v)`` under
+# ``dynamic=True`` of an input with a step (``torch.randn(4, 12)[:, ::2]``): the symbolic fake of a strided input has a
+# storage of ``numel`` elements, so the functionalized ``as_strided_scatter`` of its diagonal was "out of bounds for
+# storage". The graph now runs eagerly (warned), as for the other writes functionalization refuses.
+# ---------------------------------------------------------------------------------------------------------------
+
+def test_fill_diagonal_of_strided_input_dynamic(coil_reset):
+    f = lambda x: x.fill_diagonal_(5.0)         # noqa: E731
+    cf = coil.compile(f, dynamic=True)
+    for rows, cols in ((4, 12), (5, 14)):
+        base = torch.randn(rows, cols)
+        ref_base = base.clone()
+        with pytest.warns(UserWarning, match="coil"):
+            out = cf(base[:, ::2])
+        torch.testing.assert_close(out, f(ref_base[:, ::2]))
+        torch.testing.assert_close(base, ref_base)

@@ -247,6 +247,12 @@ def _pow_scalar(x, exponent):
     if exponent in (-0.5, 0.5) and dtype.is_floating_point and not isinstance(exponent, bool) \
             and not (dtype == torch.float16 and x.get_device().type == "cpu"):
         return pointwise_lowering("rsqrt" if exponent < 0 else "sqrt")(x)
+    if dtype == torch.bfloat16 and x.get_device().type == "cpu" and exponent in (3, -2):
+        # eager's CPU kernel: ``x * x * x`` and ``1 / (x * x)`` in bfloat16 arithmetic, the square rounded first
+        def f(v):
+            sq = ops.to_dtype(ops.to_dtype(ops.mul(v, v), dtype, torch.float32), torch.float32, dtype)
+            return ops.mul(sq, v) if exponent == 3 else ops.truediv(ops.constant(1.0, torch.float32), sq)
+        return make_pointwise_box(f, [x], out_size(), dtype, torch.float32)
     return pointwise_lowering("pow")(x, exponent)
 
 

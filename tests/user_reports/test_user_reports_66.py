@@ -196,3 +196,16 @@ def test_fill_diagonal_of_strided_input_dynamic(coil_reset):
             out = cf(base[:, ::2])
         torch.testing.assert_close(out, f(ref_base[:, ::2]))
         torch.testing.assert_close(base, ref_base)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Finding 11 (fixed; silent wrong values, 1 ulp): bfloat16 ``x ** 3`` and ``x ** -2`` on the CPU: eager's kernel
+# computes ``x * x * x`` and ``1 / (x * x)`` in bfloat16 arithmetic (the square rounded to bfloat16 first); coil's
+# ``pow`` in float32 rounded once (0.333984375 ** 3: eager 0.037109375, coil 0.037353515625).
+# ---------------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("exponent", [3, -2, 3.0])
+def test_bfloat16_cube_and_inverse_square_round_the_square(coil_reset, exponent):
+    x = torch.tensor([0.3333, -1.7, 3.1, 0.0, -0.0, float("inf")] * 3).bfloat16()
+    f = lambda x: x ** exponent     # noqa: E731
+    torch.testing.assert_close(coil.compile(f)(x), f(x), atol=0, rtol=0)

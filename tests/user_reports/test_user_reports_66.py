@@ -209,3 +209,20 @@ def test_bfloat16_cube_and_inverse_square_round_the_square(coil_reset, exponent)
     x = torch.tensor([0.3333, -1.7, 3.1, 0.0, -0.0, float("inf")] * 3).bfloat16()
     f = lambda x: x ** exponent     # noqa: E731
     torch.testing.assert_close(coil.compile(f)(x), f(x), atol=0, rtol=0)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Finding 12 (fixed; silent wrong values, 1 ulp in about a fifth of the elements): ``log_softmax`` over the last dim
+# of a float16 / bfloat16 tensor on the CPU: eager's kernel rounds the sum of exponentials and its log to the input's
+# dtype; torch's decomposition computed in float32 throughout. (``cross_entropy`` of bf16 logits goes through it.)
+# ---------------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_low_precision_log_softmax_last_dim_matches_eager(coil_reset, dtype):
+    torch.manual_seed(0)
+    for x, dim in ((torch.randn(64, 33), 1), (torch.randn(40, 30).t(), -1), (torch.randn(8, 20), 0)):
+        x = x.to(dtype)
+        f = lambda x: x.log_softmax(dim)     # noqa: E731
+        out, ref = coil.compile(f)(x), f(x)
+        torch.testing.assert_close(out, ref, atol=0, rtol=0)
+        assert out.stride() == ref.stride()

@@ -207,6 +207,21 @@ def _log_softmax(x, dim, half_to_float):
     return aten._to_copy.default(aten.sub.Tensor(shifted, log_sum), dtype=x.dtype, memory_format=torch.contiguous_format)
 
 
+_TORCH_LOGSUMEXP = _decomp.decomposition_table[aten.logsumexp.default]
+
+
+@register(aten.logsumexp.default)
+def _logsumexp(x, dim, keepdim=False):
+    """torch's decomposition, but fp16 / bf16 on CPU in x's dtype, rounded after each op as eager's composite is
+    (torch's computed in float32: an ulp off in a fifth of the values)."""
+    if x.device.type != "cpu" or x.dtype not in (torch.float16, torch.bfloat16) or x.numel() == 0:
+        return _TORCH_LOGSUMEXP(x, dim, keepdim)
+    m = aten.amax.default(x, dim, True)
+    m = aten.where.self(aten.eq.Scalar(aten.abs.default(m), math.inf), aten.zeros_like.default(m), m)
+    s = aten.sum.dim_IntList(aten.exp.default(aten.sub.Tensor(x, m)), dim, keepdim)
+    return aten.add.Tensor(aten.log.default(s), m if keepdim else aten.squeeze.dims(m, dim))
+
+
 # a ZeroTensor (sgn's derivative of a real input) has no storage: a gradient made of it failed the backward's checks
 register(aten._efficientzerotensor.default)(lambda size, **kwargs: aten.zeros.default(size, **kwargs))
 # torch's ``x.reshape(-1)[index]`` reads a 0-d index's value at trace time (Python indexing): a compile failure

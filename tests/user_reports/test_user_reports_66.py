@@ -215,6 +215,7 @@ def test_bfloat16_cube_and_inverse_square_round_the_square(coil_reset, exponent)
 # Finding 12 (fixed; silent wrong values, 1 ulp in about a fifth of the elements): ``log_softmax`` over the last dim
 # of a float16 / bfloat16 tensor on the CPU: eager's kernel rounds the sum of exponentials and its log to the input's
 # dtype; torch's decomposition computed in float32 throughout. (``cross_entropy`` of bf16 logits goes through it.)
+# ``logsumexp`` of float16 / bfloat16 alike: eager's composite rounds after each op, the decomposition did not.
 # ---------------------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -226,3 +227,12 @@ def test_low_precision_log_softmax_last_dim_matches_eager(coil_reset, dtype):
         out, ref = coil.compile(f)(x), f(x)
         torch.testing.assert_close(out, ref, atol=0, rtol=0)
         assert out.stride() == ref.stride()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_low_precision_logsumexp_rounds_each_step(coil_reset, dtype):
+    torch.manual_seed(0)
+    x = torch.randn(200, 8).to(dtype)
+    for dim, keepdim in ((1, False), ((0, 1), True)):
+        f = lambda x: x.logsumexp(dim, keepdim=keepdim)     # noqa: E731
+        torch.testing.assert_close(coil.compile(f)(x), f(x), atol=0, rtol=0)

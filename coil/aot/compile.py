@@ -465,9 +465,10 @@ def _compile(fn, example_inputs, fw_compiler, bw_compiler, partition_fn, decompo
     except (RunEagerly, RuntimeError) as e:
         # also: functionalization refuses a write through as_strided of a restrided input, or (its replay under
         # autograd) of a non-contiguous input that requires grad (s1003 #733: "only supported for contiguous inputs"),
-        # or a write through a view of an overlapping view (x.unfold(0, 3, 1)[0].add_(1); eager allows it)
-        if not isinstance(e, RunEagerly) and not re.search(
-                r"as_strided(\(\) is non-compos|_scatter is curr)|mutated that has internal overlap", str(e)):
+        # or a write through a view of an overlapping view (x.unfold(0, 3, 1)[0].add_(1); eager allows it), or
+        # through as_strided of a strided input of symbolic size (its fake's storage holds only numel elements)
+        if not isinstance(e, RunEagerly) and not re.search(r"as_strided(\(\) is non-compos|_scatter is curr)|mutated "
+                                                           r"that has internal overlap|out of bounds for storage", str(e)):
             raise
         trace.log("aot_overlapping_write_eager", stage="aot", reason=str(e))
         return _eager(user_fn, "functionalization refuses its writes: " + str(e).split("\n")[0])

@@ -180,6 +180,54 @@ register(aten.index_add.default)(_index_scatter)
 register(aten.index_copy.default)(functools.partial(_index_scatter, copy=True))
 
 
+@register(aten.any.dims)
+def _any_dims(x, dim=None, keepdim=False):
+    """any / all over no dims reduce nothing in eager (x != 0, contiguous as a reduction's result); the lowering read
+    ``[]`` as every dim (an error, or shape (1, 1) with keepdim)."""
+    if dim is None or len(dim):
+        return NotImplemented
+    ne = aten._to_copy.default(aten.ne.Scalar(x, 0), dtype=torch.uint8 if x.dtype == torch.uint8 else torch.bool)
+    return aten.clone.default(ne, memory_format=torch.contiguous_format)
+
+
+_TORCH_LOG_SOFTMAX = _decomp.decomposition_table[aten._log_softmax.default]
+
+
+@register(aten._log_softmax.default)
+def _log_softmax(x, dim, half_to_float):
+    """torch's decomposition, but over the last dim of fp16 / bf16 on CPU as eager's kernel: the sum of exponentials
+    and its log rounded to x's dtype (torch's, in float32 throughout, differed by an ulp in a fifth of the values)."""
+    if x.device.type != "cpu" or x.dtype not in (torch.float16, torch.bfloat16) or half_to_float or x.dim() == 0 \
+            or dim % x.dim() != x.dim() - 1:
+        return _TORCH_LOG_SOFTMAX(x, dim, half_to_float)
+    xf = aten._to_copy.default(x, dtype=torch.float32)
+    shifted = aten.sub.Tensor(xf, aten.amax.default(xf, [dim], True))
+    rounded = lambda t: aten._to_copy.default(aten._to_copy.default(t, dtype=x.dtype), dtype=torch.float32)  # noqa
+    log_sum = rounded(aten.log.default(rounded(aten.sum.dim_IntList(aten.exp.default(shifted), [dim], True))))
+    return aten._to_copy.default(aten.sub.Tensor(shifted, log_sum), dtype=x.dtype, memory_format=torch.contiguous_format)
+
+
+_TORCH_LOGSUMEXP = _decomp.decomposition_table[aten.logsumexp.default]
+
+
+@register(aten.logsumexp.default)
+def _logsumexp(x, dim, keepdim=False):
+    """torch's decomposition, but fp16 / bf16 on CPU in x's dtype, rounded after each op as eager's composite is
+    (torch's computed in float32: an ulp off in a fifth of the values)."""
+    if x.device.type != "cpu" or x.dtype not in (torch.float16, torch.bfloat16) or x.numel() == 0:
+        return _TORCH_LOGSUMEXP(x, dim, keepdim)
+    m = aten.amax.default(x, dim, True)
+    m = aten.where.self(aten.eq.Scalar(aten.abs.default(m), math.inf), aten.zeros_like.default(m), m)
+    s = aten.sum.dim_IntList(aten.exp.default(aten.sub.Tensor(x, m)), dim, keepdim)
+    return aten.add.Tensor(aten.log.default(s), m if keepdim else aten.squeeze.dims(m, dim))
+
+
+# a ZeroTensor (sgn's derivative of a real input) has no storage: a gradient made of it failed the backward's checks
+register(aten._efficientzerotensor.default)(lambda size, **kwargs: aten.zeros.default(size, **kwargs))
+# torch's ``x.reshape(-1)[index]`` reads a 0-d index's value at trace time (Python indexing): a compile failure
+register(aten.take.default)(lambda x, index: aten.index.Tensor(aten.reshape.default(x, [-1]), [index]))
+
+
 def _variance(take_sqrt: bool, with_mean: bool) -> Callable:
     """var / std (``with_mean``: var_mean / std_mean) as :func:`_var_and_mean`, for the ``correction`` overloads and
     the ``unbiased`` ones (``.dim``)."""
@@ -242,10 +290,13 @@ def native_layer_norm(x, normalized_shape, weight, bias, eps):
     return out, mean, rstd
 
 
-def _in_input_format(out, x):
-    """``out`` in x's suggested memory format (eager's upsampling keeps channels-last)."""
+def _in_input_format(out, x, always: bool = False):
+    """``out`` in x's suggested memory format (eager's upsampling keeps channels-last); with ``always`` also a
+    contiguous one (a tuple's first). Free where out is pointwise: the clone computes it."""
     fmt = torch._prims_common.suggest_memory_format(x)
-    return out if fmt == torch.contiguous_format else aten.clone.default(out, memory_format=fmt)
+    if isinstance(out, tuple):
+        return (_in_input_format(out[0], x, always), *out[1:])
+    return out if fmt == torch.contiguous_format and not always else aten.clone.default(out, memory_format=fmt)
 
 
 def _source_index(n_in, n_out, align_corners, scale, acc, device):
@@ -322,16 +373,21 @@ def _upsample_linear(x, output_size, align_corners, scales):
     return _in_input_format(aten._to_copy.default(out, dtype=x.dtype) if acc != x.dtype else out, x)
 
 
-def _eager_cpu_format(op, when: Callable = lambda *args: True) -> None:
+def _eager_cpu_format(op, when: Callable = lambda *args: True, always: bool = False) -> None:
     """torch's decomposition of ``op``, its result in x's memory format on CPU where ``when(*args)``, as eager's CPU
-    kernel allocates it (channels-last in, channels-last out; torch's gave NCHW strides)."""
+    kernel allocates it (channels-last in, channels-last out; torch's gave NCHW strides; ``always``: batch norm of a
+    transposed input is contiguous in eager, its decomposition kept the input's strides)."""
     torchs = _decomp.decomposition_table[op]
-    register(op)(lambda x, *args: _in_input_format(torchs(x, *args), x) if x.device.type == "cpu" and when(*args)
-                 else torchs(x, *args))
+    register(op)(lambda x, *args: _in_input_format(torchs(x, *args), x, always)
+                 if x.device.type == "cpu" and when(*args) else torchs(x, *args))
 
 
 _eager_cpu_format(aten.max_unpool2d.default)
 _eager_cpu_format(aten.roll.default, lambda shifts, dims=(): dims not in ((), []))
+for _bn in (aten.native_batch_norm.default, aten._native_batch_norm_legit.default,
+            aten._native_batch_norm_legit.no_stats, aten._native_batch_norm_legit_no_training.default,
+            aten._native_batch_norm_legit_functional.default):
+    _eager_cpu_format(_bn, always=True)
 
 
 def _checked(op, *checks: tuple) -> None:

@@ -718,7 +718,7 @@ def _make_fx(fn: Callable, args: list, decompositions: dict, fake_mode: FakeTens
 
 #: integer division ops that raise ``RuntimeError: ZeroDivisionError`` in eager on the CPU
 _INT_DIVISIONS = {aten.floor_divide.default, aten.remainder.Tensor, aten.fmod.Tensor, aten.div.Tensor_mode,
-                  aten.remainder.Scalar, aten.fmod.Scalar}
+                  aten.remainder.Scalar, aten.fmod.Scalar, aten.remainder.Scalar_Tensor}
 
 
 def _insert_zero_division_checks(gm: torch.fx.GraphModule) -> None:

@@ -501,7 +501,7 @@ def training_runner(compiled_fw: Callable, compiled_bw: Callable, info: ProgramI
     class CompiledFunction(torch.autograd.Function):
         @staticmethod
         def forward(ctx, *args):
-            vals = compiled_fw(*args)
+            vals = compiled_fw(*(args[:n_in] if anchor else args))
             saved = vals[n_fw: n_fw + num_saved]
             # tensor_mask None: every saved value is a tensor (one C pass, no per-value lists)
             ctx.tensor_mask = mask = None if all(map(isinstance, saved, _TENSOR)) else [
@@ -530,6 +530,8 @@ def training_runner(compiled_fw: Callable, compiled_bw: Callable, info: ProgramI
         @opaque_to_torch_compile
         def backward(ctx, *grad_outs):
             hit = getattr(ctx, "reached", None)
+            if anchor:
+                return (None,) * (n_in + 1)
             if not hit and all(g is None for g in grad_outs):
                 # reached with no gradient (a buffer overwritten by copy_ in a later call: that call's node passes
                 # None to this one's history): nothing to compute, and eager never reads this node's saved values
@@ -578,6 +580,9 @@ def training_runner(compiled_fw: Callable, compiled_bw: Callable, info: ProgramI
     # inputs that get no gradient enter autograd's node detached: eager's backward never reaches their history, and
     # an edge to it would run its nodes (floor_divide's missing derivative raises: s1038 #195, a graph break's local)
     no_grad = set(jinfo.grad_inputs) - set(grad_slots)
+    # differentiable outputs while no input gets a gradient (``vector_norm(x, 0)``): eager's outputs require grad
+    # (their backward gives None), so the node takes a leaf that requires grad in place of the detached inputs
+    anchor = bool(tangent_pos) and not grad_slots and bool(no_grad)
 
     c_apply = super(torch.autograd.Function, CompiledFunction).apply
 
@@ -590,6 +595,8 @@ def training_runner(compiled_fw: Callable, compiled_bw: Callable, info: ProgramI
 
     def run(*args):
         fargs = [a.detach() if i in no_grad else a for i, a in enumerate(args)] if no_grad else args
+        if anchor:
+            fargs = (*fargs, _DIFFERENTIABLE)
         if torch.is_grad_enabled():
             vals = apply(*fargs)
         else:

@@ -46,8 +46,25 @@ def _same_dtype(message: str, at: int, name: str) -> Callable:
 
 _index_copy = _same_dtype("index_copy_(): self and source expected to have the same dtype, but got (self) {a} and "
                           "(source) {b}", 3, "source")
-_index_put = _same_dtype("Index put requires the source and destination dtypes match, got {a} for the destination "
-                         "and {b} for the source.", 2, "values")
+_index_put_dtype = _same_dtype("Index put requires the source and destination dtypes match, got {a} for the "
+                               "destination and {b} for the source.", 2, "values")
+
+
+def _index_put(args, kwargs, index=None) -> None:
+    """The dtype check, and the values' shape: the meta kernel accepted values that do not broadcast to the indexing
+    result (``x[i] = v``, 3 indices and 2 values) and the kernel read past them. Bool masks select data-dependently."""
+    _index_put_dtype(args, kwargs)
+    self, value = _arg(args, kwargs, 0, "input"), _arg(args, kwargs, 2, "values")
+    if index is None:
+        index = tuple(slice(None) if i is None else i for i in _arg(args, kwargs, 1, "indices") or ())
+    if not isinstance(self, torch.Tensor) or not isinstance(value, torch.Tensor) or any(
+            isinstance(i, bool) or isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8)
+            for i in pytree.tree_leaves(index)):
+        return
+    shape = self[index].shape
+    if torch.broadcast_shapes(value.shape, shape) != shape:
+        raise RuntimeError(f"shape mismatch: value tensor of shape {list(value.shape)} cannot be broadcast to "
+                           f"indexing result of shape {list(shape)}")
 _index_add_dtype = _same_dtype("index_add_(): self ({a}) and source ({b}) must have the same scalar type", 3, "source")
 
 
@@ -170,14 +187,15 @@ def _setitem(args, kwargs) -> None:
     if len(args) < 3:
         return
     self, index, value = args[0], args[1], args[2]
-    if not (isinstance(self, torch.Tensor) and isinstance(value, torch.Tensor)) or self.dtype == value.dtype:
+    if not (isinstance(self, torch.Tensor) and isinstance(value, torch.Tensor)):
         return
-    if not (tensors := _tensors_in(index)):
+    if not (tensors := _tensors_in(index)) and not any(isinstance(i, list) for i in (
+            index if isinstance(index, tuple) else (index,))):
         return
     lone_mask = len(tensors) == 1 and tensors[0].dtype == torch.bool and not isinstance(index, (tuple, list))
     if lone_mask and value.dim() == 0:
         return
-    _index_put([self, None, value], {})
+    _index_put([self, None, value], {}, index)
 
 
 def _probe_dtypes(target, mixed: bool = False, always: bool = False, trailing: tuple = ()):
@@ -223,7 +241,8 @@ _DTYPE_RESTRICTED = (
     "hardsigmoid hardshrink softshrink logsigmoid softmax log_softmax softmin logaddexp logaddexp2 hypot nextafter "
     "igamma igammac logcumsumexp abs absolute ceil floor round trunc fix fmod remainder mod sub subtract median "
     "nanmedian leaky_relu trace lcm gcd bitwise_and bitwise_or bitwise_xor bitwise_not bitwise_left_shift "
-    "bitwise_right_shift interpolate upsample max_pool1d").split()
+    "bitwise_right_shift interpolate upsample max_pool1d clamp clamp_min clamp_max clip lerp addcmul addcdiv dot "
+    "vdot mv matmul").split()
 
 #: ops whose eager kernels refuse floating arguments of different dtypes, or give another result dtype than
 #: their meta kernels, that fake tensors accept (probed with ``mixed``)
@@ -294,9 +313,10 @@ def check_call(kind: str, target, args: list, kwargs: dict) -> Optional[torch.dt
         _probe_dtypes(target, mixed=True, always=True)(args, kwargs)  # eager's error for a float index
     # operator.ipow / __rpow__ / add_: the op itself
     ints = base and (base in _DTYPE_RESTRICTED or base[:1] in "ir" and base[1:] in _DTYPE_RESTRICTED)
-    if ints or base in _MIXED_RESTRICTED:
-        real = _probe_dtypes(target, mixed=not ints)(args, kwargs)
-        return real.dtype if isinstance(real, torch.Tensor) else None
+    real = _probe_dtypes(target)(args, kwargs) if ints else None
+    if real is None and base in _MIXED_RESTRICTED:  # (mv, matmul: both)
+        real = _probe_dtypes(target, mixed=True)(args, kwargs)
+    return real.dtype if isinstance(real, torch.Tensor) else None
 
 
 #: TensorIterator ops whose meta kernels are torch's references or decompositions, which lay the result out as their

@@ -204,17 +204,19 @@ PREDICATES = {aten.isnan: "isnan", aten.isinf: "isinf", aten.signbit: "signbit"}
 
 def _integral_lowering(name: str) -> Callable:
     """A bitwise op: floating-point operands run as the ATen op, which raises eager's error (``float ^ 2.5``: a Triton
-    kernel of it does not compile for a GPU, and an empty one raised nothing)."""
+    kernel of it does not compile for a GPU, and an empty one raised nothing). ``nextafter`` of fp16 / bf16 too: its
+    step is one of that dtype, which float32's step rounded back to the input lost."""
     lower = pointwise_lowering(name)
 
     def f(*args):
-        if out_dtype().is_floating_point:
+        dt = out_dtype()
+        if dt.is_floating_point and (name != "nextafter" or dt in (torch.float16, torch.bfloat16)):
             raise FallbackToExtern
         return lower(*args)
     return f
 
 
-_BITWISE = {"bitwise_not", "bitwise_and", "bitwise_or", "bitwise_xor", "left_shift", "right_shift"}
+_BITWISE = {"bitwise_not", "bitwise_and", "bitwise_or", "bitwise_xor", "left_shift", "right_shift", "nextafter"}
 for _op, _name in [*UNARY.items(), *BINARY.items()]:
     register_lowering(_op)((_integral_lowering if _name in _BITWISE else pointwise_lowering)(_name))
 for _table, _kind in ((COMPARE, "compare"), (LOGICAL, "logical"), (PREDICATES, "compare")):
@@ -245,6 +247,12 @@ def _pow_scalar(x, exponent):
     if exponent in (-0.5, 0.5) and dtype.is_floating_point and not isinstance(exponent, bool) \
             and not (dtype == torch.float16 and x.get_device().type == "cpu"):
         return pointwise_lowering("rsqrt" if exponent < 0 else "sqrt")(x)
+    if dtype == torch.bfloat16 and x.get_device().type == "cpu" and exponent in (3, -2):
+        # eager's CPU kernel: ``x * x * x`` and ``1 / (x * x)`` in bfloat16 arithmetic, the square rounded first
+        def f(v):
+            sq = ops.to_dtype(ops.to_dtype(ops.mul(v, v), dtype, torch.float32), torch.float32, dtype)
+            return ops.mul(sq, v) if exponent == 3 else ops.truediv(ops.constant(1.0, torch.float32), sq)
+        return make_pointwise_box(f, [x], out_size(), dtype, torch.float32)
     return pointwise_lowering("pow")(x, exponent)
 
 

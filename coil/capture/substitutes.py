@@ -29,8 +29,9 @@ from coil import trace
 
 def one_hot(x: torch.Tensor, num_classes: int = -1) -> torch.Tensor:
     """``F.one_hot`` (int64, shape ``x.shape + (num_classes,)``) with the class index bounds-checked by
-    ``index_select``. ``num_classes=-1`` (read from the data) is ``F.one_hot`` itself."""
-    if not isinstance(num_classes, int) or num_classes < 0 or x.dtype != torch.int64:
+    ``index_select``. ``num_classes=-1`` (read from the data) is ``F.one_hot`` itself; a symbolic count stays symbolic
+    (``F.one_hot``'s own pinned it: one graph per size)."""
+    if not isinstance(num_classes, (int, torch.SymInt)) or num_classes < 0 or x.dtype != torch.int64:
         return torch.nn.functional.one_hot(x, num_classes)
     if num_classes == 0 and x.numel() != 0:
         # every class is out of range, and the gather below would be empty (no check)
@@ -125,11 +126,10 @@ def _symbolic(*sizes) -> bool:
 def max_pool1d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
     """``F.max_pool1d`` (and ``torch.max_pool1d``) of a symbolic length as ``max_pool2d_with_indices`` over a height of
     1: ATen's C++ composites read the length as an int (one graph per length)."""
-    if not _symbolic(*input.shape) or return_indices:
-        return torch.nn.functional.max_pool1d(input, kernel_size, stride or None, padding, dilation,
-                                              ceil_mode, return_indices)
+    if not _symbolic(*input.shape) or return_indices:  # (a stride of 0 raises as in eager: not read as None)
+        return torch.nn.functional.max_pool1d(input, kernel_size, stride, padding, dilation, ceil_mode, return_indices)
     k, st, p, d = (tuple(v)[0] if isinstance(v, (tuple, list)) else v
-                   for v in (kernel_size, stride or kernel_size, padding, dilation))
+                   for v in (kernel_size, kernel_size if stride in (None, [], ()) else stride, padding, dilation))
     return torch.ops.aten.max_pool2d_with_indices(input.unsqueeze(-2), [1, k], [1, st], [0, p], [1, d],
                                                   ceil_mode)[0].squeeze(-2)
 
@@ -171,7 +171,7 @@ def _triangle_indices(upper: bool, row, col, offset=0, *, dtype=torch.long, devi
     keep = j - i >= offset if upper else j - i <= offset
     dest = torch.where(keep, torch.cumsum(keep, 0) - 1, n).expand(2, -1)
     out = torch.zeros((2, n + 1), dtype=torch.long, device=device).scatter(1, dest, torch.stack([i, j]))
-    return out[:, :n].to(dtype or torch.long)
+    return out[:, :n].to(dtype or torch.long).contiguous()  # eager's (N, 1) strides, not the (N + 1, 1) of the slice
 
 
 def triu_indices(row, col, offset=0, **kwargs):

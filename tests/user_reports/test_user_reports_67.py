@@ -1,0 +1,63 @@
+"""Regressions from new-user trial 67 (FINDINGS_67.md): dynamic shapes on CPU (``dynamic=True``, the marks, automatic
+dynamic) over size sequences that cross 0 / 1 / equal-dims / divisibility specializations, compared with eager.
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import coil
+from coil.capture import frame
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Finding 1 (fixed; wrong strides): ``torch.triu_indices`` / ``tril_indices`` of a symbolic size returned a slice of
+# a ``(2, N + 1)`` buffer: strides ``(N + 1, 1)`` where eager's result is contiguous ``(N, 1)``.
+# ---------------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("upper", [True, False])
+def test_triangle_indices_of_a_symbolic_size_are_contiguous(coil_reset, upper):
+    op = torch.triu_indices if upper else torch.tril_indices
+    f = lambda x: op(x.shape[0], x.shape[1], 1)  # noqa: E731
+    cf = coil.compile(f, dynamic=True)
+    for n in (3, 4, 6):
+        x = torch.randn(n, n + 1)
+        out, ref = cf(x), f(x)
+        assert torch.equal(out, ref)
+        assert out.stride() == ref.stride() == (ref.shape[1], 1)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Finding 2 (fixed; a value where eager raises): ``F.max_pool1d(x, 2, stride=0)`` raises in eager ("stride must be
+# greater than zero"); coil's max_pool1d substitute read the 0 as "no stride" (``stride or None``) and pooled with
+# stride 2, static and symbolic.
+# ---------------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_max_pool1d_stride_zero_raises(coil_reset, dynamic):
+    f = lambda x: F.max_pool1d(x, 2, stride=0)  # noqa: E731
+    x = torch.randn(1, 2, 6)
+    with pytest.raises(RuntimeError):
+        f(x)
+    with pytest.raises(RuntimeError):
+        coil.compile(f, dynamic=dynamic)(x)
+    g = lambda x: F.max_pool1d(x, 2, stride=[])  # noqa: E731  (an empty stride is the kernel size, as in eager)
+    torch.testing.assert_close(coil.compile(g, dynamic=dynamic)(x), g(x))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Finding 3 (fixed; a recompile at every size under ``dynamic=True``): ``F.one_hot(idx, x.shape[0])`` with a
+# symbolic class count went to ``F.one_hot`` itself, whose trace pinned the count (``Eq(s0, 4)``).
+# ---------------------------------------------------------------------------------------------------------------
+
+def test_one_hot_with_a_symbolic_class_count_is_one_graph(coil_reset):
+    f = lambda x: F.one_hot(torch.arange(x.shape[0]) // 2, x.shape[0]) * x[:, None]  # noqa: E731
+    cf = coil.compile(f, dynamic=True)
+    frame.reset_stats()
+    for n in (4, 5, 3, 8):
+        x = torch.randn(n)
+        torch.testing.assert_close(cf(x), f(x))
+    assert frame.stats["graphs"] == 1
+    bad = lambda x: F.one_hot(torch.arange(x.shape[0]), x.shape[0] - 1)  # noqa: E731  (class out of range)
+    with pytest.raises((RuntimeError, IndexError)):
+        coil.compile(bad, dynamic=True)(torch.randn(5))

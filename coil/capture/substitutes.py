@@ -134,6 +134,15 @@ def max_pool1d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode
                                                   ceil_mode)[0].squeeze(-2)
 
 
+def adaptive_avg_pool1d(input, output_size):
+    """``torch.adaptive_avg_pool1d`` of a symbolic output size as the 2-d pool over a height of 1: ATen's C++ composite
+    read the size as an int (one graph per size, also for ``F.interpolate(mode="area")``)."""
+    n = output_size[0] if isinstance(output_size, (tuple, list)) and len(output_size) == 1 else output_size
+    if not _symbolic(n) or input.dim() not in (2, 3):
+        return torch.adaptive_avg_pool1d(input, output_size)
+    return torch.ops.aten._adaptive_avg_pool2d(input.unsqueeze(-2), [1, n]).squeeze(-2)
+
+
 def linspace(start, end, steps, *, dtype=None, device=None, layout=None, requires_grad=False,
              pin_memory=False, out=None):
     """``torch.linspace`` of a symbolic number of steps, as eager's CPU kernel computes it
@@ -190,6 +199,7 @@ SUBSTITUTES: dict[Callable, Callable] = {torch.nn.functional.one_hot: one_hot, t
                                          torch.max_pool1d: max_pool1d, torch.linspace: linspace,
                                          torch.triu_indices: triu_indices, torch.tril_indices: tril_indices,
                                          torch.nn.functional.max_pool1d: max_pool1d,
+                                         torch.adaptive_avg_pool1d: adaptive_avg_pool1d,
                                          torch.nn.functional.scaled_dot_product_attention: sdpa}
 
 

@@ -61,3 +61,25 @@ def test_one_hot_with_a_symbolic_class_count_is_one_graph(coil_reset):
     bad = lambda x: F.one_hot(torch.arange(x.shape[0]), x.shape[0] - 1)  # noqa: E731  (class out of range)
     with pytest.raises((RuntimeError, IndexError)):
         coil.compile(bad, dynamic=True)(torch.randn(5))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Finding 4 (fixed; a recompile at every size under ``dynamic=True``): ``F.adaptive_avg_pool1d(x, L // 2)`` with a
+# symbolic output size: ATen's C++ composite passes the size on as an int (guard ``Eq(s0 // 2, 2)``). The capture now
+# records the 2-d pool over a height of 1 (``_adaptive_avg_pool2d`` takes symbolic sizes).
+# ---------------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("rank", [2, 3])
+def test_adaptive_avg_pool1d_with_a_symbolic_output_size_is_one_graph(coil_reset, rank):
+    f = lambda x: F.adaptive_avg_pool1d(x, x.shape[-1] // 2) * 2  # noqa: E731
+    cf = coil.compile(f, dynamic=True)
+    frame.reset_stats()
+    for n in (4, 7, 9, 15):
+        x = torch.randn(*(2, 3, n)[3 - rank:], requires_grad=True)
+        x2 = x.detach().clone().requires_grad_()
+        out, ref = cf(x2), f(x)
+        torch.testing.assert_close(out, ref)
+        out.sum().backward()
+        ref.sum().backward()
+        torch.testing.assert_close(x2.grad, x.grad)
+    assert frame.stats["graphs"] == 1

@@ -83,3 +83,18 @@ def test_adaptive_avg_pool1d_with_a_symbolic_output_size_is_one_graph(coil_reset
         ref.sum().backward()
         torch.testing.assert_close(x2.grad, x.grad)
     assert frame.stats["graphs"] == 1
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Finding 5 (fixed; silent wrong values, a missing guard): under ``dynamic=True`` a non-contiguous input's storage
+# offset is a symbol the ShapeEnv takes to be >= 2, and the shape guards leave that bound out (graphs never read
+# offsets). Python code that reads it (``if x.storage_offset() > 0``) was decided by the bound with no guard, so the
+# entry built at offset 2 ran the wrong branch at offset 0. Reading a symbolic offset now guards the bound.
+# ---------------------------------------------------------------------------------------------------------------
+
+def test_branch_on_a_symbolic_storage_offset_is_guarded(coil_reset):
+    f = lambda x: x * 2 if x.storage_offset() > 0 else x * 3  # noqa: E731
+    cf = coil.compile(f, dynamic=True)
+    for n, off in ((6, 2), (6, 0), (5, 0), (5, 3)):
+        x = torch.randn(3 * n + off)[off:].view(3, n).t()   # (n, 3), strides (1, n), offset off
+        torch.testing.assert_close(cf(x), f(x))

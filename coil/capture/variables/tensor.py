@@ -561,7 +561,14 @@ class TensorVariable(VariableTracker):
             fargs = [to_fake(a) for a in args]
             fkw = {k: to_fake(v) for k, v in kwargs.items()}
             res = getattr(self.fake, name)(*fargs, **fkw)
-            if name == "storage_offset" and isinstance(res, int):
+            if name == "storage_offset" and isinstance(res, torch.SymInt):
+                # the ShapeEnv took a symbolic input offset to be >= 2, a bound the shape guards leave out
+                for src, _, node in tx.output.inputs:
+                    off = getattr(node.meta.get("example_value"), "storage_offset", lambda: 0)()
+                    if isinstance(off, torch.SymInt) and off.node.expr.free_symbols & res.node.expr.free_symbols:
+                        e = src.expr()
+                        tx.output.guards.add(f"{e}.storage_offset() >= 2", f"{e}.storage_offset()", ">= 2", src=e)
+            elif name == "storage_offset" and isinstance(res, int):
                 for src, value, _ in tx.output.inputs:   # it derives from the inputs' offsets
                     e, off = src.expr(), value.storage_offset()
                     tx.output.guards.add(f"{e}.storage_offset() == {off}", f"{e}.storage_offset()", off, src=e)

@@ -98,3 +98,26 @@ def test_branch_on_a_symbolic_storage_offset_is_guarded(coil_reset):
     for n, off in ((6, 2), (6, 0), (5, 0), (5, 3)):
         x = torch.randn(3 * n + off)[off:].view(3, n).t()   # (n, 3), strides (1, n), offset off
         torch.testing.assert_close(cf(x), f(x))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Finding 6 (fixed; an error where eager runs): ``x ** x.shape[0]`` (also ``torch.pow(x, n)``, ``x.pow_(n)``,
+# ``n ** x``) of a tensor that needs grad, under ``dynamic=True``: every compile failed (``BackendCompilerFailed:
+# ... Scalar.h: NYI SymInt``), as ATen's pow backward formulas read the scalar as a double. A symbolic int base or
+# exponent of such a pow is now a 0-d tensor of the tensor's dtype.
+# ---------------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("how", ["exp", "method_inplace", "base"])
+def test_pow_by_a_symbolic_int_with_grad(coil_reset, how):
+    f = {"exp": lambda x: x ** (x.shape[0] % 3 + 1),
+         "method_inplace": lambda x: (x * 1).pow_(x.shape[0]),
+         "base": lambda x: x.shape[0] ** x}[how]
+    cf = coil.compile(f, dynamic=True)
+    for n in (3, 4, 5):
+        x = torch.rand(n, 2, dtype=torch.float64, requires_grad=True)
+        x2 = x.detach().clone().requires_grad_()
+        out, ref = cf(x2), f(x)
+        torch.testing.assert_close(out, ref)
+        out.sum().backward()
+        ref.sum().backward()
+        torch.testing.assert_close(x2.grad, x.grad)

@@ -183,12 +183,14 @@ def call_op(tx, kind: str, target, args: list, kwargs: dict) -> VariableTracker:
         target = substitute(target)  # checked equivalents (F.one_hot)
     if _name(target) in ("pow", "__pow__", "__rpow__", "pow_", "__ipow__") and torch.is_grad_enabled() and any(
             isinstance(a, TensorVariable) and a.fake.requires_grad for a in args):
-        # a symbolic int base / exponent of a tensor that needs grad as a 0-d tensor of its dtype: ATen's pow backward
-        # formulas read a scalar as a double, which a SymInt cannot give (c10::Scalar: "NYI SymInt"; AOT failed)
+        # a symbolic base / exponent of a tensor that needs grad as a 0-d tensor (the result dtype is the tensor's; at
+        # least fp32, as eager's scalar): ATen's pow backward formulas read a scalar as a double, which a SymInt cannot
+        # give (c10::Scalar: "NYI SymInt"; AOT failed) and a SymFloat only by pinning it (a compile per size)
         from coil.capture.variables.symbolic import SymNodeVariable
-        dt = ConstantVariable(next(a.fake.dtype for a in args if isinstance(a, TensorVariable)))
+        dt = next(a.fake.dtype for a in args if isinstance(a, TensorVariable))
+        dt = ConstantVariable(torch.promote_types(dt, torch.float32))
         args = [call_op(tx, "call_function", torch.full, [ConstantVariable(()), a], {"dtype": dt})
-                if isinstance(a, SymNodeVariable) and isinstance(a.value, torch.SymInt) else a for a in args]
+                if isinstance(a, SymNodeVariable) else a for a in args]
     opdef = OPDEFS.get(getattr(target, "_name", None) or getattr(target, "_qualified_op_name", None)) \
         if torch.is_grad_enabled() and _is_custom_op(target) else None
     if getattr(opdef, "_backward_fn", None):   # its Python autograd formula (grad mode on)

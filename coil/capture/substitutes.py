@@ -153,8 +153,9 @@ def linspace(start, end, steps, *, dtype=None, device=None, layout=None, require
             or isinstance(start, torch.Tensor) or isinstance(end, torch.Tensor):
         return torch.linspace(start, end, steps, dtype=dtype, device=device, requires_grad=requires_grad,
                               **({"out": out} if out is not None else {}))
-    i, step = torch.arange(steps, device=device, dtype=dt), (end - start) / (steps - 1)
-    return torch.where(i < steps // 2, start + i * step, end - (steps - 1 - i) * step)
+    # (one step: eager's value is start; sym_max keeps that in a graph where steps may be 1, a size marked unbacked)
+    i, step = torch.arange(steps, device=device, dtype=dt), (end - start) / torch.sym_max(steps - 1, 1)
+    return torch.where(i < torch.sym_max(steps // 2, 1), start + i * step, end - (steps - 1 - i) * step)
 
 
 def _triu_count(row, col, offset):

@@ -127,3 +127,43 @@ def test_pow_by_a_symbolic_number_with_grad(coil_reset, how):
         tol = {"atol": 2e-2, "rtol": 2e-2} if how == "bf16" else {}   # (eager's backward rounds in bf16)
         torch.testing.assert_close(x2.grad, x.grad, **tol)
     assert frame.stats["graphs"] == 1
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Finding 7 (fixed; silent wrong values): ``torch.linspace(a, b, n)`` with ``n`` a size marked unbacked (so 1 shares
+# the graph): coil's linspace substitute divided by ``n - 1`` and gave ``[nan]`` where eager gives ``[a]``.
+# ---------------------------------------------------------------------------------------------------------------
+
+def test_linspace_of_one_unbacked_step(coil_reset):
+    f = lambda x: torch.linspace(-2, 3, x.shape[0])  # noqa: E731
+    cf = coil.compile(f)
+    for n in (5, 1, 3):
+        x = torch.randn(n)
+        coil.mark_unbacked(x, 0)
+        torch.testing.assert_close(cf(x), f(x))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Finding 8 (fixed; an error where eager runs): a dim marked unbacked through an op whose traced backward asks about
+# its size (``cumsum``, ``cumprod``, ``prod``, ``logcumsumexp``, a layer norm over it, a step slice) with grad:
+# ``BackendCompilerFailed: GuardOnDataDependentSymNode``. The graph now runs eagerly (warned, ``aot_fallback``).
+# ---------------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("op", ["cumsum", "prod"])
+def test_unbacked_dim_through_a_backward_that_reads_its_size(coil_reset, op):
+    f = (lambda x: x.cumsum(0)) if op == "cumsum" else (lambda x: x.prod(1))
+    cf = coil.compile(f)
+    for n in (3, 1, 5):
+        x = torch.randn(n, 4, requires_grad=True)
+        x2 = x.detach().clone().requires_grad_()
+        coil.mark_unbacked(x2, 0)
+        if n == 3:   # the one compile (sizes 1 and 5 share the entry)
+            with pytest.warns(UserWarning, match="running this graph eagerly"):
+                out = cf(x2)
+        else:
+            out = cf(x2)
+        ref = f(x)
+        torch.testing.assert_close(out, ref)
+        out.sum().backward()
+        ref.sum().backward()
+        torch.testing.assert_close(x2.grad, x.grad)

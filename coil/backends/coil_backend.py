@@ -59,5 +59,6 @@ def coil(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
         refuse_fallback("aot_fallback", e)
         import warnings
 
-        warnings.warn(f"coil: AOT tracing needs an unbacked size ({str(e).splitlines()[0]}); running this graph eagerly")
+        warnings.warn(f"coil: AOT tracing needs an unbacked size ({str(e).splitlines()[0]}); "
+                      "running this graph eagerly")
         return lookup_backend("eager")(gm, example_inputs)

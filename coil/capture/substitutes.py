@@ -15,6 +15,7 @@ so that choosing its kernel adds no guards on the sizes.
 from __future__ import annotations
 
 import math
+import operator
 import sys
 import types
 import weakref
@@ -217,8 +218,24 @@ def substitute_graph(gm: torch.fx.GraphModule) -> None:
             new = substitute(node.target)
             if new is not node.target:
                 node.target, changed = new, True
+        if node.target in (operator.pow, operator.ipow, torch.pow, "pow", "pow_"):
+            changed = _pow_scalars_as_tensors(gm.graph, node) or changed
     if changed:
         gm.recompile()
+
+
+def _pow_scalars_as_tensors(graph: torch.fx.Graph, node: torch.fx.Node) -> bool:
+    """The capture's rule for a pow of a tensor that needs grad (``call_op`` in variables/tensor.py), in torch's graph:
+    a symbolic base or exponent becomes a 0-d tensor (ATen's pow backward cannot read a SymInt scalar)."""
+    vals = [a.meta.get("example_value") if isinstance(a, torch.fx.Node) else a for a in node.args]
+    t = next((v for v in vals if isinstance(v, torch.Tensor) and v.requires_grad), None)
+    if t is None or not any(isinstance(v, (torch.SymInt, torch.SymFloat)) for v in vals):
+        return False
+    with graph.inserting_before(node):
+        dt = torch.promote_types(t.dtype, torch.float32)
+        node.args = tuple(graph.call_function(torch.full, ((), a), {"dtype": dt})
+                          if isinstance(v, (torch.SymInt, torch.SymFloat)) else a for a, v in zip(node.args, vals))
+    return True
 
 
 def _inline_checkpoint(gm: torch.fx.GraphModule, node: torch.fx.Node) -> None:

@@ -167,3 +167,19 @@ def test_unbacked_dim_through_a_backward_that_reads_its_size(coil_reset, op):
         out.sum().backward()
         ref.sum().backward()
         torch.testing.assert_close(x2.grad, x.grad)
+
+
+def test_pow_by_a_symbolic_int_with_grad_through_torch_compile():
+    # the same rule applied to torch's captured graph (``substitute_graph``): torch.compile(backend="coil") failed too
+    torch._dynamo.reset()
+    f = lambda x: x ** x.shape[0] + x.shape[0] ** x  # noqa: E731
+    cf = torch.compile(f, backend="coil", dynamic=True)
+    for n in (3, 4, 5):
+        x = torch.rand(n, 2, dtype=torch.float64, requires_grad=True)
+        x2 = x.detach().clone().requires_grad_()
+        out, ref = cf(x2), f(x)
+        torch.testing.assert_close(out, ref)
+        out.sum().backward()
+        ref.sum().backward()
+        torch.testing.assert_close(x2.grad, x.grad)
+    torch._dynamo.reset()

@@ -12,9 +12,10 @@ import traceback
 from typing import Callable
 
 import torch
+from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
 from coil import trace
-from coil.backends.registry import register_backend
+from coil.backends.registry import lookup_backend, register_backend
 from coil.aot import aot_compile
 from coil.aot.backend import run_graph
 from coil.config import config
@@ -51,4 +52,13 @@ def coil(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
     if _graph_device(example_inputs).type == "cuda" and config.autotune:
         from coil.runtime import compile_pool
         compile_pool.prestart("a CUDA graph is compiling: Triton kernels follow")
-    return aot_compile(gm, example_inputs, fw_compiler=kernel_compiler, bw_compiler=kernel_compiler)
+    try:
+        return aot_compile(gm, example_inputs, fw_compiler=kernel_compiler, bw_compiler=kernel_compiler)
+    except GuardOnDataDependentSymNode as e:  # a traced formula (cumsum's backward) asked about a size marked unbacked
+        trace.log("aot_fallback", stage="aot", error=f"{type(e).__name__}: {e}"[:4000])
+        refuse_fallback("aot_fallback", e)
+        import warnings
+
+        warnings.warn(f"coil: AOT tracing needs an unbacked size ({str(e).splitlines()[0]}); "
+                      "running this graph eagerly")
+        return lookup_backend("eager")(gm, example_inputs)

@@ -15,6 +15,7 @@ so that choosing its kernel adds no guards on the sizes.
 from __future__ import annotations
 
 import math
+import operator
 import sys
 import types
 import weakref
@@ -29,8 +30,9 @@ from coil import trace
 
 def one_hot(x: torch.Tensor, num_classes: int = -1) -> torch.Tensor:
     """``F.one_hot`` (int64, shape ``x.shape + (num_classes,)``) with the class index bounds-checked by
-    ``index_select``. ``num_classes=-1`` (read from the data) is ``F.one_hot`` itself."""
-    if not isinstance(num_classes, int) or num_classes < 0 or x.dtype != torch.int64:
+    ``index_select``. ``num_classes=-1`` (read from the data) is ``F.one_hot`` itself; a symbolic count stays symbolic
+    (``F.one_hot``'s own pinned it: one graph per size)."""
+    if not isinstance(num_classes, (int, torch.SymInt)) or num_classes < 0 or x.dtype != torch.int64:
         return torch.nn.functional.one_hot(x, num_classes)
     if num_classes == 0 and x.numel() != 0:
         # every class is out of range, and the gather below would be empty (no check)
@@ -125,13 +127,21 @@ def _symbolic(*sizes) -> bool:
 def max_pool1d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
     """``F.max_pool1d`` (and ``torch.max_pool1d``) of a symbolic length as ``max_pool2d_with_indices`` over a height of
     1: ATen's C++ composites read the length as an int (one graph per length)."""
-    if not _symbolic(*input.shape) or return_indices:
-        return torch.nn.functional.max_pool1d(input, kernel_size, stride or None, padding, dilation,
-                                              ceil_mode, return_indices)
+    if not _symbolic(*input.shape) or return_indices:  # (a stride of 0 raises as in eager: not read as None)
+        return torch.nn.functional.max_pool1d(input, kernel_size, stride, padding, dilation, ceil_mode, return_indices)
     k, st, p, d = (tuple(v)[0] if isinstance(v, (tuple, list)) else v
-                   for v in (kernel_size, stride or kernel_size, padding, dilation))
+                   for v in (kernel_size, kernel_size if stride in (None, [], ()) else stride, padding, dilation))
     return torch.ops.aten.max_pool2d_with_indices(input.unsqueeze(-2), [1, k], [1, st], [0, p], [1, d],
                                                   ceil_mode)[0].squeeze(-2)
+
+
+def adaptive_avg_pool1d(input, output_size):
+    """``torch.adaptive_avg_pool1d`` of a symbolic output size as the 2-d pool over a height of 1: ATen's C++ composite
+    read the size as an int (one graph per size, also for ``F.interpolate(mode="area")``)."""
+    n = output_size[0] if isinstance(output_size, (tuple, list)) and len(output_size) == 1 else output_size
+    if not _symbolic(n) or input.dim() not in (2, 3):
+        return torch.adaptive_avg_pool1d(input, output_size)
+    return torch.ops.aten._adaptive_avg_pool2d(input.unsqueeze(-2), [1, n]).squeeze(-2)
 
 
 def linspace(start, end, steps, *, dtype=None, device=None, layout=None, requires_grad=False,
@@ -144,8 +154,9 @@ def linspace(start, end, steps, *, dtype=None, device=None, layout=None, require
             or isinstance(start, torch.Tensor) or isinstance(end, torch.Tensor):
         return torch.linspace(start, end, steps, dtype=dtype, device=device, requires_grad=requires_grad,
                               **({"out": out} if out is not None else {}))
-    i, step = torch.arange(steps, device=device, dtype=dt), (end - start) / (steps - 1)
-    return torch.where(i < steps // 2, start + i * step, end - (steps - 1 - i) * step)
+    # (one step: eager's value is start; sym_max keeps that in a graph where steps may be 1, a size marked unbacked)
+    i, step = torch.arange(steps, device=device, dtype=dt), (end - start) / torch.sym_max(steps - 1, 1)
+    return torch.where(i < torch.sym_max(steps // 2, 1), start + i * step, end - (steps - 1 - i) * step)
 
 
 def _triu_count(row, col, offset):
@@ -171,7 +182,7 @@ def _triangle_indices(upper: bool, row, col, offset=0, *, dtype=torch.long, devi
     keep = j - i >= offset if upper else j - i <= offset
     dest = torch.where(keep, torch.cumsum(keep, 0) - 1, n).expand(2, -1)
     out = torch.zeros((2, n + 1), dtype=torch.long, device=device).scatter(1, dest, torch.stack([i, j]))
-    return out[:, :n].to(dtype or torch.long)
+    return out[:, :n].to(dtype or torch.long).contiguous()  # eager's (N, 1) strides, not the (N + 1, 1) of the slice
 
 
 def triu_indices(row, col, offset=0, **kwargs):
@@ -190,6 +201,7 @@ SUBSTITUTES: dict[Callable, Callable] = {torch.nn.functional.one_hot: one_hot, t
                                          torch.max_pool1d: max_pool1d, torch.linspace: linspace,
                                          torch.triu_indices: triu_indices, torch.tril_indices: tril_indices,
                                          torch.nn.functional.max_pool1d: max_pool1d,
+                                         torch.adaptive_avg_pool1d: adaptive_avg_pool1d,
                                          torch.nn.functional.scaled_dot_product_attention: sdpa}
 
 
@@ -206,8 +218,24 @@ def substitute_graph(gm: torch.fx.GraphModule) -> None:
             new = substitute(node.target)
             if new is not node.target:
                 node.target, changed = new, True
+        if node.target in (operator.pow, operator.ipow, torch.pow, "pow", "pow_"):
+            changed = _pow_scalars_as_tensors(gm.graph, node) or changed
     if changed:
         gm.recompile()
+
+
+def _pow_scalars_as_tensors(graph: torch.fx.Graph, node: torch.fx.Node) -> bool:
+    """The capture's rule for a pow of a tensor that needs grad (``call_op`` in variables/tensor.py), in torch's graph:
+    a symbolic base or exponent becomes a 0-d tensor (ATen's pow backward cannot read a SymInt scalar)."""
+    vals = [a.meta.get("example_value") if isinstance(a, torch.fx.Node) else a for a in node.args]
+    t = next((v for v in vals if isinstance(v, torch.Tensor) and v.requires_grad), None)
+    if t is None or not any(isinstance(v, (torch.SymInt, torch.SymFloat)) for v in vals):
+        return False
+    with graph.inserting_before(node):
+        dt = torch.promote_types(t.dtype, torch.float32)
+        node.args = tuple(graph.call_function(torch.full, ((), a), {"dtype": dt})
+                          if isinstance(v, (torch.SymInt, torch.SymFloat)) else a for a, v in zip(node.args, vals))
+    return True
 
 
 def _inline_checkpoint(gm: torch.fx.GraphModule, node: torch.fx.Node) -> None:

@@ -181,6 +181,16 @@ def call_op(tx, kind: str, target, args: list, kwargs: dict) -> VariableTracker:
                           hint="allocate a tensor of the new size (torch.empty) instead")
     if kind == "call_function":
         target = substitute(target)  # checked equivalents (F.one_hot)
+    if _name(target) in ("pow", "__pow__", "__rpow__", "pow_", "__ipow__") and torch.is_grad_enabled() and any(
+            isinstance(a, TensorVariable) and a.fake.requires_grad for a in args):
+        # a symbolic base / exponent of a tensor that needs grad as a 0-d tensor (the result dtype is the tensor's; at
+        # least fp32, as eager's scalar): ATen's pow backward formulas read a scalar as a double, which a SymInt cannot
+        # give (c10::Scalar: "NYI SymInt"; AOT failed) and a SymFloat only by pinning it (a compile per size)
+        from coil.capture.variables.symbolic import SymNodeVariable
+        dt = next(a.fake.dtype for a in args if isinstance(a, TensorVariable))
+        dt = ConstantVariable(torch.promote_types(dt, torch.float32))
+        args = [call_op(tx, "call_function", torch.full, [ConstantVariable(()), a], {"dtype": dt})
+                if isinstance(a, SymNodeVariable) else a for a in args]
     opdef = OPDEFS.get(getattr(target, "_name", None) or getattr(target, "_qualified_op_name", None)) \
         if torch.is_grad_enabled() and _is_custom_op(target) else None
     if getattr(opdef, "_backward_fn", None):   # its Python autograd formula (grad mode on)
@@ -561,7 +571,14 @@ class TensorVariable(VariableTracker):
             fargs = [to_fake(a) for a in args]
             fkw = {k: to_fake(v) for k, v in kwargs.items()}
             res = getattr(self.fake, name)(*fargs, **fkw)
-            if name == "storage_offset" and isinstance(res, int):
+            if name == "storage_offset" and isinstance(res, torch.SymInt):
+                # the ShapeEnv took a symbolic input offset to be >= 2, a bound the shape guards leave out
+                for src, _, node in tx.output.inputs:
+                    off = getattr(node.meta.get("example_value"), "storage_offset", lambda: 0)()
+                    if isinstance(off, torch.SymInt) and off.node.expr.free_symbols & res.node.expr.free_symbols:
+                        e = src.expr()
+                        tx.output.guards.add(f"{e}.storage_offset() >= 2", f"{e}.storage_offset()", ">= 2", src=e)
+            elif name == "storage_offset" and isinstance(res, int):
                 for src, value, _ in tx.output.inputs:   # it derives from the inputs' offsets
                     e, off = src.expr(), value.storage_offset()
                     tx.output.guards.add(f"{e}.storage_offset() == {off}", f"{e}.storage_offset()", off, src=e)

@@ -232,7 +232,7 @@ def _pow_scalars_as_tensors(graph: torch.fx.Graph, node: torch.fx.Node) -> bool:
     if t is None or not any(isinstance(v, (torch.SymInt, torch.SymFloat)) for v in vals):
         return False
     with graph.inserting_before(node):
-        dt = torch.promote_types(t.dtype, torch.float32)
+        dt = t.dtype if t.dim() == 0 else torch.promote_types(t.dtype, torch.float32)   # (a 0-d t: no promotion)
         node.args = tuple(graph.call_function(torch.full, ((), a), {"dtype": dt})
                           if isinstance(v, (torch.SymInt, torch.SymFloat)) else a for a, v in zip(node.args, vals))
     return True

@@ -187,8 +187,8 @@ def call_op(tx, kind: str, target, args: list, kwargs: dict) -> VariableTracker:
         # least fp32, as eager's scalar): ATen's pow backward formulas read a scalar as a double, which a SymInt cannot
         # give (c10::Scalar: "NYI SymInt"; AOT failed) and a SymFloat only by pinning it (a compile per size)
         from coil.capture.variables.symbolic import SymNodeVariable
-        dt = next(a.fake.dtype for a in args if isinstance(a, TensorVariable))
-        dt = ConstantVariable(torch.promote_types(dt, torch.float32))
+        t = next(a.fake for a in args if isinstance(a, TensorVariable))    # (0-d: the 0-d scalar tensor would promote)
+        dt = ConstantVariable(t.dtype if t.dim() == 0 else torch.promote_types(t.dtype, torch.float32))
         args = [call_op(tx, "call_function", torch.full, [ConstantVariable(()), a], {"dtype": dt})
                 if isinstance(a, SymNodeVariable) else a for a in args]
     opdef = OPDEFS.get(getattr(target, "_name", None) or getattr(target, "_qualified_op_name", None)) \

@@ -253,12 +253,21 @@ _MIXED_RESTRICTED = ("mv addmv matmul heaviside cross linalg_cross batch_norm in
 _INDEXED = {"index_select": (2, "index"), "index_add": (2, "index"), "index_fill": (2, "index"),
             "index_copy": (2, "index"), "index_reduce": (2, "index"), "put": (1, "index"), "index_put": (1, "indices")}
 
+def _cross(args, kwargs) -> None:
+    """``cross`` / ``linalg.cross`` of integer or bool tensors, probed on 3 elements along every dim (any ``dim`` is
+    then valid): eager refuses bools ("not implemented for 'Bool'"); the decomposition's bool subtraction raised
+    another error at compile time."""
+    rank = max((t.dim() for t in args[:2] if isinstance(t, torch.Tensor)), default=0)
+    _probe_dtypes(torch.linalg.cross, trailing=(3,) * rank)(args, kwargs)
+
+
 #: op name (method or function, no trailing ``_``) -> check of its fake arguments
 CHECKS: dict[str, Callable] = {"index_add": _index_add, "index_copy": _index_copy, "index_put": _index_put,
                                "setitem": _setitem, "__setitem__": _setitem, "softmax": _dim, "softmin": _dim,
                                "sort": _dim, "pad": _pad, "squeeze": _squeeze, "interpolate": _interpolate,
                                "upsample": _interpolate, "celu": _celu, "bernoulli": _bernoulli, "scatter": _scatter,
                                "bernoulli_": lambda args, kwargs: _bernoulli(args, kwargs, inplace=True),
+                               "cross": _cross, "linalg_cross": _cross,
                                **{f"lp_pool{d}d": _lp_pool for d in (1, 2, 3)}}
 
 

@@ -236,3 +236,18 @@ def test_low_precision_logsumexp_rounds_each_step(coil_reset, dtype):
     for dim, keepdim in ((1, False), ((0, 1), True)):
         f = lambda x: x.logsumexp(dim, keepdim=keepdim)     # noqa: E731
         torch.testing.assert_close(coil.compile(f)(x), f(x), atol=0, rtol=0)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# FINDINGS_66 observation (fixed since): ``torch.cross`` / ``linalg.cross`` of bool tensors raised BackendCompilerFailed
+# (the decomposition's bool subtraction) where eager raises NotImplementedError; integer cross still compiles.
+# ---------------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("how", ["cross", "linalg", "method"])
+def test_cross_of_bools_raises_as_eager_and_of_ints_runs(coil_reset, how):
+    f = {"cross": lambda a, b: torch.cross(a, b, dim=1), "linalg": lambda a, b: torch.linalg.cross(a, b, dim=1),
+         "method": lambda a, b: a.cross(b, dim=1)}[how]
+    a, b = torch.rand(2, 3, 4) > 0.5, torch.rand(2, 3, 4) > 0.5
+    _raises_like_eager(f, a, b)
+    coil.reset()
+    torch.testing.assert_close(coil.compile(f)(a.long(), b.long()), f(a.long(), b.long()))

@@ -400,9 +400,9 @@ def _analyze(fn, fake_args, fake_mode, grad, drop_error_checks) -> ProgramInfo:
         return _describe(fn, fake_args, f_args, before, outs, grad, drop_error_checks, fake_mode, grad_fns=grad_fns)
 
 
-def _saved_storages(node, memo: dict) -> set:
-    """The storages of the tensors autograd saved for the backward from ``node`` (``memo``: node -> its own)."""
-    todo, seen, out = [node], set(), set()
+def _saved_storages(nodes: list, memo: dict) -> set:
+    """The storages of the tensors autograd saved for the backward from ``nodes`` (``memo``: node -> its own)."""
+    todo, seen, out = list(nodes), set(), set()
     while todo:
         if (n := todo.pop()) is None or n in seen:
             continue
@@ -550,8 +550,12 @@ def _describe(fn, fake_args, f_args, before, outs, grad, drop_error_checks, fake
             o.index = outputs[o.index].index
 
     memo: dict = {}     # output k's backward in eager reads what autograd saved in storages reads[k]
-    reads = {k: _saved_storages(flat_outs[k].grad_fn, memo) for k in graph_outputs
+    roots = {k: flat_outs[k].grad_fn for k in graph_outputs
              if outputs[k].requires_grad and flat_outs[k].grad_fn is not None}
+    # one walk from every output first: usually no output's memory is saved, and no walk per output is needed
+    stored = {StorageWeakRef(flat_outs[j].untyped_storage()) for j in graph_outputs} if roots else set()
+    reads = {k: _saved_storages([g], memo) for k, g in roots.items()} \
+        if stored & _saved_storages(list(roots.values()), memo) else {}
     for j in graph_outputs if reads else ():
         st = StorageWeakRef(flat_outs[j].untyped_storage())
         outputs[j].saved = tuple(outputs[k].index for k, r in reads.items() if st in r)

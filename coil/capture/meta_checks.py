@@ -253,6 +253,7 @@ _MIXED_RESTRICTED = ("mv addmv matmul heaviside cross linalg_cross batch_norm in
 _INDEXED = {"index_select": (2, "index"), "index_add": (2, "index"), "index_fill": (2, "index"),
             "index_copy": (2, "index"), "index_reduce": (2, "index"), "put": (1, "index"), "index_put": (1, "indices")}
 
+
 def _cross(args, kwargs) -> None:
     """``cross`` / ``linalg.cross`` of integer or bool tensors, probed on 3 elements along every dim (any ``dim`` is
     then valid): eager refuses bools ("not implemented for 'Bool'"); the decomposition's bool subtraction raised

@@ -2,8 +2,8 @@
 allocated after each of the first calls (the warm-up, the recording, the replays), in the default pool and in total,
 and what ``torch.cuda.empty_cache()`` would hand back (cached, unused); then the segments by pool, stream and
 size class (2 MiB small / large), with the bytes in use. Finds memory a compiler leaves cached. ``--history``: at
-each new 2 MiB segment, the small blocks live on its stream and the code that allocated them (why a pool needs a
-second small segment).
+each segment made or freed, the blocks of its size class live on its stream and the code that allocated them (why a
+pool needs another segment).
 
     python benchmarks/ro_memory_steps.py --workload gpt2_b8 --compiler coil     # the GPU machine, < 1 minute
 """
@@ -23,8 +23,8 @@ def main() -> None:
     ap.add_argument("--workload", default="gpt2_b8")
     ap.add_argument("--compiler", default="coil", choices=sorted(ro.COMPILERS))
     ap.add_argument("--calls", type=int, default=6)
-    ap.add_argument("--history", action="store_true", help="record the allocator's history and, at each new "
-                    "small (2 MiB) segment, print the small blocks live then and where they were allocated")
+    ap.add_argument("--history", action="store_true", help="record the allocator's history and, at each segment "
+                    "made or freed, print the blocks of its size class live then and where they were allocated")
     a = ap.parse_args()
     if a.history:
         torch.cuda.memory._record_memory_history(max_entries=500000)
@@ -45,6 +45,7 @@ def main() -> None:
         print(f"call {k}: reserved {(torch.cuda.memory_reserved() - base_r) / mib:8.1f} MiB, allocated "
               f"{(torch.cuda.memory_allocated() - base_a) / mib:8.1f} MiB, outputs "
               f"{sum(t.numel() * t.element_size() for t in out) / mib:6.1f} MiB, small pool {small / mib:.1f} MiB")
+        print("   " + by_pool(torch.cuda.memory_snapshot()))
         del out
         gc.collect()
     if a.history:
@@ -63,6 +64,17 @@ def main() -> None:
     print(f"empty_cache after the calls hands back {(before - torch.cuda.memory_reserved()) / mib:.1f} MiB")
 
 
+def by_pool(segments: list) -> str:
+    """Reserved MiB (MiB in use) per pool and size class: the default pool is ``()`` / ``(0, 0)``."""
+    g: dict = {}
+    for seg in segments:
+        key = (tuple(seg.get("segment_pool_id") or ()), "small" if seg["total_size"] <= 2 ** 21 else "large")
+        used = sum(b["size"] for b in seg["blocks"] if b["state"] == "active_allocated")
+        t = g.setdefault(key, [0, 0])
+        t[0], t[1] = t[0] + seg["total_size"], t[1] + used
+    return ", ".join(f"{p} {k} {r / 2**20:.1f} ({u / 2**20:.1f})" for (p, k), (r, u) in sorted(g.items(), key=str))
+
+
 def _where(entry: dict) -> str:
     """The innermost frames of an allocation that are not torch's own Python."""
     frames = [f for f in entry.get("frames", []) if f.get("filename") and "/torch/" not in f["filename"]
@@ -71,21 +83,23 @@ def _where(entry: dict) -> str:
 
 
 def small_segments(snapshot: dict) -> None:
-    """At each 2 MiB segment the allocator made, the small blocks (<= 1 MiB) live on that stream then."""
+    """At each segment the allocator made, the blocks of its size class (small: <= 1 MiB) live on that stream then."""
     live: dict = {}
     for ev in (e for trace in snapshot["device_traces"] for e in trace):
         act, addr, size = ev["action"], ev["addr"], ev["size"]
-        if act == "alloc" and size <= 2 ** 20:
+        if act == "alloc":
             live[addr] = ev
         elif act in ("free_requested", "free_completed"):
             live.pop(addr, None)
-        elif act == "segment_alloc" and size <= 2 ** 21:
-            mine = sorted((e for e in live.values() if e["stream"] == ev["stream"]), key=lambda e: -e["size"])
-            print(f"  new small segment on stream {ev['stream']}: {sum(e['size'] for e in mine) / 2**10:.0f} KiB "
-                  f"of small blocks live in {len(mine)} blocks; the largest:")
-            for e in mine[:8]:
+        elif act in ("segment_alloc", "segment_free"):
+            small = size <= 2 ** 21
+            mine = sorted((e for e in live.values() if e["stream"] == ev["stream"] and (e["size"] <= 2 ** 20) == small),
+                          key=lambda e: -e["size"])
+            print(f"  {'new' if act == 'segment_alloc' else 'freed'} {'small' if small else 'large'} segment of "
+                  f"{size / 2**20:.1f} MiB on stream {ev['stream']}: {sum(e['size'] for e in mine) / 2**20:.1f} MiB of "
+                  f"{'small' if small else 'large'} blocks live in {len(mine)} blocks; the largest:")
+            for e in mine[:4 if small else 6]:
                 print(f"    {e['size'] / 2**10:8.1f} KiB  {_where(e)}")
-
 
 if __name__ == "__main__":
     main()

@@ -671,11 +671,15 @@ def _select_view(x, dim, idx, size=None):
 
 # ----------------------------------------------------------------------------- scatter
 
+def _whole_input(x: TensorBox) -> bool:
+    return isinstance(x.data, StorageBox) and isinstance(x.data.data, InputBuffer)
+
+
 def _fresh_copy(x: TensorBox):
     buf = TensorBox.create(Pointwise(x.get_device(), x.get_dtype(), x.make_loader(), x.get_size())).data.realize()
     # a copy of a whole graph input: a scatter that makes the input's new value may write into the
     # input itself instead (GraphLowering._write_inputs_in_place)
-    buf.copy_of = x.data.data if isinstance(x.data, StorageBox) and isinstance(x.data.data, InputBuffer) else None
+    buf.copy_of = x.data.data if _whole_input(x) else None
     return buf
 
 
@@ -734,6 +738,14 @@ def _index_put(x, indices, values, accumulate=False):
     return _scatter_box(x, rshape, dest, vload, "atomic_add" if accumulate else None)
 
 
+def _one_per_row(xs: list, isize: list, dim: int) -> bool:
+    """Whether a scatter's index ``isize`` (into ``xs`` along ``dim``) holds one index per row: size 1 along ``dim``
+    and ``xs``'s size along every other dim, so each element of the result is written at most once and the scatter
+    is ``where(i[dim] == index[row], src[row], x[i])`` (as eager, whatever the order of writes)."""
+    return len(isize) == len(xs) and isize[dim] == 1 and all(
+        d == dim or sympy.simplify(as_expr(isize[d]) - as_expr(xs[d])) == 0 for d in range(len(xs)))
+
+
 @register_lowering(aten.scatter.src, aten.scatter.value, aten.scatter_add)
 def _scatter(x, dim, index, src):
     target = current_graph().current_node.target
@@ -749,6 +761,17 @@ def _scatter(x, dim, index, src):
         d[dim] = ops.indirect_indexing(il(i), xs[dim], wrap_neg=False)  # eager rejects < 0
         return d
     mode = "atomic_add" if target == aten.scatter_add.default else None
+    if _one_per_row(xs, isize, dim) and not _whole_input(x):
+        # one index per row along ``dim`` (nll_loss's backward, one_hot): a pointwise select that fuses with its
+        # readers, no scatter buffer (a graph input's scatter may instead write into the input: _fresh_copy)
+        xl = loader_as(x, xs, cdt)
+
+        def inner(i):
+            row = [*i[:dim], sympy.Integer(0), *i[dim + 1:]]
+            hit = ops.eq(ops.index_expr(i[dim], torch.int64), ops.index_expr(dest(row)[dim], torch.int64))
+            old, v = xl(i), vload(row)
+            return ops.where(hit, ops.add(old, v) if mode else v, old)
+        return TensorBox.create(Pointwise(device(), x.get_dtype(), inner, xs))
     low = x.get_dtype() in (torch.float16, torch.bfloat16)
     # eager's CPU scatter_add accumulates fp16/bf16 in fp32 (4096 adds of 0.1 in bf16:
     # 410, in bf16 steps 32); its CUDA kernel adds in the low precision, as coil does

@@ -75,6 +75,22 @@ def _wrap_backend(backend: Callable, name: str, options: dict) -> Callable:
 _OWN_ATTRIBUTES = frozenset({"_orig_mod", "_compiled_call", "_rewrap", "_compile_args"})
 
 
+_WARNED_METHODS: set = set()
+
+
+def _warn_uncompiled_method(cls: type, name: str) -> None:
+    """Once per (class, method): a method of the original module reached through the compiled wrapper (HF's
+    ``compiled.generate(...)``) runs the original's code, whose ``self(...)`` calls are not compiled."""
+    if (cls, name) in _WARNED_METHODS:
+        return
+    _WARNED_METHODS.add((cls, name))
+    trace.log("uncompiled_method", stage="api", method=f"{cls.__name__}.{name}")
+    warnings.warn(f"coil: {cls.__name__}.{name} is a method of the original module: called through the compiled "
+                  f"module it runs uncompiled (its self(...) calls the original forward). To compile what it calls, "
+                  f"compile the forward in place: model.forward = coil.compile(model.forward, ...), then call "
+                  f"model.{name}(...).", stacklevel=3)
+
+
 class OptimizedModule(torch.nn.Module):
     """A compiled ``nn.Module``.
 
@@ -131,7 +147,10 @@ class OptimizedModule(torch.nn.Module):
             modules = self.__dict__.get("_modules")
             if modules is None or "_orig_mod" not in modules:  # half-built (unpickling)
                 raise
-            return getattr(modules["_orig_mod"], name)
+            value = getattr(modules["_orig_mod"], name)
+            if getattr(value, "__self__", None) is modules["_orig_mod"] and not name.startswith("_"):
+                _warn_uncompiled_method(type(modules["_orig_mod"]), name)
+            return value
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name == "training":

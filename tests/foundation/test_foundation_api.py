@@ -375,3 +375,35 @@ def test_cudagraph_modes_compile_without_warning(fake_capture):
         for mode in ("reduce-overhead", "max-autotune-no-cudagraphs"):
             coil.compile(lambda x: x, mode=mode, backend="eager")
     assert callable(coil.cudagraph_mark_step_begin)
+
+
+def test_a_method_of_the_original_reached_through_the_compiled_module_warns_once():
+    """``coil.compile(model).generate(...)`` runs the original's code (its ``self(...)`` is the uncompiled forward):
+    a silent eager run. It warns once per method, naming the fix; attributes, submodules and nn.Module's own
+    methods do not warn."""
+    import warnings
+
+    from coil import api
+
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(3, 3)
+
+        def forward(self, x):
+            return self.lin(x)
+
+        def run_twice(self, x):
+            return self(self(x))
+    api._WARNED_METHODS.clear()
+    m = coil.compile(M())
+    x = torch.randn(2, 3)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        m.lin, m.parameters(), m(x)
+        assert not w
+        ref = m.run_twice(x)
+        m.run_twice(x)
+    assert len(w) == 1 and "M.run_twice" in str(w[0].message) and "model.forward = coil.compile" in str(w[0].message)
+    assert w[0].filename == __file__   # the user's line
+    assert torch.allclose(ref, m._orig_mod(m._orig_mod(x)))

@@ -33,7 +33,8 @@ class DynamicTritonLauncher(TritonLauncher):
 
     def __init__(self, name: str, source: str, numel_hint: int, rnumel_hint: int, n_ptrs: int, device_type: str,
                  outer: bool = False, elem_bytes: int = 4, tiled: bool = False, arg_dtypes: Optional[list] = None,
-                 size_hints: Sequence[int] = (), other_sizes: Sequence[Sequence[int]] = (), twin: bool = False):
+                 size_hints: Sequence[int] = (), other_sizes: Sequence[Sequence[int]] = (), twin: bool = False,
+                 persistent: bool = False):
         """``arg_dtypes``: the torch dtype of each tensor argument; ``size_hints``: the example inputs' value of each
         int argument (``xnumel``, [``rnumel``], symbols). ``tiled``: a 2-D tiled pointwise kernel (grid ``(xnumel /
         XBLOCK, rnumel / RBLOCK)``). With both, on a GPU, the configs of the hint sizes' bucket are queued to the
@@ -41,10 +42,13 @@ class DynamicTritonLauncher(TritonLauncher):
         the symbols; once a config is compiled, the binaries of the specialization classes they reach (``xnumel`` not
         divisible by 16 where the hint's was) are queued to the pool behind it, so a later size of that class finds its
         binary compiled (:meth:`_queue_other_classes`). ``twin``: a looped reduction with a persistent twin under the
-        constexpr ``PERSISTENT``, which buckets of rows up to ``config.triton_persistent_rnumel`` run."""
+        constexpr ``PERSISTENT``, which buckets of rows up to ``config.triton_persistent_rnumel`` run. ``persistent``: a
+        reduction with no loop over its (static) row: every config's RBLOCK covers the row (a looped kernel's RBLOCK 16
+        reduced 16 of a 25-element row: eval BatchNorm + average pooling at a dynamic batch on an H100)."""
         self.n_ptrs, self.red, self.twin, self.outer = n_ptrs, rnumel_hint != 1, twin, outer
+        self.persistent = persistent and not twin
         # configs for the example sizes; each bucket chooses again (_for_bucket)
-        super().__init__(name, source, numel_hint, rnumel_hint, False, device_type, outer=outer,
+        super().__init__(name, source, numel_hint, rnumel_hint, self.persistent, device_type, outer=outer,
                          elem_bytes=elem_bytes, tiled=tiled, arg_dtypes=None)
         self.arg_dtypes = list(arg_dtypes) if arg_dtypes is not None else None
         self.base_key, self.other_sizes = self.key, [list(v) for v in other_sizes]
@@ -64,7 +68,7 @@ class DynamicTritonLauncher(TritonLauncher):
         on disk and in process, and pool jobs are per bucket) current; returns the config
         to run without timing (:meth:`TritonLauncher._preset`), or None."""
         n, r = bucket
-        per = self.twin and r <= config.triton_persistent_rnumel  # (RBLOCK: the bucket's r >= rnumel)
+        per = self.persistent or (self.twin and r <= config.triton_persistent_rnumel)  # (RBLOCK: the bucket's r >= rnumel)
         self.configs = launch_configs(n, r, per, self.gpu, self.outer, self.elem_bytes, self.tiled)
         if self.twin:
             self.configs = [dict(c, PERSISTENT=per) for c in self.configs]

@@ -205,7 +205,7 @@ class TritonBackend(KernelBackend):
                                              outer=a["outer"], elem_bytes=a["elem_bytes"], tiled=a["tiled"],
                                              arg_dtypes=dtypes, size_hints=[hint(e) for e in sizes],
                                              other_sizes=_other_sizes(plan, sizes) if dev.type != "cpu" else (),
-                                             twin=k.twin is not None)
+                                             twin=k.twin is not None, persistent=bool(a["persistent"]))
             launcher.written = _written_args(plan, arg_names)
             return GeneratedKernel(kernel_name, source, arg_names, launcher, "triton", size_args=sizes)
         launcher = TritonLauncher(kernel_name, source, a["numel"], a["rnumel"], a["persistent"], dev.type,

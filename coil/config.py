@@ -55,6 +55,11 @@ class Config:
     #: Triton: fuse softmax's sum(exp(x - max)) into the max loop of looped reductions
     #: (running max and rescaled running sum; one read of x fewer).
     triton_online_softmax: bool = True
+    #: Testing: under Triton's CPU interpreter, decide masks and launch configs as for a GPU and run every candidate
+    #: config at a kernel's first launch (per size bucket) on scratch copies, raising when one's values differ from
+    #: the first's: a config the GPU may pick by timing that computes wrong values (a persistent reduction run with a
+    #: looped kernel's RBLOCK) shows on the CPU (docs/testing.md).
+    triton_check_configs: bool = False
     #: Triton: reductions of at most this many elements per output run persistent (one block holds the whole
     #: row); longer ones loop over the row (2048 after an H200 A/B, docs/codegen.md).
     triton_persistent_rnumel: int = 2048

@@ -69,7 +69,8 @@ class DynamicTritonLauncher(TritonLauncher):
         to run without timing (:meth:`TritonLauncher._preset`), or None."""
         n, r = bucket
         per = self.persistent or (self.twin and r <= config.triton_persistent_rnumel)  # (RBLOCK: the bucket's r >= rnumel)
-        self.configs = launch_configs(n, r, per, self.gpu, self.outer, self.elem_bytes, self.tiled)
+        self.configs = launch_configs(n, r, per, self.gpu or config.triton_check_configs, self.outer, self.elem_bytes,
+                                      self.tiled)
         if self.twin:
             self.configs = [dict(c, PERSISTENT=per) for c in self.configs]
         self.key = f"{self.base_key}.b{n}x{r}"
@@ -152,6 +153,9 @@ class DynamicTritonLauncher(TritonLauncher):
         def slow(*a):
             return self.fn[(-(-a[x] // xb),) + ((-(-a[x + 1] // rb),) if rb else ())](*a, **cfg)
         if not self.gpu:
+            if config.triton_check_configs:   # (this bucket's candidates)
+                return self._checked(slow, lambda c, a: self.fn[(-(-a[x] // c["XBLOCK"]),) + (
+                    (-(-a[x + 1] // c["RBLOCK"]),) if self.tiled else ())](*a, **triton_runtime._interpreted(c)))
             return slow
 
         def first(*a):

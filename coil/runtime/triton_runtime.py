@@ -387,6 +387,11 @@ def scratch_copies(args, written: Optional[frozenset] = None) -> tuple:
     return tuple(out)
 
 
+def _interpreted(cfg: dict) -> dict:
+    """A launch config's keyword arguments under Triton's interpreter (no ``num_warps``)."""
+    return {k: v for k, v in cfg.items() if k != "num_warps"}
+
+
 class TritonLauncher:
     """Callable ``launcher(*tensors)`` running one generated kernel."""
 
@@ -399,7 +404,8 @@ class TritonLauncher:
         self.arg_dtypes = list(arg_dtypes) if arg_dtypes is not None else None
         # the code generator dropped masks that are redundant for all of these
         # (codegen/triton/backend.py, mask_exactness): only they may run
-        self.configs = launch_configs(numel, rnumel, persistent, self.gpu, outer, elem_bytes, tiled)
+        self.configs = launch_configs(numel, rnumel, persistent, self.gpu or config.triton_check_configs, outer,
+                                      elem_bytes, tiled)
         # Kernels whose bodies are identical (the same block in every transformer layer) share one module, one
         # JIT-compiled binary and one autotuning result: the name is replaced by a fixed one before hashing.
         canonical, self.compiled_name = canonical_source(source, name)
@@ -463,6 +469,38 @@ class TritonLauncher:
         launch = self.fn[self._grid(cfg)]
         self._slow = lambda *args: launch(*args, **kwargs)
         self._call = self._first_call if self.gpu else self._slow
+        if config.triton_check_configs and self.interpret:
+            self._call = self._checked(self._slow, lambda c, a: self.fn[self._grid(c)](*a, **_interpreted(c)))
+
+    def _checked(self, run: Callable, launch: Callable) -> Callable:
+        """``run``, first checking (``config.triton_check_configs``) that every candidate config gives the values of
+        the first: each runs as ``launch(cfg, args)`` on :func:`scratch_copies` of the first call's arguments, and a
+        written argument that differs (beyond reduction-order rounding) raises AssertionError naming the kernel and
+        the config."""
+        checked = []
+
+        def first(*args):
+            if checked:
+                return run(*args)
+            checked.append(True)
+            ref = None
+            for cfg in self.configs:
+                scratch = scratch_copies(args, getattr(self, "written", None))
+                launch(cfg, scratch)
+                outs = [(i, t) for i, t in enumerate(scratch) if isinstance(t, torch.Tensor) and t is not args[i]]
+                if ref is None:
+                    ref, ref_cfg = outs, cfg
+                    continue
+                for (i, a), (_, b) in zip(ref, outs):
+                    tol = 1e-2 if a.dtype in (torch.float16, torch.bfloat16) else 1e-4
+                    same = torch.allclose(a, b, rtol=tol, atol=tol, equal_nan=True) if a.is_floating_point() \
+                        else torch.equal(a, b)
+                    assert same, (f"Triton kernel {self.name}: argument {i} under launch config {cfg} differs from "
+                                  f"{ref_cfg} (max |diff| {float((a.double() - b.double()).abs().max()):.3g})")
+            if self._call is first:
+                self._call = run
+            return run(*args)
+        return first
 
     def _grid(self, cfg: dict) -> tuple:
         """Programs per axis: x blocks, and for a tiled kernel r blocks too."""

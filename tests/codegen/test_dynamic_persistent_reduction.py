@@ -40,3 +40,24 @@ def test_dynamic_persistent_launcher_configs_cover_the_row():
     assert all(c["RBLOCK"] >= 25 for c in configs)
     looped = triton_runtime.launch_configs(1024, 32, False, True, True)
     assert any(c["RBLOCK"] < 25 for c in looped)   # (what the launcher offered before)
+
+
+def test_config_check_mode_finds_the_wrong_config(monkeypatch):
+    """config.triton_check_configs runs every GPU candidate under the interpreter: with the launcher's persistent flag
+    dropped again (the defect above), the check names the kernel and the config."""
+    import coil.ir.graph as G
+    from coil.config import patch
+    monkeypatch.setattr(G, "_CHANNELS_LAST_DEVICES", ("cuda", "cpu"))
+    real = triton_dynamic.DynamicTritonLauncher.__init__
+
+    def drop_persistent(self, *a, **k):
+        k["persistent"] = False
+        real(self, *a, **k)
+    monkeypatch.setattr(triton_dynamic.DynamicTritonLauncher, "__init__", drop_persistent)
+    torch.manual_seed(10)
+    m = nn.Sequential(nn.Conv2d(3, 8, 3, stride=2), nn.BatchNorm2d(8), nn.AdaptiveAvgPool2d(1), nn.Flatten()).eval()
+    with patch(triton_check_configs=True):
+        c = coil.compile(m, options={"cpu_backend": "triton"})
+        with torch.no_grad(), pytest.raises(Exception, match="under launch config"):
+            for n in (4, 2):
+                c(torch.randn(n, 3, 11, 11))

@@ -62,7 +62,7 @@ def _indent(lines, n):
 def _plan_gpu(plan) -> bool:
     """Whether ``plan`` runs on a GPU (else Triton's CPU interpreter), as the launcher
     decides it: from the device of its first node's buffer."""
-    return plan.buffer(plan.nodes[0].name).get_device().type != "cpu"
+    return plan.buffer(plan.nodes[0].name).get_device().type != "cpu" or config.triton_check_configs
 
 
 def launch_args(plan, gpu: bool, outer: bool) -> dict:

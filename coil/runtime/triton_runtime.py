@@ -495,8 +495,10 @@ class TritonLauncher:
                     tol = 1e-2 if a.dtype in (torch.float16, torch.bfloat16) else 1e-4
                     same = torch.allclose(a, b, rtol=tol, atol=tol, equal_nan=True) if a.is_floating_point() \
                         else torch.equal(a, b)
-                    assert same, (f"Triton kernel {self.name}: argument {i} under launch config {cfg} differs from "
-                                  f"{ref_cfg} (max |diff| {float((a.double() - b.double()).abs().max()):.3g})")
+                    if not same:
+                        raise AssertionError(f"Triton kernel {self.name}: argument {i} under launch config {cfg} "
+                                             f"differs from {ref_cfg} (max |diff| "
+                                             f"{float((a.double() - b.double()).abs().max()):.3g})")
             if self._call is first:
                 self._call = run
             return run(*args)

@@ -181,3 +181,19 @@ def test_backward_after_writing_an_output_eager_saved_raises(coil_reset):
                 assert "modified by an inplace operation" in str(e)
                 results.append("raise")
         assert results == ["raise" if raises else "ok"] * 2
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# FINDINGS_64, left open there: ``1.0 / x.nonzero().shape[0]`` at no nonzero element (AOT retraced nonzero into a
+# new symbol, which capture's divisor check did not name) gave nan; it raises eager's ZeroDivisionError now.
+# ---------------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_division_by_a_count_of_nonzeros_that_is_zero_raises(coil_reset, grad):
+    def f(x):
+        return x * (1.0 / x.nonzero().shape[0])
+    cf = coil.compile(f)
+    x = torch.tensor([1.0, 0.0, 2.0], requires_grad=grad)
+    torch.testing.assert_close(cf(x), f(x))
+    with pytest.raises(ZeroDivisionError):
+        cf(torch.zeros(3, requires_grad=grad))

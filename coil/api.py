@@ -85,10 +85,10 @@ def _warn_uncompiled_method(cls: type, name: str) -> None:
         return
     _WARNED_METHODS.add((cls, name))
     trace.log("uncompiled_method", stage="api", method=f"{cls.__name__}.{name}")
-    warnings.warn(f"coil: {cls.__name__}.{name} is a method of the original module: called through the compiled "
-                  f"module it runs uncompiled (its self(...) calls the original forward). To compile what it calls, "
-                  f"compile the forward in place: model.forward = coil.compile(model.forward, ...), then call "
-                  f"model.{name}(...).", stacklevel=3)
+    warnings.warn(f"coil: {cls.__name__}.{name} is a method of the original module and runs its code as written: a "
+                  f"call of the model inside it (self(...), the forward calls of Hugging Face's generate) is not "
+                  f"compiled. To compile those calls, compile the forward in place: model.forward = "
+                  f"coil.compile(model.forward, ...), then call model.{name}(...).", stacklevel=3)
 
 
 class OptimizedModule(torch.nn.Module):

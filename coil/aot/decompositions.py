@@ -198,7 +198,7 @@ def _log_softmax(x, dim, half_to_float):
     """torch's decomposition, but over the last dim of fp16 / bf16 on CPU as eager's kernel: the sum of exponentials
     and its log rounded to x's dtype (torch's, in float32 throughout, differed by an ulp in a fifth of the values)."""
     if x.device.type != "cpu" or x.dtype not in (torch.float16, torch.bfloat16) or half_to_float or x.dim() == 0 \
-            or dim % x.dim() != x.dim() - 1:
+            or dim % x.dim() != x.dim() - 1 or x.numel() == 0:  # (amax of an empty row raises; eager gives empty)
         return _TORCH_LOG_SOFTMAX(x, dim, half_to_float)
     xf = aten._to_copy.default(x, dtype=torch.float32)
     shifted = aten.sub.Tensor(xf, aten.amax.default(xf, [dim], True))

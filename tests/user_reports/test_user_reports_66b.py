@@ -197,3 +197,14 @@ def test_division_by_a_count_of_nonzeros_that_is_zero_raises(coil_reset, grad):
     torch.testing.assert_close(cf(x), f(x))
     with pytest.raises(ZeroDivisionError):
         cf(torch.zeros(3, requires_grad=grad))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(1, 0), (0, 3), (2, 0, 4)])
+def test_low_precision_log_softmax_of_an_empty_tensor(coil_reset, dtype, shape):
+    """Trial 66's CPU rounding decomposition of fp16 / bf16 log_softmax took amax over an empty last dim and failed
+    to compile (fuzz seed 2028 #341); eager returns the empty result."""
+    x = torch.empty(shape, dtype=dtype)
+    for fn in (lambda t: torch.log_softmax(t, -1), lambda t: torch.log_softmax(t, 0)):
+        out = coil.compile(fn)(x)
+        assert out.shape == fn(x).shape and out.dtype == dtype

@@ -743,7 +743,7 @@ def _one_per_row(xs: list, isize: list, dim: int) -> bool:
     and ``xs``'s size along every other dim, so each element of the result is written at most once and the scatter
     is ``where(i[dim] == index[row], src[row], x[i])`` (as eager, whatever the order of writes)."""
     return len(isize) == len(xs) and isize[dim] == 1 and all(
-        d == dim or sympy.simplify(as_expr(isize[d]) - as_expr(xs[d])) == 0 for d in range(len(xs)))
+        d == dim or as_expr(isize[d]) == as_expr(xs[d]) for d in range(len(xs)))
 
 
 @register_lowering(aten.scatter.src, aten.scatter.value, aten.scatter_add)

@@ -150,12 +150,14 @@ class DynamicTritonLauncher(TritonLauncher):
         if self.interpret:
             cfg.pop("num_warps", None)
 
+        def grid(c: dict, a: tuple) -> tuple:
+            return (-(-a[x] // c["XBLOCK"]),) + ((-(-a[x + 1] // c["RBLOCK"]),) if self.tiled else ())
+
         def slow(*a):
-            return self.fn[(-(-a[x] // xb),) + ((-(-a[x + 1] // rb),) if rb else ())](*a, **cfg)
+            return self.fn[grid(cfg, a)](*a, **cfg)
         if not self.gpu:
             if config.triton_check_configs:   # (this bucket's candidates)
-                return self._checked(slow, lambda c, a: self.fn[(-(-a[x] // c["XBLOCK"]),) + (
-                    (-(-a[x + 1] // c["RBLOCK"]),) if self.tiled else ())](*a, **triton_runtime._interpreted(c)))
+                return self._checked(slow, lambda c, a: self.fn[grid(c, a)](*a, **triton_runtime._interpreted(c)))
             return slow
 
         def first(*a):

@@ -465,7 +465,7 @@ class TritonLauncher:
 
     def _choose(self, cfg: dict) -> None:
         self.chosen = dict(cfg)
-        kwargs = {k: v for k, v in cfg.items() if not (self.interpret and k == "num_warps")}
+        kwargs = _interpreted(cfg) if self.interpret else cfg
         launch = self.fn[self._grid(cfg)]
         self._slow = lambda *args: launch(*args, **kwargs)
         self._call = self._first_call if self.gpu else self._slow

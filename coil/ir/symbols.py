@@ -241,6 +241,8 @@ class FloorDiv(sympy.Function):
             return sympy.Integer(int(a) // int(b))
         if isinstance(a, FloorDiv):
             return FloorDiv(a.args[0], a.args[1] * b)
+        if isinstance(a, Mod) and _known_le(a.args[1], b):
+            return sympy.Integer(0)  # (x % c) // b with c <= b
         if a.is_Add:
             # (k*b*y + rest) // b -> k*y + rest // b when rest >= 0 ((rindex + 1024*(xindex // 3072)) // 512 in split
             # bias-gradient reductions became 2*(xindex // 3072) + rindex // 512). Only for a provably non-negative
@@ -296,6 +298,14 @@ class Mod(sympy.Function):
             return sympy.Integer(0)
         if a.is_Integer and b.is_Integer:
             return sympy.Integer(int(a) % int(b))
+        if isinstance(a, Mod):
+            # (x % c) % b: x % c when c <= b (it is already below b), x % b when b | c (exact for any integer x);
+            # window partitions nested a dozen of these, and simplifying them dominated Swin-T's compile
+            c = a.args[1]
+            if _known_le(c, b):
+                return a
+            if _divides(b, c):
+                return Mod(a.args[0], b)
         if a.is_Add:
             # drop multiples of b, unless what is left may be negative: the generated code's % (C, Triton) keeps the
             # sign of the dividend, so Mod(30 - i, 6) -> Mod(-i, 6) gave negative indices (user report 5)

@@ -554,6 +554,9 @@ def _compile(fn, example_inputs, fw_compiler, bw_compiler, partition_fn, decompo
     _clone_saved_mutated_inputs(part.fw, info, n_fw, part.num_saved)
     part.fw.meta["coil_saved_outputs"] = (n_fw, n_fw + part.num_saved)
     part.fw.meta["coil_free_layout_outputs"] = info.free_layout_outputs
+    if config.inplace_input_writes:  # new values of mutations autograd does not see: may be stored over the input
+        part.fw.meta["coil_mutated_inputs"] = {k: j for k, j in enumerate(info.mutated_inputs) if
+                                               info.inputs[j].mutation_hidden and not info.fw_out_requires_grad[k]}
     compiled_fw = fw_compiler(part.fw, _placeholder_fakes(part.fw))
     bw_fakes = _saved_layouts(_placeholder_fakes(part.bw), getattr(compiled_fw, "output_strides", None),
                               n_fw, part.num_saved, fake_mode)

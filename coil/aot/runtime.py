@@ -145,6 +145,17 @@ def _make_epilogue(info: ProgramInfo) -> Callable:
     # all mutations hidden (BatchNorm's running statistics): a copy per (device, dtype) group of the inputs (fixed by
     # the guards; from the first call), not the per-input Python loop below (~1 µs an input)
     all_hidden, copy_groups, shape = n_mut > 1 and all(hidden), [], operator.attrgetter("shape")
+    # whether every mutated input keeps its shape: with static shapes the same on every call, so decided on the first
+    # (192 inputs: ~30 µs a call); with symbolic ones (fake_inputs kept) on each
+    kept_shapes: Any = [] if info.fake_inputs is None else None
+
+    def keeps_shapes(ins, vals) -> bool:
+        if kept_shapes:
+            return kept_shapes[0]
+        same = all(map(operator.eq, map(shape, ins), map(shape, vals)))
+        if kept_shapes is not None:
+            kept_shapes.append(same)
+        return same
     n_graph = len(info.graph_outputs)
     spec = info.out_spec
     flat_tuple = spec.num_leaves == spec.num_nodes - 1 and spec.type in (tuple, list)
@@ -222,8 +233,7 @@ def _make_epilogue(info: ProgramInfo) -> Callable:
         written, ins = [], mutated_of(args) if n_mut else ()
         if all(map(operator.is_, vals, ins)):  # each written in place (below): one C pass
             written, ins = list(ins), ()
-        elif all_hidden and not any(map(operator.is_, vals, ins)) and all(map(operator.eq, map(shape, ins),
-                                                                               map(shape, vals))):
+        elif all_hidden and not any(map(operator.is_, vals, ins)) and keeps_shapes(ins, vals):
             if not copy_groups:
                 copy_groups[:] = [index_getter([i for i, _ in g]) for g in dtype_groups(list(enumerate(ins)))]
             with torch.no_grad():
@@ -487,20 +497,24 @@ def training_runner(compiled_fw: Callable, compiled_bw: Callable, info: ProgramI
     epilogue, n_fw = _make_epilogue(info), info.num_fw_outputs
     compiled_fw = without_autocast(cudagraphify(compiled_fw, "forward", (n_fw, n_fw + num_saved)))
     n_in = len(info.inputs)
-    nondiff = [k for k, rg in enumerate(info.fw_out_requires_grad) if not rg]
+    n_mut = len(info.mutated_inputs)
+    # the new values of leading mutated inputs that autograd never differentiates (BatchNorm's running statistics)
+    # leave the Function through ``box``, beside its outputs, whose slots hold None: autograd's C wrapping and
+    # mark_non_differentiable cost about 0.5 µs an output (a RegNet step's 192 running statistics and counters)
+    n_side = next((k for k in range(n_mut) if info.fw_out_requires_grad[k]), n_mut)
+    nondiff = [k for k, rg in enumerate(info.fw_out_requires_grad) if not rg and k >= n_side]
     tangent_pos = [k for k, rg in enumerate(info.fw_out_requires_grad) if rg]
     grad_slots = [i for i, none in zip(jinfo.grad_inputs, jinfo.grad_is_none) if not none]
     backwards = {} if compiled_bw is None else {((), ()): (without_autocast(cudagraphify(compiled_bw, "backward")),
                                                            grad_slots, compiled_bw)}
     # differentiable outputs of a symbolic shape: a missing gradient's zeros take this call's (forward keeps it)
     sym_shape = [k for k in tangent_pos if _has_symint(info.fw_out_meta[k][0])]
-    computed = range(len(info.mutated_inputs), n_fw)  # (a mutated input's value may be the input itself)
-    n_mut = len(info.mutated_inputs)
+    computed = range(n_mut, n_fw)  # (a mutated input's value may be the input itself)
     watch = [(n_mut + o.index, [n_mut + i for i in o.saved]) for o in info.outputs if o.kind == "graph" and o.saved]
 
     class CompiledFunction(torch.autograd.Function):
         @staticmethod
-        def forward(ctx, *args):
+        def forward(ctx, box, *args):
             vals = compiled_fw(*(args[:n_in] if anchor else args))
             saved = vals[n_fw: n_fw + num_saved]
             # tensor_mask None: every saved value is a tensor (one C pass, no per-value lists)
@@ -509,13 +523,16 @@ def training_runner(compiled_fw: Callable, compiled_bw: Callable, info: ProgramI
             ctx.others = [s for s, t in zip(saved, mask) if not t] if mask else ()
             if kept := saved if mask is None else [s for s, t in zip(saved, mask) if t]:
                 ctx.save_for_backward(*kept)  # (else nothing is freed: a second backward runs, as eager's would)
-            outs = tuple(vals[:n_fw])
+            outs = tuple(vals[:n_fw]) if not n_side else (None,) * n_side + tuple(vals[n_side:n_fw])
             if any(isinstance(outs[k], torch.Tensor) and outs[k]._is_view() for k in computed):
                 outs = _own_outputs(outs, computed, vals, args)
+            # one value returned as both (an input's new value written where autograd does not see it and an
+            # output: a.detach().mul_(b)): marking it would leave the output without its gradient
+            diff = {id(outs[k]) for k in tangent_pos} if nondiff or n_side else ()
+            if n_side:
+                box.extend(vals[:n_side] if diff.isdisjoint(map(id, vals[:n_side])) else
+                           [v.detach() if id(v) in diff else v for v in vals[:n_side]])
             if nondiff:
-                # one value returned as both (an input's new value written where autograd does not see it and an
-                # output: a.detach().mul_(b)): marking it would leave the output without its gradient
-                diff = {id(outs[k]) for k in tangent_pos}
                 if any(id(outs[k]) in diff for k in nondiff):
                     outs = tuple(o.detach() if k in nondiff and id(o) in diff else o for k, o in enumerate(outs))
                 ctx.mark_non_differentiable(*[outs[k] for k in nondiff])
@@ -531,11 +548,11 @@ def training_runner(compiled_fw: Callable, compiled_bw: Callable, info: ProgramI
         def backward(ctx, *grad_outs):
             hit = getattr(ctx, "reached", None)
             if anchor:
-                return (None,) * (n_in + 1)
+                return (None,) * (n_in + 2)
             if not hit and all(g is None for g in grad_outs):
                 # reached with no gradient (a buffer overwritten by copy_ in a later call: that call's node passes
                 # None to this one's history): nothing to compute, and eager never reads this node's saved values
-                return (None,) * n_in
+                return (None,) * (n_in + 1)
             for k, ks, t, v in ctx.watch:   # eager's backward reads a value saved in this output's memory
                 if t._version != v and any(grad_outs[i] is not None for i in ks):
                     raise RuntimeError("one of the variables needed for gradient computation has been modified by an "
@@ -574,7 +591,7 @@ def training_runner(compiled_fw: Callable, compiled_bw: Callable, info: ProgramI
             else:
                 grads = _BackwardOnce.apply(run_bw, *saved, *tangents)
             result = dict(zip(slots, grads))
-            return tuple(map(result.get, range(n_in)))
+            return (None, *map(result.get, range(n_in)))  # (None: box)
 
     CompiledFunction.__name__ = "CoilCompiledFunction"
     # inputs that get no gradient enter autograd's node detached: eager's backward never reaches their history, and
@@ -589,9 +606,12 @@ def training_runner(compiled_fw: Callable, compiled_bw: Callable, info: ProgramI
     def apply(*args):
         # CompiledFunction.apply without its Python prologue (~1 µs an argument): with no functorch transform active
         # and tensor arguments only, that unwraps dead functorch wrappers and calls torch's C apply, as this does
+        box: list = []
         if not _functorch_active() and all(map(isinstance, args, _TENSOR)):
-            return c_apply(*map(_unwrap_if_dead, args))
-        return CompiledFunction.apply(*args)
+            vals = c_apply(box, *map(_unwrap_if_dead, args))
+        else:
+            vals = CompiledFunction.apply(box, *args)
+        return (*box, *vals[n_side:]) if n_side else vals
 
     def run(*args):
         fargs = [a.detach() if i in no_grad else a for i, a in enumerate(args)] if no_grad else args

@@ -13,6 +13,7 @@ Everything goes to the compile log: the loop IR, fusion decisions, kernel source
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 import re
 import warnings
 from typing import Callable
@@ -21,7 +22,7 @@ import torch
 
 from coil import trace
 from coil.codegen.backend import GeneratedKernel, get_kernel_backend
-from coil.codegen.common import KernelPlan
+from coil.codegen.common import KernelPlan, layout_key
 from coil.codegen.tiling import tile_pointwise
 from coil.config import config
 from coil.exc import LINALG_ERROR_MESSAGE, ZERO_DIVISION_MARK, CoilError, KernelCompileError, refuse_fallback
@@ -200,6 +201,24 @@ def _ownable_buffers(graph, out_names: set) -> set:
         and not any(r.alias_info is not None for r in b.op._schema.returns))}
 
 
+def _input_targets(gm, graph, out_names: set) -> dict:
+    """{input name: buffer name} for the inputs aot lets the graph write (``gm.meta["coil_mutated_inputs"]``, output k
+    is the new value of input j: in a training forward, mutations hidden from autograd such as BatchNorm's running
+    statistics) whose new value a kernel computes, in the input's layout, and no other output shares. The kernel that
+    alone reads such an input may store the value over it (KernelPlan.inplace): the epilogue copies nothing back."""
+    if not config.inplace_buffers:
+        return {}
+    counts = Counter(o.name for o in graph.outputs)
+    targets = {}
+    for k, j in (gm.meta.get("coil_mutated_inputs") or {}).items():
+        o, name = graph.outputs[k], graph.placeholder_names[j]
+        b, inp = graph.name_to_buffer.get(o.name), graph.graph_inputs.get(name)
+        if o.kind == "buffer" and type(b) is ComputedBuffer and counts[o.name] == 1 and inp is not None and \
+                name not in out_names and layout_key(b.layout) == layout_key(inp.layout):
+            targets[name] = o.name
+    return targets
+
+
 def _compile(gm, example_inputs, device, env) -> "CompiledGraph":
     if config.matmul_float32_grads:
         upcast_matmuls(gm)
@@ -213,6 +232,7 @@ def _compile(gm, example_inputs, device, env) -> "CompiledGraph":
                 readers.setdefault(n, set()).add(id(s))
         out_names = {o.name for o in graph.outputs if o.name is not None}
         ownable = _ownable_buffers(graph, out_names) if config.inplace_buffers else set()
+        targets = _input_targets(gm, graph, out_names)
         kernels: dict[int, _Kernel] = {}
         ki = 0
         with trace.stage("kernels"):
@@ -220,7 +240,8 @@ def _compile(gm, example_inputs, device, env) -> "CompiledGraph":
                 if not isinstance(s, FusedGroup):
                     continue
                 live = {n for n in s.names if n in out_names or readers.get(n, set()) - {id(s)}}
-                dead = frozenset(n for n in s.read_names() if n in ownable and readers.get(n) == {id(s)})
+                dead = {n: targets.get(n) for n in s.read_names() if (n in ownable or targets.get(n) in s.names)
+                        and readers.get(n) == {id(s)}}
                 # a CPU group in a GPU graph (``torch.rand([])`` for layerdrop) gets the CPU
                 # backend: Triton would run it in its interpreter, ~10 ms a launch
                 gdev = s.nodes[0].get_device()
@@ -257,5 +278,9 @@ def _compile(gm, example_inputs, device, env) -> "CompiledGraph":
     compiled = CompiledGraph(call, source, [k.generated for k in kernels.values()],
                              dict(graph.fallbacks), sched, gm, graph.output_strides)
     compiled.call_boxed = glb.get("call_boxed")
-    compiled.writes_inputs = tuple(graph.inputs_written)
+    stored_over = {n for k in kernels.values() for n in k.plan.inplace.values()}
+    compiled.writes_inputs = tuple(graph.inputs_written) + tuple(
+        j for j, n in enumerate(graph.placeholder_names) if n in targets and n in stored_over)
+    if len(compiled.writes_inputs) > len(graph.inputs_written):
+        trace.log("inputs_written_in_place", stage="codegen", inputs=list(compiled.writes_inputs))
     return compiled

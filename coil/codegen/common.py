@@ -51,7 +51,7 @@ class KernelPlan:
     """One kernel's plan (see module docstring)."""
 
     def __init__(self, group, graph, live_after: set, persistent_limit: int = PERSISTENT_RNUMEL,
-                 tiled: bool = False, persistent: bool = False, dead_inputs: frozenset = frozenset()):
+                 tiled: bool = False, persistent: bool = False, dead_inputs: dict | None = None):
         # ints; sympy expressions in the ShapeEnv's symbols when sizes are dynamic
         self.numel, self.rnumel = as_size(group.numel), as_size(group.rnumel)
         #: a 2-D tiled pointwise kernel over (numel, rnumel) (codegen/tiling.py): one
@@ -89,15 +89,17 @@ class KernelPlan:
             if n not in own))
         self.output_names = [pn.name for pn in self.nodes if pn.name in live_after or pn.name in cross_section]
         self.removed_names = [pn.name for pn in self.nodes if pn.name not in self.output_names]
-        #: {output: input}: an output stored over an input's memory (the caller's ``dead_inputs``: buffers of
-        #: this graph's own kernels or non-aliasing extern ops that no later step reads). Backends address both
-        #: through the input's pointer; the wrapper binds the output's name to the input's tensor
+        #: {output: input}: an output stored over an input's memory (the caller's ``dead_inputs``, {name: None, or
+        #: the only output that may take it}: buffers of this graph's own kernels or non-aliasing extern ops that no
+        #: later step reads; a graph input for its new value). Backends address both through the input's pointer;
+        #: the wrapper binds the output's name to the input's tensor
         self.dead_inputs, self.inplace = dead_inputs, self._inplace_pairs(dead_inputs) if dead_inputs else {}
 
-    def _inplace_pairs(self, dead: frozenset) -> dict:
+    def _inplace_pairs(self, dead: dict) -> dict:
         """Pairs whose element-by-element overwrite is safe: every load of the input, in this kernel, is at the
         index the output is stored at (so each element is read by the program that writes it, before it writes
-        it), no node after the storing one loads the input, and both buffers have one layout."""
+        it), no node after the storing one loads the input, both buffers have one layout, and the output is the
+        one ``dead`` names for the input, if any."""
         loads: dict = {}   # input -> (its load indices, position of the last node loading it)
         for pos, pn in enumerate(self.nodes):
             for n, e in kernel_deps(pn.buffer, self.numel, self.rnumel).loads:
@@ -111,7 +113,7 @@ class KernelPlan:
             lay = layout_key(pn.buffer.layout)
             for n, (idx, last) in loads.items():
                 if n not in pairs.values() and last <= pos and idx == {stores[0][1]} and \
-                        layout_key(self.buffer(n).layout) == lay:
+                        layout_key(self.buffer(n).layout) == lay and dead[n] in (None, pn.name):
                     pairs[pn.name] = n
                     break
         return pairs

@@ -2,29 +2,18 @@
 leave the autograd Function beside it (aot/runtime.py ``training_runner``), and a kernel that alone reads such an input
 stores the new value over it (codegen ``_input_targets``, KernelPlan.inplace); the inputs still get eager's values and
 versions, and gradients and the differentiable mutations after them are unchanged."""
-import json
-import os
-import tempfile
-
 import pytest
 import torch
 import torch.nn as nn
+from test_inputs_written_in_place import _records
 
 import coil
-from coil import trace
 from coil.testing import assert_same_as_eager
 
 
 def _written(run) -> list:
     """The input indices the codegen log says a compiled graph stores over (inputs_written_in_place)."""
-    d = tempfile.mkdtemp()
-    trace.set_dir(d)
-    try:
-        run()
-    finally:
-        trace.set_dir(None)
-    recs = [json.loads(ln) for f in os.listdir(d) if f.endswith(".jsonl") for ln in open(os.path.join(d, f))]
-    return [r["inputs"] for r in recs if r["event"] == "inputs_written_in_place"]
+    return [r["inputs"] for r in _records(run) if r["event"] == "inputs_written_in_place"]
 
 
 @pytest.mark.parametrize("backend", ["cpp", "triton"])

@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import re
 import statistics
+
+from broad_latest import geomean
 
 
 def load(paths: list[str], card: str) -> dict:
@@ -81,7 +82,7 @@ def summary(latest: dict, models: list[str], modes: tuple) -> str:
         rows = [r for (m, md), r in latest.items() if md == mode]
         both = [ratio(r) for r in rows if r["coil"]["status"] == "pass" and r["tc"]["status"] == "pass"
                 and ratio(r) is not None]
-        gm = math.exp(sum(map(math.log, both)) / len(both)) if both else float("nan")
+        gm = geomean(both) if both else float("nan")
         lines.append(f"{mode}: {len(rows)} rows; coil / torch.compile geomean {gm:.3f} over the {len(both)} where both "
                      f"pass, min {min(both, default=float('nan')):.2f}")
         bad = [f"{r['model']} ({r['coil']['status']}, fallbacks {r['coil'].get('codegen_fallbacks')})" for r in rows

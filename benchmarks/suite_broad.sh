@@ -8,6 +8,7 @@
 #   MODELS="b_swin_tiny b_gpt2" runs those instead of a batch;
 #   MODES="bf16" (default "bf16 train"); STRICT=1 sets COIL_STRICT_CODEGEN=1 (a codegen
 #     fallback is then the row's error instead of a count in its "fallbacks" column);
+#   ROW_TIMEOUT=s (default 150) bounds one model and mode;
 #   MERGE=1 merges every $OUT/broad_*.json into $OUT/broad.{md,json} (no device needed).
 # Results: $OUT/broad_<batch>.{json,md,txt,log}, machine.txt.
 # Usage: BATCH=0 bash benchmarks/suite_broad.sh
@@ -57,7 +58,7 @@ step "broad batch $TAG: $SEL"
 LEFT=$(( CALL_BUDGET - ($(date +%s) - START) - 20 ))
 timeout -k 5 $(( LEFT + 15 )) "$PY" -m coil.cli bench --suite broad --isolate --paired \
   --budget "$LEFT" --mode $MODES --model $SEL --compiler eager coil inductor --repeat 10 \
-  --max-timing 20 --row-timeout 150 --no-warm-compile \
+  --max-timing 20 --row-timeout "${ROW_TIMEOUT:-150}" --no-warm-compile \
   --json "$OUT/broad_$TAG.json" --markdown "$OUT/broad_$TAG.md" --no-progress \
   >"$OUT/broad_$TAG.txt" 2>"$OUT/broad_$TAG.log"
 cat "$OUT/broad_$TAG.txt"

@@ -480,7 +480,7 @@ def make_reduction(x: TensorBox, dims, keepdim: bool, reduction_type: str,
         # many outputs along contiguous memory (x.sum(0), x[a, r, c].sum(1))
         leading = dims[-1] < (kept[0] if kept else nd) or (kept[-1] == nd - 1 if kept else False)
         if kept and reduction_type in SPLITTABLE and is_static(numel_r) and numel_r >= 2048:
-            inner_dim = _memory_inner_dim(x, size)  # a channels-last or transposed input
+            inner_dim = _memory_inner_dim(x, size, kept)  # a channels-last or transposed input
             leading = leading if inner_dim is None else inner_dim in kept
         if not all(is_static(r) for r in list(ranges) + [numel_r]):
             split, reason = 1, "symbolic_sizes"  # one kernel for every size: never split
@@ -501,15 +501,18 @@ def make_reduction(x: TensorBox, dims, keepdim: bool, reduction_type: str,
     return box
 
 
-def _memory_inner_dim(x: TensorBox, size: list) -> Optional[int]:
+def _memory_inner_dim(x: TensorBox, size: list, kept: list) -> Optional[int]:
     """The dim of ``x`` that most of its loads step through contiguously (index coefficient 1), or None when no load
     says: the memory order a split reduction's partials follow (:func:`_split_reduction`). A channels-last ``(N, C, H,
     W)`` input gives 1, so BatchNorm's statistics over ``(N, H, W)`` split as a leading reduction (partials along C,
-    loads coalesced), not as rows of stride-C loads."""
+    loads coalesced), not as rows of stride-C loads. Loads the same for every output (no kept dim in their index, such
+    as LayerNorm's per-token mean and rstd in its weight gradient) do not vote: they are short and broadcast along
+    the outputs, as the Triton kernel's outer-reduction test also counts them (codegen/triton/kernel.py)."""
     idx, h = [sym(f"i{d}") for d in range(len(size))], DependencyRecorder()
     with set_ops_handler(h):
         x.make_loader()(idx)
-    votes = Counter(d for _, e in h.loads if isinstance(e, sympy.Expr)
+    varying = {idx[d] for d in kept if size[d] != 1}
+    votes = Counter(d for _, e in h.loads if isinstance(e, sympy.Expr) and e.free_symbols & varying
                     for d, s in enumerate(idx) if size[d] != 1 and sympy.expand(e).coeff(s) == 1)
     return votes.most_common(1)[0][0] if votes else None
 

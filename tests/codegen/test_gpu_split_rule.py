@@ -188,3 +188,18 @@ def test_bias_grad_of_1024_rows_split_on_gpu_plan(gpu_plan, tmp_path):
     args = (torch.randn(1024, 512, generator=gen), torch.randn(1024, 512, generator=gen))
     splits = _split_events(tmp_path, f, *args, atol=1e-4, rtol=1e-4)
     assert splits and all(e["split"] == 16 and e["reason"] == "gpu_leading_few_programs" for e in splits)
+
+
+def test_per_row_statistics_do_not_decide_the_memory_order(gpu_plan, tmp_path):
+    """A LayerNorm weight gradient over (B, H, W) of a (B, H, W, C) gradient also loads the per-token mean and rstd,
+    whose index steps through W with coefficient 1. Those broadcast loads outvoted the one full load, the reduction was
+    planned as 192 rows of stride-C loads and ran unsplit on 6 programs (timm Swin-T training on an H200: 0.9 ms a
+    kernel); only loads that vary along the kept dim vote."""
+    def f(g, mean, rstd):
+        return (g * mean * rstd).sum((0, 1, 2))
+
+    gen = torch.Generator().manual_seed(6)
+    args = (torch.randn(4, 32, 32, 192, generator=gen), torch.randn(4, 32, 32, 1, generator=gen),
+            torch.rand(4, 32, 32, 1, generator=gen))
+    (e,) = _split_events(tmp_path, f, *args, atol=1e-3, rtol=1e-4)
+    assert e["leading"] is True and e["split"] > 1, e

@@ -321,7 +321,7 @@ def test_padded_matmul_k(backend, monkeypatch):
     # the addmm still goes through the wrapper's matmul_padded
     assert c.source.count("matmul_padded(") == 1, c.source
     assert c.source.count("(1024, 1032), (1032, 1)") == 1, c.source
-    assert "reinterpret(buf0, (1032, 1024), (1, 1032), 0)" in c.source, c.source
+    assert "view_of(buf0, (1032, 1024), (1, 1032), 0)" in c.source, c.source
     out, ref = c(g, w, x), f(g, w, x)
     for o, r in zip(out, ref):
         assert o.stride() == r.stride(), (o.stride(), r.stride())
@@ -464,3 +464,33 @@ def test_matmul_padded_copies_operands_in_their_own_order(a_cols_major, b_cols_m
     assert c.shape == (m, 24) and (c.stride() == (1, 40) if a_cols_major else c.stride() == (24, 1))
     torch.testing.assert_close(c[:, :k], a)
     assert not c[:, k:].any()
+
+
+def test_internal_views_skip_dispatch_unless_a_mode_is_on():
+    """Views the wrapper only hands to extern kernels are ATen aliases made without dispatch (``view_of``; ~575 a
+    step in ALBERT's training graph); under a TorchDispatchMode they go through ``as_strided`` so the mode sees them,
+    and the values are the same either way. Graph outputs keep ``reinterpret`` (as_strided's view tracking)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from codegen_helpers import compile_fn
+
+    class Seen(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    def f(a, b):
+        return (a.exp() + 1).t() @ b
+
+    a, b = torch.randn(6, 5), torch.randn(6, 4)
+    c = compile_fn(f, a, b)
+    assert "view_of(buf0, (5, 6), (1, 5), 0)" in c.source, c.source
+    torch.testing.assert_close(c(a, b)[0], f(a, b))
+    mode = Seen()
+    with mode:
+        out = c(a, b)[0]
+    torch.testing.assert_close(out, f(a, b))
+    assert "as_strided" in mode.ops, mode.ops

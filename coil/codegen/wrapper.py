@@ -405,8 +405,8 @@ class WrapperCodegen:
                     continue
                 if b.name in inplace:
                     L.append(f"    {b.name} = {inplace[b.name]}  # in place")
-                elif pool.get(k):
-                    L.append(f"    {b.name} = {pool[k].pop()}  # reuse")
+                elif pool.get(k):  # (the old name is dropped: bound, it would hold the buffer to the return)
+                    L.append(f"    {b.name} = {(old := pool[k].pop())}  # reuse\n    del {old}")
                 else:
                     L.append(self._empty(b))
                 ours.add(b.name)

@@ -364,6 +364,12 @@ class WrapperCodegen:
         reads = [rs + [r for n in rs for r in roots.get(n, ())] for rs in reads]
         out_names |= {r for n in list(out_names) for r in roots.get(n, ())}
         last_use: dict[str, int] = {n: i for i, rs in enumerate(reads) for n in rs}
+        scatter_targets = {b.target.get_name() for b in g.buffers if isinstance(b, ScatterBuffer)}
+        for i, bs in enumerate(allocs):  # read only by the kernel that writes it (a C++ softmax's exp): freed after it
+            for b in bs:
+                if type(b) is ComputedBuffer and b.get_name() not in scatter_targets \
+                        and last_use.setdefault(b.get_name(), i) == i:
+                    reads[i].append(b.get_name())
         def key(b: Buffer):
             return layout_key(b.layout)
         # outputs stored over a dead input (KernelPlan.inplace): the input's storage is the output's from then on
@@ -377,7 +383,6 @@ class WrapperCodegen:
                 if b.get_name() not in inplace and not isinstance(b, ConcatSlice):
                     alloc_steps.setdefault(key(b), []).append(i)
         pool: dict[tuple, list[str]] = {}
-        scatter_targets = {b.target.get_name() for b in g.buffers if isinstance(b, ScatterBuffer)}
         ours: set[str] = set()
         bound_late: set = set()  # unbacked sizes bound from extern outputs (_bind_unbacked)
         params = ", ".join(g.placeholder_names)

@@ -251,6 +251,12 @@ class InstructionTranslatorBase:
                 if e.location is None:
                     e.location = self.location()
             raise
+        except (ReturnValue, RestartAnalysis):
+            raise
+        except Exception as e:  # (an internal error) where capture stopped: the fallback warning names it
+            if getattr(e, "coil_location", None) is None:
+                e.coil_location = self.location()
+            raise
 
     def user_frames(self) -> list[tuple[str, Optional[int], str]]:
         """``(filename, line, function)`` of the user's frames, outermost first (coil's own

@@ -21,7 +21,7 @@ from coil import capture, config as _config
 from coil import trace
 from coil.backends import list_backends, lookup_backend
 from coil.backends.registry import log_backend_failure
-from coil.exc import BackendCompilerFailed, UserError
+from coil.exc import BackendCompilerFailed, UserError, warn_user
 
 MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
@@ -249,8 +249,7 @@ def compile(fn_or_module: Union[Callable, torch.nn.Module, None] = None, *,
             # the step eagerly behind a compiled-looking wrapper
             why = f"{type(target.__self__).__name__}.{target.__name__}: optimizer steps are not compiled by coil yet"
             trace.log("eager_fallback", stage="capture", reason=why)
-            warnings.warn(f"coil: {why}; it runs eagerly. Compile the model (or the loss and backward) instead.",
-                          stacklevel=3)
+            warn_user(f"coil: {why}; it runs eagerly. Compile the model (or the loss and backward) instead.")
             return target
         if isinstance(target, torch.nn.Module):
             return OptimizedModule(target, capture_it(target), capture_it,

@@ -21,6 +21,7 @@ import threading
 import time
 import traceback
 import types
+import warnings
 import weakref
 from typing import Any, Callable, Optional
 
@@ -87,6 +88,8 @@ def disable(fn):
     return fn
 
 
+#: code objects whose optimizer-step graph break was warned about
+_optimizer_warned: set = set()
 #: Bumped by :func:`reset`: a wrapper's remembered FrameCache is stale once it changes.
 _generation = [0]
 
@@ -97,6 +100,7 @@ def reset() -> None:
     _caches.clear()
     _fn_wrappers.clear()
     _module_wrappers.clear()
+    _optimizer_warned.clear()
     reset_stats()
 
 
@@ -605,6 +609,12 @@ def _build_entry(tx, output: OutputGraph, cfg: CaptureConfig, fn, code, argnames
     else:
         info, inst = tx.result[1], tx.result[2]
         rec = {"reason": info.reason, "user_stack": info.stack, "frame": _label(code), "offset": info.offset}
+        if getattr(info.exc, "optimizer_step", False) and code not in _optimizer_warned:
+            _optimizer_warned.add(code)     # (as coil.compile(opt.step) warns; the call runs eagerly from a stub)
+            trace.log("eager_fallback", stage="capture", frame=_label(code), reason=info.reason)
+            loc = info.exc.location
+            warnings.warn_explicit(f"coil: {info.reason}; it runs eagerly. Compile the model (or the loss and "
+                                   "backward) instead.", UserWarning, loc.filename, loc.lineno)
         if _forwards_call(tx, output, code, inst):
             # the frame's own code made no graph and mutated nothing, and returns what the
             # breaking call returns: nothing is split (the callee is captured on its own

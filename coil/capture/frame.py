@@ -276,7 +276,8 @@ def _module_call_code(mod: torch.nn.Module) -> types.CodeType:
 
     cls = type(mod)      # (co_qualname: warnings name the user's Outer.forward)
     attr = "__call__" if cls.__call__ is not torch.nn.Module.__call__ else "forward"
-    return forward_call.__code__.replace(co_name=f"{cls.__name__}_call_{id(mod):x}", co_qualname=f"{cls.__qualname__}.{attr}")
+    return forward_call.__code__.replace(co_name=f"{cls.__name__}_call_{id(mod):x}",
+                                         co_qualname=f"{cls.__qualname__}.{attr}")
 
 
 def wrap_module(mod: torch.nn.Module, cfg: CaptureConfig):
@@ -286,8 +287,7 @@ def wrap_module(mod: torch.nn.Module, cfg: CaptureConfig):
     fn = types.FunctionType(code, {"__name__": "coil.capture.frame"}, code.co_name)
     # the compile log shows the module's forward as this frame's source (the frame
     # itself is the generated ``self(*args, **kwargs)``)
-    cls = type(mod)
-    attr = "__call__" if cls.__call__ is not torch.nn.Module.__call__ else "forward"  # (an overridden __call__ runs)
+    cls, attr = type(mod), code.co_qualname.rsplit(".", 1)[1]   # forward, or an overridden __call__ (which runs)
     fn._coil_source_of = (cls.__name__, attr, getattr(cls, attr))
     inner = wrap_function(fn, cfg)
     mod_ref = weakref.ref(mod)
@@ -428,7 +428,8 @@ def _miss_entry(fn, code, cfg, bound):
             if _config.config.verbose:
                 print(f"coil: running {_label(code)} eagerly: {reason}")
             loc = e.location if isinstance(e, Unsupported) else getattr(e, "coil_location", None)
-            warn_user(f"coil: could not capture {_user_name(fn, code, loc)}; it runs eagerly, uncompiled: {reason[:300]}")
+            warn_user(f"coil: could not capture {_user_name(fn, code, loc)}; it runs eagerly, uncompiled: "
+                      f"{reason[:300]}")
             cache.eager_reason = reason
             entry = None
     if entry is not None:

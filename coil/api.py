@@ -21,7 +21,7 @@ from coil import capture, config as _config
 from coil import trace
 from coil.backends import list_backends, lookup_backend
 from coil.backends.registry import log_backend_failure
-from coil.exc import BackendCompilerFailed, UserError
+from coil.exc import BackendCompilerFailed, UserError, warn_user
 
 MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
@@ -208,8 +208,9 @@ def _compile_unpickled(mod: torch.nn.Module, args: dict) -> "OptimizedModule":
 
 def compile(fn_or_module: Union[Callable, torch.nn.Module, None] = None, *,
             backend: Union[str, Callable] = "coil", mode: Optional[str] = None,
-            dynamic: Optional[bool] = None, fullgraph: bool = False,
-            options: Optional[dict] = None):
+            dynamic: Optional[bool] = None, fullgraph: bool = False, options: Optional[dict] = None,
+            disable: bool = False, recompile_limit: Optional[int] = None, name: Optional[str] = None,
+            isolate_recompiles: bool = False, shapes_spec: Any = None, **unknown: Any):
     """Compile a function or ``nn.Module`` (torch.compile's signature).
 
     Args:
@@ -225,14 +226,29 @@ def compile(fn_or_module: Union[Callable, torch.nn.Module, None] = None, *,
             with :func:`mark_dynamic` (docs/dynamic_shapes.md).
         fullgraph: raise :class:`coil.exc.UserError` at a graph break instead of breaking.
         options: coil.config options for this compile (``coil.config.option_names()``).
+        disable: True returns ``fn_or_module`` unchanged (as torch.compile).
+        recompile_limit: compiles per function for this call before it runs eagerly
+            (default ``coil.config.recompile_limit``).
+        name, isolate_recompiles: accepted for torch.compile's sake; ignored (coil counts
+            each ``coil.compile`` call's recompiles on their own already).
 
     Raises:
         ValueError: unknown ``mode``, ``backend``, option key or value of an enumerated
             option (``cpu_backend``, ``partitioner``; the message lists the valid ones).
+        TypeError: a keyword torch.compile does not take. NotImplementedError: ``shapes_spec``.
     """
+    if unknown:
+        raise TypeError(f"coil.compile() got unknown keyword(s) {', '.join(unknown)}: it takes torch.compile's "
+                        "keywords; give coil.config options as options={name: value} (coil.config.option_names())")
+    if shapes_spec is not None:
+        raise NotImplementedError("coil.compile(shapes_spec=...) is not supported: mark dynamic dims with "
+                                  "coil.mark_dynamic(x, dim) or pass dynamic=True")
+    if disable:
+        return (lambda f: f) if fn_or_module is None else fn_or_module
+    backend = "coil" if backend is None else backend
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; valid modes are: {', '.join(map(repr, MODES))}")
-    options = dict(options or {})
+    options = dict(options or {}, **({} if recompile_limit is None else {"recompile_limit": recompile_limit}))
     _config.check_option_names(options)
     backend_fn = lookup_backend(backend)
     merged = {**_MODE_OPTIONS[mode], **options}
@@ -249,8 +265,7 @@ def compile(fn_or_module: Union[Callable, torch.nn.Module, None] = None, *,
             # the step eagerly behind a compiled-looking wrapper
             why = f"{type(target.__self__).__name__}.{target.__name__}: optimizer steps are not compiled by coil yet"
             trace.log("eager_fallback", stage="capture", reason=why)
-            warnings.warn(f"coil: {why}; it runs eagerly. Compile the model (or the loss and backward) instead.",
-                          stacklevel=3)
+            warn_user(f"coil: {why}; it runs eagerly. Compile the model (or the loss and backward) instead.")
             return target
         if isinstance(target, torch.nn.Module):
             return OptimizedModule(target, capture_it(target), capture_it,

@@ -12,11 +12,25 @@ Messages say what happened *and* what to do about it (STYLE.md §6).
 from __future__ import annotations
 
 import linecache
+import os
+import sys
+import warnings
 from collections import Counter
 from dataclasses import dataclass
 from typing import Optional
 
 from coil.config import config
+
+
+def warn_user(msg: str) -> None:
+    """``warnings.warn(msg)`` attributed to the user's code: the innermost calling frame outside coil, torch and
+    generated code (a fixed ``stacklevel`` named coil's own files: the depth varies with the path that warns)."""
+    import torch
+    skip = (os.path.dirname(__file__) + os.sep, os.path.dirname(torch.__file__) + os.sep, "<coil", "<eval_with_key")
+    level, f = 2, sys._getframe(1)
+    while f is not None and f.f_code.co_filename.startswith(skip):
+        level, f = level + 1, f.f_back
+    warnings.warn(msg, UserWarning, stacklevel=level if f is not None else 2)
 
 
 class CoilError(RuntimeError):

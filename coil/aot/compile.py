@@ -20,7 +20,6 @@ import copy
 import functools
 import re
 import time
-import warnings
 from typing import Callable, Optional
 
 import torch
@@ -45,7 +44,7 @@ from coil.aot.scalars import tensorize_scalar_reads
 from coil.aot.runtime import AUTOCAST_DEVICES, inference_runner, training_runner
 from coil.capture.variables.hops import calls_while_loop
 from coil.runtime.cudagraph_split import partitioning
-from coil.exc import CoilError
+from coil.exc import CoilError, warn_user
 
 
 def _placeholder_fakes(gm: torch.fx.GraphModule) -> list:
@@ -698,8 +697,7 @@ def _eager(fn: Callable, why: str) -> Callable:
     "Call using an FX-traced Module" traceback to stderr before the user's own error). Warned, and logged as an
     ``eager_fallback`` the report counts with the codegen fallbacks: the user sees that this graph is not compiled."""
     trace.log("eager_fallback", stage="aot", reason=why)
-    warnings.warn(f"coil: a captured graph runs eagerly on every call, not compiled ({why}); results are eager's",
-                  stacklevel=2)
+    warn_user(f"coil: a captured graph runs eagerly on every call, not compiled ({why}); results are eager's")
     run = functools.partial(run_eagerly(fn) if isinstance(fn, torch.fx.GraphModule) else fn)
     run._coil_aot_path = "eager"  # type: ignore[attr-defined]
     return run

@@ -9,7 +9,6 @@ instead, and the compile log records why (event ``codegen_fallback``); results s
 from __future__ import annotations
 
 import traceback
-import warnings
 from typing import Callable
 
 import torch
@@ -20,7 +19,7 @@ from coil.backends.registry import lookup_backend, register_backend
 from coil.aot import aot_compile
 from coil.aot.backend import run_graph
 from coil.config import config
-from coil.exc import refuse_fallback
+from coil.exc import refuse_fallback, warn_user
 
 
 def _graph_device(example_inputs: list) -> torch.device:
@@ -40,8 +39,8 @@ def kernel_compiler(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
         trace.log("codegen_fallback", stage="codegen", error=f"{type(e).__name__}: {e}",
                   traceback=traceback.format_exc())
         refuse_fallback("codegen_fallback", e)  # config.strict_codegen: an error instead
-        warnings.warn(f"coil: code generation failed ({type(e).__name__}: {e}); "
-                      "running this graph with the FX interpreter instead")
+        warn_user(f"coil: code generation failed ({type(e).__name__}: {e}); "
+                  "running this graph with the FX interpreter instead")
         return run_graph(gm, example_inputs)
 
 
@@ -56,6 +55,6 @@ def coil(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
     except GuardOnDataDependentSymNode as e:  # a traced formula (cumsum's backward) asked about a size marked unbacked
         trace.log("aot_fallback", stage="aot", error=f"{type(e).__name__}: {e}"[:4000])
         refuse_fallback("aot_fallback", e)
-        warnings.warn(f"coil: AOT tracing needs an unbacked size ({str(e).splitlines()[0]}); "
-                      "running this graph eagerly")
+        warn_user(f"coil: AOT tracing needs an unbacked size ({str(e).splitlines()[0]}); "
+                  "running this graph eagerly")
         return lookup_backend("eager")(gm, example_inputs)

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import inspect
 import types
-import warnings
 from dataclasses import dataclass, field
 from typing import Optional, Any, Callable
 
 import torch
 
 from coil import trace
+from coil.exc import warn_user
 from coil.capture.frame import (CaptureConfig, break_log, capture_callable, disable,  # noqa: F401
                                 reset, reset_stats, stats, wrap_function, wrap_module)
 from coil.capture import frame as _frame
@@ -65,8 +65,8 @@ def wrap_callable(fn_or_module, *, backend: Callable, fullgraph: bool = False, d
     if callable(fn_or_module):
         what = getattr(fn_or_module, "__qualname__", type(fn_or_module).__name__)
         trace.log("compile_target_eager", stage="capture", target=what)
-        warnings.warn(f"coil.compile: {what} is not a Python function or nn.Module; it runs eagerly "
-                      "(compile a function that calls it instead)", stacklevel=5)
+        warn_user(f"coil.compile: {what} is not a Python function or nn.Module; it runs eagerly "
+                  "(compile a function that calls it instead)")
         return fn_or_module
     raise TypeError(f"coil.compile expects a function or nn.Module, got {type(fn_or_module).__name__}")
 

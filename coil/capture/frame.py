@@ -31,10 +31,10 @@ from torch.nn.modules import module as _mm
 
 from coil import config as _config
 from coil import trace
-from coil.exc import BackendCompilerFailed, GraphBreakInFullgraph, SourceLocation, Unsupported, UserError
+from coil.exc import BackendCompilerFailed, GraphBreakInFullgraph, SourceLocation, Unsupported, UserError, warn_user
 from coil.capture.output import BreakEarlier, EntryCodegen, OutputGraph, collect_tensors
 from coil.capture.inspection import frame_result_ok, is_frame_function
-from coil.capture.resume import label as _label
+from coil.capture.resume import label as _label, origin
 from coil.capture.resume import make_call_stub, make_resume_function
 from coil.capture.source import ClosureSource, LocalSource
 from coil.capture.translator import (_GLOBAL_HOOKS, _MODULE_HOOKS, SKIP_MODULES, InstructionTranslator,
@@ -88,6 +88,8 @@ def disable(fn):
     return fn
 
 
+#: code objects whose optimizer-step graph break was warned about
+_optimizer_warned: set = set()
 #: Bumped by :func:`reset`: a wrapper's remembered FrameCache is stale once it changes.
 _generation = [0]
 
@@ -98,19 +100,8 @@ def reset() -> None:
     _caches.clear()
     _fn_wrappers.clear()
     _module_wrappers.clear()
+    _optimizer_warned.clear()
     reset_stats()
-
-
-_COIL_DIR = __file__.rsplit("/capture/", 1)[0]
-
-
-def _warn_user(msg: str) -> None:
-    """``warnings.warn`` attributed to the first frame outside coil (the user's call)."""
-    level, f = 2, sys._getframe(1)
-    while f is not None and (f.f_code.co_filename.startswith(_COIL_DIR) or f.f_code.co_filename.startswith("<coil")):
-        level += 1
-        f = f.f_back
-    warnings.warn(msg, UserWarning, stacklevel=level)
 
 
 class CaptureConfig:
@@ -268,8 +259,8 @@ def _under_functorch(fn, args, kwargs, what="a torch.func transform (vmap, grad,
     if what not in _functorch_warned:
         _functorch_warned.append(what)
         trace.log("functorch_eager", stage="capture", frame=_label(fn.__code__), reason=f"called inside {what}")
-        warnings.warn(f"coil: {_label(fn.__code__)} was called inside {what}; coil cannot capture it, so such calls "
-                      f"run eagerly. What to do: {todo}.", stacklevel=3)
+        warn_user(f"coil: {_label(fn.__code__)} was called inside {what}; coil cannot capture it, so such calls "
+                  f"run eagerly. What to do: {todo}.")
     return fn(*args, **kwargs)
 
 
@@ -283,7 +274,10 @@ def _module_call_code(mod: torch.nn.Module) -> types.CodeType:
     def forward_call(self, *args, **kwargs):
         return self(*args, **kwargs)
 
-    return forward_call.__code__.replace(co_name=f"{type(mod).__name__}_call_{id(mod):x}")
+    cls = type(mod)      # (co_qualname: warnings name the user's Outer.forward)
+    attr = "__call__" if cls.__call__ is not torch.nn.Module.__call__ else "forward"
+    return forward_call.__code__.replace(co_name=f"{cls.__name__}_call_{id(mod):x}",
+                                         co_qualname=f"{cls.__qualname__}.{attr}")
 
 
 def wrap_module(mod: torch.nn.Module, cfg: CaptureConfig):
@@ -293,8 +287,7 @@ def wrap_module(mod: torch.nn.Module, cfg: CaptureConfig):
     fn = types.FunctionType(code, {"__name__": "coil.capture.frame"}, code.co_name)
     # the compile log shows the module's forward as this frame's source (the frame
     # itself is the generated ``self(*args, **kwargs)``)
-    cls = type(mod)
-    attr = "__call__" if cls.__call__ is not torch.nn.Module.__call__ else "forward"  # (an overridden __call__ runs)
+    cls, attr = type(mod), code.co_qualname.rsplit(".", 1)[1]   # forward, or an overridden __call__ (which runs)
     fn._coil_source_of = (cls.__name__, attr, getattr(cls, attr))
     inner = wrap_function(fn, cfg)
     mod_ref = weakref.ref(mod)
@@ -399,12 +392,11 @@ def _miss_entry(fn, code, cfg, bound):
     if len(mine) >= limit:
         fails = mine[-1].guards.failures(mine[-1].argnames, tuple(bound) + (fn,), limit=4)
         last = fails[0]["text"] if fails else "unknown"
-        cache.eager_reason = (f"recompile limit ({limit}) reached for "
-                              f"{code.co_name} ({code.co_filename}:{code.co_firstlineno})")
+        cache.eager_reason = f"recompile limit ({limit}) reached for {_user_name(fn, code)}"
         stats["eager_limit"] += 1
         trace.log("recompile_limit", stage="capture", frame=_label(code), reason=cache.eager_reason,
                   failed_guards=fails)
-        _warn_user(f"coil: {cache.eager_reason}; it runs eagerly from now on. Last failed guard: {last}")
+        warn_user(f"coil: {cache.eager_reason}; it runs eagerly from now on. Last failed guard: {last}")
         if _config.config.verbose:
             print(f"coil: {cache.eager_reason}; running it eagerly from now on")
         return None
@@ -435,8 +427,9 @@ def _miss_entry(fn, code, cfg, bound):
                       traceback=traceback.format_exc())
             if _config.config.verbose:
                 print(f"coil: running {_label(code)} eagerly: {reason}")
-            _warn_user(f"coil: could not capture {code.co_name} ({code.co_filename}:{code.co_firstlineno}); it runs "
-                       f"eagerly, uncompiled: {reason[:300]}")
+            loc = e.location if isinstance(e, Unsupported) else getattr(e, "coil_location", None)
+            warn_user(f"coil: could not capture {_user_name(fn, code, loc)}; it runs eagerly, uncompiled: "
+                      f"{reason[:300]}")
             cache.eager_reason = reason
             entry = None
     if entry is not None:
@@ -477,6 +470,15 @@ def _miss(fn, code, cfg, bound, args, kwargs):
         # sys.exc_info() or as the __context__ of what it raises
         return fn(*args, **kwargs)
     return entry.entry(*bound, fn)
+
+
+def _user_name(fn, code, loc=None) -> str:
+    """``Outer.forward (m.py:7)``: the user's function (a module's, not coil's generated call frame) and ``loc`` (where
+    capture stopped), else its first line."""
+    root = origin(code)
+    first = getattr(getattr(fn, "_coil_source_of", (0, 0, None))[2], "__code__", root)
+    return f"{root.co_qualname} (" + (f"capture stopped at {loc.filename}:{loc.lineno})" if loc else
+                                      f"{first.co_filename}:{first.co_firstlineno})")
 
 
 def _note_changed_sizes(cache: FrameCache, old: CacheEntry, bound, fn) -> None:
@@ -608,6 +610,12 @@ def _build_entry(tx, output: OutputGraph, cfg: CaptureConfig, fn, code, argnames
     else:
         info, inst = tx.result[1], tx.result[2]
         rec = {"reason": info.reason, "user_stack": info.stack, "frame": _label(code), "offset": info.offset}
+        if getattr(info.exc, "optimizer_step", False) and code not in _optimizer_warned:
+            _optimizer_warned.add(code)     # (as coil.compile(opt.step) warns; the call runs eagerly from a stub)
+            trace.log("eager_fallback", stage="capture", frame=_label(code), reason=info.reason)
+            loc = info.exc.location
+            warnings.warn_explicit(f"coil: {info.reason}; it runs eagerly. Compile the model (or the loss and "
+                                   "backward) instead.", UserWarning, loc.filename, loc.lineno)
         if _forwards_call(tx, output, code, inst):
             # the frame's own code made no graph and mutated nothing, and returns what the
             # breaking call returns: nothing is split (the callee is captured on its own

@@ -251,6 +251,12 @@ class InstructionTranslatorBase:
                 if e.location is None:
                     e.location = self.location()
             raise
+        except (ReturnValue, RestartAnalysis):
+            raise
+        except Exception as e:  # (an internal error) where capture stopped: the fallback warning names it
+            if getattr(e, "coil_location", None) is None:
+                e.coil_location = self.location()
+            raise
 
     def user_frames(self) -> list[tuple[str, Optional[int], str]]:
         """``(filename, line, function)`` of the user's frames, outermost first (coil's own
@@ -641,6 +647,11 @@ class InstructionTranslatorBase:
         if code.co_flags & (CO_COROUTINE | CO_ASYNC_GENERATOR):
             raise Unsupported("call to a coroutine function")
         mod = fn.get_globals().get("__name__", "") or ""
+        if mod.startswith("torch.optim") and getattr(getattr(fn, "fn", None), "__name__", "") == "step" and \
+                isinstance(opt := getattr(getattr(fn, "obj", None), "value", None), torch.optim.Optimizer):
+            e = Unsupported(f"{type(opt).__name__}.step: optimizer steps are not compiled by coil yet")
+            e.optimizer_step = True      # (warned, once per frame: frame._build_entry)
+            raise e
         if mod.split(".")[0] in SKIP_MODULES and not _traced_library_code(mod, code) or (
                 mod.startswith(("torch._dynamo", "coil.")) and not mod.startswith(TRACED_COIL_MODULES)):
             obj = getattr(fn, "fn", None)

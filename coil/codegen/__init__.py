@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter
 import re
-import warnings
 from typing import Callable
 
 import torch
@@ -25,7 +24,7 @@ from coil.codegen.backend import GeneratedKernel, get_kernel_backend
 from coil.codegen.common import KernelPlan, layout_key
 from coil.codegen.tiling import tile_pointwise
 from coil.config import config
-from coil.exc import LINALG_ERROR_MESSAGE, ZERO_DIVISION_MARK, CoilError, KernelCompileError, refuse_fallback
+from coil.exc import LINALG_ERROR_MESSAGE, ZERO_DIVISION_MARK, CoilError, KernelCompileError, refuse_fallback, warn_user
 from coil.ir.nodes import ComputedBuffer, ExternKernel, ScatterBuffer
 from coil.ir.symbols import shape_env_scope
 from coil.codegen.wrapper import WrapperCodegen, _alias_roots
@@ -82,8 +81,8 @@ class CompiledGraph:
                                 "False avoids it.") from e
             trace.log("kernel_compile_fallback", stage="runtime", error=str(e)[:4000])
             refuse_fallback("kernel_compile_fallback", e)  # config.strict_codegen
-            warnings.warn(f"coil: a generated kernel failed to compile ({str(e)[:500]}); "
-                          "running this graph with ATen ops instead (slower, same results)")
+            warn_user(f"coil: a generated kernel failed to compile ({str(e)[:500]}); "
+                      "running this graph with ATen ops instead (slower, same results)")
             gm, strides = self.gm, self.output_strides
 
             def run_aten(*a):

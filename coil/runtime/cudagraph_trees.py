@@ -16,13 +16,13 @@ from __future__ import annotations
 import contextlib
 import itertools
 import operator
-import warnings
 import weakref
 from typing import Callable, Optional
 
 import torch
 
 from coil import trace
+from coil.exc import warn_user
 from coil.runtime.cudagraph_record import (STALE_MESSAGE, CudaRecorder, OutputPlan, SkipGraph,
                                            _tensor_over, ungraphable_reason)
 from coil.config import config
@@ -386,9 +386,9 @@ class GraphFunction:
         kind = reason.split(" at ")[0]  # one warning per kind of reason, not per node
         if kind not in _WARNED:
             _WARNED.add(kind)
-            warnings.warn(f"coil: CUDA graphs (mode='reduce-overhead' / 'max-autotune') are not used "
-                          f"for graph {self.name}: {reason}. It runs compiled, without CUDA graphs "
-                          "(the compile log's cudagraph_skip events list every such graph).", stacklevel=2)
+            warn_user(f"coil: CUDA graphs (mode='reduce-overhead' / 'max-autotune') are not used "
+                      f"for graph {self.name}: {reason}. It runs compiled, without CUDA graphs "
+                      "(the compile log's cudagraph_skip events list every such graph).")
 
     def __call__(self, *args):
         if self.skip is not None:

@@ -200,6 +200,30 @@ def test_unknown_options_list_valid_options():
         assert name in msg
 
 
+def test_torch_compile_keywords_are_accepted():
+    """torch.compile's keywords: ``disable`` returns the target unchanged, ``recompile_limit`` is honoured, ``name``
+    and ``isolate_recompiles`` are accepted; ``shapes_spec`` and keywords torch.compile lacks raise clear errors."""
+    import inspect
+
+    coil_kw = set(inspect.signature(coil.compile).parameters)
+    assert set(inspect.signature(torch.compile).parameters) - {"model"} <= coil_kw
+    f, m = (lambda x: x + 1), torch.nn.Linear(2, 2)
+    assert coil.compile(f, disable=True) is f and coil.compile(m, disable=True) is m
+    assert coil.compile(disable=True, mode="max-autotune")(f) is f
+    cnt = CompileCounter()
+    g = coil.compile(lambda x, n: x * n, backend=cnt, dynamic=False, recompile_limit=1, name="g",
+                     isolate_recompiles=True)
+    with pytest.warns(UserWarning, match=r"recompile limit \(1\)"):
+        for n in (2, 3, 4):
+            assert g(torch.ones(1), n).item() == n
+    assert cnt.frame_count == 1
+    assert coil.compile(lambda x: x.cos(), backend=None)(torch.zeros(1)).item() == 1
+    with pytest.raises(TypeError, match="unknown keyword.*autotune.*options="):
+        coil.compile(f, autotune=True)
+    with pytest.raises(NotImplementedError, match="shapes_spec.*mark_dynamic"):
+        coil.compile(f, shapes_spec=object())
+
+
 def test_valid_modes_are_accepted(fake_capture):
     for m in (None, "reduce-overhead", "max-autotune"):
         coil.compile(lambda x: x, mode=m, backend="eager")

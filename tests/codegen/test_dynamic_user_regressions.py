@@ -193,6 +193,28 @@ def test_backward_of_a_strided_slice_gets_its_size_symbol(backend):
     assert dict(fallback_counts) == before
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("start", [0, 1])
+def test_backward_of_a_slice_with_an_int_step(backend, start):
+    """``x[start::k] * 2`` with ``k`` an int argument (a SymInt from its second value on): the backward's
+    ``slice_scatter`` took Python's ``%`` of the step (sympy's ``Mod(-1, k)``, which no printer prints), and the
+    wrapper solved ``k`` from the size ``8 // k + 1`` by putting ``k = 0`` in it (ZeroDivisionError): both graphs ran
+    in the FX interpreter. Values and gradients match eager, no fallback."""
+    from coil.exc import fallback_counts
+
+    fn = lambda x, k: x[start::k] * 2  # noqa: E731
+    coil.reset()
+    f = coil.compile(fn, options={"cpu_backend": backend})
+    before = dict(fallback_counts)
+    for k in (1, 2, 3):
+        x = torch.randn(9, 4, requires_grad=True)
+        xe = x.detach().clone().requires_grad_()
+        out, ref = f(x, k), fn(xe, k)
+        out.sum().backward(), ref.sum().backward()
+        torch.testing.assert_close((out, x.grad), (ref, xe.grad))
+    assert dict(fallback_counts) == before
+
+
 _NEGATIVE_DIVISIONS = {
     "ceil_slice": lambda x: x[:, : -(-x.shape[1] // 2)],
     "pad_to_multiple_ceil": lambda x: torch.nn.functional.pad(x, (0, -(-x.shape[1] // 8) * 8 - x.shape[1])),

@@ -19,7 +19,7 @@ from coil.ir.lowering import (FallbackToExtern, device, is_box, loader_as, make_
                               make_reduction, out_dtype, out_size, register_lowering)
 from coil.ir.lowering_views import _c, view_reshape
 from coil.ir.nodes import Pointwise, TensorBox, current_graph
-from coil.ir.symbols import FloorDiv, _sign
+from coil.ir.symbols import FloorDiv, Mod, _sign
 from coil.ir.virtualized import compute_dtype, ops
 
 aten = torch.ops.aten
@@ -84,8 +84,11 @@ def _max_pool_geometry(x, kernel_size, stride, padding, dilation) -> list:
 
 def _within(e, low: bool, high, top) -> list:
     """Checks that index ``e`` is >= 0 (``low``) and < ``high``, unless ``top`` (the largest ``e``) is below it for
-    every size (ints, or the ShapeEnv's ranges of symbolic ones: no guard)."""
-    high = None if _sign(sympy.sympify(high - 1 - top)) > 0 else high
+    every size (ints, or the ShapeEnv's ranges of symbolic ones, no guard; ``a // b`` as ``(a - a % b) / b``, so a
+    ceil_mode window's first tap ``2 * ((h + 1) // 2 - 1) < h`` needs no check)."""
+    gap = sympy.expand(sympy.sympify(high - 1 - top).replace(
+        lambda v: isinstance(v, FloorDiv), lambda v: (v.args[0] - Mod(*v.args)) / v.args[1]))
+    high = None if _sign(gap) > 0 else high
     v = ops.index_expr(e, torch.int64) if low or high is not None else None
     return ([ops.ge(v, ops.constant(0, torch.int64))] if low else []) + ([ops.lt(v, _c(high))] if high is not None else [])
 

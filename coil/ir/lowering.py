@@ -23,7 +23,7 @@ from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 from coil import trace
 from coil.config import config
 from coil.ir.nodes import GenericView, Loops, Pointwise, Reduction, StorageBox, TensorBox, current_graph
-from coil.ir.symbols import FloorDiv, Mod, as_expr, as_size, broadcasts, is_static, sym, unflatten
+from coil.ir.symbols import FloorDiv, Mod, _sign, as_expr, as_size, broadcasts, is_static, sym, unflatten
 from coil.ir.virtualized import compute_dtype, ops, set_ops_handler
 from coil.ir.handlers import DependencyRecorder
 
@@ -115,10 +115,11 @@ def loader_as(x, size, dtype, via: Optional[torch.dtype] = None) -> Callable:
             return load
         return lambda index: ops.to_dtype(load(index), dtype, compute_dtype(src))
     value = x
-    # a size (dynamic shapes), read in the kernel unless int() must raise (an extern runs it):
-    # a data-dependent one is bound after kernels may run; printed //, % truncate ((-n) // 3)
-    if isinstance(value, sympy.Expr) and not (value.is_number or value.has(FloorDiv, Mod)
-                                              or free_unbacked_symbols(value)):
+    # a size (dynamic shapes), read in the kernel (its // and % printed with floor semantics: floor_safe) unless
+    # int() must raise (an extern runs it): a data-dependent one is bound after kernels may run, and // or % by an int
+    # argument that may be negative (17 // n) has no floor_safe form
+    if isinstance(value, sympy.Expr) and not (value.is_number or free_unbacked_symbols(value)) and \
+            all(_sign(t.args[1] - 1) > 0 for t in value.atoms(FloorDiv, Mod)):
         return lambda index: ops.to_dtype(ops.index_expr(value, torch.int64), dtype, torch.int64)
     value = bool(value) if dtype == torch.bool else \
         int(value) if not dtype.is_floating_point and not dtype.is_complex else float(value)

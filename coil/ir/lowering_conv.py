@@ -10,15 +10,16 @@ from __future__ import annotations
 
 import functools
 
+import sympy
 import torch
 
 from coil import trace
 from coil.config import config
 from coil.ir.lowering import (FallbackToExtern, device, is_box, loader_as, make_pointwise_box,
                               make_reduction, out_dtype, out_size, register_lowering)
-from coil.ir.lowering_views import view_reshape
+from coil.ir.lowering_views import _c, view_reshape
 from coil.ir.nodes import Pointwise, TensorBox, current_graph
-from coil.ir.symbols import FloorDiv
+from coil.ir.symbols import FloorDiv, Mod, _sign
 from coil.ir.virtualized import compute_dtype, ops
 
 aten = torch.ops.aten
@@ -72,21 +73,24 @@ def _pair(v) -> tuple:
 
 
 def _max_pool_geometry(x, kernel_size, stride, padding, dilation) -> list:
-    """``[(k, s, p, d, extent)]`` for rows and columns of a ``max_pool2d`` (or its backward) of ``x``, or raises
-    FallbackToExtern (config off, not 4-D, not floating point); a symbolic extent raises TypeError (the ATen op
-    runs)."""
+    """``[(k, s, p, d, extent)]`` for rows and columns of a ``max_pool2d`` (or its backward) of ``x`` (an extent may
+    be symbolic), or raises FallbackToExtern (config off, not 4-D, not floating point)."""
     if not config.lower_max_pool or len(x.get_size()) != 4 or not x.get_dtype().is_floating_point:
         raise FallbackToExtern()
     k = _pair(kernel_size)
     return list(zip(k, _pair(stride) if stride else k, _pair(padding), _pair(dilation),
-                    (int(v) for v in x.get_size()[2:])))
+                    x.get_size()[2:]))
 
 
-def _within(e, low: bool, high) -> list:
-    """Checks that index ``e`` is >= 0 (``low``) and < ``high`` (unless None)."""
+def _within(e, low: bool, high, top) -> list:
+    """Checks that index ``e`` is >= 0 (``low``) and < ``high``, unless ``top`` (the largest ``e``) is below it for
+    every size (ints, or the ShapeEnv's ranges of symbolic ones, no guard; ``a // b`` as ``(a - a % b) / b``, so a
+    ceil_mode window's first tap ``2 * ((h + 1) // 2 - 1) < h`` needs no check)."""
+    gap = sympy.expand(sympy.sympify(high - 1 - top).replace(
+        lambda v: isinstance(v, FloorDiv), lambda v: (v.args[0] - Mod(*v.args)) / v.args[1]))
+    high = None if _sign(gap) > 0 else high
     v = ops.index_expr(e, torch.int64) if low or high is not None else None
-    return (([ops.ge(v, ops.constant(0, torch.int64))] if low else [])
-            + ([ops.lt(v, ops.constant(high, torch.int64))] if high is not None else []))
+    return ([ops.ge(v, ops.constant(0, torch.int64))] if low else []) + ([ops.lt(v, _c(high))] if high is not None else [])
 
 
 def _all(checks):
@@ -101,7 +105,7 @@ def _max_pool2d(x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=Fals
     (kh, sh, ph, dh, h), (kw, sw, pw, dw, w) = geo = _max_pool_geometry(x, kernel_size, stride, padding, dilation)
     size, odt = out_size(), out_dtype()
     load = loader_as(x, list(x.get_size()), compute_dtype(odt))
-    last = [int(v) - 1 for v in size[2:]]
+    last = [v - 1 for v in size[2:]]
 
     def window(index):
         n, c, oh, ow = index
@@ -110,7 +114,7 @@ def _max_pool2d(x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=Fals
             for j in range(kw):
                 r, s = oh * sh - ph + i * dh, ow * sw - pw + j * dw
                 cond = _all([chk for e, t, o, (_, st, p, d, ext) in ((r, i, last[0], geo[0]), (s, j, last[1], geo[1]))
-                             for chk in _within(e, t * d < p, ext if o * st - p + t * d >= ext else None)])
+                             for chk in _within(e, t * d < p, ext, o * st - p + t * d)])
                 v = load([n, c, r, s]) if cond is None else ops.masked(cond, lambda r=r, s=s: load([n, c, r, s]),
                                                                        float("-inf"))
                 flat = ops.index_expr(r * w + s, torch.int64)
@@ -139,7 +143,7 @@ def _max_pool2d_backward(grad, x, kernel_size, stride, padding, dilation, ceil_m
     size, odt, gsize = out_size(), out_dtype(), list(grad.get_size())
     cdt = compute_dtype(odt)
     load_g, load_i = loader_as(grad, gsize, cdt), loader_as(indices, gsize, torch.int64)
-    outs = [int(v) for v in gsize[2:]]
+    outs = gsize[2:]
     # windows oh with oh * s - p <= y <= oh * s - p + (k - 1) * d: oh = (y + p) // s - t for t < (k - 1) * d // s + 1
     spans = [range((k - 1) * d // st, -1, -1) for k, st, p, d, _ in geo]
 
@@ -151,7 +155,7 @@ def _max_pool2d_backward(grad, x, kernel_size, stride, padding, dilation, ceil_m
             for u in spans[1]:
                 oh, ow = FloorDiv(y + geo[0][2], geo[0][1]) - t, FloorDiv(x_ + geo[1][2], geo[1][1]) - u
                 cond = _all([chk for e, m, o, (_, st, p, d, ext) in ((oh, t, outs[0], geo[0]), (ow, u, outs[1], geo[1]))
-                             for chk in _within(e, m > 0, o if (ext - 1 + p) // st - m >= o else None)])
+                             for chk in _within(e, m > 0, o, FloorDiv(ext - 1 + p, st) - m)])
                 pick = lambda oh=oh, ow=ow: ops.where(ops.eq(load_i([n, c, oh, ow]), here),  # noqa: E731
                                                       load_g([n, c, oh, ow]), ops.constant(0.0, cdt))
                 total = ops.add(total, pick() if cond is None else ops.masked(cond, pick, 0.0))

@@ -170,9 +170,7 @@ def _slice_bound(v, n, default):
     """Eager's clamp of a slice bound ``v`` (int, size expression or None) into
     ``[0, n]`` for a symbolic extent ``n``: each comparison is decided by the ShapeEnv
     (the fake trace of the slice already made the same decisions, so no new guard)."""
-    if v is None:
-        return sympy.Integer(default)
-    v, n = as_expr(v), as_expr(n)
+    v, n = as_expr(default if v is None else v), as_expr(n)
     if is_static(v) and free_unbacked_symbols(n):  # x[1:] of a nonzero() result: no guard can decide, clamp at run time
         return sympy.Max(0, v + n) if v < 0 else sympy.Min(v, n)
     if guard_true(sympy.Lt(v, 0)):
@@ -186,15 +184,7 @@ def _slice_bound(v, n, default):
 def _slice(x, dim=0, start=None, end=None, step=1):
     size_in = list(x.get_size())
     dim = dim % len(size_in)
-    if not all(is_static(v) for v in (size_in[dim], start or 0, end or 0)):
-        start = _slice_bound(start, size_in[dim], 0)  # symbolic: clamped through the ShapeEnv
-    else:
-        n = int(size_in[dim])
-        start = 0 if start is None else start
-        end = n if end is None else end
-        start = max(min(start + n if start < 0 else start, n), 0)
-        end = max(min(end + n if end < 0 else end, n), 0)
-    return _strided_slice(x, dim, start, step, out_size())
+    return _strided_slice(x, dim, _slice_bound(start, size_in[dim], 0), step, out_size())
 
 
 def _strided_slice(x, dim, start, step, size):
@@ -512,22 +502,21 @@ def _pad(x, pad, value=0.0):
 def _slice_scatter(x, src, dim=0, start=None, end=None, step=1):
     size, odt, cdt = out_size(), out_dtype(), compute_dtype(out_dtype())
     dim = dim % len(size)
-    n = int(size[dim])
-    # eager's clamp into [0, n]: a[-4:] of 3 elements starts at 0, not -1
-    start = 0 if start is None else max(min(start + n if start < 0 else start, n), 0)
-    end = n if end is None else max(min(end + n if end < 0 else end, n), 0)
+    # eager's clamp into [0, n] (a[-4:] of 3 elements starts at 0, not -1); the step may be a SymInt (x[::k]'s backward)
+    start, end = _slice_bound(start, size[dim], 0), _slice_bound(end, size[dim], size[dim])
+    step = as_expr(step)
+    r = Mod(-start, step)  # i + r: a multiple of step where i - start is, and never negative
     lx, ls = loader_as(x, size, cdt), loader_as(src, src.get_size(), cdt)
 
     def inner(index):
         i = _idx(index[dim])
         cond = ops.logical_and(ops.ge(i, _c(start)), ops.lt(i, _c(end)))
         if step != 1:
-            cond = ops.logical_and(cond, ops.eq(_idx(Mod(index[dim] + (step - start % step) % step, step)), _c(0)))
+            cond = ops.logical_and(cond, ops.eq(_idx(Mod(index[dim] + r, step)), _c(0)))
 
         def body():
             j = list(index)
-            j[dim] = FloorDiv(index[dim] + (step - start % step) % step, step) - (start + (step - start % step) % step) // step \
-                if step != 1 else index[dim] - start
+            j[dim] = FloorDiv(index[dim] + r, step) - FloorDiv(start + step - 1, step)
             return ls(j)
         return ops.where(cond, ops.masked(cond, body, 0), lx(index))
     return TensorBox.create(Pointwise(device(), odt, inner, size))

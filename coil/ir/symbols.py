@@ -416,14 +416,15 @@ def _range_rules(e: sympy.Expr, bounds: dict) -> sympy.Expr:
 
 
 def _coeff_atom(t: sympy.Expr):
-    """``t = c * a``: ``c`` the number and size symbols (positive ShapeEnv symbols) of
-    term ``t``, ``a`` the rest (loop symbols, FloorDiv, Mod)."""
+    """``t = c * a``: ``c`` the number and the factors made of size symbols only (positive ShapeEnv symbols:
+    ``s0``, ``(s0 - 1) // 2``, the extent of a strided convolution's output) of term ``t``, ``a`` the rest (loop
+    symbols, FloorDiv, Mod of them)."""
     c, rest = t.as_coeff_Mul()
     if not rest.free_symbols or not any(getattr(x, "is_positive", False) for x in rest.free_symbols):
         return c, rest
     cs, atoms = [c], []
     for f in sympy.Mul.make_args(rest):
-        size = (f.is_Symbol or f.is_Pow) and all(x.is_positive for x in f.free_symbols)
+        size = all(x.is_positive for x in f.free_symbols)
         (cs if size else atoms).append(f)
     return sympy.Mul(*cs), sympy.Mul(*atoms)
 

@@ -128,9 +128,8 @@ def test_a_size_as_a_scalar_operand_is_read_in_the_kernel(backend, tmp_path):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_negative_floor_division_of_sizes_as_a_number(backend):
-    """``(-n) // 3`` is a Python floor division: kernels print ``//`` and ``%`` of sizes
-    as truncating C/Triton division (sizes are never negative), so a kernel reading such
-    a number is off by one (n = 5, 8): it runs as the ATen op."""
+    """``(-n) // 3`` is a Python floor division: a kernel reading it printed C/Triton's
+    truncating ``//`` and ``%`` and was off by one (n = 5, 8); they print floor_safe's."""
     fn = lambda x: torch.arange(x.shape[1]) + (-x.shape[1]) // 3 + (x.shape[1] - 7) % 3  # noqa: E731
     f = _compiled(fn, backend)
     for n in (5, 8, 13):
@@ -191,6 +190,52 @@ def test_backward_of_a_strided_slice_gets_its_size_symbol(backend):
         torch.testing.assert_close(grads, [p.grad for p in lin.parameters()])
         lin.zero_grad()
     assert dict(fallback_counts) == before
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("start", [0, 1])
+def test_backward_of_a_slice_with_an_int_step(backend, start):
+    """``x[start::k] * 2`` with ``k`` an int argument (a SymInt from its second value on): the backward's
+    ``slice_scatter`` took Python's ``%`` of the step (sympy's ``Mod(-1, k)``, which no printer prints), and the
+    wrapper solved ``k`` from the size ``8 // k + 1`` by putting ``k = 0`` in it (ZeroDivisionError): both graphs ran
+    in the FX interpreter. Values and gradients match eager, no fallback."""
+    from coil.exc import fallback_counts
+
+    fn = lambda x, k: x[start::k] * 2  # noqa: E731
+    coil.reset()
+    f = coil.compile(fn, options={"cpu_backend": backend})
+    before = dict(fallback_counts)
+    for k in (1, 2, 3):
+        x = torch.randn(9, 4, requires_grad=True)
+        xe = x.detach().clone().requires_grad_()
+        out, ref = f(x, k), fn(xe, k)
+        out.sum().backward(), ref.sum().backward()
+        torch.testing.assert_close((out, x.grad), (ref, xe.grad))
+    assert dict(fallback_counts) == before
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_max_pool_and_mean_over_symbolic_sizes_generate_kernels(backend, tmp_path):
+    """A CNN at a changing image size: ``max_pool2d`` took ``int()`` of its symbolic extents, and ``mean`` over the
+    ``(H + 1) // 2`` rows of a strided view would not read a size with ``//`` in the kernel: both ran the ATen op
+    (``dynamic_lowering_fallback``). Values and gradients match eager."""
+    import json
+
+    fn = lambda x: torch.nn.functional.max_pool2d(x[:, :, ::2], 3, 2, 1, ceil_mode=True).mean((2, 3))  # noqa: E731
+    coil.trace.set_dir(str(tmp_path))
+    try:
+        f = _compiled(fn, backend)
+        for h, w in ((8, 8), (11, 7)):
+            x = torch.randn(2, 3, h, w, requires_grad=True)
+            xe = x.detach().clone().requires_grad_()
+            out, ref = f(x), fn(xe)
+            out.sum().backward(), ref.sum().backward()
+            torch.testing.assert_close((out, x.grad), (ref, xe.grad))
+    finally:
+        coil.trace.set_dir(None)
+    events = [json.loads(line)["event"] for p in tmp_path.glob("*.jsonl") for line in p.open()]
+    assert "stage" in events and not {"dynamic_lowering_fallback", "codegen_fallback"} & set(events)
+    assert events.count("max_pool_lowered") == 2  # forward and backward
 
 
 _NEGATIVE_DIVISIONS = {

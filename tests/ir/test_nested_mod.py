@@ -65,3 +65,15 @@ def _windows(x, ws: int = 4, shift: int = 2):
 def test_shifted_windows_match_eager():
     x = torch.randn(2, 8, 12, 6)
     torch.testing.assert_close(coil.compile(_windows)(x), _windows(x))
+
+
+def test_relinearized_index_over_floor_div_sizes_folds():
+    """A contiguous (N, 16, H, W) buffer with ``H = (s0 - 1) // 2 + 1`` (a stride-2 convolution's output at a dynamic
+    size), read at the flat index split into its four coordinates: the size factors ``(s0 - 1) // 2`` counted as part
+    of the atoms, so no ``x % b + b * (x // b)`` pair matched and each element paid a dozen run-time divisions (a
+    dynamic CNN's BatchNorm + ReLU took 3 ms a call). It folds back to ``x0``."""
+    from coil.ir.symbols import sym
+    s, t = (sympy.Symbol(n, integer=True, positive=True) for n in ("s0", "s1"))
+    h, w, x = FloorDiv(s - 1, 2) + 1, FloorDiv(t - 1, 2) + 1, sym("x0")
+    e = Mod(x, w) + w * Mod(FloorDiv(x, w), h) + h * w * Mod(FloorDiv(x, h * w), 16) + 16 * h * w * FloorDiv(x, 16 * h * w)
+    assert simplify_index(e, {x: 128 * h * w}) == x

@@ -128,7 +128,7 @@ class SymbolicSplit(Split):
     @property
     def extents(self) -> list:
         pts = self.points + [self.numel]
-        return [sympy.expand(pts[i + 1] / pts[i]) for i in range(len(self.points))]
+        return [_quo(pts[i + 1], pts[i]) for i in range(len(self.points))]
 
     def _pos(self, p) -> int:
         """Position of point ``p`` in the chain (``len(points)`` for ``numel``)."""
@@ -141,7 +141,7 @@ class SymbolicSplit(Split):
 
     def div(self, p) -> sympy.Expr:
         k = self._pos(p)
-        return sum((v * sympy.expand(q / p) for v, q in list(zip(self.vars, self.points))[k:]), sympy.Integer(0))
+        return sum((v * _quo(q, p) for v, q in list(zip(self.vars, self.points))[k:]), sympy.Integer(0))
 
     def mod(self, p) -> sympy.Expr:
         k = self._pos(p)
@@ -149,15 +149,19 @@ class SymbolicSplit(Split):
 
     def divmod(self, a, b) -> sympy.Expr:
         lo, hi = self._pos(a), self._pos(sympy.expand(a * b))
-        return sum((v * sympy.expand(q / a) for v, q in list(zip(self.vars, self.points))[lo:hi]), sympy.Integer(0))
+        return sum((v * _quo(q, a) for v, q in list(zip(self.vars, self.points))[lo:hi]), sympy.Integer(0))
+
+
+def _quo(q, p) -> sympy.Expr:
+    """``q / p`` of split points as a polynomial (exact where ``p | q``: ``((s0 - 1) // 2 + 1) * ((s1 - 1) // 2 + 1)``
+    expanded, over ``(s1 - 1) // 2 + 1``, is ``(s0 - 1) // 2 + 1``; :func:`sympy.cancel` treats the ``//`` as atoms)."""
+    return sympy.expand(sympy.cancel(q / p))
 
 
 def _size_divisor(b) -> bool:
-    """A divisor a symbolic split can cut at: an integer or a monomial in size symbols
-    (``4 * s0 * s1``; quotients of monomials are exact, sums are not split)."""
-    return b.is_Integer or all(f.is_Integer or (f.is_Symbol and f.is_positive) or
-               (f.is_Pow and f.args[0].is_Symbol and f.args[0].is_positive and f.args[1].is_Integer)
-               for f in sympy.Mul.make_args(b))
+    """A divisor a symbolic split can cut at: an integer or a polynomial in size symbols (``4 * s0 * s1``, a strided
+    convolution's ``(s0 - 1) // 2 + 1``; the chain keeps those whose quotients are exact)."""
+    return b.is_Integer or bool(b.free_symbols) and all(v.is_positive for v in b.free_symbols)
 
 
 def _symbolic_split(exprs, symbol, numel, prefix: str) -> Split:
@@ -178,7 +182,7 @@ def _symbolic_split(exprs, symbol, numel, prefix: str) -> Split:
         chain = [sympy.Integer(1)] + sorted(uniq, key=hint)
     except TypeError:
         return flat
-    divides = lambda p, q: sympy.denom(sympy.expand(q / p)) == 1
+    divides = lambda p, q: sympy.denom(sympy.cancel(q / p)) == 1
     if not all(divides(chain[i], chain[i + 1]) for i in range(len(chain) - 1)) or not divides(chain[-1], numel):
         return flat
     return SymbolicSplit(symbol, numel, chain, prefix)

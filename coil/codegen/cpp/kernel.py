@@ -21,7 +21,7 @@ import torch
 from coil import trace
 from coil.exc import refuse_fallback
 from coil.codegen.cpp import ops as cops
-from coil.codegen.cpp.indexing import Split, canonicalize, cexpr, split_plan
+from coil.codegen.cpp.indexing import Split, _quo, canonicalize, cexpr, split_plan
 from coil.ir.nodes import current_origin, describe_origin
 from coil.ir.symbols import RINDEX, XINDEX, as_size, hint, is_static, simplify_index
 from coil.ir.virtualized import OpsHandler
@@ -617,7 +617,7 @@ class CppKernel(OpsHandler):
                         f"for (int64_t x0 = {lo}; x0 < {_c(hi)}; ++x0) {{", *("  " + l for l in seg), "}"]
             return out
         hoisted, lines = self._hoist(lines, "x0")
-        outer = self.numel // ext[0] if isinstance(self.numel, int) else sympy.expand(self.numel / ext[0])
+        outer = self.numel // ext[0] if isinstance(self.numel, int) else _quo(self.numel, ext[0])
         decl, q = [], 1
         for i in range(1, len(ext)):
             e = f"(xo / {_cp(q)})" if q != 1 else "xo"

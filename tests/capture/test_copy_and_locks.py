@@ -1,6 +1,8 @@
-"""``copy.copy`` / ``copy.deepcopy`` in traced code (transformers' T5 and M2M100 deep-copy their config in
-``DynamicCache(config=...)``): one graph, values and Python state as in eager."""
+"""``copy.copy`` / ``copy.deepcopy`` and ``with threading.Lock():`` in traced code (transformers' T5 and M2M100
+deep-copy their config in ``DynamicCache(config=...)``; Segformer installs its output hooks under a global lock):
+one graph, values and Python state as in eager."""
 import copy
+import threading
 
 import pytest
 import torch
@@ -109,3 +111,52 @@ def test_deepcopy_of_tensors_sharing_storage_is_a_break():
     _same(coil.compile(deepcopy_view_pair, backend="eager")(x), deepcopy_view_pair(x))
     with pytest.raises(RuntimeError, match="graph leaves"):    # eager's error for a non-leaf requiring grad
         coil.compile(deepcopy_view_pair, backend="eager")(torch.randn(3, requires_grad=True))
+
+
+LOCK, RLOCK = threading.Lock(), threading.RLock()
+
+
+def under_locks(x):
+    y = x.sin()
+    with LOCK:
+        y = y * 2
+    with RLOCK:
+        with RLOCK:
+            y = y + 1
+    with threading.Lock() as taken:
+        y = y * taken
+    return y.cos()
+
+
+def break_under_lock(x):
+    with LOCK:
+        y = x * 2
+        print("held", LOCK.locked())      # a graph break: eager holds the lock here
+        y = y + 1
+    return y
+
+
+def test_lock_blocks_are_one_graph():
+    x = torch.randn(4)
+    e = coil.explain(under_locks, x)
+    assert (e.graph_count, e.graph_break_count) == (1, 0), e.break_reasons
+    torch.testing.assert_close(coil.compile(under_locks, backend="eager")(x), under_locks(x))
+    assert not LOCK.locked()
+
+
+def test_break_inside_lock_block_holds_it(capsys):
+    x = torch.randn(4)
+    torch.testing.assert_close(coil.compile(break_under_lock, backend="eager")(x), break_under_lock(x))
+    assert capsys.readouterr().out == "held True\n" * 2 and not LOCK.locked()
+
+
+def test_held_lock_fails_the_guard_and_waits():
+    f = coil.compile(under_locks, backend="eager")
+    x = torch.randn(4)
+    f(x)
+    LOCK.acquire()
+    timer = threading.Timer(0.2, LOCK.release)
+    timer.start()
+    torch.testing.assert_close(f(x), under_locks(x))    # eager took it: waited for the release
+    timer.join()
+    assert coil.capture.stats["recompiles"] == 1 and not LOCK.locked()

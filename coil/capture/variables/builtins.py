@@ -22,6 +22,7 @@ import itertools
 import operator
 import os
 import sys
+import threading
 import types
 from typing import Callable
 
@@ -42,7 +43,7 @@ from coil.capture.variables.objects import (AttributeMissing, NNModuleVariable, 
                                             UserDefinedClassVariable, UserDefinedObjectVariable)
 from coil.capture.variables.symbolic import SymNodeVariable, call_numeric, sym_minmax
 from coil.capture.variables.tensor import TensorVariable, UserCodeError, call_op
-from coil.capture.variables.torchfn import TorchFunctionVariable
+from coil.capture.variables.torchfn import LockVariable, TorchFunctionVariable
 
 _HANDLERS: dict[Callable, Callable] = {}
 _FOLDABLE = {abs, bool, int, float, str, round, divmod, pow, ord, chr, hex, oct, bin, hash,
@@ -633,6 +634,8 @@ def _dc_replace(tx, args, kwargs):
     return tx.construct_object(UserDefinedClassVariable(cls), [], values)
 
 
+for _f in (threading.Lock, threading.RLock):    # (a lock made in the frame)
+    builtin(_f)(lambda tx, args, kwargs, _f=_f: LockVariable(factory=_f))
 for _f in (copy.copy, copy.deepcopy):   # copies made of trackers as eager makes them (docs/capture.md, "Copies")
     builtin(_f)(lambda tx, args, kwargs, _f=_f: copy_value(tx, args[0] if len(args) == 1 and not kwargs else None,
                                                            _f is copy.deepcopy, {}))

@@ -24,7 +24,7 @@ from coil.capture.exceptions import ExceptionVariable
 from coil.capture.source import ConstSource
 from coil.capture.translator import ReturnValue, const_value
 from coil.capture.variables.builder import wrap
-from coil.capture.variables.objects import NewObjectVariable, UserDefinedClassVariable
+from coil.capture.variables.objects import UserDefinedClassVariable
 from coil.capture.variables.torchfn import ContextManagerVariable
 
 PY = sys.version_info[:2]
@@ -197,13 +197,7 @@ def STORE_ATTR(tx, inst):
 
 @op("DELETE_ATTR")
 def DELETE_ATTR(tx, inst):
-    obj = tx.pop()
-    if isinstance(obj, NewObjectVariable) and type(getattr(obj, "attrs", None)) is dict:
-        if inst.argval not in obj.attrs:
-            raise UserCodeError(f"AttributeError: {inst.argval}")
-        del obj.attrs[inst.argval]       # an object made in the frame: no side effect
-        return
-    raise Unsupported("del of an attribute")
+    tx.pop().del_attr(tx, inst.argval)
 
 
 # --- calls ------------------------------------------------------------------------------

@@ -864,7 +864,7 @@ class SuperVariable(VariableTracker):
                     return _BaseDictRead(self.obj, name)
                 if attr is object.__setattr__:
                     return _ObjectSetattr(self.obj)
-                if attr is object.__getattribute__ and isinstance(self.obj, ObjectVariableBase):
+                if attr is object.__getattribute__ and isinstance(self.obj, (ObjectVariableBase, NewObjectVariable)):
                     return _ObjectGetattribute(self.obj)
                 if attr is dict.__init__:
                     raise Unsupported(f"super().{name} (C slot)")
@@ -914,6 +914,8 @@ class _ObjectGetattribute(_SuperSlot):
     its own ``__getattribute__`` reading past it: transformers' configs)."""
 
     def call_function(self, tx, args, kwargs):
+        if isinstance(self.obj, NewObjectVariable):
+            return self.obj.var_getattr(tx, args[0].as_python_constant(), generic=True)
         return lookup_attr(tx, self.obj, args[0].as_python_constant(), generic=True)
 
 

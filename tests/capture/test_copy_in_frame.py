@@ -4,11 +4,9 @@ transformers' ``PreTrainedConfig.get_text_config(decoder=True)`` deep-copies a f
 legacy layout) and ``DynamicCache(config=...)`` calls it in every decoder forward with ``use_cache``: coil skips the
 ``copy`` module (``SKIP_MODULES``), so each T5 forward graph-breaks there (12 breaks and 8 graphs for a 2-layer
 ``T5ForConditionalGeneration`` over three calls; torch.compile: 1 graph, no break, as dynamo inlines ``copy``).
-Tracing ``copy.deepcopy`` itself needs ``id()``-keyed memo dicts, ``__reduce_ex__`` and ``copyreg.__newobj__``,
-and then ``PreTrainedConfig.to_dict``/``__setattr__`` on the copy (tried: 16 further breaks)."""
+The copy is now made of trackers (``builtins.copy_value``): one graph, the original's ``__dict__`` guarded."""
 import copy
 
-import pytest
 import torch
 
 import coil
@@ -25,8 +23,6 @@ class Config:
 CFG = Config()
 
 
-@pytest.mark.xfail(strict=True, reason="copy.deepcopy of a user object is a graph break (the copy module is not "
-                                       "traced); torch.compile inlines it")
 def test_deepcopy_of_a_config_object_is_not_a_graph_break():
     def f(x):
         c = copy.deepcopy(CFG)

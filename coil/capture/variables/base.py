@@ -62,6 +62,9 @@ class VariableTracker:
     def python_type(self) -> type:
         raise Unsupported(f"type of {self} is unknown")
 
+    def del_attr(self, tx, name: str):
+        raise Unsupported("del of an attribute")
+
     def as_python_constant(self) -> Any:
         raise Unsupported(f"{self} is not a compile-time constant")
 

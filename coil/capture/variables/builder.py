@@ -35,8 +35,8 @@ from coil.capture.variables.functions import (BoundMethodVariable, PartialVariab
 from coil.capture.variables.objects import (AutogradFunctionApplyVariable, DataClassDictVariable, NNModuleVariable,
                                             PythonModuleVariable, UserDefinedClassVariable, UserDefinedObjectVariable,
                                             is_model_output_class)
-from coil.capture.variables.torchfn import (CONTEXT_CLASSES, ResumedGradModeVariable, TorchFunctionVariable,
-                                            is_torch_function)
+from coil.capture.variables.torchfn import (CONTEXT_CLASSES, LockVariable, ResumedGradModeVariable,
+                                            TorchFunctionVariable, is_torch_function)
 from coil.capture.variables.hops import HigherOrderVariable, hop_handler
 from coil.capture import frame as _frame
 from coil.capture.inspection import FrameVariable, OpaqueCallableVariable, OpaqueObjectVariable
@@ -311,10 +311,10 @@ def _build(tx, value, source, gs) -> VariableTracker:
     if t.__name__ == "ufunc" and t.__module__ == "numpy":   # ``np.sqrt(head_dim)``: folded on constants
         guard_is()
         return bi.PureFunctionVariable(value, source)
-    if isinstance(value, (torch.Generator, torch.Stream)):
-        # may be held and passed around; using it (e.g. ``generator=g``) is a graph break
+    if isinstance(value, (torch.Generator, torch.Stream, *LockVariable.TYPES)):
+        # may be held and passed around; using it (e.g. ``generator=g``) is a graph break; ``with lock:`` is traced
         guard_type()
-        return OpaqueObjectVariable(value, source)
+        return (LockVariable if t in LockVariable.TYPES else OpaqueObjectVariable)(value, source)
     if t is types.CellType and source is not None:
         # a frame's cell handed to its resume function (resume.py): content read on use
         guard_type()

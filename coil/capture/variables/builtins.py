@@ -13,6 +13,8 @@ compile-time constants and it is in ``_FOLDABLE``; otherwise it is a graph break
 from __future__ import annotations
 
 import builtins
+import collections
+import copy
 import dataclasses
 import functools
 import inspect
@@ -20,14 +22,15 @@ import itertools
 import operator
 import os
 import sys
+import threading
 import types
 from typing import Callable
 
 import torch
 
 from coil.exc import Unsupported
-from coil.capture.source import TypeSource
-from coil.capture.translator import const_value
+from coil.capture.source import ModuleDictSource, TypeSource
+from coil.capture.translator import _ObjectGetattribute, const_value
 from coil.capture.variables.base import ConstantVariable, KnownCallableVariable, NumpyArrayVariable, VariableTracker
 from coil.capture.variables.builder import wrap, wrap_constant_result
 from coil.capture.variables.containers import (DictVariable, GeneratorVariable, LazyIteratorVariable,
@@ -37,10 +40,10 @@ from coil.capture.variables.functions import (BaseFunctionVariable, BoundMethodV
                                               PartialVariable, UserFunctionVariable, UserMethodVariable)
 from coil.capture.variables.hops import call_region
 from coil.capture.variables.objects import (AttributeMissing, NNModuleVariable, NewObjectVariable, ObjectVariableBase,
-                                            UserDefinedClassVariable)
-from coil.capture.variables.symbolic import call_numeric, sym_minmax
+                                            UserDefinedClassVariable, UserDefinedObjectVariable)
+from coil.capture.variables.symbolic import SymNodeVariable, call_numeric, sym_minmax
 from coil.capture.variables.tensor import TensorVariable, UserCodeError, call_op
-from coil.capture.variables.torchfn import TorchFunctionVariable
+from coil.capture.variables.torchfn import LockVariable, TorchFunctionVariable
 
 _HANDLERS: dict[Callable, Callable] = {}
 _FOLDABLE = {abs, bool, int, float, str, round, divmod, pow, ord, chr, hex, oct, bin, hash,
@@ -301,11 +304,10 @@ def _setattr(tx, args, kwargs):
     return ConstantVariable(None)
 
 
-@builtin(delattr)
-def _delattr(tx, args, kwargs):
-    raise Unsupported("delattr")
-
-
+builtin(delattr)(lambda tx, args, kwargs: args[0].del_attr(tx, args[1].as_python_constant()) or ConstantVariable(None))
+builtin(object.__getattribute__)(   # (in a class's own ``__getattribute__``: the generic lookup)
+    lambda tx, args, kwargs: _ObjectGetattribute(args[0]).call_function(tx, args[1:], {}) if isinstance(
+        args[0], (ObjectVariableBase, NewObjectVariable)) else tx.getattr(args[0], args[1].as_python_constant()))
 builtin(range)(lambda tx, args, kwargs: ConstantVariable(range(*[a.as_python_constant() for a in args])))
 builtin(slice)(lambda tx, args, kwargs: SliceVariable(args))
 builtin(list)(lambda tx, args, kwargs: ListVariable(tx.unpack(args[0]) if args else []))
@@ -630,6 +632,56 @@ def _dc_replace(tx, args, kwargs):
     values = {f.name: kwargs[f.name] if f.name in kwargs else tx.getattr(obj, f.name)
               for f in dataclasses.fields(cls) if f.init}
     return tx.construct_object(UserDefinedClassVariable(cls), [], values)
+
+
+for _f in (threading.Lock, threading.RLock):    # (a lock made in the frame)
+    builtin(_f)(lambda tx, args, kwargs, _f=_f: LockVariable(factory=_f))
+for _f in (copy.copy, copy.deepcopy):   # copies made of trackers as eager makes them (docs/capture.md, "Copies")
+    builtin(_f)(lambda tx, args, kwargs, _f=_f: copy_value(tx, args[0] if len(args) == 1 and not kwargs else None,
+                                                           _f is copy.deepcopy, {}))
+
+
+def copy_value(tx, vt, deep: bool, memo: dict):
+    if id(vt) in memo or type(vt) in (ConstantVariable, SymNodeVariable, UserFunctionVariable, NestedFunctionVariable,
+                                      UserDefinedClassVariable, BuiltinVariable):
+        return memo.get(id(vt), vt)     # (immutable or atomic: copy returns the object itself)
+    sub, what = (lambda v: copy_value(tx, v, deep, memo) if deep else v), f"copy.{'deep' * deep}copy of {vt}"
+    if isinstance(vt, TensorVariable):
+        key = ("storage", (f := vt.fake).untyped_storage()._cdata)
+        if not deep or vt.cls is not torch.Tensor or f.requires_grad or key in memo or \
+                not torch._prims_common.is_non_overlapping_and_dense_or_false(f):
+            raise Unsupported(what + " (shared storage, not dense, or requiring grad: eager makes a new leaf)")
+        out = memo[key] = call_op(tx, "call_method", "clone", [vt], {})
+    elif type(vt) in (TupleVariable, NamedTupleVariable):
+        items = [sub(i) for i in vt.items]
+        out = vt if all(a is b for a, b in zip(items, vt.items)) else type(vt)(items, getattr(vt, "tuple_cls", None))
+    elif type(vt) in (ListVariable, SetVariable):
+        out = memo[id(vt)] = type(vt)([])
+        out.items = [sub(i) for i in vt.items] if type(vt) is ListVariable else set(vt.items)   # (of constants)
+    elif type(vt) is DictVariable and vt.user_cls in (dict, collections.OrderedDict, collections.defaultdict):
+        out = memo[id(vt)] = DictVariable({}, vt.user_cls)
+        out.default_factory, out.items = vt.default_factory, {k: sub(v) for k, v in vt.items.items()}
+    elif type(vt) is NewObjectVariable or type(vt) is UserDefinedObjectVariable and vt.source is not None and \
+            type(getattr(vt.value, "__dict__", None)) is dict:
+        cls = vt.python_type()
+        if any("__slots__" in k.__dict__ for k in cls.__mro__) or any(getattr(
+                cls, n, None) is not getattr(object, n, None) for n in ("__new__", "__reduce_ex__", "__reduce__",
+                                                                        "__getstate__", "__setstate__")) or \
+                _hasattr(tx, [vt, ConstantVariable(f"__{'deep' * deep}copy__")], {}).value:
+            raise Unsupported(what + " (its class has its own copy protocol)")
+        if type(vt) is NewObjectVariable:
+            state = vt.attrs
+        else:       # an object from outside the frame (with the frame's writes): its values and key list guarded
+            obj, e, se, keys = vt.value, vt.source.expr(), tx.output.side_effects, list(vt.value.__dict__)
+            tx.output.guards.add(f"list({e}.__dict__) == {keys!r}", f"list({e}.__dict__)", keys, src=e)
+            state = {n: wrap(tx, obj.__dict__[n], ModuleDictSource(vt.source, "__dict__", n)) if (
+                p := se.pending_attr(obj, n)) is None else p for n in [*keys, *(n for i, n in se.attrs
+                                                                                      if i == id(obj))]}
+        out = memo[id(vt)] = NewObjectVariable(cls)
+        out.attrs = {k: sub(v) for k, v in state.items()}
+    else:
+        raise Unsupported(what + " (not traced)", hint="it runs outside the graph")
+    return memo.setdefault(id(vt), out)
 
 
 class GetterVariable(VariableTracker):

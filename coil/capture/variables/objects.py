@@ -756,7 +756,9 @@ class NewObjectVariable(VariableTracker):
     def is_python_constant(self):
         return False   # never one (and its attributes may point back to it: no walk)
 
-    def var_getattr(self, tx, name):
+    def var_getattr(self, tx, name, generic=False):
+        if not generic and isinstance(ga := _static_lookup(self.cls, "__getattribute__"), types.FunctionType):
+            return tx.call(UserMethodVariable(ga, self), [ConstantVariable(name)], {})   # (transformers' configs)
         attr = _static_lookup(self.cls, name)
         if isinstance(attr, types.MemberDescriptorType):    # a ``__slots__`` entry: stored like an attribute
             if name not in self.attrs:
@@ -791,6 +793,11 @@ class NewObjectVariable(VariableTracker):
             tx.call(UserFunctionVariable(setattr_fn), [self, ConstantVariable(name), value], {})
             return
         self.attrs[name] = value
+
+    def del_attr(self, tx, name):      # (an object made in the frame: no side effect)
+        if _static_lookup(self.cls, "__delattr__") is not object.__delattr__ or name not in self.attrs:
+            super().del_attr(tx, name)      # (a missing name: eager raises AttributeError after the break)
+        del self.attrs[name]
 
     def call_function(self, tx, args, kwargs):
         call = _static_lookup(self.cls, "__call__")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import threading
 import types
 
 import torch
@@ -343,6 +344,32 @@ class _InferenceModeOff(ProfilerRangeVariable):
 
     def enter(self, tx):
         return ConstantVariable(None)   # (eager's ``__enter__`` returns None)
+
+
+class LockVariable(ContextManagerVariable):
+    """A ``threading.Lock``/``RLock`` (from ``source``, or made by ``factory``): ``with`` is a no-op (capture.md)."""
+    TYPES = (type(threading.Lock()), type(threading.RLock()))
+
+    def __init__(self, value=None, source=None, factory=None):
+        super().__init__(source)
+        self.value, self.factory, self.depth = value, factory, 0
+
+    def enter(self, tx):
+        if self.factory is threading.Lock or type(self.value) is self.TYPES[0]:
+            if self.source is not None:     # held when called: eager waits (or deadlocks), a recompile breaks here
+                tx.output.guards.add(f"{(e := self.source.expr())}.locked() is False", f"{e}.locked()", False, src=e)
+            if self.depth or self.value is not None and self.value.locked():
+                raise Unsupported("entering a threading.Lock that is held", hint="eager takes it (or deadlocks)")
+        self.depth += 1
+        return ConstantVariable(True)
+
+    def exit(self, tx):
+        self.depth -= 1
+
+    def reconstruct(self, cg):     # live at a graph break inside its block(s): taken for real
+        name = cg.bind(self, cg.source_expr(self.source) if self.source else f"{cg.const_expr(self.factory)}()")
+        cg.lines += [f"{name}.acquire()"] * self.depth
+        return name
 
 
 def make_context(tx, cls, args, kwargs):

@@ -21,7 +21,7 @@ from coil import capture, config as _config
 from coil import trace
 from coil.backends import list_backends, lookup_backend
 from coil.backends.registry import log_backend_failure
-from coil.exc import BackendCompilerFailed, UserError, warn_user
+from coil.exc import OPTIMIZER_TODO, BackendCompilerFailed, UserError, optimizer_not_compiled, warn_user
 
 MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
@@ -263,9 +263,9 @@ def compile(fn_or_module: Union[Callable, torch.nn.Module, None] = None, *,
         if isinstance(getattr(target, "__self__", None), torch.optim.Optimizer):
             # capture skips torch.optim's frames (docs/capture.md, "Known limitations"): say so instead of running
             # the step eagerly behind a compiled-looking wrapper
-            why = f"{type(target.__self__).__name__}.{target.__name__}: optimizer steps are not compiled by coil yet"
+            why = optimizer_not_compiled(f"{type(target.__self__).__name__}.{target.__name__}")
             trace.log("eager_fallback", stage="capture", reason=why)
-            warn_user(f"coil: {why}; it runs eagerly. Compile the model (or the loss and backward) instead.")
+            warn_user(f"coil: {why}; {OPTIMIZER_TODO}")
             return target
         if isinstance(target, torch.nn.Module):
             return OptimizedModule(target, capture_it(target), capture_it,

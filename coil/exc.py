@@ -33,6 +33,15 @@ def warn_user(msg: str) -> None:
     warnings.warn(msg, UserWarning, stacklevel=level if f is not None else 2)
 
 
+def optimizer_not_compiled(what: str) -> str:
+    """Why optimizer method ``what`` (``"Adam.step"``) runs eagerly: ``coil.compile(opt.step)``, or its call inlined."""
+    return f"{what}: optimizer steps are not compiled by coil yet"
+
+
+#: what the optimizer-step warnings tell the user to do
+OPTIMIZER_TODO = "it runs eagerly. Compile the model (or the loss and backward) instead."
+
+
 class CoilError(RuntimeError):
     """Base class of all errors coil raises on purpose."""
 

@@ -31,7 +31,8 @@ from torch.nn.modules import module as _mm
 
 from coil import config as _config
 from coil import trace
-from coil.exc import BackendCompilerFailed, GraphBreakInFullgraph, SourceLocation, Unsupported, UserError, warn_user
+from coil.exc import (OPTIMIZER_TODO, BackendCompilerFailed, GraphBreakInFullgraph, SourceLocation, Unsupported,
+                      UserError, warn_user)
 from coil.capture.output import BreakEarlier, EntryCodegen, OutputGraph, collect_tensors
 from coil.capture.inspection import frame_result_ok, is_frame_function
 from coil.capture.resume import label as _label, origin
@@ -614,8 +615,7 @@ def _build_entry(tx, output: OutputGraph, cfg: CaptureConfig, fn, code, argnames
             _optimizer_warned.add(code)     # (as coil.compile(opt.step) warns; the call runs eagerly from a stub)
             trace.log("eager_fallback", stage="capture", frame=_label(code), reason=info.reason)
             loc = info.exc.location
-            warnings.warn_explicit(f"coil: {info.reason}; it runs eagerly. Compile the model (or the loss and "
-                                   "backward) instead.", UserWarning, loc.filename, loc.lineno)
+            warnings.warn_explicit(f"coil: {info.reason}; {OPTIMIZER_TODO}", UserWarning, loc.filename, loc.lineno)
         if _forwards_call(tx, output, code, inst):
             # the frame's own code made no graph and mutated nothing, and returns what the
             # breaking call returns: nothing is split (the callee is captured on its own

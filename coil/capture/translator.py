@@ -27,7 +27,7 @@ from typing import Any, Optional
 import torch
 from torch.nn.modules import module as _mm
 
-from coil.exc import SourceLocation, Unsupported
+from coil.exc import SourceLocation, Unsupported, optimizer_not_compiled
 from coil.capture.source import AttrSource, BuiltinSource, ConstSource, GlobalSource
 from coil.capture.variables.base import (CellVariable, ConstantVariable, NumpyArrayVariable, SourcedCellVariable,
                                          VariableTracker)
@@ -649,7 +649,7 @@ class InstructionTranslatorBase:
         mod = fn.get_globals().get("__name__", "") or ""
         if mod.startswith("torch.optim") and getattr(getattr(fn, "fn", None), "__name__", "") == "step" and \
                 isinstance(opt := getattr(getattr(fn, "obj", None), "value", None), torch.optim.Optimizer):
-            e = Unsupported(f"{type(opt).__name__}.step: optimizer steps are not compiled by coil yet")
+            e = Unsupported(optimizer_not_compiled(f"{type(opt).__name__}.step"))
             e.optimizer_step = True      # (warned, once per frame: frame._build_entry)
             raise e
         if mod.split(".")[0] in SKIP_MODULES and not _traced_library_code(mod, code) or (

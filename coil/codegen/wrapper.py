@@ -30,6 +30,10 @@ def reinterpret(t: torch.Tensor, size, stride, offset: int) -> torch.Tensor:
     return t.as_strided(size, stride, t.storage_offset() + offset)
 
 
+#: ATen's alias of a tensor without dispatch (``(t, size, stride, offset increment)``), where torch has it
+_FAST_VIEW = getattr(torch._C._dynamo.guards, "_reinterpret_tensor", None)
+
+
 def ensure_layout(t: torch.Tensor, size, stride, dtype=None) -> torch.Tensor:
     """``t`` if its strides are ``stride`` (ignoring size-1 dims), else a copy that has
     them: extern kernels may pick another output layout than fake tensors predicted.
@@ -272,10 +276,9 @@ class WrapperCodegen:
         """A view of ``name``. One the wrapper only passes to kernels (not a graph output: those keep ``as_strided``'s
         view tracking) is ATen's alias without dispatch (as Inductor's; ~0.5 µs less a view on a CPU host) unless a
         dispatch mode is on, decided once per call."""
-        fast = getattr(torch._C._dynamo.guards, "_reinterpret_tensor", None)
-        fn = "view_of" if internal and fast is not None else "reinterpret"
+        fn = "view_of" if internal and _FAST_VIEW is not None else "reinterpret"
         if fn == "view_of" and not self._view:
-            self.globals.update(fast_view=fast, modes=torch._C._len_torch_dispatch_stack)
+            self.globals.update(fast_view=_FAST_VIEW, modes=torch._C._len_torch_dispatch_stack)
             self._view = ["    view_of = fast_view if not modes() else reinterpret"]
         return f"{fn}({name}, {self._tuple(size)}, {self._tuple(stride)}, {self._expr(offset)})"
 

@@ -20,7 +20,7 @@ from coil.ir.nodes import (Buffer, ComputedBuffer, ConcatBuffer, ConcatSlice, Co
                            MultiOutput, ReinterpretView, ScatterBuffer, describe_origin)
 from coil.capture.substitutes import OPAQUE_IMPLS
 from coil.ir.graph import misaligned_leading_dim
-from coil.ir.symbols import PRECOMPUTED, as_expr, is_size_symbol, precomputed_symbol_of, pyexpr
+from coil.ir.symbols import PRECOMPUTED, as_expr, bare_symbol, is_size_symbol, precomputed_symbol_of, pyexpr
 from coil.schedule.scheduler import FusedGroup
 from coil.codegen.common import layout_key
 
@@ -193,8 +193,8 @@ def _symbol_sources(graph) -> dict:
     """Symbol -> the expression over the call's arguments that is exactly it (see :func:`symbol_bindings`)."""
     sources: dict = {}
     for name, value in zip(graph.placeholder_names, graph.example_inputs):
-        if isinstance(value, torch.SymInt) and as_expr(value).is_Symbol:
-            sources.setdefault(as_expr(value), name)
+        if isinstance(value, torch.SymInt) and (s := bare_symbol(as_expr(value))) is not None:
+            sources.setdefault(s, name)
         elif isinstance(value, torch.SymInt) and (ps := precomputed_symbol_of(as_expr(value))) is not None:
             # a precomputed size passed in whole: a backward reading the forward's ``int(k * 10)``, whose float
             # symbol no input of the backward defines
@@ -208,8 +208,8 @@ def _symbol_sources(graph) -> dict:
         if (b := graph.graph_inputs.get(name)) is None:
             continue
         for d, e in enumerate(b.layout.size):
-            if e.is_Symbol:
-                sources.setdefault(e, f"{name}.size({d})")
+            if (s := bare_symbol(e)) is not None:
+                sources.setdefault(s, f"{name}.size({d})")
             elif e.is_Add and len(e.free_symbols) == 1:
                 # ``2*u1 + 1`` (a backward's tangent of a ``zeros(2 * t.item() + 1)`` output): u1 from the size
                 # (solved without substituting s = 0: a backward's ``FloorDiv(8, s) + 1`` of ``x[::s]`` divides by it)
@@ -218,13 +218,13 @@ def _symbol_sources(graph) -> dict:
                 if a.is_Integer and a != 0 and (c := sympy.expand(e - a * s)).is_Integer:
                     sources.setdefault(s, f"(({name}.size({d}) - {c}) // {a})")
         for d, e in enumerate(b.layout.stride):
-            if e.is_Symbol:
-                sources.setdefault(e, f"{name}.stride({d})")
+            if (s := bare_symbol(e)) is not None:
+                sources.setdefault(s, f"{name}.stride({d})")
     for name, value in zip(graph.placeholder_names, graph.example_inputs):
         # an input's storage offset: AOT lays a written input's value out at it for an as_strided read (s315 #543)
         if isinstance(value, torch.Tensor) and isinstance(off := value.storage_offset(), torch.SymInt) \
-                and as_expr(off).is_Symbol:
-            sources.setdefault(as_expr(off), f"{name}.storage_offset()")
+                and (s := bare_symbol(as_expr(off))) is not None:
+            sources.setdefault(s, f"{name}.storage_offset()")
     return sources
 
 

@@ -82,3 +82,16 @@ def test_instance_norm_channels_last_is_one_lane_blocked_kernel():
     assert len(re.findall(r"double acc\d+_xl\[(32|64)\]", src)) == 2, src
     assert re.search(r"for \(int64_t l = 0; l < (32|64); \+\+l\) \{\s*int64_t x0 = x0b \+ l;\s*"
                      r"for \(int64_t r0 = rb0; r0 < re0; \+\+r0\)", src), src
+
+
+def test_floordiv_drops_a_common_factor():
+    """``(g*y) // (g*c) -> y // c``: the first element of each channels-last row (instance_norm's shift, read through a
+    ``(1, N*C, H, W)`` view) indexes as ``x // (H*W*C)``, so the normalization kernel splits its loop (no division per
+    element) and hoists the row's statistics (channels-last instance_norm of (8, 64, 56, 56): 9.1 -> 2.9 ms)."""
+    from coil.ir.symbols import XINDEX, FloorDiv, simplify_index
+    assert simplify_index(FloorDiv(3136 * FloorDiv(XINDEX, 3136), 200704), {XINDEX: 1605632}) == FloorDiv(XINDEX, 200704)
+    assert FloorDiv(6 * XINDEX + 3, 4).args == (6 * XINDEX + 3, 4)   # no common factor: unchanged
+    cases = [(FloorDiv(6 * XINDEX + 4, 4), lambda v: (6 * v + 4) // 4), (FloorDiv(12 * XINDEX + 8, 6), lambda v: (12 * v + 8) // 6),
+             (FloorDiv(3136 * XINDEX, 200704), lambda v: 3136 * v // 200704)]
+    for e, ref in cases:
+        assert all(int(e.subs(XINDEX, v)) == ref(v) for v in range(0, 1000, 7)), e

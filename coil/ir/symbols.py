@@ -312,6 +312,9 @@ class FloorDiv(sympy.Function):
             return sympy.Integer(int(a) // int(b))
         if isinstance(a, FloorDiv):
             return FloorDiv(a.args[0], a.args[1] * b)
+        coeffs = [t.as_coeff_Mul()[0] for t in sympy.Add.make_args(a)]
+        if b.is_Integer and all(c.is_Integer for c in coeffs) and (g := math.gcd(int(b), *map(int, coeffs))) > 1:
+            return FloorDiv(sympy.expand(a / g), b // g)  # (g*y) // (g*c) = y // c: a channels-last row's first element
         if isinstance(a, Mod) and _known_le(a.args[1], b):
             return sympy.Integer(0)  # (x % c) // b with c <= b
         if a.is_Add:

@@ -29,7 +29,8 @@ from coil.schedule.indexing import axis_steps
 
 SUM_BLOCK = 1024  # elements per blocked-sum partial (see _section)
 X_LANES_BLOCK = 32  # rows per block partial of an outer sum (see _reduction_x_lanes)
-_DECL = re.compile(r"^[A-Za-z_][\w:<>]* [A-Za-z_]\w* = [^;]*;$")  # one declared value, no store (see _outer_sum)
+_DECL = re.compile(r"^([A-Za-z_][\w:<>]*) ([A-Za-z_]\w*) = ([^;]*);$")  # one declared value (see _outer_sum)
+_STORE = re.compile(r"^p_\w+\[[^;]*\] = [^;]*;$")  # one plain store
 LANES = 8
 PARALLEL_MIN = 32768  # elements of work before a kernel uses OpenMP threads
 
@@ -59,6 +60,7 @@ class _Section:
         self.post: list[str] = []
         self.accs: list[tuple[str, str, list]] = []  # (name, reduction_type, fields)
         self.cse: dict = {}
+        self.r_store = False  # a store contiguous along r (see _reduction_x_lanes)
 
 
 def _c(e) -> str:
@@ -261,6 +263,8 @@ class CppKernel(OpsHandler):
                 self.cur += ["#pragma omp atomic", f"{target} += {self._convert_store(buf_dtype, value)};"]
         elif mode is None:
             self.cur.append(f"{target} = {self._convert_store(buf_dtype, value)};")
+            if self.section is not None and (steps := axis_steps(index)) is not None and steps[1] == 1:
+                self.section.r_store = True
         else:
             raise NotImplementedError(f"C++ backend: store mode {mode!r}")
 
@@ -645,8 +649,8 @@ class CppKernel(OpsHandler):
     def _reduction(self, xs: Split, rs: Split) -> list[str]:
         if self.numel == 0:
             return []
-        if (i := self._outer_sum(xs)) is not None:
-            return self._reduction_x_lanes(xs, rs, i)
+        if (w := self._outer_sum(xs)) is not None:
+            return self._reduction_x_lanes(xs, rs, w)
         body = [l for item in self.items
                 for l in (self._section(item, rs) if isinstance(item, _Section) else [self._fix(item)])]
         return [self._omp(self.numel * self.bounds[RINDEX]) if not is_static(self.numel) or self.numel >= 2 else "",
@@ -654,51 +658,91 @@ class CppKernel(OpsHandler):
                 *("  " + d for d in self._xdecls(xs)), *("  " + l for l in body), "}"]
 
     def _outer_sum(self, xs: Split) -> Optional[int]:
-        """The position in ``items`` of the one section when this reduction is a floating sum over a non-contiguous dim
-        whose loads are contiguous along x (a bias gradient: ``g.sum(0)`` of a row-major ``g``), written as
-        :meth:`_reduction_x_lanes`, else None. The innermost x run is a multiple of ``LANES`` (a lane group reads
-        consecutive x), and the per-x code before the section only declares values (it is repeated per lane)."""
-        secs = [i for i, item in enumerate(self.items) if isinstance(item, _Section)]
-        if (len(secs) != 1 or not isinstance(self.numel, int) or self.x_contiguous_loads <= self.r_contiguous_loads
-                or not isinstance(xs.extents[0], int) or xs.extents[0] % LANES
-                or not all(_DECL.match(l) for l in self.items[:secs[0]])):
+        """The lane width ``W`` when this reduction's loads are contiguous along x, not r (a bias gradient ``g.sum(0)``
+        of a row-major ``g``, ``x.mean((2, 3))`` or ``instance_norm`` of a channels-last ``x``), written as
+        :meth:`_reduction_x_lanes`, else None. ``W`` consecutive x of the innermost x run share each r step: a multiple
+        of ``LANES`` up to 64 (fewer when that leaves threads idle), or a whole run of up to 256 that is not one. The
+        per-x code only declares and stores values (each declared value becomes an array of ``W``)."""
+        e0 = xs.extents[0]
+        if (not isinstance(self.numel, int) or self.x_contiguous_loads <= self.r_contiguous_loads
+                or not isinstance(e0, int) or e0 < LANES or (e0 % LANES and e0 > 256)
+                or any(rt not in ("sum", "prod", "max", "min", "any") for item in self.items
+                       if isinstance(item, _Section) for _, rt, _ in item.accs)
+                or not all(_DECL.match(l) or _STORE.match(l) for item in self.items
+                           for l in ([item] if isinstance(item, str) else item.pre + item.post))):
             return None
-        ok = all(rt == "sum" and len(f) == 1 and f[0][1] in ("float", "double") for _, rt, f in self.items[secs[0]].accs)
-        return secs[0] if ok else None
+        w = e0 if e0 % LANES else next(w for w in (64, 32, 16, 8) if e0 % w == 0)
+        while w % (2 * LANES) == 0 and self.numel // w < 2 * self.num_threads:
+            w //= 2
+        return w
 
-    def _reduction_x_lanes(self, xs: Split, rs: Split, i: int) -> list[str]:
-        """An outer sum with its lanes along x: each r step reads ``LANES`` consecutive x (one vector load per input),
-        where one row at a time read a column with stride ``rnumel``-apart loads (a cache miss each: DeBERTa's CPU
-        training step spent more time in its bias gradients than in their matmuls). Each lane sums its column in
-        blocks of ``X_LANES_BLOCK`` rows and adds the block partials with Kahan's compensated summation, in order
-        (deterministic for any thread count; as accurate as the lanes along r, which :meth:`_section` blocks)."""
-        head, sec, tail = self.items[:i], self.items[i], self.items[i + 1:]
-        ext = rs.extents
-        row = [self._fix(l) for l in head + sec.pre]  # the row's values, read by the body and after it
-        body = row + [self._fix(l) for l in sec.body]
-        post = row + [self._fix(l) for l in sec.post + tail]
+    def _reduction_x_lanes(self, xs: Split, rs: Split, w: int) -> list[str]:
+        """The "outer reduction" form: blocks of ``w`` consecutive x (parallel over blocks); each r step runs an ``omp
+        simd`` loop over the block's lanes, one vector load per input, with one accumulator per lane, where one x at a
+        time read a column of stride-apart loads (channels-last ``x.mean((2, 3))`` ran 5-20x slower than eager). Per-x
+        values (the code before, between and after the loops over r) are arrays over the lanes. A loop over r without
+        a reduction whose store is contiguous along r (``instance_norm``'s NCHW output) keeps r innermost. Floating
+        sums add blocks of ``X_LANES_BLOCK`` rows per lane with Kahan's compensation (deterministic for any thread
+        count; as accurate as the lanes along r, which :meth:`_section` blocks)."""
+        ext, names, decls, code = rs.extents, set(), [], []
         opens = [f"for (int64_t r{i} = 0; r{i} < {_c(ext[i])}; ++r{i}) {{" for i in range(len(ext) - 1, 0, -1)]
-        lane = ["int64_t xindex = xb + l;", *self._xdecls(xs)]
-        out = [self._omp(self.numel * self.bounds[RINDEX]) if self.numel > LANES else "",
-               f"for (int64_t xb = 0; xb < {self.numel}; xb += {LANES}) {{"]
-        for acc, _, ((_, t, init),) in sec.accs:
-            out += [f"  {t} {acc}_xl[{LANES}], {acc}_blk[{LANES}], {acc}_c[{LANES}];",
-                    f"  for (int l = 0; l < {LANES}; ++l) {{ {acc}_xl[l] = {init}; {acc}_c[l] = 0; }}"]
-        inner = [l.replace("@", "_blk[l]") for l in body]
-        out += ["  " + o for o in opens]
-        out += [f"  for (int64_t rb0 = 0; rb0 < {_c(ext[0])}; rb0 += {X_LANES_BLOCK}) {{"]
-        out += [f"    for (int l = 0; l < {LANES}; ++l) {acc}_blk[l] = 0;" for acc, _, _ in sec.accs]
-        out += [f"    for (int64_t r0 = rb0; r0 < {_c(ext[0])} && r0 < rb0 + {X_LANES_BLOCK}; ++r0) {{",
-                f"      {self._simd_for(inner)}", f"      for (int64_t l = 0; l < {LANES}; ++l) {{"]
-        out += [f"        {l}" for l in lane + self._rindex_decl(rs) + inner]
-        out += ["      }", "    }"]
-        out += [f"    for (int l = 0; l < {LANES}; ++l) {{ {t} y = {acc}_blk[l] - {acc}_c[l], s = {acc}_xl[l] + y; "
-                f"{acc}_c[l] = (s - {acc}_xl[l]) - y; {acc}_xl[l] = s; }}" for acc, _, ((_, t, _),) in sec.accs]
-        out += ["  }"] + ["  }"] * len(opens)
-        out += [f"  for (int64_t l = 0; l < {LANES}; ++l) {{", *("    " + l for l in lane)]
-        out += [f"    {t} {acc} = {acc}_xl[l];" for acc, _, ((_, t, _),) in sec.accs]
-        out += [f"    {l}" for l in post] + ["  }", "}"]
-        return out
+        closes = ["}"] * len(opens)
+
+        def ren(l: str) -> str:  # a per-x value read inside a lane loop: its lane's element
+            return re.sub(r"\b(" + "|".join(sorted(names)) + r")\b(?!@)", r"\1_xl[l]", l) if names else l
+
+        def lanes(body: list[str], simd: bool = True) -> list[str]:
+            return [self._simd_for(body) if simd else "", f"for (int64_t l = 0; l < {w}; ++l) {{",
+                    "  int64_t x0 = x0b + l;", *("  " + b for b in body), "}"]
+
+        def per_x(lines: list[str]) -> list[str]:
+            out = []
+            for l in (ren(self._fix(l)) for l in lines):
+                if (m := _DECL.match(l)) and not re.search(r"\bx0\b|\bp_|_xl\[l\]", m[3]):
+                    decls.append(l)  # the same for every lane (a constant)
+                    continue
+                if m:
+                    decls.append(f"{m[1]} {m[2]}_xl[{w}];")
+                    names.add(m[2])
+                    l = f"{m[2]}_xl[l] = {m[3]};"
+                out.append(l)
+            return lanes(out) if out else []
+
+        pending: list[str] = []  # per-x lines: one lane loop between loops over r
+        for item in self.items:
+            if isinstance(item, str):
+                pending.append(item)
+                continue
+            code += per_x(pending + item.pre)
+            body = [self._fix(l) for l in item.body]
+            self.no_if_convert |= any(l.lstrip().startswith("if (") for l in body)  # see _section
+            blocked = [a for a, rt, f in item.accs if rt == "sum" and f[0][1] in ("float", "double")]
+            for acc, _, ((_, t, init),) in item.accs:
+                decls.append(f"{t} {acc}_xl[{w}]" + (f", {acc}_blk[{w}], {acc}_c[{w}];" if acc in blocked else ";"))
+                code.append(f"for (int l = 0; l < {w}; ++l) {{ {acc}_xl[l] = {init};"
+                            + (f" {acc}_c[l] = 0; }}" if acc in blocked else " }"))
+            for acc in blocked:
+                body = [l.replace(f"{acc}@", f"{acc}_blk[l]") for l in body]
+            body = self._rindex_decl(rs) + [ren(l).replace("@", "_xl[l]") for l in body]
+            code += [*opens, f"for (int64_t rb0 = 0; rb0 < {_c(ext[0])}; rb0 += {X_LANES_BLOCK}) {{"]
+            code += [f"  for (int l = 0; l < {w}; ++l) {acc}_blk[l] = 0;" for acc in blocked]
+            code += [f"  int64_t re0 = rb0 + {X_LANES_BLOCK} < {_c(ext[0])} ? rb0 + {X_LANES_BLOCK} : {_c(ext[0])};"]
+            r_loop = "for (int64_t r0 = rb0; r0 < re0; ++r0) {"
+            if not item.accs and item.r_store:  # a tile, r innermost; no omp simd: its gathers of strided loads
+                tile = lanes([r_loop, *("  " + l for l in body), "}"], simd=False)  # made pool+instance_norm 20x slower
+            else:
+                tile = [r_loop, *("  " + l for l in lanes(body)), "}"]
+            code += ["  " + l for l in tile]
+            code += [f"  for (int l = 0; l < {w}; ++l) {{ {t} y = {acc}_blk[l] - {acc}_c[l], s = {acc}_xl[l] + y; "
+                     f"{acc}_c[l] = (s - {acc}_xl[l]) - y; {acc}_xl[l] = s; }}"
+                     for acc, _, ((_, t, _),) in item.accs if acc in blocked]
+            code += ["}", *closes]
+            names.update(acc for acc, _, _ in item.accs)
+            pending = list(item.post)
+        code += per_x(pending)
+        head = ["int64_t xindex = xb;", *(d.replace("int64_t x0 ", "int64_t x0b ") for d in self._xdecls(xs))]
+        return [self._omp(self.numel * self.bounds[RINDEX]) if self.numel > w else "",
+                f"for (int64_t xb = 0; xb < {self.numel}; xb += {w}) {{", *("  " + l for l in head + decls + code), "}"]
 
     def _rindex_decl(self, rs: Split) -> list[str]:
         return [f"int64_t rindex = {cexpr(rs.flat())};"] if self.needs_rindex else []

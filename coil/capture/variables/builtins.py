@@ -195,7 +195,6 @@ class PureFunctionVariable(KnownCallableVariable):
             raise UserCodeError(f"{type(e).__name__}: {e}") from e
 
 
-
 # --- handlers -----------------------------------------------------------------------------
 
 

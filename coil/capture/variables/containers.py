@@ -76,7 +76,6 @@ def method_getattr(self, tx, name):
     return BoundMethodVariable(self, name)
 
 
-
 class BaseListVariable(VariableTracker):
     """Shared code of tuples and lists (``items`` is a Python list of trackers)."""
 

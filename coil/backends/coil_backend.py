@@ -32,7 +32,6 @@ def kernel_compiler(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
     FX interpreter (logged, with a warning) if code generation raises; with
     ``config.strict_codegen`` the failure raises ``coil.exc.StrictCodegenError``."""
     from coil.codegen import compile_aten_graph  # looked up per call: tests count the compiles
-
     try:
         return compile_aten_graph(gm, example_inputs, _graph_device(example_inputs))
     except Exception as e:  # an internal failure: stay correct, say so

@@ -65,7 +65,6 @@ def to_node_arg(v: VariableTracker):
     if isinstance(v, DictVariable):
         return {k: to_node_arg(x) for k, x in v.items.items()}
     from coil.capture.variables.objects import NNModuleVariable
-
     if isinstance(v, NNModuleVariable):
         raise Unsupported("passing an nn.Module to a torch function")
     if isinstance(v, NumpyArrayVariable):
@@ -318,7 +317,6 @@ def _user_attr(tx, v, name):
     after which it is an input), unless it is an input returned by an in-place op: that input is looked up."""
     from coil.capture.source import AttrSource
     from coil.capture.variables.objects import wrap_class_attr
-
     src, real = v.source, _input_value(tx, v)
     if src is None:
         src, real = next(((s, r) for s, r, n in tx.output.inputs if n.meta.get("example_value") is v.fake),

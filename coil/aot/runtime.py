@@ -121,8 +121,7 @@ def symbolic_evaluator(items: Any, fake_inputs: Sequence, value_shapes: Sequence
     lines += [f"    {names[sym]} = {where[sym]}  # {sym}" for sym in sorted(where, key=str)]
     lines.append(f"    return {render(items)}")
     src = "\n".join(lines) + "\n"
-    trace.artifact("aot_symbolic_layouts", "# aot: symbolic layouts, evaluated per call\n" + src,
-                   kind="python")
+    trace.artifact("aot_symbolic_layouts", "# aot: symbolic layouts, evaluated per call\n" + src, kind="python")
     # every name PythonPrinter emits: math.*, torch.sym_float / torch._sym_sqrt (ToFloat,
     # sqrt), builtins (min, max, abs, round)
     ns: dict = {"math": math, "torch": torch}

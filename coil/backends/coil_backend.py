@@ -54,6 +54,5 @@ def coil(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
     except GuardOnDataDependentSymNode as e:  # a traced formula (cumsum's backward) asked about a size marked unbacked
         trace.log("aot_fallback", stage="aot", error=f"{type(e).__name__}: {e}"[:4000])
         refuse_fallback("aot_fallback", e)
-        warn_user(f"coil: AOT tracing needs an unbacked size ({str(e).splitlines()[0]}); "
-                  "running this graph eagerly")
+        warn_user(f"coil: AOT tracing needs an unbacked size ({str(e).splitlines()[0]}); running this graph eagerly")
         return lookup_backend("eager")(gm, example_inputs)

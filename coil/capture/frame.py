@@ -669,8 +669,7 @@ def _build_entry(tx, output: OutputGraph, cfg: CaptureConfig, fn, code, argnames
             trace.log("break_plan", stage="capture", frame=_label(code), offset=inst.offset,
                       plan=f"property getter {getter.__qualname__} called from the entry; "
                            "the frame resumes captured after the attribute load")
-        elif not in_block and _depth_after(inst, tx.stack) is None and \
-                (op := _operator_form(inst)) is not None:
+        elif not in_block and _depth_after(inst, tx.stack) is None and (op := _operator_form(inst)) is not None:
             # one instruction with a NULL below its operands (``f(x=obj[0])``: a pending
             # call), which a trampoline cannot pass on: call its operator from the entry
             operands = [tx.pop() for _ in range(op[1])][::-1]

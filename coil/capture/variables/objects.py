@@ -26,8 +26,7 @@ from torch.fx.experimental.proxy_tensor import get_proxy_mode
 from coil.exc import Unsupported
 from coil.capture.dynamic import RANDOM_DRAWS, random_draw
 from coil.capture.source import AttrSource, ConstSource, ModuleDictSource
-from coil.capture.variables.base import (AttributeMissing, ConstantVariable, RealValueVariable, VariableTracker,
-                                         wrap)
+from coil.capture.variables.base import AttributeMissing, ConstantVariable, RealValueVariable, VariableTracker, wrap
 from coil.capture.variables.containers import (BaseListVariable, DictVariable, ListIteratorVariable, ListVariable,
                                                TupleVariable)
 from coil.capture.variables.functions import BoundMethodVariable, UserFunctionVariable, UserMethodVariable
@@ -130,8 +129,7 @@ def lookup_attr(tx, vt: ObjectVariableBase, name: str, generic: bool = False):
         d = getattr(obj, "__dict__", None)
         if d is not None and name in d:
             src = vt.attr_source(name)
-            if src is not None and type(d) is dict and \
-                    _static_lookup(cls, "__getattr__") is not _SENTINEL:
+            if src is not None and type(d) is dict and _static_lookup(cls, "__getattr__") is not _SENTINEL:
                 # guards and entries read it as ``obj.__dict__[name]``: CPython does not
                 # specialize attribute loads on a class with __getattr__ (nn.Module), a
                 # dict lookup costs half; a value no longer in __dict__ is a guard miss

@@ -58,16 +58,13 @@ def _wrap_backend(backend: Callable, name: str, options: dict) -> Callable:
                 raise BackendCompilerFailed(name, e) from e
         if not options:
             return compiled
-
         patched = _config.patch(**options)
 
         @functools.wraps(compiled)
         def run(*args):
             with patched:
                 return compiled(*args)
-
         return run
-
     return compile_graph
 
 
@@ -259,7 +256,6 @@ def compile(fn_or_module: Union[Callable, torch.nn.Module, None] = None, *,
     def wrap(target):
         def capture_it(t):
             return capture.wrap_callable(t, backend=backend_fn, fullgraph=fullgraph, dynamic=dynamic, options=merged)
-
         if isinstance(getattr(target, "__self__", None), torch.optim.Optimizer):
             # capture skips torch.optim's frames (docs/capture.md, "Known limitations"): say so instead of running
             # the step eagerly behind a compiled-looking wrapper
@@ -272,7 +268,6 @@ def compile(fn_or_module: Union[Callable, torch.nn.Module, None] = None, *,
                                    dict(backend=backend, mode=mode, fullgraph=fullgraph,
                                         dynamic=dynamic, options=options or None))
         return capture_it(target)
-
     return wrap if fn_or_module is None else wrap(fn_or_module)
 
 
@@ -282,7 +277,6 @@ from coil.capture.dynamic import mark_dynamic, mark_static, mark_unbacked  # noq
 def reset() -> None:
     """Drop every cache: compiled frames, guards, kernel caches in memory, recorded CUDA graphs."""
     from coil.runtime import cudagraph_trees
-
     capture.reset()
     cudagraph_trees.reset()
 
@@ -292,7 +286,6 @@ def cudagraph_mark_step_begin() -> None:
     from the roots of the CUDA graph tree, so its replays may overwrite the outputs of the previous iteration
     (reading those then raises; clone what you keep)."""
     from coil.runtime import cudagraph_trees
-
     cudagraph_trees.mark_step_begin()
 
 

@@ -22,7 +22,6 @@ def _add_report(sub) -> None:
 
 def _run_report(a) -> int:
     from coil.trace import report
-
     return int(report.main([a.log_dir] + (["-o", a.out] if a.out else [])) or 0)
 
 

@@ -114,7 +114,6 @@ def _fake_as_at_call(vals: list, example_inputs: list) -> list:
     (``TracingContext.tensor_to_context``) reuses the symbols the capture gave it, so the graph's SymInt placeholders
     stay valid. Unchanged (``vals``) outside torch's capture, or when some tensor input was not recorded by it."""
     from torch._guards import TracingContext  # torch's capture → backend seam, not torch._dynamo
-
     ctx = TracingContext.try_get()
     mode = getattr(ctx, "fake_mode", None)
     if mode is None or mode.shape_env is None or len(vals) != len(example_inputs):
@@ -175,7 +174,6 @@ def _clone_saved_mutated_inputs(fw: torch.fx.GraphModule, info, n_fw: int, num_s
         while n.op == "call_function" and getattr(n.target, "is_view", False) and n.args:
             n = n.args[0]
         return n in mutated
-
     out = next(n for n in fw.graph.nodes if n.op == "output")
     args = list(out.args[0])
     changed = []
@@ -303,7 +301,6 @@ def aot_compile(gm: Callable, example_inputs: list, fw_compiler: Callable,
             mode = fake_mode_of(example_inputs) if symbolic is not None else None
             example_inputs = [mode.from_tensor(t, static_shapes=True) if mode else t for t in lifted] + \
                 list(example_inputs)
-
     t0 = time.perf_counter()
     if torch.is_anomaly_enabled():
         # anomaly mode's NaN check of each backward output reads values (.item()), which a fake trace
@@ -335,7 +332,6 @@ def aot_compile(gm: Callable, example_inputs: list, fw_compiler: Callable,
 
     def run_lifted(*args):
         return run(*lifted, *args)
-
     run_lifted._coil_aot_path = run._coil_aot_path  # type: ignore[attr-defined]
     return run_lifted
 

@@ -449,7 +449,6 @@ def _describe(fn, fake_args, f_args, before, outs, grad, drop_error_checks, fake
         if torch._functionalize_has_metadata_mutation(fa.elem):
             inputs[-1].layout = ()  # filled in from eager_layouts below
         input_storage.setdefault(StorageWeakRef(fa.untyped_storage()), i)
-
     outputs: list = []
     graph_outputs: list = []
     groups: dict = {}  # storage -> user-output positions computed from it
@@ -492,7 +491,6 @@ def _describe(fn, fake_args, f_args, before, outs, grad, drop_error_checks, fake
             groups.setdefault((st, o.dtype), []).append(k)
             if _view_of_written_intermediate(o, o):  # (its new value has the out-of-place op's layout: trial 62)
                 outputs[-1].src_stride = meta["stride"]
-
     base_sources: list = []
     for members in groups.values():
         first = members[0]
@@ -548,7 +546,6 @@ def _describe(fn, fake_args, f_args, before, outs, grad, drop_error_checks, fake
     for o in outputs:  # alias_of_output: index → graph-output position of the owner
         if o.kind == "alias_of_output":
             o.index = outputs[o.index].index
-
     memo: dict = {}     # output k's backward in eager reads what autograd saved in storages reads[k]
     roots = {k: flat_outs[k].grad_fn for k in graph_outputs
              if outputs[k].requires_grad and flat_outs[k].grad_fn is not None}
@@ -699,7 +696,6 @@ def _traced(fn: Callable, args: list) -> Callable:
                 a.item_memo = m
         with maybe_enable_thunkify():
             return fn(*inner)
-
     return traced
 
 
@@ -868,7 +864,6 @@ def run_eagerly(gm: torch.fx.GraphModule) -> Callable:
             outs = [m for m in nodes if any(u not in inside for u in m.users)]
             names = set().union(*(m.meta.get("ac_args", ()) for m in nodes))
             args = list({a: 0 for m in nodes for a in m.all_input_nodes if a not in inside and a.name in names})
-
             held: dict = {}  # outputs that are tensors from outside (a buffer's `+=`): not returned through the
             # checkpoint, whose reentrant Function would make them its outputs and recurse into itself in the backward
 
@@ -1067,7 +1062,6 @@ def trace_inference(fn: Callable, fake_args: list, info: ProgramInfo, decomposit
             f_args = [_to_functional(a) for a in primals]
             vals = _forward_values(fn, f_args, info)
         return [_from_functional(v) for v in vals]
-
     return _flatten_signature(_make_fx(inference, [list(fake_args)], decompositions, fake_mode))
 
 
@@ -1138,7 +1132,6 @@ def trace_joint(fn: Callable, fake_args: list, info: Optional[ProgramInfo], deco
                 fx_traceback.set_stack_trace([])
             grad_is_none[:] = [g is None for g in grads]
             return [_from_functional(v) for v in vals], [_from_functional(g) for g in grads if g is not None]
-
     try:  # (oneDNN only for the backward's sake)
         with _without_mkldnn() if grad or not one_run else contextlib.nullcontext():
             gm = _make_fx(joint, [list(fake_args), tangents], decompositions, fake_mode)

@@ -160,7 +160,6 @@ def _segment(gm: torch.fx.GraphModule, nodes: list):
 
 def _compile_split(gm: torch.fx.GraphModule, example_inputs: list, compile_piece: Callable):
     from coil.capture.variables.hops import _region_key  # the same notion of equal graphs
-
     nodes = list(gm.graph.nodes)
     placeholders = [n for n in nodes if n.op == "placeholder"]
     metas = [p.meta.get("example_value", p.meta.get("val")) for p in placeholders]
@@ -172,7 +171,6 @@ def _compile_split(gm: torch.fx.GraphModule, example_inputs: list, compile_piece
 
     def val(n):
         return value[n] if n in value else _fake(mode, n.meta.get("example_value", n.meta.get("val")))
-
     need = _grad_union(region_calls(gm), val)
     steps: list = []      # (compiled piece, input nodes, {output index: node})
     compiled: dict = {}   # (kind, key) -> [callable, calls, compile ms, name, fakes]
@@ -196,7 +194,6 @@ def _compile_split(gm: torch.fx.GraphModule, example_inputs: list, compile_piece
             key = ("segment", _region_key(piece.graph, {}),
                    tuple((_meta_key(f), getattr(f, "requires_grad", False)) for f in fakes))
             add_step(key, "segment", piece, ins, dict(enumerate(outs)), fakes)
-
     for n in nodes[:-1]:
         if n.op == "call_function" and n.target in _TARGETS:
             flush()
@@ -240,6 +237,5 @@ def _runner(steps: list, placeholders: list, out_node) -> Callable:
                 del env[a]
         res = torch.fx.node.map_arg(out_node.args[0], env.__getitem__)
         return list(res) if isinstance(res, list) else res
-
     run._coil_aot_path = "regional"  # type: ignore[attr-defined]
     return run

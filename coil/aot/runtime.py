@@ -79,7 +79,6 @@ def symbolic_evaluator(items: Any, fake_inputs: Sequence, value_shapes: Sequence
             e = _expr(v)
             if isinstance(e, sympy.Symbol) and e in needed and e not in where:
                 where[e] = code
-
     for i, f in enumerate(fake_inputs):
         if isinstance(f, (torch.SymInt, torch.SymFloat)):  # a float input: int(k * 2) as a size
             bind(f, f"args[{i}]")
@@ -118,13 +117,11 @@ def symbolic_evaluator(items: Any, fake_inputs: Sequence, value_shapes: Sequence
             e = printer.doprint(_expr(v).xreplace(names))
             return e if isinstance(v, torch.SymInt) else f"{type(v).__name__[3:].lower()}({e})"
         return repr(int(v))
-
     lines = ["def layouts(args, vals):"]
     lines += [f"    {names[sym]} = {where[sym]}  # {sym}" for sym in sorted(where, key=str)]
     lines.append(f"    return {render(items)}")
     src = "\n".join(lines) + "\n"
-    trace.artifact("aot_symbolic_layouts", "# aot: symbolic layouts, evaluated per call\n" + src,
-                   kind="python")
+    trace.artifact("aot_symbolic_layouts", "# aot: symbolic layouts, evaluated per call\n" + src, kind="python")
     # every name PythonPrinter emits: math.*, torch.sym_float / torch._sym_sqrt (ToFloat,
     # sqrt), builtins (min, max, abs, round)
     ns: dict = {"math": math, "torch": torch}
@@ -159,7 +156,6 @@ def _make_epilogue(info: ProgramInfo) -> Callable:
     n_graph = len(info.graph_outputs)
     spec = info.out_spec
     flat_tuple = spec.num_leaves == spec.num_nodes - 1 and spec.type in (tuple, list)
-
     plan = []
     for o in info.outputs:
         if o.kind == "graph":
@@ -304,7 +300,6 @@ def _make_epilogue(info: ProgramInfo) -> Callable:
         if container is not None:
             return container(flat)
         return flat[0] if single_leaf else pytree.tree_unflatten(flat, spec)
-
     return epilogue
 
 
@@ -378,7 +373,6 @@ def inference_runner(compiled_fw: Callable, info: ProgramInfo) -> Callable:
                 set_grad_enabled(True)
             return epilogue(args, vals)
         return epilogue(args, compiled_fw(*args))
-
     run._coil_aot_path = "inference"  # type: ignore[attr-defined]
     return run
 
@@ -592,7 +586,6 @@ def training_runner(compiled_fw: Callable, compiled_bw: Callable, info: ProgramI
                 grads = _BackwardOnce.apply(run_bw, *saved, *tangents)
             result = dict(zip(slots, grads))
             return (None, *map(result.get, range(n_in)))  # (None: box)
-
     CompiledFunction.__name__ = "CoilCompiledFunction"
     # inputs that get no gradient enter autograd's node detached: eager's backward never reaches their history, and
     # an edge to it would run its nodes (floor_divide's missing derivative raises: s1038 #195, a graph break's local)
@@ -600,7 +593,6 @@ def training_runner(compiled_fw: Callable, compiled_bw: Callable, info: ProgramI
     # differentiable outputs while no input gets a gradient (``vector_norm(x, 0)``): eager's outputs require grad
     # (their backward gives None), so the node takes a leaf that requires grad in place of the detached inputs
     anchor = bool(tangent_pos) and not grad_slots and bool(no_grad)
-
     c_apply = super(torch.autograd.Function, CompiledFunction).apply
 
     def apply(*args):
@@ -627,7 +619,6 @@ def training_runner(compiled_fw: Callable, compiled_bw: Callable, info: ProgramI
         if reached:
             vals = _reached(vals, args)
         return epilogue(args, vals)
-
     reached = [(j, tangent_pos[j]) for j in reach if tangent_pos[j] in computed]
 
     def _reached(vals, args):
@@ -641,6 +632,5 @@ def training_runner(compiled_fw: Callable, compiled_bw: Callable, info: ProgramI
                         sum(v is vals[k] for v in vals) == 1:   # (one object returned twice stays one)
                     vals[k] = _Reached.apply(node, j, vals[k])
         return tuple(vals)
-
     run._coil_aot_path = "training"  # type: ignore[attr-defined]
     return run

@@ -255,7 +255,6 @@ class _Rewriter:
             with self.fake_mode:
                 val = new_op(*[_val(a) for a in args], **{k: _val(v) for k, v in kwargs.items()})
             return (args, kwargs), val
-
         if (done := self._attempt(build, node.meta.get("val"))) is None:
             return
         node.target, (node.args, node.kwargs) = new_op, done
@@ -304,7 +303,6 @@ class _Rewriter:
             scaled = self._new(node, aten.mul.Tensor, (y, self.cast(t, compute, node)))
             with self.fake_mode:
                 return scaled, node.target(_val(given["self"]), scaled.meta["val"])
-
         if (scaled := self._attempt(build, node.meta.get("val"))) is None:
             return
         node.args, node.kwargs = (given["self"], scaled), {}
@@ -327,7 +325,6 @@ class _Rewriter:
                 rep = self._new(node, aten.expand.default, (rep, size))
                 rep = self._new(node, aten.clone.default, (rep,), {"memory_format": torch.contiguous_format})
             return rep, rep.meta["val"]
-
         if (rep := self._attempt(build, out)) is None:
             return
         self.tensorized.append(str(node.target))

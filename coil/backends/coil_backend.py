@@ -32,7 +32,6 @@ def kernel_compiler(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
     FX interpreter (logged, with a warning) if code generation raises; with
     ``config.strict_codegen`` the failure raises ``coil.exc.StrictCodegenError``."""
     from coil.codegen import compile_aten_graph  # looked up per call: tests count the compiles
-
     try:
         return compile_aten_graph(gm, example_inputs, _graph_device(example_inputs))
     except Exception as e:  # an internal failure: stay correct, say so
@@ -55,6 +54,5 @@ def coil(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
     except GuardOnDataDependentSymNode as e:  # a traced formula (cumsum's backward) asked about a size marked unbacked
         trace.log("aot_fallback", stage="aot", error=f"{type(e).__name__}: {e}"[:4000])
         refuse_fallback("aot_fallback", e)
-        warn_user(f"coil: AOT tracing needs an unbacked size ({str(e).splitlines()[0]}); "
-                  "running this graph eagerly")
+        warn_user(f"coil: AOT tracing needs an unbacked size ({str(e).splitlines()[0]}); running this graph eagerly")
         return lookup_backend("eager")(gm, example_inputs)

@@ -26,7 +26,6 @@ def register_backend(name: str) -> Callable[[Backend], Backend]:
         _BACKENDS[name] = fn
         _LAZY.pop(name, None)
         return fn
-
     return deco
 
 
@@ -58,7 +57,6 @@ def lookup_backend(backend: Union[str, Backend]) -> Backend:
 def eager(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
     """Run the captured graph as it is (checkpoint regions by ``torch.utils.checkpoint``)."""
     from coil.aot.functional import run_eagerly
-
     return run_eagerly(gm)
 
 
@@ -66,7 +64,6 @@ def eager(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
 def inductor(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
     """Hand the graph to torch's Inductor (for comparisons; needs torch's compiler)."""
     from torch._inductor.compile_fx import compile_fx  # allowed here: comparison backend
-
     return compile_fx(gm, example_inputs)
 
 

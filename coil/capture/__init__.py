@@ -108,7 +108,6 @@ def explain(fn, *args, **kwargs) -> ExplainOutput:
         else:
             guards.append(payload[1])
             entries.append(payload[2])
-
     n_breaks = len(_frame.break_log)
     _frame._listeners.append(listener)
     # a fresh capture: the frame's own cache may run it eagerly (recompile limit), which explained nothing

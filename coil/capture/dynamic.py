@@ -321,7 +321,6 @@ def shape_guards(env, inputs: list, contiguous: set = frozenset(), at_call: Opti
             prelude.append(f"{name} = {text}")
             names[name] = text
         return name
-
     ranks = {text: fake.dim() for text, fake in inputs if isinstance(fake, torch.Tensor)}
     fakes = [f for _, f in inputs]
     sources = [ShapeSource(e) for e, _ in inputs]

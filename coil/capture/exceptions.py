@@ -62,7 +62,6 @@ class ExceptionVariable(VariableTracker):
     def exception_value(self) -> BaseException:
         """The exception as a Python object (its arguments must be constants)."""
         from coil.capture.translator import const_value
-
         return self.cls(*[const_value(a) for a in self.args])
 
     def raise_(self):

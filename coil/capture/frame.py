@@ -239,7 +239,6 @@ def wrap_function(fn: types.FunctionType, cfg: CaptureConfig):
             if (e := _find_entry(cache, cfg, bound, fn)) is not None:
                 return e.entry(*bound, fn)
         return _miss(fn, code, cfg, bound, args, kwargs)
-
     coil_wrapper.__wrapped__, coil_wrapper._coil_compiled = fn, True
     coil_wrapper.__name__ = getattr(fn, "__name__", "coil_wrapper")
     coil_wrapper.__qualname__ = getattr(fn, "__qualname__", "coil_wrapper")
@@ -274,7 +273,6 @@ def _user_function_mode() -> bool:
 def _module_call_code(mod: torch.nn.Module) -> types.CodeType:
     def forward_call(self, *args, **kwargs):
         return self(*args, **kwargs)
-
     cls = type(mod)      # (co_qualname: warnings name the user's Outer.forward)
     attr = "__call__" if cls.__call__ is not torch.nn.Module.__call__ else "forward"
     return forward_call.__code__.replace(co_name=f"{cls.__name__}_call_{id(mod):x}",
@@ -296,7 +294,6 @@ def wrap_module(mod: torch.nn.Module, cfg: CaptureConfig):
     def coil_module_wrapper(*args, **kwargs):
         m = mod_ref()
         return inner(m, *args, **kwargs)
-
     coil_module_wrapper._coil_code = code  # keeps the cache alive as long as the wrapper
     coil_module_wrapper._coil_fn = fn
     return coil_module_wrapper
@@ -601,7 +598,6 @@ def _forwards_call(tx, output: OutputGraph, code, inst) -> bool:
 
 def _build_entry(tx, output: OutputGraph, cfg: CaptureConfig, fn, code, argnames) -> CacheEntry:
     from coil.capture.opcodes import split_call
-
     kind = tx.result[0]
     se = output.side_effects
     plan = None
@@ -673,8 +669,7 @@ def _build_entry(tx, output: OutputGraph, cfg: CaptureConfig, fn, code, argnames
             trace.log("break_plan", stage="capture", frame=_label(code), offset=inst.offset,
                       plan=f"property getter {getter.__qualname__} called from the entry; "
                            "the frame resumes captured after the attribute load")
-        elif not in_block and _depth_after(inst, tx.stack) is None and \
-                (op := _operator_form(inst)) is not None:
+        elif not in_block and _depth_after(inst, tx.stack) is None and (op := _operator_form(inst)) is not None:
             # one instruction with a NULL below its operands (``f(x=obj[0])``: a pending
             # call), which a trampoline cannot pass on: call its operator from the entry
             operands = [tx.pop() for _ in range(op[1])][::-1]
@@ -931,7 +926,6 @@ def _emit_break(cg: EntryCodegen, tx, plan, fn, code, cfg, live_locals: dict) ->
         # captured on like the user's, not skipped as library code)
         target = capture_callable(rfn, cfg, library=True) if captured else rfn
         return cg.const_expr(_Holder(target)) + ".fn"
-
     if plan[0] == "call" and len(plan) > 8:
         _emit_trampoline(cg, tx, plan, fn, code, cfg, local_names, local_exprs, resume)
     elif plan[0] == "call":
@@ -999,7 +993,6 @@ def _operator_form(inst):
     as plain Python (a ``__getitem__`` that broke once would break again on its own frame, at more cost per call). The
     operators are the translator's own (``opcodes._BINARY``, ``opcodes._COMPARE``)."""
     from coil.capture.opcodes import _BINARY, _COMPARE
-
     name = inst.opname
     if name == "BINARY_SUBSCR":
         return operator.getitem, 2

@@ -58,7 +58,6 @@ def _load_helper():
     try:
         if sys.version_info[:2] not in ((3, 11), (3, 12)):
             raise RuntimeError(f"Python {sys.version_info[0]}.{sys.version_info[1]} has no dict version tag")
-
         probe = types.SimpleNamespace(a=1)
         ds = ({}, collections.OrderedDict(), probe.__dict__)
         before = [_tag(x) for x in ds]
@@ -267,7 +266,6 @@ def _module_dicts_as_items(fn: ast.FunctionDef, lines: list, ns: dict) -> ast.Fu
                 owner = at(ast.Attribute(owner, "__dict__", ast.Load()), node)
             # (an object whose attribute of that name is not in its __dict__ raises: a guard miss, never a pass)
             return at(ast.Subscript(owner, at(ast.Constant(node.attr), node), ast.Load()), node)
-
     at = ast.copy_location      # (new nodes only: the tree is compiled as it is, not walked for locations)
     for st in fn.body:          # (only the statements whose text names one: most do not)
         if any(a in line for line in lines[st.lineno - 1:st.end_lineno] for a in _MODULE_DICTS):

@@ -184,7 +184,6 @@ class GuardSet:
         """Compile the guard function; returns ``(fn, source_text)``. With ``config.guard_versions``, ``fn`` is the fast
         guard of :mod:`.guard_versions` (its source is the compile log's artifact ``guards_fast``)."""
         from coil.capture.guard_versions import fast_guard
-
         if self._batched:
             self._batch()
         src = self.source_text(argnames)
@@ -541,7 +540,6 @@ def _emit_guards(guards: list, lines: list, notes: dict) -> dict:
         lines.append(f"    {name} = {rhs}")
         names[text] = name
         return name
-
     for i, (g, p) in enumerate(zip(guards, parsed)):
         code = g.fast if g.fast is not None else g.code
         if p is None and g.batch is None:   # not parseable as expected: the plain text

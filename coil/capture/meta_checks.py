@@ -280,7 +280,6 @@ def check_graph(gm: torch.fx.GraphModule) -> None:
         if isinstance(a, torch.fx.Node):
             return a.meta.get("example_value", a.meta.get("val"))
         return type(a)(val(x) for x in a) if isinstance(a, (tuple, list)) else a
-
     for node in list(gm.graph.nodes):
         if node.op in ("call_function", "call_method"):
             try:

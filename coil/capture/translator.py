@@ -183,7 +183,6 @@ class InstructionTranslatorBase:
                  cells: dict, parent: Optional["InstructionTranslatorBase"] = None,
                  fn_name: str = ""):
         from coil.capture import opcodes
-
         self.code, self.f_globals, self.output, self.parent = code, f_globals, output, parent
         self.instructions = instructions_of(code)
         self.offset_to_index = dict(_offset_map(code))
@@ -490,7 +489,6 @@ class InstructionTranslatorBase:
             other = b.as_python_constant() if isinstance(b, SetVariable) else {v.as_python_constant() for v in b.items}
             return SetVariable(op(set(a.items), set(other)))
         from coil.capture.variables.builtins import IdVariable
-
         if isinstance(a, IdVariable) or isinstance(b, IdVariable):
             if isinstance(a, IdVariable) and isinstance(b, IdVariable) and op in (operator.eq, operator.ne):
                 same = self.is_same(a.target, b.target)
@@ -679,7 +677,6 @@ class InstructionTranslatorBase:
     def call_module(self, mod_vt: NNModuleVariable, args: list, kwargs: dict) -> VariableTracker:
         m = mod_vt.value
         from coil.api import OptimizedModule
-
         if type(m) is OptimizedModule:  # a coil-compiled module called from compiled code: the original is traced
             mod_vt = wrap(self, m._orig_mod, mod_vt.source and AttrSource(mod_vt.source, "_orig_mod"))
             m = mod_vt.value

@@ -78,8 +78,7 @@ def _max_pool_geometry(x, kernel_size, stride, padding, dilation) -> list:
     if not config.lower_max_pool or len(x.get_size()) != 4 or not x.get_dtype().is_floating_point:
         raise FallbackToExtern()
     k = _pair(kernel_size)
-    return list(zip(k, _pair(stride) if stride else k, _pair(padding), _pair(dilation),
-                    x.get_size()[2:]))
+    return list(zip(k, _pair(stride) if stride else k, _pair(padding), _pair(dilation), x.get_size()[2:]))
 
 
 def _within(e, low: bool, high, top) -> list:

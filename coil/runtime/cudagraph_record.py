@@ -166,10 +166,8 @@ class CudaRecorder:
         "Offset increment outside graph capture"), and before ending the routing of allocations to the pool (a later
         ``MemPool`` destructor asserted ``captures_underway.empty()`` and aborted the process). A tiny capture that
         succeeds does the first two; the routing is ended here."""
-        try:
+        with contextlib.suppress(AttributeError, RuntimeError):  # (capture_end got that far: nothing left to end)
             torch._C._cuda_endAllocateToPool(self.device.index, self.pool)
-        except (AttributeError, RuntimeError):  # (capture_end got that far: nothing left to end)
-            pass
         torch.cuda.set_stream(stream)
         try:
             torch.cuda.synchronize()

@@ -32,7 +32,6 @@ def _patch_interpreter_bf16_rounding() -> None:
 
     def cast_impl(self, src, dst_type):
         if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:
-            import torch
             data = np.asarray(src.data, dtype=np.float32)
             t = torch.from_numpy(data.reshape(-1).copy()).to(torch.bfloat16)
             out = t.view(torch.int16).numpy().view(np.uint16).reshape(data.shape)

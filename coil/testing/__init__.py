@@ -177,7 +177,6 @@ def _upcast(tree: Any) -> Any:
             y = x.detach().to(torch.float32)
             return y.requires_grad_(x.requires_grad) if x.is_leaf else y
         return x
-
     return pytree.tree_map(up, tree)
 
 
@@ -259,11 +258,9 @@ def assert_same_as_eager(fn: Callable, args: Any, *, backend: Any = "coil",
             if is_module:
                 f = f.float() if any(p.dtype in _LOW_PRECISION for p in list(f.parameters()) + list(f.buffers())) else f
         return f, a, k
-
     # Eager.
     e_fn, e_args, e_kwargs = fresh()
     e_out, e_grads = _run(e_fn, e_args, e_kwargs, check_grads, e_fn if is_module else None, 7)
-
     # fp32 reference, only when something is bf16/fp16.
     r_fn = r_args = r_kwargs = r_out = r_grads = None
     low = _has_low_precision((args, kwargs, e_out)) or (
@@ -271,12 +268,10 @@ def assert_same_as_eager(fn: Callable, args: Any, *, backend: Any = "coil",
     if low:
         r_fn, r_args, r_kwargs = fresh(upcast=True)
         r_out, r_grads = _run(r_fn, r_args, r_kwargs, check_grads, r_fn if is_module else None, 7)
-
     # Compiled.
     c_fn, c_args, c_kwargs = fresh()
     compiled = coil.compile(c_fn, backend=backend)
     c_out, c_grads = _run(compiled, c_args, c_kwargs, check_grads, c_fn if is_module else None, 7)
-
     problems = _compare_trees("output", c_out, e_out, r_out, atol, rtol)
     if check_input_mutation:
         problems += _compare_trees("args after call", c_args, e_args, r_args, atol, rtol)

@@ -133,7 +133,6 @@ def wrap(tx, value: Any, source, guard: bool = True) -> VariableTracker:
 
 def _build(tx, value, source, gs) -> VariableTracker:
     from coil.capture.variables import builtins as bi
-
     expr = source.expr() if source is not None else None
 
     def guard_is():  # the value by identity

@@ -195,7 +195,6 @@ class PureFunctionVariable(KnownCallableVariable):
             raise UserCodeError(f"{type(e).__name__}: {e}") from e
 
 
-
 # --- handlers -----------------------------------------------------------------------------
 
 
@@ -578,7 +577,6 @@ def _signature(tx, args, kwargs):
 @builtin(os.getenv)
 def _getenv(tx, args, kwargs):  # os.environ.get: the value read is guarded (transformers' torch_compilable_check)
     from coil.capture.variables.builder import EnvironVariable
-
     return EnvironVariable().call_method(tx, "get", args, kwargs)
 
 
@@ -621,7 +619,6 @@ def _dc_asdict(tx, args, kwargs):
             return DictVariable({k: conv(x) for k, x in v.items.items()})
         v.as_python_constant()
         return v
-
     return conv(args[0])
 
 

@@ -76,7 +76,6 @@ def method_getattr(self, tx, name):
     return BoundMethodVariable(self, name)
 
 
-
 class BaseListVariable(VariableTracker):
     """Shared code of tuples and lists (``items`` is a Python list of trackers)."""
 
@@ -200,7 +199,6 @@ class NamedTupleVariable(TupleVariable):
             if isinstance(idx, int):
                 return self.items[idx]
         from coil.capture.variables.objects import wrap_class_attr
-
         return wrap_class_attr(tx, self, self.tuple_cls, name)
 
     def call_method(self, tx, name, args, kwargs):
@@ -382,7 +380,6 @@ class DictVariable(VariableTracker):
     @staticmethod
     def key_of(v: VariableTracker):
         from coil.capture.variables.objects import ObjectVariableBase
-
         return v.value if isinstance(v, ObjectVariableBase) and v.value is not None else v.as_python_constant()
 
     def wrap_key(self, tx, k):
@@ -412,7 +409,6 @@ class DictVariable(VariableTracker):
         if self.user_cls not in (dict, collections.OrderedDict) and type(self) is DictVariable:
             from coil.capture.variables.functions import UserMethodVariable
             from coil.capture.variables.objects import _static_lookup
-
             fn = _static_lookup(self.user_cls, name)
             if isinstance(fn, types.FunctionType):
                 return tx.call(UserMethodVariable(fn, self), args, kwargs)
@@ -673,7 +669,6 @@ class ListIteratorVariable(VariableTracker):
             return self if self.kind == "iterator" else self.iterate()
         if name == "__next__" and self.kind == "iterator" and not args and not kwargs:   # it.__next__(): next(it)
             from coil.capture.variables.builtins import _next
-
             return _next(tx, [self], {})
         raise Unsupported(f"iterator method {name}")
 
@@ -863,7 +858,6 @@ class GeneratorVariable(ListIteratorVariable):
         StopIteration (``close``: returns None, also when GeneratorExit leaves it), another exception leaves the call."""
         from coil.capture.exceptions import ExceptionVariable, exception_tracker
         from coil.capture.opcodes import _exception_of
-
         given = args[1] if len(args) > 1 and args[1].python_type() is not type(None) else args[0] if args else None
         exc = ExceptionVariable(GeneratorExit, []) if name == "close" else _exception_of(tx, given)
         try:

@@ -225,7 +225,6 @@ def _check_same_outputs(a: Subgraph, b: Subgraph, names, location) -> None:
             return bool(p == q)
         except Exception:  # noqa: BLE001 - unbacked
             return torch.fx.experimental.symbolic_shapes.statically_known_true(p == q)
-
     for i, (x, y) in enumerate(zip(a.out_fakes, b.out_fakes)):
         same = x.dtype == y.dtype and x.dim() == y.dim() and x.device == y.device
         if same and not all(equal(p, q) for p, q in zip(x.shape, y.shape)):  # eager's cond runs it
@@ -555,7 +554,6 @@ def call_scan(tx, args: list, kwargs: dict) -> VariableTracker:
 
     def op(fn, *a):
         return call_op(tx, "call_function", fn, list(a), {})
-
     lead = []
     d = dim + xs[0].fake.dim() if dim < 0 else dim
     for x in xs:
@@ -641,7 +639,6 @@ def call_associative_scan(tx, args: list, kwargs: dict) -> VariableTracker:
 
     def op(fn, *a, **kw):
         return call_op(tx, "call_function", fn, list(a), {k: ConstantVariable(v) for k, v in kw.items()})
-
     getitem = __import__("operator").getitem
     lead = []
     for x in xs:
@@ -734,7 +731,6 @@ def call_region(tx, fn_vt, args: list, kwargs: dict) -> VariableTracker:
     state it reads (a rebound global) is in its graph. A body that cannot be a subgraph (side effect, write to an input,
     output aliasing an input) is inlined, logged as ``region_inlined``."""
     from coil.aot.regions import invoke_region
-
     out = tx.output
     graph, before, subs_before = out.graph, set(out.graph.nodes), set(out.subgraphs)
     operands = [a for a in args if isinstance(a, TensorVariable)]

@@ -26,8 +26,7 @@ from torch.fx.experimental.proxy_tensor import get_proxy_mode
 from coil.exc import Unsupported
 from coil.capture.dynamic import RANDOM_DRAWS, random_draw
 from coil.capture.source import AttrSource, ConstSource, ModuleDictSource
-from coil.capture.variables.base import (AttributeMissing, ConstantVariable, RealValueVariable, VariableTracker,
-                                         wrap)
+from coil.capture.variables.base import AttributeMissing, ConstantVariable, RealValueVariable, VariableTracker, wrap
 from coil.capture.variables.containers import (BaseListVariable, DictVariable, ListIteratorVariable, ListVariable,
                                                TupleVariable)
 from coil.capture.variables.functions import BoundMethodVariable, UserFunctionVariable, UserMethodVariable
@@ -99,7 +98,6 @@ def lookup_attr(tx, vt: ObjectVariableBase, name: str, generic: bool = False):
         return pending
     if name == "__class__":
         from coil.capture.variables.builtins import type_of
-
         return type_of(tx, vt)
     if name == "__dict__":
         d = getattr(obj, "__dict__", None)
@@ -131,8 +129,7 @@ def lookup_attr(tx, vt: ObjectVariableBase, name: str, generic: bool = False):
         d = getattr(obj, "__dict__", None)
         if d is not None and name in d:
             src = vt.attr_source(name)
-            if src is not None and type(d) is dict and \
-                    _static_lookup(cls, "__getattr__") is not _SENTINEL:
+            if src is not None and type(d) is dict and _static_lookup(cls, "__getattr__") is not _SENTINEL:
                 # guards and entries read it as ``obj.__dict__[name]``: CPython does not
                 # specialize attribute loads on a class with __getattr__ (nn.Module), a
                 # dict lookup costs half; a value no longer in __dict__ is a guard miss
@@ -251,7 +248,6 @@ class UserDefinedObjectVariable(ObjectVariableBase):
             return _call_lru_cached(tx, self, args, kwargs)     # (a bound method of one too: its object is the key)
         if type(self.value) is weakref.ref and self.source is not None and not args and not kwargs:
             from coil.capture.source import CallSource   # the referent, guarded as any input (lr_scheduler's opt_ref)
-
             return tx.wrap(self.value(), CallSource(self.source))
         call = _static_lookup(type(self.value), "__call__")
         if isinstance(call, types.FunctionType):
@@ -348,7 +344,6 @@ class NNModuleVariable(ObjectVariableBase):
                     src = ModuleDictSource(src, "_modules", part)
                 src = ModuleDictSource(src, leaf_dict, leaf)
             return src
-
         # what the walk reads is guarded: the keys of every dict it visits
         deep = kind == "named_modules" or (recurse and kind != "named_children")
         for qual, sub in (m.named_modules() if deep else [("", m)]):
@@ -438,7 +433,6 @@ class InFrameModuleVariable(NNModuleVariable):
     @classmethod
     def create(cls, tx, mod_cls: type, args: list, kwargs: dict) -> "InFrameModuleVariable":
         from coil.capture.translator import const_value
-
         what = f"creating a {mod_cls.__name__} module inside the frame"
         own = [k for k in mod_cls.__mro__ if k is not object and not _torch_nn(k) and
                ("__init__" in k.__dict__ or "__new__" in k.__dict__)]
@@ -846,7 +840,6 @@ def probe_autograd(tx, what: str, inputs: list, forward, setup_context, backward
     effect, or code capture cannot trace, raises Unsupported (a break). Its nodes are removed, its guards kept;
     returns the probe's ctx."""
     from coil.capture.variables.hops import _RefusingSideEffects
-
     out = tx.output
     before, saved, draws = set(out.graph.nodes), out.side_effects, len(out.draws)
     out.side_effects = _RefusingSideEffects(saved, what)

@@ -134,7 +134,6 @@ def python_text(env, value, bind=None) -> str:
     expression) replaces each symbol's source read, e.g. by a local read at the entry's start
     (:meth:`~coil.capture.output.EntryCodegen.symbol_local`)."""
     from coil.capture.dynamic import source_name
-
     expr = value.node.expr
     text = PythonPrinter().doprint(expr)
     names = {}
@@ -200,7 +199,6 @@ def binary(tx, op, a: VariableTracker, b: VariableTracker):
         res = fn(*vals)
     except ZeroDivisionError as e:
         from coil.capture.variables.tensor import UserCodeError
-
         raise UserCodeError(f"ZeroDivisionError: {e}") from e
     if fn is operator.mul and isinstance(res, torch.SymFloat) and res.node.expr.is_number and res.node.expr == 0:
         res = _signed_zero_product(vals, res)
@@ -295,7 +293,6 @@ def call_numeric(tx, fn, args: list, kwargs: dict):
     lo, hi = _DOMAINS.get(fn, (None, None))
     if lo is not None and not (bool(v > lo) if fn is math.log2 else bool(v >= lo) and (hi is None or bool(v <= hi))):
         from coil.capture.variables.tensor import UserCodeError
-
         raise UserCodeError("ValueError: math domain error")
     return wrap_sym(a.output, sym_fn(v), ("op", sym_fn, [a]))
 

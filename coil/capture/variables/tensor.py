@@ -24,6 +24,7 @@ from torch._library.custom_ops import OPDEFS
 
 from coil.exc import Unsupported
 from coil.capture.meta_checks import cast_to_eager_dtype, check_call
+from coil.capture.source import AttrSource
 from coil.capture.substitutes import substitute
 from coil.capture.variables.base import (ConstantVariable, NumpyArrayVariable, VariableTracker, instance_dict_attr,
                                          wrap_constant_result)
@@ -65,7 +66,6 @@ def to_node_arg(v: VariableTracker):
     if isinstance(v, DictVariable):
         return {k: to_node_arg(x) for k, x in v.items.items()}
     from coil.capture.variables.objects import NNModuleVariable
-
     if isinstance(v, NNModuleVariable):
         raise Unsupported("passing an nn.Module to a torch function")
     if isinstance(v, NumpyArrayVariable):
@@ -186,7 +186,6 @@ def call_op(tx, kind: str, target, args: list, kwargs: dict) -> VariableTracker:
         # a symbolic base / exponent of a tensor that needs grad as a 0-d tensor (the result dtype is the tensor's; at
         # least fp32, as eager's scalar): ATen's pow backward formulas read a scalar as a double, which a SymInt cannot
         # give (c10::Scalar: "NYI SymInt"; AOT failed) and a SymFloat only by pinning it (a compile per size)
-        from coil.capture.variables.symbolic import SymNodeVariable
         t = next(a.fake for a in args if isinstance(a, TensorVariable))    # (0-d: the 0-d scalar tensor would promote)
         dt = ConstantVariable(t.dtype if t.dim() == 0 else torch.promote_types(t.dtype, torch.float32))
         args = [call_op(tx, "call_function", torch.full, [ConstantVariable(()), a], {"dtype": dt})
@@ -316,9 +315,7 @@ def _user_attr(tx, v, name):
     to stay where it was found: a value by its source, an absent name by ``name not in t.__dict__`` (added
     later, it recompiles). A tensor made in the frame has no instance attributes (setting one is a graph break,
     after which it is an input), unless it is an input returned by an in-place op: that input is looked up."""
-    from coil.capture.source import AttrSource
     from coil.capture.variables.objects import wrap_class_attr
-
     src, real = v.source, _input_value(tx, v)
     if src is None:
         src, real = next(((s, r) for s, r, n in tx.output.inputs if n.meta.get("example_value") is v.fake),
@@ -540,7 +537,6 @@ class TensorVariable(VariableTracker):
             real = _input_value(tx, self)
             if real is None:
                 raise Unsupported("Tensor.grad of a tensor made inside a compiled frame")
-            from coil.capture.source import AttrSource
             return tx.wrap(real.grad, AttrSource(self.source, "grad"))
         if name == "__class__":
             return wrap_constant_result(tx, self.cls)

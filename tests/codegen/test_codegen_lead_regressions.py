@@ -515,6 +515,25 @@ def test_a_reused_buffer_drops_its_old_name():
     torch.testing.assert_close(c(x, w)[0], f(x, w))
 
 
+def test_a_dead_buffer_is_not_held_for_reuse_across_the_peak():
+    """The pool kept a dead buffer for the next allocation of its layout however far away: timm Swin-T's bf16
+    forward held each block's buffers through the next block while it allocated afresh (planned peak at batch 2
+    19.6 MB against 13.8 freed at last use; 1.25 GB against torch.compile's 0.87 on an H100 at batch 64). ``sin(x)``'s
+    buffer dies before the two (256, 256) buffers; held for ``exp(a)`` it would add to their peak, so it is freed."""
+    from codegen_helpers import compile_fn
+
+    def f(x, y):
+        a = x.sin() @ x
+        r = (y.cos() @ y).sum()
+        return a.exp() @ a, r
+
+    x, y = torch.randn(64, 64) / 8, torch.randn(256, 256) / 16
+    c = compile_fn(f, x, y)
+    assert "# reuse" not in c.source and c.source.index("del buf0") < c.source.index("buf2 = "), c.source
+    for got, want in zip(c(x, y), f(x, y)):
+        torch.testing.assert_close(got, want)
+
+
 def test_a_buffer_read_only_by_its_own_kernel_is_freed_after_it():
     """The C++ kernel of a softmax whose input gathers a relative-position bias (timm Swin-T's shifted windows)
     stores exp(x - max) in a float32 buffer that only the same kernel reads; with no later reader the wrapper never

@@ -8,7 +8,8 @@ tensor placeholder), ``self.outputs`` (an :class:`OutputSpec` per graph output).
 Decisions made here (all logged): which ops fell back to extern kernels (event ``lowering_fallbacks``), and when an
 unrealized pointwise value is realized (stored to memory) instead of inlined into readers: graph outputs, inputs of
 extern kernels, values with several readers whose body is expensive (more loads than ``config.max_inline_reads`` or more
-than :data:`MAX_INLINE_OPS` ops), and bodies that grew larger than :data:`MAX_BODY_OPS` ops."""
+than :data:`MAX_INLINE_OPS` ops), bodies that grew larger than :data:`MAX_BODY_OPS` ops, and on a CPU transcendental values
+that every reader broadcasts to 16x their elements (a squeeze-excitation gate's sigmoid)."""
 from __future__ import annotations
 
 import dataclasses
@@ -38,12 +39,22 @@ from coil.ir.nodes import (Buffer, ComputedBuffer, ConcatBuffer, ConcatSlice, Co
                            TensorBox, V)
 from coil.ir.symbols import as_expr, current_shape_env, hint, product
 from coil.ir.virtualized import compute_dtype, ops
-from coil.ir.handlers import TextPrinter, count_ops, record_pointwise
+from coil.ir.handlers import TextPrinter, record_pointwise
 from coil.ir.lowering import make_pointwise_box
 from coil.ir.lowering_views import strided_base
 
 MAX_INLINE_OPS = 64
 MAX_BODY_OPS = 256
+#: ops costly enough on a CPU that a small value computing one is realized before readers broadcast it (_maybe_realize)
+_TRANSCENDENTAL = frozenset({"exp", "expm1", "log", "log1p", "sigmoid", "tanh", "erf", "pow", "sin", "cos"})
+
+
+def _broadcast_by_every_user(n: torch.fx.Node, factor: int = 16) -> bool:
+    """Whether every reader of ``n`` produces at least ``factor`` times as many elements as ``n`` has (static sizes)."""
+    vals = [m.meta.get("val") for m in [n, *n.users]]
+    if not n.users or not all(isinstance(v, torch.Tensor) and isinstance(v.numel(), int) for v in vals):
+        return False
+    return all(v.numel() >= factor * vals[0].numel() for v in vals[1:])
 
 
 @dataclasses.dataclass
@@ -660,7 +671,8 @@ class GraphLowering(torch.fx.Interpreter):
         if not isinstance(sb, StorageBox) or not isinstance(sb.data, Pointwise):
             return
         users = len(n.users)
-        nops, nreads = count_ops(sb.data)
+        h = record_pointwise(sb.data)
+        nops, nreads = h.num_ops, len(set(h.loads))
         if nops > MAX_BODY_OPS and users == 1 and one_copy_chain(n) is not None:
             return  # the copy takes the body and is realized in its own layout (no transposing copy kernel)
         if nops > MAX_BODY_OPS or (users > 1 and (nreads > config.max_inline_reads or nops > MAX_INLINE_OPS)):
@@ -671,6 +683,8 @@ class GraphLowering(torch.fx.Interpreter):
             dense = isinstance(meta, torch.Tensor) and _dense_non_overlapping(meta) and not meta.is_contiguous() \
                 and _same_size(meta, sb.data.get_size())
             sb.realize([as_expr(v) for v in meta.stride()] if dense else None)
+        elif sb.data.get_device().type == "cpu" and h.op_names & _TRANSCENDENTAL and _broadcast_by_every_user(n):
+            sb.realize()  # computed once, not once per element its readers broadcast it to (a squeeze-excitation gate)
 
     def realize_input(self, x: TensorBox, meta=None):
         """A realized buffer or strided view to hand to an extern kernel. A value that must be materialized gets the

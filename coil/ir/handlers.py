@@ -33,6 +33,7 @@ class _Recording(OpsHandler):
         self.stores: list[tuple[str, sympy.Expr]] = []
         self.reduction_types: list[str] = []
         self.num_ops = 0
+        self.op_names: set[str] = set()
         self.exprs: list = []  # the expression arguments of ops (index_expr, indirect bounds)
 
     @property
@@ -44,6 +45,7 @@ class _Recording(OpsHandler):
         self.exprs += [a for a in args if isinstance(a, sympy.Basic)]
         name = f"tmp{next(self.counter)}"
         self.num_ops += 1
+        self.op_names.add(op)
         if self.TEXT:
             self.lines.append(f"{name} = ops.{op}({', '.join(_fmt(a) for a in args)})")
         return name

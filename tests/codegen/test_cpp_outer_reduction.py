@@ -95,3 +95,18 @@ def test_floordiv_drops_a_common_factor():
              (FloorDiv(3136 * XINDEX, 200704), lambda v: 3136 * v // 200704)]
     for e, ref in cases:
         assert all(int(e.subs(XINDEX, v)) == ref(v) for v in range(0, 1000, 7)), e
+
+
+def test_a_broadcast_gate_is_computed_once_on_the_cpu():
+    """A squeeze-excitation block's ``x * sigmoid(gate)`` with a (N, C, 1, 1) gate computed the sigmoid once per
+    element of x (1.5x eager's time on the C++ backend, FINDINGS_68 item 4); a transcendental value that every reader
+    broadcasts to 16x its elements or more is now realized first, and the wide kernel only multiplies."""
+    def f(x, g):
+        return x * torch.sigmoid(g)
+
+    x, g = torch.randn(2, 8, 7, 7).to(memory_format=torch.channels_last), torch.randn(2, 8, 1, 1)
+    c = compile_fn(f, x, g, backend="cpp")
+    assert "buf0 = empty_strided((2, 8, 1, 1)" in c.source, c.source
+    torch.testing.assert_close(c(x, g)[0], f(x, g))
+    c = compile_fn(lambda x, g: x * torch.sigmoid(g), x, torch.randn(2, 8, 7, 1), backend="cpp")  # 7x: fused
+    assert "empty_strided((2, 8, 7, 1)" not in c.source, c.source

@@ -22,7 +22,7 @@ import torch
 from torch.amp.autocast_mode import _enter_autocast, _exit_autocast
 
 from coil.exc import Unsupported
-from coil.capture.variables.base import ConstantVariable, KnownCallableVariable, VariableTracker
+from coil.capture.variables.base import ConstantVariable, KnownCallableVariable, NumpyArrayVariable, VariableTracker
 from coil.capture.variables.tensor import TensorVariable, call_op
 from coil.capture.variables.functions import BaseFunctionVariable, BoundMethodVariable
 
@@ -148,6 +148,14 @@ class TorchFunctionVariable(KnownCallableVariable):
             return ctx
         if fn is torch.is_tensor:
             return ConstantVariable(isinstance(args[0], TensorVariable))
+        if fn is torch.tensor and args and isinstance(args[0], NumpyArrayVariable) and args[0].value.size <= 1 << 16:
+            # a copy, never the array's memory (unlike from_numpy / as_tensor): its values, in its dtype unless given
+            a = args[0].value
+            try:
+                kwargs = {"dtype": ConstantVariable(torch.from_numpy(a.copy()).dtype), **kwargs}
+            except TypeError:
+                raise Unsupported(f"torch.tensor of a numpy array of dtype {a.dtype}") from None
+            args = [ConstantVariable(a.tolist()), *args[1:]]
         if base in _CHECKS and len(args) > _CHECKS[base] and args[_CHECKS[base]].is_python_constant() and \
                 args[_CHECKS[base]].as_python_constant() is True:
             return ConstantVariable(None)   # passes, as in eager (a node would print _check_with's error class)

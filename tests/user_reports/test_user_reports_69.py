@@ -26,13 +26,12 @@ def test_channels_last_sum_of_an_inf_is_inf(coil_reset, op):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Finding 2 (open; wrong strides): ``batch_norm`` (train and eval) of a channels-last input whose size-1 dim has a
+# Finding 2 (fixed; wrong strides): ``batch_norm`` (train and eval) of a channels-last input whose size-1 dim has a
 # non-canonical stride (a channels-last ``(2, 3, 1, 2)`` permuted to ``(2, 3, 2, 1)``, strides ``(6, 1, 3, 6)``)
 # returns NCHW strides ``(6, 2, 1, 1)``; eager's ``suggest_memory_format`` says channels-last: ``(6, 1, 3, 3)``. Already
 # under ``backend="aot_eager"``: the decomposition's ``torch._prims_common.suggest_memory_format`` disagrees with ATen's.
 # ---------------------------------------------------------------------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason="prims' suggest_memory_format is not ATen's for a size-1 dim's stride")
 @pytest.mark.parametrize("training", [True, False])
 def test_batch_norm_keeps_eagers_format_for_an_odd_size_one_stride(coil_reset, training):
     def f(x):

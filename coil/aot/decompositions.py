@@ -294,6 +294,9 @@ def _in_input_format(out, x, always: bool = False):
     """``out`` in x's suggested memory format (eager's upsampling keeps channels-last); with ``always`` also a
     contiguous one (a tuple's first). Free where out is pointwise: the clone computes it."""
     fmt = torch._prims_common.suggest_memory_format(x)
+    if always and fmt == torch.contiguous_format and x.ndim == 4 and not x.is_contiguous() \
+            and x.is_contiguous(memory_format=torch.channels_last):  # batch norm: as ATen, whatever a size-1 dim's stride
+        fmt = torch.channels_last
     if isinstance(out, tuple):
         return (_in_input_format(out[0], x, always), *out[1:])
     return out if fmt == torch.contiguous_format and not always else aten.clone.default(out, memory_format=fmt)

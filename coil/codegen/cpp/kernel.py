@@ -734,7 +734,7 @@ class CppKernel(OpsHandler):
                 tile = [r_loop, *("  " + l for l in lanes(body)), "}"]
             code += ["  " + l for l in tile]
             code += [f"  for (int l = 0; l < {w}; ++l) {{ {t} y = {acc}_blk[l] - {acc}_c[l], s = {acc}_xl[l] + y; "
-                     f"{acc}_c[l] = (s - {acc}_xl[l]) - y; {acc}_xl[l] = s; }}"
+                     f"{acc}_c[l] = __builtin_isfinite(s) ? (s - {acc}_xl[l]) - y : 0; {acc}_xl[l] = s; }}"  # inf - inf
                      for acc, _, ((_, t, _),) in item.accs if acc in blocked]
             code += ["}", *closes]
             names.update(acc for acc, _, _ in item.accs)

@@ -21,9 +21,8 @@ from coil.ir.nodes import (Buffer, ComputedBuffer, ConcatBuffer, ConcatSlice, Co
                            MultiOutput, ReinterpretView, ScatterBuffer, describe_origin)
 from coil.capture.substitutes import OPAQUE_IMPLS
 from coil.ir.graph import misaligned_leading_dim
-from coil.ir.symbols import (PRECOMPUTED, as_expr, bare_symbol, hint, is_size_symbol, precomputed_symbol_of, product,
-                              pyexpr)
-from coil.schedule.scheduler import FusedGroup
+from coil.ir.symbols import PRECOMPUTED, as_expr, bare_symbol, is_size_symbol, precomputed_symbol_of, pyexpr
+from coil.schedule.scheduler import FusedGroup, buffer_bytes
 from coil.codegen.common import layout_key
 
 
@@ -354,10 +353,7 @@ class WrapperCodegen:
             for b in allocs[i] + ([ext] if isinstance(ext, ExternKernel) and ext.layout is not None else []):
                 if isinstance(b, (ConcatSlice, ScatterBuffer)):
                     continue  # (views of a storage counted once)
-                try:
-                    nbytes[b.get_name()] = n = hint(product(b.get_size())) * b.get_dtype().itemsize
-                except Exception:  # noqa: BLE001 - a size without a hint (unbacked): not counted
-                    nbytes[b.get_name()] = n = 0
+                nbytes[b.get_name()] = n = buffer_bytes(b, {})
                 end = len(self.steps) - 1 if b.get_name() in out_names else last_use.get(b.get_name(), i)
                 delta[i + (b.get_name() in inplace)] += n  # (stored over its dead input at step i)
                 delta[end + 1] -= n
@@ -505,10 +501,10 @@ class WrapperCodegen:
                     lk = key(b) if pooled else None
                     steps = alloc_steps.get(lk, ())
                     nxt = bisect.bisect_right(steps, i) + len(pool.get(lk, ()))  # the allocation that would take it
+                    held = live[i + 1:steps[nxt]] if nxt < len(steps) else []  # the steps it would be kept across
                     if self.reuse and lk is not None and nxt < len(steps) and n not in scatter_targets \
-                            and n not in handed and max(live[i + 1:steps[nxt]], default=0) + nbytes.get(n, 0) <= cap:
-                        for t in range(i + 1, steps[nxt]):  # held until then
-                            live[t] += nbytes.get(n, 0)
+                            and n not in handed and max(held, default=0) + nbytes.get(n, 0) <= cap:
+                        live[i + 1:steps[nxt]] = [v + nbytes.get(n, 0) for v in held]
                         pool.setdefault(lk, []).append(n)
                     else:
                         L.append(f"    del {n}")

@@ -59,7 +59,8 @@ def node_group(buf: ComputedBuffer) -> tuple[int, int]:
     return as_size(product(buf.get_ranges())), as_size(product(buf.get_reduction_ranges())) if buf.is_reduction() else 1
 
 
-def _bytes(buf: Buffer, memo: dict) -> int:
+def buffer_bytes(buf: Buffer, memo: dict) -> int:
+    """Bytes of ``buf``'s elements from its sizes' hints (0 without a hint: unbacked), cached in ``memo``."""
     if buf not in memo:  # (read again for every candidate pair of every fusion round)
         try:
             memo[buf] = hint(product(buf.get_size())) * buf.get_dtype().itemsize
@@ -233,11 +234,11 @@ class Scheduler:
             name = n.get_name()
             readers = self.users.get(name, set())
             if (name in names_a and readers & names_b) or (name in names_b and readers & names_a):
-                saved += _bytes(n, self._memo)  # the read
+                saved += buffer_bytes(n, self._memo)  # the read
                 if readers <= both and name not in self.output_names:
-                    saved += _bytes(n, self._memo)  # the write
+                    saved += buffer_bytes(n, self._memo)  # the write
         shared = [self.graph.name_to_buffer.get(s) for s in set(a.read_names()) & set(b.read_names())]
-        return saved + sum(_bytes(buf, self._memo) for buf in shared if buf is not None) + 1
+        return saved + sum(buffer_bytes(buf, self._memo) for buf in shared if buf is not None) + 1
 
     def _fuse_round(self) -> bool:
         changed = False

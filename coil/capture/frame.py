@@ -158,43 +158,28 @@ def _argnames(code: types.CodeType) -> list[str]:
     return list(code.co_varnames[:n])
 
 
+class _Named:
+    """A default value that a signature's text shows as the name ``name`` (:func:`make_binder`'s source)."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __repr__(self) -> str:
+        return self.name
+
+
 def make_binder(fn: types.FunctionType):
     """A function with ``fn``'s signature returning the frame's arguments as a tuple
     in ``co_varnames`` order (CPython does the binding, at C speed)."""
     code = fn.__code__
-    names = code.co_varnames
-    npos, nposonly, nkw = code.co_argcount, code.co_posonlyargcount, code.co_kwonlyargcount
-    defaults = fn.__defaults__ or ()
-    kwdefaults = fn.__kwdefaults__ or {}
-    ns: dict[str, Any] = {}
-    parts = []
-    first_default = npos - len(defaults)
-    for i in range(npos):
-        name = names[i]
-        if i >= first_default:
-            ns[f"___d{i}"] = defaults[i - first_default]
-            parts.append(f"{name}=___d{i}")
-        else:
-            parts.append(name)
-        if nposonly and i == nposonly - 1:
-            parts.append("/")
-    idx = npos + nkw
-    if code.co_flags & 0x04:
-        parts.append("*" + names[idx])
-    elif nkw:
-        parts.append("*")
-    for j in range(nkw):
-        name = names[npos + j]
-        if name in kwdefaults:
-            ns[f"___kd{j}"] = kwdefaults[name]
-            parts.append(f"{name}=___kd{j}")
-        else:
-            parts.append(name)
-    if code.co_flags & 0x08:
-        parts.append("**" + names[idx + bool(code.co_flags & 0x04)])
-    all_names = _argnames(code)
-    body = "(" + "".join(n + ", " for n in all_names) + ")"
-    src = f"def ___bind({', '.join(parts)}):\n    return {body}\n"
+    defaults, kwdefaults = fn.__defaults__ or (), fn.__kwdefaults__ or {}
+    ns: dict[str, Any] = {f"___d{i}": v for i, v in enumerate(defaults)}
+    ns.update({f"___kd_{k}": v for k, v in kwdefaults.items()})
+    # ``code``'s own parameters (not a ``__signature__`` or ``__wrapped__`` of ``fn``), each default shown by its name
+    proto = types.FunctionType(code, {}, None, tuple(_Named(f"___d{i}") for i in range(len(defaults))), fn.__closure__)
+    proto.__kwdefaults__ = {k: _Named(f"___kd_{k}") for k in kwdefaults}
+    body = "(" + "".join(n + ", " for n in _argnames(code)) + ")"
+    src = f"def ___bind{inspect.signature(proto)}:\n    return {body}\n"
     exec(compile(src, "<coil binder>", "exec"), ns)
     ns["___bind"].__kwdefaults__ = fn.__kwdefaults__   # the same dict: edits to it are seen
     return ns["___bind"]

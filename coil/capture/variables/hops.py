@@ -9,6 +9,8 @@ for the partitioner. docs/hops.md, "Capture".
 """
 from __future__ import annotations
 
+import functools
+import inspect
 import itertools
 import operator
 import re
@@ -309,9 +311,15 @@ def _fresh(out, like: torch.Tensor, shape=None, grad: bool = False) -> torch.Ten
     return t
 
 
-def _emit(tx, target, args: tuple, fakes: list) -> list:
-    """Add ``target(*args)`` to the parent graph with one ``getitem`` per output (value
-    ``fakes[i]``); returns their TensorVariables."""
+def _log_hop(tx, op: str, **payload) -> None:
+    """The ``hop`` event of a call of operator ``op`` at ``tx``'s instruction."""
+    trace.log("hop", stage="capture", op=op, **payload, where=str(tx.location()).splitlines()[0])
+
+
+def _emit(tx, target, args: tuple, fakes: list, op: str, lifted: list, **log) -> list:
+    """Add ``target(*args)`` to the parent graph with one ``getitem`` per output (value ``fakes[i]``) and log the call
+    of ``op`` (its subgraphs: the ``get_attr`` nodes of ``args``; ``lifted``: the parent nodes they read, ``log``: more
+    of the event); returns the outputs' TensorVariables."""
     g = tx.output.graph
     node = g.call_function(target, args)
     tx.locate_node(node)
@@ -322,6 +330,9 @@ def _emit(tx, target, args: tuple, fakes: list) -> list:
         item.meta["example_value"] = fake
         tx.locate_node(item)
         items.append(TensorVariable(item, fake))
+    subs = [a.target for a in args if isinstance(a, torch.fx.Node) and a.op == "get_attr" and a.target in
+            tx.output.subgraphs]
+    _log_hop(tx, op, subgraphs=subs, lifted=[n.meta.get("source", n.name) for n in lifted], **log)
     return items
 
 
@@ -341,18 +352,20 @@ def _operands(tx, v: VariableTracker) -> list:
     return list(items)
 
 
+def _bind(tx, fn, args: list, kwargs: dict, error=UserError) -> dict:
+    """The call's arguments by ``fn``'s parameter names, defaults as constants (``fn``: the operator's Python function,
+    whose signature is this torch's). Arguments ``fn`` does not take are an ``error`` with Python's reason."""
+    try:
+        bound = inspect.signature(fn).bind(*args, **kwargs)
+    except TypeError as e:
+        raise error(f"{fn.__name__}(): {e}", location=tx.location()) from None
+    bound.apply_defaults()
+    return {k: v if isinstance(v, VariableTracker) else ConstantVariable(v) for k, v in bound.arguments.items()}
+
+
 def call_cond(tx, args: list, kwargs: dict) -> VariableTracker:
     """``torch.cond(pred, true_fn, false_fn, operands)`` (see module docstring)."""
-    names = ["pred", "true_fn", "false_fn", "operands"]
-    bound = dict(zip(names, args))
-    for k, v in kwargs.items():
-        if k not in names or k in bound:
-            raise UserError(f"torch.cond() got an unexpected keyword argument {k!r}", location=tx.location())
-        bound[k] = v
-    if "operands" not in bound:
-        bound["operands"] = TupleVariable([])
-    if len(bound) != 4:
-        raise UserError("torch.cond(pred, true_fn, false_fn, operands): missing arguments", location=tx.location())
+    bound = _bind(tx, hops.cond, args, kwargs)
     pred, true_fn, false_fn = bound["pred"], bound["true_fn"], bound["false_fn"]
     operands = _operands(tx, bound["operands"])
     if isinstance(pred, SymNodeVariable):
@@ -364,8 +377,7 @@ def call_cond(tx, args: list, kwargs: dict) -> VariableTracker:
                             f"{pred}", location=tx.location())
         # eager runs the chosen branch as a plain call: so does the graph (value guarded)
         chosen = true_fn if value else false_fn
-        trace.log("hop", stage="capture", op="cond", predicate="constant", value=bool(value),
-                  where=str(tx.location()).splitlines()[0])
+        _log_hop(tx, "cond", predicate="constant", value=bool(value))
         return tx.call(chosen, operands, {})
     if pred.fake.numel() != 1 or pred.fake.dtype is not torch.bool:
         raise UserError("torch.cond: expected pred to be bool or a boolean tensor with a single item, got a "
@@ -392,16 +404,13 @@ def call_cond(tx, args: list, kwargs: dict) -> VariableTracker:
                           "in backward)", hint="return the non-float outputs outside the cond")
     tname, fname = _register(out, ("cond_true", t.graph), ("cond_false", f.graph))
     g = out.graph
-    items = _emit(tx, torch.ops.higher_order.cond, (
-        pred.node, g.get_attr(tname), g.get_attr(fname), node_ops),
-        [_fresh(out, x, grad=grad) for x in t.out_fakes])
+    items = _emit(tx, torch.ops.higher_order.cond, (pred.node, g.get_attr(tname), g.get_attr(fname), node_ops),
+                  [_fresh(out, x, grad=grad) for x in t.out_fakes], "cond", t.lifted, predicate="tensor")
     for k, item in enumerate(items if grad else ()):  # one gradient tensor per output
         node = g.call_function(contiguous_grad, (item.node, True))
         node.meta["example_value"] = fake = _fresh(out, item.fake, grad=True)
         tx.locate_node(node)
         items[k] = TensorVariable(node, fake)
-    trace.log("hop", stage="capture", op="cond", predicate="tensor", subgraphs=[tname, fname],
-              lifted=[n.meta.get("source", n.name) for n in t.lifted], where=str(location).splitlines()[0])
     return _unflatten(items, t.structure)
 
 
@@ -447,11 +456,7 @@ def call_while_loop(tx, args: list, kwargs: dict) -> VariableTracker:
     """``torch._higher_order_ops.while_loop(cond_fn, body_fn, carried_inputs)``: both
     functions traced as subgraphs over ``carried + lifted``; the body's outputs must keep
     the carried values' metadata (a :class:`UserError` names the first that changes)."""
-    names = ["cond_fn", "body_fn", "carried_inputs"]
-    bound = dict(zip(names, args))
-    bound.update(kwargs)
-    if set(bound) != set(names):
-        raise UserError("while_loop(cond_fn, body_fn, carried_inputs): bad arguments", location=tx.location())
+    bound = _bind(tx, hops.while_loop, args, kwargs)
     location = tx.location()
     carried = _flat_carried(tx, bound["carried_inputs"])
     if len({id(x.node) for x in carried}) != len(carried):
@@ -481,9 +486,7 @@ def call_while_loop(tx, args: list, kwargs: dict) -> VariableTracker:
     g = out.graph
     items = _emit(tx, torch.ops.higher_order.while_loop, (
         g.get_attr(cname), g.get_attr(bname), tuple(x.node for x in carried), tuple(c.lifted)),
-        [_fresh(out, x.fake) for x in carried])
-    trace.log("hop", stage="capture", op="while_loop", subgraphs=[cname, bname],
-              lifted=[n.meta.get("source", n.name) for n in c.lifted], where=str(location).splitlines()[0])
+        [_fresh(out, x.fake) for x in carried], "while_loop", c.lifted)
     return ListVariable(items) if b.structure == "list" else TupleVariable(items)  # eager: the body's container
 
 
@@ -499,7 +502,6 @@ def call_map(tx, args: list, kwargs: dict) -> VariableTracker:
         raise Unsupported("torch map over a non-tensor xs or with non-tensor args")
     if xs.fake.dim() == 0 or xs.fake.shape[0] == 0:
         raise UserError("map: xs needs a non-empty leading dimension", location=tx.location())
-    location = tx.location()
     piece = call_op(tx, "call_function", __import__("operator").getitem, [xs, ConstantVariable(0)], {})
     body = trace_subgraph(tx, f, [piece] + rest, "torch map f")
     tx.output.graph.erase_node(piece.node)
@@ -511,9 +513,7 @@ def call_map(tx, args: list, kwargs: dict) -> VariableTracker:
     g = out.graph
     items = _emit(tx, torch.ops.higher_order.map_impl, (
         g.get_attr(name), [xs.node], body.operand_nodes[1:] + body.lifted),
-        [_fresh(out, y, (xs.fake.shape[0], *y.shape)) for y in body.out_fakes])
-    trace.log("hop", stage="capture", op="map", subgraphs=[name],
-              lifted=[x.meta.get("source", x.name) for x in body.lifted], where=str(location).splitlines()[0])
+        [_fresh(out, y, (xs.fake.shape[0], *y.shape)) for y in body.out_fakes], "map", body.lifted)
     return _unflatten(items, body.structure)
 
 
@@ -541,15 +541,12 @@ def call_scan(tx, args: list, kwargs: dict) -> VariableTracker:
     front and flips for ``reverse`` around ``torch.ops.higher_order.scan`` as torch's scan does. The carry it
     returns must keep ``init``'s metadata (a :class:`UserError` names the first that changes). Gradients are
     torch's scan autograd rule (a backward scan)."""
-    bound = dict(zip(["combine_fn", "init", "xs"], args), **kwargs)
-    if {"combine_fn", "init", "xs"} - set(bound):
-        raise Unsupported("torch scan called without combine_fn, init or xs")
-    dim = bound.get("dim", ConstantVariable(0)).as_python_constant()
-    reverse = bound.get("reverse", ConstantVariable(False)).as_python_constant()
+    bound = _bind(tx, hops.scan, args, kwargs, Unsupported)
+    dim, reverse = bound["dim"].as_python_constant(), bound["reverse"].as_python_constant()
     init, init_struct = _tensor_tree(bound["init"], "torch scan init")
     xs, xs_struct = _tensor_tree(bound["xs"], "torch scan xs")
-    if len({id(t.node) for t in init}) != len(init) or len(args) > 3:
-        raise Unsupported("torch scan with one tensor twice in init, or dim/reverse positional")
+    if len({id(t.node) for t in init}) != len(init):
+        raise Unsupported("torch scan with one tensor twice in init")
     location = tx.location()
 
     def op(fn, *a):
@@ -590,16 +587,13 @@ def call_scan(tx, args: list, kwargs: dict) -> VariableTracker:
     length = lead[0].fake.shape[0]
     items = _emit(tx, torch.ops.higher_order.scan, (
         g.get_attr(name), [t.node for t in init], [x.node for x in lead], tuple(body.lifted)),
-        [_fresh(out, y, y.shape if i < n_carry else (length, *y.shape), grad)
-         for i, y in enumerate(body.out_fakes)])
+        [_fresh(out, y, y.shape if i < n_carry else (length, *y.shape), grad) for i, y in enumerate(body.out_fakes)],
+        "scan", body.lifted, length=length if isinstance(length, int) else str(length),
+        cloned_carries=cloned)   # read by the body too: saved values would alias them
     ys = items[n_carry:]
     if reverse:
         ys = [op(torch.flip, y, ConstantVariable([0])) for y in ys]
     ys = [op(torch.movedim, y, ConstantVariable(0), ConstantVariable(d)) if d and d < y.fake.dim() else y for y in ys]
-    trace.log("hop", stage="capture", op="scan", subgraphs=[name], length=length if isinstance(length, int) else str(length),
-              cloned_carries=cloned,   # read by the body too: saved values would alias them
-              lifted=[x.meta.get("source", x.name) for x in body.lifted],
-              where=str(location).splitlines()[0])
     return TupleVariable([_unflatten(items[:n_carry], carry_struct), _unflatten(ys, y_struct)])
 
 
@@ -624,11 +618,8 @@ def call_associative_scan(tx, args: list, kwargs: dict) -> VariableTracker:
     it), started at a contiguous copy of the first element, which is put back in front of the outputs. The same
     values as torch's log-depth scan up to rounding (``combine_fn`` is associative). What eager refuses (pointwise
     mode off CUDA, a bad ``dim``) or a combine_fn that changes an element's metadata is left to eager."""
-    bound = dict(zip(["combine_fn", "xs", "dim", "reverse", "combine_mode"], args), **kwargs)
-    if {"combine_fn", "xs", "dim"} - set(bound) or set(bound) - {"combine_fn", "xs", "dim", "reverse", "combine_mode"}:
-        raise Unsupported("associative_scan called without combine_fn, xs or dim, or with other arguments")
-    dim, reverse, mode = (bound.get(k, ConstantVariable(v)).as_python_constant()
-                          for k, v in (("dim", 0), ("reverse", False), ("combine_mode", "pointwise")))
+    bound = _bind(tx, hops.associative_scan, args, kwargs, Unsupported)
+    dim, reverse, mode = (bound[k].as_python_constant() for k in ("dim", "reverse", "combine_mode"))
     xs, struct = _tensor_tree(bound["xs"], "associative_scan xs")
     nd = xs[0].fake.dim()
     d = dim + nd if isinstance(dim, int) and dim < 0 else dim
@@ -717,8 +708,7 @@ def call_checkpoint(tx, args: list, kwargs: dict) -> VariableTracker:
             n.meta["ac_reentrant"] = n.meta.get("ac_reentrant", False) or reentrant
             n.meta["ac_args"] = n.meta.get("ac_args", frozenset()) | names
             tagged += 1
-    trace.log("hop", stage="capture", op="checkpoint", region=region, nodes=tagged,
-              where=str(tx.location()).splitlines()[0])
+    _log_hop(tx, "checkpoint", region=region, nodes=tagged)
     return res
 
 
@@ -755,10 +745,8 @@ def call_region(tx, fn_vt, args: list, kwargs: dict) -> VariableTracker:
             if n.op == "get_attr":
                 out.subgraphs.pop(n.target, None)
     entry[1] += 1
-    items = _emit(tx, invoke_region, (out.graph.get_attr(entry[0]), entry[0],
-                                      *sub.operand_nodes, *sub.lifted), sub.out_fakes)
-    trace.log("hop", stage="capture", op="nested_compile_region", subgraphs=[entry[0]], call=entry[1],
-              lifted=[n.meta.get("source", n.name) for n in sub.lifted], where=str(tx.location()).splitlines()[0])
+    items = _emit(tx, invoke_region, (out.graph.get_attr(entry[0]), entry[0], *sub.operand_nodes, *sub.lifted),
+                  sub.out_fakes, "nested_compile_region", sub.lifted, call=entry[1])
     return _unflatten(items, sub.structure)
 
 
@@ -826,7 +814,7 @@ def hop_handler(value):
         # break naming them (not their helpers, e.g. nested_compile_region's wrapper, which is inlined)
         for name, v in vars(hops).items():
             if not name.startswith("_") and isinstance(v, types.FunctionType):
-                _HANDLERS[v] = _not_captured
+                _HANDLERS[v] = functools.partial(_not_captured, v)
         _HANDLERS.update({torch.cond: call_cond, hops.cond: call_cond, hops.while_loop: call_while_loop,
                           ckpt.checkpoint: call_checkpoint, hops.map: call_map, hops.scan: call_scan,
                           hops.associative_scan: call_associative_scan})
@@ -836,10 +824,10 @@ def hop_handler(value):
         return None
 
 
-def _not_captured(tx, args, kwargs):
-    """Handler of the operators of ``torch._higher_order_ops`` coil does not capture."""
-    raise Unsupported("higher-order operator not captured (scan, map, ...): it runs outside "
-                      "the graph", hint="torch.cond and while_loop are captured (docs/hops.md)")
+def _not_captured(fn, tx, args, kwargs):
+    """Handler of the operators ``fn`` of ``torch._higher_order_ops`` coil does not capture."""
+    raise Unsupported(f"higher-order operator {getattr(fn, '__qualname__', fn)} is not captured: it runs outside the "
+                      "graph", hint="torch.cond and while_loop are captured (docs/hops.md)")
 
 
 class HigherOrderVariable(KnownCallableVariable):
@@ -850,9 +838,5 @@ class HigherOrderVariable(KnownCallableVariable):
         self.handler = hop_handler(fn)
 
     def call_function(self, tx, args, kwargs):
-        if self.handler is _not_captured:
-            raise Unsupported(f"higher-order operator {getattr(self.fn, '__qualname__', self.fn)} "
-                              "is not captured: it runs outside the graph",
-                              hint="torch.cond and while_loop are captured (docs/hops.md)")
         return self.handler(tx, list(args), dict(kwargs))
 

@@ -56,15 +56,6 @@ def _compile_hop(lowering, op: str, gms: list, names: list, fakes: list) -> list
     return compiled
 
 
-def lower_cond(lowering, args: tuple, kwargs: dict):
-    """Lower a cond node (see module docstring) in GraphLowering ``lowering``."""
-    node = lowering.current_node
-    pred, true_gm, false_gm, operands = args
-    fakes = _fakes(node.args[3])
-    compiled = _compile_hop(lowering, "cond", [true_gm, false_gm], [node.args[1].target, node.args[2].target], fakes)
-    return lowering.make_extern(run_cond, (pred, compiled[0], compiled[1], tuple(operands)), {})
-
-
 def run_while_loop(cond_fn: Callable, body_fn: Callable, carried, additional) -> tuple:
     """The wrapper's while_loop: the compiled body runs while the compiled cond_fn's scalar (read on the host) is true.
     Zero iterations return copies of the carried inputs (a graph output never aliases an input here)."""
@@ -80,30 +71,11 @@ def _scalar(v) -> bool:
     return bool(v[0] if isinstance(v, (tuple, list)) else v)
 
 
-def lower_while_loop(lowering, args: tuple, kwargs: dict):
-    """Lower a while_loop node: cond_fn and body_fn compiled apart, the loop in the wrapper (:func:`run_while_loop`)."""
-    node = lowering.current_node
-    cond_gm, body_gm, carried, additional = args
-    fakes = _fakes(list(node.args[2]) + list(node.args[3]))
-    compiled = _compile_hop(lowering, "while_loop", [cond_gm, body_gm],
-                            [node.args[0].target, node.args[1].target], fakes)
-    return lowering.make_extern(run_while_loop, (compiled[0], compiled[1], tuple(carried), tuple(additional)), {})
-
-
 def run_map(body_fn: Callable, xs, args) -> tuple:
     """The wrapper's map: the compiled body once per leading index of ``xs``; each output stacked."""
     args = _contiguous(args)
     outs = [body_fn(*_contiguous([x[i] for x in xs]), *args) for i in range(xs[0].shape[0])]
     return tuple(torch.stack([o[k] for o in outs]) for k in range(len(outs[0])))
-
-
-def lower_map(lowering, args: tuple, kwargs: dict):
-    """Lower a map_impl node: the body compiled once over one slice, the loop in the wrapper (:func:`run_map`)."""
-    node = lowering.current_node
-    body_gm, xs, rest = args
-    fakes = _fakes([a.meta["val"][0] for a in node.args[1]] + list(node.args[2]))
-    compiled, = _compile_hop(lowering, "map", [body_gm], [node.args[0].target], fakes)
-    return lowering.make_extern(run_map, (compiled, list(xs), list(rest)), {})
 
 
 def run_scan(body_fn: Callable, init, xs, additional) -> tuple:
@@ -118,15 +90,24 @@ def run_scan(body_fn: Callable, init, xs, additional) -> tuple:
     return tuple(carry) + tuple(torch.stack([y[k] for y in ys]) for k in range(len(ys[0])))
 
 
-def lower_scan(lowering, args: tuple, kwargs: dict):
-    """Lower a scan node: the combine function compiled once over one slice, the loop
-    in the wrapper (:func:`run_scan`)."""
-    node = lowering.current_node
-    body_gm, init, xs, additional = args
-    fakes = _fakes(list(node.args[1]) + [a.meta["val"][0] for a in node.args[2]] + list(node.args[3]))
-    compiled, = _compile_hop(lowering, "scan", [body_gm], [node.args[0].target], fakes)
-    return lowering.make_extern(run_scan, (compiled, list(init), list(xs), list(additional)), {})
+def _lowering(run: Callable, op: str, sliced=()) -> Callable:
+    """The lowering of higher-order op ``op``: each GraphModule argument compiled apart (:func:`_compile_hop`) for the
+    values of the node's list arguments (one leading slice of each list at a position in ``sliced``: what a map or scan
+    body is called with), and one extern call of ``run`` (the loop or the branch choice, in the wrapper) with the
+    compiled subgraphs in their places."""
+    def lower(lowering, args: tuple, kwargs: dict):
+        node = lowering.current_node
+        subs = [i for i, a in enumerate(args) if isinstance(a, torch.fx.GraphModule)]
+        fakes = _fakes([v.meta["val"][0] if i in sliced else v for i, a in enumerate(node.args)
+                        if isinstance(a, (list, tuple)) for v in a])
+        compiled = _compile_hop(lowering, op, [args[i] for i in subs], [node.args[i].target for i in subs], fakes)
+        run_args = [compiled[subs.index(i)] if i in subs else list(a) if isinstance(a, (list, tuple)) else a
+                    for i, a in enumerate(args)]
+        return lowering.make_extern(run, tuple(run_args), {})
+    return lower
 
 
-LOWERINGS = {torch.ops.higher_order.cond: lower_cond, torch.ops.higher_order.while_loop: lower_while_loop,
-             torch.ops.higher_order.map_impl: lower_map, torch.ops.higher_order.scan: lower_scan}
+LOWERINGS = {torch.ops.higher_order.cond: _lowering(run_cond, "cond"),
+             torch.ops.higher_order.while_loop: _lowering(run_while_loop, "while_loop"),
+             torch.ops.higher_order.map_impl: _lowering(run_map, "map", sliced=(1,)),
+             torch.ops.higher_order.scan: _lowering(run_scan, "scan", sliced=(2,))}

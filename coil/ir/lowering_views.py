@@ -551,29 +551,35 @@ def _embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse
     return TensorBox.create(Pointwise(device(), odt, inner, size))
 
 
-@register_lowering(aten.index.Tensor)
-def _index(x, indices):
-    size, odt = out_size(), out_dtype()
-    xs = list(x.get_size())
-    nd = len(xs)
-    indices = list(indices) + [None] * (nd - len(indices))
+def _advanced_index(xs: list, indices, out_shape: Optional[list] = None) -> tuple[list, Callable]:
+    """Advanced indexing ``x[indices]`` of a tensor of sizes ``xs`` (``indices``: a tensor or None per leading dim):
+    ``(shape, source)``, ``source(index)`` being the index into ``x`` that element ``index`` of the result reads.
+    The result's shape is the indices' broadcast shape where the indexed dims were when they are adjacent, else in
+    front of the other dims; symbolic sizes stay symbolic (dynamic shapes). Given the result's (static or symbolic)
+    shape ``out_shape``, the broadcast shape is read from it. Boolean indices, or none, are FallbackToExtern."""
+    indices = list(indices) + [None] * (len(xs) - len(indices))
     pos = [d for d, t in enumerate(indices) if t is not None]
-    if any(indices[d].get_dtype() in (torch.bool, torch.uint8) for d in pos):
+    if not pos or any(indices[d].get_dtype() in (torch.bool, torch.uint8) for d in pos):
         raise FallbackToExtern()
-    adjacent = pos == list(range(pos[0], pos[-1] + 1))
-    # the indices' broadcast shape sits in the output's (static or symbolic) shape:
-    # where the indexed dims were when they are adjacent, else in front
+    first = pos[0] if pos == list(range(pos[0], pos[-1] + 1)) else 0
     nb = max(len(indices[d].get_size()) for d in pos)
-    first = pos[0] if adjacent else 0
-    bshape = [as_expr(s) for s in size[first:first + nb]]
-    xl = x.make_loader()
+    bshape = _broadcast_sizes([list(indices[d].get_size()) for d in pos]) if out_shape is None else \
+        [as_expr(s) for s in out_shape[first:first + nb]]
+    rest_dims = [xs[d] for d in range(len(xs)) if d not in pos]
     loaders = {d: broadcast_loader(indices[d], bshape) for d in pos}
 
-    def inner(index):
+    def source(index):
         bidx = list(index[first:first + nb])
-        it = iter(list(index[:first]) + list(index[first + nb:]))
-        return xl([ops.indirect_indexing(loaders[d](bidx), xs[d]) if d in loaders else next(it) for d in range(nd)])
-    return TensorBox.create(Pointwise(device(), odt, inner, size))
+        rest = iter(list(index[:first]) + list(index[first + nb:]))
+        return [ops.indirect_indexing(loaders[d](bidx), xs[d]) if d in loaders else next(rest) for d in range(len(xs))]
+    return rest_dims[:first] + bshape + rest_dims[first:], source
+
+
+@register_lowering(aten.index.Tensor)
+def _index(x, indices):
+    size, xl = out_size(), x.make_loader()
+    _, source = _advanced_index(list(x.get_size()), indices, size)
+    return TensorBox.create(Pointwise(device(), out_dtype(), lambda index: xl(source(index)), size))
 
 
 def _gather_along(x, dim, index, row_index):
@@ -703,27 +709,8 @@ def _broadcast_sizes(shapes: list) -> list:
 @register_lowering(aten.index_put, aten._unsafe_index_put)
 def _index_put(x, indices, values, accumulate=False):
     """``out = x.clone(); out[indices] = values`` (``+=`` with accumulate, atomically)."""
-    xs = list(x.get_size())
-    nd = len(xs)
-    indices = list(indices) + [None] * (nd - len(indices))
-    pos = [d for d, t in enumerate(indices) if t is not None]
-    if not pos or any(indices[d].get_dtype() in (torch.bool, torch.uint8) for d in pos):
-        raise FallbackToExtern()
-    adjacent = pos == list(range(pos[0], pos[-1] + 1))
-    bshape = _broadcast_sizes([list(indices[d].get_size()) for d in pos])
-    nb = len(bshape)
-    first = pos[0] if adjacent else 0
-    # x[indices]'s shape (advanced indexing): the indices' broadcast shape where the indexed dims were when
-    # they are adjacent, else in front of the other dims; symbolic sizes stay symbolic (dynamic shapes)
-    rest_dims = [xs[d] for d in range(nd) if d not in pos]
-    rshape = xs[:first] + bshape + xs[pos[-1] + 1:] if adjacent else bshape + rest_dims
-    loaders = {d: broadcast_loader(indices[d], bshape) for d in pos}
+    rshape, dest = _advanced_index(list(x.get_size()), indices)
     vload = loader_as(values, rshape, compute_dtype(x.get_dtype()))
-
-    def dest(index):
-        bidx = list(index[first:first + nb])
-        rest = iter(list(index[:first]) + list(index[first + nb:]))
-        return [ops.indirect_indexing(loaders[d](bidx), xs[d]) if d in loaders else next(rest) for d in range(nd)]
     return _scatter_box(x, rshape, dest, vload, "atomic_add" if accumulate else None)
 
 

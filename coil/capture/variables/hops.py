@@ -114,7 +114,7 @@ def trace_subgraph(tx, fn_vt, operands: list, what: str, alias_ok: bool = True,
     before = set(graph.nodes)
     cells = _cells_of(fn_vt)
     saved_se = out.side_effects
-    out.side_effects = _RefusingSideEffects(saved_se, what)
+    refusing = out.side_effects = _RefusingSideEffects(saved_se, what)
     try:
         res = tx.call(fn_vt, *(call or (list(operands), {})))
     except Unsupported as e:
@@ -125,22 +125,16 @@ def trace_subgraph(tx, fn_vt, operands: list, what: str, alias_ok: bool = True,
         raise err from e
     finally:
         out.side_effects = saved_se
-    for cid, (cell, content) in cells.items():
-        if cell.content is not content:
-            raise Unsupported(f"{what}: assigning a closure variable inside the function",
-                              hint="move the side effect out of the branch/body function")
+    if any(cell.content is not content for cell, content in cells.values()):
+        refusing.store_cell(None, None)   # a frame-made cell the function assigned
     outs, structure = (flatten or _flat_outputs)(res, what)
     region = [n for n in graph.nodes if n not in before and n.op != "placeholder"]
     region_set = set(region)
     op_nodes = list(dict.fromkeys(o.node for o in operands))  # one input per tensor
     lifted: list = []
-    for n in region:
-        for a in n.all_input_nodes:
-            if a not in region_set and a not in op_nodes and a not in lifted:
-                lifted.append(a)
-    for o in outs:
-        if o.node not in region_set and o.node not in op_nodes and o.node not in lifted:
-            lifted.append(o.node)
+    for a in [a for n in region for a in n.all_input_nodes] + [o.node for o in outs]:
+        if a not in region_set and a not in op_nodes and a not in lifted:
+            lifted.append(a)
     _check_no_input_writes(region, op_nodes + lifted, what)
     sg = torch.fx.Graph()
     env: dict = {}

@@ -479,37 +479,23 @@ def JUMP(tx, inst):
     tx.jump(inst.argval)
 
 
-def _cond_jump(jump_if_true: bool):
+def _pop_jump(test):
+    """The handler of ``POP_JUMP_*_IF_<test>``: pop the value, jump when ``test(tx, value)``."""
     def handler(tx, inst):
-        cond = tx.pop()
-        if tx.truthy(cond) == jump_if_true:
+        if test(tx, tx.pop()):
             tx.jump(inst.argval)
     return handler
 
 
-def _none_jump(jump_if_none: bool):
-    def handler(tx, inst):
-        v = tx.pop()
-        is_none = isinstance(v, ConstantVariable) and v.value is None
-        if is_none == jump_if_none:
-            tx.jump(inst.argval)
-    return handler
-
-
-# https://docs.python.org/3.11/library/dis.html#opcode-POP_JUMP_FORWARD_IF_TRUE
-for _name in ("POP_JUMP_FORWARD_IF_TRUE", "POP_JUMP_BACKWARD_IF_TRUE"):
-    op(_name, PY311)(_cond_jump(True))
-for _name in ("POP_JUMP_FORWARD_IF_FALSE", "POP_JUMP_BACKWARD_IF_FALSE"):
-    op(_name, PY311)(_cond_jump(False))
-for _name in ("POP_JUMP_FORWARD_IF_NONE", "POP_JUMP_BACKWARD_IF_NONE"):
-    op(_name, PY311)(_none_jump(True))
-for _name in ("POP_JUMP_FORWARD_IF_NOT_NONE", "POP_JUMP_BACKWARD_IF_NOT_NONE"):
-    op(_name, PY311)(_none_jump(False))
-# https://docs.python.org/3.12/library/dis.html#opcode-POP_JUMP_IF_TRUE
-op("POP_JUMP_IF_TRUE", PY312)(_cond_jump(True))
-op("POP_JUMP_IF_FALSE", PY312)(_cond_jump(False))
-op("POP_JUMP_IF_NONE", PY312)(_none_jump(True))
-op("POP_JUMP_IF_NOT_NONE", PY312)(_none_jump(False))
+_POP_JUMP_TESTS = {"TRUE": lambda tx, v: tx.truthy(v), "FALSE": lambda tx, v: not tx.truthy(v),
+                   "NONE": lambda tx, v: isinstance(v, ConstantVariable) and v.value is None,
+                   "NOT_NONE": lambda tx, v: not (isinstance(v, ConstantVariable) and v.value is None)}
+for _test, _fn in _POP_JUMP_TESTS.items():
+    # https://docs.python.org/3.11/library/dis.html#opcode-POP_JUMP_FORWARD_IF_TRUE
+    op(f"POP_JUMP_FORWARD_IF_{_test}", PY311)(_pop_jump(_fn))
+    op(f"POP_JUMP_BACKWARD_IF_{_test}", PY311)(_pop_jump(_fn))
+    # https://docs.python.org/3.12/library/dis.html#opcode-POP_JUMP_IF_TRUE
+    op(f"POP_JUMP_IF_{_test}", PY312)(_pop_jump(_fn))
 
 
 def _jump_or_pop(jump_if_true: bool):

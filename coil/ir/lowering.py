@@ -305,9 +305,13 @@ def _div_mode(a, b, rounding_mode=None):
     odt = out_dtype()
     if rounding_mode is None:
         return pointwise_lowering("truediv")(a, b)
+    if odt == torch.bool:
+        raise FallbackToExtern  # ATen raises eager's error ("div_trunc_cpu" not implemented for 'Bool')
     if odt.is_floating_point:
         cdt = compute_dtype(odt)
-        f = _float_floordiv(cdt) if rounding_mode == "floor" else (lambda x, y: ops.trunc(ops.truediv(x, y)))
+        # eager truncates the quotient rounded to a half dtype (floor mode works in the compute dtype)
+        f = _float_floordiv(cdt) if rounding_mode == "floor" else \
+            (lambda x, y: ops.trunc(ops.to_dtype(ops.to_dtype(ops.truediv(x, y), odt), cdt)))
         return make_pointwise_box(f, round_scalars([a, b], odt, (1,)), out_size(), odt, cdt)
     return pointwise_lowering("floordiv" if rounding_mode == "floor" else "truncdiv")(a, b)
 

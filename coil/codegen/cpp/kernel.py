@@ -303,7 +303,7 @@ class CppKernel(OpsHandler):
             if x.rounded == dtype:
                 return x
             x = self._emit(f"coil_round_bf16(static_cast<float>({x}))" if dtype == torch.bfloat16 else
-                           f"coil_f16_to_float(coil_float_to_f16(static_cast<float>({x})))", torch.float32)
+                           f"coil_round_f16(static_cast<float>({x}))", torch.float32)
             x.rounded = dtype
             return x
         return x if x.dtype == dtype else self._emit(_cast(x, dtype), dtype)

@@ -59,3 +59,46 @@ def test_rounded_division_of_bools_raises_eagers_error(coil_reset, mode):
     x, y = torch.tensor([True, False, True]), torch.tensor([True, True, False])
     with pytest.raises(NotImplementedError, match="not implemented for 'Bool'"):
         coil.compile(lambda x, y: torch.div(x, y, rounding_mode=mode))(x, y)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Finding 4 (fixed; a graph break torch.compile does not have): ``self.register_buffer(...)`` inside ``forward`` read
+# ``self.__dict__`` (refused for a module) and then ``self.b`` read the real ``_buffers``, not this frame's write.
+# A module's ``__dict__`` is readable like a generic one, and module attribute lookup reads a tracked
+# ``_parameters`` / ``_buffers`` / ``_modules`` dict (Llama with dynamic RoPE re-registers ``inv_freq`` this way).
+# ---------------------------------------------------------------------------------------------------------------
+
+def test_register_buffer_in_forward_is_one_graph(coil_reset):
+    class M(torch.nn.Module):
+        def forward(self, x):
+            self.register_buffer("b", x.sin() * 2, persistent=False)
+            return self.b + 1
+
+    e = coil.explain(M(), torch.randn(3))
+    assert (e.graph_count, e.graph_break_count) == (1, 0)
+    m = M()
+    f = coil.compile(m)
+    for _ in range(3):
+        x = torch.randn(3)
+        torch.testing.assert_close(f(x), x.sin() * 2 + 1)
+        torch.testing.assert_close(m.b, x.sin() * 2)
+        assert "b" in m._buffers and "b" not in m.state_dict()
+
+
+def test_a_buffer_replaced_in_forward_is_read_back(coil_reset):
+    class N(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("inv", torch.ones(3))
+
+        def forward(self, x):
+            if x.shape[0] > 3:
+                self.register_buffer("inv", torch.arange(3.0) * 2, persistent=False)
+            return x[:3] * self.inv
+
+    n = N()
+    g = coil.compile(n)
+    assert torch.equal(g(torch.ones(3)), torch.ones(3))
+    assert torch.equal(g(torch.ones(5)), torch.arange(3.0) * 2)
+    assert torch.equal(n.inv, torch.arange(3.0) * 2) and "inv" not in n.state_dict()
+    assert torch.equal(g(torch.ones(3)), torch.arange(3.0) * 2)

@@ -101,7 +101,7 @@ def lookup_attr(tx, vt: ObjectVariableBase, name: str, generic: bool = False):
         return type_of(tx, vt)
     if name == "__dict__":
         d = getattr(obj, "__dict__", None)
-        if not (generic and type(d) is dict and vt.source is not None) or any(
+        if not ((generic or isinstance(obj, torch.nn.Module)) and type(d) is dict and vt.source is not None) or any(
                 k[0] == id(obj) for k in tx.output.side_effects.attrs):
             raise Unsupported("reading __dict__ of an object")
         # read-only use (``d.get(k)``, ``k in d``: guarded lookups, _dict_lookup)
@@ -138,7 +138,11 @@ def lookup_attr(tx, vt: ObjectVariableBase, name: str, generic: bool = False):
         if isinstance(obj, torch.nn.Module):
             for dname in ("_parameters", "_buffers", "_modules"):
                 sub = obj.__dict__.get(dname)
-                if sub is not None and name in sub:
+                hit = tx.output.wrapped.get(id(sub))   # a tracked dict sees this frame's writes (register_buffer)
+                if hit is not None and isinstance(hit[1], DictVariable):
+                    if name in hit[1].items:
+                        return hit[1].items[name]
+                elif sub is not None and name in sub:
                     src = ModuleDictSource(vt.source, dname, name) if vt.source is not None else None
                     return wrap(tx, sub[name], src)
         if d is not None and vt.source is not None and isinstance(cls_attr, types.FunctionType):

@@ -16,6 +16,7 @@ from typing import Callable, Optional, Sequence
 
 import torch
 import torch._decomp as _decomp
+from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 import coil.capture.meta_checks  # noqa: F401  (eager's layout in some ops' decompositions, before a table is built)
@@ -188,6 +189,19 @@ def _any_dims(x, dim=None, keepdim=False):
         return NotImplemented
     ne = aten._to_copy.default(aten.ne.Scalar(x, 0), dtype=torch.uint8 if x.dtype == torch.uint8 else torch.bool)
     return aten.clone.default(ne, memory_format=torch.contiguous_format)
+
+
+_TORCH_ADDCMUL = _decomp.decomposition_table[aten.addcmul.default]
+
+
+@register(aten.addcmul.default)
+def _addcmul(x, t1, t2, *, value=1):
+    """eager converts an integer operand to a float16 / bfloat16 result dtype first (int64 257 beside bf16 is 256:
+    FINDINGS_71 1); torch's decomposition converts it straight to float32."""
+    dt = elementwise_dtypes(x, t1, t2, type_promotion_kind=ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT)[1]
+    if dt in (torch.float16, torch.bfloat16):
+        x, t1, t2 = (t if t.dtype.is_floating_point else aten._to_copy.default(t, dtype=dt) for t in (x, t1, t2))
+    return _TORCH_ADDCMUL(x, t1, t2, value=value)
 
 
 _TORCH_LOG_SOFTMAX = _decomp.decomposition_table[aten._log_softmax.default]

@@ -159,18 +159,25 @@ def pointwise_lowering(op_name: str, kind: str = "arith") -> Callable:
 
 
 def round_scalars(args: Sequence, dtype: torch.dtype, keep=()) -> list:
-    """``args`` with each Python float but those at ``keep`` rounded to fp16/bf16 ``dtype`` on the CPU, as eager's CPU
-    kernels convert a scalar operand (``half + 70000`` is inf, ``70000 // half`` NaN: s201 #5477) except mul's and the
-    divisions' second, kept in float. A 0-dim float tensor of another dtype is such a scalar too (``half +
-    torch.tensor(0.1)`` adds fp16's 0.0999755859375). CUDA's kernels keep scalars in float, as coil does there."""
-    if dtype not in (torch.float16, torch.bfloat16) or device().type != "cpu":
+    """``args`` with each operand eager converts to fp16/bf16 ``dtype`` before the op rounded to it: an integer or
+    bool tensor (``int64 + bf16``: 257 is 256 first; 70000 is inf in fp16), and on the CPU, where eager's kernels
+    convert a scalar operand, each Python number but those at ``keep`` (``half + 70000`` is inf, ``70000 // half``
+    NaN: s201 #5477; ``bf16 + 257`` adds 256) except mul's and the divisions' second, kept in float. A 0-dim tensor
+    of another dtype is such a scalar too (``half + torch.tensor(0.1)`` adds fp16's 0.0999755859375). CUDA's
+    kernels keep scalars in float, as coil does there."""
+    if dtype not in (torch.float16, torch.bfloat16):
         return list(args)
+    cpu = device().type == "cpu"
 
-    def scalar_box(a):
-        return is_box(a) and not a.get_size() and a.get_dtype().is_floating_point and a.get_dtype() != dtype
-    return [float(torch.tensor(a, dtype=dtype)) if isinstance(a, float) and k not in keep else
-            make_pointwise_box(lambda v: v, [a], [], dtype, compute_dtype(dtype)) if scalar_box(a) and k not in keep
-            else a for k, a in enumerate(args)]
+    def rounded(k, a):
+        scalar = cpu and k not in keep     # a scalar operand eager converts
+        if is_box(a) and a.get_dtype() != dtype and not a.get_dtype().is_complex and (
+                scalar if not a.get_size() else not a.get_dtype().is_floating_point):
+            return make_pointwise_box(lambda v: v, [a], a.get_size(), dtype, compute_dtype(dtype))
+        if scalar and isinstance(a, (int, float)) and not isinstance(a, bool):
+            return float(torch.tensor(float(a), dtype=dtype))
+        return a
+    return [rounded(k, a) for k, a in enumerate(args)]
 
 
 def _promote(args) -> torch.dtype:

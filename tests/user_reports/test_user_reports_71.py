@@ -26,3 +26,17 @@ def test_an_integer_operand_is_rounded_to_the_half_dtype_first(coil_reset, dtype
     out, ref = coil.compile(f)(i, h), f(i, h)
     assert out.dtype == ref.dtype
     torch.testing.assert_close(out, ref, equal_nan=True, rtol=0, atol=0)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Finding 2 (fixed; a silent wrong value): float64 -> uint8 of a value outside the int32 range gave 0; eager converts
+# a double through int64 and keeps its low byte (float32 and the half dtypes go through int32, as before).
+# ---------------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+def test_float_to_uint8_outside_the_int32_range(coil_reset, dtype):
+    x = torch.tensor([-537160111331.0, 4294967303.0, 1e10 + 77, 3e9 + 5, -3e9 - 7, 300.7, -1.5, float("nan"),
+                      float("inf"), -float("inf"), 1e30] * 3, dtype=dtype)
+    f = lambda x: (x.to(torch.uint8), (x * 5).to(torch.uint8), x.to(torch.int8))  # noqa: E731
+    for o, r in zip(coil.compile(f)(x), f(x)):
+        assert torch.equal(o, r)

@@ -495,9 +495,9 @@ template <typename T> COIL_INLINE T coil_ipow(T a, T b) {
 // of the int32 result (so NaN gives 0). A plain static_cast is undefined there, and GCC
 // folds a constant NaN to 0.
 template <typename To, typename From> COIL_INLINE To coil_ftoi(From x) {
-  if (sizeof(To) == 8)
+  if (sizeof(To) == 8 || (sizeof(From) == 8 && std::is_same<To, uint8_t>::value))  // (eager: double -> uint8 via int64)
     return (x >= (From)-9223372036854775808.0 && x < (From)9223372036854775808.0)
-        ? (To)x : (To)INT64_MIN;
+        ? (To)(int64_t)x : (To)INT64_MIN;
   return (To)((x >= (From)-2147483648.0 && x < (From)2147483648.0) ? (int32_t)x : INT32_MIN);
 }
 // erfinv: M. Giles, "Approximating the erfinv function" (GPU Computing Gems, 2011),

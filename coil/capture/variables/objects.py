@@ -138,11 +138,13 @@ def lookup_attr(tx, vt: ObjectVariableBase, name: str, generic: bool = False):
         if isinstance(obj, torch.nn.Module):
             for dname in ("_parameters", "_buffers", "_modules"):
                 sub = obj.__dict__.get(dname)
+                if sub is None:
+                    continue
                 hit = tx.output.wrapped.get(id(sub))   # a tracked dict sees this frame's writes (register_buffer)
                 if hit is not None and isinstance(hit[1], DictVariable):
                     if name in hit[1].items:
                         return hit[1].items[name]
-                elif sub is not None and name in sub:
+                elif name in sub:
                     src = ModuleDictSource(vt.source, dname, name) if vt.source is not None else None
                     return wrap(tx, sub[name], src)
         if d is not None and vt.source is not None and isinstance(cls_attr, types.FunctionType):

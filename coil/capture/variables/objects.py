@@ -674,6 +674,10 @@ class UserDefinedClassVariable(ObjectVariableBase):
         if attr is _SENTINEL:
             if name == "__mro__":
                 return TupleVariable([wrap(tx, c, None) for c in cls.__mro__])
+            meta = _static_lookup(type(cls), name)   # a metaclass property (torch.distributed's GroupMember.WORLD)
+            if isinstance(meta, property) and meta.fget is not None:
+                guard_mro_lookup(tx, type(cls).__mro__, name)
+                return tx.call(UserFunctionVariable(meta.fget), [self], {})
             raise AttributeMissing(name)
         if isinstance(attr, (staticmethod, classmethod, types.FunctionType)):
             guard_mro_lookup(tx, cls.__mro__, name)     # C.f replaced later recompiles

@@ -1,0 +1,69 @@
+"""Regressions from new-user trial 72 (FINDINGS_72.md): transformers architectures and the code around them
+(`generate()`, `torch.distributed` checks), compared with eager.
+"""
+
+import enum
+import warnings
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import coil
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Finding 1 (fixed; a whole function silently uncompiled but for a warning): a property of a metaclass read
+# through the class (`GroupMember.WORLD`, which `torch.distributed.is_initialized()` reads) raised AttributeMissing
+# in capture, so any compiled function calling `dist.is_initialized()` (transformers' `generate()` does) ran
+# eagerly, uncompiled. The property's getter is traced as an instance property's is.
+# ---------------------------------------------------------------------------------------------------------------
+
+_world = [None]
+
+
+class _Meta(type):
+    @property
+    def WORLD(cls):
+        return _world[0]
+
+
+class _Group(metaclass=_Meta):
+    pass
+
+
+def _captured(fn, *args):
+    """(compiled result, whether coil captured a graph without a 'could not capture' warning)."""
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        out = coil.compile(fn)(*args)
+    return out, not any("could not capture" in str(x.message) for x in w)
+
+
+def test_a_metaclass_property_read_through_the_class_is_captured(coil_reset):
+    def f(x):
+        return x + 1 if _Group.WORLD is None else x * _Group.WORLD
+
+    x = torch.arange(4.0)
+    out, ok = _captured(f, x)
+    assert ok and torch.equal(out, f(x))
+    assert coil.explain(f, x).graph_count == 1
+    _world[0] = 3                  # the getter's result is guarded: the next call sees the new value
+    try:
+        out, ok = _captured(f, x)
+        assert ok and torch.equal(out, x * 3)
+    finally:
+        _world[0] = None
+
+
+def test_dist_is_initialized_inside_a_compiled_function(coil_reset):
+    def step(x):
+        if dist.is_available() and dist.is_initialized():
+            return x * 2
+        return torch.relu(x) + 1
+
+    x = torch.randn(8)
+    out, ok = _captured(step, x)
+    assert ok and torch.equal(out, step(x))
+    assert coil.explain(step, x).graph_count == 1
+

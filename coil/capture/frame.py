@@ -291,7 +291,7 @@ def capture_callable(fn, cfg: CaptureConfig, library: bool = False):
     if isinstance(fn, types.FunctionType) and not is_disabled(fn):
         if fn.__code__.co_flags & _GENERATOR_FLAGS:
             return fn
-        if not library and _skipped_module(fn):
+        if not library and _skipped_module(fn) and fn.__code__ not in _CONTEXT_DECORATORS:
             return fn          # library code the translator never traces (logging, copy...)
         return _wrapped_function(fn, cfg)
     if isinstance(fn, types.MethodType) and isinstance(fn.__func__, types.FunctionType):
@@ -300,6 +300,11 @@ def capture_callable(fn, cfg: CaptureConfig, library: bool = False):
     if isinstance(fn, torch.nn.Module) and type(fn).__call__ is torch.nn.Module.__call__:
         return functools.partial(_call_module_captured, fn, cfg)
     return fn
+
+
+#: the wrappers of ``@torch.no_grad()`` (enable_grad, inference_mode...) and ``@torch.autocast(...)``: captured at a
+#: break like user code, so that the function they decorate is too (transformers' ``generate()``)
+_CONTEXT_DECORATORS = (torch.no_grad()(lambda: None).__code__, torch.autocast("cpu")(lambda: None).__code__)
 
 
 def _wrapped_function(fn, cfg: CaptureConfig):

@@ -67,3 +67,44 @@ def test_dist_is_initialized_inside_a_compiled_function(coil_reset):
     assert ok and torch.equal(out, step(x))
     assert coil.explain(step, x).graph_count == 1
 
+
+# ---------------------------------------------------------------------------------------------------------------
+# Finding 2 (fixed; a silent fallback to eager, no warning): a function decorated with `@torch.no_grad()` (or
+# `enable_grad`, `inference_mode`, `torch.autocast(...)`) called at a graph break ran as plain Python with
+# everything it calls: torch's decorator wrapper is library code, so the decorated user function was never captured
+# on its own frame. `coil.compile(f)` of an `f` that returns such a call (transformers' `generate()`) made no graph
+# at all, and `coil.explain` reported 0 graphs and 0 graph breaks.
+# ---------------------------------------------------------------------------------------------------------------
+
+def _helper_body(x):
+    y = torch.sin(x) * 2
+    print("a graph break")
+    return torch.cos(y) + 1
+
+
+_no_grad_helper = torch.no_grad()(_helper_body)
+_autocast_helper = torch.autocast("cpu", torch.bfloat16)(_helper_body)
+
+
+def _forwards(x):
+    return _no_grad_helper(x)
+
+
+def _calls_then_scales(x):
+    return _no_grad_helper(x + 1) * 3
+
+
+def _calls_autocast(x):
+    return _autocast_helper(x + 1) * 3
+
+
+@pytest.mark.parametrize("fn", [_forwards, _calls_then_scales, _calls_autocast])
+def test_a_context_decorated_callee_with_a_break_is_captured(coil_reset, fn):
+    from coil.capture import frame
+    x = torch.randn(6)
+    out, ref = coil.compile(fn)(x), fn(x)
+    assert out.dtype == ref.dtype and out.requires_grad == ref.requires_grad
+    torch.testing.assert_close(out, ref)
+    # the helper's sin and cos are in graphs of their own (before: 0 graphs for _forwards, only x + 1 and * 3 else)
+    assert frame.stats["graphs"] >= (2 if fn is _forwards else 4), frame.stats
+

@@ -108,3 +108,47 @@ def test_a_context_decorated_callee_with_a_break_is_captured(coil_reset, fn):
     # the helper's sin and cos are in graphs of their own (before: 0 graphs for _forwards, only x + 1 and * 3 else)
     assert frame.stats["graphs"] >= (2 if fn is _forwards else 4), frame.stats
 
+
+# ---------------------------------------------------------------------------------------------------------------
+# Finding 3 (fixed; a function uncompiled but for a warning, or recompiled on every call): a global dict keyed by
+# enum members (transformers' GENERATION_MODES_MAPPING) was guarded with the keys' repr, `[<Mode.A: 'a'>]`, which
+# is no Python: "could not capture f ... SyntaxError: invalid syntax", the function ran eagerly. A dict keyed by
+# float("inf") guarded `d[inf]`, a NameError in the guard, so every call recompiled until the recompile limit.
+# ---------------------------------------------------------------------------------------------------------------
+
+
+class _Mode(enum.Enum):
+    A = "a"
+    B = "b"
+
+
+_TABLE = {_Mode.A: 1.0, _Mode.B: 2.0}
+_INF = {float("inf"): 5.0, 1.5: 0.5}
+
+
+def _scale_by_mode(x):
+    return x * _TABLE[_Mode.B] + sum(v for k, v in _TABLE.items() if k is not _Mode.B)
+
+
+def _scale_by_inf(x):
+    return x * _INF[float("inf")]
+
+
+@pytest.mark.parametrize("fn", [_scale_by_mode, _scale_by_inf])
+def test_a_dict_keyed_by_enum_members_or_inf_is_captured_once(coil_reset, fn):
+    from coil.capture import frame
+    x = torch.randn(5)
+    cf = coil.compile(fn)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        outs = [cf(x) for _ in range(3)]
+    assert not [m for m in w if "coil" in str(m.message)]
+    for o in outs:
+        torch.testing.assert_close(o, fn(x))
+    assert (frame.stats["graphs"], frame.stats["recompiles"]) == (1, 0), frame.stats
+    if fn is _scale_by_mode:    # the guarded lookup sees a new value
+        _TABLE[_Mode.B] = 3.0
+        try:
+            torch.testing.assert_close(cf(x), fn(x))
+        finally:
+            _TABLE[_Mode.B] = 2.0

@@ -113,6 +113,13 @@ def _fields_are_items(value) -> bool:
         getattr(value, n, None) is (value[n] if n in value else None) for n in names)
 
 
+def _source_key(k) -> bool:
+    """Whether ``repr(k)`` is Python source for dict key ``k``, as sources and guards index with it."""
+    if type(k) is tuple:
+        return all(map(_source_key, k))
+    return type(k) in (str, int, bool, type(None), torch.dtype) or type(k) is float and math.isfinite(k)
+
+
 def wrap(tx, value: Any, source, guard: bool = True) -> VariableTracker:
     """The tracker for real ``value`` read from ``source`` (see module docstring)."""
     out = tx.output
@@ -198,7 +205,7 @@ def _build(tx, value, source, gs) -> VariableTracker:
             isinstance(value, dict) and t.__module__ != "builtins" and t.__init__ is dict.__init__
             and t.__getitem__ is dict.__getitem__   # (sources index it)
             and all(is_literal(k) for k in value)):
-        if not all(is_literal(k) for k in value):
+        if not all(map(_source_key, value)):   # (an enum member, inf: guarded lookups instead)
             return UserDefinedObjectVariable(value, source)
         if gs is not None:
             gs.add(f"type({expr}) is {gs.const(t)} and list({expr}) == {list(value)!r}", f"list({expr})", list(value))

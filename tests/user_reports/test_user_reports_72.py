@@ -152,3 +152,42 @@ def test_a_dict_keyed_by_enum_members_or_inf_is_captured_once(coil_reset, fn):
             torch.testing.assert_close(cf(x), fn(x))
         finally:
             _TABLE[_Mode.B] = 2.0
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Finding 4 (fixed; silent until the recompile limit's warning): a global, a module attribute or a default argument
+# holding float("inf") / float("-inf") was guarded as `x == inf` (its repr), a NameError in the guard, so every call
+# recompiled (4 calls: 4 graphs) until the recompile limit, after which the function ran eagerly.
+# ---------------------------------------------------------------------------------------------------------------
+
+_NEG = float("-inf")
+
+
+class _Capped(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.cap = float("inf")
+
+    def forward(self, x):
+        return x.clamp(max=self.cap) + 1
+
+
+def _floor_at_neg(x):
+    return torch.maximum(x, torch.full_like(x, _NEG)) * 2
+
+
+def _clamp_default(x, lim=float("inf")):
+    return x.clamp(max=lim) * 3
+
+
+@pytest.mark.parametrize("make", [lambda: _floor_at_neg, _Capped, lambda: _clamp_default])
+def test_an_infinite_float_constant_does_not_recompile_every_call(coil_reset, make):
+    from coil.capture import frame
+    fn, x = make(), torch.randn(7)
+    cf = coil.compile(fn)
+    for _ in range(4):
+        torch.testing.assert_close(cf(x), fn(x))
+    assert (frame.stats["graphs"], frame.stats["recompiles"]) == (1, 0), frame.stats
+    if isinstance(fn, _Capped):     # a new value is seen
+        fn.cap = 0.0
+        torch.testing.assert_close(cf(x), fn(x))

@@ -78,7 +78,7 @@ def _guard_literal(gs, expr, value):
         gs.add(f"{expr} == {gs.const(value)}", expr, value, src=expr)
     elif isinstance(value, float) and value != value:
         gs.add(f"type({expr}) is float and {expr} != {expr}", expr, value)
-    elif type(value) in (int, float, str, bytes, complex):
+    elif type(value) in (int, str, bytes) or type(value) is float and math.isfinite(value):   # (repr(inf): no Python)
         gs.add(f"type({expr}) is {type(value).__name__} and {expr} == {value!r}", expr, value, src=expr)
     else:
         gs.add(f"type({expr}) is {gs.const(type(value))} and {expr} == {gs.const(value)}", expr, value)

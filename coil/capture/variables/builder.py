@@ -35,7 +35,7 @@ from coil.capture.variables.functions import (BoundMethodVariable, PartialVariab
 from coil.capture.variables.objects import (AutogradFunctionApplyVariable, DataClassDictVariable, NNModuleVariable,
                                             PythonModuleVariable, UserDefinedClassVariable, UserDefinedObjectVariable,
                                             is_model_output_class)
-from coil.capture.variables.torchfn import (CONTEXT_CLASSES, LockVariable, ResumedGradModeVariable,
+from coil.capture.variables.torchfn import (CONTEXT_CLASSES, AutocastVariable, LockVariable, ResumedGradModeVariable,
                                             TorchFunctionVariable, is_torch_function)
 from coil.capture.variables.hops import HigherOrderVariable, hop_handler
 from coil.capture import frame as _frame
@@ -229,6 +229,9 @@ def _build(tx, value, source, gs) -> VariableTracker:
         return PythonModuleVariable(value, source)
     if value in CONTEXT_CLASSES if isinstance(value, type) else False:
         return UserDefinedClassVariable(value, source)
+    if isinstance(value, torch.amp.autocast):   # made before the call (``@torch.autocast(...)``'s): as one made in the
+        guard_is()                              # frame; its __enter__ traced as Python set the real state while tracing
+        return AutocastVariable((value.device, value.fast_dtype, value._enabled, value._cache_enabled))
     if bi.is_builtin(value):
         guard_is()
         return bi.BuiltinVariable(value, source)

@@ -299,6 +299,8 @@ def capture_callable(fn, cfg: CaptureConfig, library: bool = False):
         return fn if inner is fn.__func__ else types.MethodType(inner, fn.__self__)
     if isinstance(fn, torch.nn.Module) and type(fn).__call__ is torch.nn.Module.__call__:
         return functools.partial(_call_module_captured, fn, cfg)
+    if type(fn) is functools.partial and (inner := capture_callable(fn.func, cfg)) is not fn.func:
+        return functools.partial(inner, *fn.args, **fn.keywords)   # (a user function's partial: the function)
     return fn
 
 

@@ -3,6 +3,7 @@
 """
 
 import enum
+import functools
 import warnings
 
 import pytest
@@ -235,3 +236,30 @@ def test_a_pre_existing_autocast_object_leaves_autocast_as_it_was(coil_reset, fn
             torch.testing.assert_close(o, ref)
     finally:
         torch.set_autocast_enabled("cpu", False)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Finding 7 (fixed; a visible break, but the callee silently uncompiled): a functools.partial of a user function
+# called at a graph break ran as plain Python (only functions, methods and modules were captured on their own
+# frame), so everything after the break inside it was eager. Its function is now captured, the partial's arguments kept.
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _scaled_body(x, k, *, shift):
+    y = torch.sin(x) * k
+    print("a graph break")
+    return torch.cos(y) + shift
+
+
+_partial = functools.partial(_scaled_body, k=2.0, shift=1.0)
+
+
+def test_a_partial_called_at_a_break_is_captured(coil_reset):
+    from coil.capture import frame
+
+    def f(x):
+        return _partial(x + 1) * 3
+
+    x = torch.randn(5)
+    torch.testing.assert_close(coil.compile(f)(x), f(x))
+    assert frame.stats["graphs"] == 4, frame.stats    # x + 1, sin * k, cos + shift, * 3 (before: 2)

@@ -138,3 +138,20 @@ def test_batch_norm_backward_broadcasts_with_one_view(train, shape, dtype, weigh
         gm = make_fx(lambda *a: fn(*a, *args[7:]), tracing_mode="fake")(*args[:7])
         assert [str(n.target) for n in gm.graph.nodes if "squeeze" in str(n.target) or "view" in str(n.target)] == \
             ["aten.view.default"] * 4
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("backend", ["aot_eager", "coil"])
+def test_logit_clamps_to_eps_bounds_in_the_input_dtype(dtype, backend):
+    """eager's logit kernels take eps and 1 - eps in x's dtype: for bf16 eps=1e-3 the upper bound is 1.0 and
+    logit(1.0) is inf (torch's decomposition clamped to 0.999: 6.9); bf16 eps=0.01 clamps to 0.98828125 (4.44, not
+    4.59). The backward's zero region uses the same bounds."""
+    import coil
+    x = torch.tensor([0.5, 0.999, 1.0, 0.0001, 0.0, 1.5, -0.5, 0.98828125, 0.9921875], dtype=dtype)
+    for eps in (1e-3, 1e-6, 0.01):
+        f = lambda x: torch.logit(x, eps)  # noqa: E731
+        torch.testing.assert_close(coil.compile(f, backend=backend)(x), f(x), rtol=0, atol=0)
+        xe, xc = x.clone().requires_grad_(), x.clone().requires_grad_()
+        f(xe).sum().backward()
+        coil.compile(f, backend=backend)(xc).sum().backward()
+        torch.testing.assert_close(xc.grad, xe.grad, rtol=1e-2, atol=0)

@@ -236,18 +236,17 @@ def _logsumexp(x, dim, keepdim=False):
     return aten.add.Tensor(aten.log.default(s), m if keepdim else aten.squeeze.dims(m, dim))
 
 
-_TORCH_LOGIT, _TORCH_LOGIT_BACKWARD = (_decomp.decomposition_table[op] for op in (aten.logit.default,
-                                                                                 aten.logit_backward.default))
+_TORCH_LOGIT, _TORCH_LOGIT_BACKWARD = map(_decomp.decomposition_table.get,
+                                          (aten.logit.default, aten.logit_backward.default))
 
 
 def _logit_bounds(x, eps) -> Optional[tuple]:
     """(lo, hi): eager's logit kernels clamp to ``eps`` and ``1 - eps`` taken in x's dtype (bf16 ``eps=1e-3``: hi is
     1.0, so logit(1.0) is inf), torch's decompositions to the unrounded numbers (6.9); None: no clamp."""
-    if type(eps) not in (int, float) or not x.dtype.is_floating_point or not eps >= 0:
-        return None
-    with torch.utils._python_dispatch._disable_current_modes():  # (numbers, not graph nodes)
-        lo = torch.tensor(eps, dtype=x.dtype).item()
-        return lo, torch.tensor(1 - lo, dtype=x.dtype).item()
+    if type(eps) in (int, float) and x.dtype.is_floating_point and eps >= 0:
+        with torch.utils._python_dispatch._disable_current_modes():  # (numbers, not graph nodes)
+            lo = torch.tensor(eps, dtype=x.dtype).item()
+            return lo, torch.tensor(1 - lo, dtype=x.dtype).item()
 
 
 register(aten.logit.default)(lambda x, eps=None: _TORCH_LOGIT(x, eps) if (b := _logit_bounds(x, eps)) is None
@@ -255,6 +254,11 @@ register(aten.logit.default)(lambda x, eps=None: _TORCH_LOGIT(x, eps) if (b := _
 register(aten.logit_backward.default)(lambda dy, x, eps=None: _TORCH_LOGIT_BACKWARD(dy, x, eps) if (
     b := _logit_bounds(x, eps)) is None else aten.where.self(aten.logical_and.default(aten.ge.Scalar(
         x, b[0]), aten.le.Scalar(x, b[1])), _TORCH_LOGIT_BACKWARD(dy, x, None), aten.zeros_like.default(dy)))
+# eager's soft_margin_loss takes log1p(exp(-x * target)) an op at a time in x's dtype (fp16 exp(12) is inf, so is the
+# loss); torch's decomposition computed it in float32 (12.0)
+register(aten.soft_margin_loss.default)(lambda x, t, reduction=1: _decomp.decompositions.apply_loss_reduction(
+    aten.log1p.default(aten.exp.default(aten._to_copy.default(aten.mul.Tensor(aten.neg.default(x), t), dtype=x.dtype))),
+    reduction))
 # a ZeroTensor (sgn's derivative of a real input) has no storage: a gradient made of it failed the backward's checks
 register(aten._efficientzerotensor.default)(lambda size, **kwargs: aten.zeros.default(size, **kwargs))
 # torch's ``x.reshape(-1)[index]`` reads a 0-d index's value at trace time (Python indexing): a compile failure

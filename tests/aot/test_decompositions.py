@@ -155,3 +155,16 @@ def test_logit_clamps_to_eps_bounds_in_the_input_dtype(dtype, backend):
         f(xe).sum().backward()
         coil.compile(f, backend=backend)(xc).sum().backward()
         torch.testing.assert_close(xc.grad, xe.grad, rtol=1e-2, atol=0)
+
+
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+@pytest.mark.parametrize("backend", ["aot_eager", "coil"])
+def test_soft_margin_loss_rounds_each_step_to_the_input_dtype(reduction, backend):
+    """eager's soft_margin_loss takes log1p(exp(-x * target)) an op at a time in x's dtype: a float16 exp(12) is inf,
+    and so is the loss (torch's decomposition, in float32, gave 12.0); a float32 x with a float16 target is float32."""
+    import coil
+    x = torch.tensor([-12.0, 3.0, 0.5, 11.5, -20.0, 1.0], dtype=torch.float16)
+    t = torch.tensor([1.0, -1.0, 1.0, -1.0, 1.0, -1.0])
+    f = lambda x, t: F.soft_margin_loss(x, t, reduction=reduction)  # noqa: E731
+    for a, b in ((x, t), (x, t.half()), (x.float(), t.half()), (x / 8, t)):
+        torch.testing.assert_close(coil.compile(f, backend=backend)(a, b), f(a, b), rtol=1e-3, atol=0)

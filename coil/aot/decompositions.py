@@ -259,6 +259,13 @@ register(aten.logit_backward.default)(lambda dy, x, eps=None: _TORCH_LOGIT_BACKW
 register(aten.soft_margin_loss.default)(lambda x, t, reduction=1: _decomp.decompositions.apply_loss_reduction(
     aten.log1p.default(aten.exp.default(aten._to_copy.default(aten.mul.Tensor(aten.neg.default(x), t), dtype=x.dtype))),
     reduction))
+# an unbatched input's multi_margin_loss without reduction is 0-d in eager; torch's decomposition (also the op's
+# Autograd kernel under the Python dispatcher, replaced there too) kept the batch dim it adds: shape (1,)
+_TORCH_MML = aten.multi_margin_loss.default.py_kernels.pop(torch._C.DispatchKey.Autograd)
+register(aten.multi_margin_loss.default)(aten.multi_margin_loss.default.py_impl(torch._C.DispatchKey.Autograd)(
+    lambda x, t, p=1, margin=1, weight=None, reduction=1: _TORCH_MML(x, t, p, margin, weight, reduction) if x.dim() > 1
+    or reduction != 0 else aten.squeeze.dims(_TORCH_MML(x, t, p, margin, weight, reduction), [0])))
+aten.multi_margin_loss.default._dispatch_cache.clear()
 # a ZeroTensor (sgn's derivative of a real input) has no storage: a gradient made of it failed the backward's checks
 register(aten._efficientzerotensor.default)(lambda size, **kwargs: aten.zeros.default(size, **kwargs))
 # torch's ``x.reshape(-1)[index]`` reads a 0-d index's value at trace time (Python indexing): a compile failure
@@ -321,10 +328,7 @@ def native_layer_norm(x, normalized_shape, weight, bias, eps):
         # pointwise ops above follow x's (e.g. transposed) layout instead
         out = aten.clone.default(out, memory_format=torch.contiguous_format)
     stat_dtype = x.dtype if x.device.type == "cpu" else acc
-    if stat_dtype != mean.dtype:
-        mean = aten._to_copy.default(mean, dtype=stat_dtype)
-        rstd = aten._to_copy.default(rstd, dtype=stat_dtype)
-    return out, mean, rstd
+    return (out, *(aten._to_copy.default(t, dtype=stat_dtype) if t.dtype != stat_dtype else t for t in (mean, rstd)))
 
 
 def _in_input_format(out, x, always: bool = False):
@@ -542,9 +546,7 @@ def get_decompositions(fallback_random: Optional[bool] = None) -> dict:
     ``fallback_random`` (default: ``coil.config.config.fallback_random``) keeps the
     random ops of :data:`RANDOM_OPS` whole.
     """
-    if fallback_random is None:
-        fallback_random = config.fallback_random
-    key = bool(fallback_random)
+    key = bool(config.fallback_random if fallback_random is None else fallback_random)
     if key not in _TABLES:
         table = dict(_decomp.core_aten_decompositions().items())
         table.update(_decomp.get_decompositions(EXTRA_DECOMPOSE))

@@ -168,3 +168,21 @@ def test_soft_margin_loss_rounds_each_step_to_the_input_dtype(reduction, backend
     f = lambda x, t: F.soft_margin_loss(x, t, reduction=reduction)  # noqa: E731
     for a, b in ((x, t), (x, t.half()), (x.float(), t.half()), (x / 8, t)):
         torch.testing.assert_close(coil.compile(f, backend=backend)(a, b), f(a, b), rtol=1e-3, atol=0)
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+@pytest.mark.parametrize("backend", ["aot_eager", "coil"])
+def test_multi_margin_loss_of_an_unbatched_input_without_reduction_is_0d(dynamic, backend):
+    """eager's multi_margin_loss of a 1-d (or 0-d) input with reduction="none" is 0-d; torch's decomposition (also
+    the op's Autograd kernel under the Python dispatcher) returned shape (1,). Batched inputs keep (N,)."""
+    import coil
+    f = lambda x, t: F.multi_margin_loss(x, t, p=2, margin=0.5, reduction="none")  # noqa: E731
+    for x, t in ((torch.tensor([0.7, 0.2, -0.3]), torch.tensor(1)), (torch.tensor(0.7), torch.tensor(0)),
+                 (torch.tensor([[0.7, 0.2, -0.3], [0.1, 0.9, 0.4]]), torch.tensor([1, 2]))):
+        xe, xc = x.clone().requires_grad_(), x.clone().requires_grad_()
+        want, got = f(xe, t), coil.compile(f, backend=backend, dynamic=dynamic)(xc, t)
+        assert got.shape == want.shape
+        torch.testing.assert_close(got, want)
+        want.sum().backward()
+        got.sum().backward()
+        torch.testing.assert_close(xc.grad, xe.grad)

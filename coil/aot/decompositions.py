@@ -254,8 +254,7 @@ register(aten.logit.default)(lambda x, eps=None: _TORCH_LOGIT(x, eps) if (b := _
 register(aten.logit_backward.default)(lambda dy, x, eps=None: _TORCH_LOGIT_BACKWARD(dy, x, eps) if (
     b := _logit_bounds(x, eps)) is None else aten.where.self(aten.logical_and.default(aten.ge.Scalar(
         x, b[0]), aten.le.Scalar(x, b[1])), _TORCH_LOGIT_BACKWARD(dy, x, None), aten.zeros_like.default(dy)))
-# eager's soft_margin_loss takes log1p(exp(-x * target)) an op at a time in x's dtype (fp16 exp(12) is inf, so is the
-# loss); torch's decomposition computed it in float32 (12.0)
+# eager's soft_margin_loss: log1p(exp(-x * target)) an op at a time in x's dtype (fp16 exp(12) is inf; torch's: 12.0)
 register(aten.soft_margin_loss.default)(lambda x, t, reduction=1: _decomp.decompositions.apply_loss_reduction(
     aten.log1p.default(aten.exp.default(aten._to_copy.default(aten.mul.Tensor(aten.neg.default(x), t), dtype=x.dtype))),
     reduction))
@@ -391,8 +390,9 @@ def _upsample_linear(x, output_size, align_corners, scales):
     acc = _acc_dtype(x.dtype)
     out = aten._to_copy.default(x, dtype=acc) if acc != x.dtype else x
 
-    def rnd(w):  # eager's fp16/bf16 weights: t, then 1 - t, rounded to x's dtype
-        return aten._to_copy.default(aten._to_copy.default(w, dtype=x.dtype), dtype=acc) if acc != x.dtype else w
+    def rnd(w):  # eager's fp16/bf16 weights: t, then 1 - t, rounded to x's dtype (its 2-d kernel's stay float)
+        return aten._to_copy.default(aten._to_copy.default(w, dtype=x.dtype), dtype=acc) if acc != x.dtype and \
+            x.dim() != 4 else w
     for d in reversed(range(2, x.dim())):
         n_in, n_out, sc = x.shape[d], output_size[d - 2], scales[d - 2]
         if n_in == n_out:

@@ -236,8 +236,7 @@ def _logsumexp(x, dim, keepdim=False):
     return aten.add.Tensor(aten.log.default(s), m if keepdim else aten.squeeze.dims(m, dim))
 
 
-_TORCH_LOGIT, _TORCH_LOGIT_BACKWARD = map(_decomp.decomposition_table.get,
-                                          (aten.logit.default, aten.logit_backward.default))
+_TORCH_LOGIT, _TORCH_LOGIT_BW = map(_decomp.decomposition_table.get, (aten.logit.default, aten.logit_backward.default))
 
 
 def _logit_bounds(x, eps) -> Optional[tuple]:
@@ -251,9 +250,9 @@ def _logit_bounds(x, eps) -> Optional[tuple]:
 
 register(aten.logit.default)(lambda x, eps=None: _TORCH_LOGIT(x, eps) if (b := _logit_bounds(x, eps)) is None
                              else _TORCH_LOGIT(aten.clamp.default(x, *b), None))
-register(aten.logit_backward.default)(lambda dy, x, eps=None: _TORCH_LOGIT_BACKWARD(dy, x, eps) if (
+register(aten.logit_backward.default)(lambda dy, x, eps=None: _TORCH_LOGIT_BW(dy, x, eps) if (
     b := _logit_bounds(x, eps)) is None else aten.where.self(aten.logical_and.default(aten.ge.Scalar(
-        x, b[0]), aten.le.Scalar(x, b[1])), _TORCH_LOGIT_BACKWARD(dy, x, None), aten.zeros_like.default(dy)))
+        x, b[0]), aten.le.Scalar(x, b[1])), _TORCH_LOGIT_BW(dy, x, None), aten.zeros_like.default(dy)))
 # eager's soft_margin_loss: log1p(exp(-x * target)) an op at a time in x's dtype (fp16 exp(12) is inf; torch's: 12.0)
 register(aten.soft_margin_loss.default)(lambda x, t, reduction=1: _decomp.decompositions.apply_loss_reduction(
     aten.log1p.default(aten.exp.default(aten._to_copy.default(aten.mul.Tensor(aten.neg.default(x), t), dtype=x.dtype))),
@@ -550,12 +549,9 @@ def get_decompositions(fallback_random: Optional[bool] = None) -> dict:
     if key not in _TABLES:
         table = dict(_decomp.core_aten_decompositions().items())
         table.update(_decomp.get_decompositions(EXTRA_DECOMPOSE))
-        for op in _overloads(KEEP_WHOLE):
+        table.update(COIL_DECOMPOSITIONS)  # (none for a KEEP_WHOLE op)
+        for op in _overloads(KEEP_WHOLE + (RANDOM_OPS if key else [])):
             table.pop(op, None)
-        table.update(COIL_DECOMPOSITIONS)
-        if key:
-            for op in _overloads(RANDOM_OPS):
-                table.pop(op, None)
         _TABLES[key] = table
     return _TABLES[key]
 

@@ -236,6 +236,34 @@ def _logsumexp(x, dim, keepdim=False):
     return aten.add.Tensor(aten.log.default(s), m if keepdim else aten.squeeze.dims(m, dim))
 
 
+_TORCH_LOGIT, _TORCH_LOGIT_BW = map(_decomp.decomposition_table.get, (aten.logit.default, aten.logit_backward.default))
+
+
+def _logit_bounds(x, eps) -> Optional[tuple]:
+    """(lo, hi): eager's logit kernels clamp to ``eps`` and ``1 - eps`` taken in x's dtype (bf16 ``eps=1e-3``: hi is
+    1.0, so logit(1.0) is inf), torch's decompositions to the unrounded numbers (6.9); None: no clamp."""
+    if type(eps) in (int, float) and x.dtype.is_floating_point and eps >= 0:
+        with torch.utils._python_dispatch._disable_current_modes():  # (numbers, not graph nodes)
+            lo = torch.tensor(eps, dtype=x.dtype).item()
+            return lo, torch.tensor(1 - lo, dtype=x.dtype).item()
+
+
+register(aten.logit.default)(lambda x, eps=None: _TORCH_LOGIT(x, eps) if (b := _logit_bounds(x, eps)) is None
+                             else _TORCH_LOGIT(aten.clamp.default(x, *b), None))
+register(aten.logit_backward.default)(lambda dy, x, eps=None: _TORCH_LOGIT_BW(dy, x, eps) if (
+    b := _logit_bounds(x, eps)) is None else aten.where.self(aten.logical_and.default(aten.ge.Scalar(
+        x, b[0]), aten.le.Scalar(x, b[1])), _TORCH_LOGIT_BW(dy, x, None), aten.zeros_like.default(dy)))
+# eager's soft_margin_loss: log1p(exp(-x * target)) an op at a time in x's dtype (fp16 exp(12) is inf; torch's: 12.0)
+register(aten.soft_margin_loss.default)(lambda x, t, reduction=1: _decomp.decompositions.apply_loss_reduction(
+    aten.log1p.default(aten.exp.default(aten._to_copy.default(aten.mul.Tensor(aten.neg.default(x), t), dtype=x.dtype))),
+    reduction))
+# an unbatched input's multi_margin_loss without reduction is 0-d in eager; torch's decomposition (also the op's
+# Autograd kernel under the Python dispatcher, replaced there too) kept the batch dim it adds: shape (1,)
+_TORCH_MML = aten.multi_margin_loss.default.py_kernels.pop(torch._C.DispatchKey.Autograd)
+register(aten.multi_margin_loss.default)(aten.multi_margin_loss.default.py_impl(torch._C.DispatchKey.Autograd)(
+    lambda x, t, p=1, margin=1, weight=None, reduction=1: _TORCH_MML(x, t, p, margin, weight, reduction) if x.dim() > 1
+    or reduction != 0 else aten.squeeze.dims(_TORCH_MML(x, t, p, margin, weight, reduction), [0])))
+aten.multi_margin_loss.default._dispatch_cache.clear()
 # a ZeroTensor (sgn's derivative of a real input) has no storage: a gradient made of it failed the backward's checks
 register(aten._efficientzerotensor.default)(lambda size, **kwargs: aten.zeros.default(size, **kwargs))
 # torch's ``x.reshape(-1)[index]`` reads a 0-d index's value at trace time (Python indexing): a compile failure
@@ -298,10 +326,7 @@ def native_layer_norm(x, normalized_shape, weight, bias, eps):
         # pointwise ops above follow x's (e.g. transposed) layout instead
         out = aten.clone.default(out, memory_format=torch.contiguous_format)
     stat_dtype = x.dtype if x.device.type == "cpu" else acc
-    if stat_dtype != mean.dtype:
-        mean = aten._to_copy.default(mean, dtype=stat_dtype)
-        rstd = aten._to_copy.default(rstd, dtype=stat_dtype)
-    return out, mean, rstd
+    return (out, *(aten._to_copy.default(t, dtype=stat_dtype) if t.dtype != stat_dtype else t for t in (mean, rstd)))
 
 
 def _in_input_format(out, x, always: bool = False):
@@ -364,8 +389,9 @@ def _upsample_linear(x, output_size, align_corners, scales):
     acc = _acc_dtype(x.dtype)
     out = aten._to_copy.default(x, dtype=acc) if acc != x.dtype else x
 
-    def rnd(w):  # eager's fp16/bf16 weights: t, then 1 - t, rounded to x's dtype
-        return aten._to_copy.default(aten._to_copy.default(w, dtype=x.dtype), dtype=acc) if acc != x.dtype else w
+    def rnd(w):  # eager's fp16/bf16 weights: t, then 1 - t, rounded to x's dtype (its 2-d kernel's stay float)
+        return aten._to_copy.default(aten._to_copy.default(w, dtype=x.dtype), dtype=acc) if acc != x.dtype and \
+            x.dim() != 4 else w
     for d in reversed(range(2, x.dim())):
         n_in, n_out, sc = x.shape[d], output_size[d - 2], scales[d - 2]
         if n_in == n_out:
@@ -519,18 +545,13 @@ def get_decompositions(fallback_random: Optional[bool] = None) -> dict:
     ``fallback_random`` (default: ``coil.config.config.fallback_random``) keeps the
     random ops of :data:`RANDOM_OPS` whole.
     """
-    if fallback_random is None:
-        fallback_random = config.fallback_random
-    key = bool(fallback_random)
+    key = bool(config.fallback_random if fallback_random is None else fallback_random)
     if key not in _TABLES:
         table = dict(_decomp.core_aten_decompositions().items())
         table.update(_decomp.get_decompositions(EXTRA_DECOMPOSE))
-        for op in _overloads(KEEP_WHOLE):
+        table.update(COIL_DECOMPOSITIONS)  # (none for a KEEP_WHOLE op)
+        for op in _overloads(KEEP_WHOLE + (RANDOM_OPS if key else [])):
             table.pop(op, None)
-        table.update(COIL_DECOMPOSITIONS)
-        if key:
-            for op in _overloads(RANDOM_OPS):
-                table.pop(op, None)
         _TABLES[key] = table
     return _TABLES[key]
 

@@ -144,25 +144,26 @@ def _replay_env(inputs: list, stmts: list) -> dict:
     return env
 
 
-def generate(seed: int, index: int, families: Optional[list] = None, max_stmts: int = 8) -> Program:
-    """Program number ``index`` of ``seed`` (independent of the others: replayable alone)."""
+def generate(seed: int, index: int, families: Optional[list] = None, max_stmts: int = 8, big: bool = False) -> Program:
+    """Program number ``index`` of ``seed`` (independent of the others: replayable alone); ``big``: larger shapes
+    (:func:`coil.bench.fuzz_ops.gen_shapes`)."""
     rng = random.Random(f"coil-fuzz:{seed}:{index}")
     fams = [f for f in FAMILY_WEIGHTS if not families or f in families]
     if not fams:
         raise ValueError(f"no such op family in {families}; known: {sorted(FAMILY_WEIGHTS)}")
     for _ in range(50):
-        prog = _build(rng, fams, max_stmts)
+        prog = _build(rng, fams, max_stmts, big)
         prog.label, prog.grad_key = f"seed {seed} index {index}", zlib.crc32(f"{seed}:{index}".encode())
         if prog.stmts and _deterministic(prog):
             return prog
     raise RuntimeError(f"could not build a program for seed {seed} index {index}")
 
 
-def _build(rng: random.Random, fams: list, max_stmts: int) -> Program:
+def _build(rng: random.Random, fams: list, max_stmts: int, big: bool = False) -> Program:
     n = rng.randint(1, 4)
     primary = rng.choices(DTYPES, [1, 1, 5, 1, 1, 1, 2, 1])[0]
     inputs = []
-    for name, shape in zip("abcd", gen_shapes(rng, n)):
+    for name, shape in zip("abcd", gen_shapes(rng, n, big)):
         dt = primary if rng.random() < 0.7 else rng.choice(DTYPES)
         kind = rng.choices(["normal", "special", "extreme", "ints"], [6, 2, 1, 2])[0]
         base_shape, suffix = gen_layout(rng, shape)
@@ -1114,6 +1115,7 @@ def main(argv: Optional[list] = None) -> int:
     ap.add_argument("--torch-ref", action="store_true", help="also run failures through torch.compile(backend='aot_eager')")
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds a compiled run may take")
     ap.add_argument("--grad", action="store_true", help="compare the inputs' gradients too (BACKEND+grad)")
+    ap.add_argument("--big", action="store_true", help="larger shapes: one or two dims of 7-129 (other programs)")
     a = ap.parse_args(argv)
     backends = [b + "+grad" * a.grad for b in a.backends.split(",") if b]
     if a.torch_ref or a.grad or "torch_aot_eager" in backends or "aot_eager" in backends:
@@ -1125,7 +1127,7 @@ def main(argv: Optional[list] = None) -> int:
     for n, i in enumerate(indices):
         if a.count is not None and n >= a.count or a.index is None and time.time() - start > a.time:
             break
-        prog = generate(a.seed, i, families)
+        prog = generate(a.seed, i, families, big=a.big)
         if a.index is not None:
             print(prog.source())
         for b in backends:

@@ -212,18 +212,29 @@ def gen_layout(rng: random.Random, shape: list):
     return base, ""
 
 
-def gen_shapes(rng: random.Random, n: int) -> list:
-    """``n`` mutually broadcast-friendly shapes (≤ 4 dims, ≤ 6 a dim, some 0-d/size-1/empty)."""
-    nd = rng.choice([0, 1, 1, 2, 2, 2, 3, 3, 4])
+#: the sizes ``gen_shapes(big=True)`` gives one or two dims: vector bodies with and without tails, several blocks
+BIG_SIZES = (7, 8, 9, 15, 16, 17, 31, 33, 63, 64, 65, 100, 129)
+
+
+def gen_shapes(rng: random.Random, n: int, big: bool = False) -> list:
+    """``n`` mutually broadcast-friendly shapes (≤ 4 dims, ≤ 6 a dim, some 0-d/size-1/empty). ``big``: 1-4 dims,
+    one or two of them from :data:`BIG_SIZES`, at most 3,000 elements (the largest dim halved until then)."""
+    nd = rng.choice([1, 1, 2, 2, 2, 3, 3, 4] if big else [0, 1, 1, 2, 2, 2, 3, 3, 4])
     full = [rng.randint(1, 6) for _ in range(nd)]
-    if nd and rng.random() < 0.06:
+    if big:
+        for i in rng.sample(range(nd), min(nd, rng.choice([1, 1, 2]))):
+            full[i] = rng.choice(BIG_SIZES)
+        while math.prod(full) > 3000:
+            k = full.index(max(full))
+            full[k] = max(1, full[k] // 2)
+    if nd and rng.random() < (0.04 if big else 0.06):
         full[rng.randrange(nd)] = 0
     shapes = []
     for _ in range(n):
         s = list(full)
         if s and rng.random() < 0.25:
             s = s[rng.randint(1, len(s)):]
-        s = [1 if rng.random() < 0.15 else x for x in s]
+        s = [1 if rng.random() < (0.1 if big else 0.15) else x for x in s]
         shapes.append(s)
     return shapes
 

@@ -138,3 +138,51 @@ def test_batch_norm_backward_broadcasts_with_one_view(train, shape, dtype, weigh
         gm = make_fx(lambda *a: fn(*a, *args[7:]), tracing_mode="fake")(*args[:7])
         assert [str(n.target) for n in gm.graph.nodes if "squeeze" in str(n.target) or "view" in str(n.target)] == \
             ["aten.view.default"] * 4
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("backend", ["aot_eager", "coil"])
+def test_logit_clamps_to_eps_bounds_in_the_input_dtype(dtype, backend):
+    """eager's logit kernels take eps and 1 - eps in x's dtype: for bf16 eps=1e-3 the upper bound is 1.0 and
+    logit(1.0) is inf (torch's decomposition clamped to 0.999: 6.9); bf16 eps=0.01 clamps to 0.98828125 (4.44, not
+    4.59). The backward's zero region uses the same bounds."""
+    import coil
+    x = torch.tensor([0.5, 0.999, 1.0, 0.0001, 0.0, 1.5, -0.5, 0.98828125, 0.9921875], dtype=dtype)
+    for eps in (1e-3, 1e-6, 0.01):
+        f = lambda x: torch.logit(x, eps)  # noqa: E731
+        torch.testing.assert_close(coil.compile(f, backend=backend)(x), f(x), rtol=0, atol=0)
+        xe, xc = x.clone().requires_grad_(), x.clone().requires_grad_()
+        f(xe).sum().backward()
+        coil.compile(f, backend=backend)(xc).sum().backward()
+        torch.testing.assert_close(xc.grad, xe.grad, rtol=1e-2, atol=0)
+
+
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+@pytest.mark.parametrize("backend", ["aot_eager", "coil"])
+def test_soft_margin_loss_rounds_each_step_to_the_input_dtype(reduction, backend):
+    """eager's soft_margin_loss takes log1p(exp(-x * target)) an op at a time in x's dtype: a float16 exp(12) is inf,
+    and so is the loss (torch's decomposition, in float32, gave 12.0); a float32 x with a float16 target is float32."""
+    import coil
+    x = torch.tensor([-12.0, 3.0, 0.5, 11.5, -20.0, 1.0], dtype=torch.float16)
+    t = torch.tensor([1.0, -1.0, 1.0, -1.0, 1.0, -1.0])
+    f = lambda x, t: F.soft_margin_loss(x, t, reduction=reduction)  # noqa: E731
+    for a, b in ((x, t), (x, t.half()), (x.float(), t.half()), (x / 8, t)):
+        torch.testing.assert_close(coil.compile(f, backend=backend)(a, b), f(a, b), rtol=1e-3, atol=0)
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+@pytest.mark.parametrize("backend", ["aot_eager", "coil"])
+def test_multi_margin_loss_of_an_unbatched_input_without_reduction_is_0d(dynamic, backend):
+    """eager's multi_margin_loss of a 1-d (or 0-d) input with reduction="none" is 0-d; torch's decomposition (also
+    the op's Autograd kernel under the Python dispatcher) returned shape (1,). Batched inputs keep (N,)."""
+    import coil
+    f = lambda x, t: F.multi_margin_loss(x, t, p=2, margin=0.5, reduction="none")  # noqa: E731
+    for x, t in ((torch.tensor([0.7, 0.2, -0.3]), torch.tensor(1)), (torch.tensor(0.7), torch.tensor(0)),
+                 (torch.tensor([[0.7, 0.2, -0.3], [0.1, 0.9, 0.4]]), torch.tensor([1, 2]))):
+        xe, xc = x.clone().requires_grad_(), x.clone().requires_grad_()
+        want, got = f(xe, t), coil.compile(f, backend=backend, dynamic=dynamic)(xc, t)
+        assert got.shape == want.shape
+        torch.testing.assert_close(got, want)
+        want.sum().backward()
+        got.sum().backward()
+        torch.testing.assert_close(xc.grad, xe.grad)

@@ -817,3 +817,22 @@ def test_relu_output_written_through_another_view_fails_backward_as_eager():
 
     r = check(fn, lambda: [torch.tensor(1.0)], "cpp_dynamic+grad", grad_key=3097863368)
     assert r.outcome == "both_raise", (r.kind, r.detail)
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_expanded_output_of_an_input_sums_its_gradient_as_eager(dtype, dynamic):
+    """An output that is an expand of an input was rebuilt as ``as_strided`` of it: its backward added the 720
+    gradients of a (6,) input expanded to (8, 3, 5, 6) one at a time in bf16 (-0.078 where eager's ExpandBackward,
+    summing in float, gives -0.160; float64: -0.167). The broadcast dims are an ``expand`` of that view now."""
+    import coil
+    x = torch.randn(1, 1, 6, generator=torch.Generator().manual_seed(0)).to(dtype)
+    f = lambda a: (a.expand(8, 3, 5, 6), a * 2)  # noqa: E731
+    w = torch.linspace(-1, 1, 720).reshape(8, 3, 5, 6)
+    grads = []
+    for fn in (f, coil.compile(f, dynamic=dynamic)):
+        leaf = x.clone().requires_grad_()
+        out = fn(leaf * 1)[0]
+        assert out.stride() == (0, 0, 0, 1)
+        grads.append(torch.autograd.grad((out.float() * w).sum(), leaf)[0])
+    torch.testing.assert_close(grads[1], grads[0], rtol=0, atol=0)

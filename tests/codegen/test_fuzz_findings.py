@@ -1169,6 +1169,22 @@ def test_linear_interpolation_source_position_is_rounded_once(backend):
                             (dtype, n, kw, corners)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_bilinear_weights_stay_float_under_dynamic_shapes(dtype):
+    """Campaign 73 (OpInfo reference inputs): eager's 1-d and 3-d linear kernels round an fp16/bf16 weight to the
+    dtype, its 2-d (bilinear) kernel keeps it in float; the decomposition that ``dynamic=True`` uses rounded it for
+    bilinear too, and half of the outputs were an ulp or more off (10 fp16 ulps near -0.35). Now all but a few (an
+    ulp: eager's FMA contraction) are eager's bits."""
+    import torch.nn.functional as F
+    x = (torch.randn(1, 3, 17, 23, generator=torch.Generator().manual_seed(0)) * 3).to(dtype)
+    for kw in (dict(size=(9, 40)), dict(scale_factor=0.45), dict(scale_factor=1.7, align_corners=True)):
+        f = lambda x: F.interpolate(x, mode="bilinear", **kw)  # noqa: E731
+        for t in (x, x.contiguous(memory_format=torch.channels_last)):
+            got, want = coil.compile(f, dynamic=True)(t), f(t)
+            assert (got != want).double().mean() < 0.01, kw
+            torch.testing.assert_close(got, want)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("op", ["reflect", "replicate", "interpolate", "max_pool1d"])
 def test_dtypes_eager_refuses_for_padding_and_pooling(backend, op):

@@ -259,7 +259,8 @@ register(aten.soft_margin_loss.default)(lambda x, t, reduction=1: _decomp.decomp
     reduction))
 # an unbatched input's multi_margin_loss without reduction is 0-d in eager; torch's decomposition (also the op's
 # Autograd kernel under the Python dispatcher, replaced there too) kept the batch dim it adds: shape (1,)
-_TORCH_MML = aten.multi_margin_loss.default.py_kernels.pop(torch._C.DispatchKey.Autograd)
+_TORCH_MML = aten.multi_margin_loss.default.py_kernels.pop(torch._C.DispatchKey.Autograd, None) or \
+    _decomp.decomposition_table[aten.multi_margin_loss.default]   # (a torch without that kernel)
 register(aten.multi_margin_loss.default)(aten.multi_margin_loss.default.py_impl(torch._C.DispatchKey.Autograd)(
     lambda x, t, p=1, margin=1, weight=None, reduction=1: _TORCH_MML(x, t, p, margin, weight, reduction) if x.dim() > 1
     or reduction != 0 else aten.squeeze.dims(_TORCH_MML(x, t, p, margin, weight, reduction), [0])))

@@ -17,7 +17,13 @@ def _triplet(noise_eager, noise_res, shape=(64, 32), seed=0):
 
 def test_compare_accepts_error_like_eagers():
     v = measure.compare(*_triplet(1e-3, 1.5e-3))
-    assert v.ok and 1.0 < v.worst_ratio < 2.0
+    assert v.ok and 0.5 < v.worst_ratio < 1.0   # (1.5x eager's error of the 2x + 1e-5 allowed)
+
+
+def test_compare_ratio_is_finite_where_eagers_error_is_zero():
+    eager = torch.full((8,), 1 / 32)           # exact in float32: eager's error is 0 (FINDINGS_72 obs. 1: 2.7e9)
+    v = measure.compare([eager.double()], [eager], [eager + 1e-8])
+    assert v.ok and 0.0 < v.worst_ratio < 0.01     # (was res_err / 1e-30: 1e22)
 
 
 def test_compare_rejects_error_far_above_eagers():

@@ -212,13 +212,16 @@ def _make_epilogue(info: ProgramInfo) -> Callable:
             with torch.no_grad():
                 return out.set_(src.untyped_storage(), start, size, stride)
         # broadcast dims by expand, as eager: as_strided's backward adds their gradients one at a time in a half dtype
-        one = [1 if st == 0 and 0 not in size else n for n, st in zip(size, stride)]
+        bcast = 0 in stride and 0 not in size   # (else no expand: a view less per output and call)
+        one = [1 if st == 0 else n for n, st in zip(size, stride)] if bcast else size
         if requires_grad and not torch.is_grad_enabled():
             with torch.enable_grad():
-                return torch.as_strided(src, one, stride, src.storage_offset() + offset).expand(size)
+                out = torch.as_strided(src, one, stride, src.storage_offset() + offset)
+                return out.expand(size) if bcast else out
         if not requires_grad and (detached or src.requires_grad and torch.is_grad_enabled()):
             src = src.detach()  # (eager's x.detach()[1:] is a view of x.detach(); x.detach() is no view)
-        out = torch.as_strided(src, one, stride, src.storage_offset() + offset).expand(size)
+        out = torch.as_strided(src, one, stride, src.storage_offset() + offset)
+        out = out.expand(size) if bcast else out
         return out.detach() if detached else out
 
     def epilogue(args, vals):

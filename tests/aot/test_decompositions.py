@@ -186,3 +186,23 @@ def test_multi_margin_loss_of_an_unbatched_input_without_reduction_is_0d(dynamic
         want.sum().backward()
         got.sum().backward()
         torch.testing.assert_close(xc.grad, xe.grad)
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "coil"])
+def test_integer_linspace_of_non_integer_endpoints_steps_from_the_converted_ends(backend):
+    """eager's integer linspace converts start and end to the dtype first (-3.3 to 7.9 is -3 to 7), then steps in
+    double and truncates; torch's reference stepped from the unconverted ends: [..., 0, 1, 2, 3, ...] for eager's
+    [..., 0, 1, 1, 2, ...] (FINDINGS_73 6). The op stays whole, also for a symbolic number of steps; a float
+    linspace is decomposed still."""
+    import coil
+    coil.reset()
+    f = lambda x: torch.linspace(-3.3, 7.9, 13, dtype=torch.int64) + x  # noqa: E731
+    x = torch.zeros((), dtype=torch.int64)
+    torch.testing.assert_close(coil.compile(f, backend=backend)(x), f(x), rtol=0, atol=0)
+    g = lambda x: torch.linspace(97.45, -37.97, x.shape[0], dtype=x.dtype) + x  # noqa: E731
+    compiled = coil.compile(g, backend=backend, dynamic=True)
+    for n, dtype in ((13, torch.int64), (40, torch.int64), (7, torch.int64), (1, torch.int64)):
+        x = torch.zeros(n, dtype=dtype)
+        torch.testing.assert_close(compiled(x), g(x), rtol=0, atol=0)
+    h = lambda x: torch.linspace(-3.3, 7.9, 13) + x  # noqa: E731
+    torch.testing.assert_close(coil.compile(h, backend=backend)(torch.zeros(())), h(torch.zeros(())))

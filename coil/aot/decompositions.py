@@ -438,6 +438,27 @@ _checked(aten.bernoulli.default, (0, "Expected p_in >= 0 && p_in <= 1 to be true
 _checked(aten.binary_cross_entropy.default, (0, "all elements of input should be between 0 and 1"),
          (1, "all elements of target should be between 0 and 1"))
 
+
+@register(aten.masked_fill.Tensor)
+def _masked_fill(x, mask, value):
+    """``masked_fill`` of a 0-d tensor ``value`` whose dtype holds numbers ``x``'s cannot (float32 70000 for a float16
+    ``x``, a float or 300 for int8): eager converts the value and raises (c10's ``overflows``: a float ``x`` takes inf
+    and NaN, an unsigned one down to ``-max`` of a signed value); torch's decomposition, a ``where``, saturated it. An
+    ``aten._assert_async`` checks it where the dtypes allow such values (not for float32 into float32: FINDINGS_73 7)."""
+    d, v = x.dtype, value.dtype
+    if not (d.is_complex or v.is_complex or torch.bool in (d, v)):
+        r, rv = (torch.finfo(t) if t.is_floating_point else torch.iinfo(t) for t in (d, v))
+        lo = r.min if v.is_floating_point or r.min or not v.is_signed else -r.max
+        if rv.max > r.max or rv.min < lo or v.is_floating_point and not d.is_floating_point:
+            w = aten._to_copy.default(value, dtype=torch.float64)
+            ok = aten.logical_and(aten.ge.Scalar(w, lo), aten.le.Scalar(w, r.max))
+            ok = aten.logical_or(ok, aten.logical_not(aten.isfinite.default(w))) if d.is_floating_point else ok
+            name = {torch.float16: "c10::Half", torch.bfloat16: "c10::BFloat16", torch.float32: "float",
+                    torch.float64: "double", torch.int32: "int"}.get(d, f"{str(d)[6:]}_t")
+            aten._assert_async.msg(ok, f"value cannot be converted to type {name} without overflow")
+    return _decomp.decomposition_table[aten.masked_fill.Tensor](x, mask, value)
+
+
 _TORCH_LOGSPACE = _decomp.decomposition_table[aten.logspace.default]
 # torch's reference refuses a negative base (NotImplementedError); eager's kernel computes it: the op stays whole
 register(aten.logspace.default)(lambda start, end, steps, base=10.0, **kw: NotImplemented if base < 0

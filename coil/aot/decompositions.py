@@ -123,18 +123,15 @@ def _mean(x, dims: list, n):
         if not statically_known_true(x.shape[d] > 0):
             return aten.div.Scalar(aten.sum.dim_IntList(x, dims, True), n)
         p = aten.slice.Tensor(p, d, 0, 1)
-    if not dims:
-        return x
-    return aten.add.Tensor(aten.div.Scalar(aten.sum.dim_IntList(aten.sub.Tensor(x, p), dims, True), n), p)
+    return aten.add.Tensor(aten.div.Scalar(aten.sum.dim_IntList(aten.sub.Tensor(x, p), dims, True), n), p) \
+        if dims else x
 
 
 def _var_and_mean(x, dim, correction, keepdim, take_sqrt=False):
-    """Two-pass variance: mean (:func:`_mean`); var = sum((x - mean)^2) / max(n - c, 0).
-
-    Computed in :func:`_stat_dtype` (float64 on CPU); returns (var, mean) in x's dtype, the standard deviation instead
-    of the variance with ``take_sqrt`` (taken before rounding to x's dtype, so a variance beyond float32's range still
-    gives a finite standard deviation, as eager).
-    """
+    """Two-pass variance: mean (:func:`_mean`); var = sum((x - mean)^2) / max(n - c, 0). Computed in
+    :func:`_stat_dtype` (float64 on CPU); returns (var, mean) in x's dtype, the standard deviation instead of the
+    variance with ``take_sqrt`` (taken before rounding to x's dtype, so a variance beyond float32's range still gives a
+    finite standard deviation, as eager)."""
     dims = _reduction_dims(x, dim)
     c = 1 if correction is None else correction
     n = math.prod(x.shape[d] for d in dims)
@@ -145,15 +142,11 @@ def _var_and_mean(x, dim, correction, keepdim, take_sqrt=False):
     if x.is_complex():  # |x - mean|^2: the variance of a complex tensor is real
         centered = aten.abs.default(centered)
     sq = aten.sum.dim_IntList(aten.mul.Tensor(centered, centered), dims, keepdim)
-    # eager returns nan/inf for n - c <= 0 (division by zero); match it
-    denom = n - c
-    # (a symbolic count too: var(correction=3) of 2 rows was -0.5, not inf; fresh-user trial)
-    denom = max(denom, 0) if isinstance(denom, (int, float)) else torch.sym_max(denom, 0)
-    var = aten.div.Scalar(sq, denom)
-    if take_sqrt:
-        var = aten.sqrt.default(var)
-    if not keepdim:
-        mean = aten.squeeze.dims(mean, dims) if dims else mean
+    # eager returns nan/inf for n - c <= 0 (division by zero); match it (a symbolic count too: var(correction=3) of
+    # 2 rows was -0.5, not inf; fresh-user trial)
+    denom = max(n - c, 0) if isinstance(n - c, (int, float)) else torch.sym_max(n - c, 0)
+    var = aten.sqrt.default(aten.div.Scalar(sq, denom)) if take_sqrt else aten.div.Scalar(sq, denom)
+    mean = aten.squeeze.dims(mean, dims) if dims and not keepdim else mean
     if xa.dtype != x.dtype:
         var = aten._to_copy.default(var, dtype=x.dtype.to_real())
         mean = aten._to_copy.default(mean, dtype=x.dtype)
@@ -169,10 +162,8 @@ def _index_scatter(x, dim, index, source, *, alpha=1, copy=False):
     if x.dim() > 1 and any(type(n) is int and n == 0 for n in x.shape):  # no elements: eager's kernel returns
         return aten.clone.default(x)  # before it checks the indices (fuzz_calls s103 #102)
     dim = dim % x.dim()
-    if alpha != 1:
-        source = aten.mul.Tensor(source, alpha)
-    shape = [1] * source.dim()
-    shape[dim] = -1
+    source = aten.mul.Tensor(source, alpha) if alpha != 1 else source
+    shape = [-1 if d == dim else 1 for d in range(source.dim())]
     index = aten.expand.default(aten.view.default(index, shape), list(source.shape))
     return (aten.scatter.src if copy else aten.scatter_add.default)(x, dim, index, source)
 
@@ -289,13 +280,11 @@ register(aten.std_mean.correction)(_variance(True, True))
 @register(aten.native_layer_norm.default)
 @coil.capture.meta_checks.cpu_mixed_norm
 def native_layer_norm(x, normalized_shape, weight, bias, eps):
-    """out = (x - mean) * rsqrt(var + eps) * w + b over the trailing dims.
-
-    Returns (out, mean, rstd); mean/rstd have x's shape with the normalized dims set to 1, in float32 (x's dtype for
-    half inputs on CPU without float32 weights, as ATen does). Computed in :func:`_stat_dtype` (float64 on CPU):
-    float32 rows of values near 1e20 and beyond, whose squares overflow float32, normalize to finite values close to
-    float64's where eager's CPU kernel gives NaN (docs/ir.md, "Numerics").
-    """
+    """out = (x - mean) * rsqrt(var + eps) * w + b over the trailing dims. Returns (out, mean, rstd); mean/rstd have
+    x's shape with the normalized dims set to 1, in float32 (x's dtype for half inputs on CPU without float32 weights,
+    as ATen does). Computed in :func:`_stat_dtype` (float64 on CPU): float32 rows of values near 1e20 and beyond, whose
+    squares overflow float32, normalize to finite values close to float64's where eager's CPU kernel gives NaN
+    (docs/ir.md, "Numerics")."""
     axis = x.dim() - len(normalized_shape)
     dims = list(range(axis, x.dim()))
     acc, sdt = _acc_dtype(x.dtype), _stat_dtype(x)
@@ -316,12 +305,10 @@ def native_layer_norm(x, normalized_shape, weight, bias, eps):
         centered = aten.sub.Tensor(aten.sub.Tensor(xa, head), tail)
         mean = head
     out = aten.mul.Tensor(centered, rstd)
-    if weight is not None:
-        out = aten.mul.Tensor(out, weight)
+    out = aten.mul.Tensor(out, weight) if weight is not None else out
     # no bias: + 0.0, so zeros are +0 as eager's x * scale + shift (-0 at a 0 mean: s82 #447)
     out = aten.add.Tensor(out, bias) if bias is not None else aten.add.Scalar(out, 0.0)
-    if out.dtype != x.dtype:
-        out = aten._to_copy.default(out, dtype=x.dtype)
+    out = aten._to_copy.default(out, dtype=x.dtype) if out.dtype != x.dtype else out
     if not out.is_contiguous():
         # ATen's layer_norm returns a contiguous result whatever x's layout; the
         # pointwise ops above follow x's (e.g. transposed) layout instead
@@ -451,10 +438,36 @@ _checked(aten.bernoulli.default, (0, "Expected p_in >= 0 && p_in <= 1 to be true
 _checked(aten.binary_cross_entropy.default, (0, "all elements of input should be between 0 and 1"),
          (1, "all elements of target should be between 0 and 1"))
 
+
+@register(aten.masked_fill.Tensor)
+def _masked_fill(x, mask, value):
+    """``masked_fill`` of a 0-d tensor ``value`` whose dtype holds numbers ``x``'s cannot (float32 70000 for a float16
+    ``x``, a float or 300 for int8): eager converts the value and raises (c10's ``overflows``: a float ``x`` takes inf
+    and NaN, an unsigned one down to ``-max`` of a signed value); torch's decomposition, a ``where``, saturated it. An
+    ``aten._assert_async`` checks it where the dtypes allow such values (not for float32 into float32: FINDINGS_73 7)."""
+    d, v = x.dtype, value.dtype
+    if not (d.is_complex or v.is_complex or torch.bool in (d, v)):
+        r, rv = (torch.finfo(t) if t.is_floating_point else torch.iinfo(t) for t in (d, v))
+        lo = r.min if v.is_floating_point or r.min or not v.is_signed else -r.max
+        if rv.max > r.max or rv.min < lo or v.is_floating_point and not d.is_floating_point:
+            w = aten._to_copy.default(value, dtype=torch.float64)
+            ok = aten.logical_and(aten.ge.Scalar(w, lo), aten.le.Scalar(w, r.max))
+            ok = aten.logical_or(ok, aten.logical_not(aten.isfinite.default(w))) if d.is_floating_point else ok
+            name = {torch.float16: "c10::Half", torch.bfloat16: "c10::BFloat16", torch.float32: "float",
+                    torch.float64: "double", torch.int32: "int"}.get(d, f"{str(d)[6:]}_t")
+            aten._assert_async.msg(ok, f"value cannot be converted to type {name} without overflow")
+    return _decomp.decomposition_table[aten.masked_fill.Tensor](x, mask, value)
+
+
 _TORCH_LOGSPACE = _decomp.decomposition_table[aten.logspace.default]
 # torch's reference refuses a negative base (NotImplementedError); eager's kernel computes it: the op stays whole
 register(aten.logspace.default)(lambda start, end, steps, base=10.0, **kw: NotImplemented if base < 0
                                 else _TORCH_LOGSPACE(start, end, steps, base, **kw))
+# an integer linspace stays whole: eager's kernel converts start and end to the dtype, steps in double (by vectors of
+# the CPU's width) and truncates; torch's reference stepped from the unconverted ends (-3.3 to 7.9: FINDINGS_73 6)
+for _op in (getattr(aten.linspace, k) for k in ("default", "Tensor_Tensor", "Tensor_Scalar", "Scalar_Tensor")):
+    register(_op)(lambda *a, _t=_decomp.decomposition_table[_op], dtype=None, **kw: NotImplemented if dtype is not None
+                  and not (dtype.is_floating_point or dtype.is_complex) else _t(*a, dtype=dtype, **kw))
 
 
 register(aten.upsample_linear1d.default)(lambda x, size, corners, s=None: _upsample_linear(x, size, corners, [s]))
@@ -541,11 +554,8 @@ def _overloads(packets) -> set:
 
 
 def get_decompositions(fallback_random: Optional[bool] = None) -> dict:
-    """The table ``{OpOverload: decomposition}`` that ``make_fx`` applies in aot/.
-
-    ``fallback_random`` (default: ``coil.config.config.fallback_random``) keeps the
-    random ops of :data:`RANDOM_OPS` whole.
-    """
+    """The table ``{OpOverload: decomposition}`` that ``make_fx`` applies in aot/. ``fallback_random`` (default:
+    ``coil.config.config.fallback_random``) keeps the random ops of :data:`RANDOM_OPS` whole."""
     key = bool(config.fallback_random if fallback_random is None else fallback_random)
     if key not in _TABLES:
         table = dict(_decomp.core_aten_decompositions().items())

@@ -186,3 +186,54 @@ def test_multi_margin_loss_of_an_unbatched_input_without_reduction_is_0d(dynamic
         want.sum().backward()
         got.sum().backward()
         torch.testing.assert_close(xc.grad, xe.grad)
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "coil"])
+def test_integer_linspace_of_non_integer_endpoints_steps_from_the_converted_ends(backend):
+    """eager's integer linspace converts start and end to the dtype first (-3.3 to 7.9 is -3 to 7), then steps in
+    double and truncates; torch's reference stepped from the unconverted ends: [..., 0, 1, 2, 3, ...] for eager's
+    [..., 0, 1, 1, 2, ...] (FINDINGS_73 6). The op stays whole, also for a symbolic number of steps; a float
+    linspace is decomposed still."""
+    import coil
+    coil.reset()
+    f = lambda x: torch.linspace(-3.3, 7.9, 13, dtype=torch.int64) + x  # noqa: E731
+    x = torch.zeros((), dtype=torch.int64)
+    torch.testing.assert_close(coil.compile(f, backend=backend)(x), f(x), rtol=0, atol=0)
+    g = lambda x: torch.linspace(97.45, -37.97, x.shape[0], dtype=x.dtype) + x  # noqa: E731
+    compiled = coil.compile(g, backend=backend, dynamic=True)
+    for n, dtype in ((13, torch.int64), (40, torch.int64), (7, torch.int64), (1, torch.int64)):
+        x = torch.zeros(n, dtype=dtype)
+        torch.testing.assert_close(compiled(x), g(x), rtol=0, atol=0)
+    h = lambda x: torch.linspace(-3.3, 7.9, 13) + x  # noqa: E731
+    torch.testing.assert_close(coil.compile(h, backend=backend)(torch.zeros(())), h(torch.zeros(())))
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "coil"])
+def test_masked_fill_of_a_0d_tensor_value_beyond_the_dtype_raises_as_eager(backend):
+    """eager's masked_fill converts a 0-d tensor value to x's dtype and raises where it overflows (c10's
+    ``overflows``: float32 70000 for float16); the decomposition, a where, gave inf (FINDINGS_73 7). Values in range,
+    inf/NaN for a float x, and -255 for uint8 (wraps) are filled as eager."""
+    import coil
+    f = lambda a: a.masked_fill(a < 0, torch.tensor(70000.0))  # noqa: E731
+    a = torch.tensor([1.0, -1.0], dtype=torch.float16)
+    with pytest.raises(RuntimeError, match="value cannot be converted to type c10::Half without overflow"):
+        coil.compile(f, backend=backend)(a)
+    g = lambda a, v: a.masked_fill(a < 1, v)  # noqa: E731
+    t, f64 = torch.tensor, torch.float64
+    for dtype, v, error in ((torch.float16, t(65504.0), None), (torch.float16, t(-65520.0), "c10::Half"),
+                            (torch.float16, t(float("-inf")), None), (torch.float16, t(2 ** 40), "c10::Half"),
+                            (torch.bfloat16, t(70000.0), None), (torch.bfloat16, t(1e39, dtype=f64), "c10::BFloat16"),
+                            (torch.float32, t(float("nan")), None), (torch.int8, t(300), "int8_t"),
+                            (torch.int8, t(200, dtype=torch.uint8), "int8_t"), (torch.uint8, t(-255), None),
+                            (torch.uint8, t(-256), "uint8_t"), (torch.uint8, t(-1.0), "uint8_t"),
+                            (torch.int32, t(float("nan")), "int"), (torch.int32, t(2.5), None),
+                            (torch.int64, t(3e9, dtype=f64), None)):
+        coil.reset()
+        a = torch.tensor([0, 3], dtype=dtype)
+        if error is None:
+            torch.testing.assert_close(coil.compile(g, backend=backend)(a, v), g(a, v), rtol=0, atol=0, equal_nan=True)
+        else:
+            with pytest.raises(RuntimeError, match=f"type {error} without overflow"):
+                g(a, v)
+            with pytest.raises(RuntimeError, match=f"type {error} without overflow"):
+                coil.compile(g, backend=backend)(a, v)

@@ -747,3 +747,29 @@ def test_checkpoint_with_early_stop_off_runs_eagerly():
                 f(x).backward()
                 grads.append(x.grad)
         torch.testing.assert_close(grads[1], grads[0])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_scan_of_a_0d_output_with_grads_under_dynamic_shapes(backend):
+    """torch's scan autograd saves the sizes its backward reads (``sum``'s, to expand the gradient of a 0-d output)
+    as per-step outputs it stacks, unless they are inputs of the body: capture lifts the symbols of the body's input
+    sizes as torch's does ("'SymInt' object has no attribute 'unsqueeze'": FINDINGS_73 8)."""
+    from torch._higher_order_ops import scan
+
+    def f(xs, init):
+        def comb(c, x):
+            n = c + x
+            return n, n.sum()
+        return scan(comb, init, xs)
+
+    compiled = coil.compile(f, backend=backend, dynamic=True)
+    for n, m in ((6, 3), (4, 5), (7, 2)):
+        xs, init = torch.randn(n, m, requires_grad=True), torch.randn(m, requires_grad=True)
+        xs2, init2 = xs.detach().clone().requires_grad_(), init.detach().clone().requires_grad_()
+        got, want = compiled(xs, init), f(xs2, init2)
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b)
+        sum(t.sum() for t in got).backward()
+        sum(t.sum() for t in want).backward()
+        torch.testing.assert_close(xs.grad, xs2.grad)
+        torch.testing.assert_close(init.grad, init2.grad)

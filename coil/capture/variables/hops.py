@@ -65,9 +65,8 @@ class _RefusingSideEffects:
 
 
 class Subgraph:
-    """One traced function argument: ``graph`` takes ``operands + lifted`` (lifted:
-    parent-graph nodes it reads), returns ``outputs`` (flat); ``structure`` is how the
-    function's result nests them (``"tensor"``, ``"tuple"``, ``"list"``)."""
+    """One traced function argument: ``graph`` takes ``operands + lifted`` (lifted: parent-graph nodes it reads),
+    returns ``outputs`` (flat); ``structure`` is how its result nests them (``"tensor"``, ``"tuple"``, ``"list"``)."""
 
     def __init__(self, graph, n_operands, lifted, out_fakes, structure, user_line):
         self.graph, self.n_operands, self.lifted, self.out_fakes = graph, n_operands, lifted, out_fakes
@@ -75,8 +74,7 @@ class Subgraph:
 
     def add_lifted(self, node) -> None:
         """Another parent node this subgraph takes (unused by it: the other branch reads it)."""
-        last = [n for n in self.graph.nodes if n.op == "placeholder"][-1]
-        with self.graph.inserting_after(last):
+        with self.graph.inserting_after([n for n in self.graph.nodes if n.op == "placeholder"][-1]):
             p = self.graph.placeholder(f"lifted_{node.name}")
         p.meta.update({k: node.meta[k] for k in ("example_value", "val") if k in node.meta})
         self.lifted.append(node)
@@ -103,12 +101,14 @@ def _cells_of(fn_vt) -> dict:
 
 
 def trace_subgraph(tx, fn_vt, operands: list, what: str, alias_ok: bool = True,
-                   call: Optional[tuple] = None, flatten=None) -> Subgraph:
+                   call: Optional[tuple] = None, flatten=None, sizes: bool = False) -> Subgraph:
     """Trace ``fn_vt(*operands)`` as a subgraph in its own scope (see module docstring). ``what`` names it in messages
     (``"torch.cond true_fn"``). An output that is (a view of) an input is cloned, or with ``alias_ok=False`` a UserError
     (eager's cond refuses it). ``call=(args, kwargs)`` calls ``fn_vt(*args, **kwargs)`` instead, ``operands`` being the
     tensors among them (the rest of what the call reads is lifted). ``flatten(result, what) -> (tensors, structure)``
-    (default :func:`_flat_outputs`) flattens the function's result."""
+    (default :func:`_flat_outputs`) flattens the function's result. ``sizes``: the symbols of the inputs' sizes and
+    strides are lifted too, as torch's capture lifts them (torch's scan autograd saves a size its backward reads as a
+    per-step output, stacked, unless it is an input of the body: a SymInt cannot be stacked)."""
     out = tx.output
     graph = out.graph
     before = set(graph.nodes)
@@ -135,6 +135,10 @@ def trace_subgraph(tx, fn_vt, operands: list, what: str, alias_ok: bool = True,
     for a in [a for n in region for a in n.all_input_nodes] + [o.node for o in outs]:
         if a not in region_set and a not in op_nodes and a not in lifted:
             lifted.append(a)
+    for v in [o.fake for o in operands] + [n.meta.get("example_value") for n in lifted] if sizes else ():
+        for d in (*v.shape, *v.stride()) if isinstance(v, torch.Tensor) else ():
+            if (node := out.symbol_input(d)) is not None and node not in lifted:
+                lifted.append(node)
     _check_no_input_writes(region, op_nodes + lifted, what)
     sg = torch.fx.Graph()
     env: dict = {}
@@ -189,9 +193,8 @@ def _check_no_input_writes(region, inputs, what: str) -> None:
 
 def _needs_grad(nodes) -> bool:
     """Grad mode is on and one of ``nodes``' values is a tensor that requires grad."""
-    return torch.is_grad_enabled() and any(
-        isinstance(n.meta.get("example_value"), torch.Tensor)
-        and n.meta["example_value"].requires_grad for n in nodes)
+    return torch.is_grad_enabled() and any(isinstance(v := n.meta.get("example_value"), torch.Tensor)
+                                           and v.requires_grad for n in nodes)
 
 
 def _node_location(n) -> Optional[SourceLocation]:
@@ -261,8 +264,7 @@ def _contiguous_grads(sg: torch.fx.Graph) -> None:
         return
     with sg.inserting_after(phs[-1]):
         for p in reversed(phs):
-            val = p.meta.get("example_value")
-            if not (isinstance(val, torch.Tensor) and val.dtype.is_floating_point):
+            if not (isinstance(val := p.meta.get("example_value"), torch.Tensor) and val.dtype.is_floating_point):
                 continue
             q = sg.call_function(contiguous_grad, (p,))
             q.meta["example_value"] = val
@@ -300,9 +302,7 @@ def _fresh(out, like: torch.Tensor, shape=None, grad: bool = False) -> torch.Ten
     with out.fake_mode:
         t = torch.empty_strided(like.shape, like.stride(), dtype=like.dtype, device=like.device) \
             if shape is None else torch.empty(shape, dtype=like.dtype, device=like.device)
-    if grad and (like.dtype.is_floating_point or like.dtype.is_complex):
-        t.requires_grad_(True)
-    return t
+    return t.requires_grad_(True) if grad and (like.dtype.is_floating_point or like.dtype.is_complex) else t
 
 
 def _log_hop(tx, op: str, **payload) -> None:
@@ -367,12 +367,11 @@ def call_cond(tx, args: list, kwargs: dict) -> VariableTracker:
     if not isinstance(pred, TensorVariable):
         value = pred.as_python_constant_or_none()
         if not isinstance(value, (bool, int, float)):
-            raise UserError(f"torch.cond: expected pred to be bool or a boolean tensor, got "
-                            f"{pred}", location=tx.location())
+            raise UserError(f"torch.cond: expected pred to be bool or a boolean tensor, got {pred}",
+                            location=tx.location())
         # eager runs the chosen branch as a plain call: so does the graph (value guarded)
-        chosen = true_fn if value else false_fn
         _log_hop(tx, "cond", predicate="constant", value=bool(value))
-        return tx.call(chosen, operands, {})
+        return tx.call(true_fn if value else false_fn, operands, {})
     if pred.fake.numel() != 1 or pred.fake.dtype is not torch.bool:
         raise UserError("torch.cond: expected pred to be bool or a boolean tensor with a single item, got a "
                         f"{pred.fake.dtype} tensor of shape {tuple(pred.fake.shape)}", location=tx.location(),
@@ -386,9 +385,8 @@ def call_cond(tx, args: list, kwargs: dict) -> VariableTracker:
     t.user_line_text, f.user_line_text = _fn_line(true_fn), _fn_line(false_fn)
     _check_same_outputs(t, f, ("true_fn", "false_fn"), location)
     _share_lifted(t, f)
-    if torch.is_grad_enabled():
-        _contiguous_grads(t.graph)
-        _contiguous_grads(f.graph)
+    for sg in (t.graph, f.graph) if torch.is_grad_enabled() else ():
+        _contiguous_grads(sg)
     out = tx.output
     node_ops = tuple(t.operand_nodes) + tuple(t.lifted)
     grad = _needs_grad(node_ops)
@@ -411,12 +409,9 @@ def call_cond(tx, args: list, kwargs: dict) -> VariableTracker:
 def _share_lifted(a: Subgraph, b: Subgraph) -> None:
     """Give ``a`` and ``b`` the same lifted inputs, in ``a``'s order (the operator passes
     one list of lifted values to both functions)."""
-    for n in list(b.lifted):
-        if n not in a.lifted:
-            a.add_lifted(n)
-    for n in a.lifted:
-        if n not in b.lifted:
-            b.add_lifted(n)
+    for x, y in ((a, b), (b, a)):
+        for n in [n for n in y.lifted if n not in x.lifted]:
+            x.add_lifted(n)
     _reorder_lifted(b, {n: i for i, n in enumerate(a.lifted)})
 
 
@@ -426,12 +421,10 @@ def _reorder_lifted(sg: Subgraph, order: dict) -> None:
     pairs = sorted(zip(sg.lifted, phs), key=lambda p: order[p[0]])
     anchor = [n for n in sg.graph.nodes if n.op == "placeholder"][sg.n_operands - 1] if sg.n_operands else None
     for _, p in pairs:
-        if anchor is None:
-            first = next(iter(sg.graph.nodes))
-            if first is not p:
-                first.prepend(p)
-        else:
+        if anchor is not None:
             anchor.append(p)
+        elif (first := next(iter(sg.graph.nodes))) is not p:
+            first.prepend(p)
         anchor = p
     sg.lifted = [n for n, _ in pairs]
 
@@ -471,9 +464,8 @@ def call_while_loop(tx, args: list, kwargs: dict) -> VariableTracker:
                         f"{_meta_text(carried[i].fake)} and leaves with {_meta_text(b.out_fakes[i])}; the carried "
                         "state must keep its metadata", location=location)
     if _needs_grad([x.node for x in carried] + b.lifted + c.lifted):
-        raise Unsupported("torch.while_loop with inputs that require grad (its backward "
-                          "needs the trip count as a size: not captured)",
-                          hint="run it under torch.no_grad(), or it runs outside the graph")
+        raise Unsupported("torch.while_loop with inputs that require grad (its backward needs the trip count as a "
+                          "size: not captured)", hint="run it under torch.no_grad(), or it runs outside the graph")
     _share_lifted(c, b)
     out = tx.output
     cname, bname = _register(out, ("while_cond", c.graph), ("while_body", b.graph))
@@ -555,7 +547,7 @@ def call_scan(tx, args: list, kwargs: dict) -> VariableTracker:
     pieces = [op(__import__("operator").getitem, x, ConstantVariable(0)) for x in lead]
     body = trace_subgraph(tx, bound["combine_fn"], list(init) + pieces, "torch scan combine_fn",
                           call=([_unflatten(list(init), init_struct),
-                                 _unflatten(pieces, xs_struct)], {}), flatten=_scan_outputs)
+                                 _unflatten(pieces, xs_struct)], {}), flatten=_scan_outputs, sizes=True)
     for p in pieces:   # the slices were only the body's example inputs
         tx.output.graph.erase_node(p.node)
     n_carry, carry_struct, y_struct = body.structure
@@ -629,7 +621,7 @@ def call_associative_scan(tx, args: list, kwargs: dict) -> VariableTracker:
     for x in xs:
         x = op(torch.movedim, x, ConstantVariable(d), ConstantVariable(0)) if d else x
         lead.append(op(torch.flip, x, ConstantVariable([0])) if reverse else x)
-    firsts = [op(getitem, x, ConstantVariable(slice(0, 1))) for x in lead]
+    outs = firsts = [op(getitem, x, ConstantVariable(slice(0, 1))) for x in lead]
     if lead[0].fake.shape[0] > 1:
         init = [op(torch.clone, op(getitem, x, ConstantVariable(0)), memory_format=torch.contiguous_format)
                 for x in lead]
@@ -640,8 +632,6 @@ def call_associative_scan(tx, args: list, kwargs: dict) -> VariableTracker:
             raise Unsupported(f"associative_scan: {e}") from e
         ys, _ = _tensor_tree(res.items[1], "associative_scan combine_fn")
         outs = [op(torch.cat, TupleVariable([f, y]), ConstantVariable(0)) for f, y in zip(firsts, ys)]
-    else:
-        outs = firsts
     if reverse:
         outs = [op(torch.flip, y, ConstantVariable([0])) for y in outs]
     outs = [op(torch.movedim, y, ConstantVariable(0), ConstantVariable(d)) if d else y for y in outs]
@@ -735,9 +725,8 @@ def call_region(tx, fn_vt, args: list, kwargs: dict) -> VariableTracker:
     if (entry := regions.get(key)) is None:
         entry = regions[key] = [*_register(out, ("region", sub.graph)), 0]
     else:  # the same region again: this call's nested subgraphs are not needed
-        for n in sub.graph.nodes:
-            if n.op == "get_attr":
-                out.subgraphs.pop(n.target, None)
+        for n in sub.graph.find_nodes(op="get_attr"):
+            out.subgraphs.pop(n.target, None)
     entry[1] += 1
     items = _emit(tx, invoke_region, (out.graph.get_attr(entry[0]), entry[0], *sub.operand_nodes, *sub.lifted),
                   sub.out_fakes, "nested_compile_region", sub.lifted, call=entry[1])

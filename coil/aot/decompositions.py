@@ -439,12 +439,12 @@ _checked(aten.binary_cross_entropy.default, (0, "all elements of input should be
          (1, "all elements of target should be between 0 and 1"))
 
 
-@register(aten.masked_fill.Tensor)
-def _masked_fill(x, mask, value):
-    """``masked_fill`` of a 0-d tensor ``value`` whose dtype holds numbers ``x``'s cannot (float32 70000 for a float16
-    ``x``, a float or 300 for int8): eager converts the value and raises (c10's ``overflows``: a float ``x`` takes inf
-    and NaN, an unsigned one down to ``-max`` of a signed value); torch's decomposition, a ``where``, saturated it. An
-    ``aten._assert_async`` checks it where the dtypes allow such values (not for float32 into float32: FINDINGS_73 7)."""
+def _fill_value(x, value):
+    """The 0-d tensor ``value`` of ``masked_fill`` / ``index_fill`` in ``x``'s dtype. Where its dtype holds numbers
+    ``x``'s cannot (float32 70000 for a float16 ``x``, a float or 300 for int8), eager converts it and raises (c10's
+    ``overflows``: a float ``x`` takes inf and NaN, an unsigned one down to ``-max`` of a signed value); torch's
+    decompositions saturated it (``masked_fill``) or failed (``index_fill``). An ``aten._assert_async`` checks it where
+    the dtypes allow such values (not for float32 into float32: FINDINGS_73 7)."""
     d, v = x.dtype, value.dtype
     if not (d.is_complex or v.is_complex or torch.bool in (d, v)):
         r, rv = (torch.finfo(t) if t.is_floating_point else torch.iinfo(t) for t in (d, v))
@@ -456,7 +456,13 @@ def _masked_fill(x, mask, value):
             name = {torch.float16: "c10::Half", torch.bfloat16: "c10::BFloat16", torch.float32: "float",
                     torch.float64: "double", torch.int32: "int"}.get(d, f"{str(d)[6:]}_t")
             aten._assert_async.msg(ok, f"value cannot be converted to type {name} without overflow")
-    return _decomp.decomposition_table[aten.masked_fill.Tensor](x, mask, value)
+    return aten._to_copy.default(value, dtype=d) if v != d and not v.is_complex else value
+
+
+register(aten.masked_fill.Tensor)(lambda x, mask, value: _decomp.decomposition_table[aten.masked_fill.Tensor](
+    x, mask, _fill_value(x, value)))
+register(aten.index_fill.int_Tensor)(lambda x, dim, index, value: _decomp.decomposition_table[
+    aten.index_fill.int_Tensor](x, dim, index, _fill_value(x, value)))
 
 
 _TORCH_LOGSPACE = _decomp.decomposition_table[aten.logspace.default]

@@ -237,3 +237,21 @@ def test_masked_fill_of_a_0d_tensor_value_beyond_the_dtype_raises_as_eager(backe
                 g(a, v)
             with pytest.raises(RuntimeError, match=f"type {error} without overflow"):
                 coil.compile(g, backend=backend)(a, v)
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "coil"])
+def test_index_fill_of_a_0d_tensor_value_of_another_dtype_converts_it_as_eager(backend):
+    """eager's index_fill converts a 0-d tensor value to x's dtype (a float32 2.0 into float16), raising where it
+    overflows as masked_fill's; torch's decomposition passed the float32 value to index_copy, whose scatter refused it:
+    a compile error."""
+    import coil
+    f = lambda a, idx, v: a.index_fill(0, idx, v)  # noqa: E731
+    idx = torch.tensor([0, 2])
+    for a, v in ((torch.randn(4, 3, dtype=torch.float16), torch.tensor(2.0)),
+                 (torch.zeros(4, dtype=torch.int8), torch.tensor(2.7, dtype=torch.float64)),
+                 (torch.randn(4, 2), torch.tensor(3))):
+        coil.reset()
+        torch.testing.assert_close(coil.compile(f, backend=backend)(a, idx, v), f(a, idx, v), rtol=0, atol=0)
+    coil.reset()
+    with pytest.raises(RuntimeError, match="value cannot be converted to type c10::Half without overflow"):
+        coil.compile(f, backend=backend)(torch.randn(4, dtype=torch.float16), idx, torch.tensor(70000.0))

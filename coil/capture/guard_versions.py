@@ -107,8 +107,9 @@ class _State:
             trace.log("guard_versions", stage="capture", frame=self.label, used=False,
                       reason=f"the watched state changed before {_STALE_LIMIT} calls in a row")
             return True
-        bad = [type(d).__name__ for i, d in enumerate(watched) if not _plain_reads(d) and
-               (i in self.exact or type(d) is not collections.OrderedDict)]
+        # an OrderedDict's key order moves without its tag (move_to_end): its key list is implied only below 2 keys
+        bad = [type(d).__name__ for i, d in enumerate(watched) if not _plain_reads(d) and (
+               type(d) is not collections.OrderedDict or i in self.exact and len(d) > 1)]
         if bad:
             self.stale = _STALE_LIMIT
             self.cur = _INVALID

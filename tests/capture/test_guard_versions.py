@@ -276,3 +276,43 @@ def test_entry_reads_inputs_from_the_snapshot_only_while_it_holds_for_its_roots(
         torch.testing.assert_close(entry.entry(b, (x,), {}, fn), b(x))    # other roots: b's own parameters
         a.head.weight = nn.Parameter(torch.randn(3, 8))                  # a watched dict written
         torch.testing.assert_close(entry.entry(a, (x,), {}, fn), a(x))
+
+
+def test_key_list_of_an_ordered_dict_below_two_keys_keeps_the_fast_guard():
+    """A guard on the key list of an OrderedDict (a loop over it; torch 2.11's Module call reads its hook
+    OrderedDicts so) is implied by the tag while it holds fewer than 2 keys: Whisper's entry on Python 3.12 gave up
+    its fast guard over 50 empty hook dicts and ran the full guard on every call. With 2 keys, ``move_to_end``
+    reorders without a new tag, so the entry's full guard decides (the loop below then sums in another order)."""
+    import collections
+
+    class Extra(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+            self.extra = collections.OrderedDict()
+
+        def forward(self, x):
+            for k in self.extra:
+                x = x * self.extra[k] + 1
+            return self.fc(x)
+
+    coil.reset()
+    m = Extra()
+    cm = coil.compile(m, dynamic=False)
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        for _ in range(3):
+            torch.testing.assert_close(cm(x), m(x))
+        state = _entries()[-1].guard.__globals__["___vstate"]
+        assert state.cur.ok() and state.stale == 0
+        m.extra["a"] = 2.0
+        for _ in range(3):
+            torch.testing.assert_close(cm(x), m(x))
+        state = _entries()[-1].guard.__globals__["___vstate"]
+        assert state.cur.ok() and state.stale == 0
+        m.extra["b"] = 3.0
+        for _ in range(2):
+            torch.testing.assert_close(cm(x), m(x))
+        m.extra.move_to_end("a")
+        for _ in range(2):
+            torch.testing.assert_close(cm(x), m(x))

@@ -146,8 +146,7 @@ class InputGroups:
             for g in self.groups:
                 first = fake_args[g.members[0][0]]
                 full = torch.empty(g.span, dtype=g.dtype, device=first.device)
-                rg = [fake_args[m[0]].requires_grad for m in g.members]
-                if any(rg):
+                if any(rg := [fake_args[m[0]].requires_grad for m in g.members]):
                     full.requires_grad_(True)
                     if not all(fake_args[m[0]].is_leaf for m, r in zip(g.members, rg) if r):
                         full = full.clone()  # written by the program: not a leaf, as in eager
@@ -172,8 +171,7 @@ class InputGroups:
             for g in groups:
                 for m in g.members:
                     t = full[m[0]]
-                    lay = (tuple(t.shape), t.stride(), t.storage_offset())
-                    if lay != m[1:]:
+                    if (lay := (tuple(t.shape), t.stride(), t.storage_offset())) != m[1:]:
                         self.restrides[m[0]] = lay
             return out
         return with_bases

@@ -115,8 +115,7 @@ def _fake_as_at_call(vals: list, example_inputs: list) -> list:
     stay valid. Unchanged (``vals``) outside torch's capture, or when some tensor input was not recorded by it."""
     from torch._guards import TracingContext  # torch's capture → backend seam, not torch._dynamo
     ctx = TracingContext.try_get()
-    mode = getattr(ctx, "fake_mode", None)
-    if mode is None or mode.shape_env is None or len(vals) != len(example_inputs):
+    if (mode := getattr(ctx, "fake_mode", None)) is None or mode.shape_env is None or len(vals) != len(example_inputs):
         return vals
     recorded = ctx.tensor_to_context
     for v, x in zip(vals, example_inputs):
@@ -287,8 +286,7 @@ def aot_compile(gm: Callable, example_inputs: list, fw_compiler: Callable,
     if symbolic is not None:
         example_inputs = symbolic
     if isinstance(gm, torch.nn.Module):
-        named = list(gm.named_parameters(remove_duplicate=False)) + list(gm.named_buffers(remove_duplicate=False))
-        if named:
+        if named := list(gm.named_parameters(remove_duplicate=False)) + list(gm.named_buffers(remove_duplicate=False)):
             names = [n for n, _ in named]
             lifted = [t for _, t in named]
             n_lift = len(names)
@@ -614,8 +612,7 @@ def _check_offsets_per_call(runner: Callable, gm: torch.fx.GraphModule, fake_arg
         while src.op == "call_function" and getattr(src.target, "is_view", False):
             src = src.args[0]
         if src in places:
-            k = places.index(src)
-            if k < len(fake_args) and isinstance(fake_args[k], torch.Tensor):
+            if (k := places.index(src)) < len(fake_args) and isinstance(fake_args[k], torch.Tensor):
                 found[k] = fake_args[k].storage_offset()
                 size, stride, off = n.args[1], n.args[2], (n.args[3:] or [None])[0]
                 off = n.args[0].meta["val"].storage_offset() if off is None else off

@@ -471,8 +471,7 @@ def _describe(fn, fake_args, f_args, before, outs, grad, drop_error_checks, fake
         if earlier:  # the same tensor returned twice: the same object twice
             outputs.append(OutputInfo("same_as_output", earlier[0], **meta))
             continue
-        st = StorageWeakRef(o.untyped_storage())
-        if st in input_storage:
+        if (st := StorageWeakRef(o.untyped_storage())) in input_storage:
             # a view as another dtype (view(dtype)) is not differentiable; the graph computes a differentiable
             # one (view_as_real: a copy) and one of an input whose elements share memory (an expand): as_strided
             # of that differentiates its storage (each element got the mean of theirs), not its elements
@@ -710,8 +709,7 @@ def _make_fx(fn: Callable, args: list, decompositions: dict, fake_mode: FakeTens
         gm = make_fx(_traced(fn, args), decomposition_table=decompositions, tracing_mode=mode)(*args)
     _cudnn_layouts(gm, fake_mode)
     _insert_zero_division_checks(gm)
-    env = fake_mode.shape_env
-    if env is not None and any(env.deferred_runtime_asserts.values()):
+    if (env := fake_mode.shape_env) is not None and any(env.deferred_runtime_asserts.values()):
         _insert_runtime_asserts(gm, env, [item_memo(a) for a in pytree.tree_leaves(args)])
     return gm
 
@@ -792,8 +790,7 @@ def _insert_runtime_asserts(gm: torch.fx.GraphModule, env, memos: list) -> None:
             if ra.msg.startswith(ZERO_DIVISION_MARK)}     # (capture's, for Python's ZeroDivisionError: its message)
     for n in gm.graph.find_nodes(op="call_function", target=aten._assert_scalar.default):
         n.args = (n.args[0], next((m for e, m in ours.items() if e in str(n.args[1])), n.args[1]))
-    added = [str(n.args[1]) for n in gm.graph.nodes if n.target is torch.ops.aten._assert_scalar.default]
-    if added:
+    if added := [str(n.args[1]) for n in gm.graph.nodes if n.target is torch.ops.aten._assert_scalar.default]:
         gm.recompile()
         trace.log("runtime_asserts", stage="aot", asserts=added, nodes=len(gm.graph.nodes) - before)
 
@@ -939,8 +936,7 @@ def _autograd_nodes(tensors, seen: Callable):
     """The autograd nodes reachable from ``tensors`` through nodes not ``seen`` (asked once per visit), depth first."""
     todo = [_grad_fn(t) for t in tensors if isinstance(t, torch.Tensor)]
     while todo:
-        node = todo.pop()
-        if node is not None and not seen(node):
+        if (node := todo.pop()) is not None and not seen(node):
             yield node
             todo.extend(fn for fn, _ in node.next_functions)
 

@@ -46,10 +46,8 @@ class Partition:
 def node_bytes(node: torch.fx.Node) -> int:
     """Bytes of a node's value (a tensor: numel * itemsize, symbolic sizes by their hint; a SymInt/int/float: 8;
     anything else: 0)."""
-    val = node.meta.get("val")
-    if isinstance(val, torch.Tensor):
-        numel = val.numel()
-        if isinstance(numel, torch.SymInt):
+    if isinstance(val := node.meta.get("val"), torch.Tensor):
+        if isinstance(numel := val.numel(), torch.SymInt):
             numel = numel.node.hint if numel.node.has_hint() else 4096
         return int(numel) * val.element_size()
     return 8 if isinstance(val, (torch.SymInt, torch.SymFloat, int, float, bool)) else 0
@@ -90,8 +88,7 @@ def recompute_ban_reason(node: torch.fx.Node) -> Optional[str]:
         return None
     if node.op != "call_function":
         return f"{node.op} node"
-    target = node.target
-    if target is operator.getitem:
+    if (target := node.target) is operator.getitem:
         return recompute_ban_reason(node.args[0])
     if not isinstance(target, torch._ops.OpOverload):
         return None if target in (operator.add, operator.mul, operator.sub, operator.floordiv) else f"call to {target}"
@@ -103,8 +100,7 @@ def recompute_ban_reason(node: torch.fx.Node) -> Optional[str]:
         src = node.args[0]
         n = node_bytes(src) // max(src.meta["val"].element_size(), 1) if isinstance(src, torch.fx.Node) else 0
         return None if n <= config.aot_max_recompute_reduction else f"reduction over {n} elements"
-    name = target._schema.name.split("::")[-1]
-    if name in ("mm", "addmm", "bmm", "baddbmm", "matmul"):
+    if (name := target._schema.name.split("::")[-1]) in ("mm", "addmm", "bmm", "baddbmm", "matmul"):
         return "matmul"
     if "convolution" in name:
         return "convolution"
@@ -150,8 +146,7 @@ def _ancestors(roots, stop: set) -> set:
     seen: set = set()
     stack = [r for r in roots if isinstance(r, torch.fx.Node)]
     while stack:
-        n = stack.pop()
-        if n in seen or n in stop:
+        if (n := stack.pop()) in seen or n in stop:
             continue
         seen.add(n)
         stack.extend(n.all_input_nodes)
@@ -274,8 +269,7 @@ def checkpointed(candidates, regions: _Regions) -> set:
     out = set()
     fw_outs = set(regions.fw_outputs)
     for n in candidates:
-        tag = _region_tag(n)
-        if tag is None or n.op != "call_function":
+        if (tag := _region_tag(n)) is None or n.op != "call_function":
             continue
         if _draws_random(n.args[0] if n.target is operator.getitem else n):
             continue
@@ -343,8 +337,7 @@ def min_cut_partition(joint: torch.fx.GraphModule, info: JointInfo) -> Partition
             arcs.append(("source", n.name + "_in", inf))
         arcs.extend((a.name + "_out", n.name + "_in", inf) for a in n.all_input_nodes if a in candidates)
     arcs.extend((n.name + "_out", "sink", inf) for n in sinks)
-    sink_side = _sink_side(arcs, "source", "sink")
-    if sink_side is None:
+    if (sink_side := _sink_side(arcs, "source", "sink")) is None:
         raise InternalError("aot min-cut: no finite cut (a value the backward needs can be "
                             "neither saved nor recomputed)")
     if must_recompute:

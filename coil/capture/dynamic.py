@@ -225,8 +225,7 @@ def changed_dims(old_shapes: dict, values: dict) -> dict:
     compiled for (same rank only). ``values`` maps a source expression to this call's value (missing: unreadable)."""
     out: dict = {}
     for expr, shape in old_shapes.items():
-        v = values.get(expr)
-        if isinstance(v, torch.Tensor) and v.dim() == len(shape):
+        if isinstance(v := values.get(expr), torch.Tensor) and v.dim() == len(shape):
             if dims := {i for i, (a, b) in enumerate(zip(shape, v.shape)) if a != b}:
                 out[expr] = dims
     return out
@@ -337,8 +336,7 @@ def shape_guards(env, inputs: list, contiguous: set = frozenset(), at_call: Opti
         for kind, vals in (("size", size), ("stride", stride)):
             for i, v in enumerate(vals):
                 if isinstance(v, torch.SymInt):
-                    c = env.simplify(v.node.expr)
-                    if getattr(c, "is_number", False):
+                    if getattr(c := env.simplify(v.node.expr), "is_number", False):
                         (asserts if free_unbacked_symbols(v.node._expr) else exprs).append(
                             f"{ref_text(f'{text}.{kind}()[{i}]')} == {int(c)}")
     # facts the program asserted about sizes of dims marked unbacked (``torch._check``, a view's inferred -1 dividing
@@ -387,8 +385,7 @@ def _unpacked_prelude(used: set, names: dict, ranks: dict) -> list:
             continue
         groups.setdefault((p.group(1), p.group(2)), {})[int(p.group(3))] = local
     for (base, kind), dims in groups.items():
-        rank = ranks.get(base)
-        if rank is None or kind == "stride" and len(dims) == 1:
+        if (rank := ranks.get(base)) is None or kind == "stride" and len(dims) == 1:
             lines += [f"{loc} = {base}.{kind}()[{d}]" for d, loc in dims.items()]
             continue
         targets = ", ".join(dims.get(d, "_") for d in range(rank))

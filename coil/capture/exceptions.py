@@ -92,11 +92,9 @@ def _python_exception(e: Unsupported):
     reason = e.reason
     if isinstance(e, UserCodeError) and reason.startswith("user code raises "):
         name, _, msg = reason[len("user code raises "):].partition(":")
-        cls = getattr(builtins, name.strip(), None)
-        if not (isinstance(cls, type) and issubclass(cls, Exception)):
+        if not (isinstance(cls := getattr(builtins, name.strip(), None), type) and issubclass(cls, Exception)):
             return None
-        cause = e.__cause__
-        if cause is not None and type(cause).__module__.startswith("torch"):
+        if (cause := e.__cause__) is not None and type(cause).__module__.startswith("torch"):
             return None      # a tensor op failed: a graph break, eager raises its error
         return None if cls is RuntimeError else (cls, msg.strip())
     if reason.endswith(" (raised by user code)"):

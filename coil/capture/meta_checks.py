@@ -89,8 +89,7 @@ def _dim(args, kwargs) -> None:
 def _celu(args, kwargs) -> None:
     """``celu`` with ``alpha`` 0 (a symbolic one is guarded): eager refuses it, the meta kernel and the decomposition
     returned values."""
-    alpha = _arg(args, kwargs, 1, "alpha")
-    if alpha is not None and alpha == 0:
+    if (alpha := _arg(args, kwargs, 1, "alpha")) is not None and alpha == 0:
         raise RuntimeError("ZeroDivisionError: alpha cannot be 0 for CELU")
 
 
@@ -124,16 +123,14 @@ def _scatter(args, kwargs) -> None:
 def _lp_pool(args, kwargs) -> None:
     """``lp_pool1d/2d/3d`` of a ``norm_type`` 0 (a symbolic one is guarded): eager's Python divides by it
     (ZeroDivisionError), the captured functional's trace gave inf."""
-    p = _arg(args, kwargs, 1, "norm_type")
-    if isinstance(p, _NUMBER) and not isinstance(p, bool) and p == 0:
+    if isinstance(p := _arg(args, kwargs, 1, "norm_type"), _NUMBER) and not isinstance(p, bool) and p == 0:
         raise ZeroDivisionError("float division by zero")
 
 
 def _pad(args, kwargs) -> None:
     """``F.pad`` of an integer or bool tensor, probed (eager's reflect and replicate kernels refuse bools, which
     torch's decompositions compute: fuzz s228 #1978) on trailing dims long enough for the pads."""
-    pad = _arg(args, kwargs, 1, "pad")
-    if isinstance(pad, (list, tuple)) and pad and all(type(p) is int for p in pad):
+    if isinstance(pad := _arg(args, kwargs, 1, "pad"), (list, tuple)) and pad and all(type(p) is int for p in pad):
         trailing = (2 * max(map(abs, pad)) + 1,) * (len(pad) // 2)
         _probe_dtypes(torch.nn.functional.pad, trailing=trailing)(args, kwargs)
 
@@ -287,8 +284,7 @@ def check_graph(gm: torch.fx.GraphModule) -> None:
                                    {k: val(v) for k, v in node.kwargs.items()})
             except Unsupported:  # (a graph break for coil's capture; torch's graph keeps the call)
                 continue
-            fake = val(node)
-            if isinstance(fake, torch.Tensor) and dtype not in (None, fake.dtype):
+            if isinstance(fake := val(node), torch.Tensor) and dtype not in (None, fake.dtype):
                 cast, _ = cast_to_eager_dtype(gm.graph, node, fake, dtype)
                 node.replace_all_uses_with(cast, delete_user_cb=lambda user: user is not cast)
     gm.recompile()

@@ -103,8 +103,7 @@ def RETURN_CONST(tx, inst):
 @op("LOAD_FAST")
 @op("LOAD_FAST_CHECK", PY312)
 def LOAD_FAST(tx, inst):
-    name = inst.argval
-    if name not in tx.locals:
+    if (name := inst.argval) not in tx.locals:
         raise UserCodeError(f"UnboundLocalError: local variable '{name}' referenced before assignment")
     tx.push(tx.locals[name])
 
@@ -116,8 +115,7 @@ def LOAD_FAST_AND_CLEAR(tx, inst):
 
 @op("STORE_FAST")
 def STORE_FAST(tx, inst):
-    v = tx.pop()
-    if isinstance(v, NullVariable):
+    if isinstance(v := tx.pop(), NullVariable):
         tx.locals.pop(inst.argval, None)
     else:
         tx.locals[inst.argval] = v
@@ -143,8 +141,7 @@ def STORE_GLOBAL(tx, inst):
 
 @op("MAKE_CELL")
 def MAKE_CELL(tx, inst):
-    name = inst.argval
-    if name in tx.cells:  # already set up (freevar)
+    if (name := inst.argval) in tx.cells:  # already set up (freevar)
         return
     tx.cells[name] = CellVariable(tx.locals.pop(name, None))
 
@@ -432,8 +429,7 @@ def LIST_TO_TUPLE(tx, inst):
 
 @op("UNPACK_SEQUENCE")
 def UNPACK_SEQUENCE(tx, inst):
-    items = tx.unpack(tx.pop())
-    if len(items) != inst.arg:
+    if len(items := tx.unpack(tx.pop())) != inst.arg:
         raise UserCodeError(f"ValueError: expected {inst.arg} values to unpack, got {len(items)}")
     tx.stack.extend(reversed(items))
 
@@ -441,8 +437,7 @@ def UNPACK_SEQUENCE(tx, inst):
 @op("UNPACK_EX")
 def UNPACK_EX(tx, inst):
     before, after = inst.arg & 0xFF, inst.arg >> 8
-    items = tx.unpack(tx.pop())
-    if len(items) < before + after:
+    if len(items := tx.unpack(tx.pop())) < before + after:
         raise UserCodeError("ValueError: not enough values to unpack")
     mid = len(items) - after
     tx.stack.extend(reversed(items[:before] + [ListVariable(items[before:mid])] + items[mid:]))
@@ -521,8 +516,7 @@ def GET_ITER(tx, inst):
 # 3.12: exhausted -> pop the iterator, jump past the END_FOR at the target.
 @op("FOR_ITER")
 def FOR_ITER(tx, inst):
-    it = tx.stack[-1]
-    if not isinstance(it, ListIteratorVariable):
+    if not isinstance(it := tx.stack[-1], ListIteratorVariable):
         raise Unsupported(f"iteration over {it}")
     if (v := it.next(tx)) is None:
         tx.pop()
@@ -552,8 +546,7 @@ def YIELD_VALUE(tx, inst):
 # --- with blocks, exceptions, asserts ---------------------------------------------------
 @op("BEFORE_WITH")
 def BEFORE_WITH(tx, inst):
-    ctx = tx.pop()
-    if isinstance(ctx, ContextManagerVariable):
+    if isinstance(ctx := tx.pop(), ContextManagerVariable):
         tx.push(BoundMethodVariable(ctx, "__exit__"))
         tx.push(ctx.enter(tx))
         return
@@ -576,8 +569,7 @@ def _exception_of(tx, v):
     if isinstance(v, ExceptionVariable):
         return v
     if isinstance(v, UserDefinedClassVariable) and isinstance(v.value, type) and issubclass(v.value, BaseException):
-        exc = tx.call(v, [], {})
-        if isinstance(exc, ExceptionVariable):
+        if isinstance(exc := tx.call(v, [], {}), ExceptionVariable):
             return exc
     raise Unsupported(f"raise of {v}", hint="the exception is raised outside the graph")
 
@@ -610,8 +602,7 @@ def POP_EXCEPT(tx, inst):
 @op("CHECK_EXC_MATCH")
 def CHECK_EXC_MATCH(tx, inst):
     want = tx.pop()
-    exc = tx.stack[-1]
-    if not isinstance(exc, ExceptionVariable):
+    if not isinstance(exc := tx.stack[-1], ExceptionVariable):
         raise Unsupported(f"except clause matching {exc}")
     try:
         cls = const_value(want)
@@ -631,8 +622,7 @@ def RERAISE(tx, inst):
 # Stack: [..., __exit__, lasti, previous exception, exception]; push __exit__(type, value, tb).
 @op("WITH_EXCEPT_START")
 def WITH_EXCEPT_START(tx, inst):
-    exc = tx.stack[-1]
-    if not isinstance(exc, ExceptionVariable):
+    if not isinstance(exc := tx.stack[-1], ExceptionVariable):
         raise Unsupported(f"with block exiting on {exc}")
     tx.push(tx.call(tx.stack[-4], [UserDefinedClassVariable(exc.cls), exc, ConstantVariable(None)], {}))
 

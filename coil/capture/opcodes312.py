@@ -35,8 +35,7 @@ def intrinsic_name(table: tuple, arg: int) -> str:
 
 @op("CALL_INTRINSIC_1", PY312)
 def CALL_INTRINSIC_1(tx, inst):
-    name = intrinsic_name(_INTRINSIC_1, inst.arg)
-    if name == "INTRINSIC_LIST_TO_TUPLE":
+    if (name := intrinsic_name(_INTRINSIC_1, inst.arg)) == "INTRINSIC_LIST_TO_TUPLE":
         tx.push(TupleVariable(tx.unpack(tx.pop())))
     elif name == "INTRINSIC_UNARY_POSITIVE":
         tx.push(tx.unary_op(operator.pos, tx.pop()))

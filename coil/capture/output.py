@@ -111,8 +111,7 @@ class SideEffects:
 
     def value(self, item: tuple) -> VariableTracker:
         """What ``item`` of :attr:`order` wrote (a mutated container: the container)."""
-        kind = item[0]
-        if kind in ("container", "attr"):
+        if (kind := item[0]) in ("container", "attr"):
             return item[1] if kind == "container" else self.attrs[(id(item[1].value), item[2])]
         return self.globals[(id(item[1]), item[3])] if kind == "global" else self.cells[id(item[1])]
 
@@ -339,8 +338,7 @@ class EntryCodegen:
         return f"___o[{idx}]"
 
     def reconstruct(self, vt: VariableTracker) -> str:
-        key = id(vt)
-        if key in self.memo:
+        if (key := id(vt)) in self.memo:
             return self.memo[key]
         if isinstance(vt, ConstantVariable) and type(vt.value) in (tuple, frozenset, torch.Size):
             # one object per tracker, so identity (``id``/``is``) survives a graph break
@@ -379,8 +377,7 @@ class EntryCodegen:
 
     def side_effect_lines(self, se: SideEffects) -> None:
         for item in se.order:
-            kind = item[0]
-            if kind == "container":
+            if (kind := item[0]) == "container":
                 vt = item[1]
                 src = self.source_expr(vt.source)
                 if isinstance(vt, ListVariable):
@@ -410,8 +407,7 @@ def collect_tensors(vts: list, out: list, seen: set, data_dependent: list | None
     stack = list(reversed(vts))
     visited = set()
     while stack:
-        v = stack.pop()
-        if v is None or id(v) in visited:
+        if (v := stack.pop()) is None or id(v) in visited:
             continue
         visited.add(id(v))
         if isinstance(v, TensorVariable):
@@ -429,9 +425,7 @@ def collect_tensors(vts: list, out: list, seen: set, data_dependent: list | None
         if cl := getattr(v, "closure", None):
             stack.extend(cl)
         for attr in ("obj", "fn"):
-            sub = getattr(v, attr, None)
-            if isinstance(sub, VariableTracker):
+            if isinstance(sub := getattr(v, attr, None), VariableTracker):
                 stack.append(sub)
-        defaults = getattr(v, "defaults", None)
-        if isinstance(defaults, list):
+        if isinstance(defaults := getattr(v, "defaults", None), list):
             stack.extend(defaults)

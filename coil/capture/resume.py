@@ -109,8 +109,7 @@ def make_resume_code(code: types.CodeType, index: int, null_mask: tuple, local_n
 def _in_user_code(code: types.CodeType, index: int, tail: Optional[tuple]):
     """``(code, index, tail)`` moved to the user's code when ``code`` is a resume code whose
     instruction ``index`` (and the tail's call) map back to it; unchanged otherwise."""
-    m = _POSITIONS.get(code)
-    if m is None or index >= len(m) or m[index] is None:
+    if (m := _POSITIONS.get(code)) is None or index >= len(m) or m[index] is None:
         return code, index, tail
     if tail is not None:
         if tail[0] >= len(m) or m[tail[0]] is None:
@@ -212,8 +211,7 @@ def _copy_exception_depths(bc, code: types.CodeType) -> None:
     """Set each ``TryBegin.stack_depth`` of ``bc`` (``Bytecode.from_code(code)``, whose
     TryBegins follow the exception table's order) to the depth CPython recorded."""
     table = dis._parse_exception_table(code)
-    tbs = [ins for ins in bc if isinstance(ins, TryBegin)]
-    if len(tbs) != len(table):
+    if len(tbs := [ins for ins in bc if isinstance(ins, TryBegin)]) != len(table):
         raise ValueError(f"exception table of {code.co_name}: {len(table)} entries, {len(tbs)} TryBegin")
     for tb, entry in zip(tbs, table):
         tb.stack_depth = entry.depth

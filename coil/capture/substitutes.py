@@ -215,8 +215,7 @@ def substitute_graph(gm: torch.fx.GraphModule) -> None:
             _inline_checkpoint(gm, node)
             changed = True
         elif node.op == "call_function":
-            new = substitute(node.target)
-            if new is not node.target:
+            if (new := substitute(node.target)) is not node.target:
                 node.target, changed = new, True
         if node.target in (operator.pow, operator.ipow, torch.pow, "pow", "pow_"):
             changed = _pow_scalars_as_tensors(gm.graph, node) or changed

@@ -242,8 +242,7 @@ class InstructionTranslatorBase:
         except Unsupported as e:
             if self.parent is None and getattr(e, "root_offset", None) is None:
                 e.root_offset = inst.offset      # an unhandled raise breaks the graph here
-            exc_vt = exception_tracker(e)
-            if exc_vt is not None and self.handle_exception(inst, exc_vt):
+            if (exc_vt := exception_tracker(e)) is not None and self.handle_exception(inst, exc_vt):
                 return
             if getattr(e, "user_stack", None) is None:
                 e.user_stack = self.user_stack()
@@ -305,8 +304,7 @@ class InstructionTranslatorBase:
 
     # --- loading names ----------------------------------------------------------------
     def load_global(self, name: str) -> VariableTracker:
-        pending = self.output.side_effects.pending_global(self.f_globals, name)
-        if pending is not None:
+        if (pending := self.output.side_effects.pending_global(self.f_globals, name)) is not None:
             return pending
         if name in self.f_globals:
             return wrap(self, self.f_globals[name], GlobalSource(name, self.gname))
@@ -369,8 +367,7 @@ class InstructionTranslatorBase:
         if isinstance(obj, ObjectVariableBase) and obj.value is not None and not isinstance(
                 obj, UserDefinedClassVariable):
             cls = type(obj.value)
-            cls_attr = _static_lookup(cls, name)
-            if isinstance(cls_attr, property) and not plain:
+            if isinstance(cls_attr := _static_lookup(cls, name), property) and not plain:
                 if cls_attr.fset is None:
                     raise UserCodeError(f"AttributeError: can't set attribute '{name}'")
                 self.call(UserFunctionVariable(cls_attr.fset), [obj, value], {})
@@ -595,8 +592,7 @@ class InstructionTranslatorBase:
         for obj, other, name in ((a, b, names[0]), (b, a, names[1])):
             if (cls := self._object_class(obj)) is None:
                 continue
-            fn = _static_lookup(cls, name)
-            if fn is _SENTINEL and op is operator.iadd:
+            if (fn := _static_lookup(cls, name)) is _SENTINEL and op is operator.iadd:
                 fn = _static_lookup(cls, "__add__")
             if isinstance(fn, types.FunctionType):
                 res = self.call(UserMethodVariable(fn, obj), [other], {})
@@ -680,8 +676,7 @@ class InstructionTranslatorBase:
         if type(m) is OptimizedModule:  # a coil-compiled module called from compiled code: the original is traced
             mod_vt = wrap(self, m._orig_mod, mod_vt.source and AttrSource(mod_vt.source, "_orig_mod"))
             m = mod_vt.value
-        cls = type(m)
-        if cls.__call__ is not torch.nn.Module.__call__:
+        if (cls := type(m)).__call__ is not torch.nn.Module.__call__:
             return self.call(UserMethodVariable(cls.__call__, mod_vt), args, kwargs)
         gs = self.output.guards
         # hooks registered later must be seen: the hook dicts are guarded (a new hook
@@ -730,8 +725,7 @@ class InstructionTranslatorBase:
             if src is not None:  # a forward assigned on the module later recompiles
                 e = src.expr()
                 gs.add(f"'forward' not in {e}.__dict__", f"'forward' in {e}.__dict__", False, src=e)
-            forward = _static_lookup(cls, "forward")
-            if not isinstance(forward, types.FunctionType):
+            if not isinstance(forward := _static_lookup(cls, "forward"), types.FunctionType):
                 raise Unsupported(f"{cls.__name__}.forward is not a Python function")
             if src is not None:  # one guard per class: a forward replaced on it recompiles
                 gs.add(f"{gs.const(cls)}.forward is {gs.const(forward)}")
@@ -745,8 +739,7 @@ class InstructionTranslatorBase:
         return out
 
     def construct_object(self, cls_vt: UserDefinedClassVariable, args: list, kwargs: dict):
-        cls = cls_vt.value
-        if cls in CONTEXT_CLASSES:
+        if (cls := cls_vt.value) in CONTEXT_CLASSES:
             return make_context(self, cls, args, kwargs)
         if isinstance(cls, type) and issubclass(cls, BaseException):
             return ExceptionVariable(cls, args)
@@ -799,8 +792,7 @@ class InstructionTranslatorBase:
                    "__init__" not in k.__dict__ for k in cls.__mro__[:-1]):
             raise Unsupported(f"constructing {cls.__qualname__} (C __init__)")
         obj = NewObjectVariable(cls)
-        init = _static_lookup(cls, "__init__")
-        if isinstance(init, types.FunctionType):
+        if isinstance(init := _static_lookup(cls, "__init__"), types.FunctionType):
             self.call(UserMethodVariable(init, obj), args, kwargs)
         elif args or kwargs:
             raise UserCodeError(f"TypeError: {cls.__name__}() takes no arguments")
@@ -818,8 +810,7 @@ class InstructionTranslatorBase:
                 # a resume function's first arguments are stack slots (___stackN); the
                 # method's own first argument comes after them
                 first = next((n for n in self.code.co_varnames if not n.startswith("___stack")), first)
-            obj = self.locals.get(first)
-            if obj is None and first in self.cells:
+            if (obj := self.locals.get(first)) is None and first in self.cells:
                 obj = self.load_cell(first)
         return SuperVariable(cls, obj)
 
@@ -972,8 +963,7 @@ class InstructionTranslator(InstructionTranslatorBase):
     def run(self) -> None:
         try:
             for _ in range(MAX_STEPS + 1):
-                inst = self.instructions[self.ip]
-                if inst.offset in self.break_at:
+                if (inst := self.instructions[self.ip]).offset in self.break_at:
                     self.current = inst
                     self.result = ("break", self.break_at[inst.offset], inst)
                     return

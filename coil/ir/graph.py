@@ -460,8 +460,7 @@ class GraphLowering(torch.fx.Interpreter):
         return value
 
     def get_attr(self, target, args, kwargs):
-        value = super().get_attr(target, args, kwargs)
-        if isinstance(value, torch.Tensor):
+        if isinstance(value := super().get_attr(target, args, kwargs), torch.Tensor):
             name = f"const_{target.replace('.', '_')}"
             buf = ConstantBuffer(name, _fake_layout(value), value)
             self.constants[name], self.name_to_buffer[name] = value, buf
@@ -585,10 +584,8 @@ class GraphLowering(torch.fx.Interpreter):
         one copy."""
         if not isinstance(r, TensorBox):
             return OutputSpec("value", value=r)
-        d = r.data
-        if isinstance(d, GenericView) and isinstance(meta, torch.Tensor):
-            d = self.realize_input(r, meta)
-            if not isinstance(d, ReinterpretView):
+        if isinstance(d := r.data, GenericView) and isinstance(meta, torch.Tensor):
+            if not isinstance(d := self.realize_input(r, meta), ReinterpretView):
                 return OutputSpec("buffer", d.get_name())
         if isinstance(d, ReinterpretView):
             return OutputSpec("view", d.data.get_name(), list(d.layout.size), list(d.layout.stride), d.layout.offset)
@@ -667,8 +664,7 @@ class GraphLowering(torch.fx.Interpreter):
         return buf
 
     def _maybe_realize(self, n: torch.fx.Node, box: TensorBox) -> None:
-        sb = box.data
-        if not isinstance(sb, StorageBox) or not isinstance(sb.data, Pointwise):
+        if not isinstance(sb := box.data, StorageBox) or not isinstance(sb.data, Pointwise):
             return
         users = len(n.users)
         h = record_pointwise(sb.data)
@@ -696,8 +692,7 @@ class GraphLowering(torch.fx.Interpreter):
                                                else _dense_strides_like(meta))]
             except GuardOnDataDependentSymNode:  # strides of unknown order (unbacked): contiguous
                 stride = None
-        d = x.data
-        if isinstance(d, GenericView):
+        if isinstance(d := x.data, GenericView):
             d = self._view_of_base(d, stride) or d
         if isinstance(d, ReinterpretView):
             if stride is None:
@@ -854,8 +849,7 @@ class GraphLowering(torch.fx.Interpreter):
 
     def _channels_last_input(self, x: TensorBox):
         """4-D ``x`` as a channels-last buffer or view (a copy only if it is not one)."""
-        d = x.data
-        if isinstance(d, ReinterpretView) and _is_channels_last(d.layout):
+        if isinstance(d := x.data, ReinterpretView) and _is_channels_last(d.layout):
             return d
         if isinstance(d, StorageBox) and d.is_realized() and d.data.layout is not None \
                 and _is_channels_last(d.data.layout):

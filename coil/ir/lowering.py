@@ -217,8 +217,7 @@ def _integral_lowering(name: str) -> Callable:
     lower = pointwise_lowering(name)
 
     def f(*args):
-        dt = out_dtype()
-        if dt.is_floating_point and (name != "nextafter" or dt in (torch.float16, torch.bfloat16)):
+        if (dt := out_dtype()).is_floating_point and (name != "nextafter" or dt in (torch.float16, torch.bfloat16)):
             raise FallbackToExtern
         return lower(*args)
     return f

@@ -28,8 +28,7 @@ aten = torch.ops.aten
 
 def strided_base(x: TensorBox):
     """(buffer, layout) when ``x`` is a realized buffer or a strided view of one."""
-    d = x.data
-    if isinstance(d, StorageBox) and d.is_realized():
+    if isinstance(d := x.data, StorageBox) and d.is_realized():
         return d.data, d.data.layout
     return (d.data, d.layout) if isinstance(d, ReinterpretView) else None
 
@@ -439,14 +438,12 @@ def _concat_buffer(parts, positions, dim: int, size, odt, costly: bool = False) 
     pointwise input of the output dtype computed straight into its slice (its readers then read the slice), any other
     input copied (converted to the output dtype)."""
     g, dev = current_graph(), device()
-    node = getattr(g, "current_node", None)
-    if not isinstance(node, torch.fx.Node) or node.target is not aten.cat.default:
+    if not isinstance(node := getattr(g, "current_node", None), torch.fx.Node) or node.target is not aten.cat.default:
         return None
     longest = _longest_extension(node, dim, odt)
     if sum(1 for a in longest.args[0] if _non_empty(a)) < config.concat_buffer_min_inputs and not costly:
         return None
-    memo = g.__dict__.setdefault("_concat_storages", {})
-    if longest not in memo:
+    if longest not in (memo := g.__dict__.setdefault("_concat_storages", {})):
         meta = longest.meta["val"]
         full = [as_expr(v) for v in meta.shape]
         copy = _copy_strides(longest)

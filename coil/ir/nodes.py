@@ -283,8 +283,7 @@ def reduction_loop_order(data: "Reduction") -> Optional[list[int]]:
     rr = data.reduction_ranges
     if data.reduction_type in ("argmax", "argmin") or not all(is_static(s) for s in rr):
         return None
-    big = [d for d, s in enumerate(rr) if int(s) != 1]
-    if len(big) < 2:
+    if len(big := [d for d, s in enumerate(rr) if int(s) != 1]) < 2:
         return None
     index = [sym(f"i{d}") for d in range(len(data.ranges))]
     rindex = [sym(f"r{d}") for d in range(len(rr))]

@@ -448,8 +448,7 @@ def _split_small(a: sympy.Expr, b, bounds: dict):
     """Write ``a = g*w + r`` with integer ``g`` dividing ``b`` (an int or a size expression ``c*s``: ``g |
     c``), ``w >= 0`` and ``0 <= r < g`` (``r`` from terms whose loop bounds keep them small): returns ``(g, w,
     r)`` with the largest such ``g``, or None."""
-    cb = b.as_coeff_Mul()[0]
-    if not (cb.is_Integer and a.is_Add):
+    if not ((cb := b.as_coeff_Mul()[0]).is_Integer and a.is_Add):
         return None
     terms = sympy.Add.make_args(a)
     coeffs = [t.as_coeff_Mul()[0] for t in terms]

@@ -148,8 +148,7 @@ def _compare_trees(what: str, actual: Any, expected: Any, reference: Any, atol, 
             if not isinstance(a, torch.Tensor):
                 problems.append(f"{name}: got {type(a).__name__}, eager gave a tensor")
                 continue
-            msg = _compare_tensor(name, a, e, r if isinstance(r, torch.Tensor) else None, atol, rtol)
-            if msg:
+            if msg := _compare_tensor(name, a, e, r if isinstance(r, torch.Tensor) else None, atol, rtol):
                 problems.append(msg)
         elif isinstance(a, torch.Tensor):
             problems.append(f"{name}: got a tensor, eager gave {type(e).__name__} {e!r}")
@@ -208,8 +207,7 @@ def _run(fn: Callable, args: tuple, kwargs: dict, check_grads: bool,
         out = fn(*args, **kwargs)
     grads = None
     if check_grads:
-        outs = [o for o in pytree.tree_leaves(out) if isinstance(o, torch.Tensor) and o.requires_grad]
-        if not outs:
+        if not (outs := [o for o in pytree.tree_leaves(out) if isinstance(o, torch.Tensor) and o.requires_grad]):
             raise AssertionError("check_grads=True but no output requires grad "
                                  "(pass floating-point tensor inputs or a module with parameters)")
         gen = torch.Generator().manual_seed(cotangent_seed)

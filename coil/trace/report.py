@@ -80,8 +80,7 @@ class Compile:
         """A human name for the compile: the captured function, if any event names it."""
         for r in self.events + self.stages:
             for key in ("fn", "function", "co_name", "frame", "name"):
-                v = r.get(key)
-                if isinstance(v, str) and v and r.get("event") != "artifact":
+                if isinstance(v := r.get(key), str) and v and r.get("event") != "artifact":
                     loc = ""
                     if isinstance(r.get("filename"), str) and r.get("lineno") is not None:
                         loc = f" ({os.path.basename(r['filename'])}:{r['lineno']})"

@@ -226,8 +226,7 @@ class NumpyArrayVariable(ConstantVariable):
         if name in self._WRITES or name.startswith("__i") and name not in ("__invert__", "__index__", "__int__"):
             raise Unsupported(f"ndarray.{name} writes into a numpy array")
         cargs = [const_value(a) for a in args]
-        ckw = {k: const_value(v) for k, v in kwargs.items()}
-        if "out" in ckw:
+        if "out" in (ckw := {k: const_value(v) for k, v in kwargs.items()}):
             raise Unsupported("a numpy call with out=")
         return wrap_constant_result(tx, self._fold(name, lambda: getattr(self.value, name)(*cargs, **ckw)))
 

@@ -181,8 +181,7 @@ def _build(tx, value, source, gs) -> VariableTracker:
     if isinstance(value, torch.nn.Module):
         guard_type()
         return NNModuleVariable(value, source)
-    t = type(value)
-    if t in (tuple, list) or (isinstance(value, tuple) and hasattr(t, "_fields")):
+    if (t := type(value)) in (tuple, list) or (isinstance(value, tuple) and hasattr(t, "_fields")):
         if gs is not None:
             gs.add(f"type({expr}) is {gs.const(t)} and len({expr}) == {len(value)}", f"len({expr})", len(value))
         items = [wrap(tx, v, GetItemSource(source, i) if source is not None else None,

@@ -79,8 +79,7 @@ class BuiltinVariable(KnownCallableVariable):
     """A Python builtin function or type (``len``, ``list``, ``isinstance``...)."""
 
     def call_function(self, tx, args, kwargs):
-        fn = self.fn
-        if fn is vars and len(args) == 1 and not kwargs:
+        if (fn := self.fn) is vars and len(args) == 1 and not kwargs:
             return args[0].var_getattr(tx, "__dict__")   # (an object made in the frame: its attributes)
         if fn in _BREAK:
             raise Unsupported(_BREAK[fn], hint="it runs outside the graph")
@@ -168,8 +167,7 @@ class PureFunctionVariable(KnownCallableVariable):
     """``math.*``, ``operator.*`` and other side-effect-free C functions."""
 
     def call_function(self, tx, args, kwargs):
-        fn = self.fn
-        if fn in _OPERATOR_BINARY and len(args) == 2:
+        if (fn := self.fn) in _OPERATOR_BINARY and len(args) == 2:
             return tx.contains_op(args[0], args[1]) if fn is operator.contains else tx.binary_op(fn, args[0], args[1])
         if fn in _OPERATOR_UNARY and len(args) == 1:
             return tx.unary_op(fn, args[0])
@@ -352,8 +350,7 @@ builtin(iter)(lambda tx, args, kwargs: tx.get_iter(args[0]))
 
 @builtin(next)
 def _next(tx, args, kwargs):
-    it = args[0]
-    if not isinstance(it, ListIteratorVariable):
+    if not isinstance(it := args[0], ListIteratorVariable):
         it = tx.get_iter(it)
     if (v := it.next(tx)) is None:
         if len(args) > 1:
@@ -560,8 +557,7 @@ class _WrapsDecorator(VariableTracker):
 
 @builtin(inspect.signature)
 def _signature(tx, args, kwargs):
-    f = args[0]
-    if isinstance(f, UserFunctionVariable):
+    if isinstance(f := args[0], UserFunctionVariable):
         return ConstantVariable(inspect.signature(f.fn))
     if isinstance(f, UserMethodVariable):
         return ConstantVariable(inspect.signature(types.MethodType(f.fn, object())))

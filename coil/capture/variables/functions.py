@@ -46,8 +46,7 @@ def bind_arguments(code: types.CodeType, name: str, args: list, kwargs: dict, de
     pos_names, kwonly_names = varnames[:nargs], varnames[nargs:nargs + nkwonly]
     has_varargs, has_varkw = bool(code.co_flags & 0x04), bool(code.co_flags & 0x08)
     out: dict[str, VariableTracker] = dict(zip(pos_names, args[:nargs]))
-    extra = list(args[nargs:])
-    if extra and not has_varargs:
+    if (extra := list(args[nargs:])) and not has_varargs:
         raise TypeErrorInCall(f"{name}() takes {nargs} positional arguments but {len(args)} were given")
     varkw = {}
     for k, v in kwargs.items():
@@ -62,8 +61,7 @@ def bind_arguments(code: types.CodeType, name: str, args: list, kwargs: dict, de
     ndef = len(defaults)
     for i, pname in enumerate(pos_names):
         if pname not in out:
-            j = i - (nargs - ndef)
-            if j < 0:
+            if (j := i - (nargs - ndef)) < 0:
                 raise TypeErrorInCall(f"{name}() missing required positional argument: '{pname}'")
             out[pname] = defaults[j]
     for kname in kwonly_names:

@@ -43,8 +43,7 @@ def _static_lookup(cls: type, name: str):
 
 def wrap_class_attr(tx, obj_vt: VariableTracker, cls: type, name: str, source=None):
     """A class attribute seen through an instance (methods get bound to ``obj_vt``)."""
-    attr = _static_lookup(cls, name)
-    if attr is _SENTINEL:
+    if (attr := _static_lookup(cls, name)) is _SENTINEL:
         raise AttributeMissing(name)
     if isinstance(attr, staticmethod):
         return wrap(tx, attr.__func__, source)
@@ -126,8 +125,7 @@ def lookup_attr(tx, vt: ObjectVariableBase, name: str, generic: bool = False):
         except AttributeError:
             raise AttributeMissing(name)
     if not is_data_descr:
-        d = getattr(obj, "__dict__", None)
-        if d is not None and name in d:
+        if (d := getattr(obj, "__dict__", None)) is not None and name in d:
             src = vt.attr_source(name)
             if src is not None and type(d) is dict and _static_lookup(cls, "__getattr__") is not _SENTINEL:
                 # guards and entries read it as ``obj.__dict__[name]``: CPython does not
@@ -137,8 +135,7 @@ def lookup_attr(tx, vt: ObjectVariableBase, name: str, generic: bool = False):
             return wrap(tx, d[name], src)
         if isinstance(obj, torch.nn.Module):
             for dname in ("_parameters", "_buffers", "_modules"):
-                sub = obj.__dict__.get(dname)
-                if sub is None:
+                if (sub := obj.__dict__.get(dname)) is None:
                     continue
                 hit = tx.output.wrapped.get(id(sub))   # a tracked dict sees this frame's writes (register_buffer)
                 if hit is not None and isinstance(hit[1], DictVariable):
@@ -237,8 +234,7 @@ def object_truthy(tx, vt: VariableTracker, cls: type) -> bool:
     ``__bool__``, else ``__len__``, else True. A dunder written in Python is traced (an
     empty ``nn.Sequential`` is falsy); one written in C is Unsupported."""
     for dunder in ("__bool__", "__len__"):
-        fn = _static_lookup(cls, dunder)
-        if fn is _SENTINEL:
+        if (fn := _static_lookup(cls, dunder)) is _SENTINEL:
             continue
         if isinstance(fn, types.FunctionType):
             return tx.call(UserMethodVariable(fn, vt), [], {}).truthy(tx)
@@ -255,11 +251,9 @@ class UserDefinedObjectVariable(ObjectVariableBase):
         if type(self.value) is weakref.ref and self.source is not None and not args and not kwargs:
             from coil.capture.source import CallSource   # the referent, guarded as any input (lr_scheduler's opt_ref)
             return tx.wrap(self.value(), CallSource(self.source))
-        call = _static_lookup(type(self.value), "__call__")
-        if isinstance(call, types.FunctionType):
+        if isinstance(call := _static_lookup(type(self.value), "__call__"), types.FunctionType):
             return tx.call(UserMethodVariable(call, self), args, kwargs)
-        original = inspect.getattr_static(self.value, "_torchdynamo_inline", None)
-        if isinstance(original, types.FunctionType):
+        if isinstance(original := inspect.getattr_static(self.value, "_torchdynamo_inline", None), types.FunctionType):
             # ``torch.jit.script`` / ``torch.jit.trace`` of a function keep the Python function here: traced like any
             # call (DeBERTa-v2's scripted helpers were a graph break per attention layer)
             src = AttrSource(self.source, "_torchdynamo_inline") if self.source is not None else None
@@ -289,8 +283,7 @@ class UserDefinedObjectVariable(ObjectVariableBase):
         return tx.call(method, args, kwargs)
 
     def unpack(self, tx):
-        it = _static_lookup(type(self.value), "__iter__")
-        if isinstance(it, types.FunctionType):
+        if isinstance(it := _static_lookup(type(self.value), "__iter__"), types.FunctionType):
             return tx.unpack(tx.call(UserMethodVariable(it, self), [], {}))
         raise Unsupported(f"iteration over a {type(self.value).__name__} object")
 
@@ -328,13 +321,11 @@ class NNModuleVariable(ObjectVariableBase):
         return _guard_keys(tx, self.source, m, dname)
 
     def unpack(self, tx):
-        m = self.value
-        if isinstance(m, (torch.nn.ModuleDict, torch.nn.ParameterDict)):
+        if isinstance(m := self.value, (torch.nn.ModuleDict, torch.nn.ParameterDict)):
             return [ConstantVariable(k) for k in self._keys(tx)]
         if self.has_len():
             return [self._sub(tx, k) for k in self._keys(tx)]
-        it = _static_lookup(type(m), "__iter__")
-        if isinstance(it, types.FunctionType):
+        if isinstance(it := _static_lookup(type(m), "__iter__"), types.FunctionType):
             return tx.unpack(tx.call(UserMethodVariable(it, self), [], {}))
         raise Unsupported(f"iteration over {type(m).__name__}")
 
@@ -343,8 +334,7 @@ class NNModuleVariable(ObjectVariableBase):
         dname = {"named_parameters": "_parameters", "named_buffers": "_buffers"}.get(kind, "_modules")
 
         def source(qual, leaf_dict):
-            src = self.source
-            if src is not None and qual:
+            if (src := self.source) is not None and qual:
                 *mods, leaf = qual.split(".")
                 for part in mods:
                     src = ModuleDictSource(src, "_modules", part)
@@ -670,8 +660,7 @@ class UserDefinedClassVariable(ObjectVariableBase):
         cls = self.value
         if name in ("__name__", "__qualname__", "__module__"):
             return ConstantVariable(getattr(cls, name))
-        attr = _static_lookup(cls, name)
-        if attr is _SENTINEL:
+        if (attr := _static_lookup(cls, name)) is _SENTINEL:
             if name == "__mro__":
                 return TupleVariable([wrap(tx, c, None) for c in cls.__mro__])
             meta = _static_lookup(type(cls), name)   # a metaclass property (torch.distributed's GroupMember.WORLD)
@@ -780,14 +769,12 @@ class NewObjectVariable(VariableTracker):
         try:
             return wrap_class_attr(tx, self, self.cls, name)
         except AttributeMissing:
-            getattr_fn = _static_lookup(self.cls, "__getattr__")
-            if isinstance(getattr_fn, types.FunctionType):
+            if isinstance(getattr_fn := _static_lookup(self.cls, "__getattr__"), types.FunctionType):
                 return tx.call(UserFunctionVariable(getattr_fn), [self, ConstantVariable(name)], {})
             raise
 
     def set_attr(self, tx, name, value):
-        attr = _static_lookup(self.cls, name)
-        if isinstance(attr, property):
+        if isinstance(attr := _static_lookup(self.cls, name), property):
             if attr.fset is None:
                 raise Unsupported(f"can't set property {name}")
             tx.call(UserFunctionVariable(attr.fset), [self, value], {})
@@ -804,8 +791,7 @@ class NewObjectVariable(VariableTracker):
         del self.attrs[name]
 
     def call_function(self, tx, args, kwargs):
-        call = _static_lookup(self.cls, "__call__")
-        if isinstance(call, types.FunctionType):
+        if isinstance(call := _static_lookup(self.cls, "__call__"), types.FunctionType):
             return tx.call(UserMethodVariable(call, self), args, kwargs)
         raise Unsupported(f"call to a {self.cls.__name__} object")
 
@@ -923,8 +909,7 @@ class DataClassDictVariable(DictVariable):
         return ConstantVariable(None) if name in self.fields else super().var_getattr(tx, name)
 
     def getitem(self, tx, key):
-        k = key.as_python_constant()
-        if isinstance(k, (int, slice)):
+        if isinstance(k := key.as_python_constant(), (int, slice)):
             values = list(self.items.values())
             return TupleVariable(values[k]) if isinstance(k, slice) else values[k]
         return super().getitem(tx, key)

@@ -147,8 +147,7 @@ def python_text(env, value, bind=None) -> str:
 def wrap_sym(output, value, recipe) -> VariableTracker:
     """A tracker for ``value``: a SymNodeVariable when it is symbolic, else a constant."""
     if isinstance(value, _SYM):
-        expr = value.node.expr
-        if getattr(expr, "is_number", False):      # simplified to a constant
+        if getattr(expr := value.node.expr, "is_number", False):      # simplified to a constant
             return ConstantVariable(value.node.pytype(expr))
         return SymNodeVariable(output, value, recipe)
     return ConstantVariable(value)
@@ -286,8 +285,7 @@ def call_numeric(tx, fn, args: list, kwargs: dict):
         return a
     if fn is float and isinstance(a.value, torch.SymFloat):
         return a
-    sym_fn = _NUMERIC.get(fn)
-    if sym_fn is None or isinstance(a.value, torch.SymBool):
+    if (sym_fn := _NUMERIC.get(fn)) is None or isinstance(a.value, torch.SymBool):
         return None
     v = a.value     # the domain of math.sqrt / log2 / acos / asin is guarded: outside it Python raises ValueError
     lo, hi = _DOMAINS.get(fn, (None, None))

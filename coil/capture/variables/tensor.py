@@ -70,8 +70,7 @@ def to_node_arg(v: VariableTracker):
         raise Unsupported("passing an nn.Module to a torch function")
     if isinstance(v, NumpyArrayVariable):
         raise Unsupported("a numpy array handed to torch", hint="the call runs eagerly")
-    c = v.as_python_constant()
-    if isinstance(c, (types.FunctionType, types.MethodType, functools.partial)):
+    if isinstance(c := v.as_python_constant(), (types.FunctionType, types.MethodType, functools.partial)):
         # a graph node cannot hold a Python function (torch.func.grad(f)(x) reaches
         # torch._functorch's grad_impl(f, ...)): the call runs outside the graph
         raise Unsupported(f"a torch function given the Python function {getattr(c, '__qualname__', c)}")
@@ -534,8 +533,7 @@ class TensorVariable(VariableTracker):
         if name == "data":
             return call_op(tx, "call_method", "detach", [self], {})
         if name == "grad":
-            real = _input_value(tx, self)
-            if real is None:
+            if (real := _input_value(tx, self)) is None:
                 raise Unsupported("Tensor.grad of a tensor made inside a compiled frame")
             return tx.wrap(real.grad, AttrSource(self.source, "grad"))
         if name == "__class__":
@@ -590,22 +588,19 @@ class TensorVariable(VariableTracker):
                 raise UserCodeError("TypeError: len() of a 0-d tensor")
             return wrap_sym(tx.output, self.fake.shape[0], ("size", self, 0))
         if name == "__getitem__":
-            split = _split_scalar_tensor_index(self, args[0])
-            if split is not None and _is_symint(split[1][0][1]):
+            if (split := _split_scalar_tensor_index(self, args[0])) is not None and _is_symint(split[1][0][1]):
                 return _select_symints(tx, self, *split)
             if split is not None:
                 return _index_with_scalar_tensors(tx, self, *split)
             return call_op(tx, "call_function", operator.getitem, [self, args[0]], {})
         if name == "__setitem__":
-            split = _split_scalar_tensor_index(self, args[0])
-            if split is not None and _is_symint(split[1][0][1]):
+            if (split := _split_scalar_tensor_index(self, args[0])) is not None and _is_symint(split[1][0][1]):
                 view, value = _select_symints(tx, self, *split), args[1]
                 call_op(tx, "call_method", "copy_" if isinstance(value, TensorVariable) else "fill_", [view, value], {})
                 return ConstantVariable(None)
             if split is not None:
                 view = call_op(tx, "call_function", operator.getitem, [self, split[0]], {})
-                value = args[1]
-                if not isinstance(value, TensorVariable):
+                if not isinstance(value := args[1], TensorVariable):
                     value = call_op(tx, "call_function", torch.full, [ConstantVariable(()), value], {
                         "dtype": ConstantVariable(self.fake.dtype), "device": ConstantVariable(self.fake.device)})
                 call_op(tx, "call_function", torch.ops.aten.index_put_.default,

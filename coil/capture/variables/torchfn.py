@@ -89,8 +89,7 @@ def is_torch_function(value) -> bool:
         return value in _COMPILE_TIME or inspect.unwrap(value) in _DEVICE_QUERIES
     if mod.startswith("torch") or mod == "torch._C._nn" or mod == "torch._C._linalg":
         return True
-    name = getattr(value, "__name__", None)
-    if name and getattr(torch.Tensor, name, None) is value:
+    if (name := getattr(value, "__name__", None)) and getattr(torch.Tensor, name, None) is value:
         return True
     # builtins defined by torch's C extension (torch._C._VariableFunctions...)
     return type(value).__name__ == "builtin_function_or_method" and \
@@ -106,8 +105,7 @@ class TorchFunctionVariable(KnownCallableVariable):
 
     def call_function(self, tx, args, kwargs):
         fn = self.fn
-        base = inspect.unwrap(fn)
-        if base in _DENY:
+        if (base := inspect.unwrap(fn)) in _DENY:
             raise Unsupported(f"call to {fn.__module__}.{fn.__name__} changes global state",
                               hint="call it outside the compiled function")
         if base in _FUNC_TRANSFORMS and not all(a.is_python_constant() for a in [*args, *kwargs.values()]):
@@ -159,8 +157,7 @@ class TorchFunctionVariable(KnownCallableVariable):
         if base in _CHECKS and len(args) > _CHECKS[base] and args[_CHECKS[base]].is_python_constant() and \
                 args[_CHECKS[base]].as_python_constant() is True:
             return ConstantVariable(None)   # passes, as in eager (a node would print _check_with's error class)
-        name = getattr(fn, "__name__", None)
-        if name and getattr(torch.Tensor, name, None) is fn:
+        if (name := getattr(fn, "__name__", None)) and getattr(torch.Tensor, name, None) is fn:
             return call_op(tx, "call_method", name, list(args), kwargs)
         return call_op(tx, "call_function", fn, list(args), kwargs)
 

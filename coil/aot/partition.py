@@ -256,8 +256,7 @@ def default_partition(joint: torch.fx.GraphModule, info: JointInfo) -> Partition
         else:
             saved.extend(u for u in n.users if u not in regions.bw and _saveable(u))
     saved = sorted(set(saved), key=regions.order.__getitem__)
-    reasons = dict.fromkeys(saved, "read by the backward")
-    return _build(joint, info, regions, saved, reasons, "default")
+    return _build(joint, info, regions, saved, dict.fromkeys(saved, "read by the backward"), "default")
 
 
 def checkpointed(candidates, regions: _Regions) -> set:
@@ -285,8 +284,7 @@ def _draws_random(n) -> bool:
             torch.Tag.nondeterministic_seeded not in n.target.tags:
         return False
     if "attention" in n.target._schema.name:
-        p = n.kwargs.get("dropout_p", n.args[3] if len(n.args) > 3 else 0.0)
-        return p != 0
+        return n.kwargs.get("dropout_p", n.args[3] if len(n.args) > 3 else 0.0) != 0
     return True
 
 

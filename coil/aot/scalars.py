@@ -334,8 +334,7 @@ def _call_args(op: torch._ops.OpOverload, given: dict) -> tuple:
     pos_args = [a for a in op._schema.arguments if not a.kwarg_only]
     last = max((i for i, a in enumerate(pos_args) if a.name in given), default=-1)
     args = tuple(given[a.name] if a.name in given else a.default_value for a in pos_args[:last + 1])
-    kwargs = {a.name: given[a.name] for a in op._schema.arguments if a.kwarg_only and a.name in given}
-    return args, kwargs
+    return args, {a.name: given[a.name] for a in op._schema.arguments if a.kwarg_only and a.name in given}
 
 
 def _val(a: Any) -> Any:

@@ -48,8 +48,7 @@ def wrap_callable(fn_or_module, *, backend: Callable, fullgraph: bool = False, d
     if isinstance(fn_or_module, torch.nn.Module):
         return wrap_module(fn_or_module, cfg)
     if isinstance(fn_or_module, types.MethodType) and isinstance(fn_or_module.__func__, types.FunctionType):
-        inner = wrap_function(fn_or_module.__func__, cfg)
-        return types.MethodType(inner, fn_or_module.__self__)
+        return types.MethodType(wrap_function(fn_or_module.__func__, cfg), fn_or_module.__self__)
     if isinstance(fn_or_module, types.FunctionType):
         return wrap_function(fn_or_module, cfg)
     if isinstance(fn_or_module, (types.BuiltinFunctionType, torch._ops.OpOverload, torch._ops.OpOverloadPacket)):

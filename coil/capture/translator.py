@@ -762,8 +762,7 @@ class InstructionTranslatorBase:
         if cls in (torch.device, torch.Size, torch.finfo, torch.iinfo, torch.dtype) or \
                 (isinstance(cls, type) and issubclass(cls, __import__("enum").Enum)):
             c = [const_value(a) for a in args]
-            kw = {k: const_value(v) for k, v in kwargs.items()}
-            return wrap_constant_result(self, cls(*c, **kw))
+            return wrap_constant_result(self, cls(*c, **{k: const_value(v) for k, v in kwargs.items()}))
         if cls is types.MethodType and len(args) == 2 and not kwargs and type(args[0]) is UserFunctionVariable and \
                 not (isinstance(args[1], ConstantVariable) and args[1].value is None):   # ExitStack's exit wrapper
             return UserMethodVariable(args[0].fn, args[1])

@@ -563,8 +563,7 @@ def _signature(tx, args, kwargs):
         return ConstantVariable(inspect.signature(types.MethodType(f.fn, object())))
     if isinstance(f, NestedFunctionVariable):
         cells = tuple(types.CellType(None) for _ in f.code.co_freevars) or None
-        dummy = types.FunctionType(f.code, {}, f.name, None, cells)
-        return ConstantVariable(inspect.signature(dummy))
+        return ConstantVariable(inspect.signature(types.FunctionType(f.code, {}, f.name, None, cells)))
     if isinstance(f, NNModuleVariable):
         return ConstantVariable(inspect.signature(f.value))
     raise Unsupported(f"inspect.signature of {f}")

@@ -718,8 +718,7 @@ class ResumedIteratorVariable(ListIteratorVariable):
     def reconstruct(self, cg):
         # a new iterator over the items left (the real one is not advanced: other
         # expressions of the entry still read items through it)
-        rest = IterRestSource(self.source).expr()
-        return cg.bind(self, f"iter({rest}[{len(self._items)}:])")
+        return cg.bind(self, f"iter({IterRestSource(self.source).expr()}[{len(self._items)}:])")
 
     def __repr__(self):
         return f"ResumedIteratorVariable({type(self.value).__name__}, {self.source})"

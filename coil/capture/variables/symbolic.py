@@ -202,8 +202,7 @@ def binary(tx, op, a: VariableTracker, b: VariableTracker):
     if fn is operator.mul and isinstance(res, torch.SymFloat) and res.node.expr.is_number and res.node.expr == 0:
         res = _signed_zero_product(vals, res)
     out.sites.note(env, start, out.where(), reason=f"symbolic {fn.__name__}")
-    operands = [v if isinstance(v, SymNodeVariable) else v.value for v in (a, b)]
-    return wrap_sym(out, res, ("op", fn, operands))
+    return wrap_sym(out, res, ("op", fn, [v if isinstance(v, SymNodeVariable) else v.value for v in (a, b)]))
 
 
 def _signed_zero_product(vals: list, res):

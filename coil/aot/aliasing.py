@@ -144,8 +144,7 @@ class InputGroups:
         out = [fake_args[i] for i in self.kept]
         with fake_mode:
             for g in self.groups:
-                first = fake_args[g.members[0][0]]
-                full = torch.empty(g.span, dtype=g.dtype, device=first.device)
+                full = torch.empty(g.span, dtype=g.dtype, device=fake_args[g.members[0][0]].device)
                 if any(rg := [fake_args[m[0]].requires_grad for m in g.members]):
                     full.requires_grad_(True)
                     if not all(fake_args[m[0]].is_leaf for m, r in zip(g.members, rg) if r):
@@ -161,8 +160,7 @@ class InputGroups:
             full: list = [None] * n
             for i, a in zip(kept, args):
                 full[i] = a
-            bases = args[len(kept):]
-            for g, base in zip(groups, bases):
+            for g, base in zip(groups, args[len(kept):]):
                 for i, size, stride, off in g.members:
                     full[i] = torch.as_strided(base, size, stride, off)
             out = fn(*full)
@@ -274,8 +272,7 @@ class OverlapGuard(TorchDispatchMode):
             raise RunEagerly(f"{func} swaps a tensor's storage")
         if refused := _eager_refuses(func, args, kwargs):
             raise RunEagerly(f"eager raises at {func} whatever the elements, the graph would not: {refused}")
-        written = _written_args(func)
-        for k, name in written:
+        for k, name in _written_args(func):
             t = args[k] if k < len(args) else kwargs.get(name)
             if isinstance(t, torch.Tensor) and (_overlaps(t) or any(
                     _partial_overlap(t, o) for o in pytree.tree_leaves((args, kwargs)))):

@@ -1055,8 +1055,7 @@ def trace_inference(fn: Callable, fake_args: list, info: ProgramInfo, decomposit
 
     def inference(primals):
         with FunctionalTensorMode():
-            f_args = [_to_functional(a) for a in primals]
-            vals = _forward_values(fn, f_args, info)
+            vals = _forward_values(fn, [_to_functional(a) for a in primals], info)
         return [_from_functional(v) for v in vals]
     return _flatten_signature(_make_fx(inference, [list(fake_args)], decompositions, fake_mode))
 

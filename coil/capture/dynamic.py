@@ -322,8 +322,7 @@ def shape_guards(env, inputs: list, contiguous: set = frozenset(), at_call: Opti
         return name
     ranks = {text: fake.dim() for text, fake in inputs if isinstance(fake, torch.Tensor)}
     fakes = [f for _, f in inputs]
-    sources = [ShapeSource(e) for e, _ in inputs]
-    helpers = env.produce_guards_verbose(fakes, sources, source_ref=ref, langs=("python",))
+    helpers = env.produce_guards_verbose(fakes, [ShapeSource(e) for e, _ in inputs], source_ref=ref, langs=("python",))
     exprs = list(helpers[0].exprs)
     # sizes the program pinned to a constant (``range(x.size(0))``): the ShapeEnv leaves
     # static values to the caller (``ignore_static``); a symbolic dim's is checked here

@@ -266,8 +266,7 @@ _BINARY = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operato
 @op("BINARY_OP")
 def BINARY_OP(tx, inst):
     a, b = tx.popn(2)
-    sym = dis._nb_ops[inst.arg][1]
-    tx.push(tx.binary_op(_BINARY[sym], a, b))
+    tx.push(tx.binary_op(_BINARY[dis._nb_ops[inst.arg][1]], a, b))
 
 
 _COMPARE = {"<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operator.ne,
@@ -360,8 +359,7 @@ def BUILD_MAP(tx, inst):
 @op("BUILD_CONST_KEY_MAP")
 def BUILD_CONST_KEY_MAP(tx, inst):
     keys = tx.pop().as_python_constant()
-    values = tx.popn(inst.arg)
-    tx.push(DictVariable(dict(zip(keys, values))))
+    tx.push(DictVariable(dict(zip(keys, tx.popn(inst.arg)))))
 
 
 @op("BUILD_STRING")
@@ -417,8 +415,7 @@ def DICT_UPDATE(tx, inst):
     if isinstance(v, DictVariable):
         target.items.update(v.items)
     else:
-        keys = tx.unpack(v)
-        for k in keys:
+        for k in tx.unpack(v):
             target.items[DictVariable.key_of(k)] = tx.getitem(v, k)
 
 
@@ -580,8 +577,7 @@ def RAISE_VARARGS(tx, inst):
         if not tx.exc_stack:
             raise Unsupported("bare raise outside an except block")
         tx.exc_stack[-1].raise_()
-    args = tx.popn(inst.arg)
-    _exception_of(tx, args[0]).raise_()      # ``raise e from cause``: the cause is not kept
+    _exception_of(tx, tx.popn(inst.arg)[0]).raise_()      # ``raise e from cause``: the cause is not kept
 
 
 @op("PUSH_EXC_INFO")

@@ -260,8 +260,7 @@ def make_call_stub(code: types.CodeType, lineno: Optional[int], local_names: tup
         bc = Bytecode.from_code(ns["___stub"].__code__)
         for pos, ins in enumerate(bc):
             if isinstance(ins, Instr) and ins.name == "CALL_FUNCTION_EX":
-                dels = [Instr("DELETE_FAST", n, lineno=ins.lineno) for n in ("___fn", "___args", "___kwargs")]
-                bc[pos:pos] = dels
+                bc[pos:pos] = [Instr("DELETE_FAST", n, lineno=ins.lineno) for n in ("___fn", "___args", "___kwargs")]
                 break
         stub_code = bc.to_code().replace(co_name=code.co_name)
         if hasattr(code, "co_qualname"):

@@ -251,8 +251,7 @@ class ListVariable(BaseListVariable):
             return ListVariable(list(items))
         if name == "sort":
             key = kwargs.get("key")
-            rev = kwargs.get("reverse", ConstantVariable(False)).as_python_constant()
-            new = tx.sorted_items(items, key, rev)
+            new = tx.sorted_items(items, key, kwargs.get("reverse", ConstantVariable(False)).as_python_constant())
             self._mutated(tx)
             items[:] = new
             return ConstantVariable(None)

@@ -139,8 +139,7 @@ class TorchFunctionVariable(KnownCallableVariable):
             gs.add(f"{gs.const(fn)}() == {value!r}", f"{gs.const(fn)}()", value)
             return ConstantVariable(value)
         if fn is torch.set_grad_enabled:
-            mode = args[0].as_python_constant()
-            ctx = GradModeVariable(mode)
+            ctx = GradModeVariable(args[0].as_python_constant())
             ctx.enter(tx)  # set_grad_enabled acts immediately when called as a function
             ctx.called_as_function = True
             return ctx

@@ -611,14 +611,13 @@ def _check_offsets_per_call(runner: Callable, gm: torch.fx.GraphModule, fake_arg
         src = n.args[0]
         while src.op == "call_function" and getattr(src.target, "is_view", False):
             src = src.args[0]
-        if src in places:
-            if (k := places.index(src)) < len(fake_args) and isinstance(fake_args[k], torch.Tensor):
-                found[k] = fake_args[k].storage_offset()
-                size, stride, off = n.args[1], n.args[2], (n.args[3:] or [None])[0]
-                off = n.args[0].meta["val"].storage_offset() if off is None else off
-                if all(type(v) is int for v in (*size, *stride, off)) and 0 not in size:
-                    last = off + sum((a - 1) * b for a, b in zip(size, stride)) + 1
-                    need[k] = max(need.get(k, 0), last * n.meta["val"].element_size())
+        if src in places and (k := places.index(src)) < len(fake_args) and isinstance(fake_args[k], torch.Tensor):
+            found[k] = fake_args[k].storage_offset()
+            size, stride, off = n.args[1], n.args[2], (n.args[3:] or [None])[0]
+            off = n.args[0].meta["val"].storage_offset() if off is None else off
+            if all(type(v) is int for v in (*size, *stride, off)) and 0 not in size:
+                last = off + sum((a - 1) * b for a, b in zip(size, stride)) + 1
+                need[k] = max(need.get(k, 0), last * n.meta["val"].element_size())
     if not all(isinstance(v, int) for v in found.values()):
         found = {}
     if not found and not need:

@@ -334,10 +334,9 @@ def shape_guards(env, inputs: list, contiguous: set = frozenset(), at_call: Opti
         size, stride = (at_call or {}).get(id(fake), (fake.shape, fake.stride()))
         for kind, vals in (("size", size), ("stride", stride)):
             for i, v in enumerate(vals):
-                if isinstance(v, torch.SymInt):
-                    if getattr(c := env.simplify(v.node.expr), "is_number", False):
-                        (asserts if free_unbacked_symbols(v.node._expr) else exprs).append(
-                            f"{ref_text(f'{text}.{kind}()[{i}]')} == {int(c)}")
+                if isinstance(v, torch.SymInt) and getattr(c := env.simplify(v.node.expr), "is_number", False):
+                    (asserts if free_unbacked_symbols(v.node._expr) else exprs).append(
+                        f"{ref_text(f'{text}.{kind}()[{i}]')} == {int(c)}")
     # facts the program asserted about sizes of dims marked unbacked (``torch._check``, a view's inferred -1 dividing
     # them): the ShapeEnv defers them to runtime, and no graph node reads an input's size to check them there
     syms = {v.node.expr: f"{text}.size()[{i}]" for text, fake in inputs if isinstance(fake, torch.Tensor)

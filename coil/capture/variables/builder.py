@@ -123,14 +123,13 @@ def _source_key(k) -> bool:
 def wrap(tx, value: Any, source, guard: bool = True) -> VariableTracker:
     """The tracker for real ``value`` read from ``source`` (see module docstring)."""
     out = tx.output
-    if not (literal := is_literal(value)):
-        if (hit := out.wrapped.get(id(value))) is not None:
-            vt = hit[1]
-            if guard and source is not None and vt.source is not None and source != vt.source:
-                a, b = vt.source.expr(), source.expr()
-                out.guards.add(f"{b} is {a}", note=f"{a} and {b} were one object when compiled; they are "
-                                                     f"distinct on this call")
-            return vt
+    if not (literal := is_literal(value)) and (hit := out.wrapped.get(id(value))) is not None:
+        vt = hit[1]
+        if guard and source is not None and vt.source is not None and source != vt.source:
+            a, b = vt.source.expr(), source.expr()
+            out.guards.add(f"{b} is {a}", note=f"{a} and {b} were one object when compiled; they are "
+                                                 f"distinct on this call")
+        return vt
     gs = out.guards if (guard and source is not None) else None
     vt = _build(tx, value, source, gs)
     if not literal:

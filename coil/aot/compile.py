@@ -174,8 +174,7 @@ def _clone_saved_mutated_inputs(fw: torch.fx.GraphModule, info, n_fw: int, num_s
             n = n.args[0]
         return n in mutated
     out = next(n for n in fw.graph.nodes if n.op == "output")
-    args = list(out.args[0])
-    changed = []
+    args, changed = list(out.args[0]), []
     for k in range(n_fw, n_fw + num_saved):
         if isinstance(args[k], torch.fx.Node) and of_mutated(args[k]):
             with fw.graph.inserting_before(out):
@@ -197,8 +196,7 @@ def _clone_saved_mutated_inputs(fw: torch.fx.GraphModule, info, n_fw: int, num_s
 def _storage_objects_preserved() -> bool:
     """Whether a tensor's ``untyped_storage()`` is one Python object per storage, hashed by identity (torch preserves
     a storage's Python object; checked here on two views of one storage)."""
-    t = torch.empty(2)
-    st = torch.UntypedStorage
+    t, st = torch.empty(2), torch.UntypedStorage
     return t.untyped_storage() is t[1:].untyped_storage() and st.__hash__ is object.__hash__ and \
         st.__eq__ is object.__eq__
 
@@ -359,8 +357,7 @@ def preserve_global_state():
     (:func:`saved_tensors_hooks_aside`)."""
     grad = torch.is_grad_enabled()
     saved = [(d, torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in AUTOCAST_DEVICES]
-    cache = torch.is_autocast_cache_enabled()
-    nesting = torch.autocast_increment_nesting() - 1
+    cache, nesting = torch.is_autocast_cache_enabled(), torch.autocast_increment_nesting() - 1
     torch.autocast_decrement_nesting()
     try:
         with saved_tensors_hooks_aside():
@@ -439,8 +436,7 @@ def _compile(fn, example_inputs, fw_compiler, bw_compiler, partition_fn, decompo
         # values that alias the body's inputs: detach decomposed to alias makes them
         decomps = {k: v for k, v in decomps.items() if k is not torch.ops.aten.detach.default}
     fake_mode, fake_args = fakeify(example_inputs)
-    grad = torch.is_grad_enabled()
-    user_fn = fn
+    grad, user_fn = torch.is_grad_enabled(), fn
     try:
         if isinstance(fn, torch.fx.GraphModule) and fn.graph.find_nodes(
                 op="call_function", target=torch.autograd.grad_mode._enter_inference_mode):

@@ -256,8 +256,7 @@ class _ViewRewrites(TorchDispatchMode):
         if func is aten.expand.default and (_static(out.shape, src.shape) and out.numel() == src.numel()
                                             or _adds_unit_dims(src, args[1])):
             out = aten.view.default(src, out.shape)
-        root = self.roots.get(src, src)
-        strided = func is aten.as_strided.default
+        root, strided = self.roots.get(src, src), func is aten.as_strided.default
         if strided and root is not src and src.requires_grad and torch.is_grad_enabled() and \
                 not _reads_inside(out, src):  # a.narrow(0, 1, 1).as_strided((2,), (1,), 13) (s1027 #616)
             raise RunEagerly(OUTSIDE_GRAD_MESSAGE)
@@ -774,8 +773,7 @@ def _insert_runtime_asserts(gm: torch.fx.GraphModule, env, memos: list) -> None:
     runtime asserts, which tracing leaves out of the graph, so the compiled program returned values where eager
     raised. Each check goes right after the node that binds its symbols (torch.fx's
     ``insert_deferred_runtime_asserts``); logged ``runtime_asserts``."""
-    before = len(gm.graph.nodes)
-    places = gm.graph.find_nodes(op="placeholder")
+    before, places = len(gm.graph.nodes), gm.graph.find_nodes(op="placeholder")
     for n in gm.graph.find_nodes(op="call_function", target=aten._local_scalar_dense.default):
         # ``.item()`` of an input whose fake carries the capture's symbol (item_memo): no binding was recorded, so its
         # checks (and a view's ``6 % u0 == 0``) had no node to follow; the read binds the symbol. One since replaced

@@ -248,8 +248,7 @@ def default_partition(joint: torch.fx.GraphModule, info: JointInfo) -> Partition
     """Save every forward-region value the backward reads; recompute nothing.
 
     Returns a :class:`Partition`. Tuple-valued nodes are never saved (their ``getitem`` users are)."""
-    regions = _Regions(joint, info)
-    saved = []
+    regions, saved = _Regions(joint, info), []
     for n in regions.read_by_backward():
         if _saveable(n):
             saved.append(n)
@@ -265,8 +264,7 @@ def checkpointed(candidates, regions: _Regions) -> set:
     bodies and copied onto the ATen nodes by make_fx): never saved, always recomputed in the backward. A region's
     outputs (read by a forward node outside it, or returned by the forward) are kept (saved, as eager's checkpoint
     keeps the next region's inputs); random ops stay ordinary candidates (recomputing would draw other numbers)."""
-    out = set()
-    fw_outs = set(regions.fw_outputs)
+    out, fw_outs = set(), set(regions.fw_outputs)
     for n in candidates:
         if (tag := _region_tag(n)) is None or n.op != "call_function":
             continue
@@ -303,11 +301,9 @@ def min_cut_partition(joint: torch.fx.GraphModule, info: JointInfo) -> Partition
     cut is infinite (a bug: something the backward needs can neither be saved nor recomputed)."""
     regions = _Regions(joint, info)
     sinks = regions.read_by_backward()
-    candidates = _ancestors(sinks, stop=regions.bw)
-    inf = math.inf
+    candidates, inf = _ancestors(sinks, stop=regions.bw), math.inf
     arcs: list = []     # (from, to, capacity) of the flow network
-    bans = {}
-    must_recompute = checkpointed(candidates, regions)
+    bans, must_recompute = {}, checkpointed(candidates, regions)
     grad_leaves = {regions.primals[i] for i in info.grad_inputs if i not in info.nonleaf_inputs}
     free_inputs = {p for p in regions.primals if p not in grad_leaves and isinstance(p.meta.get("val"), torch.Tensor)}
     for n in candidates:

@@ -408,8 +408,7 @@ def symbolic_input(out, value, text: str, source=None) -> tuple:
     """A graph input for the Python int/float the entry reads as ``text`` (``source``: its coil source), a new symbol
     of the ShapeEnv: an int is a SymInt placeholder, a float a 0-d float64 tensor input read with ``.item()`` (its
     fake's ``item_memo`` is the SymFloat: coil/aot/scalars.py), as in torch's capture. Returns (symbol, node)."""
-    env = out.shape_env
-    src = ShapeSource(text)
+    env, src = out.shape_env, ShapeSource(text)
     s = env.create_unspecified_symbol(value, src, dynamic_dim=DimDynamic.DYNAMIC)
     node = out._placeholder(text)
     if type(value) is int:

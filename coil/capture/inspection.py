@@ -100,8 +100,7 @@ class FrameVariable(RealValueVariable):
         if name == "f_code":
             code = self.value.f_code
             if self.source is not None:
-                gs = tx.output.guards
-                e = self.source.expr()
+                gs, e = tx.output.guards, self.source.expr()
                 gs.add(f"{e}.f_code is {gs.const(code)}", f"{e}.f_code", code, src=e)
             return ConstantVariable(code)
         raise frame_unsupported(f"frame attribute {name}", sys._getframe)

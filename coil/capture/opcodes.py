@@ -212,8 +212,7 @@ def split_call(tx, argc: int):
     fn, args = (items[1], items[2:]) if isinstance(items[0], NullVariable) else (items[0], items[1:])
     kwargs = {}
     if kw_names:
-        kv = args[len(args) - len(kw_names):]
-        args = args[:len(args) - len(kw_names)]
+        kv, args = args[len(args) - len(kw_names):], args[:len(args) - len(kw_names)]
         kwargs = dict(zip(kw_names, kv))
     return fn, list(args), kwargs
 
@@ -227,8 +226,7 @@ def CALL(tx, inst):
 @op("CALL_FUNCTION_EX")
 def CALL_FUNCTION_EX(tx, inst):
     kwargs = tx.pop() if inst.arg & 1 else None
-    args = tx.pop()
-    fn = tx.pop()
+    args, fn = tx.pop(), tx.pop()
     if tx.stack and isinstance(tx.stack[-1], NullVariable):
         tx.pop()
     kw = {}
@@ -241,8 +239,7 @@ def CALL_FUNCTION_EX(tx, inst):
 
 @op("MAKE_FUNCTION")
 def MAKE_FUNCTION(tx, inst):
-    code = tx.pop().as_python_constant()
-    flags = inst.arg
+    code, flags = tx.pop().as_python_constant(), inst.arg
     closure = tx.unpack(tx.pop()) if flags & 0x08 else []
     if flags & 0x04:
         tx.pop()  # annotations
@@ -410,8 +407,7 @@ def SET_UPDATE(tx, inst):
 @op("DICT_UPDATE")
 @op("DICT_MERGE")
 def DICT_UPDATE(tx, inst):
-    v = tx.pop()
-    target = tx.stack[-inst.arg]
+    v, target = tx.pop(), tx.stack[-inst.arg]
     if isinstance(v, DictVariable):
         target.items.update(v.items)
     else:
@@ -443,8 +439,7 @@ def UNPACK_EX(tx, inst):
 @op("FORMAT_VALUE")
 def FORMAT_VALUE(tx, inst):
     fmt = tx.pop().as_python_constant() if (inst.arg & 0x04) else ""
-    v = tx.pop()
-    conv = inst.arg & 0x03
+    v, conv = tx.pop(), inst.arg & 0x03
     if isinstance(v, TensorVariable):
         raise Unsupported("formatting a tensor into a string reads its data")
     value = const_value(v)      # (a list or dict of constants too: f"{cfg.tags}")
@@ -547,8 +542,7 @@ def BEFORE_WITH(tx, inst):
         tx.push(BoundMethodVariable(ctx, "__exit__"))
         tx.push(ctx.enter(tx))
         return
-    exit_ = tx.getattr(ctx, "__exit__")
-    enter = tx.getattr(ctx, "__enter__")
+    exit_, enter = tx.getattr(ctx, "__exit__"), tx.getattr(ctx, "__enter__")
     tx.push(exit_)
     tx.push(tx.call(enter, [], {}))
 
@@ -631,8 +625,7 @@ def _exception_path(tx, inst):
 # --- imports -------------------------------------------------------------------------
 @op("IMPORT_NAME")
 def IMPORT_NAME(tx, inst):
-    fromlist = tx.pop().as_python_constant()
-    level = tx.pop().as_python_constant()
+    fromlist, level = tx.pop().as_python_constant(), tx.pop().as_python_constant()
     name = inst.argval
     if level != 0:
         raise Unsupported("relative import inside the frame")

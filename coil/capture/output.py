@@ -177,8 +177,7 @@ class OutputGraph:
             self.guards.ns["___autocast_enabled"] = torch.is_autocast_enabled
             self.guards.add(f"___autocast_enabled({dev!r}) is {state!r}", f"___autocast_enabled({dev!r})", state)
             if state:  # the graph was traced in this autocast dtype (bf16 vs fp16)
-                dtype = torch.get_autocast_dtype(dev)
-                const = f"___autocast_dtype_{dev}"
+                dtype, const = torch.get_autocast_dtype(dev), f"___autocast_dtype_{dev}"
                 self.guards.ns["___autocast_dtype"] = torch.get_autocast_dtype
                 self.guards.ns[const] = dtype
                 self.guards.add(f"___autocast_dtype({dev!r}) is {const}", f"___autocast_dtype({dev!r})", dtype)
@@ -229,8 +228,7 @@ class OutputGraph:
             return node
         if not (srcs := self.shape_env.var_to_sources.get(sym)):
             return None
-        text = source_name(srcs[0])
-        node = self._placeholder(str(sym))
+        text, node = source_name(srcs[0]), self._placeholder(str(sym))
         node.meta["example_value"] = value
         node.meta["source"] = text
         if (vals := getattr(self.shape_env, "backed_var_to_val", None)) is None:
@@ -404,8 +402,7 @@ class EntryCodegen:
 def collect_tensors(vts: list, out: list, seen: set, data_dependent: list | None = None) -> None:
     """Tensor trackers reachable from ``vts`` (graph outputs), in first-seen order; symbolic numbers over a
     data-dependent symbol (no input source: ``.item()``, a ``nonzero`` size) go to ``data_dependent``."""
-    stack = list(reversed(vts))
-    visited = set()
+    stack, visited = list(reversed(vts)), set()
     while stack:
         if (v := stack.pop()) is None or id(v) in visited:
             continue

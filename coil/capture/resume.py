@@ -46,9 +46,7 @@ def make_resume_code(code: types.CodeType, index: int, null_mask: tuple, local_n
         return hit
     bc = Bytecode.from_code(code)
     _copy_exception_depths(bc, code)       # before the tail copies a TryBegin
-    label = Label()
-    count = -1
-    insert_at = None
+    label, count, insert_at = Label(), -1, None
     resume_pos = None
     for pos, ins in enumerate(bc):
         if isinstance(ins, Instr):
@@ -77,8 +75,7 @@ def make_resume_code(code: types.CodeType, index: int, null_mask: tuple, local_n
         new = _with_tail(bc, new, tail[:2] + (set(),) + tail[3:])
     new = _cells_as_locals(new, set(bc.cellvars))
     args = [n for n, is_null in zip(stack_names, null_mask) if not is_null] + list(local_names)
-    out = Bytecode(new)
-    root = origin(code)
+    out, root = Bytecode(new), origin(code)
     out.name = root.co_name
     out.filename = code.co_filename
     out.first_lineno = code.co_firstlineno
@@ -122,8 +119,7 @@ def _record_positions(new_code: types.CodeType, code: types.CodeType, bc, new: l
     """Map ``new_code``'s instructions to the user's code's (kept only if every mapped pair
     has the same opname: the bytecode library keeps instructions one for one)."""
     at = {id(ins): k for k, ins in enumerate(i for i in bc if isinstance(i, Instr))}
-    parent = _POSITIONS.get(code)
-    m = []
+    parent, m = _POSITIONS.get(code), []
     for ins in new:
         if isinstance(ins, Instr):
             k = at.get(id(ins))

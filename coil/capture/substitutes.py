@@ -162,8 +162,7 @@ def linspace(start, end, steps, *, dtype=None, device=None, layout=None, require
 def _triu_count(row, col, offset):
     """How many ``(i, j)`` of a ``row`` x ``col`` grid have ``j - i >= offset``: ``min(row, lo)`` full rows, then rows
     of ``col - offset - i`` elements for ``i`` in ``[lo, hi)`` (symbolic: ``sym_min``/``sym_max``, no guard)."""
-    lo = torch.sym_max(0, 1 - offset)
-    hi = torch.sym_min(row, col - offset)
+    lo, hi = torch.sym_max(0, 1 - offset), torch.sym_min(row, col - offset)
     b = torch.sym_max(0, hi - lo)
     return torch.sym_min(row, lo) * col + b * (2 * (col - offset) - lo - hi + 1) // 2
 

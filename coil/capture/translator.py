@@ -259,8 +259,7 @@ class InstructionTranslatorBase:
     def user_frames(self) -> list[tuple[str, Optional[int], str]]:
         """``(filename, line, function)`` of the user's frames, outermost first (coil's own
         module-call wrapper frame, ``coil/capture/frame.py``, is left out)."""
-        frames = []
-        tx = self
+        frames, tx = [], self
         while tx is not None:
             if tx.code.co_filename.startswith(_CAPTURE_DIR):
                 tx = tx.parent
@@ -283,8 +282,7 @@ class InstructionTranslatorBase:
         outermost first (per frame ``  File "m.py", line 5, in f`` and the source line indented by four): the
         key torch.fx's ``print_readable``, ``make_fx`` (which copies it into the ATen graphs) and torch's
         backends read; a kernel's failed bounds check names its innermost line."""
-        frames = self.user_frames()
-        tx = self
+        frames, tx = self.user_frames(), self
         while tx is not None and not self.output.in_try:    # made inside a try block: see frame.py
             off, ins = tx.current.offset if tx.current is not None else -1, tx.instructions
             # (or a with block whose __exit__ may suppress the error, contextlib.suppress: not no_grad / autocast)

@@ -445,8 +445,7 @@ class GraphLowering(torch.fx.Interpreter):
         return out
 
     def placeholder(self, target, args, kwargs):
-        value = next(self._inputs_iter)
-        name = self.current_node.name
+        value, name = next(self._inputs_iter), self.current_node.name
         self.placeholder_names.append(name)
         if isinstance(value, torch.Tensor):
             buf = InputBuffer(name, _fake_layout(value))
@@ -666,8 +665,7 @@ class GraphLowering(torch.fx.Interpreter):
     def _maybe_realize(self, n: torch.fx.Node, box: TensorBox) -> None:
         if not isinstance(sb := box.data, StorageBox) or not isinstance(sb.data, Pointwise):
             return
-        users = len(n.users)
-        h = record_pointwise(sb.data)
+        users, h = len(n.users), record_pointwise(sb.data)
         nops, nreads = h.num_ops, len(set(h.loads))
         if nops > MAX_BODY_OPS and users == 1 and one_copy_chain(n) is not None:
             return  # the copy takes the body and is realized in its own layout (no transposing copy kernel)
@@ -756,8 +754,7 @@ class GraphLowering(torch.fx.Interpreter):
             return TensorBox(v)
         if not (isinstance(fv, torch.Tensor) and fv.storage_offset() == 0 and _dense_non_overlapping(fv)):
             return x
-        eager = [as_expr(s) for s in fv.stride()]
-        base = strided_base(x)
+        eager, base = [as_expr(s) for s in fv.stride()], strided_base(x)
         if base is not None and not isinstance(base[0], (ConcatSlice, ConcatBuffer)) and (  # (shared storage)
                 isinstance(base[0], InputBuffer) or (list(base[1].stride) == eager and base[1].offset == 0)):
             return x

@@ -110,8 +110,7 @@ def view_strides(old_size, old_stride, new_size) -> Optional[list]:
             chunks[-1] = (chunks[-1][0] * s, chunks[-1][1])
         else:
             chunks.append((s, st))
-    out = [None] * len(nsz)
-    d = len(nsz) - 1
+    out, d = [None] * len(nsz), len(nsz) - 1
     for numel, base in chunks:
         acc = sympy.Integer(1)
         while d >= 0 and (not eq(acc, numel) or nsz[d] == 1):
@@ -445,8 +444,7 @@ def _concat_buffer(parts, positions, dim: int, size, odt, costly: bool = False) 
         return None
     if longest not in (memo := g.__dict__.setdefault("_concat_storages", {})):
         meta = longest.meta["val"]
-        full = [as_expr(v) for v in meta.shape]
-        copy = _copy_strides(longest)
+        full, copy = [as_expr(v) for v in meta.shape], _copy_strides(longest)
         lay = Layout(dev, odt, full, copy or _concat_strides(parts, dim, full, meta))
         storage = ConcatStorage(g.new_buffer_name(), lay)
         storage.for_copy = copy is not None
@@ -689,8 +687,7 @@ def _scatter_box(x, ranges, dest_fn, value_fn, mode, acc_dtype=None) -> TensorBo
             # converted in the body, not only where stored: a reader it is inlined into
             # sees the wrapped int8 / bool / rounded bf16 value
             return make_pointwise_box(lambda v: ops.to_dtype(v, dt, acc), [out], xs, dt, acc)
-    target = _fresh_copy(x)
-    g = current_graph()
+    target, g = _fresh_copy(x), current_graph()
     sb = ScatterBuffer(g.new_buffer_name(), target, ranges, dest_fn, value_fn, mode)
     g.register_buffer(sb)
     return TensorBox(StorageBox(sb))

@@ -36,8 +36,7 @@ def as_expr(x) -> sympy.Expr:
     if isinstance(x, sympy.Basic):
         return x
     if (node := getattr(x, "node", None)) is not None and hasattr(node, "expr"):  # torch.SymInt
-        env = getattr(node, "shape_env", None)
-        expr = node.expr
+        env, expr = getattr(node, "shape_env", None), node.expr
         if env is None:
             return from_torch_sympy(expr)
         return _as_multiples(from_torch_sympy(_pin_known(env.replace(expr), env), env), env)

@@ -284,8 +284,7 @@ class Scheduler:
             for c in cons_g.nodes:
                 cdeps = kernel_deps(c, numel, rnumel)
                 for name in [n for n in dict.fromkeys(c.get_read_names()) if n in produced]:  # (read order)
-                    crossing = True
-                    p = produced[name]
+                    crossing, p = True, produced[name]
                     pdeps = kernel_deps(p, numel, rnumel)
                     store = pdeps.stores[0][1]
                     if (p_in_loop := pdeps.in_loop and not p.is_reduction()) and not cdeps.in_loop and rnumel != 1:

@@ -325,8 +325,7 @@ def write_report(log_dir: str, out_dir: Optional[str] = None) -> str:
     os.makedirs(out_dir, exist_ok=True)
     env = _env()
     common = {"pygments_css": _pygments_css(), "loose_page": NO_COMPILE_ID_PAGE}
-    multi_pid = len({c.pid for c in log.compiles}) > 1
-    previous = previous_attempts(log.compiles)
+    multi_pid, previous = len({c.pid for c in log.compiles}) > 1, previous_attempts(log.compiles)
     all_totals, all_selfs = Counter(), Counter()  # stage names in first-seen order
     rows, grand_total = [], 0.0
     for c in log.compiles:

@@ -53,8 +53,7 @@ _NUMPY_PURE = frozenset(
 
 
 def _numpy_pure(value) -> bool:
-    np = __import__("sys").modules.get("numpy")
-    name = getattr(value, "__name__", None)
+    np, name = __import__("sys").modules.get("numpy"), getattr(value, "__name__", None)
     return np is not None and name in _NUMPY_PURE and getattr(np, name, None) is value
 
 

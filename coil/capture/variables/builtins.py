@@ -236,8 +236,7 @@ builtin(len)(lambda tx, args, kwargs: tx.call_dunder(args[0], "__len__", []))
 @builtin(isinstance)
 def _isinstance(tx, args, kwargs):
     obj, cls = args
-    t = obj.python_type()
-    classes = cls.as_python_constant()
+    t, classes = obj.python_type(), cls.as_python_constant()
     try:
         return ConstantVariable(issubclass(t, classes))
     except TypeError as e:
@@ -686,8 +685,7 @@ class GetterVariable(VariableTracker):
         return operator.itemgetter if self.kind == "item" else operator.attrgetter
 
     def call_function(self, tx, args, kwargs):
-        obj = args[0]
-        out = []
+        obj, out = args[0], []
         for k in self.keys:
             if self.kind == "item":
                 out.append(tx.getitem(obj, k))

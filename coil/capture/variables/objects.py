@@ -185,8 +185,7 @@ def _call_lru_cached(tx, vt, args, kwargs):
         raise Unsupported(f"lru_cache function {vt.value!r} raised {type(e).__name__}") from e
     if _holds_tensor(result) or isinstance(result, (list, dict, set)):
         raise Unsupported(f"lru_cache function {vt.value!r} returned a tensor or a mutable container")
-    gs = tx.output.guards
-    src = vt.source.expr()
+    gs, src = tx.output.guards, vt.source.expr()
     call = f"{src}({''.join(gs.const(a) + ', ' for a in cargs)}" + \
         "".join(f"{k}={gs.const(v)}, " for k, v in ckw.items()) + ")"
     gs.add(f"{call} is {gs.const(result)}", call, result, src=src)
@@ -217,8 +216,7 @@ def _dict_lookup(tx, vt, name, args, kwargs, base=False):
         return None
     if isinstance(found, torch.Tensor):
         return None
-    gs = tx.output.guards
-    src = vt.source.expr()
+    gs, src = tx.output.guards, vt.source.expr()
     get = f"___builtins.dict.get({src}, " if base else f"{src}.get("
     found_expr = f"{get}{gs.const(key)}, {gs.const(_MISSING)})"
     gs.add(f"{found_expr} is {gs.const(found)}", f"{get}{gs.const(key)})", found, src=src)
@@ -523,8 +521,7 @@ class AutogradFunctionApplyVariable(VariableTracker):
             raise Unsupported(f"{name}.apply with arguments other than tensors and constants") from None
         if kwargs:
             raise Unsupported(f"{name}.apply with keyword arguments")
-        gs = tx.output.guards
-        src = self.cls_vt.source.expr()
+        gs, src = tx.output.guards, self.cls_vt.source.expr()
         for meth in ("forward", "backward", "setup_context"):
             fn = getattr(cls, meth, None)
             gs.add(f"{src}.{meth} is {gs.const(fn)}", f"{src}.{meth}", fn, src=src)
@@ -555,8 +552,7 @@ class AutogradFunctionApplyVariable(VariableTracker):
         """``apply`` with grad mode off (inference under ``no_grad``): no gradient can flow, so eager's ``apply``
         only runs ``forward`` (and ``setup_context``) on a fresh ctx: inlined here as a call, any argument goes (a
         module, a list it appends to). An input returned as is comes back as a view of it, as from eager."""
-        gs = tx.output.guards
-        src = self.cls_vt.source.expr()
+        gs, src = tx.output.guards, self.cls_vt.source.expr()
         for meth in ("forward", "setup_context"):
             fn = getattr(cls, meth, None)
             gs.add(f"{src}.{meth} is {gs.const(fn)}", f"{src}.{meth}", fn, src=src)
@@ -711,8 +707,7 @@ class PythonModuleVariable(ObjectVariableBase):
             value = getattr(self.value, name)
         except AttributeError:
             raise AttributeMissing(name)
-        root = self.value.__name__.split(".")[0]
-        src = self.attr_source(name)
+        root, src = self.value.__name__.split(".")[0], self.attr_source(name)
         # torch's switches (torch.backends.cudnn.enabled, ...matmul.allow_tf32) change at
         # run time: a branch on one is guarded like any user global
         switch = self.value.__name__.startswith("torch.backends") and isinstance(value, (bool, int, float, str))

@@ -82,8 +82,7 @@ class SymNodeVariable(VariableTracker):
         first used it, an autograd.Function's probe, erased it)."""
         if self._node is not None and not self._node._erased:
             return self._node
-        out = self.output
-        kind = self.recipe[0]
+        out, kind = self.output, self.recipe[0]
         graph = out.graph
         if kind == "node":
             node = self.recipe[1]

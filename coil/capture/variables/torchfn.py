@@ -134,8 +134,7 @@ class TorchFunctionVariable(KnownCallableVariable):
         if base in _GUARDED and not args and not kwargs:
             # a global setting read as a constant: its value is a guard (use_deterministic_algorithms
             # after the first call ran the other branch; fresh-user trial)
-            value = fn()
-            gs = tx.output.guards
+            value, gs = fn(), tx.output.guards
             gs.add(f"{gs.const(fn)}() == {value!r}", f"{gs.const(fn)}()", value)
             return ConstantVariable(value)
         if fn is torch.set_grad_enabled:

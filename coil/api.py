@@ -95,8 +95,7 @@ class OptimizedModule(torch.nn.Module):
     prefix, the very same tensors, so an optimizer built on either trains both), forwards attribute reads it does not
     have, and attribute writes but its own, to the original, and follows ``train()``/``eval()``: ``training`` is the
     original's flag, set by calling ``train``/``eval`` on either object. ``_orig_mod`` is the original module.
-    ``copy.deepcopy`` copies the original and compiles the copy afresh, so the copy runs its own weights.
-    """
+    ``copy.deepcopy`` copies the original and compiles the copy afresh, so the copy runs its own weights."""
 
     def __init__(self, mod: torch.nn.Module, compiled_call: Callable,
                  rewrap: Optional[Callable[[torch.nn.Module], Callable]] = None,
@@ -232,8 +231,7 @@ def compile(fn_or_module: Union[Callable, torch.nn.Module, None] = None, *,
     Raises:
         ValueError: unknown ``mode``, ``backend``, option key or value of an enumerated
             option (``cpu_backend``, ``partitioner``; the message lists the valid ones).
-        TypeError: a keyword torch.compile does not take. NotImplementedError: ``shapes_spec``.
-    """
+        TypeError: a keyword torch.compile does not take. NotImplementedError: ``shapes_spec``."""
     if unknown:
         raise TypeError(f"coil.compile() got unknown keyword(s) {', '.join(unknown)}: it takes torch.compile's "
                         "keywords; give coil.config options as options={name: value} (coil.config.option_names())")

@@ -4,8 +4,7 @@ Functionalization treats every input as its own storage, so the inputs of one st
 expanded input) are replaced by one **synthetic base**, a 1-D tensor spanning the memory they cover, and the program is
 traced as ``with_bases(*other_inputs, *bases)``, which rebuilds each member as an ``as_strided`` view of its base.
 :class:`OverlapGuard` raises :class:`RunEagerly` for a write functionalization would get wrong, and a call whose inputs
-are grouped differently runs eagerly (``aot_input_groups_eager``). docs/aot.md, "Inputs sharing memory".
-"""
+are grouped differently runs eagerly (``aot_input_groups_eager``). docs/aot.md, "Inputs sharing memory"."""
 from __future__ import annotations
 
 import dataclasses

@@ -11,8 +11,7 @@ A graph holding ``nested_compile_region`` calls is compiled region by region ins
 (coil/aot/regions.py): each distinct region once, the ops between calls as segments.
 
 Parameters and buffers that are still attributes of ``gm`` (e.g. a ``torch.fx.symbolic_trace``d module) are lifted to
-extra leading inputs, so they get gradients and their mutations (BatchNorm statistics) are replayed.
-"""
+extra leading inputs, so they get gradients and their mutations (BatchNorm statistics) are replayed."""
 from __future__ import annotations
 
 import contextlib
@@ -266,8 +265,7 @@ def aot_compile(gm: Callable, example_inputs: list, fw_compiler: Callable,
     Returns a callable with ``gm``'s calling convention. The inference path (one graph) is taken when grad mode is off
     at compile time or no input (or no output) requires grad; otherwise the training path. Shapes are specialized to the
     example inputs unless these are fake tensors with symbolic sizes. Raises :class:`coil.exc.CoilError` for programs it
-    cannot handle (metadata mutation of inputs).
-    """
+    cannot handle (metadata mutation of inputs)."""
     bw_compiler = bw_compiler or fw_compiler
     if isinstance(gm, torch.fx.GraphModule) and region_calls(gm):
         # nested_compile_region calls: each region compiled once (coil/aot/regions.py)

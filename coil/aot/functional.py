@@ -6,8 +6,7 @@ requiring grad). :func:`trace_inference` / :func:`trace_joint` trace it under ``
 decompositions to one flat-argument ATen GraphModule, ``(*inputs) -> (*mutated_input_values, *graph_outputs)``, or for
 the joint ``(*primals, *tangents) -> (*mutated_input_values, *graph_outputs, *input_grads)`` (``JointInfo.grad_is_none``
 lists dropped grads). "Graph outputs" own their storage; aliases are rebuilt by :mod:`coil.aot.runtime`. The graphs'
-invariants (functional, no ``prims.*``, ``meta["val"]`` everywhere): docs/aot.md.
-"""
+invariants (functional, no ``prims.*``, ``meta["val"]`` everywhere): docs/aot.md."""
 from __future__ import annotations
 
 import contextlib

@@ -4,8 +4,7 @@ A :class:`Partition` of the joint graph of :func:`coil.aot.functional.trace_join
 [*forward_outputs, *saved]`` and ``bw``: ``(*saved, *tangents) -> [*grads]``. :func:`default_partition` saves every
 forward-region value the backward reads; :func:`min_cut_partition` saves the fewest bytes that let the backward compute
 what it needs (a minimum s-t cut, :func:`_sink_side`), recomputing cheap ops. The flow network, what counts as cheap and
-the ``aot_partition`` log event: docs/aot.md, "Partitioners".
-"""
+the ``aot_partition`` log event: docs/aot.md, "Partitioners"."""
 from __future__ import annotations
 
 import copy

@@ -37,8 +37,7 @@ def list_backends() -> list[str]:
 def lookup_backend(backend: Union[str, Backend]) -> Backend:
     """Resolve a backend name (or pass a callable through).
 
-    Raises ``ValueError`` listing the valid names for an unknown one.
-    """
+    Raises ``ValueError`` listing the valid names for an unknown one."""
     if callable(backend):
         return backend
     if backend in _BACKENDS:

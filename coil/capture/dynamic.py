@@ -5,8 +5,7 @@ Sizes are symbols of the frame's ``ShapeEnv``, owned by the :class:`~coil.captur
 A dim is symbolic when marked (:func:`mark_dynamic`), under ``dynamic=True``, or, by default, when the frame was
 compiled before with another size there (``FrameCache.auto_dynamic``); sizes 0 and 1 stay static. After the backend
 compiled the graph, :func:`shape_guards` asks the ShapeEnv for the relations the graph relied on, as Python over the
-frame's sources. docs/dynamic_shapes.md, "Choosing what is symbolic" and "Shape guards".
-"""
+frame's sources. docs/dynamic_shapes.md, "Choosing what is symbolic" and "Shape guards"."""
 from __future__ import annotations
 
 import copy

@@ -8,8 +8,7 @@ semantics raises a ``UserCodeError`` ("user code raises KeyError: ...") or an ``
 instruction up in the frame's exception table (https://docs.python.org/3.11/library/dis.html,
 ``dis._parse_exception_table``) and jumps to the handler; without one the exception leaves the frame and the caller's
 ``step`` tries next. Not mapped (stay graph breaks): unsupported constructs, tensor data, failing tensor ops (their
-cause comes from torch) and RuntimeError.
-"""
+cause comes from torch) and RuntimeError."""
 from __future__ import annotations
 
 import ast

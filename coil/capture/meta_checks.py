@@ -7,8 +7,7 @@ result. :func:`check_call` raises eager's error for those, before the fake run. 
 :data:`CHECKS` under the op's name (no trailing ``_``); it receives the call's fake arguments. Ops whose eager kernels
 refuse integer or bool dtypes are listed in :data:`_DTYPE_RESTRICTED` and probed (:func:`_probe_dtypes`); the probe's
 result also gives eager's dtype where the meta kernel's differs (``bool ** True`` is bool in eager, int64 in the meta
-kernel).
-"""
+kernel)."""
 from __future__ import annotations
 
 import math

@@ -5,8 +5,7 @@ Each handler is ``handler(tx, inst)`` where ``inst`` is a :class:`dis.Instructio
 opcode: write the function next to its neighbours and decorate it with ``@op("NAME", versions)``.
 
 Reference: each handler's opcode is documented at https://docs.python.org/3.11/library/dis.html#opcode-NAME (3.12:
-https://docs.python.org/3.12/library/dis.html#opcode-NAME); a comment links the page only where the anchor differs.
-"""
+https://docs.python.org/3.12/library/dis.html#opcode-NAME); a comment links the page only where the anchor differs."""
 from __future__ import annotations
 
 import dis

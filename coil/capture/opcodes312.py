@@ -10,8 +10,7 @@ Generator delegation (``SEND``/``END_SEND``) and class bodies (``LOAD_FROM_DICT_
 reason rather than "unknown opcode". This module is imported at the end of :mod:`coil.capture.opcodes`, so its
 registrations win over any same-named one there. It registers nothing on 3.11.
 
-Reference: https://docs.python.org/3.12/library/dis.html#opcode-CALL_INTRINSIC_1
-"""
+Reference: https://docs.python.org/3.12/library/dis.html#opcode-CALL_INTRINSIC_1"""
 from __future__ import annotations
 
 import opcode as _opcode

@@ -15,8 +15,7 @@ After translation the output is compiled into a :class:`CompiledFrame`:
 
    At a graph break the entry instead rebuilds the stack and locals, runs the
    instruction that could not be traced (a call, or a branch on a tensor) in plain
-   Python, and returns what the generated resume function returns.
-"""
+   Python, and returns what the generated resume function returns."""
 from __future__ import annotations
 
 import contextlib

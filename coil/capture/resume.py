@@ -6,8 +6,7 @@ to the break's instruction; keeping the whole original body preserves line numbe
 and loop structure. It keeps the user's ``co_name``/``co_qualname``/``co_filename``; the compile log names
 it by :func:`label`, :func:`origin` gives the user's code. A break inside a resume function resumes from
 the user's code (:data:`_POSITIONS`), so a loop makes one resume function, not one per iteration.
-:func:`make_call_stub` builds the frame a graph-break call runs in. docs/capture.md, "Graph breaks".
-"""
+:func:`make_call_stub` builds the frame a graph-break call runs in. docs/capture.md, "Graph breaks"."""
 from __future__ import annotations
 
 import dis
@@ -238,8 +237,7 @@ def make_call_stub(code: types.CodeType, lineno: Optional[int], local_names: tup
     three helper arguments are deleted before the call). So ``sys._getframe()``, ``inspect.currentframe()`` (and
     ``.f_code.co_name``, ``.f_lineno``, ``.f_locals``), ``warnings.warn`` and logging locations and tracebacks of an
     exception raised by the call look as in eager. ``f_back`` is coil's entry function (as torch.compile's frames sit
-    under its own wrapper).
-    """
+    under its own wrapper)."""
     code = origin(code)
     first = code.co_firstlineno
     line = lineno if lineno is not None and lineno >= first else first
@@ -271,8 +269,7 @@ def _two_arg_super(bc) -> None:
     Both forms find ``super``, ``__class__`` and ``self`` on the stack, but the zero-argument one calls ``super()`` with
     no arguments, which reads the *frame's first local* -- in a resume function that is ``___stack0``, not ``self``.
     Setting the two-argument flag makes it ``super(__class__, self)``, the same lookup. (``bytecode`` spells the
-    argument ``(method_load, two_arg, name)``.) https://docs.python.org/3.12/library/dis.html#opcode-LOAD_SUPER_ATTR
-    """
+    argument ``(method_load, two_arg, name)``.) https://docs.python.org/3.12/library/dis.html#opcode-LOAD_SUPER_ATTR"""
     for ins in bc:
         if isinstance(ins, Instr) and ins.name == "LOAD_SUPER_ATTR":
             method, two_arg, name = ins.arg

@@ -10,8 +10,7 @@ Triton's debug mode), and keeps fusing: the identity matrix it gathers from is p
 Attention with symbolic sizes is recorded as the opaque op ``coil::sdpa`` (:func:`sdpa`),
 so that choosing its kernel adds no guards on the sizes.
 
-:func:`substitute` is applied to every ``call_function`` target capture records.
-"""
+:func:`substitute` is applied to every ``call_function`` target capture records."""
 from __future__ import annotations
 
 import math

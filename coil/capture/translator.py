@@ -11,8 +11,7 @@ stops *before* that instruction (:meth:`InstructionTranslator.break_graph`), so 
 and the stack/locals at that point are known exactly.
 
 This module also holds the Python semantics shared by the handlers: binary and unary operators, attribute access, calls,
-``nn.Module`` calls with hooks, object construction, iteration and truthiness.
-"""
+``nn.Module`` calls with hooks, object construction, iteration and truthiness."""
 from __future__ import annotations
 
 import collections

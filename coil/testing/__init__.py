@@ -16,8 +16,7 @@ and max-abs) must be at most ``LOW_PRECISION_MARGIN`` times eager's error plus a
 keeps intermediates in fp32 is then accepted even where it differs from eager's bf16 rounding, while a genuinely wrong
 one is not.
 
-:class:`CompileCounter` is a backend that counts graphs and operators and runs each graph as it is (``gm.forward``).
-"""
+:class:`CompileCounter` is a backend that counts graphs and operators and runs each graph as it is (``gm.forward``)."""
 from __future__ import annotations
 
 import copy
@@ -54,8 +53,7 @@ class CompileCounter:
         op_count: ``call_function`` / ``call_method`` / ``call_module`` nodes, summed.
         graphs: the ``torch.fx.GraphModule`` objects, in order.
 
-    Use as ``cnt = CompileCounter(); coil.compile(fn, backend=cnt)`` (or with ``torch.compile``).
-    """
+    Use as ``cnt = CompileCounter(); coil.compile(fn, backend=cnt)`` (or with ``torch.compile``)."""
 
     def __init__(self) -> None:
         self.clear()
@@ -241,8 +239,7 @@ def assert_same_as_eager(fn: Callable, args: Any, *, backend: Any = "coil",
 
     Raises:
         AssertionError: listing every mismatch found (outputs, mutated inputs,
-        gradients), each with its pytree path.
-    """
+        gradients), each with its pytree path."""
     if not isinstance(args, tuple):
         args = (args,)
     kwargs = dict(kwargs or {})

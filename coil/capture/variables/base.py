@@ -5,8 +5,7 @@ Every Python value seen while translating a frame is a tracker. Subclasses decid
 trackers, and objects we know nothing about raise :class:`coil.exc.Unsupported` (a graph break). The interface
 (``python_type``, ``as_python_constant``, ``var_getattr``, ``call_function``, ``call_method``, ``unpack``,
 ``reconstruct``...; the defaults raise ``Unsupported``) is listed in docs/capture.md, "How to add a VariableTracker".
-``source`` says where a value came from (:mod:`coil.capture.source`).
-"""
+``source`` says where a value came from (:mod:`coil.capture.source`)."""
 from __future__ import annotations
 
 import enum

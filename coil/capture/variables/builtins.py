@@ -8,8 +8,7 @@ One registry, one small function per builtin (a one-expression handler is a lamb
     builtin(len)(lambda tx, args, kwargs: tx.call_dunder(args[0], "__len__", []))
 
 A builtin without a handler is constant-folded when all its arguments are
-compile-time constants and it is in ``_FOLDABLE``; otherwise it is a graph break.
-"""
+compile-time constants and it is in ``_FOLDABLE``; otherwise it is a graph break."""
 from __future__ import annotations
 
 import builtins

@@ -3,8 +3,7 @@
 Containers hold trackers. Lists, dicts and sets are mutable: a mutation inside the frame changes the tracker in place
 (so aliases see it), and when the container existed before the frame (it has a ``source``) the mutation is recorded as a
 side effect; the entry function then writes the final contents back into the real object (``src[:] = [...]``,
-``src.clear(); src.update(...)``).
-"""
+``src.clear(); src.update(...)``)."""
 from __future__ import annotations
 
 import collections

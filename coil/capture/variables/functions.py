@@ -1,7 +1,6 @@
 """Trackers for callables written in Python: functions, closures, bound methods, ``functools.partial``. Calling one
 inlines its bytecode into the current graph (:meth:`InstructionTranslator.inline_call`); a graph break inside an inlined
-call breaks at the call in the root frame, whose callee is then captured on its own.
-"""
+call breaks at the call in the root frame, whose callee is then captured on its own."""
 from __future__ import annotations
 
 import functools
@@ -39,8 +38,7 @@ def bind_arguments(code: types.CodeType, name: str, args: list, kwargs: dict, de
     """Bind trackers to a code object's parameters, as CPython would.
 
     ``defaults`` are trackers for the trailing positional defaults, ``kwdefaults`` a
-    dict name → tracker. Raises Unsupported (TypeError in eager) on a bad call.
-    """
+    dict name → tracker. Raises Unsupported (TypeError in eager) on a bad call."""
     nargs, nposonly, nkwonly, varnames = code.co_argcount, code.co_posonlyargcount, code.co_kwonlyargcount, \
         code.co_varnames
     pos_names, kwonly_names = varnames[:nargs], varnames[nargs:nargs + nkwonly]

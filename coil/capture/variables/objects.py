@@ -5,8 +5,7 @@ Attribute reads follow Python's lookup order statically (:func:`lookup_attr`): p
 data descriptors (properties are inlined), the instance ``__dict__``, ``nn.Module``'s ``_parameters``/``_buffers``/
 ``_modules``, then class attributes (functions become bound methods) and finally a user ``__getattr__`` (inlined).
 Values read from real objects are wrapped with a source so guards cover them; parameters and buffers become graph
-inputs.
-"""
+inputs."""
 from __future__ import annotations
 
 import collections
@@ -417,8 +416,7 @@ class InFrameModuleVariable(NNModuleVariable):
     ``GELUActivation``, built by ``ACT2FN["gelu"]`` in DeBERTa's pooler) may call nothing but ``super().__init__`` and
     write nothing but attributes (:func:`_calls_only_super_init`), and are first traced on a :class:`ModuleInitProbe`,
     torch.nn's part skipped: if that adds no graph op and no mutation outside the new object, running them for real is
-    pure too. One that gets parameters or buffers, or a tensor argument, is a graph break.
-    """
+    pure too. One that gets parameters or buffers, or a tensor argument, is a graph break."""
 
     def __init__(self, value, args: tuple, kwargs: dict):
         super().__init__(value, None)

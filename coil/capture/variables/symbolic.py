@@ -5,8 +5,7 @@ A :class:`SymNodeVariable` holds a ``torch.SymInt`` / ``SymFloat`` / ``SymBool``
 only when a graph op uses it (a SymInt placeholder for a bare input size, else ``aten.sym_size.int`` or
 an ``operator`` call). Python that needs a concrete value evaluates the symbol through the ShapeEnv, which
 adds a guard logged with the user's line (:class:`coil.capture.dynamic.SiteRecorder`).
-docs/dynamic_shapes.md, "What the backend receives" and "Sizes in user code".
-"""
+docs/dynamic_shapes.md, "What the backend receives" and "Sizes in user code"."""
 from __future__ import annotations
 
 import math

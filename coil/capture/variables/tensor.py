@@ -6,8 +6,7 @@ node arguments and fake values, runs the op under the output graph's ``FakeTenso
 dispatcher with symbolic sizes) and wraps what comes back (:func:`wrap_result`): tensors, containers of
 ``getitem`` nodes, symbolic numbers, or constants (whose node is removed again). Data-dependent results
 are graph breaks unless ``capture_scalar_outputs`` / ``capture_dynamic_output_shape_ops`` record them;
-ops that make a new autograd leaf, and ``retain_grad()``, are too (:func:`_autograd_state_change`).
-"""
+ops that make a new autograd leaf, and ``retain_grad()``, are too (:func:`_autograd_state_change`)."""
 from __future__ import annotations
 
 import contextlib

@@ -9,8 +9,7 @@
   Entering emits ``torch._C._set_grad_enabled(mode)`` into the graph and switches the compiler's own grad mode so fake
   tensors get eager's ``requires_grad``.
 - :class:`AutocastVariable`: ``torch.autocast(...)`` emits the enter/exit calls of ``torch.amp.autocast_mode`` into the
-  graph.
-"""
+  graph."""
 from __future__ import annotations
 
 import contextlib

@@ -107,8 +107,7 @@ class OptimizedModule(torch.nn.Module):
         self._rewrap = rewrap
         # coil.compile's keyword arguments: pickling compiles the loaded module with them
         self._compile_args = compile_args
-        # `training` lives on the original only; reads fall through __getattr__.
-        del self.__dict__["training"]
+        del self.__dict__["training"]  # `training` lives on the original only; reads fall through __getattr__.
 
     def __deepcopy__(self, memo: dict) -> "OptimizedModule":
         mod = copy.deepcopy(self._orig_mod, memo)

@@ -444,8 +444,7 @@ def _compile(fn, example_inputs, fw_compiler, bw_compiler, partition_fn, decompo
         info, fw_gm = (one[1].program, None if grad else one[0]) if one else (
             analyze(fn, fake_args, fake_mode, grad), None)
         if (groups := input_groups(fake_args, info.mutated_inputs)) is not None:
-            # inputs sharing memory with a mutated one: traced through synthetic bases
-            fn = groups.wrap(fn)
+            fn = groups.wrap(fn)  # inputs sharing memory with a mutated one: traced through synthetic bases
             fake_args = groups.fake_args(fake_args, fake_mode)
             example_inputs = fake_args
             info, one, fw_gm = analyze(fn, fake_args, fake_mode, grad), None, None

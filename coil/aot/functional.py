@@ -198,8 +198,7 @@ class _ViewRewrites(TorchDispatchMode):
     - ``squeeze_`` of a tensor with symbolic sizes (:func:`_squeeze_`).
     docs/aot.md ("Inputs sharing memory") has the cases."""
 
-    # higher-order operators (torch.cond...) pass through (docs/hops.md)
-    supports_higher_order_operators = True
+    supports_higher_order_operators = True  # higher-order operators (torch.cond...) pass through (docs/hops.md)
 
     def __init__(self):
         super().__init__()
@@ -501,8 +500,7 @@ def _describe(fn, fake_args, f_args, before, outs, grad, drop_error_checks, fake
                     outputs[k].kind, outputs[k].index = "alias_of_output", owner
                     outputs[k].src_stride = tuple(flat_outs[owner].stride())
         else:
-            # all are views of an intermediate: return that base too
-            base_sources.append(first)
+            base_sources.append(first)  # all are views of an intermediate: return that base too
             for k in members:
                 outputs[k].kind, outputs[k].index = "alias_of_base", len(base_sources) - 1
                 outputs[k].src_stride = tuple(flat_outs[first]._base.stride())

@@ -56,8 +56,7 @@ def view_reshape(x: TensorBox, new_size) -> TensorBox:
         known = product(s for s in new_size if s != -1)
         new_size = [product(old) // known if s == -1 else s for s in new_size]
     if [s for s in old if s != 1] == [s for s in new_size if s != 1]:
-        # only size-1 dims move: a pure unsqueeze/squeeze pattern
-        kept_old = [d for d, s in enumerate(old) if s != 1]
+        kept_old = [d for d, s in enumerate(old) if s != 1]  # only size-1 dims move: a pure unsqueeze/squeeze pattern
         kept_new = [d for d, s in enumerate(new_size) if s != 1]
 
         def reindex(index):
@@ -122,8 +121,7 @@ def view_strides(old_size, old_stride, new_size) -> Optional[list]:
             return None
     if any(nsz[i] != 1 for i in range(d + 1)):
         return None
-    # size-1 dims: the stride of the next dim (as contiguous_strides gives them)
-    nxt = sympy.Integer(1)
+    nxt = sympy.Integer(1)  # size-1 dims: the stride of the next dim (as contiguous_strides gives them)
     for i in reversed(range(len(nsz))):
         if out[i] is None:
             out[i] = nxt

@@ -277,8 +277,7 @@ class Scheduler:
         first, second = sorted((a, b), key=lambda g: g.order)
         if self._reaches(first, second, skip_direct=True):   # (none from second to first)
             return "a path between them leaves the pair (would create a cycle)"
-        # element-wise agreement of every cross read
-        crossing = False
+        crossing = False  # element-wise agreement of every cross read
         for prod_g, cons_g in ((a, b), (b, a)):
             produced = {n.get_name(): n for n in prod_g.nodes}
             for c in cons_g.nodes:

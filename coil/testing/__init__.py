@@ -253,18 +253,15 @@ def assert_same_as_eager(fn: Callable, args: Any, *, backend: Any = "coil",
             if is_module:
                 f = f.float() if any(p.dtype in _LOW_PRECISION for p in list(f.parameters()) + list(f.buffers())) else f
         return f, a, k
-    # Eager.
-    e_fn, e_args, e_kwargs = fresh()
+    e_fn, e_args, e_kwargs = fresh()  # Eager.
     e_out, e_grads = _run(e_fn, e_args, e_kwargs, check_grads, e_fn if is_module else None, 7)
-    # fp32 reference, only when something is bf16/fp16.
-    r_fn = r_args = r_kwargs = r_out = r_grads = None
+    r_fn = r_args = r_kwargs = r_out = r_grads = None  # fp32 reference, only when something is bf16/fp16.
     low = _has_low_precision((args, kwargs, e_out)) or (
         is_module and any(p.dtype in _LOW_PRECISION for p in fn.parameters()))
     if low:
         r_fn, r_args, r_kwargs = fresh(upcast=True)
         r_out, r_grads = _run(r_fn, r_args, r_kwargs, check_grads, r_fn if is_module else None, 7)
-    # Compiled.
-    c_fn, c_args, c_kwargs = fresh()
+    c_fn, c_args, c_kwargs = fresh()  # Compiled.
     compiled = coil.compile(c_fn, backend=backend)
     c_out, c_grads = _run(compiled, c_args, c_kwargs, check_grads, c_fn if is_module else None, 7)
     problems = _compare_trees("output", c_out, e_out, r_out, atol, rtol)

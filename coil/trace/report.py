@@ -25,8 +25,7 @@ import jinja2
 COMMON_FIELDS = ("ts", "pid", "compile_id", "event", "stage", "duration_ms")
 # Event groups shown first on a compile page, in this order.
 FIRST_EVENTS = ("graph_break", "recompile", "guards", "codegen_fallback", "eager_fallback", "cudagraph_skip")
-# Counted in the index's columns.
-COUNTED_EVENTS = ("graph_break", "recompile", "codegen_fallback", "eager_fallback")
+COUNTED_EVENTS = ("graph_break", "recompile", "codegen_fallback", "eager_fallback")  # Counted in the index's columns.
 NO_COMPILE_ID_PAGE = "no_compile_id.html"
 # Payload keys holding a stack: a list of frame dicts or of traceback-style strings.
 STACK_KEYS = ("user_stack", "stack", "traceback")

@@ -373,8 +373,7 @@ def wrap_result(tx, node, result) -> VariableTracker:
         raise Unsupported(f"{_name(node.target)} returns a {sparse[0].layout} tensor", "the call runs eagerly")
     if isinstance(result, torch.Tensor):
         if not isinstance(result, FakeTensor):
-            # a real tensor (e.g. returned from a constant) is lifted as a constant input
-            out.graph.erase_node(node)
+            out.graph.erase_node(node)  # a real tensor (e.g. returned from a constant) is lifted as a constant input
             return out.lift_constant_tensor(tx, result)
         node.meta["example_value"] = result
         return TensorVariable(node, result)

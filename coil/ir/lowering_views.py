@@ -200,8 +200,7 @@ def _wrap_index(idx, n):
         if is_static(n) and not -int(n) <= idx < int(n):
             raise IndexError(f"index {idx} is out of bounds for dimension with size {n}")
         return idx + n if idx < 0 else idx
-    idx = as_expr(idx)
-    if guard_true(sympy.Lt(idx, 0)):
+    if guard_true(sympy.Lt(idx := as_expr(idx), 0)):
         idx = idx + n
     if not (guard_true(sympy.Le(0, idx)) and guard_true(sympy.Lt(idx, n))):
         raise IndexError(f"index {idx} is out of bounds for dimension with size {n}")

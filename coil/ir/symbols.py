@@ -374,8 +374,7 @@ class Mod(sympy.Function):
         if isinstance(a, Mod):
             # (x % c) % b: x % c when c <= b (it is already below b), x % b when b | c (exact for any integer x);
             # window partitions nested a dozen of these, and simplifying them dominated Swin-T's compile
-            c = a.args[1]
-            if _known_le(c, b):
+            if _known_le(c := a.args[1], b):
                 return a
             if _divides(b, c):
                 return Mod(a.args[0], b)

@@ -127,8 +127,7 @@ class Scheduler:
         stack = [g for g in succ(src) if g is not dst] if skip_direct else [src]
         seen = set()
         while stack:
-            g = stack.pop()
-            if id(g) in seen or g.order > dst.order:
+            if id(g := stack.pop()) in seen or g.order > dst.order:
                 continue
             seen.add(id(g))
             if g is dst:

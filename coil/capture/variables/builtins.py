@@ -600,8 +600,7 @@ def _dc_fields(tx, args, kwargs):
 @builtin(dataclasses.asdict)
 def _dc_asdict(tx, args, kwargs):
     def conv(v):
-        t = v.python_type()
-        if dataclasses.is_dataclass(t) and not isinstance(t, type(None)):
+        if dataclasses.is_dataclass(t := v.python_type()) and not isinstance(t, type(None)):
             return DictVariable({f.name: conv(tx.getattr(v, f.name)) for f in dataclasses.fields(t)})
         if isinstance(v, TensorVariable):
             return call_op(tx, "call_method", "clone", [v], {})

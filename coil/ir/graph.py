@@ -905,9 +905,7 @@ class GraphLowering(torch.fx.Interpreter):
             (m, k), (_, nn) = [int(v) for v in a.get_size()], [int(v) for v in b.get_size()]
         except TypeError:
             return None
-        if nn % 8 != 0 or min(m, k, nn) < 64 or m * k < (1 << 20):
-            return None
-        if (base := self._strided(a)) is None:
+        if nn % 8 != 0 or min(m, k, nn) < 64 or m * k < (1 << 20) or (base := self._strided(a)) is None:
             return None
         s0, s1 = (int(v) for v in base.get_stride())
         if s1 == 1 and s0 == k and k % 8 != 0:  # row-major, misaligned K

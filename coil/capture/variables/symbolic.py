@@ -278,9 +278,7 @@ def call_numeric(tx, fn, args: list, kwargs: dict):
     if len(args) != 1 or not isinstance(args[0], SymNodeVariable):
         return None
     a = args[0]
-    if fn is int and isinstance(a.value, torch.SymInt):
-        return a
-    if fn is float and isinstance(a.value, torch.SymFloat):
+    if fn is int and isinstance(a.value, torch.SymInt) or fn is float and isinstance(a.value, torch.SymFloat):
         return a
     if (sym_fn := _NUMERIC.get(fn)) is None or isinstance(a.value, torch.SymBool):
         return None

@@ -98,8 +98,7 @@ class OptimizedModule(torch.nn.Module):
     ``copy.deepcopy`` copies the original and compiles the copy afresh, so the copy runs its own weights."""
 
     def __init__(self, mod: torch.nn.Module, compiled_call: Callable,
-                 rewrap: Optional[Callable[[torch.nn.Module], Callable]] = None,
-                 compile_args: Optional[dict] = None):
+                 rewrap: Optional[Callable[[torch.nn.Module], Callable]] = None, compile_args: Optional[dict] = None):
         super().__init__()
         self._orig_mod, self._compiled_call = mod, compiled_call
         # rewrap(module) -> compiled call: used by copy.deepcopy so that a copy
@@ -201,11 +200,10 @@ def _compile_unpickled(mod: torch.nn.Module, args: dict) -> "OptimizedModule":
     return compile(mod, **args)
 
 
-def compile(fn_or_module: Union[Callable, torch.nn.Module, None] = None, *,
-            backend: Union[str, Callable] = "coil", mode: Optional[str] = None,
-            dynamic: Optional[bool] = None, fullgraph: bool = False, options: Optional[dict] = None,
-            disable: bool = False, recompile_limit: Optional[int] = None, name: Optional[str] = None,
-            isolate_recompiles: bool = False, shapes_spec: Any = None, **unknown: Any):
+def compile(fn_or_module: Union[Callable, torch.nn.Module, None] = None, *, backend: Union[str, Callable] = "coil",
+            mode: Optional[str] = None, dynamic: Optional[bool] = None, fullgraph: bool = False,
+            options: Optional[dict] = None, disable: bool = False, recompile_limit: Optional[int] = None,
+            name: Optional[str] = None, isolate_recompiles: bool = False, shapes_spec: Any = None, **unknown: Any):
     """Compile a function or ``nn.Module`` (torch.compile's signature).
 
     Args:
@@ -296,6 +294,5 @@ def explain(fn: Callable, *args: Any, **kwargs: Any):
     return capture.explain(fn, *args, **kwargs)
 
 
-__all__ = ["compile", "reset", "disable", "explain", "list_backends", "OptimizedModule",
-           "mark_dynamic", "mark_static", "mark_unbacked",
-           "cudagraph_mark_step_begin"]
+__all__ = ["compile", "reset", "disable", "explain", "list_backends", "OptimizedModule", "mark_dynamic", "mark_static",
+           "mark_unbacked", "cudagraph_mark_step_begin"]

@@ -248,10 +248,8 @@ def _graph_text(gm: torch.fx.GraphModule, header: str) -> Callable[[], str]:
     return lambda: f"# {header}\n" + gm.print_readable(print_output=False)
 
 
-def aot_compile(gm: Callable, example_inputs: list, fw_compiler: Callable,
-                bw_compiler: Optional[Callable] = None,
-                partition_fn: Callable = min_cut_partition,
-                decompositions: Optional[dict] = None) -> Callable:
+def aot_compile(gm: Callable, example_inputs: list, fw_compiler: Callable, bw_compiler: Optional[Callable] = None,
+                partition_fn: Callable = min_cut_partition, decompositions: Optional[dict] = None) -> Callable:
     """Compile ``gm`` (a torch-level ``torch.fx.GraphModule`` or any traceable
     callable taking tensors positionally) ahead of time, autograd included.
 

@@ -178,9 +178,8 @@ def _may_suppress(exit_: VariableTracker) -> bool:
 class InstructionTranslatorBase:
     """State and semantics shared by the root and inlining translators."""
 
-    def __init__(self, code: types.CodeType, f_globals: dict, output, symbolic_locals: dict,
-                 cells: dict, parent: Optional["InstructionTranslatorBase"] = None,
-                 fn_name: str = ""):
+    def __init__(self, code: types.CodeType, f_globals: dict, output, symbolic_locals: dict, cells: dict,
+                 parent: Optional["InstructionTranslatorBase"] = None, fn_name: str = ""):
         from coil.capture import opcodes
         self.code, self.f_globals, self.output, self.parent = code, f_globals, output, parent
         self.instructions = instructions_of(code)

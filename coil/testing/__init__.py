@@ -215,9 +215,8 @@ def _run(fn: Callable, args: tuple, kwargs: dict, check_grads: bool,
     return out, grads
 
 
-def assert_same_as_eager(fn: Callable, args: Any, *, backend: Any = "coil",
-                         check_grads: bool = False, check_input_mutation: bool = True,
-                         atol: Optional[float] = None, rtol: Optional[float] = None,
+def assert_same_as_eager(fn: Callable, args: Any, *, backend: Any = "coil", check_grads: bool = False,
+                         check_input_mutation: bool = True, atol: Optional[float] = None, rtol: Optional[float] = None,
                          kwargs: Optional[dict] = None) -> Any:
     """Assert that ``coil.compile(fn, backend=backend)(*args)`` matches ``fn(*args)``.
 
@@ -269,9 +268,8 @@ def assert_same_as_eager(fn: Callable, args: Any, *, backend: Any = "coil",
         problems += _compare_trees("args after call", c_args, e_args, r_args, atol, rtol)
         problems += _compare_trees("kwargs after call", c_kwargs, e_kwargs, r_kwargs, atol, rtol)
         if is_module:
-            problems += _compare_trees(
-                "module state", dict(c_fn.state_dict()), dict(e_fn.state_dict()),
-                dict(r_fn.state_dict()) if low else None, atol, rtol)
+            problems += _compare_trees("module state", dict(c_fn.state_dict()), dict(e_fn.state_dict()),
+                                       dict(r_fn.state_dict()) if low else None, atol, rtol)
     if check_grads:
         problems += _compare_trees("grad of ", c_grads, e_grads, r_grads, atol, rtol)
     if problems:

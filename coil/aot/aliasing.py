@@ -184,9 +184,8 @@ class InputGroups:
                 return None
             ptr = ts[0].untyped_storage().data_ptr()
             for t, (_, size, stride, off) in zip(ts, g.members):
-                if (t.untyped_storage().data_ptr() != ptr or t.dtype != g.dtype
-                        or tuple(t.shape) != size or t.stride() != stride
-                        or t.storage_offset() != off):
+                if (t.untyped_storage().data_ptr() != ptr or t.dtype != g.dtype or tuple(t.shape) != size
+                        or t.stride() != stride or t.storage_offset() != off):
                     return None
             if (src := _covering(ts, 0, g.span)) is None:
                 return None

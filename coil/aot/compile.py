@@ -147,12 +147,11 @@ def _refuse_mutated_aliased_inputs(example_inputs: list, mutated: list) -> None:
             owners.setdefault(st.data_ptr(), []).append(i)
     for group in owners.values():
         if len(group) > 1 and any(i in mutated for i in group):
-            raise CoilError(
-                f"coil.aot: graph inputs {group} share memory and input "
-                f"{[i for i in group if i in mutated]} is mutated in place; coil traces inputs "
-                "as independent tensors, so the other views would not see the write.\n"
-                "  what to do: pass only the base tensor (and index it inside the function), "
-                "or clone one of the inputs before the call.")
+            raise CoilError(f"coil.aot: graph inputs {group} share memory and input "
+                            f"{[i for i in group if i in mutated]} is mutated in place; coil traces inputs "
+                            "as independent tensors, so the other views would not see the write.\n"
+                            "  what to do: pass only the base tensor (and index it inside the function), "
+                            "or clone one of the inputs before the call.")
 
 
 def _clone_saved_mutated_inputs(fw: torch.fx.GraphModule, info, n_fw: int, num_saved: int) -> None:

@@ -335,8 +335,7 @@ def min_cut_partition(joint: torch.fx.GraphModule, info: JointInfo) -> Partition
                             "neither saved nor recomputed)")
     if must_recompute:
         trace.log("aot_checkpoint", stage="aot", recomputed=len(must_recompute))
-    saved = sorted((n for n in candidates
-                    if n.name + "_in" not in sink_side and n.name + "_out" in sink_side),
+    saved = sorted((n for n in candidates if n.name + "_in" not in sink_side and n.name + "_out" in sink_side),
                    key=regions.order.__getitem__)
     reasons = {n: f"not recomputable: {bans[n]}" if bans[n] is not None else
                "min cut: cheaper to save than to recompute from saved values" for n in saved}

@@ -176,11 +176,10 @@ class DynamicPolicy:
         for d, (lo, hi) in marks.items():
             n = value.shape[d]
             if (lo is not None and n < lo) or (hi is not None and n > hi):
-                raise UserError(
-                    f"size {n} of dim {d} of {expr} is outside the range [{lo if lo is not None else 0}, "
-                    f"{hi if hi is not None else 'inf'}] given to mark_dynamic", loc,
-                    hint=f"pass a tensor whose dim {d} is in range, or widen the range in "
-                         f"coil.mark_dynamic({expr}, {d}, min=..., max=...)")
+                raise UserError(f"size {n} of dim {d} of {expr} is outside the range [{lo if lo is not None else 0}, "
+                                f"{hi if hi is not None else 'inf'}] given to mark_dynamic", loc,
+                                hint=f"pass a tensor whose dim {d} is in range, or widen the range in "
+                                     f"coil.mark_dynamic({expr}, {d}, min=..., max=...)")
         unbacked = getattr(DimDynamic, "UNBACKED", None) or getattr(DimDynamic, "SIZE_LIKE_UNBACKED")
         kinds = [DimDynamic.STATIC if d not in dyn else unbacked if dyn[d] == "unbacked" else DimDynamic.DYNAMIC
                  for d in range(value.dim())]

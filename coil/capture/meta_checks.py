@@ -264,8 +264,7 @@ CHECKS: dict[str, Callable] = {"index_add": _index_add, "index_copy": _index_cop
                                "sort": _dim, "pad": _pad, "squeeze": _squeeze, "interpolate": _interpolate,
                                "upsample": _interpolate, "celu": _celu, "bernoulli": _bernoulli, "scatter": _scatter,
                                "bernoulli_": lambda args, kwargs: _bernoulli(args, kwargs, inplace=True),
-                               "cross": _cross, "linalg_cross": _cross,
-                               **{f"lp_pool{d}d": _lp_pool for d in (1, 2, 3)}}
+                               "cross": _cross, "linalg_cross": _cross, **{f"lp_pool{d}d": _lp_pool for d in (1, 2, 3)}}
 
 
 def check_graph(gm: torch.fx.GraphModule) -> None:

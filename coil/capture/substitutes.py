@@ -195,10 +195,9 @@ def tril_indices(row, col, offset=0, **kwargs):
 
 #: torch function -> the function capture records in its place
 SUBSTITUTES: dict[Callable, Callable] = {torch.nn.functional.one_hot: one_hot, torch.tensor: tensor,
-                                         torch.as_tensor: as_tensor,
-                                         torch.max_pool1d: max_pool1d, torch.linspace: linspace,
-                                         torch.triu_indices: triu_indices, torch.tril_indices: tril_indices,
-                                         torch.nn.functional.max_pool1d: max_pool1d,
+                                         torch.as_tensor: as_tensor, torch.max_pool1d: max_pool1d,
+                                         torch.linspace: linspace, torch.triu_indices: triu_indices,
+                                         torch.tril_indices: tril_indices, torch.nn.functional.max_pool1d: max_pool1d,
                                          torch.adaptive_avg_pool1d: adaptive_avg_pool1d,
                                          torch.nn.functional.scaled_dot_product_attention: sdpa}
 

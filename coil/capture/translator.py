@@ -498,9 +498,8 @@ class InstructionTranslatorBase:
                     isinstance(b, (NNModuleVariable, UserDefinedObjectVariable, NewObjectVariable)):
                 if (res := self._user_binary(op, a, b)) is not None:
                     return res
-            if op in (operator.eq, operator.ne) and (
-                    (isinstance(a, ConstantVariable) and a.value is None) or
-                    (isinstance(b, ConstantVariable) and b.value is None)):
+            if op in (operator.eq, operator.ne) and ((isinstance(a, ConstantVariable) and a.value is None)
+                                                     or (isinstance(b, ConstantVariable) and b.value is None)):
                 return ConstantVariable(op is operator.ne)
             if not isinstance(a, TensorVariable) and op in _INPLACE_TO_OUT:
                 op = _INPLACE_TO_OUT[op]

@@ -274,6 +274,5 @@ def assert_same_as_eager(fn: Callable, args: Any, *, backend: Any = "coil", chec
         problems += _compare_trees("grad of ", c_grads, e_grads, r_grads, atol, rtol)
     if problems:
         raise AssertionError(f"compiled (backend={getattr(backend, '__name__', backend)!r}) "
-                             f"differs from eager in {len(problems)} place(s):\n  - "
-                             + "\n  - ".join(problems))
+                             f"differs from eager in {len(problems)} place(s):\n  - " + "\n  - ".join(problems))
     return c_out

@@ -160,8 +160,7 @@ def _build(tx, value, source, gs) -> VariableTracker:
         tf = getattr(type(value).__torch_function__, "__func__", type(value).__torch_function__)
         if tf not in (torch.Tensor.__torch_function__.__func__, torch._C._disabled_torch_function_impl):
             raise Unsupported(f"tensor subclass {type(value).__name__} overrides "
-                              "__torch_function__ (the graph would bypass it)",
-                              "the code that reads it runs eagerly")
+                              "__torch_function__ (the graph would bypass it)", "the code that reads it runs eagerly")
         if tf is not torch._C._disabled_torch_function_impl and type(value) is not torch.Tensor \
                 and source is not None and not isinstance(value, FakeTensor):
             raise Unsupported(f"tensor subclass {type(value).__name__}: torch functions return "
@@ -182,8 +181,7 @@ def _build(tx, value, source, gs) -> VariableTracker:
     if (t := type(value)) in (tuple, list) or (isinstance(value, tuple) and hasattr(t, "_fields")):
         if gs is not None:
             gs.add(f"type({expr}) is {gs.const(t)} and len({expr}) == {len(value)}", f"len({expr})", len(value))
-        items = [wrap(tx, v, GetItemSource(source, i) if source is not None else None,
-                      guard=gs is not None)
+        items = [wrap(tx, v, GetItemSource(source, i) if source is not None else None, guard=gs is not None)
                  for i, v in enumerate(value)]
         if t is list:
             return ListVariable(items, source)

@@ -213,8 +213,7 @@ def _id(tx, args, kwargs):
         return IdVariable(args[0])
     if len(args) == 1 and not kwargs and (obj := known_object(tx, args[0])) is not None:
         # a pre-existing object read from a source: its id is a constant under a guard
-        tx.output.guards.add(f"___id({args[0].source.expr()}) == {id(obj)}",
-                             f"id({args[0].source.expr()})", id(obj))
+        tx.output.guards.add(f"___id({args[0].source.expr()}) == {id(obj)}", f"id({args[0].source.expr()})", id(obj))
         return ConstantVariable(id(obj))
     raise Unsupported("id() of a traced value", hint="it runs outside the graph")
 

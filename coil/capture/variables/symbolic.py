@@ -231,10 +231,8 @@ def sym_minmax(items: list, op):
         if statically_known_true(op(a, b)):
             best = it
         elif not statically_known_true(op(b, a) | (a == b)):
-            best = wrap_sym(out, fn(b, a), ("op", fn, [best if isinstance(best, SymNodeVariable)
-                                                      else best.value,
-                                                      it if isinstance(it, SymNodeVariable)
-                                                      else it.value]))
+            best = wrap_sym(out, fn(b, a), ("op", fn, [best if isinstance(best, SymNodeVariable) else best.value,
+                                                       it if isinstance(it, SymNodeVariable) else it.value]))
     return best
 
 

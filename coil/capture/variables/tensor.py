@@ -203,9 +203,8 @@ def call_op(tx, kind: str, target, args: list, kwargs: dict) -> VariableTracker:
     fake_args = [_map(a, to_fake) for a in args]
     fake_kwargs = {k: _map(v, to_fake) for k, v in kwargs.items()}
     if out.index_copies and _is_inplace(kind, target, kwargs):
-        raise IndexCopyAliasing(
-            f"in-place {_name(target)} after indexing with a 0-d integer tensor (a view in "
-            f"eager, a copy in the graph): the frame runs eagerly")
+        raise IndexCopyAliasing(f"in-place {_name(target)} after indexing with a 0-d integer tensor (a view in "
+                                f"eager, a copy in the graph): the frame runs eagerly")
     node = out.graph.create_node(kind, target, node_args, node_kwargs)
     tx.locate_node(node)
     guards_before = len(out.shape_env.guards)
@@ -554,8 +553,7 @@ class TensorVariable(VariableTracker):
                     "item", "__int__", "__float__", "__index__") else ""))
         if name == "to" and not any(isinstance(a, TensorVariable) for a in [*args, *kwargs.values()]):
             with tx.output.fake_mode:       # ``t.to(its own dtype / device)`` is ``t`` itself, as in eager
-                if self.fake.to(*[to_fake(a) for a in args], **{k: to_fake(v) for k, v in kwargs.items()}) \
-                        is self.fake:
+                if self.fake.to(*[to_fake(a) for a in args], **{k: to_fake(v) for k, v in kwargs.items()}) is self.fake:
                     return self
         if name == "is_inference" and id(self.fake) in tx.output.inference_made:
             return ConstantVariable(True)

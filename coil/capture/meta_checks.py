@@ -232,13 +232,12 @@ def _probe_dtypes(target, mixed: bool = False, always: bool = False, trailing: t
 
 
 #: ops whose eager CPU kernels refuse integer or bool inputs that fake tensors accept
-_DTYPE_RESTRICTED = (
-    "var std var_mean std_mean argmin argmax frac pow float_power silu gelu mish softplus elu celu selu hardswish "
-    "hardsigmoid hardshrink softshrink logsigmoid softmax log_softmax softmin logaddexp logaddexp2 hypot nextafter "
-    "igamma igammac logcumsumexp abs absolute ceil floor round trunc fix fmod remainder mod sub subtract median "
-    "nanmedian leaky_relu trace lcm gcd bitwise_and bitwise_or bitwise_xor bitwise_not bitwise_left_shift "
-    "bitwise_right_shift interpolate upsample max_pool1d clamp clamp_min clamp_max clip lerp addcmul addcdiv dot "
-    "vdot mv matmul").split()
+_DTYPE_RESTRICTED = ("var std var_mean std_mean argmin argmax frac pow float_power silu gelu mish softplus elu celu "
+                     "selu hardswish hardsigmoid hardshrink softshrink logsigmoid softmax log_softmax softmin "
+                     "logaddexp logaddexp2 hypot nextafter igamma igammac logcumsumexp abs absolute ceil floor round "
+                     "trunc fix fmod remainder mod sub subtract median nanmedian leaky_relu trace lcm gcd bitwise_and "
+                     "bitwise_or bitwise_xor bitwise_not bitwise_left_shift bitwise_right_shift interpolate upsample "
+                     "max_pool1d clamp clamp_min clamp_max clip lerp addcmul addcdiv dot vdot mv matmul").split()
 
 #: ops whose eager kernels refuse floating arguments of different dtypes, or give another result dtype than
 #: their meta kernels, that fake tensors accept (probed with ``mixed``)

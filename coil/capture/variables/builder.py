@@ -163,9 +163,8 @@ def _build(tx, value, source, gs) -> VariableTracker:
                               "__torch_function__ (the graph would bypass it)", "the code that reads it runs eagerly")
         if tf is not torch._C._disabled_torch_function_impl and type(value) is not torch.Tensor \
                 and source is not None and not isinstance(value, FakeTensor):
-            raise Unsupported(f"tensor subclass {type(value).__name__}: torch functions return "
-                              f"{type(value).__name__} there, the graph plain tensors",
-                              "the code that reads it runs eagerly")
+            raise Unsupported(f"tensor subclass {type(value).__name__}: torch functions return {type(value).__name__} "
+                              f"there, the graph plain tensors", "the code that reads it runs eagerly")
         if value.layout is not torch.strided and not isinstance(value, FakeTensor):  # compiled code would fail
             raise Unsupported(f"{value.layout} tensor (coil compiles strided tensors only)",
                               "the code that reads it runs eagerly")
@@ -264,9 +263,8 @@ def _build(tx, value, source, gs) -> VariableTracker:
         # the __exit__ of a grad-mode block a graph break resumed inside (torchfn.reenter_grad)
         obj = value.__self__
         if gs is not None:
-            gs.add(f"type({expr}.__self__) is {gs.const(type(obj))} and "
-                   f"{expr}.__self__.prev is {obj.prev!r}", f"{expr}.__self__.prev", obj.prev,
-                   src=expr)
+            gs.add(f"type({expr}.__self__) is {gs.const(type(obj))} and {expr}.__self__.prev is {obj.prev!r}",
+                   f"{expr}.__self__.prev", obj.prev, src=expr)
         kind = {torch.no_grad: "no_grad", torch.enable_grad: "enable_grad"}.get(type(obj), "set_grad_enabled")
         ctx = ResumedGradModeVariable(getattr(obj, "mode", kind == "enable_grad"), kind)
         ctx.prev = obj.prev

@@ -60,9 +60,8 @@ class SymNodeVariable(VariableTracker):
                 else self.python_type()(self.value)
         except Exception as e:  # noqa: BLE001 - e.g. an unbacked symbol
             first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
-            raise Unsupported(f"{why}: {first} (the value depends on tensor data; "
-                              f"torch._check(...) the condition to decide it)",
-                              hint="torch._check(...) the condition, or mark the dim static")
+            raise Unsupported(f"{why}: {first} (the value depends on tensor data; torch._check(...) the condition to "
+                              f"decide it)", hint="torch._check(...) the condition, or mark the dim static")
         out.sites.note(env, start, out.where(), reason=why)
         return value
 

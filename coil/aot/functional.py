@@ -390,8 +390,7 @@ def _analyze(fn, fake_args, fake_mode, grad, drop_error_checks) -> ProgramInfo:
     with fake_mode, untraced(fake_mode), torch.set_grad_enabled(grad), without_cudnn_choices():
         with FunctionalTensorMode():
             f_args = [_to_functional(a) for a in fake_args]
-            before = _aliases_before(f_args)
-            grad_fns = [getattr(a, "grad_fn", None) for a in f_args]
+            before, grad_fns = _aliases_before(f_args), [getattr(a, "grad_fn", None) for a in f_args]
             with OverlapGuard(inputs=f_args):  # eager's refusal of overlapping writes
                 outs = _call(fn, f_args, drop_error_checks)
         return _describe(fn, fake_args, f_args, before, outs, grad, drop_error_checks, fake_mode, grad_fns=grad_fns)

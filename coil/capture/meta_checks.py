@@ -151,8 +151,7 @@ def _interpolate(args, kwargs) -> None:
     refuse it, and the modes coil decomposes (linear; under dynamic shapes bilinear, trilinear, nearest, bicubic)
     returned an empty tensor (fuzz s232 #73). ``area`` is adaptive pooling, which accepts it."""
     x, size = _arg(args, kwargs, 0, "input"), _arg(args, kwargs, 1, "size")
-    scale = _arg(args, kwargs, 2, "scale_factor")
-    mode = _arg(args, kwargs, 3, "mode") or "nearest"
+    scale, mode = _arg(args, kwargs, 2, "scale_factor"), _arg(args, kwargs, 3, "mode") or "nearest"
     if not isinstance(x, torch.Tensor) or mode == "area" or not 3 <= x.dim() <= 5:
         return
     n, spatial = x.dim() - 2, list(x.shape[2:])

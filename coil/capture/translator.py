@@ -741,8 +741,7 @@ class InstructionTranslatorBase:
         if is_model_output_class(cls):
             return DataClassDictVariable.create(self, cls, args, kwargs)
         if isinstance(cls, type) and issubclass(cls, tuple) and hasattr(cls, "_fields"):
-            values = {**dict(zip(cls._fields, args)), **kwargs}
-            defaults = getattr(cls, "_field_defaults", {})
+            values, defaults = {**dict(zip(cls._fields, args)), **kwargs}, getattr(cls, "_field_defaults", {})
             for f in cls._fields:
                 if f not in values and f not in defaults:
                     raise UserCodeError(f"TypeError: missing field {f}")

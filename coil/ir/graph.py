@@ -910,8 +910,7 @@ class GraphLowering(torch.fx.Interpreter):
         s0, s1 = (int(v) for v in base.get_stride())
         if s1 == 1 and s0 == k and k % 8 != 0:  # row-major, misaligned K
             kp = -(-k // 8) * 8
-            ap = self._padded_copy(base, k, kp)
-            bp = self._padded_rows(self._strided_or_copy(b), k, kp)
+            ap, bp = self._padded_copy(base, k, kp), self._padded_rows(self._strided_or_copy(b), k, kp)
             out = ExternKernel(self.new_buffer_name(), _fake_layout(meta), torch.ops.aten.mm.default, (ap, bp), {})
             self.register_buffer(out)
             trace.log("pad_matmul_operand", stage="lowering", buffer=out.name, m=m, n=nn, k=k,

@@ -131,8 +131,7 @@ class DependencyRecorder(_Recording):
 
 def record_pointwise(loops) -> DependencyRecorder:
     """The loads and op count of a Pointwise body (inlined readers included), over fresh loop symbols ``i0..``."""
-    h = DependencyRecorder()
-    index = [sym(f"i{d}") for d in range(len(loops.ranges))]
+    h, index = DependencyRecorder(), [sym(f"i{d}") for d in range(len(loops.ranges))]
     with set_ops_handler(h):
         loops.inner_fn(index)
     return h

@@ -561,8 +561,7 @@ def _advanced_index(xs: list, indices, out_shape: Optional[list] = None) -> tupl
     loaders = {d: broadcast_loader(indices[d], bshape) for d in pos}
 
     def source(index):
-        bidx = list(index[first:first + nb])
-        rest = iter(list(index[:first]) + list(index[first + nb:]))
+        bidx, rest = list(index[first:first + nb]), iter(list(index[:first]) + list(index[first + nb:]))
         return [ops.indirect_indexing(loaders[d](bidx), xs[d]) if d in loaders else next(rest) for d in range(len(xs))]
     return rest_dims[:first] + bshape + rest_dims[first:], source
 

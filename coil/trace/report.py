@@ -275,8 +275,7 @@ def _artifact_views(records: list) -> list:
 
 def previous_attempts(compiles: list) -> dict:
     """``(pid, "f/a") -> Compile`` of ``"f/(a-1)"`` (the same frame's previous attempt)."""
-    by_id = {(c.pid, c.compile_id): c for c in compiles}
-    out = {}
+    by_id, out = {(c.pid, c.compile_id): c for c in compiles}, {}
     for c in compiles:
         frame, _, attempt = c.compile_id.rpartition("/")
         if attempt.isdigit() and int(attempt) > 0 and (prev := by_id.get((c.pid, f"{frame}/{int(attempt) - 1}"))):

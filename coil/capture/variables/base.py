@@ -155,8 +155,7 @@ class ConstantVariable(VariableTracker):
     def call_method(self, tx, name, args, kwargs):
         from coil.capture.translator import const_value
         # (a non-constant argument, e.g. int * tensor, raises: the other side decides)
-        cargs = [const_value(a) for a in args]
-        ckw = {k: const_value(v) for k, v in kwargs.items()}
+        cargs, ckw = [const_value(a) for a in args], {k: const_value(v) for k, v in kwargs.items()}
         if name == "__len__":
             return wrap_constant_result(tx, len(self.value))
         if name == "__getitem__":

@@ -460,8 +460,7 @@ def _indexed_itertool(fn, single: bool):
     indexes ``(a, b)[pos % 2]``)."""
     def handler(tx, args, kwargs):
         k = 1 if single else len(args)
-        seqs = [tx.unpack(a) for a in args[:k]]
-        rest = [a.as_python_constant() for a in args[k:]]
+        seqs, rest = [tx.unpack(a) for a in args[:k]], [a.as_python_constant() for a in args[k:]]
         kw = {n: v.as_python_constant() for n, v in kwargs.items()}
         try:
             out = list(fn(*[range(len(s)) for s in seqs], *rest, **kw))

@@ -176,8 +176,7 @@ def _call_lru_cached(tx, vt, args, kwargs):
     what = f"call to an lru_cache function {vt.value!r} with non-constant arguments"
     if vt.source is None:
         raise Unsupported(what)
-    cargs = [static_value(a, what) for a in args]
-    ckw = {k: static_value(v, what) for k, v in kwargs.items()}
+    cargs, ckw = [static_value(a, what) for a in args], {k: static_value(v, what) for k, v in kwargs.items()}
     try:
         result = vt.value(*cargs, **ckw)
     except Exception as e:  # noqa: BLE001 - raised again by eager at the break

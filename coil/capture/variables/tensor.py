@@ -558,8 +558,7 @@ class TensorVariable(VariableTracker):
         if name == "is_inference" and id(self.fake) in tx.output.inference_made:
             return ConstantVariable(True)
         if name in _META_METHODS:
-            fargs = [to_fake(a) for a in args]
-            fkw = {k: to_fake(v) for k, v in kwargs.items()}
+            fargs, fkw = [to_fake(a) for a in args], {k: to_fake(v) for k, v in kwargs.items()}
             res = getattr(self.fake, name)(*fargs, **fkw)
             if name == "storage_offset" and isinstance(res, torch.SymInt):
                 # the ShapeEnv took a symbolic input offset to be >= 2, a bound the shape guards leave out

@@ -376,8 +376,7 @@ class LockVariable(ContextManagerVariable):
 
 def make_context(tx, cls, args, kwargs):
     """Construct a supported context manager from its class, or None."""
-    c = [a.as_python_constant() for a in args]
-    kw = {k: v.as_python_constant() for k, v in kwargs.items()}
+    c, kw = [a.as_python_constant() for a in args], {k: v.as_python_constant() for k, v in kwargs.items()}
     if cls is torch.autograd.profiler.record_function:
         return ProfilerRangeVariable(c[0] if c else kw.get("name"))
     if cls is torch.no_grad:

@@ -62,19 +62,9 @@ def _nop(tx, inst):
 
 
 # --- stack manipulation -----------------------------------------------------------------
-@op("POP_TOP")
-def POP_TOP(tx, inst):
-    tx.pop()
-
-
-@op("PUSH_NULL")
-def PUSH_NULL(tx, inst):
-    tx.push(NullVariable())
-
-
-@op("COPY")
-def COPY(tx, inst):
-    tx.push(tx.stack[-inst.arg])
+op("POP_TOP")(lambda tx, inst: tx.pop())
+op("PUSH_NULL")(lambda tx, inst: tx.push(NullVariable()))
+op("COPY")(lambda tx, inst: tx.push(tx.stack[-inst.arg]))
 
 
 @op("SWAP")
@@ -83,20 +73,12 @@ def SWAP(tx, inst):
     tx.stack[-1], tx.stack[-i] = tx.stack[-i], tx.stack[-1]
 
 
-@op("END_FOR", PY312)
-def END_FOR(tx, inst):
-    tx.popn(2)
+op("END_FOR", PY312)(lambda tx, inst: tx.popn(2))
 
 
 # --- constants, locals, globals, cells ----------------------------------------------
-@op("LOAD_CONST")
-def LOAD_CONST(tx, inst):
-    tx.push(ConstantVariable(inst.argval))
-
-
-@op("RETURN_CONST", PY312)
-def RETURN_CONST(tx, inst):
-    _return(tx, ConstantVariable(inst.argval))
+op("LOAD_CONST")(lambda tx, inst: tx.push(ConstantVariable(inst.argval)))
+op("RETURN_CONST", PY312)(lambda tx, inst: _return(tx, ConstantVariable(inst.argval)))
 
 
 @op("LOAD_FAST")
@@ -107,9 +89,7 @@ def LOAD_FAST(tx, inst):
     tx.push(tx.locals[name])
 
 
-@op("LOAD_FAST_AND_CLEAR", PY312)
-def LOAD_FAST_AND_CLEAR(tx, inst):
-    tx.push(tx.locals.pop(inst.argval, NullVariable()))
+op("LOAD_FAST_AND_CLEAR", PY312)(lambda tx, inst: tx.push(tx.locals.pop(inst.argval, NullVariable())))
 
 
 @op("STORE_FAST")
@@ -120,9 +100,7 @@ def STORE_FAST(tx, inst):
         tx.locals[inst.argval] = v
 
 
-@op("DELETE_FAST")
-def DELETE_FAST(tx, inst):
-    tx.locals.pop(inst.argval, None)
+op("DELETE_FAST")(lambda tx, inst: tx.locals.pop(inst.argval, None))
 
 
 # (3.11/3.12: the low bit of the argument pushes a NULL first)
@@ -133,9 +111,7 @@ def LOAD_GLOBAL(tx, inst):
     tx.push(tx.load_global(inst.argval))
 
 
-@op("STORE_GLOBAL")
-def STORE_GLOBAL(tx, inst):
-    tx.store_global(inst.argval, tx.pop())
+op("STORE_GLOBAL")(lambda tx, inst: tx.store_global(inst.argval, tx.pop()))
 
 
 @op("MAKE_CELL")
@@ -145,19 +121,9 @@ def MAKE_CELL(tx, inst):
     tx.cells[name] = CellVariable(tx.locals.pop(name, None))
 
 
-@op("LOAD_DEREF")
-def LOAD_DEREF(tx, inst):
-    tx.push(tx.load_cell(inst.argval))
-
-
-@op("STORE_DEREF")
-def STORE_DEREF(tx, inst):
-    tx.store_cell(inst.argval, tx.pop())
-
-
-@op("LOAD_CLOSURE")
-def LOAD_CLOSURE(tx, inst):
-    tx.push(tx.cells[inst.argval])
+op("LOAD_DEREF")(lambda tx, inst: tx.push(tx.load_cell(inst.argval)))
+op("STORE_DEREF")(lambda tx, inst: tx.store_cell(inst.argval, tx.pop()))
+op("LOAD_CLOSURE")(lambda tx, inst: tx.push(tx.cells[inst.argval]))
 
 
 @op("LOAD_CLASSDEREF", PY311)
@@ -191,9 +157,7 @@ def STORE_ATTR(tx, inst):
     tx.store_attr(obj, inst.argval, value)
 
 
-@op("DELETE_ATTR")
-def DELETE_ATTR(tx, inst):
-    tx.pop().del_attr(tx, inst.argval)
+op("DELETE_ATTR")(lambda tx, inst: tx.pop().del_attr(tx, inst.argval))
 
 
 # --- calls ------------------------------------------------------------------------------
@@ -331,9 +295,7 @@ def STORE_SLICE(tx, inst):
     tx.call_dunder(obj, "__setitem__", [SliceVariable([start, end]), value])
 
 
-@op("BUILD_SLICE")
-def BUILD_SLICE(tx, inst):
-    tx.push(SliceVariable(tx.popn(inst.arg)))
+op("BUILD_SLICE")(lambda tx, inst: tx.push(SliceVariable(tx.popn(inst.arg))))
 
 
 # --- building containers ------------------------------------------------------------------
@@ -341,9 +303,7 @@ op("BUILD_TUPLE")(lambda tx, inst: tx.push(TupleVariable(tx.popn(inst.arg))))
 op("BUILD_LIST")(lambda tx, inst: tx.push(ListVariable(tx.popn(inst.arg))))
 
 
-@op("BUILD_SET")
-def BUILD_SET(tx, inst):
-    tx.push(SetVariable([v.as_python_constant() for v in tx.popn(inst.arg)]))
+op("BUILD_SET")(lambda tx, inst: tx.push(SetVariable([v.as_python_constant() for v in tx.popn(inst.arg)])))
 
 
 @op("BUILD_MAP")
@@ -414,9 +374,7 @@ def DICT_UPDATE(tx, inst):
             target.items[DictVariable.key_of(k)] = tx.getitem(v, k)
 
 
-@op("LIST_TO_TUPLE", PY311)
-def LIST_TO_TUPLE(tx, inst):
-    tx.push(TupleVariable(tx.unpack(tx.pop())))
+op("LIST_TO_TUPLE", PY311)(lambda tx, inst: tx.push(TupleVariable(tx.unpack(tx.pop()))))
 
 
 @op("UNPACK_SEQUENCE")
@@ -446,15 +404,11 @@ def FORMAT_VALUE(tx, inst):
     tx.push(ConstantVariable(format(value, fmt)))
 
 
-@op("GET_LEN")
-def GET_LEN(tx, inst):
-    tx.push(tx.call_dunder(tx.stack[-1], "__len__", []))
+op("GET_LEN")(lambda tx, inst: tx.push(tx.call_dunder(tx.stack[-1], "__len__", [])))
 
 
 # --- control flow -----------------------------------------------------------------------
-@op("RETURN_VALUE")
-def RETURN_VALUE(tx, inst):
-    _return(tx, tx.pop())
+op("RETURN_VALUE")(lambda tx, inst: _return(tx, tx.pop()))
 
 
 @op("JUMP_FORWARD")
@@ -498,9 +452,7 @@ op("JUMP_IF_TRUE_OR_POP", PY311)(_jump_or_pop(True))
 op("JUMP_IF_FALSE_OR_POP", PY311)(_jump_or_pop(False))
 
 
-@op("GET_ITER")
-def GET_ITER(tx, inst):
-    tx.push(tx.get_iter(tx.pop()))
+op("GET_ITER")(lambda tx, inst: tx.push(tx.get_iter(tx.pop())))
 
 
 # 3.11: exhausted -> pop the iterator, jump to the target.
@@ -546,9 +498,7 @@ def BEFORE_WITH(tx, inst):
     tx.push(tx.call(enter, [], {}))
 
 
-@op("LOAD_ASSERTION_ERROR")
-def LOAD_ASSERTION_ERROR(tx, inst):
-    tx.push(UserDefinedClassVariable(AssertionError))
+op("LOAD_ASSERTION_ERROR")(lambda tx, inst: tx.push(UserDefinedClassVariable(AssertionError)))
 
 
 # --- exceptions raised and handled inside traced code ----------------------------------
@@ -637,9 +587,7 @@ def IMPORT_NAME(tx, inst):
     tx.push(wrap(tx, mod, ConstSource(tx.output.guards.const(mod))))
 
 
-@op("IMPORT_FROM")
-def IMPORT_FROM(tx, inst):
-    tx.push(tx.getattr(tx.stack[-1], inst.argval))
+op("IMPORT_FROM")(lambda tx, inst: tx.push(tx.getattr(tx.stack[-1], inst.argval)))
 
 
 # 3.12-only handlers register themselves (last, so they win on 3.12).

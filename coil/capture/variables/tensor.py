@@ -301,9 +301,7 @@ def _is_custom_op(target) -> bool:
 
 def _input_value(tx, v):
     """The real tensor behind graph input ``v`` (None for a tensor made in the frame)."""
-    if v.source is None:
-        return None
-    return next((value for _, value, node in tx.output.inputs if node is v.node), None)
+    return None if v.source is None else next((value for _, value, node in tx.output.inputs if node is v.node), None)
 
 
 def _user_attr(tx, v, name):
@@ -349,7 +347,7 @@ def _wrap_sequence(out, node, result) -> VariableTracker:
             continue
         sub = out.graph.create_node("call_function", operator.getitem, (node, i), {})
         sub.meta["example_value"] = r
-        _copy_location(node, sub)
+        sub.meta.update({k: node.meta[k] for k in ("stack", "stack_trace") if k in node.meta})  # its source location
         items.append(TensorVariable(sub, r) if isinstance(r, torch.Tensor) else wrap_sym(out, r, ("node", sub)) if sym
                      else _wrap_sequence(out, sub, r))
     if type(result) is dict:
@@ -357,12 +355,6 @@ def _wrap_sequence(out, node, result) -> VariableTracker:
     if hasattr(type(result), "_fields") or hasattr(type(result), "n_fields"):
         return NamedTupleVariable(items, type(result))
     return ListVariable(items) if isinstance(result, list) else TupleVariable(items)
-
-
-def _copy_location(src, dst) -> None:
-    for key in ("stack", "stack_trace"):
-        if key in src.meta:
-            dst.meta[key] = src.meta[key]
 
 
 def wrap_result(tx, node, result) -> VariableTracker:

@@ -46,10 +46,8 @@ def lookup_backend(backend: Union[str, Backend]) -> Backend:
         module, attr = _LAZY[backend].split(":")
         fn = _BACKENDS[backend] = getattr(importlib.import_module(module), attr)
         return fn
-    raise ValueError(
-        f"unknown backend {backend!r}; valid backends are: {', '.join(list_backends())} "
-        "(or pass a callable backend(gm, example_inputs) -> callable)"
-    )
+    raise ValueError(f"unknown backend {backend!r}; valid backends are: {', '.join(list_backends())} "
+                     "(or pass a callable backend(gm, example_inputs) -> callable)")
 
 
 @register_backend("eager")

@@ -67,9 +67,7 @@ class CompileCounter:
 
     def clear(self) -> None:
         """Reset the counts (call ``coil.reset()`` too, to force recompiles)."""
-        self.frame_count = 0
-        self.op_count = 0
-        self.graphs = []
+        self.frame_count, self.op_count, self.graphs = 0, 0, []
 
     def __repr__(self) -> str:
         return f"CompileCounter(frame_count={self.frame_count}, op_count={self.op_count})"
@@ -104,9 +102,8 @@ def _compare_tensor(what: str, actual: torch.Tensor, expected: torch.Tensor,
         if torch.equal(a, e):
             return None
         bad = (a != e).nonzero()
-        return f"{what}: {bad.shape[0]} of {a.numel()} elements differ (exact dtype {a.dtype}); " \
-               f"first at index {tuple(bad[0].tolist())}: {a[tuple(bad[0])].item()} vs eager " \
-               f"{e[tuple(bad[0])].item()}"
+        return (f"{what}: {bad.shape[0]} of {a.numel()} elements differ (exact dtype {a.dtype}); first at index "
+                f"{tuple(bad[0].tolist())}: {a[tuple(bad[0])].item()} vs eager {e[tuple(bad[0])].item()}")
     d_atol, d_rtol = TOLERANCES.get(expected.dtype, (0.0, 0.0))
     at, rt = (d_atol if atol is None else atol), (d_rtol if rtol is None else rtol)
     if expected.dtype in _LOW_PRECISION and reference is not None:

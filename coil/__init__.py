@@ -6,8 +6,7 @@ define-by-run loop IR (:mod:`coil.ir`), fuses (:mod:`coil.schedule`) and generat
 Python wrapper (:mod:`coil.codegen`, :mod:`coil.runtime`). Every stage writes to the compile log (:mod:`coil.trace`,
 ``COIL_TRACE=<dir>``).
 
-See docs/architecture.md for the whole picture.
-"""
+See docs/architecture.md for the whole picture."""
 from coil import config, exc, trace  # noqa: F401
 from coil.api import (OptimizedModule, compile, cudagraph_mark_step_begin, disable, explain,  # noqa: F401
                       list_backends, mark_dynamic, mark_static, mark_unbacked, reset)

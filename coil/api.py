@@ -95,12 +95,10 @@ class OptimizedModule(torch.nn.Module):
     prefix, the very same tensors, so an optimizer built on either trains both), forwards attribute reads it does not
     have, and attribute writes but its own, to the original, and follows ``train()``/``eval()``: ``training`` is the
     original's flag, set by calling ``train``/``eval`` on either object. ``_orig_mod`` is the original module.
-    ``copy.deepcopy`` copies the original and compiles the copy afresh, so the copy runs its own weights.
-    """
+    ``copy.deepcopy`` copies the original and compiles the copy afresh, so the copy runs its own weights."""
 
     def __init__(self, mod: torch.nn.Module, compiled_call: Callable,
-                 rewrap: Optional[Callable[[torch.nn.Module], Callable]] = None,
-                 compile_args: Optional[dict] = None):
+                 rewrap: Optional[Callable[[torch.nn.Module], Callable]] = None, compile_args: Optional[dict] = None):
         super().__init__()
         self._orig_mod, self._compiled_call = mod, compiled_call
         # rewrap(module) -> compiled call: used by copy.deepcopy so that a copy
@@ -108,8 +106,7 @@ class OptimizedModule(torch.nn.Module):
         self._rewrap = rewrap
         # coil.compile's keyword arguments: pickling compiles the loaded module with them
         self._compile_args = compile_args
-        # `training` lives on the original only; reads fall through __getattr__.
-        del self.__dict__["training"]
+        del self.__dict__["training"]  # `training` lives on the original only; reads fall through __getattr__.
 
     def __deepcopy__(self, memo: dict) -> "OptimizedModule":
         mod = copy.deepcopy(self._orig_mod, memo)
@@ -203,11 +200,10 @@ def _compile_unpickled(mod: torch.nn.Module, args: dict) -> "OptimizedModule":
     return compile(mod, **args)
 
 
-def compile(fn_or_module: Union[Callable, torch.nn.Module, None] = None, *,
-            backend: Union[str, Callable] = "coil", mode: Optional[str] = None,
-            dynamic: Optional[bool] = None, fullgraph: bool = False, options: Optional[dict] = None,
-            disable: bool = False, recompile_limit: Optional[int] = None, name: Optional[str] = None,
-            isolate_recompiles: bool = False, shapes_spec: Any = None, **unknown: Any):
+def compile(fn_or_module: Union[Callable, torch.nn.Module, None] = None, *, backend: Union[str, Callable] = "coil",
+            mode: Optional[str] = None, dynamic: Optional[bool] = None, fullgraph: bool = False,
+            options: Optional[dict] = None, disable: bool = False, recompile_limit: Optional[int] = None,
+            name: Optional[str] = None, isolate_recompiles: bool = False, shapes_spec: Any = None, **unknown: Any):
     """Compile a function or ``nn.Module`` (torch.compile's signature).
 
     Args:
@@ -232,8 +228,7 @@ def compile(fn_or_module: Union[Callable, torch.nn.Module, None] = None, *,
     Raises:
         ValueError: unknown ``mode``, ``backend``, option key or value of an enumerated
             option (``cpu_backend``, ``partitioner``; the message lists the valid ones).
-        TypeError: a keyword torch.compile does not take. NotImplementedError: ``shapes_spec``.
-    """
+        TypeError: a keyword torch.compile does not take. NotImplementedError: ``shapes_spec``."""
     if unknown:
         raise TypeError(f"coil.compile() got unknown keyword(s) {', '.join(unknown)}: it takes torch.compile's "
                         "keywords; give coil.config options as options={name: value} (coil.config.option_names())")
@@ -299,6 +294,5 @@ def explain(fn: Callable, *args: Any, **kwargs: Any):
     return capture.explain(fn, *args, **kwargs)
 
 
-__all__ = ["compile", "reset", "disable", "explain", "list_backends", "OptimizedModule",
-           "mark_dynamic", "mark_static", "mark_unbacked",
-           "cudagraph_mark_step_begin"]
+__all__ = ["compile", "reset", "disable", "explain", "list_backends", "OptimizedModule", "mark_dynamic", "mark_static",
+           "mark_unbacked", "cudagraph_mark_step_begin"]

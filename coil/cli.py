@@ -35,8 +35,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     add_conformance(sub)
     _add_report(sub)
     a = parser.parse_args(argv)
-    runner = {"demo": run_demo, "bench": run_bench, "conformance": run_conformance, "report": _run_report}[a.command]
-    return runner(a)
+    return {"demo": run_demo, "bench": run_bench, "conformance": run_conformance, "report": _run_report}[a.command](a)
 
 
 if __name__ == "__main__":

@@ -11,8 +11,7 @@ overridden three ways, later ones winning:
 
 Unknown option names, and values of the enumerated options (``cpu_backend``, ``partitioner``, ``dynamic``)
 outside their values, raise ``ValueError`` listing the valid ones. The options in
-force for a compilation are written to the compile log (event ``config``).
-"""
+force for a compilation are written to the compile log (event ``config``)."""
 from __future__ import annotations
 
 import os

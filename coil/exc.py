@@ -7,8 +7,7 @@
   what to do.
 - :class:`BackendCompilerFailed` wraps an exception raised by a backend, naming it.
 
-Messages say what happened *and* what to do about it (STYLE.md §6).
-"""
+Messages say what happened *and* what to do about it (STYLE.md §6)."""
 from __future__ import annotations
 
 import linecache
@@ -67,8 +66,7 @@ class Unsupported(CoilError):
     """A construct capture cannot trace. Becomes a graph break.
 
     ``reason`` is a short, stable description ("call to print", "data-dependent
-    branch on a tensor"), ``hint`` what a user can do instead.
-    """
+    branch on a tensor"), ``hint`` what a user can do instead."""
 
     def __init__(self, reason: str, hint: str = "", location: Optional[SourceLocation] = None):
         self.reason, self.hint, self.location = reason, hint, location
@@ -92,8 +90,7 @@ class GraphBreakInFullgraph(UserError):
 class BackendCompilerFailed(CoilError):
     """A backend raised while compiling a graph.
 
-    Attributes: ``backend_name`` (str) and ``inner`` (the original exception).
-    """
+    Attributes: ``backend_name`` (str) and ``inner`` (the original exception)."""
 
     def __init__(self, backend_name: str, inner: BaseException):
         self.backend_name, self.inner = backend_name, inner

@@ -17,8 +17,7 @@ Modules, in pipeline order:
 - :mod:`coil.aot.backend`: the ``"aot_eager"`` backend.
 
 Invariants: graphs given to compilers have no mutation, no written aliases, no
-``prims.*`` ops, and ``meta["val"]`` on every node. docs/aot.md has the details.
-"""
+``prims.*`` ops, and ``meta["val"]`` on every node. docs/aot.md has the details."""
 from coil.aot.compile import aot_compile
 from coil.aot.partition import Partition, default_partition, min_cut_partition
 

@@ -4,8 +4,7 @@ Functionalization treats every input as its own storage, so the inputs of one st
 expanded input) are replaced by one **synthetic base**, a 1-D tensor spanning the memory they cover, and the program is
 traced as ``with_bases(*other_inputs, *bases)``, which rebuilds each member as an ``as_strided`` view of its base.
 :class:`OverlapGuard` raises :class:`RunEagerly` for a write functionalization would get wrong, and a call whose inputs
-are grouped differently runs eagerly (``aot_input_groups_eager``). docs/aot.md, "Inputs sharing memory".
-"""
+are grouped differently runs eagerly (``aot_input_groups_eager``). docs/aot.md, "Inputs sharing memory"."""
 from __future__ import annotations
 
 import dataclasses
@@ -144,10 +143,8 @@ class InputGroups:
         out = [fake_args[i] for i in self.kept]
         with fake_mode:
             for g in self.groups:
-                first = fake_args[g.members[0][0]]
-                full = torch.empty(g.span, dtype=g.dtype, device=first.device)
-                rg = [fake_args[m[0]].requires_grad for m in g.members]
-                if any(rg):
+                full = torch.empty(g.span, dtype=g.dtype, device=fake_args[g.members[0][0]].device)
+                if any(rg := [fake_args[m[0]].requires_grad for m in g.members]):
                     full.requires_grad_(True)
                     if not all(fake_args[m[0]].is_leaf for m, r in zip(g.members, rg) if r):
                         full = full.clone()  # written by the program: not a leaf, as in eager
@@ -162,8 +159,7 @@ class InputGroups:
             full: list = [None] * n
             for i, a in zip(kept, args):
                 full[i] = a
-            bases = args[len(kept):]
-            for g, base in zip(groups, bases):
+            for g, base in zip(groups, args[len(kept):]):
                 for i, size, stride, off in g.members:
                     full[i] = torch.as_strided(base, size, stride, off)
             out = fn(*full)
@@ -172,8 +168,7 @@ class InputGroups:
             for g in groups:
                 for m in g.members:
                     t = full[m[0]]
-                    lay = (tuple(t.shape), t.stride(), t.storage_offset())
-                    if lay != m[1:]:
+                    if (lay := (tuple(t.shape), t.stride(), t.storage_offset())) != m[1:]:
                         self.restrides[m[0]] = lay
             return out
         return with_bases
@@ -189,9 +184,8 @@ class InputGroups:
                 return None
             ptr = ts[0].untyped_storage().data_ptr()
             for t, (_, size, stride, off) in zip(ts, g.members):
-                if (t.untyped_storage().data_ptr() != ptr or t.dtype != g.dtype
-                        or tuple(t.shape) != size or t.stride() != stride
-                        or t.storage_offset() != off):
+                if (t.untyped_storage().data_ptr() != ptr or t.dtype != g.dtype or tuple(t.shape) != size
+                        or t.stride() != stride or t.storage_offset() != off):
                     return None
             if (src := _covering(ts, 0, g.span)) is None:
                 return None
@@ -276,8 +270,7 @@ class OverlapGuard(TorchDispatchMode):
             raise RunEagerly(f"{func} swaps a tensor's storage")
         if refused := _eager_refuses(func, args, kwargs):
             raise RunEagerly(f"eager raises at {func} whatever the elements, the graph would not: {refused}")
-        written = _written_args(func)
-        for k, name in written:
+        for k, name in _written_args(func):
             t = args[k] if k < len(args) else kwargs.get(name)
             if isinstance(t, torch.Tensor) and (_overlaps(t) or any(
                     _partial_overlap(t, o) for o in pytree.tree_leaves((args, kwargs)))):

@@ -2,8 +2,7 @@
 Python (``GraphModule.forward``, i.e. each ATen op called eagerly).
 
 Use it to check tracing, functionalization, decompositions and partitioning apart from code generation:
-``torch.compile(fn, backend=coil.aot.backend.aot_eager)`` or ``coil.compile(fn, backend="aot_eager")``.
-"""
+``torch.compile(fn, backend=coil.aot.backend.aot_eager)`` or ``coil.compile(fn, backend="aot_eager")``."""
 from __future__ import annotations
 
 from typing import Callable

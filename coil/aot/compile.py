@@ -11,8 +11,7 @@ A graph holding ``nested_compile_region`` calls is compiled region by region ins
 (coil/aot/regions.py): each distinct region once, the ops between calls as segments.
 
 Parameters and buffers that are still attributes of ``gm`` (e.g. a ``torch.fx.symbolic_trace``d module) are lifted to
-extra leading inputs, so they get gradients and their mutations (BatchNorm statistics) are replayed.
-"""
+extra leading inputs, so they get gradients and their mutations (BatchNorm statistics) are replayed."""
 from __future__ import annotations
 
 import contextlib
@@ -115,8 +114,7 @@ def _fake_as_at_call(vals: list, example_inputs: list) -> list:
     stay valid. Unchanged (``vals``) outside torch's capture, or when some tensor input was not recorded by it."""
     from torch._guards import TracingContext  # torch's capture → backend seam, not torch._dynamo
     ctx = TracingContext.try_get()
-    mode = getattr(ctx, "fake_mode", None)
-    if mode is None or mode.shape_env is None or len(vals) != len(example_inputs):
+    if (mode := getattr(ctx, "fake_mode", None)) is None or mode.shape_env is None or len(vals) != len(example_inputs):
         return vals
     recorded = ctx.tensor_to_context
     for v, x in zip(vals, example_inputs):
@@ -149,12 +147,11 @@ def _refuse_mutated_aliased_inputs(example_inputs: list, mutated: list) -> None:
             owners.setdefault(st.data_ptr(), []).append(i)
     for group in owners.values():
         if len(group) > 1 and any(i in mutated for i in group):
-            raise CoilError(
-                f"coil.aot: graph inputs {group} share memory and input "
-                f"{[i for i in group if i in mutated]} is mutated in place; coil traces inputs "
-                "as independent tensors, so the other views would not see the write.\n"
-                "  what to do: pass only the base tensor (and index it inside the function), "
-                "or clone one of the inputs before the call.")
+            raise CoilError(f"coil.aot: graph inputs {group} share memory and input "
+                            f"{[i for i in group if i in mutated]} is mutated in place; coil traces inputs "
+                            "as independent tensors, so the other views would not see the write.\n"
+                            "  what to do: pass only the base tensor (and index it inside the function), "
+                            "or clone one of the inputs before the call.")
 
 
 def _clone_saved_mutated_inputs(fw: torch.fx.GraphModule, info, n_fw: int, num_saved: int) -> None:
@@ -175,8 +172,7 @@ def _clone_saved_mutated_inputs(fw: torch.fx.GraphModule, info, n_fw: int, num_s
             n = n.args[0]
         return n in mutated
     out = next(n for n in fw.graph.nodes if n.op == "output")
-    args = list(out.args[0])
-    changed = []
+    args, changed = list(out.args[0]), []
     for k in range(n_fw, n_fw + num_saved):
         if isinstance(args[k], torch.fx.Node) and of_mutated(args[k]):
             with fw.graph.inserting_before(out):
@@ -198,8 +194,7 @@ def _clone_saved_mutated_inputs(fw: torch.fx.GraphModule, info, n_fw: int, num_s
 def _storage_objects_preserved() -> bool:
     """Whether a tensor's ``untyped_storage()`` is one Python object per storage, hashed by identity (torch preserves
     a storage's Python object; checked here on two views of one storage)."""
-    t = torch.empty(2)
-    st = torch.UntypedStorage
+    t, st = torch.empty(2), torch.UntypedStorage
     return t.untyped_storage() is t[1:].untyped_storage() and st.__hash__ is object.__hash__ and \
         st.__eq__ is object.__eq__
 
@@ -252,10 +247,8 @@ def _graph_text(gm: torch.fx.GraphModule, header: str) -> Callable[[], str]:
     return lambda: f"# {header}\n" + gm.print_readable(print_output=False)
 
 
-def aot_compile(gm: Callable, example_inputs: list, fw_compiler: Callable,
-                bw_compiler: Optional[Callable] = None,
-                partition_fn: Callable = min_cut_partition,
-                decompositions: Optional[dict] = None) -> Callable:
+def aot_compile(gm: Callable, example_inputs: list, fw_compiler: Callable, bw_compiler: Optional[Callable] = None,
+                partition_fn: Callable = min_cut_partition, decompositions: Optional[dict] = None) -> Callable:
     """Compile ``gm`` (a torch-level ``torch.fx.GraphModule`` or any traceable
     callable taking tensors positionally) ahead of time, autograd included.
 
@@ -269,8 +262,7 @@ def aot_compile(gm: Callable, example_inputs: list, fw_compiler: Callable,
     Returns a callable with ``gm``'s calling convention. The inference path (one graph) is taken when grad mode is off
     at compile time or no input (or no output) requires grad; otherwise the training path. Shapes are specialized to the
     example inputs unless these are fake tensors with symbolic sizes. Raises :class:`coil.exc.CoilError` for programs it
-    cannot handle (metadata mutation of inputs).
-    """
+    cannot handle (metadata mutation of inputs)."""
     bw_compiler = bw_compiler or fw_compiler
     if isinstance(gm, torch.fx.GraphModule) and region_calls(gm):
         # nested_compile_region calls: each region compiled once (coil/aot/regions.py)
@@ -287,8 +279,7 @@ def aot_compile(gm: Callable, example_inputs: list, fw_compiler: Callable,
     if symbolic is not None:
         example_inputs = symbolic
     if isinstance(gm, torch.nn.Module):
-        named = list(gm.named_parameters(remove_duplicate=False)) + list(gm.named_buffers(remove_duplicate=False))
-        if named:
+        if named := list(gm.named_parameters(remove_duplicate=False)) + list(gm.named_buffers(remove_duplicate=False)):
             names = [n for n, _ in named]
             lifted = [t for _, t in named]
             n_lift = len(names)
@@ -361,8 +352,7 @@ def preserve_global_state():
     (:func:`saved_tensors_hooks_aside`)."""
     grad = torch.is_grad_enabled()
     saved = [(d, torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in AUTOCAST_DEVICES]
-    cache = torch.is_autocast_cache_enabled()
-    nesting = torch.autocast_increment_nesting() - 1
+    cache, nesting = torch.is_autocast_cache_enabled(), torch.autocast_increment_nesting() - 1
     torch.autocast_decrement_nesting()
     try:
         with saved_tensors_hooks_aside():
@@ -441,8 +431,7 @@ def _compile(fn, example_inputs, fw_compiler, bw_compiler, partition_fn, decompo
         # values that alias the body's inputs: detach decomposed to alias makes them
         decomps = {k: v for k, v in decomps.items() if k is not torch.ops.aten.detach.default}
     fake_mode, fake_args = fakeify(example_inputs)
-    grad = torch.is_grad_enabled()
-    user_fn = fn
+    grad, user_fn = torch.is_grad_enabled(), fn
     try:
         if isinstance(fn, torch.fx.GraphModule) and fn.graph.find_nodes(
                 op="call_function", target=torch.autograd.grad_mode._enter_inference_mode):
@@ -452,8 +441,7 @@ def _compile(fn, example_inputs, fw_compiler, bw_compiler, partition_fn, decompo
         info, fw_gm = (one[1].program, None if grad else one[0]) if one else (
             analyze(fn, fake_args, fake_mode, grad), None)
         if (groups := input_groups(fake_args, info.mutated_inputs)) is not None:
-            # inputs sharing memory with a mutated one: traced through synthetic bases
-            fn = groups.wrap(fn)
+            fn = groups.wrap(fn)  # inputs sharing memory with a mutated one: traced through synthetic bases
             fake_args = groups.fake_args(fake_args, fake_mode)
             example_inputs = fake_args
             info, one, fw_gm = analyze(fn, fake_args, fake_mode, grad), None, None
@@ -613,15 +601,13 @@ def _check_offsets_per_call(runner: Callable, gm: torch.fx.GraphModule, fake_arg
         src = n.args[0]
         while src.op == "call_function" and getattr(src.target, "is_view", False):
             src = src.args[0]
-        if src in places:
-            k = places.index(src)
-            if k < len(fake_args) and isinstance(fake_args[k], torch.Tensor):
-                found[k] = fake_args[k].storage_offset()
-                size, stride, off = n.args[1], n.args[2], (n.args[3:] or [None])[0]
-                off = n.args[0].meta["val"].storage_offset() if off is None else off
-                if all(type(v) is int for v in (*size, *stride, off)) and 0 not in size:
-                    last = off + sum((a - 1) * b for a, b in zip(size, stride)) + 1
-                    need[k] = max(need.get(k, 0), last * n.meta["val"].element_size())
+        if src in places and (k := places.index(src)) < len(fake_args) and isinstance(fake_args[k], torch.Tensor):
+            found[k] = fake_args[k].storage_offset()
+            size, stride, off = n.args[1], n.args[2], (n.args[3:] or [None])[0]
+            off = n.args[0].meta["val"].storage_offset() if off is None else off
+            if all(type(v) is int for v in (*size, *stride, off)) and 0 not in size:
+                last = off + sum((a - 1) * b for a, b in zip(size, stride)) + 1
+                need[k] = max(need.get(k, 0), last * n.meta["val"].element_size())
     if not all(isinstance(v, int) for v in found.values()):
         found = {}
     if not found and not need:

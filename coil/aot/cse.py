@@ -4,8 +4,7 @@ Hugging Face models slice and expand the attention mask inside every attention c
 12 identical ``slice``/``expand`` chains, and code generation materialized 12 identical masks. This pass keeps the first
 of every set of nodes that call the same ``OpOverload`` on the same arguments (nodes by identity after earlier merges,
 Python values by equality and type) and points the users of the others at it. Ops that mutate or draw random numbers,
-duplicates that are graph outputs (two outputs stay two tensors, as in eager) and placeholders are left alone.
-"""
+duplicates that are graph outputs (two outputs stay two tensors, as in eager) and placeholders are left alone."""
 from __future__ import annotations
 
 import torch

@@ -6,8 +6,7 @@ requiring grad). :func:`trace_inference` / :func:`trace_joint` trace it under ``
 decompositions to one flat-argument ATen GraphModule, ``(*inputs) -> (*mutated_input_values, *graph_outputs)``, or for
 the joint ``(*primals, *tangents) -> (*mutated_input_values, *graph_outputs, *input_grads)`` (``JointInfo.grad_is_none``
 lists dropped grads). "Graph outputs" own their storage; aliases are rebuilt by :mod:`coil.aot.runtime`. The graphs'
-invariants (functional, no ``prims.*``, ``meta["val"]`` everywhere): docs/aot.md.
-"""
+invariants (functional, no ``prims.*``, ``meta["val"]`` everywhere): docs/aot.md."""
 from __future__ import annotations
 
 import contextlib
@@ -199,8 +198,7 @@ class _ViewRewrites(TorchDispatchMode):
     - ``squeeze_`` of a tensor with symbolic sizes (:func:`_squeeze_`).
     docs/aot.md ("Inputs sharing memory") has the cases."""
 
-    # higher-order operators (torch.cond...) pass through (docs/hops.md)
-    supports_higher_order_operators = True
+    supports_higher_order_operators = True  # higher-order operators (torch.cond...) pass through (docs/hops.md)
 
     def __init__(self):
         super().__init__()
@@ -256,8 +254,7 @@ class _ViewRewrites(TorchDispatchMode):
         if func is aten.expand.default and (_static(out.shape, src.shape) and out.numel() == src.numel()
                                             or _adds_unit_dims(src, args[1])):
             out = aten.view.default(src, out.shape)
-        root = self.roots.get(src, src)
-        strided = func is aten.as_strided.default
+        root, strided = self.roots.get(src, src), func is aten.as_strided.default
         if strided and root is not src and src.requires_grad and torch.is_grad_enabled() and \
                 not _reads_inside(out, src):  # a.narrow(0, 1, 1).as_strided((2,), (1,), 13) (s1027 #616)
             raise RunEagerly(OUTSIDE_GRAD_MESSAGE)
@@ -393,8 +390,7 @@ def _analyze(fn, fake_args, fake_mode, grad, drop_error_checks) -> ProgramInfo:
     with fake_mode, untraced(fake_mode), torch.set_grad_enabled(grad), without_cudnn_choices():
         with FunctionalTensorMode():
             f_args = [_to_functional(a) for a in fake_args]
-            before = _aliases_before(f_args)
-            grad_fns = [getattr(a, "grad_fn", None) for a in f_args]
+            before, grad_fns = _aliases_before(f_args), [getattr(a, "grad_fn", None) for a in f_args]
             with OverlapGuard(inputs=f_args):  # eager's refusal of overlapping writes
                 outs = _call(fn, f_args, drop_error_checks)
         return _describe(fn, fake_args, f_args, before, outs, grad, drop_error_checks, fake_mode, grad_fns=grad_fns)
@@ -471,8 +467,7 @@ def _describe(fn, fake_args, f_args, before, outs, grad, drop_error_checks, fake
         if earlier:  # the same tensor returned twice: the same object twice
             outputs.append(OutputInfo("same_as_output", earlier[0], **meta))
             continue
-        st = StorageWeakRef(o.untyped_storage())
-        if st in input_storage:
+        if (st := StorageWeakRef(o.untyped_storage())) in input_storage:
             # a view as another dtype (view(dtype)) is not differentiable; the graph computes a differentiable
             # one (view_as_real: a copy) and one of an input whose elements share memory (an expand): as_strided
             # of that differentiates its storage (each element got the mean of theirs), not its elements
@@ -504,8 +499,7 @@ def _describe(fn, fake_args, f_args, before, outs, grad, drop_error_checks, fake
                     outputs[k].kind, outputs[k].index = "alias_of_output", owner
                     outputs[k].src_stride = tuple(flat_outs[owner].stride())
         else:
-            # all are views of an intermediate: return that base too
-            base_sources.append(first)
+            base_sources.append(first)  # all are views of an intermediate: return that base too
             for k in members:
                 outputs[k].kind, outputs[k].index = "alias_of_base", len(base_sources) - 1
                 outputs[k].src_stride = tuple(flat_outs[first]._base.stride())
@@ -710,8 +704,7 @@ def _make_fx(fn: Callable, args: list, decompositions: dict, fake_mode: FakeTens
         gm = make_fx(_traced(fn, args), decomposition_table=decompositions, tracing_mode=mode)(*args)
     _cudnn_layouts(gm, fake_mode)
     _insert_zero_division_checks(gm)
-    env = fake_mode.shape_env
-    if env is not None and any(env.deferred_runtime_asserts.values()):
+    if (env := fake_mode.shape_env) is not None and any(env.deferred_runtime_asserts.values()):
         _insert_runtime_asserts(gm, env, [item_memo(a) for a in pytree.tree_leaves(args)])
     return gm
 
@@ -776,8 +769,7 @@ def _insert_runtime_asserts(gm: torch.fx.GraphModule, env, memos: list) -> None:
     runtime asserts, which tracing leaves out of the graph, so the compiled program returned values where eager
     raised. Each check goes right after the node that binds its symbols (torch.fx's
     ``insert_deferred_runtime_asserts``); logged ``runtime_asserts``."""
-    before = len(gm.graph.nodes)
-    places = gm.graph.find_nodes(op="placeholder")
+    before, places = len(gm.graph.nodes), gm.graph.find_nodes(op="placeholder")
     for n in gm.graph.find_nodes(op="call_function", target=aten._local_scalar_dense.default):
         # ``.item()`` of an input whose fake carries the capture's symbol (item_memo): no binding was recorded, so its
         # checks (and a view's ``6 % u0 == 0``) had no node to follow; the read binds the symbol. One since replaced
@@ -792,8 +784,7 @@ def _insert_runtime_asserts(gm: torch.fx.GraphModule, env, memos: list) -> None:
             if ra.msg.startswith(ZERO_DIVISION_MARK)}     # (capture's, for Python's ZeroDivisionError: its message)
     for n in gm.graph.find_nodes(op="call_function", target=aten._assert_scalar.default):
         n.args = (n.args[0], next((m for e, m in ours.items() if e in str(n.args[1])), n.args[1]))
-    added = [str(n.args[1]) for n in gm.graph.nodes if n.target is torch.ops.aten._assert_scalar.default]
-    if added:
+    if added := [str(n.args[1]) for n in gm.graph.nodes if n.target is torch.ops.aten._assert_scalar.default]:
         gm.recompile()
         trace.log("runtime_asserts", stage="aot", asserts=added, nodes=len(gm.graph.nodes) - before)
 
@@ -939,8 +930,7 @@ def _autograd_nodes(tensors, seen: Callable):
     """The autograd nodes reachable from ``tensors`` through nodes not ``seen`` (asked once per visit), depth first."""
     todo = [_grad_fn(t) for t in tensors if isinstance(t, torch.Tensor)]
     while todo:
-        node = todo.pop()
-        if node is not None and not seen(node):
+        if (node := todo.pop()) is not None and not seen(node):
             yield node
             todo.extend(fn for fn, _ in node.next_functions)
 
@@ -1059,8 +1049,7 @@ def trace_inference(fn: Callable, fake_args: list, info: ProgramInfo, decomposit
 
     def inference(primals):
         with FunctionalTensorMode():
-            f_args = [_to_functional(a) for a in primals]
-            vals = _forward_values(fn, f_args, info)
+            vals = _forward_values(fn, [_to_functional(a) for a in primals], info)
         return [_from_functional(v) for v in vals]
     return _flatten_signature(_make_fx(inference, [list(fake_args)], decompositions, fake_mode))
 

@@ -4,8 +4,7 @@ A :class:`Partition` of the joint graph of :func:`coil.aot.functional.trace_join
 [*forward_outputs, *saved]`` and ``bw``: ``(*saved, *tangents) -> [*grads]``. :func:`default_partition` saves every
 forward-region value the backward reads; :func:`min_cut_partition` saves the fewest bytes that let the backward compute
 what it needs (a minimum s-t cut, :func:`_sink_side`), recomputing cheap ops. The flow network, what counts as cheap and
-the ``aot_partition`` log event: docs/aot.md, "Partitioners".
-"""
+the ``aot_partition`` log event: docs/aot.md, "Partitioners"."""
 from __future__ import annotations
 
 import copy
@@ -46,10 +45,8 @@ class Partition:
 def node_bytes(node: torch.fx.Node) -> int:
     """Bytes of a node's value (a tensor: numel * itemsize, symbolic sizes by their hint; a SymInt/int/float: 8;
     anything else: 0)."""
-    val = node.meta.get("val")
-    if isinstance(val, torch.Tensor):
-        numel = val.numel()
-        if isinstance(numel, torch.SymInt):
+    if isinstance(val := node.meta.get("val"), torch.Tensor):
+        if isinstance(numel := val.numel(), torch.SymInt):
             numel = numel.node.hint if numel.node.has_hint() else 4096
         return int(numel) * val.element_size()
     return 8 if isinstance(val, (torch.SymInt, torch.SymFloat, int, float, bool)) else 0
@@ -90,8 +87,7 @@ def recompute_ban_reason(node: torch.fx.Node) -> Optional[str]:
         return None
     if node.op != "call_function":
         return f"{node.op} node"
-    target = node.target
-    if target is operator.getitem:
+    if (target := node.target) is operator.getitem:
         return recompute_ban_reason(node.args[0])
     if not isinstance(target, torch._ops.OpOverload):
         return None if target in (operator.add, operator.mul, operator.sub, operator.floordiv) else f"call to {target}"
@@ -103,8 +99,7 @@ def recompute_ban_reason(node: torch.fx.Node) -> Optional[str]:
         src = node.args[0]
         n = node_bytes(src) // max(src.meta["val"].element_size(), 1) if isinstance(src, torch.fx.Node) else 0
         return None if n <= config.aot_max_recompute_reduction else f"reduction over {n} elements"
-    name = target._schema.name.split("::")[-1]
-    if name in ("mm", "addmm", "bmm", "baddbmm", "matmul"):
+    if (name := target._schema.name.split("::")[-1]) in ("mm", "addmm", "bmm", "baddbmm", "matmul"):
         return "matmul"
     if "convolution" in name:
         return "convolution"
@@ -150,8 +145,7 @@ def _ancestors(roots, stop: set) -> set:
     seen: set = set()
     stack = [r for r in roots if isinstance(r, torch.fx.Node)]
     while stack:
-        n = stack.pop()
-        if n in seen or n in stop:
+        if (n := stack.pop()) in seen or n in stop:
             continue
         seen.add(n)
         stack.extend(n.all_input_nodes)
@@ -253,16 +247,14 @@ def default_partition(joint: torch.fx.GraphModule, info: JointInfo) -> Partition
     """Save every forward-region value the backward reads; recompute nothing.
 
     Returns a :class:`Partition`. Tuple-valued nodes are never saved (their ``getitem`` users are)."""
-    regions = _Regions(joint, info)
-    saved = []
+    regions, saved = _Regions(joint, info), []
     for n in regions.read_by_backward():
         if _saveable(n):
             saved.append(n)
         else:
             saved.extend(u for u in n.users if u not in regions.bw and _saveable(u))
     saved = sorted(set(saved), key=regions.order.__getitem__)
-    reasons = dict.fromkeys(saved, "read by the backward")
-    return _build(joint, info, regions, saved, reasons, "default")
+    return _build(joint, info, regions, saved, dict.fromkeys(saved, "read by the backward"), "default")
 
 
 def checkpointed(candidates, regions: _Regions) -> set:
@@ -271,11 +263,9 @@ def checkpointed(candidates, regions: _Regions) -> set:
     bodies and copied onto the ATen nodes by make_fx): never saved, always recomputed in the backward. A region's
     outputs (read by a forward node outside it, or returned by the forward) are kept (saved, as eager's checkpoint
     keeps the next region's inputs); random ops stay ordinary candidates (recomputing would draw other numbers)."""
-    out = set()
-    fw_outs = set(regions.fw_outputs)
+    out, fw_outs = set(), set(regions.fw_outputs)
     for n in candidates:
-        tag = _region_tag(n)
-        if tag is None or n.op != "call_function":
+        if (tag := _region_tag(n)) is None or n.op != "call_function":
             continue
         if _draws_random(n.args[0] if n.target is operator.getitem else n):
             continue
@@ -291,8 +281,7 @@ def _draws_random(n) -> bool:
             torch.Tag.nondeterministic_seeded not in n.target.tags:
         return False
     if "attention" in n.target._schema.name:
-        p = n.kwargs.get("dropout_p", n.args[3] if len(n.args) > 3 else 0.0)
-        return p != 0
+        return n.kwargs.get("dropout_p", n.args[3] if len(n.args) > 3 else 0.0) != 0
     return True
 
 
@@ -311,11 +300,9 @@ def min_cut_partition(joint: torch.fx.GraphModule, info: JointInfo) -> Partition
     cut is infinite (a bug: something the backward needs can neither be saved nor recomputed)."""
     regions = _Regions(joint, info)
     sinks = regions.read_by_backward()
-    candidates = _ancestors(sinks, stop=regions.bw)
-    inf = math.inf
+    candidates, inf = _ancestors(sinks, stop=regions.bw), math.inf
     arcs: list = []     # (from, to, capacity) of the flow network
-    bans = {}
-    must_recompute = checkpointed(candidates, regions)
+    bans, must_recompute = {}, checkpointed(candidates, regions)
     grad_leaves = {regions.primals[i] for i in info.grad_inputs if i not in info.nonleaf_inputs}
     free_inputs = {p for p in regions.primals if p not in grad_leaves and isinstance(p.meta.get("val"), torch.Tensor)}
     for n in candidates:
@@ -343,14 +330,12 @@ def min_cut_partition(joint: torch.fx.GraphModule, info: JointInfo) -> Partition
             arcs.append(("source", n.name + "_in", inf))
         arcs.extend((a.name + "_out", n.name + "_in", inf) for a in n.all_input_nodes if a in candidates)
     arcs.extend((n.name + "_out", "sink", inf) for n in sinks)
-    sink_side = _sink_side(arcs, "source", "sink")
-    if sink_side is None:
+    if (sink_side := _sink_side(arcs, "source", "sink")) is None:
         raise InternalError("aot min-cut: no finite cut (a value the backward needs can be "
                             "neither saved nor recomputed)")
     if must_recompute:
         trace.log("aot_checkpoint", stage="aot", recomputed=len(must_recompute))
-    saved = sorted((n for n in candidates
-                    if n.name + "_in" not in sink_side and n.name + "_out" in sink_side),
+    saved = sorted((n for n in candidates if n.name + "_in" not in sink_side and n.name + "_out" in sink_side),
                    key=regions.order.__getitem__)
     reasons = {n: f"not recomputable: {bans[n]}" if bans[n] is not None else
                "min cut: cheaper to save than to recompute from saved values" for n in saved}

@@ -4,8 +4,7 @@ Capture turns each region call into ``invoke_region(region_k, "region_k", *opera
 graph and input metadata sharing one ``region_k``. :func:`compile_regional` cuts such a graph at the calls into steps
 run in order: each distinct region compiled once by ``aot_compile`` with the caller's compilers, the ops between calls
 as *segments* (equal ones once), gradients flowing between steps through autograd. Graphs it cannot cut, and pieces that
-fail, compile whole with the regions inlined (event ``region_inlined``). docs/hops.md, "Regional compilation".
-"""
+fail, compile whole with the regions inlined (event ``region_inlined``). docs/hops.md, "Regional compilation"."""
 from __future__ import annotations
 
 import operator

@@ -208,16 +208,14 @@ class _Rewriter:
     def cast(self, t: torch.fx.Node, dtype: torch.dtype, before: torch.fx.Node) -> torch.fx.Node:
         if t.meta["val"].dtype == dtype:
             return t
-        key = (t, dtype)
-        if key not in self.casts:
+        if (key := (t, dtype)) not in self.casts:
             self.casts[key] = self._new(before, aten._to_copy.default, (t,), {"dtype": dtype})
         return self.casts[key]
 
     def rewrite_use(self, node: torch.fx.Node) -> None:
         """Replace the symbolic-number arguments of ATen op ``node`` by 0-d tensors."""
         op = node.target
-        schema = op._schema
-        if schema.is_mutable:
+        if (schema := op._schema).is_mutable:
             return
         names = [a.name for a in schema.arguments]
         given = dict(zip(names, node.args))
@@ -312,8 +310,7 @@ class _Rewriter:
         """``scalar_tensor(s)`` → a copy of the 0-d tensor in the dtype asked for;
         ``full(size, s)`` / ``new_full(x, size, s)`` → that copy expanded to ``size``
         and made contiguous; ``full_like(x, s)`` → ``ones_like(x) * copy``."""
-        out = node.meta.get("val")
-        if not isinstance(out, torch.Tensor) or not self._same_device(node, [t]):
+        if not isinstance(out := node.meta.get("val"), torch.Tensor) or not self._same_device(node, [t]):
             return
         def build():
             rep = self._new(node, aten._to_copy.default, (t,), {"dtype": out.dtype})
@@ -337,8 +334,7 @@ def _call_args(op: torch._ops.OpOverload, given: dict) -> tuple:
     pos_args = [a for a in op._schema.arguments if not a.kwarg_only]
     last = max((i for i, a in enumerate(pos_args) if a.name in given), default=-1)
     args = tuple(given[a.name] if a.name in given else a.default_value for a in pos_args[:last + 1])
-    kwargs = {a.name: given[a.name] for a in op._schema.arguments if a.kwarg_only and a.name in given}
-    return args, kwargs
+    return args, {a.name: given[a.name] for a in op._schema.arguments if a.kwarg_only and a.name in given}
 
 
 def _val(a: Any) -> Any:

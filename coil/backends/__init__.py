@@ -10,8 +10,7 @@ Registered here:
 - ``"coil"``: capture → AOT → loop IR → fused kernels (the whole pipeline).
 - ``"inductor"``: hand the graph to torch's own Inductor, to compare against.
 
-Add one with :func:`register_backend`.
-"""
+Add one with :func:`register_backend`."""
 from coil.backends.registry import (  # noqa: F401
     list_backends,
     lookup_backend,

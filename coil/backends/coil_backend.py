@@ -4,8 +4,7 @@
 compile_aten_graph`` (loop IR → scheduler → Triton on CUDA tensors, C++/OpenMP on CPU tensors by default).
 
 If code generation fails for one ATen graph (an internal error in coil), that graph runs through the FX interpreter
-instead, and the compile log records why (event ``codegen_fallback``); results stay correct, only slower.
-"""
+instead, and the compile log records why (event ``codegen_fallback``); results stay correct, only slower."""
 from __future__ import annotations
 
 import traceback

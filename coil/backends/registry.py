@@ -37,8 +37,7 @@ def list_backends() -> list[str]:
 def lookup_backend(backend: Union[str, Backend]) -> Backend:
     """Resolve a backend name (or pass a callable through).
 
-    Raises ``ValueError`` listing the valid names for an unknown one.
-    """
+    Raises ``ValueError`` listing the valid names for an unknown one."""
     if callable(backend):
         return backend
     if backend in _BACKENDS:
@@ -47,10 +46,8 @@ def lookup_backend(backend: Union[str, Backend]) -> Backend:
         module, attr = _LAZY[backend].split(":")
         fn = _BACKENDS[backend] = getattr(importlib.import_module(module), attr)
         return fn
-    raise ValueError(
-        f"unknown backend {backend!r}; valid backends are: {', '.join(list_backends())} "
-        "(or pass a callable backend(gm, example_inputs) -> callable)"
-    )
+    raise ValueError(f"unknown backend {backend!r}; valid backends are: {', '.join(list_backends())} "
+                     "(or pass a callable backend(gm, example_inputs) -> callable)")
 
 
 @register_backend("eager")

@@ -10,8 +10,7 @@ resume function, captured in turn).
 
 Invariant: the compiled entry is observationally the frame (outputs, mutations in order, exceptions); what capture
 cannot prove is a graph break or a visible eager fallback. Public seam (used by :mod:`coil.api`): :func:`wrap_callable`,
-:func:`reset`, :func:`disable`, :func:`explain`.
-"""
+:func:`reset`, :func:`disable`, :func:`explain`."""
 from __future__ import annotations
 
 import inspect
@@ -42,14 +41,12 @@ def wrap_callable(fn_or_module, *, backend: Callable, fullgraph: bool = False, d
 
     A builtin or an ATen op (``torch.fmod``, ``torch.ops.aten.add``) is captured through a Python function that calls
     it, a callable object through its ``__call__``; other callables (classes, C extensions) run eagerly, with a warning
-    and a ``compile_target_eager`` log entry.
-    """
+    and a ``compile_target_eager`` log entry."""
     cfg = CaptureConfig(backend, fullgraph, dynamic, options)
     if isinstance(fn_or_module, torch.nn.Module):
         return wrap_module(fn_or_module, cfg)
     if isinstance(fn_or_module, types.MethodType) and isinstance(fn_or_module.__func__, types.FunctionType):
-        inner = wrap_function(fn_or_module.__func__, cfg)
-        return types.MethodType(inner, fn_or_module.__self__)
+        return types.MethodType(wrap_function(fn_or_module.__func__, cfg), fn_or_module.__self__)
     if isinstance(fn_or_module, types.FunctionType):
         return wrap_function(fn_or_module, cfg)
     if isinstance(fn_or_module, (types.BuiltinFunctionType, torch._ops.OpOverload, torch._ops.OpOverloadPacket)):

@@ -5,8 +5,7 @@ Sizes are symbols of the frame's ``ShapeEnv``, owned by the :class:`~coil.captur
 A dim is symbolic when marked (:func:`mark_dynamic`), under ``dynamic=True``, or, by default, when the frame was
 compiled before with another size there (``FrameCache.auto_dynamic``); sizes 0 and 1 stay static. After the backend
 compiled the graph, :func:`shape_guards` asks the ShapeEnv for the relations the graph relied on, as Python over the
-frame's sources. docs/dynamic_shapes.md, "Choosing what is symbolic" and "Shape guards".
-"""
+frame's sources. docs/dynamic_shapes.md, "Choosing what is symbolic" and "Shape guards"."""
 from __future__ import annotations
 
 import copy
@@ -177,11 +176,10 @@ class DynamicPolicy:
         for d, (lo, hi) in marks.items():
             n = value.shape[d]
             if (lo is not None and n < lo) or (hi is not None and n > hi):
-                raise UserError(
-                    f"size {n} of dim {d} of {expr} is outside the range [{lo if lo is not None else 0}, "
-                    f"{hi if hi is not None else 'inf'}] given to mark_dynamic", loc,
-                    hint=f"pass a tensor whose dim {d} is in range, or widen the range in "
-                         f"coil.mark_dynamic({expr}, {d}, min=..., max=...)")
+                raise UserError(f"size {n} of dim {d} of {expr} is outside the range [{lo if lo is not None else 0}, "
+                                f"{hi if hi is not None else 'inf'}] given to mark_dynamic", loc,
+                                hint=f"pass a tensor whose dim {d} is in range, or widen the range in "
+                                     f"coil.mark_dynamic({expr}, {d}, min=..., max=...)")
         unbacked = getattr(DimDynamic, "UNBACKED", None) or getattr(DimDynamic, "SIZE_LIKE_UNBACKED")
         kinds = [DimDynamic.STATIC if d not in dyn else unbacked if dyn[d] == "unbacked" else DimDynamic.DYNAMIC
                  for d in range(value.dim())]
@@ -225,8 +223,7 @@ def changed_dims(old_shapes: dict, values: dict) -> dict:
     compiled for (same rank only). ``values`` maps a source expression to this call's value (missing: unreadable)."""
     out: dict = {}
     for expr, shape in old_shapes.items():
-        v = values.get(expr)
-        if isinstance(v, torch.Tensor) and v.dim() == len(shape):
+        if isinstance(v := values.get(expr), torch.Tensor) and v.dim() == len(shape):
             if dims := {i for i, (a, b) in enumerate(zip(shape, v.shape)) if a != b}:
                 out[expr] = dims
     return out
@@ -323,8 +320,7 @@ def shape_guards(env, inputs: list, contiguous: set = frozenset(), at_call: Opti
         return name
     ranks = {text: fake.dim() for text, fake in inputs if isinstance(fake, torch.Tensor)}
     fakes = [f for _, f in inputs]
-    sources = [ShapeSource(e) for e, _ in inputs]
-    helpers = env.produce_guards_verbose(fakes, sources, source_ref=ref, langs=("python",))
+    helpers = env.produce_guards_verbose(fakes, [ShapeSource(e) for e, _ in inputs], source_ref=ref, langs=("python",))
     exprs = list(helpers[0].exprs)
     # sizes the program pinned to a constant (``range(x.size(0))``): the ShapeEnv leaves
     # static values to the caller (``ignore_static``); a symbolic dim's is checked here
@@ -336,11 +332,9 @@ def shape_guards(env, inputs: list, contiguous: set = frozenset(), at_call: Opti
         size, stride = (at_call or {}).get(id(fake), (fake.shape, fake.stride()))
         for kind, vals in (("size", size), ("stride", stride)):
             for i, v in enumerate(vals):
-                if isinstance(v, torch.SymInt):
-                    c = env.simplify(v.node.expr)
-                    if getattr(c, "is_number", False):
-                        (asserts if free_unbacked_symbols(v.node._expr) else exprs).append(
-                            f"{ref_text(f'{text}.{kind}()[{i}]')} == {int(c)}")
+                if isinstance(v, torch.SymInt) and getattr(c := env.simplify(v.node.expr), "is_number", False):
+                    (asserts if free_unbacked_symbols(v.node._expr) else exprs).append(
+                        f"{ref_text(f'{text}.{kind}()[{i}]')} == {int(c)}")
     # facts the program asserted about sizes of dims marked unbacked (``torch._check``, a view's inferred -1 dividing
     # them): the ShapeEnv defers them to runtime, and no graph node reads an input's size to check them there
     syms = {v.node.expr: f"{text}.size()[{i}]" for text, fake in inputs if isinstance(fake, torch.Tensor)
@@ -387,8 +381,7 @@ def _unpacked_prelude(used: set, names: dict, ranks: dict) -> list:
             continue
         groups.setdefault((p.group(1), p.group(2)), {})[int(p.group(3))] = local
     for (base, kind), dims in groups.items():
-        rank = ranks.get(base)
-        if rank is None or kind == "stride" and len(dims) == 1:
+        if (rank := ranks.get(base)) is None or kind == "stride" and len(dims) == 1:
             lines += [f"{loc} = {base}.{kind}()[{d}]" for d, loc in dims.items()]
             continue
         targets = ", ".join(dims.get(d, "_") for d in range(rank))
@@ -413,8 +406,7 @@ def symbolic_input(out, value, text: str, source=None) -> tuple:
     """A graph input for the Python int/float the entry reads as ``text`` (``source``: its coil source), a new symbol
     of the ShapeEnv: an int is a SymInt placeholder, a float a 0-d float64 tensor input read with ``.item()`` (its
     fake's ``item_memo`` is the SymFloat: coil/aot/scalars.py), as in torch's capture. Returns (symbol, node)."""
-    env = out.shape_env
-    src = ShapeSource(text)
+    env, src = out.shape_env, ShapeSource(text)
     s = env.create_unspecified_symbol(value, src, dynamic_dim=DimDynamic.DYNAMIC)
     node = out._placeholder(text)
     if type(value) is int:

@@ -8,8 +8,7 @@ semantics raises a ``UserCodeError`` ("user code raises KeyError: ...") or an ``
 instruction up in the frame's exception table (https://docs.python.org/3.11/library/dis.html,
 ``dis._parse_exception_table``) and jumps to the handler; without one the exception leaves the frame and the caller's
 ``step`` tries next. Not mapped (stay graph breaks): unsupported constructs, tensor data, failing tensor ops (their
-cause comes from torch) and RuntimeError.
-"""
+cause comes from torch) and RuntimeError."""
 from __future__ import annotations
 
 import ast
@@ -92,11 +91,9 @@ def _python_exception(e: Unsupported):
     reason = e.reason
     if isinstance(e, UserCodeError) and reason.startswith("user code raises "):
         name, _, msg = reason[len("user code raises "):].partition(":")
-        cls = getattr(builtins, name.strip(), None)
-        if not (isinstance(cls, type) and issubclass(cls, Exception)):
+        if not (isinstance(cls := getattr(builtins, name.strip(), None), type) and issubclass(cls, Exception)):
             return None
-        cause = e.__cause__
-        if cause is not None and type(cause).__module__.startswith("torch"):
+        if (cause := e.__cause__) is not None and type(cause).__module__.startswith("torch"):
             return None      # a tensor op failed: a graph break, eager raises its error
         return None if cls is RuntimeError else (cls, msg.strip())
     if reason.endswith(" (raised by user code)"):

@@ -6,8 +6,7 @@ frame with the user's code name, file, line and live locals. Inside an inlined c
 to the callee, which then runs uncaptured from the stub (``frame_inspection = True`` on the ``Unsupported``). A frame
 object obtained in the root frame outlives the stub, so :func:`frame_result_ok` lets it be used only as ``.f_code``;
 anything else runs the frame eagerly, logged. :class:`OpaqueCallableVariable` stands for a C function not known to be
-safe: loading it is fine, calling it is the graph break.
-"""
+safe: loading it is fine, calling it is the graph break."""
 from __future__ import annotations
 
 import inspect
@@ -100,8 +99,7 @@ class FrameVariable(RealValueVariable):
         if name == "f_code":
             code = self.value.f_code
             if self.source is not None:
-                gs = tx.output.guards
-                e = self.source.expr()
+                gs, e = tx.output.guards, self.source.expr()
                 gs.add(f"{e}.f_code is {gs.const(code)}", f"{e}.f_code", code, src=e)
             return ConstantVariable(code)
         raise frame_unsupported(f"frame attribute {name}", sys._getframe)

@@ -7,8 +7,7 @@ result. :func:`check_call` raises eager's error for those, before the fake run. 
 :data:`CHECKS` under the op's name (no trailing ``_``); it receives the call's fake arguments. Ops whose eager kernels
 refuse integer or bool dtypes are listed in :data:`_DTYPE_RESTRICTED` and probed (:func:`_probe_dtypes`); the probe's
 result also gives eager's dtype where the meta kernel's differs (``bool ** True`` is bool in eager, int64 in the meta
-kernel).
-"""
+kernel)."""
 from __future__ import annotations
 
 import math
@@ -89,8 +88,7 @@ def _dim(args, kwargs) -> None:
 def _celu(args, kwargs) -> None:
     """``celu`` with ``alpha`` 0 (a symbolic one is guarded): eager refuses it, the meta kernel and the decomposition
     returned values."""
-    alpha = _arg(args, kwargs, 1, "alpha")
-    if alpha is not None and alpha == 0:
+    if (alpha := _arg(args, kwargs, 1, "alpha")) is not None and alpha == 0:
         raise RuntimeError("ZeroDivisionError: alpha cannot be 0 for CELU")
 
 
@@ -124,16 +122,14 @@ def _scatter(args, kwargs) -> None:
 def _lp_pool(args, kwargs) -> None:
     """``lp_pool1d/2d/3d`` of a ``norm_type`` 0 (a symbolic one is guarded): eager's Python divides by it
     (ZeroDivisionError), the captured functional's trace gave inf."""
-    p = _arg(args, kwargs, 1, "norm_type")
-    if isinstance(p, _NUMBER) and not isinstance(p, bool) and p == 0:
+    if isinstance(p := _arg(args, kwargs, 1, "norm_type"), _NUMBER) and not isinstance(p, bool) and p == 0:
         raise ZeroDivisionError("float division by zero")
 
 
 def _pad(args, kwargs) -> None:
     """``F.pad`` of an integer or bool tensor, probed (eager's reflect and replicate kernels refuse bools, which
     torch's decompositions compute: fuzz s228 #1978) on trailing dims long enough for the pads."""
-    pad = _arg(args, kwargs, 1, "pad")
-    if isinstance(pad, (list, tuple)) and pad and all(type(p) is int for p in pad):
+    if isinstance(pad := _arg(args, kwargs, 1, "pad"), (list, tuple)) and pad and all(type(p) is int for p in pad):
         trailing = (2 * max(map(abs, pad)) + 1,) * (len(pad) // 2)
         _probe_dtypes(torch.nn.functional.pad, trailing=trailing)(args, kwargs)
 
@@ -155,8 +151,7 @@ def _interpolate(args, kwargs) -> None:
     refuse it, and the modes coil decomposes (linear; under dynamic shapes bilinear, trilinear, nearest, bicubic)
     returned an empty tensor (fuzz s232 #73). ``area`` is adaptive pooling, which accepts it."""
     x, size = _arg(args, kwargs, 0, "input"), _arg(args, kwargs, 1, "size")
-    scale = _arg(args, kwargs, 2, "scale_factor")
-    mode = _arg(args, kwargs, 3, "mode") or "nearest"
+    scale, mode = _arg(args, kwargs, 2, "scale_factor"), _arg(args, kwargs, 3, "mode") or "nearest"
     if not isinstance(x, torch.Tensor) or mode == "area" or not 3 <= x.dim() <= 5:
         return
     n, spatial = x.dim() - 2, list(x.shape[2:])
@@ -236,13 +231,12 @@ def _probe_dtypes(target, mixed: bool = False, always: bool = False, trailing: t
 
 
 #: ops whose eager CPU kernels refuse integer or bool inputs that fake tensors accept
-_DTYPE_RESTRICTED = (
-    "var std var_mean std_mean argmin argmax frac pow float_power silu gelu mish softplus elu celu selu hardswish "
-    "hardsigmoid hardshrink softshrink logsigmoid softmax log_softmax softmin logaddexp logaddexp2 hypot nextafter "
-    "igamma igammac logcumsumexp abs absolute ceil floor round trunc fix fmod remainder mod sub subtract median "
-    "nanmedian leaky_relu trace lcm gcd bitwise_and bitwise_or bitwise_xor bitwise_not bitwise_left_shift "
-    "bitwise_right_shift interpolate upsample max_pool1d clamp clamp_min clamp_max clip lerp addcmul addcdiv dot "
-    "vdot mv matmul").split()
+_DTYPE_RESTRICTED = ("var std var_mean std_mean argmin argmax frac pow float_power silu gelu mish softplus elu celu "
+                     "selu hardswish hardsigmoid hardshrink softshrink logsigmoid softmax log_softmax softmin "
+                     "logaddexp logaddexp2 hypot nextafter igamma igammac logcumsumexp abs absolute ceil floor round "
+                     "trunc fix fmod remainder mod sub subtract median nanmedian leaky_relu trace lcm gcd bitwise_and "
+                     "bitwise_or bitwise_xor bitwise_not bitwise_left_shift bitwise_right_shift interpolate upsample "
+                     "max_pool1d clamp clamp_min clamp_max clip lerp addcmul addcdiv dot vdot mv matmul").split()
 
 #: ops whose eager kernels refuse floating arguments of different dtypes, or give another result dtype than
 #: their meta kernels, that fake tensors accept (probed with ``mixed``)
@@ -268,8 +262,7 @@ CHECKS: dict[str, Callable] = {"index_add": _index_add, "index_copy": _index_cop
                                "sort": _dim, "pad": _pad, "squeeze": _squeeze, "interpolate": _interpolate,
                                "upsample": _interpolate, "celu": _celu, "bernoulli": _bernoulli, "scatter": _scatter,
                                "bernoulli_": lambda args, kwargs: _bernoulli(args, kwargs, inplace=True),
-                               "cross": _cross, "linalg_cross": _cross,
-                               **{f"lp_pool{d}d": _lp_pool for d in (1, 2, 3)}}
+                               "cross": _cross, "linalg_cross": _cross, **{f"lp_pool{d}d": _lp_pool for d in (1, 2, 3)}}
 
 
 def check_graph(gm: torch.fx.GraphModule) -> None:
@@ -287,8 +280,7 @@ def check_graph(gm: torch.fx.GraphModule) -> None:
                                    {k: val(v) for k, v in node.kwargs.items()})
             except Unsupported:  # (a graph break for coil's capture; torch's graph keeps the call)
                 continue
-            fake = val(node)
-            if isinstance(fake, torch.Tensor) and dtype not in (None, fake.dtype):
+            if isinstance(fake := val(node), torch.Tensor) and dtype not in (None, fake.dtype):
                 cast, _ = cast_to_eager_dtype(gm.graph, node, fake, dtype)
                 node.replace_all_uses_with(cast, delete_user_cb=lambda user: user is not cast)
     gm.recompile()

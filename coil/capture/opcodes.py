@@ -5,8 +5,7 @@ Each handler is ``handler(tx, inst)`` where ``inst`` is a :class:`dis.Instructio
 opcode: write the function next to its neighbours and decorate it with ``@op("NAME", versions)``.
 
 Reference: each handler's opcode is documented at https://docs.python.org/3.11/library/dis.html#opcode-NAME (3.12:
-https://docs.python.org/3.12/library/dis.html#opcode-NAME); a comment links the page only where the anchor differs.
-"""
+https://docs.python.org/3.12/library/dis.html#opcode-NAME); a comment links the page only where the anchor differs."""
 from __future__ import annotations
 
 import dis
@@ -63,19 +62,9 @@ def _nop(tx, inst):
 
 
 # --- stack manipulation -----------------------------------------------------------------
-@op("POP_TOP")
-def POP_TOP(tx, inst):
-    tx.pop()
-
-
-@op("PUSH_NULL")
-def PUSH_NULL(tx, inst):
-    tx.push(NullVariable())
-
-
-@op("COPY")
-def COPY(tx, inst):
-    tx.push(tx.stack[-inst.arg])
+op("POP_TOP")(lambda tx, inst: tx.pop())
+op("PUSH_NULL")(lambda tx, inst: tx.push(NullVariable()))
+op("COPY")(lambda tx, inst: tx.push(tx.stack[-inst.arg]))
 
 
 @op("SWAP")
@@ -84,48 +73,34 @@ def SWAP(tx, inst):
     tx.stack[-1], tx.stack[-i] = tx.stack[-i], tx.stack[-1]
 
 
-@op("END_FOR", PY312)
-def END_FOR(tx, inst):
-    tx.popn(2)
+op("END_FOR", PY312)(lambda tx, inst: tx.popn(2))
 
 
 # --- constants, locals, globals, cells ----------------------------------------------
-@op("LOAD_CONST")
-def LOAD_CONST(tx, inst):
-    tx.push(ConstantVariable(inst.argval))
-
-
-@op("RETURN_CONST", PY312)
-def RETURN_CONST(tx, inst):
-    _return(tx, ConstantVariable(inst.argval))
+op("LOAD_CONST")(lambda tx, inst: tx.push(ConstantVariable(inst.argval)))
+op("RETURN_CONST", PY312)(lambda tx, inst: _return(tx, ConstantVariable(inst.argval)))
 
 
 @op("LOAD_FAST")
 @op("LOAD_FAST_CHECK", PY312)
 def LOAD_FAST(tx, inst):
-    name = inst.argval
-    if name not in tx.locals:
+    if (name := inst.argval) not in tx.locals:
         raise UserCodeError(f"UnboundLocalError: local variable '{name}' referenced before assignment")
     tx.push(tx.locals[name])
 
 
-@op("LOAD_FAST_AND_CLEAR", PY312)
-def LOAD_FAST_AND_CLEAR(tx, inst):
-    tx.push(tx.locals.pop(inst.argval, NullVariable()))
+op("LOAD_FAST_AND_CLEAR", PY312)(lambda tx, inst: tx.push(tx.locals.pop(inst.argval, NullVariable())))
 
 
 @op("STORE_FAST")
 def STORE_FAST(tx, inst):
-    v = tx.pop()
-    if isinstance(v, NullVariable):
+    if isinstance(v := tx.pop(), NullVariable):
         tx.locals.pop(inst.argval, None)
     else:
         tx.locals[inst.argval] = v
 
 
-@op("DELETE_FAST")
-def DELETE_FAST(tx, inst):
-    tx.locals.pop(inst.argval, None)
+op("DELETE_FAST")(lambda tx, inst: tx.locals.pop(inst.argval, None))
 
 
 # (3.11/3.12: the low bit of the argument pushes a NULL first)
@@ -136,32 +111,19 @@ def LOAD_GLOBAL(tx, inst):
     tx.push(tx.load_global(inst.argval))
 
 
-@op("STORE_GLOBAL")
-def STORE_GLOBAL(tx, inst):
-    tx.store_global(inst.argval, tx.pop())
+op("STORE_GLOBAL")(lambda tx, inst: tx.store_global(inst.argval, tx.pop()))
 
 
 @op("MAKE_CELL")
 def MAKE_CELL(tx, inst):
-    name = inst.argval
-    if name in tx.cells:  # already set up (freevar)
+    if (name := inst.argval) in tx.cells:  # already set up (freevar)
         return
     tx.cells[name] = CellVariable(tx.locals.pop(name, None))
 
 
-@op("LOAD_DEREF")
-def LOAD_DEREF(tx, inst):
-    tx.push(tx.load_cell(inst.argval))
-
-
-@op("STORE_DEREF")
-def STORE_DEREF(tx, inst):
-    tx.store_cell(inst.argval, tx.pop())
-
-
-@op("LOAD_CLOSURE")
-def LOAD_CLOSURE(tx, inst):
-    tx.push(tx.cells[inst.argval])
+op("LOAD_DEREF")(lambda tx, inst: tx.push(tx.load_cell(inst.argval)))
+op("STORE_DEREF")(lambda tx, inst: tx.store_cell(inst.argval, tx.pop()))
+op("LOAD_CLOSURE")(lambda tx, inst: tx.push(tx.cells[inst.argval]))
 
 
 @op("LOAD_CLASSDEREF", PY311)
@@ -195,9 +157,7 @@ def STORE_ATTR(tx, inst):
     tx.store_attr(obj, inst.argval, value)
 
 
-@op("DELETE_ATTR")
-def DELETE_ATTR(tx, inst):
-    tx.pop().del_attr(tx, inst.argval)
+op("DELETE_ATTR")(lambda tx, inst: tx.pop().del_attr(tx, inst.argval))
 
 
 # --- calls ------------------------------------------------------------------------------
@@ -215,8 +175,7 @@ def split_call(tx, argc: int):
     fn, args = (items[1], items[2:]) if isinstance(items[0], NullVariable) else (items[0], items[1:])
     kwargs = {}
     if kw_names:
-        kv = args[len(args) - len(kw_names):]
-        args = args[:len(args) - len(kw_names)]
+        kv, args = args[len(args) - len(kw_names):], args[:len(args) - len(kw_names)]
         kwargs = dict(zip(kw_names, kv))
     return fn, list(args), kwargs
 
@@ -230,8 +189,7 @@ def CALL(tx, inst):
 @op("CALL_FUNCTION_EX")
 def CALL_FUNCTION_EX(tx, inst):
     kwargs = tx.pop() if inst.arg & 1 else None
-    args = tx.pop()
-    fn = tx.pop()
+    args, fn = tx.pop(), tx.pop()
     if tx.stack and isinstance(tx.stack[-1], NullVariable):
         tx.pop()
     kw = {}
@@ -244,8 +202,7 @@ def CALL_FUNCTION_EX(tx, inst):
 
 @op("MAKE_FUNCTION")
 def MAKE_FUNCTION(tx, inst):
-    code = tx.pop().as_python_constant()
-    flags = inst.arg
+    code, flags = tx.pop().as_python_constant(), inst.arg
     closure = tx.unpack(tx.pop()) if flags & 0x08 else []
     if flags & 0x04:
         tx.pop()  # annotations
@@ -269,8 +226,7 @@ _BINARY = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operato
 @op("BINARY_OP")
 def BINARY_OP(tx, inst):
     a, b = tx.popn(2)
-    sym = dis._nb_ops[inst.arg][1]
-    tx.push(tx.binary_op(_BINARY[sym], a, b))
+    tx.push(tx.binary_op(_BINARY[dis._nb_ops[inst.arg][1]], a, b))
 
 
 _COMPARE = {"<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operator.ne,
@@ -339,9 +295,7 @@ def STORE_SLICE(tx, inst):
     tx.call_dunder(obj, "__setitem__", [SliceVariable([start, end]), value])
 
 
-@op("BUILD_SLICE")
-def BUILD_SLICE(tx, inst):
-    tx.push(SliceVariable(tx.popn(inst.arg)))
+op("BUILD_SLICE")(lambda tx, inst: tx.push(SliceVariable(tx.popn(inst.arg))))
 
 
 # --- building containers ------------------------------------------------------------------
@@ -349,9 +303,7 @@ op("BUILD_TUPLE")(lambda tx, inst: tx.push(TupleVariable(tx.popn(inst.arg))))
 op("BUILD_LIST")(lambda tx, inst: tx.push(ListVariable(tx.popn(inst.arg))))
 
 
-@op("BUILD_SET")
-def BUILD_SET(tx, inst):
-    tx.push(SetVariable([v.as_python_constant() for v in tx.popn(inst.arg)]))
+op("BUILD_SET")(lambda tx, inst: tx.push(SetVariable([v.as_python_constant() for v in tx.popn(inst.arg)])))
 
 
 @op("BUILD_MAP")
@@ -363,8 +315,7 @@ def BUILD_MAP(tx, inst):
 @op("BUILD_CONST_KEY_MAP")
 def BUILD_CONST_KEY_MAP(tx, inst):
     keys = tx.pop().as_python_constant()
-    values = tx.popn(inst.arg)
-    tx.push(DictVariable(dict(zip(keys, values))))
+    tx.push(DictVariable(dict(zip(keys, tx.popn(inst.arg)))))
 
 
 @op("BUILD_STRING")
@@ -415,25 +366,20 @@ def SET_UPDATE(tx, inst):
 @op("DICT_UPDATE")
 @op("DICT_MERGE")
 def DICT_UPDATE(tx, inst):
-    v = tx.pop()
-    target = tx.stack[-inst.arg]
+    v, target = tx.pop(), tx.stack[-inst.arg]
     if isinstance(v, DictVariable):
         target.items.update(v.items)
     else:
-        keys = tx.unpack(v)
-        for k in keys:
+        for k in tx.unpack(v):
             target.items[DictVariable.key_of(k)] = tx.getitem(v, k)
 
 
-@op("LIST_TO_TUPLE", PY311)
-def LIST_TO_TUPLE(tx, inst):
-    tx.push(TupleVariable(tx.unpack(tx.pop())))
+op("LIST_TO_TUPLE", PY311)(lambda tx, inst: tx.push(TupleVariable(tx.unpack(tx.pop()))))
 
 
 @op("UNPACK_SEQUENCE")
 def UNPACK_SEQUENCE(tx, inst):
-    items = tx.unpack(tx.pop())
-    if len(items) != inst.arg:
+    if len(items := tx.unpack(tx.pop())) != inst.arg:
         raise UserCodeError(f"ValueError: expected {inst.arg} values to unpack, got {len(items)}")
     tx.stack.extend(reversed(items))
 
@@ -441,8 +387,7 @@ def UNPACK_SEQUENCE(tx, inst):
 @op("UNPACK_EX")
 def UNPACK_EX(tx, inst):
     before, after = inst.arg & 0xFF, inst.arg >> 8
-    items = tx.unpack(tx.pop())
-    if len(items) < before + after:
+    if len(items := tx.unpack(tx.pop())) < before + after:
         raise UserCodeError("ValueError: not enough values to unpack")
     mid = len(items) - after
     tx.stack.extend(reversed(items[:before] + [ListVariable(items[before:mid])] + items[mid:]))
@@ -451,8 +396,7 @@ def UNPACK_EX(tx, inst):
 @op("FORMAT_VALUE")
 def FORMAT_VALUE(tx, inst):
     fmt = tx.pop().as_python_constant() if (inst.arg & 0x04) else ""
-    v = tx.pop()
-    conv = inst.arg & 0x03
+    v, conv = tx.pop(), inst.arg & 0x03
     if isinstance(v, TensorVariable):
         raise Unsupported("formatting a tensor into a string reads its data")
     value = const_value(v)      # (a list or dict of constants too: f"{cfg.tags}")
@@ -460,15 +404,11 @@ def FORMAT_VALUE(tx, inst):
     tx.push(ConstantVariable(format(value, fmt)))
 
 
-@op("GET_LEN")
-def GET_LEN(tx, inst):
-    tx.push(tx.call_dunder(tx.stack[-1], "__len__", []))
+op("GET_LEN")(lambda tx, inst: tx.push(tx.call_dunder(tx.stack[-1], "__len__", [])))
 
 
 # --- control flow -----------------------------------------------------------------------
-@op("RETURN_VALUE")
-def RETURN_VALUE(tx, inst):
-    _return(tx, tx.pop())
+op("RETURN_VALUE")(lambda tx, inst: _return(tx, tx.pop()))
 
 
 @op("JUMP_FORWARD")
@@ -512,17 +452,14 @@ op("JUMP_IF_TRUE_OR_POP", PY311)(_jump_or_pop(True))
 op("JUMP_IF_FALSE_OR_POP", PY311)(_jump_or_pop(False))
 
 
-@op("GET_ITER")
-def GET_ITER(tx, inst):
-    tx.push(tx.get_iter(tx.pop()))
+op("GET_ITER")(lambda tx, inst: tx.push(tx.get_iter(tx.pop())))
 
 
 # 3.11: exhausted -> pop the iterator, jump to the target.
 # 3.12: exhausted -> pop the iterator, jump past the END_FOR at the target.
 @op("FOR_ITER")
 def FOR_ITER(tx, inst):
-    it = tx.stack[-1]
-    if not isinstance(it, ListIteratorVariable):
+    if not isinstance(it := tx.stack[-1], ListIteratorVariable):
         raise Unsupported(f"iteration over {it}")
     if (v := it.next(tx)) is None:
         tx.pop()
@@ -552,20 +489,16 @@ def YIELD_VALUE(tx, inst):
 # --- with blocks, exceptions, asserts ---------------------------------------------------
 @op("BEFORE_WITH")
 def BEFORE_WITH(tx, inst):
-    ctx = tx.pop()
-    if isinstance(ctx, ContextManagerVariable):
+    if isinstance(ctx := tx.pop(), ContextManagerVariable):
         tx.push(BoundMethodVariable(ctx, "__exit__"))
         tx.push(ctx.enter(tx))
         return
-    exit_ = tx.getattr(ctx, "__exit__")
-    enter = tx.getattr(ctx, "__enter__")
+    exit_, enter = tx.getattr(ctx, "__exit__"), tx.getattr(ctx, "__enter__")
     tx.push(exit_)
     tx.push(tx.call(enter, [], {}))
 
 
-@op("LOAD_ASSERTION_ERROR")
-def LOAD_ASSERTION_ERROR(tx, inst):
-    tx.push(UserDefinedClassVariable(AssertionError))
+op("LOAD_ASSERTION_ERROR")(lambda tx, inst: tx.push(UserDefinedClassVariable(AssertionError)))
 
 
 # --- exceptions raised and handled inside traced code ----------------------------------
@@ -576,8 +509,7 @@ def _exception_of(tx, v):
     if isinstance(v, ExceptionVariable):
         return v
     if isinstance(v, UserDefinedClassVariable) and isinstance(v.value, type) and issubclass(v.value, BaseException):
-        exc = tx.call(v, [], {})
-        if isinstance(exc, ExceptionVariable):
+        if isinstance(exc := tx.call(v, [], {}), ExceptionVariable):
             return exc
     raise Unsupported(f"raise of {v}", hint="the exception is raised outside the graph")
 
@@ -588,8 +520,7 @@ def RAISE_VARARGS(tx, inst):
         if not tx.exc_stack:
             raise Unsupported("bare raise outside an except block")
         tx.exc_stack[-1].raise_()
-    args = tx.popn(inst.arg)
-    _exception_of(tx, args[0]).raise_()      # ``raise e from cause``: the cause is not kept
+    _exception_of(tx, tx.popn(inst.arg)[0]).raise_()      # ``raise e from cause``: the cause is not kept
 
 
 @op("PUSH_EXC_INFO")
@@ -610,8 +541,7 @@ def POP_EXCEPT(tx, inst):
 @op("CHECK_EXC_MATCH")
 def CHECK_EXC_MATCH(tx, inst):
     want = tx.pop()
-    exc = tx.stack[-1]
-    if not isinstance(exc, ExceptionVariable):
+    if not isinstance(exc := tx.stack[-1], ExceptionVariable):
         raise Unsupported(f"except clause matching {exc}")
     try:
         cls = const_value(want)
@@ -631,8 +561,7 @@ def RERAISE(tx, inst):
 # Stack: [..., __exit__, lasti, previous exception, exception]; push __exit__(type, value, tb).
 @op("WITH_EXCEPT_START")
 def WITH_EXCEPT_START(tx, inst):
-    exc = tx.stack[-1]
-    if not isinstance(exc, ExceptionVariable):
+    if not isinstance(exc := tx.stack[-1], ExceptionVariable):
         raise Unsupported(f"with block exiting on {exc}")
     tx.push(tx.call(tx.stack[-4], [UserDefinedClassVariable(exc.cls), exc, ConstantVariable(None)], {}))
 
@@ -645,8 +574,7 @@ def _exception_path(tx, inst):
 # --- imports -------------------------------------------------------------------------
 @op("IMPORT_NAME")
 def IMPORT_NAME(tx, inst):
-    fromlist = tx.pop().as_python_constant()
-    level = tx.pop().as_python_constant()
+    fromlist, level = tx.pop().as_python_constant(), tx.pop().as_python_constant()
     name = inst.argval
     if level != 0:
         raise Unsupported("relative import inside the frame")
@@ -659,9 +587,7 @@ def IMPORT_NAME(tx, inst):
     tx.push(wrap(tx, mod, ConstSource(tx.output.guards.const(mod))))
 
 
-@op("IMPORT_FROM")
-def IMPORT_FROM(tx, inst):
-    tx.push(tx.getattr(tx.stack[-1], inst.argval))
+op("IMPORT_FROM")(lambda tx, inst: tx.push(tx.getattr(tx.stack[-1], inst.argval)))
 
 
 # 3.12-only handlers register themselves (last, so they win on 3.12).

@@ -10,8 +10,7 @@ Generator delegation (``SEND``/``END_SEND``) and class bodies (``LOAD_FROM_DICT_
 reason rather than "unknown opcode". This module is imported at the end of :mod:`coil.capture.opcodes`, so its
 registrations win over any same-named one there. It registers nothing on 3.11.
 
-Reference: https://docs.python.org/3.12/library/dis.html#opcode-CALL_INTRINSIC_1
-"""
+Reference: https://docs.python.org/3.12/library/dis.html#opcode-CALL_INTRINSIC_1"""
 from __future__ import annotations
 
 import opcode as _opcode
@@ -35,8 +34,7 @@ def intrinsic_name(table: tuple, arg: int) -> str:
 
 @op("CALL_INTRINSIC_1", PY312)
 def CALL_INTRINSIC_1(tx, inst):
-    name = intrinsic_name(_INTRINSIC_1, inst.arg)
-    if name == "INTRINSIC_LIST_TO_TUPLE":
+    if (name := intrinsic_name(_INTRINSIC_1, inst.arg)) == "INTRINSIC_LIST_TO_TUPLE":
         tx.push(TupleVariable(tx.unpack(tx.pop())))
     elif name == "INTRINSIC_UNARY_POSITIVE":
         tx.push(tx.unary_op(operator.pos, tx.pop()))

@@ -15,8 +15,7 @@ After translation the output is compiled into a :class:`CompiledFrame`:
 
    At a graph break the entry instead rebuilds the stack and locals, runs the
    instruction that could not be traced (a call, or a branch on a tensor) in plain
-   Python, and returns what the generated resume function returns.
-"""
+   Python, and returns what the generated resume function returns."""
 from __future__ import annotations
 
 import contextlib
@@ -111,8 +110,7 @@ class SideEffects:
 
     def value(self, item: tuple) -> VariableTracker:
         """What ``item`` of :attr:`order` wrote (a mutated container: the container)."""
-        kind = item[0]
-        if kind in ("container", "attr"):
+        if (kind := item[0]) in ("container", "attr"):
             return item[1] if kind == "container" else self.attrs[(id(item[1].value), item[2])]
         return self.globals[(id(item[1]), item[3])] if kind == "global" else self.cells[id(item[1])]
 
@@ -178,8 +176,7 @@ class OutputGraph:
             self.guards.ns["___autocast_enabled"] = torch.is_autocast_enabled
             self.guards.add(f"___autocast_enabled({dev!r}) is {state!r}", f"___autocast_enabled({dev!r})", state)
             if state:  # the graph was traced in this autocast dtype (bf16 vs fp16)
-                dtype = torch.get_autocast_dtype(dev)
-                const = f"___autocast_dtype_{dev}"
+                dtype, const = torch.get_autocast_dtype(dev), f"___autocast_dtype_{dev}"
                 self.guards.ns["___autocast_dtype"] = torch.get_autocast_dtype
                 self.guards.ns[const] = dtype
                 self.guards.add(f"___autocast_dtype({dev!r}) is {const}", f"___autocast_dtype({dev!r})", dtype)
@@ -230,8 +227,7 @@ class OutputGraph:
             return node
         if not (srcs := self.shape_env.var_to_sources.get(sym)):
             return None
-        text = source_name(srcs[0])
-        node = self._placeholder(str(sym))
+        text, node = source_name(srcs[0]), self._placeholder(str(sym))
         node.meta["example_value"] = value
         node.meta["source"] = text
         if (vals := getattr(self.shape_env, "backed_var_to_val", None)) is None:
@@ -339,8 +335,7 @@ class EntryCodegen:
         return f"___o[{idx}]"
 
     def reconstruct(self, vt: VariableTracker) -> str:
-        key = id(vt)
-        if key in self.memo:
+        if (key := id(vt)) in self.memo:
             return self.memo[key]
         if isinstance(vt, ConstantVariable) and type(vt.value) in (tuple, frozenset, torch.Size):
             # one object per tracker, so identity (``id``/``is``) survives a graph break
@@ -379,8 +374,7 @@ class EntryCodegen:
 
     def side_effect_lines(self, se: SideEffects) -> None:
         for item in se.order:
-            kind = item[0]
-            if kind == "container":
+            if (kind := item[0]) == "container":
                 vt = item[1]
                 src = self.source_expr(vt.source)
                 if isinstance(vt, ListVariable):
@@ -407,11 +401,9 @@ class EntryCodegen:
 def collect_tensors(vts: list, out: list, seen: set, data_dependent: list | None = None) -> None:
     """Tensor trackers reachable from ``vts`` (graph outputs), in first-seen order; symbolic numbers over a
     data-dependent symbol (no input source: ``.item()``, a ``nonzero`` size) go to ``data_dependent``."""
-    stack = list(reversed(vts))
-    visited = set()
+    stack, visited = list(reversed(vts)), set()
     while stack:
-        v = stack.pop()
-        if v is None or id(v) in visited:
+        if (v := stack.pop()) is None or id(v) in visited:
             continue
         visited.add(id(v))
         if isinstance(v, TensorVariable):
@@ -429,9 +421,7 @@ def collect_tensors(vts: list, out: list, seen: set, data_dependent: list | None
         if cl := getattr(v, "closure", None):
             stack.extend(cl)
         for attr in ("obj", "fn"):
-            sub = getattr(v, attr, None)
-            if isinstance(sub, VariableTracker):
+            if isinstance(sub := getattr(v, attr, None), VariableTracker):
                 stack.append(sub)
-        defaults = getattr(v, "defaults", None)
-        if isinstance(defaults, list):
+        if isinstance(defaults := getattr(v, "defaults", None), list):
             stack.extend(defaults)

@@ -6,8 +6,7 @@ to the break's instruction; keeping the whole original body preserves line numbe
 and loop structure. It keeps the user's ``co_name``/``co_qualname``/``co_filename``; the compile log names
 it by :func:`label`, :func:`origin` gives the user's code. A break inside a resume function resumes from
 the user's code (:data:`_POSITIONS`), so a loop makes one resume function, not one per iteration.
-:func:`make_call_stub` builds the frame a graph-break call runs in. docs/capture.md, "Graph breaks".
-"""
+:func:`make_call_stub` builds the frame a graph-break call runs in. docs/capture.md, "Graph breaks"."""
 from __future__ import annotations
 
 import dis
@@ -46,9 +45,7 @@ def make_resume_code(code: types.CodeType, index: int, null_mask: tuple, local_n
         return hit
     bc = Bytecode.from_code(code)
     _copy_exception_depths(bc, code)       # before the tail copies a TryBegin
-    label = Label()
-    count = -1
-    insert_at = None
+    label, count, insert_at = Label(), -1, None
     resume_pos = None
     for pos, ins in enumerate(bc):
         if isinstance(ins, Instr):
@@ -77,8 +74,7 @@ def make_resume_code(code: types.CodeType, index: int, null_mask: tuple, local_n
         new = _with_tail(bc, new, tail[:2] + (set(),) + tail[3:])
     new = _cells_as_locals(new, set(bc.cellvars))
     args = [n for n, is_null in zip(stack_names, null_mask) if not is_null] + list(local_names)
-    out = Bytecode(new)
-    root = origin(code)
+    out, root = Bytecode(new), origin(code)
     out.name = root.co_name
     out.filename = code.co_filename
     out.first_lineno = code.co_firstlineno
@@ -109,8 +105,7 @@ def make_resume_code(code: types.CodeType, index: int, null_mask: tuple, local_n
 def _in_user_code(code: types.CodeType, index: int, tail: Optional[tuple]):
     """``(code, index, tail)`` moved to the user's code when ``code`` is a resume code whose
     instruction ``index`` (and the tail's call) map back to it; unchanged otherwise."""
-    m = _POSITIONS.get(code)
-    if m is None or index >= len(m) or m[index] is None:
+    if (m := _POSITIONS.get(code)) is None or index >= len(m) or m[index] is None:
         return code, index, tail
     if tail is not None:
         if tail[0] >= len(m) or m[tail[0]] is None:
@@ -123,8 +118,7 @@ def _record_positions(new_code: types.CodeType, code: types.CodeType, bc, new: l
     """Map ``new_code``'s instructions to the user's code's (kept only if every mapped pair
     has the same opname: the bytecode library keeps instructions one for one)."""
     at = {id(ins): k for k, ins in enumerate(i for i in bc if isinstance(i, Instr))}
-    parent = _POSITIONS.get(code)
-    m = []
+    parent, m = _POSITIONS.get(code), []
     for ins in new:
         if isinstance(ins, Instr):
             k = at.get(id(ins))
@@ -212,8 +206,7 @@ def _copy_exception_depths(bc, code: types.CodeType) -> None:
     """Set each ``TryBegin.stack_depth`` of ``bc`` (``Bytecode.from_code(code)``, whose
     TryBegins follow the exception table's order) to the depth CPython recorded."""
     table = dis._parse_exception_table(code)
-    tbs = [ins for ins in bc if isinstance(ins, TryBegin)]
-    if len(tbs) != len(table):
+    if len(tbs := [ins for ins in bc if isinstance(ins, TryBegin)]) != len(table):
         raise ValueError(f"exception table of {code.co_name}: {len(table)} entries, {len(tbs)} TryBegin")
     for tb, entry in zip(tbs, table):
         tb.stack_depth = entry.depth
@@ -244,8 +237,7 @@ def make_call_stub(code: types.CodeType, lineno: Optional[int], local_names: tup
     three helper arguments are deleted before the call). So ``sys._getframe()``, ``inspect.currentframe()`` (and
     ``.f_code.co_name``, ``.f_lineno``, ``.f_locals``), ``warnings.warn`` and logging locations and tracebacks of an
     exception raised by the call look as in eager. ``f_back`` is coil's entry function (as torch.compile's frames sit
-    under its own wrapper).
-    """
+    under its own wrapper)."""
     code = origin(code)
     first = code.co_firstlineno
     line = lineno if lineno is not None and lineno >= first else first
@@ -262,8 +254,7 @@ def make_call_stub(code: types.CodeType, lineno: Optional[int], local_names: tup
         bc = Bytecode.from_code(ns["___stub"].__code__)
         for pos, ins in enumerate(bc):
             if isinstance(ins, Instr) and ins.name == "CALL_FUNCTION_EX":
-                dels = [Instr("DELETE_FAST", n, lineno=ins.lineno) for n in ("___fn", "___args", "___kwargs")]
-                bc[pos:pos] = dels
+                bc[pos:pos] = [Instr("DELETE_FAST", n, lineno=ins.lineno) for n in ("___fn", "___args", "___kwargs")]
                 break
         stub_code = bc.to_code().replace(co_name=code.co_name)
         if hasattr(code, "co_qualname"):
@@ -278,8 +269,7 @@ def _two_arg_super(bc) -> None:
     Both forms find ``super``, ``__class__`` and ``self`` on the stack, but the zero-argument one calls ``super()`` with
     no arguments, which reads the *frame's first local* -- in a resume function that is ``___stack0``, not ``self``.
     Setting the two-argument flag makes it ``super(__class__, self)``, the same lookup. (``bytecode`` spells the
-    argument ``(method_load, two_arg, name)``.) https://docs.python.org/3.12/library/dis.html#opcode-LOAD_SUPER_ATTR
-    """
+    argument ``(method_load, two_arg, name)``.) https://docs.python.org/3.12/library/dis.html#opcode-LOAD_SUPER_ATTR"""
     for ins in bc:
         if isinstance(ins, Instr) and ins.name == "LOAD_SUPER_ATTR":
             method, two_arg, name = ins.arg

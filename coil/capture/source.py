@@ -9,8 +9,7 @@ function object itself, for closure cells), so the same text serves three purpos
 - reconstruction: the entry rebuilds output values that were only read.
 
 Sources into ``nn.Module`` internals (``_modules``, ``_parameters``, ``_buffers``)
-print as dict lookups, which is much cheaper than ``Module.__getattr__``.
-"""
+print as dict lookups, which is much cheaper than ``Module.__getattr__``."""
 from __future__ import annotations
 
 from dataclasses import dataclass

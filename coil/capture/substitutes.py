@@ -10,8 +10,7 @@ Triton's debug mode), and keeps fusing: the identity matrix it gathers from is p
 Attention with symbolic sizes is recorded as the opaque op ``coil::sdpa`` (:func:`sdpa`),
 so that choosing its kernel adds no guards on the sizes.
 
-:func:`substitute` is applied to every ``call_function`` target capture records.
-"""
+:func:`substitute` is applied to every ``call_function`` target capture records."""
 from __future__ import annotations
 
 import math
@@ -162,8 +161,7 @@ def linspace(start, end, steps, *, dtype=None, device=None, layout=None, require
 def _triu_count(row, col, offset):
     """How many ``(i, j)`` of a ``row`` x ``col`` grid have ``j - i >= offset``: ``min(row, lo)`` full rows, then rows
     of ``col - offset - i`` elements for ``i`` in ``[lo, hi)`` (symbolic: ``sym_min``/``sym_max``, no guard)."""
-    lo = torch.sym_max(0, 1 - offset)
-    hi = torch.sym_min(row, col - offset)
+    lo, hi = torch.sym_max(0, 1 - offset), torch.sym_min(row, col - offset)
     b = torch.sym_max(0, hi - lo)
     return torch.sym_min(row, lo) * col + b * (2 * (col - offset) - lo - hi + 1) // 2
 
@@ -197,10 +195,9 @@ def tril_indices(row, col, offset=0, **kwargs):
 
 #: torch function -> the function capture records in its place
 SUBSTITUTES: dict[Callable, Callable] = {torch.nn.functional.one_hot: one_hot, torch.tensor: tensor,
-                                         torch.as_tensor: as_tensor,
-                                         torch.max_pool1d: max_pool1d, torch.linspace: linspace,
-                                         torch.triu_indices: triu_indices, torch.tril_indices: tril_indices,
-                                         torch.nn.functional.max_pool1d: max_pool1d,
+                                         torch.as_tensor: as_tensor, torch.max_pool1d: max_pool1d,
+                                         torch.linspace: linspace, torch.triu_indices: triu_indices,
+                                         torch.tril_indices: tril_indices, torch.nn.functional.max_pool1d: max_pool1d,
                                          torch.adaptive_avg_pool1d: adaptive_avg_pool1d,
                                          torch.nn.functional.scaled_dot_product_attention: sdpa}
 
@@ -215,8 +212,7 @@ def substitute_graph(gm: torch.fx.GraphModule) -> None:
             _inline_checkpoint(gm, node)
             changed = True
         elif node.op == "call_function":
-            new = substitute(node.target)
-            if new is not node.target:
+            if (new := substitute(node.target)) is not node.target:
                 node.target, changed = new, True
         if node.target in (operator.pow, operator.ipow, torch.pow, "pow", "pow_"):
             changed = _pow_scalars_as_tensors(gm.graph, node) or changed

@@ -11,8 +11,7 @@ stops *before* that instruction (:meth:`InstructionTranslator.break_graph`), so 
 and the stack/locals at that point are known exactly.
 
 This module also holds the Python semantics shared by the handlers: binary and unary operators, attribute access, calls,
-``nn.Module`` calls with hooks, object construction, iteration and truthiness.
-"""
+``nn.Module`` calls with hooks, object construction, iteration and truthiness."""
 from __future__ import annotations
 
 import collections
@@ -179,9 +178,8 @@ def _may_suppress(exit_: VariableTracker) -> bool:
 class InstructionTranslatorBase:
     """State and semantics shared by the root and inlining translators."""
 
-    def __init__(self, code: types.CodeType, f_globals: dict, output, symbolic_locals: dict,
-                 cells: dict, parent: Optional["InstructionTranslatorBase"] = None,
-                 fn_name: str = ""):
+    def __init__(self, code: types.CodeType, f_globals: dict, output, symbolic_locals: dict, cells: dict,
+                 parent: Optional["InstructionTranslatorBase"] = None, fn_name: str = ""):
         from coil.capture import opcodes
         self.code, self.f_globals, self.output, self.parent = code, f_globals, output, parent
         self.instructions = instructions_of(code)
@@ -242,8 +240,7 @@ class InstructionTranslatorBase:
         except Unsupported as e:
             if self.parent is None and getattr(e, "root_offset", None) is None:
                 e.root_offset = inst.offset      # an unhandled raise breaks the graph here
-            exc_vt = exception_tracker(e)
-            if exc_vt is not None and self.handle_exception(inst, exc_vt):
+            if (exc_vt := exception_tracker(e)) is not None and self.handle_exception(inst, exc_vt):
                 return
             if getattr(e, "user_stack", None) is None:
                 e.user_stack = self.user_stack()
@@ -260,8 +257,7 @@ class InstructionTranslatorBase:
     def user_frames(self) -> list[tuple[str, Optional[int], str]]:
         """``(filename, line, function)`` of the user's frames, outermost first (coil's own
         module-call wrapper frame, ``coil/capture/frame.py``, is left out)."""
-        frames = []
-        tx = self
+        frames, tx = [], self
         while tx is not None:
             if tx.code.co_filename.startswith(_CAPTURE_DIR):
                 tx = tx.parent
@@ -284,8 +280,7 @@ class InstructionTranslatorBase:
         outermost first (per frame ``  File "m.py", line 5, in f`` and the source line indented by four): the
         key torch.fx's ``print_readable``, ``make_fx`` (which copies it into the ATen graphs) and torch's
         backends read; a kernel's failed bounds check names its innermost line."""
-        frames = self.user_frames()
-        tx = self
+        frames, tx = self.user_frames(), self
         while tx is not None and not self.output.in_try:    # made inside a try block: see frame.py
             off, ins = tx.current.offset if tx.current is not None else -1, tx.instructions
             # (or a with block whose __exit__ may suppress the error, contextlib.suppress: not no_grad / autocast)
@@ -305,8 +300,7 @@ class InstructionTranslatorBase:
 
     # --- loading names ----------------------------------------------------------------
     def load_global(self, name: str) -> VariableTracker:
-        pending = self.output.side_effects.pending_global(self.f_globals, name)
-        if pending is not None:
+        if (pending := self.output.side_effects.pending_global(self.f_globals, name)) is not None:
             return pending
         if name in self.f_globals:
             return wrap(self, self.f_globals[name], GlobalSource(name, self.gname))
@@ -369,8 +363,7 @@ class InstructionTranslatorBase:
         if isinstance(obj, ObjectVariableBase) and obj.value is not None and not isinstance(
                 obj, UserDefinedClassVariable):
             cls = type(obj.value)
-            cls_attr = _static_lookup(cls, name)
-            if isinstance(cls_attr, property) and not plain:
+            if isinstance(cls_attr := _static_lookup(cls, name), property) and not plain:
                 if cls_attr.fset is None:
                     raise UserCodeError(f"AttributeError: can't set attribute '{name}'")
                 self.call(UserFunctionVariable(cls_attr.fset), [obj, value], {})
@@ -505,9 +498,8 @@ class InstructionTranslatorBase:
                     isinstance(b, (NNModuleVariable, UserDefinedObjectVariable, NewObjectVariable)):
                 if (res := self._user_binary(op, a, b)) is not None:
                     return res
-            if op in (operator.eq, operator.ne) and (
-                    (isinstance(a, ConstantVariable) and a.value is None) or
-                    (isinstance(b, ConstantVariable) and b.value is None)):
+            if op in (operator.eq, operator.ne) and ((isinstance(a, ConstantVariable) and a.value is None)
+                                                     or (isinstance(b, ConstantVariable) and b.value is None)):
                 return ConstantVariable(op is operator.ne)
             if not isinstance(a, TensorVariable) and op in _INPLACE_TO_OUT:
                 op = _INPLACE_TO_OUT[op]
@@ -595,8 +587,7 @@ class InstructionTranslatorBase:
         for obj, other, name in ((a, b, names[0]), (b, a, names[1])):
             if (cls := self._object_class(obj)) is None:
                 continue
-            fn = _static_lookup(cls, name)
-            if fn is _SENTINEL and op is operator.iadd:
+            if (fn := _static_lookup(cls, name)) is _SENTINEL and op is operator.iadd:
                 fn = _static_lookup(cls, "__add__")
             if isinstance(fn, types.FunctionType):
                 res = self.call(UserMethodVariable(fn, obj), [other], {})
@@ -680,8 +671,7 @@ class InstructionTranslatorBase:
         if type(m) is OptimizedModule:  # a coil-compiled module called from compiled code: the original is traced
             mod_vt = wrap(self, m._orig_mod, mod_vt.source and AttrSource(mod_vt.source, "_orig_mod"))
             m = mod_vt.value
-        cls = type(m)
-        if cls.__call__ is not torch.nn.Module.__call__:
+        if (cls := type(m)).__call__ is not torch.nn.Module.__call__:
             return self.call(UserMethodVariable(cls.__call__, mod_vt), args, kwargs)
         gs = self.output.guards
         # hooks registered later must be seen: the hook dicts are guarded (a new hook
@@ -730,8 +720,7 @@ class InstructionTranslatorBase:
             if src is not None:  # a forward assigned on the module later recompiles
                 e = src.expr()
                 gs.add(f"'forward' not in {e}.__dict__", f"'forward' in {e}.__dict__", False, src=e)
-            forward = _static_lookup(cls, "forward")
-            if not isinstance(forward, types.FunctionType):
+            if not isinstance(forward := _static_lookup(cls, "forward"), types.FunctionType):
                 raise Unsupported(f"{cls.__name__}.forward is not a Python function")
             if src is not None:  # one guard per class: a forward replaced on it recompiles
                 gs.add(f"{gs.const(cls)}.forward is {gs.const(forward)}")
@@ -745,16 +734,14 @@ class InstructionTranslatorBase:
         return out
 
     def construct_object(self, cls_vt: UserDefinedClassVariable, args: list, kwargs: dict):
-        cls = cls_vt.value
-        if cls in CONTEXT_CLASSES:
+        if (cls := cls_vt.value) in CONTEXT_CLASSES:
             return make_context(self, cls, args, kwargs)
         if isinstance(cls, type) and issubclass(cls, BaseException):
             return ExceptionVariable(cls, args)
         if is_model_output_class(cls):
             return DataClassDictVariable.create(self, cls, args, kwargs)
         if isinstance(cls, type) and issubclass(cls, tuple) and hasattr(cls, "_fields"):
-            values = {**dict(zip(cls._fields, args)), **kwargs}
-            defaults = getattr(cls, "_field_defaults", {})
+            values, defaults = {**dict(zip(cls._fields, args)), **kwargs}, getattr(cls, "_field_defaults", {})
             for f in cls._fields:
                 if f not in values and f not in defaults:
                     raise UserCodeError(f"TypeError: missing field {f}")
@@ -769,8 +756,7 @@ class InstructionTranslatorBase:
         if cls in (torch.device, torch.Size, torch.finfo, torch.iinfo, torch.dtype) or \
                 (isinstance(cls, type) and issubclass(cls, __import__("enum").Enum)):
             c = [const_value(a) for a in args]
-            kw = {k: const_value(v) for k, v in kwargs.items()}
-            return wrap_constant_result(self, cls(*c, **kw))
+            return wrap_constant_result(self, cls(*c, **{k: const_value(v) for k, v in kwargs.items()}))
         if cls is types.MethodType and len(args) == 2 and not kwargs and type(args[0]) is UserFunctionVariable and \
                 not (isinstance(args[1], ConstantVariable) and args[1].value is None):   # ExitStack's exit wrapper
             return UserMethodVariable(args[0].fn, args[1])
@@ -799,8 +785,7 @@ class InstructionTranslatorBase:
                    "__init__" not in k.__dict__ for k in cls.__mro__[:-1]):
             raise Unsupported(f"constructing {cls.__qualname__} (C __init__)")
         obj = NewObjectVariable(cls)
-        init = _static_lookup(cls, "__init__")
-        if isinstance(init, types.FunctionType):
+        if isinstance(init := _static_lookup(cls, "__init__"), types.FunctionType):
             self.call(UserMethodVariable(init, obj), args, kwargs)
         elif args or kwargs:
             raise UserCodeError(f"TypeError: {cls.__name__}() takes no arguments")
@@ -818,8 +803,7 @@ class InstructionTranslatorBase:
                 # a resume function's first arguments are stack slots (___stackN); the
                 # method's own first argument comes after them
                 first = next((n for n in self.code.co_varnames if not n.startswith("___stack")), first)
-            obj = self.locals.get(first)
-            if obj is None and first in self.cells:
+            if (obj := self.locals.get(first)) is None and first in self.cells:
                 obj = self.load_cell(first)
         return SuperVariable(cls, obj)
 
@@ -972,8 +956,7 @@ class InstructionTranslator(InstructionTranslatorBase):
     def run(self) -> None:
         try:
             for _ in range(MAX_STEPS + 1):
-                inst = self.instructions[self.ip]
-                if inst.offset in self.break_at:
+                if (inst := self.instructions[self.ip]).offset in self.break_at:
                     self.current = inst
                     self.result = ("break", self.break_at[inst.offset], inst)
                     return

@@ -445,8 +445,7 @@ class GraphLowering(torch.fx.Interpreter):
         return out
 
     def placeholder(self, target, args, kwargs):
-        value = next(self._inputs_iter)
-        name = self.current_node.name
+        value, name = next(self._inputs_iter), self.current_node.name
         self.placeholder_names.append(name)
         if isinstance(value, torch.Tensor):
             buf = InputBuffer(name, _fake_layout(value))
@@ -460,8 +459,7 @@ class GraphLowering(torch.fx.Interpreter):
         return value
 
     def get_attr(self, target, args, kwargs):
-        value = super().get_attr(target, args, kwargs)
-        if isinstance(value, torch.Tensor):
+        if isinstance(value := super().get_attr(target, args, kwargs), torch.Tensor):
             name = f"const_{target.replace('.', '_')}"
             buf = ConstantBuffer(name, _fake_layout(value), value)
             self.constants[name], self.name_to_buffer[name] = value, buf
@@ -585,10 +583,8 @@ class GraphLowering(torch.fx.Interpreter):
         one copy."""
         if not isinstance(r, TensorBox):
             return OutputSpec("value", value=r)
-        d = r.data
-        if isinstance(d, GenericView) and isinstance(meta, torch.Tensor):
-            d = self.realize_input(r, meta)
-            if not isinstance(d, ReinterpretView):
+        if isinstance(d := r.data, GenericView) and isinstance(meta, torch.Tensor):
+            if not isinstance(d := self.realize_input(r, meta), ReinterpretView):
                 return OutputSpec("buffer", d.get_name())
         if isinstance(d, ReinterpretView):
             return OutputSpec("view", d.data.get_name(), list(d.layout.size), list(d.layout.stride), d.layout.offset)
@@ -667,11 +663,9 @@ class GraphLowering(torch.fx.Interpreter):
         return buf
 
     def _maybe_realize(self, n: torch.fx.Node, box: TensorBox) -> None:
-        sb = box.data
-        if not isinstance(sb, StorageBox) or not isinstance(sb.data, Pointwise):
+        if not isinstance(sb := box.data, StorageBox) or not isinstance(sb.data, Pointwise):
             return
-        users = len(n.users)
-        h = record_pointwise(sb.data)
+        users, h = len(n.users), record_pointwise(sb.data)
         nops, nreads = h.num_ops, len(set(h.loads))
         if nops > MAX_BODY_OPS and users == 1 and one_copy_chain(n) is not None:
             return  # the copy takes the body and is realized in its own layout (no transposing copy kernel)
@@ -696,8 +690,7 @@ class GraphLowering(torch.fx.Interpreter):
                                                else _dense_strides_like(meta))]
             except GuardOnDataDependentSymNode:  # strides of unknown order (unbacked): contiguous
                 stride = None
-        d = x.data
-        if isinstance(d, GenericView):
+        if isinstance(d := x.data, GenericView):
             d = self._view_of_base(d, stride) or d
         if isinstance(d, ReinterpretView):
             if stride is None:
@@ -761,8 +754,7 @@ class GraphLowering(torch.fx.Interpreter):
             return TensorBox(v)
         if not (isinstance(fv, torch.Tensor) and fv.storage_offset() == 0 and _dense_non_overlapping(fv)):
             return x
-        eager = [as_expr(s) for s in fv.stride()]
-        base = strided_base(x)
+        eager, base = [as_expr(s) for s in fv.stride()], strided_base(x)
         if base is not None and not isinstance(base[0], (ConcatSlice, ConcatBuffer)) and (  # (shared storage)
                 isinstance(base[0], InputBuffer) or (list(base[1].stride) == eager and base[1].offset == 0)):
             return x
@@ -854,8 +846,7 @@ class GraphLowering(torch.fx.Interpreter):
 
     def _channels_last_input(self, x: TensorBox):
         """4-D ``x`` as a channels-last buffer or view (a copy only if it is not one)."""
-        d = x.data
-        if isinstance(d, ReinterpretView) and _is_channels_last(d.layout):
+        if isinstance(d := x.data, ReinterpretView) and _is_channels_last(d.layout):
             return d
         if isinstance(d, StorageBox) and d.is_realized() and d.data.layout is not None \
                 and _is_channels_last(d.data.layout):
@@ -914,15 +905,12 @@ class GraphLowering(torch.fx.Interpreter):
             (m, k), (_, nn) = [int(v) for v in a.get_size()], [int(v) for v in b.get_size()]
         except TypeError:
             return None
-        if nn % 8 != 0 or min(m, k, nn) < 64 or m * k < (1 << 20):
-            return None
-        if (base := self._strided(a)) is None:
+        if nn % 8 != 0 or min(m, k, nn) < 64 or m * k < (1 << 20) or (base := self._strided(a)) is None:
             return None
         s0, s1 = (int(v) for v in base.get_stride())
         if s1 == 1 and s0 == k and k % 8 != 0:  # row-major, misaligned K
             kp = -(-k // 8) * 8
-            ap = self._padded_copy(base, k, kp)
-            bp = self._padded_rows(self._strided_or_copy(b), k, kp)
+            ap, bp = self._padded_copy(base, k, kp), self._padded_rows(self._strided_or_copy(b), k, kp)
             out = ExternKernel(self.new_buffer_name(), _fake_layout(meta), torch.ops.aten.mm.default, (ap, bp), {})
             self.register_buffer(out)
             trace.log("pad_matmul_operand", stage="lowering", buffer=out.name, m=m, n=nn, k=k,

@@ -84,8 +84,7 @@ class _Recording(OpsHandler):
 
     def masked(self, mask, body, other):
         self.lines.append(f"with ops.masked({mask}):")
-        n = len(self.lines)
-        result = body()
+        n, result = len(self.lines), body()
         for i in range(n, len(self.lines)):
             self.lines[i] = "    " + self.lines[i]
         return self._emit("masked_result", mask, result, other)
@@ -132,8 +131,7 @@ class DependencyRecorder(_Recording):
 
 def record_pointwise(loops) -> DependencyRecorder:
     """The loads and op count of a Pointwise body (inlined readers included), over fresh loop symbols ``i0..``."""
-    h = DependencyRecorder()
-    index = [sym(f"i{d}") for d in range(len(loops.ranges))]
+    h, index = DependencyRecorder(), [sym(f"i{d}") for d in range(len(loops.ranges))]
     with set_ops_handler(h):
         loops.inner_fn(index)
     return h
@@ -201,8 +199,7 @@ class ReferenceInterpreter(OpsHandler):
         return v.to(compute_dtype(v.dtype))
 
     def store(self, name, index, value, mode=None):
-        idx = self._eval(index)
-        out = self.env[name]
+        idx, out = self._eval(index), self.env[name]
         full = torch.broadcast_shapes(idx.shape, torch.as_tensor(value).shape, self.iter_shape)
         idx = idx.expand(full).reshape(-1).long()
         val = torch.as_tensor(value).to(out.dtype).expand(full).reshape(-1)
@@ -244,8 +241,7 @@ class ReferenceInterpreter(OpsHandler):
         return torch.as_tensor(x).to(dtype).to(compute_dtype(dtype))
 
     def indirect_indexing(self, x, size, check=True, wrap_neg=True):
-        s = sym(f"indirect{next(self.indirect)}")
-        x = torch.as_tensor(x).long()
+        s, x = sym(f"indirect{next(self.indirect)}"), torch.as_tensor(x).long()
         if wrap_neg:
             x = torch.where(x < 0, x + int(size), x)
         if check and self.masks == [] and x.numel() and (x.min() < 0 or x.max() >= int(size)):

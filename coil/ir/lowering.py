@@ -217,8 +217,7 @@ def _integral_lowering(name: str) -> Callable:
     lower = pointwise_lowering(name)
 
     def f(*args):
-        dt = out_dtype()
-        if dt.is_floating_point and (name != "nextafter" or dt in (torch.float16, torch.bfloat16)):
+        if (dt := out_dtype()).is_floating_point and (name != "nextafter" or dt in (torch.float16, torch.bfloat16)):
             raise FallbackToExtern
         return lower(*args)
     return f
@@ -457,8 +456,7 @@ def make_reduction(x: TensorBox, dims, keepdim: bool, reduction_type: str,
     nd = len(size)
     dims = _norm_dims(dims, nd)
     kept = [d for d in range(nd) if d not in dims]
-    ranges = [size[d] for d in kept]
-    rranges = [size[d] for d in dims]
+    ranges, rranges = [size[d] for d in kept], [size[d] for d in dims]
     sdt = src_dtype or compute_dtype(dtype if reduction_type not in ("argmax", "argmin", "any") else x.get_dtype())
     load = x.make_loader()
     xdt = x.get_dtype()
@@ -587,8 +585,7 @@ def _split_decision(ranges, numel_r: int, reduction_type: str, leading: bool = F
             return 1, "gpu_rows_short"
     # chunks of equal size; a ragged last chunk only for full reductions (one output: unsplit, one program does all the
     # work). A few long rows keep the exact rule, so their reductions stay fused (softmax's max and sum in one kernel)
-    exact = numel_out > RAGGED_SPLIT_MAX_OUTPUTS
-    s = 1
+    exact, s = numel_out > RAGGED_SPLIT_MAX_OUTPUTS, 1
     while (not exact or numel_r % (s * 2) == 0) and numel_out * s * 2 <= 8192 and numel_r // (s * 2) >= 512:
         s *= 2
     return (s if s >= 4 else 1), "few_outputs"
@@ -729,8 +726,7 @@ def _converted(x: TensorBox, dtype: Optional[torch.dtype]) -> TensorBox:
 def _prod(x, dim=None, keepdim=False, *, dtype=None):
     """On CPU a float32/fp16/bf16 product accumulates in float64 (docs/ir.md, Numerics): partial products of another
     order than eager's overflowed in one lane and underflowed in another, and inf * 0 gave NaN where eager gave inf."""
-    x = _converted(x, dtype)
-    odt = out_dtype()
+    x, odt = _converted(x, dtype), out_dtype()
     if device().type != "cpu" or odt not in (torch.float32, torch.float16, torch.bfloat16):
         return make_reduction(x, dim, keepdim, "prod", odt)
     r = make_reduction(x, dim, keepdim, "prod", torch.float64)
@@ -789,8 +785,7 @@ def _any(x, dim=None, keepdim=False):
 
 @register_lowering(aten.mean.dim, aten.mean.default)
 def _mean(x, dim=None, keepdim=False, *, dtype=None):
-    odt = out_dtype()
-    size = x.get_size()
+    odt, size = out_dtype(), x.get_size()
     dims = _norm_dims(dim, len(size))
     n = math.prod((size[d] for d in dims), start=sympy.Integer(1))  # a symbolic count is read in the kernel (loader_as)
     cdt = compute_dtype(odt)

@@ -228,7 +228,5 @@ def _avg_pool2d_backward(grad, x, kernel_size, stride, padding, ceil_mode, count
                 inside.append(ops.lt(ops.index_expr(q - FloorDiv(q, st) * st, torch.int64),
                                      ops.constant(k, torch.int64)))
         value = lambda: ops.truediv(load([n, c, r, s]), ops.constant(float(div), cdt))  # noqa: E731
-        if not inside:
-            return value()
-        return ops.masked(_all(inside), value, 0.0)
+        return ops.masked(_all(inside), value, 0.0) if inside else value()
     return TensorBox.create(Pointwise(device(), odt, inner, size))

@@ -28,8 +28,7 @@ aten = torch.ops.aten
 
 def strided_base(x: TensorBox):
     """(buffer, layout) when ``x`` is a realized buffer or a strided view of one."""
-    d = x.data
-    if isinstance(d, StorageBox) and d.is_realized():
+    if isinstance(d := x.data, StorageBox) and d.is_realized():
         return d.data, d.data.layout
     return (d.data, d.layout) if isinstance(d, ReinterpretView) else None
 
@@ -57,8 +56,7 @@ def view_reshape(x: TensorBox, new_size) -> TensorBox:
         known = product(s for s in new_size if s != -1)
         new_size = [product(old) // known if s == -1 else s for s in new_size]
     if [s for s in old if s != 1] == [s for s in new_size if s != 1]:
-        # only size-1 dims move: a pure unsqueeze/squeeze pattern
-        kept_old = [d for d, s in enumerate(old) if s != 1]
+        kept_old = [d for d, s in enumerate(old) if s != 1]  # only size-1 dims move: a pure unsqueeze/squeeze pattern
         kept_new = [d for d, s in enumerate(new_size) if s != 1]
 
         def reindex(index):
@@ -111,8 +109,7 @@ def view_strides(old_size, old_stride, new_size) -> Optional[list]:
             chunks[-1] = (chunks[-1][0] * s, chunks[-1][1])
         else:
             chunks.append((s, st))
-    out = [None] * len(nsz)
-    d = len(nsz) - 1
+    out, d = [None] * len(nsz), len(nsz) - 1
     for numel, base in chunks:
         acc = sympy.Integer(1)
         while d >= 0 and (not eq(acc, numel) or nsz[d] == 1):
@@ -124,8 +121,7 @@ def view_strides(old_size, old_stride, new_size) -> Optional[list]:
             return None
     if any(nsz[i] != 1 for i in range(d + 1)):
         return None
-    # size-1 dims: the stride of the next dim (as contiguous_strides gives them)
-    nxt = sympy.Integer(1)
+    nxt = sympy.Integer(1)  # size-1 dims: the stride of the next dim (as contiguous_strides gives them)
     for i in reversed(range(len(nsz))):
         if out[i] is None:
             out[i] = nxt
@@ -204,8 +200,7 @@ def _wrap_index(idx, n):
         if is_static(n) and not -int(n) <= idx < int(n):
             raise IndexError(f"index {idx} is out of bounds for dimension with size {n}")
         return idx + n if idx < 0 else idx
-    idx = as_expr(idx)
-    if guard_true(sympy.Lt(idx, 0)):
+    if guard_true(sympy.Lt(idx := as_expr(idx), 0)):
         idx = idx + n
     if not (guard_true(sympy.Le(0, idx)) and guard_true(sympy.Lt(idx, n))):
         raise IndexError(f"index {idx} is out of bounds for dimension with size {n}")
@@ -439,17 +434,14 @@ def _concat_buffer(parts, positions, dim: int, size, odt, costly: bool = False) 
     pointwise input of the output dtype computed straight into its slice (its readers then read the slice), any other
     input copied (converted to the output dtype)."""
     g, dev = current_graph(), device()
-    node = getattr(g, "current_node", None)
-    if not isinstance(node, torch.fx.Node) or node.target is not aten.cat.default:
+    if not isinstance(node := getattr(g, "current_node", None), torch.fx.Node) or node.target is not aten.cat.default:
         return None
     longest = _longest_extension(node, dim, odt)
     if sum(1 for a in longest.args[0] if _non_empty(a)) < config.concat_buffer_min_inputs and not costly:
         return None
-    memo = g.__dict__.setdefault("_concat_storages", {})
-    if longest not in memo:
+    if longest not in (memo := g.__dict__.setdefault("_concat_storages", {})):
         meta = longest.meta["val"]
-        full = [as_expr(v) for v in meta.shape]
-        copy = _copy_strides(longest)
+        full, copy = [as_expr(v) for v in meta.shape], _copy_strides(longest)
         lay = Layout(dev, odt, full, copy or _concat_strides(parts, dim, full, meta))
         storage = ConcatStorage(g.new_buffer_name(), lay)
         storage.for_copy = copy is not None
@@ -569,8 +561,7 @@ def _advanced_index(xs: list, indices, out_shape: Optional[list] = None) -> tupl
     loaders = {d: broadcast_loader(indices[d], bshape) for d in pos}
 
     def source(index):
-        bidx = list(index[first:first + nb])
-        rest = iter(list(index[:first]) + list(index[first + nb:]))
+        bidx, rest = list(index[first:first + nb]), iter(list(index[:first]) + list(index[first + nb:]))
         return [ops.indirect_indexing(loaders[d](bidx), xs[d]) if d in loaders else next(rest) for d in range(len(xs))]
     return rest_dims[:first] + bshape + rest_dims[first:], source
 
@@ -692,8 +683,7 @@ def _scatter_box(x, ranges, dest_fn, value_fn, mode, acc_dtype=None) -> TensorBo
             # converted in the body, not only where stored: a reader it is inlined into
             # sees the wrapped int8 / bool / rounded bf16 value
             return make_pointwise_box(lambda v: ops.to_dtype(v, dt, acc), [out], xs, dt, acc)
-    target = _fresh_copy(x)
-    g = current_graph()
+    target, g = _fresh_copy(x), current_graph()
     sb = ScatterBuffer(g.new_buffer_name(), target, ranges, dest_fn, value_fn, mode)
     g.register_buffer(sb)
     return TensorBox(StorageBox(sb))

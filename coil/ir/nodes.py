@@ -283,12 +283,10 @@ def reduction_loop_order(data: "Reduction") -> Optional[list[int]]:
     rr = data.reduction_ranges
     if data.reduction_type in ("argmax", "argmin") or not all(is_static(s) for s in rr):
         return None
-    big = [d for d, s in enumerate(rr) if int(s) != 1]
-    if len(big) < 2:
+    if len(big := [d for d, s in enumerate(rr) if int(s) != 1]) < 2:
         return None
     index = [sym(f"i{d}") for d in range(len(data.ranges))]
-    rindex = [sym(f"r{d}") for d in range(len(rr))]
-    h = DependencyRecorder()
+    rindex, h = [sym(f"r{d}") for d in range(len(rr))], DependencyRecorder()
     with set_ops_handler(h):
         data.inner_fn(index, rindex)
     for _, e in h.loads:
@@ -351,8 +349,7 @@ class ComputedBuffer(Buffer):
         _run_from(self.data.origin, self._store_body, index, rindex)
 
     def _store_body(self, index, rindex) -> None:
-        indexer = self.layout.make_indexer()
-        index = _to_logical(self.loop_order, index)
+        indexer, index = self.layout.make_indexer(), _to_logical(self.loop_order, index)
         out_index = indexer(list(index))
         if isinstance(self.data, Reduction):
             rindex = _to_logical(self.rloop_order, rindex)
@@ -509,8 +506,7 @@ class StorageBox(IRNode):
         if isinstance(self.data, Buffer):
             return self.data
         assert isinstance(self.data, Loops)
-        g = current_graph()
-        size = self.data.get_size()
+        g, size = current_graph(), self.data.get_size()
         if stride is None and hasattr(g, "default_strides"):
             stride = g.default_strides(self.data)
         layout = (Layout(self.data.device, self.data.dtype, list(size), list(stride))

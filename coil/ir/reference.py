@@ -50,8 +50,7 @@ def run_reference(graph, args: list) -> tuple:
             if isinstance(b, ScatterBuffer):
                 env[b.name] = env[b.target.get_name()]  # writes into its target's storage
             elif isinstance(b, ConcatSlice):  # writes into its slice of the concatenation's storage
-                st = b.storage
-                if st.name not in env:
+                if (st := b.storage).name not in env:
                     env[st.name] = torch.empty(int(st.layout.storage_numel()), dtype=st.get_dtype(),
                                                device=st.get_device())
                 env[b.name] = env[st.name][int(b.view_offset):]

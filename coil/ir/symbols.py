@@ -36,8 +36,7 @@ def as_expr(x) -> sympy.Expr:
     if isinstance(x, sympy.Basic):
         return x
     if (node := getattr(x, "node", None)) is not None and hasattr(node, "expr"):  # torch.SymInt
-        env = getattr(node, "shape_env", None)
-        expr = node.expr
+        env, expr = getattr(node, "shape_env", None), node.expr
         if env is None:
             return from_torch_sympy(expr)
         return _as_multiples(from_torch_sympy(_pin_known(env.replace(expr), env), env), env)
@@ -375,8 +374,7 @@ class Mod(sympy.Function):
         if isinstance(a, Mod):
             # (x % c) % b: x % c when c <= b (it is already below b), x % b when b | c (exact for any integer x);
             # window partitions nested a dozen of these, and simplifying them dominated Swin-T's compile
-            c = a.args[1]
-            if _known_le(c, b):
+            if _known_le(c := a.args[1], b):
                 return a
             if _divides(b, c):
                 return Mod(a.args[0], b)
@@ -448,8 +446,7 @@ def _split_small(a: sympy.Expr, b, bounds: dict):
     """Write ``a = g*w + r`` with integer ``g`` dividing ``b`` (an int or a size expression ``c*s``: ``g |
     c``), ``w >= 0`` and ``0 <= r < g`` (``r`` from terms whose loop bounds keep them small): returns ``(g, w,
     r)`` with the largest such ``g``, or None."""
-    cb = b.as_coeff_Mul()[0]
-    if not (cb.is_Integer and a.is_Add):
+    if not ((cb := b.as_coeff_Mul()[0]).is_Integer and a.is_Add):
         return None
     terms = sympy.Add.make_args(a)
     coeffs = [t.as_coeff_Mul()[0] for t in terms]

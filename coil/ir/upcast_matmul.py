@@ -42,8 +42,7 @@ def upcast_matmuls(gm: torch.fx.GraphModule) -> int:
             src = src.args[0]
         if not (isinstance(src, torch.fx.Node) and src.target is aten.mm.default and len(src.users) == 1):
             continue
-        mv = src.meta.get("val")
-        ops = [a.meta.get("val") for a in src.args]
+        mv, ops = src.meta.get("val"), [a.meta.get("val") for a in src.args]
         if not (isinstance(out, torch.Tensor) and isinstance(mv, torch.Tensor) and out.dtype == torch.float32
                 and mv.dtype == torch.bfloat16 and mv.device.type in DEVICES and _works(mv.device)
                 # only the dtype changes (the same device, sizes and strides: the transposes cancel)

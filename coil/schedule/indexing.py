@@ -122,8 +122,7 @@ def kernel_deps(buf, numel, rnumel) -> Optional[KernelDeps]:
         res = None
     else:
         index, rindex, in_loop = ki
-        rec = DependencyRecorder.record(buf, index, rindex)
-        bounds = {XINDEX: numel, RINDEX: rnumel}
+        rec, bounds = DependencyRecorder.record(buf, index, rindex), {XINDEX: numel, RINDEX: rnumel}
         res = KernelDeps([(n, simplify_index(sympy.sympify(e), bounds)) for n, e in rec.loads],
                          [(n, simplify_index(sympy.sympify(e), bounds)) for n, e in rec.stores], in_loop)
     _deps_cache[key] = (buf, res)

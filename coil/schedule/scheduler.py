@@ -127,8 +127,7 @@ class Scheduler:
         stack = [g for g in succ(src) if g is not dst] if skip_direct else [src]
         seen = set()
         while stack:
-            g = stack.pop()
-            if id(g) in seen or g.order > dst.order:
+            if id(g := stack.pop()) in seen or g.order > dst.order:
                 continue
             seen.add(id(g))
             if g is dst:
@@ -277,15 +276,13 @@ class Scheduler:
         first, second = sorted((a, b), key=lambda g: g.order)
         if self._reaches(first, second, skip_direct=True):   # (none from second to first)
             return "a path between them leaves the pair (would create a cycle)"
-        # element-wise agreement of every cross read
-        crossing = False
+        crossing = False  # element-wise agreement of every cross read
         for prod_g, cons_g in ((a, b), (b, a)):
             produced = {n.get_name(): n for n in prod_g.nodes}
             for c in cons_g.nodes:
                 cdeps = kernel_deps(c, numel, rnumel)
                 for name in [n for n in dict.fromkeys(c.get_read_names()) if n in produced]:  # (read order)
-                    crossing = True
-                    p = produced[name]
+                    crossing, p = True, produced[name]
                     pdeps = kernel_deps(p, numel, rnumel)
                     store = pdeps.stores[0][1]
                     if (p_in_loop := pdeps.in_loop and not p.is_reduction()) and not cdeps.in_loop and rnumel != 1:

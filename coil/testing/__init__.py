@@ -16,8 +16,7 @@ and max-abs) must be at most ``LOW_PRECISION_MARGIN`` times eager's error plus a
 keeps intermediates in fp32 is then accepted even where it differs from eager's bf16 rounding, while a genuinely wrong
 one is not.
 
-:class:`CompileCounter` is a backend that counts graphs and operators and runs each graph as it is (``gm.forward``).
-"""
+:class:`CompileCounter` is a backend that counts graphs and operators and runs each graph as it is (``gm.forward``)."""
 from __future__ import annotations
 
 import copy
@@ -54,8 +53,7 @@ class CompileCounter:
         op_count: ``call_function`` / ``call_method`` / ``call_module`` nodes, summed.
         graphs: the ``torch.fx.GraphModule`` objects, in order.
 
-    Use as ``cnt = CompileCounter(); coil.compile(fn, backend=cnt)`` (or with ``torch.compile``).
-    """
+    Use as ``cnt = CompileCounter(); coil.compile(fn, backend=cnt)`` (or with ``torch.compile``)."""
 
     def __init__(self) -> None:
         self.clear()
@@ -69,9 +67,7 @@ class CompileCounter:
 
     def clear(self) -> None:
         """Reset the counts (call ``coil.reset()`` too, to force recompiles)."""
-        self.frame_count = 0
-        self.op_count = 0
-        self.graphs = []
+        self.frame_count, self.op_count, self.graphs = 0, 0, []
 
     def __repr__(self) -> str:
         return f"CompileCounter(frame_count={self.frame_count}, op_count={self.op_count})"
@@ -106,9 +102,8 @@ def _compare_tensor(what: str, actual: torch.Tensor, expected: torch.Tensor,
         if torch.equal(a, e):
             return None
         bad = (a != e).nonzero()
-        return f"{what}: {bad.shape[0]} of {a.numel()} elements differ (exact dtype {a.dtype}); " \
-               f"first at index {tuple(bad[0].tolist())}: {a[tuple(bad[0])].item()} vs eager " \
-               f"{e[tuple(bad[0])].item()}"
+        return (f"{what}: {bad.shape[0]} of {a.numel()} elements differ (exact dtype {a.dtype}); first at index "
+                f"{tuple(bad[0].tolist())}: {a[tuple(bad[0])].item()} vs eager {e[tuple(bad[0])].item()}")
     d_atol, d_rtol = TOLERANCES.get(expected.dtype, (0.0, 0.0))
     at, rt = (d_atol if atol is None else atol), (d_rtol if rtol is None else rtol)
     if expected.dtype in _LOW_PRECISION and reference is not None:
@@ -148,8 +143,7 @@ def _compare_trees(what: str, actual: Any, expected: Any, reference: Any, atol, 
             if not isinstance(a, torch.Tensor):
                 problems.append(f"{name}: got {type(a).__name__}, eager gave a tensor")
                 continue
-            msg = _compare_tensor(name, a, e, r if isinstance(r, torch.Tensor) else None, atol, rtol)
-            if msg:
+            if msg := _compare_tensor(name, a, e, r if isinstance(r, torch.Tensor) else None, atol, rtol):
                 problems.append(msg)
         elif isinstance(a, torch.Tensor):
             problems.append(f"{name}: got a tensor, eager gave {type(e).__name__} {e!r}")
@@ -208,8 +202,7 @@ def _run(fn: Callable, args: tuple, kwargs: dict, check_grads: bool,
         out = fn(*args, **kwargs)
     grads = None
     if check_grads:
-        outs = [o for o in pytree.tree_leaves(out) if isinstance(o, torch.Tensor) and o.requires_grad]
-        if not outs:
+        if not (outs := [o for o in pytree.tree_leaves(out) if isinstance(o, torch.Tensor) and o.requires_grad]):
             raise AssertionError("check_grads=True but no output requires grad "
                                  "(pass floating-point tensor inputs or a module with parameters)")
         gen = torch.Generator().manual_seed(cotangent_seed)
@@ -219,9 +212,8 @@ def _run(fn: Callable, args: tuple, kwargs: dict, check_grads: bool,
     return out, grads
 
 
-def assert_same_as_eager(fn: Callable, args: Any, *, backend: Any = "coil",
-                         check_grads: bool = False, check_input_mutation: bool = True,
-                         atol: Optional[float] = None, rtol: Optional[float] = None,
+def assert_same_as_eager(fn: Callable, args: Any, *, backend: Any = "coil", check_grads: bool = False,
+                         check_input_mutation: bool = True, atol: Optional[float] = None, rtol: Optional[float] = None,
                          kwargs: Optional[dict] = None) -> Any:
     """Assert that ``coil.compile(fn, backend=backend)(*args)`` matches ``fn(*args)``.
 
@@ -243,8 +235,7 @@ def assert_same_as_eager(fn: Callable, args: Any, *, backend: Any = "coil",
 
     Raises:
         AssertionError: listing every mismatch found (outputs, mutated inputs,
-        gradients), each with its pytree path.
-    """
+        gradients), each with its pytree path."""
     if not isinstance(args, tuple):
         args = (args,)
     kwargs = dict(kwargs or {})
@@ -258,18 +249,15 @@ def assert_same_as_eager(fn: Callable, args: Any, *, backend: Any = "coil",
             if is_module:
                 f = f.float() if any(p.dtype in _LOW_PRECISION for p in list(f.parameters()) + list(f.buffers())) else f
         return f, a, k
-    # Eager.
-    e_fn, e_args, e_kwargs = fresh()
+    e_fn, e_args, e_kwargs = fresh()  # Eager.
     e_out, e_grads = _run(e_fn, e_args, e_kwargs, check_grads, e_fn if is_module else None, 7)
-    # fp32 reference, only when something is bf16/fp16.
-    r_fn = r_args = r_kwargs = r_out = r_grads = None
+    r_fn = r_args = r_kwargs = r_out = r_grads = None  # fp32 reference, only when something is bf16/fp16.
     low = _has_low_precision((args, kwargs, e_out)) or (
         is_module and any(p.dtype in _LOW_PRECISION for p in fn.parameters()))
     if low:
         r_fn, r_args, r_kwargs = fresh(upcast=True)
         r_out, r_grads = _run(r_fn, r_args, r_kwargs, check_grads, r_fn if is_module else None, 7)
-    # Compiled.
-    c_fn, c_args, c_kwargs = fresh()
+    c_fn, c_args, c_kwargs = fresh()  # Compiled.
     compiled = coil.compile(c_fn, backend=backend)
     c_out, c_grads = _run(compiled, c_args, c_kwargs, check_grads, c_fn if is_module else None, 7)
     problems = _compare_trees("output", c_out, e_out, r_out, atol, rtol)
@@ -277,13 +265,11 @@ def assert_same_as_eager(fn: Callable, args: Any, *, backend: Any = "coil",
         problems += _compare_trees("args after call", c_args, e_args, r_args, atol, rtol)
         problems += _compare_trees("kwargs after call", c_kwargs, e_kwargs, r_kwargs, atol, rtol)
         if is_module:
-            problems += _compare_trees(
-                "module state", dict(c_fn.state_dict()), dict(e_fn.state_dict()),
-                dict(r_fn.state_dict()) if low else None, atol, rtol)
+            problems += _compare_trees("module state", dict(c_fn.state_dict()), dict(e_fn.state_dict()),
+                                       dict(r_fn.state_dict()) if low else None, atol, rtol)
     if check_grads:
         problems += _compare_trees("grad of ", c_grads, e_grads, r_grads, atol, rtol)
     if problems:
         raise AssertionError(f"compiled (backend={getattr(backend, '__name__', backend)!r}) "
-                             f"differs from eager in {len(problems)} place(s):\n  - "
-                             + "\n  - ".join(problems))
+                             f"differs from eager in {len(problems)} place(s):\n  - " + "\n  - ".join(problems))
     return c_out

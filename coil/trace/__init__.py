@@ -70,8 +70,7 @@ def compile_context(frame_id: int, attempt: int) -> Iterator[str]:
 
     Compile contexts and stages are per thread; a thread that has no compile context of its own (a worker building
     kernels for the compile in progress) logs under the most recently entered compile id of any thread."""
-    cid = f"{frame_id}/{attempt}"
-    own = _thread_list("compile_ids")
+    cid, own = f"{frame_id}/{attempt}", _thread_list("compile_ids")
     own.append(cid)
     with _state.lock:
         _state.compile_ids.append(cid)
@@ -141,8 +140,7 @@ def stage(name: str, **payload: Any) -> Iterator[None]:
         return
     for fn in _state.listeners:
         fn(name, "start", None)
-    parent = _current_stage()
-    stack = _thread_list("stage_stack")
+    parent, stack = _current_stage(), _thread_list("stage_stack")
     stack.append(name)
     t0 = time.perf_counter()
     try:

@@ -25,8 +25,7 @@ import jinja2
 COMMON_FIELDS = ("ts", "pid", "compile_id", "event", "stage", "duration_ms")
 # Event groups shown first on a compile page, in this order.
 FIRST_EVENTS = ("graph_break", "recompile", "guards", "codegen_fallback", "eager_fallback", "cudagraph_skip")
-# Counted in the index's columns.
-COUNTED_EVENTS = ("graph_break", "recompile", "codegen_fallback", "eager_fallback")
+COUNTED_EVENTS = ("graph_break", "recompile", "codegen_fallback", "eager_fallback")  # Counted in the index's columns.
 NO_COMPILE_ID_PAGE = "no_compile_id.html"
 # Payload keys holding a stack: a list of frame dicts or of traceback-style strings.
 STACK_KEYS = ("user_stack", "stack", "traceback")
@@ -80,8 +79,7 @@ class Compile:
         """A human name for the compile: the captured function, if any event names it."""
         for r in self.events + self.stages:
             for key in ("fn", "function", "co_name", "frame", "name"):
-                v = r.get(key)
-                if isinstance(v, str) and v and r.get("event") != "artifact":
+                if isinstance(v := r.get(key), str) and v and r.get("event") != "artifact":
                     loc = ""
                     if isinstance(r.get("filename"), str) and r.get("lineno") is not None:
                         loc = f" ({os.path.basename(r['filename'])}:{r['lineno']})"
@@ -277,8 +275,7 @@ def _artifact_views(records: list) -> list:
 
 def previous_attempts(compiles: list) -> dict:
     """``(pid, "f/a") -> Compile`` of ``"f/(a-1)"`` (the same frame's previous attempt)."""
-    by_id = {(c.pid, c.compile_id): c for c in compiles}
-    out = {}
+    by_id, out = {(c.pid, c.compile_id): c for c in compiles}, {}
     for c in compiles:
         frame, _, attempt = c.compile_id.rpartition("/")
         if attempt.isdigit() and int(attempt) > 0 and (prev := by_id.get((c.pid, f"{frame}/{int(attempt) - 1}"))):
@@ -326,8 +323,7 @@ def write_report(log_dir: str, out_dir: Optional[str] = None) -> str:
     os.makedirs(out_dir, exist_ok=True)
     env = _env()
     common = {"pygments_css": _pygments_css(), "loose_page": NO_COMPILE_ID_PAGE}
-    multi_pid = len({c.pid for c in log.compiles}) > 1
-    previous = previous_attempts(log.compiles)
+    multi_pid, previous = len({c.pid for c in log.compiles}) > 1, previous_attempts(log.compiles)
     all_totals, all_selfs = Counter(), Counter()  # stage names in first-seen order
     rows, grand_total = [], 0.0
     for c in log.compiles:

@@ -7,5 +7,4 @@
 - :mod:`.objects`: nn.Modules, user objects and classes, modules, ModelOutput;
 - :mod:`.builtins`: ``len``/``isinstance``/``range``... and pure C functions;
 - :mod:`.torchfn`: torch functions and grad-mode / autocast context managers;
-- :mod:`.builder`: real value + source → tracker + guards.
-"""
+- :mod:`.builder`: real value + source → tracker + guards."""

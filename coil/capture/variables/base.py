@@ -5,8 +5,7 @@ Every Python value seen while translating a frame is a tracker. Subclasses decid
 trackers, and objects we know nothing about raise :class:`coil.exc.Unsupported` (a graph break). The interface
 (``python_type``, ``as_python_constant``, ``var_getattr``, ``call_function``, ``call_method``, ``unpack``,
 ``reconstruct``...; the defaults raise ``Unsupported``) is listed in docs/capture.md, "How to add a VariableTracker".
-``source`` says where a value came from (:mod:`coil.capture.source`).
-"""
+``source`` says where a value came from (:mod:`coil.capture.source`)."""
 from __future__ import annotations
 
 import enum
@@ -156,8 +155,7 @@ class ConstantVariable(VariableTracker):
     def call_method(self, tx, name, args, kwargs):
         from coil.capture.translator import const_value
         # (a non-constant argument, e.g. int * tensor, raises: the other side decides)
-        cargs = [const_value(a) for a in args]
-        ckw = {k: const_value(v) for k, v in kwargs.items()}
+        cargs, ckw = [const_value(a) for a in args], {k: const_value(v) for k, v in kwargs.items()}
         if name == "__len__":
             return wrap_constant_result(tx, len(self.value))
         if name == "__getitem__":
@@ -226,8 +224,7 @@ class NumpyArrayVariable(ConstantVariable):
         if name in self._WRITES or name.startswith("__i") and name not in ("__invert__", "__index__", "__int__"):
             raise Unsupported(f"ndarray.{name} writes into a numpy array")
         cargs = [const_value(a) for a in args]
-        ckw = {k: const_value(v) for k, v in kwargs.items()}
-        if "out" in ckw:
+        if "out" in (ckw := {k: const_value(v) for k, v in kwargs.items()}):
             raise Unsupported("a numpy call with out=")
         return wrap_constant_result(tx, self._fold(name, lambda: getattr(self.value, name)(*cargs, **ckw)))
 

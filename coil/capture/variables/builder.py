@@ -53,8 +53,7 @@ _NUMPY_PURE = frozenset(
 
 
 def _numpy_pure(value) -> bool:
-    np = __import__("sys").modules.get("numpy")
-    name = getattr(value, "__name__", None)
+    np, name = __import__("sys").modules.get("numpy"), getattr(value, "__name__", None)
     return np is not None and name in _NUMPY_PURE and getattr(np, name, None) is value
 
 
@@ -123,14 +122,13 @@ def _source_key(k) -> bool:
 def wrap(tx, value: Any, source, guard: bool = True) -> VariableTracker:
     """The tracker for real ``value`` read from ``source`` (see module docstring)."""
     out = tx.output
-    if not (literal := is_literal(value)):
-        if (hit := out.wrapped.get(id(value))) is not None:
-            vt = hit[1]
-            if guard and source is not None and vt.source is not None and source != vt.source:
-                a, b = vt.source.expr(), source.expr()
-                out.guards.add(f"{b} is {a}", note=f"{a} and {b} were one object when compiled; they are "
-                                                     f"distinct on this call")
-            return vt
+    if not (literal := is_literal(value)) and (hit := out.wrapped.get(id(value))) is not None:
+        vt = hit[1]
+        if guard and source is not None and vt.source is not None and source != vt.source:
+            a, b = vt.source.expr(), source.expr()
+            out.guards.add(f"{b} is {a}", note=f"{a} and {b} were one object when compiled; they are "
+                                                 f"distinct on this call")
+        return vt
     gs = out.guards if (guard and source is not None) else None
     vt = _build(tx, value, source, gs)
     if not literal:
@@ -162,13 +160,11 @@ def _build(tx, value, source, gs) -> VariableTracker:
         tf = getattr(type(value).__torch_function__, "__func__", type(value).__torch_function__)
         if tf not in (torch.Tensor.__torch_function__.__func__, torch._C._disabled_torch_function_impl):
             raise Unsupported(f"tensor subclass {type(value).__name__} overrides "
-                              "__torch_function__ (the graph would bypass it)",
-                              "the code that reads it runs eagerly")
+                              "__torch_function__ (the graph would bypass it)", "the code that reads it runs eagerly")
         if tf is not torch._C._disabled_torch_function_impl and type(value) is not torch.Tensor \
                 and source is not None and not isinstance(value, FakeTensor):
-            raise Unsupported(f"tensor subclass {type(value).__name__}: torch functions return "
-                              f"{type(value).__name__} there, the graph plain tensors",
-                              "the code that reads it runs eagerly")
+            raise Unsupported(f"tensor subclass {type(value).__name__}: torch functions return {type(value).__name__} "
+                              f"there, the graph plain tensors", "the code that reads it runs eagerly")
         if value.layout is not torch.strided and not isinstance(value, FakeTensor):  # compiled code would fail
             raise Unsupported(f"{value.layout} tensor (coil compiles strided tensors only)",
                               "the code that reads it runs eagerly")
@@ -181,12 +177,10 @@ def _build(tx, value, source, gs) -> VariableTracker:
     if isinstance(value, torch.nn.Module):
         guard_type()
         return NNModuleVariable(value, source)
-    t = type(value)
-    if t in (tuple, list) or (isinstance(value, tuple) and hasattr(t, "_fields")):
+    if (t := type(value)) in (tuple, list) or (isinstance(value, tuple) and hasattr(t, "_fields")):
         if gs is not None:
             gs.add(f"type({expr}) is {gs.const(t)} and len({expr}) == {len(value)}", f"len({expr})", len(value))
-        items = [wrap(tx, v, GetItemSource(source, i) if source is not None else None,
-                      guard=gs is not None)
+        items = [wrap(tx, v, GetItemSource(source, i) if source is not None else None, guard=gs is not None)
                  for i, v in enumerate(value)]
         if t is list:
             return ListVariable(items, source)
@@ -269,9 +263,8 @@ def _build(tx, value, source, gs) -> VariableTracker:
         # the __exit__ of a grad-mode block a graph break resumed inside (torchfn.reenter_grad)
         obj = value.__self__
         if gs is not None:
-            gs.add(f"type({expr}.__self__) is {gs.const(type(obj))} and "
-                   f"{expr}.__self__.prev is {obj.prev!r}", f"{expr}.__self__.prev", obj.prev,
-                   src=expr)
+            gs.add(f"type({expr}.__self__) is {gs.const(type(obj))} and {expr}.__self__.prev is {obj.prev!r}",
+                   f"{expr}.__self__.prev", obj.prev, src=expr)
         kind = {torch.no_grad: "no_grad", torch.enable_grad: "enable_grad"}.get(type(obj), "set_grad_enabled")
         ctx = ResumedGradModeVariable(getattr(obj, "mode", kind == "enable_grad"), kind)
         ctx.prev = obj.prev

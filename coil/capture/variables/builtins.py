@@ -8,8 +8,7 @@ One registry, one small function per builtin (a one-expression handler is a lamb
     builtin(len)(lambda tx, args, kwargs: tx.call_dunder(args[0], "__len__", []))
 
 A builtin without a handler is constant-folded when all its arguments are
-compile-time constants and it is in ``_FOLDABLE``; otherwise it is a graph break.
-"""
+compile-time constants and it is in ``_FOLDABLE``; otherwise it is a graph break."""
 from __future__ import annotations
 
 import builtins
@@ -79,8 +78,7 @@ class BuiltinVariable(KnownCallableVariable):
     """A Python builtin function or type (``len``, ``list``, ``isinstance``...)."""
 
     def call_function(self, tx, args, kwargs):
-        fn = self.fn
-        if fn is vars and len(args) == 1 and not kwargs:
+        if (fn := self.fn) is vars and len(args) == 1 and not kwargs:
             return args[0].var_getattr(tx, "__dict__")   # (an object made in the frame: its attributes)
         if fn in _BREAK:
             raise Unsupported(_BREAK[fn], hint="it runs outside the graph")
@@ -168,8 +166,7 @@ class PureFunctionVariable(KnownCallableVariable):
     """``math.*``, ``operator.*`` and other side-effect-free C functions."""
 
     def call_function(self, tx, args, kwargs):
-        fn = self.fn
-        if fn in _OPERATOR_BINARY and len(args) == 2:
+        if (fn := self.fn) in _OPERATOR_BINARY and len(args) == 2:
             return tx.contains_op(args[0], args[1]) if fn is operator.contains else tx.binary_op(fn, args[0], args[1])
         if fn in _OPERATOR_UNARY and len(args) == 1:
             return tx.unary_op(fn, args[0])
@@ -214,12 +211,10 @@ class IdVariable(VariableTracker):
 def _id(tx, args, kwargs):
     if len(args) == 1 and not kwargs and isinstance(args[0], ConstantVariable):
         return IdVariable(args[0])
-    if len(args) == 1 and not kwargs:
-        if (obj := known_object(tx, args[0])) is not None:
-            # a pre-existing object read from a source: its id is a constant under a guard
-            tx.output.guards.add(f"___id({args[0].source.expr()}) == {id(obj)}",
-                                 f"id({args[0].source.expr()})", id(obj))
-            return ConstantVariable(id(obj))
+    if len(args) == 1 and not kwargs and (obj := known_object(tx, args[0])) is not None:
+        # a pre-existing object read from a source: its id is a constant under a guard
+        tx.output.guards.add(f"___id({args[0].source.expr()}) == {id(obj)}", f"id({args[0].source.expr()})", id(obj))
+        return ConstantVariable(id(obj))
     raise Unsupported("id() of a traced value", hint="it runs outside the graph")
 
 
@@ -239,8 +234,7 @@ builtin(len)(lambda tx, args, kwargs: tx.call_dunder(args[0], "__len__", []))
 @builtin(isinstance)
 def _isinstance(tx, args, kwargs):
     obj, cls = args
-    t = obj.python_type()
-    classes = cls.as_python_constant()
+    t, classes = obj.python_type(), cls.as_python_constant()
     try:
         return ConstantVariable(issubclass(t, classes))
     except TypeError as e:
@@ -352,8 +346,7 @@ builtin(iter)(lambda tx, args, kwargs: tx.get_iter(args[0]))
 
 @builtin(next)
 def _next(tx, args, kwargs):
-    it = args[0]
-    if not isinstance(it, ListIteratorVariable):
+    if not isinstance(it := args[0], ListIteratorVariable):
         it = tx.get_iter(it)
     if (v := it.next(tx)) is None:
         if len(args) > 1:
@@ -467,8 +460,7 @@ def _indexed_itertool(fn, single: bool):
     indexes ``(a, b)[pos % 2]``)."""
     def handler(tx, args, kwargs):
         k = 1 if single else len(args)
-        seqs = [tx.unpack(a) for a in args[:k]]
-        rest = [a.as_python_constant() for a in args[k:]]
+        seqs, rest = [tx.unpack(a) for a in args[:k]], [a.as_python_constant() for a in args[k:]]
         kw = {n: v.as_python_constant() for n, v in kwargs.items()}
         try:
             out = list(fn(*[range(len(s)) for s in seqs], *rest, **kw))
@@ -560,15 +552,13 @@ class _WrapsDecorator(VariableTracker):
 
 @builtin(inspect.signature)
 def _signature(tx, args, kwargs):
-    f = args[0]
-    if isinstance(f, UserFunctionVariable):
+    if isinstance(f := args[0], UserFunctionVariable):
         return ConstantVariable(inspect.signature(f.fn))
     if isinstance(f, UserMethodVariable):
         return ConstantVariable(inspect.signature(types.MethodType(f.fn, object())))
     if isinstance(f, NestedFunctionVariable):
         cells = tuple(types.CellType(None) for _ in f.code.co_freevars) or None
-        dummy = types.FunctionType(f.code, {}, f.name, None, cells)
-        return ConstantVariable(inspect.signature(dummy))
+        return ConstantVariable(inspect.signature(types.FunctionType(f.code, {}, f.name, None, cells)))
     if isinstance(f, NNModuleVariable):
         return ConstantVariable(inspect.signature(f.value))
     raise Unsupported(f"inspect.signature of {f}")
@@ -608,8 +598,7 @@ def _dc_fields(tx, args, kwargs):
 @builtin(dataclasses.asdict)
 def _dc_asdict(tx, args, kwargs):
     def conv(v):
-        t = v.python_type()
-        if dataclasses.is_dataclass(t) and not isinstance(t, type(None)):
+        if dataclasses.is_dataclass(t := v.python_type()) and not isinstance(t, type(None)):
             return DictVariable({f.name: conv(tx.getattr(v, f.name)) for f in dataclasses.fields(t)})
         if isinstance(v, TensorVariable):
             return call_op(tx, "call_method", "clone", [v], {})
@@ -692,8 +681,7 @@ class GetterVariable(VariableTracker):
         return operator.itemgetter if self.kind == "item" else operator.attrgetter
 
     def call_function(self, tx, args, kwargs):
-        obj = args[0]
-        out = []
+        obj, out = args[0], []
         for k in self.keys:
             if self.kind == "item":
                 out.append(tx.getitem(obj, k))

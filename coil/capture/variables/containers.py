@@ -3,8 +3,7 @@
 Containers hold trackers. Lists, dicts and sets are mutable: a mutation inside the frame changes the tracker in place
 (so aliases see it), and when the container existed before the frame (it has a ``source``) the mutation is recorded as a
 side effect; the entry function then writes the final contents back into the real object (``src[:] = [...]``,
-``src.clear(); src.update(...)``).
-"""
+``src.clear(); src.update(...)``)."""
 from __future__ import annotations
 
 import collections
@@ -23,8 +22,7 @@ from coil.capture.variables.base import (AttributeMissing, ConstantVariable, Var
 def _const_index(tx, v: VariableTracker):
     if isinstance(v, SliceVariable):
         return slice(*[p.as_python_constant() for p in v.parts])
-    c = v.as_python_constant()
-    if isinstance(c, bool) or not isinstance(c, (int, slice)):
+    if isinstance(c := v.as_python_constant(), bool) or not isinstance(c, (int, slice)):
         if hasattr(c, "__index__"):
             return operator.index(c)
         raise Unsupported(f"sequence index {c!r}")
@@ -101,8 +99,7 @@ class BaseListVariable(VariableTracker):
         return bool(self.items)
 
     def getitem(self, tx, index: VariableTracker):
-        idx = _const_index(tx, index)
-        if isinstance(idx, slice):
+        if isinstance(idx := _const_index(tx, index), slice):
             return type(self)(self.items[idx]) if not isinstance(self, NamedTupleVariable) \
                 else TupleVariable(self.items[idx])
         try:
@@ -185,8 +182,7 @@ class NamedTupleVariable(TupleVariable):
         return self.tuple_cls(*[i.as_python_constant() for i in self.items])
 
     def var_getattr(self, tx, name):
-        fields = getattr(self.tuple_cls, "_fields", ())
-        if name in fields:
+        if name in (fields := getattr(self.tuple_cls, "_fields", ())):
             return self.items[fields.index(name)]
         if name in ("_replace", "_asdict"):
             return BoundMethodVariable(self, name)
@@ -195,8 +191,7 @@ class NamedTupleVariable(TupleVariable):
         if not fields and hasattr(self.tuple_cls, "n_fields") and not name.startswith("_"):
             # torch.return_types structseq: find the field's position with a probe instance
             probe = self.tuple_cls(tuple(range(len(self.items))))
-            idx = getattr(probe, name, None)
-            if isinstance(idx, int):
+            if isinstance(idx := getattr(probe, name, None), int):
                 return self.items[idx]
         from coil.capture.variables.objects import wrap_class_attr
         return wrap_class_attr(tx, self, self.tuple_cls, name)
@@ -255,8 +250,7 @@ class ListVariable(BaseListVariable):
             return ListVariable(list(items))
         if name == "sort":
             key = kwargs.get("key")
-            rev = kwargs.get("reverse", ConstantVariable(False)).as_python_constant()
-            new = tx.sorted_items(items, key, rev)
+            new = tx.sorted_items(items, key, kwargs.get("reverse", ConstantVariable(False)).as_python_constant())
             self._mutated(tx)
             items[:] = new
             return ConstantVariable(None)
@@ -393,8 +387,7 @@ class DictVariable(VariableTracker):
     default_factory = None
 
     def getitem(self, tx, key):
-        k = self.key_of(key)
-        if k not in self.items and self.default_factory is not None:
+        if (k := self.key_of(key)) not in self.items and self.default_factory is not None:
             self._mutated(tx)
             self.items[k] = tx.call(self.default_factory, [], {})
         if k not in self.items:
@@ -409,8 +402,7 @@ class DictVariable(VariableTracker):
         if self.user_cls not in (dict, collections.OrderedDict) and type(self) is DictVariable:
             from coil.capture.variables.functions import UserMethodVariable
             from coil.capture.variables.objects import _static_lookup
-            fn = _static_lookup(self.user_cls, name)
-            if isinstance(fn, types.FunctionType):
+            if isinstance(fn := _static_lookup(self.user_cls, name), types.FunctionType):
                 return tx.call(UserMethodVariable(fn, self), args, kwargs)
         return self.call_method_base(tx, name, args, kwargs)
 
@@ -423,8 +415,7 @@ class DictVariable(VariableTracker):
         if name == "__contains__":
             return ConstantVariable(self.key_of(args[0]) in items)
         if name == "get":
-            k = self.key_of(args[0])
-            if k in items:
+            if (k := self.key_of(args[0])) in items:
                 return items[k]
             return args[1] if len(args) > 1 else kwargs.get("default", ConstantVariable(None))
         if name in ("keys", "values", "items"):
@@ -440,16 +431,14 @@ class DictVariable(VariableTracker):
             in_place[name]()
             return ConstantVariable(None)
         if name == "pop":
-            k = self.key_of(args[0])
-            if k in items:
+            if (k := self.key_of(args[0])) in items:
                 self._mutated(tx)
                 return items.pop(k)
             if len(args) > 1:
                 return args[1]
             raise Unsupported(f"KeyError {k!r} (raised by user code)")
         if name == "setdefault":
-            k = self.key_of(args[0])
-            if k not in items:
+            if (k := self.key_of(args[0])) not in items:
                 self._mutated(tx)
                 items[k] = args[1] if len(args) > 1 else ConstantVariable(None)
             return items[k]
@@ -605,8 +594,7 @@ class ListIteratorVariable(VariableTracker):
     def items(self):
         """The items iterated. Over a list they are the list's own (CPython's list
         iterator sees items appended or removed during the loop) until exhausted."""
-        c = self.container
-        if isinstance(c, ListVariable):
+        if isinstance(c := self.container, ListVariable):
             return c.items
         if isinstance(c, DictVariable) and self.kind != "iterator":
             return c.view_items(self._tx, self.kind)     # a dict view is live too
@@ -629,8 +617,7 @@ class ListIteratorVariable(VariableTracker):
     def _check_size(self):
         if (d := getattr(self, "deque", None)) is not None and getattr(d, "version", 0) != self.deque_version:
             raise Unsupported("deque mutated during iteration (raised by user code)", hint="the frame runs eagerly")
-        c = self.container
-        if c is not None and not isinstance(c, ListVariable) and len(c.items) != self.size:
+        if (c := self.container) is not None and not isinstance(c, ListVariable) and len(c.items) != self.size:
             # eager raises RuntimeError here; the frame runs eagerly so that it does
             what = "dictionary" if isinstance(c, DictVariable) else "Set"
             raise Unsupported(f"{what} changed size during iteration (raised by user code)",
@@ -729,8 +716,7 @@ class ResumedIteratorVariable(ListIteratorVariable):
     def reconstruct(self, cg):
         # a new iterator over the items left (the real one is not advanced: other
         # expressions of the entry still read items through it)
-        rest = IterRestSource(self.source).expr()
-        return cg.bind(self, f"iter({rest}[{len(self._items)}:])")
+        return cg.bind(self, f"iter({IterRestSource(self.source).expr()}[{len(self._items)}:])")
 
     def __repr__(self):
         return f"ResumedIteratorVariable({type(self.value).__name__}, {self.source})"
@@ -743,8 +729,7 @@ RESUMED_ITERATORS = (type(iter(())), type(iter(range(0))))
 def resumed_iterator(tx, value, source):
     """The tracker for iterator ``value`` on a resume function's stack (``source``), or
     None: tuple and range iterators, and ``enumerate`` / ``zip`` over them."""
-    t = type(value)
-    if t not in RESUMED_ITERATORS + (enumerate, zip):
+    if (t := type(value)) not in RESUMED_ITERATORS + (enumerate, zip):
         return None
     gs, src = tx.output.guards, source.expr()
     gs.add(f"type({src}) is {gs.const(t)}", f"type({src})", t, src=src)
@@ -917,8 +902,7 @@ class LazyIteratorVariable(GeneratorVariable):
                     return False
                 vals.append(v)
             n, self._taken = self._taken, self._taken + 1
-            b = self.builtin
-            if b is zip:
+            if (b := self.builtin) is zip:
                 out = TupleVariable(vals)
             elif b is enumerate:
                 idx = ConstantVariable(self.start + n) if isinstance(self.start, int) else \

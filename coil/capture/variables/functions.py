@@ -1,7 +1,6 @@
 """Trackers for callables written in Python: functions, closures, bound methods, ``functools.partial``. Calling one
 inlines its bytecode into the current graph (:meth:`InstructionTranslator.inline_call`); a graph break inside an inlined
-call breaks at the call in the root frame, whose callee is then captured on its own.
-"""
+call breaks at the call in the root frame, whose callee is then captured on its own."""
 from __future__ import annotations
 
 import functools
@@ -39,15 +38,13 @@ def bind_arguments(code: types.CodeType, name: str, args: list, kwargs: dict, de
     """Bind trackers to a code object's parameters, as CPython would.
 
     ``defaults`` are trackers for the trailing positional defaults, ``kwdefaults`` a
-    dict name → tracker. Raises Unsupported (TypeError in eager) on a bad call.
-    """
+    dict name → tracker. Raises Unsupported (TypeError in eager) on a bad call."""
     nargs, nposonly, nkwonly, varnames = code.co_argcount, code.co_posonlyargcount, code.co_kwonlyargcount, \
         code.co_varnames
     pos_names, kwonly_names = varnames[:nargs], varnames[nargs:nargs + nkwonly]
     has_varargs, has_varkw = bool(code.co_flags & 0x04), bool(code.co_flags & 0x08)
     out: dict[str, VariableTracker] = dict(zip(pos_names, args[:nargs]))
-    extra = list(args[nargs:])
-    if extra and not has_varargs:
+    if (extra := list(args[nargs:])) and not has_varargs:
         raise TypeErrorInCall(f"{name}() takes {nargs} positional arguments but {len(args)} were given")
     varkw = {}
     for k, v in kwargs.items():
@@ -62,8 +59,7 @@ def bind_arguments(code: types.CodeType, name: str, args: list, kwargs: dict, de
     ndef = len(defaults)
     for i, pname in enumerate(pos_names):
         if pname not in out:
-            j = i - (nargs - ndef)
-            if j < 0:
+            if (j := i - (nargs - ndef)) < 0:
                 raise TypeErrorInCall(f"{name}() missing required positional argument: '{pname}'")
             out[pname] = defaults[j]
     for kname in kwonly_names:

@@ -5,8 +5,7 @@ Attribute reads follow Python's lookup order statically (:func:`lookup_attr`): p
 data descriptors (properties are inlined), the instance ``__dict__``, ``nn.Module``'s ``_parameters``/``_buffers``/
 ``_modules``, then class attributes (functions become bound methods) and finally a user ``__getattr__`` (inlined).
 Values read from real objects are wrapped with a source so guards cover them; parameters and buffers become graph
-inputs.
-"""
+inputs."""
 from __future__ import annotations
 
 import collections
@@ -43,8 +42,7 @@ def _static_lookup(cls: type, name: str):
 
 def wrap_class_attr(tx, obj_vt: VariableTracker, cls: type, name: str, source=None):
     """A class attribute seen through an instance (methods get bound to ``obj_vt``)."""
-    attr = _static_lookup(cls, name)
-    if attr is _SENTINEL:
+    if (attr := _static_lookup(cls, name)) is _SENTINEL:
         raise AttributeMissing(name)
     if isinstance(attr, staticmethod):
         return wrap(tx, attr.__func__, source)
@@ -126,8 +124,7 @@ def lookup_attr(tx, vt: ObjectVariableBase, name: str, generic: bool = False):
         except AttributeError:
             raise AttributeMissing(name)
     if not is_data_descr:
-        d = getattr(obj, "__dict__", None)
-        if d is not None and name in d:
+        if (d := getattr(obj, "__dict__", None)) is not None and name in d:
             src = vt.attr_source(name)
             if src is not None and type(d) is dict and _static_lookup(cls, "__getattr__") is not _SENTINEL:
                 # guards and entries read it as ``obj.__dict__[name]``: CPython does not
@@ -137,8 +134,7 @@ def lookup_attr(tx, vt: ObjectVariableBase, name: str, generic: bool = False):
             return wrap(tx, d[name], src)
         if isinstance(obj, torch.nn.Module):
             for dname in ("_parameters", "_buffers", "_modules"):
-                sub = obj.__dict__.get(dname)
-                if sub is None:
+                if (sub := obj.__dict__.get(dname)) is None:
                     continue
                 hit = tx.output.wrapped.get(id(sub))   # a tracked dict sees this frame's writes (register_buffer)
                 if hit is not None and isinstance(hit[1], DictVariable):
@@ -180,16 +176,14 @@ def _call_lru_cached(tx, vt, args, kwargs):
     what = f"call to an lru_cache function {vt.value!r} with non-constant arguments"
     if vt.source is None:
         raise Unsupported(what)
-    cargs = [static_value(a, what) for a in args]
-    ckw = {k: static_value(v, what) for k, v in kwargs.items()}
+    cargs, ckw = [static_value(a, what) for a in args], {k: static_value(v, what) for k, v in kwargs.items()}
     try:
         result = vt.value(*cargs, **ckw)
     except Exception as e:  # noqa: BLE001 - raised again by eager at the break
         raise Unsupported(f"lru_cache function {vt.value!r} raised {type(e).__name__}") from e
     if _holds_tensor(result) or isinstance(result, (list, dict, set)):
         raise Unsupported(f"lru_cache function {vt.value!r} returned a tensor or a mutable container")
-    gs = tx.output.guards
-    src = vt.source.expr()
+    gs, src = tx.output.guards, vt.source.expr()
     call = f"{src}({''.join(gs.const(a) + ', ' for a in cargs)}" + \
         "".join(f"{k}={gs.const(v)}, " for k, v in ckw.items()) + ")"
     gs.add(f"{call} is {gs.const(result)}", call, result, src=src)
@@ -220,8 +214,7 @@ def _dict_lookup(tx, vt, name, args, kwargs, base=False):
         return None
     if isinstance(found, torch.Tensor):
         return None
-    gs = tx.output.guards
-    src = vt.source.expr()
+    gs, src = tx.output.guards, vt.source.expr()
     get = f"___builtins.dict.get({src}, " if base else f"{src}.get("
     found_expr = f"{get}{gs.const(key)}, {gs.const(_MISSING)})"
     gs.add(f"{found_expr} is {gs.const(found)}", f"{get}{gs.const(key)})", found, src=src)
@@ -237,8 +230,7 @@ def object_truthy(tx, vt: VariableTracker, cls: type) -> bool:
     ``__bool__``, else ``__len__``, else True. A dunder written in Python is traced (an
     empty ``nn.Sequential`` is falsy); one written in C is Unsupported."""
     for dunder in ("__bool__", "__len__"):
-        fn = _static_lookup(cls, dunder)
-        if fn is _SENTINEL:
+        if (fn := _static_lookup(cls, dunder)) is _SENTINEL:
             continue
         if isinstance(fn, types.FunctionType):
             return tx.call(UserMethodVariable(fn, vt), [], {}).truthy(tx)
@@ -255,11 +247,9 @@ class UserDefinedObjectVariable(ObjectVariableBase):
         if type(self.value) is weakref.ref and self.source is not None and not args and not kwargs:
             from coil.capture.source import CallSource   # the referent, guarded as any input (lr_scheduler's opt_ref)
             return tx.wrap(self.value(), CallSource(self.source))
-        call = _static_lookup(type(self.value), "__call__")
-        if isinstance(call, types.FunctionType):
+        if isinstance(call := _static_lookup(type(self.value), "__call__"), types.FunctionType):
             return tx.call(UserMethodVariable(call, self), args, kwargs)
-        original = inspect.getattr_static(self.value, "_torchdynamo_inline", None)
-        if isinstance(original, types.FunctionType):
+        if isinstance(original := inspect.getattr_static(self.value, "_torchdynamo_inline", None), types.FunctionType):
             # ``torch.jit.script`` / ``torch.jit.trace`` of a function keep the Python function here: traced like any
             # call (DeBERTa-v2's scripted helpers were a graph break per attention layer)
             src = AttrSource(self.source, "_torchdynamo_inline") if self.source is not None else None
@@ -289,8 +279,7 @@ class UserDefinedObjectVariable(ObjectVariableBase):
         return tx.call(method, args, kwargs)
 
     def unpack(self, tx):
-        it = _static_lookup(type(self.value), "__iter__")
-        if isinstance(it, types.FunctionType):
+        if isinstance(it := _static_lookup(type(self.value), "__iter__"), types.FunctionType):
             return tx.unpack(tx.call(UserMethodVariable(it, self), [], {}))
         raise Unsupported(f"iteration over a {type(self.value).__name__} object")
 
@@ -328,13 +317,11 @@ class NNModuleVariable(ObjectVariableBase):
         return _guard_keys(tx, self.source, m, dname)
 
     def unpack(self, tx):
-        m = self.value
-        if isinstance(m, (torch.nn.ModuleDict, torch.nn.ParameterDict)):
+        if isinstance(m := self.value, (torch.nn.ModuleDict, torch.nn.ParameterDict)):
             return [ConstantVariable(k) for k in self._keys(tx)]
         if self.has_len():
             return [self._sub(tx, k) for k in self._keys(tx)]
-        it = _static_lookup(type(m), "__iter__")
-        if isinstance(it, types.FunctionType):
+        if isinstance(it := _static_lookup(type(m), "__iter__"), types.FunctionType):
             return tx.unpack(tx.call(UserMethodVariable(it, self), [], {}))
         raise Unsupported(f"iteration over {type(m).__name__}")
 
@@ -343,8 +330,7 @@ class NNModuleVariable(ObjectVariableBase):
         dname = {"named_parameters": "_parameters", "named_buffers": "_buffers"}.get(kind, "_modules")
 
         def source(qual, leaf_dict):
-            src = self.source
-            if src is not None and qual:
+            if (src := self.source) is not None and qual:
                 *mods, leaf = qual.split(".")
                 for part in mods:
                     src = ModuleDictSource(src, "_modules", part)
@@ -429,8 +415,7 @@ class InFrameModuleVariable(NNModuleVariable):
     ``GELUActivation``, built by ``ACT2FN["gelu"]`` in DeBERTa's pooler) may call nothing but ``super().__init__`` and
     write nothing but attributes (:func:`_calls_only_super_init`), and are first traced on a :class:`ModuleInitProbe`,
     torch.nn's part skipped: if that adds no graph op and no mutation outside the new object, running them for real is
-    pure too. One that gets parameters or buffers, or a tensor argument, is a graph break.
-    """
+    pure too. One that gets parameters or buffers, or a tensor argument, is a graph break."""
 
     def __init__(self, value, args: tuple, kwargs: dict):
         super().__init__(value, None)
@@ -533,8 +518,7 @@ class AutogradFunctionApplyVariable(VariableTracker):
             raise Unsupported(f"{name}.apply with arguments other than tensors and constants") from None
         if kwargs:
             raise Unsupported(f"{name}.apply with keyword arguments")
-        gs = tx.output.guards
-        src = self.cls_vt.source.expr()
+        gs, src = tx.output.guards, self.cls_vt.source.expr()
         for meth in ("forward", "backward", "setup_context"):
             fn = getattr(cls, meth, None)
             gs.add(f"{src}.{meth} is {gs.const(fn)}", f"{src}.{meth}", fn, src=src)
@@ -565,8 +549,7 @@ class AutogradFunctionApplyVariable(VariableTracker):
         """``apply`` with grad mode off (inference under ``no_grad``): no gradient can flow, so eager's ``apply``
         only runs ``forward`` (and ``setup_context``) on a fresh ctx: inlined here as a call, any argument goes (a
         module, a list it appends to). An input returned as is comes back as a view of it, as from eager."""
-        gs = tx.output.guards
-        src = self.cls_vt.source.expr()
+        gs, src = tx.output.guards, self.cls_vt.source.expr()
         for meth in ("forward", "setup_context"):
             fn = getattr(cls, meth, None)
             gs.add(f"{src}.{meth} is {gs.const(fn)}", f"{src}.{meth}", fn, src=src)
@@ -670,8 +653,7 @@ class UserDefinedClassVariable(ObjectVariableBase):
         cls = self.value
         if name in ("__name__", "__qualname__", "__module__"):
             return ConstantVariable(getattr(cls, name))
-        attr = _static_lookup(cls, name)
-        if attr is _SENTINEL:
+        if (attr := _static_lookup(cls, name)) is _SENTINEL:
             if name == "__mro__":
                 return TupleVariable([wrap(tx, c, None) for c in cls.__mro__])
             meta = _static_lookup(type(cls), name)   # a metaclass property (torch.distributed's GroupMember.WORLD)
@@ -722,8 +704,7 @@ class PythonModuleVariable(ObjectVariableBase):
             value = getattr(self.value, name)
         except AttributeError:
             raise AttributeMissing(name)
-        root = self.value.__name__.split(".")[0]
-        src = self.attr_source(name)
+        root, src = self.value.__name__.split(".")[0], self.attr_source(name)
         # torch's switches (torch.backends.cudnn.enabled, ...matmul.allow_tf32) change at
         # run time: a branch on one is guarded like any user global
         switch = self.value.__name__.startswith("torch.backends") and isinstance(value, (bool, int, float, str))
@@ -780,14 +761,12 @@ class NewObjectVariable(VariableTracker):
         try:
             return wrap_class_attr(tx, self, self.cls, name)
         except AttributeMissing:
-            getattr_fn = _static_lookup(self.cls, "__getattr__")
-            if isinstance(getattr_fn, types.FunctionType):
+            if isinstance(getattr_fn := _static_lookup(self.cls, "__getattr__"), types.FunctionType):
                 return tx.call(UserFunctionVariable(getattr_fn), [self, ConstantVariable(name)], {})
             raise
 
     def set_attr(self, tx, name, value):
-        attr = _static_lookup(self.cls, name)
-        if isinstance(attr, property):
+        if isinstance(attr := _static_lookup(self.cls, name), property):
             if attr.fset is None:
                 raise Unsupported(f"can't set property {name}")
             tx.call(UserFunctionVariable(attr.fset), [self, value], {})
@@ -804,8 +783,7 @@ class NewObjectVariable(VariableTracker):
         del self.attrs[name]
 
     def call_function(self, tx, args, kwargs):
-        call = _static_lookup(self.cls, "__call__")
-        if isinstance(call, types.FunctionType):
+        if isinstance(call := _static_lookup(self.cls, "__call__"), types.FunctionType):
             return tx.call(UserMethodVariable(call, self), args, kwargs)
         raise Unsupported(f"call to a {self.cls.__name__} object")
 
@@ -923,8 +901,7 @@ class DataClassDictVariable(DictVariable):
         return ConstantVariable(None) if name in self.fields else super().var_getattr(tx, name)
 
     def getitem(self, tx, key):
-        k = key.as_python_constant()
-        if isinstance(k, (int, slice)):
+        if isinstance(k := key.as_python_constant(), (int, slice)):
             values = list(self.items.values())
             return TupleVariable(values[k]) if isinstance(k, slice) else values[k]
         return super().getitem(tx, key)

@@ -5,8 +5,7 @@ A :class:`SymNodeVariable` holds a ``torch.SymInt`` / ``SymFloat`` / ``SymBool``
 only when a graph op uses it (a SymInt placeholder for a bare input size, else ``aten.sym_size.int`` or
 an ``operator`` call). Python that needs a concrete value evaluates the symbol through the ShapeEnv, which
 adds a guard logged with the user's line (:class:`coil.capture.dynamic.SiteRecorder`).
-docs/dynamic_shapes.md, "What the backend receives" and "Sizes in user code".
-"""
+docs/dynamic_shapes.md, "What the backend receives" and "Sizes in user code"."""
 from __future__ import annotations
 
 import math
@@ -61,9 +60,8 @@ class SymNodeVariable(VariableTracker):
                 else self.python_type()(self.value)
         except Exception as e:  # noqa: BLE001 - e.g. an unbacked symbol
             first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
-            raise Unsupported(f"{why}: {first} (the value depends on tensor data; "
-                              f"torch._check(...) the condition to decide it)",
-                              hint="torch._check(...) the condition, or mark the dim static")
+            raise Unsupported(f"{why}: {first} (the value depends on tensor data; torch._check(...) the condition to "
+                              f"decide it)", hint="torch._check(...) the condition, or mark the dim static")
         out.sites.note(env, start, out.where(), reason=why)
         return value
 
@@ -82,8 +80,7 @@ class SymNodeVariable(VariableTracker):
         first used it, an autograd.Function's probe, erased it)."""
         if self._node is not None and not self._node._erased:
             return self._node
-        out = self.output
-        kind = self.recipe[0]
+        out, kind = self.output, self.recipe[0]
         graph = out.graph
         if kind == "node":
             node = self.recipe[1]
@@ -147,8 +144,7 @@ def python_text(env, value, bind=None) -> str:
 def wrap_sym(output, value, recipe) -> VariableTracker:
     """A tracker for ``value``: a SymNodeVariable when it is symbolic, else a constant."""
     if isinstance(value, _SYM):
-        expr = value.node.expr
-        if getattr(expr, "is_number", False):      # simplified to a constant
+        if getattr(expr := value.node.expr, "is_number", False):      # simplified to a constant
             return ConstantVariable(value.node.pytype(expr))
         return SymNodeVariable(output, value, recipe)
     return ConstantVariable(value)
@@ -203,8 +199,7 @@ def binary(tx, op, a: VariableTracker, b: VariableTracker):
     if fn is operator.mul and isinstance(res, torch.SymFloat) and res.node.expr.is_number and res.node.expr == 0:
         res = _signed_zero_product(vals, res)
     out.sites.note(env, start, out.where(), reason=f"symbolic {fn.__name__}")
-    operands = [v if isinstance(v, SymNodeVariable) else v.value for v in (a, b)]
-    return wrap_sym(out, res, ("op", fn, operands))
+    return wrap_sym(out, res, ("op", fn, [v if isinstance(v, SymNodeVariable) else v.value for v in (a, b)]))
 
 
 def _signed_zero_product(vals: list, res):
@@ -235,10 +230,8 @@ def sym_minmax(items: list, op):
         if statically_known_true(op(a, b)):
             best = it
         elif not statically_known_true(op(b, a) | (a == b)):
-            best = wrap_sym(out, fn(b, a), ("op", fn, [best if isinstance(best, SymNodeVariable)
-                                                      else best.value,
-                                                      it if isinstance(it, SymNodeVariable)
-                                                      else it.value]))
+            best = wrap_sym(out, fn(b, a), ("op", fn, [best if isinstance(best, SymNodeVariable) else best.value,
+                                                       it if isinstance(it, SymNodeVariable) else it.value]))
     return best
 
 
@@ -282,12 +275,9 @@ def call_numeric(tx, fn, args: list, kwargs: dict):
     if len(args) != 1 or not isinstance(args[0], SymNodeVariable):
         return None
     a = args[0]
-    if fn is int and isinstance(a.value, torch.SymInt):
+    if fn is int and isinstance(a.value, torch.SymInt) or fn is float and isinstance(a.value, torch.SymFloat):
         return a
-    if fn is float and isinstance(a.value, torch.SymFloat):
-        return a
-    sym_fn = _NUMERIC.get(fn)
-    if sym_fn is None or isinstance(a.value, torch.SymBool):
+    if (sym_fn := _NUMERIC.get(fn)) is None or isinstance(a.value, torch.SymBool):
         return None
     v = a.value     # the domain of math.sqrt / log2 / acos / asin is guarded: outside it Python raises ValueError
     lo, hi = _DOMAINS.get(fn, (None, None))

@@ -6,8 +6,7 @@ node arguments and fake values, runs the op under the output graph's ``FakeTenso
 dispatcher with symbolic sizes) and wraps what comes back (:func:`wrap_result`): tensors, containers of
 ``getitem`` nodes, symbolic numbers, or constants (whose node is removed again). Data-dependent results
 are graph breaks unless ``capture_scalar_outputs`` / ``capture_dynamic_output_shape_ops`` record them;
-ops that make a new autograd leaf, and ``retain_grad()``, are too (:func:`_autograd_state_change`).
-"""
+ops that make a new autograd leaf, and ``retain_grad()``, are too (:func:`_autograd_state_change`)."""
 from __future__ import annotations
 
 import contextlib
@@ -70,8 +69,7 @@ def to_node_arg(v: VariableTracker):
         raise Unsupported("passing an nn.Module to a torch function")
     if isinstance(v, NumpyArrayVariable):
         raise Unsupported("a numpy array handed to torch", hint="the call runs eagerly")
-    c = v.as_python_constant()
-    if isinstance(c, (types.FunctionType, types.MethodType, functools.partial)):
+    if isinstance(c := v.as_python_constant(), (types.FunctionType, types.MethodType, functools.partial)):
         # a graph node cannot hold a Python function (torch.func.grad(f)(x) reaches
         # torch._functorch's grad_impl(f, ...)): the call runs outside the graph
         raise Unsupported(f"a torch function given the Python function {getattr(c, '__qualname__', c)}")
@@ -205,9 +203,8 @@ def call_op(tx, kind: str, target, args: list, kwargs: dict) -> VariableTracker:
     fake_args = [_map(a, to_fake) for a in args]
     fake_kwargs = {k: _map(v, to_fake) for k, v in kwargs.items()}
     if out.index_copies and _is_inplace(kind, target, kwargs):
-        raise IndexCopyAliasing(
-            f"in-place {_name(target)} after indexing with a 0-d integer tensor (a view in "
-            f"eager, a copy in the graph): the frame runs eagerly")
+        raise IndexCopyAliasing(f"in-place {_name(target)} after indexing with a 0-d integer tensor (a view in "
+                                f"eager, a copy in the graph): the frame runs eagerly")
     node = out.graph.create_node(kind, target, node_args, node_kwargs)
     tx.locate_node(node)
     guards_before = len(out.shape_env.guards)
@@ -304,9 +301,7 @@ def _is_custom_op(target) -> bool:
 
 def _input_value(tx, v):
     """The real tensor behind graph input ``v`` (None for a tensor made in the frame)."""
-    if v.source is None:
-        return None
-    return next((value for _, value, node in tx.output.inputs if node is v.node), None)
+    return None if v.source is None else next((value for _, value, node in tx.output.inputs if node is v.node), None)
 
 
 def _user_attr(tx, v, name):
@@ -352,7 +347,7 @@ def _wrap_sequence(out, node, result) -> VariableTracker:
             continue
         sub = out.graph.create_node("call_function", operator.getitem, (node, i), {})
         sub.meta["example_value"] = r
-        _copy_location(node, sub)
+        sub.meta.update({k: node.meta[k] for k in ("stack", "stack_trace") if k in node.meta})  # its source location
         items.append(TensorVariable(sub, r) if isinstance(r, torch.Tensor) else wrap_sym(out, r, ("node", sub)) if sym
                      else _wrap_sequence(out, sub, r))
     if type(result) is dict:
@@ -362,12 +357,6 @@ def _wrap_sequence(out, node, result) -> VariableTracker:
     return ListVariable(items) if isinstance(result, list) else TupleVariable(items)
 
 
-def _copy_location(src, dst) -> None:
-    for key in ("stack", "stack_trace"):
-        if key in src.meta:
-            dst.meta[key] = src.meta[key]
-
-
 def wrap_result(tx, node, result) -> VariableTracker:
     out = tx.output
     if sparse := [t for t in pytree.tree_leaves(result) if isinstance(t, torch.Tensor) and t.layout is not torch.strided]:
@@ -375,8 +364,7 @@ def wrap_result(tx, node, result) -> VariableTracker:
         raise Unsupported(f"{_name(node.target)} returns a {sparse[0].layout} tensor", "the call runs eagerly")
     if isinstance(result, torch.Tensor):
         if not isinstance(result, FakeTensor):
-            # a real tensor (e.g. returned from a constant) is lifted as a constant input
-            out.graph.erase_node(node)
+            out.graph.erase_node(node)  # a real tensor (e.g. returned from a constant) is lifted as a constant input
             return out.lift_constant_tensor(tx, result)
         node.meta["example_value"] = result
         return TensorVariable(node, result)
@@ -534,8 +522,7 @@ class TensorVariable(VariableTracker):
         if name == "data":
             return call_op(tx, "call_method", "detach", [self], {})
         if name == "grad":
-            real = _input_value(tx, self)
-            if real is None:
+            if (real := _input_value(tx, self)) is None:
                 raise Unsupported("Tensor.grad of a tensor made inside a compiled frame")
             return tx.wrap(real.grad, AttrSource(self.source, "grad"))
         if name == "__class__":
@@ -558,14 +545,12 @@ class TensorVariable(VariableTracker):
                     "item", "__int__", "__float__", "__index__") else ""))
         if name == "to" and not any(isinstance(a, TensorVariable) for a in [*args, *kwargs.values()]):
             with tx.output.fake_mode:       # ``t.to(its own dtype / device)`` is ``t`` itself, as in eager
-                if self.fake.to(*[to_fake(a) for a in args], **{k: to_fake(v) for k, v in kwargs.items()}) \
-                        is self.fake:
+                if self.fake.to(*[to_fake(a) for a in args], **{k: to_fake(v) for k, v in kwargs.items()}) is self.fake:
                     return self
         if name == "is_inference" and id(self.fake) in tx.output.inference_made:
             return ConstantVariable(True)
         if name in _META_METHODS:
-            fargs = [to_fake(a) for a in args]
-            fkw = {k: to_fake(v) for k, v in kwargs.items()}
+            fargs, fkw = [to_fake(a) for a in args], {k: to_fake(v) for k, v in kwargs.items()}
             res = getattr(self.fake, name)(*fargs, **fkw)
             if name == "storage_offset" and isinstance(res, torch.SymInt):
                 # the ShapeEnv took a symbolic input offset to be >= 2, a bound the shape guards leave out
@@ -590,22 +575,19 @@ class TensorVariable(VariableTracker):
                 raise UserCodeError("TypeError: len() of a 0-d tensor")
             return wrap_sym(tx.output, self.fake.shape[0], ("size", self, 0))
         if name == "__getitem__":
-            split = _split_scalar_tensor_index(self, args[0])
-            if split is not None and _is_symint(split[1][0][1]):
+            if (split := _split_scalar_tensor_index(self, args[0])) is not None and _is_symint(split[1][0][1]):
                 return _select_symints(tx, self, *split)
             if split is not None:
                 return _index_with_scalar_tensors(tx, self, *split)
             return call_op(tx, "call_function", operator.getitem, [self, args[0]], {})
         if name == "__setitem__":
-            split = _split_scalar_tensor_index(self, args[0])
-            if split is not None and _is_symint(split[1][0][1]):
+            if (split := _split_scalar_tensor_index(self, args[0])) is not None and _is_symint(split[1][0][1]):
                 view, value = _select_symints(tx, self, *split), args[1]
                 call_op(tx, "call_method", "copy_" if isinstance(value, TensorVariable) else "fill_", [view, value], {})
                 return ConstantVariable(None)
             if split is not None:
                 view = call_op(tx, "call_function", operator.getitem, [self, split[0]], {})
-                value = args[1]
-                if not isinstance(value, TensorVariable):
+                if not isinstance(value := args[1], TensorVariable):
                     value = call_op(tx, "call_function", torch.full, [ConstantVariable(()), value], {
                         "dtype": ConstantVariable(self.fake.dtype), "device": ConstantVariable(self.fake.device)})
                 call_op(tx, "call_function", torch.ops.aten.index_put_.default,

@@ -9,8 +9,7 @@
   Entering emits ``torch._C._set_grad_enabled(mode)`` into the graph and switches the compiler's own grad mode so fake
   tensors get eager's ``requires_grad``.
 - :class:`AutocastVariable`: ``torch.autocast(...)`` emits the enter/exit calls of ``torch.amp.autocast_mode`` into the
-  graph.
-"""
+  graph."""
 from __future__ import annotations
 
 import contextlib
@@ -89,8 +88,7 @@ def is_torch_function(value) -> bool:
         return value in _COMPILE_TIME or inspect.unwrap(value) in _DEVICE_QUERIES
     if mod.startswith("torch") or mod == "torch._C._nn" or mod == "torch._C._linalg":
         return True
-    name = getattr(value, "__name__", None)
-    if name and getattr(torch.Tensor, name, None) is value:
+    if (name := getattr(value, "__name__", None)) and getattr(torch.Tensor, name, None) is value:
         return True
     # builtins defined by torch's C extension (torch._C._VariableFunctions...)
     return type(value).__name__ == "builtin_function_or_method" and \
@@ -106,8 +104,7 @@ class TorchFunctionVariable(KnownCallableVariable):
 
     def call_function(self, tx, args, kwargs):
         fn = self.fn
-        base = inspect.unwrap(fn)
-        if base in _DENY:
+        if (base := inspect.unwrap(fn)) in _DENY:
             raise Unsupported(f"call to {fn.__module__}.{fn.__name__} changes global state",
                               hint="call it outside the compiled function")
         if base in _FUNC_TRANSFORMS and not all(a.is_python_constant() for a in [*args, *kwargs.values()]):
@@ -136,13 +133,11 @@ class TorchFunctionVariable(KnownCallableVariable):
         if base in _GUARDED and not args and not kwargs:
             # a global setting read as a constant: its value is a guard (use_deterministic_algorithms
             # after the first call ran the other branch; fresh-user trial)
-            value = fn()
-            gs = tx.output.guards
+            value, gs = fn(), tx.output.guards
             gs.add(f"{gs.const(fn)}() == {value!r}", f"{gs.const(fn)}()", value)
             return ConstantVariable(value)
         if fn is torch.set_grad_enabled:
-            mode = args[0].as_python_constant()
-            ctx = GradModeVariable(mode)
+            ctx = GradModeVariable(args[0].as_python_constant())
             ctx.enter(tx)  # set_grad_enabled acts immediately when called as a function
             ctx.called_as_function = True
             return ctx
@@ -159,8 +154,7 @@ class TorchFunctionVariable(KnownCallableVariable):
         if base in _CHECKS and len(args) > _CHECKS[base] and args[_CHECKS[base]].is_python_constant() and \
                 args[_CHECKS[base]].as_python_constant() is True:
             return ConstantVariable(None)   # passes, as in eager (a node would print _check_with's error class)
-        name = getattr(fn, "__name__", None)
-        if name and getattr(torch.Tensor, name, None) is fn:
+        if (name := getattr(fn, "__name__", None)) and getattr(torch.Tensor, name, None) is fn:
             return call_op(tx, "call_method", name, list(args), kwargs)
         return call_op(tx, "call_function", fn, list(args), kwargs)
 
@@ -382,8 +376,7 @@ class LockVariable(ContextManagerVariable):
 
 def make_context(tx, cls, args, kwargs):
     """Construct a supported context manager from its class, or None."""
-    c = [a.as_python_constant() for a in args]
-    kw = {k: v.as_python_constant() for k, v in kwargs.items()}
+    c, kw = [a.as_python_constant() for a in args], {k: v.as_python_constant() for k, v in kwargs.items()}
     if cls is torch.autograd.profiler.record_function:
         return ProfilerRangeVariable(c[0] if c else kw.get("name"))
     if cls is torch.no_grad:

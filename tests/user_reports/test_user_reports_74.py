@@ -20,9 +20,70 @@ def _grads(mod):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Finding 1 (open; compile error in training): attention with symbolic sizes in a graph that also reads a symbolic
-# Python float. `_tensorized_forward` (coil/aot/compile.py) re-traces the forward under `torch.no_grad()`; there the
-# `sdpa` substitute (coil/capture/substitutes.py) sees no grad and records the opaque, non-differentiable
+# Finding 1 (open; SILENT WRONG GRADIENT): once a Python float read by the compiled code becomes a graph input (it
+# changed between calls: automatic dynamic; or `dynamic=True`), AOT's `_tensorized_forward` (coil/aot/compile.py)
+# re-traces the forward under `torch.no_grad()` and the joint graph differentiates that ATen graph. For
+# `F.rrelu(training=True)` / `nn.RReLU` the forward holds `rrelu_with_noise_functional(x, empty)`, whose derivative
+# reads the *input* noise buffer (`empty`, re-created in the backward), not the noise the forward wrote: every
+# gradient through the activation is 0 from the second call on, with no error or warning. The first (static) call
+# is right, and so is `dynamic=True` without a float.
+# ---------------------------------------------------------------------------------------------------------------
+
+class _RReLUNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l1, self.act, self.l2 = nn.Linear(8, 16), nn.RReLU(), nn.Linear(16, 1)
+        self.temperature = 1.0
+
+    def forward(self, x):
+        return self.l2(self.act(self.l1(x))) / self.temperature
+
+
+@pytest.mark.xfail(strict=True, reason="FINDINGS_74 #1: rrelu's noise read from the pre-write buffer in the backward")
+def test_rrelu_gradient_with_a_temperature_schedule_matches_eager(coil_reset):
+    torch.manual_seed(0)
+    m = _RReLUNet()
+    m2 = copy.deepcopy(m)
+    cm = coil.compile(m2, options={"fallback_random": True})     # eager's random slopes, bit for bit
+    for step in range(3):
+        m.temperature = m2.temperature = 1.0 + 0.1 * step        # a schedule on a module attribute
+        x = torch.randn(64, 8)
+        torch.manual_seed(step)
+        a = m(x)
+        torch.manual_seed(step)
+        b = cm(x)
+        torch.testing.assert_close(b, a)
+        a.pow(2).mean().backward()
+        b.pow(2).mean().backward()
+        torch.testing.assert_close(_grads(m2), _grads(m))
+        m.zero_grad()
+        m2.zero_grad()
+
+
+@pytest.mark.xfail(strict=True, reason="FINDINGS_74 #1: rrelu's noise read from the pre-write buffer in the backward")
+def test_rrelu_gradient_equals_the_forward_slopes_with_a_float_argument(coil_reset):
+    cf = coil.compile(lambda x, s: F.rrelu(x, training=True) * s)
+    for s in (0.5, 0.7):
+        x = torch.tensor([-2.0, -1.0, 1.0, 2.0], requires_grad=True)
+        out = cf(x, s)
+        g, = torch.autograd.grad(out.sum(), x)
+        torch.testing.assert_close(g, (out / x).detach())    # d(out)/dx is the slope the forward used (times s)
+
+
+def test_rrelu_gradient_without_a_float_input_is_right(coil_reset):
+    for dyn in (None, True):
+        cm = coil.compile(nn.RReLU(), dynamic=dyn)
+        for k in range(3):
+            x = (torch.tensor([-2.0, -1.0, 1.0, 2.0]) * (k + 1)).requires_grad_()
+            out = cm(x)
+            g, = torch.autograd.grad(out.sum(), x)
+            torch.testing.assert_close(g, (out / x).detach())
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Finding 2 (open; compile error in training; same root cause as finding 1): attention with symbolic sizes in a
+# graph that also reads a symbolic Python float. `_tensorized_forward` (coil/aot/compile.py) re-traces the forward
+# under `torch.no_grad()`; there the `sdpa` substitute (coil/capture/substitutes.py) sees no grad and records the opaque, non-differentiable
 # `coil::sdpa`, and the joint trace then fails: "Trying to backward through coil.sdpa.default but no autograd
 # formula was registered". Reached by default automatic dynamic (a changing temperature / scale argument and a
 # changing sequence length) and by `torch.compile(model, backend="coil", dynamic=True)` on transformers LLaMA /
@@ -33,7 +94,7 @@ def _sdpa_with_temperature(q, k, v, t):
     return F.scaled_dot_product_attention(q / t, k, v, is_causal=True)
 
 
-@pytest.mark.xfail(strict=True, reason="FINDINGS_74 #1: coil::sdpa recorded in the no_grad tensorized-forward trace")
+@pytest.mark.xfail(strict=True, reason="FINDINGS_74 #2: coil::sdpa recorded in the no_grad tensorized-forward trace")
 def test_sdpa_training_with_a_changing_float_and_length_compiles(coil_reset):
     cf = coil.compile(_sdpa_with_temperature)
     for L, t in ((5, 1.0), (7, 0.5)):         # the second call: L and t both symbolic
@@ -66,7 +127,7 @@ class _FloatAttrAttention(nn.Module):
         return o.transpose(1, 2).reshape(B, L, 16) * self.scaling
 
 
-@pytest.mark.xfail(strict=True, reason="FINDINGS_74 #1: coil::sdpa recorded in the no_grad tensorized-forward trace")
+@pytest.mark.xfail(strict=True, reason="FINDINGS_74 #2: coil::sdpa recorded in the no_grad tensorized-forward trace")
 def test_sdpa_training_under_a_scaled_forward_with_dynamic_true(coil_reset):
     torch.manual_seed(0)
     m = _FloatAttrAttention()
@@ -80,8 +141,59 @@ def test_sdpa_training_under_a_scaled_forward_with_dynamic_true(coil_reset):
     torch.testing.assert_close(_grads(m2), _grads(m))
 
 
+
 # ---------------------------------------------------------------------------------------------------------------
-# Finding 2 (open; compile error on the second call): a Python float that changes between calls (automatic dynamic
+# Finding 3 (open; runtime error in backward): the same no_grad re-trace as finding 1 (`_tensorized_forward`)
+# records `nn.LSTM` as `aten.mkldnn_rnn_layer(..., train=False)`, which returns an empty workspace; the joint graph's
+# `mkldnn_rnn_layer_backward` then gets `None` for it: "Expected a proper Tensor but got None ... for argument #22
+# 'workspace'" at `loss.backward()`. Static shapes suffice: an LSTM step whose compiled function takes a Python float
+# that changes (a loss weight, a teacher-forcing ratio) crashes from the second value on. GRU, RNN, LSTM with
+# `proj_size` and the cells are fine.
+# ---------------------------------------------------------------------------------------------------------------
+
+@pytest.mark.xfail(strict=True, reason="FINDINGS_74 #3: LSTM traced as mkldnn_rnn_layer(train=False) under no_grad")
+def test_lstm_training_with_a_changing_float_argument(coil_reset):
+    torch.manual_seed(0)
+    lstm = nn.LSTM(6, 5, batch_first=True)
+
+    def f(x, s):
+        return lstm(x)[0] * s
+    cf = coil.compile(f)
+    for s in (0.5, 0.7):          # the second value makes `s` a graph input (automatic dynamic)
+        x = torch.randn(2, 5, 6)
+        params = list(lstm.parameters())
+        g_c = torch.autograd.grad(cf(x, s).sum(), params)
+        g_e = torch.autograd.grad(f(x, s).sum(), params)
+        torch.testing.assert_close(g_c, g_e)
+
+
+
+@pytest.mark.xfail(strict=True, reason="FINDINGS_74 #3: embedding_bag of a computed weight traced forward-only")
+def test_embedding_bag_of_a_computed_weight_with_a_changing_float_argument(coil_reset):
+    w = torch.randn(10, 4, requires_grad=True)
+
+    def f(i, s):
+        return F.embedding_bag(i, w * 2, mode="mean") * s
+    cf = coil.compile(f)
+    for s in (0.5, 0.7):
+        i = torch.randint(0, 10, (3, 2))
+        torch.testing.assert_close(torch.autograd.grad(cf(i, s).sum(), w), torch.autograd.grad(f(i, s).sum(), w))
+
+def test_gru_and_lstm_with_projections_train_with_a_changing_float_argument(coil_reset):
+    torch.manual_seed(0)
+    for rnn in (nn.GRU(6, 5, bidirectional=True), nn.LSTM(6, 5, proj_size=3)):
+        def f(x, s):
+            return rnn(x)[0] * s
+        cf = coil.compile(f)
+        for s in (0.5, 0.7):
+            x = torch.randn(4, 3, 6)
+            params = list(rnn.parameters())
+            torch.testing.assert_close(torch.autograd.grad(cf(x, s).sum(), params),
+                                       torch.autograd.grad(f(x, s).sum(), params))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Finding 4 (open; compile error on the second call): a Python float that changes between calls (automatic dynamic
 # makes it a SymFloat) and is read inside a `torch.cond` / `while_loop` / `scan` body is passed to the HOP as a
 # SymFloat operand, which torch's HOP refuses in coil's AOT trace: "AssertionError: (...) can only be of (Tensor,
 # int, SymInt) but got (..., SymFloat)". The first call (static) works; `torch.map` works. torch.compile's own
@@ -97,7 +209,7 @@ def _scan_with_float(x, s):
     return scan(lambda c, y: (c + y * s, c.clone()), x[0], x)[0]
 
 
-@pytest.mark.xfail(strict=True, reason="FINDINGS_74 #2: a SymFloat closed over by a cond body becomes an operand")
+@pytest.mark.xfail(strict=True, reason="FINDINGS_74 #4: a SymFloat closed over by a cond body becomes an operand")
 def test_cond_body_reading_a_changing_float(coil_reset):
     cf = coil.compile(_cond_with_float)
     for s in (0.5, 0.7):
@@ -105,7 +217,7 @@ def test_cond_body_reading_a_changing_float(coil_reset):
         torch.testing.assert_close(cf(x, s), _cond_with_float(x, s))
 
 
-@pytest.mark.xfail(strict=True, reason="FINDINGS_74 #2: a SymFloat closed over by a scan body becomes an operand")
+@pytest.mark.xfail(strict=True, reason="FINDINGS_74 #4: a SymFloat closed over by a scan body becomes an operand")
 def test_scan_body_reading_a_changing_float(coil_reset):
     cf = coil.compile(_scan_with_float)
     for s in (0.5, 0.7):

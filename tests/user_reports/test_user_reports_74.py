@@ -83,11 +83,12 @@ def test_rrelu_gradient_without_a_float_input_is_right(coil_reset):
 # ---------------------------------------------------------------------------------------------------------------
 # Finding 2 (open; compile error in training; same root cause as finding 1): attention with symbolic sizes in a
 # graph that also reads a symbolic Python float. `_tensorized_forward` (coil/aot/compile.py) re-traces the forward
-# under `torch.no_grad()`; there the `sdpa` substitute (coil/capture/substitutes.py) sees no grad and records the opaque, non-differentiable
-# `coil::sdpa`, and the joint trace then fails: "Trying to backward through coil.sdpa.default but no autograd
-# formula was registered". Reached by default automatic dynamic (a changing temperature / scale argument and a
-# changing sequence length) and by `torch.compile(model, backend="coil", dynamic=True)` on transformers LLaMA /
-# Mistral in training (Dynamo makes the attention module's `scaling` / `attention_dropout` floats symbolic).
+# under `torch.no_grad()`; there the `sdpa` substitute (coil/capture/substitutes.py) sees no grad and records the
+# opaque, non-differentiable `coil::sdpa`, and the joint trace then fails: "Trying to backward through
+# coil.sdpa.default but no autograd formula was registered". Reached by default automatic dynamic (a changing
+# temperature / scale argument and a changing sequence length) and by `torch.compile(model, backend="coil",
+# dynamic=True)` on transformers LLaMA / Qwen2 / Phi / Gemma / OPT in training (Dynamo makes the attention module's
+# `scaling` / `attention_dropout` floats symbolic).
 # ---------------------------------------------------------------------------------------------------------------
 
 def _sdpa_with_temperature(q, k, v, t):
@@ -141,6 +142,23 @@ def test_sdpa_training_under_a_scaled_forward_with_dynamic_true(coil_reset):
     torch.testing.assert_close(_grads(m2), _grads(m))
 
 
+
+
+@pytest.mark.xfail(strict=True, reason="FINDINGS_74 #2: coil::sdpa recorded in the no_grad tensorized-forward trace")
+def test_torch_compile_dynamic_llama_training_step(coil_reset, dynamo_reset):
+    T = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = T.LlamaConfig(num_hidden_layers=1, hidden_size=32, num_attention_heads=2, num_key_value_heads=1,
+                        intermediate_size=64, vocab_size=50, max_position_embeddings=64)
+    m = T.LlamaForCausalLM(cfg)
+    m2 = copy.deepcopy(m)
+    cm = torch.compile(m2, backend="coil", dynamic=True)
+    ids = torch.randint(1, 50, (2, 6))
+    a, b = m(input_ids=ids, labels=ids), cm(input_ids=ids, labels=ids)
+    torch.testing.assert_close(b.loss, a.loss)
+    a.loss.backward()
+    b.loss.backward()
+    torch.testing.assert_close(_grads(m2), _grads(m))
 
 # ---------------------------------------------------------------------------------------------------------------
 # Finding 3 (open; runtime error in backward): the same no_grad re-trace as finding 1 (`_tensorized_forward`)

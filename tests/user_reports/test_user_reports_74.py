@@ -254,6 +254,26 @@ def test_map_body_reading_a_changing_float(coil_reset):
         torch.testing.assert_close(cf(x, s), f(x, s))
 
 
+
+# ---------------------------------------------------------------------------------------------------------------
+# Finding 5 (open; missing error): the same tensorized re-trace (finding 1) differentiates the functionalized forward,
+# which has no in-place ops left, so autograd's saved-tensor version check is gone: `(x * s).relu_().exp_()`, which
+# eager (and coil's first, static call) refuses at backward ("one of the variables needed for gradient computation
+# has been modified by an inplace operation"), returns a gradient from the second float on.
+# ---------------------------------------------------------------------------------------------------------------
+
+@pytest.mark.xfail(strict=True, reason="FINDINGS_74 #5: version-counter check lost in the tensorized joint graph")
+def test_backward_through_an_overwritten_saved_output_raises_with_a_changing_float(coil_reset):
+    def f(x, s):
+        return (x * s).relu_().exp_()
+    cf = coil.compile(f)
+    for s in (0.5, 0.7):
+        x = torch.tensor([-1.0, 0.5, 2.0], requires_grad=True)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            torch.autograd.grad(f(x, s).sum(), x)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            torch.autograd.grad(cf(x, s).sum(), x)
+
 # ---------------------------------------------------------------------------------------------------------------
 # What worked (kept as regressions): training loops and nn.Module patterns from the trial.
 # ---------------------------------------------------------------------------------------------------------------

@@ -35,7 +35,7 @@ from coil.aot.aliasing import RunEagerly, input_groups
 from coil.aot.decompositions import get_decompositions
 from coil.aot.cse import cse_graph, drop_dead_views
 from coil.aot.functional import (is_symbolic, analyze, checkpoint_region, fake_mode_of, fakeify, run_eagerly,
-                                 trace_inference, trace_joint)
+                                 trace_inference, trace_joint, _without_mkldnn)
 from coil.aot.partition import (default_partition, drop_undefined_tangents, grad_in_tangents, min_cut_partition,
                                 strip_grad_in)
 from coil.aot.regions import compile_regional, region_calls
@@ -408,11 +408,16 @@ def _tensorized_forward(fn, fake_args, info, decomps, fake_mode):
     if any(map(_autograd_beyond_ops, fn.graph.nodes)):
         return fn
     try:
-        with torch.no_grad():
+        # traced as the joint trace runs fn (grad on, oneDNN off), or it recorded ops without a backward: coil's
+        # sdpa, an inference LSTM without workspace, a forward-only embedding_bag (FINDINGS_74 2, 3)
+        with torch.enable_grad(), _without_mkldnn():
             fw = trace_inference(fn, fake_args, info, {**decomps, **_FLOAT_DECOMPS}, fake_mode)
     except Exception:  # noqa: BLE001 - optional: the joint of fn itself (specialized) is the fallback
         return fn
-    if not tensorize_scalar_reads(fw, "forward")["tensorized"]:
+    if fw.graph.find_nodes(op="call_function", target=torch.ops.aten.rrelu_with_noise_functional.default) or \
+            not tensorize_scalar_reads(fw, "forward")["tensorized"]:
+        # (torch's derivative of the functional rrelu reads the noise before its kernel writes it: all-zero
+        # gradients from the graph's own forward, FINDINGS_74 1)
         return fn
 
     def run(*args):

@@ -39,7 +39,6 @@ class _RReLUNet(nn.Module):
         return self.l2(self.act(self.l1(x))) / self.temperature
 
 
-@pytest.mark.xfail(strict=True, reason="FINDINGS_74 #1: rrelu's noise read from the pre-write buffer in the backward")
 def test_rrelu_gradient_with_a_temperature_schedule_matches_eager(coil_reset):
     torch.manual_seed(0)
     m = _RReLUNet()
@@ -60,7 +59,6 @@ def test_rrelu_gradient_with_a_temperature_schedule_matches_eager(coil_reset):
         m2.zero_grad()
 
 
-@pytest.mark.xfail(strict=True, reason="FINDINGS_74 #1: rrelu's noise read from the pre-write buffer in the backward")
 def test_rrelu_gradient_equals_the_forward_slopes_with_a_float_argument(coil_reset):
     cf = coil.compile(lambda x, s: F.rrelu(x, training=True) * s)
     for s in (0.5, 0.7):
@@ -95,7 +93,6 @@ def _sdpa_with_temperature(q, k, v, t):
     return F.scaled_dot_product_attention(q / t, k, v, is_causal=True)
 
 
-@pytest.mark.xfail(strict=True, reason="FINDINGS_74 #2: coil::sdpa recorded in the no_grad tensorized-forward trace")
 def test_sdpa_training_with_a_changing_float_and_length_compiles(coil_reset):
     cf = coil.compile(_sdpa_with_temperature)
     for L, t in ((5, 1.0), (7, 0.5)):         # the second call: L and t both symbolic
@@ -128,7 +125,6 @@ class _FloatAttrAttention(nn.Module):
         return o.transpose(1, 2).reshape(B, L, 16) * self.scaling
 
 
-@pytest.mark.xfail(strict=True, reason="FINDINGS_74 #2: coil::sdpa recorded in the no_grad tensorized-forward trace")
 def test_sdpa_training_under_a_scaled_forward_with_dynamic_true(coil_reset):
     torch.manual_seed(0)
     m = _FloatAttrAttention()
@@ -144,7 +140,6 @@ def test_sdpa_training_under_a_scaled_forward_with_dynamic_true(coil_reset):
 
 
 
-@pytest.mark.xfail(strict=True, reason="FINDINGS_74 #2: coil::sdpa recorded in the no_grad tensorized-forward trace")
 def test_torch_compile_dynamic_llama_training_step(coil_reset, dynamo_reset):
     T = pytest.importorskip("transformers")
     torch.manual_seed(0)
@@ -169,7 +164,6 @@ def test_torch_compile_dynamic_llama_training_step(coil_reset, dynamo_reset):
 # `proj_size` and the cells are fine.
 # ---------------------------------------------------------------------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason="FINDINGS_74 #3: LSTM traced as mkldnn_rnn_layer(train=False) under no_grad")
 def test_lstm_training_with_a_changing_float_argument(coil_reset):
     torch.manual_seed(0)
     lstm = nn.LSTM(6, 5, batch_first=True)
@@ -186,7 +180,6 @@ def test_lstm_training_with_a_changing_float_argument(coil_reset):
 
 
 
-@pytest.mark.xfail(strict=True, reason="FINDINGS_74 #3: embedding_bag of a computed weight traced forward-only")
 def test_embedding_bag_of_a_computed_weight_with_a_changing_float_argument(coil_reset):
     w = torch.randn(10, 4, requires_grad=True)
 

@@ -388,6 +388,12 @@ def _autograd_beyond_ops(n: torch.fx.Node) -> bool:
         n.target, torch._ops.HigherOrderOperator) or module.startswith(_AUTOGRAD_MODULES))
 
 
+def _is_inplace_node(n: torch.fx.Node) -> bool:
+    """A torch-level in-place call (``x.relu_()``, ``torch.relu_(x)``, ``F.relu(x, inplace=True)``)."""
+    name = n.target if n.op == "call_method" else getattr(n.target, "__name__", "") if n.op == "call_function" else ""
+    return name.endswith("_") and not name.startswith("_") or n.kwargs.get("inplace") is True
+
+
 _AUTOGRAD_TARGETS = {torch._C._set_grad_enabled, torch.detach, torch.Tensor.detach, torch.Tensor.detach_,
                      torch.Tensor.requires_grad_, torch.ops.aten.detach, torch.ops.aten.detach.default,
                      torch.ops.aten.detach_, torch.ops.aten.detach_.default}
@@ -407,6 +413,13 @@ def _tensorized_forward(fn, fake_args, info, decomps, fake_mode):
         return fn
     if any(map(_autograd_beyond_ops, fn.graph.nodes)):
         return fn
+    if any(_is_inplace_node(n) for n in fn.graph.nodes):
+        # the functional forward forgets the writes, so autograd's check of a saved value overwritten in place
+        # ((x * s).relu_().exp_(): eager's backward raises) runs only in the joint of fn itself (FINDINGS_74 5)
+        try:
+            trace_joint(fn, fake_args, info, decomps, fake_mode)
+        except Exception:  # noqa: BLE001 - the caller's own trace of fn meets it again and decides
+            return fn
     try:
         # traced as the joint trace runs fn (grad on, oneDNN off), or it recorded ops without a backward: coil's
         # sdpa, an inference LSTM without workspace, a forward-only embedding_bag (FINDINGS_74 2, 3)

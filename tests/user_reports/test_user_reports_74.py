@@ -255,7 +255,6 @@ def test_map_body_reading_a_changing_float(coil_reset):
 # has been modified by an inplace operation"), returns a gradient from the second float on.
 # ---------------------------------------------------------------------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason="FINDINGS_74 #5: version-counter check lost in the tensorized joint graph")
 def test_backward_through_an_overwritten_saved_output_raises_with_a_changing_float(coil_reset):
     def f(x, s):
         return (x * s).relu_().exp_()

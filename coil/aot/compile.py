@@ -388,6 +388,17 @@ def _autograd_beyond_ops(n: torch.fx.Node) -> bool:
         n.target, torch._ops.HigherOrderOperator) or module.startswith(_AUTOGRAD_MODULES))
 
 
+def _given_a_float(decomps: dict) -> dict:
+    """``decomps`` applied only to a call given a symbolic float (``celu(x, alpha)``, ``vector_norm(x, ord)``): its
+    float then reaches ops with Tensor overloads. Other ops stay whole in the tensorized forward, so that the joint
+    differentiates them by their own formulas, not their decompositions (``special.log_ndtr``'s decomposition
+    differentiated gave NaN gradients of very negative inputs; ``fill``'s none: a compile error)."""
+    def given(d):
+        return lambda *a, **kw: d(*a, **kw) if any(isinstance(v, torch.SymFloat) for v in pytree.tree_leaves(
+            (a, kw))) else NotImplemented
+    return {op: given(d) for op, d in decomps.items()}
+
+
 def _is_inplace_node(n: torch.fx.Node) -> bool:
     """A torch-level in-place call (``x.relu_()``, ``torch.relu_(x)``, ``F.relu(x, inplace=True)``)."""
     name = n.target if n.op == "call_method" else getattr(n.target, "__name__", "") if n.op == "call_function" else ""
@@ -424,7 +435,7 @@ def _tensorized_forward(fn, fake_args, info, decomps, fake_mode):
         # traced as the joint trace runs fn (grad on, oneDNN off), or it recorded ops without a backward: coil's
         # sdpa, an inference LSTM without workspace, a forward-only embedding_bag (FINDINGS_74 2, 3)
         with torch.enable_grad(), _without_mkldnn():
-            fw = trace_inference(fn, fake_args, info, {**decomps, **_FLOAT_DECOMPS}, fake_mode)
+            fw = trace_inference(fn, fake_args, info, {**_given_a_float(decomps), **_FLOAT_DECOMPS}, fake_mode)
     except Exception:  # noqa: BLE001 - optional: the joint of fn itself (specialized) is the fallback
         return fn
     if fw.graph.find_nodes(op="call_function", target=torch.ops.aten.rrelu_with_noise_functional.default) or \

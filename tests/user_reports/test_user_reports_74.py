@@ -445,3 +445,32 @@ def test_ema_teacher_updated_under_no_grad_inside_forward(coil_reset):
         b.backward()
         torch.testing.assert_close(list(m2.teacher.parameters()), list(m.teacher.parameters()))
         torch.testing.assert_close(_grads(m2.student), _grads(m.student))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Found by a sweep of every OpInfo op with autograd (first two float32 samples) as op(x) * s, s changing between calls:
+# the tensorized forward was traced with every decomposition, so the joint differentiated decompositions instead of
+# the ops' own formulas.
+# ---------------------------------------------------------------------------------------------------------------
+
+def test_log_ndtr_gradient_of_very_negative_inputs_with_a_changing_float(coil_reset):
+    """``special.log_ndtr``'s decomposition differentiated gave NaN gradients at x = -9 (eager's formula is finite)."""
+    def f(x, s):
+        return (torch.special.log_ndtr(x) * s).sum()
+    cf = coil.compile(f)
+    for s in (0.5, 0.7):
+        x = torch.tensor([-9.0, -3.0, 0.0, 2.0], requires_grad=True)
+        g_c, = torch.autograd.grad(cf(x, s), x)
+        g_e, = torch.autograd.grad(f(x, s), x)
+        torch.testing.assert_close(g_c, g_e)
+
+
+def test_fill_of_an_input_with_a_changing_float_compiles(coil_reset):
+    """``torch.fill(x, True) * s`` (OpInfo's sample): the decomposed forward lost fill's (zero) gradient edge, and the
+    joint trace raised "element 0 of tensors does not require grad" on the second float."""
+    def f(x, s):
+        return (torch.fill(x, True) * s).sum()
+    cf = coil.compile(f)
+    for s in (0.5, 0.7):
+        x = torch.randn(5, requires_grad=True)
+        torch.testing.assert_close(torch.autograd.grad(cf(x, s), x), torch.autograd.grad(f(x, s), x))

@@ -474,3 +474,23 @@ def test_fill_of_an_input_with_a_changing_float_compiles(coil_reset):
     for s in (0.5, 0.7):
         x = torch.randn(5, requires_grad=True)
         torch.testing.assert_close(torch.autograd.grad(cf(x, s), x), torch.autograd.grad(f(x, s), x))
+
+
+def test_native_layer_norm_and_safe_softmax_gradients_with_a_changing_float(coil_reset):
+    """Silent wrong values before the fix (OpInfo's samples): from the second ``s`` on, the joint differentiated
+    coil's decomposition of ``native_layer_norm``, so gradients flowed through its ``mean`` / ``rstd`` outputs, which
+    eager's formula does not differentiate (the input's gradient off by 0.13); ``_safe_softmax`` of a row of -inf gave
+    NaN gradients where eager's are 0."""
+    torch.manual_seed(0)
+
+    def f(x, w, b, y, s):
+        out, mean, rstd = torch.native_layer_norm(x, (1, 2, 3), w, b, 0.5)
+        return (out * s).sum() + (mean * s).sum() + (rstd * s).sum() + (torch.ops.aten._safe_softmax(y, 1) * s).sum()
+    cf = coil.compile(f)
+    for s in (0.5, 0.7, 0.9):
+        x, w, b = (torch.randn(1, 2, 3, requires_grad=True) for _ in range(3))
+        y = torch.randn(2, 3, 4).index_fill(1, torch.tensor([0, 1, 2]), float("-inf"))
+        y[1] = torch.randn(3, 4)
+        y.requires_grad_(True)
+        torch.testing.assert_close(torch.autograd.grad(cf(x, w, b, y, s), (x, w, b, y)),
+                                   torch.autograd.grad(f(x, w, b, y, s), (x, w, b, y)))

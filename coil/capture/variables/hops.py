@@ -139,9 +139,15 @@ def trace_subgraph(tx, fn_vt, operands: list, what: str, alias_ok: bool = True,
         for d in (*v.shape, *v.stride()) if isinstance(v, torch.Tensor) else ():
             if (node := out.symbol_input(d)) is not None and node not in lifted:
                 lifted.append(node)
+    # a symbolic float (a Python float made a graph input) is specialized to its value, guarded: torch's cond,
+    # while_loop and scan take tensor and int operands only (FINDINGS_74 4); each new value recompiles
+    floats = {a: float(v) for a in lifted if isinstance(v := a.meta.get("example_value"), torch.SymFloat)}
+    if floats:
+        lifted = [a for a in lifted if a not in floats]
+        trace.log("hop_float_specialized", stage="capture", hop=what, values=list(floats.values()))
     _check_no_input_writes(region, op_nodes + lifted, what)
     sg = torch.fx.Graph()
-    env: dict = {}
+    env: dict = dict(floats)
     for i, n in enumerate(op_nodes + lifted):
         p = sg.placeholder(n.name if i < len(op_nodes) else f"lifted_{n.name}")
         env[n] = p

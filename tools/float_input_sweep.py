@@ -1,12 +1,16 @@
 """A Python float that changes between calls, on every OpInfo op with autograd: ``g(inputs, s) = sum(op(...) * s)``
 compiled by coil (``fallback_random``), called with s = 0.5, 0.7, 0.9 (from the second value on, ``s`` is a graph input
 and training graphs take the tensorized forward, docs/aot.md "Scalar reads"); outputs and gradients against eager's
-(rtol 1e-3, atol 1e-4; 2e-2 for 16-bit dtypes). The first two samples of each op in ``op_db[LO:HI]``, float32 or the DTYPE given.
+(rtol 1e-3, atol 1e-4; 2e-2 for 16-bit dtypes). The first two samples of each op in ``op_db[LO:HI]``, float32 or the
+DTYPE given.
 
-    OMP_NUM_THREADS=1 PYTHONPATH=. python tools/float_input_sweep.py 0 350 [bfloat16]   # and 350 720; ~10 min on one core
+    OMP_NUM_THREADS=1 PYTHONPATH=. python tools/float_input_sweep.py 0 350 [bfloat16]   # and 350 720; ~10 min each
 
-Prints the counts and one ``BAD (op, sample, s, kind, message)`` line per op that differs (kind: MISMATCH, coil_raise,
-missing_error)."""
+``NO_GRAD=1`` compares values only, under ``no_grad`` (the inference graph); ``DYNAMIC=1`` compiles with
+``dynamic=True`` (symbolic sizes, and the float symbolic from the first call). Prints the counts and one ``BAD (op,
+sample, s, kind, message)`` line per sample that differs (kind: MISMATCH, coil_raise, missing_error)."""
+import contextlib
+import os
 import sys
 import warnings
 
@@ -16,6 +20,7 @@ from torch.testing._internal.common_methods_invocations import op_db
 import coil
 
 warnings.filterwarnings("ignore")
+NO_GRAD = bool(os.environ.get("NO_GRAD"))   # values only, under no_grad: the inference graph's tensorized floats
 
 
 def _loss(op, kwargs):
@@ -30,22 +35,22 @@ def _check(op, si, sample, leaves, dtype, bad) -> str:
     """One sample at three float values: ok, skip, both_raise or bad (appended to ``bad``)."""
     g = _loss(op, sample.kwargs)
     coil.reset()
-    cg = coil.compile(g, options={"fallback_random": True})
+    cg = coil.compile(g, options={"fallback_random": True}, dynamic=True if os.environ.get("DYNAMIC") else None)
     tol = dict(rtol=1e-3, atol=1e-4) if dtype in (torch.float32, torch.float64) else dict(rtol=2e-2, atol=2e-2)
     for s in (0.5, 0.7, 0.9):
         eager_raised = False
         try:
             torch.manual_seed(0)
             e = g(sample.input, sample.args, s)
-            if not (isinstance(e, torch.Tensor) and e.requires_grad):
+            if not (isinstance(e, torch.Tensor) and (e.requires_grad or NO_GRAD)):
                 return "skip"
-            ge = torch.autograd.grad(e, leaves, allow_unused=True)
+            ge = torch.autograd.grad(e, leaves, allow_unused=True) if not NO_GRAD else ()
         except Exception:  # noqa: BLE001
             eager_raised = True
         try:
             torch.manual_seed(0)
             c = cg(sample.input, sample.args, s)
-            gc = torch.autograd.grad(c, leaves, allow_unused=True)
+            gc = torch.autograd.grad(c, leaves, allow_unused=True) if not NO_GRAD else ()
         except Exception as ex:  # noqa: BLE001
             if eager_raised:
                 return "both_raise"
@@ -83,7 +88,8 @@ def main() -> None:
         for si, sample in enumerate(samples):
             leaves = [t for t in [sample.input, *sample.args] if isinstance(t, torch.Tensor) and t.requires_grad]
             if leaves:
-                res[_check(op, si, sample, leaves, dtype, bad)] += 1
+                with torch.no_grad() if NO_GRAD else contextlib.nullcontext():
+                    res[_check(op, si, sample, leaves, dtype, bad)] += 1
     print(res)
     for b in bad:
         print("BAD", b)

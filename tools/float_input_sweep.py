@@ -6,9 +6,10 @@ DTYPE given.
 
     OMP_NUM_THREADS=1 PYTHONPATH=. python tools/float_input_sweep.py 0 350 [bfloat16]   # and 350 720; ~10 min each
 
-``NO_GRAD=1`` compares values only, under ``no_grad`` (the inference graph); ``DYNAMIC=1`` compiles with
-``dynamic=True`` (symbolic sizes, and the float symbolic from the first call). Prints the counts and one ``BAD (op,
-sample, s, kind, message)`` line per sample that differs (kind: MISMATCH, coil_raise, missing_error)."""
+``INT=1`` takes s = 2, 3, 4 (a SymInt input); ``NO_GRAD=1`` compares values only, under ``no_grad`` (the inference
+graph); ``DYNAMIC=1`` compiles with ``dynamic=True`` (symbolic sizes, and the float symbolic from the first call).
+Prints the counts and one ``BAD (op, sample, s, kind, message)`` line per sample that differs (kind: MISMATCH,
+coil_raise, missing_error)."""
 import contextlib
 import os
 import sys
@@ -37,7 +38,7 @@ def _check(op, si, sample, leaves, dtype, bad) -> str:
     coil.reset()
     cg = coil.compile(g, options={"fallback_random": True}, dynamic=True if os.environ.get("DYNAMIC") else None)
     tol = dict(rtol=1e-3, atol=1e-4) if dtype in (torch.float32, torch.float64) else dict(rtol=2e-2, atol=2e-2)
-    for s in (0.5, 0.7, 0.9):
+    for s in (2, 3, 4) if os.environ.get("INT") else (0.5, 0.7, 0.9):
         eager_raised = False
         try:
             torch.manual_seed(0)

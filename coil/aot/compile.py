@@ -42,6 +42,7 @@ from coil.aot.regions import compile_regional, region_calls
 from coil.aot.scalars import tensorize_scalar_reads
 from coil.aot.runtime import AUTOCAST_DEVICES, inference_runner, training_runner
 from coil.capture.variables.hops import calls_while_loop
+from coil.capture.variables.tensor import _is_inplace
 from coil.runtime.cudagraph_split import partitioning
 from coil.exc import CoilError, warn_user
 
@@ -399,12 +400,6 @@ def _given_a_float(decomps: dict) -> dict:
     return {op: given(d) for op, d in decomps.items()}
 
 
-def _is_inplace_node(n: torch.fx.Node) -> bool:
-    """A torch-level in-place call (``x.relu_()``, ``torch.relu_(x)``, ``F.relu(x, inplace=True)``)."""
-    name = n.target if n.op == "call_method" else getattr(n.target, "__name__", "") if n.op == "call_function" else ""
-    return name.endswith("_") and not name.startswith("_") or n.kwargs.get("inplace") is True
-
-
 _AUTOGRAD_TARGETS = {torch._C._set_grad_enabled, torch.detach, torch.Tensor.detach, torch.Tensor.detach_,
                      torch.Tensor.requires_grad_, torch.ops.aten.detach, torch.ops.aten.detach.default,
                      torch.ops.aten.detach_, torch.ops.aten.detach_.default}
@@ -418,38 +413,39 @@ def _tensorized_forward(fn, fake_args, info, decomps, fake_mode):
     """``fn`` as its forward ATen graph with its Python-float reads tensorized (docs/aot.md, "Scalar reads"), where
     ``fn`` reads a symbolic float and returns only new values: the joint trace then differentiates ``lerp.Tensor``,
     not ``lerp.Scalar``, whose C++ formula reads the float as a number (a guard on its value, a recompile per value);
-    the backward reads the 0-d tensor, a graph input like the forward's. Else ``fn``."""
+    the backward reads the 0-d tensor, a graph input like the forward's. Else ``fn``. Returns ``(fn or the tensorized
+    forward, fn's own joint trace when one was made and ``fn`` is returned, else None)``."""
     if info.mutated_inputs or info.base_sources or info.restrided_inputs or not isinstance(fn, torch.fx.GraphModule) \
-            or not fn.graph.find_nodes(op="call_method", target="item"):
-        return fn
-    if any(map(_autograd_beyond_ops, fn.graph.nodes)):
-        return fn
-    if any(_is_inplace_node(n) for n in fn.graph.nodes):
+            or not fn.graph.find_nodes(op="call_method", target="item") or any(map(_autograd_beyond_ops, fn.graph.nodes)):
+        return fn, None
+    own = None
+    if any(n.op in ("call_function", "call_method") and (_is_inplace(n.op, n.target, n.kwargs) or
+                                                         n.kwargs.get("inplace") is True) for n in fn.graph.nodes):
         # the functional forward forgets the writes, so autograd's check of a saved value overwritten in place
         # ((x * s).relu_().exp_(): eager's backward raises) runs only in the joint of fn itself (FINDINGS_74 5)
         try:
-            trace_joint(fn, fake_args, info, decomps, fake_mode)
+            own = trace_joint(fn, fake_args, info, decomps, fake_mode)
         except Exception:  # noqa: BLE001 - the caller's own trace of fn meets it again and decides
-            return fn
+            return fn, None
     try:
         # traced as the joint trace runs fn (grad on, oneDNN off), or it recorded ops without a backward: coil's
         # sdpa, an inference LSTM without workspace, a forward-only embedding_bag (FINDINGS_74 2, 3)
         with torch.enable_grad(), _without_mkldnn():
             fw = trace_inference(fn, fake_args, info, {**_given_a_float(decomps), **_FLOAT_DECOMPS}, fake_mode)
     except Exception:  # noqa: BLE001 - optional: the joint of fn itself (specialized) is the fallback
-        return fn
+        return fn, own
     if fw.graph.find_nodes(op="call_function", target=torch.ops.aten.rrelu_with_noise_functional.default) or \
             not tensorize_scalar_reads(fw, "forward")["tensorized"]:
         # (torch's derivative of the functional rrelu reads the noise before its kernel writes it: all-zero
         # gradients from the graph's own forward, FINDINGS_74 1)
-        return fn
+        return fn, own
 
     def run(*args):
         flat = [None] * (max(info.graph_outputs, default=-1) + 1)
         for k, v in zip(info.graph_outputs, fw(*args)):
             flat[k] = v
         return flat
-    return run
+    return run, None
 
 
 def _compile(fn, example_inputs, fw_compiler, bw_compiler, partition_fn, decompositions):
@@ -529,7 +525,8 @@ def _compile(fn, example_inputs, fw_compiler, bw_compiler, partition_fn, decompo
         run = _check_offsets_per_call(run, fw_gm, fake_args, fn, info.mutated_inputs)
         return run if groups is None else _with_input_groups(run, groups, user_fn)
     if joint is None and groups is None:
-        fn = _tensorized_forward(fn, fake_args, info, decomps, fake_mode)
+        fn, own = _tensorized_forward(fn, fake_args, info, decomps, fake_mode)
+        joint, jinfo = own or (None, None)
     try:
         joint, jinfo = (joint, jinfo) if joint is not None else trace_joint(fn, fake_args, info, decomps, fake_mode)
     except (RuntimeError, ZeroDivisionError) as e:  # y = x.exp(); y.add_(1): eager raises it at backward only, a

@@ -18,9 +18,17 @@ __all__ = ["enabled", "log", "artifact", "stage", "compile_context", "current_co
            "trace_dir", "add_stage_listener", "remove_stage_listener"]
 
 
+def _dir_of(value: Optional[str]) -> Optional[str]:
+    """``COIL_TRACE``'s directory: unset, empty or ``0`` is off; ``1`` / ``true`` / ``on`` (a flag, not a
+    directory name) is ``./coil_trace``."""
+    if not value or value.lower() in ("0", "false", "off", "no"):
+        return None
+    return "coil_trace" if value.lower() in ("1", "true", "on", "yes") else value
+
+
 class _State:
     def __init__(self) -> None:
-        self.dir: Optional[str] = os.environ.get("COIL_TRACE") or None
+        self.dir: Optional[str] = _dir_of(os.environ.get("COIL_TRACE"))
         self.file = None
         self.lock = threading.Lock()
         self.compile_ids: list[str] = []   # every active compile id, all threads

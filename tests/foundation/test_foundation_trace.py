@@ -358,3 +358,11 @@ def test_compile_time_breakdown_uses_self_times(tmp_path):
     report.write_report(str(log), str(out))
     _, text = _parse(out / "compile_7_0_0.html")
     assert "40.00" in text and "40.0" in text and "100.00" in text
+
+
+def test_coil_trace_flag_values_are_not_directory_names():
+    """``COIL_TRACE=1`` wrote the log to a directory named ``1``; a flag value means ``./coil_trace``."""
+    from coil.trace import _dir_of
+    assert _dir_of(None) is None and _dir_of("") is None and _dir_of("0") is None and _dir_of("off") is None
+    assert _dir_of("1") == "coil_trace" and _dir_of("TRUE") == "coil_trace"
+    assert _dir_of("/tmp/log") == "/tmp/log"

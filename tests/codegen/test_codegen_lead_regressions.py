@@ -6,8 +6,10 @@ CPU flash-attention extern kernel returns a non-contiguous output (strides of a
 it were contiguous. Extern outputs must take their layout from the op's real
 (fake-tensor) strides.
 """
+import functools
 import warnings
 
+import pytest
 import torch
 import coil
 from torch.fx.experimental.proxy_tensor import make_fx
@@ -38,6 +40,25 @@ def test_ensure_layout_passes_none_through():
     t = torch.randn(3, 4).t()
     out = ensure_layout(t, (4, 3), (3, 1))
     assert out.stride() == (3, 1) and torch.equal(out, t)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_matmul_externs_return_contiguous_outputs(dtype):
+    """The wrapper leaves out ``ensure_layout`` after mm / addmm / bmm / baddbmm (wrapper._CONTIGUOUS_OUT): ATen must
+    return them contiguous whatever the operands' layouts (transposed, expanded, sliced, a broadcast bias)."""
+    from coil.codegen.wrapper import _CONTIGUOUS_OUT
+    aten = torch.ops.aten
+    r = functools.partial(torch.randn, dtype=dtype)
+    a, b, a3, b3 = r(8, 6), r(10, 8), r(3, 6, 5), r(3, 4, 6)
+    outs = {aten.mm.default: [aten.mm(a.t(), b.t()), aten.mm(r(6, 16)[:, ::2], a[:, :5])],
+            aten.addmm.default: [aten.addmm(r(10), a.t(), b.t()), aten.addmm(r(1, 1).expand(6, 10), a.t(), b.t())],
+            aten.bmm.default: [aten.bmm(a3.transpose(1, 2), b3.transpose(1, 2)),
+                               aten.bmm(a[:5].expand(3, 5, 6), r(3, 8, 6)[:, ::2].transpose(1, 2))],
+            aten.baddbmm.default: [aten.baddbmm(r(6, 1).expand(3, 6, 4), a3, r(3, 4, 5).transpose(1, 2))]}
+    assert set(outs) == set(_CONTIGUOUS_OUT)
+    for op, ts in outs.items():
+        for t in ts:
+            assert t.is_contiguous(), (op, t.shape, t.stride())
 
 
 def test_identical_triton_kernels_share_one_compiled_module():
@@ -77,9 +98,6 @@ def test_split_index_simplifies_with_loop_bounds():
     # rindex may reach 128 here: nothing may be folded
     b2 = {RINDEX: 256, XINDEX: 4096}
     assert simplify_index(FloorDiv(RINDEX + 128 * XINDEX, 128), b2) != XINDEX
-
-
-import pytest  # noqa: E402
 
 
 @pytest.mark.parametrize("backend", ["triton", "cpp"])

@@ -21,7 +21,7 @@ from coil.ir.nodes import (Buffer, ComputedBuffer, ConcatBuffer, ConcatSlice, Co
                            MultiOutput, ReinterpretView, ScatterBuffer, describe_origin)
 from coil.capture.substitutes import OPAQUE_IMPLS
 from coil.ir.graph import misaligned_leading_dim
-from coil.ir.symbols import PRECOMPUTED, as_expr, bare_symbol, is_size_symbol, precomputed_symbol_of, pyexpr
+from coil.ir.symbols import PRECOMPUTED, as_expr, bare_symbol, is_size_symbol, precomputed_symbol_of, product, pyexpr
 from coil.schedule.scheduler import FusedGroup, buffer_bytes
 from coil.codegen.common import layout_key
 
@@ -260,6 +260,7 @@ class WrapperCodegen:
         self.lines: list[str] = []
         self._extern_ids: dict[Any, str] = {}
         self._hoisted: dict[str, str] = {}  # size expression text -> its local (_expr)
+        self._shaped: dict[str, Layout] = {}  # buffer name -> the view layout it is allocated in (_view_shaped)
 
     def _expr(self, e) -> str:
         """The text of size ``e`` (int or sympy). A compound expression (``s0 * s1``) is a local computed once per call
@@ -292,7 +293,8 @@ class WrapperCodegen:
     def _empty(self, b) -> str:
         # the first device's buffers: ATen's allocation without argument parsing and dispatch (as Inductor's; ~1.8 µs
         # less a buffer on a CPU host) unless a dispatch mode, deterministic fill or another current CUDA device is on
-        l, d, cur = b.layout, b.layout.device, getattr(torch._C, "_cuda_getDevice", None)
+        l = self._shaped.get(b.get_name(), b.layout)
+        d, cur = l.device, getattr(torch._C, "_cuda_getDevice", None)
         fast = getattr(torch._C._dynamo.guards, f"_empty_strided_{d.type}", None) if d.type in ("cpu", "cuda") else None
         if not self._alloc and fast is not None and (d.type == "cpu" or cur is not None):
             self.globals.update(fast_empty=fast, det=torch._C._get_deterministic_algorithms, cur=cur,
@@ -329,6 +331,8 @@ class WrapperCodegen:
 
     def _arg(self, a) -> str:
         if isinstance(a, ReinterpretView):
+            if (own := self._shaped.get(a.data.get_name())) is not None and layout_key(own) == layout_key(a.layout):
+                return a.data.get_name()  # allocated in this view's layout (_view_shaped)
             return self._reinterpret(a.data.get_name(), a.layout.size, a.layout.stride, a.layout.offset)
         if isinstance(a, Buffer):
             return a.get_name()
@@ -347,6 +351,38 @@ class WrapperCodegen:
         if isinstance(a, float) and (a != a or a in (float("inf"), float("-inf"))):
             return f"float('{a}')"
         return repr(a) if isinstance(a, (int, float, bool, str, type(None))) else self._global("c", a)
+
+    def _view_shaped(self, excluded: set) -> dict:
+        """Buffer name -> the layout to allocate it in, for a contiguous ComputedBuffer that extern kernels read only
+        through one contiguous reshape of it (a linear layer's ``(B*S, D)`` view of a ``(B, S, D)`` activation): the
+        memory is the same, our kernels take only its pointer, so allocated in the view's shape it is passed to the
+        externs as it is, without a view a call (about 1.5 µs of host time each on an H100 host). Buffers in
+        ``excluded`` (outputs, stored in place, scatter targets) and those an extern reads directly keep theirs."""
+        views: dict = {}
+        direct: set = set()
+
+        def visit(a):
+            if isinstance(a, ReinterpretView):
+                views.setdefault(a.data.get_name(), []).append(a.layout)
+            elif isinstance(a, Buffer):
+                direct.add(a.get_name())
+            elif isinstance(a, (list, tuple)):
+                for x in a:
+                    visit(x)
+        for st in self.steps:
+            if isinstance(b := getattr(st, "buffer", None), ExternKernel):
+                visit([b.args, list(b.kwargs.values())])
+        out = {}
+        for name, lays in views.items():
+            buf = self.graph.name_to_buffer.get(name)
+            if type(buf) is not ComputedBuffer or name in direct or name in excluded or not buf.layout.is_contiguous():
+                continue
+            fits = [l for l in lays if l.is_contiguous() and l.dtype == buf.layout.dtype
+                    and sympy.expand(product(l.size) - product(buf.layout.size)) == 0]
+            if fits:
+                keys = [layout_key(l) for l in fits]
+                out[name] = fits[max(range(len(fits)), key=keys.count)]
+        return out
 
     def _live_bytes(self, allocs: list, last_use: dict, out_names: set, inplace: dict) -> tuple[list[int], dict]:
         """(bytes of intermediate buffers live during each step if every buffer were freed after its last reader, bytes
@@ -398,11 +434,13 @@ class WrapperCodegen:
                 if type(b) is ComputedBuffer and b.get_name() not in scatter_targets \
                         and last_use.setdefault(b.get_name(), i) == i:
                     reads[i].append(b.get_name())
-        def key(b: Buffer):
-            return layout_key(b.layout)
         # outputs stored over a dead input (KernelPlan.inplace): the input's storage is the output's from then on
         inplace = {o: n for k in self.kernels.values() for o, n in getattr(k.plan, "inplace", {}).items()}
         handed = set(inplace.values())
+        self._shaped = self._view_shaped(out_names | scatter_targets | handed | set(inplace))
+
+        def key(b: Buffer):  # (the layout allocated: a freed buffer's tensor keeps its shape)
+            return layout_key(self._shaped.get(b.get_name(), b.layout))
         # the steps that allocate each layout from the pool: a freed buffer is kept for reuse only while the pool
         # holds fewer of its layout than later steps will take (more would stay alive to the end, unused)
         alloc_steps: dict = {}

@@ -173,6 +173,27 @@ def test_transposed_view_for_an_extern_reads_the_one_buffer(dynamic, monkeypatch
     assert src.count("empty_strided((") == 1, src
 
 
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_activation_read_by_linears_is_allocated_in_their_view_shape(dynamic, monkeypatch):
+    """A (B, S, D) activation that only linear layers read (as its (B*S, D) view) is allocated as (B*S, D) and passed
+    as it is: no view a call (wrapper._view_shaped). A later (B, S, D) buffer that ``bmm`` reads directly keeps its
+    own shape (it must not take the freed (B*S, D) tensor), and one read through the same view may take it."""
+    sources = _wrapper_sources(monkeypatch)
+
+    def f(x, w1, w2, b2, w3):
+        h = torch.relu(x * 2)
+        y = torch.nn.functional.linear(h, w1) + torch.nn.functional.linear(h, w2, b2)
+        z = torch.bmm(torch.tanh(y), w3)
+        h2 = torch.sigmoid(z)
+        return torch.nn.functional.linear(h2, w1), z
+
+    args = [torch.randn(2, 16, 32), torch.randn(32, 32), torch.randn(32, 32), torch.randn(32), torch.randn(2, 32, 32)]
+    for o, r in zip(coil.compile(f, dynamic=dynamic)(*args), f(*args)):
+        torch.testing.assert_close(o, r)
+    src = sources[-1][sources[-1].find("def call"):]
+    assert "view_of(buf" not in src, src  # (the returned view of the last mm's output is the user's)
+
+
 def test_large_body_transposed_into_a_copy_is_written_once(monkeypatch):
     """A value whose body is too large to inline (over ``MAX_BODY_OPS``: NeoX's rotary backward ``cat`` of the q/k/v
     gradients) whose only use is ``transpose(1, 2).contiguous()``: the copy takes the body and is the one buffer.

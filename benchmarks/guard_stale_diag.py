@@ -4,6 +4,7 @@ the dicts whose tag moved (their owner: a module's ``__dict__`` / ``_parameters`
 ``_modules``, a config, a Python module's globals) and the keys whose value changed, was added or removed.
 
     python benchmarks/guard_stale_diag.py --model b_whisper --mode bf16   # the GPU machine, or CPU (small)
+    python benchmarks/guard_stale_diag.py --model b_whisper --mode bf16 --eager-between   # as --paired times
 
 Prints text.
 """
@@ -22,6 +23,8 @@ def main() -> None:
     ap.add_argument("--mode", default="bf16")
     ap.add_argument("--size", default=None)
     ap.add_argument("--calls", type=int, default=6)
+    ap.add_argument("--eager-between", action="store_true",
+                    help="run an eager copy's step between coil's calls (the suite's --paired rounds)")
     a = ap.parse_args()
     import coil
     from coil.bench.broad import BROAD_MODELS
@@ -70,8 +73,18 @@ def main() -> None:
     gv._State.snap = snap
     fn = coil.compile(m)
     step = make_step(fn, _trainable(m), _cast_inputs(built.args, dt), _cast_inputs(built.kwargs, dt), a.mode, dev)
+    other = None
+    if a.eager_between:
+        e = _prepared_copy(built.module, a.mode, dt)
+        other = make_step(e, _trainable(e), _cast_inputs(built.args, dt), _cast_inputs(built.kwargs, dt), a.mode, dev)
+    hits = [0]
+    orig_hit = gv._State.hit
+    gv._State.hit = lambda self: (hits.__setitem__(0, hits[0] + 1), orig_hit(self))[1]
     for _ in range(a.calls):
         step()
+        if other is not None:
+            other()
+    print(f"fast-guard hits: {hits[0]} of {a.calls} calls")
     print(f"{a.model} {a.mode} on {dev}, Python {sys.version.split()[0]}; full-guard passes that found a moved tag or a new root:")
     for key, n in seen.items():
         print(f"  {n} pass(es):\n{key or '    (none moved)'}")

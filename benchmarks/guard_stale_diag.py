@@ -64,7 +64,7 @@ def main() -> None:
             key = "\n".join(moved)
             seen[key] = seen.get(key, 0) + 1
         for i, d in enumerate(watched):
-            if not gv._plain_reads(d) and (i in self.exact or type(d) is not collections.OrderedDict):
+            if not gv._plain_reads(d) and (type(d) is not collections.OrderedDict or i in self.exact and len(d) > 1):
                 bad[f"    {type(d).__name__} [{i}, exact={i in self.exact}] "
                     f"{owners.get(id(d), 'keys ' + str(list(d)[:8]))}"] = 1
         self._diag_prev, self._diag_roots = [(gv._tag(d), dict(d)) for d in watched], roots

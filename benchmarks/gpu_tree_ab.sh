@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Host-side A/B of one broad-suite row between this tree and an older one, in one device call.
-# Make the old tree first (it is carried as untracked files; never commit it):
+# Make the old tree first (ignored by git: pass carry ["oldtree", ".whl"] to the device call):
 #   rm -rf oldtree && mkdir oldtree && git archive <rev> | tar -x -C oldtree && cp -r .whl oldtree/ \
 #     && cp benchmarks/host_step_ab.py oldtree/benchmarks/
 # Then: MODEL=b_whisper MODE=bf16 bash benchmarks/gpu_tree_ab.sh

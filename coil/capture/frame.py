@@ -4,8 +4,8 @@
 Calling a wrapped function binds its arguments (a generated binder with the same signature: CPython does the binding),
 then tries each cache entry of the function's code object: the first whose guard returns True runs its entry. A miss
 translates the frame (:func:`_translate`), compiles the graph with the backend and appends a new entry; a recompile logs
-the first failing guard with old and new values. After ``config.recompile_limit`` entries the code object runs eagerly
-(logged). Any internal error falls back to eager for that code object (logged), or raises under ``fullgraph=True``.
+the first failing guard with old and new values. After ``config.recompile_limit`` entries for one set of module classes
+among the arguments the code object runs eagerly for them (logged). Any internal error falls back to eager for that code object (logged), or raises under ``fullgraph=True``.
 """
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import functools
 import gc
 import inspect
 import io
+import itertools
 import operator
 import sys
 import threading
@@ -126,7 +127,8 @@ class CaptureConfig:
 
 
 class CacheEntry:
-    __slots__ = ("guard", "entry", "guards", "guard_src", "argnames", "config", "input_shapes", "input_scalars")
+    __slots__ = ("guard", "entry", "guards", "guard_src", "argnames", "config", "input_shapes", "input_scalars",
+                 "module_key")
 
     def __init__(self, guard, entry, guards, guard_src, argnames, config, input_shapes=None, input_scalars=None):
         self.guard, self.entry, self.guards, self.guard_src = guard, entry, guards, guard_src
@@ -135,6 +137,8 @@ class CacheEntry:
         self.input_shapes = input_shapes or {}
         #: source expression -> Python int/float the frame read (automatic dynamic)
         self.input_scalars = input_scalars or {}
+        #: the classes of the call's nn.Module arguments (the recompile limit counts entries per class)
+        self.module_key: tuple = ()
 
 
 class FrameCache:
@@ -143,6 +147,8 @@ class FrameCache:
     def __init__(self):
         self.entries: list[CacheEntry] = []
         self.eager_reason: Optional[str] = None
+        #: the module classes (of a call's nn.Module arguments) whose calls reached the recompile limit
+        self.eager_keys: set = set()
         self.frame_id = trace.next_frame_id()
         self.attempts = 0
         #: source expression -> dims seen with more than one size (automatic dynamic)
@@ -377,18 +383,32 @@ def _miss_entry(fn, code, cfg, bound):
     hit = _find_entry(cache, cfg, bound, fn)  # compiled by another thread meanwhile
     if hit is not None:
         return hit
-    mine = [e for e in cache.entries if e.config is cfg]
+    # the limit counts the entries compiled for this call's module classes: a decorator's wrapper (transformers'
+    # deprecate_kwarg) or a loop's resume frame shared by modules of many classes is one entry per class, not a
+    # recompile (as torch.compile counts only entries whose ID_MATCH-ed objects are this call's); all classes
+    # together stop at 8 times the limit
+    key = tuple(type(a) for a in itertools.chain.from_iterable(a if type(a) is tuple else (a,) for a in bound)
+                if isinstance(a, torch.nn.Module))  # (a *args tuple: its items)
+    if key in cache.eager_keys:
+        return None
+    ours = [e for e in cache.entries if e.config is cfg]
+    mine = [e for e in ours if e.module_key == key]
     limit = cfg.recompile_limit if cfg.recompile_limit is not None else _config.config.recompile_limit
-    if len(mine) >= limit:
-        fails = mine[-1].guards.failures(mine[-1].argnames, tuple(bound) + (fn,), limit=4)
+    if len(mine) >= limit or len(ours) >= 8 * limit:
+        old = (mine or ours)[-1]
+        fails = old.guards.failures(old.argnames, tuple(bound) + (fn,), limit=4)
         last = fails[0]["text"] if fails else "unknown"
-        cache.eager_reason = f"recompile limit ({limit}) reached for {_user_name(fn, code)}"
+        reason = f"recompile limit ({limit}) reached for {_user_name(fn, code)}"
+        if all(e.module_key == key for e in ours):  # (one class: every call runs eagerly, without trying guards)
+            cache.eager_reason = reason
+        else:
+            cache.eager_keys.add(key)
+            reason += f" called with {', '.join(t.__name__ for t in key)}"
         stats["eager_limit"] += 1
-        trace.log("recompile_limit", stage="capture", frame=_label(code), reason=cache.eager_reason,
-                  failed_guards=fails)
-        warn_user(f"coil: {cache.eager_reason}; it runs eagerly from now on. Last failed guard: {last}")
+        trace.log("recompile_limit", stage="capture", frame=_label(code), reason=reason, failed_guards=fails)
+        warn_user(f"coil: {reason}; it runs eagerly from now on. Last failed guard: {last}")
         if _config.config.verbose:
-            print(f"coil: {cache.eager_reason}; running it eagerly from now on")
+            print(f"coil: {reason}; running it eagerly from now on")
         return None
     cache.attempts += 1
     with trace.compile_context(cache.frame_id, cache.attempts - 1):
@@ -423,6 +443,7 @@ def _miss_entry(fn, code, cfg, bound):
             cache.eager_reason = reason
             entry = None
     if entry is not None:
+        entry.module_key = key
         cache.entries.append(entry)
     return entry
 

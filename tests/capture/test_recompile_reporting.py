@@ -138,3 +138,44 @@ def test_recompile_for_aliased_inputs_says_which_inputs(tmp_path, first_same):
             "x and y are the same tensor on this call (they were distinct when compiled)")
     assert want in rec[0]["reason"], rec[0]
     assert rec[0]["failed_guards"] and rec[0]["failed_guards"][0]["text"] == rec[0]["reason"]
+
+
+def _shared_wrapper(f):
+    """A decorator whose wrapper's code object every decorated forward shares (transformers' deprecate_kwarg)."""
+    def wrapped_func(*args, **kwargs):
+        return f(*args, **kwargs)
+    return wrapped_func
+
+
+def test_recompile_limit_counts_entries_per_module_class():
+    """Ten module classes whose forwards share one decorator's wrapper and break the graph: coil compiled one entry
+    per class for the wrapper's code (guard ``type(args[0])``) and for the caller's loop resume frame (``type(b)``),
+    reached the limit (8) on both, and ran the rest eagerly. The limit counts entries per class of the call's modules;
+    a recompile for one class (a new input shape) still counts against that class's limit."""
+    def forward(self, x):
+        x = x * self.k
+        print("", end="")  # a graph break
+        return x + 1
+    classes = [type(f"Block{i}", (torch.nn.Module,), {"forward": _shared_wrapper(forward), "k": i + 1})
+               for i in range(10)]
+
+    class Top(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks = torch.nn.ModuleList(c() for c in classes)
+
+        def forward(self, x):
+            for b in self.blocks:
+                x = b(x)
+            return x
+
+    m, x = Top(), torch.randn(4)
+    f = coil.compile(m, dynamic=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a recompile-limit warning raises
+        for _ in range(2):
+            torch.testing.assert_close(f(x), m(x))
+    g = coil.compile(classes[0](), dynamic=False, options={"recompile_limit": 2})
+    g(torch.ones(2)), g(torch.ones(3))
+    with pytest.warns(UserWarning, match=r"recompile limit \(2\)"):
+        g(torch.ones(4))

@@ -171,8 +171,8 @@ class _Rewriter:
         if n in self.exact:
             return self.exact[n]
         out = None
-        if _is_scalar_read(n):
-            out = n.args[0]
+        if _is_scalar_read(n):  # (detached: .item() ends the gradient, which the tensor would carry in a joint)
+            out = self._new(n, aten.detach.default, (n.args[0],))
         elif n.op == "call_function" and (n.target in _ARITH and isinstance(n.meta["val"], torch.SymFloat)
                                           or n.target in _COMPARE and isinstance(n.meta["val"], torch.SymBool)):
             ops = []

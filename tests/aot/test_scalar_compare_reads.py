@@ -23,3 +23,26 @@ def test_comparison_of_item_reads(fn):
               torch.tensor([2.5, 0.0])):
         want, got = fn(x), cf(x)
         assert got.dtype == want.dtype and torch.equal(got, want), (x, want, got)
+
+
+@pytest.mark.parametrize("dynamic", [None, True])
+@pytest.mark.parametrize("fn", [
+    lambda x, w: x * x.mean().item(),
+    lambda x, w: torch.lerp(x, x * 2, w.sum().item()),
+    lambda x, w: torch.nn.functional.leaky_relu(x, (w.mean() * x.mean()).item()),
+    lambda x, w: torch.add(x, x.exp(), alpha=w.sum().item()) + (x.abs() + 1).pow(w.max().item()),
+])
+def test_item_read_carries_no_gradient(fn, dynamic):
+    """FINDINGS_75 0: with a dynamic size, a training graph's ``.item()`` read was tensorized into the tensor itself,
+    so the joint graph differentiated through it: ``x * x.mean().item()`` gave twice eager's gradient, and a
+    parameter read only through ``.item()`` got a gradient where eager leaves ``.grad`` None."""
+    cf = coil.compile(fn, dynamic=dynamic, options={"capture_scalar_outputs": True})
+    for n in (6, 6, 4, 9):
+        x, w = torch.randn(n), torch.rand(3)
+        xs = [x.clone().requires_grad_() for _ in range(2)]
+        ws = [w.clone().requires_grad_() for _ in range(2)]
+        got, want = cf(xs[0], ws[0]), fn(xs[1], ws[1])
+        torch.testing.assert_close(got, want)
+        got.sum().backward(), want.sum().backward()
+        torch.testing.assert_close(xs[0].grad, xs[1].grad)
+        assert ws[0].grad is None and ws[1].grad is None

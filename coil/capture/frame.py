@@ -5,7 +5,8 @@ Calling a wrapped function binds its arguments (a generated binder with the same
 then tries each cache entry of the function's code object: the first whose guard returns True runs its entry. A miss
 translates the frame (:func:`_translate`), compiles the graph with the backend and appends a new entry; a recompile logs
 the first failing guard with old and new values. After ``config.recompile_limit`` entries for one set of module classes
-among the arguments the code object runs eagerly for them (logged). Any internal error falls back to eager for that code object (logged), or raises under ``fullgraph=True``.
+among the arguments the code object runs eagerly for them (logged). Any internal error falls back to eager for that
+code object (logged), or raises under ``fullgraph=True``.
 """
 from __future__ import annotations
 

@@ -41,15 +41,6 @@ class _Kernel:
     generated: GeneratedKernel
 
 
-def _strided_copy(a: torch.Tensor) -> torch.Tensor:
-    """A copy of ``a`` with its size and strides: the memory its elements span, copied whole."""
-    n = 1 + sum((s - 1) * st for s, st in zip(a.shape, a.stride())) if a.numel() else 0
-    out = a.new_empty_strided(a.shape, a.stride())
-    with torch.no_grad():
-        torch.as_strided(out, (n,), (1,)).copy_(torch.as_strided(a, (n,), (1,)))
-    return out
-
-
 class CompiledGraph:
     """The callable ``compile_aten_graph`` returns; ``.source`` is the wrapper text,
     ``.kernels`` the generated kernels, ``.fallbacks`` the ops run as extern kernels."""
@@ -74,7 +65,8 @@ class CompiledGraph:
             # the first call compiles the kernels: it writes copies, so that a kernel that fails to compile
             # leaves the inputs as they were for the ATen re-run below (the epilogue copies the new values in)
             # (at the input's strides: clone() makes one with gaps contiguous, and the kernels index by its strides)
-            args = tuple(_strided_copy(a) if i in self.writes_inputs else a for i, a in enumerate(args))
+            from coil.runtime.triton_runtime import scratch_copies  # (the autotuner's copies; imported when needed)
+            args = scratch_copies(args, frozenset(self.writes_inputs))
         try:
             out = self.call(*args)
             self._called = True

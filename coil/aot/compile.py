@@ -346,11 +346,10 @@ def saved_tensors_hooks_aside():
 
 @contextlib.contextmanager
 def preserve_global_state():
-    """Restore grad mode and every device's autocast state (enabled, dtype, nesting) after tracing. A captured graph
-    that ends inside a ``with torch.autocast(...)`` block (a graph break there) holds an ``_enter_autocast`` with no
-    exit; tracing executes it for real, and without this the caller's code after the compiling call silently ran in
-    low precision (or, for an ``enabled=False`` island, in fp32). The caller's saved-tensor hooks are set aside
-    (:func:`saved_tensors_hooks_aside`)."""
+    """Restore grad mode and every device's autocast state (enabled, dtype, nesting) after tracing, which executes a
+    graph's ``_enter_autocast`` for real: one with no exit (torch's capture, at a break inside the block; coil's
+    graphs close theirs) or a trace that raised between them left the caller's code after the compile in low
+    precision (or fp32 for an ``enabled=False`` island). Sets the caller's saved-tensor hooks aside too."""
     grad = torch.is_grad_enabled()
     saved = [(d, torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in AUTOCAST_DEVICES]
     cache, nesting = torch.is_autocast_cache_enabled(), torch.autocast_increment_nesting() - 1

@@ -13,7 +13,6 @@ cannot prove is a graph break or a visible eager fallback. Public seam (used by 
 :func:`reset`, :func:`disable`, :func:`explain`."""
 from __future__ import annotations
 
-import inspect
 import types
 from dataclasses import dataclass, field
 from typing import Optional, Any, Callable
@@ -79,12 +78,15 @@ class ExplainOutput:
     guards: list = field(default_factory=list)
     entries: list = field(default_factory=list)
     result: Any = None
+    #: (frame, reason) of each frame that runs eagerly, uncompiled (as ``coil.compile`` warns)
+    eager_frames: list = field(default_factory=list)
 
     def __str__(self) -> str:
         lines = [f"Graph count: {self.graph_count}", f"Graph break count: {self.graph_break_count}"]
         for i, b in enumerate(self.break_reasons):
             lines.append(f"Break {i + 1}: {b['reason']}")
             lines.extend("    " + s for s in b["user_stack"])
+        lines += [f"Runs eagerly, uncompiled: {frame}: {reason}" for frame, reason in self.eager_frames]
         for i, g in enumerate(self.graphs):
             lines.append(f"--- graph {i} ---")
             lines.append(g.code.strip())
@@ -93,8 +95,8 @@ class ExplainOutput:
 
 def explain(fn, *args, **kwargs) -> ExplainOutput:
     """Capture ``fn(*args, **kwargs)`` with a recording eager backend and report the
-    graphs, graph breaks (reason and user stack) and guards."""
-    graphs, guards, entries = [], [], []
+    graphs, graph breaks (reason and user stack), guards and the frames that run eagerly, as ``coil.compile`` would."""
+    graphs, guards, entries, eager = [], [], [], []
 
     def backend(gm, example_inputs):
         return gm.forward
@@ -102,23 +104,26 @@ def explain(fn, *args, **kwargs) -> ExplainOutput:
     def listener(kind, *payload):
         if kind == "graph":
             graphs.append(payload[0])
+        elif kind == "eager":
+            eager.append(payload)
         else:
             guards.append(payload[1])
             entries.append(payload[2])
     n_breaks = len(_frame.break_log)
     _frame._listeners.append(listener)
-    # a fresh capture: the frame's own cache may run it eagerly (recompile limit), which explained nothing
-    target = inspect.unwrap(fn.forward if isinstance(fn, torch.nn.Module) else fn)
-    code = getattr(getattr(target, "__func__", target), "__code__", None)
-    saved = _frame._caches.pop(code, None)
+    # a fresh capture of every frame: a cached one (a callee, a resume function) may run eagerly (an earlier failure,
+    # the recompile limit) or be compiled already, which explained nothing
+    saved, _frame._generation[0] = dict(_frame._caches), _frame._generation[0] + 1
+    _frame._caches.clear()
     try:
         result = wrap_callable(fn, backend=backend)(*args, **kwargs)
     finally:
         _frame._listeners.remove(listener)
-        if saved is not None:
-            _frame._caches[code] = saved
+        _frame._caches.clear()
+        _frame._caches.update(saved)
+        _frame._generation[0] += 1
     breaks = list(_frame.break_log[n_breaks:])
-    return ExplainOutput(len(graphs), len(breaks), breaks, graphs, guards, entries, result)
+    return ExplainOutput(len(graphs), len(breaks), breaks, graphs, guards, entries, result, eager)
 
 
 __all__ = ["wrap_callable", "reset", "disable", "explain", "ExplainOutput", "stats"]

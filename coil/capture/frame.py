@@ -30,6 +30,7 @@ from typing import Any, Callable, Optional
 import torch
 import torch.fx
 from torch.nn.modules import module as _mm
+from torch.amp.autocast_mode import _exit_autocast
 
 from coil import config as _config
 from coil import trace
@@ -443,6 +444,8 @@ def _miss_entry(fn, code, cfg, bound):
                       f"{reason[:300]}")
             cache.eager_reason = reason
             entry = None
+            for listener in _listeners:
+                listener("eager", _user_name(fn, code, loc), reason)
     if entry is not None:
         entry.module_key = key
         cache.entries.append(entry)
@@ -723,7 +726,7 @@ def _build_entry(tx, output: OutputGraph, cfg: CaptureConfig, fn, code, argnames
         sym.as_tensor = call_op(tx, "call_function", torch.ops.aten.scalar_tensor.default, [sym], {"dtype": dtype})
         collect_tensors([sym.as_tensor], graph_outs, {id(t.node) for t in graph_outs})
     graph = output.graph
-    lift_grad = _balance_grad_mode(output)
+    lift_grad = _balance_modes(output)
     graph.output(tuple(t.node for t in graph_outs))
     print_negative_bases_as_calls(graph)
     gm = torch.fx.GraphModule(output.root_module(), graph)
@@ -751,8 +754,6 @@ def _build_entry(tx, output: OutputGraph, cfg: CaptureConfig, fn, code, argnames
             raise BackendCompilerFailed(cfg.backend_name, e) from e
         trace.log("backend_compile", stage="capture", backend=cfg.backend_name,
                   duration_ms=(time.perf_counter() - t0) * 1e3)
-        for listener in _listeners:
-            listener("graph", gm, example_inputs)
         cg.ns["___graph"] = compiled
         if lift_grad:
             cg.ns["___set_grad"] = torch._C._set_grad_enabled
@@ -770,6 +771,9 @@ def _build_entry(tx, output: OutputGraph, cfg: CaptureConfig, fn, code, argnames
         # backend (AOT) runs the graph's own grad-mode switches only inside the graph
         cg.ns["___set_grad"] = torch._C._set_grad_enabled
         lines.append(f"___set_grad({output.final_grad!r})")
+    for ctx in output.left_open:    # outermost first
+        trace.log("context_at_graph_end", stage="capture", frame=_label(code),
+                  context=f"{type(ctx).__name__}{ctx.args}", entry=ctx.at_graph_end(cg))
     cg.side_effect_lines(se)
     if plan is None:
         ret_expr = cg.reconstruct(tx.result[1])
@@ -802,7 +806,9 @@ def _build_entry(tx, output: OutputGraph, cfg: CaptureConfig, fn, code, argnames
     entry_fn = cg.ns["___entry"]
     trace.artifact("guards", guard_src, kind="python", frame=_label(code))
     trace.artifact("entry", src, kind="python", frame=_label(code))
-    for listener in _listeners:
+    for listener in _listeners:     # (once the entry is built: a frame that then runs eagerly made no graph)
+        if needs_graph:
+            listener("graph", gm, example_inputs)
         listener("frame", code, guard_src, src)
     shapes = {src.expr(): tuple(real.shape) for (src, real, _) in output.inputs if isinstance(real, torch.Tensor)}
     return CacheEntry(guard_fn, entry_fn, output.guards, guard_src, argnames, cfg, shapes, dict(output.dynamic.scalars))
@@ -893,15 +899,18 @@ def print_negative_bases_as_calls(graph: torch.fx.Graph) -> bool:
     return changed
 
 
-def _balance_grad_mode(output: OutputGraph) -> bool:
-    """Make the graph's grad-mode switches self-contained: a graph that ends in another mode than it started (a break
-    inside ``with no_grad()``, ``set_grad_enabled(b)`` called as a function, a resume inside ``no_grad`` leaving the
-    block) switches back at its end, and the entry sets the final mode itself: AOT (coil.aot) runs the graph's switches
-    only inside the graph and decides outputs' ``requires_grad`` with the graph's final mode equal to the mode it was
-    called in. Returns whether the entry must call the graph with grad enabled (never, today)."""
+def _balance_modes(output: OutputGraph) -> bool:
+    """Make the graph's grad-mode and autocast switches self-contained: a graph that ends in another state than it
+    started (a break inside ``with no_grad()`` or ``torch.autocast``, ``set_grad_enabled(b)`` called as a function, a
+    resume leaving such a block) switches back at its end, and the entry sets the final state itself (the grad mode;
+    each block left open: ``at_graph_end``). AOT (coil.aot) runs the graph's switches only inside the graph and decides
+    outputs' ``requires_grad`` with the graph's final mode equal to the mode it was called in. Returns whether the entry
+    must call the graph with grad enabled (never, today)."""
     setter = torch._C._set_grad_enabled
     if output.final_grad != output.initial_grad and output.graph.find_nodes(op="call_function", target=setter):
         output.graph.create_node("call_function", setter, (output.initial_grad,), {})
+    for ctx in reversed(output.left_open):
+        output.graph.create_node("call_function", _exit_autocast, (ctx.handle,), {})
     return False
 
 

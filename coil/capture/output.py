@@ -260,6 +260,7 @@ class OutputGraph:
     def restore_global_state(self) -> None:
         self.final_grad = torch.is_grad_enabled()   # the entry sets it (backends may not)
         torch._C._set_grad_enabled(self.initial_grad)
+        self.left_open = list(self.open_contexts)   # (the graph closes them; the entry: frame._balance_modes)
         for ctx in reversed(self.open_contexts):
             with contextlib.suppress(Exception):
                 ctx.real.__exit__(None, None, None)

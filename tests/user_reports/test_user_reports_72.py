@@ -107,7 +107,7 @@ def test_a_context_decorated_callee_with_a_break_is_captured(coil_reset, fn):
     assert out.dtype == ref.dtype and out.requires_grad == ref.requires_grad
     torch.testing.assert_close(out, ref)
     # the helper's sin and cos are in graphs of their own (before: 0 graphs for _forwards, only x + 1 and * 3 else);
-    # a break inside autocast runs the autocast wrapper's frame eagerly, with a warning (finding 6)
+    # a break inside autocast resumes inside it too (FINDINGS_75 #2; it ran the autocast wrapper's frame eagerly)
     assert frame.stats["graphs"] >= (2 if fn in (_forwards, _calls_autocast) else 4), frame.stats
 
 
@@ -201,7 +201,7 @@ def test_an_infinite_float_constant_does_not_recompile_every_call(coil_reset, ma
 # autocast enabled after the compiled call returned: `__enter__` was traced as plain Python, its
 # `torch.set_autocast_enabled` ran for real while tracing, so the second trace read `prev = True` and the resumed
 # `__exit__` restored "enabled". Every later eager op ran under bf16 autocast. Such an object is now traced as a
-# `torch.autocast(...)` made in the frame (a break inside it runs the frame eagerly, with a warning).
+# `torch.autocast(...)` made in the frame (a break inside it resumes inside a re-entered block: FINDINGS_75 #2).
 # ---------------------------------------------------------------------------------------------------------------
 
 _AC = torch.autocast("cpu", torch.bfloat16)

@@ -35,8 +35,8 @@ from coil.capture.variables.functions import (BoundMethodVariable, PartialVariab
 from coil.capture.variables.objects import (AutogradFunctionApplyVariable, DataClassDictVariable, NNModuleVariable,
                                             PythonModuleVariable, UserDefinedClassVariable, UserDefinedObjectVariable,
                                             is_model_output_class)
-from coil.capture.variables.torchfn import (CONTEXT_CLASSES, AutocastVariable, LockVariable, ResumedGradModeVariable,
-                                            TorchFunctionVariable, is_torch_function)
+from coil.capture.variables.torchfn import (CONTEXT_CLASSES, AutocastVariable, LockVariable,
+                                            TorchFunctionVariable, is_torch_function, resumed_context)
 from coil.capture.variables.hops import HigherOrderVariable, hop_handler
 from coil.capture import frame as _frame
 from coil.capture.inspection import FrameVariable, OpaqueCallableVariable, OpaqueObjectVariable
@@ -224,8 +224,12 @@ def _build(tx, value, source, gs) -> VariableTracker:
     if value in CONTEXT_CLASSES if isinstance(value, type) else False:
         return UserDefinedClassVariable(value, source)
     if isinstance(value, torch.amp.autocast):   # made before the call (``@torch.autocast(...)``'s): as one made in the
-        guard_is()                              # frame; its __enter__ traced as Python set the real state while tracing
-        return AutocastVariable((value.device, value.fast_dtype, value._enabled, value._cache_enabled))
+        # frame (its __enter__ traced as Python set the real state while tracing); guarded on its settings
+        args = (value.device, value.fast_dtype, value._enabled, value._cache_enabled)
+        if gs is not None:
+            gs.add(f"type({expr}) is {gs.const(type(value))} and ({expr}.device, {expr}.fast_dtype, {expr}._enabled, "
+                   f"{expr}._cache_enabled) == {gs.const(args)}", src=expr)
+        return AutocastVariable(args, source)
     if bi.is_builtin(value):
         guard_is()
         return bi.BuiltinVariable(value, source)
@@ -257,18 +261,16 @@ def _build(tx, value, source, gs) -> VariableTracker:
         method = BoundMethodVariable(wrap(tx, value.__self__, AttrSource(source, "__self__")), value.__name__)
         method.source = source      # rebuilt at a break as the same object (``obj.name`` is a new one each time)
         return method
-    if isinstance(value, types.MethodType) and value.__name__ == "__exit__" and \
-            type(value.__self__) in (torch.no_grad, torch.enable_grad, torch.set_grad_enabled) \
-            and isinstance(getattr(value.__self__, "prev", None), bool):
-        # the __exit__ of a grad-mode block a graph break resumed inside (torchfn.reenter_grad)
-        obj = value.__self__
+    if isinstance(value, types.MethodType) and value.__name__ == "__exit__" and source is not None and \
+            (ctx := resumed_context(value.__self__, AttrSource(source, "__self__"))) is not None:
+        # the __exit__ of a grad-mode / autocast block a graph break resumed inside (torchfn.reenter)
+        obj, state = value.__self__, dict(vars(value.__self__))    # (prev: what its __exit__ restores)
         if gs is not None:
-            gs.add(f"type({expr}.__self__) is {gs.const(type(obj))} and {expr}.__self__.prev is {obj.prev!r}",
-                   f"{expr}.__self__.prev", obj.prev, src=expr)
-        kind = {torch.no_grad: "no_grad", torch.enable_grad: "enable_grad"}.get(type(obj), "set_grad_enabled")
-        ctx = ResumedGradModeVariable(getattr(obj, "mode", kind == "enable_grad"), kind)
-        ctx.prev = obj.prev
-        return BoundMethodVariable(ctx, "__exit__")
+            gs.add(f"type({expr}.__self__) is {gs.const(type(obj))} and {expr}.__self__.__dict__ == {gs.const(state)}",
+                   f"{expr}.__self__.__dict__", state, src=expr)
+        method = BoundMethodVariable(ctx, "__exit__")
+        method.source = source      # (still open at the next break: passed on as it is)
+        return method
     if isinstance(value, types.MethodType) and value.__func__ is torch.inference_mode.clone:
         # ``@torch.inference_mode()``'s ctx_factory: a new context of the same mode (torchfn.make_context)
         if gs is not None:

@@ -16,6 +16,7 @@ import contextlib
 import inspect
 import threading
 import types
+from typing import Optional
 
 import torch
 from torch.amp.autocast_mode import _enter_autocast, _exit_autocast
@@ -227,19 +228,19 @@ class GradModeVariable(ContextManagerVariable):
     def reconstruct(self, cg):
         if self.prev is not None and not self.exited and self.kind == "inference_mode":
             raise Unsupported("graph break inside torch.inference_mode")    # (the frame runs eagerly)
+        args = () if self.kind in ("no_grad", "enable_grad") else (self.mode,)
         if self.prev is not None and not self.exited:
             # entered and live at a graph break (inside its ``with`` block): a real context
             # object in the entered state; the entry has already set the grad mode
-            return cg.bind(self, f"{cg.const_expr(reenter_grad)}({self.kind!r}, {self.mode!r}, {self.prev!r})")
-        args = "" if self.kind in ("no_grad", "enable_grad") else repr(self.mode)
-        return f"{cg.const_expr(self.python_type())}({args})"
+            return cg.bind(self, f"{cg.const_expr(reenter)}({cg.const_expr(self.python_type())}, {args}, {self.prev})")
+        return f"{cg.const_expr(self.python_type())}{args}"
 
 
 class AutocastVariable(ContextManagerVariable):
     """``torch.autocast(device_type, dtype=None, enabled=True, cache_enabled=None)``."""
 
-    def __init__(self, args: tuple):
-        super().__init__(None)
+    def __init__(self, args: tuple, source=None):
+        super().__init__(source)
         self.args, self.handle = args, None
 
     def ctor_args(self):
@@ -259,6 +260,8 @@ class AutocastVariable(ContextManagerVariable):
         return self     # (``with torch.autocast(...) as c``: eager's ``__enter__`` returns the object)
 
     def exit(self, tx):
+        if self.handle is None:
+            raise Unsupported("__exit__ of a torch.autocast not entered in this frame (__enter__() before a break)")
         tx.locate_node(tx.output.graph.create_node("call_function", _exit_autocast, (self.handle,), {}))
         self.real.__exit__(None, None, None)
         tx.output.open_contexts.remove(self)
@@ -271,8 +274,31 @@ class AutocastVariable(ContextManagerVariable):
             return ConstantVariable(getattr(real, name))
         return super().var_getattr(tx, name)
 
-    def reconstruct(self, cg):
-        raise Unsupported("graph break inside torch.autocast")
+    def at_graph_end(self, cg):
+        """The entry's part for this block, open where the graph ends (a graph break inside it; the graph closes it at
+        its end): after the graph, the real block is entered (:func:`reenter`). Returns what it did, for the log."""
+        return cg.bind(self, f"{cg.const_expr(reenter)}({cg.const_expr(torch.autocast)}, {cg.const_expr(self.args)})") \
+            and "entered after the graph"
+
+    def reconstruct(self, cg):  # (an open block is bound by at_graph_end first): its object, or a new one not entered
+        new = f"{cg.const_expr(torch.autocast)}(*{cg.const_expr(self.args)})"
+        return cg.source_expr(self.source) if self.source else new
+
+
+class ResumedAutocastVariable(AutocastVariable):
+    """An autocast block entered before a graph break (the real object :func:`reenter` made, at ``source``) and left
+    in a resume function. Leaving it is traced as entering the state its ``__exit__`` restores (``prev``), which the
+    graph closes at its end; the entry then runs the real ``__exit__`` (:meth:`at_graph_end`)."""
+
+    def __init__(self, obj, source):
+        super().__init__((obj.device, obj.prev_fastdtype, obj.prev, obj.prev_cache_enabled), source)
+
+    def exit(self, tx):
+        AutocastVariable.enter(self, tx)
+
+    def at_graph_end(self, cg):
+        cg.lines.append(f"{cg.source_expr(self.source)}.__exit__(None, None, None)")
+        return "the real block's __exit__ runs after the graph"
 
 
 class DecoratedFunctionVariable(VariableTracker):
@@ -303,14 +329,30 @@ class ResumedGradModeVariable(GradModeVariable):
         super().exit(tx)
 
 
-def reenter_grad(kind: str, mode: bool, prev: bool):
-    """A real ``no_grad``/``enable_grad``/``set_grad_enabled`` object in the state its
-    ``__enter__`` leaves it (``prev`` = the grad mode to restore on ``__exit__``), for a
-    ``with`` block a graph break resumes inside. Does not change the grad mode itself."""
-    cls = {"no_grad": torch.no_grad, "enable_grad": torch.enable_grad}.get(kind)
-    obj = cls() if cls is not None else object.__new__(torch.set_grad_enabled)
-    obj.mode, obj.prev = mode, prev  # (mode: set_grad_enabled's own; no_grad and enable_grad ignore it)
+def reenter(cls, args: tuple, prev: Optional[bool] = None):
+    """A real context object ``cls(*args)`` in the state its ``__enter__`` leaves, for a ``with`` block a graph break
+    resumes inside. A grad mode (``prev``: the mode its ``__exit__`` restores) is not switched: the entry has set the
+    mode. An autocast (``prev`` None) is entered here, so its ``__exit__`` restores the caller's state exactly."""
+    obj = object.__new__(cls) if cls is torch.set_grad_enabled else cls(*args)
+    if prev is None:
+        obj.__enter__()
+    else:   # (mode: set_grad_enabled's own; no_grad and enable_grad ignore it)
+        obj.mode, obj.prev = args[0] if args else cls is torch.enable_grad, prev
     return obj
+
+
+def resumed_context(obj, source):
+    """The tracker of ``obj``, the real context object of a block entered before a graph break whose ``__exit__`` a
+    resume function gets (``source``: where ``obj`` is), or None when ``obj`` is no entered grad-mode / autocast."""
+    if type(obj) not in (torch.no_grad, torch.enable_grad, torch.set_grad_enabled, torch.autocast) or \
+            not isinstance(getattr(obj, "prev", None), bool):
+        return None
+    if type(obj) is torch.autocast:
+        return ResumedAutocastVariable(obj, source)
+    kind = {torch.no_grad: "no_grad", torch.enable_grad: "enable_grad"}.get(type(obj), "set_grad_enabled")
+    ctx = ResumedGradModeVariable(getattr(obj, "mode", kind == "enable_grad"), kind)
+    ctx.prev = obj.prev
+    return ctx
 
 
 class ProfilerRangeVariable(ContextManagerVariable):

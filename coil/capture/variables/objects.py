@@ -702,6 +702,9 @@ class PythonModuleVariable(ObjectVariableBase):
         except AttributeError:
             raise AttributeMissing(name)
         root, src = self.value.__name__.split(".")[0], self.attr_source(name)
+        if isinstance(prop := type(self.value).__dict__.get(name), torch.backends.ContextProp) and \
+                getattr(prop.getter, "__self__", None) is torch._C:     # torch.backends.cudnn.enabled: torch._C's
+            return tx.output.torch_switch(prop.getter, prop.setter, (), False)
         # torch's switches (torch.backends.cudnn.enabled, ...matmul.allow_tf32) change at
         # run time: a branch on one is guarded like any user global
         switch = self.value.__name__.startswith("torch.backends") and isinstance(value, (bool, int, float, str))

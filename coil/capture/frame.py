@@ -46,7 +46,7 @@ from coil.capture.variables.base import ConstantVariable, NullVariable
 from coil.capture.variables.builder import wrap
 from coil.capture.variables.hops import calls_while_loop
 from coil.capture.variables.symbolic import SymNodeVariable
-from coil.capture.variables.tensor import UserCodeError, call_op
+from coil.capture.variables.tensor import UserCodeError, call_op, index_copy_break
 from coil.capture.dynamic import (DynamicPolicy, SymbolSource, changed_dims, check_marked, is_symbolic_value, readable,
                                   shape_guards)
 from coil.capture.guards import Hoister
@@ -716,11 +716,11 @@ def _build_entry(tx, output: OutputGraph, cfg: CaptureConfig, fn, code, argnames
     data_dependent: list = []
     collect_tensors(values, graph_outs, set(), data_dependent)
     live = {t.fake.untyped_storage()._cdata for t in graph_outs} if plan is not None else ()
-    for fake, offset, stack in (c for c in output.index_copies if c[0].untyped_storage()._cdata in live):
+    for c in (c for c in output.index_copies if c[0].untyped_storage()._cdata in live):
         # a copy (a view in eager), or a view / detach of it, outlives the graph: code after the break could write
         # through it. Captured again with the indexing itself a graph break (eager's view)
-        raise BreakEarlier(offset, stack, Unsupported("the result of indexing with a 0-d integer tensor (a view in "
-                                                      "eager, a copy in the graph) is live at a graph break"))
+        raise BreakEarlier(c[1], c[2], index_copy_break(c, "the result of indexing with a 0-d integer tensor (a view in "
+                                                           "eager, a copy in the graph) is live at a graph break"))
     for sym in data_dependent:  # a value of .item() or of a nonzero size leaves the graph as a 0-d tensor
         dtype = {int: torch.int64, float: torch.float64, bool: torch.bool}[sym.python_type()]
         sym.as_tensor = call_op(tx, "call_function", torch.ops.aten.scalar_tensor.default, [sym], {"dtype": dtype})

@@ -714,7 +714,10 @@ def _build_entry(tx, output: OutputGraph, cfg: CaptureConfig, fn, code, argnames
             values.append(plan[1])
     graph_outs: list = []
     data_dependent: list = []
-    collect_tensors(values, graph_outs, set(), data_dependent)
+    started: list = []
+    collect_tensors(values, graph_outs, set(), data_dependent, started if plan is not None else None)
+    if started:     # (found before the backend compiles a graph the next attempt would not use)
+        raise started[0].break_earlier()
     live = {t.fake.untyped_storage()._cdata for t in graph_outs} if plan is not None else ()
     for c in (c for c in output.index_copies if c[0].untyped_storage()._cdata in live):
         # a copy (a view in eager), or a view / detach of it, outlives the graph: code after the break could write

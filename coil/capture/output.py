@@ -37,7 +37,7 @@ from coil.capture.variables.base import CellVariable, ConstantVariable, SourcedC
 from coil.capture.variables.symbolic import SymNodeVariable
 from coil.capture.variables.tensor import InferenceTensorUse, TensorVariable
 from coil.capture.dynamic import DynamicPolicy, SiteRecorder, SymbolSource, _symbol, source_name
-from coil.capture.variables.containers import DictVariable, ListVariable, SetVariable
+from coil.capture.variables.containers import DictVariable, GeneratorVariable, ListVariable, SetVariable
 
 
 def _inference_copy(t):
@@ -423,9 +423,11 @@ class EntryCodegen:
             self.lines.append(f"{self.const_expr(setter)}(*{(*args, value)!r})")
 
 
-def collect_tensors(vts: list, out: list, seen: set, data_dependent: list | None = None) -> None:
+def collect_tensors(vts: list, out: list, seen: set, data_dependent: list | None = None,
+                    started: list | None = None) -> None:
     """Tensor trackers reachable from ``vts`` (graph outputs), in first-seen order; symbolic numbers over a
-    data-dependent symbol (no input source: ``.item()``, a ``nonzero`` size) go to ``data_dependent``."""
+    data-dependent symbol (no input source: ``.item()``, a ``nonzero`` size) go to ``data_dependent``, generators
+    started in traced code to ``started``."""
     stack, visited = list(reversed(vts)), set()
     while stack:
         if (v := stack.pop()) is None or id(v) in visited:
@@ -442,6 +444,8 @@ def collect_tensors(vts: list, out: list, seen: set, data_dependent: list | None
         if isinstance(v, CellVariable):
             stack.append(v.content)
             continue
+        if started is not None and isinstance(v, GeneratorVariable) and v._items is not None:
+            started.append(v)
         stack.extend(reversed(v.children() if isinstance(v, VariableTracker) else []))
         if cl := getattr(v, "closure", None):
             stack.extend(cl)

@@ -869,11 +869,15 @@ class GeneratorVariable(ListIteratorVariable):
         self.index += 1
         return got[0]
 
+    def break_earlier(self):
+        """The frame's capture again, with a break where traced code started this generator (live at a break)."""
+        from coil.capture.output import BreakEarlier
+        return BreakEarlier(*self.site, Unsupported("a generator started in traced code is live at a graph break or "
+                                                    "escapes the frame", hint="it starts at a graph break"))
+
     def reconstruct(self, cg):
         if self._items is not None:
-            from coil.capture.output import BreakEarlier
-            raise BreakEarlier(*self.site, Unsupported("a generator started in traced code is live at a graph break "
-                                                       "or escapes the frame", hint="it starts at a graph break"))
+            raise self.break_earlier()
         args = "".join(cg.reconstruct(a) + ", " for a in self.args)
         kwargs = "".join(f"{k}={cg.reconstruct(v)}, " for k, v in self.kwargs.items())
         return cg.bind(self, f"{cg.reconstruct(self.fn)}({args}{kwargs})")     # one object for every use

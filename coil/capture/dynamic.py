@@ -448,10 +448,7 @@ def random_draw(tx, method: str, rng, name: str, args: list, kwargs: dict) -> Sy
     out.draws.append((method, a, kw))
     sym, node = symbolic_input(out, value, text)
     out.sites.drawn.add(sym.node.expr)
-    root = tx
-    while root.parent is not None:
-        root = root.parent
-    out.sites.draw_at[sym.node.expr] = (root.instructions[root.ip - 1].offset, tx.user_stack())
+    out.sites.draw_at[sym.node.expr] = tx.root_site()
     if not kw and (name == "random" and not a or name in ("uniform", "randint") and len(a) == 2 and a[0] <= a[1]):
         # its range decides ``p < 0.0`` (LayerDrop off) with no guard (uniform may round up past b)
         lo, hi = a or (0.0, 1.0)

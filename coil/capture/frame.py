@@ -47,7 +47,7 @@ from coil.capture.variables.base import ConstantVariable, NullVariable
 from coil.capture.variables.builder import wrap
 from coil.capture.variables.hops import calls_while_loop
 from coil.capture.variables.symbolic import SymNodeVariable
-from coil.capture.variables.tensor import IndexCopyAliasing, UserCodeError, call_op
+from coil.capture.variables.tensor import UserCodeError, call_op, index_copy_break
 from coil.capture.dynamic import (DynamicPolicy, SymbolSource, changed_dims, check_marked, is_symbolic_value, readable,
                                   shape_guards)
 from coil.capture.guards import Hoister
@@ -547,11 +547,14 @@ def _translate(fn, code, cfg, bound, auto_dynamic=None) -> CacheEntry:
             raise
         finally:
             output.restore_global_state()
+        logged = len(break_log)
         try:
             return _build_entry(tx, output, cfg, fn, code, argnames)
         except BreakEarlier as e:    # (a draw from random guarded after the trace; a Function's ctx-kept dict)
             if cfg.fullgraph:
                 raise GraphBreakInFullgraph(f"graph break under fullgraph=True: {e.exc.reason}", None) from None
+            stats["graph_breaks"] -= len(break_log) - logged    # (that attempt's break is not taken)
+            del break_log[logged:]
             break_at[e.offset] = BreakInfo(e.offset, e.exc.reason, e.stack, e.exc)
     raise Unsupported("too many graph-break restarts")
 
@@ -714,13 +717,16 @@ def _build_entry(tx, output: OutputGraph, cfg: CaptureConfig, fn, code, argnames
             values.append(plan[1])
     graph_outs: list = []
     data_dependent: list = []
-    collect_tensors(values, graph_outs, set(), data_dependent)
-    copies = {f.untyped_storage()._cdata for f in output.index_copies} if plan is not None else ()
-    if copies and any(t.fake.untyped_storage()._cdata in copies for t in graph_outs):
+    started: list = []
+    collect_tensors(values, graph_outs, set(), data_dependent, started if plan is not None else None)
+    if started:     # (found before the backend compiles a graph the next attempt would not use)
+        raise started[0].break_earlier()
+    live = {t.fake.untyped_storage()._cdata for t in graph_outs} if plan is not None else ()
+    for c in (c for c in output.index_copies if c[0].untyped_storage()._cdata in live):
         # a copy (a view in eager), or a view / detach of it, outlives the graph: code after the break could write
-        # through it
-        raise IndexCopyAliasing("graph break with the result of indexing with a 0-d integer tensor "
-                                "live (a view in eager, a copy in the graph): the frame runs eagerly")
+        # through it. Captured again with the indexing itself a graph break (eager's view)
+        raise BreakEarlier(c[1], c[2], index_copy_break(c, "the result of indexing with a 0-d integer tensor (a view in "
+                                                           "eager, a copy in the graph) is live at a graph break"))
     for sym in data_dependent:  # a value of .item() or of a nonzero size leaves the graph as a 0-d tensor
         dtype = {int: torch.int64, float: torch.float64, bool: torch.bool}[sym.python_type()]
         sym.as_tensor = call_op(tx, "call_function", torch.ops.aten.scalar_tensor.default, [sym], {"dtype": dtype})
@@ -1007,7 +1013,7 @@ def _emit_break(cg: EntryCodegen, tx, plan, fn, code, cfg, live_locals: dict) ->
 _ONE_INSTRUCTION = {"STORE_ATTR": (2, 0), "DELETE_ATTR": (1, 0), "STORE_SUBSCR": (3, 0), "DELETE_SUBSCR": (2, 0),
                     "STORE_GLOBAL": (1, 0), "BINARY_SUBSCR": (2, 1), "BINARY_OP": (2, 1), "COMPARE_OP": (2, 1),
                     "IS_OP": (2, 1), "CONTAINS_OP": (2, 1), "UNARY_NEGATIVE": (1, 1), "UNARY_NOT": (1, 1),
-                    "UNARY_INVERT": (1, 1), "STORE_SLICE": (4, 0), "BINARY_SLICE": (3, 1)}
+                    "UNARY_INVERT": (1, 1), "STORE_SLICE": (4, 0), "BINARY_SLICE": (3, 1), "BEFORE_WITH": (1, 2)}
 
 
 def _operator_form(inst):

@@ -29,6 +29,7 @@ import torch.fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
+from coil import trace
 from coil.exc import Unsupported
 from coil.capture.guards import GuardSet
 from coil.capture.source import ConstSource
@@ -36,7 +37,7 @@ from coil.capture.variables.base import CellVariable, ConstantVariable, SourcedC
 from coil.capture.variables.symbolic import SymNodeVariable
 from coil.capture.variables.tensor import InferenceTensorUse, TensorVariable
 from coil.capture.dynamic import DynamicPolicy, SiteRecorder, SymbolSource, _symbol, source_name
-from coil.capture.variables.containers import DictVariable, ListVariable, SetVariable
+from coil.capture.variables.containers import DictVariable, GeneratorVariable, ListVariable, SetVariable
 
 
 def _inference_copy(t):
@@ -146,7 +147,9 @@ class OutputGraph:
         self.open_contexts: list = []
         self.generators: list = []      # generators started in traced code (closed at the frame's return, as eager)
         self.in_try = False             # where an op was made inside a try block (frame.py)
-        self.index_copies: list = []  # fakes of x[i] with 0-d int tensors, traced as copies (tensor.py)
+        self.index_copies: list = []  # (fake, root offset, user stack) of x[i] with 0-d int tensors, copies (tensor.py)
+        self.switches: dict = {}    # (setter, *args) -> (getter, value at the call) of torch switches set in traced code
+        self.switch_final: list = []    # ((setter, *args), value) each was left at (restore_global_state)
         self.inference_depth = 0    # inside a traced ``torch.inference_mode()`` block (as no_grad)
         self.inference_made: dict[int, Any] = {}  # id -> fake of each tensor eager makes an inference tensor
         self.subgraphs: dict = {}   # name -> GraphModule of a higher-order op (hops.py)
@@ -257,7 +260,27 @@ class OutputGraph:
         tx.locate_node(self.graph.create_node("call_function", torch._C._set_grad_enabled, (mode,), {}))
         torch._C._set_grad_enabled(mode)
 
+    def torch_switch(self, getter, setter, args: tuple, is_set: bool) -> ConstantVariable:
+        """A traced read or write of one of torch's global switches in ``torch._C`` (``_get_cudnn_enabled``,
+        ``_set_fp32_precision_setter(backend, op, value)``): no graph op, as they choose kernels, not values. A read is
+        a constant, guarded unless traced code set it; a write is done now (later reads in the trace see it), undone
+        when the trace ends, and the entry sets the value it was left at before the graph break or return, as eager
+        leaves it (``torch.backends.cudnn.flags``, a ``@contextmanager`` that sets them and restores them)."""
+        if not is_set:
+            value, text = getter(*args), f"{self.guards.const(getter)}(*{args!r})"
+            if (setter, *args) not in self.switches:
+                self.guards.add(f"{text} == {value!r}", text, value)
+            return ConstantVariable(value)
+        self.switches.setdefault((setter, *args[:-1]), (getter, getter(*args[:-1])))
+        trace.log("torch_switch", stage="capture", call=f"{setter.__name__}{args!r}", user_line=self.where(),
+                  decision="not a graph op: set now, and by the entry at the break or return")
+        setter(*args)
+        return ConstantVariable(None)
+
     def restore_global_state(self) -> None:
+        self.switch_final = [(key, getter(*key[1:])) for key, (getter, _) in self.switches.items()]
+        for (setter, *args), (_, value) in reversed(self.switches.items()):
+            setter(*args, value)
         self.final_grad = torch.is_grad_enabled()   # the entry sets it (backends may not)
         torch._C._set_grad_enabled(self.initial_grad)
         self.left_open = list(self.open_contexts)   # (the graph closes them; the entry: frame._balance_modes)
@@ -397,11 +420,15 @@ class EntryCodegen:
                 self.lines.append(f"{item[2]}[{item[3]!r}] = {self.reconstruct(se.value(item))}")
             else:
                 self.lines.append(f"{self.cell_expr(item[1])}.cell_contents = {self.reconstruct(se.value(item))}")
+        for (setter, *args), value in self.output.switch_final:
+            self.lines.append(f"{self.const_expr(setter)}(*{(*args, value)!r})")
 
 
-def collect_tensors(vts: list, out: list, seen: set, data_dependent: list | None = None) -> None:
+def collect_tensors(vts: list, out: list, seen: set, data_dependent: list | None = None,
+                    started: list | None = None) -> None:
     """Tensor trackers reachable from ``vts`` (graph outputs), in first-seen order; symbolic numbers over a
-    data-dependent symbol (no input source: ``.item()``, a ``nonzero`` size) go to ``data_dependent``."""
+    data-dependent symbol (no input source: ``.item()``, a ``nonzero`` size) go to ``data_dependent``, generators
+    started in traced code to ``started``."""
     stack, visited = list(reversed(vts)), set()
     while stack:
         if (v := stack.pop()) is None or id(v) in visited:
@@ -418,6 +445,8 @@ def collect_tensors(vts: list, out: list, seen: set, data_dependent: list | None
         if isinstance(v, CellVariable):
             stack.append(v.content)
             continue
+        if started is not None and isinstance(v, GeneratorVariable) and v._items is not None:
+            started.append(v)
         stack.extend(reversed(v.children() if isinstance(v, VariableTracker) else []))
         if cl := getattr(v, "closure", None):
             stack.extend(cl)

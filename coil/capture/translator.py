@@ -274,6 +274,14 @@ class InstructionTranslatorBase:
         """``File ..., line ..., in ...`` lines, outermost first: the user's frames only."""
         return _stack_lines(self.user_frames())
 
+    def root_site(self) -> tuple:
+        """``(offset, user stack)`` of the root frame's current instruction: where a problem found later breaks the
+        graph (:class:`~coil.capture.output.BreakEarlier`, an ``Unsupported`` with ``root_offset``)."""
+        root = self
+        while root.parent is not None:
+            root = root.parent
+        return root.current.offset, self.user_stack()
+
     def locate_node(self, node: torch.fx.Node) -> None:
         """Record where the user's code made graph node ``node``: ``meta["stack"]`` (short, innermost frame
         first, for coil's messages) and ``meta["stack_trace"]``, the user's frames as traceback text,

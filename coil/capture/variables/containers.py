@@ -768,7 +768,8 @@ class GeneratorVariable(ListIteratorVariable):
     (``list(g)``, ``sum(g)``, unpacking: the ``items`` property) run it to the end. A generator never started that
     *escapes* (returned, stored, live at a graph break) is rebuilt by calling the real generator function with the same
     arguments: the caller gets a real generator object. One that traced code started cannot be rebuilt (its position
-    lives in a real frame): ``reconstruct`` raises ``Unsupported`` and the frame runs eagerly (logged)."""
+    lives in a real frame): the frame is captured again with a graph break at the root frame's instruction that started
+    it (``with cm():``'s ``BEFORE_WITH``, a ``next(g)``), which runs eagerly on a real generator."""
 
     def __init__(self, tx, fn, args, kwargs, start):
         VariableTracker.__init__(self, None)
@@ -785,7 +786,7 @@ class GeneratorVariable(ListIteratorVariable):
             return False
         if self._sub is None:
             self._sub = self._start(tx)
-            self._items = []
+            self._items, self.site = [], tx.root_site()
             tx.output.generators.append(self)
         self._sub.parent = tx
         if (got := self._sub.run_until_yield()) is None:
@@ -868,9 +869,15 @@ class GeneratorVariable(ListIteratorVariable):
         self.index += 1
         return got[0]
 
+    def break_earlier(self):
+        """The frame's capture again, with a break where traced code started this generator (live at a break)."""
+        from coil.capture.output import BreakEarlier
+        return BreakEarlier(*self.site, Unsupported("a generator started in traced code is live at a graph break or "
+                                                    "escapes the frame", hint="it starts at a graph break"))
+
     def reconstruct(self, cg):
         if self._items is not None:
-            raise Unsupported("a generator started in traced code escapes the frame", hint="the frame runs eagerly")
+            raise self.break_earlier()
         args = "".join(cg.reconstruct(a) + ", " for a in self.args)
         kwargs = "".join(f"{k}={cg.reconstruct(v)}, " for k, v in self.kwargs.items())
         return cg.bind(self, f"{cg.reconstruct(self.fn)}({args}{kwargs})")     # one object for every use

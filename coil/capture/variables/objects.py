@@ -533,11 +533,8 @@ class AutogradFunctionApplyVariable(VariableTracker):
             what = f"{name}.apply keeps a {v.python_type().__name__} argument on ctx, which backward reads then"
             if v.source is not None:
                 raise Unsupported(f"{what} (the caller can change it)", hint="keep its values on ctx: ctx.k = cfg['k']")
-            root = tx
-            while root.parent is not None:
-                root = root.parent
             exc = Unsupported(f"{what} (changed or kept after the call)")
-            exc.root_offset, exc.user_stack = root.current.offset, tx.user_stack()
+            exc.root_offset, exc.user_stack = tx.root_site()
             tx.output.side_effects.held[id(v)] = exc    # a later change or rebuild breaks at this call
         if not leaves:
             return call_op(tx, "call_function", _apply_target(cls), list(args), {})
@@ -705,6 +702,9 @@ class PythonModuleVariable(ObjectVariableBase):
         except AttributeError:
             raise AttributeMissing(name)
         root, src = self.value.__name__.split(".")[0], self.attr_source(name)
+        if isinstance(prop := type(self.value).__dict__.get(name), torch.backends.ContextProp) and \
+                getattr(prop.getter, "__self__", None) is torch._C:     # torch.backends.cudnn.enabled: torch._C's
+            return tx.output.torch_switch(prop.getter, prop.setter, (), False)
         # torch's switches (torch.backends.cudnn.enabled, ...matmul.allow_tf32) change at
         # run time: a branch on one is guarded like any user global
         switch = self.value.__name__.startswith("torch.backends") and isinstance(value, (bool, int, float, str))

@@ -203,8 +203,8 @@ def call_op(tx, kind: str, target, args: list, kwargs: dict) -> VariableTracker:
     fake_args = [_map(a, to_fake) for a in args]
     fake_kwargs = {k: _map(v, to_fake) for k, v in kwargs.items()}
     if out.index_copies and _is_inplace(kind, target, kwargs):
-        raise IndexCopyAliasing(f"in-place {_name(target)} after indexing with a 0-d integer tensor (a view in "
-                                f"eager, a copy in the graph): the frame runs eagerly")
+        raise index_copy_break(out.index_copies[0], f"in-place {_name(target)} after indexing with a 0-d integer "
+                               "tensor (a view in eager, a copy in the graph)")
     node = out.graph.create_node(kind, target, node_args, node_kwargs)
     tx.locate_node(node)
     guards_before = len(out.shape_env.guards)
@@ -460,17 +460,22 @@ def _index_list(view: "TensorVariable", picks) -> ListVariable:
 
 def _index_with_scalar_tensors(tx, t: "TensorVariable", basic, picks) -> VariableTracker:
     """``x[i]`` with a 0-d integer tensor ``i``: the basic view, then ``aten.index`` with the tensors (no ``.item()``,
-    no graph break). Eager returns a view here, the graph a copy: the output graph remembers it, and an in-place op
-    later in the frame (or a graph break with it, or a view of it, live) makes the frame run eagerly (:class:`IndexCopyAliasing`)."""
+    no graph break). Eager returns a view here, the graph a copy: the output graph remembers it with the root frame's
+    site, and an in-place op later in the frame (or a graph break with it, or a view of it, live) captures the frame
+    again with a graph break at that site: the indexing runs eagerly, a real view, and the rest resumes captured."""
     view = call_op(tx, "call_function", operator.getitem, [t, basic], {})
     out = call_op(tx, "call_function", torch.ops.aten.index.Tensor, [view, _index_list(view, picks)], {})
-    tx.output.index_copies.append(out.fake)
+    tx.output.index_copies.append((out.fake, *tx.root_site(), tx.parent is not None))
     return out
 
 
-class IndexCopyAliasing(Exception):
-    """A tensor indexed with a 0-d integer tensor (a view in eager, a copy in the graph)
-    may be written through: the frame runs eagerly (never a lost write)."""
+def index_copy_break(copy: tuple, reason: str) -> Unsupported:
+    """The graph break at the root frame's instruction that made index copy ``copy`` (``(fake, offset, user stack,
+    inlined)``). Made in an inlined call, the callee runs uncaptured from the call stub (``frame_inspection``): captured
+    on its own frame, it would return the copy where eager returns a view."""
+    e = Unsupported(reason, hint="the graph breaks at the indexing, which runs eagerly")
+    e.root_offset, e.user_stack, e.frame_inspection = copy[1:]
+    return e
 
 
 def _is_inplace(kind: str, target, kwargs) -> bool:
@@ -590,6 +595,8 @@ class TensorVariable(VariableTracker):
                 if not isinstance(value := args[1], TensorVariable):
                     value = call_op(tx, "call_function", torch.full, [ConstantVariable(()), value], {
                         "dtype": ConstantVariable(self.fake.dtype), "device": ConstantVariable(self.fake.device)})
+                elif value.fake.untyped_storage()._cdata == self.fake.untyped_storage()._cdata:   # (eager's copy_
+                    value = call_op(tx, "call_method", "clone", [value], {})   # reads it first: ``x[i] += 1``)
                 call_op(tx, "call_function", torch.ops.aten.index_put_.default,
                         [view, _index_list(view, split[1]), value], {})
                 return ConstantVariable(None)

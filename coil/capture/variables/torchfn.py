@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import re
 import threading
 import types
 from typing import Optional
@@ -67,6 +68,12 @@ _CHECKS = {inspect.unwrap(torch._check): 0, inspect.unwrap(torch._check_with): 1
 _WRAPPER_HOMES = {"contextlib", "typing_extensions", "functools", "warnings"}
 
 
+#: torch's global switches in ``torch._C`` that pick kernels (cudnn, cuBLAS, oneDNN, SDPA backends, TF32): traced as
+#: reads and writes of global state, not graph ops (``OutputGraph.torch_switch``)
+_SWITCH = re.compile(r"_(cuda_)?[gs]et_(cudnn|cublas|mkldnn|nnpack|onednn|miopen|math_sdp|fp32_precision|"
+                     r"float32_matmul|cpu_allow|blas_pref|linalg_pref|rocm_fa)")
+
+
 def is_torch_function(value) -> bool:
     """Callables that should become graph nodes rather than be inlined."""
     if isinstance(value, type):
@@ -117,6 +124,11 @@ class TorchFunctionVariable(KnownCallableVariable):
                               hint="this call runs eagerly")
         if getattr(base, "__module__", None) == "torch.autograd.forward_ad":
             raise ForwardADFrame(f"{fn.__name__}: forward AD in the frame (dual levels, dual tensors)")
+        if getattr(fn, "__self__", None) is torch._C and _SWITCH.match(name := fn.__name__) and not kwargs and all(
+                a.is_python_constant() for a in args) and (other := getattr(torch._C, re.sub(
+                    r"_[gs]et(_|ter)", r"_get\1" if (is_set := "_set_" in name) else r"_set\1", name), None)):
+            return tx.output.torch_switch(*((other, fn) if is_set else (fn, other)),
+                                          tuple(a.as_python_constant() for a in args), is_set)
         if fn is torch.is_autocast_enabled:
             return ConstantVariable(fn(*[a.as_python_constant() for a in args]))
         if fn in _COMPILE_TIME:

@@ -147,6 +147,9 @@ def _build(tx, value, source, gs) -> VariableTracker:
     def guard_type():
         if gs is not None:
             gs.add(f"type({expr}) is {gs.const(type(value))}", f"type({expr})", type(value), src=expr)
+
+    def part(v, source_of):  # a part of ``value`` (guarded too when ``value`` is), at ``source_of(source)``
+        return wrap(tx, v, source_of(source) if source is not None else None, guard=gs is not None)
     if is_literal(value) and not (gs is not None and type(value) is tuple and _changed_items(tx, value, expr)):
         if gs is not None and type(value) in (int, float):
             sym = tx.output.dynamic.scalar_input(tx, value, source)   # dynamic.py
@@ -180,8 +183,7 @@ def _build(tx, value, source, gs) -> VariableTracker:
     if (t := type(value)) in (tuple, list) or (isinstance(value, tuple) and hasattr(t, "_fields")):
         if gs is not None:
             gs.add(f"type({expr}) is {gs.const(t)} and len({expr}) == {len(value)}", f"len({expr})", len(value))
-        items = [wrap(tx, v, GetItemSource(source, i) if source is not None else None, guard=gs is not None)
-                 for i, v in enumerate(value)]
+        items = [part(v, lambda s, i=i: GetItemSource(s, i)) for i, v in enumerate(value)]
         if t is list:
             return ListVariable(items, source)
         return TupleVariable(items, source) if t is tuple else NamedTupleVariable(items, t, source)
@@ -192,8 +194,7 @@ def _build(tx, value, source, gs) -> VariableTracker:
             gs.add(f"type({expr}) is {gs.const(t)} and list({expr}) == {keys!r}", f"list({expr})", keys)
             for f in dataclasses.fields(t):
                 gs.add(f"{expr}.{f.name} is {expr}[{f.name!r}]" if f.name in value else f"{expr}.{f.name} is None")
-        items = {k: wrap(tx, v, GetItemSource(source, k) if source is not None else None,
-                         guard=gs is not None) for k, v in value.items()}
+        items = {k: part(v, lambda s, k=k: GetItemSource(s, k)) for k, v in value.items()}
         return DataClassDictVariable(t, items, source)
     if t in (dict, collections.OrderedDict, types.MappingProxyType) or (
             isinstance(value, dict) and t.__module__ != "builtins" and t.__init__ is dict.__init__
@@ -203,8 +204,7 @@ def _build(tx, value, source, gs) -> VariableTracker:
             return UserDefinedObjectVariable(value, source)
         if gs is not None:
             gs.add(f"type({expr}) is {gs.const(t)} and list({expr}) == {list(value)!r}", f"list({expr})", list(value))
-        items = {k: wrap(tx, v, GetItemSource(source, k) if source is not None else None,
-                         guard=gs is not None) for k, v in value.items()}
+        items = {k: part(v, lambda s, k=k: GetItemSource(s, k)) for k, v in value.items()}
         return DictVariable(items, t, source)
     if t in (set, frozenset):
         if not all(is_literal(k) for k in value):
@@ -287,20 +287,16 @@ def _build(tx, value, source, gs) -> VariableTracker:
         return AutogradFunctionApplyVariable(wrap(tx, value.__self__, AttrSource(source, "__self__"),
                                                   guard=gs is not None))
     if isinstance(value, types.MethodType):
-        self_src = AttrSource(source, "__self__") if source is not None else None
-        fn_src = AttrSource(source, "__func__") if source is not None else None
-        fn_vt = wrap(tx, value.__func__, fn_src, guard=gs is not None)
-        self_vt = wrap(tx, value.__self__, self_src, guard=gs is not None)
+        fn_vt = part(value.__func__, lambda s: AttrSource(s, "__func__"))
+        self_vt = part(value.__self__, lambda s: AttrSource(s, "__self__"))
         if isinstance(fn_vt, UserFunctionVariable):
             return UserMethodVariable(value.__func__, self_vt, source)
         raise Unsupported(f"bound method {value!r}")
     if isinstance(value, functools.partial):
-        src = source
-        fn = wrap(tx, value.func, AttrSource(src, "func") if src is not None else None, guard=gs is not None)
-        args = [wrap(tx, a, GetItemSource(AttrSource(src, "args"), i) if src is not None else None,
-                     guard=gs is not None) for i, a in enumerate(value.args)]
-        kwargs = {k: wrap(tx, a, GetItemSource(AttrSource(src, "keywords"), k) if src is not None else None,
-                          guard=gs is not None) for k, a in value.keywords.items()}
+        fn = part(value.func, lambda s: AttrSource(s, "func"))
+        args = [part(a, lambda s, i=i: GetItemSource(AttrSource(s, "args"), i)) for i, a in enumerate(value.args)]
+        kwargs = {k: part(a, lambda s, k=k: GetItemSource(AttrSource(s, "keywords"), k))
+                  for k, a in value.keywords.items()}
         return PartialVariable(fn, args, kwargs, source)
     if isinstance(value, type):
         guard_is()

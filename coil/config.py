@@ -157,6 +157,9 @@ class Config:
     #: ``coil.exc.StrictCodegenError`` instead of a warning (``coil.exc.refuse_fallback``). Ops without a
     #: lowering still run as extern kernels: that is by design, not a failure. For tests and the bench.
     strict_codegen: bool = False
+    #: Turn a capture that fell back to running the frame eagerly because of an internal error (an exception that
+    #: is not a deliberate ``Unsupported``) into that error instead of a warning. For tests (``COIL_STRICT_CAPTURE=1``).
+    strict_capture: bool = False
     #: Extra C++ compiler flags appended to the defaults.
     cpp_extra_flags: str = ""
     #: OpenMP threads for C++ kernels; 0 follows torch.get_num_threads().

@@ -4,8 +4,15 @@
   run (``pytest -m "not slow" -n 2``) and the GPU machine run the same command.
 - ``@pytest.mark.slow`` tests run only when asked for (``pytest -m slow``); CI
   deselects them with ``-m "not slow"``.
+- ``COIL_STRICT_CAPTURE=1`` (unless set otherwise): an internal error in capture fails the test.
 """
+import os
+
 import pytest
+
+# a frame that runs eagerly because capture raised an internal error (not a deliberate Unsupported) fails its test
+# instead of passing on eager's values (coil.config.strict_capture); a test that means to see that fallback unsets it
+os.environ.setdefault("COIL_STRICT_CAPTURE", "1")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -43,11 +43,12 @@ from coil.capture.resume import make_call_stub, make_resume_function
 from coil.capture.source import ClosureSource, LocalSource
 from coil.capture.translator import (_GLOBAL_HOOKS, _MODULE_HOOKS, SKIP_MODULES, InstructionTranslator,
                                      BreakInfo, RestartAnalysis, instructions_of)
-from coil.capture.variables.base import ConstantVariable, NullVariable
+from coil.capture.variables.base import AttributeMissing, ConstantVariable, NullVariable
 from coil.capture.variables.builder import wrap
 from coil.capture.variables.hops import calls_while_loop
 from coil.capture.variables.symbolic import SymNodeVariable
-from coil.capture.variables.tensor import UserCodeError, call_op, index_copy_break
+from coil.capture.variables.tensor import InferenceTensorUse, UserCodeError, call_op, index_copy_break
+from coil.capture.variables.torchfn import ForwardADFrame
 from coil.capture.dynamic import (DynamicPolicy, SymbolSource, changed_dims, check_marked, is_symbolic_value, readable,
                                   shape_guards)
 from coil.capture.guards import Hoister
@@ -431,7 +432,8 @@ def _miss_entry(fn, code, cfg, bound):
         except (UserError, BackendCompilerFailed):
             raise
         except Exception as e:  # noqa: BLE001 - internal error or user error: run eagerly
-            if cfg.fullgraph and not isinstance(e, UserCodeError):
+            if cfg.fullgraph and not isinstance(e, UserCodeError) or _config.config.strict_capture and \
+                    not isinstance(e, (Unsupported, ForwardADFrame, InferenceTensorUse, AttributeMissing)):
                 raise
             reason = f"{type(e).__name__}: {e}"
             stats["fallbacks"] += 1

@@ -243,7 +243,9 @@ def make_call_stub(code: types.CodeType, lineno: Optional[int], local_names: tup
     line = lineno if lineno is not None and lineno >= first else first
     key = (code, line, local_names)
     if (hit := _STUBS.get(key)) is None:
-        params = ", ".join(("___fn", "___args", "___kwargs") + tuple(local_names))
+        # (a local whose name is no identifier, pytest's ``@py_assert0``: a placeholder, renamed in the code below)
+        params = ", ".join(("___fn", "___args", "___kwargs") +
+                           tuple(n if n.isidentifier() else f"___v{i}" for i, n in enumerate(local_names)))
         body = "return ___fn(*___args, **___kwargs)"
         if line == first:
             src = "\n" * (first - 1) + f"def ___stub({params}): {body}\n"
@@ -252,6 +254,7 @@ def make_call_stub(code: types.CodeType, lineno: Optional[int], local_names: tup
         ns: dict = {}
         exec(compile(src, code.co_filename, "exec"), ns)
         bc = Bytecode.from_code(ns["___stub"].__code__)
+        bc.argnames[3:] = local_names
         for pos, ins in enumerate(bc):
             if isinstance(ins, Instr) and ins.name == "CALL_FUNCTION_EX":
                 bc[pos:pos] = [Instr("DELETE_FAST", n, lineno=ins.lineno) for n in ("___fn", "___args", "___kwargs")]

@@ -25,7 +25,7 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, disable_fa
 from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode, disable_functional_mode
 from torch.fx.experimental.proxy_tensor import (disable_proxy_modes_tracing, get_proxy_mode, make_fx,
                                                maybe_enable_thunkify, track_tensor_tree)
-from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols, guard_or_false
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols, guard_or_false, statically_known_true
 from torch.fx.passes.runtime_assert import insert_deferred_runtime_asserts
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -243,6 +243,15 @@ class _ViewRewrites(TorchDispatchMode):
             out = func(*args, **(kwargs or {}))
         if func is aten.as_strided.default and _lay_out_as_eager(self.roots.get(args[0], args[0]), out):
             out = func(*args, **(kwargs or {}))
+        if func._schema.is_mutable and torch.Tag.inplace_view not in func.tags:
+            # eager's in-place op keeps the written tensor's layout; functionalization's new value (of the tensor, or
+            # of the root of the view written through) has the out-of-place op's: y.t().masked_fill_(m, 0) left y
+            # transposed, and the views and ops of y after it read other elements or gave other strides (trial 76 #0)
+            for a, t in zip(func._schema.arguments, (*args, *[(kwargs or {}).get(a.name) for a in
+                                                           func._schema.arguments[len(args):]])):
+                if a.alias_info is not None and a.alias_info.is_write and isinstance(t, FunctionalTensor) and \
+                        not _overlaps(r := self.roots.get(t, t)):
+                    _relay(r, "an in-place op keeps its tensor's layout", known=True)
         if not (func.is_view and args and isinstance(args[0], torch.Tensor)):
             return out
         if isinstance(out, (tuple, list)):  # split, unbind: each piece a view (s81 #1779)
@@ -306,17 +315,18 @@ def _reads_inside(view, t) -> bool:
     return all(guard_or_false(c) for c in (t_hi - t_lo == t.numel(), t_lo <= lo, hi <= t_hi))
 
 
-def _same_layout(t) -> bool:
+def _same_layout(t, known: bool = False) -> bool:
     inner = torch._from_functional_tensor(t.elem)
-    return inner.storage_offset() == t.storage_offset() and \
-        all(a == b for a, b, n in zip(inner.stride(), t.stride(), t.shape) if n > 1)
+    eq = statically_known_true if known else bool  # known: provably (no guard; if not, a copy lays it out again)
+    return eq(inner.storage_offset() == t.storage_offset()) and \
+        all(eq(n <= 1) or eq(a == b) for a, b, n in zip(inner.stride(), t.stride(), t.shape))
 
 
-def _relay(t, why: str) -> bool:
+def _relay(t, why: str, known: bool = False) -> bool:
     """Replace the value functionalization holds for ``t`` (a FunctionalTensor) by a copy at ``t``'s strides and offset
     when it has others; returns whether it did."""
     torch._sync(t)
-    if _same_layout(t):
+    if _same_layout(t, known):
         return False
     inner = torch._from_functional_tensor(t.elem)
     flat = torch.empty(_extent(t)[1], dtype=t.dtype, device=t.device)

@@ -593,3 +593,62 @@ def test_out_into_an_empty_tensor_grows_it(capture, backend, make_a):
         return c * 2, c
 
     check(f, (make_a(), torch.empty(0)), capture, backend)
+
+
+# -------------------------------------------------------------- writes through a permuted view of an intermediate
+
+# trial 76 #0: functionalization's new value of ``y`` after an in-place op through ``y.t()`` had the out-of-place
+# op's layout (masked_fill's ``where`` is contiguous: ``y`` came out transposed), eager's keeps ``y``'s; the view
+# ``y[1:]`` regenerated from it read other elements (wrong values and gradients), ``y.relu()`` had other strides
+_WRITES_THROUGH_T = {
+    "masked_fill": lambda v: v.masked_fill_(v > 4, 0.0),
+    "masked_fill_tensor": lambda v: v.masked_fill_(v > 4, torch.tensor(-1.0)),
+    "masked_scatter": lambda v: v.masked_scatter_(v > 4, torch.full((12,), -1.0)),
+    "scatter": lambda v: v.scatter_(0, torch.tensor([[1, 0, 2]]), -1.0),
+    "scatter_add": lambda v: v.scatter_add_(0, torch.tensor([[1, 0, 2]]), torch.ones(1, 3)),
+    "index_add": lambda v: v.index_add_(0, torch.tensor([1, 3]), torch.ones(2, 3)),
+}
+
+
+def _check_with_grads(fn, make, backend, dynamic=None):
+    """Values, sizes, strides and offsets of ``fn(make())``'s outputs, and the input's gradient, vs eager."""
+    coil.reset()
+    compiled = coil.compile(fn, backend=backend, dynamic=dynamic)
+    for grad in (False, True):
+        xe, xc = make().requires_grad_(grad), make().requires_grad_(grad)
+        e, c = fn(xe), compiled(xc)
+        for k, (a, b) in enumerate(zip(e, c)):
+            assert _layout(b) == _layout(a), (k, _layout(b), _layout(a))
+            torch.testing.assert_close(b, a, msg=lambda m: f"output {k}: {m}")
+        if grad:
+            def loss(outs):
+                return sum((o * torch.arange(o.numel(), dtype=o.dtype).view(o.shape)).sum() for o in outs)
+            loss(e).backward()
+            loss(c).backward()
+            torch.testing.assert_close(xc.grad, xe.grad)
+
+
+@pytest.mark.parametrize("backend,dynamic", [("aot_eager", None), ("coil", None), ("coil", True)],
+                         ids=["aot_eager", "coil", "coil-dynamic"])
+@pytest.mark.parametrize("view_first", [False, True], ids=["derived-first", "view-first"])
+@pytest.mark.parametrize("op", list(_WRITES_THROUGH_T))
+def test_write_through_transposed_view_of_intermediate(op, view_first, backend, dynamic):
+    def f(x):
+        y = x * 1
+        _WRITES_THROUGH_T[op](y.t())
+        return (y[1:], y.relu()) if view_first else (y.relu(), y[1:])
+
+    _check_with_grads(f, lambda: torch.arange(12.0).view(3, 4), backend, dynamic)
+
+
+@pytest.mark.parametrize("backend,dynamic", [("aot_eager", None), ("coil", None), ("coil", True)],
+                         ids=["aot_eager", "coil", "coil-dynamic"])
+@pytest.mark.parametrize("view_first", [False, True], ids=["derived-first", "view-first"])
+def test_write_through_transpose_of_attention_like_intermediate(view_first, backend, dynamic):
+    # (B, H, T, D) written through its (B, T, H, D) transpose
+    def f(x):
+        y = x * 1
+        y.transpose(1, 2).masked_fill_(y.transpose(1, 2) > 0, 0.0)
+        return (y[:, 0], y.sum()) if view_first else (y.sum(), y[:, 0])
+
+    _check_with_grads(f, lambda: torch.linspace(-1.0, 1.0, 120).view(2, 3, 4, 5), backend, dynamic)

@@ -323,6 +323,16 @@ def _user_attr(tx, v, name):
     return wrap_class_attr(tx, v, cls, name, AttrSource(src, name) if src is not None else None)
 
 
+def _is_set_to(tx, a, b) -> bool:
+    """``a.is_set_to(b)``: one storage, offset, sizes and strides (the fakes' meta kernel says False). Storage identity
+    is structural where the graph made a view; distinct inputs' aliasing is not guarded, so comparing them breaks."""
+    key, ins = (lambda t: t.untyped_storage()._cdata), [n.meta["example_value"] for _, v, n in tx.output.inputs]
+    ins = [key(t) for t in ins if isinstance(t, torch.Tensor)]
+    if ins.count(key(a)) > 1 or (key(a) != key(b) and key(a) in ins and key(b) in ins):
+        raise Unsupported("Tensor.is_set_to of tensors from two graph inputs (their aliasing is not guarded)")
+    return key(a) == key(b) and (a.storage_offset(), a.shape, a.stride()) == (b.storage_offset(), b.shape, b.stride())
+
+
 def _name(target) -> str:
     return target if isinstance(target, str) else getattr(target, "__name__", str(target))
 
@@ -552,6 +562,8 @@ class TensorVariable(VariableTracker):
             with tx.output.fake_mode:       # ``t.to(its own dtype / device)`` is ``t`` itself, as in eager
                 if self.fake.to(*[to_fake(a) for a in args], **{k: to_fake(v) for k, v in kwargs.items()}) is self.fake:
                     return self
+        if name == "is_set_to" and len(args) == 1 and not kwargs and isinstance(args[0], TensorVariable):
+            return ConstantVariable(_is_set_to(tx, self.fake, args[0].fake))
         if name == "is_inference" and id(self.fake) in tx.output.inference_made:
             return ConstantVariable(True)
         if name in _META_METHODS:

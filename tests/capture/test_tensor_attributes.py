@@ -52,3 +52,22 @@ def test_is_set_to_matches_eager():
         fast = coil.compile(g, dynamic=dynamic)
         for x, y in ((a, a), (a, b), (a, a.view(-1)), (a, a[1:]), (a, a)):
             torch.testing.assert_close(fast(x, y), g(x, y))
+
+
+def test_storage_offset_after_a_slice_of_symbolic_length():
+    # FINDINGS_76 #4: the offset guards read an input symbol's value as a tensor (AttributeError: the frame ran
+    # eagerly); a symbolic offset (a slice from a symbolic start) left the inputs' static offsets unguarded
+    def f(x):
+        x.narrow(-1, 0, x.shape[-1] // 2)
+        return x * x.storage_offset()
+
+    def g(x):
+        v = x[:, x.shape[-1] // 2:]
+        return v * v.storage_offset(), v.storage_offset()
+
+    base = torch.randn(40)
+    for fn in (f, g):
+        for dynamic in (True, None):
+            fast = coil.compile(fn, dynamic=dynamic, fullgraph=True)
+            for x in (torch.randn(4, 6), torch.randn(4, 8), base[2:26].view(4, 6), base[3:35].view(4, 8)):
+                torch.testing.assert_close(fast(x), fn(x))

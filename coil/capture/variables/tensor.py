@@ -569,17 +569,15 @@ class TensorVariable(VariableTracker):
         if name in _META_METHODS:
             fargs, fkw = [to_fake(a) for a in args], {k: to_fake(v) for k, v in kwargs.items()}
             res = getattr(self.fake, name)(*fargs, **fkw)
-            if name == "storage_offset" and isinstance(res, torch.SymInt):
-                # the ShapeEnv took a symbolic input offset to be >= 2, a bound the shape guards leave out
-                for src, _, node in tx.output.inputs:
-                    off = getattr(node.meta.get("example_value"), "storage_offset", lambda: 0)()
-                    if isinstance(off, torch.SymInt) and off.node.expr.free_symbols & res.node.expr.free_symbols:
-                        e = src.expr()
+            if name == "storage_offset":  # it derives from the inputs' offsets: each static one is guarded, and a
+                sym = isinstance(res, torch.SymInt)  # symbolic one in it by the ShapeEnv's bound >= 2 (not in shapes')
+                for src, value, node in [i for i in tx.output.inputs if isinstance(i[1], torch.Tensor)]:
+                    e, off = src.expr(), getattr(node.meta.get("example_value", value), "storage_offset")()
+                    if not (sym and isinstance(off, torch.SymInt)):
+                        off = value.storage_offset()
+                        tx.output.guards.add(f"{e}.storage_offset() == {off}", f"{e}.storage_offset()", off, src=e)
+                    elif off.node.expr.free_symbols & res.node.expr.free_symbols:
                         tx.output.guards.add(f"{e}.storage_offset() >= 2", f"{e}.storage_offset()", ">= 2", src=e)
-            elif name == "storage_offset" and isinstance(res, int):
-                for src, value, _ in tx.output.inputs:   # it derives from the inputs' offsets
-                    e, off = src.expr(), value.storage_offset()
-                    tx.output.guards.add(f"{e}.storage_offset() == {off}", f"{e}.storage_offset()", off, src=e)
             if name in ("size", "stride") and isinstance(res, torch.SymInt):
                 d = fargs[0] if fargs else fkw.get("dim")
                 d = d % self.fake.dim() if isinstance(d, int) else d

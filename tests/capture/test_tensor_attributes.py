@@ -71,3 +71,20 @@ def test_storage_offset_after_a_slice_of_symbolic_length():
             fast = coil.compile(fn, dynamic=dynamic, fullgraph=True)
             for x in (torch.randn(4, 6), torch.randn(4, 8), base[2:26].view(4, 6), base[3:35].view(4, 8)):
                 torch.testing.assert_close(fast(x), fn(x))
+
+
+def test_version_of_an_intermediate():
+    # FINDINGS_76 #6: _version broke the graph and read the fresh counter of the tensor the graph returned (0, eager 2);
+    # an intermediate's fake counts the in-place ops (a view's shares its base's)
+    def f(x):
+        y = x * 1
+        y.mul_(2)
+        y.add_(1)
+        z = y[1:]
+        z.mul_(2)
+        y[0] = 3
+        torch.add(x, 1, out=y)
+        return y._version, z._version, y.view(-1)._version, (x + 1)._version, torch.tensor(float(y._version))
+
+    x = torch.randn(3)
+    assert coil.compile(f, fullgraph=True)(x) == f(x)

@@ -542,6 +542,8 @@ class TensorVariable(VariableTracker):
             return tx.wrap(real.grad, AttrSource(self.source, "grad"))
         if name == "__class__":
             return wrap_constant_result(tx, self.cls)
+        if name == "_version" and self.source is None and id(self.fake) not in tx.output.inference_made:
+            return ConstantVariable(self.fake._version)  # (an intermediate's in-place ops bumped its fake's counter)
         if name in ("grad_fn", "_base", "_version"):
             raise Unsupported(f"Tensor.{name} inside a compiled frame")
         if hasattr(torch.Tensor, name) and callable(getattr(torch.Tensor, name)):

@@ -91,3 +91,10 @@ def test_float32_add_with_alpha_rounds_once_as_eager(backend):
     for fn in fns:
         for dynamic in (False, True):
             assert torch.equal(coil.compile(fn, dynamic=dynamic, options={"cpu_backend": backend})(a, b), fn(a, b))
+    # a symbolic alpha (a float argument under dynamic shapes, made a tensor by aot/scalars.py): float32 as above;
+    # float64 kept alpha in float32 (1e-7 off), now only its product is rounded (eager: one fma in float64)
+    for fn, rtol in ((lambda a, b, s: torch.sub(a, b, alpha=s) * b, 0),
+                     (lambda a, b, s: torch.add(a.double(), b, alpha=s), 1e-15)):
+        fast = coil.compile(fn, dynamic=True, options={"cpu_backend": backend})
+        for s in (0.7, 0.3, -3.0):
+            torch.testing.assert_close(fast(a, b, s), fn(a, b, s), atol=rtol, rtol=rtol)

@@ -297,14 +297,21 @@ class _Rewriter:
             return
         compute, _ = elementwise_dtypes(_val(y), _SAMPLE[type(_val(given["alpha"]))],
                                         type_promotion_kind=ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT)
-        def build():
-            scaled = self._new(node, aten.mul.Tensor, (y, self.cast(t, compute, node)))
+        x, f64, out = given["self"], torch.float64, _val(node).dtype
+        fma = all(_val(v).dtype in (torch.float32, f64) for v in (x, y, node))
+
+        def build():  # in float64, rounded once as eager's fused multiply-add (ir's add with alpha alike)
+            ts = self.cast(self.cast(t, out if fma else compute, node), f64 if fma else compute, node)
+            scaled = self._new(node, aten.mul.Tensor, (self.cast(y, f64, node) if fma else y, ts))
+            if fma:
+                scaled = self._new(node, node.target, (self.cast(x, f64, node), scaled))
             with self.fake_mode:
-                return scaled, node.target(_val(given["self"]), scaled.meta["val"])
+                return scaled, scaled.meta["val"].to(out) if fma else node.target(_val(x), scaled.meta["val"])
         if (scaled := self._attempt(build, node.meta.get("val"))) is None:
             return
-        node.args, node.kwargs = (given["self"], scaled), {}
         self.tensorized.append(str(node.target))
+        node.target, node.args, node.kwargs = (aten._to_copy.default, (scaled,), {"dtype": out}) if fma else (
+            node.target, (x, scaled), {})
 
     def _rewrite_factory(self, node: torch.fx.Node, t: torch.fx.Node) -> None:
         """``scalar_tensor(s)`` → a copy of the 0-d tensor in the dtype asked for;

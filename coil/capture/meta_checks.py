@@ -256,11 +256,25 @@ def _cross(args, kwargs) -> None:
     _probe_dtypes(torch.linalg.cross, trailing=(3,) * rank)(args, kwargs)
 
 
+def _alpha(args, kwargs) -> None:
+    """eager's alpha check of ``add`` / ``sub`` on the result dtype (fake tensors' fast path for ``add`` skips it; a
+    symbolic alpha skips ``sub``'s probe): a bool alpha needs a bool result, a float one a floating one."""
+    a, b, alpha = _arg(args, kwargs, 0, "input"), _arg(args, kwargs, 1, "other"), _arg(args, kwargs, 2, "alpha")
+    if alpha is None or not isinstance(a, torch.Tensor):
+        return
+    dtype = torch.result_type(a, {torch.SymInt: 1, torch.SymFloat: 1.0, torch.SymBool: True}.get(type(b), b))
+    if isinstance(alpha, (bool, torch.SymBool)) and dtype is not torch.bool:
+        raise RuntimeError("Boolean alpha only supported for Boolean results.")
+    if isinstance(alpha, (float, complex, torch.SymFloat)) and not (dtype.is_floating_point or dtype.is_complex):
+        raise RuntimeError("For integral input tensors, argument alpha must not be a floating point number.")
+
+
 #: op name (method or function, no trailing ``_``) -> check of its fake arguments
 CHECKS: dict[str, Callable] = {"index_add": _index_add, "index_copy": _index_copy, "index_put": _index_put,
                                "setitem": _setitem, "__setitem__": _setitem, "softmax": _dim, "softmin": _dim,
                                "sort": _dim, "pad": _pad, "squeeze": _squeeze, "interpolate": _interpolate,
                                "upsample": _interpolate, "celu": _celu, "bernoulli": _bernoulli, "scatter": _scatter,
+                               "add": _alpha, "sub": _alpha,
                                "bernoulli_": lambda args, kwargs: _bernoulli(args, kwargs, inplace=True),
                                "cross": _cross, "linalg_cross": _cross, **{f"lp_pool{d}d": _lp_pool for d in (1, 2, 3)}}
 

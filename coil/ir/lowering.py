@@ -241,8 +241,12 @@ def _add_sub(a, b, alpha=1):
     if alpha != 1:
         # eager's CPU kernel converts alpha to fp16/bf16 first (0.3 is 0.2998...), CUDA's keeps it in float
         alpha, = round_scalars([alpha], out_dtype())
-        return make_pointwise_box(lambda x, y, s: getattr(ops, name)(x, ops.mul(y, s)),
-                                  [a, b, alpha], out_size(), out_dtype(), compute_dtype(out_dtype()))
+        fn, dt, via = (lambda x, y, s: getattr(ops, name)(x, ops.mul(y, s))), compute_dtype(out_dtype()), None
+        if out_dtype() == torch.float32:  # eager fuses a + alpha * b (fma), one rounding: exact in float64, rounded
+            dt, via, b, alpha = torch.float64, torch.float32, *[
+                float(torch.tensor(v, dtype=torch.float32)) if isinstance(v, (int, float)) else v for v in (b, alpha)]
+            fn = (lambda f: lambda *v: ops.to_dtype(f(*v), torch.float32, torch.float64))(fn)  # (before a fused user)
+        return make_pointwise_box(fn, [a, b, alpha], out_size(), out_dtype(), dt, via)
     return pointwise_lowering(name)(a, b)
 
 

@@ -1,5 +1,5 @@
 """Open missing errors from the call-sequence campaign of seed 1061 (docs/fuzzing.md): eager raises, coil returns a
-value. Strict xfails: fixing one makes its test fail until the mark is removed."""
+value. Strict xfails: fixing one makes its test fail until the mark is removed (then it stays, a plain test)."""
 import pytest
 import torch
 
@@ -41,7 +41,18 @@ def test_view_across_a_strided_dim_under_dynamic_shapes():
     _raises_as_eager(lambda a: a.view(4, -1) * 2, lambda: [torch.ones(3, 3, 4)[:, 1:3:2]], True)
 
 
-@pytest.mark.xfail(strict=True, reason="open (found by hand beside seed 1060): a bool alpha for a float result raises "
-                   "in eager (and torch's aot_eager); coil adds as with alpha=1")
-def test_bool_alpha_of_a_float_add():
-    _raises_as_eager(lambda a: torch.add(a, a, alpha=True), lambda: [torch.ones(2)], False)
+# found by hand beside seed 1060, and FINDINGS_76 #2: eager's alpha check (a bool alpha needs a bool result, a float
+# alpha a floating one) was skipped by the fake tensors' fast path for add, and by sub's probe for a symbolic alpha
+_INT8, _BOOL = lambda: [torch.tensor([13, 10, 45], dtype=torch.int8)], lambda: [torch.tensor([True, False, True])]
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+@pytest.mark.parametrize("fn, make", [
+    (lambda a: torch.add(a, a, alpha=True), lambda: [torch.ones(2)]),
+    (lambda a: torch.add(a, a, alpha=True), _INT8), (lambda a: a.add_(a, alpha=True), _INT8),
+    (lambda a: torch.add(a, a, alpha=2.5), _INT8), (lambda a: torch.sub(a, a, alpha=2.5), _INT8),
+    (lambda a: torch.add(a, 2, alpha=2.5), _INT8), (lambda a: torch.add(a, a, alpha=0.5), _BOOL)])
+def test_alpha_eager_refuses(fn, make, dynamic):
+    _raises_as_eager(fn, make, dynamic)
+    torch.testing.assert_close(coil.compile(lambda a: torch.add(a, a, alpha=True) * 1, dynamic=dynamic)(*_BOOL()),
+                               torch.add(*_BOOL(), *_BOOL(), alpha=True) * 1)

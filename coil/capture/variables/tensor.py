@@ -323,6 +323,16 @@ def _user_attr(tx, v, name):
     return wrap_class_attr(tx, v, cls, name, AttrSource(src, name) if src is not None else None)
 
 
+def _is_set_to(tx, a, b) -> bool:
+    """``a.is_set_to(b)``: one storage, offset, sizes and strides (the fakes' meta kernel says False). Storage identity
+    is structural where the graph made a view; distinct inputs' aliasing is not guarded, so comparing them breaks."""
+    key, ins = (lambda t: t.untyped_storage()._cdata), [n.meta["example_value"] for _, v, n in tx.output.inputs]
+    ins = [key(t) for t in ins if isinstance(t, torch.Tensor)]
+    if ins.count(key(a)) > 1 or (key(a) != key(b) and key(a) in ins and key(b) in ins):
+        raise Unsupported("Tensor.is_set_to of tensors from two graph inputs (their aliasing is not guarded)")
+    return key(a) == key(b) and (a.storage_offset(), a.shape, a.stride()) == (b.storage_offset(), b.shape, b.stride())
+
+
 def _name(target) -> str:
     return target if isinstance(target, str) else getattr(target, "__name__", str(target))
 
@@ -532,6 +542,8 @@ class TensorVariable(VariableTracker):
             return tx.wrap(real.grad, AttrSource(self.source, "grad"))
         if name == "__class__":
             return wrap_constant_result(tx, self.cls)
+        if name == "_version" and self.source is None and id(self.fake) not in tx.output.inference_made:
+            return ConstantVariable(self.fake._version)  # (an intermediate's in-place ops bumped its fake's counter)
         if name in ("grad_fn", "_base", "_version"):
             raise Unsupported(f"Tensor.{name} inside a compiled frame")
         if hasattr(torch.Tensor, name) and callable(getattr(torch.Tensor, name)):
@@ -552,22 +564,22 @@ class TensorVariable(VariableTracker):
             with tx.output.fake_mode:       # ``t.to(its own dtype / device)`` is ``t`` itself, as in eager
                 if self.fake.to(*[to_fake(a) for a in args], **{k: to_fake(v) for k, v in kwargs.items()}) is self.fake:
                     return self
+        if name == "is_set_to" and len(args) == 1 and not kwargs and isinstance(args[0], TensorVariable):
+            return ConstantVariable(_is_set_to(tx, self.fake, args[0].fake))
         if name == "is_inference" and id(self.fake) in tx.output.inference_made:
             return ConstantVariable(True)
         if name in _META_METHODS:
             fargs, fkw = [to_fake(a) for a in args], {k: to_fake(v) for k, v in kwargs.items()}
             res = getattr(self.fake, name)(*fargs, **fkw)
-            if name == "storage_offset" and isinstance(res, torch.SymInt):
-                # the ShapeEnv took a symbolic input offset to be >= 2, a bound the shape guards leave out
-                for src, _, node in tx.output.inputs:
-                    off = getattr(node.meta.get("example_value"), "storage_offset", lambda: 0)()
-                    if isinstance(off, torch.SymInt) and off.node.expr.free_symbols & res.node.expr.free_symbols:
-                        e = src.expr()
+            if name == "storage_offset":  # it derives from the inputs' offsets: each static one is guarded, and a
+                sym = isinstance(res, torch.SymInt)  # symbolic one in it by the ShapeEnv's bound >= 2 (not in shapes')
+                for src, value, node in [i for i in tx.output.inputs if isinstance(i[1], torch.Tensor)]:
+                    e, off = src.expr(), getattr(node.meta.get("example_value", value), "storage_offset")()
+                    if not (sym and isinstance(off, torch.SymInt)):
+                        off = value.storage_offset()
+                        tx.output.guards.add(f"{e}.storage_offset() == {off}", f"{e}.storage_offset()", off, src=e)
+                    elif off.node.expr.free_symbols & res.node.expr.free_symbols:
                         tx.output.guards.add(f"{e}.storage_offset() >= 2", f"{e}.storage_offset()", ">= 2", src=e)
-            elif name == "storage_offset" and isinstance(res, int):
-                for src, value, _ in tx.output.inputs:   # it derives from the inputs' offsets
-                    e, off = src.expr(), value.storage_offset()
-                    tx.output.guards.add(f"{e}.storage_offset() == {off}", f"{e}.storage_offset()", off, src=e)
             if name in ("size", "stride") and isinstance(res, torch.SymInt):
                 d = fargs[0] if fargs else fkw.get("dim")
                 d = d % self.fake.dim() if isinstance(d, int) else d

@@ -250,7 +250,8 @@ class _ViewRewrites(TorchDispatchMode):
             for a, t in zip(func._schema.arguments, (*args, *[(kwargs or {}).get(a.name) for a in
                                                            func._schema.arguments[len(args):]])):
                 if a.alias_info is not None and a.alias_info.is_write and isinstance(t, FunctionalTensor) and \
-                        not _overlaps(r := self.roots.get(t, t)):
+                        isinstance(r := self.roots.get(t, t), FunctionalTensor) and \
+                        torch._is_functional_tensor(r.elem) and not _overlaps(r):   # (a constant: not functional)
                     _relay(r, "an in-place op keeps its tensor's layout", known=True)
         if not (func.is_view and args and isinstance(args[0], torch.Tensor)):
             return out

@@ -445,7 +445,7 @@ def collect_tensors(vts: list, out: list, seen: set, data_dependent: list | None
         if isinstance(v, CellVariable):
             stack.append(v.content)
             continue
-        if started is not None and isinstance(v, GeneratorVariable) and getattr(v, "site", None) is not None:
+        if started is not None and isinstance(v, GeneratorVariable) and v.site is not None:
             started.append(v)
         stack.extend(reversed(v.children() if isinstance(v, VariableTracker) else []))
         if cl := getattr(v, "closure", None):

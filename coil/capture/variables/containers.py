@@ -771,6 +771,8 @@ class GeneratorVariable(ListIteratorVariable):
     lives in a real frame): the frame is captured again with a graph break at the root frame's instruction that started
     it (``with cm():``'s ``BEFORE_WITH``, a ``next(g)``), which runs eagerly on a real generator."""
 
+    site = None     # (root offset, user stack) where traced code started it (None: not started; lazy iterators)
+
     def __init__(self, tx, fn, args, kwargs, start):
         VariableTracker.__init__(self, None)
         self._tx, self.fn = tx, fn

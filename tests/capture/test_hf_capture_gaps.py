@@ -271,3 +271,22 @@ def test_typing_subscripts_are_compile_time_constants():
 
     _, stats = _run(f, torch.randn(3))
     assert stats["graphs"] == 1 and stats["graph_breaks"] == 0 and stats["fallbacks"] == 0
+
+
+def test_scripted_function_is_inlined_when_its_call_is_patched(monkeypatch):
+    """torch.testing._internal patches ``ScriptFunction.__call__`` with a Python profiling wrapper on import: the
+    scripted function's Python original was then not found (4 graph breaks, tests passing or failing by order)."""
+    original_call = torch.jit.ScriptFunction.__call__
+
+    def prof_func_call(self, *args, **kwargs):
+        return original_call(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.jit.ScriptFunction, "__call__", prof_func_call)
+
+    def f(x, pos, rel):
+        return x / _scripted_scale(x, 2) + _scripted_expand(pos, x, rel)
+
+    x, pos, rel = torch.randn(2, 3, 4, 5), torch.randn(1, 1, 4, 5), torch.randn(1, 4, 5)
+    compiled, stats = _run(f, x, pos, rel)
+    torch.testing.assert_close(compiled(x, pos, rel), f(x, pos, rel))
+    assert stats["graph_breaks"] == 0 and stats["graphs"] == 1

@@ -247,13 +247,14 @@ class UserDefinedObjectVariable(ObjectVariableBase):
         if type(self.value) is weakref.ref and self.source is not None and not args and not kwargs:
             from coil.capture.source import CallSource   # the referent, guarded as any input (lr_scheduler's opt_ref)
             return tx.wrap(self.value(), CallSource(self.source))
-        if isinstance(call := _static_lookup(type(self.value), "__call__"), types.FunctionType):
-            return tx.call(UserMethodVariable(call, self), args, kwargs)
         if isinstance(original := inspect.getattr_static(self.value, "_torchdynamo_inline", None), types.FunctionType):
             # ``torch.jit.script`` / ``torch.jit.trace`` of a function keep the Python function here: traced like any
-            # call (DeBERTa-v2's scripted helpers were a graph break per attention layer)
+            # call (DeBERTa-v2's scripted helpers were a graph break per attention layer), also where a profiler
+            # patched ScriptFunction.__call__ with a Python function (torch.testing._internal does)
             src = AttrSource(self.source, "_torchdynamo_inline") if self.source is not None else None
             return tx.call(UserFunctionVariable(original, src), args, kwargs)
+        if isinstance(call := _static_lookup(type(self.value), "__call__"), types.FunctionType):
+            return tx.call(UserMethodVariable(call, self), args, kwargs)
         raise Unsupported(f"call to a {type(self.value).__name__} object")
 
     def var_getattr(self, tx, name):

@@ -166,7 +166,7 @@ def _make_rng_shim():
             off = offset.handle.data.astype(np.int64)
             gen = np.random.default_rng(sd & 0x7FFFFFFF)
             n = int(off.max()) + 1 if off.size else 1
-            table = gen.random(n) if kind == "rand" else gen.standard_normal(n)
+            table = gen.random(n, np.float32) if kind == "rand" else gen.standard_normal(n)   # [0, 1) in float32
             out = table[off].astype(np.float32)
             return tl.core.tensor(TensorHandle(out, tl.float32), offset.type.with_element_ty(tl.float32)
                                   if offset.type.is_block() else tl.float32)

@@ -283,3 +283,16 @@ def test_where_of_two_constants_keeps_their_dtype(fn, make_inputs, backend):
     constants' uint8 (``// 1`` of it refused: different signedness) or int64 (2**31 - 1
     plus 1 wrapped to -2**31). Constants on both sides are now ``tl.full`` of their dtype."""
     _ok(fn, make_inputs, backend)
+
+
+def test_interpreter_rand_is_below_one():
+    """FINDINGS_76 #5: the Triton interpreter's rand shim drew float64 numbers and cast them to float32, rounding
+    those in [1 - 2**-25, 1) up to 1.0 (the draws at these offsets for seed 0); eager's rand is in [0, 1)."""
+    import numpy as np
+    import triton.language as tl
+    from triton.runtime.interpreter import TensorHandle
+
+    from coil.runtime.triton_libdevice import _make_rng_shim
+    offsets = np.array([14817372, 47307256], dtype=np.int64)
+    off = tl.core.tensor(TensorHandle(offsets, tl.int64), tl.block_type(tl.int64, [2]))
+    assert (_make_rng_shim().rand(0, off).handle.data < 1.0).all()

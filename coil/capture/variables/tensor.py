@@ -230,6 +230,8 @@ def call_op(tx, kind: str, target, args: list, kwargs: dict) -> VariableTracker:
             if isinstance(result, torch.Tensor) and eager_dtype not in (None, result.dtype):
                 node, result = cast_to_eager_dtype(out.graph, node, result, eager_dtype)
                 tx.locate_node(node)
+            if opdef is None and torch.is_grad_enabled() and _is_custom_op(target):
+                _run_backward_on_fakes(_name(target), [fake_args, fake_kwargs], result)
     except (DataDependentOutputException, DynamicOutputShapeException) as e:
         out.graph.erase_node(node)
         raise Unsupported(f"data-dependent operation {_name(target)} ({type(e).__name__})",
@@ -297,6 +299,21 @@ def _is_custom_op(target) -> bool:
     """An OpOverload or OpOverloadPacket (whose namespace is in its qualified name) outside torch's own namespaces."""
     ns = getattr(target, "namespace", None) or getattr(target, "_qualified_op_name", "aten::").split("::")[0]
     return ns not in _BUILTIN_OP_NAMESPACES
+
+
+def _run_backward_on_fakes(name: str, inputs, result) -> None:
+    """A custom op's autograd formula registered outside ``torch.library.custom_op`` (``torch.library.define`` with
+    ``register_autograd``, a C++ formula) run once on the fakes, as AOT's joint trace will: one that cannot (Python
+    reading data, ``offs.tolist()``; a backward op without a fake kernel) raises Unsupported, a graph break, where
+    the compile failed (BackendCompilerFailed)."""
+    outs = [t for t in pytree.tree_leaves(result) if isinstance(t, torch.Tensor) and t.requires_grad]
+    ins = [t for t in pytree.tree_leaves(inputs) if isinstance(t, torch.Tensor) and t.requires_grad]
+    try:
+        if outs and ins:
+            torch.autograd.grad(outs, ins, [torch.ones_like(t) for t in outs], allow_unused=True)
+    except Exception as e:  # noqa: BLE001
+        raise Unsupported(f"the autograd formula of custom op {name} cannot run on fake tensors "
+                          f"({type(e).__name__})", hint="it runs eagerly, with its own backward") from e
 
 
 def _input_value(tx, v):

@@ -505,6 +505,24 @@ def index_copy_break(copy: tuple, reason: str) -> Unsupported:
     return e
 
 
+_FLIPPED = {operator.lt: operator.gt, operator.le: operator.ge, operator.gt: operator.lt, operator.ge: operator.le}
+
+
+def _rand_compared(node) -> Optional[bool]:
+    """``torch.rand(...) < c`` (``rand_like``; <, <=, >, >=; either side) with a number ``c``: known without the
+    draw where every value in [0, 1] compares alike (a draw is in [0, 1); a half-precision one may round to 1).
+    LayerDrop's ``torch.rand([]) < self.layerdrop`` at 0.0 (OPT, BART, Whisper, wav2vec2 in training) was a graph
+    break per layer. None: unknown (a draw written in place, or used otherwise, is not assumed in [0, 1])."""
+    if node.op != "call_function" or node.target not in _FLIPPED or len(node.args) != 2:
+        return None
+    (r, c), op = (node.args, node.target) if isinstance(node.args[0], torch.fx.Node) else \
+        (node.args[::-1], _FLIPPED[node.target])
+    if not (isinstance(r, torch.fx.Node) and r.target in (torch.rand, torch.rand_like) and "out" not in r.kwargs
+            and type(c) in (int, float) and all(u.target in _FLIPPED for u in r.users)):
+        return None
+    return op(0, c) if op(0, c) == op(1, c) else None    # monotone in the draw: the ends of [0, 1] decide
+
+
 def _is_inplace(kind: str, target, kwargs) -> bool:
     if target is operator.setitem or "out" in kwargs:
         return True
@@ -527,6 +545,8 @@ class TensorVariable(VariableTracker):
         return self.cls
 
     def truthy(self, tx):
+        if (known := _rand_compared(self.node)) is not None:
+            return known
         raise Unsupported("bool() of a tensor depends on its data",
                           hint="data-dependent control flow runs outside the graph")
 

@@ -55,8 +55,10 @@ _sdpa_op = torch.library.custom_op("coil::sdpa", run_sdpa, mutates_args=())
 @_sdpa_op.register_fake
 def _(q, k, v, attn_mask, is_causal, scale, enable_gqa):
     shape = (*q.shape[:-1], v.shape[-1])
-    if q.dim() != 4 or q.device.type != "cuda":  # CPU kernels return it contiguous
-        return q.new_empty(shape)
+    if q.dim() != 4 or q.device.type != "cuda":  # the CPU's flash kernel returns q's layout, its math kernel contiguous
+        flash = q.dim() == 4 and q.shape[-1] == k.shape[-1] == v.shape[-1] and all(t.stride(-1) == 1 for t in (q, k, v))
+        return torch.empty_like(q) if flash and q.dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16) \
+            else q.new_empty(shape)
     # (B, H, L, D) in (B, L, H, D) memory order: the layout CUDA's fused kernels return
     return q.new_empty((shape[0], shape[2], shape[1], shape[3])).transpose(1, 2)
 

@@ -387,6 +387,16 @@ def test_attention_output_is_contiguous_on_the_cpu_as_in_eager():
         torch.testing.assert_close(out.view(2, -1), ref.view(2, -1))
 
 
+def test_attention_of_transposed_heads_has_eager_flash_layout_on_the_cpu():
+    """The dynamic graph's ``coil::sdpa`` fake was contiguous on the CPU, where eager's flash kernel (equal head dims)
+    returns q's layout: for heads split by a transpose ((B, L, H, D) memory) the strides differed from eager's."""
+    import torch.nn.functional as F
+    from coil.testing import assert_same_as_eager
+    q, k, v = (torch.randn(2, 2, 2, 2).transpose(1, 2) for _ in range(3))
+    with coil.config.patch(dynamic=True):
+        assert_same_as_eager(lambda q, k, v: F.scaled_dot_product_attention(q, k, v), (q, k, v))
+
+
 def test_truth_of_a_size_does_not_pin_it():
     """``x * 2 if x.shape[0] else x * 3`` (also ``len(x)``, ``x.numel()``) pinned the size
     to its value: one graph per size. Sizes are >= 2 in a dynamic graph, so the truth is

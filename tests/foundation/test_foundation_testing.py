@@ -53,6 +53,34 @@ def test_catches_wrong_dtype_and_shape(fake_capture):
         assert_same_as_eager(lambda x: x * 2, (x,), backend=flatten)
 
 
+def test_strides_of_dims_larger_than_one_are_compared(fake_capture):
+    def contiguous(gm, example_inputs):
+        return _tree_map_out(gm, lambda t: t.contiguous())
+
+    x = torch.randn(3, 4)
+    with pytest.raises(AssertionError, match=r"strides \(3, 1\) != eager's \(1, 4\)"):
+        assert_same_as_eager(lambda x: x.t() * 2, (x,), backend=contiguous)
+    assert_same_as_eager(lambda x: x.t() * 2, (x,), backend=contiguous, check_strides=False)
+    # A size-1 dim's stride (here 4 vs eager's 1) and an empty tensor's strides are not compared.
+    assert_same_as_eager(lambda x: (x[:1].t() * 2, x[:0].t() + 1), (x,), backend=contiguous)
+
+
+def test_strides_of_arguments_after_the_call_are_compared(fake_capture):
+    def untransposed(gm, example_inputs):  # runs the graph, then undoes the t_() on the argument
+        return lambda x: (gm(x), x.t_())[0]
+
+    with pytest.raises(AssertionError, match=r"args after call\[0\]: strides \(3, 1\) != eager's \(1, 3\)"):
+        assert_same_as_eager(lambda x: x.t_().sum(), (torch.randn(3, 3),), backend=untransposed)
+
+
+def test_known_stride_difference_scalar_base_pow():
+    """Known, accepted: eager's ``pow(Scalar, Tensor)`` kernel returns a contiguous result where torch's meta kernel
+    (which coil follows, as torch.compile's inductor does) keeps the exponent's layout. Values match."""
+    x = torch.randn(4, 6).t()
+    out = assert_same_as_eager(lambda x: 2 ** x, (x,), check_strides=False)  # torch's meta layout, not eager's kernel's
+    assert out.stride() == (1, 6) and (2 ** x).stride() == (4, 1)
+
+
 def test_integer_outputs_must_match_exactly(fake_capture):
     def off_by_one(gm, example_inputs):
         return _tree_map_out(gm, lambda t: t + 1)

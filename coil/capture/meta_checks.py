@@ -357,6 +357,13 @@ def eager_layout(fn: Callable) -> Callable:
     return laid_out
 
 
+def contiguous_out(fn: Callable) -> Callable:
+    """``fn`` with a contiguous result, as eager's structured kernel of ``pow.Scalar`` (a number to a tensor's powers)
+    lays it out whatever the exponent's layout (torch's meta kept the exponent's: ``(2 ** x.t()).view(-1)`` failed)."""
+    return lambda *args, **kwargs: torch.ops.aten.clone.default(fn(*args, **kwargs),
+                                                                memory_format=torch.contiguous_format)
+
+
 def cpu_mixed_norm(fn: Callable) -> Callable:
     """``fn`` (a norm's meta or decomposition) run as eager's CPU "mixed type" kernel (half input, float32 weights or
     stats: float32 statistics, where torch's gave the input's dtype): on the input in float32, the output cast back."""
@@ -375,7 +382,8 @@ MIXED_NORM_OPS = [_aten.native_group_norm.default, _aten.native_layer_norm.defau
                   _aten._native_batch_norm_legit_functional.default]  # (_no_training calls _native_batch_norm_legit)
 _LIB, _TABLE = torch.library.Library("aten", "IMPL"), torch._decomp.decomposition_table
 _FAKE = torch._subclasses.fake_impls.op_implementations_dict
-for _op, _wrap in [(op, eager_layout) for op in EAGER_LAYOUT_OPS] + [(op, cpu_mixed_norm) for op in MIXED_NORM_OPS]:
+for _op, _wrap in [(op, eager_layout) for op in EAGER_LAYOUT_OPS] + [(op, cpu_mixed_norm) for op in MIXED_NORM_OPS] + \
+        [(torch.ops.aten.pow.Scalar, contiguous_out)]:
     if (_meta := _op.py_kernels.get(torch._C.DispatchKey.Meta)) is not None:  # (torch versions differ)
         _meta = _wrap(_meta)
         try:

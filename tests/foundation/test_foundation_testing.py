@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.utils._pytree as pytree
 
+import coil
 from coil.testing import CompileCounter, assert_same_as_eager
 
 
@@ -73,12 +74,17 @@ def test_strides_of_arguments_after_the_call_are_compared(fake_capture):
         assert_same_as_eager(lambda x: x.t_().sum(), (torch.randn(3, 3),), backend=untransposed)
 
 
-def test_known_stride_difference_scalar_base_pow():
-    """Known, accepted: eager's ``pow(Scalar, Tensor)`` kernel returns a contiguous result where torch's meta kernel
-    (which coil follows, as torch.compile's inductor does) keeps the exponent's layout. Values match."""
-    x = torch.randn(4, 6).t()
-    out = assert_same_as_eager(lambda x: 2 ** x, (x,), check_strides=False)  # torch's meta layout, not eager's kernel's
-    assert out.stride() == (1, 6) and (2 ** x).stride() == (4, 1)
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_scalar_base_pow_is_contiguous_as_eager(dynamic):
+    """FINDINGS_77 #2: eager's ``pow(Scalar, Tensor)`` returns a contiguous result; torch's meta kernel kept the
+    exponent's layout, so coil's output had other strides and a ``.view(-1)`` eager accepts raised."""
+    x = torch.arange(1., 25.).view(4, 6).t()
+    for fn in (lambda x: 2 ** x, lambda x: torch.pow(2.5, x), lambda x: torch.float_power(2, x),
+               lambda x: (2 ** x).view(-1), lambda x: (2 ** x.unsqueeze(0).permute(2, 0, 1)).view(-1)):
+        coil.reset()
+        got, want = coil.compile(fn, dynamic=dynamic)(x), fn(x)
+        torch.testing.assert_close(got, want)
+        assert got.stride() == want.stride()
 
 
 def test_integer_outputs_must_match_exactly(fake_capture):

@@ -10,6 +10,7 @@ result also gives eager's dtype where the meta kernel's differs (``bool ** True`
 kernel)."""
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 from typing import Callable, Optional
@@ -340,15 +341,21 @@ def check_call(kind: str, target, args: list, kwargs: dict) -> Optional[torch.dt
 EAGER_LAYOUT_OPS = [getattr(getattr(torch.ops.aten, n.split(".")[0]), n.split(".")[1]) for n in (
     "floor_divide.default div.Tensor_mode copysign.Tensor xlogy.Tensor special_xlog1py.default heaviside.default "
     "logaddexp.default logaddexp2.default logical_and.default logical_or.default logical_xor.default").split()]
+#: ops whose eager result is laid out as ``empty_like(self)`` (its clone with preserve_format), where torch's
+#: decompositions gave a contiguous one: ``index_fill`` of a permuted non-dense input, ``channel_shuffle`` of a
+#: channels-last one (FINDINGS_77 #3, #4b)
+LIKE_SELF_OPS = [torch.ops.aten.index_fill.int_Scalar, torch.ops.aten.index_fill.int_Tensor,
+                 torch.ops.aten.channel_shuffle.default]
 
 
-def eager_layout(fn: Callable) -> Callable:
+def eager_layout(fn: Callable, like_self: bool = False) -> Callable:
     """``fn`` (an op's meta kernel or decomposition) with its result laid out as TensorIterator lays out the op's
-    tensor arguments (eager), copied (``aten.copy``, one fused loop in a trace) where the strides differ."""
+    tensor arguments (eager; ``like_self``: its first argument alone), copied (``aten.copy``, one fused loop in a
+    trace) where the strides differ."""
     def laid_out(*args, **kwargs):
         out = fn(*args, **kwargs)
         want = torch._prims_common.compute_elementwise_output_strides(
-            *(a.expand(out.shape) for a in args if isinstance(a, torch.Tensor)))
+            *(a.expand(out.shape) for a in args[:1 if like_self else None] if isinstance(a, torch.Tensor)))
         if all(statically_known_true(n == 1) or statically_known_true(s == w)
                for n, s, w in zip(out.shape, out.stride(), want)):
             return out
@@ -383,7 +390,8 @@ MIXED_NORM_OPS = [_aten.native_group_norm.default, _aten.native_layer_norm.defau
 _LIB, _TABLE = torch.library.Library("aten", "IMPL"), torch._decomp.decomposition_table
 _FAKE = torch._subclasses.fake_impls.op_implementations_dict
 for _op, _wrap in [(op, eager_layout) for op in EAGER_LAYOUT_OPS] + [(op, cpu_mixed_norm) for op in MIXED_NORM_OPS] + \
-        [(torch.ops.aten.pow.Scalar, contiguous_out)]:
+        [(torch.ops.aten.pow.Scalar, contiguous_out)] + [(op, functools.partial(eager_layout, like_self=True))
+                                                         for op in LIKE_SELF_OPS]:
     if (_meta := _op.py_kernels.get(torch._C.DispatchKey.Meta)) is not None:  # (torch versions differ)
         _meta = _wrap(_meta)
         try:

@@ -1,0 +1,41 @@
+"""Findings of tests/user_reports/FINDINGS_77.md: layouts eager gives that coil's fakes or decompositions did not."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import coil
+
+
+def _same(fn, x, dynamic):
+    coil.reset()
+    got, want = coil.compile(fn, dynamic=dynamic)(x), fn(x)
+    torch.testing.assert_close(got, want)
+    assert got.stride() == want.stride()
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_index_fill_of_a_permuted_non_dense_input_keeps_its_layout(dynamic):
+    """#3: eager clones ``self`` with preserve_format; torch's decomposition returned it contiguous, so a ``.view``
+    eager refuses succeeded with the data in another order."""
+    def mk():
+        return torch.arange(36.).view(3, 2, 6)[..., ::2].permute(2, 1, 0)   # (3, 2, 3), strides (2, 6, 12)
+
+    _same(lambda a: a.index_fill(0, torch.tensor([0]), -2.), mk(), dynamic)
+    _same(lambda a: a.index_fill(2, torch.tensor([1]), torch.tensor(-2.)), mk(), dynamic)
+
+    def flat(a):
+        return a.index_fill(0, torch.tensor([0]), -2.).view(-1)
+    with pytest.raises(RuntimeError, match="view size is not compatible"):
+        flat(mk())
+    coil.reset()
+    with pytest.raises(RuntimeError, match="view size is not compatible"):
+        coil.compile(flat, dynamic=dynamic)(mk())
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_channel_shuffle_keeps_channels_last(dynamic):
+    """#4b: ShuffleNet's channel shuffle of a channels-last input came back NCHW."""
+    x = torch.arange(96.).view(2, 4, 3, 4).contiguous(memory_format=torch.channels_last)
+    _same(torch.nn.ChannelShuffle(2), x, dynamic)
+    _same(lambda t: F.channel_shuffle(t, 2), x, dynamic)
+    _same(torch.nn.ChannelShuffle(2), x.contiguous(), dynamic)

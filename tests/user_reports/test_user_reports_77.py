@@ -39,3 +39,21 @@ def test_channel_shuffle_keeps_channels_last(dynamic):
     _same(torch.nn.ChannelShuffle(2), x, dynamic)
     _same(lambda t: F.channel_shuffle(t, 2), x, dynamic)
     _same(torch.nn.ChannelShuffle(2), x.contiguous(), dynamic)
+
+
+def test_list_loop_resumed_after_a_break_says_the_rest_runs_eagerly():
+    """#6: the rest of the frame after a break inside a loop over a list runs eagerly; the reason named an internal
+    tracker (``UserDefinedObjectVariable(list_iterator, ___stack0)``)."""
+    def f(x, caches):
+        for c in caches:
+            x = torch.tanh(x @ c)
+            if x.abs().max() > 100:
+                x = x / 100
+        return torch.sin(x) * 2 + x
+
+    x, caches = torch.randn(4, 8), [torch.randn(8, 8) for _ in range(3)]
+    r = coil.explain(f, x, caches)
+    assert any("loop over a list resumed after a graph break" in b["reason"] and "runs eagerly" in b["reason"]
+               for b in r.break_reasons)
+    coil.reset()
+    torch.testing.assert_close(coil.compile(f)(x, caches), f(x, caches))

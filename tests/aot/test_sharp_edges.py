@@ -67,3 +67,20 @@ def test_backward_for_missing_tangents_is_labelled_backward():
     out.sum().backward()    # the second output (it requires grad) gets none: its tangent is None
     torch.testing.assert_close(w.grad, x.t() @ torch.ones(4, 5))
     assert kinds and all(k == "backward" for k in kinds), kinds
+
+
+def test_an_output_other_outputs_were_computed_from_is_not_on_their_backward_path():
+    # one compiled graph is one autograd node (FINDINGS_77 #1, as torch.compile's AOTAutograd): eager's hook on s
+    # sees c's gradient and zeroes a.grad; the compiled s's hook is called with None, and a.grad is cos(s) * -sin(s)
+    import coil
+
+    def f(a):
+        s = a.sin()
+        return s, s.cos()
+
+    seen = []
+    a = torch.ones(3, requires_grad=True)
+    s, c = coil.compile(f, backend="aot_eager")(a)
+    s.register_hook(lambda g: seen.append(g))
+    c.sum().backward()
+    assert seen == [None] and torch.allclose(a.grad, -s.detach().sin() * a.detach().cos())

@@ -42,14 +42,23 @@ def _backward(ctx, grad):
 
 torch.library.register_autograd("coil_test::grouped_mm", _backward, setup_context=_setup)
 
+# the same op made with torch.library.define + register_autograd: no CustomOpDef holds its formula (the compile
+# raised BackendCompilerFailed: DataDependentOutputException in AOT's joint trace)
+torch.library.define("coil_test::grouped_mm_def", "(Tensor inp, Tensor weight, Tensor offs) -> Tensor")
+torch.library.impl("coil_test::grouped_mm_def", "CompositeExplicitAutograd", grouped_mm._init_fn)
+torch.library.register_fake("coil_test::grouped_mm_def", lambda inp, weight, offs: inp.new_empty(
+    inp.size(0), weight.size(2)))
+torch.library.register_autograd("coil_test::grouped_mm_def", _backward, setup_context=_setup)
 
-@pytest.mark.parametrize("call", ["def", "packet", "overload"])
+
+@pytest.mark.parametrize("call", ["def", "packet", "overload", "library_define"])
 def test_untraceable_custom_backward_is_a_graph_break_with_grads_equal_to_eager(call):
     torch.manual_seed(0)
     lin = torch.nn.Linear(8, 8)
     w = torch.randn(3, 8, 4, requires_grad=True)
     op = {"def": grouped_mm, "packet": torch.ops.coil_test.grouped_mm,
-          "overload": torch.ops.coil_test.grouped_mm.default}[call]
+          "overload": torch.ops.coil_test.grouped_mm.default,
+          "library_define": torch.ops.coil_test.grouped_mm_def}[call]
 
     def f(x, offs):
         return (op(lin(x).relu(), w, offs) * 2).sin().sum()
@@ -81,31 +90,3 @@ def test_custom_op_without_grad_stays_in_the_graph():
     torch.testing.assert_close(coil.compile(f, backend=counting)(x, offs), f(x, offs))
     assert len(calls) == 1 and any("grouped_mm" in t for t in calls[0]), calls
 
-
-torch.library.define("coil_test::grouped_mm_def", "(Tensor inp, Tensor weight, Tensor offs) -> Tensor")
-torch.library.impl("coil_test::grouped_mm_def", "CompositeExplicitAutograd", grouped_mm._init_fn)
-torch.library.register_fake("coil_test::grouped_mm_def", lambda inp, weight, offs: inp.new_empty(
-    inp.size(0), weight.size(2)))
-torch.library.register_autograd("coil_test::grouped_mm_def", _backward, setup_context=_setup)
-
-
-def test_untraceable_backward_of_an_op_made_by_library_define_is_a_graph_break():
-    """The same op made with ``torch.library.define`` + ``register_autograd`` (no CustomOpDef holds its formula):
-    the compile raised BackendCompilerFailed (DataDependentOutputException in AOT's joint trace)."""
-    torch.manual_seed(0)
-    lin = torch.nn.Linear(8, 8)
-    w = torch.randn(3, 8, 4, requires_grad=True)
-
-    def f(x, offs):
-        return (torch.ops.coil_test.grouped_mm_def(lin(x).relu(), w, offs) * 2).sin().sum()
-
-    x, offs = torch.randn(10, 8), torch.tensor([3, 7, 10])
-    want = f(x, offs)
-    want.backward()
-    grads = [w.grad.clone(), lin.weight.grad.clone()]
-    w.grad = lin.weight.grad = None
-    got = coil.compile(f)(x, offs)
-    got.backward()
-    torch.testing.assert_close(got, want)
-    torch.testing.assert_close(w.grad, grads[0])
-    torch.testing.assert_close(lin.weight.grad, grads[1])

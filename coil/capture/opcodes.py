@@ -460,9 +460,6 @@ op("GET_ITER")(lambda tx, inst: tx.push(tx.get_iter(tx.pop())))
 @op("FOR_ITER")
 def FOR_ITER(tx, inst):
     if not isinstance(it := tx.stack[-1], ListIteratorVariable):
-        if type(getattr(it, "value", None)) is type(iter([])):    # (FINDINGS_77 #6: the reason named a tracker)
-            raise Unsupported("a for loop over a list resumed after a graph break in its body: the rest of the frame "
-                              "runs eagerly", hint="loop over a tuple (tuple(the_list)) or an nn.ModuleList")
         raise Unsupported(f"iteration over {it}")
     if (v := it.next(tx)) is None:
         tx.pop()

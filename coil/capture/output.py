@@ -78,6 +78,7 @@ class SideEffects:
         self.cells: dict[int, VariableTracker] = {}
         self.count = 0          # mutations so far (a traced call that must mutate nothing compares it)
         self.held: dict[int, Unsupported] = {}  # id -> the break at the apply whose ctx keeps this container
+        self.read_only: dict[int, str] = {}     # id -> why a write to this container is a graph break
 
     def _record(self, key: tuple, item: tuple) -> None:
         self.count += 1
@@ -88,6 +89,8 @@ class SideEffects:
     def mutated(self, vt) -> None:
         if (held := self.held.get(id(vt))) is not None:
             raise held          # the compiled backward would read the contents of the forward's time
+        if (why := self.read_only.get(id(vt))) is not None:
+            raise Unsupported(why)
         if vt.source is not None:
             self._record(("container", id(vt)), ("container", vt))
 

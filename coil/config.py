@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import sys
 import types
+import warnings
 from dataclasses import dataclass, fields
 from typing import Any, Optional
 
@@ -213,7 +214,11 @@ def _from_env() -> Config:
     cfg = Config()
     for name in option_names():
         if (raw := os.environ.get("COIL_" + name.upper())) is not None:
-            setattr(cfg, name, _coerce(raw, getattr(cfg, name)))
+            setattr(cfg, name, value := _coerce(raw, default := getattr(cfg, name)))
+            if name in _CHOICES and value not in option_choices(name) or isinstance(default, bool) and \
+                    raw.strip().lower() not in ("1", "true", "yes", "on", "0", "false", "no", "off", ""):
+                warnings.warn(f"COIL_{name.upper()}={raw!r} is not a value of option {name} (valid: "
+                              f"{option_choices(name) or 'true / false'}); it reads as {value!r}")
     return cfg
 
 

@@ -82,3 +82,15 @@ def test_a_list_written_while_a_resumed_loop_reads_it_sees_the_writes(write):
     for u, v in zip(a, b, strict=True):
         torch.testing.assert_close(u, v)
 
+
+
+@pytest.mark.parametrize("env", ["COIL_CPU_BACKEND=trition", "COIL_FALLBACK_RANDOM=bogus"])
+def test_a_misspelled_option_in_the_environment_warns(env):
+    """#8: ``COIL_<OPTION>`` values were not checked: a misspelled backend silently meant C++."""
+    import os
+    import subprocess
+    import sys
+    name, value = env.split("=")
+    r = subprocess.run([sys.executable, "-W", "always", "-c", "import coil"], capture_output=True, text=True,
+                       env={**os.environ, name: value}, timeout=120)
+    assert r.returncode == 0 and f"{name}={value!r} is not a value of option" in r.stderr, r.stderr

@@ -322,9 +322,9 @@ def shape_guards(env, inputs: list, contiguous: set = frozenset(), at_call: Opti
     # a view input's fake views a fake of its base, whose sizes are symbols of their own (``x._base.size()[0]``); a
     # guard over the storage names them (``x.squeeze_(1)`` checks its bounds): then the base is an input here too, else
     # no source holds them (produce_guards raised "sources must not be empty" or not, by the hash order of a set)
-    need = {s for g in env.guards for s in env.simplify(g.expr).free_symbols} - free_symbols([f for _, f in inputs])
-    inputs = inputs + [(f"{t}._base", f._base) for t, f in inputs
-                       if isinstance(f, torch.Tensor) and f._is_view() and free_symbols(f._base) & need]
+    if views := [(t, f) for t, f in inputs if isinstance(f, torch.Tensor) and f._is_view()]:
+        need = {s for g in env.guards for s in env.simplify(g.expr).free_symbols} - free_symbols([f for _, f in inputs])
+        inputs = inputs + [(f"{t}._base", f._base) for t, f in views if free_symbols(f._base) & need]
     ranks = {text: fake.dim() for text, fake in inputs if isinstance(fake, torch.Tensor)}
     fakes = [f for _, f in inputs]
     helpers = env.produce_guards_verbose(fakes, [ShapeSource(e) for e, _ in inputs], source_ref=ref, langs=("python",))

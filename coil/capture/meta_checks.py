@@ -346,29 +346,26 @@ EAGER_LAYOUT_OPS = [getattr(getattr(torch.ops.aten, n.split(".")[0]), n.split(".
 #: channels-last one (FINDINGS_77 #3, #4b)
 LIKE_SELF_OPS = [torch.ops.aten.index_fill.int_Scalar, torch.ops.aten.index_fill.int_Tensor,
                  torch.ops.aten.channel_shuffle.default]
+#: ops whose eager result is contiguous whatever the inputs' layout, where torch's meta kernel kept the input's:
+#: ``pow.Scalar`` (a number to a tensor's powers; ``(2 ** x.t()).view(-1)`` failed, FINDINGS_77 #2)
+CONTIGUOUS_OPS = [torch.ops.aten.pow.Scalar]
 
 
-def eager_layout(fn: Callable, like_self: bool = False) -> Callable:
-    """``fn`` (an op's meta kernel or decomposition) with its result laid out as TensorIterator lays out the op's
-    tensor arguments (eager; ``like_self``: its first argument alone), copied (``aten.copy``, one fused loop in a
-    trace) where the strides differ."""
+def eager_layout(fn: Callable, like: str = "args") -> Callable:
+    """``fn`` (an op's meta kernel or decomposition) with its result laid out as eager's kernel lays it out, copied
+    (``aten.copy``, one fused loop in a trace) where the strides differ: ``like`` "args", as TensorIterator lays out
+    the op's tensor arguments; "self", its first argument alone; "contiguous", row-major whatever the inputs'."""
     def laid_out(*args, **kwargs):
         out = fn(*args, **kwargs)
-        want = torch._prims_common.compute_elementwise_output_strides(
-            *(a.expand(out.shape) for a in args[:1 if like_self else None] if isinstance(a, torch.Tensor)))
+        want = torch._prims_common.make_contiguous_strides_for(out.shape) if like == "contiguous" else \
+            torch._prims_common.compute_elementwise_output_strides(
+                *(a.expand(out.shape) for a in args[:1 if like == "self" else None] if isinstance(a, torch.Tensor)))
         if all(statically_known_true(n == 1) or statically_known_true(s == w)
                for n, s, w in zip(out.shape, out.stride(), want)):
             return out
         empty = torch.ops.aten.empty_strided.default(out.shape, want, dtype=out.dtype, device=out.device)
         return torch.ops.aten.copy.default(empty, out)
     return laid_out
-
-
-def contiguous_out(fn: Callable) -> Callable:
-    """``fn`` with a contiguous result, as eager's structured kernel of ``pow.Scalar`` (a number to a tensor's powers)
-    lays it out whatever the exponent's layout (torch's meta kept the exponent's: ``(2 ** x.t()).view(-1)`` failed)."""
-    return lambda *args, **kwargs: torch.ops.aten.clone.default(fn(*args, **kwargs),
-                                                                memory_format=torch.contiguous_format)
 
 
 def cpu_mixed_norm(fn: Callable) -> Callable:
@@ -389,9 +386,9 @@ MIXED_NORM_OPS = [_aten.native_group_norm.default, _aten.native_layer_norm.defau
                   _aten._native_batch_norm_legit_functional.default]  # (_no_training calls _native_batch_norm_legit)
 _LIB, _TABLE = torch.library.Library("aten", "IMPL"), torch._decomp.decomposition_table
 _FAKE = torch._subclasses.fake_impls.op_implementations_dict
-for _op, _wrap in [(op, eager_layout) for op in EAGER_LAYOUT_OPS] + [(op, cpu_mixed_norm) for op in MIXED_NORM_OPS] + \
-        [(torch.ops.aten.pow.Scalar, contiguous_out)] + [(op, functools.partial(eager_layout, like_self=True))
-                                                         for op in LIKE_SELF_OPS]:
+for _op, _wrap in [(op, functools.partial(eager_layout, like=like)) for like, ops in (
+        ("args", EAGER_LAYOUT_OPS), ("self", LIKE_SELF_OPS), ("contiguous", CONTIGUOUS_OPS)) for op in ops] + \
+        [(op, cpu_mixed_norm) for op in MIXED_NORM_OPS]:
     if (_meta := _op.py_kernels.get(torch._C.DispatchKey.Meta)) is not None:  # (torch versions differ)
         _meta = _wrap(_meta)
         try:

@@ -188,8 +188,8 @@ def call_op(tx, kind: str, target, args: list, kwargs: dict) -> VariableTracker:
         dt = ConstantVariable(t.dtype if t.dim() == 0 else torch.promote_types(t.dtype, torch.float32))
         args = [call_op(tx, "call_function", torch.full, [ConstantVariable(()), a], {"dtype": dt})
                 if isinstance(a, SymNodeVariable) else a for a in args]
-    opdef = OPDEFS.get(getattr(target, "_name", None) or getattr(target, "_qualified_op_name", None)) \
-        if torch.is_grad_enabled() and _is_custom_op(target) else None
+    custom = torch.is_grad_enabled() and _is_custom_op(target)     # (its autograd formula is checked below)
+    opdef = OPDEFS.get(getattr(target, "_name", None) or getattr(target, "_qualified_op_name", None)) if custom else None
     if getattr(opdef, "_backward_fn", None):   # its Python autograd formula (grad mode on)
         from coil.capture.variables.objects import probe_autograd
 
@@ -230,7 +230,7 @@ def call_op(tx, kind: str, target, args: list, kwargs: dict) -> VariableTracker:
             if isinstance(result, torch.Tensor) and eager_dtype not in (None, result.dtype):
                 node, result = cast_to_eager_dtype(out.graph, node, result, eager_dtype)
                 tx.locate_node(node)
-            if opdef is None and torch.is_grad_enabled() and _is_custom_op(target):
+            if custom and opdef is None:
                 _run_backward_on_fakes(_name(target), [fake_args, fake_kwargs], result)
     except (DataDependentOutputException, DynamicOutputShapeException) as e:
         out.graph.erase_node(node)

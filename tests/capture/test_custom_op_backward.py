@@ -1,8 +1,9 @@
 """A custom op (``torch.library.custom_op`` + ``register_autograd``) whose backward cannot run
 on fake tensors (transformers' grouped-mm fallback loops over ``offs.tolist()``): AOT's joint
 trace failed and the whole compile raised BackendCompilerFailed where eager runs. Capture now
-runs the registered backward once on the fake values; when it cannot, the call is a graph
-break and the op runs eagerly with its own backward."""
+runs the registered backward once on the fake values. When it cannot, a ``custom_op``'s formula
+runs eagerly inside the compiled backward (coil.capture.opaque_autograd: one graph); an op made
+with ``torch.library.define`` is a graph break and runs eagerly with its own backward."""
 import pytest
 import torch
 
@@ -52,7 +53,7 @@ torch.library.register_autograd("coil_test::grouped_mm_def", _backward, setup_co
 
 
 @pytest.mark.parametrize("call", ["def", "packet", "overload", "library_define"])
-def test_untraceable_custom_backward_is_a_graph_break_with_grads_equal_to_eager(call):
+def test_untraceable_custom_backward_runs_eagerly_with_grads_equal_to_eager(call):
     torch.manual_seed(0)
     lin = torch.nn.Linear(8, 8)
     w = torch.randn(3, 8, 4, requires_grad=True)
@@ -73,6 +74,59 @@ def test_untraceable_custom_backward_is_a_graph_break_with_grads_equal_to_eager(
     torch.testing.assert_close(got, want)
     torch.testing.assert_close(w.grad, grads[0])
     torch.testing.assert_close(lin.weight.grad, grads[1])
+    ex = coil.explain(f, x, offs)
+    assert (ex.graph_count, ex.graph_break_count) == ((2, 1) if call == "library_define" else (1, 0)), ex
+
+
+@torch.library.custom_op("coil_test::split_scale", mutates_args=())
+def split_scale(x: torch.Tensor, n: torch.Tensor, scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    a = x * scale
+    a[int(n):] = 0
+    return a, x * 2
+
+
+@split_scale.register_fake
+def _(x, n, scale=1.0):
+    return torch.empty_like(x), torch.empty_like(x)
+
+
+BACKWARD_CALLS = []
+
+
+def _ss_setup(ctx, inputs, output):
+    ctx.n, ctx.scale = inputs[1], inputs[2]
+
+
+def _ss_backward(ctx, ga, gb):
+    BACKWARD_CALLS.append(1)                 # a side effect: once per backward, as in eager
+    k = int(ctx.n)                           # data-dependent
+    g = (ga * ctx.scale).index_fill(0, torch.arange(k, ga.size(0)), 0).double() + gb * 2  # autograd casts it back
+    return g.t().contiguous().t() if g.dim() == 2 else g, None, None   # a layout unlike the input's
+
+
+split_scale.register_autograd(_ss_backward, setup_context=_ss_setup)
+
+
+def test_eager_formula_with_two_outputs_defaults_side_effects_and_foreign_layout():
+    def f(x, n):
+        a, b = split_scale(x.exp(), n, scale=3.0)
+        return (a.sum(0) + b.sum(0)).sin()
+
+    torch.manual_seed(0)
+    x, n = torch.randn(6, 5, requires_grad=True), torch.tensor(2)
+    want = f(x, n)
+    want.sum().backward()
+    gx, x.grad = x.grad.clone(), None
+    BACKWARD_CALLS.clear()
+    cf = coil.compile(f)
+    got = cf(x, n)
+    got.sum().backward()
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(x.grad, gx, rtol=1e-4, atol=1e-4)     # (exp's gradient, fused: fp32 rounding)
+    assert x.grad.dtype == torch.float32 and x.grad.stride() == (5, 1)
+    assert BACKWARD_CALLS == [1]
+    ex = coil.explain(f, x, n)
+    assert (ex.graph_count, ex.graph_break_count) == (1, 0), ex
 
 
 def test_custom_op_without_grad_stays_in_the_graph():

@@ -825,7 +825,7 @@ class FunctionCtxProbe(NewObjectVariable):
 
 def probe_autograd(tx, what: str, inputs: list, forward, setup_context, backward) -> "FunctionCtxProbe":
     """Trace a custom autograd formula once, before anything runs it (``forward(ctx)`` traces its forward;
-    ``setup_context`` is None where forward takes ``ctx``). The graph runs none of its Python per call, so a side
+    ``setup_context`` is None where forward takes ``ctx``; ``backward`` None: not traced). The graph runs none of its Python per call, so a side
     effect, or code capture cannot trace, raises Unsupported (a break). Its nodes are removed, its guards kept;
     returns the probe's ctx."""
     from coil.capture.variables.hops import _RefusingSideEffects
@@ -841,7 +841,7 @@ def probe_autograd(tx, what: str, inputs: list, forward, setup_context, backward
         if setup_context is not None:
             tx.call(UserFunctionVariable(inspect.unwrap(setup_context)), [ctx, TupleVariable(list(inputs)), res], {})
         outs = res.items if isinstance(res, (TupleVariable, ListVariable)) else [res]
-        if grad:
+        if grad and backward is not None:
             grads = [call_op(tx, "call_function", torch.ones_like, [o], {}) if isinstance(o, TensorVariable)
                      else ConstantVariable(None) for o in outs]
             tx.call(UserFunctionVariable(inspect.unwrap(backward)), [ctx] + grads, {})

@@ -21,6 +21,7 @@ from torch._subclasses.fake_tensor import (DataDependentOutputException, Dynamic
 from torch._dispatch.python import enable_python_dispatcher
 from torch._library.custom_ops import OPDEFS
 
+from coil import trace
 from coil.exc import Unsupported
 from coil.capture.meta_checks import cast_to_eager_dtype, check_call
 from coil.capture.source import AttrSource
@@ -196,8 +197,16 @@ def call_op(tx, kind: str, target, args: list, kwargs: dict) -> VariableTracker:
         def forward(ctx):
             with torch.no_grad():      # (no autograd: nothing runs the formula)
                 return call_op(tx, kind, target, args, kwargs)
-        probe_autograd(tx, _name(target), list(args) + list(kwargs.values()), forward, opdef._setup_context_fn,
-                       opdef._backward_fn)
+        inputs = list(args) + list(kwargs.values())
+        try:
+            probe_autograd(tx, _name(target), inputs, forward, opdef._setup_context_fn, opdef._backward_fn)
+        except Unsupported as e:     # backward alone: it runs eagerly inside the compiled backward instead
+            from coil.capture.opaque_autograd import opaque_call
+            probe_autograd(tx, _name(target), inputs, forward, opdef._setup_context_fn, None)   # (or raise)
+            if (call := opaque_call(target, opdef, args, kwargs, _formula_arg)) is None:
+                raise
+            trace.log("opaque_op", stage="capture", op=_name(target), reason=f"eager autograd formula: {e.reason}")
+            return call_op(tx, "call_function", call[0], call[1], {})
     node_args = tuple(_map(a, to_node_arg) for a in args)
     node_kwargs = {k: _map(v, to_node_arg) for k, v in kwargs.items()}
     fake_args = [_map(a, to_fake) for a in args]
@@ -299,6 +308,14 @@ def _is_custom_op(target) -> bool:
     """An OpOverload or OpOverloadPacket (whose namespace is in its qualified name) outside torch's own namespaces."""
     ns = getattr(target, "namespace", None) or getattr(target, "_qualified_op_name", "aten::").split("::")[0]
     return ns not in _BUILTIN_OP_NAMESPACES
+
+
+def _formula_arg(v):
+    """An argument of a custom op whose formula runs eagerly (:mod:`coil.capture.opaque_autograd`)."""
+    from coil.capture.opaque_autograd import TENSOR
+    if isinstance(v, TensorVariable):
+        return TENSOR
+    return v.as_python_constant() if isinstance(v, VariableTracker) else v
 
 
 def _run_backward_on_fakes(name: str, inputs, result) -> None:

@@ -555,10 +555,6 @@ def native_batch_norm_backward(dy, x, weight, running_mean, running_var, save_me
         dy_sum.to(wdt) if mask[2] else None
 
 
-def _overloads(packets) -> set:
-    return {getattr(packet, name) for packet in packets for name in packet.overloads()}
-
-
 def get_decompositions(fallback_random: Optional[bool] = None) -> dict:
     """The table ``{OpOverload: decomposition}`` that ``make_fx`` applies in aot/. ``fallback_random`` (default:
     ``coil.config.config.fallback_random``) keeps the random ops of :data:`RANDOM_OPS` whole."""
@@ -567,7 +563,7 @@ def get_decompositions(fallback_random: Optional[bool] = None) -> dict:
         table = dict(_decomp.core_aten_decompositions().items())
         table.update(_decomp.get_decompositions(EXTRA_DECOMPOSE))
         table.update(COIL_DECOMPOSITIONS)  # (none for a KEEP_WHOLE op)
-        for op in _overloads(KEEP_WHOLE + (RANDOM_OPS if key else [])):
+        for op in {getattr(p, name) for p in KEEP_WHOLE + (RANDOM_OPS if key else []) for name in p.overloads()}:
             table.pop(op, None)
         _TABLES[key] = table
     return _TABLES[key]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import math
 import re
 from typing import Any, Optional
@@ -24,7 +25,7 @@ from torch.utils._sympy.value_ranges import ValueRanges, bound_sympy
 
 from coil import trace
 from coil.exc import Unsupported, UserError
-from coil.capture.source import LocalSource
+from coil.capture.source import LocalSource, Source
 from coil.capture.variables.symbolic import SymNodeVariable
 
 # --- marks (stored on the tensor object, like torch's own marks) --------------------------
@@ -425,7 +426,7 @@ def symbolic_input(out, value, text: str, source=None) -> tuple:
             real = torch.tensor(value, dtype=torch.float64)
         node.meta["example_value"] = fake = out.fake_mode.from_tensor(real, static_shapes=True)
         fake.item_memo = sym
-        out.guards.ns["___scalar_tensor"] = _scalar_tensor
+        out.guards.ns["___scalar_tensor"] = functools.partial(torch.tensor, dtype=torch.float64)
         out.inputs.append((ScalarTensorSource(text), real, node))
         node = out.graph.create_node("call_method", "item", (node,), {})
     node.meta["example_value"] = sym
@@ -466,25 +467,17 @@ def random_draw(tx, method: str, rng, name: str, args: list, kwargs: dict) -> Sy
 
 
 @dataclasses.dataclass(frozen=True)
-class SymbolSource:
+class SymbolSource(Source):
     """The entry's expression for a SymInt graph input (``x.size()[0]``): a coil source."""
     text: str
-
-    def expr(self) -> str:
-        return self.text
-
-
-def _scalar_tensor(value) -> torch.Tensor:
-    return torch.tensor(value, dtype=torch.float64)
+    template = "{text}"
 
 
 @dataclasses.dataclass(frozen=True)
-class ScalarTensorSource:
+class ScalarTensorSource(Source):
     """The entry's 0-d float64 tensor for a symbolic Python float read from ``text``."""
     text: str
-
-    def expr(self) -> str:
-        return f"___scalar_tensor({self.text})"
+    template = "___scalar_tensor({text})"
 
 
 __all__ = ["mark_dynamic", "mark_static", "mark_unbacked", "DynamicPolicy", "ShapeSource",

@@ -15,7 +15,6 @@ import dis
 import functools
 import gc
 import inspect
-import io
 import itertools
 import operator
 import sys
@@ -522,7 +521,7 @@ def _translate(fn, code, cfg, bound, auto_dynamic=None) -> CacheEntry:
     stats["frames"] += 1
     argnames = _argnames(code)
     trace.artifact("capture_source", lambda: _source_of(fn), kind="python", frame=_label(code))
-    trace.artifact("capture_bytecode", lambda: _dis_text(code), kind="text", frame=_label(code))
+    trace.artifact("capture_bytecode", lambda: dis.Bytecode(code).dis(), kind="text", frame=_label(code))
     break_at: dict = {}
     for _ in range(64):
         output = OutputGraph(fn.__globals__, argnames, cfg.scalar_outputs, cfg.dynamic_output_shapes)
@@ -569,12 +568,6 @@ def _source_of(fn) -> str:
         return head + inspect.getsource(target)
     except (OSError, TypeError):
         return f"<source unavailable for {f'{name}.{attr}' if name else fn.__code__.co_name}>"
-
-
-def _dis_text(code) -> str:
-    buf = io.StringIO()
-    dis.dis(code, file=buf, depth=0)
-    return buf.getvalue()
 
 
 def _in_exception_block(code, offset: int) -> bool:
@@ -734,7 +727,7 @@ def _build_entry(tx, output: OutputGraph, cfg: CaptureConfig, fn, code, argnames
         sym.as_tensor = call_op(tx, "call_function", torch.ops.aten.scalar_tensor.default, [sym], {"dtype": dtype})
         collect_tensors([sym.as_tensor], graph_outs, {id(t.node) for t in graph_outs})
     graph = output.graph
-    lift_grad = _balance_modes(output)
+    _balance_modes(output)
     graph.output(tuple(t.node for t in graph_outs))
     print_negative_bases_as_calls(graph)
     gm = torch.fx.GraphModule(output.root_module(), graph)
@@ -763,9 +756,6 @@ def _build_entry(tx, output: OutputGraph, cfg: CaptureConfig, fn, code, argnames
         trace.log("backend_compile", stage="capture", backend=cfg.backend_name,
                   duration_ms=(time.perf_counter() - t0) * 1e3)
         cg.ns["___graph"] = compiled
-        if lift_grad:
-            cg.ns["___set_grad"] = torch._C._set_grad_enabled
-            lines.append("___set_grad(True)")
         lines.append(None)   # the inputs and the call, once the guard is built (_entry_inputs)
         if output.graph.find_nodes(op="call_function", target=torch._C._set_grad_enabled):
             # outputs made under no_grad inside the graph: the backend's autograd wrapper
@@ -774,7 +764,7 @@ def _build_entry(tx, output: OutputGraph, cfg: CaptureConfig, fn, code, argnames
             if nograd:
                 cg.ns["___detach_outs"] = _detach_outs
                 lines.append(f"___o = ___detach_outs(___o, {nograd!r})")
-    if output.final_grad != output.initial_grad or (needs_graph and lift_grad):
+    if output.final_grad != output.initial_grad:
         # the frame left (or broke with) a different grad mode: set it here, since a
         # backend (AOT) runs the graph's own grad-mode switches only inside the graph
         cg.ns["___set_grad"] = torch._C._set_grad_enabled
@@ -907,19 +897,17 @@ def print_negative_bases_as_calls(graph: torch.fx.Graph) -> bool:
     return changed
 
 
-def _balance_modes(output: OutputGraph) -> bool:
+def _balance_modes(output: OutputGraph) -> None:
     """Make the graph's grad-mode and autocast switches self-contained: a graph that ends in another state than it
     started (a break inside ``with no_grad()`` or ``torch.autocast``, ``set_grad_enabled(b)`` called as a function, a
     resume leaving such a block) switches back at its end, and the entry sets the final state itself (the grad mode;
     each block left open: ``at_graph_end``). AOT (coil.aot) runs the graph's switches only inside the graph and decides
-    outputs' ``requires_grad`` with the graph's final mode equal to the mode it was called in. Returns whether the entry
-    must call the graph with grad enabled (never, today)."""
+    outputs' ``requires_grad`` with the graph's final mode equal to the mode it was called in."""
     setter = torch._C._set_grad_enabled
     if output.final_grad != output.initial_grad and output.graph.find_nodes(op="call_function", target=setter):
         output.graph.create_node("call_function", setter, (output.initial_grad,), {})
     for ctx in reversed(output.left_open):
         output.graph.create_node("call_function", _exit_autocast, (ctx.handle,), {})
-    return False
 
 
 def _property_getter(tx, inst) -> Optional[types.FunctionType]:

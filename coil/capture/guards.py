@@ -14,6 +14,7 @@ import types
 from typing import Any, Optional
 
 import torch
+from torch._prims_common import make_contiguous_strides_for
 
 from coil import trace
 from coil.capture.source import iter_rest
@@ -335,14 +336,6 @@ def _dispatch_keys(t: torch.Tensor):
         torch._C._dispatch_tls_local_exclude_set()
 
 
-def _contiguous_strides(shape: tuple) -> tuple:
-    out, step = [], 1
-    for n in reversed(shape):
-        out.append(step)
-        step *= n
-    return tuple(reversed(out))
-
-
 def tensor_guard(gs: GuardSet, expr: str, t: torch.Tensor, fake=None) -> None:
     """Guard a tensor's type, dtype, device, sizes, strides and requires_grad.
 
@@ -370,7 +363,7 @@ def tensor_guard(gs: GuardSet, expr: str, t: torch.Tensor, fake=None) -> None:
     gs.add(f"{expr}.device == {gs.const(t.device)}", f"{expr}.device", t.device, **kw)
     gs.add(f"{expr}.shape == {shape!r}", f"tuple({expr}.shape)", shape, **kw)
     fast = None
-    if exact and all(n >= 2 for n in shape) and stride == _contiguous_strides(shape):
+    if exact and all(n >= 2 for n in shape) and stride == make_contiguous_strides_for(shape):
         fast = f"{expr}.layout is {gs.const(torch.strided)} and {expr}.is_contiguous()"
     gs.add(f"{expr}.stride() == {stride!r}", f"{expr}.stride()", stride, fast=fast, **kw)
     gs.add(f"{expr}.requires_grad is {t.requires_grad!r}", f"{expr}.requires_grad", t.requires_grad, **kw)
@@ -401,7 +394,7 @@ def _dynamic_tensor_guard(gs: GuardSet, expr: str, t: torch.Tensor, fake) -> Non
         f" and {expr}.shape[{i}] == {n}" for i, n in enumerate(shape) if n is not None)
     gs.add(code, f"tuple({expr}.shape)", shape, **kw)
     if (t.layout is torch.strided and all(n >= 2 for n in t.shape)
-            and t.stride() == _contiguous_strides(tuple(t.shape))):
+            and t.stride() == make_contiguous_strides_for(t.shape)):
         # batched: after the C++ check (which covers the layout by the dispatch keys)
         code = f"{expr}.is_contiguous()" if batch else \
             f"{expr}.layout is {gs.const(torch.strided)} and {expr}.is_contiguous()"

@@ -119,7 +119,6 @@ def _patch_interpreter_compare_dtype(builder) -> None:
 
 
 def _make_shim():
-    _patch_interpreter_bf16_rounding()
     import triton.language as tl
     from triton.runtime.interpreter import TensorHandle
 
@@ -156,7 +155,6 @@ def _make_shim():
 def _make_rng_shim():
     """``rand``/``randn`` of (seed, offset) under the interpreter: a NumPy generator per
     seed indexed by offset (a function of seed and offset, like Philox; other numbers)."""
-    _patch_interpreter_bf16_rounding()
     import triton.language as tl
     from triton.runtime.interpreter import TensorHandle
 
@@ -176,7 +174,6 @@ def _make_rng_shim():
 
 def _make_red_shim():
     """NumPy reductions over interpreter tensors (see coil.runtime.triton_reductions)."""
-    _patch_interpreter_bf16_rounding()
     import triton.language as tl
     from triton.runtime.interpreter import TensorHandle
 
@@ -198,6 +195,7 @@ def __getattr__(name):
         raise AttributeError(name)
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):  # the CPU interpreter
         if name not in _SHIMS:
+            _patch_interpreter_bf16_rounding()
             _SHIMS[name] = {"red": _make_red_shim, "rng": _make_rng_shim, "libdevice": _make_shim}[name]()
         return _SHIMS[name]
     return importlib.import_module({"red": "coil.runtime.triton_reductions", "rng": "triton.language",

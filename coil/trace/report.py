@@ -154,11 +154,6 @@ def highlight(text: str, kind: str) -> str:
     return _hl(text, get_lexer_by_name(lexer_name, stripnl=False), formatter)
 
 
-def _pygments_css() -> str:
-    from pygments.formatters import HtmlFormatter
-    return HtmlFormatter(style="default").get_style_defs(".hl")
-
-
 # ---------------------------------------------------------------- value rendering
 
 def _is_frame(v: Any) -> bool:
@@ -321,8 +316,9 @@ def write_report(log_dir: str, out_dir: Optional[str] = None) -> str:
     log = read_log(log_dir)
     out_dir = out_dir or os.path.join(log_dir, "report")
     os.makedirs(out_dir, exist_ok=True)
+    from pygments.formatters import HtmlFormatter
     env = _env()
-    common = {"pygments_css": _pygments_css(), "loose_page": NO_COMPILE_ID_PAGE}
+    common = {"pygments_css": HtmlFormatter(style="default").get_style_defs(".hl"), "loose_page": NO_COMPILE_ID_PAGE}
     multi_pid, previous = len({c.pid for c in log.compiles}) > 1, previous_attempts(log.compiles)
     all_totals, all_selfs = Counter(), Counter()  # stage names in first-seen order
     rows, grand_total = [], 0.0

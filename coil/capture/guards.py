@@ -348,63 +348,47 @@ def tensor_guard(gs: GuardSet, expr: str, t: torch.Tensor, fake=None) -> None:
 
     An exact ``Tensor``/``Parameter`` of strided layout is batched instead (``batch``: see :meth:`GuardSet._batch`):
     frame arguments and globals and their items (no attribute step in ``expr``) in one check, emitted once the last of
-    them is fetched, so a changed input fails before module state is read; the rest in another."""
-    if fake is not None and _symbolic(fake):
-        return _dynamic_tensor_guard(gs, expr, t, fake)
-    shape, stride = tuple(t.shape), tuple(t.stride())
+    them is fetched, so a changed input fails before module state is read; the rest in another.
+
+    With symbolic sizes or strides (``fake``), the rank and the static sizes and strides are checked here, the symbolic
+    ones by the shape guards (``GuardSet.shape_exprs``, from the ShapeEnv); a contiguous input whose sizes are all >= 2
+    (symbols are >= 2 by the shape guards) is checked with ``is_contiguous()``, symbolic sizes or not."""
+    sym = fake is not None and _symbolic(fake)
+    shape, stride = ((tuple(None if isinstance(s, torch.SymInt) else int(s) for s in v) for v in (fake.shape,
+                     fake.stride())) if sym else (tuple(t.shape), tuple(t.stride())))
     exact = type(t) in (torch.Tensor, torch.nn.Parameter) and t.layout is torch.strided
     batch = None
     if exact and _TensorGuards is not None:
         batch = "___tensors_args" if "." not in expr else "___tensors_attrs"
         gs._batched.setdefault(expr, t)
+        if sym:     # (the symbolic sizes and strides left unchecked)
+            gs._batch_dims[expr] = (list(shape), list(stride))
     kw = dict(src=expr, group=expr, batch=batch)
     gs.add(f"type({expr}) is {gs.const(type(t))}", f"type({expr})", type(t), **kw)
     gs.add(f"{expr}.dtype is {gs.const(t.dtype)}", f"{expr}.dtype", t.dtype, **kw)
     gs.add(f"{expr}.device == {gs.const(t.device)}", f"{expr}.device", t.device, **kw)
-    gs.add(f"{expr}.shape == {shape!r}", f"tuple({expr}.shape)", shape, **kw)
-    fast = None
-    if exact and all(n >= 2 for n in shape) and stride == make_contiguous_strides_for(shape):
-        fast = f"{expr}.layout is {gs.const(torch.strided)} and {expr}.is_contiguous()"
-    gs.add(f"{expr}.stride() == {stride!r}", f"{expr}.stride()", stride, fast=fast, **kw)
+    code = f"{expr}.dim() == {len(shape)}" + "".join(
+        f" and {expr}.shape[{i}] == {n}" for i, n in enumerate(shape) if n is not None) if sym else \
+        f"{expr}.shape == {shape!r}"
+    gs.add(code, f"tuple({expr}.shape)", shape, **kw)
+    contiguous = t.layout is torch.strided and all(n >= 2 for n in t.shape) and \
+        t.stride() == make_contiguous_strides_for(t.shape)
+    if not sym:
+        fast = f"{expr}.layout is {gs.const(torch.strided)} and {expr}.is_contiguous()" if exact and contiguous \
+            else None
+        gs.add(f"{expr}.stride() == {stride!r}", f"{expr}.stride()", stride, fast=fast, **kw)
+    elif contiguous:    # batched: after the C++ check (which covers the layout by the dispatch keys)
+        code = f"{expr}.is_contiguous()" if batch else \
+            f"{expr}.layout is {gs.const(torch.strided)} and {expr}.is_contiguous()"
+        gs.add(code, f"{expr}.stride()", "contiguous", src=expr, group=_AFTER if batch else expr)
+        gs.contiguous.add(expr)
+    elif checks := [f"{expr}.stride()[{i}] == {v}" for i, v in enumerate(stride) if v is not None]:
+        gs.add(" and ".join(checks), f"{expr}.stride()", stride, **kw)
     gs.add(f"{expr}.requires_grad is {t.requires_grad!r}", f"{expr}.requires_grad", t.requires_grad, **kw)
 
 
 def _symbolic(fake) -> bool:
     return any(isinstance(s, torch.SymInt) for s in (*fake.shape, *fake.stride()))
-
-
-def _dynamic_tensor_guard(gs: GuardSet, expr: str, t: torch.Tensor, fake) -> None:
-    """:func:`tensor_guard` for an input with symbolic sizes or strides: the rank and the static sizes and
-    strides are checked here; the symbolic ones by the shape guards (``GuardSet.shape_exprs``, from the
-    ShapeEnv). A contiguous input whose sizes are all >= 2 (symbols are >= 2 by the shape guards) is checked
-    with ``is_contiguous()``: its strides are the contiguous products of its sizes, symbolic or not."""
-    grp = expr
-    shape = tuple(None if isinstance(s, torch.SymInt) else int(s) for s in fake.shape)
-    stride = tuple(None if isinstance(s, torch.SymInt) else int(s) for s in fake.stride())
-    batch = None  # as tensor_guard's, with the symbolic sizes and strides left unchecked
-    if type(t) in (torch.Tensor, torch.nn.Parameter) and t.layout is torch.strided and _TensorGuards is not None:
-        batch = "___tensors_args" if "." not in expr else "___tensors_attrs"
-        gs._batched.setdefault(expr, t)
-        gs._batch_dims[expr] = (list(shape), list(stride))
-    kw = dict(src=expr, group=grp, batch=batch)
-    gs.add(f"type({expr}) is {gs.const(type(t))}", f"type({expr})", type(t), **kw)
-    gs.add(f"{expr}.dtype is {gs.const(t.dtype)}", f"{expr}.dtype", t.dtype, **kw)
-    gs.add(f"{expr}.device == {gs.const(t.device)}", f"{expr}.device", t.device, **kw)
-    code = f"{expr}.dim() == {len(shape)}" + "".join(
-        f" and {expr}.shape[{i}] == {n}" for i, n in enumerate(shape) if n is not None)
-    gs.add(code, f"tuple({expr}.shape)", shape, **kw)
-    if (t.layout is torch.strided and all(n >= 2 for n in t.shape)
-            and t.stride() == make_contiguous_strides_for(t.shape)):
-        # batched: after the C++ check (which covers the layout by the dispatch keys)
-        code = f"{expr}.is_contiguous()" if batch else \
-            f"{expr}.layout is {gs.const(torch.strided)} and {expr}.is_contiguous()"
-        gs.add(code, f"{expr}.stride()", "contiguous", src=expr, group=_AFTER if batch else grp)
-        gs.contiguous.add(expr)
-    else:
-        checks = [f"{expr}.stride()[{i}] == {v}" for i, v in enumerate(stride) if v is not None]
-        if checks:
-            gs.add(" and ".join(checks), f"{expr}.stride()", stride, **kw)
-    gs.add(f"{expr}.requires_grad is {t.requires_grad!r}", f"{expr}.requires_grad", t.requires_grad, **kw)
 
 
 # --- generating the guard function -------------------------------------------------------

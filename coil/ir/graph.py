@@ -405,11 +405,10 @@ class GraphLowering(torch.fx.Interpreter):
         return self
 
     def _order_buffers(self) -> None:
-        """Put every buffer after the buffers it reads (stable: a valid creation order is kept as it is).
-
-        Bodies are define-by-run, so a body whose loader is made when it runs reads what its input is *then*: ``y = x *
-        2; return cat([y, x]), y`` lowered the cat (buf0) while ``y`` was an inlined body; ``y`` became buf1 as a graph
-        output, and the cat's body then loaded buf1, which ran after it (the wrapper read an unassigned buf1)."""
+        """Put every buffer after the buffers it reads (stable: a valid creation order is kept as it is). Bodies are
+        define-by-run, so a body whose loader is made when it runs reads what its input is *then*: ``y = x * 2; return
+        cat([y, x]), y`` lowered the cat (buf0) while ``y`` was an inlined body; ``y`` became buf1 as a graph output,
+        and the cat's body then loaded buf1, which ran after it (the wrapper read an unassigned buf1)."""
         pos = {b.get_name(): i for i, b in enumerate(self.buffers)}
         deps = [{pos[r] for r in b.get_read_names() if r in pos and r != b.get_name()} for b in self.buffers]
         if all(d < i for i, ds in enumerate(deps) for d in ds):
@@ -545,12 +544,11 @@ class GraphLowering(torch.fx.Interpreter):
 
     def _write_inputs_in_place(self, flat: list) -> None:
         """Scatter an input's new value into the input itself (docs/ir.md, "Inputs written in place").
-
         ``gm.meta["coil_mutated_inputs"]`` (set by aot for inference graphs) maps output ``k`` to the input ``j`` whose
         new value it is. When that value is a ScatterBuffer over a fresh copy of the whole input (``index_copy_``,
         ``index_put_``, ``scatter_`` of a KV cache or a buffer) with the input's layout, and nothing else reads the
-        input, the copy is dropped and the scatter writes into the input's memory: the graph returns the input
-        object, which the epilogue does not copy back. Indices go to ``self.inputs_written``."""
+        input, the copy is dropped and the scatter writes into the input's memory: the graph returns the input object,
+        which the epilogue does not copy back. Indices go to ``self.inputs_written``."""
         if not (muts := self.gm.meta.get("coil_mutated_inputs")):
             return  # (most graphs: no buffer's reads are recorded for this)
         readers: dict = {}
@@ -999,15 +997,13 @@ def _dense_strides_like(t: torch.Tensor) -> list[int]:
     """Dense strides for ``t``'s shape with the dims in ``t``'s memory order (largest stride outermost; ties keep dim
     order). An extern op given a tensor laid out in this order picks the output layout fake tracing predicted from
     ``t``: attention fed contiguous (B, H, S, D) copies of q/k/v where eager had (B, S, H, D)-ordered views returned
-    another output layout, and every layer paid a copy to fix it up.
-
-    A broadcast (stride-0) dim sits just outside the dims after it, as in a contiguous layout: ranked by its stride it
-    would become the innermost dim, and ATen kernels that read the last dim as contiguous without checking (the CPU
-    flash attention of SDPA, fed a K/V expanded over heads: Gemma's single KV head) computed garbage.
-
-    A stride that was a multiple of 8 elements and 16 bytes in ``t`` stays one (the rows are padded): eager's SDPA pads an
-    attention mask's last dim to 8 elements and slices it, and the CUDA kernel rejects a bias realized densely
-    (``attn_bias is not correctly aligned``: HF Swin's training step, 49 x 49 windows)."""
+    another output layout, and every layer paid a copy to fix it up. A broadcast (stride-0) dim sits just outside the
+    dims after it, as in a contiguous layout: ranked by its stride it would become the innermost dim, and ATen kernels
+    that read the last dim as contiguous without checking (the CPU flash attention of SDPA, fed a K/V expanded over
+    heads: Gemma's single KV head) computed garbage. A stride that was a multiple of 8 elements and 16 bytes in ``t``
+    stays one (the rows are padded): eager's SDPA pads an attention mask's last dim to 8 elements and slices it, and the
+    CUDA kernel rejects a bias realized densely (``attn_bias is not correctly aligned``: HF Swin's training step,
+    49 x 49 windows)."""
     def rank(d):
         if t.stride(d) != 0:
             return t.stride(d)

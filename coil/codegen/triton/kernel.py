@@ -375,10 +375,9 @@ class TritonKernel(OpsHandler):
         """``sum(exp(x - m))`` in the loop after the one computing ``m = max(x)`` (softmax, log_softmax, cross-entropy,
         logsumexp over long rows): compute it in the max's loop instead, with a running max per lane (the "online
         softmax" of Milakov & Gimelshein, 2018): ``s = s * exp(m_old - m_new) + exp(x - m_new)``, written with one exp
-        per element (``e = exp(-|x - m_old|)``; ``s*e + 1`` if ``x > m_old`` else ``s + e``), and after the loop
-        ``sum(s * exp(m - max(m)))``. Saves one pass over ``x``. Lanes whose max is still -inf contribute 0; a row of
-        only -inf sums to NaN, as in two passes. Returns None unless the pattern matches exactly (same load in both
-        loops)."""
+        per element (``e = exp(-|x - m_old|)``; ``s*e + 1`` if ``x > m_old`` else ``s + e``), and after the loop ``sum(s
+        * exp(m - max(m)))``. Saves one pass over ``x``. Lanes whose max is still -inf contribute 0; a row of only -inf
+        sums to NaN, as in two passes. Returns None unless the pattern matches exactly (same load in both loops)."""
         sid = self.cur.loop_id
         if not self.cur.in_loop or sid == 0 or v != value.name \
                 or value.dims != frozenset({"x", "r"}) or acc_dt != torch.float32:

@@ -261,9 +261,6 @@ class SiteRecorder:
             else:
                 trace.log("shape_guard", stage="capture", guard=str(expr), user_line=where, reason=reason)
 
-    def site_of(self, index: int) -> Optional[str]:
-        return next((w for i, w in self.sites if i == index), None)
-
 
 def _pinned_symbol(expr):
     """``(symbol, value)`` when guard ``expr`` is ``Eq(symbol, integer)``."""
@@ -281,8 +278,9 @@ def check_marked(env, policy: DynamicPolicy, sites: SiteRecorder) -> None:
         if not (isinstance(rep, sympy.Integer) or vr is not None and vr.is_singleton()):
             continue
         value = int(rep if isinstance(rep, sympy.Integer) else vr.lower)
+        first_site = dict(reversed(sites.sites))  # guard index -> the first site recorded for it
         where = next((w for (s, _g, w) in sites.specializations if s[0] == sym), None) or next(
-            (w for i, g in enumerate(env.guards) if sym in g.expr.free_symbols and (w := sites.site_of(i))), None)
+            (w for i, g in enumerate(env.guards) if sym in g.expr.free_symbols and (w := first_site.get(i))), None)
         raise UserError(
             f"dim {d} of {expr} was marked dynamic (coil.mark_dynamic), but the program forces it to the constant "
             f"{value}" + (f" at {where}" if where else ""),

@@ -55,10 +55,6 @@ class FusedGroup:
         return f"FusedGroup({self.names}, numel={self.numel}, rnumel={self.rnumel})"
 
 
-def node_group(buf: ComputedBuffer) -> tuple[int, int]:
-    return as_size(product(buf.get_ranges())), as_size(product(buf.get_reduction_ranges())) if buf.is_reduction() else 1
-
-
 def buffer_bytes(buf: Buffer, memo: dict) -> int:
     """Bytes of ``buf``'s elements from its sizes' hints (0 without a hint: unbacked), cached in ``memo``."""
     if buf not in memo:  # (read again for every candidate pair of every fusion round)
@@ -84,7 +80,8 @@ class Scheduler:
         _deps_cache.clear()  # the last graph's buffers (it kept every graph's IR alive)
         self.output_names = {o.name for o in graph.outputs if o.name is not None}
         self.steps, self.decisions = [], []
-        self.groups: list = [FusedGroup([b], *node_group(b), i) if isinstance(b, ComputedBuffer)
+        self.groups: list = [FusedGroup([b], product(b.get_ranges()), product(b.get_reduction_ranges())
+                                        if b.is_reduction() else 1, i) if isinstance(b, ComputedBuffer)
                              else ExternStep(b, i) for i, b in enumerate(graph.buffers)]
         self.order_of = {b.get_name(): i for i, b in enumerate(graph.buffers)}
         self._owner = None

@@ -194,10 +194,9 @@ class InputGroups:
 
 
 def _covering(ts: list, lo: int, hi: int) -> Optional[torch.Tensor]:
-    """The tensor to take a group's base from: a member, or the tensor the members are
-    autograd views of, that covers storage elements [lo, hi), so that gradients of the
-    base flow to all of it (``as_strided`` of ``x[0]`` differentiates only into ``x[0]``).
-    Without gradients, any member. None when gradients are needed and none covers."""
+    """The tensor to take a group's base from: a member, or the tensor the members are autograd views of, that covers
+    storage elements [lo, hi), so that gradients of the base flow to all of it (``as_strided`` of ``x[0]``
+    differentiates only into ``x[0]``). Without gradients, any member. None if gradients are needed and none covers."""
     if not torch.is_grad_enabled() or not any(t.requires_grad for t in ts):
         return ts[0]
     for t in ts + [t._base for t in ts if t._base is not None]:

@@ -705,9 +705,8 @@ def _traced(fn: Callable, args: list) -> Callable:
 
 
 def _make_fx(fn: Callable, args: list, decompositions: dict, fake_mode: FakeTensorMode):
-    # symbolic sizes are traced as sym_size nodes only in "symbolic" mode (which
-    # reuses the inputs' fake mode and ShapeEnv); static inputs trace in "real" mode
-    # (an unbacked size, from nonzero or .item(), needs the capture's ShapeEnv too)
+    # symbolic sizes are traced as sym_size nodes only in "symbolic" mode (reusing the inputs' fake mode and ShapeEnv);
+    # static inputs trace in "real" mode (an unbacked size, from nonzero or .item(), needs the capture's ShapeEnv too)
     mode = "symbolic" if is_symbolic(args) or fake_mode.shape_env is not None else "real"
     if fake_mode.shape_env is not None:     # left by runs that are over (capture, analyze)
         fake_mode.shape_env.pending_fresh_unbacked_symbols.clear()

@@ -314,9 +314,8 @@ class _Rewriter:
             node.target, (x, scaled), {})
 
     def _rewrite_factory(self, node: torch.fx.Node, t: torch.fx.Node) -> None:
-        """``scalar_tensor(s)`` → a copy of the 0-d tensor in the dtype asked for;
-        ``full(size, s)`` / ``new_full(x, size, s)`` → that copy expanded to ``size``
-        and made contiguous; ``full_like(x, s)`` → ``ones_like(x) * copy``."""
+        """``scalar_tensor(s)`` → a copy of the 0-d tensor in the dtype asked for; ``full(size, s)`` / ``new_full(x,
+        size, s)`` → that copy expanded to ``size``, made contiguous; ``full_like(x, s)`` → ``ones_like(x) * copy``."""
         if not isinstance(out := node.meta.get("val"), torch.Tensor) or not self._same_device(node, [t]):
             return
         def build():

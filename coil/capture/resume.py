@@ -90,8 +90,7 @@ def make_resume_code(code: types.CodeType, index: int, null_mask: tuple, local_n
         out.qualname = getattr(root, "co_qualname", root.co_name)
     # The resume code jumps over the start of any try block it resumes inside, so the bytecode library's flow analysis
     # sees those TryBegins (and their handlers) as dead: their depth would be a sentinel and their stack use uncounted.
-    # The depths come from the original exception table (_copy_exception_depths above) and the stack size from the
-    # original code.
+    # Depths come from the original exception table (_copy_exception_depths above), stack size from the original code.
     stacksize = code.co_stacksize + len(null_mask) + len(local_names) + 8
     new_code = out.to_code(stacksize=stacksize, compute_exception_stack_depths=False)
     _record_positions(new_code, code, bc, new)

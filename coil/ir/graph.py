@@ -642,8 +642,7 @@ class GraphLowering(torch.fx.Interpreter):
                 return OutputSpec("buffer", self._materialize(r, stride).get_name())
             if stride is not None and lay is not None and lay.offset == 0 and \
                     [str(v) for v in lay.stride] != [str(v) for v in stride]:
-                # strides that differ only on size-1 dims: an as_strided view with the
-                # fake strides (same memory, no copy)
+                # strides differing only on size-1 dims: an as_strided view with the fake strides (same memory, no copy)
                 return OutputSpec("view", d.data.get_name(), list(lay.size), stride, sympy.Integer(0))
             return OutputSpec("buffer", d.data.get_name())
         if isinstance(d, StorageBox):
@@ -668,9 +667,8 @@ class GraphLowering(torch.fx.Interpreter):
         if nops > MAX_BODY_OPS and users == 1 and one_copy_chain(n) is not None:
             return  # the copy takes the body and is realized in its own layout (no transposing copy kernel)
         if nops > MAX_BODY_OPS or (users > 1 and (nreads > config.max_inline_reads or nops > MAX_INLINE_OPS)):
-            # eager's layout when it is a dense permutation (the value may also be a graph
-            # output, which must have the fake strides: no copy then); contiguous ones
-            # go through the default (channels-last graphs choose their own)
+            # eager's layout when it is a dense permutation (the value may also be a graph output, which must have the
+            # fake strides: no copy then); contiguous ones take the default (channels-last graphs choose their own)
             meta = n.meta.get("val")
             dense = isinstance(meta, torch.Tensor) and _dense_non_overlapping(meta) and not meta.is_contiguous() \
                 and _same_size(meta, sb.data.get_size())
@@ -1074,8 +1072,7 @@ def _same_strides(layout: Layout, t: torch.Tensor) -> bool:
 
 
 def _dense_non_overlapping(t: torch.Tensor) -> bool:
-    # an undecidable (unbacked) size counts as not 1, an undecidable stride as another:
-    # both can only say "not dense", which is safe
+    # an undecidable (unbacked) size counts as not 1, an undecidable stride as another: both only say "not dense" (safe)
     pairs = sorted((st, s) for s, st in zip(t.shape, t.stride()) if guard_or_true(s != 1))
     expect = 1
     for st, s in pairs:

@@ -26,9 +26,8 @@ aten = torch.ops.aten
 
 
 def _matvec_conv(x, weight, rest):
-    """A 1x1 convolution of a 1x1 image (squeeze-excitation's FC layers, a head on pooled
-    features) small enough to be latency-bound, as a generated reduction over input
-    channels (fp32 sums, as cuDNN accumulates); None where that does not apply."""
+    """A 1x1 convolution of a 1x1 image (squeeze-excitation's FC layers, a head on pooled features) small enough to be
+    latency-bound, as a generated reduction over input channels (fp32 sums, as cuDNN accumulates); else None."""
     stride, padding, dilation, transposed, output_padding, groups = rest
     try:
         n, cin, h, w = (int(v) for v in x.get_size())

@@ -262,8 +262,7 @@ def _repeat(x, repeats):
 
 @register_lowering(aten.unfold)
 def _unfold(x, dimension, size, step):
-    """``x.unfold(d, size, step)``: windows along ``d`` as a strided view (window index
-    at ``d``, position in the window last)."""
+    """``x.unfold(d, size, step)``: windows along ``d`` as a strided view (window index at ``d``, offset in it last)."""
     nd = len(x.get_size())
     out = out_size()
     if nd == 0:
@@ -417,8 +416,7 @@ def _longest_extension(node, dim: int, odt):
 def _costly(parts) -> bool:
     """Whether the unrealized pointwise inputs of a ``cat`` hold more than ``MAX_INLINE_OPS`` ops together: inlined as
     one where-chain, every element would compute all of them (GPT-NeoX's query/key/value gradient, a cat of partial
-    rotary backwards, evaluated six sines and cosines per element), computed into slices each element computes its
-    own."""
+    rotary backwards, evaluated six sines and cosines per element); in slices each element computes its own."""
     from coil.ir.graph import MAX_INLINE_OPS
     from coil.ir.handlers import count_ops
     bodies = [t.data.data for _, n, t in parts if n != 0 and isinstance(getattr(t, "data", None), StorageBox)

@@ -471,10 +471,9 @@ class TritonLauncher:
             self._call = self._checked(self._slow, lambda c, a: self.fn[self._grid(c)](*a, **_interpreted(c)))
 
     def _checked(self, run: Callable, launch: Callable) -> Callable:
-        """``run``, first checking (``config.triton_check_configs``) that every candidate config gives the values of
-        the first: each runs as ``launch(cfg, args)`` on :func:`scratch_copies` of the first call's arguments, and a
-        written argument that differs (beyond reduction-order rounding) raises AssertionError naming the kernel and
-        the config."""
+        """``run``, first checking (``config.triton_check_configs``) that every candidate config gives the values of the
+        first: each runs as ``launch(cfg, args)`` on :func:`scratch_copies` of the first call's arguments; a written
+        argument that differs (beyond reduction-order rounding) raises AssertionError naming kernel and config."""
         checked = []
 
         def first(*args):

@@ -351,9 +351,8 @@ class CppKernel(OpsHandler):
         return out
 
     def _masked_key(self, mask, inner: list[str], result, other_v: str):
-        """A CSE key for a masked block: its text with the variables it defines renamed
-        in order ($0, $1, ...), so two identical guarded computations share one
-        variable. None (no CSE) when the block stores or has other side effects."""
+        """A CSE key for a masked block: its text with the variables it defines renamed in order ($0, $1, ...), so two
+        identical guarded computations share one variable. None (no CSE) if the block stores or has side effects."""
         if any("p_" in l.split("=")[0] or "#pragma" in l for l in inner):
             return None
         names = {}

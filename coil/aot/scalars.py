@@ -95,9 +95,8 @@ def _is_number_type(t: str) -> bool:
 
 
 def _tensor_overload(op: torch._ops.OpOverload, positions: set, absent: set) -> Optional[torch._ops.OpOverload]:
-    """The overload of ``op``'s packet with the same arguments, except a Tensor where
-    ``op`` takes a Scalar at each of ``positions`` (argument indices); the arguments
-    named in ``absent`` (not given, or None) may have another optional type."""
+    """The overload of ``op``'s packet with the same arguments, except a Tensor where ``op`` takes a Scalar at each of
+    ``positions`` (argument indices); arguments in ``absent`` (not given, or None) may have another optional type."""
     args = op._schema.arguments
     if all(_is_tensor_type(str(args[i].type)) for i in positions):
         return op

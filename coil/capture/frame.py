@@ -911,8 +911,7 @@ def _balance_modes(output: OutputGraph) -> None:
 
 
 def _property_getter(tx, inst) -> Optional[types.FunctionType]:
-    """The Python getter of the property that ``inst`` (an attribute load) reads from
-    the object on top of the stack, or None."""
+    """The Python getter of the property ``inst`` (an attribute load) reads from the object atop the stack, or None."""
     if inst.opname not in ("LOAD_ATTR", "LOAD_METHOD") or not tx.stack:
         return None
     obj = tx.stack[-1]
@@ -1031,8 +1030,7 @@ def _operator_form(inst):
 
 
 def _depth_after(inst, stack: list):
-    """The stack depth after ``inst`` when a trampoline can run it alone and the stack it
-    leaves holds no NULL; else None."""
+    """The stack depth after ``inst`` if a trampoline can run it alone and its stack then holds no NULL; else None."""
     if inst.opname == "LOAD_ATTR" and not (sys.version_info >= (3, 12) and inst.arg & 1):
         pops, pushes = 1, 1
     elif inst.opname == "UNPACK_SEQUENCE":

@@ -575,10 +575,9 @@ class GraphLowering(torch.fx.Interpreter):
 
     def _saved_output_spec(self, r, meta) -> OutputSpec:
         """A saved-for-backward output of a forward whose backward is compiled with the strides this graph reports
-        (``output_strides``): it keeps the layout it has (a channels-last activation stays NHWC instead of being copied
-        to NCHW). A view not yet realized is realized as an extern op's argument is (:meth:`realize_input`): the
-        backward's extern op reads it as the forward's did (an attention bias keeps its aligned rows), and the two share
-        one copy."""
+        (``output_strides``): it keeps its layout (a channels-last activation stays NHWC, not copied to NCHW). A view
+        not yet realized is realized as an extern op's argument is (:meth:`realize_input`): the backward's extern op
+        reads it as the forward's did (an attention bias keeps its aligned rows), and both share one copy."""
         if not isinstance(r, TensorBox):
             return OutputSpec("value", value=r)
         if isinstance(d := r.data, GenericView) and isinstance(meta, torch.Tensor):

@@ -559,9 +559,8 @@ class TritonLauncher:
 
     # -------------------------------------------------------------- autotuning
     def _tune_path(self) -> str:
-        """``k<source sha>.<gpu>.c<candidates sha>.tune.json``: the candidate set is part
-        of the key, so a change of :func:`candidate_configs` re-tunes kernels whose
-        source did not change instead of reusing a winner from the old set."""
+        """``k<source sha>.<gpu>.c<candidates sha>.tune.json``: the candidate set is part of the key, so changing
+        :func:`candidate_configs` re-tunes kernels with unchanged source instead of reusing the old set's winner."""
         dev = torch.cuda.get_device_name().replace(" ", "_") if self.gpu else "cpu"
         cands = source_key(json.dumps(self.configs, sort_keys=True))[:8]
         return os.path.join(cache_dir(), f"k{self.key}.{dev}.c{cands}.tune.json")

@@ -172,11 +172,10 @@ class Scheduler:
 
     # ---------------------------------------------- launch-saving horizontal fusion
     def _input_only_pattern(self, g: FusedGroup) -> Optional[tuple]:
-        """The access pattern of a pointwise group that reads only graph inputs (a parameter's autocast cast,
-        a weight's channels-last copy) and is small enough for ``config.launch_fusion_max_numel``: ``(numel,
-        (load index expressions, store index expressions))`` with buffer names dropped, when all its nodes
-        share one such pattern; else None. Such groups depend on nothing computed in the graph, so they can
-        run at any point before their first reader."""
+        """The access pattern of a pointwise group that reads only graph inputs (a parameter's autocast cast, a weight's
+        channels-last copy) and is small enough for ``config.launch_fusion_max_numel``: ``(numel, (load index
+        expressions, store index expressions))`` without buffer names, when all its nodes share one such pattern; else
+        None. Such groups depend on nothing computed in the graph: they can run anywhere before their first reader."""
         if g not in self._memo:
             self._memo[g] = self._pattern_of(g)
         return self._memo[g]

@@ -543,8 +543,7 @@ def _wraps(tx, args, kwargs):
 
 
 class _WrapsDecorator(VariableTracker):
-    """``functools.wraps(wrapped)``: returns the decorated function unchanged (its
-    metadata is not copied inside the trace)."""
+    """``functools.wraps(wrapped)``: the decorated function, unchanged (its metadata is not copied in the trace)."""
 
     def call_function(self, tx, args, kwargs):
         return args[0]

@@ -778,12 +778,11 @@ class CppKernel(OpsHandler):
             for acc in blocked:
                 l = l.replace(f"{acc}@", f"{acc}_blk[l]")
             lane_body.append(l.replace("@", "_lane[l]"))
-        # The scalar tail (the last ext0 % LANES elements of each row, from tail0 = ext0 - ext0 % LANES, where
-        # the lane loop leaves rb) is a partial lane chunk: element tail0 + l goes to lane l (constant bounds,
-        # so it unrolls). There is no separate in-order tail accumulator: g++ 12.2 -O3 miscompiles the loop
-        # vectorization of an in-order float sum over reversed accesses (x.flip(-1).sum() on (17, 2), where
-        # the lane loop never runs and the whole row is tail; docs/cpp_backend.md), and with independent lanes
-        # a row shorter than LANES vectorizes without reassociation.
+        # The scalar tail (the last ext0 % LANES elements of each row, from tail0 = ext0 - ext0 % LANES, where the lane
+        # loop leaves rb) is a partial lane chunk: element tail0 + l goes to lane l (constant bounds: it unrolls). No
+        # separate in-order tail accumulator: g++ 12.2 -O3 miscompiles the loop vectorization of an in-order float sum
+        # over reversed accesses (x.flip(-1).sum() on (17, 2), where the lane loop never runs and the whole row is tail;
+        # docs/cpp_backend.md), and with independent lanes a row shorter than LANES vectorizes without reassociation.
         if is_static(ext[0]):
             n_tail = int(ext[0]) % LANES
             tail0 = int(ext[0]) - n_tail

@@ -44,9 +44,8 @@ def size_values(plan) -> list:
 
 
 def _other_sizes(plan, sizes: list) -> list:
-    """``sizes`` (the kernel's int arguments) at two other values of the size symbols:
-    each hint plus one, and each times 16, so that the launcher can compile ahead the
-    Triton specialization classes (divisibility by 16) later sizes may fall in."""
+    """``sizes`` (the kernel's int arguments) at two other values of the size symbols: each hint plus one, and times 16,
+    so the launcher can compile ahead the Triton specialization classes (divisibility by 16) later sizes may fall in."""
     syms = plan.size_symbols()
     try:
         return [[int(sympy.sympify(e).subs({s: f(hint(s)) for s in syms})) for e in sizes]

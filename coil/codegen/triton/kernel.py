@@ -255,9 +255,8 @@ class TritonKernel(OpsHandler):
         dims = self._dims_of_index(e)
         full = dims | value.dims
         if mode == "atomic_add":
-            # one addition per element of the node's iteration space, also along the axes
-            # neither the address nor the value varies on (three updates of one element
-            # whose index expression folded to a constant are three adds, not one)
+            # one addition per element of the node's iteration space, also along axes neither address nor value varies
+            # on (three updates of one element whose index expression folded to a constant are three adds, not one)
             full = full.union(*(self._dims_of_index(i) for i in [*self.cur.index, *self.cur.rindex]))
         mask, mdims = self._mask(full)
         buf_dtype = self.plan.buffer(name).get_dtype()

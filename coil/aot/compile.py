@@ -206,10 +206,9 @@ _storage_key = torch.Tensor.untyped_storage if _storage_objects_preserved() else
 
 def _check_aliasing_per_call(runner: Callable, gm: Callable, mutated: list, example_inputs: list) -> Callable:
     """``runner``, except on calls whose inputs share memory with a mutated input (the check of
-    :func:`_refuse_mutated_aliased_inputs`, about 0.1 µs per tensor input and only for graphs that mutate an input):
-    those run ``fn``, the captured program, eagerly, which gives eager's values (logged as
-    ``aot_aliased_inputs_eager``). Without it ``f(a, a)`` after ``f(x, y)`` hit the compiled graph, which treats its
-    inputs as independent, and returned wrong values."""
+    :func:`_refuse_mutated_aliased_inputs`, about 0.1 µs per tensor input and only for graphs mutating an input): those
+    run ``fn``, the captured program, eagerly, giving eager's values (logged as ``aot_aliased_inputs_eager``). Without
+    it ``f(a, a)`` after ``f(x, y)`` hit the compiled graph, which treats its inputs as independent: wrong values."""
     if not mutated:
         return runner
     mutated = list(mutated)

@@ -362,8 +362,7 @@ def _capturer(cfg):
 
 
 def _find_entry(cache: "FrameCache", cfg, bound, fn):
-    """The first entry of ``cache`` compiled for ``cfg`` whose guard accepts this call
-    (a guard that raises is a miss), or None."""
+    """The first entry of ``cache`` compiled for ``cfg`` whose guard accepts this call (raising: a miss), or None."""
     for e in cache.entries:
         if e.config is cfg:
             try:

@@ -283,8 +283,7 @@ def _maybe_pad_matmul_output(ek: ExternKernel, meta: torch.Tensor) -> None:
 
 
 def _padded_matmul_result(r) -> bool:
-    """Whether lowered value ``r`` is the row-padded output of a padded matmul (:func:`_maybe_pad_matmul_output`)
-    or a view of it."""
+    """Whether lowered value ``r`` is (a view of) the row-padded output of :func:`_maybe_pad_matmul_output`."""
     d = getattr(r, "data", None)
     return bool(getattr(d.data if isinstance(d, (ReinterpretView, StorageBox)) else None, "padded_output", False))
 
@@ -1020,9 +1019,8 @@ def _dense_strides_like(t: torch.Tensor) -> list[int]:
 
 
 def _strides_agree(size, a, b, symbolic: bool) -> bool:
-    """Whether strides ``a`` and ``b`` of a tensor of ``size`` agree on every dim that is
-    not of size 1. Symbolic strides (dynamic shapes) agree when their expressions are
-    equal; ``symbolic`` is the answer when a value is neither an int nor a size."""
+    """Whether strides ``a`` and ``b`` of a tensor of ``size`` agree on every dim not of size 1. Symbolic strides
+    (dynamic shapes) agree if their expressions are equal; a value neither int nor size gives ``symbolic``."""
     try:
         # (sizes compared as expressions: ``s == 1`` on an unbacked SymInt guards on data)
         return all(as_expr(s) == 1 or as_expr(x) == as_expr(y)

@@ -552,9 +552,8 @@ def _compile(fn, example_inputs, fw_compiler, bw_compiler, partition_fn, decompo
     # and a backward's inputs must keep the strides the joint graph was traced with
     part.fw.meta["coil_aot_graph"] = "forward"
     part.bw.meta["coil_aot_graph"] = "backward"
-    # forward outputs [n_fw, n_fw + num_saved) are saved for the backward (the slice
-    # training_runner hands it): a compiler that returns them in another layout than
-    # traced reports it (``output_strides``) and the backward is compiled for that layout
+    # forward outputs [n_fw, n_fw + num_saved) are saved for the backward (the slice training_runner hands it): a
+    # compiler returning them in a layout other than traced reports it (output_strides): the backward is built for it
     n_fw = info.num_fw_outputs
     _clone_saved_mutated_inputs(part.fw, info, n_fw, part.num_saved)
     part.fw.meta["coil_saved_outputs"] = (n_fw, n_fw + part.num_saved)

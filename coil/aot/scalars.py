@@ -258,9 +258,8 @@ class _Rewriter:
         self.tensorized.append(str(op))
 
     def _same_device(self, node: torch.fx.Node, tensors: list) -> bool:
-        """Every tensor ``node`` reads or makes is on the device of the 0-d ``tensors``
-        (a CPU tensor from a Python float): a kernel for CUDA tensors cannot read a CPU
-        buffer, so on other devices the number stays a SymFloat (specialized)."""
+        """Every tensor ``node`` reads or makes is on the device of the 0-d ``tensors`` (a CPU tensor from a Python
+        float): a CUDA kernel cannot read a CPU buffer, so elsewhere the number stays a (specialized) SymFloat."""
         vals = [_val(a) for a in _flat_args(node)] + [node.meta.get("val")]
         devs = {v.device for v in pytree.tree_leaves(vals) if isinstance(v, torch.Tensor)}
         return all(devs <= {t.meta["val"].device} for t in tensors)

@@ -209,8 +209,7 @@ class DynamicPolicy:
 
 
 def _is_wrapper(t) -> bool:
-    """A tensor subclass other than Parameter/Buffer: faked with static sizes (its own
-    ``__torch_dispatch__`` may not accept symbolic ones)."""
+    """Non-Parameter/Buffer tensor subclass: faked with static sizes (its ``__torch_dispatch__`` may refuse SymInts)."""
     return type(t) not in (torch.Tensor, torch.nn.Parameter) and not isinstance(t, torch.nn.parameter.Buffer)
 
 

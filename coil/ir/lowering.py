@@ -431,8 +431,7 @@ def _full(size, value, dtype) -> TensorBox:
 # --------------------------------------------------------------------------- reductions
 
 def _norm_dims(dims, ndim) -> list[int]:
-    """Sorted non-negative reduction dims; a 0-d tensor has none (``dim=0`` or
-    ``dim=-1`` of a scalar is allowed by ATen and reduces over nothing)."""
+    """Sorted non-negative reduction dims; none for a 0-d tensor (ATen allows its ``dim=0``/``-1``: reduces nothing)."""
     if ndim == 0:
         return []
     if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):

@@ -674,8 +674,7 @@ def _scatter_box(x, ranges, dest_fn, value_fn, mode, acc_dtype=None) -> TensorBo
             xs = list(x.get_size())
             wide = make_pointwise_box(lambda v: v, [x], xs, acc, acc)
             out = _scatter_box(wide, ranges, dest_fn, value_fn, mode, acc)
-            # converted in the body, not only where stored: a reader it is inlined into
-            # sees the wrapped int8 / bool / rounded bf16 value
+            # converted in the body, not only when stored: an inlining reader sees the wrapped int8/bool/rounded bf16
             return make_pointwise_box(lambda v: ops.to_dtype(v, dt, acc), [out], xs, dt, acc)
     target, g = _fresh_copy(x), current_graph()
     sb = ScatterBuffer(g.new_buffer_name(), target, ranges, dest_fn, value_fn, mode)

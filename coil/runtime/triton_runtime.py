@@ -454,8 +454,7 @@ class TritonLauncher:
             trace.log("compile_pool_broken", stage="runtime", kernel=self.name, error=str(e))
 
     def _claim_pool_jobs(self, key: Optional[str] = None) -> None:
-        """Before compiling here: take back or wait for this body's pool jobs (those
-        queued under ``key``, default ``self.key``)."""
+        """Before compiling here, reclaim or await this body's pool jobs (under ``key``, default ``self.key``)."""
         key = key or self.key
         if jobs := _pool_jobs.get(key):
             _pool_jobs[key] = []

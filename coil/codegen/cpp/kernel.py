@@ -171,8 +171,7 @@ class CppKernel(OpsHandler):
         return any(w in self.rdep for w in re.findall(r"[A-Za-z_]\w*", expr))
 
     def _mark_local(self, name: str) -> None:
-        """A variable defined by a raw statement: inside a section body, treat it as
-        depending on the loop (never hoist what uses it)."""
+        """A variable a raw statement defines: in a section body, treat as loop-dependent (never hoist what uses it)."""
         self.locals.add(name)
         if self.section is not None:
             self.rdep.add(name)
@@ -543,8 +542,7 @@ class CppKernel(OpsHandler):
 
     @staticmethod
     def _simd_for(lines: list[str]) -> str:
-        """``#pragma omp simd`` unless the loop body has a bounds check or an atomic
-        store (checks hoisted out of the loop do not count)."""
+        """``#pragma omp simd`` unless the loop body has a bounds check or atomic store (hoisted checks don't count)."""
         return "" if any("coil_ind_checked(" in l or "omp atomic" in l or "omp critical" in l for l in lines) \
             else "#pragma omp simd"
 

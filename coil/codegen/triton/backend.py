@@ -59,8 +59,7 @@ def _indent(lines, n):
 
 
 def _plan_gpu(plan) -> bool:
-    """Whether ``plan`` runs on a GPU (else Triton's CPU interpreter), as the launcher
-    decides it: from the device of its first node's buffer."""
+    """Whether ``plan`` runs on a GPU (else Triton's interpreter) per the launcher: its first node's buffer's device."""
     return plan.buffer(plan.nodes[0].name).get_device().type != "cpu" or config.triton_check_configs
 
 

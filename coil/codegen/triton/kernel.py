@@ -58,9 +58,8 @@ def _nan(dtype) -> str:
 
 
 def _convert(value, dtype):
-    """A constant as eager's conversion to ``dtype`` makes it (a Python number): 2.5 in
-    int64 is 2, 300 in uint8 is 44, 70000.0 in fp16 is inf. Integer constants wrap into
-    their dtype's range, as eager converts a scalar (uint8 + 300 adds 44)."""
+    """A constant (a Python number) as eager converts it to ``dtype``: 2.5 in int64 is 2, 300 in uint8 is 44, 70000.0 in
+    fp16 is inf; integers wrap into the dtype's range like eager's scalars (uint8 + 300 adds 44)."""
     if isinstance(value, bool):
         return torch.tensor(value).to(dtype).item()
     if isinstance(value, numbers.Integral):
@@ -429,8 +428,7 @@ class TritonKernel(OpsHandler):
 
     @staticmethod
     def _final(reduction_type, v) -> str:
-        # red.*: NaN-propagating tl.reduce on GPUs, NumPy under the interpreter
-        # (coil.runtime.triton_reductions / triton_libdevice)
+        # red.*: NaN-propagating tl.reduce (GPU) / NumPy (interpreter): coil.runtime.triton_reductions, triton_libdevice
         fn = {"sum": "sum", "max": "max", "min": "min", "any": "max", "prod": "prod"}[reduction_type]
         return f"red.{fn}({v}, 1)"
 

@@ -307,9 +307,9 @@ def _addresses(t: torch.Tensor) -> tuple:
 
 
 def _restrides_beyond(t, size, stride, storage_offset=None) -> bool:
-    """Whether ``t.as_strided_(...)`` ends past ``t``'s storage as functionalization sizes it, or ``t`` does not start
-    at its storage's start: a later ``as_strided`` of its functional value (starting at 0) would take the absolute
-    offset from there (s217 #392: ``a[1:]`` restrided to offset 3, then written, read element 3 of 3)."""
+    """Whether ``t.as_strided_(...)`` ends past ``t``'s storage as functionalization sizes it, or ``t`` starts past its
+    storage's start: a later ``as_strided`` of its functional value (starting at 0) would take the absolute offset from
+    there (s217 #392: ``a[1:]`` restrided to offset 3, then written, read element 3 of a 3-element value)."""
     if t.storage_offset() != 0:    # (a symbolic offset: guarded, s302 #376)
         return True
     offset = t.storage_offset() if storage_offset is None else storage_offset

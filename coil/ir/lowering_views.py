@@ -247,7 +247,7 @@ def _flip(x, dims):
 
 @register_lowering(aten.repeat)
 def _repeat(x, repeats):
-    """Tiling by re-indexing: ``out[..., i, ...] = x[..., i % n, ...]`` (new leading dims of ``repeats`` index nil)."""
+    """Tiling by re-indexing: ``out[..., i, ...] = x[..., i % n, ...]`` (new leading dims from ``repeats``: unused)."""
     xs = list(x.get_size())
     extra = len(repeats) - len(xs)
     size = out_size()

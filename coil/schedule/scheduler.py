@@ -322,10 +322,10 @@ class Scheduler:
 
     def _reorder(self, g: FusedGroup, lo: int, hi: int) -> None:
         """Order the groups topologically again after the groups ordered ``lo`` and ``hi`` became ``g`` (in ``lo``'s
-        place): the producers of the ``hi`` one ordered after ``lo`` (``up``; none is a consumer of the ``lo`` one: a
-        cycle) must now come before ``g``. Up to the last of them, the groups that do not depend on ``g`` move before
-        it, in their order; nothing else moves. This is the order sorting all groups again gives (Kahn's algorithm,
-        smallest order first), found without visiting them all; orders stay increasing, not contiguous."""
+        place): the producers of the ``hi`` one ordered after ``lo`` (``up``; none consumes the ``lo`` one: that would
+        be a cycle) must now come before ``g``. Up to the last of them, the groups that do not depend on ``g`` move
+        before it, in their order; nothing else moves. This is the order sorting all groups again gives (Kahn's
+        algorithm, smallest order first), found without visiting them all; orders stay increasing, not contiguous."""
         groups, byid, order = self.groups, self._byid, (lambda x: x.order)
         del groups[bisect.bisect_left(groups, hi, key=order)]
         i = bisect.bisect_left(groups, lo, key=order)

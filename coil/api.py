@@ -34,10 +34,6 @@ _MODE_OPTIONS = {
 }
 
 
-def _backend_name(backend: Union[str, Callable]) -> str:
-    return backend if isinstance(backend, str) else (getattr(backend, "__name__", None) or type(backend).__name__)
-
-
 def _wrap_backend(backend: Callable, name: str, options: dict) -> Callable:
     """The backend as capture calls it: compiles with ``options`` patched into coil.config, times itself as
     compile-log stage ``backend`` (with event ``config``: the options in force), and turns an exception raised
@@ -246,7 +242,8 @@ def compile(fn_or_module: Union[Callable, torch.nn.Module, None] = None, *, back
     merged = {**_MODE_OPTIONS[mode], **options}
     if dynamic is not None:
         merged.setdefault("dynamic", dynamic)
-    backend_fn = _wrap_backend(backend_fn, _backend_name(backend), merged)
+    bname = backend if isinstance(backend, str) else (getattr(backend, "__name__", None) or type(backend).__name__)
+    backend_fn = _wrap_backend(backend_fn, bname, merged)
 
     def wrap(target):
         def capture_it(t):

@@ -14,12 +14,6 @@ from typing import Optional, Sequence
 from coil.bench.cli import add_bench, add_conformance, add_demo, run_bench, run_conformance, run_demo
 
 
-def _add_report(sub) -> None:
-    p = sub.add_parser("report", help="render a compile log directory as HTML")
-    p.add_argument("log_dir")
-    p.add_argument("-o", "--out", default=None, help="output directory")
-
-
 def _run_report(a) -> int:
     from coil.trace import report
     return int(report.main([a.log_dir] + (["-o", a.out] if a.out else [])) or 0)
@@ -33,7 +27,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     add_demo(sub)
     add_bench(sub)
     add_conformance(sub)
-    _add_report(sub)
+    p = sub.add_parser("report", help="render a compile log directory as HTML")
+    p.add_argument("log_dir")
+    p.add_argument("-o", "--out", default=None, help="output directory")
     a = parser.parse_args(argv)
     return {"demo": run_demo, "bench": run_bench, "conformance": run_conformance, "report": _run_report}[a.command](a)
 

@@ -194,10 +194,9 @@ class InputGroups:
 
 
 def _covering(ts: list, lo: int, hi: int) -> Optional[torch.Tensor]:
-    """The tensor to take a group's base from: a member, or the tensor the members are
-    autograd views of, that covers storage elements [lo, hi), so that gradients of the
-    base flow to all of it (``as_strided`` of ``x[0]`` differentiates only into ``x[0]``).
-    Without gradients, any member. None when gradients are needed and none covers."""
+    """The tensor to take a group's base from: a member, or the tensor the members are autograd views of, that covers
+    storage elements [lo, hi), so that gradients of the base flow to all of it (``as_strided`` of ``x[0]``
+    differentiates only into ``x[0]``). Without gradients, any member. None if gradients are needed and none covers."""
     if not torch.is_grad_enabled() or not any(t.requires_grad for t in ts):
         return ts[0]
     for t in ts + [t._base for t in ts if t._base is not None]:
@@ -308,10 +307,9 @@ def _addresses(t: torch.Tensor) -> tuple:
 
 
 def _restrides_beyond(t, size, stride, storage_offset=None) -> bool:
-    """Whether ``t.as_strided_(...)`` ends past ``t``'s storage as functionalization sizes it, or ``t``
-    does not start at its storage's start: a later ``as_strided`` of its functional value (which starts
-    at 0) would take the absolute offset from there (s217 #392: ``a[1:]`` restrided to offset 3, then
-    written, read element 3 of a 3-element value)."""
+    """Whether ``t.as_strided_(...)`` ends past ``t``'s storage as functionalization sizes it, or ``t`` starts past its
+    storage's start: a later ``as_strided`` of its functional value (starting at 0) would take the absolute offset from
+    there (s217 #392: ``a[1:]`` restrided to offset 3, then written, read element 3 of a 3-element value)."""
     if t.storage_offset() != 0:    # (a symbolic offset: guarded, s302 #376)
         return True
     offset = t.storage_offset() if storage_offset is None else storage_offset

@@ -73,10 +73,9 @@ def _symbolic_placeholder_values(gm: torch.fx.GraphModule, example_inputs: list,
                                  data_dependent: bool = False) -> Optional[list]:
     """The fake inputs to trace with when the capture's placeholder values (``meta["example_value"]`` or
     ``meta["val"]``) are symbolic (dynamic shapes, or a 0-d tensor holding a Python float the capture made symbolic,
-    read with ``.item()``: :func:`coil.aot.functional.item_memo`), else None.
-
-    Tracing with them keeps sizes symbolic; tracing with the real example inputs would specialize the graphs to the
-    first call's sizes. Real example inputs that torch's capture recorded are faked again (:func:`_fake_as_at_call`)."""
+    read with ``.item()``: :func:`coil.aot.functional.item_memo`), else None. Tracing with them keeps sizes symbolic;
+    tracing with the real example inputs would specialize the graphs to the first call's sizes. Real example inputs that
+    torch's capture recorded are faked again (:func:`_fake_as_at_call`)."""
     vals, symbolic = [], False
     for n in gm.graph.find_nodes(op="placeholder"):
         v = n.meta.get("example_value", n.meta.get("val"))
@@ -156,13 +155,12 @@ def _refuse_mutated_aliased_inputs(example_inputs: list, mutated: list) -> None:
 
 
 def _clone_saved_mutated_inputs(fw: torch.fx.GraphModule, info, n_fw: int, num_saved: int) -> None:
-    """Save a copy of a mutated input that the backward reads, not the input itself.
-
-    The backward of ``y.mul_(x)`` (``y`` mutated, ``x`` requiring grad) reads ``y``'s value before the mutation, which
-    the partitioner saves as the forward's input ``y``; the epilogue then overwrites it in place (and its version bump
-    failed every backward); the same for a saved view of it (``y[0].mul_(x)`` saves ``select(y)``). Eager autograd saves
-    a clone before the in-place op too. A restrided input also: the epilogue's ``as_strided_`` bumps its version (fuzz
-    s1005 #348). Rewrites ``fw`` in place."""
+    """Save a copy of a mutated input that the backward reads, not the input itself. The backward of ``y.mul_(x)``
+    (``y`` mutated, ``x`` requiring grad) reads ``y``'s value before the mutation, which the partitioner saves as the
+    forward's input ``y``; the epilogue then overwrites it in place (and its version bump failed every backward); the
+    same for a saved view of it (``y[0].mul_(x)`` saves ``select(y)``). Eager autograd saves a clone before the in-place
+    op too. A restrided input also: the epilogue's ``as_strided_`` bumps its version (fuzz s1005 #348). Rewrites ``fw``
+    in place."""
     places, changed = [n for n in fw.graph.nodes if n.op == "placeholder"], info.mutated_inputs + info.restrided_inputs
     if len(places) != len(info.inputs) or not changed:
         return
@@ -208,10 +206,9 @@ _storage_key = torch.Tensor.untyped_storage if _storage_objects_preserved() else
 
 def _check_aliasing_per_call(runner: Callable, gm: Callable, mutated: list, example_inputs: list) -> Callable:
     """``runner``, except on calls whose inputs share memory with a mutated input (the check of
-    :func:`_refuse_mutated_aliased_inputs`, about 0.1 µs per tensor input and only for graphs that mutate an input):
-    those run ``fn``, the captured program, eagerly, which gives eager's values (logged as
-    ``aot_aliased_inputs_eager``). Without it ``f(a, a)`` after ``f(x, y)`` hit the compiled graph, which treats its
-    inputs as independent, and returned wrong values."""
+    :func:`_refuse_mutated_aliased_inputs`, about 0.1 µs per tensor input and only for graphs mutating an input): those
+    run ``fn``, the captured program, eagerly, giving eager's values (logged as ``aot_aliased_inputs_eager``). Without
+    it ``f(a, a)`` after ``f(x, y)`` hit the compiled graph, which treats its inputs as independent: wrong values."""
     if not mutated:
         return runner
     mutated = list(mutated)
@@ -555,9 +552,8 @@ def _compile(fn, example_inputs, fw_compiler, bw_compiler, partition_fn, decompo
     # and a backward's inputs must keep the strides the joint graph was traced with
     part.fw.meta["coil_aot_graph"] = "forward"
     part.bw.meta["coil_aot_graph"] = "backward"
-    # forward outputs [n_fw, n_fw + num_saved) are saved for the backward (the slice
-    # training_runner hands it): a compiler that returns them in another layout than
-    # traced reports it (``output_strides``) and the backward is compiled for that layout
+    # forward outputs [n_fw, n_fw + num_saved) are saved for the backward (the slice training_runner hands it): a
+    # compiler returning them in a layout other than traced reports it (output_strides): the backward is built for it
     n_fw = info.num_fw_outputs
     _clone_saved_mutated_inputs(part.fw, info, n_fw, part.num_saved)
     part.fw.meta["coil_saved_outputs"] = (n_fw, n_fw + part.num_saved)

@@ -106,11 +106,10 @@ def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def _stat_dtype(x: torch.Tensor) -> torch.dtype:
-    """Accumulation dtype of mean/variance statistics (see docs/ir.md, "Numerics").
-
-    On CPU float64, as eager's CPU var/std kernels accumulate in double: the squares of float32 values above ~1.8e19
-    overflow in float32 while ``x.std()`` of them is finite (``torch.std(torch.tensor([1e20, -1e20]))`` is 1.41e20).
-    Elsewhere float32 for half inputs, else x's dtype, as eager's CUDA kernels do."""
+    """Accumulation dtype of mean/variance statistics (see docs/ir.md, "Numerics"). On CPU float64, as eager's CPU
+    var/std kernels accumulate in double: the squares of float32 values above ~1.8e19 overflow in float32 while
+    ``x.std()`` of them is finite (``torch.std(torch.tensor([1e20, -1e20]))`` is 1.41e20). Elsewhere float32 for half
+    inputs, else x's dtype, as eager's CUDA kernels do."""
     return torch.float64 if x.device.type == "cpu" and x.dtype.is_floating_point else _acc_dtype(x.dtype)
 
 

@@ -210,9 +210,8 @@ class _ViewRewrites(TorchDispatchMode):
         if isinstance(func, torch._ops.HigherOrderOperator):
             return func(*args, **(kwargs or {}))
         if torch.Tag.inplace_view in func.tags and args[0] in self.grad_viewed:
-            # autograd rebuilds the views taken before by replaying their view ops on the restrided
-            # tensor (functional tensors have no as_strided): IndexError, a transpose of a 1-D
-            # tensor after squeeze_ (gradient fuzzer s1016 #980)
+            # autograd rebuilds the views taken before by replaying their view ops on the restrided tensor (functional
+            # tensors lack as_strided): IndexError, transposing a 1-D tensor after squeeze_ (gradient fuzzer s1016 #980)
             raise RunEagerly(RESTRIDE_VIEWED_MESSAGE)
         if func in _SQUEEZE_ and any(isinstance(n, torch.SymInt) for n in args[0].shape):
             return _squeeze_(func, *args)
@@ -705,9 +704,8 @@ def _traced(fn: Callable, args: list) -> Callable:
 
 
 def _make_fx(fn: Callable, args: list, decompositions: dict, fake_mode: FakeTensorMode):
-    # symbolic sizes are traced as sym_size nodes only in "symbolic" mode (which
-    # reuses the inputs' fake mode and ShapeEnv); static inputs trace in "real" mode
-    # (an unbacked size, from nonzero or .item(), needs the capture's ShapeEnv too)
+    # symbolic sizes are traced as sym_size nodes only in "symbolic" mode (reusing the inputs' fake mode and ShapeEnv);
+    # static inputs trace in "real" mode (an unbacked size, from nonzero or .item(), needs the capture's ShapeEnv too)
     mode = "symbolic" if is_symbolic(args) or fake_mode.shape_env is not None else "real"
     if fake_mode.shape_env is not None:     # left by runs that are over (capture, analyze)
         fake_mode.shape_env.pending_fresh_unbacked_symbols.clear()
@@ -727,11 +725,10 @@ _INT_DIVISIONS = {aten.floor_divide.default, aten.remainder.Tensor, aten.fmod.Te
 
 def _insert_zero_division_checks(gm: torch.fx.GraphModule) -> None:
     """Before each integer division, remainder or fmod by a CPU tensor, check that no divisor is 0
-    (``aten._assert_async.msg``, raising eager's ``RuntimeError: ZeroDivisionError``): the kernels divide without a
-    check and returned numbers where eager raised. A Python divisor that is 0 in the result's dtype, or a symbolic one
-    that is 0, fails the check for a non-empty result; other Python numbers are checked by eager's own trace; CUDA's
-    eager does not raise. An integer ``pow`` by a symbolic int checks it is not negative, as eager does. Logged
-    ``zero_division_checks``."""
+    (``aten._assert_async.msg``, raising eager's ``RuntimeError: ZeroDivisionError``): the kernels divide unchecked and
+    returned numbers where eager raised. A Python divisor that is 0 in the result's dtype, or a symbolic one that is 0,
+    fails the check for a non-empty result; eager's own trace checks other Python numbers; CUDA's eager does not raise.
+    An integer ``pow`` by a symbolic int checks it is not negative, as eager does. Logged ``zero_division_checks``."""
     added = 0
     for n in list(gm.graph.nodes):
         if n.target is aten.pow.Tensor_Scalar and isinstance(e := n.args[1], torch.fx.Node) and \

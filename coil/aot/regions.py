@@ -149,8 +149,7 @@ def graph_piece(gm: torch.fx.GraphModule, nodes: list, ins: list, outs: list) ->
 
 
 def _segment(gm: torch.fx.GraphModule, nodes: list):
-    """:func:`graph_piece` of ``nodes`` reading the values it needs from outside, returning those used after it; and
-    both node lists."""
+    """:func:`graph_piece` of ``nodes`` reading outside values, returning those used later; and both node lists."""
     inside = set(nodes)
     ins = list(dict.fromkeys(a for n in nodes for a in n.all_input_nodes if a not in inside))
     outs = [n for n in nodes if any(u not in inside for u in n.users)]

@@ -33,12 +33,11 @@ DOUBLE_BACKWARD_MESSAGE = (
 
 
 def _copy_untracked(dsts: list, srcs: list) -> None:
-    """``dst.copy_(src)`` for each pair under ``no_grad``, then empties both lists.
-
-    Pairs of one device and dtype (:func:`~coil.runtime.cudagraph_trees.dtype_groups`: ATen's fast path takes one dtype
-    only) go through one ``torch._foreach_copy_``, on CUDA one multi-tensor kernel instead of a copy launch each (a
-    ResNet-50 training step updates 159 BatchNorm buffers). The order of the copies cannot matter: mutated inputs never
-    share memory here (aot/compile.py runs such calls eagerly)."""
+    """``dst.copy_(src)`` for each pair under ``no_grad``, then empties both lists. Pairs of one device and dtype
+    (:func:`~coil.runtime.cudagraph_trees.dtype_groups`: ATen's fast path takes one dtype only) go through one
+    ``torch._foreach_copy_``, on CUDA one multi-tensor kernel instead of a copy launch each (a ResNet-50 training step
+    updates 159 BatchNorm buffers). The order of the copies cannot matter: mutated inputs never share memory here
+    (aot/compile.py runs such calls eagerly)."""
     if not dsts:
         return
     with torch.no_grad():
@@ -130,11 +129,9 @@ def symbolic_evaluator(items: Any, fake_inputs: Sequence, value_shapes: Sequence
 
 
 def _make_epilogue(info: ProgramInfo) -> Callable:
-    """``epilogue(args, fw_values) -> user outputs`` (mutations + aliases, see module doc).
-
-    An aliased output that requires grad is made with grad enabled even when the caller's grad mode is off: it was
-    made in the program's own ``torch.enable_grad()`` region (``with enable_grad(): y = x.t()``) and eager's carries
-    a ``grad_fn``."""
+    """``epilogue(args, fw_values) -> user outputs`` (mutations + aliases, see module doc). An aliased output that
+    requires grad is made with grad enabled even when the caller's grad mode is off: it was made in the program's own
+    ``torch.enable_grad()`` region (``with enable_grad(): y = x.t()``) and eager's carries a ``grad_fn``."""
     mutated = info.mutated_inputs
     hidden = [info.inputs[i].mutation_hidden for i in mutated]
     n_mut = len(mutated)

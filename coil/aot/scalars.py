@@ -95,9 +95,8 @@ def _is_number_type(t: str) -> bool:
 
 
 def _tensor_overload(op: torch._ops.OpOverload, positions: set, absent: set) -> Optional[torch._ops.OpOverload]:
-    """The overload of ``op``'s packet with the same arguments, except a Tensor where
-    ``op`` takes a Scalar at each of ``positions`` (argument indices); the arguments
-    named in ``absent`` (not given, or None) may have another optional type."""
+    """The overload of ``op``'s packet with the same arguments, except a Tensor where ``op`` takes a Scalar at each of
+    ``positions`` (argument indices); arguments in ``absent`` (not given, or None) may have another optional type."""
     args = op._schema.arguments
     if all(_is_tensor_type(str(args[i].type)) for i in positions):
         return op
@@ -259,9 +258,8 @@ class _Rewriter:
         self.tensorized.append(str(op))
 
     def _same_device(self, node: torch.fx.Node, tensors: list) -> bool:
-        """Every tensor ``node`` reads or makes is on the device of the 0-d ``tensors``
-        (a CPU tensor from a Python float): a kernel for CUDA tensors cannot read a CPU
-        buffer, so on other devices the number stays a SymFloat (specialized)."""
+        """Every tensor ``node`` reads or makes is on the device of the 0-d ``tensors`` (a CPU tensor from a Python
+        float): a CUDA kernel cannot read a CPU buffer, so elsewhere the number stays a (specialized) SymFloat."""
         vals = [_val(a) for a in _flat_args(node)] + [node.meta.get("val")]
         devs = {v.device for v in pytree.tree_leaves(vals) if isinstance(v, torch.Tensor)}
         return all(devs <= {t.meta["val"].device} for t in tensors)
@@ -314,9 +312,8 @@ class _Rewriter:
             node.target, (x, scaled), {})
 
     def _rewrite_factory(self, node: torch.fx.Node, t: torch.fx.Node) -> None:
-        """``scalar_tensor(s)`` → a copy of the 0-d tensor in the dtype asked for;
-        ``full(size, s)`` / ``new_full(x, size, s)`` → that copy expanded to ``size``
-        and made contiguous; ``full_like(x, s)`` → ``ones_like(x) * copy``."""
+        """``scalar_tensor(s)`` → a copy of the 0-d tensor in the dtype asked for; ``full(size, s)`` / ``new_full(x,
+        size, s)`` → that copy expanded to ``size``, made contiguous; ``full_like(x, s)`` → ``ones_like(x) * copy``."""
         if not isinstance(out := node.meta.get("val"), torch.Tensor) or not self._same_device(node, [t]):
             return
         def build():

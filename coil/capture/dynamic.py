@@ -209,8 +209,7 @@ class DynamicPolicy:
 
 
 def _is_wrapper(t) -> bool:
-    """A tensor subclass other than Parameter/Buffer: faked with static sizes (its own
-    ``__torch_dispatch__`` may not accept symbolic ones)."""
+    """Non-Parameter/Buffer tensor subclass: faked with static sizes (its ``__torch_dispatch__`` may refuse SymInts)."""
     return type(t) not in (torch.Tensor, torch.nn.Parameter) and not isinstance(t, torch.nn.parameter.Buffer)
 
 
@@ -261,9 +260,6 @@ class SiteRecorder:
             else:
                 trace.log("shape_guard", stage="capture", guard=str(expr), user_line=where, reason=reason)
 
-    def site_of(self, index: int) -> Optional[str]:
-        return next((w for i, w in self.sites if i == index), None)
-
 
 def _pinned_symbol(expr):
     """``(symbol, value)`` when guard ``expr`` is ``Eq(symbol, integer)``."""
@@ -281,8 +277,9 @@ def check_marked(env, policy: DynamicPolicy, sites: SiteRecorder) -> None:
         if not (isinstance(rep, sympy.Integer) or vr is not None and vr.is_singleton()):
             continue
         value = int(rep if isinstance(rep, sympy.Integer) else vr.lower)
+        first_site = dict(reversed(sites.sites))  # guard index -> the first site recorded for it
         where = next((w for (s, _g, w) in sites.specializations if s[0] == sym), None) or next(
-            (w for i, g in enumerate(env.guards) if sym in g.expr.free_symbols and (w := sites.site_of(i))), None)
+            (w for i, g in enumerate(env.guards) if sym in g.expr.free_symbols and (w := first_site.get(i))), None)
         raise UserError(
             f"dim {d} of {expr} was marked dynamic (coil.mark_dynamic), but the program forces it to the constant "
             f"{value}" + (f" at {where}" if where else ""),

@@ -245,9 +245,8 @@ _functorch_warned: list = []
 
 def _under_functorch(fn, args, kwargs, what="a torch.func transform (vmap, grad, jvp)",
                      todo="compile the transformed function instead, coil.compile(torch.vmap(f))"):
-    """A compiled function called inside a torch.func transform (``vmap(compiled)``,
-    ``grad(compiled)``): the transform's wrapped tensors cannot be captured, so the call
-    runs eagerly, with a warning (once) and a ``functorch_eager`` event in the compile log.
+    """A compiled function called inside a torch.func transform (``vmap(compiled)``, ``grad(compiled)``): the
+    transform's wrapped tensors cannot be captured, so the call runs eagerly, warning once, logging ``functorch_eager``.
     Also a call under a user's TorchFunctionMode (capture does not run its ``__torch_function__``)."""
     if what not in _functorch_warned:
         _functorch_warned.append(what)
@@ -338,8 +337,7 @@ def _skipped_module(fn) -> bool:
 
 
 def _call_module_captured(mod, cfg, *args, **kwargs):
-    """``mod(*args, **kwargs)`` with ``forward`` captured on its own frame (hooks, if
-    any, make the whole call run eagerly)."""
+    """``mod(*args, **kwargs)`` with ``forward`` captured on its own frame (hooks, if any, make the call eager)."""
     if any(getattr(mod, h, None) for h in _MODULE_HOOKS) or any(getattr(_mm, h, None) for h in _GLOBAL_HOOKS):
         return mod(*args, **kwargs)
     if isinstance(mod, torch.jit.ScriptModule):
@@ -362,8 +360,7 @@ def _capturer(cfg):
 
 
 def _find_entry(cache: "FrameCache", cfg, bound, fn):
-    """The first entry of ``cache`` compiled for ``cfg`` whose guard accepts this call
-    (a guard that raises is a miss), or None."""
+    """The first entry of ``cache`` compiled for ``cfg`` whose guard accepts this call (raising: a miss), or None."""
     for e in cache.entries:
         if e.config is cfg:
             try:
@@ -376,8 +373,7 @@ def _find_entry(cache: "FrameCache", cfg, bound, fn):
 
 
 def _miss_entry(fn, code, cfg, bound):
-    """The cache entry to run for this call, compiled now if needed; None: run ``fn``
-    eagerly. Called with ``_compile_lock`` held."""
+    """The cache entry to run for this call, compiled if needed (None: run ``fn`` eagerly); under ``_compile_lock``."""
     if (cache := _caches.get(code)) is None:
         cache = _caches[code] = FrameCache()
     if cache.eager_reason is not None:
@@ -482,8 +478,7 @@ def _miss(fn, code, cfg, bound, args, kwargs):
     with _compile_lock, _gc_paused():
         entry = _miss_entry(fn, code, cfg, bound)
     if entry is None:
-        # outside the except block: the user's code must not see coil's exception as
-        # sys.exc_info() or as the __context__ of what it raises
+        # outside the except block: user code must not see coil's exception as sys.exc_info() or its raises' __context__
         return fn(*args, **kwargs)
     return entry.entry(*bound, fn)
 
@@ -498,8 +493,7 @@ def _user_name(fn, code, loc=None) -> str:
 
 
 def _note_changed_sizes(cache: FrameCache, old: CacheEntry, bound, fn) -> None:
-    """Automatic dynamic: remember the dims of tensor inputs whose size differs from
-    ``old``'s compile (the next translation makes them symbolic)."""
+    """Automatic dynamic: note tensor input dims resized since ``old``'s compile (symbolic in the next translation)."""
     ns = dict(old.guards.ns)
     ns.update(zip(list(old.argnames) + ["___f"], tuple(bound) + (fn,)))
     values = {}
@@ -911,8 +905,7 @@ def _balance_modes(output: OutputGraph) -> None:
 
 
 def _property_getter(tx, inst) -> Optional[types.FunctionType]:
-    """The Python getter of the property that ``inst`` (an attribute load) reads from
-    the object on top of the stack, or None."""
+    """The Python getter of the property ``inst`` (an attribute load) reads from the object atop the stack, or None."""
     if inst.opname not in ("LOAD_ATTR", "LOAD_METHOD") or not tx.stack:
         return None
     obj = tx.stack[-1]
@@ -958,8 +951,7 @@ def _emit_break(cg: EntryCodegen, tx, plan, fn, code, cfg, live_locals: dict) ->
             aexpr = f"tuple({cg.reconstruct(star[0])})"
             kexpr = cg.reconstruct(star[1]) if star[1] is not None else "{}"
         sexprs = stack_exprs(stack)
-        # the call runs in a stub frame that looks like the user's (name, file, line,
-        # locals): see coil/capture/inspection.py
+        # the call runs in a stub frame like the user's (name, file, line, locals): see coil/capture/inspection.py
         stub = cg.const_expr(make_call_stub(code, lineno, local_names, fn.__globals__))
         callee = fexpr if direct else f"___cap({fexpr})"
         lines.append(f"___r = {stub}({callee}, {aexpr}, {kexpr}{''.join(', ' + e for e in local_exprs)})")
@@ -1031,8 +1023,7 @@ def _operator_form(inst):
 
 
 def _depth_after(inst, stack: list):
-    """The stack depth after ``inst`` when a trampoline can run it alone and the stack it
-    leaves holds no NULL; else None."""
+    """The stack depth after ``inst`` if a trampoline can run it alone and its stack then holds no NULL; else None."""
     if inst.opname == "LOAD_ATTR" and not (sys.version_info >= (3, 12) and inst.arg & 1):
         pops, pushes = 1, 1
     elif inst.opname == "UNPACK_SEQUENCE":

@@ -87,8 +87,7 @@ def _dim(args, kwargs) -> None:
 
 
 def _celu(args, kwargs) -> None:
-    """``celu`` with ``alpha`` 0 (a symbolic one is guarded): eager refuses it, the meta kernel and the decomposition
-    returned values."""
+    """``celu`` with ``alpha`` 0 (symbolic: guarded): eager refuses; meta kernel and decomposition gave values."""
     if (alpha := _arg(args, kwargs, 1, "alpha")) is not None and alpha == 0:
         raise RuntimeError("ZeroDivisionError: alpha cannot be 0 for CELU")
 

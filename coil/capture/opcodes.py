@@ -325,9 +325,8 @@ def BUILD_STRING(tx, inst):
 
 
 def _build_target(tx, depth: int):
-    """The container a LIST_APPEND-style instruction adds to. It is normally built in
-    this frame; in a 3.12 resume function that continues an inlined comprehension it is
-    a ``___stack`` input, so record the mutation to replay it (py3.12)."""
+    """The container a LIST_APPEND-style instruction adds to: normally built in this frame; in a 3.12 resume function
+    continuing an inlined comprehension it is a ``___stack`` input, so record the mutation to replay it (py3.12)."""
     target = tx.stack[-depth]
     tx.output.side_effects.mutated(target)
     return target

@@ -90,8 +90,7 @@ def make_resume_code(code: types.CodeType, index: int, null_mask: tuple, local_n
         out.qualname = getattr(root, "co_qualname", root.co_name)
     # The resume code jumps over the start of any try block it resumes inside, so the bytecode library's flow analysis
     # sees those TryBegins (and their handlers) as dead: their depth would be a sentinel and their stack use uncounted.
-    # The depths come from the original exception table (_copy_exception_depths above) and the stack size from the
-    # original code.
+    # Depths come from the original exception table (_copy_exception_depths above), stack size from the original code.
     stacksize = code.co_stacksize + len(null_mask) + len(local_names) + 8
     new_code = out.to_code(stacksize=stacksize, compute_exception_stack_depths=False)
     _record_positions(new_code, code, bc, new)
@@ -130,12 +129,11 @@ def _record_positions(new_code: types.CodeType, code: types.CodeType, bc, new: l
 
 
 def _cells_as_locals(new: list, names: set) -> list:
-    """The frame's cell variables become plain locals holding the cells themselves.
-
-    A resume function receives the frame's cells as arguments (not their contents), so closures made before the break
-    and code after it share each cell, as in eager (a closure may read a variable bound only after the break).
-    ``LOAD_DEREF c`` becomes ``c.cell_contents``, ``STORE_DEREF``/``DELETE_DEREF`` set/delete it, ``LOAD_CLOSURE c``
-    pushes the cell, ``MAKE_CELL c`` goes. Reading an empty cell raises ValueError where eager raises NameError."""
+    """The frame's cell variables become plain locals holding the cells themselves. A resume function receives the
+    frame's cells as arguments (not their contents), so closures made before the break and code after it share each
+    cell, as in eager (a closure may read a variable bound only after the break). ``LOAD_DEREF c`` becomes
+    ``c.cell_contents``, ``STORE_DEREF``/``DELETE_DEREF`` set/delete it, ``LOAD_CLOSURE c`` pushes the cell, ``MAKE_CELL
+    c`` goes. Reading an empty cell raises ValueError where eager raises NameError."""
     if not names:
         return new
     out = []
@@ -267,12 +265,11 @@ def make_call_stub(code: types.CodeType, lineno: Optional[int], local_names: tup
 
 
 def _two_arg_super(bc) -> None:
-    """3.12: turn every zero-argument ``LOAD_SUPER_ATTR`` into its two-argument form.
-
-    Both forms find ``super``, ``__class__`` and ``self`` on the stack, but the zero-argument one calls ``super()`` with
-    no arguments, which reads the *frame's first local* -- in a resume function that is ``___stack0``, not ``self``.
-    Setting the two-argument flag makes it ``super(__class__, self)``, the same lookup. (``bytecode`` spells the
-    argument ``(method_load, two_arg, name)``.) https://docs.python.org/3.12/library/dis.html#opcode-LOAD_SUPER_ATTR"""
+    """3.12: turn every zero-argument ``LOAD_SUPER_ATTR`` into its two-argument form. Both forms find ``super``,
+    ``__class__`` and ``self`` on the stack, but the zero-argument one calls ``super()`` with no arguments, which reads
+    the *frame's first local* -- in a resume function that is ``___stack0``, not ``self``. Setting the two-argument flag
+    makes it ``super(__class__, self)``, the same lookup. (``bytecode`` spells the argument ``(method_load, two_arg,
+    name)``.) https://docs.python.org/3.12/library/dis.html#opcode-LOAD_SUPER_ATTR"""
     for ins in bc:
         if isinstance(ins, Instr) and ins.name == "LOAD_SUPER_ATTR":
             method, two_arg, name = ins.arg

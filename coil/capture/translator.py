@@ -137,8 +137,7 @@ def instructions_of(code: types.CodeType) -> tuple:
 
 
 def _offset_map(code: types.CodeType) -> dict:
-    """Byte offset → instruction index; an EXTENDED_ARG maps to the instruction it
-    extends (jumps may target it). Shared: callers copy it."""
+    """Byte offset → instruction index; EXTENDED_ARG → the instruction it extends (jump target). Shared: copy it."""
     return _decoded(code)[1]
 
 
@@ -922,8 +921,7 @@ class InliningTranslator(InstructionTranslatorBase):
     """Translates a called function's frame into the caller's graph."""
 
     def _run(self, to_yield: bool):
-        """Step until the frame returns (``ReturnValue`` is raised) or, with ``to_yield``,
-        to the next ``yield``: ``(value,)``."""
+        """Step until the frame returns (raising ``ReturnValue``) or, with ``to_yield``, yields: ``(value,)``."""
         try:
             for _ in range(MAX_STEPS + 1):
                 inst = self.instructions[self.ip]

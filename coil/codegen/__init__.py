@@ -168,8 +168,7 @@ def compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: list, device) -
 
 
 def _shape_env(example_inputs: list):
-    """The ShapeEnv of symbolic example inputs (SymInts, fake tensors with SymInt sizes
-    or strides), or None for static ones."""
+    """The ShapeEnv of symbolic example inputs (SymInts, fake tensors with SymInt sizes or strides); None if static."""
     for x in example_inputs:
         vals = [x] if isinstance(x, torch.SymInt) else [*x.shape, *x.stride()] if isinstance(x, torch.Tensor) else []
         if (s := next((v for v in vals if isinstance(v, torch.SymInt)), None)) is not None:

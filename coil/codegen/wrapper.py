@@ -147,8 +147,7 @@ def _alias_roots(buffers) -> dict:
 
 
 def _free_size_symbols(x, out: set) -> None:
-    """Add the size symbols in ``x`` (sympy expressions, nested lists/tuples/dicts, IR
-    views and buffers with layouts) to ``out``."""
+    """Add ``x``'s size symbols (sympy exprs, nested lists/tuples/dicts, IR views, laid-out buffers) to ``out``."""
     if isinstance(x, sympy.Basic):
         out.update(s for s in x.free_symbols if is_size_symbol(s))
     elif isinstance(x, (list, tuple)):
@@ -178,9 +177,8 @@ def symbol_bindings(graph, needed: set, sources: Optional[dict] = None) -> list[
 
 
 def _precomputed_after(sym, bound: set) -> list[str]:
-    """Lines computing the precomputed sizes made from data-dependent symbol ``sym`` just
-    bound (``ps0 = math.trunc(zuf2)`` for ``zeros(int(t.item()))``), added to ``bound``:
-    they cannot be computed with the other bindings at the call's start."""
+    """Lines computing precomputed sizes made from data-dependent symbol ``sym`` just bound (``ps0 = math.trunc(zuf2)``
+    for ``zeros(int(t.item()))``), added to ``bound``: not computable with the bindings at call start."""
     lines = []
     for s, e in list(PRECOMPUTED.items()):
         if sym in e.free_symbols and s not in bound and e.free_symbols <= bound:

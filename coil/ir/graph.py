@@ -283,8 +283,7 @@ def _maybe_pad_matmul_output(ek: ExternKernel, meta: torch.Tensor) -> None:
 
 
 def _padded_matmul_result(r) -> bool:
-    """Whether lowered value ``r`` is the row-padded output of a padded matmul (:func:`_maybe_pad_matmul_output`)
-    or a view of it."""
+    """Whether lowered value ``r`` is (a view of) the row-padded output of :func:`_maybe_pad_matmul_output`."""
     d = getattr(r, "data", None)
     return bool(getattr(d.data if isinstance(d, (ReinterpretView, StorageBox)) else None, "padded_output", False))
 
@@ -405,11 +404,10 @@ class GraphLowering(torch.fx.Interpreter):
         return self
 
     def _order_buffers(self) -> None:
-        """Put every buffer after the buffers it reads (stable: a valid creation order is kept as it is).
-
-        Bodies are define-by-run, so a body whose loader is made when it runs reads what its input is *then*: ``y = x *
-        2; return cat([y, x]), y`` lowered the cat (buf0) while ``y`` was an inlined body; ``y`` became buf1 as a graph
-        output, and the cat's body then loaded buf1, which ran after it (the wrapper read an unassigned buf1)."""
+        """Put every buffer after the buffers it reads (stable: a valid creation order is kept as it is). Bodies are
+        define-by-run, so a body whose loader is made when it runs reads what its input is *then*: ``y = x * 2; return
+        cat([y, x]), y`` lowered the cat (buf0) while ``y`` was an inlined body; ``y`` became buf1 as a graph output,
+        and the cat's body then loaded buf1, which ran after it (the wrapper read an unassigned buf1)."""
         pos = {b.get_name(): i for i, b in enumerate(self.buffers)}
         deps = [{pos[r] for r in b.get_read_names() if r in pos and r != b.get_name()} for b in self.buffers]
         if all(d < i for i, ds in enumerate(deps) for d in ds):
@@ -545,12 +543,11 @@ class GraphLowering(torch.fx.Interpreter):
 
     def _write_inputs_in_place(self, flat: list) -> None:
         """Scatter an input's new value into the input itself (docs/ir.md, "Inputs written in place").
-
         ``gm.meta["coil_mutated_inputs"]`` (set by aot for inference graphs) maps output ``k`` to the input ``j`` whose
         new value it is. When that value is a ScatterBuffer over a fresh copy of the whole input (``index_copy_``,
         ``index_put_``, ``scatter_`` of a KV cache or a buffer) with the input's layout, and nothing else reads the
-        input, the copy is dropped and the scatter writes into the input's memory: the graph returns the input
-        object, which the epilogue does not copy back. Indices go to ``self.inputs_written``."""
+        input, the copy is dropped and the scatter writes into the input's memory: the graph returns the input object,
+        which the epilogue does not copy back. Indices go to ``self.inputs_written``."""
         if not (muts := self.gm.meta.get("coil_mutated_inputs")):
             return  # (most graphs: no buffer's reads are recorded for this)
         readers: dict = {}
@@ -577,10 +574,9 @@ class GraphLowering(torch.fx.Interpreter):
 
     def _saved_output_spec(self, r, meta) -> OutputSpec:
         """A saved-for-backward output of a forward whose backward is compiled with the strides this graph reports
-        (``output_strides``): it keeps the layout it has (a channels-last activation stays NHWC instead of being copied
-        to NCHW). A view not yet realized is realized as an extern op's argument is (:meth:`realize_input`): the
-        backward's extern op reads it as the forward's did (an attention bias keeps its aligned rows), and the two share
-        one copy."""
+        (``output_strides``): it keeps its layout (a channels-last activation stays NHWC, not copied to NCHW). A view
+        not yet realized is realized as an extern op's argument is (:meth:`realize_input`): the backward's extern op
+        reads it as the forward's did (an attention bias keeps its aligned rows), and both share one copy."""
         if not isinstance(r, TensorBox):
             return OutputSpec("value", value=r)
         if isinstance(d := r.data, GenericView) and isinstance(meta, torch.Tensor):
@@ -644,8 +640,7 @@ class GraphLowering(torch.fx.Interpreter):
                 return OutputSpec("buffer", self._materialize(r, stride).get_name())
             if stride is not None and lay is not None and lay.offset == 0 and \
                     [str(v) for v in lay.stride] != [str(v) for v in stride]:
-                # strides that differ only on size-1 dims: an as_strided view with the
-                # fake strides (same memory, no copy)
+                # strides differing only on size-1 dims: an as_strided view with the fake strides (same memory, no copy)
                 return OutputSpec("view", d.data.get_name(), list(lay.size), stride, sympy.Integer(0))
             return OutputSpec("buffer", d.data.get_name())
         if isinstance(d, StorageBox):
@@ -670,9 +665,8 @@ class GraphLowering(torch.fx.Interpreter):
         if nops > MAX_BODY_OPS and users == 1 and one_copy_chain(n) is not None:
             return  # the copy takes the body and is realized in its own layout (no transposing copy kernel)
         if nops > MAX_BODY_OPS or (users > 1 and (nreads > config.max_inline_reads or nops > MAX_INLINE_OPS)):
-            # eager's layout when it is a dense permutation (the value may also be a graph
-            # output, which must have the fake strides: no copy then); contiguous ones
-            # go through the default (channels-last graphs choose their own)
+            # eager's layout when it is a dense permutation (the value may also be a graph output, which must have the
+            # fake strides: no copy then); contiguous ones take the default (channels-last graphs choose their own)
             meta = n.meta.get("val")
             dense = isinstance(meta, torch.Tensor) and _dense_non_overlapping(meta) and not meta.is_contiguous() \
                 and _same_size(meta, sb.data.get_size())
@@ -999,15 +993,13 @@ def _dense_strides_like(t: torch.Tensor) -> list[int]:
     """Dense strides for ``t``'s shape with the dims in ``t``'s memory order (largest stride outermost; ties keep dim
     order). An extern op given a tensor laid out in this order picks the output layout fake tracing predicted from
     ``t``: attention fed contiguous (B, H, S, D) copies of q/k/v where eager had (B, S, H, D)-ordered views returned
-    another output layout, and every layer paid a copy to fix it up.
-
-    A broadcast (stride-0) dim sits just outside the dims after it, as in a contiguous layout: ranked by its stride it
-    would become the innermost dim, and ATen kernels that read the last dim as contiguous without checking (the CPU
-    flash attention of SDPA, fed a K/V expanded over heads: Gemma's single KV head) computed garbage.
-
-    A stride that was a multiple of 8 elements and 16 bytes in ``t`` stays one (the rows are padded): eager's SDPA pads an
-    attention mask's last dim to 8 elements and slices it, and the CUDA kernel rejects a bias realized densely
-    (``attn_bias is not correctly aligned``: HF Swin's training step, 49 x 49 windows)."""
+    another output layout, and every layer paid a copy to fix it up. A broadcast (stride-0) dim sits just outside the
+    dims after it, as in a contiguous layout: ranked by its stride it would become the innermost dim, and ATen kernels
+    that read the last dim as contiguous without checking (the CPU flash attention of SDPA, fed a K/V expanded over
+    heads: Gemma's single KV head) computed garbage. A stride that was a multiple of 8 elements and 16 bytes in ``t``
+    stays one (the rows are padded): eager's SDPA pads an attention mask's last dim to 8 elements and slices it, and the
+    CUDA kernel rejects a bias realized densely (``attn_bias is not correctly aligned``: HF Swin's training step,
+    49 x 49 windows)."""
     def rank(d):
         if t.stride(d) != 0:
             return t.stride(d)
@@ -1027,9 +1019,8 @@ def _dense_strides_like(t: torch.Tensor) -> list[int]:
 
 
 def _strides_agree(size, a, b, symbolic: bool) -> bool:
-    """Whether strides ``a`` and ``b`` of a tensor of ``size`` agree on every dim that is
-    not of size 1. Symbolic strides (dynamic shapes) agree when their expressions are
-    equal; ``symbolic`` is the answer when a value is neither an int nor a size."""
+    """Whether strides ``a`` and ``b`` of a tensor of ``size`` agree on every dim not of size 1. Symbolic strides
+    (dynamic shapes) agree if their expressions are equal; a value neither int nor size gives ``symbolic``."""
     try:
         # (sizes compared as expressions: ``s == 1`` on an unbacked SymInt guards on data)
         return all(as_expr(s) == 1 or as_expr(x) == as_expr(y)
@@ -1078,8 +1069,7 @@ def _same_strides(layout: Layout, t: torch.Tensor) -> bool:
 
 
 def _dense_non_overlapping(t: torch.Tensor) -> bool:
-    # an undecidable (unbacked) size counts as not 1, an undecidable stride as another:
-    # both can only say "not dense", which is safe
+    # an undecidable (unbacked) size counts as not 1, an undecidable stride as another: both only say "not dense" (safe)
     pairs = sorted((st, s) for s, st in zip(t.shape, t.stride()) if guard_or_true(s != 1))
     expect = 1
     for st, s in pairs:

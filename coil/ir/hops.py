@@ -61,14 +61,10 @@ def run_while_loop(cond_fn: Callable, body_fn: Callable, carried, additional) ->
     Zero iterations return copies of the carried inputs (a graph output never aliases an input here)."""
     state, additional = _contiguous(carried), _contiguous(additional)
     ran = False
-    while _scalar(cond_fn(*state, *additional)):
+    while c[0] if isinstance(c := cond_fn(*state, *additional), (tuple, list)) else c:
         state = _contiguous(body_fn(*state, *additional))
         ran = True
     return tuple(state) if ran else tuple(t.clone() for t in state)
-
-
-def _scalar(v) -> bool:
-    return bool(v[0] if isinstance(v, (tuple, list)) else v)
 
 
 def run_map(body_fn: Callable, xs, args) -> tuple:

@@ -431,8 +431,7 @@ def _full(size, value, dtype) -> TensorBox:
 # --------------------------------------------------------------------------- reductions
 
 def _norm_dims(dims, ndim) -> list[int]:
-    """Sorted non-negative reduction dims; a 0-d tensor has none (``dim=0`` or
-    ``dim=-1`` of a scalar is allowed by ATen and reduces over nothing)."""
+    """Sorted non-negative reduction dims; none for a 0-d tensor (ATen allows its ``dim=0``/``-1``: reduces nothing)."""
     if ndim == 0:
         return []
     if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
@@ -543,16 +542,15 @@ def _split_factor(ranges, numel_r: int, reduction_type: str, leading: bool = Fal
 
 def _split_decision(ranges, numel_r: int, reduction_type: str, leading: bool = False,
                     device: Optional[torch.device] = None) -> tuple[int, str]:
-    """``(S, reason)``: ``S`` partial reductions per output (1: no split) and why.
-
-    Few outputs with long reductions (a full ``x.sum()``, ``bias_grad = g.sum(0)``) would run on too few programs: split
-    the reduction in ``S`` chunks (a power of two) so there are ~8k partials of >= 512 elements. ``leading`` (reduced
-    dims first, the kernel tiles 64-256 outputs per program): 1k-32k outputs split up to 64k partials of >= 1024 rows
-    (>= 512 under 4k partials), and on a GPU fewer than 4096 outputs over 256-2047 rows split to about one program per
-    SM, and 256-32k outputs over >= 2048 rows split into chunks of 256 rows (at most 32k partials). Leading reductions
-    and at most :data:`RAGGED_SPLIT_MAX_OUTPUTS` outputs may end in a ragged chunk. On a GPU a row reduction (one
-    program per row) splits only with fewer rows than SMs and rows of >= :data:`GPU_SPLIT_MIN_RNUMEL`. docs/codegen.md
-    ("Split reductions on a GPU") has the measurements behind each rule."""
+    """``(S, reason)``: ``S`` partial reductions per output (1: no split) and why. Few outputs with long reductions (a
+    full ``x.sum()``, ``bias_grad = g.sum(0)``) would run on too few programs: split the reduction in ``S`` chunks (a
+    power of two) so there are ~8k partials of >= 512 elements. ``leading`` (reduced dims first, the kernel tiles 64-256
+    outputs per program): 1k-32k outputs split up to 64k partials of >= 1024 rows (>= 512 under 4k partials), and on a
+    GPU fewer than 4096 outputs over 256-2047 rows split to about one program per SM, and 256-32k outputs over >= 2048
+    rows split into chunks of 256 rows (at most 32k partials). Leading reductions and at most
+    :data:`RAGGED_SPLIT_MAX_OUTPUTS` outputs may end in a ragged chunk. On a GPU a row reduction (one program per row)
+    splits only with fewer rows than SMs and rows of >= :data:`GPU_SPLIT_MIN_RNUMEL`. docs/codegen.md ("Split reductions
+    on a GPU") has the measurements behind each rule."""
     if reduction_type not in SPLITTABLE:
         return 1, "not_splittable"
     numel_out = _numel(ranges)
@@ -648,10 +646,9 @@ RAGGED_SPLIT_MAX_OUTPUTS = 1
 
 def _split_reduction(dev, dtype, sdt, inner, ranges, rranges, numel_r, split, reduction_type,
                      leading: bool) -> TensorBox:
-    """Two-stage reduction: ``split`` partial results per output, then reduce those.
-
-    With ``leading`` (the reduced dims come before the kept ones, e.g. ``sum(0)``) the chunk index is the outer dim of
-    the partial buffer so that neighbouring programs read neighbouring memory."""
+    """Two-stage reduction: ``split`` partial results per output, then reduce those. With ``leading`` (the reduced dims
+    come before the kept ones, e.g. ``sum(0)``) the chunk index is the outer dim of the partial buffer so that
+    neighbouring programs read neighbouring memory."""
     chunk = -(-numel_r // split)
     ragged = chunk * split != numel_r
     nk = len(ranges)

@@ -61,13 +61,11 @@ def _eager_cpu_gelu_zero_is_positive(dtype: torch.dtype) -> bool:
 
 @register_lowering(aten.gelu)
 def _gelu(x, approximate: str = "none"):
-    """GELU: ``x·Φ(x)`` (exact) or ``0.5·x·(1 + tanh(√(2/π)(x + 0.044715x³)))``.
-
-    Eager's CPU kernel for contiguous fp32 (and bf16 on AVX-512) tensors is oneDNN's, which differs from ATen's at the
-    edges, by CPU; asked of eager once per dtype: NaN at +inf on AVX-512 (AVX2 gives inf, as ATen's kernel, fp16/fp64
-    and CUDA do), and +0.0, never -0.0, for a zero result (of -0.0, and of x below about -5.5, where it underflows) on
-    AVX2 (ATen's kernel gives -0.0: x·0.5·(+0.0)). Eager's strided and one-element inputs take ATen's kernel: coil
-    matches the contiguous case."""
+    """GELU: ``x·Φ(x)`` (exact) or ``0.5·x·(1 + tanh(√(2/π)(x + 0.044715x³)))``. Eager's CPU kernel for contiguous fp32
+    (and bf16 on AVX-512) tensors is oneDNN's, which differs from ATen's at the edges, by CPU; asked of eager once per
+    dtype: NaN at +inf on AVX-512 (AVX2 gives inf, as ATen's kernel, fp16/fp64 and CUDA do), and +0.0, never -0.0, for a
+    zero result (of -0.0, and of x below about -5.5, where it underflows) on AVX2 (ATen's kernel gives -0.0:
+    x·0.5·(+0.0)). Eager's strided and one-element inputs take ATen's kernel: coil matches the contiguous case."""
     if approximate == "tanh":
         def body(v, dt):
             _, t = _tanh_inner(v, dt)

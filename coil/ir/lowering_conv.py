@@ -26,9 +26,8 @@ aten = torch.ops.aten
 
 
 def _matvec_conv(x, weight, rest):
-    """A 1x1 convolution of a 1x1 image (squeeze-excitation's FC layers, a head on pooled
-    features) small enough to be latency-bound, as a generated reduction over input
-    channels (fp32 sums, as cuDNN accumulates); None where that does not apply."""
+    """A 1x1 convolution of a 1x1 image (squeeze-excitation's FC layers, a head on pooled features) small enough to be
+    latency-bound, as a generated reduction over input channels (fp32 sums, as cuDNN accumulates); else None."""
     stride, padding, dilation, transposed, output_padding, groups = rest
     try:
         n, cin, h, w = (int(v) for v in x.get_size())
@@ -135,9 +134,8 @@ def _max_pool2d(x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=Fals
 
 @register_lowering(aten.max_pool2d_with_indices_backward.default)
 def _max_pool2d_backward(grad, x, kernel_size, stride, padding, dilation, ceil_mode, indices):
-    """Each input pixel gathers the output gradients of the windows that can cover it whose index is that pixel, in
-    window order, summed in float32 from 0 (as ATen's CUDA kernel). Indices are assumed to lie in their window (the
-    forward's do)."""
+    """Each input pixel gathers the output gradients of the windows covering it whose index is that pixel, in window
+    order, summed in float32 from 0 (as ATen's CUDA kernel). Indices are assumed in their window (the forward's are)."""
     geo = _max_pool_geometry(x, kernel_size, stride, padding, dilation)
     size, odt, gsize = out_size(), out_dtype(), list(grad.get_size())
     cdt = compute_dtype(odt)

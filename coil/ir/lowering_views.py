@@ -163,9 +163,8 @@ def _unsqueeze_squeeze(x, *args):
 
 
 def _slice_bound(v, n, default):
-    """Eager's clamp of a slice bound ``v`` (int, size expression or None) into
-    ``[0, n]`` for a symbolic extent ``n``: each comparison is decided by the ShapeEnv
-    (the fake trace of the slice already made the same decisions, so no new guard)."""
+    """Eager's clamp of a slice bound ``v`` (int, size expression or None) into ``[0, n]`` for a symbolic extent ``n``:
+    the ShapeEnv decides each comparison (the slice's fake trace made the same decisions: no new guard)."""
     v, n = as_expr(default if v is None else v), as_expr(n)
     if is_static(v) and free_unbacked_symbols(n):  # x[1:] of a nonzero() result: no guard can decide, clamp at run time
         return sympy.Max(0, v + n) if v < 0 else sympy.Min(v, n)
@@ -248,8 +247,7 @@ def _flip(x, dims):
 
 @register_lowering(aten.repeat)
 def _repeat(x, repeats):
-    """Tiling by re-indexing: ``out[..., i, ...] = x[..., i % n, ...]`` (leading new dims
-    of ``repeats`` index nothing)."""
+    """Tiling by re-indexing: ``out[..., i, ...] = x[..., i % n, ...]`` (new leading dims from ``repeats``: unused)."""
     xs = list(x.get_size())
     extra = len(repeats) - len(xs)
     size = out_size()
@@ -262,8 +260,7 @@ def _repeat(x, repeats):
 
 @register_lowering(aten.unfold)
 def _unfold(x, dimension, size, step):
-    """``x.unfold(d, size, step)``: windows along ``d`` as a strided view (window index
-    at ``d``, position in the window last)."""
+    """``x.unfold(d, size, step)``: windows along ``d`` as a strided view (window index at ``d``, offset in it last)."""
     nd = len(x.get_size())
     out = out_size()
     if nd == 0:
@@ -417,8 +414,7 @@ def _longest_extension(node, dim: int, odt):
 def _costly(parts) -> bool:
     """Whether the unrealized pointwise inputs of a ``cat`` hold more than ``MAX_INLINE_OPS`` ops together: inlined as
     one where-chain, every element would compute all of them (GPT-NeoX's query/key/value gradient, a cat of partial
-    rotary backwards, evaluated six sines and cosines per element), computed into slices each element computes its
-    own."""
+    rotary backwards, evaluated six sines and cosines per element); in slices each element computes its own."""
     from coil.ir.graph import MAX_INLINE_OPS
     from coil.ir.handlers import count_ops
     bodies = [t.data.data for _, n, t in parts if n != 0 and isinstance(getattr(t, "data", None), StorageBox)
@@ -574,8 +570,7 @@ def _index(x, indices):
 
 
 def _gather_along(x, dim, index, row_index):
-    """``out[i] = x[i with i[dim] := index[row_index(i)]]``; eager rejects negative
-    indices here (only ``x[idx]`` wraps them)."""
+    """``out[i] = x[i with i[dim] := index[row_index(i)]]``; eager rejects negative indices (only ``x[idx]`` wraps)."""
     size, odt = out_size(), out_dtype()
     dim = dim % max(len(x.get_size()), 1)
     xl, il = x.make_loader(), index.make_loader()
@@ -670,9 +665,8 @@ def _fresh_copy(x: TensorBox):
 
 
 def _scatter_box(x, ranges, dest_fn, value_fn, mode, acc_dtype=None) -> TensorBox:
-    """A ScatterBuffer over a fresh copy of ``x``. An accumulating one adds into a copy in
-    ``acc_dtype`` (default: the dtype the kernel backend adds atomically in,
-    ``coil.codegen.atomic_add_dtype``) converted back to ``x``'s dtype afterwards."""
+    """A ScatterBuffer over a fresh copy of ``x``; an accumulating one adds into a copy in ``acc_dtype`` (default: the
+    kernel backend's atomic add dtype, ``coil.codegen.atomic_add_dtype``) converted back to ``x``'s dtype after."""
     dt = x.get_dtype()
     if mode == "atomic_add":
         from coil.codegen import atomic_add_dtype
@@ -680,8 +674,7 @@ def _scatter_box(x, ranges, dest_fn, value_fn, mode, acc_dtype=None) -> TensorBo
             xs = list(x.get_size())
             wide = make_pointwise_box(lambda v: v, [x], xs, acc, acc)
             out = _scatter_box(wide, ranges, dest_fn, value_fn, mode, acc)
-            # converted in the body, not only where stored: a reader it is inlined into
-            # sees the wrapped int8 / bool / rounded bf16 value
+            # converted in the body, not only when stored: an inlining reader sees the wrapped int8/bool/rounded bf16
             return make_pointwise_box(lambda v: ops.to_dtype(v, dt, acc), [out], xs, dt, acc)
     target, g = _fresh_copy(x), current_graph()
     sb = ScatterBuffer(g.new_buffer_name(), target, ranges, dest_fn, value_fn, mode)

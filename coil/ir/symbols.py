@@ -281,8 +281,7 @@ def broadcasts(src, dst) -> bool:
 
 
 def _to_torch_sympy(e):
-    """Inverse of :func:`from_torch_sympy` (coil's FloorDiv/Mod into torch's), for
-    expressions handed to the ShapeEnv."""
+    """Inverse of :func:`from_torch_sympy` (coil's FloorDiv/Mod into torch's), for expressions given to the ShapeEnv."""
     if e.is_Atom or not e.has(FloorDiv, Mod):
         return e
     args = [_to_torch_sympy(a) for a in e.args]

@@ -62,9 +62,8 @@ class CompilePool:
         trace.log("compile_pool_start", stage="runtime", workers=len(self._procs))
 
     def _stop_when_idle(self) -> None:
-        """Close the workers (and their CUDA contexts, ~0.5 GB of GPU memory each) once no
-        job has been queued or running for ``config.autotune_compile_idle_s`` seconds;
-        :func:`get_pool` starts a new pool for later compiles."""
+        """Close the workers (and their CUDA contexts, ~0.5 GB of GPU memory each) once no job was queued or running for
+        ``config.autotune_compile_idle_s`` seconds; :func:`get_pool` starts a new pool for later compiles."""
         while not self.closed:
             idle = max(0.1, config.autotune_compile_idle_s)
             time.sleep(min(1.0, idle))

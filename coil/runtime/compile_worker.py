@@ -47,9 +47,8 @@ def sync_triton_env(env: dict) -> None:
 
 def _build_launcher(kernel) -> None:
     """Build the host launcher of a compiled kernel here, so that the parent finds it in Triton's cache: Triton versions
-    that generate a C launcher per kernel signature compile it with the host C compiler the first time a signature is
-    launched, in the parent's thread, one kernel after another. Optional: any failure is ignored (the parent builds it
-    itself)."""
+    that generate a C launcher per kernel signature compile it with the host C compiler at a signature's first launch,
+    in the parent's thread, one kernel after another. Optional: any failure is ignored (the parent builds it)."""
     try:
         import fcntl
         import hashlib

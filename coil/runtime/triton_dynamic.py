@@ -64,9 +64,8 @@ class DynamicTritonLauncher(TritonLauncher):
                 self._submit_to_pool(self.arg_dtypes + [int(s) for s in size_hints], preset)
 
     def _enter_bucket(self, bucket: tuple) -> Optional[dict]:
-        """Make ``bucket``'s candidates and key (``<source key>.b<n>x<r>``: tuning results,
-        on disk and in process, and pool jobs are per bucket) current; returns the config
-        to run without timing (:meth:`TritonLauncher._preset`), or None."""
+        """Make ``bucket``'s candidates and key (``<source key>.b<n>x<r>``: tuning results, on disk and in process, and
+        pool jobs are per bucket) current; the config to run untimed (:meth:`TritonLauncher._preset`) or None."""
         n, r = bucket
         per = self.persistent or (self.twin and r <= config.triton_persistent_rnumel)  # (RBLOCK: the bucket's r >= rnumel)
         self.configs = launch_configs(n, r, per, self.gpu or config.triton_check_configs, self.outer, self.elem_bytes,
@@ -107,8 +106,7 @@ class DynamicTritonLauncher(TritonLauncher):
 
     def _bucket_run(self, args: tuple):
         bucket = _bucket(args[self.n_ptrs], max(args[self.n_ptrs + 1], 2) if self.red else 1)
-        # Triton's specialization class of xnumel and rnumel (the symbols: int32 or not):
-        # a binary (and a direct launch) each
+        # Triton's specialization class of xnumel and rnumel (symbols: int32 or not): a binary (and direct launch) each
         key = (bucket,) + self._class(args[self.n_ptrs:])
         if (run := self._runs.get(key)) is None:
             run = self._runs[key] = self._first_launch(bucket, key, args)
@@ -118,8 +116,7 @@ class DynamicTritonLauncher(TritonLauncher):
         return run
 
     def _class(self, ints: Sequence[int]) -> tuple:
-        """Triton's specialization class of the int arguments ``ints`` (``xnumel``,
-        [``rnumel``], symbols): a binary each."""
+        """Triton's specialization class of int args ``ints`` (``xnumel``, [``rnumel``], symbols): one binary each."""
         n = 1 + self.red
         return (tuple((v == 1, v % 16 == 0, v >> 31 == 0) for v in ints[:n]), tuple(v >> 31 == 0 for v in ints[n:]))
 

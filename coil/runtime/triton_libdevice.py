@@ -18,11 +18,10 @@ from coil.exc import KernelIndexError
 def _patch_interpreter_bf16_rounding() -> None:
     """Make the Triton interpreter round fp32 -> bf16 to nearest even, like the GPU (``cvt.rn.bf16.f32``): its
     ``cast_impl`` truncates the mantissa (``x.bfloat16()`` of -8.4784 gave -8.4375, eager -8.5), so CPU tests of bf16
-    kernels disagreed with eager by one bf16 ulp. bf16 -> fp32 is exact, as on the GPU (a 16-bit shift): the
-    interpreter's conversion gave bf16 subnormals other values (4.0408e-39 became 4.4081e-39). A NaN becomes +NaN
-    (0x7FC0), as eager's scalar conversion and the GPU's canonical NaN: torch's vectorized ``.to(bfloat16)`` gives
-    0xFFFF, whose sign bit ``copysign`` reads (fuzz seed 99 #656). Patched once, only under the interpreter (the shims
-    below)."""
+    kernels disagreed with eager by one bf16 ulp. bf16 -> fp32 is exact, as on the GPU (a 16-bit shift): the interpreter
+    gave bf16 subnormals other values (4.0408e-39 became 4.4081e-39). A NaN becomes +NaN (0x7FC0), as eager's scalar
+    conversion and the GPU's canonical NaN: torch's vectorized ``.to(bfloat16)`` gives 0xFFFF, whose sign bit
+    ``copysign`` reads (fuzz seed 99 #656). Patched once, only under the interpreter (shims below)."""
     from triton.runtime import interpreter as interp
     import triton.language as tl
     builder = interp.InterpreterBuilder

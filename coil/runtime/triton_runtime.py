@@ -256,14 +256,12 @@ def _direct_launch(run):
 def _specialized_launch(run, first: tuple, grid: tuple, consts: list, function, packed,
                         get_stream, device, slow, pointers_as_ints: bool = False, free: int = 0):
     """Generated ``fast(a0, ..., aN)`` for a compiled kernel: one launch through :func:`_direct_launch`'s C function
-    (or, failing that, ``run``) while the call keeps the Triton specialization of ``first``,
-    the arguments of the call that compiled it; else ``slow`` (the JIT, which picks or compiles the matching binary).
-    docs/codegen.md ("Runtime") describes the check.
-
-    ``first`` holds the tensors, then the ints (a dynamic kernel's ``xnumel`` and size arguments); the last ``free``
-    ints are ``do_not_specialize`` (only their 32-bit range is checked). ``grid`` items are ints or Python expressions
-    in the argument names (``-(-a3 // 128)``). ``pointers_as_ints`` (every tensor was a CUDA tensor on the first call):
-    the direct launch gets the data pointers the check already read, as ints."""
+    (or, failing that, ``run``) while the call keeps the Triton specialization of ``first``, the arguments of the call
+    that compiled it; else ``slow`` (the JIT, which picks or compiles the matching binary). docs/codegen.md ("Runtime")
+    describes the check. ``first`` holds the tensors, then the ints (a dynamic kernel's ``xnumel`` and size arguments);
+    the last ``free`` ints are ``do_not_specialize`` (only their 32-bit range is checked). ``grid`` items are ints or
+    Python expressions in the argument names (``-(-a3 // 128)``). ``pointers_as_ints`` (every tensor was a CUDA tensor
+    on the first call): the direct launch gets the data pointers the check already read, as ints."""
     names = [f"a{i}" for i in range(len(first))]
     params = ", ".join(names)
     launch = _direct_launch(run)
@@ -456,8 +454,7 @@ class TritonLauncher:
             trace.log("compile_pool_broken", stage="runtime", kernel=self.name, error=str(e))
 
     def _claim_pool_jobs(self, key: Optional[str] = None) -> None:
-        """Before compiling here: take back or wait for this body's pool jobs (those
-        queued under ``key``, default ``self.key``)."""
+        """Before compiling here, reclaim or await this body's pool jobs (under ``key``, default ``self.key``)."""
         key = key or self.key
         if jobs := _pool_jobs.get(key):
             _pool_jobs[key] = []
@@ -473,10 +470,9 @@ class TritonLauncher:
             self._call = self._checked(self._slow, lambda c, a: self.fn[self._grid(c)](*a, **_interpreted(c)))
 
     def _checked(self, run: Callable, launch: Callable) -> Callable:
-        """``run``, first checking (``config.triton_check_configs``) that every candidate config gives the values of
-        the first: each runs as ``launch(cfg, args)`` on :func:`scratch_copies` of the first call's arguments, and a
-        written argument that differs (beyond reduction-order rounding) raises AssertionError naming the kernel and
-        the config."""
+        """``run``, first checking (``config.triton_check_configs``) that every candidate config gives the values of the
+        first: each runs as ``launch(cfg, args)`` on :func:`scratch_copies` of the first call's arguments; a written
+        argument that differs (beyond reduction-order rounding) raises AssertionError naming kernel and config."""
         checked = []
 
         def first(*args):
@@ -534,9 +530,7 @@ class TritonLauncher:
         """A launch function for the compiled ``kernel`` (:func:`_specialized_launch`): the constexprs of ``cfg``
         (default: the chosen config) and ``grid`` (default: this launcher's) on every call, while the call keeps the
         Triton specialization of ``args`` (the first call's; the last ``free`` ints are not specialized); else ``slow``
-        (default: the JIT launch).
-
-        On Triton versions whose launcher takes its scratch buffers as arguments (3.x with
+        (default: the JIT launch). On Triton versions whose launcher takes its scratch buffers as arguments (3.x with
         ``CudaLauncher.__call__(gridX, gridY, gridZ, stream, function, *args)``) and needs none, the C launch function
         is called directly, skipping ``CudaLauncher.__call__``: about 2-4 µs of Python per launch on an H200 host."""
         from triton.runtime.driver import driver
@@ -564,9 +558,8 @@ class TritonLauncher:
 
     # -------------------------------------------------------------- autotuning
     def _tune_path(self) -> str:
-        """``k<source sha>.<gpu>.c<candidates sha>.tune.json``: the candidate set is part
-        of the key, so a change of :func:`candidate_configs` re-tunes kernels whose
-        source did not change instead of reusing a winner from the old set."""
+        """``k<source sha>.<gpu>.c<candidates sha>.tune.json``: the candidate set is part of the key, so changing
+        :func:`candidate_configs` re-tunes kernels with unchanged source instead of reusing the old set's winner."""
         dev = torch.cuda.get_device_name().replace(" ", "_") if self.gpu else "cpu"
         cands = source_key(json.dumps(self.configs, sort_keys=True))[:8]
         return os.path.join(cache_dir(), f"k{self.key}.{dev}.c{cands}.tune.json")
@@ -605,13 +598,11 @@ class TritonLauncher:
             trace.log("autotune_precompile_unavailable", stage="runtime", kernel=self.name, error=str(e))
 
     def _autotune(self, args) -> None:
-        """Time every candidate config and keep the fastest.
-
-        The timed launches run on *copies* of the tensor arguments (:func:`scratch_copies`: same size, strides and
-        storage offset, over a copy of the whole storage): a kernel that accumulates into its output (atomic
-        scatter-add, embedding backward) or updates a buffer in place would otherwise be applied once per timed launch,
-        and the caller's real launch would start from a corrupted buffer. Raises KernelCompileError (naming the kernel
-        and each config's error) when no candidate compiles."""
+        """Time every candidate config and keep the fastest. The timed launches run on *copies* of the tensor arguments
+        (:func:`scratch_copies`: same size, strides and storage offset, over a copy of the whole storage): a kernel that
+        accumulates into its output (atomic scatter-add, embedding backward) or updates a buffer in place would
+        otherwise be applied once per timed launch, and the caller's real launch would start from a corrupted buffer.
+        Raises KernelCompileError (naming the kernel and each config's error) when no candidate compiles."""
         scratch = scratch_copies(args, getattr(self, "written", None))
         with trace.stage("autotune_compile"):
             self._claim_pool_jobs()

@@ -55,10 +55,6 @@ class FusedGroup:
         return f"FusedGroup({self.names}, numel={self.numel}, rnumel={self.rnumel})"
 
 
-def node_group(buf: ComputedBuffer) -> tuple[int, int]:
-    return as_size(product(buf.get_ranges())), as_size(product(buf.get_reduction_ranges())) if buf.is_reduction() else 1
-
-
 def buffer_bytes(buf: Buffer, memo: dict) -> int:
     """Bytes of ``buf``'s elements from its sizes' hints (0 without a hint: unbacked), cached in ``memo``."""
     if buf not in memo:  # (read again for every candidate pair of every fusion round)
@@ -84,7 +80,8 @@ class Scheduler:
         _deps_cache.clear()  # the last graph's buffers (it kept every graph's IR alive)
         self.output_names = {o.name for o in graph.outputs if o.name is not None}
         self.steps, self.decisions = [], []
-        self.groups: list = [FusedGroup([b], *node_group(b), i) if isinstance(b, ComputedBuffer)
+        self.groups: list = [FusedGroup([b], product(b.get_ranges()), product(b.get_reduction_ranges())
+                                        if b.is_reduction() else 1, i) if isinstance(b, ComputedBuffer)
                              else ExternStep(b, i) for i, b in enumerate(graph.buffers)]
         self.order_of = {b.get_name(): i for i, b in enumerate(graph.buffers)}
         self._owner = None
@@ -175,11 +172,10 @@ class Scheduler:
 
     # ---------------------------------------------- launch-saving horizontal fusion
     def _input_only_pattern(self, g: FusedGroup) -> Optional[tuple]:
-        """The access pattern of a pointwise group that reads only graph inputs (a parameter's autocast cast,
-        a weight's channels-last copy) and is small enough for ``config.launch_fusion_max_numel``: ``(numel,
-        (load index expressions, store index expressions))`` with buffer names dropped, when all its nodes
-        share one such pattern; else None. Such groups depend on nothing computed in the graph, so they can
-        run at any point before their first reader."""
+        """The access pattern of a pointwise group that reads only graph inputs (a parameter's autocast cast, a weight's
+        channels-last copy) and is small enough for ``config.launch_fusion_max_numel``: ``(numel, (load index
+        expressions, store index expressions))`` without buffer names, when all its nodes share one such pattern; else
+        None. Such groups depend on nothing computed in the graph: they can run anywhere before their first reader."""
         if g not in self._memo:
             self._memo[g] = self._pattern_of(g)
         return self._memo[g]
@@ -325,12 +321,11 @@ class Scheduler:
         self._reorder(g, lo, hi)
 
     def _reorder(self, g: FusedGroup, lo: int, hi: int) -> None:
-        """Order the groups topologically again after the groups ordered ``lo`` and ``hi`` became ``g`` (in
-        ``lo``'s place): the producers of the ``hi`` one ordered after ``lo`` (``up``; none is a consumer of the
-        ``lo`` one, which would be a cycle) must now come before ``g``. Up to the last of them, the groups that do
-        not depend on ``g`` move before it, in their order; nothing else moves. This is the order that sorting all
-        groups again gives (Kahn's algorithm, smallest order first), found without visiting them all; orders stay
-        increasing, not contiguous."""
+        """Order the groups topologically again after the groups ordered ``lo`` and ``hi`` became ``g`` (in ``lo``'s
+        place): the producers of the ``hi`` one ordered after ``lo`` (``up``; none consumes the ``lo`` one: that would
+        be a cycle) must now come before ``g``. Up to the last of them, the groups that do not depend on ``g`` move
+        before it, in their order; nothing else moves. This is the order sorting all groups again gives (Kahn's
+        algorithm, smallest order first), found without visiting them all; orders stay increasing, not contiguous."""
         groups, byid, order = self.groups, self._byid, (lambda x: x.order)
         del groups[bisect.bisect_left(groups, hi, key=order)]
         i = bisect.bisect_left(groups, lo, key=order)

@@ -251,8 +251,7 @@ def _breakdown_rows(totals: dict, selfs: dict, top_total: float) -> list:
 
 
 def _artifact_views(records: list) -> list:
-    """One view per distinct artifact; an identical one logged again (same name, kind
-    and text, e.g. by two layers) is shown once with a count."""
+    """One view per distinct artifact; a repeat (same name, kind, text, e.g. by two layers) shows once, counted."""
     views, seen = [], {}
     for a in records:
         text = str(a.get("text", ""))

@@ -387,8 +387,7 @@ def _nested_compile_region_call(tx, args, kwargs):
 
 @builtin(itertools.chain)
 def _chain(tx, args, kwargs):
-    """``itertools.chain(*iterables)`` over iterables with known items (optimizers
-    chain their global and per-instance step hooks)."""
+    """``itertools.chain(*iterables)`` of known-item iterables (optimizers: global and per-instance step hooks)."""
     if kwargs:
         raise Unsupported("itertools.chain with keyword arguments")
     return ListIteratorVariable([v for a in args for v in tx.unpack(a)])
@@ -543,8 +542,7 @@ def _wraps(tx, args, kwargs):
 
 
 class _WrapsDecorator(VariableTracker):
-    """``functools.wraps(wrapped)``: returns the decorated function unchanged (its
-    metadata is not copied inside the trace)."""
+    """``functools.wraps(wrapped)``: the decorated function, unchanged (its metadata is not copied in the trace)."""
 
     def call_function(self, tx, args, kwargs):
         return args[0]

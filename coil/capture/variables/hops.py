@@ -413,8 +413,7 @@ def call_cond(tx, args: list, kwargs: dict) -> VariableTracker:
 
 
 def _share_lifted(a: Subgraph, b: Subgraph) -> None:
-    """Give ``a`` and ``b`` the same lifted inputs, in ``a``'s order (the operator passes
-    one list of lifted values to both functions)."""
+    """Give ``a`` and ``b`` the same lifted inputs, in ``a``'s order (the operator passes both one list of them)."""
     for x, y in ((a, b), (b, a)):
         for n in [n for n in y.lifted if n not in x.lifted]:
             x.add_lifted(n)
@@ -590,8 +589,7 @@ def call_scan(tx, args: list, kwargs: dict) -> VariableTracker:
 
 
 class _CarryAndOutput(VariableTracker):
-    """Calls ``fn`` and returns ``(result, copy of result)``: a scan body whose carry is its output (a scan body
-    may not return one tensor twice)."""
+    """``fn``'s ``(result, copy of result)``: a scan body whose carry is its output (may not return a tensor twice)."""
 
     def __init__(self, fn: VariableTracker):
         super().__init__(None)

@@ -171,8 +171,7 @@ class CppKernel(OpsHandler):
         return any(w in self.rdep for w in re.findall(r"[A-Za-z_]\w*", expr))
 
     def _mark_local(self, name: str) -> None:
-        """A variable defined by a raw statement: inside a section body, treat it as
-        depending on the loop (never hoist what uses it)."""
+        """A variable a raw statement defines: in a section body, treat as loop-dependent (never hoist what uses it)."""
         self.locals.add(name)
         if self.section is not None:
             self.rdep.add(name)
@@ -351,9 +350,8 @@ class CppKernel(OpsHandler):
         return out
 
     def _masked_key(self, mask, inner: list[str], result, other_v: str):
-        """A CSE key for a masked block: its text with the variables it defines renamed
-        in order ($0, $1, ...), so two identical guarded computations share one
-        variable. None (no CSE) when the block stores or has other side effects."""
+        """A CSE key for a masked block: its text with the variables it defines renamed in order ($0, $1, ...), so two
+        identical guarded computations share one variable. None (no CSE) if the block stores or has side effects."""
         if any("p_" in l.split("=")[0] or "#pragma" in l for l in inner):
             return None
         names = {}
@@ -544,8 +542,7 @@ class CppKernel(OpsHandler):
 
     @staticmethod
     def _simd_for(lines: list[str]) -> str:
-        """``#pragma omp simd`` unless the loop body has a bounds check or an atomic
-        store (checks hoisted out of the loop do not count)."""
+        """``#pragma omp simd`` unless the loop body has a bounds check or atomic store (hoisted checks don't count)."""
         return "" if any("coil_ind_checked(" in l or "omp atomic" in l or "omp critical" in l for l in lines) \
             else "#pragma omp simd"
 
@@ -779,12 +776,11 @@ class CppKernel(OpsHandler):
             for acc in blocked:
                 l = l.replace(f"{acc}@", f"{acc}_blk[l]")
             lane_body.append(l.replace("@", "_lane[l]"))
-        # The scalar tail (the last ext0 % LANES elements of each row, from tail0 = ext0 - ext0 % LANES, where
-        # the lane loop leaves rb) is a partial lane chunk: element tail0 + l goes to lane l (constant bounds,
-        # so it unrolls). There is no separate in-order tail accumulator: g++ 12.2 -O3 miscompiles the loop
-        # vectorization of an in-order float sum over reversed accesses (x.flip(-1).sum() on (17, 2), where
-        # the lane loop never runs and the whole row is tail; docs/cpp_backend.md), and with independent lanes
-        # a row shorter than LANES vectorizes without reassociation.
+        # The scalar tail (the last ext0 % LANES elements of each row, from tail0 = ext0 - ext0 % LANES, where the lane
+        # loop leaves rb) is a partial lane chunk: element tail0 + l goes to lane l (constant bounds: it unrolls). No
+        # separate in-order tail accumulator: g++ 12.2 -O3 miscompiles the loop vectorization of an in-order float sum
+        # over reversed accesses (x.flip(-1).sum() on (17, 2), where the lane loop never runs and the whole row is tail;
+        # docs/cpp_backend.md), and with independent lanes a row shorter than LANES vectorizes without reassociation.
         if is_static(ext[0]):
             n_tail = int(ext[0]) % LANES
             tail0 = int(ext[0]) - n_tail

@@ -44,9 +44,8 @@ def size_values(plan) -> list:
 
 
 def _other_sizes(plan, sizes: list) -> list:
-    """``sizes`` (the kernel's int arguments) at two other values of the size symbols:
-    each hint plus one, and each times 16, so that the launcher can compile ahead the
-    Triton specialization classes (divisibility by 16) later sizes may fall in."""
+    """``sizes`` (the kernel's int arguments) at two other values of the size symbols: each hint plus one, and times 16,
+    so the launcher can compile ahead the Triton specialization classes (divisibility by 16) later sizes may fall in."""
     syms = plan.size_symbols()
     try:
         return [[int(sympy.sympify(e).subs({s: f(hint(s)) for s in syms})) for e in sizes]
@@ -60,8 +59,7 @@ def _indent(lines, n):
 
 
 def _plan_gpu(plan) -> bool:
-    """Whether ``plan`` runs on a GPU (else Triton's CPU interpreter), as the launcher
-    decides it: from the device of its first node's buffer."""
+    """Whether ``plan`` runs on a GPU (else Triton's interpreter) per the launcher: its first node's buffer's device."""
     return plan.buffer(plan.nodes[0].name).get_device().type != "cpu" or config.triton_check_configs
 
 

@@ -58,9 +58,8 @@ def _nan(dtype) -> str:
 
 
 def _convert(value, dtype):
-    """A constant as eager's conversion to ``dtype`` makes it (a Python number): 2.5 in
-    int64 is 2, 300 in uint8 is 44, 70000.0 in fp16 is inf. Integer constants wrap into
-    their dtype's range, as eager converts a scalar (uint8 + 300 adds 44)."""
+    """A constant (a Python number) as eager converts it to ``dtype``: 2.5 in int64 is 2, 300 in uint8 is 44, 70000.0 in
+    fp16 is inf; integers wrap into the dtype's range like eager's scalars (uint8 + 300 adds 44)."""
     if isinstance(value, bool):
         return torch.tensor(value).to(dtype).item()
     if isinstance(value, numbers.Integral):
@@ -255,9 +254,8 @@ class TritonKernel(OpsHandler):
         dims = self._dims_of_index(e)
         full = dims | value.dims
         if mode == "atomic_add":
-            # one addition per element of the node's iteration space, also along the axes
-            # neither the address nor the value varies on (three updates of one element
-            # whose index expression folded to a constant are three adds, not one)
+            # one addition per element of the node's iteration space, also along axes neither address nor value varies
+            # on (three updates of one element whose index expression folded to a constant are three adds, not one)
             full = full.union(*(self._dims_of_index(i) for i in [*self.cur.index, *self.cur.rindex]))
         mask, mdims = self._mask(full)
         buf_dtype = self.plan.buffer(name).get_dtype()
@@ -375,10 +373,9 @@ class TritonKernel(OpsHandler):
         """``sum(exp(x - m))`` in the loop after the one computing ``m = max(x)`` (softmax, log_softmax, cross-entropy,
         logsumexp over long rows): compute it in the max's loop instead, with a running max per lane (the "online
         softmax" of Milakov & Gimelshein, 2018): ``s = s * exp(m_old - m_new) + exp(x - m_new)``, written with one exp
-        per element (``e = exp(-|x - m_old|)``; ``s*e + 1`` if ``x > m_old`` else ``s + e``), and after the loop
-        ``sum(s * exp(m - max(m)))``. Saves one pass over ``x``. Lanes whose max is still -inf contribute 0; a row of
-        only -inf sums to NaN, as in two passes. Returns None unless the pattern matches exactly (same load in both
-        loops)."""
+        per element (``e = exp(-|x - m_old|)``; ``s*e + 1`` if ``x > m_old`` else ``s + e``), and after the loop ``sum(s
+        * exp(m - max(m)))``. Saves one pass over ``x``. Lanes whose max is still -inf contribute 0; a row of only -inf
+        sums to NaN, as in two passes. Returns None unless the pattern matches exactly (same load in both loops)."""
         sid = self.cur.loop_id
         if not self.cur.in_loop or sid == 0 or v != value.name \
                 or value.dims != frozenset({"x", "r"}) or acc_dt != torch.float32:
@@ -431,8 +428,7 @@ class TritonKernel(OpsHandler):
 
     @staticmethod
     def _final(reduction_type, v) -> str:
-        # red.*: NaN-propagating tl.reduce on GPUs, NumPy under the interpreter
-        # (coil.runtime.triton_reductions / triton_libdevice)
+        # red.*: NaN-propagating tl.reduce (GPU) / NumPy (interpreter): coil.runtime.triton_reductions, triton_libdevice
         fn = {"sum": "sum", "max": "max", "min": "min", "any": "max", "prod": "prod"}[reduction_type]
         return f"red.{fn}({v}, 1)"
 

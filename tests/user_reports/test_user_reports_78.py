@@ -1,0 +1,71 @@
+"""Regression tests for trial 78 (tests/user_reports/FINDINGS_78.md)."""
+import importlib
+import sys
+
+import pytest
+import torch
+
+import coil
+from coil.testing import CompileCounter
+
+
+def _package(tmp_path, name):
+    pkg = tmp_path / name
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text(
+        "import torch\n"
+        "def f(x):\n"
+        "    from . import helpers\n"          # a submodule not imported yet: eager's import loads it
+        "    from .consts import SCALE\n"      # a relative import of a name
+        "    return helpers.g(x) * SCALE + 1\n")
+    (pkg / "helpers.py").write_text("import torch\ndef g(x):\n    return torch.sin(x) * 2\n")
+    (pkg / "consts.py").write_text("SCALE = 3.0\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(tmp_path))
+
+
+def test_f1_relative_import_in_the_frame_compiles_the_rest(tmp_path):
+    """``from . import helpers`` broke the graph ("relative import inside the frame") and nothing after it was
+    compiled, on every call (transformers 5.25's output-capturing hooks do this on a model's first call). Now a
+    relative import resolves like an absolute one; a submodule not imported yet is a break that runs the import alone
+    and compiles the rest of the frame."""
+    pkg = _package(tmp_path, "coil_t78_pkg")
+    x = torch.randn(8)
+    counter = CompileCounter()
+    cf = coil.compile(pkg.f, backend=counter)
+    for _ in range(3):
+        torch.testing.assert_close(cf(x), torch.sin(x) * 6 + 1)
+    assert counter.frame_count == 1, counter.frame_count
+    ex = coil.explain(pkg.f, x)     # (helpers is imported now: one graph, no break)
+    assert (ex.graph_count, ex.graph_break_count) == (1, 0), ex
+
+
+_INFERENCE_CASES = {
+    "expand_contiguous": lambda x, w: x + (w * 1).expand(3, 4).contiguous(),
+    "expand_reshape": lambda x, w: x.reshape(-1) + (w * 1).expand(3, 4).reshape(-1),
+    "expand_as_contiguous": lambda x, w: x[:1].expand_as(x).contiguous() * 2,
+    "broadcast_to_contiguous": lambda x, w: torch.broadcast_to(x.sum(0), (3, 4)).contiguous() + 1,
+    "expand_mm": lambda x, w: x.sum(0, keepdim=True).expand(3, 4).contiguous() @ x.t(),
+    "as_strided_contiguous": lambda x, w: (x * 1).as_strided((2, 2), (1, 1)).contiguous(),
+    "expand_t_contiguous": lambda x, w: (w[:2] * 1).expand(2, 2).t().contiguous() + x[:2, :2],
+}
+
+
+@pytest.mark.parametrize("case", sorted(_INFERENCE_CASES))
+def test_f2_contiguous_of_an_expand_under_inference_mode_is_a_copy(case):
+    """Under ``torch.inference_mode()`` ``contiguous()`` / ``reshape`` reach AOT's functionalization undecomposed, and
+    their schema says the result may alias: an expand's copy was taken for a view of the unexpanded tensor and
+    rebuilt with ``as_strided``, reading past its end (MPNet's position bias, NaN logits in batch rows 1..)."""
+    fn = _INFERENCE_CASES[case]
+    torch.manual_seed(0)
+    x, w = torch.randn(3, 4), torch.randn(4)
+    for ctx in (torch.no_grad, torch.inference_mode):
+        coil.reset()
+        with ctx():
+            want = fn(x, w)
+            got = coil.compile(fn)(x, w)
+        torch.testing.assert_close(got, want)
+        assert got.stride() == want.stride(), (ctx.__name__, got.stride(), want.stride())

@@ -995,7 +995,8 @@ def _emit_break(cg: EntryCodegen, tx, plan, fn, code, cfg, live_locals: dict) ->
 _ONE_INSTRUCTION = {"STORE_ATTR": (2, 0), "DELETE_ATTR": (1, 0), "STORE_SUBSCR": (3, 0), "DELETE_SUBSCR": (2, 0),
                     "STORE_GLOBAL": (1, 0), "BINARY_SUBSCR": (2, 1), "BINARY_OP": (2, 1), "COMPARE_OP": (2, 1),
                     "IS_OP": (2, 1), "CONTAINS_OP": (2, 1), "UNARY_NEGATIVE": (1, 1), "UNARY_NOT": (1, 1),
-                    "UNARY_INVERT": (1, 1), "STORE_SLICE": (4, 0), "BINARY_SLICE": (3, 1), "BEFORE_WITH": (1, 2)}
+                    "UNARY_INVERT": (1, 1), "STORE_SLICE": (4, 0), "BINARY_SLICE": (3, 1), "BEFORE_WITH": (1, 2),
+                    "IMPORT_NAME": (2, 1)}
 
 
 def _operator_form(inst):

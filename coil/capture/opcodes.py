@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dis
 import importlib
+import importlib.util
 import operator
 import sys
 
@@ -575,11 +576,15 @@ def _exception_path(tx, inst):
 def IMPORT_NAME(tx, inst):
     fromlist, level = tx.pop().as_python_constant(), tx.pop().as_python_constant()
     name = inst.argval
-    if level != 0:
-        raise Unsupported("relative import inside the frame")
+    if level:   # ``from . import x`` / ``from ..m import y``: the absolute name, from the module's package
+        g = tx.f_globals
+        name = importlib.util.resolve_name("." * level + name, g.get("__package__") or g["__name__"].rpartition(".")[0])
     if name not in sys.modules:
         raise Unsupported(f"import of {name} (not imported yet)")
     mod = importlib.import_module(name)
+    if missing := [n for n in fromlist or () if n != "*" and n not in vars(mod) and f"{name}.{n}" not in sys.modules
+                   and getattr(mod, "__path__", None) and importlib.util.find_spec(f"{name}.{n}")]:
+        raise Unsupported(f"import of {name}.{missing[0]} (not imported yet)")    # (eager's import loads it)
     if not fromlist:
         mod = sys.modules[name.split(".")[0]]
     # held by identity, so what is read through it is guarded (mod.K, from mod import cfg)

@@ -244,7 +244,8 @@ _functorch_warned: list = []
 
 
 def _under_functorch(fn, args, kwargs, what="a torch.func transform (vmap, grad, jvp)",
-                     todo="compile the transformed function instead, coil.compile(torch.vmap(f))"):
+                     todo="coil does not capture torch.func transforms (coil.compile(torch.vmap(f)) runs eagerly "
+                          "too); compile f with the batch dim in its tensors, or torch.autograd.grad for grad"):
     """A compiled function called inside a torch.func transform (``vmap(compiled)``, ``grad(compiled)``): the
     transform's wrapped tensors cannot be captured, so the call runs eagerly, warning once, logging ``functorch_eager``.
     Also a call under a user's TorchFunctionMode (capture does not run its ``__torch_function__``)."""
@@ -595,14 +596,20 @@ def _is_comprehension_cleanup(code, target: int) -> bool:
     return False
 
 
-def _forwards_call(tx, output: OutputGraph, code, inst) -> bool:
-    """Does the frame break at a call whose result it returns at once (``return
-    f(*args, **kwargs)``), having recorded no graph op and no side effect before it?"""
+def _forwards_call(tx, output: OutputGraph, code, inst, cfg) -> bool:
+    """Does the frame break at a call whose result it returns at once (``return f(*args, **kwargs)``), having recorded
+    no graph op and no side effect before it, to a callee captured on its own frame? (Library code, a builtin or a
+    generator runs eagerly: a break to report, ``coil.compile(torch.func.vmap(f))``, trial 78 #6.)"""
     if inst.opname not in ("CALL", "CALL_FUNCTION_EX") or output.count_calls() or \
             output.side_effects.order or _in_exception_block(code, inst.offset):
         return False
     after = tx.instructions[tx.offset_to_index[inst.offset] + 1:]
-    return bool(after) and after[0].opname == "RETURN_VALUE"
+    if not after or after[0].opname != "RETURN_VALUE":
+        return False
+    items = tx.stack[-(inst.arg + 2):] if inst.opname == "CALL" else [None, tx.stack[-2 - (inst.arg & 1)]]
+    callee = items[1] if items[0] is None or isinstance(items[0], NullVariable) else items[0]
+    value = getattr(callee, "fn", None) or getattr(callee, "value", None)
+    return value is not None and capture_callable(value, cfg) is not value
 
 
 def _build_entry(tx, output: OutputGraph, cfg: CaptureConfig, fn, code, argnames) -> CacheEntry:
@@ -621,7 +628,7 @@ def _build_entry(tx, output: OutputGraph, cfg: CaptureConfig, fn, code, argnames
             trace.log("eager_fallback", stage="capture", frame=_label(code), reason=info.reason)
             loc = info.exc.location
             warnings.warn_explicit(f"coil: {info.reason}; {OPTIMIZER_TODO}", UserWarning, loc.filename, loc.lineno)
-        if _forwards_call(tx, output, code, inst):
+        if _forwards_call(tx, output, code, inst, cfg):
             # the frame's own code made no graph and mutated nothing, and returns what the
             # breaking call returns: nothing is split (the callee is captured on its own
             # frame), so this is no graph break (a module's call frame, a decorator's wrapper)

@@ -69,3 +69,32 @@ def test_f2_contiguous_of_an_expand_under_inference_mode_is_a_copy(case):
             got = coil.compile(fn)(x, w)
         torch.testing.assert_close(got, want)
         assert got.stride() == want.stride(), (ctx.__name__, got.stride(), want.stride())
+
+
+def test_f6_a_frame_that_only_forwards_to_library_code_reports_the_break():
+    """``coil.compile(torch.func.vmap(f))`` compiled nothing and said nothing: the top frame (torch's transform
+    wrapper) forwards its break to library code, which runs eagerly, and a forwarding frame counted as no break. Only a
+    callee captured on its own frame makes a forwarding frame no break; also ``yield from`` (FINDINGS_77 #7)."""
+    from torch.func import grad, vmap
+
+    def body(r):
+        return (r * 2).sin().sum()
+
+    x = torch.randn(3, 4)
+    for fn in (vmap(body), grad(lambda r: body(r[0]))):
+        ex = coil.explain(fn, x)
+        assert ex.graph_count == 0 and ex.graph_break_count == 1, ex
+        torch.testing.assert_close(coil.compile(fn)(x), fn(x))
+
+    def gen_frame(t):
+        def gen():
+            yield from (t * i for i in range(3))
+        return list(gen())
+    ex = coil.explain(gen_frame, x)
+    assert ex.graph_break_count == 1 and "GET_YIELD_FROM_ITER" in ex.break_reasons[0]["reason"], ex
+
+    class Wrapper(torch.nn.Module):      # a module's call frame still forwards to a captured forward: no break
+        def forward(self, t):
+            return body(t)
+    ex = coil.explain(Wrapper(), x)
+    assert (ex.graph_count, ex.graph_break_count) == (1, 0), ex

@@ -185,6 +185,12 @@ class _DropErrorChecks(TorchDispatchMode):
 _ERROR_CHECK_OPS = {aten._linalg_check_errors.default}
 
 
+@functools.lru_cache(None)
+def _composite(func) -> bool:  # (TorchScript's ``prim::`` ops are not in the dispatcher)
+    return func.namespace != "prim" and torch._C._dispatch_has_kernel_for_dispatch_key(func.name(),
+                                                                                      "CompositeImplicitAutograd")
+
+
 class _ViewRewrites(TorchDispatchMode):
     """Views re-expressed for functionalization, while a program is analysed or traced.
 
@@ -215,7 +221,7 @@ class _ViewRewrites(TorchDispatchMode):
             raise RunEagerly(RESTRIDE_VIEWED_MESSAGE)
         if func in _SQUEEZE_ and any(isinstance(n, torch.SymInt) for n in args[0].shape):
             return _squeeze_(func, *args)
-        if torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd"):
+        if _composite(func):
             # a composite op reaches here undecomposed under inference_mode (no autograd key decomposed it): its own
             # ops, through these modes as under no_grad, say whether it copied (an expand's contiguous() was taken
             # for a view of the unexpanded tensor, read past its end: trial 78 #2) and meet _DropErrorChecks

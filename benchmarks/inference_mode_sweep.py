@@ -1,7 +1,7 @@
 """OpInfo sweep of coil under ``torch.inference_mode()`` (vs eager, and vs coil under ``torch.no_grad()``).
 
     PYTHONPATH=. OMP_NUM_THREADS=1 python benchmarks/inference_mode_sweep.py \\
-        [--ops add,mul] [--jobs 2] [--timeout 20] [--budget 1800] [--out /tmp/infmode.jsonl] [--models]
+        [--ops add,mul] [--jobs 2] [--timeout 20] [--budget 1800] [--out /tmp/infmode.jsonl] [--models] [--dynamic]
 
 For each entry of ``op_db`` supporting float32 on CPU, the first 3 sample inputs are run eagerly and through
 ``coil.compile`` (``coil.reset()`` per case) under ``torch.inference_mode()``, in these cases:
@@ -18,13 +18,14 @@ For each entry of ``op_db`` supporting float32 on CPU, the first 3 sample inputs
 
 Compared: values (NaN-aware, fp32 tolerances as coil.testing.TOLERANCES), dtype, shape, strides (of dims of size > 1),
 which inputs each output aliases, and the inputs after the call (mutations). A case whose eager result differs between
-two runs is ``nondet`` (values not compared); one where eager raises is ``eager-error``. A failing case is re-run the same way
-under ``torch.no_grad()``: ``infonly`` in the result marks a failure that happens only under inference_mode.
+two runs is ``nondet`` (values not compared); one where eager raises is ``eager-error``. A failing case is re-run the
+same way under ``torch.no_grad()``: ``infonly`` in the result marks a failure that happens only under inference_mode.
 
 Each op runs in a worker subprocess with a per-op timeout (SIGALRM, plus a watchdog in the parent that kills and
 restarts a silent worker); ``--budget`` (seconds) stops starting new ops. Results: one JSON line per op in ``--out``;
-a summary of failing cases is printed. ``--models`` also runs tiny random-weight BERT / GPT-2 / T5 (transformers,
-eval, batch 2 with a padding mask) under inference_mode, eager vs coil.
+a summary of failing cases is printed. ``--models`` also runs tiny random-weight BERT / GPT-2 / T5 / MPNet / BART /
+Llama (transformers, eval, batch 2 with a padding mask) under inference_mode and no_grad, eager vs coil
+(``--models --ops none``: the models alone).
 """
 from __future__ import annotations
 
@@ -145,6 +146,9 @@ def _compare(exp, got, values=True):
     return None
 
 
+DYNAMIC = None  # --dynamic: coil.compile(..., dynamic=True)
+
+
 def check_case(call, tensors, ctx, values, inference_inputs=False):
     try:
         exp = _run(call, tensors, ctx, inference_inputs)
@@ -155,7 +159,7 @@ def check_case(call, tensors, ctx, values, inference_inputs=False):
     coil.reset()
     try:
         with coil.config.patch(fallback_random=True):
-            got = _run(coil.compile(call), tensors, ctx, inference_inputs)
+            got = _run(coil.compile(call, dynamic=DYNAMIC), tensors, ctx, inference_inputs)
     except measure.RowTimeout:
         raise
     except Exception as e:  # noqa: BLE001
@@ -248,7 +252,8 @@ def _drive(keys, timeout, deadline, emit):
             for k in rest:
                 emit({"op": k, "status": "skipped"})
             return
-        proc = subprocess.Popen([sys.executable, __file__, "--worker", "--timeout", str(timeout)],
+        proc = subprocess.Popen([sys.executable, __file__, "--worker", "--timeout", str(timeout)]
+                                + (["--dynamic"] if DYNAMIC else []),
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         proc.stdin.write(json.dumps(rest))
         proc.stdin.close()
@@ -299,12 +304,20 @@ def run_models():
         "gpt2": lambda: tf.GPT2LMHeadModel(tf.GPT2Config(vocab_size=100, n_embd=32, n_layer=2, n_head=4)),
         "t5": lambda: tf.T5Model(tf.T5Config(vocab_size=100, d_model=32, d_kv=8, d_ff=64, num_layers=2,
                                              num_heads=4)),
+        "mpnet": lambda: tf.MPNetModel(tf.MPNetConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2,
+                                                      num_attention_heads=4, intermediate_size=64)),
+        "bart": lambda: tf.BartModel(tf.BartConfig(vocab_size=100, d_model=32, encoder_layers=1, decoder_layers=1,
+                                                   encoder_attention_heads=4, decoder_attention_heads=4,
+                                                   encoder_ffn_dim=64, decoder_ffn_dim=64)),
+        "llama": lambda: tf.LlamaForCausalLM(tf.LlamaConfig(vocab_size=100, hidden_size=32, intermediate_size=64,
+                                                            num_hidden_layers=2, num_attention_heads=4,
+                                                            num_key_value_heads=2)),
     }
     for name, mk in models.items():
         torch.manual_seed(0)
         m = mk().eval()
         kw = {"input_ids": ids, "attention_mask": mask}
-        if name == "t5":
+        if name in ("t5", "bart"):
             kw["decoder_input_ids"] = ids[:, :5]
         coil.reset()
         try:
@@ -331,12 +344,17 @@ def main():
     ap.add_argument("--budget", type=float, default=1800.0, help="seconds; no op starts after that")
     ap.add_argument("--out", default="/tmp/inference_mode_sweep.jsonl")
     ap.add_argument("--models", action="store_true")
+    ap.add_argument("--dynamic", action="store_true", help="compile with dynamic=True (symbolic sizes)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
+    global DYNAMIC
+    DYNAMIC = True if a.dynamic else None
     if a.worker:
         return _worker(json.loads(sys.stdin.read()), a.timeout)
     if a.models:
         run_models()
+    if a.ops == "none":
+        return
     from torch.testing._internal.common_methods_invocations import op_db
     keys = list(dict.fromkeys(op_key(op) for op in op_db))
     if a.ops:

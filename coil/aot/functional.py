@@ -185,6 +185,12 @@ class _DropErrorChecks(TorchDispatchMode):
 _ERROR_CHECK_OPS = {aten._linalg_check_errors.default}
 
 
+@functools.lru_cache(None)
+def _composite(func) -> bool:  # (TorchScript's ``prim::`` ops are not in the dispatcher)
+    return func.namespace != "prim" and torch._C._dispatch_has_kernel_for_dispatch_key(func.name(),
+                                                                                      "CompositeImplicitAutograd")
+
+
 class _ViewRewrites(TorchDispatchMode):
     """Views re-expressed for functionalization, while a program is analysed or traced.
 
@@ -215,12 +221,14 @@ class _ViewRewrites(TorchDispatchMode):
             raise RunEagerly(RESTRIDE_VIEWED_MESSAGE)
         if func in _SQUEEZE_ and any(isinstance(n, torch.SymInt) for n in args[0].shape):
             return _squeeze_(func, *args)
-        if func.is_view and torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd") \
-                and (r := func.decompose(*args, **(kwargs or {}))) is not NotImplemented:
-            # a composite op that may return a view (``contiguous``, ``reshape``) reaches here undecomposed under
-            # inference_mode: its own ops say whether it copied (an expand's contiguous() was taken for a view of
-            # the unexpanded tensor, read past its end: trial 78 #2)
-            return r
+        if _composite(func):
+            # a composite op reaches here undecomposed under inference_mode (no autograd key decomposed it): its own
+            # ops, through these modes as under no_grad, say whether it copied (an expand's contiguous() was taken
+            # for a view of the unexpanded tensor, read past its end: trial 78 #2) and meet _DropErrorChecks
+            # (linalg.inv's _linalg_check_errors reached functionalization: "no token for effect")
+            with self:
+                if (r := func.decompose(*args, **(kwargs or {}))) is not NotImplemented:
+                    return r
         if func is aten.expand.default and len(args) >= 2 and len(args[1]) == args[0].dim() and \
                 all(isinstance(s, int) and (s == -1 or (isinstance(d, int) and s == d))
                     for s, d in zip(args[1], args[0].shape)):
@@ -359,8 +367,15 @@ def _squeeze_(func, t, dims=None):
     return aten.squeeze_.dims(t, dims)
 
 
+@contextlib.contextmanager
+def _rewrites(drop_error_checks: bool):
+    """The modes a program runs under: :class:`_ViewRewrites` on top (composite ops decompose there)."""
+    with _DropErrorChecks() if drop_error_checks else contextlib.nullcontext(), _ViewRewrites():
+        yield
+
+
 def _call(fn: Callable, args: list, drop_error_checks: bool):
-    with _ViewRewrites(), _DropErrorChecks() if drop_error_checks else contextlib.nullcontext():
+    with _rewrites(drop_error_checks):
         try:
             return fn(*args)
         except ValueError as e:  # symbolic sizes: FakeTensor's view of functionalization's new value of an
@@ -1130,7 +1145,7 @@ def trace_joint(fn: Callable, fake_args: list, info: Optional[ProgramInfo], deco
                 if not diff:
                     grads = [None] * len(wrt)
                 else:  # (the backward's writes through views too: relu_ of b.expand(-1), s1016 #102)
-                    with _ViewRewrites(), _DropErrorChecks() if info.drop_error_checks else contextlib.nullcontext():
+                    with _rewrites(info.drop_error_checks):
                         grads = torch.autograd.grad(diff, wrt, f_tangents, allow_unused=True)
                 fx_traceback.set_stack_trace([])
             grad_is_none[:] = [g is None for g in grads]

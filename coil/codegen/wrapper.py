@@ -55,7 +55,11 @@ def ensure_layout(t: torch.Tensor, size, stride, dtype=None) -> torch.Tensor:
     st = t.stride()
     if st == stride or all(a == b or n == 1 for a, b, n in zip(st, stride, size)):  # (first: one tuple comparison)
         return t
-    return torch.empty_strided(size, stride, dtype=t.dtype, device=t.device).copy_(t)
+    out = dst = torch.empty_strided(size, stride, dtype=t.dtype, device=t.device)
+    for d in [d for d, (n, s) in enumerate(zip(size, stride)) if s == 0 and n > 1]:  # an expanded layout (its value
+        t, dst = t.narrow(d, 0, 1), dst.narrow(d, 0, 1)  # equal along d): copy_ refuses to write it (view_as_complex
+    dst.copy_(t)                                             # of an expand, where the kernel got a contiguous copy)
+    return out
 
 
 def check_size(t, size, op: str) -> None:

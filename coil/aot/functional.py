@@ -186,9 +186,11 @@ _ERROR_CHECK_OPS = {aten._linalg_check_errors.default}
 
 
 @functools.lru_cache(None)
-def _composite(func) -> bool:  # (TorchScript's ``prim::`` ops are not in the dispatcher)
-    return func.namespace != "prim" and torch._C._dispatch_has_kernel_for_dispatch_key(func.name(),
-                                                                                      "CompositeImplicitAutograd")
+def _composite(func) -> bool:
+    try:    # (TorchScript's ``prim::`` ops and ``aten::stride`` of symbolic sizes are not in the dispatcher)
+        return torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd")
+    except RuntimeError:
+        return False
 
 
 class _ViewRewrites(TorchDispatchMode):

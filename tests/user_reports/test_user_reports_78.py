@@ -2,6 +2,7 @@
 import importlib
 import sys
 
+import numpy as np
 import pytest
 import torch
 
@@ -98,3 +99,32 @@ def test_f6_a_frame_that_only_forwards_to_library_code_reports_the_break():
             return body(t)
     ex = coil.explain(Wrapper(), x)
     assert (ex.graph_count, ex.graph_break_count) == (1, 0), ex
+
+
+LCM = np.lcm(4, 2)      # numpy.int64, as transformers' Reformer computes its chunk length
+FLAG = np.bool_(True)
+
+
+def _numpy_scalars(x):
+    if x.shape[-1] % LCM != 0 and FLAG:     # a numpy int64 in Python arithmetic, a numpy bool in an ``if``
+        x = torch.nn.functional.pad(x, (0, 1))
+    return x.sin() * LCM, torch.full((2,), LCM)
+
+
+def test_f5_numpy_scalar_globals_are_constants():
+    """A numpy scalar read from a global or an attribute was an opaque object: arithmetic and ``bool()`` on it were
+    graph breaks (3 in the repro; Reformer broke on every call). It is a constant now, guarded by type and value, as a
+    numpy scalar computed in the frame already was."""
+    global LCM
+    for x in (torch.randn(3, 8), torch.randn(3, 7)):
+        ex = coil.explain(_numpy_scalars, x)
+        assert (ex.graph_count, ex.graph_break_count) == (1, 0), ex
+        for got, want in zip(coil.compile(_numpy_scalars)(x), _numpy_scalars(x)):
+            torch.testing.assert_close(got, want)
+            assert got.dtype == want.dtype
+    old, LCM = LCM, np.int64(3)      # a changed value recompiles
+    try:
+        x = torch.randn(3, 8)
+        torch.testing.assert_close(coil.compile(_numpy_scalars)(x)[0], _numpy_scalars(x)[0])
+    finally:
+        LCM = old

@@ -159,6 +159,10 @@ def _build(tx, value, source, gs) -> VariableTracker:
         if gs is not None:
             _guard_literal(gs, expr, value)
         return ConstantVariable(value, source)
+    if type(value).__module__ == "numpy" and getattr(value, "ndim", 1) == 0 and value == value:
+        if gs is not None:     # a numpy scalar (Reformer's np.lcm chunk length): a constant as computed ones are
+            _guard_literal(gs, expr, value)
+        return ConstantVariable(value, source)
     if isinstance(value, torch.Tensor):
         tf = getattr(type(value).__torch_function__, "__func__", type(value).__torch_function__)
         if tf not in (torch.Tensor.__torch_function__.__func__, torch._C._disabled_torch_function_impl):

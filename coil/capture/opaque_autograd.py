@@ -14,18 +14,20 @@ import functools
 import torch
 import torch.utils._pytree as pytree
 
-#: key -> (op, opdef, args with each tensor replaced by TENSOR, number of tensor inputs)
+#: key -> (op, opdef, args with each tensor replaced by TENSOR, each tensor's argument position)
 _CALLS: dict = {}
 
 
 TENSOR = type("Tensor", (), {"__repr__": lambda self: "T"})()   #: an argument that is a tensor
 
 
-def opaque_call(target, opdef, args: list, kwargs: dict, value):
-    """``(fn, tensors)``: a graph target ``fn`` calling ``target(*args, **kwargs)`` whose backward is ``opdef``'s
-    formula run eagerly, and the arguments to call it with (the tensors among ``args``/``kwargs`` in schema order).
-    ``value(a)`` is :data:`TENSOR` for a tensor argument, else its constant value (or raises). None where not
-    handled (the caller breaks the graph)."""
+def opaque_call(target, opdef, args: list, kwargs: dict):
+    """``(fn, tensors)``: a graph target ``fn`` calling ``target(*args, **kwargs)`` (trackers) whose backward is
+    ``opdef``'s formula run eagerly, and the trackers to call it with (the tensors among ``args``/``kwargs`` in schema
+    order). None where not handled (the caller breaks the graph); Unsupported for an argument that is not a tensor or a
+    constant."""
+    from coil.capture.variables.base import VariableTracker
+    from coil.capture.variables.tensor import TensorVariable
     target = getattr(target, "default", target)     # (an OpOverloadPacket: a custom_op has one overload)
     schema = target._schema
     params = schema.arguments
@@ -36,9 +38,10 @@ def opaque_call(target, opdef, args: list, kwargs: dict, value):
     bound = list(args) + rest
     if any(r is TENSOR for r in rest):
         return None     # (a missing argument: eager raises)
-    consts = [value(a) for a in bound]
+    consts = [TENSOR if isinstance(a, TensorVariable) else a.as_python_constant() if isinstance(a, VariableTracker)
+              else a for a in bound]
     key = f"{schema.name}.{schema.overload_name}/{consts!r}"
-    _CALLS[key] = (target, opdef, consts, sum(1 for a in consts if a is TENSOR))
+    _CALLS[key] = (target, opdef, consts, [i for i, a in enumerate(consts) if a is TENSOR])
 
     call = functools.partial(OpaqueFormula.apply, key)
     call.__name__ = f"{schema.name.replace('::', '_')}_eager_backward"
@@ -46,9 +49,9 @@ def opaque_call(target, opdef, args: list, kwargs: dict, value):
 
 
 def _args(key, tensors):
-    op, opdef, args, n = _CALLS[key]
-    it = iter(tensors[:n])
-    return op, opdef, [next(it) if a is TENSOR else a for a in args], n
+    op, opdef, args, where = _CALLS[key]
+    it = iter(tensors[:len(where)])
+    return op, opdef, [next(it) if a is TENSOR else a for a in args], where
 
 
 class OpaqueFormula(torch.autograd.Function):
@@ -75,8 +78,8 @@ def custom_backward(key: str, needs: list[int], saved: list[torch.Tensor], grads
     """The gradients (in ``needs`` order, each the dtype and layout of its input) of the op of ``key``
     (:func:`opaque_call`), from its eager ``setup_context`` and ``backward`` on its tensor inputs and
     outputs ``saved`` and the gradients ``grads`` of its outputs."""
-    op, opdef, args, n = _args(key, saved)
-    where = [i for i, a in enumerate(_CALLS[key][2]) if a is TENSOR]    # each tensor's argument position
+    op, opdef, args, where = _args(key, saved)
+    n = len(where)
     ctx = torch.autograd.function.FunctionCtx()     # (save_for_backward keeps ``to_save``)
     ctx.needs_input_grad = tuple(i in [where[k] for k in needs] for i in range(len(args)))
     out = saved[n] if len(op._schema.returns) == 1 else tuple(saved[n:])

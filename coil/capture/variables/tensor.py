@@ -203,7 +203,7 @@ def call_op(tx, kind: str, target, args: list, kwargs: dict) -> VariableTracker:
         except Unsupported as e:     # backward alone: it runs eagerly inside the compiled backward instead
             from coil.capture.opaque_autograd import opaque_call
             probe_autograd(tx, _name(target), inputs, forward, opdef._setup_context_fn, None)   # (or raise)
-            if (call := opaque_call(target, opdef, args, kwargs, _formula_arg)) is None:
+            if (call := opaque_call(target, opdef, args, kwargs)) is None:
                 raise
             trace.log("opaque_op", stage="capture", op=_name(target), reason=f"eager autograd formula: {e.reason}")
             return call_op(tx, "call_function", call[0], call[1], {})
@@ -308,14 +308,6 @@ def _is_custom_op(target) -> bool:
     """An OpOverload or OpOverloadPacket (whose namespace is in its qualified name) outside torch's own namespaces."""
     ns = getattr(target, "namespace", None) or getattr(target, "_qualified_op_name", "aten::").split("::")[0]
     return ns not in _BUILTIN_OP_NAMESPACES
-
-
-def _formula_arg(v):
-    """An argument of a custom op whose formula runs eagerly (:mod:`coil.capture.opaque_autograd`)."""
-    from coil.capture.opaque_autograd import TENSOR
-    if isinstance(v, TensorVariable):
-        return TENSOR
-    return v.as_python_constant() if isinstance(v, VariableTracker) else v
 
 
 def _run_backward_on_fakes(name: str, inputs, result) -> None:

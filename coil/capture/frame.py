@@ -993,7 +993,7 @@ def _emit_break(cg: EntryCodegen, tx, plan, fn, code, cfg, live_locals: dict) ->
         rname = resume(index + 1, [None] * after)
         null_mask = tuple(isinstance(v, NullVariable) for v in stack)
         tramp = make_resume_function(fn.__globals__, fn.__closure__, code, index, null_mask, local_names,
-                                     tail=(index, after - 1, set(code.co_cellvars),
+                                     tail=(index, (False,) * after, set(code.co_cellvars),
                                            cg.ns[rname.split(".")[0]].fn, local_names))
         lines.append(f"return {cg.const_expr(tramp)}({', '.join(sexprs + local_exprs)})")
 
@@ -1051,14 +1051,13 @@ def _emit_trampoline(cg, tx, plan, fn, code, cfg, local_names, local_exprs, resu
     function's result for the rest (``coil/capture/resume.py``, ``make_resume_code(tail=...)``)."""
     (_, next_index, call_fn, call_args, _kw, star, direct, _line, full_stack, start, call_index) = plan
     below = list(tx.stack)
-    if any(isinstance(v, NullVariable) for v in below):
-        raise Unsupported("graph break inside a try/with block with a pending call below it")
     rname = resume(next_index, below + [_RESULT])      # "<holder>.fn"
     next_fn = cg.ns[rname.split(".")[0]].fn
     cell_names = set(code.co_cellvars)
     null_mask = tuple(isinstance(v, NullVariable) for v in full_stack)
     tramp = make_resume_function(fn.__globals__, fn.__closure__, code, start, null_mask, local_names,
-                                 tail=(call_index, len(below), cell_names, next_fn, local_names))
+                                 tail=(call_index, tuple(isinstance(v, NullVariable) for v in below) + (False,),
+                                       cell_names, next_fn, local_names))
     # the callee is captured on its own frame unless it inspects frames
     n_call = len(full_stack) - len(below)
     exprs = []

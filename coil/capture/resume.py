@@ -33,11 +33,12 @@ def make_resume_code(code: types.CodeType, index: int, null_mask: tuple, local_n
     """Code for a resume function starting at the ``index``-th instruction (counting
     :func:`dis.get_instructions` entries without EXTENDED_ARG).
 
-    ``tail = (call_index, n_below, cell_names, next_fn)`` makes a *trampoline* instead (a graph-break call inside a
-    ``try``/``with`` block): it starts at ``index`` (the call's first instruction), runs the call instruction
+    ``tail = (call_index, nulls, cell_names, next_fn, local_names)`` makes a *trampoline* instead (a graph-break call
+    inside a ``try``/``with`` block): it starts at ``index`` (the call's first instruction), runs the call instruction
     ``call_index`` under the frame's own exception table (so the user's ``except``/``finally``/``__exit__`` see an
-    exception it raises), then leaves the table's range and returns ``next_fn(*<n_below stack items>, <result>,
-    *local_names)`` -- the captured resume function for the rest. Not cached (``next_fn`` is new on each compile)."""
+    exception it raises), then leaves the table's range and returns ``next_fn(*<the stack after the call, the NULLs of
+    pending calls (True in nulls) left out>, *local_names)`` -- the captured resume function for the rest. Not cached
+    (``next_fn`` is new on each compile)."""
     code, index, tail = _in_user_code(code, index, tail)
     key = (code, index, null_mask, local_names)
     hit = _CACHE.get(key) if tail is None else None
@@ -166,7 +167,7 @@ def _cells_as_locals(new: list, names: set) -> list:
 
 def _with_tail(bc, new: list, tail: tuple) -> list:
     """Insert the trampoline's tail after the call instruction (see make_resume_code)."""
-    call_index, n_below, cell_names, next_fn, local_names = tail
+    call_index, nulls, cell_names, next_fn, local_names = tail
     count, call_ins = -1, None
     for ins in bc:
         if isinstance(ins, Instr):
@@ -185,7 +186,7 @@ def _with_tail(bc, new: list, tail: tuple) -> list:
     mk = lambda name, arg=None: Instr(name, arg, location=loc) if arg is not None else \
         Instr(name, location=loc)  # noqa: E731
     load = "LOAD_FAST_CHECK" if sys.version_info[:2] >= (3, 12) else "LOAD_FAST"
-    seq = [mk("BUILD_TUPLE", n_below + 1)]
+    seq = _pack_stack(mk, nulls)
     seq += [mk("LOAD_DEREF", CellVar(name)) if name in cell_names else mk(load, name) for name in local_names]
     seq += [mk("BUILD_TUPLE", len(local_names)), mk("BINARY_OP", 0),       # NB_ADD
             mk("PUSH_NULL"), mk("SWAP", 2), mk("LOAD_CONST", next_fn), mk("SWAP", 2),
@@ -198,6 +199,26 @@ def _with_tail(bc, new: list, tail: tuple) -> list:
             ins.entry = reopen
             break
     return new[:pos + 1] + [TryEnd(active)] + seq + [reopen] + new[pos + 1:]
+
+
+def _pack_stack(mk, nulls: tuple) -> list:
+    """Instructions that replace the stack's top ``len(nulls)`` items by one tuple of those that are not NULL. A NULL (a
+    pending call's, True in ``nulls``) cannot be put in a tuple: each one is consumed as the NULL of a
+    ``CALL_FUNCTION_EX`` of :func:`_join`, which joins the items above it to the tuple so far."""
+    if not any(nulls):
+        return [mk("BUILD_TUPLE", len(nulls))]
+    join = [mk("LOAD_CONST", _join), mk("SWAP", 2), mk("BUILD_TUPLE", 1), mk("CALL_FUNCTION_EX", 0)]
+    seq, run = [mk("LOAD_CONST", ())], 0                    # run: items between the tuple so far and the next NULL
+    for is_null in reversed(nulls):
+        if is_null:
+            seq, run = seq + [mk("BUILD_TUPLE", run + 1)] + join, 0
+        else:
+            run += 1
+    return seq + [mk("BUILD_TUPLE", run + 1), mk("PUSH_NULL"), mk("SWAP", 2)] + join
+
+
+def _join(items: tuple) -> tuple:
+    return items[:-1] + items[-1]
 
 
 def _copy_exception_depths(bc, code: types.CodeType) -> None:

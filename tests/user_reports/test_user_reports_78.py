@@ -128,3 +128,52 @@ def test_f5_numpy_scalar_globals_are_constants():
         torch.testing.assert_close(coil.compile(_numpy_scalars)(x)[0], _numpy_scalars(x)[0])
     finally:
         LCM = old
+
+
+def _h(a, b):
+    return a * 10 + b
+
+
+class _Shift(torch.nn.Module):
+    """I-BERT's ``IntLayerNorm.set_shift``: an ``int()`` of a tensor inside a call's arguments inside ``no_grad``."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("shift", torch.zeros(()))
+        self.log = []
+
+    def forward(self, y):
+        with torch.no_grad():
+            s = y.abs().sum(-1).sqrt().log2().ceil().max()
+            old = self.shift
+            self.shift = torch.max(self.shift, s)
+            self.log.append(f"shift {int(old)} -> {int(self.shift)}")
+        return y * 2
+
+
+def _pending_calls(x, k):
+    try:
+        with torch.no_grad():
+            y = x * 2
+            z = _h(k, max(_h(2, int(y.sum() > 0)), float(y.amax())))    # two pending calls below the break
+    finally:
+        k += 1
+    return y + z + k
+
+
+def test_f4_break_under_a_pending_call_inside_a_with_block_is_captured():
+    """A graph break inside a call's arguments inside a ``with``/``try`` block made the whole frame run eagerly
+    ("a pending call below it"): the trampoline could not pass the pending call's NULL on. The NULLs are consumed now
+    (``resume._pack_stack``) and the frame is captured around the break."""
+    for _ in range(3):
+        x = torch.randn(5)
+        ex = coil.explain(_pending_calls, x, 3)
+        assert ex.graph_count == 3 and not ex.eager_frames, ex     # int() and float() break
+        torch.testing.assert_close(coil.compile(_pending_calls)(x, 3), _pending_calls(x, 3))
+    m, ref = _Shift(), _Shift()
+    cm = coil.compile(m)
+    for _ in range(3):
+        y = torch.randn(4, 8) * 10
+        torch.testing.assert_close(cm(y), ref(y))
+        assert m.log == ref.log and torch.equal(m.shift, ref.shift)
+    assert not coil.explain(_Shift(), y).eager_frames

@@ -101,9 +101,6 @@ class VariableTracker:
     def unpack(self, tx) -> list:
         raise Unsupported(f"iteration over {self}")
 
-    def has_len(self) -> bool:
-        return False
-
     # --- output --------------------------------------------------------------------
     def reconstruct(self, cg) -> str:
         if self.source is not None:
@@ -173,9 +170,6 @@ class ConstantVariable(VariableTracker):
         if isinstance(self.value, (str, tuple, range, torch.Size, frozenset, bytes, _types.MappingProxyType)):
             return [wrap_constant_result(tx, v) for v in self.value]
         raise Unsupported(f"iteration over {self.value!r}")
-
-    def has_len(self):
-        return hasattr(self.value, "__len__")
 
     def reconstruct(self, cg):
         if self.source is not None and type(self.value) not in (int, float, bool, str, type(None)):

@@ -89,9 +89,6 @@ class BaseListVariable(VariableTracker):
     def unpack(self, tx):
         return list(self.items)
 
-    def has_len(self):
-        return True
-
     def as_python_constant(self):
         return self.python_type()(i.as_python_constant() for i in self.items)
 
@@ -362,9 +359,6 @@ class DictVariable(VariableTracker):
     def children(self):
         return list(self.items.values())
 
-    def has_len(self):
-        return True
-
     def truthy(self, tx):
         return bool(self.items)
 
@@ -514,9 +508,6 @@ class SetVariable(VariableTracker):
     def as_python_constant(self):
         return set(self.items)
 
-    def has_len(self):
-        return True
-
     def unpack(self, tx):
         return [ConstantVariable(v) for v in self.items]
 
@@ -610,9 +601,6 @@ class ListIteratorVariable(VariableTracker):
 
     def children(self):
         return self.items[self.index:]
-
-    def has_len(self):
-        return self.kind != "iterator"
 
     def _check_size(self):
         if (d := getattr(self, "deque", None)) is not None and getattr(d, "version", 0) != self.deque_version:

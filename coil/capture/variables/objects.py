@@ -680,9 +680,6 @@ class UserDefinedClassVariable(ObjectVariableBase):
             return [ConstantVariable(m) for m in self.value]
         raise Unsupported(f"iteration over class {self.value.__name__}")
 
-    def has_len(self):
-        return isinstance(self.value, enum.EnumMeta)
-
     def call_method(self, tx, name, args, kwargs):
         if name == "__len__" and isinstance(self.value, enum.EnumMeta):
             return ConstantVariable(len(self.value))

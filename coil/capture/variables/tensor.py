@@ -559,9 +559,6 @@ class TensorVariable(VariableTracker):
         raise Unsupported("bool() of a tensor depends on its data",
                           hint="data-dependent control flow runs outside the graph")
 
-    def has_len(self):
-        return True
-
     def unpack(self, tx):
         if self.fake.dim() == 0:
             raise Unsupported("iteration over a 0-d tensor (raised by user code)")

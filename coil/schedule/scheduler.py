@@ -48,9 +48,6 @@ class FusedGroup:
         own = set(self.names)
         return list(dict.fromkeys(r for n in self.nodes for r in n.get_read_names() if r not in own))
 
-    def is_reduction(self):
-        return self.rnumel != 1  # a symbolic size is >= 2
-
     def __repr__(self):
         return f"FusedGroup({self.names}, numel={self.numel}, rnumel={self.rnumel})"
 

@@ -498,8 +498,8 @@ def _note_changed_sizes(cache: FrameCache, old: CacheEntry, bound, fn) -> None:
     ns = dict(old.guards.ns)
     ns.update(zip(list(old.argnames) + ["___f"], tuple(bound) + (fn,)))
     values = {}
-    for expr in old.input_shapes:
-        with contextlib.suppress(Exception):  # unreadable now: not a size change
+    for expr in old.input_shapes:   # unreadable now (a float turned tensor: no torch warning either): not a size change
+        with contextlib.suppress(Exception), warnings.catch_warnings(action="ignore"):
             values[expr] = eval(expr, ns)
     for expr, dims in changed_dims(old.input_shapes, values).items():
         cache.auto_dynamic.setdefault(expr, set()).update(dims)

@@ -1053,11 +1053,10 @@ def _emit_trampoline(cg, tx, plan, fn, code, cfg, local_names, local_exprs, resu
     below = list(tx.stack)
     rname = resume(next_index, below + [_RESULT])      # "<holder>.fn"
     next_fn = cg.ns[rname.split(".")[0]].fn
-    cell_names = set(code.co_cellvars)
     null_mask = tuple(isinstance(v, NullVariable) for v in full_stack)
     tramp = make_resume_function(fn.__globals__, fn.__closure__, code, start, null_mask, local_names,
                                  tail=(call_index, tuple(isinstance(v, NullVariable) for v in below) + (False,),
-                                       cell_names, next_fn, local_names))
+                                       set(code.co_cellvars), next_fn, local_names))
     # the callee is captured on its own frame unless it inspects frames
     n_call = len(full_stack) - len(below)
     exprs = []

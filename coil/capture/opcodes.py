@@ -24,6 +24,7 @@ from coil.capture.exceptions import ExceptionVariable
 from coil.capture.source import ConstSource
 from coil.capture.translator import ReturnValue, const_value
 from coil.capture.variables.builder import wrap
+from coil.capture.variables.builtins import _hasattr
 from coil.capture.variables.objects import UserDefinedClassVariable
 from coil.capture.variables.torchfn import ContextManagerVariable
 
@@ -405,6 +406,30 @@ def FORMAT_VALUE(tx, inst):
 
 
 op("GET_LEN")(lambda tx, inst: tx.push(tx.call_dunder(tx.stack[-1], "__len__", [])))
+# ``match``: whether the subject's type is a sequence (mapping) to a pattern is its Py_TPFLAGS_SEQUENCE (_MAPPING) bit
+op("MATCH_SEQUENCE")(lambda tx, inst: tx.push(ConstantVariable(bool(tx.stack[-1].python_type().__flags__ & 32))))
+op("MATCH_MAPPING")(lambda tx, inst: tx.push(ConstantVariable(bool(tx.stack[-1].python_type().__flags__ & 64))))
+
+
+@op("MATCH_KEYS")
+def MATCH_KEYS(tx, inst):
+    subject, keys = tx.stack[-2], [ConstantVariable(k) for k in tx.stack[-1].as_python_constant()]
+    found = all(const_value(tx.call_dunder(subject, "__contains__", [k])) for k in keys)
+    tx.push(TupleVariable([tx.getitem(subject, k) for k in keys]) if found else ConstantVariable(None))
+
+
+@op("MATCH_CLASS")
+def MATCH_CLASS(tx, inst):
+    n_kw, cls, subject = len(names := tx.pop().as_python_constant()), tx.pop().as_python_constant(), tx.pop()
+    if not issubclass(subject.python_type(), cls):
+        return tx.push(ConstantVariable(None))
+    if inst.arg and cls in (bool, bytearray, bytes, dict, float, frozenset, int, list, set, str, tuple):
+        return tx.push(TupleVariable([subject]))      # ``case int(n):`` matches the subject itself
+    names = tuple(getattr(cls, "__match_args__", ())[:inst.arg]) + names
+    if len(set(names)) != inst.arg + n_kw:
+        raise Unsupported("a class pattern Python rejects (too many positional patterns, an attribute twice)")
+    found = all(const_value(_hasattr(tx, [subject, ConstantVariable(n)], {})) for n in names)
+    tx.push(TupleVariable([tx.getattr(subject, n) for n in names]) if found else ConstantVariable(None))
 
 
 # --- control flow -----------------------------------------------------------------------

@@ -1,4 +1,5 @@
 """Regression tests for trial 79 (tests/user_reports/FINDINGS_79.md): capture."""
+import dataclasses
 import warnings
 
 import torch
@@ -29,3 +30,53 @@ def test_f12_a_float_global_turned_tensor_warns_nothing():
         assert not seen, [str(w.message) for w in seen]
     finally:
         G = 2.0
+
+
+@dataclasses.dataclass
+class _Cfg:
+    act: str
+    k: int = 2
+
+
+class _Point:
+    __match_args__ = ("a", "b")
+
+    def __init__(self):
+        self.a, self.b = 3, 4
+
+
+def _matches(x, cfg, d, p):
+    match x.shape:
+        case (b, t, c):
+            x = x.reshape(b * t, c).relu()
+        case (n, c):
+            x = x.relu()
+    match d:
+        case {"act": "gelu", **rest}:
+            x = x * 2 + len(rest)
+        case {"act": _}:
+            x = x - 1
+    match cfg:
+        case _Cfg(act="gelu", k=k):
+            x = x * k
+        case _Cfg():
+            x = x + 100
+    match p:
+        case _Point(a, b=b):
+            x = x + a * 10 + b
+    match x:
+        case (u, v):            # a tensor is not a sequence to a pattern
+            x = None
+        case torch.Tensor():
+            x = x + 0.5
+    return x
+
+
+def test_f8b_match_statements_are_captured():
+    """``match`` with sequence, mapping and class patterns: MATCH_SEQUENCE / MATCH_MAPPING / MATCH_KEYS / MATCH_CLASS
+    were unsupported opcodes, and the frame ran eagerly from the ``match`` on."""
+    for args in ((torch.randn(2, 3, 4), _Cfg("gelu", 3), {"act": "gelu", "z": 1}, _Point()),
+                 (torch.randn(3, 4), _Cfg("relu"), {"act": "relu"}, _Point())):
+        ex = coil.explain(_matches, *args)
+        assert (ex.graph_count, ex.graph_break_count) == (1, 0), ex
+        torch.testing.assert_close(coil.compile(_matches)(*args), _matches(*args))

@@ -13,6 +13,7 @@ from typing import Callable, Optional
 
 import torch
 import torch.fx
+from torch._prims_common import compute_required_storage_length
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from coil import trace
@@ -101,19 +102,19 @@ def compile_regional(gm: torch.fx.GraphModule, example_inputs: list, compile_pie
 
 
 def _fake(mode: FakeTensorMode, v, requires_grad: Optional[bool] = None):
-    """A fake of ``v`` (real, or fake of another mode) in ``mode``: same metadata (``requires_grad`` if
-    given), a non-leaf when ``v`` requires grad and is not a leaf (as ``from_tensor`` makes it)."""
+    """A fake of ``v`` (real, or fake of another mode) in ``mode``: same sizes and strides (``requires_grad`` if given),
+    a non-leaf when ``v`` requires grad and is not a leaf: then a view of a clone of a leaf over its storage
+    (``from_tensor`` makes a view too; ``clone()`` alone would make a sliced or expanded one contiguous)."""
     if not isinstance(v, torch.Tensor):
         return v
     requires_grad = v.requires_grad if requires_grad is None else requires_grad
+    size, stride = tuple(v.shape), tuple(v.stride())
     with mode:
-        t = torch.empty_strided(tuple(v.shape), tuple(v.stride()), dtype=v.dtype, device=v.device)
-        if requires_grad:
-            t.requires_grad_(True)
-            if not v.is_leaf:
-                with torch.enable_grad():
-                    t = t.clone()
-    return t
+        if not requires_grad or v.is_leaf:
+            return torch.empty_strided(size, stride, dtype=v.dtype, device=v.device).requires_grad_(requires_grad)
+        base = torch.empty(compute_required_storage_length(size, stride, 0), dtype=v.dtype, device=v.device)
+        with torch.enable_grad():
+            return base.requires_grad_(True).clone().as_strided(size, stride)
 
 
 def _meta_key(v) -> tuple:

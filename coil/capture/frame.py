@@ -685,14 +685,6 @@ def _build_entry(tx, output: OutputGraph, cfg: CaptureConfig, fn, code, argnames
             trace.log("break_plan", stage="capture", frame=_label(code), offset=inst.offset,
                       plan=f"property getter {getter.__qualname__} called from the entry; "
                            "the frame resumes captured after the attribute load")
-        elif not in_block and _depth_after(inst, tx.stack) is None and (op := _operator_form(inst)) is not None:
-            # one instruction with a NULL below its operands (``f(x=obj[0])``: a pending
-            # call), which a trampoline cannot pass on: call its operator from the entry
-            operands = [tx.pop() for _ in range(op[1])][::-1]
-            plan = ("call", index + 1, ConstantVariable(op[0]), operands, {}, None, False, _line_of(inst))
-            trace.log("break_plan", stage="capture", frame=_label(code), offset=inst.offset,
-                      plan=f"{name} called as {getattr(op[0], '__qualname__', op[0])} from the entry; "
-                           "the frame resumes captured after it")
         elif name.startswith("POP_JUMP") and "NONE" not in name:
             cond = tx.pop()
             jump_if_true = "TRUE" in name
@@ -983,18 +975,18 @@ def _emit_break(cg: EntryCodegen, tx, plan, fn, code, cfg, live_locals: dict) ->
     else:
         _, index = plan
         sexprs = stack_exprs(stack)
-        after = _depth_after(tx.instructions[index], stack)
+        after = _stack_after(tx.instructions[index], stack)
         if after is None:    # the rest of the frame runs as plain Python
             rname = resume(index, stack, captured=False)
             lines.append(f"return {rname}({', '.join(sexprs + local_exprs)})")
             return
-        # a trampoline runs just the instruction (``t.requires_grad = True``) as plain Python
-        # and returns the captured resume function's result for the rest of the frame
-        rname = resume(index + 1, [None] * after)
+        # a trampoline runs just the instruction (``t.requires_grad = True``, ``obj[0]`` in ``f(x=obj[0])``) as plain
+        # Python and returns the captured resume function's result for the rest of the frame
+        rname = resume(index + 1, after)
         null_mask = tuple(isinstance(v, NullVariable) for v in stack)
         tramp = make_resume_function(fn.__globals__, fn.__closure__, code, index, null_mask, local_names,
-                                     tail=(index, (False,) * after, set(code.co_cellvars),
-                                           cg.ns[rname.split(".")[0]].fn, local_names))
+                                     tail=(index, tuple(isinstance(v, NullVariable) for v in after),
+                                           set(code.co_cellvars), cg.ns[rname.split(".")[0]].fn, local_names))
         lines.append(f"return {cg.const_expr(tramp)}({', '.join(sexprs + local_exprs)})")
 
 
@@ -1006,32 +998,8 @@ _ONE_INSTRUCTION = {"STORE_ATTR": (2, 0), "DELETE_ATTR": (1, 0), "STORE_SUBSCR":
                     "IMPORT_NAME": (2, 1)}
 
 
-def _operator_form(inst):
-    """``(fn, n_operands)``: a function of the instruction's operands (top of stack last) that computes what the
-    instruction pushes, for instructions that pop their operands and push one value; None for others. The function runs
-    as plain Python (a ``__getitem__`` that broke once would break again on its own frame, at more cost per call). The
-    operators are the translator's own (``opcodes._BINARY``, ``opcodes._COMPARE``)."""
-    from coil.capture.opcodes import _BINARY, _COMPARE
-    name = inst.opname
-    if name == "BINARY_SUBSCR":
-        return operator.getitem, 2
-    if name == "BINARY_OP":
-        return _BINARY[dis._nb_ops[inst.arg][1]], 2
-    if name == "COMPARE_OP" and inst.argval in _COMPARE:
-        return _COMPARE[inst.argval], 2
-    if name == "CONTAINS_OP":
-        return ((lambda a, b: a not in b) if inst.arg else (lambda a, b: a in b)), 2
-    if name == "BINARY_SLICE":
-        return (lambda c, a, b: c[a:b]), 3
-    if name in ("UNARY_NEGATIVE", "UNARY_NOT", "UNARY_INVERT"):
-        return getattr(operator, {"UNARY_NEGATIVE": "neg", "UNARY_NOT": "not_"}.get(name, "invert")), 1
-    if name == "LOAD_ATTR" and not (sys.version_info >= (3, 12) and inst.arg & 1):
-        return (lambda o, _name=inst.argval: getattr(o, _name)), 1
-    return None
-
-
-def _depth_after(inst, stack: list):
-    """The stack depth after ``inst`` if a trampoline can run it alone and its stack then holds no NULL; else None."""
+def _stack_after(inst, stack: list):
+    """The stack after ``inst`` (its pushes as None) if a trampoline can run it alone; else None."""
     if inst.opname == "LOAD_ATTR" and not (sys.version_info >= (3, 12) and inst.arg & 1):
         pops, pushes = 1, 1
     elif inst.opname == "UNPACK_SEQUENCE":
@@ -1040,9 +1008,7 @@ def _depth_after(inst, stack: list):
         pops, pushes = _ONE_INSTRUCTION[inst.opname]
     else:
         return None
-    if len(stack) < pops or any(isinstance(v, NullVariable) for v in stack[:len(stack) - pops]):
-        return None
-    return len(stack) - pops + pushes
+    return stack[:len(stack) - pops] + [None] * pushes if len(stack) >= pops else None
 
 
 def _emit_trampoline(cg, tx, plan, fn, code, cfg, local_names, local_exprs, resume) -> None:

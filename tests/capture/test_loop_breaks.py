@@ -135,8 +135,8 @@ def _head(x=None, y=None):
 @pytest.mark.parametrize("form", ["subscript", "binary", "compare", "attribute"])
 def test_break_in_an_operator_below_a_pending_call_keeps_the_rest_captured(form):
     """``f(x=obj[0])``: the break inside ``obj.__getitem__`` leaves a NULL and ``f`` on the
-    stack below the subscript's operands, which a one-instruction trampoline cannot pass on.
-    The operator is called from the entry and the frame resumes captured after it (whisper's
+    stack below the subscript's operands. A one-instruction trampoline runs the operator and
+    consumes the NULL (``resume._pack_stack``); the frame resumes captured after it (whisper's
     decoder, after ``encoder_outputs[0]``, used to run eagerly)."""
     def fn(obj, x):
         if form == "subscript":

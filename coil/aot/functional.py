@@ -20,6 +20,7 @@ import torch
 import torch.fx
 import torch.fx.traceback as fx_traceback
 import torch.utils._pytree as pytree
+from torch.autograd.function import BackwardCFunction
 from torch._dispatch.python import enable_python_dispatcher
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, disable_fake_tensor_cache
 from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode, disable_functional_mode
@@ -82,8 +83,8 @@ class OutputInfo:
     value: Any = None
     dtype: Optional[torch.dtype] = None
     src_stride: Optional[tuple] = None
-    #: a differentiable view from an op returning several (``split``, ``chunk``, ``unbind``): eager
-    #: refuses an in-place op on it, so the runtime's view is marked as such too
+    #: a differentiable view eager refuses an in-place op on: one of several from one op (``split``, ``unbind``; the
+    #: runtime's view is marked so), or a custom Function's (or a view of one): computed, kept a view (runtime.py)
     multi_output: bool = False
     #: (conj, neg): the view carries a lazy conjugation or negation bit (``x.conj()``, ``x.conj().imag``),
     #: which the runtime's view (an as_strided of the storage) sets again
@@ -472,6 +473,8 @@ def _describe(fn, fake_args, f_args, before, outs, grad, drop_error_checks, fake
         torch._sync(fa)
         mutated = torch._functionalize_has_data_mutation(fa.elem)
         hidden = mutated and torch._functionalize_are_all_mutations_under_no_grad_or_inference_mode(fa.elem)
+        # not one a custom Function wrote and marked dirty (``ctx.mark_dirty``): its history is now that Function's
+        hidden = hidden and not (fa.requires_grad and isinstance(fa.grad_fn, BackwardCFunction))
         # or only through tensors that are no autograd view of it (a.detach().mul_(b)): its history is as before
         hidden = hidden or mutated and grad_fns is not None and fa.grad_fn is grad_fns[i]
         inputs.append(InputInfo(True, _is_differentiable(a), mutated, hidden))
@@ -485,19 +488,22 @@ def _describe(fn, fake_args, f_args, before, outs, grad, drop_error_checks, fake
         if not isinstance(o, torch.Tensor):
             outputs.append(OutputInfo("constant", value=o))
             continue
-        if _multi_output_view(o):  # (split's piece, its base written after: autograd refuses its history when it is
-            try:  # read, s1046 #65; eager raises at the caller's read, so the program runs eagerly)
-                o.grad_fn
-            except RuntimeError:
-                raise RunEagerly(MULTI_OUTPUT_WRITTEN_MESSAGE) from None
+        # a view from an op returning several (split) or a custom Function, its base written after: autograd refuses
+        # its history when it is read (s1046 #65; eager raises at the caller's read, so the program runs eagerly)
+        try:
+            g = o.grad_fn if _multi_output_view(o, ("MULTI_OUTPUT_NODE", "IN_CUSTOM_FUNCTION")) else None
+        except RuntimeError:
+            raise RunEagerly(MULTI_OUTPUT_WRITTEN_MESSAGE) from None
+        while g is not None and g is not o._base.grad_fn and not isinstance(g, BackwardCFunction):
+            g = g.next_functions[0][0] if g.next_functions else None  # (a view of it: its history to the base's)
+        custom = g is not None and g is not o._base.grad_fn  # a custom Function's view (or a view of one)
         meta = dict(size=tuple(o.shape), stride=tuple(o.stride()), offset=o.storage_offset(),
-                    requires_grad=_is_differentiable(o), multi_output=_multi_output_view(o),
+                    requires_grad=_is_differentiable(o), multi_output=custom or _multi_output_view(o),
                     lazy=(o.is_conj(), o.is_neg()), detached=not o._is_view())
         if same := [j for j, fa in enumerate(f_args) if fa is o]:
             outputs.append(OutputInfo("input", same[0], **meta))
             continue
-        earlier = [j for j in range(k) if flat_outs[j] is o]
-        if earlier:  # the same tensor returned twice: the same object twice
+        if earlier := [j for j in range(k) if flat_outs[j] is o]:  # the same tensor returned twice: the same object
             outputs.append(OutputInfo("same_as_output", earlier[0], **meta))
             continue
         if (st := StorageWeakRef(o.untyped_storage())) in input_storage:
@@ -508,14 +514,14 @@ def _describe(fn, fake_args, f_args, before, outs, grad, drop_error_checks, fake
             # has a gradient of its own too (s1037 #1355: a.view(torch.int32).view(torch.float32).add_(floor(a)))
             other = fake_args[input_storage[st]].dtype != o.dtype
             own = other or all(o._base is not fa for fa in f_args)
-            if not (meta["requires_grad"] and (own or _overlaps(fake_args[input_storage[st]]))):
+            if not (meta["requires_grad"] and (own or custom or _overlaps(fake_args[input_storage[st]]))):
                 outputs.append(OutputInfo("alias_of_input", input_storage[st], **meta,
                                           dtype=o.dtype if other else None))
                 continue
             if own and not _overlaps(fake_args[input_storage[st]]) and inputs[input_storage[st]].layout is None:
                 meta["shares"] = input_storage[st]  # (s1015 #155: b.view(torch.float16).div_(b.sum()))
         outputs.append(OutputInfo("graph", -1, **meta))
-        if st not in input_storage:
+        if st not in input_storage and not custom:
             groups.setdefault((st, o.dtype), []).append(k)
             if _view_of_written_intermediate(o, o):  # (its new value has the out-of-place op's layout: trial 62)
                 outputs[-1].src_stride = meta["stride"]
@@ -597,14 +603,13 @@ def _describe(fn, fake_args, f_args, before, outs, grad, drop_error_checks, fake
 
 
 MULTI_OUTPUT_WRITTEN_MESSAGE = ("the program returns a view made by an op that returns several views (split, "
-                                "unbind) after writing its base in place, whose history autograd refuses, so the "
-                                "program runs eagerly")
+                                "unbind) or by a custom autograd.Function after writing its base in place, whose "
+                                "history autograd refuses, so the program runs eagerly")
 
 
-def _multi_output_view(o: torch.Tensor) -> bool:
-    """Whether ``o`` is a differentiable view made by an op that returns several views."""
-    return o.requires_grad and o._is_view() and torch._C._autograd._get_creation_meta(o) == \
-        torch._C._autograd.CreationMeta.MULTI_OUTPUT_NODE
+def _multi_output_view(o: torch.Tensor, metas: tuple = ("MULTI_OUTPUT_NODE",)) -> bool:
+    """Whether ``o`` is a differentiable view made by an op that returns several views (or as ``metas`` name)."""
+    return o.requires_grad and o._is_view() and torch._C._autograd._get_creation_meta(o).name in metas
 
 
 def _view_of_written_intermediate(o: torch.Tensor, base: Optional[torch.Tensor] = None) -> bool:

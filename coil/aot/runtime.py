@@ -415,7 +415,8 @@ def _distinct_grads(grads: list) -> list:
 def _own_outputs(outs: tuple, computed: range, vals, args) -> tuple:
     """``outs`` with each computed output that the compiled graph returned as a view of one of its buffers (``(x *
     2).t()`` as a strided view of ``x * 2``) made a tensor of its own: autograd forbids in-place writes to a custom
-    Function's view outputs, where eager's output is writable. It keeps the buffer when nothing else the forward
+    Function's view outputs, where eager's output is writable (not those whose eager output refuses it too:
+    ``OutputInfo.multi_output``). It keeps the buffer when nothing else the forward
     returns uses its memory, and gets a copy of it when another value does (a tensor saved for the backward: the
     caller's in-place write would change it). A view of an input stays one (a split of an expanded input)."""
     outs = list(outs)
@@ -463,7 +464,7 @@ class _Reached(torch.autograd.Function):
     def forward(ctx, node, j, t):
         ctx.set_materialize_grads(False)
         ctx.node, ctx.j = node, j
-        return t.detach()
+        return t.view_as(t) if t._is_view() else t.detach()   # (a custom Function's view output stays a view)
 
     @staticmethod
     def backward(ctx, g):
@@ -506,6 +507,8 @@ def training_runner(compiled_fw: Callable, compiled_bw: Callable, info: ProgramI
     # differentiable outputs of a symbolic shape: a missing gradient's zeros take this call's (forward keeps it)
     sym_shape = [k for k in tangent_pos if _has_symint(info.fw_out_meta[k][0])]
     computed = range(n_mut, n_fw)  # (a mutated input's value may be the input itself)
+    kept = {n_mut + o.index for o in info.outputs if o.kind == "graph" and o.multi_output}  # (eager's are views too)
+    owned = [k for k in computed if k not in kept]
     watch = [(n_mut + o.index, [n_mut + i for i in o.saved]) for o in info.outputs if o.kind == "graph" and o.saved]
 
     class CompiledFunction(torch.autograd.Function):
@@ -520,8 +523,8 @@ def training_runner(compiled_fw: Callable, compiled_bw: Callable, info: ProgramI
             if kept := saved if mask is None else [s for s, t in zip(saved, mask) if t]:
                 ctx.save_for_backward(*kept)  # (else nothing is freed: a second backward runs, as eager's would)
             outs = tuple(vals[:n_fw]) if not n_side else (None,) * n_side + tuple(vals[n_side:n_fw])
-            if any(isinstance(outs[k], torch.Tensor) and outs[k]._is_view() for k in computed):
-                outs = _own_outputs(outs, computed, vals, args)
+            if any(isinstance(outs[k], torch.Tensor) and outs[k]._is_view() for k in owned):
+                outs = _own_outputs(outs, owned, vals, args)
             # one value returned as both (an input's new value written where autograd does not see it and an
             # output: a.detach().mul_(b)): marking it would leave the output without its gradient
             diff = {id(outs[k]) for k in tangent_pos} if nondiff or n_side else ()

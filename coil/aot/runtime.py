@@ -507,8 +507,8 @@ def training_runner(compiled_fw: Callable, compiled_bw: Callable, info: ProgramI
     # differentiable outputs of a symbolic shape: a missing gradient's zeros take this call's (forward keeps it)
     sym_shape = [k for k in tangent_pos if _has_symint(info.fw_out_meta[k][0])]
     computed = range(n_mut, n_fw)  # (a mutated input's value may be the input itself)
-    kept = {n_mut + o.index for o in info.outputs if o.kind == "graph" and o.multi_output}  # (eager's are views too)
-    owned = [k for k in computed if k not in kept]
+    views = {n_mut + o.index for o in info.outputs if o.kind == "graph" and o.multi_output}  # (eager's are views too)
+    owned = [k for k in computed if k not in views]
     watch = [(n_mut + o.index, [n_mut + i for i in o.saved]) for o in info.outputs if o.kind == "graph" and o.saved]
 
     class CompiledFunction(torch.autograd.Function):

@@ -95,6 +95,8 @@ class OutputInfo:
     shares: int = -1
     #: eager's output is no autograd view (``x.detach()``): the runtime's alias is detached too
     detached: bool = False
+    #: a view that requires grad made under no_grad (the caller's or the program's): eager's has no ``grad_fn``
+    no_grad_view: bool = False
     #: the graph outputs whose backward in eager reads a value autograd saved in this (computed) output's memory
     #: (``x.exp()``, ``x.exp().t()``): the runtime refuses, as eager, such a backward after a write to it
     saved: tuple = ()
@@ -499,7 +501,8 @@ def _describe(fn, fake_args, f_args, before, outs, grad, drop_error_checks, fake
         custom = g is not None and g is not o._base.grad_fn  # a custom Function's view (or a view of one)
         meta = dict(size=tuple(o.shape), stride=tuple(o.stride()), offset=o.storage_offset(),
                     requires_grad=_is_differentiable(o), multi_output=custom or _multi_output_view(o),
-                    lazy=(o.is_conj(), o.is_neg()), detached=not o._is_view())
+                    lazy=(o.is_conj(), o.is_neg()), detached=not o._is_view(),
+                    no_grad_view=o.requires_grad and o._is_view() and o.grad_fn is None)
         if same := [j for j, fa in enumerate(f_args) if fa is o]:
             outputs.append(OutputInfo("input", same[0], **meta))
             continue
@@ -593,7 +596,7 @@ def _describe(fn, fake_args, f_args, before, outs, grad, drop_error_checks, fake
                        fake_inputs=list(fake_args) if is_symbolic(fake_args) else None)
     # a mutated input's new value requires grad if the program made it so
     rg = [grad and not inputs[i].mutation_hidden and _is_differentiable(f_args[i]) for i in info.mutated_inputs]
-    rg += [outputs[k].requires_grad for k in graph_outputs]
+    rg += [outputs[k].requires_grad and not outputs[k].no_grad_view for k in graph_outputs]
     rg += [_is_differentiable(flat_outs[k]._base) for k in base_sources]
     info.fw_out_requires_grad = rg
     fw_vals = ([before[i] for i in info.mutated_inputs] + [flat_outs[k] for k in graph_outputs]

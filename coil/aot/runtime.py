@@ -129,9 +129,10 @@ def symbolic_evaluator(items: Any, fake_inputs: Sequence, value_shapes: Sequence
 
 
 def _make_epilogue(info: ProgramInfo) -> Callable:
-    """``epilogue(args, fw_values) -> user outputs`` (mutations + aliases, see module doc). An aliased output that
-    requires grad is made with grad enabled even when the caller's grad mode is off: it was made in the program's own
-    ``torch.enable_grad()`` region (``with enable_grad(): y = x.t()``) and eager's carries a ``grad_fn``."""
+    """``epilogue(args, fw_values) -> user outputs`` (mutations + aliases, see module doc). An aliased output with a
+    ``grad_fn`` in eager is made with grad enabled even when the caller's grad mode is off: it was made in the program's
+    own ``torch.enable_grad()`` region (``with enable_grad(): y = x.t()``); one eager made under no_grad (the caller's or
+    the program's: ``OutputInfo.no_grad_view``) is made under no_grad, requiring grad with no ``grad_fn`` as eager's."""
     mutated = info.mutated_inputs
     hidden = [info.inputs[i].mutation_hidden for i in mutated]
     n_mut = len(mutated)
@@ -162,7 +163,7 @@ def _make_epilogue(info: ProgramInfo) -> Callable:
         elif o.kind in ("alias_of_input", "alias_of_output", "alias_of_base"):
             src = o.index if o.kind == "alias_of_input" else n_mut + o.index + n_graph * (o.kind == "alias_of_base")
             plan.append((2 if o.kind == "alias_of_input" else 3, src, (o.size, o.stride, o.offset, o.requires_grad,
-                                                                        o.dtype, o.detached)))
+                                                                        o.dtype, o.detached, o.no_grad_view)))
         elif o.kind == "same_as_output":
             plan.append((5, o.index, None))
         else:
@@ -197,7 +198,10 @@ def _make_epilogue(info: ProgramInfo) -> Callable:
               if o.kind == "graph" and o.shares >= 0 and not _has_symint((o.size, o.stride, o.offset))]
     lazy = [(k, o.lazy) for k, o in enumerate(info.outputs) if any(o.lazy) and plan[k][0] in (2, 3, 6, 7)]
 
-    def view(src: torch.Tensor, size, stride, offset, requires_grad, dtype=None, detached=False) -> torch.Tensor:
+    def view(src: torch.Tensor, size, stride, offset, requires_grad, dtype=None, detached=False, no_grad=False):
+        if no_grad:  # made under no_grad: eager's requires grad (as its base) with no grad_fn, in either grad mode
+            with torch.no_grad():
+                return view(src, size, stride, offset, False, dtype, detached)
         if dtype is not None and dtype.to_real() == src.dtype.to_real():  # .real, view_as_real/complex: differentiable
             if src.is_complex():
                 return view(torch.view_as_real(src), size, stride, offset // dtype.itemsize, requires_grad)

@@ -1,0 +1,87 @@
+"""Regression tests for trial 79 (tests/user_reports/FINDINGS_79.md): outputs that alias inputs."""
+import pytest
+import torch
+
+import coil
+
+
+def _compiled(fn, dynamic=False):
+    coil.reset()
+    return coil.compile(fn, dynamic=dynamic)
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+@pytest.mark.parametrize("view", ["t", "select", "expand"])
+def test_f1b_view_of_requires_grad_input_under_callers_no_grad_has_no_grad_fn(view, dynamic):
+    """Called under ``torch.no_grad()``, a view of a requires-grad input came back with ``AsStridedBackward0`` (the
+    epilogue made every aliased output that requires grad with grad enabled), so a later backward wrote ``.grad`` of
+    the frozen tensor. Eager's view requires grad and has no ``grad_fn``."""
+    fn = {"t": lambda w: w.t(), "select": lambda w: w[0], "expand": lambda w: w.expand(2, 2, 3)}[view]
+    w = torch.ones(2, 3, requires_grad=True)
+    with torch.no_grad():
+        ref, out = fn(w), _compiled(fn, dynamic)(w)
+    assert out.grad_fn is None and out.requires_grad == ref.requires_grad and out._base is w
+    assert torch.equal(out, ref)
+    if out.requires_grad:
+        (out * 2).sum().backward()
+    assert w.grad is None
+
+
+def test_f1b_parameter_view_read_under_no_grad():
+    """The report's form: a compiled function returning ``W.t()`` of a global parameter, called under no_grad."""
+    w = torch.nn.Parameter(torch.ones(2, 3))
+    with torch.no_grad():
+        wt = _compiled(lambda: w.t())()
+    y = torch.randn(4, 3, requires_grad=True)
+    (y @ wt).sum().backward()
+    assert wt.grad_fn is None and w.grad is None and y.grad is not None
+
+
+def test_f1b_enable_grad_region_keeps_its_grad_fn():
+    """An aliased output made in the program's own ``enable_grad()`` region keeps its ``grad_fn`` under the caller's
+    no_grad (the case the epilogue's grad-enabled view was for)."""
+    def f(x):
+        with torch.enable_grad():
+            return x.t()
+    x = torch.ones(2, 3, requires_grad=True)
+    with torch.no_grad():
+        out = _compiled(f)(x)
+    assert out.grad_fn is not None
+    out.sum().backward()
+    assert torch.equal(x.grad, torch.ones(2, 3))
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_f4_view_made_under_programs_no_grad_carries_no_gradient(dynamic):
+    """``with torch.no_grad(): v = x[0]; return v``: coil's ``v`` was an ``as_strided`` with a ``grad_fn``, so a
+    backward through it added to ``x.grad``; eager's ``v`` has no ``grad_fn`` and an in-place op on it under grad mode
+    raises."""
+    def f(x):
+        with torch.no_grad():
+            v = x[0]
+        return v
+    x = torch.ones(3, 2, requires_grad=True)
+    v = _compiled(f, dynamic)(x)
+    assert v.grad_fn is None and v.requires_grad and v._base is x
+    (v * x[0]).sum().backward()
+    assert torch.equal(x.grad, torch.tensor([[1., 1.], [0., 0.], [0., 0.]]))
+    with pytest.raises(RuntimeError, match="no_grad mode"):
+        v.mul_(2)
+
+
+@pytest.mark.parametrize("with_base", [False, True])
+def test_f4_view_of_intermediate_made_under_no_grad(with_base):
+    """The same of an intermediate (``y = x * 2``, ``y[0]`` under no_grad). Returned alone, the joint trace asked
+    autograd for the gradient of an output without a ``grad_fn`` and the compile failed (now a non-differentiable
+    output); returned with ``y``, it was rebuilt from ``y`` with a ``grad_fn``. Eager's gradients either way."""
+    def f(x):
+        y = x * 2
+        with torch.no_grad():
+            v = y[0]
+        return (v, y) if with_base else v
+    x = torch.ones(3, 2, requires_grad=True)
+    out = _compiled(f)(x)
+    v = out[0] if with_base else out
+    assert v.grad_fn is None and torch.equal(v, torch.full((2,), 2.))
+    (v * x * 2).sum().backward()
+    assert torch.equal(x.grad, torch.full((3, 2), 4.))

@@ -207,11 +207,11 @@ def _make_epilogue(info: ProgramInfo) -> Callable:
                 return view(torch.view_as_real(src), size, stride, offset // dtype.itemsize, requires_grad)
             return torch.view_as_complex(view(src, (*size, 2), (*(2 * s for s in stride), 1),
                                               offset // src.element_size(), requires_grad))
-        if dtype is not None:  # a view as another dtype: eager's shares the storage
-            out = torch.empty((0,), dtype=dtype, device=src.device)
+        if dtype is not None:  # another dtype, by view ops (through bytes): eager's shares the storage and version
+            flat = torch.as_strided(src.detach(), (src.untyped_storage().nbytes() // src.element_size(),), (1,), 0)
+            flat = flat.view(torch.uint8)[: flat.numel() * src.element_size() // dtype.itemsize * dtype.itemsize]
             start = (src.storage_offset() * src.element_size() + offset) // dtype.itemsize
-            with torch.no_grad():
-                return out.set_(src.untyped_storage(), start, size, stride)
+            return torch.as_strided(flat.view(dtype), size, stride, start)
         # broadcast dims by expand, as eager: as_strided's backward adds their gradients one at a time in a half dtype
         bcast = 0 in stride and 0 not in size   # (else no expand: a view less per output and call)
         one = [1 if st == 0 else n for n, st in zip(size, stride)] if bcast else size

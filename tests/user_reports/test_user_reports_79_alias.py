@@ -85,3 +85,42 @@ def test_f4_view_of_intermediate_made_under_no_grad(with_base):
     assert v.grad_fn is None and torch.equal(v, torch.full((2,), 2.))
     (v * x * 2).sum().backward()
     assert torch.equal(x.grad, torch.full((3, 2), 4.))
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+@pytest.mark.parametrize("src,dst,view", [
+    (torch.float16, torch.bfloat16, lambda v: v),
+    (torch.float32, torch.int32, lambda v: v),
+    (torch.int8, torch.bool, lambda v: v),
+    (torch.float32, torch.uint8, lambda v: v[:, 1:].t()),
+])
+def test_f2_dtype_view_output_shares_the_inputs_version_counter(src, dst, view, dynamic):
+    """``x.view(dtype)`` returned was a tensor ``set_`` on ``x``'s storage with a version counter of its own: a write
+    to either was not seen by the other's ``_version``. It is made by view ops now."""
+    def f(x):
+        return view(x.view(dst))
+    x = torch.arange(8).view(4, 2).to(src)
+    ref = f(x.clone())
+    out = _compiled(f, dynamic)(x)
+    assert torch.equal(out, ref) and out.stride() == ref.stride() and out.dtype == dst
+    assert out.untyped_storage().data_ptr() == x.untyped_storage().data_ptr() and out.grad_fn is None
+    v = out._version
+    x.add_(1) if src != torch.int8 else x.mul_(2)
+    assert out._version > v
+    v = x._version
+    out.zero_()
+    assert x._version > v and not x.any()
+
+
+def test_f2_stale_saved_dtype_view_raises_as_eager():
+    """The report's form: autograd saved the bitcast view for ``w``'s gradient, then the input was overwritten; eager
+    raises "modified by an inplace operation", coil's backward silently used the new values."""
+    def f(x):
+        return x.view(torch.bfloat16)
+    x = torch.full((3,), 1.5, dtype=torch.float16)
+    v = _compiled(f)(x)
+    w = torch.ones(3, dtype=torch.bfloat16, requires_grad=True)
+    y = (w * v).sum()
+    x.mul_(2)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.backward()

@@ -202,6 +202,8 @@ def _make_epilogue(info: ProgramInfo) -> Callable:
         if no_grad:  # made under no_grad: eager's requires grad (as its base) with no grad_fn, in either grad mode
             with torch.no_grad():
                 return view(src, size, stride, offset, False, dtype, detached)
+        src = src.conj() if src.is_conj() else src  # views of the storage's values: as_strided keeps a lazy bit, and
+        src = torch._neg_view(src) if src.is_neg() else src  # the output's own (OutputInfo.lazy) are set on it below
         if dtype is not None and dtype.to_real() == src.dtype.to_real():  # .real, view_as_real/complex: differentiable
             if src.is_complex():
                 return view(torch.view_as_real(src), size, stride, offset // dtype.itemsize, requires_grad)

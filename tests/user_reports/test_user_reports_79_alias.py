@@ -124,3 +124,28 @@ def test_f2_stale_saved_dtype_view_raises_as_eager():
     x.mul_(2)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         y.backward()
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+@pytest.mark.parametrize("part", ["real", "imag", "conj_imag", "slice"])
+def test_f5_views_of_a_conjugate_input(part, dynamic):
+    """``z.real`` / ``z.imag`` of a ``.conj()`` input raised in the epilogue (``view_as_real`` of an unresolved
+    conjugate), and ``z[1:]`` came back unconjugated (``as_strided`` kept the input's conj bit and the epilogue
+    toggled it again). The views are taken from the storage's values, then get eager's lazy bits."""
+    fn = {"real": lambda z: z.real, "imag": lambda z: z.imag, "conj_imag": lambda z: z.conj().imag,
+          "slice": lambda z: z[1:]}[part]
+    z = torch.tensor([1 + 2j, 3 - 4j, -5 + 6j], dtype=torch.complex64).conj()
+    ref, out = fn(z), _compiled(fn, dynamic)(z)
+    assert torch.equal(out.resolve_conj().resolve_neg(), ref.resolve_conj().resolve_neg())
+    assert (out.is_conj(), out.is_neg()) == (ref.is_conj(), ref.is_neg())
+    assert out.untyped_storage().data_ptr() == z.untyped_storage().data_ptr()
+
+
+def test_f5_conjugate_input_after_a_plain_one():
+    """The same compiled function called with a plain complex tensor, then with a conjugate view."""
+    def f(z):
+        return z.imag
+    cf = _compiled(f)
+    z = torch.tensor([1 + 2j, 3 - 4j], dtype=torch.complex64)
+    assert torch.equal(cf(z), f(z))
+    assert torch.equal(cf(z.conj()).resolve_neg(), f(z.conj()).resolve_neg())

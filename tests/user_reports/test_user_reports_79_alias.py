@@ -149,3 +149,19 @@ def test_f5_conjugate_input_after_a_plain_one():
     z = torch.tensor([1 + 2j, 3 - 4j], dtype=torch.complex64)
     assert torch.equal(cf(z), f(z))
     assert torch.equal(cf(z.conj()).resolve_neg(), f(z.conj()).resolve_neg())
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+@pytest.mark.parametrize("case", ["add", "cumsum", "views", "slice"])
+def test_f6_out_into_a_fresh_empty_tensor_resized_to_more_dims(case, dynamic):
+    """``o = torch.empty(0); torch.add(x, 1, out=o); return o`` raised "dimensionality of sizes (2) must match
+    dimensionality of strides (1)" in the epilogue: the analysis read ``o``'s layout from its FunctionalTensor
+    wrapper, which keeps the (0,) it had before the out= op resized it."""
+    def f(x):
+        o = torch.empty(0)
+        torch.cumsum(x, 0, out=o) if case == "cumsum" else torch.add(x, 1, out=o)
+        return {"views": (o, o.t(), o[1:]), "slice": o[1:]}.get(case, o)
+    x = torch.randn(4, 2)
+    ref, out = f(x), _compiled(f, dynamic)(x)
+    for r, o in zip(ref if isinstance(ref, tuple) else (ref,), out if isinstance(out, tuple) else (out,)):
+        assert torch.allclose(o, r) and o.shape == r.shape and o.stride() == r.stride()

@@ -131,8 +131,8 @@ def symbolic_evaluator(items: Any, fake_inputs: Sequence, value_shapes: Sequence
 def _make_epilogue(info: ProgramInfo) -> Callable:
     """``epilogue(args, fw_values) -> user outputs`` (mutations + aliases, see module doc). An aliased output with a
     ``grad_fn`` in eager is made with grad enabled even when the caller's grad mode is off: it was made in the program's
-    own ``torch.enable_grad()`` region (``with enable_grad(): y = x.t()``); one eager made under no_grad (the caller's or
-    the program's: ``OutputInfo.no_grad_view``) is made under no_grad, requiring grad with no ``grad_fn`` as eager's."""
+    own ``torch.enable_grad()`` region (``with enable_grad(): y = x.t()``); one eager made under no_grad (the caller's
+    or the program's: ``OutputInfo.no_grad_view``) is made under no_grad: it requires grad, with no ``grad_fn``."""
     mutated = info.mutated_inputs
     hidden = [info.inputs[i].mutation_hidden for i in mutated]
     n_mut = len(mutated)
@@ -199,9 +199,9 @@ def _make_epilogue(info: ProgramInfo) -> Callable:
     lazy = [(k, o.lazy) for k, o in enumerate(info.outputs) if any(o.lazy) and plan[k][0] in (2, 3, 6, 7)]
 
     def view(src: torch.Tensor, size, stride, offset, requires_grad, dtype=None, detached=False, no_grad=False):
-        if no_grad:  # made under no_grad: eager's requires grad (as its base) with no grad_fn, in either grad mode
-            with torch.no_grad():
-                return view(src, size, stride, offset, False, dtype, detached)
+        if no_grad or requires_grad and not torch.is_grad_enabled():  # in eager's grad mode, not the caller's: made
+            with torch.set_grad_enabled(not no_grad):  # under no_grad it requires grad (as its base), no grad_fn
+                return view(src, size, stride, offset, requires_grad and not no_grad, dtype, detached)
         src = src.conj() if src.is_conj() else src  # views of the storage's values: as_strided keeps a lazy bit, and
         src = torch._neg_view(src) if src.is_neg() else src  # the output's own (OutputInfo.lazy) are set on it below
         if dtype is not None and dtype.to_real() == src.dtype.to_real():  # .real, view_as_real/complex: differentiable
@@ -217,10 +217,6 @@ def _make_epilogue(info: ProgramInfo) -> Callable:
         # broadcast dims by expand, as eager: as_strided's backward adds their gradients one at a time in a half dtype
         bcast = 0 in stride and 0 not in size   # (else no expand: a view less per output and call)
         one = [1 if st == 0 else n for n, st in zip(size, stride)] if bcast else size
-        if requires_grad and not torch.is_grad_enabled():
-            with torch.enable_grad():
-                out = torch.as_strided(src, one, stride, src.storage_offset() + offset)
-                return out.expand(size) if bcast else out
         if not requires_grad and (detached or src.requires_grad and torch.is_grad_enabled()):
             src = src.detach()  # (eager's x.detach()[1:] is a view of x.detach(); x.detach() is no view)
         out = torch.as_strided(src, one, stride, src.storage_offset() + offset)

@@ -196,7 +196,8 @@ def _make_epilogue(info: ProgramInfo) -> Callable:
     multi = [k for k, o in enumerate(info.outputs) if o.multi_output and plan[k][0] in (2, 3, 6, 7)]
     shared = [(k, o.shares, (o.size, o.stride, o.offset, False, o.dtype)) for k, o in enumerate(info.outputs)
               if o.kind == "graph" and o.shares >= 0 and not _has_symint((o.size, o.stride, o.offset))]
-    lazy = [(k, o.lazy) for k, o in enumerate(info.outputs) if any(o.lazy) and plan[k][0] in (2, 3, 6, 7)]
+    lazy = [(k, o.lazy) for k, o in enumerate(info.outputs) if any(o.lazy) and (  # (shared: set_ on the storage's
+        plan[k][0] in (2, 3, 6, 7) or k in {s[0] for s in shared})]                 # values, as view() makes them)
 
     def view(src: torch.Tensor, size, stride, offset, requires_grad, dtype=None, detached=False, no_grad=False):
         if no_grad or requires_grad and not torch.is_grad_enabled():  # in eager's grad mode, not the caller's: made

@@ -141,6 +141,20 @@ def test_f5_views_of_a_conjugate_input(part, dynamic):
     assert out.untyped_storage().data_ptr() == z.untyped_storage().data_ptr()
 
 
+@pytest.mark.parametrize("outs", ["imag,z0", "z,imag,z0", "z0.imag,z1", "imag,zt"])
+def test_f5_imag_of_a_conjugate_input_that_requires_grad_with_another_view(outs):
+    """``z.imag`` of a ``.conj()`` of a tensor that requires grad, returned with another view of ``z``: computed and
+    then set onto the input's storage (``OutputInfo.shares``), it lost eager's neg bit and came back with its sign
+    flipped (a follow-up trial of the #5 fix). The lazy bits are set on such outputs too."""
+    fn = {"imag,z0": lambda z: (z.imag, z[0]), "z,imag,z0": lambda z: (z, z.imag, z[0]),
+          "z0.imag,z1": lambda z: (z[0].imag, z[1]), "imag,zt": lambda z: (z.imag, z.t())}[outs]
+    w = torch.tensor([[1 + 2j, 3 - 4j], [-5 + 6j, 7 + 1j]], requires_grad=True)
+    for grad in (True, False):
+        with torch.set_grad_enabled(grad):
+            for got, want in zip(_compiled(fn)(w.conj()), fn(w.conj())):
+                assert torch.equal(got.resolve_conj().resolve_neg(), want.resolve_conj().resolve_neg())
+
+
 def test_f5_conjugate_input_after_a_plain_one():
     """The same compiled function called with a plain complex tensor, then with a conjugate view."""
     def f(z):

@@ -499,8 +499,7 @@ def _describe(fn, fake_args, f_args, before, outs, grad, drop_error_checks, fake
         while g is not None and g is not o._base.grad_fn and not isinstance(g, BackwardCFunction):
             g = g.next_functions[0][0] if g.next_functions else None  # (a view of it: its history to the base's)
         custom = g is not None and g is not o._base.grad_fn  # a custom Function's view (or a view of one)
-        # where an out= op resized it, a FunctionalTensor's wrapper keeps its old sizes (trial 79 #6): its inner
-        lay = o if (e := getattr(o, "elem", o)).shape == o.shape else e  # tensor's layout (else the wrapper's: eager's)
+        lay = _layout_of(o)
         meta = dict(size=tuple(lay.shape), stride=tuple(lay.stride()), offset=lay.storage_offset(),
                     requires_grad=_is_differentiable(o), multi_output=custom or _multi_output_view(o),
                     lazy=(o.is_conj(), o.is_neg()), detached=not o._is_view(),
@@ -544,11 +543,9 @@ def _describe(fn, fake_args, f_args, before, outs, grad, drop_error_checks, fake
                     outputs[k].src_stride = outputs[owner].stride
         else:
             base_sources.append(first)  # all are views of an intermediate: return that base too
-            base = flat_outs[first]._base
-            base = base if (e := getattr(base, "elem", base)).shape == base.shape else e  # (as ``lay`` above)
             for k in members:
                 outputs[k].kind, outputs[k].index = "alias_of_base", len(base_sources) - 1
-                outputs[k].src_stride = tuple(base.stride())
+                outputs[k].src_stride = tuple(_layout_of(flat_outs[first]._base).stride())
     changed = {i for i, x in enumerate(inputs) if x.mutated or x.layout is not None}
     layouts = any(x.layout is not None for x in inputs) or any(
         o.kind == "alias_of_input" and o.index in changed for o in outputs)
@@ -612,6 +609,12 @@ def _describe(fn, fake_args, f_args, before, outs, grad, drop_error_checks, fake
 MULTI_OUTPUT_WRITTEN_MESSAGE = ("the program returns a view made by an op that returns several views (split, "
                                 "unbind) or by a custom autograd.Function after writing its base in place, whose "
                                 "history autograd refuses, so the program runs eagerly")
+
+
+def _layout_of(t: torch.Tensor) -> torch.Tensor:
+    """The tensor whose sizes and strides are ``t``'s eager layout: ``t``, or the inner tensor of a FunctionalTensor
+    where an ``out=`` op resized it (its wrapper keeps the old sizes: trial 79 #6)."""
+    return t if (e := getattr(t, "elem", t)).shape == t.shape else e
 
 
 def _multi_output_view(o: torch.Tensor, metas: tuple = ("MULTI_OUTPUT_NODE",)) -> bool:

@@ -196,8 +196,8 @@ def _make_epilogue(info: ProgramInfo) -> Callable:
     multi = [k for k, o in enumerate(info.outputs) if o.multi_output and plan[k][0] in (2, 3, 6, 7)]
     shared = [(k, o.shares, (o.size, o.stride, o.offset, False, o.dtype)) for k, o in enumerate(info.outputs)
               if o.kind == "graph" and o.shares >= 0 and not _has_symint((o.size, o.stride, o.offset))]
-    lazy = [(k, o.lazy) for k, o in enumerate(info.outputs) if any(o.lazy) and (  # (shared: set_ on the storage's
-        plan[k][0] in (2, 3, 6, 7) or k in {s[0] for s in shared})]                 # values, as view() makes them)
+    again = {k for k, _, _ in shared} | {k for k, p in enumerate(plan) if p[0] in (2, 3, 6, 7)}  # (shared: set_ on
+    lazy = [(k, o.lazy) for k, o in enumerate(info.outputs) if any(o.lazy) and k in again]  # values, as view() makes)
 
     def view(src: torch.Tensor, size, stride, offset, requires_grad, dtype=None, detached=False, no_grad=False):
         if no_grad or requires_grad and not torch.is_grad_enabled():  # in eager's grad mode, not the caller's: made
@@ -419,9 +419,9 @@ def _own_outputs(outs: tuple, computed: range, vals, args) -> tuple:
     """``outs`` with each computed output that the compiled graph returned as a view of one of its buffers (``(x *
     2).t()`` as a strided view of ``x * 2``) made a tensor of its own: autograd forbids in-place writes to a custom
     Function's view outputs, where eager's output is writable (not those whose eager output refuses it too:
-    ``OutputInfo.multi_output``). It keeps the buffer when nothing else the forward
-    returns uses its memory, and gets a copy of it when another value does (a tensor saved for the backward: the
-    caller's in-place write would change it). A view of an input stays one (a split of an expanded input)."""
+    ``OutputInfo.multi_output``). It keeps the buffer when nothing else the forward returns uses its memory, and gets
+    a copy of it when another value does (a tensor saved for the backward: the caller's in-place write would change
+    it). A view of an input stays one (a split of an expanded input)."""
     outs = list(outs)
     for k in computed:
         o = outs[k]

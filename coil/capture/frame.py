@@ -925,7 +925,7 @@ def _emit_break(cg: EntryCodegen, tx, plan, fn, code, cfg, live_locals: dict) ->
         return [cg.reconstruct(v) for v in items if not isinstance(v, NullVariable)]
 
     def resume(index, items, captured=True):
-        null_mask = tuple(isinstance(v, NullVariable) for v in items)
+        null_mask = _nulls(items)
         rfn = make_resume_function(fn.__globals__, fn.__closure__, code, index, null_mask, local_names)
         for name, v in zip(local_names, live_locals.values()):
             if isinstance(v, SymNodeVariable) and tx.output.sites.drawn & v.value.node.expr.free_symbols:
@@ -983,10 +983,10 @@ def _emit_break(cg: EntryCodegen, tx, plan, fn, code, cfg, live_locals: dict) ->
         # a trampoline runs just the instruction (``t.requires_grad = True``, ``obj[0]`` in ``f(x=obj[0])``) as plain
         # Python and returns the captured resume function's result for the rest of the frame
         rname = resume(index + 1, after)
-        null_mask = tuple(isinstance(v, NullVariable) for v in stack)
+        null_mask = _nulls(stack)
         tramp = make_resume_function(fn.__globals__, fn.__closure__, code, index, null_mask, local_names,
-                                     tail=(index, tuple(isinstance(v, NullVariable) for v in after),
-                                           set(code.co_cellvars), cg.ns[rname.split(".")[0]].fn, local_names))
+                                     tail=(index, _nulls(after), set(code.co_cellvars), cg.ns[rname.split(".")[0]].fn,
+                                           local_names))
         lines.append(f"return {cg.const_expr(tramp)}({', '.join(sexprs + local_exprs)})")
 
 
@@ -996,6 +996,11 @@ _ONE_INSTRUCTION = {"STORE_ATTR": (2, 0), "DELETE_ATTR": (1, 0), "STORE_SUBSCR":
                     "IS_OP": (2, 1), "CONTAINS_OP": (2, 1), "UNARY_NEGATIVE": (1, 1), "UNARY_NOT": (1, 1),
                     "UNARY_INVERT": (1, 1), "STORE_SLICE": (4, 0), "BINARY_SLICE": (3, 1), "BEFORE_WITH": (1, 2),
                     "IMPORT_NAME": (2, 1)}
+
+
+def _nulls(items) -> tuple:
+    """Which stack items are a pending call's NULL (a resume function's ``null_mask``, a trampoline's tail)."""
+    return tuple(isinstance(v, NullVariable) for v in items)
 
 
 def _stack_after(inst, stack: list):
@@ -1019,10 +1024,10 @@ def _emit_trampoline(cg, tx, plan, fn, code, cfg, local_names, local_exprs, resu
     below = list(tx.stack)
     rname = resume(next_index, below + [_RESULT])      # "<holder>.fn"
     next_fn = cg.ns[rname.split(".")[0]].fn
-    null_mask = tuple(isinstance(v, NullVariable) for v in full_stack)
+    null_mask = _nulls(full_stack)
     tramp = make_resume_function(fn.__globals__, fn.__closure__, code, start, null_mask, local_names,
-                                 tail=(call_index, tuple(isinstance(v, NullVariable) for v in below) + (False,),
-                                       set(code.co_cellvars), next_fn, local_names))
+                                 tail=(call_index, _nulls(below + [_RESULT]), set(code.co_cellvars), next_fn,
+                                       local_names))
     # the callee is captured on its own frame unless it inspects frames
     n_call = len(full_stack) - len(below)
     exprs = []

@@ -6,6 +6,7 @@
   deselects them with ``-m "not slow"``.
 - ``COIL_STRICT_CAPTURE=1`` (unless set otherwise): an internal error in capture fails the test.
 """
+import json
 import os
 
 import pytest
@@ -26,3 +27,21 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("gpu"):
             item.add_marker(skip)
+
+
+@pytest.fixture
+def trace_events(tmp_path):
+    """The compile log written to ``tmp_path`` for the test (caches reset around it): ``trace_events(name)`` is the
+    list of its records of event ``name``."""
+    import coil
+    from coil import trace
+    old = trace.trace_dir()
+    trace.set_dir(str(tmp_path))
+    coil.reset()
+
+    def events(name):
+        records = [json.loads(line) for f in tmp_path.glob("*.jsonl") for line in f.read_text().splitlines()]
+        return [r for r in records if r["event"] == name]
+    yield events
+    coil.reset()
+    trace.set_dir(old)

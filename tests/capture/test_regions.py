@@ -3,13 +3,11 @@ is captured as one subgraph, AOT-compiled and code-generated once, and called pe
 values and gradients equal eager's (docs/hops.md, "Regional compilation")."""
 import copy
 import dataclasses
-import json
 
 import pytest
 import torch
 
 import coil
-from coil import trace
 from coil.aot.compile import aot_compile
 from coil.aot.backend import run_graph
 from coil.testing import CompileCounter, assert_same_as_eager
@@ -38,21 +36,6 @@ class Stack(torch.nn.Module):
         for b in self.blocks:
             x = b(x)
         return self.head(x).relu()
-
-
-@pytest.fixture
-def log(tmp_path):
-    old = trace.trace_dir()
-    trace.set_dir(str(tmp_path))
-    coil.reset()
-    yield tmp_path
-    coil.reset()
-    trace.set_dir(old)
-
-
-def events(d, name):
-    records = [json.loads(line) for f in d.glob("*.jsonl") for line in f.read_text().splitlines()]
-    return [r for r in records if r["event"] == name]
 
 
 @pytest.mark.parametrize("backend", ["aot_eager", "coil", "coil-triton"])
@@ -86,7 +69,7 @@ def _counting(gm, example_inputs, compiled):
     return aot_compile(gm, example_inputs, fw_compiler=fw, bw_compiler=fw)
 
 
-def test_n_calls_compile_once(log):
+def test_n_calls_compile_once(trace_events):
     compiled: list = []
     m = Stack(n=6)
     x = torch.randn(2, 5, 8, requires_grad=True)
@@ -95,11 +78,11 @@ def test_n_calls_compile_once(log):
     # one region (6 calls; the first input's requires_grad joins the others') and one
     # segment (the head): a forward and a backward graph each
     assert sorted(compiled) == ["backward", "backward", "forward", "forward"]
-    (comp,) = events(log, "region_compiled")
+    (comp,) = trace_events("region_compiled")
     assert comp["calls"] == 6
-    (split,) = events(log, "region_split")
+    (split,) = trace_events("region_split")
     assert split["regions"] == {comp["region"]: 6} and split["segments_compiled"] == 1
-    hops = [e for e in events(log, "hop") if e["op"] == "nested_compile_region"]
+    hops = [e for e in trace_events("hop") if e["op"] == "nested_compile_region"]
     assert [e["call"] for e in hops] == [1, 2, 3, 4, 5, 6]
 
 
@@ -119,7 +102,7 @@ def test_input_without_grad_reuses_the_region():
     assert compiled.count("forward") == 2
 
 
-def test_different_input_metadata_compiles_again(log):
+def test_different_input_metadata_compiles_again(trace_events):
     @torch.compiler.nested_compile_region
     def blk(x, w):
         return torch.tanh(x @ w) * 2
@@ -131,7 +114,7 @@ def test_different_input_metadata_compiles_again(log):
     assert_same_as_eager(fn, args, check_grads=True)
     coil.reset()
     coil.compile(fn, backend="aot_eager")(*args)
-    calls = {e["region"]: e["calls"] for e in events(log, "region_compiled")}
+    calls = {e["region"]: e["calls"] for e in trace_events("region_compiled")}
     # a (3, 4) input twice; a (4, 4) one once; a transposed (4, 4) one (other strides) once
     assert sorted(calls.values()) == [1, 1, 2]
 
@@ -149,7 +132,7 @@ def _scaled(x):
     return x * _CFG.scale
 
 
-def test_global_rebound_to_new_dataclass_in_loop(log):
+def test_global_rebound_to_new_dataclass_in_loop(trace_events):
     """The body reads a module global that the frame rebinds to a new dataclass instance
     between calls: each value makes another region (the constant is in its graph),
     never a stale reuse."""
@@ -167,10 +150,10 @@ def test_global_rebound_to_new_dataclass_in_loop(log):
     assert _CFG.scale == 4.0
     out.sum().backward()
     torch.testing.assert_close(x.grad, torch.full((4,), 24.0))
-    assert len(events(log, "region_compiled")) == 3
+    assert len(trace_events("region_compiled")) == 3
 
 
-def test_side_effect_in_region_is_inlined_and_logged(log):
+def test_side_effect_in_region_is_inlined_and_logged(trace_events):
     seen = []
 
     @torch.compiler.nested_compile_region
@@ -185,7 +168,7 @@ def test_side_effect_in_region_is_inlined_and_logged(log):
     x = torch.randn(3)
     torch.testing.assert_close(coil.compile(fn, backend=cnt)(x), x.sin().sin())
     assert cnt.frame_count == 1 and len(seen) == 2
-    inl = events(log, "region_inlined")
+    inl = trace_events("region_inlined")
     assert len(inl) == 2 and "mutation of ListVariable" in inl[0]["reason"]
 
 
@@ -200,7 +183,7 @@ def test_region_writing_its_input_is_inlined():
     assert_same_as_eager(fn, (torch.randn(3),), backend="coil")
 
 
-def test_grad_mode_change_in_graph_inlines_regions(log):
+def test_grad_mode_change_in_graph_inlines_regions(trace_events):
     @torch.compiler.nested_compile_region
     def blk(x, w):
         return (x @ w).relu()
@@ -212,7 +195,7 @@ def test_grad_mode_change_in_graph_inlines_regions(log):
 
     assert_same_as_eager(fn, (torch.randn(3, 3), torch.randn(3, 3, requires_grad=True)),
                          backend="aot_eager", check_grads=True)
-    assert any("grad mode" in e["reason"] for e in events(log, "region_inlined"))
+    assert any("grad mode" in e["reason"] for e in trace_events("region_inlined"))
 
 
 def test_region_returning_tuple_and_nested_cond():
@@ -231,7 +214,7 @@ def test_region_returning_tuple_and_nested_cond():
         assert_same_as_eager(fn, (x, torch.randn(3, 3)), backend="coil")
 
 
-def test_torch_compile_invoke_subgraph_through_coil_backend(log):
+def test_torch_compile_invoke_subgraph_through_coil_backend(trace_events):
     """torch's own capture emits invoke_subgraph nodes: coil's AOT compiles them as
     regions too."""
     from coil.backends.registry import coil_backend_entry
@@ -254,7 +237,7 @@ def test_torch_compile_invoke_subgraph_through_coil_backend(log):
     ref.backward()
     for a, b in zip(ws, ref_ws):
         torch.testing.assert_close(a.grad, b.grad)
-    assert events(log, "region_split") and not events(log, "region_inlined")
+    assert trace_events("region_split") and not trace_events("region_inlined")
 
 
 @pytest.mark.parametrize("backend", ["aot_eager", "coil"])
@@ -275,7 +258,7 @@ def test_regions_with_input_mutation_between_calls_and_under_no_grad(backend):
 
 
 @pytest.mark.parametrize("backend", ["aot_eager", "coil"])
-def test_regions_with_dynamic_shapes(backend, log):
+def test_regions_with_dynamic_shapes(backend, trace_events):
     """Symbolic sizes: pieces traced on capture's ShapeEnv; the region's inputs require
     grad as their union says (the first call's input does not), so the earlier blocks'
     parameters get their gradients."""
@@ -291,5 +274,5 @@ def test_regions_with_dynamic_shapes(backend, log):
         r.sum().backward()
         for p, q in zip(m.parameters(), ref.parameters()):
             torch.testing.assert_close(p.grad, q.grad)
-    assert not events(log, "region_inlined")
-    assert all(e["calls"] == 3 for e in events(log, "region_compiled"))
+    assert not trace_events("region_inlined")
+    assert all(e["calls"] == 3 for e in trace_events("region_compiled"))

@@ -1,30 +1,13 @@
 """Regression tests for trial 79 (tests/user_reports/FINDINGS_79.md)."""
 import copy
-import json
 
 import pytest
 import torch
 
 import coil
-from coil import trace
 
 
 # ---- finding #0: nested_compile_region in training, strided inputs and outputs --------------------------------------
-
-@pytest.fixture
-def f0_log(tmp_path):
-    old = trace.trace_dir()
-    trace.set_dir(str(tmp_path))
-    coil.reset()
-    yield tmp_path
-    coil.reset()
-    trace.set_dir(old)
-
-
-def _f0_events(d, name):
-    records = [json.loads(line) for f in d.glob("*.jsonl") for line in f.read_text().splitlines()]
-    return [r for r in records if r["event"] == name]
-
 
 @torch.compiler.nested_compile_region
 def _f0_double(x):
@@ -46,7 +29,7 @@ def _f0_expand_out(x):
     return x.sum(1, keepdim=True).expand(-1, 3)
 
 
-def _f0_check(fn, x, log, **kw):
+def _f0_check(fn, x, events, **kw):
     """``fn`` compiled (regions cut, not inlined) against eager: values, strides and the gradient of ``x``."""
     xe, xc = x.clone().requires_grad_(), x.clone().requires_grad_()
     ref, out = fn(xe), coil.compile(fn, **kw)(xc)
@@ -55,37 +38,37 @@ def _f0_check(fn, x, log, **kw):
     ref.backward(g)
     out.backward(g)
     torch.testing.assert_close(xc.grad, xe.grad)
-    assert _f0_events(log, "region_split") and not _f0_events(log, "region_inlined")
+    assert events("region_split") and not events("region_inlined")
 
 
 @pytest.mark.parametrize("view", [
     lambda x: x[:, :2], lambda x: x[1:, 1:], lambda x: x.diagonal(), lambda x: x[:1].expand(3, 3),
     lambda x: (x * 1)[:, :2], lambda x: _f0_double(x)[:, :2]],
     ids=["cols", "corner", "diagonal", "expand", "slice_of_intermediate", "slice_of_region_output"])
-def test_f0_strided_view_into_region_in_training(view, f0_log):
+def test_f0_strided_view_into_region_in_training(view, trace_events):
     """A sliced, diagonal or expanded view passed into a region in training was read as if contiguous: the region's
     input fakes (non-leaves requiring grad) were made by ``clone()``, which lays a non-dense tensor out contiguously,
     so the region was compiled for strides its real input does not have."""
-    _f0_check(lambda x: _f0_double(view(x)), torch.arange(9.).view(3, 3), f0_log)
+    _f0_check(lambda x: _f0_double(view(x)), torch.arange(9.).view(3, 3), trace_events)
 
 
 @pytest.mark.parametrize("fn", [lambda x: _f0_slice_out(x) * 1, lambda x: _f0_t_out(_f0_expand_out(x))],
                          ids=["slice_out_then_mul", "expand_out_into_t_region"])
-def test_f0_strided_region_output_consumed_by_next_op(fn, f0_log):
+def test_f0_strided_region_output_consumed_by_next_op(fn, trace_events):
     """A strided region output read by the next piece: that piece was compiled for a contiguous input and read memory
     the region never wrote."""
-    _f0_check(fn, torch.arange(6.).view(2, 3), f0_log)
+    _f0_check(fn, torch.arange(6.).view(2, 3), trace_events)
 
 
 @pytest.mark.parametrize("kw", [{"options": {"cpu_backend": "triton"}}, {"dynamic": True}], ids=["triton", "dynamic"])
-def test_f0_slice_into_region_triton_and_dynamic(kw, f0_log, monkeypatch):
+def test_f0_slice_into_region_triton_and_dynamic(kw, trace_events, monkeypatch):
     if "options" in kw:
         pytest.importorskip("triton")
         monkeypatch.setenv("TRITON_INTERPRET", "1")
     fn = lambda x: _f0_double(x[:, :2]) + _f0_slice_out(x)   # noqa: E731
-    _f0_check(fn, torch.arange(6.).view(2, 3), f0_log, **kw)
+    _f0_check(fn, torch.arange(6.).view(2, 3), trace_events, **kw)
     if "dynamic" in kw:   # another size through the same symbolic graph
-        _f0_check(fn, torch.arange(20.).view(4, 5), f0_log, **kw)
+        _f0_check(fn, torch.arange(20.).view(4, 5), trace_events, **kw)
 
 
 class _F0Layer(torch.nn.Module):
@@ -98,7 +81,7 @@ class _F0Layer(torch.nn.Module):
         return self.l(x)
 
 
-def test_f0_linear_region_on_sliced_activations(f0_log):
+def test_f0_linear_region_on_sliced_activations(trace_events):
     """The findings' realistic form: a decorated layer applied to ``h[:, :, :3]``; values and every gradient."""
     torch.manual_seed(0)
     m = _F0Layer()
@@ -112,6 +95,6 @@ def test_f0_linear_region_on_sliced_activations(f0_log):
     torch.testing.assert_close(hc.grad, he.grad)
     for p, q in zip(m.parameters(), ref_m.parameters()):
         torch.testing.assert_close(p.grad, q.grad)
-    assert not _f0_events(f0_log, "region_inlined")
+    assert not trace_events("region_inlined")
 
 # ---- end of finding #0 ---------------------------------------------------------------------------------------------

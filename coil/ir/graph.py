@@ -307,6 +307,7 @@ class GraphLowering(torch.fx.Interpreter):
         self._materialized: dict = {}
         self.fallbacks, self.native = Counter(), Counter()
         self.seen_unbacked: set = set()  # (run_node)
+        self.binders: dict = {}  # unbacked symbol -> the t.item() extern binding it (ComputedBuffer.get_read_names)
         self.float_externs: dict = {}  # SymFloat expression -> the extern kernel computing it (_specialize_floats)
         self.current_node, self._counter = None, itertools.count()
         #: random ops lowered natively; the wrapper draws this many seeds per call
@@ -475,6 +476,7 @@ class GraphLowering(torch.fx.Interpreter):
             self.make_extern(target, args, kwargs)
             unbacked = free_unbacked_symbols(as_expr(val))
             self.buffers[-1].binds = as_expr(val) if unbacked else None
+            self.binders[as_expr(val)] = self.buffers[-1].get_name()
             self.buffers[-1].expects = None if unbacked else as_expr(val)
             return as_expr(val)
         if target is _aten.sym_size.int and self.fresh_unbacked and isinstance(args[0], TensorBox):

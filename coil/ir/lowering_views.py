@@ -199,7 +199,9 @@ def _wrap_index(idx, n):
         if is_static(n) and not -int(n) <= idx < int(n):
             raise IndexError(f"index {idx} is out of bounds for dimension with size {n}")
         return idx + n if idx < 0 else idx
-    if guard_true(sympy.Lt(idx := as_expr(idx), 0)):
+    if free_unbacked_symbols(idx := as_expr(idx)):  # x[t.item()]: wrapped at run time (the trace asserts its range)
+        return Mod(idx + n, n)
+    if guard_true(sympy.Lt(idx, 0)):
         idx = idx + n
     if not (guard_true(sympy.Le(0, idx)) and guard_true(sympy.Lt(idx, n))):
         raise IndexError(f"index {idx} is out of bounds for dimension with size {n}")

@@ -366,9 +366,17 @@ class ComputedBuffer(Buffer):
 
     def get_read_names(self) -> list[str]:
         """Names of buffers the body loads, in first-read order (cached)."""
-        if self._reads is None:
-            self._reads = DependencyRecorder.record(self).read_names()
+        if self._reads is None:  # (and the ``t.item()`` externs binding an unbacked symbol in its indices or sizes)
+            h = DependencyRecorder.record(self)
+            self._reads = list(dict.fromkeys(h.read_names() + _binders(h.exprs + [i for _, i in h.loads] +
+                                                                       list(map(as_expr, self.get_size())))))
         return self._reads
+
+
+def _binders(exprs: list) -> list[str]:
+    """The ``t.item()`` externs that bind the unbacked symbols of ``exprs``: a step using the symbol reads them."""
+    binds = getattr(V.graph, "binders", {})
+    return [binds[s] for e in exprs if isinstance(e, sympy.Basic) for s in e.free_symbols if s in binds]
 
 
 class ScatterBuffer(ComputedBuffer):
@@ -437,6 +445,7 @@ class ExternKernel(Buffer):
         super().__init__(name, layout)
         self.op, self.args, self.kwargs = op, args, kwargs
         self.origin = _node_origin()  # the wrapper's comment names it (an error raised here)
+        self.binders = _binders(torch.utils._pytree.tree_leaves((args, kwargs)))  # ``x[t.item()]``: t's extern
 
     def input_names(self) -> list[str]:
         def visit(a):
@@ -448,7 +457,7 @@ class ExternKernel(Buffer):
         return list(dict.fromkeys(visit(list(self.args) + list(self.kwargs.values()))))
 
     def get_read_names(self):
-        return self.input_names()
+        return list(dict.fromkeys(self.input_names() + self.binders))
 
 
 class MultiOutput(Buffer):

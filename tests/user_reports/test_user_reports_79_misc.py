@@ -2,6 +2,7 @@
 import dataclasses
 import warnings
 
+import pytest
 import torch
 
 import coil
@@ -80,3 +81,49 @@ def test_f8b_match_statements_are_captured():
         ex = coil.explain(_matches, *args)
         assert (ex.graph_count, ex.graph_break_count) == (1, 0), ex
         torch.testing.assert_close(coil.compile(_matches)(*args), _matches(*args))
+
+
+_SCALARS = {"capture_scalar_outputs": True}
+
+
+def _set_at_argmax(x):
+    i = x.argmax().item()
+    x[i] = 0
+    return x
+
+
+def _read_at_negative(x):
+    i = x.argmin().item() - 6
+    return x[i] * 2 + x.sum()
+
+
+def _write_fresh_at_argmax(x):
+    i = x.argmax().item()
+    y = x * 3
+    y[i] = -1
+    return y.sum(), y
+
+
+def _column_at_argmax(x):
+    return x[:, x[0].argmax().item()].sum() + x.max()
+
+
+@pytest.mark.parametrize("fn, shape", [(_set_at_argmax, (6,)), (_read_at_negative, (6,)),
+                                       (_write_fresh_at_argmax, (6,)), (_column_at_argmax, (6, 6))])
+def test_f9_index_from_item_is_generated_code(fn, shape):
+    """#9: ``x[i] = 0`` with ``i = x.argmax().item()``. select_scatter's lowering guarded on ``u < 0`` and the graph
+    ran in the FX interpreter (warned). It now wraps at run time. Then a kernel using ``u`` was fused into the kernel
+    computing the argmax ``u`` is read from (a step using a symbol did not depend on the extern binding it), and an
+    extern ``select(x, 0, u - 6)`` ran before ``u`` was bound."""
+    x = torch.randn(shape)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = coil.compile(fn, options=_SCALARS)(x.clone())
+    torch.testing.assert_close(got, fn(x.clone()))
+
+
+def test_f9_index_from_item_out_of_range_raises():
+    def f(x):
+        return x[x.argmax().item() + 10] * 2
+    with pytest.raises(IndexError):
+        coil.compile(f, options=_SCALARS)(torch.randn(6))

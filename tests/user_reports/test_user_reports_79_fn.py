@@ -157,3 +157,25 @@ def test_f3_view_of_returned_intermediate_runs_backward(backend, dynamic, monkey
         _, outs, grad = _grad(_compile(fn, backend, dynamic, monkeypatch))
         assert torch.equal(grad, ref_grad)
         assert all(torch.equal(o, r) for o, r in zip(outs, ref))
+
+
+@pytest.mark.parametrize("fn_cls", [Dirty, Ident])
+@pytest.mark.parametrize("requires_grad", [True, False])
+def test_f79b_function_returning_its_input_under_callers_no_grad(fn_cls, requires_grad):
+    """79b: under the caller's ``no_grad``, eager's ``apply`` returns an input that requires grad as a detached alias
+    (not a view, no grad), a ``mark_dirty`` input that does not as itself, and an other input as a view. coil returned a
+    view that requires grad for all: a later ``o.add_(1)`` raised "A view was created in no_grad mode"."""
+    def f(x):
+        return fn_cls.apply(x)
+
+    def run(fn):
+        x = torch.arange(3.0, requires_grad=requires_grad) * 1
+        with torch.no_grad():
+            o = fn(x)
+        got = (o is x, o._base is x, o.data_ptr() == x.data_ptr(), o.requires_grad, o._is_view(), o.grad_fn)
+        o.add_(1)  # eager's works
+        return got, o.detach(), x.detach()
+    (want, wo, wx), (got, go, gx) = run(f), run(coil.compile(f))
+    assert got == want
+    torch.testing.assert_close(go, wo)
+    torch.testing.assert_close(gx, wx)

@@ -546,7 +546,8 @@ class AutogradFunctionApplyVariable(VariableTracker):
     def _forward_only(self, tx, cls, args, kwargs):
         """``apply`` with grad mode off (inference under ``no_grad``): no gradient can flow, so eager's ``apply``
         only runs ``forward`` (and ``setup_context``) on a fresh ctx: inlined here as a call, any argument goes (a
-        module, a list it appends to). An input returned as is comes back as a view of it, as from eager."""
+        module, a list it appends to). An input returned as is comes back as eager's: a view of it, or a detached
+        alias where it requires grad (``_wrap_outputs``), itself where it is a ``mark_dirty`` one that does not."""
         gs, src = tx.output.guards, self.cls_vt.source.expr()
         for meth in ("forward", "setup_context"):
             fn = getattr(cls, meth, None)
@@ -562,7 +563,10 @@ class AutogradFunctionApplyVariable(VariableTracker):
         ins = [a for a in args if isinstance(a, TensorVariable)]
 
         def fresh(o):
-            return call_op(tx, "call_method", "view_as", [o, o], {}) if any(o is a for a in ins) else o
+            dirty = ctx.attrs.get("_coil_dirty", TupleVariable([])).items
+            if not any(o is a for a in ins) or not o.fake.requires_grad and any(o is a for a in dirty):
+                return o
+            return call_op(tx, "call_method", *(("detach", [o]) if o.fake.requires_grad else ("view_as", [o, o])), {})
         if isinstance(res, TupleVariable) and type(res) is TupleVariable:
             return TupleVariable([fresh(o) for o in res.items])
         return fresh(res)
@@ -815,8 +819,8 @@ class FunctionCtxProbe(NewObjectVariable):
     def call_method(self, tx, name, args, kwargs):
         if name not in self.CALLS:
             return super().call_method(tx, name, args, kwargs)
-        if name == "save_for_backward":
-            self.attrs["saved_tensors"] = TupleVariable(list(args))
+        if name in ("save_for_backward", "mark_dirty"):
+            self.attrs["saved_tensors" if name == "save_for_backward" else "_coil_dirty"] = TupleVariable(list(args))
         return ConstantVariable(None)
 
 

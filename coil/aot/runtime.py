@@ -183,20 +183,24 @@ def _make_epilogue(info: ProgramInfo) -> Callable:
     # symbolic layouts (dynamic shapes): kinds 6 and 7 are kinds 2 and 3 whose size, stride and offset are the
     # call's entry ``j`` of ``layouts(args, vals)``, as kind 8's number; a restrided input's layout is ``len(sym) + r``
     sym = [k for k, p in enumerate(plan) if p[0] in (2, 3) and _has_symint(p[2][:3]) or p[0] == 4 and _has_symint(p[2])]
+    # (output, input whose memory it is set onto, its layout there or its entry of ``layouts``, view's args, lazy bits)
+    shared = [[k, o.shares, (o.size, o.stride, o.offset), (False, o.dtype), o.lazy] for k, o in enumerate(info.outputs)
+              if o.kind == "graph" and o.shares >= 0]
+    sym_shared = [s for s in shared if _has_symint(s[2])]
     layouts = None
-    if sym or sym_sources or _has_symint([r[1:] for r in restride]):
+    if sym or sym_sources or sym_shared or _has_symint([r[1:] for r in restride]):
         layouts = symbolic_evaluator([plan[k][2][:3] if plan[k][0] != 4 else plan[k][2] for k in sym] + [
-            r[1:] for r in restride] + [sources[i] for i in sym_sources], info.fake_inputs or (),
-            [m[0] for m in info.fw_out_meta])
+            r[1:] for r in restride] + [sources[i] for i in sym_sources] + [s[2] for s in sym_shared],
+            info.fake_inputs or (), [m[0] for m in info.fw_out_meta])
         sources.update({i: len(sym) + len(restride) + j for j, i in enumerate(sym_sources)})
+        for j, s in enumerate(sym_shared):
+            s[2] = len(sym) + len(restride) + len(sym_sources) + j
         for j, k in enumerate(sym):
             kind, idx, extra = plan[k]
             plan[k] = (8, j, None) if kind == 4 else (kind + 4, idx, (j, *extra[3:]))
     n_sym = len(sym)
     multi = [k for k, o in enumerate(info.outputs) if o.multi_output and plan[k][0] in (2, 3, 6, 7)]
-    shared = [(k, o.shares, (o.size, o.stride, o.offset, False, o.dtype)) for k, o in enumerate(info.outputs)
-              if o.kind == "graph" and o.shares >= 0 and not _has_symint((o.size, o.stride, o.offset))]
-    again = {k for k, _, _ in shared} | {k for k, p in enumerate(plan) if p[0] in (2, 3, 6, 7)}  # (shared: set_ on
+    again = {k for k, *_ in shared} | {k for k, p in enumerate(plan) if p[0] in (2, 3, 6, 7)}  # (shared: set_ on
     lazy = [(k, o.lazy) for k, o in enumerate(info.outputs) if any(o.lazy) and k in again]  # values, as view() makes)
 
     def view(src: torch.Tensor, size, stride, offset, requires_grad, dtype=None, detached=False, no_grad=False):
@@ -225,7 +229,7 @@ def _make_epilogue(info: ProgramInfo) -> Callable:
         return out.detach() if detached else out
 
     def epilogue(args, vals):
-        if simple and not restride:
+        if simple and not restride and not shared:
             if single_leaf:
                 return vals[0]
             return container(vals[: len(plan)]) if container is not list else list(vals[: len(plan)])
@@ -284,8 +288,10 @@ def _make_epilogue(info: ProgramInfo) -> Callable:
                 flat.append(view(vals[idx], *lay[extra[0]], *extra[1:]))
             else:  # 4: a constant, 8: a symbolic number (x.shape[0] * 2 under torch's capture)
                 flat.append(extra if kind == 4 else lay[idx])
-        for k, i, extra in shared:  # computed with its grad_fn; eager's shares the input's memory
-            v, version = view(args[i], *extra), flat[k]._version
+        for k, i, at, extra, (conj, neg) in shared:  # computed with its grad_fn; eager's shares the input's memory
+            flat[k] = flat[k].conj_physical() if conj else flat[k]  # its memory's values: the lazy bits set below
+            flat[k] = flat[k].neg() if neg else flat[k]  # undo these (values and gradients)
+            v, version = view(args[i], *(lay[at] if type(at) is int else at), *extra), flat[k]._version
             with torch.no_grad():
                 flat[k].set_(v.untyped_storage(), v.storage_offset(), v.shape, v.stride())
             # set_ writes no value: values saved for the backward over the output's old memory keep their version

@@ -179,3 +179,25 @@ def test_f6_out_into_a_fresh_empty_tensor_resized_to_more_dims(case, dynamic):
     ref, out = f(x), _compiled(f, dynamic)(x)
     for r, o in zip(ref if isinstance(ref, tuple) else (ref,), out if isinstance(out, tuple) else (out,)):
         assert torch.allclose(o, r) and o.shape == r.shape and o.stride() == r.stride()
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_f79b_imag_of_a_conjugate_input_that_requires_grad_is_over_its_memory(dynamic):
+    """79b: ``z.imag`` of a ``.conj()`` input that requires grad, the only output of a program that writes nothing.
+    It is computed (to have a grad_fn) and set onto the input's storage (``OutputInfo.shares``), but the runtime's
+    fast path for programs whose outputs are all computed returned it as computed: a later write to ``z`` did not
+    show through it (eager's is a view, with a lazy neg bit)."""
+    def f(z):
+        return z.imag
+
+    res = []
+    for fn in (f, coil.compile(f, dynamic=dynamic)):
+        base = torch.tensor([1 + 2j, 3 - 4j, -5 + 6j], requires_grad=True)
+        z = (base * 1).conj()
+        o = fn(z)
+        assert o.untyped_storage().data_ptr() == z.untyped_storage().data_ptr() and o.is_neg() and o.requires_grad
+        with torch.no_grad():
+            z.add_(1j)
+        o.sum().backward()
+        res.append((o.detach().clone(), base.grad))
+    torch.testing.assert_close(res[1], res[0])

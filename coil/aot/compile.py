@@ -141,8 +141,7 @@ def _refuse_mutated_aliased_inputs(example_inputs: list, mutated: list) -> None:
     owners: dict = {}
     for i, x in enumerate(example_inputs):
         if isinstance(x, torch.Tensor):
-            st = x.untyped_storage()
-            if st.nbytes() == 0:
+            if (st := x.untyped_storage()).nbytes() == 0:
                 continue  # empty storages all sit at address 0 and hold nothing
             owners.setdefault(st.data_ptr(), []).append(i)
     for group in owners.values():

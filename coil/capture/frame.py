@@ -202,8 +202,7 @@ _GENERATOR_FLAGS = 0x20 | 0x80 | 0x200
 
 def wrap_function(fn: types.FunctionType, cfg: CaptureConfig):
     """The capturing wrapper of a Python function (see module docstring)."""
-    code = fn.__code__
-    if code.co_flags & _GENERATOR_FLAGS:
+    if (code := fn.__code__).co_flags & _GENERATOR_FLAGS:
         return fn  # generators and coroutines run eagerly
     if not all(n.isidentifier() for n in _argnames(code)):
         return fn  # 3.11 comprehension frames (argument ``.0``) run eagerly
@@ -222,8 +221,7 @@ def wrap_function(fn: types.FunctionType, cfg: CaptureConfig):
             bound = None
         if bound is None:          # outside the except: no __context__ leaks into the error
             return fn(*args, **kwargs)
-        cache = known[0]
-        if cache is None or known[1] != generation[0]:
+        if (cache := known[0]) is None or known[1] != generation[0]:
             cache = _caches.get(code)
             known[0], known[1] = cache, generation[0]
         if cache is not None:
@@ -379,8 +377,7 @@ def _miss_entry(fn, code, cfg, bound):
         cache = _caches[code] = FrameCache()
     if cache.eager_reason is not None:
         return None
-    hit = _find_entry(cache, cfg, bound, fn)  # compiled by another thread meanwhile
-    if hit is not None:
+    if (hit := _find_entry(cache, cfg, bound, fn)) is not None:   # compiled by another thread meanwhile
         return hit
     # the limit counts the entries compiled for this call's module classes: a decorator's wrapper (transformers'
     # deprecate_kwarg) or a loop's resume frame shared by modules of many classes is one entry per class, not a
@@ -646,8 +643,7 @@ def _build_entry(tx, output: OutputGraph, cfg: CaptureConfig, fn, code, argnames
                               "in traced code: the frame runs eagerly")
         in_block = _in_exception_block(code, inst.offset)
         index = tx.offset_to_index[inst.offset]
-        name = inst.opname
-        if name in ("CALL", "CALL_FUNCTION_EX"):
+        if (name := inst.opname) in ("CALL", "CALL_FUNCTION_EX"):
             full_stack = list(tx.stack)
             if name == "CALL":
                 call_fn, call_args, call_kwargs = split_call(tx, inst.arg)

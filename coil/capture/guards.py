@@ -100,8 +100,7 @@ class Hoister:
         except SyntaxError:
             node = None
         if isinstance(node, (ast.Attribute, ast.Subscript)):
-            parent = ast.get_source_segment(expr, node.value)
-            if parent is not None and expr.startswith(parent):
+            if (parent := ast.get_source_segment(expr, node.value)) is not None and expr.startswith(parent):
                 rhs = self.hoist(parent, lines, indent) + expr[len(parent):]
         name = f"{self.prefix}{len(self.names)}"
         lines.append(f"{indent}{name} = {rhs}")

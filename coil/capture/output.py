@@ -394,8 +394,7 @@ class EntryCodegen:
         """The real cell a ``SourcedCellVariable`` stands for, reached through its source
         (``<src>.cell_contents`` is its content's source); the traced object otherwise."""
         if cell.source is not None:
-            expr = cell.source.expr()
-            if expr.endswith(".cell_contents"):
+            if (expr := cell.source.expr()).endswith(".cell_contents"):
                 return expr[:-len(".cell_contents")]
         return self.const_expr(cell.cell)
 

@@ -495,8 +495,7 @@ class InstructionTranslatorBase:
                 return ConstantVariable(same if op is operator.eq else not same)
             raise Unsupported("id() of a traced value used in arithmetic")
         if isinstance(a, SymNodeVariable) or isinstance(b, SymNodeVariable):
-            res = sym_binary(self, op, a, b)     # sizes stay symbolic (variables/symbolic.py)
-            if res is not None:
+            if (res := sym_binary(self, op, a, b)) is not None:   # sizes stay symbolic (variables/symbolic.py)
                 return res
         if op in (operator.is_, operator.is_not):
             return ConstantVariable(self.is_same(a, b) == (op is operator.is_))

@@ -209,8 +209,7 @@ class ReferenceInterpreter(OpsHandler):
             out[idx] = val
 
     def store_reduction(self, name, index, value):
-        idx = self._eval(index)
-        if idx.dim() == len(self.iter_shape) and self.n_red:
+        if (idx := self._eval(index)).dim() == len(self.iter_shape) and self.n_red:
             idx = idx.reshape(idx.shape[: idx.dim() - self.n_red])
         out = self.env[name]
         full = torch.broadcast_shapes(idx.shape, torch.as_tensor(value).shape,

@@ -120,8 +120,7 @@ def from_torch_sympy(e: sympy.Expr, env=None) -> sympy.Expr:
             _fits_int64(p, env)
     if not any(type(a).__module__ == "torch.utils._sympy.functions" for a in sympy.preorder_traversal(e)):
         return e
-    name = type(e).__name__
-    if name.endswith("ToInt") and type(e).__module__ == "torch.utils._sympy.functions":
+    if (name := type(e).__name__).endswith("ToInt") and type(e).__module__ == "torch.utils._sympy.functions":
         return precomputed(e)  # (TruncToInt, FloorToInt, CeilToInt, RoundToInt of float steps)
     if name == "PowByNatural" and not e.args[1].is_Integer:    # 2 ** s: computed by the wrapper, guarded to fit
         b = e.args[0]     # |b ** s| = |b| ** s: torch's value ranges recurse on a base that may be negative

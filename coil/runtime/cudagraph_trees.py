@@ -383,8 +383,7 @@ class GraphFunction:
         reason also warns (the user asked for CUDA graphs and should see they are off)."""
         self.skip = reason
         trace.log("cudagraph_skip", stage="runtime", graph=self.name, reason=reason)
-        kind = reason.split(" at ")[0]  # one warning per kind of reason, not per node
-        if kind not in _WARNED:
+        if (kind := reason.split(" at ")[0]) not in _WARNED:   # one warning per kind of reason, not per node
             _WARNED.add(kind)
             warn_user(f"coil: CUDA graphs (mode='reduce-overhead' / 'max-autotune') are not used "
                       f"for graph {self.name}: {reason}. It runs compiled, without CUDA graphs "

@@ -80,8 +80,7 @@ def _errors(x: torch.Tensor, ref: torch.Tensor):
     """(rms, max-abs) of ``x - ref`` in fp64, ignoring positions where both are nan/equal inf."""
     a, b = x.detach().to(torch.float64), ref.detach().to(torch.float64)
     same = (a == b) | (torch.isnan(a) & torch.isnan(b))
-    diff = torch.where(same, torch.zeros_like(a), a - b)
-    if diff.numel() == 0:
+    if (diff := torch.where(same, torch.zeros_like(a), a - b)).numel() == 0:
         return 0.0, 0.0
     diff = torch.nan_to_num(diff, nan=float("inf"))
     return diff.pow(2).mean().sqrt().item(), diff.abs().max().item()

@@ -152,8 +152,7 @@ def _build(tx, value, source, gs) -> VariableTracker:
         return wrap(tx, v, source_of(source) if source is not None else None, guard=gs is not None)
     if is_literal(value) and not (gs is not None and type(value) is tuple and _changed_items(tx, value, expr)):
         if gs is not None and type(value) in (int, float):
-            sym = tx.output.dynamic.scalar_input(tx, value, source)   # dynamic.py
-            if sym is not None:
+            if (sym := tx.output.dynamic.scalar_input(tx, value, source)) is not None:   # dynamic.py
                 gs.add(f"type({expr}) is {type(value).__name__}", f"type({expr})", type(value), src=expr)
                 return sym
         if gs is not None:
@@ -219,8 +218,7 @@ def _build(tx, value, source, gs) -> VariableTracker:
     if value is os.environ:
         return EnvironVariable(source)
     if gs is not None and isinstance(source, LocalSource) and source.name.startswith("___stack"):
-        vt = resumed_iterator(tx, value, source)   # a loop a graph break interrupted
-        if vt is not None:
+        if (vt := resumed_iterator(tx, value, source)) is not None:   # a loop a graph break interrupted
             return vt
     if isinstance(value, types.ModuleType):
         guard_is()

@@ -109,8 +109,7 @@ def _fold(tx, fn, args, kwargs):
         return args[0].call_method(tx, dunder, [], {})
     if fn is bool and len(args) == 1:
         return ConstantVariable(tx.truthy(args[0]))
-    sym = call_numeric(tx, fn, args, kwargs)     # int(n), float(n) of a symbolic size
-    if sym is not None:
+    if (sym := call_numeric(tx, fn, args, kwargs)) is not None:   # int(n), float(n) of a symbolic size
         return sym
     if fn is callable and len(args) == 1 and not args[0].is_python_constant():
         return ConstantVariable(_is_callable(args[0]))
@@ -176,8 +175,7 @@ class PureFunctionVariable(KnownCallableVariable):
             return tx.call_dunder(args[0], "__setitem__", [args[1], args[2]])
         if isinstance(fn, operator.attrgetter):
             raise Unsupported("operator.attrgetter object")
-        sym = call_numeric(tx, fn, args, kwargs)   # math.prod(x.shape), math.sqrt(n)
-        if sym is not None:
+        if (sym := call_numeric(tx, fn, args, kwargs)) is not None:   # math.prod(x.shape), math.sqrt(n)
             return sym
         try:
             c = [const_value(a) for a in args]
@@ -495,8 +493,7 @@ def _minmax(tx, args, kwargs, op):
             return kwargs["default"]
         raise Unsupported("min/max of an empty sequence (raised by user code)")
     if key is None:
-        sym = sym_minmax(items, op)      # max(n - 1, 2) of sizes: torch.sym_max, no guard
-        if sym is not None:
+        if (sym := sym_minmax(items, op)) is not None:   # max(n - 1, 2) of sizes: torch.sym_max, no guard
             return sym
     best = items[0]
     bestk = tx.call(key, [best], {}) if key is not None else best

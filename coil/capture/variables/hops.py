@@ -658,8 +658,7 @@ def call_checkpoint(tx, args: list, kwargs: dict) -> VariableTracker:
     reentrant = reentrant is None or reentrant.as_python_constant_or_none() is not False
     for k, default in _CHECKPOINT_DEFAULTS.items():
         if k in kwargs:
-            v = kwargs.pop(k).as_python_constant_or_none()
-            if v != default and k != "preserve_rng_state":
+            if (v := kwargs.pop(k).as_python_constant_or_none()) != default and k != "preserve_rng_state":
                 raise Unsupported(f"torch.utils.checkpoint.checkpoint({k}={v!r})",
                                   hint="only the default value is captured")
     # without early stop, eager's recomputation replays the body's in-place writes after the last save into the saved

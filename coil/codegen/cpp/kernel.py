@@ -98,8 +98,7 @@ def _float_literal(v: float, dtype: torch.dtype) -> str:
         return f"coil_lim<{ct}>::nan()"
     if math.isinf(v):
         return f"{'-' if v < 0 else ''}coil_lim<{ct}>::inf()"
-    s = repr(float(v))
-    if "e" not in s and "." not in s:
+    if "e" not in (s := repr(float(v))) and "." not in s:
         s += ".0"
     return s + ("f" if ct == "float" else "")
 

@@ -85,8 +85,7 @@ def kernel_source(plan, name: str, gpu: Optional[bool] = None) -> tuple[str, lis
     the device the masks are decided for (default: the plan's)."""
     gpu = _plan_gpu(plan) if gpu is None else gpu
     exact = mask_exactness(plan, gpu)
-    k = _run_kernel(plan, name, exact)
-    if k.outer_reduction and mask_exactness(plan, gpu, True) != exact:
+    if (k := _run_kernel(plan, name, exact)).outer_reduction and mask_exactness(plan, gpu, True) != exact:
         # the outer-reduction candidates differ; it is known only after generating
         # (from the loads' strides, which do not depend on the masks)
         exact = mask_exactness(plan, gpu, True)

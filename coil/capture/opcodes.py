@@ -182,10 +182,7 @@ def split_call(tx, argc: int):
     return fn, list(args), kwargs
 
 
-@op("CALL")
-def CALL(tx, inst):
-    fn, args, kwargs = split_call(tx, inst.arg)
-    tx.push(tx.call(fn, args, kwargs))
+op("CALL")(lambda tx, inst: tx.push(tx.call(*split_call(tx, inst.arg))))
 
 
 @op("CALL_FUNCTION_EX")
@@ -223,28 +220,11 @@ _BINARY = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operato
            "*=": operator.imul, "/=": operator.itruediv, "//=": operator.ifloordiv, "%=": operator.imod,
            "**=": operator.ipow, "@=": operator.imatmul, "&=": operator.iand, "|=": operator.ior, "^=": operator.ixor,
            "<<=": operator.ilshift, ">>=": operator.irshift}
-
-
-@op("BINARY_OP")
-def BINARY_OP(tx, inst):
-    a, b = tx.popn(2)
-    tx.push(tx.binary_op(_BINARY[dis._nb_ops[inst.arg][1]], a, b))
-
-
 _COMPARE = {"<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operator.ne,
             ">": operator.gt, ">=": operator.ge}
-
-
-@op("COMPARE_OP")
-def COMPARE_OP(tx, inst):
-    a, b = tx.popn(2)
-    tx.push(tx.binary_op(_COMPARE[inst.argval], a, b))
-
-
-@op("IS_OP")
-def IS_OP(tx, inst):
-    a, b = tx.popn(2)
-    tx.push(tx.binary_op(operator.is_not if inst.arg else operator.is_, a, b))
+op("BINARY_OP")(lambda tx, inst: tx.push(tx.binary_op(_BINARY[dis._nb_ops[inst.arg][1]], *tx.popn(2))))
+op("COMPARE_OP")(lambda tx, inst: tx.push(tx.binary_op(_COMPARE[inst.argval], *tx.popn(2))))
+op("IS_OP")(lambda tx, inst: tx.push(tx.binary_op(operator.is_not if inst.arg else operator.is_, *tx.popn(2))))
 
 
 @op("CONTAINS_OP")
@@ -267,10 +247,7 @@ op("UNARY_INVERT")(_unary(operator.invert))
 
 
 # --- subscripts and slices --------------------------------------------------------------
-@op("BINARY_SUBSCR")
-def BINARY_SUBSCR(tx, inst):
-    obj, key = tx.popn(2)
-    tx.push(tx.getitem(obj, key))
+op("BINARY_SUBSCR")(lambda tx, inst: tx.push(tx.getitem(*tx.popn(2))))
 
 
 @op("STORE_SUBSCR")
@@ -303,9 +280,11 @@ op("BUILD_SLICE")(lambda tx, inst: tx.push(SliceVariable(tx.popn(inst.arg))))
 # --- building containers ------------------------------------------------------------------
 op("BUILD_TUPLE")(lambda tx, inst: tx.push(TupleVariable(tx.popn(inst.arg))))
 op("BUILD_LIST")(lambda tx, inst: tx.push(ListVariable(tx.popn(inst.arg))))
-
-
 op("BUILD_SET")(lambda tx, inst: tx.push(SetVariable([v.as_python_constant() for v in tx.popn(inst.arg)])))
+op("BUILD_CONST_KEY_MAP")(lambda tx, inst: tx.push(DictVariable(dict(zip(tx.pop().as_python_constant(),
+                                                                        tx.popn(inst.arg))))))
+op("BUILD_STRING")(lambda tx, inst: tx.push(ConstantVariable("".join(p.as_python_constant()
+                                                                       for p in tx.popn(inst.arg)))))
 
 
 @op("BUILD_MAP")
@@ -314,54 +293,27 @@ def BUILD_MAP(tx, inst):
     tx.push(DictVariable({DictVariable.key_of(k): v for k, v in zip(items[::2], items[1::2])}))
 
 
-@op("BUILD_CONST_KEY_MAP")
-def BUILD_CONST_KEY_MAP(tx, inst):
-    keys = tx.pop().as_python_constant()
-    tx.push(DictVariable(dict(zip(keys, tx.popn(inst.arg)))))
-
-
-@op("BUILD_STRING")
-def BUILD_STRING(tx, inst):
-    parts = tx.popn(inst.arg)
-    tx.push(ConstantVariable("".join(p.as_python_constant() for p in parts)))
-
-
-def _build_target(tx, depth: int):
-    """The container a LIST_APPEND-style instruction adds to: normally built in this frame; in a 3.12 resume function
-    continuing an inlined comprehension it is a ``___stack`` input, so record the mutation to replay it (py3.12)."""
-    target = tx.stack[-depth]
+def _build_target(tx, inst, above: int = 1):
+    """The container a LIST_APPEND-style instruction adds to, under the ``above`` values it adds (still on the stack):
+    normally built in this frame; in a 3.12 resume function continuing an inlined comprehension it is a ``___stack``
+    input, so record the mutation to replay it (py3.12)."""
+    target = tx.stack[-inst.arg - above]
     tx.output.side_effects.mutated(target)
     return target
 
 
-@op("LIST_APPEND")
-def LIST_APPEND(tx, inst):
-    v = tx.pop()
-    _build_target(tx, inst.arg).items.append(v)
-
-
-@op("SET_ADD")
-def SET_ADD(tx, inst):
-    v = tx.pop()
-    _build_target(tx, inst.arg).items.add(v.as_python_constant())
+op("LIST_APPEND")(lambda tx, inst: _build_target(tx, inst).items.append(tx.pop()))
+op("SET_ADD")(lambda tx, inst: _build_target(tx, inst).items.add(tx.pop().as_python_constant()))
+op("LIST_EXTEND")(lambda tx, inst: _build_target(tx, inst).items.extend(tx.unpack(tx.pop())))
+op("SET_UPDATE")(lambda tx, inst: _build_target(tx, inst).items.update(x.as_python_constant()
+                                                                        for x in tx.unpack(tx.pop())))
 
 
 @op("MAP_ADD")
 def MAP_ADD(tx, inst):
+    target = _build_target(tx, inst, 2)
     k, v = tx.popn(2)
-    _build_target(tx, inst.arg).items[DictVariable.key_of(k)] = v
-
-
-@op("LIST_EXTEND")
-def LIST_EXTEND(tx, inst):
-    v = tx.pop()
-    _build_target(tx, inst.arg).items.extend(tx.unpack(v))
-
-
-@op("SET_UPDATE")
-def SET_UPDATE(tx, inst):
-    v = tx.pop()
-    _build_target(tx, inst.arg).items.update(x.as_python_constant() for x in tx.unpack(v))
+    target.items[DictVariable.key_of(k)] = v
 
 
 @op("DICT_UPDATE")

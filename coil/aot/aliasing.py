@@ -232,9 +232,8 @@ def input_groups(fake_args: list, mutated: list) -> Optional[InputGroups]:
                 continue
         if not all(_static(t.shape, t.stride(), t.storage_offset()) for t in ts) or len({t.dtype for t in ts}) != 1:
             return None
-        span = max(_extent(t)[1] for t in ts)
         groups.append(_Group([(i, tuple(t.shape), tuple(t.stride()), t.storage_offset())
-                              for i, t in zip(members, ts)], span, ts[0].dtype))
+                              for i, t in zip(members, ts)], max(_extent(t)[1] for t in ts), ts[0].dtype))
     if not groups:
         return None
     trace.log("aot_input_groups", stage="aot",

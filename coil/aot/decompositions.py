@@ -284,8 +284,7 @@ def native_layer_norm(x, normalized_shape, weight, bias, eps):
     as ATen does). Computed in :func:`_stat_dtype` (float64 on CPU): float32 rows of values near 1e20 and beyond, whose
     squares overflow float32, normalize to finite values close to float64's where eager's CPU kernel gives NaN
     (docs/ir.md, "Numerics")."""
-    axis = x.dim() - len(normalized_shape)
-    dims = list(range(axis, x.dim()))
+    dims = list(range(x.dim() - len(normalized_shape), x.dim()))
     acc, sdt = _acc_dtype(x.dtype), _stat_dtype(x)
     xs = aten._to_copy.default(x, dtype=sdt) if sdt != x.dtype else x
     n = math.prod(x.shape[d] for d in dims)

@@ -598,8 +598,7 @@ def training_runner(compiled_fw: Callable, compiled_bw: Callable, info: ProgramI
                 grads = _BackwardOnce.apply(lambda *a: run_bw(*a[:-1]), *saved, *tangents, _DIFFERENTIABLE)
             else:
                 grads = _BackwardOnce.apply(run_bw, *saved, *tangents)
-            result = dict(zip(slots, grads))
-            return (None, *map(result.get, range(n_in)))  # (None: box)
+            return (None, *map(dict(zip(slots, grads)).get, range(n_in)))  # (None: box)
     CompiledFunction.__name__ = "CoilCompiledFunction"
     # inputs that get no gradient enter autograd's node detached: eager's backward never reaches their history, and
     # an edge to it would run its nodes (floor_divide's missing derivative raises: s1038 #195, a graph break's local)

@@ -200,9 +200,8 @@ class DynamicPolicy:
             if d in marks:
                 lo, hi = marks[d]
                 if lo is not None or hi is not None:
-                    vr = env.var_to_range[sym]
                     env.constrain_symbol_range(sym, max(lo if lo is not None else 2, 2),
-                                               hi if hi is not None else vr.upper)
+                                               hi if hi is not None else env.var_to_range[sym].upper)
                 if d in getattr(value, _DYN, {}) or d in getattr(value, "_dynamo_dynamic_indices", ()):
                     self.marked[sym] = (expr, d, marks[d])      # (not maybe_mark_dynamic's: it may specialize)
         return fake

@@ -187,8 +187,7 @@ def make_binder(fn: types.FunctionType):
     proto = types.FunctionType(code, {}, None, tuple(_Named(f"___d{i}") for i in range(len(defaults))), fn.__closure__)
     proto.__kwdefaults__ = {k: _Named(f"___kd_{k}") for k in kwdefaults}
     body = "(" + "".join(n + ", " for n in _argnames(code)) + ")"
-    src = f"def ___bind{inspect.signature(proto)}:\n    return {body}\n"
-    exec(compile(src, "<coil binder>", "exec"), ns)
+    exec(compile(f"def ___bind{inspect.signature(proto)}:\n    return {body}\n", "<coil binder>", "exec"), ns)
     ns["___bind"].__kwdefaults__ = fn.__kwdefaults__   # the same dict: edits to it are seen
     return ns["___bind"]
 
@@ -283,8 +282,7 @@ def wrap_module(mod: torch.nn.Module, cfg: CaptureConfig):
     mod_ref = weakref.ref(mod)
 
     def coil_module_wrapper(*args, **kwargs):
-        m = mod_ref()
-        return inner(m, *args, **kwargs)
+        return inner(mod_ref(), *args, **kwargs)
     coil_module_wrapper._coil_code = code  # keeps the cache alive as long as the wrapper
     coil_module_wrapper._coil_fn = fn
     return coil_module_wrapper
@@ -532,9 +530,8 @@ def _translate(fn, code, cfg, bound, auto_dynamic=None) -> CacheEntry:
             continue
         except Unsupported as e:
             if cfg.fullgraph and not isinstance(e, UserCodeError):
-                loc = e.location or tx.location()
                 raise GraphBreakInFullgraph(
-                    f"graph break under fullgraph=True: {e.reason}", loc,
+                    f"graph break under fullgraph=True: {e.reason}", e.location or tx.location(),
                     hint=(f"without fullgraph=True, {e.hint}. " if e.hint else "")
                     + "Remove the construct, or use fullgraph=False") from e
             raise
@@ -615,8 +612,7 @@ def _build_entry(tx, output: OutputGraph, cfg: CaptureConfig, fn, code, argnames
     se = output.side_effects
     plan = None
     if kind == "return":
-        ret = tx.result[1]
-        values = [ret] + se.values()
+        values = [tx.result[1]] + se.values()
     else:
         info, inst = tx.result[1], tx.result[2]
         rec = {"reason": info.reason, "user_stack": info.stack, "frame": _label(code), "offset": info.offset}
@@ -763,8 +759,7 @@ def _build_entry(tx, output: OutputGraph, cfg: CaptureConfig, fn, code, argnames
                   context=f"{type(ctx).__name__}{ctx.args}", entry=ctx.at_graph_end(cg))
     cg.side_effect_lines(se)
     if plan is None:
-        ret_expr = cg.reconstruct(tx.result[1])
-        lines.append(f"return {ret_expr}")
+        lines.append(f"return {cg.reconstruct(tx.result[1])}")
     else:
         _emit_break(cg, tx, plan, fn, code, cfg, live_locals)
     lines[:0] = _add_shape_guards(output) + cg.early  # after the backend: guards it added count too
@@ -921,8 +916,7 @@ def _emit_break(cg: EntryCodegen, tx, plan, fn, code, cfg, live_locals: dict) ->
         return [cg.reconstruct(v) for v in items if not isinstance(v, NullVariable)]
 
     def resume(index, items, captured=True):
-        null_mask = _nulls(items)
-        rfn = make_resume_function(fn.__globals__, fn.__closure__, code, index, null_mask, local_names)
+        rfn = make_resume_function(fn.__globals__, fn.__closure__, code, index, _nulls(items), local_names)
         for name, v in zip(local_names, live_locals.values()):
             if isinstance(v, SymNodeVariable) and tx.output.sites.drawn & v.value.node.expr.free_symbols:
                 # a value drawn from random: a graph input there too, not a constant guarded per value
@@ -931,8 +925,7 @@ def _emit_break(cg: EntryCodegen, tx, plan, fn, code, cfg, live_locals: dict) ->
                 cache.auto_dynamic[name] = {"value"}
         # (a resume function has its frame's globals: one of torch's own frames, a torch.nn forward, is
         # captured on like the user's, not skipped as library code)
-        target = capture_callable(rfn, cfg, library=True) if captured else rfn
-        return cg.const_expr(_Holder(target)) + ".fn"
+        return cg.const_expr(_Holder(capture_callable(rfn, cfg, library=True) if captured else rfn)) + ".fn"
     if plan[0] == "call" and len(plan) > 8:
         _emit_trampoline(cg, tx, plan, fn, code, cfg, local_names, local_exprs, resume)
     elif plan[0] == "call":
@@ -1020,8 +1013,7 @@ def _emit_trampoline(cg, tx, plan, fn, code, cfg, local_names, local_exprs, resu
     below = list(tx.stack)
     rname = resume(next_index, below + [_RESULT])      # "<holder>.fn"
     next_fn = cg.ns[rname.split(".")[0]].fn
-    null_mask = _nulls(full_stack)
-    tramp = make_resume_function(fn.__globals__, fn.__closure__, code, start, null_mask, local_names,
+    tramp = make_resume_function(fn.__globals__, fn.__closure__, code, start, _nulls(full_stack), local_names,
                                  tail=(call_index, _nulls(below + [_RESULT]), set(code.co_cellvars), next_fn,
                                        local_names))
     # the callee is captured on its own frame unless it inspects frames

@@ -130,8 +130,7 @@ def _pad(args, kwargs) -> None:
     """``F.pad`` of an integer or bool tensor, probed (eager's reflect and replicate kernels refuse bools, which
     torch's decompositions compute: fuzz s228 #1978) on trailing dims long enough for the pads."""
     if isinstance(pad := _arg(args, kwargs, 1, "pad"), (list, tuple)) and pad and all(type(p) is int for p in pad):
-        trailing = (2 * max(map(abs, pad)) + 1,) * (len(pad) // 2)
-        _probe_dtypes(torch.nn.functional.pad, trailing=trailing)(args, kwargs)
+        _probe_dtypes(torch.nn.functional.pad, trailing=(2 * max(map(abs, pad)) + 1,) * (len(pad) // 2))(args, kwargs)
 
 
 def _squeeze(args, kwargs) -> None:

@@ -37,8 +37,7 @@ def one_hot(x: torch.Tensor, num_classes: int = -1) -> torch.Tensor:
         # every class is out of range, and the gather below would be empty (no check)
         raise RuntimeError("Class values must be smaller than num_classes.")
     iota = torch.arange(num_classes, device=x.device)
-    eye = (iota.unsqueeze(1) == iota).long()
-    return torch.index_select(eye, 0, x.reshape(-1)).reshape(*x.shape, num_classes)
+    return torch.index_select((iota.unsqueeze(1) == iota).long(), 0, x.reshape(-1)).reshape(*x.shape, num_classes)
 
 
 def run_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Optional[torch.Tensor],

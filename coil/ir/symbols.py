@@ -493,8 +493,7 @@ def _coeff_atom(t: sympy.Expr):
         return c, rest
     cs, atoms = [c], []
     for f in sympy.Mul.make_args(rest):
-        size = all(x.is_positive for x in f.free_symbols)
-        (cs if size else atoms).append(f)
+        (cs if all(x.is_positive for x in f.free_symbols) else atoms).append(f)
     return sympy.Mul(*cs), sympy.Mul(*atoms)
 
 

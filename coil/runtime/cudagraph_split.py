@@ -110,7 +110,6 @@ class PartitionedGraph:
         for i, c in self.constants:
             vals[i] = c
         for fn, ins, outs in self.pieces:
-            res = fn(*[vals[i] for i in ins])
-            for i, v in zip(outs, res):
+            for i, v in zip(outs, fn(*[vals[i] for i in ins])):
                 vals[i] = v
         return tuple(vals[x] if kind == "slot" else x for kind, x in self.outputs)

@@ -109,8 +109,7 @@ def _patch_interpreter_compare_dtype(builder) -> None:
 
     def fix(orig):
         def cmp(self, lhs, rhs):
-            out = orig(self, lhs, rhs)
-            return interp.TensorHandle(np.asarray(out.data, dtype=np.bool_), tl.int1)
+            return interp.TensorHandle(np.asarray(orig(self, lhs, rhs).data, dtype=np.bool_), tl.int1)
         return cmp
     for name in dir(builder):
         if name.startswith(("create_fcmp", "create_icmp")):
@@ -134,8 +133,7 @@ def _make_shim():
             blocks = [a.type for a in args if isinstance(a, tl.core.tensor) and a.type.is_block()]
             elem = tl.int1 if out_bool else ref.type.scalar
             out = np.asarray(out, dtype=np.bool_ if out_bool else ref.handle.data.dtype)
-            ty = tl.block_type(elem, list(out.shape)) if blocks else elem
-            return tl.core.tensor(TensorHandle(out, elem), ty)
+            return tl.core.tensor(TensorHandle(out, elem), tl.block_type(elem, list(out.shape)) if blocks else elem)
         return f
 
     def f64(f):  # torch's float64 function (erfinv, lgamma of a pole: inf)

@@ -170,8 +170,7 @@ def render_stack(frames: list) -> str:
         if name:
             head += f' in <span class="fn">{html.escape(str(name))}</span>'
         text = fr.get("line") or fr.get("text") or ""
-        body = f'\n    <span class="srcline">{html.escape(str(text).strip())}</span>' if text else ""
-        lines.append(head + body)
+        lines.append(head + (f'\n    <span class="srcline">{html.escape(str(text).strip())}</span>' if text else ""))
     return '<pre class="stack">%s</pre>' % "\n".join(lines)
 
 
@@ -340,10 +339,9 @@ def write_report(log_dir: str, out_dir: Optional[str] = None) -> str:
             prev_id=prev.compile_id if prev else "", **common)
         Path(out_dir, c.page).write_text(page, encoding="utf-8")
     loose_events = [r for r in log.loose if r.get("event") not in ("artifact",)]
-    loose_artifacts = [r for r in log.loose if r.get("event") == "artifact"]
     Path(out_dir, NO_COMPILE_ID_PAGE).write_text(env.get_template("loose.jinja").render(
         title="events without compile id", groups=_group_tables(loose_events),
-        artifacts=_artifact_views(loose_artifacts), **common), encoding="utf-8")
+        artifacts=_artifact_views([r for r in log.loose if r.get("event") == "artifact"]), **common), encoding="utf-8")
     index = env.get_template("index.jinja").render(
         title="coil compile log", log_dir=log_dir, files=log.files, bad_lines=log.bad_lines,
         n_compiles=len(log.compiles), compiles=rows, stage_names=list(all_totals),

@@ -129,8 +129,7 @@ def wrap(tx, value: Any, source, guard: bool = True) -> VariableTracker:
             out.guards.add(f"{b} is {a}", note=f"{a} and {b} were one object when compiled; they are "
                                                  f"distinct on this call")
         return vt
-    gs = out.guards if (guard and source is not None) else None
-    vt = _build(tx, value, source, gs)
+    vt = _build(tx, value, source, out.guards if (guard and source is not None) else None)
     if not literal:
         out.wrapped[id(value)] = (value, vt)
     return vt

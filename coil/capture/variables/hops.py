@@ -81,8 +81,7 @@ class Subgraph:
 
 
 def _fn_line(fn_vt) -> str:
-    fn = getattr(fn_vt, "fn", None)
-    code = getattr(fn, "__code__", None) or getattr(fn_vt, "code", None)
+    code = getattr(getattr(fn_vt, "fn", None), "__code__", None) or getattr(fn_vt, "code", None)
     return "?" if code is None else f"{code.co_filename}:{code.co_firstlineno} ({code.co_name})"
 
 
@@ -174,8 +173,7 @@ def trace_subgraph(tx, fn_vt, operands: list, what: str, alias_ok: bool = True,
         if any(u not in region_set for u in n.users):
             raise Unsupported(f"{what}: a value made inside the function escapes it")
         graph.erase_node(n)
-    line = tx.location()
-    sub = Subgraph(sg, len(op_nodes), lifted, [o.fake for o in outs], structure, line)
+    sub = Subgraph(sg, len(op_nodes), lifted, [o.fake for o in outs], structure, tx.location())
     sub.operand_nodes = op_nodes
     return sub
 
@@ -501,9 +499,8 @@ def call_map(tx, args: list, kwargs: dict) -> VariableTracker:
                           hint="run it under torch.no_grad(), or it runs outside the graph")
     out = tx.output
     (name,) = _register(out, ("map_body", body.graph))
-    g = out.graph
     items = _emit(tx, torch.ops.higher_order.map_impl, (
-        g.get_attr(name), [xs.node], body.operand_nodes[1:] + body.lifted),
+        out.graph.get_attr(name), [xs.node], body.operand_nodes[1:] + body.lifted),
         [_fresh(out, y, (xs.fake.shape[0], *y.shape)) for y in body.out_fakes], "map", body.lifted)
     return _unflatten(items, body.structure)
 

@@ -308,8 +308,7 @@ class NNModuleVariable(ObjectVariableBase):
         m = self.value
         d = m._parameters if isinstance(m, (torch.nn.ParameterList, torch.nn.ParameterDict)) else m._modules
         dname = "_parameters" if d is m._parameters else "_modules"
-        src = ModuleDictSource(self.source, dname, key) if self.source is not None else None
-        return wrap(tx, d[key], src)
+        return wrap(tx, d[key], ModuleDictSource(self.source, dname, key) if self.source is not None else None)
 
     def _keys(self, tx):
         """The container's keys, guarded (an appended or deleted entry recompiles)."""

@@ -370,8 +370,7 @@ class CppKernel(OpsHandler):
         if dtype.is_floating_point:
             return _float_literal(float(v), dtype)
         if isinstance(v, float) and (math.isinf(v) or math.isnan(v)):
-            t = cops.ctype(dtype)
-            return f"coil_lim<{t}>::{'lowest' if v < 0 else 'max'}()" if not math.isnan(v) else "0"
+            return f"coil_lim<{cops.ctype(dtype)}>::{'lowest' if v < 0 else 'max'}()" if not math.isnan(v) else "0"
         return f"static_cast<{cops.ctype(dtype)}>({int(v)}LL)"
 
     def where(self, c, a, b):

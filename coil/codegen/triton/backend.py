@@ -184,8 +184,7 @@ class TritonBackend(KernelBackend):
     def generate(self, plan, kernel_name: str) -> GeneratedKernel:
         from coil.runtime.triton_runtime import TritonLauncher, blocks_divide
         source, arg_names, k = kernel_source(plan, kernel_name)
-        tiled = plan.tiled
-        if k.outer_reduction and plan.persistent and hint(plan.rnumel) > OUTER_PERSISTENT_RNUMEL and not tiled:
+        if k.outer_reduction and plan.persistent and hint(plan.rnumel) > OUTER_PERSISTENT_RNUMEL and not plan.tiled:
             # x-contiguous reductions tile wide along x: a whole column per program would
             # not fit in registers, so loop over r in short steps instead
             plan.replan(OUTER_PERSISTENT_RNUMEL)

@@ -97,25 +97,23 @@ class _State:
         s = self.cur
         return s.cache if s.ok() and len(roots) == len(s.roots) and all(map(operator.is_, roots, s.roots)) else None
 
+    def _give_up(self, reason: str) -> bool:
+        """Stop snapshotting for good (logged with ``reason``); True, the guard's result."""
+        self.stale, self.cur = _STALE_LIMIT, _INVALID
+        trace.log("guard_versions", stage="capture", frame=self.label, used=False, reason=reason)
+        return True
+
     def snap(self, cache: tuple, roots: tuple, watched: tuple) -> bool:
         """Called by the full guard when it passes; returns True (the guard's result)."""
         if self.stale >= _STALE_LIMIT:
             return True
         self.stale += 1
         if self.stale == _STALE_LIMIT:
-            self.cur = _INVALID
-            trace.log("guard_versions", stage="capture", frame=self.label, used=False,
-                      reason=f"the watched state changed before {_STALE_LIMIT} calls in a row")
-            return True
+            return self._give_up(f"the watched state changed before {_STALE_LIMIT} calls in a row")
         # an OrderedDict's key order moves without its tag (move_to_end): its key list is implied only below 2 keys
-        bad = [type(d).__name__ for i, d in enumerate(watched) if not _plain_reads(d) and (
-               type(d) is not collections.OrderedDict or i in self.exact and len(d) > 1)]
-        if bad:
-            self.stale = _STALE_LIMIT
-            self.cur = _INVALID
-            trace.log("guard_versions", stage="capture", frame=self.label, used=False,
-                      reason=f"a guard reads through a {bad[0]}, which has no version tag")
-            return True
+        if bad := [type(d).__name__ for i, d in enumerate(watched) if not _plain_reads(d) and (
+                   type(d) is not collections.OrderedDict or i in self.exact and len(d) > 1)]:
+            return self._give_up(f"a guard reads through a {bad[0]}, which has no version tag")
         n = len(watched)
         addrs = (ctypes.c_void_p * n)(*[id(d) + _TAG_OFFSET for d in watched])
         tags = (ctypes.c_uint64 * n)(*[_tag(d) for d in watched])

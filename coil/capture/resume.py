@@ -41,13 +41,11 @@ def make_resume_code(code: types.CodeType, index: int, null_mask: tuple, local_n
     (``next_fn`` is new on each compile)."""
     code, index, tail = _in_user_code(code, index, tail)
     key = (code, index, null_mask, local_names)
-    hit = _CACHE.get(key) if tail is None else None
-    if hit is not None:
+    if tail is None and (hit := _CACHE.get(key)) is not None:
         return hit
     bc = Bytecode.from_code(code)
     _copy_exception_depths(bc, code)       # before the tail copies a TryBegin
-    label, count, insert_at = Label(), -1, None
-    resume_pos = None
+    label, count, insert_at, resume_pos = Label(), -1, None, None
     for pos, ins in enumerate(bc):
         if isinstance(ins, Instr):
             count += 1
@@ -60,13 +58,8 @@ def make_resume_code(code: types.CodeType, index: int, null_mask: tuple, local_n
         raise ValueError(f"resume target {index} not found in {code.co_name}")
     lineno = code.co_firstlineno
     stack_names = [f"___stack{i}" for i in range(len(null_mask))]
-    prologue = []
-    for name, is_null in zip(stack_names, null_mask):
-        if is_null:
-            prologue.append(Instr("PUSH_NULL", lineno=lineno))
-        else:
-            prologue.append(Instr("LOAD_FAST", name, lineno=lineno))
-    prologue.append(Instr("JUMP_FORWARD", label, lineno=lineno))
+    prologue = [Instr("PUSH_NULL", lineno=lineno) if is_null else Instr("LOAD_FAST", name, lineno=lineno)
+                for name, is_null in zip(stack_names, null_mask)] + [Instr("JUMP_FORWARD", label, lineno=lineno)]
     if sys.version_info[:2] >= (3, 12):
         _two_arg_super(bc)
     new = list(bc[:resume_pos + 1]) + prologue + list(bc[resume_pos + 1:insert_at]) + [label] + list(bc[insert_at:])
@@ -97,8 +90,7 @@ def make_resume_code(code: types.CodeType, index: int, null_mask: tuple, local_n
     _record_positions(new_code, code, bc, new)
     if tail is None:
         _CACHE[key] = new_code
-    kind = "__resume_at" if tail is None else "__trampoline_at"
-    _ORIGIN[new_code] = (root, f"{kind}_{index}_{root.co_name}")
+    _ORIGIN[new_code] = (root, f"__{'resume' if tail is None else 'trampoline'}_at_{index}_{root.co_name}")
     return new_code
 
 
@@ -118,11 +110,8 @@ def _record_positions(new_code: types.CodeType, code: types.CodeType, bc, new: l
     """Map ``new_code``'s instructions to the user's code's (kept only if every mapped pair
     has the same opname: the bytecode library keeps instructions one for one)."""
     at = {id(ins): k for k, ins in enumerate(i for i in bc if isinstance(i, Instr))}
-    parent, m = _POSITIONS.get(code), []
-    for ins in new:
-        if isinstance(ins, Instr):
-            k = at.get(id(ins))
-            m.append(k if parent is None or k is None else parent[k])
+    parent = _POSITIONS.get(code)
+    m = [k if parent is None or k is None else parent[k] for k in (at.get(id(i)) for i in new if isinstance(i, Instr))]
     user = [i.opname for i in dis.get_instructions(origin(code)) if i.opname != "EXTENDED_ARG"]
     made = [i.opname for i in dis.get_instructions(new_code) if i.opname != "EXTENDED_ARG"]
     if len(made) == len(m) and all(k is None or (k < len(user) and user[k] == op) for k, op in zip(m, made)):
@@ -168,13 +157,7 @@ def _cells_as_locals(new: list, names: set) -> list:
 def _with_tail(bc, new: list, tail: tuple) -> list:
     """Insert the trampoline's tail after the call instruction (see make_resume_code)."""
     call_index, nulls, cell_names, next_fn, local_names = tail
-    count, call_ins = -1, None
-    for ins in bc:
-        if isinstance(ins, Instr):
-            count += 1
-            if count == call_index:
-                call_ins = ins
-                break
+    call_ins = [ins for ins in bc if isinstance(ins, Instr)][call_index]
     pos = next(i for i, ins in enumerate(new) if ins is call_ins)
     active = None
     for ins in new[:pos]:
@@ -233,8 +216,7 @@ def _copy_exception_depths(bc, code: types.CodeType) -> None:
 
 def origin(code: types.CodeType) -> types.CodeType:
     """The user's code object a resume code object continues (``code`` itself otherwise)."""
-    hit = _ORIGIN.get(code)
-    return hit[0] if hit is not None else code
+    return _ORIGIN.get(code, (code,))[0]
 
 
 def is_resume(code: types.CodeType) -> bool:
@@ -243,8 +225,7 @@ def is_resume(code: types.CodeType) -> bool:
 
 def label(code: types.CodeType) -> str:
     """Name for logs: ``__resume_at_<index>_<name>`` for resume code, else ``co_name``."""
-    hit = _ORIGIN.get(code)
-    return hit[1] if hit is not None else code.co_name
+    return _ORIGIN.get(code, (code, code.co_name))[1]
 
 
 def make_call_stub(code: types.CodeType, lineno: Optional[int], local_names: tuple, fn_globals: dict):

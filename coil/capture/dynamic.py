@@ -171,8 +171,7 @@ class DynamicPolicy:
     def fake_input(self, fake_mode, expr: str, value: torch.Tensor, is_param: bool, loc):
         """The FakeTensor for input ``value`` (symbolic in the dims :meth:`dims_for` picks), after checking
         ``mark_dynamic`` ranges (:class:`UserError` naming the dim and the call)."""
-        dyn = self.dims_for(expr, value, is_param) if not _is_wrapper(value) else {}
-        if not dyn:
+        if _is_wrapper(value) or not (dyn := self.dims_for(expr, value, is_param)):
             return fake_mode.from_tensor(value, static_shapes=True)
         marks = _marks(value)
         for d, (lo, hi) in marks.items():

@@ -318,8 +318,7 @@ def check_call(kind: str, target, args: list, kwargs: dict) -> Optional[torch.dt
     ``args[0]`` the tensor for a method) is refused by eager but not by its meta kernel. Returns eager's
     result dtype where a probe learnt it (None otherwise). Raises RuntimeError."""
     name = target if isinstance(target, str) else getattr(target, "__name__", "")
-    check = (CHECKS.get(name) or CHECKS.get(name.rstrip("_"))) if name else None
-    if check is not None:
+    if name and (check := CHECKS.get(name) or CHECKS.get(name.rstrip("_"))) is not None:
         check(args, kwargs)
     base = name.strip("_") if name else ""
     if base in _INDEXED and any(isinstance(t, torch.Tensor) and t.is_floating_point()

@@ -69,8 +69,7 @@ def _stack_trace(frames) -> str:
     parts = []
     for f, line, name in frames:
         parts.append(f'  File "{f}", line {line}, in {name}\n')
-        src = linecache.getline(f, line).strip() if line else ""
-        if src:
+        if line and (src := linecache.getline(f, line).strip()):
             parts.append(f"    {src}\n")
     return "".join(parts)
 

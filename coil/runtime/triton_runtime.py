@@ -183,11 +183,9 @@ def candidate_configs(numel: int, rnumel: int, persistent: bool, gpu: bool,
             return [dict(XBLOCK=max(1, min(xcap, 8192 // rb)), RBLOCK=rb, num_warps=4)]
         for elems in (1024, 2048, 4096, 8192):
             xb = max(1, min(xcap, elems // rb))
-            per_thread = 16 if wide else 8
-            if _cdiv(numel, xb) < FEW_PROGRAMS:
-                # too few programs to fill the GPU (a final reduction over a few hundred partials, one loss value):
-                # latency-bound, so more warps each with a shorter chain of loads (2 elements per thread)
-                per_thread = 2
+            # too few programs to fill the GPU (a final reduction over a few hundred partials, one loss value):
+            # latency-bound, so more warps each with a shorter chain of loads (2 elements per thread)
+            per_thread = 2 if _cdiv(numel, xb) < FEW_PROGRAMS else 16 if wide else 8
             nw = max(1, min(16, (xb * rb) // (32 * per_thread)))
             add(dict(XBLOCK=xb, RBLOCK=rb, num_warps=nw))
         if len(out) < 4 and out[0]["num_warps"] > 2:  # long rows: also fewer warps per row

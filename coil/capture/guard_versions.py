@@ -145,10 +145,9 @@ class _Split:
             return True
         if isinstance(e, ast.Name):
             return e.id in self.stable or (e.id.startswith("___c") and e.id in self.ns)
-        if isinstance(e, ast.Subscript) and isinstance(e.slice, ast.Constant):
-            if self.dict_value(e.value):
-                self.add_watch(e.value)
-                return True
+        if isinstance(e, ast.Subscript) and isinstance(e.slice, ast.Constant) and self.dict_value(e.value):
+            self.add_watch(e.value)
+            return True
         if isinstance(e, ast.Attribute) and e.attr == "__dict__":
             return self.value(e.value)      # a module's or an object's own dict
         return False

@@ -393,9 +393,8 @@ class EntryCodegen:
     def cell_expr(self, cell) -> str:
         """The real cell a ``SourcedCellVariable`` stands for, reached through its source
         (``<src>.cell_contents`` is its content's source); the traced object otherwise."""
-        if cell.source is not None:
-            if (expr := cell.source.expr()).endswith(".cell_contents"):
-                return expr[:-len(".cell_contents")]
+        if cell.source is not None and (expr := cell.source.expr()).endswith(".cell_contents"):
+            return expr[:-len(".cell_contents")]
         return self.const_expr(cell.cell)
 
     def side_effect_lines(self, se: SideEffects) -> None:

@@ -578,9 +578,7 @@ def call_scan(tx, args: list, kwargs: dict) -> VariableTracker:
         [_fresh(out, y, y.shape if i < n_carry else (length, *y.shape), grad) for i, y in enumerate(body.out_fakes)],
         "scan", body.lifted, length=length if isinstance(length, int) else str(length),
         cloned_carries=cloned)   # read by the body too: saved values would alias them
-    ys = items[n_carry:]
-    if reverse:
-        ys = [op(torch.flip, y, ConstantVariable([0])) for y in ys]
+    ys = [op(torch.flip, y, ConstantVariable([0])) for y in items[n_carry:]] if reverse else items[n_carry:]
     ys = [op(torch.movedim, y, ConstantVariable(0), ConstantVariable(d)) if d and d < y.fake.dim() else y for y in ys]
     return TupleVariable([_unflatten(items[:n_carry], carry_struct), _unflatten(ys, y_struct)])
 
@@ -654,10 +652,9 @@ def call_checkpoint(tx, args: list, kwargs: dict) -> VariableTracker:
     reentrant = kwargs.pop("use_reentrant", None)  # same values and gradients, but for in-place writes (hops.md)
     reentrant = reentrant is None or reentrant.as_python_constant_or_none() is not False
     for k, default in _CHECKPOINT_DEFAULTS.items():
-        if k in kwargs:
-            if (v := kwargs.pop(k).as_python_constant_or_none()) != default and k != "preserve_rng_state":
-                raise Unsupported(f"torch.utils.checkpoint.checkpoint({k}={v!r})",
-                                  hint="only the default value is captured")
+        if k in kwargs and (v := kwargs.pop(k).as_python_constant_or_none()) != default and k != "preserve_rng_state":
+            raise Unsupported(f"torch.utils.checkpoint.checkpoint({k}={v!r})",
+                              hint="only the default value is captured")
     # without early stop, eager's recomputation replays the body's in-place writes after the last save into the saved
     # values (coil/aot/functional.py, _CheckpointSaves, reads them as of that save)
     flag = f"{tx.output.guards.const(ckpt)}._enable_checkpoint_early_stop"

@@ -36,12 +36,10 @@ EXTRA_DECOMPOSE = [aten._softmax, aten._log_softmax, aten._softmax_backward_data
 
 #: Ops never decomposed: they run as extern kernels or have their own lowering.
 KEEP_WHOLE = [
-    aten.mm, aten.addmm, aten.bmm, aten.baddbmm, aten.convolution,
-    aten.convolution_backward, aten._scaled_dot_product_efficient_attention,
-    aten._scaled_dot_product_flash_attention, aten._scaled_dot_product_cudnn_attention,
-    aten._scaled_dot_product_flash_attention_for_cpu,
-    aten.sort, aten.topk, aten.cumsum, aten.cumprod, aten._to_copy,
-    aten.multilabel_margin_loss_forward,
+    aten.mm, aten.addmm, aten.bmm, aten.baddbmm, aten.convolution, aten.convolution_backward,
+    aten._scaled_dot_product_efficient_attention, aten._scaled_dot_product_flash_attention,
+    aten._scaled_dot_product_cudnn_attention, aten._scaled_dot_product_flash_attention_for_cpu, aten.sort, aten.topk,
+    aten.cumsum, aten.cumprod, aten._to_copy, aten.multilabel_margin_loss_forward,
     aten.select_scatter,  # torch's decomposition (a where) promotes src's dtype; the lowering casts it to x's
     aten.gelu_backward,  # core ATen decomposes it with erf: libm's scalar double erf per element on CPU; the lowering's ndtr vectorizes
 ]

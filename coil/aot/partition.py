@@ -61,15 +61,12 @@ _VIEW_OPS = {aten.view.default, aten._unsafe_view.default, aten.reshape.default,
              aten.expand.default, aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default, aten.unsqueeze.default,
              aten.slice.Tensor, aten.select.int, aten.t.default, aten.transpose.int, aten.as_strided.default,
              aten.alias.default, aten.detach.default, aten.unbind.int, aten.split.Tensor, aten.split_with_sizes.default}
-_CHEAP_OPS = {
-    aten._to_copy.default, aten.clone.default, aten.cat.default, aten.where.self,
-    aten.full.default, aten.full_like.default, aten.zeros.default, aten.ones.default,
-    aten.zeros_like.default, aten.ones_like.default, aten.empty.memory_format,
-    aten.scalar_tensor.default, aten.arange.start_step, aten.arange.default,
-    aten.arange.start, aten.lift_fresh_copy.default, aten.constant_pad_nd.default,
-    aten.slice_scatter.default, aten.select_scatter.default,
-    aten.scatter.value,    # a one-hot (cross-entropy's backward): one write per element
-}
+_CHEAP_OPS = {aten._to_copy.default, aten.clone.default, aten.cat.default, aten.where.self, aten.full.default,
+              aten.full_like.default, aten.zeros.default, aten.ones.default, aten.zeros_like.default,
+              aten.ones_like.default, aten.empty.memory_format, aten.scalar_tensor.default, aten.arange.start_step,
+              aten.arange.default, aten.arange.start, aten.lift_fresh_copy.default, aten.constant_pad_nd.default,
+              aten.slice_scatter.default, aten.select_scatter.default,
+              aten.scatter.value}    # a one-hot (cross-entropy's backward): one write per element
 _REDUCTIONS = {aten.sum.dim_IntList, aten.sum.default, aten.mean.dim, aten.mean.default, aten.amax.default,
                aten.amin.default, aten.max.dim, aten.min.dim, aten.max.default, aten.min.default, aten.prod.dim_int,
                aten.prod.default, aten.any.dim, aten.any.default, aten.all.dim, aten.all.default, aten.argmax.default,

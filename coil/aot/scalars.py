@@ -23,12 +23,10 @@ aten = torch.ops.aten
 _SYM_TYPES = (torch.SymFloat, torch.SymInt, torch.SymBool)
 #: Python arithmetic on SymFloats (as make_fx records it) → ATen op on 0-d float64 tensors
 #: (``math.sqrt(2.0 / math.pi)`` in GPT-2's gelu: Dynamo passes ``math.pi`` as a tensor)
-_ARITH = {operator.add: aten.add.Tensor, operator.sub: aten.sub.Tensor,
-          operator.mul: aten.mul.Tensor, operator.truediv: aten.div.Tensor,
-          operator.pow: aten.pow.Tensor_Tensor, operator.neg: aten.neg.default,
-          torch._sym_sqrt: aten.sqrt.default, torch._sym_sin: aten.sin.default,
-          torch._sym_cos: aten.cos.default, torch._sym_tan: aten.tan.default,
-          torch._sym_tanh: aten.tanh.default, torch._sym_log2: aten.log2.default,
+_ARITH = {operator.add: aten.add.Tensor, operator.sub: aten.sub.Tensor, operator.mul: aten.mul.Tensor,
+          operator.truediv: aten.div.Tensor, operator.pow: aten.pow.Tensor_Tensor, operator.neg: aten.neg.default,
+          torch._sym_sqrt: aten.sqrt.default, torch._sym_sin: aten.sin.default, torch._sym_cos: aten.cos.default,
+          torch._sym_tan: aten.tan.default, torch._sym_tanh: aten.tanh.default, torch._sym_log2: aten.log2.default,
           torch.sym_float: aten.clone.default,  # (its operand is cast to float64 already)
           operator.abs: aten.abs.default, torch.sym_min: aten.minimum.default, torch.sym_max: aten.maximum.default}
 #: ops of _ARITH whose operands must all be tensors (a number is made a 0-d float64 tensor)

@@ -88,8 +88,7 @@ class ExplainOutput:
             lines.extend("    " + s for s in b["user_stack"])
         lines += [f"Runs eagerly, uncompiled: {frame}: {reason}" for frame, reason in self.eager_frames]
         for i, g in enumerate(self.graphs):
-            lines.append(f"--- graph {i} ---")
-            lines.append(g.code.strip())
+            lines += [f"--- graph {i} ---", g.code.strip()]
         return "\n".join(lines)
 
 

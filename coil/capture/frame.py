@@ -958,9 +958,7 @@ def _emit_break(cg: EntryCodegen, tx, plan, fn, code, cfg, live_locals: dict) ->
         t_name = resume(target, stack)
         f_name = resume(fallthrough, stack)
         first, second = (t_name, f_name) if jump_if_true else (f_name, t_name)
-        lines.append(f"if {cexpr}:")
-        lines.append(f"    return {first}({args})")
-        lines.append(f"return {second}({args})")
+        lines += [f"if {cexpr}:", f"    return {first}({args})", f"return {second}({args})"]
     else:
         _, index = plan
         sexprs = stack_exprs(stack)

@@ -464,8 +464,7 @@ def _signature(args) -> tuple:
 def _device_reason(args, device_type: str) -> Optional[str]:
     for i, a in enumerate(args):
         if isinstance(a, torch.Tensor) and a.device.type != device_type:
-            return f"CPU tensors: input {i} is on {a.device}" if a.device.type == "cpu" else \
-                f"input {i} is on {a.device}"
+            return f"{'CPU tensors: ' if a.device.type == 'cpu' else ''}input {i} is on {a.device}"
     return None
 
 

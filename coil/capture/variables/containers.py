@@ -205,9 +205,8 @@ class NamedTupleVariable(TupleVariable):
         return super().call_method(tx, name, args, kwargs)
 
     def build_expr(self, cg):
-        if not hasattr(self.tuple_cls, "_fields"):
-            return f"{cg.const_expr(self.tuple_cls)}({TupleVariable.build_expr(self, cg)})"
-        return f"{cg.const_expr(self.tuple_cls)}(*{TupleVariable.build_expr(self, cg)})"
+        star = "*" if hasattr(self.tuple_cls, "_fields") else ""   # (a torch.return_types structseq takes one tuple)
+        return f"{cg.const_expr(self.tuple_cls)}({star}{TupleVariable.build_expr(self, cg)})"
 
 
 class ListVariable(BaseListVariable):

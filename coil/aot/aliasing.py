@@ -86,8 +86,7 @@ def _dense(t: torch.Tensor) -> bool:
     for n, st in zip(t.shape, t.stride()):
         if guard_or_false(n == 1):
             continue
-        h = st if isinstance(st, int) else st.node.hint
-        if h is None:
+        if (h := st if isinstance(st, int) else st.node.hint) is None:
             return False
         dims.append((h, st, n))
     expect = 1

@@ -554,8 +554,7 @@ def native_batch_norm_backward(dy, x, weight, running_mean, running_var, save_me
 def get_decompositions(fallback_random: Optional[bool] = None) -> dict:
     """The table ``{OpOverload: decomposition}`` that ``make_fx`` applies in aot/. ``fallback_random`` (default:
     ``coil.config.config.fallback_random``) keeps the random ops of :data:`RANDOM_OPS` whole."""
-    key = bool(config.fallback_random if fallback_random is None else fallback_random)
-    if key not in _TABLES:
+    if (key := bool(config.fallback_random if fallback_random is None else fallback_random)) not in _TABLES:
         table = dict(_decomp.core_aten_decompositions().items())
         table.update(_decomp.get_decompositions(EXTRA_DECOMPOSE))
         table.update(COIL_DECOMPOSITIONS)  # (none for a KEEP_WHOLE op)

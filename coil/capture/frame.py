@@ -745,8 +745,7 @@ def _build_entry(tx, output: OutputGraph, cfg: CaptureConfig, fn, code, argnames
         if output.graph.find_nodes(op="call_function", target=torch._C._set_grad_enabled):
             # outputs made under no_grad inside the graph: the backend's autograd wrapper
             # must not hand them back requiring grad (eager's requires_grad is the rule)
-            nograd = tuple(i for i, t in enumerate(graph_outs) if not t.fake.requires_grad)
-            if nograd:
+            if nograd := tuple(i for i, t in enumerate(graph_outs) if not t.fake.requires_grad):
                 cg.ns["___detach_outs"] = _detach_outs
                 lines.append(f"___o = ___detach_outs(___o, {nograd!r})")
     if output.final_grad != output.initial_grad:

@@ -223,8 +223,7 @@ def _symbol_sources(graph) -> dict:
                 # ``2*u1 + 1`` (a backward's tangent of a ``zeros(2 * t.item() + 1)`` output): u1 from the size
                 # (solved without substituting s = 0: a backward's ``FloorDiv(8, s) + 1`` of ``x[::s]`` divides by it)
                 s = next(iter(e.free_symbols))
-                a = e.coeff(s)
-                if a.is_Integer and a != 0 and (c := sympy.expand(e - a * s)).is_Integer:
+                if (a := e.coeff(s)).is_Integer and a != 0 and (c := sympy.expand(e - a * s)).is_Integer:
                     sources.setdefault(s, f"(({name}.size({d}) - {c}) // {a})")
         for d, e in enumerate(b.layout.stride):
             if (s := bare_symbol(e)) is not None:

@@ -453,8 +453,7 @@ class TritonKernel(OpsHandler):
         return v
 
     def index_expr(self, expr, dtype):
-        e = simplify_index(sympy.sympify(expr), {XINDEX: self.plan.numel, RINDEX: self.plan.rnumel})
-        if e.is_Integer:
+        if (e := simplify_index(sympy.sympify(expr), {XINDEX: self.plan.numel, RINDEX: self.plan.rnumel})).is_Integer:
             return self.constant(int(e), dtype)
         dims = self._dims_of_index(e)
         text = pyexpr(e)

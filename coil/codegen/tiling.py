@@ -25,9 +25,7 @@ def _contiguous_axis(e) -> Optional[str]:
     if (steps := axis_steps(e)) is None:
         return None
     dx, dr = steps
-    if dx == 1 and abs(dr) > 1:
-        return "x"
-    return "r" if dr == 1 and abs(dx) > 1 else None
+    return "x" if dx == 1 and abs(dr) > 1 else "r" if dr == 1 and abs(dx) > 1 else None
 
 
 def tile_pointwise(group) -> Optional[tuple]:

@@ -469,9 +469,7 @@ def _range_rules(e: sympy.Expr, bounds: dict) -> sympy.Expr:
     def fd(a, b):
         if _nonneg_below(a, b, bounds):
             return sympy.Integer(0)
-        if (sp := _split_small(a, b, bounds)) is not None:
-            return FloorDiv(sp[1], b / sp[0])
-        return FloorDiv(a, b)
+        return FloorDiv(sp[1], b / sp[0]) if (sp := _split_small(a, b, bounds)) is not None else FloorDiv(a, b)
 
     def md(a, b):
         if _nonneg_below(a, b, bounds):

@@ -74,9 +74,7 @@ def _lit(value, dtype) -> str:
         v = float(value)
         if math.isnan(v):
             return 'float("nan")'
-        if math.isinf(v):
-            return 'float("inf")' if v > 0 else 'float("-inf")'
-        return repr(v)
+        return ('float("inf")' if v > 0 else 'float("-inf")') if math.isinf(v) else repr(v)
     return str(int(value))
 
 

@@ -503,8 +503,7 @@ def make_reduction(x: TensorBox, dims, keepdim: bool, reduction_type: str,
             box = _split_reduction(dev, dtype, sdt, inner, ranges, rranges, numel_r, split,
                                    reduction_type, leading=leading)
         else:
-            red = Reduction(dev, dtype, inner, ranges, rranges, reduction_type, sdt)
-            box = TensorBox(StorageBox(red))
+            box = TensorBox(StorageBox(Reduction(dev, dtype, inner, ranges, rranges, reduction_type, sdt)))
             box.data.realize()
         if reason not in _UNLOGGED_SPLIT_REASONS + ("symbolic_sizes",) and trace.enabled():
             _log_split(box, dev, reduction_type, ranges, numel_r, leading, split, reason)

@@ -16,11 +16,9 @@ __all__ = ["cse_graph", "drop_dead_views"]
 
 
 def _is_pure(target) -> bool:
-    if not isinstance(target, torch._ops.OpOverload):
-        return False
-    if target._schema.is_mutable or torch.Tag.nondeterministic_seeded in target.tags:
-        return False
-    return not any(a.alias_info is not None and a.alias_info.is_write for a in target._schema.arguments)
+    return isinstance(target, torch._ops.OpOverload) and not target._schema.is_mutable and \
+        torch.Tag.nondeterministic_seeded not in target.tags and \
+        not any(a.alias_info is not None and a.alias_info.is_write for a in target._schema.arguments)
 
 
 def _key(value):

@@ -134,19 +134,13 @@ def LOAD_CLASSDEREF(tx, inst):
 
 
 # --- attributes -----------------------------------------------------------------------
-# 3.12: the low bit of the argument means "method load" (pushes NULL + attribute here)
+# 3.11's LOAD_METHOD, and 3.12's LOAD_ATTR with the low bit of the argument ("method load"), push NULL + attribute
 @op("LOAD_ATTR")
+@op("LOAD_METHOD", PY311)
 def LOAD_ATTR(tx, inst):
     obj = tx.pop()
-    if PY >= (3, 12) and inst.arg & 1:
+    if inst.opname == "LOAD_METHOD" or PY >= (3, 12) and inst.arg & 1:
         tx.push(NullVariable())
-    tx.push(tx.getattr(obj, inst.argval))
-
-
-@op("LOAD_METHOD", PY311)
-def LOAD_METHOD(tx, inst):
-    obj = tx.pop()
-    tx.push(NullVariable())
     tx.push(tx.getattr(obj, inst.argval))
 
 

@@ -597,8 +597,7 @@ def _forwards_call(tx, output: OutputGraph, code, inst, cfg) -> bool:
     if inst.opname not in ("CALL", "CALL_FUNCTION_EX") or output.count_calls() or \
             output.side_effects.order or _in_exception_block(code, inst.offset):
         return False
-    after = tx.instructions[tx.offset_to_index[inst.offset] + 1:]
-    if not after or after[0].opname != "RETURN_VALUE":
+    if not (after := tx.instructions[tx.offset_to_index[inst.offset] + 1:]) or after[0].opname != "RETURN_VALUE":
         return False
     items = tx.stack[-(inst.arg + 2):] if inst.opname == "CALL" else [None, tx.stack[-2 - (inst.arg & 1)]]
     callee = items[1] if items[0] is None or isinstance(items[0], NullVariable) else items[0]
@@ -678,10 +677,7 @@ def _build_entry(tx, output: OutputGraph, cfg: CaptureConfig, fn, code, argnames
                       plan=f"property getter {getter.__qualname__} called from the entry; "
                            "the frame resumes captured after the attribute load")
         elif name.startswith("POP_JUMP") and "NONE" not in name:
-            cond = tx.pop()
-            jump_if_true = "TRUE" in name
-            target = tx.offset_to_index[inst.argval]
-            plan = ("branch", cond, jump_if_true, target, index + 1, _line_of(inst))
+            plan = ("branch", tx.pop(), "TRUE" in name, tx.offset_to_index[inst.argval], index + 1, _line_of(inst))
         else:
             plan = ("generic", index)
         live_locals = {k: v for k, v in tx.locals.items() if not k.startswith("___stack")}

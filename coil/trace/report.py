@@ -279,11 +279,8 @@ def previous_attempts(compiles: list) -> dict:
 def artifact_diffs(prev: Compile, cur: Compile) -> list:
     """Unified diffs of the artifacts both compiles logged under one name whose text
     differs (first artifact of each name), as ``[{"name", "html"}]``."""
-    def first_by_name(c: Compile) -> dict:
-        out: dict = {}
-        for a in c.artifacts:
-            out.setdefault(str(a.get("name")), str(a.get("text", "")))
-        return out
+    def first_by_name(c: Compile) -> dict:   # (reversed: the first of each name is written last)
+        return {str(a.get("name")): str(a.get("text", "")) for a in reversed(c.artifacts)}
     old, new = first_by_name(prev), first_by_name(cur)
     diffs = []
     for name, text in new.items():

@@ -709,13 +709,9 @@ def item_memo(t: Any) -> Optional[Any]:
 def is_symbolic(args) -> bool:
     """Whether ``args`` (nested) holds a SymInt, a tensor with a symbolic size, or a 0-d fake tensor holding a symbolic
     number (:func:`item_memo`): tracing must then be symbolic."""
-    for a in pytree.tree_leaves(args):
-        if isinstance(a, torch.SymInt):
-            return True
-        if isinstance(a, torch.Tensor) and (any(isinstance(d, torch.SymInt) for d in a.shape)
-                                            or item_memo(a) is not None):
-            return True
-    return False
+    return any(isinstance(a, torch.SymInt) or isinstance(a, torch.Tensor) and (
+        any(isinstance(d, torch.SymInt) for d in a.shape) or item_memo(a) is not None)
+        for a in pytree.tree_leaves(args))
 
 
 def _traced(fn: Callable, args: list) -> Callable:

@@ -123,18 +123,10 @@ def _tensor_overload(op: torch._ops.OpOverload, positions: set, absent: set) -> 
 
 
 def _same_meta(a: Any, b: Any) -> bool:
-    fa, sa = pytree.tree_flatten(a)
-    fb, sb = pytree.tree_flatten(b)
-    if sa != sb:
-        return False
-    for x, y in zip(fa, fb):
-        if isinstance(x, torch.Tensor) != isinstance(y, torch.Tensor):
-            return False
-        if isinstance(x, torch.Tensor) and (
-                x.dtype != y.dtype or x.device != y.device or str(tuple(x.shape)) != str(tuple(y.shape))
-                or str(x.stride()) != str(y.stride())):
-            return False
-    return True
+    def meta(t):
+        return (t.dtype, t.device, str(tuple(t.shape)), str(t.stride())) if isinstance(t, torch.Tensor) else None
+    (fa, sa), (fb, sb) = pytree.tree_flatten(a), pytree.tree_flatten(b)
+    return sa == sb and all(meta(x) == meta(y) for x, y in zip(fa, fb))
 
 
 class _Rewriter:

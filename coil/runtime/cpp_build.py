@@ -110,10 +110,7 @@ def cache_root() -> str:
 def cache_key(source: str, flags: Sequence[str]) -> str:
     """sha256 hex of the source, compiler path and version, and the flags."""
     path, version = compiler()
-    h = hashlib.sha256()
-    for part in (source, path, version, "\0".join(flags)):
-        h.update(part.encode() + b"\1")
-    return h.hexdigest()
+    return hashlib.sha256(b"".join(p.encode() + b"\1" for p in (source, path, version, "\0".join(flags)))).hexdigest()
 
 
 def num_threads() -> int:

@@ -138,8 +138,9 @@ def _cells_as_locals(new: list, names: set) -> list:
         mk = lambda name, a: Instr(name, a, location=ins.location)  # noqa: E731
         load = mk("LOAD_FAST", arg.name)
         if ins.name == "MAKE_CELL":
-            if started:      # a fresh cell mid-frame (3.12 inlined comprehension)
-                raise ValueError(f"resume code: MAKE_CELL {arg.name} inside the frame")
+            if started:  # a fresh cell mid-frame (3.12 inlined comprehension, its local just cleared): a new cell
+                out += [Instr("PUSH_NULL", location=ins.location), mk("LOAD_CONST", types.CellType), mk("CALL", 0),
+                        mk("STORE_FAST", arg.name)]
             continue
         if ins.name == "LOAD_CLOSURE":
             out.append(load)

@@ -457,8 +457,10 @@ def _fill_value(x, value):
 
 register(aten.masked_fill.Tensor)(lambda x, mask, value: _decomp.decomposition_table[aten.masked_fill.Tensor](
     x, mask, _fill_value(x, value)))
-register(aten.index_fill.int_Tensor)(lambda x, dim, index, value: _decomp.decomposition_table[
-    aten.index_fill.int_Tensor](x, dim, index, _fill_value(x, value)))
+for _op in (aten.index_fill.int_Tensor, aten.index_fill.int_Scalar):  # a negative index wraps, as eager's kernel
+    register(_op)(lambda x, dim, index, value, op=_op: _decomp.decomposition_table[op](x, dim, aten.where.self(
+        aten.lt.Scalar(index, 0), aten.add.Tensor(index, x.shape[dim] if x.dim() else 1), index),
+        _fill_value(x, value) if isinstance(value, torch.Tensor) else value))
 
 
 _TORCH_LOGSPACE = _decomp.decomposition_table[aten.logspace.default]

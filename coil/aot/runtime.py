@@ -96,10 +96,10 @@ def symbolic_evaluator(items: Any, fake_inputs: Sequence, value_shapes: Sequence
         names = sorted(map(str, missing))
         if any(free_unbacked_symbols(s) for s in missing):  # from .item() / .tolist() / nonzero
             raise CoilError(
-                f"coil.aot: an output is a view of an input whose layout depends on a value read "
-                f"from a tensor inside the compiled region ({names}, e.g. x[i.item()]), so it cannot "
-                "be rebuilt as a view for each call.\n  what to do: return a copy (.clone()) of "
-                "that output, or do that indexing outside the compiled region.")
+                f"coil.aot: an output is a view (of an input, or of another output) whose layout depends on a value "
+                f"read from a tensor inside the compiled region ({names}, e.g. y[:n.item()]), so it cannot be rebuilt "
+                "as a view for each call.\n  what to do: return a copy (.clone()) of that output, or do that "
+                "indexing outside the compiled region.")
         raise CoilError(
             f"coil.aot: the symbolic sizes {names} of an aliased output are not sizes of the graph's inputs or values, "
             "so the output cannot be rebuilt as a view for each call.\n"

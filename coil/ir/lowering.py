@@ -121,6 +121,8 @@ def loader_as(x, size, dtype, via: Optional[torch.dtype] = None) -> Callable:
     if isinstance(value, sympy.Expr) and not (value.is_number or free_unbacked_symbols(value)) and \
             all(_sign(t.args[1] - 1) > 0 for t in value.atoms(FloorDiv, Mod)):
         return lambda index: ops.to_dtype(ops.index_expr(value, torch.int64), dtype, torch.int64)
+    if isinstance(value, torch.SymFloat) and value.node._expr in current_graph().float_externs:
+        raise FallbackToExtern  # (``s % 2.0``: computed by an extern at run time; a guard on its value may not hold)
     value = bool(value) if dtype == torch.bool else \
         int(value) if not dtype.is_floating_point and not dtype.is_complex else float(value)
     return lambda index: ops.constant(value, dtype)

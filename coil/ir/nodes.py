@@ -21,7 +21,7 @@ from typing import Callable, Optional, Sequence
 import sympy
 import torch
 
-from coil.ir.symbols import as_expr, contiguous_strides, is_static, product, sym
+from coil.ir.symbols import PRECOMPUTED, as_expr, contiguous_strides, is_static, product, sym
 from coil.ir.virtualized import ops, set_ops_handler
 from coil.ir.handlers import DependencyRecorder
 
@@ -376,7 +376,9 @@ class ComputedBuffer(Buffer):
 def _binders(exprs: list) -> list[str]:
     """The ``t.item()`` externs that bind the unbacked symbols of ``exprs``: a step using the symbol reads them."""
     binds = getattr(V.graph, "binders", {})
-    return [binds[s] for e in exprs if isinstance(e, sympy.Basic) for s in e.free_symbols if s in binds]
+    syms = [s for e in exprs if isinstance(e, sympy.Basic) for s in sorted(e.free_symbols, key=str)]
+    syms += [t for s in syms if s in PRECOMPUTED for t in sorted(PRECOMPUTED[s].free_symbols, key=str)]  # trunc(zf0)
+    return [binds[s] for s in syms if s in binds]
 
 
 class ScatterBuffer(ComputedBuffer):

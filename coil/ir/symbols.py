@@ -710,6 +710,8 @@ class IndexPrinter:
             for a in e.args[1:]:
                 out = f"{self.minmax[isinstance(e, sympy.Max)]}({out}, {self.print(a)})"
             return out
+        if isinstance(e, sympy.Abs):  # abs(t.item()) of an int: max(u, -u)
+            return f"{self.minmax[1]}({self.print(e.args[0])}, {self.print(-e.args[0])})"
         if (op := _BITWISE_OPS.get(type(e))) is not None:    # n & 3 of a symbolic int: the same in Python, Triton, C
             return "(" + f" {op} ".join(f"({self.print(a)})" for a in e.args) + ")"
         raise NotImplementedError(f"cannot print index expression {e!r}")

@@ -375,7 +375,8 @@ class ComputedBuffer(Buffer):
 
 def _binders(exprs: list) -> list[str]:
     """The ``t.item()`` externs that bind the unbacked symbols of ``exprs``: a step using the symbol reads them."""
-    binds = getattr(V.graph, "binders", {})
+    if not (binds := getattr(V.graph, "binders", None)):
+        return []
     syms = [s for e in exprs if isinstance(e, sympy.Basic) for s in sorted(e.free_symbols, key=str)]
     syms += [t for s in syms if s in PRECOMPUTED for t in sorted(PRECOMPUTED[s].free_symbols, key=str)]  # trunc(zf0)
     return [binds[s] for s in syms if s in binds]

@@ -80,12 +80,38 @@ def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scal
             query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale, **kw)
     trace.log("opaque_op", stage="capture", op="coil::sdpa",
               reason="symbolic sizes: the kernel is chosen per call, not by guards on them")
+    query, key, value, attn_mask = _autocast_casts((query, key, value, attn_mask))   # (trial 80 #2)
     if attn_mask is not None and attn_mask.dtype == torch.bool:
         # eager makes a boolean mask additive (0 / -inf in query's dtype) in every call:
         # two ATen kernels per layer. As graph nodes, AOT's CSE keeps one conversion for
         # all layers that share the mask, and it fuses with the mask's own kernel
         attn_mask = torch.where(attn_mask, 0.0, float("-inf")).to(query.dtype)
     return _sdpa_op(query, key, value, attn_mask, bool(is_causal), scale, bool(enable_gqa))
+
+
+def _autocast_casts(values):
+    """``values``, each float tensor but float64 cast as autocast casts a lower-precision op's arguments: for a
+    substitute that runs the op in a form autocast does not cast (``coil::sdpa``, a custom op: float32 attention)."""
+    def cast(t):
+        on = t.device.type in ("cpu", "cuda") and torch.is_autocast_enabled(t.device.type) and t.dtype != torch.float64
+        return t.to(torch.get_autocast_dtype(t.device.type)) if on and t.is_floating_point() else t
+    return pytree.tree_map_only(torch.Tensor, cast, values)
+
+
+def lstm(input, hx, *args):
+    """``torch.lstm``. Under CPU autocast eager runs a padded sequence as oneDNN's ``mkldnn_rnn_layer``, a
+    lower-precision autocast op: its float32 tensors cast, a bfloat16 result. Traced with oneDNN off (coil's joint
+    trace, ``_without_mkldnn``), as cell ops reading the cast values in float32 (oneDNN's gates are float32): they
+    mixed autocast's bfloat16 products with float32 h0 / c0, a float32 result (trial 80 #3)."""
+    if not (isinstance(hx, (tuple, list)) and input.device.type == "cpu" and torch.is_autocast_enabled("cpu")
+            and input.dtype in (torch.float32, torch.bfloat16) and hx[0].shape[-1] == hx[1].shape[-1]
+            and torch.backends.mkldnn.is_available()):  # (where eager takes oneDNN: no projections)
+        return torch.lstm(input, hx, *args)
+    low, values = torch.get_autocast_dtype("cpu"), _autocast_casts((input, hx, args))
+    if not torch._C._get_mkldnn_enabled():
+        values = pytree.tree_map_only(torch.Tensor, lambda t: t.float() if t.dtype == low else t, values)
+    with torch.autocast("cpu", enabled=False):
+        return pytree.tree_map_only(torch.Tensor, lambda t: t.to(low), torch.lstm(values[0], values[1], *values[2]))
 
 
 #: coil's opaque ops -> their Python implementations, which generated wrappers call directly: a custom op's dispatch
@@ -200,7 +226,7 @@ SUBSTITUTES: dict[Callable, Callable] = {torch.nn.functional.one_hot: one_hot, t
                                          torch.linspace: linspace, torch.triu_indices: triu_indices,
                                          torch.tril_indices: tril_indices, torch.nn.functional.max_pool1d: max_pool1d,
                                          torch.adaptive_avg_pool1d: adaptive_avg_pool1d,
-                                         torch.nn.functional.scaled_dot_product_attention: sdpa}
+                                         torch.nn.functional.scaled_dot_product_attention: sdpa, torch.lstm: lstm}
 
 
 def substitute_graph(gm: torch.fx.GraphModule) -> None:
